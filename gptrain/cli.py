@@ -1,0 +1,53 @@
+"""The `gptrain` command line.
+
+Each command group lives in its own light module that only builds argparse
+parsers; heavy libraries (torch, tokenizers) are imported inside the handlers,
+so `gptrain --help` and the launcher commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gptrain import __version__
+from gptrain.errors import GptrainError
+
+# Modules with a `register(subparsers)` function; each must not import torch at module level.
+COMMAND_MODULES = (
+    "gptrain.data.cli",
+    "gptrain.train.cli",
+    "gptrain.launch.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gptrain",
+        description="Pretrain GPT models end to end: data, training, parallelism, Slurm launch.",
+    )
+    parser.add_argument("--version", action="version", version=f"gptrain {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "func", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except GptrainError as error:
+        print(f"gptrain: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gptrain: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

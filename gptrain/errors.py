@@ -1,0 +1,17 @@
+"""Errors a user can cause. The CLI prints them as one line and exits non-zero."""
+
+
+class GptrainError(Exception):
+    """Base class: the message names the file, line or key and what to do."""
+
+
+class ConfigError(GptrainError):
+    """A config key, value or file is wrong."""
+
+
+class DataError(GptrainError):
+    """Input data or a dataset file is wrong."""
+
+
+class LaunchError(GptrainError):
+    """A launch request cannot be satisfied (cluster, Slurm, paths)."""

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command: makes (or reuses) a virtual environment, installs gptrain with its
+# test extras, and runs the whole suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${GPTRAIN_VENV:-.venv}"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+# torch first: a CPU build where there is no GPU; an installed torch is kept as it is.
+"$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q "torch==2.13.0"
+"$VENV/bin/pip" install -q -e '.[test]'
+exec "$VENV/bin/python" -m pytest "$@"
