@@ -15,3 +15,8 @@ class DataError(GptrainError):
 
 class LaunchError(GptrainError):
     """A launch request cannot be satisfied (cluster, Slurm, paths)."""
+
+
+# Exit code of a training run that saved a checkpoint because of a time limit or a signal
+# (SIGTERM/SIGUSR1, trainer.max_time) and wants to be requeued; 75 is EX_TEMPFAIL.
+EXIT_REQUEUE = 75
