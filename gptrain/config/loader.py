@@ -1,0 +1,242 @@
+"""Load a training config: NeMo-launcher YAML preset or file + `key.sub=value` overrides.
+
+The YAML is composed under a root that carries the launcher's top-level keys
+(`base_results_dir`, `data_dir`), so presets keep NeMo's interpolations
+(`${base_results_dir}/${.name}`, `${training.run.results_dir}`, `${multiply:4,${.hidden_size}}`)
+and resolve the same way alone as inside `gptrain launch`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import sys
+import types
+import typing
+import warnings
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from gptrain.config.nemo_keys import is_ignored_nemo_key
+from gptrain.config.schema import TrainingConfig
+from gptrain.config.validate import normalize, validate
+from gptrain.errors import ConfigError
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "training"
+ROOT_DEFAULTS = {"base_results_dir": "results", "data_dir": "data"}
+DROPPED_TOP_KEYS = ("defaults", "hydra")
+
+
+def list_presets() -> list[str]:
+    """Preset names such as `gpt3/126m`, from the YAML files shipped with gptrain."""
+    return sorted(str(p.relative_to(PRESET_DIR).with_suffix("")) for p in PRESET_DIR.rglob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    """The file of a preset name, or the name itself when it is a YAML file path."""
+    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+        return Path(name)
+    path = PRESET_DIR / f"{name}.yaml"
+    if path.is_file():
+        return path
+    raise ConfigError(f"unknown training preset '{name}'{_suggest(name, list_presets())}")
+
+
+def register_resolvers() -> None:
+    """NeMo's `multiply` resolver, used by its presets (ffn_hidden_size: ${multiply:4, ${.hidden_size}})."""
+    if not OmegaConf.has_resolver("multiply"):
+        with warnings.catch_warnings():  # omegaconf 2.4 renames the function; both spellings work
+            warnings.simplefilter("ignore", UserWarning)
+            OmegaConf.register_new_resolver("multiply", lambda x, y: x * y)
+
+
+def load_training_config(
+    preset: str | None = None,
+    overrides: typing.Sequence[str] = (),
+    config_file: str | None = None,
+    report_ignored: bool = True,
+) -> TrainingConfig:
+    """Compose, override, resolve, type-check and validate a training config."""
+    register_resolvers()
+    source = str(config_file or (preset_path(preset) if preset else "<defaults>"))
+    root = _compose_root(preset, config_file)
+    for override in overrides:
+        _apply_override(root, override)
+    data = _resolve(root, source)
+    ignored: list[str] = []
+    cfg = _build(TrainingConfig, data, "", ignored, source)
+    cfg.ignored_keys = ignored
+    normalize(cfg)
+    validate(cfg)
+    if report_ignored and ignored and os.environ.get("RANK", "0") == "0":
+        print(
+            f"gptrain: ignoring NeMo keys gptrain does not implement: {', '.join(ignored)}", file=sys.stderr
+        )
+    return cfg
+
+
+def _load_yaml(path: str | Path) -> DictConfig:
+    try:
+        loaded = OmegaConf.load(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except (OmegaConfBaseException, ValueError) as error:
+        raise ConfigError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+    for key in DROPPED_TOP_KEYS:
+        loaded.pop(key, None)
+    return loaded
+
+
+def _compose_root(preset: str | None, config_file: str | None) -> DictConfig:
+    """Root = {base_results_dir, data_dir, training: <preset or file>}; a launcher file already has it."""
+    training = _load_yaml(config_file) if config_file else None
+    if training is None and preset:
+        training = _load_yaml(preset_path(preset))
+    if training is not None and "training" in training:
+        root = training
+        for key, value in ROOT_DEFAULTS.items():
+            root.setdefault(key, value)
+        return root
+    return OmegaConf.create({**ROOT_DEFAULTS, "training": training if training is not None else {}})
+
+
+def _apply_override(root: DictConfig, override: str) -> None:
+    key, sep, value = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override '{override}' is not of the form key.sub=value")
+    if key in ROOT_DEFAULTS:
+        path = key
+    else:
+        key = key.removeprefix("training.")
+        _check_known_key(key, f"override '{override}'")
+        path = f"training.{key}"
+    try:
+        parsed = OmegaConf.from_dotlist([f"value={value}"])
+        OmegaConf.update(root, path, parsed._get_node("value")._value(), merge=False, force_add=True)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"override '{override}': {str(error).splitlines()[0]}") from None
+
+
+def _resolve(root: DictConfig, source: str) -> dict[str, Any]:
+    try:
+        container = OmegaConf.to_container(root, resolve=True)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", "") or "?"
+        raise ConfigError(f"{source}: cannot resolve '{key}': {str(error).splitlines()[0]}") from None
+    training = container.get("training") or {}
+    if not isinstance(training, dict):
+        raise ConfigError(f"{source}: 'training' must be a mapping")
+    return training
+
+
+def all_keys(cls: type = TrainingConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema, for suggestions and docs."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name == "ignored_keys":
+            continue
+        dotted = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys.extend(all_keys(hints[f.name], f"{dotted}."))
+        else:
+            keys.append(dotted)
+    return keys
+
+
+def _check_known_key(dotted: str, where: str) -> None:
+    valid = all_keys()
+    sections = {k.rsplit(".", 1)[0] for k in valid if "." in k}
+    if dotted in valid or dotted in sections or is_ignored_nemo_key(dotted):
+        return
+    raise ConfigError(f"{where}: unknown key '{dotted}'{_suggest(dotted, valid)}")
+
+
+def _suggest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+    if not close:
+        leaf = name.rsplit(".", 1)[-1]
+        close = [c for c in choices if c.rsplit(".", 1)[-1] == leaf][:1]
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _build(cls: type, data: Any, prefix: str, ignored: list[str], source: str) -> Any:
+    """Turn a nested dict into the dataclass `cls`, type-checking each leaf."""
+    section = prefix.rstrip(".") or "the top level"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: '{section}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)} - {"ignored_keys"}
+    values = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            if is_ignored_nemo_key(dotted):
+                ignored.append(dotted)
+                continue
+            raise ConfigError(f"{source}: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
+        kind = hints[key]
+        if dataclasses.is_dataclass(kind):
+            values[key] = _build(kind, value, f"{dotted}.", ignored, source)
+        else:
+            values[key] = _coerce(value, kind, dotted, source)
+    return cls(**values)
+
+
+def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:
+    """Check `value` against the annotation `kind` (int, float, bool, str, list, optional, Any)."""
+    if kind is Any:
+        return value
+    options = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ConfigError(f"{source}: '{dotted}' must not be null")
+    for option in options:
+        converted = _convert(value, option)
+        if converted is not _NO:
+            return converted
+    expected = " or ".join(getattr(o, "__name__", str(o)) for o in options if o is not type(None))
+    raise ConfigError(f"{source}: '{dotted}' expects {expected}, got {value!r}")
+
+
+_NO = object()
+
+
+def _convert(value: Any, option: Any) -> Any:
+    origin = typing.get_origin(option)
+    if origin is list:
+        (item,) = typing.get_args(option)
+        if not isinstance(value, list | tuple):
+            return _NO
+        items = [_convert(v, item) for v in value]
+        return _NO if any(i is _NO for i in items) else items
+    if option is bool:
+        return value if isinstance(value, bool) else _NO
+    if option is int:
+        if isinstance(value, bool):
+            return _NO
+        if isinstance(value, int):
+            return value
+        return int(value) if isinstance(value, float) and value.is_integer() else _NO
+    if option is float:
+        if isinstance(value, bool):
+            return _NO
+        if isinstance(value, int | float):
+            return float(value)
+        try:
+            return float(value) if isinstance(value, str) else _NO
+        except ValueError:
+            return _NO
+    if option is str:
+        return str(value) if isinstance(value, str | int | float) and not isinstance(value, bool) else _NO
+    return _NO

@@ -1,0 +1,269 @@
+"""The typed training config, with the NeMo-Megatron launcher's key names.
+
+A user's existing NeMo overrides (`trainer.max_steps=...`, `model.optim.lr=...`) work
+unchanged. Fields marked "gptrain extension" have no NeMo counterpart. Each field's
+docstring is the reference for what it does; this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class RunConfig:
+    name: str = "gpt3_126m"
+    """Run name: the run directory under base_results_dir and the Slurm job name."""
+    results_dir: str = "results/gpt3_126m"
+    """Directory of this run (NeMo: `${base_results_dir}/${.name}`)."""
+    time_limit: str | None = None
+    """Slurm time limit of one job (`D-HH:MM:SS`); used by the launcher."""
+    dependency: str | None = None
+    """Slurm dependency of the job (e.g. `singleton`); used by the launcher."""
+
+
+@dataclass
+class TrainerConfig:
+    num_nodes: int = 1
+    """Nodes used by the run."""
+    devices: int = 1
+    """Processes (GPUs, or CPU processes with gloo) per node."""
+    accelerator: str = "auto"
+    """`gpu`, `cpu`, or `auto` (gpu when CUDA is present)."""
+    precision: str = "bf16"
+    """`32`, `16` (fp16 with dynamic loss scaling) or `bf16` (also `16-mixed`, `bf16-mixed`)."""
+    max_steps: int = 600000
+    """Optimizer steps to train for; consumed samples = steps x global batch size."""
+    max_time: str | None = None
+    """Wall-clock limit `DD:HH:MM:SS`: checkpoint and exit for a requeue when reached."""
+    log_every_n_steps: int = 10
+    """Print Megatron's iteration line every N steps (and on the first)."""
+    val_check_interval: int = 2000
+    """Validate every N steps (and at the end)."""
+    limit_val_batches: int = 50
+    """Global batches per validation; 0 disables validation (benchmark mode)."""
+    limit_test_batches: int = 50
+    """Global batches of the test split evaluated at the end; 0 disables it."""
+    gradient_clip_val: float | None = 1.0
+    """Clip the global gradient norm to this value; 0 or null disables clipping."""
+    max_consecutive_nonfinite: int = 5
+    """gptrain extension: stop after this many non-finite iterations in a row."""
+
+    def resolved_accelerator(self) -> str:
+        """`gpu` or `cpu`; `auto` becomes gpu iff CUDA is available (imports torch)."""
+        if self.accelerator != "auto":
+            return self.accelerator
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+
+    def max_time_seconds(self) -> float | None:
+        if not self.max_time:
+            return None
+        parts = [float(p) for p in str(self.max_time).split(":")]
+        units = [86400, 3600, 60, 1][-len(parts) :]
+        return sum(p * u for p, u in zip(parts, units, strict=True))
+
+
+@dataclass
+class CheckpointCallbackParams:
+    every_n_train_steps: int = 2000
+    """Save a checkpoint every N steps (and at the end, on max_time and on SIGTERM/SIGUSR1)."""
+    save_top_k: int = 10
+    """Keep the last K complete checkpoints; older ones are deleted."""
+    save_last: bool = True
+    """Always save a checkpoint when training ends."""
+    async_save: bool = False
+    """Save checkpoints in a background thread (torch.distributed.checkpoint async_save)."""
+
+
+@dataclass
+class ExpManagerConfig:
+    explicit_log_dir: str = "results/gpt3_126m/results"
+    """Where everything of a training run goes (NeMo: `${training.run.results_dir}/results`)."""
+    resume_if_exists: bool = True
+    """Resume from the newest complete checkpoint in explicit_log_dir/checkpoints if any."""
+    create_tensorboard_logger: bool = True
+    """Write TensorBoard events to explicit_log_dir."""
+    checkpoint_callback_params: CheckpointCallbackParams = field(default_factory=CheckpointCallbackParams)
+
+    @property
+    def async_save(self) -> bool:
+        return self.checkpoint_callback_params.async_save
+
+
+@dataclass
+class TokenizerConfig:
+    library: str = "megatron"
+    """Tokenizer family (NeMo: `megatron`, `huggingface`, `tiktoken`)."""
+    type: str = "GPT2BPETokenizer"
+    """`GPT2BPETokenizer` (vocab_file + merge_file), `HuggingFaceTokenizer`, `TikTokenizer`."""
+    model: str | None = None
+    """A tokenizer.json path (HuggingFaceTokenizer) or a tiktoken encoding name."""
+    vocab_file: str | None = None
+    """GPT-2 BPE vocab.json."""
+    merge_file: str | None = None
+    """GPT-2 BPE merges.txt."""
+
+
+@dataclass
+class SchedConfig:
+    name: str = "CosineAnnealing"
+    """`CosineAnnealing`, `LinearAnnealing` or `Constant`, with linear warmup."""
+    warmup_steps: int = 0
+    """Steps of linear warmup from 0 to optim.lr."""
+    constant_steps: int = 0
+    """Steps held at min_lr at the end of the schedule."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the decay."""
+    max_steps: int | None = None
+    """Length of the schedule; null means trainer.max_steps."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    """AdamW; NeMo's `distributed_fused_adam`, `fused_adam`, `mcore_distributed_optim` map to it."""
+    lr: float = 6e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (not applied to biases and norm weights)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """Adam betas."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    sched: SchedConfig = field(default_factory=SchedConfig)
+
+
+@dataclass
+class DataConfig:
+    data_impl: str = "mmap"
+    """`mmap` reads Megatron .bin/.idx datasets; `mock` generates random tokens (benchmarks)."""
+    data_prefix: Any = None
+    """One dataset prefix, or a blend `[w1, prefix1, w2, prefix2, ...]`."""
+    splits_string: str = "99990,8,2"
+    """Train, validation, test split of the documents (Megatron's `--split`)."""
+    seq_length: int = 2048
+    """Tokens per sample (NeMo keeps it equal to encoder_seq_length)."""
+    index_mapping_dir: str | None = None
+    """Where sample/shuffle index caches go (default: next to each dataset)."""
+    num_workers: int = 2
+    """DataLoader worker processes per rank."""
+    eod_mask_loss: bool = False
+    """Exclude end-of-document tokens from the loss."""
+    mock_dataset: bool = False
+    """NeMo's switch for the mock dataset; true is the same as data_impl=mock."""
+    mock_vocab_size: int | None = None
+    """gptrain extension: vocabulary of the mock dataset when no tokenizer files are given."""
+
+
+@dataclass
+class ModelConfig:
+    micro_batch_size: int = 4
+    """Samples per forward/backward on one data-parallel rank."""
+    global_batch_size: int = 256
+    """Samples per optimizer step over all data-parallel ranks."""
+    tensor_model_parallel_size: int = 1
+    """Tensor-parallel degree (heads and MLP split over ranks)."""
+    pipeline_model_parallel_size: int = 1
+    """Pipeline-parallel degree (layers split over ranks)."""
+    virtual_pipeline_model_parallel_size: int | None = None
+    """Model chunks per pipeline rank for the interleaved 1F1B schedule."""
+    sequence_parallel: bool = False
+    """Shard norms and dropout along the sequence over the tensor-parallel ranks."""
+    data_parallel_sharding: str = "ddp"
+    """gptrain extension: `ddp` (replicated), `full_shard` (FSDP2/ZeRO-3), `hybrid_shard` (shard in node)."""
+    fsdp: bool = False
+    """NeMo's FSDP switch: true means data_parallel_sharding=full_shard (or hybrid_shard)."""
+    fsdp_sharding_strategy: str = "full"
+    """NeMo's FSDP strategy with fsdp=true: `full` or `hybrid`."""
+    activations_checkpoint_granularity: str | None = None
+    """`full` (recompute whole layers), `selective` (recompute attention core) or null."""
+    activations_checkpoint_method: str | None = None
+    """`uniform` or `block`, for full granularity."""
+    activations_checkpoint_num_layers: int | None = None
+    """Layers per checkpointed group (uniform) or checkpointed layers per stage (block)."""
+    encoder_seq_length: int = 2048
+    """Sequence length of the model."""
+    max_position_embeddings: int = 2048
+    """Size of the learned position table."""
+    num_layers: int = 12
+    """Transformer layers."""
+    hidden_size: int = 768
+    """Model width."""
+    ffn_hidden_size: int | None = None
+    """MLP width; null means 4 x hidden_size."""
+    num_attention_heads: int = 12
+    """Attention heads."""
+    num_query_groups: int | None = None
+    """Key/value head groups for grouped-query attention; null means multi-head attention."""
+    kv_channels: int | None = None
+    """Head dimension; null means hidden_size / num_attention_heads."""
+    init_method_std: float = 0.02
+    """Standard deviation of the normal weight initialisation."""
+    use_scaled_init_method: bool = True
+    """Scale output-projection init by 1/sqrt(2 x num_layers) as Megatron does."""
+    hidden_dropout: float = 0.1
+    """Dropout on attention and MLP outputs."""
+    attention_dropout: float = 0.1
+    """Dropout on attention probabilities."""
+    layernorm_epsilon: float = 1e-5
+    """Epsilon of the norms."""
+    normalization: str = "layernorm"
+    """`layernorm`, `layernorm1p` (zero-centred gamma, same function) or `rmsnorm`."""
+    bias: bool = True
+    """Biases in linear layers and norms."""
+    activation: str = "gelu"
+    """`gelu`, or `swiglu`/`fast-swiglu` (gated, with ffn_hidden_size as the gate width)."""
+    position_embedding_type: str = "learned_absolute"
+    """`learned_absolute` or `rope`."""
+    rotary_percentage: float = 1.0
+    """Fraction of the head dimension rotated by rope."""
+    rotary_base: int = 10000
+    """Rope base frequency."""
+    share_embeddings_and_output_weights: bool = True
+    """Tie the output projection to the input embedding."""
+    make_vocab_size_divisible_by: int = 128
+    """Pad the vocabulary to a multiple of this x tensor_model_parallel_size."""
+    seed: int = 1234
+    """Seed of initialisation, dropout and data shuffling."""
+    native_amp_init_scale: float = 2.0**32
+    """Initial loss scale for fp16."""
+    native_amp_growth_interval: int = 1000
+    """Steps without overflow before the fp16 loss scale doubles."""
+    hysteresis: int = 2
+    """Overflowing steps tolerated before the fp16 loss scale is halved."""
+    compile: bool = False
+    """gptrain extension: torch.compile the transformer blocks."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+
+@dataclass
+class TrainingConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    exp_manager: ExpManagerConfig = field(default_factory=ExpManagerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    ignored_keys: list[str] = field(default_factory=list, repr=False)
+    """NeMo keys that were given but that gptrain does not implement (reported once)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("ignored_keys")
+        return data
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def world_size(self) -> int:
+        return self.trainer.num_nodes * self.trainer.devices
+
+    def results_path(self, *parts: str) -> str:
+        return os.path.join(self.exp_manager.explicit_log_dir, *parts)

@@ -1,0 +1,158 @@
+"""Normalise NeMo spellings and reject impossible values, naming the key.
+
+Checks that need the world size (parallel layout divisibility) live in
+gptrain.parallel.layout; these run on the config alone.
+"""
+
+from __future__ import annotations
+
+from gptrain.config.schema import TrainingConfig
+from gptrain.errors import ConfigError
+
+PRECISIONS = {"32": "32", "32-true": "32", "16": "16", "16-mixed": "16", "bf16": "bf16", "bf16-mixed": "bf16"}
+CHOICES = {
+    "trainer.accelerator": ("auto", "gpu", "cpu"),
+    "model.normalization": ("layernorm", "layernorm1p", "rmsnorm"),
+    "model.activation": ("gelu", "swiglu", "fast-swiglu"),
+    "model.position_embedding_type": ("learned_absolute", "rope"),
+    "model.data_parallel_sharding": ("ddp", "full_shard", "hybrid_shard"),
+    "model.activations_checkpoint_granularity": (None, "full", "selective"),
+    "model.activations_checkpoint_method": (None, "uniform", "block"),
+    "model.optim.name": ("adamw",),
+    "model.optim.sched.name": ("CosineAnnealing", "LinearAnnealing", "Constant"),
+    "model.data.data_impl": ("mmap", "mock"),
+    "model.tokenizer.type": ("GPT2BPETokenizer", "HuggingFaceTokenizer", "TikTokenizer"),
+}
+TOKENIZER_ALIASES = {
+    "gpt2bpetokenizer": "GPT2BPETokenizer",
+    "gpt2bpe": "GPT2BPETokenizer",
+    "huggingfacetokenizer": "HuggingFaceTokenizer",
+    "huggingface": "HuggingFaceTokenizer",
+    "tiktokenizer": "TikTokenizer",
+    "tiktoken": "TikTokenizer",
+}
+OPTIMIZER_ALIASES = ("adam", "adamw", "fused_adam", "distributed_fused_adam", "mcore_distributed_optim")
+POSITIVE = (
+    "trainer.num_nodes",
+    "trainer.devices",
+    "trainer.max_steps",
+    "trainer.log_every_n_steps",
+    "trainer.val_check_interval",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps",
+    "exp_manager.checkpoint_callback_params.save_top_k",
+    "model.micro_batch_size",
+    "model.global_batch_size",
+    "model.tensor_model_parallel_size",
+    "model.pipeline_model_parallel_size",
+    "model.encoder_seq_length",
+    "model.max_position_embeddings",
+    "model.num_layers",
+    "model.hidden_size",
+    "model.num_attention_heads",
+    "model.make_vocab_size_divisible_by",
+    "model.data.seq_length",
+)
+
+
+def get(cfg: TrainingConfig, dotted: str):
+    value = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def normalize(cfg: TrainingConfig) -> None:
+    """Map NeMo's alternative spellings onto gptrain's canonical values."""
+    precision = str(cfg.trainer.precision)
+    if precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision: '{precision}' is not one of 32, 16, bf16")
+    cfg.trainer.precision = PRECISIONS[precision]
+    if cfg.model.optim.name.lower() not in OPTIMIZER_ALIASES:
+        raise ConfigError(f"model.optim.name: '{cfg.model.optim.name}' is not supported; use adamw")
+    cfg.model.optim.name = "adamw"
+    if cfg.model.ffn_hidden_size is None:
+        cfg.model.ffn_hidden_size = 4 * cfg.model.hidden_size
+    if cfg.model.data.mock_dataset:
+        cfg.model.data.data_impl = "mock"
+    if cfg.model.fsdp:
+        strategy = cfg.model.fsdp_sharding_strategy
+        cfg.model.data_parallel_sharding = "hybrid_shard" if strategy == "hybrid" else "full_shard"
+    cfg.model.tokenizer.type = TOKENIZER_ALIASES.get(
+        cfg.model.tokenizer.type.lower(), cfg.model.tokenizer.type
+    )
+
+
+def validate(cfg: TrainingConfig) -> None:
+    """Raise ConfigError for the first value that cannot work, naming its key."""
+    for key, choices in CHOICES.items():
+        value = get(cfg, key)
+        if value not in choices:
+            shown = ", ".join(str(c) for c in choices)
+            raise ConfigError(f"{key}: '{value}' is not one of {shown}")
+    for key in POSITIVE:
+        if get(cfg, key) < 1:
+            raise ConfigError(f"{key}: must be at least 1, got {get(cfg, key)}")
+    _check_model(cfg)
+    _check_batches(cfg)
+    _check_data(cfg)
+
+
+def _check_model(cfg: TrainingConfig) -> None:
+    model = cfg.model
+    if model.hidden_size % model.num_attention_heads and model.kv_channels is None:
+        raise ConfigError(
+            f"model.hidden_size ({model.hidden_size}) must be divisible by model.num_attention_heads "
+            f"({model.num_attention_heads}), or set model.kv_channels"
+        )
+    groups = model.num_query_groups
+    if groups is not None and (groups < 1 or model.num_attention_heads % groups):
+        raise ConfigError(
+            f"model.num_query_groups ({groups}) must divide model.num_attention_heads ({model.num_attention_heads})"
+        )
+    if model.data.seq_length != model.encoder_seq_length:
+        raise ConfigError(
+            f"model.data.seq_length ({model.data.seq_length}) differs from model.encoder_seq_length "
+            f"({model.encoder_seq_length}); set both to the same value"
+        )
+    uses_table = model.position_embedding_type == "learned_absolute"
+    if uses_table and model.max_position_embeddings < model.encoder_seq_length:
+        raise ConfigError(
+            f"model.max_position_embeddings ({model.max_position_embeddings}) is smaller than "
+            f"model.encoder_seq_length ({model.encoder_seq_length})"
+        )
+    for key in ("model.hidden_dropout", "model.attention_dropout"):
+        if not 0.0 <= get(cfg, key) < 1.0:
+            raise ConfigError(f"{key}: must be in [0, 1), got {get(cfg, key)}")
+
+
+def _check_batches(cfg: TrainingConfig) -> None:
+    model = cfg.model
+    if model.global_batch_size % model.micro_batch_size:
+        raise ConfigError(
+            f"model.global_batch_size ({model.global_batch_size}) must be divisible by "
+            f"model.micro_batch_size ({model.micro_batch_size})"
+        )
+    if cfg.trainer.max_time is not None:
+        try:
+            cfg.trainer.max_time_seconds()
+        except ValueError:
+            raise ConfigError(f"trainer.max_time: '{cfg.trainer.max_time}' is not DD:HH:MM:SS") from None
+    if model.optim.lr <= 0 or model.optim.sched.min_lr < 0 or model.optim.sched.min_lr > model.optim.lr:
+        raise ConfigError(
+            f"model.optim.lr ({model.optim.lr}) must be > 0 and model.optim.sched.min_lr "
+            f"({model.optim.sched.min_lr}) between 0 and lr"
+        )
+
+
+def _check_data(cfg: TrainingConfig) -> None:
+    data, tokenizer = cfg.model.data, cfg.model.tokenizer
+    if data.data_impl == "mmap" and not data.data_prefix:
+        raise ConfigError(
+            "model.data.data_prefix: no dataset given; set it to a prefix or [weight, prefix, ...], "
+            "or use model.data.data_impl=mock"
+        )
+    has_tokenizer = tokenizer.model or (tokenizer.vocab_file and tokenizer.merge_file)
+    if data.data_impl == "mock" and not has_tokenizer and not data.mock_vocab_size:
+        raise ConfigError(
+            "model.data.mock_vocab_size: set it (e.g. 50257) or give model.tokenizer files for mock data"
+        )

@@ -1,0 +1,159 @@
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from gptrain.config import all_keys, list_presets, load_training_config
+from gptrain.errors import ConfigError
+
+NEMO_SHAPES = {  # layers, hidden, heads from the NeMo launcher's GPT-3 family
+    "gpt3/126m": (12, 768, 12),
+    "gpt3/400m_improved": (24, 1024, 16),
+    "gpt3/1b_improved": (24, 2048, 16),
+    "gpt3/5b": (24, 4096, 32),
+    "gpt3/7b_improved": (32, 4096, 32),
+    "gpt3/20b": (44, 6144, 48),
+    "gpt3/40b": (48, 8192, 64),
+    "gpt3/40b_improved": (48, 8192, 64),
+    "gpt3/175b": (96, 12288, 96),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(NEMO_SHAPES))
+def test_every_preset_loads_and_validates(preset):
+    cfg = load_training_config(preset)
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads) == NEMO_SHAPES[preset]
+    assert cfg.model.data.seq_length == cfg.model.encoder_seq_length == 2048
+    assert cfg.exp_manager.explicit_log_dir == f"results/{cfg.run.name}/results"
+    assert cfg.model.ffn_hidden_size >= cfg.model.hidden_size
+    if preset.endswith("_improved"):
+        assert cfg.model.position_embedding_type == "rope" and cfg.model.activation == "fast-swiglu"
+        assert not cfg.model.bias and not cfg.model.share_embeddings_and_output_weights
+
+
+def test_every_shipped_yaml_is_a_known_preset():
+    assert sorted(NEMO_SHAPES) == [p for p in list_presets() if p.startswith("gpt3/")]
+    for preset in list_presets():
+        load_training_config(preset, report_ignored=False)
+
+
+def test_overrides_are_typed_and_interpolations_follow():
+    cfg = load_training_config(
+        "gpt3/126m",
+        [
+            "model.encoder_seq_length=256",
+            "trainer.max_steps=5",
+            "model.optim.lr=1e-4",
+            "model.data.data_prefix=[0.3,/d/a,0.7,/d/b]",
+            "trainer.precision=16-mixed",
+            "base_results_dir=/tmp/r",
+            "training.run.name=my run",
+        ],
+    )
+    assert cfg.model.data.seq_length == 256 and cfg.model.max_position_embeddings == 256
+    assert cfg.trainer.max_steps == 5 and cfg.model.optim.lr == pytest.approx(1e-4)
+    assert cfg.model.data.data_prefix == [0.3, "/d/a", 0.7, "/d/b"]
+    assert cfg.trainer.precision == "16"
+    assert cfg.run.results_dir == "/tmp/r/my run"
+    assert cfg.exp_manager.explicit_log_dir == "/tmp/r/my run/results"
+    assert cfg.model.ffn_hidden_size == 4 * 768
+
+
+def test_unknown_key_suggests_closest():
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'model.hiden_size'.*did you mean 'model.hidden_size'"
+    ):
+        load_training_config("gpt3/126m", ["model.hiden_size=10"])
+
+
+def test_unknown_key_in_file_names_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {"max_step": 3}}))
+    with pytest.raises(ConfigError, match=r"c.yaml: unknown key 'trainer.max_step'.*trainer.max_steps"):
+        load_training_config(config_file=str(path))
+
+
+def test_nemo_key_is_ignored_and_reported_once(capsys):
+    cfg = load_training_config("gpt3/126m", ["model.megatron_amp_O2=true", "model.transformer_engine=false"])
+    assert set(cfg.ignored_keys) == {"model.megatron_amp_O2", "model.transformer_engine"}
+    err = capsys.readouterr().err
+    assert err.count("ignoring NeMo keys") == 1 and "model.megatron_amp_O2" in err
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.num_layers=abc", "'model.num_layers' expects int"),
+        ("trainer.precision=8", "trainer.precision: '8'"),
+        ("model.num_attention_heads=7", "divisible by model.num_attention_heads"),
+        ("model.global_batch_size=10", "divisible by model.micro_batch_size"),
+        ("model.data.seq_length=100", "model.data.seq_length (100) differs"),
+        ("model.activation=relu", "model.activation: 'relu'"),
+        ("model.num_query_groups=5", "model.num_query_groups (5)"),
+        ("trainer.max_steps=0", "trainer.max_steps: must be at least 1"),
+        ("noequals", "not of the form key.sub=value"),
+    ],
+)
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_training_config("gpt3/126m", [override])
+
+
+def test_unknown_preset_suggests():
+    with pytest.raises(ConfigError, match="did you mean 'gpt3/126m'"):
+        load_training_config("gpt3/126")
+
+
+def test_nemo_switches_map_onto_gptrain():
+    cfg = load_training_config(
+        "gpt3/126m", ["model.data.mock_dataset=true", "model.fsdp=true", "model.tokenizer.type=tiktoken"]
+    )
+    assert cfg.model.data.data_impl == "mock"
+    assert cfg.model.data_parallel_sharding == "full_shard"
+    assert cfg.model.tokenizer.type == "TikTokenizer"
+
+
+def test_launcher_style_file_with_training_section(tmp_path):
+    path = tmp_path / "hydra.yaml"
+    path.write_text(
+        "base_results_dir: /runs\ndata_dir: /data\n"
+        "training:\n  run:\n    name: x\n    results_dir: ${base_results_dir}/${.name}\n"
+        "  model:\n    data:\n      data_prefix: ${data_dir}/corpus_text_document\n"
+    )
+    cfg = load_training_config(config_file=str(path))
+    assert cfg.run.results_dir == "/runs/x"
+    assert cfg.model.data.data_prefix == "/data/corpus_text_document"
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = load_training_config("gpt3/1b_improved", ["trainer.max_steps=7"])
+    path = tmp_path / "hparams.yaml"
+    path.write_text(cfg.to_yaml())
+    again = load_training_config(config_file=str(path))
+    assert again.to_dict() == cfg.to_dict()
+
+
+def test_schema_keys_cover_issue_keys():
+    keys = set(all_keys())
+    for key in [
+        "run.name",
+        "trainer.max_time",
+        "exp_manager.checkpoint_callback_params.every_n_train_steps",
+        "model.optim.sched.constant_steps",
+        "model.tokenizer.merge_file",
+        "model.data.splits_string",
+        "model.make_vocab_size_divisible_by",
+    ]:
+        assert key in keys
+
+
+def test_loading_config_does_not_import_torch():
+    code = "import sys\nfrom gptrain.config import load_training_config\nload_training_config('gpt3/126m')\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_max_time_seconds():
+    cfg = load_training_config("gpt3/126m", ["trainer.max_time=01:02:03:04"])
+    assert cfg.trainer.max_time_seconds() == 86400 + 2 * 3600 + 3 * 60 + 4
