@@ -1,0 +1,84 @@
+"""Autoregressive sampling from a GPT: greedy, temperature and top-k.
+
+Deliberately simple (no KV cache: each step reruns the cropped context), since it serves
+`gptrain generate` for checking a checkpoint, not serving. Sampling happens on the CPU in float32
+so a seeded generator gives the same tokens whatever device the model is on.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gptrain.errors import ConfigError
+
+
+def generate(
+    model: nn.Module,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    greedy: bool = False,
+    eod: int | None = None,
+    generator: torch.Generator | None = None,
+    valid_vocab_size: int | None = None,
+) -> list[int]:
+    """Return the new token ids only (not the prompt); the last one is `eod` if generation stopped on it.
+
+    The context is cropped to the model's `config.seq_length` most recent tokens. `generator` must be
+    a CPU generator. `valid_vocab_size` (the tokenizer's unpadded size) keeps the padding rows of a
+    padded vocab from ever being sampled.
+    """
+    _check_arguments(prompt_ids, max_new_tokens, temperature, top_k, greedy)
+    seq_length = model.config.seq_length
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    tokens, new_tokens = list(prompt_ids), []
+    try:
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                context = torch.tensor([tokens[-seq_length:]], dtype=torch.long, device=device)
+                logits = model(context)[0, -1].float().cpu()
+                if valid_vocab_size is not None:
+                    logits = logits[:valid_vocab_size]
+                next_id = next_token(logits, temperature, top_k, greedy, generator)
+                tokens.append(next_id)
+                new_tokens.append(next_id)
+                if eod is not None and next_id == eod:
+                    break
+    finally:
+        model.train(was_training)
+    return new_tokens
+
+
+def next_token(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> int:
+    """Pick one id from 1-D logits: argmax if greedy, else sample softmax(logits / T) over the top k."""
+    if greedy:
+        return int(torch.argmax(logits))
+    scaled = logits / temperature
+    if top_k is not None and top_k < scaled.numel():
+        kth_largest = torch.topk(scaled, top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _check_arguments(
+    prompt_ids: list[int], max_new_tokens: int, temperature: float, top_k: int | None, greedy: bool
+) -> None:
+    if not prompt_ids:
+        raise ConfigError("the prompt is empty: give at least one token (--prompt)")
+    if max_new_tokens < 0:
+        raise ConfigError(f"max_new_tokens={max_new_tokens} must be >= 0 (--max-new-tokens)")
+    if not greedy and not temperature > 0:
+        raise ConfigError(f"temperature={temperature} must be > 0 (--temperature), or use --greedy")
+    if top_k is not None and top_k < 1:
+        raise ConfigError(f"top_k={top_k} must be >= 1 (--top-k)")

@@ -1,0 +1,125 @@
+"""Sampling loop: greedy determinism, eod, top-k, context cropping, argument checks."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from gptrain.errors import ConfigError
+from gptrain.models.config import GPTConfig
+from gptrain.models.generation import generate, next_token
+from gptrain.models.gpt import GPT
+
+
+class BigramModel(nn.Module):
+    """Logits depend only on the last token through a fixed table; records every context it sees."""
+
+    def __init__(self, table: torch.Tensor, seq_length: int) -> None:
+        super().__init__()
+        self.table = nn.Parameter(table)
+        self.config = SimpleNamespace(seq_length=seq_length)
+        self.contexts: list[list[int]] = []
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.contexts.append(tokens[0].tolist())
+        return self.table[tokens]
+
+
+def cycle_table(vocab: int) -> torch.Tensor:
+    """Greedy successor of t is (t + 1) % vocab; the runner-up is (t + 2) % vocab."""
+    table = torch.zeros(vocab, vocab)
+    for t in range(vocab):
+        table[t, (t + 1) % vocab] = 5.0
+        table[t, (t + 2) % vocab] = 4.0
+    return table
+
+
+def tiny_gpt() -> GPT:
+    config = GPTConfig(vocab_size=50, seq_length=6, num_layers=2, hidden_size=16, num_attention_heads=2)
+    model = GPT(config)
+    model.init_weights(torch.Generator().manual_seed(0))
+    return model
+
+
+def test_greedy_follows_the_argmax_and_crops_the_context():
+    model = BigramModel(cycle_table(10), seq_length=4)
+    assert generate(model, [0, 1, 2], 8, greedy=True) == [3, 4, 5, 6, 7, 8, 9, 0]
+    assert all(len(context) <= 4 for context in model.contexts)
+    assert model.contexts[0] == [0, 1, 2] and model.contexts[-1] == [6, 7, 8, 9]
+
+
+def test_greedy_on_a_real_model_matches_a_manual_argmax_loop():
+    model = tiny_gpt().train()
+    prompt = [3, 1, 4, 1, 5]
+    produced = generate(model, prompt, 7, greedy=True)
+    assert model.training  # mode restored
+    assert produced == generate(model, prompt, 7, greedy=True)
+    model.eval()
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(7):
+            logits = model(torch.tensor([tokens[-6:]]))[0, -1]
+            tokens.append(int(logits.argmax()))
+    assert produced == tokens[len(prompt) :]
+
+
+def test_stops_at_eod_and_includes_it():
+    model = BigramModel(cycle_table(10), seq_length=8)
+    assert generate(model, [5], 20, greedy=True, eod=8) == [6, 7, 8]
+    assert generate(model, [5], 2, greedy=True, eod=8) == [6, 7]
+
+
+def test_top_k_samples_only_the_k_best():
+    table = torch.arange(10, dtype=torch.float32).repeat(10, 1) / 2  # token 9 best, then 8, 7 ...
+    model = BigramModel(table, seq_length=8)
+    generator = torch.Generator().manual_seed(0)
+    sampled = generate(model, [0], 300, top_k=2, generator=generator)
+    assert set(sampled) == {8, 9}
+    assert generate(model, [0], 50, top_k=1, generator=generator) == [9] * 50
+    unrestricted = generate(model, [0], 300, generator=generator)
+    assert len(set(unrestricted)) > 2
+
+
+def test_seeded_sampling_is_reproducible_and_temperature_sharpens():
+    model = tiny_gpt()
+    first = generate(model, [1, 2], 20, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    again = generate(model, [1, 2], 20, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    assert first == again
+    cold = generate(model, [1, 2], 20, temperature=1e-4, generator=torch.Generator().manual_seed(3))
+    assert cold == generate(model, [1, 2], 20, greedy=True)
+
+
+def test_next_token_probabilities_follow_softmax():
+    logits = torch.log(torch.tensor([0.1, 0.2, 0.7]))
+    generator = torch.Generator().manual_seed(0)
+    draws = [next_token(logits, generator=generator) for _ in range(4000)]
+    frequencies = [draws.count(i) / len(draws) for i in range(3)]
+    assert frequencies == pytest.approx([0.1, 0.2, 0.7], abs=0.03)
+
+
+def test_valid_vocab_size_never_samples_padding():
+    table = torch.zeros(10, 10)
+    table[:, 8:] = 10.0  # padding rows 8, 9 would win
+    model = BigramModel(table, seq_length=8)
+    assert set(
+        generate(model, [0], 100, valid_vocab_size=8, generator=torch.Generator().manual_seed(1))
+    ) <= set(range(8))
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        (dict(prompt_ids=[]), "prompt"),
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(top_k=0), "top_k"),
+    ],
+)
+def test_bad_arguments_raise_config_error(kwargs, key):
+    model = BigramModel(cycle_table(4), seq_length=4)
+    arguments = {"prompt_ids": [1], "max_new_tokens": 3, **kwargs}
+    with pytest.raises(ConfigError, match=key):
+        generate(model, **arguments)
