@@ -1,9 +1,48 @@
-"""Command-line parsers for this group (light: no torch at module level)."""
+"""Command-line parsers for training (light: no torch at module level)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this group's subcommands (filled in by the group's owner)."""
+    """Add `train`, and `generate`/`plot` from their own modules."""
+    parser = subparsers.add_parser(
+        "train",
+        help="train a GPT in this process (or in each process started by torchrun/srun)",
+        description=(
+            "Train a GPT from a NeMo-launcher style preset (e.g. gpt3/126m) or a training YAML, "
+            "with key=value overrides (trainer.max_steps=100 model.optim.lr=3e-4). Exits 0 at "
+            "trainer.max_steps and 75 after checkpointing on SIGTERM/SIGUSR1 or trainer.max_time."
+        ),
+    )
+    parser.add_argument("preset", nargs="?", default=None, help="training preset such as gpt3/126m")
+    parser.add_argument("--config-file", default=None, help="a full training YAML instead of a preset")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    parser.set_defaults(func=run_train)
+    for module, function in (
+        ("gptrain.train.generate", "add_generate_parser"),
+        ("gptrain.train.plot", "add_plot_parser"),
+    ):
+        try:
+            add = getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError):
+            continue
+        add(subparsers)
+
+
+def split_preset(preset: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """argparse puts a leading `key=value` into the preset slot; move it back."""
+    if preset is not None and "=" in preset:
+        return None, [preset, *overrides]
+    return preset, overrides
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from gptrain.config import load_training_config
+    from gptrain.train.loop import train
+
+    preset, overrides = split_preset(args.preset, list(args.overrides))
+    cfg = load_training_config(preset, overrides, config_file=args.config_file)
+    return train(cfg)

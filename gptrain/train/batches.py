@@ -1,0 +1,101 @@
+"""Batches for training: the data helper's numpy samples as tokens/labels/loss_mask tensors.
+
+The sampler is Megatron's pretraining sampler: it walks the sample indices in order
+from `consumed_samples`, so a resumed run sees exactly the batches an uninterrupted
+run would, and each data-parallel rank takes its own slice of every global micro-step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+class GPTBatchDataset(Dataset):
+    """Splits a sample of seq_length+1 tokens into inputs and next-token labels."""
+
+    def __init__(self, samples: Sequence[Any], eod: int | None = None, eod_mask_loss: bool = False) -> None:
+        self.samples = samples
+        self.eod = eod
+        self.eod_mask_loss = eod_mask_loss and eod is not None
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        sample = torch.from_numpy(np.asarray(self.samples[index], dtype=np.int64))
+        tokens, labels = sample[:-1], sample[1:]
+        loss_mask = torch.ones(tokens.shape, dtype=torch.float32)
+        if self.eod_mask_loss:
+            # Megatron masks the positions whose *input* is EOD.
+            loss_mask[tokens == self.eod] = 0.0
+        return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask}
+
+
+class ResumableMicroBatchSampler(Sampler[list[int]]):
+    """Index lists of one micro-batch for rank `dp_rank`, starting at `consumed_samples`.
+
+    Each global micro-step takes micro_batch_size * dp_size consecutive samples; rank r
+    gets the r-th slice. An incomplete last micro-step is dropped.
+    """
+
+    def __init__(
+        self,
+        total_samples: int,
+        consumed_samples: int,
+        micro_batch_size: int,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+    ) -> None:
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank {dp_rank} outside [0, {dp_size})")
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.dp_rank, self.dp_size = dp_rank, dp_size
+
+    def __len__(self) -> int:
+        remaining = max(0, self.total_samples - self.consumed_samples)
+        return remaining // (self.micro_batch_size * self.dp_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        stride = self.micro_batch_size * self.dp_size
+        offset = self.dp_rank * self.micro_batch_size
+        for base in range(self.consumed_samples, self.total_samples - stride + 1, stride):
+            yield list(range(base + offset, base + offset + self.micro_batch_size))
+
+
+def build_loader(
+    dataset: GPTBatchDataset,
+    consumed_samples: int,
+    micro_batch_size: int,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    num_workers: int = 0,
+    total_samples: int | None = None,
+    seed: int = 0,
+) -> DataLoader:
+    """A DataLoader of micro-batches (dicts of [micro, seq] tensors) for this rank.
+
+    It gets its own generator: creating an iterator then draws nothing from the global
+    torch RNG, which dropout uses, so a resumed run's random streams match.
+    """
+    sampler = ResumableMicroBatchSampler(
+        total_samples if total_samples is not None else len(dataset),
+        consumed_samples,
+        micro_batch_size,
+        dp_rank,
+        dp_size,
+    )
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=num_workers > 0,
+        generator=torch.Generator().manual_seed(seed),
+    )

@@ -1,0 +1,211 @@
+"""Named builders that turn a TrainingConfig into the pieces of a run.
+
+Each is small and replaceable: the parallel layer plugs in by swapping `parallelize`,
+`data_parallel_rank_size`, the step options' reduce/norm functions and `is_logging_rank`.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.config import TrainingConfig
+from gptrain.errors import ConfigError
+from gptrain.parallel.mesh import World
+from gptrain.train.batches import GPTBatchDataset
+from gptrain.train.loss_scale import LossScaler, build_loss_scaler
+from gptrain.train.optim import build_optimizer
+from gptrain.train.schedule import ScheduleSpec
+from gptrain.train.step import StepOptions, no_reduce
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds the global streams dropout and data workers draw from (init uses its own generator)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def select_device(cfg: TrainingConfig, world: World) -> torch.device:
+    if cfg.trainer.resolved_accelerator() == "gpu":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "trainer.accelerator=gpu but no CUDA device is visible; use trainer.accelerator=cpu"
+            )
+        torch.cuda.set_device(world.local_rank)
+        return torch.device("cuda", world.local_rank)
+    return torch.device("cpu")
+
+
+def build_tokenizer(cfg: TrainingConfig) -> Any | None:
+    """The tokenizer; None with mock data and data.mock_vocab_size (which then sets the vocabulary)."""
+    tok = cfg.model.tokenizer
+    if is_mock_data(cfg) and cfg.model.data.mock_vocab_size:
+        return None
+    from gptrain.data.tokenizers import build_tokenizer as build
+
+    return build(tok.type, vocab_file=tok.vocab_file, merge_file=tok.merge_file, model=tok.model)
+
+
+def is_mock_data(cfg: TrainingConfig) -> bool:
+    return cfg.model.data.data_impl == "mock" or bool(cfg.model.data.mock_dataset)
+
+
+def padded_vocab_size(cfg: TrainingConfig, tokenizer: Any | None) -> tuple[int, int]:
+    """(unpadded, padded) vocabulary: from the tokenizer, or data.mock_vocab_size with mock data."""
+    from gptrain.models.flops import pad_vocab_size
+
+    if tokenizer is not None:
+        vocab = int(tokenizer.vocab_size)
+    elif cfg.model.data.mock_vocab_size:
+        vocab = int(cfg.model.data.mock_vocab_size)
+    else:
+        raise ConfigError("no tokenizer files and no model.data.mock_vocab_size: set one of them")
+    padded = pad_vocab_size(
+        vocab, cfg.model.make_vocab_size_divisible_by, cfg.model.tensor_model_parallel_size
+    )
+    return vocab, padded
+
+
+def build_model_config(cfg: TrainingConfig, vocab_size: int) -> Any:
+    """The model-only config (gptrain.models never sees the job config)."""
+    from gptrain.models.config import GPTConfig
+
+    m = cfg.model
+    return GPTConfig(
+        vocab_size=vocab_size,
+        seq_length=m.encoder_seq_length,
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_query_groups=m.num_query_groups,
+        kv_channels=m.kv_channels,
+        position_embedding_type=m.position_embedding_type,
+        rotary_percentage=m.rotary_percentage,
+        rotary_base=m.rotary_base,
+        activation=m.activation,
+        normalization="layernorm" if m.normalization == "layernorm1p" else m.normalization,
+        layernorm_epsilon=m.layernorm_epsilon,
+        bias=m.bias,
+        share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        init_method_std=m.init_method_std,
+        apply_residual_scaling_init=m.use_scaled_init_method,
+    )
+
+
+def build_model(model_config: Any, device: torch.device, seed: int) -> nn.Module:
+    """Build on meta, materialise on `device`, init from a generator seeded with model.seed."""
+    from gptrain.models.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(model_config)
+    model.to_empty(device=device)
+    model.init_weights(torch.Generator(device="cpu").manual_seed(seed))
+    return model
+
+
+def parallelize(model: nn.Module, cfg: TrainingConfig, world: World) -> nn.Module:
+    """Seam: apply the parallel layout. Default: none in one process, plain DDP otherwise."""
+    if world.world_size == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [world.local_rank] if next(model.parameters()).is_cuda else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def data_parallel_rank_size(cfg: TrainingConfig, world: World) -> tuple[int, int]:
+    """Seam: (dp_rank, dp_size) the sampler slices by. Default: every rank is a DP rank."""
+    del cfg
+    return world.rank, world.world_size
+
+
+def is_logging_rank(cfg: TrainingConfig, world: World) -> bool:
+    """Seam: the rank that prints iteration lines (Megatron: the last pipeline stage). Default: rank 0."""
+    del cfg
+    return world.rank == 0
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum over all ranks (the DP loss/token all-reduce of the default layout)."""
+    out = tensor.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def build_step_options(cfg: TrainingConfig, dp_size: int) -> StepOptions:
+    """Seam: how a step reduces losses and computes the grad norm for this layout."""
+    distributed = dist.is_available() and dist.is_initialized() and dp_size > 1
+    return StepOptions(
+        precision=cfg.trainer.precision,
+        clip_grad=cfg.trainer.gradient_clip_val or None,
+        dp_size=dp_size,
+        reduce_sum=all_reduce_sum if distributed else no_reduce,
+    )
+
+
+def build_adamw(cfg: TrainingConfig, model: nn.Module, device: torch.device) -> torch.optim.AdamW:
+    o = cfg.model.optim
+    return build_optimizer(model, o.name, o.lr, o.weight_decay, o.betas, o.eps, device.type)
+
+
+def build_scaler(cfg: TrainingConfig) -> LossScaler:
+    m = cfg.model
+    return build_loss_scaler(
+        cfg.trainer.precision, m.native_amp_init_scale, m.native_amp_growth_interval, m.hysteresis
+    )
+
+
+def build_checkpoint_manager(cfg: TrainingConfig, world: World) -> CheckpointManager:
+    """Checkpoints in <explicit_log_dir>/checkpoints, keeping the last save_top_k."""
+    params = cfg.exp_manager.checkpoint_callback_params
+    root = Path(cfg.exp_manager.explicit_log_dir) / "checkpoints"
+    return CheckpointManager(root, params.save_top_k, rank=world.rank, async_save=params.async_save)
+
+
+def schedule_spec(cfg: TrainingConfig) -> ScheduleSpec:
+    optim, sched = cfg.model.optim, cfg.model.optim.sched
+    return ScheduleSpec(
+        name=sched.name,
+        lr=optim.lr,
+        min_lr=sched.min_lr,
+        max_steps=sched.max_steps or cfg.trainer.max_steps,
+        warmup_steps=sched.warmup_steps,
+        constant_steps=sched.constant_steps,
+    )
+
+
+def build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> tuple[Any, Any, Any]:
+    """(train, valid, test) GPTBatchDatasets with Megatron's sample counts; valid/test may be None."""
+    from gptrain.data.builder import build_gpt_datasets, sample_counts
+
+    m, t = cfg.model, cfg.trainer
+    train_n, valid_n, _ = sample_counts(
+        t.max_steps, m.global_batch_size, t.val_check_interval, t.limit_val_batches
+    )
+    test_n = t.limit_test_batches * m.global_batch_size  # NeMo sizes the test split by limit_test_batches
+    train, valid, test = build_gpt_datasets(
+        m.data.data_prefix,
+        m.data.splits_string,
+        m.data.seq_length,
+        m.seed,
+        (train_n, valid_n, test_n),
+        cache_dir=m.data.index_mapping_dir,
+        mock=is_mock_data(cfg),
+        vocab_size=vocab,
+    )
+    eod = getattr(tokenizer, "eod", None)
+    wrapped = [
+        GPTBatchDataset(d, eod, m.data.eod_mask_loss) if d is not None else None for d in (train, valid, test)
+    ]
+    return wrapped[0], wrapped[1], wrapped[2]

@@ -1,0 +1,329 @@
+"""The training loop: `train(cfg)` reads top to bottom, every piece is a named function.
+
+Seams for parallel layouts (gptrain/parallel plugs in here without touching the model):
+  builders.build_model              build on meta, to_empty(device), init_weights(generator)
+  builders.parallelize              apply TP / activation checkpointing / compile / FSDP2 / DDP
+  builders.data_parallel_rank_size  (dp_rank, dp_size) that the sampler slices batches by
+  builders.build_step_options       loss all-reduce (`reduce_sum`) and grad-norm function
+  Session.step_fn                   one optimizer step; pipeline schedules assign their own
+                                    after the Session is built (default: step.train_step)
+  builders.is_logging_rank          the rank that prints iteration lines (last pipeline stage)
+  agree_on_stop                     every rank stops (and checkpoints) at the same step
+With world size 1 no process group is created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.config import TrainingConfig
+from gptrain.errors import EXIT_REQUEUE, ConfigError, DataError, GptrainError
+from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
+from gptrain.train import builders as b
+from gptrain.train.batches import GPTBatchDataset, build_loader
+from gptrain.train.logline import format_validation_lines
+from gptrain.train.loss_scale import LossScaler
+from gptrain.train.meter import IntervalMeter, log_interval
+from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, RunLog, Scalars, write_run_files
+from gptrain.train.schedule import LRSchedule
+from gptrain.train.signals import StopRequest
+from gptrain.train.state import TrainState, apply_checkpoint_state, checkpoint_state, rng_state, set_rng_state
+from gptrain.train.step import Batch, StepOptions, StepResult, autocast, to_device, train_step
+
+
+class TrainingDivergedError(GptrainError):
+    """The loss stayed non-finite for trainer.max_consecutive_nonfinite iterations."""
+
+
+@dataclass
+class Session:
+    """The live pieces of one run (built by `train`, used by the loop functions)."""
+
+    cfg: TrainingConfig
+    world: World
+    device: torch.device
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: LRSchedule
+    scaler: LossScaler
+    step_opts: StepOptions
+    checkpoints: CheckpointManager
+    log: RunLog
+    scalars: Scalars
+    dp_rank: int = 0
+    dp_size: int = 1
+    logging_rank: bool = True
+    flops_per_iteration: float = 0.0
+    peak_tflops: float | None = None
+    state: TrainState = field(default_factory=TrainState)
+    step_fn: Callable[[list[Batch]], StepResult] | None = None
+
+    def __post_init__(self) -> None:
+        if self.step_fn is None:
+            self.step_fn = lambda mbs: train_step(
+                self.model, self.optimizer, mbs, self.scaler, self.device, self.step_opts
+            )
+
+    @property
+    def num_microbatches(self) -> int:
+        m = self.cfg.model
+        return m.global_batch_size // (m.micro_batch_size * self.dp_size)
+
+
+def train(cfg: TrainingConfig) -> int:
+    """Train as configured; 0 at max_steps, EXIT_REQUEUE after a signal or max_time checkpoint."""
+    world = world_from_env()
+    if world.world_size > 1:
+        init_distributed(world, cfg.trainer.resolved_accelerator())
+    log_dir = Path(cfg.exp_manager.explicit_log_dir)
+    logging_rank = b.is_logging_rank(cfg, world)
+    if world.rank == 0:
+        write_run_files(log_dir, cfg.to_yaml())
+    log = RunLog(log_dir, world.rank, world.local_rank, echo=logging_rank)
+    scalars = Scalars(log_dir, enabled=logging_rank and cfg.exp_manager.create_tensorboard_logger)
+    stop = StopRequest(cfg.trainer.max_time_seconds()).install()
+    try:
+        device = b.select_device(cfg, world)
+        b.seed_everything(cfg.model.seed)
+        tokenizer = b.build_tokenizer(cfg)
+        vocab, padded_vocab = b.padded_vocab_size(cfg, tokenizer)
+        model_config = b.build_model_config(cfg, padded_vocab)
+        model = b.parallelize(b.build_model(model_config, device, cfg.model.seed), cfg, world)
+        optimizer = b.build_adamw(cfg, model, device)
+        dp_rank, dp_size = b.data_parallel_rank_size(cfg, world)
+        check_batch_sizes(cfg, dp_size)
+        session = Session(
+            cfg=cfg,
+            world=world,
+            device=device,
+            model=model,
+            optimizer=optimizer,
+            schedule=LRSchedule(optimizer, b.schedule_spec(cfg)),
+            scaler=b.build_scaler(cfg),
+            step_opts=b.build_step_options(cfg, dp_size),
+            checkpoints=b.build_checkpoint_manager(cfg, world),
+            log=log,
+            scalars=scalars,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            logging_rank=logging_rank,
+        )
+        set_throughput_reference(session, model_config)
+        train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer)
+        log_start(session, model, log_dir)
+        resume(session)
+        return run(session, train_data, valid_data, test_data, stop)
+    finally:
+        stop.uninstall()
+        scalars.close()
+        log.close()
+        if world.world_size > 1:
+            shutdown()
+
+
+def check_batch_sizes(cfg: TrainingConfig, dp_size: int) -> None:
+    m = cfg.model
+    if m.global_batch_size % (m.micro_batch_size * dp_size) != 0:
+        raise ConfigError(
+            f"model.global_batch_size={m.global_batch_size} is not divisible by model.micro_batch_size x "
+            f"data-parallel size = {m.micro_batch_size} x {dp_size}"
+        )
+
+
+def set_throughput_reference(s: Session, model_config: object) -> None:
+    """FLOPs of one global batch (Megatron's formula) and the device's peak for MFU."""
+    from gptrain.models.flops import device_peak_tflops, megatron_flops_per_iteration
+
+    s.flops_per_iteration = float(megatron_flops_per_iteration(model_config, s.cfg.model.global_batch_size))
+    if s.device.type == "cuda":
+        s.peak_tflops = device_peak_tflops(torch.cuda.get_device_name(s.device), s.cfg.trainer.precision)
+
+
+def log_start(s: Session, model: nn.Module, log_dir: Path) -> None:
+    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    s.log(
+        f"gptrain: {params:,} parameters | {s.flops_per_iteration:.3e} FLOPs per iteration | "
+        f"{s.num_microbatches} microbatches per step | results in {log_dir}"
+    )
+
+
+def resume(s: Session) -> None:
+    """Load the newest complete checkpoint when exp_manager.resume_if_exists (one log line either way)."""
+    root = s.checkpoints.root
+    if not s.cfg.exp_manager.resume_if_exists:
+        s.log(f"exp_manager.resume_if_exists=false: starting from scratch (checkpoints go to {root})")
+        return
+    path = s.checkpoints.newest()
+    if path is None:
+        s.log(f"no complete checkpoint in {root}: starting from scratch")
+        return
+    state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
+    extra = s.checkpoints.load(
+        path,
+        state,
+        lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
+    )
+    if "rng" in extra:
+        set_rng_state(extra["rng"])
+    s.log(f"resuming from {path} at iteration {s.state.step}, consumed samples {s.state.consumed_samples}")
+
+
+def save_checkpoint(s: Session) -> Path:
+    state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
+    path = s.checkpoints.save(s.state.step, state, {"rng": rng_state()})
+    s.log(
+        f"saving checkpoint {path} in the background"
+        if s.checkpoints.async_save
+        else f"saved checkpoint {path}"
+    )
+    return path
+
+
+def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:
+    """The micro-batches of each global batch for this rank, from consumed_samples on."""
+    m = s.cfg.model
+    loader = build_loader(
+        data,
+        s.state.consumed_samples,
+        m.micro_batch_size,
+        s.dp_rank,
+        s.dp_size,
+        num_workers=m.data.num_workers,
+        seed=m.seed,
+    )
+    it = iter(loader)
+    while True:
+        batch = [mb for _, mb in zip(range(s.num_microbatches), it, strict=False)]
+        if len(batch) < s.num_microbatches:
+            raise DataError(
+                f"the train split ran out of samples at iteration {s.state.step} "
+                f"(consumed samples {s.state.consumed_samples}): add data or lower trainer.max_steps"
+            )
+        yield batch
+
+
+def run(
+    s: Session,
+    train_data: GPTBatchDataset,
+    valid_data: GPTBatchDataset | None,
+    test_data: GPTBatchDataset | None,
+    stop: StopRequest,
+) -> int:
+    """Iterate to trainer.max_steps; at each step boundary log, check, checkpoint, validate.
+
+    At the end: validation (unless just done), the final checkpoint, the test split.
+    """
+    t, every = s.cfg.trainer, s.cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
+    if s.state.step >= t.max_steps:
+        s.log(f"iteration {s.state.step} is already at trainer.max_steps={t.max_steps}: nothing to do")
+        return 0
+    batches = microbatches(s, train_data)
+    meter = IntervalMeter(start_step=s.state.step)
+    saved_at = validated_at = -1
+    while s.state.step < t.max_steps:
+        lr = s.schedule.apply()
+        result = s.step_fn(next(batches))
+        record(s, result)
+        meter.add(result, lr, s.scaler.scale)
+        if s.state.step == meter.start_step + 1 or s.state.step % t.log_every_n_steps == 0:
+            log_interval(s, meter)
+        check_finite(s, result)
+        reason = agree_on_stop(stop.reason())
+        if reason is not None and s.state.step < t.max_steps:  # at max_steps: finish normally
+            save_checkpoint(s)
+            s.checkpoints.wait()
+            s.log(f"stopping at iteration {s.state.step}: {reason}; exit {EXIT_REQUEUE} to be requeued")
+            return EXIT_REQUEUE
+        if every and s.state.step % every == 0 and s.state.consecutive_nonfinite == 0:
+            save_checkpoint(s)  # not during a non-finite streak: the last good one stays newest
+            saved_at = s.state.step
+        if t.val_check_interval and s.state.step % t.val_check_interval == 0:
+            validate(s, valid_data)
+            validated_at = s.state.step
+    if validated_at != s.state.step:
+        validate(s, valid_data)
+    if saved_at != s.state.step:
+        save_checkpoint(s)
+    s.checkpoints.wait()
+    evaluate_split(s, test_data, t.limit_test_batches, " on test set", TB_TEST_LOSS)
+    return 0
+
+
+def record(s: Session, result: StepResult) -> None:
+    """Advance counters; samples are consumed even by skipped iterations (as Megatron)."""
+    st = s.state
+    st.step += 1
+    st.consumed_samples += s.cfg.model.global_batch_size
+    if result.updated:
+        s.schedule.advance()
+    st.skipped_iterations += int(result.overflow)
+    st.nan_iterations += int(result.nonfinite)
+    st.consecutive_nonfinite = st.consecutive_nonfinite + 1 if result.nonfinite else 0
+
+
+def check_finite(s: Session, result: StepResult) -> None:
+    """Stop the run after trainer.max_consecutive_nonfinite non-finite iterations in a row."""
+    limit = s.cfg.trainer.max_consecutive_nonfinite
+    if not result.nonfinite or s.state.consecutive_nonfinite < limit:
+        return
+    last = s.checkpoints.newest()
+    message = (
+        f"loss or gradients not finite for {s.state.consecutive_nonfinite} iterations in a row "
+        f"(last at iteration {s.state.step}); last good checkpoint: {last or 'none'}; "
+        "lower model.optim.lr or raise trainer.max_consecutive_nonfinite"
+    )
+    s.log(message)
+    raise TrainingDivergedError(message)
+
+
+def agree_on_stop(reason: str | None) -> str | None:
+    """Seam: all ranks must stop at the same step, so any rank's request stops everyone."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return reason
+    flag = torch.tensor([1 if reason else 0], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        flag = flag.cuda()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return reason or ("stop requested on another rank" if int(flag.item()) else None)
+
+
+@torch.no_grad()
+def evaluate(s: Session, data: GPTBatchDataset, num_batches: int) -> float:
+    """Token-weighted mean loss over the first `num_batches` global batches of `data`."""
+    m = s.cfg.model
+    loader = build_loader(data, 0, m.micro_batch_size, s.dp_rank, s.dp_size, num_workers=0, seed=m.seed)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=s.device)
+    tokens = torch.zeros((), dtype=torch.float64, device=s.device)
+    s.model.eval()
+    try:
+        for _, microbatch in zip(range(num_batches * s.num_microbatches), loader, strict=False):
+            batch = to_device(microbatch, s.device)
+            with autocast(s.device.type, s.step_opts.precision):
+                loss_sum += s.step_opts.loss_fn(s.model, batch).double()
+            tokens += batch["loss_mask"].sum().double()
+    finally:
+        s.model.train()
+    return float((s.step_opts.reduce_sum(loss_sum) / s.step_opts.reduce_sum(tokens).clamp(min=1)).item())
+
+
+def validate(s: Session, data: GPTBatchDataset | None) -> None:
+    """Megatron's validation block (skipped in benchmark mode, limit_val_batches=0)."""
+    evaluate_split(s, data, s.cfg.trainer.limit_val_batches, "", TB_VAL_LOSS)
+
+
+def evaluate_split(s: Session, data: GPTBatchDataset | None, batches: int, where: str, tag: str) -> None:
+    """Evaluate, print Megatron's block on the logging rank, send the loss to TensorBoard."""
+    if data is None or batches <= 0 or len(data) == 0:
+        return
+    loss = evaluate(s, data, batches)
+    if s.logging_rank:
+        for line in format_validation_lines(s.state.step, loss, where):
+            s.log(line)
+    s.scalars.add({tag: loss}, s.state.step)

@@ -1,0 +1,105 @@
+"""Numbers between two iteration lines, and the line itself (Megatron's + MFU + ETA).
+
+Like Megatron, the loss is averaged over the iterations that updated the model since
+the previous line, and the skipped/nan counts in the line are per interval.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gptrain.train import results as tb
+from gptrain.train.logline import IterationLog, format_iteration_line, format_suffix
+from gptrain.train.metrics import mfu, tflops_per_gpu, tokens_per_second
+from gptrain.train.step import StepResult
+
+if TYPE_CHECKING:
+    from gptrain.train.loop import Session
+
+
+@dataclass
+class IntervalMeter:
+    """Accumulates one logging interval; `reset` starts the next."""
+
+    start_step: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    iterations: int = 0
+    updated: int = 0
+    loss_sum: float = 0.0
+    skipped: int = 0
+    nans: int = 0
+    last_lr: float = 0.0
+    last_scale: float = 1.0
+    last_grad_norm: float | None = None
+
+    def add(self, result: StepResult, lr: float, scale: float) -> None:
+        self.iterations += 1
+        self.skipped += int(result.overflow)
+        self.nans += int(result.nonfinite)
+        # Megatron prints the grad norm of the last iteration, none when it was skipped
+        self.last_grad_norm = result.grad_norm if result.updated else None
+        if result.updated:
+            self.updated += 1
+            self.loss_sum += result.loss
+        self.last_lr, self.last_scale = lr, scale
+
+    def seconds_per_iteration(self, now: float) -> float:
+        return (now - self.started) / max(1, self.iterations)
+
+    def mean_loss(self) -> float | None:
+        return self.loss_sum / self.updated if self.updated else None
+
+    def reset(self, now: float) -> None:
+        self.started, self.iterations, self.updated, self.loss_sum = now, 0, 0, 0.0
+        self.skipped = self.nans = 0
+
+
+def _synchronize(s: Session) -> None:
+    if s.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(s.device)
+
+
+def log_interval(s: Session, meter: IntervalMeter) -> None:
+    """Print the iteration line (logging rank) and write the TensorBoard scalars."""
+    _synchronize(s)
+    now = time.perf_counter()
+    seconds = meter.seconds_per_iteration(now)
+    m, t = s.cfg.model, s.cfg.trainer
+    tflops = tflops_per_gpu(s.flops_per_iteration, seconds, s.world.world_size)
+    line = format_iteration_line(
+        IterationLog(
+            iteration=s.state.step,
+            train_iters=t.max_steps,
+            consumed_samples=s.state.consumed_samples,
+            elapsed_ms_per_iteration=seconds * 1000.0,
+            throughput_tflops=tflops,
+            learning_rate=meter.last_lr,
+            global_batch_size=m.global_batch_size,
+            lm_loss=meter.mean_loss(),
+            loss_scale=meter.last_scale,
+            grad_norm=meter.last_grad_norm,
+            skipped_iterations=meter.skipped,
+            nan_iterations=meter.nans,
+        )
+    )
+    utilisation = mfu(tflops, s.peak_tflops)
+    if s.logging_rank:
+        s.log(line + format_suffix(utilisation, (t.max_steps - s.state.step) * seconds))
+    s.scalars.add(
+        {
+            tb.TB_LM_LOSS: meter.mean_loss(),
+            tb.TB_LEARNING_RATE: meter.last_lr,
+            tb.TB_GRAD_NORM: meter.last_grad_norm,
+            tb.TB_LOSS_SCALE: meter.last_scale,
+            tb.TB_STEP_TIME: seconds,
+            tb.TB_CONSUMED_SAMPLES: float(s.state.consumed_samples),
+            tb.TB_TOKENS_PER_SECOND: tokens_per_second(m.global_batch_size, m.data.seq_length, seconds),
+            tb.TB_TFLOPS: tflops,
+        },
+        s.state.step,
+    )
+    meter.reset(time.perf_counter())

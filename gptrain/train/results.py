@@ -1,0 +1,105 @@
+"""The results directory, laid out as the NeMo launcher lays it out.
+
+Everything of a run goes into `exp_manager.explicit_log_dir`:
+hparams.yaml, cmd-args.log, git-info.log, nemo_log_globalrank-<r>_localrank-<l>.txt
+(one per rank), events.out.tfevents.* and checkpoints/.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+from gptrain.utils.atomic import atomic_write_text
+
+# TensorBoard tags written by the training loop (the plot command reads these).
+TB_LM_LOSS = "lm loss"
+TB_VAL_LOSS = "val loss"
+TB_TEST_LOSS = "test loss"
+TB_LEARNING_RATE = "learning rate"
+TB_GRAD_NORM = "grad norm"
+TB_LOSS_SCALE = "loss scale"
+TB_STEP_TIME = "train_step_timing in s"
+TB_CONSUMED_SAMPLES = "consumed samples"
+TB_TOKENS_PER_SECOND = "tokens per second"
+TB_TFLOPS = "TFLOP/s/GPU"
+
+
+def log_file_name(global_rank: int, local_rank: int) -> str:
+    return f"nemo_log_globalrank-{global_rank}_localrank-{local_rank}.txt"
+
+
+def git_info(directory: Path) -> str:
+    """The commit (and whether the tree is dirty) of `directory`, or 'not a git checkout'."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return "not a git checkout\n"
+        status = subprocess.run(
+            ["git", "-C", str(directory), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "not a git checkout\n"
+    changed = len(status.stdout.splitlines())
+    return f"commit hash: {commit.stdout.strip()}\nmodified tracked files: {changed}\n"
+
+
+def write_run_files(log_dir: Path, resolved_yaml: str, argv: list[str] | None = None) -> None:
+    """hparams.yaml, cmd-args.log, git-info.log (rank 0 only; atomic)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(log_dir / "hparams.yaml", resolved_yaml)
+    atomic_write_text(log_dir / "cmd-args.log", shlex.join(sys.argv if argv is None else argv) + "\n")
+    atomic_write_text(log_dir / "git-info.log", git_info(Path.cwd()))
+
+
+class RunLog:
+    """This rank's log file; the logging rank also echoes to stdout."""
+
+    def __init__(self, log_dir: Path, global_rank: int, local_rank: int, echo: bool) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.path = log_dir / log_file_name(global_rank, local_rank)
+        self.echo = echo
+        self._file: IO[str] | None = open(self.path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+
+    def __call__(self, line: str) -> None:
+        if self._file is not None:
+            self._file.write(line + "\n")
+        if self.echo:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class Scalars:
+    """TensorBoard scalars on the logging rank; a no-op elsewhere or when disabled."""
+
+    def __init__(self, log_dir: Path, enabled: bool) -> None:
+        self._writer: Any = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(log_dir))
+
+    def add(self, values: dict[str, float | None], step: int) -> None:
+        if self._writer is None:
+            return
+        for tag, value in values.items():
+            if value is not None:
+                self._writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None

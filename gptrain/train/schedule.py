@@ -1,0 +1,92 @@
+"""Learning-rate schedules with NeMo's names, as a pure function of the step.
+
+`lr_at(step, spec)` is the closed form; `LRSchedule` applies it to an optimizer and
+keeps only the step counter as state, so a resumed run gets exactly the same rates.
+Steps count completed optimizer steps: step 0 is the first update.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from gptrain.errors import ConfigError
+
+SCHEDULES = ("CosineAnnealing", "LinearAnnealing", "Constant")
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """Everything the schedule depends on (from `model.optim` and `model.optim.sched`)."""
+
+    name: str
+    lr: float
+    min_lr: float
+    max_steps: int
+    warmup_steps: int = 0
+    constant_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in SCHEDULES:
+            raise ConfigError(
+                f"model.optim.sched.name={self.name!r} is not supported; use one of {SCHEDULES}"
+            )
+        if self.name != "Constant" and self.min_lr > self.lr:
+            raise ConfigError(
+                f"model.optim.sched.min_lr={self.min_lr} is above model.optim.lr={self.lr}; lower min_lr"
+            )
+        if self.warmup_steps < 0 or self.constant_steps < 0:
+            raise ConfigError("model.optim.sched.warmup_steps and constant_steps must be >= 0")
+
+    @property
+    def decay_steps(self) -> int:
+        """Steps of the decay phase: what remains after warmup and the final constant phase."""
+        return max(0, self.max_steps - self.warmup_steps - self.constant_steps)
+
+
+def lr_at(step: int, spec: ScheduleSpec) -> float:
+    """Learning rate for optimizer step `step` (0-based).
+
+    Linear warmup from 0 to lr over warmup_steps, then decay from lr to min_lr over
+    decay_steps (cosine or linear), then min_lr for the constant_steps and beyond.
+    """
+    if spec.name == "Constant":
+        return spec.lr
+    if spec.warmup_steps > 0 and step <= spec.warmup_steps:
+        return spec.lr * step / spec.warmup_steps
+    progress = step - spec.warmup_steps
+    if spec.decay_steps == 0 or progress >= spec.decay_steps:
+        return spec.min_lr
+    ratio = progress / spec.decay_steps
+    cosine = spec.name == "CosineAnnealing"
+    coeff = 0.5 * (1.0 + math.cos(math.pi * ratio)) if cosine else 1.0 - ratio
+    return spec.min_lr + coeff * (spec.lr - spec.min_lr)
+
+
+class LRSchedule:
+    """Sets the rate of every param group before each step; `step` is its whole state."""
+
+    def __init__(self, optimizer: Any, spec: ScheduleSpec) -> None:
+        self.optimizer = optimizer
+        self.spec = spec
+        self.step = 0
+
+    def current_lr(self) -> float:
+        return lr_at(self.step, self.spec)
+
+    def apply(self) -> float:
+        """Write the rate of the coming step into the optimizer; returns it."""
+        lr = self.current_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def advance(self) -> None:
+        self.step += 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step = int(state["step"])

@@ -1,0 +1,51 @@
+"""Stop requests: SIGTERM/SIGUSR1 (Slurm's warning signal) and trainer.max_time.
+
+Handlers only set a flag; the loop checks it at the next step boundary, saves a
+checkpoint and exits with EXIT_REQUEUE, so no state is ever saved mid-step.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequest:
+    """Collects the reason to stop early, if any."""
+
+    def __init__(self, max_time_seconds: float | None = None, start: float | None = None) -> None:
+        self.start = time.monotonic() if start is None else start
+        self.max_time_seconds = max_time_seconds
+        self.signal_name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> StopRequest:
+        """Install the handlers; `uninstall` restores the old ones. Off the main thread
+        (where Python cannot take signals) only max_time applies."""
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        self.signal_name = signal.Signals(signum).name
+
+    def reason(self) -> str | None:
+        """Why to stop now ('SIGUSR1', 'max_time 00:00:10:00 reached'), or None."""
+        if self.signal_name is not None:
+            return f"received {self.signal_name}"
+        if self.max_time_seconds is not None and time.monotonic() - self.start >= self.max_time_seconds:
+            return f"trainer.max_time reached after {self.max_time_seconds:.0f} s"
+        return None

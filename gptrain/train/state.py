@@ -1,0 +1,96 @@
+"""What a checkpoint holds besides weights: counters, schedule, scaler and RNG streams.
+
+Model and optimizer go through `torch.distributed.checkpoint.state_dict` so another
+parallel layout can reshard them; the RNG streams are per rank and saved next to them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from gptrain.train.loss_scale import LossScaler
+from gptrain.train.schedule import LRSchedule
+
+
+@dataclass
+class TrainState:
+    """Progress counters; `step` is the number of iterations run (skipped ones included)."""
+
+    step: int = 0
+    consumed_samples: int = 0
+    skipped_iterations: int = 0
+    nan_iterations: int = 0
+    consecutive_nonfinite: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            if hasattr(self, key):
+                setattr(self, key, int(value))
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random stream a step can draw from (dropout, data workers, numpy, python)."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoint_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: LRSchedule,
+    scaler: LossScaler,
+    train: TrainState,
+) -> dict[str, Any]:
+    """The DCP state dict (same keys on every rank; tensors may be sharded)."""
+    return {
+        "model": get_model_state_dict(model),
+        "optim": get_optimizer_state_dict(model, optimizer),
+        "schedule": schedule.state_dict(),
+        "scaler": scaler.state_dict(),
+        "train": train.state_dict(),
+    }
+
+
+def apply_checkpoint_state(
+    state: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: LRSchedule,
+    scaler: LossScaler,
+    train: TrainState,
+) -> None:
+    """Put a loaded DCP state dict back into the live objects."""
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+    schedule.load_state_dict(state["schedule"])
+    scaler.load_state_dict(state["scaler"])
+    train.load_state_dict(state["train"])

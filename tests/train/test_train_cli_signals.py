@@ -1,0 +1,106 @@
+"""`gptrain train` from the command line: one-line errors, max_time and signals -> checkpoint + 75."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from train_e2e_helpers import MOCK, TINY
+
+from gptrain.checkpoint.manager import complete_steps
+from gptrain.cli import main
+from gptrain.errors import EXIT_REQUEUE
+from gptrain.train.cli import split_preset
+from gptrain.train.signals import StopRequest
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def test_unknown_key_is_one_line_error(tmp_path, capsys):
+    code = main(["train", "gpt3/126m", "trainer.max_stepz=5", f"exp_manager.explicit_log_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("gptrain: error: ") and "max_stepz" in err and "\n" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_gpu_requested_without_cuda_is_one_line_error(tmp_path, capsys):
+    code = main(
+        [
+            "train",
+            "gpt3/126m",
+            *TINY,
+            *MOCK,
+            "trainer.accelerator=gpu",
+            f"exp_manager.explicit_log_dir={tmp_path}",
+        ]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "trainer.accelerator=gpu" in err and "\n" not in err
+
+
+def test_max_time_checkpoints_and_exits_for_requeue(tmp_path, capsys):
+    args = [
+        "train",
+        "gpt3/126m",
+        *TINY,
+        *MOCK,
+        "trainer.max_time=00:00:00:00",
+        f"exp_manager.explicit_log_dir={tmp_path}",
+    ]
+    assert main(args) == EXIT_REQUEUE
+    assert complete_steps(tmp_path / "checkpoints") == [1]
+    assert "stopping at iteration 1: trainer.max_time reached" in capsys.readouterr().out
+
+
+def test_stop_request_flags_signals_and_restores_handlers():
+    previous = signal.getsignal(signal.SIGUSR1)
+    stop = StopRequest().install()
+    try:
+        assert stop.reason() is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.reason() == "received SIGUSR1"
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) is previous
+    assert (
+        StopRequest(max_time_seconds=10.0, start=time.monotonic() - 11)
+        .reason()
+        .startswith("trainer.max_time")
+    )
+
+
+def test_preset_slot_holding_an_override_moves_back():
+    assert split_preset("a.b=1", ["c=2"]) == (None, ["a.b=1", "c=2"])
+    assert split_preset("gpt3/126m", ["c=2"]) == ("gpt3/126m", ["c=2"])
+
+
+def test_sigusr1_from_outside_checkpoints_and_exits_75(tmp_path):
+    """A real process gets Slurm's warning signal mid-run: it saves at the next step boundary."""
+    overrides = [*TINY, *MOCK, "trainer.max_steps=100000", "trainer.val_check_interval=100000"]
+    overrides += [
+        f"exp_manager.explicit_log_dir={tmp_path}",
+        "exp_manager.checkpoint_callback_params.every_n_train_steps=100000",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptrain", "train", "gpt3/126m", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        for line in proc.stdout:
+            if " iteration        2/" in line:
+                break
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_REQUEUE, err
+    assert "received SIGUSR1" in out
+    steps = complete_steps(tmp_path / "checkpoints")
+    assert len(steps) == 1 and steps[0] >= 2

@@ -1,0 +1,88 @@
+import re
+from datetime import datetime
+
+import pytest
+
+from gptrain.train.logline import IterationLog, format_iteration_line, format_suffix, format_validation_lines
+from gptrain.train.metrics import mfu, tflops_per_gpu, tokens_per_second
+
+NOW = datetime(2026, 11, 21, 23, 5, 7, 123456)
+
+
+def sample_log(**changes):
+    values = dict(
+        iteration=10,
+        train_iters=500,
+        consumed_samples=2560,
+        elapsed_ms_per_iteration=1234.56,
+        throughput_tflops=123.456,
+        learning_rate=6e-4,
+        global_batch_size=256,
+        lm_loss=7.123456789,
+        loss_scale=1.0,
+        grad_norm=1.23456,
+        skipped_iterations=0,
+        nan_iterations=2,
+    )
+    values.update(changes)
+    return IterationLog(**values)
+
+
+def test_iteration_line_exact_string():
+    expected = (
+        " [2026-11-21 23:05:07.123456] iteration       10/     500 | consumed samples:         2560 |"
+        " elapsed time per iteration (ms): 1234.6 | throughput per GPU (TFLOP/s/GPU): 123.5 |"
+        " learning rate: 6.000000E-04 | global batch size:   256 | lm loss: 7.123457E+00 |"
+        " loss scale: 1.0 | grad norm: 1.235 | number of skipped iterations:   0 |"
+        " number of nan iterations:   2 |"
+    )
+    assert format_iteration_line(sample_log(), NOW) == expected
+
+
+def test_optional_fields_follow_megatron_rules():
+    line = format_iteration_line(
+        sample_log(
+            skipped_samples=3, throughput_tflops=None, grad_norm=None, lm_loss=None, loss_scale=65536.0
+        ),
+        NOW,
+    )
+    assert " consumed samples:         2560 | skipped samples:            3 | elapsed" in line
+    assert "throughput" not in line and "grad norm" not in line and "lm loss" not in line
+    assert " loss scale: 65536.0 |" in line
+
+
+def test_iteration_line_regex_for_log_parsers():
+    pattern = re.compile(
+        r"^ \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\] iteration +(\d+)/ *(\d+) \| consumed samples: +(\d+) \|"
+        r" elapsed time per iteration \(ms\): ([\d.]+) \| throughput per GPU \(TFLOP/s/GPU\): ([\d.]+) \|"
+        r" learning rate: ([\d.E+-]+) \| global batch size: +(\d+) \| lm loss: ([\d.E+-]+) \|"
+        r" loss scale: ([\d.]+) \| grad norm: ([\d.]+) \| number of skipped iterations: +(\d+) \|"
+        r" number of nan iterations: +(\d+) \|$"
+    )
+    match = pattern.match(format_iteration_line(sample_log(iteration=12345678, train_iters=99999999)))
+    assert match and match.group(1) == "12345678" and float(match.group(8)) == pytest.approx(7.123457)
+
+
+def test_suffix_and_validation_block():
+    assert format_suffix(0.4123, 3723.9) == " MFU: 41.2% | ETA 01:02:03 |"
+    assert format_suffix(None, None) == ""
+    dashes, text, dashes2 = format_validation_lines(100, 2.0)
+    assert (
+        text
+        == " validation loss at iteration 100 | lm loss value: 2.000000E+00 | lm loss PPL: 7.389056E+00 | "
+    )
+    assert dashes == dashes2 == "-" * (len(text) + 1)
+    assert "PPL: 4.851652E+08" in format_validation_lines(1, 25.0)[1]  # exp capped at 20 as Megatron
+    test_line = format_validation_lines(6, 1.0, " on test set")[1]
+    assert test_line.startswith(" validation loss at iteration 6 on test set | lm loss value: 1.000000E+00 |")
+
+
+def test_throughput_formula():
+    # GPT-3 126M style: B=256, s=2048, L=12, h=768, V=50304, MHA, f=4h (section 11 closed form)
+    b, s, layers, h, v = 256, 2048, 12, 768, 50304
+    flops = 72 * b * s * layers * h**2 * (1 + s / (12 * h) + v / (12 * layers * h))
+    seconds, world = 2.5, 8
+    assert tflops_per_gpu(flops, seconds, world) == pytest.approx(flops / (seconds * 1e12 * world))
+    assert tflops_per_gpu(flops, seconds, world) == pytest.approx(22.404, abs=0.001)
+    assert tokens_per_second(b, s, seconds) == pytest.approx(209715.2)
+    assert mfu(494.5, 989.0) == pytest.approx(0.5) and mfu(1.0, None) is None

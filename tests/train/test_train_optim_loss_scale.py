@@ -1,0 +1,65 @@
+import torch
+from torch import nn
+
+from gptrain.train.loss_scale import ConstantLossScaler, DynamicLossScaler, build_loss_scaler
+from gptrain.train.optim import build_optimizer, param_groups
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.proj = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+        self.frozen = nn.Linear(4, 4, bias=False)
+        self.frozen.weight.requires_grad_(False)
+
+
+def test_param_groups_exclude_biases_and_norms_from_decay():
+    model = Tiny()
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    ids = lambda group: {id(p) for p in group["params"]}  # noqa: E731
+    assert ids(decay) == {id(model.emb.weight), id(model.proj.weight)}
+    assert ids(no_decay) == {id(model.proj.bias), id(model.norm.weight), id(model.norm.bias)}
+
+
+def test_adamw_on_cpu_is_not_fused_and_decays_only_matrices():
+    model = Tiny()
+    optimizer = build_optimizer(model, "distributed_fused_adam", 1.0, 0.5, [0.9, 0.95], 1e-8, "cpu")
+    assert optimizer.defaults["fused"] is False
+    before_w, before_b = model.proj.weight.detach().clone(), model.proj.bias.detach().clone()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p) if p.requires_grad else None
+    optimizer.step()
+    # zero gradients: Adam's update is 0, only decoupled decay moves weights: w * (1 - lr * wd)
+    torch.testing.assert_close(model.proj.weight, before_w * 0.5)
+    torch.testing.assert_close(model.proj.bias, before_b)
+
+
+def test_dynamic_scaler_hysteresis_backoff_and_growth():
+    scaler = DynamicLossScaler(scale=2.0**16, growth_interval=3, hysteresis=2)
+    scaler.update(found_inf=True)
+    assert scaler.scale == 2.0**16  # first overflow absorbed by hysteresis
+    scaler.update(found_inf=True)
+    assert scaler.scale == 2.0**15
+    scaler.update(found_inf=True)  # hysteresis not restored until a growth: halves again
+    assert scaler.scale == 2.0**14
+    for _ in range(2):
+        scaler.update(found_inf=False)
+    assert scaler.scale == 2.0**14
+    scaler.update(found_inf=False)
+    assert scaler.scale == 2.0**15 and scaler.hysteresis_tracker == 2
+    restored = DynamicLossScaler()
+    restored.load_state_dict(scaler.state_dict())
+    assert restored.state_dict() == scaler.state_dict()
+
+
+def test_scaler_min_scale_and_precision_choice():
+    scaler = DynamicLossScaler(scale=2.0, hysteresis=1, min_scale=1.0)
+    for _ in range(3):
+        scaler.update(True)
+    assert scaler.scale == 1.0
+    assert isinstance(build_loss_scaler("bf16", 2.0**32, 1000, 2), ConstantLossScaler)
+    fp16 = build_loss_scaler("16", 2.0**32, 1000, 2)
+    assert fp16.scale == 2.0**32 and fp16.growth_interval == 1000

@@ -1,0 +1,68 @@
+import math
+
+import pytest
+
+from gptrain.errors import ConfigError
+from gptrain.train.schedule import LRSchedule, ScheduleSpec, lr_at
+
+
+def cosine_reference(step, lr, min_lr, warmup, constant, max_steps):
+    """NeMo's CosineAnnealing with constant_steps, written from its definition."""
+    decay = max_steps - warmup - constant
+    if step <= warmup:
+        return lr * step / warmup
+    if step > warmup + decay:
+        return min_lr
+    return min_lr + 0.5 * (1 + math.cos(math.pi * (step - warmup) / decay)) * (lr - min_lr)
+
+
+def test_cosine_warmup_decay_constant_against_closed_form():
+    spec = ScheduleSpec(
+        "CosineAnnealing", lr=6e-4, min_lr=6e-5, max_steps=100, warmup_steps=10, constant_steps=20
+    )
+    for step in range(0, 130):
+        assert lr_at(step, spec) == pytest.approx(cosine_reference(step, 6e-4, 6e-5, 10, 20, 100), rel=1e-12)
+    assert lr_at(0, spec) == 0.0
+    assert lr_at(5, spec) == pytest.approx(3e-4)
+    assert lr_at(10, spec) == pytest.approx(6e-4)
+    assert lr_at(45, spec) == pytest.approx((6e-4 + 6e-5) / 2)  # half way through the 70 decay steps
+    assert lr_at(80, spec) == pytest.approx(6e-5)
+    assert lr_at(95, spec) == 6e-5
+
+
+def test_linear_and_constant():
+    linear = ScheduleSpec("LinearAnnealing", lr=1.0, min_lr=0.0, max_steps=12, warmup_steps=2)
+    assert [lr_at(s, linear) for s in (0, 1, 2, 7, 12, 20)] == pytest.approx([0, 0.5, 1.0, 0.5, 0.0, 0.0])
+    constant = ScheduleSpec("Constant", lr=0.3, min_lr=0.0, max_steps=5)
+    assert lr_at(0, constant) == lr_at(100, constant) == 0.3
+
+
+def test_no_warmup_starts_at_peak():
+    spec = ScheduleSpec("CosineAnnealing", lr=2.0, min_lr=1.0, max_steps=4)
+    assert [lr_at(s, spec) for s in range(5)] == pytest.approx(
+        [2.0, 1.5 + 0.5 * math.cos(math.pi / 4), 1.5, 1.5 - 0.5 * math.cos(math.pi / 4), 1.0]
+    )
+
+
+def test_holder_sets_groups_and_round_trips_state():
+    class FakeOptimizer:
+        param_groups = [{"lr": None}, {"lr": None}]
+
+    spec = ScheduleSpec("LinearAnnealing", lr=1.0, min_lr=0.0, max_steps=4)
+    schedule = LRSchedule(FakeOptimizer(), spec)
+    schedule.advance()
+    assert schedule.apply() == 0.75
+    assert [g["lr"] for g in schedule.optimizer.param_groups] == [0.75, 0.75]
+    other = LRSchedule(FakeOptimizer(), spec)
+    other.load_state_dict(schedule.state_dict())
+    assert other.current_lr() == 0.75
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [({"name": "Noam"}, "sched.name"), ({"min_lr": 2.0}, "min_lr"), ({"warmup_steps": -1}, "warmup_steps")],
+)
+def test_bad_schedules_name_the_key(kwargs, key):
+    args = {"name": "CosineAnnealing", "lr": 1.0, "min_lr": 0.0, "max_steps": 10} | kwargs
+    with pytest.raises(ConfigError, match=key):
+        ScheduleSpec(**args)

@@ -1,0 +1,59 @@
+"""Run `train(cfg)` in-process on a tiny GPT and record every iteration's exact loss."""
+
+import os
+import signal
+from pathlib import Path
+
+from gptrain.config import load_training_config
+from gptrain.train import loop
+
+TINY = [
+    "trainer.accelerator=cpu",
+    "trainer.precision=32",
+    "trainer.num_nodes=1",
+    "trainer.devices=1",
+    "trainer.max_time=null",
+    "trainer.max_steps=6",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=3",
+    "trainer.limit_val_batches=1",
+    "model.num_layers=2",
+    "model.hidden_size=32",
+    "model.num_attention_heads=4",
+    "model.encoder_seq_length=16",
+    "model.micro_batch_size=2",
+    "model.global_batch_size=4",
+    "model.hidden_dropout=0.1",
+    "model.attention_dropout=0.1",
+    "model.data.num_workers=0",
+    "model.optim.sched.warmup_steps=2",
+    "model.optim.sched.constant_steps=0",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+    "exp_manager.checkpoint_callback_params.save_top_k=2",
+]
+MOCK = ["model.data.data_impl=mock", "model.data.mock_vocab_size=100", "model.data.data_prefix=null"]
+
+
+def tiny_config(log_dir: Path, *overrides: str):
+    return load_training_config("gpt3/126m", [*TINY, f"exp_manager.explicit_log_dir={log_dir}", *overrides])
+
+
+def run_recording(monkeypatch, cfg, signal_at: int | None = None) -> tuple[int, dict[int, float]]:
+    """train(cfg) -> (exit code, {iteration: loss}); optionally SIGUSR1 ourselves during `signal_at`."""
+    losses: dict[int, float] = {}
+    real_record = loop.record
+
+    def recording(session, result):
+        real_record(session, result)
+        losses[session.state.step] = result.loss
+        if session.state.step == signal_at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    monkeypatch.setattr(loop, "record", recording)
+    code = loop.train(cfg)
+    monkeypatch.setattr(loop, "record", real_record)
+    return code, losses
+
+
+def log_lines(log_dir: Path) -> list[str]:
+    return (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text().splitlines()
