@@ -3,7 +3,149 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from typing import Any
+
+SPLITS = ("train", "valid", "test")
 
 
 def add_sample_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Add `data sample` (filled in by the sampling owner)."""
+    """Add `data sample`: print one training sample exactly as training (and Megatron) sees it."""
+    parser = subparsers.add_parser(
+        "sample",
+        help="print sample I of a split as JSON (tokens, provenance, text)",
+        description="Build (or load from cache) the GPT sample indices of a prefix or a weighted blend "
+        "exactly as Megatron-LM does, and print sample I of a split as JSON: its seq_length+1 token "
+        "ids, where they come from, and the decoded text when a tokenizer is given.",
+    )
+    parser.add_argument(
+        "--data-prefix",
+        nargs="+",
+        metavar="PREFIX",
+        help="one prefix, or pairs 'W1 P1 W2 P2 ...' for a blend",
+    )
+    parser.add_argument(
+        "--seq-length", type=int, required=True, help="tokens per sample (the sample has one more)"
+    )
+    parser.add_argument("--seed", type=int, default=1234, help="shuffle seed (Megatron --seed, default 1234)")
+    parser.add_argument(
+        "--splits-string", default=None, help="train,valid,test weights (default '969, 30, 1')"
+    )
+    parser.add_argument(
+        "--num-samples",
+        default="0,0,0",
+        metavar="TRAIN,VALID,TEST",
+        help="samples requested per split, as training requests them (0: one epoch; default 0,0,0)",
+    )
+    parser.add_argument("--split", choices=SPLITS, default="train", help="which split (default train)")
+    parser.add_argument("--index", type=int, default=0, help="sample number in the split (default 0)")
+    parser.add_argument("--cache-dir", help="index cache directory (default <prefix dir>/cache/...)")
+    parser.add_argument("--mock", action="store_true", help="random tokens instead of data files")
+    parser.add_argument("--vocab-size", type=int, help="vocabulary of the mock tokens")
+    group = parser.add_argument_group("tokenizer (optional: adds the decoded text)")
+    group.add_argument("--tokenizer-type", help="GPT2BPETokenizer, HuggingFaceTokenizer or TikTokenizer")
+    group.add_argument("--vocab-file", help="GPT-2 vocab.json")
+    group.add_argument("--merge-file", help="GPT-2 merges.txt")
+    group.add_argument(
+        "--tokenizer-model", help="tokenizer.json (or its directory), or a tiktoken encoding name"
+    )
+    parser.set_defaults(func=run_sample)
+
+
+def parse_num_samples(text: str) -> tuple[int, int, int]:
+    from gptrain.errors import ConfigError
+
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ConfigError(f"--num-samples {text!r}: give three non-negative counts like 1000,10,10")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def _provenance(dataset: Any, index: int) -> dict[str, Any]:
+    """Where sample `index` comes from, down to documents and offsets."""
+    from gptrain.data.blended import BlendedDataset
+    from gptrain.data.gpt_dataset import GPTDataset
+
+    if isinstance(dataset, BlendedDataset):
+        child, sample = dataset.locate(index)
+        return {
+            "blend_dataset": child,
+            "blend_weight": dataset.weights[child],
+            "dataset_sample": sample,
+            **_provenance(dataset.datasets[child], sample),
+        }
+    if isinstance(dataset, GPTDataset):
+        where = dataset.locate(index)
+        return {
+            "prefix": dataset.dataset.path_prefix,
+            "unshuffled_sample": where.sample,
+            "documents": where.documents,
+            "first_document_offset": where.first_offset,
+            "last_document_tokens": where.last_length,
+        }
+    return {"mock": True, "seed": dataset.seed}
+
+
+def _tokenizer(args: argparse.Namespace) -> Any | None:
+    kind = args.tokenizer_type
+    if kind is None and args.vocab_file and args.merge_file:
+        kind = "GPT2BPETokenizer"
+    if kind is None:
+        if args.tokenizer_model or args.vocab_file or args.merge_file:
+            from gptrain.errors import ConfigError
+
+            raise ConfigError(
+                "give --tokenizer-type with --tokenizer-model (or both --vocab-file and --merge-file)"
+            )
+        return None
+    from gptrain.data.tokenizers import build_tokenizer
+
+    return build_tokenizer(kind, args.vocab_file, args.merge_file, args.tokenizer_model)
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    from gptrain.data.builder import build_gpt_datasets
+    from gptrain.errors import ConfigError, DataError
+
+    counts = parse_num_samples(args.num_samples)
+    if not args.mock and not args.data_prefix:
+        raise ConfigError("give --data-prefix PREFIX (or 'W1 P1 W2 P2 ...'), or --mock --vocab-size V")
+    split = SPLITS.index(args.split)
+    if (args.mock or (args.data_prefix and len(args.data_prefix) > 1)) and counts[split] == 0:
+        raise ConfigError(
+            f"--num-samples gives the {args.split} split 0 samples; mock data and blends need a count"
+        )
+    tokenizer = _tokenizer(args)
+    prefix = args.data_prefix[0] if args.data_prefix and len(args.data_prefix) == 1 else args.data_prefix
+    datasets = build_gpt_datasets(
+        prefix,
+        args.splits_string,
+        args.seq_length,
+        args.seed,
+        counts,
+        args.cache_dir,
+        args.mock,
+        args.vocab_size,
+    )
+    dataset = datasets[split]
+    if dataset is None:
+        raise DataError(f"the split string {args.splits_string!r} leaves the {args.split} split empty")
+    if not 0 <= args.index < len(dataset):
+        raise DataError(
+            f"--index {args.index} out of range: the {args.split} split has {len(dataset)} samples"
+        )
+    tokens = [int(t) for t in dataset[args.index]]
+    result: dict[str, Any] = {
+        "split": args.split,
+        "index": args.index,
+        "num_samples": len(dataset),
+        "seq_length": args.seq_length,
+        **_provenance(dataset, args.index),
+        "tokens": tokens,
+    }
+    if tokenizer is not None:
+        result["text"] = tokenizer.decode([t for t in tokens if t >= 0])
+    json.dump(result, sys.stdout, ensure_ascii=False)
+    sys.stdout.write("\n")
+    return 0

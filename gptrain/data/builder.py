@@ -1,0 +1,170 @@
+"""Build the train/valid/test datasets from a prefix or a weighted blend, as Megatron-LM does.
+
+No torch here: training wraps these numpy datasets in a torch Dataset, and the `data
+sample` command must start fast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from gptrain.data.blended import BlendedDataset, normalize
+from gptrain.data.gpt_dataset import GPTDataset
+from gptrain.data.mock import MockGPTDataset
+from gptrain.data.splits import SPLIT_NAMES, split_indices
+from gptrain.errors import ConfigError, DataError
+
+Dataset = GPTDataset | BlendedDataset | MockGPTDataset
+
+# Megatron's --mid-level-dataset-surplus: each blended child builds 0.5% more samples than
+# its share, so rounding in the greedy blend never asks a child for a sample it lacks.
+MID_LEVEL_SURPLUS = 0.005
+
+
+def sample_counts(
+    train_iters: int,
+    global_batch_size: int,
+    eval_interval: int,
+    eval_iters: int,
+    eval_global_batch_size: int | None = None,
+    *,
+    train_samples: int | None = None,
+    start_eval_at_iter: int | None = None,
+) -> tuple[int, int, int]:
+    """(train, valid, test) samples a run consumes, by Megatron's training.py formula.
+
+    Validation runs at every multiple of eval_interval and once more after training, hence
+    `train_iters // eval_interval + 1` evaluations of eval_iters batches each.
+    """
+    if eval_interval < 1:
+        raise ConfigError(f"eval_interval must be at least 1, got {eval_interval}")
+    eval_batch = eval_global_batch_size or global_batch_size
+    train = train_samples if train_samples else train_iters * global_batch_size
+    evaluations = train_iters // eval_interval + 1
+    if start_eval_at_iter is not None:
+        evaluations = max(0, evaluations - start_eval_at_iter // eval_interval)
+    return train, evaluations * eval_iters * eval_batch, eval_iters * eval_batch
+
+
+def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], list[float] | None]:
+    """(prefixes, weights or None) from one prefix or a flat [w1, p1, w2, p2, ...] list."""
+    if isinstance(data_prefix, str):
+        return [data_prefix], None
+    entries = list(data_prefix)
+    if len(entries) == 1:
+        return [str(entries[0])], None
+    if not entries or len(entries) % 2:
+        raise DataError(
+            f"data prefix list {entries} has {len(entries)} entries; give one prefix or pairs 'WEIGHT PREFIX ...'"
+        )
+    prefixes, weights = [], []
+    for position in range(0, len(entries), 2):
+        raw, prefix = entries[position], entries[position + 1]
+        try:
+            weight = float(raw)
+        except (TypeError, ValueError):
+            raise DataError(
+                f"data prefix entry {position + 1} ({raw!r}) is not a weight; write pairs 'WEIGHT PREFIX ...'"
+            ) from None
+        if not weight > 0 or not math.isfinite(weight):
+            raise DataError(f"data prefix entry {position + 1}: weight {raw!r} of {prefix} must be positive")
+        prefixes.append(str(prefix).strip())
+        weights.append(weight)
+    return prefixes, weights
+
+
+def samples_per_dataset(
+    weights: Sequence[float], num_samples: Sequence[int], surplus: float = 0.0
+) -> list[list[int]]:
+    """Samples each blended dataset contributes (surplus 0) or builds, per split.
+
+    ceil(ceil(size * w) * (1 + surplus)): 8000 samples at [0.3, 0.7] take 2400 + 5600 and
+    build 2412 + 5628 with Megatron's 0.5% surplus.
+    """
+    return [[math.ceil(math.ceil(size * w) * (1 + surplus)) for size in num_samples] for w in weights]
+
+
+def _check_prefixes(prefixes: list[str]) -> None:
+    from gptrain.data.indexed import IndexedDataset
+
+    for prefix in prefixes:
+        if not IndexedDataset.exists(prefix):
+            raise DataError(
+                f"data prefix {prefix}: {prefix}.bin/.idx not found (run `gptrain data prepare` first)"
+            )
+
+
+def _single_prefix_splits(
+    prefix: str, splits_string: str | None, seq_length: int, seed: int, num_samples: Sequence[int | None],
+    cache_dir: str | None,
+) -> list[GPTDataset | None]:  # fmt: skip
+    from gptrain.data.indexed import IndexedDataset
+
+    indexed = IndexedDataset(prefix)
+    datasets: list[GPTDataset | None] = []
+    for name, indices, count in zip(
+        SPLIT_NAMES, split_indices(splits_string, len(indexed)), num_samples, strict=True
+    ):
+        datasets.append(
+            None
+            if indices is None
+            else GPTDataset(indexed, indices, count, seq_length, seed, name, cache_dir)
+        )
+    return datasets
+
+
+def _blend_splits(
+    prefixes: list[str], weights: list[float], splits_string: str | None, seq_length: int, seed: int,
+    num_samples: tuple[int, int, int], cache_dir: str | None,
+) -> list[BlendedDataset | None]:  # fmt: skip
+    weights = normalize(weights)
+    targets = samples_per_dataset(weights, num_samples)
+    requests = samples_per_dataset(weights, num_samples, MID_LEVEL_SURPLUS)
+    children = [
+        _single_prefix_splits(prefix, splits_string, seq_length, seed, request, cache_dir)
+        for prefix, request in zip(prefixes, requests, strict=True)
+    ]
+    blends: list[BlendedDataset | None] = []
+    for i, name in enumerate(SPLIT_NAMES):
+        split_children = [child[i] for child in children]
+        if any(c is None for c in split_children):
+            blends.append(None)
+            continue
+        size = sum(row[i] for row in targets)
+        names = [f"{prefix} ({name} split)" for prefix in prefixes]
+        blends.append(BlendedDataset(split_children, weights, size, name, cache_dir, names=names))  # type: ignore[arg-type]
+    return blends
+
+
+def build_gpt_datasets(
+    data_prefix: str | Sequence[str | float],
+    splits_string: str | None,
+    seq_length: int,
+    seed: int,
+    num_samples: tuple[int, int, int],
+    cache_dir: str | None = None,
+    mock: bool = False,
+    vocab_size: int | None = None,
+) -> tuple[Dataset | None, Dataset | None, Dataset | None]:
+    """(train, valid, test): plain GPTDatasets for one prefix, BlendedDatasets for a weighted
+    list, MockGPTDatasets with `mock`; None for a split the split string leaves empty."""
+    if len(num_samples) != 3 or any(n is None or n < 0 for n in num_samples):
+        raise ConfigError(
+            f"num_samples must be three non-negative counts (train, valid, test), got {num_samples}"
+        )
+    if mock:
+        if not vocab_size:
+            raise ConfigError("mock data needs a vocab_size (--vocab-size)")
+        mocks = [MockGPTDataset(n, seq_length, vocab_size, seed, name) if n else None
+                 for name, n in zip(SPLIT_NAMES, num_samples, strict=True)]  # fmt: skip
+        return mocks[0], mocks[1], mocks[2]
+    prefixes, weights = parse_blend(data_prefix)
+    _check_prefixes(prefixes)
+    if weights is None:
+        datasets: list = _single_prefix_splits(
+            prefixes[0], splits_string, seq_length, seed, num_samples, cache_dir
+        )
+    else:
+        datasets = _blend_splits(prefixes, weights, splits_string, seq_length, seed, num_samples, cache_dir)
+    return datasets[0], datasets[1], datasets[2]

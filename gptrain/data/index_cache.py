@@ -1,0 +1,77 @@
+"""On-disk cache of dataset index arrays, keyed by a hash of what determines them.
+
+Many ranks on a shared filesystem may build or read the same cache at once. Every
+array is written under a temporary name and renamed into place; the description file
+is renamed last, so a reader that finds it also finds complete arrays. Two builders
+racing each write identical bytes, and the last rename wins harmlessly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gptrain.errors import DataError
+from gptrain.utils.atomic import atomic_write, atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+
+def describe(fields: Mapping[str, Any]) -> tuple[str, str]:
+    """(JSON description, its md5 hex digest): the cache key of a set of indices."""
+    text = json.dumps(fields, indent=4, sort_keys=False)
+    return text, hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+
+def file_fingerprint(path_prefix: str) -> dict[str, Any]:
+    """Absolute prefix plus size and mtime of its .idx/.bin, so a rewritten dataset misses the cache."""
+    fingerprint: dict[str, Any] = {"dataset_path": os.path.abspath(path_prefix)}
+    for suffix in (".idx", ".bin"):
+        path = path_prefix + suffix
+        if os.path.exists(path):
+            stat = os.stat(path)
+            fingerprint[f"{suffix[1:]}_size"] = stat.st_size
+            fingerprint[f"{suffix[1:]}_mtime_ns"] = stat.st_mtime_ns
+    return fingerprint
+
+
+class IndexCache:
+    """Named .npy arrays plus a description file under `<dir>/<hash>-<kind>-<split>-*`."""
+
+    def __init__(self, directory: str | os.PathLike[str], digest: str, kind: str, split: str) -> None:
+        self.directory = Path(directory)
+        self.base = f"{digest}-{kind}-{split}"
+
+    def path(self, name: str) -> Path:
+        return self.directory / f"{self.base}-{name}"
+
+    def load(self, names: tuple[str, ...]) -> dict[str, np.ndarray] | None:
+        """The cached arrays (memory-mapped), or None when the cache is absent or unreadable."""
+        if not self.path("description.txt").is_file():
+            return None
+        try:
+            return {name: np.load(self.path(f"{name}.npy"), mmap_mode="r") for name in names}
+        except (OSError, ValueError) as error:
+            logger.warning("ignoring unreadable index cache %s: %s", self.path("*"), error)
+            return None
+
+    def save(self, arrays: Mapping[str, np.ndarray], description: str) -> None:
+        """Write every array atomically, then the description (the 'complete' marker)."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for name, array in arrays.items():
+                with atomic_write(self.path(f"{name}.npy")) as handle:
+                    np.save(handle, array, allow_pickle=False)
+            atomic_write_text(self.path("description.txt"), description)
+        except OSError as error:
+            raise DataError(
+                f"cannot write dataset index cache in {self.directory}: {error.strerror or error}; "
+                "pass a writable cache directory (--cache-dir / data.cache_dir)"
+            ) from error

@@ -1,0 +1,99 @@
+"""Blending: Megatron's greedy order (slow reference, Megatron's output), sizes, errors, cache."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from gpt_data_helpers import slow_blend
+
+from gptrain.data.blended import BlendedDataset, blending_indices, normalize
+from gptrain.data.builder import samples_per_dataset
+from gptrain.errors import DataError
+
+
+class Numbered:
+    """A child dataset whose sample j is [tag, j]."""
+
+    def __init__(self, tag: int, length: int) -> None:
+        self.tag, self.length = tag, length
+        self.description = json.dumps({"class": "Numbered", "tag": tag, "length": length})
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, idx: int) -> np.ndarray:
+        assert 0 <= idx < self.length
+        return np.array([self.tag, idx], dtype=np.int64)
+
+
+def test_megatron_example_30_70():
+    weights = normalize([30, 70])
+    assert samples_per_dataset(weights, [8000, 0, 0], 0.005) == [[2412, 0, 0], [5628, 0, 0]]
+    assert samples_per_dataset(weights, [8000, 0, 0]) == [[2400, 0, 0], [5600, 0, 0]]
+    dataset_index, sample_index = blending_indices(normalize(weights), 8000)
+    assert dataset_index[:10].tolist() == [1, 0, 1, 1, 0, 1, 1, 0, 1, 1]
+    assert sample_index[:10].tolist() == [0, 0, 1, 2, 1, 3, 4, 2, 5, 6]
+    assert np.bincount(dataset_index).tolist() == [2400, 5600]
+    assert dataset_index.dtype == np.int16 and sample_index.dtype == np.int64
+
+
+def test_hand_computed_head_of_three():
+    # Errors w*max(k,1) - count: k=0 [.2,.5,.3] -> 1; k=1 [.2,-.5,.3] -> 2; k=2 [.4,0,-.4] -> 0;
+    # k=3 [-.4,.5,-.1] -> 1; k=4 [-.2,0,.2] -> 2.
+    assert blending_indices([0.2, 0.5, 0.3], 5)[0].tolist() == [1, 2, 0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("weights", "size"),
+    [
+        ([0.3, 0.7], 70_000),  # more than one chunk
+        ([1, 1, 1], 3_000),  # exact ties: the first dataset wins
+        ([0.2, 0.5, 0.3], 20_000),
+        ([1e-3, 1.0], 5_000),
+        (list(np.random.default_rng(0).random(7)), 70_000),
+        (list(np.random.default_rng(1).random(40) ** 3), 4_000),
+        ([5.0], 100),
+    ],
+)
+def test_fast_blend_equals_slow_reference(weights, size):
+    w = normalize(weights)
+    dataset_index, sample_index = blending_indices(w, size)
+    chosen, within = slow_blend(w, size)
+    assert dataset_index.tolist() == chosen
+    assert sample_index.tolist() == within
+
+
+def test_blended_items_and_locate(tmp_path):
+    children = [Numbered(0, 10), Numbered(1, 10)]
+    blend = BlendedDataset(children, [1, 3], 8, "train", cache_dir=str(tmp_path))
+    assert blend.weights == [0.25, 0.75] and len(blend) == 8
+    chosen, within = slow_blend([0.25, 0.75], 8)
+    for i in range(8):
+        assert blend.locate(i) == (chosen[i], within[i])
+        assert blend[i].tolist() == [chosen[i], within[i]]
+
+
+def test_oversampled_child_is_a_data_error(tmp_path):
+    children = [Numbered(0, 2), Numbered(1, 100)]
+    with pytest.raises(DataError, match=r"takes 5 samples from small \(train split\) which has only 2"):
+        BlendedDataset(children, [0.5, 0.5], 10, "train", str(tmp_path), names=["small (train split)", "big"])
+
+
+def test_bad_weights_are_data_errors(tmp_path):
+    with pytest.raises(DataError, match="positive"):
+        BlendedDataset([Numbered(0, 5), Numbered(1, 5)], [1, 0], 4, "train", str(tmp_path))
+    with pytest.raises(DataError, match="one weight each"):
+        BlendedDataset([Numbered(0, 5)], [1, 2], 4, "train", str(tmp_path))
+
+
+def test_blend_cache_is_reused_and_keyed(tmp_path):
+    children = [Numbered(0, 50), Numbered(1, 50)]
+    first = BlendedDataset(children, [1, 2], 60, "train", str(tmp_path))
+    again = BlendedDataset(children, [1, 2], 60, "train", str(tmp_path))
+    assert not first.cache_hit and again.cache_hit
+    assert again.dataset_index.tolist() == first.dataset_index.tolist()
+    other = BlendedDataset(children, [2, 1], 60, "train", str(tmp_path))
+    assert not other.cache_hit and other.dataset_index.tolist() != first.dataset_index.tolist()
+    assert len(list(tmp_path.iterdir())) == 6

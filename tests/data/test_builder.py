@@ -1,0 +1,123 @@
+"""Building the three splits: sample counts, blend lists, Megatron's blended output, mock data."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gpt_data_helpers import load_fixture, write_dataset
+
+from gptrain.data.blended import BlendedDataset
+from gptrain.data.builder import build_gpt_datasets, parse_blend, sample_counts
+from gptrain.data.gpt_dataset import GPTDataset
+from gptrain.data.mock import MockGPTDataset
+from gptrain.errors import ConfigError, DataError
+
+
+def test_sample_counts_formula():
+    # 1000 iterations x 8: evaluations at 100, 200, ..., 1000 plus the final one = 11 x 10 batches.
+    assert sample_counts(1000, 8, 100, 10) == (8000, 880, 80)
+    assert sample_counts(1000, 8, 100, 10, eval_global_batch_size=4) == (8000, 440, 40)
+    assert sample_counts(1050, 8, 100, 10) == (8400, 880, 80)
+    assert sample_counts(1000, 8, 100, 10, start_eval_at_iter=300) == (8000, 640, 80)
+    assert sample_counts(1000, 8, 100, 10, train_samples=5) == (5, 880, 80)
+    with pytest.raises(ConfigError, match="eval_interval"):
+        sample_counts(1000, 8, 0, 10)
+
+
+def test_parse_blend():
+    assert parse_blend("a/b") == (["a/b"], None)
+    assert parse_blend(["a/b"]) == (["a/b"], None)
+    assert parse_blend(["30", "a", 70, " b "]) == (["a", "b"], [30.0, 70.0])
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        (["30", "a", "70"], "3 entries"),
+        (["30", "a", "heavy", "b"], r"entry 3 \('heavy'\) is not a weight"),
+        (["30", "a", "0", "b"], "entry 3: weight '0' of b must be positive"),
+        ([], "0 entries"),
+    ],
+)
+def test_bad_blend_lists_name_the_entry(entries, message):
+    with pytest.raises(DataError, match=message):
+        parse_blend(entries)
+
+
+def test_missing_prefix_is_named(tmp_path):
+    real = write_dataset(tmp_path / "real", [5, 6, 7])
+    with pytest.raises(DataError, match=r"missing\.bin/\.idx not found"):
+        build_gpt_datasets([1, real, 1, str(tmp_path / "missing")], "1,0,0", 4, 1, (10, 0, 0))
+
+
+def test_single_prefix_gives_plain_gpt_datasets(tmp_path):
+    prefix = write_dataset(tmp_path / "d", list(range(1, 41)))
+    train, valid, test = build_gpt_datasets(prefix, "90,10,0", 8, 1234, (100, 5, 0), str(tmp_path / "c"))
+    assert isinstance(train, GPTDataset) and isinstance(valid, GPTDataset) and test is None
+    assert train.indices.tolist() == list(range(36)) and valid.indices.tolist() == list(range(36, 40))
+    assert len(train) >= 100 and len(valid) >= 5
+    assert train[0].shape == (9,) and train[0].dtype == np.int64
+
+
+@pytest.mark.parametrize("case", ["blend_30_70", "blend_three"])
+def test_blend_matches_megatron_lm(tmp_path, case):
+    spec = load_fixture()[case]
+    blend: list = []
+    for k, (weight, lengths) in enumerate(zip(spec["weights"], spec["lengths"], strict=True)):
+        blend += [weight, write_dataset(tmp_path / f"d{k}", lengths)]
+    datasets = build_gpt_datasets(
+        blend,
+        spec["split"],
+        spec["seq_length"],
+        spec["seed"],
+        tuple(spec["num_samples"]),
+        str(tmp_path / "c"),
+    )
+    for name, dataset in zip(("train", "valid", "test"), datasets, strict=True):
+        expected = spec["splits"][name]
+        if expected is None:
+            assert dataset is None
+            continue
+        assert isinstance(dataset, BlendedDataset) and len(dataset) == expected["len"]
+        assert dataset.dataset_index[:40].tolist() == expected["dataset_index_head"]
+        assert dataset.dataset_sample_index[:40].tolist() == expected["dataset_sample_index_head"]
+        assert np.bincount(dataset.dataset_index, minlength=len(blend) // 2).tolist() == expected["counts"]
+        assert [len(child) for child in dataset.datasets] == expected["child_lens"]
+        for i, tokens in expected["samples"].items():
+            assert dataset[int(i)].tolist() == tokens
+
+
+def test_mock_is_deterministic_per_index():
+    a = MockGPTDataset(1000, 16, 50257, seed=7)
+    b = MockGPTDataset(1000, 16, 50257, seed=7)
+    assert len(a) == 1000 and a[3].shape == (17,) and a[3].dtype == np.int64
+    assert a[3].tolist() == b[3].tolist() == a[-997].tolist()
+    assert a[3].tolist() != a[4].tolist()
+    assert a[3].tolist() != MockGPTDataset(1000, 16, 50257, seed=8)[3].tolist()
+    assert a[3].tolist() != MockGPTDataset(1000, 16, 50257, seed=7, split="valid")[3].tolist()
+    with pytest.raises(IndexError):
+        a[1000]
+
+
+def test_mock_tokens_are_uniform_in_the_vocabulary():
+    ds = MockGPTDataset(400, 255, 10, seed=1)
+    tokens = np.concatenate([ds[i] for i in range(len(ds))])
+    counts = np.bincount(tokens, minlength=10)
+    assert tokens.min() >= 0 and tokens.max() <= 9 and len(counts) == 10
+    # 102,400 draws: each count ~ 10,240 +- 96 (binomial sd); 6 sd is 576.
+    assert np.abs(counts - len(tokens) / 10).max() < 600
+
+
+def test_build_mock_splits():
+    train, valid, test = build_gpt_datasets("unused", None, 8, 3, (20, 4, 0), mock=True, vocab_size=100)
+    assert isinstance(train, MockGPTDataset) and len(train) == 20 and len(valid) == 4 and test is None
+    with pytest.raises(ConfigError, match="vocab_size"):
+        build_gpt_datasets("unused", None, 8, 3, (20, 4, 0), mock=True)
+
+
+def test_builder_does_not_import_torch():
+    code = "import sys, gptrain.data.builder; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,218 @@
+"""GPTDataset indices: hand-checked cases, a slow token walk, Megatron-LM's own output, the cache."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gpt_data_helpers import InMemorySequences, fixture_token, load_fixture, slow_sample_index, write_dataset
+
+from gptrain.data.gpt_dataset import (
+    GPTDataset,
+    build_gpt_indices,
+    build_sample_index,
+    build_shuffle_index,
+    num_epochs_for,
+    separate_final_epoch,
+)
+from gptrain.data.splits import split_indices
+from gptrain.errors import DataError
+
+HAND_DOCS = [[10, 11, 12, 13, 14], [20, 21, 22], [30, 31, 32, 33]]  # lengths 5, 3, 4
+
+
+def test_sample_index_of_three_documents_by_hand():
+    # Flat tokens 10 11 12 13 14 | 20 21 22 | 30 31 32 33 with seq 4 (+1 shared token):
+    # sample 0 = 10..14 ends on doc 0's last token -> next starts there (0, 4);
+    # sample 1 = 14 20 21 22 30 ends at doc 2 offset 0 -> row (2, 0); 12 tokens give (12-1)//4 = 2.
+    rows = build_sample_index(np.array([5, 3, 4], np.int32), np.array([0, 1, 2], np.int32), 4, 1, 1)
+    assert rows.tolist() == [[0, 0], [0, 4], [2, 0]]
+    assert rows.dtype == np.int32
+    # Two epochs in the order 2 0 1 1 2 0: flat 30..33 10..14 20..22 20..22 30..33 10..14 (24 tokens).
+    rows = build_sample_index(np.array([5, 3, 4], np.int32), np.array([2, 0, 1, 1, 2, 0], np.int32), 4, 2, 1)
+    assert rows.tolist() == [[0, 0], [1, 0], [1, 4], [3, 0], [4, 1], [5, 1]]
+    # Without the extra token, a sample ending exactly at a document's end keeps offset == length.
+    rows = build_sample_index(np.array([4, 4], np.int32), np.array([0, 1], np.int32), 4, 1, 0)
+    assert rows.tolist() == [[0, 0], [0, 4], [1, 4]]
+
+
+def test_items_of_three_documents_by_hand():
+    source = InMemorySequences(HAND_DOCS)
+    ds = GPTDataset(source, np.arange(3), 5, 4, seed=1234, split="train", use_cache=False)
+    assert num_epochs_for(12, 5, 4, 1) == 2 and len(ds) == 5  # (2*12 - 1) // 4
+    flat = [t for d in ds.document_index for t in HAND_DOCS[d]]
+    for i in range(len(ds)):
+        j = int(ds.shuffle_index[i])
+        item = ds[i]
+        assert item.dtype == np.int64 and item.tolist() == flat[4 * j : 4 * j + 5]
+    assert sorted(ds.shuffle_index.tolist()) == [0, 1, 2, 3, 4]
+    assert sorted(ds.document_index.tolist()) == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("extra", [1, 0])
+def test_sample_index_equals_slow_walk(extra):
+    rng = np.random.default_rng(3)
+    for trial in range(60):
+        lengths = rng.integers(
+            0 if trial % 2 else 1, int(rng.choice([3, 9, 40])), size=int(rng.integers(1, 40))
+        )
+        if lengths.sum() < 3:
+            continue
+        epochs = int(rng.integers(1, 4))
+        document_index = np.tile(np.arange(len(lengths), dtype=np.int32), epochs)
+        rng.shuffle(document_index)
+        seq = int(rng.choice([2, 3, 5, 8]))
+        if epochs * lengths.sum() - extra < seq:
+            continue
+        got = build_sample_index(lengths.astype(np.int32), document_index, seq, epochs, extra)
+        assert got.tolist() == slow_sample_index(lengths.tolist(), document_index.tolist(), seq, extra)
+
+
+def test_epochs_and_final_epoch_separation_by_hand():
+    # 1000 tokens per epoch, seq 10: 99 samples per epoch ((1000-1)//10), threshold int(0.8*99) = 79.
+    assert num_epochs_for(1000, 99, 10, 1) == 1 and num_epochs_for(1000, 100, 10, 1) == 2
+    assert num_epochs_for(1000, None, 10, 1) == 1
+    # 230 samples need 2301 tokens -> 3 epochs; 199 before the last, 31 from it < 79 -> separate.
+    assert separate_final_epoch(1000, 3, 230, 10, 1) == (True, 199)
+    # 290 samples -> 91 from the final epoch >= 79 -> shuffled together with the others.
+    assert separate_final_epoch(1000, 3, 290, 10, 1) == (False, 199)
+    assert separate_final_epoch(1000, 1, 50, 10, 1) == (False, 0)
+
+
+def test_separated_final_epoch_keeps_epochs_apart():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 30, size=40).astype(np.int32)
+    tokens = int(lengths.sum())
+    per_epoch = (tokens - 1) // 8
+    num_samples = 2 * per_epoch + 3  # a final epoch barely used
+    doc, rows, shuffle = build_gpt_indices(lengths, np.arange(40, dtype=np.int32), num_samples, 8, seed=7)
+    assert len(doc) == 3 * 40 and doc.dtype == np.int32
+    assert sorted(doc[80:].tolist()) == list(range(40))  # the last epoch shuffled on its own
+    before = (2 * tokens - 1) // 8
+    assert sorted(shuffle[:before].tolist()) == list(range(before))
+    assert sorted(shuffle[before:].tolist()) == list(range(before, len(rows) - 1))
+    assert shuffle.dtype == np.uint32
+
+
+def test_shuffle_index_draws_after_the_document_shuffle():
+    # One RandomState: the document shuffle consumes draws first, so the sample permutation
+    # differs from a fresh generator's.
+    # 10 documents of 4 tokens, seq 2: one epoch, (40 - 1) // 2 = 19 samples.
+    rng = np.random.RandomState(5)
+    rng.shuffle(np.arange(10, dtype=np.int32))
+    after = build_shuffle_index(19, 19, rng)
+    fresh = build_shuffle_index(19, 19, np.random.RandomState(5))
+    _, _, shuffle = build_gpt_indices(np.full(10, 4, np.int32), np.arange(10, dtype=np.int32), 13, 2, seed=5)
+    assert shuffle.tolist() == after.tolist() != fresh.tolist()
+
+
+@pytest.mark.parametrize(
+    "case", ["separated_final_epoch", "joint_final_epoch", "no_extra_token", "one_epoch_none_requested"]
+)
+def test_matches_megatron_lm(tmp_path, case):
+    spec = load_fixture()[case]
+    prefix = write_dataset(tmp_path / "d0", spec["lengths"][0])
+    for split, indices in zip(
+        ("train", "valid", "test"), split_indices(spec["split"], len(spec["lengths"][0])), strict=True
+    ):
+        expected = spec["splits"][split]
+        if expected is None:
+            assert indices is None
+            continue
+        num_samples = spec["num_samples"][["train", "valid", "test"].index(split)]
+        ds = GPTDataset(
+            prefix, indices, num_samples, spec["seq_length"], spec["seed"], split,
+            cache_dir=str(tmp_path / "cache"), add_extra_token_to_sequence=spec["add_extra_token_to_sequence"],
+        )  # fmt: skip
+        assert [int(indices[0]), int(indices[-1]) + 1] == expected["indices_range"]
+        assert len(ds) == expected["len"]
+        assert ds.document_index.tolist() == expected["document_index"]
+        assert ds.sample_index.tolist() == expected["sample_index"]
+        assert ds.shuffle_index.tolist() == expected["shuffle_index"]
+        assert str(ds.sample_index.dtype) == expected["sample_index_dtype"]
+        assert str(ds.shuffle_index.dtype) == expected["shuffle_index_dtype"]
+        for i, tokens in expected["samples"].items():  # tokens + last label (a pad without the extra token)
+            assert ds[int(i)].tolist() == (tokens if ds.extra else tokens[:-1])
+
+
+def test_sample_content_is_the_concatenated_shuffled_documents(tmp_path):
+    lengths = [7, 1, 12, 3, 30, 2, 9, 5]
+    prefix = write_dataset(tmp_path / "d", lengths)
+    ds = GPTDataset(prefix, np.arange(8, dtype=np.int32), 40, 6, 99, "train", cache_dir=str(tmp_path / "c"))
+    flat = [fixture_token(int(d), j) for d in ds.document_index for j in range(lengths[d])]
+    for i in range(len(ds)):
+        j = int(ds.shuffle_index[i])
+        assert ds[i].tolist() == flat[6 * j : 6 * j + 7]
+    assert len(ds) == (len(flat) - 1) // 6 >= 40
+
+
+def _digest(ds: GPTDataset) -> str:
+    arrays = (ds.document_index, ds.sample_index, ds.shuffle_index)
+    return hashlib.md5(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)).hexdigest()
+
+
+def test_cache_is_reused_and_keyed_by_seed(tmp_path):
+    prefix = write_dataset(tmp_path / "d", [5, 8, 13, 21, 34])
+    args = (prefix, np.arange(5, dtype=np.int32), 10, 4)
+    first = GPTDataset(*args, seed=1, split="train")
+    cache_dir = tmp_path / "cache" / "GPTDataset_indices"  # default: next to the data
+    files = sorted(p.name for p in cache_dir.iterdir())
+    assert not first.cache_hit and len(files) == 4 and not any(name.startswith(".") for name in files)
+    again = GPTDataset(*args, seed=1, split="train")
+    assert again.cache_hit and _digest(again) == _digest(first)
+    assert isinstance(again.shuffle_index, np.memmap)
+    other = GPTDataset(*args, seed=2, split="train")
+    assert not other.cache_hit and _digest(other) != _digest(first)
+    assert len(list(cache_dir.iterdir())) == 8
+
+
+def test_cache_without_description_is_rebuilt(tmp_path):
+    prefix = write_dataset(tmp_path / "d", [5, 8, 13])
+    ds = GPTDataset(prefix, np.arange(3, dtype=np.int32), 4, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    # A builder that died before its last rename leaves arrays but no description: not a hit.
+    (tmp_path / "c" / f"{ds.digest}-GPTDataset-train-description.txt").unlink()
+    (tmp_path / "c" / f"{ds.digest}-GPTDataset-train-shuffle_index.npy").write_bytes(b"garbage")
+    again = GPTDataset(prefix, np.arange(3, dtype=np.int32), 4, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    assert not again.cache_hit and _digest(again) == _digest(ds)
+
+
+def test_unwritable_cache_dir_is_a_data_error(tmp_path):
+    prefix = write_dataset(tmp_path / "d", [5, 8, 13])
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(DataError, match="cache"):
+        GPTDataset(prefix, np.arange(3, dtype=np.int32), 4, 4, 1, "train", cache_dir=str(blocker / "sub"))
+
+
+def test_empty_split_is_a_data_error():
+    with pytest.raises(DataError, match="split"):
+        build_gpt_indices(np.array([4, 4], np.int32), np.array([], np.int32), 3, 2, seed=1)
+
+
+def _race(args: tuple[str, str, int]) -> tuple[str, bool]:
+    prefix, cache_dir, seed = args
+    ds = GPTDataset(prefix, np.arange(300, dtype=np.int32), 3000, 16, seed, "train", cache_dir=cache_dir)
+    return _digest(ds), ds.cache_hit
+
+
+def test_concurrent_builders_do_not_corrupt_the_cache(tmp_path):
+    prefix = write_dataset(tmp_path / "d", list(np.random.default_rng(1).integers(1, 300, size=300)))
+    expected = {
+        seed: _digest(
+            GPTDataset(prefix, np.arange(300, dtype=np.int32), 3000, 16, seed, "train", use_cache=False)
+        )
+        for seed in range(3)
+    }
+    jobs = [(prefix, str(tmp_path / "cache"), seed) for seed in range(3) for _ in range(4)]
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        results = pool.map(_race, jobs, chunksize=1)
+    assert [digest for digest, _ in results] == [expected[seed] for *_, seed in jobs]
+    for seed in range(3):  # every cache entry left behind is complete and correct
+        ds = GPTDataset(
+            prefix, np.arange(300, dtype=np.int32), 3000, 16, seed, "train", cache_dir=str(tmp_path / "cache")
+        )
+        assert ds.cache_hit and _digest(ds) == expected[seed]
+    assert not [p for p in Path(tmp_path / "cache").iterdir() if p.name.startswith(".")]

@@ -1,0 +1,104 @@
+"""`gptrain data sample`: the JSON it prints, checked against Megatron-LM's own samples."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from gpt_data_helpers import load_fixture, write_dataset
+
+from gptrain.cli import main
+from gptrain.data.mock import MockGPTDataset
+
+
+def _sample(capsys, *argv: str) -> dict:
+    assert main(["data", "sample", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_single_prefix_sample_is_megatrons(tmp_path, capsys):
+    spec = load_fixture()["separated_final_epoch"]
+    prefix = write_dataset(tmp_path / "d0", spec["lengths"][0])
+    args = ["--data-prefix", prefix, "--seq-length", "16", "--seed", "1234", "--splits-string", "90,8,2"]
+    out = _sample(capsys, *args, "--num-samples", "200,20,5", "--split", "train", "--index", "5")
+    expected = spec["splits"]["train"]
+    assert out["tokens"] == expected["samples"]["5"] and len(out["tokens"]) == 17
+    assert out["num_samples"] == expected["len"] and out["prefix"] == prefix
+    assert out["unshuffled_sample"] == expected["shuffle_index"][5]
+    first_row = expected["sample_index"][out["unshuffled_sample"]]
+    assert out["documents"][0] == expected["document_index"][first_row[0]]
+    assert out["first_document_offset"] == first_row[1]
+    assert "text" not in out
+    out = _sample(capsys, *args, "--num-samples", "200,20,5", "--split", "valid", "--index", "17")
+    assert out["tokens"] == spec["splits"]["valid"]["samples"]["17"]
+
+
+def test_blend_sample_is_megatrons(tmp_path, capsys):
+    spec = load_fixture()["blend_30_70"]
+    blend = []
+    for k, (weight, lengths) in enumerate(zip(spec["weights"], spec["lengths"], strict=True)):
+        blend += [str(weight), write_dataset(tmp_path / f"d{k}", lengths)]
+    out = _sample(capsys, "--data-prefix", *blend, "--seq-length", "8", "--splits-string", "98,2,0",
+                  "--num-samples", "120,10,0", "--index", "17", "--cache-dir", str(tmp_path / "c"))  # fmt: skip
+    expected = spec["splits"]["train"]
+    assert out["tokens"] == expected["samples"]["17"]
+    assert out["blend_dataset"] == expected["dataset_index_head"][17]
+    assert out["dataset_sample"] == expected["dataset_sample_index_head"][17]
+    assert out["blend_weight"] == [0.3, 0.7][out["blend_dataset"]]
+    assert sorted((tmp_path / "c").iterdir())  # the cache went where it was told
+
+
+def test_text_is_decoded_with_the_tokenizer(tmp_path, capsys, gpt2_files, reference_encode):
+    import numpy as np
+
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    text = "Hello world, this is the sampling command speaking."
+    ids = reference_encode(text)
+    with IndexedDatasetWriter(str(tmp_path / "t"), np.uint16) as writer:
+        writer.add_document(np.array(ids))
+    vocab, merges = gpt2_files
+    out = _sample(capsys, "--data-prefix", str(tmp_path / "t"), "--seq-length", str(len(ids) - 1),
+                  "--splits-string", "1,0,0", "--vocab-file", vocab, "--merge-file", merges)  # fmt: skip
+    assert out["tokens"] == ids and out["text"] == text
+
+
+def test_mock_sample(capsys):
+    out = _sample(
+        capsys,
+        "--mock",
+        "--vocab-size",
+        "100",
+        "--seq-length",
+        "8",
+        "--num-samples",
+        "10,0,0",
+        "--index",
+        "3",
+    )
+    assert out["tokens"] == MockGPTDataset(10, 8, 100, seed=1234)[3].tolist() and out["mock"] is True
+
+
+def test_errors_are_one_line(tmp_path, capsys):
+    prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8])
+    # The default split "969, 30, 1" leaves 4 sequences no validation data.
+    assert main(["data", "sample", "--data-prefix", prefix, "--seq-length", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(valid split): a split of 0 sequences holds 0 tokens" in err
+    prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8] * 250)
+    assert main(["data", "sample", "--data-prefix", prefix, "--seq-length", "4", "--index", "99999"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--index 99999 out of range" in err
+    assert main(["data", "sample", "--data-prefix", prefix, "--seq-length", "4", "--splits-string", "1",
+                 "--split", "test"]) == 2  # fmt: skip
+    assert "leaves the test split empty" in capsys.readouterr().err
+    assert main(["data", "sample", "--data-prefix", "1", prefix, "--seq-length", "4"]) == 2
+    assert "need a count" in capsys.readouterr().err
+    assert main(["data", "sample", "--seq-length", "4", "--num-samples", "1,2"]) == 2
+    assert "--num-samples" in capsys.readouterr().err
+
+
+def test_parser_module_is_light():
+    code = "import sys, gptrain.data.sample_cli; bad = {'numpy', 'torch'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)
