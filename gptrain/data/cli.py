@@ -1,9 +1,167 @@
-"""Command-line parsers for this group (light: no torch at module level)."""
+"""`gptrain data ...` parsers (light: numpy, orjson and tokenizer libraries load in the handlers)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+
+
+def _default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tokenizer (Megatron flags)")
+    group.add_argument(
+        "--tokenizer-type",
+        help="GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer (--tokenizer-model "
+        "tokenizer.json) or TikTokenizer (--tokenizer-model encoding name, e.g. cl100k_base); "
+        "default: implied by the other flags",
+    )
+    group.add_argument("--vocab-file", help="GPT-2 vocab.json")
+    group.add_argument("--merge-file", help="GPT-2 merges.txt")
+    group.add_argument(
+        "--tokenizer-model", help="tokenizer.json (or its directory), or a tiktoken encoding name"
+    )
+
+
+def _tokenizer_type(args: argparse.Namespace) -> str | None:
+    """The given --tokenizer-type, else what the other flags imply (vocab file: GPT-2 BPE;
+    an existing --tokenizer-model path: Hugging Face; any other model name: tiktoken)."""
+    if args.tokenizer_type:
+        return args.tokenizer_type
+    if args.vocab_file or args.merge_file:
+        return "GPT2BPETokenizer"
+    if args.tokenizer_model:
+        return "HuggingFaceTokenizer" if os.path.exists(args.tokenizer_model) else "TikTokenizer"
+    return None
+
+
+def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "prepare",
+        help="tokenize jsonl into Megatron .bin/.idx (like tools/preprocess_data.py)",
+        description="Tokenize jsonl documents into <prefix>_<key>_document.bin/.idx, byte-identical to "
+        "Megatron-LM's tools/preprocess_data.py, with many workers and bounded memory.",
+    )
+    parser.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help="jsonl files or globs (.jsonl, .jsonl.gz, .jsonl.xz, .jsonl.zst)",
+    )
+    parser.add_argument("--output-prefix", required=True, help="outputs are <prefix>_<key>_document.bin/.idx")
+    parser.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize (default: text)")
+    _add_tokenizer_args(parser)
+    parser.add_argument("--append-eod", action="store_true", help="end every non-empty document with EOD")
+    parser.add_argument("--workers", type=int, default=_default_workers(), help="tokenizing processes")
+    parser.add_argument(
+        "--log-interval",
+        type=int,
+        default=10000,
+        help="documents between progress lines (default 10000; at most 1/s, at least every 30 s)",
+    )
+    parser.add_argument(
+        "--skip-bad-lines", action="store_true", help="skip and count bad lines instead of stopping"
+    )
+    parser.set_defaults(func=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from gptrain.data.prepare import PrepareConfig, prepare
+    from gptrain.data.tokenizers import TokenizerSpec
+    from gptrain.errors import ConfigError
+
+    if args.workers < 1 or args.log_interval < 1:
+        raise ConfigError("--workers and --log-interval must be at least 1")
+    kind = _tokenizer_type(args)
+    if kind is None:
+        raise ConfigError("give a tokenizer: --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model")
+    spec = TokenizerSpec(kind, args.vocab_file, args.merge_file, args.tokenizer_model)
+    config = PrepareConfig(
+        inputs=args.input,
+        output_prefix=args.output_prefix,
+        tokenizer=spec,
+        json_keys=tuple(args.json_keys),
+        append_eod=args.append_eod,
+        workers=args.workers,
+        log_interval=args.log_interval,
+        skip_bad_lines=args.skip_bad_lines,
+    )
+    print(prepare(config).summary())
+    return 0
+
+
+def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="counts, length percentiles and decoded tokens of a .bin/.idx dataset",
+        description="Show documents, sequences, tokens, dtype, document-length percentiles and the first "
+        "tokens of one document (decoded when a tokenizer is given).",
+    )
+    parser.add_argument("prefix", help="dataset prefix (without .bin/.idx)")
+    _add_tokenizer_args(parser)
+    parser.add_argument("--document", type=int, default=0, help="document to show (0-based, default 0)")
+    parser.add_argument("--num-tokens", type=int, default=32, help="tokens of it to show (default 32)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from gptrain.data.summary import format_summary, summarize
+    from gptrain.data.tokenizers import build_tokenizer
+
+    tokenizer = None
+    kind = _tokenizer_type(args)
+    if kind:
+        tokenizer = build_tokenizer(kind, args.vocab_file, args.merge_file, args.tokenizer_model)
+    info = summarize(args.prefix, tokenizer, args.document, args.num_tokens)
+    print(format_summary(info, as_json=args.json))
+    return 0
+
+
+def _add_merge(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "merge",
+        help="concatenate datasets (like tools/merge_datasets.py)",
+        description="Concatenate .bin/.idx datasets in the order given; token dtypes must agree.",
+    )
+    parser.add_argument(
+        "--input", nargs="+", required=True, help="dataset prefixes in order, or directories of datasets"
+    )
+    parser.add_argument("--output-prefix", required=True, help="the merged dataset's prefix")
+    parser.set_defaults(func=_run_merge)
+
+
+def _run_merge(args: argparse.Namespace) -> int:
+    from gptrain.data.merge import merge_datasets
+
+    writer = merge_datasets(args.input, args.output_prefix)
+    print(
+        f"merged {len(args.input)} datasets: {writer.num_documents:,} documents, "
+        f"{writer.num_tokens:,} tokens -> {writer.path_prefix}.bin/.idx",
+        file=sys.stdout,
+    )
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this group's subcommands (filled in by the group's owner)."""
+    """Add `gptrain data` with prepare, inspect, merge and sample."""
+    from gptrain.data.sample_cli import add_sample_parser
+
+    parser = subparsers.add_parser("data", help="prepare, inspect, merge and sample tokenized datasets")
+    data_subparsers = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+
+    def print_help(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=print_help)
+    _add_prepare(data_subparsers)
+    _add_inspect(data_subparsers)
+    _add_merge(data_subparsers)
+    add_sample_parser(data_subparsers)

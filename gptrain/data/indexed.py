@@ -1,0 +1,338 @@
+"""Megatron-LM's indexed dataset format: `<prefix>.bin` (tokens) + `<prefix>.idx` (index).
+
+The `.idx` layout (little-endian, packed) is the compatibility contract with Megatron:
+9-byte magic, u64 version 1, u8 dtype code, u64 sequence count S, u64 document-index
+length D (documents + 1), then S int32 lengths, S int64 byte pointers, D int64 document
+indices. The writer streams: tokens go straight to the `.bin`, lengths and document
+indices are spilled to temporary files, so memory stays flat however large the dataset.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import numpy as np
+
+from gptrain.errors import DataError
+from gptrain.utils.atomic import temporary_sibling
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, S, D: 34 bytes, no padding
+HEADER_SIZE = HEADER.size
+
+DTYPE_CODES: dict[int, np.dtype] = {
+    1: np.dtype(np.uint8),
+    2: np.dtype(np.int8),
+    3: np.dtype(np.int16),
+    4: np.dtype(np.int32),
+    5: np.dtype(np.int64),
+    6: np.dtype(np.float64),
+    7: np.dtype(np.float32),
+    8: np.dtype(np.uint16),
+}
+
+# Entries moved per step when copying index arrays, so finalize/merge use bounded memory.
+_CHUNK = 1 << 20
+
+
+def code_for_dtype(dtype: np.dtype | type) -> int:
+    """The `.idx` dtype code of a numpy token dtype."""
+    dtype = np.dtype(dtype)
+    for code, known in DTYPE_CODES.items():
+        if known == dtype:
+            return code
+    raise DataError(f"token dtype {dtype} cannot be stored in a Megatron .idx (use uint16 or int32)")
+
+
+def optimal_dtype(vocab_size: int) -> np.dtype:
+    """Megatron's rule: uint16 when the (unpadded) vocab has fewer than 65,500 entries, else int32."""
+    return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
+
+
+def _map_file(path: Path) -> np.ndarray:
+    """Read-only byte view of a file; numpy cannot memory-map an empty file."""
+    if path.stat().st_size == 0:
+        return np.empty(0, dtype=np.uint8)
+    return np.memmap(path, mode="r", dtype=np.uint8)
+
+
+def strip_suffix(path_prefix: str) -> str:
+    """Accept `data.bin` or `data.idx` where a prefix `data` is meant."""
+    return path_prefix[:-4] if path_prefix.endswith((".bin", ".idx")) else path_prefix
+
+
+class IndexedDataset:
+    """Memory-mapped reader of a Megatron `.bin`/`.idx` pair, validated on open."""
+
+    def __init__(self, path_prefix: str) -> None:
+        self.path_prefix = strip_suffix(str(path_prefix))
+        self.idx_path = Path(self.path_prefix + ".idx")
+        self.bin_path = Path(self.path_prefix + ".bin")
+        for path in (self.idx_path, self.bin_path):
+            if not path.is_file():
+                raise DataError(f"{path}: no such file (expected a Megatron .bin/.idx pair)")
+        self._index = _map_file(self.idx_path)
+        code, count, doc_count = self._read_header()
+        self._dtype = DTYPE_CODES[code]
+        lengths_end = HEADER_SIZE + 4 * count
+        pointers_end = lengths_end + 8 * count
+        self._lengths = np.frombuffer(self._index, np.int32, count, HEADER_SIZE)
+        self._pointers = np.frombuffer(self._index, np.int64, count, lengths_end)
+        self._doc_indices = np.frombuffer(self._index, np.int64, doc_count, pointers_end)
+        self._bin = _map_file(self.bin_path)
+        self._validate(count)
+
+    def _read_header(self) -> tuple[int, int, int]:
+        size = len(self._index)
+        if size < HEADER_SIZE:
+            raise DataError(f"{self.idx_path}: truncated ({size} bytes, header needs {HEADER_SIZE})")
+        magic, version, code, count, doc_count = HEADER.unpack(bytes(self._index[:HEADER_SIZE]))
+        if magic != MAGIC:
+            raise DataError(f"{self.idx_path}: not a Megatron index (bad magic {magic!r})")
+        if version != VERSION:
+            raise DataError(f"{self.idx_path}: unsupported index version {version} (expected 1)")
+        if code not in DTYPE_CODES:
+            raise DataError(f"{self.idx_path}: unknown token dtype code {code}")
+        expected = HEADER_SIZE + 12 * count + 8 * doc_count
+        if size == expected + count and count:
+            raise DataError(
+                f"{self.idx_path}: a multimodal index (per-sequence modes); only text is supported"
+            )
+        if size != expected:
+            raise DataError(
+                f"{self.idx_path}: size {size} bytes, expected {expected} for {count} sequences and "
+                f"{doc_count} document indices (truncated or corrupt: re-create it)"
+            )
+        if doc_count < 1:
+            raise DataError(f"{self.idx_path}: empty document index (needs at least the leading 0)")
+        return code, count, doc_count
+
+    def _validate(self, count: int) -> None:
+        if self._doc_indices[0] != 0 or self._doc_indices[-1] != count:
+            raise DataError(
+                f"{self.idx_path}: document indices run from {self._doc_indices[0]} to "
+                f"{self._doc_indices[-1]}, expected 0 to the sequence count {count}"
+            )
+        tokens = int(self._lengths.sum(dtype=np.int64))
+        expected = tokens * self._dtype.itemsize
+        if len(self._bin) != expected:
+            raise DataError(
+                f"{self.bin_path}: size {len(self._bin)} bytes, expected {expected} "
+                f"({tokens} tokens of {self._dtype}); the .bin does not belong to this .idx"
+            )
+
+    def __getstate__(self) -> str:
+        """Pickle by path: a DataLoader worker re-maps the files instead of copying them."""
+        return self.path_prefix
+
+    def __setstate__(self, path_prefix: str) -> None:
+        self.__init__(path_prefix)  # type: ignore[misc]
+
+    @staticmethod
+    def exists(path_prefix: str) -> bool:
+        prefix = strip_suffix(str(path_prefix))
+        return os.path.isfile(prefix + ".idx") and os.path.isfile(prefix + ".bin")
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def sequence_lengths(self) -> np.ndarray:
+        return self._lengths
+
+    @property
+    def sequence_pointers(self) -> np.ndarray:
+        return self._pointers
+
+    @property
+    def document_indices(self) -> np.ndarray:
+        return self._doc_indices
+
+    @property
+    def num_documents(self) -> int:
+        return len(self._doc_indices) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._bin) // self._dtype.itemsize
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens of sequence `idx` from `offset` (a view into the memory-mapped `.bin`)."""
+        size = len(self._lengths)
+        if idx < 0:
+            idx += size
+        if not 0 <= idx < size:
+            raise IndexError(f"sequence {idx} out of range for {size} sequences")
+        available = int(self._lengths[idx])
+        if length is None:
+            length = available - offset
+        if offset < 0 or length < 0 or offset + length > available:
+            raise IndexError(
+                f"tokens [{offset}, {offset + length}) out of range for a sequence of {available}"
+            )
+        start = int(self._pointers[idx]) + offset * self._dtype.itemsize
+        return np.frombuffer(self._bin, self._dtype, length, start)
+
+    def __getitem__(self, idx: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(idx, slice):
+            return [self.get(i) for i in range(*idx.indices(len(self)))]
+        return self.get(int(idx))
+
+
+class IndexedDatasetWriter:
+    """Streams documents into `<prefix>.bin`/`.idx`; the pair appears only when complete.
+
+    Everything is written under temporary names in the output directory. `finalize()`
+    builds the `.idx` from the spilled arrays, then renames the `.bin` first and the
+    `.idx` last, so a reader never sees an index without its tokens. Leaving the `with`
+    block by an exception removes every temporary file.
+    """
+
+    def __init__(self, path_prefix: str, dtype: np.dtype | type) -> None:
+        self.path_prefix = strip_suffix(str(path_prefix))
+        self.dtype = np.dtype(dtype)
+        self._code = code_for_dtype(self.dtype)
+        self.bin_path = Path(self.path_prefix + ".bin")
+        self.idx_path = Path(self.path_prefix + ".idx")
+        try:
+            self.bin_path.parent.mkdir(parents=True, exist_ok=True)
+            self._temps = [temporary_sibling(self.bin_path) for _ in range(4)]
+        except OSError as error:
+            raise DataError(f"{self.bin_path}: cannot create the output ({error})") from None
+        self._bin: IO[bytes] = open(self._temps[0], "wb")  # noqa: SIM115 (closed in finalize/abort)
+        self._lengths: IO[bytes] = open(self._temps[1], "w+b")  # noqa: SIM115
+        self._docs: IO[bytes] = open(self._temps[2], "w+b")  # noqa: SIM115
+        self._docs.write(np.zeros(1, np.int64).tobytes())
+        self.num_sequences = 0
+        self.num_documents = 0
+        self.num_tokens = 0
+        self._done = False
+
+    def add_document(self, tokens: np.ndarray, lengths: list[int] | None = None) -> None:
+        """Append one document; `lengths` splits it into sequences, kept as given like Megatron's
+        builder (default: one sequence, none for an empty document)."""
+        tokens = np.asarray(tokens)
+        if lengths is None:
+            lengths = [len(tokens)] if len(tokens) else []
+        seq_lengths = np.asarray(lengths, dtype=np.int64)
+        if int(seq_lengths.sum()) != len(tokens):
+            raise ValueError(f"sequence lengths sum to {int(seq_lengths.sum())}, document has {len(tokens)}")
+        self._write_tokens(tokens)
+        self._lengths.write(seq_lengths.astype(np.int32).tobytes())
+        self.num_sequences += len(seq_lengths)
+        self.num_documents += 1
+        self._docs.write(np.int64(self.num_sequences).tobytes())
+
+    def add_documents(self, tokens: np.ndarray, doc_lengths: np.ndarray) -> None:
+        """Append many one-sequence documents at once; a zero length is an empty document."""
+        doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
+        if int(doc_lengths.sum()) != len(tokens):
+            raise ValueError(f"document lengths sum to {int(doc_lengths.sum())}, got {len(tokens)} tokens")
+        nonempty = doc_lengths > 0
+        self._write_tokens(tokens)
+        self._lengths.write(doc_lengths[nonempty].astype(np.int32).tobytes())
+        doc_ends = self.num_sequences + np.cumsum(nonempty, dtype=np.int64)
+        self._docs.write(doc_ends.tobytes())
+        self.num_sequences += int(nonempty.sum())
+        self.num_documents += len(doc_lengths)
+
+    def _write_tokens(self, tokens: np.ndarray) -> None:
+        if tokens.dtype != self.dtype:
+            tokens = tokens.astype(self.dtype)
+        self._bin.write(memoryview(np.ascontiguousarray(tokens)).cast("B"))
+        self.num_tokens += len(tokens)
+
+    def add_index(self, other_prefix: str) -> None:
+        """Append every document of another dataset, as Megatron's merge does."""
+        other = IndexedDataset(other_prefix)
+        if other.dtype != self.dtype:
+            raise DataError(
+                f"{other.idx_path}: tokens are {other.dtype}, the output is {self.dtype}; "
+                "merge only datasets made with the same tokenizer"
+            )
+        for start in range(0, len(other), _CHUNK):
+            self._lengths.write(other.sequence_lengths[start : start + _CHUNK].tobytes())
+        docs = other.document_indices
+        for start in range(1, len(docs), _CHUNK):
+            self._docs.write((docs[start : start + _CHUNK] + self.num_sequences).tobytes())
+        with open(other.bin_path, "rb") as source:
+            shutil.copyfileobj(source, self._bin, 16 << 20)
+        self.num_sequences += len(other)
+        self.num_documents += other.num_documents
+        self.num_tokens += other.num_tokens
+
+    def finalize(self) -> None:
+        """Write the `.idx` and move both files into place (`.bin` first, `.idx` last)."""
+        if self._done:
+            return
+        try:
+            self._write_index(self._temps[3])
+            for handle in (self._bin, self._lengths, self._docs):
+                handle.flush()
+                os.fsync(handle.fileno())
+                handle.close()
+            # An old .idx next to the new .bin would look finished: remove it first.
+            self.idx_path.unlink(missing_ok=True)
+            for temp, path in ((self._temps[0], self.bin_path), (self._temps[3], self.idx_path)):
+                os.chmod(temp, 0o644)
+                os.replace(temp, path)
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        self._remove_temps()
+
+    def _write_index(self, path: Path) -> None:
+        self._lengths.flush()
+        self._docs.flush()
+        itemsize = self.dtype.itemsize
+        header = HEADER.pack(MAGIC, VERSION, self._code, self.num_sequences, self.num_documents + 1)
+        with open(path, "wb") as out:
+            out.write(header)
+            self._lengths.seek(0)
+            shutil.copyfileobj(self._lengths, out, 4 * _CHUNK)
+            self._lengths.seek(0)
+            offset = 0
+            while chunk := self._lengths.read(4 * _CHUNK):
+                byte_lengths = np.frombuffer(chunk, np.int32).astype(np.int64) * itemsize
+                ends = np.cumsum(byte_lengths) + offset
+                out.write((ends - byte_lengths).tobytes())
+                offset = int(ends[-1])
+            self._docs.seek(0)
+            shutil.copyfileobj(self._docs, out, 8 * _CHUNK)
+            out.flush()
+            os.fsync(out.fileno())
+
+    def abort(self) -> None:
+        """Drop everything written so far; no output file appears."""
+        if self._done:
+            return
+        for handle in (self._bin, self._lengths, self._docs):
+            handle.close()
+        self._done = True
+        self._remove_temps()
+
+    def _remove_temps(self) -> None:
+        for temp in self._temps:
+            temp.unlink(missing_ok=True)
+
+    def __enter__(self) -> IndexedDatasetWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.finalize()
+        else:
+            self.abort()

@@ -1,0 +1,127 @@
+"""Reading jsonl inputs (plain, .gz, .xz, .zst) as chunks of whole lines.
+
+Workers receive raw bytes of complete lines plus the number of the first line, so
+they can parse in parallel and still report `file:line` for a bad line; chunks are
+numbered in input order and put back in that order by the writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import gzip
+import lzma
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from gptrain.errors import DataError
+
+# Compression is recognised by content, so a mis-named file still reads.
+_MAGIC = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Complete lines of one input file."""
+
+    path: str
+    first_line: int  # 1-based number of the first line in `data`
+    data: bytes
+    raw_position: int  # bytes of the (possibly compressed) file read so far, for the ETA
+
+
+def expand_inputs(patterns: list[str]) -> list[Path]:
+    """Files in the order given; a glob expands to its matches in sorted order."""
+    paths: list[Path] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = sorted(glob.glob(pattern))
+            if not matches:
+                raise DataError(f"--input {pattern}: no file matches this pattern")
+            paths.extend(Path(m) for m in matches)
+        else:
+            paths.append(Path(pattern))
+    for path in paths:
+        if not path.is_file():
+            raise DataError(f"--input {path}: no such file")
+    return paths
+
+
+def compression_of(path: Path) -> str | None:
+    with open(path, "rb") as handle:
+        head = handle.read(6)
+    for magic, name in _MAGIC.items():
+        if head.startswith(magic):
+            return name
+    return None
+
+
+def _zstd_blocks(raw: IO[bytes], size: int) -> Iterator[bytes]:
+    """Decompress frame after frame; unlike zstandard's stream reader, a cut-off frame is an error."""
+    import zstandard
+
+    context = zstandard.ZstdDecompressor()
+    frame, inside_frame = context.decompressobj(), False
+    while block := raw.read(size):
+        while block:
+            if out := frame.decompress(block):
+                yield out
+            if not frame.eof:
+                inside_frame = True
+                break
+            block, frame, inside_frame = frame.unused_data, context.decompressobj(), False
+    if inside_frame:
+        raise EOFError("zstd stream ends inside a frame")
+
+
+def _blocks(raw: IO[bytes], kind: str | None, size: int) -> Iterator[bytes]:
+    """Decompressed bytes of a file, in blocks of about `size`."""
+    if kind == "zstd":
+        yield from _zstd_blocks(raw, max(1, size // 4))  # text compresses about 4x
+        return
+    if kind == "gzip":
+        opened: contextlib.AbstractContextManager = gzip.GzipFile(fileobj=raw, mode="rb")
+    elif kind == "xz":
+        opened = lzma.LZMAFile(raw, mode="rb")  # noqa: SIM115 (entered just below)
+    else:
+        opened = contextlib.nullcontext(raw)
+    with opened as stream:
+        while block := stream.read(size):
+            yield block
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    import zstandard
+
+    return (OSError, EOFError, lzma.LZMAError, zstandard.ZstdError)
+
+
+def iter_chunks(paths: list[Path], chunk_bytes: int = 1 << 20) -> Iterator[Chunk]:
+    """Chunks of about `chunk_bytes` of whole lines, file after file, in order."""
+    errors = _read_errors()
+    for path in paths:
+        kind = compression_of(path)
+        with open(path, "rb") as raw:
+            try:
+                yield from _file_chunks(path, raw, _blocks(raw, kind, chunk_bytes))
+            except errors as error:
+                what = f"cannot decompress {kind} input" if kind else "cannot read input"
+                raise DataError(f"{path}: {what} ({error}); check the file is complete") from None
+
+
+def _file_chunks(path: Path, raw: IO[bytes], blocks: Iterator[bytes]) -> Iterator[Chunk]:
+    line = 1
+    pending: list[bytes] = []  # a line longer than a block accumulates here
+    for block in blocks:
+        cut = block.rfind(b"\n")
+        if cut < 0:
+            pending.append(block)
+            continue
+        data = b"".join([*pending, block[: cut + 1]])
+        pending = [block[cut + 1 :]] if cut + 1 < len(block) else []
+        yield Chunk(str(path), line, data, raw.tell())
+        line += data.count(b"\n")
+    if pending:
+        yield Chunk(str(path), line, b"".join(pending), raw.tell())

@@ -1,0 +1,302 @@
+"""`gptrain data prepare`: jsonl -> Megatron `.bin`/`.idx`, byte-identical to preprocess_data.py.
+
+Design: the main process reads whole-line chunks (~1 MiB, decompressing as needed) and
+hands them to worker processes, which parse JSON (orjson) and tokenize; results come
+back as numpy arrays and are written in chunk order, so the output does not depend on
+the worker count. At most `2 * workers` chunks are in flight and lengths are spilled to
+disk by the writer, so memory does not grow with the input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import sys
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from gptrain.data.indexed import IndexedDatasetWriter, optimal_dtype
+from gptrain.data.jsonl import Chunk, expand_inputs, iter_chunks
+from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
+from gptrain.errors import DataError
+from gptrain.utils.progress import Progress
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """What `gptrain data prepare` does; field names follow the Megatron flags."""
+
+    inputs: list[str]
+    output_prefix: str
+    tokenizer: TokenizerSpec
+    json_keys: tuple[str, ...] = ("text",)
+    append_eod: bool = False
+    workers: int = 1
+    log_interval: int = 10000  # documents between progress lines
+    skip_bad_lines: bool = False
+    chunk_bytes: int = 1 << 20
+
+
+@dataclass
+class PrepareStats:
+    documents: int = 0
+    empty_documents: dict[str, int] = field(default_factory=dict)  # per json key
+    bad_lines: int = 0
+    tokens: int = 0
+    input_bytes: int = 0
+    seconds: float = 0.0
+    outputs: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        rate = self.documents / max(self.seconds, 1e-9)
+        mbs = self.input_bytes / max(self.seconds, 1e-9) / 2**20
+        empty = ", ".join(
+            f"{n:,} empty" + (f" {key}" if len(self.empty_documents) > 1 else "")
+            for key, n in self.empty_documents.items()
+        )
+        return (
+            f"prepared {self.documents:,} documents ({empty}, "
+            f"{self.bad_lines:,} bad lines skipped), {self.tokens:,} tokens in {self.seconds:.1f} s "
+            f"({rate:,.0f} docs/s, {mbs:.2f} MB/s) -> {', '.join(p + '.bin/.idx' for p in self.outputs)}"
+        )
+
+
+@dataclass
+class ChunkResult:
+    tokens: list[np.ndarray]  # per json key, all documents back to back
+    lengths: list[np.ndarray]  # per json key, tokens per document (0 = empty document)
+    documents: int
+    bad_lines: int
+    nbytes: int
+    error: str | None = None
+
+
+@dataclass
+class _WorkerState:
+    tokenizer: Tokenizer
+    keys: tuple[str, ...]
+    eod: int | None
+    dtype: np.dtype
+    skip_bad_lines: bool
+
+
+# Set in the parent before forking (workers inherit it) or by _init_worker under spawn.
+_STATE: _WorkerState | None = None
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _line_problem(line: bytes, keys: tuple[str, ...], error: Exception | None, record: object) -> str:
+    if error is not None:
+        if not line.strip():
+            return "empty line, expected a JSON object"
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return f"not valid UTF-8 (byte {bad.start})"
+        return f"not valid JSON ({error})"
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {_json_type(record)}"
+    for key in keys:
+        if key not in record:
+            return f"no key {key!r} (choose the text field with --json-keys)"
+        if not isinstance(record[key], str):
+            return f"value of {key!r} is {_json_type(record[key])}, expected a string"
+    return "bad line"
+
+
+def _parse(chunk: Chunk, state: _WorkerState) -> tuple[list[list[str]], int, str | None]:
+    """Texts per key; bad lines are counted (skip) or reported as `file:line: problem`."""
+    import orjson
+
+    texts: list[list[str]] = [[] for _ in state.keys]
+    lines = chunk.data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    bad = 0
+    for offset, line in enumerate(lines):
+        error, record = None, None
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError as caught:
+            error = caught
+        if type(record) is dict:
+            values = [record.get(key) for key in state.keys]
+            if all(type(value) is str for value in values):
+                for bucket, value in zip(texts, values, strict=True):
+                    bucket.append(value)
+                continue
+        if not state.skip_bad_lines:
+            problem = _line_problem(line, state.keys, error, record)
+            return texts, bad, f"{chunk.path}:{chunk.first_line + offset}: {problem}"
+        bad += 1
+    return texts, bad, None
+
+
+def _with_eod(tokens: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarray, np.ndarray]:
+    """Append `eod` to every non-empty document, as preprocess_data --append-eod does."""
+    nonempty = lengths > 0
+    new_lengths = lengths + nonempty
+    out = np.full(int(new_lengths.sum()), eod, dtype=tokens.dtype)
+    keep = np.ones(len(out), dtype=bool)
+    keep[np.cumsum(new_lengths)[nonempty] - 1] = False
+    out[keep] = tokens
+    return out, new_lengths
+
+
+def encode_chunk(chunk: Chunk) -> ChunkResult:
+    """Parse and tokenize one chunk (runs in a worker process, or inline with one worker)."""
+    state = _STATE
+    assert state is not None, "worker state not initialised"
+    texts, bad, error = _parse(chunk, state)
+    if error is not None:
+        return ChunkResult([], [], 0, bad, len(chunk.data), error)
+    all_tokens, all_lengths = [], []
+    for key_texts in texts:
+        tokens, lengths = state.tokenizer.encode_flat(key_texts)
+        if state.eod is not None:
+            tokens, lengths = _with_eod(tokens, lengths, state.eod)
+        all_tokens.append(tokens.astype(state.dtype, copy=False))
+        all_lengths.append(lengths)
+    return ChunkResult(all_tokens, all_lengths, len(texts[0]), bad, len(chunk.data))
+
+
+def _init_pool_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, skip: bool) -> None:
+    """Ctrl-C is handled by the main process alone (it stops the pool and removes temp files)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process per core already
+    _init_worker(spec, keys, append_eod, skip)
+
+
+def _init_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, skip: bool) -> None:
+    global _STATE
+    if _STATE is None:
+        tokenizer = spec.build()
+        eod = tokenizer.eod if append_eod else None
+        _STATE = _WorkerState(tokenizer, keys, eod, optimal_dtype(tokenizer.vocab_size), skip)
+
+
+def _results(chunks: Iterable[Chunk], config: PrepareConfig) -> Iterator[ChunkResult]:
+    """Encoded chunks in input order; at most `2 * workers` chunks are in flight."""
+    if config.workers <= 1:
+        yield from map(encode_chunk, chunks)
+        return
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    initargs = (config.tokenizer, config.json_keys, config.append_eod, config.skip_bad_lines)
+    executor = ProcessPoolExecutor(
+        config.workers, multiprocessing.get_context(method), _init_pool_worker, initargs
+    )
+    pending: deque[Future] = deque()
+    try:
+        for chunk in chunks:
+            pending.append(executor.submit(encode_chunk, chunk))
+            if len(pending) >= 2 * config.workers:
+                yield _result(pending.popleft())
+        while pending:
+            yield _result(pending.popleft())
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _result(future: Future) -> ChunkResult:
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise DataError(
+            "a prepare worker process died (killed, or out of memory?); try fewer --workers"
+        ) from None
+
+
+class _InputProgress(Progress):
+    """ETA from the position in the (possibly compressed) input files."""
+
+    def __init__(self, total_raw: int, stream: TextIO) -> None:
+        super().__init__("prepare", unit="docs", total_bytes=total_raw, interval=float("inf"), stream=stream)
+        self.raw_done = 0
+
+    def fraction(self) -> float | None:
+        return min(1.0, self.raw_done / self.total_bytes) if self.total_bytes else None
+
+
+def output_prefixes(output_prefix: str, json_keys: Iterable[str]) -> list[str]:
+    """Megatron's names: `<prefix>_<key>_document`."""
+    return [f"{output_prefix}_{key}_document" for key in json_keys]
+
+
+def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats:
+    """Tokenize the inputs into one dataset per json key; nothing is left behind on error."""
+    global _STATE
+    stream = stream if stream is not None else sys.stderr
+    paths = expand_inputs(config.inputs)
+    if not config.json_keys:
+        raise DataError("--json-keys: give at least one key")
+    _init_worker(config.tokenizer, config.json_keys, config.append_eod, config.skip_bad_lines)
+    assert _STATE is not None
+    stats = PrepareStats(outputs=output_prefixes(config.output_prefix, config.json_keys))
+    stats.empty_documents = dict.fromkeys(config.json_keys, 0)
+    sizes = [p.stat().st_size for p in paths]
+    progress = _InputProgress(sum(sizes), stream)
+    try:
+        with contextlib.ExitStack() as stack:
+            writers = [stack.enter_context(IndexedDatasetWriter(p, _STATE.dtype)) for p in stats.outputs]
+            chunks = _tracked_chunks(paths, sizes, config.chunk_bytes, progress)
+            results = stack.enter_context(contextlib.closing(_results(chunks, config)))
+            _consume(results, writers, stats, progress, config.log_interval)
+    except OSError as error:  # reading errors are DataErrors already: this is the output side
+        raise DataError(f"--output-prefix {config.output_prefix}: cannot write ({error})") from None
+    finally:
+        _STATE = None
+    stats.seconds = progress.elapsed
+    return stats
+
+
+def _tracked_chunks(
+    paths: list[Path], sizes: list[int], chunk_bytes: int, progress: _InputProgress
+) -> Iterator[Chunk]:
+    done_before = 0
+    for path, size in zip(paths, sizes, strict=True):
+        for chunk in iter_chunks([path], chunk_bytes):
+            progress.raw_done = done_before + chunk.raw_position
+            yield chunk
+        done_before += size
+
+
+def _consume(
+    results: Iterator[ChunkResult],
+    writers: list[IndexedDatasetWriter],
+    stats: PrepareStats,
+    progress: _InputProgress,
+    log_interval: int,
+) -> None:
+    next_report, last_line = log_interval, None
+    for result in results:
+        if result.error is not None:
+            raise DataError(f"{result.error} (or pass --skip-bad-lines to skip such lines)")
+        for key, writer, tokens, lengths in zip(
+            stats.empty_documents, writers, result.tokens, result.lengths, strict=True
+        ):
+            writer.add_documents(tokens, lengths)
+            stats.empty_documents[key] += int(np.count_nonzero(lengths == 0))
+            stats.tokens += len(tokens)
+        stats.documents += result.documents
+        stats.bad_lines += result.bad_lines
+        stats.input_bytes += result.nbytes
+        progress.update(result.documents, result.nbytes)
+        now = progress.elapsed
+        # Every `log_interval` documents, but at most once a second and at least every 30 s.
+        since = now - (last_line or 0.0)
+        if (stats.documents >= next_report and (last_line is None or since >= 1.0)) or since >= 30.0:
+            print(progress.line(), file=progress.stream, flush=True)
+            next_report, last_line = stats.documents + log_interval, now

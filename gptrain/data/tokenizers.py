@@ -1,0 +1,388 @@
+"""Tokenizers for data preparation, training and generation (no torch).
+
+GPT-2 BPE (`vocab.json` + `merges.txt`) runs on tiktoken, whose Rust BPE is several
+times faster than HF `tokenizers`: the byte-level vocab maps one to one onto tiktoken's
+byte ranks whenever merge results have increasing ids in merge order (true for GPT-2 and
+its derivatives); otherwise the exact HF `tokenizers` BPE is used. Like Megatron (whose
+GPT2BPETokenizer is HF's fast GPT-2 tokenizer), a literal "<|endoftext|>" in the text
+becomes the single end-of-document id.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from gptrain.errors import ConfigError, DataError
+
+ENDOFTEXT = "<|endoftext|>"
+# GPT-2's pre-tokenizer split; the possessive form is equivalent and faster in tiktoken.
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+# End-of-document candidates for a bare tokenizer.json without tokenizer_config.json.
+EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "<|eot_id|>")
+TYPE_ALIASES = {
+    "gpt2bpetokenizer": "gpt2",
+    "gpt2bpe": "gpt2",
+    "gpt2": "gpt2",
+    "huggingfacetokenizer": "huggingface",
+    "huggingface": "huggingface",
+    "hf": "huggingface",
+    "autotokenizer": "huggingface",
+    "tiktokenizer": "tiktoken",
+    "tiktoken": "tiktoken",
+}
+
+
+class Tokenizer(Protocol):
+    vocab_size: int  # unpadded: decides the token dtype (Megatron's rule)
+
+    @property
+    def eod(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' ids back to back, and each text's token count (the fast path of prepare)."""
+        ...
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> character alphabet: printable bytes stand for themselves,
+    the others are shifted to code points 256 and up, in byte order."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {b: chr(b) for b in printable}
+    shifted = (b for b in range(256) if b not in table)
+    for n, b in enumerate(shifted):
+        table[b] = chr(256 + n)
+    return dict(sorted(table.items()))
+
+
+class TiktokenTokenizer:
+    """A tiktoken encoding; `decode_table` covers vocab entries tiktoken cannot hold."""
+
+    def __init__(
+        self,
+        encoding: Any,
+        eod: int,
+        vocab_size: int,
+        allowed_special: frozenset[str],
+        decode_table: dict[int, bytes] | None = None,
+    ) -> None:
+        self.encoding = encoding
+        self._eod = eod
+        self.vocab_size = vocab_size
+        self._special = allowed_special
+        self._decode_table = decode_table
+
+    @property
+    def eod(self) -> int:
+        return self._eod
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode(text, allowed_special=self._special, disallowed_special=())
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.encoding.encode_batch(texts, allowed_special=self._special, disallowed_special=())
+
+    def _encode_array(self, text: str) -> np.ndarray:
+        try:
+            return self.encoding.encode_to_numpy(text, allowed_special=self._special, disallowed_special=())
+        except UnicodeEncodeError:  # lone surrogates: tiktoken's list path repairs them
+            return np.asarray(self.encode(text), dtype=np.uint32)
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        arrays = [self._encode_array(text) for text in texts]
+        lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        tokens = np.concatenate(arrays) if arrays else np.empty(0, np.uint32)
+        return tokens, lengths
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        ids = [int(i) for i in ids]
+        try:
+            if self._decode_table is None:
+                return self.encoding.decode(ids)
+            return b"".join(self._decode_table[i] for i in ids).decode("utf-8", errors="replace")
+        except (KeyError, ValueError, OverflowError):
+            bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+            raise DataError(
+                f"token id {bad} is not in this tokenizer's vocabulary (wrong tokenizer?)"
+            ) from None
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer, special tokens added as `AutoTokenizer` does."""
+
+    def __init__(self, tokenizer: Any, eod: int | None, source: str) -> None:
+        self.tokenizer = tokenizer
+        self._eod = eod
+        self.source = source
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eod(self) -> int:
+        if self._eod is None:
+            raise DataError(
+                f"{self.source}: no end-of-document token found (none of {', '.join(EOS_CANDIDATES)}); "
+                "put a tokenizer_config.json with eos_token next to tokenizer.json"
+            )
+        return self._eod
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=True)]
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids = self.encode_batch(list(texts))
+        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
+        tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        return tokens, lengths
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def _read_vocab(vocab_file: str) -> dict[str, int]:
+    path = Path(vocab_file)
+    if not path.is_file():
+        raise DataError(f"vocab file {vocab_file} not found (pass --vocab-file path/to/vocab.json)")
+    try:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DataError(f"{vocab_file}: not a JSON vocab ({error})") from None
+    if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
+        raise DataError(f"{vocab_file}: expected a JSON object mapping token strings to ids")
+    return vocab
+
+
+def _read_merges(merge_file: str) -> tuple[list[tuple[str, str]], list[int]]:
+    """The merges in priority order, and the line number of each (for error messages)."""
+    path = Path(merge_file)
+    if not path.is_file():
+        raise DataError(f"merge file {merge_file} not found (pass --merge-file path/to/merges.txt)")
+    merges, numbers = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
+        if not line or (number == 1 and line.startswith("#version")):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2:
+            raise DataError(f"{merge_file}:{number}: expected two space-separated tokens, got {line!r}")
+        merges.append((parts[0], parts[1]))
+        numbers.append(number)
+    return merges, numbers
+
+
+def _check_merges(
+    merges: list[tuple[str, str]], numbers: list[int], vocab: dict[str, int], merge_file: str
+) -> None:
+    for number, (left, right) in zip(numbers, merges, strict=True):
+        for token in (left, right, left + right):
+            if token not in vocab:
+                raise DataError(
+                    f"{merge_file}:{number}: {token!r} is not in the vocab file; "
+                    "the merges do not belong to this vocab.json"
+                )
+
+
+class _ByteAlphabet:
+    """Converts byte-level token strings to bytes at C speed (str.translate)."""
+
+    def __init__(self) -> None:
+        table = bytes_to_unicode()
+        self.chars = {ord(c) for c in table.values()}
+        self._to_latin1 = {ord(c): chr(b) for b, c in table.items()}
+        self._drop = dict.fromkeys(self.chars)
+
+    def is_byte_level(self, token: str) -> bool:
+        return not token.translate(self._drop)
+
+    def to_bytes(self, token: str) -> bytes:
+        """The bytes a token stands for; tokens outside the alphabet (specials) as UTF-8."""
+        if self.is_byte_level(token):
+            return token.translate(self._to_latin1).encode("latin-1")
+        return token.encode("utf-8")
+
+
+def _tiktoken_ranks(
+    vocab: dict[str, int], merges: list[tuple[str, str]], alphabet: _ByteAlphabet
+) -> dict[bytes, int] | None:
+    """Byte-level ranks equal to the vocab ids, or None when ids do not follow merge order."""
+    ranks: dict[bytes, int] = {}
+    for char in alphabet.chars:
+        if chr(char) not in vocab:
+            return None
+        ranks[alphabet.to_bytes(chr(char))] = vocab[chr(char)]
+    previous = -1
+    for left, right in merges:
+        token_id = vocab[left + right]
+        merged = alphabet.to_bytes(left + right)
+        if token_id <= previous or merged in ranks:
+            return None
+        ranks[merged] = previous = token_id
+    if len(set(ranks.values())) != len(ranks):
+        return None
+    return ranks
+
+
+def load_gpt2_bpe(vocab_file: str, merge_file: str, backend: str = "auto") -> Tokenizer:
+    """GPT-2 byte-level BPE from vocab.json + merges.txt; backend 'auto', 'tiktoken' or 'hf'.
+
+    Cached per process by path and file stamp: tokenizers are read-only once built.
+    """
+    return _load_gpt2_bpe(vocab_file, merge_file, backend, _stamp(vocab_file), _stamp(merge_file))
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=4)
+def _load_gpt2_bpe(vocab_file: str, merge_file: str, backend: str, *_stamps: object) -> Tokenizer:
+    vocab, (merges, numbers) = _read_vocab(vocab_file), _read_merges(merge_file)
+    _check_merges(merges, numbers, vocab, merge_file)
+    if ENDOFTEXT not in vocab:
+        raise DataError(f"{vocab_file}: has no {ENDOFTEXT} token (needed as end of document)")
+    eod = vocab[ENDOFTEXT]
+    alphabet = _ByteAlphabet()
+    ranks = _tiktoken_ranks(vocab, merges, alphabet) if backend != "hf" else None
+    if ranks is not None and eod not in ranks.values():
+        import tiktoken
+
+        encoding = tiktoken.Encoding(
+            name=f"gpt2-bpe:{vocab_file}",
+            pat_str=GPT2_PATTERN,
+            mergeable_ranks=ranks,
+            special_tokens={ENDOFTEXT: eod},
+        )
+        decode_table = {token_id: alphabet.to_bytes(token) for token, token_id in vocab.items()}
+        return TiktokenTokenizer(encoding, eod, len(vocab), frozenset({ENDOFTEXT}), decode_table)
+    if backend == "tiktoken":
+        raise DataError(f"{vocab_file}: ids do not follow the merge order of {merge_file}; use backend 'hf'")
+    return HFTokenizer(_hf_gpt2(vocab, merges), eod, vocab_file)
+
+
+def _hf_gpt2(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Any:
+    """The tokenizer transformers' GPT2TokenizerFast builds from vocab.json + merges.txt."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(ENDOFTEXT, special=True)])
+    return tokenizer
+
+
+def _eos_from_config(directory: Path) -> str | None:
+    config = directory / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
+    except (ValueError, AttributeError) as error:
+        raise DataError(f"{config}: not a JSON object ({error})") from None
+    return eos.get("content") if isinstance(eos, dict) else eos
+
+
+def load_huggingface(model: str) -> Tokenizer:
+    """A `tokenizer.json` file (or a directory holding one, plus tokenizer_config.json)."""
+    path = Path(model)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise DataError(f"tokenizer model {model} not found (pass --tokenizer-model path/to/tokenizer.json)")
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception as error:
+        raise DataError(f"{file}: not a Hugging Face tokenizer.json ({error})") from None
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    eos = _eos_from_config(file.parent)
+    candidates = [eos] if eos else [c for c in EOS_CANDIDATES if c in vocab]
+    eod = vocab.get(candidates[0]) if candidates else None
+    return HFTokenizer(tokenizer, eod, str(file))
+
+
+def load_tiktoken(name: str) -> Tokenizer:
+    """A named tiktoken encoding (e.g. cl100k_base); needs network or TIKTOKEN_CACHE_DIR."""
+    import tiktoken
+
+    if name not in tiktoken.list_encoding_names():
+        known = ", ".join(tiktoken.list_encoding_names())
+        raise DataError(f"unknown tiktoken encoding {name!r} for --tokenizer-model (known: {known})")
+    try:
+        encoding = tiktoken.get_encoding(name)
+    except Exception as error:
+        message = re.sub(r"\s+", " ", str(error))[:200]
+        raise DataError(
+            f"cannot load tiktoken encoding {name!r} ({type(error).__name__}: {message}); "
+            "offline, put its file in TIKTOKEN_CACHE_DIR"
+        ) from None
+    if ENDOFTEXT not in encoding.special_tokens_set:
+        raise DataError(f"tiktoken encoding {name!r} has no {ENDOFTEXT} token to end documents")
+    return TiktokenTokenizer(encoding, encoding.eot_token, encoding.n_vocab, frozenset({ENDOFTEXT}))
+
+
+def canonical_type(tokenizer_type: str) -> str:
+    key = re.sub(r"[^a-z0-9]", "", tokenizer_type.lower())
+    if key not in TYPE_ALIASES:
+        raise ConfigError(
+            f"unknown --tokenizer-type {tokenizer_type!r}: use GPT2BPETokenizer, HuggingFaceTokenizer or TikTokenizer"
+        )
+    return TYPE_ALIASES[key]
+
+
+def build_tokenizer(
+    tokenizer_type: str,
+    vocab_file: str | None = None,
+    merge_file: str | None = None,
+    model: str | None = None,
+) -> Tokenizer:
+    """Build a tokenizer by its NeMo/Megatron type name (aliases: gpt2bpe, huggingface, tiktoken)."""
+    kind = canonical_type(tokenizer_type)
+    if kind == "gpt2":
+        if vocab_file is None and merge_file is None and model and Path(model).is_dir():
+            vocab_file, merge_file = str(Path(model) / "vocab.json"), str(Path(model) / "merges.txt")
+        if not vocab_file or not merge_file:
+            raise ConfigError("GPT2BPETokenizer needs --vocab-file vocab.json and --merge-file merges.txt")
+        return load_gpt2_bpe(vocab_file, merge_file)
+    if not model:
+        example = (
+            "path/to/tokenizer.json" if kind == "huggingface" else "an encoding name such as cl100k_base"
+        )
+        raise ConfigError(f"{tokenizer_type} needs --tokenizer-model ({example})")
+    return load_huggingface(model) if kind == "huggingface" else load_tiktoken(model)
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """What a worker process needs to build the same tokenizer (picklable)."""
+
+    tokenizer_type: str
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    model: str | None = None
+
+    def build(self) -> Tokenizer:
+        return build_tokenizer(self.tokenizer_type, self.vocab_file, self.merge_file, self.model)

@@ -1,0 +1,186 @@
+"""The Megatron .bin/.idx format: reading hand-built files, writing the same bytes, rejecting bad ones."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptrain.data import indexed
+from gptrain.data.indexed import (
+    DTYPE_CODES,
+    IndexedDataset,
+    IndexedDatasetWriter,
+    code_for_dtype,
+    optimal_dtype,
+)
+from gptrain.errors import DataError
+
+# Three documents: [5, 6, 7], an empty one, and one split into two sequences [1] + [2, 3].
+DOCS = [([5, 6, 7], [3]), ([], []), ([1, 2, 3], [1, 2])]
+
+
+def megatron_bytes(docs, dtype_code: int, token_format: str) -> tuple[bytes, bytes]:
+    """The .idx/.bin bytes written straight from the byte layout (not from our writer)."""
+    lengths, doc_indices, tokens = [], [0], []
+    for doc_tokens, seq_lengths in docs:
+        tokens.extend(doc_tokens)
+        lengths.extend(seq_lengths)
+        doc_indices.append(len(lengths))
+    itemsize = struct.calcsize(token_format)
+    pointers, position = [], 0
+    for length in lengths:
+        pointers.append(position)
+        position += length * itemsize
+    idx = b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", dtype_code)
+    idx += struct.pack("<Q", len(lengths)) + struct.pack("<Q", len(doc_indices))
+    idx += struct.pack(f"<{len(lengths)}i", *lengths) + struct.pack(f"<{len(pointers)}q", *pointers)
+    idx += struct.pack(f"<{len(doc_indices)}q", *doc_indices)
+    return idx, struct.pack(f"<{len(tokens)}{token_format}", *tokens)
+
+
+def write_pair(prefix: Path, idx: bytes, bin_: bytes) -> str:
+    prefix.with_suffix(".idx").write_bytes(idx)
+    prefix.with_suffix(".bin").write_bytes(bin_)
+    return str(prefix)
+
+
+def test_reads_megatron_file(tmp_path):
+    prefix = write_pair(tmp_path / "m", *megatron_bytes(DOCS, 8, "H"))
+    ds = IndexedDataset(prefix)
+    assert ds.dtype == np.uint16 and len(ds) == 3 and ds.num_documents == 3
+    assert ds.sequence_lengths.tolist() == [3, 1, 2] and ds.sequence_lengths.dtype == np.int32
+    assert ds.sequence_pointers.tolist() == [0, 6, 8] and ds.sequence_pointers.dtype == np.int64
+    assert ds.document_indices.tolist() == [0, 1, 1, 3]
+    assert ds.get(0).tolist() == [5, 6, 7]
+    assert ds.get(0, offset=1).tolist() == [6, 7]
+    assert ds.get(0, offset=1, length=1).tolist() == [6]
+    assert ds[2].tolist() == [2, 3] and ds[-1].tolist() == [2, 3]
+    assert [a.tolist() for a in ds[0:2]] == [[5, 6, 7], [1]]
+    assert IndexedDataset.exists(prefix) and not IndexedDataset.exists(str(tmp_path / "nope"))
+    with pytest.raises(IndexError):
+        ds.get(3)
+    with pytest.raises(IndexError):
+        ds.get(0, offset=2, length=2)
+
+
+def test_pickles_by_path(tmp_path):
+    import pickle
+
+    prefix = write_pair(tmp_path / "m", *megatron_bytes(DOCS, 8, "H"))
+    data = pickle.dumps(IndexedDataset(prefix))
+    assert len(data) < 200 + len(prefix)
+    copy = pickle.loads(data)
+    assert copy.get(2).tolist() == [2, 3] and copy.document_indices.tolist() == [0, 1, 1, 3]
+
+
+def test_reads_int32_tokens_and_size_formula(tmp_path):
+    idx, bin_ = megatron_bytes(DOCS, 4, "i")
+    assert len(idx) == 34 + 12 * 3 + 8 * 4
+    ds = IndexedDataset(write_pair(tmp_path / "m", idx, bin_))
+    assert ds.dtype == np.int32 and ds.sequence_pointers.tolist() == [0, 12, 16]
+
+
+@pytest.mark.parametrize(("dtype", "code", "fmt"), [(np.uint16, 8, "H"), (np.int32, 4, "i")])
+def test_writer_matches_byte_layout(tmp_path, dtype, code, fmt):
+    with IndexedDatasetWriter(str(tmp_path / "w"), dtype) as writer:
+        for tokens, lengths in DOCS:
+            writer.add_document(np.array(tokens, dtype=np.int64), lengths)
+    idx, bin_ = megatron_bytes(DOCS, code, fmt)
+    assert (tmp_path / "w.idx").read_bytes() == idx
+    assert (tmp_path / "w.bin").read_bytes() == bin_
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.bin", "w.idx"]  # no temp files left
+
+
+def test_add_documents_batch_and_chunked_index(tmp_path, monkeypatch):
+    """The batch path and the chunked .idx build (chunk of 2 entries) give the same bytes."""
+    monkeypatch.setattr(indexed, "_CHUNK", 2)
+    docs = [([4, 4], [2]), ([], []), ([9], [1]), ([1, 2, 3, 4], [4]), ([], []), ([7, 8, 9], [3])]
+    with IndexedDatasetWriter(str(tmp_path / "w"), np.uint16) as writer:
+        writer.add_documents(np.array([4, 4, 9]), np.array([2, 0, 1]))
+        writer.add_documents(np.array([1, 2, 3, 4, 7, 8, 9]), np.array([4, 0, 3]))
+    written = ((tmp_path / "w.idx").read_bytes(), (tmp_path / "w.bin").read_bytes())
+    assert written == megatron_bytes(docs, 8, "H")
+
+
+def test_empty_dataset(tmp_path):
+    IndexedDatasetWriter(str(tmp_path / "e"), np.uint16).finalize()
+    assert (tmp_path / "e.idx").stat().st_size == 34 + 8
+    ds = IndexedDataset(str(tmp_path / "e"))
+    assert len(ds) == 0 and ds.num_documents == 0 and ds.document_indices.tolist() == [0]
+
+
+def test_exception_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError), IndexedDatasetWriter(str(tmp_path / "w"), np.uint16) as writer:
+        writer.add_document(np.array([1, 2, 3]))
+        raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_finalize_replaces_old_pair(tmp_path):
+    prefix = write_pair(tmp_path / "w", *megatron_bytes(DOCS, 8, "H"))
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        writer.add_document(np.array([42]))
+    assert IndexedDataset(prefix).get(0).tolist() == [42]
+
+
+def test_add_index_equals_writing_in_order(tmp_path):
+    a = write_pair(tmp_path / "a", *megatron_bytes(DOCS[:2], 8, "H"))
+    b = write_pair(tmp_path / "b", *megatron_bytes(DOCS[2:] + DOCS[:1], 8, "H"))
+    with IndexedDatasetWriter(str(tmp_path / "ab"), np.uint16) as writer:
+        writer.add_index(a)
+        writer.add_index(b)
+    idx, bin_ = megatron_bytes(DOCS + DOCS[:1], 8, "H")
+    assert (tmp_path / "ab.idx").read_bytes() == idx and (tmp_path / "ab.bin").read_bytes() == bin_
+
+
+def test_add_index_rejects_other_dtype(tmp_path):
+    other = write_pair(tmp_path / "o", *megatron_bytes(DOCS, 4, "i"))
+    with (
+        pytest.raises(DataError, match="o.idx.*int32"),
+        IndexedDatasetWriter(str(tmp_path / "w"), np.uint16) as w,
+    ):
+        w.add_index(other)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.bin", "o.idx"]
+
+
+def corrupt(idx: bytes, offset: int, value: bytes) -> bytes:
+    return idx[:offset] + value + idx[offset + len(value) :]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda i, b: (i[:20], b), "truncated"),
+        (lambda i, b: (i[:-8], b), "size .* expected"),
+        (lambda i, b: (i + b"\x00\x00\x00", b), "multimodal"),
+        (lambda i, b: (corrupt(i, 0, b"XXIDIDX"), b), "bad magic"),
+        (lambda i, b: (corrupt(i, 9, struct.pack("<Q", 2)), b), "version 2"),
+        (lambda i, b: (corrupt(i, 17, b"\x09"), b), "dtype code 9"),
+        (lambda i, b: (i, b[:-2]), r"\.bin: size 10 bytes, expected 12"),
+        (lambda i, b: (corrupt(i, len(i) - 8, struct.pack("<q", 2)), b), "document indices"),
+    ],
+)
+def test_rejects_broken_files(tmp_path, mutate, message):
+    prefix = write_pair(tmp_path / "m", *mutate(*megatron_bytes(DOCS, 8, "H")))
+    with pytest.raises(DataError, match=message):
+        IndexedDataset(prefix)
+
+
+def test_missing_file(tmp_path):
+    (tmp_path / "m.idx").write_bytes(megatron_bytes(DOCS, 8, "H")[0])
+    with pytest.raises(DataError, match=r"m\.bin: no such file"):
+        IndexedDataset(str(tmp_path / "m"))
+
+
+def test_dtype_rules():
+    assert optimal_dtype(50257) == np.uint16
+    assert optimal_dtype(65499) == np.uint16
+    assert optimal_dtype(65500) == np.int32
+    assert optimal_dtype(200019) == np.int32
+    assert all(code_for_dtype(dtype) == code for code, dtype in DTYPE_CODES.items())
+    assert code_for_dtype(np.uint16) == 8 and code_for_dtype(np.int32) == 4
+    with pytest.raises(DataError):
+        code_for_dtype(np.uint32)

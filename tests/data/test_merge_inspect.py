@@ -1,0 +1,138 @@
+"""`gptrain data merge` (Megatron's merge_datasets) and `gptrain data inspect`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptrain.cli import main
+from gptrain.data.indexed import IndexedDatasetWriter
+
+
+def prepare_argv(inputs: list[Path], prefix: Path, gpt2_files) -> list[str]:
+    argv = ["data", "prepare", "--input", *map(str, inputs), "--output-prefix", str(prefix), "--append-eod"]
+    return [*argv, "--vocab-file", gpt2_files[0], "--merge-file", gpt2_files[1], "--workers", "1"]
+
+
+def read_pair(prefix: str) -> tuple[bytes, bytes]:
+    return Path(prefix + ".idx").read_bytes(), Path(prefix + ".bin").read_bytes()
+
+
+def test_merge_equals_one_prepare(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, capsys):
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in corpus[:6]])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"text": t} for t in corpus[6:]])
+    assert main(prepare_argv([a], tmp_path / "a", gpt2_files)) == 0
+    assert main(prepare_argv([b], tmp_path / "b", gpt2_files)) == 0
+    assert main(prepare_argv([a, b], tmp_path / "ab", gpt2_files)) == 0
+    argv = [
+        "data",
+        "merge",
+        "--input",
+        str(tmp_path / "a_text_document"),
+        str(tmp_path / "b_text_document.idx"),
+    ]
+    assert main([*argv, "--output-prefix", str(tmp_path / "merged")]) == 0
+    assert f"{len(corpus)} documents" in capsys.readouterr().out
+    merged = read_pair(str(tmp_path / "merged"))
+    assert merged == read_pair(str(tmp_path / "ab_text_document"))
+    assert merged == megatron_dataset(corpus, True)
+
+
+def test_merge_errors(tmp_path, capsys):
+    with IndexedDatasetWriter(str(tmp_path / "small"), np.uint16) as writer:
+        writer.add_document(np.array([1, 2]))
+    with IndexedDatasetWriter(str(tmp_path / "wide"), np.int32) as writer:
+        writer.add_document(np.array([70000]))
+    out = tmp_path / "out"
+    cases = [
+        (["small", "wide"], "wide.idx: tokens are int32, the output is uint16"),
+        (["small", "missing"], "missing.idx: no such file"),
+    ]
+    for names, message in cases:
+        argv = [
+            "data",
+            "merge",
+            "--input",
+            *(str(tmp_path / n) for n in names),
+            "--output-prefix",
+            str(out / "m"),
+        ]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+        assert not out.exists() or list(out.iterdir()) == []
+    assert (
+        main(
+            ["data", "merge", "--input", str(tmp_path / "small"), "--output-prefix", str(tmp_path / "small")]
+        )
+        == 2
+    )
+    assert "also an input" in capsys.readouterr().err
+    blocker = tmp_path / "small.bin"  # a file where the output directory would be
+    assert main(["data", "merge", "--input", str(tmp_path / "small"), "--output-prefix", f"{blocker}/m"]) == 2
+    assert "m.bin: cannot create the output" in capsys.readouterr().err
+
+
+@pytest.fixture
+def known_dataset(tmp_path, gpt2) -> str:
+    """Document token counts 0, 2, 3, 5, 10 (the 5 split into two sequences)."""
+    prefix = str(tmp_path / "known")
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        writer.add_document(np.array([], dtype=np.int64))
+        writer.add_document(np.array(gpt2.encode("hello world")))
+        writer.add_document(np.array([1, 2, 3]))
+        writer.add_document(np.array([4, 5, 6, 7, 8]), lengths=[2, 3])
+        writer.add_document(np.arange(10))
+    return prefix
+
+
+def test_inspect_json(known_dataset, capsys):
+    assert main(["data", "inspect", known_dataset, "--json", "--document", "3", "--num-tokens", "4"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["documents"] == 5 and info["empty_documents"] == 1 and info["sequences"] == 5
+    assert info["tokens"] == 20 and info["dtype"] == "uint16"
+    # Sorted lengths 0 2 3 5 10, linear interpolation: p90 at rank 3.6 -> 5 + 0.6 * 5; p99 at 3.96.
+    expected = {"p0": 0.0, "p50": 3.0, "p90": 8.0, "p99": 9.8, "p100": 10.0, "mean": 4.0}
+    assert info["document_length"] == pytest.approx(expected)
+    assert info["document"] == {"index": 3, "num_tokens": 5, "ids": [4, 5, 6, 7]}  # across two sequences
+
+
+def test_inspect_text_with_tokenizer(known_dataset, gpt2_files, capsys):
+    argv = ["data", "inspect", known_dataset, "--document", "1"]
+    assert main([*argv, "--vocab-file", gpt2_files[0], "--merge-file", gpt2_files[1]]) == 0
+    out = capsys.readouterr().out
+    assert "documents   5 (1 empty)" in out and "tokens      20 (uint16)" in out
+    assert "p90 8.0" in out and "document 1: first 2 of 2 tokens" in out
+    assert "ids   [31373, 995]" in out and "text  'hello world'" in out
+
+
+def test_inspect_errors(known_dataset, tmp_path, capsys):
+    assert main(["data", "inspect", known_dataset, "--document", "5"]) == 2
+    assert "--document 5: the dataset has 5 documents" in capsys.readouterr().err
+    assert main(["data", "inspect", str(tmp_path / "nothing")]) == 2
+    assert "nothing.idx: no such file" in capsys.readouterr().err
+
+
+def test_merge_directory_in_name_order(tmp_path, capsys):
+    """A directory input means its datasets sorted by name, like Megatron's merge_datasets.py."""
+    (tmp_path / "parts").mkdir()
+    for name, tokens in (("p2", [7, 8]), ("p1", [1, 2, 3]), ("p10", [9])):
+        with IndexedDatasetWriter(str(tmp_path / "parts" / name), np.uint16) as writer:
+            writer.add_document(np.array(tokens))
+    with IndexedDatasetWriter(str(tmp_path / "expected"), np.uint16) as writer:
+        for tokens in ([1, 2, 3], [9], [7, 8]):  # p1, p10, p2
+            writer.add_document(np.array(tokens))
+    assert (
+        main(["data", "merge", "--input", str(tmp_path / "parts"), "--output-prefix", str(tmp_path / "m")])
+        == 0
+    )
+    assert read_pair(str(tmp_path / "m")) == read_pair(str(tmp_path / "expected"))
+    (tmp_path / "empty").mkdir()
+    assert (
+        main(["data", "merge", "--input", str(tmp_path / "empty"), "--output-prefix", str(tmp_path / "n")])
+        == 2
+    )
+    assert "holds no .bin/.idx datasets" in capsys.readouterr().err

@@ -1,0 +1,222 @@
+"""`gptrain data prepare`: Megatron's bytes, any worker count, compressed inputs, bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from gptrain.cli import main
+from gptrain.data.prepare import PrepareConfig, prepare
+from gptrain.data.tokenizers import TokenizerSpec
+from gptrain.errors import DataError
+
+
+def outputs(prefix: Path, key: str = "text") -> tuple[bytes, bytes]:
+    base = f"{prefix}_{key}_document"
+    return Path(base + ".idx").read_bytes(), Path(base + ".bin").read_bytes()
+
+
+def gpt2_flags(gpt2_files) -> list[str]:
+    return [
+        "--tokenizer-type",
+        "GPT2BPETokenizer",
+        "--vocab-file",
+        gpt2_files[0],
+        "--merge-file",
+        gpt2_files[1],
+    ]
+
+
+@pytest.mark.parametrize(("workers", "append_eod"), [(1, True), (1, False), (2, True)])
+def test_matches_megatron_reference(
+    tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, workers, append_eod
+):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": t, "id": n} for n, t in enumerate(corpus)])
+    config = PrepareConfig(
+        inputs=[str(source)],
+        output_prefix=str(tmp_path / "out"),
+        tokenizer=TokenizerSpec("GPT2BPETokenizer", *gpt2_files),
+        append_eod=append_eod,
+        workers=workers,
+        chunk_bytes=64,  # many chunks, so order across workers is exercised
+    )
+    stats = prepare(config, stream=open(tmp_path / "log", "w"))  # noqa: SIM115
+    assert outputs(tmp_path / "out") == megatron_dataset(corpus, append_eod)
+    assert stats.documents == len(corpus) and stats.bad_lines == 0
+    assert stats.empty_documents == {"text": 2} and stats.tokens == len(outputs(tmp_path / "out")[1]) // 2
+
+
+def test_cli_keys_files_and_globs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, capsys):
+    records = [{"text": t, "title": t[::-1]} for t in corpus]
+    write_jsonl(tmp_path / "a.jsonl", records[:5])
+    (tmp_path / "parts").mkdir()
+    write_jsonl(tmp_path / "parts" / "b1.jsonl", records[5:7])
+    write_jsonl(tmp_path / "parts" / "b0.jsonl", records[7:])
+    argv = ["data", "prepare", "--input", str(tmp_path / "a.jsonl"), str(tmp_path / "parts" / "b*.jsonl")]
+    argv += ["--output-prefix", str(tmp_path / "out"), "--json-keys", "text", "title", "--append-eod"]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "2", "--log-interval", "5"]) == 0
+    order = records[:5] + records[7:] + records[5:7]  # files in the order given, globs sorted
+    assert outputs(tmp_path / "out", "text") == megatron_dataset([r["text"] for r in order], True)
+    assert outputs(tmp_path / "out", "title") == megatron_dataset([r["title"] for r in order], True)
+    out = capsys.readouterr()
+    assert f"prepared {len(corpus)} documents (2 empty text, 2 empty title, 0 bad lines skipped)" in out.out
+    assert "docs/s" in out.err and "MB/s" in out.err and "ETA" in out.err
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".xz", ".zst"])
+def test_compressed_inputs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, suffix):
+    plain = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus]).read_bytes()
+    compress = {".gz": gzip.compress, ".xz": lzma.compress, ".zst": zstandard.ZstdCompressor().compress}[
+        suffix
+    ]
+    (tmp_path / f"in.jsonl{suffix}").write_bytes(compress(plain))
+    argv = ["data", "prepare", "--input", str(tmp_path / f"in.jsonl{suffix}"), "--output-prefix"]
+    assert main([*argv, str(tmp_path / "out"), *gpt2_flags(gpt2_files), "--workers", "1"]) == 0
+    assert outputs(tmp_path / "out") == megatron_dataset(corpus, False)
+
+
+def test_huggingface_tokenizer_json(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset):
+    """The HF path (type implied by --tokenizer-model) gives the same bytes on the GPT-2 vocab."""
+    from gptrain.data.tokenizers import load_gpt2_bpe
+
+    load_gpt2_bpe(*gpt2_files, backend="hf").tokenizer.save(str(tmp_path / "tokenizer.json"))
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus])
+    argv = [
+        "data",
+        "prepare",
+        "--input",
+        str(source),
+        "--output-prefix",
+        str(tmp_path / "out"),
+        "--append-eod",
+    ]
+    assert main([*argv, "--tokenizer-model", str(tmp_path / "tokenizer.json"), "--workers", "2"]) == 0
+    assert outputs(tmp_path / "out") == megatron_dataset(corpus, True)
+
+
+BAD_LINES = [
+    (b'{"text": "ok"', "not valid JSON"),
+    (b'{"body": "no text key"}', "no key 'text'"),
+    (b'{"text": ["a", "list"]}', "value of 'text' is an array, expected a string"),
+    (b'{"text": 42}', "value of 'text' is a number"),
+    (b'{"text": "caf\xe9"}', "not valid UTF-8"),
+    (b"[1, 2]", "expected a JSON object, got an array"),
+    (b"", "empty line"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_LINES)
+def test_bad_line_stops_and_leaves_nothing(tmp_path, gpt2_files, capsys, line, message):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"text": "one"}\n{"text": "two"}\n' + line + b'\n{"text": "four"}\n')
+    out_dir = tmp_path / "out"
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(out_dir / "ds")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"gptrain: error: {source}:3: {message}")
+    assert list(out_dir.iterdir()) == []  # no .bin/.idx and no temporary files
+
+
+def test_bad_line_late_in_parallel_run_leaves_nothing(tmp_path, gpt2_files, write_jsonl):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"document {n}"} for n in range(200)])
+    with open(source, "ab") as handle:
+        handle.write(b"not json\n")
+    config = PrepareConfig([str(source)], str(tmp_path / "out" / "ds"), TokenizerSpec("gpt2bpe", *gpt2_files))
+    with pytest.raises(DataError, match=r"in.jsonl:201: not valid JSON"):
+        prepare(PrepareConfig(**{**config.__dict__, "workers": 2, "chunk_bytes": 100}), stream=sys.stdout)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def _die(chunk):
+    os._exit(3)  # a worker killed mid-run (OOM killer, kill -9)
+
+
+def test_dead_worker_is_an_error_not_a_hang(tmp_path, gpt2_files, write_jsonl, monkeypatch):
+    from gptrain.data import prepare as prepare_module
+
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"document {n}"} for n in range(50)])
+    monkeypatch.setattr(prepare_module, "encode_chunk", _die)
+    config = PrepareConfig(
+        [str(source)], str(tmp_path / "out" / "ds"), TokenizerSpec("gpt2bpe", *gpt2_files), workers=2
+    )
+    with pytest.raises(DataError, match="worker process died"):
+        prepare(config, stream=sys.stdout)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_skip_bad_lines(tmp_path, gpt2_files, capsys, megatron_dataset):
+    source = tmp_path / "in.jsonl"
+    good = ["one", "", "three"]
+    lines = [json.dumps({"text": good[0]}).encode(), b"{bad", json.dumps({"text": good[1]}).encode()]
+    lines += [b'{"text": null}', json.dumps({"text": good[2]}).encode()]
+    source.write_bytes(b"\n".join(lines))  # no newline after the last line
+    argv = [
+        "data",
+        "prepare",
+        "--input",
+        str(source),
+        "--output-prefix",
+        str(tmp_path / "o"),
+        "--skip-bad-lines",
+    ]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--append-eod", "--workers", "1"]) == 0
+    assert "prepared 3 documents (1 empty, 2 bad lines skipped)" in capsys.readouterr().out
+    assert outputs(tmp_path / "o") == megatron_dataset(good, True)
+
+
+def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    (tmp_path / "broken.jsonl.gz").write_bytes(gzip.compress(source.read_bytes() * 50)[:30])
+    data = zstandard.ZstdCompressor().compress(source.read_bytes() * 50)
+    (tmp_path / "cut.jsonl.zst").write_bytes(data[: len(data) // 2])
+    cases = [
+        (["--input", str(tmp_path / "nope.jsonl"), *gpt2_flags(gpt2_files)], "nope.jsonl: no such file"),
+        (["--input", str(tmp_path / "*.parquet"), *gpt2_flags(gpt2_files)], "no file matches"),
+        (
+            ["--input", str(source), "--vocab-file", "v.json", "--merge-file", gpt2_files[1]],
+            "vocab file v.json not found",
+        ),
+        (
+            ["--input", str(source), "--vocab-file", gpt2_files[0], "--merge-file", str(source)],
+            """in.jsonl:1: '{"text":' is not in the vocab file; the merges do not belong""",
+        ),
+        (
+            ["--input", str(tmp_path / "broken.jsonl.gz"), *gpt2_flags(gpt2_files)],
+            "cannot decompress gzip input",
+        ),
+        (
+            ["--input", str(tmp_path / "cut.jsonl.zst"), *gpt2_flags(gpt2_files)],
+            "cannot decompress zstd input",
+        ),
+        (["--input", str(source), "--tokenizer-type", "HuggingFaceTokenizer"], "needs --tokenizer-model"),
+        (["--input", str(source)], "give a tokenizer: --vocab-file/--merge-file"),
+    ]
+    for flags, message in cases:
+        code = main(
+            ["data", "prepare", *flags, "--output-prefix", str(tmp_path / "out" / "o"), "--workers", "1"]
+        )
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and err.count("\n") == 1, (flags, err)
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_help_imports_nothing_heavy():
+    code = (
+        "import sys, contextlib, io\n"
+        "from gptrain.cli import main\n"
+        "for argv in (['data', '--help'], ['data', 'prepare', '--help'], ['data', 'inspect', '--help']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n            main(argv)\n        except SystemExit:\n            pass\n"
+        "heavy = ('torch', 'numpy', 'tiktoken', 'tokenizers', 'orjson', 'zstandard')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -1,0 +1,163 @@
+"""Tokenizers: the tiktoken fast path gives exactly the ids of the pure-Python GPT-2 BPE and of HF."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gptrain.data.tokenizers import (
+    HFTokenizer,
+    TiktokenTokenizer,
+    build_tokenizer,
+    bytes_to_unicode,
+    canonical_type,
+    load_gpt2_bpe,
+)
+from gptrain.errors import ConfigError, DataError
+
+TRICKY = [
+    "Hello world",
+    "It's, don't, we'll, they're, I'd, you've, I'm -- contractions; 'quoted' and O'Neil's",
+    "Numbers 0 12 345 6789 3.14159 1,000,000 -42 2nd 1e-5 0x1F",
+    "Whitespace:  two   three    four\t\ttabs\n\nnewlines \n \r\n trailing   ",
+    "   leading spaces",
+    "Ünïcödé façade naïve — “quotes” € £ ¥ 日本語のテキスト 中文 한국어 العربية עברית",
+    "Emoji 🤖🚀👩‍👩‍👧 and combining e\u0301 and zero\u200bwidth",
+    "code: def f(x):\n    return x**2  # comment\n\tif a != b: pass",
+    "a<|endoftext|>b <|endoftext|> c<|endoftext|>",
+    "",
+    " ",
+    "\n",
+]
+
+
+def test_known_ids(gpt2):
+    assert isinstance(gpt2, TiktokenTokenizer)
+    assert gpt2.encode("hello world") == [31373, 995]
+    assert gpt2.encode("<|endoftext|>") == [50256]
+    assert gpt2.vocab_size == 50257 and gpt2.eod == 50256
+    assert gpt2.decode(np.array([31373, 995, 50256], dtype=np.uint16)) == "hello world<|endoftext|>"
+    with pytest.raises(DataError, match="token id 60000 is not in this tokenizer's vocabulary"):
+        gpt2.decode([1, 60000])
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2(gpt2_files):
+    """The same vocab on HF tokenizers, as transformers' GPT2TokenizerFast builds it."""
+    tokenizer = load_gpt2_bpe(*gpt2_files, backend="hf")
+    assert isinstance(tokenizer, HFTokenizer)
+    return tokenizer
+
+
+@pytest.mark.parametrize("index", range(len(TRICKY)))
+def test_tricky_text_matches_references(gpt2, hf_gpt2, reference_encode, index):
+    text = TRICKY[index]
+    hf = hf_gpt2
+    expected = reference_encode(text)
+    assert gpt2.encode(text) == expected
+    assert hf.encode(text) == expected
+    assert gpt2.decode(expected) == text
+
+
+def test_real_text_matches_references(gpt2, reference_encode, real_texts):
+    assert sum(len(t) for t in real_texts) > 5000
+    expected = [reference_encode(t) for t in real_texts]
+    assert gpt2.encode_batch(real_texts) == expected
+    tokens, lengths = gpt2.encode_flat(real_texts)
+    assert lengths.tolist() == [len(e) for e in expected]
+    assert tokens.tolist() == [i for e in expected for i in e]
+
+
+def test_aliases_and_errors(gpt2_files, tmp_path):
+    vocab, merges = gpt2_files
+    assert build_tokenizer("gpt2-bpe", vocab, merges).encode("hi") == [5303]
+    assert {canonical_type(n) for n in ("GPT2BPETokenizer", "gpt2bpe", "GPT2")} == {"gpt2"}
+    assert {canonical_type(n) for n in ("HuggingFaceTokenizer", "huggingface", "hf")} == {"huggingface"}
+    assert {canonical_type(n) for n in ("TikTokenizer", "tiktoken")} == {"tiktoken"}
+    with pytest.raises(ConfigError, match="unknown --tokenizer-type 'bert'"):
+        build_tokenizer("bert", vocab, merges)
+    with pytest.raises(ConfigError, match="--vocab-file"):
+        build_tokenizer("GPT2BPETokenizer")
+    with pytest.raises(DataError, match="vocab file .*missing.json not found"):
+        build_tokenizer("GPT2BPETokenizer", str(tmp_path / "missing.json"), merges)
+    bad_merges = tmp_path / "merges.txt"
+    bad_merges.write_text("#version: 0.2\nĠ t\nq zz\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"merges.txt:3: 'qzz' is not in the vocab"):
+        build_tokenizer("GPT2BPETokenizer", vocab, str(bad_merges))
+
+
+def small_vocab(ids_follow_merges: bool) -> dict[str, int]:
+    """A byte-level vocab with merges 'a b' then 'ab c'; ids optionally out of merge order."""
+    vocab = {char: n for n, char in enumerate(bytes_to_unicode().values())}
+    vocab["ab"], vocab["abc"] = (256, 257) if ids_follow_merges else (257, 256)
+    vocab["<|endoftext|>"] = 258
+    return vocab
+
+
+@pytest.mark.parametrize("ids_follow_merges", [True, False])
+def test_small_vocab_backends(tmp_path, ids_follow_merges):
+    (tmp_path / "vocab.json").write_text(json.dumps(small_vocab(ids_follow_merges)), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\nab c\n", encoding="utf-8")
+    tok = build_tokenizer("gpt2bpe", model=str(tmp_path))
+    assert isinstance(tok, TiktokenTokenizer if ids_follow_merges else HFTokenizer)
+    ab, abc = (256, 257) if ids_follow_merges else (257, 256)
+    # Byte b's character has id b here; " ab" is Ġ,a,b -> Ġ + ab; "abc" is a,b,c -> ab,c -> abc.
+    assert tok.encode("abc ab<|endoftext|>") == [abc, ord(" "), ab, 258]
+    assert tok.encode("abc") == [abc] and tok.encode("xab") == [ord("x"), ab]
+    assert tok.vocab_size == 259 and tok.decode(tok.encode("cab abc")) == "cab abc"
+
+
+def test_huggingface_tokenizer_json(hf_gpt2, gpt2, tmp_path):
+    hf_gpt2.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    tok = build_tokenizer("HuggingFaceTokenizer", model=str(tmp_path / "tokenizer.json"))
+    text = TRICKY[1] + TRICKY[5] + TRICKY[8]
+    assert tok.encode(text) == gpt2.encode(text)
+    assert tok.eod == 50256 and tok.vocab_size == 50257
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "Ġthe"}), encoding="utf-8")
+    assert build_tokenizer("huggingface", model=str(tmp_path)).eod == 262
+    with pytest.raises(DataError, match="not found"):
+        build_tokenizer("HuggingFaceTokenizer", model=str(tmp_path / "nope.json"))
+    with pytest.raises(ConfigError, match="--tokenizer-model"):
+        build_tokenizer("HuggingFaceTokenizer")
+
+
+def test_tiktoken_named_encoding_offline(gpt2_files, gpt2, tmp_path, monkeypatch):
+    """tiktoken's own "gpt2" (from its cache, filled with the same files) agrees with ours."""
+    base = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
+    for url, path in ((base + "encoder.json", gpt2_files[0]), (base + "vocab.bpe", gpt2_files[1])):
+        shutil.copy(path, tmp_path / hashlib.sha1(url.encode()).hexdigest())
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    tok = build_tokenizer("TikTokenizer", model="gpt2")
+    text = "".join(TRICKY)
+    assert tok.encode(text) == gpt2.encode(text)
+    assert tok.eod == 50256 and tok.vocab_size == 50257
+    with pytest.raises(DataError, match="unknown tiktoken encoding 'nope'"):
+        build_tokenizer("tiktoken", model="nope")
+
+
+def test_tiktoken_unreachable_is_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # fail fast instead of waiting on the network
+    with pytest.raises(DataError, match="cannot load tiktoken encoding 'r50k_base'") as info:
+        build_tokenizer("TikTokenizer", model="r50k_base")
+    assert "\n" not in str(info.value)
+
+
+def test_encode_flat_empty(gpt2):
+    tokens, lengths = gpt2.encode_flat([])
+    assert tokens.size == 0 and lengths.size == 0
+    tokens, lengths = gpt2.encode_flat(["", "hello world", ""])
+    assert lengths.tolist() == [0, 2, 0] and tokens.tolist() == [31373, 995]
+    assert tokens.dtype == np.uint32
+
+
+def test_no_torch_import():
+    code = "import sys, gptrain.data.tokenizers; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
