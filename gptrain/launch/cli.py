@@ -1,9 +1,99 @@
-"""Command-line parsers for this group (light: no torch at module level)."""
+"""`gptrain launch`, `status`, `cancel`, `logs` (light: no torch, no numpy, ever).
+
+These run on login nodes; everything heavy happens inside the jobs they start.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_RESULTS = "results"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this group's subcommands (filled in by the group's owner)."""
+    launch = subparsers.add_parser(
+        "launch",
+        help="compose configs/config.yaml + overrides and run the stages locally or on Slurm",
+        description=(
+            "NeMo-launcher style launch: pick group files (training=gpt3/126m cluster=bcm "
+            "data_preparation=download_shards stages=[data_preparation,training] cluster_type=slurm) "
+            "and override dotted keys (training.trainer.num_nodes=2 cluster.partition=gpu). "
+            "Writes <base_results_dir>/<run.name>/ with the resolved config, the scripts and logs."
+        ),
+    )
+    launch.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="group choices and dotted overrides"
+    )
+    launch.add_argument("--dry-run", action="store_true", help="render configs and scripts; submit nothing")
+    launch.add_argument(
+        "--quiet", action="store_true", help="local runs: do not echo the log to the terminal"
+    )
+    launch.set_defaults(func=run_launch)
+
+    for name, text in (
+        ("status", "state of launched runs (squeue/scontrol/sacct or pid) with training progress"),
+        ("cancel", "cancel every stage of a launched run"),
+        ("logs", "print (or follow) the logs of a launched run"),
+    ):
+        parser = subparsers.add_parser(name, help=text, description=text)
+        parser.add_argument("run", nargs="?" if name == "status" else None, help="run name or run directory")
+        parser.add_argument(
+            "--results-dir", default=DEFAULT_RESULTS, help="base_results_dir of the launch (default: results)"
+        )
+        if name == "logs":
+            parser.add_argument(
+                "-f", "--follow", action="store_true", help="keep printing until the jobs end"
+            )
+            parser.add_argument("--stage", default=None, help="only this stage (training, data_preparation)")
+        parser.set_defaults(func={"status": run_status, "cancel": run_cancel, "logs": run_logs}[name])
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    from gptrain.launch.launcher import launch
+
+    return launch(list(args.overrides), dry_run=args.dry_run, echo=not args.quiet)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from gptrain.launch import jobs
+
+    base = Path(args.results_dir)
+    dirs = [jobs.find_run(args.run, base)] if args.run else jobs.run_dirs(base)
+    if not dirs:
+        print(f"no launched runs in {base.resolve()}")
+        return 0
+    for run_dir in dirs:
+        print("\n".join(jobs.status_lines(run_dir)))
+    return 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    from gptrain.launch import jobs
+
+    print("\n".join(jobs.cancel(jobs.find_run(args.run, Path(args.results_dir)))))
+    return 0
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    from gptrain.launch import jobs
+    from gptrain.launch.records import read_records
+
+    run_dir = jobs.find_run(args.run, Path(args.results_dir))
+    submitted = [r for r in jobs.latest_jobs(run_dir) if args.stage in (None, r.get("stage"))]
+    if not args.follow:
+        for record in submitted:
+            for path in (p for p in jobs.log_files(record) if p.exists()):
+                sys.stdout.write(path.read_text(errors="replace"))
+        return 0
+
+    def done() -> bool:
+        records = read_records(run_dir)
+        return not any(jobs.job_state(r, records).active for r in submitted)
+
+    def paths() -> list[Path]:
+        return [p for r in submitted for p in jobs.log_files(r)]
+
+    jobs.follow(paths, done)
+    return 0

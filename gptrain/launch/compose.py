@@ -1,0 +1,229 @@
+"""Compose the launcher config the way the NeMo launcher does, without Hydra.
+
+`configs/config.yaml` names a default file per group (`cluster`, `data_preparation`,
+`training`) in its `defaults` list; the command line picks other files (`training=gpt3/126m`)
+and overrides dotted keys (`training.trainer.num_nodes=2`). Interpolations such as
+`${data_dir}` and `${training.run.results_dir}` resolve against the whole tree. Mistakes
+name the closest valid choice, because a typo in a launch should cost seconds, not a queue wait.
+
+Only omegaconf and yaml are imported: this runs on login nodes and must start fast.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from gptrain.config.loader import register_resolvers
+from gptrain.errors import ConfigError
+
+CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
+GROUPS = ("cluster", "data_preparation", "training")
+STAGES = ("data_preparation", "training")
+# Keys a group file may carry for Hydra that mean nothing here.
+HYDRA_KEYS = ("defaults", "hydra")
+
+
+@dataclass
+class Override:
+    """One `key=value` from the command line; `+key=value` may add a key that does not exist."""
+
+    key: str
+    value: Any
+    add: bool = False
+
+
+@dataclass
+class Composition:
+    """The composed (unresolved) config and which file each group came from."""
+
+    cfg: DictConfig
+    choices: dict[str, str] = field(default_factory=dict)
+    config_root: Path = CONFIG_ROOT
+
+    def resolved(self) -> dict[str, Any]:
+        return _to_container(self.cfg, resolve=True)
+
+    def section(self, group: str) -> dict[str, Any]:
+        return _to_container(self.cfg[group], resolve=True)
+
+
+def _to_container(node: Any, resolve: bool) -> Any:
+    try:
+        return OmegaConf.to_container(node, resolve=resolve)
+    except Exception as error:  # omegaconf raises many types; all mean a bad interpolation
+        raise ConfigError(f"cannot resolve the launch config: {error}".splitlines()[0]) from None
+
+
+def closest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    """' (did you mean X?)' for the nearest choice, or a list of choices when nothing is near."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    if match:
+        return f" (did you mean '{match[0]}'?)"
+    shown = ", ".join(sorted(choices)[:12])
+    return f" (valid: {shown})" if shown else ""
+
+
+def parse_overrides(arguments: list[str]) -> list[Override]:
+    """`key=value` strings to Overrides; values are read as YAML (`2`, `null`, `[a,b]`, `true`)."""
+    overrides = []
+    for argument in arguments:
+        key, sep, text = argument.partition("=")
+        if not sep or not key.strip("+"):
+            raise ConfigError(f"override '{argument}' is not key=value (e.g. training.trainer.num_nodes=2)")
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            value = text
+        overrides.append(Override(key.lstrip("+"), value, add=key.startswith("+")))
+    return overrides
+
+
+def group_choices(group: str, root: Path = CONFIG_ROOT) -> list[str]:
+    base = root / group
+    return sorted(str(p.relative_to(base).with_suffix("")) for p in base.rglob("*.yaml"))
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{line}: invalid YAML: {getattr(error, 'problem', error)}") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def load_group(group: str, choice: str, root: Path = CONFIG_ROOT) -> dict[str, Any]:
+    path = root / group / f"{choice}.yaml"
+    if not path.is_file():
+        choices = group_choices(group, root)
+        raise ConfigError(f"no {group} config '{choice}' in {root / group}{closest(choice, choices)}")
+    data = load_yaml(path)
+    for key in HYDRA_KEYS:
+        data.pop(key, None)
+    return data
+
+
+def default_choices(root_config: dict[str, Any], path: Path) -> dict[str, str]:
+    """Read Hydra's `defaults: [_self_, {cluster: bcm}, ...]` list of config.yaml."""
+    choices: dict[str, str] = {}
+    for entry in root_config.pop("defaults", []) or []:
+        if isinstance(entry, dict):
+            for group, choice in entry.items():
+                if group not in GROUPS:
+                    raise ConfigError(f"{path}: unknown group '{group}' in defaults{closest(group, GROUPS)}")
+                choices[group] = str(choice)
+    return choices
+
+
+def compose(arguments: list[str], root: Path = CONFIG_ROOT, now: float | None = None) -> Composition:
+    """config.yaml + chosen group files + dotted overrides -> Composition (not yet resolved)."""
+    register_resolvers()
+    config_path = root / "config.yaml"
+    base = load_yaml(config_path)
+    base.pop("hydra", None)
+    choices = default_choices(base, config_path)
+    overrides = parse_overrides(arguments)
+    dotted = []
+    for override in overrides:
+        if override.key in GROUPS and isinstance(override.value, str):
+            choices[override.key] = override.value
+        else:
+            dotted.append(override)
+    for group, choice in choices.items():
+        base[group] = load_group(group, choice, root)
+    cfg = OmegaConf.create(base)
+    for override in dotted:
+        apply_override(cfg, override)
+    absolutize_paths(cfg)
+    if cfg.get("unique_output"):
+        make_unique(cfg, now if now is not None else time.time())
+    check_stages(cfg)
+    return Composition(cfg, choices, root)
+
+
+def apply_override(cfg: DictConfig, override: Override) -> None:
+    """Set a dotted key; a key that does not exist is an error unless `+`, in `env_vars`, or in `training`.
+
+    Training keys are checked by the training config loader, which knows the full schema
+    (a preset file lists only some of the keys gptrain accepts).
+    """
+    parts = override.key.split(".")
+    node: Any = cfg
+    for depth, part in enumerate(parts):
+        present = isinstance(node, DictConfig) and part in node
+        free_form = depth > 0 and parts[depth - 1] == "env_vars"
+        if not present and not override.add and not free_form and parts[0] != "training":
+            where = ".".join(parts[:depth]) or "the top level"
+            keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
+            raise ConfigError(
+                f"unknown key '{override.key}': no '{part}' in {where}{closest(part, keys)};"
+                " prefix with + to add a new key"
+            )
+        if not present or not isinstance(node[part], DictConfig | ListConfig):
+            break
+        node = node[part]
+    if parts[0] == "training" and len(parts) > 1 and not override.add:
+        check_training_key(".".join(parts[1:]), override.key)
+    OmegaConf.update(cfg, override.key, override.value, merge=False, force_add=True)
+
+
+def check_training_key(dotted: str, key: str) -> None:
+    """Training keys are checked against the training schema (a preset lists only some)."""
+    from gptrain.config import all_keys
+    from gptrain.config.nemo_keys import is_ignored_nemo_key
+
+    valid = all_keys()
+    sections = {k.rsplit(".", 1)[0] for k in valid if "." in k}
+    if dotted in valid or dotted in sections or is_ignored_nemo_key(dotted):
+        return
+    suggestions = [f"training.{k}" for k in valid]
+    raise ConfigError(f"unknown key '{key}'{closest(key, suggestions)}")
+
+
+def absolutize_paths(cfg: DictConfig) -> None:
+    """Jobs start in other directories: make relative result/data paths absolute now."""
+    for key in ("base_results_dir", "data_dir"):
+        value = cfg.get(key)
+        if isinstance(value, str) and "${" not in value and not os.path.isabs(value):
+            cfg[key] = os.path.abspath(value)
+
+
+def make_unique(cfg: DictConfig, now: float) -> None:
+    """`unique_output=true`: each launch gets its own timestamped directory under each stage's dir."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    for stage in STAGES:
+        section = cfg.get(stage)
+        run = section.get("run") if isinstance(section, DictConfig) else None
+        if isinstance(run, DictConfig) and "results_dir" in run:
+            original = OmegaConf.to_container(run, resolve=False)["results_dir"]
+            run["results_dir"] = f"{original}/{stamp}"
+
+
+def check_stages(cfg: DictConfig) -> None:
+    stages = cfg.get("stages")
+    if isinstance(stages, str):
+        stages = [stages]
+        cfg.stages = stages
+    if not isinstance(stages, ListConfig | list) or not stages:
+        raise ConfigError("'stages' must be a non-empty list, e.g. stages=[data_preparation,training]")
+    for stage in stages:
+        if stage not in STAGES:
+            raise ConfigError(f"unknown stage '{stage}' in stages{closest(str(stage), STAGES)}")
+    cluster_type = cfg.get("cluster_type")
+    if cluster_type not in ("local", "slurm"):
+        raise ConfigError(f"cluster_type must be 'local' or 'slurm', got '{cluster_type}'")

@@ -1,0 +1,346 @@
+"""Data preparation stage: download shards, extract, tokenize, write the blend.
+
+Downloads go to `<name>.part` and are renamed only when complete and verified, so a
+killed job never leaves a file that looks finished; a retry continues a partial file with
+an HTTP Range request. Every step is skipped when its output exists, so a rerun or a
+requeued array task only does what is missing.
+
+The blend (`blend.file`) lists `data_prefix: [w1, prefix1, w2, prefix2, ...]`; with
+`weights: tokens` each weight is the shard's token count (Megatron normalises weights, so
+every token is sampled equally often); with `weights: equal` every shard weighs 1.0.
+
+Standard library only (urllib, lzma, gzip) plus zstandard: no torch, no numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import gzip
+import hashlib
+import lzma
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.client import HTTPException
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from gptrain.errors import ConfigError, DataError
+from gptrain.utils.atomic import atomic_write_text, temporary_sibling
+
+CHUNK = 1 << 20
+EXTRACTORS: dict[str, Callable[[Path], IO[bytes]]] = {".gz": gzip.GzipFile, ".xz": lzma.LZMAFile}
+TEXT_SUFFIXES = (".jsonl", ".json", ".txt")
+IDX_MAGIC = b"MMIDIDX\x00\x00"
+
+
+@dataclass
+class Shard:
+    url: str
+    sha256: str | None = None
+    md5: str | None = None
+
+    @property
+    def filename(self) -> str:
+        name = self.url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+        if not name:
+            raise ConfigError(f"shard URL '{self.url}' has no file name")
+        return name
+
+    @property
+    def stem(self) -> str:
+        name = strip_compression(self.filename)
+        for suffix in TEXT_SUFFIXES:
+            name = name.removesuffix(suffix)
+        return name
+
+
+def strip_compression(name: str) -> str:
+    for suffix in (".zst", *EXTRACTORS):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def parse_shards(entries: list[Any]) -> list[Shard]:
+    shards = []
+    for i, entry in enumerate(entries or []):
+        if isinstance(entry, str):
+            shard = Shard(entry)
+        elif isinstance(entry, dict) and "url" in entry:
+            shard = Shard(str(entry["url"]), entry.get("sha256"), entry.get("md5"))
+        else:
+            raise ConfigError(f"data_preparation.shards[{i}]: expected a URL or a mapping with 'url'")
+        if not shard.url.startswith(("http://", "https://", "file://")):
+            raise ConfigError(
+                f"data_preparation.shards[{i}]: '{shard.url}' is not an http(s):// or file:// URL"
+            )
+        shards.append(shard)
+    stems = [s.stem for s in shards]
+    for stem in stems:
+        if stems.count(stem) > 1:
+            raise ConfigError(f"data_preparation.shards: two shards would both write '{stem}'; rename one")
+    return shards
+
+
+def fetch_once(url: str, part: Path, timeout: float) -> None:
+    """One attempt: continue `part` from its current size (Range) or start it over."""
+    offset = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as error:
+        if error.code == 416 and offset:  # nothing left to send: the part is complete
+            return
+        raise
+    with response:
+        status = getattr(response, "status", 200)
+        mode = "ab" if offset and status == 206 else "wb"  # a server without Range support resends all
+        expected = response.headers.get("Content-Length")
+        written = 0
+        with open(part, mode) as out:
+            while chunk := response.read(CHUNK):
+                out.write(chunk)
+                written += len(chunk)
+        if expected is not None and written != int(expected):
+            raise ConnectionError(f"short read: {written} of {expected} bytes")
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify(path: Path, shard: Shard) -> None:
+    for algorithm, expected in (("sha256", shard.sha256), ("md5", shard.md5)):
+        if expected:
+            actual = file_digest(path, algorithm)
+            if actual != str(expected).lower():
+                path.unlink(missing_ok=True)
+                raise DataError(
+                    f"{shard.url}: {algorithm} mismatch (expected {expected}, got {actual});"
+                    " the download was deleted: check the URL and the checksum in data_preparation.shards"
+                )
+
+
+def download(shard: Shard, dest: Path, retries: int = 5, backoff: float = 2.0, timeout: float = 60.0) -> Path:
+    """Download a shard to `dest` (via `dest.part`), retrying with exponential backoff."""
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    if shard.url.startswith("file://"):
+        source = urllib.request.url2pathname(shard.url[len("file://") :])
+        try:
+            shutil.copyfile(source, part)
+        except OSError as error:
+            raise DataError(f"{shard.url}: cannot copy: {error.strerror}; check the path") from None
+    else:
+        for attempt in range(1, max(1, retries) + 1):
+            try:
+                fetch_once(shard.url, part, timeout)
+                break
+            except (urllib.error.URLError, HTTPException, OSError) as error:
+                if isinstance(error, urllib.error.HTTPError) and 400 <= error.code < 500:
+                    raise DataError(f"{shard.url}: HTTP {error.code} {error.reason}; check the URL") from None
+                if attempt >= retries:
+                    raise DataError(f"{shard.url}: failed after {attempt} attempts: {error}") from None
+                wait = backoff * 2 ** (attempt - 1)
+                print(
+                    f"gptrain: {shard.url}: {error}; retry {attempt}/{retries - 1} in {wait:.1f}s",
+                    file=sys.stderr,
+                )
+                time.sleep(wait)
+    verify(part, shard)
+    part.rename(dest)
+    return dest
+
+
+def open_compressed(path: Path) -> IO[bytes]:
+    if path.suffix == ".zst":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+    return EXTRACTORS[path.suffix](path)
+
+
+def extract(path: Path, keep: bool = False) -> Path:
+    """Decompress .zst/.xz/.gz next to the archive (atomically); other files are returned as is."""
+    target = path.with_name(strip_compression(path.name))
+    if target == path:
+        return path
+    if not target.exists():
+        tmp = temporary_sibling(target)
+        try:
+            with open_compressed(path) as source, open(tmp, "wb") as out:
+                shutil.copyfileobj(source, out, CHUNK)
+            tmp.replace(target)
+        except Exception as error:
+            tmp.unlink(missing_ok=True)
+            raise DataError(f"{path}: cannot decompress: {error}") from None
+    if not keep:
+        path.unlink(missing_ok=True)
+    return target
+
+
+def tokenize_command(cfg: dict[str, Any], source: Path, prefix: Path, python: str) -> list[str]:
+    tokenizer = cfg.get("tokenizer") or {}
+    command = [
+        python,
+        "-m",
+        "gptrain",
+        "data",
+        "prepare",
+        "--input",
+        str(source),
+        "--output-prefix",
+        str(prefix),
+    ]
+    command += ["--tokenizer-type", str(tokenizer.get("type", "GPT2BPETokenizer"))]
+    for key, flag in (
+        ("vocab_file", "--vocab-file"),
+        ("merge_file", "--merge-file"),
+        ("model", "--tokenizer-model"),
+    ):
+        if tokenizer.get(key):
+            command += [flag, str(tokenizer[key])]
+    command += ["--json-keys", json_key(cfg)]
+    if cfg.get("append_eod", True):
+        command.append("--append-eod")
+    return command + ["--workers", str(int(cfg.get("workers") or 1))]
+
+
+def json_key(cfg: dict[str, Any]) -> str:
+    return str(cfg.get("json_key") or "text")
+
+
+def output_prefix(cfg: dict[str, Any], shard: Shard) -> Path:
+    """The Megatron data prefix a shard becomes (what training's data_prefix lists)."""
+    return Path(cfg["output_dir"]) / f"{shard.stem}_{json_key(cfg)}_document"
+
+
+def prepare_shard(cfg: dict[str, Any], index: int, python: str = sys.executable) -> Path:
+    """Download, extract and tokenize shard `index`; return its data prefix."""
+    shards = parse_shards(cfg.get("shards") or [])
+    if not 0 <= index < len(shards):
+        raise ConfigError(f"shard index {index} out of range: data_preparation.shards has {len(shards)}")
+    shard = shards[index]
+    prefix = output_prefix(cfg, shard)
+    if Path(f"{prefix}.bin").exists() and Path(f"{prefix}.idx").exists():
+        print(f"gptrain: {prefix}.bin/.idx exist; shard {index} already prepared", file=sys.stderr)
+        return prefix
+    raw_name = shard.filename
+    raw = Path(cfg["download_dir"]) / raw_name
+    plain = raw.with_name(strip_compression(raw_name))
+    if not plain.exists() or plain == raw:
+        retries, backoff = int(cfg.get("retries", 5)), float(cfg.get("backoff_seconds", 2.0))
+        raw = download(shard, raw, retries, backoff, float(cfg.get("timeout_seconds", 60)))
+        plain = extract(raw, keep=bool(cfg.get("keep_compressed"))) if cfg.get("extract", True) else raw
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    # `gptrain data prepare` appends _<json key>_document to its --output-prefix.
+    command = tokenize_command(cfg, plain, prefix.with_name(shard.stem), python)
+    print("gptrain: " + " ".join(command), file=sys.stderr, flush=True)
+    if subprocess.run(command).returncode != 0:
+        raise DataError(f"tokenizing {plain} failed (see the messages above)")
+    return prefix
+
+
+def count_tokens(prefix: Path) -> int:
+    """Tokens in a Megatron indexed dataset: the sum of its sequence lengths (from the .idx)."""
+    path = Path(f"{prefix}.idx")
+    with open(path, "rb") as handle:
+        if handle.read(9) != IDX_MAGIC:
+            raise DataError(f"{path}: not a Megatron .idx file (bad magic)")
+        _version, _dtype, count = struct.unpack("<QBQ", handle.read(17))
+        handle.read(8)  # document count
+        lengths = array.array("i")
+        lengths.fromfile(handle, count)
+    if sys.byteorder != "little":
+        lengths.byteswap()
+    return sum(lengths)
+
+
+def blend_prefixes(cfg: dict[str, Any]) -> list[float | str]:
+    """[w1, prefix1, ...] over all shards; every shard must be prepared."""
+    mode = (cfg.get("blend") or {}).get("weights", "tokens")
+    if mode not in ("tokens", "equal"):
+        raise ConfigError(f"data_preparation.blend.weights must be 'tokens' or 'equal', got '{mode}'")
+    result: list[float | str] = []
+    for shard in parse_shards(cfg.get("shards") or []):
+        prefix = output_prefix(cfg, shard)
+        if not Path(f"{prefix}.idx").exists():
+            raise DataError(f"{prefix}.idx missing: shard {shard.url} is not prepared yet")
+        result += [float(count_tokens(prefix)) if mode == "tokens" else 1.0, str(prefix)]
+    return result
+
+
+def write_blend(cfg: dict[str, Any]) -> Path:
+    path = Path(cfg["blend"]["file"])
+    atomic_write_text(path, yaml.safe_dump({"data_prefix": blend_prefixes(cfg)}, sort_keys=False))
+    return path
+
+
+def apply_blend(blend_file: Path, config_file: Path) -> None:
+    """Point a resolved training config's model.data.data_prefix at the blend (atomically)."""
+    try:
+        prefixes = yaml.safe_load(blend_file.read_text())["data_prefix"]
+    except (OSError, KeyError, TypeError) as error:
+        raise DataError(
+            f"{blend_file}: cannot read the blend ({error}); did data preparation finish?"
+        ) from None
+    training = yaml.safe_load(config_file.read_text())
+    training.setdefault("model", {}).setdefault("data", {})["data_prefix"] = prefixes
+    atomic_write_text(config_file, yaml.safe_dump(training, sort_keys=False))
+
+
+def load_stage_config(path: str) -> dict[str, Any]:
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the stage's jobs: `shard` (one array task), `all` (local), `apply-blend`."""
+    parser = argparse.ArgumentParser(prog="python -m gptrain.launch.download")
+    parser.add_argument("action", choices=("shard", "all", "blend", "apply-blend"))
+    parser.add_argument("--config", required=True, help="resolved stage config (data prep or training)")
+    parser.add_argument("--index", type=int, default=None, help="shard index (array task id)")
+    parser.add_argument("--blend", default=None, help="blend file for apply-blend")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "apply-blend":
+            apply_blend(Path(args.blend), Path(args.config))
+            return 0
+        cfg = load_stage_config(args.config)
+        indices = [args.index] if args.action == "shard" else []
+        if args.action == "all":
+            indices = list(range(len(cfg.get("shards") or [])))
+        for index in indices:
+            prepare_shard(cfg, index)
+        if args.action != "shard" or all_prepared(cfg):
+            print(f"gptrain: blend written to {write_blend(cfg)}", file=sys.stderr)
+    except (ConfigError, DataError) as error:
+        print(f"gptrain: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def all_prepared(cfg: dict[str, Any]) -> bool:
+    return all(Path(f"{output_prefix(cfg, s)}.idx").exists() for s in parse_shards(cfg.get("shards") or []))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Executors run a LaunchPlan: `local` (torchrun on this machine) or `slurm` (sbatch)."""

@@ -1,0 +1,63 @@
+"""Slurm executor: preflight against sinfo, then one `sbatch --parsable` per stage.
+
+Later stages wait for earlier ones with `--dependency=afterok:<id>` (an array job counts as
+done when all its tasks succeeded); if a stage fails, the next stays PENDING with reason
+DependencyNeverSatisfied, which `gptrain status` reports.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from gptrain.errors import LaunchError
+from gptrain.launch.preflight import check_cluster, query_nodes
+from gptrain.launch.records import append_record
+from gptrain.launch.sbatch import Job
+from gptrain.launch.stages import LaunchPlan
+
+
+def preflight_cluster(plan: LaunchPlan) -> list[str]:
+    nodes = query_nodes()
+    return [check_cluster(job, plan.cluster, nodes) for job in plan.jobs]
+
+
+def sbatch(job: Job, dependency: str | None) -> str:
+    command = ["sbatch", "--parsable"]
+    if dependency:  # on the command line it replaces the script's --dependency: keep both (AND)
+        extra = f",{job.dependency}" if job.dependency else ""
+        command.append(f"--dependency=afterok:{dependency}{extra}")
+    command.append(str(job.script_path))
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise LaunchError(f"sbatch did not run ({error}); is Slurm installed here?") from None
+    if out.returncode != 0:
+        message = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+        raise LaunchError(f"sbatch refused {job.script_path}: {message}")
+    return out.stdout.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
+
+
+def submit(plan: LaunchPlan) -> list[str]:
+    """Submit every stage in order, chained; return the job ids."""
+    ids: list[str] = []
+    previous: str | None = None
+    for job in plan.jobs:
+        job_id = sbatch(job, previous)
+        log = str(job.log_pattern()).replace("%%", "%")
+        append_record(
+            job.run_dir,
+            "submitted",
+            stage=job.stage,
+            executor="slurm",
+            job_id=job_id,
+            job_name=job.job_name,
+            script=str(job.script_path),
+            log=log,
+            dependency=previous,
+        )
+        after = f" (after {previous})" if previous else ""
+        print(f"gptrain: submitted {job.stage} as Slurm job {job_id}{after}: {job.job_name}", file=sys.stderr)
+        ids.append(job_id)
+        previous = job_id
+    return ids

@@ -1,0 +1,245 @@
+"""Job control for launched runs: status, cancel, logs, and a one-line progress summary.
+
+A run is a directory with a `launcher.log` (see records.py). Slurm state comes from
+`squeue`, then `scontrol show job` (finished jobs, kept MinJobAge seconds), then `sacct`
+where accounting exists; local runs are checked by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gptrain.errors import LaunchError
+from gptrain.launch.compose import closest
+from gptrain.launch.records import LAUNCHER_LOG, read_records
+from gptrain.utils.progress import format_duration
+
+ITERATION = re.compile(
+    r"iteration\s+(?P<step>\d+)/\s*(?P<max>\d+) \|.*?"
+    r"elapsed time per iteration \(ms\): (?P<ms>[\d.]+) \|(?:.*?lm loss: (?P<loss>[\d.Ee+-]+) \|)?"
+)
+
+
+# Slurm states of a job that may still run (or run again, after a requeue).
+ACTIVE_STATES = (
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "COMPLETING",
+    "REQUEUE",
+    "SUSPENDED",
+    "RESIZING",
+    "STOPPED",
+)
+
+
+@dataclass
+class JobState:
+    state: str
+    reason: str = ""
+    exit_code: str = ""
+
+    @property
+    def active(self) -> bool:
+        """Queued or running (for an array: any task still is)."""
+        return any(word in self.state for word in ACTIVE_STATES)
+
+    def describe(self) -> str:
+        text = self.state
+        if self.reason and self.reason not in ("None", "(null)"):
+            text += f" ({self.reason})"
+        if self.exit_code and self.exit_code not in ("0:0", "0"):
+            text += f" exit {self.exit_code}"
+        return text
+
+
+def run_dirs(base: Path) -> list[Path]:
+    """Every directory under `base` holding a launcher.log (unique_output runs are nested)."""
+    if not base.is_dir():
+        return []
+    return sorted(p.parent for p in base.glob(f"**/{LAUNCHER_LOG}"))
+
+
+def find_run(run: str, base: Path) -> Path:
+    """A run given as a directory or a run name under `base` (newest timestamped dir if nested)."""
+    for candidate in (Path(run), base / run):
+        if (candidate / LAUNCHER_LOG).is_file():
+            return candidate
+        nested = run_dirs(candidate) if candidate.is_dir() else []
+        if nested:
+            return max(nested, key=lambda p: (p / LAUNCHER_LOG).stat().st_mtime)
+    names = sorted({str(p.relative_to(base)).split("/")[0] for p in run_dirs(base)})
+    raise LaunchError(
+        f"no launched run '{run}' in {base}{closest(run, names)}; pass a run dir or --results-dir"
+    )
+
+
+def run_command(command: list[str], timeout: float = 15.0) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def parse_scontrol(text: str) -> list[dict[str, str]]:
+    """`scontrol show job` output (one record per array task) -> key=value dicts."""
+    jobs = []
+    for block in re.split(r"\n\s*\n", text.strip()):
+        fields = dict(re.findall(r"(\w+)=(\S*)", block))
+        if fields:
+            jobs.append(fields)
+    return jobs
+
+
+def summarize(states: list[JobState]) -> JobState:
+    if len(states) == 1:
+        return states[0]
+    counts: dict[str, int] = {}
+    for s in states:
+        counts[s.state] = counts.get(s.state, 0) + 1
+    text = ", ".join(f"{n} {state}" for state, n in counts.items())
+    failed = [s for s in states if s.state not in ("COMPLETED", "RUNNING", "PENDING")]
+    return JobState(
+        f"ARRAY[{text}]", failed[0].reason if failed else "", failed[0].exit_code if failed else ""
+    )
+
+
+def slurm_state(job_id: str) -> JobState:
+    out = run_command(["squeue", "-h", "-j", job_id, "-o", "%T|%r"])
+    if out is not None and out.returncode == 0 and out.stdout.strip():
+        states = [JobState(*line.split("|", 1)) for line in out.stdout.strip().splitlines()]
+        return summarize(states)
+    out = run_command(["scontrol", "show", "job", job_id])
+    if out is not None and out.returncode == 0 and "JobState=" in out.stdout:
+        records = parse_scontrol(out.stdout)
+        return summarize(
+            [JobState(r["JobState"], r.get("Reason", ""), r.get("ExitCode", "")) for r in records]
+        )
+    out = run_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
+    if out is not None and out.returncode == 0 and out.stdout.strip():
+        states = [JobState(*(line.split("|") + [""])[:2]) for line in out.stdout.strip().splitlines()]
+        return summarize([JobState(s.state, "", s.reason) for s in states])
+    return JobState("UNKNOWN", "no longer known to Slurm; no accounting to ask")
+
+
+def local_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobState:
+    for other in records:
+        if other.get("event") == "finished" and other.get("job_id") == record["job_id"]:
+            code = int(other.get("exit_code", 1))
+            return JobState("COMPLETED" if code == 0 else "FAILED", exit_code=str(code))
+    try:
+        pid = int(record["pid"])
+        if pid <= 0:  # never signal a process group by accident
+            raise ValueError(pid)
+        os.kill(pid, 0)
+    except (ProcessLookupError, ValueError):
+        return JobState("UNKNOWN", "process gone without a recorded exit")
+    except PermissionError:
+        pass
+    return JobState("RUNNING")
+
+
+def job_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobState:
+    if record.get("executor") == "local":
+        return local_state(record, records)
+    return slurm_state(str(record["job_id"]))
+
+
+def latest_jobs(run_dir: Path) -> list[dict[str, Any]]:
+    """The submitted records of the latest launch in this dir (one per stage)."""
+    records = [r for r in read_records(run_dir) if r.get("event") == "submitted"]
+    latest: dict[str, dict[str, Any]] = {}
+    for record in records:
+        latest[record.get("stage", "?")] = record
+    return list(latest.values())
+
+
+def log_files(record: dict[str, Any]) -> list[Path]:
+    pattern = str(record.get("log", ""))
+    job_id = str(record.get("job_id", ""))
+    if "%A_%a" in pattern:
+        return sorted(Path(pattern).parent.glob(Path(pattern.replace("%A_%a", f"{job_id}_*")).name))
+    return [Path(pattern.replace("%j", job_id))]
+
+
+def progress(log: Path, now: float | None = None) -> str | None:
+    """'step 120/1000 | loss 3.21 | 812 ms/step | ETA 00:11:54' from the last iteration line."""
+    match = None
+    try:
+        with open(log, errors="replace") as handle:
+            for line in handle:
+                found = ITERATION.search(line)
+                if found:
+                    match = found
+    except OSError:
+        return None
+    if match is None:
+        return None
+    step, total, ms = int(match["step"]), int(match["max"]), float(match["ms"])
+    parts = [f"step {step}/{total}"]
+    if match["loss"]:
+        parts.append(f"loss {float(match['loss']):.4f}")
+    parts += [f"{ms:.0f} ms/step", f"ETA {format_duration(max(0, total - step) * ms / 1000)}"]
+    return " | ".join(parts)
+
+
+def status_lines(run_dir: Path) -> list[str]:
+    records = read_records(run_dir)
+    lines = []
+    for record in latest_jobs(run_dir):
+        state = job_state(record, records)
+        line = f"{run_dir.name}  {record.get('stage')}  job {record.get('job_id')}  {state.describe()}"
+        if state.reason == "DependencyNeverSatisfied":
+            line += f": the stage it waits for (job {record.get('dependency')}) failed; gptrain cancel it"
+        logs = log_files(record)
+        summary = progress(logs[-1]) if logs and record.get("stage") == "training" else None
+        if summary:
+            line += f"  | {summary}"
+        lines.append(line)
+    return lines or [f"{run_dir.name}  nothing launched yet"]
+
+
+def cancel(run_dir: Path) -> list[str]:
+    """Cancel every stage of the run that may still be queued or running."""
+    lines = []
+    records = read_records(run_dir)
+    for record in latest_jobs(run_dir):
+        if not job_state(record, records).active:
+            continue
+        if record.get("executor") == "local":
+            os.kill(int(record["pid"]), signal.SIGTERM)
+        else:
+            out = run_command(["scancel", str(record["job_id"])])
+            if out is None or out.returncode != 0:
+                raise LaunchError(
+                    f"scancel {record['job_id']} failed: {out.stderr.strip() if out else 'no scancel'}"
+                )
+        lines.append(f"cancelled {record.get('stage')} job {record.get('job_id')}")
+    return lines or ["nothing to cancel"]
+
+
+def follow(paths: Callable[[], list[Path]], is_done: Callable[[], bool], poll: float = 0.5) -> None:
+    """Print new lines of the files `paths()` names (array tasks appear late) until `is_done()`."""
+    offsets: dict[Path, int] = {}
+    while True:
+        grew = False
+        for path in paths():
+            if path.exists():
+                with open(path, errors="replace") as handle:
+                    handle.seek(offsets.get(path, 0))
+                    text = handle.read()
+                    offsets[path] = handle.tell()
+                if text:
+                    grew = True
+                    print(text, end="", flush=True)
+        if not grew and is_done():
+            return
+        time.sleep(0 if grew else poll)

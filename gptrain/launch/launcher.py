@@ -1,0 +1,60 @@
+"""`gptrain launch`: compose, render, check, then run locally or submit to Slurm."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+from gptrain.launch.compose import compose
+from gptrain.launch.download import parse_shards
+from gptrain.launch.preflight import check_tokenizer_files, check_training_files
+from gptrain.launch.stages import LaunchPlan, build_plan, config_path, validate_training, write_run_files
+
+
+def preflight(plan: LaunchPlan, dry_run: bool) -> list[str]:
+    """File checks always; cluster checks where sinfo exists (a dry run on a laptop skips them)."""
+    lines = []
+    stages = [job.stage for job in plan.jobs]
+    if "data_preparation" in stages:
+        section = plan.configs["data_preparation"]
+        lines.append(f"ok  data_preparation: {len(parse_shards(section.get('shards') or []))} shard(s)")
+        lines.append(check_tokenizer_files(section.get("tokenizer") or {}, "data_preparation.tokenizer"))
+    if "training" in stages:
+        lines += check_training_files(plan.configs["training"], "data_preparation" in stages)
+    if plan.cluster_type == "slurm":
+        if dry_run and shutil.which("sinfo") is None:
+            lines.append("skipped  cluster checks: no sinfo here")
+        else:
+            from gptrain.launch.executors.slurm import preflight_cluster
+
+            lines += preflight_cluster(plan)
+    return lines
+
+
+def summary(plan: LaunchPlan) -> list[str]:
+    lines = []
+    for job in plan.jobs:
+        lines.append(f"{job.stage}: {job.script_path}")
+        lines.append(f"  config: {config_path(job)}")
+        text = job.script_path.read_text().splitlines()
+        lines += [f"  {line}" for line in text if line.startswith(("#SBATCH", "srun", "exec"))]
+    return lines
+
+
+def launch(argv: list[str], dry_run: bool = False, echo: bool = True) -> int:
+    plan = build_plan(compose(argv))
+    write_run_files(plan, argv)
+    validate_training(plan)
+    for line in preflight(plan, dry_run):
+        print(f"preflight: {line}", file=sys.stderr)
+    if dry_run:
+        print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan)))
+        return 0
+    if plan.cluster_type == "slurm":
+        from gptrain.launch.executors.slurm import submit
+
+        submit(plan)
+        return 0
+    from gptrain.launch.executors.local import run
+
+    return run(plan, echo)

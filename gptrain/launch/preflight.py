@@ -1,0 +1,143 @@
+"""Checks before anything is submitted, one line each.
+
+Slurm accepts requests it can never satisfy (more tasks than a node has CPUs, more GPUs
+than its gres) and leaves them PENDING forever; a missing data file only shows after the
+job waited in the queue. Both are cheap to check on the login node.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gptrain.errors import LaunchError
+from gptrain.launch.compose import closest
+from gptrain.launch.sbatch import Job
+
+UNUSABLE_STATES = ("down", "drain", "fail", "maint", "unknown", "not_responding")
+
+
+@dataclass
+class Node:
+    name: str
+    partition: str
+    default: bool
+    cpus: int
+    gpus: int
+    state: str
+
+
+def parse_gpus(gres: str | None) -> int:
+    """GPUs in a gres string: 'gpu:8', 'gpu:a100:8(S:0-1)', 'gpu:4,shard:8' -> 8, 8, 4; '(null)' -> 0."""
+    total = 0
+    for item in (gres or "").split(","):
+        match = re.match(r"gpu(?::[^:(]+)?:(\d+)", item.strip())
+        if match:
+            total += int(match.group(1))
+    return total
+
+
+def query_nodes(timeout: float = 10.0) -> list[Node]:
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N|%P|%c|%G|%T"], capture_output=True, text=True, timeout=timeout
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise LaunchError(
+            f"sinfo did not answer ({error}): is Slurm reachable from here? (cluster_type=slurm)"
+        ) from None
+    if out.returncode != 0:
+        raise LaunchError(f"sinfo failed: {out.stderr.strip() or out.returncode}; is slurmctld running?")
+    nodes = []
+    for line in out.stdout.splitlines():
+        name, partition, cpus, gres, state = line.split("|")
+        default = partition.endswith("*")
+        nodes.append(Node(name, partition.rstrip("*"), default, int(cpus), parse_gpus(gres), state.lower()))
+    return nodes
+
+
+def requested_gpus_per_node(job: Job, cluster: dict[str, Any]) -> int:
+    if not job.gpus:
+        return 0
+    return max(
+        int(cluster.get("gpus_per_node") or 0),
+        parse_gpus(cluster.get("gres")),
+        int(cluster.get("gpus_per_task") or 0) * job.tasks_per_node,
+    )
+
+
+def check_cluster(job: Job, cluster: dict[str, Any], nodes: list[Node]) -> str:
+    """One line on the partition's fit for `job`; LaunchError when it can never run."""
+    partitions = sorted({n.partition for n in nodes})
+    wanted = cluster.get("partition") or next((n.partition for n in nodes if n.default), None)
+    if wanted is None:
+        raise LaunchError("no default Slurm partition: set cluster.partition")
+    if wanted not in partitions:
+        raise LaunchError(
+            f"partition '{wanted}' does not exist (cluster.partition){closest(wanted, partitions)}"
+        )
+    usable = [
+        n for n in nodes if n.partition == wanted and not n.state.rstrip("*~#").startswith(UNUSABLE_STATES)
+    ]
+    if len(usable) < job.nodes:
+        raise LaunchError(
+            f"{job.stage}: {job.nodes} node(s) requested but partition '{wanted}' has {len(usable)} usable;"
+            " lower training.trainer.num_nodes or pick another cluster.partition"
+        )
+    cpus = max(n.cpus for n in usable)
+    needed = job.tasks_per_node * (job.cpus_per_task or 1)
+    if needed > cpus:
+        raise LaunchError(
+            f"{job.stage}: {needed} CPUs per node requested ({job.tasks_per_node} tasks x"
+            f" {job.cpus_per_task or 1} CPUs) but nodes of '{wanted}' have {cpus}; Slurm would queue it forever"
+        )
+    gpus, have = requested_gpus_per_node(job, cluster), max(n.gpus for n in usable)
+    if gpus > have:
+        raise LaunchError(
+            f"{job.stage}: {gpus} GPUs per node requested but nodes of '{wanted}' have {have} (gres);"
+            " for CPU nodes set cluster.gpus_per_node=null cluster.gres=null training.trainer.accelerator=cpu"
+        )
+    return f"ok  {job.stage}: partition {wanted}, {job.nodes}/{len(usable)} nodes, {needed}/{cpus} CPUs, {gpus}/{have} GPUs per node"
+
+
+def prefixes_of(data_prefix: Any) -> list[str]:
+    if data_prefix is None:
+        return []
+    if isinstance(data_prefix, str):
+        return [data_prefix]
+    items = list(data_prefix)
+    return [str(p) for p in (items[1::2] if len(items) > 1 else items)]
+
+
+def check_training_files(training: dict[str, Any], prepared_by_stage: bool) -> list[str]:
+    """Data prefixes (.bin/.idx) and tokenizer files; none needed for mock data."""
+    data = (training.get("model") or {}).get("data") or {}
+    if data.get("data_impl") == "mock":
+        return ["ok  training: mock data, no data or tokenizer files needed"]
+    lines = []
+    if not prepared_by_stage:
+        for prefix in prefixes_of(data.get("data_prefix")):
+            missing = [s for s in (".bin", ".idx") if not Path(prefix + s).is_file()]
+            if missing:
+                raise LaunchError(
+                    f"training.model.data.data_prefix: {prefix}{'/'.join(missing)} not found;"
+                    " prepare the data (gptrain data prepare) or add stages=[data_preparation,training]"
+                )
+        lines.append(f"ok  training: {len(prefixes_of(data.get('data_prefix')))} data prefix(es) found")
+    tokenizer = (training.get("model") or {}).get("tokenizer") or {}
+    lines.append(check_tokenizer_files(tokenizer, "training.model.tokenizer"))
+    return lines
+
+
+def check_tokenizer_files(tokenizer: dict[str, Any], where: str) -> str:
+    found = []
+    for key in ("vocab_file", "merge_file", "model"):
+        value = tokenizer.get(key)
+        if value and ("/" in str(value) or str(value).endswith((".json", ".txt", ".model"))):
+            if not Path(str(value)).is_file():
+                raise LaunchError(f"{where}.{key}: {value} not found")
+            found.append(key)
+    return f"ok  {where}: {', '.join(found) or 'no files'} present"

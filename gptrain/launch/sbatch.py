@@ -1,0 +1,215 @@
+"""Render the shell scripts a launch runs: sbatch scripts for Slurm, plain bash for local.
+
+Every value that comes from a config is quoted with shlex.quote (sbatch parses quoted
+`#SBATCH` values the way a shell does), so a run named `a b;touch x` is a job named exactly
+that and runs nothing else. Only fixed text of this module reaches the scripts unquoted.
+
+Inside a Slurm job, training runs as `srun` with one task per GPU (or per CPU process):
+the rank comes from SLURM_PROCID, MASTER_ADDR is the address of the first node of the
+allocation. One task per GPU (rather than torchrun per node) means Slurm itself starts,
+signals and accounts every rank: srun forwards the batch shell's USR1/TERM to all ranks at
+once, and there is no second rendezvous layer to time out.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gptrain.errors import EXIT_REQUEUE, ConfigError
+
+
+class Raw(str):
+    """A piece of fixed script text (e.g. `"$SLURM_ARRAY_TASK_ID"`) that must not be quoted."""
+
+
+@dataclass
+class Job:
+    """One stage of a launch: what to run, where it logs, and what it asks of the cluster."""
+
+    stage: str
+    run_name: str
+    job_name: str
+    run_dir: Path
+    command: list[str]
+    nodes: int = 1
+    tasks_per_node: int = 1
+    cpus_per_task: int | None = None
+    gpus: bool = False
+    array: int | None = None  # number of array tasks (one per shard), None: not an array
+    time_limit: str | None = None
+    requeue: bool = False
+    setup: list[list[str]] = field(default_factory=list)
+    workdir: str = "."
+    dependency: str | None = None  # run.dependency, e.g. "singleton" (one job of this name at a time)
+
+    @property
+    def script_path(self) -> Path:
+        return self.run_dir / f"{self.job_name}_submission.sh"
+
+    def log_pattern(self, suffix: str = "out") -> Path:
+        """sbatch output pattern: %j (or %A_%a for arrays) becomes the job id."""
+        jobid = "%A_%a" if self.array else "%j"
+        return self.run_dir / f"log-{self.job_name.replace('%', '%%')}_{jobid}.{suffix}"
+
+
+def quote_command(command: list[str]) -> str:
+    return " ".join(part if isinstance(part, Raw) else shlex.quote(str(part)) for part in command)
+
+
+def env_lines(env_vars: dict[str, object] | None) -> list[str]:
+    lines = []
+    for key, value in (env_vars or {}).items():
+        if not str(key).isidentifier():
+            raise ConfigError(f"env_vars key '{key}' is not a valid environment variable name")
+        if value is None:
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        lines.append(f"export {key}={shlex.quote(text)}")
+    return lines
+
+
+def directive(option: str, value: object = None) -> str:
+    return f"#SBATCH --{option}" if value is None else f"#SBATCH --{option}={shlex.quote(str(value))}"
+
+
+def sbatch_directives(job: Job, cluster: dict) -> list[str]:
+    """The #SBATCH lines: resources from the job, site settings from the cluster profile."""
+    lines = [directive("job-name", job.job_name), directive("nodes", job.nodes)]
+    lines.append(directive("ntasks-per-node", job.tasks_per_node))
+    lines.append(directive("output", job.log_pattern("out")))
+    if not cluster.get("stderr_to_stdout", True):
+        lines.append(directive("error", job.log_pattern("err")))
+    lines.append(directive("open-mode", "append"))  # a requeued run continues the same log
+    lines.append(directive("chdir", job.workdir))
+    for key, option in (("partition", "partition"), ("account", "account"), ("nodelist", "nodelist")):
+        if cluster.get(key):
+            lines.append(directive(option, cluster[key]))
+    if job.time_limit:
+        lines.append(directive("time", job.time_limit))
+    if cluster.get("mem") is not None:
+        lines.append(directive("mem", cluster["mem"]))
+    if cluster.get("exclusive"):
+        lines.append(directive("exclusive"))
+    if job.cpus_per_task:
+        lines.append(directive("cpus-per-task", job.cpus_per_task))
+    lines.extend(gpu_directives(job, cluster))
+    if job.array:
+        lines.append(directive("array", f"0-{job.array - 1}"))
+    if job.dependency:
+        lines.append(directive("dependency", job.dependency))
+    if job.requeue:
+        lines.append(directive("signal", f"B:USR1@{int(cluster.get('signal_seconds') or 300)}"))
+        lines.append(directive("requeue"))
+    return lines
+
+
+def gpu_directives(job: Job, cluster: dict) -> list[str]:
+    if not job.gpus:
+        return []
+    lines = []
+    if cluster.get("gres"):
+        lines.append(directive("gres", cluster["gres"]))
+    if cluster.get("gpus_per_node"):
+        lines.append(directive("gpus-per-node", cluster["gpus_per_node"]))
+    if cluster.get("gpus_per_task"):
+        lines.append(directive("gpus-per-task", cluster["gpus_per_task"]))
+    return lines
+
+
+def srun_prefix(job: Job, cluster: dict, container: str | None, mounts: list[str]) -> str:
+    """srun with the container options (pyxis) when a container is set."""
+    parts = [
+        "srun",
+        "--kill-on-bad-exit=1",
+        f"--nodes={job.nodes}",
+        f"--ntasks-per-node={job.tasks_per_node}",
+    ]
+    if job.cpus_per_task:  # Slurm 22.05's srun does not inherit sbatch's --cpus-per-task
+        parts.append(f"--cpus-per-task={job.cpus_per_task}")
+    args = [str(a) for a in cluster.get("srun_args") or []]
+    if container:
+        parts.append(f"--container-image={shlex.quote(container)}")
+        if mounts:
+            parts.append(f"--container-mounts={shlex.quote(','.join(mounts))}")
+    else:  # pyxis options make srun fail where there is no container
+        args = [a for a in args if not a.startswith(("--container", "--no-container"))]
+    parts.extend(shlex.quote(a) for a in args)
+    return " ".join(parts)
+
+
+# Per-task environment for torch.distributed's env:// init, from Slurm's variables.
+RANK_WRAPPER = (
+    "bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS"
+    ' LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; exec "$@"\' gptrain-rank'
+)
+
+MASTER_LINES = """\
+# Rendezvous: the first node of the allocation, a port derived from the job id.
+first_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+MASTER_ADDR=$(scontrol show node "$first_host" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
+export MASTER_ADDR=${MASTER_ADDR:-$first_host}
+export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))"""
+
+# Run the step in the background so the batch shell can receive Slurm's warning signal
+# (--signal=B:USR1@N) and forward it; srun passes it on to every rank.
+STEP_LINES = """\
+got_signal=
+forward() { got_signal=$1; echo "gptrain: got SIG$1, forwarding it to the training step" >&2; kill -"$1" "$step" 2>/dev/null; }
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+wait "$step"; status=$?
+while [ -n "$got_signal" ] && [ "$status" -gt 128 ]; do got_signal=; wait "$step"; status=$?; done"""
+
+# Exit 75 (gptrain.errors.EXIT_REQUEUE): a checkpoint was saved, requeue up to max_requeues.
+# A requeued job waits ~2 min (BeginTime) unless its StartTime is reset once it is PENDING
+# again; a detached helper does that (where proctrack/cgroup kills it, the job just waits).
+REQUEUE_LINES = """\
+restarts=${SLURM_RESTART_COUNT:-0}
+if [ "$status" = {exit_requeue} ]; then
+  if [ "$restarts" -lt "$max_requeues" ]; then
+    echo "gptrain: checkpoint saved; requeueing (restart $((restarts + 1)) of $max_requeues)" >&2
+    setsid bash -c 'for i in $(seq 1 200); do sleep 0.3; if scontrol show job "$1" | grep -q "JobState=PENDING"; then scontrol update JobId="$1" StartTime=now; exit; fi; done' gptrain-nudge "$SLURM_JOB_ID" </dev/null >/dev/null 2>&1 &
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+  fi
+  echo "gptrain: checkpoint saved but max_requeues=$max_requeues reached; not requeueing" >&2
+fi
+echo "gptrain: step finished with exit code $status" >&2
+exit "$status"
+"""
+
+
+def header(job: Job, where: str) -> list[str]:
+    return [
+        "#!/bin/bash",
+        f"# Rendered by `gptrain launch` ({where}): stage {job.stage} of run {job.run_name!r}.",
+    ]
+
+
+def render_slurm(job: Job, cluster: dict, top: dict) -> str:
+    """The sbatch script of one stage."""
+    lines = header(job, "slurm") + sbatch_directives(job, cluster)
+    lines += ["", "set -uo pipefail", "export PYTHONUNBUFFERED=1"] + env_lines(top.get("env_vars"))
+    lines += [f'echo "gptrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, stage {job.stage}" >&2']
+    for command in job.setup:
+        lines.append(quote_command(command) + " || exit 1")
+    srun = srun_prefix(job, cluster, top.get("container"), list(top.get("container_mounts") or []))
+    if job.stage != "training":
+        lines.append(f"{srun} {quote_command(job.command)}")
+        return "\n".join(lines) + "\n"
+    lines += ["", MASTER_LINES, f"max_requeues={int(cluster.get('max_requeues') or 0)}", ""]
+    lines.append(f"{srun} {RANK_WRAPPER} {quote_command(job.command)} &")
+    lines += ["step=$!", STEP_LINES, REQUEUE_LINES.replace("{exit_requeue}", str(EXIT_REQUEUE)).rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+def render_local(job: Job, top: dict) -> str:
+    """A bash script running the stage on this machine (torchrun for training)."""
+    lines = header(job, "local") + ["set -euo pipefail", f"cd {shlex.quote(job.workdir)}"]
+    lines += ["export PYTHONUNBUFFERED=1"] + env_lines(top.get("env_vars"))
+    for command in job.setup:
+        lines.append(quote_command(command))
+    lines.append(f"exec {quote_command(job.command)}")
+    return "\n".join(lines) + "\n"

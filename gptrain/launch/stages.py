@@ -1,0 +1,173 @@
+"""Turn a composed launch config into Jobs (one per stage) and their files in the run dirs.
+
+Each stage's directory follows the NeMo launcher: `<base_results_dir>/<run.name>/` with the
+resolved config `<prefix><name>_hydra.yaml`, the script `<prefix><name>_submission.sh`,
+`launcher_cmd.log` (the command that launched it) and `launcher.log` (job ids, JSON lines).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gptrain.errors import ConfigError, LaunchError
+from gptrain.launch.compose import Composition
+from gptrain.launch.sbatch import Job, Raw, render_local, render_slurm
+from gptrain.utils.atomic import atomic_write_text
+
+
+@dataclass
+class LaunchPlan:
+    """Everything a launch needs: resolved sections, jobs in stage order, their configs."""
+
+    resolved: dict[str, Any]
+    cluster: dict[str, Any]
+    top: dict[str, Any]
+    jobs: list[Job] = field(default_factory=list)
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> resolved section
+
+    @property
+    def cluster_type(self) -> str:
+        return str(self.resolved["cluster_type"])
+
+
+def build_plan(composition: Composition) -> LaunchPlan:
+    resolved = composition.resolved()
+    # In a container the launching interpreter's path means nothing: use the image's python.
+    python = str(resolved.get("python") or ("python" if resolved.get("container") else sys.executable))
+    cluster = dict(resolved.get("cluster") or {})
+    env = {**(cluster.get("env_vars") or {}), **(resolved.get("env_vars") or {})}
+    top = {**resolved, "env_vars": env}
+    plan = LaunchPlan(resolved, cluster, top)
+    stages = list(resolved["stages"])
+    local = resolved["cluster_type"] == "local"
+    if "data_preparation" in stages:
+        plan.configs["data_preparation"] = resolved["data_preparation"]
+        plan.jobs.append(data_preparation_job(resolved["data_preparation"], cluster, python, local))
+    if "training" in stages:
+        training = resolved["training"]
+        blend = resolved["data_preparation"]["blend"]["file"] if "data_preparation" in stages else None
+        plan.configs["training"] = training
+        plan.jobs.append(training_job(training, cluster, python, local, blend))
+    return plan
+
+
+def job_name(cluster: dict[str, Any], run_name: str) -> str:
+    return f"{cluster.get('job_name_prefix') or ''}{run_name}"
+
+
+def stage_run(section: dict[str, Any], stage: str) -> tuple[str, Path]:
+    run = section.get("run") or {}
+    name, results_dir = run.get("name"), run.get("results_dir")
+    if not name or not results_dir:
+        raise ConfigError(f"{stage}.run needs 'name' and 'results_dir'")
+    if "/" in str(name):
+        raise ConfigError(f"{stage}.run.name '{name}' must not contain '/' (it names files and jobs)")
+    return str(name), Path(str(results_dir))
+
+
+def config_path(job: Job) -> Path:
+    return job.run_dir / f"{job.job_name}_hydra.yaml"
+
+
+def training_job(
+    training: dict[str, Any], cluster: dict[str, Any], python: str, local: bool, blend: str | None
+) -> Job:
+    name, run_dir = stage_run(training, "training")
+    trainer = training.get("trainer") or {}
+    devices, nodes = int(trainer.get("devices", 1)), int(trainer.get("num_nodes", 1))
+    job = Job("training", name, job_name(cluster, name), run_dir, [], nodes=nodes, tasks_per_node=devices)
+    job.gpus = trainer.get("accelerator", "auto") != "cpu"
+    job.time_limit = (training.get("run") or {}).get("time_limit")
+    job.dependency = (training.get("run") or {}).get("dependency")
+    job.requeue = True
+    job.workdir = str(Path.cwd())
+    train = ["-m", "gptrain", "train", "--config-file", str(config_path(job))]
+    if local:
+        if nodes != 1:
+            raise LaunchError(
+                f"training.trainer.num_nodes={nodes}: the local executor runs one node;"
+                " set cluster_type=slurm or training.trainer.num_nodes=1"
+            )
+        torchrun = [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc-per-node={devices}",
+        ]
+        job.command = [python, *torchrun, *train]
+    else:
+        job.command = [python, *train]
+    if blend:
+        apply = [
+            "-m",
+            "gptrain.launch.download",
+            "apply-blend",
+            "--blend",
+            blend,
+            "--config",
+            str(config_path(job)),
+        ]
+        job.setup.append([python, *apply])
+    return job
+
+
+def data_preparation_job(section: dict[str, Any], cluster: dict[str, Any], python: str, local: bool) -> Job:
+    name, run_dir = stage_run(section, "data_preparation")
+    shards = section.get("shards") or []
+    if not shards:
+        raise ConfigError(
+            "data_preparation.shards is empty: list the shard URLs"
+            " (e.g. 'data_preparation.shards=[https://host/a.jsonl.zst]')"
+        )
+    job = Job("data_preparation", name, job_name(cluster, name), run_dir, [])
+    job.cpus_per_task = int(section.get("workers") or 1)
+    job.time_limit = (section.get("run") or {}).get("time_limit")
+    job.workdir = str(Path.cwd())
+    base = [python, "-m", "gptrain.launch.download"]
+    if local:
+        job.command = [*base, "all", "--config", str(config_path(job))]
+    else:
+        job.array = len(shards)
+        job.command = [
+            *base,
+            "shard",
+            "--config",
+            str(config_path(job)),
+            "--index",
+            Raw('"$SLURM_ARRAY_TASK_ID"'),
+        ]
+    return job
+
+
+def write_run_files(plan: LaunchPlan, argv: list[str]) -> list[Path]:
+    """Write each stage's resolved config, script and launcher_cmd.log; return the scripts."""
+    command_line = " ".join(shlex.quote(a) for a in ["gptrain", "launch", *argv])
+    scripts = []
+    for job in plan.jobs:
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(config_path(job), yaml.safe_dump(plan.configs[job.stage], sort_keys=False))
+        if plan.cluster_type == "slurm":
+            text = render_slurm(job, plan.cluster, plan.top)
+        else:
+            text = render_local(job, plan.top)
+        atomic_write_text(job.script_path, text)
+        job.script_path.chmod(0o755)
+        atomic_write_text(job.run_dir / "launcher_cmd.log", command_line + "\n")
+        scripts.append(job.script_path)
+    return scripts
+
+
+def validate_training(plan: LaunchPlan) -> None:
+    """Check the training section with the training loader (imports no torch)."""
+    from gptrain.config import load_training_config
+
+    for job in plan.jobs:
+        if job.stage == "training":
+            load_training_config(config_file=str(config_path(job)))

@@ -1,0 +1,113 @@
+"""The rendered sbatch script's signal forwarding and requeue logic, run with stub srun/scontrol.
+
+The real-Slurm tests cover the same path end to end; these run in milliseconds on any machine
+and reach the cases a real run rarely does (max_requeues reached, a plain failure).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gptrain.launch.compose import compose
+from gptrain.launch.stages import build_plan, write_run_files
+
+STEP = """
+import os, signal, sys, time, pathlib
+names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+pathlib.Path(sys.argv[-1] + ".started").write_text(" ".join(os.environ[n] for n in names))
+mode = sys.argv[1]
+if mode == "wait":
+    signal.signal(signal.SIGUSR1, lambda *_: sys.exit(75))
+    time.sleep(30)
+sys.exit(int(mode))
+"""
+
+
+def stub(path: Path, text: str) -> None:
+    path.write_text("#!/bin/bash\n" + text)
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def batch(tmp_path):
+    """Render a training script whose step is a small Python program; return a runner."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub(bin_dir / "srun", 'while [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
+    calls = tmp_path / "scontrol.calls"
+    stub(
+        bin_dir / "scontrol",
+        f'echo "$*" >> {calls}\ncase "$1 $2" in\n  "show hostnames") echo n1 ;;\n'
+        '  "show node") echo "NodeName=n1 NodeAddr=10.0.0.7 State=IDLE" ;;\n'
+        '  "show job") echo "JobId=42 JobState=PENDING" ;;\nesac\n',
+    )
+    (tmp_path / "step.py").write_text(STEP)
+    args = [
+        f"base_results_dir={tmp_path}",
+        "cluster_type=slurm",
+        "cluster.max_requeues=2",
+        f"python={bin_dir}/py",
+    ]
+    script = write_run_files(build_plan(compose(args)), args)[0]
+
+    def run(mode: str, restarts: int, send_usr1: bool = False) -> tuple[int, str]:
+        stub(bin_dir / "py", f'exec {sys.executable} {tmp_path / "step.py"} {mode} "$@"\n')
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
+        env.update(SLURM_JOB_NODELIST="n1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="1")
+        env.update(SLURM_NTASKS_PER_NODE="1", SLURM_RESTART_COUNT=str(restarts))
+        marker = Path(str(next(script.parent.glob("*_hydra.yaml"))) + ".started")
+        marker.unlink(missing_ok=True)
+        process = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
+        if send_usr1:
+            wait_until(marker.exists)
+            process.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@N does to the batch shell
+        _, err = process.communicate(timeout=30)
+        assert marker.read_text() == "10.0.0.7 20042 0 0 1"  # rendezvous and rank from Slurm's variables
+        return process.returncode, err
+
+    return run, calls
+
+
+def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_exit_75_requeues_and_resets_the_start_time(batch):
+    run, calls = batch
+    code, err = run("75", restarts=0)
+    assert code == 0 and "requeueing (restart 1 of 2)" in err
+    wait_until(lambda: "update JobId=42 StartTime=now" in calls.read_text())  # the detached nudge
+    lines = calls.read_text().splitlines()
+    assert "requeue 42" in lines and lines.index("requeue 42") < lines.index("update JobId=42 StartTime=now")
+
+
+def test_max_requeues_reached_keeps_the_exit_code(batch):
+    run, calls = batch
+    code, err = run("75", restarts=2)
+    assert code == 75 and "max_requeues=2 reached" in err
+    assert "requeue" not in calls.read_text()
+
+
+@pytest.mark.parametrize("mode", ["0", "3"])
+def test_finished_or_failed_runs_are_never_requeued(batch, mode):
+    run, calls = batch
+    code, err = run(mode, restarts=0)
+    assert code == int(mode) and f"step finished with exit code {mode}" in err
+    assert "requeue" not in calls.read_text()
+
+
+def test_usr1_is_forwarded_to_the_step_and_leads_to_a_requeue(batch):
+    run, calls = batch
+    code, err = run("wait", restarts=1, send_usr1=True)
+    assert "got SIGUSR1, forwarding it" in err and "requeueing (restart 2 of 2)" in err
+    assert code == 0 and "requeue 42" in calls.read_text().splitlines()

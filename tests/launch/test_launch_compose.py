@@ -1,0 +1,105 @@
+import os
+import time
+
+import pytest
+
+from gptrain.errors import ConfigError
+from gptrain.launch.compose import closest, compose, group_choices, parse_overrides
+
+MOCK = ["training.trainer.num_nodes=1", "training.model.data.data_impl=mock"]
+
+
+def test_defaults_compose_and_interpolate(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    comp = compose([])
+    resolved = comp.resolved()
+    assert comp.choices == {"cluster": "bcm", "data_preparation": "download_shards", "training": "gpt3/126m"}
+    assert resolved["stages"] == ["training"] and resolved["cluster_type"] == "local"
+    # relative base_results_dir/data_dir become absolute against the launch directory
+    assert resolved["base_results_dir"] == str(tmp_path / "results")
+    assert resolved["training"]["run"]["results_dir"] == str(tmp_path / "results" / "gpt3_126m")
+    assert resolved["training"]["exp_manager"]["explicit_log_dir"] == str(
+        tmp_path / "results/gpt3_126m/results"
+    )
+    assert resolved["training"]["model"]["ffn_hidden_size"] == 4 * 768  # NeMo's multiply resolver
+
+
+def test_group_choice_and_dotted_overrides():
+    comp = compose(
+        [
+            "training=gpt3/5b",
+            "cluster=aws_p5",
+            "stages=[data_preparation,training]",
+            "data_dir=/datasets",
+            "training.trainer.num_nodes=2",
+            "training.model.micro_batch_size=4",
+            "cluster.partition=gpu",
+            "env_vars.MY_VAR=x y",
+        ]
+    )
+    resolved = comp.resolved()
+    assert resolved["training"]["model"]["hidden_size"] == 4096
+    assert resolved["training"]["trainer"]["num_nodes"] == 2
+    assert resolved["training"]["model"]["micro_batch_size"] == 4
+    assert resolved["cluster"]["partition"] == "gpu"
+    assert resolved["cluster"]["env_vars"]["FI_PROVIDER"] == "efa"
+    assert resolved["env_vars"]["MY_VAR"] == "x y"
+    assert resolved["stages"] == ["data_preparation", "training"]
+    assert resolved["training"]["model"]["tokenizer"]["vocab_file"] == "/datasets/bpe/vocab.json"
+    assert resolved["data_preparation"]["output_dir"] == "/datasets/tokenized"
+
+
+@pytest.mark.parametrize(
+    ("argument", "suggestion"),
+    [
+        ("traning=gpt3/126m", "did you mean 'training'"),
+        ("training=gpt3/126n", "did you mean 'gpt3/126m'"),
+        ("cluster=bmc", "did you mean 'bcm'"),
+        ("cluster.partion=gpu", "did you mean 'partition'"),
+        ("cluster_typ=slurm", "did you mean 'cluster_type'"),
+        ("training.trainer.max_step=5", "did you mean 'training.trainer.max_steps'"),
+        ("training.model.hiden_size=5", "did you mean 'training.model.hidden_size'"),
+        ("stages=[training,data_preperation]", "did you mean 'data_preparation'"),
+    ],
+)
+def test_unknown_keys_and_groups_name_the_closest(argument, suggestion):
+    with pytest.raises(ConfigError, match=suggestion):
+        compose([argument])
+
+
+def test_plus_adds_a_key_and_bad_values_fail():
+    assert compose(["+cluster.qos=high"]).resolved()["cluster"]["qos"] == "high"
+    with pytest.raises(ConfigError, match="cluster_type"):
+        compose(["cluster_type=kubernetes"])
+    with pytest.raises(ConfigError, match="not key=value"):
+        compose(["training.trainer.num_nodes"])
+
+
+def test_parse_overrides_reads_yaml_values():
+    parsed = {o.key: o.value for o in parse_overrides(["a=2", "b=null", "c=[x,y]", "d=true", "e=a b;c"])}
+    assert parsed == {"a": 2, "b": None, "c": ["x", "y"], "d": True, "e": "a b;c"}
+
+
+def test_unique_output_gets_a_timestamped_dir(tmp_path):
+    now = time.mktime((2026, 1, 2, 3, 4, 5, 0, 0, -1))
+    comp = compose([f"base_results_dir={tmp_path}", "unique_output=true", *MOCK], now=now)
+    run = comp.resolved()["training"]
+    assert run["run"]["results_dir"] == f"{tmp_path}/gpt3_126m/20260102-030405"
+    assert run["exp_manager"]["explicit_log_dir"] == f"{tmp_path}/gpt3_126m/20260102-030405/results"
+
+
+def test_every_shipped_launch_config_composes():
+    for group in ("cluster", "data_preparation"):
+        for choice in group_choices(group):
+            assert compose([f"{group}={choice}"]).resolved()[group] is not None
+    for name in ("aws_p4d", "aws_p5", "azure_nd_a100_v4", "bcm"):
+        cluster = compose([f"cluster={name}"]).resolved()["cluster"]
+        assert {"partition", "account", "exclusive", "gpus_per_task", "gpus_per_node", "mem"} <= set(cluster)
+        assert {"job_name_prefix", "gres", "srun_args", "stderr_to_stdout", "nodelist"} <= set(cluster)
+    azure = compose(["cluster=azure_nd_a100_v4"]).resolved()["cluster"]["env_vars"]
+    assert azure["NCCL_IB_PCI_RELAXED_ORDERING"] == 1 and azure["NCCL_TOPO_FILE"].endswith("ndv4-topo.xml")
+
+
+def test_closest_lists_choices_when_nothing_is_near():
+    assert closest("zzz", ["alpha", "beta"]) == " (valid: alpha, beta)"
+    assert os.path.isabs(compose(["data_dir=rel"]).resolved()["data_dir"])

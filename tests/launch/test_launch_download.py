@@ -1,0 +1,147 @@
+import gzip
+import hashlib
+import http.server
+import lzma
+import struct
+import threading
+
+import pytest
+import yaml
+import zstandard
+
+from gptrain.errors import ConfigError, DataError
+from gptrain.launch.download import (
+    Shard,
+    apply_blend,
+    blend_prefixes,
+    count_tokens,
+    download,
+    extract,
+    parse_shards,
+)
+
+PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
+
+
+class Server:
+    """Serves `files` on 127.0.0.1 with Range support; `flaky` paths die halfway the first time."""
+
+    def __init__(self, files: dict[str, bytes], flaky: tuple[str, ...] = ()):
+        self.files, self.flaky, self.requests = files, set(flaky), []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                server.requests.append((self.path, self.headers.get("Range")))
+                data = server.files.get(self.path)
+                if data is None:
+                    self.send_error(404)
+                    return
+                start = (
+                    int(self.headers["Range"].split("=")[1].rstrip("-")) if self.headers.get("Range") else 0
+                )
+                self.send_response(206 if start else 200)
+                self.send_header("Content-Length", str(len(data) - start))
+                self.end_headers()
+                if self.path in server.flaky:
+                    server.flaky.discard(self.path)
+                    self.wfile.write(data[start : len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(data[start:])
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_interrupted_download_resumes_with_range(tmp_path):
+    with Server({"/a.bin": PAYLOAD}, flaky=("/a.bin",)) as server:
+        sha = hashlib.sha256(PAYLOAD).hexdigest()
+        dest = download(Shard(server.url + "/a.bin", sha256=sha), tmp_path / "a.bin", retries=3, backoff=0)
+    assert dest.read_bytes() == PAYLOAD
+    assert server.requests == [("/a.bin", None), ("/a.bin", f"bytes={len(PAYLOAD) // 2}-")]
+    assert not (tmp_path / "a.bin.part").exists()
+
+
+def test_checksum_mismatch_deletes_the_download(tmp_path):
+    with Server({"/a.bin": PAYLOAD}) as server, pytest.raises(DataError, match="md5 mismatch"):
+        download(Shard(server.url + "/a.bin", md5="0" * 32), tmp_path / "a.bin", retries=1, backoff=0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_file_and_retries_give_up(tmp_path):
+    with Server({}) as server, pytest.raises(DataError, match="HTTP 404"):
+        download(Shard(server.url + "/nope.bin"), tmp_path / "n.bin", retries=3, backoff=0)
+    with pytest.raises(DataError, match="after 2 attempts"):
+        download(Shard("http://127.0.0.1:9/x.bin"), tmp_path / "x.bin", retries=2, backoff=0, timeout=2)
+    with pytest.raises(DataError, match="cannot copy"):
+        download(Shard(f"file://{tmp_path}/missing"), tmp_path / "m", retries=1)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "compress"),
+    [
+        (".zst", lambda b: zstandard.ZstdCompressor().compress(b)),
+        (".xz", lzma.compress),
+        (".gz", gzip.compress),
+    ],
+)
+def test_extract(tmp_path, suffix, compress):
+    archive = tmp_path / f"s.jsonl{suffix}"
+    archive.write_bytes(compress(PAYLOAD))
+    out = extract(archive)
+    assert out == tmp_path / "s.jsonl" and out.read_bytes() == PAYLOAD and not archive.exists()
+
+
+def test_shard_names_and_validation():
+    shard = parse_shards([{"url": "https://h/x/pile_00.jsonl.zst?sig=1", "sha256": "ab"}])[0]
+    assert (shard.filename, shard.stem, shard.sha256) == ("pile_00.jsonl.zst", "pile_00", "ab")
+    with pytest.raises(ConfigError, match="not an http"):
+        parse_shards(["ftp://h/a.jsonl"])
+    with pytest.raises(ConfigError, match="both write 'a'"):
+        parse_shards(["http://h/a.jsonl.zst", "http://g/a.jsonl.gz"])
+
+
+def write_idx(prefix, lengths):
+    """A Megatron .idx written by hand from the documented layout (version 1, int32 lengths)."""
+    header = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(lengths), len(lengths) + 1)
+    body = struct.pack(f"<{len(lengths)}i", *lengths)
+    body += struct.pack(f"<{len(lengths)}q", *[4 * sum(lengths[:i]) for i in range(len(lengths))])
+    body += struct.pack(f"<{len(lengths) + 1}q", *range(len(lengths) + 1))
+    (prefix.parent / (prefix.name + ".idx")).write_bytes(header + body)
+
+
+def test_blend_weights_from_token_counts(tmp_path):
+    write_idx(tmp_path / "a_text_document", [3, 4, 5])
+    write_idx(tmp_path / "b_text_document", [100])
+    assert count_tokens(tmp_path / "a_text_document") == 12
+    cfg = {"shards": ["http://h/a.jsonl", "http://h/b.jsonl.zst"], "output_dir": str(tmp_path)}
+    prefixes = [str(tmp_path / "a_text_document"), str(tmp_path / "b_text_document")]
+    assert blend_prefixes({**cfg, "blend": {"weights": "tokens"}}) == [12.0, prefixes[0], 100.0, prefixes[1]]
+    assert blend_prefixes({**cfg, "blend": {"weights": "equal"}}) == [1.0, prefixes[0], 1.0, prefixes[1]]
+    with pytest.raises(DataError, match="not prepared"):
+        blend_prefixes({**cfg, "shards": ["http://h/c.jsonl"]})
+
+
+def test_apply_blend_rewrites_data_prefix(tmp_path):
+    blend, config = tmp_path / "blend.yaml", tmp_path / "t.yaml"
+    blend.write_text(yaml.safe_dump({"data_prefix": [2.0, "/p/a", 1.0, "/p/b"]}))
+    config.write_text(yaml.safe_dump({"model": {"data": {"data_prefix": [1.0, "/old"], "seq_length": 8}}}))
+    apply_blend(blend, config)
+    assert yaml.safe_load(config.read_text())["model"]["data"] == {
+        "data_prefix": [2.0, "/p/a", 1.0, "/p/b"],
+        "seq_length": 8,
+    }

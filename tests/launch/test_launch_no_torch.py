@@ -1,0 +1,35 @@
+"""The launcher runs on login nodes: composing, rendering and job control never import torch."""
+
+import subprocess
+import sys
+
+CODE = """
+import contextlib, io, sys
+from gptrain.cli import main
+args = {args!r}
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    code = main(args)
+print(code, ','.join(m for m in ('torch', 'numpy') if m in sys.modules))
+"""
+
+
+def run_cli(args, cwd):
+    out = subprocess.run(
+        [sys.executable, "-c", CODE.format(args=args)], capture_output=True, text=True, cwd=cwd
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_launch_dry_run_and_job_control_import_no_torch(tmp_path):
+    launch = ["launch", "--dry-run", "cluster_type=slurm", "training.trainer.num_nodes=1"]
+    launch += ["training.model.data.data_impl=mock", "training.trainer.accelerator=cpu"]
+    launch += ["cluster.gpus_per_node=null", "cluster.gres=null", "training.trainer.devices=1"]
+    assert run_cli(launch, tmp_path) == ["0"]
+    assert (tmp_path / "results/gpt3_126m/gptrain-gpt3_126m_submission.sh").is_file()
+    (tmp_path / "results/gpt3_126m/launcher.log").write_text(
+        '{"event": "submitted", "stage": "training", "executor": "local", "job_id": "local-0", "pid": 0,'
+        ' "log": "none"}\n{"event": "finished", "job_id": "local-0", "exit_code": 0}\n'
+    )
+    for command in (["status"], ["status", "gpt3_126m"], ["logs", "gpt3_126m"], ["cancel", "gpt3_126m"]):
+        assert run_cli(command, tmp_path) == ["0"], command

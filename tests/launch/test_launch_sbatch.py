@@ -1,0 +1,124 @@
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gptrain.errors import ConfigError
+from gptrain.launch.compose import compose
+from gptrain.launch.sbatch import Job, Raw, env_lines, render_local
+from gptrain.launch.stages import build_plan, write_run_files
+
+NASTY = "a b;touch x"
+CPU = ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
+
+
+def directives(script: str) -> dict[str, str]:
+    """#SBATCH lines parsed the way sbatch does (shell-like quoting)."""
+    found = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            option = shlex.split(line[len("#SBATCH ") :])[0]
+            key, _, value = option.partition("=")
+            found[key] = value
+    return found
+
+
+def test_local_script_runs_values_verbatim_and_nothing_else(tmp_path):
+    job = Job("training", NASTY, NASTY, tmp_path, ["printf", "%s\n", NASTY, "$(touch y)", "`touch z`"])
+    job.workdir = str(tmp_path)
+    job.setup = [["printf", "%s\n", "'quoted' \"twice\""]]
+    script = tmp_path / "s.sh"
+    script.write_text(
+        render_local(job, {"env_vars": {"V": "$(touch w) ok"}}).replace(
+            "exec printf", 'echo "$V"; exec printf'
+        )
+    )
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert out.stdout.splitlines() == [
+        "'quoted' \"twice\"",
+        "$(touch w) ok",
+        NASTY,
+        "$(touch y)",
+        "`touch z`",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.sh"]
+
+
+def test_env_var_names_are_checked():
+    assert env_lines({"A": True, "B": None, "C": 1}) == ["export A=true", "export C=1"]
+    with pytest.raises(ConfigError, match="not a valid environment variable"):
+        env_lines({"A;rm": "x"})
+
+
+def test_slurm_training_script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = [*CPU, "cluster_type=slurm", "training.trainer.num_nodes=2", "training.trainer.devices=3"]
+    args += ["cluster.partition=cpu", "cluster.signal_seconds=120", "cluster.max_requeues=2"]
+    args += [f"training.run.name={NASTY}", "cluster.job_name_prefix=p-", "training.run.time_limit=00:30:00"]
+    plan = build_plan(compose(args))
+    [script_path] = write_run_files(plan, args)
+    script = script_path.read_text()
+    subprocess.run(["bash", "-n", str(script_path)], check=True)
+    found = directives(script)
+    assert found["--job-name"] == f"p-{NASTY}"
+    assert found["--nodes"] == "2" and found["--ntasks-per-node"] == "3"
+    assert found["--partition"] == "cpu" and found["--time"] == "00:30:00"
+    assert found["--signal"] == "B:USR1@120" and "--requeue" in found and "--exclusive" in found
+    assert found["--dependency"] == "singleton"  # the NeMo preset's run.dependency
+    assert found["--output"] == f"{tmp_path}/results/{NASTY}/log-p-{NASTY}_%j.out"
+    assert "--gres" not in found and "--gpus-per-node" not in found  # CPU nodes
+    assert "max_requeues=2" in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "--container-image" not in srun and "--no-container-mount-home" not in srun
+    assert srun.endswith(shlex.quote(str(tmp_path / f"results/{NASTY}/p-{NASTY}_hydra.yaml")) + " &")
+    assert (script_path.parent / "launcher_cmd.log").read_text().startswith("gptrain launch ")
+
+
+def test_gpu_and_container_options(tmp_path):
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "container=nvcr.io/nvidia/pytorch:24.01"]
+    args += ["container_mounts=[/data:/data,/home/me x:/w]", "training.trainer.num_nodes=4"]
+    plan = build_plan(compose(args))
+    [path] = write_run_files(plan, args)
+    script = path.read_text()
+    found = directives(script)
+    assert found["--gres"] == "gpu:8" and found["--gpus-per-node"] == "8" and found["--mem"] == "0"
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    words = shlex.split(srun.removesuffix(" &"))
+    assert "--container-image=nvcr.io/nvidia/pytorch:24.01" in words
+    assert "--container-mounts=/data:/data,/home/me x:/w" in words and "--no-container-mount-home" in words
+    assert words[words.index("gptrain-rank") + 1] == "python"  # the image's python, not the launcher's
+
+
+def test_data_preparation_is_an_array_and_training_applies_the_blend(tmp_path):
+    shards = "[http://h/a.jsonl.zst,http://h/b.jsonl.xz,file:///c.jsonl]"
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", f"data_dir={tmp_path}/d", *CPU]
+    args += ["stages=[data_preparation,training]", f"data_preparation.shards={shards}"]
+    plan = build_plan(compose(args))
+    prep, train = write_run_files(plan, args)
+    found = directives(prep.read_text())
+    assert found["--array"] == "0-2" and found["--cpus-per-task"] == "2"
+    assert found["--output"].endswith("log-gptrain-download_shards_%A_%a.out")
+    assert '--index "$SLURM_ARRAY_TASK_ID"' in prep.read_text() and "--cpus-per-task=2 " in prep.read_text()
+    assert f"apply-blend --blend {tmp_path}/d/blend.yaml" in train.read_text()
+
+
+def test_local_training_uses_torchrun(tmp_path):
+    args = [f"base_results_dir={tmp_path}", "training.trainer.num_nodes=1", "training.trainer.devices=2"]
+    plan = build_plan(compose(args))
+    command = plan.jobs[0].command
+    assert command[1:7] == [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "-m",
+    ]
+    assert Path(command[-1]).name == "gptrain-gpt3_126m_hydra.yaml"
+
+
+def test_raw_is_not_quoted():
+    from gptrain.launch.sbatch import quote_command
+
+    assert quote_command(["a b", Raw('"$X"')]) == "'a b' \"$X\""

@@ -1,0 +1,151 @@
+"""`gptrain launch` against a real Slurm: layout, quoting, two nodes, requeue, dependencies."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+from slurm_helpers import gptrain, job_fields, job_ids, wait_for
+
+NASTY = "a b;touch x"
+LAST = re.compile(r"iteration\s+(\d+)/\s*(\d+) \|.*?lm loss: ([\d.E+-]+) \|")
+
+
+def launch(args: list[str], cwd: Path) -> str:
+    out = gptrain(["launch", *args], cwd)
+    assert out.returncode == 0, out.stderr
+    [job_id] = job_ids(cwd / "results" / run_name(args))
+    return job_id
+
+
+def run_name(args: list[str]) -> str:
+    names = [a.split("=", 1)[1] for a in args if a.startswith("training.run.name=")]
+    return names[-1] if names else "gpt3_126m"
+
+
+def iterations(log: Path) -> list[tuple[int, int, str]]:
+    return [(int(m[1]), int(m[2]), m[3]) for m in LAST.finditer(log.read_text())]
+
+
+def test_two_task_job_layout_and_quoting(workdir, tiny):
+    args = [*tiny, "training.trainer.devices=2", f"training.run.name={NASTY}", "cluster.job_name_prefix="]
+    job_id = launch(args, workdir)
+    assert job_fields(job_id)["JobName"] == NASTY  # exactly the name, nothing run from it
+    wait_for(job_id, ("COMPLETED",), timeout=120)
+    run = workdir / "results" / NASTY
+    expected = {f"{NASTY}_hydra.yaml", "launcher_cmd.log", "launcher.log", f"{NASTY}_submission.sh"}
+    assert expected | {f"log-{NASTY}_{job_id}.out", "results"} <= {p.name for p in run.iterdir()}
+    assert not (workdir / "x").exists() and not (run / "x").exists() and not Path("x").exists()
+    lines = iterations(run / f"log-{NASTY}_{job_id}.out")
+    assert [step for step, _, _ in lines] == list(range(1, 7)) and lines[-1][1] == 6
+    status = gptrain(["status", NASTY], workdir)
+    assert "COMPLETED" in status.stdout and "step 6/6" in status.stdout, status.stdout + status.stderr
+    logs = gptrain(["logs", NASTY, "-f"], workdir)  # a finished job: prints everything and returns
+    assert logs.returncode == 0 and logs.stdout == (run / f"log-{NASTY}_{job_id}.out").read_text()
+
+
+def test_two_emulated_nodes(workdir, tiny):
+    job_id = launch([*tiny, "training.trainer.num_nodes=2", "training.run.name=two_nodes"], workdir)
+    wait_for(job_id, ("COMPLETED",), timeout=120)
+    fields = job_fields(job_id)
+    assert fields["NumNodes"] == "2" and fields["NodeList"] == "n[1-2]"
+    log = workdir / f"results/two_nodes/log-t-two_nodes_{job_id}.out"
+    assert iterations(log)[-1][:2] == (6, 6)
+
+
+def test_signal_checkpoints_requeues_and_resumes_to_the_same_loss(workdir, tiny):
+    steps = [
+        "training.trainer.max_steps=300",
+        "training.exp_manager.checkpoint_callback_params.every_n_train_steps=1000",
+    ]
+    baseline = launch([*tiny, *steps, "training.run.name=baseline"], workdir)
+    job_id = launch([*tiny, *steps, "training.run.name=preempted"], workdir)
+    log = workdir / f"results/preempted/log-t-preempted_{job_id}.out"
+    wait_for(job_id, ("RUNNING",), timeout=60)
+    deadline = time.monotonic() + 90
+    while not (log.exists() and iterations(log)):
+        assert time.monotonic() < deadline, "training never logged an iteration"
+        time.sleep(0.1)
+    # What Slurm does at --signal=B:USR1@N before the time limit, without waiting for it.
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+    fields = wait_for(job_id, ("COMPLETED",), timeout=150)
+    assert fields["Restarts"] == "1"
+    text = log.read_text()
+    assert "requeueing (restart 1 of 5)" in text and "step finished with exit code 0" in text
+    resumed = iterations(log)
+    # one log (open-mode append): steps 1..k before the signal, k+1..300 after the resume, none twice
+    assert [step for step, _, _ in resumed] == list(range(1, 301)) and resumed[-1][1] == 300
+    wait_for(baseline, ("COMPLETED",), timeout=150)
+    reference = iterations(workdir / f"results/baseline/log-t-baseline_{baseline}.out")
+    assert reference[-1] == resumed[-1]
+
+
+def test_failed_stage_blocks_the_next(workdir, tiny):
+    vocab, merges = workdir / "vocab.json", workdir / "merges.txt"
+    vocab.write_text("{}")
+    merges.write_text("")
+    args = [*tiny, "stages=[data_preparation,training]", "training.run.name=blocked"]
+    args += [f"data_preparation.shards=[file://{workdir}/missing.jsonl]", "data_preparation.workers=1"]
+    args += [
+        f"data_preparation.tokenizer.vocab_file={vocab}",
+        f"data_preparation.tokenizer.merge_file={merges}",
+    ]
+    out = gptrain(["launch", *args], workdir)
+    assert out.returncode == 0, out.stderr
+    [prep] = job_ids(workdir / "results/download_shards")
+    [train] = job_ids(workdir / "results/blocked")
+    assert job_fields(train)["Dependency"].startswith(f"afterok:{prep}")
+    wait_for(train, ("PENDING",), timeout=60, reason="DependencyNeverSatisfied")
+    assert job_fields(prep)["JobState"] == "FAILED"
+    status = gptrain(["status", "blocked"], workdir).stdout
+    assert "PENDING (DependencyNeverSatisfied)" in status and f"(job {prep}) failed" in status
+    prep_log = next(
+        (workdir / "results/download_shards").glob(f"log-t-download_shards_{prep}_0.out")
+    ).read_text()
+    assert "missing.jsonl: cannot copy" in prep_log
+    assert gptrain(["cancel", "blocked"], workdir).stdout.strip() == f"cancelled training job {train}"
+    wait_for(train, ("CANCELLED",), timeout=30)
+
+
+def test_data_preparation_array_then_training_on_the_blend(workdir, tiny):
+    import gzip
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "launch"))  # share the HTTP server of the unit tests
+    from test_launch_download import Server
+    from test_launch_local import GPT2_DATA, jsonl
+
+    texts = [
+        [f"Document {d} of shard {i} talks about queues and nodes." for d in range(30)] for i in range(2)
+    ]
+    files = {f"/s{i}.jsonl.gz": gzip.compress(jsonl(texts[i])) for i in range(2)}
+    vocab = [f"vocab_file={GPT2_DATA / 'encoder.json'}", f"merge_file={GPT2_DATA / 'vocab.bpe'}"]
+    with Server(files) as server:
+        args = [
+            *tiny,
+            "stages=[data_preparation,training]",
+            f"data_dir={workdir}/data",
+            "training.run.name=on_blend",
+        ]
+        args += [f"data_preparation.shards=[{server.url}/s0.jsonl.gz,{server.url}/s1.jsonl.gz]"]
+        args += ["data_preparation.workers=1", *[f"data_preparation.tokenizer.{v}" for v in vocab]]
+        args += ["training.model.data.data_impl=mmap", "training.model.data.splits_string=100,0,0"]
+        args += [f"training.model.tokenizer.{v}" for v in vocab]
+        out = gptrain(["launch", *args], workdir)
+        assert out.returncode == 0, out.stderr
+        [prep] = job_ids(workdir / "results/download_shards")
+        [train] = job_ids(workdir / "results/on_blend")
+        for task in range(2):
+            wait_for(f"{prep}_{task}", ("COMPLETED",), timeout=90)
+    wait_for(train, ("COMPLETED",), timeout=120)
+    prefixes = [str(workdir / f"data/tokenized/s{i}_text_document") for i in range(2)]
+    blend = yaml.safe_load((workdir / "data/blend.yaml").read_text())["data_prefix"]
+    assert blend[1::2] == prefixes and blend[0] == blend[2] > 30 * 10  # same text lengths: same token counts
+    config = yaml.safe_load((workdir / "results/on_blend/t-on_blend_hydra.yaml").read_text())
+    assert config["model"]["data"]["data_prefix"] == blend  # the training job read the blend
+    assert iterations(workdir / f"results/on_blend/log-t-on_blend_{train}.out")[-1][:2] == (6, 6)
+    logs = gptrain(["logs", "download_shards", "-f"], workdir).stdout  # all array tasks ended: returns
+    assert logs.count("-m gptrain data prepare --input") == 2, logs  # one tokenizer run per array task
