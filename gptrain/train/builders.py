@@ -1,11 +1,13 @@
 """Named builders that turn a TrainingConfig into the pieces of a run.
 
-Each is small and replaceable: the parallel layer plugs in by swapping `parallelize`,
-`data_parallel_rank_size`, the step options' reduce/norm functions and `is_logging_rank`.
+Each is small and replaceable: the parallel layer (gptrain.parallel) plugs in through
+`build_parallel_model`, `data_parallel_rank_size`, `with_parallel_seams` (the step options'
+reduce/norm/forward-backward/eval functions) and `is_logging_rank`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -68,9 +70,9 @@ def padded_vocab_size(cfg: TrainingConfig, tokenizer: Any | None) -> tuple[int, 
         vocab = int(cfg.model.data.mock_vocab_size)
     else:
         raise ConfigError("no tokenizer files and no model.data.mock_vocab_size: set one of them")
-    padded = pad_vocab_size(
-        vocab, cfg.model.make_vocab_size_divisible_by, cfg.model.tensor_model_parallel_size
-    )
+    # Not x TP as Megatron: the same padded vocabulary under every layout keeps checkpoints
+    # reshardable (parallelize checks that TP divides it).
+    padded = pad_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by)
     return vocab, padded
 
 
@@ -114,26 +116,31 @@ def build_model(model_config: Any, device: torch.device, seed: int) -> nn.Module
     return model
 
 
-def parallelize(model: nn.Module, cfg: TrainingConfig, world: World) -> nn.Module:
-    """Seam: apply the parallel layout. Default: none in one process, plain DDP otherwise."""
-    if world.world_size == 1:
-        return model
-    from torch.nn.parallel import DistributedDataParallel
+def build_parallel_model(
+    model_config: Any, cfg: TrainingConfig, world: World, device: torch.device
+) -> nn.Module:
+    """Seam: build on meta, apply the layout (PP split, TP, AC, compile, FSDP/DDP), then materialize
+    on `device` and init from model.seed (the same weights as build_model, whatever the layout)."""
+    from gptrain.models.gpt import GPT
+    from gptrain.parallel.parallelize import parallelize
 
-    device_ids = [world.local_rank] if next(model.parameters()).is_cuda else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    with torch.device("meta"):
+        model = GPT(model_config)
+    return parallelize(model, cfg, world, device)
 
 
 def data_parallel_rank_size(cfg: TrainingConfig, world: World) -> tuple[int, int]:
-    """Seam: (dp_rank, dp_size) the sampler slices by. Default: every rank is a DP rank."""
-    del cfg
-    return world.rank, world.world_size
+    """Seam: (dp_rank, dp_size) the sampler slices by; TP/PP ranks of one replica read the same samples."""
+    from gptrain.parallel.training import data_parallel_rank_size as dp_rank_size
+
+    return dp_rank_size(cfg, world)
 
 
 def is_logging_rank(cfg: TrainingConfig, world: World) -> bool:
-    """Seam: the rank that prints iteration lines (Megatron: the last pipeline stage). Default: rank 0."""
-    del cfg
-    return world.rank == 0
+    """Seam: the rank that prints iteration lines: the last rank, on the last pipeline stage (Megatron)."""
+    from gptrain.parallel.training import is_logging_rank as last_rank
+
+    return last_rank(cfg, world)
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
@@ -171,6 +178,16 @@ def build_checkpoint_manager(cfg: TrainingConfig, world: World) -> CheckpointMan
     params = cfg.exp_manager.checkpoint_callback_params
     root = Path(cfg.exp_manager.explicit_log_dir) / "checkpoints"
     return CheckpointManager(root, params.save_top_k, rank=world.rank, async_save=params.async_save)
+
+
+def with_parallel_seams(opts: StepOptions, model: nn.Module) -> StepOptions:
+    """The layout's loss all-reduce (DP group), global grad norm and, for TP/PP, forward/backward and eval."""
+    from gptrain.parallel.runtime import ParallelGPT
+    from gptrain.parallel.training import step_overrides
+
+    if not isinstance(model, ParallelGPT):
+        return opts
+    return dataclasses.replace(opts, **step_overrides(model))
 
 
 def schedule_spec(cfg: TrainingConfig) -> ScheduleSpec:

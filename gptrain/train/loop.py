@@ -2,9 +2,10 @@
 
 Seams for parallel layouts (gptrain/parallel plugs in here without touching the model):
   builders.build_model              build on meta, to_empty(device), init_weights(generator)
-  builders.parallelize              apply TP / activation checkpointing / compile / FSDP2 / DDP
+  builders.build_parallel_model     meta model -> gptrain.parallel: PP split, TP, AC, compile, FSDP2/DDP
   builders.data_parallel_rank_size  (dp_rank, dp_size) that the sampler slices batches by
   builders.build_step_options       loss all-reduce (`reduce_sum`) and grad-norm function
+  builders.with_parallel_seams      the layout's reduce/norm and, for TP/PP, forward_backward/eval_fn
   Session.step_fn                   one optimizer step; pipeline schedules assign their own
                                     after the Session is built (default: step.train_step)
   builders.is_logging_rank          the rank that prints iteration lines (last pipeline stage)
@@ -14,7 +15,7 @@ With world size 1 no process group is created.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def train(cfg: TrainingConfig) -> int:
         tokenizer = b.build_tokenizer(cfg)
         vocab, padded_vocab = b.padded_vocab_size(cfg, tokenizer)
         model_config = b.build_model_config(cfg, padded_vocab)
-        model = b.parallelize(b.build_model(model_config, device, cfg.model.seed), cfg, world)
+        model = b.build_parallel_model(model_config, cfg, world, device)
         optimizer = b.build_adamw(cfg, model, device)
         dp_rank, dp_size = b.data_parallel_rank_size(cfg, world)
         check_batch_sizes(cfg, dp_size)
@@ -107,7 +108,7 @@ def train(cfg: TrainingConfig) -> int:
             optimizer=optimizer,
             schedule=LRSchedule(optimizer, b.schedule_spec(cfg)),
             scaler=b.build_scaler(cfg),
-            step_opts=b.build_step_options(cfg, dp_size),
+            step_opts=b.with_parallel_seams(b.build_step_options(cfg, dp_size), model),
             checkpoints=b.build_checkpoint_manager(cfg, world),
             log=log,
             scalars=scalars,
@@ -301,6 +302,8 @@ def evaluate(s: Session, data: GPTBatchDataset, num_batches: int) -> float:
     loader = build_loader(data, 0, m.micro_batch_size, s.dp_rank, s.dp_size, num_workers=0, seed=m.seed)
     loss_sum = torch.zeros((), dtype=torch.float64, device=s.device)
     tokens = torch.zeros((), dtype=torch.float64, device=s.device)
+    if s.step_opts.eval_fn is not None:  # TP/PP: whole global batches through the layout's forward
+        return evaluate_parallel(s, loader, num_batches)
     s.model.eval()
     try:
         for _, microbatch in zip(range(num_batches * s.num_microbatches), loader, strict=False):
@@ -311,6 +314,23 @@ def evaluate(s: Session, data: GPTBatchDataset, num_batches: int) -> float:
     finally:
         s.model.train()
     return float((s.step_opts.reduce_sum(loss_sum) / s.step_opts.reduce_sum(tokens).clamp(min=1)).item())
+
+
+def evaluate_parallel(s: Session, loader: Iterable[Batch], num_batches: int) -> float:
+    """Token-weighted mean loss via the layout's eval_fn, one global batch at a time."""
+    loss_sum = tokens = 0.0
+    it = iter(loader)
+    s.model.eval()
+    try:
+        for _ in range(num_batches):
+            microbatches = [mb for _, mb in zip(range(s.num_microbatches), it, strict=False)]
+            if len(microbatches) < s.num_microbatches:
+                break
+            batch_loss, batch_tokens = s.step_opts.eval_fn(s.model, microbatches, s.step_opts.precision)
+            loss_sum, tokens = loss_sum + float(batch_loss), tokens + float(batch_tokens)
+    finally:
+        s.model.train()
+    return loss_sum / max(tokens, 1.0)
 
 
 def validate(s: Session, data: GPTBatchDataset | None) -> None:

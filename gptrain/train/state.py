@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
+from gptrain.parallel.state_dict import (
+    load_model_state_dict,
+    load_optimizer_state_dict,
+    model_state_dict,
+    optimizer_state_dict,
+)
 from gptrain.train.loss_scale import LossScaler
 from gptrain.train.schedule import LRSchedule
 
@@ -72,8 +72,8 @@ def checkpoint_state(
 ) -> dict[str, Any]:
     """The DCP state dict (same keys on every rank; tensors may be sharded)."""
     return {
-        "model": get_model_state_dict(model),
-        "optim": get_optimizer_state_dict(model, optimizer),
+        "model": model_state_dict(model),
+        "optim": optimizer_state_dict(model, optimizer),
         "schedule": schedule.state_dict(),
         "scaler": scaler.state_dict(),
         "train": train.state_dict(),
@@ -89,8 +89,8 @@ def apply_checkpoint_state(
     train: TrainState,
 ) -> None:
     """Put a loaded DCP state dict back into the live objects."""
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optim"])
+    load_model_state_dict(model, state["model"])
+    load_optimizer_state_dict(model, optimizer, state["optim"])
     schedule.load_state_dict(state["schedule"])
     scaler.load_state_dict(state["scaler"])
     train.load_state_dict(state["train"])

@@ -52,6 +52,9 @@ class StepOptions:
     loss_fn: Callable[[nn.Module, Batch], torch.Tensor] = masked_lm_loss
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] = no_reduce
     grad_norm_fn: Callable[[list[torch.Tensor]], torch.Tensor] = total_grad_norm
+    # Layouts whose loss needs loss_parallel or a pipeline schedule (TP/PP) replace these.
+    forward_backward: Callable[..., tuple[float, int]] | None = None
+    eval_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 @dataclass
@@ -106,7 +109,9 @@ def train_step(
 ) -> StepResult:
     """Forward/backward all micro-batches, then unscale, check, clip and step (or skip)."""
     optimizer.zero_grad(set_to_none=True)
-    loss, tokens = forward_backward(model, microbatches, scaler.scale, device, opts)
+    loss, tokens = (opts.forward_backward or forward_backward)(
+        model, microbatches, scaler.scale, device, opts
+    )
     if not math.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=loss, nonfinite=True, tokens=tokens)

@@ -27,7 +27,8 @@ def free_port() -> int:
 
 
 def losses(log_dir):
-    text = (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+    last_rank = sorted(log_dir.glob("nemo_log_globalrank-*_localrank-*.txt"))[-1]  # the logging rank
+    text = last_rank.read_text()
     return [float(x) for x in re.findall(r"\| lm loss: ([0-9.E+-]+) \|", text)]
 
 

@@ -1,0 +1,164 @@
+"""Check a parallel layout before any process group starts.
+
+Every rule here would otherwise surface as a shape error or a hang deep inside a
+collective on some rank; a ConfigError naming the keys and values is raised instead.
+Imports no torch, so `gptrain train` and the launcher can call it on a login node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gptrain.errors import ConfigError
+from gptrain.parallel.mesh import ParallelDims
+
+SHARDING_CHOICES = ("ddp", "full_shard", "hybrid_shard")
+AC_GRANULARITIES = ("full", "selective")
+AC_METHODS = ("uniform", "block")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def num_microbatches(model: Any, dp: int) -> int:
+    """Microbatches per DP rank per step: global batch / (micro batch x DP)."""
+    return model.global_batch_size // (model.micro_batch_size * dp)
+
+
+def check_layout(model: Any, world_size: int, devices_per_node: int | None = None) -> ParallelDims:
+    """Validate `cfg.model`'s parallel keys against the world size; return the degrees."""
+    tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
+    vpp = model.virtual_pipeline_model_parallel_size
+    _require(
+        tp >= 1 and pp >= 1,
+        f"model.tensor_model_parallel_size={tp} and model.pipeline_model_parallel_size={pp} must be >= 1",
+    )
+    _require(
+        world_size % (tp * pp) == 0,
+        f"world size {world_size} (trainer.num_nodes x trainer.devices) is not divisible by "
+        f"model.tensor_model_parallel_size x model.pipeline_model_parallel_size = {tp} x {pp}",
+    )
+    dims = ParallelDims(world_size=world_size, tp=tp, pp=pp, vpp=vpp or 1)
+    _check_model_split(model, dims)
+    _check_sequence_parallel(model, tp)
+    _check_batch(model, dims)
+    dp_shard = _check_sharding(model, dims, devices_per_node)
+    _check_activation_checkpointing(model, dims)
+    return ParallelDims(world_size=world_size, tp=tp, pp=pp, vpp=dims.vpp, dp_shard=dp_shard)
+
+
+def _check_model_split(model: Any, dims: ParallelDims) -> None:
+    tp, pp, vpp = dims.tp, dims.pp, model.virtual_pipeline_model_parallel_size
+    heads = model.num_attention_heads
+    groups = model.num_query_groups or heads
+    _require(
+        heads % tp == 0,
+        f"model.num_attention_heads={heads} is not divisible by model.tensor_model_parallel_size={tp}",
+    )
+    _require(
+        groups % tp == 0,
+        f"model.num_query_groups={groups} is not divisible by model.tensor_model_parallel_size={tp}",
+    )
+    ffn = model.ffn_hidden_size or 4 * model.hidden_size
+    _require(
+        ffn % tp == 0,
+        f"model.ffn_hidden_size={ffn} is not divisible by model.tensor_model_parallel_size={tp}",
+    )
+    if vpp is not None:
+        _require(vpp >= 1, f"model.virtual_pipeline_model_parallel_size={vpp} must be >= 1 or null")
+        _require(
+            pp > 1 or vpp == 1,
+            f"model.virtual_pipeline_model_parallel_size={vpp} needs model.pipeline_model_parallel_size > 1 (it is {pp})",
+        )
+    chunks = pp * (vpp or 1)
+    _require(
+        model.num_layers % chunks == 0,
+        f"model.num_layers={model.num_layers} is not divisible by model.pipeline_model_parallel_size x "
+        f"model.virtual_pipeline_model_parallel_size = {pp} x {vpp or 1}",
+    )
+
+
+def _check_sequence_parallel(model: Any, tp: int) -> None:
+    if not model.sequence_parallel:
+        return
+    _require(
+        tp > 1,
+        "model.sequence_parallel=true needs model.tensor_model_parallel_size > 1: set one or the other",
+    )
+    seq = model.encoder_seq_length
+    _require(
+        seq % tp == 0,
+        f"model.encoder_seq_length={seq} is not divisible by model.tensor_model_parallel_size={tp} "
+        "(needed by model.sequence_parallel=true)",
+    )
+
+
+def _check_batch(model: Any, dims: ParallelDims) -> None:
+    mbs, gbs, dp = model.micro_batch_size, model.global_batch_size, dims.dp
+    _require(mbs >= 1, f"model.micro_batch_size={mbs} must be >= 1")
+    _require(
+        gbs % (mbs * dp) == 0,
+        f"model.global_batch_size={gbs} is not divisible by model.micro_batch_size x data-parallel size = "
+        f"{mbs} x {dp} (data-parallel size = world size / (tensor x pipeline parallel))",
+    )
+    n = num_microbatches(model, dp)
+    if dims.pp > 1:
+        _require(
+            n >= dims.pp,
+            f"{n} microbatches per step (model.global_batch_size={gbs} / (micro batch {mbs} x DP {dp})) is fewer "
+            f"than model.pipeline_model_parallel_size={dims.pp}: raise the global batch",
+        )
+    if dims.vpp > 1:
+        _require(
+            n % dims.pp == 0,
+            f"interleaved pipeline needs the microbatches per step ({n}) to be a multiple of "
+            f"model.pipeline_model_parallel_size={dims.pp}: change model.global_batch_size={gbs}",
+        )
+
+
+def _check_sharding(model: Any, dims: ParallelDims, devices_per_node: int | None) -> int:
+    """Validate model.data_parallel_sharding; return the FSDP shard-group size (0 for DDP)."""
+    mode = model.data_parallel_sharding
+    _require(
+        mode in SHARDING_CHOICES,
+        f"model.data_parallel_sharding={mode!r} must be one of {', '.join(SHARDING_CHOICES)}",
+    )
+    if mode == "ddp":
+        return 0
+    if mode == "full_shard" or devices_per_node is None:
+        return dims.dp
+    ranks_per_node_dp = max(1, devices_per_node // dims.tp)
+    shard = min(dims.dp, ranks_per_node_dp)
+    _require(
+        dims.dp % shard == 0,
+        f"model.data_parallel_sharding=hybrid_shard: data-parallel size {dims.dp} is not a multiple of the "
+        f"shard group {shard} (trainer.devices={devices_per_node} / tensor parallel {dims.tp})",
+    )
+    return shard
+
+
+def _check_activation_checkpointing(model: Any, dims: ParallelDims) -> None:
+    granularity = model.activations_checkpoint_granularity
+    method = model.activations_checkpoint_method
+    count = model.activations_checkpoint_num_layers
+    if granularity is None:
+        return
+    _require(
+        granularity in AC_GRANULARITIES,
+        f"model.activations_checkpoint_granularity={granularity!r} must be one of full, selective or null",
+    )
+    if granularity != "full":
+        return
+    _require(
+        method in AC_METHODS,
+        f"model.activations_checkpoint_method={method!r} must be uniform or block with granularity full",
+    )
+    _require(count is None or count >= 0, f"model.activations_checkpoint_num_layers={count} must be >= 0")
+    per_chunk = model.num_layers // (dims.pp * dims.vpp)
+    if method == "block" and count is not None:
+        _require(
+            count <= per_chunk,
+            f"model.activations_checkpoint_num_layers={count} exceeds the {per_chunk} layers per pipeline chunk",
+        )

@@ -1,0 +1,177 @@
+"""Who am I in the job, and the device mesh of the parallel layout.
+
+The rank/world come from torchrun's variables or, under `srun` without torchrun, from
+Slurm's. The master address falls back to the first host of the Slurm node list, parsed
+here in Python so that no `scontrol` call is needed on compute nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from gptrain.errors import LaunchError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job, read from the environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of the layout; dp is derived as world / (tp * pp).
+
+    `dp_shard` < dp means hybrid sharding: dp = dp_replicate x dp_shard, FSDP shards
+    inside a group of `dp_shard` ranks (usually one node) and replicates across groups.
+    """
+
+    world_size: int
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    dp_shard: int = 0
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp)
+
+    @property
+    def dp_replicate(self) -> int:
+        return self.dp // self.dp_shard if self.dp_shard else 1
+
+    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Shape and names of the mesh, outermost (slowest) dimension first.
+
+        tp is innermost so that tensor-parallel ranks sit on one node (fast links), pp is
+        outermost as in Megatron's default rank order.
+        """
+        if self.dp_shard and self.dp_shard != self.dp:
+            return (self.pp, self.dp_replicate, self.dp_shard, self.tp), ("pp", "dp_rep", "dp_shard", "tp")
+        return (self.pp, self.dp, self.tp), ("pp", "dp", "tp")
+
+
+def parse_slurm_nodelist(nodelist: str) -> list[str]:
+    """Expand a Slurm host list: `n[1-2],gpu-[01-04,07]` -> [n1, n2, gpu-01, ...]."""
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist.strip()):
+        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", item)
+        if not match:
+            if "[" in item or "]" in item:
+                raise LaunchError(f"SLURM_JOB_NODELIST: cannot parse host list item {item!r}")
+            if item:
+                hosts.append(item)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for name in _expand_ranges(ranges, item):
+            hosts.extend(parse_slurm_nodelist(prefix + name + suffix))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas that are not inside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p]
+
+
+def _expand_ranges(ranges: str, item: str) -> list[str]:
+    """`01-03,07` -> [01, 02, 03, 07], keeping zero padding."""
+    names: list[str] = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise LaunchError(f"SLURM_JOB_NODELIST: bad range {part!r} in {item!r}")
+        width = len(low)
+        names.extend(f"{n:0{width}d}" for n in range(int(low), int(high or low) + 1))
+    return names
+
+
+def world_from_env(env: Mapping[str, str] | None = None) -> World:
+    """Rank, world size and rendezvous address from torchrun or Slurm variables."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local = int(env.get("LOCAL_RANK", "0"))
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, size = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        local = int(env.get("SLURM_LOCALID", "0"))
+    else:
+        rank, size, local = 0, 1, 0
+    addr = env.get("MASTER_ADDR")
+    if not addr:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        addr = parse_slurm_nodelist(nodelist)[0] if nodelist else "127.0.0.1"
+    port = int(env.get("MASTER_PORT", DEFAULT_MASTER_PORT))
+    if not 0 <= rank < size:
+        raise LaunchError(f"rank {rank} is outside world size {size}: check RANK/WORLD_SIZE or SLURM_PROCID")
+    return World(rank=rank, world_size=size, local_rank=local, master_addr=addr, master_port=port)
+
+
+def device_for(world: World, accelerator: str) -> str:
+    """`cuda:<local_rank>` on GPU, `cpu` otherwise."""
+    return f"cuda:{world.local_rank}" if accelerator == "gpu" else "cpu"
+
+
+def init_distributed(world: World, accelerator: str, timeout_minutes: float = 30.0) -> None:
+    """Start the default process group (nccl on GPU, gloo on CPU) if not started yet."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if accelerator == "gpu":
+        torch.cuda.set_device(world.local_rank)
+    os.environ.setdefault("MASTER_ADDR", world.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(world.master_port))
+    dist.init_process_group(
+        backend="nccl" if accelerator == "gpu" else "gloo",
+        init_method=f"tcp://{world.master_addr}:{world.master_port}",
+        rank=world.rank,
+        world_size=world.world_size,
+        timeout=timedelta(minutes=timeout_minutes),
+    )
+
+
+def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
+    """The device mesh with named dims pp, dp (flattened for hybrid), tp."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape, names = dims.mesh_shape()
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    if "dp_rep" in names:
+        mesh["dp_rep", "dp_shard"]._flatten("dp")
+    return mesh
+
+
+def shutdown() -> None:
+    """End a distributed process cleanly: barrier, then destroy the group.
+
+    Without the barrier, gloo worker threads may release tensors during interpreter
+    shutdown and abort the process after a correct run.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,158 @@
+"""Apply a parallel layout to a GPT: pipeline split, then TP -> AC -> compile -> FSDP/DDP.
+
+The order is torchtitan's and it matters: TP turns parameters into DTensors that
+activation checkpointing and compile then wrap as they are, and FSDP shards last so it
+sees the TP-sharded parameters and its per-block units line up with the checkpointed
+and compiled blocks. A model built on the meta device is materialized afterwards on
+the right device (`to_empty`) and initialized layout-independently (`init_weights`
+cuts every shard from the same full tensors).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gptrain.errors import ConfigError
+from gptrain.parallel.activation_checkpoint import apply_ac, apply_compile
+from gptrain.parallel.data_parallel import GradAllReduce, apply_ddp, apply_fsdp, mixed_precision_policy
+from gptrain.parallel.layout import check_layout, num_microbatches
+from gptrain.parallel.mesh import World, build_mesh
+from gptrain.parallel.pipeline import build_schedule, embedding_group, is_tied, split_stage, stage_ids
+from gptrain.parallel.runtime import ParallelContext, ParallelGPT
+from gptrain.parallel.tensor_parallel import apply_tp
+
+
+def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device | None = None) -> ParallelGPT:
+    """This rank's part of `model` under `cfg.model`'s layout, ready to train.
+
+    `model` may be on the meta device (then it is materialized and initialized from
+    cfg.model.seed) or already initialized (its values are kept). The process group
+    must be started when world.world_size > 1.
+    """
+    dims = check_layout(cfg.model, world.world_size, cfg.trainer.devices)
+    _check_vocab(model, dims.tp)
+    meta = any(p.is_meta for p in model.parameters())
+    if device is None:
+        device = torch.device("cpu") if meta else next(model.parameters()).device
+    ctx = ParallelContext(dims=dims, device=device)
+    tied = is_tied(model)
+    if world.world_size == 1:
+        parts = [model]
+    else:
+        ctx.mesh = build_mesh(dims, device.type)
+        _set_ranks(ctx)
+        parts = _split(model, ctx)
+    for part in parts:
+        _apply_model_parallel(part, cfg, ctx)
+    ctx.runners = list(parts)
+    if dims.dp > 1 and dims.dp_shard:
+        _apply_fsdp(parts, cfg, ctx)
+    if meta:
+        _materialize(parts, device, cfg.model.seed)
+    if tied and dims.pp > 1:
+        ctx.embedding_group = embedding_group(ctx.mesh)
+        _copy_embedding_to_output(parts, ctx)
+    if dims.dp > 1 and not dims.dp_shard:
+        _apply_replicated(parts, ctx)
+    if dims.pp > 1:
+        stages = stage_ids(ctx.pp_rank, dims.pp, dims.vpp)
+        n_micro = num_microbatches(cfg.model, dims.dp)
+        ctx.schedule = build_schedule(
+            parts, stages, dims.pp * dims.vpp, ctx.pp_group, device, n_micro, ctx.pipeline_loss
+        )
+    return ParallelGPT(parts, ctx)
+
+
+def _check_vocab(model: nn.Module, tp: int) -> None:
+    vocab = model.tok_embeddings.num_embeddings
+    if vocab % tp:
+        raise ConfigError(
+            f"padded vocabulary {vocab} is not divisible by model.tensor_model_parallel_size={tp}: "
+            "set model.make_vocab_size_divisible_by to a multiple of it"
+        )
+
+
+def _set_ranks(ctx: ParallelContext) -> None:
+    mesh, dims = ctx.mesh, ctx.dims
+    ctx.tp_rank = mesh["tp"].get_local_rank()
+    ctx.pp_rank = mesh["pp"].get_local_rank()
+    ctx.dp_rank = mesh["dp"].get_local_rank()
+    ctx.dp_group = mesh["dp"].get_group() if dims.dp > 1 else None
+    ctx.pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
+    stages = stage_ids(ctx.pp_rank, dims.pp, dims.vpp)
+    ctx.has_first_stage = 0 in stages
+    ctx.has_last_stage = dims.pp * dims.vpp - 1 in stages
+
+
+def _split(model: nn.Module, ctx: ParallelContext) -> list[nn.Module]:
+    dims = ctx.dims
+    if dims.pp == 1:
+        return [model]
+    num_stages = dims.pp * dims.vpp
+    return [split_stage(model, stage, num_stages) for stage in stage_ids(ctx.pp_rank, dims.pp, dims.vpp)]
+
+
+def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> None:
+    """TP, then activation checkpointing, then compile, on one chunk in place."""
+    m = cfg.model
+    if ctx.dims.tp > 1:
+        apply_tp(part, ctx.mesh["tp"], m.sequence_parallel, loss_parallel=True)
+    apply_ac(
+        part,
+        m.activations_checkpoint_granularity,
+        m.activations_checkpoint_method,
+        m.activations_checkpoint_num_layers,
+    )
+    if m.compile:
+        apply_compile(part)
+
+
+def _materialize(parts: list[nn.Module], device: torch.device, seed: int) -> None:
+    """Allocate on `device` and initialize each chunk exactly as the whole model would be."""
+    for part in parts:
+        part.to_empty(device=device)
+        part.init_weights(torch.Generator(device="cpu").manual_seed(seed))
+
+
+@torch.no_grad()
+def _copy_embedding_to_output(parts: list[nn.Module], ctx: ParallelContext) -> None:
+    """Start the last stage's output copy of a tied embedding from the embedding's values.
+
+    The last stage zeroes its copy and the first+last pair sums: both end up with the
+    first stage's weights, whatever the last stage was initialized with.
+    """
+    if ctx.embedding_group is None:
+        return
+    for part in parts:
+        for name in ("tok_embeddings", "output"):
+            module = getattr(part, name, None)
+            if module is None:
+                continue
+            weight = module.weight
+            local = weight.to_local() if hasattr(weight, "to_local") else weight
+            if name == "output":
+                local.zero_()
+            dist.all_reduce(local, group=ctx.embedding_group)
+
+
+def _apply_fsdp(parts: list[nn.Module], cfg: Any, ctx: ParallelContext) -> None:
+    """FSDP2 on every chunk: over the dp mesh, or (replicate, shard) for hybrid sharding."""
+    dims = ctx.dims
+    dp_mesh = ctx.mesh["dp_rep", "dp_shard"] if dims.dp_replicate > 1 else ctx.mesh["dp"]
+    policy = mixed_precision_policy(cfg.trainer.precision)
+    for part in parts:
+        # Under PP a chunk runs many micro-batches: keep its parameters gathered until the backward.
+        apply_fsdp(part, dp_mesh, policy, reshard=dims.pp == 1)
+
+
+def _apply_replicated(parts: list[nn.Module], ctx: ParallelContext) -> None:
+    """torch DDP (overlapped all-reduce) on a plain model; a bucketed all-reduce after the backward otherwise."""
+    dims = ctx.dims
+    if dims.tp == 1 and dims.pp == 1:
+        ctx.runners = [apply_ddp(parts[0], ctx.dp_group, ctx.device)]
+    else:
+        ctx.grad_sync = GradAllReduce(parts, ctx.dp_group, dims.dp)

@@ -1,0 +1,121 @@
+"""Pipeline parallelism: split the GPT by layers into stages and run 1F1B schedules.
+
+A stage is a copy of the (meta) model with the layers of other stages deleted from the
+`layers` ModuleDict, so parameter names stay those of the whole model and checkpoints
+reload under any layout. The first stage keeps the token/position embeddings, the
+last keeps the final norm and output.
+
+Tied embeddings: when the first and last stage live on different ranks, the output
+projection becomes its own parameter, initialised to the same values as the embedding;
+after each backward the two gradients are summed over the first+last stage ranks
+(`sync_tied_embedding_grads`), so both copies take identical optimizer steps and stay
+equal, as in Megatron. The checkpoint holds both `tok_embeddings.weight` and
+`output.weight`, which a non-pipelined (tied) model also reports, so reloading works.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+
+
+def stage_ids(pp_rank: int, pp: int, vpp: int) -> list[int]:
+    """Stages held by `pp_rank`: rank r holds r, r+pp, r+2pp... (interleaved placement)."""
+    return [pp_rank + chunk * pp for chunk in range(vpp)]
+
+
+def layer_range(stage: int, num_stages: int, num_layers: int) -> range:
+    """The contiguous layers of `stage`, an equal share each."""
+    per_stage = num_layers // num_stages
+    return range(stage * per_stage, (stage + 1) * per_stage)
+
+
+def split_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
+    """A copy of `model` holding only what `stage` computes (names unchanged)."""
+    part = copy.deepcopy(model)
+    keep = {str(i) for i in layer_range(stage, num_stages, len(model.layers))}
+    for name in list(part.layers.keys()):
+        if name not in keep:
+            del part.layers[name]
+    if stage != 0:
+        part.tok_embeddings = None
+        if hasattr(part, "pos_embeddings"):
+            part.pos_embeddings = None
+    if stage != num_stages - 1:
+        part.norm = None
+        part.output = None
+    return part
+
+
+def is_tied(model: nn.Module) -> bool:
+    tok, out = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
+    return tok is not None and out is not None and out.weight is tok.weight
+
+
+def embedding_group(mesh: DeviceMesh) -> dist.ProcessGroup | None:
+    """Process group of the first and last pipeline rank with this rank's dp/tp coordinates.
+
+    Every rank must create every group (collective call); returns this rank's group, or
+    None for ranks of middle stages.
+    """
+    ranks = mesh.mesh.reshape(mesh.mesh.shape[0], -1)
+    mine = None
+    for column in range(ranks.shape[1]):
+        pair = [int(ranks[0, column]), int(ranks[-1, column])]
+        group = dist.new_group(pair)
+        if dist.get_rank() in pair:
+            mine = group
+    return mine
+
+
+def sync_tied_embedding_grads(parts: list[nn.Module], group: dist.ProcessGroup | None) -> None:
+    """Sum the embedding gradient (first stage) and output gradient (last stage)."""
+    if group is None:
+        return
+    for part in parts:
+        for module in (getattr(part, "tok_embeddings", None), getattr(part, "output", None)):
+            if module is None or module.weight.grad is None:
+                continue
+            weight, grad = module.weight, module.weight.grad
+            if isinstance(grad, DTensor) and grad.placements != weight.placements:
+                # The TP embedding's backward yields a replicated gradient; match the output's shards.
+                grad = grad.redistribute(weight.device_mesh, weight.placements)
+                weight.grad = grad
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            dist.all_reduce(local, group=group)
+
+
+def build_schedule(
+    parts: list[nn.Module],
+    stages: list[int],
+    num_stages: int,
+    pp_group: dist.ProcessGroup,
+    device: torch.device,
+    num_microbatches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> PipelineScheduleSingle | PipelineScheduleMulti:
+    """1F1B with one stage per rank, interleaved 1F1B with several.
+
+    Gradients are not scaled by the schedule: `loss_fn` already divides by the number
+    of loss tokens, which is Megatron's token-weighted mean over the global batch.
+    """
+    # Imported here: torch.distributed.pipelining pulls in sympy (~1 s) that other layouts never need.
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+
+    pipeline_stages = [
+        PipelineStage(part, stage, num_stages, device, group=pp_group)
+        for part, stage in zip(parts, stages, strict=True)
+    ]
+    if len(pipeline_stages) == 1:
+        return Schedule1F1B(pipeline_stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
+    return ScheduleInterleaved1F1B(pipeline_stages, num_microbatches, loss_fn=loss_fn, scale_grads=False)

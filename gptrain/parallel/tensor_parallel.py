@@ -1,0 +1,151 @@
+"""Tensor and sequence parallelism with DTensor plans (Megatron's layout, PyTorch-native).
+
+Attention q/k/v and MLP w1/w3 are split by output columns (heads, ffn), wo and w2 by
+input rows, so each block needs one all-reduce forward and one backward (or, with
+sequence parallelism, a reduce-scatter/all-gather pair around norms and dropout that
+then run on a slice of the sequence). Embedding and output are split over the
+vocabulary; with loss_parallel the cross entropy runs on vocabulary shards so the full
+logits are never gathered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.parallel.style import ParallelStyle
+
+
+class ReplicateParallel(ParallelStyle):
+    """Keep a module's parameters whole but as Replicate DTensors.
+
+    Parameters not split by a plan (norms without sequence parallelism, learned
+    positions) must still be DTensors: a plain tensor cannot meet a DTensor in the
+    optimizer, the grad-norm or FSDP on a 2-D mesh. Inputs become Replicate DTensors;
+    the output is turned into `output_layout` and handed on as a local tensor.
+    `seq_dim_from_end` picks the sequence dim for Shard outputs ((S, H) and (B, S, H)
+    both have it second from the end).
+    """
+
+    def __init__(self, output_shard_seq: bool = False, seq_dim_from_end: int = 2) -> None:
+        super().__init__()
+        self.output_shard_seq = output_shard_seq
+        self.seq_dim_from_end = seq_dim_from_end
+
+    def _partition(self, name: str, module: nn.Module, mesh: DeviceMesh) -> None:
+        for key, param in list(module.named_parameters(recurse=False)):
+            dist_param = nn.Parameter(distribute_tensor(param, mesh, [Replicate()]), param.requires_grad)
+            module.register_parameter(key, dist_param)
+
+    @staticmethod
+    def _input(mod: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
+        return tuple(
+            DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+            if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+            else x
+            for x in inputs
+        )
+
+    def _output(self, mod: nn.Module, output: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+        if not isinstance(output, DTensor):
+            return output
+        if self.output_shard_seq:
+            output = output.redistribute(mesh, [Shard(output.ndim - self.seq_dim_from_end)])
+        return output.to_local()
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(
+            module,
+            device_mesh,
+            self._partition,
+            self._input,
+            lambda mod, out, mesh: self._output(mod, out, mesh),
+        )
+
+
+def _norm_style(sequence_parallel: bool) -> ParallelStyle:
+    return SequenceParallel() if sequence_parallel else ReplicateParallel()
+
+
+def _gather_input(act_layout: Shard | Replicate, extra_inputs: int = 2) -> PrepareModuleInput:
+    """Whole-sequence input for attention/MLP; the extra inputs (rope cos/sin) pass as they are."""
+    rest = (None,) * extra_inputs
+    return PrepareModuleInput(
+        input_layouts=(act_layout, *rest), desired_input_layouts=(Replicate(), *rest), use_local_output=True
+    )
+
+
+def block_plan(block: nn.Module, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+    """The TP plan of one transformer block, keyed by submodule name."""
+    act_layout = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, ParallelStyle] = {
+        "attention_norm": _norm_style(sequence_parallel),
+        "attention": _gather_input(act_layout),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=act_layout),
+        "mlp_norm": _norm_style(sequence_parallel),
+        "mlp": _gather_input(act_layout, extra_inputs=0),
+        "mlp.w1": ColwiseParallel(),
+        "mlp.w2": RowwiseParallel(output_layouts=act_layout),
+    }
+    if getattr(block.mlp, "w3", None) is not None:
+        plan["mlp.w3"] = ColwiseParallel()
+    return plan
+
+
+def top_plan(model: nn.Module, sequence_parallel: bool, loss_parallel: bool) -> dict[str, ParallelStyle]:
+    """Plan of the embedding, positions, final norm and output present on this stage."""
+    act_layout = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, ParallelStyle] = {}
+    if getattr(model, "tok_embeddings", None) is not None:
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=act_layout)
+    if getattr(model, "pos_embeddings", None) is not None:
+        plan["pos_embeddings"] = ReplicateParallel(output_shard_seq=sequence_parallel)
+    if getattr(model, "norm", None) is not None:
+        plan["norm"] = _norm_style(sequence_parallel)
+    if getattr(model, "output", None) is not None:
+        plan["output"] = ColwiseParallel(
+            input_layouts=act_layout,
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    return plan
+
+
+def apply_tp(
+    model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool
+) -> nn.Module:
+    """Shard `model` (a whole GPT or one pipeline stage of it) over `tp_mesh` in place.
+
+    Tied input/output embeddings stay tied: both are split over the vocabulary rows
+    (Shard(0)), so the output re-uses the embedding's DTensor parameter. Attention
+    reshapes with -1 heads, so the local q/k/v shards need no head-count change.
+    """
+    tok, out = getattr(model, "tok_embeddings", None), getattr(model, "output", None)
+    tied = tok is not None and out is not None and out.weight is tok.weight
+    parallelize_module(model, tp_mesh, top_plan(model, sequence_parallel, loss_parallel))
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
+    if tied:
+        model.output.weight = model.tok_embeddings.weight
+    _check_all_distributed(model)
+    return model
+
+
+def _check_all_distributed(model: nn.Module) -> None:
+    """A parameter no plan covered would meet DTensors later (optimizer, grad norm): fail early."""
+    missed = [name for name, p in model.named_parameters() if not isinstance(p, DTensor)]
+    if missed:
+        raise NotImplementedError(f"tensor parallel plan does not cover parameters {missed}")

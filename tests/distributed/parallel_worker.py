@@ -1,0 +1,170 @@
+"""One process of a distributed layout test: train a tiny GPT a few steps, record the losses.
+
+Run by tests/distributed/parallel_harness.py with RANK/WORLD_SIZE/MASTER_* in the environment and a
+JSON job as argv[1] ({"runs": [spec, ...], "out": path}); rank 0 writes one
+{"losses": [...], "grad_norms": [...]} per run to job["out"].
+The same script with WORLD_SIZE=1 is the single-process reference.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+import warnings
+from typing import Any
+
+import torch
+
+from gptrain.config import TrainingConfig
+from gptrain.models.config import GPTConfig
+from gptrain.models.gpt import GPT
+from gptrain.parallel.grad_norm import clip_grads
+from gptrain.parallel.mesh import init_distributed, shutdown, world_from_env
+from gptrain.parallel.parallelize import parallelize
+from gptrain.parallel.runtime import ParallelGPT, forward_backward
+from gptrain.parallel.state_dict import (
+    load_model_state_dict,
+    load_optimizer_state_dict,
+    model_state_dict,
+    optimizer_state_dict,
+)
+from gptrain.parallel.training import eval_loss_sum
+
+VOCAB, SEQ = 96, 16
+
+
+def make_config(spec: dict[str, Any]) -> TrainingConfig:
+    cfg = TrainingConfig()
+    cfg.trainer.devices = spec.get("devices", int(os.environ.get("WORLD_SIZE", "1")))
+    cfg.trainer.precision = spec.get("precision", "32")
+    m = cfg.model
+    m.micro_batch_size, m.global_batch_size = spec.get("mbs", 4), spec.get("gbs", 8)
+    m.num_layers, m.hidden_size, m.num_attention_heads = spec.get("layers", 4), 32, 4
+    m.encoder_seq_length = SEQ
+    m.seed = 1234
+    for key, value in spec.get("model", {}).items():
+        setattr(m, key, value)
+    return cfg
+
+
+def make_model(cfg: TrainingConfig, spec: dict[str, Any]) -> GPT:
+    m = cfg.model
+    config = GPTConfig(
+        vocab_size=VOCAB,
+        seq_length=SEQ,
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        ffn_hidden_size=64,
+        num_query_groups=spec.get("query_groups"),
+        position_embedding_type=spec.get("positions", "learned_absolute"),
+        activation=spec.get("activation", "gelu"),
+        share_embeddings_and_output_weights=spec.get("tied", True),
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    with torch.device("meta"):
+        return GPT(config)
+
+
+def global_batch(step: int, gbs: int) -> torch.Tensor:
+    """The same tokens for every layout: seeded by the step number."""
+    generator = torch.Generator().manual_seed(1000 + step)
+    return torch.randint(0, VOCAB, (gbs, SEQ + 1), generator=generator)
+
+
+def local_microbatches(
+    samples: torch.Tensor, mbs: int, dp_rank: int, dp: int
+) -> list[dict[str, torch.Tensor]]:
+    """Megatron's order: each micro-step takes mbs x dp samples, rank r the r-th slice."""
+    microbatches = []
+    for start in range(0, samples.shape[0], mbs * dp):
+        rows = samples[start + dp_rank * mbs : start + (dp_rank + 1) * mbs]
+        mask = torch.ones(rows.shape[0], SEQ)
+        mask[:, :2] = 0.0  # a masked prefix checks the token-weighted mean
+        microbatches.append({"tokens": rows[:, :-1], "labels": rows[:, 1:], "loss_mask": mask})
+    return microbatches
+
+
+def checkpoint_state(model: ParallelGPT, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    return {"model": model_state_dict(model), "optim": optimizer_state_dict(model, optimizer)}
+
+
+def load_checkpoint(model: ParallelGPT, optimizer: torch.optim.Optimizer, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    state = checkpoint_state(model, optimizer)
+    dcp.load(state, checkpoint_id=path)
+    load_model_state_dict(model, state["model"])
+    load_optimizer_state_dict(model, optimizer, state["optim"])
+
+
+def train(spec: dict[str, Any]) -> dict[str, list[float]]:
+    import torch.distributed.checkpoint as dcp
+
+    world = world_from_env()
+    if world.world_size > 1:
+        init_distributed(world, "cpu", timeout_minutes=2.0)
+    cfg = make_config(spec)
+    model = parallelize(make_model(cfg, spec), cfg, world)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    ctx = model.ctx
+    first = spec.get("start", 0)
+    if spec.get("load"):
+        load_checkpoint(model, optimizer, spec["load"])
+    losses, norms = [], []
+    for step in range(first, spec["steps"]):
+        micro = local_microbatches(
+            global_batch(step, cfg.model.global_batch_size),
+            cfg.model.micro_batch_size,
+            ctx.dp_rank,
+            ctx.dims.dp,
+        )
+        loss, _ = forward_backward(model, micro, scale=1.0, precision=cfg.trainer.precision)
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = model.grad_norm([p.grad for p in params])
+        clip_grads(params, 0.5, norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss)
+        norms.append(float(norm))
+        if spec.get("save_at") == step + 1:
+            dcp.save(checkpoint_state(model, optimizer), checkpoint_id=spec["save"])
+    model.eval()
+    held_out = local_microbatches(
+        global_batch(10_000, cfg.model.global_batch_size),
+        cfg.model.micro_batch_size,
+        ctx.dp_rank,
+        ctx.dims.dp,
+    )
+    loss_sum, tokens = eval_loss_sum(model, held_out, "32")
+    return {"losses": losses, "grad_norms": norms, "eval_loss": [float(loss_sum / tokens)]}
+
+
+def main() -> int:
+    """Run every spec of {"runs": [...], "out": path} in turn in one process group (one start-up)."""
+    job = json.loads(sys.argv[1])
+    warnings.filterwarnings("ignore")
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    results = [train(spec) for spec in job["runs"]]
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(job["out"], "w") as handle:
+            json.dump(results, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    code = 1
+    try:
+        code = main()
+    except BaseException:
+        traceback.print_exc()  # os._exit below would otherwise swallow it
+    finally:
+        shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

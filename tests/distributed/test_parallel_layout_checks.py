@@ -1,0 +1,157 @@
+"""Layout checks run before any process group: each names the keys and values at fault."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gptrain.config.schema import ModelConfig
+from gptrain.errors import ConfigError
+from gptrain.parallel.layout import check_layout, num_microbatches
+from gptrain.parallel.mesh import ParallelDims
+
+
+def model(**overrides: object) -> ModelConfig:
+    base = dict(
+        num_layers=8,
+        hidden_size=64,
+        num_attention_heads=8,
+        encoder_seq_length=32,
+        micro_batch_size=2,
+        global_batch_size=16,
+    )
+    return dataclasses.replace(ModelConfig(), **{**base, **overrides})
+
+
+def test_valid_layout_derives_data_parallel_size() -> None:
+    dims = check_layout(model(tensor_model_parallel_size=2, pipeline_model_parallel_size=2), world_size=8)
+    assert (dims.tp, dims.pp, dims.dp, dims.vpp, dims.dp_shard) == (2, 2, 2, 1, 0)
+    assert num_microbatches(model(), dims.dp) == 16 // (2 * 2)
+
+
+def test_hybrid_shard_groups_follow_node_size() -> None:
+    dims = check_layout(
+        model(data_parallel_sharding="hybrid_shard", global_batch_size=32), world_size=16, devices_per_node=4
+    )
+    assert (dims.dp, dims.dp_shard, dims.dp_replicate) == (16, 4, 4)
+    assert dims.mesh_shape() == ((1, 4, 4, 1), ("pp", "dp_rep", "dp_shard", "tp"))
+    full = check_layout(
+        model(data_parallel_sharding="full_shard", global_batch_size=32), world_size=16, devices_per_node=4
+    )
+    assert full.mesh_shape() == ((1, 16, 1), ("pp", "dp", "tp"))
+
+
+def test_mesh_puts_tp_innermost_and_pp_outermost() -> None:
+    assert ParallelDims(world_size=8, tp=2, pp=2).mesh_shape() == ((2, 2, 2), ("pp", "dp", "tp"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world", "expected"),
+    [
+        (
+            {"tensor_model_parallel_size": 3},
+            6,
+            "model.num_attention_heads=8 is not divisible by model.tensor_model_parallel_size=3",
+        ),
+        (
+            {"tensor_model_parallel_size": 4, "num_query_groups": 2},
+            4,
+            "model.num_query_groups=2 is not divisible by",
+        ),
+        (
+            {"pipeline_model_parallel_size": 3},
+            3,
+            "model.num_layers=8 is not divisible by model.pipeline_model_parallel_size",
+        ),
+        ({"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 3}, 2, "= 2 x 3"),
+        (
+            {"tensor_model_parallel_size": 2},
+            3,
+            "world size 3 (trainer.num_nodes x trainer.devices) is not divisible",
+        ),
+        (
+            {"global_batch_size": 12, "micro_batch_size": 4},
+            2,
+            "model.global_batch_size=12 is not divisible by model.micro_batch_size x data-parallel size = 4 x 2",
+        ),
+        (
+            {"sequence_parallel": True},
+            2,
+            "model.sequence_parallel=true needs model.tensor_model_parallel_size > 1",
+        ),
+        (
+            {"virtual_pipeline_model_parallel_size": 2},
+            2,
+            "model.virtual_pipeline_model_parallel_size=2 needs model.pipeline_model_parallel_size > 1",
+        ),
+        (
+            {"tensor_model_parallel_size": 2, "sequence_parallel": True, "encoder_seq_length": 33},
+            2,
+            "model.encoder_seq_length=33 is not divisible by model.tensor_model_parallel_size=2",
+        ),
+        (
+            {"pipeline_model_parallel_size": 4, "global_batch_size": 2, "micro_batch_size": 1},
+            4,
+            "2 microbatches per step",
+        ),
+        (
+            {
+                "pipeline_model_parallel_size": 2,
+                "virtual_pipeline_model_parallel_size": 2,
+                "global_batch_size": 3,
+                "micro_batch_size": 1,
+            },
+            2,
+            "multiple of model.pipeline_model_parallel_size=2",
+        ),
+        (
+            {"data_parallel_sharding": "zero1"},
+            1,
+            "model.data_parallel_sharding='zero1' must be one of ddp, full_shard, hybrid_shard",
+        ),
+        (
+            {"activations_checkpoint_granularity": "most"},
+            1,
+            "model.activations_checkpoint_granularity='most'",
+        ),
+        (
+            {"activations_checkpoint_granularity": "full"},
+            1,
+            "model.activations_checkpoint_method=None must be uniform or block",
+        ),
+        (
+            {
+                "activations_checkpoint_granularity": "full",
+                "activations_checkpoint_method": "block",
+                "activations_checkpoint_num_layers": 5,
+                "pipeline_model_parallel_size": 2,
+            },
+            2,
+            "exceeds the 4 layers per pipeline chunk",
+        ),
+        (
+            {"tensor_model_parallel_size": 2, "ffn_hidden_size": 33, "num_attention_heads": 2},
+            2,
+            "model.ffn_hidden_size=33 is not divisible",
+        ),
+        ({"tensor_model_parallel_size": 0}, 2, "must be >= 1"),
+    ],
+)
+def test_layout_errors_name_keys_and_values(overrides: dict, world: int, expected: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        check_layout(model(**overrides), world_size=world)
+    assert expected in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_hybrid_shard_that_does_not_tile_the_nodes_is_rejected() -> None:
+    # dp = 6 with 4 ranks per node: shard groups of 4 cannot tile 6 ranks.
+    with pytest.raises(
+        ConfigError, match="hybrid_shard: data-parallel size 6 is not a multiple of the shard group 4"
+    ):
+        check_layout(
+            model(data_parallel_sharding="hybrid_shard", global_batch_size=12),
+            world_size=6,
+            devices_per_node=4,
+        )

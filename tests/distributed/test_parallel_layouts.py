@@ -1,0 +1,160 @@
+"""Every parallel layout reproduces the single-process loss curve (fp32, CPU, gloo).
+
+The reference runs in this process; the layouts run as real processes, all layouts of
+one world size in one launch (start-up dominates on CPU). A tiny GPT (4 layers, hidden
+32, tied embeddings, learned positions, a masked prefix in every sample) trains 10
+AdamW steps with gradient clipping at 0.5 (active: the norms are above 1), so a wrong
+gradient, grad norm, loss normalisation or data slice shows up in the losses.
+Checkpoints saved under one layout are resumed under others, without conversion, and
+the continued losses must match the uninterrupted reference.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from parallel_harness import run_layouts
+
+STEPS, SAVE_AT = 10, 5
+RTOL = 1e-5
+
+pytestmark = pytest.mark.distributed
+
+TP2_SP = {"tensor_model_parallel_size": 2, "sequence_parallel": True}
+PP2 = {"pipeline_model_parallel_size": 2}
+TWO_PROCESSES: dict[str, dict[str, Any]] = {
+    "ddp_dp2": {},
+    "fsdp_dp2": {"data_parallel_sharding": "full_shard"},
+    "tp2_sp": TP2_SP,
+    "pp2_1f1b": PP2,
+    "pp2_interleaved": {**PP2, "virtual_pipeline_model_parallel_size": 2},
+}
+FOUR_PROCESSES: dict[str, dict[str, Any]] = {
+    "dp2_tp2_ddp": TP2_SP,
+    "dp2_tp2_fsdp": {**TP2_SP, "data_parallel_sharding": "full_shard"},
+    "tp2_pp2": {**TP2_SP, **PP2},
+    "hybrid_dp4": {"data_parallel_sharding": "hybrid_shard", "micro_batch_size": 2},
+    "llama_like_tp2_pp2": {**TP2_SP, **PP2},
+    "pp2_interleaved_dp2_fsdp": {
+        **PP2,
+        "virtual_pipeline_model_parallel_size": 2,
+        "data_parallel_sharding": "full_shard",
+        "micro_batch_size": 2,
+    },
+}
+# Rotary positions, grouped-query attention, SwiGLU, untied output: its own reference.
+ARCHITECTURE = {
+    "llama_like_tp2_pp2": {"positions": "rope", "query_groups": 2, "activation": "swiglu", "tied": False}
+}
+DEVICES = {"hybrid_dp4": 2}  # two "nodes" of two: FSDP shards inside a node, replicates across
+SAVING = ("tp2_sp", "pp2_1f1b")
+RESUMES = {  # name: (checkpoint of, world size, layout)
+    "tp2_to_single": ("tp2_sp", 1, {}),
+    "pp2_to_single": ("pp2_1f1b", 1, {}),
+    "tp2_to_fsdp_dp4": ("tp2_sp", 4, {"data_parallel_sharding": "full_shard", "micro_batch_size": 2}),
+    "pp2_to_dp2_tp2": ("pp2_1f1b", 4, TP2_SP),
+}
+
+
+def run_in_process(spec: dict[str, Any]) -> dict[str, list[float]]:
+    """World size 1 in the test process itself (no process group): saves a start-up."""
+    import parallel_worker
+
+    assert "WORLD_SIZE" not in os.environ, "the single-process reference must not see a distributed env"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "torch.distributed is disabled": intended, loading in one process
+        return parallel_worker.train(spec)
+
+
+def assert_close(actual: list[float], expected: list[float], what: str) -> None:
+    assert len(actual) == len(expected), what
+    for step, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        assert abs(a - e) <= RTOL * abs(e), f"{what}: step {step}: {a!r} vs reference {e!r}"
+
+
+def layout_spec(name: str, model: dict[str, Any], ckpt: Path) -> dict[str, Any]:
+    spec: dict[str, Any] = {"steps": STEPS, "model": model, **ARCHITECTURE.get(name, {})}
+    if name in DEVICES:
+        spec["devices"] = DEVICES[name]
+    if name in SAVING:
+        spec.update(save_at=SAVE_AT, save=str(ckpt / name))
+    return spec
+
+
+def resume_spec(name: str, ckpt: Path) -> dict[str, Any]:
+    source, _, model = RESUMES[name]
+    return {"steps": STEPS, "start": SAVE_AT, "load": str(ckpt / source), "model": model}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, list[float]]:
+    result = run_in_process({"steps": STEPS})
+    # The curve must actually move, or matching it would prove little.
+    assert result["losses"][0] - result["losses"][-1] > 0.01
+    assert min(result["grad_norms"]) > 0.5
+    return result
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("parallel")
+
+
+@pytest.fixture(scope="module")
+def two_process_results(ckpt: Path) -> dict[str, dict]:
+    runs = [layout_spec(name, model, ckpt) for name, model in TWO_PROCESSES.items()]
+    return dict(zip(TWO_PROCESSES, run_layouts(runs, 2, ckpt), strict=True))
+
+
+@pytest.fixture(scope="module")
+def four_process_results(ckpt: Path, two_process_results: dict) -> dict[str, dict]:
+    """Runs after the two-process launch, whose checkpoints it resumes."""
+    names = list(FOUR_PROCESSES) + [name for name, (_, world, _) in RESUMES.items() if world == 4]
+    runs = [
+        layout_spec(n, FOUR_PROCESSES[n], ckpt) if n in FOUR_PROCESSES else resume_spec(n, ckpt)
+        for n in names
+    ]
+    return dict(zip(names, run_layouts(runs, 4, ckpt), strict=True))
+
+
+def check_layout_result(result: dict, reference: dict, name: str) -> None:
+    assert_close(result["losses"], reference["losses"], f"{name} loss")
+    assert_close(result["grad_norms"], reference["grad_norms"], f"{name} grad norm")
+    assert_close(result["eval_loss"], reference["eval_loss"], f"{name} evaluation loss after training")
+
+
+@pytest.mark.parametrize("name", list(TWO_PROCESSES))
+def test_two_process_layout_matches_single_process(
+    name: str, reference: dict, two_process_results: dict
+) -> None:
+    check_layout_result(two_process_results[name], reference, name)
+
+
+@pytest.mark.parametrize("name", list(FOUR_PROCESSES))
+def test_four_process_layout_matches_single_process(
+    name: str, reference: dict, four_process_results: dict
+) -> None:
+    if name in ARCHITECTURE:
+        reference = run_in_process({"steps": STEPS, **ARCHITECTURE[name]})
+    check_layout_result(four_process_results[name], reference, name)
+
+
+@pytest.mark.parametrize("name", list(RESUMES))
+def test_resume_under_another_layout(
+    name: str, reference: dict, ckpt: Path, request: pytest.FixtureRequest
+) -> None:
+    """Saved with TP=2 or PP=2, resumed with neither, with DP=4 or with TP x DP: no conversion."""
+    source, world, _ = RESUMES[name]
+    request.getfixturevalue("two_process_results")  # writes the checkpoints
+    if world == 1:
+        result = run_in_process(resume_spec(name, ckpt))
+    else:
+        result = request.getfixturevalue("four_process_results")[name]
+    assert_close(result["losses"], reference["losses"][SAVE_AT:], f"{source} checkpoint resumed as {name}")
+    assert_close(
+        result["eval_loss"], reference["eval_loss"], f"{source} checkpoint resumed as {name}, evaluation"
+    )

@@ -1,0 +1,110 @@
+"""The real training loop (`gptrain train`) under TP=2 x PP=2 matches one process, and resumes in one.
+
+One 4-process torchrun run (tensor + sequence parallel, 1F1B pipeline) trains 3 steps of
+mock data, validates and checkpoints; its Megatron log lines (printed by the last rank)
+must carry the single-process losses. The same single-process run then resumes from that
+checkpoint, with no conversion, and continues exactly like an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptrain.config import load_training_config
+from gptrain.train import loop
+
+pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
+
+COMMON = [
+    "trainer.accelerator=cpu",
+    "trainer.precision=32",
+    "trainer.max_time=null",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=3",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=0",
+    "model.num_layers=4",
+    "model.hidden_size=32",
+    "model.num_attention_heads=4",
+    "model.encoder_seq_length=16",
+    "model.micro_batch_size=2",
+    "model.global_batch_size=8",
+    "model.hidden_dropout=0",
+    "model.attention_dropout=0",
+    "model.data.num_workers=0",
+    "model.data.data_impl=mock",
+    "model.data.mock_vocab_size=100",
+    "model.data.data_prefix=null",
+    "model.optim.sched.warmup_steps=1",
+    "model.optim.sched.max_steps=6",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps=3",
+    "exp_manager.create_tensorboard_logger=false",
+]
+LAYOUT = [
+    "model.tensor_model_parallel_size=2",
+    "model.sequence_parallel=true",
+    "model.pipeline_model_parallel_size=2",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def log_values(log_dir: Path, pattern: str, rank: int = 0) -> list[float]:
+    """Values of `pattern` in the log of `rank` (the logging rank is the last one)."""
+    log = log_dir / f"nemo_log_globalrank-{rank}_localrank-{rank}.txt"
+    return [float(x) for x in re.findall(pattern, log.read_text())]
+
+
+def train_in_process(log_dir: Path, steps: int) -> int:
+    cfg = load_training_config(
+        "gpt3/126m",
+        [
+            *COMMON,
+            "trainer.devices=1",
+            f"trainer.max_steps={steps}",
+            f"exp_manager.explicit_log_dir={log_dir}",
+        ],
+    )
+    return loop.train(cfg)
+
+
+def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path) -> None:
+    parallel = tmp_path / "tp2_pp2"
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=4",
+        f"--master-port={free_port()}",
+    ]
+    args = [*torchrun, "-m", "gptrain", "train", "gpt3/126m", *COMMON, *LAYOUT]
+    args += ["trainer.devices=4", "trainer.max_steps=3", f"exp_manager.explicit_log_dir={parallel}"]
+    done = subprocess.run(
+        args, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    single = tmp_path / "single"
+    assert train_in_process(single, 6) == 0
+    loss, val = r"\| lm loss: ([0-9.E+-]+) \|", r"lm loss value: ([0-9.E+-]+) \|"
+    expected, expected_val = log_values(single, loss), log_values(single, val)
+    assert len(expected) == 6 and len(expected_val) == 2
+    assert log_values(parallel, loss, rank=3) == pytest.approx(expected[:3], rel=1e-5)
+    assert log_values(parallel, val, rank=3) == pytest.approx(expected_val[:1], rel=1e-5)
+    assert log_values(parallel, loss, rank=0) == []  # Megatron's print_rank_last
+
+    assert train_in_process(parallel, 6) == 0  # resumes the TP x PP checkpoint of step 3 in one process
+    assert "resuming from" in (parallel / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+    assert log_values(parallel, loss) == pytest.approx(expected[3:], rel=1e-5)
+    assert log_values(parallel, val) == pytest.approx(expected_val[1:], rel=1e-5)

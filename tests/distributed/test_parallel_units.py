@@ -1,0 +1,157 @@
+"""Single-process pieces of the parallel layer: stage split, activation checkpointing, norms."""
+
+from __future__ import annotations
+
+import copy
+import math
+import socket
+from collections import Counter
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gptrain.models.config import GPTConfig
+from gptrain.models.gpt import GPT
+from gptrain.parallel import data_parallel
+from gptrain.parallel.activation_checkpoint import apply_ac, blocks_to_checkpoint
+from gptrain.parallel.grad_norm import clip_grads, global_grad_norm
+from gptrain.parallel.pipeline import is_tied, layer_range, split_stage, stage_ids
+
+
+def tiny_gpt(layers: int = 4, **overrides: object) -> GPT:
+    config = GPTConfig(
+        vocab_size=64,
+        seq_length=8,
+        num_layers=layers,
+        hidden_size=16,
+        num_attention_heads=2,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        **overrides,
+    )
+    model = GPT(config)
+    model.init_weights(torch.Generator().manual_seed(0))
+    return model
+
+
+def tokens() -> torch.Tensor:
+    return torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+
+
+def test_stage_ids_interleave_chunks_over_ranks() -> None:
+    assert stage_ids(0, 2, 2) == [0, 2]
+    assert stage_ids(1, 4, 3) == [1, 5, 9]
+    assert list(layer_range(2, 4, 8)) == [4, 5]
+
+
+def test_stages_keep_names_and_chain_to_the_full_forward() -> None:
+    model = tiny_gpt()
+    stages = [split_stage(model, s, 4) for s in range(4)]
+    assert [list(s.layers.keys()) for s in stages] == [["0"], ["1"], ["2"], ["3"]]
+    assert stages[0].tok_embeddings is not None and stages[0].output is None
+    assert (
+        stages[3].tok_embeddings is None and stages[3].pos_embeddings is None and stages[3].norm is not None
+    )
+    names = set().union(*(s.state_dict().keys() for s in stages))
+    assert names == set(model.state_dict().keys())  # output.weight included: a tied model reports it too
+    hidden = tokens()
+    with torch.no_grad():
+        for stage in stages:
+            hidden = stage(hidden)
+        torch.testing.assert_close(hidden, model(tokens()), rtol=0, atol=0)
+    assert is_tied(model) and not is_tied(stages[3])
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def counted_step(model: GPT) -> tuple[Counter[str], dict[str, torch.Tensor]]:
+    counter = OpCounter()
+    with counter:
+        model(tokens()).float().square().mean().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    return counter.counts, grads
+
+
+def sdpa_calls(counts: Counter[str]) -> int:
+    return sum(n for op, n in counts.items() if op.startswith("_scaled_dot_product") and "backward" not in op)
+
+
+@pytest.mark.parametrize(
+    ("granularity", "method", "num_layers", "wrapped"),
+    [
+        ("full", "uniform", 1, 2),
+        ("full", "block", 1, 1),
+        ("full", "block", None, 2),
+        ("selective", None, None, 2),
+    ],
+)
+def test_activation_checkpointing_recomputes_and_keeps_gradients(
+    granularity, method, num_layers, wrapped
+) -> None:
+    base = tiny_gpt(layers=2)
+    counts_plain, grads_plain = counted_step(base)
+    model = apply_ac(copy.deepcopy(base), granularity, method, num_layers)
+    for p in model.parameters():
+        p.grad = None
+    counts_ac, grads_ac = counted_step(model)
+    kinds = [type(block).__name__ for block in model.layers.values()]
+    assert kinds.count("CheckpointWrapper") == wrapped
+    assert sdpa_calls(counts_plain) == 2
+    assert sdpa_calls(counts_ac) == 2 + wrapped  # each checkpointed block runs attention again
+    if granularity == "selective":  # only the attention core: no linear layer runs twice
+        assert counts_ac["mm"] + counts_ac["addmm"] == counts_plain["mm"] + counts_plain["addmm"]
+    else:
+        assert counts_ac["addmm"] > counts_plain["addmm"]
+    # checkpoint_wrapper renames parameters; compare by position.
+    for (_, expected), (_, actual) in zip(sorted(grads_plain.items()), sorted(grads_ac.items()), strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_blocks_to_checkpoint_follows_megatron_methods() -> None:
+    keys = ["4", "5", "6"]
+    assert blocks_to_checkpoint(keys, "uniform", 2) == keys
+    assert blocks_to_checkpoint(keys, "block", 2) == ["4", "5"]
+    assert blocks_to_checkpoint(keys, "block", 0) == []
+
+
+def test_global_grad_norm_and_clipping_match_hand_computation() -> None:
+    grads = [torch.tensor([3.0, 4.0]), torch.tensor([[12.0]])]
+    assert float(global_grad_norm(grads)) == pytest.approx(13.0)
+    assert float(global_grad_norm(grads, norm_type=math.inf)) == pytest.approx(12.0)
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone()
+    clip_grads(params, 1.3, global_grad_norm([p.grad for p in params]))
+    torch.testing.assert_close(params[0].grad, torch.tensor([0.3, 0.4]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(params[1].grad, torch.tensor([[1.2]]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture
+def one_process_group():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_grad_all_reduce_buckets_and_copies_back(one_process_group, monkeypatch: pytest.MonkeyPatch) -> None:
+    """World of one, told DP is 2: every gradient must come back exactly halved, across buckets."""
+    model = tiny_gpt(layers=2)
+    model(tokens()).sum().backward()
+    expected = {name: p.grad.clone() / 2 for name, p in model.named_parameters()}
+    monkeypatch.setattr(data_parallel, "BUCKET_BYTES", 3000)  # several buckets of mixed sizes
+    data_parallel.GradAllReduce([model], one_process_group, dp_size=2)()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=0, atol=0, msg=name)
