@@ -1,9 +1,55 @@
-"""`gptrain generate` (filled in by its owner)."""
+"""`gptrain generate`: sample text from a run's newest complete checkpoint."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Add `generate` (stub)."""
+    """Add `generate` (torch is imported only when it runs)."""
+    parser = subparsers.add_parser(
+        "generate",
+        help="generate text from a trained checkpoint",
+        description=(
+            "Load the newest complete checkpoint of a run (CHECKPOINT: the run's results dir, its "
+            "checkpoints dir or one step_N dir), rebuild the model from the run's hparams.yaml, "
+            "and continue PROMPT with its tokenizer."
+        ),
+    )
+    parser.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="run results dir, checkpoints dir or step dir"
+    )
+    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (default 1.0)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
+    parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    parser.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234)")
+    parser.set_defaults(func=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from gptrain.models.generation import generate
+    from gptrain.train.inference import load_run
+
+    run = load_run(args.checkpoint)
+    print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)
+    prompt_ids = list(run.tokenizer.encode(args.prompt))
+    new_ids = generate(
+        run.model,
+        prompt_ids,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        greedy=args.greedy,
+        eod=run.tokenizer.eod,
+        generator=torch.Generator().manual_seed(args.seed),
+        valid_vocab_size=run.vocab_size,
+    )
+    if new_ids and new_ids[-1] == run.tokenizer.eod:
+        new_ids = new_ids[:-1]
+    print(args.prompt + run.tokenizer.decode(new_ids))
+    return 0

@@ -1,9 +1,37 @@
-"""`gptrain plot` (filled in by its owner)."""
+"""`gptrain plot`: loss, learning-rate, step-time and throughput curves of a run as PNGs."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_plot_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Add `plot` (stub)."""
+    """Add `plot` (matplotlib is imported only when it runs)."""
+    parser = subparsers.add_parser(
+        "plot",
+        help="plot a run's loss, learning rate, step time and TFLOP/s/GPU as PNGs",
+        description=(
+            "Read a run's Megatron iteration and validation lines (*.log, *.out under RUN_DIR; "
+            "TensorBoard events when there are none) and write loss.png and curves.png."
+        ),
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's results directory (or any parent)")
+    parser.add_argument("--output", metavar="DIR", help="where to write the PNGs (default: RUN_DIR/plots)")
+    parser.set_defaults(func=run_plot)
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    from gptrain.train.plotting import LOSS, read_run_metrics, write_plots
+
+    metrics = read_run_metrics(args.run_dir)
+    output = Path(args.output) if args.output else Path(args.run_dir) / "plots"
+    steps, losses = metrics.series(LOSS)
+    if steps:
+        print(f"train lm loss: {losses[0]:.3f} at iteration {steps[0]} -> {losses[-1]:.3f} at {steps[-1]}")
+    steps, losses = metrics.series(LOSS, valid=True)
+    if steps:
+        print(f"validation lm loss: {losses[-1]:.3f} at iteration {steps[-1]}")
+    for path in write_plots(metrics, output):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,331 @@
+"""Speed of one training step: gptrain's step against a plain-PyTorch loop of the same shapes.
+
+    python bench/train_step.py --preset gpt3/126m --micro-batch-size 4 --seq-length 2048 \
+        --precision bf16 --compile --steps 20 --warmup 5 [key.sub=value ...]
+
+gptrain's side is what `gptrain train` runs on one device: the model from the preset built by
+gptrain's builders, activation checkpointing and torch.compile as configured, gptrain's AdamW and
+`train_step` (token-weighted loss, loss scaling, grad-norm, clipping). The reference is a minimal
+eager GPT of the same shapes (fused-qkv attention through scaled_dot_product_attention) with its
+own forward/backward/AdamW step, the loop everyone writes first. Both see the same fixed random
+batch. Prints a table and one JSON line (machine-readable; docs/performance.md quotes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gptrain.config import TrainingConfig, load_training_config
+from gptrain.models.flops import (
+    count_parameters,
+    device_peak_tflops,
+    megatron_flops_per_iteration,
+    pad_vocab_size,
+)
+from gptrain.parallel.activation_checkpoint import apply_ac, apply_compile
+from gptrain.train.builders import build_model, build_model_config
+from gptrain.train.loss_scale import build_loss_scaler
+from gptrain.train.optim import build_optimizer
+from gptrain.train.step import PRECISION_DTYPES, Batch, StepOptions, train_step
+
+GPT2_VOCAB = 50257
+
+
+@dataclass
+class Measurement:
+    name: str
+    seconds_per_step: float
+    tokens_per_second: float
+    tflops_per_gpu: float
+    mfu: float | None
+    loss_first: float
+    loss_last: float
+    peak_memory_gib: float | None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="gpt3/126m", help="training preset (default gpt3/126m)")
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--global-batch-size", type=int, default=None, help="default: the micro batch size")
+    parser.add_argument("--seq-length", type=int, default=2048)
+    parser.add_argument("--precision", default="bf16", choices=["32", "16", "bf16"])
+    parser.add_argument("--compile", action="store_true", help="torch.compile gptrain's blocks")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile, allocator)")
+    parser.add_argument("--no-reference", action="store_true", help="skip the plain-PyTorch baseline")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    return parser.parse_args(argv)
+
+
+def bench_config(args: argparse.Namespace) -> TrainingConfig:
+    """The preset with the benchmark's shape; mock data so no tokenizer or dataset is needed."""
+    seq = args.seq_length
+    overrides = [
+        f"model.micro_batch_size={args.micro_batch_size}",
+        f"model.global_batch_size={args.global_batch_size or args.micro_batch_size}",
+        f"model.encoder_seq_length={seq}",
+        f"model.max_position_embeddings={seq}",
+        f"model.data.seq_length={seq}",
+        f"trainer.precision={args.precision}",
+        f"model.compile={args.compile}",
+        "trainer.num_nodes=1",
+        "trainer.devices=1",
+        "model.data.data_impl=mock",
+        f"model.data.mock_vocab_size={GPT2_VOCAB}",
+        *args.overrides,
+    ]
+    return load_training_config(args.preset, overrides, report_ignored=False)
+
+
+def random_microbatches(cfg: TrainingConfig, vocab: int, device: torch.device) -> list[Batch]:
+    """A fixed batch of uniform random tokens, split into micro-batches, already on `device`."""
+    m = cfg.model
+    generator = torch.Generator().manual_seed(1234)
+    count = m.global_batch_size // m.micro_batch_size
+    batches = []
+    for _ in range(count):
+        tokens = torch.randint(0, vocab, (m.micro_batch_size, m.encoder_seq_length + 1), generator=generator)
+        batches.append(
+            {
+                "tokens": tokens[:, :-1].to(device),
+                "labels": tokens[:, 1:].to(device),
+                "loss_mask": torch.ones(tokens[:, 1:].shape, device=device),
+            }
+        )
+    return batches
+
+
+def gptrain_step(
+    cfg: TrainingConfig, model_config, device: torch.device, batches: list[Batch]
+) -> Callable[[], float]:
+    """gptrain's single-device training path: builders, AC, compile, AdamW, train_step."""
+    m = cfg.model
+    model = build_model(model_config, device, m.seed)
+    apply_ac(
+        model,
+        m.activations_checkpoint_granularity,
+        m.activations_checkpoint_method,
+        m.activations_checkpoint_num_layers,
+    )
+    if m.compile:
+        apply_compile(model)
+    optimizer = build_optimizer(
+        model, m.optim.name, m.optim.lr, m.optim.weight_decay, m.optim.betas, m.optim.eps, device.type
+    )
+    scaler = build_loss_scaler(
+        cfg.trainer.precision, m.native_amp_init_scale, m.native_amp_growth_interval, m.hysteresis
+    )
+    opts = StepOptions(precision=cfg.trainer.precision, clip_grad=cfg.trainer.gradient_clip_val or None)
+    return lambda: train_step(model, optimizer, batches, scaler, device, opts).loss
+
+
+class ReferenceBlock(nn.Module):
+    """Pre-LN block: fused qkv + SDPA attention, GELU or SwiGLU MLP."""
+
+    def __init__(self, c) -> None:
+        super().__init__()
+        h, self.head_dim = c.hidden_size, c.head_dim
+        self.q_dim, self.kv_dim = c.num_attention_heads * c.head_dim, c.query_groups * c.head_dim
+        norm = nn.RMSNorm if c.normalization == "rmsnorm" else nn.LayerNorm
+        self.norm1, self.norm2 = norm(h, eps=c.layernorm_epsilon), norm(h, eps=c.layernorm_epsilon)
+        self.qkv = nn.Linear(h, self.q_dim + 2 * self.kv_dim, bias=c.bias)
+        self.proj = nn.Linear(self.q_dim, h, bias=c.bias)
+        self.gated = c.gated_mlp
+        self.fc = nn.Linear(h, c.ffn_size * (2 if self.gated else 1), bias=c.bias)
+        self.out = nn.Linear(c.ffn_size, h, bias=c.bias)
+        self.p_hidden, self.p_attention = c.hidden_dropout, c.attention_dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        p = self.p_attention if self.training else 0.0
+        a = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=p, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
+        )
+        x = x + F.dropout(self.proj(a.transpose(1, 2).reshape(b, s, -1)), self.p_hidden, self.training)
+        up = self.fc(self.norm2(x))
+        if self.gated:
+            gate, up = up.chunk(2, dim=-1)
+            up = F.silu(gate) * up
+        else:
+            up = F.gelu(up)
+        return x + F.dropout(self.out(up), self.p_hidden, self.training)
+
+
+class ReferenceGPT(nn.Module):
+    """The eager GPT people write first: token + position tables, blocks, final norm, tied head."""
+
+    def __init__(self, c) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.position = nn.Embedding(c.seq_length, c.hidden_size)
+        self.blocks = nn.ModuleList(ReferenceBlock(c) for _ in range(c.num_layers))
+        norm = nn.RMSNorm if c.normalization == "rmsnorm" else nn.LayerNorm
+        self.norm = norm(c.hidden_size, eps=c.layernorm_epsilon)
+        self.p_hidden = c.hidden_dropout
+        for module in self.modules():  # GPT-2 init: normal(0, std) weights, zero biases
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=c.init_method_std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = F.dropout(self.embed(tokens) + self.position(positions), self.p_hidden, self.training)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x) @ self.embed.weight.t()
+
+
+def reference_step(
+    cfg: TrainingConfig, model_config, device: torch.device, batches: list[Batch]
+) -> Callable[[], float]:
+    """Plain PyTorch: autocast, mean cross-entropy, GradScaler for fp16, clip, AdamW."""
+    optim, precision = cfg.model.optim, cfg.trainer.precision
+    model = ReferenceGPT(model_config).to(device)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+        weight_decay=optim.weight_decay, fused=device.type == "cuda",
+    )  # fmt: skip
+    dtype = PRECISION_DTYPES[precision]
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "16")
+    clip = cfg.trainer.gradient_clip_val
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=device)
+        for batch in batches:
+            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                logits = model(batch["tokens"])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten()) / len(batches)
+            scaler.scale(loss).backward()
+            total += loss.detach()
+        scaler.unscale_(opt)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        scaler.step(opt)
+        scaler.update()
+        return float(total)
+
+    return step
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(name: str, step: Callable[[], float], args: argparse.Namespace, work: dict) -> Measurement:
+    """Median step time over `args.steps` timed steps after `args.warmup` untimed ones."""
+    device = work["device"]
+    losses = [step() for _ in range(args.warmup)]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(args.steps):
+        synchronize(device)
+        start = time.perf_counter()
+        losses.append(step())
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    tflops = work["flops"] / seconds / 1e12
+    peak_memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return Measurement(
+        name=name,
+        seconds_per_step=seconds,
+        tokens_per_second=work["tokens"] / seconds,
+        tflops_per_gpu=tflops,
+        mfu=tflops / work["peak"] if work["peak"] else None,
+        loss_first=losses[0],
+        loss_last=losses[-1],
+        peak_memory_gib=peak_memory,
+    )
+
+
+def print_table(rows: list[Measurement], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("loop", "ms/step", "tokens/s", "TFLOP/s/GPU", "MFU", "loss first -> last", "peak GiB"):
+        table.add_column(column, justify="left" if column == "loop" else "right")
+    for row in rows:
+        table.add_row(
+            row.name,
+            f"{1000 * row.seconds_per_step:.1f}",
+            f"{row.tokens_per_second:,.0f}",
+            f"{row.tflops_per_gpu:.3f}",
+            f"{100 * row.mfu:.1f}%" if row.mfu is not None else "n/a",
+            f"{row.loss_first:.3f} -> {row.loss_last:.3f}",
+            f"{row.peak_memory_gib:.2f}" if row.peak_memory_gib is not None else "n/a",
+        )
+    Console(file=sys.stdout).print(table)
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = bench_config(args)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    padded = pad_vocab_size(GPT2_VOCAB, cfg.model.make_vocab_size_divisible_by, 1)
+    model_config = build_model_config(cfg, padded)
+    name = device_description(device)
+    work = {
+        "device": device,
+        "flops": megatron_flops_per_iteration(model_config, cfg.model.global_batch_size),
+        "tokens": cfg.model.global_batch_size * cfg.model.encoder_seq_length,
+        "peak": device_peak_tflops(name, cfg.trainer.precision) if device.type == "cuda" else None,
+    }
+    batches = random_microbatches(cfg, GPT2_VOCAB, device)
+    rows = [measure("gptrain", gptrain_step(cfg, model_config, device, batches), args, work)]
+    if not args.no_reference:
+        rows.append(
+            measure("plain PyTorch (eager)", reference_step(cfg, model_config, device, batches), args, work)
+        )
+    title = (
+        f"{args.preset}  mbs {cfg.model.micro_batch_size}  gbs {cfg.model.global_batch_size}  "
+        f"seq {cfg.model.encoder_seq_length}  {cfg.trainer.precision}  compile={cfg.model.compile}  on {name}"
+    )
+    print_table(rows, title)
+    result = {
+        "bench": "train_step",
+        "preset": args.preset,
+        "device": name,
+        "precision": cfg.trainer.precision,
+        "micro_batch_size": cfg.model.micro_batch_size,
+        "global_batch_size": cfg.model.global_batch_size,
+        "seq_length": cfg.model.encoder_seq_length,
+        "compile": cfg.model.compile,
+        "parameters": count_parameters(model_config),
+        "flops_per_step": work["flops"],
+        "results": [asdict(row) for row in rows],
+    }
+    if len(rows) == 2:
+        result["speedup_vs_reference"] = rows[1].seconds_per_step / rows[0].seconds_per_step
+        print(f"gptrain / plain PyTorch throughput: {result['speedup_vs_reference']:.2f}x")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The quickstart: an offline English corpus and the presets `scripts/quickstart.sh` trains."""

@@ -1,0 +1,149 @@
+"""Load a trained run's newest complete checkpoint into a model for `gptrain generate`.
+
+The model is rebuilt from the run's `hparams.yaml` with the same builders training uses,
+so vocabulary padding and architecture match by construction; the weights are read
+with torch.distributed.checkpoint in one process (no process group), which also reads
+checkpoints saved by many ranks with any parallel layout.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+from gptrain.checkpoint.manager import LATEST, STEP_DIR, is_complete, newest_complete
+from gptrain.errors import DataError
+
+HPARAMS = "hparams.yaml"
+CHECKPOINTS = "checkpoints"
+EMBEDDING_KEY = "model.tok_embeddings.weight"
+
+
+@dataclass
+class LoadedRun:
+    model: nn.Module
+    tokenizer: Any
+    vocab_size: int
+    """Unpadded vocabulary of the tokenizer (padding rows are never sampled)."""
+    checkpoint: Path
+
+
+def checkpoints_dir(path: Path) -> Path | None:
+    """The checkpoint root for a run dir, results dir or checkpoints dir; None when none is found."""
+    for candidate in (path, path / CHECKPOINTS, path / "results" / CHECKPOINTS):
+        if (candidate / LATEST).is_file() or any(
+            STEP_DIR.match(entry.name) for entry in candidate.glob("step_*") if entry.is_dir()
+        ):
+            return candidate
+    return None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The step directory to load: `path` itself if it is one, else the newest complete one."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such checkpoint or run directory")
+    if STEP_DIR.match(path.name) and path.is_dir():
+        if not is_complete(path):
+            raise DataError(
+                f"{path}: incomplete checkpoint (no COMPLETE marker; the save did not finish); "
+                f"pass {path.parent} to use the newest complete one"
+            )
+        return path
+    root = checkpoints_dir(path)
+    if root is None:
+        raise DataError(
+            f"{path}: no checkpoints found; pass a run's results dir, its checkpoints dir or a step dir"
+        )
+    marker = root / LATEST
+    if marker.is_file():
+        named = root / marker.read_text().strip()
+        if STEP_DIR.match(named.name) and is_complete(named):
+            return named
+    newest = newest_complete(root)
+    if newest is None:
+        raise DataError(f"{root}: no complete checkpoint (every step_* lacks its COMPLETE marker)")
+    return newest
+
+
+def find_hparams(step_dir: Path) -> Path:
+    """The run's hparams.yaml: next to the checkpoints dir (explicit_log_dir) or above it."""
+    for directory in list(step_dir.parents)[:3]:
+        if (directory / HPARAMS).is_file():
+            return directory / HPARAMS
+    raise DataError(
+        f"{step_dir}: no {HPARAMS} in the run directory above it; it is needed to rebuild the model"
+    )
+
+
+def checkpoint_shape(step_dir: Path, key: str) -> tuple[int, ...] | None:
+    """The saved shape of one tensor, read from the checkpoint's metadata only."""
+    try:
+        metadata = dcp.FileSystemReader(str(step_dir)).read_metadata()
+    except (OSError, RuntimeError, ValueError) as error:
+        raise DataError(f"{step_dir}: unreadable checkpoint metadata ({error})") from None
+    entry = metadata.state_dict_metadata.get(key)
+    size = getattr(entry, "size", None)
+    return tuple(size) if size is not None else None
+
+
+def build_run_tokenizer(cfg: Any, hparams: Path) -> Any:
+    """The tokenizer the run trained with; its files must still be where hparams.yaml says."""
+    from gptrain.train.builders import build_tokenizer
+
+    tok = cfg.model.tokenizer
+    for key in ("vocab_file", "merge_file"):
+        value = getattr(tok, key)
+        if value and not Path(value).is_file():
+            raise DataError(
+                f"{hparams}: model.tokenizer.{key}={value} not found; "
+                "run from the directory the training ran in, or restore the file"
+            )
+    tokenizer = build_tokenizer(cfg)
+    if tokenizer is None:
+        raise DataError(f"{hparams}: the run trained on mock data without a tokenizer; nothing to decode")
+    return tokenizer
+
+
+def load_weights(model: nn.Module, step_dir: Path) -> None:
+    """Read the model part of a DCP checkpoint into `model` (one process, no process group)."""
+    state = {"model": get_model_state_dict(model)}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        warnings.filterwarnings("ignore", message=".*process group.*")
+        dcp.load(state, checkpoint_id=str(step_dir))
+    set_model_state_dict(model, state["model"])
+
+
+def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
+    """Model (eval mode, weights loaded) and tokenizer of the newest complete checkpoint under `path`."""
+    from gptrain.config import load_training_config
+    from gptrain.train.builders import build_model, build_model_config, padded_vocab_size
+
+    step_dir = resolve_checkpoint(path)
+    hparams = find_hparams(step_dir)
+    cfg = load_training_config(config_file=str(hparams), report_ignored=False)
+    tokenizer = build_run_tokenizer(cfg, hparams)
+    vocab, padded = padded_vocab_size(cfg, tokenizer)
+    saved = checkpoint_shape(step_dir, EMBEDDING_KEY)
+    if saved is None:
+        raise DataError(
+            f"{step_dir}: no '{EMBEDDING_KEY}' in the checkpoint; is it a gptrain training checkpoint?"
+        )
+    if saved[0] != padded:
+        raise DataError(
+            f"{step_dir}: embedding has {saved[0]} rows but {hparams} and its tokenizer give {padded}; "
+            "the tokenizer files changed since training"
+        )
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model(build_model_config(cfg, padded), device, cfg.model.seed)
+    load_weights(model, step_dir)
+    model.eval()
+    return LoadedRun(model=model, tokenizer=tokenizer, vocab_size=vocab, checkpoint=step_dir)

