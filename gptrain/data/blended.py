@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gptrain.data.blend_loop import compiled_blending_indices
 from gptrain.data.index_cache import IndexCache, describe
 from gptrain.errors import DataError
 
@@ -129,6 +130,12 @@ def _guess_chunk(weights: np.ndarray, steps: np.ndarray, counts: np.ndarray) -> 
 
 def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
     """(dataset_index int16, dataset_sample_index int64) of a blend of `size` samples."""
+    compiled = compiled_blending_indices(np.asarray(weights, dtype=np.float64), size)
+    return compiled if compiled is not None else numpy_blending_indices(weights, size)
+
+
+def numpy_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The same indices without a compiler: guess chunks with numpy, replay wrong steps exactly."""
     weight_array = np.asarray(weights, dtype=np.float64)
     weight_list = weight_array.tolist()
     dataset_index = np.empty(size, dtype=np.int16)

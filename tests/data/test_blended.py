@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from gpt_data_helpers import slow_blend
 
-from gptrain.data.blended import BlendedDataset, blending_indices, normalize
+from gptrain.data.blend_loop import compiled_blending_indices
+from gptrain.data.blended import BlendedDataset, blending_indices, normalize, numpy_blending_indices
 from gptrain.data.builder import samples_per_dataset
 from gptrain.errors import DataError
 
@@ -57,12 +58,23 @@ def test_hand_computed_head_of_three():
         ([5.0], 100),
     ],
 )
-def test_fast_blend_equals_slow_reference(weights, size):
+@pytest.mark.parametrize("implementation", [blending_indices, numpy_blending_indices])
+def test_fast_blend_equals_slow_reference(weights, size, implementation):
     w = normalize(weights)
-    dataset_index, sample_index = blending_indices(w, size)
+    dataset_index, sample_index = implementation(w, size)
     chosen, within = slow_blend(w, size)
+    assert dataset_index.dtype == np.int16 and sample_index.dtype == np.int64
     assert dataset_index.tolist() == chosen
     assert sample_index.tolist() == within
+
+
+def test_compiled_loop_is_used_when_numba_is_installed():
+    pytest.importorskip("numba")
+    weights = np.asarray(normalize(list(np.random.default_rng(2).random(30))))
+    compiled = compiled_blending_indices(weights, 50_000)
+    assert compiled is not None
+    expected = numpy_blending_indices(weights.tolist(), 50_000)
+    assert np.array_equal(compiled[0], expected[0]) and np.array_equal(compiled[1], expected[1])
 
 
 def test_blended_items_and_locate(tmp_path):
