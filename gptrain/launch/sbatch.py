@@ -165,12 +165,14 @@ while [ -n "$got_signal" ] && [ "$status" -gt 128 ]; do got_signal=; wait "$step
 # Exit 75 (gptrain.errors.EXIT_REQUEUE): a checkpoint was saved, requeue up to max_requeues.
 # A requeued job waits ~2 min (BeginTime) unless its StartTime is reset once it is PENDING
 # again; a detached helper does that (where proctrack/cgroup kills it, the job just waits).
+# It waits 2 s after PENDING: slurmd compares job credentials with the requeue's revocation
+# time in whole seconds, and a restart within the same second is killed ("credential revoked").
 REQUEUE_LINES = """\
 restarts=${SLURM_RESTART_COUNT:-0}
 if [ "$status" = {exit_requeue} ]; then
   if [ "$restarts" -lt "$max_requeues" ]; then
     echo "gptrain: checkpoint saved; requeueing (restart $((restarts + 1)) of $max_requeues)" >&2
-    setsid bash -c 'for i in $(seq 1 200); do sleep 0.3; if scontrol show job "$1" | grep -q "JobState=PENDING"; then scontrol update JobId="$1" StartTime=now; exit; fi; done' gptrain-nudge "$SLURM_JOB_ID" </dev/null >/dev/null 2>&1 &
+    setsid bash -c 'for i in $(seq 1 200); do sleep 0.3; if scontrol show job "$1" | grep -q "JobState=PENDING"; then sleep 2; scontrol update JobId="$1" StartTime=now; exit; fi; done' gptrain-nudge "$SLURM_JOB_ID" </dev/null >/dev/null 2>&1 &
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
   fi
