@@ -6,8 +6,8 @@ Seams for parallel layouts (gptrain/parallel plugs in here without touching the 
   builders.data_parallel_rank_size  (dp_rank, dp_size) that the sampler slices batches by
   builders.build_step_options       loss all-reduce (`reduce_sum`) and grad-norm function
   builders.with_parallel_seams      the layout's reduce/norm and, for TP/PP, forward_backward/eval_fn
-  Session.step_fn                   one optimizer step; pipeline schedules assign their own
-                                    after the Session is built (default: step.train_step)
+  Session.step_fn                   one optimizer step (step.train_step); TP and pipeline layouts
+                                    plug in through StepOptions.forward_backward/eval_fn instead
   builders.is_logging_rank          the rank that prints iteration lines (last pipeline stage)
   agree_on_stop                     every rank stops (and checkpoints) at the same step
 With world size 1 no process group is created.
