@@ -6,39 +6,14 @@ import argparse
 import os
 import sys
 
+from gptrain.data.tokenizer_args import add_tokenizer_args, tokenizer_from_args, tokenizer_type
+
 
 def _default_workers() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
-
-
-def _add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("tokenizer (Megatron flags)")
-    group.add_argument(
-        "--tokenizer-type",
-        help="GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer (--tokenizer-model "
-        "tokenizer.json) or TikTokenizer (--tokenizer-model encoding name, e.g. cl100k_base); "
-        "default: implied by the other flags",
-    )
-    group.add_argument("--vocab-file", help="GPT-2 vocab.json")
-    group.add_argument("--merge-file", help="GPT-2 merges.txt")
-    group.add_argument(
-        "--tokenizer-model", help="tokenizer.json (or its directory), or a tiktoken encoding name"
-    )
-
-
-def _tokenizer_type(args: argparse.Namespace) -> str | None:
-    """The given --tokenizer-type, else what the other flags imply (vocab file: GPT-2 BPE;
-    an existing --tokenizer-model path: Hugging Face; any other model name: tiktoken)."""
-    if args.tokenizer_type:
-        return args.tokenizer_type
-    if args.vocab_file or args.merge_file:
-        return "GPT2BPETokenizer"
-    if args.tokenizer_model:
-        return "HuggingFaceTokenizer" if os.path.exists(args.tokenizer_model) else "TikTokenizer"
-    return None
 
 
 def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +31,7 @@ def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--output-prefix", required=True, help="outputs are <prefix>_<key>_document.bin/.idx")
     parser.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize (default: text)")
-    _add_tokenizer_args(parser)
+    add_tokenizer_args(parser)
     parser.add_argument("--append-eod", action="store_true", help="end every non-empty document with EOD")
     parser.add_argument("--workers", type=int, default=_default_workers(), help="tokenizing processes")
     parser.add_argument(
@@ -78,7 +53,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
     if args.workers < 1 or args.log_interval < 1:
         raise ConfigError("--workers and --log-interval must be at least 1")
-    kind = _tokenizer_type(args)
+    kind = tokenizer_type(args)
     if kind is None:
         raise ConfigError("give a tokenizer: --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model")
     spec = TokenizerSpec(kind, args.vocab_file, args.merge_file, args.tokenizer_model)
@@ -104,7 +79,7 @@ def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
         "tokens of one document (decoded when a tokenizer is given).",
     )
     parser.add_argument("prefix", help="dataset prefix (without .bin/.idx)")
-    _add_tokenizer_args(parser)
+    add_tokenizer_args(parser)
     parser.add_argument("--document", type=int, default=0, help="document to show (0-based, default 0)")
     parser.add_argument("--num-tokens", type=int, default=32, help="tokens of it to show (default 32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -113,13 +88,8 @@ def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_inspect(args: argparse.Namespace) -> int:
     from gptrain.data.summary import format_summary, summarize
-    from gptrain.data.tokenizers import build_tokenizer
 
-    tokenizer = None
-    kind = _tokenizer_type(args)
-    if kind:
-        tokenizer = build_tokenizer(kind, args.vocab_file, args.merge_file, args.tokenizer_model)
-    info = summarize(args.prefix, tokenizer, args.document, args.num_tokens)
+    info = summarize(args.prefix, tokenizer_from_args(args), args.document, args.num_tokens)
     print(format_summary(info, as_json=args.json))
     return 0
 

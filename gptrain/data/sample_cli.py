@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from gptrain.data.tokenizer_args import add_tokenizer_args, tokenizer_from_args
+
 SPLITS = ("train", "valid", "test")
 
 
@@ -43,13 +45,7 @@ def add_sample_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cache-dir", help="index cache directory (default <prefix dir>/cache/...)")
     parser.add_argument("--mock", action="store_true", help="random tokens instead of data files")
     parser.add_argument("--vocab-size", type=int, help="vocabulary of the mock tokens")
-    group = parser.add_argument_group("tokenizer (optional: adds the decoded text)")
-    group.add_argument("--tokenizer-type", help="GPT2BPETokenizer, HuggingFaceTokenizer or TikTokenizer")
-    group.add_argument("--vocab-file", help="GPT-2 vocab.json")
-    group.add_argument("--merge-file", help="GPT-2 merges.txt")
-    group.add_argument(
-        "--tokenizer-model", help="tokenizer.json (or its directory), or a tiktoken encoding name"
-    )
+    add_tokenizer_args(parser, "tokenizer (optional: adds the decoded text)")
     parser.set_defaults(func=run_sample)
 
 
@@ -87,23 +83,6 @@ def _provenance(dataset: Any, index: int) -> dict[str, Any]:
     return {"mock": True, "seed": dataset.seed}
 
 
-def _tokenizer(args: argparse.Namespace) -> Any | None:
-    kind = args.tokenizer_type
-    if kind is None and args.vocab_file and args.merge_file:
-        kind = "GPT2BPETokenizer"
-    if kind is None:
-        if args.tokenizer_model or args.vocab_file or args.merge_file:
-            from gptrain.errors import ConfigError
-
-            raise ConfigError(
-                "give --tokenizer-type with --tokenizer-model (or both --vocab-file and --merge-file)"
-            )
-        return None
-    from gptrain.data.tokenizers import build_tokenizer
-
-    return build_tokenizer(kind, args.vocab_file, args.merge_file, args.tokenizer_model)
-
-
 def run_sample(args: argparse.Namespace) -> int:
     from gptrain.data.builder import build_gpt_datasets
     from gptrain.errors import ConfigError, DataError
@@ -116,7 +95,7 @@ def run_sample(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--num-samples gives the {args.split} split 0 samples; mock data and blends need a count"
         )
-    tokenizer = _tokenizer(args)
+    tokenizer = tokenizer_from_args(args)
     prefix = args.data_prefix[0] if args.data_prefix and len(args.data_prefix) == 1 else args.data_prefix
     datasets = build_gpt_datasets(
         prefix,

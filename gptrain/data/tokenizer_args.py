@@ -1,0 +1,44 @@
+"""The Megatron tokenizer flags shared by the `data` subcommands (light: no tokenizer import here)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def add_tokenizer_args(parser: argparse.ArgumentParser, title: str = "tokenizer (Megatron flags)") -> None:
+    group = parser.add_argument_group(title)
+    group.add_argument(
+        "--tokenizer-type",
+        help="GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer (--tokenizer-model "
+        "tokenizer.json) or TikTokenizer (--tokenizer-model encoding name, e.g. cl100k_base); "
+        "default: implied by the other flags",
+    )
+    group.add_argument("--vocab-file", help="GPT-2 vocab.json")
+    group.add_argument("--merge-file", help="GPT-2 merges.txt")
+    group.add_argument(
+        "--tokenizer-model", help="tokenizer.json (or its directory), or a tiktoken encoding name"
+    )
+
+
+def tokenizer_type(args: argparse.Namespace) -> str | None:
+    """The given --tokenizer-type, else what the other flags imply (vocab file: GPT-2 BPE;
+    an existing --tokenizer-model path: Hugging Face; any other model name: tiktoken)."""
+    if args.tokenizer_type:
+        return args.tokenizer_type
+    if args.vocab_file or args.merge_file:
+        return "GPT2BPETokenizer"
+    if args.tokenizer_model:
+        return "HuggingFaceTokenizer" if os.path.exists(args.tokenizer_model) else "TikTokenizer"
+    return None
+
+
+def tokenizer_from_args(args: argparse.Namespace) -> Any | None:
+    """The tokenizer the flags name, or None when no tokenizer flag was given."""
+    kind = tokenizer_type(args)
+    if kind is None:
+        return None
+    from gptrain.data.tokenizers import build_tokenizer
+
+    return build_tokenizer(kind, args.vocab_file, args.merge_file, args.tokenizer_model)
