@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from parallel_harness import free_port
 
 from gptrain.config import load_training_config
 from gptrain.train import loop
@@ -52,12 +52,6 @@ LAYOUT = [
     "model.sequence_parallel=true",
     "model.pipeline_model_parallel_size=2",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def log_values(log_dir: Path, pattern: str, rank: int = 0) -> list[float]:
