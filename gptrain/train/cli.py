@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
+
+from gptrain.train.generate import add_generate_parser
+from gptrain.train.plot import add_plot_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,15 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--config-file", default=None, help="a full training YAML instead of a preset")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     parser.set_defaults(func=run_train)
-    for module, function in (
-        ("gptrain.train.generate", "add_generate_parser"),
-        ("gptrain.train.plot", "add_plot_parser"),
-    ):
-        try:
-            add = getattr(importlib.import_module(module), function)
-        except (ImportError, AttributeError):
-            continue
-        add(subparsers)
+    add_generate_parser(subparsers)
+    add_plot_parser(subparsers)
 
 
 def split_preset(preset: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
