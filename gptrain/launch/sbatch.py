@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptrain.errors import EXIT_REQUEUE, ConfigError
+from gptrain.launch.script_values import CONTROL, describe
 
 
 class Raw(str):
@@ -54,7 +55,21 @@ class Job:
         return self.run_dir / f"log-{self.job_name.replace('%', '%%')}_{jobid}.{suffix}"
 
 
+def quote(value: object, what: str) -> str:
+    """shlex.quote, refusing control characters: a newline inside quotes still ends an #SBATCH line.
+
+    The launcher checks the config keys first (script_values); this is the last line of defence.
+    """
+    text = str(value)
+    if CONTROL.search(text):
+        raise ConfigError(
+            f"{what}: the value {text!r} contains {describe(text)}; it cannot go into a job script"
+        )
+    return shlex.quote(text)
+
+
 def quote_command(command: list[str]) -> str:
+    """Fixed text and paths (checked by key in script_values); quoted, so one word each for bash."""
     return " ".join(part if isinstance(part, Raw) else shlex.quote(str(part)) for part in command)
 
 
@@ -66,12 +81,16 @@ def env_lines(env_vars: dict[str, object] | None) -> list[str]:
         if value is None:
             continue
         text = str(value).lower() if isinstance(value, bool) else str(value)
-        lines.append(f"export {key}={shlex.quote(text)}")
+        lines.append(f"export {key}={quote(text, f'env_vars.{key}')}")
     return lines
 
 
 def directive(option: str, value: object = None) -> str:
-    return f"#SBATCH --{option}" if value is None else f"#SBATCH --{option}={shlex.quote(str(value))}"
+    return (
+        f"#SBATCH --{option}"
+        if value is None
+        else f"#SBATCH --{option}={quote(value, f'#SBATCH --{option}')}"
+    )
 
 
 def sbatch_directives(job: Job, cluster: dict) -> list[str]:
@@ -130,12 +149,12 @@ def srun_prefix(job: Job, cluster: dict, container: str | None, mounts: list[str
         parts.append(f"--cpus-per-task={job.cpus_per_task}")
     args = [str(a) for a in cluster.get("srun_args") or []]
     if container:
-        parts.append(f"--container-image={shlex.quote(container)}")
+        parts.append(f"--container-image={quote(container, 'container')}")
         if mounts:
-            parts.append(f"--container-mounts={shlex.quote(','.join(mounts))}")
+            parts.append(f"--container-mounts={quote(','.join(mounts), 'container_mounts')}")
     else:  # pyxis options make srun fail where there is no container
         args = [a for a in args if not a.startswith(("--container", "--no-container"))]
-    parts.extend(shlex.quote(a) for a in args)
+    parts.extend(quote(a, "cluster.srun_args") for a in args)
     return " ".join(parts)
 
 
@@ -209,7 +228,7 @@ def render_slurm(job: Job, cluster: dict, top: dict) -> str:
 
 def render_local(job: Job, top: dict) -> str:
     """A bash script running the stage on this machine (torchrun for training)."""
-    lines = header(job, "local") + ["set -euo pipefail", f"cd {shlex.quote(job.workdir)}"]
+    lines = header(job, "local") + ["set -euo pipefail", f"cd {quote(job.workdir, 'working directory')}"]
     lines += ["export PYTHONUNBUFFERED=1"] + env_lines(top.get("env_vars"))
     for command in job.setup:
         lines.append(quote_command(command))

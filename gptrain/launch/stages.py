@@ -18,6 +18,7 @@ import yaml
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
 from gptrain.launch.sbatch import Job, Raw, render_local, render_slurm
+from gptrain.launch.script_values import check_launch_values
 from gptrain.utils.atomic import atomic_write_text
 
 
@@ -38,6 +39,7 @@ class LaunchPlan:
 
 def build_plan(composition: Composition) -> LaunchPlan:
     resolved = composition.resolved()
+    check_launch_values(resolved)  # before anything is written: no newline reaches a script
     # In a container the launching interpreter's path means nothing: use the image's python.
     python = str(resolved.get("python") or ("python" if resolved.get("container") else sys.executable))
     cluster = dict(resolved.get("cluster") or {})

@@ -1,0 +1,91 @@
+"""Refuse config values that cannot be rendered into a shell script safely.
+
+`shlex.quote` makes any text one shell word, but a newline inside quotes still ends an
+`#SBATCH` line: sbatch reads its directives one line at a time, so the rest of the value
+would become a line of the batch shell. No control character (C0, DEL) has a use in a
+partition, a path, a job name or an environment value, so every value that reaches a
+script is checked here, by its key, before the launcher writes anything.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from gptrain.errors import ConfigError
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+NAMES = {"\n": "a newline", "\r": "a carriage return", "\x00": "a NUL byte", "\t": "a tab"}
+
+# Top-level keys of the launch config whose values reach a script (directly or through paths).
+TOP_KEYS = ("base_results_dir", "data_dir", "python", "container", "container_mounts", "env_vars")
+# Whole subtrees of each stage section that reach a script (names, paths, Slurm time/dependency).
+STAGE_KEYS = ("run",)
+# Single keys of stage sections that reach a script (the blend file is an argument of a setup line).
+STAGE_VALUES = {"data_preparation": ("blend.file",)}
+
+
+def describe(text: str) -> str:
+    """'a newline', 'a NUL byte', or 'control character 0x1b' for the first one in `text`."""
+    match = CONTROL.search(text)
+    char = match.group() if match else ""
+    return NAMES.get(char, f"control character 0x{ord(char):02x}")
+
+
+def check_value(key: str, value: object) -> None:
+    """ConfigError naming `key` when `value` (or a dict key or item inside it) holds a control character."""
+    for where, text in walk(key, value):
+        if CONTROL.search(text):
+            raise ConfigError(
+                f"{where}: the value {text!r} contains {describe(text)}, which would break the rendered"
+                " job script; remove it (values reaching sbatch/srun scripts must be one line)"
+            )
+
+
+def walk(key: str, value: object) -> Iterator[tuple[str, str]]:
+    """(dotted key, text) for every scalar, and every mapping key, under `value`."""
+    if isinstance(value, dict):
+        for sub, item in value.items():
+            yield f"{key}.{sub}", str(sub)
+            yield from walk(f"{key}.{sub}", item)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from walk(f"{key}[{index}]", item)
+    elif value is not None:
+        yield key, str(value)
+
+
+def dotted_get(section: dict[str, Any], dotted: str) -> object:
+    node: object = section
+    for part in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def check_launch_values(resolved: dict[str, Any]) -> None:
+    """Check every key of the resolved launch config that reaches a rendered script."""
+    for key in TOP_KEYS:
+        check_value(key, resolved.get(key))
+    check_value("cluster", resolved.get("cluster"))
+    prefix = (resolved.get("cluster") or {}).get("job_name_prefix")
+    if prefix is not None and "/" in str(prefix):
+        raise ConfigError(
+            f"cluster.job_name_prefix {str(prefix)!r} must not contain '/' (it names the job's files)"
+        )
+    for stage in resolved.get("stages") or []:
+        section = resolved.get(stage)
+        if not isinstance(section, dict):
+            continue
+        for key in STAGE_KEYS:
+            check_value(f"{stage}.{key}", section.get(key))
+        for key in STAGE_VALUES.get(stage, ()):
+            check_value(f"{stage}.{key}", dotted_get(section, key))
+    cwd = os.getcwd()
+    if CONTROL.search(cwd):
+        raise ConfigError(
+            f"the current directory {cwd!r} contains {describe(cwd)}; launch from another directory"
+        )

@@ -1,0 +1,173 @@
+"""Property: no text given to a config key that reaches a job script is ever executed.
+
+Hypothesis draws a key (cluster, run, container, env_vars, mounts, srun_args, results paths) and
+arbitrary text mixed with shell payloads that would call the stub command `owned`. The rendered
+script is checked with `bash -n`, then run with stub `srun`/`scontrol` and a stub Python on PATH:
+`owned` must never run, and the value must arrive intact where it belongs (an #SBATCH option,
+an srun option, an environment variable, the config path). Text with a control character must
+instead be refused in one line naming the key, before anything is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from gptrain.errors import ConfigError
+from gptrain.launch.compose import compose
+from gptrain.launch.script_values import CONTROL
+from gptrain.launch.stages import build_plan, config_path, write_run_files
+
+PAYLOADS = ["$(owned)", "`owned`", ";owned;", "|owned", "&owned&", "&&owned", "\nowned\n", "'", '"', "\\"]
+PAYLOADS += ["#", " ", "*", "~", "!", "${IFS}owned", "$((1))", "\r", "\x00", "--", "%j", "$SLURM_JOB_ID"]
+TEXT = st.lists(st.one_of(st.text(max_size=8), st.sampled_from(PAYLOADS)), max_size=4).map("".join)
+
+# key -> how the value is checked once the script ran: an #SBATCH option, or a special check.
+SBATCH_KEYS = {
+    "cluster.partition": "--partition",
+    "cluster.account": "--account",
+    "cluster.nodelist": "--nodelist",
+    "cluster.mem": "--mem",
+    "cluster.gres": "--gres",
+    "training.run.time_limit": "--time",
+    "training.run.dependency": "--dependency",
+}
+PATH_KEYS = ("base_results_dir", "training.run.name", "cluster.job_name_prefix")
+OTHER_KEYS = (
+    "env_vars.GPTRAIN_V",
+    "cluster.env_vars.GPTRAIN_V",
+    "container",
+    "container_mounts",
+    "cluster.srun_args",
+)
+KEYS = sorted(SBATCH_KEYS) + list(PATH_KEYS) + list(OTHER_KEYS)
+
+SRUN = """printf '%s\\0' "$@" > "$STUB_LOG/srun.argv"
+exec "${@: -10}"
+"""  # the last 10 words: the rank wrapper (4) and `<python> -m gptrain train --config-file <path>` (6)
+PYTHON = """printf '%s\\0' "$@" > "$STUB_LOG/python.argv"
+printf '%s' "${GPTRAIN_V-unset}" > "$STUB_LOG/python.env"
+"""
+SCONTROL = 'case "$1 $2" in "show hostnames") echo n1 ;; esac\n'
+OWNED = 'touch "$STUB_LOG/OWNED"\n'
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory) -> Path:
+    bin_dir = tmp_path_factory.mktemp("bin")
+    for name, text in (
+        ("srun", SRUN),
+        ("py", PYTHON),
+        ("scontrol", SCONTROL),
+        ("owned", OWNED),
+        ("sbatch", OWNED),
+    ):
+        (bin_dir / name).write_text("#!/bin/bash\n" + text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def value_for(key: str, text: str) -> object:
+    """Lists for list keys; path keys get one path component (tests must not write elsewhere)."""
+    if key in ("container_mounts", "cluster.srun_args"):
+        return [text]
+    return text
+
+
+def expected_refusal(key: str, text: str) -> bool:
+    """Values the launcher must refuse: control characters, or names that cannot be a file name."""
+    if CONTROL.search(text):
+        return True
+    if key == "training.run.name":
+        return not text or "/" in text
+    return key == "cluster.job_name_prefix" and "/" in text
+
+
+def render(key: str, value: object, base: Path, stubs: Path) -> list[Path]:
+    args = ["cluster_type=slurm", "training.trainer.num_nodes=2", f"python={stubs / 'py'}"]
+    args += [f"base_results_dir={base}", "cluster.partition=p"]
+    composition = compose(args)
+    OmegaConf.update(composition.cfg, key, value, merge=False, force_add=True)
+    plan = build_plan(composition)
+    return write_run_files(plan, args), plan
+
+
+def run_script(script: Path, stubs: Path, log: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(log), "SLURM_JOB_ID": "7"}
+    env.update(SLURM_JOB_NODELIST="n1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="2")
+    env.update(SLURM_NTASKS_PER_NODE="1", SLURM_RESTART_COUNT="0")
+    env.pop("GPTRAIN_V", None)
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+
+
+def sbatch_options(script: str) -> dict[str, str]:
+    found = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            words = shlex.split(line[len("#SBATCH ") :])
+            assert len(words) == 1, line  # one option per line, whatever the value
+            option, _, value = words[0].partition("=")
+            found[option] = value
+    return found
+
+
+def words(path: Path) -> list[str]:
+    return path.read_text().split("\0")[:-1]
+
+
+def check_arrival(key: str, text: str, script: Path, plan, log: Path) -> None:
+    """The value reached its place in the job unchanged."""
+    srun, python = words(log / "srun.argv"), words(log / "python.argv")
+    [job] = plan.jobs
+    assert python == ["-m", "gptrain", "train", "--config-file", str(config_path(job))]
+    if key in SBATCH_KEYS and text:
+        assert sbatch_options(script.read_text())[SBATCH_KEYS[key]] == text
+    elif key in PATH_KEYS:
+        assert str(config_path(job)).endswith(f"/{job.job_name}_hydra.yaml")
+        assert text in str(config_path(job)) and config_path(job).is_file()
+    elif key.endswith("GPTRAIN_V"):
+        assert (log / "python.env").read_text() == text
+    elif key == "container":
+        assert (f"--container-image={text}" in srun) == bool(text)
+    elif key == "container_mounts":
+        assert all(not w.startswith("--container-mounts") for w in srun)  # no container: no mounts
+    elif key == "cluster.srun_args" and not text.startswith(("--container", "--no-container")):
+        assert text in srun[: srun.index("bash")]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(KEYS), text=TEXT)
+def test_no_value_reaching_a_script_is_executed(stubs, key, text):
+    if key in PATH_KEYS and key != "training.run.name":
+        text = text.replace("/", "_") if key == "base_results_dir" else text
+    if key in ("base_results_dir", "training.run.name") and text in (".", ".."):
+        text += "x"
+    text = text.replace("${", "$_{")  # OmegaConf interpolation syntax: a feature, not a value
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        root, log = Path(tmp), Path(tmp) / "log"
+        log.mkdir()
+        base = root / "r" / text if key == "base_results_dir" else root / "r"
+        value = value_for(key, text)
+        if key == "base_results_dir":
+            value = str(base)
+        if expected_refusal(key, text):
+            with pytest.raises(ConfigError) as error:
+                render(key, value, base, stubs)
+            assert key in str(error.value) and "\n" not in str(error.value)
+            assert not (root / "r").exists()
+            return
+        [script], plan = render(key, value, base, stubs)
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+        done = run_script(script, stubs, log)
+        assert not (log / "OWNED").exists(), script.read_text()
+        assert done.returncode == 0, done.stderr
+        check_arrival(key, text, script, plan, log)

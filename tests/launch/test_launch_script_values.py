@@ -1,0 +1,139 @@
+"""Issue 14, case 1: a newline (or any control character) in a value that reaches a job script.
+
+sbatch reads `#SBATCH` lines one at a time, so a quoted newline ended the directive and the rest
+of the value ran in the batch shell. Such values are now a one-line error naming the key, at
+compose time, before any file is written.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gptrain.cli import main
+from gptrain.errors import ConfigError
+from gptrain.launch.compose import compose
+from gptrain.launch.sbatch import Job, directive, render_slurm
+from gptrain.launch.script_values import check_value
+from gptrain.launch.stages import build_plan, write_run_files
+
+# The issue's keys, each given the issue's value as a YAML double-quoted override.
+ISSUE_KEYS = [
+    "cluster.partition",
+    "cluster.account",
+    "cluster.nodelist",
+    "cluster.mem",
+    "cluster.job_name_prefix",
+    "training.run.time_limit",
+    "training.run.dependency",
+    "base_results_dir",
+]
+MORE_KEYS = ["cluster.gres", "training.run.name", "container", "env_vars.NCCL_DEBUG", "cluster.env_vars.X"]
+
+
+def injected(canary: Path) -> str:
+    return f'"x\\ntouch {canary} #"'  # YAML turns \n into a newline
+
+
+@pytest.mark.parametrize("key", ISSUE_KEYS + MORE_KEYS)
+def test_newline_in_a_script_value_is_a_one_line_error_and_nothing_is_written(
+    key, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    canary = tmp_path / "owned"
+    results = tmp_path / "results"
+    args = [
+        "launch",
+        "--dry-run",
+        "cluster_type=slurm",
+        f"base_results_dir={results}",
+        f"{key}={injected(canary)}",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gptrain: error: ") and "\n" not in err
+    assert key in err and "a newline" in err
+    assert not results.exists() and not canary.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [
+        ("a\rb", "a carriage return"),
+        ("a\x00b", "a NUL byte"),
+        ("a\x1bb", "0x1b"),
+        ("a\tb", "a tab"),
+        ("a\x7f", "0x7f"),
+    ],
+)
+def test_every_control_character_is_refused(value, name):
+    with pytest.raises(ConfigError, match=name):
+        check_value("cluster.partition", value)
+
+
+def test_lists_and_nested_keys_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"cluster\.srun_args\[1\]"):
+        build_plan(compose(["cluster_type=slurm", 'cluster.srun_args=[--a, "b\\nc"]']))
+    with pytest.raises(ConfigError, match=r"container_mounts\[0\]"):
+        build_plan(compose(["cluster_type=slurm", 'container_mounts=["/a:/b\\n"]']))
+
+
+def test_job_name_prefix_never_reaches_a_file_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for prefix in ('"p\\n"', "a/b-"):
+        with pytest.raises(ConfigError, match="cluster.job_name_prefix"):
+            build_plan(
+                compose(
+                    [
+                        "cluster_type=slurm",
+                        f"base_results_dir={tmp_path}",
+                        f"cluster.job_name_prefix={prefix}",
+                    ]
+                )
+            )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_renderer_refuses_a_newline_even_when_called_directly(tmp_path):
+    """The last line of defence, for a value that did not come through the launch config."""
+    with pytest.raises(ConfigError, match="#SBATCH --partition"):
+        directive("partition", "gpu\ntouch x")
+    job = Job("training", "r", "r", tmp_path, ["true"])
+    with pytest.raises(ConfigError, match="cluster.srun_args"):
+        render_slurm(job, {"srun_args": ["--x\n"]}, {})
+
+
+SHIPPED = [
+    ["training.trainer.num_nodes=1"],
+    ["cluster_type=slurm"],
+    [
+        "cluster_type=slurm",
+        "cluster=aws_p5",
+        "container=nvcr.io/nvidia/nemo:24.05",
+        "container_mounts=[/d:/d]",
+    ],
+    ["cluster_type=slurm", "cluster=azure_nd_a100_v4", "training=gpt3/5b"],
+    [
+        "cluster_type=slurm",
+        "stages=[data_preparation,training]",
+        "data_preparation.shards=[http://h/a.jsonl]",
+    ],
+    [
+        "stages=[data_preparation,training]",
+        "data_preparation.shards=[http://h/a.jsonl]",
+        "training.trainer.num_nodes=1",
+    ],
+]
+
+
+@pytest.mark.parametrize("args", SHIPPED)
+def test_every_rendered_script_passes_bash_n(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = [*args, f"base_results_dir={tmp_path}/r", f"data_dir={tmp_path}/d"]
+    for script in write_run_files(build_plan(compose(args)), args):
+        done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
