@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 
 from gptrain.errors import LaunchError
 from gptrain.launch.compose import compose
@@ -13,21 +14,39 @@ from gptrain.launch.stages import LaunchPlan, build_plan, config_path, validate_
 
 
 def preflight(plan: LaunchPlan, dry_run: bool) -> list[str]:
-    """File checks always; cluster checks where Slurm answers (a dry run elsewhere skips them)."""
-    lines = []
+    """File checks always; cluster checks where Slurm answers (a dry run elsewhere skips them).
+
+    Under --dry-run a failed check is a warning line and the scripts are still shown: a dry run
+    is how one looks at the scripts before the data exists. Without it, the first failure stops.
+    """
+    lines: list[str] = []
     stages = [job.stage for job in plan.jobs]
     if "data_preparation" in stages:
         section = plan.configs["data_preparation"]
         lines.append(f"ok  data_preparation: {len(parse_shards(section.get('shards') or []))} shard(s)")
-        lines.append(check_tokenizer_files(section.get("tokenizer") or {}, "data_preparation.tokenizer"))
+        lines += _checked(
+            lambda: [check_tokenizer_files(section.get("tokenizer") or {}, "data_preparation.tokenizer")],
+            dry_run,
+        )
     if "training" in stages:
-        lines += check_training_files(plan.configs["training"], "data_preparation" in stages)
+        training = plan.configs["training"]
+        lines += _checked(lambda: check_training_files(training, "data_preparation" in stages), dry_run)
     if plan.cluster_type == "slurm":
         if dry_run and shutil.which("sinfo") is None:
             lines.append("skipped  cluster checks: no sinfo here")
         else:
-            lines += _cluster_checks(plan, dry_run)
+            lines += _checked(lambda: _cluster_checks(plan, dry_run), dry_run)
     return lines
+
+
+def _checked(check: Callable[[], list[str]], dry_run: bool) -> list[str]:
+    """Run one check; under --dry-run its LaunchError becomes a warning line."""
+    try:
+        return check()
+    except LaunchError as error:
+        if not dry_run:
+            raise
+        return [f"warning  {error} (a real launch stops here)"]
 
 
 def _cluster_checks(plan: LaunchPlan, dry_run: bool) -> list[str]:

@@ -1,0 +1,69 @@
+"""Issue 14, case 6: `launch --dry-run` renders the scripts even when preflight fails.
+
+A dry run is how one looks at the scripts before the data exists; the failed checks become
+warning lines. Without --dry-run they stay one-line errors and nothing is started.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gptrain.cli import main
+
+MISSING = [
+    "training.model.data.data_impl=mmap",
+    "training.model.data.data_prefix=/nonexistent/corpus_text_document",
+]
+
+
+def test_dry_run_renders_when_the_data_is_not_there_yet(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", "--dry-run", "training.trainer.num_nodes=1", f"base_results_dir={tmp_path}", *MISSING]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "preflight: warning  training.model.data.data_prefix: /nonexistent/corpus_text_document.bin" in err
+    assert "dry run: nothing submitted; rendered:" in out
+    [script] = Path(tmp_path).glob("*/*_submission.sh")
+    assert "exec " in script.read_text()
+
+
+def test_dry_run_on_slurm_warns_about_the_cluster_and_the_data(tmp_path, capsys, monkeypatch):
+    """sinfo answers, but the partition does not exist: both problems are listed, the script is written."""
+    monkeypatch.chdir(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text("#!/bin/bash\necho 'n1|debug*|4|(null)|idle'\n")
+    (bin_dir / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    args = [
+        "launch",
+        "--dry-run",
+        "cluster_type=slurm",
+        "cluster.partition=gpu",
+        f"base_results_dir={tmp_path}/r",
+    ]
+    assert main([*args, *MISSING]) == 0
+    err = capsys.readouterr().err
+    assert "warning  partition 'gpu' does not exist" in err and "data_prefix" in err
+    assert list((tmp_path / "r").glob("*/*_submission.sh"))
+
+
+def test_without_dry_run_a_failed_preflight_is_still_an_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", "training.trainer.num_nodes=1", f"base_results_dir={tmp_path}", *MISSING]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gptrain: error: training.model.data.data_prefix") and "\n" not in err
+    assert not list(Path(tmp_path).glob("*/log-*"))  # nothing ran
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_bad_config_value_is_an_error_even_in_a_dry_run(dry_run, tmp_path, capsys, monkeypatch):
+    """Warnings are for the world outside the config (files, cluster); a wrong key is still wrong."""
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", *(["--dry-run"] if dry_run else []), "training.trainer.max_stepz=3"]
+    assert main(args) == 2
+    assert "max_stepz" in capsys.readouterr().err
