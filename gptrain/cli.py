@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "gptrain.data.cli",
     "gptrain.train.cli",
     "gptrain.launch.cli",
+    "gptrain.validate.cli",
 )
 
 

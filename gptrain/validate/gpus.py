@@ -1,0 +1,123 @@
+"""Per-GPU checks: NVML health, a bf16 matmul rate and a copy bandwidth measured on the spot,
+and `dcgmi diag` where DCGM is installed. Each rank checks its own GPU; rank 0 compares them.
+
+The matmul rate counts 2 n^3 FLOPs per n x n product; the copy bandwidth counts the bytes
+read plus the bytes written (2 x size per copy), as memory-bandwidth figures usually do.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gptrain.validate import nvml
+from gptrain.validate.runtime import Context, gather_objects, synchronize
+from gptrain.validate.thresholds import Thresholds
+
+MATMUL_N = 8192
+COPY_BYTES = 1 << 30
+
+
+def seconds_per_call(call: Callable[[], Any], device: torch.device, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        call()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        call()
+    synchronize(device)
+    return (time.perf_counter() - start) / max(1, iters)
+
+
+def matmul_tflops(device: torch.device, iters: int, warmup: int, n: int = MATMUL_N) -> float:
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+    seconds = seconds_per_call(lambda: torch.matmul(a, b, out=out), device, iters, warmup)
+    return 2 * n**3 / seconds / 1e12
+
+
+def copy_GBps(device: torch.device, iters: int, warmup: int, nbytes: int = COPY_BYTES) -> float:
+    src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    seconds = seconds_per_call(lambda: dst.copy_(src), device, iters, warmup)
+    return 2 * nbytes / seconds / 1e9
+
+
+def dcgm_diag(level: int, timeout_s: float = 7200.0) -> dict[str, Any]:
+    """`dcgmi diag -r level` on this node: passed, the failing lines, the tail of its output."""
+    if level <= 0:
+        return {"ran": False, "reason": "--dcgm-level 0"}
+    if shutil.which("dcgmi") is None:
+        return {"ran": False, "reason": "dcgmi not installed"}
+    try:
+        out = subprocess.run(
+            ["dcgmi", "diag", "-r", str(level)], capture_output=True, text=True, timeout=timeout_s
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return {"ran": True, "passed": False, "failures": [f"dcgmi diag did not finish: {error}"], "tail": ""}
+    text = out.stdout + out.stderr
+    failures = [line.strip(" |") for line in text.splitlines() if "fail" in line.lower()]
+    return {
+        "ran": True,
+        "passed": out.returncode == 0 and not failures,
+        "failures": failures,
+        "tail": text[-4000:],
+    }
+
+
+def check_local_gpu(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> dict[str, Any]:
+    """This rank's GPU: identity, NVML health, measured rates; DCGM on one rank per node."""
+    index = ctx.device.index or 0
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    record: dict[str, Any] = {"rank": ctx.rank, "node": ctx.node, "cuda_index": index, "name": props.name}
+    nv = nvml.load()
+    if nv is None:
+        record["nvml"] = None
+        record["problems"] = []
+    else:
+        handle = nvml.handle_for(nv, f"GPU-{uuid}" if uuid else None, index)
+        record["nvml"] = nvml.gpu_health(nv, handle)
+        record["problems"] = nvml.health_problems(record["nvml"])
+    record["matmul_bf16_tflops"] = matmul_tflops(ctx.device, iters, warmup)
+    record["copy_GBps"] = copy_GBps(ctx.device, iters, warmup)
+    torch.cuda.empty_cache()
+    if ctx.world.local_rank == 0:
+        record["dcgm"] = dcgm_diag(dcgm_level)
+        record["xid"] = nvml.xid_events()
+    return record
+
+
+def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, Any]]:
+    """Add each GPU's `flags`: NVML problems, DCGM failures, rates below the median or the profile."""
+    medians = {key: statistics.median(r[key] for r in records) for key in ("matmul_bf16_tflops", "copy_GBps")}
+    floors = {"matmul_bf16_tflops": limits.matmul_tflops, "copy_GBps": limits.copy_GBps}
+    units = {"matmul_bf16_tflops": "TFLOP/s bf16 matmul", "copy_GBps": "GB/s copy"}
+    for r in records:
+        flags = list(r.get("problems") or [])
+        for key, median in medians.items():
+            if median and r[key] < median * (1 - limits.slow_pct / 100):
+                flags.append(
+                    f"{r[key]:.0f} {units[key]} is {100 * (1 - r[key] / median):.0f}% below the median {median:.0f}"
+                )
+            if floors[key] is not None and r[key] < floors[key]:
+                flags.append(f"{r[key]:.0f} {units[key]} below the profile's {floors[key]:.0f}")
+        dcgm = r.get("dcgm") or {}
+        if dcgm.get("ran") and not dcgm.get("passed"):
+            flags.append("dcgmi diag failed: " + "; ".join(dcgm.get("failures") or ["see gpus.json"]))
+        r["flags"] = flags
+    return records
+
+
+def run_gpus(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> list[dict[str, Any]] | None:
+    """Every rank's record (rank 0 gets them all), or None on a machine without a CUDA GPU."""
+    if not ctx.is_gpu:
+        return None
+    return gather_objects(check_local_gpu(ctx, iters, warmup, dcgm_level))

@@ -1,0 +1,200 @@
+"""Run the chosen checks on every rank; rank 0 reports, decides the exit status, names nodes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from gptrain.errors import ConfigError
+from gptrain.utils.atomic import atomic_write_text
+from gptrain.validate import report
+from gptrain.validate.bandwidth import size_sweep
+from gptrain.validate.runtime import Context, finish, start
+from gptrain.validate.thresholds import Thresholds, load_thresholds
+
+GPU_MAX_BYTES, CPU_MAX_BYTES = 8 << 30, 1 << 20
+GPU_PAIR_BYTES, CPU_PAIR_BYTES = 256 << 20, 1 << 20
+BISECTION_ROUNDS = 3
+
+
+@dataclass
+class Outcome:
+    """Failed checks (one line each) and the nodes they blame."""
+
+    failures: list[str] = field(default_factory=list)
+    bad_nodes: set[str] = field(default_factory=set)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def say(ctx: Context, text: str) -> None:
+    if ctx.rank == 0:
+        print(text, flush=True)
+
+
+def sizes_for(args: argparse.Namespace, ctx: Context) -> list[int]:
+    low = args.min_bytes or 8
+    high = args.max_bytes or (GPU_MAX_BYTES if ctx.is_gpu else CPU_MAX_BYTES)
+    try:
+        return size_sweep(low, high)
+    except ValueError as error:
+        raise ConfigError(f"--min-bytes/--max-bytes: {error}") from None
+
+
+def check_collectives(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
+    from gptrain.validate.collectives import sweep
+
+    rows = [r.as_dict() for r in sweep(ctx, sizes_for(args, ctx), args.iters, args.warmup)]
+    if ctx.rank != 0:
+        return
+    print(report.table(rows), flush=True)
+    directory = Path(args.output_dir)
+    report.write_json(directory / "collectives.json", rows)
+    report.plot_busbw(directory / "collectives.png", rows)
+    wrong = [r for r in rows if r["wrong"]]
+    for r in wrong:
+        out.failures.append(f"collectives: {r['op']} at {r['bytes']} B gave {r['wrong']} wrong element(s)")
+    busbw_threshold(rows, limits, ctx, out)
+
+
+def busbw_threshold(rows: list[dict[str, Any]], limits: Thresholds, ctx: Context, out: Outcome) -> None:
+    """The best all_reduce busbw at large sizes (or the largest size run) against the threshold."""
+    minimum = limits.busbw_threshold(ctx.multi_node)
+    reduce = [r for r in rows if r["op"] == "all_reduce"]
+    large = [r for r in reduce if r["bytes"] >= limits.large_message_bytes] or [
+        max(reduce, key=lambda r: r["bytes"])
+    ]
+    best = max(large, key=lambda r: r["busbw_GBps"])
+    out.summary["all_reduce_large_busbw_GBps"] = best["busbw_GBps"]
+    out.summary["busbw_threshold_GBps"] = minimum
+    if minimum is None:
+        return
+    if ctx.size == 1:
+        print("collectives: busbw threshold not applied: a world of 1 moves no data between ranks")
+        return
+    if best["busbw_GBps"] < minimum:
+        out.failures.append(
+            f"collectives: all_reduce busbw {best['busbw_GBps']:.3g} GB/s at {best['bytes']} B is below "
+            f"the threshold {minimum:.3g} GB/s"
+        )
+
+
+def check_pairwise(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
+    from gptrain.validate import pairwise as pw
+
+    nbytes = args.pair_bytes or (GPU_PAIR_BYTES if ctx.is_gpu else CPU_PAIR_BYTES)
+    levels = {
+        "node": pw.node_rounds(ctx, args.max_all_pairs, BISECTION_ROUNDS),
+        "rank": pw.rank_rounds(ctx, args.max_all_pairs, BISECTION_ROUNDS),
+    }
+    data: dict[str, Any] = {}
+    for level, rounds in levels.items():
+        results = [
+            r for pairs in rounds for r in pw.run_round(ctx, level, pairs, nbytes, args.iters, args.warmup)
+        ]
+        floor = limits.busbw_threshold(True) if level == "node" else None
+        verdict = pw.find_slow(level, results, limits.slow_pct, floor)
+        data[level] = {
+            "rounds": len(rounds),
+            "pairs": [vars(r) for r in results],
+            "verdict": verdict.as_dict(),
+        }
+        for member, why in verdict.flagged.items():
+            node = member if level == "node" else ctx.nodes[int(member)]
+            where = f"node {node}" if level == "node" else f"rank {member} on {node}"
+            out.failures.append(f"pairwise: {where}: {why}")
+            out.bad_nodes.add(node)
+        say(ctx, pair_summary(level, results, verdict))
+    if ctx.rank == 0:
+        report.write_json(Path(args.output_dir) / "pairwise.json", data)
+
+
+def pair_summary(level: str, results: list[Any], verdict: Any) -> str:
+    if not results:
+        return f"pairwise {level}s: fewer than two {level}s to pair"
+    low = min(results, key=lambda r: r.busbw_GBps)
+    return (
+        f"pairwise {level}s: {len(results)} pair(s), median best-pair busbw {verdict.median:.3g} GB/s, "
+        f"slowest pair {low.a}-{low.b} {low.busbw_GBps:.3g} GB/s, flagged: {', '.join(verdict.flagged) or 'none'}"
+    )
+
+
+def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
+    from gptrain.validate.gpus import judge, run_gpus
+
+    records = run_gpus(ctx, args.iters, args.warmup, args.dcgm_level)
+    if ctx.rank != 0:
+        return
+    path = Path(args.output_dir) / "gpus.json"
+    if records is None:
+        print(f"gpus: no CUDA GPU on {ctx.node}; GPU checks skipped")
+        report.write_json(path, {"gpus": [], "skipped": f"no CUDA GPU on {ctx.node}"})
+        return
+    records = judge(records, limits)
+    for r in records:
+        state = "; ".join(r["flags"]) or "ok"
+        print(
+            f"gpus: rank {r['rank']} {r['node']} cuda:{r['cuda_index']} {r['name']}: "
+            f"{r['matmul_bf16_tflops']:.0f} TFLOP/s bf16, {r['copy_GBps']:.0f} GB/s copy: {state}"
+        )
+        for flag in r["flags"]:
+            out.failures.append(f"gpus: rank {r['rank']} on {r['node']}: {flag}")
+            out.bad_nodes.add(r["node"])
+    report.write_json(path, {"gpus": records})
+
+
+CHECKS = {"collectives": check_collectives, "pairwise": check_pairwise, "gpus": check_gpus}
+
+
+def conclude(ctx: Context, args: argparse.Namespace, out: Outcome) -> int:
+    """Rank 0: print the verdict and the --exclude line, write validation.json; all ranks: its code."""
+    code = 0
+    if ctx.rank == 0:
+        code = 1 if out.failures else 0
+        for line in out.failures:
+            print(f"FAILED {line}")
+        exclude = report.exclude_line(out.bad_nodes) if out.bad_nodes else None
+        if exclude:
+            print(exclude)
+            if args.exclude_file:
+                add_to_exclude_file(Path(args.exclude_file), out.bad_nodes)
+        elif out.failures:
+            print("no single node is to blame; run `gptrain validate pairwise` across the nodes to find it")
+        print("validation passed" if code == 0 else "validation FAILED", flush=True)
+        summary = {"passed": code == 0, "failures": out.failures, "exclude": exclude, **out.summary}
+        summary.update({"world_size": ctx.size, "nodes": sorted(set(ctx.nodes)), "check": args.check})
+        report.write_json(Path(args.output_dir) / "validation.json", summary)
+    decision = [code]
+    dist.broadcast_object_list(decision, src=0)
+    return int(decision[0])
+
+
+def add_to_exclude_file(path: Path, nodes: set[str]) -> None:
+    """Merge `nodes` into the one-line host list the launcher reads into cluster.exclude."""
+    from gptrain.parallel.mesh import parse_slurm_nodelist
+
+    old = path.read_text().strip() if path.is_file() else ""
+    merged = set(parse_slurm_nodelist(old)) | nodes if old else set(nodes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, report.compress_hostlist(merged) + "\n")
+
+
+def validate(args: argparse.Namespace) -> int:
+    limits = load_thresholds(args.profile, args.min_busbw_GBps)  # bad profile: one line, before torch starts
+    ctx = start(args.timeout)
+    try:
+        if ctx.rank == 0:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        out = Outcome()
+        checks = list(CHECKS) if args.check == "all" else [args.check]
+        for name in checks:
+            CHECKS[name](ctx, args, limits, out)
+        code = conclude(ctx, args, out)
+    finally:
+        finish()
+    sys.stdout.flush()
+    return code

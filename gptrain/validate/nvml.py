@@ -1,0 +1,205 @@
+"""GPU health from NVML (nvidia-ml-py), one field at a time.
+
+Every field is read in its own try: virtual machines and some GPUs do not support some of
+them (NVLink on PCIe cards, row remapping before Ampere, ECC counters under vGPU), and an
+unsupported field is recorded as null with the reason, never as a failure.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+# Throttle reasons that mean the GPU is being slowed against its will (NVML's bit masks).
+BAD_THROTTLE = {
+    "nvmlClocksThrottleReasonHwSlowdown": "hw_slowdown",
+    "nvmlClocksThrottleReasonHwThermalSlowdown": "hw_thermal",
+    "nvmlClocksThrottleReasonSwThermalSlowdown": "sw_thermal",
+    "nvmlClocksThrottleReasonHwPowerBrakeSlowdown": "hw_power_brake",
+}
+INFO_THROTTLE = {
+    "nvmlClocksThrottleReasonGpuIdle": "idle",
+    "nvmlClocksThrottleReasonSwPowerCap": "sw_power_cap",
+    "nvmlClocksThrottleReasonApplicationsClocksSetting": "applications_clocks",
+    "nvmlClocksThrottleReasonSyncBoost": "sync_boost",
+}
+
+
+def load() -> Any | None:
+    """The pynvml module with NVML initialised, or None where there is no NVIDIA driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # ImportError, NVMLError_LibraryNotFound, driver not loaded, ...
+        return None
+
+
+def field(errors: dict[str, str], name: str, read: Callable[[], Any]) -> Any:
+    try:
+        return read()
+    except Exception as error:  # NVMLError_NotSupported, NoPermission, ...
+        errors[name] = str(error) or type(error).__name__
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def handle_for(nv: Any, uuid: str | None, index: int) -> Any:
+    """NVML numbers GPUs regardless of CUDA_VISIBLE_DEVICES: find ours by UUID when known."""
+    if uuid:
+        try:
+            return nv.nvmlDeviceGetHandleByUUID(uuid)
+        except Exception:
+            pass
+    return nv.nvmlDeviceGetHandleByIndex(index)
+
+
+def throttle_reasons(nv: Any, h: Any) -> list[str]:
+    read = (
+        getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
+    mask = int(read(h))
+    names = {**BAD_THROTTLE, **INFO_THROTTLE}
+    return [label for attr, label in names.items() if mask & int(getattr(nv, attr, 0))]
+
+
+def nvlinks(nv: Any, h: Any, errors: dict[str, str]) -> list[dict[str, Any]]:
+    links = []
+    for link in range(int(nv.NVML_NVLINK_MAX_LINKS)):
+        try:
+            active = bool(nv.nvmlDeviceGetNvLinkState(h, link))
+        except Exception:
+            continue  # a link this GPU does not have
+        counters = {}
+        for kind in ("REPLAY", "RECOVERY", "CRC_FLIT", "CRC_DATA"):
+            counters[kind.lower()] = field(
+                errors,
+                f"nvlink{link}_{kind.lower()}",
+                lambda kind=kind, link=link: int(
+                    nv.nvmlDeviceGetNvLinkErrorCounter(h, link, getattr(nv, f"NVML_NVLINK_ERROR_DL_{kind}"))
+                ),
+            )
+        links.append({"link": link, "active": active, "errors": counters})
+    return links
+
+
+def ecc(nv: Any, h: Any, errors: dict[str, str]) -> dict[str, Any]:
+    out = {}
+    for kind in ("UNCORRECTED", "CORRECTED"):
+        for scope in ("VOLATILE", "AGGREGATE"):
+            key = f"{kind.lower()}_{scope.lower()}"
+            out[key] = field(
+                errors,
+                f"ecc_{key}",
+                lambda k=kind, s=scope: int(
+                    nv.nvmlDeviceGetTotalEccErrors(
+                        h, getattr(nv, f"NVML_MEMORY_ERROR_TYPE_{k}"), getattr(nv, f"NVML_{s}_ECC")
+                    )
+                ),
+            )
+    return out
+
+
+def memory_health(nv: Any, h: Any, errors: dict[str, str]) -> dict[str, Any]:
+    remap = field(errors, "remapped_rows", lambda: nv.nvmlDeviceGetRemappedRows(h))
+    cause = nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+    return {
+        "retired_pages_dbe": field(
+            errors, "retired_pages", lambda: len(nv.nvmlDeviceGetRetiredPages(h, cause))
+        ),
+        "retired_pages_pending": field(
+            errors, "retired_pages_pending", lambda: bool(nv.nvmlDeviceGetRetiredPagesPendingStatus(h))
+        ),
+        "remapped_rows": None
+        if remap is None
+        else {
+            "corrected": remap[0],
+            "uncorrected": remap[1],
+            "pending": bool(remap[2]),
+            "failed": bool(remap[3]),
+        },
+    }
+
+
+def gpu_health(nv: Any, h: Any) -> dict[str, Any]:
+    """Every field NVML gives for one GPU; unsupported ones are null and listed in `unsupported`."""
+    errors: dict[str, str] = {}
+    f = lambda name, read: field(errors, name, read)  # noqa: E731
+    info = {
+        "name": f("name", lambda: _text(nv.nvmlDeviceGetName(h))),
+        "uuid": f("uuid", lambda: _text(nv.nvmlDeviceGetUUID(h))),
+        "pci_bus_id": f("pci_bus_id", lambda: _text(nv.nvmlDeviceGetPciInfo(h).busId)),
+        "temperature_C": f("temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+        "slowdown_temperature_C": f(
+            "slowdown_temperature",
+            lambda: nv.nvmlDeviceGetTemperatureThreshold(h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+        ),
+        "sm_clock_MHz": f("sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+        "max_sm_clock_MHz": f("max_sm_clock", lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM)),
+        "mem_clock_MHz": f("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+        "power_W": f("power", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+        "power_limit_W": f("power_limit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0),
+        "throttle_reasons": f("throttle_reasons", lambda: throttle_reasons(nv, h)),
+        "pcie": {
+            "gen": f("pcie_gen", lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+            "max_gen": f("pcie_max_gen", lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+            "width": f("pcie_width", lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h)),
+            "max_width": f("pcie_max_width", lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h)),
+        },
+        "ecc": ecc(nv, h, errors),
+        "memory": memory_health(nv, h, errors),
+        "nvlinks": f("nvlinks", lambda: nvlinks(nv, h, errors)),
+    }
+    info["unsupported"] = errors
+    return info
+
+
+def health_problems(info: dict[str, Any]) -> list[str]:
+    """What in an NVML record makes the GPU unfit for a long run (empty: healthy)."""
+    problems = []
+    ecc_counts, memory = info.get("ecc") or {}, info.get("memory") or {}
+    if (ecc_counts.get("uncorrected_volatile") or 0) > 0:
+        problems.append(f"{ecc_counts['uncorrected_volatile']} uncorrected ECC errors since boot")
+    remap = memory.get("remapped_rows") or {}
+    if remap.get("failed"):
+        problems.append("row remapping failed (the GPU needs service)")
+    if remap.get("pending") or memory.get("retired_pages_pending"):
+        problems.append("memory repair pending: reset the GPU before use")
+    bad = [r for r in info.get("throttle_reasons") or [] if r in BAD_THROTTLE.values()]
+    if bad:
+        problems.append(f"clocks slowed by {', '.join(bad)}")
+    temp, limit = info.get("temperature_C"), info.get("slowdown_temperature_C")
+    if temp is not None and limit and temp >= limit - 5:
+        problems.append(f"temperature {temp} C within 5 C of the slowdown limit {limit} C")
+    pcie = info.get("pcie") or {}
+    if pcie.get("width") and pcie.get("max_width") and pcie["width"] < pcie["max_width"]:
+        problems.append(f"PCIe link x{pcie['width']} below its x{pcie['max_width']}")
+    down = [str(link["link"]) for link in info.get("nvlinks") or [] if not link["active"]]
+    if down and len(down) < len(info.get("nvlinks") or []):  # all down: a GPU without NVLink use
+        problems.append(f"NVLink link(s) {', '.join(down)} inactive")
+    return problems
+
+
+XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
+
+
+def xid_events() -> dict[str, Any]:
+    """Xid lines of the kernel log (dmesg needs privileges on many systems: then 'unreadable')."""
+    if shutil.which("dmesg") is None:
+        return {"readable": False, "reason": "no dmesg"}
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return {"readable": False, "reason": str(error)}
+    if out.returncode != 0:
+        return {"readable": False, "reason": out.stderr.strip()[:200] or f"exit {out.returncode}"}
+    events = [{"pci": m[1], "xid": int(m[2])} for m in XID.finditer(out.stdout)]
+    return {"readable": True, "events": events}

@@ -1,0 +1,176 @@
+"""The validation processes: who am I, which node, the process group, timing and the test hook.
+
+Started like training (torchrun or srun, one process per GPU; one process alone is a world
+of 1). Under srun without torchrun's variables the rendezvous address is the first node of
+the allocation, resolved here (emulated nodes have names that do not resolve, so Slurm's
+NodeAddr is asked for), and the port is derived from the job id as the sbatch scripts do.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gptrain.parallel.mesh import World, parse_slurm_nodelist, world_from_env
+
+# Test-only hook: "RANK:SECONDS" makes that rank sleep before each collective it times,
+# which is how the tests make one rank (and so its node) slow on purpose.
+DELAY_ENV = "GPTRAIN_VALIDATE_TEST_DELAY"
+
+
+@dataclass
+class Context:
+    """This process in the validation job."""
+
+    world: World
+    node: str
+    device: torch.device
+    backend: str
+    nodes: list[str]  # node name of every rank, by rank
+
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def size(self) -> int:
+        return self.world.world_size
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def multi_node(self) -> bool:
+        return len(set(self.nodes)) > 1
+
+
+def node_name(env: dict[str, str] | os._Environ = os.environ) -> str:
+    """Slurm's node name (distinct for emulated nodes on one host), else the short host name."""
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def _slurm_node_addr(host: str) -> str:
+    try:
+        out = subprocess.run(["scontrol", "show", "node", host], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return host
+    for word in out.stdout.split():
+        if word.startswith("NodeAddr="):
+            return word.split("=", 1)[1]
+    return host
+
+
+def rendezvous_env() -> None:
+    """Fill MASTER_ADDR/MASTER_PORT under srun (torchrun sets them itself)."""
+    if "SLURM_PROCID" not in os.environ or "RANK" in os.environ:
+        return
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if "MASTER_ADDR" not in os.environ and nodelist:
+        first = parse_slurm_nodelist(nodelist)[0]
+        try:
+            socket.gethostbyname(first)
+            os.environ["MASTER_ADDR"] = first
+        except OSError:
+            os.environ["MASTER_ADDR"] = _slurm_node_addr(first)
+    if "MASTER_PORT" not in os.environ and "SLURM_JOB_ID" in os.environ:
+        os.environ["MASTER_PORT"] = str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def select_device(world: World) -> torch.device:
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    index = world.local_rank if world.local_rank < count else 0  # one visible GPU per task
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def start(timeout_s: float = 600.0) -> Context:
+    """Start the process group (NCCL on GPUs, gloo on CPUs) and learn every rank's node."""
+    rendezvous_env()
+    world = world_from_env()
+    device = select_device(world)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    port = world.master_port
+    if world.world_size == 1 and "MASTER_PORT" not in os.environ:
+        port = _free_port()  # a lone process must not collide with another on the default port
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{world.master_addr}:{port}",
+        rank=world.rank,
+        world_size=world.world_size,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    me = node_name()
+    nodes = gather_objects(me)
+    return Context(world=world, node=me, device=device, backend=backend, nodes=nodes)
+
+
+def finish() -> None:
+    """Barrier then destroy: gloo threads may otherwise abort the process at exit."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def gather_objects(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's `obj`, in rank order (of `group`)."""
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def test_delay(rank: int, env: dict[str, str] | os._Environ = os.environ) -> float:
+    """Seconds this rank sleeps before each timed collective (0 unless the test hook is set)."""
+    spec = env.get(DELAY_ENV, "")
+    if not spec:
+        return 0.0
+    target, _, seconds = spec.partition(":")
+    return float(seconds or 0.01) if int(target) == rank else 0.0
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_per_call(call: Callable[[], Any], ctx: Context, iters: int, warmup: int, group: Any = None) -> float:
+    """Seconds per call: warm-up, then `iters` calls back to back between two synchronizations."""
+    delay = test_delay(ctx.rank)
+    for _ in range(warmup):
+        if delay:
+            time.sleep(delay)
+        call()
+    synchronize(ctx.device)
+    dist.barrier(group=group)
+    start_time = time.perf_counter()
+    for _ in range(iters):
+        if delay:
+            time.sleep(delay)
+        call()
+    synchronize(ctx.device)
+    return (time.perf_counter() - start_time) / max(1, iters)
+
+
+def mean_over_ranks(value: float, ctx: Context, group: Any = None) -> float:
+    """The average of `value` over the ranks of `group` (nccl-tests' default report)."""
+    tensor = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(tensor, group=group)
+    return float(tensor.item()) / dist.get_world_size(group)

@@ -1,0 +1,98 @@
+"""Expected rates of a cluster profile: the `validation:` block of configs/cluster/<name>.yaml.
+
+A profile is a cluster file name (`aws_p5`), a path to such a file, or a launch stage's
+resolved config (which carries the block under `validation.thresholds`). Every number in the
+shipped files names its public source in a comment; `--min-busbw-GBps` overrides the
+large-message bus bandwidth threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gptrain.errors import ConfigError
+
+CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
+DEFAULT_SLOW_PCT = 10.0
+DEFAULT_LARGE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What counts as healthy. None: no absolute check, only the comparison with the median."""
+
+    profile: str | None = None
+    large_message_bytes: int = DEFAULT_LARGE_BYTES
+    """all_reduce sizes from this one on are 'large'; their best busbw is checked."""
+    intra_node_busbw_GBps: float | None = None
+    """all_reduce busbw expected at large sizes when the world is one node (NVLink)."""
+    inter_node_busbw_GBps: float | None = None
+    """all_reduce busbw expected at large sizes when the world spans nodes (the network)."""
+    matmul_tflops: float | None = None
+    """bf16 matmul rate every GPU should reach."""
+    copy_GBps: float | None = None
+    """device-memory copy bandwidth (read + write) every GPU should reach."""
+    slow_pct: float = DEFAULT_SLOW_PCT
+    """a GPU, rank or node this many percent below the median of its peers is flagged."""
+    min_busbw_override: float | None = None
+
+    def busbw_threshold(self, multi_node: bool) -> float | None:
+        if self.min_busbw_override is not None:
+            return self.min_busbw_override
+        return self.inter_node_busbw_GBps if multi_node else self.intra_node_busbw_GBps
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in CLUSTER_DIR.glob("*.yaml"))
+
+
+def _profile_path(profile: str) -> Path:
+    path = Path(profile)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"--profile {profile}: no such file")
+        return path
+    named = CLUSTER_DIR / f"{profile}.yaml"
+    if not named.is_file():
+        raise ConfigError(
+            f"--profile {profile}: unknown cluster profile; known: {', '.join(profile_names())}"
+        )
+    return named
+
+
+def _block(data: Any, path: Path) -> dict[str, Any]:
+    """The thresholds block of a cluster file or of a validation stage's resolved config."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping")
+    block = data.get("validation", {})
+    if isinstance(block, dict) and isinstance(block.get("thresholds"), dict):
+        block = block["thresholds"]
+    if block is None:
+        return {}
+    if not isinstance(block, dict):
+        raise ConfigError(f"{path}: 'validation' must be a mapping of thresholds")
+    return block
+
+
+def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) -> Thresholds:
+    """Thresholds of `profile` (None: relative checks only), with the CLI override applied."""
+    if profile is None:
+        return Thresholds(min_busbw_override=min_busbw_GBps)
+    path = _profile_path(profile)
+    block = _block(yaml.safe_load(path.read_text()) or {}, path)
+    known = {f.name for f in fields(Thresholds)} - {"profile", "min_busbw_override"}
+    values: dict[str, Any] = {}
+    for key, value in block.items():
+        if key not in known:
+            raise ConfigError(f"{path}: unknown key validation.{key}; known: {', '.join(sorted(known))}")
+        if value is None:
+            continue
+        try:
+            values[key] = int(value) if key == "large_message_bytes" else float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: validation.{key} must be a number, got {value!r}") from None
+    return Thresholds(profile=str(profile), min_busbw_override=min_busbw_GBps, **values)
