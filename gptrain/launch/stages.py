@@ -66,8 +66,9 @@ def job_name(cluster: dict[str, Any], run_name: str) -> str:
 def stage_run(section: dict[str, Any], stage: str) -> tuple[str, Path]:
     run = section.get("run") or {}
     name, results_dir = run.get("name"), run.get("results_dir")
-    if not name or not results_dir:
-        raise ConfigError(f"{stage}.run needs 'name' and 'results_dir'")
+    for key, value in (("name", name), ("results_dir", results_dir)):
+        if not value:
+            raise ConfigError(f"{stage}.run.{key} is empty: set it (it names the run's directory and job)")
     if "/" in str(name):
         raise ConfigError(f"{stage}.run.name '{name}' must not contain '/' (it names files and jobs)")
     return str(name), Path(str(results_dir))
