@@ -1,0 +1,143 @@
+"""GPU checks without a GPU: NVML records from a fake driver (fields unsupported as in VMs), verdicts."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from gptrain.validate import nvml
+from gptrain.validate.gpus import judge
+from gptrain.validate.thresholds import Thresholds
+
+
+class NotSupported(Exception):
+    pass
+
+
+def fake_nvml(**overrides):
+    """A pynvml stand-in: a healthy 8-NVLink H100 unless `overrides` replace a reader."""
+    import pynvml
+
+    def unsupported(*_):
+        raise NotSupported("Not Supported")
+
+    nv = types.SimpleNamespace(
+        **{k: getattr(pynvml, k) for k in dir(pynvml) if k.startswith(("NVML_", "nvmlClocks"))}
+    )
+    nv.nvmlDeviceGetName = lambda h: b"NVIDIA H100 80GB HBM3"
+    nv.nvmlDeviceGetUUID = lambda h: "GPU-1234"
+    nv.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=b"00000000:18:00.0")
+    nv.nvmlDeviceGetTemperature = lambda h, kind: 40
+    nv.nvmlDeviceGetTemperatureThreshold = lambda h, kind: 87
+    nv.nvmlDeviceGetClockInfo = lambda h, kind: 1980
+    nv.nvmlDeviceGetMaxClockInfo = lambda h, kind: 1980
+    nv.nvmlDeviceGetPowerUsage = lambda h: 300_000
+    nv.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700_000
+    nv.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0
+    nv.nvmlDeviceGetCurrPcieLinkGeneration = lambda h: 5
+    nv.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: 5
+    nv.nvmlDeviceGetCurrPcieLinkWidth = lambda h: 16
+    nv.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16
+    nv.nvmlDeviceGetTotalEccErrors = lambda h, kind, scope: 0
+    nv.nvmlDeviceGetRetiredPages = unsupported  # Ampere and later remap rows instead
+    nv.nvmlDeviceGetRetiredPagesPendingStatus = unsupported
+    nv.nvmlDeviceGetRemappedRows = lambda h: (0, 0, 0, 0)
+    nv.nvmlDeviceGetNvLinkState = lambda h, link: 1 if link < 18 else unsupported()
+    nv.nvmlDeviceGetNvLinkErrorCounter = lambda h, link, kind: 0
+    for name, value in overrides.items():
+        setattr(nv, name, value)
+    return nv, unsupported
+
+
+def test_healthy_gpu_has_no_problems_and_records_unsupported_fields():
+    nv, _ = fake_nvml()
+    info = nvml.gpu_health(nv, object())
+    assert nvml.health_problems(info) == []
+    assert info["name"] == "NVIDIA H100 80GB HBM3" and len(info["nvlinks"]) == 18
+    assert info["memory"]["retired_pages_dbe"] is None and "retired_pages" in info["unsupported"]
+
+
+def test_a_vm_without_most_fields_is_not_a_failure():
+    _, unsupported = fake_nvml()
+    names = [
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetTemperatureThreshold",
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        "nvmlDeviceGetPowerUsage",
+    ]
+    nv, _ = fake_nvml(**{n: unsupported for n in names})
+    info = nvml.gpu_health(nv, object())
+    assert nvml.health_problems(info) == []
+    assert info["nvlinks"] == [] and info["ecc"]["uncorrected_volatile"] is None
+    assert {"ecc_uncorrected_volatile", "remapped_rows", "throttle_reasons"} <= set(info["unsupported"])
+
+
+def test_broken_gpus_are_named_for_what_is_wrong():
+    nv, _ = fake_nvml(
+        nvmlDeviceGetTotalEccErrors=lambda h, kind, scope: 3 if kind == nv_kind("UNCORRECTED") else 0,
+        nvmlDeviceGetRemappedRows=lambda h: (0, 2, 1, 0),
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: int(
+            nv_attr("nvmlClocksThrottleReasonHwThermalSlowdown")
+        ),
+        nvmlDeviceGetCurrPcieLinkWidth=lambda h: 8,
+        nvmlDeviceGetNvLinkState=lambda h, link: 0 if link == 3 else (1 if link < 18 else 1 / 0),
+    )
+    problems = nvml.health_problems(nvml.gpu_health(nv, object()))
+    text = " | ".join(problems)
+    assert "3 uncorrected ECC errors" in text and "memory repair pending" in text
+    assert "hw_thermal" in text and "x8 below its x16" in text and "NVLink link(s) 3 inactive" in text
+
+
+def nv_kind(kind):
+    import pynvml
+
+    return getattr(pynvml, f"NVML_MEMORY_ERROR_TYPE_{kind}")
+
+
+def nv_attr(name):
+    import pynvml
+
+    return getattr(pynvml, name)
+
+
+def record(rank, node, tflops, copy, problems=()):
+    return {
+        "rank": rank,
+        "node": node,
+        "matmul_bf16_tflops": tflops,
+        "copy_GBps": copy,
+        "problems": list(problems),
+    }
+
+
+def test_judge_flags_gpus_below_the_median_and_below_the_profile():
+    records = [record(r, f"n{r // 2}", 800, 3000) for r in range(6)]
+    records[3] = record(3, "n1", 600, 3000)  # 25% slower matmul
+    records[4] = record(4, "n2", 800, 3000, ["row remapping failed (the GPU needs service)"])
+    judged = judge(records, Thresholds(slow_pct=10, copy_GBps=3100))
+    assert [bool(r["flags"]) for r in judged] == [True] * 6  # the profile's copy floor fails everyone
+    assert any("25% below the median 800" in f for f in judged[3]["flags"])
+    assert "row remapping failed (the GPU needs service)" in judged[4]["flags"]
+    relaxed = judge([dict(r, problems=r["problems"]) for r in records], Thresholds(slow_pct=10))
+    assert [r["rank"] for r in relaxed if r["flags"]] == [3, 4]
+
+
+@pytest.mark.parametrize(
+    "returncode, text, passed", [(0, "| Memory | Pass |", True), (226, "| Memory | Fail - GPU 3 |", False)]
+)
+def test_dcgm_result_is_read_from_its_output(monkeypatch, returncode, text, passed):
+    from gptrain.validate import gpus
+
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: "/usr/bin/dcgmi")
+    monkeypatch.setattr(
+        gpus.subprocess,
+        "run",
+        lambda *a, **k: types.SimpleNamespace(returncode=returncode, stdout=text, stderr=""),
+    )
+    result = gpus.dcgm_diag(1)
+    assert result["ran"] and result["passed"] is passed
+    assert result["failures"] == ([] if passed else ["Memory | Fail - GPU 3"])

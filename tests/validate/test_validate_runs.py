@@ -1,0 +1,80 @@
+"""`gptrain validate` on real gloo process groups: report files, exit status, the slow node found."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from validate_helpers import FAST, REPO, run_ranks
+
+from gptrain.validate.bandwidth import OPS, bus_factor
+
+pytestmark = pytest.mark.distributed
+REQUIRED = {"op", "bytes", "in_place", "world_size", "time_us", "algbw_GBps", "busbw_GBps"}
+
+
+def test_two_ranks_write_every_report_and_fail_a_missed_threshold(tmp_path):
+    out = tmp_path / "report"
+    codes, logs = run_ranks(["all", "--output-dir", str(out), *FAST, "--min-busbw-GBps", "1e6"], 2, tmp_path)
+    assert codes == [1, 1], logs[0]  # every rank exits with the verdict
+    assert "FAILED collectives: all_reduce busbw" in logs[0] and "below the threshold 1e+06 GB/s" in logs[0]
+    assert "no single node is to blame" in logs[0] and "--exclude=" not in logs[0]
+    assert "#       size         count      type   redop    root     time   algbw   busbw #wrong" in logs[0]
+    rows = json.loads((out / "collectives.json").read_text())
+    assert {r["op"] for r in rows} == set(OPS) and all(set(r) >= REQUIRED for r in rows)
+    assert {(r["op"], r["in_place"]) for r in rows} >= {("all_gather", False), ("all_gather", True)}
+    for r in rows:
+        assert r["world_size"] == 2 and r["wrong"] == 0 and r["time_us"] > 0
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6) / 1e9, rel=1e-9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * bus_factor(r["op"], 2), rel=1e-9)
+    assert sorted({r["bytes"] for r in rows if r["op"] == "all_reduce"}) == [8 << i for i in range(10)]
+    assert (out / "collectives.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pairs = json.loads((out / "pairwise.json").read_text())
+    assert pairs["node"]["pairs"] == [] and [p["ranks"] for p in pairs["rank"]["pairs"]] == [[0, 1]]
+    summary = json.loads((out / "validation.json").read_text())
+    assert summary["passed"] is False and summary["world_size"] == 2
+    gpus = json.loads((out / "gpus.json").read_text())
+    assert gpus["gpus"] == [] if not torch.cuda.is_available() else gpus["gpus"]
+
+
+def test_torchrun_two_processes_pass_when_thresholds_hold(tmp_path):
+    out = tmp_path / "report"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command += ["-m", "gptrain", "validate", "collectives", "--output-dir", str(out), *FAST]
+    done = subprocess.run(
+        command + ["--min-busbw-GBps", "1e-9"], capture_output=True, text=True, env=env, timeout=90
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "validation passed" in done.stdout
+    assert json.loads((out / "validation.json").read_text())["passed"] is True
+
+
+def test_slow_rank_makes_its_node_the_one_to_exclude(tmp_path):
+    """Three one-rank 'nodes'; the test hook delays every collective of rank 2 (node n3)."""
+    out, exclude = tmp_path / "report", tmp_path / "exclude.txt"
+    exclude.write_text("n7\n")  # from an earlier validation: merged, not replaced
+    envs = [{"SLURMD_NODENAME": f"n{r + 1}", "GPTRAIN_VALIDATE_TEST_DELAY": "2:0.02"} for r in range(3)]
+    args = ["pairwise", "--output-dir", str(out), *FAST, "--exclude-file", str(exclude)]
+    codes, logs = run_ranks(args, 3, tmp_path, envs)
+    assert codes == [1, 1, 1], logs[0]
+    assert "FAILED pairwise: node n3: best pair" in logs[0] and "--exclude=n3\n" in logs[0]
+    assert "node n1" not in logs[0] and "node n2" not in logs[0]
+    assert exclude.read_text() == "n[3,7]\n"
+    data = json.loads((out / "pairwise.json").read_text())
+    assert data["node"]["rounds"] == 3 and len(data["node"]["pairs"]) == 3
+    assert list(data["node"]["verdict"]["flagged"]) == ["n3"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_world_of_one_without_gpu_says_so_in_one_line(tmp_path):
+    codes, logs = run_ranks(["gpus", "--output-dir", str(tmp_path / "r")], 1, tmp_path)
+    assert codes == [0]
+    assert [line for line in logs[0].splitlines() if line.startswith("gpus:")] == [
+        line for line in logs[0].splitlines() if "no CUDA GPU" in line
+    ]
+    assert len([line for line in logs[0].splitlines() if "no CUDA GPU" in line]) == 1

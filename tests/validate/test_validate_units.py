@@ -1,0 +1,156 @@
+"""Bandwidth formulas, sweeps, host lists, pair schedules and verdicts on known inputs (no processes)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from gptrain.errors import ConfigError
+from gptrain.validate import bandwidth as bw
+from gptrain.validate import report
+from gptrain.validate.pairwise import PairResult, bisection, find_slow, round_robin
+from gptrain.validate.thresholds import load_thresholds
+
+
+@pytest.mark.parametrize(
+    ("op", "n", "nbytes", "seconds", "algbw", "busbw"),
+    [
+        # worked by hand from nccl-tests' PERFORMANCE.md definitions
+        ("all_reduce", 8, 1 << 30, 0.010, 107.3741824, 107.3741824 * 14 / 8),
+        ("all_reduce", 2, 4_000_000, 0.001, 4.0, 4.0),  # 2(n-1)/n = 1 for two ranks
+        ("all_gather", 4, 8_000_000, 0.002, 4.0, 3.0),
+        ("reduce_scatter", 16, 1_000_000_000, 0.5, 2.0, 2.0 * 15 / 16),
+        ("all_to_all", 8, 800, 1e-6, 0.8, 0.7),
+        ("broadcast", 8, 1_000_000, 0.0001, 10.0, 10.0),
+        ("all_reduce", 1, 1024, 1e-6, 1.024, 0.0),  # one rank moves nothing
+    ],
+)
+def test_bandwidths_match_nccl_tests_definitions(op, n, nbytes, seconds, algbw, busbw):
+    assert bw.algbw_GBps(nbytes, seconds) == pytest.approx(algbw)
+    assert bw.busbw_GBps(op, nbytes, seconds, n) == pytest.approx(busbw)
+
+
+def test_element_counts_split_evenly_and_sweep_doubles():
+    assert bw.element_count("all_reduce", 8, 8) == 2
+    assert bw.element_count("all_gather", 8, 8) == 8  # at least one element per rank
+    assert bw.element_count("reduce_scatter", 1000, 3) == 249  # 250 rounded down to a multiple of 3
+    assert bw.size_sweep(8, 64) == [8, 16, 32, 64]
+    assert bw.size_sweep(8, 100) == [8, 16, 32, 64, 100]
+    assert (
+        bw.parse_bytes("8G") == 8 << 30
+        and bw.parse_bytes("64KiB") == 65536
+        and bw.parse_bytes("512MB") == 512 << 20
+    )
+    with pytest.raises(ValueError, match="not a size"):
+        bw.parse_bytes("lots")
+    with pytest.raises(ValueError):
+        bw.size_sweep(64, 8)
+
+
+def test_hostlist_is_slurm_syntax():
+    assert report.compress_hostlist(["n3", "n1", "n2", "n7"]) == "n[1-3,7]"
+    assert report.compress_hostlist(["gpu-01", "gpu-02", "login"]) == "login,gpu-[01-02]"
+    assert report.exclude_line(["n5"]) == "--exclude=n5"
+    from gptrain.parallel.mesh import parse_slurm_nodelist
+
+    hosts = ["a1", "a2", "a4", "b09", "b10", "c"]
+    assert sorted(parse_slurm_nodelist(report.compress_hostlist(hosts))) == sorted(hosts)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 8])
+def test_round_robin_meets_every_pair_once(n):
+    members = [f"n{i}" for i in range(n)]
+    rounds = round_robin(members)
+    pairs = [p for r in rounds for p in r]
+    assert sorted(pairs) == sorted(tuple(sorted(p)) for p in itertools.combinations(members, 2))
+    for r in rounds:  # nobody plays twice in a round
+        seen = [m for p in r for m in p]
+        assert len(seen) == len(set(seen))
+
+
+def test_bisection_pairs_halves_with_new_partners():
+    members = [f"n{i}" for i in range(8)]
+    rounds = bisection(members, 3)
+    assert len(rounds) == 3 and all(len(r) == 4 for r in rounds)
+    for r in rounds:
+        assert all((int(a[1:]) < 4) != (int(b[1:]) < 4) for a, b in r)
+    assert len({p for r in rounds for p in r}) == 12
+
+
+def pair(a, b, busbw):
+    return PairResult("node", a, b, [], 1, 1.0, busbw)
+
+
+def test_find_slow_names_the_member_that_slows_every_pair():
+    results = [pair("n1", "n2", 100), pair("n1", "n3", 20), pair("n2", "n3", 21), pair("n1", "n4", 98)]
+    results += [pair("n2", "n4", 101), pair("n3", "n4", 19)]
+    verdict = find_slow("node", results, slow_pct=10)
+    assert list(verdict.flagged) == ["n3"]
+    assert verdict.scores["n3"] == 21 and verdict.median == pytest.approx(100.5)  # scores 100, 101, 21, 101
+
+
+def test_two_members_are_only_judged_by_the_absolute_threshold():
+    assert find_slow("node", [pair("n1", "n2", 5)], slow_pct=10).flagged == {}
+    verdict = find_slow("node", [pair("n1", "n2", 5)], slow_pct=10, min_busbw=30)
+    assert sorted(verdict.flagged) == ["n1", "n2"]
+
+
+def test_profiles_load_with_sources_and_bad_ones_say_what_to_do(tmp_path):
+    p5 = load_thresholds("aws_p5")
+    assert p5.matmul_tflops and p5.copy_GBps and p5.busbw_threshold(True) < p5.busbw_threshold(False)
+    assert load_thresholds("aws_p5", 12.5).busbw_threshold(True) == 12.5
+    assert load_thresholds(None).busbw_threshold(False) is None
+    with pytest.raises(ConfigError, match="unknown cluster profile.*aws_p5"):
+        load_thresholds("aws_p6")
+    bad = tmp_path / "c.yaml"
+    bad.write_text("validation:\n  matmul_tflop: 3\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: unknown key validation.matmul_tflop"):
+        load_thresholds(str(bad))
+    bad.write_text("validation:\n  thresholds:\n    copy_GBps: fast\n")
+    with pytest.raises(ConfigError, match="copy_GBps must be a number"):
+        load_thresholds(str(bad))
+
+
+def test_table_has_nccl_tests_columns_and_na_for_missing_placements():
+    rows = [
+        dict(
+            op="all_gather",
+            bytes=64,
+            count=16,
+            dtype="float",
+            redop="none",
+            root=-1,
+            in_place=ip,
+            world_size=2,
+            nodes=1,
+            backend="gloo",
+            time_us=10.0 + ip,
+            algbw_GBps=0.5,
+            busbw_GBps=0.25,
+            wrong=0,
+        )
+        for ip in (False, True)
+    ]
+    rows.append({**rows[0], "op": "all_to_all"})
+    text = report.table(rows)
+    assert "#       size         count      type   redop    root     time   algbw   busbw #wrong" in text
+    line = next(x for x in text.splitlines() if x.strip().startswith("64") and "N/A" not in x)
+    assert line.split() == [
+        "64",
+        "16",
+        "float",
+        "none",
+        "-1",
+        "10.0",
+        "0.50",
+        "0.25",
+        "0",
+        "11.0",
+        "0.50",
+        "0.25",
+        "0",
+    ]
+    assert any(x.split()[-4:] == ["N/A"] * 4 for x in text.splitlines() if x.strip().startswith("64"))
+    json.dumps(rows)

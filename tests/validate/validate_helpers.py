@@ -1,0 +1,58 @@
+"""Start `gptrain validate` on N local processes (gloo), each with its own environment."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["--max-bytes", "4K", "--iters", "2", "--warmup", "1", "--pair-bytes", "16K", "--timeout", "60"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(
+    args: list[str], world: int, tmp: Path, extra_env: list[dict[str, str]] | None = None, timeout: float = 90
+) -> tuple[list[int], list[str]]:
+    """Exit codes and outputs of `gptrain validate ARGS` on `world` ranks (logs to files)."""
+    port = free_port()
+    procs, logs = [], []
+    for rank in range(world):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=str(REPO),
+            PYTHONWARNINGS="ignore",
+        )
+        env.update((extra_env or [{}] * world)[rank])
+        log = tmp / f"rank{rank}.log"
+        logs.append(log)
+        with open(log, "w") as handle:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "gptrain", "validate", *args],
+                    env=env,
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return codes, [log.read_text() for log in logs]
