@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gptrain.config.loader import register_resolvers
+from gptrain.config.yamlio import load_text, parse_value
 from gptrain.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
-GROUPS = ("cluster", "data_preparation", "training")
-STAGES = ("data_preparation", "training")
+GROUPS = ("cluster", "data_preparation", "validation", "training")
+STAGES = ("data_preparation", "validation", "training")
 # Keys a group file may carry for Hydra that mean nothing here.
 HYDRA_KEYS = ("defaults", "hydra")
 
@@ -72,16 +72,16 @@ def closest(word: str, choices: list[str] | tuple[str, ...]) -> str:
 
 
 def parse_overrides(arguments: list[str]) -> list[Override]:
-    """`key=value` strings to Overrides; values are read as YAML (`2`, `null`, `[a,b]`, `true`)."""
+    """`key=value` strings to Overrides; values as Hydra reads them (`2`, `null`, `[0.5,${d}/a]`, `true`).
+
+    `10:00:00` stays a string (YAML 1.1 would make it the base-60 integer 36000).
+    """
     overrides = []
     for argument in arguments:
         key, sep, text = argument.partition("=")
         if not sep or not key.strip("+"):
             raise ConfigError(f"override '{argument}' is not key=value (e.g. training.trainer.num_nodes=2)")
-        try:
-            value = yaml.safe_load(text) if text else ""
-        except yaml.YAMLError:
-            value = text
+        value = parse_value(text)
         overrides.append(Override(key.lstrip("+"), value, add=key.startswith("+")))
     return overrides
 
@@ -93,11 +93,7 @@ def group_choices(group: str, root: Path = CONFIG_ROOT) -> list[str]:
 
 def load_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{line}: invalid YAML: {getattr(error, 'problem', error)}") from None
+        data = load_text(path.read_text(), str(path))
     except OSError as error:
         raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
     if data is None:

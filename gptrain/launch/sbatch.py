@@ -102,7 +102,12 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
         lines.append(directive("error", job.log_pattern("err")))
     lines.append(directive("open-mode", "append"))  # a requeued run continues the same log
     lines.append(directive("chdir", job.workdir))
-    for key, option in (("partition", "partition"), ("account", "account"), ("nodelist", "nodelist")):
+    for key, option in (
+        ("partition", "partition"),
+        ("account", "account"),
+        ("nodelist", "nodelist"),
+        ("exclude", "exclude"),
+    ):
         if cluster.get(key):
             lines.append(directive(option, cluster[key]))
     if job.time_limit:

@@ -19,6 +19,7 @@ from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
 from gptrain.launch.sbatch import Job, Raw, render_local, render_slurm
 from gptrain.launch.script_values import check_launch_values
+from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job
 from gptrain.utils.atomic import atomic_write_text
 
 
@@ -45,18 +46,28 @@ def build_plan(composition: Composition) -> LaunchPlan:
     cluster = dict(resolved.get("cluster") or {})
     env = {**(cluster.get("env_vars") or {}), **(resolved.get("env_vars") or {})}
     top = {**resolved, "env_vars": env}
+    apply_exclude_file(cluster, resolved.get("validation"))  # nodes a failed validation blamed
     plan = LaunchPlan(resolved, cluster, top)
     stages = list(resolved["stages"])
     local = resolved["cluster_type"] == "local"
     if "data_preparation" in stages:
         plan.configs["data_preparation"] = resolved["data_preparation"]
         plan.jobs.append(data_preparation_job(resolved["data_preparation"], cluster, python, local))
+    if "validation" in stages:  # after data preparation, right before the training it guards
+        add_validation_job(plan, python, local)
     if "training" in stages:
         training = resolved["training"]
         blend = resolved["data_preparation"]["blend"]["file"] if "data_preparation" in stages else None
         plan.configs["training"] = training
         plan.jobs.append(training_job(training, cluster, python, local, blend))
     return plan
+
+
+def add_validation_job(plan: LaunchPlan, python: str, local: bool) -> None:
+    section, training = plan.resolved["validation"], plan.resolved["training"]
+    plan.configs["validation"] = stage_config(section, plan.cluster)
+    run = stage_run(training, "training")  # in the training's run dir: one status for both
+    plan.jobs.append(validation_job(section, training, plan.cluster, python, local, run))
 
 
 def job_name(cluster: dict[str, Any], run_name: str) -> str:

@@ -68,6 +68,8 @@ def _block(data: Any, path: Path) -> dict[str, Any]:
     """The thresholds block of a cluster file or of a validation stage's resolved config."""
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a YAML mapping")
+    if isinstance(data.get("thresholds"), dict):  # a validation stage's resolved config
+        return data["thresholds"]
     block = data.get("validation", {})
     if isinstance(block, dict) and isinstance(block.get("thresholds"), dict):
         block = block["thresholds"]

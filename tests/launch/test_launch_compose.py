@@ -13,7 +13,12 @@ def test_defaults_compose_and_interpolate(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     comp = compose([])
     resolved = comp.resolved()
-    assert comp.choices == {"cluster": "bcm", "data_preparation": "download_shards", "training": "gpt3/126m"}
+    assert comp.choices == {
+        "cluster": "bcm",
+        "data_preparation": "download_shards",
+        "validation": "default",
+        "training": "gpt3/126m",
+    }
     assert resolved["stages"] == ["training"] and resolved["cluster_type"] == "local"
     # relative base_results_dir/data_dir become absolute against the launch directory
     assert resolved["base_results_dir"] == str(tmp_path / "results")

@@ -1,0 +1,102 @@
+"""The `validation` stage: `gptrain validate` as a job sized like the training it guards.
+
+It runs in the training's run directory (so `gptrain status` shows both stages) and writes
+its reports under `<run dir>/validation/`. Its resolved config carries the cluster file's
+thresholds, and the job reads them back with `--profile <that file>`, so a `cluster.validation.*`
+override on the launch line reaches the check. Nodes a failed validation blames can be kept
+for later launches in `validation.exclude_file`, merged here into `cluster.exclude`.
+No torch here: this runs on login nodes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gptrain.errors import ConfigError, LaunchError
+from gptrain.launch.sbatch import Job
+
+VALIDATION_DIR = "validation"
+CHECKS = ("collectives", "pairwise", "gpus", "all")
+# validation.<key> -> `gptrain validate` option, for the keys that are passed when set
+OPTIONS = {
+    "min_bytes": "--min-bytes",
+    "max_bytes": "--max-bytes",
+    "iters": "--iters",
+    "warmup": "--warmup",
+    "pair_bytes": "--pair-bytes",
+    "min_busbw_GBps": "--min-busbw-GBps",
+    "dcgm_level": "--dcgm-level",
+}
+
+
+def stage_config(section: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
+    """What the job's `<name>_hydra.yaml` holds: the stage's keys and the cluster's thresholds."""
+    return {**section, "thresholds": dict(cluster.get("validation") or {})}
+
+
+def validation_job(
+    section: dict[str, Any],
+    training: dict[str, Any],
+    cluster: dict[str, Any],
+    python: str,
+    local: bool,
+    run: tuple[str, Path],
+) -> Job:
+    """The job: same nodes, processes per node and accelerator as the training."""
+    name, run_dir = run
+    trainer = training.get("trainer") or {}
+    devices, nodes = int(trainer.get("devices", 1)), int(trainer.get("num_nodes", 1))
+    check = str(section.get("checks") or "all")
+    if check not in CHECKS:
+        raise ConfigError(f"validation.checks={check!r}: choose one of {', '.join(CHECKS)}")
+    if local and nodes != 1:
+        raise LaunchError(
+            f"training.trainer.num_nodes={nodes}: the local executor validates one node;"
+            " set cluster_type=slurm or training.trainer.num_nodes=1"
+        )
+    stage_name = f"{name}_validation"
+    prefix = cluster.get("job_name_prefix") or ""
+    job = Job(
+        "validation", stage_name, f"{prefix}{stage_name}", run_dir, [], nodes=nodes, tasks_per_node=devices
+    )
+    job.gpus = trainer.get("accelerator", "auto") != "cpu"
+    job.time_limit = (section.get("run") or {}).get("time_limit")
+    job.workdir = str(Path.cwd())
+    config = run_dir / f"{job.job_name}_hydra.yaml"
+    args = ["-m", "gptrain", "validate", check, "--output-dir", str(run_dir / VALIDATION_DIR)]
+    args += ["--profile", str(config)]
+    for key, option in OPTIONS.items():
+        if section.get(key) is not None:
+            args += [option, str(section[key])]
+    if section.get("exclude_failed"):
+        args += ["--exclude-file", str(section.get("exclude_file") or "")]
+    if local:
+        torchrun = [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc-per-node={devices}",
+        ]
+        job.command = [python, *torchrun, *args]
+    else:
+        job.command = [python, *args]
+    return job
+
+
+def read_exclude_file(path: str | None) -> str | None:
+    """The host list a failed validation left for later launches, or None."""
+    if not path or not Path(path).is_file():
+        return None
+    text = ",".join(line.strip() for line in Path(path).read_text().splitlines() if line.strip())
+    return text or None
+
+
+def apply_exclude_file(cluster: dict[str, Any], validation: dict[str, Any] | None) -> str | None:
+    """Merge validation.exclude_file into cluster['exclude']; return the nodes added, if any."""
+    added = read_exclude_file((validation or {}).get("exclude_file"))
+    if added:
+        current = cluster.get("exclude")
+        cluster["exclude"] = f"{current},{added}" if current else added
+    return added
