@@ -20,3 +20,9 @@ class LaunchError(GptrainError):
 # Exit code of a training run that saved a checkpoint because of a time limit or a signal
 # (SIGTERM/SIGUSR1, trainer.max_time) and wants to be requeued; 75 is EX_TEMPFAIL.
 EXIT_REQUEUE = 75
+
+# Exit code of a rank ended by the hang watchdog (gptrain/train/watchdog.py): a rank made no
+# progress for trainer.hang_timeout_minutes. Distinct from a crash (1, or 2 for a GptrainError)
+# and from EXIT_REQUEUE; the rendered batch script requeues the job on it, like on 75, and the
+# requeued run resumes from the last complete checkpoint. 76 is EX_PROTOCOL.
+EXIT_HUNG = 76

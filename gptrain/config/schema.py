@@ -53,6 +53,9 @@ class TrainerConfig:
     """Clip the global gradient norm to this value; 0 or null disables clipping."""
     max_consecutive_nonfinite: int = 5
     """gptrain extension: stop after this many non-finite iterations in a row."""
+    hang_timeout_minutes: float = 10.0
+    """gptrain extension: a rank whose training step makes no progress for this long (after its
+    first step) ends the job with exit 76, naming the stuck rank and host; 0 disables the watchdog."""
 
     def resolved_accelerator(self) -> str:
         """`gpu` or `cpu`; `auto` becomes gpu iff CUDA is available (imports torch)."""
@@ -90,6 +93,9 @@ class ExpManagerConfig:
     """Resume from the newest complete checkpoint in explicit_log_dir/checkpoints if any."""
     create_tensorboard_logger: bool = True
     """Write TensorBoard events to explicit_log_dir."""
+    move_aside_earlier_run: bool = False
+    """gptrain extension: with resume_if_exists=false and checkpoints in explicit_log_dir, move the
+    earlier run's files to `<explicit_log_dir>.earlier-<time>` (never deleted) instead of refusing."""
     checkpoint_callback_params: CheckpointCallbackParams = field(default_factory=CheckpointCallbackParams)
 
     @property

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.checkpoint.manager import CheckpointManager, SaveReport
 from gptrain.config import TrainingConfig
 from gptrain.errors import EXIT_REQUEUE, ConfigError, DataError, GptrainError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
@@ -33,10 +33,14 @@ from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
 from gptrain.train.meter import IntervalMeter, log_interval
 from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, RunLog, Scalars, write_run_files
+from gptrain.train.run_lock import claim_run_directory
 from gptrain.train.schedule import LRSchedule
+from gptrain.train.schedule_checks import schedule_warnings
 from gptrain.train.signals import StopRequest
 from gptrain.train.state import TrainState, apply_checkpoint_state, checkpoint_state, rng_state, set_rng_state
 from gptrain.train.step import Batch, StepOptions, StepResult, autocast, to_device, train_step
+from gptrain.train.step_times import StepTimes
+from gptrain.train.watchdog import Watchdog
 
 
 class TrainingDivergedError(GptrainError):
@@ -65,6 +69,7 @@ class Session:
     peak_tflops: float | None = None
     state: TrainState = field(default_factory=TrainState)
     step_fn: Callable[[list[Batch]], StepResult] | None = None
+    watchdog: Watchdog = field(default_factory=lambda: Watchdog(0, 1, 0.0))  # disabled unless given
 
     def __post_init__(self) -> None:
         if self.step_fn is None:
@@ -82,14 +87,23 @@ def train(cfg: TrainingConfig) -> int:
     """Train as configured; 0 at max_steps, EXIT_REQUEUE after a signal or max_time checkpoint."""
     world = world_from_env()
     if world.world_size > 1:
-        init_distributed(world, cfg.trainer.resolved_accelerator())
+        # collectives outlive the hang watchdog, so that it, not an opaque timeout, names a stuck rank
+        init_distributed(
+            world, cfg.trainer.resolved_accelerator(), max(30.0, 2 * cfg.trainer.hang_timeout_minutes)
+        )
     log_dir = Path(cfg.exp_manager.explicit_log_dir)
+    em = cfg.exp_manager  # one run per directory, claimed before anything is written into it
+    run_lock = claim_run_directory(
+        log_dir, world.rank, world.world_size, em.resume_if_exists, em.move_aside_earlier_run
+    )
     logging_rank = b.is_logging_rank(cfg, world)
     if world.rank == 0:
         write_run_files(log_dir, cfg.to_yaml())
     log = RunLog(log_dir, world.rank, world.local_rank, echo=logging_rank)
+    run_lock.log_notes(log)
     scalars = Scalars(log_dir, enabled=logging_rank and cfg.exp_manager.create_tensorboard_logger)
     stop = StopRequest(cfg.trainer.max_time_seconds()).install()
+    watchdog = Watchdog.start(cfg.trainer.hang_timeout_minutes, world.rank, world.world_size)
     try:
         device = b.select_device(cfg, world)
         b.seed_everything(cfg.model.seed)
@@ -115,13 +129,17 @@ def train(cfg: TrainingConfig) -> int:
             dp_rank=dp_rank,
             dp_size=dp_size,
             logging_rank=logging_rank,
+            watchdog=watchdog,
         )
         set_throughput_reference(session, model_config)
+        watch_checkpoint_saves(session)
         train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer)
         log_start(session, model, log_dir)
         resume(session)
         return run(session, train_data, valid_data, test_data, stop)
     finally:
+        watchdog.close()
+        run_lock.release()
         stop.uninstall()
         scalars.close()
         log.close()
@@ -153,6 +171,8 @@ def log_start(s: Session, model: nn.Module, log_dir: Path) -> None:
         f"gptrain: {params:,} parameters | {s.flops_per_iteration:.3e} FLOPs per iteration | "
         f"{s.num_microbatches} microbatches per step | results in {log_dir}"
     )
+    for warning in schedule_warnings(s.schedule.spec, s.cfg.trainer.max_steps):
+        s.log(f"warning: {warning}")
 
 
 def resume(s: Session) -> None:
@@ -176,14 +196,30 @@ def resume(s: Session) -> None:
     s.log(f"resuming from {path} at iteration {s.state.step}, consumed samples {s.state.consumed_samples}")
 
 
+def watch_checkpoint_saves(s: Session) -> None:
+    """Report each save's stall when it is written; a background save's staging copy must be
+    finished before the optimizer changes the weights it copies."""
+    s.checkpoints.on_saved = lambda report: report_save(s, report)
+    s.optimizer.register_step_pre_hook(lambda *_: s.checkpoints.wait_for_staging())
+
+
+def report_save(s: Session, report: SaveReport) -> None:
+    s.log(report.describe())
+    s.scalars.add(
+        {
+            "checkpoint/stall_ms": 1000 * report.stall_s,
+            "checkpoint/write_s": report.write_s,
+            "checkpoint/size_GB": report.bytes / 1e9,
+        },
+        report.step,
+    )
+
+
 def save_checkpoint(s: Session) -> Path:
     state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
     path = s.checkpoints.save(s.state.step, state, {"rng": rng_state()})
-    s.log(
-        f"saving checkpoint {path} in the background"
-        if s.checkpoints.async_save
-        else f"saved checkpoint {path}"
-    )
+    if s.checkpoints.async_save:
+        s.log(f"saving checkpoint {path.name} in the background")
     return path
 
 
@@ -227,16 +263,21 @@ def run(
         return 0
     batches = microbatches(s, train_data)
     meter = IntervalMeter(start_step=s.state.step)
+    times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
     saved_at = validated_at = -1
     while s.state.step < t.max_steps:
         lr = s.schedule.apply()
-        result = s.step_fn(next(batches))
+        batch = next(batches)
+        with s.watchdog.step(s.state.step + 1):
+            result = s.step_fn(batch)
         record(s, result)
+        s.checkpoints.poll()
         meter.add(result, lr, s.scaler.scale)
-        if s.state.step == meter.start_step + 1 or s.state.step % t.log_every_n_steps == 0:
+        logged = s.state.step == meter.start_step + 1 or s.state.step % t.log_every_n_steps == 0
+        if logged:
             log_interval(s, meter)
         check_finite(s, result)
-        reason = agree_on_stop(stop.reason())
+        reason = times.timed_sync(s.state.step, logged, lambda: agree_on_stop(stop.reason()))
         if reason is not None and s.state.step < t.max_steps:  # at max_steps: finish normally
             save_checkpoint(s)
             s.checkpoints.wait()

@@ -1,0 +1,242 @@
+"""One run per results directory: a lock file, and no silent restart over an earlier run.
+
+Two runs writing into one `exp_manager.explicit_log_dir` interleave their checkpoints and
+logs and break each other's saves, so global rank 0 takes `<dir>/gptrain.lock` (created with
+O_EXCL; it records host, pid, process start time and Slurm job id) before anything is
+written. A lock whose holder is gone is taken over: on the same host when its pid no longer
+runs (or is another process now), and under Slurm when it is this same job (a requeued job
+keeps its id) or a job Slurm no longer runs. Anything else is refused in one line naming the
+holder. The lock is removed at the end of the run; a killed run leaves it, and the next run
+takes it over by the rules above.
+
+`exp_manager.resume_if_exists=false` into a directory that holds checkpoints would mix two
+runs; it is refused with the choices spelled out, or, with
+`exp_manager.move_aside_earlier_run=true`, the earlier run's files are moved to a sibling
+directory (never deleted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gptrain.errors import ConfigError, GptrainError
+
+LOCK_NAME = "gptrain.lock"
+# Slurm states in which a job may still write into the directory.
+LIVE_JOB_STATES = ("RUNNING", "PENDING", "SUSPENDED", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING")
+
+
+class RunLockedError(GptrainError):
+    """Another live run holds the results directory."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock: enough to tell whether that process still exists."""
+
+    host: str
+    pid: int
+    start_time: str | None = None  # /proc/<pid>/stat field 22: tells a reused pid apart
+    slurm_job_id: str | None = None
+    since: str = ""
+
+    @classmethod
+    def current(cls) -> Holder:
+        pid = os.getpid()
+        job = os.environ.get("SLURM_JOB_ID")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        return cls(socket.gethostname(), pid, process_start_time(pid), job, stamp)
+
+    def describe(self) -> str:
+        job = f", Slurm job {self.slurm_job_id}" if self.slurm_job_id else ""
+        return f"pid {self.pid} on host {self.host}{job}, since {self.since or '?'}"
+
+
+def process_start_time(pid: int) -> str | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()[19]  # fields after the command name; 22nd overall
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def slurm_job_live(job_id: str) -> bool | None:
+    """True/False when scontrol answers; None when it cannot be asked."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return False if "Invalid job id" in out.stderr else None
+    return any(f"JobState={state}" in out.stdout for state in LIVE_JOB_STATES)
+
+
+def stale_reason(other: Holder, me: Holder) -> str | None:
+    """Why `other`'s lock may be taken over, or None while it may still be running."""
+    if other.slurm_job_id and other.slurm_job_id == me.slurm_job_id:
+        return f"it is this Slurm job ({me.slurm_job_id}) before a requeue"
+    if other.host == me.host:
+        if not pid_alive(other.pid):
+            return f"pid {other.pid} no longer runs on {me.host}"
+        if other.start_time and other.start_time != process_start_time(other.pid):
+            return f"pid {other.pid} on {me.host} is another process now"
+        return None
+    if other.slurm_job_id and slurm_job_live(other.slurm_job_id) is False:
+        return f"Slurm job {other.slurm_job_id} is no longer running"
+    return None
+
+
+def read_holder(path: Path) -> Holder | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return Holder(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+@dataclass
+class RunLock:
+    """A held lock (or none, on ranks other than 0); `release` removes it if still ours."""
+
+    path: Path | None = None
+    holder: Holder | None = None
+    notes: list[str] = field(default_factory=list)  # lines for the run's log
+
+    def log_notes(self, log: Callable[[str], None]) -> None:
+        for note in self.notes:
+            log(f"gptrain: {note}")
+
+    def release(self) -> None:
+        if self.path is not None and read_holder(self.path) == self.holder:
+            self.path.unlink(missing_ok=True)
+        self.path = None
+
+
+def acquire(directory: Path, me: Holder | None = None) -> RunLock:
+    """Take `directory`/gptrain.lock, taking over a stale one; RunLockedError if held."""
+    me = me or Holder.current()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_NAME
+    text = json.dumps(asdict(me)) + "\n"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return take_over(path, me, text)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    return RunLock(path, me)
+
+
+def take_over(path: Path, me: Holder, text: str) -> RunLock:
+    other = read_holder(path)
+    if other is None:  # just being created by another run, or unreadable: look once more
+        time.sleep(1.0)
+        other = read_holder(path)
+    reason = stale_reason(other, me) if other is not None else None
+    if other is None or reason is None:
+        holder = other.describe() if other else "an unreadable lock file"
+        raise RunLockedError(
+            f"{path.parent} is in use by another run ({holder}): wait for it to end, or give this run"
+            f" another run.name / exp_manager.explicit_log_dir; if that run is gone, delete {path}"
+        )
+    temporary = path.with_name(f"{LOCK_NAME}.{me.host}.{me.pid}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+    if read_holder(path) != me:  # another run took it over at the same moment
+        raise RunLockedError(f"{path.parent} was taken by another run at the same moment; try again")
+    return RunLock(path, me, [f"took over the lock {path} of {other.describe()}: {reason}"])
+
+
+def earlier_checkpoints(log_dir: Path) -> list[str]:
+    root = log_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("step_") or p.name == "latest")
+
+
+def check_fresh_start(log_dir: Path, move_aside: bool) -> str | None:
+    """resume_if_exists=false: refuse a directory with checkpoints, or move its run aside.
+
+    Returns a line for the log when files were moved.
+    """
+    found = earlier_checkpoints(log_dir)
+    if not found:
+        return None
+    if not move_aside:
+        raise ConfigError(
+            f"exp_manager.resume_if_exists=false but {log_dir / 'checkpoints'} holds an earlier run's"
+            f" checkpoints ({', '.join(found[-3:])}): resume it with exp_manager.resume_if_exists=true,"
+            " start a new run under another run.name (or exp_manager.explicit_log_dir), or move the"
+            " earlier run aside with exp_manager.move_aside_earlier_run=true (nothing is deleted)"
+        )
+    aside = aside_directory(log_dir)
+    moved = [p for p in log_dir.iterdir() if p.name != LOCK_NAME]
+    for path in moved:
+        os.rename(path, aside / path.name)
+    return f"exp_manager.move_aside_earlier_run: moved the earlier run's {len(moved)} entries to {aside}"
+
+
+def aside_directory(log_dir: Path) -> Path:
+    """A new sibling `<name>.earlier-<time>[-N]` of the results directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        aside = log_dir.with_name(f"{log_dir.name}.earlier-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            aside.mkdir()
+            return aside
+        except FileExistsError:
+            continue
+    raise ConfigError(f"cannot find a free name beside {log_dir} to move the earlier run to")
+
+
+def claim_run_directory(log_dir: Path, rank: int, world_size: int, resume: bool, move_aside: bool) -> RunLock:
+    """Rank 0 takes the lock and checks a fresh start; every rank raises the same error if refused."""
+    lock, error = RunLock(), None
+    if rank == 0:
+        try:
+            lock = acquire(log_dir)
+            if not resume:
+                note = check_fresh_start(log_dir, move_aside)
+                lock.notes += [note] if note else []
+        except GptrainError as failure:
+            lock.release()
+            error = failure
+    if world_size > 1:
+        error = shared_error(error)
+    if error is not None:
+        raise error
+    return lock
+
+
+def shared_error(error: GptrainError | None) -> GptrainError | None:
+    """Rank 0's outcome on every rank; on refusal the process group is ended (nothing else will run)."""
+    import torch.distributed as dist
+
+    message = [None if error is None else (type(error).__name__, str(error))]
+    dist.broadcast_object_list(message, src=0)
+    if message[0] is None:
+        return None
+    kinds = {"RunLockedError": RunLockedError, "ConfigError": ConfigError}
+    dist.destroy_process_group()
+    name, text = message[0]
+    return error if error is not None else kinds.get(name, GptrainError)(text)

@@ -1,0 +1,47 @@
+"""A tiny CPU training run for the reliability tests (seconds, mock data)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+TINY = [
+    "trainer.accelerator=cpu",
+    "trainer.precision=32",
+    "trainer.devices=1",
+    "trainer.max_time=null",
+    "trainer.max_steps=4",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=100",
+    "trainer.limit_val_batches=0",
+    "trainer.limit_test_batches=0",
+    "model.num_layers=1",
+    "model.hidden_size=16",
+    "model.num_attention_heads=2",
+    "model.encoder_seq_length=8",
+    "model.micro_batch_size=1",
+    "model.global_batch_size=2",
+    "model.data.num_workers=0",
+    "model.data.data_impl=mock",
+    "model.data.mock_vocab_size=64",
+    "model.data.data_prefix=null",
+    "model.optim.sched.warmup_steps=1",
+    "model.optim.sched.constant_steps=0",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+]
+
+
+def train_args(log_dir: Path, *overrides: str) -> list[str]:
+    """`gptrain train` arguments of a tiny run writing into `log_dir`."""
+    return ["train", "gpt3/126m", *TINY, f"exp_manager.explicit_log_dir={log_dir}", *overrides]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS"):
+        env.pop(name, None)
+    return {**env, **extra}
+
+
+PYTHON_GPTRAIN = [sys.executable, "-m", "gptrain"]

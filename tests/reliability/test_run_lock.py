@@ -1,0 +1,162 @@
+"""Issue 14, cases 4 and 5: one run per results directory, and no silent restart over an earlier run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from reliability_helpers import PYTHON_GPTRAIN, subprocess_env, train_args
+
+from gptrain.cli import main
+from gptrain.errors import EXIT_REQUEUE, ConfigError
+from gptrain.train.run_lock import LOCK_NAME, Holder, RunLockedError, acquire, check_fresh_start
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def holder(**changes) -> Holder:
+    return replace(Holder.current(), **changes)
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid  # reaped: no process has this pid now (pids are not reused this fast)
+
+
+def test_second_holder_is_refused_in_one_line_naming_the_first(tmp_path):
+    lock = acquire(tmp_path)
+    data = json.loads((tmp_path / LOCK_NAME).read_text())
+    assert data["host"] == socket.gethostname() and data["pid"] == os.getpid()
+    with pytest.raises(RunLockedError) as error:
+        acquire(tmp_path, holder(pid=os.getpid() + 100000, start_time="1"))
+    message = str(error.value)
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in message and "\n" not in message
+    assert "another run.name" in message
+    lock.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_lock_whose_process_is_gone_is_taken_over(tmp_path):
+    acquire(tmp_path, holder(pid=dead_pid()))
+    lock = acquire(tmp_path)
+    assert "no longer runs" in lock.notes[0]
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
+def test_a_reused_pid_is_not_the_holder(tmp_path):
+    acquire(tmp_path, holder(pid=os.getppid(), start_time="0"))  # alive, but started at another time
+    assert "another process now" in acquire(tmp_path).notes[0]
+
+
+def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_host(tmp_path):
+    acquire(tmp_path, holder(host="node-a", pid=1, slurm_job_id="42"))
+    lock = acquire(tmp_path, holder(host="node-b", slurm_job_id="42"))
+    assert "this Slurm job (42)" in lock.notes[0]
+
+
+def test_another_host_is_refused_unless_slurm_says_its_job_ended(tmp_path, monkeypatch):
+    acquire(tmp_path, holder(host="node-a", pid=1, slurm_job_id="41"))
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no scontrol: cannot know, so refuse
+    with pytest.raises(RunLockedError, match="Slurm job 41"):
+        acquire(tmp_path, holder(host="node-b", slurm_job_id="42"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 'JobId=41 JobState=RUNNING'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(RunLockedError):
+        acquire(tmp_path, holder(host="node-b", slurm_job_id="42"))
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 'JobId=41 JobState=TIMEOUT'\n")
+    assert "no longer running" in acquire(tmp_path, holder(host="node-b", slurm_job_id="42")).notes[0]
+
+
+def test_release_leaves_a_lock_taken_over_by_someone_else(tmp_path):
+    mine = acquire(tmp_path, holder(pid=dead_pid()))
+    acquire(tmp_path)  # takes over
+    mine.release()
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
+def wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_second_run_in_the_same_directory_is_refused(tmp_path, capsys):
+    """Case 4: before, both runs wrote checkpoints and logs into one directory."""
+    log_dir = tmp_path / "run"
+    first = subprocess.Popen(
+        [*PYTHON_GPTRAIN, *train_args(log_dir, "trainer.max_steps=100000", "trainer.log_every_n_steps=50")],
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: (log_dir / "checkpoints" / "latest").exists())
+        assert main(train_args(log_dir, "trainer.max_steps=100000")) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("gptrain: error: ") and "\n" not in err
+        assert f"in use by another run (pid {first.pid} on host {socket.gethostname()}" in err
+        assert json.loads((log_dir / LOCK_NAME).read_text())["pid"] == first.pid
+    finally:
+        first.send_signal(signal.SIGTERM)  # checkpoints and exits 75
+        _, first_err = first.communicate(timeout=120)
+    assert first.returncode == EXIT_REQUEUE, first_err[-2000:]
+    assert not (log_dir / LOCK_NAME).exists()  # released at the end
+
+
+def checkpoint_files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_fresh_start_into_a_directory_with_checkpoints_is_refused_with_the_choices(tmp_path, capsys):
+    """Case 5: before, the new run overwrote step_2, moved `latest` back and kept the old later steps."""
+    log_dir = tmp_path / "run"
+    assert main(train_args(log_dir, "trainer.max_steps=4")) == 0
+    before = checkpoint_files(log_dir / "checkpoints")
+    assert main(train_args(log_dir, "trainer.max_steps=2", "exp_manager.resume_if_exists=false")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "exp_manager.resume_if_exists=false" in err and "step_4" in err
+    assert "exp_manager.resume_if_exists=true" in err and "another run.name" in err
+    assert "exp_manager.move_aside_earlier_run=true" in err and "nothing is deleted" in err
+    assert checkpoint_files(log_dir / "checkpoints") == before
+    assert not (log_dir / LOCK_NAME).exists()
+
+
+def test_move_aside_keeps_the_earlier_run_whole(tmp_path, capsys):
+    log_dir = tmp_path / "run"
+    assert main(train_args(log_dir, "trainer.max_steps=4")) == 0
+    before = checkpoint_files(log_dir / "checkpoints")
+    events_before = sorted(p.name for p in log_dir.glob("events.out.tfevents*"))
+    fresh = [
+        "trainer.max_steps=2",
+        "exp_manager.resume_if_exists=false",
+        "exp_manager.move_aside_earlier_run=true",
+    ]
+    assert main(train_args(log_dir, *fresh)) == 0
+    [aside] = tmp_path.glob("run.earlier-*")
+    assert checkpoint_files(aside / "checkpoints") == before
+    assert sorted(p.name for p in aside.glob("events.out.tfevents*")) == events_before
+    assert (log_dir / "checkpoints" / "latest").read_text().strip() == "step_2"
+    assert not (log_dir / "checkpoints" / "step_4").exists()
+    assert not set(p.name for p in log_dir.glob("events.out.tfevents*")) & set(events_before)
+    assert "moved the earlier run's" in (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+
+
+def test_fresh_start_into_an_empty_directory_needs_nothing(tmp_path):
+    assert check_fresh_start(tmp_path, move_aside=False) is None
+    (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="step_2"):
+        check_fresh_start(tmp_path, move_aside=False)
