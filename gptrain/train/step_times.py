@@ -1,0 +1,60 @@
+"""Per-rank step times for the straggler line of `gptrain status`.
+
+On every logged iteration each rank appends one JSON line to
+`<explicit_log_dir>/step_times/rank-<r>.jsonl`: its mean wall time per step since the last
+line, and how long it waited at the step-end agreement (an all-reduce every rank joins).
+The device is synchronized on logged iterations before that agreement, so the wait is how
+much earlier this rank got there than the last one: the rank that waits least is the one the
+others wait for. busy = step - wait is what `gptrain status` compares with the median.
+It sees slowness after the step's last collective (optimizer, host stalls, logging); a GPU
+slow inside the overlapped backward is found by `gptrain validate gpus` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+STEP_TIMES_DIR = "step_times"
+
+
+@dataclass
+class StepTimes:
+    path: Path | None  # None: a world of 1, nothing to compare
+    rank: int
+    node: str
+    last: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+
+    @classmethod
+    def open(cls, log_dir: Path, rank: int, world_size: int) -> StepTimes:
+        import os
+
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+        path = None
+        if world_size > 1:
+            path = log_dir / STEP_TIMES_DIR / f"rank-{rank}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return cls(path, rank, node)
+
+    def timed_sync(self, step: int, logged: bool, sync: Callable[[], T]) -> T:
+        """Run the step-end agreement; on logged steps record this rank's times."""
+        started = time.perf_counter()
+        result = sync()
+        now = time.perf_counter()
+        self.steps += 1
+        if logged and self.path is not None:
+            step_ms = (now - self.last) / self.steps * 1000
+            line = {"step": step, "rank": self.rank, "node": self.node, "step_ms": round(step_ms, 3)}
+            line["wait_ms"] = round((now - started) * 1000, 3)
+            with open(self.path, "a") as handle:
+                handle.write(json.dumps(line) + "\n")
+        if logged:
+            self.last, self.steps = now, 0
+        return result
