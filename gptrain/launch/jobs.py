@@ -20,6 +20,7 @@ from typing import Any
 from gptrain.errors import LaunchError
 from gptrain.launch.compose import closest
 from gptrain.launch.records import LAUNCHER_LOG, read_records
+from gptrain.launch.stragglers import stragglers_for
 from gptrain.utils.progress import format_duration
 
 ITERATION = re.compile(
@@ -204,6 +205,8 @@ def status_lines(run_dir: Path) -> list[str]:
         if summary:
             line += f"  | {summary}"
         lines.append(line)
+        if record.get("stage") == "training":
+            lines += [f"  {text}" for text in [stragglers_for(record)] if text]
     return lines or [f"{run_dir.name}  nothing launched yet"]
 
 
