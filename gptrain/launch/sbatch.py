@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gptrain.errors import EXIT_REQUEUE, ConfigError
+from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, ConfigError
 from gptrain.launch.script_values import CONTROL, describe
 
 
@@ -187,20 +187,23 @@ wait "$step"; status=$?
 while [ -n "$got_signal" ] && [ "$status" -gt 128 ]; do got_signal=; wait "$step"; status=$?; done"""
 
 # Exit 75 (gptrain.errors.EXIT_REQUEUE): a checkpoint was saved, requeue up to max_requeues.
+# Exit 76 (EXIT_HUNG): the hang watchdog ended a stuck step; requeue the same way, so the job
+# resumes from the last complete checkpoint (on other nodes, where Slurm allows it).
 # A requeued job waits ~2 min (BeginTime) unless its StartTime is reset once it is PENDING
 # again; a detached helper does that (where proctrack/cgroup kills it, the job just waits).
 # It waits 2 s after PENDING: slurmd compares job credentials with the requeue's revocation
 # time in whole seconds, and a restart within the same second is killed ("credential revoked").
 REQUEUE_LINES = """\
 restarts=${SLURM_RESTART_COUNT:-0}
-if [ "$status" = {exit_requeue} ]; then
+if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
   if [ "$restarts" -lt "$max_requeues" ]; then
-    echo "gptrain: checkpoint saved; requeueing (restart $((restarts + 1)) of $max_requeues)" >&2
+    reason="checkpoint saved"; [ "$status" = {exit_hung} ] && reason="a rank hung (see the line above)"
+    echo "gptrain: $reason; requeueing (restart $((restarts + 1)) of $max_requeues)" >&2
     setsid bash -c 'for i in $(seq 1 200); do sleep 0.3; if scontrol show job "$1" | grep -q "JobState=PENDING"; then sleep 2; scontrol update JobId="$1" StartTime=now; exit; fi; done' gptrain-nudge "$SLURM_JOB_ID" </dev/null >/dev/null 2>&1 &
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
   fi
-  echo "gptrain: checkpoint saved but max_requeues=$max_requeues reached; not requeueing" >&2
+  echo "gptrain: exit $status but max_requeues=$max_requeues reached; not requeueing" >&2
 fi
 echo "gptrain: step finished with exit code $status" >&2
 exit "$status"
@@ -227,7 +230,13 @@ def render_slurm(job: Job, cluster: dict, top: dict) -> str:
         return "\n".join(lines) + "\n"
     lines += ["", MASTER_LINES, f"max_requeues={int(cluster.get('max_requeues') or 0)}", ""]
     lines.append(f"{srun} {RANK_WRAPPER} {quote_command(job.command)} &")
-    lines += ["step=$!", STEP_LINES, REQUEUE_LINES.replace("{exit_requeue}", str(EXIT_REQUEUE)).rstrip()]
+    lines += [
+        "step=$!",
+        STEP_LINES,
+        REQUEUE_LINES.replace("{exit_requeue}", str(EXIT_REQUEUE))
+        .replace("{exit_hung}", str(EXIT_HUNG))
+        .rstrip(),
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -91,10 +91,19 @@ def test_exit_75_requeues_and_resets_the_start_time(batch):
     assert "requeue 42" in lines and lines.index("requeue 42") < lines.index("update JobId=42 StartTime=now")
 
 
-def test_max_requeues_reached_keeps_the_exit_code(batch):
+def test_exit_76_of_the_hang_watchdog_requeues_too(batch):
+    """Issue 14, case 8: a hung rank ends the step with 76; the job requeues and resumes."""
     run, calls = batch
-    code, err = run("75", restarts=2)
-    assert code == 75 and "max_requeues=2 reached" in err
+    code, err = run("76", restarts=0)
+    assert code == 0 and "a rank hung (see the line above); requeueing (restart 1 of 2)" in err
+    assert "requeue 42" in calls.read_text().splitlines()
+
+
+@pytest.mark.parametrize("mode", ["75", "76"])
+def test_max_requeues_reached_keeps_the_exit_code(batch, mode):
+    run, calls = batch
+    code, err = run(mode, restarts=2)
+    assert code == int(mode) and "max_requeues=2 reached" in err
     assert "requeue" not in calls.read_text()
 
 
