@@ -83,9 +83,13 @@ def check_local_gpu(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> d
         record["nvml"] = None
         record["problems"] = []
     else:
-        handle = nvml.handle_for(nv, f"GPU-{uuid}" if uuid else None, index)
-        record["nvml"] = nvml.gpu_health(nv, handle)
-        record["problems"] = nvml.health_problems(record["nvml"])
+        try:
+            handle = nvml.handle_for(nv, f"GPU-{uuid}" if uuid else None, index)
+            record["nvml"] = nvml.gpu_health(nv, handle)
+            record["problems"] = nvml.health_problems(record["nvml"])
+        except Exception as error:  # no handle for this GPU (e.g. a MIG slice): report, do not fail
+            record["nvml"] = {"error": f"{type(error).__name__}: {error}"}
+            record["problems"] = []
     record["matmul_bf16_tflops"] = matmul_tflops(ctx.device, iters, warmup)
     record["copy_GBps"] = copy_GBps(ctx.device, iters, warmup)
     torch.cuda.empty_cache()
