@@ -21,14 +21,21 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from gptrain.config.nemo_keys import is_ignored_nemo_key
+from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key
 from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
+from gptrain.config.yamlio import load_file, parse_value
 from gptrain.errors import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "training"
 ROOT_DEFAULTS = {"base_results_dir": "results", "data_dir": "data"}
 DROPPED_TOP_KEYS = ("defaults", "hydra")
+# Where a run goes when the file does not say (NeMo's own spellings), so that `run.name=x` and
+# `base_results_dir=y` move a run made from defaults too, instead of every run sharing one dir.
+RUN_DIR_DEFAULTS = {
+    "run": {"name": "gpt3_126m", "results_dir": "${base_results_dir}/${.name}"},
+    "exp_manager": {"explicit_log_dir": "${training.run.results_dir}/results"},
+}
 
 
 def list_presets() -> list[str]:
@@ -73,21 +80,18 @@ def load_training_config(
     normalize(cfg)
     validate(cfg)
     if report_ignored and ignored and os.environ.get("RANK", "0") == "0":
-        print(
-            f"gptrain: ignoring NeMo keys gptrain does not implement: {', '.join(ignored)}", file=sys.stderr
-        )
+        print(f"gptrain: ignoring NeMo keys ({ignored_summary(ignored)})", file=sys.stderr)
     return cfg
 
 
 def _load_yaml(path: str | Path) -> DictConfig:
-    try:
-        loaded = OmegaConf.load(path)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except (OmegaConfBaseException, ValueError) as error:
-        raise ConfigError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
-    if not isinstance(loaded, DictConfig):
+    data = load_file(path)  # `10:00:00` stays a string, unlike OmegaConf.load
+    if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+    try:
+        loaded = OmegaConf.create(data)
+    except (OmegaConfBaseException, ValueError) as error:
+        raise ConfigError(f"{path}: not a valid config: {str(error).splitlines()[0]}") from None
     for key in DROPPED_TOP_KEYS:
         loaded.pop(key, None)
     return loaded
@@ -102,8 +106,25 @@ def _compose_root(preset: str | None, config_file: str | None) -> DictConfig:
         root = training
         for key, value in ROOT_DEFAULTS.items():
             root.setdefault(key, value)
-        return root
-    return OmegaConf.create({**ROOT_DEFAULTS, "training": training if training is not None else {}})
+    else:
+        root = OmegaConf.create({**ROOT_DEFAULTS, "training": training if training is not None else {}})
+    _set_run_dir_defaults(root)
+    return root
+
+
+def _set_run_dir_defaults(root: DictConfig) -> None:
+    if not isinstance(root.get("training"), DictConfig):
+        return
+    for section, values in RUN_DIR_DEFAULTS.items():
+        node = root.training.get(section)
+        if node is None:
+            root.training[section] = {}
+            node = root.training[section]
+        if not isinstance(node, DictConfig):
+            continue
+        for key, value in values.items():
+            if key not in node:
+                node[key] = value
 
 
 def _apply_override(root: DictConfig, override: str) -> None:
@@ -118,8 +139,7 @@ def _apply_override(root: DictConfig, override: str) -> None:
         _check_known_key(key, f"override '{override}'")
         path = f"training.{key}"
     try:
-        parsed = OmegaConf.from_dotlist([f"value={value}"])
-        OmegaConf.update(root, path, parsed._get_node("value")._value(), merge=False, force_add=True)
+        OmegaConf.update(root, path, parse_value(value), merge=False, force_add=True)
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override}': {str(error).splitlines()[0]}") from None
 
@@ -160,10 +180,17 @@ def _check_known_key(dotted: str, where: str) -> None:
 
 
 def _suggest(name: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+    """The likeliest meant key: a near leaf in the same section, the same leaf elsewhere, a near key.
+
+    Only close matches are offered: a far one (`replace_sampler_ddp` -> `accelerator`) misleads.
+    """
+    section, _, leaf = name.rpartition(".")
+    siblings = {c.rpartition(".")[2]: c for c in choices if c.rpartition(".")[0] == section}
+    close = [siblings[m] for m in difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.75)]
     if not close:
-        leaf = name.rsplit(".", 1)[-1]
-        close = [c for c in choices if c.rsplit(".", 1)[-1] == leaf][:1]
+        close = [c for c in choices if c.rpartition(".")[2] == leaf][:1]
+    if not close:
+        close = difflib.get_close_matches(name, choices, n=1, cutoff=0.85)
     return f"; did you mean '{close[0]}'?" if close else ""
 
 

@@ -1,11 +1,100 @@
-"""NeMo-Megatron keys that gptrain accepts but does not implement.
+"""NeMo-Megatron keys that gptrain accepts but does not implement, each with the reason.
 
-They are taken from the NeMo launcher's GPT-3 training configs, so that a user's existing
-config files and overrides load; each one given is reported once as ignored.
+They come from the NeMo launcher's GPT-3 training configs (releases 23.07 to 24.12), so that a
+user's existing files and overrides load unchanged; each one given is reported once, grouped
+by reason, so the user knows what has no effect and why.
 """
 
-IGNORED_NEMO_KEYS = frozenset(
-    {
+from __future__ import annotations
+
+_FUSION = "fused kernels and Transformer Engine switches (gptrain uses PyTorch SDPA and fused AdamW)"
+_OVERLAP = "communication tuning and overlap (torch.distributed buckets and overlaps on its own)"
+_FP8 = "FP8 needs Transformer Engine, which gptrain does not use"
+_LIGHTNING = "PyTorch Lightning trainer switches (gptrain has its own loop)"
+_CKPT = ".nemo checkpoint handling (gptrain writes DCP checkpoints to explicit_log_dir/checkpoints)"
+_LOGGERS = "loggers and profilers other than TensorBoard"
+_DATA = "NeMo dataloader options (gptrain's dataset and sampler are Megatron's; these do not apply)"
+_NOT_IMPL = "not implemented in gptrain"
+_MLPERF = "MLPerf-only keys (the MLPerf configs are not supported)"
+
+_REASONS: dict[str, tuple[str, ...]] = {
+    _FUSION: (
+        "model.apex_transformer_log_level",
+        "model.apply_query_key_layer_scaling",
+        "model.apply_rope_fusion",
+        "model.bias_activation_fusion",
+        "model.bias_dropout_add_fusion",
+        "model.enable_cuda_graph",
+        "model.fp16_lm_cross_entropy",
+        "model.get_attention_mask_from_fusion",
+        "model.grad_div_ar_fusion",
+        "model.gradient_accumulation_fusion",
+        "model.masked_softmax_fusion",
+        "model.mcore_gpt",
+        "model.megatron_amp_O2",
+        "model.onnx_safe",
+        "model.persist_layer_norm",
+        "model.transformer_block_type",
+        "model.transformer_engine",
+        "model.use_emha",
+        "model.use_flash_attention",
+        "model.use_te_rng_tracker",
+    ),
+    _OVERLAP: (
+        "model.batch_p2p_comm",
+        "model.defer_embedding_wgrad_compute",
+        "model.fsdp_grad_reduce_dtype",
+        "model.grad_allreduce_chunk_size_mb",
+        "model.gradient_as_bucket_view",
+        "model.nccl_communicator_config_path",
+        "model.optim.bucket_cap_mb",
+        "model.optim.contiguous_grad_buffer",
+        "model.optim.contiguous_param_buffer",
+        "model.optim.grad_sync_dtype",
+        "model.optim.lock_timeout",
+        "model.optim.nccl_ub",
+        "model.optim.overlap_grad_sync",
+        "model.optim.overlap_param_sync",
+        "model.overlap_p2p_comm",
+        "model.sharp",
+        "model.sync_batch_comm",
+        "model.tp_comm_atomic_ag",
+        "model.tp_comm_atomic_rs",
+        "model.tp_comm_overlap_ag",
+        "model.tp_comm_overlap_rs",
+        "model.tp_comm_split_ag",
+        "model.tp_comm_split_rs",
+        "model.ub_tp_comm_overlap",
+        "model.use_tp_pp_dp_mapping",
+        "model.validation_param_sync_overlap",
+    ),
+    _FP8: (
+        "model.fp8_amax_compute_algo",
+        "model.fp8_amax_history_len",
+        "model.fp8_e4m3",
+        "model.fp8_hybrid",
+        "model.fp8_interval",
+        "model.fp8_margin",
+        "model.fp8_params",
+        "model.fp8_wgrad",
+        "model.reduce_amax",
+    ),
+    _LIGHTNING: (
+        "trainer.accumulate_grad_batches",
+        "trainer.benchmark",
+        "trainer.enable_checkpointing",
+        "trainer.enable_model_summary",
+        "trainer.enable_progress_bar",
+        "trainer.limit_train_batches",
+        "trainer.logger",
+        "trainer.max_epochs",
+        "trainer.num_sanity_val_steps",
+        "trainer.plugins",
+        "trainer.replace_sampler_ddp",
+        "trainer.strategy",
+        "trainer.use_distributed_sampler",
+    ),
+    _CKPT: (
         "exp_manager.checkpoint_callback_params.always_save_nemo",
         "exp_manager.checkpoint_callback_params.dirpath",
         "exp_manager.checkpoint_callback_params.every_n_epochs",
@@ -15,28 +104,25 @@ IGNORED_NEMO_KEYS = frozenset(
         "exp_manager.checkpoint_callback_params.monitor",
         "exp_manager.checkpoint_callback_params.save_nemo_on_train_end",
         "exp_manager.create_checkpoint_callback",
-        "exp_manager.create_neptune_logger",
-        "exp_manager.create_wandb_logger",
         "exp_manager.exp_dir",
-        "exp_manager.log_global_rank_0_only",
-        "exp_manager.log_step_timing",
         "exp_manager.name",
         "exp_manager.resume_from_checkpoint",
         "exp_manager.resume_ignore_no_checkpoint",
         "exp_manager.seconds_to_sleep",
-        "model.activations_checkpoint_layers_per_pipeline",
-        "model.apex_transformer_log_level",
-        "model.apply_query_key_layer_scaling",
-        "model.apply_rope_fusion",
-        "model.attention_type",
-        "model.batch_p2p_comm",
-        "model.bias_activation_fusion",
-        "model.bias_dropout_add_fusion",
-        "model.context_parallel_size",
-        "model.cpu_offloading",
-        "model.cpu_offloading_activations",
-        "model.cpu_offloading_num_layers",
-        "model.cpu_offloading_weights",
+        "model.dist_ckpt_format",
+        "model.dist_ckpt_load_on_device",
+        "model.dist_ckpt_parallel_save",
+        "model.fsdp_sharded_checkpoint",
+        "model.resume_from_checkpoint",
+    ),
+    _LOGGERS: (
+        "exp_manager.create_neptune_logger",
+        "exp_manager.create_wandb_logger",
+        "exp_manager.log_global_rank_0_only",
+        "exp_manager.log_step_timing",
+        "model.enable_megatron_timers",
+    ),
+    _DATA: (
         "model.data.dataloader_type",
         "model.data.delay_data_init",
         "model.data.delay_data_mmap",
@@ -50,100 +136,71 @@ IGNORED_NEMO_KEYS = frozenset(
         "model.data.shuffle_documents",
         "model.data.skip_warmup",
         "model.data.validation_drop_last",
-        "model.defer_embedding_wgrad_compute",
-        "model.dist_ckpt_format",
-        "model.dist_ckpt_load_on_device",
-        "model.dist_ckpt_parallel_save",
+    ),
+    _NOT_IMPL: (
+        "model.activations_checkpoint_layers_per_pipeline",
+        "model.attention_type",
+        "model.context_parallel_size",
+        "model.cpu_offloading",
+        "model.cpu_offloading_activations",
+        "model.cpu_offloading_num_layers",
+        "model.cpu_offloading_weights",
         "model.do_layer_norm_weight_decay",
-        "model.enable_cuda_graph",
-        "model.enable_megatron_timers",
         "model.expert_model_parallel_size",
         "model.ffn_dropout",
-        "model.fp16_lm_cross_entropy",
         "model.fp32_residual_connection",
-        "model.fp8",
-        "model.fp8_amax_compute_algo",
-        "model.fp8_amax_history_len",
-        "model.fp8_e4m3",
-        "model.fp8_hybrid",
-        "model.fp8_interval",
-        "model.fp8_margin",
-        "model.fp8_params",
-        "model.fp8_wgrad",
-        "model.fsdp_grad_reduce_dtype",
-        "model.fsdp_sharded_checkpoint",
         "model.gc_interval",
-        "model.get_attention_mask_from_fusion",
-        "model.grad_allreduce_chunk_size_mb",
-        "model.grad_div_ar_fusion",
-        "model.gradient_accumulation_fusion",
-        "model.gradient_as_bucket_view",
         "model.headscale",
         "model.layernorm_zero_centered_gamma",
-        "model.masked_softmax_fusion",
-        "model.mcore_gpt",
-        "model.megatron_amp_O2",
         "model.name",
-        "model.nccl_communicator_config_path",
         "model.normalize_attention_scores",
         "model.num_micro_batches_with_partial_activation_checkpoints",
-        "model.onnx_safe",
         "model.openai_gelu",
-        "model.optim.bucket_cap_mb",
-        "model.optim.contiguous_grad_buffer",
-        "model.optim.contiguous_param_buffer",
-        "model.optim.grad_sync_dtype",
-        "model.optim.lock_timeout",
-        "model.optim.nccl_ub",
-        "model.optim.overlap_grad_sync",
-        "model.optim.overlap_param_sync",
-        "model.overlap_p2p_comm",
-        "model.persist_layer_norm",
         "model.post_process",
         "model.pre_process",
         "model.rampup_batch_size",
-        "model.reduce_amax",
-        "model.resume_from_checkpoint",
         "model.seq_len_interpolation_factor",
-        "model.sharp",
-        "model.sync_batch_comm",
         "model.tokenizer.delimiter",
         "model.tokenizer.sentencepiece_legacy",
-        "model.tp_comm_overlap_ag",
-        "model.tp_comm_overlap_rs",
-        "model.transformer_block_type",
-        "model.transformer_engine",
         "model.use_cpu_initialization",
-        "model.use_emha",
-        "model.use_flash_attention",
-        "model.use_te_rng_tracker",
-        "model.use_tp_pp_dp_mapping",
-        "model.validation_param_sync_overlap",
-        "trainer.accumulate_grad_batches",
-        "trainer.benchmark",
-        "trainer.enable_checkpointing",
-        "trainer.enable_model_summary",
-        "trainer.enable_progress_bar",
-        "trainer.limit_train_batches",
-        "trainer.logger",
-        "trainer.max_epochs",
-        "trainer.num_sanity_val_steps",
-        "trainer.plugins",
-        "trainer.strategy",
-        "trainer.use_distributed_sampler",
-    }
-)
+    ),
+    _MLPERF: ("name", "restore_from_path", "model.optim.sched.max_steps_for_lr_sched"),
+}
 
-# Whole sub-trees (profiling, loggers, userbuffer overlap) that gptrain ignores.
-IGNORED_NEMO_PREFIXES = (
-    "exp_manager.neptune_logger_kwargs.",
-    "exp_manager.step_timing_kwargs.",
-    "exp_manager.wandb_logger_kwargs.",
-    "model.megatron_timer_kwargs.",
-    "model.nsys_profile.",
-    "model.ub_tp_comm_overlap_cfg.",
-)
+# Whole sub-trees that gptrain ignores; the sub-tree's own name is ignored too.
+_PREFIX_REASONS: dict[str, str] = {
+    "exp_manager.neptune_logger_kwargs.": _LOGGERS,
+    "exp_manager.step_timing_kwargs.": _LOGGERS,
+    "exp_manager.wandb_logger_kwargs.": _LOGGERS,
+    "model.megatron_timer_kwargs.": _LOGGERS,
+    "model.nsys_profile.": _LOGGERS,
+    "model.ub_tp_comm_overlap_cfg.": _OVERLAP,
+    "s3_checkpointing.": _MLPERF,
+    "env_vars.": "environment of the job: set env_vars in the launcher's config.yaml",
+}
+
+IGNORED_NEMO_KEYS: dict[str, str] = {key: reason for reason, keys in _REASONS.items() for key in keys}
+IGNORED_NEMO_PREFIXES = tuple(_PREFIX_REASONS)
+
+
+def ignored_reason(dotted: str) -> str | None:
+    """Why gptrain ignores `dotted`, or None when it is not an ignored NeMo key."""
+    if dotted in IGNORED_NEMO_KEYS:
+        return IGNORED_NEMO_KEYS[dotted]
+    for prefix, reason in _PREFIX_REASONS.items():
+        if f"{dotted}.".startswith(prefix):
+            return reason
+    return None
 
 
 def is_ignored_nemo_key(dotted: str) -> bool:
-    return dotted in IGNORED_NEMO_KEYS or dotted.startswith(IGNORED_NEMO_PREFIXES)
+    """True for a listed key, a key inside an ignored sub-tree, or the sub-tree's own name."""
+    return ignored_reason(dotted) is not None
+
+
+def ignored_summary(keys: list[str]) -> str:
+    """One line: the ignored keys grouped by reason (`reason: a, b; reason: c`)."""
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        groups.setdefault(ignored_reason(key) or _NOT_IMPL, []).append(key)
+    return "; ".join(f"{reason}: {', '.join(names)}" for reason, names in groups.items())

@@ -97,7 +97,7 @@ def _check_prefixes(prefixes: list[str]) -> None:
 
 def _single_prefix_splits(
     prefix: str, splits_string: str | None, seq_length: int, seed: int, num_samples: Sequence[int | None],
-    cache_dir: str | None,
+    cache_dir: str | None, skip_unused: bool = False,
 ) -> list[GPTDataset | None]:  # fmt: skip
     from gptrain.data.indexed import IndexedDataset
 
@@ -108,7 +108,7 @@ def _single_prefix_splits(
     ):
         datasets.append(
             None
-            if indices is None
+            if indices is None or (skip_unused and count == 0)
             else GPTDataset(indexed, indices, count, seq_length, seed, name, cache_dir)
         )
     return datasets
@@ -116,13 +116,13 @@ def _single_prefix_splits(
 
 def _blend_splits(
     prefixes: list[str], weights: list[float], splits_string: str | None, seq_length: int, seed: int,
-    num_samples: tuple[int, int, int], cache_dir: str | None,
+    num_samples: tuple[int, int, int], cache_dir: str | None, skip_unused: bool = False,
 ) -> list[BlendedDataset | None]:  # fmt: skip
     weights = normalize(weights)
     targets = samples_per_dataset(weights, num_samples)
     requests = samples_per_dataset(weights, num_samples, MID_LEVEL_SURPLUS)
     children = [
-        _single_prefix_splits(prefix, splits_string, seq_length, seed, request, cache_dir)
+        _single_prefix_splits(prefix, splits_string, seq_length, seed, request, cache_dir, skip_unused)
         for prefix, request in zip(prefixes, requests, strict=True)
     ]
     blends: list[BlendedDataset | None] = []
@@ -146,9 +146,13 @@ def build_gpt_datasets(
     cache_dir: str | None = None,
     mock: bool = False,
     vocab_size: int | None = None,
+    skip_unused: bool = False,
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:
     """(train, valid, test): plain GPTDatasets for one prefix, BlendedDatasets for a weighted
-    list, MockGPTDatasets with `mock`; None for a split the split string leaves empty."""
+    list, MockGPTDatasets with `mock`; None for a split the split string leaves empty.
+
+    `skip_unused`: a split asked for 0 samples is not built (training with limit_test_batches=0
+    must not fail because a small dataset's test split holds no whole sequence)."""
     if len(num_samples) != 3 or any(n is None or n < 0 for n in num_samples):
         raise ConfigError(
             f"num_samples must be three non-negative counts (train, valid, test), got {num_samples}"
@@ -163,8 +167,10 @@ def build_gpt_datasets(
     _check_prefixes(prefixes)
     if weights is None:
         datasets: list = _single_prefix_splits(
-            prefixes[0], splits_string, seq_length, seed, num_samples, cache_dir
+            prefixes[0], splits_string, seq_length, seed, num_samples, cache_dir, skip_unused
         )
     else:
-        datasets = _blend_splits(prefixes, weights, splits_string, seq_length, seed, num_samples, cache_dir)
+        datasets = _blend_splits(
+            prefixes, weights, splits_string, seq_length, seed, num_samples, cache_dir, skip_unused
+        )
     return datasets[0], datasets[1], datasets[2]

@@ -28,6 +28,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     launch.add_argument("--dry-run", action="store_true", help="render configs and scripts; submit nothing")
     launch.add_argument(
+        "--config-dir",
+        "--config-path",
+        "-cp",
+        dest="config_dir",
+        default=None,
+        help="a conf tree of your own (e.g. NeMo's launcher_scripts/conf); default: gptrain's bundled configs",
+    )
+    launch.add_argument(
+        "--config-name",
+        "-cn",
+        default="config",
+        help="the root config file in the conf tree (default: config)",
+    )
+    launch.add_argument(
         "--quiet", action="store_true", help="local runs: do not echo the log to the terminal"
     )
     launch.set_defaults(func=run_launch)
@@ -53,7 +67,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_launch(args: argparse.Namespace) -> int:
     from gptrain.launch.launcher import launch
 
-    return launch(list(args.overrides), dry_run=args.dry_run, echo=not args.quiet)
+    root = Path(args.config_dir).resolve() if args.config_dir else None
+    return launch(
+        list(args.overrides),
+        dry_run=args.dry_run,
+        echo=not args.quiet,
+        root=root,
+        config_name=args.config_name,
+    )
 
 
 def run_status(args: argparse.Namespace) -> int:

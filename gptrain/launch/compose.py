@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
 from gptrain.config.yamlio import load_text, parse_value
 from gptrain.errors import ConfigError
@@ -126,12 +127,20 @@ def default_choices(root_config: dict[str, Any], path: Path) -> dict[str, str]:
     return choices
 
 
-def compose(arguments: list[str], root: Path = CONFIG_ROOT, now: float | None = None) -> Composition:
-    """config.yaml + chosen group files + dotted overrides -> Composition (not yet resolved)."""
+def compose(
+    arguments: list[str], root: Path = CONFIG_ROOT, now: float | None = None, config_name: str = "config"
+) -> Composition:
+    """<root>/<config_name>.yaml + chosen group files + dotted overrides -> Composition (not yet resolved).
+
+    `root` is gptrain's bundled configs or a user's tree (NeMo's `launcher_scripts/conf` works as is).
+    """
     register_resolvers()
-    config_path = root / "config.yaml"
+    config_path = root / f"{config_name.removesuffix('.yaml')}.yaml"
+    if not config_path.is_file():
+        raise ConfigError(f"{config_path}: no such launcher config; give the conf directory that holds it")
     base = load_yaml(config_path)
     base.pop("hydra", None)
+    notes = nemo_launcher.prepare_root(base, root, GROUPS)  # a NeMo launcher tree works as is
     choices = default_choices(base, config_path)
     overrides = parse_overrides(arguments)
     dotted = []
@@ -145,11 +154,26 @@ def compose(arguments: list[str], root: Path = CONFIG_ROOT, now: float | None = 
     cfg = OmegaConf.create(base)
     for override in dotted:
         apply_override(cfg, override)
+    notes += nemo_launcher.finalize(cfg, choices, STAGES)
     absolutize_paths(cfg)
+    notes += adapt_nemo_data_preparation(cfg)
+    nemo_launcher.report(notes)
     if cfg.get("unique_output"):
         make_unique(cfg, now if now is not None else time.time())
     check_stages(cfg)
     return Composition(cfg, choices, root)
+
+
+def adapt_nemo_data_preparation(cfg: DictConfig) -> list[str]:
+    """NeMo's download_gpt3_pile.yaml (file_numbers, the_pile_url) -> gptrain's shard list."""
+    section = cfg.get("data_preparation")
+    if not nemo_launcher.is_pile_download(section):
+        return []
+    resolved = _to_container(section, resolve=True)
+    data_dir = str(_to_container(cfg, resolve=True).get("data_dir") or "data")
+    adapted, notes = nemo_launcher.adapt_pile_download(resolved, data_dir)
+    cfg["data_preparation"] = adapted
+    return notes
 
 
 def apply_override(cfg: DictConfig, override: Override) -> None:

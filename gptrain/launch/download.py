@@ -228,7 +228,8 @@ def json_key(cfg: dict[str, Any]) -> str:
 
 def output_prefix(cfg: dict[str, Any], shard: Shard) -> Path:
     """The Megatron data prefix a shard becomes (what training's data_prefix lists)."""
-    return Path(cfg["output_dir"]) / f"{shard.stem}_{json_key(cfg)}_document"
+    name_prefix = str(cfg.get("output_name_prefix") or "")  # NeMo's Pile: my-gpt3_00_text_document
+    return Path(cfg["output_dir"]) / f"{name_prefix}{shard.stem}_{json_key(cfg)}_document"
 
 
 def prepare_shard(cfg: dict[str, Any], index: int, python: str = sys.executable) -> Path:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from gptrain.errors import LaunchError
-from gptrain.launch.compose import compose
+from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import parse_shards
 from gptrain.launch.preflight import check_tokenizer_files, check_training_files
 from gptrain.launch.stages import LaunchPlan, build_plan, config_path, validate_training, write_run_files
@@ -71,8 +72,14 @@ def summary(plan: LaunchPlan) -> list[str]:
     return lines
 
 
-def launch(argv: list[str], dry_run: bool = False, echo: bool = True) -> int:
-    plan = build_plan(compose(argv))
+def launch(
+    argv: list[str],
+    dry_run: bool = False,
+    echo: bool = True,
+    root: Path | None = None,
+    config_name: str = "config",
+) -> int:
+    plan = build_plan(compose(argv, root or CONFIG_ROOT, config_name=config_name))
     write_run_files(plan, argv)
     validate_training(plan)
     for line in preflight(plan, dry_run):

@@ -220,6 +220,7 @@ def build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> tu
         cache_dir=m.data.index_mapping_dir,
         mock=is_mock_data(cfg),
         vocab_size=vocab,
+        skip_unused=True,  # limit_val/test_batches=0: that split is not built at all
     )
     eod = getattr(tokenizer, "eod", None)
     wrapped = [

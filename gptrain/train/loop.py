@@ -266,13 +266,14 @@ def run(
     times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
     saved_at = validated_at = -1
     while s.state.step < t.max_steps:
-        lr = s.schedule.apply()
+        s.schedule.apply()
         batch = next(batches)
         with s.watchdog.step(s.state.step + 1):
             result = s.step_fn(batch)
         record(s, result)
         s.checkpoints.poll()
-        meter.add(result, lr, s.scaler.scale)
+        # Megatron prints the rate after the scheduler step: the one the next iteration uses
+        meter.add(result, s.schedule.current_lr(), s.scaler.scale)
         logged = s.state.step == meter.start_step + 1 or s.state.step % t.log_every_n_steps == 0
         if logged:
             log_interval(s, meter)

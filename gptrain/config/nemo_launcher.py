@@ -1,0 +1,189 @@
+"""A NeMo launcher conf tree (`launcher_scripts/conf/`) read as `gptrain launch` reads its own.
+
+The NeMo launcher's `config.yaml` names a dozen groups (conversion, evaluation, rlhf_*, ...),
+Hydra-only values (`${hydra:runtime.choices.training}`), a mandatory `launcher_scripts_path`,
+`cluster_type: bcm`, `run_<stage>` switches in older releases, and `container_mounts: [null]`.
+Its Pile download config lists shard numbers, not URLs. This module maps all of that onto
+gptrain's launch config, and says once, on one line, what it ignores and why.
+
+Only yaml/omegaconf-free dict work here: it runs in `gptrain launch` on login nodes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from gptrain.errors import ConfigError
+
+# Stages of the NeMo launcher that gptrain does not run (their group files need not exist).
+FOREIGN_STAGE_REASON = "gptrain runs data_preparation and training only (gptrain export converts checkpoints)"
+NEMO_STAGES = (
+    "adapter_learning", "conversion", "conversion_hf2nemo", "data_curation", "evaluation", "export",
+    "external_conversion", "fine_tuning", "fw_inference", "generic", "ia3_learning", "peft",
+    "prompt_learning", "ptq", "rag_generating", "rag_indexing", "rlhf_ppo", "rlhf_rm", "steerlm_reg",
+)  # fmt: skip
+# Top-level keys of NeMo's config.yaml that mean nothing to gptrain.
+IGNORED_TOP_KEYS = {
+    "debug": "Hydra debug output",
+    "numa_mapping": "gptrain does not pin ranks to NUMA nodes",
+    "wandb_api_key_file": "Weights & Biases is not wired in",
+    "wandb_api_bcp_secret_key": "BCP clusters are not supported",
+    "bcp_no_redirect": "BCP clusters are not supported",
+    "enable_vboost": "GPU power settings are left alone",
+}
+# Older launchers (bignlp-scripts) switch stages with booleans instead of a `stages` list.
+RUN_SWITCHES = ("data_preparation", "training", "conversion", "finetuning", "fine_tuning", "evaluation")
+CLUSTER_TYPES = {"bcm": "slurm", "slurm": "slurm", "local": "local"}
+PATH_KEYS = ("launcher_scripts_path", "bignlp_path")
+
+
+def prepare_root(base: dict[str, Any], root: Path, groups: tuple[str, ...]) -> list[str]:
+    """Before the defaults list is read: drop foreign groups, fill the mandatory paths.
+
+    Returns notes (what was ignored and why) for the one report line.
+    """
+    notes: list[str] = []
+    kept, foreign = [], []
+    for entry in base.get("defaults") or []:
+        if isinstance(entry, dict):
+            (group, choice), *_ = entry.items()
+            if str(group).startswith("override ") or (group not in groups and group != "_self_"):
+                if not str(group).startswith("override "):
+                    foreign.append(str(group))
+                continue
+            if choice is None:
+                continue
+        kept.append(entry)
+    if "defaults" in base:
+        base["defaults"] = kept
+    if foreign:
+        notes.append(f"groups {', '.join(foreign)}: {FOREIGN_STAGE_REASON}")
+    for key in PATH_KEYS:
+        if base.get(key) == "???":  # NeMo's conf dir sits in launcher_scripts/
+            base[key] = str(root.parent if root.name == "conf" else root)
+    for key, value in list(base.items()):
+        if isinstance(value, str) and "${hydra:" in value:
+            base[key] = None  # `<group>_config`: filled with the choice in finalize()
+    return notes
+
+
+def finalize(cfg: Any, choices: dict[str, str], stages_known: tuple[str, ...]) -> list[str]:
+    """After the overrides: stages from run_* switches, cluster_type, nulls in mounts and env."""
+    notes = _stages_from_switches(cfg)
+    stages = cfg.get("stages")
+    if isinstance(stages, str):
+        stages = [stages]
+    if stages is not None:
+        foreign = [str(s) for s in stages if s in NEMO_STAGES]
+        if foreign:  # a typo is left for check_stages to name
+            cfg["stages"] = [s for s in stages if s not in NEMO_STAGES]
+            notes.append(f"stages {', '.join(foreign)}: {FOREIGN_STAGE_REASON}")
+    cluster_type = cfg.get("cluster_type")
+    if cluster_type in CLUSTER_TYPES:
+        cfg["cluster_type"] = CLUSTER_TYPES[cluster_type]
+    elif cluster_type in ("bcp", "k8s"):
+        raise ConfigError(f"cluster_type={cluster_type} is not supported; use bcm (Slurm) or local")
+    if "container_mounts" in cfg:
+        mounts = cfg.get("container_mounts") or []
+        cfg["container_mounts"] = [str(m) for m in mounts if m is not None]  # NeMo's default is [null]
+    for group, choice in choices.items():
+        if f"{group}_config" in cfg:
+            cfg[f"{group}_config"] = choice
+    ignored = [f"{key} ({reason})" for key, reason in IGNORED_TOP_KEYS.items() if key in cfg]
+    if ignored:
+        notes.append("config.yaml keys " + ", ".join(ignored))
+    return notes
+
+
+def _stages_from_switches(cfg: Any) -> list[str]:
+    present = [name for name in RUN_SWITCHES if f"run_{name}" in cfg]
+    if not present:
+        return []
+    chosen = [name for name in present if _truthy(cfg.get(f"run_{name}"))]
+    for name in present:
+        del cfg[f"run_{name}"]
+    foreign = [n for n in chosen if n not in ("data_preparation", "training")]
+    cfg["stages"] = [n for n in chosen if n in ("data_preparation", "training")]
+    if not cfg["stages"]:
+        raise ConfigError(
+            "no stage to run: set run_data_preparation=True or run_training=True"
+            + (f" ({', '.join('run_' + n for n in foreign)}: {FOREIGN_STAGE_REASON})" if foreign else "")
+        )
+    return [f"run_{n}: {FOREIGN_STAGE_REASON}" for n in foreign]
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).lower() in ("true", "1", "yes")
+
+
+def is_pile_download(section: Any) -> bool:
+    """NeMo's data_preparation/gpt3/download_gpt3_pile.yaml (or a copy of it)."""
+    return hasattr(section, "get") and "file_numbers" in section and "shards" not in section
+
+
+def adapt_pile_download(section: dict[str, Any], data_dir: str) -> tuple[dict[str, Any], list[str]]:
+    """NeMo's Pile download keys -> gptrain's data_preparation section (resolved values).
+
+    Shards are `<the_pile_url>/NN.jsonl.zst` for each number of `file_numbers` ("0-29", "0,3,5-7");
+    they become `${data_dir}/my-gpt3_NN_text_document`, the names NeMo's training configs list.
+    """
+    url = str(section.get("the_pile_url") or "").rstrip("/")
+    if not url:
+        raise ConfigError("data_preparation.the_pile_url: empty; give the URL of the Pile's train/ directory")
+    numbers = parse_file_numbers(str(section.get("file_numbers")))
+    run = dict(section.get("run") or {})
+    notes = []
+    for key in ("node_array_size", "array", "bcp_preproc_npernode"):
+        if run.pop(key, None) is not None:
+            notes.append(f"data_preparation.run.{key} (one array task per shard)")
+    for key in ("download_vocab_url", "download_merges_url"):
+        if section.get(key):
+            notes.append(
+                f"data_preparation.{key} (tokenizer files are not downloaded: put them in vocab_save_dir)"
+            )
+    adapted = {
+        "run": run,
+        "shards": [f"{url}/{n:02d}.jsonl.zst" for n in numbers],
+        "download_dir": data_dir,
+        "output_dir": data_dir,
+        "output_name_prefix": "my-gpt3_",
+        "extract": True,
+        "keep_compressed": not _truthy(section.get("rm_downloaded", True)),
+        "tokenizer": {
+            "type": str(section.get("tokenizer_type") or "GPT2BPETokenizer"),
+            "vocab_file": f"{section.get('vocab_save_dir') or data_dir + '/bpe'}/vocab.json",
+            "merge_file": f"{section.get('merges_save_dir') or data_dir + '/bpe'}/merges.txt",
+            "model": None,
+        },
+        "blend": {"file": f"{data_dir}/blend.yaml", "weights": "tokens"},
+    }
+    if not _truthy(section.get("download_the_pile", True)) or not _truthy(
+        section.get("preprocess_data", True)
+    ):
+        notes.append("data_preparation.download_the_pile/preprocess_data=False (the stage always does both)")
+    return adapted, notes
+
+
+def parse_file_numbers(text: str) -> list[int]:
+    """NeMo's `file_numbers`: "0-29", "3", "0,2,5-7" -> sorted shard numbers."""
+    numbers: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        low, sep, high = part.partition("-")
+        try:
+            start, end = int(low), int(high) if sep else int(low)
+        except ValueError:
+            raise ConfigError(
+                f"data_preparation.file_numbers: '{text}' is not a list of numbers and ranges like '0-29'"
+            ) from None
+        if start > end or start < 0:
+            raise ConfigError(f"data_preparation.file_numbers: '{part}' is not an increasing range")
+        numbers.update(range(start, end + 1))
+    return sorted(numbers)
+
+
+def report(notes: list[str]) -> None:
+    """One stderr line for everything of the NeMo tree that gptrain ignores."""
+    if notes:
+        print(f"gptrain launch: ignoring {'; '.join(notes)}", file=sys.stderr)

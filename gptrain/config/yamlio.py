@@ -1,0 +1,106 @@
+"""YAML and command-line values read the way Hydra users expect, not the way YAML 1.1 does.
+
+Two surprises of plain YAML are removed here, for config files and `key=value` overrides alike:
+- `10:00:00` is a base-60 integer (36000) in YAML 1.1; Slurm reads `--time=36000` as 25 days.
+  Colon-separated numbers stay strings (`time_limit: 10:00:00` is the time it looks like).
+- `[0.5,${data_dir}/a,0.5,${data_dir}/b]` is not valid YAML (`{` opens a mapping); Hydra's
+  override grammar reads it as a list of four items. So do we: a bracketed value is split at
+  its top-level commas, and each item is read on its own.
+
+Only yaml is imported: this runs in `gptrain launch` on login nodes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gptrain.errors import ConfigError
+
+_INT = re.compile(
+    r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$""", re.X
+)
+_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's sexagesimal numbers; `1e-4` is a float (as in OmegaConf)."""
+
+
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [
+        (tag, regexp)
+        for tag, regexp in resolvers
+        if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+    ]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def load_text(text: str, where: str) -> Any:
+    """Parse YAML text; a syntax error names `where` and the line."""
+    try:
+        return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(
+            f"{where}{line}: invalid YAML: {getattr(error, 'problem', None) or error}"
+        ) from None
+
+
+def load_file(path: str | Path) -> Any:
+    """Read and parse one YAML file; a missing file is a one-line ConfigError."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+    return load_text(text, str(path))
+
+
+def parse_value(text: str) -> Any:
+    """One override value: `2`, `null`, `1e-4`, `10:00:00` (a string), `[0.5,${d}/a]` (a list)."""
+    text = text.strip()
+    if text == "":
+        return ""
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    if text.startswith("[") and text.endswith("]"):
+        inner = text[1:-1].strip()
+        return [parse_value(item) for item in split_top_level(inner)] if inner else []
+    if "${" in text:
+        return text
+    try:
+        return yaml.load(text, Loader=ConfigLoader)  # noqa: S506
+    except yaml.YAMLError:
+        return text
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split at commas outside brackets, braces (`${...}`) and quotes."""
+    items, depth, quote, start = [], 0, "", 0
+    for position, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(text[start:position])
+            start = position + 1
+    items.append(text[start:])
+    return [item.strip() for item in items]

@@ -1,0 +1,173 @@
+"""The NeMo launcher's own conf trees (23.07 .. 24.12) and the tutorials' command lines, unchanged.
+
+tests/config/nemo_launcher/<release>/launcher_scripts/conf/ holds the key structure of each
+release's config.yaml, cluster/bcm.yaml, data_preparation/gpt3/download_gpt3_pile.yaml and
+training/gpt3/126m.yaml, values as released.
+"""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gptrain.config import load_training_config
+from gptrain.config.nemo_launcher import parse_file_numbers
+from gptrain.config.yamlio import parse_value
+from gptrain.errors import ConfigError
+from gptrain.launch.compose import compose
+from gptrain.launch.stages import build_plan, write_run_files
+
+TREES = Path(__file__).parent / "nemo_launcher"
+RELEASES = ("23.07", "23.11", "24.05", "24.12")
+
+# nemo-megatron-benchmark-azure-ndv4.md, "Run NeMo Megatron" ($NN=2), as the shell passes it
+AZURE_TRAINING = [
+    "training=gpt3/126m",
+    "training.run.name=gpt3_126m-1n-tp1-pp1-mbs1",
+    "training.run.time_limit=10:00:00",  # the shell has removed the quotes of "10:00:00"
+    "training.trainer.num_nodes=2",
+    "training.trainer.max_steps=200",
+    "training.trainer.log_every_n_steps=1",
+    "training.exp_manager.resume_if_exists=False",
+    "training.model.micro_batch_size=4",
+    "training.model.tensor_model_parallel_size=1",
+    "training.model.pipeline_model_parallel_size=1",
+    "training.model.activations_checkpoint_num_layers=0",
+]
+
+
+def conf(release: str) -> Path:
+    return TREES / release / "launcher_scripts" / "conf"
+
+
+def render(release: str, tmp_path: Path, extra: list[str]) -> dict[str, str]:
+    plan = build_plan(compose([*AZURE_TRAINING, *extra, f"launcher_scripts_path={tmp_path}"], conf(release)))
+    write_run_files(plan, [])
+    return {job.stage: job.script_path.read_text() for job in plan.jobs}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_azure_tutorial_command_on_each_release_tree(release, tmp_path, capsys):
+    scripts = render(release, tmp_path, ["stages=[training]"])
+    script = scripts["training"]
+    assert "#SBATCH --time=10:00:00\n" in script  # not 36000 (base-60) minutes
+    assert "#SBATCH --nodes=2" in script and "--container-mounts" not in script  # mounts: [null]
+    assert "nemo-megatron-gpt3_126m-1n-tp1-pp1-mbs1" in script
+    run_dir = tmp_path / "results" / "gpt3_126m-1n-tp1-pp1-mbs1"
+    hydra = (run_dir / "nemo-megatron-gpt3_126m-1n-tp1-pp1-mbs1_hydra.yaml").read_text()
+    cfg = load_training_config(
+        config_file=str(run_dir / "nemo-megatron-gpt3_126m-1n-tp1-pp1-mbs1_hydra.yaml")
+    )
+    assert cfg.run.time_limit == "10:00:00" and "time_limit: '10:00:00'" in hydra
+    assert cfg.model.data.data_prefix[1] == f"{tmp_path}/data/my-gpt3_00_text_document"
+    assert "exp_manager.wandb_logger_kwargs" in cfg.ignored_keys
+    err = capsys.readouterr().err
+    assert "conversion" in err and "gptrain runs data_preparation and training only" in err
+
+
+def test_upstream_defaults_need_not_exist_and_cluster_type_bcm(tmp_path):
+    base = [f"launcher_scripts_path={tmp_path}", "training=gpt3/126m"]
+    resolved = compose([*base, "stages=[training,conversion]"], conf("24.12")).resolved()
+    assert resolved["cluster_type"] == "slurm"  # bcm
+    assert resolved["stages"] == ["training"]
+    assert resolved["container_mounts"] == []
+    assert resolved["training_config"] == "gpt3/126m"  # ${hydra:runtime.choices.training}
+    with pytest.raises(ConfigError, match="must be a non-empty list"):
+        compose(base, conf("24.12"))  # 24.12's config.yaml runs only `conversion`
+
+
+def test_launcher_scripts_path_defaults_to_the_trees_parent():
+    resolved = compose(["training=gpt3/126m", "stages=[training]"], conf("23.07")).resolved()
+    assert resolved["data_dir"] == str(conf("23.07").parent / "data")
+
+
+def test_run_switches_of_the_azure_config_pick_stages(tmp_path):
+    tree = tmp_path / "conf"
+    shutil.copytree(conf("23.07"), tree)
+    with (tree / "config.yaml").open("a") as config:  # the tutorial's edits of config.yaml
+        config.write("run_data_preparation: True\nrun_training: False\nrun_conversion: False\n")
+        config.write("run_finetuning: False\nrun_evaluation: False\nbignlp_path: /shared\n")
+    (tree / "data_preparation/gpt3/download_gpt3_pile.yaml").write_text(
+        (tree / "data_preparation/gpt3/download_gpt3_pile.yaml").read_text().replace("0-29", "0-1")
+    )
+    comp = compose([*AZURE_TRAINING, f"launcher_scripts_path={tmp_path}"], tree)
+    resolved = comp.resolved()
+    assert resolved["stages"] == ["data_preparation"]
+    prep = resolved["data_preparation"]
+    assert prep["shards"] == [
+        "https://mystic.the-eye.eu/public/AI/pile/train/00.jsonl.zst",
+        "https://mystic.the-eye.eu/public/AI/pile/train/01.jsonl.zst",
+    ]
+    assert prep["tokenizer"]["vocab_file"] == f"{tmp_path}/data/bpe/vocab.json"
+    assert prep["keep_compressed"] is False  # rm_downloaded: True
+    from gptrain.launch.download import output_prefix, parse_shards
+
+    names = [str(output_prefix(prep, s)) for s in parse_shards(prep["shards"])]
+    assert names == [f"{tmp_path}/data/my-gpt3_00_text_document", f"{tmp_path}/data/my-gpt3_01_text_document"]
+    training = load_training_config(config_file=str(conf("23.07") / "training/gpt3/126m.yaml"),
+                                    overrides=[f"data_dir={tmp_path}/data"], report_ignored=False)  # fmt: skip
+    assert set(names) <= set(training.model.data.data_prefix[1::2])  # what training reads
+
+
+def test_file_numbers():
+    assert parse_file_numbers("0-29") == list(range(30))
+    assert parse_file_numbers("0, 3,5-6") == [0, 3, 5, 6]
+    with pytest.raises(ConfigError, match="file_numbers"):
+        parse_file_numbers("a-b")
+
+
+def test_blend_on_the_command_line_is_a_list_in_launch_and_train(tmp_path):
+    blend = "[0.5,${data_dir}/a_text_document,0.5,${data_dir}/b_text_document]"
+    resolved = compose([f"training.model.data.data_prefix={blend}", "data_dir=/d"]).resolved()
+    assert resolved["training"]["model"]["data"]["data_prefix"] == [
+        0.5,
+        "/d/a_text_document",
+        0.5,
+        "/d/b_text_document",
+    ]
+    cfg = load_training_config("gpt3/126m", [f"model.data.data_prefix={blend}", "data_dir=/d"])
+    assert cfg.model.data.data_prefix == [0.5, "/d/a_text_document", 0.5, "/d/b_text_document"]
+
+
+def test_time_values_stay_strings_in_files_and_overrides(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("run:\n  name: x\n  time_limit: 10:00:00\ntrainer:\n  max_time: 00:03:50:00\n")
+    cfg = load_training_config(config_file=str(path), overrides=["model.data.data_impl=mock",
+                                                                 "model.data.mock_vocab_size=64"])  # fmt: skip
+    assert cfg.run.time_limit == "10:00:00" and cfg.trainer.max_time == "00:03:50:00"
+    cfg = load_training_config("gpt3/126m", ["run.time_limit=1:30:00"])
+    assert cfg.run.time_limit == "1:30:00"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("2", 2), ("1e-4", 1e-4), ("null", None), ("True", True), ("10:00:00", "10:00:00"), ("'a,b'", "a,b"),
+     ("[]", []), ("[1,[2,3]]", [1, [2, 3]]), ("${x}/y", "${x}/y"), ("gpt3/126m", "gpt3/126m")],
+)  # fmt: skip
+def test_override_values(text, value):
+    assert parse_value(text) == value
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_upstream_126m_key_is_implemented_or_ignored_with_a_reason(release, capsys):
+    path = conf(release) / "training/gpt3/126m.yaml"
+    cfg = load_training_config(config_file=str(path))
+    assert {"exp_manager.step_timing_kwargs", "model.nsys_profile"} <= set(cfg.ignored_keys)
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and "loggers and profilers other than TensorBoard" in line
+
+
+def test_suggestions_are_close_or_absent():
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", ["trainer.replace_sampler_dpp=False"])
+    assert "accelerator" not in str(error.value)
+    with pytest.raises(ConfigError, match="did you mean 'trainer.max_steps'"):
+        load_training_config("gpt3/126m", ["trainer.max_step=3"])
+    with pytest.raises(ConfigError, match="did you mean 'model.optim.sched.warmup_steps'"):
+        load_training_config("gpt3/126m", ["model.optim.sched.warmup_step=3"])
+
+
+def test_run_name_and_base_results_dir_without_a_preset():
+    cfg = load_training_config(None, ["run.name=mine", "base_results_dir=/r", "model.data.data_impl=mock",
+                                      "model.data.mock_vocab_size=64"])  # fmt: skip
+    assert cfg.run.results_dir == "/r/mine" and cfg.exp_manager.explicit_log_dir == "/r/mine/results"
