@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "gptrain.train.cli",
     "gptrain.launch.cli",
     "gptrain.validate.cli",
+    "gptrain.plan.cli",
 )
 
 

@@ -70,10 +70,35 @@ def padded_vocab_size(cfg: TrainingConfig, tokenizer: Any | None) -> tuple[int, 
         vocab = int(cfg.model.data.mock_vocab_size)
     else:
         raise ConfigError("no tokenizer files and no model.data.mock_vocab_size: set one of them")
-    # Not x TP as Megatron: the same padded vocabulary under every layout keeps checkpoints
-    # reshardable (parallelize checks that TP divides it).
-    padded = pad_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by)
+    # As Megatron: a multiple of make_vocab_size_divisible_by x TP, so parameter counts and FLOPs
+    # match its logs under any layout.
+    padded = pad_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by, cfg.model.tensor_model_parallel_size)
     return vocab, padded
+
+
+def megatron_start_lines(cfg: TrainingConfig, vocab: int, model_config: Any) -> list[str]:
+    """Megatron's padding line and its parameter line for every (tensor, pipeline) rank."""
+    from gptrain.plan.sizes import megatron_parameter_lines, padded_vocab_line
+
+    m = cfg.model
+    lines = [padded_vocab_line(vocab, model_config.vocab_size)]
+    return lines + megatron_parameter_lines(
+        model_config, m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    )
+
+
+def log_memory(log: Any, device: torch.device, step: int) -> None:
+    """Megatron's memory report line (each rank, in its own log): what `gptrain plan --measure` reads."""
+    if device.type != "cuda":
+        return
+    mib = 2.0**20
+    log(
+        f"[Rank {dist.get_rank() if dist.is_initialized() else 0}] (after {step} iterations) memory (MB)"
+        f" | allocated: {torch.cuda.memory_allocated(device) / mib:.1f}"
+        f" | max allocated: {torch.cuda.max_memory_allocated(device) / mib:.1f}"
+        f" | reserved: {torch.cuda.memory_reserved(device) / mib:.1f}"
+        f" | max reserved: {torch.cuda.max_memory_reserved(device) / mib:.1f}"
+    )
 
 
 def build_model_config(cfg: TrainingConfig, vocab_size: int) -> Any:
@@ -191,15 +216,9 @@ def with_parallel_seams(opts: StepOptions, model: nn.Module) -> StepOptions:
 
 
 def schedule_spec(cfg: TrainingConfig) -> ScheduleSpec:
-    optim, sched = cfg.model.optim, cfg.model.optim.sched
-    return ScheduleSpec(
-        name=sched.name,
-        lr=optim.lr,
-        min_lr=sched.min_lr,
-        max_steps=sched.max_steps or cfg.trainer.max_steps,
-        warmup_steps=sched.warmup_steps,
-        constant_steps=sched.constant_steps,
-    )
+    from gptrain.train.schedule import spec_from_config
+
+    return spec_from_config(cfg)
 
 
 def build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> tuple[Any, Any, Any]:

@@ -134,9 +134,13 @@ def train(cfg: TrainingConfig) -> int:
         set_throughput_reference(session, model_config)
         watch_checkpoint_saves(session)
         train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer)
+        for line in b.megatron_start_lines(cfg, vocab, model_config):
+            session.log(line)
         log_start(session, model, log_dir)
         resume(session)
-        return run(session, train_data, valid_data, test_data, stop)
+        code = run(session, train_data, valid_data, test_data, stop)
+        b.log_memory(session.log, device, session.state.step)
+        return code
     finally:
         watchdog.close()
         run_lock.release()

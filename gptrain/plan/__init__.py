@@ -1,0 +1,13 @@
+"""`gptrain plan`: sizes, memory per GPU and step time of a model under every parallel layout.
+
+Modules, one job each (none imports torch; `measure` starts `gptrain train` in subprocesses):
+  hardware.py   GPU specs with sources, cluster defaults from configs/cluster/*.yaml
+  spec.py       Workload (model + batch + precision) and Layout (tp, pp, vpp, dp, mbs, sp, sharding, AC)
+  sizes.py      total and per-(TP, PP)-rank parameters (Megatron's lines), FLOPs, time to train
+  memory.py     weights, gradients, optimizer state, activations and logits per GPU
+  time.py       step time from compute at an MFU, pipeline bubble and communication over bandwidths
+  rank.py       every valid layout, ranked under the memory limit; table and JSON
+  measure.py    short trials of the top candidates, re-ranked by what they measure
+  cli.py        the `plan` subcommand
+The formulas and their sources are in docs/planning.md.
+"""

@@ -1,0 +1,91 @@
+"""The `gptrain plan` command (light: torch is imported only by the trials of --measure)."""
+
+from __future__ import annotations
+
+import argparse
+
+from gptrain.errors import ConfigError
+
+DEFAULT_MFU = 0.4
+DEFAULT_TOKENS = 300e9
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="parameters, memory per GPU and step time of every parallel layout; the best ones",
+        description=(
+            "Plan a training run: parameters per (tensor, pipeline) rank as Megatron prints them, "
+            "FLOPs, memory per GPU (weights, gradients, optimizer, activations, logits) and step time "
+            "of the layout the overrides ask for, then every valid layout that fits, fastest first. "
+            "--measure runs a few steps of the best ones with mock data and re-ranks them by what they "
+            "measure. Formulas and sources: docs/planning.md."
+        ),
+    )
+    add_options(parser)
+    # Options may follow the overrides (`plan gpt3/126m model.x=1 --top 3`): the words after the
+    # first positional are parsed again by `parse_words`, which allows them intermixed.
+    parser.add_argument(
+        "words",
+        nargs=argparse.REMAINDER,
+        metavar="PRESET [key=value ...]",
+        help="preset, then dotted overrides",
+    )
+    parser.set_defaults(func=run_plan)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config-file", default=None, help="a full training YAML instead of a preset")
+    parser.add_argument("--nodes", type=int, default=None, help="default: trainer.num_nodes")
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=None, help="default: the cluster profile's, or 8"
+    )
+    parser.add_argument("--gpu", default=None, help="h100-80gb (default), a100-80gb, a100-40gb or cpu")
+    parser.add_argument(
+        "--cluster", default=None, help="cluster profile (configs/cluster/NAME.yaml) for defaults"
+    )
+    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilisation assumed")
+    parser.add_argument(
+        "--tokens", type=float, default=DEFAULT_TOKENS, help="token budget for the days estimate"
+    )
+    parser.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
+    parser.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary, if not known")
+    parser.add_argument("--top", type=int, default=5, help="candidates to show (and to measure)")
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the plan as JSON")
+    parser.add_argument("--measure", action="store_true", help="run short trials of the top candidates")
+    parser.add_argument("--steps", type=int, default=4, help="training steps per trial (--measure)")
+    parser.add_argument(
+        "--output", default=None, metavar="FILE", help="winning config (--measure); default plan-best.yaml"
+    )
+
+
+def parse_words(args: argparse.Namespace) -> argparse.Namespace:
+    """Split the remaining words into preset, overrides and options (in any order)."""
+    inner = argparse.ArgumentParser(prog="gptrain plan")
+    add_options(inner)
+    inner.add_argument("positionals", nargs="*")
+    parsed = inner.parse_intermixed_args(args.words, namespace=argparse.Namespace(**vars(args)))
+    words = list(parsed.positionals)
+    parsed.preset = words.pop(0) if words and "=" not in words[0] else None
+    parsed.overrides = words
+    return parsed
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from gptrain.plan.build import build_plan
+    from gptrain.plan.report import print_plan, write_json
+
+    args = parse_words(args)
+    if args.top < 1:
+        raise ConfigError(f"--top={args.top} must be >= 1")
+    if not 0 < args.mfu <= 1:
+        raise ConfigError(f"--mfu={args.mfu} must be in (0, 1]")
+    plan = build_plan(args)
+    if args.measure:
+        from gptrain.plan.measure import measure_plan
+
+        measure_plan(plan, args)
+    print_plan(plan)
+    if args.json:
+        write_json(plan, args.json)
+    return 0

@@ -1,0 +1,129 @@
+"""What a GPU and a cluster offer the planner: memory, peak rates, link bandwidths.
+
+Bandwidths are GB/s per GPU in one direction, the figure a ring collective is limited by
+(a datasheet's "900 GB/s NVLink" counts both directions). A cluster profile
+(configs/cluster/<name>.yaml) may carry a `plan:` block with `gpu`, `intra_node_GBps` and
+`inter_node_GBps`; its `gpus_per_node` is the default for --gpus-per-node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gptrain.errors import ConfigError
+
+CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator as the planner sees it."""
+
+    name: str
+    memory_gib: float
+    """Device memory the allocator can use (what torch.cuda.mem_get_info reports as total)."""
+    bf16_tflops: float
+    """Dense bf16/fp16 tensor peak; MFU is measured against it."""
+    fp8_tflops: float | None
+    """Dense fp8 tensor peak (None: no fp8 tensor cores)."""
+    intra_node_GBps: float
+    """GPU-to-GPU inside a node, per GPU, one direction (NVLink through NVSwitch)."""
+    inter_node_GBps: float
+    """Across nodes, per GPU, one direction (one InfiniBand/EFA NIC per GPU)."""
+    source: str
+
+
+GPUS: dict[str, GpuSpec] = {
+    "h100-80gb": GpuSpec(
+        "h100-80gb",
+        79.1,
+        989.4,
+        1978.9,
+        450.0,
+        50.0,
+        "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 80 GB HBM3, 989.4 bf16 / 1,978.9 fp8 dense "
+        "TFLOP/s, NVLink 900 GB/s both ways); DGX H100: one 400 Gb/s ConnectX-7 NIC per GPU",
+    ),
+    "a100-80gb": GpuSpec(
+        "a100-80gb",
+        79.2,
+        312.0,
+        None,
+        300.0,
+        25.0,
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB HBM2e, 312 bf16 dense TFLOP/s, NVLink "
+        "600 GB/s both ways); DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU",
+    ),
+    "a100-40gb": GpuSpec(
+        "a100-40gb",
+        39.4,
+        312.0,
+        None,
+        300.0,
+        25.0,
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40 GB HBM2, 312 bf16 dense TFLOP/s, NVLink "
+        "600 GB/s both ways); DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU",
+    ),
+    "cpu": GpuSpec(
+        "cpu",
+        8.0,
+        0.05,
+        None,
+        1.0,
+        1.0,
+        "nominal: one CPU process with 8 GiB and ~50 GFLOP/s, gloo over loopback; for trials "
+        "on a workstation, where --measure replaces the guesses",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The machines a plan is for."""
+
+    nodes: int
+    gpus_per_node: int
+    gpu: GpuSpec
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    try:
+        return GPUS[name]
+    except KeyError:
+        raise ConfigError(f"--gpu {name!r} is not known; use one of {', '.join(GPUS)}") from None
+
+
+def cluster_profile(name: str) -> dict:
+    """`gpus_per_node` and the `plan:` block of configs/cluster/<name>.yaml (or a path)."""
+    path = Path(name) if name.endswith((".yaml", ".yml")) else CLUSTER_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in CLUSTER_DIR.glob("*.yaml")))
+        raise ConfigError(f"--cluster {name}: no such profile ({path}); known: {known}")
+    data = yaml.safe_load(path.read_text()) or {}
+    plan = data.get("plan") or {}
+    if not isinstance(plan, dict):
+        raise ConfigError(f"{path}: 'plan' must be a mapping (gpu, intra_node_GBps, inter_node_GBps)")
+    return {"gpus_per_node": data.get("gpus_per_node"), **plan}
+
+
+def build_cluster(
+    nodes: int, gpus_per_node: int | None, gpu: str | None, profile: str | None = None
+) -> Cluster:
+    """Command-line values win over the profile's; the profile's over the defaults (1 x 8 H100)."""
+    defaults = cluster_profile(profile) if profile else {}
+    spec = gpu_spec(gpu or defaults.get("gpu") or "h100-80gb")
+    links = {k: float(defaults[k]) for k in ("intra_node_GBps", "inter_node_GBps") if defaults.get(k)}
+    spec = dataclasses.replace(spec, **links)
+    per_node = gpus_per_node or defaults.get("gpus_per_node") or (1 if spec.name == "cpu" else 8)
+    for key, value in (("--nodes", nodes), ("--gpus-per-node", per_node)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key}={value!r} must be a positive integer")
+    return Cluster(nodes=nodes, gpus_per_node=int(per_node), gpu=spec)

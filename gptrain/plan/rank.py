@@ -1,0 +1,144 @@
+"""Every valid layout of a workload on a cluster, ranked by estimated step time under the memory limit.
+
+Validity is gptrain.parallel.layout.check_layout itself (pure arithmetic, no torch), run on the
+config with the candidate's keys replaced, so the planner never proposes a layout `gptrain
+train` would refuse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gptrain.errors import ConfigError
+from gptrain.plan.hardware import Cluster
+from gptrain.plan.memory import GIB, MemoryEstimate, estimate_memory, fits
+from gptrain.plan.spec import Layout, Workload
+from gptrain.plan.time import StepTime, estimate_step_time
+
+MAX_MICRO_BATCH = 16
+RECOMPUTE_CHOICES: tuple[str | None, ...] = (None, "selective", "full")
+
+
+@dataclass
+class Candidate:
+    """One layout with its estimates (and, after --measure, its measurements)."""
+
+    layout: Layout
+    memory: MemoryEstimate
+    time: StepTime
+    fits: bool
+    requested: bool = False
+    measured_step_s: float | None = None
+    measured_peak_gib: float | None = None
+    error: str | None = None
+
+    def sort_key(self) -> tuple[float, float]:
+        if self.measured_step_s is not None:
+            return (0.0, self.measured_step_s)
+        return (1.0, self.time.total)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout.label(),
+            "overrides": self.layout.overrides(),
+            "fits": self.fits,
+            "requested": self.requested,
+            "memory_gib": self.memory.gib(),
+            "step_time_s": self.time.to_dict(),
+            "measured_step_s": self.measured_step_s,
+            "measured_peak_gib": self.measured_peak_gib,
+            "error": self.error,
+        }
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, n = [], 1
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layout_grid(work: Workload, cluster: Cluster) -> Iterator[Layout]:
+    """Every combination of the knobs worth trying (validity is checked afterwards)."""
+    world, layers = cluster.world_size, work.model.num_layers
+    for tp in _powers_of_two(min(cluster.gpus_per_node, world)):
+        for pp in (p for p in _divisors(layers) if world % (tp * p) == 0):
+            dp = world // (tp * pp)
+            vpps = [1] + ([v for v in (2, 4) if layers % (pp * v) == 0] if pp > 1 else [])
+            shardings = ["ddp"] + (["full_shard"] if dp > 1 else [])
+            shardings += ["hybrid_shard"] if dp > 1 and cluster.nodes > 1 else []
+            for vpp in vpps:
+                for mbs in _powers_of_two(min(MAX_MICRO_BATCH, max(1, work.global_batch_size // dp))):
+                    for sharding in shardings:
+                        for recompute in RECOMPUTE_CHOICES:
+                            yield Layout(tp, pp, dp, vpp, mbs, tp > 1, sharding, 0, recompute)
+
+
+def checked(layout: Layout, model_cfg: Any, cluster: Cluster) -> Layout | None:
+    """The layout with its FSDP shard group filled in, or None when gptrain would refuse it."""
+    from gptrain.parallel.layout import check_layout
+
+    candidate = dataclasses.replace(
+        model_cfg,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
+        micro_batch_size=layout.micro_batch_size,
+        sequence_parallel=layout.sequence_parallel,
+        data_parallel_sharding=layout.sharding,
+        activations_checkpoint_granularity=layout.recompute,
+        activations_checkpoint_method="uniform" if layout.recompute == "full" else None,
+        activations_checkpoint_num_layers=None,
+    )
+    try:
+        dims = check_layout(candidate, cluster.world_size, cluster.gpus_per_node)
+    except ConfigError:
+        return None
+    return dataclasses.replace(layout, dp_shard=dims.dp_shard)
+
+
+def evaluate(work: Workload, layout: Layout, cluster: Cluster, mfu: float, headroom: float) -> Candidate:
+    memory = estimate_memory(work, layout)
+    return Candidate(
+        layout=layout,
+        memory=memory,
+        time=estimate_step_time(work, layout, cluster, mfu),
+        fits=fits(memory, cluster.gpu.memory_gib, headroom),
+    )
+
+
+def rank_layouts(
+    work: Workload, model_cfg: Any, cluster: Cluster, mfu: float, headroom: float
+) -> list[Candidate]:
+    """Valid layouts that fit, fastest first (ties: less memory first)."""
+    seen: set[Layout] = set()
+    ranked = []
+    for raw in layout_grid(work, cluster):
+        layout = checked(raw, model_cfg, cluster)
+        if layout is None or layout in seen:
+            continue
+        seen.add(layout)
+        candidate = evaluate(work, layout, cluster, mfu, headroom)
+        if candidate.fits:
+            ranked.append(candidate)
+    ranked.sort(key=lambda c: (c.time.total, c.memory.total))
+    return ranked
+
+
+def tokens_per_second(work: Workload, candidate: Candidate) -> float:
+    step = candidate.measured_step_s or candidate.time.total
+    return work.global_batch_size * work.model.seq_length / step
+
+
+def memory_line(candidate: Candidate) -> str:
+    m = candidate.memory
+    parts = ("weights", "gradients", "optimizer", "activations", "logits", "transient")
+    return ", ".join(f"{p} {getattr(m, p) / GIB:.2f}" for p in parts) + f" -> {m.total / GIB:.2f} GiB"

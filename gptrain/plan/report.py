@@ -1,0 +1,121 @@
+"""What `gptrain plan` prints (a rich table) and writes (JSON)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from gptrain.plan.hardware import Cluster
+from gptrain.plan.memory import GIB
+from gptrain.plan.rank import Candidate, memory_line, tokens_per_second
+from gptrain.plan.sizes import megatron_parameter_lines, model_sizes, padded_vocab_line
+from gptrain.plan.spec import Workload
+from gptrain.utils.atomic import atomic_write_text
+
+
+@dataclass
+class Plan:
+    """Everything one `gptrain plan` run found."""
+
+    name: str
+    work: Workload
+    cluster: Cluster
+    mfu: float
+    tokens: float
+    requested: Candidate | None
+    requested_error: str | None
+    ranked: list[Candidate]
+    top: int
+    notes: list[str] = field(default_factory=list)
+
+    def shown(self) -> list[Candidate]:
+        return self.ranked[: self.top]
+
+
+def header_lines(plan: Plan) -> list[str]:
+    """Sizes at the requested TP, Megatron's padding and per-rank lines, time to train."""
+    layout = plan.requested.layout if plan.requested else None
+    tp, pp = (layout.tp, layout.pp) if layout else (1, 1)
+    model = plan.work.padded(tp)
+    sizes = model_sizes(model, plan.work.global_batch_size)
+    gpus, peak = plan.cluster.world_size, plan.cluster.gpu.bf16_tflops
+    lines = [
+        f"{plan.name}: {sizes.parameters:,} parameters, {sizes.flops_per_token / 1e9:.2f} GFLOPs per token "
+        f"(Megatron's formula); {plan.cluster.nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}",
+        padded_vocab_line(plan.work.vocab_size, model.vocab_size),
+        *megatron_parameter_lines(model, tp, pp),
+        f"at MFU {plan.mfu:.2f}: {sizes.tokens_per_second(gpus, peak, plan.mfu):,.0f} tokens/s, "
+        f"{sizes.days_for(plan.tokens, gpus, peak, plan.mfu):.1f} days for {plan.tokens:.3g} tokens",
+    ]
+    if plan.requested:
+        c = plan.requested
+        verdict = "fits" if c.fits else f"does NOT fit {plan.cluster.gpu.memory_gib:.0f} GiB"
+        lines.append(f"requested layout {c.layout.label()}: {verdict}; {memory_line(c)}")
+        lines.append(f"  estimated step {c.time.total:.3f} s ({_time_parts(c)})")
+    if plan.requested_error:
+        lines.append(f"requested layout is not valid here: {plan.requested_error}")
+    return lines + plan.notes
+
+
+def _time_parts(c: Candidate) -> str:
+    t = c.time
+    parts = (
+        ("compute", t.compute),
+        ("launch", t.launch),
+        ("bubble", t.bubble),
+        ("TP", t.tp_comm),
+        ("PP", t.pp_comm),
+        ("DP", t.dp_comm),
+    )
+    return ", ".join(f"{name} {value:.3f}" for name, value in parts if value > 0 or name == "compute")
+
+
+def table(plan: Plan) -> Table:
+    measured = any(c.measured_step_s is not None or c.error for c in plan.shown())
+    t = Table(title=f"best {len(plan.shown())} of {len(plan.ranked)} layouts that fit")
+    for column in ("#", "layout", "memory GiB", "step s (est.)", "tokens/s"):
+        t.add_column(column, justify="left" if column == "layout" else "right")
+    if measured:
+        t.add_column("step s (meas.)", justify="right")
+        t.add_column("peak GiB (meas.)", justify="right")
+    for i, c in enumerate(plan.shown(), 1):
+        row = [str(i), c.layout.label(), f"{c.memory.total / GIB:.2f}", f"{c.time.total:.3f}"]
+        row.append(f"{tokens_per_second(plan.work, c):,.0f}")
+        if measured:
+            row.append(f"{c.measured_step_s:.3f}" if c.measured_step_s is not None else (c.error or "-"))
+            row.append(f"{c.measured_peak_gib:.2f}" if c.measured_peak_gib is not None else "-")
+        t.add_row(*row)
+    return t
+
+
+def print_plan(plan: Plan, console: Console | None = None) -> None:
+    console = console or Console(highlight=False, soft_wrap=True)
+    for line in header_lines(plan):
+        console.print(line, markup=False)
+    console.print(table(plan))
+
+
+def plan_dict(plan: Plan) -> dict[str, Any]:
+    return {
+        "model": plan.name,
+        "cluster": {
+            "nodes": plan.cluster.nodes,
+            "gpus_per_node": plan.cluster.gpus_per_node,
+            "gpu": plan.cluster.gpu.__dict__,
+        },
+        "mfu": plan.mfu,
+        "lines": header_lines(plan),
+        "requested": plan.requested.to_dict() if plan.requested else None,
+        "requested_error": plan.requested_error,
+        "candidates": [c.to_dict() for c in plan.shown()],
+        "valid_layouts_that_fit": len(plan.ranked),
+    }
+
+
+def write_json(plan: Plan, path: str) -> None:
+    atomic_write_text(Path(path), json.dumps(plan_dict(plan), indent=2) + "\n")

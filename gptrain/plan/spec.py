@@ -1,0 +1,181 @@
+"""What is planned: a Workload (model, batch, precision) and a Layout (how it is split).
+
+A Layout maps one to one onto `model.*` keys of the training config, so the winner of a plan is
+a list of overrides `gptrain train`/`launch` accept as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from gptrain.errors import ConfigError
+from gptrain.models.config import GPTConfig
+from gptrain.models.flops import pad_vocab_size
+
+# Vocabulary sizes of the tokenizers the presets name, so planning needs no tokenizer files.
+KNOWN_VOCAB = {"GPT2BPETokenizer": 50257, "gpt2": 50257, "r50k_base": 50257, "cl100k_base": 100277}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The model and the job-level choices that decide cost, whatever the layout."""
+
+    model: GPTConfig
+    """Shapes with the UNPADDED vocabulary; `padded(tp)` pads it as Megatron does for a TP size."""
+    make_vocab_size_divisible_by: int
+    global_batch_size: int
+    precision: str
+    """trainer.precision as configured (bf16, 16, 32, ...)."""
+    compile: bool = False
+    flash_attention: bool = True
+    """SDPA's flash/memory-efficient kernels (no s x s scores kept); false on CPU with dropout."""
+    device_type: str = "cuda"
+    """'cuda' keeps dropout masks as bools; on 'cpu' dropout keeps its scaled noise in the input dtype."""
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def padded_vocab(self, tp: int) -> int:
+        return pad_vocab_size(self.model.vocab_size, self.make_vocab_size_divisible_by, tp)
+
+    def padded(self, tp: int) -> GPTConfig:
+        """The model as built under tensor parallel size `tp` (vocabulary padded x TP)."""
+        return dataclasses.replace(self.model, vocab_size=self.padded_vocab(tp))
+
+    @property
+    def mixed(self) -> bool:
+        """True when matmuls run in 16 bits under autocast (fp32 master weights kept)."""
+        return str(self.precision).lower() not in ("32", "32-true", "fp32", "float32")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one step is split over the GPUs; dp is world / (tp x pp)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    vpp: int = 1
+    micro_batch_size: int = 1
+    sequence_parallel: bool = False
+    sharding: str = "ddp"
+    """model.data_parallel_sharding: ddp, full_shard or hybrid_shard."""
+    dp_shard: int = 0
+    """FSDP shard group size (dp for full_shard, one node's DP ranks for hybrid_shard, 0 for DDP)."""
+    recompute: str | None = None
+    """model.activations_checkpoint_granularity: None, 'selective' or 'full'."""
+    recompute_num_layers: int | None = None
+    """With full + method block: the first N blocks of each pipeline chunk are checkpointed."""
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def microbatches(self, global_batch_size: int) -> int:
+        return global_batch_size // (self.micro_batch_size * self.dp)
+
+    def overrides(self) -> list[str]:
+        """The `model.*` overrides that select this layout."""
+        out = [
+            f"model.tensor_model_parallel_size={self.tp}",
+            f"model.pipeline_model_parallel_size={self.pp}",
+            f"model.virtual_pipeline_model_parallel_size={self.vpp if self.vpp > 1 else 'null'}",
+            f"model.micro_batch_size={self.micro_batch_size}",
+            f"model.sequence_parallel={str(self.sequence_parallel).lower()}",
+            f"model.data_parallel_sharding={self.sharding}",
+            f"model.activations_checkpoint_granularity={self.recompute or 'null'}",
+        ]
+        if self.recompute == "full":
+            method = "block" if self.recompute_num_layers is not None else "uniform"
+            out.append(f"model.activations_checkpoint_method={method}")
+            out.append(f"model.activations_checkpoint_num_layers={self.recompute_num_layers or 1}")
+        return out
+
+    def label(self) -> str:
+        """Short name for tables: tp2 pp2 v2 dp4 mbs1 sp fsdp ac=sel."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}"] + ([f"v{self.vpp}"] if self.vpp > 1 else [])
+        parts += [f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
+        parts += ["sp"] if self.sequence_parallel else []
+        parts += {"ddp": [], "full_shard": ["fsdp"], "hybrid_shard": ["hsdp"]}[self.sharding]
+        if self.recompute:
+            parts.append(
+                f"ac={self.recompute[:4]}"
+                + (f"{self.recompute_num_layers}" if self.recompute_num_layers else "")
+            )
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
+    """Workload of a TrainingConfig; the vocabulary from --vocab-size, mock data or the tokenizer's name."""
+    m = cfg.model
+    vocab = vocab_size or m.data.mock_vocab_size or KNOWN_VOCAB.get(m.tokenizer.type)
+    if m.tokenizer.model and not vocab:
+        vocab = KNOWN_VOCAB.get(str(m.tokenizer.model))
+    if not vocab:
+        raise ConfigError(
+            f"model.tokenizer.type={m.tokenizer.type!r}: vocabulary size unknown to the planner; "
+            "pass --vocab-size N (the tokenizer's unpadded size)"
+        )
+    return Workload(
+        model=model_config(cfg, int(vocab)),
+        make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
+        global_batch_size=m.global_batch_size,
+        precision=str(cfg.trainer.precision),
+        compile=bool(m.compile),
+    )
+
+
+def layout_from_config(cfg: Any, devices_per_node: int | None = None) -> Layout:
+    """The layout `cfg.model` asks for, validated by gptrain.parallel.layout (no torch)."""
+    from gptrain.parallel.layout import check_layout
+
+    m = cfg.model
+    dims = check_layout(m, cfg.world_size(), devices_per_node or cfg.trainer.devices)
+    full = m.activations_checkpoint_granularity == "full"
+    block = full and m.activations_checkpoint_method == "block"
+    return Layout(
+        tp=dims.tp,
+        pp=dims.pp,
+        dp=dims.dp,
+        vpp=dims.vpp,
+        micro_batch_size=m.micro_batch_size,
+        sequence_parallel=bool(m.sequence_parallel),
+        sharding=m.data_parallel_sharding,
+        dp_shard=dims.dp_shard,
+        recompute=m.activations_checkpoint_granularity,
+        recompute_num_layers=m.activations_checkpoint_num_layers if block else None,
+    )
+
+
+def model_config(cfg: Any, vocab_size: int) -> GPTConfig:
+    """The GPTConfig `gptrain train` builds (train.builders.build_model_config, which imports torch;
+    tests/plan check that the two agree)."""
+    m = cfg.model
+    return GPTConfig(
+        vocab_size=vocab_size,
+        seq_length=m.encoder_seq_length,
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_query_groups=m.num_query_groups,
+        kv_channels=m.kv_channels,
+        position_embedding_type=m.position_embedding_type,
+        rotary_percentage=m.rotary_percentage,
+        rotary_base=m.rotary_base,
+        activation=m.activation,
+        normalization="layernorm" if m.normalization == "layernorm1p" else m.normalization,
+        layernorm_epsilon=m.layernorm_epsilon,
+        bias=m.bias,
+        share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        init_method_std=m.init_method_std,
+        apply_residual_scaling_init=m.use_scaled_init_method,
+    )

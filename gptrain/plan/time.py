@@ -1,0 +1,104 @@
+"""Step time of a layout: compute at an MFU, the pipeline bubble, and communication over bandwidths.
+
+  compute  = model FLOPs per step x (1 + recomputed fraction) / (GPUs x peak x MFU)
+  bubble   = compute x (pp - 1) / (v x microbatches)            (Narayanan et al. 2021, sec. 2.2)
+  TP       = per layer and micro batch 4 collectives of b s h activation bytes (2 forward,
+             2 backward; all-reduce, or all-gather + reduce-scatter with SP: the same bytes),
+             each moving 2 (t - 1) / t of its size per GPU (ring), 2 more with full recompute
+  PP       = each micro batch sends b s h / (t if SP) bytes forward and back per chunk boundary
+  DP       = gradient all-reduce 2 (d - 1)/d x 4 bytes/param (fp32), or FSDP: all-gather of
+             16-bit weights twice + reduce-scatter of fp32 gradients, (d - 1)/d each;
+             torch DDP overlaps it with the backward (half assumed hidden), the bucketed
+             all-reduce used with TP/PP and FSDP's prefetch are counted as they are
+A group's bandwidth is NVLink's when it fits in a node, the network's otherwise. Each micro batch
+also pays a fixed launch cost per layer (kernels that are too small to fill the GPU), so of two
+layouts with the same FLOPs the one with fewer, larger micro batches wins, as measured in practice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gptrain.plan.hardware import Cluster
+from gptrain.plan.sizes import model_sizes, rank_parameters
+from gptrain.plan.spec import Layout, Workload
+
+DDP_OVERLAP = 0.5
+LAUNCH_S_PER_LAYER = 60e-6
+"""Forward + backward of one block for one micro batch: ~30 kernels at ~2 us of launch each."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per step, by part."""
+
+    compute: float
+    launch: float
+    bubble: float
+    tp_comm: float
+    pp_comm: float
+    dp_comm: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.launch + self.bubble + self.tp_comm + self.pp_comm + self.dp_comm
+
+    def to_dict(self) -> dict[str, float]:
+        keys = ("compute", "launch", "bubble", "tp_comm", "pp_comm", "dp_comm")
+        return {k: round(getattr(self, k), 6) for k in keys} | {"total": round(self.total, 6)}
+
+
+def recompute_fraction(work: Workload, layout: Layout) -> float:
+    """Extra FLOPs of activation recomputation, as a fraction of the model FLOPs (fwd = 1/3)."""
+    if layout.recompute == "full":
+        layers = work.model.num_layers // (layout.pp * layout.vpp)
+        done = layers if layout.recompute_num_layers is None else min(layers, layout.recompute_num_layers)
+        return done / layers / 3.0
+    if layout.recompute == "selective":  # the attention core's forward: 2 s q L FLOPs per token
+        c = work.model
+        core = 2.0 * c.seq_length * c.num_attention_heads * c.head_dim * c.num_layers
+        return core / model_sizes(work.padded(layout.tp), 1).flops_per_token
+    return 0.0
+
+
+def _bandwidth(cluster: Cluster, group: int, stride: int) -> float:
+    """Bytes/s per GPU of a group of `group` ranks `stride` apart in the rank order."""
+    inside = group * stride <= cluster.gpus_per_node
+    gbps = cluster.gpu.intra_node_GBps if inside else cluster.gpu.inter_node_GBps
+    return gbps * 1e9
+
+
+def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: float) -> StepTime:
+    c = work.padded(layout.tp)
+    sizes = model_sizes(c, work.global_batch_size)
+    # fp32 matmuls are planned at the TF32 rate, half the bf16 one on A100 and H100
+    peak = cluster.gpu.bf16_tflops * 1e12 * (1.0 if work.mixed else 0.5)
+    compute = (
+        sizes.flops_per_iteration * (1 + recompute_fraction(work, layout)) / (layout.world_size * peak * mfu)
+    )
+    m = layout.microbatches(work.global_batch_size)
+    launch = LAUNCH_S_PER_LAYER * m * c.num_layers / layout.pp
+    bubble = (compute + launch) * (layout.pp - 1) / (layout.vpp * m)
+    act = 2 if work.mixed else 4
+    tokens = layout.micro_batch_size * c.seq_length
+    tp_comm = pp_comm = dp_comm = 0.0
+    if layout.tp > 1:
+        calls = 4 + (2 if layout.recompute == "full" else 0)
+        per_call = 2 * (layout.tp - 1) / layout.tp * tokens * c.hidden_size * act
+        layers = c.num_layers // layout.pp
+        tp_comm = calls * per_call * layers * m / _bandwidth(cluster, layout.tp, 1)
+    if layout.pp > 1:
+        shard = layout.tp if layout.sequence_parallel else 1
+        per_send = tokens * c.hidden_size * act / shard
+        pp_comm = 2 * per_send * m * layout.vpp / _bandwidth(cluster, layout.pp, layout.tp * layout.dp)
+    if layout.dp > 1:
+        params = max(rank_parameters(c, layout.tp, layout.pp))
+        frac = (layout.dp - 1) / layout.dp
+        bw = _bandwidth(cluster, layout.dp, layout.tp)
+        if layout.sharding == "ddp":
+            dp_comm = 2 * frac * params * 4 / bw
+            if layout.tp == 1 and layout.pp == 1:
+                dp_comm *= 1 - DDP_OVERLAP
+        else:
+            dp_comm = frac * params * (2 * act + 4) / bw
+    return StepTime(compute, launch, bubble, tp_comm, pp_comm, dp_comm)

@@ -1,0 +1,121 @@
+"""`gptrain plan` end to end: no torch without --measure, Megatron's lines, ranking, --measure on CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptrain.cli import main
+from gptrain.config import load_training_config
+from gptrain.plan.hardware import Cluster, GpuSpec
+from gptrain.plan.rank import rank_layouts
+from gptrain.plan.spec import model_config, workload_from_config
+
+CODE = """
+import contextlib, io, sys
+from gptrain.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    code = main({args!r})
+print(code, ','.join(m for m in ('torch',) if m in sys.modules))
+"""
+
+TINY = [
+    "model.num_layers=2",
+    "model.hidden_size=32",
+    "model.num_attention_heads=4",
+    "model.encoder_seq_length=32",
+    "model.data.seq_length=32",
+    "model.max_position_embeddings=32",
+    "model.global_batch_size=4",
+    "model.data.mock_vocab_size=100",
+    "model.hidden_dropout=0",
+    "model.attention_dropout=0",
+    "trainer.precision=32",
+]
+
+
+def test_plan_prints_megatron_lines_and_imports_no_torch(tmp_path: Path) -> None:
+    args = [
+        "plan",
+        "gpt3/126m",
+        "model.tensor_model_parallel_size=4",
+        "--nodes",
+        "1",
+        "--json",
+        str(tmp_path / "p.json"),
+    ]
+    out = subprocess.run(
+        [sys.executable, "-c", CODE.format(args=args)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0"]
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert " > padded vocab (size: 50257) with 431 dummy tokens (new size: 50688)" in plan["lines"]
+    ranks = [line for line in plan["lines"] if "model parallel rank" in line]
+    assert len(ranks) == 4 and ranks[3].startswith(
+        " > number of parameters on (tensor, pipeline) model parallel rank (3, 0): "
+    )
+    assert plan["requested"]["layout"].startswith("tp4 pp1 dp2")
+    assert plan["candidates"] and all(c["fits"] for c in plan["candidates"])
+
+
+def test_bad_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "gpt3/126m", "--gpu", "tpu"]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+def test_plan_model_config_is_the_one_train_builds() -> None:
+    from gptrain.train.builders import build_model_config
+
+    cfg = load_training_config("gpt3/126m", ["model.activation=swiglu", "model.num_query_groups=4"])
+    assert model_config(cfg, 50304) == build_model_config(cfg, 50304)
+
+
+def test_ranking_hand_checkable() -> None:
+    """Two GPUs, a model whose replica does not fit one: only TP2 or PP2 remain; fast links make
+    TP2 win (PP2 pays a bubble of (pp - 1) / microbatches), slow links make PP2 win."""
+    cfg = load_training_config("gpt3/126m", [*TINY, "trainer.num_nodes=1", "trainer.devices=2"])
+    work = workload_from_config(cfg)
+
+    def best(gbps: float, memory_gib: float) -> list[str]:
+        # a slow GPU, so compute (equal for both) dwarfs the fixed per-micro-batch launch cost
+        gpu = GpuSpec("test", memory_gib, 1e-6, None, gbps, gbps, "test")
+        ranked = rank_layouts(work, cfg.model, Cluster(1, 2, gpu), 0.5, 0.0)
+        return [c.layout.label() for c in ranked]
+
+    from gptrain.plan.memory import GIB, estimate_memory
+    from gptrain.plan.spec import Layout
+
+    replica = estimate_memory(work, Layout(dp=2, micro_batch_size=1, recompute="full")).total
+    split = estimate_memory(
+        work, Layout(tp=2, micro_batch_size=1, sequence_parallel=True, recompute="full")
+    ).total
+    assert split < replica
+    limit = (split + replica) / 2 / GIB
+    fast, slow = best(1e6, limit), best(1e-6, limit)
+    assert fast and all("dp1" in label for label in fast)  # no data-parallel layout fits
+    assert fast[0].startswith("tp2") and slow[0].startswith("tp1 pp2")
+
+
+@pytest.mark.distributed
+def test_measure_on_cpu_with_two_processes(tmp_path: Path) -> None:
+    out, js = tmp_path / "best.yaml", tmp_path / "plan.json"
+    args = ["plan", "gpt3/126m", *TINY, "--nodes", "1", "--gpu", "cpu", "--gpus-per-node", "2", "--top", "2"]
+    args += ["--measure", "--steps", "3", "--output", str(out), "--json", str(js)]
+    done = subprocess.run(
+        [sys.executable, "-m", "gptrain", *args], capture_output=True, text=True, cwd=tmp_path, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    plan = json.loads(js.read_text())
+    measured = [c for c in plan["candidates"] if c["measured_step_s"] is not None]
+    assert len(measured) == 2 and all(c["measured_peak_gib"] > 0 for c in measured)
+    steps = [c["measured_step_s"] for c in plan["candidates"]]
+    assert steps == sorted(steps)  # re-ranked by measurement
+    cfg = load_training_config(None, [], config_file=str(out))
+    winner = plan["candidates"][0]["overrides"]
+    assert f"model.micro_batch_size={cfg.model.micro_batch_size}" in winner
+    assert cfg.trainer.devices == 2 and cfg.model.data.mock_vocab_size == 100
