@@ -7,6 +7,8 @@ compose time, before any file is written.
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 from gptrain.cli import main
 from gptrain.errors import ConfigError
-from gptrain.launch.compose import compose
+from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.sbatch import Job, directive, render_slurm
 from gptrain.launch.script_values import check_value
 from gptrain.launch.stages import build_plan, write_run_files
@@ -34,7 +36,8 @@ MORE_KEYS = ["cluster.gres", "training.run.name", "container", "env_vars.NCCL_DE
 
 
 def injected(canary: Path) -> str:
-    return f'"x\\ntouch {canary} #"'  # YAML turns \n into a newline
+    """The issue's value: a quoted override holding a newline (as `key="x<Enter>touch ..."` in a shell)."""
+    return f'"x\ntouch {canary} #"'
 
 
 @pytest.mark.parametrize("key", ISSUE_KEYS + MORE_KEYS)
@@ -59,6 +62,18 @@ def test_newline_in_a_script_value_is_a_one_line_error_and_nothing_is_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_newline_from_a_conf_file_is_refused_too(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "conf"
+    shutil.copytree(CONFIG_ROOT, conf)
+    bcm = conf / "cluster" / "bcm.yaml"
+    text = re.sub(r"(?m)^account: .*$", lambda _: 'account: "x\\ntouch owned #"', bcm.read_text())
+    bcm.write_text(text)
+    with pytest.raises(ConfigError, match=r"cluster\.account: .* contains a newline"):
+        build_plan(compose(["cluster_type=slurm", f"base_results_dir={tmp_path}/r"], root=conf))
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize(
     ("value", "name"),
     [
@@ -77,14 +92,14 @@ def test_every_control_character_is_refused(value, name):
 def test_lists_and_nested_keys_are_named(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"cluster\.srun_args\[1\]"):
-        build_plan(compose(["cluster_type=slurm", 'cluster.srun_args=[--a, "b\\nc"]']))
+        build_plan(compose(["cluster_type=slurm", 'cluster.srun_args=[--a, "b\nc"]']))
     with pytest.raises(ConfigError, match=r"container_mounts\[0\]"):
-        build_plan(compose(["cluster_type=slurm", 'container_mounts=["/a:/b\\n"]']))
+        build_plan(compose(["cluster_type=slurm", 'container_mounts=["/a:/b\n"]']))
 
 
 def test_job_name_prefix_never_reaches_a_file_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for prefix in ('"p\\n"', "a/b-"):
+    for prefix in ('"p\n"', "a/b-"):
         with pytest.raises(ConfigError, match="cluster.job_name_prefix"):
             build_plan(
                 compose(
