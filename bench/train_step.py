@@ -32,11 +32,9 @@ from gptrain.models.flops import (
     megatron_flops_per_iteration,
     pad_vocab_size,
 )
-from gptrain.parallel.activation_checkpoint import apply_ac, apply_compile
-from gptrain.train.builders import build_model, build_model_config
-from gptrain.train.loss_scale import build_loss_scaler
-from gptrain.train.optim import build_optimizer
-from gptrain.train.step import PRECISION_DTYPES, Batch, StepOptions, train_step
+from gptrain.parallel.mesh import World
+from gptrain.train import builders
+from gptrain.train.step import PRECISION_DTYPES, Batch, train_step
 
 GPT2_VOCAB = 50257
 
@@ -62,12 +60,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--global-batch-size", type=int, default=None, help="default: the micro batch size")
     parser.add_argument("--seq-length", type=int, default=2048)
     parser.add_argument("--precision", default="bf16", choices=["32", "16", "bf16"])
-    parser.add_argument("--compile", action="store_true", help="torch.compile gptrain's blocks")
+    parser.add_argument("--compile", action="store_true", help="model.compile=true for gptrain")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile, allocator)")
-    parser.add_argument("--no-reference", action="store_true", help="skip the plain-PyTorch baseline")
+    parser.add_argument(
+        "--reference",
+        default="both",
+        choices=["both", "compiled", "eager", "none"],
+        help="baselines run in the same command: the plain eager loop, the whole model + loss under "
+        "torch.compile with fused AdamW (what a user would write), both, or none",
+    )
+    parser.add_argument("--label", default="gptrain", help="name of gptrain's row in the table")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def bench_config(args: argparse.Namespace) -> TrainingConfig:
@@ -111,24 +116,14 @@ def random_microbatches(cfg: TrainingConfig, vocab: int, device: torch.device) -
 def gptrain_step(
     cfg: TrainingConfig, model_config, device: torch.device, batches: list[Batch]
 ) -> Callable[[], float]:
-    """gptrain's single-device training path: builders, AC, compile, AdamW, train_step."""
-    m = cfg.model
-    model = build_model(model_config, device, m.seed)
-    apply_ac(
-        model,
-        m.activations_checkpoint_granularity,
-        m.activations_checkpoint_method,
-        m.activations_checkpoint_num_layers,
-    )
-    if m.compile:
-        apply_compile(model)
-    optimizer = build_optimizer(
-        model, m.optim.name, m.optim.lr, m.optim.weight_decay, m.optim.betas, m.optim.eps, device.type
-    )
-    scaler = build_loss_scaler(
-        cfg.trainer.precision, m.native_amp_init_scale, m.native_amp_growth_interval, m.hysteresis
-    )
-    opts = StepOptions(precision=cfg.trainer.precision, clip_grad=cfg.trainer.gradient_clip_val or None)
+    """What `gptrain train` runs on one device: the parallel seam (AC, FP8, compile as
+    configured), the layout's step options (the compiled loss), gptrain's AdamW and train_step."""
+    world = World(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0)
+    builders.seed_everything(cfg.model.seed)
+    model = builders.build_parallel_model(model_config, cfg, world, device)
+    optimizer = builders.build_adamw(cfg, model, device)
+    scaler = builders.build_scaler(cfg)
+    opts = builders.with_parallel_seams(builders.build_step_options(cfg, 1), model)
     return lambda: train_step(model, optimizer, batches, scaler, device, opts).loss
 
 
@@ -192,9 +187,12 @@ class ReferenceGPT(nn.Module):
 
 
 def reference_step(
-    cfg: TrainingConfig, model_config, device: torch.device, batches: list[Batch]
+    cfg: TrainingConfig, model_config, device: torch.device, batches: list[Batch], compiled: bool = False
 ) -> Callable[[], float]:
-    """Plain PyTorch: autocast, mean cross-entropy, GradScaler for fp16, clip, AdamW."""
+    """Plain PyTorch: autocast, mean cross-entropy, GradScaler for fp16, clip, AdamW (fused on CUDA).
+
+    compiled=True puts the whole model and the loss under one torch.compile, as nanoGPT does.
+    """
     optim, precision = cfg.model.optim, cfg.trainer.precision
     model = ReferenceGPT(model_config).to(device)
     opt = torch.optim.AdamW(
@@ -205,13 +203,18 @@ def reference_step(
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "16")
     clip = cfg.trainer.gradient_clip_val
 
+    def mean_loss(tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            logits = model(tokens)
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+    loss_fn = torch.compile(mean_loss) if compiled else mean_loss
+
     def step() -> float:
         opt.zero_grad(set_to_none=True)
         total = torch.zeros((), device=device)
         for batch in batches:
-            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                logits = model(batch["tokens"])
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten()) / len(batches)
+            loss = loss_fn(batch["tokens"], batch["labels"]) / len(batches)
             scaler.scale(loss).backward()
             total += loss.detach()
         scaler.unscale_(opt)
@@ -222,6 +225,15 @@ def reference_step(
         return float(total)
 
     return step
+
+
+def release(device: torch.device) -> None:
+    """Free the previous loop's memory so each loop's peak is its own."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def synchronize(device: torch.device) -> None:
@@ -288,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = bench_config(args)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     padded = pad_vocab_size(GPT2_VOCAB, cfg.model.make_vocab_size_divisible_by, 1)
-    model_config = build_model_config(cfg, padded)
+    model_config = builders.build_model_config(cfg, padded)
     name = device_description(device)
     work = {
         "device": device,
@@ -297,14 +309,19 @@ def main(argv: list[str] | None = None) -> int:
         "peak": device_peak_tflops(name, cfg.trainer.precision) if device.type == "cuda" else None,
     }
     batches = random_microbatches(cfg, GPT2_VOCAB, device)
-    rows = [measure("gptrain", gptrain_step(cfg, model_config, device, batches), args, work)]
-    if not args.no_reference:
-        rows.append(
-            measure("plain PyTorch (eager)", reference_step(cfg, model_config, device, batches), args, work)
-        )
+    rows = [measure(args.label, gptrain_step(cfg, model_config, device, batches), args, work)]
+    release(device)
+    if args.reference in ("both", "compiled"):
+        step = reference_step(cfg, model_config, device, batches, compiled=True)
+        rows.append(measure("whole model + loss compiled (reference)", step, args, work))
+        release(device)
+    if args.reference in ("both", "eager"):
+        step = reference_step(cfg, model_config, device, batches)
+        rows.append(measure("plain PyTorch (eager)", step, args, work))
     title = (
         f"{args.preset}  mbs {cfg.model.micro_batch_size}  gbs {cfg.model.global_batch_size}  "
-        f"seq {cfg.model.encoder_seq_length}  {cfg.trainer.precision}  compile={cfg.model.compile}  on {name}"
+        f"seq {cfg.model.encoder_seq_length}  {cfg.trainer.precision}  compile={cfg.model.compile}  "
+        f"fp8={cfg.model.fp8}  on {name}"
     )
     print_table(rows, title)
     result = {
@@ -316,13 +333,17 @@ def main(argv: list[str] | None = None) -> int:
         "global_batch_size": cfg.model.global_batch_size,
         "seq_length": cfg.model.encoder_seq_length,
         "compile": cfg.model.compile,
+        "compile_mode": cfg.model.compile_mode,
+        "fp8": cfg.model.fp8,
+        "fp8_recipe": cfg.model.fp8_recipe,
         "parameters": count_parameters(model_config),
         "flops_per_step": work["flops"],
         "results": [asdict(row) for row in rows],
     }
-    if len(rows) == 2:
-        result["speedup_vs_reference"] = rows[1].seconds_per_step / rows[0].seconds_per_step
-        print(f"gptrain / plain PyTorch throughput: {result['speedup_vs_reference']:.2f}x")
+    for row in rows[1:]:
+        ratio = row.seconds_per_step / rows[0].seconds_per_step
+        result.setdefault("speedup_vs", {})[row.name] = ratio
+        print(f"{args.label} / {row.name} throughput: {ratio:.2f}x")
     print(json.dumps(result))
     return 0
 

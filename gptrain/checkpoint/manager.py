@@ -8,6 +8,13 @@ Layout under the checkpoint root:
 
 A directory without COMPLETE is a save that died half way: lookups ignore it, so a
 resumed run never loads a torn checkpoint. Works without a process group (one process).
+
+Asynchronous saves (`async_save=True`) copy the state into a staging buffer that is kept
+between saves (pinned host memory on CUDA, so the copy runs at full PCIe speed and is
+allocated once) and write it from a background thread while training goes on. On CUDA the
+copy itself runs on a side stream during the next forward/backward; the only thing that must
+wait for it is the next optimizer step (`wait_for_staging`, installed as a step pre-hook).
+A new save waits for the previous one only if that one is still writing, and says so.
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write, atomic_write_text
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -33,6 +43,10 @@ LATEST = "latest"
 # One process without a process group is a supported case here, not a mistake (also
 # raised from the async-save thread, where a local catch_warnings would not reach).
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+
+
+class CheckpointWriteError(GptrainError):
+    """A checkpoint could not be written (full disk, file size limit, I/O or permission error)."""
 
 
 def step_dir_name(step: int) -> str:
@@ -61,6 +75,10 @@ def newest_complete(root: Path) -> Path | None:
     return Path(root) / step_dir_name(steps[-1]) if steps else None
 
 
+def directory_bytes(path: Path) -> int:
+    return sum(entry.stat().st_size for entry in path.iterdir() if entry.is_file())
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -70,52 +88,180 @@ def _barrier() -> None:
         dist.barrier()
 
 
+@dataclass
+class SaveReport:
+    """What one save cost the training: the stall, and the write that ran beside it."""
+
+    step: int
+    path: Path
+    bytes: int
+    stall_s: float
+    """Time the training loop was blocked by this save (all of it for a synchronous save)."""
+    write_s: float
+    """From the start of the save until its files were on disk."""
+    background: bool
+    waited_for_previous_s: float = 0.0
+    """Part of the stall spent waiting for the previous save, still writing when this one began."""
+
+    def describe(self) -> str:
+        size = f"{self.bytes / 1e9:.2f} GB" if self.bytes >= 1e8 else f"{self.bytes / 1e6:.1f} MB"
+        line = f"saved checkpoint {self.path.name} ({size}): training stalled {1000 * self.stall_s:.0f} ms"
+        if self.background:
+            line += f", written in the background in {self.write_s:.1f} s"
+        if self.waited_for_previous_s > 0:
+            line += f" (waited {self.waited_for_previous_s:.1f} s for the previous save to finish writing)"
+        return line
+
+
+@dataclass
+class _Pending:
+    step: int
+    path: Path
+    started: float
+    stall_s: float
+    waited_for_previous_s: float
+    upload: Future
+    staging: Future | None
+
+
 class CheckpointManager:
     """Saves and finds checkpoints of one run; rank 0 writes markers and prunes old ones."""
 
     def __init__(
-        self, root: str | Path, keep_last: int | None, rank: int = 0, async_save: bool = False
+        self,
+        root: str | Path,
+        keep_last: int | None,
+        rank: int = 0,
+        async_save: bool = False,
+        on_saved: Callable[[SaveReport], None] | None = None,
     ) -> None:
         self.root = Path(root)
         self.keep_last = keep_last if keep_last and keep_last > 0 else None
         self.rank = rank
         self.async_save = async_save
-        self._pending: tuple[int, Future] | None = None
+        self.on_saved = on_saved
+        self._pending: _Pending | None = None
+        self._stager: Any = None
+        # Background saves talk over their own gloo group: a collective from the writer thread
+        # must never interleave with the training's collectives on the default group.
+        self._group = dist.new_group(backend="gloo") if async_save and _distributed() else None
 
     def save(self, step: int, state: dict[str, Any], rank_state: dict[str, Any]) -> Path:
         """Write `state` (DCP, shared by all ranks) and `rank_state` (torch.save, per rank)."""
-        self.wait()
+        started = time.perf_counter()
+        waited = self._wait_for_previous()
         path = self.root / step_dir_name(step)
         if self.rank == 0 and path.exists():
             shutil.rmtree(path)  # a torn or superseded save of the same step
         _barrier()
-        path.mkdir(parents=True, exist_ok=True)
-        with atomic_write(path / f"rank_{self.rank}.pt") as handle:
-            torch.save(rank_state, handle)
-        if self.async_save:
-            self._pending = (step, dcp.async_save(state, checkpoint_id=str(path)))
-            return path
-        dcp.save(state, checkpoint_id=str(path))
-        self._finish(step)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            with atomic_write(path / f"rank_{self.rank}.pt") as handle:
+                torch.save(rank_state, handle)
+            if self.async_save:
+                self._start_background_save(step, path, state, started, waited)
+                return path
+            dcp.save(state, checkpoint_id=str(path))
+        except Exception as error:
+            raise self._write_failed(path, error) from error
+        elapsed = time.perf_counter() - started
+        self._finish(SaveReport(step, path, 0, elapsed, elapsed, False, waited))
         return path
+
+    def _start_background_save(
+        self, step: int, path: Path, state: dict[str, Any], started: float, waited: float
+    ) -> None:
+        response = dcp.async_save(
+            state, checkpoint_id=str(path), async_stager=self._staging(), process_group=self._group
+        )
+        staging = getattr(response, "staging_completion", None)
+        upload = getattr(response, "upload_completion", response)
+        stall = time.perf_counter() - started
+        self._pending = _Pending(step, path, started, stall, waited, upload, staging)
+
+    def _staging(self) -> Any:
+        """One stager for the whole run: its host buffers are allocated (and pinned) once."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=True,
+                    use_non_blocking_copy=cuda,
+                )
+            )
+        return self._stager
+
+    def wait_for_staging(self) -> None:
+        """Block until the pending save has its copy of the state: call before changing the state."""
+        pending = self._pending
+        if pending is None or pending.staging is None or pending.staging.done():
+            return
+        started = time.perf_counter()
+        try:
+            pending.staging.result()
+        except Exception as error:
+            self._pending = None
+            raise self._write_failed(pending.path, error) from error
+        pending.stall_s += time.perf_counter() - started
+
+    def poll(self) -> None:
+        """Mark a background save complete if it has finished writing (never blocks)."""
+        if self._pending is not None and self._pending.upload.done():
+            self.wait()
 
     def wait(self) -> None:
         """Block until a pending async save is written, then mark it complete."""
-        if self._pending is None:
+        pending = self._pending
+        if pending is None:
             return
-        step, future = self._pending
+        self.wait_for_staging()
         self._pending = None
-        future.result()
-        self._finish(step)
+        try:
+            pending.upload.result()
+        except Exception as error:
+            raise self._write_failed(pending.path, error) from error
+        write_s = time.perf_counter() - pending.started
+        report = SaveReport(
+            pending.step, pending.path, 0, pending.stall_s, write_s, True, pending.waited_for_previous_s
+        )
+        self._finish(report, barrier=False)
 
-    def _finish(self, step: int) -> None:
-        _barrier()  # every rank's files are on disk before the marker
+    def _wait_for_previous(self) -> float:
+        """Seconds spent waiting for a previous save that was still writing (0 if none)."""
+        if self._pending is None:
+            return 0.0
+        still_writing = not self._pending.upload.done()
+        started = time.perf_counter()
+        self.wait()
+        return time.perf_counter() - started if still_writing else 0.0
+
+    def _finish(self, report: SaveReport, barrier: bool = True) -> None:
+        """Mark complete. DCP's coordinator (rank 0) writes .metadata only after gathering every
+        rank's write results, so rank 0 may mark a finished background save without a barrier."""
+        if barrier:
+            _barrier()  # every rank's files are on disk before the marker
+        path = report.path
         if self.rank == 0:
-            path = self.root / step_dir_name(step)
-            atomic_write_text(path / COMPLETE, json.dumps({"step": step}) + "\n")
-            atomic_write_text(self.root / LATEST, step_dir_name(step) + "\n")
+            atomic_write_text(path / COMPLETE, json.dumps({"step": report.step}) + "\n")
+            atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
             self._prune()
-        _barrier()
+        if barrier:
+            _barrier()
+        report.bytes = directory_bytes(path) if path.is_dir() else 0
+        if self.on_saved is not None:
+            self.on_saved(report)
+
+    def _write_failed(self, path: Path, error: BaseException) -> CheckpointWriteError:
+        """Remove the partial step directory; earlier checkpoints and `latest` stay as they were."""
+        shutil.rmtree(path, ignore_errors=True)
+        return CheckpointWriteError(
+            f"checkpoint {path} could not be written ({root_cause(error)}); the partial directory was "
+            f"removed and earlier checkpoints are unchanged: free space or fix permissions under {self.root}"
+        )
 
     def _prune(self) -> None:
         """Keep the newest `keep_last` complete checkpoints; drop torn ones older than the newest."""
@@ -133,6 +279,15 @@ class CheckpointManager:
     def newest(self) -> Path | None:
         return newest_complete(self.root)
 
+    def close(self) -> None:
+        """Wait for a pending save and release the staging buffers."""
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+
     def load(
         self, path: Path, state: dict[str, Any], apply: Callable[[dict[str, Any]], None]
     ) -> dict[str, Any]:
@@ -143,3 +298,18 @@ class CheckpointManager:
         if not rank_file.is_file():
             return {}
         return torch.load(rank_file, map_location="cpu", weights_only=False)
+
+
+def root_cause(error: BaseException) -> str:
+    """The innermost cause of a (DCP-wrapped) write error, as 'Type: message' on one line."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        if isinstance(inner, tuple):  # (exception, traceback) in some torch versions
+            inner = inner[0]
+        if isinstance(inner, BaseException):
+            error = inner
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = " ".join(str(error).split()) or type(error).__name__
+    return f"{type(error).__name__}: {text}"

@@ -129,6 +129,14 @@ class SchedConfig:
     """Learning rate at the end of the decay."""
     max_steps: int | None = None
     """Length of the schedule; null means trainer.max_steps."""
+    warmup_ratio: float | None = None
+    """NeMo: warmup of int(warmup_ratio x schedule length) steps (instead of warmup_steps)."""
+    warmup_samples: int | None = None
+    """Megatron's --lr-warmup-samples: warmup over this many samples (instead of warmup_steps)."""
+    decay_samples: int | None = None
+    """Megatron's --lr-decay-samples: schedule length in samples (instead of max_steps)."""
+    warmup_fraction: float | None = None
+    """Megatron's --lr-warmup-fraction: warmup over this fraction of the schedule length."""
 
 
 @dataclass
@@ -245,7 +253,16 @@ class ModelConfig:
     hysteresis: int = 2
     """Overflowing steps tolerated before the fp16 loss scale is halved."""
     compile: bool = False
-    """gptrain extension: torch.compile the transformer blocks."""
+    """gptrain extension: torch.compile the model. One device and DDP compile the whole forward and
+    loss as one graph; FSDP compiles each block and the loss; TP and PP compile each block."""
+    compile_mode: str = "default"
+    """gptrain extension: torch.compile mode (default, max-autotune, max-autotune-no-cudagraphs,
+    reduce-overhead); see docs/performance.md for what each measured."""
+    fp8: bool = False
+    """FP8 matmuls in the transformer blocks (torchao float8 training; needs a Hopper or Ada GPU).
+    The output projection stays in the training precision."""
+    fp8_recipe: str = "tensorwise"
+    """gptrain extension: torchao float8 scaling recipe, tensorwise or rowwise."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -18,6 +18,8 @@ CHOICES = {
     "model.data_parallel_sharding": ("ddp", "full_shard", "hybrid_shard"),
     "model.activations_checkpoint_granularity": (None, "full", "selective"),
     "model.activations_checkpoint_method": (None, "uniform", "block"),
+    "model.compile_mode": ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"),
+    "model.fp8_recipe": ("tensorwise", "rowwise"),
     "model.optim.name": ("adamw",),
     "model.optim.sched.name": ("CosineAnnealing", "LinearAnnealing", "Constant"),
     "model.data.data_impl": ("mmap", "mock"),

@@ -58,10 +58,3 @@ def apply_ac(
         kwargs = {"context_fn": context_fn} if context_fn else {}
         model.layers[key] = checkpoint_wrapper(model.layers[key], preserve_rng_state=True, **kwargs)
     return model
-
-
-def apply_compile(model: nn.Module) -> nn.Module:
-    """torch.compile each block in place (no wrapper, so parameter names are unchanged)."""
-    for block in model.layers.values():
-        block.compile()
-    return model

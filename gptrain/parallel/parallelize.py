@@ -17,8 +17,10 @@ import torch.distributed as dist
 from torch import nn
 
 from gptrain.errors import ConfigError
-from gptrain.parallel.activation_checkpoint import apply_ac, apply_compile
+from gptrain.parallel.activation_checkpoint import apply_ac
+from gptrain.parallel.compile import BLOCKS, BLOCKS_AND_LOSS, apply_compile, compile_scope
 from gptrain.parallel.data_parallel import GradAllReduce, apply_ddp, apply_fsdp, mixed_precision_policy
+from gptrain.parallel.float8 import apply_fp8, check_fp8_device
 from gptrain.parallel.layout import check_layout, num_microbatches
 from gptrain.parallel.mesh import World, build_mesh
 from gptrain.parallel.pipeline import build_schedule, embedding_group, is_tied, split_stage, stage_ids
@@ -39,6 +41,7 @@ def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device |
     if device is None:
         device = torch.device("cpu") if meta else next(model.parameters()).device
     ctx = ParallelContext(dims=dims, device=device)
+    ctx.compile_mode = cfg.model.compile_mode if cfg.model.compile else None
     tied = is_tied(model)
     if world.world_size == 1:
         parts = [model]
@@ -97,18 +100,25 @@ def _split(model: nn.Module, ctx: ParallelContext) -> list[nn.Module]:
 
 
 def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> None:
-    """TP, then activation checkpointing, then compile, on one chunk in place."""
+    """TP, then FP8, then activation checkpointing, then per-block compile, on one chunk in place.
+
+    Layouts whose whole forward and loss compile as one graph skip the per-block compile here;
+    the step's loss function is compiled instead (gptrain.parallel.compile).
+    """
     m = cfg.model
     if ctx.dims.tp > 1:
         apply_tp(part, ctx.mesh["tp"], m.sequence_parallel, loss_parallel=True)
+    if m.fp8:
+        check_fp8_device(ctx.device)
+        apply_fp8(part, m.fp8_recipe)
     apply_ac(
         part,
         m.activations_checkpoint_granularity,
         m.activations_checkpoint_method,
         m.activations_checkpoint_num_layers,
     )
-    if m.compile:
-        apply_compile(part)
+    if m.compile and compile_scope(ctx.dims) in (BLOCKS, BLOCKS_AND_LOSS):
+        apply_compile(part, m.compile_mode)
 
 
 def _materialize(parts: list[nn.Module], device: torch.device, seed: int) -> None:

@@ -58,6 +58,7 @@ class ParallelContext:
     has_last_stage: bool = True
     grad_sync: Callable[[], None] | None = None
     runners: list[nn.Module] = field(default_factory=list)
+    compile_mode: str | None = None  # model.compile_mode when model.compile is on
 
     @property
     def loss_parallel(self) -> bool:

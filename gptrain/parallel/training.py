@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gptrain.parallel.compile import compile_scope, compiled_loss_fn
 from gptrain.parallel.layout import check_layout
 from gptrain.parallel.mesh import World, device_for
 from gptrain.parallel.parallelize import parallelize
@@ -55,9 +56,17 @@ def is_logging_rank(cfg: Any, world: World) -> bool:
 
 
 def step_overrides(model: ParallelGPT) -> dict[str, Any]:
-    """StepOptions fields for this layout (merged over the loop's defaults)."""
+    """StepOptions fields for this layout (merged over the loop's defaults).
+
+    With model.compile on, the loss function is compiled, with the whole forward in it where the
+    layout allows (gptrain.parallel.compile).
+    """
     overrides: dict[str, Any] = {"reduce_sum": model.reduce_sum, "grad_norm_fn": model.grad_norm}
-    dims = model.ctx.dims
+    ctx = model.ctx
+    dims = ctx.dims
+    loss_fn = compiled_loss_fn(compile_scope(dims), ctx.compile_mode) if ctx.compile_mode else None
+    if loss_fn is not None:
+        overrides["loss_fn"] = loss_fn
     if dims.tp > 1 or dims.pp > 1:
         overrides["forward_backward"] = _step_forward_backward
         overrides["eval_fn"] = eval_loss_sum

@@ -23,13 +23,25 @@ Batch = dict[str, torch.Tensor]
 PRECISION_DTYPES = {"32": None, "16": torch.float16, "bf16": torch.bfloat16}
 
 
+IGNORE_INDEX = -100
+
+
+def lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Sum of next-token cross-entropy (computed in fp32) over the tokens where loss_mask is 1.
+
+    Masked tokens are dropped through ignore_index rather than multiplied by 0, so a non-finite
+    logit there cannot poison the sum. Under torch.compile the fp32 upcast fuses into the loss
+    kernel: no full-vocabulary fp32 copy of the logits is ever stored.
+    """
+    labels = labels.masked_fill(loss_mask == 0, IGNORE_INDEX)
+    return F.cross_entropy(
+        logits.float().flatten(0, -2), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+
+
 def masked_lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Sum of next-token cross-entropy over the tokens where loss_mask is 1 (fp32)."""
-    logits = model(batch["tokens"])
-    losses = F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1), reduction="none"
-    )
-    return (losses * batch["loss_mask"].reshape(-1)).sum()
+    return lm_loss_sum(model(batch["tokens"]), batch["labels"], batch["loss_mask"])
 
 
 def total_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -53,7 +65,8 @@ class StepOptions:
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] = no_reduce
     grad_norm_fn: Callable[[list[torch.Tensor]], torch.Tensor] = total_grad_norm
     # Layouts whose loss needs loss_parallel or a pipeline schedule (TP/PP) replace these.
-    forward_backward: Callable[..., tuple[float, int]] | None = None
+    # Returns (mean loss, loss tokens), as floats or as 0-d tensors still on the device.
+    forward_backward: Callable[..., tuple[float | torch.Tensor, int | torch.Tensor]] | None = None
     eval_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
@@ -83,20 +96,58 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
 
 def forward_backward(
     model: nn.Module, microbatches: list[Batch], scale: float, device: torch.device, opts: StepOptions
-) -> tuple[float, int]:
-    """Accumulates gradients of scale * global token-mean loss; returns (mean loss, tokens)."""
-    local_tokens = sum(mb["loss_mask"].sum() for mb in microbatches)
-    global_tokens = opts.reduce_sum(torch.as_tensor(local_tokens, dtype=torch.float32, device=device))
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accumulates gradients of scale * global token-mean loss; returns (mean loss, tokens) on device.
+
+    Nothing here waits for the device: the token count is summed where the masks live (the host,
+    for batches from the loader) and the results stay tensors until train_step reads them once.
+    DDP all-reduces only after the last micro-batch (no_sync before it).
+    """
+    global_tokens = opts.reduce_sum(count_loss_tokens(microbatches, device))
     denominator = global_tokens.clamp(min=1.0)
     loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-    for microbatch in microbatches:
+    for index, microbatch in enumerate(microbatches):
         batch = to_device(microbatch, device)
-        with autocast(device.type, opts.precision):
-            micro_loss = opts.loss_fn(model, batch)
-        (micro_loss * (scale * opts.dp_size) / denominator).backward()
+        with no_sync_unless_last(model, index == len(microbatches) - 1):
+            with autocast(device.type, opts.precision):
+                micro_loss = opts.loss_fn(model, batch)
+            (micro_loss * (scale * opts.dp_size) / denominator).backward()
         loss_sum += micro_loss.detach()
     mean = opts.reduce_sum(loss_sum) / denominator
-    return float(mean.item()), int(global_tokens.item())
+    return mean, global_tokens
+
+
+def count_loss_tokens(microbatches: list[Batch], device: torch.device) -> torch.Tensor:
+    """Loss tokens of this rank as an fp32 scalar on `device`, without a device round trip.
+
+    Host masks are summed on the host and the count is written by a fill kernel (a host-to-device
+    copy of a pageable scalar would wait for the queued work of the step before).
+    """
+    masks = [mb["loss_mask"] for mb in microbatches]
+    if all(mask.device.type == "cpu" for mask in masks):
+        return torch.full(
+            (), float(sum(float(mask.sum()) for mask in masks)), dtype=torch.float32, device=device
+        )
+    return torch.stack([mask.to(device).sum(dtype=torch.float32) for mask in masks]).sum()
+
+
+def no_sync_unless_last(model: nn.Module, last: bool) -> contextlib.AbstractContextManager:
+    """DDP's no_sync for all but the last micro-batch: one gradient all-reduce per step."""
+    runners = getattr(getattr(model, "ctx", None), "runners", None) or [model]
+    no_sync = getattr(runners[0], "no_sync", None)
+    return no_sync() if no_sync is not None and not last else contextlib.nullcontext()
+
+
+def read_on_host(*values: float | int | torch.Tensor) -> list[float]:
+    """The values as Python floats, with at most one device synchronisation for all of them."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return [float(v) for v in values]
+    device = tensors[0].device
+    stacked = torch.stack(
+        [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values]
+    )
+    return stacked.tolist()
 
 
 def train_step(
@@ -112,14 +163,17 @@ def train_step(
     loss, tokens = (opts.forward_backward or forward_backward)(
         model, microbatches, scaler.scale, device, opts
     )
-    if not math.isfinite(loss):
-        optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss=loss, nonfinite=True, tokens=tokens)
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     grads = [p.grad for p in params]
     if scaler.scale != 1.0:
         torch._foreach_mul_(grads, 1.0 / scaler.scale)
-    norm = float(opts.grad_norm_fn(grads).item()) if grads else 0.0
+    norm_tensor = opts.grad_norm_fn(grads) if grads else 0.0
+    # The step's only wait for the device: loss, tokens and grad norm read together.
+    loss, tokens, norm = read_on_host(loss, tokens, norm_tensor)
+    tokens = int(tokens)
+    if not math.isfinite(loss):
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss=loss, nonfinite=True, tokens=tokens)
     found_inf = not math.isfinite(norm)
     scaler.update(found_inf)
     if found_inf:
@@ -127,6 +181,7 @@ def train_step(
         fp16 = opts.precision == "16"
         return StepResult(loss=loss, grad_norm=norm, overflow=fp16, nonfinite=not fp16, tokens=tokens)
     if opts.clip_grad:
-        torch.nn.utils.clip_grads_with_norm_(params, opts.clip_grad, torch.tensor(norm, device=device))
+        total = norm_tensor if isinstance(norm_tensor, torch.Tensor) else torch.tensor(norm, device=device)
+        torch.nn.utils.clip_grads_with_norm_(params, opts.clip_grad, total)
     optimizer.step()
     return StepResult(loss=loss, grad_norm=norm, updated=True, tokens=tokens)

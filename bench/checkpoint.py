@@ -1,0 +1,145 @@
+"""How long checkpoints stall training: no saves vs synchronous vs asynchronous saves, same command.
+
+    python bench/checkpoint.py --layers 12 --hidden 768 --steps 8 --every 2 [--dir /tmp/ckpt-bench]
+
+Each mode trains the same GPT (real forward/backward/AdamW steps of gptrain's train_step on a
+small random batch, so the optimizer state exists) for `--steps` steps, saving every `--every`
+steps through gptrain's CheckpointManager exactly as `gptrain train` does (the optimizer waits for
+a background save's staging copy before it changes the weights). Reported per mode: the stall of
+each save (the time the loop was blocked by it), the write time and bandwidth, and the extra wall
+time over the run without saves (the async run still waits for its last write before it ends).
+Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from gptrain.checkpoint.manager import CheckpointManager, SaveReport
+from gptrain.models.config import GPTConfig
+from gptrain.train.builders import build_model
+from gptrain.train.loss_scale import build_loss_scaler
+from gptrain.train.optim import build_optimizer
+from gptrain.train.state import model_state_dict, optimizer_state_dict
+from gptrain.train.step import StepOptions, train_step
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=50304)
+    parser.add_argument("--seq-length", type=int, default=128)
+    parser.add_argument("--micro-batch-size", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--every", type=int, default=2, help="save every N steps")
+    parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    parser.add_argument("--modes", default="none,sync,async")
+    return parser.parse_args(argv)
+
+
+def run_mode(mode: str, args: argparse.Namespace, root: Path, device: torch.device) -> dict:
+    config = GPTConfig(
+        vocab_size=args.vocab, seq_length=args.seq_length, num_layers=args.layers,
+        hidden_size=args.hidden, num_attention_heads=args.heads, hidden_dropout=0.0, attention_dropout=0.0,
+    )  # fmt: skip
+    model = build_model(config, device, seed=1234)
+    optimizer = build_optimizer(model, "adamw", 1e-4, 0.1, (0.9, 0.95), 1e-8, device.type)
+    precision = "bf16" if device.type == "cuda" else "32"
+    scaler, opts = build_loss_scaler(precision, 2**16, 1000, 2), StepOptions(precision=precision, clip_grad=1.0)
+    tokens = torch.randint(0, args.vocab, (args.micro_batch_size, args.seq_length + 1))
+    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": torch.ones(tokens[:, 1:].shape)}
+    reports: list[SaveReport] = []
+    shutil.rmtree(root / mode, ignore_errors=True)
+    manager = CheckpointManager(root / mode, keep_last=1, async_save=mode == "async", on_saved=reports.append)
+    optimizer.register_step_pre_hook(lambda *_: manager.wait_for_staging())
+    train_step(model, optimizer, [batch], scaler, device, opts)  # warm-up: optimizer state exists
+    sync(device)
+    started = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        train_step(model, optimizer, [batch], scaler, device, opts)
+        manager.poll()
+        if mode != "none" and step % args.every == 0:
+            state = {"model": model_state_dict(model), "optim": optimizer_state_dict(model, optimizer)}
+            manager.save(step, state, {})
+    manager.close()
+    sync(device)
+    wall = time.perf_counter() - started
+    shutil.rmtree(root / mode, ignore_errors=True)
+    return summarize(mode, wall, reports)
+
+
+def summarize(mode: str, wall: float, reports: list[SaveReport]) -> dict:
+    row = {"mode": mode, "wall_s": wall, "saves": len(reports)}
+    if reports:
+        row |= {
+            "stall_ms_median": 1000 * statistics.median(r.stall_s for r in reports),
+            "stall_ms_max": 1000 * max(r.stall_s for r in reports),
+            "write_s_median": statistics.median(r.write_s for r in reports),
+            "bytes": reports[-1].bytes,
+            "write_GBps": reports[-1].bytes / 1e9 / statistics.median(r.write_s for r in reports),
+            "stalls_ms": [round(1000 * r.stall_s, 1) for r in reports],
+        }
+    return row
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("mode", "wall s", "extra wall s", "saves", "stall ms (median/max)", "write s", "GB", "GB/s"):
+        table.add_column(column, justify="right")
+    base = next((r["wall_s"] for r in rows if r["mode"] == "none"), None)
+    for r in rows:
+        extra = f"{r['wall_s'] - base:.2f}" if base is not None else "-"
+        if r["saves"]:
+            stall = f"{r['stall_ms_median']:.0f} / {r['stall_ms_max']:.0f}"
+            write, size, bw = f"{r['write_s_median']:.2f}", f"{r['bytes'] / 1e9:.2f}", f"{r['write_GBps']:.2f}"
+        else:
+            stall = write = size = bw = "-"
+        table.add_row(r["mode"], f"{r['wall_s']:.2f}", extra, str(r["saves"]), stall, write, size, bw)
+    Console(file=sys.stdout).print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gptrain-ckpt-bench-"))
+    rows = [run_mode(mode, args, root, device) for mode in args.modes.split(",")]
+    name = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    print_table(rows, f"{args.layers} x {args.hidden}, save every {args.every} of {args.steps} steps, on {name}")
+    result: dict = {"bench": "checkpoint", "device": name, "args": vars(args), "rows": rows}
+    by_mode = {r["mode"]: r for r in rows}
+    if {"none", "sync", "async"} <= by_mode.keys():
+        extra_sync = by_mode["sync"]["wall_s"] - by_mode["none"]["wall_s"]
+        extra_async = by_mode["async"]["wall_s"] - by_mode["none"]["wall_s"]
+        result["async_stall_over_sync"] = by_mode["async"]["stall_ms_median"] / by_mode["sync"]["stall_ms_median"]
+        result["async_extra_wall_over_sync"] = extra_async / extra_sync if extra_sync > 0 else None
+        print(
+            f"async stall / sync stall: {result['async_stall_over_sync']:.3f}; "
+            f"async extra wall / sync extra wall: {result['async_extra_wall_over_sync']:.3f}"
+        )
+    print(json.dumps(result))
+    if not args.dir:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,107 @@
+"""Training on a CUDA GPU: precisions with exact resume, compiled vs eager loss, FP8, async checkpoints.
+
+Marked `gpu` and skipped where no CUDA device is visible (CI); run on a GPU machine with
+`python -m pytest -m gpu tests/gpu`.
+"""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from train_e2e_helpers import MOCK, run_recording, tiny_config  # noqa: E402
+
+from gptrain.checkpoint.manager import CheckpointManager, complete_steps, newest_complete  # noqa: E402
+from gptrain.config import load_training_config  # noqa: E402
+from gptrain.errors import EXIT_REQUEUE  # noqa: E402
+from gptrain.models.config import GPTConfig  # noqa: E402
+from gptrain.parallel.compile import compiled_loss_fn  # noqa: E402
+from gptrain.train.builders import build_model  # noqa: E402
+from gptrain.train.step import masked_lm_loss  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+GPU = ["trainer.accelerator=gpu", "model.hidden_size=64", "model.encoder_seq_length=64", "model.data.mock_vocab_size=256"]
+
+
+def has_fp8() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "16"])
+@pytest.mark.parametrize("compile_model", ["false", "true"])
+def test_resume_is_exact_on_gpu(tmp_path, monkeypatch, precision, compile_model):
+    extra = [*MOCK, *GPU, f"trainer.precision={precision}", f"model.compile={compile_model}"]
+    code, full = run_recording(monkeypatch, tiny_config(tmp_path / "full", *extra))
+    assert code == 0 and all(math.isfinite(v) for v in full.values())
+    code, first = run_recording(monkeypatch, tiny_config(tmp_path / "split", *extra), signal_at=3)
+    assert code == EXIT_REQUEUE
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path / "split", *extra))
+    assert code == 0
+    # The same kernels on the same device in the same order: bit for bit.
+    assert {**first, **second} == full
+
+
+def test_compiled_loss_matches_eager_within_bf16_tolerance():
+    config = GPTConfig(vocab_size=512, seq_length=128, num_layers=2, hidden_size=128, num_attention_heads=4,
+                       hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
+    model = build_model(config, torch.device("cuda"), seed=3)
+    tokens = torch.randint(0, 512, (4, 129), device="cuda")
+    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": torch.ones(4, 128, device="cuda")}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        eager = masked_lm_loss(model, batch)
+        compiled = compiled_loss_fn("whole")(model, batch)
+    # bf16 keeps 8 bits of mantissa: each of the few matmul stages adds ~2^-8 relative error.
+    assert compiled.item() == pytest.approx(eager.item(), rel=2e-2)
+
+
+@pytest.mark.skipif(not has_fp8(), reason="needs FP8 tensor cores (compute capability >= 8.9)")
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_training_follows_bf16(tmp_path, monkeypatch, recipe):
+    common = [*MOCK, *GPU, "trainer.precision=bf16", "model.compile=true", "model.hidden_dropout=0",
+              "model.attention_dropout=0", "trainer.max_steps=8"]  # fmt: skip
+    fp8 = ["model.fp8=true", f"model.fp8_recipe={recipe}"]
+    code, bf16_losses = run_recording(monkeypatch, tiny_config(tmp_path / "bf16", *common))
+    assert code == 0
+    code, fp8_losses = run_recording(monkeypatch, tiny_config(tmp_path / "fp8", *common, *fp8))
+    assert code == 0 and all(math.isfinite(v) for v in fp8_losses.values())
+    # e4m3 keeps 3 mantissa bits, but scaled per tensor/row and accumulated in fp32 the loss
+    # of a small model moves by well under 1% (the issue's bar for 300 steps of 126m).
+    for step, loss in bf16_losses.items():
+        assert fp8_losses[step] == pytest.approx(loss, rel=1e-2), step
+
+
+def test_async_checkpoint_round_trip_from_gpu(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2, async_save=True)
+    weights = torch.randn(1024, 1024, device="cuda")
+    manager.save(5, {"model": {"w": weights}}, {})
+    manager.wait_for_staging()  # the optimizer step waits here before changing the weights
+    expected = weights.cpu().clone()
+    weights.add_(1.0)
+    manager.wait()
+    second = {"model": {"w": weights}}
+    manager.save(6, second, {})  # reuses the pinned staging buffers
+    manager.close()
+    assert complete_steps(tmp_path) == [5, 6] and newest_complete(tmp_path) == tmp_path / "step_6"
+    target = {"model": {"w": torch.zeros(1024, 1024)}}
+    manager.load(tmp_path / "step_5", target, lambda s: None)
+    assert torch.equal(target["model"]["w"], expected)
+
+
+def test_fp8_refused_on_a_gpu_without_fp8(monkeypatch):
+    from gptrain.errors import ConfigError
+    from gptrain.parallel.float8 import check_fp8_device
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    with pytest.raises(ConfigError, match="compute capability >= 8.9"):
+        check_fp8_device(torch.device("cuda"))
+
+
+def test_gpu_quickstart_preset_uses_the_fast_path():
+    cfg = load_training_config("quickstart/gpu", [], report_ignored=False)
+    assert cfg.model.compile
