@@ -3,15 +3,23 @@
 `lr_at(step, spec)` is the closed form; `LRSchedule` applies it to an optimizer and
 keeps only the step counter as state, so a resumed run gets exactly the same rates.
 Steps count completed optimizer steps: step 0 is the first update.
+
+Megatron can also count the schedule in samples (`--lr-warmup-samples`, `--lr-decay-samples`)
+and NeMo in a ratio (`warmup_ratio`). With a constant global batch, Megatron's rate at
+iteration i is its formula at i x batch samples, which is our formula with the phase lengths
+divided by the batch: so those become fractional step counts here, and the rates are exact.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gptrain.config.schema import TrainingConfig
 
 SCHEDULES = ("CosineAnnealing", "LinearAnnealing", "Constant")
 
@@ -23,9 +31,9 @@ class ScheduleSpec:
     name: str
     lr: float
     min_lr: float
-    max_steps: int
-    warmup_steps: int = 0
-    constant_steps: int = 0
+    max_steps: float
+    warmup_steps: float = 0
+    constant_steps: float = 0
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
@@ -40,7 +48,7 @@ class ScheduleSpec:
             raise ConfigError("model.optim.sched.warmup_steps and constant_steps must be >= 0")
 
     @property
-    def decay_steps(self) -> int:
+    def decay_steps(self) -> float:
         """Steps of the decay phase: what remains after warmup and the final constant phase."""
         return max(0, self.max_steps - self.warmup_steps - self.constant_steps)
 
@@ -90,3 +98,40 @@ class LRSchedule:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.step = int(state["step"])
+
+
+def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
+    """The schedule of `model.optim`, with sample counts and ratios turned into (fractional) steps.
+
+    Megatron: `--lr-decay-samples S` is a schedule of S / global_batch_size steps,
+    `--lr-warmup-fraction f` warms up over f x the schedule length. NeMo: `warmup_ratio r` warms
+    up over int(r x max_steps) steps.
+    """
+    optim, sched = cfg.model.optim, cfg.model.optim.sched
+    batch = cfg.model.global_batch_size
+    length: float = sched.max_steps or cfg.trainer.max_steps
+    if sched.decay_samples is not None:
+        length = sched.decay_samples / batch
+    warmup: float = sched.warmup_steps
+    given = [
+        k for k in ("warmup_ratio", "warmup_samples", "warmup_fraction") if getattr(sched, k) is not None
+    ]
+    if len(given) > 1 or (given and sched.warmup_steps):
+        shown = ", ".join(
+            f"model.optim.sched.{k}" for k in (["warmup_steps"] if sched.warmup_steps else []) + given
+        )
+        raise ConfigError(f"{shown}: give only one way of setting the warmup")
+    if sched.warmup_samples is not None:
+        warmup = sched.warmup_samples / batch
+    elif sched.warmup_fraction is not None:
+        warmup = sched.warmup_fraction * length
+    elif sched.warmup_ratio is not None:
+        warmup = int(sched.warmup_ratio * length)
+    return ScheduleSpec(
+        name=sched.name,
+        lr=optim.lr,
+        min_lr=sched.min_lr,
+        max_steps=length,
+        warmup_steps=warmup,
+        constant_steps=sched.constant_steps,
+    )

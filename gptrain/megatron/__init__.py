@@ -1,0 +1,1 @@
+"""`gptrain megatron`: Megatron-LM's pretrain_gpt.py flags, translated to gptrain's config."""

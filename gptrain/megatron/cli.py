@@ -1,0 +1,59 @@
+"""`gptrain megatron [pretrain_gpt.py flags]`: a drop-in for `python pretrain_gpt.py ...`.
+
+Run it where pretrain_gpt.py ran (under torchrun or srun, one process per rank). The flags
+are translated to gptrain keys (gptrain.megatron.translate); `--dry-run` prints the equivalent
+`gptrain train` overrides and the resolved config, and exits without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HELP = """usage: gptrain megatron [--dry-run] [pretrain_gpt.py flags ...]
+
+Train with Megatron-LM's pretrain_gpt.py flags (e.g. --num-layers 24 --hidden-size 1024
+--num-attention-heads 16 --seq-length 2048 --micro-batch-size 4 --global-batch-size 256
+--train-iters 1000 --lr 3e-4 --data-path DATA_text_document --vocab-file V --merge-file M).
+Megatron's defaults apply where a flag is absent. --dry-run prints the gptrain overrides and
+the resolved config and exits. docs/migrating.md lists every flag and its gptrain key.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    # prefix_chars="+": Megatron's --flags reach us untouched, as positional words
+    parser = subparsers.add_parser(
+        "megatron",
+        help="train from Megatron-LM pretrain_gpt.py flags (--num-layers 24 ...); --dry-run shows the mapping",
+        prefix_chars="+",
+        add_help=False,
+    )
+    parser.add_argument("flags", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=run_megatron)
+
+
+def run_megatron(args: argparse.Namespace) -> int:
+    flags = list(args.flags)
+    if not flags or "--help" in flags or "-h" in flags:
+        print(HELP, end="")
+        return 0
+    dry_run = "--dry-run" in flags
+    flags = [f for f in flags if f != "--dry-run"]
+    from gptrain.config import load_training_config
+    from gptrain.megatron.translate import translate
+
+    translation = translate(flags)
+    rank0 = os.environ.get("RANK", "0") == "0"
+    if translation.notes and rank0:
+        print(f"gptrain megatron: accepted without effect: {', '.join(translation.notes)}", file=sys.stderr)
+    cfg = load_training_config(None, translation.overrides, report_ignored=rank0)
+    if dry_run:
+        print("# gptrain train overrides equivalent to these flags:")
+        print("\n".join(translation.overrides))
+        print("# resolved config:")
+        print(cfg.to_yaml(), end="")
+        return 0
+    from gptrain.train.loop import train
+
+    return train(cfg)

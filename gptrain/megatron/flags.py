@@ -1,0 +1,137 @@
+"""Megatron-LM's `pretrain_gpt.py` flags, as a table: flag -> gptrain key, value type, arity.
+
+Four kinds of flag:
+- VALUE: one value to one (or more) gptrain keys, converted by a type or a table of choices;
+- SWITCH: a flag without a value that sets fixed keys;
+- NO_EFFECT: kernel, logging and communication switches that change speed or logs only;
+  accepted and reported once (with how many values they take, so parsing stays in step);
+- REFUSED: flags whose meaning gptrain cannot reproduce; refused by name in one line.
+Anything else is unknown and refused. Flags that need more than one value (`--data-path`,
+`--adam-beta1/2`, `--train-samples`, `--save/--load`) are handled in translate.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Converter = Callable[[str], Any] | dict[str, Any]
+
+VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
+    "--num-layers": (("model.num_layers",), int),
+    "--hidden-size": (("model.hidden_size",), int),
+    "--ffn-hidden-size": (("model.ffn_hidden_size",), int),
+    "--num-attention-heads": (("model.num_attention_heads",), int),
+    "--num-query-groups": (("model.num_query_groups",), int),
+    "--kv-channels": (("model.kv_channels",), int),
+    "--seq-length": (("model.encoder_seq_length", "model.data.seq_length"), int),
+    "--max-position-embeddings": (("model.max_position_embeddings",), int),
+    "--micro-batch-size": (("model.micro_batch_size",), int),
+    "--global-batch-size": (("model.global_batch_size",), int),
+    "--train-iters": (("trainer.max_steps",), int),
+    "--lr": (("model.optim.lr",), float),
+    "--min-lr": (("model.optim.sched.min_lr",), float),
+    "--lr-decay-iters": (("model.optim.sched.max_steps",), int),
+    "--lr-warmup-iters": (("model.optim.sched.warmup_steps",), int),
+    "--lr-warmup-samples": (("model.optim.sched.warmup_samples",), int),
+    "--lr-decay-samples": (("model.optim.sched.decay_samples",), int),
+    "--lr-warmup-fraction": (("model.optim.sched.warmup_fraction",), float),
+    "--lr-decay-style": (
+        ("model.optim.sched.name",),
+        {"cosine": "CosineAnnealing", "linear": "LinearAnnealing", "constant": "Constant"},
+    ),
+    "--weight-decay": (("model.optim.weight_decay",), float),
+    "--adam-eps": (("model.optim.eps",), float),
+    "--clip-grad": (("trainer.gradient_clip_val",), float),
+    "--init-method-std": (("model.init_method_std",), float),
+    "--hidden-dropout": (("model.hidden_dropout",), float),
+    "--attention-dropout": (("model.attention_dropout",), float),
+    "--layernorm-epsilon": (("model.layernorm_epsilon",), float),
+    "--norm-epsilon": (("model.layernorm_epsilon",), float),
+    "--normalization": (("model.normalization",), {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}),
+    "--position-embedding-type": (("model.position_embedding_type",), {"learned_absolute": "learned_absolute", "rope": "rope"}),
+    "--rotary-percent": (("model.rotary_percentage",), float),
+    "--rotary-base": (("model.rotary_base",), int),
+    "--make-vocab-size-divisible-by": (("model.make_vocab_size_divisible_by",), int),
+    "--seed": (("model.seed",), int),
+    "--tensor-model-parallel-size": (("model.tensor_model_parallel_size",), int),
+    "--pipeline-model-parallel-size": (("model.pipeline_model_parallel_size",), int),
+    "--log-interval": (("trainer.log_every_n_steps",), int),
+    "--eval-iters": (("trainer.limit_val_batches", "trainer.limit_test_batches"), int),
+    "--eval-interval": (("trainer.val_check_interval",), int),
+    "--save-interval": (("exp_manager.checkpoint_callback_params.every_n_train_steps",), int),
+    "--split": (("model.data.splits_string",), str),
+    "--vocab-file": (("model.tokenizer.vocab_file",), str),
+    "--merge-file": (("model.tokenizer.merge_file",), str),
+    "--tokenizer-type": (
+        ("model.tokenizer.type",),
+        {"GPT2BPETokenizer": "GPT2BPETokenizer", "HuggingFaceTokenizer": "HuggingFaceTokenizer",
+         "TikTokenizer": "TikTokenizer"},
+    ),  # fmt: skip
+    "--tokenizer-model": (("model.tokenizer.model",), str),
+    "--data-cache-path": (("model.data.index_mapping_dir",), str),
+    "--num-workers": (("model.data.num_workers",), int),
+    "--initial-loss-scale": (("model.native_amp_init_scale",), float),
+    "--loss-scale-window": (("model.native_amp_growth_interval",), int),
+    "--hysteresis": (("model.hysteresis",), int),
+    "--recompute-granularity": (("model.activations_checkpoint_granularity",), {"full": "full", "selective": "selective"}),
+    "--recompute-method": (("model.activations_checkpoint_method",), {"uniform": "uniform", "block": "block"}),
+    "--recompute-num-layers": (("model.activations_checkpoint_num_layers",), int),
+    "--exit-duration-in-mins": (("trainer.max_time",), lambda m: f"00:00:{int(m):02d}:00"),
+    "--vocab-size": (("model.data.mock_vocab_size",), int),
+}  # fmt: skip
+
+SWITCH: dict[str, dict[str, Any]] = {
+    "--fp16": {"trainer.precision": "16"},
+    "--bf16": {"trainer.precision": "bf16"},
+    "--sequence-parallel": {"model.sequence_parallel": True},
+    "--recompute-activations": {"model.activations_checkpoint_granularity": "selective"},
+    "--untie-embeddings-and-output-weights": {"model.share_embeddings_and_output_weights": False},
+    "--disable-bias-linear": {"model.bias": False},
+    "--swiglu": {"model.activation": "swiglu"},
+    "--use-rotary-position-embeddings": {"model.position_embedding_type": "rope"},
+    "--eod-mask-loss": {"model.data.eod_mask_loss": True},
+    "--mock-data": {"model.data.data_impl": "mock"},
+    # ZeRO-1 in Megatron; gptrain's nearest is FSDP2 (shards parameters and gradients too)
+    "--use-distributed-optimizer": {"model.data_parallel_sharding": "full_shard"},
+}
+
+# flag -> number of values it takes; these change speed, kernels or logs only.
+NO_EFFECT: dict[str, int] = {
+    "--use-flash-attn": 0, "--use-mcore-models": 0, "--no-masked-softmax-fusion": 0,
+    "--no-bias-gelu-fusion": 0, "--no-bias-dropout-fusion": 0, "--no-gradient-accumulation-fusion": 0,
+    "--no-async-tensor-model-parallel-allreduce": 0, "--overlap-grad-reduce": 0, "--overlap-param-gather": 0,
+    "--fp16-lm-cross-entropy": 0, "--accumulate-allreduce-grads-in-fp32": 0,
+    "--apply-query-key-layer-scaling": 0, "--attention-softmax-in-fp32": 0, "--use-cpu-initialization": 0,
+    "--log-params-norm": 0, "--log-num-zeros-in-grad": 0, "--log-throughput": 0,
+    "--log-timers-to-tensorboard": 0, "--log-validation-ppl-to-tensorboard": 0,
+    "--log-memory-to-tensorboard": 0, "--log-batch-size-to-tensorboard": 0,
+    "--log-learning-rate-to-tensorboard": 0, "--log-loss-scale-to-tensorboard": 0,
+    "--no-load-optim": 0, "--no-load-rng": 0, "--no-save-optim": 0, "--no-save-rng": 0,
+    "--transformer-impl": 1, "--attention-backend": 1, "--DDP-impl": 1, "--timing-log-level": 1,
+    "--tensorboard-log-interval": 1, "--tensorboard-queue-size": 1, "--distributed-backend": 1,
+    "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
+    "--wandb-project": 1, "--wandb-exp-name": 1, "--wandb-save-dir": 1,
+}  # fmt: skip
+
+REFUSED: dict[str, str] = {
+    "--rampup-batch-size": "batch-size ramp-up is not implemented; drop it (full batch from step 1)",
+    "--context-parallel-size": "context parallelism is not implemented",
+    "--expert-model-parallel-size": "mixture of experts is not implemented",
+    "--num-experts": "mixture of experts is not implemented",
+    "--num-layers-per-virtual-pipeline-stage": (
+        "give the interleaved schedule as model.virtual_pipeline_model_parallel_size with gptrain train"
+    ),
+    "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
+    "--train-data-path": "per-split data paths are not supported; give --data-path and --split",
+    "--valid-data-path": "per-split data paths are not supported; give --data-path and --split",
+    "--test-data-path": "per-split data paths are not supported; give --data-path and --split",
+    "--finetune": "fine-tuning from a checkpoint is not supported by this front",
+    "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported",
+}
+
+# Flags with several values or that combine with others (translate.py handles them).
+SPECIAL = (
+    "--data-path", "--adam-beta1", "--adam-beta2", "--train-samples", "--save", "--load",
+    "--tensorboard-dir",
+)  # fmt: skip

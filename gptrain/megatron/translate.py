@@ -1,0 +1,253 @@
+"""A `pretrain_gpt.py` argument list -> gptrain `key=value` overrides, with Megatron's defaults.
+
+The overrides start from Megatron's own defaults where they differ from gptrain's (fp32, Adam
+beta2 0.999, weight decay 0.01, linear decay, split "969, 30, 1", log every 100 iterations,
+evaluate 100 batches every 1000), then apply the flags in order (a later flag wins, as with
+argparse). Unknown and unsupported flags are refused by name; flags that change speed or
+logs only are accepted and reported once. No torch here: `--dry-run` must start fast.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from gptrain.errors import ConfigError
+from gptrain.megatron.flags import NO_EFFECT, REFUSED, SPECIAL, SWITCH, VALUE
+
+# Megatron-LM's argument defaults (megatron/training/arguments.py) where gptrain's differ.
+MEGATRON_DEFAULTS: dict[str, Any] = {
+    "run.name": "megatron",
+    "trainer.precision": "32",
+    "trainer.log_every_n_steps": 100,
+    "trainer.val_check_interval": 1000,
+    "trainer.limit_val_batches": 100,
+    "trainer.limit_test_batches": 100,
+    "trainer.gradient_clip_val": 1.0,
+    "exp_manager.resume_if_exists": False,
+    "model.optim.lr": 6e-4,
+    "model.optim.betas": [0.9, 0.999],
+    "model.optim.eps": 1e-8,
+    "model.optim.weight_decay": 0.01,
+    "model.optim.sched.name": "LinearAnnealing",
+    "model.optim.sched.min_lr": 0.0,
+    "model.optim.sched.warmup_steps": 0,
+    "model.optim.sched.constant_steps": 0,
+    "model.data.splits_string": "969, 30, 1",
+    "model.data.num_workers": 2,
+    "model.activations_checkpoint_granularity": None,
+    "model.tokenizer.library": "megatron",
+    "model.tokenizer.type": "GPT2BPETokenizer",
+    "model.make_vocab_size_divisible_by": 128,
+    "model.init_method_std": 0.02,
+    "model.hidden_dropout": 0.1,
+    "model.attention_dropout": 0.1,
+    "model.layernorm_epsilon": 1e-5,
+    "model.seed": 1234,
+}
+REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size")
+
+
+@dataclass
+class Translation:
+    """The overrides for `gptrain train`, and what was accepted without effect (one line)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    given: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def overrides(self) -> list[str]:
+        return [f"{key}={render(value)}" for key, value in self.values.items()]
+
+
+def translate(argv: list[str], env: dict[str, str] | None = None) -> Translation:
+    """Megatron flags -> Translation; a flag gptrain cannot honour is a one-line ConfigError."""
+    env = dict(os.environ) if env is None else env
+    result = Translation(values=dict(MEGATRON_DEFAULTS))
+    for flag, values in split_flags(argv):
+        result.given[flag] = values
+        apply_flag(result, flag, values)
+    missing = [flag for flag in REQUIRED if flag not in result.given]
+    if missing:
+        raise ConfigError(f"pretrain_gpt.py needs {', '.join(missing)} (Megatron has no default for them)")
+    finish(result, env)
+    return result
+
+
+def split_flags(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """[('--flag', [values...]), ...]; `--flag=value` is split; values run to the next `--flag`."""
+    pairs: list[tuple[str, list[str]]] = []
+    for token in argv:
+        if token.startswith("--") and not _is_number(token):
+            flag, sep, value = token.partition("=")
+            pairs.append((flag, [value] if sep else []))
+        elif not pairs:
+            raise ConfigError(f"'{token}' is not a flag; pretrain_gpt.py arguments start with --")
+        else:
+            pairs[-1][1].append(token)
+    return pairs
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
+    if flag in REFUSED:
+        raise ConfigError(f"{flag}: {REFUSED[flag]}")
+    if flag in SPECIAL:
+        _expect(flag, values, None if flag == "--data-path" else 1)
+        return  # handled in finish(), which sees all flags
+    if flag in SWITCH:
+        _expect(flag, values, 0)
+        result.values.update(SWITCH[flag])
+    elif flag in VALUE:
+        _expect(flag, values, 1)
+        keys, convert = VALUE[flag]
+        for key in keys:
+            result.values[key] = _convert(flag, values[0], convert)
+    elif flag in NO_EFFECT:
+        _expect(flag, values, NO_EFFECT[flag])
+        result.notes.append(flag)
+    else:
+        raise ConfigError(
+            f"{flag}: not a pretrain_gpt.py flag gptrain knows; remove it or see docs/migrating.md"
+        )
+
+
+def _expect(flag: str, values: list[str], count: int | None) -> None:
+    if count is None:
+        if not values:
+            raise ConfigError(f"{flag}: needs at least one value")
+    elif len(values) != count:
+        wanted = "no value" if count == 0 else f"{count} value" + ("s" if count > 1 else "")
+        raise ConfigError(f"{flag}: takes {wanted}, got {values or 'none'}")
+
+
+def _convert(flag: str, text: str, convert: Any) -> Any:
+    if isinstance(convert, dict):
+        if text not in convert:
+            raise ConfigError(f"{flag} {text}: not supported; use one of {', '.join(convert)}")
+        return convert[text]
+    try:
+        return convert(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text}: expects a {getattr(convert, '__name__', 'value')}") from None
+
+
+def finish(result: Translation, env: dict[str, str]) -> None:
+    """Flags that combine: data paths, betas, samples, directories; then the layout and checks."""
+    v, given = result.values, result.given
+    v.setdefault("model.max_position_embeddings", v["model.encoder_seq_length"])
+    betas = [float(given.get("--adam-beta1", ["0.9"])[0]), float(given.get("--adam-beta2", ["0.999"])[0])]
+    v["model.optim.betas"] = betas
+    if "--data-path" in given:
+        v["model.data.data_prefix"] = data_prefix(given["--data-path"])
+        v["model.data.data_impl"] = "mmap"
+    _layout(v, env)
+    _iterations(v, given)
+    _directories(result)
+    check_benchmark_mode(v, given)
+
+
+def data_prefix(values: list[str]) -> Any:
+    """`--data-path p` or `--data-path w1 p1 w2 p2 ...` -> a prefix or a flat blend list."""
+    if len(values) == 1:
+        return values[0]
+    if len(values) % 2 or not all(_is_number(w) for w in values[0::2]):
+        raise ConfigError(f"--data-path {' '.join(values)}: give one prefix, or pairs 'WEIGHT PREFIX ...'")
+    return [float(x) if i % 2 == 0 else x for i, x in enumerate(values)]
+
+
+def _layout(v: dict[str, Any], env: dict[str, str]) -> None:
+    """Nodes and processes from torchrun/srun's environment; Megatron's default global batch."""
+    world = int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
+    local = int(env.get("LOCAL_WORLD_SIZE") or env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0] or world)
+    v["trainer.devices"] = local
+    v["trainer.num_nodes"] = max(1, world // max(local, 1))
+    if "model.global_batch_size" not in v:
+        model_parallel = v.get("model.tensor_model_parallel_size", 1) * v.get(
+            "model.pipeline_model_parallel_size", 1
+        )
+        v["model.global_batch_size"] = v["model.micro_batch_size"] * max(1, world // model_parallel)
+
+
+def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+    """--train-iters or --train-samples (exclusive, as in Megatron); the checkpoint interval."""
+    if "--train-samples" in given:
+        if "--train-iters" in given:
+            raise ConfigError("--train-iters and --train-samples: give only one (Megatron refuses both too)")
+        samples = int(given["--train-samples"][0])
+        v["trainer.max_steps"] = samples // v["model.global_batch_size"]
+        if "--lr-decay-iters" in given or "--lr-warmup-iters" in given:
+            raise ConfigError("--train-samples goes with --lr-decay-samples/--lr-warmup-samples, not *-iters")
+        v.setdefault("model.optim.sched.decay_samples", samples)
+    elif "--train-iters" not in given:
+        raise ConfigError("pretrain_gpt.py needs --train-iters or --train-samples")
+    elif "--lr-decay-samples" in given or "--lr-warmup-samples" in given:
+        raise ConfigError("--train-iters goes with --lr-decay-iters/--lr-warmup-iters, not *-samples")
+    if "--lr-warmup-fraction" in given and ("--lr-warmup-iters" in given or "--lr-warmup-samples" in given):
+        raise ConfigError("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples: give only one")
+    if "model.optim.sched.warmup_samples" in v or "model.optim.sched.warmup_fraction" in v:
+        v["model.optim.sched.warmup_steps"] = 0
+    if "--save-interval" not in given:  # Megatron saves only at the end without it
+        v["exp_manager.checkpoint_callback_params.every_n_train_steps"] = v["trainer.max_steps"]
+
+
+def _directories(result: Translation) -> None:
+    """--save is the run directory (checkpoints in <save>/checkpoints); --load must be the same."""
+    v, given = result.values, result.given
+    save = (given.get("--save") or [None])[0]
+    load = (given.get("--load") or [None])[0]
+    board = (given.get("--tensorboard-dir") or [None])[0]
+    if save and load and os.path.abspath(save) != os.path.abspath(load):
+        raise ConfigError(
+            f"--load {load} differs from --save {save}: gptrain resumes from the run's own checkpoints;"
+            " give both the same directory"
+        )
+    run_dir = save or load or board
+    if run_dir:
+        v["exp_manager.explicit_log_dir"] = run_dir
+    v["exp_manager.resume_if_exists"] = bool(load)
+    if board and run_dir and os.path.abspath(board) != os.path.abspath(run_dir):
+        result.notes.append(f"--tensorboard-dir (TensorBoard events go to {run_dir})")
+
+
+def check_benchmark_mode(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+    """Megatron's `--eval-iters 40 --split 100,0,0` dies on `assert num_samples > 0`: name the flag."""
+    split = str(v["model.data.splits_string"])
+    try:
+        weights = [float(x) for x in split.replace("/", ",").split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--split {split}: expects weights like 98,2,0") from None
+    weights += [0.0] * (3 - len(weights))
+    eval_iters = v["trainer.limit_val_batches"]
+    if eval_iters > 0 and weights[1] == 0 and v.get("model.data.data_impl") != "mock":
+        raise ConfigError(
+            f"--eval-iters {eval_iters} asks for validation but --split {split} leaves the validation split"
+            " empty: for benchmark mode (train only) set --eval-iters 0, or give it a weight (--split 98,2,0)"
+        )
+
+
+def render(value: Any) -> str:
+    """A value as an override's right-hand side that gptrain reads back to the same value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ",".join(render(item) for item in value) + "]"
+    if isinstance(value, int | float):
+        return repr(value)
+    from gptrain.config.yamlio import parse_value
+
+    text = str(value)
+    if parse_value(text) == text and not any(c in text for c in ",[]'\""):
+        return text
+    return "'" + text + "'" if "'" not in text else '"' + text + '"'

@@ -1,0 +1,124 @@
+"""`gptrain megatron`: the tutorials' and Megatron's own pretrain_gpt.py flag lists, unchanged."""
+
+import math
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from gptrain.cli import main
+from gptrain.config import load_training_config
+from gptrain.errors import ConfigError
+from gptrain.megatron.translate import translate
+from gptrain.train.schedule import lr_at, spec_from_config
+
+# awsome-distributed-training 3.test_cases/1.megatron-lm/2.distributed-training.sbatch (the
+# tutorial megatron-gpt-pretraining-on-slurm-aws.md), with its defaults filled in: 39B, TP 8, PP 4
+AWS_SBATCH = shlex.split(
+    "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --num-layers 36 --hidden-size 4096"
+    " --num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1"
+    " --global-batch-size 288 --train-samples 146484375 --lr-decay-samples 126953125"
+    " --lr-warmup-samples 183105 --lr 6.0e-5 --min-lr 6.0e-6 --lr-decay-style cosine --log-interval 1"
+    " --eval-iters 40 --eval-interval 1000 --data-path /fsx/my-gpt2_text_document"
+    " --vocab-file /fsx/gpt2-vocab.json --merge-file /fsx/gpt2-merges.txt --split 98,2,0 --clip-grad 1.0"
+    " --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.006 --fp16"
+    " --recompute-activations"
+)
+# Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh (paths filled in)
+MEGATRON_175B = shlex.split(
+    "--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048"
+    " --max-position-embeddings 2048 --attention-backend auto --micro-batch-size 1 --global-batch-size 1536"
+    " --rampup-batch-size 16 16 5859375 --train-iters 500000 --weight-decay 0.1 --adam-beta1 0.9"
+    " --adam-beta2 0.95 --init-method-std 0.006 --clip-grad 1.0 --fp16 --lr 6.0e-5 --lr-decay-style cosine"
+    " --min-lr 6.0e-6 --lr-warmup-fraction .001 --lr-decay-iters 430000 --tensor-model-parallel-size 8"
+    " --pipeline-model-parallel-size 16 --data-path /d/c_text_document --vocab-file /d/v.json"
+    " --merge-file /d/m.txt --split 949,50,1 --log-interval 100 --save-interval 10000"
+    " --eval-interval 1000 --save /ck --load /ck --eval-iters 10 --tensorboard-dir /tb"
+)
+ENV = {"WORLD_SIZE": "192", "LOCAL_WORLD_SIZE": "8"}
+
+
+def megatron_lr(samples, max_lr, min_lr, warmup, decay, style):
+    """Megatron's OptimizerParamScheduler.get_lr, counted in samples (written from its docs)."""
+    if warmup > 0 and samples <= warmup:
+        return max_lr * samples / warmup
+    if samples > decay:
+        return min_lr
+    ratio = (samples - warmup) / (decay - warmup)
+    coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0) if style == "cosine" else 1.0 - ratio
+    return min_lr + coeff * (max_lr - min_lr)
+
+
+def test_aws_sbatch_flags_translate_with_sample_schedules():
+    t = translate(AWS_SBATCH, ENV)
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert cfg.trainer.max_steps == 508626  # the tutorial's log: "iteration 1/ 508626"
+    assert (cfg.trainer.num_nodes, cfg.trainer.devices) == (24, 8)
+    assert cfg.trainer.precision == "16" and cfg.model.optim.betas == [0.9, 0.95]
+    assert cfg.model.activations_checkpoint_granularity == "selective"
+    assert cfg.model.data.data_prefix == "/fsx/my-gpt2_text_document"
+    assert (cfg.trainer.limit_val_batches, cfg.trainer.val_check_interval) == (40, 1000)
+    spec = spec_from_config(cfg)
+    for iteration in (1, 2, 635, 636, 637, 1000, 300000, 440812, 440813, 508626):
+        expected = megatron_lr(iteration * 288, 6e-5, 6e-6, 183105, 126953125, "cosine")
+        assert lr_at(iteration, spec) == pytest.approx(expected, rel=1e-12, abs=1e-18), iteration
+
+
+def test_megatron_defaults_where_flags_are_absent():
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    t = translate(shlex.split(flags + " --train-iters 10 --mock-data --vocab-size 64"), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert cfg.model.optim.betas == [0.9, 0.999]  # Megatron's Adam beta2, not NeMo's 0.95
+    assert cfg.trainer.precision == "32" and cfg.model.optim.weight_decay == 0.01
+    assert cfg.model.optim.sched.name == "LinearAnnealing" and cfg.model.data.splits_string == "969, 30, 1"
+    assert cfg.model.global_batch_size == 2 and cfg.model.max_position_embeddings == 16
+    assert cfg.exp_manager.checkpoint_callback_params.every_n_train_steps == 10  # saves at the end only
+
+
+def test_megatron_175b_example_refuses_rampup_by_name_and_translates_without_it():
+    with pytest.raises(ConfigError, match=r"^--rampup-batch-size: batch-size ramp-up is not implemented"):
+        translate(MEGATRON_175B, ENV)
+    at = MEGATRON_175B.index("--rampup-batch-size")
+    flags = MEGATRON_175B[:at] + MEGATRON_175B[at + 4 :]
+    t = translate(flags, ENV)
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    spec = spec_from_config(cfg)
+    assert spec.warmup_steps == pytest.approx(430) and spec.max_steps == 430000
+    assert lr_at(215, spec) == pytest.approx(6e-5 / 2)
+    assert cfg.exp_manager.explicit_log_dir == "/ck" and cfg.exp_manager.resume_if_exists
+    assert "--tensorboard-dir (TensorBoard events go to /ck)" in t.notes and "--attention-backend" in t.notes
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--num-layerz 2", "--num-layerz: not a pretrain_gpt.py flag"),
+        ("--eval-iters 40 --split 100,0,0", "--eval-iters 40 asks for validation but --split 100,0,0"),
+        ("--train-samples 100", "--train-iters and --train-samples: give only one"),
+        ("--load /a --save /b", "--load /a differs from --save /b"),
+        ("--fp16 yes", "--fp16: takes no value"),
+        ("--lr-decay-style wsd", "--lr-decay-style wsd: not supported"),
+    ],
+)
+def test_bad_flags_are_one_line_errors_naming_the_flag(flags, message, capsys):
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --data-path /d/x_text_document --split 98,2,0"
+    assert main(["megatron", "--dry-run", *base.split(), *flags.split()]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+
+
+def test_dry_run_prints_overrides_and_yaml_without_torch(tmp_path):
+    code = (
+        "import sys; from gptrain.cli import main; code = main(sys.argv[1:]);"
+        " print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', code)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, "megatron", "--dry-run", *AWS_SBATCH],
+                         capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/usr/bin"})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip().endswith("NO-TORCH 0")
+    assert "trainer.max_steps=508626" in out.stdout and "  num_layers: 36" in out.stdout
+    overrides = [line for line in out.stdout.splitlines() if "=" in line and not line.startswith("#")]
+    again = load_training_config(None, overrides, report_ignored=False)  # the printed overrides work as is
+    assert again.model.optim.sched.warmup_samples == 183105

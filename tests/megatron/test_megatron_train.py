@@ -1,0 +1,53 @@
+"""`gptrain megatron` trains on CPU, and its log lines print the rate as Megatron does."""
+
+import re
+import shlex
+
+from gptrain.cli import main
+
+TINY = shlex.split(
+    "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2"
+    " --global-batch-size 4 --train-iters 4 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 2 --lr-decay-iters 4"
+    " --lr-decay-style linear --log-interval 1 --eval-iters 1 --eval-interval 2"
+)
+
+
+def test_tiny_run_prints_the_rate_after_the_scheduler_step(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--save", str(tmp_path / "run")]
+    assert main(["megatron", *flags]) == 0
+    out = capsys.readouterr().out
+    rates = [float(r) for r in re.findall(r"learning rate: ([0-9.E+-]+)", out)]
+    # Megatron: after iteration i the scheduler has stepped i times; warmup 2, linear decay to 4
+    assert rates == [5e-4, 1e-3, 5.5e-4, 1e-4]
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def write_small_corpus(directory):
+    """80 EOD-terminated documents in Megatron's format and a word-level HF tokenizer for them."""
+    import numpy as np
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    vocab = {"<|endoftext|>": 0} | {f"w{i}": i + 1 for i in range(60)}
+    Tokenizer(WordLevel(vocab, unk_token="w0")).save(str(directory / "tokenizer.json"))
+    rng = np.random.default_rng(0)
+    prefix = str(directory / "corpus_text_document")
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        for _ in range(80):
+            doc = rng.integers(1, 61, size=int(rng.integers(5, 40)))
+            writer.add_document(np.append(doc, 0).astype(np.uint16))
+    return prefix, str(directory / "tokenizer.json")
+
+
+def test_small_dataset_with_no_test_batches_does_not_build_the_test_split(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    prefix, tokenizer = write_small_corpus(tmp_path)
+    flags = [*TINY, "--eval-iters", "0", "--data-path", prefix, "--split", "95,5,0.3"]
+    flags += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer]
+    # 80 documents: the 0.3 test share is 0 documents; with no test batches it must not be built
+    assert main(["megatron", *flags]) == 0, capsys.readouterr().err
