@@ -28,7 +28,8 @@ from typing import Any, TextIO
 
 from gptrain.errors import EXIT_HUNG
 
-# Tests only: "<rank>:<iteration>" makes that rank stop, forever, before that iteration.
+# Tests only: "<rank>:<iteration>" makes that rank stop, forever, before that iteration (in the
+# first run of a Slurm job only, so that the requeued job runs through).
 TEST_HOOK = "GPTRAIN_TEST_STOP_RANK"
 HANG_KEY = "gptrain/watchdog/hang"
 ACK_KEY = "gptrain/watchdog/ack"
@@ -50,7 +51,8 @@ def default_store() -> Any | None:
 
 
 def stop_here_for_tests(rank: int, iteration: int) -> None:
-    if os.environ.get(TEST_HOOK) == f"{rank}:{iteration}":
+    first_run = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+    if os.environ.get(TEST_HOOK) == f"{rank}:{iteration}" and first_run:
         print(
             f"gptrain: {TEST_HOOK}: rank {rank} stops before iteration {iteration}",
             file=sys.stderr,
@@ -206,5 +208,5 @@ def describe(rank: int, beat: dict[str, Any] | None) -> str:
     age = time.time() - float(beat["time"])
     return (
         f"rank {rank} on host {beat['host']} (pid {beat['pid']}), last seen {where} iteration"
-        f" {beat['iteration']} {age:.0f} s ago"
+        f" {beat['iteration']} ({age:.0f} s ago)"
     )
