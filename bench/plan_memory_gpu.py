@@ -1,0 +1,78 @@
+"""Check `gptrain plan`'s memory model against measured peak memory on one GPU.
+
+    python bench/plan_memory_gpu.py --out $OUT/plan_memory.json
+
+Runs bench/train_step.py's single-device path for each shape (eager and per-block compile) in a
+fresh process, reads its peak GiB (torch.cuda.max_memory_allocated, the table's last column), and
+writes the estimate, the measurement and the relative error per case as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+CASES = {
+    "gpt3/126m mbs8 seq2048": ["--preset", "gpt3/126m", "--micro-batch-size", "8"],
+    "24x2048 mbs4 seq2048": [
+        "--preset",
+        "gpt3/126m",
+        "--micro-batch-size",
+        "4",
+        "model.num_layers=24",
+        "model.hidden_size=2048",
+        "model.num_attention_heads=16",
+    ],
+}
+
+
+def estimate(case: list[str], compile_: bool) -> float:
+    from gptrain.config import load_training_config
+    from gptrain.plan.memory import GIB, estimate_memory
+    from gptrain.plan.spec import layout_from_config, workload_from_config
+
+    overrides = [a for a in case if "=" in a]
+    mbs = case[case.index("--micro-batch-size") + 1]
+    overrides += [f"model.micro_batch_size={mbs}", f"model.global_batch_size={mbs}", "trainer.precision=bf16"]
+    overrides += ["trainer.num_nodes=1", "trainer.devices=1", f"model.compile={compile_}"]
+    cfg = load_training_config(case[case.index("--preset") + 1], overrides)
+    return estimate_memory(workload_from_config(cfg), layout_from_config(cfg)).total / GIB
+
+
+def measure(case: list[str], compile_: bool) -> float | None:
+    """Peak GiB of gptrain's row in bench/train_step.py's table (its last column)."""
+    args = [sys.executable, "bench/train_step.py", *case, "--seq-length", "2048", "--precision", "bf16"]
+    args += ["--steps", "5", "--warmup", "3", "--reference", "none", "--label", "gptrain"]
+    args += ["--compile"] if compile_ else []
+    done = subprocess.run(args, capture_output=True, text=True)
+    rows = [line for line in done.stdout.splitlines() if "gptrain" in line]
+    numbers = re.findall(r"[0-9]+\.[0-9]+", rows[-1]) if rows else []
+    if done.returncode != 0 or not numbers:
+        print(done.stdout[-2000:], done.stderr[-2000:], file=sys.stderr)
+        return None
+    return float(numbers[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    out = Path(parser.parse_args().out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, case in CASES.items():
+        for compile_ in (False, True):
+            est, meas = estimate(case, compile_), measure(case, compile_)
+            err = None if meas is None else (est - meas) / meas
+            rows.append(
+                {"case": name, "compile": compile_, "estimate_gib": est, "measured_gib": meas, "error": err}
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    out.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
