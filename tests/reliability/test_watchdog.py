@@ -103,9 +103,9 @@ def test_a_hang_inside_the_step_on_every_rank_says_so():
         with dog.step(1):
             pass
     with zero.step(2), one.step(2):
-        thread = watch(zero)
-        thread.join(timeout=15)
-    assert exits and "all 2 ranks are inside iteration 2" in zero.fired
+        for thread in [watch(zero), watch(one)]:
+            thread.join(timeout=15)
+    assert exits == [EXIT_HUNG, EXIT_HUNG] and "all 2 ranks are inside iteration 2" in zero.fired
 
 
 def test_disabled_watchdog_does_nothing():
