@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,3 +47,22 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON_GPTRAIN = [sys.executable, "-m", "gptrain"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_ranks(log_dir: Path, overrides: list[str], **env: str) -> list[subprocess.Popen]:
+    """Two gloo ranks of a tiny `gptrain train` (RANK/WORLD_SIZE as torchrun would set them)."""
+    port, processes = free_port(), []
+    for rank in range(2):
+        rank_env = subprocess_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        rank_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env)
+        args = [*PYTHON_GPTRAIN, *train_args(log_dir, "trainer.devices=2", *overrides)]
+        processes.append(
+            subprocess.Popen(args, env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    return processes

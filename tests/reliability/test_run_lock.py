@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from reliability_helpers import PYTHON_GPTRAIN, subprocess_env, train_args
+from reliability_helpers import PYTHON_GPTRAIN, start_ranks, subprocess_env, train_args
 
 from gptrain.cli import main
 from gptrain.errors import EXIT_REQUEUE, ConfigError
@@ -160,3 +160,20 @@ def test_fresh_start_into_an_empty_directory_needs_nothing(tmp_path):
     (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
     with pytest.raises(ConfigError, match="step_2"):
         check_fresh_start(tmp_path, move_aside=False)
+
+
+@pytest.mark.distributed
+def test_every_rank_of_a_refused_run_ends_with_the_same_one_line_error(tmp_path):
+    """Rank 0 takes the lock for the job; the other ranks learn the refusal from it and end too."""
+    log_dir = tmp_path / "run"
+    held = acquire(log_dir)  # this test process: alive, on this host
+    try:
+        processes = start_ranks(log_dir, [])
+        outputs = [p.communicate(timeout=120) for p in processes]
+    finally:
+        held.release()
+    for process, (_, err) in zip(processes, outputs, strict=True):
+        last = err.strip().splitlines()[-1]
+        assert process.returncode == 2, err[-2000:]
+        assert last.startswith("gptrain: error: ") and f"in use by another run (pid {os.getpid()}" in last
+    assert sorted(p.name for p in log_dir.iterdir()) == []  # nothing written by the refused run

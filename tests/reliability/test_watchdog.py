@@ -9,12 +9,11 @@ from __future__ import annotations
 import io
 import os
 import socket
-import subprocess
 import threading
 import time
 
 import pytest
-from reliability_helpers import PYTHON_GPTRAIN, subprocess_env, train_args
+from reliability_helpers import start_ranks
 
 from gptrain.errors import EXIT_HUNG
 from gptrain.train.watchdog import TEST_HOOK, Watchdog
@@ -115,33 +114,13 @@ def test_disabled_watchdog_does_nothing():
     assert dog._thread is None and dog.fired is None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_ranks(log_dir, overrides: list[str], hook: str | None) -> list[subprocess.Popen]:
-    port, processes = free_port(), []
-    for rank in range(2):
-        env = subprocess_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        if hook:
-            env[TEST_HOOK] = hook
-        args = [*PYTHON_GPTRAIN, *train_args(log_dir, "trainer.devices=2", *overrides)]
-        processes.append(
-            subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        )
-    return processes
-
-
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_two_gloo_ranks_one_stops_the_job_ends_naming_it_and_resumes(tmp_path):
     log_dir = tmp_path / "run"
     hang = ["trainer.max_steps=1000", "trainer.hang_timeout_minutes=0.05"]  # 3 s
     started = time.monotonic()
-    processes = start_ranks(log_dir, hang, hook="1:4")  # rank 1 stops before iteration 4
+    processes = start_ranks(log_dir, hang, **{TEST_HOOK: "1:4"})  # rank 1 stops before iteration 4
     outputs = [p.communicate(timeout=240) for p in processes]
     elapsed = time.monotonic() - started
     assert [p.returncode for p in processes] == [EXIT_HUNG, EXIT_HUNG], outputs[0][1][-3000:]
@@ -153,7 +132,7 @@ def test_two_gloo_ranks_one_stops_the_job_ends_naming_it_and_resumes(tmp_path):
     assert elapsed < 120
     assert (log_dir / "checkpoints" / "latest").read_text().strip() == "step_2"
     # what the requeued job does: the same command resumes from the last checkpoint
-    processes = start_ranks(log_dir, ["trainer.max_steps=4"], hook=None)
+    processes = start_ranks(log_dir, ["trainer.max_steps=4"])
     outputs = [p.communicate(timeout=240) for p in processes]
     assert [p.returncode for p in processes] == [0, 0], outputs[0][1][-3000:]
     assert "resuming from" in (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text()
