@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gptrain.train import results as tb
 from gptrain.train.logline import IterationLog, format_iteration_line, format_suffix
-from gptrain.train.metrics import mfu, tflops_per_gpu, tokens_per_second
+from gptrain.train.metrics import dashboard_scalars, mfu, tflops_per_gpu, tokens_per_second
 from gptrain.train.step import StepResult
 
 if TYPE_CHECKING:
@@ -102,4 +102,19 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
         },
         s.state.step,
     )
+    by_step, by_samples = dashboard_scalars(
+        {
+            "loss": meter.mean_loss(),
+            "lr": meter.last_lr,
+            "grad_norm": meter.last_grad_norm,
+            "loss_scale": meter.last_scale,
+            "batch_size": float(m.global_batch_size),
+            "seconds": seconds,
+            "world_size": float(s.world.world_size),
+            "step": float(s.state.step),
+            "consumed": float(s.state.consumed_samples),
+        }
+    )
+    s.scalars.add(by_step, s.state.step)
+    s.scalars.add(by_samples, s.state.consumed_samples)
     meter.reset(time.perf_counter())

@@ -26,3 +26,58 @@ def mfu(tflops_per_gpu_value: float, peak_tflops: float | None) -> float | None:
     if not peak_tflops:
         return None
     return tflops_per_gpu_value / peak_tflops
+
+
+# Existing dashboards keep working: besides gptrain's own tags (train/results.py), every
+# interval also writes Megatron-LM's tags (training.py's training_log and evaluate_and_print_results)
+# and NeMo's (the names its Lightning module logs). docs/migrating.md lists them.
+MEGATRON_TAGS = {
+    "loss": "lm loss",
+    "lr": "learning-rate",
+    "grad_norm": "grad-norm",
+    "loss_scale": "loss-scale",
+    "batch_size": "batch-size",
+    "seconds": "iteration-time",
+    "world_size": "world-size",
+}
+NEMO_TAGS = {
+    "loss": "reduced_train_loss",
+    "lr": "lr",
+    "grad_norm": "grad_norm",
+    "loss_scale": "loss_scale",
+    "step": "global_step",
+    "consumed": "consumed_samples",
+    "seconds": "train_step_timing",
+}
+
+
+def dashboard_scalars(
+    values: dict[str, float | None],
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """(by iteration, by consumed samples): Megatron's and NeMo's tags for one logging interval.
+
+    `values` has the keys of MEGATRON_TAGS/NEMO_TAGS; Megatron also writes each of its series
+    against consumed samples under `<tag> vs samples`.
+    """
+    by_step: dict[str, float | None] = {}
+    by_samples: dict[str, float | None] = {}
+    for key, tag in MEGATRON_TAGS.items():
+        by_step[tag] = values.get(key)
+        if key != "seconds":
+            by_samples[f"{tag} vs samples"] = values.get(key)
+    for key, tag in NEMO_TAGS.items():
+        by_step[tag] = values.get(key)
+    return by_step, by_samples
+
+
+def evaluation_scalars(loss: float, split: str) -> dict[str, float]:
+    """Megatron's `lm loss validation` (and ppl) or `lm loss test`, NeMo's `val_loss`/`test_loss`."""
+    import math
+
+    name = "validation" if split == "valid" else "test"
+    ppl = math.exp(min(20.0, loss))
+    return {
+        f"lm loss {name}": loss,
+        f"lm loss {name} ppl": ppl,
+        f"{'val' if split == 'valid' else 'test'}_loss": loss,
+    }

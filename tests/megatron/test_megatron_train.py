@@ -3,6 +3,8 @@
 import re
 import shlex
 
+import pytest
+
 from gptrain.cli import main
 
 TINY = shlex.split(
@@ -23,6 +25,29 @@ def test_tiny_run_prints_the_rate_after_the_scheduler_step(tmp_path, capsys, mon
     # Megatron: after iteration i the scheduler has stepped i times; warmup 2, linear decay to 4
     assert rates == [5e-4, 1e-3, 5.5e-4, 1e-4]
     assert (tmp_path / "run" / "checkpoints").is_dir()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    tags = set(events.Tags()["scalars"])
+    megatron = {"lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size", "iteration-time"}
+    megatron |= {
+        "learning-rate vs samples",
+        "lm loss vs samples",
+        "lm loss validation",
+        "lm loss validation ppl",
+    }
+    nemo = {
+        "reduced_train_loss",
+        "lr",
+        "grad_norm",
+        "global_step",
+        "consumed_samples",
+        "train_step_timing",
+        "val_loss",
+    }
+    assert megatron | nemo <= tags, sorted(megatron | nemo - tags)
+    assert [e.value for e in events.Scalars("learning-rate")] == pytest.approx(rates)
+    assert [e.step for e in events.Scalars("learning-rate vs samples")] == [4, 8, 12, 16]
 
 
 def write_small_corpus(directory):
