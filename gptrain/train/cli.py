@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from gptrain.errors import ConfigError
 from gptrain.train.generate import add_generate_parser
 from gptrain.train.plot import add_plot_parser
 
@@ -21,6 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("preset", nargs="?", default=None, help="training preset such as gpt3/126m")
     parser.add_argument("--config-file", default=None, help="a full training YAML instead of a preset")
+    parser.add_argument(
+        "--config-path", "-cp", default=None, help="NeMo spelling: the directory of --config-name's YAML"
+    )
+    parser.add_argument(
+        "--config-name", "-cn", default=None, help="NeMo spelling: the training YAML's name in --config-path"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     parser.set_defaults(func=run_train)
     add_generate_parser(subparsers)
@@ -34,10 +42,22 @@ def split_preset(preset: str | None, overrides: list[str]) -> tuple[str | None, 
     return preset, overrides
 
 
+def config_file(args: argparse.Namespace) -> str | None:
+    """--config-file, or NeMo's --config-path DIR --config-name NAME (NAME with or without .yaml)."""
+    if args.config_name is None:
+        if args.config_path is not None:
+            raise ConfigError("--config-path needs --config-name (the training YAML in that directory)")
+        return args.config_file
+    if args.config_file is not None:
+        raise ConfigError("give --config-file, or --config-path with --config-name, not both")
+    name = args.config_name if args.config_name.endswith((".yaml", ".yml")) else f"{args.config_name}.yaml"
+    return str(Path(args.config_path or ".") / name)
+
+
 def run_train(args: argparse.Namespace) -> int:
     from gptrain.config import load_training_config
     from gptrain.train.loop import train
 
     preset, overrides = split_preset(args.preset, list(args.overrides))
-    cfg = load_training_config(preset, overrides, config_file=args.config_file)
+    cfg = load_training_config(preset, overrides, config_file=config_file(args))
     return train(cfg)

@@ -171,3 +171,17 @@ def test_run_name_and_base_results_dir_without_a_preset():
     cfg = load_training_config(None, ["run.name=mine", "base_results_dir=/r", "model.data.data_impl=mock",
                                       "model.data.mock_vocab_size=64"])  # fmt: skip
     assert cfg.run.results_dir == "/r/mine" and cfg.exp_manager.explicit_log_dir == "/r/mine/results"
+
+
+def test_train_takes_nemo_config_path_and_name(tmp_path):
+    from gptrain.cli import build_parser
+    from gptrain.train.cli import config_file, split_preset
+
+    tree = conf("24.05") / "training" / "gpt3"
+    argv = ["train", "--config-path", str(tree), "--config-name", "126m", "trainer.max_steps=5"]
+    args = build_parser().parse_args(argv)
+    assert config_file(args) == str(tree / "126m.yaml") and args.overrides == ["trainer.max_steps=5"]
+    cfg = load_training_config(
+        args.preset, args.overrides, config_file=config_file(args), report_ignored=False
+    )
+    assert cfg.trainer.max_steps == 5 and cfg.model.num_layers == 12
