@@ -180,8 +180,7 @@ def test_train_takes_nemo_config_path_and_name(tmp_path):
     tree = conf("24.05") / "training" / "gpt3"
     argv = ["train", "--config-path", str(tree), "--config-name", "126m", "trainer.max_steps=5"]
     args = build_parser().parse_args(argv)
-    assert config_file(args) == str(tree / "126m.yaml") and args.overrides == ["trainer.max_steps=5"]
-    cfg = load_training_config(
-        args.preset, args.overrides, config_file=config_file(args), report_ignored=False
-    )
+    preset, overrides = split_preset(args.preset, args.overrides)
+    assert config_file(args) == str(tree / "126m.yaml") and overrides == ["trainer.max_steps=5"]
+    cfg = load_training_config(preset, overrides, config_file=config_file(args), report_ignored=False)
     assert cfg.trainer.max_steps == 5 and cfg.model.num_layers == 12
