@@ -137,14 +137,6 @@ class SchedConfig:
     """Megatron's --lr-decay-samples: schedule length in samples (instead of max_steps)."""
     warmup_fraction: float | None = None
     """Megatron's --lr-warmup-fraction: warmup over this fraction of the schedule length."""
-    warmup_ratio: float | None = None
-    """NeMo: warmup of int(warmup_ratio x schedule length) steps (instead of warmup_steps)."""
-    warmup_samples: int | None = None
-    """Megatron's --lr-warmup-samples: warmup over this many samples (instead of warmup_steps)."""
-    decay_samples: int | None = None
-    """Megatron's --lr-decay-samples: schedule length in samples (instead of max_steps)."""
-    warmup_fraction: float | None = None
-    """Megatron's --lr-warmup-fraction: warmup over this fraction of the schedule length."""
 
 
 @dataclass

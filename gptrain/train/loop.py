@@ -33,7 +33,6 @@ from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
 from gptrain.train.meter import IntervalMeter, log_interval
 from gptrain.train.metrics import evaluation_scalars
-from gptrain.train.metrics import evaluation_scalars
 from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, RunLog, Scalars, write_run_files
 from gptrain.train.run_lock import claim_run_directory
 from gptrain.train.schedule import LRSchedule
@@ -395,11 +394,6 @@ def evaluate_split(s: Session, data: GPTBatchDataset | None, batches: int, where
         for line in format_validation_lines(s.state.step, loss, where):
             s.log(line)
     s.scalars.add({tag: loss}, s.state.step)
-    named = evaluation_scalars(loss, "valid" if tag == TB_VAL_LOSS else "test")  # Megatron's and NeMo's tags
-    s.scalars.add(named, s.state.step)
-    s.scalars.add(
-        {f"{k} vs samples": v for k, v in named.items() if k.startswith("lm")}, s.state.consumed_samples
-    )
     named = evaluation_scalars(loss, "valid" if tag == TB_VAL_LOSS else "test")  # Megatron's and NeMo's tags
     s.scalars.add(named, s.state.step)
     s.scalars.add(
