@@ -11,9 +11,9 @@ resumed run never loads a torn checkpoint. Works without a process group (one pr
 
 Asynchronous saves (`async_save=True`) copy the state into a staging buffer that is kept
 between saves (pinned host memory on CUDA, so the copy runs at full PCIe speed and is
-allocated once) and write it from a background thread while training goes on. On CUDA the
-copy itself runs on a side stream during the next forward/backward; the only thing that must
-wait for it is the next optimizer step (`wait_for_staging`, installed as a step pre-hook).
+allocated once) and write it from a background thread while training goes on. On CPU the
+copy itself runs beside the next forward/backward; the only thing that must wait for it is
+the next optimizer step (`wait_for_staging`, installed as a step pre-hook).
 A new save waits for the previous one only if that one is still writing, and says so.
 """
 
@@ -180,19 +180,29 @@ class CheckpointManager:
         self._pending = _Pending(step, path, started, stall, waited, upload, staging)
 
     def _staging(self) -> Any:
-        """One stager for the whole run: its host buffers are allocated (and pinned) once."""
-        if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        """One stager for the whole run: its host buffers are allocated (and pinned) once.
 
-            cuda = torch.cuda.is_available()
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=cuda,
+        On CUDA the copy into the cached pinned buffer blocks (it runs at PCIe speed, well
+        under a second per 10 GB); on CPU it runs in a background thread beside the next
+        forward/backward, and the optimizer step waits for it (`wait_for_staging`).
+        """
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import (
+                BlockingAsyncStager,
+                DefaultStager,
+                StagingOptions,
+            )
+
+            if torch.cuda.is_available():
+                self._stager = BlockingAsyncStager(cache_staged_state_dict=True)
+            else:
+                options = StagingOptions(
+                    use_pinned_memory=False,
                     use_shared_memory=False,
                     use_async_staging=True,
-                    use_non_blocking_copy=cuda,
+                    use_non_blocking_copy=False,
                 )
-            )
+                self._stager = DefaultStager(options)
         return self._stager
 
     def wait_for_staging(self) -> None:
