@@ -34,7 +34,9 @@ from gptrain.train.step import StepOptions, train_step
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
@@ -56,7 +58,10 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, device: torch.devi
     model = build_model(config, device, seed=1234)
     optimizer = build_optimizer(model, "adamw", 1e-4, 0.1, (0.9, 0.95), 1e-8, device.type)
     precision = "bf16" if device.type == "cuda" else "32"
-    scaler, opts = build_loss_scaler(precision, 2**16, 1000, 2), StepOptions(precision=precision, clip_grad=1.0)
+    scaler, opts = (
+        build_loss_scaler(precision, 2**16, 1000, 2),
+        StepOptions(precision=precision, clip_grad=1.0),
+    )
     tokens = torch.randint(0, args.vocab, (args.micro_batch_size, args.seq_length + 1))
     batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": torch.ones(tokens[:, 1:].shape)}
     reports: list[SaveReport] = []
@@ -103,14 +108,27 @@ def print_table(rows: list[dict], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("mode", "wall s", "extra wall s", "saves", "stall ms (median/max)", "write s", "GB", "GB/s"):
+    for column in (
+        "mode",
+        "wall s",
+        "extra wall s",
+        "saves",
+        "stall ms (median/max)",
+        "write s",
+        "GB",
+        "GB/s",
+    ):
         table.add_column(column, justify="right")
     base = next((r["wall_s"] for r in rows if r["mode"] == "none"), None)
     for r in rows:
         extra = f"{r['wall_s'] - base:.2f}" if base is not None else "-"
         if r["saves"]:
             stall = f"{r['stall_ms_median']:.0f} / {r['stall_ms_max']:.0f}"
-            write, size, bw = f"{r['write_s_median']:.2f}", f"{r['bytes'] / 1e9:.2f}", f"{r['write_GBps']:.2f}"
+            write, size, bw = (
+                f"{r['write_s_median']:.2f}",
+                f"{r['bytes'] / 1e9:.2f}",
+                f"{r['write_GBps']:.2f}",
+            )
         else:
             stall = write = size = bw = "-"
         table.add_row(r["mode"], f"{r['wall_s']:.2f}", extra, str(r["saves"]), stall, write, size, bw)
@@ -122,14 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gptrain-ckpt-bench-"))
     rows = [run_mode(mode, args, root, device) for mode in args.modes.split(",")]
-    name = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-    print_table(rows, f"{args.layers} x {args.hidden}, save every {args.every} of {args.steps} steps, on {name}")
+    name = (
+        torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    )
+    print_table(
+        rows, f"{args.layers} x {args.hidden}, save every {args.every} of {args.steps} steps, on {name}"
+    )
     result: dict = {"bench": "checkpoint", "device": name, "args": vars(args), "rows": rows}
     by_mode = {r["mode"]: r for r in rows}
     if {"none", "sync", "async"} <= by_mode.keys():
         extra_sync = by_mode["sync"]["wall_s"] - by_mode["none"]["wall_s"]
         extra_async = by_mode["async"]["wall_s"] - by_mode["none"]["wall_s"]
-        result["async_stall_over_sync"] = by_mode["async"]["stall_ms_median"] / by_mode["sync"]["stall_ms_median"]
+        result["async_stall_over_sync"] = (
+            by_mode["async"]["stall_ms_median"] / by_mode["sync"]["stall_ms_median"]
+        )
         result["async_extra_wall_over_sync"] = extra_async / extra_sync if extra_sync > 0 else None
         print(
             f"async stall / sync stall: {result['async_stall_over_sync']:.3f}; "

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "gptrain.launch.cli",
     "gptrain.validate.cli",
     "gptrain.plan.cli",
+    "gptrain.checkpoint.cli",
 )
 
 

@@ -19,7 +19,6 @@ A new save waits for the previous one only if that one is still writing, and say
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -33,7 +32,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
+from gptrain.checkpoint.integrity import complete_record, verify
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write, atomic_write_text
 
@@ -43,6 +44,10 @@ LATEST = "latest"
 # One process without a process group is a supported case here, not a mistake (also
 # raised from the async-save thread, where a local catch_warnings would not reach).
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+
+
+class CheckpointLoadError(GptrainError):
+    """No complete checkpoint of the run verifies and loads."""
 
 
 class CheckpointWriteError(GptrainError):
@@ -162,7 +167,7 @@ class CheckpointManager:
                 self._start_background_save(step, path, state, started, waited)
                 return path
             dcp.save(state, checkpoint_id=str(path))
-        except Exception as error:
+        except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             raise self._write_failed(path, error) from error
         elapsed = time.perf_counter() - started
         self._finish(SaveReport(step, path, 0, elapsed, elapsed, False, waited))
@@ -213,7 +218,7 @@ class CheckpointManager:
         started = time.perf_counter()
         try:
             pending.staging.result()
-        except Exception as error:
+        except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             self._pending = None
             raise self._write_failed(pending.path, error) from error
         pending.stall_s += time.perf_counter() - started
@@ -232,7 +237,7 @@ class CheckpointManager:
         self._pending = None
         try:
             pending.upload.result()
-        except Exception as error:
+        except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             raise self._write_failed(pending.path, error) from error
         write_s = time.perf_counter() - pending.started
         report = SaveReport(
@@ -256,7 +261,7 @@ class CheckpointManager:
             _barrier()  # every rank's files are on disk before the marker
         path = report.path
         if self.rank == 0:
-            atomic_write_text(path / COMPLETE, json.dumps({"step": report.step}) + "\n")
+            atomic_write_text(path / COMPLETE, complete_record(report.step, path))
             atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
             self._prune()
         if barrier:
@@ -289,6 +294,53 @@ class CheckpointManager:
     def newest(self) -> Path | None:
         return newest_complete(self.root)
 
+    def space_warning(self, checkpoint_bytes: int) -> str | None:
+        """A warning when the filesystem cannot hold keep_last + 1 checkpoints of this size
+        (the next save is written before the oldest is removed)."""
+        count = (self.keep_last or 1) + 1
+        existing = self.root
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = shutil.disk_usage(existing).free + sum(
+            directory_bytes(self.root / step_dir_name(step)) for step in complete_steps(self.root)
+        )
+        if free >= count * checkpoint_bytes:
+            return None
+        return (
+            f"{existing} has {free / 1e9:.1f} GB free for checkpoints, but {count} checkpoints of about "
+            f"{checkpoint_bytes / 1e9:.1f} GB (save_top_k + 1) need {count * checkpoint_bytes / 1e9:.1f} GB: "
+            "a save will fail when the disk fills; free space or lower save_top_k"
+        )
+
+    def load_newest_good(
+        self,
+        state_fn: Callable[[], dict[str, Any]],
+        apply: Callable[[dict[str, Any]], None],
+        warn: Callable[[str], None],
+    ) -> tuple[Path, dict[str, Any]] | None:
+        """Load the newest complete checkpoint that verifies and loads; older ones are tried in turn.
+
+        Each one passed over is reported through `warn`. None when there is no complete checkpoint;
+        CheckpointLoadError when there are some and none of them loads.
+        """
+        problems = []
+        for step in reversed(complete_steps(self.root)):
+            path = self.root / step_dir_name(step)
+            problem = verify(path)
+            if problem is None:
+                try:
+                    return path, self.load(path, state_fn(), apply)
+                except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+                    problem = f"{path} does not load ({root_cause(error)})"
+            problems.append(problem)
+            warn(f"checkpoint {path.name} is damaged: {problem}; trying the previous one")
+        if problems:
+            raise CheckpointLoadError(
+                f"no checkpoint under {self.root} loads (newest: {problems[0]}); move the damaged ones "
+                "aside, or start over with exp_manager.resume_if_exists=false and another run.name"
+            )
+        return None
+
     def close(self) -> None:
         """Wait for a pending save and release the staging buffers."""
         try:
@@ -301,8 +353,21 @@ class CheckpointManager:
     def load(
         self, path: Path, state: dict[str, Any], apply: Callable[[dict[str, Any]], None]
     ) -> dict[str, Any]:
-        """Load DCP `state` in place, hand it to `apply`, return this rank's extra state."""
+        """Load DCP `state` in place, hand it to `apply`, return this rank's extra state.
+
+        A tensor saved with another number of rows (the vocabulary is padded to a multiple of
+        make_vocab_size_divisible_by x TP, as Megatron pads it, so it changes with TP) is loaded
+        as saved and its common rows copied in; the rows only one side has keep their values.
+        """
+        resized = _row_mismatches(path, state)
+        for (top, key), saved_shape in resized.items():
+            template = state[top][key]
+            state[top][key] = torch.empty(saved_shape, dtype=template.dtype)
+            resized[(top, key)] = template
         dcp.load(state, checkpoint_id=str(path))
+        for (top, key), template in resized.items():
+            _copy_common_rows(template, state[top][key])
+            state[top][key] = template
         apply(state)
         rank_file = path / f"rank_{self.rank}.pt"
         if not rank_file.is_file():
@@ -323,3 +388,37 @@ def root_cause(error: BaseException) -> str:
         error = error.__cause__
     text = " ".join(str(error).split()) or type(error).__name__
     return f"{type(error).__name__}: {text}"
+
+
+def _row_mismatches(path: Path, state: dict[str, Any]) -> dict[tuple[str, str], Any]:
+    """(section, key) -> saved shape, for tensors whose saved first dimension differs from the live one."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    found: dict[tuple[str, str], Any] = {}
+    for top, section in state.items():
+        if not isinstance(section, dict):
+            continue
+        for key, value in section.items():
+            meta = saved.get(f"{top}.{key}")
+            if not isinstance(value, torch.Tensor) or not isinstance(meta, TensorStorageMetadata):
+                continue
+            shape = tuple(meta.size)
+            if shape != tuple(value.shape) and shape[1:] == tuple(value.shape[1:]):
+                found[(top, key)] = torch.Size(shape)
+    return found
+
+
+@torch.no_grad()
+def _copy_common_rows(live: torch.Tensor, loaded: torch.Tensor) -> None:
+    """Copy loaded[:n] into the first n rows of `live` (a plain tensor or a DTensor shard)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    full = live.full_tensor() if isinstance(live, DTensor) else live.detach().clone()
+    rows = min(full.shape[0], loaded.shape[0])
+    full[:rows] = loaded[:rows].to(full.device, full.dtype)
+    if isinstance(live, DTensor):
+        local = distribute_tensor(full, live.device_mesh, live.placements, src_data_rank=None).to_local()
+        live.to_local().copy_(local)
+    else:
+        live.copy_(full)

@@ -26,10 +26,30 @@ _ATTENTION_OPS = {
 }
 
 
+# Dropout builds its mask in place (empty_like, then bernoulli_ and div_): a saved factory output
+# would be mutated after caching, which selective checkpointing refuses. Such ops are recomputed
+# instead (the RNG state is restored for the recomputation, so the mask is the same).
+_FACTORY_OPS = {
+    torch.ops.aten.empty_like,
+    torch.ops.aten.empty,
+    torch.ops.aten.empty_strided,
+    torch.ops.aten.new_empty,
+    torch.ops.aten.zeros_like,
+    torch.ops.aten.ones_like,
+}
+
+
 def _recompute_attention_only(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    if op in _ATTENTION_OPS:
+    if op in _ATTENTION_OPS or _allocates_or_mutates(op):
         return CheckpointPolicy.PREFER_RECOMPUTE
     return CheckpointPolicy.MUST_SAVE
+
+
+def _allocates_or_mutates(op: Any) -> bool:
+    schema = getattr(op, "_schema", None)
+    return getattr(op, "overloadpacket", None) in _FACTORY_OPS or bool(
+        schema is not None and schema.is_mutable
+    )
 
 
 def _selective_context() -> Any:

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 
 def _local_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     if not grads:
-        return torch.zeros((), dtype=torch.float32)
+        return torch.zeros((), dtype=torch.get_default_dtype())
     norm = torch.nn.utils.get_total_norm(grads, norm_type=norm_type)
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
@@ -26,9 +26,10 @@ def _local_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
 def global_grad_norm(
     grads: Iterable[torch.Tensor], pp_group: dist.ProcessGroup | None = None, norm_type: float = 2.0
 ) -> torch.Tensor:
-    """Norm of all gradients of the model, whichever rank or stage holds them (fp32)."""
+    """Norm of all gradients of the model, whichever rank or stage holds them (fp32, or fp64 for fp64 grads)."""
     grads = list(grads)
-    norm = _local_norm(grads, norm_type).float()
+    norm = _local_norm(grads, norm_type)
+    norm = norm.to(torch.promote_types(norm.dtype, torch.float32))
     if grads:
         norm = norm.to(grads[0].device)
     if pp_group is None or dist.get_world_size(pp_group) == 1:

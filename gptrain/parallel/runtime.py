@@ -123,8 +123,13 @@ def masked_labels(batch: Batch) -> torch.Tensor:
 def lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Sum of token cross-entropies over unmasked labels; logits may be vocab-sharded DTensors."""
     return F.cross_entropy(
-        logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        upcast(logits).flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
     )
+
+
+def upcast(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in at least fp32 for the loss (a float64 model keeps float64)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

@@ -72,7 +72,9 @@ def padded_vocab_size(cfg: TrainingConfig, tokenizer: Any | None) -> tuple[int, 
         raise ConfigError("no tokenizer files and no model.data.mock_vocab_size: set one of them")
     # As Megatron: a multiple of make_vocab_size_divisible_by x TP, so parameter counts and FLOPs
     # match its logs under any layout.
-    padded = pad_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by, cfg.model.tensor_model_parallel_size)
+    padded = pad_vocab_size(
+        vocab, cfg.model.make_vocab_size_divisible_by, cfg.model.tensor_model_parallel_size
+    )
     return vocab, padded
 
 

@@ -178,6 +178,10 @@ def log_start(s: Session, model: nn.Module, log_dir: Path) -> None:
     )
     for warning in schedule_warnings(s.schedule.spec, s.cfg.trainer.max_steps):
         s.log(f"warning: {warning}")
+    # fp32 weights and AdamW's two moments: 12 bytes a parameter, whatever the layout.
+    space = s.checkpoints.space_warning(12 * params) if s.world.rank == 0 else None
+    if space is not None:
+        s.log(f"warning: {space}")
 
 
 def resume(s: Session) -> None:
@@ -186,19 +190,24 @@ def resume(s: Session) -> None:
     if not s.cfg.exp_manager.resume_if_exists:
         s.log(f"exp_manager.resume_if_exists=false: starting from scratch (checkpoints go to {root})")
         return
-    path = s.checkpoints.newest()
-    if path is None:
+    loaded = s.checkpoints.load_newest_good(
+        lambda: checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state),
+        lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
+        lambda warning: report_damaged_checkpoint(s, warning),
+    )
+    if loaded is None:
         s.log(f"no complete checkpoint in {root}: starting from scratch")
         return
-    state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
-    extra = s.checkpoints.load(
-        path,
-        state,
-        lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
-    )
+    path, extra = loaded
     if "rng" in extra:
         set_rng_state(extra["rng"])
     s.log(f"resuming from {path} at iteration {s.state.step}, consumed samples {s.state.consumed_samples}")
+
+
+def report_damaged_checkpoint(s: Session, warning: str) -> None:
+    """A checkpoint passed over at resume: in the log and in TensorBoard, so it is not missed."""
+    s.log(f"WARNING: {warning}")
+    s.scalars.text("checkpoint/damaged", warning, s.state.step)
 
 
 def watch_checkpoint_saves(s: Session) -> None:

@@ -98,6 +98,11 @@ class Scalars:
             if value is not None:
                 self._writer.add_scalar(tag, value, step)
 
+    def text(self, tag: str, text: str, step: int) -> None:
+        """A warning people should see next to the curves (e.g. a damaged checkpoint skipped)."""
+        if self._writer is not None:
+            self._writer.add_text(tag, text, step)
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.flush()

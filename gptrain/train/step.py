@@ -35,7 +35,10 @@ def lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Ten
     """
     labels = labels.masked_fill(loss_mask == 0, IGNORE_INDEX)
     return F.cross_entropy(
-        logits.float().flatten(0, -2), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        logits.to(torch.promote_types(logits.dtype, torch.float32)).flatten(0, -2),
+        labels.flatten(),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
     )
 
 

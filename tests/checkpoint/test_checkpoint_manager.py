@@ -74,7 +74,8 @@ def test_async_save_snapshots_state_and_marks_on_wait(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=2, async_save=True)
     state = state_for(3.0)
     manager.save(3, state, {})
-    state["model"]["w"].fill_(99.0)  # training continues while the save runs
+    manager.wait_for_staging()  # what the optimizer's pre-step hook does before changing weights
+    state["model"]["w"].fill_(99.0)  # training continues while the save writes
     manager.wait()
     assert newest_complete(tmp_path) == tmp_path / "step_3"
     target = state_for(0.0)
@@ -87,3 +88,85 @@ def test_zero_or_none_keep_means_keep_all(tmp_path, keep):
     manager = CheckpointManager(tmp_path, keep_last=keep)
     save_steps(manager, [1, 2])
     assert complete_steps(tmp_path) == [1, 2]
+
+
+@pytest.mark.parametrize("saved_rows, live_rows", [(6, 8), (8, 4)])
+def test_load_fits_rows_when_vocabulary_padding_changed(tmp_path, saved_rows, live_rows):
+    """The padded vocabulary changes with TP: common rows load, the live extra rows stay as they were."""
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    saved = torch.arange(saved_rows * 3, dtype=torch.float32).reshape(saved_rows, 3)
+    manager.save(1, {"model": {"emb": saved, "bias": torch.ones(3)}}, {})
+    live = torch.full((live_rows, 3), -1.0)
+    target = {"model": {"emb": live, "bias": torch.zeros(3)}}
+    manager.load(tmp_path / "step_1", target, lambda s: None)
+    rows = min(saved_rows, live_rows)
+    assert target["model"]["emb"] is live
+    assert torch.equal(live[:rows], saved[:rows])
+    assert torch.equal(live[rows:], torch.full((live_rows - rows, 3), -1.0))
+    assert torch.equal(target["model"]["bias"], torch.ones(3))
+
+
+def test_save_reports_stall_and_size(tmp_path):
+    reports = []
+    manager = CheckpointManager(tmp_path, keep_last=1, on_saved=reports.append)
+    manager.save(2, state_for(2.0), {})
+    (report,) = reports
+    assert report.step == 2 and not report.background and report.stall_s > 0
+    assert report.bytes == sum(f.stat().st_size for f in (tmp_path / "step_2").iterdir())
+    assert (
+        report.describe().startswith("saved checkpoint step_2 (") and "training stalled" in report.describe()
+    )
+
+
+def test_async_save_stalls_only_for_staging_and_reports_background_write(tmp_path):
+    reports = []
+    manager = CheckpointManager(tmp_path, keep_last=2, async_save=True, on_saved=reports.append)
+    state = state_for(4.0)
+    manager.save(4, state, {})
+    manager.wait_for_staging()  # the optimizer's pre-step hook: the copy is taken
+    state["model"]["w"].fill_(99.0)
+    manager.save(5, state_for(5.0), {})  # waits for step 4 only if it is still writing
+    manager.close()
+    assert [r.step for r in reports] == [4, 5] and all(r.background for r in reports)
+    assert "written in the background in" in reports[0].describe()
+    target = state_for(0.0)
+    manager.load(tmp_path / "step_4", target, lambda s: None)
+    assert torch.equal(target["model"]["w"], torch.full((3, 2), 4.0))
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_failed_write_removes_partial_checkpoint_and_keeps_latest(tmp_path, monkeypatch, async_save):
+    """A full disk mid-save: one-line error naming the path and cause; earlier checkpoints intact."""
+    import errno
+
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    from gptrain.checkpoint.manager import CheckpointWriteError
+
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save)
+    manager.save(1, state_for(1.0), {})
+    manager.wait()
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", disk_full)
+    with pytest.raises(CheckpointWriteError) as failure:
+        manager.save(2, state_for(2.0), {})
+        manager.wait()
+    message = str(failure.value)
+    assert "step_2" in message and "No space left on device" in message and "\n" not in message
+    assert not (tmp_path / "step_2").exists()
+    assert complete_steps(tmp_path) == [1] and (tmp_path / LATEST).read_text().strip() == "step_1"
+
+
+def test_space_warning_when_the_disk_cannot_hold_keep_plus_one(tmp_path, monkeypatch):
+    import shutil as sh
+    from collections import namedtuple
+
+    manager = CheckpointManager(tmp_path / "not" / "yet" / "there", keep_last=2)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(sh, "disk_usage", lambda path: usage(100e9, 50e9, 50e9))
+    assert manager.space_warning(10_000_000_000) is None  # 3 x 10 GB fit in 50 GB
+    warning = manager.space_warning(20_000_000_000)
+    assert warning.startswith(f"{tmp_path} has 50.0 GB free") and "need 60.0 GB" in warning

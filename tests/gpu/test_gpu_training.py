@@ -26,7 +26,12 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-GPU = ["trainer.accelerator=gpu", "model.hidden_size=64", "model.encoder_seq_length=64", "model.data.mock_vocab_size=256"]
+GPU = [
+    "trainer.accelerator=gpu",
+    "model.hidden_size=64",
+    "model.encoder_seq_length=64",
+    "model.data.mock_vocab_size=256",
+]
 
 
 def has_fp8() -> bool:
@@ -52,7 +57,11 @@ def test_compiled_loss_matches_eager_within_bf16_tolerance():
                        hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip
     model = build_model(config, torch.device("cuda"), seed=3)
     tokens = torch.randint(0, 512, (4, 129), device="cuda")
-    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": torch.ones(4, 128, device="cuda")}
+    batch = {
+        "tokens": tokens[:, :-1],
+        "labels": tokens[:, 1:],
+        "loss_mask": torch.ones(4, 128, device="cuda"),
+    }
     with torch.autocast("cuda", dtype=torch.bfloat16):
         eager = masked_lm_loss(model, batch)
         compiled = compiled_loss_fn("whole")(model, batch)

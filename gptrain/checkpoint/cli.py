@@ -1,0 +1,54 @@
+"""`gptrain checkpoint verify RUN`: check every checkpoint of a run against its manifest (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from gptrain.checkpoint.integrity import COMPLETE, verify
+from gptrain.errors import ConfigError
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("checkpoint", help="inspect a run's checkpoints")
+    actions = parser.add_subparsers(dest="action", required=True)
+    verify_parser = actions.add_parser(
+        "verify",
+        help="check every checkpoint's files against the manifest in its COMPLETE marker",
+        description="Exit 0 when the newest complete checkpoint verifies (the one a resume loads), 1 otherwise.",
+    )
+    verify_parser.add_argument(
+        "run", type=Path, help="a run's results directory, or its checkpoints/ directory"
+    )
+    verify_parser.set_defaults(func=run_verify)
+
+
+def checkpoint_root(run: Path) -> Path:
+    """RUN/checkpoints, RUN/results/checkpoints or RUN itself, whichever holds step directories."""
+    for candidate in (run / "checkpoints", run / "results" / "checkpoints", run):
+        if candidate.is_dir() and any(STEP_DIR.match(p.name) for p in candidate.iterdir()):
+            return candidate
+    raise ConfigError(f"{run}: no step_<N> checkpoint directories found here or in checkpoints/")
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    root = checkpoint_root(args.run)
+    steps = sorted(
+        (int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()
+    )
+    newest_complete_ok = None
+    for _, path in reversed(steps):
+        if not (path / COMPLETE).is_file():
+            print(f"{path.name}: incomplete (no {COMPLETE}): never loaded")
+            continue
+        problem = verify(path)
+        print(f"{path.name}: {'ok' if problem is None else 'DAMAGED: ' + problem}")
+        if newest_complete_ok is None:
+            newest_complete_ok = problem is None
+    if newest_complete_ok is None:
+        print(f"{root}: no complete checkpoint")
+        return 1
+    return 0 if newest_complete_ok else 1

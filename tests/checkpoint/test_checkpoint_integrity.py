@@ -1,0 +1,93 @@
+"""Damaged checkpoints: named by the manifest, skipped at resume (loudly), checked by `checkpoint verify`."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptrain.checkpoint.integrity import verify
+from gptrain.checkpoint.manager import CheckpointLoadError, CheckpointManager
+from gptrain.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def save(manager: CheckpointManager, step: int) -> Path:
+    return manager.save(step, {"model": {"w": torch.full((64, 64), float(step))}}, {})
+
+
+def truncate_shard(step_dir: Path) -> Path:
+    shard = next(step_dir.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    return shard
+
+
+def test_complete_marker_lists_every_file_with_its_size(tmp_path):
+    path = save(CheckpointManager(tmp_path, keep_last=2), 3)
+    record = json.loads((path / "COMPLETE").read_text())
+    on_disk = {p.name: p.stat().st_size for p in path.iterdir() if p.name != "COMPLETE"}
+    assert record == {"step": 3, "files": on_disk} and any(n.endswith(".distcp") for n in on_disk)
+    assert verify(path) is None
+
+
+def test_truncated_or_missing_shard_is_named(tmp_path):
+    path = save(CheckpointManager(tmp_path, keep_last=2), 1)
+    shard = truncate_shard(path)
+    assert (
+        verify(path)
+        == f"{shard} is 100 bytes, its manifest says {json.loads((path / 'COMPLETE').read_text())['files'][shard.name]} (truncated or replaced)"
+    )
+    shard.unlink()
+    assert verify(path) == f"{shard} is missing"
+
+
+def test_load_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    for step in (1, 2, 3):
+        save(manager, step)
+    truncate_shard(tmp_path / "step_3")
+    (tmp_path / "step_2" / "__0_0.distcp").unlink()
+    warnings, applied = [], []
+    template = lambda: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    path, _ = manager.load_newest_good(template, applied.append, warnings.append)
+    assert path == tmp_path / "step_1" and torch.equal(applied[0]["model"]["w"], torch.full((64, 64), 1.0))
+    assert [w.split(":")[0] for w in warnings] == [
+        "checkpoint step_3 is damaged",
+        "checkpoint step_2 is damaged",
+    ]
+    truncate_shard(tmp_path / "step_1")
+    with pytest.raises(CheckpointLoadError, match="no checkpoint under .* loads") as error:
+        manager.load_newest_good(template, applied.append, warnings.append)
+    assert "\n" not in str(error.value)
+
+
+def test_resume_skips_a_truncated_latest_checkpoint_loudly(tmp_path, monkeypatch):
+    """The issue's case: truncate one .distcp of the latest checkpoint and resume."""
+    config = tiny_config(tmp_path, *MOCK, "exp_manager.resume_if_exists=true")
+    code, _ = run_recording(monkeypatch, config)
+    assert code == 0
+    truncate_shard(tmp_path / "checkpoints" / "step_6")
+    longer = tiny_config(tmp_path, *MOCK, "exp_manager.resume_if_exists=true", "trainer.max_steps=7")
+    code, losses = run_recording(monkeypatch, longer)
+    assert code == 0 and sorted(losses) == [5, 6, 7]  # resumed from step_4
+    lines = log_lines(tmp_path)
+    assert any(line.startswith("WARNING: checkpoint step_6 is damaged: ") and ".distcp is 100 bytes" in line
+               for line in lines)  # fmt: skip
+    assert any(line.startswith("resuming from ") and "step_4 at iteration 4" in line for line in lines)
+
+
+def test_checkpoint_verify_command(tmp_path, capsys):
+    manager = CheckpointManager(tmp_path / "results" / "checkpoints", keep_last=3)
+    save(manager, 1)
+    save(manager, 2)
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["step_2: ok", "step_1: ok"]
+    truncate_shard(tmp_path / "results" / "checkpoints" / "step_2")
+    assert main(["checkpoint", "verify", str(tmp_path / "results")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("step_2: DAMAGED: ") and out[1] == "step_1: ok"
