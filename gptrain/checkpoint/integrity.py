@@ -1,37 +1,50 @@
 """What a complete checkpoint must contain, and whether the files on disk still match it.
 
-The COMPLETE marker carries a manifest: every file of the step directory with its size, taken
-by rank 0 from the directory listing once every rank's files are written (no data is read
-again). `verify` compares the directory with it, so a truncated or missing shard is named
-before a load is tried. Sizes catch truncation and lost files, the usual damage of a full disk
-or an interrupted copy; they do not catch a flipped bit (DCP stores no checksums, and a second
-read of every shard to compute them would double the cost of a save).
+The COMPLETE marker carries a manifest: every file of the step directory with its size (taken
+by rank 0 from the directory listing once every rank's files are written) and its CRC-32
+(computed while the file was written, gptrain.checkpoint.checksum_writer; no data is read
+again at save time). `verify` compares the directory with it: sizes always (cheap: resume does
+it before loading, so a truncated or missing shard is named first), checksums on request
+(`gptrain checkpoint verify` reads every file once to find a changed byte).
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 COMPLETE = "COMPLETE"
 
 
-def manifest(step_dir: Path) -> dict[str, int]:
-    """{file name: size in bytes} of the step directory, COMPLETE itself excluded."""
+def manifest(step_dir: Path, checksums: dict[str, str | None] | None = None) -> dict[str, dict]:
+    """{file name: {"bytes": size, "crc32": hex or None}} of the step directory, COMPLETE excluded."""
+    checksums = checksums or {}
     return {
-        entry.name: entry.stat().st_size
+        entry.name: {"bytes": entry.stat().st_size, "crc32": checksums.get(entry.name)}
         for entry in sorted(step_dir.iterdir())
         if entry.is_file() and entry.name != COMPLETE and not entry.name.endswith(".tmp")
     }
 
 
-def complete_record(step: int, step_dir: Path) -> str:
+def complete_record(step: int, step_dir: Path, checksums: dict[str, str | None] | None = None) -> str:
     """The text of the COMPLETE marker: the step and the manifest."""
-    return json.dumps({"step": step, "files": manifest(step_dir)}, indent=1) + "\n"
+    return json.dumps({"step": step, "files": manifest(step_dir, checksums)}, indent=1) + "\n"
 
 
-def verify(step_dir: Path) -> str | None:
-    """None when the checkpoint matches its manifest, else what is wrong (one line)."""
+def file_crc32(path: Path, chunk: int = 16 << 20) -> str:
+    crc = 0
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"
+
+
+def verify(step_dir: Path, checksums: bool = False) -> str | None:
+    """None when the checkpoint matches its manifest, else what is wrong (one line).
+
+    Sizes always; with checksums=True also each file's CRC-32 (reads every file once).
+    """
     marker = step_dir / COMPLETE
     if not marker.is_file():
         return f"{step_dir.name} has no {COMPLETE} marker (a save that did not finish)"
@@ -42,11 +55,14 @@ def verify(step_dir: Path) -> str | None:
     expected = record.get("files") if isinstance(record, dict) else None
     if expected is None:
         return None  # written before manifests existed: nothing to compare
-    for name, size in expected.items():
+    for name, entry in expected.items():
+        size, crc = (entry, None) if isinstance(entry, int) else (entry.get("bytes"), entry.get("crc32"))
         path = step_dir / name
         if not path.is_file():
             return f"{path} is missing"
         actual = path.stat().st_size
         if actual != size:
             return f"{path} is {actual} bytes, its manifest says {size} (truncated or replaced)"
+        if checksums and crc is not None and file_crc32(path) != crc:
+            return f"{path} has CRC-32 {file_crc32(path)}, its manifest says {crc} (changed on disk)"
     return None

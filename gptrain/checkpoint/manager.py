@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
 from gptrain.checkpoint.integrity import complete_record, verify
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write, atomic_write_text
@@ -146,6 +147,7 @@ class CheckpointManager:
         self.async_save = async_save
         self.on_saved = on_saved
         self._pending: _Pending | None = None
+        self._writer: ChecksummingWriter | None = None
         self._stager: Any = None
         # Background saves talk over their own gloo group: a collective from the writer thread
         # must never interleave with the training's collectives on the default group.
@@ -166,7 +168,8 @@ class CheckpointManager:
             if self.async_save:
                 self._start_background_save(step, path, state, started, waited)
                 return path
-            dcp.save(state, checkpoint_id=str(path))
+            self._writer = ChecksummingWriter(path)
+            dcp.save(state, checkpoint_id=str(path), storage_writer=self._writer)
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             raise self._write_failed(path, error) from error
         elapsed = time.perf_counter() - started
@@ -176,8 +179,13 @@ class CheckpointManager:
     def _start_background_save(
         self, step: int, path: Path, state: dict[str, Any], started: float, waited: float
     ) -> None:
+        self._writer = ChecksummingWriter(path)
         response = dcp.async_save(
-            state, checkpoint_id=str(path), async_stager=self._staging(), process_group=self._group
+            state,
+            checkpoint_id=str(path),
+            storage_writer=self._writer,
+            async_stager=self._staging(),
+            process_group=self._group,
         )
         staging = getattr(response, "staging_completion", None)
         upload = getattr(response, "upload_completion", response)
@@ -261,7 +269,8 @@ class CheckpointManager:
             _barrier()  # every rank's files are on disk before the marker
         path = report.path
         if self.rank == 0:
-            atomic_write_text(path / COMPLETE, complete_record(report.step, path))
+            checksums = gathered_checksums(path, self._writer.checksums if self._writer else {})
+            atomic_write_text(path / COMPLETE, complete_record(report.step, path, checksums))
             atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
             self._prune()
         if barrier:

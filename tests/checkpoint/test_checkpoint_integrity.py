@@ -2,6 +2,7 @@
 
 import json
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -27,23 +28,38 @@ def truncate_shard(step_dir: Path) -> Path:
     return shard
 
 
-def test_complete_marker_lists_every_file_with_its_size(tmp_path):
+def test_complete_marker_lists_every_file_with_size_and_write_time_crc(tmp_path):
     path = save(CheckpointManager(tmp_path, keep_last=2), 3)
     record = json.loads((path / "COMPLETE").read_text())
-    on_disk = {p.name: p.stat().st_size for p in path.iterdir() if p.name != "COMPLETE"}
-    assert record == {"step": 3, "files": on_disk} and any(n.endswith(".distcp") for n in on_disk)
-    assert verify(path) is None
+    assert record["step"] == 3
+    files = record["files"]
+    assert {name: entry["bytes"] for name, entry in files.items()} == {
+        p.name: p.stat().st_size for p in path.iterdir() if p.name != "COMPLETE"
+    }
+    written_by_dcp = [name for name in files if name.endswith(".distcp") or name == ".metadata"]
+    assert len(written_by_dcp) == 2
+    for name in written_by_dcp:  # the streaming CRC equals an independent read of the file
+        assert files[name]["crc32"] == f"{zlib.crc32((path / name).read_bytes()):08x}"
+    assert verify(path) is None and verify(path, checksums=True) is None
 
 
 def test_truncated_or_missing_shard_is_named(tmp_path):
     path = save(CheckpointManager(tmp_path, keep_last=2), 1)
     shard = truncate_shard(path)
-    assert (
-        verify(path)
-        == f"{shard} is 100 bytes, its manifest says {json.loads((path / 'COMPLETE').read_text())['files'][shard.name]} (truncated or replaced)"
-    )
+    size = json.loads((path / "COMPLETE").read_text())["files"][shard.name]["bytes"]
+    assert verify(path) == f"{shard} is 100 bytes, its manifest says {size} (truncated or replaced)"
     shard.unlink()
     assert verify(path) == f"{shard} is missing"
+
+
+def test_a_changed_byte_is_found_by_the_checksum(tmp_path):
+    path = save(CheckpointManager(tmp_path, keep_last=2), 1)
+    shard = next(path.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert verify(path) is None  # same size
+    assert verify(path, checksums=True).startswith(f"{shard} has CRC-32 ")
 
 
 def test_load_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path):
@@ -87,7 +103,12 @@ def test_checkpoint_verify_command(tmp_path, capsys):
     save(manager, 2)
     assert main(["checkpoint", "verify", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines() == ["step_2: ok", "step_1: ok"]
-    truncate_shard(tmp_path / "results" / "checkpoints" / "step_2")
+    shard = next((tmp_path / "results" / "checkpoints" / "step_2").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0xFF  # same size, other content: only the checksum sees it
+    shard.write_bytes(bytes(data))
+    assert main(["checkpoint", "verify", "--sizes-only", str(tmp_path)]) == 0
+    capsys.readouterr()
     assert main(["checkpoint", "verify", str(tmp_path / "results")]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("step_2: DAMAGED: ") and out[1] == "step_1: ok"
+    assert out[0].startswith("step_2: DAMAGED: ") and "CRC-32" in out[0] and out[1] == "step_1: ok"

@@ -59,10 +59,10 @@ def test_marker_written_after_data(tmp_path, monkeypatch):
     seen = {}
     real_save = dcp.save
 
-    def spying_save(state, checkpoint_id):
+    def spying_save(state, checkpoint_id, **kwargs):
         seen["latest_before"] = (tmp_path / LATEST).exists()
         seen["complete_before"] = (tmp_path / "step_1" / COMPLETE).exists()
-        return real_save(state, checkpoint_id=checkpoint_id)
+        return real_save(state, checkpoint_id=checkpoint_id, **kwargs)
 
     monkeypatch.setattr(dcp, "save", spying_save)
     CheckpointManager(tmp_path, keep_last=1).save(1, state_for(1.0), {})

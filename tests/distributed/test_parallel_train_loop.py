@@ -8,6 +8,7 @@ checkpoint, with no conversion, and continues exactly like an uninterrupted run.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from parallel_harness import free_port
 
+from gptrain.checkpoint.integrity import verify
 from gptrain.config import load_training_config
 from gptrain.train import loop
 
@@ -99,6 +101,12 @@ def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path) -> 
     assert log_values(parallel, loss, rank=3) == pytest.approx(expected[:3], rel=1e-5)
     assert log_values(parallel, val, rank=3) == pytest.approx(expected_val[:1], rel=1e-5)
     assert log_values(parallel, loss, rank=0) == []  # Megatron's print_rank_last
+    # Rank 0's COMPLETE manifest holds every rank's shard with the CRC-32 that rank computed writing it.
+    step_3 = parallel / "checkpoints" / "step_3"
+    files = json.loads((step_3 / "COMPLETE").read_text())["files"]
+    shards = sorted(p.name for p in step_3.glob("*.distcp"))
+    assert len(shards) == 4 and all(files[name]["crc32"] for name in shards)
+    assert verify(step_3, checksums=True) is None
 
     assert train_in_process(parallel, 6) == 0  # resumes the TP x PP checkpoint of step 3 in one process
     assert "resuming from" in (parallel / "nemo_log_globalrank-0_localrank-0.txt").read_text()
