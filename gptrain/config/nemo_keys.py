@@ -158,7 +158,6 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "model.openai_gelu",
         "model.post_process",
         "model.pre_process",
-        "model.rampup_batch_size",
         "model.seq_len_interpolation_factor",
         "model.tokenizer.delimiter",
         "model.tokenizer.sentencepiece_legacy",

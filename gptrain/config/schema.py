@@ -252,6 +252,9 @@ class ModelConfig:
     """Steps without overflow before the fp16 loss scale doubles."""
     hysteresis: int = 2
     """Overflowing steps tolerated before the fp16 loss scale is halved."""
+    rampup_batch_size: list[int] | None = None
+    """[start, increment, samples]: the global batch grows from start by increment until it reaches
+    global_batch_size after `samples` consumed samples (Megatron's --rampup-batch-size)."""
     compile: bool = False
     """gptrain extension: torch.compile the model. One device and DDP compile the whole forward and
     loss as one graph; FSDP compiles each block and the loss; TP and PP compile each block."""

@@ -115,7 +115,6 @@ NO_EFFECT: dict[str, int] = {
 }  # fmt: skip
 
 REFUSED: dict[str, str] = {
-    "--rampup-batch-size": "batch-size ramp-up is not implemented; drop it (full batch from step 1)",
     "--context-parallel-size": "context parallelism is not implemented",
     "--expert-model-parallel-size": "mixture of experts is not implemented",
     "--num-experts": "mixture of experts is not implemented",
@@ -133,5 +132,5 @@ REFUSED: dict[str, str] = {
 # Flags with several values or that combine with others (translate.py handles them).
 SPECIAL = (
     "--data-path", "--adam-beta1", "--adam-beta2", "--train-samples", "--save", "--load",
-    "--tensorboard-dir",
+    "--tensorboard-dir", "--rampup-batch-size",
 )  # fmt: skip

@@ -15,6 +15,7 @@ from typing import Any
 
 from gptrain.errors import ConfigError
 from gptrain.megatron.flags import NO_EFFECT, REFUSED, SPECIAL, SWITCH, VALUE
+from gptrain.train.rampup import BatchRamp
 
 # Megatron-LM's argument defaults (megatron/training/arguments.py) where gptrain's differ.
 MEGATRON_DEFAULTS: dict[str, Any] = {
@@ -102,7 +103,7 @@ def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
     if flag in REFUSED:
         raise ConfigError(f"{flag}: {REFUSED[flag]}")
     if flag in SPECIAL:
-        _expect(flag, values, None if flag == "--data-path" else 1)
+        _expect(flag, values, {"--data-path": None, "--rampup-batch-size": 3}.get(flag, 1))
         return  # handled in finish(), which sees all flags
     if flag in SWITCH:
         _expect(flag, values, 0)
@@ -151,6 +152,10 @@ def finish(result: Translation, env: dict[str, str]) -> None:
         v["model.data.data_prefix"] = data_prefix(given["--data-path"])
         v["model.data.data_impl"] = "mmap"
     _layout(v, env)
+    if "--rampup-batch-size" in given:
+        v["model.rampup_batch_size"] = [
+            _convert("--rampup-batch-size", x, int) for x in given["--rampup-batch-size"]
+        ]
     _iterations(v, given)
     _directories(result)
     check_benchmark_mode(v, given)
@@ -184,7 +189,8 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         if "--train-iters" in given:
             raise ConfigError("--train-iters and --train-samples: give only one (Megatron refuses both too)")
         samples = int(given["--train-samples"][0])
-        v["trainer.max_steps"] = samples // v["model.global_batch_size"]
+        ramp = BatchRamp.from_config(v.get("model.rampup_batch_size"), v["model.global_batch_size"], 1)
+        v["trainer.max_steps"] = ramp.iterations_for(samples)  # Megatron's count, ramp-up steps included
         if "--lr-decay-iters" in given or "--lr-warmup-iters" in given:
             raise ConfigError("--train-samples goes with --lr-decay-samples/--lr-warmup-samples, not *-iters")
         v.setdefault("model.optim.sched.decay_samples", samples)

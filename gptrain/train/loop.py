@@ -33,6 +33,7 @@ from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
 from gptrain.train.meter import IntervalMeter, log_interval
 from gptrain.train.metrics import evaluation_scalars
+from gptrain.train.rampup import BatchRamp
 from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, RunLog, Scalars, write_run_files
 from gptrain.train.run_lock import claim_run_directory
 from gptrain.train.schedule import LRSchedule
@@ -80,8 +81,17 @@ class Session:
 
     @property
     def num_microbatches(self) -> int:
+        """Micro-batches per step at the full global batch (evaluation always uses it)."""
         m = self.cfg.model
         return m.global_batch_size // (m.micro_batch_size * self.dp_size)
+
+    def current_global_batch(self) -> int:
+        """Global batch of the coming step (smaller during a batch-size ramp-up)."""
+        m = self.cfg.model
+        ramp = BatchRamp.from_config(
+            m.rampup_batch_size, m.global_batch_size, m.micro_batch_size * self.dp_size
+        )
+        return ramp.at(self.state.consumed_samples)
 
 
 def train(cfg: TrainingConfig) -> int:
@@ -154,6 +164,7 @@ def train(cfg: TrainingConfig) -> int:
 
 def check_batch_sizes(cfg: TrainingConfig, dp_size: int) -> None:
     m = cfg.model
+    BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, m.micro_batch_size * dp_size)
     if m.global_batch_size % (m.micro_batch_size * dp_size) != 0:
         raise ConfigError(
             f"model.global_batch_size={m.global_batch_size} is not divisible by model.micro_batch_size x "
@@ -250,9 +261,11 @@ def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:
         seed=m.seed,
     )
     it = iter(loader)
+    per_micro_step = m.micro_batch_size * s.dp_size
     while True:
-        batch = [mb for _, mb in zip(range(s.num_microbatches), it, strict=False)]
-        if len(batch) < s.num_microbatches:
+        count = s.current_global_batch() // per_micro_step
+        batch = [mb for _, mb in zip(range(count), it, strict=False)]
+        if len(batch) < count:
             raise DataError(
                 f"the train split ran out of samples at iteration {s.state.step} "
                 f"(consumed samples {s.state.consumed_samples}): add data or lower trainer.max_steps"
@@ -281,13 +294,14 @@ def run(
     saved_at = validated_at = -1
     while s.state.step < t.max_steps:
         s.schedule.apply()
+        samples = s.current_global_batch()
         batch = next(batches)
         with s.watchdog.step(s.state.step + 1):
             result = s.step_fn(batch)
-        record(s, result)
+        record(s, result, samples)
         s.checkpoints.poll()
         # Megatron prints the rate after the scheduler step: the one the next iteration uses
-        meter.add(result, s.schedule.current_lr(), s.scaler.scale)
+        meter.add(result, s.schedule.current_lr(), s.scaler.scale, samples)
         logged = s.state.step == meter.start_step + 1 or s.state.step % t.log_every_n_steps == 0
         if logged:
             log_interval(s, meter)
@@ -313,13 +327,18 @@ def run(
     return 0
 
 
-def record(s: Session, result: StepResult) -> None:
-    """Advance counters; samples are consumed even by skipped iterations (as Megatron)."""
+def record(s: Session, result: StepResult, samples: int | None = None) -> None:
+    """Advance counters; samples are consumed even by skipped iterations (as Megatron).
+
+    The schedule advances by the step's share of a full global batch: Megatron counts its learning
+    rate in samples, so a ramp-up step of half the batch moves the schedule half a step.
+    """
     st = s.state
+    samples = s.cfg.model.global_batch_size if samples is None else samples
     st.step += 1
-    st.consumed_samples += s.cfg.model.global_batch_size
+    st.consumed_samples += samples
     if result.updated:
-        s.schedule.advance()
+        s.schedule.advance(samples / s.cfg.model.global_batch_size)
     st.skipped_iterations += int(result.overflow)
     st.nan_iterations += int(result.nonfinite)
     st.consecutive_nonfinite = st.consecutive_nonfinite + 1 if result.nonfinite else 0

@@ -33,9 +33,14 @@ class IntervalMeter:
     last_lr: float = 0.0
     last_scale: float = 1.0
     last_grad_norm: float | None = None
+    samples: int = 0
+    last_batch: int | None = None  # global batch of the last step (ramp-up changes it)
 
-    def add(self, result: StepResult, lr: float, scale: float) -> None:
+    def add(self, result: StepResult, lr: float, scale: float, batch: int | None = None) -> None:
         self.iterations += 1
+        if batch is not None:
+            self.samples += batch
+            self.last_batch = batch
         self.skipped += int(result.overflow)
         self.nans += int(result.nonfinite)
         # Megatron prints the grad norm of the last iteration, none when it was skipped
@@ -51,7 +56,14 @@ class IntervalMeter:
     def mean_loss(self) -> float | None:
         return self.loss_sum / self.updated if self.updated else None
 
+    def batch_share(self, global_batch_size: int) -> float:
+        """Mean global batch of the interval over the full one (1 outside a ramp-up)."""
+        if not self.samples or not self.iterations:
+            return 1.0
+        return self.samples / (self.iterations * global_batch_size)
+
     def reset(self, now: float) -> None:
+        self.samples = 0
         self.started, self.iterations, self.updated, self.loss_sum = now, 0, 0, 0.0
         self.skipped = self.nans = 0
 
@@ -69,7 +81,9 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
     now = time.perf_counter()
     seconds = meter.seconds_per_iteration(now)
     m, t = s.cfg.model, s.cfg.trainer
-    tflops = tflops_per_gpu(s.flops_per_iteration, seconds, s.world.world_size)
+    share = meter.batch_share(m.global_batch_size)  # FLOPs and tokens scale with the ramp's batch
+    batch = meter.last_batch or m.global_batch_size
+    tflops = tflops_per_gpu(s.flops_per_iteration * share, seconds, s.world.world_size)
     line = format_iteration_line(
         IterationLog(
             iteration=s.state.step,
@@ -78,7 +92,7 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
             elapsed_ms_per_iteration=seconds * 1000.0,
             throughput_tflops=tflops,
             learning_rate=meter.last_lr,
-            global_batch_size=m.global_batch_size,
+            global_batch_size=batch,
             lm_loss=meter.mean_loss(),
             loss_scale=meter.last_scale,
             grad_norm=meter.last_grad_norm,
@@ -97,7 +111,9 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
             tb.TB_LOSS_SCALE: meter.last_scale,
             tb.TB_STEP_TIME: seconds,
             tb.TB_CONSUMED_SAMPLES: float(s.state.consumed_samples),
-            tb.TB_TOKENS_PER_SECOND: tokens_per_second(m.global_batch_size, m.data.seq_length, seconds),
+            tb.TB_TOKENS_PER_SECOND: tokens_per_second(
+                m.global_batch_size * share, m.data.seq_length, seconds
+            ),
             tb.TB_TFLOPS: tflops,
         },
         s.state.step,
@@ -108,7 +124,7 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
             "lr": meter.last_lr,
             "grad_norm": meter.last_grad_norm,
             "loss_scale": meter.last_scale,
-            "batch_size": float(m.global_batch_size),
+            "batch_size": float(batch),
             "seconds": seconds,
             "world_size": float(s.world.world_size),
             "step": float(s.state.step),

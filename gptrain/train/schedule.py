@@ -90,14 +90,16 @@ class LRSchedule:
             group["lr"] = lr
         return lr
 
-    def advance(self) -> None:
-        self.step += 1
+    def advance(self, fraction: float = 1.0) -> None:
+        """One optimizer step; a batch-size ramp-up step of a fraction of the full batch moves less."""
+        self.step = self.step + 1 if fraction == 1.0 else self.step + fraction
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, float]:
         return {"step": self.step}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.step = int(state["step"])
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        step = state["step"]
+        self.step = int(step) if float(step).is_integer() else float(step)
 
 
 def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:

@@ -9,7 +9,6 @@ import pytest
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
-from gptrain.errors import ConfigError
 from gptrain.megatron.translate import translate
 from gptrain.train.schedule import lr_at, spec_from_config
 
@@ -76,13 +75,10 @@ def test_megatron_defaults_where_flags_are_absent():
     assert cfg.exp_manager.checkpoint_callback_params.every_n_train_steps == 10  # saves at the end only
 
 
-def test_megatron_175b_example_refuses_rampup_by_name_and_translates_without_it():
-    with pytest.raises(ConfigError, match=r"^--rampup-batch-size: batch-size ramp-up is not implemented"):
-        translate(MEGATRON_175B, ENV)
-    at = MEGATRON_175B.index("--rampup-batch-size")
-    flags = MEGATRON_175B[:at] + MEGATRON_175B[at + 4 :]
-    t = translate(flags, ENV)
+def test_megatron_175b_example_translates_with_its_batch_ramp():
+    t = translate(MEGATRON_175B, ENV)
     cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert cfg.model.rampup_batch_size == [16, 16, 5859375] and cfg.trainer.max_steps == 500000
     spec = spec_from_config(cfg)
     assert spec.warmup_steps == pytest.approx(430) and spec.max_steps == 430000
     assert lr_at(215, spec) == pytest.approx(6e-5 / 2)

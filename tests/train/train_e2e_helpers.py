@@ -43,8 +43,8 @@ def run_recording(monkeypatch, cfg, signal_at: int | None = None) -> tuple[int, 
     losses: dict[int, float] = {}
     real_record = loop.record
 
-    def recording(session, result):
-        real_record(session, result)
+    def recording(session, result, *args):
+        real_record(session, result, *args)
         losses[session.state.step] = result.loss
         if session.state.step == signal_at:
             os.kill(os.getpid(), signal.SIGUSR1)
