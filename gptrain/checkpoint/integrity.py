@@ -3,9 +3,10 @@
 The COMPLETE marker carries a manifest: every file of the step directory with its size (taken
 by rank 0 from the directory listing once every rank's files are written) and its CRC-32
 (computed while the file was written, gptrain.checkpoint.checksum_writer; no data is read
-again at save time). `verify` compares the directory with it: sizes always (cheap: resume does
-it before loading, so a truncated or missing shard is named first), checksums on request
-(`gptrain checkpoint verify` reads every file once to find a changed byte).
+again at save time). `verify` compares the directory with it: sizes always, checksums on request
+(`gptrain checkpoint verify` reads every file once to find a changed byte). At resume every rank
+checks the sizes and the CRC-32s of its share of the files (`verify_share`), so the job reads the
+checkpoint once between its ranks before loading it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,23 @@ def file_crc32(path: Path, chunk: int = 16 << 20) -> str:
         while block := handle.read(chunk):
             crc = zlib.crc32(block, crc)
     return f"{crc:08x}"
+
+
+def verify_share(step_dir: Path, rank: int, world_size: int) -> str | None:
+    """CRC-32 of this rank's share of the files (every world_size-th, from index `rank`): the ranks
+    of a resuming job read the checkpoint once between them, not once each."""
+    try:
+        expected = json.loads((step_dir / COMPLETE).read_text()).get("files") or {}
+    except (OSError, ValueError) as error:
+        return f"{step_dir / COMPLETE} is unreadable ({error})"
+    for index, (name, entry) in enumerate(sorted(expected.items())):
+        crc = entry.get("crc32") if isinstance(entry, dict) else None
+        if index % world_size != rank or crc is None or not (step_dir / name).is_file():
+            continue
+        actual = file_crc32(step_dir / name)
+        if actual != crc:
+            return f"{step_dir / name} has CRC-32 {actual}, its manifest says {crc} (changed on disk)"
+    return None
 
 
 def verify(step_dir: Path, checksums: bool = False) -> str | None:

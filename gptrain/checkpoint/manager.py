@@ -35,7 +35,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
-from gptrain.checkpoint.integrity import complete_record, verify
+from gptrain.checkpoint.integrity import complete_record, verify, verify_share
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write, atomic_write_text
 
@@ -87,6 +87,19 @@ def directory_bytes(path: Path) -> int:
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if _distributed() else 1
+
+
+def _first_on_any_rank(problem: str | None) -> str | None:
+    """Every rank's verdict on a checkpoint, so that all ranks skip (or load) the same one."""
+    if not _distributed():
+        return problem
+    verdicts: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, problem)
+    return next((v for v in verdicts if v is not None), None)
 
 
 def _barrier() -> None:
@@ -335,7 +348,7 @@ class CheckpointManager:
         problems = []
         for step in reversed(complete_steps(self.root)):
             path = self.root / step_dir_name(step)
-            problem = verify(path)
+            problem = _first_on_any_rank(verify(path) or verify_share(path, self.rank, _world_size()))
             if problem is None:
                 try:
                     return path, self.load(path, state_fn(), apply)

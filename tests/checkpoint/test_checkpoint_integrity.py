@@ -112,3 +112,24 @@ def test_checkpoint_verify_command(tmp_path, capsys):
     assert main(["checkpoint", "verify", str(tmp_path / "results")]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("step_2: DAMAGED: ") and "CRC-32" in out[0] and out[1] == "step_1: ok"
+
+
+def test_resume_checks_the_crc_of_this_ranks_share(tmp_path):
+    """A changed byte of the same size is found before loading: the fallback takes the older one."""
+    from gptrain.checkpoint.integrity import verify_share
+
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    save(manager, 1)
+    path = save(manager, 2)
+    shard = next(path.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    names = sorted(json.loads((path / "COMPLETE").read_text())["files"])
+    owner = names.index(shard.name) % 2  # with two ranks, one of them reads this file
+    assert verify_share(path, owner, 2).startswith(f"{shard} has CRC-32 ")
+    assert verify_share(path, 1 - owner, 2) is None
+    warnings = []
+    template = lambda: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    loaded, _ = manager.load_newest_good(template, lambda s: None, warnings.append)
+    assert loaded == tmp_path / "step_1" and "CRC-32" in warnings[0]
