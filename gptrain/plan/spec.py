@@ -13,6 +13,7 @@ from typing import Any
 from gptrain.errors import ConfigError
 from gptrain.models.config import GPTConfig
 from gptrain.models.flops import pad_vocab_size
+from gptrain.train.model_config import build_model_config
 
 # Vocabulary sizes of the tokenizers the presets name, so planning needs no tokenizer files.
 KNOWN_VOCAB = {"GPT2BPETokenizer": 50257, "gpt2": 50257, "r50k_base": 50257, "cl100k_base": 100277}
@@ -154,28 +155,5 @@ def layout_from_config(cfg: Any, devices_per_node: int | None = None) -> Layout:
 
 
 def model_config(cfg: Any, vocab_size: int) -> GPTConfig:
-    """The GPTConfig `gptrain train` builds (train.builders.build_model_config, which imports torch;
-    tests/plan check that the two agree)."""
-    m = cfg.model
-    return GPTConfig(
-        vocab_size=vocab_size,
-        seq_length=m.encoder_seq_length,
-        num_layers=m.num_layers,
-        hidden_size=m.hidden_size,
-        num_attention_heads=m.num_attention_heads,
-        ffn_hidden_size=m.ffn_hidden_size,
-        num_query_groups=m.num_query_groups,
-        kv_channels=m.kv_channels,
-        position_embedding_type=m.position_embedding_type,
-        rotary_percentage=m.rotary_percentage,
-        rotary_base=m.rotary_base,
-        activation=m.activation,
-        normalization="layernorm" if m.normalization == "layernorm1p" else m.normalization,
-        layernorm_epsilon=m.layernorm_epsilon,
-        bias=m.bias,
-        share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
-        hidden_dropout=m.hidden_dropout,
-        attention_dropout=m.attention_dropout,
-        init_method_std=m.init_method_std,
-        apply_residual_scaling_init=m.use_scaled_init_method,
-    )
+    """The GPTConfig `gptrain train` builds (one torch-free function serves both)."""
+    return build_model_config(cfg, vocab_size)

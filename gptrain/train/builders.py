@@ -23,6 +23,7 @@ from gptrain.errors import ConfigError
 from gptrain.parallel.mesh import World
 from gptrain.train.batches import GPTBatchDataset
 from gptrain.train.loss_scale import LossScaler, build_loss_scaler
+from gptrain.train.model_config import build_model_config  # noqa: F401  (the builders' seam)
 from gptrain.train.optim import build_optimizer
 from gptrain.train.schedule import ScheduleSpec
 from gptrain.train.step import StepOptions, no_reduce
@@ -100,35 +101,6 @@ def log_memory(log: Any, device: torch.device, step: int) -> None:
         f" | max allocated: {torch.cuda.max_memory_allocated(device) / mib:.1f}"
         f" | reserved: {torch.cuda.memory_reserved(device) / mib:.1f}"
         f" | max reserved: {torch.cuda.max_memory_reserved(device) / mib:.1f}"
-    )
-
-
-def build_model_config(cfg: TrainingConfig, vocab_size: int) -> Any:
-    """The model-only config (gptrain.models never sees the job config)."""
-    from gptrain.models.config import GPTConfig
-
-    m = cfg.model
-    return GPTConfig(
-        vocab_size=vocab_size,
-        seq_length=m.encoder_seq_length,
-        num_layers=m.num_layers,
-        hidden_size=m.hidden_size,
-        num_attention_heads=m.num_attention_heads,
-        ffn_hidden_size=m.ffn_hidden_size,
-        num_query_groups=m.num_query_groups,
-        kv_channels=m.kv_channels,
-        position_embedding_type=m.position_embedding_type,
-        rotary_percentage=m.rotary_percentage,
-        rotary_base=m.rotary_base,
-        activation=m.activation,
-        normalization="layernorm" if m.normalization == "layernorm1p" else m.normalization,
-        layernorm_epsilon=m.layernorm_epsilon,
-        bias=m.bias,
-        share_embeddings_and_output_weights=m.share_embeddings_and_output_weights,
-        hidden_dropout=m.hidden_dropout,
-        attention_dropout=m.attention_dropout,
-        init_method_std=m.init_method_std,
-        apply_residual_scaling_init=m.use_scaled_init_method,
     )
 
 

@@ -69,10 +69,11 @@ def test_bad_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_plan_model_config_is_the_one_train_builds() -> None:
-    from gptrain.train.builders import build_model_config
-
+    """One torch-free function serves both; the config carries the overrides through."""
     cfg = load_training_config("gpt3/126m", ["model.activation=swiglu", "model.num_query_groups=4"])
-    assert model_config(cfg, 50304) == build_model_config(cfg, 50304)
+    config = model_config(cfg, 50304)
+    assert (config.vocab_size, config.gated_mlp, config.query_groups) == (50304, True, 4)
+    assert (config.num_layers, config.hidden_size, config.seq_length) == (12, 768, 2048)
 
 
 def test_ranking_hand_checkable() -> None:
