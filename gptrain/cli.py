@@ -18,6 +18,7 @@ from gptrain.errors import GptrainError
 COMMAND_MODULES = (
     "gptrain.data.cli",
     "gptrain.train.cli",
+    "gptrain.trained.cli",
     "gptrain.megatron.cli",
     "gptrain.launch.cli",
     "gptrain.validate.cli",

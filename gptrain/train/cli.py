@@ -6,12 +6,10 @@ import argparse
 from pathlib import Path
 
 from gptrain.errors import ConfigError
-from gptrain.train.generate import add_generate_parser
-from gptrain.train.plot import add_plot_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `train`, and `generate`/`plot` from their own modules."""
+    """Add `train`."""
     parser = subparsers.add_parser(
         "train",
         help="train a GPT in this process (or in each process started by torchrun/srun)",
@@ -31,8 +29,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     parser.set_defaults(func=run_train)
-    add_generate_parser(subparsers)
-    add_plot_parser(subparsers)
 
 
 def split_preset(preset: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:

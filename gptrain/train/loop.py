@@ -31,7 +31,7 @@ from gptrain.train import builders as b
 from gptrain.train.batches import GPTBatchDataset, build_loader
 from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
-from gptrain.train.meter import IntervalMeter, log_interval
+from gptrain.train.meter import IntervalMeter, RunShape, interval_report
 from gptrain.train.metrics import evaluation_scalars
 from gptrain.train.rampup import BatchRamp
 from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, RunLog, Scalars, write_run_files
@@ -325,6 +325,26 @@ def run(
     s.checkpoints.wait()
     evaluate_split(s, test_data, t.limit_test_batches, " on test set", TB_TEST_LOSS)
     return 0
+
+
+def log_interval(s: Session, meter: IntervalMeter) -> None:
+    """Print the iteration line (logging rank) and write the interval's dashboard scalars."""
+    if s.device.type == "cuda":
+        torch.cuda.synchronize(s.device)  # the interval's time must include its queued work
+    m = s.cfg.model
+    shape = RunShape(
+        flops_per_iteration=s.flops_per_iteration,
+        peak_tflops=s.peak_tflops,
+        world_size=s.world.world_size,
+        global_batch_size=m.global_batch_size,
+        seq_length=m.data.seq_length,
+        max_steps=s.cfg.trainer.max_steps,
+    )
+    report = interval_report(meter, s.state.step, s.state.consumed_samples, shape)
+    if s.logging_rank:
+        s.log(report.line)
+    for scalars, x in report.scalars:
+        s.scalars.add(scalars, x)
 
 
 def record(s: Session, result: StepResult, samples: int | None = None) -> None:

@@ -1,5 +1,7 @@
 """Numbers between two iteration lines, and the line itself (Megatron's + MFU + ETA).
 
+Pure bookkeeping: it knows nothing of the loop, which prints the line and writes the scalars.
+
 Like Megatron, the loss is averaged over the iterations that updated the model since
 the previous line, and the skipped/nan counts in the line are per interval.
 """
@@ -8,16 +10,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from gptrain.train import results as tb
 from gptrain.train.logline import IterationLog, format_iteration_line, format_suffix
 from gptrain.train.metrics import dashboard_scalars, mfu, tflops_per_gpu, tokens_per_second
 from gptrain.train.step import StepResult
-
-if TYPE_CHECKING:
-    from gptrain.train.loop import Session
-
 
 @dataclass
 class IntervalMeter:
@@ -68,27 +65,38 @@ class IntervalMeter:
         self.skipped = self.nans = 0
 
 
-def _synchronize(s: Session) -> None:
-    if s.device.type == "cuda":
-        import torch
+@dataclass(frozen=True)
+class RunShape:
+    """What an iteration line needs to know about the run beyond the interval itself."""
 
-        torch.cuda.synchronize(s.device)
+    flops_per_iteration: float
+    peak_tflops: float | None
+    world_size: int
+    global_batch_size: int
+    seq_length: int
+    max_steps: int
 
 
-def log_interval(s: Session, meter: IntervalMeter) -> None:
-    """Print the iteration line (logging rank) and write the TensorBoard scalars."""
-    _synchronize(s)
+@dataclass
+class IntervalReport:
+    """One interval's iteration line and the scalars for the dashboards, each with its x value."""
+
+    line: str
+    scalars: list[tuple[dict[str, float | None], int]]
+
+
+def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run: RunShape) -> IntervalReport:
+    """The iteration line (Megatron's, plus MFU and ETA) and the TensorBoard scalars; resets `meter`."""
     now = time.perf_counter()
     seconds = meter.seconds_per_iteration(now)
-    m, t = s.cfg.model, s.cfg.trainer
-    share = meter.batch_share(m.global_batch_size)  # FLOPs and tokens scale with the ramp's batch
-    batch = meter.last_batch or m.global_batch_size
-    tflops = tflops_per_gpu(s.flops_per_iteration * share, seconds, s.world.world_size)
+    share = meter.batch_share(run.global_batch_size)  # FLOPs and tokens scale with the ramp's batch
+    batch = meter.last_batch or run.global_batch_size
+    tflops = tflops_per_gpu(run.flops_per_iteration * share, seconds, run.world_size)
     line = format_iteration_line(
         IterationLog(
-            iteration=s.state.step,
-            train_iters=t.max_steps,
-            consumed_samples=s.state.consumed_samples,
+            iteration=step,
+            train_iters=run.max_steps,
+            consumed_samples=consumed_samples,
             elapsed_ms_per_iteration=seconds * 1000.0,
             throughput_tflops=tflops,
             learning_rate=meter.last_lr,
@@ -100,24 +108,17 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
             nan_iterations=meter.nans,
         )
     )
-    utilisation = mfu(tflops, s.peak_tflops)
-    if s.logging_rank:
-        s.log(line + format_suffix(utilisation, (t.max_steps - s.state.step) * seconds))
-    s.scalars.add(
-        {
-            tb.TB_LM_LOSS: meter.mean_loss(),
-            tb.TB_LEARNING_RATE: meter.last_lr,
-            tb.TB_GRAD_NORM: meter.last_grad_norm,
-            tb.TB_LOSS_SCALE: meter.last_scale,
-            tb.TB_STEP_TIME: seconds,
-            tb.TB_CONSUMED_SAMPLES: float(s.state.consumed_samples),
-            tb.TB_TOKENS_PER_SECOND: tokens_per_second(
-                m.global_batch_size * share, m.data.seq_length, seconds
-            ),
-            tb.TB_TFLOPS: tflops,
-        },
-        s.state.step,
-    )
+    line += format_suffix(mfu(tflops, run.peak_tflops), (run.max_steps - step) * seconds)
+    gptrain_tags = {
+        tb.TB_LM_LOSS: meter.mean_loss(),
+        tb.TB_LEARNING_RATE: meter.last_lr,
+        tb.TB_GRAD_NORM: meter.last_grad_norm,
+        tb.TB_LOSS_SCALE: meter.last_scale,
+        tb.TB_STEP_TIME: seconds,
+        tb.TB_CONSUMED_SAMPLES: float(consumed_samples),
+        tb.TB_TOKENS_PER_SECOND: tokens_per_second(run.global_batch_size * share, run.seq_length, seconds),
+        tb.TB_TFLOPS: tflops,
+    }
     by_step, by_samples = dashboard_scalars(
         {
             "loss": meter.mean_loss(),
@@ -126,11 +127,12 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
             "loss_scale": meter.last_scale,
             "batch_size": float(batch),
             "seconds": seconds,
-            "world_size": float(s.world.world_size),
-            "step": float(s.state.step),
-            "consumed": float(s.state.consumed_samples),
+            "world_size": float(run.world_size),
+            "step": float(step),
+            "consumed": float(consumed_samples),
         }
     )
-    s.scalars.add(by_step, s.state.step)
-    s.scalars.add(by_samples, s.state.consumed_samples)
     meter.reset(time.perf_counter())
+    return IntervalReport(
+        line=line, scalars=[(gptrain_tags, step), (by_step, step), (by_samples, consumed_samples)]
+    )

@@ -10,7 +10,7 @@ from torch import nn
 
 from gptrain.errors import ConfigError
 from gptrain.models.config import GPTConfig
-from gptrain.models.generation import generate, next_token
+from gptrain.trained.sampling import generate, next_token
 from gptrain.models.gpt import GPT
 
 

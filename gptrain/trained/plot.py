@@ -22,7 +22,7 @@ def add_plot_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from gptrain.train.plotting import LOSS, read_run_metrics, write_plots
+    from gptrain.trained.curves import LOSS, read_run_metrics, write_plots
 
     metrics = read_run_metrics(args.run_dir)
     output = Path(args.output) if args.output else Path(args.run_dir) / "plots"

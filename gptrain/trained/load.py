@@ -1,4 +1,4 @@
-"""Load a trained run's newest complete checkpoint into a model for `gptrain generate`.
+"""Load a trained run's newest complete checkpoint into a model (generate, eval, export).
 
 The model is rebuilt from the run's `hparams.yaml` with the same builders training uses,
 so vocabulary padding and architecture match by construction; the weights are read

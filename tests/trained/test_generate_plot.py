@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gptrain.errors import DataError
-from gptrain.train.plot import add_plot_parser
-from gptrain.train.plotting import (
+from gptrain.trained.plot import add_plot_parser
+from gptrain.trained.curves import (
     LEARNING_RATE,
     LOSS,
     STEP_TIME,
@@ -205,7 +205,7 @@ def reference_text(model, tokenizer, prompt: str, new_tokens: int) -> str:
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_generate_loads_the_trained_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from gptrain.train.generate import add_generate_parser
+    from gptrain.trained.generate import add_generate_parser
 
     log_dir, model, tokenizer = tiny_run(tmp_path)
     expected = reference_text(model, tokenizer, "The quick brown fox", 8)
@@ -225,7 +225,7 @@ def test_generate_loads_the_trained_weights(tmp_path: Path, capsys: pytest.Captu
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_generate_uses_newest_complete_checkpoint(tmp_path: Path) -> None:
-    from gptrain.train.inference import resolve_checkpoint
+    from gptrain.trained.load import resolve_checkpoint
 
     log_dir, _, _ = tiny_run(tmp_path, save_steps=(2, 4))
     root = log_dir / "checkpoints"

@@ -1,0 +1,14 @@
+"""Command-line parsers for working with a trained run (light: no torch at module level)."""
+
+from __future__ import annotations
+
+import argparse
+
+from gptrain.trained.generate import add_generate_parser
+from gptrain.trained.plot import add_plot_parser
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `generate` and `plot`, each from its own module."""
+    add_generate_parser(subparsers)
+    add_plot_parser(subparsers)
