@@ -16,6 +16,7 @@ from gptrain.train.logline import IterationLog, format_iteration_line, format_su
 from gptrain.train.metrics import dashboard_scalars, mfu, tflops_per_gpu, tokens_per_second
 from gptrain.train.step import StepResult
 
+
 @dataclass
 class IntervalMeter:
     """Accumulates one logging interval; `reset` starts the next."""

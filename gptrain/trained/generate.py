@@ -32,8 +32,8 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from gptrain.trained.sampling import generate
     from gptrain.trained.load import load_run
+    from gptrain.trained.sampling import generate
 
     run = load_run(args.checkpoint)
     print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)

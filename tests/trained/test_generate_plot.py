@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from gptrain.errors import DataError
-from gptrain.trained.plot import add_plot_parser
 from gptrain.trained.curves import (
     LEARNING_RATE,
     LOSS,
@@ -21,6 +20,7 @@ from gptrain.trained.curves import (
     read_run_metrics,
     write_plots,
 )
+from gptrain.trained.plot import add_plot_parser
 
 
 def run_subcommand(add_parser, argv: list[str]) -> int:

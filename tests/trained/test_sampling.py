@@ -10,8 +10,8 @@ from torch import nn
 
 from gptrain.errors import ConfigError
 from gptrain.models.config import GPTConfig
-from gptrain.trained.sampling import generate, next_token
 from gptrain.models.gpt import GPT
+from gptrain.trained.sampling import generate, next_token
 
 
 class BigramModel(nn.Module):
