@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from gptrain import __version__
@@ -26,6 +27,8 @@ COMMAND_MODULES = (
     "gptrain.checkpoint.cli",
 )
 
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -41,7 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # `key=value` overrides may also follow the options (`eval RUN --json F key=value`)
+        if not hasattr(args, "overrides") or not all(OVERRIDE.match(item) for item in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     handler = getattr(args, "func", None)
     if handler is None:
         parser.print_help()

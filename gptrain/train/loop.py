@@ -15,7 +15,7 @@ With world size 1 no process group is created.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from gptrain.errors import EXIT_REQUEUE, ConfigError, DataError, GptrainError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
 from gptrain.train import builders as b
 from gptrain.train.batches import GPTBatchDataset, build_loader
+from gptrain.train.evaluation import EvalSetup, evaluate_loss
 from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
 from gptrain.train.meter import IntervalMeter, RunShape, interval_report
@@ -40,7 +41,7 @@ from gptrain.train.schedule import LRSchedule
 from gptrain.train.schedule_checks import schedule_warnings
 from gptrain.train.signals import StopRequest
 from gptrain.train.state import TrainState, apply_checkpoint_state, checkpoint_state, rng_state, set_rng_state
-from gptrain.train.step import Batch, StepOptions, StepResult, autocast, to_device, train_step
+from gptrain.train.step import Batch, StepOptions, StepResult, train_step
 from gptrain.train.step_times import StepTimes
 from gptrain.train.watchdog import Watchdog
 
@@ -390,42 +391,13 @@ def agree_on_stop(reason: str | None) -> str | None:
     return reason or ("stop requested on another rank" if int(flag.item()) else None)
 
 
-@torch.no_grad()
 def evaluate(s: Session, data: GPTBatchDataset, num_batches: int) -> float:
     """Token-weighted mean loss over the first `num_batches` global batches of `data`."""
     m = s.cfg.model
-    loader = build_loader(data, 0, m.micro_batch_size, s.dp_rank, s.dp_size, num_workers=0, seed=m.seed)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=s.device)
-    tokens = torch.zeros((), dtype=torch.float64, device=s.device)
-    if s.step_opts.eval_fn is not None:  # TP/PP: whole global batches through the layout's forward
-        return evaluate_parallel(s, loader, num_batches)
-    s.model.eval()
-    try:
-        for _, microbatch in zip(range(num_batches * s.num_microbatches), loader, strict=False):
-            batch = to_device(microbatch, s.device)
-            with autocast(s.device.type, s.step_opts.precision):
-                loss_sum += s.step_opts.loss_fn(s.model, batch).double()
-            tokens += batch["loss_mask"].sum().double()
-    finally:
-        s.model.train()
-    return float((s.step_opts.reduce_sum(loss_sum) / s.step_opts.reduce_sum(tokens).clamp(min=1)).item())
-
-
-def evaluate_parallel(s: Session, loader: Iterable[Batch], num_batches: int) -> float:
-    """Token-weighted mean loss via the layout's eval_fn, one global batch at a time."""
-    loss_sum = tokens = 0.0
-    it = iter(loader)
-    s.model.eval()
-    try:
-        for _ in range(num_batches):
-            microbatches = [mb for _, mb in zip(range(s.num_microbatches), it, strict=False)]
-            if len(microbatches) < s.num_microbatches:
-                break
-            batch_loss, batch_tokens = s.step_opts.eval_fn(s.model, microbatches, s.step_opts.precision)
-            loss_sum, tokens = loss_sum + float(batch_loss), tokens + float(batch_tokens)
-    finally:
-        s.model.train()
-    return loss_sum / max(tokens, 1.0)
+    setup = EvalSetup(
+        s.model, s.step_opts, s.device, m.micro_batch_size, s.num_microbatches, s.dp_rank, s.dp_size, m.seed
+    )
+    return evaluate_loss(setup, data, num_batches).loss
 
 
 def validate(s: Session, data: GPTBatchDataset | None) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from gptrain.trained.eval import add_eval_parser
 from gptrain.trained.generate import add_generate_parser
 from gptrain.trained.plot import add_plot_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `generate` and `plot`, each from its own module."""
+    """Add `generate`, `eval` and `plot`, each from its own module."""
     add_generate_parser(subparsers)
+    add_eval_parser(subparsers)
     add_plot_parser(subparsers)

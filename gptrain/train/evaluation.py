@@ -1,0 +1,89 @@
+"""Loss over whole global batches of a dataset: validation during training and `gptrain eval`.
+
+Both use this one function, so a run's validation line and `gptrain eval` of the same
+checkpoint and split agree to the bit. The loss is token-weighted over the batches (the mean
+of per-token losses, not of per-batch means), reduced over data-parallel ranks in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gptrain.train.batches import GPTBatchDataset, build_loader
+from gptrain.train.step import StepOptions, autocast, to_device
+
+
+@dataclass(frozen=True)
+class EvalSetup:
+    """What evaluation needs of a run: its model under its layout and how batches are cut."""
+
+    model: nn.Module
+    step_opts: StepOptions
+    device: torch.device
+    micro_batch_size: int
+    num_microbatches: int  # per data-parallel rank, at the full global batch
+    dp_rank: int = 0
+    dp_size: int = 1
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    tokens: int
+    batches: int
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss) if self.loss < 709.0 else math.inf
+
+
+@torch.no_grad()
+def evaluate_loss(setup: EvalSetup, data: GPTBatchDataset, num_batches: int) -> EvalResult:
+    """Token-weighted mean loss over the first `num_batches` global batches of `data` (fewer if it ends)."""
+    loader = build_loader(
+        data, 0, setup.micro_batch_size, setup.dp_rank, setup.dp_size, num_workers=0, seed=setup.seed
+    )
+    was_training = setup.model.training
+    setup.model.eval()
+    try:
+        if setup.step_opts.eval_fn is not None:  # TP/PP: whole global batches through the layout's forward
+            return _evaluate_parallel(setup, iter(loader), num_batches)
+        return _evaluate_local(setup, iter(loader), num_batches)
+    finally:
+        setup.model.train(was_training)
+
+
+def _evaluate_local(setup: EvalSetup, loader, num_batches: int) -> EvalResult:
+    opts = setup.step_opts
+    loss_sum = torch.zeros((), dtype=torch.float64, device=setup.device)
+    tokens = torch.zeros((), dtype=torch.float64, device=setup.device)
+    seen = 0
+    for _, microbatch in zip(range(num_batches * setup.num_microbatches), loader, strict=False):
+        batch = to_device(microbatch, setup.device)
+        with autocast(setup.device.type, opts.precision):
+            loss_sum += opts.loss_fn(setup.model, batch).double()
+        tokens += batch["loss_mask"].sum().double()
+        seen += 1
+    total_tokens = opts.reduce_sum(tokens)
+    loss = opts.reduce_sum(loss_sum) / total_tokens.clamp(min=1)
+    return EvalResult(float(loss.item()), int(total_tokens.item()), -(-seen // setup.num_microbatches))
+
+
+def _evaluate_parallel(setup: EvalSetup, loader, num_batches: int) -> EvalResult:
+    loss_sum = tokens = 0.0
+    batches = 0
+    for _ in range(num_batches):
+        microbatches = [mb for _, mb in zip(range(setup.num_microbatches), loader, strict=False)]
+        if len(microbatches) < setup.num_microbatches:
+            break
+        batch_loss, batch_tokens = setup.step_opts.eval_fn(
+            setup.model, microbatches, setup.step_opts.precision
+        )
+        loss_sum, tokens = loss_sum + float(batch_loss), tokens + float(batch_tokens)
+        batches += 1
+    return EvalResult(loss_sum / max(tokens, 1.0), int(tokens), batches)

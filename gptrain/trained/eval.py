@@ -1,0 +1,66 @@
+"""`gptrain eval`: loss and perplexity of a checkpoint on a split of the run's data or on any dataset.
+
+Runs in one process or under torchrun/srun with the layout given as overrides
+(`model.tensor_model_parallel_size=2`, ...), whatever layout saved the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add `eval` (torch is imported only when it runs)."""
+    parser = subparsers.add_parser(
+        "eval",
+        help="loss and perplexity of a trained checkpoint",
+        description=(
+            "Evaluate the newest complete checkpoint of a run (or one step_N dir) on a split of the "
+            "data it trained on, or on the indexed dataset(s) of --data-prefix, in global batches as "
+            "in training. Prints one line; --json writes the result. key=value overrides change the "
+            "layout or batch sizes (model.tensor_model_parallel_size=2 under torchrun)."
+        ),
+    )
+    parser.add_argument(
+        "checkpoint", metavar="RUN_OR_CHECKPOINT", help="run results dir, checkpoints dir or step dir"
+    )
+    parser.add_argument(
+        "--split",
+        choices=("validation", "test", "train"),
+        default="validation",
+        help="split of the run's data (default validation; the training's validation batches)",
+    )
+    parser.add_argument(
+        "--data-prefix",
+        nargs="+",
+        metavar="PREFIX",
+        help="evaluate on these indexed datasets instead (a prefix, or weight prefix pairs of a blend)",
+    )
+    parser.add_argument(
+        "--batches",
+        type=int,
+        default=None,
+        help="global batches to evaluate (default: trainer.limit_val_batches/limit_test_batches of the run; "
+        "with --data-prefix, one pass over the data)",
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    parser.set_defaults(func=run_eval)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from gptrain.cli import OVERRIDE
+    from gptrain.trained.evaluate import EvalRequest, evaluate_checkpoint
+
+    prefixes = [item for item in args.data_prefix or [] if not OVERRIDE.match(item)]
+    overrides = [item for item in args.data_prefix or [] if OVERRIDE.match(item)]  # after --data-prefix
+    request = EvalRequest(
+        checkpoint=args.checkpoint,
+        split=args.split,
+        data_prefix=prefixes or None,
+        batches=args.batches,
+        json_path=args.json,
+        overrides=[*args.overrides, *overrides],
+    )
+    evaluate_checkpoint(request)
+    return 0

@@ -1,0 +1,194 @@
+"""Evaluate a checkpoint under any layout: the run's model and batches, the loop's loss function.
+
+The model, its layout and the datasets are built by the same builders as training, and the
+loss by `gptrain.train.evaluation`, which the loop's validation also uses: on the run's
+validation split with the run's settings the result is the training's validation loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.config import TrainingConfig, load_training_config
+from gptrain.errors import ConfigError
+from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
+from gptrain.parallel.state_dict import load_model_state_dict, model_state_dict
+from gptrain.train import builders as b
+from gptrain.train.evaluation import EvalResult, EvalSetup, evaluate_loss
+from gptrain.train.state import TrainState
+from gptrain.trained.load import EMBEDDING_KEY, checkpoint_shape, find_hparams, resolve_checkpoint
+from gptrain.utils.atomic import atomic_write_text
+
+
+@dataclass
+class EvalRequest:
+    checkpoint: str
+    split: str = "validation"  # validation | test | train
+    data_prefix: list[str] | None = None
+    batches: int | None = None
+    json_path: str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+
+def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
+    """Load, evaluate, print the result line (and write the JSON) on the logging rank."""
+    step_dir = resolve_checkpoint(request.checkpoint)
+    hparams = find_hparams(step_dir)
+    cfg = load_training_config(config_file=str(hparams), overrides=request.overrides, report_ignored=False)
+    world = world_from_env()
+    if world.world_size > 1:
+        init_distributed(world, cfg.trainer.resolved_accelerator())
+    try:
+        device = b.select_device(cfg, world)
+        b.seed_everything(cfg.model.seed)
+        tokenizer = b.build_tokenizer(cfg)
+        vocab, padded = b.padded_vocab_size(cfg, tokenizer)
+        padded = saved_padding(step_dir, padded, cfg.model.tensor_model_parallel_size)
+        model = b.build_parallel_model(b.build_model_config(cfg, padded), cfg, world, device)
+        iteration = load_model(model, step_dir, world)
+        dp_rank, dp_size = b.data_parallel_rank_size(cfg, world)
+        setup = eval_setup(cfg, model, device, dp_rank, dp_size)
+        data, batches, source = eval_data(cfg, request, vocab, tokenizer)
+        result = evaluate_loss(setup, data, batches)
+        if b.is_logging_rank(cfg, world):
+            report(result, step_dir, iteration, source, request.json_path, cfg)
+        return result
+    finally:
+        if world.world_size > 1:
+            shutdown()
+
+
+def saved_padding(step_dir: Path, padded: int, tensor_parallel: int) -> int:
+    """The checkpoint's own padded vocabulary when this layout can shard it, else Megatron's.
+
+    Padding rows take part in the softmax; rows a checkpoint never had would change the loss,
+    so evaluating under another TP keeps the saved rows (any multiple of TP shards evenly).
+    """
+    saved = checkpoint_shape(step_dir, EMBEDDING_KEY)
+    if saved is None or saved[0] % tensor_parallel:
+        return padded
+    return saved[0]
+
+
+def load_model(model: torch.nn.Module, step_dir: Path, world: World) -> int:
+    """Read the model weights (any saved layout, resharded by DCP) and return the saved iteration."""
+    train = TrainState()
+    state: dict[str, Any] = {"model": model_state_dict(model), "train": train.state_dict()}
+
+    def apply(loaded: dict[str, Any]) -> None:
+        load_model_state_dict(model, loaded["model"])
+        train.load_state_dict(loaded["train"])
+
+    CheckpointManager(step_dir.parent, None, rank=world.rank).load(step_dir, state, apply)
+    return train.step
+
+
+def eval_setup(cfg: TrainingConfig, model: torch.nn.Module, device: torch.device, dp_rank: int, dp_size: int):
+    m = cfg.model
+    if m.global_batch_size % (m.micro_batch_size * dp_size):
+        raise ConfigError(
+            f"model.global_batch_size={m.global_batch_size} is not divisible by model.micro_batch_size x "
+            f"data-parallel size = {m.micro_batch_size} x {dp_size}; override one of them"
+        )
+    opts = b.with_parallel_seams(b.build_step_options(cfg, dp_size), model)
+    return EvalSetup(
+        model=model,
+        step_opts=opts,
+        device=device,
+        micro_batch_size=m.micro_batch_size,
+        num_microbatches=m.global_batch_size // (m.micro_batch_size * dp_size),
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=m.seed,
+    )
+
+
+def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: Any) -> tuple[Any, int, str]:
+    """(dataset, global batches, description): a split of the run's data, or --data-prefix."""
+    if request.batches is not None and request.batches < 1:
+        raise ConfigError(f"--batches must be at least 1, got {request.batches}")
+    if request.data_prefix:
+        return prefix_data(cfg, request, vocab, tokenizer)
+    t = cfg.trainer
+    if request.split == "validation" and request.batches is not None:
+        t.limit_val_batches = request.batches
+    if request.split == "test" and request.batches is not None:
+        t.limit_test_batches = request.batches
+    default = {"validation": t.limit_val_batches, "test": t.limit_test_batches, "train": t.limit_val_batches}
+    batches = request.batches or default[request.split]
+    if batches < 1:
+        key = "limit_test_batches" if request.split == "test" else "limit_val_batches"
+        raise ConfigError(f"the run has trainer.{key}=0 (no {request.split} batches); pass --batches N")
+    train, valid, test = b.build_datasets(cfg, vocab, tokenizer)
+    data = {"train": train, "validation": valid, "test": test}[request.split]
+    if data is None or len(data) == 0:
+        raise ConfigError(
+            f"the run's data has no {request.split} split (model.data.splits_string="
+            f"{cfg.model.data.splits_string}); choose another --split or give --data-prefix"
+        )
+    return data, batches, f"{request.split} split of the run's data"
+
+
+def prefix_data(
+    cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: Any
+) -> tuple[Any, int, str]:
+    """All of the given indexed dataset(s) as one split, one pass over their samples by default."""
+    from gptrain.data.builder import build_gpt_datasets, parse_blend
+    from gptrain.data.indexed import IndexedDataset
+    from gptrain.train.batches import GPTBatchDataset
+
+    entries = request.data_prefix or []
+    prefix: str | list[str] = entries[0] if len(entries) == 1 else list(entries)
+    prefixes, _ = parse_blend(prefix)
+    m = cfg.model
+    batches = request.batches
+    if batches is None:
+        samples = sum((IndexedDataset(p).num_tokens - 1) // m.data.seq_length for p in prefixes)
+        batches = max(1, samples // m.global_batch_size)
+    _, valid, _ = build_gpt_datasets(
+        prefix,
+        "0,100,0",
+        m.data.seq_length,
+        m.seed,
+        (0, batches * m.global_batch_size, 0),
+        cache_dir=m.data.index_mapping_dir,
+        vocab_size=vocab,
+        skip_unused=True,
+    )
+    eod = getattr(tokenizer, "eod", None)
+    return GPTBatchDataset(valid, eod, m.data.eod_mask_loss), batches, " ".join(entries)
+
+
+def report(
+    result: EvalResult,
+    step_dir: Path,
+    iteration: int,
+    source: str,
+    json_path: str | None,
+    cfg: TrainingConfig,
+) -> None:
+    print(
+        f"eval {step_dir} (iteration {iteration}) on {source}: lm loss {result.loss:.6E} | "
+        f"PPL {result.perplexity:.6E} | {result.tokens:,} tokens in {result.batches} batches of "
+        f"{cfg.model.global_batch_size} x {cfg.model.data.seq_length}"
+    )
+    if json_path:
+        record = {
+            "checkpoint": str(step_dir),
+            "iteration": iteration,
+            "data": source,
+            **dataclasses.asdict(result),
+            "perplexity": result.perplexity,
+            "global_batch_size": cfg.model.global_batch_size,
+            "seq_length": cfg.model.data.seq_length,
+        }
+        atomic_write_text(json_path, json.dumps(record, indent=2) + "\n")
+        print(f"wrote {json_path}", file=sys.stderr)

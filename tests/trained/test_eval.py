@@ -1,0 +1,150 @@
+"""`gptrain eval`: the training's validation loss reproduced, a float64 reference, other layouts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gptrain.cli import main
+from gptrain.config import load_training_config
+from gptrain.data.indexed import IndexedDatasetWriter
+from gptrain.train import loop
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+SEQ, VOCAB = 16, 100
+TINY = [
+    "trainer.accelerator=cpu",
+    "trainer.precision=32",
+    "trainer.devices=1",
+    "trainer.max_time=null",
+    "trainer.max_steps=4",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=0",
+    "model.num_layers=2",
+    "model.hidden_size=32",
+    "model.num_attention_heads=4",
+    f"model.encoder_seq_length={SEQ}",
+    "model.micro_batch_size=2",
+    "model.global_batch_size=4",
+    "model.data.num_workers=0",
+    "model.optim.sched.warmup_steps=1",
+    "model.optim.sched.constant_steps=0",
+    "model.data.data_impl=mock",
+    f"model.data.mock_vocab_size={VOCAB}",
+    "model.data.data_prefix=null",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny run trained 4 steps on mock data, validated at steps 2 and 4, checkpoints at 2 and 4."""
+    log_dir = tmp_path_factory.mktemp("eval") / "run"
+    cfg = load_training_config("gpt3/126m", [*TINY, f"exp_manager.explicit_log_dir={log_dir}"])
+    assert loop.train(cfg) == 0
+    return log_dir
+
+
+def logged_validation_losses(log_dir: Path) -> list[float]:
+    text = (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+    return [float(x) for x in re.findall(r"lm loss value: ([0-9.E+-]+) \|", text)]
+
+
+def eval_json(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / f"eval-{len(list(tmp_path.iterdir()))}.json"
+    assert main(["eval", *args, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_eval_reproduces_the_runs_validation_loss(run_dir: Path, tmp_path: Path, capsys) -> None:
+    at_2, at_4 = logged_validation_losses(run_dir)
+    result = eval_json(tmp_path, str(run_dir))
+    assert result["iteration"] == 4
+    assert result["loss"] == pytest.approx(at_4, rel=1e-6)  # the log prints 7 significant digits
+    assert result["tokens"] == 2 * 4 * SEQ and result["batches"] == 2
+    assert result["perplexity"] == pytest.approx(np.exp(result["loss"]), rel=1e-12)
+    assert "(iteration 4) on validation split of the run's data: lm loss" in capsys.readouterr().out
+
+    earlier = eval_json(tmp_path, str(run_dir / "checkpoints" / "step_2"))
+    assert earlier["iteration"] == 2 and earlier["loss"] == pytest.approx(at_2, rel=1e-6)
+
+
+def write_one_document(prefix: Path, tokens: np.ndarray) -> None:
+    writer = IndexedDatasetWriter(str(prefix), np.uint16)
+    writer.add_document(tokens)
+    writer.finalize()
+
+
+def float64_reference(run_dir: Path, tokens: np.ndarray) -> tuple[float, int]:
+    """Mean next-token loss of the checkpoint's weights over consecutive SEQ+1 windows, in float64."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    from gptrain.train.builders import build_model, build_model_config, padded_vocab_size
+
+    cfg = load_training_config(config_file=str(run_dir / "hparams.yaml"), report_ignored=False)
+    _, padded = padded_vocab_size(cfg, None)
+    model = build_model(build_model_config(cfg, padded), torch.device("cpu"), 0)
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(run_dir / "checkpoints" / "step_4"))
+    set_model_state_dict(model, state["model"])
+    model = model.double().eval()
+    windows = torch.from_numpy(tokens.astype(np.int64)).unfold(0, SEQ + 1, SEQ)
+    with torch.no_grad():
+        logits = model(windows[:, :-1])
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1), reduction="sum"
+        )
+    count = windows[:, 1:].numel()
+    return float(loss) / count, count
+
+
+def test_eval_on_an_indexed_dataset_matches_a_float64_reference(run_dir: Path, tmp_path: Path) -> None:
+    # One document of 8 windows: one pass is 2 global batches and covers every window.
+    tokens = np.random.default_rng(0).integers(0, VOCAB, size=8 * SEQ + 1).astype(np.uint16)
+    write_one_document(tmp_path / "held_out", tokens)
+    result = eval_json(tmp_path, str(run_dir), "--data-prefix", str(tmp_path / "held_out"))
+    expected, count = float64_reference(run_dir, tokens)
+    assert result["tokens"] == count and result["batches"] == 2
+    # fp32 forward over 17 ops deep of width <= 128: relative error well under 1e-5
+    assert result["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "layout", ["model.tensor_model_parallel_size=2", "model.pipeline_model_parallel_size=2"]
+)
+def test_eval_under_two_process_layouts_matches_one_process(
+    run_dir: Path, tmp_path: Path, layout: str
+) -> None:
+    single = eval_json(tmp_path, str(run_dir))
+    out = tmp_path / "parallel.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["-m", "gptrain", "eval", str(run_dir), "--json", str(out), layout, "trainer.devices=2"]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300
+    )
+    assert done.returncode == 0, [line for line in done.stderr.splitlines() if "gptrain" in line]
+    result = json.loads(out.read_text())
+    assert result["tokens"] == single["tokens"] and result["batches"] == single["batches"]
+    assert result["loss"] == pytest.approx(single["loss"], rel=1e-5)  # fp32 sums in another order
+
+
+def test_eval_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None:
+    assert main(["eval", str(run_dir), "--split", "test"]) == 2
+    assert "trainer.limit_test_batches=0 (no test batches); pass --batches N" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "nowhere")]) == 2
+    assert "no such checkpoint or run directory" in capsys.readouterr().err
+    assert main(["eval", str(run_dir), "--data-prefix", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "missing" in err and "\n" not in err
