@@ -1,15 +1,6 @@
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The test machine has 2 shared cores: extra intra-op threads only add contention.
-
-    Module scope, so that module-scoped runs use the same thread count as the tests that
-    compare against them (float reductions depend on it, and resume tests compare bits).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def one_torch_thread(one_torch_thread_per_module):
     yield
-    torch.set_num_threads(before)
