@@ -1,7 +1,7 @@
 """The tokenizer files that travel with a converted model, both directions (no torch).
 
-Export: GPT-2 BPE runs ship their vocab.json + merges.txt with a tokenizer_config.json naming
-`GPT2Tokenizer` and `<|endoftext|>`; Hugging Face tokenizer runs ship their tokenizer.json (and
+Export: GPT-2 BPE runs ship their vocab.json + merges.txt, the same as a
+tokenizer.json, and a tokenizer_config.json naming `GPT2Tokenizer` and `<|endoftext|>`; Hugging Face tokenizer runs ship their tokenizer.json (and
 its tokenizer_config.json / special_tokens_map.json when present). Import copies them into the
 run directory and returns the `model.tokenizer.*` values that point at the copies.
 """
@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gptrain.data.tokenizers import ENDOFTEXT, canonical_type
+from gptrain.data.tokenizers import ENDOFTEXT, canonical_type, gpt2_tokenizer_json
 
 HF_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
 
@@ -25,6 +25,8 @@ def export_tokenizer(cfg: Any, output: Path, seq_length: int) -> list[str]:
     if kind == "gpt2" and tok.vocab_file and tok.merge_file:
         shutil.copyfile(tok.vocab_file, output / "vocab.json")
         shutil.copyfile(tok.merge_file, output / "merges.txt")
+        # tokenizer.json too: transformers' AutoTokenizer then needs no slow-to-fast conversion
+        (output / "tokenizer.json").write_text(gpt2_tokenizer_json(tok.vocab_file, tok.merge_file))
         config = {
             "tokenizer_class": "GPT2Tokenizer",
             "bos_token": ENDOFTEXT,
@@ -34,7 +36,7 @@ def export_tokenizer(cfg: Any, output: Path, seq_length: int) -> list[str]:
             "model_max_length": seq_length,
         }
         (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-        return ["vocab.json", "merges.txt", "tokenizer_config.json"]
+        return ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"]
     if kind == "huggingface" and tok.model:
         source = Path(tok.model)
         file = source / "tokenizer.json" if source.is_dir() else source
