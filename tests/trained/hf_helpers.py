@@ -109,3 +109,11 @@ def hf_logits(directory: Path, ids: torch.Tensor) -> torch.Tensor:
 
 def max_relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / a.abs().max())
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
