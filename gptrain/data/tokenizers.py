@@ -294,6 +294,12 @@ def _hf_gpt2(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Any:
     return tokenizer
 
 
+def gpt2_tokenizer_json(vocab_file: str, merge_file: str) -> str:
+    """GPT-2 BPE as a `tokenizers` tokenizer.json (what transformers' fast tokenizers load)."""
+    vocab, (merges, _) = _read_vocab(vocab_file), _read_merges(merge_file)
+    return _hf_gpt2(vocab, merges).to_str()
+
+
 def _eos_from_config(directory: Path) -> str | None:
     config = directory / "tokenizer_config.json"
     if not config.is_file():

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gptrain.checkpoint.manager import CheckpointManager, SaveReport
+from gptrain.checkpoint.manager import CheckpointManager, SaveReport, saved_sections
 from gptrain.config import TrainingConfig
 from gptrain.errors import EXIT_REQUEUE, ConfigError, DataError, GptrainError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
@@ -213,6 +213,8 @@ def resume(s: Session) -> None:
     path, extra = loaded
     if "rng" in extra:
         set_rng_state(extra["rng"])
+    if "optim" not in saved_sections(path):
+        s.log(f"{path} holds model weights only (an import): optimizer, LR schedule and counters start fresh")
     s.log(f"resuming from {path} at iteration {s.state.step}, consumed samples {s.state.consumed_samples}")
 
 

@@ -88,9 +88,17 @@ def apply_checkpoint_state(
     scaler: LossScaler,
     train: TrainState,
 ) -> None:
-    """Put a loaded DCP state dict back into the live objects."""
+    """Put a loaded DCP state dict back into the live objects.
+
+    A weights-only checkpoint (`gptrain import`) has only "model": the optimizer, schedule, loss
+    scale and counters then stay as built, so training continues from those weights afresh.
+    """
     load_model_state_dict(model, state["model"])
-    load_optimizer_state_dict(model, optimizer, state["optim"])
-    schedule.load_state_dict(state["schedule"])
-    scaler.load_state_dict(state["scaler"])
-    train.load_state_dict(state["train"])
+    if "optim" in state:
+        load_optimizer_state_dict(model, optimizer, state["optim"])
+    if "schedule" in state:
+        schedule.load_state_dict(state["schedule"])
+    if "scaler" in state:
+        scaler.load_state_dict(state["scaler"])
+    if "train" in state:
+        train.load_state_dict(state["train"])

@@ -1,0 +1,84 @@
+"""`gptrain export --to hf` and `gptrain import` parsers (light: torch and transformers load when they run)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="export a trained checkpoint to Hugging Face transformers",
+        description=(
+            "Write the newest complete checkpoint of a run (RUN_OR_CHECKPOINT: results dir, checkpoints "
+            "dir or step dir; saved under any parallel layout) as a transformers model directory: "
+            "config.json, safetensors weights, generation_config.json and the tokenizer files. The "
+            "result is loaded with transformers and must give the same logits and greedy continuation "
+            "as gptrain's model, or nothing is written. Needs: pip install 'gptrain[hf]'."
+        ),
+    )
+    parser.add_argument(
+        "checkpoint", metavar="RUN_OR_CHECKPOINT", help="run results dir, checkpoints dir or step dir"
+    )
+    parser.add_argument(
+        "--to", choices=["hf"], required=True, help="target format (hf: Hugging Face transformers)"
+    )
+    parser.add_argument("output", metavar="OUTPUT_DIR", help="new (or empty) directory to write")
+    parser.add_argument("--no-verify", action="store_true", help="skip the logits and greedy check")
+    parser.add_argument(
+        "--max-shard-size-gb", type=float, default=5.0, help="largest safetensors file in GB (default 5)"
+    )
+    parser.set_defaults(func=run_export)
+
+
+def add_import_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "import",
+        help="import a Hugging Face model as a gptrain run",
+        description=(
+            "Turn a local transformers GPT2LMHeadModel, StableLmForCausalLM or LlamaForCausalLM directory "
+            "into a run directory: a gptrain checkpoint (weights only) and hparams.yaml, which "
+            "`gptrain generate RUN_DIR` uses as it is and `gptrain train --config-file RUN_DIR/hparams.yaml` "
+            "continues pretraining from (with a fresh optimizer, under any layout). Verified like export. "
+            "Needs: pip install 'gptrain[hf]'."
+        ),
+    )
+    parser.add_argument(
+        "hf_dir", metavar="HF_DIR", help="transformers model directory (config.json, safetensors)"
+    )
+    parser.add_argument("--output", required=True, metavar="RUN_DIR", help="new (or empty) run directory")
+    parser.add_argument("--no-verify", action="store_true", help="skip the logits and greedy check")
+    parser.set_defaults(func=run_import)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from gptrain.errors import ConfigError
+    from gptrain.trained.hf.export import export_hf
+
+    if not args.max_shard_size_gb > 0:
+        raise ConfigError(f"--max-shard-size-gb={args.max_shard_size_gb} must be > 0")
+    report = export_hf(
+        args.checkpoint,
+        args.output,
+        verify=not args.no_verify,
+        max_shard_bytes=int(args.max_shard_size_gb * 1e9),
+    )
+    check = report.verification.describe() if report.verification else "not verified (--no-verify)"
+    print(
+        f"gptrain: exported {report.class_name} ({report.tensor_bytes / 1e6:.1f} MB of weights) to "
+        f"{report.output} in {report.seconds:.1f} s; {check}"
+    )
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from gptrain.trained.hf.import_ import import_hf
+
+    report = import_hf(args.hf_dir, args.output, verify=not args.no_verify, stream=sys.stderr)
+    check = report.verification.describe() if report.verification else "not verified (--no-verify)"
+    print(
+        f"gptrain: imported {report.class_name} into {report.output} ({report.checkpoint.name}, "
+        f"{report.output / 'hparams.yaml'}) in {report.seconds:.1f} s; {check}"
+    )
+    return 0

@@ -1,0 +1,204 @@
+"""`gptrain export --to hf`: a run's newest complete checkpoint as a transformers model directory.
+
+Weights stream from the DCP checkpoint one layer at a time (whatever layout saved it) into
+safetensors shards, so memory holds one layer plus one unwritten shard, never the model twice.
+Everything is written into a temporary sibling of OUTPUT_DIR, verified against the gptrain
+model, and renamed into place only then: OUTPUT_DIR either holds a verified model or nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from gptrain.errors import DataError
+from gptrain.models.config import GPTConfig
+from gptrain.trained.hf.architectures import CLASS_NAMES, choose_architecture, hf_config_kwargs
+from gptrain.trained.hf.storage import CheckpointTensors, ShardWriter, plan_shards
+from gptrain.trained.hf.tensors import globals_to_hf, hf_global_names, layer_to_hf
+from gptrain.trained.hf.tokenizer_files import export_tokenizer
+from gptrain.trained.hf.transformers_api import config_class, require_transformers
+from gptrain.trained.hf.verify import Verification
+from gptrain.utils.progress import Progress
+
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' "5GB"
+PROMPT = "The meaning of life is"
+
+
+@dataclass
+class RunSource:
+    """What export needs from a run: its checkpoint, config, tokenizer and model shape."""
+
+    step_dir: Path
+    cfg: Any
+    tokenizer: Any | None
+    vocab: int
+    """Real (unpadded) vocabulary: rows beyond it are padding and are not exported."""
+    model_config: GPTConfig
+
+
+@dataclass
+class ExportReport:
+    output: Path
+    class_name: str
+    files: list[str]
+    tensor_bytes: int
+    seconds: float
+    verification: Verification | None
+
+
+def open_run(path: str | Path) -> RunSource:
+    """The newest complete checkpoint under `path` and the model shape its hparams.yaml gives."""
+    from gptrain.config import load_training_config
+    from gptrain.train.builders import build_model_config, is_mock_data, padded_vocab_size
+    from gptrain.trained.load import (
+        EMBEDDING_KEY,
+        build_run_tokenizer,
+        checkpoint_shape,
+        find_hparams,
+        resolve_checkpoint,
+    )
+
+    step_dir = resolve_checkpoint(path)
+    hparams = find_hparams(step_dir)
+    cfg = load_training_config(config_file=str(hparams), report_ignored=False)
+    mock_vocab = is_mock_data(cfg) and cfg.model.data.mock_vocab_size
+    tokenizer = None if mock_vocab else build_run_tokenizer(cfg, hparams)
+    vocab, padded = padded_vocab_size(cfg, tokenizer)
+    saved = checkpoint_shape(step_dir, EMBEDDING_KEY)
+    if saved is None or saved[0] < vocab:
+        raise DataError(
+            f"{step_dir}: embedding shape {saved} does not hold the {vocab}-token vocabulary of {hparams}"
+        )
+    # The saved row count is the padding of the layout that wrote it (it grows with TP).
+    return RunSource(step_dir, cfg, tokenizer, vocab, build_model_config(cfg, saved[0]))
+
+
+def export_hf(
+    path: str | Path,
+    output: str | Path,
+    verify: bool = True,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    stream: TextIO | None = None,
+) -> ExportReport:
+    """Write the transformers directory `output`; verified unless `verify` is False."""
+    require_transformers()
+    started = time.perf_counter()
+    stream = stream or sys.stderr
+    source = open_run(path)
+    arch = choose_architecture(source.model_config)
+    output = Path(output)
+    _check_output(output)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    try:
+        eod = source.tokenizer.eod if source.tokenizer is not None else None
+        _write_configs(staging, source, arch, eod)
+        files = export_tokenizer(source.cfg, staging, source.model_config.seq_length)
+        tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream)
+        verification = verify_export(source, staging) if verify else None
+        if output.exists():
+            output.rmdir()  # empty, checked above
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    files = sorted(p.name for p in output.iterdir())
+    elapsed = time.perf_counter() - started
+    return ExportReport(output, CLASS_NAMES[arch], files, tensor_bytes, elapsed, verification)
+
+
+def _check_output(output: Path) -> None:
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise DataError(
+            f"{output}: already exists and is not an empty directory; remove it or choose another"
+        )
+    output.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _write_configs(directory: Path, source: RunSource, arch: str, eod: int | None) -> None:
+    """config.json (float32, as the checkpoint) and generation_config.json."""
+    from transformers import GenerationConfig
+
+    kwargs = hf_config_kwargs(source.model_config, arch, source.vocab, eod)
+    config = config_class(arch)(**kwargs)
+    config.architectures = [CLASS_NAMES[arch]]
+    config.dtype = "float32"
+    config.save_pretrained(str(directory))
+    GenerationConfig(bos_token_id=eod, eos_token_id=eod).save_pretrained(str(directory))
+
+
+def write_weights(directory: Path, source: RunSource, arch: str, max_shard_bytes: int, stream: TextIO) -> int:
+    """Stream the checkpoint into safetensors shards a layer at a time; the bytes written."""
+    reader = CheckpointTensors(source.step_dir)
+    config = source.model_config
+    tied = config.share_embeddings_and_output_weights
+    global_keys = [key for key in hf_global_names(arch) if key in reader.meta]
+
+    def convert_globals(device: str) -> dict[str, torch.Tensor]:
+        tensors = (
+            {k: reader.empty(k, "meta") for k in global_keys}
+            if device == "meta"
+            else reader.read(global_keys)
+        )
+        return globals_to_hf(arch, tensors, source.vocab, tied)
+
+    def convert_layer(index: int, device: str) -> dict[str, torch.Tensor]:
+        prefix = f"layers.{index}."
+        keys = reader.keys(prefix)
+        if not keys:
+            raise DataError(f"{source.step_dir}: checkpoint has no tensors of layer {index}")
+        tensors = {k: reader.empty(k, "meta") for k in keys} if device == "meta" else reader.read(keys)
+        return layer_to_hf(arch, index, {k.removeprefix(prefix): v for k, v in tensors.items()})
+
+    plan = [convert_globals("meta")] + [convert_layer(i, "meta") for i in range(config.num_layers)]
+    sizes = [(name, t.numel() * t.element_size()) for part in plan for name, t in part.items()]
+    writer = ShardWriter(directory, plan_shards(sizes, max_shard_bytes))
+    progress = Progress(
+        "export", unit="layers", total=config.num_layers, total_bytes=sum(s for _, s in sizes), stream=stream
+    )
+    writer.add(convert_globals("cpu"))
+    for index in range(config.num_layers):
+        layer = convert_layer(index, "cpu")
+        writer.add(layer)
+        progress.update(1, sum(t.numel() * t.element_size() for t in layer.values()))
+    writer.finish()
+    return writer.total_size
+
+
+def verify_export(source: RunSource, directory: Path) -> Verification:
+    """The written directory, loaded by transformers, against gptrain's model of the checkpoint."""
+    from gptrain.train.builders import build_model
+    from gptrain.trained.hf.transformers_api import load_model
+    from gptrain.trained.hf.verify import verify_models
+    from gptrain.trained.load import load_weights
+
+    ours = build_model(source.model_config, torch.device("cpu"), seed=0)
+    load_weights(ours, source.step_dir)
+    theirs = load_model(directory)
+    prompt = list(source.tokenizer.encode(PROMPT)) if source.tokenizer is not None else [0, 1, 2]
+    config = source.model_config
+    result = verify_models(
+        ours, theirs, source.vocab, config.seq_length, prompt, f"export of {source.step_dir}"
+    )
+    if source.tokenizer is not None:
+        _verify_tokenizer(directory, source.tokenizer)
+    return result
+
+
+def _verify_tokenizer(directory: Path, tokenizer: Any) -> None:
+    """transformers' tokenizer from the written files encodes like the run's own."""
+    from transformers import AutoTokenizer
+
+    from gptrain.trained.hf.verify import VerificationError
+
+    text = PROMPT + " <|endoftext|> 12 ünïcode\n\tspaces  "
+    theirs = AutoTokenizer.from_pretrained(str(directory), local_files_only=True).encode(text)
+    if list(theirs) != list(tokenizer.encode(text)):
+        raise VerificationError(f"{directory}: transformers' tokenizer encodes differently from the run's")

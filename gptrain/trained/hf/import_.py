@@ -1,0 +1,218 @@
+"""`gptrain import`: a transformers model directory as a gptrain run directory.
+
+The run directory is what training would have left: `hparams.yaml` (a preset with the imported
+shape, the copied tokenizer and this directory as `exp_manager.explicit_log_dir`) and
+`checkpoints/step_0` written by the CheckpointManager (COMPLETE, `latest`). The checkpoint holds
+model weights only: training resumes from it with a fresh optimizer, LR schedule and counters.
+Everything is built in a temporary sibling and renamed into place once verified.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+from gptrain.errors import DataError
+from gptrain.trained.hf.architectures import BASE_PRESETS, CLASS_NAMES, architecture_of, model_overrides
+from gptrain.trained.hf.storage import SafetensorsTensors
+from gptrain.trained.hf.tensors import globals_from_hf, hf_global_names, layer_from_hf
+from gptrain.trained.hf.tokenizer_files import import_tokenizer
+from gptrain.trained.hf.transformers_api import load_config, require_transformers
+from gptrain.trained.hf.verify import Verification
+from gptrain.utils.progress import Progress
+
+TOKENIZER_DIR = "tokenizer"
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass
+class ImportReport:
+    output: Path
+    class_name: str
+    checkpoint: Path
+    seconds: float
+    verification: Verification | None
+
+
+def import_hf(
+    hf_dir: str | Path, output: str | Path, verify: bool = True, stream: TextIO | None = None
+) -> ImportReport:
+    """Write the run directory `output` from `hf_dir`; verified unless `verify` is False."""
+    require_transformers()
+    started = time.perf_counter()
+    stream = stream or sys.stderr
+    hf_dir, output = Path(hf_dir), Path(output).resolve()
+    if not hf_dir.is_dir():
+        raise DataError(f"{hf_dir}: not a directory; pass a transformers model directory")
+    hf_config = load_config(hf_dir)
+    arch = architecture_of(hf_config, str(hf_dir / "config.json"))
+    overrides = model_overrides(hf_config, arch, str(hf_dir / "config.json"))
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise DataError(
+            f"{output}: already exists and is not an empty directory; remove it or choose another"
+        )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    try:
+        tokenizer = import_tokenizer(hf_dir, staging / TOKENIZER_DIR, output / TOKENIZER_DIR)
+        if tokenizer is None:
+            print(f"gptrain: warning: {hf_dir} has no tokenizer files; the run uses mock data", file=stream)
+        cfg = training_config(arch, overrides, tokenizer, int(hf_config.vocab_size), output)
+        model = build_imported_model(cfg, staging, hf_dir, arch, stream)
+        step_dir = save_weights(model, staging / CHECKPOINTS)
+        del model
+        (staging / "hparams.yaml").write_text(cfg.to_yaml())
+        verification = verify_import(cfg, staging, step_dir, hf_dir) if verify else None
+        if output.exists():
+            output.rmdir()  # empty, checked above
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    elapsed = time.perf_counter() - started
+    checkpoint = output / CHECKPOINTS / step_dir.name
+    return ImportReport(output, CLASS_NAMES[arch], checkpoint, elapsed, verification)
+
+
+def training_config(
+    arch: str, model: dict[str, Any], tokenizer: dict[str, Any] | None, hf_vocab: int, output: Path
+) -> Any:
+    """The base preset with the imported shape and tokenizer, one process, results in `output`."""
+    from gptrain.config import load_training_config
+
+    values: dict[str, Any] = {f"model.{key}": value for key, value in model.items()}
+    values.update(
+        {
+            "run.name": output.name,
+            "trainer.num_nodes": 1,
+            "trainer.devices": 1,
+            "model.tensor_model_parallel_size": 1,
+            "model.pipeline_model_parallel_size": 1,
+            "model.data.seq_length": model["encoder_seq_length"],
+            "exp_manager.explicit_log_dir": str(output),
+            "exp_manager.resume_if_exists": True,
+        }
+    )
+    if tokenizer is None:
+        values.update({"model.data.data_impl": "mock", "model.data.mock_vocab_size": hf_vocab})
+    else:
+        values.update({f"model.tokenizer.{key}": value for key, value in tokenizer.items()})
+    overrides = [f"{key}={_yaml_value(value)}" for key, value in values.items()]
+    return load_training_config(BASE_PRESETS[arch], overrides, report_ignored=False)
+
+
+def _yaml_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _tokenizer(cfg: Any, staging: Path) -> Any | None:
+    """The run's tokenizer, read from the staged copy (hparams.yaml names the final place)."""
+    from gptrain.data.tokenizers import build_tokenizer
+    from gptrain.train.builders import is_mock_data
+
+    tok = cfg.model.tokenizer
+    if is_mock_data(cfg) and cfg.model.data.mock_vocab_size:
+        return None
+    final = Path(cfg.exp_manager.explicit_log_dir)
+
+    def staged(value: str | None) -> str | None:
+        return str(staging / Path(value).relative_to(final)) if value else None
+
+    return build_tokenizer(tok.type, staged(tok.vocab_file), staged(tok.merge_file), staged(tok.model))
+
+
+def build_imported_model(cfg: Any, staging: Path, hf_dir: Path, arch: str, stream: TextIO) -> nn.Module:
+    """A gptrain model (vocabulary padded as training pads it) filled from the transformers weights."""
+    from gptrain.models.gpt import GPT
+    from gptrain.train.builders import build_model_config, padded_vocab_size
+
+    tokenizer = _tokenizer(cfg, staging)
+    vocab, padded = padded_vocab_size(cfg, tokenizer)
+    if tokenizer is not None:
+        _check_rows(hf_dir, vocab)
+    config = build_model_config(cfg, padded)
+    with torch.device("meta"):
+        model = GPT(config)
+    model.to_empty(device="cpu")
+    model.tie_weights()
+    state = model.state_dict()
+    fill_weights(
+        state,
+        SafetensorsTensors(hf_dir),
+        arch,
+        config.num_layers,
+        config.share_embeddings_and_output_weights,
+        stream,
+    )
+    return model
+
+
+def _check_rows(hf_dir: Path, vocab: int) -> None:
+    rows = int(load_config(hf_dir).vocab_size)
+    if rows < vocab:
+        raise DataError(f"{hf_dir}: the model has {rows} embedding rows but its tokenizer has {vocab} tokens")
+
+
+@torch.no_grad()
+def fill_weights(
+    state: dict[str, torch.Tensor],
+    weights: SafetensorsTensors,
+    arch: str,
+    layers: int,
+    tied: bool,
+    stream: TextIO,
+) -> None:
+    """Copy every tensor, layer by layer, into the live state (which shares storage with the model)."""
+    live = {name: state[name] for name in hf_global_names(arch) if name in state}
+    for name, tensor in globals_from_hf(arch, weights.read, live, tied).items():
+        state[name].copy_(tensor)
+    progress = Progress("import", unit="layers", total=layers, stream=stream)
+    for index in range(layers):
+        prefix = f"layers.{index}."
+        names = [key.removeprefix(prefix) for key in state if key.startswith(prefix)]
+        for name, tensor in layer_from_hf(arch, index, weights.read, names).items():
+            target = state[prefix + name]
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise DataError(
+                    f"{weights.directory}: layer {index} {name} has shape {tuple(tensor.shape)}, "
+                    f"config.json gives {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+        progress.update(1)
+
+
+def save_weights(model: nn.Module, root: Path) -> Path:
+    """A weights-only checkpoint, step 0, written as training writes checkpoints (COMPLETE, latest)."""
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.parallel.state_dict import model_state_dict
+
+    return CheckpointManager(root, keep_last=None).save(0, {"model": model_state_dict(model)}, {})
+
+
+def verify_import(cfg: Any, staging: Path, step_dir: Path, hf_dir: Path) -> Verification:
+    """gptrain's model loaded from the written checkpoint against transformers' model of `hf_dir`."""
+    from gptrain.train.builders import build_model, build_model_config, padded_vocab_size
+    from gptrain.trained.hf.transformers_api import load_model
+    from gptrain.trained.hf.verify import verify_models
+    from gptrain.trained.load import load_weights
+
+    tokenizer = _tokenizer(cfg, staging)
+    vocab, padded = padded_vocab_size(cfg, tokenizer)
+    vocab = min(vocab, int(load_config(hf_dir).vocab_size))
+    ours = build_model(build_model_config(cfg, padded), torch.device("cpu"), seed=0)
+    load_weights(ours, step_dir)
+    theirs = load_model(hf_dir)
+    prompt = list(tokenizer.encode("The meaning of life is")) if tokenizer is not None else [0, 1, 2]
+    return verify_models(ours, theirs, vocab, cfg.model.encoder_seq_length, prompt, f"import of {hf_dir}")

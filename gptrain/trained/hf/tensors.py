@@ -1,0 +1,152 @@
+"""Per-tensor names and layouts between gptrain and transformers, both directions.
+
+gptrain keys are those of `GPT.state_dict()` (`layers.<i>.attention.wq.weight`, ...). GPT-2 keeps
+q, k and v in one `c_attn` and stores every linear as `Conv1D`, whose weight is [in, out]: the
+transpose of an `nn.Linear`'s. StableLM and Llama use `nn.Linear` with one name per gptrain
+tensor, and gptrain's q/k/v heads are contiguous blocks of rows exactly as theirs are, so their
+weights copy unchanged. Embedding rows beyond the real vocabulary (padding) are dropped on export.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from gptrain.trained.hf.architectures import GPT2
+
+Tensors = dict[str, torch.Tensor]
+
+# gptrain name inside a block -> transformers name inside a block (StableLM, Llama).
+LINEAR_LAYER_NAMES = {
+    "attention_norm.weight": "input_layernorm.weight",
+    "attention_norm.bias": "input_layernorm.bias",
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wq.bias": "self_attn.q_proj.bias",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wk.bias": "self_attn.k_proj.bias",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wv.bias": "self_attn.v_proj.bias",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "attention.wo.bias": "self_attn.o_proj.bias",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp_norm.bias": "post_attention_layernorm.bias",
+    "mlp.w1.weight": "mlp.gate_proj.weight",
+    "mlp.w1.bias": "mlp.gate_proj.bias",
+    "mlp.w3.weight": "mlp.up_proj.weight",
+    "mlp.w3.bias": "mlp.up_proj.bias",
+    "mlp.w2.weight": "mlp.down_proj.weight",
+    "mlp.w2.bias": "mlp.down_proj.bias",
+}
+# gptrain name inside a block -> (GPT-2 name inside a block, stored transposed); q/k/v go to c_attn.
+GPT2_LAYER_NAMES = {
+    "attention_norm.weight": ("ln_1.weight", False),
+    "attention_norm.bias": ("ln_1.bias", False),
+    "attention.wo.weight": ("attn.c_proj.weight", True),
+    "attention.wo.bias": ("attn.c_proj.bias", False),
+    "mlp_norm.weight": ("ln_2.weight", False),
+    "mlp_norm.bias": ("ln_2.bias", False),
+    "mlp.w1.weight": ("mlp.c_fc.weight", True),
+    "mlp.w1.bias": ("mlp.c_fc.bias", False),
+    "mlp.w2.weight": ("mlp.c_proj.weight", True),
+    "mlp.w2.bias": ("mlp.c_proj.bias", False),
+}
+QKV = ("attention.wq", "attention.wk", "attention.wv")
+
+
+def hf_layer_prefix(arch: str, index: int) -> str:
+    return f"transformer.h.{index}." if arch == GPT2 else f"model.layers.{index}."
+
+
+def hf_global_names(arch: str) -> dict[str, str]:
+    """gptrain name -> transformers name of the tensors outside the blocks."""
+    if arch == GPT2:
+        return {
+            "tok_embeddings.weight": "transformer.wte.weight",
+            "pos_embeddings.weight": "transformer.wpe.weight",
+            "norm.weight": "transformer.ln_f.weight",
+            "norm.bias": "transformer.ln_f.bias",
+            "output.weight": "lm_head.weight",
+        }
+    return {
+        "tok_embeddings.weight": "model.embed_tokens.weight",
+        "norm.weight": "model.norm.weight",
+        "norm.bias": "model.norm.bias",
+        "output.weight": "lm_head.weight",
+    }
+
+
+def layer_to_hf(arch: str, index: int, layer: Tensors) -> Tensors:
+    """One block's gptrain tensors (names relative to the block) -> transformers tensors (full names).
+
+    GPT-2 has biases everywhere: a gptrain model without them gets zeros, which computes the same.
+    """
+    prefix = hf_layer_prefix(arch, index)
+    if arch != GPT2:
+        return {prefix + LINEAR_LAYER_NAMES[name]: tensor for name, tensor in layer.items()}
+    out: Tensors = {}
+    for name, (hf_name, transposed) in GPT2_LAYER_NAMES.items():
+        if name in layer:
+            out[prefix + hf_name] = layer[name].t().contiguous() if transposed else layer[name]
+        elif name.endswith(".bias"):
+            weight = layer[name.removesuffix(".bias") + ".weight"]
+            out[prefix + hf_name] = weight.new_zeros(weight.shape[0])
+    weight = torch.cat([layer[f"{qkv}.weight"] for qkv in QKV])
+    out[prefix + "attn.c_attn.weight"] = weight.t().contiguous()
+    biases = [layer.get(f"{qkv}.bias") for qkv in QKV]
+    out[prefix + "attn.c_attn.bias"] = (
+        torch.cat(biases) if all(b is not None for b in biases) else weight.new_zeros(weight.shape[0])
+    )
+    return out
+
+
+def layer_from_hf(arch: str, index: int, read: Callable[[str], torch.Tensor], names: list[str]) -> Tensors:
+    """One block's gptrain tensors (relative names) from transformers tensors read by full name.
+
+    `names` are the gptrain names the block needs (from a gptrain model of the imported shape).
+    """
+    prefix = hf_layer_prefix(arch, index)
+    if arch != GPT2:
+        return {name: read(prefix + LINEAR_LAYER_NAMES[name]) for name in names}
+    out: Tensors = {}
+    for name, (hf_name, transposed) in GPT2_LAYER_NAMES.items():
+        tensor = read(prefix + hf_name)
+        out[name] = tensor.t().contiguous() if transposed else tensor
+    weight, bias = read(prefix + "attn.c_attn.weight"), read(prefix + "attn.c_attn.bias")
+    for qkv, w, b in zip(QKV, weight.t().chunk(3), bias.chunk(3), strict=True):
+        out[f"{qkv}.weight"], out[f"{qkv}.bias"] = w.contiguous(), b.contiguous()
+    return out
+
+
+def globals_to_hf(arch: str, tensors: Tensors, vocab_size: int, tied: bool) -> Tensors:
+    """Embeddings, final norm and (untied) output, padding rows dropped."""
+    names = hf_global_names(arch)
+    out: Tensors = {}
+    for name, tensor in tensors.items():
+        if name == "output.weight" and tied:
+            continue  # transformers ties lm_head to the embedding itself
+        if name in ("tok_embeddings.weight", "output.weight"):
+            tensor = tensor[:vocab_size].contiguous()
+        out[names[name]] = tensor
+    return out
+
+
+def globals_from_hf(arch: str, read: Callable[[str], torch.Tensor], live: Tensors, tied: bool) -> Tensors:
+    """gptrain's global tensors shaped like `live` (padded rows: zero) from transformers tensors."""
+    names = hf_global_names(arch)
+    out: Tensors = {}
+    for name, template in live.items():
+        source = names["tok_embeddings.weight"] if name == "output.weight" and tied else names[name]
+        tensor = read(source)
+        if name in ("tok_embeddings.weight", "output.weight"):
+            tensor = _fit_rows(tensor, template)
+        out[name] = tensor
+    return out
+
+
+def _fit_rows(tensor: torch.Tensor, template: torch.Tensor) -> torch.Tensor:
+    """`tensor`'s first rows in a zero tensor of `template`'s shape (padding rows the tokenizer never emits)."""
+    fitted = torch.zeros(template.shape, dtype=tensor.dtype)
+    rows = min(tensor.shape[0], template.shape[0])
+    fitted[:rows] = tensor[:rows]
+    return fitted

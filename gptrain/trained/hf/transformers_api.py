@@ -1,0 +1,60 @@
+"""Every use of the transformers package goes through here: an optional extra, imported late."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gptrain.errors import GptrainError
+
+INSTALL_HINT = "pip install 'gptrain[hf]'"
+
+
+class MissingTransformersError(GptrainError):
+    """transformers is not installed."""
+
+
+def require_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise MissingTransformersError(
+            f"Hugging Face export/import needs the transformers package: {INSTALL_HINT}"
+        ) from None
+    # gptrain prints its own progress and verdicts; transformers' bars and notices would bury them.
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+def config_class(arch: str) -> Any:
+    transformers = require_transformers()
+    from gptrain.trained.hf.architectures import GPT2, STABLELM
+
+    names = {GPT2: "GPT2Config", STABLELM: "StableLmConfig"}
+    return getattr(transformers, names.get(arch, "LlamaConfig"))
+
+
+def load_config(directory: Path) -> Any:
+    """The transformers config of a local model directory (never the network)."""
+    transformers = require_transformers()
+    from gptrain.errors import DataError
+
+    if not (directory / "config.json").is_file():
+        raise DataError(f"{directory}: no config.json; pass a transformers model directory")
+    try:
+        return transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    except (ValueError, KeyError, OSError, TypeError) as error:
+        message = " ".join(str(error).split())[:300]
+        raise DataError(f"{directory}/config.json: transformers cannot read it ({message})") from None
+
+
+def load_model(directory: Path) -> Any:
+    """The causal LM of a local directory in float32 on the CPU, eval mode."""
+    import torch
+
+    transformers = require_transformers()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(directory), dtype=torch.float32, local_files_only=True
+    )
+    return model.eval()

@@ -1,0 +1,76 @@
+"""What export and import refuse, each in one line naming the option or file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptrain.errors import ConfigError
+from gptrain.models.config import GPTConfig
+from gptrain.trained.hf.architectures import GPT2, LLAMA, STABLELM, choose_architecture
+
+BASE = {"vocab_size": 128, "seq_length": 16, "num_layers": 1, "hidden_size": 32, "num_attention_heads": 4}
+ROPE = {**BASE, "position_embedding_type": "rope", "activation": "swiglu", "bias": False}
+
+
+def test_each_architecture_is_chosen_by_its_options() -> None:
+    assert choose_architecture(GPTConfig(**BASE)) == GPT2
+    assert choose_architecture(GPTConfig(**ROPE, rotary_percentage=0.5, num_query_groups=2)) == STABLELM
+    assert choose_architecture(GPTConfig(**{**ROPE, "bias": True}, normalization="rmsnorm")) == LLAMA
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({**BASE, "activation": "swiglu"}, "model.activation=swiglu"),
+        ({**BASE, "normalization": "rmsnorm"}, "model.normalization=rmsnorm"),
+        ({**BASE, "num_query_groups": 2}, "model.num_query_groups=2"),
+        ({**BASE, "kv_channels": 16}, "model.kv_channels=16"),
+        ({**ROPE, "activation": "gelu"}, "model.activation=gelu"),
+        ({**ROPE, "bias": True}, "model.bias=True"),
+        ({**ROPE, "normalization": "rmsnorm", "rotary_percentage": 0.5}, "model.rotary_percentage=0.5"),
+    ],
+)
+def test_inexpressible_combinations_are_one_line_errors(options: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match="cannot export " + named.replace(".", r"\.")) as error:
+        choose_architecture(GPTConfig(**options))
+    assert "\n" not in str(error.value)
+
+
+def gptrain(args: list[str], extra_code: str = "") -> subprocess.CompletedProcess:
+    code = f"import sys\n{extra_code}\nfrom gptrain.cli import main\nsys.exit(main({args!r}))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_without_transformers_says_how_to_install(tmp_path: Path) -> None:
+    hide = "sys.modules['transformers'] = None  # import fails as if not installed"
+    for args in (
+        ["export", str(tmp_path), "--to", "hf", str(tmp_path / "out")],
+        ["import", str(tmp_path), "--output", str(tmp_path / "run")],
+    ):
+        done = gptrain(args, hide)
+        assert done.returncode != 0
+        assert done.stderr.strip().splitlines() == [
+            "gptrain: error: Hugging Face export/import needs the transformers package: pip install 'gptrain[hf]'"
+        ]
+
+
+def test_help_of_export_and_import_imports_neither_torch_nor_transformers() -> None:
+    check = "import atexit\natexit.register(lambda: print('heavy', [m for m in ('torch', 'transformers') if m in sys.modules]))"
+    for command in ("export", "import"):
+        done = gptrain([command, "--help"], check)
+        assert done.returncode == 0 and "heavy []" in done.stdout, done.stdout[-500:] + done.stderr[-500:]
+
+
+def test_import_of_a_directory_without_a_model_names_what_is_missing(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    done = gptrain(["import", str(tmp_path), "--output", str(tmp_path / "run")])
+    assert done.returncode != 0
+    assert (
+        done.stderr.strip()
+        == f"gptrain: error: {tmp_path}: no config.json; pass a transformers model directory"
+    )
+    assert not (tmp_path / "run").exists()

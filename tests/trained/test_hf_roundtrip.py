@@ -1,0 +1,131 @@
+"""`gptrain export --to hf` and `gptrain import` round trips on tiny random models of each architecture."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hf_helpers import (  # noqa: E402
+    CLASSES,
+    batch,
+    hf_logits,
+    max_relative_difference,
+    run_cli,
+    tiny_run,
+)
+
+from gptrain.errors import DataError  # noqa: E402
+
+GPT2_VOCAB = 50257
+# float32: unit roundoff 6e-8, dot products of at most 64 terms, two layers: 1e-5 is a wide bound
+# for the same arithmetic in another order, and far below what a wrong layout produces.
+FP32_REL = 1e-5
+
+
+@pytest.fixture(scope="module", params=sorted(CLASSES))
+def exported(request, tmp_path_factory) -> tuple[str, Path, torch.nn.Module, Path]:
+    arch = request.param
+    tmp = tmp_path_factory.mktemp(arch)
+    run, model = tiny_run(arch, tmp)
+    assert run_cli(["export", str(run), "--to", "hf", str(tmp / "hf")]) == 0
+    return arch, run, model, tmp / "hf"
+
+
+def test_export_writes_a_transformers_directory(exported, capsys) -> None:
+    arch, _, _, out = exported
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt"} <= names
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [CLASSES[arch]]
+    assert config["vocab_size"] == GPT2_VOCAB  # padding rows (50304 in the checkpoint) removed
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 50256
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    assert tokenizer.encode("Hello world<|endoftext|>") == [15496, 995, 50256]
+
+
+def test_transformers_logits_match_gptrain(exported) -> None:
+    _, _, model, out = exported
+    ids = batch(GPT2_VOCAB)
+    with torch.no_grad():
+        ours = model(ids)[..., :GPT2_VOCAB]
+    theirs = hf_logits(out, ids)
+    assert theirs.shape == ours.shape
+    assert max_relative_difference(ours, theirs) < FP32_REL
+    assert float(ours.abs().max()) > 1.0  # logits of a real spread, not a near-zero model
+
+
+def test_import_gives_a_run_that_generate_loads_and_export_reproduces(exported, tmp_path, capsys) -> None:
+    from safetensors.torch import load_file
+
+    from gptrain.trained.load import load_run
+
+    arch, _, model, out = exported
+    run_dir = tmp_path / "imported"
+    assert run_cli(["import", str(out), "--output", str(run_dir)]) == 0
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_0"
+    assert (run_dir / "checkpoints" / "step_0" / "COMPLETE").is_file()
+    loaded = load_run(run_dir, torch.device("cpu"))
+    ids = batch(GPT2_VOCAB, seed=2)
+    with torch.no_grad():
+        again, original = loaded.model(ids)[..., :GPT2_VOCAB], model(ids)[..., :GPT2_VOCAB]
+    assert torch.equal(again, original) or max_relative_difference(original, again) < FP32_REL
+    capsys.readouterr()
+    assert run_cli(["generate", str(run_dir), "--prompt", "Hello", "--greedy", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.startswith("Hello")
+
+    assert run_cli(["export", str(run_dir), "--to", "hf", str(tmp_path / "again")]) == 0
+    first, second = load_file(out / "model.safetensors"), load_file(tmp_path / "again" / "model.safetensors")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first), arch
+
+
+def test_sharded_export_has_an_index_transformers_loads(tmp_path) -> None:
+    from gptrain.trained.hf.export import export_hf
+
+    run, model = tiny_run("stablelm", tmp_path)
+    report = export_hf(run, tmp_path / "hf", max_shard_bytes=2_000_000)
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert index["metadata"]["total_size"] == report.tensor_bytes
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
+    assert report.verification is not None and report.verification.relative < FP32_REL
+
+
+def test_wrong_semantics_fail_verification(exported, tmp_path) -> None:
+    """The check is sensitive: one changed fact in config.json (GELU flavour, rope base, norm eps)."""
+    from gptrain.trained.hf.export import open_run, verify_export
+    from gptrain.trained.hf.verify import VerificationError
+
+    arch, run, _, out = exported
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in out.iterdir():
+        (broken / path.name).write_bytes(path.read_bytes())
+    config = json.loads((broken / "config.json").read_text())
+    if arch == "gpt2":
+        config["activation_function"] = "gelu_new"  # GPT-2's tanh approximation instead of erf
+    else:
+        config["rope_parameters"]["rope_theta"] *= 2
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(VerificationError, match=r"logits differ by up to [0-9.e+-]+"):
+        verify_export(open_run(run), broken)
+
+
+def test_export_refuses_an_existing_output_and_leaves_no_partial_files(exported, tmp_path) -> None:
+    from gptrain.trained.hf.export import export_hf
+
+    _, run, _, _ = exported
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "x").write_text("keep")
+    with pytest.raises(DataError, match="already exists"):
+        export_hf(run, tmp_path / "taken")
+    assert [p.name for p in (tmp_path / "taken").iterdir()] == ["x"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
