@@ -85,7 +85,8 @@ def load_model(model: torch.nn.Module, step_dir: Path, world: World) -> int:
 
     def apply(loaded: dict[str, Any]) -> None:
         load_model_state_dict(model, loaded["model"])
-        train.load_state_dict(loaded["train"])
+        if "train" in loaded:  # an import holds model weights only
+            train.load_state_dict(loaded["train"])
 
     CheckpointManager(step_dir.parent, None, rank=world.rank).load(step_dir, state, apply)
     return train.step

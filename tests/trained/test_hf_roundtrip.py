@@ -80,6 +80,22 @@ def test_import_gives_a_run_that_generate_loads_and_export_reproduces(exported, 
     assert run_cli(["generate", str(run_dir), "--prompt", "Hello", "--greedy", "--max-new-tokens", "4"]) == 0
     assert capsys.readouterr().out.startswith("Hello")
 
+    # `gptrain eval` takes the imported run as it is, on any indexed dataset
+    import numpy as np
+
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    writer = IndexedDatasetWriter(str(tmp_path / "held_out"), np.uint16)
+    writer.add_document(np.random.default_rng(0).integers(0, GPT2_VOCAB, size=4 * 16 + 1).astype(np.uint16))
+    writer.finalize()
+    result = tmp_path / "eval.json"
+    argv = ["eval", str(run_dir), "model.micro_batch_size=1", "model.global_batch_size=1"]
+    argv += ["--data-prefix", str(tmp_path / "held_out"), "--json", str(result)]
+    assert run_cli(argv) == 0
+    evaluated = json.loads(result.read_text())
+    assert evaluated["tokens"] == 4 * 16 and evaluated["iteration"] == 0
+    assert 0 < evaluated["loss"] < 100
+
     assert run_cli(["export", str(run_dir), "--to", "hf", str(tmp_path / "again")]) == 0
     first, second = load_file(out / "model.safetensors"), load_file(tmp_path / "again" / "model.safetensors")
     assert first.keys() == second.keys()
