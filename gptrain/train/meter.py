@@ -132,5 +132,5 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
         }
     )
     s.scalars.add(by_step, s.state.step)
-    s.scalars.add(by_samples, s.state.consumed_samples)
+    s.scalars.add_vs_samples(by_samples, s.state.consumed_samples, s.state.step)
     meter.reset(time.perf_counter())
