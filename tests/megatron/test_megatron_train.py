@@ -130,3 +130,20 @@ def test_the_tutorial_and_example_flag_lists_train_on_cpu(example, tmp_path, cap
     out = capsys.readouterr().out
     assert "iteration        4/       4 |" in out and "validation loss at iteration 4 |" in out
     assert (tmp_path / "run" / "checkpoints" / "step_4" / "COMPLETE").is_file()
+
+
+def test_load_from_one_run_save_into_another(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0"]
+    run_a, run_b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert main(["megatron", *flags, "--train-iters", "2", "--save", run_a]) == 0
+    capsys.readouterr()
+    assert main(["megatron", *flags, "--save", run_b, "--load", run_a]) == 0
+    out = capsys.readouterr().out
+    assert f"starting from {run_a}/checkpoints/step_2 (exp_manager.resume_from_checkpoint;" in out
+    iterations = re.findall(r"iteration +(\d+)/ +4 \|", out)
+    assert iterations == ["3", "4"]
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == ["latest", "step_2"]
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["latest", "step_4"]
