@@ -100,5 +100,9 @@ class WandbRun:
         self.log({**values, SAMPLES_AXIS: float(samples)}, step)
 
     def close(self) -> None:
-        """Finish the run; failed (exit code 1) when an exception is on its way out."""
+        """Finish the run (failed, exit code 1, when an exception is on its way out) and wait until W&B's
+        service has written all of it: finish() may return before the run's file is on disk."""
+        import wandb
+
         self._run.finish(exit_code=1 if sys.exc_info()[0] is not None else 0)
+        wandb.teardown()
