@@ -86,8 +86,12 @@ def find_checkpoint(path: str | Path) -> Path:
     directory or of a run directory (its checkpoints/). A one-line CheckpointLoadError naming the
     path when there is nothing complete to load there."""
     given = Path(path)
+    own_only = "gptrain reads its own checkpoints, not Megatron's iter_<N>/ or NeMo's .ckpt/.nemo files"
     if not given.is_dir():
-        raise CheckpointLoadError(f"{path}: no such checkpoint directory")
+        what = "is a file" if given.exists() else "does not exist"
+        raise CheckpointLoadError(
+            f"{path}: {what}; give a run directory, its checkpoints/ or a step_<N>/ ({own_only})"
+        )
     if STEP_DIR.match(given.name):
         if not is_complete(given):
             raise CheckpointLoadError(
@@ -97,7 +101,7 @@ def find_checkpoint(path: str | Path) -> Path:
     found = newest_complete(given / "checkpoints") or newest_complete(given)
     if found is None:
         raise CheckpointLoadError(
-            f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it or in its checkpoints/ directory"
+            f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it or in its checkpoints/ ({own_only})"
         )
     return found
 

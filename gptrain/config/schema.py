@@ -125,8 +125,8 @@ class ExpManagerConfig:
     another --save): a step directory, a checkpoints/ directory or a run directory (its newest complete
     checkpoint). Once the run has saved, a restart resumes from its own checkpoints, not this one."""
     load_optimizer: bool = True
-    """gptrain extension (Megatron: --no-load-optim): take the optimizer and learning-rate schedule
-    state from resume_from_checkpoint too."""
+    """gptrain extension (Megatron: --no-load-optim): take the optimizer state, the learning-rate
+    schedule's position and the fp16 loss scale from resume_from_checkpoint too."""
     load_rng: bool = True
     """gptrain extension (Megatron: --no-load-rng): take the random streams from resume_from_checkpoint."""
     finetune: bool = False

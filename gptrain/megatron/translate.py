@@ -234,7 +234,9 @@ def _wandb(result: Translation) -> None:
     project = (given.get("--wandb-project") or [""])[0]
     if not project:
         result.notes.extend(
-            f"{flag} (without --wandb-project)" for flag in given if flag.startswith("--wandb-")
+            f"{flag} (without --wandb-project)"
+            for flag in given
+            if flag in ("--wandb-exp-name", "--wandb-save-dir")
         )
         return
     v["exp_manager.create_wandb_logger"] = True

@@ -256,7 +256,8 @@ def test_finetune_from_a_step_directory_takes_the_weights_only(uninterrupted, tm
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda root: root / "missing", "missing: no such checkpoint directory"),
+        (lambda root: root / "missing", "missing: does not exist; give a run directory"),
+        (lambda root: root / "model.ckpt", "model.ckpt: is a file; give a run directory"),
         (lambda root: root / "empty", "empty: no complete checkpoint (step_<N>/COMPLETE) in it"),
         (lambda root: root / "torn" / "checkpoints" / "step_3", "step_3: incomplete checkpoint (no COMPLETE"),
     ],
@@ -265,6 +266,7 @@ def test_a_bad_checkpoint_to_start_from_is_one_line_naming_it(tmp_path, capsys, 
     from gptrain.cli import main
 
     (tmp_path / "empty").mkdir()
+    (tmp_path / "model.ckpt").write_bytes(b"NeMo")
     (tmp_path / "torn" / "checkpoints" / "step_3").mkdir(parents=True)
     source = make(tmp_path)
     overrides = [*TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path / 'run'}"]
