@@ -82,11 +82,6 @@ class WandbRun:
                 "or run offline (WANDB_MODE=offline or exp_manager.wandb_logger_kwargs.offline=true)"
             ) from None
 
-    @property
-    def directory(self) -> str:
-        """The run's local directory (`<save_dir>/wandb/[offline-]run-<time>-<id>`)."""
-        return os.path.dirname(self._run.dir)
-
     def log(self, values: dict[str, float | None], step: int) -> None:
         self._step = max(self._step, step)
         present = {tag: value for tag, value in values.items() if value is not None}

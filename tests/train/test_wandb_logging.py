@@ -139,3 +139,26 @@ def test_only_the_logging_rank_logs_to_wandb(tmp_path, monkeypatch):
     ).read_text()  # Megatron's logging rank
     printed = [float(x) for x in re.findall(r"\| lm loss: ([0-9.E+-]+) \|", last_rank)]
     assert len(printed) == 4 and logged == pytest.approx(printed, rel=1e-6)
+
+
+def test_wandb_failing_to_start_is_one_line_naming_what_to_do(tmp_path, monkeypatch):
+    """wandb.init's own errors (no API key, no network) become one line, before any training."""
+    import importlib.machinery
+    import types
+
+    from gptrain.errors import ConfigError
+    from gptrain.train.wandb_logger import WandbRun
+
+    def refuse(**_):
+        raise RuntimeError("api_key not configured\n(no-tty). call wandb.login(key=[your_api_key])")
+
+    fake = types.ModuleType("wandb")
+    fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    fake.init = refuse
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = tiny_config(tmp_path / "run", *MOCK, "exp_manager.create_wandb_logger=true")
+    with pytest.raises(ConfigError) as error:
+        WandbRun.start(cfg)
+    message = str(error.value)
+    assert "\n" not in message and "api_key not configured (no-tty)" in message
+    assert "WANDB_MODE=offline" in message and "wandb login" in message
