@@ -81,6 +81,31 @@ def newest_complete(root: Path) -> Path | None:
     return Path(root) / step_dir_name(steps[-1]) if steps else None
 
 
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint a path names: a step directory, or the newest complete one of a checkpoints
+    directory or of a run directory (its checkpoints/). A one-line CheckpointLoadError naming the
+    path when there is nothing complete to load there."""
+    given = Path(path)
+    own_only = "gptrain reads its own checkpoints, not Megatron's iter_<N>/ or NeMo's .ckpt/.nemo files"
+    if not given.is_dir():
+        what = "is a file" if given.exists() else "does not exist"
+        raise CheckpointLoadError(
+            f"{path}: {what}; give a run directory, its checkpoints/ or a step_<N>/ ({own_only})"
+        )
+    if STEP_DIR.match(given.name):
+        if not is_complete(given):
+            raise CheckpointLoadError(
+                f"{path}: incomplete checkpoint (no {COMPLETE} marker: its save did not finish); give a complete one"
+            )
+        return given
+    found = newest_complete(given / "checkpoints") or newest_complete(given)
+    if found is None:
+        raise CheckpointLoadError(
+            f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it or in its checkpoints/ ({own_only})"
+        )
+    return found
+
+
 def directory_bytes(path: Path) -> int:
     return sum(entry.stat().st_size for entry in path.iterdir() if entry.is_file())
 
@@ -336,7 +361,7 @@ class CheckpointManager:
 
     def load_newest_good(
         self,
-        state_fn: Callable[[], dict[str, Any]],
+        state_fn: Callable[[set[str]], dict[str, Any]],
         apply: Callable[[dict[str, Any]], None],
         warn: Callable[[str], None],
     ) -> tuple[Path, dict[str, Any]] | None:
@@ -348,12 +373,10 @@ class CheckpointManager:
         problems = []
         for step in reversed(complete_steps(self.root)):
             path = self.root / step_dir_name(step)
-            problem = _first_on_any_rank(verify(path) or verify_share(path, self.rank, _world_size()))
-            if problem is None:
-                try:
-                    return path, self.load(path, state_fn(), apply)
-                except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-                    problem = f"{path} does not load ({root_cause(error)})"
+            loaded = self._verify_and_load(path, state_fn, apply)
+            if isinstance(loaded, dict):
+                return path, loaded
+            problem = loaded
             problems.append(problem)
             warn(f"checkpoint {path.name} is damaged: {problem}; trying the previous one")
         if problems:
@@ -362,6 +385,34 @@ class CheckpointManager:
                 "aside, or start over with exp_manager.resume_if_exists=false and another run.name"
             )
         return None
+
+    def load_verified(
+        self,
+        path: Path,
+        state_fn: Callable[[set[str]], dict[str, Any]],
+        apply: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any]:
+        """Load the complete checkpoint `path` (of this run or another) if it verifies, else a one-line
+        CheckpointLoadError naming it; returns this rank's extra state."""
+        loaded = self._verify_and_load(path, state_fn, apply)
+        if not isinstance(loaded, dict):
+            raise CheckpointLoadError(f"checkpoint {path} is damaged: {loaded}; give another one")
+        return loaded
+
+    def _verify_and_load(
+        self,
+        path: Path,
+        state_fn: Callable[[set[str]], dict[str, Any]],
+        apply: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any] | str:
+        """This rank's extra state, or what is wrong with `path` (the same verdict on every rank)."""
+        problem = _first_on_any_rank(verify(path) or verify_share(path, self.rank, _world_size()))
+        if problem is not None:
+            return problem
+        try:
+            return self.load(path, state_fn(saved_sections(path)), apply)
+        except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+            return f"{path} does not load ({root_cause(error)})"
 
     def close(self) -> None:
         """Wait for a pending save and release the staging buffers."""

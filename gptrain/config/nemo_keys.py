@@ -12,7 +12,8 @@ _OVERLAP = "communication tuning and overlap (torch.distributed buckets and over
 _FP8 = "FP8 needs Transformer Engine, which gptrain does not use"
 _LIGHTNING = "PyTorch Lightning trainer switches (gptrain has its own loop)"
 _CKPT = ".nemo checkpoint handling (gptrain writes DCP checkpoints to explicit_log_dir/checkpoints)"
-_LOGGERS = "loggers and profilers other than TensorBoard"
+_LOGGERS = "loggers and profilers other than TensorBoard and Weights & Biases"
+_WANDB_MODEL = "uploading checkpoints to W&B (gptrain keeps them in explicit_log_dir/checkpoints)"
 _DATA = "NeMo dataloader options (gptrain's dataset and sampler are Megatron's; these do not apply)"
 _NOT_IMPL = "not implemented in gptrain"
 _MLPERF = "MLPerf-only keys (the MLPerf configs are not supported)"
@@ -106,22 +107,20 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "exp_manager.create_checkpoint_callback",
         "exp_manager.exp_dir",
         "exp_manager.name",
-        "exp_manager.resume_from_checkpoint",
         "exp_manager.resume_ignore_no_checkpoint",
         "exp_manager.seconds_to_sleep",
         "model.dist_ckpt_format",
         "model.dist_ckpt_load_on_device",
         "model.dist_ckpt_parallel_save",
         "model.fsdp_sharded_checkpoint",
-        "model.resume_from_checkpoint",
     ),
     _LOGGERS: (
         "exp_manager.create_neptune_logger",
-        "exp_manager.create_wandb_logger",
         "exp_manager.log_global_rank_0_only",
         "exp_manager.log_step_timing",
         "model.enable_megatron_timers",
     ),
+    _WANDB_MODEL: ("exp_manager.wandb_logger_kwargs.log_model",),
     _DATA: (
         "model.data.dataloader_type",
         "model.data.delay_data_init",
@@ -170,7 +169,6 @@ _REASONS: dict[str, tuple[str, ...]] = {
 _PREFIX_REASONS: dict[str, str] = {
     "exp_manager.neptune_logger_kwargs.": _LOGGERS,
     "exp_manager.step_timing_kwargs.": _LOGGERS,
-    "exp_manager.wandb_logger_kwargs.": _LOGGERS,
     "model.megatron_timer_kwargs.": _LOGGERS,
     "model.nsys_profile.": _LOGGERS,
     "model.ub_tp_comm_overlap_cfg.": _OVERLAP,

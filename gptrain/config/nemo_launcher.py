@@ -28,7 +28,6 @@ NEMO_STAGES = (
 IGNORED_TOP_KEYS = {
     "debug": "Hydra debug output",
     "numa_mapping": "gptrain does not pin ranks to NUMA nodes",
-    "wandb_api_key_file": "Weights & Biases is not wired in",
     "wandb_api_bcp_secret_key": "BCP clusters are not supported",
     "bcp_no_redirect": "BCP clusters are not supported",
     "enable_vboost": "GPU power settings are left alone",

@@ -86,13 +86,58 @@ class CheckpointCallbackParams:
 
 
 @dataclass
+class WandbLoggerKwargs:
+    """What NeMo hands to Lightning's WandbLogger (and so to `wandb.init`)."""
+
+    project: str | None = None
+    """W&B project (Megatron: --wandb-project); null: W&B's default project."""
+    name: str | None = None
+    """Name of the W&B run (Megatron: --wandb-exp-name); null: run.name."""
+    save_dir: str | None = None
+    """Where W&B keeps its local files (`<save_dir>/wandb/`); null: explicit_log_dir (NeMo's choice).
+    Megatron's --wandb-save-dir, which defaults to `<--save>/wandb`."""
+    offline: bool = False
+    """Write the run to save_dir only, for a later `wandb sync` (also WANDB_MODE=offline)."""
+    id: str | None = None
+    """W&B run id; with `resume`, a restarted job continues that W&B run instead of starting another."""
+    resume: bool | str | None = None
+    """`wandb.init`'s resume (`allow`, `must`, `never`, true); used with `id`."""
+    entity: str | None = None
+    """W&B team or user the run belongs to; null: the API key's default."""
+    group: str | None = None
+    """W&B group, to show several runs (e.g. the jobs of one requeued run) together."""
+    job_type: str | None = None
+    """W&B job type, a label to filter runs by."""
+    tags: list[str] | None = None
+    """W&B tags."""
+    notes: str | None = None
+    """A description of the run shown in W&B."""
+
+
+@dataclass
 class ExpManagerConfig:
     explicit_log_dir: str = "results/gpt3_126m/results"
     """Where everything of a training run goes (NeMo: `${training.run.results_dir}/results`)."""
     resume_if_exists: bool = True
     """Resume from the newest complete checkpoint in explicit_log_dir/checkpoints if any."""
+    resume_from_checkpoint: str | None = None
+    """A checkpoint to start from while explicit_log_dir has none of its own (Megatron: --load with
+    another --save): a step directory, a checkpoints/ directory or a run directory (its newest complete
+    checkpoint). Once the run has saved, a restart resumes from its own checkpoints, not this one."""
+    load_optimizer: bool = True
+    """gptrain extension (Megatron: --no-load-optim): take the optimizer state, the learning-rate
+    schedule's position and the fp16 loss scale from resume_from_checkpoint too."""
+    load_rng: bool = True
+    """gptrain extension (Megatron: --no-load-rng): take the random streams from resume_from_checkpoint."""
+    finetune: bool = False
+    """gptrain extension (Megatron: --finetune): take only the weights from resume_from_checkpoint;
+    iteration and consumed samples start at 0, with a fresh optimizer and schedule."""
     create_tensorboard_logger: bool = True
     """Write TensorBoard events to explicit_log_dir."""
+    create_wandb_logger: bool = False
+    """Send the TensorBoard series to Weights & Biases too, from the logging rank (needs
+    `pip install 'gptrain[wandb]'`; WANDB_MODE=offline or wandb_logger_kwargs.offline without network)."""
+    wandb_logger_kwargs: WandbLoggerKwargs = field(default_factory=WandbLoggerKwargs)
     move_aside_earlier_run: bool = False
     """gptrain extension: with resume_if_exists=false and checkpoints in explicit_log_dir, move the
     earlier run's files to `<explicit_log_dir>.earlier-<time>` (never deleted) instead of refusing."""
@@ -252,6 +297,8 @@ class ModelConfig:
     """Steps without overflow before the fp16 loss scale doubles."""
     hysteresis: int = 2
     """Overflowing steps tolerated before the fp16 loss scale is halved."""
+    resume_from_checkpoint: str | None = None
+    """NeMo's other spelling of exp_manager.resume_from_checkpoint (give one of the two)."""
     rampup_batch_size: list[int] | None = None
     """[start, increment, samples]: the global batch grows from start by increment until it reaches
     global_batch_size after `samples` consumed samples (Megatron's --rampup-batch-size)."""

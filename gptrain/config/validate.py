@@ -82,6 +82,20 @@ def normalize(cfg: TrainingConfig) -> None:
     cfg.model.tokenizer.type = TOKENIZER_ALIASES.get(
         cfg.model.tokenizer.type.lower(), cfg.model.tokenizer.type
     )
+    _one_resume_source(cfg)
+
+
+def _one_resume_source(cfg: TrainingConfig) -> None:
+    """NeMo has both exp_manager.resume_from_checkpoint and model.resume_from_checkpoint."""
+    em, model_path = cfg.exp_manager, cfg.model.resume_from_checkpoint
+    if model_path is None:
+        return
+    if em.resume_from_checkpoint not in (None, model_path):
+        raise ConfigError(
+            f"exp_manager.resume_from_checkpoint ({em.resume_from_checkpoint}) and "
+            f"model.resume_from_checkpoint ({model_path}) differ: give one of them"
+        )
+    em.resume_from_checkpoint = model_path
 
 
 def validate(cfg: TrainingConfig) -> None:

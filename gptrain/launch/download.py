@@ -226,10 +226,15 @@ def json_key(cfg: dict[str, Any]) -> str:
     return str(cfg.get("json_key") or "text")
 
 
+def tokenize_prefix(cfg: dict[str, Any], shard: Shard) -> Path:
+    """`gptrain data prepare`'s --output-prefix for a shard (it appends _<json key>_document)."""
+    name_prefix = str(cfg.get("output_name_prefix") or "")  # NeMo's Pile: my-gpt3_00
+    return Path(cfg["output_dir"]) / f"{name_prefix}{shard.stem}"
+
+
 def output_prefix(cfg: dict[str, Any], shard: Shard) -> Path:
     """The Megatron data prefix a shard becomes (what training's data_prefix lists)."""
-    name_prefix = str(cfg.get("output_name_prefix") or "")  # NeMo's Pile: my-gpt3_00_text_document
-    return Path(cfg["output_dir"]) / f"{name_prefix}{shard.stem}_{json_key(cfg)}_document"
+    return Path(f"{tokenize_prefix(cfg, shard)}_{json_key(cfg)}_document")
 
 
 def prepare_shard(cfg: dict[str, Any], index: int, python: str = sys.executable) -> Path:
@@ -250,8 +255,7 @@ def prepare_shard(cfg: dict[str, Any], index: int, python: str = sys.executable)
         raw = download(shard, raw, retries, backoff, float(cfg.get("timeout_seconds", 60)))
         plain = extract(raw, keep=bool(cfg.get("keep_compressed"))) if cfg.get("extract", True) else raw
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    # `gptrain data prepare` appends _<json key>_document to its --output-prefix.
-    command = tokenize_command(cfg, plain, prefix.with_name(shard.stem), python)
+    command = tokenize_command(cfg, plain, tokenize_prefix(cfg, shard), python)
     print("gptrain: " + " ".join(command), file=sys.stderr, flush=True)
     if subprocess.run(command).returncode != 0:
         raise DataError(f"tokenizing {plain} failed (see the messages above)")

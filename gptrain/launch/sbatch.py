@@ -85,6 +85,13 @@ def env_lines(env_vars: dict[str, object] | None) -> list[str]:
     return lines
 
 
+def wandb_key_lines(key_file: object) -> list[str]:
+    """NeMo's wandb_api_key_file: the job reads the W&B key when it starts; the key never enters the script."""
+    if not key_file:
+        return []
+    return [f'export WANDB_API_KEY="$(cat {quote(key_file, "wandb_api_key_file")})"']
+
+
 def directive(option: str, value: object = None) -> str:
     return (
         f"#SBATCH --{option}"
@@ -221,6 +228,7 @@ def render_slurm(job: Job, cluster: dict, top: dict) -> str:
     """The sbatch script of one stage."""
     lines = header(job, "slurm") + sbatch_directives(job, cluster)
     lines += ["", "set -uo pipefail", "export PYTHONUNBUFFERED=1"] + env_lines(top.get("env_vars"))
+    lines += wandb_key_lines(top.get("wandb_api_key_file"))
     lines += [f'echo "gptrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, stage {job.stage}" >&2']
     for command in job.setup:
         lines.append(quote_command(command) + " || exit 1")
@@ -244,6 +252,7 @@ def render_local(job: Job, top: dict) -> str:
     """A bash script running the stage on this machine (torchrun for training)."""
     lines = header(job, "local") + ["set -euo pipefail", f"cd {quote(job.workdir, 'working directory')}"]
     lines += ["export PYTHONUNBUFFERED=1"] + env_lines(top.get("env_vars"))
+    lines += wandb_key_lines(top.get("wandb_api_key_file"))
     for command in job.setup:
         lines.append(quote_command(command))
     lines.append(f"exec {quote_command(job.command)}")

@@ -7,7 +7,7 @@ Four kinds of flag:
   accepted and reported once (with how many values they take, so parsing stays in step);
 - REFUSED: flags whose meaning gptrain cannot reproduce; refused by name in one line.
 Anything else is unknown and refused. Flags that need more than one value (`--data-path`,
-`--adam-beta1/2`, `--train-samples`, `--save/--load`) are handled in translate.py.
+`--adam-beta1/2`, `--train-samples`, `--save/--load`, `--wandb-*`) are handled in translate.py.
 """
 
 from __future__ import annotations
@@ -94,6 +94,10 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--mock-data": {"model.data.data_impl": "mock"},
     # ZeRO-1 in Megatron; gptrain's nearest is FSDP2 (shards parameters and gradients too)
     "--use-distributed-optimizer": {"model.data_parallel_sharding": "full_shard"},
+    # how a --load that differs from --save is loaded (the run's own checkpoints always load whole)
+    "--no-load-optim": {"exp_manager.load_optimizer": False},
+    "--no-load-rng": {"exp_manager.load_rng": False},
+    "--finetune": {"exp_manager.finetune": True},
 }
 
 # flag -> number of values it takes; these change speed, kernels or logs only.
@@ -107,11 +111,10 @@ NO_EFFECT: dict[str, int] = {
     "--log-timers-to-tensorboard": 0, "--log-validation-ppl-to-tensorboard": 0,
     "--log-memory-to-tensorboard": 0, "--log-batch-size-to-tensorboard": 0,
     "--log-learning-rate-to-tensorboard": 0, "--log-loss-scale-to-tensorboard": 0,
-    "--no-load-optim": 0, "--no-load-rng": 0, "--no-save-optim": 0, "--no-save-rng": 0,
+    "--no-save-optim": 0, "--no-save-rng": 0,
     "--transformer-impl": 1, "--attention-backend": 1, "--DDP-impl": 1, "--timing-log-level": 1,
     "--tensorboard-log-interval": 1, "--tensorboard-queue-size": 1, "--distributed-backend": 1,
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
-    "--wandb-project": 1, "--wandb-exp-name": 1, "--wandb-save-dir": 1,
 }  # fmt: skip
 
 REFUSED: dict[str, str] = {
@@ -125,12 +128,11 @@ REFUSED: dict[str, str] = {
     "--train-data-path": "per-split data paths are not supported; give --data-path and --split",
     "--valid-data-path": "per-split data paths are not supported; give --data-path and --split",
     "--test-data-path": "per-split data paths are not supported; give --data-path and --split",
-    "--finetune": "fine-tuning from a checkpoint is not supported by this front",
     "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported",
 }
 
 # Flags with several values or that combine with others (translate.py handles them).
 SPECIAL = (
     "--data-path", "--adam-beta1", "--adam-beta2", "--train-samples", "--save", "--load",
-    "--tensorboard-dir", "--rampup-batch-size",
+    "--tensorboard-dir", "--rampup-batch-size", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir",
 )  # fmt: skip

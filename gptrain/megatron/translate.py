@@ -158,6 +158,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
         ]
     _iterations(v, given)
     _directories(result)
+    _wandb(result)
     check_benchmark_mode(v, given)
 
 
@@ -207,22 +208,47 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
 
 
 def _directories(result: Translation) -> None:
-    """--save is the run directory (checkpoints in <save>/checkpoints); --load must be the same."""
+    """--save is the run directory (checkpoints in <save>/checkpoints). A --load that differs from it
+    is where the run starts from until it has a checkpoint of its own; then a restart resumes that."""
     v, given = result.values, result.given
     save = (given.get("--save") or [None])[0]
     load = (given.get("--load") or [None])[0]
     board = (given.get("--tensorboard-dir") or [None])[0]
-    if save and load and os.path.abspath(save) != os.path.abspath(load):
-        raise ConfigError(
-            f"--load {load} differs from --save {save}: gptrain resumes from the run's own checkpoints;"
-            " give both the same directory"
-        )
     run_dir = save or load or board
     if run_dir:
         v["exp_manager.explicit_log_dir"] = run_dir
     v["exp_manager.resume_if_exists"] = bool(load)
+    elsewhere = bool(save and load and os.path.abspath(save) != os.path.abspath(load))
+    if elsewhere:
+        v["exp_manager.resume_from_checkpoint"] = load
+    for flag in ("--finetune", "--no-load-optim", "--no-load-rng"):
+        if flag in given and not elsewhere:
+            result.notes.append(f"{flag} (applies to a --load that differs from --save)")
     if board and run_dir and os.path.abspath(board) != os.path.abspath(run_dir):
         result.notes.append(f"--tensorboard-dir (TensorBoard events go to {run_dir})")
+
+
+def _wandb(result: Translation) -> None:
+    """Megatron logs to W&B when --wandb-project is not empty, its files in --wandb-save-dir or <save>/wandb."""
+    v, given = result.values, result.given
+    project = (given.get("--wandb-project") or [""])[0]
+    if not project:
+        result.notes.extend(
+            f"{flag} (without --wandb-project)"
+            for flag in given
+            if flag in ("--wandb-exp-name", "--wandb-save-dir")
+        )
+        return
+    v["exp_manager.create_wandb_logger"] = True
+    v["exp_manager.wandb_logger_kwargs.project"] = project
+    if "--wandb-exp-name" in given:
+        v["exp_manager.wandb_logger_kwargs.name"] = given["--wandb-exp-name"][0]
+    if "--wandb-save-dir" in given:
+        v["exp_manager.wandb_logger_kwargs.save_dir"] = given["--wandb-save-dir"][0]
+    elif "exp_manager.explicit_log_dir" in v:
+        v["exp_manager.wandb_logger_kwargs.save_dir"] = os.path.join(
+            v["exp_manager.explicit_log_dir"], "wandb"
+        )
 
 
 def check_benchmark_mode(v: dict[str, Any], given: dict[str, list[str]]) -> None:

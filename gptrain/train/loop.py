@@ -23,7 +23,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gptrain.checkpoint.manager import CheckpointManager, SaveReport, saved_sections
+from gptrain.checkpoint.manager import (
+    CheckpointManager,
+    SaveReport,
+    complete_steps,
+    find_checkpoint,
+    saved_sections,
+)
 from gptrain.config import TrainingConfig
 from gptrain.errors import EXIT_REQUEUE, ConfigError, DataError, GptrainError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
@@ -40,9 +46,17 @@ from gptrain.train.run_lock import claim_run_directory
 from gptrain.train.schedule import LRSchedule
 from gptrain.train.schedule_checks import schedule_warnings
 from gptrain.train.signals import StopRequest
-from gptrain.train.state import TrainState, apply_checkpoint_state, checkpoint_state, rng_state, set_rng_state
+from gptrain.train.state import (
+    PARTS,
+    TrainState,
+    apply_checkpoint_state,
+    checkpoint_state,
+    rng_state,
+    set_rng_state,
+)
 from gptrain.train.step import Batch, StepOptions, StepResult, train_step
 from gptrain.train.step_times import StepTimes
+from gptrain.train.wandb_logger import WandbRun, require_wandb
 from gptrain.train.watchdog import Watchdog
 
 
@@ -97,6 +111,7 @@ class Session:
 
 def train(cfg: TrainingConfig) -> int:
     """Train as configured; 0 at max_steps, EXIT_REQUEUE after a signal or max_time checkpoint."""
+    require_wandb(cfg)  # on every rank, before any of them starts
     world = world_from_env()
     if world.world_size > 1:
         # collectives outlive the hang watchdog, so that it, not an opaque timeout, names a stuck rank
@@ -117,6 +132,9 @@ def train(cfg: TrainingConfig) -> int:
     stop = StopRequest(cfg.trainer.max_time_seconds()).install()
     watchdog = Watchdog.start(cfg.trainer.hang_timeout_minutes, world.rank, world.world_size)
     try:
+        source = checkpoint_to_start_from(cfg)  # a wrong path fails now, not after the model is built
+        if logging_rank and cfg.exp_manager.create_wandb_logger:
+            scalars.send_to_wandb(WandbRun.start(cfg))
         device = b.select_device(cfg, world)
         b.seed_everything(cfg.model.seed)
         tokenizer = b.build_tokenizer(cfg)
@@ -147,7 +165,7 @@ def train(cfg: TrainingConfig) -> int:
         watch_checkpoint_saves(session)
         train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer)
         log_start(session, model, log_dir)
-        resume(session)
+        resume(session, source)
         for line in b.megatron_start_lines(cfg, vocab, model_config):
             session.log(line)
         code = run(session, train_data, valid_data, test_data, stop)
@@ -196,14 +214,30 @@ def log_start(s: Session, model: nn.Module, log_dir: Path) -> None:
         s.log(f"warning: {space}")
 
 
-def resume(s: Session) -> None:
-    """Load the newest complete checkpoint when exp_manager.resume_if_exists (one log line either way)."""
+def checkpoint_to_start_from(cfg: TrainingConfig) -> Path | None:
+    """exp_manager.resume_from_checkpoint's checkpoint, while this run has none of its own to resume."""
+    em = cfg.exp_manager
+    if not em.resume_from_checkpoint:
+        return None
+    if em.resume_if_exists and complete_steps(Path(cfg.results_path("checkpoints"))):
+        return None  # a requeued job continues its own run, not the one it started from
+    return find_checkpoint(em.resume_from_checkpoint)
+
+
+def resume(s: Session, source: Path | None = None) -> None:
+    """Load the newest complete checkpoint when exp_manager.resume_if_exists, or start from another
+    run's checkpoint `source` (one log line either way)."""
     root = s.checkpoints.root
+    if source is not None:
+        start_from(s, source)
+        return
     if not s.cfg.exp_manager.resume_if_exists:
         s.log(f"exp_manager.resume_if_exists=false: starting from scratch (checkpoints go to {root})")
         return
-    loaded = s.checkpoints.load_newest_good(
-        lambda: checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state),
+    loaded = s.checkpoints.load_newest_good(  # only the parts saved: see checkpoint_state
+        lambda saved: checkpoint_state(
+            s.model, s.optimizer, s.schedule, s.scaler, s.state, saved.intersection(PARTS)
+        ),
         lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
         lambda warning: report_damaged_checkpoint(s, warning),
     )
@@ -216,6 +250,28 @@ def resume(s: Session) -> None:
     if "optim" not in saved_sections(path):
         s.log(f"{path} holds model weights only (an import): optimizer, LR schedule and counters start fresh")
     s.log(f"resuming from {path} at iteration {s.state.step}, consumed samples {s.state.consumed_samples}")
+
+
+def start_from(s: Session, source: Path) -> None:
+    """Another run's checkpoint, in part as Megatron's --finetune/--no-load-optim/--no-load-rng say:
+    finetune takes the weights only; without the optimizer, the schedule and loss scale start afresh too."""
+    em = s.cfg.exp_manager
+    parts = {"model"} if em.finetune else {"model", "train"}
+    if em.load_optimizer and not em.finetune:
+        parts |= {"optim", "schedule", "scaler"}
+    extra = s.checkpoints.load_verified(
+        source,
+        lambda saved: checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state, parts & saved),
+        lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
+    )
+    if em.load_rng and not em.finetune and "rng" in extra:
+        set_rng_state(extra["rng"])
+        parts.add("rng")
+    s.log(
+        f"starting from {source} (exp_manager.resume_from_checkpoint; loaded {', '.join(sorted(parts))}) "
+        f"at iteration {s.state.step}, consumed samples {s.state.consumed_samples}; "
+        f"this run's checkpoints go to {s.checkpoints.root}"
+    )
 
 
 def report_damaged_checkpoint(s: Session, warning: str) -> None:
@@ -346,8 +402,8 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
     report = interval_report(meter, s.state.step, s.state.consumed_samples, shape)
     if s.logging_rank:
         s.log(report.line)
-    for scalars, x in report.scalars:
-        s.scalars.add(scalars, x)
+    s.scalars.add(report.by_step, s.state.step)
+    s.scalars.add_vs_samples(report.vs_samples, s.state.consumed_samples, s.state.step)
 
 
 def record(s: Session, result: StepResult, samples: int | None = None) -> None:
@@ -418,6 +474,8 @@ def evaluate_split(s: Session, data: GPTBatchDataset | None, batches: int, where
     s.scalars.add({tag: loss}, s.state.step)
     named = evaluation_scalars(loss, "valid" if tag == TB_VAL_LOSS else "test")  # Megatron's and NeMo's tags
     s.scalars.add(named, s.state.step)
-    s.scalars.add(
-        {f"{k} vs samples": v for k, v in named.items() if k.startswith("lm")}, s.state.consumed_samples
+    s.scalars.add_vs_samples(
+        {f"{k} vs samples": v for k, v in named.items() if k.startswith("lm")},
+        s.state.consumed_samples,
+        s.state.step,
     )

@@ -80,10 +80,12 @@ class RunShape:
 
 @dataclass
 class IntervalReport:
-    """One interval's iteration line and the scalars for the dashboards, each with its x value."""
+    """One interval's iteration line and its dashboard scalars: by iteration, and Megatron's
+    `... vs samples` series whose x axis is consumed samples."""
 
     line: str
-    scalars: list[tuple[dict[str, float | None], int]]
+    by_step: dict[str, float | None]
+    vs_samples: dict[str, float | None]
 
 
 def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run: RunShape) -> IntervalReport:
@@ -134,6 +136,4 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
         }
     )
     meter.reset(time.perf_counter())
-    return IntervalReport(
-        line=line, scalars=[(gptrain_tags, step), (by_step, step), (by_samples, consumed_samples)]
-    )
+    return IntervalReport(line=line, by_step={**gptrain_tags, **by_step}, vs_samples=by_samples)

@@ -82,21 +82,39 @@ class RunLog:
 
 
 class Scalars:
-    """TensorBoard scalars on the logging rank; a no-op elsewhere or when disabled."""
+    """TensorBoard scalars on the logging rank (and the same series to W&B when given a run);
+    a no-op elsewhere or when disabled."""
 
     def __init__(self, log_dir: Path, enabled: bool) -> None:
         self._writer: Any = None
+        self._wandb: Any = None  # a gptrain.train.wandb_logger.WandbRun
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(log_dir=str(log_dir))
 
+    def send_to_wandb(self, run: Any) -> None:
+        """From now on, every value also goes to this W&B run (closed with the writer)."""
+        self._wandb = run
+
     def add(self, values: dict[str, float | None], step: int) -> None:
+        if self._wandb is not None:
+            self._wandb.log(values, step)
         if self._writer is None:
             return
         for tag, value in values.items():
             if value is not None:
                 self._writer.add_scalar(tag, value, step)
+
+    def add_vs_samples(self, values: dict[str, float | None], samples: int, step: int) -> None:
+        """Series whose x axis is consumed samples (Megatron's `... vs samples`) at iteration `step`."""
+        if self._wandb is not None:
+            self._wandb.log_vs_samples(values, samples, step)
+        if self._writer is None:
+            return
+        for tag, value in values.items():
+            if value is not None:
+                self._writer.add_scalar(tag, value, samples)
 
     def text(self, tag: str, text: str, step: int) -> None:
         """A warning people should see next to the curves (e.g. a damaged checkpoint skipped)."""
@@ -108,3 +126,6 @@ class Scalars:
             self._writer.flush()
             self._writer.close()
             self._writer = None
+        if self._wandb is not None:
+            self._wandb.close()
+            self._wandb = None

@@ -7,6 +7,7 @@ parallel layout can reshard them; the RNG streams are per rank and saved next to
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +23,8 @@ from gptrain.parallel.state_dict import (
 )
 from gptrain.train.loss_scale import LossScaler
 from gptrain.train.schedule import LRSchedule
+
+PARTS = ("model", "optim", "schedule", "scaler", "train")
 
 
 @dataclass
@@ -69,15 +72,21 @@ def checkpoint_state(
     schedule: LRSchedule,
     scaler: LossScaler,
     train: TrainState,
+    parts: Collection[str] = PARTS,
 ) -> dict[str, Any]:
-    """The DCP state dict (same keys on every rank; tensors may be sharded)."""
-    return {
-        "model": model_state_dict(model),
-        "optim": optimizer_state_dict(model, optimizer),
-        "schedule": schedule.state_dict(),
-        "scaler": scaler.state_dict(),
-        "train": train.state_dict(),
+    """The DCP state dict (same keys on every rank; tensors may be sharded), or some `parts` of it.
+
+    Only the parts asked for are built: building the optimizer's gives a fresh optimizer state
+    (torch fills it by a step with zero gradients), which a run that does not load it must not have.
+    """
+    build = {
+        "model": lambda: model_state_dict(model),
+        "optim": lambda: optimizer_state_dict(model, optimizer),
+        "schedule": schedule.state_dict,
+        "scaler": scaler.state_dict,
+        "train": train.state_dict,
     }
+    return {part: build[part]() for part in parts}
 
 
 def apply_checkpoint_state(
@@ -88,10 +97,11 @@ def apply_checkpoint_state(
     scaler: LossScaler,
     train: TrainState,
 ) -> None:
-    """Put a loaded DCP state dict back into the live objects.
+    """Put a loaded DCP state dict back into the live objects: the parts it has.
 
-    A weights-only checkpoint (`gptrain import`) has only "model": the optimizer, schedule, loss
-    scale and counters then stay as built, so training continues from those weights afresh.
+    Starting from another run's checkpoint may take only some parts; a weights-only checkpoint
+    (`gptrain import`) has only "model", and the optimizer, schedule, loss scale and counters
+    then stay as built, so training continues from those weights afresh.
     """
     load_model_state_dict(model, state["model"])
     if "optim" in state:

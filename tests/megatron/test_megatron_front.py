@@ -92,7 +92,6 @@ def test_megatron_175b_example_translates_with_its_batch_ramp():
         ("--num-layerz 2", "--num-layerz: not a pretrain_gpt.py flag"),
         ("--eval-iters 40 --split 100,0,0", "--eval-iters 40 asks for validation but --split 100,0,0"),
         ("--train-samples 100", "--train-iters and --train-samples: give only one"),
-        ("--load /a --save /b", "--load /a differs from --save /b"),
         ("--fp16 yes", "--fp16: takes no value"),
         ("--lr-decay-style wsd", "--lr-decay-style wsd: not supported"),
     ],
@@ -118,3 +117,47 @@ def test_dry_run_prints_overrides_and_yaml_without_torch(tmp_path):
     overrides = [line for line in out.stdout.splitlines() if "=" in line and not line.startswith("#")]
     again = load_training_config(None, overrides, report_ignored=False)  # the printed overrides work as is
     assert again.model.optim.sched.warmup_samples == 183105
+
+
+def test_load_elsewhere_than_save_starts_from_load_then_resumes_the_run():
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64"
+    t = translate(shlex.split(base + " --save /b --load /a --no-load-optim --no-load-rng"), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    em = cfg.exp_manager
+    assert (em.explicit_log_dir, em.resume_from_checkpoint, em.resume_if_exists) == ("/b", "/a", True)
+    assert (em.load_optimizer, em.load_rng, em.finetune) == (False, False, False) and not t.notes
+    em = load_training_config(
+        None, translate(shlex.split(base + " --save /b --load /a --finetune"), {}).overrides
+    ).exp_manager
+    assert em.finetune and em.resume_from_checkpoint == "/a"
+    t = translate(shlex.split(base + " --save /a --load /a/ --finetune"), {})  # the same directory
+    em = load_training_config(None, t.overrides, report_ignored=False).exp_manager
+    assert (em.explicit_log_dir, em.resume_from_checkpoint, em.resume_if_exists) == ("/a", None, True)
+    assert t.notes == ["--finetune (applies to a --load that differs from --save)"]
+
+
+def test_wandb_flags_map_to_the_nemo_wandb_logger():
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --save /runs/x"
+    t = translate(shlex.split(base + " --wandb-project proj --wandb-exp-name exp"), {})
+    em = load_training_config(None, t.overrides, report_ignored=False).exp_manager
+    kw = em.wandb_logger_kwargs
+    assert em.create_wandb_logger and (kw.project, kw.name, kw.save_dir) == ("proj", "exp", "/runs/x/wandb")
+    t = translate(shlex.split(base + " --wandb-project proj --wandb-save-dir /wb"), {})
+    kw = load_training_config(None, t.overrides, report_ignored=False).exp_manager.wandb_logger_kwargs
+    assert (kw.name, kw.save_dir) == (None, "/wb")  # the run's name: run.name (megatron)
+    t = translate(shlex.split(base + " --wandb-exp-name exp"), {})  # Megatron logs nothing without a project
+    assert not load_training_config(None, t.overrides, report_ignored=False).exp_manager.create_wandb_logger
+    assert t.notes == ["--wandb-exp-name (without --wandb-project)"]
+
+
+def test_use_distributed_optimizer_is_fsdp2_full_shard():
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    t = translate(
+        shlex.split(base + " --train-iters 4 --mock-data --vocab-size 64 --use-distributed-optimizer"), {}
+    )
+    assert (
+        load_training_config(None, t.overrides, report_ignored=False).model.data_parallel_sharding
+        == "full_shard"
+    )

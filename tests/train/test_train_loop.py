@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import yaml
-from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
+from train_e2e_helpers import MOCK, TINY, log_lines, run_recording, tiny_config
 
 from gptrain.checkpoint.manager import complete_steps
 from gptrain.errors import EXIT_REQUEUE
@@ -166,3 +166,110 @@ def test_resume_on_indexed_dataset_is_bit_exact(tmp_path, monkeypatch):
     code, second = run_recording(monkeypatch, tiny_config(tmp_path / "split", *data))
     assert code == 0 and sorted(second) == [2, 3, 4, 5, 6]
     assert first | second == full  # every loss bit for bit
+
+
+def checkpoint_weights(step_dir, target):
+    """The model tensors of a checkpoint, converted into `target` (never into the run's directory)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(step_dir, target)
+    return torch.load(target, weights_only=False)["model"]
+
+
+def files_of(directory):
+    return {p.relative_to(directory): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*")}
+
+
+def spy_on_start_from(monkeypatch):
+    """What the run holds right after loading another run's checkpoint."""
+    seen = {}
+    real = loop.start_from
+
+    def spying(s, source):
+        real(s, source)
+        seen.update(source=source, step=s.state.step, consumed=s.state.consumed_samples)
+        seen["weights"] = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
+        seen["optimizer_state"] = len(s.optimizer.state)
+
+    monkeypatch.setattr(loop, "start_from", spying)
+    return seen
+
+
+def test_a_run_starts_from_another_runs_checkpoint_then_resumes_its_own(uninterrupted, tmp_path, monkeypatch):
+    """Megatron's --load A --save B: B continues A (weights, optimizer, step, samples, RNG) exactly,
+    writes only under B, and once B has a checkpoint a restart resumes B, not A."""
+    full_dir, _, full_losses = uninterrupted
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    code, _ = run_recording(monkeypatch, tiny_config(run_a, *MOCK), signal_at=4)
+    assert code == EXIT_REQUEUE and complete_steps(run_a / "checkpoints") == [2, 4]
+    before = files_of(run_a)
+    seen = spy_on_start_from(monkeypatch)
+    code, losses = run_recording(
+        monkeypatch, tiny_config(run_b, *MOCK, f"exp_manager.resume_from_checkpoint={run_a}")
+    )
+    assert code == 0 and sorted(losses) == [5, 6]
+    assert seen["source"] == run_a / "checkpoints" / "step_4"
+    assert (seen["step"], seen["consumed"], seen["optimizer_state"] > 0) == (4, 16, True)
+    saved = checkpoint_weights(run_a / "checkpoints" / "step_4", tmp_path / "a4.pt")
+    assert seen["weights"].keys() == saved.keys()
+    assert all(torch.equal(seen["weights"][k], saved[k]) for k in saved)
+    assert all(losses[step] == full_losses[step] for step in (5, 6))  # bit for bit: nothing was reset
+    b_weights = checkpoint_weights(run_b / "checkpoints" / "step_6", tmp_path / "b6.pt")
+    full_weights = checkpoint_weights(full_dir / "checkpoints" / "step_6", tmp_path / "full6.pt")
+    assert all(torch.equal(b_weights[k], full_weights[k]) for k in full_weights)
+    assert files_of(run_a) == before  # A is read, never written
+    assert complete_steps(run_b / "checkpoints") == [6]
+    line = next(line for line in log_lines(run_b) if line.startswith("starting from "))
+    assert f"starting from {run_a}/checkpoints/step_4 (exp_manager.resume_from_checkpoint;" in line
+    assert "at iteration 4, consumed samples 16" in line
+    # a requeued B resumes its own checkpoint, not A's
+    cfg = tiny_config(run_b, *MOCK, f"exp_manager.resume_from_checkpoint={run_a}", "trainer.max_steps=7")
+    code, losses = run_recording(monkeypatch, cfg)
+    assert code == 0 and sorted(losses) == [7]
+    assert any(
+        line.startswith(f"resuming from {run_b}/checkpoints/step_6 at iteration 6")
+        for line in log_lines(run_b)
+    )
+    assert files_of(run_a) == before
+
+
+def test_finetune_from_a_step_directory_takes_the_weights_only(uninterrupted, tmp_path, monkeypatch):
+    """NeMo's resume_from_checkpoint naming one step directory, with Megatron's --finetune semantics."""
+    full_dir, _, _ = uninterrupted
+    step_4 = full_dir / "checkpoints" / "step_4"
+    seen = spy_on_start_from(monkeypatch)
+    cfg = tiny_config(
+        tmp_path,
+        *MOCK,
+        f"exp_manager.resume_from_checkpoint={step_4}",
+        "exp_manager.finetune=true",
+        "trainer.max_steps=2",
+    )
+    code, losses = run_recording(monkeypatch, cfg)
+    assert code == 0 and sorted(losses) == [1, 2]  # the iteration count starts again at 0
+    assert (seen["step"], seen["consumed"], seen["optimizer_state"]) == (0, 0, 0)
+    saved = checkpoint_weights(step_4, tmp_path / "w.pt")
+    assert all(torch.equal(seen["weights"][k], saved[k]) for k in saved)
+    assert any("loaded model) at iteration 0" in line for line in log_lines(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda root: root / "missing", "missing: does not exist; give a run directory"),
+        (lambda root: root / "model.ckpt", "model.ckpt: is a file; give a run directory"),
+        (lambda root: root / "empty", "empty: no complete checkpoint (step_<N>/COMPLETE) in it"),
+        (lambda root: root / "torn" / "checkpoints" / "step_3", "step_3: incomplete checkpoint (no COMPLETE"),
+    ],
+)
+def test_a_bad_checkpoint_to_start_from_is_one_line_naming_it(tmp_path, capsys, make, message):
+    from gptrain.cli import main
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "model.ckpt").write_bytes(b"NeMo")
+    (tmp_path / "torn" / "checkpoints" / "step_3").mkdir(parents=True)
+    source = make(tmp_path)
+    overrides = [*TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path / 'run'}"]
+    assert main(["train", "gpt3/126m", *overrides, f"exp_manager.resume_from_checkpoint={source}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{source}" in err and message in err

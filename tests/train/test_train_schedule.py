@@ -66,3 +66,18 @@ def test_bad_schedules_name_the_key(kwargs, key):
     args = {"name": "CosineAnnealing", "lr": 1.0, "min_lr": 0.0, "max_steps": 10} | kwargs
     with pytest.raises(ConfigError, match=key):
         ScheduleSpec(**args)
+
+
+def test_nemo_warmup_ratio_warms_up_over_int_ratio_times_the_schedule():
+    from gptrain.config import load_training_config
+    from gptrain.train.schedule import spec_from_config
+
+    overrides = ["trainer.max_steps=95", "model.optim.lr=1e-3", "model.optim.sched.min_lr=1e-4"]
+    overrides += ["model.optim.sched.warmup_steps=0", "model.optim.sched.warmup_ratio=0.1"]
+    spec = spec_from_config(load_training_config("gpt3/126m", overrides, report_ignored=False))
+    assert spec.warmup_steps == 9  # int(0.1 x 95), as NeMo rounds it
+    assert [lr_at(step, spec) for step in (3, 9)] == pytest.approx([1e-3 / 3, 1e-3])
+    assert lr_at(10, spec) < 1e-3  # decaying after the warmup
+    both = load_training_config("gpt3/126m", ["model.optim.sched.warmup_ratio=0.1"], report_ignored=False)
+    with pytest.raises(ConfigError, match="model.optim.sched.warmup_steps, model.optim.sched.warmup_ratio"):
+        spec_from_config(both)  # the preset's warmup_steps and a ratio: NeMo refuses both too
