@@ -2,9 +2,11 @@
 
     python bench/plan_memory_gpu.py --out $OUT/plan_memory.json
 
-Runs bench/train_step.py's single-device path for each shape (eager and per-block compile) in a
-fresh process, reads its peak GiB (torch.cuda.max_memory_allocated, the table's last column), and
-writes the estimate, the measurement and the relative error per case as JSON.
+Runs bench/train_step.py's single-device path for each shape (eager, model.compile=true, which
+compiles the whole forward and loss as one graph, and FP8 tensorwise compiled) in a fresh
+process, reads its peak GiB (torch.cuda.max_memory_allocated, the table's last column), and
+writes the estimate, the measurement and the relative error per case as JSON. Dropout 0, bf16,
+sequence 2048, as in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+NO_DROPOUT = ["model.hidden_dropout=0", "model.attention_dropout=0"]
 CASES = {
-    "gpt3/126m mbs8 seq2048": ["--preset", "gpt3/126m", "--micro-batch-size", "8"],
+    "gpt3/126m mbs8 seq2048": ["--preset", "gpt3/126m", "--micro-batch-size", "8", *NO_DROPOUT],
     "24x2048 mbs4 seq2048": [
         "--preset",
         "gpt3/126m",
@@ -26,11 +29,14 @@ CASES = {
         "model.num_layers=24",
         "model.hidden_size=2048",
         "model.num_attention_heads=16",
+        *NO_DROPOUT,
     ],
 }
+# (model.compile, model.fp8)
+MODES = [(False, False), (True, False), (True, True)]
 
 
-def estimate(case: list[str], compile_: bool) -> float:
+def estimate(case: list[str], compile_: bool, fp8: bool) -> float:
     from gptrain.config import load_training_config
     from gptrain.plan.memory import GIB, estimate_memory
     from gptrain.plan.spec import layout_from_config, workload_from_config
@@ -38,16 +44,17 @@ def estimate(case: list[str], compile_: bool) -> float:
     overrides = [a for a in case if "=" in a]
     mbs = case[case.index("--micro-batch-size") + 1]
     overrides += [f"model.micro_batch_size={mbs}", f"model.global_batch_size={mbs}", "trainer.precision=bf16"]
-    overrides += ["trainer.num_nodes=1", "trainer.devices=1", f"model.compile={compile_}"]
+    overrides += ["trainer.num_nodes=1", "trainer.devices=1", f"model.compile={compile_}", f"model.fp8={fp8}"]
     cfg = load_training_config(case[case.index("--preset") + 1], overrides)
     return estimate_memory(workload_from_config(cfg), layout_from_config(cfg)).total / GIB
 
 
-def measure(case: list[str], compile_: bool) -> float | None:
+def measure(case: list[str], compile_: bool, fp8: bool) -> float | None:
     """Peak GiB of gptrain's row in bench/train_step.py's table (its last column)."""
     args = [sys.executable, "bench/train_step.py", *case, "--seq-length", "2048", "--precision", "bf16"]
     args += ["--steps", "5", "--warmup", "3", "--reference", "none", "--label", "gptrain"]
     args += ["--compile"] if compile_ else []
+    args += ["model.fp8=true"] if fp8 else []
     done = subprocess.run(args, capture_output=True, text=True)
     rows = [line for line in done.stdout.splitlines() if "gptrain" in line]
     numbers = re.findall(r"[0-9]+\.[0-9]+", rows[-1]) if rows else []
@@ -64,12 +71,11 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, case in CASES.items():
-        for compile_ in (False, True):
-            est, meas = estimate(case, compile_), measure(case, compile_)
+        for compile_, fp8 in MODES:
+            est, meas = estimate(case, compile_, fp8), measure(case, compile_, fp8)
             err = None if meas is None else (est - meas) / meas
-            rows.append(
-                {"case": name, "compile": compile_, "estimate_gib": est, "measured_gib": meas, "error": err}
-            )
+            row = {"case": name, "compile": compile_, "fp8": fp8, "estimate_gib": est, "measured_gib": meas}
+            rows.append(row | {"error": err})
             print(json.dumps(rows[-1]), flush=True)
     out.write_text(json.dumps(rows, indent=2) + "\n")
 

@@ -18,18 +18,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from gptrain.parallel.mesh import ParallelDims
+from gptrain.parallel.layout import BLOCKS, BLOCKS_AND_LOSS, WHOLE, compile_scope
 
-WHOLE, BLOCKS_AND_LOSS, BLOCKS = "whole", "blocks+loss", "blocks"
-
-
-def compile_scope(dims: ParallelDims) -> str:
-    """How much of the step this layout can hand to torch.compile."""
-    if dims.tp > 1 or dims.pp > 1:
-        return BLOCKS
-    if dims.dp > 1 and dims.dp_shard:
-        return BLOCKS_AND_LOSS
-    return WHOLE
+__all__ = [
+    "BLOCKS",
+    "BLOCKS_AND_LOSS",
+    "WHOLE",
+    "apply_compile",
+    "compile_options",
+    "compile_scope",
+    "compiled_loss_fn",
+]
 
 
 def compile_options(mode: str) -> dict[str, Any]:

@@ -15,6 +15,19 @@ from gptrain.parallel.mesh import ParallelDims
 SHARDING_CHOICES = ("ddp", "full_shard", "hybrid_shard")
 AC_GRANULARITIES = ("full", "selective")
 AC_METHODS = ("uniform", "block")
+# How much of a step torch.compile gets (gptrain.parallel.compile applies it; the planner's
+# memory model depends on it, so the rule lives here, without torch).
+WHOLE, BLOCKS_AND_LOSS, BLOCKS = "whole", "blocks+loss", "blocks"
+
+
+def compile_scope(dims: ParallelDims) -> str:
+    """One device or DDP: forward and loss in one graph; FSDP2: each block, then the loss;
+    TP or PP: each block (the loss runs on vocab-sharded DTensors or in the pipeline schedule)."""
+    if dims.tp > 1 or dims.pp > 1:
+        return BLOCKS
+    if dims.dp > 1 and dims.dp_shard:
+        return BLOCKS_AND_LOSS
+    return WHOLE
 
 
 def _require(condition: bool, message: str) -> None:

@@ -57,6 +57,33 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", default=None, metavar="FILE", help="winning config (--measure); default plan-best.yaml"
     )
+    parser.add_argument(
+        "--cluster-type",
+        default="local",
+        choices=["local", "slurm"],
+        help="--measure: run the trials here under torchrun (one node), or as Slurm jobs rendered "
+        "by the launcher (any --nodes; Slurm settings from --cluster's profile)",
+    )
+    parser.add_argument(
+        "--trials-dir",
+        default=None,
+        metavar="DIR",
+        help="--measure: where trials keep configs, logs and results (a shared path for Slurm); "
+        "default: a temporary directory locally, ./plan-trials with Slurm",
+    )
+    parser.add_argument(
+        "--trial-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="--measure: seconds a trial may take (with Slurm, queueing included; then cancelled)",
+    )
+    parser.add_argument(
+        "--trial-time-limit",
+        default="00:30:00",
+        metavar="HH:MM:SS",
+        help="--measure with Slurm: the trial jobs' --time",
+    )
 
 
 def parse_words(args: argparse.Namespace) -> argparse.Namespace:
@@ -80,6 +107,10 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"--top={args.top} must be >= 1")
     if not 0 < args.mfu <= 1:
         raise ConfigError(f"--mfu={args.mfu} must be in (0, 1]")
+    if args.steps < 2:
+        raise ConfigError(f"--steps={args.steps} must be >= 2 (the first step pays for start-up)")
+    if args.trial_timeout <= 0:
+        raise ConfigError(f"--trial-timeout={args.trial_timeout} must be > 0 seconds")
     plan = build_plan(args)
     if args.measure:
         from gptrain.plan.measure import measure_plan

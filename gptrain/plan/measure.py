@@ -1,41 +1,31 @@
 """`gptrain plan --measure`: a few steps of each top candidate, re-ranked by what they measure.
 
-Each trial is `gptrain train` under torchrun on this machine (one process per GPU of one node, or
-CPU processes with --gpu cpu) on mock data, with the candidate's overrides. Step time is the
-median of the Megatron iteration lines after the first (which pays for start-up and compilation);
-peak memory is the largest `max allocated` of the ranks' memory lines on GPUs, or the largest
-process's peak RSS on CPU (which includes the Python runtime). The fastest trial that ran
-becomes a full training YAML for `gptrain train --config-file FILE`.
+Each trial is `gptrain train` on mock data with the candidate's overrides, written as a full
+training YAML in the trial's directory, and run by `gptrain.plan.trial` on every rank: under
+torchrun on this machine (`--cluster-type local`, one node: one process per GPU, or CPU
+processes with --gpu cpu), or as a Slurm job rendered, submitted and tracked by the launcher's
+code (`--cluster-type slurm`, gptrain.plan.slurm_trials). Every rank writes `rank-<r>.json`;
+the step time is the median of the logging rank's iteration times after the first (which pays
+for start-up and compilation), the peak memory the largest over ranks (`max allocated` on GPUs,
+peak RSS on CPU, which includes the Python runtime). The fastest trial that ran becomes a full
+training YAML for `gptrain train --config-file FILE`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
-import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from gptrain.errors import ConfigError
 from gptrain.plan.rank import Candidate
 from gptrain.plan.report import Plan
 from gptrain.utils.atomic import atomic_write_text
-
-ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
-MAX_ALLOCATED = re.compile(r"max allocated: ([0-9.]+)")
-PEAK_RSS = re.compile(r"^PEAK_RSS_KB (\d+)$", re.MULTILINE)
-TRIAL_TIMEOUT_S = 900
-# Runs torchrun in a child and reports the largest peak RSS among its descendants (ru_maxrss of
-# RUSAGE_CHILDREN is the largest waited-for descendant), so each trial is measured on its own.
-RSS_WRAPPER = (
-    "import resource, subprocess, sys\n"
-    "code = subprocess.run(sys.argv[1:]).returncode\n"
-    "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)\n"
-    "sys.exit(code)\n"
-)
 
 
 def trial_overrides(plan: Plan, candidate: Candidate, steps: int, log_dir: Path) -> list[str]:
@@ -62,61 +52,107 @@ def trial_overrides(plan: Plan, candidate: Candidate, steps: int, log_dir: Path)
     ]
 
 
-def trial_command(plan: Plan, args: argparse.Namespace, candidate: Candidate, log_dir: Path) -> list[str]:
-    nproc = plan.cluster.gpus_per_node
-    source = ["--config-file", args.config_file] if args.config_file else [args.preset or "gpt3/126m"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    train = ["-m", "gptrain", "train", *source, *args.overrides]
-    return [
-        sys.executable,
-        "-c",
-        RSS_WRAPPER,
-        *torchrun,
-        *train,
-        *trial_overrides(plan, candidate, args.steps, log_dir),
-    ]
+def trial_dir_name(candidate: Candidate) -> str:
+    return candidate.layout.label().replace(" ", "_").replace("=", "-")
 
 
-def parse_trial(output: str, log_dir: Path) -> tuple[float | None, float | None]:
-    """(median step seconds after the first, peak GiB) from the logs of a trial."""
-    text = output + "".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("nemo_log_*.txt")))
-    elapsed = [float(x) / 1000.0 for x in ELAPSED.findall(text)]
-    # every rank logs its own memory line; the logging rank's lines also reach stdout
-    allocated = [float(x) / 1024.0 for x in MAX_ALLOCATED.findall(text)]
-    rss = [int(x) / 2**20 for x in PEAK_RSS.findall(output)]
-    step = statistics.median(elapsed[1:]) if len(elapsed) > 1 else (elapsed[0] if elapsed else None)
-    peak = max(allocated) if allocated else (max(rss) if rss else None)
-    return step, peak
+def write_trial_config(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_dir: Path) -> Path:
+    """The trial as a full training YAML (the user's config, the cluster, the layout, short run)."""
+    from gptrain.plan.build import load_config
+
+    overrides = trial_overrides(plan, candidate, args.steps, trial_dir / "results")
+    cfg, _, _ = load_config(args, overrides)
+    path = trial_dir / "trial.yaml"
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, cfg.to_yaml())
+    return path
 
 
-def run_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, root: Path) -> None:
-    log_dir = root / candidate.layout.label().replace(" ", "_").replace("=", "-")
-    command = trial_command(plan, args, candidate, log_dir)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    print(f"plan: measuring {candidate.layout.label()} ({args.steps} steps) ...", file=sys.stderr, flush=True)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=TRIAL_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        candidate.error = f"timed out after {TRIAL_TIMEOUT_S} s"
+def trial_args(trial_dir: Path, config: Path) -> list[str]:
+    """Arguments of `python -m gptrain.plan.trial` (the same on every rank)."""
+    return ["-m", "gptrain.plan.trial", str(trial_dir / "measured"), "--config-file", str(config)]
+
+
+def trial_env() -> dict[str, str]:
+    """One OpenMP thread per rank unless the user set it (CPU trials share the cores)."""
+    return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def read_results(trial_dir: Path, world_size: int, candidate: Candidate, fallback: str) -> None:
+    """Fill the candidate from the ranks' JSON files; `fallback` explains a trial without them."""
+    results = []
+    for path in sorted((trial_dir / "measured").glob("rank-*.json")):
+        try:
+            results.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    steps = [r["step_s"] for r in results if r.get("step_s") is not None]
+    failed = [r for r in results if r.get("exit_code") != 0]
+    candidate.measured_peak_gib = max((r["peak_gib"] for r in results), default=None)
+    candidate.measured_step_s = steps[0] if steps and not failed and len(results) == world_size else None
+    if candidate.measured_step_s is not None:
         return
-    candidate.measured_step_s, candidate.measured_peak_gib = parse_trial(done.stdout + done.stderr, log_dir)
-    if done.returncode != 0 or candidate.measured_step_s is None:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        candidate.error = f"exit {done.returncode}: {last[:120]}"
-        candidate.measured_step_s = None
+    if failed:
+        first = failed[0]
+        candidate.error = f"rank {first['rank']} exit {first['exit_code']}: {first.get('error') or fallback}"
+    elif len(results) < world_size:
+        candidate.error = f"{len(results)} of {world_size} ranks reported: {fallback}"
+    else:
+        candidate.error = f"no iteration line: {fallback}"
+
+
+def run_local_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_dir: Path) -> None:
+    config = write_trial_config(plan, args, candidate, trial_dir)
+    nproc = plan.cluster.gpus_per_node
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    command = [sys.executable, *torchrun, *trial_args(trial_dir, config)]
+    env = {**os.environ, **trial_env()}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.trial_timeout)
+    except subprocess.TimeoutExpired:
+        candidate.error = f"timed out after {args.trial_timeout:.0f} s (--trial-timeout)"
+        return
+    last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:120]
+    read_results(trial_dir, nproc, candidate, last)
+
+
+def trials_root(args: argparse.Namespace) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+    """--trials-dir, or for local trials a temporary directory (Slurm needs a shared path)."""
+    if args.trials_dir:
+        return Path(args.trials_dir).absolute() / time.strftime("%Y%m%d-%H%M%S"), None
+    if args.cluster_type == "slurm":
+        return Path("plan-trials").absolute() / time.strftime("%Y%m%d-%H%M%S"), None
+    tmp = tempfile.TemporaryDirectory(prefix="gptrain-plan-")
+    return Path(tmp.name), tmp
 
 
 def measure_plan(plan: Plan, args: argparse.Namespace) -> Path | None:
     """Measure the shown candidates, re-rank them, write the winner's config; its path or None."""
-    if plan.cluster.nodes > 1:
+    slurm = args.cluster_type == "slurm"
+    if plan.cluster.nodes > 1 and not slurm:
         raise ConfigError(
             f"--measure runs its trials on this machine: use --nodes 1 (got {plan.cluster.nodes}), "
-            "or measure the winners with `gptrain launch` on the cluster"
+            "or --cluster-type slurm to run them as Slurm jobs"
         )
     shown = plan.shown()
-    with tempfile.TemporaryDirectory(prefix="gptrain-plan-") as tmp:
+    root, tmp = trials_root(args)
+    try:
         for candidate in shown:
-            run_trial(plan, args, candidate, Path(tmp))
+            where = "as a Slurm job" if slurm else "here"
+            label = candidate.layout.label()
+            print(f"plan: measuring {label} ({args.steps} steps) {where} ...", file=sys.stderr, flush=True)
+            trial_dir = root / trial_dir_name(candidate)
+            if slurm:
+                from gptrain.plan.slurm_trials import run_slurm_trial
+
+                run_slurm_trial(plan, args, candidate, trial_dir)
+            else:
+                run_local_trial(plan, args, candidate, trial_dir)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    if not tmp:
+        plan.notes.append(f"--measure: trials in {root}")
     shown.sort(key=Candidate.sort_key)
     plan.ranked[: len(shown)] = shown
     winner = next((c for c in shown if c.measured_step_s is not None), None)

@@ -11,10 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gptrain.models.config import GPTConfig
+from gptrain.parallel.layout import BLOCKS_AND_LOSS, WHOLE
+from gptrain.parallel.layout import compile_scope as parallel_compile_scope
+from gptrain.parallel.mesh import ParallelDims
 from gptrain.plan.sizes import rank_parameters
 from gptrain.plan.spec import Layout, Workload
 
 GIB = float(2**30)
+EAGER = "eager"
 # Bytes per parameter kept for the whole run by gptrain: fp32 weights (the master copy is the
 # parameter itself), fp32 gradients, AdamW's exp_avg and exp_avg_sq in fp32.
 WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES = 4, 4, 8
@@ -65,13 +69,32 @@ def _mask_bytes(work: Workload, input_bytes: int) -> int:
     return 1 if work.device_type == "cuda" else input_bytes
 
 
-def layer_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig | None = None) -> float:
+def compile_scope(work: Workload, layout: Layout) -> str:
+    """What torch.compile covers under this layout: 'eager' without model.compile, else the
+    scope gptrain.parallel.compile applies ('whole', 'blocks+loss' or 'blocks')."""
+    if not work.compile:
+        return EAGER
+    dims = ParallelDims(layout.world_size, layout.tp, layout.pp, layout.vpp, layout.dp_shard)
+    return parallel_compile_scope(dims)
+
+
+def fp8_linear(work: Workload, in_features: int, out_features: int) -> bool:
+    """torchao FP8 replaces a block Linear whose both sizes are multiples of 16
+    (gptrain.parallel.float8.fp8_linear_filter)."""
+    return work.fp8 and in_features % 16 == 0 and out_features % 16 == 0
+
+
+def layer_bytes_per_token(
+    work: Workload, layout: Layout, config: GPTConfig | None = None, scope: str | None = None
+) -> float:
     """Bytes one transformer block saves for its backward, per token of a micro batch, on one TP rank."""
     c = config or work.padded(layout.tp)
+    scope = scope or compile_scope(work, layout)
+    if scope != EAGER:
+        return _compiled_layer_bytes(work, layout, c)
     d, t = _dtypes(work), layout.tp
     h, f = c.hidden_size, c.ffn_size
-    q = c.num_attention_heads * c.head_dim
-    kv = q if c.query_groups != c.num_attention_heads else c.query_groups * c.head_dim  # repeat_interleave
+    q, kv = _attention_widths(c)
     seq_shard = t if layout.sequence_parallel else 1
     stats = 8 if c.normalization == "layernorm" else 4  # mean + rstd (fp32) or rstd
     norms = 2 * (4 * h + stats) / seq_shard  # norms run in fp32 (autocast policy) and keep their input
@@ -79,11 +102,7 @@ def layer_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig | No
         2 * h * _mask_bytes(work, d.act) / seq_shard if c.hidden_dropout > 0 else 0
     )  # after attention, MLP
     mlp_inputs = 2 if c.gated_mlp else 1
-    if work.compile:  # inductor: one cast per norm output, pointwise ops recomputed, no dropout masks
-        linear_inputs = 2 * d.act * h
-        mlp = d.act * f * (2 if c.gated_mlp else 1) / t
-        masks = 0
-    elif d.mixed:  # autocast casts the fp32 norm output once per linear that reads it
+    if d.mixed:  # autocast (and Float8Linear) casts the fp32 norm output once per linear that reads it
         linear_inputs = (3 + mlp_inputs) * d.act * h
         mlp = d.act * f * (4 if c.gated_mlp else 2) / t
     else:  # fp32: the linears that read a norm output share it
@@ -92,6 +111,40 @@ def layer_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig | No
     attention = d.act * (q + 2 * kv) / t + d.act * q / t  # q, k, v and the output, kept by SDPA
     attention += _attention_core(work, layout, c, d)
     return norms + linear_inputs + attention + mlp + masks
+
+
+def _attention_widths(c: GPTConfig) -> tuple[int, int]:
+    """Widths of q and of k/v as SDPA sees them (GQA's k/v after repeat_interleave: q-sized)."""
+    q = c.num_attention_heads * c.head_dim
+    return q, q if c.query_groups != c.num_attention_heads else c.query_groups * c.head_dim
+
+
+def _compiled_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> float:
+    """What the min-cut partitioner of AOTAutograd (inductor's) saves from a compiled block.
+
+    Matmul and attention outputs cannot be recomputed; a cast or pointwise result that only a
+    matmul reads in the backward is saved rather than recomputed (it would be materialised
+    anyway), once per tensor (the graph shares the cast of a norm output among q, k and v);
+    everything else is recomputed from those. Float8Linear's casts are recomputed from the
+    high-precision tensors, so an FP8 linear's input is not kept (tests/plan checks all this
+    on CPU against the partitioner itself).
+    """
+    d, t = _dtypes(work), layout.tp
+    h, f = c.hidden_size, c.ffn_size
+    q, kv = _attention_widths(c)
+    seq_shard = t if layout.sequence_parallel else 1
+    # both norms: their fp32 input (x-hat for LayerNorm, whose mean is folded in) and 1/rms
+    norms = 2 * (4 * h + 4) / seq_shard
+    # a norm's 16-bit output is kept for the linears that read it, unless they run in FP8
+    kv_width = c.query_groups * c.head_dim
+    qkv_fp8 = fp8_linear(work, h, q // t) and fp8_linear(work, h, kv_width // t)
+    mlp_fp8 = fp8_linear(work, h, f // t)
+    norm_outputs = d.act * h * ((0 if qkv_fp8 else 1) + (0 if mlp_fp8 else 1))
+    attention = d.act * (q + 2 * kv) / t + d.act * q / t + _attention_core(work, layout, c, d)
+    # the up projection(s) keep their outputs; the activation's output feeds w2
+    mlp = d.act * f / t * ((2 if c.gated_mlp else 1) + (0 if fp8_linear(work, f // t, h) else 1))
+    masks = 2 * h / seq_shard if c.hidden_dropout > 0 else 0  # bool masks, from inductor's RNG
+    return norms + norm_outputs + attention + mlp + masks
 
 
 def _attention_core(work: Workload, layout: Layout, c: GPTConfig, d: _Dtypes) -> float:
@@ -108,25 +161,42 @@ def _attention_core(work: Workload, layout: Layout, c: GPTConfig, d: _Dtypes) ->
     return heads / t * c.seq_length * per_score
 
 
-def embedding_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig) -> float:
+def embedding_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig, scope: str = EAGER) -> float:
     """The embedding keeps only its dropout mask (token ids are the batch itself)."""
     seq_shard = layout.tp if layout.sequence_parallel else 1
-    if config.hidden_dropout <= 0 or work.compile:
+    if config.hidden_dropout <= 0:
         return 0.0
+    if scope == WHOLE:  # compiled with the model: a bool mask
+        return config.hidden_size / seq_shard
     return config.hidden_size * _mask_bytes(work, 4) / seq_shard  # the embedding output is fp32
 
 
-def head_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig) -> float:
+def head_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig, scope: str = EAGER) -> float:
     """Final norm (input + stats) and the output layer's input, per token."""
     seq_shard = layout.tp if layout.sequence_parallel else 1
-    stats = 8 if config.normalization == "layernorm" else 4
+    stats = 4 if scope == WHOLE or config.normalization != "layernorm" else 8
     return (4 * config.hidden_size + stats) / seq_shard + _dtypes(work).act * config.hidden_size
 
 
-def logits_bytes_per_token(layout: Layout, config: GPTConfig) -> float:
-    """Peak of the loss: the backward of log_softmax holds its saved fp32 output, the incoming fp32
-    gradient and its own fp32 result, 12 bytes per vocabulary entry (vocabulary-parallel over TP)."""
-    return 12.0 * config.vocab_size / layout.tp
+def logits_bytes_per_token(
+    layout: Layout, config: GPTConfig, work: Workload | None = None, scope: str = EAGER
+) -> float:
+    """Peak of the loss per token, vocabulary-parallel over TP.
+
+    Eager loss (also under TP/PP): the backward of log_softmax holds its saved fp32 output, the
+    incoming fp32 gradient and its own fp32 result, 12 bytes per vocabulary entry. Compiled with
+    the model ('whole'): the 16-bit logits are saved (the fp32 upcast and softmax are recomputed
+    in one kernel) and their gradient is written into that same, donated buffer; plus the
+    log-sum-exp and max (8 bytes). Compiled on its own ('blocks+loss'): the logits are an input
+    of the loss graph, which cannot be donated: the logits and their 16-bit gradient.
+    """
+    v = config.vocab_size / layout.tp
+    act = _dtypes(work).act if work is not None else 2
+    if scope == WHOLE:
+        return act * v + 8.0
+    if scope == BLOCKS_AND_LOSS:
+        return 2.0 * act * v
+    return 12.0 * v
 
 
 def in_flight(layout: Layout, microbatches: int, rank: int) -> float:
@@ -142,14 +212,15 @@ def in_flight(layout: Layout, microbatches: int, rank: int) -> float:
     return chunks / v
 
 
-def activation_bytes(work: Workload, layout: Layout, rank: int) -> dict[str, float]:
+def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | None = None) -> dict[str, float]:
     """Activations saved on pipeline rank `rank` at its peak, by part."""
     c = work.padded(layout.tp)
     tokens = layout.micro_batch_size * c.seq_length
     m = layout.microbatches(work.global_batch_size)
     layers = c.num_layers // layout.pp
     flight = in_flight(layout, m, rank)
-    per_layer = layer_bytes_per_token(work, layout, c) * tokens
+    scope = scope or compile_scope(work, layout)
+    per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
     seq_shard = layout.tp if layout.sequence_parallel else 1
     block_input = 4 * c.hidden_size / seq_shard * tokens  # what a fully checkpointed block keeps
     if layout.recompute == "full":
@@ -163,38 +234,46 @@ def activation_bytes(work: Workload, layout: Layout, rank: int) -> dict[str, flo
         blocks = flight * layers * per_layer
     parts = {"blocks": blocks}
     if rank == 0:
-        parts["embedding"] = min(layout.pp, m) * embedding_bytes_per_token(work, layout, c) * tokens
+        parts["embedding"] = min(layout.pp, m) * embedding_bytes_per_token(work, layout, c, scope) * tokens
     if rank == layout.pp - 1:
-        parts["head"] = head_bytes_per_token(work, layout, c) * tokens
+        parts["head"] = head_bytes_per_token(work, layout, c, scope) * tokens
     if layout.pp > 1 and rank != layout.pp - 1:  # stage outputs kept until their gradient returns
         parts["stage_outputs"] = flight * 4 * c.hidden_size / seq_shard * tokens
     return parts
 
 
-def _matmul_weights(config: GPTConfig, layout: Layout, rank: int) -> int:
-    """Linear weights on this rank: autocast's 16-bit copies of them are saved for the backward
-    (biases and norms are cast too but not kept; embedding lookups are not cast)."""
+def _matmul_weights(work: Workload, config: GPTConfig, layout: Layout, rank: int) -> int:
+    """Linear weights on this rank whose 16-bit copies (autocast's casts) are saved for the
+    backward, eager or compiled (biases and norms are cast too but not kept; embedding lookups
+    are not cast). Float8Linear saves the fp32 parameter itself and recasts it."""
     h, f, t = config.hidden_size, config.ffn_size, layout.tp
     q = config.num_attention_heads * config.head_dim
     kv = config.query_groups * config.head_dim
-    block = (h * (q + 2 * kv) + q * h + (3 if config.gated_mlp else 2) * h * f) // t
+    shapes = [(h, q // t), (h, kv // t), (h, kv // t), (q // t, h)]
+    shapes += [(h, f // t)] * (2 if config.gated_mlp else 1) + [(f // t, h)]
+    block = sum(i * o for i, o in shapes if not fp8_linear(work, i, o))
     total = config.num_layers // layout.pp * block
     if rank == layout.pp - 1:
         total += config.vocab_size // t * h  # the output layer (the tied embedding, cast for the matmul)
     return total
 
 
-def estimate_memory(work: Workload, layout: Layout) -> MemoryEstimate:
-    """The fullest pipeline rank's peak (the largest total over ranks)."""
-    return max((estimate_rank(work, layout, r) for r in range(layout.pp)), key=lambda e: e.total)
+def estimate_memory(work: Workload, layout: Layout, scope: str | None = None) -> MemoryEstimate:
+    """The fullest pipeline rank's peak (the largest total over ranks). `scope` overrides the
+    compile scope the layout implies (bench/plan_memory_gpu.py compares them)."""
+    ranks = (estimate_rank(work, layout, r, scope) for r in range(layout.pp))
+    return max(ranks, key=lambda e: e.total)
 
 
-def estimate_rank(work: Workload, layout: Layout, rank: int) -> MemoryEstimate:
+def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None = None) -> MemoryEstimate:
     c = work.padded(layout.tp)
     params = rank_parameters(c, layout.tp, layout.pp)[rank]
     shard = layout.dp_shard if layout.sharding != "ddp" and layout.dp > 1 else 1
-    acts = activation_bytes(work, layout, rank)
-    logits = logits_bytes_per_token(layout, c) * layout.micro_batch_size * c.seq_length
+    scope = scope or compile_scope(work, layout)
+    acts = activation_bytes(work, layout, rank, scope)
+    logits = logits_bytes_per_token(layout, c, work, scope) * layout.micro_batch_size * c.seq_length
+    if scope == WHOLE:  # the output layer's 16-bit weight gradient, made while that buffer lives
+        logits += _dtypes(work).act * c.vocab_size / layout.tp * c.hidden_size
     return MemoryEstimate(
         weights=WEIGHT_BYTES * params / shard,
         gradients=GRAD_BYTES * params / shard,
@@ -216,7 +295,7 @@ def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: 
         per_block = block / max(1, c.num_layers // layout.pp)
         root = _root_parameters(c, layout, rank)
         return act * (2 * per_block + root) + (act + 4) * max(per_block, root)
-    copies = 2 * _matmul_weights(c, layout, rank) if work.mixed else 0.0
+    copies = 2 * _matmul_weights(work, c, layout, rank) if work.mixed else 0.0
     if layout.sharding == "ddp" and layout.dp > 1 and layout.tp == 1 and layout.pp == 1:
         copies += GRAD_BYTES * params  # torch DDP's gradient buckets (not views of .grad)
     return copies

@@ -34,6 +34,8 @@ class Workload:
     """SDPA's flash/memory-efficient kernels (no s x s scores kept); false on CPU with dropout."""
     device_type: str = "cuda"
     """'cuda' keeps dropout masks as bools; on 'cpu' dropout keeps its scaled noise in the input dtype."""
+    fp8: bool = False
+    """model.fp8: the block Linears run through torchao's Float8Linear (tensorwise or rowwise)."""
 
     @property
     def vocab_size(self) -> int:
@@ -129,6 +131,7 @@ def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
         global_batch_size=m.global_batch_size,
         precision=str(cfg.trainer.precision),
         compile=bool(m.compile),
+        fp8=bool(m.fp8),
     )
 
 

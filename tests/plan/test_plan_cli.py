@@ -120,3 +120,36 @@ def test_measure_on_cpu_with_two_processes(tmp_path: Path) -> None:
     winner = plan["candidates"][0]["overrides"]
     assert f"model.micro_batch_size={cfg.model.micro_batch_size}" in winner
     assert cfg.trainer.devices == 2 and cfg.model.data.mock_vocab_size == 100
+
+
+def test_trial_results_are_read_back_per_rank(tmp_path: Path) -> None:
+    """Step time from the logging rank, peak over ranks; a missing or failed rank is an error."""
+    import dataclasses
+
+    from gptrain.plan.measure import read_results
+    from gptrain.plan.trial import median_step_s
+
+    cfg = load_training_config("gpt3/126m", [*TINY, "trainer.num_nodes=1", "trainer.devices=2"])
+    gpu = GpuSpec("test", 80, 1.0, None, 1.0, 1.0, "test")
+    [first, *_] = rank_layouts(workload_from_config(cfg), cfg.model, Cluster(1, 2, gpu), 0.5, 0.0)
+    measured = tmp_path / "measured"
+    measured.mkdir()
+
+    def rank(r: int, code: int = 0, step: float | None = None, peak: float = 1.0) -> None:
+        result = {"rank": r, "exit_code": code, "error": None, "step_s": step, "peak_gib": peak}
+        (measured / f"rank-{r}.json").write_text(json.dumps(result))
+
+    rank(0, step=0.25, peak=1.5)
+    one = dataclasses.replace(first)
+    read_results(tmp_path, 2, one, "see log")
+    assert one.measured_step_s is None and one.error == "1 of 2 ranks reported: see log"
+    rank(1, peak=2.0)
+    both = dataclasses.replace(first)
+    read_results(tmp_path, 2, both, "see log")
+    assert (both.measured_step_s, both.measured_peak_gib, both.error) == (0.25, 2.0, None)
+    rank(1, code=2, peak=2.0)
+    failed = dataclasses.replace(first)
+    read_results(tmp_path, 2, failed, "gptrain: error: bad key")
+    assert failed.measured_step_s is None and failed.error == "rank 1 exit 2: gptrain: error: bad key"
+    line = "iteration 1/ 3 | elapsed time per iteration (ms): {} | lm loss: 4.0 |"
+    assert median_step_s("\n".join(line.format(ms) for ms in (900.0, 100.0, 300.0, 200.0))) == 0.2

@@ -70,6 +70,12 @@ def test_results_layout(uninterrupted):
     lines = log_lines(log_dir)
     assert lines[0].startswith("gptrain: ") and "parameters" in lines[0] and str(log_dir) in lines[0]
     assert "no complete checkpoint" in lines[1]
+    # Megatron's start-of-run lines (issue 11): the padding, then one line per (TP, PP) rank
+    assert " > padded vocab (size: 100) with 28 dummy tokens (new size: 128)" in lines
+    assert any(
+        line.startswith(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): ")
+        for line in lines
+    )
     iteration_lines = [line for line in lines if " iteration " in line and "consumed samples" in line]
     assert (
         len(iteration_lines) == 6

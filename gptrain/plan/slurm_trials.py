@@ -1,0 +1,115 @@
+"""`gptrain plan --measure --cluster-type slurm`: each trial as a Slurm job, through the launcher.
+
+The job is the launcher's training stage (gptrain.launch.sbatch.render_slurm: quoted #SBATCH
+lines from the cluster profile, one srun task per GPU or CPU process, rank variables, the
+rendezvous), submitted by its executor (`sbatch --parsable`), recorded in the trial directory's
+launcher.log (so `gptrain status/logs/cancel DIR` work on a trial) and followed with the
+launcher's job-state query (squeue, then scontrol, then sacct) until it ends. Trials run one
+after another, so that no two share nodes while they are timed. Each rank writes its JSON
+result into the shared trial directory (gptrain.plan.trial).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gptrain.errors import ConfigError, LaunchError
+from gptrain.launch.executors.slurm import sbatch
+from gptrain.launch.jobs import JobState, run_command, slurm_state
+from gptrain.launch.preflight import check_cluster, query_nodes
+from gptrain.launch.records import append_record
+from gptrain.launch.sbatch import Job, render_slurm
+from gptrain.plan.hardware import CLUSTER_DIR
+from gptrain.plan.measure import read_results, trial_args, trial_env, write_trial_config
+from gptrain.plan.rank import Candidate
+from gptrain.plan.report import Plan
+from gptrain.utils.atomic import atomic_write_text
+
+POLL_S = 0.5
+
+
+def slurm_profile(name: str | None) -> dict[str, Any]:
+    """The cluster profile's Slurm keys (partition, account, gres, srun_args, env_vars, ...)."""
+    if name is None:
+        return {}
+    path = Path(name) if name.endswith((".yaml", ".yml")) else CLUSTER_DIR / f"{name}.yaml"
+    data = yaml.safe_load(path.read_text()) or {}  # build_cluster has already checked it exists
+    if not isinstance(data, dict):
+        raise ConfigError(f"--cluster {name}: {path} must be a mapping of cluster keys")
+    return data
+
+
+def trial_job(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_dir: Path) -> Job:
+    """The trial as the launcher's training stage: nodes x tasks per node = the plan's cluster."""
+    profile = slurm_profile(args.cluster)
+    config = write_trial_config(plan, args, candidate, trial_dir)
+    name = "plan-" + trial_dir.name
+    job = Job(
+        "training",
+        name,
+        f"{profile.get('job_name_prefix') or ''}{name}",
+        trial_dir,
+        [sys.executable, *trial_args(trial_dir, config)],
+        nodes=plan.cluster.nodes,
+        tasks_per_node=plan.cluster.gpus_per_node,
+    )
+    job.gpus = plan.cluster.gpu.name != "cpu"
+    job.time_limit = args.trial_time_limit
+    job.workdir = str(Path.cwd())
+    return job
+
+
+def submit_trial(job: Job, profile: dict[str, Any]) -> str:
+    """Render, write and submit the job script; record it as `gptrain launch` does."""
+    top = {"env_vars": {**(profile.get("env_vars") or {}), **trial_env()}}
+    atomic_write_text(job.script_path, render_slurm(job, profile, top))
+    job.script_path.chmod(0o755)
+    job_id = sbatch(job, None)
+    log = str(job.log_pattern()).replace("%%", "%")
+    append_record(
+        job.run_dir,
+        "submitted",
+        stage=job.stage,
+        executor="slurm",
+        job_id=job_id,
+        job_name=job.job_name,
+        script=str(job.script_path),
+        log=log,
+        dependency=None,
+    )
+    return job_id
+
+
+def wait_for_job(job_id: str, timeout_s: float) -> JobState:
+    """Poll the launcher's job state until the job is no longer queued or running."""
+    deadline = time.monotonic() + timeout_s
+    state = slurm_state(job_id)
+    while state.active:
+        if time.monotonic() > deadline:
+            run_command(["scancel", job_id])
+            return JobState("TIMEOUT", f"cancelled by gptrain plan after {timeout_s:.0f} s")
+        time.sleep(POLL_S)
+        state = slurm_state(job_id)
+    return state
+
+
+def run_slurm_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_dir: Path) -> None:
+    profile = slurm_profile(args.cluster)
+    job = trial_job(plan, args, candidate, trial_dir)
+    try:
+        check_cluster(job, profile, query_nodes())  # a request the partition cannot hold waits forever
+        job_id = submit_trial(job, profile)
+    except LaunchError as error:
+        candidate.error = str(error)[:160]
+        return
+    print(f"plan: {candidate.layout.label()} is Slurm job {job_id} ({trial_dir})", file=sys.stderr)
+    state = wait_for_job(job_id, args.trial_timeout)
+    world = plan.cluster.nodes * plan.cluster.gpus_per_node
+    log = str(job.log_pattern()).replace("%%", "%").replace("%j", job_id)
+    read_results(trial_dir, world, candidate, f"job {job_id} {state.describe()}, see {log}")
