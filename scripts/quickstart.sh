@@ -54,6 +54,9 @@ step "plot: gptrain plot $RUN"
 step "generate: gptrain generate $RUN"
 "${GPTRAIN[@]}" generate "$RUN" --prompt "The function returns" --max-new-tokens 48 --temperature 0.8 --top-k 40
 
+step "eval: gptrain eval $RUN (the run's validation batches, as a line and JSON)"
+"${GPTRAIN[@]}" eval "$RUN" --json "$RUN/eval.json"
+
 HF="$QS/hf/${PRESET/\//_}"
 step "export: gptrain export $RUN --to hf $HF (verified against gptrain's logits)"
 rm -rf "$HF"
