@@ -20,10 +20,9 @@ from typing import Any
 import yaml
 
 from gptrain.errors import ConfigError, LaunchError
-from gptrain.launch.executors.slurm import sbatch
+from gptrain.launch.executors.slurm import record_submission, sbatch
 from gptrain.launch.jobs import JobState, run_command, slurm_state
 from gptrain.launch.preflight import check_cluster, query_nodes
-from gptrain.launch.records import append_record
 from gptrain.launch.sbatch import Job, render_slurm
 from gptrain.plan.hardware import CLUSTER_DIR
 from gptrain.plan.measure import read_results, trial_args, trial_env, write_trial_config
@@ -71,18 +70,7 @@ def submit_trial(job: Job, profile: dict[str, Any]) -> str:
     atomic_write_text(job.script_path, render_slurm(job, profile, top))
     job.script_path.chmod(0o755)
     job_id = sbatch(job, None)
-    log = str(job.log_pattern()).replace("%%", "%")
-    append_record(
-        job.run_dir,
-        "submitted",
-        stage=job.stage,
-        executor="slurm",
-        job_id=job_id,
-        job_name=job.job_name,
-        script=str(job.script_path),
-        log=log,
-        dependency=None,
-    )
+    record_submission(job, job_id, None)
     return job_id
 
 

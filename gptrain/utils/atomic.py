@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,3 +50,20 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     with atomic_write(path, "wb") as handle:
         handle.write(data)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary sibling directory to fill; renamed onto `path` (absent or empty) on success,
+    removed on failure, so `path` is either complete or not there."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield staging
+        if path.exists():
+            path.rmdir()  # empty: a non-empty directory is never replaced
+        staging.rename(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

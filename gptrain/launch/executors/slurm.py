@@ -38,24 +38,28 @@ def sbatch(job: Job, dependency: str | None) -> str:
     return out.stdout.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
 
 
+def record_submission(job: Job, job_id: str, dependency: str | None) -> None:
+    """The run directory's launcher.log line that `gptrain status/logs/cancel` read."""
+    append_record(
+        job.run_dir,
+        "submitted",
+        stage=job.stage,
+        executor="slurm",
+        job_id=job_id,
+        job_name=job.job_name,
+        script=str(job.script_path),
+        log=str(job.log_pattern()).replace("%%", "%"),
+        dependency=dependency,
+    )
+
+
 def submit(plan: LaunchPlan) -> list[str]:
     """Submit every stage in order, chained; return the job ids."""
     ids: list[str] = []
     previous: str | None = None
     for job in plan.jobs:
         job_id = sbatch(job, previous)
-        log = str(job.log_pattern()).replace("%%", "%")
-        append_record(
-            job.run_dir,
-            "submitted",
-            stage=job.stage,
-            executor="slurm",
-            job_id=job_id,
-            job_name=job.job_name,
-            script=str(job.script_path),
-            log=log,
-            dependency=previous,
-        )
+        record_submission(job, job_id, previous)
         after = f" (after {previous})" if previous else ""
         print(f"gptrain: submitted {job.stage} as Slurm job {job_id}{after}: {job.job_name}", file=sys.stderr)
         ids.append(job_id)

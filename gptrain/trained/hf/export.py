@@ -8,9 +8,7 @@ model, and renamed into place only then: OUTPUT_DIR either holds a verified mode
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ from gptrain.trained.hf.tensors import globals_to_hf, hf_global_names, layer_to_
 from gptrain.trained.hf.tokenizer_files import export_tokenizer
 from gptrain.trained.hf.transformers_api import config_class, require_transformers
 from gptrain.trained.hf.verify import Verification
+from gptrain.utils.atomic import atomic_directory
 from gptrain.utils.progress import Progress
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' "5GB"
@@ -96,19 +95,12 @@ def export_hf(
     arch = choose_architecture(source.model_config)
     output = Path(output)
     _check_output(output)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
-    try:
+    with atomic_directory(output) as staging:
         eod = source.tokenizer.eod if source.tokenizer is not None else None
         _write_configs(staging, source, arch, eod)
         files = export_tokenizer(source.cfg, staging, source.model_config.seq_length)
         tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream)
         verification = verify_export(source, staging) if verify else None
-        if output.exists():
-            output.rmdir()  # empty, checked above
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     files = sorted(p.name for p in output.iterdir())
     elapsed = time.perf_counter() - started
     return ExportReport(output, CLASS_NAMES[arch], files, tensor_bytes, elapsed, verification)

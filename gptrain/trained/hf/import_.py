@@ -9,9 +9,7 @@ Everything is built in a temporary sibling and renamed into place once verified.
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from gptrain.trained.hf.tensors import globals_from_hf, hf_global_names, layer_f
 from gptrain.trained.hf.tokenizer_files import import_tokenizer
 from gptrain.trained.hf.transformers_api import load_config, require_transformers
 from gptrain.trained.hf.verify import Verification
+from gptrain.utils.atomic import atomic_directory
 from gptrain.utils.progress import Progress
 
 TOKENIZER_DIR = "tokenizer"
@@ -60,8 +59,7 @@ def import_hf(
             f"{output}: already exists and is not an empty directory; remove it or choose another"
         )
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
-    try:
+    with atomic_directory(output) as staging:
         tokenizer = import_tokenizer(hf_dir, staging / TOKENIZER_DIR, output / TOKENIZER_DIR)
         if tokenizer is None:
             print(f"gptrain: warning: {hf_dir} has no tokenizer files; the run uses mock data", file=stream)
@@ -71,12 +69,6 @@ def import_hf(
         del model
         (staging / "hparams.yaml").write_text(cfg.to_yaml())
         verification = verify_import(cfg, staging, step_dir, hf_dir) if verify else None
-        if output.exists():
-            output.rmdir()  # empty, checked above
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     elapsed = time.perf_counter() - started
     checkpoint = output / CHECKPOINTS / step_dir.name
     return ImportReport(output, CLASS_NAMES[arch], checkpoint, elapsed, verification)
