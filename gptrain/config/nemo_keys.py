@@ -154,7 +154,6 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "model.name",
         "model.normalize_attention_scores",
         "model.num_micro_batches_with_partial_activation_checkpoints",
-        "model.openai_gelu",
         "model.post_process",
         "model.pre_process",
         "model.seq_len_interpolation_factor",

@@ -279,6 +279,8 @@ class ModelConfig:
     """Biases in linear layers and norms."""
     activation: str = "gelu"
     """`gelu`, or `swiglu`/`fast-swiglu` (gated, with ffn_hidden_size as the gate width)."""
+    openai_gelu: bool = False
+    """GELU's tanh approximation (GPT-2's `gelu_new`), as Megatron's --openai-gelu."""
     position_embedding_type: str = "learned_absolute"
     """`learned_absolute` or `rope`."""
     rotary_percentage: float = 1.0

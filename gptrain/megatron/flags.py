@@ -89,6 +89,7 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--untie-embeddings-and-output-weights": {"model.share_embeddings_and_output_weights": False},
     "--disable-bias-linear": {"model.bias": False},
     "--swiglu": {"model.activation": "swiglu"},
+    "--openai-gelu": {"model.openai_gelu": True},
     "--use-rotary-position-embeddings": {"model.position_embedding_type": "rope"},
     "--eod-mask-loss": {"model.data.eod_mask_loss": True},
     "--mock-data": {"model.data.data_impl": "mock"},

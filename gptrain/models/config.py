@@ -45,6 +45,8 @@ class GPTConfig:
     """Rope frequency base (theta)."""
     activation: str = "gelu"
     """'gelu' (exact erf GELU, Megatron's default) or 'swiglu' ('fast-swiglu' as NeMo spells it)."""
+    openai_gelu: bool = False
+    """GELU's tanh approximation instead (GPT-2's `gelu_new`; Megatron's --openai-gelu)."""
     normalization: str = "layernorm"
     """'layernorm' (always with a bias, as Megatron) or 'rmsnorm'."""
     layernorm_epsilon: float = 1e-5

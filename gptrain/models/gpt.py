@@ -109,6 +109,7 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.gated = config.gated_mlp
+        self.gelu_approximation = "tanh" if config.openai_gelu else "none"
         self.w1 = nn.Linear(config.hidden_size, config.ffn_size, bias=config.bias)
         self.w3 = nn.Linear(config.hidden_size, config.ffn_size, bias=config.bias) if self.gated else None
         self.w2 = nn.Linear(config.ffn_size, config.hidden_size, bias=config.bias)
@@ -116,7 +117,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x)))
+        return self.w2(F.gelu(self.w1(x), approximate=self.gelu_approximation))
 
 
 class TransformerBlock(nn.Module):

@@ -23,6 +23,7 @@ def build_model_config(cfg: Any, vocab_size: int) -> GPTConfig:
         rotary_percentage=m.rotary_percentage,
         rotary_base=m.rotary_base,
         activation=m.activation,
+        openai_gelu=m.openai_gelu,
         normalization="layernorm" if m.normalization == "layernorm1p" else m.normalization,
         layernorm_epsilon=m.layernorm_epsilon,
         bias=m.bias,

@@ -161,3 +161,14 @@ def test_use_distributed_optimizer_is_fsdp2_full_shard():
         load_training_config(None, t.overrides, report_ignored=False).model.data_parallel_sharding
         == "full_shard"
     )
+
+
+def test_openai_gelu_is_the_tanh_gelu_of_the_model():
+    from gptrain.train.model_config import build_model_config
+
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    for flags, expected in (("", False), (" --openai-gelu", True)):
+        t = translate(shlex.split(base + " --train-iters 4 --mock-data --vocab-size 64" + flags), {})
+        cfg = load_training_config(None, t.overrides, report_ignored=False)
+        assert cfg.model.openai_gelu is expected
+        assert build_model_config(cfg, 64).openai_gelu is expected

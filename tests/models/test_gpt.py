@@ -19,6 +19,7 @@ VARIANTS = {
     "rope": dict(position_embedding_type="rope"),
     "partial_rope": dict(position_embedding_type="rope", rotary_percentage=0.5, rotary_base=500),
     "swiglu": dict(activation="swiglu", ffn_hidden_size=24),
+    "openai_gelu": dict(openai_gelu=True),
     "fast_swiglu_rmsnorm_nobias": dict(activation="fast-swiglu", normalization="rmsnorm", bias=False),
     "gqa_untied": dict(num_query_groups=2, share_embeddings_and_output_weights=False),
     "llama_like": dict(
@@ -97,7 +98,10 @@ def ref_mlp(x, params, prefix, config):
         return ref_linear(
             up / (1 + torch.exp(-up)) * ref_linear(x, params, f"{prefix}.w3"), params, f"{prefix}.w2"
         )
-    gelu = 0.5 * up * (1 + torch.erf(up / math.sqrt(2.0)))
+    if config.openai_gelu:  # GPT-2's tanh approximation (Hendrycks & Gimpel 2016, eq. in section 2)
+        gelu = 0.5 * up * (1 + torch.tanh(math.sqrt(2.0 / math.pi) * (up + 0.044715 * up**3)))
+    else:
+        gelu = 0.5 * up * (1 + torch.erf(up / math.sqrt(2.0)))
     return ref_linear(gelu, params, f"{prefix}.w2")
 
 

@@ -145,3 +145,30 @@ def test_export_refuses_an_existing_output_and_leaves_no_partial_files(exported,
         export_hf(run, tmp_path / "taken")
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["x"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_gpt2_with_the_tanh_gelu_imports_as_openai_gelu_and_exports_back(tmp_path) -> None:
+    """OpenAI's GPT-2 checkpoints use `gelu_new`: import maps it to model.openai_gelu, export back."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        n_positions=16,
+        vocab_size=96,
+        activation_function="gelu_new",
+        bos_token_id=95,
+        eos_token_id=95,
+    )
+    original = tmp_path / "gpt2_tanh"
+    GPT2LMHeadModel(config).save_pretrained(original)
+    run_dir = tmp_path / "imported"
+    assert run_cli(["import", str(original), "--output", str(run_dir)]) == 0  # verifies the logits itself
+    assert "openai_gelu: true" in (run_dir / "hparams.yaml").read_text()
+
+    assert run_cli(["export", str(run_dir), "--to", "hf", str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["activation_function"] == "gelu_new"
+    ids = batch(96)
+    assert max_relative_difference(hf_logits(original, ids), hf_logits(tmp_path / "again", ids)) < FP32_REL

@@ -17,6 +17,8 @@ from gptrain.models.config import GPTConfig
 GPT2, STABLELM, LLAMA = "gpt2", "stablelm", "llama"
 CLASS_NAMES = {GPT2: "GPT2LMHeadModel", STABLELM: "StableLmForCausalLM", LLAMA: "LlamaForCausalLM"}
 # The gptrain preset an imported model's training config starts from (shapes are overridden).
+# transformers' GPT-2 activations gptrain has: the erf GELU, and its tanh approximation (openai_gelu)
+GPT2_GELUS = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
 BASE_PRESETS = {GPT2: "gpt3/126m", STABLELM: "gpt3/400m_improved", LLAMA: "gpt3/400m_improved"}
 
 
@@ -81,7 +83,8 @@ def hf_config_kwargs(config: GPTConfig, arch: str, vocab_size: int, eod: int | N
             "n_layer": config.num_layers,
             "n_head": config.num_attention_heads,
             "n_inner": config.ffn_size,
-            "activation_function": "gelu",  # exact erf GELU; GPT-2's own default is the tanh "gelu_new"
+            # exact erf GELU, or the tanh approximation GPT-2 itself uses ("gelu_new")
+            "activation_function": "gelu_new" if config.openai_gelu else "gelu",
             "resid_pdrop": config.hidden_dropout,
             "embd_pdrop": config.hidden_dropout,
             "attn_pdrop": config.attention_dropout,
@@ -150,9 +153,11 @@ def _require(source: str, key: str, value: object, expected: object, why: str) -
 
 
 def _gpt2_overrides(c: Any, source: str) -> dict[str, Any]:
-    _require(
-        source, "activation_function", c.activation_function, "gelu", "gptrain's GELU is the exact erf form"
-    )
+    if c.activation_function not in GPT2_GELUS:
+        raise DataError(
+            f"{source}: activation_function={c.activation_function!r} cannot be imported "
+            f"(gptrain has the erf GELU and its tanh approximation: {', '.join(GPT2_GELUS)})"
+        )
     _require(source, "scale_attn_weights", c.scale_attn_weights, True, "gptrain scales by 1/sqrt(head dim)")
     for key in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
         _require(source, key, bool(getattr(c, key, False)), False, "gptrain has no such attention")
@@ -167,6 +172,7 @@ def _gpt2_overrides(c: Any, source: str) -> dict[str, Any]:
         "max_position_embeddings": c.n_positions,
         "position_embedding_type": "learned_absolute",
         "activation": "gelu",
+        "openai_gelu": GPT2_GELUS[c.activation_function],
         "normalization": "layernorm",
         "layernorm_epsilon": c.layer_norm_epsilon,
         "bias": True,

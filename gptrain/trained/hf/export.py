@@ -98,7 +98,9 @@ def export_hf(
     with atomic_directory(output) as staging:
         eod = source.tokenizer.eod if source.tokenizer is not None else None
         _write_configs(staging, source, arch, eod)
-        files = export_tokenizer(source.cfg, staging, source.model_config.seq_length)
+        # a run on mock data has no tokenizer: the preset's tokenizer paths point at nothing
+        if source.tokenizer is not None:
+            export_tokenizer(source.cfg, staging, source.model_config.seq_length)
         tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream)
         verification = verify_export(source, staging) if verify else None
     files = sorted(p.name for p in output.iterdir())
