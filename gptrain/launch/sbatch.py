@@ -55,6 +55,14 @@ class Job:
         return self.run_dir / f"log-{self.job_name.replace('%', '%%')}_{jobid}.{suffix}"
 
 
+def rank_command(python: str, args: list[str], devices: int, local: bool) -> list[str]:
+    """`python ARGS` once per rank: srun starts one per task; locally torchrun starts `devices` of them."""
+    if not local:
+        return [python, *args]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={devices}"]
+    return [python, *torchrun, *args]
+
+
 def quote(value: object, what: str) -> str:
     """shlex.quote, refusing control characters: a newline inside quotes still ends an #SBATCH line.
 

@@ -17,7 +17,7 @@ import yaml
 
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
-from gptrain.launch.sbatch import Job, Raw, render_local, render_slurm
+from gptrain.launch.sbatch import Job, Raw, rank_command, render_local, render_slurm
 from gptrain.launch.script_values import check_launch_values
 from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job
 from gptrain.utils.atomic import atomic_write_text
@@ -102,22 +102,12 @@ def training_job(
     job.requeue = True
     job.workdir = str(Path.cwd())
     train = ["-m", "gptrain", "train", "--config-file", str(config_path(job))]
-    if local:
-        if nodes != 1:
-            raise LaunchError(
-                f"training.trainer.num_nodes={nodes}: the local executor runs one node;"
-                " set cluster_type=slurm or training.trainer.num_nodes=1"
-            )
-        torchrun = [
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes=1",
-            f"--nproc-per-node={devices}",
-        ]
-        job.command = [python, *torchrun, *train]
-    else:
-        job.command = [python, *train]
+    if local and nodes != 1:
+        raise LaunchError(
+            f"training.trainer.num_nodes={nodes}: the local executor runs one node;"
+            " set cluster_type=slurm or training.trainer.num_nodes=1"
+        )
+    job.command = rank_command(python, train, devices, local)
     if blend:
         apply = [
             "-m",

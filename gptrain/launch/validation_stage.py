@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.errors import ConfigError, LaunchError
-from gptrain.launch.sbatch import Job
+from gptrain.launch.sbatch import Job, rank_command
 
 VALIDATION_DIR = "validation"
 CHECKS = ("collectives", "pairwise", "gpus", "all")
@@ -71,17 +71,7 @@ def validation_job(
             args += [option, str(section[key])]
     if section.get("exclude_failed"):
         args += ["--exclude-file", str(section.get("exclude_file") or "")]
-    if local:
-        torchrun = [
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes=1",
-            f"--nproc-per-node={devices}",
-        ]
-        job.command = [python, *torchrun, *args]
-    else:
-        job.command = [python, *args]
+    job.command = rank_command(python, args, devices, local)
     return job
 
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from gptrain.errors import ConfigError
+from gptrain.launch.sbatch import rank_command
 from gptrain.plan.rank import Candidate
 from gptrain.plan.report import Plan
 from gptrain.utils.atomic import atomic_write_text
@@ -104,8 +105,7 @@ def read_results(trial_dir: Path, world_size: int, candidate: Candidate, fallbac
 def run_local_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_dir: Path) -> None:
     config = write_trial_config(plan, args, candidate, trial_dir)
     nproc = plan.cluster.gpus_per_node
-    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    command = [sys.executable, *torchrun, *trial_args(trial_dir, config)]
+    command = rank_command(sys.executable, trial_args(trial_dir, config), nproc, local=True)
     env = {**os.environ, **trial_env()}
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.trial_timeout)

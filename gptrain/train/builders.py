@@ -25,6 +25,7 @@ from gptrain.train.batches import GPTBatchDataset
 from gptrain.train.loss_scale import LossScaler, build_loss_scaler
 from gptrain.train.model_config import build_model_config  # noqa: F401  (the builders' seam)
 from gptrain.train.optim import build_optimizer
+from gptrain.train.rampup import BatchRamp
 from gptrain.train.schedule import ScheduleSpec
 from gptrain.train.step import StepOptions, no_reduce
 
@@ -133,6 +134,17 @@ def data_parallel_rank_size(cfg: TrainingConfig, world: World) -> tuple[int, int
     from gptrain.parallel.training import data_parallel_rank_size as dp_rank_size
 
     return dp_rank_size(cfg, world)
+
+
+def check_batch_sizes(cfg: TrainingConfig, dp_size: int) -> None:
+    """The global batch must split into whole micro batches on every data-parallel rank (ramp included)."""
+    m = cfg.model
+    BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, m.micro_batch_size * dp_size)
+    if m.global_batch_size % (m.micro_batch_size * dp_size) != 0:
+        raise ConfigError(
+            f"model.global_batch_size={m.global_batch_size} is not divisible by model.micro_batch_size x "
+            f"data-parallel size = {m.micro_batch_size} x {dp_size}"
+        )
 
 
 def is_logging_rank(cfg: TrainingConfig, world: World) -> bool:

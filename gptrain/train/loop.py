@@ -31,7 +31,7 @@ from gptrain.checkpoint.manager import (
     saved_sections,
 )
 from gptrain.config import TrainingConfig
-from gptrain.errors import EXIT_REQUEUE, ConfigError, DataError, GptrainError
+from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
 from gptrain.train import builders as b
 from gptrain.train.batches import GPTBatchDataset, build_loader
@@ -143,7 +143,7 @@ def train(cfg: TrainingConfig) -> int:
         model = b.build_parallel_model(model_config, cfg, world, device)
         optimizer = b.build_adamw(cfg, model, device)
         dp_rank, dp_size = b.data_parallel_rank_size(cfg, world)
-        check_batch_sizes(cfg, dp_size)
+        b.check_batch_sizes(cfg, dp_size)
         session = Session(
             cfg=cfg,
             world=world,
@@ -179,16 +179,6 @@ def train(cfg: TrainingConfig) -> int:
         log.close()
         if world.world_size > 1:
             shutdown()
-
-
-def check_batch_sizes(cfg: TrainingConfig, dp_size: int) -> None:
-    m = cfg.model
-    BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, m.micro_batch_size * dp_size)
-    if m.global_batch_size % (m.micro_batch_size * dp_size) != 0:
-        raise ConfigError(
-            f"model.global_batch_size={m.global_batch_size} is not divisible by model.micro_batch_size x "
-            f"data-parallel size = {m.micro_batch_size} x {dp_size}"
-        )
 
 
 def set_throughput_reference(s: Session, model_config: object) -> None:
