@@ -17,14 +17,14 @@ from typing import Any
 import torch
 
 from gptrain.checkpoint.manager import CheckpointManager
-from gptrain.config import TrainingConfig, load_training_config
+from gptrain.config import TrainingConfig
 from gptrain.errors import ConfigError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
 from gptrain.parallel.state_dict import load_model_state_dict, model_state_dict
 from gptrain.train import builders as b
 from gptrain.train.evaluation import EvalResult, EvalSetup, evaluate_loss
 from gptrain.train.state import TrainState
-from gptrain.trained.load import EMBEDDING_KEY, checkpoint_shape, find_hparams, resolve_checkpoint
+from gptrain.trained.load import RunCheckpoint, open_run
 from gptrain.utils.atomic import atomic_write_text
 
 
@@ -40,23 +40,20 @@ class EvalRequest:
 
 def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
     """Load, evaluate, print the result line (and write the JSON) on the logging rank."""
-    step_dir = resolve_checkpoint(request.checkpoint)
-    hparams = find_hparams(step_dir)
-    cfg = load_training_config(config_file=str(hparams), overrides=request.overrides, report_ignored=False)
+    run = open_run(request.checkpoint, request.overrides)
+    cfg, step_dir = run.cfg, run.step_dir
     world = world_from_env()
     if world.world_size > 1:
         init_distributed(world, cfg.trainer.resolved_accelerator())
     try:
         device = b.select_device(cfg, world)
         b.seed_everything(cfg.model.seed)
-        tokenizer = b.build_tokenizer(cfg)
-        vocab, padded = b.padded_vocab_size(cfg, tokenizer)
-        padded = saved_padding(step_dir, padded, cfg.model.tensor_model_parallel_size)
-        model = b.build_parallel_model(b.build_model_config(cfg, padded), cfg, world, device)
+        rows = vocabulary_rows(run)
+        model = b.build_parallel_model(b.build_model_config(cfg, rows), cfg, world, device)
         iteration = load_model(model, step_dir, world)
         dp_rank, dp_size = b.data_parallel_rank_size(cfg, world)
         setup = eval_setup(cfg, model, device, dp_rank, dp_size)
-        data, batches, source = eval_data(cfg, request, vocab, tokenizer)
+        data, batches, source = eval_data(cfg, request, run.vocab, run.tokenizer)
         result = evaluate_loss(setup, data, batches)
         if b.is_logging_rank(cfg, world):
             report(result, step_dir, iteration, source, request.json_path, cfg)
@@ -66,16 +63,15 @@ def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
             shutdown()
 
 
-def saved_padding(step_dir: Path, padded: int, tensor_parallel: int) -> int:
+def vocabulary_rows(run: RunCheckpoint) -> int:
     """The checkpoint's own padded vocabulary when this layout can shard it, else Megatron's.
 
     Padding rows take part in the softmax; rows a checkpoint never had would change the loss,
     so evaluating under another TP keeps the saved rows (any multiple of TP shards evenly).
     """
-    saved = checkpoint_shape(step_dir, EMBEDDING_KEY)
-    if saved is None or saved[0] % tensor_parallel:
-        return padded
-    return saved[0]
+    if run.saved_rows % run.cfg.model.tensor_model_parallel_size == 0:
+        return run.saved_rows
+    return b.padded_vocab_size(run.cfg, run.tokenizer)[1]
 
 
 def load_model(model: torch.nn.Module, step_dir: Path, world: World) -> int:
@@ -93,12 +89,8 @@ def load_model(model: torch.nn.Module, step_dir: Path, world: World) -> int:
 
 
 def eval_setup(cfg: TrainingConfig, model: torch.nn.Module, device: torch.device, dp_rank: int, dp_size: int):
+    b.check_batch_sizes(cfg, dp_size)
     m = cfg.model
-    if m.global_batch_size % (m.micro_batch_size * dp_size):
-        raise ConfigError(
-            f"model.global_batch_size={m.global_batch_size} is not divisible by model.micro_batch_size x "
-            f"data-parallel size = {m.micro_batch_size} x {dp_size}; override one of them"
-        )
     opts = b.with_parallel_seams(b.build_step_options(cfg, dp_size), model)
     return EvalSetup(
         model=model,

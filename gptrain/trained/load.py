@@ -9,6 +9,7 @@ checkpoints saved by many ranks with any parallel layout.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,8 +95,9 @@ def checkpoint_shape(step_dir: Path, key: str) -> tuple[int, ...] | None:
     return tuple(size) if size is not None else None
 
 
-def build_run_tokenizer(cfg: Any, hparams: Path) -> Any:
-    """The tokenizer the run trained with; its files must still be where hparams.yaml says."""
+def build_run_tokenizer(cfg: Any, hparams: Path) -> Any | None:
+    """The tokenizer the run trained with (None for mock data); its files must still be where
+    hparams.yaml says."""
     from gptrain.train.builders import build_tokenizer
 
     tok = cfg.model.tokenizer
@@ -106,10 +108,46 @@ def build_run_tokenizer(cfg: Any, hparams: Path) -> Any:
                 f"{hparams}: model.tokenizer.{key}={value} not found; "
                 "run from the directory the training ran in, or restore the file"
             )
-    tokenizer = build_tokenizer(cfg)
-    if tokenizer is None:
-        raise DataError(f"{hparams}: the run trained on mock data without a tokenizer; nothing to decode")
-    return tokenizer
+    return build_tokenizer(cfg)
+
+
+@dataclass
+class RunCheckpoint:
+    """A run's checkpoint as the tools on a trained model need it: where, its config, its vocabulary."""
+
+    step_dir: Path
+    hparams: Path
+    cfg: Any
+    tokenizer: Any | None
+    """None for a run on mock data."""
+    vocab: int
+    """Real (unpadded) vocabulary: rows beyond it are padding."""
+    saved_rows: int
+    """Embedding rows in the checkpoint: the padding of the layout that wrote it (it grows with TP)."""
+
+
+def open_run(path: str | Path, overrides: Sequence[str] = ()) -> RunCheckpoint:
+    """The newest complete checkpoint under `path` (or that step dir), with its run's config."""
+    from gptrain.config import load_training_config
+    from gptrain.train.builders import is_mock_data, padded_vocab_size
+
+    step_dir = resolve_checkpoint(path)
+    hparams = find_hparams(step_dir)
+    cfg = load_training_config(config_file=str(hparams), overrides=overrides, report_ignored=False)
+    mock_vocab = is_mock_data(cfg) and cfg.model.data.mock_vocab_size
+    tokenizer = None if mock_vocab else build_run_tokenizer(cfg, hparams)
+    vocab, _ = padded_vocab_size(cfg, tokenizer)
+    saved = checkpoint_shape(step_dir, EMBEDDING_KEY)
+    if saved is None:
+        raise DataError(
+            f"{step_dir}: no '{EMBEDDING_KEY}' in the checkpoint; is it a gptrain training checkpoint?"
+        )
+    if saved[0] < vocab:
+        raise DataError(
+            f"{step_dir}: embedding has {saved[0]} rows but {hparams} and its tokenizer give {vocab} tokens; "
+            "the tokenizer files changed since training"
+        )
+    return RunCheckpoint(step_dir, hparams, cfg, tokenizer, vocab, saved[0])
 
 
 def load_weights(model: nn.Module, step_dir: Path) -> None:
@@ -124,26 +162,13 @@ def load_weights(model: nn.Module, step_dir: Path) -> None:
 
 def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     """Model (eval mode, weights loaded) and tokenizer of the newest complete checkpoint under `path`."""
-    from gptrain.config import load_training_config
-    from gptrain.train.builders import build_model, build_model_config, padded_vocab_size
+    from gptrain.train.builders import build_model, build_model_config
 
-    step_dir = resolve_checkpoint(path)
-    hparams = find_hparams(step_dir)
-    cfg = load_training_config(config_file=str(hparams), report_ignored=False)
-    tokenizer = build_run_tokenizer(cfg, hparams)
-    vocab, padded = padded_vocab_size(cfg, tokenizer)
-    saved = checkpoint_shape(step_dir, EMBEDDING_KEY)
-    if saved is None:
-        raise DataError(
-            f"{step_dir}: no '{EMBEDDING_KEY}' in the checkpoint; is it a gptrain training checkpoint?"
-        )
-    if saved[0] != padded:
-        raise DataError(
-            f"{step_dir}: embedding has {saved[0]} rows but {hparams} and its tokenizer give {padded}; "
-            "the tokenizer files changed since training"
-        )
+    run = open_run(path)
+    if run.tokenizer is None:
+        raise DataError(f"{run.hparams}: the run trained on mock data without a tokenizer; nothing to decode")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build_model(build_model_config(cfg, padded), device, cfg.model.seed)
-    load_weights(model, step_dir)
+    model = build_model(build_model_config(run.cfg, run.saved_rows), device, run.cfg.model.seed)
+    load_weights(model, run.step_dir)
     model.eval()
-    return LoadedRun(model=model, tokenizer=tokenizer, vocab_size=vocab, checkpoint=step_dir)
+    return LoadedRun(model=model, tokenizer=run.tokenizer, vocab_size=run.vocab, checkpoint=run.step_dir)

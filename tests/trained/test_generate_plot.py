@@ -151,7 +151,9 @@ def gpt2_files() -> tuple[str, str]:
     return str(data / "encoder.json"), str(data / "vocab.bpe")
 
 
-def tiny_run(tmp_path: Path, save_steps: tuple[int, ...] = (2,)) -> tuple[Path, object, object]:
+def tiny_run(
+    tmp_path: Path, save_steps: tuple[int, ...] = (2,), extra_rows: int = 0
+) -> tuple[Path, object, object]:
     """A run dir with hparams.yaml and checkpoints/step_N saved by the checkpoint manager.
 
     The saved weights come from a seed other than model.seed, so a generate that rebuilt the
@@ -183,7 +185,9 @@ def tiny_run(tmp_path: Path, save_steps: tuple[int, ...] = (2,)) -> tuple[Path, 
     (log_dir / "hparams.yaml").write_text(cfg.to_yaml())
     tokenizer = build_tokenizer(cfg)
     _, padded = padded_vocab_size(cfg, tokenizer)
-    model = build_model(build_model_config(cfg, padded), torch.device("cpu"), seed=cfg.model.seed + 1)
+    # extra_rows: the padding a TP layout adds (Megatron pads to a multiple of 128 x TP)
+    rows = padded + extra_rows
+    model = build_model(build_model_config(cfg, rows), torch.device("cpu"), seed=cfg.model.seed + 1)
     manager = CheckpointManager(log_dir / "checkpoints", keep_last=None)
     for step in save_steps:
         manager.save(step, {"model": get_model_state_dict(model)}, {})
@@ -221,6 +225,18 @@ def test_generate_loads_the_trained_weights(tmp_path: Path, capsys: pytest.Captu
         ]
         assert run_subcommand(add_generate_parser, argv) == 0
         assert capsys.readouterr().out == expected + "\n"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_generate_loads_a_checkpoint_padded_for_tensor_parallelism(tmp_path: Path, capsys) -> None:
+    """A TP=2 run saves 50432 vocabulary rows where one process pads to 50304: generate takes them as saved."""
+    from gptrain.trained.generate import add_generate_parser
+
+    _, model, tokenizer = tiny_run(tmp_path, extra_rows=128)
+    expected = reference_text(model, tokenizer, "The quick brown fox", 8)
+    argv = ["generate", str(tmp_path / "run"), "--prompt", "The quick brown fox", "--max-new-tokens", "8"]
+    assert run_subcommand(add_generate_parser, [*argv, "--greedy"]) == 0
+    assert capsys.readouterr().out == expected + "\n"
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

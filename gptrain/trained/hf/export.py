@@ -55,29 +55,13 @@ class ExportReport:
 
 def open_run(path: str | Path) -> RunSource:
     """The newest complete checkpoint under `path` and the model shape its hparams.yaml gives."""
-    from gptrain.config import load_training_config
-    from gptrain.train.builders import build_model_config, is_mock_data, padded_vocab_size
-    from gptrain.trained.load import (
-        EMBEDDING_KEY,
-        build_run_tokenizer,
-        checkpoint_shape,
-        find_hparams,
-        resolve_checkpoint,
-    )
+    from gptrain.train.builders import build_model_config
+    from gptrain.trained.load import open_run as open_checkpoint
 
-    step_dir = resolve_checkpoint(path)
-    hparams = find_hparams(step_dir)
-    cfg = load_training_config(config_file=str(hparams), report_ignored=False)
-    mock_vocab = is_mock_data(cfg) and cfg.model.data.mock_vocab_size
-    tokenizer = None if mock_vocab else build_run_tokenizer(cfg, hparams)
-    vocab, padded = padded_vocab_size(cfg, tokenizer)
-    saved = checkpoint_shape(step_dir, EMBEDDING_KEY)
-    if saved is None or saved[0] < vocab:
-        raise DataError(
-            f"{step_dir}: embedding shape {saved} does not hold the {vocab}-token vocabulary of {hparams}"
-        )
-    # The saved row count is the padding of the layout that wrote it (it grows with TP).
-    return RunSource(step_dir, cfg, tokenizer, vocab, build_model_config(cfg, saved[0]))
+    run = open_checkpoint(path)
+    return RunSource(
+        run.step_dir, run.cfg, run.tokenizer, run.vocab, build_model_config(run.cfg, run.saved_rows)
+    )
 
 
 def export_hf(
