@@ -7,7 +7,8 @@ small random batch, so the optimizer state exists) for `--steps` steps, saving e
 steps through gptrain's CheckpointManager exactly as `gptrain train` does (the optimizer waits for
 a background save's staging copy before it changes the weights). Reported per mode: the stall of
 each save (the time the loop was blocked by it), the write time and bandwidth, and the extra wall
-time over the run without saves (the async run still waits for its last write before it ends).
+time over the run without saves (the async run still waits for its last write before it ends: the
+"exit wait" column).
 Prints a table and one JSON line.
 """
 
@@ -77,11 +78,12 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, device: torch.devi
         if mode != "none" and step % args.every == 0:
             state = {"model": model_state_dict(model), "optim": optimizer_state_dict(model, optimizer)}
             manager.save(step, state, {})
+    closing = time.perf_counter()
     manager.close()
     sync(device)
     wall = time.perf_counter() - started
     shutil.rmtree(root / mode, ignore_errors=True)
-    return summarize(mode, wall, reports)
+    return summarize(mode, wall, reports) | {"exit_wait_s": wall - (closing - started)}
 
 
 def summarize(mode: str, wall: float, reports: list[SaveReport]) -> dict:
@@ -114,6 +116,7 @@ def print_table(rows: list[dict], title: str) -> None:
         "extra wall s",
         "saves",
         "stall ms (median/max)",
+        "exit wait s",
         "write s",
         "GB",
         "GB/s",
@@ -131,7 +134,8 @@ def print_table(rows: list[dict], title: str) -> None:
             )
         else:
             stall = write = size = bw = "-"
-        table.add_row(r["mode"], f"{r['wall_s']:.2f}", extra, str(r["saves"]), stall, write, size, bw)
+        exit_wait = f"{r['exit_wait_s']:.2f}"
+        table.add_row(r["mode"], f"{r['wall_s']:.2f}", extra, str(r["saves"]), stall, exit_wait, write, size, bw)
     Console(file=sys.stdout).print(table)
 
 

@@ -13,7 +13,8 @@ Asynchronous saves (`async_save=True`) copy the state into a staging buffer that
 between saves (pinned host memory on CUDA, so the copy runs at full PCIe speed and is
 allocated once) and write it from a background thread while training goes on. On CPU the
 copy itself runs beside the next forward/backward; the only thing that must wait for it is
-the next optimizer step (`wait_for_staging`, installed as a step pre-hook).
+the next optimizer step (`wait_for_staging`, installed as a step pre-hook). The writer thread
+runs at idle priority (SCHED_IDLE on Linux), so it takes only CPU time training leaves free.
 A new save waits for the previous one only if that one is still writing, and says so.
 """
 
@@ -217,7 +218,7 @@ class CheckpointManager:
     def _start_background_save(
         self, step: int, path: Path, state: dict[str, Any], started: float, waited: float
     ) -> None:
-        self._writer = ChecksummingWriter(path)
+        self._writer = ChecksummingWriter(path, background=True)
         response = dcp.async_save(
             state,
             checkpoint_id=str(path),

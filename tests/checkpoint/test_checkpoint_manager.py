@@ -170,3 +170,27 @@ def test_space_warning_when_the_disk_cannot_hold_keep_plus_one(tmp_path, monkeyp
     assert manager.space_warning(10_000_000_000) is None  # 3 x 10 GB fit in 50 GB
     warning = manager.space_warning(20_000_000_000)
     assert warning.startswith(f"{tmp_path} has 50.0 GB free") and "need 60.0 GB" in warning
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="Linux scheduling policy")
+@pytest.mark.parametrize("async_save", [False, True])
+def test_only_a_background_write_runs_at_idle_priority(tmp_path, monkeypatch, async_save):
+    """The background writer thread takes only CPU that training leaves idle (SCHED_IDLE); a
+    synchronous save, written by the training thread itself, never changes that thread's policy."""
+    import os
+
+    from gptrain.checkpoint import checksum_writer
+
+    seen = []
+    create_stream = checksum_writer._ChecksummingFileSystem.create_stream
+
+    def recording(self, path, mode):
+        seen.append(os.sched_getscheduler(0))
+        return create_stream(self, path, mode)
+
+    monkeypatch.setattr(checksum_writer._ChecksummingFileSystem, "create_stream", recording)
+    manager = CheckpointManager(tmp_path, keep_last=1, async_save=async_save)
+    save_steps(manager, [1])
+    manager.close()
+    assert seen and set(seen) == {os.SCHED_IDLE if async_save else os.SCHED_OTHER}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
