@@ -9,7 +9,8 @@ a background save's staging copy before it changes the weights). Reported per mo
 each save (the time the loop was blocked by it), the write time and bandwidth, and the extra wall
 time over the run without saves (the async run still waits for its last write before it ends: the
 "exit wait" column).
-Prints a table and one JSON line.
+Prints a table per round and one JSON line; with `--rounds N` the modes run N times in turn and the
+ratios are the medians over the rounds (a shared VM's step time can vary by 30% from minute to minute).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--every", type=int, default=2, help="save every N steps")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--modes", default="none,sync,async")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="repeat the modes N times, alternating; ratios are medians"
+    )
     return parser.parse_args(argv)
 
 
@@ -135,7 +139,9 @@ def print_table(rows: list[dict], title: str) -> None:
         else:
             stall = write = size = bw = "-"
         exit_wait = f"{r['exit_wait_s']:.2f}"
-        table.add_row(r["mode"], f"{r['wall_s']:.2f}", extra, str(r["saves"]), stall, exit_wait, write, size, bw)
+        table.add_row(
+            r["mode"], f"{r['wall_s']:.2f}", extra, str(r["saves"]), stall, exit_wait, write, size, bw
+        )
     Console(file=sys.stdout).print(table)
 
 
@@ -143,30 +149,50 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gptrain-ckpt-bench-"))
-    rows = [run_mode(mode, args, root, device) for mode in args.modes.split(",")]
     name = (
         torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     )
-    print_table(
-        rows, f"{args.layers} x {args.hidden}, save every {args.every} of {args.steps} steps, on {name}"
-    )
-    result: dict = {"bench": "checkpoint", "device": name, "args": vars(args), "rows": rows}
-    by_mode = {r["mode"]: r for r in rows}
-    if {"none", "sync", "async"} <= by_mode.keys():
-        extra_sync = by_mode["sync"]["wall_s"] - by_mode["none"]["wall_s"]
-        extra_async = by_mode["async"]["wall_s"] - by_mode["none"]["wall_s"]
-        result["async_stall_over_sync"] = (
-            by_mode["async"]["stall_ms_median"] / by_mode["sync"]["stall_ms_median"]
-        )
-        result["async_extra_wall_over_sync"] = extra_async / extra_sync if extra_sync > 0 else None
-        print(
-            f"async stall / sync stall: {result['async_stall_over_sync']:.3f}; "
-            f"async extra wall / sync extra wall: {result['async_extra_wall_over_sync']:.3f}"
-        )
+    result: dict = {"bench": "checkpoint", "device": name, "args": vars(args), "rounds": []}
+    for round_index in range(1, args.rounds + 1):
+        rows = [run_mode(mode, args, root, device) for mode in args.modes.split(",")]
+        title = f"{args.layers} x {args.hidden}, save every {args.every} of {args.steps} steps, on {name}"
+        print_table(rows, title + (f", round {round_index} of {args.rounds}" if args.rounds > 1 else ""))
+        result["rounds"].append({"rows": rows} | ratios(rows))
+    result |= median_ratios(result["rounds"])
     print(json.dumps(result))
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def ratios(rows: list[dict]) -> dict:
+    """Async against sync within one round: the stall, and the extra wall time over no saves."""
+    by_mode = {r["mode"]: r for r in rows}
+    if not {"none", "sync", "async"} <= by_mode.keys():
+        return {}
+    extra_sync = by_mode["sync"]["wall_s"] - by_mode["none"]["wall_s"]
+    extra_async = by_mode["async"]["wall_s"] - by_mode["none"]["wall_s"]
+    found = {
+        "async_stall_over_sync": by_mode["async"]["stall_ms_median"] / by_mode["sync"]["stall_ms_median"],
+        "async_extra_wall_over_sync": extra_async / extra_sync if extra_sync > 0 else None,
+    }
+    print(
+        f"async stall / sync stall: {found['async_stall_over_sync']:.3f}; async extra wall / sync extra "
+        f"wall: {found['async_extra_wall_over_sync'] or float('nan'):.3f}"
+    )
+    return found
+
+
+def median_ratios(rounds: list[dict]) -> dict:
+    """Over several rounds (modes alternate, so slow spells of a shared machine hit each mode alike)."""
+    found = {}
+    for key in ("async_stall_over_sync", "async_extra_wall_over_sync"):
+        values = [r[key] for r in rounds if r.get(key) is not None]
+        if values:
+            found[key] = statistics.median(values)
+    if len(rounds) > 1 and found:
+        print("median over rounds: " + "; ".join(f"{key} {value:.3f}" for key, value in found.items()))
+    return found
 
 
 if __name__ == "__main__":

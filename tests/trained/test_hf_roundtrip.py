@@ -172,3 +172,34 @@ def test_gpt2_with_the_tanh_gelu_imports_as_openai_gelu_and_exports_back(tmp_pat
     assert json.loads((tmp_path / "again" / "config.json").read_text())["activation_function"] == "gelu_new"
     ids = batch(96)
     assert max_relative_difference(hf_logits(original, ids), hf_logits(tmp_path / "again", ids)) < FP32_REL
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_narrower_dtype_export_rounds_each_weight_and_is_verified(exported, tmp_path, dtype, capsys) -> None:
+    """--dtype writes every tensor of the float32 export rounded to nearest, half the bytes; the
+    check compares transformers with gptrain's weights rounded alike, and reports the rounding."""
+    from safetensors.torch import load_file
+
+    arch, run, _, full = exported
+    capsys.readouterr()
+    assert run_cli(["export", str(run), "--to", "hf", "--dtype", dtype, str(tmp_path / "narrow")]) == 0
+    line = capsys.readouterr().out
+    assert f"rounding the weights to {dtype} moves the logits by up to " in line
+    assert float(line.split("moves the logits by up to ")[1].split()[0]) > 0  # it did round something
+    wide, narrow = load_file(full / "model.safetensors"), load_file(tmp_path / "narrow" / "model.safetensors")
+    assert wide.keys() == narrow.keys()
+    for name, tensor in wide.items():
+        assert narrow[name].dtype == getattr(torch, dtype), name
+        assert torch.equal(narrow[name], tensor.to(getattr(torch, dtype))), name
+    assert json.loads((tmp_path / "narrow" / "config.json").read_text())["dtype"] == dtype
+    wide_bytes = (full / "model.safetensors").stat().st_size
+    assert (tmp_path / "narrow" / "model.safetensors").stat().st_size < 0.55 * wide_bytes
+
+
+def test_float16_export_refuses_weights_beyond_its_range(tmp_path) -> None:
+    from gptrain.trained.hf.export import _in_dtype
+
+    tensors = {"fine": torch.ones(3), "wide": torch.tensor([1.0, -7.0e4])}
+    with pytest.raises(DataError, match=r"^run/step_3: wide has values beyond float16's range .* --dtype bfloat16"):
+        _in_dtype(tensors, torch.float16, Path("run/step_3"))
+    assert _in_dtype(tensors, torch.bfloat16, Path("run/step_3"))["wide"].dtype == torch.bfloat16

@@ -27,6 +27,12 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("output", metavar="OUTPUT_DIR", help="new (or empty) directory to write")
     parser.add_argument("--no-verify", action="store_true", help="skip the logits and greedy check")
     parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
+        default="float32",
+        help="dtype of the written weights (default float32, as trained; bfloat16 halves the size)",
+    )
+    parser.add_argument(
         "--max-shard-size-gb", type=float, default=5.0, help="largest safetensors file in GB (default 5)"
     )
     parser.set_defaults(func=run_export)
@@ -63,6 +69,7 @@ def run_export(args: argparse.Namespace) -> int:
         args.output,
         verify=not args.no_verify,
         max_shard_bytes=int(args.max_shard_size_gb * 1e9),
+        dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(args.dtype, args.dtype),
     )
     check = report.verification.describe() if report.verification else "not verified (--no-verify)"
     print(

@@ -29,6 +29,8 @@ from gptrain.utils.progress import Progress
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' "5GB"
 PROMPT = "The meaning of life is"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FLOAT16_MAX = 65504.0
 
 
 @dataclass
@@ -70,8 +72,12 @@ def export_hf(
     verify: bool = True,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     stream: TextIO | None = None,
+    dtype: str = "float32",
 ) -> ExportReport:
-    """Write the transformers directory `output`; verified unless `verify` is False."""
+    """Write the transformers directory `output` with weights in `dtype` (float32, bfloat16 or
+    float16; the checkpoint's float32 weights rounded to nearest); verified unless `verify` is False."""
+    if dtype not in DTYPES:
+        raise DataError(f"export dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     require_transformers()
     started = time.perf_counter()
     stream = stream or sys.stderr
@@ -81,12 +87,12 @@ def export_hf(
     _check_output(output)
     with atomic_directory(output) as staging:
         eod = source.tokenizer.eod if source.tokenizer is not None else None
-        _write_configs(staging, source, arch, eod)
+        _write_configs(staging, source, arch, eod, dtype)
         # a run on mock data has no tokenizer: the preset's tokenizer paths point at nothing
         if source.tokenizer is not None:
             export_tokenizer(source.cfg, staging, source.model_config.seq_length)
-        tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream)
-        verification = verify_export(source, staging) if verify else None
+        tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream, DTYPES[dtype])
+        verification = verify_export(source, staging, DTYPES[dtype]) if verify else None
     files = sorted(p.name for p in output.iterdir())
     elapsed = time.perf_counter() - started
     return ExportReport(output, CLASS_NAMES[arch], files, tensor_bytes, elapsed, verification)
@@ -100,20 +106,27 @@ def _check_output(output: Path) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
 
 
-def _write_configs(directory: Path, source: RunSource, arch: str, eod: int | None) -> None:
-    """config.json (float32, as the checkpoint) and generation_config.json."""
+def _write_configs(directory: Path, source: RunSource, arch: str, eod: int | None, dtype: str) -> None:
+    """config.json (with the dtype the weights are written in) and generation_config.json."""
     from transformers import GenerationConfig
 
     kwargs = hf_config_kwargs(source.model_config, arch, source.vocab, eod)
     config = config_class(arch)(**kwargs)
     config.architectures = [CLASS_NAMES[arch]]
-    config.dtype = "float32"
+    config.dtype = dtype
     config.save_pretrained(str(directory))
     GenerationConfig(bos_token_id=eod, eos_token_id=eod).save_pretrained(str(directory))
 
 
-def write_weights(directory: Path, source: RunSource, arch: str, max_shard_bytes: int, stream: TextIO) -> int:
-    """Stream the checkpoint into safetensors shards a layer at a time; the bytes written."""
+def write_weights(
+    directory: Path,
+    source: RunSource,
+    arch: str,
+    max_shard_bytes: int,
+    stream: TextIO,
+    dtype: torch.dtype = torch.float32,
+) -> int:
+    """Stream the checkpoint into safetensors shards a layer at a time, in `dtype`; the bytes written."""
     reader = CheckpointTensors(source.step_dir)
     config = source.model_config
     tied = config.share_embeddings_and_output_weights
@@ -125,7 +138,7 @@ def write_weights(directory: Path, source: RunSource, arch: str, max_shard_bytes
             if device == "meta"
             else reader.read(global_keys)
         )
-        return globals_to_hf(arch, tensors, source.vocab, tied)
+        return _in_dtype(globals_to_hf(arch, tensors, source.vocab, tied), dtype, source.step_dir)
 
     def convert_layer(index: int, device: str) -> dict[str, torch.Tensor]:
         prefix = f"layers.{index}."
@@ -133,7 +146,8 @@ def write_weights(directory: Path, source: RunSource, arch: str, max_shard_bytes
         if not keys:
             raise DataError(f"{source.step_dir}: checkpoint has no tensors of layer {index}")
         tensors = {k: reader.empty(k, "meta") for k in keys} if device == "meta" else reader.read(keys)
-        return layer_to_hf(arch, index, {k.removeprefix(prefix): v for k, v in tensors.items()})
+        hf = layer_to_hf(arch, index, {k.removeprefix(prefix): v for k, v in tensors.items()})
+        return _in_dtype(hf, dtype, source.step_dir)
 
     plan = [convert_globals("meta")] + [convert_layer(i, "meta") for i in range(config.num_layers)]
     sizes = [(name, t.numel() * t.element_size()) for part in plan for name, t in part.items()]
@@ -150,21 +164,39 @@ def write_weights(directory: Path, source: RunSource, arch: str, max_shard_bytes
     return writer.total_size
 
 
-def verify_export(source: RunSource, directory: Path) -> Verification:
-    """The written directory, loaded by transformers, against gptrain's model of the checkpoint."""
+def _in_dtype(tensors: dict[str, torch.Tensor], dtype: torch.dtype, step_dir: Path) -> dict[str, torch.Tensor]:
+    """The tensors rounded to `dtype`; float16 refuses values beyond its range (they would be inf)."""
+    if dtype == torch.float16:
+        for name, tensor in tensors.items():
+            if tensor.device.type != "meta" and bool((tensor.abs() > FLOAT16_MAX).any()):
+                raise DataError(
+                    f"{step_dir}: {name} has values beyond float16's range (|x| > {FLOAT16_MAX:g}); "
+                    "export with --dtype bfloat16 or float32"
+                )
+    return {name: tensor.to(dtype) for name, tensor in tensors.items()}
+
+
+def verify_export(source: RunSource, directory: Path, dtype: torch.dtype = torch.float32) -> Verification:
+    """The written directory, loaded by transformers, against gptrain's model of the checkpoint.
+
+    For a bfloat16/float16 export gptrain's weights are rounded the same way first, so the check
+    is as strict as for float32 (it tests the mapping, not the rounding); what the rounding
+    itself does to the logits is reported beside it."""
     from gptrain.train.builders import build_model
     from gptrain.trained.hf.transformers_api import load_model
-    from gptrain.trained.hf.verify import verify_models
+    from gptrain.trained.hf.verify import rounding_effect, verify_models
     from gptrain.trained.load import load_weights
 
     ours = build_model(source.model_config, torch.device("cpu"), seed=0)
     load_weights(ours, source.step_dir)
+    rounding = rounding_effect(ours, dtype, source.vocab, source.model_config.seq_length)
     theirs = load_model(directory)
     prompt = list(source.tokenizer.encode(PROMPT)) if source.tokenizer is not None else [0, 1, 2]
     config = source.model_config
     result = verify_models(
         ours, theirs, source.vocab, config.seq_length, prompt, f"export of {source.step_dir}"
     )
+    result.rounding = rounding
     if source.tokenizer is not None:
         _verify_tokenizer(directory, source.tokenizer)
     return result

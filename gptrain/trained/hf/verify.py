@@ -25,20 +25,37 @@ class VerificationError(GptrainError):
 
 
 @dataclass
+class Rounding:
+    """What rounding the float32 weights to a narrower dtype does to the logits on the fixed batch."""
+
+    dtype: str
+    max_abs_diff: float
+    max_abs_logit: float
+
+
+@dataclass
 class Verification:
     max_abs_diff: float
     max_abs_logit: float
     greedy_tokens: list[int]
+    rounding: Rounding | None = None
 
     @property
     def relative(self) -> float:
         return self.max_abs_diff / max(self.max_abs_logit, 1e-30)
 
     def describe(self) -> str:
-        return (
+        line = (
             f"max |logit difference| {self.max_abs_diff:.3e} ({self.relative:.2e} of the largest logit, "
             f"tolerance {RELATIVE_TOLERANCE:.0e}); greedy continuation of {len(self.greedy_tokens)} tokens identical"
         )
+        if self.rounding is not None:
+            r = self.rounding
+            line += (
+                f"; rounding the weights to {r.dtype} moves the logits by up to {r.max_abs_diff:.3e} "
+                f"({r.max_abs_diff / max(r.max_abs_logit, 1e-30):.2e} of the largest)"
+            )
+        return line
 
 
 def gptrain_logits(model: nn.Module, ids: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -52,6 +69,23 @@ def hf_logits(model: nn.Module, ids: torch.Tensor, vocab: int) -> torch.Tensor:
 def fixed_batch(vocab: int, seq_length: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(SEED)
     return torch.randint(0, vocab, (BATCH, min(seq_length, MAX_TOKENS)), generator=generator)
+
+
+@torch.no_grad()
+def rounding_effect(model: nn.Module, dtype: torch.dtype, vocab: int, seq_length: int) -> Rounding | None:
+    """Round `model`'s parameters to `dtype` in place (kept in float32) and report how far that moves
+    its logits on the fixed batch; None (and no change) for float32. Buffers (the rope tables) are not
+    exported: transformers computes its own in float32."""
+    if dtype == torch.float32:
+        return None
+    model.eval()
+    ids = fixed_batch(vocab, seq_length)
+    before = gptrain_logits(model, ids, vocab)
+    for parameter in model.parameters():
+        parameter.copy_(parameter.to(dtype))
+    after = gptrain_logits(model, ids, vocab)
+    name = str(dtype).removeprefix("torch.")
+    return Rounding(name, float((before - after).abs().max()), float(before.abs().max()))
 
 
 @torch.no_grad()
