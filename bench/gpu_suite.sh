@@ -28,5 +28,5 @@ if [[ $part == fp8 || $part == all ]]; then
   [[ ${FP8_ROWWISE:-0} == 1 ]] && run step_1p3b_fp8_rowwise 200 "$py" bench/train_step.py "${shape_13b[@]}" --compile --steps 10 --warmup 4 --reference none --label "gptrain fp8 rowwise" model.fp8=true model.fp8_recipe=rowwise "${nodrop[@]}"
 fi
 if [[ $part == checkpoint || $part == all ]]; then
-  run checkpoint_1p3b 300 "$py" bench/checkpoint.py --layers 24 --hidden 2048 --heads 16 --seq-length 512 --steps 6 --every 2 --dir /tmp/gptrain-ckpt-bench
+  run checkpoint_1p3b 540 "$py" bench/checkpoint.py --layers 24 --hidden 2048 --heads 16 --seq-length 512 --steps 4 --every 2 --dir /tmp/gptrain-ckpt-bench
 fi
