@@ -153,6 +153,8 @@ def test_tensors_written_in_pieces_checksum_and_load_exactly(tmp_path, monkeypat
     files = json.loads((path / "COMPLETE").read_text())["files"]
     for name in [name for name in files if name.endswith(".distcp") or name == ".metadata"]:
         assert files[name]["crc32"] == f"{zlib.crc32((path / name).read_bytes()):08x}"
-    target = {"model": {"w": torch.zeros(123, 45, dtype=torch.float64), "b": torch.zeros(7, dtype=torch.int64)}}
+    target = {
+        "model": {"w": torch.zeros(123, 45, dtype=torch.float64), "b": torch.zeros(7, dtype=torch.int64)}
+    }
     manager.load(path, target, lambda state: None)
     assert torch.equal(target["model"]["w"], weights) and torch.equal(target["model"]["b"], torch.arange(7))

@@ -200,6 +200,8 @@ def test_float16_export_refuses_weights_beyond_its_range(tmp_path) -> None:
     from gptrain.trained.hf.export import _in_dtype
 
     tensors = {"fine": torch.ones(3), "wide": torch.tensor([1.0, -7.0e4])}
-    with pytest.raises(DataError, match=r"^run/step_3: wide has values beyond float16's range .* --dtype bfloat16"):
+    with pytest.raises(
+        DataError, match=r"^run/step_3: wide has values beyond float16's range .* --dtype bfloat16"
+    ):
         _in_dtype(tensors, torch.float16, Path("run/step_3"))
     assert _in_dtype(tensors, torch.bfloat16, Path("run/step_3"))["wide"].dtype == torch.bfloat16

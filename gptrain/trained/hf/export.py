@@ -164,7 +164,9 @@ def write_weights(
     return writer.total_size
 
 
-def _in_dtype(tensors: dict[str, torch.Tensor], dtype: torch.dtype, step_dir: Path) -> dict[str, torch.Tensor]:
+def _in_dtype(
+    tensors: dict[str, torch.Tensor], dtype: torch.dtype, step_dir: Path
+) -> dict[str, torch.Tensor]:
     """The tensors rounded to `dtype`; float16 refuses values beyond its range (they would be inf)."""
     if dtype == torch.float16:
         for name, tensor in tensors.items():
