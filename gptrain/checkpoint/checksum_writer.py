@@ -100,11 +100,11 @@ def _yield_cpu_to_training() -> None:
     that training leaves idle.
 
     A writer at normal priority preempts one of the training's intra-op threads, and the whole
-    parallel region waits for that thread: on 2 cores a background save cost training about twice
-    the writer's own CPU time (async extra wall 18.6 s against 3.7 s under SCHED_IDLE, same command,
-    bench/checkpoint.py). The cost: where training keeps every core busy the write takes longer
-    (14.8 s against 10.3 s there), and a save that comes while the previous one is still writing
-    waits for it, which its log line says. Where the policy does not exist (macOS, Windows) or is
+    parallel region waits for that thread. On 2 cores (bench/checkpoint.py, 3 rounds, same command)
+    the async run's extra wall time was 6.0-25.6 s with the writer here against 16.4-28.3 s at normal
+    priority, lower in every round. The cost: where training keeps every core busy the write takes
+    longer (15-20 s against 10-11 s there), and a save that comes while the previous one is still
+    writing waits for it, which its log line says. Where the policy does not exist (macOS, Windows) or is
     refused, the thread keeps its priority.
     """
     if hasattr(os, "SCHED_IDLE"):
