@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from plan_helpers import TINY
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
@@ -22,20 +23,6 @@ with contextlib.redirect_stdout(io.StringIO()):
     code = main({args!r})
 print(code, ','.join(m for m in ('torch',) if m in sys.modules))
 """
-
-TINY = [
-    "model.num_layers=2",
-    "model.hidden_size=32",
-    "model.num_attention_heads=4",
-    "model.encoder_seq_length=32",
-    "model.data.seq_length=32",
-    "model.max_position_embeddings=32",
-    "model.global_batch_size=4",
-    "model.data.mock_vocab_size=100",
-    "model.hidden_dropout=0",
-    "model.attention_dropout=0",
-    "trainer.precision=32",
-]
 
 
 def test_plan_prints_megatron_lines_and_imports_no_torch(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import yaml
@@ -10,19 +11,8 @@ from slurm_helpers import gptrain, job_fields, job_ids
 
 from gptrain.config import load_training_config
 
-TINY_PLAN = [
-    "model.num_layers=2",
-    "model.hidden_size=32",
-    "model.num_attention_heads=4",
-    "model.encoder_seq_length=32",
-    "model.data.seq_length=32",
-    "model.max_position_embeddings=32",
-    "model.global_batch_size=4",
-    "model.data.mock_vocab_size=100",
-    "model.hidden_dropout=0",
-    "model.attention_dropout=0",
-    "trainer.precision=32",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plan"))
+from plan_helpers import TINY  # noqa: E402
 
 # A cluster profile for the local Slurm: CPU tasks, no GPU or memory requests.
 PROFILE = {
@@ -46,7 +36,7 @@ def test_measure_runs_each_trial_as_a_slurm_job_on_two_nodes(workdir: Path) -> N
     args = [
         "plan",
         "gpt3/126m",
-        *TINY_PLAN,
+        *TINY,
         "--cluster",
         str(profile),
         "--nodes",

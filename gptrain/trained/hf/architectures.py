@@ -39,6 +39,12 @@ def _refuse(key: str, value: object, why: str) -> None:
     raise ConfigError(f"cannot export model.{key}={value} to Hugging Face: {why}")
 
 
+def _require_head_dim_from_width(config: GPTConfig, why: str) -> None:
+    """GPT-2 and StableLM derive the head dim from the width; only Llama takes kv_channels apart."""
+    if config.head_dim * config.num_attention_heads != config.hidden_size:
+        _refuse("kv_channels", config.kv_channels, f"{why}, whose head dim is hidden_size / heads")
+
+
 def _check_gpt2(config: GPTConfig) -> str:
     why = "learned position embeddings export as GPT2LMHeadModel"
     if config.gated_mlp:
@@ -47,8 +53,7 @@ def _check_gpt2(config: GPTConfig) -> str:
         _refuse("normalization", config.normalization, f"{why}, which has LayerNorm")
     if config.query_groups != config.num_attention_heads:
         _refuse("num_query_groups", config.num_query_groups, f"{why}, which has no grouped-query attention")
-    if config.head_dim * config.num_attention_heads != config.hidden_size:
-        _refuse("kv_channels", config.kv_channels, f"{why}, whose head dim is hidden_size / heads")
+    _require_head_dim_from_width(config, why)
     return GPT2
 
 
@@ -56,8 +61,7 @@ def _check_stablelm(config: GPTConfig) -> str:
     why = "rope + LayerNorm + SwiGLU exports as StableLmForCausalLM"
     if config.bias:
         _refuse("bias", config.bias, f"{why}, which has no bias on o_proj and the MLP")
-    if config.head_dim * config.num_attention_heads != config.hidden_size:
-        _refuse("kv_channels", config.kv_channels, f"{why}, whose head dim is hidden_size / heads")
+    _require_head_dim_from_width(config, why)
     return STABLELM
 
 
