@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from gptrain.train.signals import ignore_stop_signals
+
 
 class GPTBatchDataset(Dataset):
     """Splits a sample of seq_length+1 tokens into inputs and next-token labels."""
@@ -97,5 +99,6 @@ def build_loader(
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=num_workers > 0,
+        worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),
     )

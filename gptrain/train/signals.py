@@ -49,3 +49,16 @@ class StopRequest:
         if self.max_time_seconds is not None and time.monotonic() - self.start >= self.max_time_seconds:
             return f"trainer.max_time reached after {self.max_time_seconds:.0f} s"
         return None
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader worker_init_fn: stop signals are the main process's to act on.
+
+    Slurm signals every process of a job step (scancel, preemption, `--signal`) and torchrun
+    its whole process group. torch's workers die on a SIGTERM that is not from their parent,
+    which would crash the step the main process is about to checkpoint. Ignored here, a worker
+    still ends when the main process shuts the loader down or exits (torch watches the parent).
+    """
+    del worker_id
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)

@@ -77,12 +77,21 @@ def test_preset_slot_holding_an_override_moves_back():
     assert split_preset("gpt3/126m", ["c=2"]) == ("gpt3/126m", ["c=2"])
 
 
-def test_sigusr1_from_outside_checkpoints_and_exits_75(tmp_path):
-    """A real process gets Slurm's warning signal mid-run: it saves at the next step boundary."""
+@pytest.mark.parametrize(
+    ("signum", "to_group", "workers"),
+    [(signal.SIGUSR1, False, 0), (signal.SIGTERM, True, 2)],
+    ids=["sigusr1_to_process", "sigterm_to_group_with_loader_workers"],
+)
+def test_stop_signal_from_outside_checkpoints_and_exits_75(tmp_path, signum, to_group, workers):
+    """A real process gets Slurm's warning signal mid-run: it saves at the next step boundary.
+
+    Slurm and torchrun signal the whole process group, DataLoader workers included: they must
+    leave the signal to the main process instead of dying under it."""
     overrides = [*TINY, *MOCK, "trainer.max_steps=100000", "trainer.val_check_interval=100000"]
     overrides += [
         f"exp_manager.explicit_log_dir={tmp_path}",
         "exp_manager.checkpoint_callback_params.every_n_train_steps=100000",
+        f"model.data.num_workers={workers}",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
@@ -91,16 +100,21 @@ def test_sigusr1_from_outside_checkpoints_and_exits_75(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        start_new_session=True,
     )
     try:
         for line in proc.stdout:
             if " iteration        2/" in line:
                 break
-        proc.send_signal(signal.SIGUSR1)
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
         out, err = proc.communicate(timeout=60)
     finally:
-        proc.kill()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == EXIT_REQUEUE, err
-    assert "received SIGUSR1" in out
+    assert f"received {signal.Signals(signum).name}" in out
     steps = complete_steps(tmp_path / "checkpoints")
     assert len(steps) == 1 and steps[0] >= 2
