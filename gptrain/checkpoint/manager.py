@@ -415,14 +415,45 @@ class CheckpointManager:
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             return f"{path} does not load ({root_cause(error)})"
 
+    def finish_after_failure(self, timeout_s: float) -> str | None:
+        """On a run's way out by an exception: mark a background save complete if its write
+        succeeds within `timeout_s` (its state is that of a finished step), else leave it
+        unmarked, as a crash would. Never raises over the error on its way out; returns a line
+        to log when the save was given up."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        deadline = time.monotonic() + timeout_s
+        try:
+            for future in (pending.staging, pending.upload):
+                if future is not None:
+                    future.result(timeout=max(0.0, deadline - time.monotonic()))
+            write_s = time.perf_counter() - pending.started
+            report = SaveReport(
+                pending.step, pending.path, 0, pending.stall_s, write_s, True, pending.waited_for_previous_s
+            )
+            self._finish(report, barrier=False)
+        except BaseException as error:  # a timeout, DCP's CheckpointException, a dead peer
+            reason = "still writing" if isinstance(error, TimeoutError) else root_cause(error)
+            return (
+                f"checkpoint {pending.path.name} left incomplete ({reason}); "
+                f"resume uses the newest complete one"
+            )
+        finally:
+            self._release_staging()
+        return None
+
+    def _release_staging(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
     def close(self) -> None:
         """Wait for a pending save and release the staging buffers."""
         try:
             self.wait()
         finally:
-            if self._stager is not None:
-                self._stager.close()
-                self._stager = None
+            self._release_staging()
 
     def load(
         self, path: Path, state: dict[str, Any], apply: Callable[[dict[str, Any]], None]

@@ -55,6 +55,16 @@ POSITIVE = (
     "model.data.seq_length",
 )
 
+# 0 is meaningful (no clipping, no decay, loading in the main process); a negative value is not:
+# a negative clip would flip every gradient and train uphill.
+NON_NEGATIVE = (
+    "trainer.gradient_clip_val",
+    "trainer.limit_val_batches",
+    "trainer.limit_test_batches",
+    "model.optim.weight_decay",
+    "model.data.num_workers",
+)
+
 
 def get(cfg: TrainingConfig, dotted: str):
     value = cfg
@@ -108,6 +118,10 @@ def validate(cfg: TrainingConfig) -> None:
     for key in POSITIVE:
         if get(cfg, key) < 1:
             raise ConfigError(f"{key}: must be at least 1, got {get(cfg, key)}")
+    for key in NON_NEGATIVE:
+        value = get(cfg, key)
+        if value is not None and not value >= 0:
+            raise ConfigError(f"{key}: must be 0 or more, got {value}")
     _check_model(cfg)
     _check_batches(cfg)
     _check_data(cfg)
@@ -153,6 +167,12 @@ def _check_batches(cfg: TrainingConfig) -> None:
             cfg.trainer.max_time_seconds()
         except ValueError:
             raise ConfigError(f"trainer.max_time: '{cfg.trainer.max_time}' is not DD:HH:MM:SS") from None
+    optim = model.optim
+    if len(optim.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in optim.betas) or not optim.eps > 0:
+        raise ConfigError(
+            f"model.optim.betas ({list(optim.betas)}) must be two values in [0, 1) and "
+            f"model.optim.eps ({optim.eps}) above 0"
+        )
     if model.optim.lr <= 0 or model.optim.sched.min_lr < 0 or model.optim.sched.min_lr > model.optim.lr:
         raise ConfigError(
             f"model.optim.lr ({model.optim.lr}) must be > 0 and model.optim.sched.min_lr "

@@ -164,14 +164,17 @@ def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
     return mesh
 
 
-def shutdown() -> None:
-    """End a distributed process cleanly: barrier, then destroy the group.
+def shutdown(wait_for_peers: bool = True) -> None:
+    """End a distributed process: barrier, then destroy the group.
 
     Without the barrier, gloo worker threads may release tensors during interpreter
-    shutdown and abort the process after a correct run.
+    shutdown and abort the process after a correct run. A rank leaving by an error skips it
+    (`wait_for_peers=False`): its peers may be blocked in a collective it will never join, and
+    only its exit lets the launcher (srun --kill-on-bad-exit, torchrun) end them.
     """
     import torch.distributed as dist
 
     if dist.is_initialized():
-        dist.barrier()
+        if wait_for_peers:
+            dist.barrier()
         dist.destroy_process_group()

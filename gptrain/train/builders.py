@@ -19,7 +19,7 @@ from torch import nn
 
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.config import TrainingConfig
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, DataError
 from gptrain.parallel.mesh import World
 from gptrain.train.batches import GPTBatchDataset
 from gptrain.train.loss_scale import LossScaler, build_loss_scaler
@@ -208,7 +208,30 @@ def schedule_spec(cfg: TrainingConfig) -> ScheduleSpec:
 
 
 def build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> tuple[Any, Any, Any]:
-    """(train, valid, test) GPTBatchDatasets with Megatron's sample counts; valid/test may be None."""
+    """(train, valid, test) GPTBatchDatasets with Megatron's sample counts; valid/test may be None.
+
+    With a process group, rank 0 builds first (filling the index cache) while the others wait,
+    then they load what it wrote, as Megatron does: on a cache miss the index arrays cost
+    gigabytes of memory per builder, which every rank of a node at once would multiply.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return _build_datasets(cfg, vocab, tokenizer)
+    built, failure = None, None
+    if dist.get_rank() == 0:
+        try:
+            built = _build_datasets(cfg, vocab, tokenizer)
+        except Exception as error:  # told to the waiting ranks, then raised here
+            failure = error
+    verdict = [None if failure is None else str(failure) or type(failure).__name__]
+    dist.broadcast_object_list(verdict, src=0)
+    if failure is not None:
+        raise failure
+    if verdict[0] is not None:
+        raise DataError(f"rank 0 could not build the datasets: {verdict[0]}")
+    return built if built is not None else _build_datasets(cfg, vocab, tokenizer)
+
+
+def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> tuple[Any, Any, Any]:
     from gptrain.data.builder import build_gpt_datasets, sample_counts
 
     m, t = cfg.model, cfg.trainer

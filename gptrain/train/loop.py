@@ -131,6 +131,8 @@ def train(cfg: TrainingConfig) -> int:
     scalars = Scalars(log_dir, enabled=logging_rank and cfg.exp_manager.create_tensorboard_logger)
     stop = StopRequest(cfg.trainer.max_time_seconds()).install()
     watchdog = Watchdog.start(cfg.trainer.hang_timeout_minutes, world.rank, world.world_size)
+    session: Session | None = None
+    failed = True
     try:
         source = checkpoint_to_start_from(cfg)  # a wrong path fails now, not after the model is built
         if logging_rank and cfg.exp_manager.create_wandb_logger:
@@ -170,15 +172,18 @@ def train(cfg: TrainingConfig) -> int:
             session.log(line)
         code = run(session, train_data, valid_data, test_data, stop)
         b.log_memory(session.log, device, session.state.step)
+        failed = False
         return code
     finally:
         watchdog.close()
+        if failed and session is not None:
+            finish_saves_after_failure(session)
         run_lock.release()
         stop.uninstall()
         scalars.close()
         log.close()
         if world.world_size > 1:
-            shutdown()
+            shutdown(wait_for_peers=not failed)  # peers may be stuck in a collective: do not wait
 
 
 def set_throughput_reference(s: Session, model_config: object) -> None:
@@ -289,6 +294,15 @@ def report_save(s: Session, report: SaveReport) -> None:
     )
 
 
+def finish_saves_after_failure(s: Session) -> None:
+    """A background save of a finished step still counts when the run fails after it: give
+    it the hang timeout (at least a minute) to finish writing, then leave."""
+    timeout_s = max(60.0, 60.0 * s.cfg.trainer.hang_timeout_minutes)
+    note = s.checkpoints.finish_after_failure(timeout_s)
+    if note is not None:
+        s.log(note)
+
+
 def save_checkpoint(s: Session) -> Path:
     state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
     path = s.checkpoints.save(s.state.step, state, {"rng": rng_state()})
@@ -362,10 +376,12 @@ def run(
             s.log(f"stopping at iteration {s.state.step}: {reason}; exit {EXIT_REQUEUE} to be requeued")
             return EXIT_REQUEUE
         if every and s.state.step % every == 0 and s.state.consecutive_nonfinite == 0:
-            save_checkpoint(s)  # not during a non-finite streak: the last good one stays newest
+            with meter.excluded():  # not during a non-finite streak: the last good one stays newest
+                save_checkpoint(s)
             saved_at = s.state.step
         if t.val_check_interval and s.state.step % t.val_check_interval == 0:
-            validate(s, valid_data)
+            with meter.excluded():
+                validate(s, valid_data)
             validated_at = s.state.step
     if validated_at != s.state.step:
         validate(s, valid_data)
@@ -418,6 +434,7 @@ def check_finite(s: Session, result: StepResult) -> None:
     limit = s.cfg.trainer.max_consecutive_nonfinite
     if not result.nonfinite or s.state.consecutive_nonfinite < limit:
         return
+    s.checkpoints.wait()  # a background save of a finite step is still the last good one
     last = s.checkpoints.newest()
     message = (
         f"loss or gradients not finite for {s.state.consecutive_nonfinite} iterations in a row "

@@ -9,6 +9,8 @@ the previous line, and the skipped/nan counts in the line are per interval.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from gptrain.train import results as tb
@@ -33,6 +35,17 @@ class IntervalMeter:
     last_grad_norm: float | None = None
     samples: int = 0
     last_batch: int | None = None  # global batch of the last step (ramp-up changes it)
+    excluded_s: float = 0.0  # checkpoint saves and validation inside the interval
+
+    @contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Time spent in the block is not training time: Megatron stops its interval timer
+        around saves and evaluation, so the rate, MFU and ETA stay those of the steps."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded_s += time.perf_counter() - began
 
     def add(self, result: StepResult, lr: float, scale: float, batch: int | None = None) -> None:
         self.iterations += 1
@@ -49,7 +62,7 @@ class IntervalMeter:
         self.last_lr, self.last_scale = lr, scale
 
     def seconds_per_iteration(self, now: float) -> float:
-        return (now - self.started) / max(1, self.iterations)
+        return max(0.0, now - self.started - self.excluded_s) / max(1, self.iterations)
 
     def mean_loss(self) -> float | None:
         return self.loss_sum / self.updated if self.updated else None
@@ -63,6 +76,7 @@ class IntervalMeter:
     def reset(self, now: float) -> None:
         self.samples = 0
         self.started, self.iterations, self.updated, self.loss_sum = now, 0, 0, 0.0
+        self.excluded_s = 0.0
         self.skipped = self.nans = 0
 
 

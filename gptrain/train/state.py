@@ -54,7 +54,8 @@ def rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # this rank's device only: a requeued job may see fewer GPUs (srun's one per task)
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -62,8 +63,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list | tuple):  # older checkpoints: one state per GPU the rank saw
+            index = torch.cuda.current_device()
+            cuda = cuda[index] if index < len(cuda) else None
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
 
 
 def checkpoint_state(

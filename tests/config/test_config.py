@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -92,11 +93,16 @@ def test_nemo_key_is_ignored_and_reported_once(capsys):
         ("model.activation=relu", "model.activation: 'relu'"),
         ("model.num_query_groups=5", "model.num_query_groups (5)"),
         ("trainer.max_steps=0", "trainer.max_steps: must be at least 1"),
+        ("trainer.gradient_clip_val=-1.0", "trainer.gradient_clip_val: must be 0 or more, got -1.0"),
+        ("model.optim.weight_decay=-0.1", "model.optim.weight_decay: must be 0 or more"),
+        ("model.data.num_workers=-1", "model.data.num_workers: must be 0 or more"),
+        ("model.optim.betas=[0.9,1.5]", "model.optim.betas ([0.9, 1.5]) must be two values in [0, 1)"),
+        ("model.optim.eps=0", "model.optim.eps (0"),
         ("noequals", "not of the form key.sub=value"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_training_config("gpt3/126m", [override])
 
 

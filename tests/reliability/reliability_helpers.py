@@ -55,13 +55,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_ranks(log_dir: Path, overrides: list[str], **env: str) -> list[subprocess.Popen]:
-    """Two gloo ranks of a tiny `gptrain train` (RANK/WORLD_SIZE as torchrun would set them)."""
+def start_ranks(
+    log_dir: Path, overrides: list[str], program: list[str] = PYTHON_GPTRAIN, **env: str
+) -> list[subprocess.Popen]:
+    """Two gloo ranks of a tiny `gptrain train` (RANK/WORLD_SIZE as torchrun would set them);
+    `program` is what takes the gptrain arguments."""
     port, processes = free_port(), []
     for rank in range(2):
         rank_env = subprocess_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
         rank_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env)
-        args = [*PYTHON_GPTRAIN, *train_args(log_dir, "trainer.devices=2", *overrides)]
+        args = [*program, *train_args(log_dir, "trainer.devices=2", *overrides)]
         processes.append(
             subprocess.Popen(args, env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )

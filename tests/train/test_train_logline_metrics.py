@@ -86,3 +86,26 @@ def test_throughput_formula():
     assert tflops_per_gpu(flops, seconds, world) == pytest.approx(22.404, abs=0.001)
     assert tokens_per_second(b, s, seconds) == pytest.approx(209715.2)
     assert mfu(494.5, 989.0) == pytest.approx(0.5) and mfu(1.0, None) is None
+
+
+def test_saves_and_validation_inside_an_interval_are_not_iteration_time(monkeypatch):
+    """Megatron stops its interval timer around checkpoints and evaluation: a save must not
+    make the iteration line report a slow step and a tenfold ETA."""
+    from gptrain.train import meter as meter_module
+    from gptrain.train.step import StepResult
+
+    clock = [100.0]
+    monkeypatch.setattr(meter_module.time, "perf_counter", lambda: clock[0])
+    meter = meter_module.IntervalMeter(started=clock[0])
+    for _ in range(2):
+        clock[0] += 1.0  # a step of 1 s
+        meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0)
+    with meter.excluded():
+        clock[0] += 8.0  # a checkpoint save
+    clock[0] += 1.0
+    meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0)
+    assert meter.seconds_per_iteration(clock[0]) == 1.0
+    meter.reset(clock[0])
+    clock[0] += 2.0
+    meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0)
+    assert meter.seconds_per_iteration(clock[0]) == 2.0  # the exclusion ended with its interval

@@ -128,42 +128,8 @@ def test_nan_iterations_are_skipped_counted_and_stop_the_run(tmp_path, monkeypat
     assert "lm loss" not in lines[3] and "grad norm" not in lines[3]  # Megatron omits both when skipped
 
 
-def write_indexed_corpus(directory):
-    """A real Megatron .bin/.idx corpus (EOD-terminated documents) and a tiny HF tokenizer."""
-    import numpy as np
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    from gptrain.data.indexed import IndexedDatasetWriter
-
-    vocab = {"<|endoftext|>": 0} | {f"w{i}": i + 1 for i in range(60)}
-    tokenizer = Tokenizer(WordLevel(vocab, unk_token="w0"))
-    tokenizer.pre_tokenizer = Whitespace()
-    tokenizer.save(str(directory / "tokenizer.json"))
-    rng = np.random.default_rng(0)
-    prefix = str(directory / "corpus_text_document")
-    with IndexedDatasetWriter(prefix, np.uint16) as writer:
-        for _ in range(80):
-            doc = rng.integers(1, 61, size=int(rng.integers(5, 40)))
-            writer.add_document(np.append(doc, 0).astype(np.uint16))
-    return [
-        "model.data.data_impl=mmap",
-        f"model.data.data_prefix={prefix}",
-        "model.data.splits_string=90,10,0",
-        f"model.data.index_mapping_dir={directory / 'index'}",
-        "model.data.eod_mask_loss=true",
-        "model.tokenizer.library=huggingface",
-        "model.tokenizer.type=HuggingFaceTokenizer",
-        f"model.tokenizer.model={directory / 'tokenizer.json'}",
-        "model.tokenizer.vocab_file=null",
-        "model.tokenizer.merge_file=null",
-    ]
-
-
-def test_resume_on_indexed_dataset_is_bit_exact(tmp_path, monkeypatch):
-    (tmp_path / "data").mkdir()
-    data = write_indexed_corpus(tmp_path / "data")
+def test_resume_on_indexed_dataset_is_bit_exact(tmp_path, monkeypatch, indexed_corpus):
+    data = indexed_corpus
     code, full = run_recording(monkeypatch, tiny_config(tmp_path / "full", *data))
     assert code == 0 and sorted(full) == [1, 2, 3, 4, 5, 6]
     first_cfg = tiny_config(tmp_path / "split", *data, "trainer.max_time=00:00:00:00")

@@ -1,0 +1,49 @@
+"""`gptrain ...` under test hooks, for multi-rank reliability tests.
+
+python rank_hooks.py fail RANK ITERATION gptrain-args...   that rank raises a rank-local error
+                                                            (as a CUDA OOM would) after ITERATION
+python rank_hooks.py report-index-builds gptrain-args...   each rank prints when it builds
+                                                            dataset indices itself
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from gptrain.cli import main
+from gptrain.data import gpt_dataset
+from gptrain.train import loop
+
+
+def fail_after(failing_rank: int, failing_iteration: int) -> None:
+    record = loop.record
+
+    def record_then_fail(s, result, samples=None):
+        record(s, result, samples)
+        if s.world.rank == failing_rank and s.state.step == failing_iteration:
+            raise RuntimeError(f"rank-local failure injected on rank {failing_rank}")
+
+    loop.record = record_then_fail
+
+
+def report_index_builds() -> None:
+    build = gpt_dataset.build_gpt_indices
+
+    def reporting(*args, **kwargs):
+        print(f"rank {os.environ['RANK']} builds dataset indices", flush=True)
+        time.sleep(1.0)  # as a large build takes a while: without a rank order, every rank misses the cache
+        return build(*args, **kwargs)
+
+    gpt_dataset.build_gpt_indices = reporting
+
+
+if __name__ == "__main__":
+    hook, args = sys.argv[1], sys.argv[2:]
+    if hook == "fail":
+        fail_after(int(args[0]), int(args[1]))
+        args = args[2:]
+    else:
+        report_index_builds()
+    sys.exit(main(args))

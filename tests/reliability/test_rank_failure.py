@@ -1,0 +1,72 @@
+"""A run that fails by an exception leaves promptly and keeps what it finished.
+
+Before: the failing rank waited in the shutdown barrier for peers blocked in a collective it
+would never join (no output, until torch's collective timeout), and a background save of a
+finished step was never marked complete.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from reliability_helpers import TINY, start_ranks
+
+from gptrain.checkpoint.manager import complete_steps
+from gptrain.config import load_training_config
+from gptrain.train import loop
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+HOOKED = [sys.executable, str(Path(__file__).with_name("rank_hooks.py"))]
+
+
+def test_a_rank_local_error_ends_every_rank_promptly_and_is_printed(tmp_path):
+    overrides = ["trainer.max_steps=50", "trainer.hang_timeout_minutes=0"]
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "fail", "1", "3"])
+    outputs = []
+    try:
+        for rank in ranks:
+            outputs.append(rank.communicate(timeout=120))
+    finally:
+        for rank in ranks:
+            rank.kill()
+    codes = [rank.returncode for rank in ranks]
+    assert all(code != 0 for code in codes), codes
+    assert "rank-local failure injected on rank 1" in outputs[1][1]
+
+
+def test_a_background_save_of_a_finished_step_completes_when_a_later_step_fails(tmp_path, monkeypatch):
+    record = loop.record
+
+    def record_then_fail(s, result, samples=None):
+        record(s, result, samples)
+        if s.state.step == 3:
+            raise RuntimeError("injected failure at iteration 3")
+
+    monkeypatch.setattr(loop, "record", record_then_fail)
+    overrides = [
+        *TINY,
+        f"exp_manager.explicit_log_dir={tmp_path}",
+        "exp_manager.checkpoint_callback_params.async_save=true",
+    ]
+    with pytest.raises(RuntimeError, match="injected"):
+        loop.train(load_training_config("gpt3/126m", [*overrides, "trainer.max_steps=10"]))
+    assert complete_steps(tmp_path / "checkpoints") == [2]
+    assert "saved checkpoint step_2" in (tmp_path / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+
+
+def test_rank_zero_builds_the_dataset_indices_and_the_others_load_them(tmp_path, indexed_corpus):
+    """As Megatron: on a cache miss one builder, not one per rank (gigabytes each at scale)."""
+    ranks = start_ranks(tmp_path / "run", indexed_corpus, program=[*HOOKED, "report-index-builds"])
+    outputs = []
+    try:
+        for rank in ranks:
+            outputs.append(rank.communicate(timeout=120))
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    assert "rank 0 builds dataset indices" in outputs[0][0]
+    assert "builds dataset indices" not in outputs[1][0]
