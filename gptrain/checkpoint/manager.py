@@ -20,6 +20,8 @@ A new save waits for the previous one only if that one is still writing, and say
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
 import shutil
 import time
@@ -35,7 +37,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from gptrain.checkpoint import compat
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
+from gptrain.checkpoint.compat import CheckpointMismatchError
 from gptrain.checkpoint.integrity import complete_record, verify, verify_share
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write, atomic_write_text
@@ -368,8 +372,11 @@ class CheckpointManager:
     ) -> tuple[Path, dict[str, Any]] | None:
         """Load the newest complete checkpoint that verifies and loads; older ones are tried in turn.
 
-        Each one passed over is reported through `warn`. None when there is no complete checkpoint;
-        CheckpointLoadError when there are some and none of them loads.
+        `state_fn` gets the checkpoint's saved keys ('model.tok_embeddings.weight', 'scaler.scale', ...)
+        and builds the state to load. Each checkpoint passed over (damaged: it fails its manifest, or
+        reading it fails) is reported through `warn`. None when there is no complete checkpoint;
+        CheckpointLoadError when there are some and none of them loads; CheckpointMismatchError,
+        at once, when the newest sound one holds other tensors than the config builds.
         """
         problems = []
         for step in reversed(complete_steps(self.root)):
@@ -394,7 +401,8 @@ class CheckpointManager:
         apply: Callable[[dict[str, Any]], None],
     ) -> dict[str, Any]:
         """Load the complete checkpoint `path` (of this run or another) if it verifies, else a one-line
-        CheckpointLoadError naming it; returns this rank's extra state."""
+        CheckpointLoadError naming it (CheckpointMismatchError when it does not fit the config);
+        returns this rank's extra state. `state_fn` as for `load_newest_good`."""
         loaded = self._verify_and_load(path, state_fn, apply)
         if not isinstance(loaded, dict):
             raise CheckpointLoadError(f"checkpoint {path} is damaged: {loaded}; give another one")
@@ -411,7 +419,9 @@ class CheckpointManager:
         if problem is not None:
             return problem
         try:
-            return self.load(path, state_fn(saved_sections(path)), apply)
+            return self.load(path, state_fn(set(compat.saved_metadata(path))), apply)
+        except CheckpointMismatchError:
+            raise  # the config's fault, the same for every older checkpoint: no fallback
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             return f"{path} does not load ({root_cause(error)})"
 
@@ -460,23 +470,25 @@ class CheckpointManager:
     ) -> dict[str, Any]:
         """Load DCP `state` in place, hand it to `apply`, return this rank's extra state.
 
-        A tensor saved with another number of rows (the vocabulary is padded to a multiple of
-        make_vocab_size_divisible_by x TP, as Megatron pads it, so it changes with TP) is loaded
-        as saved and its common rows copied in; the rows only one side has keep their values.
+        A checkpoint whose tensors are not those of `state` is refused before any data is read
+        (`check_fits`), except for the rows of the vocabulary tensors: the vocabulary is padded to a
+        multiple of make_vocab_size_divisible_by x TP, as Megatron pads it, so it changes with TP.
+        Those are loaded as saved and their common rows copied in; rows only one side has keep
+        their values.
         Sections of `state` the checkpoint lacks altogether are left out of what `apply` gets:
         a weights-only checkpoint (`gptrain import`) has a 'model' section and nothing else.
         """
         sections = saved_sections(path)
         state = {top: value for top, value in state.items() if top in sections}
-        resized = _row_mismatches(path, state)
-        for (top, key), saved_shape in resized.items():
-            template = state[top][key]
-            state[top][key] = torch.empty(saved_shape, dtype=template.dtype)
-            resized[(top, key)] = template
-        dcp.load(state, checkpoint_id=str(path))
-        for (top, key), template in resized.items():
-            _copy_common_rows(template, state[top][key])
-            state[top][key] = template
+        flat, paths = compat.flatten(state)
+        resized = check_fits(path, state)
+        staged = {key: torch.empty(shape, dtype=flat[key].dtype) for key, shape in resized.items()}
+        for key, tensor in staged.items():
+            compat.set_at(state, paths[key], tensor)
+        dcp.load(state, checkpoint_id=str(path))  # in place, into `staged` for the resized ones
+        for key, tensor in staged.items():
+            compat.copy_common_rows(flat[key], tensor)
+            compat.set_at(state, paths[key], flat[key])
         apply(state)
         rank_file = path / f"rank_{self.rank}.pt"
         if not rank_file.is_file():
@@ -506,35 +518,27 @@ def root_cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"
 
 
-def _row_mismatches(path: Path, state: dict[str, Any]) -> dict[tuple[str, str], Any]:
-    """(section, key) -> saved shape, for tensors whose saved first dimension differs from the live one."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+def check_fits(path: Path, state: dict[str, Any]) -> dict[str, torch.Size]:
+    """Refuse (CheckpointMismatchError, on every rank alike) a checkpoint whose tensors are not those
+    of `state`: one it lacks, one in another shape, or one no rank loads. Returns the saved shapes
+    of the vocabulary tensors whose padding rows differ (loaded by rows, see gptrain.checkpoint.compat).
 
-    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    found: dict[tuple[str, str], Any] = {}
-    for top, section in state.items():
-        if not isinstance(section, dict):
-            continue
-        for key, value in section.items():
-            meta = saved.get(f"{top}.{key}")
-            if not isinstance(value, torch.Tensor) or not isinstance(meta, TensorStorageMetadata):
-                continue
-            shape = tuple(meta.size)
-            if shape != tuple(value.shape) and shape[1:] == tuple(value.shape[1:]):
-                found[(top, key)] = torch.Size(shape)
-    return found
-
-
-@torch.no_grad()
-def _copy_common_rows(live: torch.Tensor, loaded: torch.Tensor) -> None:
-    """Copy loaded[:n] into the first n rows of `live` (a plain tensor or a DTensor shard)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    full = live.full_tensor() if isinstance(live, DTensor) else live.detach().clone()
-    rows = min(full.shape[0], loaded.shape[0])
-    full[:rows] = loaded[:rows].to(full.device, full.dtype)
-    if isinstance(live, DTensor):
-        local = distribute_tensor(full, live.device_mesh, live.placements, src_data_rank=None).to_local()
-        live.to_local().copy_(local)
-    else:
-        live.copy_(full)
+    Under pipeline parallelism each rank holds some layers only: a saved tensor is unloaded when
+    no rank has it, found by OR-ing one bit per saved tensor across ranks.
+    """
+    saved = compat.saved_metadata(path)
+    live, _ = compat.flatten(state)
+    problem, rows = compat.compare(saved, live)
+    problem = _first_on_any_rank(problem)
+    if problem is None:
+        tensors = compat.saved_tensors_in(saved, set(state))
+        held = sum(1 << index for index, key in enumerate(tensors) if key in live)
+        if _distributed():
+            masks: list[int] = [0] * dist.get_world_size()
+            dist.all_gather_object(masks, held)
+            held = functools.reduce(operator.or_, masks, 0)
+        unheld = next((key for index, key in enumerate(tensors) if not held >> index & 1), None)
+        problem = compat.unloaded(unheld, saved[unheld]) if unheld is not None else None
+    if problem is not None:
+        raise compat.mismatch_error(path, problem)
+    return rows

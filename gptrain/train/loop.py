@@ -51,6 +51,7 @@ from gptrain.train.state import (
     TrainState,
     apply_checkpoint_state,
     checkpoint_state,
+    parts_to_load,
     rng_state,
     set_rng_state,
 )
@@ -124,8 +125,6 @@ def train(cfg: TrainingConfig) -> int:
         log_dir, world.rank, world.world_size, em.resume_if_exists, em.move_aside_earlier_run
     )
     logging_rank = b.is_logging_rank(cfg, world)
-    if world.rank == 0:
-        write_run_files(log_dir, cfg.to_yaml())
     log = RunLog(log_dir, world.rank, world.local_rank, echo=logging_rank)
     run_lock.log_notes(log)
     scalars = Scalars(log_dir, enabled=logging_rank and cfg.exp_manager.create_tensorboard_logger)
@@ -168,6 +167,8 @@ def train(cfg: TrainingConfig) -> int:
         train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer)
         log_start(session, model, log_dir)
         resume(session, source)
+        if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
+            write_run_files(log_dir, cfg.to_yaml())
         for line in b.megatron_start_lines(cfg, vocab, model_config):
             session.log(line)
         code = run(session, train_data, valid_data, test_data, stop)
@@ -231,7 +232,7 @@ def resume(s: Session, source: Path | None = None) -> None:
         return
     loaded = s.checkpoints.load_newest_good(  # only the parts saved: see checkpoint_state
         lambda saved: checkpoint_state(
-            s.model, s.optimizer, s.schedule, s.scaler, s.state, saved.intersection(PARTS)
+            s.model, s.optimizer, s.schedule, s.scaler, s.state, parts_to_load(PARTS, saved, s.scaler, s.log)
         ),
         lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
         lambda warning: report_damaged_checkpoint(s, warning),
@@ -256,7 +257,9 @@ def start_from(s: Session, source: Path) -> None:
         parts |= {"optim", "schedule", "scaler"}
     extra = s.checkpoints.load_verified(
         source,
-        lambda saved: checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state, parts & saved),
+        lambda saved: checkpoint_state(
+            s.model, s.optimizer, s.schedule, s.scaler, s.state, parts_to_load(parts, saved, s.scaler, s.log)
+        ),
         lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
     )
     if em.load_rng and not em.finetune and "rng" in extra:

@@ -7,7 +7,7 @@ parallel layout can reshard them; the RNG streams are per rank and saved next to
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -70,6 +70,30 @@ def set_rng_state(state: dict[str, Any]) -> None:
             cuda = cuda[index] if index < len(cuda) else None
         if cuda is not None:
             torch.cuda.set_rng_state(cuda)
+
+
+def parts_to_load(
+    wanted: Collection[str], saved_keys: Collection[str], scaler: LossScaler, log: Callable[[str], None]
+) -> set[str]:
+    """The parts of `wanted` a checkpoint holding `saved_keys` ('scaler.scale', ...) can give.
+
+    The loss scaler is left out, and so starts afresh, when the checkpoint's is of the other kind:
+    trainer.precision changed between fp16 (a dynamic scale with its trackers) and bf16/fp32 (a
+    constant 1.0). Neither kind's state means anything to the other.
+    """
+    parts = {part for part in wanted if any(key.startswith(f"{part}.") for key in saved_keys)}
+    saved_scaler = {key.split(".", 1)[1] for key in saved_keys if key.startswith("scaler.")}
+    if "scaler" in parts and saved_scaler != set(scaler.state_dict()):
+        parts.discard("scaler")
+        log(
+            f"loss scaler reset: the checkpoint was saved with {_scaler_kind(saved_scaler)}, this run "
+            f"(trainer.precision changed) uses {_scaler_kind(set(scaler.state_dict()))}"
+        )
+    return parts
+
+
+def _scaler_kind(keys: set[str]) -> str:
+    return "a dynamic loss scale (fp16)" if "growth_tracker" in keys else "no loss scaling (bf16/fp32)"
 
 
 def checkpoint_state(

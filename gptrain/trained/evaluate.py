@@ -84,7 +84,8 @@ def load_model(model: torch.nn.Module, step_dir: Path, world: World) -> int:
         if "train" in loaded:  # an import holds model weights only
             train.load_state_dict(loaded["train"])
 
-    CheckpointManager(step_dir.parent, None, rank=world.rank).load(step_dir, state, apply)
+    manager = CheckpointManager(step_dir.parent, None, rank=world.rank)
+    manager.load_verified(step_dir, lambda saved: state, apply)  # its CRC-32s, read once between the ranks
     return train.step
 
 

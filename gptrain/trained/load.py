@@ -8,6 +8,7 @@ checkpoints saved by many ranks with any parallel layout.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,9 +18,20 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from gptrain.checkpoint.manager import LATEST, STEP_DIR, is_complete, newest_complete
+from gptrain.checkpoint.integrity import verify
+from gptrain.checkpoint.manager import (
+    LATEST,
+    STEP_DIR,
+    CheckpointLoadError,
+    check_fits,
+    complete_steps,
+    is_complete,
+    root_cause,
+    step_dir_name,
+)
 from gptrain.errors import DataError
 
 HPARAMS = "hparams.yaml"
@@ -47,7 +59,9 @@ def checkpoints_dir(path: Path) -> Path | None:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """The step directory to load: `path` itself if it is one, else the newest complete one."""
+    """The step directory to load: `path` itself if it is one, else the newest complete one that
+    verifies (sizes against its manifest; an older one is taken, saying so on stderr, when the
+    newest is damaged). A one-line error when the step directory given, or every one, is damaged."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such checkpoint or run directory")
@@ -57,21 +71,44 @@ def resolve_checkpoint(path: str | Path) -> Path:
                 f"{path}: incomplete checkpoint (no COMPLETE marker; the save did not finish); "
                 f"pass {path.parent} to use the newest complete one"
             )
+        problem = verify(path)
+        if problem is not None:
+            raise CheckpointLoadError(
+                f"checkpoint {path} is damaged: {problem}; pass {path.parent} to use the newest one that verifies"
+            )
         return path
     root = checkpoints_dir(path)
     if root is None:
         raise DataError(
             f"{path}: no checkpoints found; pass a run's results dir, its checkpoints dir or a step dir"
         )
-    marker = root / LATEST
-    if marker.is_file():
-        named = root / marker.read_text().strip()
-        if STEP_DIR.match(named.name) and is_complete(named):
-            return named
-    newest = newest_complete(root)
-    if newest is None:
+    candidates = [root / step_dir_name(step) for step in reversed(complete_steps(root))]
+    named = root / (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
+    if named is not None and named in candidates:
+        candidates.insert(0, candidates.pop(candidates.index(named)))
+    if not candidates:
         raise DataError(f"{root}: no complete checkpoint (every step_* lacks its COMPLETE marker)")
-    return newest
+    return _newest_that_verifies(root, candidates)
+
+
+def _newest_that_verifies(root: Path, candidates: list[Path]) -> Path:
+    damaged: list[tuple[Path, str]] = []
+    for candidate in candidates:
+        problem = verify(candidate)
+        if problem is None:
+            if damaged:
+                names = ", ".join(step.name for step, _ in damaged)
+                print(
+                    f"gptrain: warning: using {candidate.name}, the newest checkpoint that verifies; damaged: "
+                    f"{names} ({damaged[0][1]})",
+                    file=sys.stderr,
+                )
+            return candidate
+        damaged.append((candidate, problem))
+    raise CheckpointLoadError(
+        f"{root}: every complete checkpoint is damaged (newest: {damaged[0][1]}); "
+        "`gptrain checkpoint verify` lists them"
+    )
 
 
 def find_hparams(step_dir: Path) -> Path:
@@ -151,13 +188,26 @@ def open_run(path: str | Path, overrides: Sequence[str] = ()) -> RunCheckpoint:
 
 
 def load_weights(model: nn.Module, step_dir: Path) -> None:
-    """Read the model part of a DCP checkpoint into `model` (one process, no process group)."""
+    """Read the model part of a DCP checkpoint into `model` (one process, no process group).
+    One-line errors: CheckpointMismatchError when its tensors are not the model's, else
+    CheckpointLoadError when reading fails (a damaged file the sizes did not show)."""
     state = {"model": get_model_state_dict(model)}
+    check_fits(step_dir, state)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         warnings.filterwarnings("ignore", message=".*process group.*")
-        dcp.load(state, checkpoint_id=str(step_dir))
+        try:
+            dcp.load(state, checkpoint_id=str(step_dir))
+        except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+            raise unreadable(step_dir, error) from None
     set_model_state_dict(model, state["model"])
+
+
+def unreadable(step_dir: Path, error: BaseException) -> CheckpointLoadError:
+    return CheckpointLoadError(
+        f"checkpoint {step_dir} does not load ({root_cause(error)}); it may be damaged: "
+        f"`gptrain checkpoint verify {step_dir}` checks every file's CRC-32"
+    )
 
 
 def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:

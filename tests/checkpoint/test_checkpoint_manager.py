@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from gptrain.checkpoint.compat import CheckpointMismatchError
 from gptrain.checkpoint.manager import COMPLETE, LATEST, CheckpointManager, complete_steps, newest_complete
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -91,19 +92,70 @@ def test_zero_or_none_keep_means_keep_all(tmp_path, keep):
 
 
 @pytest.mark.parametrize("saved_rows, live_rows", [(6, 8), (8, 4)])
-def test_load_fits_rows_when_vocabulary_padding_changed(tmp_path, saved_rows, live_rows):
+@pytest.mark.parametrize("key", ["model.tok_embeddings.weight", "optim.state.output.weight.exp_avg"])
+def test_load_fits_rows_when_vocabulary_padding_changed(tmp_path, saved_rows, live_rows, key):
     """The padded vocabulary changes with TP: common rows load, the live extra rows stay as they were."""
+    section, name = key.split(".", 1)
     manager = CheckpointManager(tmp_path, keep_last=1)
     saved = torch.arange(saved_rows * 3, dtype=torch.float32).reshape(saved_rows, 3)
-    manager.save(1, {"model": {"emb": saved, "bias": torch.ones(3)}}, {})
+    manager.save(1, {section: {name: saved, "bias": torch.ones(3)}}, {})
     live = torch.full((live_rows, 3), -1.0)
-    target = {"model": {"emb": live, "bias": torch.zeros(3)}}
+    target = {section: {name: live, "bias": torch.zeros(3)}}
     manager.load(tmp_path / "step_1", target, lambda s: None)
     rows = min(saved_rows, live_rows)
-    assert target["model"]["emb"] is live
+    assert target[section][name] is live
     assert torch.equal(live[:rows], saved[:rows])
     assert torch.equal(live[rows:], torch.full((live_rows - rows, 3), -1.0))
-    assert torch.equal(target["model"]["bias"], torch.ones(3))
+    assert torch.equal(target[section]["bias"], torch.ones(3))
+
+
+def layers(count: int, positions: int = 8) -> dict:
+    weights = {f"layers.{i}.w": torch.full((2, 2), float(i)) for i in range(count)}
+    return {"model": {"pos_embeddings.weight": torch.zeros(positions, 2), **weights}}
+
+
+@pytest.mark.parametrize(
+    "live, message",
+    [
+        (layers(1), "the checkpoint has model.layers.1.w (shape [2, 2]), the config gives no such tensor"),
+        (layers(3), "the checkpoint has no model.layers.2.w, the config gives shape [2, 2]"),
+        (
+            layers(2, 16),
+            "model.pos_embeddings.weight: the checkpoint has shape [8, 2], the config gives shape [16, 2]",
+        ),
+    ],
+    ids=["fewer-layers", "more-layers", "longer-sequence"],
+)
+def test_load_refuses_another_architecture_naming_the_key(tmp_path, live, message):
+    """Only vocabulary tensors fit by rows: a dropped layer or a longer position table is a config error."""
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(1, layers(2), {})
+    applied = []
+    with pytest.raises(CheckpointMismatchError) as error:
+        manager.load(tmp_path / "step_1", live, applied.append)
+    assert str(error.value) == (
+        f"checkpoint {tmp_path / 'step_1'} does not fit the config: {message}; "
+        "load it with the model settings it was saved with (its run's hparams.yaml)"
+    )
+    assert applied == []
+
+
+def test_a_mismatch_is_not_damage_and_is_reported_at_once(tmp_path, monkeypatch):
+    """No walk back over older checkpoints (each CRC-read), no advice to move them aside."""
+    from gptrain.checkpoint import manager as manager_module
+
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    for step in (1, 2, 3):
+        manager.save(step, layers(2), {})
+    checked = []
+    real = manager_module.verify_share
+    monkeypatch.setattr(
+        manager_module, "verify_share", lambda path, *a: checked.append(path.name) or real(path, *a)
+    )
+    warnings = []
+    with pytest.raises(CheckpointMismatchError, match="step_3 does not fit the config: .*model.layers.1.w"):
+        manager.load_newest_good(lambda saved: layers(1), lambda s: None, warnings.append)
+    assert checked == ["step_3"] and warnings == []
 
 
 def test_save_reports_stall_and_size(tmp_path):

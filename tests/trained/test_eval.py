@@ -148,3 +148,49 @@ def test_eval_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None
     assert main(["eval", str(run_dir), "--data-prefix", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip()
     assert "missing" in err and "\n" not in err
+
+
+def test_damaged_or_mismatched_checkpoints_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None:
+    """A truncated newest shard: a run directory falls back to step_2 saying so, the step directory is
+    refused naming the file; a model override the checkpoint does not fit names the tensor."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    shard = run / "checkpoints" / "step_4" / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    assert main(["eval", str(run), "--batches", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith(
+        f"gptrain: warning: using step_2, the newest checkpoint that verifies; damaged: step_4 ({shard} is 1000 bytes"
+    )
+    assert captured.out.startswith(f"eval {run / 'checkpoints' / 'step_2'} (iteration 2)")
+    assert main(["eval", str(shard.parent)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"gptrain: error: checkpoint {shard.parent} is damaged: {shard} is 1000"
+    )
+    assert main(["eval", str(run / "checkpoints" / "step_2"), "model.num_layers=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"gptrain: error: checkpoint {run / 'checkpoints' / 'step_2'} does not fit the config: "
+        "the checkpoint has no model.layers.2."
+    )
+
+
+def test_export_of_a_run_with_a_damaged_newest_checkpoint_takes_the_previous(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    pytest.importorskip("transformers")
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    (run / "checkpoints" / "step_4" / "__0_0.distcp").write_bytes(b"")
+    assert main(["export", "--to", "hf", str(run), str(tmp_path / "hf")]) == 0
+    assert "gptrain: warning: using step_2, the newest checkpoint that verifies" in capsys.readouterr().err
+    step = run / "checkpoints" / "step_2"
+    shard = step / "__0_0.distcp"
+    shard.write_bytes(bytes(shard.stat().st_size))  # same size, so only reading it finds the damage
+    assert main(["export", "--to", "hf", str(step), str(tmp_path / "hf2")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"gptrain: error: checkpoint {step} does not load (")

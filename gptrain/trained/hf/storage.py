@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from gptrain.errors import DataError
+from gptrain.trained.load import unreadable
 
 Tensors = dict[str, torch.Tensor]
 MODEL = "model."
@@ -56,7 +58,10 @@ class CheckpointTensors:
         state = {"model": {key: self.empty(key) for key in keys}}
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*torch.distributed.*")
-            dcp.load(state, checkpoint_id=str(self.step_dir), no_dist=True)
+            try:
+                dcp.load(state, checkpoint_id=str(self.step_dir), no_dist=True)
+            except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+                raise unreadable(self.step_dir, error) from None
         return state["model"]
 
 

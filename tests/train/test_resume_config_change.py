@@ -1,0 +1,80 @@
+"""Resuming with a config the checkpoint does not fit: refused in one line (the run's hparams.yaml
+kept), or for a precision change, loaded with the loss scaler started afresh."""
+
+import pytest
+import yaml
+from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
+
+from gptrain.checkpoint.compat import CheckpointMismatchError
+from gptrain.train.loss_scale import build_loss_scaler
+from gptrain.train.state import parts_to_load
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+SHORT = [
+    *MOCK,
+    "exp_manager.resume_if_exists=true",
+    "trainer.max_steps=2",
+    "trainer.limit_val_batches=0",
+    "model.num_layers=1",
+    "model.hidden_size=16",
+    "model.num_attention_heads=2",
+    "model.encoder_seq_length=8",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A 1-layer fp32 run with a checkpoint at step 2; each test resumes a copy of it."""
+    log_dir = tmp_path_factory.mktemp("resume") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        assert run_recording(mp, tiny_config(log_dir, *SHORT))[0] == 0
+    return log_dir
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+    import shutil
+
+    shutil.copytree(trained, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_resume_with_more_layers_is_refused_and_keeps_the_runs_hparams(run, monkeypatch):
+    before = (run / "hparams.yaml").read_text()
+    config = tiny_config(run, *SHORT, "model.num_layers=2", "trainer.max_steps=4")
+    with pytest.raises(
+        CheckpointMismatchError, match="step_2 does not fit the config: the checkpoint has no model.layers.1"
+    ):
+        run_recording(monkeypatch, config)
+    assert (run / "hparams.yaml").read_text() == before
+    assert yaml.safe_load(before)["model"]["num_layers"] == 1
+    assert not any("damaged" in line for line in log_lines(run))
+
+
+def test_resume_as_fp16_resets_the_loss_scaler(run, monkeypatch):
+    config = tiny_config(run, *SHORT, "trainer.precision=16", "trainer.max_steps=3")
+    code, losses = run_recording(monkeypatch, config)
+    assert code == 0 and sorted(losses) == [3]
+    lines = log_lines(run)
+    assert (
+        "loss scaler reset: the checkpoint was saved with no loss scaling (bf16/fp32), this run "
+        "(trainer.precision changed) uses a dynamic loss scale (fp16)"
+    ) in lines
+    assert any(line.startswith("resuming from ") and "step_2 at iteration 2" in line for line in lines)
+
+
+@pytest.mark.parametrize("saved, live", [("16", "bf16"), ("16", "32"), ("32", "16")])
+def test_a_scaler_of_the_other_kind_is_not_loaded(saved, live):
+    keys = {
+        "model.w",
+        "train.step",
+        *(f"scaler.{key}" for key in build_loss_scaler(saved, 8.0, 10, 2).state_dict()),
+    }
+    lines = []
+    parts = parts_to_load(
+        ["model", "scaler", "optim"], keys, build_loss_scaler(live, 8.0, 10, 2), lines.append
+    )
+    assert parts == {"model"} and len(lines) == 1 and lines[0].startswith("loss scaler reset: ")
+    same = parts_to_load(["model", "scaler"], keys, build_loss_scaler(saved, 8.0, 10, 2), lines.append)
+    assert same == {"model", "scaler"} and len(lines) == 1
