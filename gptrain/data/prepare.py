@@ -10,6 +10,7 @@ disk by the writer, so memory does not grow with the input.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import signal
@@ -117,6 +118,19 @@ def _line_problem(line: bytes, keys: tuple[str, ...], error: Exception | None, r
     return "bad line"
 
 
+def _python_json(line: bytes, orjson_error: Exception) -> tuple[object, Exception | None]:
+    """(record, None) when Python's json reads the line, else (None, orjson's error).
+
+    Megatron's preprocess_data.py parses with `json.loads`, which also takes NaN, Infinity
+    and out-of-range numbers such as 1e400 (written by `json.dumps` by default); orjson
+    refuses them. Only lines orjson refuses come here, so the fast path stays fast.
+    """
+    try:
+        return json.loads(line.decode("utf-8")), None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None, orjson_error
+
+
 def _parse(chunk: Chunk, state: _WorkerState) -> tuple[list[list[str]], int, str | None]:
     """Texts per key; bad lines are counted (skip) or reported as `file:line: problem`."""
     import orjson
@@ -131,7 +145,7 @@ def _parse(chunk: Chunk, state: _WorkerState) -> tuple[list[list[str]], int, str
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError as caught:
-            error = caught
+            record, error = _python_json(line, caught)
         if type(record) is dict:
             values = [record.get(key) for key in state.keys]
             if all(type(value) is str for value in values):

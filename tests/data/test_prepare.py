@@ -172,6 +172,19 @@ def test_skip_bad_lines(tmp_path, gpt2_files, capsys, megatron_dataset):
     assert outputs(tmp_path / "o") == megatron_dataset(good, True)
 
 
+def test_lines_only_python_json_reads_are_documents(tmp_path, gpt2_files, capsys, megatron_dataset):
+    """NaN, Infinity and 1e400 (json.dumps writes the first two) are JSON to Megatron's json.loads."""
+    source = tmp_path / "in.jsonl"
+    extras = [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"[NaN, 1]"]
+    lines = [b'{"text": "doc %d", "score": %s}' % (n, value) for n, value in enumerate(extras)]
+    source.write_bytes(b"\n".join([*lines, b'{"text": "last"}', b""]))
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "o")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--append-eod", "--workers", "1"]) == 0
+    assert "0 bad lines skipped" in capsys.readouterr().out
+    texts = [f"doc {n}" for n in range(len(extras))] + ["last"]
+    assert outputs(tmp_path / "o") == megatron_dataset(texts, True)
+
+
 def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
     (tmp_path / "broken.jsonl.gz").write_bytes(gzip.compress(source.read_bytes() * 50)[:30])
