@@ -48,6 +48,9 @@ class SequenceSource(Protocol):
 
     def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray: ...
 
+    def verify(self) -> None:
+        """Raise a DataError if the index is inconsistent (run once, before indices are built)."""
+
 
 def num_epochs_for(tokens_per_epoch: int, num_samples: int | None, seq_length: int, extra: int) -> int:
     """Fewest whole epochs holding `num_samples` samples (1 when num_samples is None)."""
@@ -224,6 +227,8 @@ class GPTDataset:
                 logger.info("loaded %s %s indices from %s", type(self).__name__, self.split, directory)
                 return tuple(cached[name] for name in INDEX_NAMES)
         start = time.perf_counter()
+        # Once per build, not per open: a wrong pointer would silently mix documents.
+        self.dataset.verify()
         try:
             arrays = build_gpt_indices(
                 self.dataset.sequence_lengths,

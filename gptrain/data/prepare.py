@@ -25,7 +25,7 @@ from typing import TextIO
 
 import numpy as np
 
-from gptrain.data.indexed import IndexedDatasetWriter, optimal_dtype
+from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, iter_chunks
 from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
 from gptrain.errors import DataError
@@ -272,6 +272,8 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
         raise DataError(f"--output-prefix {config.output_prefix}: cannot write ({error})") from None
     finally:
         _STATE = None
+    for prefix in stats.outputs:  # reads only the .idx: seconds for billions of tokens
+        IndexedDataset(prefix).verify()
     stats.seconds = progress.elapsed
     return stats
 

@@ -187,6 +187,16 @@ def test_unwritable_cache_dir_is_a_data_error(tmp_path):
         GPTDataset(prefix, np.arange(3, dtype=np.int32), 4, 4, 1, "train", cache_dir=str(blocker / "sub"))
 
 
+def test_building_indices_verifies_the_index(tmp_path):
+    prefix = write_dataset(tmp_path / "d", [5, 8, 13])
+    with open(prefix + ".idx", "r+b") as handle:
+        handle.seek(34 + 4)  # length of sequence 1: 8 -> -8 (the last pointer still fits the .bin)
+        handle.write(np.int32(-8).tobytes())
+    with pytest.raises(DataError, match=r"d\.idx: sequence 1 has length -8"):
+        GPTDataset(prefix, np.arange(3, dtype=np.int32), 4, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    assert not (tmp_path / "c").exists()
+
+
 def test_empty_split_is_a_data_error():
     with pytest.raises(DataError, match="split"):
         build_gpt_indices(np.array([4, 4], np.int32), np.array([], np.int32), 3, 2, seed=1)

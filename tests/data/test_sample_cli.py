@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+import numpy as np
 from gpt_data_helpers import load_fixture, write_dataset
 
 from gptrain.cli import main
@@ -97,6 +99,25 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert "need a count" in capsys.readouterr().err
     assert main(["data", "sample", "--seq-length", "4", "--num-samples", "1,2"]) == 2
     assert "--num-samples" in capsys.readouterr().err
+
+
+def test_wrong_pointer_is_a_one_line_error(tmp_path, capsys):
+    """A pointer to another sequence's tokens would silently mix documents: the whole .idx is
+    verified when indices are built, and by `data sample` also when they come from the cache."""
+    prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8])
+    argv = ["data", "sample", "--data-prefix", prefix, "--seq-length", "4", "--splits-string", "1,0,0"]
+    cached = [*argv, "--cache-dir", str(tmp_path / "c")]
+    assert main(cached) == 0
+    capsys.readouterr()
+    stat = os.stat(prefix + ".idx")
+    with open(prefix + ".idx", "r+b") as handle:
+        handle.seek(34 + 4 * 4 + 8 * 2)  # pointer of sequence 2: byte 22 -> 10 (sequence 1)
+        handle.write(np.int64(10).tobytes())
+    os.utime(prefix + ".idx", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the cache still matches
+    for command in (argv, cached):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "d.idx: sequence 2 starts at byte 10, expected 22" in err
 
 
 def test_parser_module_is_light():
