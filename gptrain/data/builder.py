@@ -97,7 +97,7 @@ def _check_prefixes(prefixes: list[str]) -> None:
 
 def _single_prefix_splits(
     prefix: str, splits_string: str | None, seq_length: int, seed: int, num_samples: Sequence[int | None],
-    cache_dir: str | None, skip_unused: bool = False,
+    cache_dir: str | None, skip_unused: bool = False, only_split: str | None = None,
 ) -> list[GPTDataset | None]:  # fmt: skip
     from gptrain.data.indexed import IndexedDataset
 
@@ -108,7 +108,7 @@ def _single_prefix_splits(
     ):
         datasets.append(
             None
-            if indices is None or (skip_unused and count == 0)
+            if indices is None or (skip_unused and count == 0) or only_split not in (None, name)
             else GPTDataset(indexed, indices, count, seq_length, seed, name, cache_dir)
         )
     return datasets
@@ -117,12 +117,15 @@ def _single_prefix_splits(
 def _blend_splits(
     prefixes: list[str], weights: list[float], splits_string: str | None, seq_length: int, seed: int,
     num_samples: tuple[int, int, int], cache_dir: str | None, skip_unused: bool = False,
+    only_split: str | None = None,
 ) -> list[BlendedDataset | None]:  # fmt: skip
     weights = normalize(weights)
     targets = samples_per_dataset(weights, num_samples)
     requests = samples_per_dataset(weights, num_samples, MID_LEVEL_SURPLUS)
     children = [
-        _single_prefix_splits(prefix, splits_string, seq_length, seed, request, cache_dir, skip_unused)
+        _single_prefix_splits(
+            prefix, splits_string, seq_length, seed, request, cache_dir, skip_unused, only_split
+        )
         for prefix, request in zip(prefixes, requests, strict=True)
     ]
     blends: list[BlendedDataset | None] = []
@@ -147,12 +150,16 @@ def build_gpt_datasets(
     mock: bool = False,
     vocab_size: int | None = None,
     skip_unused: bool = False,
+    only_split: str | None = None,
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:
     """(train, valid, test): plain GPTDatasets for one prefix, BlendedDatasets for a weighted
     list, MockGPTDatasets with `mock`; None for a split the split string leaves empty.
 
     `skip_unused`: a split asked for 0 samples is not built (training with limit_test_batches=0
-    must not fail because a small dataset's test split holds no whole sequence)."""
+    must not fail because a small dataset's test split holds no whole sequence).
+    `only_split` ("train", "valid" or "test"): build that split alone, the others are None."""
+    if only_split not in (None, *SPLIT_NAMES):
+        raise ConfigError(f"only_split must be one of {', '.join(SPLIT_NAMES)}, got {only_split!r}")
     if len(num_samples) != 3 or any(n is None or n < 0 for n in num_samples):
         raise ConfigError(
             f"num_samples must be three non-negative counts (train, valid, test), got {num_samples}"
@@ -160,17 +167,16 @@ def build_gpt_datasets(
     if mock:
         if not vocab_size:
             raise ConfigError("mock data needs a vocab_size (--vocab-size)")
-        mocks = [MockGPTDataset(n, seq_length, vocab_size, seed, name) if n else None
-                 for name, n in zip(SPLIT_NAMES, num_samples, strict=True)]  # fmt: skip
+        mocks = [MockGPTDataset(n, seq_length, vocab_size, seed, name) if n and only_split in (None, name)
+                 else None for name, n in zip(SPLIT_NAMES, num_samples, strict=True)]  # fmt: skip
         return mocks[0], mocks[1], mocks[2]
     prefixes, weights = parse_blend(data_prefix)
     _check_prefixes(prefixes)
     if weights is None:
         datasets: list = _single_prefix_splits(
-            prefixes[0], splits_string, seq_length, seed, num_samples, cache_dir, skip_unused
+            prefixes[0], splits_string, seq_length, seed, num_samples, cache_dir, skip_unused, only_split
         )
     else:
-        datasets = _blend_splits(
-            prefixes, weights, splits_string, seq_length, seed, num_samples, cache_dir, skip_unused
-        )
+        datasets = _blend_splits(prefixes, weights, splits_string, seq_length, seed, num_samples,
+                                 cache_dir, skip_unused, only_split)  # fmt: skip
     return datasets[0], datasets[1], datasets[2]

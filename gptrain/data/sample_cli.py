@@ -118,6 +118,7 @@ def run_sample(args: argparse.Namespace) -> int:
         args.cache_dir,
         args.mock,
         args.vocab_size,
+        only_split=args.split,  # an empty test split must not stop a look at the train split
     )
     dataset = datasets[split]
     if dataset is None:

@@ -66,6 +66,15 @@ def test_text_is_decoded_with_the_tokenizer(tmp_path, capsys, gpt2_files, refere
     assert out["tokens"] == ids and out["text"] == text
 
 
+def test_only_the_requested_split_is_built(tmp_path, capsys):
+    """The default split "969, 30, 1" leaves 4 sequences no valid or test data: train still samples."""
+    prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8])
+    cache = tmp_path / "c"
+    out = _sample(capsys, "--data-prefix", prefix, "--seq-length", "4", "--cache-dir", str(cache))
+    assert out["split"] == "train" and out["num_samples"] == (5 + 6 + 7 + 8 - 1) // 4
+    assert {p.name.split("-")[2] for p in cache.iterdir()} == {"train"}  # nothing else was built
+
+
 def test_mock_sample(capsys):
     out = _sample(
         capsys,
@@ -85,7 +94,7 @@ def test_mock_sample(capsys):
 def test_errors_are_one_line(tmp_path, capsys):
     prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8])
     # The default split "969, 30, 1" leaves 4 sequences no validation data.
-    assert main(["data", "sample", "--data-prefix", prefix, "--seq-length", "4"]) == 2
+    assert main(["data", "sample", "--data-prefix", prefix, "--seq-length", "4", "--split", "valid"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "(valid split): a split of 0 sequences holds 0 tokens" in err
     prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8] * 250)
