@@ -28,7 +28,7 @@ import numpy as np
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, iter_chunks
 from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
-from gptrain.errors import DataError
+from gptrain.errors import ConfigError, DataError
 from gptrain.utils.progress import Progress
 
 
@@ -256,6 +256,12 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
     paths = expand_inputs(config.inputs)
     if not config.json_keys:
         raise DataError("--json-keys: give at least one key")
+    repeated = sorted({key for key in config.json_keys if config.json_keys.count(key) > 1})
+    if repeated:
+        raise ConfigError(
+            f"--json-keys {' '.join(config.json_keys)}: {', '.join(map(repr, repeated))} given more than "
+            "once; name each key once (each makes its own <prefix>_<key>_document dataset)"
+        )
     _init_worker(config.tokenizer, config.json_keys, config.append_eod, config.skip_bad_lines)
     assert _STATE is not None
     stats = PrepareStats(outputs=output_prefixes(config.output_prefix, config.json_keys))

@@ -211,6 +211,10 @@ def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
         ),
         (["--input", str(source), "--tokenizer-type", "HuggingFaceTokenizer"], "needs --tokenizer-model"),
         (["--input", str(source)], "give a tokenizer: --vocab-file/--merge-file"),
+        (
+            ["--input", str(source), "--json-keys", "text", "text", *gpt2_flags(gpt2_files)],
+            "--json-keys text text: 'text' given more than once; name each key once",
+        ),
     ]
     for flags, message in cases:
         code = main(
