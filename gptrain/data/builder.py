@@ -54,10 +54,10 @@ def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], li
     entries = list(data_prefix)
     if len(entries) == 1:
         return [str(entries[0])], None
-    if not entries or len(entries) % 2:
-        raise DataError(
-            f"data prefix list {entries} has {len(entries)} entries; give one prefix or pairs 'WEIGHT PREFIX ...'"
-        )
+    if not entries:
+        raise DataError("data prefix list is empty; give one prefix or pairs 'WEIGHT PREFIX ...'")
+    if len(entries) % 2 or not any(_is_number(raw) for raw in entries[::2]):
+        raise _unweighted_list_error(entries)
     prefixes, weights = [], []
     for position in range(0, len(entries), 2):
         raw, prefix = entries[position], entries[position + 1]
@@ -72,6 +72,26 @@ def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], li
         prefixes.append(str(prefix).strip())
         weights.append(weight)
     return prefixes, weights
+
+
+def _is_number(raw: str | float) -> bool:
+    try:
+        float(raw)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _unweighted_list_error(entries: list[str | float]) -> DataError:
+    """Megatron reads an odd-length list, or one without any weight, as 'each dataset once'."""
+    example = " ".join(f"1 {str(entry).strip()}" for entry in entries[:3]) + (
+        " ..." if len(entries) > 3 else ""
+    )
+    return DataError(
+        f"data prefix list {entries} is Megatron's unweighted form (every dataset once, mixed in proportion "
+        f"to its size), which gptrain does not support; put a weight before each prefix instead, "
+        f"e.g. '{example}' (weights proportional to the datasets' token counts give Megatron's mix)"
+    )
 
 
 def samples_per_dataset(
