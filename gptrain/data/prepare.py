@@ -188,8 +188,10 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
 
 
 def _init_pool_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, skip: bool) -> None:
-    """Ctrl-C is handled by the main process alone (it stops the pool and removes temp files)."""
+    """Ctrl-C is handled by the main process alone (it stops the pool and removes temp files);
+    SIGTERM ends a worker at once (the main process's handler, inherited by fork, is reset)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process per core already
     _init_worker(spec, keys, append_eod, skip)
 
