@@ -14,6 +14,7 @@ import sys
 
 from gptrain import __version__
 from gptrain.errors import GptrainError
+from gptrain.utils.signals import Terminated
 
 # Modules with a `register(subparsers)` function; each must not import torch at module level.
 COMMAND_MODULES = (
@@ -61,5 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gptrain: interrupted", file=sys.stderr)
         return 130
+    except Terminated as terminated:  # raised only where a command asked for it (data prepare, merge)
+        print(f"gptrain: {terminated}", file=sys.stderr)
+        return terminated.status
     except BrokenPipeError:
         return 0

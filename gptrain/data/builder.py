@@ -54,10 +54,10 @@ def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], li
     entries = list(data_prefix)
     if len(entries) == 1:
         return [str(entries[0])], None
-    if not entries or len(entries) % 2:
-        raise DataError(
-            f"data prefix list {entries} has {len(entries)} entries; give one prefix or pairs 'WEIGHT PREFIX ...'"
-        )
+    if not entries:
+        raise DataError("data prefix list is empty; give one prefix or pairs 'WEIGHT PREFIX ...'")
+    if len(entries) % 2 or not any(_is_number(raw) for raw in entries[::2]):
+        raise _unweighted_list_error(entries)
     prefixes, weights = [], []
     for position in range(0, len(entries), 2):
         raw, prefix = entries[position], entries[position + 1]
@@ -72,6 +72,26 @@ def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], li
         prefixes.append(str(prefix).strip())
         weights.append(weight)
     return prefixes, weights
+
+
+def _is_number(raw: str | float) -> bool:
+    try:
+        float(raw)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _unweighted_list_error(entries: list[str | float]) -> DataError:
+    """Megatron reads an odd-length list, or one without any weight, as 'each dataset once'."""
+    example = " ".join(f"1 {str(entry).strip()}" for entry in entries[:3]) + (
+        " ..." if len(entries) > 3 else ""
+    )
+    return DataError(
+        f"data prefix list {entries} is Megatron's unweighted form (every dataset once, mixed in proportion "
+        f"to its size), which gptrain does not support; put a weight before each prefix instead, "
+        f"e.g. '{example}' (weights proportional to the datasets' token counts give Megatron's mix)"
+    )
 
 
 def samples_per_dataset(
@@ -97,7 +117,7 @@ def _check_prefixes(prefixes: list[str]) -> None:
 
 def _single_prefix_splits(
     prefix: str, splits_string: str | None, seq_length: int, seed: int, num_samples: Sequence[int | None],
-    cache_dir: str | None, skip_unused: bool = False,
+    cache_dir: str | None, skip_unused: bool = False, only_split: str | None = None,
 ) -> list[GPTDataset | None]:  # fmt: skip
     from gptrain.data.indexed import IndexedDataset
 
@@ -108,7 +128,7 @@ def _single_prefix_splits(
     ):
         datasets.append(
             None
-            if indices is None or (skip_unused and count == 0)
+            if indices is None or (skip_unused and count == 0) or only_split not in (None, name)
             else GPTDataset(indexed, indices, count, seq_length, seed, name, cache_dir)
         )
     return datasets
@@ -117,12 +137,15 @@ def _single_prefix_splits(
 def _blend_splits(
     prefixes: list[str], weights: list[float], splits_string: str | None, seq_length: int, seed: int,
     num_samples: tuple[int, int, int], cache_dir: str | None, skip_unused: bool = False,
+    only_split: str | None = None,
 ) -> list[BlendedDataset | None]:  # fmt: skip
     weights = normalize(weights)
     targets = samples_per_dataset(weights, num_samples)
     requests = samples_per_dataset(weights, num_samples, MID_LEVEL_SURPLUS)
     children = [
-        _single_prefix_splits(prefix, splits_string, seq_length, seed, request, cache_dir, skip_unused)
+        _single_prefix_splits(
+            prefix, splits_string, seq_length, seed, request, cache_dir, skip_unused, only_split
+        )
         for prefix, request in zip(prefixes, requests, strict=True)
     ]
     blends: list[BlendedDataset | None] = []
@@ -147,12 +170,16 @@ def build_gpt_datasets(
     mock: bool = False,
     vocab_size: int | None = None,
     skip_unused: bool = False,
+    only_split: str | None = None,
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:
     """(train, valid, test): plain GPTDatasets for one prefix, BlendedDatasets for a weighted
     list, MockGPTDatasets with `mock`; None for a split the split string leaves empty.
 
     `skip_unused`: a split asked for 0 samples is not built (training with limit_test_batches=0
-    must not fail because a small dataset's test split holds no whole sequence)."""
+    must not fail because a small dataset's test split holds no whole sequence).
+    `only_split` ("train", "valid" or "test"): build that split alone, the others are None."""
+    if only_split not in (None, *SPLIT_NAMES):
+        raise ConfigError(f"only_split must be one of {', '.join(SPLIT_NAMES)}, got {only_split!r}")
     if len(num_samples) != 3 or any(n is None or n < 0 for n in num_samples):
         raise ConfigError(
             f"num_samples must be three non-negative counts (train, valid, test), got {num_samples}"
@@ -160,17 +187,16 @@ def build_gpt_datasets(
     if mock:
         if not vocab_size:
             raise ConfigError("mock data needs a vocab_size (--vocab-size)")
-        mocks = [MockGPTDataset(n, seq_length, vocab_size, seed, name) if n else None
-                 for name, n in zip(SPLIT_NAMES, num_samples, strict=True)]  # fmt: skip
+        mocks = [MockGPTDataset(n, seq_length, vocab_size, seed, name) if n and only_split in (None, name)
+                 else None for name, n in zip(SPLIT_NAMES, num_samples, strict=True)]  # fmt: skip
         return mocks[0], mocks[1], mocks[2]
     prefixes, weights = parse_blend(data_prefix)
     _check_prefixes(prefixes)
     if weights is None:
         datasets: list = _single_prefix_splits(
-            prefixes[0], splits_string, seq_length, seed, num_samples, cache_dir, skip_unused
+            prefixes[0], splits_string, seq_length, seed, num_samples, cache_dir, skip_unused, only_split
         )
     else:
-        datasets = _blend_splits(
-            prefixes, weights, splits_string, seq_length, seed, num_samples, cache_dir, skip_unused
-        )
+        datasets = _blend_splits(prefixes, weights, splits_string, seq_length, seed, num_samples,
+                                 cache_dir, skip_unused, only_split)  # fmt: skip
     return datasets[0], datasets[1], datasets[2]

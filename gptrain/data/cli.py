@@ -7,6 +7,7 @@ import os
 import sys
 
 from gptrain.data.tokenizer_args import add_tokenizer_args, tokenizer_from_args, tokenizer_type
+from gptrain.utils.signals import terminate_as_exception
 
 
 def _default_workers() -> int:
@@ -67,7 +68,9 @@ def _run_prepare(args: argparse.Namespace) -> int:
         log_interval=args.log_interval,
         skip_bad_lines=args.skip_bad_lines,
     )
-    print(prepare(config).summary())
+    with terminate_as_exception():  # a Slurm time limit or `timeout`: remove the partial output
+        stats = prepare(config)
+    print(stats.summary())
     return 0
 
 
@@ -110,7 +113,8 @@ def _add_merge(subparsers: argparse._SubParsersAction) -> None:
 def _run_merge(args: argparse.Namespace) -> int:
     from gptrain.data.merge import merge_datasets
 
-    writer = merge_datasets(args.input, args.output_prefix)
+    with terminate_as_exception():  # a Slurm time limit or `timeout`: remove the partial output
+        writer = merge_datasets(args.input, args.output_prefix)
     print(
         f"merged {len(args.input)} datasets: {writer.num_documents:,} documents, "
         f"{writer.num_tokens:,} tokens -> {writer.path_prefix}.bin/.idx",

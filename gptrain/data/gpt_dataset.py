@@ -36,6 +36,8 @@ FINAL_EPOCH_THRESHOLD = 0.80
 # Megatron's pad id when the tokenizer has none; only appears if a sample runs out of tokens.
 PAD_TOKEN_ID = -1
 INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
+# Documents per step while building the sample index: bounds the temporaries (~40 B each).
+_INDEX_CHUNK = 1 << 18
 
 
 class SequenceSource(Protocol):
@@ -47,6 +49,9 @@ class SequenceSource(Protocol):
     def sequence_lengths(self) -> np.ndarray: ...
 
     def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray: ...
+
+    def verify(self) -> None:
+        """Raise a DataError if the index is inconsistent (run once, before indices are built)."""
 
 
 def num_epochs_for(tokens_per_epoch: int, num_samples: int | None, seq_length: int, extra: int) -> int:
@@ -72,13 +77,19 @@ def separate_final_epoch(
 def build_document_index(
     documents: np.ndarray, num_epochs: int, rng: np.random.RandomState, separate_final: bool
 ) -> np.ndarray:
-    """The documents repeated per epoch (epoch-major) and shuffled, as int32."""
+    """The documents repeated per epoch (epoch-major) and shuffled, as int32.
+
+    With `separate_final` the first num_epochs - 1 epochs are shuffled together, then the
+    last on its own (the draws Megatron makes), in place in one array: no second copy."""
+    documents = np.asarray(documents)
+    document_index = np.empty(num_epochs * len(documents), dtype=np.int32)
+    document_index.reshape(num_epochs, len(documents))[:] = documents
     if separate_final and num_epochs > 1:
-        first = build_document_index(documents, num_epochs - 1, rng, False)
-        last = build_document_index(documents, 1, rng, False)
-        return np.concatenate((first, last))
-    document_index = np.tile(np.asarray(documents).astype(np.int32), num_epochs)
-    rng.shuffle(document_index)
+        split = (num_epochs - 1) * len(documents)
+        rng.shuffle(document_index[:split])
+        rng.shuffle(document_index[split:])
+    else:
+        rng.shuffle(document_index)
     return document_index
 
 
@@ -90,47 +101,46 @@ def build_sample_index(
     Sample j-1 covers flat tokens [(j-1)*s, j*s + extra); row j names the document holding
     that sample's last token (flat position j*s + extra - 1) with offset j*s minus the
     document's flat start: the rows Megatron's walk produces, also when a sample ends
-    exactly at a document's end. Rows are counted per document (`repeat`), not searched.
+    exactly at a document's end. Rows are counted per document (`repeat`), not searched,
+    a chunk of documents at a time, so memory beyond the output stays bounded.
     `num_epochs` is implied by document_index; it stays for parity with Megatron's helper.
     """
-    lengths = np.asarray(sequence_lengths)[document_index]
-    ends = np.cumsum(lengths, dtype=np.int64)
-    total = int(ends[-1]) if len(ends) else 0
+    sequence_lengths = np.asarray(sequence_lengths)
+    total = sum(
+        int(np.sum(sequence_lengths[document_index[a : a + _INDEX_CHUNK]], dtype=np.int64))
+        for a in range(0, len(document_index), _INDEX_CHUNK)
+    )
     count = max(0, (total - extra) // seq_length)
-    # Rows j >= 0 whose last token lies at or before flat position x - 1: (x - extra) // s + 1.
-    rows_upto = np.empty(len(ends) + 1, dtype=np.int64)
-    rows_upto[0] = (0 - extra) // seq_length + 1
-    np.subtract(ends, extra, out=rows_upto[1:])
-    np.floor_divide(rows_upto[1:], seq_length, out=rows_upto[1:])
-    rows_upto[1:] += 1
-    first = 1 - int(rows_upto[0])  # row 0 is counted too when extra == 1: skip it
-    rows_per_document = np.diff(rows_upto)
-    del rows_upto
-    position_dtype = np.int32 if len(ends) <= np.iinfo(np.int32).max else np.int64
-    position = np.repeat(np.arange(len(ends), dtype=position_dtype), rows_per_document)[first : first + count]
-    del rows_per_document
-    np.subtract(ends, lengths, out=ends)  # now the flat start of each document
-    del lengths
     largest = max(len(document_index), int(np.max(sequence_lengths, initial=0)))
     dtype = np.int32 if largest <= np.iinfo(np.int32).max else np.int64
     sample_index = np.zeros((count + 1, 2), dtype=dtype)
-    sample_index[1:, 0] = position
-    offsets = np.arange(seq_length, (count + 1) * seq_length, seq_length, dtype=np.int64)
-    offsets -= ends[position]
-    sample_index[1:, 1] = offsets
+    # Rows j >= 0 whose last token lies at or before flat position x - 1: (x - extra) // s + 1.
+    # Document k holds rows [rows_upto(its start), rows_upto(its end)); row 0 is the zero row.
+    start, first_row = 0, (0 - extra) // seq_length + 1
+    for a in range(0, len(document_index), _INDEX_CHUNK):
+        lengths = sequence_lengths[document_index[a : a + _INDEX_CHUNK]].astype(np.int64)
+        ends = np.cumsum(lengths)
+        ends += start
+        starts = ends - lengths
+        rows_upto = (ends - extra) // seq_length + 1
+        rows = np.diff(rows_upto, prepend=first_row)
+        lo, hi = max(first_row, 1), min(int(rows_upto[-1]), count + 1)
+        if lo < hi:
+            position = np.repeat(np.arange(len(lengths)), rows)[lo - first_row : hi - first_row]
+            sample_index[lo:hi, 0] = position + a
+            sample_index[lo:hi, 1] = np.arange(lo, hi, dtype=np.int64) * seq_length - starts[position]
+        start, first_row = int(ends[-1]), int(rows_upto[-1])
     return sample_index
 
 
 def build_shuffle_index(num_first: int, total: int, rng: np.random.RandomState) -> np.ndarray:
     """Permutation of [0, total) with [0, num_first) and [num_first, total) shuffled apart."""
     dtype = np.int64 if total >= np.iinfo(np.uint32).max - 1 else np.uint32
-    first = np.arange(num_first, dtype=dtype)
-    rng.shuffle(first)
-    if num_first == total:
-        return first
-    last = np.arange(num_first, total, dtype=dtype)
-    rng.shuffle(last)
-    return np.concatenate((first, last))
+    shuffle_index = np.arange(total, dtype=dtype)
+    rng.shuffle(shuffle_index[:num_first])
+    if num_first < total:
+        rng.shuffle(shuffle_index[num_first:])
+    return shuffle_index
 
 
 def build_gpt_indices(
@@ -224,6 +234,8 @@ class GPTDataset:
                 logger.info("loaded %s %s indices from %s", type(self).__name__, self.split, directory)
                 return tuple(cached[name] for name in INDEX_NAMES)
         start = time.perf_counter()
+        # Once per build, not per open: a wrong pointer would silently mix documents.
+        self.dataset.verify()
         try:
             arrays = build_gpt_indices(
                 self.dataset.sequence_lengths,

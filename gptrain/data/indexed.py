@@ -39,6 +39,9 @@ DTYPE_CODES: dict[int, np.dtype] = {
 
 # Entries moved per step when copying index arrays, so finalize/merge use bounded memory.
 _CHUNK = 1 << 20
+# Sequences checked per step by IndexedDataset.verify: ~24 bytes each, so ~100 MB of memory.
+_VERIFY_CHUNK = 1 << 22
+_CORRUPT = "; the index is corrupt: re-create it (gptrain data prepare or merge)"
 
 
 def code_for_dtype(dtype: np.dtype | type) -> int:
@@ -86,6 +89,7 @@ class IndexedDataset:
         self._pointers = np.frombuffer(self._index, np.int64, count, lengths_end)
         self._doc_indices = np.frombuffer(self._index, np.int64, doc_count, pointers_end)
         self._bin = _map_file(self.bin_path)
+        self._verified = False
         self._validate(count)
 
     def _read_header(self) -> tuple[int, int, int]:
@@ -114,18 +118,69 @@ class IndexedDataset:
         return code, count, doc_count
 
     def _validate(self, count: int) -> None:
+        """O(1) checks of the ends of the arrays: a DataLoader worker re-opens the files."""
         if self._doc_indices[0] != 0 or self._doc_indices[-1] != count:
             raise DataError(
                 f"{self.idx_path}: document indices run from {self._doc_indices[0]} to "
                 f"{self._doc_indices[-1]}, expected 0 to the sequence count {count}"
             )
-        tokens = int(self._lengths.sum(dtype=np.int64))
-        expected = tokens * self._dtype.itemsize
-        if len(self._bin) != expected:
+        end = 0
+        if count:
+            if self._pointers[0] != 0:
+                raise DataError(
+                    f"{self.idx_path}: sequence 0 starts at byte {self._pointers[0]}, expected 0{_CORRUPT}"
+                )
+            end = int(self._pointers[-1]) + int(self._lengths[-1]) * self._dtype.itemsize
+        if len(self._bin) != end:
             raise DataError(
-                f"{self.bin_path}: size {len(self._bin)} bytes, expected {expected} "
-                f"({tokens} tokens of {self._dtype}); the .bin does not belong to this .idx"
+                f"{self.bin_path}: size {len(self._bin)} bytes, expected {end} (where the last sequence "
+                f"of the .idx ends, in {self._dtype} tokens); the .bin does not belong to this .idx"
             )
+
+    def verify(self) -> None:
+        """Check every entry of the index, in bounded memory; a DataError names the first bad one.
+
+        Lengths must be non-negative, each pointer the sum of the byte lengths before it, and
+        the document indices non-decreasing (so within [0, count], given the ends checked on
+        open). Reads 20 bytes per sequence: run it once per build, not on every open.
+        """
+        if self._verified:
+            return
+        itemsize, offset, count = self._dtype.itemsize, 0, len(self._lengths)
+        for start in range(0, count, _VERIFY_CHUNK):
+            lengths = self._lengths[start : start + _VERIFY_CHUNK]
+            negative = np.flatnonzero(lengths < 0)
+            if len(negative):
+                bad = start + int(negative[0])
+                raise DataError(f"{self.idx_path}: sequence {bad} has length {self._lengths[bad]}{_CORRUPT}")
+            byte_lengths = lengths.astype(np.int64)
+            byte_lengths *= itemsize
+            starts = np.cumsum(byte_lengths)
+            starts -= byte_lengths
+            starts += offset
+            offset = int(starts[-1] + byte_lengths[-1])
+            del byte_lengths
+            wrong = np.flatnonzero(starts != self._pointers[start : start + _VERIFY_CHUNK])
+            if len(wrong):
+                bad = start + int(wrong[0])
+                raise DataError(
+                    f"{self.idx_path}: sequence {bad} starts at byte {self._pointers[bad]}, expected "
+                    f"{starts[wrong[0]]} (the lengths before it){_CORRUPT}"
+                )
+        self._verify_documents()
+        self._verified = True
+
+    def _verify_documents(self) -> None:
+        docs = self._doc_indices
+        for start in range(0, len(docs) - 1, _VERIFY_CHUNK):
+            window = docs[start : start + _VERIFY_CHUNK + 1]
+            falls = np.flatnonzero(window[1:] < window[:-1])
+            if len(falls):
+                bad = start + int(falls[0]) + 1
+                raise DataError(
+                    f"{self.idx_path}: document index entry {bad} is {docs[bad]}, less than entry "
+                    f"{bad - 1} ({docs[bad - 1]}){_CORRUPT}"
+                )
 
     def __getstate__(self) -> str:
         """Pickle by path: a DataLoader worker re-maps the files instead of copying them."""
@@ -173,15 +228,20 @@ class IndexedDataset:
             idx += size
         if not 0 <= idx < size:
             raise IndexError(f"sequence {idx} out of range for {size} sequences")
-        available = int(self._lengths[idx])
+        available, start = int(self._lengths[idx]), int(self._pointers[idx])
+        itemsize = self._dtype.itemsize
+        if available < 0 or start < 0 or start + available * itemsize > len(self._bin):
+            raise DataError(
+                f"{self.idx_path}: sequence {idx} (byte {start}, {available} tokens) lies outside "
+                f"{self.bin_path} ({len(self._bin)} bytes){_CORRUPT}"
+            )
         if length is None:
             length = available - offset
         if offset < 0 or length < 0 or offset + length > available:
             raise IndexError(
                 f"tokens [{offset}, {offset + length}) out of range for a sequence of {available}"
             )
-        start = int(self._pointers[idx]) + offset * self._dtype.itemsize
-        return np.frombuffer(self._bin, self._dtype, length, start)
+        return np.frombuffer(self._bin, self._dtype, length, start + offset * itemsize)
 
     def __getitem__(self, idx: int | slice) -> np.ndarray | list[np.ndarray]:
         if isinstance(idx, slice):
@@ -255,6 +315,7 @@ class IndexedDatasetWriter:
     def add_index(self, other_prefix: str) -> None:
         """Append every document of another dataset, as Megatron's merge does."""
         other = IndexedDataset(other_prefix)
+        other.verify()  # the output's pointers are recomputed, but bad lengths would carry over
         if other.dtype != self.dtype:
             raise DataError(
                 f"{other.idx_path}: tokens are {other.dtype}, the output is {self.dtype}; "

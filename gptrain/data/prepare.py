@@ -10,6 +10,7 @@ disk by the writer, so memory does not grow with the input.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import signal
@@ -24,10 +25,10 @@ from typing import TextIO
 
 import numpy as np
 
-from gptrain.data.indexed import IndexedDatasetWriter, optimal_dtype
+from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, iter_chunks
 from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
-from gptrain.errors import DataError
+from gptrain.errors import ConfigError, DataError
 from gptrain.utils.progress import Progress
 
 
@@ -117,6 +118,19 @@ def _line_problem(line: bytes, keys: tuple[str, ...], error: Exception | None, r
     return "bad line"
 
 
+def _python_json(line: bytes, orjson_error: Exception) -> tuple[object, Exception | None]:
+    """(record, None) when Python's json reads the line, else (None, orjson's error).
+
+    Megatron's preprocess_data.py parses with `json.loads`, which also takes NaN, Infinity
+    and out-of-range numbers such as 1e400 (written by `json.dumps` by default); orjson
+    refuses them. Only lines orjson refuses come here, so the fast path stays fast.
+    """
+    try:
+        return json.loads(line.decode("utf-8")), None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None, orjson_error
+
+
 def _parse(chunk: Chunk, state: _WorkerState) -> tuple[list[list[str]], int, str | None]:
     """Texts per key; bad lines are counted (skip) or reported as `file:line: problem`."""
     import orjson
@@ -131,7 +145,7 @@ def _parse(chunk: Chunk, state: _WorkerState) -> tuple[list[list[str]], int, str
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError as caught:
-            error = caught
+            record, error = _python_json(line, caught)
         if type(record) is dict:
             values = [record.get(key) for key in state.keys]
             if all(type(value) is str for value in values):
@@ -174,8 +188,10 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
 
 
 def _init_pool_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, skip: bool) -> None:
-    """Ctrl-C is handled by the main process alone (it stops the pool and removes temp files)."""
+    """Ctrl-C is handled by the main process alone (it stops the pool and removes temp files);
+    SIGTERM ends a worker at once (the main process's handler, inherited by fork, is reset)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process per core already
     _init_worker(spec, keys, append_eod, skip)
 
@@ -242,6 +258,12 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
     paths = expand_inputs(config.inputs)
     if not config.json_keys:
         raise DataError("--json-keys: give at least one key")
+    repeated = sorted({key for key in config.json_keys if config.json_keys.count(key) > 1})
+    if repeated:
+        raise ConfigError(
+            f"--json-keys {' '.join(config.json_keys)}: {', '.join(map(repr, repeated))} given more than "
+            "once; name each key once (each makes its own <prefix>_<key>_document dataset)"
+        )
     _init_worker(config.tokenizer, config.json_keys, config.append_eod, config.skip_bad_lines)
     assert _STATE is not None
     stats = PrepareStats(outputs=output_prefixes(config.output_prefix, config.json_keys))
@@ -258,6 +280,8 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
         raise DataError(f"--output-prefix {config.output_prefix}: cannot write ({error})") from None
     finally:
         _STATE = None
+    for prefix in stats.outputs:  # reads only the .idx: seconds for billions of tokens
+        IndexedDataset(prefix).verify()
     stats.seconds = progress.elapsed
     return stats
 

@@ -83,6 +83,18 @@ def _provenance(dataset: Any, index: int) -> dict[str, Any]:
     return {"mock": True, "seed": dataset.seed}
 
 
+def _verify_sources(dataset: Any) -> None:
+    """Check the whole .idx of every dataset behind the sample (free when indices were just built)."""
+    from gptrain.data.blended import BlendedDataset
+    from gptrain.data.gpt_dataset import GPTDataset
+
+    if isinstance(dataset, BlendedDataset):
+        for child in dataset.datasets:
+            _verify_sources(child)
+    elif isinstance(dataset, GPTDataset):
+        dataset.dataset.verify()
+
+
 def run_sample(args: argparse.Namespace) -> int:
     from gptrain.data.builder import build_gpt_datasets
     from gptrain.errors import ConfigError, DataError
@@ -106,6 +118,7 @@ def run_sample(args: argparse.Namespace) -> int:
         args.cache_dir,
         args.mock,
         args.vocab_size,
+        only_split=args.split,  # an empty test split must not stop a look at the train split
     )
     dataset = datasets[split]
     if dataset is None:
@@ -114,6 +127,7 @@ def run_sample(args: argparse.Namespace) -> int:
         raise DataError(
             f"--index {args.index} out of range: the {args.split} split has {len(dataset)} samples"
         )
+    _verify_sources(dataset)
     tokens = [int(t) for t in dataset[args.index]]
     result: dict[str, Any] = {
         "split": args.split,

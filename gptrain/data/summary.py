@@ -43,6 +43,7 @@ def summarize(
 ) -> dict[str, Any]:
     """Counts, dtype, document-length percentiles and a peek at one document."""
     dataset = IndexedDataset(prefix)
+    dataset.verify()
     lengths = document_lengths(dataset)
     info: dict[str, Any] = {
         "prefix": dataset.path_prefix,

@@ -36,15 +36,31 @@ def test_parse_blend():
 @pytest.mark.parametrize(
     ("entries", "message"),
     [
-        (["30", "a", "70"], "3 entries"),
-        (["30", "a", "heavy", "b"], r"entry 3 \('heavy'\) is not a weight"),
+        (["30", "a", "heavy", "b"], r"entry 3 \('heavy'\) is not a weight"),  # a mix: a typo
         (["30", "a", "0", "b"], "entry 3: weight '0' of b must be positive"),
-        ([], "0 entries"),
+        ([], "list is empty"),
     ],
 )
 def test_bad_blend_lists_name_the_entry(entries, message):
     with pytest.raises(DataError, match=message):
         parse_blend(entries)
+
+
+@pytest.mark.parametrize(
+    ("entries", "example"),
+    [
+        (["a", "b"], "'1 a 1 b'"),  # even, no weight parses
+        (["a", "b", "c"], "'1 a 1 b 1 c'"),  # odd: Megatron reads even '30 a 70' this way
+        (["30", "a", "70"], "'1 30 1 a 1 70'"),
+        (["d/a", "d/b", "d/c", "d/d"], "'1 d/a 1 d/b 1 d/c ...'"),
+    ],
+)
+def test_megatrons_unweighted_list_is_refused_with_the_weighted_form(entries, example):
+    with pytest.raises(
+        DataError, match="Megatron's unweighted form.*does not support.*weight before each"
+    ) as info:
+        parse_blend(entries)
+    assert f"e.g. {example}" in str(info.value)
 
 
 def test_missing_prefix_is_named(tmp_path):

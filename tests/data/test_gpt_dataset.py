@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from gpt_data_helpers import InMemorySequences, fixture_token, load_fixture, slow_sample_index, write_dataset
 
+from gptrain.data import gpt_dataset
 from gptrain.data.gpt_dataset import (
     GPTDataset,
     build_gpt_indices,
@@ -52,8 +53,10 @@ def test_items_of_three_documents_by_hand():
     assert sorted(ds.document_index.tolist()) == [0, 0, 1, 1, 2, 2]
 
 
+@pytest.mark.parametrize("chunk", [1 << 18, 3])  # documents per step of the build
 @pytest.mark.parametrize("extra", [1, 0])
-def test_sample_index_equals_slow_walk(extra):
+def test_sample_index_equals_slow_walk(extra, chunk, monkeypatch):
+    monkeypatch.setattr(gpt_dataset, "_INDEX_CHUNK", chunk)
     rng = np.random.default_rng(3)
     for trial in range(60):
         lengths = rng.integers(
@@ -69,6 +72,25 @@ def test_sample_index_equals_slow_walk(extra):
             continue
         got = build_sample_index(lengths.astype(np.int32), document_index, seq, epochs, extra)
         assert got.tolist() == slow_sample_index(lengths.tolist(), document_index.tolist(), seq, extra)
+
+
+def test_index_build_needs_little_beyond_its_output(monkeypatch):
+    """Peak numpy memory of a separated-final-epoch build: the three outputs plus bounded
+    per-chunk temporaries (a full-length cumsum, repeat and gather took ~3x the output)."""
+    import tracemalloc
+
+    monkeypatch.setattr(gpt_dataset, "_INDEX_CHUNK", 1 << 12, raising=False)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 2000, 100_000).astype(np.int32)
+    documents = np.arange(len(lengths), dtype=np.int32)
+    tracemalloc.start()
+    try:
+        arrays = build_gpt_indices(lengths, documents, 250_000, 2048, seed=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    output = sum(a.nbytes for a in arrays)
+    assert len(arrays[0]) == 6 * len(documents) and peak < 1.2 * output, (peak, output)
 
 
 def test_epochs_and_final_epoch_separation_by_hand():
@@ -185,6 +207,16 @@ def test_unwritable_cache_dir_is_a_data_error(tmp_path):
     blocker.write_text("x")
     with pytest.raises(DataError, match="cache"):
         GPTDataset(prefix, np.arange(3, dtype=np.int32), 4, 4, 1, "train", cache_dir=str(blocker / "sub"))
+
+
+def test_building_indices_verifies_the_index(tmp_path):
+    prefix = write_dataset(tmp_path / "d", [5, 8, 13])
+    with open(prefix + ".idx", "r+b") as handle:
+        handle.seek(34 + 4)  # length of sequence 1: 8 -> -8 (the last pointer still fits the .bin)
+        handle.write(np.int32(-8).tobytes())
+    with pytest.raises(DataError, match=r"d\.idx: sequence 1 has length -8"):
+        GPTDataset(prefix, np.arange(3, dtype=np.int32), 4, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    assert not (tmp_path / "c").exists()
 
 
 def test_empty_split_is_a_data_error():

@@ -146,6 +146,10 @@ def test_add_index_rejects_other_dtype(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.bin", "o.idx"]
 
 
+# Byte offsets of the arrays in the .idx of DOCS (3 sequences, 4 document indices).
+LENGTHS, POINTERS, DOC_INDICES = 34, 34 + 4 * 3, 34 + 12 * 3
+
+
 def corrupt(idx: bytes, offset: int, value: bytes) -> bytes:
     return idx[:offset] + value + idx[offset + len(value) :]
 
@@ -161,12 +165,71 @@ def corrupt(idx: bytes, offset: int, value: bytes) -> bytes:
         (lambda i, b: (corrupt(i, 17, b"\x09"), b), "dtype code 9"),
         (lambda i, b: (i, b[:-2]), r"\.bin: size 10 bytes, expected 12"),
         (lambda i, b: (corrupt(i, len(i) - 8, struct.pack("<q", 2)), b), "document indices"),
+        (
+            lambda i, b: (corrupt(i, POINTERS, struct.pack("<q", 2)), b),
+            "sequence 0 starts at byte 2, expected 0",
+        ),
+        (
+            lambda i, b: (corrupt(i, POINTERS + 16, struct.pack("<q", 100)), b),
+            r"\.bin: size 12 bytes, expected 104",
+        ),
     ],
 )
 def test_rejects_broken_files(tmp_path, mutate, message):
     prefix = write_pair(tmp_path / "m", *mutate(*megatron_bytes(DOCS, 8, "H")))
     with pytest.raises(DataError, match=message):
         IndexedDataset(prefix)
+
+
+@pytest.mark.parametrize(
+    ("offset", "value", "message"),
+    [
+        (POINTERS + 8, struct.pack("<q", 0), "sequence 1 starts at byte 0, expected 6 "),  # seq 0's tokens
+        (LENGTHS + 4, struct.pack("<i", -1), "sequence 1 has length -1"),
+        (DOC_INDICES + 16, struct.pack("<q", 0), r"document index entry 2 is 0, less than entry 1 \(1\)"),
+    ],
+    ids=["pointer-into-sequence-0", "negative-length", "decreasing-document-index"],
+)
+def test_verify_names_the_first_bad_entry(tmp_path, offset, value, message):
+    """Corruption the O(1) checks on open cannot see is found by the full verify()."""
+    idx, bin_ = megatron_bytes(DOCS, 8, "H")
+    ds = IndexedDataset(write_pair(tmp_path / "m", corrupt(idx, offset, value), bin_))
+    with pytest.raises(DataError, match=r"m\.idx: " + message + ".*corrupt: re-create it"):
+        ds.verify()
+
+
+def test_verify_in_chunks(tmp_path, monkeypatch):
+    """Chunk boundaries carry the byte offset and the previous document index over."""
+    monkeypatch.setattr(indexed, "_VERIFY_CHUNK", 2)
+    docs = [([n] * (n % 3), [n % 3] if n % 3 else []) for n in range(9)]
+    idx, bin_ = megatron_bytes(docs, 8, "H")
+    IndexedDataset(write_pair(tmp_path / "good", idx, bin_)).verify()
+    pointers, doc_indices = 34 + 4 * 6, 34 + 12 * 6  # 6 sequences, 10 document indices
+    bad_pointer = corrupt(idx, pointers + 8 * 4, struct.pack("<q", 8))  # lengths 1,2,1,2,1,2: it starts at 12
+    with pytest.raises(DataError, match="sequence 4 starts at byte 8, expected 12 "):
+        IndexedDataset(write_pair(tmp_path / "p", bad_pointer, bin_)).verify()
+    bad_doc = corrupt(idx, doc_indices + 8 * 4, struct.pack("<q", 1))  # [0, 0, 1, 2, 1, 3, ...]
+    with pytest.raises(DataError, match=r"document index entry 4 is 1, less than entry 3 \(2\)"):
+        IndexedDataset(write_pair(tmp_path / "d", bad_doc, bin_)).verify()
+
+
+@pytest.mark.parametrize(
+    ("offset", "value"),
+    [
+        (POINTERS + 8, struct.pack("<q", 1000)),
+        (POINTERS + 8, struct.pack("<q", -4)),
+        (LENGTHS + 4, struct.pack("<i", -1)),
+    ],
+    ids=["pointer-past-the-bin", "negative-pointer", "negative-length"],
+)
+def test_get_of_a_corrupt_entry_is_a_data_error(tmp_path, offset, value):
+    idx, bin_ = megatron_bytes(DOCS, 8, "H")
+    ds = IndexedDataset(write_pair(tmp_path / "m", corrupt(idx, offset, value), bin_))
+    assert ds.get(0).tolist() == [5, 6, 7]
+    with pytest.raises(
+        DataError, match=r"m\.idx: sequence 1 \(byte -?\d+, -?\d+ tokens\) lies outside .*m\.bin"
+    ):
+        ds.get(1)
 
 
 def test_missing_file(tmp_path):

@@ -116,6 +116,24 @@ def test_inspect_errors(known_dataset, tmp_path, capsys):
     assert "nothing.idx: no such file" in capsys.readouterr().err
 
 
+def overwrite(path: str, offset: int, value: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(np.int64(value).tobytes())
+
+
+def test_corrupt_index_is_a_one_line_error(known_dataset, tmp_path, capsys):
+    """Entries the checks on open cannot see: inspect and merge verify the whole .idx."""
+    # 5 sequences, document indices [0, 0, 1, 2, 4, 5] at byte 34 + 12 * 5; entry 2 -> 7.
+    overwrite(known_dataset + ".idx", 34 + 12 * 5 + 8 * 2, 7)
+    assert main(["data", "inspect", known_dataset]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "known.idx: document index entry 3 is 2, less than entry 2 (7)" in err
+    assert main(["data", "merge", "--input", known_dataset, "--output-prefix", str(tmp_path / "m")]) == 2
+    assert "document index entry 3 is 2" in capsys.readouterr().err
+    assert not (tmp_path / "m.idx").exists() and not (tmp_path / "m.bin").exists()
+
+
 def test_merge_directory_in_name_order(tmp_path, capsys):
     """A directory input means its datasets sorted by name, like Megatron's merge_datasets.py."""
     (tmp_path / "parts").mkdir()

@@ -172,6 +172,19 @@ def test_skip_bad_lines(tmp_path, gpt2_files, capsys, megatron_dataset):
     assert outputs(tmp_path / "o") == megatron_dataset(good, True)
 
 
+def test_lines_only_python_json_reads_are_documents(tmp_path, gpt2_files, capsys, megatron_dataset):
+    """NaN, Infinity and 1e400 (json.dumps writes the first two) are JSON to Megatron's json.loads."""
+    source = tmp_path / "in.jsonl"
+    extras = [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"[NaN, 1]"]
+    lines = [b'{"text": "doc %d", "score": %s}' % (n, value) for n, value in enumerate(extras)]
+    source.write_bytes(b"\n".join([*lines, b'{"text": "last"}', b""]))
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "o")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--append-eod", "--workers", "1"]) == 0
+    assert "0 bad lines skipped" in capsys.readouterr().out
+    texts = [f"doc {n}" for n in range(len(extras))] + ["last"]
+    assert outputs(tmp_path / "o") == megatron_dataset(texts, True)
+
+
 def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
     (tmp_path / "broken.jsonl.gz").write_bytes(gzip.compress(source.read_bytes() * 50)[:30])
@@ -198,6 +211,10 @@ def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
         ),
         (["--input", str(source), "--tokenizer-type", "HuggingFaceTokenizer"], "needs --tokenizer-model"),
         (["--input", str(source)], "give a tokenizer: --vocab-file/--merge-file"),
+        (
+            ["--input", str(source), "--json-keys", "text", "text", *gpt2_flags(gpt2_files)],
+            "--json-keys text text: 'text' given more than once; name each key once",
+        ),
     ]
     for flags, message in cases:
         code = main(
@@ -206,6 +223,108 @@ def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
         err = capsys.readouterr().err
         assert code == 2 and message in err and err.count("\n") == 1, (flags, err)
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+# `gptrain ...` with every chunk taking a minute to encode and every merged input a minute
+# to add, so a SIGTERM surely lands mid-run, with the temporary files in place.
+SLOW_GPTRAIN = """
+import sys, time
+from gptrain.cli import main
+from gptrain.data import indexed, prepare
+
+encode, add_index = prepare.encode_chunk, indexed.IndexedDatasetWriter.add_index
+
+
+def slow_encode(chunk):  # a module-level function: forked workers unpickle it by name
+    time.sleep(60)
+    return encode(chunk)
+
+
+def slow_add_index(self, prefix):
+    add_index(self, prefix)
+    time.sleep(60)
+
+
+prepare.encode_chunk = slow_encode
+indexed.IndexedDatasetWriter.add_index = slow_add_index
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _terminate_mid_run(argv: list[str], out_dir: Path, whole_group: bool) -> subprocess.CompletedProcess:
+    """Run SLOW_GPTRAIN, wait for its temporary files, SIGTERM it (or its process group, as
+    `timeout` and Slurm do), and return how it ended."""
+    import signal
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", SLOW_GPTRAIN, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(p.name.endswith(".tmp") for p in out_dir.glob(".*")) and process.poll() is None:
+        assert time.monotonic() < deadline, "no temporary files appeared"
+        time.sleep(0.01)
+    time.sleep(0.3)  # let a worker pool start
+    assert process.poll() is None, process.communicate()
+    if whole_group:
+        os.killpg(process.pid, signal.SIGTERM)
+    else:
+        process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+@pytest.mark.parametrize(("workers", "whole_group"), [(1, False), (2, True)])
+def test_sigterm_leaves_no_temporary_files(tmp_path, gpt2_files, write_jsonl, workers, whole_group):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"document {n}"} for n in range(50)])
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(out_dir / "ds")]
+    ended = _terminate_mid_run(
+        [*argv, *gpt2_flags(gpt2_files), "--workers", str(workers)], out_dir, whole_group
+    )
+    assert list(out_dir.iterdir()) == [] and "Traceback" not in ended.stderr, ended.stderr
+    if whole_group:  # the workers die too; the main process may see that first
+        assert ended.returncode in (2, 128 + 15) and ended.stderr.count("gptrain: ") == 1
+    else:
+        assert ended.returncode == 128 + 15 and ended.stderr.endswith("gptrain: terminated by SIGTERM\n")
+
+
+def test_sigterm_during_merge_leaves_no_temporary_files(tmp_path):
+    from gpt_data_helpers import write_dataset
+
+    parts = [write_dataset(tmp_path / f"part{n}", [5, 6, 7]) for n in range(2)]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    ended = _terminate_mid_run(
+        ["data", "merge", "--input", *parts, "--output-prefix", str(out_dir / "m")], out_dir, False
+    )
+    assert ended.returncode == 128 + 15 and "gptrain: terminated by SIGTERM" in ended.stderr
+    assert list(out_dir.iterdir()) == []
+
+
+def test_terminate_as_exception_restores_the_handler():
+    import signal
+    import time
+
+    from gptrain.utils.signals import Terminated, terminate_as_exception
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated) as raised, terminate_as_exception():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts this at the latest
+    assert raised.value.status == 143 and str(raised.value) == "terminated by SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with terminate_as_exception():  # an ignored signal stays ignored
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_help_imports_nothing_heavy():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+import numpy as np
 from gpt_data_helpers import load_fixture, write_dataset
 
 from gptrain.cli import main
@@ -64,6 +66,15 @@ def test_text_is_decoded_with_the_tokenizer(tmp_path, capsys, gpt2_files, refere
     assert out["tokens"] == ids and out["text"] == text
 
 
+def test_only_the_requested_split_is_built(tmp_path, capsys):
+    """The default split "969, 30, 1" leaves 4 sequences no valid or test data: train still samples."""
+    prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8])
+    cache = tmp_path / "c"
+    out = _sample(capsys, "--data-prefix", prefix, "--seq-length", "4", "--cache-dir", str(cache))
+    assert out["split"] == "train" and out["num_samples"] == (5 + 6 + 7 + 8 - 1) // 4
+    assert {p.name.split("-")[2] for p in cache.iterdir()} == {"train"}  # nothing else was built
+
+
 def test_mock_sample(capsys):
     out = _sample(
         capsys,
@@ -83,7 +94,7 @@ def test_mock_sample(capsys):
 def test_errors_are_one_line(tmp_path, capsys):
     prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8])
     # The default split "969, 30, 1" leaves 4 sequences no validation data.
-    assert main(["data", "sample", "--data-prefix", prefix, "--seq-length", "4"]) == 2
+    assert main(["data", "sample", "--data-prefix", prefix, "--seq-length", "4", "--split", "valid"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "(valid split): a split of 0 sequences holds 0 tokens" in err
     prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8] * 250)
@@ -97,6 +108,25 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert "need a count" in capsys.readouterr().err
     assert main(["data", "sample", "--seq-length", "4", "--num-samples", "1,2"]) == 2
     assert "--num-samples" in capsys.readouterr().err
+
+
+def test_wrong_pointer_is_a_one_line_error(tmp_path, capsys):
+    """A pointer to another sequence's tokens would silently mix documents: the whole .idx is
+    verified when indices are built, and by `data sample` also when they come from the cache."""
+    prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8])
+    argv = ["data", "sample", "--data-prefix", prefix, "--seq-length", "4", "--splits-string", "1,0,0"]
+    cached = [*argv, "--cache-dir", str(tmp_path / "c")]
+    assert main(cached) == 0
+    capsys.readouterr()
+    stat = os.stat(prefix + ".idx")
+    with open(prefix + ".idx", "r+b") as handle:
+        handle.seek(34 + 4 * 4 + 8 * 2)  # pointer of sequence 2: byte 22 -> 10 (sequence 1)
+        handle.write(np.int64(10).tobytes())
+    os.utime(prefix + ".idx", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the cache still matches
+    for command in (argv, cached):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "d.idx: sequence 2 starts at byte 10, expected 22" in err
 
 
 def test_parser_module_is_light():
