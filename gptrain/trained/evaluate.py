@@ -45,6 +45,7 @@ def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
     world = world_from_env()
     if world.world_size > 1:
         init_distributed(world, cfg.trainer.resolved_accelerator())
+    failed = True
     try:
         device = b.select_device(cfg, world)
         b.seed_everything(cfg.model.seed)
@@ -57,10 +58,11 @@ def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
         result = evaluate_loss(setup, data, batches)
         if b.is_logging_rank(cfg, world):
             report(result, step_dir, iteration, source, request.json_path, cfg)
+        failed = False
         return result
     finally:
         if world.world_size > 1:
-            shutdown()
+            shutdown(wait_for_peers=not failed)
 
 
 def vocabulary_rows(run: RunCheckpoint) -> int:
