@@ -22,6 +22,9 @@ from gptrain.launch.script_values import check_launch_values
 from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job
 from gptrain.utils.atomic import atomic_write_text
 
+# A dry run writes its files here, inside each stage's run directory (see dry_run_path).
+DRY_RUN_DIR = "dry-run"
+
 
 @dataclass
 class LaunchPlan:
@@ -150,28 +153,60 @@ def data_preparation_job(section: dict[str, Any], cluster: dict[str, Any], pytho
     return job
 
 
-def write_run_files(plan: LaunchPlan, argv: list[str]) -> list[Path]:
-    """Write each stage's resolved config, script and launcher_cmd.log; return the scripts."""
+@dataclass
+class RunFile:
+    """One file a launch writes, rendered in memory first so that nothing is written before it is checked."""
+
+    path: Path
+    text: str
+    executable: bool = False
+
+
+def render_run_files(plan: LaunchPlan, argv: list[str]) -> list[RunFile]:
+    """Each stage's resolved config, script and launcher_cmd.log, in memory."""
     command_line = " ".join(shlex.quote(a) for a in ["gptrain", "launch", *argv])
-    scripts = []
+    files = []
     for job in plan.jobs:
-        job.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(config_path(job), yaml.safe_dump(plan.configs[job.stage], sort_keys=False))
+        config = yaml.safe_dump(plan.configs[job.stage], sort_keys=False)
         if plan.cluster_type == "slurm":
-            text = render_slurm(job, plan.cluster, plan.top)
+            script = render_slurm(job, plan.cluster, plan.top)
         else:
-            text = render_local(job, plan.top)
-        atomic_write_text(job.script_path, text)
-        job.script_path.chmod(0o755)
-        atomic_write_text(job.run_dir / "launcher_cmd.log", command_line + "\n")
-        scripts.append(job.script_path)
+            script = render_local(job, plan.top)
+        files.append(RunFile(config_path(job), config))
+        files.append(RunFile(job.script_path, script, executable=True))
+        files.append(RunFile(job.run_dir / "launcher_cmd.log", command_line + "\n"))
+    return files
+
+
+def dry_run_path(path: Path) -> Path:
+    """Where a dry run puts a run file: `<run dir>/dry-run/<name>`, never over a live run's files."""
+    return path.parent / DRY_RUN_DIR / path.name
+
+
+def write_files(files: list[RunFile], dry_run: bool = False) -> list[Path]:
+    """Write the rendered files (under dry-run/ for a dry run); return the scripts' paths."""
+    scripts = []
+    for file in files:
+        path = dry_run_path(file.path) if dry_run else file.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, file.text)
+        if file.executable:
+            path.chmod(0o755)
+            scripts.append(path)
     return scripts
 
 
-def validate_training(plan: LaunchPlan) -> None:
-    """Check the training section with the training loader (imports no torch)."""
+def write_run_files(plan: LaunchPlan, argv: list[str], dry_run: bool = False) -> list[Path]:
+    """Render and write each stage's resolved config, script and launcher_cmd.log; return the scripts."""
+    return write_files(render_run_files(plan, argv), dry_run)
+
+
+def validate_training(plan: LaunchPlan, files: list[RunFile]) -> None:
+    """Check the training config the job will read, as written, with the training loader (no torch)."""
     from gptrain.config import load_training_config
 
+    texts = {file.path: file.text for file in files}
     for job in plan.jobs:
         if job.stage == "training":
-            load_training_config(config_file=str(config_path(job)))
+            path = config_path(job)
+            load_training_config(config_file=str(path), config_text=texts[path])
