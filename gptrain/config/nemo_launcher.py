@@ -12,6 +12,7 @@ Only yaml/omegaconf-free dict work here: it runs in `gptrain launch` on login no
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +85,12 @@ def finalize(cfg: Any, choices: dict[str, str], stages_known: tuple[str, ...]) -
         cfg["cluster_type"] = CLUSTER_TYPES[cluster_type]
     elif cluster_type in ("bcp", "k8s"):
         raise ConfigError(f"cluster_type={cluster_type} is not supported; use bcm (Slurm) or local")
-    if "container_mounts" in cfg:
-        mounts = cfg.get("container_mounts") or []
-        cfg["container_mounts"] = [str(m) for m in mounts if m is not None]  # NeMo's default is [null]
+    mounts = cfg.get("container_mounts")
+    if isinstance(mounts, str):  # one item (pyxis reads "a:a,b:b" as two mounts: so does the join)
+        cfg["container_mounts"] = [mounts]
+    elif "container_mounts" in cfg and (mounts is None or isinstance(mounts, Sequence)):
+        # NeMo's default is [null]; other types are left for the launch's type check to name
+        cfg["container_mounts"] = [m for m in mounts or [] if m is not None]
     for group, choice in choices.items():
         if f"{group}_config" in cfg:
             cfg[f"{group}_config"] = choice

@@ -39,6 +39,7 @@ class Override:
     key: str
     value: Any
     add: bool = False
+    text: str = ""  # as typed: `cluster=2024` picks the file 2024.yaml, not the number
 
 
 @dataclass
@@ -83,7 +84,7 @@ def parse_overrides(arguments: list[str]) -> list[Override]:
         if not sep or not key.strip("+"):
             raise ConfigError(f"override '{argument}' is not key=value (e.g. training.trainer.num_nodes=2)")
         value = parse_value(text)
-        overrides.append(Override(key.lstrip("+"), value, add=key.startswith("+")))
+        overrides.append(Override(key.lstrip("+"), value, add=key.startswith("+"), text=text.strip()))
     return overrides
 
 
@@ -145,8 +146,9 @@ def compose(
     overrides = parse_overrides(arguments)
     dotted = []
     for override in overrides:
-        if override.key in GROUPS and isinstance(override.value, str):
-            choices[override.key] = override.value
+        if override.key in GROUPS and isinstance(override.value, str | int | float) and override.text:
+            # a file name, even one YAML reads as a number (`cluster=2024`, `training=010`)
+            choices[override.key] = override.value if isinstance(override.value, str) else override.text
         else:
             dotted.append(override)
     for group, choice in choices.items():

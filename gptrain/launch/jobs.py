@@ -7,6 +7,7 @@ where accounting exists; local runs are checked by pid.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
@@ -164,11 +165,17 @@ def latest_jobs(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def log_files(record: dict[str, Any]) -> list[Path]:
-    pattern = str(record.get("log", ""))
+    """The log files of a record; only the job-id slot at the end of a Slurm pattern is filled in
+    (a run named `run%j` keeps its name)."""
+    pattern = Path(str(record.get("log", "")))
     job_id = str(record.get("job_id", ""))
-    if "%A_%a" in pattern:
-        return sorted(Path(pattern).parent.glob(Path(pattern.replace("%A_%a", f"{job_id}_*")).name))
-    return [Path(pattern.replace("%j", job_id))]
+    if record.get("executor") == "local":
+        return [pattern]
+    head, array, tail = pattern.name.rpartition("%A_%a")
+    if array:
+        return sorted(pattern.parent.glob(f"{glob.escape(head)}{job_id}_*{glob.escape(tail)}"))
+    head, slot, tail = pattern.name.rpartition("%j")
+    return [pattern.parent / (f"{head}{job_id}{tail}" if slot else pattern.name)]
 
 
 def progress(log: Path, now: float | None = None) -> str | None:

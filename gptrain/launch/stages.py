@@ -19,6 +19,7 @@ from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
 from gptrain.launch.sbatch import Job, Raw, rank_command, render_local, render_slurm
 from gptrain.launch.script_values import check_launch_values
+from gptrain.launch.sections import check_launch_sections
 from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job
 from gptrain.utils.atomic import atomic_write_text
 
@@ -44,6 +45,7 @@ class LaunchPlan:
 def build_plan(composition: Composition) -> LaunchPlan:
     resolved = composition.resolved()
     check_launch_values(resolved)  # before anything is written: no newline reaches a script
+    check_launch_sections(resolved)  # types of the keys read below: one error naming the key
     # In a container the launching interpreter's path means nothing: use the image's python.
     python = str(resolved.get("python") or ("python" if resolved.get("container") else sys.executable))
     cluster = dict(resolved.get("cluster") or {})
@@ -83,8 +85,11 @@ def stage_run(section: dict[str, Any], stage: str) -> tuple[str, Path]:
     for key, value in (("name", name), ("results_dir", results_dir)):
         if not value:
             raise ConfigError(f"{stage}.run.{key} is empty: set it (it names the run's directory and job)")
-    if "/" in str(name):
-        raise ConfigError(f"{stage}.run.name '{name}' must not contain '/' (it names files and jobs)")
+    if "/" in str(name) or str(name) in (".", ".."):
+        raise ConfigError(
+            f"{stage}.run.name '{name}' must not contain '/' or be '.' or '..'"
+            " (it names the run's directory under base_results_dir, its files and jobs)"
+        )
     return str(name), Path(str(results_dir))
 
 

@@ -118,3 +118,17 @@ def test_launcher_log_survives_a_torn_line(tmp_path):
     assert [r["job_id"] for r in read_records(tmp_path)] == ["1"]
     assert json.loads((tmp_path / "launcher.log").read_text().splitlines()[0])["event"] == "submitted"
     assert os.path.getsize(tmp_path / "launcher.log") > 0
+
+
+def test_log_files_fill_only_the_job_id_slot(tmp_path):
+    """A run named `run%j` keeps its name; the id goes into the pattern's last %j (or %A_%a)."""
+    run = tmp_path / "b%j" / "run%j"
+    record = {"executor": "slurm", "job_id": "42", "log": f"{run}/log-run%j_%j.out"}
+    assert jobs.log_files(record) == [run / "log-run%j_42.out"]
+    run.mkdir(parents=True)
+    for task in (0, 1):
+        (run / f"log-a[1]%j_42_{task}.out").write_text("")
+    array = {"executor": "slurm", "job_id": "42", "log": f"{run}/log-a[1]%j_%A_%a.out"}
+    assert jobs.log_files(array) == [run / "log-a[1]%j_42_0.out", run / "log-a[1]%j_42_1.out"]
+    local = {"executor": "local", "job_id": "local-7", "pid": 7, "log": f"{run}/log-run%j_7.out"}
+    assert jobs.log_files(local) == [run / "log-run%j_7.out"]
