@@ -17,6 +17,7 @@ import yaml
 
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
+from gptrain.launch.preflight import parse_gpus
 from gptrain.launch.sbatch import Job, Raw, rank_command, render_local, render_slurm
 from gptrain.launch.script_values import check_launch_values
 from gptrain.launch.sections import check_launch_sections
@@ -65,7 +66,30 @@ def build_plan(composition: Composition) -> LaunchPlan:
         blend = resolved["data_preparation"]["blend"]["file"] if "data_preparation" in stages else None
         plan.configs["training"] = training
         plan.jobs.append(training_job(training, cluster, python, local, blend))
+    if not local:
+        for job in plan.jobs:
+            check_one_gpu_per_task(job, cluster)
     return plan
+
+
+def check_one_gpu_per_task(job: Job, cluster: dict[str, Any]) -> None:
+    """srun starts trainer.devices tasks per node, one per GPU: more tasks than the node's GPUs
+    would only fail after the queue wait ("invalid device ordinal")."""
+    if not job.gpus or job.stage not in ("training", "validation"):
+        return
+    for key, gpus in (
+        ("cluster.gpus_per_node", int(cluster.get("gpus_per_node") or 0)),
+        ("cluster.gres", parse_gpus(cluster.get("gres"))),
+        ("cluster.gpus_per_task", int(cluster.get("gpus_per_task") or 0) * job.tasks_per_node),
+    ):
+        if gpus:  # the first of these that is set is what each node gives the job
+            if job.tasks_per_node > gpus:
+                raise ConfigError(
+                    f"training.trainer.devices={job.tasks_per_node} tasks per node, but {key} gives"
+                    f" {gpus} GPUs per node (one task per GPU); lower training.trainer.devices or"
+                    f" raise {key} (CPU nodes: training.trainer.accelerator=cpu)"
+                )
+            return
 
 
 def add_validation_job(plan: LaunchPlan, python: str, local: bool) -> None:

@@ -99,3 +99,32 @@ def test_signal_seconds_null_is_the_default_and_a_value_is_honoured(tmp_path):
 def test_build_plan_names_the_key_when_called_directly(tmp_path):
     with pytest.raises(ConfigError, match=r"^cluster\.max_requeues: expected a whole number 0 or more"):
         build_plan(compose(["cluster_type=slurm", f"base_results_dir={tmp_path}", "cluster.max_requeues=-1"]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["cluster.gpus_per_node=4", "cluster.gres=gpu:4"], "cluster.gpus_per_node gives 4 GPUs"),
+        (["cluster.gpus_per_node=null", "cluster.gres=gpu:a100:4"], "cluster.gres gives 4 GPUs"),
+        (["stages=[validation]", "cluster.gpus_per_node=4"], "cluster.gpus_per_node gives 4 GPUs"),
+    ],
+)
+def test_more_tasks_than_gpus_per_node_is_refused_at_plan_time(overrides, key, tmp_path):
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "training.trainer.devices=8", *overrides]
+    with pytest.raises(ConfigError, match=r"^training\.trainer\.devices=8 tasks per node") as error:
+        build_plan(compose(args))
+    assert key in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["cluster.gpus_per_node=8", "training.trainer.devices=4"],  # fewer tasks than GPUs: allowed
+        ["cluster.gpus_per_node=null", "cluster.gres=null", "cluster.gpus_per_task=1"],
+        [*CPU, "training.trainer.devices=16"],  # CPU processes: no GPU to count
+        ["cluster_type=local", "cluster.gpus_per_node=4", "training.trainer.num_nodes=1"],  # not Slurm
+    ],
+)
+def test_tasks_that_fit_the_gpus_plan(overrides, tmp_path):
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "training.trainer.devices=8", *overrides]
+    assert [job.stage for job in build_plan(compose(args)).jobs] == ["training"]
