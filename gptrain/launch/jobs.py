@@ -20,7 +20,7 @@ from typing import Any
 
 from gptrain.errors import LaunchError
 from gptrain.launch.compose import closest
-from gptrain.launch.records import LAUNCHER_LOG, read_records
+from gptrain.launch.records import LAUNCHER_LOG, process_start_time, read_records
 from gptrain.launch.stragglers import stragglers_for
 from gptrain.utils.progress import format_duration
 
@@ -137,15 +137,19 @@ def local_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobSta
         if other.get("event") == "finished" and other.get("job_id") == record["job_id"]:
             code = int(other.get("exit_code", 1))
             return JobState("COMPLETED" if code == 0 else "FAILED", exit_code=str(code))
+    gone = JobState("UNKNOWN", "process gone without a recorded exit")
     try:
         pid = int(record["pid"])
         if pid <= 0:  # never signal a process group by accident
             raise ValueError(pid)
         os.kill(pid, 0)
     except (ProcessLookupError, ValueError):
-        return JobState("UNKNOWN", "process gone without a recorded exit")
+        return gone
     except PermissionError:
         pass
+    # Records of older launches have no start time: their pid is trusted as before.
+    if "start_time" in record and process_start_time(pid) != record["start_time"]:
+        return JobState("UNKNOWN", f"process gone without a recorded exit (pid {pid} is another process now)")
     return JobState("RUNNING")
 
 
