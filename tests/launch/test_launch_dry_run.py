@@ -94,3 +94,19 @@ def test_a_dry_run_or_a_launch_that_fails_never_touches_a_live_runs_files(tmp_pa
     script = (run / "dry-run/gptrain-gpt3_126m_submission.sh").read_text()
     assert f"--config-file {run}/gptrain-gpt3_126m_hydra.yaml" in script  # as the launch would submit it
     assert f"{run}/dry-run/gptrain-gpt3_126m_submission.sh" in out
+
+
+def test_overrides_after_an_option_may_add_keys_with_plus(tmp_path, capsys, monkeypatch):
+    """`gptrain launch --dry-run a=b --quiet +env_vars.X=1`: the `+` form follows options too."""
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", "--dry-run", f"base_results_dir={tmp_path}/r", "training.trainer.num_nodes=1"]
+    args += ["--quiet", "+env_vars.GPTRAIN_X=1"]
+    assert main([*args, "training.trainer.max_steps=7"]) == 0
+    script = (tmp_path / "r/gpt3_126m/dry-run/gptrain-gpt3_126m_submission.sh").read_text()
+    assert "export GPTRAIN_X=1" in script.splitlines()
+    config = yaml.safe_load((tmp_path / "r/gpt3_126m/dry-run/gptrain-gpt3_126m_hydra.yaml").read_text())
+    assert config["trainer"]["max_steps"] == 7
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # anything else after an option is still refused
+        main(["launch", "--dry-run", "training.trainer.num_nodes=1", "--quiet", "+=1"])
+    assert "unrecognized arguments: +=1" in capsys.readouterr().err
