@@ -39,15 +39,24 @@ CLUSTER_TYPES = {"bcm": "slurm", "slurm": "slurm", "local": "local"}
 PATH_KEYS = ("launcher_scripts_path", "bignlp_path")
 
 
-def prepare_root(base: dict[str, Any], root: Path, groups: tuple[str, ...]) -> list[str]:
+def prepare_root(
+    base: dict[str, Any], root: Path, groups: tuple[str, ...], path: Path | None = None
+) -> list[str]:
     """Before the defaults list is read: drop foreign groups, fill the mandatory paths.
 
     Returns notes (what was ignored and why) for the one report line.
     """
     notes: list[str] = []
     kept, foreign = [], []
-    for entry in base.get("defaults") or []:
+    defaults = base.get("defaults") or []
+    if not isinstance(defaults, list):
+        raise ConfigError(f"{path or root}: 'defaults' must be a list, e.g. [_self_, {{cluster: bcm}}]")
+    for entry in defaults:
         if isinstance(entry, dict):
+            if not entry:
+                raise ConfigError(
+                    f"{path or root}: an empty defaults entry {{}}; name a group and its file, e.g. {{cluster: bcm}}"
+                )
             (group, choice), *_ = entry.items()
             if str(group).startswith("override ") or (group not in groups and group != "_self_"):
                 if not str(group).startswith("override "):

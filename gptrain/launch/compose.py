@@ -22,7 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
-from gptrain.config.yamlio import load_text, parse_value
+from gptrain.config.yamlio import load_file, parse_value
 from gptrain.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
@@ -94,10 +94,7 @@ def group_choices(group: str, root: Path = CONFIG_ROOT) -> list[str]:
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = load_text(path.read_text(), str(path))
-    except OSError as error:
-        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+    data = load_file(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -141,7 +138,7 @@ def compose(
         raise ConfigError(f"{config_path}: no such launcher config; give the conf directory that holds it")
     base = load_yaml(config_path)
     base.pop("hydra", None)
-    notes = nemo_launcher.prepare_root(base, root, GROUPS)  # a NeMo launcher tree works as is
+    notes = nemo_launcher.prepare_root(base, root, GROUPS, config_path)  # a NeMo launcher tree works as is
     choices = default_choices(base, config_path)
     overrides = parse_overrides(arguments)
     dotted = []
