@@ -28,7 +28,7 @@ COMMAND_MODULES = (
     "gptrain.checkpoint.cli",
 )
 
-OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+OVERRIDE = re.compile(r"^\+?[A-Za-z_][\w.]*=")  # `+key=value` adds a key
 
 
 def build_parser() -> argparse.ArgumentParser:

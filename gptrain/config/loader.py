@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key
 from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
-from gptrain.config.yamlio import load_file, parse_value
+from gptrain.config.yamlio import load_file, load_text, parse_value
 from gptrain.errors import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "training"
@@ -66,11 +66,16 @@ def load_training_config(
     overrides: typing.Sequence[str] = (),
     config_file: str | None = None,
     report_ignored: bool = True,
+    config_text: str | None = None,
 ) -> TrainingConfig:
-    """Compose, override, resolve, type-check and validate a training config."""
+    """Compose, override, resolve, type-check and validate a training config.
+
+    `config_text`: the YAML of `config_file`, not yet written (the launcher checks a run's
+    config before it writes anything); errors still name `config_file`.
+    """
     register_resolvers()
     source = str(config_file or (preset_path(preset) if preset else "<defaults>"))
-    root = _compose_root(preset, config_file)
+    root = _compose_root(preset, config_file, config_text)
     for override in overrides:
         _apply_override(root, override)
     data = _resolve(root, source)
@@ -84,8 +89,9 @@ def load_training_config(
     return cfg
 
 
-def _load_yaml(path: str | Path) -> DictConfig:
-    data = load_file(path)  # `10:00:00` stays a string, unlike OmegaConf.load
+def _load_yaml(path: str | Path, text: str | None = None) -> DictConfig:
+    # `10:00:00` stays a string, unlike OmegaConf.load
+    data = load_file(path) if text is None else load_text(text, str(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
     try:
@@ -97,9 +103,9 @@ def _load_yaml(path: str | Path) -> DictConfig:
     return loaded
 
 
-def _compose_root(preset: str | None, config_file: str | None) -> DictConfig:
+def _compose_root(preset: str | None, config_file: str | None, config_text: str | None = None) -> DictConfig:
     """Root = {base_results_dir, data_dir, training: <preset or file>}; a launcher file already has it."""
-    training = _load_yaml(config_file) if config_file else None
+    training = _load_yaml(config_file, config_text) if config_file else None
     if training is None and preset:
         training = _load_yaml(preset_path(preset))
     if training is not None and "training" in training:

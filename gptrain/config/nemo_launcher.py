@@ -12,6 +12,7 @@ Only yaml/omegaconf-free dict work here: it runs in `gptrain launch` on login no
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +39,24 @@ CLUSTER_TYPES = {"bcm": "slurm", "slurm": "slurm", "local": "local"}
 PATH_KEYS = ("launcher_scripts_path", "bignlp_path")
 
 
-def prepare_root(base: dict[str, Any], root: Path, groups: tuple[str, ...]) -> list[str]:
+def prepare_root(
+    base: dict[str, Any], root: Path, groups: tuple[str, ...], path: Path | None = None
+) -> list[str]:
     """Before the defaults list is read: drop foreign groups, fill the mandatory paths.
 
     Returns notes (what was ignored and why) for the one report line.
     """
     notes: list[str] = []
     kept, foreign = [], []
-    for entry in base.get("defaults") or []:
+    defaults = base.get("defaults") or []
+    if not isinstance(defaults, list):
+        raise ConfigError(f"{path or root}: 'defaults' must be a list, e.g. [_self_, {{cluster: bcm}}]")
+    for entry in defaults:
         if isinstance(entry, dict):
+            if not entry:
+                raise ConfigError(
+                    f"{path or root}: an empty defaults entry {{}}; name a group and its file, e.g. {{cluster: bcm}}"
+                )
             (group, choice), *_ = entry.items()
             if str(group).startswith("override ") or (group not in groups and group != "_self_"):
                 if not str(group).startswith("override "):
@@ -84,9 +94,12 @@ def finalize(cfg: Any, choices: dict[str, str], stages_known: tuple[str, ...]) -
         cfg["cluster_type"] = CLUSTER_TYPES[cluster_type]
     elif cluster_type in ("bcp", "k8s"):
         raise ConfigError(f"cluster_type={cluster_type} is not supported; use bcm (Slurm) or local")
-    if "container_mounts" in cfg:
-        mounts = cfg.get("container_mounts") or []
-        cfg["container_mounts"] = [str(m) for m in mounts if m is not None]  # NeMo's default is [null]
+    mounts = cfg.get("container_mounts")
+    if isinstance(mounts, str):  # one item (pyxis reads "a:a,b:b" as two mounts: so does the join)
+        cfg["container_mounts"] = [mounts]
+    elif "container_mounts" in cfg and (mounts is None or isinstance(mounts, Sequence)):
+        # NeMo's default is [null]; other types are left for the launch's type check to name
+        cfg["container_mounts"] = [m for m in mounts or [] if m is not None]
     for group, choice in choices.items():
         if f"{group}_config" in cfg:
             cfg[f"{group}_config"] = choice

@@ -49,24 +49,57 @@ ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+01
 def load_text(text: str, where: str) -> Any:
     """Parse YAML text; a syntax error names `where` and the line."""
     try:
-        return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader subclass)
+        data = yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
         raise ConfigError(
             f"{where}{line}: invalid YAML: {getattr(error, 'problem', None) or error}"
         ) from None
+    check_not_recursive(data, where)
+    return data
+
+
+def check_not_recursive(data: Any, where: str) -> None:
+    """An alias inside its own anchor (`a: &x [*x]`) makes a value that contains itself;
+    OmegaConf would recurse until the interpreter stops it. Shared aliases elsewhere are fine."""
+    on_path: set[int] = set()
+
+    def visit(node: Any, key: str) -> None:
+        if not isinstance(node, dict | list):
+            return
+        if id(node) in on_path:
+            raise ConfigError(
+                f"{where}: '{key}' is an alias of a node that contains it (like a: &x [*x]);"
+                " a config value cannot contain itself"
+            )
+        on_path.add(id(node))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for sub, item in items:
+            visit(item, f"{key}.{sub}" if key else str(sub))
+        on_path.discard(id(node))
+
+    visit(data, "")
+
+
+def read_config_text(path: str | Path) -> str:
+    """The text of a config file; a missing, unreadable or non-UTF-8 file is a one-line ConfigError."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start});"
+            " save the file as UTF-8"
+        ) from None
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
 
 
 def load_file(path: str | Path) -> Any:
-    """Read and parse one YAML file; a missing file is a one-line ConfigError."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as error:
-        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
-    return load_text(text, str(path))
+    """Read and parse one YAML file; a missing or unreadable file is a one-line ConfigError."""
+    return load_text(read_config_text(path), str(path))
 
 
 def parse_value(text: str) -> Any:

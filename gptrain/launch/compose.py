@@ -22,7 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
-from gptrain.config.yamlio import load_text, parse_value
+from gptrain.config.yamlio import load_file, parse_value
 from gptrain.errors import ConfigError
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
@@ -39,6 +39,7 @@ class Override:
     key: str
     value: Any
     add: bool = False
+    text: str = ""  # as typed: `cluster=2024` picks the file 2024.yaml, not the number
 
 
 @dataclass
@@ -83,7 +84,7 @@ def parse_overrides(arguments: list[str]) -> list[Override]:
         if not sep or not key.strip("+"):
             raise ConfigError(f"override '{argument}' is not key=value (e.g. training.trainer.num_nodes=2)")
         value = parse_value(text)
-        overrides.append(Override(key.lstrip("+"), value, add=key.startswith("+")))
+        overrides.append(Override(key.lstrip("+"), value, add=key.startswith("+"), text=text.strip()))
     return overrides
 
 
@@ -93,10 +94,7 @@ def group_choices(group: str, root: Path = CONFIG_ROOT) -> list[str]:
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = load_text(path.read_text(), str(path))
-    except OSError as error:
-        raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+    data = load_file(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -140,13 +138,14 @@ def compose(
         raise ConfigError(f"{config_path}: no such launcher config; give the conf directory that holds it")
     base = load_yaml(config_path)
     base.pop("hydra", None)
-    notes = nemo_launcher.prepare_root(base, root, GROUPS)  # a NeMo launcher tree works as is
+    notes = nemo_launcher.prepare_root(base, root, GROUPS, config_path)  # a NeMo launcher tree works as is
     choices = default_choices(base, config_path)
     overrides = parse_overrides(arguments)
     dotted = []
     for override in overrides:
-        if override.key in GROUPS and isinstance(override.value, str):
-            choices[override.key] = override.value
+        if override.key in GROUPS and isinstance(override.value, str | int | float) and override.text:
+            # a file name, even one YAML reads as a number (`cluster=2024`, `training=010`)
+            choices[override.key] = override.value if isinstance(override.value, str) else override.text
         else:
             dotted.append(override)
     for group, choice in choices.items():

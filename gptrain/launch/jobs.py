@@ -7,6 +7,7 @@ where accounting exists; local runs are checked by pid.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 
 from gptrain.errors import LaunchError
 from gptrain.launch.compose import closest
-from gptrain.launch.records import LAUNCHER_LOG, read_records
+from gptrain.launch.records import LAUNCHER_LOG, process_start_time, read_records
 from gptrain.launch.stragglers import stragglers_for
 from gptrain.utils.progress import format_duration
 
@@ -136,15 +137,19 @@ def local_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobSta
         if other.get("event") == "finished" and other.get("job_id") == record["job_id"]:
             code = int(other.get("exit_code", 1))
             return JobState("COMPLETED" if code == 0 else "FAILED", exit_code=str(code))
+    gone = JobState("UNKNOWN", "process gone without a recorded exit")
     try:
         pid = int(record["pid"])
         if pid <= 0:  # never signal a process group by accident
             raise ValueError(pid)
         os.kill(pid, 0)
     except (ProcessLookupError, ValueError):
-        return JobState("UNKNOWN", "process gone without a recorded exit")
+        return gone
     except PermissionError:
         pass
+    # Records of older launches have no start time: their pid is trusted as before.
+    if "start_time" in record and process_start_time(pid) != record["start_time"]:
+        return JobState("UNKNOWN", f"process gone without a recorded exit (pid {pid} is another process now)")
     return JobState("RUNNING")
 
 
@@ -164,11 +169,17 @@ def latest_jobs(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def log_files(record: dict[str, Any]) -> list[Path]:
-    pattern = str(record.get("log", ""))
+    """The log files of a record; only the job-id slot at the end of a Slurm pattern is filled in
+    (a run named `run%j` keeps its name)."""
+    pattern = Path(str(record.get("log", "")))
     job_id = str(record.get("job_id", ""))
-    if "%A_%a" in pattern:
-        return sorted(Path(pattern).parent.glob(Path(pattern.replace("%A_%a", f"{job_id}_*")).name))
-    return [Path(pattern.replace("%j", job_id))]
+    if record.get("executor") == "local":
+        return [pattern]
+    head, array, tail = pattern.name.rpartition("%A_%a")
+    if array:
+        return sorted(pattern.parent.glob(f"{glob.escape(head)}{job_id}_*{glob.escape(tail)}"))
+    head, slot, tail = pattern.name.rpartition("%j")
+    return [pattern.parent / (f"{head}{job_id}{tail}" if slot else pattern.name)]
 
 
 def progress(log: Path, now: float | None = None) -> str | None:

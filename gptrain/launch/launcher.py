@@ -11,7 +11,15 @@ from gptrain.errors import LaunchError
 from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import parse_shards
 from gptrain.launch.preflight import check_tokenizer_files, check_training_files
-from gptrain.launch.stages import LaunchPlan, build_plan, config_path, validate_training, write_run_files
+from gptrain.launch.stages import (
+    LaunchPlan,
+    build_plan,
+    config_path,
+    dry_run_path,
+    render_run_files,
+    validate_training,
+    write_files,
+)
 
 
 def preflight(plan: LaunchPlan, dry_run: bool) -> list[str]:
@@ -62,12 +70,13 @@ def _cluster_checks(plan: LaunchPlan, dry_run: bool) -> list[str]:
         return [f"skipped  cluster checks: {error}"]
 
 
-def summary(plan: LaunchPlan) -> list[str]:
+def summary(plan: LaunchPlan, scripts: list[Path]) -> list[str]:
+    """Per stage: the written script and config (the dry run's copies) and the script's key lines."""
     lines = []
-    for job in plan.jobs:
-        lines.append(f"{job.stage}: {job.script_path}")
-        lines.append(f"  config: {config_path(job)}")
-        text = job.script_path.read_text().splitlines()
+    for job, script in zip(plan.jobs, scripts, strict=True):
+        lines.append(f"{job.stage}: {script}")
+        lines.append(f"  config: {dry_run_path(config_path(job))}")
+        text = script.read_text().splitlines()
         lines += [f"  {line}" for line in text if line.startswith(("#SBATCH", "srun", "exec"))]
     return lines
 
@@ -79,14 +88,22 @@ def launch(
     root: Path | None = None,
     config_name: str = "config",
 ) -> int:
+    """Compose, plan, render and check everything in memory, then write and run or submit.
+
+    Nothing is written before every check passed. A dry run writes its files under each run
+    directory's `dry-run/` (the scripts exactly as a launch would write them), so it never
+    touches the files of a run that is live there (a requeued job re-reads its _hydra.yaml).
+    """
     plan = build_plan(compose(argv, root or CONFIG_ROOT, config_name=config_name))
-    write_run_files(plan, argv)
-    validate_training(plan)
+    files = render_run_files(plan, argv)
+    validate_training(plan, files)
     for line in preflight(plan, dry_run):
         print(f"preflight: {line}", file=sys.stderr)
     if dry_run:
-        print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan)))
+        scripts = write_files(files, dry_run=True)
+        print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan, scripts)))
         return 0
+    write_files(files)
     if plan.cluster_type == "slurm":
         from gptrain.launch.executors.slurm import submit
 

@@ -1,8 +1,8 @@
 """`launcher.log`: one JSON object per line recording what a launch submitted or ran.
 
 `gptrain status/cancel/logs` read it back, so a run is found by its directory alone.
-Events: `submitted` (slurm job id or local pid, script, log pattern) and `finished`
-(local runs: exit code).
+Events: `submitted` (slurm job id, or local pid and the process's start time, script, log
+pattern) and `finished` (local runs: exit code).
 """
 
 from __future__ import annotations
@@ -33,3 +33,22 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue  # a line cut by a crash: skip it, keep the rest
     return records
+
+
+def process_start_time(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot, /proc/<pid>/stat field 22), or None.
+
+    A pid alone may be reused once the launcher is gone (SIGKILL, SIGHUP): pid and start time
+    together name one process. None where the process does not exist or there is no /proc.
+    """
+    try:
+        with open(f"/proc/{int(pid)}/stat") as handle:
+            stat = handle.read()
+    except (OSError, ValueError):
+        return None
+    # field 2 (the command name) may hold spaces and parentheses: count from the last ')'
+    fields = stat.rpartition(")")[2].split()
+    try:
+        return int(fields[22 - 3])
+    except (IndexError, ValueError):
+        return None

@@ -19,6 +19,10 @@ from pathlib import Path
 
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, ConfigError
 from gptrain.launch.script_values import CONTROL, describe
+from gptrain.launch.sections import ENV_NAME
+
+# Seconds of warning (USR1) before the time limit when cluster.signal_seconds is null.
+DEFAULT_SIGNAL_SECONDS = 300
 
 
 class Raw(str):
@@ -50,9 +54,24 @@ class Job:
         return self.run_dir / f"{self.job_name}_submission.sh"
 
     def log_pattern(self, suffix: str = "out") -> Path:
-        """sbatch output pattern: %j (or %A_%a for arrays) becomes the job id."""
+        """sbatch output pattern: %j (or %A_%a for arrays) becomes the job id.
+
+        Slurm expands `%` anywhere in the path, so every `%` of the run directory and the job
+        name is doubled (`run%j` stays `run%j`, not the job id).
+        """
         jobid = "%A_%a" if self.array else "%j"
-        return self.run_dir / f"log-{self.job_name.replace('%', '%%')}_{jobid}.{suffix}"
+        return (
+            Path(escape_percent(str(self.run_dir))) / f"log-{escape_percent(self.job_name)}_{jobid}.{suffix}"
+        )
+
+    def log_path(self, job_id: str, suffix: str = "out") -> Path:
+        """The file Slurm writes for a (non-array) job id: the pattern as Slurm expands it."""
+        return self.run_dir / f"log-{self.job_name}_{job_id}.{suffix}"
+
+
+def escape_percent(text: str) -> str:
+    """Text that Slurm's filename patterns (--output, --error) read back as itself."""
+    return text.replace("%", "%%")
 
 
 def rank_command(python: str, args: list[str], devices: int, local: bool) -> list[str]:
@@ -84,7 +103,7 @@ def quote_command(command: list[str]) -> str:
 def env_lines(env_vars: dict[str, object] | None) -> list[str]:
     lines = []
     for key, value in (env_vars or {}).items():
-        if not str(key).isidentifier():
+        if not ENV_NAME.match(str(key)):
             raise ConfigError(f"env_vars key '{key}' is not a valid environment variable name")
         if value is None:
             continue
@@ -100,23 +119,46 @@ def wandb_key_lines(key_file: object) -> list[str]:
     return [f'export WANDB_API_KEY="$(cat {quote(key_file, "wandb_api_key_file")})"']
 
 
-def directive(option: str, value: object = None) -> str:
-    return (
-        f"#SBATCH --{option}"
-        if value is None
-        else f"#SBATCH --{option}={quote(value, f'#SBATCH --{option}')}"
-    )
+# The config keys behind each #SBATCH option whose value comes from a config, for error messages.
+DIRECTIVE_KEYS = {
+    "job-name": "cluster.job_name_prefix or {stage}.run.name",
+    "output": "base_results_dir, {stage}.run.results_dir or {stage}.run.name",
+    "error": "base_results_dir, {stage}.run.results_dir or {stage}.run.name",
+    "chdir": "the current directory (launch from another one)",
+    "partition": "cluster.partition",
+    "account": "cluster.account",
+    "nodelist": "cluster.nodelist",
+    "exclude": "cluster.exclude or validation.exclude_file",
+    "time": "{stage}.run.time_limit",
+    "mem": "cluster.mem",
+    "gres": "cluster.gres",
+    "dependency": "{stage}.run.dependency",
+}
+
+
+def directive(option: str, value: object = None, stage: str = "training") -> str:
+    """One #SBATCH line. A backslash is refused: sbatch reads it as an escape in #SBATCH lines."""
+    if value is None:
+        return f"#SBATCH --{option}"
+    text = str(value)
+    if "\\" in text:
+        keys = DIRECTIVE_KEYS.get(option, "the config").format(stage=stage)
+        raise ConfigError(
+            f"{keys}: the value {text!r} reaches '#SBATCH --{option}' and contains a backslash,"
+            " which sbatch reads as an escape character; remove it"
+        )
+    return f"#SBATCH --{option}={quote(text, f'#SBATCH --{option}')}"
 
 
 def sbatch_directives(job: Job, cluster: dict) -> list[str]:
     """The #SBATCH lines: resources from the job, site settings from the cluster profile."""
-    lines = [directive("job-name", job.job_name), directive("nodes", job.nodes)]
-    lines.append(directive("ntasks-per-node", job.tasks_per_node))
-    lines.append(directive("output", job.log_pattern("out")))
+    lines = [directive("job-name", job.job_name, job.stage), directive("nodes", job.nodes)]
+    lines.append(directive("ntasks-per-node", job.tasks_per_node, job.stage))
+    lines.append(directive("output", job.log_pattern("out"), job.stage))
     if not cluster.get("stderr_to_stdout", True):
-        lines.append(directive("error", job.log_pattern("err")))
+        lines.append(directive("error", job.log_pattern("err"), job.stage))
     lines.append(directive("open-mode", "append"))  # a requeued run continues the same log
-    lines.append(directive("chdir", job.workdir))
+    lines.append(directive("chdir", job.workdir, job.stage))
     for key, option in (
         ("partition", "partition"),
         ("account", "account"),
@@ -124,22 +166,24 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
         ("exclude", "exclude"),
     ):
         if cluster.get(key):
-            lines.append(directive(option, cluster[key]))
+            lines.append(directive(option, cluster[key], job.stage))
     if job.time_limit:
-        lines.append(directive("time", job.time_limit))
+        lines.append(directive("time", job.time_limit, job.stage))
     if cluster.get("mem") is not None:
-        lines.append(directive("mem", cluster["mem"]))
+        lines.append(directive("mem", cluster["mem"], job.stage))
     if cluster.get("exclusive"):
         lines.append(directive("exclusive"))
     if job.cpus_per_task:
-        lines.append(directive("cpus-per-task", job.cpus_per_task))
+        lines.append(directive("cpus-per-task", job.cpus_per_task, job.stage))
     lines.extend(gpu_directives(job, cluster))
     if job.array:
-        lines.append(directive("array", f"0-{job.array - 1}"))
+        lines.append(directive("array", f"0-{job.array - 1}", job.stage))
     if job.dependency:
-        lines.append(directive("dependency", job.dependency))
+        lines.append(directive("dependency", job.dependency, job.stage))
     if job.requeue:
-        lines.append(directive("signal", f"B:USR1@{int(cluster.get('signal_seconds') or 300)}"))
+        seconds = cluster.get("signal_seconds")  # checked: 1..65535 or null (the default)
+        seconds = DEFAULT_SIGNAL_SECONDS if seconds is None else int(seconds)
+        lines.append(directive("signal", f"B:USR1@{seconds}"))
         lines.append(directive("requeue"))
     return lines
 
@@ -149,11 +193,11 @@ def gpu_directives(job: Job, cluster: dict) -> list[str]:
         return []
     lines = []
     if cluster.get("gres"):
-        lines.append(directive("gres", cluster["gres"]))
+        lines.append(directive("gres", cluster["gres"], job.stage))
     if cluster.get("gpus_per_node"):
-        lines.append(directive("gpus-per-node", cluster["gpus_per_node"]))
+        lines.append(directive("gpus-per-node", cluster["gpus_per_node"], job.stage))
     if cluster.get("gpus_per_task"):
-        lines.append(directive("gpus-per-task", cluster["gpus_per_task"]))
+        lines.append(directive("gpus-per-task", cluster["gpus_per_task"], job.stage))
     return lines
 
 

@@ -71,7 +71,8 @@ def check_launch_values(resolved: dict[str, Any]) -> None:
     for key in TOP_KEYS:
         check_value(key, resolved.get(key))
     check_value("cluster", resolved.get("cluster"))
-    prefix = (resolved.get("cluster") or {}).get("job_name_prefix")
+    cluster = resolved.get("cluster")
+    prefix = cluster.get("job_name_prefix") if isinstance(cluster, dict) else None
     if prefix is not None and "/" in str(prefix):
         raise ConfigError(
             f"cluster.job_name_prefix {str(prefix)!r} must not contain '/' (it names the job's files)"

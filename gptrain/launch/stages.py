@@ -17,10 +17,15 @@ import yaml
 
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
+from gptrain.launch.preflight import parse_gpus
 from gptrain.launch.sbatch import Job, Raw, rank_command, render_local, render_slurm
 from gptrain.launch.script_values import check_launch_values
+from gptrain.launch.sections import check_launch_sections
 from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job
 from gptrain.utils.atomic import atomic_write_text
+
+# A dry run writes its files here, inside each stage's run directory (see dry_run_path).
+DRY_RUN_DIR = "dry-run"
 
 
 @dataclass
@@ -41,6 +46,7 @@ class LaunchPlan:
 def build_plan(composition: Composition) -> LaunchPlan:
     resolved = composition.resolved()
     check_launch_values(resolved)  # before anything is written: no newline reaches a script
+    check_launch_sections(resolved)  # types of the keys read below: one error naming the key
     # In a container the launching interpreter's path means nothing: use the image's python.
     python = str(resolved.get("python") or ("python" if resolved.get("container") else sys.executable))
     cluster = dict(resolved.get("cluster") or {})
@@ -60,7 +66,30 @@ def build_plan(composition: Composition) -> LaunchPlan:
         blend = resolved["data_preparation"]["blend"]["file"] if "data_preparation" in stages else None
         plan.configs["training"] = training
         plan.jobs.append(training_job(training, cluster, python, local, blend))
+    if not local:
+        for job in plan.jobs:
+            check_one_gpu_per_task(job, cluster)
     return plan
+
+
+def check_one_gpu_per_task(job: Job, cluster: dict[str, Any]) -> None:
+    """srun starts trainer.devices tasks per node, one per GPU: more tasks than the node's GPUs
+    would only fail after the queue wait ("invalid device ordinal")."""
+    if not job.gpus or job.stage not in ("training", "validation"):
+        return
+    for key, gpus in (
+        ("cluster.gpus_per_node", int(cluster.get("gpus_per_node") or 0)),
+        ("cluster.gres", parse_gpus(cluster.get("gres"))),
+        ("cluster.gpus_per_task", int(cluster.get("gpus_per_task") or 0) * job.tasks_per_node),
+    ):
+        if gpus:  # the first of these that is set is what each node gives the job
+            if job.tasks_per_node > gpus:
+                raise ConfigError(
+                    f"training.trainer.devices={job.tasks_per_node} tasks per node, but {key} gives"
+                    f" {gpus} GPUs per node (one task per GPU); lower training.trainer.devices or"
+                    f" raise {key} (CPU nodes: training.trainer.accelerator=cpu)"
+                )
+            return
 
 
 def add_validation_job(plan: LaunchPlan, python: str, local: bool) -> None:
@@ -80,8 +109,11 @@ def stage_run(section: dict[str, Any], stage: str) -> tuple[str, Path]:
     for key, value in (("name", name), ("results_dir", results_dir)):
         if not value:
             raise ConfigError(f"{stage}.run.{key} is empty: set it (it names the run's directory and job)")
-    if "/" in str(name):
-        raise ConfigError(f"{stage}.run.name '{name}' must not contain '/' (it names files and jobs)")
+    if "/" in str(name) or str(name) in (".", ".."):
+        raise ConfigError(
+            f"{stage}.run.name '{name}' must not contain '/' or be '.' or '..'"
+            " (it names the run's directory under base_results_dir, its files and jobs)"
+        )
     return str(name), Path(str(results_dir))
 
 
@@ -150,28 +182,60 @@ def data_preparation_job(section: dict[str, Any], cluster: dict[str, Any], pytho
     return job
 
 
-def write_run_files(plan: LaunchPlan, argv: list[str]) -> list[Path]:
-    """Write each stage's resolved config, script and launcher_cmd.log; return the scripts."""
+@dataclass
+class RunFile:
+    """One file a launch writes, rendered in memory first so that nothing is written before it is checked."""
+
+    path: Path
+    text: str
+    executable: bool = False
+
+
+def render_run_files(plan: LaunchPlan, argv: list[str]) -> list[RunFile]:
+    """Each stage's resolved config, script and launcher_cmd.log, in memory."""
     command_line = " ".join(shlex.quote(a) for a in ["gptrain", "launch", *argv])
-    scripts = []
+    files = []
     for job in plan.jobs:
-        job.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(config_path(job), yaml.safe_dump(plan.configs[job.stage], sort_keys=False))
+        config = yaml.safe_dump(plan.configs[job.stage], sort_keys=False)
         if plan.cluster_type == "slurm":
-            text = render_slurm(job, plan.cluster, plan.top)
+            script = render_slurm(job, plan.cluster, plan.top)
         else:
-            text = render_local(job, plan.top)
-        atomic_write_text(job.script_path, text)
-        job.script_path.chmod(0o755)
-        atomic_write_text(job.run_dir / "launcher_cmd.log", command_line + "\n")
-        scripts.append(job.script_path)
+            script = render_local(job, plan.top)
+        files.append(RunFile(config_path(job), config))
+        files.append(RunFile(job.script_path, script, executable=True))
+        files.append(RunFile(job.run_dir / "launcher_cmd.log", command_line + "\n"))
+    return files
+
+
+def dry_run_path(path: Path) -> Path:
+    """Where a dry run puts a run file: `<run dir>/dry-run/<name>`, never over a live run's files."""
+    return path.parent / DRY_RUN_DIR / path.name
+
+
+def write_files(files: list[RunFile], dry_run: bool = False) -> list[Path]:
+    """Write the rendered files (under dry-run/ for a dry run); return the scripts' paths."""
+    scripts = []
+    for file in files:
+        path = dry_run_path(file.path) if dry_run else file.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, file.text)
+        if file.executable:
+            path.chmod(0o755)
+            scripts.append(path)
     return scripts
 
 
-def validate_training(plan: LaunchPlan) -> None:
-    """Check the training section with the training loader (imports no torch)."""
+def write_run_files(plan: LaunchPlan, argv: list[str], dry_run: bool = False) -> list[Path]:
+    """Render and write each stage's resolved config, script and launcher_cmd.log; return the scripts."""
+    return write_files(render_run_files(plan, argv), dry_run)
+
+
+def validate_training(plan: LaunchPlan, files: list[RunFile]) -> None:
+    """Check the training config the job will read, as written, with the training loader (no torch)."""
     from gptrain.config import load_training_config
 
+    texts = {file.path: file.text for file in files}
     for job in plan.jobs:
         if job.stage == "training":
-            load_training_config(config_file=str(config_path(job)))
+            path = config_path(job)
+            load_training_config(config_file=str(path), config_text=texts[path])

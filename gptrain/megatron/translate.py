@@ -139,14 +139,19 @@ def _convert(flag: str, text: str, convert: Any) -> Any:
     try:
         return convert(text)
     except ValueError:
-        raise ConfigError(f"{flag} {text}: expects a {getattr(convert, '__name__', 'value')}") from None
+        kind = {int: "a whole number", float: "a number"}.get(convert, "a whole number")  # (minutes)
+        raise ConfigError(f"{flag} {text}: expects {kind}") from None
+
+
+# Megatron's Adam betas where the flags are absent.
+BETA_DEFAULTS = (("--adam-beta1", "0.9"), ("--adam-beta2", "0.999"))
 
 
 def finish(result: Translation, env: dict[str, str]) -> None:
     """Flags that combine: data paths, betas, samples, directories; then the layout and checks."""
     v, given = result.values, result.given
     v.setdefault("model.max_position_embeddings", v["model.encoder_seq_length"])
-    betas = [float(given.get("--adam-beta1", ["0.9"])[0]), float(given.get("--adam-beta2", ["0.999"])[0])]
+    betas = [_convert(flag, given.get(flag, [default])[0], float) for flag, default in BETA_DEFAULTS]
     v["model.optim.betas"] = betas
     if "--data-path" in given:
         v["model.data.data_prefix"] = data_prefix(given["--data-path"])
@@ -189,7 +194,7 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     if "--train-samples" in given:
         if "--train-iters" in given:
             raise ConfigError("--train-iters and --train-samples: give only one (Megatron refuses both too)")
-        samples = int(given["--train-samples"][0])
+        samples = _convert("--train-samples", given["--train-samples"][0], int)
         ramp = BatchRamp.from_config(v.get("model.rampup_batch_size"), v["model.global_batch_size"], 1)
         v["trainer.max_steps"] = ramp.iterations_for(samples)  # Megatron's count, ramp-up steps included
         if "--lr-decay-iters" in given or "--lr-warmup-iters" in given:

@@ -99,5 +99,5 @@ def run_slurm_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, 
     print(f"plan: {candidate.layout.label()} is Slurm job {job_id} ({trial_dir})", file=sys.stderr)
     state = wait_for_job(job_id, args.trial_timeout)
     world = plan.cluster.nodes * plan.cluster.gpus_per_node
-    log = str(job.log_pattern()).replace("%%", "%").replace("%j", job_id)
+    log = str(job.log_path(job_id))
     read_results(trial_dir, world, candidate, f"job {job_id} {state.describe()}, see {log}")

@@ -163,3 +163,27 @@ def test_loading_config_does_not_import_torch():
 def test_max_time_seconds():
     cfg = load_training_config("gpt3/126m", ["trainer.max_time=01:02:03:04"])
     assert cfg.trainer.max_time_seconds() == 86400 + 2 * 3600 + 3 * 60 + 4
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"trainer:\n  max_steps: 5  # caf\xe9\n", r"c\.yaml: not UTF-8 text \(byte 0xe9"),
+        (
+            b"trainer: &t\n  plugins: [*t]\n",
+            r"c\.yaml: 'trainer\.plugins\.0' is an alias of a node that contains it",
+        ),
+    ],
+)
+def test_an_unreadable_config_file_is_one_line_naming_it(content, message, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=message):
+        load_training_config(config_file=str(path))
+
+
+def test_a_shared_alias_is_not_recursion(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer: &t {max_steps: 7}\nexp_manager: {name: x}\nother: *t\n")
+    with pytest.raises(ConfigError, match="other"):  # an unknown key, not a recursion error
+        load_training_config(config_file=str(path))

@@ -108,3 +108,38 @@ def test_every_shipped_launch_config_composes():
 def test_closest_lists_choices_when_nothing_is_near():
     assert closest("zzz", ["alpha", "beta"]) == " (valid: alpha, beta)"
     assert os.path.isabs(compose(["data_dir=rel"]).resolved()["data_dir"])
+
+
+@pytest.fixture
+def conf(tmp_path):
+    """A copy of the bundled launch conf tree, to break one file at a time."""
+    import shutil
+
+    from gptrain.launch.compose import CONFIG_ROOT
+
+    shutil.copytree(CONFIG_ROOT, tmp_path / "conf")
+    return tmp_path / "conf"
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "message"),
+    [
+        (
+            "cluster/bad.yaml",
+            b"partition: caf\xe9\n",
+            r"cluster/bad\.yaml: not UTF-8 text \(byte 0xe9 at offset 14\)",
+        ),
+        (
+            "cluster/bad.yaml",
+            b"partition: p\na: &x [*x]\n",
+            r"cluster/bad\.yaml: 'a\.0' is an alias of a node",
+        ),
+        ("config.yaml", b"defaults:\n  - {}\nstages: [training]\n", r"config\.yaml: an empty defaults entry"),
+        ("config.yaml", b"defaults: 5\n", r"config\.yaml: 'defaults' must be a list"),
+    ],
+)
+def test_an_unreadable_conf_file_is_one_line_naming_it(conf, file, content, message):
+    (conf / file).write_bytes(content)
+    with pytest.raises(ConfigError, match=message) as error:
+        compose(["cluster=bad"] if file.startswith("cluster/") else [], root=conf)
+    assert "\n" not in str(error.value)

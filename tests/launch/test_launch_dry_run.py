@@ -10,8 +10,11 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gptrain.cli import main
+from gptrain.launch.compose import compose
+from gptrain.launch.stages import build_plan, write_run_files
 
 MISSING = [
     "training.model.data.data_impl=mmap",
@@ -26,7 +29,7 @@ def test_dry_run_renders_when_the_data_is_not_there_yet(tmp_path, capsys, monkey
     out, err = capsys.readouterr()
     assert "preflight: warning  training.model.data.data_prefix: /nonexistent/corpus_text_document.bin" in err
     assert "dry run: nothing submitted; rendered:" in out
-    [script] = Path(tmp_path).glob("*/*_submission.sh")
+    [script] = Path(tmp_path).glob("*/dry-run/*_submission.sh")
     assert "exec " in script.read_text()
 
 
@@ -48,7 +51,7 @@ def test_dry_run_on_slurm_warns_about_the_cluster_and_the_data(tmp_path, capsys,
     assert main([*args, *MISSING]) == 0
     err = capsys.readouterr().err
     assert "warning  partition 'gpu' does not exist" in err and "data_prefix" in err
-    assert list((tmp_path / "r").glob("*/*_submission.sh"))
+    assert list((tmp_path / "r").glob("*/dry-run/*_submission.sh"))
 
 
 def test_without_dry_run_a_failed_preflight_is_still_an_error(tmp_path, capsys, monkeypatch):
@@ -67,3 +70,43 @@ def test_a_bad_config_value_is_an_error_even_in_a_dry_run(dry_run, tmp_path, cap
     args = ["launch", *(["--dry-run"] if dry_run else []), "training.trainer.max_stepz=3"]
     assert main(args) == 2
     assert "max_stepz" in capsys.readouterr().err
+
+
+def test_a_dry_run_or_a_launch_that_fails_never_touches_a_live_runs_files(tmp_path, capsys, monkeypatch):
+    """A requeued job re-reads its _hydra.yaml: only a launch that passed every check may rewrite it."""
+    monkeypatch.chdir(tmp_path)
+    base = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", "training.model.data.data_impl=mock"]
+    live = [*base, "training.trainer.max_steps=1000"]
+    write_run_files(build_plan(compose(live)), live)  # the files of a run that is in the queue
+    run = tmp_path / "r" / "gpt3_126m"
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert yaml.safe_load(before["gptrain-gpt3_126m_hydra.yaml"])["trainer"]["max_steps"] == 1000
+
+    for dry_run in (["--dry-run"], []):
+        assert main(["launch", *dry_run, *base, "training.trainer.max_steps=abc"]) == 2
+        assert "max_steps" in capsys.readouterr().err
+    assert not (run / "dry-run").exists()  # nothing written by the failed launches
+    assert main(["launch", "--dry-run", *base, "training.trainer.max_steps=2000"]) == 0
+    out = capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    preview = yaml.safe_load((run / "dry-run/gptrain-gpt3_126m_hydra.yaml").read_text())
+    assert preview["trainer"]["max_steps"] == 2000
+    script = (run / "dry-run/gptrain-gpt3_126m_submission.sh").read_text()
+    assert f"--config-file {run}/gptrain-gpt3_126m_hydra.yaml" in script  # as the launch would submit it
+    assert f"{run}/dry-run/gptrain-gpt3_126m_submission.sh" in out
+
+
+def test_overrides_after_an_option_may_add_keys_with_plus(tmp_path, capsys, monkeypatch):
+    """`gptrain launch --dry-run a=b --quiet +env_vars.X=1`: the `+` form follows options too."""
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", "--dry-run", f"base_results_dir={tmp_path}/r", "training.trainer.num_nodes=1"]
+    args += ["--quiet", "+env_vars.GPTRAIN_X=1"]
+    assert main([*args, "training.trainer.max_steps=7"]) == 0
+    script = (tmp_path / "r/gpt3_126m/dry-run/gptrain-gpt3_126m_submission.sh").read_text()
+    assert "export GPTRAIN_X=1" in script.splitlines()
+    config = yaml.safe_load((tmp_path / "r/gpt3_126m/dry-run/gptrain-gpt3_126m_hydra.yaml").read_text())
+    assert config["trainer"]["max_steps"] == 7
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # anything else after an option is still refused
+        main(["launch", "--dry-run", "training.trainer.num_nodes=1", "--quiet", "+=1"])
+    assert "unrecognized arguments: +=1" in capsys.readouterr().err

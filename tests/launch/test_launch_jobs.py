@@ -107,6 +107,7 @@ def test_local_run_status_and_find(tmp_path):
     finally:
         sleeper.kill()
     assert read_records(run)[0]["pid"] == sleeper.pid
+    assert "start_time" not in read_records(run)[0]  # a record of an older launch: the pid is trusted
     with pytest.raises(LaunchError, match="did you mean 'my_run'"):
         jobs.find_run("my_rn", tmp_path / "results")
 
@@ -118,3 +119,42 @@ def test_launcher_log_survives_a_torn_line(tmp_path):
     assert [r["job_id"] for r in read_records(tmp_path)] == ["1"]
     assert json.loads((tmp_path / "launcher.log").read_text().splitlines()[0])["event"] == "submitted"
     assert os.path.getsize(tmp_path / "launcher.log") > 0
+
+
+def test_log_files_fill_only_the_job_id_slot(tmp_path):
+    """A run named `run%j` keeps its name; the id goes into the pattern's last %j (or %A_%a)."""
+    run = tmp_path / "b%j" / "run%j"
+    record = {"executor": "slurm", "job_id": "42", "log": f"{run}/log-run%j_%j.out"}
+    assert jobs.log_files(record) == [run / "log-run%j_42.out"]
+    run.mkdir(parents=True)
+    for task in (0, 1):
+        (run / f"log-a[1]%j_42_{task}.out").write_text("")
+    array = {"executor": "slurm", "job_id": "42", "log": f"{run}/log-a[1]%j_%A_%a.out"}
+    assert jobs.log_files(array) == [run / "log-a[1]%j_42_0.out", run / "log-a[1]%j_42_1.out"]
+    local = {"executor": "local", "job_id": "local-7", "pid": 7, "log": f"{run}/log-run%j_7.out"}
+    assert jobs.log_files(local) == [run / "log-run%j_7.out"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
+def test_a_reused_pid_is_neither_running_nor_cancelled(tmp_path):
+    """The launcher died without a `finished` line and its pid now names another process."""
+    from gptrain.launch.records import process_start_time
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = process_start_time(other.pid)
+        assert isinstance(started, int) and started == process_start_time(other.pid)
+        fields = {"stage": "training", "executor": "local", "job_id": "local-9", "pid": other.pid, "log": "x"}
+        append_record(tmp_path, "submitted", **fields, start_time=started - 1)  # the launcher's, long gone
+        [line] = jobs.status_lines(tmp_path)
+        assert "UNKNOWN (process gone without a recorded exit" in line and "another process" in line
+        assert jobs.cancel(tmp_path) == ["nothing to cancel"]
+        assert other.poll() is None  # not signalled
+        append_record(tmp_path, "submitted", **fields, start_time=started)  # this very process: running
+        assert "RUNNING" in jobs.status_lines(tmp_path)[0]
+        append_record(tmp_path, "submitted", **fields)  # an older record without a start time: as before
+        assert "RUNNING" in jobs.status_lines(tmp_path)[0]
+        assert jobs.cancel(tmp_path) == ["cancelled training job local-9"]
+        assert other.wait(10) == -15
+    finally:
+        other.kill()

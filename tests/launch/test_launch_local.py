@@ -67,6 +67,7 @@ def test_local_training_run_layout_and_status(tmp_path):
     records = [json.loads(line) for line in (run / "launcher.log").read_text().splitlines()]
     assert [r["event"] for r in records] == ["submitted", "finished"] and records[1]["exit_code"] == 0
     pid = records[0]["pid"]
+    assert isinstance(records[0]["start_time"], int)  # with the pid it names one process (never a reused pid)
     names = {p.name for p in run.iterdir()}
     assert {"gptrain-local_run_hydra.yaml", "gptrain-local_run_submission.sh", "launcher_cmd.log"} <= names
     assert {f"log-gptrain-local_run_{pid}.out", "results"} <= names

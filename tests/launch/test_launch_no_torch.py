@@ -26,7 +26,7 @@ def test_launch_dry_run_and_job_control_import_no_torch(tmp_path):
     launch += ["training.model.data.data_impl=mock", "training.trainer.accelerator=cpu"]
     launch += ["cluster.gpus_per_node=null", "cluster.gres=null", "training.trainer.devices=1"]
     assert run_cli(launch, tmp_path) == ["0"]
-    assert (tmp_path / "results/gpt3_126m/gptrain-gpt3_126m_submission.sh").is_file()
+    assert (tmp_path / "results/gpt3_126m/dry-run/gptrain-gpt3_126m_submission.sh").is_file()
     (tmp_path / "results/gpt3_126m/launcher.log").write_text(
         '{"event": "submitted", "stage": "training", "executor": "local", "job_id": "local-0", "pid": 0,'
         ' "log": "none"}\n{"event": "finished", "job_id": "local-0", "exit_code": 0}\n'

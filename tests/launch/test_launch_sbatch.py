@@ -145,3 +145,33 @@ def test_wandb_api_key_file_reaches_the_slurm_script(tmp_path, monkeypatch):
     assert (
         "export WANDB_API_KEY=\"$(cat '/secrets/wandb key')\"" in Path(script_path).read_text().splitlines()
     )
+
+
+def test_percent_is_escaped_in_the_whole_output_path(tmp_path, monkeypatch):
+    """Slurm expands %j anywhere in --output: `run%j` must stay a directory named run%j."""
+    monkeypatch.chdir(tmp_path)
+    args = [*CPU, "cluster_type=slurm", f"base_results_dir={tmp_path}/b%x", "training.run.name=run%j"]
+    plan = build_plan(compose(args))
+    [script_path] = write_run_files(plan, args)
+    output = directives(script_path.read_text())["--output"]
+    assert output == f"{tmp_path}/b%%x/run%%j/log-gptrain-run%%j_%j.out"
+    assert plan.jobs[0].log_path("42") == tmp_path / "b%x/run%j/log-gptrain-run%j_42.out"
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("cluster.partition=gp\\u", "cluster.partition"),
+        ("training.run.name=a\\b", "training.run.name"),
+        ("cluster.job_name_prefix=p\\", "cluster.job_name_prefix"),
+        ("training.run.dependency=after\\ok", "training.run.dependency"),
+    ],
+)
+def test_a_backslash_in_an_sbatch_line_is_refused(override, key, tmp_path, monkeypatch):
+    """sbatch reads a backslash in an #SBATCH line as an escape: the value would not arrive as written."""
+    monkeypatch.chdir(tmp_path)
+    args = [*CPU, "cluster_type=slurm", f"base_results_dir={tmp_path}/r", override]
+    with pytest.raises(ConfigError, match="backslash") as error:
+        write_run_files(build_plan(compose(args)), args)
+    assert key in str(error.value) and "#SBATCH --" in str(error.value)
+    assert not (tmp_path / "r").exists()

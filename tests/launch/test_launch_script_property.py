@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import subprocess
 import tempfile
@@ -25,6 +26,7 @@ from omegaconf import OmegaConf
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import compose
 from gptrain.launch.script_values import CONTROL
+from gptrain.launch.sections import SLURM_TIME, SLURM_TIME_WORDS
 from gptrain.launch.stages import build_plan, config_path, write_run_files
 
 PAYLOADS = ["$(owned)", "`owned`", ";owned;", "|owned", "&owned&", "&&owned", "\nowned\n", "'", '"', "\\"]
@@ -84,11 +86,16 @@ def value_for(key: str, text: str) -> object:
 
 
 def expected_refusal(key: str, text: str) -> bool:
-    """Values the launcher must refuse: control characters, or names that cannot be a file name."""
+    """Values the launcher must refuse: control characters, names that cannot be a file name,
+    a time Slurm cannot read, a backslash in an #SBATCH line (sbatch reads it as an escape)."""
     if CONTROL.search(text):
         return True
+    if "\\" in text and (key in SBATCH_KEYS or key in PATH_KEYS):
+        return True
     if key == "training.run.name":
-        return not text or "/" in text
+        return not text or "/" in text or text in (".", "..")
+    if key == "training.run.time_limit":
+        return bool(text) and not SLURM_TIME.match(text) and text.upper() not in SLURM_TIME_WORDS
     return key == "cluster.job_name_prefix" and "/" in text
 
 
@@ -134,6 +141,10 @@ def check_arrival(key: str, text: str, script: Path, plan, log: Path) -> None:
     elif key in PATH_KEYS:
         assert str(config_path(job)).endswith(f"/{job.job_name}_hydra.yaml")
         assert text in str(config_path(job)) and config_path(job).is_file()
+        # Slurm expands % anywhere in --output: only the job id slot may be a pattern
+        pattern = sbatch_options(script.read_text())["--output"]
+        output = re.sub(r"%(%|j)", lambda m: "%" if m.group(1) == "%" else "7", pattern)
+        assert output == str(job.run_dir / f"log-{job.job_name}_7.out")
     elif key.endswith("GPTRAIN_V"):
         assert (log / "python.env").read_text() == text
     elif key == "container":

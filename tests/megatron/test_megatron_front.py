@@ -94,6 +94,8 @@ def test_megatron_175b_example_translates_with_its_batch_ramp():
         ("--train-samples 100", "--train-iters and --train-samples: give only one"),
         ("--fp16 yes", "--fp16: takes no value"),
         ("--lr-decay-style wsd", "--lr-decay-style wsd: not supported"),
+        ("--adam-beta1 x", "--adam-beta1 x: expects a number"),
+        ("--adam-beta2 0.9.9", "--adam-beta2 0.9.9: expects a number"),
     ],
 )
 def test_bad_flags_are_one_line_errors_naming_the_flag(flags, message, capsys):
@@ -172,3 +174,12 @@ def test_openai_gelu_is_the_tanh_gelu_of_the_model():
         cfg = load_training_config(None, t.overrides, report_ignored=False)
         assert cfg.model.openai_gelu is expected
         assert build_model_config(cfg, 64).openai_gelu is expected
+
+
+@pytest.mark.parametrize("samples", ["10.5", "x", "1e3"])
+def test_train_samples_must_be_a_whole_number(samples, capsys):
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += f" --train-samples {samples} --data-path /d/x_text_document --split 98,2,0"
+    assert main(["megatron", "--dry-run", *flags.split()]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--train-samples {samples}: expects a whole number" in err

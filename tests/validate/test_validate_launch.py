@@ -46,23 +46,24 @@ def test_slurm_render_runs_validation_before_training_with_the_cluster_threshold
     out = launch(args, tmp_path)
     assert out.returncode == 0, out.stderr
     run = tmp_path / "results/gpt3_126m"
-    script = (run / "gptrain-gpt3_126m_validation_submission.sh").read_text()
+    dry = run / "dry-run"  # a dry run writes its files there; the scripts name the run's own paths
+    script = (dry / "gptrain-gpt3_126m_validation_submission.sh").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=8" in script
     assert "#SBATCH --exclude='n9,n[3,7]'" in script  # the file's nodes join the configured ones
-    assert "#SBATCH --exclude='n9,n[3,7]'" in (run / "gptrain-gpt3_126m_submission.sh").read_text()
+    assert "#SBATCH --exclude='n9,n[3,7]'" in (dry / "gptrain-gpt3_126m_submission.sh").read_text()
     srun = next(line for line in script.splitlines() if line.startswith("srun"))
     assert (
         f"-m gptrain validate all --output-dir {run}/validation --profile {run}/gptrain-gpt3_126m_validation_hydra.yaml"
         in srun
     )
     assert "--max-bytes 4K" in srun and "--exclude-file" not in srun
-    config = yaml.safe_load((run / "gptrain-gpt3_126m_validation_hydra.yaml").read_text())
+    config = yaml.safe_load((dry / "gptrain-gpt3_126m_validation_hydra.yaml").read_text())
     assert config["thresholds"]["copy_GBps"] == 1234 and config["thresholds"]["inter_node_busbw_GBps"] == 240
     assert out.stdout.index("validation:") < out.stdout.index("training:")
 
     from gptrain.validate.thresholds import load_thresholds
 
-    limits = load_thresholds(str(run / "gptrain-gpt3_126m_validation_hydra.yaml"))
+    limits = load_thresholds(str(dry / "gptrain-gpt3_126m_validation_hydra.yaml"))
     assert limits.copy_GBps == 1234 and limits.busbw_threshold(True) == 240
 
 

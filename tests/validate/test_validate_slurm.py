@@ -70,5 +70,5 @@ def test_failed_validation_holds_training_and_excludes_its_nodes_next_time(workd
     assert "--exclude=n[1-2]" in log and "validation FAILED" in log
     assert (workdir / "results/exclude_nodes.txt").read_text() == "n[1-2]\n"
     again = gptrain(["launch", "--dry-run", *TINY, "training.run.name=next"], workdir)
-    script = (workdir / "results/next/t-next_submission.sh").read_text()
+    script = (workdir / "results/next/dry-run/t-next_submission.sh").read_text()
     assert "#SBATCH --exclude='n[1-2]'" in script, again.stderr

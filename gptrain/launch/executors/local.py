@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from gptrain.errors import EXIT_REQUEUE
-from gptrain.launch.records import append_record
+from gptrain.launch.records import append_record, process_start_time
 from gptrain.launch.sbatch import Job
 from gptrain.launch.stages import LaunchPlan
 
@@ -22,6 +22,9 @@ def run_job(job: Job, echo: bool = True) -> int:
     )
     log = job.run_dir / f"log-{job.job_name}_{process.pid}.out"
     fields = {"stage": job.stage, "executor": "local", "job_id": f"local-{process.pid}", "pid": process.pid}
+    started = process_start_time(process.pid)
+    if started is not None:  # status/cancel check it: a reused pid is another process
+        fields["start_time"] = started
     append_record(
         job.run_dir, "submitted", **fields, job_name=job.job_name, script=str(job.script_path), log=str(log)
     )

@@ -1,0 +1,182 @@
+"""Types of the launch config's own keys, checked once right after composing.
+
+The training section is checked by the training loader (it knows the full schema), but the
+launcher reads a few keys itself before that (`training.trainer.devices`, `cluster.srun_args`,
+`cluster.signal_seconds`, ...) and renders others into scripts. A wrong type there would be a
+traceback, a script Slurm rejects after the job queued, or a string iterated as characters
+(`--container-mounts=/,d,a,...`). Each key below gets one ConfigError naming it and what it
+expects; a single string where a list is expected is a one-item list.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from gptrain.errors import ConfigError
+
+# Environment variable names bash accepts in `export NAME=value`.
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Slurm's --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (and its words for none).
+SLURM_TIME = re.compile(r"^(?:\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2})$")
+SLURM_TIME_WORDS = ("INFINITE", "UNLIMITED")
+# sbatch --signal takes at most 65535 seconds; 0 would leave no time to save a checkpoint.
+MAX_SIGNAL_SECONDS = 65535
+
+Check = Callable[[str, Any], Any]  # (dotted key, value) -> the value to keep, or ConfigError
+
+
+def _type_name(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _integer(key: str, value: Any, low: int, high: int | None = None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: expected a whole number, got {_type_name(value)}")
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"{low} or more"
+        raise ConfigError(f"{key}: expected a whole number {bound}, got {value}")
+    return value
+
+
+def count(key: str, value: Any) -> int | None:
+    """A whole number >= 1 (None: the default applies)."""
+    return _integer(key, value, 1)
+
+
+def non_negative(key: str, value: Any) -> int | None:
+    return _integer(key, value, 0)
+
+
+def signal_seconds(key: str, value: Any) -> int | None:
+    """Seconds of warning before the time limit; 0 or less leaves no time to checkpoint."""
+    return _integer(key, value, 1, MAX_SIGNAL_SECONDS)
+
+
+def mapping(key: str, value: Any) -> dict[str, Any] | None:
+    if value is not None and not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping of keys (key.sub=value), got {_type_name(value)}")
+    return value
+
+
+def scalar(key: str, value: Any) -> Any:
+    """One value (a name, a path, a number), not a list or a mapping."""
+    if isinstance(value, dict | list):
+        raise ConfigError(f"{key}: expected a single value, got {_type_name(value)}")
+    return value
+
+
+def boolean(key: str, value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected true or false, got {_type_name(value)}")
+    return value
+
+
+def words(key: str, value: Any) -> list[str] | None:
+    """A list of strings; one string is a one-item list (`cluster.srun_args=--mpi=pmix`)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return value
+    raise ConfigError(
+        f"{key}: expected a string or a list of strings (e.g. {key}=[a,b]), got {_type_name(value)}"
+    )
+
+
+def slurm_time(key: str, value: Any) -> Any:
+    """sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
+    if value in (None, "") or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    if isinstance(value, str) and (SLURM_TIME.match(value) or value.upper() in SLURM_TIME_WORDS):
+        return value
+    raise ConfigError(
+        f"{key}: {value!r} is not a Slurm time; use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+        " (e.g. 04:00:00)"
+    )
+
+
+def env_vars(key: str, value: Any) -> dict[str, Any] | None:
+    """Names bash can export ([A-Za-z_][A-Za-z0-9_]*), each with one value."""
+    for name, item in (mapping(key, value) or {}).items():
+        if not ENV_NAME.match(str(name)):
+            raise ConfigError(
+                f"{key}.{name}: not a valid environment variable name (letters, digits and _, not first a digit)"
+            )
+        scalar(f"{key}.{name}", item)
+    return value
+
+
+TOP: dict[str, Check] = {
+    "base_results_dir": scalar,
+    "data_dir": scalar,
+    "python": scalar,
+    "container": scalar,
+    "container_mounts": words,
+    "wandb_api_key_file": scalar,
+    "env_vars": env_vars,
+}
+CLUSTER: dict[str, Check] = {
+    "partition": scalar,
+    "account": scalar,
+    "nodelist": scalar,
+    "exclude": scalar,
+    "gres": scalar,
+    "mem": scalar,
+    "job_name_prefix": scalar,
+    "exclusive": boolean,
+    "stderr_to_stdout": boolean,
+    "gpus_per_node": non_negative,
+    "gpus_per_task": non_negative,
+    "srun_args": words,
+    "signal_seconds": signal_seconds,
+    "max_requeues": non_negative,
+    "env_vars": env_vars,
+    "validation": mapping,
+}
+RUN: dict[str, Check] = {
+    "name": scalar,
+    "results_dir": scalar,
+    "time_limit": slurm_time,
+    "dependency": scalar,
+}
+STAGE: dict[str, dict[str, Check]] = {
+    "training": {"trainer": mapping, "trainer.num_nodes": count, "trainer.devices": count},
+    "data_preparation": {"workers": count, "blend": mapping},
+    "validation": {"checks": scalar},
+}
+
+
+def check_launch_sections(resolved: dict[str, Any]) -> None:
+    """Check (and normalize in place: a string -> a one-item list) the keys the launcher reads itself."""
+    _check_keys(resolved, "", TOP)
+    cluster = mapping("cluster", resolved.get("cluster"))
+    if cluster is not None:
+        _check_keys(cluster, "cluster.", CLUSTER)
+    stages = list(resolved.get("stages") or [])
+    needed = set(stages) | ({"training"} if "validation" in stages else set())
+    for stage in sorted(needed):
+        section = resolved.get(stage)
+        if not isinstance(section, dict):
+            raise ConfigError(
+                f"{stage}: expected a mapping (the stage's config), got {_type_name(section)};"
+                f" pick a file with {stage}=<name> or set keys with {stage}.<key>=value"
+            )
+        run = mapping(f"{stage}.run", section.get("run"))
+        if run is not None:
+            _check_keys(run, f"{stage}.run.", RUN)
+        _check_keys(section, f"{stage}.", STAGE.get(stage, {}))
+
+
+def _check_keys(section: dict[str, Any], prefix: str, checks: dict[str, Check]) -> None:
+    for dotted, check in checks.items():
+        *parents, last = dotted.split(".")
+        node: Any = section
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last in node:
+            node[last] = check(prefix + dotted, node[last])

@@ -1,0 +1,130 @@
+"""Types of the launch config's own keys: one error naming the key, never a traceback or a mangled script."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+from test_launch_sbatch import CPU, directives
+
+from gptrain.cli import main
+from gptrain.errors import ConfigError
+from gptrain.launch.compose import compose
+from gptrain.launch.stages import build_plan, write_run_files
+
+SHARDS = ["stages=[data_preparation,training]", "data_preparation.shards=[https://h/a.jsonl]"]
+
+
+def srun_words(script: str) -> list[str]:
+    line = next(line for line in script.splitlines() if line.startswith("srun "))
+    return shlex.split(line.removesuffix(" &"))
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "expected"),
+    [
+        ("training.trainer.num_nodes=abc", "training.trainer.num_nodes", "a whole number"),
+        ("training.trainer.devices=0", "training.trainer.devices", "1 or more"),
+        ("training.trainer=5", "training.trainer", "a mapping"),
+        ("data_preparation.workers=x", "data_preparation.workers", "a whole number"),
+        ("cluster.signal_seconds=abc", "cluster.signal_seconds", "a whole number"),
+        ("cluster.signal_seconds=0", "cluster.signal_seconds", "from 1 to 65535"),
+        ("cluster.signal_seconds=-5", "cluster.signal_seconds", "from 1 to 65535"),
+        ("cluster.max_requeues=x", "cluster.max_requeues", "a whole number"),
+        ("cluster.srun_args=5", "cluster.srun_args", "a string or a list of strings"),
+        ("container_mounts={a: b}", "container_mounts", "a string or a list of strings"),
+        ("env_vars=5", "env_vars", "a mapping"),
+        ("cluster.env_vars=[a]", "cluster.env_vars", "a mapping"),
+        ("cluster.exclusive=maybe", "cluster.exclusive", "true or false"),
+        ("cluster=5", "no cluster config '5'", ""),
+        ("cluster=2024", "no cluster config '2024'", ""),  # a group choice, though YAML reads a number
+        ("training.run.time_limit=abc", "training.run.time_limit", "not a Slurm time"),
+        ("training.run.time_limit=1-2:3:4:5", "training.run.time_limit", "not a Slurm time"),
+        ("data_preparation.run.time_limit=1:2:3:4", "data_preparation.run.time_limit", "not a Slurm time"),
+        ("training.run.name=..", "training.run.name '..'", "must not contain '/' or be '.' or '..'"),
+        ("training.run.name=.", "training.run.name '.'", "must not contain '/' or be '.' or '..'"),
+        ("data_preparation.run.name=..", "data_preparation.run.name '..'", "or be '.' or '..'"),
+        ("env_vars.é=1", "env_vars.é", "not a valid environment variable name"),
+        ("cluster.env_vars.1X=1", "cluster.env_vars.1X", "not a valid environment variable name"),
+    ],
+)
+def test_a_wrong_type_is_one_line_naming_the_key(override, key, expected, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", "--dry-run", "cluster_type=slurm", f"base_results_dir={tmp_path}/r", *SHARDS, override]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gptrain: error: ") and "\n" not in err and "Traceback" not in err
+    assert key in err and expected in err
+    assert not (tmp_path / "r").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "time_limit", ["30", "30:00", "04:00:00", "2-12", "2-12:30", "26-00:00:00", "UNLIMITED", "90"]
+)
+def test_every_slurm_time_format_is_accepted(time_limit, tmp_path):
+    args = [
+        "cluster_type=slurm",
+        f"base_results_dir={tmp_path}",
+        *CPU,
+        f"training.run.time_limit={time_limit}",
+    ]
+    [script] = write_run_files(build_plan(compose(args)), args)
+    assert directives(script.read_text())["--time"] == time_limit
+
+
+def test_a_string_is_a_one_item_list_for_mounts_and_srun_args(tmp_path):
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "container=img", *CPU]
+    args += ["container_mounts=/data:/data", "cluster.srun_args=--mpi=pmix"]
+    [script] = write_run_files(build_plan(compose(args)), args)
+    words = srun_words(script.read_text())
+    assert "--container-mounts=/data:/data" in words and "--mpi=pmix" in words
+    assert not [w for w in words if w in ("-", "m", "p", "i")]  # not iterated as characters
+
+
+def test_comma_separated_mounts_reach_pyxis_as_written(tmp_path):
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "container=img", *CPU]
+    args += ["container_mounts='/a:/a,/b:/b'"]
+    [script] = write_run_files(build_plan(compose(args)), args)
+    assert "--container-mounts=/a:/a,/b:/b" in srun_words(script.read_text())
+
+
+def test_signal_seconds_null_is_the_default_and_a_value_is_honoured(tmp_path):
+    base = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU]
+    for value, expected in (("null", "B:USR1@300"), ("1", "B:USR1@1"), ("900", "B:USR1@900")):
+        args = [*base, f"cluster.signal_seconds={value}"]
+        [script] = write_run_files(build_plan(compose(args)), args)
+        assert directives(script.read_text())["--signal"] == expected
+
+
+def test_build_plan_names_the_key_when_called_directly(tmp_path):
+    with pytest.raises(ConfigError, match=r"^cluster\.max_requeues: expected a whole number 0 or more"):
+        build_plan(compose(["cluster_type=slurm", f"base_results_dir={tmp_path}", "cluster.max_requeues=-1"]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["cluster.gpus_per_node=4", "cluster.gres=gpu:4"], "cluster.gpus_per_node gives 4 GPUs"),
+        (["cluster.gpus_per_node=null", "cluster.gres=gpu:a100:4"], "cluster.gres gives 4 GPUs"),
+        (["stages=[validation]", "cluster.gpus_per_node=4"], "cluster.gpus_per_node gives 4 GPUs"),
+    ],
+)
+def test_more_tasks_than_gpus_per_node_is_refused_at_plan_time(overrides, key, tmp_path):
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "training.trainer.devices=8", *overrides]
+    with pytest.raises(ConfigError, match=r"^training\.trainer\.devices=8 tasks per node") as error:
+        build_plan(compose(args))
+    assert key in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["cluster.gpus_per_node=8", "training.trainer.devices=4"],  # fewer tasks than GPUs: allowed
+        ["cluster.gpus_per_node=null", "cluster.gres=null", "cluster.gpus_per_task=1"],
+        [*CPU, "training.trainer.devices=16"],  # CPU processes: no GPU to count
+        ["cluster_type=local", "cluster.gpus_per_node=4", "training.trainer.num_nodes=1"],  # not Slurm
+    ],
+)
+def test_tasks_that_fit_the_gpus_plan(overrides, tmp_path):
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "training.trainer.devices=8", *overrides]
+    assert [job.stage for job in build_plan(compose(args)).jobs] == ["training"]
