@@ -15,7 +15,7 @@ With world size 1 no process group is created.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -255,18 +255,22 @@ def start_from(s: Session, source: Path) -> None:
     parts = {"model"} if em.finetune else {"model", "train"}
     if em.load_optimizer and not em.finetune:
         parts |= {"optim", "schedule", "scaler"}
+    loaded: set[str] = set()  # what the checkpoint gave of `parts` (an import has no optimizer)
+
+    def state_to_load(saved: Collection[str]) -> dict:
+        loaded.update(parts_to_load(parts, saved, s.scaler, s.log))
+        return checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state, loaded)
+
     extra = s.checkpoints.load_verified(
         source,
-        lambda saved: checkpoint_state(
-            s.model, s.optimizer, s.schedule, s.scaler, s.state, parts_to_load(parts, saved, s.scaler, s.log)
-        ),
+        state_to_load,
         lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
     )
     if em.load_rng and not em.finetune and "rng" in extra:
         set_rng_state(extra["rng"])
-        parts.add("rng")
+        loaded.add("rng")
     s.log(
-        f"starting from {source} (exp_manager.resume_from_checkpoint; loaded {', '.join(sorted(parts))}) "
+        f"starting from {source} (exp_manager.resume_from_checkpoint; loaded {', '.join(sorted(loaded))}) "
         f"at iteration {s.state.step}, consumed samples {s.state.consumed_samples}; "
         f"this run's checkpoints go to {s.checkpoints.root}"
     )

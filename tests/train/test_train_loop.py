@@ -193,7 +193,7 @@ def test_a_run_starts_from_another_runs_checkpoint_then_resumes_its_own(uninterr
     assert complete_steps(run_b / "checkpoints") == [6]
     line = next(line for line in log_lines(run_b) if line.startswith("starting from "))
     assert f"starting from {run_a}/checkpoints/step_4 (exp_manager.resume_from_checkpoint;" in line
-    assert "at iteration 4, consumed samples 16" in line
+    assert "loaded model, optim, rng, scaler, schedule, train) at iteration 4, consumed samples 16" in line
     # a requeued B resumes its own checkpoint, not A's
     cfg = tiny_config(run_b, *MOCK, f"exp_manager.resume_from_checkpoint={run_a}", "trainer.max_steps=7")
     code, losses = run_recording(monkeypatch, cfg)
