@@ -57,12 +57,13 @@ def lr_at(step: int, spec: ScheduleSpec) -> float:
     """Learning rate for optimizer step `step` (0-based).
 
     Linear warmup from 0 to lr over warmup_steps, then decay from lr to min_lr over
-    decay_steps (cosine or linear), then min_lr for the constant_steps and beyond.
+    decay_steps (cosine or linear), then min_lr for the constant_steps and beyond; Constant
+    holds lr after its warmup.
     """
-    if spec.name == "Constant":
-        return spec.lr
     if spec.warmup_steps > 0 and step <= spec.warmup_steps:
         return spec.lr * step / spec.warmup_steps
+    if spec.name == "Constant":  # after the warmup, as Megatron's 'constant' decay style
+        return spec.lr
     progress = step - spec.warmup_steps
     if spec.decay_steps == 0 or progress >= spec.decay_steps:
         return spec.min_lr

@@ -17,7 +17,7 @@ LONG_TAIL = 0.1
 
 def schedule_warnings(spec: ScheduleSpec, run_steps: int) -> list[str]:
     """One line per problem of `spec` for a run of `run_steps` optimizer steps (trainer.max_steps)."""
-    if spec.name == "Constant" or run_steps <= 0:
+    if run_steps <= 0:
         return []
     warnings = []
     last = run_steps - 1  # the rate of the run's last step
@@ -27,7 +27,9 @@ def schedule_warnings(spec: ScheduleSpec, run_steps: int) -> list[str]:
             f"{run_steps}: the learning rate never reaches model.optim.lr={spec.lr:g} (at most"
             f" {lr_at(last, spec):.3g}); lower warmup_steps or raise trainer.max_steps"
         )
-    elif spec.warmup_steps + spec.constant_steps >= spec.max_steps:
+    if spec.name == "Constant":  # no decay to check
+        return warnings
+    if spec.warmup_steps < run_steps and spec.warmup_steps + spec.constant_steps >= spec.max_steps:
         warnings.append(
             f"model.optim.sched.warmup_steps + constant_steps = {spec.warmup_steps + spec.constant_steps}"
             f" leaves no decay in a schedule of {spec.max_steps} steps: the rate drops from"

@@ -136,6 +136,18 @@ def test_mesh_puts_tp_innermost_and_pp_outermost() -> None:
             "model.ffn_hidden_size=33 is not divisible",
         ),
         ({"tensor_model_parallel_size": 0}, 2, "must be >= 1"),
+        # torchao's FP8 conversion replaces the linears TP has put its hooks on (it crashed at the first forward)
+        (
+            {"tensor_model_parallel_size": 2, "fp8": True},
+            2,
+            "model.fp8=true with model.tensor_model_parallel_size=2",
+        ),
+        # the pipeline schedule is built for the full batch (a ramp-up step crashed a stage)
+        (
+            {"pipeline_model_parallel_size": 2, "rampup_batch_size": [4, 4, 100]},
+            2,
+            "model.rampup_batch_size with model.pipeline_model_parallel_size=2 is not supported",
+        ),
     ],
 )
 def test_layout_errors_name_keys_and_values(overrides: dict, world: int, expected: str) -> None:

@@ -46,7 +46,12 @@ def test_decay_ending_after_the_run_or_long_before_it():
 
 def test_sensible_and_constant_schedules_give_no_warning():
     assert schedule_warnings(spec(warmup_steps=100, constant_steps=100), 1000) == []
-    assert schedule_warnings(spec(name="Constant", warmup_steps=5000), 1000) == []
+    assert schedule_warnings(spec(name="Constant", warmup_steps=100), 1000) == []
+
+
+def test_a_constant_schedule_warns_of_a_warmup_longer_than_the_run():
+    [warning] = schedule_warnings(spec(name="Constant", warmup_steps=5000), 1000)
+    assert "warmup_steps=5000 is not shorter than trainer.max_steps=1000" in warning
 
 
 def test_min_lr_above_lr_is_an_error_not_a_warning():

@@ -35,6 +35,11 @@ def test_linear_and_constant():
     assert [lr_at(s, linear) for s in (0, 1, 2, 7, 12, 20)] == pytest.approx([0, 0.5, 1.0, 0.5, 0.0, 0.0])
     constant = ScheduleSpec("Constant", lr=0.3, min_lr=0.0, max_steps=5)
     assert lr_at(0, constant) == lr_at(100, constant) == 0.3
+    # Megatron's 'constant' decay style warms up first (--lr-warmup-iters 10)
+    warmed = ScheduleSpec("Constant", lr=1e-3, min_lr=0.0, max_steps=50, warmup_steps=10)
+    assert [lr_at(s, warmed) for s in (0, 1, 5, 10, 11, 49)] == pytest.approx(
+        [0, 1e-4, 5e-4, 1e-3, 1e-3, 1e-3]
+    )
 
 
 def test_no_warmup_starts_at_peak():
