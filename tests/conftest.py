@@ -19,9 +19,9 @@ def one_torch_thread_per_module():
 
 
 @pytest.fixture
-def indexed_corpus(tmp_path):
-    """Overrides training on a real Megatron .bin/.idx corpus (80 EOD-terminated documents of a
-    61-word vocabulary) with its HF tokenizer, written under tmp_path/data."""
+def word_corpus(tmp_path):
+    """(prefix, tokenizer.json): a real Megatron .bin/.idx corpus of 80 EOD-terminated documents
+    of a 61-word vocabulary and its word-level HF tokenizer, under tmp_path/data."""
     import numpy as np
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
@@ -31,7 +31,6 @@ def indexed_corpus(tmp_path):
 
     directory = tmp_path / "data"
     directory.mkdir()
-
     vocab = {"<|endoftext|>": 0} | {f"w{i}": i + 1 for i in range(60)}
     tokenizer = Tokenizer(WordLevel(vocab, unk_token="w0"))
     tokenizer.pre_tokenizer = Whitespace()
@@ -42,15 +41,22 @@ def indexed_corpus(tmp_path):
         for _ in range(80):
             doc = rng.integers(1, 61, size=int(rng.integers(5, 40)))
             writer.add_document(np.append(doc, 0).astype(np.uint16))
+    return prefix, str(directory / "tokenizer.json")
+
+
+@pytest.fixture
+def indexed_corpus(word_corpus):
+    """Overrides that train on `word_corpus` (split 90,10,0, index cache beside it)."""
+    prefix, tokenizer = word_corpus
     return [
         "model.data.data_impl=mmap",
         f"model.data.data_prefix={prefix}",
         "model.data.splits_string=90,10,0",
-        f"model.data.index_mapping_dir={directory / 'index'}",
+        f"model.data.index_mapping_dir={prefix}-index",
         "model.data.eod_mask_loss=true",
         "model.tokenizer.library=huggingface",
         "model.tokenizer.type=HuggingFaceTokenizer",
-        f"model.tokenizer.model={directory / 'tokenizer.json'}",
+        f"model.tokenizer.model={tokenizer}",
         "model.tokenizer.vocab_file=null",
         "model.tokenizer.merge_file=null",
     ]

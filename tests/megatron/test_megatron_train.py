@@ -54,27 +54,11 @@ def test_tiny_run_prints_the_rate_after_the_scheduler_step(tmp_path, capsys, mon
     assert [e.step for e in events.Scalars("learning-rate vs samples")] == [4, 8, 12, 16]
 
 
-def write_small_corpus(directory):
-    """80 EOD-terminated documents in Megatron's format and a word-level HF tokenizer for them."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-
-    from gptrain.data.indexed import IndexedDatasetWriter
-
-    vocab = {"<|endoftext|>": 0} | {f"w{i}": i + 1 for i in range(60)}
-    Tokenizer(WordLevel(vocab, unk_token="w0")).save(str(directory / "tokenizer.json"))
-    rng = np.random.default_rng(0)
-    prefix = str(directory / "corpus_text_document")
-    with IndexedDatasetWriter(prefix, np.uint16) as writer:
-        for _ in range(80):
-            doc = rng.integers(1, 61, size=int(rng.integers(5, 40)))
-            writer.add_document(np.append(doc, 0).astype(np.uint16))
-    return prefix, str(directory / "tokenizer.json")
-
-
-def test_small_dataset_with_no_test_batches_does_not_build_the_test_split(tmp_path, capsys, monkeypatch):
+def test_small_dataset_with_no_test_batches_does_not_build_the_test_split(
+    tmp_path, capsys, monkeypatch, word_corpus
+):
     monkeypatch.chdir(tmp_path)
-    prefix, tokenizer = write_small_corpus(tmp_path)
+    prefix, tokenizer = word_corpus
     flags = [*TINY, "--eval-iters", "0", "--data-path", prefix, "--split", "95,5,0.3"]
     flags += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer]
     # 80 documents: the 0.3 test share is 0 documents; with no test batches it must not be built

@@ -69,3 +69,13 @@ def start_ranks(
             subprocess.Popen(args, env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )
     return processes
+
+
+def finish_ranks(processes: list[subprocess.Popen], timeout: float = 120.0) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each rank once all have ended; any still running at the timeout is killed
+    (a test about hangs must not hang the suite)."""
+    try:
+        return [process.communicate(timeout=timeout) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()

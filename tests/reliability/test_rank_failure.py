@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from reliability_helpers import TINY, start_ranks
+from reliability_helpers import TINY, finish_ranks, start_ranks
 
 from gptrain.checkpoint.manager import complete_steps
 from gptrain.config import load_training_config
@@ -25,13 +25,7 @@ HOOKED = [sys.executable, str(Path(__file__).with_name("rank_hooks.py"))]
 def test_a_rank_local_error_ends_every_rank_promptly_and_is_printed(tmp_path):
     overrides = ["trainer.max_steps=50", "trainer.hang_timeout_minutes=0"]
     ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "fail", "1", "3"])
-    outputs = []
-    try:
-        for rank in ranks:
-            outputs.append(rank.communicate(timeout=120))
-    finally:
-        for rank in ranks:
-            rank.kill()
+    outputs = finish_ranks(ranks)
     codes = [rank.returncode for rank in ranks]
     assert all(code != 0 for code in codes), codes
     assert "rank-local failure injected on rank 1" in outputs[1][1]
@@ -60,13 +54,7 @@ def test_a_background_save_of_a_finished_step_completes_when_a_later_step_fails(
 def test_rank_zero_builds_the_dataset_indices_and_the_others_load_them(tmp_path, indexed_corpus):
     """As Megatron: on a cache miss one builder, not one per rank (gigabytes each at scale)."""
     ranks = start_ranks(tmp_path / "run", indexed_corpus, program=[*HOOKED, "report-index-builds"])
-    outputs = []
-    try:
-        for rank in ranks:
-            outputs.append(rank.communicate(timeout=120))
-    finally:
-        for rank in ranks:
-            rank.kill()
+    outputs = finish_ranks(ranks)
     assert [rank.returncode for rank in ranks] == [0, 0], outputs
     assert "rank 0 builds dataset indices" in outputs[0][0]
     assert "builds dataset indices" not in outputs[1][0]
