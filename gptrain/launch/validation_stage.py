@@ -69,6 +69,8 @@ def validation_job(
     for key, option in OPTIONS.items():
         if section.get(key) is not None:
             args += [option, str(section[key])]
+    if job.gpus:
+        args.append("--expect-gpus")
     if section.get("exclude_failed"):
         args += ["--exclude-file", str(section.get("exclude_file") or "")]
     job.command = rank_command(python, args, devices, local)

@@ -122,7 +122,9 @@ def build_cluster(
     spec = gpu_spec(gpu or defaults.get("gpu") or "h100-80gb")
     links = {k: float(defaults[k]) for k in ("intra_node_GBps", "inter_node_GBps") if defaults.get(k)}
     spec = dataclasses.replace(spec, **links)
-    per_node = gpus_per_node or defaults.get("gpus_per_node") or (1 if spec.name == "cpu" else 8)
+    per_node = gpus_per_node if gpus_per_node is not None else defaults.get("gpus_per_node")
+    if per_node is None:
+        per_node = 1 if spec.name == "cpu" else 8
     for key, value in (("--nodes", nodes), ("--gpus-per-node", per_node)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key}={value!r} must be a positive integer")

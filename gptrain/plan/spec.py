@@ -117,7 +117,11 @@ class Layout:
 def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
     """Workload of a TrainingConfig; the vocabulary from --vocab-size, mock data or the tokenizer's name."""
     m = cfg.model
-    vocab = vocab_size or m.data.mock_vocab_size or KNOWN_VOCAB.get(m.tokenizer.type)
+    if vocab_size is not None and vocab_size < 1:
+        raise ConfigError(f"--vocab-size={vocab_size} must be >= 1 (the tokenizer's unpadded size)")
+    vocab = (
+        vocab_size if vocab_size is not None else m.data.mock_vocab_size or KNOWN_VOCAB.get(m.tokenizer.type)
+    )
     if m.tokenizer.model and not vocab:
         vocab = KNOWN_VOCAB.get(str(m.tokenizer.model))
     if not vocab:

@@ -7,6 +7,8 @@ so a seeded generator gives the same tokens whatever device the model is on.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -63,7 +65,10 @@ def next_token(
     """Pick one id from 1-D logits: argmax if greedy, else sample softmax(logits / T) over the top k."""
     if greedy:
         return int(torch.argmax(logits))
-    scaled = logits / temperature
+    # Shift by the max before dividing, in float64: a tiny temperature then sends the others to
+    # -inf (probability 0) instead of every logit to +-inf (inf - inf = nan in the softmax).
+    shifted = logits.double()
+    scaled = (shifted - shifted.max()) / temperature
     if top_k is not None and top_k < scaled.numel():
         kth_largest = torch.topk(scaled, top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
@@ -78,7 +83,9 @@ def _check_arguments(
         raise ConfigError("the prompt is empty: give at least one token (--prompt)")
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens} must be >= 0 (--max-new-tokens)")
-    if not greedy and not temperature > 0:
-        raise ConfigError(f"temperature={temperature} must be > 0 (--temperature), or use --greedy")
+    if not greedy and not (temperature > 0 and math.isfinite(temperature)):
+        raise ConfigError(
+            f"temperature={temperature} must be finite and > 0 (--temperature), or use --greedy"
+        )
     if top_k is not None and top_k < 1:
         raise ConfigError(f"top_k={top_k} must be >= 1 (--top-k)")

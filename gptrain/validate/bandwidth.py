@@ -10,6 +10,8 @@ the input that is scattered, for all_to_all the buffer each rank sends. GB means
 
 from __future__ import annotations
 
+import math
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 # Operations whose buffer is split in n equal chunks: element counts are multiples of n.
 CHUNKED = frozenset({"all_gather", "reduce_scatter", "all_to_all"})
@@ -69,6 +71,6 @@ def parse_bytes(text: str) -> int:
         number = float(value)
     except ValueError:
         raise ValueError(f"not a size: {text!r} (e.g. 8, 64K, 1M, 8G)") from None
-    if number <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"size must be a positive finite number of bytes: {text!r}")
     return int(number * scale)

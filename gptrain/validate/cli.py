@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 CHECKS = {
     "collectives": "bandwidth sweep of all_reduce, all_gather, reduce_scatter, all_to_all, broadcast",
@@ -28,6 +29,21 @@ def _positive(text: str) -> int:
     return value
 
 
+def _at_least_one(text: str) -> int:
+    # 0 timed calls would time nothing and report a made-up bandwidth
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
 def common_options() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument("--output-dir", required=True, help="where the JSON reports and the PNG go")
@@ -35,7 +51,7 @@ def common_options() -> argparse.ArgumentParser:
     parent.add_argument(
         "--max-bytes", type=_size, default=None, help="largest message (default 8G on GPUs, 1M on CPUs)"
     )
-    parent.add_argument("--iters", type=_positive, default=20, help="timed calls per size (default 20)")
+    parent.add_argument("--iters", type=_at_least_one, default=20, help="timed calls per size (default 20)")
     parent.add_argument("--warmup", type=_positive, default=5, help="untimed calls first (default 5)")
     parent.add_argument(
         "--profile",
@@ -65,10 +81,15 @@ def common_options() -> argparse.ArgumentParser:
         "--dcgm-level", type=int, default=1, help="dcgmi diag -r LEVEL where DCGM is installed; 0: skip"
     )
     parent.add_argument(
+        "--expect-gpus",
+        action="store_true",
+        help="a node without a visible CUDA GPU fails (implied by a profile with GPU thresholds or a Slurm GPU job)",
+    )
+    parent.add_argument(
         "--exclude-file", default=None, help="add the nodes to exclude to this file (one line, Slurm syntax)"
     )
     parent.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds a collective may wait (default 600)"
+        "--timeout", type=_seconds, default=600.0, help="seconds a collective may wait (default 600)"
     )
     return parent
 

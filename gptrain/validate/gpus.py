@@ -7,11 +7,12 @@ read plus the bytes written (2 x size per copy), as memory-bandwidth figures usu
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ def seconds_per_call(call: Callable[[], Any], device: torch.device, iters: int, 
     for _ in range(iters):
         call()
     synchronize(device)
-    return (time.perf_counter() - start) / max(1, iters)
+    return (time.perf_counter() - start) / iters  # the CLI requires iters >= 1
 
 
 def matmul_tflops(device: torch.device, iters: int, warmup: int, n: int = MATMUL_N) -> float:
@@ -118,6 +119,21 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
             flags.append("dcgmi diag failed: " + "; ".join(dcgm.get("failures") or ["see gpus.json"]))
         r["flags"] = flags
     return records
+
+
+def gpus_expected(limits: Thresholds, asked: bool, env: Mapping[str, str] = os.environ) -> str | None:
+    """Why this job should see a GPU (then none visible is a failure), or None (a CPU machine)."""
+    if asked:
+        return "--expect-gpus was given"
+    if limits.matmul_tflops is not None or limits.copy_GBps is not None:
+        return f"the profile {limits.profile} sets GPU thresholds"
+    for key in ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS"):
+        if env.get(key, "").strip() not in ("", "0"):
+            return f"Slurm gave the job GPUs ({key}={env[key]})"
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible not in ("", "-1", "NoDevFiles"):
+        return f"CUDA_VISIBLE_DEVICES={visible}"
+    return None
 
 
 def run_gpus(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> list[dict[str, Any]] | None:

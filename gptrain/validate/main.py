@@ -124,16 +124,15 @@ def pair_summary(level: str, results: list[Any], verdict: Any) -> str:
 
 
 def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
-    from gptrain.validate.gpus import judge, run_gpus
+    from gptrain.validate.gpus import gpus_expected, judge, run_gpus
 
     records = run_gpus(ctx, args.iters, args.warmup, args.dcgm_level)
+    if records is None:
+        no_gpu(ctx, gpus_expected(limits, args.expect_gpus), Path(args.output_dir) / "gpus.json", out)
+        return
     if ctx.rank != 0:
         return
     path = Path(args.output_dir) / "gpus.json"
-    if records is None:
-        print(f"gpus: no CUDA GPU on {ctx.node}; GPU checks skipped")
-        report.write_json(path, {"gpus": [], "skipped": f"no CUDA GPU on {ctx.node}"})
-        return
     records = judge(records, limits)
     for r in records:
         state = "; ".join(r["flags"]) or "ok"
@@ -145,6 +144,24 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
             out.failures.append(f"gpus: rank {r['rank']} on {r['node']}: {flag}")
             out.bad_nodes.add(r["node"])
     report.write_json(path, {"gpus": records})
+
+
+def no_gpu(ctx: Context, expected: str | None, path: Path, out: Outcome) -> None:
+    """No rank sees a CUDA GPU: skipped on a CPU machine, a failure of each node that should have one."""
+    from gptrain.validate.runtime import gather_objects
+
+    reasons = gather_objects((ctx.node, expected))  # each node's own environment says
+    if ctx.rank != 0:
+        return
+    missing = {node: why for node, why in reasons if why}
+    if not missing:
+        print(f"gpus: no CUDA GPU on {ctx.node}; GPU checks skipped")
+        report.write_json(path, {"gpus": [], "skipped": f"no CUDA GPU on {ctx.node}"})
+        return
+    for node, why in sorted(missing.items()):
+        out.failures.append(f"gpus: no CUDA GPU visible on {node}, but {why}")
+        out.bad_nodes.add(node)
+    report.write_json(path, {"gpus": [], "missing": missing})
 
 
 CHECKS = {"collectives": check_collectives, "pairwise": check_pairwise, "gpus": check_gpus}

@@ -2,7 +2,8 @@
 
 Nodes: every pair of nodes in rounds (a round-robin tournament: each round pairs every node
 once, so N nodes take N-1 rounds), or, above `max_all_pairs` nodes, a few rounds of a
-bisection (the first half of the nodes against the second, the halves rotated each round).
+bisection (the first half of the nodes against the second, the halves rotated each round;
+an odd node out replaces a rotating first-half node from the second round on).
 A pair's all_reduce runs on all ranks of both nodes, so it crosses every NIC of the pair.
 Ranks: the same, between the ranks of each node, on all nodes at once (the per-GPU straggler).
 
@@ -38,13 +39,20 @@ def round_robin(members: list[str]) -> list[list[tuple[str, str]]]:
 
 
 def bisection(members: list[str], rounds: int) -> list[list[tuple[str, str]]]:
-    """First half against the second half, rotated by one each round (odd member sits out)."""
+    """First half against the second half, rotated by one each round. An odd member out takes
+    the place of a rotating first-half member from the second round on (so there are at least
+    two rounds), which keeps every round's pairs disjoint and leaves no member untested."""
     half = len(members) // 2
-    left, right = members[:half], members[half : 2 * half]
-    return [
-        [tuple(sorted((left[i], right[(i + r) % half]))) for i in range(half)]
-        for r in range(min(rounds, half))
-    ]  # type: ignore[misc]
+    left, right, odd = members[:half], members[half : 2 * half], members[2 * half :]
+    count = max(min(rounds, half), 2 if odd else 0)
+    schedule = []
+    for r in range(count):
+        pairs = [(left[i], right[(i + r) % half]) for i in range(half)]
+        if odd and r > 0:
+            k = (r - 1) % half  # sits out this round, was paired in round 0
+            pairs[k] = (odd[0], pairs[k][1])
+        schedule.append([tuple(sorted(p)) for p in pairs])
+    return schedule  # type: ignore[return-value]
 
 
 def schedule(members: list[str], max_all_pairs: int, bisection_rounds: int) -> list[list[tuple[str, str]]]:

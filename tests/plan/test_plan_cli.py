@@ -140,3 +140,20 @@ def test_trial_results_are_read_back_per_rank(tmp_path: Path) -> None:
     assert failed.measured_step_s is None and failed.error == "rank 1 exit 2: gptrain: error: bad key"
     line = "iteration 1/ 3 | elapsed time per iteration (ms): {} | lm loss: 4.0 |"
     assert median_step_s("\n".join(line.format(ms) for ms in (900.0, 100.0, 300.0, 200.0))) == 0.2
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--headroom", "1.5"], "--headroom=1.5 must be a fraction of GPU memory in [0, 1)"),
+        (["--headroom", "nan"], "--headroom=nan must be a fraction of GPU memory in [0, 1)"),
+        (["--headroom", "-1"], "--headroom=-1.0 must be a fraction of GPU memory in [0, 1)"),
+        (["--gpus-per-node", "0"], "--gpus-per-node=0 must be a positive integer"),
+        (["--vocab-size", "0"], "--vocab-size=0 must be >= 1 (the tokenizer's unpadded size)"),
+    ],
+)
+def test_out_of_range_inputs_are_one_line_not_a_default(
+    capsys: pytest.CaptureFixture[str], option: list[str], message: str
+) -> None:
+    assert main(["plan", "gpt3/126m", *option]) == 2
+    assert capsys.readouterr().err.strip() == f"gptrain: error: {message}"

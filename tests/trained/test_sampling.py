@@ -123,3 +123,18 @@ def test_bad_arguments_raise_config_error(kwargs, key):
     arguments = {"prompt_ids": [1], "max_new_tokens": 3, **kwargs}
     with pytest.raises(ConfigError, match=key):
         generate(model, **arguments)
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-300, 5e-324])
+def test_tiny_temperatures_pick_the_argmax_instead_of_nan(temperature):
+    logits = torch.tensor([1.0, 30.0, 29.99, -5.0])  # 30 / 1e-38 overflows float32
+    generator = torch.Generator().manual_seed(0)
+    assert {next_token(logits, temperature, generator=generator) for _ in range(20)} == {1}
+    assert next_token(logits, temperature, top_k=2, generator=generator) == 1
+    model = tiny_gpt()
+    assert generate(model, [1, 2], 8, temperature=temperature) == generate(model, [1, 2], 8, greedy=True)
+
+
+def test_infinite_temperature_is_refused():
+    with pytest.raises(ConfigError, match="must be finite and > 0"):
+        generate(tiny_gpt(), [1], 2, temperature=float("inf"))

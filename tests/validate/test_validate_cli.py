@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from validate_helpers import REPO
 
 
@@ -80,3 +81,23 @@ def test_unknown_profile_is_one_line_and_starts_no_process_group(tmp_path):
         timeout=60,
     )
     assert bad_size.returncode == 2 and "not a size: 'huge'" in bad_size.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--iters", "0", "argument --iters: must be >= 1, got 0"),
+        ("--timeout", "0", "argument --timeout: must be a number of seconds > 0, got 0"),
+        ("--timeout", "nan", "argument --timeout: must be a number of seconds > 0, got nan"),
+        ("--min-bytes", "inf", "size must be a positive finite number of bytes: 'inf'"),
+        ("--min-bytes", "1e400", "size must be a positive finite number of bytes: '1e400'"),
+        ("--max-bytes", "nan", "size must be a positive finite number of bytes: 'nan'"),
+    ],
+)
+def test_options_that_would_time_nothing_or_overflow_are_refused(capsys, option, value, message):
+    from gptrain.cli import build_parser
+
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["validate", "collectives", "--output-dir", "x", option, value])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err

@@ -141,3 +141,19 @@ def test_dcgm_result_is_read_from_its_output(monkeypatch, returncode, text, pass
     result = gpus.dcgm_diag(1)
     assert result["ran"] and result["passed"] is passed
     assert result["failures"] == ([] if passed else ["Memory | Fail - GPU 3"])
+
+
+def test_gpus_are_expected_from_the_profile_the_flag_or_the_job_never_on_a_cpu_machine():
+    from gptrain.validate.gpus import gpus_expected
+
+    assert gpus_expected(Thresholds(), False, {}) is None
+    assert gpus_expected(Thresholds(), False, {"CUDA_VISIBLE_DEVICES": "", "SLURM_GPUS_ON_NODE": "0"}) is None
+    assert (
+        gpus_expected(Thresholds(profile="p", copy_GBps=1.0), False, {})
+        == "the profile p sets GPU thresholds"
+    )
+    assert gpus_expected(Thresholds(), True, {}) == "--expect-gpus was given"
+    assert gpus_expected(Thresholds(), False, {"SLURM_GPUS_ON_NODE": "8"}) == (
+        "Slurm gave the job GPUs (SLURM_GPUS_ON_NODE=8)"
+    )
+    assert gpus_expected(Thresholds(), False, {"CUDA_VISIBLE_DEVICES": "0,1"}) == "CUDA_VISIBLE_DEVICES=0,1"

@@ -57,6 +57,7 @@ def test_slurm_render_runs_validation_before_training_with_the_cluster_threshold
         in srun
     )
     assert "--max-bytes 4K" in srun and "--exclude-file" not in srun
+    assert srun.rstrip().endswith("--expect-gpus") or " --expect-gpus " in srun  # a GPU job: no GPU fails
     config = yaml.safe_load((dry / "gptrain-gpt3_126m_validation_hydra.yaml").read_text())
     assert config["thresholds"]["copy_GBps"] == 1234 and config["thresholds"]["inter_node_busbw_GBps"] == 240
     assert out.stdout.index("validation:") < out.stdout.index("training:")

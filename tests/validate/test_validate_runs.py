@@ -78,3 +78,19 @@ def test_world_of_one_without_gpu_says_so_in_one_line(tmp_path):
         line for line in logs[0].splitlines() if "no CUDA GPU" in line
     ]
     assert len([line for line in logs[0].splitlines() if "no CUDA GPU" in line]) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_no_gpu_fails_and_names_the_node_when_the_profile_expects_gpus(tmp_path):
+    out = tmp_path / "r"
+    node = {"SLURMD_NODENAME": "gpu-node-7"}
+    codes, logs = run_ranks(["gpus", "--output-dir", str(out), "--profile", "aws_p5"], 1, tmp_path, [node])
+    assert codes == [1], logs[0]
+    assert (
+        "FAILED gpus: no CUDA GPU visible on gpu-node-7, but the profile aws_p5 sets GPU thresholds"
+        in logs[0]
+    )
+    assert (
+        "validation FAILED" in logs[0]
+        and "gpu-node-7" in json.loads((out / "validation.json").read_text())["exclude"]
+    )

@@ -10,7 +10,7 @@ import pytest
 from gptrain.errors import ConfigError
 from gptrain.validate import bandwidth as bw
 from gptrain.validate import report
-from gptrain.validate.pairwise import PairResult, bisection, find_slow, round_robin
+from gptrain.validate.pairwise import PairResult, bisection, find_slow, round_robin, schedule
 from gptrain.validate.thresholds import load_thresholds
 
 
@@ -77,6 +77,17 @@ def test_bisection_pairs_halves_with_new_partners():
     for r in rounds:
         assert all((int(a[1:]) < 4) != (int(b[1:]) < 4) for a, b in r)
     assert len({p for r in rounds for p in r}) == 12
+
+
+@pytest.mark.parametrize("max_all_pairs", [16, 1])
+def test_every_member_is_paired_whatever_the_count(max_all_pairs):
+    for n in range(2, 40):
+        members = [f"n{i:02d}" for i in range(n)]
+        rounds = schedule(members, max_all_pairs, 3)
+        assert {m for r in rounds for p in r for m in p} == set(members), n
+        for r in rounds:  # nobody is in two pairs of one round
+            seen = [m for p in r for m in p]
+            assert len(seen) == len(set(seen)), n
 
 
 def pair(a, b, busbw):

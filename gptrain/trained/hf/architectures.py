@@ -76,9 +76,12 @@ def _check_llama(config: GPTConfig) -> str:
     return LLAMA
 
 
-def hf_config_kwargs(config: GPTConfig, arch: str, vocab_size: int, eod: int | None) -> dict[str, Any]:
-    """Keyword arguments of the transformers config class for `arch` (vocabulary unpadded)."""
-    tokens = {"bos_token_id": eod, "eos_token_id": eod, "tie_word_embeddings": _tied(config)}
+def hf_config_kwargs(
+    config: GPTConfig, arch: str, vocab_size: int, token_ids: dict[str, int | None]
+) -> dict[str, Any]:
+    """Keyword arguments of the transformers config class for `arch` (vocabulary unpadded;
+    `token_ids`: bos_token_id, eos_token_id and maybe pad_token_id)."""
+    tokens = {**token_ids, "tie_word_embeddings": _tied(config)}
     if arch == GPT2:
         return {
             "vocab_size": vocab_size,

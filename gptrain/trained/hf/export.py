@@ -16,9 +16,11 @@ from typing import Any, TextIO
 
 import torch
 
-from gptrain.errors import DataError
+from gptrain.data.tokenizers import canonical_type
+from gptrain.errors import ConfigError, DataError
 from gptrain.models.config import GPTConfig
 from gptrain.trained.hf.architectures import CLASS_NAMES, choose_architecture, hf_config_kwargs
+from gptrain.trained.hf.record import read_record, special_token_ids
 from gptrain.trained.hf.storage import CheckpointTensors, ShardWriter, plan_shards
 from gptrain.trained.hf.tensors import globals_to_hf, hf_global_names, layer_to_hf
 from gptrain.trained.hf.tokenizer_files import export_tokenizer
@@ -41,8 +43,12 @@ class RunSource:
     cfg: Any
     tokenizer: Any | None
     vocab: int
-    """Real (unpadded) vocabulary: rows beyond it are padding and are not exported."""
+    """Real (unpadded) vocabulary: the tokens verification compares."""
     model_config: GPTConfig
+    rows: int
+    """Embedding rows exported (config.json's vocab_size): `vocab`, or an imported model's own count."""
+    token_ids: dict[str, int | None]
+    """bos_token_id, eos_token_id (and pad_token_id when known) for the configs."""
 
 
 @dataclass
@@ -61,8 +67,22 @@ def open_run(path: str | Path) -> RunSource:
     from gptrain.trained.load import open_run as open_checkpoint
 
     run = open_checkpoint(path)
+    record = read_record(run.hparams.parent)
+    rows = max(run.vocab, min(int(record.get("vocab_size") or 0), run.saved_rows))
+    if int(record.get("vocab_size") or 0) > run.saved_rows:
+        print(
+            f"gptrain: warning: {run.step_dir} has {run.saved_rows} embedding rows, fewer than the "
+            f"{record['vocab_size']} of the imported model; exporting vocab_size {rows}",
+            file=sys.stderr,
+        )
     return RunSource(
-        run.step_dir, run.cfg, run.tokenizer, run.vocab, build_model_config(run.cfg, run.saved_rows)
+        run.step_dir,
+        run.cfg,
+        run.tokenizer,
+        run.vocab,
+        build_model_config(run.cfg, run.saved_rows),
+        rows,
+        special_token_ids(run.cfg, run.tokenizer, record),
     )
 
 
@@ -83,11 +103,11 @@ def export_hf(
     stream = stream or sys.stderr
     source = open_run(path)
     arch = choose_architecture(source.model_config)
+    _check_tokenizer_exportable(source, verify, stream)
     output = Path(output)
     _check_output(output)
     with atomic_directory(output) as staging:
-        eod = source.tokenizer.eod if source.tokenizer is not None else None
-        _write_configs(staging, source, arch, eod, dtype)
+        _write_configs(staging, source, arch, dtype)
         # a run on mock data has no tokenizer: the preset's tokenizer paths point at nothing
         if source.tokenizer is not None:
             export_tokenizer(source.cfg, staging, source.model_config.seq_length)
@@ -98,6 +118,22 @@ def export_hf(
     return ExportReport(output, CLASS_NAMES[arch], files, tensor_bytes, elapsed, verification)
 
 
+def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO) -> None:
+    """A tiktoken encoding has no transformers tokenizer files to copy: refused before anything is
+    written (verification would only fail at the end), or exported without one under --no-verify."""
+    tok = source.cfg.model.tokenizer
+    if source.tokenizer is None or canonical_type(tok.type) != "tiktoken":
+        return
+    what = f"model.tokenizer.type={tok.type} (model.tokenizer.model={tok.model})"
+    if verify:
+        raise ConfigError(
+            f"{what}: export writes no transformers tokenizer for a tiktoken encoding; pass --no-verify "
+            "to export the weights without tokenizer files, or train with GPT2BPETokenizer "
+            "(vocab.json + merges.txt) or HuggingFaceTokenizer (tokenizer.json)"
+        )
+    print(f"gptrain: warning: {what}: the export has no tokenizer files", file=stream)
+
+
 def _check_output(output: Path) -> None:
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise DataError(
@@ -106,16 +142,16 @@ def _check_output(output: Path) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
 
 
-def _write_configs(directory: Path, source: RunSource, arch: str, eod: int | None, dtype: str) -> None:
+def _write_configs(directory: Path, source: RunSource, arch: str, dtype: str) -> None:
     """config.json (with the dtype the weights are written in) and generation_config.json."""
     from transformers import GenerationConfig
 
-    kwargs = hf_config_kwargs(source.model_config, arch, source.vocab, eod)
+    kwargs = hf_config_kwargs(source.model_config, arch, source.rows, source.token_ids)
     config = config_class(arch)(**kwargs)
     config.architectures = [CLASS_NAMES[arch]]
     config.dtype = dtype
     config.save_pretrained(str(directory))
-    GenerationConfig(bos_token_id=eod, eos_token_id=eod).save_pretrained(str(directory))
+    GenerationConfig(**source.token_ids).save_pretrained(str(directory))
 
 
 def write_weights(
@@ -138,7 +174,7 @@ def write_weights(
             if device == "meta"
             else reader.read(global_keys)
         )
-        return _in_dtype(globals_to_hf(arch, tensors, source.vocab, tied), dtype, source.step_dir)
+        return _in_dtype(globals_to_hf(arch, tensors, source.rows, tied), dtype, source.step_dir)
 
     def convert_layer(index: int, device: str) -> dict[str, torch.Tensor]:
         prefix = f"layers.{index}."

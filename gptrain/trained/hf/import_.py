@@ -20,6 +20,7 @@ from torch import nn
 
 from gptrain.errors import DataError
 from gptrain.trained.hf.architectures import BASE_PRESETS, CLASS_NAMES, architecture_of, model_overrides
+from gptrain.trained.hf.record import write_record
 from gptrain.trained.hf.storage import SafetensorsTensors
 from gptrain.trained.hf.tensors import globals_from_hf, hf_global_names, layer_from_hf
 from gptrain.trained.hf.tokenizer_files import import_tokenizer
@@ -68,6 +69,7 @@ def import_hf(
         step_dir = save_weights(model, staging / CHECKPOINTS)
         del model
         (staging / "hparams.yaml").write_text(cfg.to_yaml())
+        write_record(staging, hf_config, hf_dir)
         verification = verify_import(cfg, staging, step_dir, hf_dir) if verify else None
     elapsed = time.perf_counter() - started
     checkpoint = output / CHECKPOINTS / step_dir.name
@@ -134,7 +136,8 @@ def build_imported_model(cfg: Any, staging: Path, hf_dir: Path, arch: str, strea
     vocab, padded = padded_vocab_size(cfg, tokenizer)
     if tokenizer is not None:
         _check_rows(hf_dir, vocab)
-    config = build_model_config(cfg, padded)
+    # rows the tokenizer never emits (Phi-2, Qwen2 shape theirs so) are kept for export to restore
+    config = build_model_config(cfg, max(padded, int(load_config(hf_dir).vocab_size)))
     with torch.device("meta"):
         model = GPT(config)
     model.to_empty(device="cpu")
@@ -202,8 +205,9 @@ def verify_import(cfg: Any, staging: Path, step_dir: Path, hf_dir: Path) -> Veri
 
     tokenizer = _tokenizer(cfg, staging)
     vocab, padded = padded_vocab_size(cfg, tokenizer)
-    vocab = min(vocab, int(load_config(hf_dir).vocab_size))
-    ours = build_model(build_model_config(cfg, padded), torch.device("cpu"), seed=0)
+    rows = int(load_config(hf_dir).vocab_size)
+    vocab = min(vocab, rows)
+    ours = build_model(build_model_config(cfg, max(padded, rows)), torch.device("cpu"), seed=0)
     load_weights(ours, step_dir)
     theirs = load_model(hf_dir)
     prompt = list(tokenizer.encode("The meaning of life is")) if tokenizer is not None else [0, 1, 2]

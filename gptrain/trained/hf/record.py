@@ -1,0 +1,86 @@
+"""What `gptrain import` keeps of the transformers config for `gptrain export` (no torch).
+
+gptrain's config has no place for a model's BOS/EOS ids or for embedding rows beyond its
+tokenizer, so import writes them to `hf_import.json` beside hparams.yaml; export restores them.
+Without it (a run gptrain trained), BOS/EOS come from the tokenizer files, and the end-of-document
+id stands for both only for GPT-2 BPE, whose convention that is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gptrain.data.tokenizers import canonical_type
+from gptrain.errors import DataError
+
+RECORD = "hf_import.json"
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def write_record(directory: Path, hf_config: Any, source: Path) -> None:
+    """The imported model's token ids and embedding rows, as its config.json gives them."""
+    record: dict[str, Any] = {"source": str(source), "vocab_size": int(hf_config.vocab_size)}
+    record.update({key: getattr(hf_config, key, None) for key in TOKEN_KEYS})
+    (directory / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def read_record(run_dir: Path) -> dict[str, Any]:
+    """The import record of the run in `run_dir` ({} for a run gptrain trained)."""
+    path = run_dir / RECORD
+    if not path.is_file():
+        return {}
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as error:
+        raise DataError(f"{path}: not JSON ({error}); restore it or delete it") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{path}: expected a JSON object; restore it or delete it")
+    return record
+
+
+def special_token_ids(cfg: Any, tokenizer: Any | None, record: dict[str, Any]) -> dict[str, Any]:
+    """bos/eos (and pad, when known) ids for config.json and generation_config.json."""
+    if record:  # the imported model's own ids
+        ids = {key: record.get(key) for key in TOKEN_KEYS}
+        if ids["pad_token_id"] is None:
+            del ids["pad_token_id"]
+        return ids
+    if tokenizer is None:
+        return {"bos_token_id": None, "eos_token_id": None}
+    kind = canonical_type(cfg.model.tokenizer.type)
+    if kind != "huggingface":  # GPT-2 BPE (and tiktoken's GPT-style encodings): <|endoftext|> is both
+        return {"bos_token_id": tokenizer.eod, "eos_token_id": tokenizer.eod}
+    named = _hf_named_tokens(Path(cfg.model.tokenizer.model))
+    eos = named.get("eos_token")
+    return {
+        "bos_token_id": named.get("bos_token"),
+        "eos_token_id": eos if eos is not None else _eod_or_none(tokenizer),
+    }
+
+
+def _eod_or_none(tokenizer: Any) -> int | None:
+    try:
+        return int(tokenizer.eod)
+    except DataError:  # a tokenizer.json without an end-of-document token
+        return None
+
+
+def _hf_named_tokens(model: Path) -> dict[str, int]:
+    """tokenizer_config.json's bos_token/eos_token as ids of the tokenizer.json beside it."""
+    file = model / "tokenizer.json" if model.is_dir() else model
+    config_file = file.parent / "tokenizer_config.json"
+    if not config_file.is_file():
+        return {}
+    from tokenizers import Tokenizer
+
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    vocab = Tokenizer.from_file(str(file)).get_vocab(with_added_tokens=True)
+    ids = {}
+    for key in ("bos_token", "eos_token"):
+        token = config.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str) and token in vocab:
+            ids[key] = vocab[token]
+    return ids
