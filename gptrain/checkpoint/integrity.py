@@ -12,6 +12,7 @@ checkpoint once between its ranks before loading it.
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from pathlib import Path
 
@@ -29,8 +30,14 @@ def manifest(step_dir: Path, checksums: dict[str, str | None] | None = None) -> 
 
 
 def complete_record(step: int, step_dir: Path, checksums: dict[str, str | None] | None = None) -> str:
-    """The text of the COMPLETE marker: the step and the manifest."""
-    return json.dumps({"step": step, "files": manifest(step_dir, checksums)}, indent=1) + "\n"
+    """The text of the COMPLETE marker: the step, the Slurm job that wrote it (a requeue of that job
+    resumes it: gptrain.train.run_lock) and the manifest."""
+    record = {
+        "step": step,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "files": manifest(step_dir, checksums),
+    }
+    return json.dumps(record, indent=1) + "\n"
 
 
 def file_crc32(path: Path, chunk: int = 16 << 20) -> str:

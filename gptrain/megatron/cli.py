@@ -41,6 +41,7 @@ def run_megatron(args: argparse.Namespace) -> int:
     dry_run = "--dry-run" in flags
     flags = [f for f in flags if f != "--dry-run"]
     from gptrain.config import load_training_config
+    from gptrain.errors import ConfigError
     from gptrain.megatron.translate import translate
 
     translation = translate(flags)
@@ -55,5 +56,13 @@ def run_megatron(args: argparse.Namespace) -> int:
         print(cfg.to_yaml(), end="")
         return 0
     from gptrain.train.loop import train
+    from gptrain.train.run_lock import EarlierRunError
 
-    return train(cfg)
+    try:
+        return train(cfg)
+    except EarlierRunError:  # worded for Megatron's flags: --load is how Megatron resumes
+        raise ConfigError(
+            f"{cfg.exp_manager.explicit_log_dir} holds checkpoints of an earlier run: add --load "
+            f"{cfg.exp_manager.explicit_log_dir} to resume it, or --save another directory (gptrain never "
+            "overwrites an earlier run's checkpoints, which Megatron does without --load)"
+        ) from None

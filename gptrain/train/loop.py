@@ -15,6 +15,7 @@ With world size 1 no process group is created.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from gptrain.train.meter import IntervalMeter, RunShape, interval_report
 from gptrain.train.metrics import evaluation_scalars
 from gptrain.train.rampup import BatchRamp
 from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, RunLog, Scalars, write_run_files
-from gptrain.train.run_lock import claim_run_directory
+from gptrain.train.run_lock import claim_run_directory, requeued_own_checkpoint
 from gptrain.train.schedule import LRSchedule
 from gptrain.train.schedule_checks import schedule_warnings
 from gptrain.train.signals import StopRequest
@@ -121,9 +122,17 @@ def train(cfg: TrainingConfig) -> int:
         )
     log_dir = Path(cfg.exp_manager.explicit_log_dir)
     em = cfg.exp_manager  # one run per directory, claimed before anything is written into it
+    own = None if em.resume_if_exists else requeued_own_checkpoint(log_dir)
+    if own is not None:  # the job that wrote it, requeued: the same run, which resumes
+        em.resume_if_exists = True
     run_lock = claim_run_directory(
         log_dir, world.rank, world.world_size, em.resume_if_exists, em.move_aside_earlier_run
     )
+    if own is not None:
+        run_lock.notes.append(
+            f"exp_manager.resume_if_exists=false, but this is Slurm job {os.environ['SLURM_JOB_ID']} "
+            f"requeued and {own} is its own checkpoint: resuming it"
+        )
     logging_rank = b.is_logging_rank(cfg, world)
     log = RunLog(log_dir, world.rank, world.local_rank, echo=logging_rank)
     run_lock.log_notes(log)

@@ -38,6 +38,10 @@ class RunLockedError(GptrainError):
     """Another live run holds the results directory."""
 
 
+class EarlierRunError(ConfigError):
+    """resume_if_exists=false into a directory holding another run's checkpoints."""
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lock: enough to tell whether that process still exists."""
@@ -174,6 +178,22 @@ def earlier_checkpoints(log_dir: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name.startswith("step_") or p.name == "latest")
 
 
+def requeued_own_checkpoint(log_dir: Path, env: dict[str, str] | os._Environ = os.environ) -> str | None:
+    """The newest checkpoint's name when this process is the Slurm job that wrote it, requeued
+    (same SLURM_JOB_ID, SLURM_RESTART_COUNT >= 1): the same run, which resumes whatever
+    resume_if_exists says, as the requeue exists for. None otherwise."""
+    job, restarts = env.get("SLURM_JOB_ID"), env.get("SLURM_RESTART_COUNT", "0")
+    if not job or not restarts.isdigit() or int(restarts) < 1:
+        return None
+    root = log_dir / "checkpoints"
+    try:
+        newest = (root / "latest").read_text().strip()
+        record = json.loads((root / newest / "COMPLETE").read_text())
+    except (OSError, ValueError):
+        return None
+    return newest if isinstance(record, dict) and record.get("slurm_job_id") == job else None
+
+
 def check_fresh_start(log_dir: Path, move_aside: bool) -> str | None:
     """resume_if_exists=false: refuse a directory with checkpoints, or move its run aside.
 
@@ -183,7 +203,7 @@ def check_fresh_start(log_dir: Path, move_aside: bool) -> str | None:
     if not found:
         return None
     if not move_aside:
-        raise ConfigError(
+        raise EarlierRunError(
             f"exp_manager.resume_if_exists=false but {log_dir / 'checkpoints'} holds an earlier run's"
             f" checkpoints ({', '.join(found[-3:])}): resume it with exp_manager.resume_if_exists=true,"
             " start a new run under another run.name (or exp_manager.explicit_log_dir), or move the"
@@ -236,7 +256,7 @@ def shared_error(error: GptrainError | None) -> GptrainError | None:
     dist.broadcast_object_list(message, src=0)
     if message[0] is None:
         return None
-    kinds = {"RunLockedError": RunLockedError, "ConfigError": ConfigError}
+    kinds = {"RunLockedError": RunLockedError, "ConfigError": ConfigError, "EarlierRunError": EarlierRunError}
     dist.destroy_process_group()
     name, text = message[0]
     return error if error is not None else kinds.get(name, GptrainError)(text)

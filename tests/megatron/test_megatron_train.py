@@ -131,3 +131,19 @@ def test_load_from_one_run_save_into_another(tmp_path, capsys, monkeypatch):
     assert iterations == ["3", "4"]
     assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == ["latest", "step_2"]
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == ["latest", "step_4"]
+
+
+def test_rerunning_into_a_save_directory_says_to_add_load(tmp_path, capsys, monkeypatch):
+    """Megatron without --load starts over into --save; gptrain never overwrites a run's checkpoints
+    and says so in Megatron's flags (the generic error named exp_manager keys this front refuses)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0", "--train-iters", "2"]
+    run = str(tmp_path / "a")
+    assert main(["megatron", *flags, "--save", run]) == 0
+    capsys.readouterr()
+    assert main(["megatron", *flags, "--save", run]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"add --load {run} to resume it, or --save another directory" in err and "\n" not in err
+    assert main(["megatron", *flags, "--save", run, "--load", run]) == 0  # as the error says

@@ -135,6 +135,26 @@ def test_fresh_start_into_a_directory_with_checkpoints_is_refused_with_the_choic
     assert not (log_dir / LOCK_NAME).exists()
 
 
+def test_a_requeued_job_resumes_its_own_checkpoints_even_with_resume_if_exists_false(
+    tmp_path, capsys, monkeypatch
+):
+    """The Azure tutorial passes resume_if_exists=False; a requeue of that job is the same run and
+    must resume (it was refused with exit 2, which is not requeued). Another job is still refused."""
+    log_dir = tmp_path / "run"
+    fresh = ["trainer.max_steps=4", "exp_manager.resume_if_exists=false"]
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert main(train_args(log_dir, *fresh, "trainer.max_time=00:00:00:00")) == EXIT_REQUEUE
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # what Slurm sets in the requeued job
+    assert main(train_args(log_dir, *fresh)) == 0
+    log = (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+    assert "this is Slurm job 4242 requeued and step_1 is its own checkpoint: resuming it" in log
+    assert "resuming from" in log and (log_dir / "checkpoints" / "latest").read_text().strip() == "step_4"
+    monkeypatch.setenv("SLURM_JOB_ID", "4343")  # another job, even a requeued one, is another run
+    assert main(train_args(log_dir, *fresh)) == 2
+    assert "holds an earlier run's checkpoints" in capsys.readouterr().err
+
+
 def test_move_aside_keeps_the_earlier_run_whole(tmp_path, capsys):
     log_dir = tmp_path / "run"
     assert main(train_args(log_dir, "trainer.max_steps=4")) == 0
