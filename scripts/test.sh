@@ -5,7 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${GPTRAIN_VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-# torch first: a CPU build where there is no GPU; an installed torch is kept as it is.
+# torch first, only where the venv has none (an installed torch is kept as it is): torch==2.13.0 is
+# the local CPU wheel on the CI machines, but the CUDA build from PyPI on Linux. For the CPU build
+# elsewhere, install it into the venv first:
+#   pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 "$VENV/bin/python" -c "import torch" 2>/dev/null || "$VENV/bin/pip" install -q "torch==2.13.0"
 "$VENV/bin/pip" install -q -e '.[test]'
 exec "$VENV/bin/python" -m pytest "$@"

@@ -13,7 +13,9 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("checkpoint", help="inspect a run's checkpoints")
+    parser = subparsers.add_parser(
+        "checkpoint", help="verify a run's checkpoints", description="Verify a run's checkpoints."
+    )
     actions = parser.add_subparsers(dest="action", required=True)
     verify_parser = actions.add_parser(
         "verify",
@@ -21,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Exit 0 when the newest complete checkpoint verifies (the one a resume loads), 1 otherwise.",
     )
     verify_parser.add_argument(
-        "run", type=Path, help="a run's results directory, or its checkpoints/ directory"
+        "run", type=Path, help="a run directory, its results/ directory, or its checkpoints/ directory"
     )
     verify_parser.add_argument(
         "--sizes-only", action="store_true", help="skip the CRC-32 of each file (no data read)"

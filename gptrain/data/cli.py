@@ -34,7 +34,12 @@ def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize (default: text)")
     add_tokenizer_args(parser)
     parser.add_argument("--append-eod", action="store_true", help="end every non-empty document with EOD")
-    parser.add_argument("--workers", type=int, default=_default_workers(), help="tokenizing processes")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=_default_workers(),
+        help="tokenizing processes (default: every CPU this process may run on, here %(default)s)",
+    )
     parser.add_argument(
         "--log-interval",
         type=int,

@@ -20,13 +20,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "NeMo-launcher style launch: pick group files (training=gpt3/126m cluster=bcm "
             "data_preparation=download_shards stages=[data_preparation,training] cluster_type=slurm) "
             "and override dotted keys (training.trainer.num_nodes=2 cluster.partition=gpu). "
-            "Writes <base_results_dir>/<run.name>/ with the resolved config, the scripts and logs."
+            "Writes <base_results_dir>/<run.name>/ with the resolved config, the scripts and logs. "
+            "cluster_type=local runs each stage here, in order (training under torchrun --standalone, "
+            "one node) and returns the exit status of the first that fails: 75 means the training "
+            "saved a checkpoint and stopped; launch again with the same arguments to resume. "
+            "cluster_type=slurm submits with sbatch and returns 0."
         ),
     )
     launch.add_argument(
         "overrides", nargs="*", metavar="key=value", help="group choices and dotted overrides"
     )
-    launch.add_argument("--dry-run", action="store_true", help="render configs and scripts; submit nothing")
+    launch.add_argument(
+        "--dry-run",
+        action="store_true",
+        help=(
+            "check and render everything, write it under <run dir>/dry-run/ (the configs and scripts"
+            " exactly as a launch would submit them) and submit or run nothing"
+        ),
+    )
     launch.add_argument(
         "--config-dir",
         "--config-path",

@@ -38,22 +38,40 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-file", default=None, help="a full training YAML instead of a preset")
     parser.add_argument("--nodes", type=int, default=None, help="default: trainer.num_nodes")
     parser.add_argument(
-        "--gpus-per-node", type=int, default=None, help="default: the cluster profile's, or 8"
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="default: the cluster profile's, or 8 (1 with --gpu cpu)",
     )
-    parser.add_argument("--gpu", default=None, help="h100-80gb (default), a100-80gb, a100-40gb or cpu")
+    parser.add_argument(
+        "--gpu",
+        default=None,
+        help="h100-80gb, a100-80gb, a100-40gb or cpu (default: the cluster profile's, or h100-80gb)",
+    )
     parser.add_argument(
         "--cluster", default=None, help="cluster profile (configs/cluster/NAME.yaml) for defaults"
     )
-    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilisation assumed")
     parser.add_argument(
-        "--tokens", type=float, default=DEFAULT_TOKENS, help="token budget for the days estimate"
+        "--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilisation assumed (default %(default)s)"
     )
-    parser.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
+    parser.add_argument(
+        "--tokens",
+        type=float,
+        default=DEFAULT_TOKENS,
+        help="token budget for the days estimate (default %(default)g)",
+    )
+    parser.add_argument(
+        "--headroom", type=float, default=0.1, help="fraction of GPU memory kept free (default %(default)s)"
+    )
     parser.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary, if not known")
-    parser.add_argument("--top", type=int, default=5, help="candidates to show (and to measure)")
+    parser.add_argument(
+        "--top", type=int, default=5, help="candidates to show and to measure (default %(default)s)"
+    )
     parser.add_argument("--json", default=None, metavar="FILE", help="write the plan as JSON")
     parser.add_argument("--measure", action="store_true", help="run short trials of the top candidates")
-    parser.add_argument("--steps", type=int, default=4, help="training steps per trial (--measure)")
+    parser.add_argument(
+        "--steps", type=int, default=4, help="training steps per trial (--measure; default %(default)s)"
+    )
     parser.add_argument(
         "--output", default=None, metavar="FILE", help="winning config (--measure); default plan-best.yaml"
     )
@@ -62,27 +80,28 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         default="local",
         choices=["local", "slurm"],
         help="--measure: run the trials here under torchrun (one node), or as Slurm jobs rendered "
-        "by the launcher (any --nodes; Slurm settings from --cluster's profile)",
+        "by the launcher (any --nodes; Slurm settings from --cluster's profile); default %(default)s",
     )
     parser.add_argument(
         "--trials-dir",
         default=None,
         metavar="DIR",
-        help="--measure: where trials keep configs, logs and results (a shared path for Slurm); "
-        "default: a temporary directory locally, ./plan-trials with Slurm",
+        help="--measure: trials keep configs, logs and results in DIR/<timestamp>/ (a shared path for "
+        "Slurm); default: a temporary directory locally, ./plan-trials/<timestamp>/ with Slurm",
     )
     parser.add_argument(
         "--trial-timeout",
         type=float,
         default=1800.0,
         metavar="S",
-        help="--measure: seconds a trial may take (with Slurm, queueing included; then cancelled)",
+        help="--measure: seconds a trial may take (with Slurm, queueing included; then cancelled); "
+        "default %(default)g",
     )
     parser.add_argument(
         "--trial-time-limit",
         default="00:30:00",
         metavar="HH:MM:SS",
-        help="--measure with Slurm: the trial jobs' --time",
+        help="--measure with Slurm: the trial jobs' --time (default %(default)s)",
     )
 
 

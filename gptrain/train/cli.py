@@ -16,7 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Train a GPT from a NeMo-launcher style preset (e.g. gpt3/126m) or a training YAML, "
             "with key=value overrides (trainer.max_steps=100 model.optim.lr=3e-4). Exits 0 at "
-            "trainer.max_steps and 75 after checkpointing on SIGTERM/SIGUSR1 or trainer.max_time."
+            "trainer.max_steps; 75 after checkpointing on SIGTERM/SIGUSR1 or trainer.max_time; 76 when "
+            "the hang watchdog ends a stuck step (a Slurm job requeues itself on 75 and 76); 2 on a "
+            "one-line error (bad config, data, a refused run lock)."
         ),
     )
     parser.add_argument("preset", nargs="?", default=None, help="training preset such as gpt3/126m")

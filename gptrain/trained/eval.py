@@ -22,7 +22,9 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument(
-        "checkpoint", metavar="RUN_OR_CHECKPOINT", help="run results dir, checkpoints dir or step dir"
+        "checkpoint",
+        metavar="RUN_OR_CHECKPOINT",
+        help="a run directory (results/<run.name>), its results/ or checkpoints/ directory, or a step_<N> directory",
     )
     parser.add_argument(
         "--split",

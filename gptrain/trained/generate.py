@@ -12,13 +12,15 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         "generate",
         help="generate text from a trained checkpoint",
         description=(
-            "Load the newest complete checkpoint of a run (CHECKPOINT: the run's results dir, its "
-            "checkpoints dir or one step_N dir), rebuild the model from the run's hparams.yaml, "
+            "Load the newest complete checkpoint of a run (CHECKPOINT: the run directory, its results/ "
+            "or checkpoints/ directory, or one step_N dir), rebuild the model from the run's hparams.yaml, "
             "and continue PROMPT with its tokenizer."
         ),
     )
     parser.add_argument(
-        "checkpoint", metavar="CHECKPOINT", help="run results dir, checkpoints dir or step dir"
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="a run directory (results/<run.name>), its results/ or checkpoints/ directory, or a step_<N> directory",
     )
     parser.add_argument("--prompt", required=True, help="text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")

@@ -75,10 +75,13 @@ def common_options() -> argparse.ArgumentParser:
         "--max-all-pairs",
         type=int,
         default=16,
-        help="above this many members, a bisection instead of all pairs",
+        help="above this many members, a bisection instead of all pairs (default %(default)s)",
     )
     parent.add_argument(
-        "--dcgm-level", type=int, default=1, help="dcgmi diag -r LEVEL where DCGM is installed; 0: skip"
+        "--dcgm-level",
+        type=int,
+        default=1,
+        help="dcgmi diag -r LEVEL where DCGM is installed; 0: skip (default %(default)s)",
     )
     parent.add_argument(
         "--expect-gpus",

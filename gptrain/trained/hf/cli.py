@@ -11,15 +11,17 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         "export",
         help="export a trained checkpoint to Hugging Face transformers",
         description=(
-            "Write the newest complete checkpoint of a run (RUN_OR_CHECKPOINT: results dir, checkpoints "
-            "dir or step dir; saved under any parallel layout) as a transformers model directory: "
+            "Write the newest complete checkpoint of a run (RUN_OR_CHECKPOINT: the run directory, its "
+            "results/ or checkpoints/ directory, or a step dir; saved under any parallel layout) as a transformers model directory: "
             "config.json, safetensors weights, generation_config.json and the tokenizer files. The "
             "result is loaded with transformers and must give the same logits and greedy continuation "
             "as gptrain's model, or nothing is written. Needs: pip install 'gptrain[hf]'."
         ),
     )
     parser.add_argument(
-        "checkpoint", metavar="RUN_OR_CHECKPOINT", help="run results dir, checkpoints dir or step dir"
+        "checkpoint",
+        metavar="RUN_OR_CHECKPOINT",
+        help="a run directory (results/<run.name>), its results/ or checkpoints/ directory, or a step_<N> directory",
     )
     parser.add_argument(
         "--to", choices=["hf"], required=True, help="target format (hf: Hugging Face transformers)"
