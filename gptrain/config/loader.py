@@ -50,7 +50,14 @@ def preset_path(name: str) -> Path:
     path = PRESET_DIR / f"{name}.yaml"
     if path.is_file():
         return path
-    raise ConfigError(f"unknown training preset '{name}'{_suggest(name, list_presets())}")
+    raise ConfigError(f"unknown training preset '{name}'{_suggest_preset(name, list_presets())}")
+
+
+def _suggest_preset(name: str, presets: list[str]) -> str:
+    """The preset meant (`126m` -> `gpt3/126m`, `gpt3/126` -> `gpt3/126m`), else the list of them."""
+    meant = [p for p in presets if p.rpartition("/")[2] == name.rpartition("/")[2]][:1]
+    meant = meant or difflib.get_close_matches(name, presets, n=1, cutoff=0.75)
+    return f"; did you mean '{meant[0]}'?" if meant else f"; the presets are {', '.join(presets)}"
 
 
 def register_resolvers() -> None:

@@ -106,9 +106,15 @@ def test_bad_values_name_the_key(override, message):
         load_training_config("gpt3/126m", [override])
 
 
-def test_unknown_preset_suggests():
+@pytest.mark.parametrize("name", ["gpt3/126", "126m", "gpt3/126m.yaml"])
+def test_unknown_preset_suggests(name):
     with pytest.raises(ConfigError, match="did you mean 'gpt3/126m'"):
-        load_training_config("gpt3/126")
+        load_training_config(name)
+
+
+def test_an_unknown_preset_far_from_all_lists_them():
+    with pytest.raises(ConfigError, match="the presets are .*gpt3/126m.*quickstart/cpu"):
+        load_training_config("llama")
 
 
 def test_nemo_switches_map_onto_gptrain():
