@@ -16,6 +16,7 @@ from typing import Any
 from gptrain.errors import LaunchError
 from gptrain.launch.compose import closest
 from gptrain.launch.sbatch import Job
+from gptrain.utils.hostlist import expand_hostlist
 
 UNUSABLE_STATES = ("down", "drain", "fail", "maint", "unknown", "not_responding")
 
@@ -69,6 +70,17 @@ def requested_gpus_per_node(job: Job, cluster: dict[str, Any]) -> int:
     )
 
 
+def hosts_of(value: Any, key: str) -> set[str]:
+    """The hosts of a cluster.exclude / cluster.nodelist value (a Slurm host list, or a list of them)."""
+    if not value:
+        return set()
+    items = value if isinstance(value, list) else [value]
+    try:
+        return {host for item in items for host in expand_hostlist(str(item))}
+    except LaunchError as error:
+        raise LaunchError(f"cluster.{key}: {error}") from None
+
+
 def check_cluster(job: Job, cluster: dict[str, Any], nodes: list[Node]) -> str:
     """One line on the partition's fit for `job`; LaunchError when it can never run."""
     partitions = sorted({n.partition for n in nodes})
@@ -79,13 +91,23 @@ def check_cluster(job: Job, cluster: dict[str, Any], nodes: list[Node]) -> str:
         raise LaunchError(
             f"partition '{wanted}' does not exist (cluster.partition){closest(wanted, partitions)}"
         )
+    excluded, listed = (
+        hosts_of(cluster.get("exclude"), "exclude"),
+        hosts_of(cluster.get("nodelist"), "nodelist"),
+    )
     usable = [
-        n for n in nodes if n.partition == wanted and not n.state.rstrip("*~#").startswith(UNUSABLE_STATES)
+        n
+        for n in nodes
+        if n.partition == wanted
+        and not n.state.rstrip("*~#").startswith(UNUSABLE_STATES)
+        and n.name not in excluded
+        and (not listed or n.name in listed)
     ]
     if len(usable) < job.nodes:
+        narrowed = " (after cluster.exclude / cluster.nodelist)" if excluded or listed else ""
         raise LaunchError(
-            f"{job.stage}: {job.nodes} node(s) requested but partition '{wanted}' has {len(usable)} usable;"
-            " lower training.trainer.num_nodes or pick another cluster.partition"
+            f"{job.stage}: {job.nodes} node(s) requested but partition '{wanted}' has {len(usable)} usable"
+            f"{narrowed}; lower training.trainer.num_nodes or pick another cluster.partition"
         )
     cpus = max(n.cpus for n in usable)
     needed = job.tasks_per_node * (job.cpus_per_task or 1)

@@ -8,13 +8,13 @@ here in Python so that no `scontrol` call is needed on compute nodes.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from gptrain.errors import LaunchError
+from gptrain.utils.hostlist import expand_hostlist
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -66,47 +66,6 @@ class ParallelDims:
         return (self.pp, self.dp, self.tp), ("pp", "dp", "tp")
 
 
-def parse_slurm_nodelist(nodelist: str) -> list[str]:
-    """Expand a Slurm host list: `n[1-2],gpu-[01-04,07]` -> [n1, n2, gpu-01, ...]."""
-    hosts: list[str] = []
-    for item in _split_top_level(nodelist.strip()):
-        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", item)
-        if not match:
-            if "[" in item or "]" in item:
-                raise LaunchError(f"SLURM_JOB_NODELIST: cannot parse host list item {item!r}")
-            if item:
-                hosts.append(item)
-            continue
-        prefix, ranges, suffix = match.groups()
-        for name in _expand_ranges(ranges, item):
-            hosts.extend(parse_slurm_nodelist(prefix + name + suffix))
-    return hosts
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas that are not inside brackets."""
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p for p in parts if p]
-
-
-def _expand_ranges(ranges: str, item: str) -> list[str]:
-    """`01-03,07` -> [01, 02, 03, 07], keeping zero padding."""
-    names: list[str] = []
-    for part in ranges.split(","):
-        low, _, high = part.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            raise LaunchError(f"SLURM_JOB_NODELIST: bad range {part!r} in {item!r}")
-        width = len(low)
-        names.extend(f"{n:0{width}d}" for n in range(int(low), int(high or low) + 1))
-    return names
-
-
 def world_from_env(env: Mapping[str, str] | None = None) -> World:
     """Rank, world size and rendezvous address from torchrun or Slurm variables."""
     env = os.environ if env is None else env
@@ -121,11 +80,19 @@ def world_from_env(env: Mapping[str, str] | None = None) -> World:
     addr = env.get("MASTER_ADDR")
     if not addr:
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-        addr = parse_slurm_nodelist(nodelist)[0] if nodelist else "127.0.0.1"
+        addr = first_host(nodelist) if nodelist else "127.0.0.1"
     port = int(env.get("MASTER_PORT", DEFAULT_MASTER_PORT))
     if not 0 <= rank < size:
         raise LaunchError(f"rank {rank} is outside world size {size}: check RANK/WORLD_SIZE or SLURM_PROCID")
     return World(rank=rank, world_size=size, local_rank=local, master_addr=addr, master_port=port)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of Slurm's job node list: rank 0's, the rendezvous address."""
+    try:
+        return expand_hostlist(nodelist)[0]
+    except LaunchError as error:
+        raise LaunchError(f"SLURM_JOB_NODELIST: {error}") from None
 
 
 def device_for(world: World, accelerator: str) -> str:

@@ -192,10 +192,10 @@ def conclude(ctx: Context, args: argparse.Namespace, out: Outcome) -> int:
 
 def add_to_exclude_file(path: Path, nodes: set[str]) -> None:
     """Merge `nodes` into the one-line host list the launcher reads into cluster.exclude."""
-    from gptrain.parallel.mesh import parse_slurm_nodelist
+    from gptrain.utils.hostlist import expand_hostlist
 
     old = path.read_text().strip() if path.is_file() else ""
-    merged = set(parse_slurm_nodelist(old)) | nodes if old else set(nodes)
+    merged = set(expand_hostlist(old)) | nodes if old else set(nodes)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, report.compress_hostlist(merged) + "\n")
 

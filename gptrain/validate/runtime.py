@@ -20,7 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gptrain.parallel.mesh import World, parse_slurm_nodelist, world_from_env
+from gptrain.parallel.mesh import World, world_from_env
+from gptrain.utils.hostlist import expand_hostlist
 
 # Test-only hook: "RANK:SECONDS" makes that rank sleep before each collective it times,
 # which is how the tests make one rank (and so its node) slow on purpose.
@@ -76,7 +77,7 @@ def rendezvous_env() -> None:
         return
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
     if "MASTER_ADDR" not in os.environ and nodelist:
-        first = parse_slurm_nodelist(nodelist)[0]
+        first = expand_hostlist(nodelist)[0]
         try:
             socket.gethostbyname(first)
             os.environ["MASTER_ADDR"] = first

@@ -6,7 +6,8 @@ import pytest
 
 from gptrain.errors import LaunchError
 from gptrain.parallel.layout import check_layout
-from gptrain.parallel.mesh import parse_slurm_nodelist, world_from_env
+from gptrain.parallel.mesh import first_host, world_from_env
+from gptrain.utils.hostlist import expand_hostlist
 
 
 @pytest.mark.parametrize(
@@ -22,13 +23,13 @@ from gptrain.parallel.mesh import parse_slurm_nodelist, world_from_env
     ],
 )
 def test_slurm_nodelist_expansion(nodelist: str, hosts: list[str]) -> None:
-    assert parse_slurm_nodelist(nodelist) == hosts
+    assert expand_hostlist(nodelist) == hosts
 
 
 @pytest.mark.parametrize("nodelist", ["n[1-", "n[a-b]", "n]1["])
 def test_bad_nodelist_is_a_launch_error(nodelist: str) -> None:
-    with pytest.raises(LaunchError, match="SLURM_JOB_NODELIST"):
-        parse_slurm_nodelist(nodelist)
+    with pytest.raises(LaunchError, match="SLURM_JOB_NODELIST: .*host list item"):
+        first_host(nodelist)
 
 
 def test_torchrun_variables_win() -> None:

@@ -59,6 +59,15 @@ def test_preflight_catches_requests_slurm_would_queue_forever():
         check_cluster(Job("training", "r", "r", None, [], nodes=3), {}, nodes())
     with pytest.raises(LaunchError, match="1 usable"):
         check_cluster(job, {}, nodes()[:1] + nodes(state="drained")[1:])
+    # sbatch --exclude / --nodelist narrow what the job may use (a failed validation's exclude file too)
+    with pytest.raises(LaunchError, match=r"1 usable \(after cluster.exclude / cluster.nodelist\)"):
+        check_cluster(job, {"exclude": "n1"}, nodes())
+    three = Job("training", "r", "r", None, [], nodes=3)
+    with pytest.raises(LaunchError, match="3 node.*2 usable"):
+        check_cluster(three, {"exclude": "n[0-1,4]", "nodelist": "n[0-4]"}, nodes(count=5))
+    assert "2/2 nodes" in check_cluster(job, {"nodelist": ["n3", "n4"]}, nodes(count=5))
+    with pytest.raises(LaunchError, match="cluster.exclude: cannot parse host list item"):
+        check_cluster(job, {"exclude": "n[1-"}, nodes())
     with pytest.raises(LaunchError, match="4 CPUs per node requested"):
         check_cluster(Job("t", "r", "r", None, [], tasks_per_node=4), {}, nodes())
     gpu_job = Job("training", "r", "r", None, [], tasks_per_node=1, gpus=True)

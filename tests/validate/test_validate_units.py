@@ -53,10 +53,10 @@ def test_hostlist_is_slurm_syntax():
     assert report.compress_hostlist(["n3", "n1", "n2", "n7"]) == "n[1-3,7]"
     assert report.compress_hostlist(["gpu-01", "gpu-02", "login"]) == "login,gpu-[01-02]"
     assert report.exclude_line(["n5"]) == "--exclude=n5"
-    from gptrain.parallel.mesh import parse_slurm_nodelist
+    from gptrain.utils.hostlist import expand_hostlist
 
     hosts = ["a1", "a2", "a4", "b09", "b10", "c"]
-    assert sorted(parse_slurm_nodelist(report.compress_hostlist(hosts))) == sorted(hosts)
+    assert sorted(expand_hostlist(report.compress_hostlist(hosts))) == sorted(hosts)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 7, 8])

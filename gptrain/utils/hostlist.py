@@ -1,0 +1,50 @@
+"""Slurm host lists (`n[1-2],gpu-[01-04,07]`) expanded to host names; no torch, no Slurm needed."""
+
+from __future__ import annotations
+
+import re
+
+from gptrain.errors import LaunchError
+
+
+def expand_hostlist(nodelist: str) -> list[str]:
+    """Expand a Slurm host list: `n[1-2],gpu-[01-04,07]` -> [n1, n2, gpu-01, ...]."""
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist.strip()):
+        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", item)
+        if not match:
+            if "[" in item or "]" in item:
+                raise LaunchError(
+                    f"cannot parse host list item {item!r} (Slurm's form: n[1-3,7],gpu-[01-04])"
+                )
+            if item:
+                hosts.append(item)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for name in _expand_ranges(ranges, item):
+            hosts.extend(expand_hostlist(prefix + name + suffix))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas that are not inside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p]
+
+
+def _expand_ranges(ranges: str, item: str) -> list[str]:
+    """`01-03,07` -> [01, 02, 03, 07], keeping zero padding."""
+    names: list[str] = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise LaunchError(f"bad range {part!r} in host list item {item!r}")
+        width = len(low)
+        names.extend(f"{n:0{width}d}" for n in range(int(low), int(high or low) + 1))
+    return names
