@@ -172,6 +172,11 @@ class _Pending:
     upload: Future
     staging: Future | None
 
+    def report(self) -> SaveReport:
+        """The finished background save's report (its size is filled in when it is marked)."""
+        write_s = time.perf_counter() - self.started
+        return SaveReport(self.step, self.path, 0, self.stall_s, write_s, True, self.waited_for_previous_s)
+
 
 class CheckpointManager:
     """Saves and finds checkpoints of one run; rank 0 writes markers and prunes old ones."""
@@ -290,11 +295,7 @@ class CheckpointManager:
             pending.upload.result()
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             raise self._write_failed(pending.path, error) from error
-        write_s = time.perf_counter() - pending.started
-        report = SaveReport(
-            pending.step, pending.path, 0, pending.stall_s, write_s, True, pending.waited_for_previous_s
-        )
-        self._finish(report, barrier=False)
+        self._finish(pending.report(), barrier=False)
 
     def _wait_for_previous(self) -> float:
         """Seconds spent waiting for a previous save that was still writing (0 if none)."""
@@ -438,11 +439,7 @@ class CheckpointManager:
             for future in (pending.staging, pending.upload):
                 if future is not None:
                     future.result(timeout=max(0.0, deadline - time.monotonic()))
-            write_s = time.perf_counter() - pending.started
-            report = SaveReport(
-                pending.step, pending.path, 0, pending.stall_s, write_s, True, pending.waited_for_previous_s
-            )
-            self._finish(report, barrier=False)
+            self._finish(pending.report(), barrier=False)
         except BaseException as error:  # a timeout, DCP's CheckpointException, a dead peer
             reason = "still writing" if isinstance(error, TimeoutError) else root_cause(error)
             return (
