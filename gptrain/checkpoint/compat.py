@@ -7,7 +7,8 @@ reading any data turns both into one config error naming the key and both values
 
 One difference is expected and bridged: the rows of the vocabulary tensors. The vocabulary is
 padded to a multiple of make_vocab_size_divisible_by x TP (as Megatron pads it), so the padded
-row count changes with TP; such a tensor is loaded as saved and its common rows copied in.
+row count changes with TP; such a tensor is loaded as saved and its common rows copied in, and
+rows it lacks take the mean of its padding rows.
 """
 
 from __future__ import annotations
@@ -108,13 +109,21 @@ def set_at(state: dict[str, Any], path: tuple, value: Any) -> None:
 
 
 @torch.no_grad()
-def copy_common_rows(live: torch.Tensor, loaded: torch.Tensor) -> None:
-    """Copy loaded[:n] into the first n rows of `live` (a plain tensor or a DTensor shard)."""
+def copy_common_rows(live: torch.Tensor, loaded: torch.Tensor, vocab_size: int | None = None) -> None:
+    """Copy loaded[:n] into the first n rows of `live` (a plain tensor or a DTensor shard).
+
+    Rows past the loaded ones are padding that the checkpoint never had: they take the mean of
+    its padding rows (loaded[vocab_size:]) when it has any, else they keep their values. A fresh
+    random row would take softmax mass that the trained padding rows had given up."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     full = live.full_tensor() if isinstance(live, DTensor) else live.detach().clone()
     rows = min(full.shape[0], loaded.shape[0])
     full[:rows] = loaded[:rows].to(full.device, full.dtype)
+    saved_padding = loaded[vocab_size:] if vocab_size is not None else loaded[:0]
+    if full.shape[0] > rows and saved_padding.shape[0] > 0:
+        mean = saved_padding.to(torch.float64).mean(dim=0)
+        full[rows:] = mean.to(full.device, full.dtype)
     if isinstance(live, DTensor):
         local = distribute_tensor(full, live.device_mesh, live.placements, src_data_rank=None).to_local()
         live.to_local().copy_(local)

@@ -188,12 +188,16 @@ class CheckpointManager:
         rank: int = 0,
         async_save: bool = False,
         on_saved: Callable[[SaveReport], None] | None = None,
+        vocab_size: int | None = None,
     ) -> None:
+        """`vocab_size` is the tokenizer's: rows of the vocabulary tensors at or past it are padding
+        (see `load`)."""
         self.root = Path(root)
         self.keep_last = keep_last if keep_last and keep_last > 0 else None
         self.rank = rank
         self.async_save = async_save
         self.on_saved = on_saved
+        self.vocab_size = vocab_size
         self._pending: _Pending | None = None
         self._writer: ChecksummingWriter | None = None
         self._stager: Any = None
@@ -470,8 +474,10 @@ class CheckpointManager:
         A checkpoint whose tensors are not those of `state` is refused before any data is read
         (`check_fits`), except for the rows of the vocabulary tensors: the vocabulary is padded to a
         multiple of make_vocab_size_divisible_by x TP, as Megatron pads it, so it changes with TP.
-        Those are loaded as saved and their common rows copied in; rows only one side has keep
-        their values.
+        Those are loaded as saved and their common rows copied in. Rows only the live state has are
+        padding: they take the mean of the saved padding rows (rows at or past `vocab_size`), which
+        training pushed to low logits, so the new ones take no more softmax mass than the old did;
+        with no saved padding row (or no `vocab_size`) they keep their values.
         Sections of `state` the checkpoint lacks altogether are left out of what `apply` gets:
         a weights-only checkpoint (`gptrain import`) has a 'model' section and nothing else.
         """
@@ -484,7 +490,7 @@ class CheckpointManager:
             compat.set_at(state, paths[key], tensor)
         dcp.load(state, checkpoint_id=str(path))  # in place, into `staged` for the resized ones
         for key, tensor in staged.items():
-            compat.copy_common_rows(flat[key], tensor)
+            compat.copy_common_rows(flat[key], tensor, self.vocab_size)
             compat.set_at(state, paths[key], flat[key])
         apply(state)
         rank_file = path / f"rank_{self.rank}.pt"

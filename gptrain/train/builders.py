@@ -184,11 +184,14 @@ def build_scaler(cfg: TrainingConfig) -> LossScaler:
     )
 
 
-def build_checkpoint_manager(cfg: TrainingConfig, world: World) -> CheckpointManager:
-    """Checkpoints in <explicit_log_dir>/checkpoints, keeping the last save_top_k."""
+def build_checkpoint_manager(cfg: TrainingConfig, world: World, vocab_size: int) -> CheckpointManager:
+    """Checkpoints in <explicit_log_dir>/checkpoints, keeping the last save_top_k; `vocab_size`
+    (unpadded) tells the padding rows apart when TP changed the padded vocabulary."""
     params = cfg.exp_manager.checkpoint_callback_params
     root = Path(cfg.exp_manager.explicit_log_dir) / "checkpoints"
-    return CheckpointManager(root, params.save_top_k, rank=world.rank, async_save=params.async_save)
+    return CheckpointManager(
+        root, params.save_top_k, rank=world.rank, async_save=params.async_save, vocab_size=vocab_size
+    )
 
 
 def with_parallel_seams(opts: StepOptions, model: nn.Module) -> StepOptions:

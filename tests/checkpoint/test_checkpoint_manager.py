@@ -109,6 +109,28 @@ def test_load_fits_rows_when_vocabulary_padding_changed(tmp_path, saved_rows, li
     assert torch.equal(target[section]["bias"], torch.ones(3))
 
 
+@pytest.mark.parametrize("key", ["model.output.weight", "optim.state.tok_embeddings.weight.exp_avg_sq"])
+def test_rows_the_checkpoint_lacks_take_the_mean_of_its_padding_rows(tmp_path, key):
+    """Vocabulary 4 saved padded to 6 rows, loaded padded to 9: rows 6-8 are the mean of saved rows 4-5."""
+    section, name = key.split(".", 1)
+    manager = CheckpointManager(tmp_path, keep_last=1, vocab_size=4)
+    saved = torch.arange(18, dtype=torch.float32).reshape(6, 3)
+    manager.save(1, {section: {name: saved}}, {})
+    live = torch.full((9, 3), -1.0)
+    manager.load(tmp_path / "step_1", {section: {name: live}}, lambda s: None)
+    assert torch.equal(live[:6], saved)
+    assert torch.equal(live[6:], torch.tensor([[13.5, 14.5, 15.5]]).expand(3, 3))
+
+
+def test_without_saved_padding_rows_the_new_rows_keep_their_values(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=1, vocab_size=6)
+    saved = torch.ones(6, 3)
+    manager.save(1, {"model": {"output.weight": saved}}, {})
+    live = torch.full((8, 3), -1.0)
+    manager.load(tmp_path / "step_1", {"model": {"output.weight": live}}, lambda s: None)
+    assert torch.equal(live, torch.cat([saved, torch.full((2, 3), -1.0)]))
+
+
 def layers(count: int, positions: int = 8) -> dict:
     weights = {f"layers.{i}.w": torch.full((2, 2), float(i)) for i in range(count)}
     return {"model": {"pos_embeddings.weight": torch.zeros(positions, 2), **weights}}
