@@ -49,7 +49,48 @@ def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--skip-bad-lines", action="store_true", help="skip and count bad lines instead of stopping"
     )
+    _add_megatron_runtime_flags(parser)
     parser.set_defaults(func=_run_prepare)
+
+
+def _add_megatron_runtime_flags(parser: argparse.ArgumentParser) -> None:
+    """preprocess_data.py flags that only tune Megatron's own run, so its command lines work unchanged."""
+    group = parser.add_argument_group("accepted from Megatron's preprocess_data.py (no effect here)")
+    group.add_argument(
+        "--dataset-impl",
+        default="mmap",
+        help="older Megatron's output format: only mmap (what gptrain writes) is accepted",
+    )
+    group.add_argument("--chunk-size", type=int, help="documents per worker task; gptrain batches by bytes")
+    group.add_argument(
+        "--partitions", type=int, help="input partitions; gptrain's workers share one ordered stream"
+    )
+    group.add_argument(
+        "--keep-sequential-samples",
+        action="store_true",
+        help="keep the input order across partitions; gptrain always does",
+    )
+    group.add_argument("--split-sentences", action="store_true", help=argparse.SUPPRESS)
+    group.add_argument("--keep-newlines", action="store_true", help=argparse.SUPPRESS)
+    group.add_argument("--lang", help=argparse.SUPPRESS)
+
+
+def _check_megatron_runtime_flags(args: argparse.Namespace) -> None:
+    from gptrain.errors import ConfigError
+
+    if args.dataset_impl != "mmap":
+        raise ConfigError(
+            f"--dataset-impl {args.dataset_impl}: gptrain writes Megatron's mmap format only "
+            "(lazy and cached are gone from Megatron too); drop the flag or give mmap"
+        )
+    for flag, value in (("--chunk-size", args.chunk_size), ("--partitions", args.partitions)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be at least 1")
+    if args.split_sentences or args.keep_newlines or args.lang is not None:
+        raise ConfigError(
+            "--split-sentences/--keep-newlines/--lang split documents into sentences (BERT's "
+            "<prefix>_<key>_sentence files); GPT pretraining reads whole documents: drop them"
+        )
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
@@ -59,6 +100,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
     if args.workers < 1 or args.log_interval < 1:
         raise ConfigError("--workers and --log-interval must be at least 1")
+    _check_megatron_runtime_flags(args)
     kind = tokenizer_type(args)
     if kind is None:
         raise ConfigError("give a tokenizer: --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model")

@@ -71,6 +71,17 @@ def test_cli_keys_files_and_globs(tmp_path, gpt2_files, corpus, write_jsonl, meg
     assert "docs/s" in out.err and "MB/s" in out.err and "ETA" in out.err
 
 
+def test_megatron_command_line_runs_unchanged(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset):
+    """preprocess_data.py's runtime flags (and its --vocab abbreviation, as in older scripts) are
+    accepted; the output is still Megatron's bytes in the input's order."""
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus])
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
+    argv += ["--vocab", gpt2_files[0], "--merge-file", gpt2_files[1], "--tokenizer-type", "GPT2BPETokenizer"]
+    argv += ["--dataset-impl", "mmap", "--chunk-size", "25", "--partitions", "2", "--keep-sequential-samples"]
+    assert main([*argv, "--append-eod", "--workers", "1"]) == 0
+    assert outputs(tmp_path / "out") == megatron_dataset(corpus, True)
+
+
 @pytest.mark.parametrize("suffix", [".gz", ".xz", ".zst"])
 def test_compressed_inputs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, suffix):
     plain = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus]).read_bytes()
@@ -214,6 +225,18 @@ def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
         (
             ["--input", str(source), "--json-keys", "text", "text", *gpt2_flags(gpt2_files)],
             "--json-keys text text: 'text' given more than once; name each key once",
+        ),
+        (
+            ["--input", str(source), "--dataset-impl", "lazy", *gpt2_flags(gpt2_files)],
+            "--dataset-impl lazy: gptrain writes Megatron's mmap format only",
+        ),
+        (
+            ["--input", str(source), "--split-sentences", *gpt2_flags(gpt2_files)],
+            "GPT pretraining reads whole documents: drop them",
+        ),
+        (
+            ["--input", str(source), "--partitions", "0", *gpt2_flags(gpt2_files)],
+            "--partitions must be at least 1",
         ),
     ]
     for flags, message in cases:
