@@ -122,11 +122,7 @@ def _check_batch(model: Any, dims: ParallelDims) -> None:
         f"{mbs} x {dp} (data-parallel size = world size / (tensor x pipeline parallel))",
     )
     n = num_microbatches(model, dp)
-    _require(
-        dims.pp == 1 or not getattr(model, "rampup_batch_size", None),
-        f"model.rampup_batch_size with model.pipeline_model_parallel_size={dims.pp} is not supported: the "
-        "pipeline schedule is built for the full global batch; drop the ramp-up or the pipeline",
-    )
+    _check_ramp_microbatches(model, dims)
     if dims.pp > 1:
         _require(
             n >= dims.pp,
@@ -138,6 +134,29 @@ def _check_batch(model: Any, dims: ParallelDims) -> None:
             n % dims.pp == 0,
             f"interleaved pipeline needs the microbatches per step ({n}) to be a multiple of "
             f"model.pipeline_model_parallel_size={dims.pp}: change model.global_batch_size={gbs}",
+        )
+
+
+def _check_ramp_microbatches(model: Any, dims: ParallelDims) -> None:
+    """Under a pipeline, every step of a batch ramp-up must fill it as the full batch must: at least
+    one micro-batch per stage, and (interleaved) a multiple of the stages. The ramp's own key checks
+    (three positive integers, multiples of micro batch x DP) are gptrain.train.rampup's."""
+    ramp = getattr(model, "rampup_batch_size", None)
+    if dims.pp == 1 or not ramp or len(ramp) != 3:
+        return
+    start, increment = ramp[0], ramp[1]
+    per_step = model.micro_batch_size * dims.dp
+    _require(
+        start >= per_step * dims.pp,
+        f"model.rampup_batch_size={list(ramp)}: the first ramp batch {start} gives {start // per_step} "
+        f"microbatches (micro batch {model.micro_batch_size} x DP {dims.dp}), fewer than "
+        f"model.pipeline_model_parallel_size={dims.pp}: start the ramp at {per_step * dims.pp} or more",
+    )
+    if dims.vpp > 1:
+        _require(
+            start % (per_step * dims.pp) == 0 and increment % (per_step * dims.pp) == 0,
+            f"model.rampup_batch_size={list(ramp)}: the interleaved pipeline needs every ramp batch to be a "
+            f"multiple of micro batch x DP x pipeline stages = {per_step * dims.pp}",
         )
 
 

@@ -21,9 +21,9 @@ from gptrain.parallel.activation_checkpoint import apply_ac
 from gptrain.parallel.compile import BLOCKS, BLOCKS_AND_LOSS, apply_compile, compile_scope
 from gptrain.parallel.data_parallel import GradAllReduce, apply_ddp, apply_fsdp, mixed_precision_policy
 from gptrain.parallel.float8 import apply_fp8, check_fp8_device
-from gptrain.parallel.layout import check_layout, num_microbatches
+from gptrain.parallel.layout import check_layout
 from gptrain.parallel.mesh import World, build_mesh
-from gptrain.parallel.pipeline import build_schedule, embedding_group, is_tied, split_stage, stage_ids
+from gptrain.parallel.pipeline import build_schedules, embedding_group, is_tied, split_stage, stage_ids
 from gptrain.parallel.runtime import ParallelContext, ParallelGPT
 from gptrain.parallel.tensor_parallel import apply_tp
 
@@ -63,9 +63,8 @@ def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device |
         _apply_replicated(parts, ctx)
     if dims.pp > 1:
         stages = stage_ids(ctx.pp_rank, dims.pp, dims.vpp)
-        n_micro = num_microbatches(cfg.model, dims.dp)
-        ctx.schedule = build_schedule(
-            parts, stages, dims.pp * dims.vpp, ctx.pp_group, device, n_micro, ctx.pipeline_loss
+        ctx.schedule = build_schedules(
+            parts, stages, dims.pp * dims.vpp, ctx.pp_group, device, ctx.pipeline_loss
         )
     return ParallelGPT(parts, ctx)
 

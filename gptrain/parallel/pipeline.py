@@ -95,27 +95,54 @@ def sync_tied_embedding_grads(parts: list[nn.Module], group: dist.ProcessGroup |
             dist.all_reduce(local, group=group)
 
 
-def build_schedule(
+class PipelineSchedules:
+    """One schedule per micro-batch count, over the same pipeline stages.
+
+    A batch-size ramp-up changes the micro-batches per step; a schedule is built for a count the
+    first time a step has it (every pipeline rank reaches it at the same step: the ramp is a pure
+    function of the consumed samples). Every micro-batch has the same shape whatever the count, so
+    the stages' buffers fit them all.
+    """
+
+    def __init__(self, stages: list, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        self.stages = stages
+        self.loss_fn = loss_fn
+        self._by_count: dict[int, PipelineScheduleSingle | PipelineScheduleMulti] = {}
+
+    def for_microbatches(self, count: int) -> PipelineScheduleSingle | PipelineScheduleMulti:
+        if count not in self._by_count:
+            self._by_count[count] = _schedule(self.stages, count, self.loss_fn)
+        return self._by_count[count]
+
+
+def build_schedules(
     parts: list[nn.Module],
     stages: list[int],
     num_stages: int,
     pp_group: dist.ProcessGroup,
     device: torch.device,
-    num_microbatches: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-) -> PipelineScheduleSingle | PipelineScheduleMulti:
+) -> PipelineSchedules:
     """1F1B with one stage per rank, interleaved 1F1B with several.
 
     Gradients are not scaled by the schedule: `loss_fn` already divides by the number
     of loss tokens, which is Megatron's token-weighted mean over the global batch.
     """
     # Imported here: torch.distributed.pipelining pulls in sympy (~1 s) that other layouts never need.
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import PipelineStage
 
     pipeline_stages = [
         PipelineStage(part, stage, num_stages, device, group=pp_group)
         for part, stage in zip(parts, stages, strict=True)
     ]
-    if len(pipeline_stages) == 1:
-        return Schedule1F1B(pipeline_stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
-    return ScheduleInterleaved1F1B(pipeline_stages, num_microbatches, loss_fn=loss_fn, scale_grads=False)
+    return PipelineSchedules(pipeline_stages, loss_fn)
+
+
+def _schedule(
+    stages: list, num_microbatches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+) -> PipelineScheduleSingle | PipelineScheduleMulti:
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
+
+    if len(stages) == 1:
+        return Schedule1F1B(stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
+    return ScheduleInterleaved1F1B(stages, num_microbatches, loss_fn=loss_fn, scale_grads=False)

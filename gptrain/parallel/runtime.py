@@ -197,7 +197,7 @@ def _pipeline_forward_backward(
     args = (tokens,) if ctx.has_first_stage else ()
     kwargs: dict[str, Any] = {"target": labels, "losses": losses} if ctx.has_last_stage else {}
     with loss_context(ctx), autocast_context(ctx.device, precision):
-        ctx.schedule.step(*args, return_outputs=False, **kwargs)
+        ctx.schedule.for_microbatches(len(microbatches)).step(*args, return_outputs=False, **kwargs)
     # The schedule's shape-inference pass may call the loss on dummy data: use only its list.
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for loss in losses:

@@ -114,7 +114,7 @@ def _pipeline_eval(model: ParallelGPT, microbatches: list[Batch], precision: str
     target = torch.cat([masked_labels(mb) for mb in microbatches]).to(ctx.device)
     kwargs: dict[str, Any] = {"target": target, "losses": losses} if ctx.has_last_stage else {}
     with loss_context(ctx), autocast_context(ctx.device, precision):
-        ctx.schedule.eval(*args, **kwargs)
+        ctx.schedule.for_microbatches(len(microbatches)).eval(*args, **kwargs)
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for loss in losses:
         total += to_plain(loss).double()

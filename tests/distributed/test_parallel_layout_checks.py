@@ -142,11 +142,24 @@ def test_mesh_puts_tp_innermost_and_pp_outermost() -> None:
             2,
             "model.fp8=true with model.tensor_model_parallel_size=2",
         ),
-        # the pipeline schedule is built for the full batch (a ramp-up step crashed a stage)
+        # every ramp step must fill the pipeline as the full batch must
         (
-            {"pipeline_model_parallel_size": 2, "rampup_batch_size": [4, 4, 100]},
+            {"pipeline_model_parallel_size": 2, "rampup_batch_size": [1, 1, 100], "micro_batch_size": 1},
             2,
-            "model.rampup_batch_size with model.pipeline_model_parallel_size=2 is not supported",
+            "the first ramp batch 1 gives 1 microbatches (micro batch 1 x DP 1), fewer than "
+            "model.pipeline_model_parallel_size=2: start the ramp at 2 or more",
+        ),
+        (
+            {
+                "pipeline_model_parallel_size": 2,
+                "virtual_pipeline_model_parallel_size": 2,
+                "rampup_batch_size": [2, 1, 100],
+                "micro_batch_size": 1,
+                "global_batch_size": 4,
+            },
+            2,
+            "the interleaved pipeline needs every ramp batch to be a multiple of micro batch x DP x "
+            "pipeline stages = 2",
         ),
     ],
 )

@@ -112,3 +112,46 @@ def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path) -> 
     assert "resuming from" in (parallel / "nemo_log_globalrank-0_localrank-0.txt").read_text()
     assert log_values(parallel, loss) == pytest.approx(expected[3:], rel=1e-5)
     assert log_values(parallel, val) == pytest.approx(expected_val[1:], rel=1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["1f1b", "interleaved"])
+def test_pipeline_with_batch_rampup_matches_one_process(tmp_path: Path, interleaved: bool) -> None:
+    """A ramp-up changes the micro-batches per step (here 2, 2, 3, 4, then 4 of the full batch):
+    each count gets its schedule over the same stages, and the losses are one process's."""
+    ramp = ["model.rampup_batch_size=[4,4,8]"] if interleaved else ["model.rampup_batch_size=[4,2,12]"]
+    layout = ["model.pipeline_model_parallel_size=2"]
+    if interleaved:
+        layout.append("model.virtual_pipeline_model_parallel_size=2")
+    parallel = tmp_path / "pp2"
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        f"--master-port={free_port()}",
+    ]
+    args += ["-m", "gptrain", "train", "gpt3/126m", *COMMON, *ramp, *layout]
+    args += ["trainer.devices=2", "trainer.max_steps=5", f"exp_manager.explicit_log_dir={parallel}"]
+    done = subprocess.run(
+        args, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    single = tmp_path / "single"
+    cfg = load_training_config(
+        "gpt3/126m",
+        [
+            *COMMON,
+            *ramp,
+            "trainer.devices=1",
+            "trainer.max_steps=5",
+            f"exp_manager.explicit_log_dir={single}",
+        ],
+    )
+    assert loop.train(cfg) == 0
+    loss, val = r"\| lm loss: ([0-9.E+-]+) \|", r"lm loss value: ([0-9.E+-]+) \|"
+    batch = r"global batch size: +(\d+) \|"
+    assert log_values(parallel, batch, rank=1) == log_values(single, batch)
+    assert len(set(log_values(single, batch))) > 1  # the batch did ramp
+    assert log_values(parallel, loss, rank=1) == pytest.approx(log_values(single, loss), rel=1e-5)
+    assert log_values(parallel, val, rank=1) == pytest.approx(log_values(single, val), rel=1e-5)
