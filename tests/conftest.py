@@ -18,10 +18,9 @@ def one_torch_thread_per_module():
     torch.set_num_threads(before)
 
 
-@pytest.fixture
-def word_corpus(tmp_path):
-    """(prefix, tokenizer.json): a real Megatron .bin/.idx corpus of 80 EOD-terminated documents
-    of a 61-word vocabulary and its word-level HF tokenizer, under tmp_path/data."""
+def write_word_corpus(directory, documents, words: int = 60) -> tuple[str, str]:
+    """(prefix, tokenizer.json): `documents` (arrays of ids 1..words, EOD 0 appended to each) as a
+    Megatron .bin/.idx corpus under `directory`, and the word-level HF tokenizer of w0..w{words-1}."""
     import numpy as np
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
@@ -29,25 +28,37 @@ def word_corpus(tmp_path):
 
     from gptrain.data.indexed import IndexedDatasetWriter
 
-    directory = tmp_path / "data"
-    directory.mkdir()
-    vocab = {"<|endoftext|>": 0} | {f"w{i}": i + 1 for i in range(60)}
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = {"<|endoftext|>": 0} | {f"w{i}": i + 1 for i in range(words)}
     tokenizer = Tokenizer(WordLevel(vocab, unk_token="w0"))
     tokenizer.pre_tokenizer = Whitespace()
     tokenizer.save(str(directory / "tokenizer.json"))
-    rng = np.random.default_rng(0)
     prefix = str(directory / "corpus_text_document")
     with IndexedDatasetWriter(prefix, np.uint16) as writer:
-        for _ in range(80):
-            doc = rng.integers(1, 61, size=int(rng.integers(5, 40)))
+        for doc in documents:
             writer.add_document(np.append(doc, 0).astype(np.uint16))
     return prefix, str(directory / "tokenizer.json")
 
 
 @pytest.fixture
+def word_corpus(tmp_path):
+    """(prefix, tokenizer.json): a real Megatron .bin/.idx corpus of 80 EOD-terminated documents
+    of random words from a 61-word vocabulary and its word-level HF tokenizer, under tmp_path/data."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    documents = [rng.integers(1, 61, size=int(rng.integers(5, 40))) for _ in range(80)]
+    return write_word_corpus(tmp_path / "data", documents)
+
+
+@pytest.fixture
 def indexed_corpus(word_corpus):
     """Overrides that train on `word_corpus` (split 90,10,0, index cache beside it)."""
-    prefix, tokenizer = word_corpus
+    return corpus_overrides(*word_corpus)
+
+
+def corpus_overrides(prefix: str, tokenizer: str) -> list[str]:
+    """Overrides that train on a corpus written by `write_word_corpus`."""
     return [
         "model.data.data_impl=mmap",
         f"model.data.data_prefix={prefix}",
@@ -60,3 +71,34 @@ def indexed_corpus(word_corpus):
         "model.tokenizer.vocab_file=null",
         "model.tokenizer.merge_file=null",
     ]
+
+
+@pytest.fixture
+def corpus_writer():
+    """write(directory, documents) -> overrides training on them (see `write_word_corpus`)."""
+
+    def write(directory, documents) -> list[str]:
+        return corpus_overrides(*write_word_corpus(directory, documents))
+
+    return write
+
+
+@pytest.fixture
+def torchrun():
+    """torchrun(n): the command line that starts n local processes on a free port (append '-m', ...)."""
+    import socket
+    import sys
+
+    def command(processes: int) -> list[str]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={processes}",
+            f"--master-port={port}",
+        ]
+
+    return command

@@ -12,11 +12,9 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from parallel_harness import free_port
 
 from gptrain.checkpoint.integrity import verify
 from gptrain.config import load_training_config
@@ -77,16 +75,9 @@ def train_in_process(log_dir: Path, steps: int) -> int:
     return loop.train(cfg)
 
 
-def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path) -> None:
+def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path, torchrun) -> None:
     parallel = tmp_path / "tp2_pp2"
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node=4",
-        f"--master-port={free_port()}",
-    ]
-    args = [*torchrun, "-m", "gptrain", "train", "gpt3/126m", *COMMON, *LAYOUT]
+    args = [*torchrun(4), "-m", "gptrain", "train", "gpt3/126m", *COMMON, *LAYOUT]
     args += ["trainer.devices=4", "trainer.max_steps=3", f"exp_manager.explicit_log_dir={parallel}"]
     done = subprocess.run(
         args, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300
@@ -115,7 +106,7 @@ def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("interleaved", [False, True], ids=["1f1b", "interleaved"])
-def test_pipeline_with_batch_rampup_matches_one_process(tmp_path: Path, interleaved: bool) -> None:
+def test_pipeline_with_batch_rampup_matches_one_process(tmp_path: Path, interleaved: bool, torchrun) -> None:
     """A ramp-up changes the micro-batches per step (here 2, 2, 3, 4, then 4 of the full batch):
     each count gets its schedule over the same stages, and the losses are one process's."""
     ramp = ["model.rampup_batch_size=[4,4,8]"] if interleaved else ["model.rampup_batch_size=[4,2,12]"]
@@ -123,14 +114,7 @@ def test_pipeline_with_batch_rampup_matches_one_process(tmp_path: Path, interlea
     if interleaved:
         layout.append("model.virtual_pipeline_model_parallel_size=2")
     parallel = tmp_path / "pp2"
-    args = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node=2",
-        f"--master-port={free_port()}",
-    ]
-    args += ["-m", "gptrain", "train", "gpt3/126m", *COMMON, *ramp, *layout]
+    args = [*torchrun(2), "-m", "gptrain", "train", "gpt3/126m", *COMMON, *ramp, *layout]
     args += ["trainer.devices=2", "trainer.max_steps=5", f"exp_manager.explicit_log_dir={parallel}"]
     done = subprocess.run(
         args, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300

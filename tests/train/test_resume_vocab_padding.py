@@ -12,36 +12,14 @@ WORDS = 60
 
 
 @pytest.fixture
-def counting_corpus(tmp_path):
+def counting_corpus(tmp_path, corpus_writer):
     """Overrides training on documents that count through 60 words (learnable in a few dozen
     steps, so the model grows confident and its padding rows are pushed down)."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    from gptrain.data.indexed import IndexedDatasetWriter
-
-    directory = tmp_path / "data"
-    directory.mkdir()
-    tokenizer = Tokenizer(WordLevel({"<|endoftext|>": 0} | {f"w{i}": i + 1 for i in range(WORDS)}, "w0"))
-    tokenizer.pre_tokenizer = Whitespace()
-    tokenizer.save(str(directory / "tokenizer.json"))
     rng = np.random.default_rng(0)
-    prefix = str(directory / "counting_text_document")
-    with IndexedDatasetWriter(prefix, np.uint16) as writer:
-        for _ in range(80):
-            start, length = int(rng.integers(0, WORDS)), int(rng.integers(20, 60))
-            writer.add_document(np.append((start + np.arange(length)) % WORDS + 1, 0).astype(np.uint16))
+    starts_lengths = [(int(rng.integers(0, WORDS)), int(rng.integers(20, 60))) for _ in range(80)]
+    documents = [(start + np.arange(length)) % WORDS + 1 for start, length in starts_lengths]
     return [
-        "model.data.data_impl=mmap",
-        f"model.data.data_prefix={prefix}",
-        "model.data.splits_string=90,10,0",
-        f"model.data.index_mapping_dir={prefix}-index",
-        "model.tokenizer.library=huggingface",
-        "model.tokenizer.type=HuggingFaceTokenizer",
-        f"model.tokenizer.model={directory / 'tokenizer.json'}",
-        "model.tokenizer.vocab_file=null",
-        "model.tokenizer.merge_file=null",
+        *corpus_writer(tmp_path / "data", documents),
         "trainer.limit_val_batches=0",
         "model.hidden_dropout=0",
         "model.attention_dropout=0",
@@ -55,7 +33,7 @@ def counting_corpus(tmp_path):
 def test_resume_under_a_larger_padded_vocabulary_keeps_the_loss(tmp_path, monkeypatch, counting_corpus):
     """61 words padded to 72 rows (11 padding), resumed padded to 96 (35): GPT-2's 50,257 words go
     from 47 to 175 padding rows under TP 2. With the new rows drawn at random the first resumed loss
-    rose by 0.021 on a 0.46 loss; filled with the mean of the trained padding rows, by 0.006."""
+    rose by 0.015 on a 0.374 loss; filled with the mean of the trained padding rows, by 0.005."""
 
     def config(log_dir, steps, divisible_by, every):
         return tiny_config(
@@ -72,4 +50,4 @@ def test_resume_under_a_larger_padded_vocabulary_keeps_the_loss(tmp_path, monkey
     assert run_recording(monkeypatch, config(tmp_path / "resumed", 40, 24, 40))[0] == 0
     code, resumed = run_recording(monkeypatch, config(tmp_path / "resumed", 41, 48, 1000))
     assert code == 0 and sorted(resumed) == [41]
-    assert resumed[41] - uninterrupted[41] < 0.012
+    assert resumed[41] - uninterrupted[41] < 0.010

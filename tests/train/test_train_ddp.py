@@ -2,9 +2,7 @@
 
 import os
 import re
-import socket
 import subprocess
-import sys
 
 import pytest
 from train_e2e_helpers import MOCK, TINY, tiny_config
@@ -18,12 +16,6 @@ NO_DROPOUT = [
     "trainer.max_steps=3",
     "model.global_batch_size=8",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def losses(log_dir):
@@ -42,17 +34,10 @@ def launch(prefix: list[str], log_dir, devices: int) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_two_process_data_parallel_matches_one_process(tmp_path):
+def test_two_process_data_parallel_matches_one_process(tmp_path, torchrun):
     one_process = tiny_config(tmp_path / "one", *MOCK, *NO_DROPOUT, "trainer.devices=1")
     assert train(one_process) == 0
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node=2",
-        f"--master-port={free_port()}",
-    ]
-    launch(torchrun, tmp_path / "two", 2)
+    launch(torchrun(2), tmp_path / "two", 2)
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(one) == len(two) == 3
     assert two == pytest.approx(one, rel=2e-6)
