@@ -122,9 +122,6 @@ REFUSED: dict[str, str] = {
     "--context-parallel-size": "context parallelism is not implemented",
     "--expert-model-parallel-size": "mixture of experts is not implemented",
     "--num-experts": "mixture of experts is not implemented",
-    "--num-layers-per-virtual-pipeline-stage": (
-        "give the interleaved schedule as model.virtual_pipeline_model_parallel_size with gptrain train"
-    ),
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
     "--train-data-path": "per-split data paths are not supported; give --data-path and --split",
     "--valid-data-path": "per-split data paths are not supported; give --data-path and --split",
@@ -136,4 +133,5 @@ REFUSED: dict[str, str] = {
 SPECIAL = (
     "--data-path", "--adam-beta1", "--adam-beta2", "--train-samples", "--save", "--load",
     "--tensorboard-dir", "--rampup-batch-size", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir",
+    "--num-layers-per-virtual-pipeline-stage",
 )  # fmt: skip

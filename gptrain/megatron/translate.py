@@ -157,6 +157,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
         v["model.data.data_prefix"] = data_prefix(given["--data-path"])
         v["model.data.data_impl"] = "mmap"
     _layout(v, env)
+    _virtual_pipeline(v, given)
     if "--rampup-batch-size" in given:
         v["model.rampup_batch_size"] = [
             _convert("--rampup-batch-size", x, int) for x in given["--rampup-batch-size"]
@@ -187,6 +188,22 @@ def _layout(v: dict[str, Any], env: dict[str, str]) -> None:
             "model.pipeline_model_parallel_size", 1
         )
         v["model.global_batch_size"] = v["model.micro_batch_size"] * max(1, world // model_parallel)
+
+
+def _virtual_pipeline(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+    """--num-layers-per-virtual-pipeline-stage N: Megatron's interleaved schedule with
+    (num_layers / pipeline stages) / N model chunks per rank."""
+    flag = "--num-layers-per-virtual-pipeline-stage"
+    if flag not in given:
+        return
+    per_chunk = _convert(flag, given[flag][0], int)
+    layers, pp = v["model.num_layers"], v.get("model.pipeline_model_parallel_size", 1)
+    if per_chunk < 1 or pp < 2 or layers % pp or (layers // pp) % per_chunk:
+        raise ConfigError(
+            f"{flag} {per_chunk}: the {layers} layers per {pp} pipeline stages must split into chunks of "
+            f"{per_chunk} layers (and --pipeline-model-parallel-size must be at least 2), as Megatron asserts"
+        )
+    v["model.virtual_pipeline_model_parallel_size"] = layers // pp // per_chunk
 
 
 def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:

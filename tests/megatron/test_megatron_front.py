@@ -86,6 +86,16 @@ def test_megatron_175b_example_translates_with_its_batch_ramp():
     assert "--tensorboard-dir (TensorBoard events go to /ck)" in t.notes and "--attention-backend" in t.notes
 
 
+def test_layers_per_virtual_stage_give_the_interleaved_schedule():
+    """Megatron: (num_layers / pipeline stages) / layers per virtual stage model chunks per rank."""
+    flags = "--num-layers 24 --hidden-size 64 --num-attention-heads 8 --seq-length 16 --micro-batch-size 1"
+    flags += " --global-batch-size 16 --train-iters 4 --mock-data --vocab-size 64"
+    flags += " --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 2"
+    t = translate(shlex.split(flags), {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert cfg.model.virtual_pipeline_model_parallel_size == 3  # 24 / 4 = 6 layers per stage, chunks of 2
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -96,6 +106,11 @@ def test_megatron_175b_example_translates_with_its_batch_ramp():
         ("--lr-decay-style wsd", "--lr-decay-style wsd: not supported"),
         ("--adam-beta1 x", "--adam-beta1 x: expects a number"),
         ("--adam-beta2 0.9.9", "--adam-beta2 0.9.9: expects a number"),
+        (
+            "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3",
+            "--num-layers-per-virtual-pipeline-stage 3: the 2 layers per 2 pipeline stages must split",
+        ),
+        ("--num-layers-per-virtual-pipeline-stage 1", "--pipeline-model-parallel-size must be at least 2"),
     ],
 )
 def test_bad_flags_are_one_line_errors_naming_the_flag(flags, message, capsys):
