@@ -6,6 +6,8 @@ gptrain.parallel.layout; these run on the config alone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gptrain.config.schema import TrainingConfig
 from gptrain.errors import ConfigError
 
@@ -187,8 +189,27 @@ def _check_data(cfg: TrainingConfig) -> None:
             "model.data.data_prefix: no dataset given; set it to a prefix or [weight, prefix, ...], "
             "or use model.data.data_impl=mock"
         )
+    if data.data_impl == "mmap" and isinstance(data.data_prefix, Mapping):
+        _check_per_split_prefix(data.data_prefix)
     has_tokenizer = tokenizer.model or (tokenizer.vocab_file and tokenizer.merge_file)
     if data.data_impl == "mock" and not has_tokenizer and not data.mock_vocab_size:
         raise ConfigError(
             "model.data.mock_vocab_size: set it (e.g. 50257) or give model.tokenizer files for mock data"
+        )
+
+
+def _check_per_split_prefix(data_prefix: Mapping) -> None:
+    """NeMo's per-split form {train: ..., validation: ..., test: ...}: training needs its train entry."""
+    from gptrain.data.builder import PER_SPLIT_KEYS
+
+    unknown = [str(key) for key in data_prefix if key not in PER_SPLIT_KEYS]
+    if unknown:
+        raise ConfigError(
+            f"model.data.data_prefix.{unknown[0]}: not a split; the per-split form has the keys "
+            f"{', '.join(PER_SPLIT_KEYS)}"
+        )
+    if not data_prefix.get("train"):
+        raise ConfigError(
+            "model.data.data_prefix.train: no training data in the per-split data prefix; give a prefix "
+            "or [weight, prefix, ...]"
         )

@@ -7,7 +7,7 @@ sample` command must start fast.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gptrain.data.blended import BlendedDataset, normalize
 from gptrain.data.gpt_dataset import GPTDataset
@@ -16,6 +16,10 @@ from gptrain.data.splits import SPLIT_NAMES, split_indices
 from gptrain.errors import ConfigError, DataError
 
 Dataset = GPTDataset | BlendedDataset | MockGPTDataset
+DataPrefix = str | Sequence[str | float] | Mapping[str, "str | Sequence[str | float] | None"]
+
+# NeMo's per-split data_prefix keys (Megatron's --train/--valid/--test-data-path), in split order.
+PER_SPLIT_KEYS = ("train", "validation", "test")
 
 # Megatron's --mid-level-dataset-surplus: each blended child builds 0.5% more samples than
 # its share, so rounding in the greedy blend never asks a child for a sample it lacks.
@@ -161,7 +165,7 @@ def _blend_splits(
 
 
 def build_gpt_datasets(
-    data_prefix: str | Sequence[str | float],
+    data_prefix: DataPrefix,
     splits_string: str | None,
     seq_length: int,
     seed: int,
@@ -174,6 +178,8 @@ def build_gpt_datasets(
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:
     """(train, valid, test): plain GPTDatasets for one prefix, BlendedDatasets for a weighted
     list, MockGPTDatasets with `mock`; None for a split the split string leaves empty.
+    A mapping {train, validation, test} (NeMo's per-split form) gives each split its own prefix or
+    weighted list, all of whose documents it takes; the split string is not used then.
 
     `skip_unused`: a split asked for 0 samples is not built (training with limit_test_batches=0
     must not fail because a small dataset's test split holds no whole sequence).
@@ -190,6 +196,8 @@ def build_gpt_datasets(
         mocks = [MockGPTDataset(n, seq_length, vocab_size, seed, name) if n and only_split in (None, name)
                  else None for name, n in zip(SPLIT_NAMES, num_samples, strict=True)]  # fmt: skip
         return mocks[0], mocks[1], mocks[2]
+    if isinstance(data_prefix, Mapping):
+        return _per_split(data_prefix, seq_length, seed, num_samples, cache_dir, skip_unused, only_split)
     prefixes, weights = parse_blend(data_prefix)
     _check_prefixes(prefixes)
     if weights is None:
@@ -199,4 +207,29 @@ def build_gpt_datasets(
     else:
         datasets = _blend_splits(prefixes, weights, splits_string, seq_length, seed, num_samples,
                                  cache_dir, skip_unused, only_split)  # fmt: skip
+    return datasets[0], datasets[1], datasets[2]
+
+
+def _per_split(
+    data_prefix: Mapping[str, str | Sequence[str | float] | None], seq_length: int, seed: int,
+    num_samples: tuple[int, int, int], cache_dir: str | None, skip_unused: bool, only_split: str | None,
+) -> tuple[Dataset | None, Dataset | None, Dataset | None]:  # fmt: skip
+    """Each split built from its own datasets, every document of them in that split."""
+    unknown = sorted(str(key) for key in data_prefix if key not in PER_SPLIT_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"data prefix keys {unknown}: a per-split data prefix has the keys {', '.join(PER_SPLIT_KEYS)}"
+        )
+    datasets: list[Dataset | None] = []
+    for position, (key, name) in enumerate(zip(PER_SPLIT_KEYS, SPLIT_NAMES, strict=True)):
+        spec, count = data_prefix.get(key), num_samples[position]
+        if not spec or only_split not in (None, name) or (skip_unused and count == 0):
+            datasets.append(None)
+            continue
+        if isinstance(spec, Mapping):
+            raise ConfigError(f"data prefix {key}: give a prefix or [weight, prefix, ...], not a mapping")
+        whole = ",".join("100" if i == position else "0" for i in range(len(SPLIT_NAMES)))
+        counts = tuple(count if i == position else 0 for i in range(len(SPLIT_NAMES)))
+        built = build_gpt_datasets(spec, whole, seq_length, seed, counts, cache_dir, only_split=name)  # type: ignore[arg-type]
+        datasets.append(built[position])
     return datasets[0], datasets[1], datasets[2]

@@ -126,8 +126,11 @@ def check_cluster(job: Job, cluster: dict[str, Any], nodes: list[Node]) -> str:
 
 
 def prefixes_of(data_prefix: Any) -> list[str]:
+    """The dataset prefixes of a data_prefix: one, a [weight, prefix, ...] list, or per split."""
     if data_prefix is None:
         return []
+    if isinstance(data_prefix, dict):
+        return [prefix for spec in data_prefix.values() for prefix in prefixes_of(spec)]
     if isinstance(data_prefix, str):
         return [data_prefix]
     items = list(data_prefix)

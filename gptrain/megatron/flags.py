@@ -123,9 +123,6 @@ REFUSED: dict[str, str] = {
     "--expert-model-parallel-size": "mixture of experts is not implemented",
     "--num-experts": "mixture of experts is not implemented",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
-    "--train-data-path": "per-split data paths are not supported; give --data-path and --split",
-    "--valid-data-path": "per-split data paths are not supported; give --data-path and --split",
-    "--test-data-path": "per-split data paths are not supported; give --data-path and --split",
     "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported",
 }
 
@@ -133,5 +130,5 @@ REFUSED: dict[str, str] = {
 SPECIAL = (
     "--data-path", "--adam-beta1", "--adam-beta2", "--train-samples", "--save", "--load",
     "--tensorboard-dir", "--rampup-batch-size", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir",
-    "--num-layers-per-virtual-pipeline-stage",
+    "--num-layers-per-virtual-pipeline-stage", "--train-data-path", "--valid-data-path", "--test-data-path",
 )  # fmt: skip

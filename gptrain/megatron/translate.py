@@ -103,7 +103,7 @@ def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
     if flag in REFUSED:
         raise ConfigError(f"{flag}: {REFUSED[flag]}")
     if flag in SPECIAL:
-        _expect(flag, values, {"--data-path": None, "--rampup-batch-size": 3}.get(flag, 1))
+        _expect(flag, values, None if flag in DATA_PATH_FLAGS else {"--rampup-batch-size": 3}.get(flag, 1))
         return  # handled in finish(), which sees all flags
     if flag in SWITCH:
         _expect(flag, values, 0)
@@ -143,6 +143,14 @@ def _convert(flag: str, text: str, convert: Any) -> Any:
         raise ConfigError(f"{flag} {text}: expects {kind}") from None
 
 
+# --data-path (split by --split), or Megatron's per-split paths -> NeMo's per-split data_prefix keys.
+PER_SPLIT_PATHS = {
+    "--train-data-path": "train",
+    "--valid-data-path": "validation",
+    "--test-data-path": "test",
+}
+DATA_PATH_FLAGS = ("--data-path", *PER_SPLIT_PATHS)
+
 # Megatron's Adam betas where the flags are absent.
 BETA_DEFAULTS = (("--adam-beta1", "0.9"), ("--adam-beta2", "0.999"))
 
@@ -153,9 +161,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     v.setdefault("model.max_position_embeddings", v["model.encoder_seq_length"])
     betas = [_convert(flag, given.get(flag, [default])[0], float) for flag, default in BETA_DEFAULTS]
     v["model.optim.betas"] = betas
-    if "--data-path" in given:
-        v["model.data.data_prefix"] = data_prefix(given["--data-path"])
-        v["model.data.data_impl"] = "mmap"
+    _data_paths(v, given)
     _layout(v, env)
     _virtual_pipeline(v, given)
     if "--rampup-batch-size" in given:
@@ -168,12 +174,32 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     check_benchmark_mode(v, given)
 
 
-def data_prefix(values: list[str]) -> Any:
+def _data_paths(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+    """--data-path (one blend that --split divides) or the per-split paths (each split its own)."""
+    per_split = {
+        key: data_prefix(given[flag], flag) for flag, key in PER_SPLIT_PATHS.items() if flag in given
+    }
+    if per_split and "--data-path" in given:
+        raise ConfigError(
+            f"--data-path and {', '.join(f for f in PER_SPLIT_PATHS if f in given)}: give one blend that "
+            "--split divides, or a path per split, not both"
+        )
+    if per_split:
+        if "train" not in per_split:
+            raise ConfigError("--valid-data-path/--test-data-path need --train-data-path too")
+        v["model.data.data_prefix"] = per_split
+        v["model.data.data_impl"] = "mmap"
+    elif "--data-path" in given:
+        v["model.data.data_prefix"] = data_prefix(given["--data-path"])
+        v["model.data.data_impl"] = "mmap"
+
+
+def data_prefix(values: list[str], flag: str = "--data-path") -> Any:
     """`--data-path p` or `--data-path w1 p1 w2 p2 ...` -> a prefix or a flat blend list."""
     if len(values) == 1:
         return values[0]
     if len(values) % 2 or not all(_is_number(w) for w in values[0::2]):
-        raise ConfigError(f"--data-path {' '.join(values)}: give one prefix, or pairs 'WEIGHT PREFIX ...'")
+        raise ConfigError(f"{flag} {' '.join(values)}: give one prefix, or pairs 'WEIGHT PREFIX ...'")
     return [float(x) if i % 2 == 0 else x for i, x in enumerate(values)]
 
 
@@ -275,6 +301,8 @@ def _wandb(result: Translation) -> None:
 
 def check_benchmark_mode(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """Megatron's `--eval-iters 40 --split 100,0,0` dies on `assert num_samples > 0`: name the flag."""
+    if isinstance(v.get("model.data.data_prefix"), dict):
+        return  # per-split paths: without --valid-data-path there is no validation, as in Megatron
     split = str(v["model.data.splits_string"])
     try:
         weights = [float(x) for x in split.replace("/", ",").split(",") if x.strip()]
@@ -297,11 +325,13 @@ def render(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, list):
         return "[" + ",".join(render(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {render(item)}" for key, item in value.items()) + "}"
     if isinstance(value, int | float):
         return repr(value)
     from gptrain.config.yamlio import parse_value
 
     text = str(value)
-    if parse_value(text) == text and not any(c in text for c in ",[]'\""):
+    if parse_value(text) == text and not any(c in text for c in ",[]{}'\"") and ": " not in text:
         return text
     return "'" + text + "'" if "'" not in text else '"' + text + '"'

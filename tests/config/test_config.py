@@ -99,6 +99,8 @@ def test_nemo_key_is_ignored_and_reported_once(capsys):
         ("model.optim.betas=[0.9,1.5]", "model.optim.betas ([0.9, 1.5]) must be two values in [0, 1)"),
         ("model.optim.eps=0", "model.optim.eps (0"),
         ("noequals", "not of the form key.sub=value"),
+        ("model.data.data_prefix={train: /d/a, valid: /d/b}", "model.data.data_prefix.valid: not a split"),
+        ("model.data.data_prefix={validation: /d/b}", "model.data.data_prefix.train: no training data"),
     ],
 )
 def test_bad_values_name_the_key(override, message):
@@ -193,3 +195,19 @@ def test_a_shared_alias_is_not_recursion(tmp_path):
     path.write_text("trainer: &t {max_steps: 7}\nexp_manager: {name: x}\nother: *t\n")
     with pytest.raises(ConfigError, match="other"):  # an unknown key, not a recursion error
         load_training_config(config_file=str(path))
+
+
+def test_per_split_data_prefix_in_a_launcher_file_with_interpolation(tmp_path):
+    """NeMo's per-split form, as a launcher config writes it."""
+    path = tmp_path / "hydra.yaml"
+    path.write_text(
+        "data_dir: /data\ntraining:\n  model:\n    data:\n      data_prefix:\n"
+        "        train:\n          - 0.5\n          - ${data_dir}/a_text_document\n"
+        "          - 0.5\n          - ${data_dir}/b_text_document\n"
+        "        validation: ${data_dir}/held_out_text_document\n"
+    )
+    cfg = load_training_config(config_file=str(path))
+    assert dict(cfg.model.data.data_prefix) == {
+        "train": [0.5, "/data/a_text_document", 0.5, "/data/b_text_document"],
+        "validation": "/data/held_out_text_document",
+    }

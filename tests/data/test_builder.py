@@ -78,6 +78,43 @@ def test_single_prefix_gives_plain_gpt_datasets(tmp_path):
     assert train[0].shape == (9,) and train[0].dtype == np.int64
 
 
+def test_per_split_prefixes_give_each_split_all_of_its_datasets(tmp_path):
+    """NeMo's {train, validation, test} form (Megatron's --train/--valid-data-path): every document of
+    a split's datasets is in that split, exactly as a 100/0/0 (or 0/100/0) split string gives them."""
+    a = write_dataset(tmp_path / "a", list(range(1, 31)))
+    b = write_dataset(tmp_path / "b", list(range(5, 25)))
+    v = write_dataset(tmp_path / "v", list(range(2, 12)))
+    cache = str(tmp_path / "c")
+    blend = [0.3, a, 0.7, b]
+    train, valid, test = build_gpt_datasets(
+        {"train": blend, "validation": v}, None, 8, 1234, (60, 7, 5), cache
+    )
+    assert test is None
+    expected_train = build_gpt_datasets(blend, "100,0,0", 8, 1234, (60, 0, 0), cache)[0]
+    expected_valid = build_gpt_datasets(v, "0,100,0", 8, 1234, (0, 7, 0), cache)[1]
+    assert isinstance(train, BlendedDataset) and isinstance(valid, GPTDataset)
+    assert valid.indices.tolist() == list(range(10))  # the whole of v
+    assert [child.indices.tolist() for child in train.datasets] == [list(range(30)), list(range(20))]
+    for got, want in ((train, expected_train), (valid, expected_valid)):
+        assert len(got) == len(want)
+        assert all(np.array_equal(got[i], want[i]) for i in range(len(want)))
+
+
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [
+        ({"train": "x", "valid": "y"}, r"data prefix keys \['valid'\]: a per-split data prefix has the keys"),
+        (
+            {"train": {"train": "x"}},
+            "data prefix train: give a prefix or \\[weight, prefix, ...\\], not a mapping",
+        ),
+    ],
+)
+def test_bad_per_split_prefixes_are_named(tmp_path, prefix, message):
+    with pytest.raises((ConfigError, DataError), match=message):
+        build_gpt_datasets(prefix, None, 8, 1, (10, 1, 0))
+
+
 @pytest.mark.parametrize("case", ["blend_30_70", "blend_three"])
 def test_blend_matches_megatron_lm(tmp_path, case):
     spec = load_fixture()[case]

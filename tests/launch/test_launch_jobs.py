@@ -88,6 +88,13 @@ def test_preflight_data_files(tmp_path):
     assert (
         check_training_files(training, prepared_by_stage=False)[0] == "ok  training: 1 data prefix(es) found"
     )
+    # NeMo's per-split form: every split's prefixes are checked
+    training["model"]["data"]["data_prefix"] = {
+        "train": str(tmp_path / "a"),
+        "validation": str(tmp_path / "v"),
+    }
+    with pytest.raises(LaunchError, match=r"data_prefix: .*/v\.bin/\.idx not found"):
+        check_training_files(training, prepared_by_stage=False)
 
 
 def test_local_run_status_and_find(tmp_path):

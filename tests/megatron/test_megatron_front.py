@@ -9,6 +9,7 @@ import pytest
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
+from gptrain.errors import ConfigError
 from gptrain.megatron.translate import translate
 from gptrain.train.schedule import lr_at, spec_from_config
 
@@ -96,6 +97,20 @@ def test_layers_per_virtual_stage_give_the_interleaved_schedule():
     assert cfg.model.virtual_pipeline_model_parallel_size == 3  # 24 / 4 = 6 layers per stage, chunks of 2
 
 
+def test_per_split_data_paths_become_nemos_per_split_data_prefix():
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --train-data-path 0.3 /d/a_text_document 0.7 /d/b_text_document"
+    flags += " --valid-data-path /d/held_out_text_document --eval-iters 2 --split 100,0,0"
+    t = translate(shlex.split(flags), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert dict(cfg.model.data.data_prefix) == {
+        "train": [0.3, "/d/a_text_document", 0.7, "/d/b_text_document"],
+        "validation": "/d/held_out_text_document",
+    }
+    with pytest.raises(ConfigError, match="--valid-data-path/--test-data-path need --train-data-path too"):
+        translate(shlex.split(flags.replace("--train-data-path", "--test-data-path")), {})
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -111,6 +126,7 @@ def test_layers_per_virtual_stage_give_the_interleaved_schedule():
             "--num-layers-per-virtual-pipeline-stage 3: the 2 layers per 2 pipeline stages must split",
         ),
         ("--num-layers-per-virtual-pipeline-stage 1", "--pipeline-model-parallel-size must be at least 2"),
+        ("--train-data-path /d/t", "--data-path and --train-data-path: give one blend that --split divides"),
     ],
 )
 def test_bad_flags_are_one_line_errors_naming_the_flag(flags, message, capsys):
