@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,9 +127,14 @@ def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: 
     train, valid, test = b.build_datasets(cfg, vocab, tokenizer)
     data = {"train": train, "validation": valid, "test": test}[request.split]
     if data is None or len(data) == 0:
+        per_split = isinstance(cfg.model.data.data_prefix, Mapping)
+        why = (
+            "its per-split model.data.data_prefix has no entry for it"
+            if per_split
+            else f"model.data.splits_string={cfg.model.data.splits_string}"
+        )
         raise ConfigError(
-            f"the run's data has no {request.split} split (model.data.splits_string="
-            f"{cfg.model.data.splits_string}); choose another --split or give --data-prefix"
+            f"the run's data has no {request.split} split ({why}); choose another --split or give --data-prefix"
         )
     return data, batches, f"{request.split} split of the run's data"
 
