@@ -4,6 +4,7 @@ Seams for parallel layouts (gptrain/parallel plugs in here without touching the 
   builders.build_model              build on meta, to_empty(device), init_weights(generator)
   builders.build_parallel_model     meta model -> gptrain.parallel: PP split, TP, AC, compile, FSDP2/DDP
   builders.data_parallel_rank_size  (dp_rank, dp_size) that the sampler slices batches by
+  builders.dropout_seed             this rank's seed of the global streams dropout draws from
   builders.build_step_options       loss all-reduce (`reduce_sum`) and grad-norm function
   builders.with_parallel_seams      the layout's reduce/norm and, for TP/PP, forward_backward/eval_fn
   Session.step_fn                   one optimizer step (step.train_step); TP and pipeline layouts
@@ -146,7 +147,7 @@ def train(cfg: TrainingConfig) -> int:
         if logging_rank and cfg.exp_manager.create_wandb_logger:
             scalars.send_to_wandb(WandbRun.start(cfg))
         device = b.select_device(cfg, world)
-        b.seed_everything(cfg.model.seed)
+        b.seed_everything(b.dropout_seed(cfg, world))
         tokenizer = b.build_tokenizer(cfg)
         vocab, padded_vocab = b.padded_vocab_size(cfg, tokenizer)
         model_config = b.build_model_config(cfg, padded_vocab)
