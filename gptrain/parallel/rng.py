@@ -55,3 +55,34 @@ def rank_dropout_seed(cfg: Any, world: World) -> int:
     dims = check_layout(m, world.world_size, cfg.trainer.devices)
     pp_rank, tp_rank = model_parallel_ranks(dims, world.rank)
     return dropout_seed(m.seed, pp_rank, tp_rank, dims.tp, bool(m.sequence_parallel))
+
+
+def stream_layout(cfg: Any, world: World) -> dict[str, Any]:
+    """What decides every rank's stream; a checkpoint's streams fit only a run with the same.
+
+    Rank r loads the stream rank r saved: under another layout that is another (stage, tensor
+    rank) coordinate's stream, and tensor ranks that must share one could get different ones.
+    """
+    m = cfg.model
+    return {
+        "world_size": world.world_size,
+        "tensor_model_parallel_size": m.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": m.pipeline_model_parallel_size,
+        "sequence_parallel": bool(m.sequence_parallel),
+    }
+
+
+def streams_fit(saved: dict[str, Any] | None, layout: dict[str, Any]) -> bool:
+    """Whether streams saved under `saved` (a `stream_layout`; None when the checkpoint did not record
+    one) may be restored under `layout`: the same layout, or one process (no peers to keep in step)."""
+    return saved == layout or layout["world_size"] == 1
+
+
+def describe_layout(layout: dict[str, Any] | None) -> str:
+    if layout is None:
+        return "a layout it did not record"
+    sp = "on" if layout["sequence_parallel"] else "off"
+    return (
+        f"{layout['world_size']} ranks, TP {layout['tensor_model_parallel_size']}, "
+        f"PP {layout['pipeline_model_parallel_size']}, sequence parallel {sp}"
+    )

@@ -35,6 +35,7 @@ from gptrain.checkpoint.manager import (
 from gptrain.config import TrainingConfig
 from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
+from gptrain.parallel.rng import stream_layout
 from gptrain.train import builders as b
 from gptrain.train.batches import GPTBatchDataset, build_loader
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
@@ -54,8 +55,8 @@ from gptrain.train.state import (
     apply_checkpoint_state,
     checkpoint_state,
     parts_to_load,
-    rng_state,
-    set_rng_state,
+    rank_state,
+    restore_rng_state,
 )
 from gptrain.train.step import Batch, StepOptions, StepResult, train_step
 from gptrain.train.step_times import StepTimes
@@ -251,8 +252,7 @@ def resume(s: Session, source: Path | None = None) -> None:
         s.log(f"no complete checkpoint in {root}: starting from scratch")
         return
     path, extra = loaded
-    if "rng" in extra:
-        set_rng_state(extra["rng"])
+    restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log)
     if "optim" not in saved_sections(path):
         s.log(f"{path} holds model weights only (an import): optimizer, LR schedule and counters start fresh")
     s.log(f"resuming from {path} at iteration {s.state.step}, consumed samples {s.state.consumed_samples}")
@@ -276,8 +276,7 @@ def start_from(s: Session, source: Path) -> None:
         state_to_load,
         lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
     )
-    if em.load_rng and not em.finetune and "rng" in extra:
-        set_rng_state(extra["rng"])
+    if em.load_rng and not em.finetune and restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log):
         loaded.add("rng")
     s.log(
         f"starting from {source} (exp_manager.resume_from_checkpoint; loaded {', '.join(sorted(loaded))}) "
@@ -322,7 +321,7 @@ def finish_saves_after_failure(s: Session) -> None:
 
 def save_checkpoint(s: Session) -> Path:
     state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
-    path = s.checkpoints.save(s.state.step, state, {"rng": rng_state()})
+    path = s.checkpoints.save(s.state.step, state, rank_state(stream_layout(s.cfg, s.world)))
     if s.checkpoints.async_save:
         s.log(f"saving checkpoint {path.name} in the background")
     return path
