@@ -31,10 +31,21 @@ from gptrain.train.step import StepOptions, no_reduce
 
 
 def seed_everything(seed: int) -> None:
-    """Seeds the global streams dropout and data workers draw from (init uses its own generator)."""
+    """Seeds this process's global streams (python, numpy, torch): what dropout draws from.
+
+    Init and the data order use generators of their own, seeded with model.seed on every rank.
+    """
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def dropout_seed(cfg: TrainingConfig, world: World) -> int:
+    """Seam: this rank's seed for seed_everything, Megatron's per rank (gptrain.parallel.rng):
+    model.seed + 100 x pipeline rank, + 2718 + tensor rank under sequence parallelism."""
+    from gptrain.parallel.rng import rank_dropout_seed
+
+    return rank_dropout_seed(cfg, world)
 
 
 def select_device(cfg: TrainingConfig, world: World) -> torch.device:

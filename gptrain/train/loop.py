@@ -4,6 +4,7 @@ Seams for parallel layouts (gptrain/parallel plugs in here without touching the 
   builders.build_model              build on meta, to_empty(device), init_weights(generator)
   builders.build_parallel_model     meta model -> gptrain.parallel: PP split, TP, AC, compile, FSDP2/DDP
   builders.data_parallel_rank_size  (dp_rank, dp_size) that the sampler slices batches by
+  builders.dropout_seed             this rank's seed of the global streams dropout draws from
   builders.build_step_options       loss all-reduce (`reduce_sum`) and grad-norm function
   builders.with_parallel_seams      the layout's reduce/norm and, for TP/PP, forward_backward/eval_fn
   Session.step_fn                   one optimizer step (step.train_step); TP and pipeline layouts
@@ -34,6 +35,7 @@ from gptrain.checkpoint.manager import (
 from gptrain.config import TrainingConfig
 from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
+from gptrain.parallel.rng import stream_layout
 from gptrain.train import builders as b
 from gptrain.train.batches import GPTBatchDataset, build_loader
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
@@ -53,8 +55,8 @@ from gptrain.train.state import (
     apply_checkpoint_state,
     checkpoint_state,
     parts_to_load,
-    rng_state,
-    set_rng_state,
+    rank_state,
+    restore_rng_state,
 )
 from gptrain.train.step import Batch, StepOptions, StepResult, train_step
 from gptrain.train.step_times import StepTimes
@@ -146,7 +148,7 @@ def train(cfg: TrainingConfig) -> int:
         if logging_rank and cfg.exp_manager.create_wandb_logger:
             scalars.send_to_wandb(WandbRun.start(cfg))
         device = b.select_device(cfg, world)
-        b.seed_everything(cfg.model.seed)
+        b.seed_everything(b.dropout_seed(cfg, world))
         tokenizer = b.build_tokenizer(cfg)
         vocab, padded_vocab = b.padded_vocab_size(cfg, tokenizer)
         model_config = b.build_model_config(cfg, padded_vocab)
@@ -250,8 +252,7 @@ def resume(s: Session, source: Path | None = None) -> None:
         s.log(f"no complete checkpoint in {root}: starting from scratch")
         return
     path, extra = loaded
-    if "rng" in extra:
-        set_rng_state(extra["rng"])
+    restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log)
     if "optim" not in saved_sections(path):
         s.log(f"{path} holds model weights only (an import): optimizer, LR schedule and counters start fresh")
     s.log(f"resuming from {path} at iteration {s.state.step}, consumed samples {s.state.consumed_samples}")
@@ -275,8 +276,7 @@ def start_from(s: Session, source: Path) -> None:
         state_to_load,
         lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
     )
-    if em.load_rng and not em.finetune and "rng" in extra:
-        set_rng_state(extra["rng"])
+    if em.load_rng and not em.finetune and restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log):
         loaded.add("rng")
     s.log(
         f"starting from {source} (exp_manager.resume_from_checkpoint; loaded {', '.join(sorted(loaded))}) "
@@ -321,7 +321,7 @@ def finish_saves_after_failure(s: Session) -> None:
 
 def save_checkpoint(s: Session) -> Path:
     state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
-    path = s.checkpoints.save(s.state.step, state, {"rng": rng_state()})
+    path = s.checkpoints.save(s.state.step, state, rank_state(stream_layout(s.cfg, s.world)))
     if s.checkpoints.async_save:
         s.log(f"saving checkpoint {path.name} in the background")
     return path

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from gptrain.parallel.rng import describe_layout, streams_fit
 from gptrain.parallel.state_dict import (
     load_model_state_dict,
     load_optimizer_state_dict,
@@ -57,6 +58,31 @@ def rng_state() -> dict[str, Any]:
         # this rank's device only: a requeued job may see fewer GPUs (srun's one per task)
         state["cuda"] = torch.cuda.get_rng_state()
     return state
+
+
+def rank_state(layout: dict[str, Any]) -> dict[str, Any]:
+    """This rank's file of a checkpoint: its streams and the layout that gave each rank its stream."""
+    return {"rng": rng_state(), "rng_layout": layout}
+
+
+def restore_rng_state(extra: dict[str, Any], layout: dict[str, Any], log: Callable[[str], None]) -> bool:
+    """Put back the streams of this rank's file (`extra`) when they are this rank's, else log why not.
+
+    Rank r reads the file rank r wrote; under another layout (`gptrain.parallel.rng.stream_layout`)
+    that is another stage's or tensor rank's stream, and tensor ranks that must share a stream could
+    get different ones. They then keep the streams seeded for this layout. True when restored.
+    """
+    if "rng" not in extra:
+        return False
+    saved = extra.get("rng_layout")
+    if not streams_fit(saved, layout):
+        log(
+            f"random streams not restored: saved under {describe_layout(saved)}, this run has "
+            f"{describe_layout(layout)}; dropout draws from the streams seeded for this layout"
+        )
+        return False
+    set_rng_state(extra["rng"])
+    return True
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

@@ -2,8 +2,11 @@
 
 Run by tests/distributed/parallel_harness.py with RANK/WORLD_SIZE/MASTER_* in the environment and a
 JSON job as argv[1] ({"runs": [spec, ...], "out": path}); rank 0 writes one
-{"losses": [...], "grad_norms": [...]} per run to job["out"].
-The same script with WORLD_SIZE=1 is the single-process reference.
+{"losses": [...], "grad_norms": [...]} per run to job["out"] (for a spec with "probe": "dropout",
+every rank's dropout outputs instead: `dropout_probe`).
+The same script with WORLD_SIZE=1 is the single-process reference. Each run seeds the global
+streams as the training loop does (per rank), so the layouts also show that weights and data
+do not depend on them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import warnings
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
 
 from gptrain.config import TrainingConfig
 from gptrain.models.config import GPTConfig
@@ -24,7 +30,8 @@ from gptrain.models.gpt import GPT
 from gptrain.parallel.grad_norm import clip_grads
 from gptrain.parallel.mesh import init_distributed, shutdown, world_from_env
 from gptrain.parallel.parallelize import parallelize
-from gptrain.parallel.runtime import ParallelGPT, forward_backward
+from gptrain.parallel.rng import model_parallel_ranks
+from gptrain.parallel.runtime import ParallelGPT, forward_backward, to_plain
 from gptrain.parallel.state_dict import (
     load_model_state_dict,
     load_optimizer_state_dict,
@@ -32,6 +39,8 @@ from gptrain.parallel.state_dict import (
     optimizer_state_dict,
 )
 from gptrain.parallel.training import eval_loss_sum
+from gptrain.train.builders import dropout_seed, seed_everything
+from gptrain.train.state import rng_state, set_rng_state
 
 VOCAB, SEQ = 96, 16
 
@@ -63,8 +72,8 @@ def make_model(cfg: TrainingConfig, spec: dict[str, Any]) -> GPT:
         position_embedding_type=spec.get("positions", "learned_absolute"),
         activation=spec.get("activation", "gelu"),
         share_embeddings_and_output_weights=spec.get("tied", True),
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
+        hidden_dropout=spec.get("hidden_dropout", 0.0),
+        attention_dropout=spec.get("attention_dropout", 0.0),
     )
     with torch.device("meta"):
         return GPT(config)
@@ -105,22 +114,29 @@ def load_checkpoint(model: ParallelGPT, optimizer: torch.optim.Optimizer, path: 
 def train(spec: dict[str, Any]) -> dict[str, list[float]]:
     """Train in spec["dtype"] (float64 unless given): layouts only reorder sums, so in float64 they
     agree with the single process to ~1e-13, and any real difference stands out."""
-    previous = torch.get_default_dtype()
+    previous, streams = torch.get_default_dtype(), rng_state()  # the reference runs in pytest's process
     torch.set_default_dtype(getattr(torch, spec.get("dtype", "float64")))
     try:
-        return _train(spec)
+        return dropout_probe(spec) if spec.get("probe") == "dropout" else _train(spec)
     finally:
         torch.set_default_dtype(previous)
+        set_rng_state(streams)
+
+
+def setup(spec: dict[str, Any]) -> tuple[TrainingConfig, ParallelGPT]:
+    """The process group, this rank's streams seeded as gptrain.train.loop seeds them, the model."""
+    world = world_from_env()
+    if world.world_size > 1:
+        init_distributed(world, "cpu", timeout_minutes=2.0)
+    cfg = make_config(spec)
+    seed_everything(dropout_seed(cfg, world))
+    return cfg, parallelize(make_model(cfg, spec), cfg, world)
 
 
 def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
     import torch.distributed.checkpoint as dcp
 
-    world = world_from_env()
-    if world.world_size > 1:
-        init_distributed(world, "cpu", timeout_minutes=2.0)
-    cfg = make_config(spec)
-    model = parallelize(make_model(cfg, spec), cfg, world)
+    cfg, model = setup(spec)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     ctx = model.ctx
     first = spec.get("start", 0)
@@ -153,6 +169,51 @@ def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
     )
     loss_sum, tokens = eval_loss_sum(model, held_out, "32")
     return {"losses": losses, "grad_norms": norms, "eval_loss": [float(loss_sum / tokens)]}
+
+
+def dropout_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """One training forward/backward with dropout on; every rank's record, gathered on rank 0.
+
+    A rank's record: its seed, its (pipeline, tensor) rank by arithmetic and by the mesh, the
+    output of each dropout module's first call, in call order (mask: output != 0), and the
+    modules whose input was a DTensor.
+    """
+    cfg, model = setup(spec)
+    outputs: dict[str, torch.Tensor] = {}
+    on_dtensor: list[str] = []
+
+    def record(name: str):
+        def hook(module: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+            if isinstance(inputs[0], DTensor):
+                on_dtensor.append(name)
+            outputs.setdefault(name, to_plain(output).detach().clone())
+
+        return hook
+
+    handles = [
+        module.register_forward_hook(record(name))
+        for part in model.parts
+        for name, module in part.named_modules()
+        if isinstance(module, nn.Dropout)
+    ]
+    ctx = model.ctx
+    m = cfg.model
+    micro = local_microbatches(
+        global_batch(0, m.global_batch_size), m.micro_batch_size, ctx.dp_rank, ctx.dims.dp
+    )
+    forward_backward(model, micro, scale=1.0, precision=cfg.trainer.precision)
+    for handle in handles:
+        handle.remove()
+    mine = {
+        "seed": torch.initial_seed(),
+        "ranks": list(model_parallel_ranks(ctx.dims, world_from_env().rank)),
+        "mesh_ranks": [ctx.pp_rank, ctx.tp_rank],
+        "outputs": {name: out.flatten().tolist() for name, out in outputs.items()},
+        "on_dtensor": on_dtensor,
+    }
+    every = [None] * ctx.dims.world_size
+    dist.all_gather_object(every, mine)
+    return {"ranks": every}
 
 
 def main() -> int:

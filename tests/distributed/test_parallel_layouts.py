@@ -7,6 +7,11 @@ AdamW steps with gradient clipping at 0.5 (active: the norms are above 1), so a 
 gradient, grad norm, loss normalisation or data slice shows up in the losses.
 Checkpoints saved under one layout are resumed under others, without conversion, and
 the continued losses must match the uninterrupted reference.
+
+The two-process launch also runs three dropout probes (one forward/backward with dropout on,
+every rank's dropout outputs gathered): each rank draws from the stream of its pipeline stage
+and, under sequence parallelism, of its tensor rank; without it the tensor ranks' replicated
+activations stay identical (gptrain.parallel.rng).
 """
 
 from __future__ import annotations
@@ -56,6 +61,14 @@ ARCHITECTURE = {
 }
 DEVICES = {"hybrid_dp4": 2}  # two "nodes" of two: FSDP shards inside a node, replicates across
 SAVING = ("tp2_sp", "pp2_1f1b")
+SEED = 1234  # parallel_worker's model.seed
+DROPOUT = {"probe": "dropout", "hidden_dropout": 0.1, "attention_dropout": 0.1}
+DROPOUT_PROBES: dict[str, dict[str, Any]] = {
+    "tp2_sp_dropout": {**DROPOUT, "model": TP2_SP},
+    "tp2_dropout": {**DROPOUT, "model": {"tensor_model_parallel_size": 2}},
+    # no attention dropout: each stage's first draw is then a hidden-dropout mask of the same shape
+    "pp2_dropout": {**DROPOUT, "attention_dropout": 0.0, "model": PP2},
+}
 RESUMES = {  # name: (checkpoint of, world size, layout)
     "tp2_to_single": ("tp2_sp", 1, {}),
     "pp2_to_single": ("pp2_1f1b", 1, {}),
@@ -111,7 +124,8 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def two_process_results(ckpt: Path) -> dict[str, dict]:
     runs = [layout_spec(name, model, ckpt) for name, model in TWO_PROCESSES.items()]
-    return dict(zip(TWO_PROCESSES, run_layouts(runs, 2, ckpt), strict=True))
+    names = [*TWO_PROCESSES, *DROPOUT_PROBES]
+    return dict(zip(names, run_layouts([*runs, *DROPOUT_PROBES.values()], 2, ckpt), strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +176,58 @@ def test_resume_under_another_layout(
     assert_close(
         result["eval_loss"], reference["eval_loss"], f"{source} checkpoint resumed as {name}, evaluation"
     )
+
+
+def probe_ranks(results: dict, name: str) -> list[dict]:
+    """The probe's per-rank records, after the checks every probe shares: the (stage, tensor) rank
+    the seed comes from is the mesh's, and no dropout ran on a DTensor (DTensor's RNG tracker,
+    which broadcasts rank 0's CUDA state, is never involved)."""
+    ranks = results[name]["ranks"]
+    for record in ranks:
+        assert record["ranks"] == record["mesh_ranks"], name
+        assert record["on_dtensor"] == [], name
+        for mask in masks(record).values():  # dropout really ran
+            assert 0.05 < mask.count(False) / len(mask) < 0.15, name
+    return ranks
+
+
+def masks(record: dict) -> dict[str, list[bool]]:
+    """Each dropout module's mask (kept: True) in the order of first call."""
+    return {name: [value != 0.0 for value in out] for name, out in record["outputs"].items()}
+
+
+def agreement(a: list[bool], b: list[bool]) -> float:
+    assert len(a) == len(b)
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def test_sequence_parallel_tensor_ranks_draw_their_own_dropout_masks(two_process_results: dict) -> None:
+    """TP2 + SP: every dropout acts on this rank's slice of the sequence (or its heads); with one
+    stream token t and token t + S/2 got the same mask. Independent masks agree on ~82% of places."""
+    first, second = probe_ranks(two_process_results, "tp2_sp_dropout")
+    assert [first["seed"], second["seed"]] == [SEED + 2718, SEED + 2718 + 1]
+    assert list(first["outputs"]) == list(second["outputs"])
+    for name, mask in masks(first).items():
+        assert agreement(mask, masks(second)[name]) < 0.9, f"{name}: the tensor ranks share a mask"
+
+
+def test_without_sequence_parallel_tensor_ranks_keep_identical_activations(two_process_results: dict) -> None:
+    """TP2 without SP: hidden dropout acts on activations both ranks hold whole; different masks
+    would make the copies drift apart, so the outputs must be equal to the bit (attention dropout,
+    on each rank's heads, draws from the same stream and keeps it in step)."""
+    first, second = probe_ranks(two_process_results, "tp2_dropout")
+    assert first["seed"] == second["seed"] == SEED
+    assert len(first["outputs"]) == 9  # embedding + 4 blocks x (attention, MLP)
+    assert first["outputs"] == second["outputs"]
+
+
+def test_pipeline_stages_draw_their_own_dropout_masks(two_process_results: dict) -> None:
+    """PP2: each stage's k-th mask (stage 0: embedding, layers 0-1; stage 1: layers 2-3) came from
+    the same draw of one shared stream; with seed + 100 x stage they are independent."""
+    first, second = probe_ranks(two_process_results, "pp2_dropout")
+    assert [first["seed"], second["seed"]] == [SEED, SEED + 100]
+    assert not set(first["outputs"]) & set(second["outputs"])
+    pairs = list(zip(masks(first).values(), masks(second).values(), strict=False))
+    assert len(pairs) == 4
+    for k, (a, b) in enumerate(pairs):
+        assert agreement(a, b) < 0.9, f"mask {k} of both stages is the same"

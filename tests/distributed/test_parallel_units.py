@@ -1,4 +1,5 @@
-"""Single-process pieces of the parallel layer: stage split, activation checkpointing, norms."""
+"""Single-process pieces of the parallel layer: stage split, activation checkpointing, norms,
+per-rank dropout seeds."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gptrain.config import TrainingConfig
 from gptrain.models.config import GPTConfig
 from gptrain.models.gpt import GPT
 from gptrain.parallel import data_parallel
 from gptrain.parallel.activation_checkpoint import apply_ac, blocks_to_checkpoint
 from gptrain.parallel.grad_norm import clip_grads, global_grad_norm
+from gptrain.parallel.mesh import ParallelDims, World
 from gptrain.parallel.pipeline import is_tied, layer_range, split_stage, stage_ids
+from gptrain.parallel.rng import dropout_seed, model_parallel_ranks, rank_dropout_seed
 
 
 def tiny_gpt(layers: int = 4, **overrides: object) -> GPT:
@@ -168,3 +172,55 @@ def test_grad_all_reduce_buckets_and_copies_back(one_process_group, monkeypatch:
     data_parallel.GradAllReduce([model], one_process_group, dp_size=2)()
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_dropout_seed_is_megatrons_per_rank_seed(tp: int, sequence_parallel: bool) -> None:
+    """seed + 100 x pipeline rank; + 2718 + tensor rank only where dropout acts on TP shards (SP)."""
+    seeds = {}
+    for pp_rank in range(3):
+        for tp_rank in range(tp):
+            tensor_stream = 2718 + tp_rank if tp > 1 and sequence_parallel else 0
+            seeds[pp_rank, tp_rank] = dropout_seed(1234, pp_rank, tp_rank, tp, sequence_parallel)
+            assert seeds[pp_rank, tp_rank] == 1234 + 100 * pp_rank + tensor_stream
+    own_stream = len(set(seeds.values())) == len(seeds)
+    assert own_stream == (tp == 1 or sequence_parallel)  # else the tensor ranks of a stage share one
+
+
+@pytest.mark.parametrize(
+    "dims",
+    [
+        ParallelDims(world_size=8, tp=2, pp=2),
+        ParallelDims(world_size=12, tp=2, pp=3),
+        ParallelDims(world_size=16, tp=2, pp=2, dp_shard=2),  # hybrid: pp x dp_rep x dp_shard x tp
+        ParallelDims(world_size=4, pp=4),
+        ParallelDims(world_size=4, tp=4),
+    ],
+)
+def test_model_parallel_ranks_are_the_meshs_coordinates(dims: ParallelDims) -> None:
+    """The arithmetic (no mesh needed before seeding) against the mesh's own rank layout."""
+    shape, names = dims.mesh_shape()
+    grid = torch.arange(dims.world_size).reshape(shape)
+    for rank in range(dims.world_size):
+        coords = dict(zip(names, (int(i) for i in (grid == rank).nonzero()[0]), strict=True))
+        assert model_parallel_ranks(dims, rank) == (coords["pp"], coords["tp"])
+
+
+def test_rank_dropout_seed_reads_the_layout_from_the_config() -> None:
+    cfg = TrainingConfig()
+    m = cfg.model
+    m.num_layers, m.hidden_size, m.num_attention_heads, m.encoder_seq_length = 4, 32, 4, 16
+    m.micro_batch_size, m.global_batch_size, m.seed = 1, 8, 7
+    m.tensor_model_parallel_size, m.pipeline_model_parallel_size = 2, 2
+    cfg.trainer.devices = 8
+
+    def seeds(sequence_parallel: bool) -> list[int]:
+        m.sequence_parallel = sequence_parallel
+        return [rank_dropout_seed(cfg, World(rank, 8, rank, "127.0.0.1", 0)) for rank in range(8)]
+
+    # ranks on the pp x dp x tp mesh: 0-3 stage 0, 4-7 stage 1, tp rank = rank % 2, dp keeps the seed
+    assert seeds(True) == [2725, 2726, 2725, 2726, 2825, 2826, 2825, 2826]
+    assert seeds(False) == [7, 7, 7, 7, 107, 107, 107, 107]
+    m.tensor_model_parallel_size, m.pipeline_model_parallel_size = 1, 1
+    assert rank_dropout_seed(cfg, World(0, 1, 0, "127.0.0.1", 0)) == 7  # one process: model.seed

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from gptrain.train import state as state_module
-from gptrain.train.state import rng_state, set_rng_state
+from gptrain.train.state import rank_state, restore_rng_state, rng_state, set_rng_state
 
 
 def draws() -> tuple[float, float, float]:
@@ -55,3 +55,43 @@ def test_cuda_stream_is_the_ranks_own_device_and_restores_where_fewer_gpus_are_v
     older = {**saved, "cuda": [torch.full((4,), device, dtype=torch.uint8) for device in range(8)]}
     set_rng_state(older)  # a checkpoint of before: one state per visible GPU, by index
     assert srun_one_gpu_per_task.set_to == 0
+
+
+def layout(world_size: int, tp: int = 1, pp: int = 1, sequence_parallel: bool = False) -> dict:
+    return {
+        "world_size": world_size,
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "sequence_parallel": sequence_parallel,
+    }
+
+
+def test_a_ranks_streams_are_restored_only_under_the_layout_that_saved_them():
+    """Rank r reads rank r's file: under another layout that is another stage's or tensor rank's
+    stream, and tensor ranks sharing one (no SP) could get different ones."""
+    tp2 = layout(2, tp=2)
+    saved = rank_state(tp2)
+    first = draws()
+    lines: list[str] = []
+    assert restore_rng_state(saved, tp2, lines.append) and draws() == first and lines == []
+
+    pp2 = layout(2, pp=2)
+    assert not restore_rng_state(saved, pp2, lines.append)
+    assert draws() != first  # the streams this run has were kept
+    assert lines == [
+        "random streams not restored: saved under 2 ranks, TP 2, PP 1, sequence parallel off, this run "
+        "has 2 ranks, TP 1, PP 2, sequence parallel off; dropout draws from the streams seeded for this layout"
+    ]
+    assert not restore_rng_state({"rng": saved["rng"]}, pp2, lines.append)  # older file: layout unknown
+    assert "saved under a layout it did not record" in lines[-1]
+    assert not restore_rng_state({}, tp2, lines.append)  # no streams saved (an import)
+
+
+def test_one_process_restores_whatever_rank_0_saved():
+    """No peers to keep in step with: a TP x PP run resumed in one process continues rank 0's stream."""
+    saved = {"rng": rng_state()}  # a file from before the layout was recorded
+    first = draws()
+    assert restore_rng_state(saved, layout(1), print) and draws() == first
+    saved = rank_state(layout(4, tp=2, pp=2, sequence_parallel=True))
+    first = draws()
+    assert restore_rng_state(saved, layout(1), print) and draws() == first
