@@ -1,12 +1,14 @@
 """FP8 training of the block matmuls through torchao's float8 (tensorwise or rowwise scaling).
 
-Applied per model chunk after TP and before activation checkpointing, compile and FSDP2, as
-torchao and torchtitan order it. The output projection (vocabulary logits) stays in the training
-precision: its error goes straight into the loss, and its shape is rarely a multiple of 16
-under every layout. A device without FP8 tensor cores is a one-line error, not a slow fallback.
+Applied per model chunk before TP, activation checkpointing, compile and FSDP2, as torchao and
+torchtitan order it; under TP the block plan takes torchao's float8 styles (`fp8_tp_styles`).
+The output projection (vocabulary logits) stays in the training precision: its error goes
+straight into the loss, and its shape is rarely a multiple of 16 under every layout. A device without FP8 tensor cores is a one-line error, not a slow fallback.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,21 +34,64 @@ def check_fp8_device(device: torch.device) -> None:
         )
 
 
-def fp8_linear_filter(module: nn.Module, fqn: str) -> bool:
-    """Linear layers of the blocks whose both dimensions are multiples of 16 (FP8 GEMM tiles)."""
-    if not isinstance(module, nn.Linear) or fqn.split(".")[-1] == "output":
+# Block linears split by output columns under TP (their local out_features is out / TP); the
+# others (wo, w2) are split by input rows.
+COLUMN_SPLIT = ("wq", "wk", "wv", "w1", "w3")
+
+
+def fp8_linear_filter(module: nn.Module, fqn: str, tp: int = 1) -> bool:
+    """Linear layers of the blocks whose local dimensions (this rank's shard under TP) are
+    multiples of 16 (FP8 GEMM tiles); never the output projection."""
+    name = fqn.split(".")[-1]
+    if not isinstance(module, nn.Linear) or name == "output":
         return False
-    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+    rows, cols = module.in_features, module.out_features
+    if tp > 1:
+        split, whole = (cols, rows) if name in COLUMN_SPLIT else (rows, cols)
+        if split % tp:
+            return False
+        rows, cols = (whole, split // tp) if name in COLUMN_SPLIT else (split // tp, whole)
+    return rows % 16 == 0 and cols % 16 == 0
 
 
-def apply_fp8(model: nn.Module, recipe: str = "tensorwise") -> nn.Module:
-    """Swap the block Linears of `model` for torchao Float8Linear in place (names unchanged)."""
+def fp8_config(recipe: str) -> Any:
+    """torchao's Float8LinearConfig of `recipe` ('tensorwise' or 'rowwise')."""
+    from torchao.float8 import Float8LinearConfig
+
+    return Float8LinearConfig.from_recipe_name(recipe)
+
+
+def apply_fp8(model: nn.Module, recipe: str = "tensorwise", tp: int = 1) -> nn.Module:
+    """Swap the block Linears of `model` for torchao Float8Linear in place (names unchanged).
+
+    Before tensor parallelism, as torchao and torchtitan order it: TP then shards the Float8Linear
+    weights with the styles of `fp8_tp_styles`."""
     try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        from torchao.float8 import convert_to_float8_training
     except ImportError as error:
         raise ConfigError(
             "model.fp8=true needs torchao: pip install 'gptrain[fp8]' (or torchao>=0.12)"
         ) from error
-    config = Float8LinearConfig.from_recipe_name(recipe)
-    convert_to_float8_training(model, config=config, module_filter_fn=fp8_linear_filter)
+    convert_to_float8_training(
+        model, config=fp8_config(recipe), module_filter_fn=lambda m, fqn: fp8_linear_filter(m, fqn, tp)
+    )
     return model
+
+
+def fp8_tp_styles(recipe: str | None) -> tuple[Any, Any, Any | None]:
+    """(column style, row style, input preparation) of the TP plan for FP8 `recipe` (None: no FP8).
+
+    Tensorwise scaling casts to float8 before the tensor-parallel collectives (torchao's Float8*
+    styles: the sequence-parallel all-gather moves float8 bytes); rowwise scales per row inside the
+    matmul, so its linears take the plain styles."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if recipe != "tensorwise":
+        return ColwiseParallel, RowwiseParallel, None
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
+
+    return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput

@@ -56,11 +56,6 @@ def check_layout(model: Any, world_size: int, devices_per_node: int | None = Non
     dims = ParallelDims(world_size=world_size, tp=tp, pp=pp, vpp=vpp or 1)
     _check_model_split(model, dims)
     _check_sequence_parallel(model, tp)
-    _require(
-        tp == 1 or not getattr(model, "fp8", False),
-        f"model.fp8=true with model.tensor_model_parallel_size={tp} is not supported (FP8 goes with data "
-        "and pipeline parallelism): set model.fp8=false or model.tensor_model_parallel_size=1",
-    )
     _check_batch(model, dims)
     dp_shard = _check_sharding(model, dims, devices_per_node)
     _check_activation_checkpointing(model, dims)

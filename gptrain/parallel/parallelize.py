@@ -99,17 +99,18 @@ def _split(model: nn.Module, ctx: ParallelContext) -> list[nn.Module]:
 
 
 def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> None:
-    """TP, then FP8, then activation checkpointing, then per-block compile, on one chunk in place.
+    """FP8, then TP, then activation checkpointing, then per-block compile, on one chunk in place.
 
     Layouts whose whole forward and loss compile as one graph skip the per-block compile here;
     the step's loss function is compiled instead (gptrain.parallel.compile).
     """
     m = cfg.model
-    if ctx.dims.tp > 1:
-        apply_tp(part, ctx.mesh["tp"], m.sequence_parallel, loss_parallel=True)
-    if m.fp8:
+    if m.fp8:  # before TP, which then shards the Float8Linear weights with torchao's float8 styles
         check_fp8_device(ctx.device)
-        apply_fp8(part, m.fp8_recipe)
+        apply_fp8(part, m.fp8_recipe, tp=ctx.dims.tp)
+    if ctx.dims.tp > 1:
+        fp8_recipe = m.fp8_recipe if m.fp8 else None
+        apply_tp(part, ctx.mesh["tp"], m.sequence_parallel, loss_parallel=True, fp8_recipe=fp8_recipe)
     apply_ac(
         part,
         m.activations_checkpoint_granularity,

@@ -77,31 +77,42 @@ def _norm_style(sequence_parallel: bool) -> ParallelStyle:
     return SequenceParallel() if sequence_parallel else ReplicateParallel()
 
 
-def _gather_input(act_layout: Shard | Replicate, extra_inputs: int = 2) -> PrepareModuleInput:
-    """Whole-sequence input for attention/MLP; the extra inputs (rope cos/sin) pass as they are."""
+def _gather_input(
+    act_layout: Shard | Replicate, extra_inputs: int = 2, prepare: Any = None, first_linear: str = ""
+) -> ParallelStyle:
+    """Whole-sequence input for attention/MLP; the extra inputs (rope cos/sin) pass as they are.
+    With torchao's float8 `prepare`, the input is cast as `first_linear` casts it, then gathered."""
     rest = (None,) * extra_inputs
-    return PrepareModuleInput(
-        input_layouts=(act_layout, *rest), desired_input_layouts=(Replicate(), *rest), use_local_output=True
-    )
+    layouts = {"input_layouts": (act_layout, *rest), "desired_input_layouts": (Replicate(), *rest)}
+    if prepare is not None:
+        return prepare(**layouts, use_local_output=True, fwd_config_submodule_fqn=first_linear)
+    return PrepareModuleInput(**layouts, use_local_output=True)
 
 
-def block_plan(block: nn.Module, sequence_parallel: bool) -> dict[str, ParallelStyle]:
-    """The TP plan of one transformer block, keyed by submodule name."""
+def block_plan(
+    block: nn.Module, sequence_parallel: bool, fp8_recipe: str | None = None
+) -> dict[str, ParallelStyle]:
+    """The TP plan of one transformer block, keyed by submodule name (float8 styles with FP8)."""
+    column, row, prepare = (ColwiseParallel, RowwiseParallel, None)
+    if fp8_recipe is not None:
+        from gptrain.parallel.float8 import fp8_tp_styles
+
+        column, row, prepare = fp8_tp_styles(fp8_recipe)
     act_layout = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, ParallelStyle] = {
         "attention_norm": _norm_style(sequence_parallel),
-        "attention": _gather_input(act_layout),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=act_layout),
+        "attention": _gather_input(act_layout, 2, prepare, "wq"),
+        "attention.wq": column(),
+        "attention.wk": column(),
+        "attention.wv": column(),
+        "attention.wo": row(output_layouts=act_layout),
         "mlp_norm": _norm_style(sequence_parallel),
-        "mlp": _gather_input(act_layout, extra_inputs=0),
-        "mlp.w1": ColwiseParallel(),
-        "mlp.w2": RowwiseParallel(output_layouts=act_layout),
+        "mlp": _gather_input(act_layout, 0, prepare, "w1"),
+        "mlp.w1": column(),
+        "mlp.w2": row(output_layouts=act_layout),
     }
     if getattr(block.mlp, "w3", None) is not None:
-        plan["mlp.w3"] = ColwiseParallel()
+        plan["mlp.w3"] = column()
     return plan
 
 
@@ -125,11 +136,17 @@ def top_plan(model: nn.Module, sequence_parallel: bool, loss_parallel: bool) -> 
 
 
 def apply_tp(
-    model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    sequence_parallel: bool,
+    loss_parallel: bool,
+    fp8_recipe: str | None = None,
 ) -> nn.Module:
     """Shard `model` (a whole GPT or one pipeline stage of it) over `tp_mesh` in place.
 
-    Tied input/output embeddings stay tied: both are split over the vocabulary rows
+    `fp8_recipe`: the blocks were converted to torchao Float8Linear (before TP, as torchao
+    requires), so their plan takes the float8 styles. Tied input/output embeddings stay tied: both
+    are split over the vocabulary rows
     (Shard(0)), so the output re-uses the embedding's DTensor parameter. Attention
     reshapes with -1 heads, so the local q/k/v shards need no head-count change.
     """
@@ -137,7 +154,7 @@ def apply_tp(
     tied = tok is not None and out is not None and out.weight is tok.weight
     parallelize_module(model, tp_mesh, top_plan(model, sequence_parallel, loss_parallel))
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel))
+        parallelize_module(block, tp_mesh, block_plan(block, sequence_parallel, fp8_recipe))
     if tied:
         model.output.weight = model.tok_embeddings.weight
     _check_all_distributed(model)

@@ -11,6 +11,7 @@ do not depend on them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -56,6 +57,8 @@ def make_config(spec: dict[str, Any]) -> TrainingConfig:
     m.seed = 1234
     for key, value in spec.get("model", {}).items():
         setattr(m, key, value)
+    if spec.get("fp8"):
+        m.fp8, m.fp8_recipe = True, spec["fp8"]
     return cfg
 
 
@@ -117,10 +120,31 @@ def train(spec: dict[str, Any]) -> dict[str, list[float]]:
     previous, streams = torch.get_default_dtype(), rng_state()  # the reference runs in pytest's process
     torch.set_default_dtype(getattr(torch, spec.get("dtype", "float64")))
     try:
-        return dropout_probe(spec) if spec.get("probe") == "dropout" else _train(spec)
+        with emulated_fp8(spec.get("fp8")):
+            return dropout_probe(spec) if spec.get("probe") == "dropout" else _train(spec)
     finally:
         torch.set_default_dtype(previous)
         set_rng_state(streams)
+
+
+@contextlib.contextmanager
+def emulated_fp8(recipe: str | None):
+    """model.fp8 with torchao's emulated float8 matmuls, which run on the CPU (the device check is
+    lifted for the run): the casts, scales and TP styles are those of a GPU run."""
+    if recipe is None:
+        yield
+        return
+    import dataclasses
+
+    from gptrain.parallel import float8, parallelize
+
+    real_config, real_check = float8.fp8_config, parallelize.check_fp8_device
+    float8.fp8_config = lambda name: dataclasses.replace(real_config(name), emulate=True)
+    parallelize.check_fp8_device = lambda device: None
+    try:
+        yield
+    finally:
+        float8.fp8_config, parallelize.check_fp8_device = real_config, real_check
 
 
 def setup(spec: dict[str, Any]) -> tuple[TrainingConfig, ParallelGPT]:
@@ -168,7 +192,13 @@ def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
         ctx.dims.dp,
     )
     loss_sum, tokens = eval_loss_sum(model, held_out, "32")
-    return {"losses": losses, "grad_norms": norms, "eval_loss": [float(loss_sum / tokens)]}
+    fp8_linears = sum(type(m).__name__ == "Float8Linear" for part in model.parts for m in part.modules())
+    return {
+        "losses": losses,
+        "grad_norms": norms,
+        "eval_loss": [float(loss_sum / tokens)],
+        "fp8_linears": fp8_linears,
+    }
 
 
 def dropout_probe(spec: dict[str, Any]) -> dict[str, Any]:

@@ -109,6 +109,27 @@ def test_fp8_converts_block_linears_but_not_the_output():
     assert {name for name, _ in model.named_parameters()} == {name for name, _ in tiny().named_parameters()}
 
 
+@pytest.mark.parametrize(
+    ("name", "in_features", "out_features", "tp", "converted"),
+    [
+        ("wq", 64, 64, 1, True),
+        ("wq", 64, 48, 1, True),
+        ("wq", 64, 48, 2, False),  # this rank's 24 output columns are no FP8 tile
+        ("wq", 64, 64, 2, True),
+        ("wo", 48, 64, 2, False),  # split by input rows: 24 each
+        ("w2", 128, 64, 4, True),
+        ("w1", 64, 40, 1, False),
+        ("output", 64, 64, 1, False),
+    ],
+)
+def test_fp8_filter_takes_this_ranks_shard(name, in_features, out_features, tp, converted):
+    """FP8 GEMMs need multiples of 16 in the shard each rank multiplies, not in the whole matrix."""
+    from gptrain.parallel.float8 import fp8_linear_filter
+
+    linear = torch.nn.Linear(in_features, out_features, bias=False)
+    assert fp8_linear_filter(linear, f"layers.0.attention.{name}", tp) is converted
+
+
 def test_one_device_wait_per_step(monkeypatch):
     """train_step reads loss, tokens and grad norm in one transfer (the reference loop waits once too)."""
     calls = []
