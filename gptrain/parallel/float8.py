@@ -3,7 +3,8 @@
 Applied per model chunk before TP, activation checkpointing, compile and FSDP2, as torchao and
 torchtitan order it; under TP the block plan takes torchao's float8 styles (`fp8_tp_styles`).
 The output projection (vocabulary logits) stays in the training precision: its error goes
-straight into the loss, and its shape is rarely a multiple of 16 under every layout. A device without FP8 tensor cores is a one-line error, not a slow fallback.
+straight into the loss, and its shape is rarely a multiple of 16 under every layout. A device
+without FP8 tensor cores is a one-line error, not a slow fallback.
 """
 
 from __future__ import annotations
@@ -45,13 +46,9 @@ def fp8_linear_filter(module: nn.Module, fqn: str, tp: int = 1) -> bool:
     name = fqn.split(".")[-1]
     if not isinstance(module, nn.Linear) or name == "output":
         return False
-    rows, cols = module.in_features, module.out_features
-    if tp > 1:
-        split, whole = (cols, rows) if name in COLUMN_SPLIT else (rows, cols)
-        if split % tp:
-            return False
-        rows, cols = (whole, split // tp) if name in COLUMN_SPLIT else (split // tp, whole)
-    return rows % 16 == 0 and cols % 16 == 0
+    shards = (1, tp) if name in COLUMN_SPLIT else (tp, 1)  # (in, out) pieces under TP
+    sizes = (module.in_features, module.out_features)
+    return all(size % (16 * pieces) == 0 for size, pieces in zip(sizes, shards, strict=True))
 
 
 def fp8_config(recipe: str) -> Any:

@@ -63,7 +63,7 @@ def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device |
         _apply_replicated(parts, ctx)
     if dims.pp > 1:
         stages = stage_ids(ctx.pp_rank, dims.pp, dims.vpp)
-        ctx.schedule = build_schedules(
+        ctx.schedules = build_schedules(
             parts, stages, dims.pp * dims.vpp, ctx.pp_group, device, ctx.pipeline_loss
         )
     return ParallelGPT(parts, ctx)

@@ -52,7 +52,7 @@ class ParallelContext:
     pp_group: dist.ProcessGroup | None = None
     embedding_group: dist.ProcessGroup | None = None
     mesh: Any = None
-    schedule: Any = None
+    schedules: Any = None  # PipelineSchedules under pipeline parallelism
     pipeline_loss: PipelineLoss = field(default_factory=PipelineLoss)
     has_first_stage: bool = True
     has_last_stage: bool = True
@@ -91,7 +91,7 @@ class ParallelGPT(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits of one micro-batch (only without pipeline parallelism)."""
-        if len(self.ctx.runners) != 1 or self.ctx.schedule is not None:
+        if len(self.ctx.runners) != 1 or self.ctx.schedules is not None:
             raise RuntimeError("a pipelined model runs through forward_backward/eval_loss_sum, not forward")
         return self.ctx.runners[0](tokens)
 
@@ -155,7 +155,7 @@ def forward_backward(
     weight = scale * ctx.dims.dp / max(float(global_tokens), 1.0)
     if weight <= 0:
         raise ValueError(f"loss scale must be positive, got {scale}")
-    if ctx.schedule is not None:
+    if ctx.schedules is not None:
         loss_sum = _pipeline_forward_backward(model, microbatches, weight, precision)
     else:
         loss_sum = _local_forward_backward(model, microbatches, weight, precision)
@@ -197,7 +197,7 @@ def _pipeline_forward_backward(
     args = (tokens,) if ctx.has_first_stage else ()
     kwargs: dict[str, Any] = {"target": labels, "losses": losses} if ctx.has_last_stage else {}
     with loss_context(ctx), autocast_context(ctx.device, precision):
-        ctx.schedule.for_microbatches(len(microbatches)).step(*args, return_outputs=False, **kwargs)
+        ctx.schedules.for_microbatches(len(microbatches)).step(*args, return_outputs=False, **kwargs)
     # The schedule's shape-inference pass may call the loss on dummy data: use only its list.
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for loss in losses:

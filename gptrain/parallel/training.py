@@ -94,7 +94,7 @@ def eval_loss_sum(
             sum(float(mb["loss_mask"].sum()) for mb in microbatches), dtype=torch.float64, device=ctx.device
         )
     )
-    if ctx.schedule is not None:
+    if ctx.schedules is not None:
         local = _pipeline_eval(model, microbatches, precision)
     else:
         local = torch.zeros((), dtype=torch.float64, device=ctx.device)
@@ -114,7 +114,7 @@ def _pipeline_eval(model: ParallelGPT, microbatches: list[Batch], precision: str
     target = torch.cat([masked_labels(mb) for mb in microbatches]).to(ctx.device)
     kwargs: dict[str, Any] = {"target": target, "losses": losses} if ctx.has_last_stage else {}
     with loss_context(ctx), autocast_context(ctx.device, precision):
-        ctx.schedule.for_microbatches(len(microbatches)).eval(*args, **kwargs)
+        ctx.schedules.for_microbatches(len(microbatches)).eval(*args, **kwargs)
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for loss in losses:
         total += to_plain(loss).double()
