@@ -201,6 +201,21 @@ def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
     }
 
 
+def in_pipeline_metadata_inference() -> bool:
+    """Whether torch's PipelineStage is running its shape-inference forward (torch >= 2.12).
+
+    It runs once before the first step, under `fork_rng` (so it draws the masks the first real
+    micro-batch then draws again), on `torch.empty` placeholders after the first stage: zeros
+    and NaNs in that memory would read as dropped or kept places, so the probe skips it.
+    """
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name in ("_forward_metadata_inference", "_shape_inference"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def dropout_probe(spec: dict[str, Any]) -> dict[str, Any]:
     """One training forward/backward with dropout on; every rank's record, gathered on rank 0.
 
@@ -214,6 +229,8 @@ def dropout_probe(spec: dict[str, Any]) -> dict[str, Any]:
 
     def record(name: str):
         def hook(module: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+            if in_pipeline_metadata_inference():
+                return
             if isinstance(inputs[0], DTensor):
                 on_dtensor.append(name)
             outputs.setdefault(name, to_plain(output).detach().clone())
