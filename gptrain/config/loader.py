@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import sys
 import types
 import typing
@@ -26,6 +25,7 @@ from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
 from gptrain.config.yamlio import load_file, load_text, parse_value
 from gptrain.errors import ConfigError
+from gptrain.utils.rank import is_rank_zero
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "training"
 ROOT_DEFAULTS = {"base_results_dir": "results", "data_dir": "data"}
@@ -91,7 +91,7 @@ def load_training_config(
     cfg.ignored_keys = ignored
     normalize(cfg)
     validate(cfg)
-    if report_ignored and ignored and os.environ.get("RANK", "0") == "0":
+    if report_ignored and ignored and is_rank_zero():
         print(f"gptrain: ignoring NeMo keys ({ignored_summary(ignored)})", file=sys.stderr)
     return cfg
 

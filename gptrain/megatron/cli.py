@@ -8,7 +8,6 @@ are translated to gptrain keys (gptrain.megatron.translate); `--dry-run` prints 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 HELP = """usage: gptrain megatron [--dry-run] [pretrain_gpt.py flags ...]
@@ -43,9 +42,10 @@ def run_megatron(args: argparse.Namespace) -> int:
     from gptrain.config import load_training_config
     from gptrain.errors import ConfigError
     from gptrain.megatron.translate import translate
+    from gptrain.utils.rank import is_rank_zero
 
     translation = translate(flags)
-    rank0 = os.environ.get("RANK", "0") == "0"
+    rank0 = is_rank_zero()
     if translation.notes and rank0:
         print(f"gptrain megatron: accepted without effect: {', '.join(translation.notes)}", file=sys.stderr)
     cfg = load_training_config(None, translation.overrides, report_ignored=rank0)

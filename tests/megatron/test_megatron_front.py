@@ -4,6 +4,7 @@ import math
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,7 @@ MEGATRON_175B = shlex.split(
     " --eval-interval 1000 --save /ck --load /ck --eval-iters 10 --tensorboard-dir /tb"
 )
 ENV = {"WORLD_SIZE": "192", "LOCAL_WORLD_SIZE": "8"}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def megatron_lr(samples, max_lr, min_lr, warmup, decay, style):
@@ -142,8 +144,9 @@ def test_dry_run_prints_overrides_and_yaml_without_torch(tmp_path):
         "import sys; from gptrain.cli import main; code = main(sys.argv[1:]);"
         " print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', code)"
     )
+    env = {"PATH": "/usr/bin", "PYTHONPATH": str(ROOT)}  # this checkout's gptrain, not an installed one
     out = subprocess.run([sys.executable, "-c", code, "megatron", "--dry-run", *AWS_SBATCH],
-                         capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/usr/bin"})  # fmt: skip
+                         capture_output=True, text=True, cwd=tmp_path, env=env)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.rstrip().endswith("NO-TORCH 0")
     assert "trainer.max_steps=508626" in out.stdout and "  num_layers: 36" in out.stdout
@@ -214,3 +217,28 @@ def test_train_samples_must_be_a_whole_number(samples, capsys):
     assert main(["megatron", "--dry-run", *flags.split()]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"--train-samples {samples}: expects a whole number" in err
+
+
+@pytest.mark.parametrize(
+    ("env", "prints"),
+    [
+        ({"SLURM_PROCID": "5"}, False),  # srun without torchrun: Slurm's rank
+        ({"SLURM_PROCID": "0"}, True),
+        ({"RANK": "0", "SLURM_PROCID": "5"}, True),  # torchrun inside an srun step: torchrun's rank
+        ({"RANK": "3", "SLURM_PROCID": "0"}, False),
+        ({}, True),
+    ],
+)
+def test_one_time_notices_print_on_rank_zero_only(env, prints, monkeypatch, capsys):
+    """Under plain srun 192 ranks must not print the notices 192 times."""
+    for name in ("RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64 --use-flash-attn"
+    assert main(["megatron", "--dry-run", *flags.split()]) == 0
+    err = capsys.readouterr().err
+    assert ("accepted without effect: --use-flash-attn" in err) is prints
+    load_training_config("gpt3/126m", ["model.megatron_amp_O2=true"])  # gptrain train: the same rule
+    assert ("ignoring NeMo keys (" in capsys.readouterr().err) is prints
