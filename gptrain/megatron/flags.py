@@ -6,8 +6,9 @@ Four kinds of flag:
 - NO_EFFECT: kernel, logging and communication switches that change speed or logs only;
   accepted and reported once (with how many values they take, so parsing stays in step);
 - REFUSED: flags whose meaning gptrain cannot reproduce; refused by name in one line.
-Anything else is unknown and refused. Flags that need more than one value (`--data-path`,
-`--adam-beta1/2`, `--train-samples`, `--save/--load`, `--wandb-*`) are handled in translate.py.
+Anything else is unknown and refused. Flags that combine with others (`--data-path`,
+`--adam-beta1/2`, `--train-samples`, `--save/--load`, `--wandb-*`, `--group-query-attention`
+with `--num-query-groups`) are handled in translate.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--hidden-size": (("model.hidden_size",), int),
     "--ffn-hidden-size": (("model.ffn_hidden_size",), int),
     "--num-attention-heads": (("model.num_attention_heads",), int),
-    "--num-query-groups": (("model.num_query_groups",), int),
     "--kv-channels": (("model.kv_channels",), int),
     "--seq-length": (("model.encoder_seq_length", "model.data.seq_length"), int),
     "--max-position-embeddings": (("model.max_position_embeddings",), int),
@@ -126,9 +126,12 @@ REFUSED: dict[str, str] = {
     "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported",
 }
 
-# Flags with several values or that combine with others (translate.py handles them).
-SPECIAL = (
-    "--data-path", "--adam-beta1", "--adam-beta2", "--train-samples", "--save", "--load",
-    "--tensorboard-dir", "--rampup-batch-size", "--wandb-project", "--wandb-exp-name", "--wandb-save-dir",
-    "--num-layers-per-virtual-pipeline-stage", "--train-data-path", "--valid-data-path", "--test-data-path",
-)  # fmt: skip
+# Flags with several values or that combine with others (translate.py handles them): flag -> number
+# of values it takes, None for one or more.
+SPECIAL: dict[str, int | None] = {
+    "--data-path": None, "--train-data-path": None, "--valid-data-path": None, "--test-data-path": None,
+    "--adam-beta1": 1, "--adam-beta2": 1, "--train-samples": 1, "--save": 1, "--load": 1,
+    "--tensorboard-dir": 1, "--rampup-batch-size": 3, "--wandb-project": 1, "--wandb-exp-name": 1,
+    "--wandb-save-dir": 1, "--num-layers-per-virtual-pipeline-stage": 1,
+    "--group-query-attention": 0, "--num-query-groups": 1,
+}  # fmt: skip

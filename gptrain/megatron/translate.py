@@ -103,7 +103,7 @@ def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
     if flag in REFUSED:
         raise ConfigError(f"{flag}: {REFUSED[flag]}")
     if flag in SPECIAL:
-        _expect(flag, values, None if flag in DATA_PATH_FLAGS else {"--rampup-batch-size": 3}.get(flag, 1))
+        _expect(flag, values, SPECIAL[flag])
         return  # handled in finish(), which sees all flags
     if flag in SWITCH:
         _expect(flag, values, 0)
@@ -149,7 +149,6 @@ PER_SPLIT_PATHS = {
     "--valid-data-path": "validation",
     "--test-data-path": "test",
 }
-DATA_PATH_FLAGS = ("--data-path", *PER_SPLIT_PATHS)
 
 # Megatron's Adam betas where the flags are absent.
 BETA_DEFAULTS = (("--adam-beta1", "0.9"), ("--adam-beta2", "0.999"))
@@ -162,6 +161,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     betas = [_convert(flag, given.get(flag, [default])[0], float) for flag, default in BETA_DEFAULTS]
     v["model.optim.betas"] = betas
     _data_paths(v, given)
+    _query_groups(result)
     _layout(v, env)
     _virtual_pipeline(v, given)
     if "--rampup-batch-size" in given:
@@ -201,6 +201,19 @@ def data_prefix(values: list[str], flag: str = "--data-path") -> Any:
     if len(values) % 2 or not all(_is_number(w) for w in values[0::2]):
         raise ConfigError(f"{flag} {' '.join(values)}: give one prefix, or pairs 'WEIGHT PREFIX ...'")
     return [float(x) if i % 2 == 0 else x for i, x in enumerate(values)]
+
+
+def _query_groups(result: Translation) -> None:
+    """Megatron reads --num-query-groups only with --group-query-attention (then 1 group, multi-query
+    attention, unless given); without it attention is multi-head whatever --num-query-groups says."""
+    given = result.given
+    groups = _convert("--num-query-groups", (given.get("--num-query-groups") or ["1"])[0], int)
+    if "--group-query-attention" in given:
+        result.values["model.num_query_groups"] = groups
+    elif "--num-query-groups" in given:
+        result.notes.append(
+            "--num-query-groups (Megatron ignores it without --group-query-attention: multi-head attention)"
+        )
 
 
 def _layout(v: dict[str, Any], env: dict[str, str]) -> None:

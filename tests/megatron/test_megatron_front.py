@@ -129,6 +129,8 @@ def test_per_split_data_paths_become_nemos_per_split_data_prefix():
         ),
         ("--num-layers-per-virtual-pipeline-stage 1", "--pipeline-model-parallel-size must be at least 2"),
         ("--train-data-path /d/t", "--data-path and --train-data-path: give one blend that --split divides"),
+        ("--num-query-groups x", "--num-query-groups x: expects a whole number"),
+        ("--group-query-attention 2", "--group-query-attention: takes no value"),
     ],
 )
 def test_bad_flags_are_one_line_errors_naming_the_flag(flags, message, capsys):
@@ -242,3 +244,21 @@ def test_one_time_notices_print_on_rank_zero_only(env, prints, monkeypatch, caps
     assert ("accepted without effect: --use-flash-attn" in err) is prints
     load_training_config("gpt3/126m", ["model.megatron_amp_O2=true"])  # gptrain train: the same rule
     assert ("ignoring NeMo keys (" in capsys.readouterr().err) is prints
+
+
+@pytest.mark.parametrize(
+    ("flags", "groups"),
+    [
+        ("--group-query-attention --num-query-groups 2", 2),
+        ("--num-query-groups 2 --group-query-attention", 2),
+        ("--group-query-attention", 1),  # Megatron's default: one group, multi-query attention
+        ("--num-query-groups 2", None),  # Megatron ignores it: multi-head attention
+        ("", None),
+    ],
+)
+def test_num_query_groups_applies_only_with_group_query_attention(flags, groups):
+    base = "--num-layers 2 --hidden-size 16 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
+    t = translate(shlex.split(f"{base} --train-iters 4 --mock-data --vocab-size 64 {flags}"), {})
+    assert load_training_config(None, t.overrides, report_ignored=False).model.num_query_groups == groups
+    ignored = "--num-query-groups (Megatron ignores it without --group-query-attention: multi-head attention)"
+    assert (ignored in t.notes) is (flags == "--num-query-groups 2")
