@@ -3,8 +3,9 @@
 Four kinds of flag:
 - VALUE: one value to one (or more) gptrain keys, converted by a type or a table of choices;
 - SWITCH: a flag without a value that sets fixed keys;
-- NO_EFFECT: kernel, logging and communication switches that change speed or logs only;
-  accepted and reported once (with how many values they take, so parsing stays in step);
+- NO_EFFECT: kernel, memory, logging and communication switches that change speed or logs only,
+  and switches for what gptrain always does; accepted and reported once (with how many values
+  they take, so parsing stays in step, and why where the reason is not speed or logs);
 - REFUSED: flags whose meaning gptrain cannot reproduce; refused by name in one line.
 Anything else is unknown and refused. Flags that combine with others (`--data-path`,
 `--adam-beta1/2`, `--train-samples`, `--save/--load`, `--wandb-*`, `--group-query-attention`
@@ -85,7 +86,6 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--fp16": {"trainer.precision": "16"},
     "--bf16": {"trainer.precision": "bf16"},
     "--sequence-parallel": {"model.sequence_parallel": True},
-    "--recompute-activations": {"model.activations_checkpoint_granularity": "selective"},
     "--untie-embeddings-and-output-weights": {"model.share_embeddings_and_output_weights": False},
     "--disable-bias-linear": {"model.bias": False},
     "--swiglu": {"model.activation": "swiglu"},
@@ -99,6 +99,7 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--no-load-optim": {"exp_manager.load_optimizer": False},
     "--no-load-rng": {"exp_manager.load_rng": False},
     "--finetune": {"exp_manager.finetune": True},
+    "--async-save": {"exp_manager.checkpoint_callback_params.async_save": True},
 }
 
 # flag -> number of values it takes; these change speed, kernels or logs only.
@@ -107,7 +108,10 @@ NO_EFFECT: dict[str, int] = {
     "--no-bias-gelu-fusion": 0, "--no-bias-dropout-fusion": 0, "--no-gradient-accumulation-fusion": 0,
     "--no-async-tensor-model-parallel-allreduce": 0, "--overlap-grad-reduce": 0, "--overlap-param-gather": 0,
     "--fp16-lm-cross-entropy": 0, "--accumulate-allreduce-grads-in-fp32": 0,
-    "--apply-query-key-layer-scaling": 0, "--attention-softmax-in-fp32": 0, "--use-cpu-initialization": 0,
+    "--apply-query-key-layer-scaling": 0, "--no-query-key-layer-scaling": 0, "--attention-softmax-in-fp32": 0,
+    "--use-cpu-initialization": 0, "--no-contiguous-buffers-in-local-ddp": 0, "--no-persist-layer-norm": 0,
+    "--distribute-saved-activations": 0, "--manual-gc": 0, "--no-manual-gc-eval": 0, "--manual-gc-interval": 1,
+    "--empty-unused-memory-level": 1, "--exit-signal-handler": 0, "--data-impl": 1,
     "--log-params-norm": 0, "--log-num-zeros-in-grad": 0, "--log-throughput": 0,
     "--log-timers-to-tensorboard": 0, "--log-validation-ppl-to-tensorboard": 0,
     "--log-memory-to-tensorboard": 0, "--log-batch-size-to-tensorboard": 0,
@@ -118,12 +122,30 @@ NO_EFFECT: dict[str, int] = {
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
 }  # fmt: skip
 
+# Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
+NO_EFFECT_WHY: dict[str, str] = {
+    "--exit-signal-handler": "gptrain always saves a checkpoint and exits on SIGTERM and SIGUSR1",
+    "--data-impl": "gptrain reads Megatron's mmap format",
+}
+
+# NO_EFFECT flags whose other values gptrain cannot honour: flag -> (values accepted, why others are refused).
+NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
+    "--data-impl": (
+        ("mmap", "infer"),
+        "gptrain reads Megatron's mmap format only (lazy and cached are gone from Megatron too); "
+        "drop the flag or give mmap",
+    ),
+    "--empty-unused-memory-level": (("0", "1", "2"), "give 0, 1 or 2 (Megatron's levels)"),
+}
+
 REFUSED: dict[str, str] = {
     "--context-parallel-size": "context parallelism is not implemented",
     "--expert-model-parallel-size": "mixture of experts is not implemented",
     "--num-experts": "mixture of experts is not implemented",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
     "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported",
+    "--exit-interval": "stopping at every multiple of N iterations is not implemented; for a short run give "
+    "--train-iters N (and --lr-decay-iters to keep the schedule), or stop by time with --exit-duration-in-mins",
 }
 
 # Flags with several values or that combine with others (translate.py handles them): flag -> number
@@ -133,5 +155,6 @@ SPECIAL: dict[str, int | None] = {
     "--adam-beta1": 1, "--adam-beta2": 1, "--train-samples": 1, "--save": 1, "--load": 1,
     "--tensorboard-dir": 1, "--rampup-batch-size": 3, "--wandb-project": 1, "--wandb-exp-name": 1,
     "--wandb-save-dir": 1, "--num-layers-per-virtual-pipeline-stage": 1,
-    "--group-query-attention": 0, "--num-query-groups": 1,
+    "--group-query-attention": 0, "--num-query-groups": 1, "--recompute-activations": 0,
+    "--checkpoint-activations": 0,
 }  # fmt: skip

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gptrain.errors import ConfigError
-from gptrain.megatron.flags import NO_EFFECT, REFUSED, SPECIAL, SWITCH, VALUE
+from gptrain.megatron.flags import (
+    NO_EFFECT,
+    NO_EFFECT_CHOICES,
+    NO_EFFECT_WHY,
+    REFUSED,
+    SPECIAL,
+    SWITCH,
+    VALUE,
+)
 from gptrain.train.rampup import BatchRamp
 
 # Megatron-LM's argument defaults (megatron/training/arguments.py) where gptrain's differ.
@@ -115,7 +123,10 @@ def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
             result.values[key] = _convert(flag, values[0], convert)
     elif flag in NO_EFFECT:
         _expect(flag, values, NO_EFFECT[flag])
-        result.notes.append(flag)
+        accepted, why = NO_EFFECT_CHOICES.get(flag, (None, ""))
+        if accepted is not None and values[0] not in accepted:
+            raise ConfigError(f"{flag} {values[0]}: {why}")
+        result.notes.append(f"{flag} ({NO_EFFECT_WHY[flag]})" if flag in NO_EFFECT_WHY else flag)
     else:
         raise ConfigError(
             f"{flag}: not a pretrain_gpt.py flag gptrain knows; remove it or see docs/migrating.md"
@@ -162,6 +173,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     v["model.optim.betas"] = betas
     _data_paths(v, given)
     _query_groups(result)
+    _recompute(v, given)
     _layout(v, env)
     _virtual_pipeline(v, given)
     if "--rampup-batch-size" in given:
@@ -214,6 +226,18 @@ def _query_groups(result: Translation) -> None:
         result.notes.append(
             "--num-query-groups (Megatron ignores it without --group-query-attention: multi-head attention)"
         )
+
+
+def _recompute(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+    """Megatron's validate_args, whatever the order of the flags: --checkpoint-activations (before
+    April 2023; later Megatron exits on it) is full recompute, uniform, of --recompute-num-layers
+    (default 1) layers; then --recompute-activations makes the granularity selective."""
+    if "--checkpoint-activations" in given:
+        v["model.activations_checkpoint_granularity"] = "full"
+        v["model.activations_checkpoint_method"] = "uniform"
+        v.setdefault("model.activations_checkpoint_num_layers", 1)
+    if "--recompute-activations" in given:
+        v["model.activations_checkpoint_granularity"] = "selective"
 
 
 def _layout(v: dict[str, Any], env: dict[str, str]) -> None:

@@ -37,6 +37,17 @@ MEGATRON_175B = shlex.split(
     " --merge-file /d/m.txt --split 949,50,1 --log-interval 100 --save-interval 10000"
     " --eval-interval 1000 --save /ck --load /ck --eval-iters 10 --tensorboard-dir /tb"
 )
+# Megatron-LM examples/pretrain_gpt.sh as of 2021 (commit 152aab304d), paths filled in: the old
+# --data-impl and --checkpoint-activations that scripts of that time carry
+MEGATRON_2021 = shlex.split(
+    "--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --micro-batch-size 4 --global-batch-size 8"
+    " --seq-length 1024 --max-position-embeddings 1024 --train-iters 500000 --lr-decay-iters 320000"
+    " --save /ck --load /ck --data-path /d/c_text_document --vocab-file gpt2-vocab.json"
+    " --merge-file gpt2-merges.txt --data-impl mmap --split 949,50,1 --distributed-backend nccl --lr 0.00015"
+    " --min-lr 1.0e-5 --lr-decay-style cosine --weight-decay 1e-2 --clip-grad 1.0 --lr-warmup-fraction .01"
+    " --checkpoint-activations --log-interval 100 --save-interval 10000 --eval-interval 1000 --eval-iters 10"
+    " --fp16"
+)
 ENV = {"WORLD_SIZE": "192", "LOCAL_WORLD_SIZE": "8"}
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,6 +142,14 @@ def test_per_split_data_paths_become_nemos_per_split_data_prefix():
         ("--train-data-path /d/t", "--data-path and --train-data-path: give one blend that --split divides"),
         ("--num-query-groups x", "--num-query-groups x: expects a whole number"),
         ("--group-query-attention 2", "--group-query-attention: takes no value"),
+        ("--data-impl lazy", "--data-impl lazy: gptrain reads Megatron's mmap format only"),
+        ("--data-impl cached", "--data-impl cached: gptrain reads Megatron's mmap format only"),
+        ("--data-impl", "--data-impl: takes 1 value, got none"),
+        ("--empty-unused-memory-level 3", "--empty-unused-memory-level 3: give 0, 1 or 2"),
+        (
+            "--exit-interval 100",
+            "--exit-interval: stopping at every multiple of N iterations is not implemented",
+        ),
     ],
 )
 def test_bad_flags_are_one_line_errors_naming_the_flag(flags, message, capsys):
@@ -262,3 +281,76 @@ def test_num_query_groups_applies_only_with_group_query_attention(flags, groups)
     assert load_training_config(None, t.overrides, report_ignored=False).model.num_query_groups == groups
     ignored = "--num-query-groups (Megatron ignores it without --group-query-attention: multi-head attention)"
     assert (ignored in t.notes) is (flags == "--num-query-groups 2")
+
+
+def test_megatron_2021_example_with_data_impl_and_checkpoint_activations():
+    t = translate(MEGATRON_2021, ENV)
+    m = load_training_config(None, t.overrides, report_ignored=False).model
+    assert (m.activations_checkpoint_granularity, m.activations_checkpoint_method) == ("full", "uniform")
+    assert m.activations_checkpoint_num_layers == 1  # Megatron's --recompute-num-layers default
+    assert m.data.data_impl == "mmap" and m.data.data_prefix == "/d/c_text_document"
+    assert t.notes == ["--data-impl (gptrain reads Megatron's mmap format)", "--distributed-backend"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "granularity", "method", "layers"),
+    [
+        # Megatron's validate_args applies --checkpoint-activations over these, in any order ...
+        (
+            "--recompute-granularity selective --recompute-method block --checkpoint-activations",
+            "full",
+            "uniform",
+            1,
+        ),
+        ("--checkpoint-activations --recompute-num-layers 2", "full", "uniform", 2),
+        # ... and then --recompute-activations over everything
+        ("--checkpoint-activations --recompute-activations", "selective", "uniform", 1),
+        ("--recompute-activations --recompute-granularity full", "selective", None, None),
+        (
+            "--recompute-granularity full --recompute-method block --recompute-num-layers 1",
+            "full",
+            "block",
+            1,
+        ),
+    ],
+)
+def test_recompute_flags_combine_as_in_megatron(flags, granularity, method, layers):
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    t = translate(shlex.split(f"{base} --train-iters 4 --mock-data --vocab-size 64 {flags}"), {})
+    m = load_training_config(None, t.overrides, report_ignored=False).model
+    got = (m.activations_checkpoint_granularity, m.activations_checkpoint_method)
+    assert (*got, m.activations_checkpoint_num_layers) == (granularity, method, layers)
+
+
+def test_runtime_switches_of_real_scripts_are_accepted_and_said_once():
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64"
+    runtime = (
+        "--data-impl infer --no-contiguous-buffers-in-local-ddp --exit-signal-handler"
+        " --distribute-saved-activations --no-persist-layer-norm --empty-unused-memory-level 2 --manual-gc"
+        " --manual-gc-interval 100 --no-manual-gc-eval --no-query-key-layer-scaling"
+    )
+    plain = translate(shlex.split(base), {})
+    t = translate(shlex.split(f"{base} {runtime}"), {})
+    assert t.values == plain.values  # none of them changes the run
+    assert t.notes == [
+        "--data-impl (gptrain reads Megatron's mmap format)",
+        "--no-contiguous-buffers-in-local-ddp",
+        "--exit-signal-handler (gptrain always saves a checkpoint and exits on SIGTERM and SIGUSR1)",
+        "--distribute-saved-activations",
+        "--no-persist-layer-norm",
+        "--empty-unused-memory-level",
+        "--manual-gc",
+        "--manual-gc-interval",
+        "--no-manual-gc-eval",
+        "--no-query-key-layer-scaling",
+    ]
+
+
+def test_async_save_is_the_async_checkpoint_save():
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    for flags, expected in (("", False), (" --async-save", True)):
+        t = translate(shlex.split(base + " --train-iters 4 --mock-data --vocab-size 64" + flags), {})
+        assert (
+            load_training_config(None, t.overrides, report_ignored=False).exp_manager.async_save is expected
+        )
