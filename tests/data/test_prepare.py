@@ -196,6 +196,55 @@ def test_lines_only_python_json_reads_are_documents(tmp_path, gpt2_files, capsys
     assert outputs(tmp_path / "o") == megatron_dataset(texts, True)
 
 
+@pytest.fixture
+def hf_tokenizer_json(tmp_path, gpt2_files) -> str:
+    from gptrain.data.tokenizers import load_gpt2_bpe
+
+    path = tmp_path / "tokenizer.json"
+    load_gpt2_bpe(*gpt2_files, backend="hf").tokenizer.save(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("tokenizer", ["hf", "gpt2"])
+def test_lone_surrogate_is_a_bad_line(
+    tmp_path, gpt2_files, hf_tokenizer_json, capsys, megatron_dataset, tokenizer
+):
+    """JSON may escape half a surrogate pair; json.loads reads it, no tokenizer can encode it
+    (HF's raised a TypeError). Outside the --json-keys it does no harm."""
+    source = tmp_path / "in.jsonl"
+    lines = [b'{"text": "ok"}', b'{"text": "bad \\ud800 surrogate"}', b'{"text": "fine", "meta": "\\udfff"}']
+    source.write_bytes(b"\n".join([*lines, b'{"text": "pair \\ud83d\\ude00 ok"}', b""]))
+    flags = ["--tokenizer-model", hf_tokenizer_json] if tokenizer == "hf" else gpt2_flags(gpt2_files)
+    argv = ["data", "prepare", "--input", str(source), *flags, "--workers", "1", "--output-prefix"]
+    assert main([*argv, str(tmp_path / "out" / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"{source}:2: value of 'text' holds a lone surrogate \\ud800 (not valid Unicode)" in err
+    assert list((tmp_path / "out").iterdir()) == []
+    assert main([*argv, str(tmp_path / "o"), "--skip-bad-lines"]) == 0
+    assert "prepared 3 documents (0 empty, 1 bad lines skipped)" in capsys.readouterr().out
+    assert outputs(tmp_path / "o") == megatron_dataset(["ok", "fine", "pair \U0001f600 ok"], False)
+
+
+def _failing_encode(self, texts):
+    raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
+
+
+def test_tokenizer_failure_is_a_data_error(tmp_path, hf_tokenizer_json, write_jsonl, monkeypatch):
+    """A backstop: whatever a tokenizer raises on parsed text names the file and lines, no traceback."""
+    from gptrain.data.tokenizers import HFTokenizer
+
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"document {n}"} for n in range(40)])
+    monkeypatch.setattr(HFTokenizer, "encode_flat", _failing_encode)
+    spec = TokenizerSpec("HuggingFaceTokenizer", model=hf_tokenizer_json)
+    config = PrepareConfig([str(source)], str(tmp_path / "out" / "o"), spec, chunk_bytes=200)
+    message = r"in.jsonl:1-\d+: the tokenizer cannot encode the 'text' value of a line here \(TypeError: "
+    for workers in (1, 2):
+        with pytest.raises(DataError, match=message):
+            prepare(PrepareConfig(**{**config.__dict__, "workers": workers}), stream=sys.stdout)
+        assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
     (tmp_path / "broken.jsonl.gz").write_bytes(gzip.compress(source.read_bytes() * 50)[:30])
