@@ -38,6 +38,18 @@ PAD_TOKEN_ID = -1
 INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
 # Documents per step while building the sample index: bounds the temporaries (~40 B each).
 _INDEX_CHUNK = 1 << 18
+# numpy's RandomState takes seeds in [0, 2**32), so Megatron's --seed has the same range.
+MAX_SEED = 2**32 - 1
+
+
+def seed_problem(seed: int) -> str | None:
+    """Why `seed` cannot shuffle the data (the caller names its key or flag), or None."""
+    if 0 <= seed <= MAX_SEED:
+        return None
+    return (
+        f"{seed} is outside 0 to {MAX_SEED} (2**32 - 1, the range of numpy's RandomState that "
+        "shuffles the data, as in Megatron); choose a seed in that range"
+    )
 
 
 class SequenceSource(Protocol):
@@ -200,6 +212,8 @@ class GPTDataset:
             indexed = IndexedDataset(indexed)
         if seq_length < 2:
             raise DataError(f"seq_length must be at least 2, got {seq_length}")
+        if (problem := seed_problem(seed)) is not None:
+            raise DataError(f"seed: {problem}")
         self.dataset = indexed
         self.indices = np.asarray(indices)
         self.num_samples, self.seq_length, self.seed, self.split = num_samples, seq_length, seed, split

@@ -224,6 +224,14 @@ def test_empty_split_is_a_data_error():
         build_gpt_indices(np.array([4, 4], np.int32), np.array([], np.int32), 3, 2, seed=1)
 
 
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_seed_outside_randomstate_range_is_a_data_error(seed):
+    sequences = InMemorySequences(HAND_DOCS)
+    with pytest.raises(DataError, match=rf"seed: {seed} is outside 0 to 4294967295"):
+        GPTDataset(sequences, np.arange(3, dtype=np.int32), 2, 4, seed, "train", use_cache=False)
+    assert len(GPTDataset(sequences, np.arange(3), 2, 4, 2**32 - 1, "train", use_cache=False)) >= 2
+
+
 def _race(args: tuple[str, str, int]) -> tuple[str, bool]:
     prefix, cache_dir, seed = args
     ds = GPTDataset(prefix, np.arange(300, dtype=np.int32), 3000, 16, seed, "train", cache_dir=cache_dir)
