@@ -242,7 +242,7 @@ class GPTDataset:
         if use_cache:
             directory = cache_dir or default_cache_dir(self.dataset.path_prefix, type(self).__name__)
             cache = IndexCache(directory, self.digest, type(self).__name__, self.split)
-            cached = cache.load(INDEX_NAMES)
+            cached = cache.load(INDEX_NAMES, self._cache_problem)
             if cached is not None:
                 self.cache_hit = True
                 logger.info("loaded %s %s indices from %s", type(self).__name__, self.split, directory)
@@ -271,6 +271,22 @@ class GPTDataset:
         if cache is not None:
             cache.save(dict(zip(INDEX_NAMES, arrays, strict=True)), self.description)
         return arrays
+
+    def _cache_problem(self, arrays: dict[str, np.ndarray]) -> str | None:
+        """Why cached arrays cannot be this dataset's indices (O(1): they may be gigabytes), or None."""
+        documents, samples, shuffle = (arrays[name] for name in INDEX_NAMES)
+        if documents.ndim != 1 or len(self.indices) == 0 or len(documents) % len(self.indices):
+            return (
+                f"document_index has shape {documents.shape}, expected epochs x {len(self.indices)} entries"
+            )
+        if samples.ndim != 2 or samples.shape[0] < 1 or samples.shape[1] != 2:
+            return f"sample_index has shape {samples.shape}, expected (samples + 1, 2)"
+        if shuffle.shape != (samples.shape[0] - 1,):
+            return f"shuffle_index has shape {shuffle.shape}, expected ({samples.shape[0] - 1},)"
+        # Column 0 never decreases, so its last entry is its largest.
+        if not 0 <= int(samples[-1, 0]) < len(documents):
+            return f"sample_index ends at document_index position {int(samples[-1, 0])} of {len(documents)}"
+        return None
 
     def __len__(self) -> int:
         return int(self.sample_index.shape[0]) - 1
