@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -39,6 +40,8 @@ DTYPE_CODES: dict[int, np.dtype] = {
 
 # Entries moved per step when copying index arrays, so finalize/merge use bounded memory.
 _CHUNK = 1 << 20
+# Bytes of tokens moved per step when merging.
+_COPY_BLOCK = 16 << 20
 # Sequences checked per step by IndexedDataset.verify: ~24 bytes each, so ~100 MB of memory.
 _VERIFY_CHUNK = 1 << 22
 _CORRUPT = "; the index is corrupt: re-create it (gptrain data prepare or merge)"
@@ -312,8 +315,9 @@ class IndexedDatasetWriter:
         self._bin.write(memoryview(np.ascontiguousarray(tokens)).cast("B"))
         self.num_tokens += len(tokens)
 
-    def add_index(self, other_prefix: str) -> None:
-        """Append every document of another dataset, as Megatron's merge does."""
+    def add_index(self, other_prefix: str, on_copied: Callable[[int], None] | None = None) -> None:
+        """Append every document of another dataset, as Megatron's merge does; `on_copied` is
+        told the size of every block of tokens copied (for progress)."""
         other = IndexedDataset(other_prefix)
         other.verify()  # the output's pointers are recomputed, but bad lengths would carry over
         if other.dtype != self.dtype:
@@ -326,8 +330,12 @@ class IndexedDatasetWriter:
         docs = other.document_indices
         for start in range(1, len(docs), _CHUNK):
             self._docs.write((docs[start : start + _CHUNK] + self.num_sequences).tobytes())
+        buffer = bytearray(_COPY_BLOCK)
         with open(other.bin_path, "rb") as source:
-            shutil.copyfileobj(source, self._bin, 16 << 20)
+            while size := source.readinto(buffer):
+                self._bin.write(memoryview(buffer)[:size])
+                if on_copied is not None:
+                    on_copied(size)
         self.num_sequences += len(other)
         self.num_documents += other.num_documents
         self.num_tokens += other.num_tokens

@@ -312,8 +312,8 @@ def slow_encode(chunk):  # a module-level function: forked workers unpickle it b
     return encode(chunk)
 
 
-def slow_add_index(self, prefix):
-    add_index(self, prefix)
+def slow_add_index(self, prefix, **kwargs):
+    add_index(self, prefix, **kwargs)
     time.sleep(60)
 
 
