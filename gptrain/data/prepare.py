@@ -267,11 +267,23 @@ def _result(future: Future) -> ChunkResult:
 
 
 class _InputProgress(Progress):
-    """ETA from the position in the (possibly compressed) input files."""
+    """ETA from the position in the (possibly compressed) input files.
+
+    A chunk counts when its result is written, not when it is read: up to `2 * workers`
+    chunks are read ahead, so counting them on reading would run ahead of the work.
+    """
 
     def __init__(self, total_raw: int, stream: TextIO) -> None:
         super().__init__("prepare", unit="docs", total_bytes=total_raw, interval=float("inf"), stream=stream)
         self.raw_done = 0
+        self._read: deque[int] = deque()  # input positions of the chunks read, not yet written
+
+    def chunk_read(self, raw_position: int) -> None:
+        self._read.append(raw_position)
+
+    def chunk_written(self) -> None:
+        """Results come back in input order, one per chunk."""
+        self.raw_done = self._read.popleft()
 
     def fraction(self) -> float | None:
         return min(1.0, self.raw_done / self.total_bytes) if self.total_bytes else None
@@ -323,7 +335,7 @@ def _tracked_chunks(
     done_before = 0
     for path, size in zip(paths, sizes, strict=True):
         for chunk in iter_chunks([path], chunk_bytes):
-            progress.raw_done = done_before + chunk.raw_position
+            progress.chunk_read(done_before + chunk.raw_position)
             yield chunk
         done_before += size
 
@@ -348,6 +360,7 @@ def _consume(
         stats.documents += result.documents
         stats.bad_lines += result.bad_lines
         stats.input_bytes += result.nbytes
+        progress.chunk_written()
         progress.update(result.documents, result.nbytes)
         now = progress.elapsed
         # Every `log_interval` documents, but at most once a second and at least every 30 s.

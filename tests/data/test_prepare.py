@@ -150,6 +150,29 @@ def _die(chunk):
     os._exit(3)  # a worker killed mid-run (OOM killer, kill -9)
 
 
+def test_progress_counts_a_chunk_when_its_result_is_written(tmp_path, gpt2_files, write_jsonl, monkeypatch):
+    """With workers, 2 x workers chunks are read ahead of the writer; the percentage and ETA must
+    follow the chunks written, not the chunks read."""
+    from gptrain.data import prepare as prepare_module
+
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"document number {n}"} for n in range(200)])
+    seen: list[tuple[int, float]] = []
+    update = prepare_module._InputProgress.update
+
+    def record(self, done=0, nbytes=0):
+        update(self, done, nbytes)
+        seen.append((self.raw_done, self.bytes))
+
+    monkeypatch.setattr(prepare_module._InputProgress, "update", record)
+    spec = TokenizerSpec("gpt2bpe", *gpt2_files)
+    config = PrepareConfig([str(source)], str(tmp_path / "o"), spec, workers=2, chunk_bytes=256)
+    prepare(config, stream=open(tmp_path / "log", "w"))  # noqa: SIM115
+    assert len(seen) > 8
+    # Plain text: the position read is the bytes written plus the part line after the last chunk.
+    assert all(written <= position < written + 256 for position, written in seen), seen
+    assert seen[-1] == (source.stat().st_size, source.stat().st_size)
+
+
 def test_dead_worker_is_an_error_not_a_hang(tmp_path, gpt2_files, write_jsonl, monkeypatch):
     from gptrain.data import prepare as prepare_module
 
