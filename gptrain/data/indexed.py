@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -342,24 +342,15 @@ class IndexedDatasetWriter:
 
     def finalize(self) -> None:
         """Write the `.idx` and move both files into place (`.bin` first, `.idx` last)."""
-        if self._done:
-            return
-        try:
-            self._write_index(self._temps[3])
-            for handle in (self._bin, self._lengths, self._docs):
-                handle.flush()
-                os.fsync(handle.fileno())
-                handle.close()
-            # An old .idx next to the new .bin would look finished: remove it first.
-            self.idx_path.unlink(missing_ok=True)
-            for temp, path in ((self._temps[0], self.bin_path), (self._temps[3], self.idx_path)):
-                os.chmod(temp, 0o644)
-                os.replace(temp, path)
-        except BaseException:
-            self.abort()
-            raise
-        self._done = True
-        self._remove_temps()
+        finalize_together([self])
+
+    def _stage(self) -> None:
+        """Write the `.idx` under its temporary name and flush every file to disk."""
+        self._write_index(self._temps[3])
+        for handle in (self._bin, self._lengths, self._docs):
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
 
     def _write_index(self, path: Path) -> None:
         self._lengths.flush()
@@ -405,3 +396,35 @@ class IndexedDatasetWriter:
             self.finalize()
         else:
             self.abort()
+
+
+def finalize_together(writers: Sequence[IndexedDatasetWriter]) -> None:
+    """Finish several datasets as one (prepare's one per json key), each `.idx` after its `.bin`.
+
+    Every `.idx` is written before any file is renamed, so a failure there (a full disk) leaves
+    the old outputs as they were. Then every old `.idx` goes (an old index next to a new `.bin`
+    would look finished), every `.bin` is renamed, and every `.idx` last: never a mix of old and
+    new complete datasets. On failure every temporary file is removed.
+    """
+    writers = [writer for writer in writers if not writer._done]
+    try:
+        for writer in writers:
+            writer._stage()
+        for writer in writers:
+            writer.idx_path.unlink(missing_ok=True)
+        for writer in writers:
+            _move_into_place(writer._temps[0], writer.bin_path)
+        for writer in writers:
+            _move_into_place(writer._temps[3], writer.idx_path)
+    except BaseException:
+        for writer in writers:
+            writer.abort()
+        raise
+    for writer in writers:
+        writer._done = True
+        writer._remove_temps()
+
+
+def _move_into_place(temp: Path, path: Path) -> None:
+    os.chmod(temp, 0o644)
+    os.replace(temp, path)

@@ -25,7 +25,7 @@ from typing import TextIO
 
 import numpy as np
 
-from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, optimal_dtype
+from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_together, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, iter_chunks
 from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
 from gptrain.errors import ConfigError, DataError
@@ -319,6 +319,7 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             chunks = _tracked_chunks(paths, sizes, config.chunk_bytes, progress)
             results = stack.enter_context(contextlib.closing(_results(chunks, config)))
             _consume(results, writers, stats, progress, config.log_interval)
+            finalize_together(writers)  # all outputs new, or (on error) all as they were
     except OSError as error:  # reading errors are DataErrors already: this is the output side
         raise DataError(f"--output-prefix {config.output_prefix}: cannot write ({error})") from None
     finally:

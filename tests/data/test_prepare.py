@@ -146,6 +146,34 @@ def test_bad_line_late_in_parallel_run_leaves_nothing(tmp_path, gpt2_files, writ
     assert list((tmp_path / "out").iterdir()) == []
 
 
+@pytest.mark.parametrize("failing_key", ["text", "title"])
+def test_failure_finishing_any_key_leaves_every_old_output(
+    tmp_path, gpt2_files, write_jsonl, monkeypatch, failing_key
+):
+    """Several --json-keys are finished as one: a failure writing any .idx (a full disk) leaves
+    all the old outputs, never some old and some new."""
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    old = write_jsonl(tmp_path / "old.jsonl", [{"text": "old text", "title": "old title"}])
+    new = write_jsonl(tmp_path / "new.jsonl", [{"text": "new text", "title": "new title"}] * 3)
+    spec = TokenizerSpec("gpt2bpe", *gpt2_files)
+    config = PrepareConfig([str(old)], str(tmp_path / "out" / "o"), spec, json_keys=("text", "title"))
+    prepare(config, stream=sys.stdout)
+    before = {key: outputs(tmp_path / "out" / "o", key) for key in config.json_keys}
+    write_index = IndexedDatasetWriter._write_index
+
+    def full_disk(self, path):
+        if self.path_prefix.endswith(f"_{failing_key}_document"):
+            raise OSError(28, "No space left on device")
+        write_index(self, path)
+
+    monkeypatch.setattr(IndexedDatasetWriter, "_write_index", full_disk)
+    with pytest.raises(DataError, match=r"cannot write .*No space left on device"):
+        prepare(PrepareConfig(**{**config.__dict__, "inputs": [str(new)]}), stream=sys.stdout)
+    assert {key: outputs(tmp_path / "out" / "o", key) for key in config.json_keys} == before
+    assert len(list((tmp_path / "out").iterdir())) == 4  # no temporary files
+
+
 def _die(chunk):
     os._exit(3)  # a worker killed mid-run (OOM killer, kill -9)
 
