@@ -129,8 +129,18 @@ def validate(cfg: TrainingConfig) -> None:
     _check_data(cfg)
 
 
+# numpy's RandomState, which draws the data shuffles (as in Megatron), takes seeds in [0, 2**32);
+# gptrain.data.gpt_dataset.MAX_SEED, repeated so loading a config does not import numpy.
+MAX_SEED = 2**32 - 1
+
+
 def _check_model(cfg: TrainingConfig) -> None:
     model = cfg.model
+    if not 0 <= model.seed <= MAX_SEED:  # the message of gptrain.data.gpt_dataset.seed_problem
+        raise ConfigError(
+            f"model.seed: {model.seed} is outside 0 to {MAX_SEED} (2**32 - 1, the range of numpy's "
+            "RandomState that shuffles the data, as in Megatron); choose a seed in that range"
+        )
     if model.hidden_size % model.num_attention_heads and model.kv_channels is None:
         raise ConfigError(
             f"model.hidden_size ({model.hidden_size}) must be divisible by model.num_attention_heads "

@@ -196,7 +196,7 @@ class BlendedDataset:
         if use_cache:
             directory = cache_dir or _default_cache_dir(self.datasets[0])
             cache = IndexCache(directory, self.digest, type(self).__name__, self.split)
-            cached = cache.load(INDEX_NAMES)
+            cached = cache.load(INDEX_NAMES, self._cache_problem)
             if cached is not None:
                 self.cache_hit = True
                 return cached["dataset_index"], cached["dataset_sample_index"]
@@ -210,6 +210,13 @@ class BlendedDataset:
                 {"dataset_index": dataset_index, "dataset_sample_index": sample_index}, self.description
             )
         return dataset_index, sample_index
+
+    def _cache_problem(self, arrays: dict[str, np.ndarray]) -> str | None:
+        """Why cached arrays cannot be this blend's indices (both hold `size` entries), or None."""
+        for name in INDEX_NAMES:
+            if arrays[name].shape != (self.size,):
+                return f"{name} has shape {arrays[name].shape}, expected ({self.size},)"
+        return None
 
     def _check_sizes(self, dataset_index: np.ndarray) -> None:
         used = np.bincount(dataset_index, minlength=len(self.datasets))

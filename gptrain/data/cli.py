@@ -161,10 +161,10 @@ def _run_merge(args: argparse.Namespace) -> int:
     from gptrain.data.merge import merge_datasets
 
     with terminate_as_exception():  # a Slurm time limit or `timeout`: remove the partial output
-        writer = merge_datasets(args.input, args.output_prefix)
+        merged = merge_datasets(args.input, args.output_prefix)
     print(
-        f"merged {len(args.input)} datasets: {writer.num_documents:,} documents, "
-        f"{writer.num_tokens:,} tokens -> {writer.path_prefix}.bin/.idx",
+        f"merged {merged.datasets:,} datasets: {merged.documents:,} documents, "
+        f"{merged.tokens:,} tokens -> {merged.path_prefix}.bin/.idx",
         file=sys.stdout,
     )
     return 0

@@ -38,6 +38,18 @@ PAD_TOKEN_ID = -1
 INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
 # Documents per step while building the sample index: bounds the temporaries (~40 B each).
 _INDEX_CHUNK = 1 << 18
+# numpy's RandomState takes seeds in [0, 2**32), so Megatron's --seed has the same range.
+MAX_SEED = 2**32 - 1
+
+
+def seed_problem(seed: int) -> str | None:
+    """Why `seed` cannot shuffle the data (the caller names its key or flag), or None."""
+    if 0 <= seed <= MAX_SEED:
+        return None
+    return (
+        f"{seed} is outside 0 to {MAX_SEED} (2**32 - 1, the range of numpy's RandomState that "
+        "shuffles the data, as in Megatron); choose a seed in that range"
+    )
 
 
 class SequenceSource(Protocol):
@@ -200,6 +212,8 @@ class GPTDataset:
             indexed = IndexedDataset(indexed)
         if seq_length < 2:
             raise DataError(f"seq_length must be at least 2, got {seq_length}")
+        if (problem := seed_problem(seed)) is not None:
+            raise DataError(f"seed: {problem}")
         self.dataset = indexed
         self.indices = np.asarray(indices)
         self.num_samples, self.seq_length, self.seed, self.split = num_samples, seq_length, seed, split
@@ -228,7 +242,7 @@ class GPTDataset:
         if use_cache:
             directory = cache_dir or default_cache_dir(self.dataset.path_prefix, type(self).__name__)
             cache = IndexCache(directory, self.digest, type(self).__name__, self.split)
-            cached = cache.load(INDEX_NAMES)
+            cached = cache.load(INDEX_NAMES, self._cache_problem)
             if cached is not None:
                 self.cache_hit = True
                 logger.info("loaded %s %s indices from %s", type(self).__name__, self.split, directory)
@@ -257,6 +271,22 @@ class GPTDataset:
         if cache is not None:
             cache.save(dict(zip(INDEX_NAMES, arrays, strict=True)), self.description)
         return arrays
+
+    def _cache_problem(self, arrays: dict[str, np.ndarray]) -> str | None:
+        """Why cached arrays cannot be this dataset's indices (O(1): they may be gigabytes), or None."""
+        documents, samples, shuffle = (arrays[name] for name in INDEX_NAMES)
+        if documents.ndim != 1 or len(self.indices) == 0 or len(documents) % len(self.indices):
+            return (
+                f"document_index has shape {documents.shape}, expected epochs x {len(self.indices)} entries"
+            )
+        if samples.ndim != 2 or samples.shape[0] < 1 or samples.shape[1] != 2:
+            return f"sample_index has shape {samples.shape}, expected (samples + 1, 2)"
+        if shuffle.shape != (samples.shape[0] - 1,):
+            return f"shuffle_index has shape {shuffle.shape}, expected ({samples.shape[0] - 1},)"
+        # Column 0 never decreases, so its last entry is its largest.
+        if not 0 <= int(samples[-1, 0]) < len(documents):
+            return f"sample_index ends at document_index position {int(samples[-1, 0])} of {len(documents)}"
+        return None
 
     def __len__(self) -> int:
         return int(self.sample_index.shape[0]) - 1

@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +52,25 @@ class IndexCache:
     def path(self, name: str) -> Path:
         return self.directory / f"{self.base}-{name}"
 
-    def load(self, names: tuple[str, ...]) -> dict[str, np.ndarray] | None:
-        """The cached arrays (memory-mapped), or None when the cache is absent or unreadable."""
+    def load(
+        self, names: tuple[str, ...], check: Callable[[dict[str, np.ndarray]], str | None] | None = None
+    ) -> dict[str, np.ndarray] | None:
+        """The cached arrays (memory-mapped), or None when the cache is absent or unreadable.
+
+        `check` says what is wrong with arrays that load but do not fit together (or None):
+        a half-copied cache directory can hold well-formed .npy files of another build.
+        """
         if not self.path("description.txt").is_file():
             return None
         try:
-            return {name: np.load(self.path(f"{name}.npy"), mmap_mode="r") for name in names}
+            arrays = {name: np.load(self.path(f"{name}.npy"), mmap_mode="r") for name in names}
+            problem = check(arrays) if check is not None else None
         except (OSError, ValueError) as error:
-            logger.warning("ignoring unreadable index cache %s: %s", self.path("*"), error)
+            problem = str(error)
+        if problem is not None:
+            logger.warning("ignoring unreadable index cache %s: %s", self.path("*"), problem)
             return None
+        return arrays
 
     def save(self, arrays: Mapping[str, np.ndarray], description: str) -> None:
         """Write every array atomically, then the description (the 'complete' marker)."""

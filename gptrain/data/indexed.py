@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -39,6 +40,8 @@ DTYPE_CODES: dict[int, np.dtype] = {
 
 # Entries moved per step when copying index arrays, so finalize/merge use bounded memory.
 _CHUNK = 1 << 20
+# Bytes of tokens moved per step when merging.
+_COPY_BLOCK = 16 << 20
 # Sequences checked per step by IndexedDataset.verify: ~24 bytes each, so ~100 MB of memory.
 _VERIFY_CHUNK = 1 << 22
 _CORRUPT = "; the index is corrupt: re-create it (gptrain data prepare or merge)"
@@ -312,8 +315,9 @@ class IndexedDatasetWriter:
         self._bin.write(memoryview(np.ascontiguousarray(tokens)).cast("B"))
         self.num_tokens += len(tokens)
 
-    def add_index(self, other_prefix: str) -> None:
-        """Append every document of another dataset, as Megatron's merge does."""
+    def add_index(self, other_prefix: str, on_copied: Callable[[int], None] | None = None) -> None:
+        """Append every document of another dataset, as Megatron's merge does; `on_copied` is
+        told the size of every block of tokens copied (for progress)."""
         other = IndexedDataset(other_prefix)
         other.verify()  # the output's pointers are recomputed, but bad lengths would carry over
         if other.dtype != self.dtype:
@@ -326,32 +330,27 @@ class IndexedDatasetWriter:
         docs = other.document_indices
         for start in range(1, len(docs), _CHUNK):
             self._docs.write((docs[start : start + _CHUNK] + self.num_sequences).tobytes())
+        buffer = bytearray(_COPY_BLOCK)
         with open(other.bin_path, "rb") as source:
-            shutil.copyfileobj(source, self._bin, 16 << 20)
+            while size := source.readinto(buffer):
+                self._bin.write(memoryview(buffer)[:size])
+                if on_copied is not None:
+                    on_copied(size)
         self.num_sequences += len(other)
         self.num_documents += other.num_documents
         self.num_tokens += other.num_tokens
 
     def finalize(self) -> None:
         """Write the `.idx` and move both files into place (`.bin` first, `.idx` last)."""
-        if self._done:
-            return
-        try:
-            self._write_index(self._temps[3])
-            for handle in (self._bin, self._lengths, self._docs):
-                handle.flush()
-                os.fsync(handle.fileno())
-                handle.close()
-            # An old .idx next to the new .bin would look finished: remove it first.
-            self.idx_path.unlink(missing_ok=True)
-            for temp, path in ((self._temps[0], self.bin_path), (self._temps[3], self.idx_path)):
-                os.chmod(temp, 0o644)
-                os.replace(temp, path)
-        except BaseException:
-            self.abort()
-            raise
-        self._done = True
-        self._remove_temps()
+        finalize_together([self])
+
+    def _stage(self) -> None:
+        """Write the `.idx` under its temporary name and flush every file to disk."""
+        self._write_index(self._temps[3])
+        for handle in (self._bin, self._lengths, self._docs):
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
 
     def _write_index(self, path: Path) -> None:
         self._lengths.flush()
@@ -397,3 +396,35 @@ class IndexedDatasetWriter:
             self.finalize()
         else:
             self.abort()
+
+
+def finalize_together(writers: Sequence[IndexedDatasetWriter]) -> None:
+    """Finish several datasets as one (prepare's one per json key), each `.idx` after its `.bin`.
+
+    Every `.idx` is written before any file is renamed, so a failure there (a full disk) leaves
+    the old outputs as they were. Then every old `.idx` goes (an old index next to a new `.bin`
+    would look finished), every `.bin` is renamed, and every `.idx` last: never a mix of old and
+    new complete datasets. On failure every temporary file is removed.
+    """
+    writers = [writer for writer in writers if not writer._done]
+    try:
+        for writer in writers:
+            writer._stage()
+        for writer in writers:
+            writer.idx_path.unlink(missing_ok=True)
+        for writer in writers:
+            _move_into_place(writer._temps[0], writer.bin_path)
+        for writer in writers:
+            _move_into_place(writer._temps[3], writer.idx_path)
+    except BaseException:
+        for writer in writers:
+            writer.abort()
+        raise
+    for writer in writers:
+        writer._done = True
+        writer._remove_temps()
+
+
+def _move_into_place(temp: Path, path: Path) -> None:
+    os.chmod(temp, 0o644)
+    os.replace(temp, path)

@@ -2,16 +2,25 @@
 
 Inputs are prefixes, or directories (every dataset in them, sorted by name, as Megatron's
 tool takes them). The result is byte-identical to writing all documents of the inputs, in the order
-given, into one dataset; the `.bin` files are copied in large blocks.
+given, into one dataset; the `.bin` files are copied in large blocks. Every input is opened and
+verified before the first byte is copied; progress (bytes of all input `.bin` files) goes to stderr.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
+
+import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, strip_suffix
 from gptrain.errors import DataError
+from gptrain.utils.progress import Progress
+
+# Seconds between progress lines while copying (a merge may copy terabytes).
+PROGRESS_SECONDS = 10.0
 
 
 def _expand(path: str) -> list[str]:
@@ -26,8 +35,18 @@ def _expand(path: str) -> list[str]:
     return prefixes
 
 
-def merge_datasets(inputs: list[str], output_prefix: str) -> IndexedDatasetWriter:
-    """Write `output_prefix.bin/.idx` from `inputs` in order; returns the finished writer (counts)."""
+@dataclass(frozen=True)
+class MergeResult:
+    """What `merge_datasets` wrote, for the summary line."""
+
+    datasets: int  # inputs after directories are expanded
+    documents: int
+    tokens: int
+    path_prefix: str
+
+
+def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None = None) -> MergeResult:
+    """Write `output_prefix.bin/.idx` from `inputs` in order, with progress lines on `stream`."""
     if not inputs:
         raise DataError("--input: give at least one dataset prefix to merge")
     prefixes = [prefix for p in inputs for prefix in _expand(p)]
@@ -35,12 +54,34 @@ def merge_datasets(inputs: list[str], output_prefix: str) -> IndexedDatasetWrite
     for prefix in prefixes:
         if Path(prefix).resolve() == Path(output_prefix).resolve():
             raise DataError(f"--output-prefix {output_prefix} is also an input; choose a new name")
-    dtype = IndexedDataset(prefixes[0]).dtype
+    dtype, total_bytes = _check_inputs(prefixes)
+    progress = Progress(
+        "merge", "datasets", total_bytes=total_bytes, interval=PROGRESS_SECONDS, stream=stream
+    )
     try:
         with IndexedDatasetWriter(output_prefix, dtype) as writer:
             for prefix in prefixes:
-                writer.add_index(prefix)
+                writer.add_index(prefix, on_copied=lambda size: progress.update(0, size))
+                progress.update(1)
     except OSError as error:  # disk full, permissions: the inputs were validated on open
         raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None
     IndexedDataset(output_prefix).verify()  # reads only the .idx, ~1/1000 of the copied bytes
-    return writer
+    return MergeResult(len(prefixes), writer.num_documents, writer.num_tokens, writer.path_prefix)
+
+
+def _check_inputs(prefixes: list[str]) -> tuple[np.dtype, int]:
+    """(token dtype, total .bin bytes) of the inputs, every one opened and verified before a byte
+    is copied: a wrong dtype or index in the last input must not cost a copy of all the others.
+    None stays open: thousands of inputs would hold two file descriptors each."""
+    first = IndexedDataset(prefixes[0])
+    dtype, total_bytes = first.dtype, 0
+    for prefix in prefixes:
+        dataset = IndexedDataset(prefix)
+        if dataset.dtype != dtype:
+            raise DataError(
+                f"{dataset.idx_path}: tokens are {dataset.dtype}, {first.idx_path} holds {dtype}; "
+                "merge only datasets made with the same tokenizer"
+            )
+        dataset.verify()
+        total_bytes += dataset.num_tokens * dtype.itemsize
+    return dtype, total_bytes

@@ -25,7 +25,7 @@ from typing import TextIO
 
 import numpy as np
 
-from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, optimal_dtype
+from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_together, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, iter_chunks
 from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
 from gptrain.errors import ConfigError, DataError
@@ -115,7 +115,22 @@ def _line_problem(line: bytes, keys: tuple[str, ...], error: Exception | None, r
             return f"no key {key!r} (choose the text field with --json-keys)"
         if not isinstance(record[key], str):
             return f"value of {key!r} is {_json_type(record[key])}, expected a string"
+        if (surrogate := _lone_surrogate(record[key])) is not None:
+            return f"value of {key!r} holds a lone surrogate {surrogate} (not valid Unicode)"
     return "bad line"
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of `text` as a JSON escape (`\\ud800`), or None if it is valid Unicode.
+
+    JSON may escape half of a surrogate pair on its own; `json.loads` then returns a str that
+    no tokenizer can encode (HF's raises a TypeError, Megatron's GPT-2 BPE a UnicodeEncodeError).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as bad:
+        return f"\\u{ord(text[bad.start]):04x}"
+    return None
 
 
 def _python_json(line: bytes, orjson_error: Exception) -> tuple[object, Exception | None]:
@@ -141,14 +156,16 @@ def _parse(chunk: Chunk, state: _WorkerState) -> tuple[list[list[str]], int, str
         lines.pop()
     bad = 0
     for offset, line in enumerate(lines):
-        error, record = None, None
+        error, record, fallback = None, None, False
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError as caught:
-            record, error = _python_json(line, caught)
+            (record, error), fallback = _python_json(line, caught), True
         if type(record) is dict:
             values = [record.get(key) for key in state.keys]
-            if all(type(value) is str for value in values):
+            strings = all(type(value) is str for value in values)
+            # orjson refuses lone surrogates, so only lines it refused can hold one.
+            if strings and not (fallback and any(map(_lone_surrogate, values))):
                 for bucket, value in zip(texts, values, strict=True):
                     bucket.append(value)
                 continue
@@ -178,13 +195,27 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     if error is not None:
         return ChunkResult([], [], 0, bad, len(chunk.data), error)
     all_tokens, all_lengths = [], []
-    for key_texts in texts:
-        tokens, lengths = state.tokenizer.encode_flat(key_texts)
+    for key, key_texts in zip(state.keys, texts, strict=True):
+        tokens, lengths = _encode(state.tokenizer, key_texts, chunk, key)
         if state.eod is not None:
             tokens, lengths = _with_eod(tokens, lengths, state.eod)
         all_tokens.append(tokens.astype(state.dtype, copy=False))
         all_lengths.append(lengths)
     return ChunkResult(all_tokens, all_lengths, len(texts[0]), bad, len(chunk.data))
+
+
+def _encode(tokenizer: Tokenizer, texts: list[str], chunk: Chunk, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """`encode_flat`, with a tokenizer's own failure turned into a DataError naming the lines."""
+    try:
+        return tokenizer.encode_flat(texts)
+    except MemoryError:
+        raise
+    except Exception as error:  # whatever a tokenizer library raises on text that parsed
+        last = chunk.first_line + max(0, chunk.data.count(b"\n", 0, len(chunk.data) - 1))
+        raise DataError(
+            f"{chunk.path}:{chunk.first_line}-{last}: the tokenizer cannot encode the {key!r} value of "
+            f"a line here ({type(error).__name__}: {error}); find and fix or remove that line"
+        ) from None
 
 
 def _init_pool_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, skip: bool) -> None:
@@ -236,11 +267,23 @@ def _result(future: Future) -> ChunkResult:
 
 
 class _InputProgress(Progress):
-    """ETA from the position in the (possibly compressed) input files."""
+    """ETA from the position in the (possibly compressed) input files.
+
+    A chunk counts when its result is written, not when it is read: up to `2 * workers`
+    chunks are read ahead, so counting them on reading would run ahead of the work.
+    """
 
     def __init__(self, total_raw: int, stream: TextIO) -> None:
         super().__init__("prepare", unit="docs", total_bytes=total_raw, interval=float("inf"), stream=stream)
         self.raw_done = 0
+        self._read: deque[int] = deque()  # input positions of the chunks read, not yet written
+
+    def chunk_read(self, raw_position: int) -> None:
+        self._read.append(raw_position)
+
+    def chunk_written(self) -> None:
+        """Results come back in input order, one per chunk."""
+        self.raw_done = self._read.popleft()
 
     def fraction(self) -> float | None:
         return min(1.0, self.raw_done / self.total_bytes) if self.total_bytes else None
@@ -276,6 +319,7 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             chunks = _tracked_chunks(paths, sizes, config.chunk_bytes, progress)
             results = stack.enter_context(contextlib.closing(_results(chunks, config)))
             _consume(results, writers, stats, progress, config.log_interval)
+            finalize_together(writers)  # all outputs new, or (on error) all as they were
     except OSError as error:  # reading errors are DataErrors already: this is the output side
         raise DataError(f"--output-prefix {config.output_prefix}: cannot write ({error})") from None
     finally:
@@ -292,7 +336,7 @@ def _tracked_chunks(
     done_before = 0
     for path, size in zip(paths, sizes, strict=True):
         for chunk in iter_chunks([path], chunk_bytes):
-            progress.raw_done = done_before + chunk.raw_position
+            progress.chunk_read(done_before + chunk.raw_position)
             yield chunk
         done_before += size
 
@@ -317,6 +361,7 @@ def _consume(
         stats.documents += result.documents
         stats.bad_lines += result.bad_lines
         stats.input_bytes += result.nbytes
+        progress.chunk_written()
         progress.update(result.documents, result.nbytes)
         now = progress.elapsed
         # Every `log_interval` documents, but at most once a second and at least every 30 s.

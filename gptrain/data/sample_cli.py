@@ -97,9 +97,12 @@ def _verify_sources(dataset: Any) -> None:
 
 def run_sample(args: argparse.Namespace) -> int:
     from gptrain.data.builder import build_gpt_datasets
+    from gptrain.data.gpt_dataset import seed_problem
     from gptrain.errors import ConfigError, DataError
 
     counts = parse_num_samples(args.num_samples)
+    if (problem := seed_problem(args.seed)) is not None:
+        raise ConfigError(f"--seed {problem}")
     if not args.mock and not args.data_prefix:
         raise ConfigError("give --data-prefix PREFIX (or 'W1 P1 W2 P2 ...'), or --mock --vocab-size V")
     split = SPLITS.index(args.split)

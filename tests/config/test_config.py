@@ -98,6 +98,8 @@ def test_nemo_key_is_ignored_and_reported_once(capsys):
         ("model.data.num_workers=-1", "model.data.num_workers: must be 0 or more"),
         ("model.optim.betas=[0.9,1.5]", "model.optim.betas ([0.9, 1.5]) must be two values in [0, 1)"),
         ("model.optim.eps=0", "model.optim.eps (0"),
+        ("model.seed=4294967296", "model.seed: 4294967296 is outside 0 to 4294967295"),
+        ("model.seed=-1", "model.seed: -1 is outside 0 to 4294967295"),
         ("noequals", "not of the form key.sub=value"),
         ("model.data.data_prefix={train: /d/a, valid: /d/b}", "model.data.data_prefix.valid: not a split"),
         ("model.data.data_prefix={validation: /d/b}", "model.data.data_prefix.train: no training data"),

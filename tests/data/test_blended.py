@@ -109,3 +109,20 @@ def test_blend_cache_is_reused_and_keyed(tmp_path):
     other = BlendedDataset(children, [2, 1], 60, "train", str(tmp_path))
     assert not other.cache_hit and other.dataset_index.tolist() != first.dataset_index.tolist()
     assert len(list(tmp_path.iterdir())) == 6
+
+
+@pytest.mark.parametrize("name", ["dataset_index", "dataset_sample_index"])
+def test_blend_cache_of_the_wrong_length_is_rebuilt(tmp_path, caplog, name):
+    """A half-copied cache directory: well-formed .npy files of another blend are a miss, not an
+    IndexError later."""
+    children = [Numbered(0, 50), Numbered(1, 50)]
+    first = BlendedDataset(children, [1, 2], 60, "train", str(tmp_path))
+    shorter = BlendedDataset(children, [1, 2], 30, "train", str(tmp_path / "other"))
+    (tmp_path / f"{first.digest}-BlendedDataset-train-{name}.npy").write_bytes(
+        (tmp_path / "other" / f"{shorter.digest}-BlendedDataset-train-{name}.npy").read_bytes()
+    )
+    again = BlendedDataset(children, [1, 2], 60, "train", str(tmp_path))
+    assert not again.cache_hit and len(again) == 60
+    assert [again[i].tolist() for i in range(60)] == [first[i].tolist() for i in range(60)]
+    assert f"{name} has shape (30,), expected (60,)" in caplog.text
+    assert BlendedDataset(children, [1, 2], 60, "train", str(tmp_path)).cache_hit  # rewritten

@@ -201,6 +201,40 @@ def test_cache_without_description_is_rebuilt(tmp_path):
     assert not again.cache_hit and _digest(again) == _digest(ds)
 
 
+def _arrays_copied(name: str) -> list[str]:
+    return {"sample and shuffle index": ["sample_index", "shuffle_index"]}.get(name, [name])
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("sample_index", "shuffle_index has shape"),
+        ("shuffle_index", "shuffle_index has shape"),
+        ("document_index", "document_index has shape (6,), expected epochs x 5 entries"),
+        ("sample and shuffle index", "sample_index ends at document_index position"),
+        ("flat sample_index", "sample_index has shape (8,), expected (samples + 1, 2)"),
+    ],
+)
+def test_cache_arrays_that_do_not_fit_together_are_rebuilt(tmp_path, caplog, name, message):
+    """A half-copied cache directory holds well-formed .npy files of another build: they are
+    a cache miss with a warning (they used to be a hit, then an IndexError when read)."""
+    prefix = write_dataset(tmp_path / "d", [5, 8, 13, 21, 34])
+    ds = GPTDataset(prefix, np.arange(5, dtype=np.int32), 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    cached = tmp_path / "c" / f"{ds.digest}-GPTDataset-train"
+    if name == "flat sample_index":
+        np.save(f"{cached}-sample_index.npy", np.arange(8, dtype=np.int32))
+    else:  # the same arrays of another build: more samples, or a split of 3 sequences
+        indices, samples = (np.arange(3), 10) if name == "document_index" else (np.arange(5), 100)
+        other = GPTDataset(prefix, indices, samples, 4, 1, "train", cache_dir=str(tmp_path / "o"))
+        for array in _arrays_copied(name):
+            source = tmp_path / "o" / f"{other.digest}-GPTDataset-train-{array}.npy"
+            Path(f"{cached}-{array}.npy").write_bytes(source.read_bytes())
+    again = GPTDataset(prefix, np.arange(5, dtype=np.int32), 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    assert not again.cache_hit and _digest(again) == _digest(ds)
+    assert [again[i].tolist() for i in range(len(again))] == [ds[i].tolist() for i in range(len(ds))]
+    assert "ignoring unreadable index cache" in caplog.text and message in caplog.text
+
+
 def test_unwritable_cache_dir_is_a_data_error(tmp_path):
     prefix = write_dataset(tmp_path / "d", [5, 8, 13])
     blocker = tmp_path / "file"
@@ -222,6 +256,14 @@ def test_building_indices_verifies_the_index(tmp_path):
 def test_empty_split_is_a_data_error():
     with pytest.raises(DataError, match="split"):
         build_gpt_indices(np.array([4, 4], np.int32), np.array([], np.int32), 3, 2, seed=1)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_seed_outside_randomstate_range_is_a_data_error(seed):
+    sequences = InMemorySequences(HAND_DOCS)
+    with pytest.raises(DataError, match=rf"seed: {seed} is outside 0 to 4294967295"):
+        GPTDataset(sequences, np.arange(3, dtype=np.int32), 2, 4, seed, "train", use_cache=False)
+    assert len(GPTDataset(sequences, np.arange(3), 2, 4, 2**32 - 1, "train", use_cache=False)) >= 2
 
 
 def _race(args: tuple[str, str, int]) -> tuple[str, bool]:

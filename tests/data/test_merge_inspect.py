@@ -48,7 +48,7 @@ def test_merge_errors(tmp_path, capsys):
         writer.add_document(np.array([70000]))
     out = tmp_path / "out"
     cases = [
-        (["small", "wide"], "wide.idx: tokens are int32, the output is uint16"),
+        (["small", "wide"], "wide.idx: tokens are int32, " + f"{tmp_path / 'small.idx'} holds uint16"),
         (["small", "missing"], "missing.idx: no such file"),
     ]
     for names, message in cases:
@@ -148,9 +148,58 @@ def test_merge_directory_in_name_order(tmp_path, capsys):
         == 0
     )
     assert read_pair(str(tmp_path / "m")) == read_pair(str(tmp_path / "expected"))
+    assert "merged 3 datasets: 3 documents, 6 tokens" in capsys.readouterr().out  # datasets, not arguments
+    argv = ["data", "merge", "--input", str(tmp_path / "parts"), str(tmp_path / "expected")]
+    assert main([*argv, "--output-prefix", str(tmp_path / "m2")]) == 0
+    assert "merged 4 datasets: 6 documents, 12 tokens" in capsys.readouterr().out
     (tmp_path / "empty").mkdir()
     assert (
         main(["data", "merge", "--input", str(tmp_path / "empty"), "--output-prefix", str(tmp_path / "n")])
         == 2
     )
     assert "holds no .bin/.idx datasets" in capsys.readouterr().err
+
+
+def _write(prefix: Path, dtype: type, documents: list[list[int]]) -> str:
+    with IndexedDatasetWriter(str(prefix), dtype) as writer:
+        for tokens in documents:
+            writer.add_document(np.array(tokens))
+    return str(prefix)
+
+
+@pytest.mark.parametrize("problem", ["dtype", "corrupt index"])
+def test_merge_checks_every_input_before_copying(tmp_path, capsys, monkeypatch, problem):
+    """A wrong last input is found before any input is copied (merges copy terabytes)."""
+    from gptrain.data.indexed import IndexedDatasetWriter as Writer
+
+    inputs = [_write(tmp_path / f"p{n}", np.uint16, [[n, n + 1]] * 3) for n in range(3)]
+    if problem == "dtype":
+        inputs.append(_write(tmp_path / "wide", np.int32, [[70000]]))
+        message = f"wide.idx: tokens are int32, {tmp_path / 'p0.idx'} holds uint16"
+    else:
+        inputs.append(_write(tmp_path / "bad", np.uint16, [[1], [2, 3]]))
+        with open(tmp_path / "bad.idx", "r+b") as handle:  # length of sequence 0: 1 -> -1
+            handle.seek(34)
+            handle.write(np.int32(-1).tobytes())
+        message = "bad.idx: sequence 0 has length -1"
+    copied: list[str] = []
+    monkeypatch.setattr(Writer, "add_index", lambda self, prefix, **kwargs: copied.append(prefix))
+    assert main(["data", "merge", "--input", *inputs, "--output-prefix", str(tmp_path / "out" / "m")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert copied == [] and not (tmp_path / "out").exists()
+
+
+def test_merge_reports_progress_by_bytes_on_stderr(tmp_path, capsys, monkeypatch):
+    from gptrain.data import indexed, merge
+
+    monkeypatch.setattr(merge, "PROGRESS_SECONDS", 0.0)  # a line for every block copied
+    monkeypatch.setattr(indexed, "_COPY_BLOCK", 64)
+    inputs = [_write(tmp_path / f"p{n}", np.uint16, [list(range(100))] * 2) for n in range(2)]
+    assert main(["data", "merge", "--input", *inputs, "--output-prefix", str(tmp_path / "m")]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert "merge:" not in out and lines and all(line.startswith("merge: ") for line in lines)
+    percents = [float(line.split("%")[0].rsplit(" ", 1)[1]) for line in lines if "%" in line]
+    assert len(percents) >= 800 // 64 and percents == sorted(percents) and percents[-1] == 100.0
+    assert "MB/s" in lines[-1] and "ETA" in lines[-1] and lines[-1].startswith("merge: 2 datasets")

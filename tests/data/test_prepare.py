@@ -146,8 +146,59 @@ def test_bad_line_late_in_parallel_run_leaves_nothing(tmp_path, gpt2_files, writ
     assert list((tmp_path / "out").iterdir()) == []
 
 
+@pytest.mark.parametrize("failing_key", ["text", "title"])
+def test_failure_finishing_any_key_leaves_every_old_output(
+    tmp_path, gpt2_files, write_jsonl, monkeypatch, failing_key
+):
+    """Several --json-keys are finished as one: a failure writing any .idx (a full disk) leaves
+    all the old outputs, never some old and some new."""
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    old = write_jsonl(tmp_path / "old.jsonl", [{"text": "old text", "title": "old title"}])
+    new = write_jsonl(tmp_path / "new.jsonl", [{"text": "new text", "title": "new title"}] * 3)
+    spec = TokenizerSpec("gpt2bpe", *gpt2_files)
+    config = PrepareConfig([str(old)], str(tmp_path / "out" / "o"), spec, json_keys=("text", "title"))
+    prepare(config, stream=sys.stdout)
+    before = {key: outputs(tmp_path / "out" / "o", key) for key in config.json_keys}
+    write_index = IndexedDatasetWriter._write_index
+
+    def full_disk(self, path):
+        if self.path_prefix.endswith(f"_{failing_key}_document"):
+            raise OSError(28, "No space left on device")
+        write_index(self, path)
+
+    monkeypatch.setattr(IndexedDatasetWriter, "_write_index", full_disk)
+    with pytest.raises(DataError, match=r"cannot write .*No space left on device"):
+        prepare(PrepareConfig(**{**config.__dict__, "inputs": [str(new)]}), stream=sys.stdout)
+    assert {key: outputs(tmp_path / "out" / "o", key) for key in config.json_keys} == before
+    assert len(list((tmp_path / "out").iterdir())) == 4  # no temporary files
+
+
 def _die(chunk):
     os._exit(3)  # a worker killed mid-run (OOM killer, kill -9)
+
+
+def test_progress_counts_a_chunk_when_its_result_is_written(tmp_path, gpt2_files, write_jsonl, monkeypatch):
+    """With workers, 2 x workers chunks are read ahead of the writer; the percentage and ETA must
+    follow the chunks written, not the chunks read."""
+    from gptrain.data import prepare as prepare_module
+
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"document number {n}"} for n in range(200)])
+    seen: list[tuple[int, float]] = []
+    update = prepare_module._InputProgress.update
+
+    def record(self, done=0, nbytes=0):
+        update(self, done, nbytes)
+        seen.append((self.raw_done, self.bytes))
+
+    monkeypatch.setattr(prepare_module._InputProgress, "update", record)
+    spec = TokenizerSpec("gpt2bpe", *gpt2_files)
+    config = PrepareConfig([str(source)], str(tmp_path / "o"), spec, workers=2, chunk_bytes=256)
+    prepare(config, stream=open(tmp_path / "log", "w"))  # noqa: SIM115
+    assert len(seen) > 8
+    # Plain text: the position read is the bytes written plus the part line after the last chunk.
+    assert all(written <= position < written + 256 for position, written in seen), seen
+    assert seen[-1] == (source.stat().st_size, source.stat().st_size)
 
 
 def test_dead_worker_is_an_error_not_a_hang(tmp_path, gpt2_files, write_jsonl, monkeypatch):
@@ -194,6 +245,55 @@ def test_lines_only_python_json_reads_are_documents(tmp_path, gpt2_files, capsys
     assert "0 bad lines skipped" in capsys.readouterr().out
     texts = [f"doc {n}" for n in range(len(extras))] + ["last"]
     assert outputs(tmp_path / "o") == megatron_dataset(texts, True)
+
+
+@pytest.fixture
+def hf_tokenizer_json(tmp_path, gpt2_files) -> str:
+    from gptrain.data.tokenizers import load_gpt2_bpe
+
+    path = tmp_path / "tokenizer.json"
+    load_gpt2_bpe(*gpt2_files, backend="hf").tokenizer.save(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("tokenizer", ["hf", "gpt2"])
+def test_lone_surrogate_is_a_bad_line(
+    tmp_path, gpt2_files, hf_tokenizer_json, capsys, megatron_dataset, tokenizer
+):
+    """JSON may escape half a surrogate pair; json.loads reads it, no tokenizer can encode it
+    (HF's raised a TypeError). Outside the --json-keys it does no harm."""
+    source = tmp_path / "in.jsonl"
+    lines = [b'{"text": "ok"}', b'{"text": "bad \\ud800 surrogate"}', b'{"text": "fine", "meta": "\\udfff"}']
+    source.write_bytes(b"\n".join([*lines, b'{"text": "pair \\ud83d\\ude00 ok"}', b""]))
+    flags = ["--tokenizer-model", hf_tokenizer_json] if tokenizer == "hf" else gpt2_flags(gpt2_files)
+    argv = ["data", "prepare", "--input", str(source), *flags, "--workers", "1", "--output-prefix"]
+    assert main([*argv, str(tmp_path / "out" / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"{source}:2: value of 'text' holds a lone surrogate \\ud800 (not valid Unicode)" in err
+    assert list((tmp_path / "out").iterdir()) == []
+    assert main([*argv, str(tmp_path / "o"), "--skip-bad-lines"]) == 0
+    assert "prepared 3 documents (0 empty, 1 bad lines skipped)" in capsys.readouterr().out
+    assert outputs(tmp_path / "o") == megatron_dataset(["ok", "fine", "pair \U0001f600 ok"], False)
+
+
+def _failing_encode(self, texts):
+    raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
+
+
+def test_tokenizer_failure_is_a_data_error(tmp_path, hf_tokenizer_json, write_jsonl, monkeypatch):
+    """A backstop: whatever a tokenizer raises on parsed text names the file and lines, no traceback."""
+    from gptrain.data.tokenizers import HFTokenizer
+
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"document {n}"} for n in range(40)])
+    monkeypatch.setattr(HFTokenizer, "encode_flat", _failing_encode)
+    spec = TokenizerSpec("HuggingFaceTokenizer", model=hf_tokenizer_json)
+    config = PrepareConfig([str(source)], str(tmp_path / "out" / "o"), spec, chunk_bytes=200)
+    message = r"in.jsonl:1-\d+: the tokenizer cannot encode the 'text' value of a line here \(TypeError: "
+    for workers in (1, 2):
+        with pytest.raises(DataError, match=message):
+            prepare(PrepareConfig(**{**config.__dict__, "workers": workers}), stream=sys.stdout)
+        assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
@@ -263,8 +363,8 @@ def slow_encode(chunk):  # a module-level function: forked workers unpickle it b
     return encode(chunk)
 
 
-def slow_add_index(self, prefix):
-    add_index(self, prefix)
+def slow_add_index(self, prefix, **kwargs):
+    add_index(self, prefix, **kwargs)
     time.sleep(60)
 
 

@@ -110,6 +110,19 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert "--num-samples" in capsys.readouterr().err
 
 
+def test_seed_outside_randomstate_range_is_refused(tmp_path, capsys):
+    """numpy's RandomState (Megatron's shuffle) takes 0 to 2**32 - 1: refused, not taken modulo."""
+    prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8] * 10)
+    argv = ["data", "sample", "--data-prefix", prefix, "--seq-length", "4", "--splits-string", "1,0,0"]
+    for seed in ("4294967296", "-1"):
+        assert main([*argv, "--seed", seed]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--seed {seed} is outside 0 to 4294967295" in err
+    assert main([*argv, "--mock", "--vocab-size", "50", "--num-samples", "4,0,0", "--seed", "-1"]) == 2
+    assert "--seed -1 is outside" in capsys.readouterr().err
+    assert _sample(capsys, *argv[2:], "--seed", "4294967295")["split"] == "train"
+
+
 def test_wrong_pointer_is_a_one_line_error(tmp_path, capsys):
     """A pointer to another sequence's tokens would silently mix documents: the whole .idx is
     verified when indices are built, and by `data sample` also when they come from the cache."""
