@@ -11,7 +11,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -23,6 +23,9 @@ from gptrain.launch.script_values import check_launch_values
 from gptrain.launch.sections import check_launch_sections
 from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job
 from gptrain.utils.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    from gptrain.config import TrainingConfig
 
 # A dry run writes its files here, inside each stage's run directory (see dry_run_path).
 DRY_RUN_DIR = "dry-run"
@@ -230,12 +233,14 @@ def write_run_files(plan: LaunchPlan, argv: list[str], dry_run: bool = False) ->
     return write_files(render_run_files(plan, argv), dry_run)
 
 
-def validate_training(plan: LaunchPlan, files: list[RunFile]) -> None:
-    """Check the training config the job will read, as written, with the training loader (no torch)."""
+def validate_training(plan: LaunchPlan, files: list[RunFile]) -> TrainingConfig | None:
+    """Check the training config the job will read, as written, with the training loader (no torch);
+    return it (None without a training stage) for the preflight's file and layout checks."""
     from gptrain.config import load_training_config
 
     texts = {file.path: file.text for file in files}
     for job in plan.jobs:
         if job.stage == "training":
             path = config_path(job)
-            load_training_config(config_file=str(path), config_text=texts[path])
+            return load_training_config(config_file=str(path), config_text=texts[path])
+    return None
