@@ -17,6 +17,7 @@ import yaml
 
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
+from gptrain.launch.mounts import container_mounts
 from gptrain.launch.preflight import parse_gpus
 from gptrain.launch.sbatch import Job, Raw, rank_command, render_local, render_slurm
 from gptrain.launch.script_values import check_launch_values
@@ -40,6 +41,9 @@ class LaunchPlan:
     top: dict[str, Any]
     jobs: list[Job] = field(default_factory=list)
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> resolved section
+    mount_dirs: list[str] = field(
+        default_factory=list
+    )  # host dirs mounted into the container: made before submitting
 
     @property
     def cluster_type(self) -> str:
@@ -59,6 +63,9 @@ def build_plan(composition: Composition) -> LaunchPlan:
     plan = LaunchPlan(resolved, cluster, top)
     stages = list(resolved["stages"])
     local = resolved["cluster_type"] == "local"
+    if resolved.get("container") and not local:  # the jobs' own dirs first, then container_mounts
+        mounts = container_mounts(resolved, composition.config_root)
+        top["container_mounts"], plan.mount_dirs = mounts.items, mounts.added
     if "data_preparation" in stages:
         plan.configs["data_preparation"] = resolved["data_preparation"]
         plan.jobs.append(data_preparation_job(resolved["data_preparation"], cluster, python, local))
