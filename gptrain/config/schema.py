@@ -220,6 +220,14 @@ class DataConfig:
     mock_vocab_size: int | None = None
     """gptrain extension: vocabulary of the mock dataset when no tokenizer files are given."""
 
+    def is_mock(self) -> bool:
+        return self.data_impl == "mock" or bool(self.mock_dataset)
+
+    def builds_tokenizer(self) -> bool:
+        """Only mock data with mock_vocab_size trains without a tokenizer; anything else reads its
+        files (the launcher's preflight checks them by this same rule)."""
+        return not (self.is_mock() and self.mock_vocab_size)
+
 
 @dataclass
 class ModelConfig:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,12 @@ def group_choices(group: str, root: Path = CONFIG_ROOT) -> list[str]:
     return sorted(str(p.relative_to(base).with_suffix("")) for p in base.rglob("*.yaml"))
 
 
+def search_roots(root: Path) -> list[Path]:
+    """Where group files are looked up: the user's tree first, then gptrain's bundled configs
+    (a NeMo tree has no validation/ or aws_p5.yaml, and need not copy them)."""
+    return list(dict.fromkeys((root, CONFIG_ROOT)))
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     data = load_file(path)
     if data is None:
@@ -102,12 +109,20 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def group_file(group: str, choice: str, root: Path = CONFIG_ROOT) -> Path:
+    """`<group>/<choice>.yaml` of the user's tree, else of gptrain's bundled configs."""
+    roots = search_roots(root)
+    for base in roots:
+        path = base / group / f"{choice}.yaml"
+        if path.is_file():
+            return path
+    choices = sorted({name for base in roots for name in group_choices(group, base)})
+    where = " or ".join(str(base / group) for base in roots)
+    raise ConfigError(f"no {group} config '{choice}' in {where}{closest(choice, choices)}")
+
+
 def load_group(group: str, choice: str, root: Path = CONFIG_ROOT) -> dict[str, Any]:
-    path = root / group / f"{choice}.yaml"
-    if not path.is_file():
-        choices = group_choices(group, root)
-        raise ConfigError(f"no {group} config '{choice}' in {root / group}{closest(choice, choices)}")
-    data = load_yaml(path)
+    data = load_yaml(group_file(group, choice, root))
     for key in HYDRA_KEYS:
         data.pop(key, None)
     return data
@@ -148,8 +163,10 @@ def compose(
             choices[override.key] = override.value if isinstance(override.value, str) else override.text
         else:
             dotted.append(override)
+    choices = {**bundled_defaults(root, choices), **choices}
     for group, choice in choices.items():
         base[group] = load_group(group, choice, root)
+    report_fallbacks(choices, root)
     cfg = OmegaConf.create(base)
     for override in dotted:
         apply_override(cfg, override)
@@ -161,6 +178,35 @@ def compose(
         make_unique(cfg, now if now is not None else time.time())
     check_stages(cfg)
     return Composition(cfg, choices, root)
+
+
+def bundled_defaults(root: Path, choices: dict[str, str]) -> dict[str, str]:
+    """Groups a user's tree neither chooses nor has (NeMo's has no validation/): gptrain's default file."""
+    if root == CONFIG_ROOT:
+        return {}
+    bundled = default_choices(load_yaml(CONFIG_ROOT / "config.yaml"), CONFIG_ROOT / "config.yaml")
+    return {
+        group: choice
+        for group, choice in bundled.items()
+        if group not in choices and not (root / group).is_dir()
+    }
+
+
+def report_fallbacks(choices: dict[str, str], root: Path) -> None:
+    """One stderr line naming the group files taken from gptrain's configs though the user's tree
+    has that group (a file of the same name there would have won)."""
+    if root == CONFIG_ROOT:
+        return
+    taken = [
+        f"{group}={choice}"
+        for group, choice in choices.items()
+        if (root / group).is_dir() and group_file(group, choice, root).is_relative_to(CONFIG_ROOT)
+    ]
+    if taken:
+        print(
+            f"gptrain launch: {', '.join(taken)} from gptrain's bundled configs (not in {root})",
+            file=sys.stderr,
+        )
 
 
 def adapt_nemo_data_preparation(cfg: DictConfig) -> list[str]:

@@ -6,11 +6,12 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gptrain.errors import LaunchError
+from gptrain.errors import ConfigError, GptrainError, LaunchError
 from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import parse_shards
-from gptrain.launch.preflight import check_tokenizer_files, check_training_files
+from gptrain.launch.preflight import check_tokenizer_files, check_training_files, check_training_layout
 from gptrain.launch.stages import (
     LaunchPlan,
     build_plan,
@@ -21,12 +22,16 @@ from gptrain.launch.stages import (
     write_files,
 )
 
+if TYPE_CHECKING:
+    from gptrain.config import TrainingConfig
 
-def preflight(plan: LaunchPlan, dry_run: bool) -> list[str]:
-    """File checks always; cluster checks where Slurm answers (a dry run elsewhere skips them).
+
+def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None = None) -> list[str]:
+    """File and layout checks always; cluster checks where Slurm answers (a dry run elsewhere skips them).
 
     Under --dry-run a failed check is a warning line and the scripts are still shown: a dry run
     is how one looks at the scripts before the data exists. Without it, the first failure stops.
+    `training`: the training config as the job will load it (validate_training).
     """
     lines: list[str] = []
     stages = [job.stage for job in plan.jobs]
@@ -37,8 +42,8 @@ def preflight(plan: LaunchPlan, dry_run: bool) -> list[str]:
             lambda: [check_tokenizer_files(section.get("tokenizer") or {}, "data_preparation.tokenizer")],
             dry_run,
         )
-    if "training" in stages:
-        training = plan.configs["training"]
+    if training is not None:
+        lines += _checked(lambda: check_training_layout(training), dry_run, (LaunchError, ConfigError))
         lines += _checked(lambda: check_training_files(training, "data_preparation" in stages), dry_run)
     if plan.cluster_type == "slurm":
         if dry_run and shutil.which("sinfo") is None:
@@ -48,11 +53,15 @@ def preflight(plan: LaunchPlan, dry_run: bool) -> list[str]:
     return lines
 
 
-def _checked(check: Callable[[], list[str]], dry_run: bool) -> list[str]:
-    """Run one check; under --dry-run its LaunchError becomes a warning line."""
+def _checked(
+    check: Callable[[], list[str]],
+    dry_run: bool,
+    errors: tuple[type[GptrainError], ...] = (LaunchError,),
+) -> list[str]:
+    """Run one check; under --dry-run its error (LaunchError, or those named) becomes a warning line."""
     try:
         return check()
-    except LaunchError as error:
+    except errors as error:
         if not dry_run:
             raise
         return [f"warning  {error} (a real launch stops here)"]
@@ -96,14 +105,16 @@ def launch(
     """
     plan = build_plan(compose(argv, root or CONFIG_ROOT, config_name=config_name))
     files = render_run_files(plan, argv)
-    validate_training(plan, files)
-    for line in preflight(plan, dry_run):
+    training = validate_training(plan, files)
+    for line in preflight(plan, dry_run, training):
         print(f"preflight: {line}", file=sys.stderr)
     if dry_run:
         scripts = write_files(files, dry_run=True)
         print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan, scripts)))
         return 0
     write_files(files)
+    for directory in plan.mount_dirs:  # pyxis cannot mount a directory that does not exist yet
+        Path(directory).mkdir(parents=True, exist_ok=True)
     if plan.cluster_type == "slurm":
         from gptrain.launch.executors.slurm import submit
 

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gptrain.errors import LaunchError
+from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import closest
 from gptrain.launch.sbatch import Job
 from gptrain.utils.hostlist import expand_hostlist
+
+if TYPE_CHECKING:
+    from gptrain.config import TrainingConfig
 
 UNUSABLE_STATES = ("down", "drain", "fail", "maint", "unknown", "not_responding")
 
@@ -137,24 +140,45 @@ def prefixes_of(data_prefix: Any) -> list[str]:
     return [str(p) for p in (items[1::2] if len(items) > 1 else items)]
 
 
-def check_training_files(training: dict[str, Any], prepared_by_stage: bool) -> list[str]:
-    """Data prefixes (.bin/.idx) and tokenizer files; none needed for mock data."""
-    data = (training.get("model") or {}).get("data") or {}
-    if data.get("data_impl") == "mock":
-        return ["ok  training: mock data, no data or tokenizer files needed"]
+def check_training_files(cfg: TrainingConfig, prepared_by_stage: bool) -> list[str]:
+    """Data prefixes (.bin/.idx) and tokenizer files of the loaded training config.
+
+    Mock data needs no data files; it needs no tokenizer files only with model.data.mock_vocab_size
+    (otherwise the job reads them for the vocabulary size: the rule of DataConfig.builds_tokenizer).
+    """
+    data = cfg.model.data
     lines = []
-    if not prepared_by_stage:
-        for prefix in prefixes_of(data.get("data_prefix")):
+    if data.is_mock():
+        lines.append("ok  training: mock data, no data files needed")
+    elif not prepared_by_stage:
+        for prefix in prefixes_of(data.data_prefix):
             missing = [s for s in (".bin", ".idx") if not Path(prefix + s).is_file()]
             if missing:
                 raise LaunchError(
                     f"training.model.data.data_prefix: {prefix}{'/'.join(missing)} not found;"
                     " prepare the data (gptrain data prepare) or add stages=[data_preparation,training]"
                 )
-        lines.append(f"ok  training: {len(prefixes_of(data.get('data_prefix')))} data prefix(es) found")
-    tokenizer = (training.get("model") or {}).get("tokenizer") or {}
-    lines.append(check_tokenizer_files(tokenizer, "training.model.tokenizer"))
+        lines.append(f"ok  training: {len(prefixes_of(data.data_prefix))} data prefix(es) found")
+    if not data.builds_tokenizer():
+        lines.append("ok  training: model.data.mock_vocab_size set, no tokenizer files needed")
+    else:
+        lines.append(check_tokenizer_files(asdict(cfg.model.tokenizer), "training.model.tokenizer"))
     return lines
+
+
+def check_training_layout(cfg: TrainingConfig) -> list[str]:
+    """The parallel layout on trainer.num_nodes x trainer.devices ranks, checked as the job will
+    check it (gptrain.parallel.layout, no torch), so an impossible one fails before the queue wait."""
+    from gptrain.parallel.layout import check_layout
+
+    try:
+        dims = check_layout(cfg.model, cfg.world_size(), cfg.trainer.devices)
+    except ConfigError as error:  # its keys are the training section's (training.model.*)
+        raise ConfigError(f"training: {error}") from None
+    return [
+        f"ok  training: layout TP {dims.tp} x PP {dims.pp} x DP {dims.dp} on {cfg.world_size()} ranks"
+        f" ({cfg.trainer.num_nodes} node(s) x {cfg.trainer.devices})"
+    ]
 
 
 def check_tokenizer_files(tokenizer: dict[str, Any], where: str) -> str:

@@ -211,6 +211,12 @@ def srun_prefix(job: Job, cluster: dict, container: str | None, mounts: list[str
     ]
     if job.cpus_per_task:  # Slurm 22.05's srun does not inherit sbatch's --cpus-per-task
         parts.append(f"--cpus-per-task={job.cpus_per_task}")
+    return " ".join(parts + srun_options(cluster, container, mounts))
+
+
+def srun_options(cluster: dict, container: str | None, mounts: list[str]) -> list[str]:
+    """The container options (pyxis) when a container is set, then cluster.srun_args; quoted."""
+    parts = []
     args = [str(a) for a in cluster.get("srun_args") or []]
     if container:
         parts.append(f"--container-image={quote(container, 'container')}")
@@ -218,8 +224,23 @@ def srun_prefix(job: Job, cluster: dict, container: str | None, mounts: list[str
             parts.append(f"--container-mounts={quote(','.join(mounts), 'container_mounts')}")
     else:  # pyxis options make srun fail where there is no container
         args = [a for a in args if not a.startswith(("--container", "--no-container"))]
-    parts.extend(quote(a, "cluster.srun_args") for a in args)
-    return " ".join(parts)
+    return parts + [quote(a, "cluster.srun_args") for a in args]
+
+
+def setup_line(command: list[str], cluster: dict, container: str | None, mounts: list[str]) -> str:
+    """A step before the stage's own (training: applying the data blend to its config). In a
+    container it runs there too, as one task with the stage's container options: the compute
+    host itself need not have gptrain, or any Python."""
+    if not container:
+        return f"{quote_command(command)} || exit 1"
+    srun = [
+        "srun",
+        "--kill-on-bad-exit=1",
+        "--nodes=1",
+        "--ntasks=1",
+        *srun_options(cluster, container, mounts),
+    ]
+    return f"{' '.join(srun)} {quote_command(command)} || exit 1"
 
 
 # Per-task environment for torch.distributed's env:// init, from Slurm's variables.
@@ -282,9 +303,9 @@ def render_slurm(job: Job, cluster: dict, top: dict) -> str:
     lines += ["", "set -uo pipefail", "export PYTHONUNBUFFERED=1"] + env_lines(top.get("env_vars"))
     lines += wandb_key_lines(top.get("wandb_api_key_file"))
     lines += [f'echo "gptrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, stage {job.stage}" >&2']
-    for command in job.setup:
-        lines.append(quote_command(command) + " || exit 1")
-    srun = srun_prefix(job, cluster, top.get("container"), list(top.get("container_mounts") or []))
+    container, mounts = top.get("container"), list(top.get("container_mounts") or [])
+    lines += [setup_line(command, cluster, container, mounts) for command in job.setup]
+    srun = srun_prefix(job, cluster, container, mounts)
     if job.stage != "training":
         lines.append(f"{srun} {quote_command(job.command)}")
         return "\n".join(lines) + "\n"

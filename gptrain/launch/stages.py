@@ -11,18 +11,22 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
+from gptrain.launch.mounts import container_mounts
 from gptrain.launch.preflight import parse_gpus
 from gptrain.launch.sbatch import Job, Raw, rank_command, render_local, render_slurm
 from gptrain.launch.script_values import check_launch_values
 from gptrain.launch.sections import check_launch_sections
 from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job
 from gptrain.utils.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    from gptrain.config import TrainingConfig
 
 # A dry run writes its files here, inside each stage's run directory (see dry_run_path).
 DRY_RUN_DIR = "dry-run"
@@ -37,6 +41,9 @@ class LaunchPlan:
     top: dict[str, Any]
     jobs: list[Job] = field(default_factory=list)
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> resolved section
+    mount_dirs: list[str] = field(
+        default_factory=list
+    )  # host dirs mounted into the container: made before submitting
 
     @property
     def cluster_type(self) -> str:
@@ -56,6 +63,9 @@ def build_plan(composition: Composition) -> LaunchPlan:
     plan = LaunchPlan(resolved, cluster, top)
     stages = list(resolved["stages"])
     local = resolved["cluster_type"] == "local"
+    if resolved.get("container") and not local:  # the jobs' own dirs first, then container_mounts
+        mounts = container_mounts(resolved, composition.config_root)
+        top["container_mounts"], plan.mount_dirs = mounts.items, mounts.added
     if "data_preparation" in stages:
         plan.configs["data_preparation"] = resolved["data_preparation"]
         plan.jobs.append(data_preparation_job(resolved["data_preparation"], cluster, python, local))
@@ -230,12 +240,14 @@ def write_run_files(plan: LaunchPlan, argv: list[str], dry_run: bool = False) ->
     return write_files(render_run_files(plan, argv), dry_run)
 
 
-def validate_training(plan: LaunchPlan, files: list[RunFile]) -> None:
-    """Check the training config the job will read, as written, with the training loader (no torch)."""
+def validate_training(plan: LaunchPlan, files: list[RunFile]) -> TrainingConfig | None:
+    """Check the training config the job will read, as written, with the training loader (no torch);
+    return it (None without a training stage) for the preflight's file and layout checks."""
     from gptrain.config import load_training_config
 
     texts = {file.path: file.text for file in files}
     for job in plan.jobs:
         if job.stage == "training":
             path = config_path(job)
-            load_training_config(config_file=str(path), config_text=texts[path])
+            return load_training_config(config_file=str(path), config_text=texts[path])
+    return None

@@ -62,15 +62,37 @@ def select_device(cfg: TrainingConfig, world: World) -> torch.device:
 def build_tokenizer(cfg: TrainingConfig) -> Any | None:
     """The tokenizer; None with mock data and data.mock_vocab_size (which then sets the vocabulary)."""
     tok = cfg.model.tokenizer
-    if is_mock_data(cfg) and cfg.model.data.mock_vocab_size:
+    if not cfg.model.data.builds_tokenizer():
         return None
     from gptrain.data.tokenizers import build_tokenizer as build
 
+    check_tokenizer_files(cfg)
     return build(tok.type, vocab_file=tok.vocab_file, merge_file=tok.merge_file, model=tok.model)
 
 
+def check_tokenizer_files(cfg: TrainingConfig) -> None:
+    """A missing tokenizer file, named by its config key (the tokenizer module names data-CLI flags)."""
+    from gptrain.data.tokenizers import canonical_type
+
+    tok, kind = cfg.model.tokenizer, canonical_type(cfg.model.tokenizer.type)
+    if kind == "gpt2" and (tok.vocab_file or tok.merge_file or not tok.model):
+        keys = ("vocab_file", "merge_file")
+    elif kind == "huggingface":
+        keys = ("model",)
+    else:  # a tiktoken encoding name, or GPT-2 files in the directory model.tokenizer.model
+        return
+    for key in keys:
+        value = getattr(tok, key)
+        if not value or not Path(value).exists():
+            found = f"{value} not found" if value else "not set"
+            raise ConfigError(
+                f"model.tokenizer.{key}: {found} (model.tokenizer.type={tok.type}); point it at the file,"
+                " or for mock data without tokenizer files set model.data.mock_vocab_size"
+            )
+
+
 def is_mock_data(cfg: TrainingConfig) -> bool:
-    return cfg.model.data.data_impl == "mock" or bool(cfg.model.data.mock_dataset)
+    return cfg.model.data.is_mock()
 
 
 def padded_vocab_size(cfg: TrainingConfig, tokenizer: Any | None) -> tuple[int, int]:

@@ -5,6 +5,7 @@ release's config.yaml, cluster/bcm.yaml, data_preparation/gpt3/download_gpt3_pil
 training/gpt3/126m.yaml, values as released.
 """
 
+import shlex
 import shutil
 from pathlib import Path
 
@@ -51,7 +52,11 @@ def test_azure_tutorial_command_on_each_release_tree(release, tmp_path, capsys):
     scripts = render(release, tmp_path, ["stages=[training]"])
     script = scripts["training"]
     assert "#SBATCH --time=10:00:00\n" in script  # not 36000 (base-60) minutes
-    assert "#SBATCH --nodes=2" in script and "--container-mounts" not in script  # mounts: [null]
+    assert "#SBATCH --nodes=2" in script
+    # mounts: [null] adds nothing; the job's results, data and conf tree are mounted as NeMo's launcher does
+    srun = shlex.split(next(line for line in script.splitlines() if line.startswith("srun ")))
+    own = [f"{tmp_path}/results", f"{tmp_path}/data", str(conf(release))]
+    assert f"--container-mounts={','.join(f'{d}:{d}' for d in own)}" in srun
     assert "nemo-megatron-gpt3_126m-1n-tp1-pp1-mbs1" in script
     run_dir = tmp_path / "results" / "gpt3_126m-1n-tp1-pp1-mbs1"
     hydra = (run_dir / "nemo-megatron-gpt3_126m-1n-tp1-pp1-mbs1_hydra.yaml").read_text()

@@ -1,10 +1,11 @@
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from gptrain.errors import ConfigError
-from gptrain.launch.compose import closest, compose, group_choices, parse_overrides
+from gptrain.launch.compose import CONFIG_ROOT, closest, compose, group_choices, parse_overrides
 
 MOCK = ["training.trainer.num_nodes=1", "training.model.data.data_impl=mock"]
 
@@ -143,3 +144,32 @@ def test_an_unreadable_conf_file_is_one_line_naming_it(conf, file, content, mess
     with pytest.raises(ConfigError, match=message) as error:
         compose(["cluster=bad"] if file.startswith("cluster/") else [], root=conf)
     assert "\n" not in str(error.value)
+
+
+NEMO_CONF = Path(__file__).parents[1] / "config/nemo_launcher/23.07/launcher_scripts/conf"
+
+
+def test_a_nemo_tree_reaches_gptrains_own_group_files(tmp_path, capsys):
+    """NeMo's tree has no aws_p5.yaml, no gpt3/5b.yaml and no validation/: gptrain's files are used."""
+    nemo = [f"launcher_scripts_path={tmp_path}", "training=gpt3/5b", "cluster=aws_p5"]
+    comp = compose([*nemo, "stages=[validation,training]"], root=NEMO_CONF)
+    resolved = comp.resolved()
+    assert resolved["cluster"]["env_vars"]["FI_PROVIDER"] == "efa"  # gptrain's aws_p5.yaml
+    assert resolved["training"]["model"]["hidden_size"] == 4096  # gptrain's gpt3/5b.yaml
+    assert resolved["validation"]["checks"] == "all"  # gptrain's validation/default.yaml
+    assert resolved["stages"] == ["validation", "training"]
+    assert comp.choices["validation"] == "default"
+    err = capsys.readouterr().err
+    assert f"cluster=aws_p5, training=gpt3/5b from gptrain's bundled configs (not in {NEMO_CONF})" in err
+    assert "validation=default" not in err  # a group the tree lacks altogether is no surprise
+    # the tree's own file still wins over gptrain's of the same name
+    own = compose([*nemo[:1], "stages=[training]"], root=NEMO_CONF).resolved()
+    assert own["cluster"]["job_name_prefix"] == "nemo-megatron-"  # the tree's bcm.yaml
+
+
+def test_a_group_file_in_neither_tree_lists_both(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        compose([f"launcher_scripts_path={tmp_path}", "cluster=zzz"], root=NEMO_CONF)
+    message = str(error.value)
+    assert f"in {NEMO_CONF}/cluster or {CONFIG_ROOT}/cluster" in message and "\n" not in message
+    assert "(valid: aws_p4d, aws_p5, azure_nd_a100_v4, bcm)" in message

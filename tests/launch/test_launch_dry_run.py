@@ -110,3 +110,79 @@ def test_overrides_after_an_option_may_add_keys_with_plus(tmp_path, capsys, monk
     with pytest.raises(SystemExit):  # anything else after an option is still refused
         main(["launch", "--dry-run", "training.trainer.num_nodes=1", "--quiet", "+=1"])
     assert "unrecognized arguments: +=1" in capsys.readouterr().err
+
+
+# Issue 21: layouts that cannot work on trainer.num_nodes x trainer.devices ranks.
+BAD_LAYOUTS = {
+    "tp_pp": (
+        ["training.trainer.num_nodes=2", "training.model.tensor_model_parallel_size=8"]
+        + ["training.model.pipeline_model_parallel_size=5", "training.model.global_batch_size=100"],
+        "training: world size 16 (trainer.num_nodes x trainer.devices) is not divisible by"
+        " model.tensor_model_parallel_size x model.pipeline_model_parallel_size = 8 x 5",
+    ),
+    "batch": (
+        ["training.trainer.num_nodes=3", "training.model.micro_batch_size=4"],
+        "training: model.global_batch_size=256 is not divisible by model.micro_batch_size x"
+        " data-parallel size = 4 x 24",
+    ),
+}
+SLURM_MOCK = [
+    "cluster_type=slurm",
+    "training.model.data.data_impl=mock",
+    "training.model.data.mock_vocab_size=64",
+]
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LAYOUTS))
+def test_an_impossible_layout_stops_a_launch_and_warns_in_a_dry_run(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no sinfo: the layout alone decides
+    overrides, message = BAD_LAYOUTS[case]
+    args = ["launch", *SLURM_MOCK, f"base_results_dir={tmp_path}/r", *overrides]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gptrain: error: {message}") and "\n" not in err
+    assert not (tmp_path / "r").exists()  # nothing written, nothing submitted
+
+    assert main(["launch", "--dry-run", *args[1:]]) == 0
+    out, err = capsys.readouterr()
+    assert f"preflight: warning  {message}" in err and "(a real launch stops here)" in err
+    assert (tmp_path / "r/gpt3_126m/dry-run/gptrain-gpt3_126m_submission.sh").is_file()
+    assert "dry run: nothing submitted; rendered:" in out
+
+
+def test_a_possible_layout_is_reported(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", "--dry-run", *SLURM_MOCK, f"base_results_dir={tmp_path}/r"]
+    args += ["training.trainer.num_nodes=2", "training.model.tensor_model_parallel_size=2"]
+    assert main(args) == 0
+    assert (
+        "preflight: ok  training: layout TP 2 x PP 1 x DP 8 on 16 ranks (2 node(s) x 8)"
+        in capsys.readouterr().err
+    )
+
+
+# Issue 21: mock data builds the tokenizer unless model.data.mock_vocab_size gives the vocabulary.
+MOCK_NO_FILES = ["training.model.data.data_impl=mock", "training.model.data.data_prefix=[]"]
+
+
+def test_mock_data_without_mock_vocab_size_needs_the_tokenizer_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", "training.trainer.num_nodes=1", "training.trainer.devices=1", f"data_dir={tmp_path}/d"]
+    args += [f"base_results_dir={tmp_path}/r", "training.trainer.accelerator=cpu"]
+    assert main([*args, *MOCK_NO_FILES]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == f"gptrain: error: training.model.tokenizer.vocab_file: {tmp_path}/d/bpe/vocab.json not found"
+    )
+    assert main([*args, "training.model.data.mock_dataset=true", "training.model.data.data_prefix=[]"]) == 2
+    assert "tokenizer.vocab_file" in capsys.readouterr().err  # NeMo's switch for mock data: the same
+
+    assert (
+        main(["launch", "--dry-run", *args[1:], *MOCK_NO_FILES, "training.model.data.mock_vocab_size=64"])
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "preflight: ok  training: mock data, no data files needed" in err
+    assert "preflight: ok  training: model.data.mock_vocab_size set, no tokenizer files needed" in err
+    assert "warning" not in err

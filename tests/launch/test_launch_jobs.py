@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from gptrain.config import load_training_config
 from gptrain.errors import LaunchError
 from gptrain.launch import jobs
 from gptrain.launch.preflight import Node, check_cluster, check_training_files, parse_gpus
@@ -77,24 +78,26 @@ def test_preflight_catches_requests_slurm_would_queue_forever():
 
 def test_preflight_data_files(tmp_path):
     (tmp_path / "a.bin").write_bytes(b"")
-    training = {"model": {"data": {"data_impl": "mmap", "data_prefix": [1.0, str(tmp_path / "a")]}}}
+
+    def training(*overrides):
+        return load_training_config("gpt3/126m", overrides=overrides, report_ignored=False)
+
+    vocab = [f"model.tokenizer.vocab_file={tmp_path}/vocab.json", "model.tokenizer.merge_file=null"]
+    blend = [f"model.data.data_prefix=[1.0,{tmp_path}/a]", *vocab]
     with pytest.raises(LaunchError, match="a.idx not found"):
-        check_training_files(training, prepared_by_stage=False)
+        check_training_files(training(*blend), prepared_by_stage=False)
     (tmp_path / "a.idx").write_bytes(b"")
-    training["model"]["tokenizer"] = {"vocab_file": str(tmp_path / "vocab.json")}
     with pytest.raises(LaunchError, match="tokenizer.vocab_file"):
-        check_training_files(training, prepared_by_stage=False)
+        check_training_files(training(*blend), prepared_by_stage=False)
     (tmp_path / "vocab.json").write_text("{}")
-    assert (
-        check_training_files(training, prepared_by_stage=False)[0] == "ok  training: 1 data prefix(es) found"
-    )
+    assert check_training_files(training(*blend), prepared_by_stage=False) == [
+        "ok  training: 1 data prefix(es) found",
+        "ok  training.model.tokenizer: vocab_file present",
+    ]
     # NeMo's per-split form: every split's prefixes are checked
-    training["model"]["data"]["data_prefix"] = {
-        "train": str(tmp_path / "a"),
-        "validation": str(tmp_path / "v"),
-    }
+    per_split = f"model.data.data_prefix={{train: {tmp_path}/a, validation: {tmp_path}/v}}"
     with pytest.raises(LaunchError, match=r"data_prefix: .*/v\.bin/\.idx not found"):
-        check_training_files(training, prepared_by_stage=False)
+        check_training_files(training(per_split, *vocab), prepared_by_stage=False)
 
 
 def test_local_run_status_and_find(tmp_path):

@@ -90,8 +90,12 @@ def test_slurm_training_script(tmp_path, monkeypatch):
 
 
 def test_gpu_and_container_options(tmp_path):
-    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "container=nvcr.io/nvidia/pytorch:24.01"]
-    args += ["container_mounts=[/data:/data,/home/me x:/w]", "training.trainer.num_nodes=4"]
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", "container=nvcr.io/nvidia/pytorch:24.01"]
+    args += [
+        "container_mounts=[/data:/data,/home/me x:/w]",
+        "training.trainer.num_nodes=4",
+        f"data_dir={tmp_path}/d",
+    ]
     plan = build_plan(compose(args))
     [path] = write_run_files(plan, args)
     script = path.read_text()
@@ -100,7 +104,11 @@ def test_gpu_and_container_options(tmp_path):
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     words = shlex.split(srun.removesuffix(" &"))
     assert "--container-image=nvcr.io/nvidia/pytorch:24.01" in words
-    assert "--container-mounts=/data:/data,/home/me x:/w" in words and "--no-container-mount-home" in words
+    ours = f"{tmp_path}/r:{tmp_path}/r,{tmp_path}/d:{tmp_path}/d"  # the job's results and data dirs first
+    assert (
+        f"--container-mounts={ours},/data:/data,/home/me x:/w" in words
+        and "--no-container-mount-home" in words
+    )
     assert words[words.index("gptrain-rank") + 1] == "python"  # the image's python, not the launcher's
 
 

@@ -12,7 +12,11 @@ import yaml
 from validate_helpers import REPO
 
 CPU = ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
-CPU += ["training.model.data.data_impl=mock", "training.trainer.num_nodes=1"]
+CPU += [
+    "training.model.data.data_impl=mock",
+    "training.model.data.mock_vocab_size=64",
+    "training.trainer.num_nodes=1",
+]
 QUICK = ["validation.max_bytes=4K", "validation.iters=2", "validation.warmup=1", "validation.pair_bytes=16K"]
 
 

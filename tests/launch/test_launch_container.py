@@ -1,0 +1,186 @@
+"""Container jobs (pyxis): every step runs in the image, and sees the directories the launch wrote for it."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gptrain.cli import main
+from gptrain.errors import ConfigError
+from gptrain.launch.compose import compose
+from gptrain.launch.mounts import container_mounts
+from gptrain.launch.stages import build_plan, config_path, write_run_files
+
+CPU = ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
+NASTY = "a b;touch owned"
+NEMO_CONF = Path(__file__).parents[1] / "config/nemo_launcher/23.07/launcher_scripts/conf"
+
+SRUN = (
+    'n=$(ls "$STUB_LOG" | wc -l); printf \'%s\\0\' "$@" > "$STUB_LOG/srun-$n.argv"; exit "${SRUN_EXIT:-0}"\n'
+)
+SCONTROL = 'case "$1 $2" in "show hostnames") echo n1 ;; esac\n'
+
+
+def stub_bin(tmp_path: Path, **scripts: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in scripts.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def step_words(line: str) -> list[str]:
+    """A script line as bash splits it, without the trailing `|| exit 1` or `&`."""
+    words = shlex.split(line.removesuffix(" &"))
+    return words[:-3] if words[-3:] == ["||", "exit", "1"] else words
+
+
+def prepare_and_train(tmp_path: Path, *extra: str) -> tuple[list[str], object]:
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/{NASTY}", f"data_dir={tmp_path}/d", *CPU]
+    args += ["stages=[data_preparation,training]", "data_preparation.shards=[https://h/a.jsonl.zst]", *extra]
+    plan = build_plan(compose(args))
+    return write_run_files(plan, args), plan
+
+
+def test_with_a_container_the_blend_is_applied_inside_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    image = [
+        "container=/apps/my image.sqsh",
+        "container_mounts=[/fsx:/fsx]",
+        "cluster.srun_args=[--mpi=pmix]",
+    ]
+    (prep, train), plan = prepare_and_train(tmp_path, *image)
+    lines = train.read_text().splitlines()
+    steps = [i for i, line in enumerate(lines) if line.startswith("srun ")]
+    assert len(steps) == 2 and not [
+        line for line in lines if "-m gptrain" in line and not line.startswith("srun ")
+    ]
+    setup, training = (step_words(lines[i]) for i in steps)
+    assert "apply-blend" in setup and lines[steps[0]].endswith(
+        " || exit 1"
+    )  # first, and the job stops if it fails
+    assert setup[:4] == ["srun", "--kill-on-bad-exit=1", "--nodes=1", "--ntasks=1"]  # one task, in the image
+    options = training[4 : training.index("bash")]  # after srun --kill-on-bad-exit --nodes --ntasks-per-node
+    base, data = f"{tmp_path}/{NASTY}", f"{tmp_path}/d"
+    assert options == [
+        "--container-image=/apps/my image.sqsh",
+        f"--container-mounts={base}:{base},{data}:{data},/fsx:/fsx",
+        "--mpi=pmix",
+    ]
+    [job] = [j for j in plan.jobs if j.stage == "training"]
+    command = ["python", "-m", "gptrain.launch.download", "apply-blend", "--blend", f"{data}/blend.yaml"]
+    assert setup[4:] == [*options, *command, "--config", str(config_path(job))]
+    assert options[1] in step_words(next(x for x in prep.read_text().splitlines() if x.startswith("srun ")))
+
+
+def test_the_containers_blend_step_runs_its_words_verbatim_and_stops_the_job_on_failure(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (_, train), _ = prepare_and_train(tmp_path, "container=img", f"python={tmp_path}/my py")
+    bin_dir, log = stub_bin(tmp_path, srun=SRUN, scontrol=SCONTROL), tmp_path / "log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUB_LOG": str(log), "SLURM_JOB_ID": "7"}
+    env.update(SLURM_JOB_NODELIST="n1", SLURM_RESTART_COUNT="0")
+    for code, steps in (("0", 2), ("1", 1)):  # a failed blend step: the training step never starts
+        log.mkdir()
+        done = subprocess.run(
+            ["bash", str(train)], env={**env, "SRUN_EXIT": code}, capture_output=True, text=True
+        )
+        assert done.returncode == int(code), done.stderr
+        argv = [(log / f"srun-{n}.argv").read_text().split("\0")[:-1] for n in range(steps)]
+        assert len(list(log.iterdir())) == steps
+        setup = next(line for line in train.read_text().splitlines() if "apply-blend" in line)
+        assert argv[0] == step_words(setup)[1:] and f"{tmp_path}/my py" in argv[0]
+        assert not list(tmp_path.rglob("owned"))  # `;touch owned` in the results dir ran nothing
+        subprocess.run(["rm", "-r", str(log)], check=True)
+
+
+def test_without_a_container_the_blend_is_applied_by_the_launching_python(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (_, train), _ = prepare_and_train(tmp_path, "python=/opt/env/bin/python")
+    [setup] = [line for line in train.read_text().splitlines() if "apply-blend" in line]
+    assert step_words(setup)[:4] == ["/opt/env/bin/python", "-m", "gptrain.launch.download", "apply-blend"]
+    assert "--container-mounts" not in train.read_text()
+
+
+@pytest.mark.parametrize(
+    ("base", "data", "user", "expected"),
+    [
+        ("/r", "/d", [], ["/r:/r", "/d:/d"]),
+        ("/fsx/r", "/fsx/d", ["/fsx:/fsx"], ["/fsx:/fsx"]),  # a user mount holds both already
+        ("/fsx/r", "/fsx/d", ["/fsx"], ["/fsx"]),  # pyxis: a lone path is mounted at itself
+        (
+            "/fsx/r",
+            "/fsx/d",
+            ["/lustre/d:/fsx/d:ro"],
+            ["/fsx/r:/fsx/r", "/lustre/d:/fsx/d:ro"],
+        ),  # theirs wins
+        (
+            "/fsx/r",
+            "/fsx/d",
+            ["/fsx:/mnt"],
+            ["/fsx/r:/fsx/r", "/fsx/d:/fsx/d", "/fsx:/mnt"],
+        ),  # elsewhere inside
+        ("/x", "/x/data", ["/a:/a,/b:/b"], ["/x:/x", "/a:/a,/b:/b"]),  # data inside the results dir
+        ("/x/", "/x", [], ["/x:/x"]),
+        (
+            "/fsx/r",
+            "/fsx/d",
+            ["/fsx/r/sub:/fsx/r/sub"],
+            ["/fsx/r:/fsx/r", "/fsx/d:/fsx/d", "/fsx/r/sub:/fsx/r/sub"],
+        ),
+    ],
+)
+def test_the_jobs_dirs_are_mounted_once_and_ahead_of_the_users(base, data, user, expected):
+    resolved = {"base_results_dir": base, "data_dir": data, "container_mounts": user}
+    assert container_mounts(resolved, compose([]).config_root).items == expected
+
+
+def test_a_nemo_tree_is_mounted_with_its_results_and_data(tmp_path, monkeypatch):
+    """NeMo's config.yaml sets a container: the conf tree, results and data all reach the job."""
+    monkeypatch.chdir(tmp_path)
+    args = [
+        f"launcher_scripts_path={tmp_path}",
+        "training=gpt3/126m",
+        "stages=[training]",
+        "container_mounts=[/m]",
+    ]
+    [script] = write_run_files(build_plan(compose(args, NEMO_CONF)), args)
+    words = step_words(next(x for x in script.read_text().splitlines() if x.startswith("srun ")))
+    mounts = (
+        f"{tmp_path}/results:{tmp_path}/results,{tmp_path}/data:{tmp_path}/data,{NEMO_CONF}:{NEMO_CONF},/m"
+    )
+    assert f"--container-mounts={mounts}" in words
+
+
+def test_a_dir_pyxis_cannot_mount_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r:1", *CPU]
+    write_run_files(build_plan(compose(args)), args)  # no container: nothing to mount
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args, "container=img"]))
+    assert str(error.value).startswith(
+        f"base_results_dir: '{tmp_path}/r:1' cannot be mounted into the container"
+    )
+    assert "\n" not in str(error.value)
+
+
+def test_a_launch_creates_the_dirs_it_mounts(tmp_path, capsys, monkeypatch):
+    """pyxis cannot mount a source that does not exist: data_dir may not, before data preparation."""
+    monkeypatch.chdir(tmp_path)
+    sinfo = "echo 'n1|debug*|4|(null)|idle'\n"
+    bin_dir = stub_bin(tmp_path, sinfo=sinfo, sbatch='echo 42 >> "$0.log"; echo 42\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    args = ["launch", "cluster_type=slurm", "container=img", f"data_dir={tmp_path}/new data", *CPU]
+    args += [f"base_results_dir={tmp_path}/r", "training.trainer.num_nodes=1", "training.trainer.devices=1"]
+    args += ["training.model.data.data_impl=mock", "training.model.data.mock_vocab_size=64"]
+    assert main(["launch", "--dry-run", *args[1:]]) == 0
+    assert not (tmp_path / "new data").exists()  # a dry run creates nothing outside dry-run/
+    assert main(args) == 0
+    assert (tmp_path / "new data").is_dir() and (bin_dir / "sbatch.log").read_text() == "42\n"
+    assert "submitted training as Slurm job 42" in capsys.readouterr().err
