@@ -32,9 +32,11 @@ IGNORED_TOP_KEYS = {
     "wandb_api_bcp_secret_key": "BCP clusters are not supported",
     "bcp_no_redirect": "BCP clusters are not supported",
     "enable_vboost": "GPU power settings are left alone",
+    "nvte_bias_gelu_nvfusion": "a Transformer Engine fusion switch; gptrain does not use Transformer Engine",
 }
-# Older launchers (bignlp-scripts) switch stages with booleans instead of a `stages` list.
-RUN_SWITCHES = ("data_preparation", "training", "conversion", "finetuning", "fine_tuning", "evaluation")
+# Older launchers (bignlp-scripts) switch stages with booleans instead of a `stages` list
+# (bignlp 22.06 also has run_export and run_prompt_learning: every NeMo stage may appear).
+RUN_SWITCHES = ("data_preparation", "training", "finetuning", *NEMO_STAGES)
 CLUSTER_TYPES = {"bcm": "slurm", "slurm": "slurm", "local": "local"}
 PATH_KEYS = ("launcher_scripts_path", "bignlp_path")
 

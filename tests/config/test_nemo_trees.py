@@ -116,6 +116,22 @@ def test_run_switches_of_the_azure_config_pick_stages(tmp_path):
     assert set(names) <= set(training.model.data.data_prefix[1::2])  # what training reads
 
 
+def test_bignlp_switches_and_keys_are_named_not_dropped(tmp_path, capsys):
+    """bignlp-scripts 22.06's config.yaml: run_export/run_prompt_learning and a Transformer Engine
+    switch are reported as ignored, never silently dropped or read as stages."""
+    tree = tmp_path / "conf"
+    shutil.copytree(conf("23.07"), tree)
+    with (tree / "config.yaml").open("a") as config:
+        config.write("run_data_preparation: False\nrun_training: True\nrun_prompt_learning: False\n")
+        config.write("run_export: True\nnvte_bias_gelu_nvfusion: 0\n")
+    resolved = compose(["training=gpt3/126m"], tree).resolved()
+    assert resolved["stages"] == ["training"]
+    assert not any(key.startswith("run_") for key in resolved)
+    notes = capsys.readouterr().err
+    assert "run_export:" in notes and "nvte_bias_gelu_nvfusion (" in notes
+    assert "run_prompt_learning" not in notes  # off: nothing to ignore
+
+
 def test_file_numbers():
     assert parse_file_numbers("0-29") == list(range(30))
     assert parse_file_numbers("0, 3,5-6") == [0, 3, 5, 6]
