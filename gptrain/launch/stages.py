@@ -175,6 +175,7 @@ def data_preparation_job(section: dict[str, Any], cluster: dict[str, Any], pytho
     job = Job("data_preparation", name, job_name(cluster, name), run_dir, [])
     job.cpus_per_task = int(section.get("workers") or 1)
     job.time_limit = (section.get("run") or {}).get("time_limit")
+    job.dependency = (section.get("run") or {}).get("dependency")  # NeMo's Pile config: singleton
     job.workdir = str(Path.cwd())
     base = [python, "-m", "gptrain.launch.download"]
     if local:

@@ -123,6 +123,10 @@ def test_data_preparation_is_an_array_and_training_applies_the_blend(tmp_path):
     assert found["--output"].endswith("log-gptrain-download_shards_%A_%a.out")
     assert '--index "$SLURM_ARRAY_TASK_ID"' in prep.read_text() and "--cpus-per-task=2 " in prep.read_text()
     assert f"apply-blend --blend {tmp_path}/d/blend.yaml" in train.read_text()
+    assert "--dependency" not in found  # none asked for
+    args.append("data_preparation.run.dependency=singleton")  # as NeMo's download_gpt3_pile.yaml has
+    prep, _ = write_run_files(build_plan(compose(args)), args)
+    assert directives(prep.read_text())["--dependency"] == "singleton"
 
 
 def test_local_training_uses_torchrun(tmp_path):
