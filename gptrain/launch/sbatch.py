@@ -53,6 +53,12 @@ class Job:
     def script_path(self) -> Path:
         return self.run_dir / f"{self.job_name}_submission.sh"
 
+    @property
+    def config_path(self) -> Path:
+        """The resolved config the job reads: `<run name>_hydra.yaml`, without the job-name prefix
+        the script and logs carry, where the NeMo launcher writes it (scripts that read it work)."""
+        return self.run_dir / f"{self.run_name}_hydra.yaml"
+
     def log_pattern(self, suffix: str = "out") -> Path:
         """sbatch output pattern: %j (or %A_%a for arrays) becomes the job id.
 

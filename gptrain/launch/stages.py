@@ -1,7 +1,7 @@
 """Turn a composed launch config into Jobs (one per stage) and their files in the run dirs.
 
 Each stage's directory follows the NeMo launcher: `<base_results_dir>/<run.name>/` with the
-resolved config `<prefix><name>_hydra.yaml`, the script `<prefix><name>_submission.sh`,
+resolved config `<name>_hydra.yaml`, the script `<prefix><name>_submission.sh`,
 `launcher_cmd.log` (the command that launched it) and `launcher.log` (job ids, JSON lines).
 """
 
@@ -128,7 +128,7 @@ def stage_run(section: dict[str, Any], stage: str) -> tuple[str, Path]:
 
 
 def config_path(job: Job) -> Path:
-    return job.run_dir / f"{job.job_name}_hydra.yaml"
+    return job.config_path
 
 
 def training_job(

@@ -19,11 +19,15 @@ SLOW_PCT = 10.0
 
 
 def log_dir_of(record: dict[str, Any]) -> Path | None:
-    """The training's explicit_log_dir, from the resolved config next to its script."""
+    """The training's explicit_log_dir, from the resolved config its launch record names (a
+    record written before records named it: the config next to the script, as named then)."""
     script = str(record.get("script") or "")
-    if not script.endswith("_submission.sh"):
+    if record.get("config"):
+        config = Path(record["config"])
+    elif script.endswith("_submission.sh"):
+        config = Path(script.removesuffix("_submission.sh") + "_hydra.yaml")
+    else:
         return None
-    config = Path(script.removesuffix("_submission.sh") + "_hydra.yaml")
     try:
         data = yaml.safe_load(config.read_text()) or {}
         return Path(data["exp_manager"]["explicit_log_dir"])

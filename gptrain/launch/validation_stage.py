@@ -63,7 +63,7 @@ def validation_job(
     job.gpus = trainer.get("accelerator", "auto") != "cpu"
     job.time_limit = (section.get("run") or {}).get("time_limit")
     job.workdir = str(Path.cwd())
-    config = run_dir / f"{job.job_name}_hydra.yaml"
+    config = job.config_path
     args = ["-m", "gptrain", "validate", check, "--output-dir", str(run_dir / VALIDATION_DIR)]
     args += ["--profile", str(config)]
     for key, option in OPTIONS.items():

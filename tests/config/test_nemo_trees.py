@@ -59,10 +59,8 @@ def test_azure_tutorial_command_on_each_release_tree(release, tmp_path, capsys):
     assert f"--container-mounts={','.join(f'{d}:{d}' for d in own)}" in srun
     assert "nemo-megatron-gpt3_126m-1n-tp1-pp1-mbs1" in script
     run_dir = tmp_path / "results" / "gpt3_126m-1n-tp1-pp1-mbs1"
-    hydra = (run_dir / "nemo-megatron-gpt3_126m-1n-tp1-pp1-mbs1_hydra.yaml").read_text()
-    cfg = load_training_config(
-        config_file=str(run_dir / "nemo-megatron-gpt3_126m-1n-tp1-pp1-mbs1_hydra.yaml")
-    )
+    hydra = (run_dir / "gpt3_126m-1n-tp1-pp1-mbs1_hydra.yaml").read_text()
+    cfg = load_training_config(config_file=str(run_dir / "gpt3_126m-1n-tp1-pp1-mbs1_hydra.yaml"))
     assert cfg.run.time_limit == "10:00:00" and "time_limit: '10:00:00'" in hydra
     assert cfg.model.data.data_prefix[1] == f"{tmp_path}/data/my-gpt3_00_text_document"
     assert not cfg.exp_manager.create_wandb_logger  # the upstream file's W&B settings are read, not ignored

@@ -80,7 +80,7 @@ def test_a_dry_run_or_a_launch_that_fails_never_touches_a_live_runs_files(tmp_pa
     write_run_files(build_plan(compose(live)), live)  # the files of a run that is in the queue
     run = tmp_path / "r" / "gpt3_126m"
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
-    assert yaml.safe_load(before["gptrain-gpt3_126m_hydra.yaml"])["trainer"]["max_steps"] == 1000
+    assert yaml.safe_load(before["gpt3_126m_hydra.yaml"])["trainer"]["max_steps"] == 1000
 
     for dry_run in (["--dry-run"], []):
         assert main(["launch", *dry_run, *base, "training.trainer.max_steps=abc"]) == 2
@@ -89,10 +89,10 @@ def test_a_dry_run_or_a_launch_that_fails_never_touches_a_live_runs_files(tmp_pa
     assert main(["launch", "--dry-run", *base, "training.trainer.max_steps=2000"]) == 0
     out = capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
-    preview = yaml.safe_load((run / "dry-run/gptrain-gpt3_126m_hydra.yaml").read_text())
+    preview = yaml.safe_load((run / "dry-run/gpt3_126m_hydra.yaml").read_text())
     assert preview["trainer"]["max_steps"] == 2000
     script = (run / "dry-run/gptrain-gpt3_126m_submission.sh").read_text()
-    assert f"--config-file {run}/gptrain-gpt3_126m_hydra.yaml" in script  # as the launch would submit it
+    assert f"--config-file {run}/gpt3_126m_hydra.yaml" in script  # as the launch would submit it
     assert f"{run}/dry-run/gptrain-gpt3_126m_submission.sh" in out
 
 
@@ -104,7 +104,7 @@ def test_overrides_after_an_option_may_add_keys_with_plus(tmp_path, capsys, monk
     assert main([*args, "training.trainer.max_steps=7"]) == 0
     script = (tmp_path / "r/gpt3_126m/dry-run/gptrain-gpt3_126m_submission.sh").read_text()
     assert "export GPTRAIN_X=1" in script.splitlines()
-    config = yaml.safe_load((tmp_path / "r/gpt3_126m/dry-run/gptrain-gpt3_126m_hydra.yaml").read_text())
+    config = yaml.safe_load((tmp_path / "r/gpt3_126m/dry-run/gpt3_126m_hydra.yaml").read_text())
     assert config["trainer"]["max_steps"] == 7
     capsys.readouterr()
     with pytest.raises(SystemExit):  # anything else after an option is still refused

@@ -69,7 +69,7 @@ def test_local_training_run_layout_and_status(tmp_path):
     pid = records[0]["pid"]
     assert isinstance(records[0]["start_time"], int)  # with the pid it names one process (never a reused pid)
     names = {p.name for p in run.iterdir()}
-    assert {"gptrain-local_run_hydra.yaml", "gptrain-local_run_submission.sh", "launcher_cmd.log"} <= names
+    assert {"local_run_hydra.yaml", "gptrain-local_run_submission.sh", "launcher_cmd.log"} <= names
     assert {f"log-gptrain-local_run_{pid}.out", "results"} <= names
     status = gptrain(["status", "--results-dir", str(tmp_path / "results")], tmp_path).stdout
     assert f"local_run  training  job local-{pid}  COMPLETED  | step 6/6" in status

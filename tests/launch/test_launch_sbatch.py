@@ -85,7 +85,7 @@ def test_slurm_training_script(tmp_path, monkeypatch):
     assert "max_requeues=2" in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "--container-image" not in srun and "--no-container-mount-home" not in srun
-    assert srun.endswith(shlex.quote(str(tmp_path / f"results/{NASTY}/p-{NASTY}_hydra.yaml")) + " &")
+    assert srun.endswith(shlex.quote(str(tmp_path / f"results/{NASTY}/{NASTY}_hydra.yaml")) + " &")
     assert (script_path.parent / "launcher_cmd.log").read_text().startswith("gptrain launch ")
 
 
@@ -141,7 +141,7 @@ def test_local_training_uses_torchrun(tmp_path):
         "--nproc-per-node=2",
         "-m",
     ]
-    assert Path(command[-1]).name == "gptrain-gpt3_126m_hydra.yaml"
+    assert Path(command[-1]).name == "gpt3_126m_hydra.yaml"
 
 
 def test_raw_is_not_quoted():

@@ -139,8 +139,8 @@ def check_arrival(key: str, text: str, script: Path, plan, log: Path) -> None:
     if key in SBATCH_KEYS and text:
         assert sbatch_options(script.read_text())[SBATCH_KEYS[key]] == text
     elif key in PATH_KEYS:
-        assert str(config_path(job)).endswith(f"/{job.job_name}_hydra.yaml")
-        assert text in str(config_path(job)) and config_path(job).is_file()
+        assert str(config_path(job)).endswith(f"/{job.run_name}_hydra.yaml") and config_path(job).is_file()
+        assert text in str(job.script_path)  # the job-name prefix names the script, not the config
         # Slurm expands % anywhere in --output: only the job id slot may be a pattern
         pattern = sbatch_options(script.read_text())["--output"]
         output = re.sub(r"%(%|j)", lambda m: "%" if m.group(1) == "%" else "7", pattern)

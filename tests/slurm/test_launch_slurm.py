@@ -144,7 +144,7 @@ def test_data_preparation_array_then_training_on_the_blend(workdir, tiny):
     prefixes = [str(workdir / f"data/tokenized/s{i}_text_document") for i in range(2)]
     blend = yaml.safe_load((workdir / "data/blend.yaml").read_text())["data_prefix"]
     assert blend[1::2] == prefixes and blend[0] == blend[2] > 30 * 10  # same text lengths: same token counts
-    config = yaml.safe_load((workdir / "results/on_blend/t-on_blend_hydra.yaml").read_text())
+    config = yaml.safe_load((workdir / "results/on_blend/on_blend_hydra.yaml").read_text())
     assert config["model"]["data"]["data_prefix"] == blend  # the training job read the blend
     assert iterations(workdir / f"results/on_blend/log-t-on_blend_{train}.out")[-1][:2] == (6, 6)
     logs = gptrain(["logs", "download_shards", "-f"], workdir).stdout  # all array tasks ended: returns

@@ -57,18 +57,18 @@ def test_slurm_render_runs_validation_before_training_with_the_cluster_threshold
     assert "#SBATCH --exclude='n9,n[3,7]'" in (dry / "gptrain-gpt3_126m_submission.sh").read_text()
     srun = next(line for line in script.splitlines() if line.startswith("srun"))
     assert (
-        f"-m gptrain validate all --output-dir {run}/validation --profile {run}/gptrain-gpt3_126m_validation_hydra.yaml"
+        f"-m gptrain validate all --output-dir {run}/validation --profile {run}/gpt3_126m_validation_hydra.yaml"
         in srun
     )
     assert "--max-bytes 4K" in srun and "--exclude-file" not in srun
     assert srun.rstrip().endswith("--expect-gpus") or " --expect-gpus " in srun  # a GPU job: no GPU fails
-    config = yaml.safe_load((dry / "gptrain-gpt3_126m_validation_hydra.yaml").read_text())
+    config = yaml.safe_load((dry / "gpt3_126m_validation_hydra.yaml").read_text())
     assert config["thresholds"]["copy_GBps"] == 1234 and config["thresholds"]["inter_node_busbw_GBps"] == 240
     assert out.stdout.index("validation:") < out.stdout.index("training:")
 
     from gptrain.validate.thresholds import load_thresholds
 
-    limits = load_thresholds(str(dry / "gptrain-gpt3_126m_validation_hydra.yaml"))
+    limits = load_thresholds(str(dry / "gpt3_126m_validation_hydra.yaml"))
     assert limits.copy_GBps == 1234 and limits.busbw_threshold(True) == 240
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from validate_helpers import REPO
@@ -80,3 +81,16 @@ def test_two_rank_training_writes_step_times_and_status_prints_the_line(tmp_path
     assert sorted(p.name for p in times.iterdir()) == ["rank-0.jsonl", "rank-1.jsonl"]
     status = run("status", "gpt3_126m").stdout
     assert "  stragglers at step 4: " in status, status
+
+
+def test_the_log_dir_comes_from_the_config_the_record_names(tmp_path: Path) -> None:
+    """Records name the job's config (`<name>_hydra.yaml`, no job-name prefix); a record written
+    before they did is read as then: the config next to the script, named like it."""
+    from gptrain.launch.stragglers import log_dir_of
+
+    (tmp_path / "run_hydra.yaml").write_text("exp_manager: {explicit_log_dir: /new}\n")
+    (tmp_path / "p-run_hydra.yaml").write_text("exp_manager: {explicit_log_dir: /old}\n")
+    script = str(tmp_path / "p-run_submission.sh")
+    assert log_dir_of({"script": script, "config": str(tmp_path / "run_hydra.yaml")}) == Path("/new")
+    assert log_dir_of({"script": script}) == Path("/old")
+    assert log_dir_of({"script": "elsewhere.sh"}) is None

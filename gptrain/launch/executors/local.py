@@ -25,9 +25,10 @@ def run_job(job: Job, echo: bool = True) -> int:
     started = process_start_time(process.pid)
     if started is not None:  # status/cancel check it: a reused pid is another process
         fields["start_time"] = started
-    append_record(
-        job.run_dir, "submitted", **fields, job_name=job.job_name, script=str(job.script_path), log=str(log)
+    fields.update(
+        job_name=job.job_name, script=str(job.script_path), config=str(job.config_path), log=str(log)
     )
+    append_record(job.run_dir, "submitted", **fields)
     code = 130
     try:
         with open(log, "wb") as out:

@@ -48,6 +48,7 @@ def record_submission(job: Job, job_id: str, dependency: str | None) -> None:
         job_id=job_id,
         job_name=job.job_name,
         script=str(job.script_path),
+        config=str(job.config_path),
         log=str(job.log_pattern()).replace("%%", "%"),
         dependency=dependency,
     )
