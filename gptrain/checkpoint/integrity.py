@@ -13,10 +13,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 
 COMPLETE = "COMPLETE"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def is_complete(path: Path) -> bool:
+    return (path / COMPLETE).is_file()
+
+
+def complete_steps(root: Path) -> list[int]:
+    """Steps of the complete checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in root.iterdir():
+        match = STEP_DIR.match(entry.name)
+        if match and entry.is_dir() and is_complete(entry):
+            steps.append(int(match.group(1)))
+    return sorted(steps)
 
 
 def manifest(step_dir: Path, checksums: dict[str, str | None] | None = None) -> dict[str, dict]:

@@ -5,6 +5,7 @@ Layout under the checkpoint root:
     step_<N>/rank_<r>.pt this rank's extra state (RNG streams), written atomically
     step_<N>/COMPLETE    written by rank 0 once every rank has written its files
     latest               'step_<N>', rewritten atomically after COMPLETE
+    step_<N>.damaged-<time>/  a checkpoint resume passed over, renamed by rank 0 (kept, never pruned)
 
 A directory without COMPLETE is a save that died half way: lookups ignore it, so a
 resumed run never loads a torn checkpoint. Works without a process group (one process).
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import re
 import shutil
 import time
 import warnings
@@ -40,12 +40,18 @@ from torch.distributed.checkpoint.api import CheckpointException
 from gptrain.checkpoint import compat
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
 from gptrain.checkpoint.compat import CheckpointMismatchError
-from gptrain.checkpoint.integrity import complete_record, verify, verify_share
+from gptrain.checkpoint.integrity import (
+    COMPLETE,
+    STEP_DIR,
+    complete_record,
+    complete_steps,
+    is_complete,
+    verify,
+    verify_share,
+)
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write, atomic_write_text
 
-STEP_DIR = re.compile(r"^step_(\d+)$")
-COMPLETE = "COMPLETE"
 LATEST = "latest"
 # One process without a process group is a supported case here, not a mistake (also
 # raised from the async-save thread, where a local catch_warnings would not reach).
@@ -62,22 +68,6 @@ class CheckpointWriteError(GptrainError):
 
 def step_dir_name(step: int) -> str:
     return f"step_{step}"
-
-
-def is_complete(path: Path) -> bool:
-    return (path / COMPLETE).is_file()
-
-
-def complete_steps(root: Path) -> list[int]:
-    """Steps of the complete checkpoints under `root`, oldest first."""
-    if not root.is_dir():
-        return []
-    steps = []
-    for entry in root.iterdir():
-        match = STEP_DIR.match(entry.name)
-        if match and entry.is_dir() and is_complete(entry):
-            steps.append(int(match.group(1)))
-    return sorted(steps)
 
 
 def newest_complete(root: Path) -> Path | None:
@@ -130,6 +120,17 @@ def _first_on_any_rank(problem: str | None) -> str | None:
     verdicts: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(verdicts, problem)
     return next((v for v in verdicts if v is not None), None)
+
+
+def rename_aside(path: Path, why: str) -> Path:
+    """Rename `path` to a free sibling `<name>.<why>-<time>[-N]`, a name STEP_DIR does not match."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        aside = path.with_name(f"{path.name}.{why}-{stamp}" + (f"-{n}" if n else ""))
+        if not aside.exists():
+            path.rename(aside)
+            return aside
+    raise FileExistsError(f"no free name beside {path}")
 
 
 def _barrier() -> None:
@@ -320,7 +321,7 @@ class CheckpointManager:
             checksums = gathered_checksums(path, self._writer.checksums if self._writer else {})
             atomic_write_text(path / COMPLETE, complete_record(report.step, path, checksums))
             atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
-            self._prune()
+            self._prune(report.step)
         if barrier:
             _barrier()
         report.bytes = directory_bytes(path) if path.is_dir() else 0
@@ -335,15 +336,16 @@ class CheckpointManager:
             f"removed and earlier checkpoints are unchanged: free space or fix permissions under {self.root}"
         )
 
-    def _prune(self) -> None:
-        """Keep the newest `keep_last` complete checkpoints; drop torn ones older than the newest."""
-        steps = complete_steps(self.root)
-        if not steps:
-            return
+    def _prune(self, saved: int) -> None:
+        """Keep the newest `keep_last` complete checkpoints up to `saved`, the one just marked complete,
+        and drop torn ones older than it. A step newer than `saved` is one this run did not resume
+        from (damaged, and not moved aside): counting it would delete the good ones, so it is left
+        alone until the run passes it."""
+        steps = [step for step in complete_steps(self.root) if step <= saved]
         doomed = steps[: -self.keep_last] if self.keep_last else []
         for entry in self.root.iterdir():
             match = STEP_DIR.match(entry.name)
-            if match and not is_complete(entry) and int(match.group(1)) < steps[-1]:
+            if match and not is_complete(entry) and int(match.group(1)) < saved:
                 doomed.append(int(match.group(1)))
         for step in doomed:
             shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
@@ -379,18 +381,21 @@ class CheckpointManager:
 
         `state_fn` gets the checkpoint's saved keys ('model.tok_embeddings.weight', 'scaler.scale', ...)
         and builds the state to load. Each checkpoint passed over (damaged: it fails its manifest, or
-        reading it fails) is reported through `warn`. None when there is no complete checkpoint;
-        CheckpointLoadError when there are some and none of them loads; CheckpointMismatchError,
-        at once, when the newest sound one holds other tensors than the config builds.
+        reading it fails) is reported through `warn`, and once an older one has loaded, moved aside
+        (`_move_aside_damaged`). None when there is no complete checkpoint; CheckpointLoadError when
+        there are some and none of them loads (nothing is moved); CheckpointMismatchError, at once,
+        when the newest sound one holds other tensors than the config builds.
         """
-        problems = []
+        problems, damaged = [], []
         for step in reversed(complete_steps(self.root)):
             path = self.root / step_dir_name(step)
             loaded = self._verify_and_load(path, state_fn, apply)
             if isinstance(loaded, dict):
+                self._move_aside_damaged(damaged, path, warn)
                 return path, loaded
             problem = loaded
             problems.append(problem)
+            damaged.append(path)
             warn(f"checkpoint {path.name} is damaged: {problem}; trying the previous one")
         if problems:
             raise CheckpointLoadError(
@@ -398,6 +403,22 @@ class CheckpointManager:
                 "aside, or start over with exp_manager.resume_if_exists=false and another run.name"
             )
         return None
+
+    def _move_aside_damaged(self, damaged: list[Path], resumed: Path, warn: Callable[[str], None]) -> None:
+        """Rank 0 renames the checkpoints a resume passed over out of the step_<N> names, and points
+        `latest` at the one it resumed: resume and retention then see only the good ones (left as
+        step_<N>, the newest-numbered damaged one would outlive the run's new saves). The damaged data
+        is kept, not deleted, for a look at what happened."""
+        if self.rank != 0 or not damaged:
+            return
+        for path in damaged:
+            try:
+                aside = rename_aside(path, "damaged")
+            except OSError as error:
+                warn(f"could not move the damaged checkpoint {path} aside ({error}); move it by hand")
+                continue
+            warn(f"moved the damaged checkpoint {path.name} aside to {aside} (kept for inspection)")
+        atomic_write_text(self.root / LATEST, resumed.name + "\n")
 
     def load_verified(
         self,

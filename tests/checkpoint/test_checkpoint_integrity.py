@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gptrain.checkpoint.integrity import verify
-from gptrain.checkpoint.manager import CheckpointLoadError, CheckpointManager
+from gptrain.checkpoint.manager import CheckpointLoadError, CheckpointManager, complete_steps
 from gptrain.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
@@ -72,7 +72,7 @@ def test_load_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path):
     template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
     path, _ = manager.load_newest_good(template, applied.append, warnings.append)
     assert path == tmp_path / "step_1" and torch.equal(applied[0]["model"]["w"], torch.full((64, 64), 1.0))
-    assert [w.split(":")[0] for w in warnings] == [
+    assert [w.split(":")[0] for w in warnings[:2]] == [
         "checkpoint step_3 is damaged",
         "checkpoint step_2 is damaged",
     ]
@@ -80,6 +80,30 @@ def test_load_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path):
     with pytest.raises(CheckpointLoadError, match="no checkpoint under .* loads") as error:
         manager.load_newest_good(template, applied.append, warnings.append)
     assert "\n" not in str(error.value)
+
+
+def test_resume_past_a_damaged_checkpoint_moves_it_aside_so_retention_keeps_the_good_ones(tmp_path):
+    """Left as step_4, the damaged checkpoint counted as the newest for save_top_k: the next save and
+    the one resumed from were deleted, and the requeue after found nothing that loads."""
+    save(CheckpointManager(tmp_path, keep_last=2), 2)
+    save(CheckpointManager(tmp_path, keep_last=2), 4)
+    truncate_shard(tmp_path / "step_4")
+    requeued = CheckpointManager(tmp_path, keep_last=1)  # save_top_k=1
+    warnings = []
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    path, _ = requeued.load_newest_good(template, lambda s: None, warnings.append)
+    [aside] = tmp_path.glob("step_4.damaged-*")
+    assert path == tmp_path / "step_2" and len(warnings) == 2
+    assert warnings[1] == f"moved the damaged checkpoint step_4 aside to {aside} (kept for inspection)"
+    assert ".distcp is 100 bytes" in verify(aside)  # kept as it was found
+    assert (tmp_path / "latest").read_text() == "step_2\n"
+    save(requeued, 3)
+    assert complete_steps(tmp_path) == [3] and aside.is_dir()
+    warnings.clear()
+    path, _ = CheckpointManager(tmp_path, keep_last=1).load_newest_good(
+        template, lambda s: None, warnings.append
+    )
+    assert path == tmp_path / "step_3" and warnings == []
 
 
 def test_resume_skips_a_truncated_latest_checkpoint_loudly(tmp_path, monkeypatch):
