@@ -22,15 +22,17 @@ A new save waits for the previous one only if that one is still writing, and say
 from __future__ import annotations
 
 import functools
+import io
 import operator
 import shutil
 import time
 import warnings
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -50,9 +52,10 @@ from gptrain.checkpoint.integrity import (
     verify_share,
 )
 from gptrain.errors import GptrainError
-from gptrain.utils.atomic import atomic_write, atomic_write_text
+from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text
 
 LATEST = "latest"
+T = TypeVar("T")
 # One process without a process group is a supported case here, not a mistake (also
 # raised from the async-save thread, where a local catch_warnings would not reach).
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
@@ -120,6 +123,26 @@ def _first_on_any_rank(problem: str | None) -> str | None:
     verdicts: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(verdicts, problem)
     return next((v for v in verdicts if v is not None), None)
+
+
+class _NotLoaded(Exception):
+    """A step of loading a checkpoint failed on some rank: every rank skips the checkpoint."""
+
+
+def _agreed(what: Path, step: Callable[[], T]) -> T:
+    """Run one step of a load on every rank: its result, or _NotLoaded on every rank with the reason
+    of the first rank where `what` did not load."""
+    value, problem = None, None
+    try:
+        value = step()
+    except CheckpointMismatchError:
+        raise  # the config's fault, raised on every rank alike (check_fits): no fallback
+    except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+        problem = f"{what} does not load ({root_cause(error)})"
+    problem = _first_on_any_rank(problem)
+    if problem is not None:
+        raise _NotLoaded(problem)
+    return cast(T, value)
 
 
 def rename_aside(path: Path, why: str) -> Path:
@@ -216,12 +239,13 @@ class CheckpointManager:
         _barrier()
         try:
             path.mkdir(parents=True, exist_ok=True)
-            with atomic_write(path / f"rank_{self.rank}.pt") as handle:
-                torch.save(rank_state, handle)
+            self._writer = ChecksummingWriter(path, background=self.async_save)
+            rank_file = path / f"rank_{self.rank}.pt"
+            # into this rank's checksum sidecar with its DCP files, hence into the manifest
+            self._writer.checksums[rank_file.name] = write_rank_state(rank_file, rank_state)
             if self.async_save:
                 self._start_background_save(step, path, state, started, waited)
                 return path
-            self._writer = ChecksummingWriter(path)
             dcp.save(state, checkpoint_id=str(path), storage_writer=self._writer)
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             raise self._write_failed(path, error) from error
@@ -232,7 +256,6 @@ class CheckpointManager:
     def _start_background_save(
         self, step: int, path: Path, state: dict[str, Any], started: float, waited: float
     ) -> None:
-        self._writer = ChecksummingWriter(path, background=True)
         response = dcp.async_save(
             state,
             checkpoint_id=str(path),
@@ -440,16 +463,22 @@ class CheckpointManager:
         state_fn: Callable[[set[str]], dict[str, Any]],
         apply: Callable[[dict[str, Any]], None],
     ) -> dict[str, Any] | str:
-        """This rank's extra state, or what is wrong with `path` (the same verdict on every rank)."""
+        """This rank's extra state, or what is wrong with `path` (the same verdict on every rank).
+
+        Each step that can fail on one rank alone (reading its rank file, the data, applying it) is
+        agreed before the next: a rank that fell back alone would wait for the others in another
+        collective until the process group timed out.
+        """
         problem = _first_on_any_rank(verify(path) or verify_share(path, self.rank, _world_size()))
         if problem is not None:
             return problem
         try:
-            return self.load(path, state_fn(set(compat.saved_metadata(path))), apply)
-        except CheckpointMismatchError:
-            raise  # the config's fault, the same for every older checkpoint: no fallback
-        except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-            return f"{path} does not load ({root_cause(error)})"
+            extra = _agreed(path / f"rank_{self.rank}.pt", lambda: read_rank_state(path, self.rank))
+            state = _agreed(path, lambda: self.read_state(path, state_fn(set(compat.saved_metadata(path)))))
+            _agreed(path, lambda: apply(state))
+        except _NotLoaded as skipped:
+            return str(skipped)
+        return extra
 
     def finish_after_failure(self, timeout_s: float) -> str | None:
         """On a run's way out by an exception: mark a background save complete if its write
@@ -490,7 +519,14 @@ class CheckpointManager:
     def load(
         self, path: Path, state: dict[str, Any], apply: Callable[[dict[str, Any]], None]
     ) -> dict[str, Any]:
-        """Load DCP `state` in place, hand it to `apply`, return this rank's extra state.
+        """Load DCP `state` in place, hand it to `apply`, return this rank's extra state (read first:
+        nothing is applied from a checkpoint whose rank file does not load)."""
+        extra = read_rank_state(path, self.rank)
+        apply(self.read_state(path, state))
+        return extra
+
+    def read_state(self, path: Path, state: dict[str, Any]) -> dict[str, Any]:
+        """DCP `state` loaded in place; what `apply` gets.
 
         A checkpoint whose tensors are not those of `state` is refused before any data is read
         (`check_fits`), except for the rows of the vocabulary tensors: the vocabulary is padded to a
@@ -513,11 +549,25 @@ class CheckpointManager:
         for key, tensor in staged.items():
             compat.copy_common_rows(flat[key], tensor, self.vocab_size)
             compat.set_at(state, paths[key], flat[key])
-        apply(state)
-        rank_file = path / f"rank_{self.rank}.pt"
-        if not rank_file.is_file():
-            return {}
-        return torch.load(rank_file, map_location="cpu", weights_only=False)
+        return state
+
+
+def write_rank_state(path: Path, rank_state: dict[str, Any]) -> str:
+    """torch.save `rank_state` to `path` atomically; returns the CRC-32 of the bytes written, so that
+    verify finds a changed byte in a rank file as it does in a DCP file."""
+    buffer = io.BytesIO()
+    torch.save(rank_state, buffer)
+    data = buffer.getvalue()
+    atomic_write_bytes(path, data)
+    return f"{zlib.crc32(data):08x}"
+
+
+def read_rank_state(path: Path, rank: int) -> dict[str, Any]:
+    """This rank's extra state of a checkpoint ({} when it has none: an import, or a larger world)."""
+    rank_file = path / f"rank_{rank}.pt"
+    if not rank_file.is_file():
+        return {}
+    return torch.load(rank_file, map_location="cpu", weights_only=False)
 
 
 def saved_sections(path: Path) -> set[str]:

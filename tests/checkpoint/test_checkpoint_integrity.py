@@ -28,6 +28,12 @@ def truncate_shard(step_dir: Path) -> Path:
     return shard
 
 
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def test_complete_marker_lists_every_file_with_size_and_write_time_crc(tmp_path):
     path = save(CheckpointManager(tmp_path, keep_last=2), 3)
     record = json.loads((path / "COMPLETE").read_text())
@@ -106,6 +112,21 @@ def test_resume_past_a_damaged_checkpoint_moves_it_aside_so_retention_keeps_the_
     assert path == tmp_path / "step_3" and warnings == []
 
 
+def test_a_changed_byte_in_a_rank_file_is_found_by_the_checksum(tmp_path, capsys):
+    """A rank file (RNG streams) gets its CRC-32 when written, as the DCP files do: a same-size change
+    is found by verify and by resume before loading, not by one rank's torch.load alone."""
+    manager = CheckpointManager(tmp_path / "checkpoints", keep_last=2)
+    path = manager.save(1, {"model": {"w": torch.zeros(4)}}, {"rng": torch.arange(100)})
+    rank_file = path / "rank_0.pt"
+    files = json.loads((path / "COMPLETE").read_text())["files"]
+    assert files["rank_0.pt"]["crc32"] == f"{zlib.crc32(rank_file.read_bytes()):08x}"
+    flip_a_byte(rank_file)
+    assert verify(path) is None  # same size
+    assert verify(path, checksums=True).startswith(f"{rank_file} has CRC-32 ")
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.startswith(f"step_1: DAMAGED: {rank_file} has CRC-32 ")
+
+
 def test_resume_skips_a_truncated_latest_checkpoint_loudly(tmp_path, monkeypatch):
     """The issue's case: truncate one .distcp of the latest checkpoint and resume."""
     config = tiny_config(tmp_path, *MOCK, "exp_manager.resume_if_exists=true")
@@ -175,7 +196,8 @@ def test_tensors_written_in_pieces_checksum_and_load_exactly(tmp_path, monkeypat
     manager.close()
     assert get_crc32_options() is True
     files = json.loads((path / "COMPLETE").read_text())["files"]
-    for name in [name for name in files if name.endswith(".distcp") or name == ".metadata"]:
+    assert {name for name in files if files[name]["crc32"]} == {"__0_0.distcp", ".metadata", "rank_0.pt"}
+    for name in ["__0_0.distcp", ".metadata", "rank_0.pt"]:
         assert files[name]["crc32"] == f"{zlib.crc32((path / name).read_bytes()):08x}"
     target = {
         "model": {"w": torch.zeros(123, 45, dtype=torch.float64), "b": torch.zeros(7, dtype=torch.int64)}
