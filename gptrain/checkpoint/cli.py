@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
-from gptrain.checkpoint.integrity import COMPLETE, verify
+from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, verify
 from gptrain.errors import ConfigError
-
-STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -2,8 +2,8 @@
 
 The COMPLETE marker carries a manifest: every file of the step directory with its size (taken
 by rank 0 from the directory listing once every rank's files are written) and its CRC-32
-(computed while the file was written, gptrain.checkpoint.checksum_writer; no data is read
-again at save time). `verify` compares the directory with it: sizes always, checksums on request
+(computed while the file was written: DCP's files in gptrain.checkpoint.checksum_writer, the
+rank files in gptrain.checkpoint.manager; no data is read again at save time). `verify` compares the directory with it: sizes always, checksums on request
 (`gptrain checkpoint verify` reads every file once to find a changed byte). At resume every rank
 checks the sizes and the CRC-32s of its share of the files (`verify_share`), so the job reads the
 checkpoint once between its ranks before loading it.
@@ -13,10 +13,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 
 COMPLETE = "COMPLETE"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def is_complete(path: Path) -> bool:
+    return (path / COMPLETE).is_file()
+
+
+def complete_steps(root: Path) -> list[int]:
+    """Steps of the complete checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in root.iterdir():
+        match = STEP_DIR.match(entry.name)
+        if match and entry.is_dir() and is_complete(entry):
+            steps.append(int(match.group(1)))
+    return sorted(steps)
 
 
 def manifest(step_dir: Path, checksums: dict[str, str | None] | None = None) -> dict[str, dict]:

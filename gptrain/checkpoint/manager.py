@@ -5,6 +5,7 @@ Layout under the checkpoint root:
     step_<N>/rank_<r>.pt this rank's extra state (RNG streams), written atomically
     step_<N>/COMPLETE    written by rank 0 once every rank has written its files
     latest               'step_<N>', rewritten atomically after COMPLETE
+    step_<N>.damaged-<time>/  a checkpoint resume passed over, renamed by rank 0 (kept, never pruned)
 
 A directory without COMPLETE is a save that died half way: lookups ignore it, so a
 resumed run never loads a torn checkpoint. Works without a process group (one process).
@@ -21,16 +22,17 @@ A new save waits for the previous one only if that one is still writing, and say
 from __future__ import annotations
 
 import functools
+import io
 import operator
-import re
 import shutil
 import time
 import warnings
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -40,13 +42,20 @@ from torch.distributed.checkpoint.api import CheckpointException
 from gptrain.checkpoint import compat
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
 from gptrain.checkpoint.compat import CheckpointMismatchError
-from gptrain.checkpoint.integrity import complete_record, verify, verify_share
+from gptrain.checkpoint.integrity import (
+    COMPLETE,
+    STEP_DIR,
+    complete_record,
+    complete_steps,
+    is_complete,
+    verify,
+    verify_share,
+)
 from gptrain.errors import GptrainError
-from gptrain.utils.atomic import atomic_write, atomic_write_text
+from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text
 
-STEP_DIR = re.compile(r"^step_(\d+)$")
-COMPLETE = "COMPLETE"
 LATEST = "latest"
+T = TypeVar("T")
 # One process without a process group is a supported case here, not a mistake (also
 # raised from the async-save thread, where a local catch_warnings would not reach).
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
@@ -62,22 +71,6 @@ class CheckpointWriteError(GptrainError):
 
 def step_dir_name(step: int) -> str:
     return f"step_{step}"
-
-
-def is_complete(path: Path) -> bool:
-    return (path / COMPLETE).is_file()
-
-
-def complete_steps(root: Path) -> list[int]:
-    """Steps of the complete checkpoints under `root`, oldest first."""
-    if not root.is_dir():
-        return []
-    steps = []
-    for entry in root.iterdir():
-        match = STEP_DIR.match(entry.name)
-        if match and entry.is_dir() and is_complete(entry):
-            steps.append(int(match.group(1)))
-    return sorted(steps)
 
 
 def newest_complete(root: Path) -> Path | None:
@@ -130,6 +123,37 @@ def _first_on_any_rank(problem: str | None) -> str | None:
     verdicts: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(verdicts, problem)
     return next((v for v in verdicts if v is not None), None)
+
+
+class _NotLoaded(Exception):
+    """A step of loading a checkpoint failed on some rank: every rank skips the checkpoint."""
+
+
+def _agreed(what: Path, step: Callable[[], T]) -> T:
+    """Run one step of a load on every rank: its result, or _NotLoaded on every rank with the reason
+    of the first rank where `what` did not load."""
+    value, problem = None, None
+    try:
+        value = step()
+    except CheckpointMismatchError:
+        raise  # the config's fault, raised on every rank alike (check_fits): no fallback
+    except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+        problem = f"{what} does not load ({root_cause(error)})"
+    problem = _first_on_any_rank(problem)
+    if problem is not None:
+        raise _NotLoaded(problem)
+    return cast(T, value)
+
+
+def rename_aside(path: Path, why: str) -> Path:
+    """Rename `path` to a free sibling `<name>.<why>-<time>[-N]`, a name STEP_DIR does not match."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        aside = path.with_name(f"{path.name}.{why}-{stamp}" + (f"-{n}" if n else ""))
+        if not aside.exists():
+            path.rename(aside)
+            return aside
+    raise FileExistsError(f"no free name beside {path}")
 
 
 def _barrier() -> None:
@@ -215,12 +239,13 @@ class CheckpointManager:
         _barrier()
         try:
             path.mkdir(parents=True, exist_ok=True)
-            with atomic_write(path / f"rank_{self.rank}.pt") as handle:
-                torch.save(rank_state, handle)
+            self._writer = ChecksummingWriter(path, background=self.async_save)
+            rank_file = path / f"rank_{self.rank}.pt"
+            # into this rank's checksum sidecar with its DCP files, hence into the manifest
+            self._writer.checksums[rank_file.name] = write_rank_state(rank_file, rank_state)
             if self.async_save:
                 self._start_background_save(step, path, state, started, waited)
                 return path
-            self._writer = ChecksummingWriter(path)
             dcp.save(state, checkpoint_id=str(path), storage_writer=self._writer)
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             raise self._write_failed(path, error) from error
@@ -231,7 +256,6 @@ class CheckpointManager:
     def _start_background_save(
         self, step: int, path: Path, state: dict[str, Any], started: float, waited: float
     ) -> None:
-        self._writer = ChecksummingWriter(path, background=True)
         response = dcp.async_save(
             state,
             checkpoint_id=str(path),
@@ -320,7 +344,7 @@ class CheckpointManager:
             checksums = gathered_checksums(path, self._writer.checksums if self._writer else {})
             atomic_write_text(path / COMPLETE, complete_record(report.step, path, checksums))
             atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
-            self._prune()
+            self._prune(report.step)
         if barrier:
             _barrier()
         report.bytes = directory_bytes(path) if path.is_dir() else 0
@@ -335,15 +359,16 @@ class CheckpointManager:
             f"removed and earlier checkpoints are unchanged: free space or fix permissions under {self.root}"
         )
 
-    def _prune(self) -> None:
-        """Keep the newest `keep_last` complete checkpoints; drop torn ones older than the newest."""
-        steps = complete_steps(self.root)
-        if not steps:
-            return
+    def _prune(self, saved: int) -> None:
+        """Keep the newest `keep_last` complete checkpoints up to `saved`, the one just marked complete,
+        and drop torn ones older than it. A step newer than `saved` is one this run did not resume
+        from (damaged, and not moved aside): counting it would delete the good ones, so it is left
+        alone until the run passes it."""
+        steps = [step for step in complete_steps(self.root) if step <= saved]
         doomed = steps[: -self.keep_last] if self.keep_last else []
         for entry in self.root.iterdir():
             match = STEP_DIR.match(entry.name)
-            if match and not is_complete(entry) and int(match.group(1)) < steps[-1]:
+            if match and not is_complete(entry) and int(match.group(1)) < saved:
                 doomed.append(int(match.group(1)))
         for step in doomed:
             shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
@@ -379,18 +404,21 @@ class CheckpointManager:
 
         `state_fn` gets the checkpoint's saved keys ('model.tok_embeddings.weight', 'scaler.scale', ...)
         and builds the state to load. Each checkpoint passed over (damaged: it fails its manifest, or
-        reading it fails) is reported through `warn`. None when there is no complete checkpoint;
-        CheckpointLoadError when there are some and none of them loads; CheckpointMismatchError,
-        at once, when the newest sound one holds other tensors than the config builds.
+        reading it fails) is reported through `warn`, and once an older one has loaded, moved aside
+        (`_move_aside_damaged`). None when there is no complete checkpoint; CheckpointLoadError when
+        there are some and none of them loads (nothing is moved); CheckpointMismatchError, at once,
+        when the newest sound one holds other tensors than the config builds.
         """
-        problems = []
+        problems, damaged = [], []
         for step in reversed(complete_steps(self.root)):
             path = self.root / step_dir_name(step)
             loaded = self._verify_and_load(path, state_fn, apply)
             if isinstance(loaded, dict):
+                self._move_aside_damaged(damaged, path, warn)
                 return path, loaded
             problem = loaded
             problems.append(problem)
+            damaged.append(path)
             warn(f"checkpoint {path.name} is damaged: {problem}; trying the previous one")
         if problems:
             raise CheckpointLoadError(
@@ -398,6 +426,22 @@ class CheckpointManager:
                 "aside, or start over with exp_manager.resume_if_exists=false and another run.name"
             )
         return None
+
+    def _move_aside_damaged(self, damaged: list[Path], resumed: Path, warn: Callable[[str], None]) -> None:
+        """Rank 0 renames the checkpoints a resume passed over out of the step_<N> names, and points
+        `latest` at the one it resumed: resume and retention then see only the good ones (left as
+        step_<N>, the newest-numbered damaged one would outlive the run's new saves). The damaged data
+        is kept, not deleted, for a look at what happened."""
+        if self.rank != 0 or not damaged:
+            return
+        for path in damaged:
+            try:
+                aside = rename_aside(path, "damaged")
+            except OSError as error:
+                warn(f"could not move the damaged checkpoint {path} aside ({error}); move it by hand")
+                continue
+            warn(f"moved the damaged checkpoint {path.name} aside to {aside} (kept for inspection)")
+        atomic_write_text(self.root / LATEST, resumed.name + "\n")
 
     def load_verified(
         self,
@@ -419,16 +463,22 @@ class CheckpointManager:
         state_fn: Callable[[set[str]], dict[str, Any]],
         apply: Callable[[dict[str, Any]], None],
     ) -> dict[str, Any] | str:
-        """This rank's extra state, or what is wrong with `path` (the same verdict on every rank)."""
+        """This rank's extra state, or what is wrong with `path` (the same verdict on every rank).
+
+        Each step that can fail on one rank alone (reading its rank file, the data, applying it) is
+        agreed before the next: a rank that fell back alone would wait for the others in another
+        collective until the process group timed out.
+        """
         problem = _first_on_any_rank(verify(path) or verify_share(path, self.rank, _world_size()))
         if problem is not None:
             return problem
         try:
-            return self.load(path, state_fn(set(compat.saved_metadata(path))), apply)
-        except CheckpointMismatchError:
-            raise  # the config's fault, the same for every older checkpoint: no fallback
-        except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-            return f"{path} does not load ({root_cause(error)})"
+            extra = _agreed(path / f"rank_{self.rank}.pt", lambda: read_rank_state(path, self.rank))
+            state = _agreed(path, lambda: self.read_state(path, state_fn(set(compat.saved_metadata(path)))))
+            _agreed(path, lambda: apply(state))
+        except _NotLoaded as skipped:
+            return str(skipped)
+        return extra
 
     def finish_after_failure(self, timeout_s: float) -> str | None:
         """On a run's way out by an exception: mark a background save complete if its write
@@ -469,7 +519,14 @@ class CheckpointManager:
     def load(
         self, path: Path, state: dict[str, Any], apply: Callable[[dict[str, Any]], None]
     ) -> dict[str, Any]:
-        """Load DCP `state` in place, hand it to `apply`, return this rank's extra state.
+        """Load DCP `state` in place, hand it to `apply`, return this rank's extra state (read first:
+        nothing is applied from a checkpoint whose rank file does not load)."""
+        extra = read_rank_state(path, self.rank)
+        apply(self.read_state(path, state))
+        return extra
+
+    def read_state(self, path: Path, state: dict[str, Any]) -> dict[str, Any]:
+        """DCP `state` loaded in place; what `apply` gets.
 
         A checkpoint whose tensors are not those of `state` is refused before any data is read
         (`check_fits`), except for the rows of the vocabulary tensors: the vocabulary is padded to a
@@ -492,11 +549,25 @@ class CheckpointManager:
         for key, tensor in staged.items():
             compat.copy_common_rows(flat[key], tensor, self.vocab_size)
             compat.set_at(state, paths[key], flat[key])
-        apply(state)
-        rank_file = path / f"rank_{self.rank}.pt"
-        if not rank_file.is_file():
-            return {}
-        return torch.load(rank_file, map_location="cpu", weights_only=False)
+        return state
+
+
+def write_rank_state(path: Path, rank_state: dict[str, Any]) -> str:
+    """torch.save `rank_state` to `path` atomically; returns the CRC-32 of the bytes written, so that
+    verify finds a changed byte in a rank file as it does in a DCP file."""
+    buffer = io.BytesIO()
+    torch.save(rank_state, buffer)
+    data = buffer.getvalue()
+    atomic_write_bytes(path, data)
+    return f"{zlib.crc32(data):08x}"
+
+
+def read_rank_state(path: Path, rank: int) -> dict[str, Any]:
+    """This rank's extra state of a checkpoint ({} when it has none: an import, or a larger world)."""
+    rank_file = path / f"rank_{rank}.pt"
+    if not rank_file.is_file():
+        return {}
+    return torch.load(rank_file, map_location="cpu", weights_only=False)
 
 
 def saved_sections(path: Path) -> set[str]:

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gptrain.checkpoint.integrity import complete_steps
 from gptrain.errors import ConfigError, GptrainError
 
 LOCK_NAME = "gptrain.lock"
@@ -172,10 +173,9 @@ def take_over(path: Path, me: Holder, text: str) -> RunLock:
 
 
 def earlier_checkpoints(log_dir: Path) -> list[str]:
-    root = log_dir / "checkpoints"
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if p.name.startswith("step_") or p.name == "latest")
+    """The complete checkpoints of `log_dir`, oldest first. A torn step_<N>/ (no COMPLETE: a save that
+    died, such as this job's before its requeue) holds nothing to resume, and retention removes it."""
+    return [f"step_{step}" for step in complete_steps(log_dir / "checkpoints")]
 
 
 def requeued_own_checkpoint(log_dir: Path, env: dict[str, str] | os._Environ = os.environ) -> str | None:

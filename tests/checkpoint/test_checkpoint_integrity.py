@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gptrain.checkpoint.integrity import verify
-from gptrain.checkpoint.manager import CheckpointLoadError, CheckpointManager
+from gptrain.checkpoint.manager import CheckpointLoadError, CheckpointManager, complete_steps
 from gptrain.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
@@ -26,6 +26,12 @@ def truncate_shard(step_dir: Path) -> Path:
     shard = next(step_dir.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
     return shard
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
 
 
 def test_complete_marker_lists_every_file_with_size_and_write_time_crc(tmp_path):
@@ -72,7 +78,7 @@ def test_load_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path):
     template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
     path, _ = manager.load_newest_good(template, applied.append, warnings.append)
     assert path == tmp_path / "step_1" and torch.equal(applied[0]["model"]["w"], torch.full((64, 64), 1.0))
-    assert [w.split(":")[0] for w in warnings] == [
+    assert [w.split(":")[0] for w in warnings[:2]] == [
         "checkpoint step_3 is damaged",
         "checkpoint step_2 is damaged",
     ]
@@ -80,6 +86,45 @@ def test_load_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path):
     with pytest.raises(CheckpointLoadError, match="no checkpoint under .* loads") as error:
         manager.load_newest_good(template, applied.append, warnings.append)
     assert "\n" not in str(error.value)
+
+
+def test_resume_past_a_damaged_checkpoint_moves_it_aside_so_retention_keeps_the_good_ones(tmp_path):
+    """Left as step_4, the damaged checkpoint counted as the newest for save_top_k: the next save and
+    the one resumed from were deleted, and the requeue after found nothing that loads."""
+    save(CheckpointManager(tmp_path, keep_last=2), 2)
+    save(CheckpointManager(tmp_path, keep_last=2), 4)
+    truncate_shard(tmp_path / "step_4")
+    requeued = CheckpointManager(tmp_path, keep_last=1)  # save_top_k=1
+    warnings = []
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    path, _ = requeued.load_newest_good(template, lambda s: None, warnings.append)
+    [aside] = tmp_path.glob("step_4.damaged-*")
+    assert path == tmp_path / "step_2" and len(warnings) == 2
+    assert warnings[1] == f"moved the damaged checkpoint step_4 aside to {aside} (kept for inspection)"
+    assert ".distcp is 100 bytes" in verify(aside)  # kept as it was found
+    assert (tmp_path / "latest").read_text() == "step_2\n"
+    save(requeued, 3)
+    assert complete_steps(tmp_path) == [3] and aside.is_dir()
+    warnings.clear()
+    path, _ = CheckpointManager(tmp_path, keep_last=1).load_newest_good(
+        template, lambda s: None, warnings.append
+    )
+    assert path == tmp_path / "step_3" and warnings == []
+
+
+def test_a_changed_byte_in_a_rank_file_is_found_by_the_checksum(tmp_path, capsys):
+    """A rank file (RNG streams) gets its CRC-32 when written, as the DCP files do: a same-size change
+    is found by verify and by resume before loading, not by one rank's torch.load alone."""
+    manager = CheckpointManager(tmp_path / "checkpoints", keep_last=2)
+    path = manager.save(1, {"model": {"w": torch.zeros(4)}}, {"rng": torch.arange(100)})
+    rank_file = path / "rank_0.pt"
+    files = json.loads((path / "COMPLETE").read_text())["files"]
+    assert files["rank_0.pt"]["crc32"] == f"{zlib.crc32(rank_file.read_bytes()):08x}"
+    flip_a_byte(rank_file)
+    assert verify(path) is None  # same size
+    assert verify(path, checksums=True).startswith(f"{rank_file} has CRC-32 ")
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.startswith(f"step_1: DAMAGED: {rank_file} has CRC-32 ")
 
 
 def test_resume_skips_a_truncated_latest_checkpoint_loudly(tmp_path, monkeypatch):
@@ -151,7 +196,8 @@ def test_tensors_written_in_pieces_checksum_and_load_exactly(tmp_path, monkeypat
     manager.close()
     assert get_crc32_options() is True
     files = json.loads((path / "COMPLETE").read_text())["files"]
-    for name in [name for name in files if name.endswith(".distcp") or name == ".metadata"]:
+    assert {name for name in files if files[name]["crc32"]} == {"__0_0.distcp", ".metadata", "rank_0.pt"}
+    for name in ["__0_0.distcp", ".metadata", "rank_0.pt"]:
         assert files[name]["crc32"] == f"{zlib.crc32((path / name).read_bytes()):08x}"
     target = {
         "model": {"w": torch.zeros(123, 45, dtype=torch.float64), "b": torch.zeros(7, dtype=torch.int64)}

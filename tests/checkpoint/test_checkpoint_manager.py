@@ -39,6 +39,17 @@ def test_retention_keeps_last_k_complete(tmp_path):
     assert complete_steps(tmp_path / "all") == [1, 2, 3]
 
 
+def test_retention_keeps_the_save_it_made_and_leaves_newer_steps_alone(tmp_path):
+    """A step newer than a save is one the run did not resume from (damaged, not moved aside): counted
+    for keep_last it deleted the new save; it stays until the run passes it."""
+    save_steps(CheckpointManager(tmp_path, keep_last=5), [2, 4])
+    requeued = CheckpointManager(tmp_path, keep_last=1)
+    save_steps(requeued, [3])
+    assert complete_steps(tmp_path) == [3, 4]
+    save_steps(requeued, [6])
+    assert complete_steps(tmp_path) == [6]
+
+
 def test_incomplete_checkpoint_is_ignored(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=5)
     save_steps(manager, [2, 4])

@@ -175,11 +175,39 @@ def test_move_aside_keeps_the_earlier_run_whole(tmp_path, capsys):
     assert "moved the earlier run's" in (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text()
 
 
-def test_fresh_start_into_an_empty_directory_needs_nothing(tmp_path):
-    assert check_fresh_start(tmp_path, move_aside=False) is None
-    (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
+def test_fresh_start_into_a_directory_without_complete_checkpoints_needs_nothing(tmp_path):
+    log_dir = tmp_path / "run"
+    assert check_fresh_start(log_dir, move_aside=False) is None
+    (log_dir / "checkpoints" / "step_2").mkdir(parents=True)  # a save that died: nothing to resume
+    assert check_fresh_start(log_dir, move_aside=False) is None
+    assert check_fresh_start(log_dir, move_aside=True) is None and not list(tmp_path.glob("run.earlier-*"))
+    (log_dir / "checkpoints" / "step_2" / "COMPLETE").write_text("{}")
     with pytest.raises(ConfigError, match="step_2"):
-        check_fresh_start(tmp_path, move_aside=False)
+        check_fresh_start(log_dir, move_aside=False)
+
+
+def test_a_requeue_after_its_first_attempt_died_in_its_first_save_starts_over_in_place(tmp_path, monkeypatch):
+    """resume_if_exists=false, and attempt 1 was killed while writing its first checkpoint: the torn
+    step_1/ is no earlier run's, so the requeue starts over in its own directory (it was refused with
+    exit 2, which is not requeued; with move_aside_earlier_run its own logs were moved away)."""
+    log_dir = tmp_path / "run"
+    fresh = ["exp_manager.resume_if_exists=false", "exp_manager.move_aside_earlier_run=true"]
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert main(train_args(log_dir, *fresh, "trainer.max_time=00:00:00:00")) == EXIT_REQUEUE
+    (log_dir / "checkpoints" / "step_1" / "COMPLETE").unlink()  # killed before the marker
+    (log_dir / "checkpoints" / "latest").unlink()
+    log = log_dir / "nemo_log_globalrank-0_localrank-0.txt"
+    first_attempt = log.read_text()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert main(train_args(log_dir, *fresh)) == 0
+    assert not list(tmp_path.glob("run.earlier-*"))
+    assert log.read_text().startswith(first_attempt)
+    assert (
+        "exp_manager.resume_if_exists=false: starting from scratch" in log.read_text()[len(first_attempt) :]
+    )
+    assert (log_dir / "checkpoints" / "latest").read_text() == "step_4\n"
+    assert not (log_dir / "checkpoints" / "step_1").exists()  # removed by retention like any torn save
 
 
 @pytest.mark.distributed
