@@ -152,11 +152,6 @@ def adapt_pile_download(section: dict[str, Any], data_dir: str) -> tuple[dict[st
     for key in ("node_array_size", "array", "bcp_preproc_npernode"):
         if run.pop(key, None) is not None:
             notes.append(f"data_preparation.run.{key} (one array task per shard)")
-    for key in ("download_vocab_url", "download_merges_url"):
-        if section.get(key):
-            notes.append(
-                f"data_preparation.{key} (tokenizer files are not downloaded: put them in vocab_save_dir)"
-            )
     adapted = {
         "run": run,
         "shards": [f"{url}/{n:02d}.jsonl.zst" for n in numbers],
@@ -170,6 +165,8 @@ def adapt_pile_download(section: dict[str, Any], data_dir: str) -> tuple[dict[st
             "vocab_file": f"{section.get('vocab_save_dir') or data_dir + '/bpe'}/vocab.json",
             "merge_file": f"{section.get('merges_save_dir') or data_dir + '/bpe'}/merges.txt",
             "model": None,
+            "vocab_url": section.get("download_vocab_url") or None,  # fetched when missing
+            "merge_url": section.get("download_merges_url") or None,
         },
         "blend": {"file": f"{data_dir}/blend.yaml", "weights": "tokens"},
     }

@@ -19,6 +19,7 @@ import array
 import gzip
 import hashlib
 import lzma
+import os
 import shutil
 import struct
 import subprocess
@@ -135,12 +136,19 @@ def verify(path: Path, shard: Shard) -> None:
                 )
 
 
-def download(shard: Shard, dest: Path, retries: int = 5, backoff: float = 2.0, timeout: float = 60.0) -> Path:
-    """Download a shard to `dest` (via `dest.part`), retrying with exponential backoff."""
+def download(
+    shard: Shard,
+    dest: Path,
+    retries: int = 5,
+    backoff: float = 2.0,
+    timeout: float = 60.0,
+    part: Path | None = None,
+) -> Path:
+    """Download a shard to `dest` (via `dest.part`, or `part`), retrying with exponential backoff."""
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
+    part = part or dest.with_name(dest.name + ".part")
     if shard.url.startswith("file://"):
         source = urllib.request.url2pathname(shard.url[len("file://") :])
         try:
@@ -230,6 +238,31 @@ def tokenize_prefix(cfg: dict[str, Any], shard: Shard) -> Path:
     """`gptrain data prepare`'s --output-prefix for a shard (it appends _<json key>_document)."""
     name_prefix = str(cfg.get("output_name_prefix") or "")  # NeMo's Pile: my-gpt3_00
     return Path(cfg["output_dir"]) / f"{name_prefix}{shard.stem}"
+
+
+TOKENIZER_URLS = {"vocab_file": "vocab_url", "merge_file": "merge_url"}
+
+
+def tokenizer_downloads(cfg: dict[str, Any]) -> dict[str, str]:
+    """{tokenizer file path: URL} of the stage's tokenizer files that have a URL to fetch them from."""
+    tokenizer = cfg.get("tokenizer") or {}
+    return {
+        str(tokenizer[key]): str(tokenizer[url])
+        for key, url in TOKENIZER_URLS.items()
+        if tokenizer.get(key) and tokenizer.get(url)
+    }
+
+
+def fetch_tokenizer_files(cfg: dict[str, Any]) -> None:
+    """Fetch the tokenizer files that are missing and have a URL (NeMo's download_vocab_url and
+    download_merges_url). Every array task may do it at once: each writes its own part file and
+    renames it into place, so a reader sees a whole file or none."""
+    retries, backoff = int(cfg.get("retries", 5)), float(cfg.get("backoff_seconds", 2.0))
+    for path, url in tokenizer_downloads(cfg).items():
+        dest = Path(path)
+        if not dest.exists():
+            part = dest.with_name(f"{dest.name}.{os.getpid()}.part")
+            download(Shard(url), dest, retries, backoff, float(cfg.get("timeout_seconds", 60)), part=part)
 
 
 def output_prefix(cfg: dict[str, Any], shard: Shard) -> Path:
@@ -333,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         indices = [args.index] if args.action == "shard" else []
         if args.action == "all":
             indices = list(range(len(cfg.get("shards") or [])))
+        if indices:
+            fetch_tokenizer_files(cfg)
         for index in indices:
             prepare_shard(cfg, index)
         if args.action != "shard" or all_prepared(cfg):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from gptrain.errors import ConfigError, GptrainError, LaunchError
 from gptrain.launch.compose import CONFIG_ROOT, compose
-from gptrain.launch.download import parse_shards
+from gptrain.launch.download import parse_shards, tokenizer_downloads
 from gptrain.launch.preflight import check_tokenizer_files, check_training_files, check_training_layout
 from gptrain.launch.stages import (
     LaunchPlan,
@@ -35,16 +35,22 @@ def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None =
     """
     lines: list[str] = []
     stages = [job.stage for job in plan.jobs]
+    fetched: dict[str, str] = {}  # tokenizer files the data preparation downloads: {path: URL}
     if "data_preparation" in stages:
         section = plan.configs["data_preparation"]
         lines.append(f"ok  data_preparation: {len(parse_shards(section.get('shards') or []))} shard(s)")
+        fetched = tokenizer_downloads(section)
         lines += _checked(
-            lambda: [check_tokenizer_files(section.get("tokenizer") or {}, "data_preparation.tokenizer")],
+            lambda: [
+                check_tokenizer_files(section.get("tokenizer") or {}, "data_preparation.tokenizer", fetched)
+            ],
             dry_run,
         )
     if training is not None:
         lines += _checked(lambda: check_training_layout(training), dry_run, (LaunchError, ConfigError))
-        lines += _checked(lambda: check_training_files(training, "data_preparation" in stages), dry_run)
+        lines += _checked(
+            lambda: check_training_files(training, "data_preparation" in stages, fetched), dry_run
+        )
     if plan.cluster_type == "slurm":
         if dry_run and shutil.which("sinfo") is None:
             lines.append("skipped  cluster checks: no sinfo here")

@@ -140,8 +140,11 @@ def prefixes_of(data_prefix: Any) -> list[str]:
     return [str(p) for p in (items[1::2] if len(items) > 1 else items)]
 
 
-def check_training_files(cfg: TrainingConfig, prepared_by_stage: bool) -> list[str]:
-    """Data prefixes (.bin/.idx) and tokenizer files of the loaded training config.
+def check_training_files(
+    cfg: TrainingConfig, prepared_by_stage: bool, fetched: dict[str, str] | None = None
+) -> list[str]:
+    """Data prefixes (.bin/.idx) and tokenizer files of the loaded training config (`fetched`:
+    tokenizer files the data preparation stage downloads before training starts).
 
     Mock data needs no data files; it needs no tokenizer files only with model.data.mock_vocab_size
     (otherwise the job reads them for the vocabulary size: the rule of DataConfig.builds_tokenizer).
@@ -162,7 +165,7 @@ def check_training_files(cfg: TrainingConfig, prepared_by_stage: bool) -> list[s
     if not data.builds_tokenizer():
         lines.append("ok  training: model.data.mock_vocab_size set, no tokenizer files needed")
     else:
-        lines.append(check_tokenizer_files(asdict(cfg.model.tokenizer), "training.model.tokenizer"))
+        lines.append(check_tokenizer_files(asdict(cfg.model.tokenizer), "training.model.tokenizer", fetched))
     return lines
 
 
@@ -181,12 +184,21 @@ def check_training_layout(cfg: TrainingConfig) -> list[str]:
     ]
 
 
-def check_tokenizer_files(tokenizer: dict[str, Any], where: str) -> str:
-    found = []
+def check_tokenizer_files(
+    tokenizer: dict[str, Any], where: str, fetched: dict[str, str] | None = None
+) -> str:
+    """The tokenizer's files exist, or are among `fetched` ({path: URL} the data preparation
+    stage downloads when missing)."""
+    urls = fetched or {}
+    found, to_fetch = [], []
     for key in ("vocab_file", "merge_file", "model"):
         value = tokenizer.get(key)
         if value and ("/" in str(value) or str(value).endswith((".json", ".txt", ".model"))):
-            if not Path(str(value)).is_file():
+            if Path(str(value)).is_file():
+                found.append(key)
+            elif str(value) in urls:
+                to_fetch.append(f"{key} from {urls[str(value)]}")
+            else:
                 raise LaunchError(f"{where}.{key}: {value} not found")
-            found.append(key)
-    return f"ok  {where}: {', '.join(found) or 'no files'} present"
+    line = f"ok  {where}: {', '.join(found) or 'no files'} present"
+    return line + (f"; data_preparation fetches {', '.join(to_fetch)}" if to_fetch else "")

@@ -104,6 +104,9 @@ def test_run_switches_of_the_azure_config_pick_stages(tmp_path):
         "https://mystic.the-eye.eu/public/AI/pile/train/01.jsonl.zst",
     ]
     assert prep["tokenizer"]["vocab_file"] == f"{tmp_path}/data/bpe/vocab.json"
+    # NeMo downloads the GPT-2 files: so does the stage, where they are missing
+    assert prep["tokenizer"]["vocab_url"] == "https://huggingface.co/gpt2/resolve/main/vocab.json"
+    assert prep["tokenizer"]["merge_url"] == "https://huggingface.co/gpt2/resolve/main/merges.txt"
     assert prep["keep_compressed"] is False  # rm_downloaded: True
     from gptrain.launch.download import output_prefix, parse_shards
 

