@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help=(
             "check and render everything, write it under <run dir>/dry-run/ (the configs and scripts"
-            " exactly as a launch would submit them) and submit or run nothing"
+            " as a launch would submit them, marked as a preview) and submit or run nothing"
         ),
     )
     launch.add_argument(

@@ -106,7 +106,7 @@ def launch(
     """Compose, plan, render and check everything in memory, then write and run or submit.
 
     Nothing is written before every check passed. A dry run writes its files under each run
-    directory's `dry-run/` (the scripts exactly as a launch would write them), so it never
+    directory's `dry-run/` (the scripts as a launch would write them, marked as a preview), so it never
     touches the files of a run that is live there (a requeued job re-reads its _hydra.yaml).
     """
     plan = build_plan(compose(argv, root or CONFIG_ROOT, config_name=config_name))

@@ -223,13 +223,25 @@ def dry_run_path(path: Path) -> Path:
     return path.parent / DRY_RUN_DIR / path.name
 
 
+def preview_note(script: str) -> str:
+    """A dry run's script, said to be a preview after its header: it names the live run's config,
+    which only a launch writes, so `sbatch` on this copy would fail at the job's start."""
+    head, sep, rest = script.partition("\n")  # the shebang stays first
+    note = (
+        "# gptrain launch --dry-run: a preview, not for sbatch. It reads the config a launch writes;"
+        " submit with the same gptrain launch command without --dry-run.\n"
+    )
+    return head + sep + note + rest
+
+
 def write_files(files: list[RunFile], dry_run: bool = False) -> list[Path]:
     """Write the rendered files (under dry-run/ for a dry run); return the scripts' paths."""
     scripts = []
     for file in files:
         path = dry_run_path(file.path) if dry_run else file.path
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, file.text)
+        text = preview_note(file.text) if dry_run and file.executable else file.text
+        atomic_write_text(path, text)
         if file.executable:
             path.chmod(0o755)
             scripts.append(path)

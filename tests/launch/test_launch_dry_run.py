@@ -93,6 +93,9 @@ def test_a_dry_run_or_a_launch_that_fails_never_touches_a_live_runs_files(tmp_pa
     assert preview["trainer"]["max_steps"] == 2000
     script = (run / "dry-run/gptrain-gpt3_126m_submission.sh").read_text()
     assert f"--config-file {run}/gpt3_126m_hydra.yaml" in script  # as the launch would submit it
+    lines = script.splitlines()  # the launch's script, plus one comment saying it is a preview
+    assert lines[1].startswith("# gptrain launch --dry-run: a preview, not for sbatch")
+    assert lines[:1] + lines[2:] == before["gptrain-gpt3_126m_submission.sh"].decode().splitlines()
     assert f"{run}/dry-run/gptrain-gpt3_126m_submission.sh" in out
 
 
