@@ -81,12 +81,18 @@ def _gather_input(
     act_layout: Shard | Replicate, extra_inputs: int = 2, prepare: Any = None, first_linear: str = ""
 ) -> ParallelStyle:
     """Whole-sequence input for attention/MLP; the extra inputs (rope cos/sin) pass as they are.
-    With torchao's float8 `prepare`, the input is cast as `first_linear` casts it, then gathered."""
+    With torchao's float8 `prepare`, the input is cast as `first_linear` casts it, then gathered.
+
+    The gathered input stays a Replicate DTensor: the column linears' input gradients (wq, wk, wv;
+    w1, w3) then add up as one Partial gradient, reduced once per sublayer (one reduce-scatter
+    under SP, one all-reduce without), as Megatron does. A local tensor here was re-wrapped by each
+    linear, which reduced each gradient on its own (3 + 1 or 2 collectives per layer instead of 2).
+    """
     rest = (None,) * extra_inputs
     layouts = {"input_layouts": (act_layout, *rest), "desired_input_layouts": (Replicate(), *rest)}
     if prepare is not None:
-        return prepare(**layouts, use_local_output=True, fwd_config_submodule_fqn=first_linear)
-    return PrepareModuleInput(**layouts, use_local_output=True)
+        return prepare(**layouts, fwd_config_submodule_fqn=first_linear)
+    return PrepareModuleInput(**layouts)
 
 
 def block_plan(

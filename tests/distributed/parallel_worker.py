@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gptrain.config import TrainingConfig
 from gptrain.models.config import GPTConfig
@@ -121,7 +122,8 @@ def train(spec: dict[str, Any]) -> dict[str, list[float]]:
     torch.set_default_dtype(getattr(torch, spec.get("dtype", "float64")))
     try:
         with emulated_fp8(spec.get("fp8")):
-            return dropout_probe(spec) if spec.get("probe") == "dropout" else _train(spec)
+            probe = {"dropout": dropout_probe, "collectives": collectives_probe}.get(spec.get("probe", ""))
+            return (probe or _train)(spec)
     finally:
         torch.set_default_dtype(previous)
         set_rng_state(streams)
@@ -261,6 +263,38 @@ def dropout_probe(spec: dict[str, Any]) -> dict[str, Any]:
     every = [None] * ctx.dims.world_size
     dist.all_gather_object(every, mine)
     return {"ranks": every}
+
+
+class CollectiveCounter(TorchDispatchMode):
+    """Counts the reductions (all-reduce, reduce-scatter) of activation-sized tensors, by kind."""
+
+    def __init__(self, activation_numel: int) -> None:
+        super().__init__()
+        self.activation_numel = activation_numel
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        name = str(func)
+        tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if tensor is not None and tensor.numel() == self.activation_numel:
+            for kind in ("all_reduce", "reduce_scatter"):
+                if kind in name and "wait" not in name:
+                    self.counts[kind] = self.counts.get(kind, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def collectives_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """One forward/backward; the reductions of whole activations ([micro batch, seq, hidden], the
+    input of a reduce-scatter or all-reduce) this rank ran, and the micro-batch count."""
+    cfg, model = setup(spec)
+    ctx, m = model.ctx, cfg.model
+    micro = local_microbatches(
+        global_batch(0, m.global_batch_size), m.micro_batch_size, ctx.dp_rank, ctx.dims.dp
+    )
+    counter = CollectiveCounter(m.micro_batch_size * SEQ * m.hidden_size)
+    with counter:
+        forward_backward(model, micro, scale=1.0, precision=cfg.trainer.precision)
+    return {"counts": counter.counts, "microbatches": len(micro), "layers": m.num_layers}
 
 
 def main() -> int:

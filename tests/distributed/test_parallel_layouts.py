@@ -69,6 +69,12 @@ DROPOUT_PROBES: dict[str, dict[str, Any]] = {
     # no attention dropout: each stage's first draw is then a hidden-dropout mask of the same shape
     "pp2_dropout": {**DROPOUT, "attention_dropout": 0.0, "model": PP2},
 }
+# One forward/backward under TP2 with and without SP, counting the reductions of whole activations.
+COLLECTIVES = {"probe": "collectives"}
+COLLECTIVE_PROBES: dict[str, dict[str, Any]] = {
+    "tp2_sp_collectives": {**COLLECTIVES, "model": TP2_SP},
+    "tp2_collectives": {**COLLECTIVES, "model": {"tensor_model_parallel_size": 2}},
+}
 # FP8 under TP (torchao's float8 emulated on the CPU, float32): tensorwise with torchao's float8
 # styles (without sequence parallelism: gloo cannot all-gather float8), rowwise with the plain styles.
 FP8_STEPS = 4
@@ -131,8 +137,12 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def two_process_results(ckpt: Path) -> dict[str, dict]:
     runs = [layout_spec(name, model, ckpt) for name, model in TWO_PROCESSES.items()]
-    runs += [*DROPOUT_PROBES.values(), *(fp8_spec(run) for run in FP8_RUNS.values())]
-    names = [*TWO_PROCESSES, *DROPOUT_PROBES, *FP8_RUNS]
+    runs += [
+        *DROPOUT_PROBES.values(),
+        *COLLECTIVE_PROBES.values(),
+        *(fp8_spec(run) for run in FP8_RUNS.values()),
+    ]
+    names = [*TWO_PROCESSES, *DROPOUT_PROBES, *COLLECTIVE_PROBES, *FP8_RUNS]
     return dict(zip(names, run_layouts(runs, 2, ckpt), strict=True))
 
 
@@ -248,6 +258,19 @@ def test_pipeline_stages_draw_their_own_dropout_masks(two_process_results: dict)
     assert len(pairs) == 4
     for k, (a, b) in enumerate(pairs):
         assert agreement(a, b) < 0.9, f"mask {k} of both stages is the same"
+
+
+@pytest.mark.parametrize("name", list(COLLECTIVE_PROBES))
+def test_tensor_parallel_reduces_each_sublayer_once(two_process_results: dict, name: str) -> None:
+    """Megatron's TP traffic: per layer and micro-batch, one reduction after each row-parallel linear
+    (forward) and one of the gathered input's gradient before each sublayer (backward), plus one each
+    for the embedding (forward) and the output projection's input (backward): 4 x layers + 2. Under SP
+    they are reduce-scatters, without it all-reduces. Each column linear reducing its own input
+    gradient (wq, wk, wv; w1) made it 4 + 2 more per layer and micro-batch."""
+    result = two_process_results[name]
+    kind = "reduce_scatter" if "sp" in name.split("_") else "all_reduce"
+    expected = result["microbatches"] * (4 * result["layers"] + 2)
+    assert result["counts"] == {kind: expected}, result
 
 
 @pytest.mark.parametrize("name", list(FP8_RUNS))
