@@ -13,11 +13,13 @@ all-reduces over the DP group of each rank's local gradient shard.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
@@ -45,6 +47,21 @@ def apply_fsdp(
     # The root's parameters are used last in the forward; gathering them again is wasted.
     fully_shard(model, mesh=dp_mesh, mp_policy=mixed_precision, reshard_after_forward=False)
     return model
+
+
+def gradient_sync(runner: nn.Module, last: bool) -> contextlib.AbstractContextManager:
+    """Gradient accumulation over a step's micro-batches, reducing across data-parallel ranks once.
+
+    DDP: no_sync before the last micro-batch (one all-reduce per step). FSDP2: each micro-batch's
+    reduce-scatter keeps gradients sharded (no memory for whole ones), but the all-reduce across
+    replica groups (hybrid_shard: the inter-node traffic) waits for the last micro-batch, FSDP
+    summing the partial results in between.
+    """
+    if isinstance(runner, FSDPModule):
+        runner.set_requires_all_reduce(last)
+        return contextlib.nullcontext()
+    no_sync = getattr(runner, "no_sync", None)
+    return no_sync() if no_sync is not None and not last else contextlib.nullcontext()
 
 
 def apply_ddp(model: nn.Module, dp_group: dist.ProcessGroup, device: torch.device) -> nn.Module:

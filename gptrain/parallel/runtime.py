@@ -20,6 +20,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from gptrain.parallel.data_parallel import gradient_sync
 from gptrain.parallel.grad_norm import global_grad_norm
 from gptrain.parallel.mesh import ParallelDims
 from gptrain.parallel.pipeline import sync_tied_embedding_grads
@@ -175,8 +176,7 @@ def _local_forward_backward(
     for index, microbatch in enumerate(microbatches):
         batch = {key: value.to(ctx.device, non_blocking=True) for key, value in microbatch.items()}
         last = index == len(microbatches) - 1
-        no_sync = runner.no_sync() if hasattr(runner, "no_sync") and not last else contextlib.nullcontext()
-        with no_sync, loss_context(ctx):
+        with gradient_sync(runner, last), loss_context(ctx):
             with autocast_context(ctx.device, precision):
                 logits = runner(batch["tokens"])
             loss = lm_loss_sum(logits, masked_labels(batch))

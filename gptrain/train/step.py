@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gptrain.parallel.data_parallel import gradient_sync
 from gptrain.train.loss_scale import LossScaler
 
 Batch = dict[str, torch.Tensor]
@@ -135,10 +136,9 @@ def count_loss_tokens(microbatches: list[Batch], device: torch.device) -> torch.
 
 
 def no_sync_unless_last(model: nn.Module, last: bool) -> contextlib.AbstractContextManager:
-    """DDP's no_sync for all but the last micro-batch: one gradient all-reduce per step."""
+    """Gradients reduced across data-parallel ranks after the last micro-batch only (gradient_sync)."""
     runners = getattr(getattr(model, "ctx", None), "runners", None) or [model]
-    no_sync = getattr(runners[0], "no_sync", None)
-    return no_sync() if no_sync is not None and not last else contextlib.nullcontext()
+    return gradient_sync(runners[0], last)
 
 
 def read_on_host(*values: float | int | torch.Tensor) -> list[float]:

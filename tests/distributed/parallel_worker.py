@@ -265,36 +265,66 @@ def dropout_probe(spec: dict[str, Any]) -> dict[str, Any]:
     return {"ranks": every}
 
 
-class CollectiveCounter(TorchDispatchMode):
-    """Counts the reductions (all-reduce, reduce-scatter) of activation-sized tensors, by kind."""
+class ReductionRecorder(TorchDispatchMode):
+    """Records each reduction (all-reduce, reduce-scatter) DTensor or FSDP runs: (kind, numel).
 
-    def __init__(self, activation_numel: int) -> None:
+    DTensor's and FSDP's reduce-scatters pass through the dispatcher; `dist.all_reduce` (FSDP's
+    all-reduce across replicas, the loss and token sums) calls the process group directly, so it is
+    wrapped while recording (ops dispatched inside it are not counted twice).
+    """
+
+    def __init__(self) -> None:
         super().__init__()
-        self.activation_numel = activation_numel
-        self.counts: dict[str, int] = {}
+        self.reductions: list[tuple[str, int]] = []
+        self._in_all_reduce = False
+
+    @contextlib.contextmanager
+    def recording(self):  # noqa: ANN201
+        original = dist.all_reduce
+
+        def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            self.reductions.append(("all_reduce", tensor.numel()))
+            self._in_all_reduce = True
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                self._in_all_reduce = False
+
+        dist.all_reduce = all_reduce
+        try:
+            with self:
+                yield self
+        finally:
+            dist.all_reduce = original
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         name = str(func)
         tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if tensor is not None and tensor.numel() == self.activation_numel:
-            for kind in ("all_reduce", "reduce_scatter"):
-                if kind in name and "wait" not in name:
-                    self.counts[kind] = self.counts.get(kind, 0) + 1
+        if tensor is not None and "wait" not in name and not self._in_all_reduce:
+            name = name.replace("allreduce", "all_reduce")  # c10d's name; the functional one has "_"
+            kind = next((k for k in ("all_reduce", "reduce_scatter") if k in name), None)
+            if kind is not None:
+                self.reductions.append((kind, tensor.numel()))
         return func(*args, **(kwargs or {}))
 
 
 def collectives_probe(spec: dict[str, Any]) -> dict[str, Any]:
-    """One forward/backward; the reductions of whole activations ([micro batch, seq, hidden], the
-    input of a reduce-scatter or all-reduce) this rank ran, and the micro-batch count."""
+    """One forward/backward; the reductions this rank ran (the whole activation's size, micro batch
+    x seq x hidden, tells TP's apart), and the micro-batch and layer counts."""
     cfg, model = setup(spec)
     ctx, m = model.ctx, cfg.model
     micro = local_microbatches(
         global_batch(0, m.global_batch_size), m.micro_batch_size, ctx.dp_rank, ctx.dims.dp
     )
-    counter = CollectiveCounter(m.micro_batch_size * SEQ * m.hidden_size)
-    with counter:
+    recorder = ReductionRecorder()
+    with recorder.recording():
         forward_backward(model, micro, scale=1.0, precision=cfg.trainer.precision)
-    return {"counts": counter.counts, "microbatches": len(micro), "layers": m.num_layers}
+    return {
+        "reductions": recorder.reductions,
+        "activation_numel": m.micro_batch_size * SEQ * m.hidden_size,
+        "microbatches": len(micro),
+        "layers": m.num_layers,
+    }
 
 
 def main() -> int:

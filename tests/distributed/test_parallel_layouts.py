@@ -47,6 +47,8 @@ FOUR_PROCESSES: dict[str, dict[str, Any]] = {
     "dp2_tp2_fsdp": {**TP2_SP, "data_parallel_sharding": "full_shard"},
     "tp2_pp2": {**TP2_SP, **PP2},
     "hybrid_dp4": {"data_parallel_sharding": "hybrid_shard", "micro_batch_size": 2},
+    # two micro-batches per rank: the all-reduce across replicas waits for the last one
+    "hybrid_dp4_accumulate": {"data_parallel_sharding": "hybrid_shard", "micro_batch_size": 1},
     "llama_like_tp2_pp2": {**TP2_SP, **PP2},
     "pp2_interleaved_dp2_fsdp": {
         **PP2,
@@ -59,7 +61,10 @@ FOUR_PROCESSES: dict[str, dict[str, Any]] = {
 ARCHITECTURE = {
     "llama_like_tp2_pp2": {"positions": "rope", "query_groups": 2, "activation": "swiglu", "tied": False}
 }
-DEVICES = {"hybrid_dp4": 2}  # two "nodes" of two: FSDP shards inside a node, replicates across
+DEVICES = {
+    "hybrid_dp4": 2,
+    "hybrid_dp4_accumulate": 2,
+}  # two "nodes" of two: FSDP shards inside a node, replicates across
 SAVING = ("tp2_sp", "pp2_1f1b")
 SEED = 1234  # parallel_worker's model.seed
 DROPOUT = {"probe": "dropout", "hidden_dropout": 0.1, "attention_dropout": 0.1}
@@ -74,6 +79,13 @@ COLLECTIVES = {"probe": "collectives"}
 COLLECTIVE_PROBES: dict[str, dict[str, Any]] = {
     "tp2_sp_collectives": {**COLLECTIVES, "model": TP2_SP},
     "tp2_collectives": {**COLLECTIVES, "model": {"tensor_model_parallel_size": 2}},
+}
+# HSDP on two "nodes" of two, two micro-batches per rank (micro batch 1 of 2 samples per rank).
+HYBRID_COLLECTIVES = {
+    **COLLECTIVES,
+    "devices": 2,
+    "mbs": 1,
+    "model": {"data_parallel_sharding": "hybrid_shard"},
 }
 # FP8 under TP (torchao's float8 emulated on the CPU, float32): tensorwise with torchao's float8
 # styles (without sequence parallelism: gloo cannot all-gather float8), rowwise with the plain styles.
@@ -163,7 +175,8 @@ def four_process_results(ckpt: Path, two_process_results: dict) -> dict[str, dic
         layout_spec(n, FOUR_PROCESSES[n], ckpt) if n in FOUR_PROCESSES else resume_spec(n, ckpt)
         for n in names
     ]
-    return dict(zip(names, run_layouts(runs, 4, ckpt), strict=True))
+    runs.append(HYBRID_COLLECTIVES)
+    return dict(zip([*names, "hybrid_dp4_collectives"], run_layouts(runs, 4, ckpt), strict=True))
 
 
 def check_layout_result(result: dict, reference: dict, name: str) -> None:
@@ -269,8 +282,21 @@ def test_tensor_parallel_reduces_each_sublayer_once(two_process_results: dict, n
     gradient (wq, wk, wv; w1) made it 4 + 2 more per layer and micro-batch."""
     result = two_process_results[name]
     kind = "reduce_scatter" if "sp" in name.split("_") else "all_reduce"
-    expected = result["microbatches"] * (4 * result["layers"] + 2)
-    assert result["counts"] == {kind: expected}, result
+    whole = [k for k, numel in result["reductions"] if numel == result["activation_numel"]]
+    assert whole == [kind] * (result["microbatches"] * (4 * result["layers"] + 2)), result
+
+
+def test_hybrid_sharding_reduces_across_replicas_once_per_step(four_process_results: dict) -> None:
+    """HSDP (shards in a node, replicas across): every micro-batch reduce-scatters inside the node,
+    but the all-reduce across replicas (the inter-node traffic) runs once per step, for each of the
+    5 FSDP units (4 blocks and the root); it ran after every micro-batch. The other all-reduces
+    are scalars (token count, loss)."""
+    result = four_process_results["hybrid_dp4_collectives"]
+    assert result["microbatches"] == 2
+    gradients = [k for k, numel in result["reductions"] if numel > 1]
+    units = result["layers"] + 1
+    assert gradients.count("reduce_scatter") == result["microbatches"] * units, result
+    assert gradients.count("all_reduce") == units, result
 
 
 @pytest.mark.parametrize("name", list(FP8_RUNS))
