@@ -3,6 +3,8 @@
 Each rank's newest line in `<explicit_log_dir>/step_times/rank-<r>.jsonl` (see
 gptrain/train/step_times.py) gives its busy time per step (wall time minus the wait at the
 step-end agreement); ranks more than `slow_pct` above the median are named with their node.
+Only lines of the step and world size of the file written last are compared: a job resumed
+with fewer ranks leaves the files of the ranks it lacks behind, ending at another step.
 No torch here: status runs on login nodes.
 """
 
@@ -36,24 +38,39 @@ def log_dir_of(record: dict[str, Any]) -> Path | None:
 
 
 def newest_lines(directory: Path) -> list[dict[str, Any]]:
-    lines = []
-    for path in sorted(directory.glob("rank-*.jsonl")):
+    """Each rank file's last line, those of the file written last first (the current job's)."""
+    found = []
+    for path in directory.glob("rank-*.jsonl"):
         try:
-            text = path.read_text().strip().splitlines()
-            lines.append(json.loads(text[-1]))
+            mtime = path.stat().st_mtime
+            found.append((mtime, path.name, json.loads(path.read_text().strip().splitlines()[-1])))
         except (OSError, IndexError, json.JSONDecodeError):
             continue  # a file being written or cut: skip that rank this time
-    return lines
+    found.sort(key=lambda x: (-x[0], -int(x[2].get("step", 0)), x[1]))  # same mtime: newer step
+    return [line for _, _, line in found]
+
+
+def current_job(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lines of the first line's step and world size: the job that wrote last. A resumed job
+    with fewer ranks leaves the other ranks' files at an older step (or, after going back to an
+    earlier checkpoint, a later one); lines without `world` (older files) match any world."""
+    if not lines:
+        return []
+    step, world = lines[0]["step"], lines[0].get("world")
+    return [x for x in lines if x["step"] == step and x.get("world", world) == world]
 
 
 def straggler_line(lines: list[dict[str, Any]], slow_pct: float = SLOW_PCT) -> str | None:
-    """'stragglers at step S: rank 3 (n2) +25% busy vs the median ...' or a line saying none."""
+    """'stragglers at step S: rank 3 (n2) +25% busy vs the median ...' or a line saying none.
+
+    `lines` come as `newest_lines` gives them: the current job's first."""
+    lines = current_job(lines)
     if len(lines) < 2:
         return None
     busy = {int(x["rank"]): max(0.0, float(x["step_ms"]) - float(x["wait_ms"])) for x in lines}
     nodes = {int(x["rank"]): str(x.get("node", "?")) for x in lines}
     median = statistics.median(busy.values())
-    step = max(int(x["step"]) for x in lines)
+    step = int(lines[0]["step"])
     slow = sorted(
         (r for r, b in busy.items() if median > 0 and b > median * (1 + slow_pct / 100)),
         key=busy.get,

@@ -8,7 +8,7 @@ from typing import Any
 
 from gptrain.errors import ConfigError
 from gptrain.plan.hardware import Cluster, build_cluster
-from gptrain.plan.rank import evaluate, rank_layouts
+from gptrain.plan.rank import evaluate, least_memory, rank_layouts
 from gptrain.plan.report import Plan
 from gptrain.plan.spec import layout_from_config, workload_from_config
 
@@ -60,4 +60,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
         error = str(exc)
     ranked = rank_layouts(work, cfg.model, cluster, args.mfu, args.headroom)
     name = preset or str(args.config_file)
-    return Plan(name, work, cluster, args.mfu, args.tokens, requested, error, ranked, args.top)
+    plan = Plan(name, work, cluster, args.mfu, args.tokens, requested, error, ranked, args.top)
+    plan.headroom = args.headroom
+    if not ranked:  # for the error line: how far the smallest layout is from fitting
+        plan.smallest = least_memory(work, cfg.model, cluster, args.mfu, args.headroom)
+    return plan

@@ -119,7 +119,7 @@ def parse_words(args: argparse.Namespace) -> argparse.Namespace:
 
 def run_plan(args: argparse.Namespace) -> int:
     from gptrain.plan.build import build_plan
-    from gptrain.plan.report import print_plan, write_json
+    from gptrain.plan.report import nothing_fits_line, print_plan, write_json
 
     args = parse_words(args)
     if args.top < 1:
@@ -133,6 +133,11 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.trial_timeout <= 0:
         raise ConfigError(f"--trial-timeout={args.trial_timeout} must be > 0 seconds")
     plan = build_plan(args)
+    if not plan.ranked:  # the sizes and the requested layout's memory, then why nothing fits
+        print_plan(plan, with_table=False)
+        if args.json:
+            write_json(plan, args.json)
+        raise ConfigError(nothing_fits_line(plan))
     if args.measure:
         from gptrain.plan.measure import measure_plan
 

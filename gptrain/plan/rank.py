@@ -115,22 +115,34 @@ def evaluate(work: Workload, layout: Layout, cluster: Cluster, mfu: float, headr
     )
 
 
-def rank_layouts(
+def valid_candidates(
     work: Workload, model_cfg: Any, cluster: Cluster, mfu: float, headroom: float
-) -> list[Candidate]:
-    """Valid layouts that fit, fastest first (ties: less memory first)."""
+) -> Iterator[Candidate]:
+    """Every layout gptrain accepts, once each, with its estimates."""
     seen: set[Layout] = set()
-    ranked = []
     for raw in layout_grid(work, cluster):
         layout = checked(raw, model_cfg, cluster)
         if layout is None or layout in seen:
             continue
         seen.add(layout)
-        candidate = evaluate(work, layout, cluster, mfu, headroom)
-        if candidate.fits:
-            ranked.append(candidate)
+        yield evaluate(work, layout, cluster, mfu, headroom)
+
+
+def rank_layouts(
+    work: Workload, model_cfg: Any, cluster: Cluster, mfu: float, headroom: float
+) -> list[Candidate]:
+    """Valid layouts that fit, fastest first (ties: less memory first)."""
+    ranked = [c for c in valid_candidates(work, model_cfg, cluster, mfu, headroom) if c.fits]
     ranked.sort(key=lambda c: (c.time.total, c.memory.total))
     return ranked
+
+
+def least_memory(
+    work: Workload, model_cfg: Any, cluster: Cluster, mfu: float, headroom: float
+) -> Candidate | None:
+    """The valid layout that needs the least memory per GPU (None: gptrain accepts none)."""
+    candidates = valid_candidates(work, model_cfg, cluster, mfu, headroom)
+    return min(candidates, key=lambda c: c.memory.total, default=None)
 
 
 def tokens_per_second(work: Workload, candidate: Candidate) -> float:

@@ -15,6 +15,7 @@ from gptrain.plan.memory import GIB
 from gptrain.plan.rank import Candidate, memory_line, tokens_per_second
 from gptrain.plan.sizes import megatron_parameter_lines, model_sizes, padded_vocab_line
 from gptrain.plan.spec import Workload
+from gptrain.plan.time import peak_tflops
 from gptrain.utils.atomic import atomic_write_text
 
 
@@ -32,6 +33,10 @@ class Plan:
     ranked: list[Candidate]
     top: int
     notes: list[str] = field(default_factory=list)
+    headroom: float = 0.0
+    """--headroom: the fraction of GPU memory kept free."""
+    smallest: Candidate | None = None
+    """When nothing fits: the valid layout that needs the least memory."""
 
     def shown(self) -> list[Candidate]:
         return self.ranked[: self.top]
@@ -43,13 +48,14 @@ def header_lines(plan: Plan) -> list[str]:
     tp, pp = (layout.tp, layout.pp) if layout else (1, 1)
     model = plan.work.padded(tp)
     sizes = model_sizes(model, plan.work.global_batch_size)
-    gpus, peak = plan.cluster.world_size, plan.cluster.gpu.bf16_tflops
+    gpus, peak = plan.cluster.world_size, peak_tflops(plan.work, plan.cluster.gpu)
+    of_peak = "" if plan.work.mixed else " of the TF32 peak (fp32)"
     lines = [
         f"{plan.name}: {sizes.parameters:,} parameters, {sizes.flops_per_token / 1e9:.2f} GFLOPs per token "
         f"(Megatron's formula); {plan.cluster.nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}",
         padded_vocab_line(plan.work.vocab_size, model.vocab_size),
         *megatron_parameter_lines(model, tp, pp),
-        f"at MFU {plan.mfu:.2f}: {sizes.tokens_per_second(gpus, peak, plan.mfu):,.0f} tokens/s, "
+        f"at MFU {plan.mfu:.2f}{of_peak}: {sizes.tokens_per_second(gpus, peak, plan.mfu):,.0f} tokens/s, "
         f"{sizes.days_for(plan.tokens, gpus, peak, plan.mfu):.1f} days for {plan.tokens:.3g} tokens",
     ]
     if plan.requested:
@@ -60,6 +66,27 @@ def header_lines(plan: Plan) -> list[str]:
     if plan.requested_error:
         lines.append(f"requested layout is not valid here: {plan.requested_error}")
     return lines + plan.notes
+
+
+def nothing_fits_line(plan: Plan) -> str:
+    """Why the ranking is empty and what to change: the search already tried micro batch 1 and
+    full recompute, so only more or larger GPUs, less headroom or a smaller job help."""
+    c, gpu = plan.cluster, plan.cluster.gpu
+    where = f"{plan.name} on {c.nodes} x {c.gpus_per_node} {gpu.name}"
+    if plan.smallest is None:
+        return (
+            f"no layout of {where} passes gptrain's layout checks (TP x PP x DP = {c.world_size} GPUs, "
+            "PP dividing model.num_layers with at least PP micro batches of model.global_batch_size / DP); "
+            "change --nodes, --gpus-per-node or model.global_batch_size"
+        )
+    allowed = gpu.memory_gib * (1 - plan.headroom)
+    return (
+        f"no valid layout of {where} fits: the smallest, {plan.smallest.layout.label()}, needs "
+        f"{plan.smallest.memory.total / GIB:.1f} GiB per GPU where {allowed:.1f} GiB are usable "
+        f"({gpu.memory_gib:.0f} GiB less --headroom {plan.headroom:g}), with micro batch 1 and full "
+        "recompute already tried; use more GPUs (--nodes, --gpus-per-node), a GPU with more memory "
+        "(--gpu), or a smaller model or model.encoder_seq_length"
+    )
 
 
 def _time_parts(c: Candidate) -> str:
@@ -93,11 +120,12 @@ def table(plan: Plan) -> Table:
     return t
 
 
-def print_plan(plan: Plan, console: Console | None = None) -> None:
+def print_plan(plan: Plan, console: Console | None = None, with_table: bool = True) -> None:
     console = console or Console(highlight=False, soft_wrap=True)
     for line in header_lines(plan):
         console.print(line, markup=False)
-    console.print(table(plan))
+    if with_table:
+        console.print(table(plan))
 
 
 def plan_dict(plan: Plan) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gptrain.plan.hardware import Cluster
+from gptrain.plan.hardware import Cluster, GpuSpec
 from gptrain.plan.sizes import model_sizes, rank_parameters
 from gptrain.plan.spec import Layout, Workload
 
@@ -68,11 +68,17 @@ def _bandwidth(cluster: Cluster, group: int, stride: int) -> float:
     return gbps * 1e9
 
 
+def peak_tflops(work: Workload, gpu: GpuSpec) -> float:
+    """The dense matmul peak `--mfu` is a fraction of: bf16/fp16 autocast at the GPU's bf16 rate;
+    fp32 matmuls at the TF32 rate, half the bf16 one on A100 and H100. The step time and the
+    header's tokens/s and days both use it."""
+    return gpu.bf16_tflops * (1.0 if work.mixed else 0.5)
+
+
 def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: float) -> StepTime:
     c = work.padded(layout.tp)
     sizes = model_sizes(c, work.global_batch_size)
-    # fp32 matmuls are planned at the TF32 rate, half the bf16 one on A100 and H100
-    peak = cluster.gpu.bf16_tflops * 1e12 * (1.0 if work.mixed else 0.5)
+    peak = peak_tflops(work, cluster.gpu) * 1e12
     compute = (
         sizes.flops_per_iteration * (1 + recompute_fraction(work, layout)) / (layout.world_size * peak * mfu)
     )

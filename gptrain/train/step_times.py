@@ -5,7 +5,8 @@ On every logged iteration each rank appends one JSON line to
 line, and how long it waited at the step-end agreement (an all-reduce every rank joins).
 The device is synchronized on logged iterations before that agreement, so the wait is how
 much earlier this rank got there than the last one: the rank that waits least is the one the
-others wait for. busy = step - wait is what `gptrain status` compares with the median.
+others wait for. busy = step - wait is what `gptrain status` compares with the median, among
+the lines of the newest step and world size (files of ranks a resumed smaller job lacks stay).
 It sees slowness after the step's last collective (optimizer, host stalls, logging); a GPU
 slow inside the overlapped backward is found by `gptrain validate gpus` instead.
 """
@@ -29,6 +30,7 @@ class StepTimes:
     path: Path | None  # None: a world of 1, nothing to compare
     rank: int
     node: str
+    world: int
     last: float = field(default_factory=time.perf_counter)
     steps: int = 0
 
@@ -41,7 +43,7 @@ class StepTimes:
         if world_size > 1:
             path = log_dir / STEP_TIMES_DIR / f"rank-{rank}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
-        return cls(path, rank, node)
+        return cls(path, rank, node, world_size)
 
     def timed_sync(self, step: int, logged: bool, sync: Callable[[], T]) -> T:
         """Run the step-end agreement; on logged steps record this rank's times."""
@@ -51,7 +53,8 @@ class StepTimes:
         self.steps += 1
         if logged and self.path is not None:
             step_ms = (now - self.last) / self.steps * 1000
-            line = {"step": step, "rank": self.rank, "node": self.node, "step_ms": round(step_ms, 3)}
+            line = {"step": step, "rank": self.rank, "world": self.world, "node": self.node}
+            line["step_ms"] = round(step_ms, 3)
             line["wait_ms"] = round((now - started) * 1000, 3)
             with open(self.path, "a") as handle:
                 handle.write(json.dumps(line) + "\n")

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+PROC_STATUS = Path("/proc/self/status")  # Linux: has a "Umask:" row
+
 
 def temporary_sibling(path: str | os.PathLike[str]) -> Path:
     """A unique temporary name next to `path` that no reader mistakes for it."""
@@ -52,15 +54,46 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         handle.write(data)
 
 
+def current_umask() -> int:
+    """The process umask. Linux shows it in /proc/self/status; elsewhere it can only be read by
+    setting it, which is process-wide: set to 0o077 (a file another thread creates meanwhile is
+    private, never world-writable) and restored at once."""
+    with contextlib.suppress(OSError, ValueError):
+        for row in PROC_STATUS.read_text().splitlines():
+            if row.startswith("Umask:"):
+                return int(row.split()[1], 8)
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def open_to_umask(directory: Path) -> None:
+    """Give `directory` (a mkdtemp, always 0700) the mode a plain mkdir gets, and the private
+    files and directories in it (safetensors writes 0600) those a plain open and mkdir get, so an
+    output in a shared directory is readable by whom the umask allows."""
+    mask = current_umask()
+    dir_mode, file_mode = 0o777 & ~mask, 0o666 & ~mask
+    for root, dirs, files in os.walk(directory):
+        for name in dirs:
+            if (Path(root, name).lstat().st_mode & 0o777) == 0o700:
+                os.chmod(Path(root, name), dir_mode)
+        for name in files:
+            if (Path(root, name).lstat().st_mode & 0o777) == 0o600:
+                os.chmod(Path(root, name), file_mode)
+    os.chmod(directory, dir_mode)
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary sibling directory to fill; renamed onto `path` (absent or empty) on success,
-    removed on failure, so `path` is either complete or not there."""
+    removed on failure, so `path` is either complete or not there. On success its mode and that
+    of private (0600/0700) entries in it follow the umask, as if made by mkdir and open."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield staging
+        open_to_umask(staging)
         if path.exists():
             path.rmdir()  # empty: a non-empty directory is never replaced
         staging.rename(path)

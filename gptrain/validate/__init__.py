@@ -5,5 +5,6 @@ pairwise.py     node pairs / bisection and rank pairs inside a node: which membe
 gpus.py         per-GPU health from NVML, a bf16 matmul rate, a copy bandwidth, `dcgmi diag`
 thresholds.py   expected rates per cluster profile (configs/cluster/*.yaml, `validation:`)
 report.py       nccl-tests style table, JSON, PNG, the `--exclude=` line
-Only cli.py, bandwidth.py, thresholds.py and report.py are safe to import without torch.
+Only cli.py, main.py (torch once its arguments are checked), bandwidth.py, thresholds.py and
+report.py are safe to import without torch.
 """

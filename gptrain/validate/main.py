@@ -1,4 +1,8 @@
-"""Run the chosen checks on every rank; rank 0 reports, decides the exit status, names nodes."""
+"""Run the chosen checks on every rank; rank 0 reports, decides the exit status, names nodes.
+
+torch is imported only once the arguments and the profile are known to be good: a usage error
+is one line, exit 2, before any process group starts (and without torch's import time).
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,16 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError
 from gptrain.utils.atomic import atomic_write_text
 from gptrain.validate import report
 from gptrain.validate.bandwidth import size_sweep
-from gptrain.validate.runtime import Context, finish, start
 from gptrain.validate.thresholds import Thresholds, load_thresholds
+
+if TYPE_CHECKING:
+    from gptrain.validate.runtime import Context
 
 GPU_MAX_BYTES, CPU_MAX_BYTES = 8 << 30, 1 << 20
 GPU_PAIR_BYTES, CPU_PAIR_BYTES = 256 << 20, 1 << 20
@@ -36,13 +40,28 @@ def say(ctx: Context, text: str) -> None:
         print(text, flush=True)
 
 
-def sizes_for(args: argparse.Namespace, ctx: Context) -> list[int]:
-    low = args.min_bytes or 8
-    high = args.max_bytes or (GPU_MAX_BYTES if ctx.is_gpu else CPU_MAX_BYTES)
+def checked_sizes(low: int | None, high: int) -> list[int]:
     try:
-        return size_sweep(low, high)
+        return size_sweep(low or 8, high)
     except ValueError as error:
         raise ConfigError(f"--min-bytes/--max-bytes: {error}") from None
+
+
+def sizes_for(args: argparse.Namespace, ctx: Context) -> list[int]:
+    return checked_sizes(args.min_bytes, args.max_bytes or (GPU_MAX_BYTES if ctx.is_gpu else CPU_MAX_BYTES))
+
+
+def check_sizes_early(args: argparse.Namespace) -> None:
+    """The sweep's bounds, before any process group: an explicit --max-bytes, or else the largest
+    default (a --min-bytes above the CPU default is only found on a CPU world, once started)."""
+    if args.check not in ("collectives", "all"):
+        return
+    if args.max_bytes is None and (args.min_bytes or 0) > GPU_MAX_BYTES:
+        raise ConfigError(
+            f"--min-bytes {args.min_bytes} is above the default --max-bytes ({GPU_MAX_BYTES} on GPUs, "
+            f"{CPU_MAX_BYTES} on CPUs); pass a --max-bytes"
+        )
+    checked_sizes(args.min_bytes, args.max_bytes or GPU_MAX_BYTES)
 
 
 def check_collectives(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
@@ -185,6 +204,8 @@ def conclude(ctx: Context, args: argparse.Namespace, out: Outcome) -> int:
         summary = {"passed": code == 0, "failures": out.failures, "exclude": exclude, **out.summary}
         summary.update({"world_size": ctx.size, "nodes": sorted(set(ctx.nodes)), "check": args.check})
         report.write_json(Path(args.output_dir) / "validation.json", summary)
+    import torch.distributed as dist
+
     decision = [code]
     dist.broadcast_object_list(decision, src=0)
     return int(decision[0])
@@ -202,6 +223,9 @@ def add_to_exclude_file(path: Path, nodes: set[str]) -> None:
 
 def validate(args: argparse.Namespace) -> int:
     limits = load_thresholds(args.profile, args.min_busbw_GBps)  # bad profile: one line, before torch starts
+    check_sizes_early(args)
+    from gptrain.validate.runtime import finish, start
+
     ctx = start(args.timeout)
     try:
         if ctx.rank == 0:

@@ -157,3 +157,57 @@ def test_out_of_range_inputs_are_one_line_not_a_default(
 ) -> None:
     assert main(["plan", "gpt3/126m", *option]) == 2
     assert capsys.readouterr().err.strip() == f"gptrain: error: {message}"
+
+
+def test_header_and_table_use_the_same_fp32_peak(tmp_path: Path) -> None:
+    """fp32 is planned at the TF32 rate, half the bf16 one: the header's tokens/s is the table's
+    ceiling at the same MFU, not twice it, and its days double with precision 32."""
+    from gptrain.plan.sizes import model_sizes
+
+    def plan(precision: str) -> dict:
+        js = tmp_path / f"{precision}.json"
+        args = ["plan", "gpt3/126m", f"trainer.precision={precision}", "--nodes", "1", "--top", "1"]
+        assert main([*args, "--gpus-per-node", "8", "--json", str(js)]) == 0
+        return json.loads(js.read_text())
+
+    def header(p: dict) -> tuple[float, float]:
+        line = next(x for x in p["lines"] if x.startswith("at MFU"))
+        tokens, days = line.split(": ")[1].split(" tokens/s, ")
+        return float(tokens.replace(",", "")), float(days.split(" days")[0])
+
+    (bf16_tokens, bf16_days), (fp32_tokens, fp32_days) = header(plan("bf16")), header(plan("32"))
+    assert fp32_tokens == pytest.approx(bf16_tokens / 2, abs=1) and fp32_days == pytest.approx(
+        2 * bf16_days, abs=0.1
+    )
+    best = plan("32")["candidates"][0]
+    work = workload_from_config(load_training_config("gpt3/126m", ["trainer.precision=32"]))
+    flops = model_sizes(work.padded(1), work.global_batch_size).flops_per_iteration
+    # the table's step time has compute at the same peak and MFU plus launch and DP costs
+    assert flops / (8 * best["step_time_s"]["compute"]) / 0.4 == pytest.approx(989.0e12 / 2, rel=0.01)
+    assert "at MFU 0.40 of the TF32 peak (fp32): " in plan("32")["lines"][3]
+
+
+def test_nothing_fits_is_one_line_naming_what_to_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gpt3/175b on one node: the sizes are printed, then one error line, exit 2 (as for any
+    config this cluster cannot run), no empty table."""
+    js = tmp_path / "p.json"
+    assert main(["plan", "gpt3/175b", "--nodes", "1", "--json", str(js)]) == 2
+    out, err = capsys.readouterr()
+    assert "174,604,836,864 parameters" in out and "layouts that fit" not in out
+    assert err.count("\n") == 1 and err.startswith(
+        "gptrain: error: no valid layout of gpt3/175b on 1 x 8 h100-80gb fits: the smallest, "
+    )
+    assert "GiB per GPU where 71.2 GiB are usable (79 GiB less --headroom 0.1)" in err
+    assert "use more GPUs (--nodes, --gpus-per-node)" in err
+    assert json.loads(js.read_text())["valid_layouts_that_fit"] == 0
+
+
+def test_no_valid_layout_at_all_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """3 GPUs, a global batch of 2: TP 3 is not a power of two, DP 3 does not divide the batch,
+    PP 3 would get 2 micro batches."""
+    args = ["plan", "gpt3/175b", "model.global_batch_size=2", "model.micro_batch_size=1"]
+    assert main([*args, "--nodes", "1", "--gpus-per-node", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "passes gptrain's layout checks" in err, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,15 @@ def test_export_writes_a_transformers_directory(exported, capsys) -> None:
     assert tokenizer.encode("Hello world<|endoftext|>") == [15496, 995, 50256]
 
 
+def test_the_export_is_readable_as_the_umask_allows(exported) -> None:
+    """Not 0700/0600 (mkdtemp, safetensors): a model directory on a shared filesystem is for the group."""
+    from gptrain.utils.atomic import current_umask
+
+    out, mask = exported[3], current_umask()
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~mask
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~mask
+
+
 def test_transformers_logits_match_gptrain(exported) -> None:
     _, _, model, out = exported
     ids = batch(GPT2_VOCAB)
@@ -65,12 +75,14 @@ def test_import_gives_a_run_that_generate_loads_and_export_reproduces(exported, 
     from safetensors.torch import load_file
 
     from gptrain.trained.load import load_run
+    from gptrain.utils.atomic import current_umask
 
     arch, _, model, out = exported
     run_dir = tmp_path / "imported"
     assert run_cli(["import", str(out), "--output", str(run_dir)]) == 0
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_0"
     assert (run_dir / "checkpoints" / "step_0" / "COMPLETE").is_file()
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o777 & ~current_umask()  # not mkdtemp's 0700
     loaded = load_run(run_dir, torch.device("cpu"))
     ids = batch(GPT2_VOCAB, seed=2)
     with torch.no_grad():

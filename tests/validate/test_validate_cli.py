@@ -101,3 +101,44 @@ def test_options_that_would_time_nothing_or_overflow_are_refused(capsys, option,
         build_parser().parse_args(["validate", "collectives", "--output-dir", "x", option, value])
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+NO_TORCH = """
+import sys
+from gptrain.cli import main
+code = main(sys.argv[1:])
+print(code, 'torch' in sys.modules, 'torch.distributed' in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["gpus", "--profile", "aws_p9"],
+            "gptrain: error: --profile aws_p9: unknown cluster profile; known: aws_p4d, aws_p5, azure_nd_a100_v4, bcm",
+        ),
+        (
+            ["collectives", "--min-bytes", "1M", "--max-bytes", "4K"],
+            "gptrain: error: --min-bytes/--max-bytes: need 0 < min_bytes <= max_bytes, got 1048576 and 4096",
+        ),
+        (
+            ["all", "--min-bytes", "16G"],
+            "gptrain: error: --min-bytes 17179869184 is above the default --max-bytes (8589934592 on GPUs, "
+            "1048576 on CPUs); pass a --max-bytes",
+        ),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2_without_importing_torch(tmp_path, args, message):
+    """docs/validation.md: exit 2 before any process group starts; torch is not even imported, so
+    the line comes at once (and min > max is not found only inside the collectives sweep)."""
+    out = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "validate", *args, "--output-dir", str(tmp_path / "v")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert out.stdout.split() == ["2", "False", "False"], out.stderr
+    assert out.stderr.strip().splitlines() == [message]
+    assert not (tmp_path / "v").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from validate_helpers import REPO
 
-from gptrain.launch.stragglers import straggler_line
+from gptrain.launch.stragglers import newest_lines, straggler_line
 
 
 def line(rank, node, step_ms, wait_ms, step=40):
@@ -26,6 +27,47 @@ def test_even_ranks_give_a_none_line_and_one_rank_gives_no_line():
     lines = [line(r, "n1", 500, 10 + r) for r in range(4)]
     assert straggler_line(lines).startswith("stragglers at step 40: none (4 ranks within 10%")
     assert straggler_line(lines[:1]) is None
+
+
+def write_rank_files(directory: Path, rows: list[tuple[dict, float]]) -> None:
+    """One `rank-<r>.jsonl` per row, the row's line last, modified at the row's time."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for row, mtime in rows:
+        path = directory / f"rank-{row['rank']}.jsonl"
+        earlier = dict(row, step=row["step"] - 2, step_ms=1.0)
+        path.write_text(json.dumps(earlier) + "\n" + json.dumps(row) + "\n")
+        os.utime(path, (mtime, mtime))
+
+
+def test_ranks_of_an_earlier_larger_job_are_not_compared(tmp_path: Path) -> None:
+    """4 ranks to step 4, resumed on 2 ranks to step 8: ranks 2 and 3 (slow at step 4) are not
+    in the step-8 job and are neither named nor counted."""
+    old = [(dict(line(r, "n1", 900, 0, step=4), world=4), 1000.0) for r in (2, 3)]
+    new = [(dict(line(r, "n1", 500, 10, step=8), world=2), 2000.0) for r in (0, 1)]
+    write_rank_files(tmp_path, old + new)
+    got = straggler_line(newest_lines(tmp_path))
+    assert got.startswith("stragglers at step 8: none (2 ranks within 10%"), got
+
+
+def test_a_job_resumed_from_an_earlier_checkpoint_is_compared_at_its_own_step(tmp_path: Path) -> None:
+    """The old 4-rank job reached step 10; the 2-rank job resumed at 4 and is at 6 now: the files
+    written last decide, and lines of another world size at the same step are left out too."""
+    rows = [(dict(line(r, "n1", 900, 0, step=10), world=4), 1000.0) for r in (2, 3)]
+    rows += [(dict(line(0, "n1", 500, 100, step=6), world=2), 2001.0)]
+    rows += [(dict(line(1, "n2", 500, 0, step=6), world=2), 2000.0)]
+    rows += [(dict(line(5, "n3", 5000, 0, step=6), world=8), 500.0)]
+    write_rank_files(tmp_path, rows)
+    got = straggler_line(newest_lines(tmp_path))
+    assert got == "stragglers at step 6: rank 1 (n2) +11% busy vs the median 450 ms/step", got
+
+
+def test_the_reviewers_resume_from_four_to_two_ranks(tmp_path: Path) -> None:
+    """Files as a 4-rank run to step 4 then a 2-rank resume to step 8 left them (no `world`)."""
+    rows = [(line(r, "vm", 107 + r, 11 + r, step=4), 1000.0) for r in (2, 3)]
+    rows += [(line(r, "vm", 76, 2 + r, step=8), 2000.0) for r in (0, 1)]
+    write_rank_files(tmp_path, rows)
+    got = straggler_line(newest_lines(tmp_path))
+    assert got.startswith("stragglers at step 8: none (2 ranks"), got
 
 
 TINY = [
@@ -76,7 +118,7 @@ def test_two_rank_training_writes_step_times_and_status_prints_the_line(tmp_path
     times = tmp_path / "results/gpt3_126m/results/step_times"
     rows = [json.loads(x) for x in (times / "rank-1.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(
-        r["rank"] == 1 and r["step_ms"] > 0 for r in rows
+        r["rank"] == 1 and r["world"] == 2 and r["step_ms"] > 0 for r in rows
     )
     assert sorted(p.name for p in times.iterdir()) == ["rank-0.jsonl", "rank-1.jsonl"]
     status = run("status", "gpt3_126m").stdout

@@ -1,0 +1,62 @@
+"""Directories written whole: complete or absent, and readable as the umask allows."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gptrain.utils import atomic
+from gptrain.utils.atomic import atomic_directory, atomic_write_text, current_umask
+
+
+@pytest.fixture
+def umask_027() -> Iterator[None]:
+    """A group-readable umask for the test, the previous one restored after it."""
+    previous = os.umask(0o027)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_umask_is_read_from_proc_and_by_setting_it(umask_027, monkeypatch, tmp_path) -> None:
+    assert current_umask() == 0o027
+    monkeypatch.setattr(atomic, "PROC_STATUS", tmp_path / "absent")  # not Linux
+    assert current_umask() == 0o027
+    assert os.umask(0o027) == 0o027  # and left as it was
+
+
+def test_a_finished_directory_and_its_private_files_follow_the_umask(umask_027, tmp_path) -> None:
+    """mkdtemp makes 0700 and safetensors writes 0600: after the rename the group may read them,
+    as it may what plain mkdir and open make; files the writer gave a mode keep it."""
+    out = tmp_path / "shared" / "model"
+    with atomic_directory(out) as staging:
+        weights = staging / "model.safetensors"
+        weights.write_bytes(b"w")
+        weights.chmod(0o600)
+        (staging / "sub").mkdir(mode=0o700)
+        (staging / "sub" / "x.bin").write_bytes(b"x")
+        os.chmod(staging / "sub" / "x.bin", 0o600)
+        atomic_write_text(staging / "config.json", "{}")  # 0644 by its writer
+        (staging / "run.sh").write_text("")
+        (staging / "run.sh").chmod(0o750)
+    assert mode(out) == 0o750
+    assert mode(out / "model.safetensors") == 0o640
+    assert mode(out / "sub") == 0o750 and mode(out / "sub" / "x.bin") == 0o640
+    assert mode(out / "config.json") == 0o644 and mode(out / "run.sh") == 0o750
+
+
+def test_a_failed_directory_is_removed(umask_027, tmp_path) -> None:
+    out = tmp_path / "model"
+    with pytest.raises(RuntimeError), atomic_directory(out) as staging:
+        (staging / "part").write_text("half")
+        raise RuntimeError("writer failed")
+    assert list(tmp_path.iterdir()) == []
