@@ -18,7 +18,9 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
             "Evaluate the newest complete checkpoint of a run (or one step_N dir) on a split of the "
             "data it trained on, or on the indexed dataset(s) of --data-prefix, in global batches as "
             "in training. Prints one line; --json writes the result. key=value overrides change the "
-            "layout or batch sizes (model.tensor_model_parallel_size=2 under torchrun)."
+            "layout or batch sizes (model.tensor_model_parallel_size=2 under torchrun). Batches past the "
+            "end of the data read it again, as in training; a warning then says so and --json records "
+            "distinct_tokens."
         ),
     )
     parser.add_argument(

@@ -117,8 +117,27 @@ def test_eval_on_an_indexed_dataset_matches_a_float64_reference(run_dir: Path, t
     result = eval_json(tmp_path, str(run_dir), "--data-prefix", str(tmp_path / "held_out"))
     expected, count = float64_reference(run_dir, tokens)
     assert result["tokens"] == count and result["batches"] == 2
+    assert result["data_tokens"] == 8 * SEQ + 1 and result["distinct_tokens"] == count
     # fp32 forward over 17 ops deep of width <= 128: relative error well under 1e-5
     assert result["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_eval_past_the_end_of_the_data_says_it_reads_tokens_again(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """5 batches of 4 windows from data of 8: the dataset wraps around (as Megatron's does) and the
+    tokens count each window each time; the warning and distinct_tokens say how much data it was."""
+    tokens = np.random.default_rng(0).integers(0, VOCAB, size=8 * SEQ + 1).astype(np.uint16)
+    write_one_document(tmp_path / "held_out", tokens)
+    capsys.readouterr()
+    result = eval_json(tmp_path, str(run_dir), "--batches", "5", "--data-prefix", str(tmp_path / "held_out"))
+    assert result["tokens"] == 5 * 4 * SEQ and result["batches"] == 5  # the numbers stay Megatron's
+    assert result["data_tokens"] == 8 * SEQ + 1 and result["distinct_tokens"] == 8 * SEQ + 1
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [
+        f"gptrain: warning: {tmp_path / 'held_out'}: 129 tokens; 5 batches read them 2.48 times over "
+        "(320 tokens, 129 distinct): the loss counts the repeated tokens again"
+    ]
 
 
 @pytest.mark.parametrize(
