@@ -29,6 +29,15 @@ from gptrain.trained.coverage import Coverage, coverage
 from gptrain.trained.load import RunCheckpoint, open_run
 from gptrain.utils.atomic import atomic_write_text
 
+# One process evaluates with the whole model whatever layout trained it (as generate and export
+# do); the user's own layout overrides come after these and win.
+ONE_PROCESS = [
+    "model.tensor_model_parallel_size=1",
+    "model.pipeline_model_parallel_size=1",
+    "model.virtual_pipeline_model_parallel_size=null",
+    "model.sequence_parallel=false",
+]
+
 
 @dataclass
 class EvalRequest:
@@ -42,9 +51,10 @@ class EvalRequest:
 
 def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
     """Load, evaluate, print the result line (and write the JSON) on the logging rank."""
-    run = open_run(request.checkpoint, request.overrides)
-    cfg, step_dir = run.cfg, run.step_dir
     world = world_from_env()
+    overrides = request.overrides if world.world_size > 1 else [*ONE_PROCESS, *request.overrides]
+    run = open_run(request.checkpoint, overrides)
+    cfg, step_dir = run.cfg, run.step_dir
     if world.world_size > 1:
         init_distributed(world, cfg.trainer.resolved_accelerator())
     failed = True

@@ -159,6 +159,32 @@ def test_eval_under_two_process_layouts_matches_one_process(
     assert result["loss"] == pytest.approx(single["loss"], rel=1e-5)  # fp32 sums in another order
 
 
+def test_eval_of_a_tensor_and_pipeline_parallel_run_in_one_process(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """A run whose hparams.yaml says TP=2 x PP=2 (sequence parallel, 4 ranks): one process evaluates
+    it with the whole model and gives the training's validation loss; a layout asked for is kept."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    layout = [
+        "model.tensor_model_parallel_size=2",
+        "model.pipeline_model_parallel_size=2",
+        "model.sequence_parallel=true",
+        "trainer.devices=4",
+    ]
+    cfg = load_training_config(config_file=str(run / "hparams.yaml"), overrides=layout, report_ignored=False)
+    (run / "hparams.yaml").write_text(cfg.to_yaml())
+    result = eval_json(tmp_path, str(run))
+    assert result["loss"] == pytest.approx(logged_validation_losses(run_dir)[-1], rel=1e-6)
+    assert result["tokens"] == 2 * 4 * SEQ
+    assert main(["eval", str(run), "model.tensor_model_parallel_size=2"]) == 2
+    assert "gptrain: error: world size 1 (trainer.num_nodes x trainer.devices) is not divisible by" in (
+        capsys.readouterr().err
+    )
+
+
 def test_eval_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None:
     assert main(["eval", str(run_dir), "--split", "test"]) == 2
     assert "trainer.limit_test_batches=0 (no test batches); pass --batches N" in capsys.readouterr().err
