@@ -1,7 +1,8 @@
 """`gptrain eval`: loss and perplexity of a checkpoint on a split of the run's data or on any dataset.
 
-Runs in one process or under torchrun/srun with the layout given as overrides
-(`model.tensor_model_parallel_size=2`, ...), whatever layout saved the checkpoint.
+Runs in one process (the whole model: TP=PP=1 whatever the run trained with) or under
+torchrun/srun with the layout given as overrides (`model.tensor_model_parallel_size=2`, ...),
+whatever layout saved the checkpoint.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
             "Evaluate the newest complete checkpoint of a run (or one step_N dir) on a split of the "
             "data it trained on, or on the indexed dataset(s) of --data-prefix, in global batches as "
             "in training. Prints one line; --json writes the result. key=value overrides change the "
-            "layout or batch sizes (model.tensor_model_parallel_size=2 under torchrun)."
+            "layout or batch sizes (one process evaluates with TP=PP=1; model.tensor_model_parallel_size=2 "
+            "under torchrun). Batches past the end of the data read it again, as in training; a warning "
+            "then says so and --json records distinct_tokens."
         ),
     )
     parser.add_argument(

@@ -25,8 +25,18 @@ from gptrain.parallel.state_dict import load_model_state_dict, model_state_dict
 from gptrain.train import builders as b
 from gptrain.train.evaluation import EvalResult, EvalSetup, evaluate_loss
 from gptrain.train.state import TrainState
+from gptrain.trained.coverage import Coverage, coverage
 from gptrain.trained.load import RunCheckpoint, open_run
 from gptrain.utils.atomic import atomic_write_text
+
+# One process evaluates with the whole model whatever layout trained it (as generate and export
+# do); the user's own layout overrides come after these and win.
+ONE_PROCESS = [
+    "model.tensor_model_parallel_size=1",
+    "model.pipeline_model_parallel_size=1",
+    "model.virtual_pipeline_model_parallel_size=null",
+    "model.sequence_parallel=false",
+]
 
 
 @dataclass
@@ -41,9 +51,10 @@ class EvalRequest:
 
 def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
     """Load, evaluate, print the result line (and write the JSON) on the logging rank."""
-    run = open_run(request.checkpoint, request.overrides)
-    cfg, step_dir = run.cfg, run.step_dir
     world = world_from_env()
+    overrides = request.overrides if world.world_size > 1 else [*ONE_PROCESS, *request.overrides]
+    run = open_run(request.checkpoint, overrides)
+    cfg, step_dir = run.cfg, run.step_dir
     if world.world_size > 1:
         init_distributed(world, cfg.trainer.resolved_accelerator())
     failed = True
@@ -58,7 +69,8 @@ def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
         data, batches, source = eval_data(cfg, request, run.vocab, run.tokenizer)
         result = evaluate_loss(setup, data, batches)
         if b.is_logging_rank(cfg, world):
-            report(result, step_dir, iteration, source, request.json_path, cfg)
+            read = coverage(data.samples, result.batches * cfg.model.global_batch_size)
+            report(result, step_dir, iteration, source, request.json_path, cfg, read)
         failed = False
         return result
     finally:
@@ -176,7 +188,10 @@ def report(
     source: str,
     json_path: str | None,
     cfg: TrainingConfig,
+    read: Coverage | None = None,
 ) -> None:
+    if read is not None and read.distinct_tokens < read.read_tokens:
+        print(repeats_warning(read, result.batches, source), file=sys.stderr)
     print(
         f"eval {step_dir} (iteration {iteration}) on {source}: lm loss {result.loss:.6E} | "
         f"PPL {result.perplexity:.6E} | {result.tokens:,} tokens in {result.batches} batches of "
@@ -191,6 +206,20 @@ def report(
             "perplexity": result.perplexity,
             "global_batch_size": cfg.model.global_batch_size,
             "seq_length": cfg.model.data.seq_length,
+            # tokens counts a token each time a batch reads it; these say how much data that was
+            "data_tokens": read.data_tokens if read else None,
+            "distinct_tokens": read.distinct_tokens if read else None,
         }
         atomic_write_text(json_path, json.dumps(record, indent=2) + "\n")
         print(f"wrote {json_path}", file=sys.stderr)
+
+
+def repeats_warning(read: Coverage, batches: int, source: str) -> str:
+    """One line: the batches read some tokens more than once (the split is built over several epochs,
+    as for the training's validation, and Megatron's evaluation wraps around the same way)."""
+    times = read.read_tokens / max(read.data_tokens, 1)
+    return (
+        f"gptrain: warning: {source}: {read.data_tokens:,} tokens; {batches} batches read them "
+        f"{times:.2f} times over ({read.read_tokens:,} tokens, {read.distinct_tokens:,} distinct): the loss "
+        "counts the repeated tokens again"
+    )

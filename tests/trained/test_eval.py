@@ -117,8 +117,27 @@ def test_eval_on_an_indexed_dataset_matches_a_float64_reference(run_dir: Path, t
     result = eval_json(tmp_path, str(run_dir), "--data-prefix", str(tmp_path / "held_out"))
     expected, count = float64_reference(run_dir, tokens)
     assert result["tokens"] == count and result["batches"] == 2
+    assert result["data_tokens"] == 8 * SEQ + 1 and result["distinct_tokens"] == count
     # fp32 forward over 17 ops deep of width <= 128: relative error well under 1e-5
     assert result["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_eval_past_the_end_of_the_data_says_it_reads_tokens_again(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """5 batches of 4 windows from data of 8: the dataset wraps around (as Megatron's does) and the
+    tokens count each window each time; the warning and distinct_tokens say how much data it was."""
+    tokens = np.random.default_rng(0).integers(0, VOCAB, size=8 * SEQ + 1).astype(np.uint16)
+    write_one_document(tmp_path / "held_out", tokens)
+    capsys.readouterr()
+    result = eval_json(tmp_path, str(run_dir), "--batches", "5", "--data-prefix", str(tmp_path / "held_out"))
+    assert result["tokens"] == 5 * 4 * SEQ and result["batches"] == 5  # the numbers stay Megatron's
+    assert result["data_tokens"] == 8 * SEQ + 1 and result["distinct_tokens"] == 8 * SEQ + 1
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [
+        f"gptrain: warning: {tmp_path / 'held_out'}: 129 tokens; 5 batches read them 2.48 times over "
+        "(320 tokens, 129 distinct): the loss counts the repeated tokens again"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -138,6 +157,32 @@ def test_eval_under_two_process_layouts_matches_one_process(
     result = json.loads(out.read_text())
     assert result["tokens"] == single["tokens"] and result["batches"] == single["batches"]
     assert result["loss"] == pytest.approx(single["loss"], rel=1e-5)  # fp32 sums in another order
+
+
+def test_eval_of_a_tensor_and_pipeline_parallel_run_in_one_process(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """A run whose hparams.yaml says TP=2 x PP=2 (sequence parallel, 4 ranks): one process evaluates
+    it with the whole model and gives the training's validation loss; a layout asked for is kept."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    layout = [
+        "model.tensor_model_parallel_size=2",
+        "model.pipeline_model_parallel_size=2",
+        "model.sequence_parallel=true",
+        "trainer.devices=4",
+    ]
+    cfg = load_training_config(config_file=str(run / "hparams.yaml"), overrides=layout, report_ignored=False)
+    (run / "hparams.yaml").write_text(cfg.to_yaml())
+    result = eval_json(tmp_path, str(run))
+    assert result["loss"] == pytest.approx(logged_validation_losses(run_dir)[-1], rel=1e-6)
+    assert result["tokens"] == 2 * 4 * SEQ
+    assert main(["eval", str(run), "model.tensor_model_parallel_size=2"]) == 2
+    assert "gptrain: error: world size 1 (trainer.num_nodes x trainer.devices) is not divisible by" in (
+        capsys.readouterr().err
+    )
 
 
 def test_eval_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None:

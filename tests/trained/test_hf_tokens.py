@@ -126,3 +126,154 @@ def test_without_an_import_record_bos_and_eos_come_from_tokenizer_config(tmp_pat
     cfg = SimpleNamespace(model=SimpleNamespace(tokenizer=tok))
     ids = special_token_ids(cfg, load_huggingface(str(source)), {})
     assert ids == {"bos_token_id": 1, "eos_token_id": 2}
+
+
+# SmolLM2's pre-tokenizer: digits one by one, then GPT-2's byte-level split
+DIGITS_THEN_BYTES = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    ],
+}
+
+
+def gpt2_tokenizer_dict() -> dict:
+    """tokenizer.json of GPT-2 as the Hub ships it: a ByteLevel post-processor (offsets only),
+    `normalized: true` on <|endoftext|>, "" affixes; what gptrain writes spells these otherwise."""
+    from hf_helpers import gpt2_files
+
+    from gptrain.data.tokenizers import gpt2_tokenizer_json
+
+    tokenizer = json.loads(gpt2_tokenizer_json(*gpt2_files()))
+    tokenizer["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False}
+    tokenizer["added_tokens"][0]["normalized"] = True
+    tokenizer["model"].update(continuing_subword_prefix="", end_of_word_suffix="")
+    return tokenizer
+
+
+def bpe_model_dir(directory: Path, tokenizer: dict, tokenizer_config: dict | None = None) -> Path:
+    """A tiny Llama over GPT-2's vocabulary shipping vocab.json, merges.txt and `tokenizer` as tokenizer.json."""
+    import shutil
+
+    import transformers
+    from hf_helpers import gpt2_files
+
+    directory.mkdir()
+    vocab, merges = gpt2_files()
+    shutil.copyfile(vocab, directory / "vocab.json")
+    shutil.copyfile(merges, directory / "merges.txt")
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+    names = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
+    config = {
+        "tokenizer_class": "GPT2Tokenizer",
+        **names,
+        "add_prefix_space": False,
+        **(tokenizer_config or {}),
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    model = transformers.LlamaConfig(
+        vocab_size=50257,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        bos_token_id=50256,
+        eos_token_id=50256,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(model).save_pretrained(str(directory))
+    return directory
+
+
+def test_only_a_tokenizer_json_equal_to_gpt2_bpe_counts_as_gpt2_bpe(tmp_path) -> None:
+    from gptrain.trained.hf.tokenizer_files import import_tokenizer, is_gpt2_bpe
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (source / name).write_bytes(Path(gpt2_files_dict()[name]).read_bytes())
+    same = gpt2_tokenizer_dict()
+    digits = {**same, "pre_tokenizer": DIGITS_THEN_BYTES}
+    fewer_merges = {**same, "model": {**same["model"], "merges": same["model"]["merges"][:-1]}}
+    with_bos = {**same, "post_processor": {"type": "TemplateProcessing", "single": ["<|endoftext|>", "$A"]}}
+    expected = {"same": True, "digits": False, "fewer_merges": False, "with_bos": False}
+    for name, tokenizer in {
+        "same": same,
+        "digits": digits,
+        "fewer_merges": fewer_merges,
+        "with_bos": with_bos,
+    }.items():
+        (source / "tokenizer.json").write_text(json.dumps(tokenizer))
+        assert is_gpt2_bpe(source / "tokenizer.json", source) is expected[name], name
+        kind = import_tokenizer(source, tmp_path / name, tmp_path / "final")["type"]
+        assert kind == ("GPT2BPETokenizer" if expected[name] else "HuggingFaceTokenizer"), name
+
+
+def gpt2_files_dict() -> dict[str, str]:
+    from hf_helpers import gpt2_files
+
+    vocab, merges = gpt2_files()
+    return {"vocab.json": vocab, "merges.txt": merges}
+
+
+def test_import_takes_the_models_tokenizer_json_over_vocab_and_merges(tmp_path) -> None:
+    """A SmolLM-style model ships all three files; its tokenizer.json splits digits, GPT-2 BPE does not."""
+    from transformers import AutoTokenizer
+
+    from gptrain.trained.load import open_run
+
+    digits = {**gpt2_tokenizer_dict(), "pre_tokenizer": DIGITS_THEN_BYTES}
+    source = bpe_model_dir(tmp_path / "src", digits, {"tokenizer_class": "PreTrainedTokenizerFast"})
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run")]) == 0
+    run = open_run(tmp_path / "run")
+    assert run.cfg.model.tokenizer.type == "HuggingFaceTokenizer"
+    text = "In 2024 the model saw 12345 tokens.<|endoftext|>"
+    expected = AutoTokenizer.from_pretrained(str(source)).encode(text)
+    assert list(run.tokenizer.encode(text)) == expected
+    assert expected[:4] == [818, 220, 17, 15]  # "In", " ", "2", "0": the digits split
+
+
+def test_a_tokenizer_class_that_drops_the_pre_tokenizer_is_named(tmp_path, capsys) -> None:
+    """transformers 5's GPT2Tokenizer sets ByteLevel whatever tokenizer.json says: the model's own
+    files then disagree, and the refusal says how to load tokenizer.json as it is."""
+    from transformers import AutoTokenizer
+
+    from gptrain.cli import main
+
+    digits = {**gpt2_tokenizer_dict(), "pre_tokenizer": DIGITS_THEN_BYTES}
+    source = bpe_model_dir(tmp_path / "src", digits, {"tokenizer_class": "GPT2Tokenizer"})
+    if AutoTokenizer.from_pretrained(str(source)).encode("42") == [19, 17]:
+        pytest.skip("this transformers keeps tokenizer.json's pre-tokenizer under GPT2Tokenizer")
+    assert main(["import", str(source), "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"gptrain: error: {source}: transformers' tokenizer and gptrain's HuggingFaceTokenizer from "
+        "tokenizer.json encode "
+    )
+    assert err.rstrip().endswith(
+        "transformers' GPT2Tokenizer sets its own pre-tokenizer, not tokenizer.json's: set "
+        f'"tokenizer_class": "PreTrainedTokenizerFast" in {source / "tokenizer_config.json"} to load '
+        "tokenizer.json as it is, or pass --no-verify to import unchecked"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_import_refuses_a_tokenizer_that_transformers_encodes_otherwise(tmp_path, capsys) -> None:
+    """tokenizer.json is GPT-2 BPE, so GPT2BPETokenizer is taken, but tokenizer_config.json asks
+    transformers for a prefix space: the check finds it; --no-verify imports anyway."""
+    from gptrain.cli import main
+
+    source = bpe_model_dir(tmp_path / "src", gpt2_tokenizer_dict(), {"add_prefix_space": True})
+    assert main(["import", str(source), "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"gptrain: error: {source}: transformers' tokenizer and gptrain's GPT2BPETokenizer from "
+        "vocab.json + merges.txt encode 'The meaning of life is 42"
+    )
+    assert "(token 0: transformers [383, " in err and "--no-verify imports it unchecked" in err
+    assert not (tmp_path / "run").exists()
+    assert main(["import", str(source), "--output", str(tmp_path / "run"), "--no-verify"]) == 0
+    assert "GPT2BPETokenizer" in (tmp_path / "run" / "hparams.yaml").read_text()

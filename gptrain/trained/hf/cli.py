@@ -27,7 +27,11 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
         "--to", choices=["hf"], required=True, help="target format (hf: Hugging Face transformers)"
     )
     parser.add_argument("output", metavar="OUTPUT_DIR", help="new (or empty) directory to write")
-    parser.add_argument("--no-verify", action="store_true", help="skip the logits and greedy check")
+    parser.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the checks of logits, greedy continuation and tokenizer",
+    )
     parser.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
@@ -56,7 +60,11 @@ def add_import_parser(subparsers: argparse._SubParsersAction) -> None:
         "hf_dir", metavar="HF_DIR", help="transformers model directory (config.json, safetensors)"
     )
     parser.add_argument("--output", required=True, metavar="RUN_DIR", help="new (or empty) run directory")
-    parser.add_argument("--no-verify", action="store_true", help="skip the logits and greedy check")
+    parser.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the checks of logits, greedy continuation and tokenizer",
+    )
     parser.set_defaults(func=run_import)
 
 

@@ -65,6 +65,8 @@ def import_hf(
         if tokenizer is None:
             print(f"gptrain: warning: {hf_dir} has no tokenizer files; the run uses mock data", file=stream)
         cfg = training_config(arch, overrides, tokenizer, int(hf_config.vocab_size), output)
+        if verify and tokenizer is not None:  # before the weights: it is the cheap check
+            verify_imported_tokenizer(cfg, staging, hf_dir)
         model = build_imported_model(cfg, staging, hf_dir, arch, stream)
         step_dir = save_weights(model, staging / CHECKPOINTS)
         del model
@@ -194,6 +196,46 @@ def save_weights(model: nn.Module, root: Path) -> Path:
     from gptrain.parallel.state_dict import model_state_dict
 
     return CheckpointManager(root, keep_last=None).save(0, {"model": model_state_dict(model)}, {})
+
+
+def verify_imported_tokenizer(cfg: Any, staging: Path, hf_dir: Path) -> None:
+    """The tokenizer the run will use encodes as transformers' AutoTokenizer of `hf_dir` does."""
+    from gptrain.trained.hf.verify import verify_tokenizer
+
+    tok = cfg.model.tokenizer
+    files = "tokenizer.json" if tok.model else "vocab.json + merges.txt"
+
+    def advice() -> str:
+        rebuilt = _class_rebuilding_pipeline(hf_dir) if tok.model else None
+        if rebuilt is None:
+            return "nothing written; --no-verify imports it unchecked"
+        return (
+            f"transformers' {rebuilt} sets its own pre-tokenizer, not tokenizer.json's: set "
+            f'"tokenizer_class": "PreTrainedTokenizerFast" in {hf_dir / "tokenizer_config.json"} to load '
+            "tokenizer.json as it is, or pass --no-verify to import unchecked"
+        )
+
+    verify_tokenizer(hf_dir, _tokenizer(cfg, staging), f"gptrain's {tok.type} from {files}", advice)
+
+
+def _class_rebuilding_pipeline(hf_dir: Path) -> str | None:
+    """The name of the tokenizer class AutoTokenizer picks for `hf_dir` when its normalizer or
+    pre-tokenizer is not tokenizer.json's (transformers 5's GPT2Tokenizer sets ByteLevel whatever
+    tokenizer.json says); None when it keeps them."""
+    import json
+
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
+    backend = getattr(loaded, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    theirs = json.loads(backend.to_str())
+    shipped = json.loads(Tokenizer.from_file(str(hf_dir / "tokenizer.json")).to_str())
+    if all(theirs.get(key) == shipped.get(key) for key in ("normalizer", "pre_tokenizer")):
+        return None
+    return type(loaded).__name__
 
 
 def verify_import(cfg: Any, staging: Path, step_dir: Path, hf_dir: Path) -> Verification:

@@ -3,7 +3,8 @@
 Export: GPT-2 BPE runs ship their vocab.json + merges.txt, the same as a
 tokenizer.json, and a tokenizer_config.json naming `GPT2Tokenizer` and `<|endoftext|>`; Hugging Face tokenizer runs ship their tokenizer.json (and
 its tokenizer_config.json / special_tokens_map.json when present). Import copies them into the
-run directory and returns the `model.tokenizer.*` values that point at the copies.
+run directory and returns the `model.tokenizer.*` values that point at the copies: tokenizer.json
+when the model has one, unless it is exactly the GPT-2 BPE of its vocab.json + merges.txt.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 from gptrain.data.tokenizers import ENDOFTEXT, canonical_type, gpt2_tokenizer_json
 
 HF_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
+# what decides a tokenizer.json's ids and decoded text
+ENCODING_KEYS = ("normalizer", "pre_tokenizer", "model", "added_tokens", "post_processor", "decoder")
 
 
 def export_tokenizer(cfg: Any, output: Path, seq_length: int) -> list[str]:
@@ -51,10 +54,15 @@ def export_tokenizer(cfg: Any, output: Path, seq_length: int) -> list[str]:
 def import_tokenizer(hf_dir: Path, run_tokenizer_dir: Path, final_dir: Path) -> dict[str, Any] | None:
     """Copy `hf_dir`'s tokenizer into `run_tokenizer_dir`; `model.tokenizer` values naming `final_dir`.
 
-    vocab.json + merges.txt (GPT-2 BPE, gptrain's fast path) win over tokenizer.json; None when
-    the directory has neither.
+    tokenizer.json is the model's tokenizer as transformers loads it, so it is taken
+    (HuggingFaceTokenizer) unless it is exactly GPT-2 BPE of the vocab.json + merges.txt beside
+    it: then those two are taken (GPT2BPETokenizer), gptrain's fast path and the files Megatron's
+    --vocab-file/--merge-file read. vocab.json + merges.txt alone are GPT-2 BPE; None when the
+    directory has neither.
     """
-    if (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file():
+    has_bpe = (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file()
+    has_json = (hf_dir / "tokenizer.json").is_file()
+    if has_bpe and (not has_json or is_gpt2_bpe(hf_dir / "tokenizer.json", hf_dir)):
         run_tokenizer_dir.mkdir(parents=True, exist_ok=True)
         for name in ("vocab.json", "merges.txt"):
             shutil.copyfile(hf_dir / name, run_tokenizer_dir / name)
@@ -64,7 +72,7 @@ def import_tokenizer(hf_dir: Path, run_tokenizer_dir: Path, final_dir: Path) -> 
             "merge_file": str(final_dir / "merges.txt"),
             "model": None,
         }
-    if (hf_dir / "tokenizer.json").is_file():
+    if has_json:
         run_tokenizer_dir.mkdir(parents=True, exist_ok=True)
         for name in ("tokenizer.json", *HF_EXTRAS):
             if (hf_dir / name).is_file():
@@ -76,3 +84,62 @@ def import_tokenizer(hf_dir: Path, run_tokenizer_dir: Path, final_dir: Path) -> 
             "model": str(final_dir),
         }
     return None
+
+
+def is_gpt2_bpe(tokenizer_json: Path, bpe_dir: Path) -> bool:
+    """Whether `tokenizer_json` encodes and decodes as GPT-2 BPE of bpe_dir's vocab.json + merges.txt.
+
+    Both are read by the `tokenizers` library and compared on what decides ids and decoded text
+    (normalizer, pre-tokenizer, BPE model, added tokens, post-processor, decoder); settings that
+    only move offsets, and spellings of "nothing" (a ByteLevel post-processor, "" or null
+    affixes), are set aside. Any other difference (a Digits pre-tokenizer, another merge, a BOS
+    template) means False.
+    """
+    from tokenizers import Tokenizer
+
+    try:
+        theirs = json.loads(Tokenizer.from_file(str(tokenizer_json)).to_str())
+        ours = json.loads(gpt2_tokenizer_json(str(bpe_dir / "vocab.json"), str(bpe_dir / "merges.txt")))
+    except Exception:  # an unreadable file: tokenizer.json is taken, and loading it says what is wrong
+        return False
+    return _encoding_parts(theirs) == _encoding_parts(ours)
+
+
+def _encoding_parts(tokenizer: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a tokenizer.json that decide ids and decoded text, in one spelling."""
+    parts = {key: tokenizer.get(key) for key in ENCODING_KEYS}
+    model = dict(parts["model"] or {})
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+        model[key] = model.get(key) or ""
+    parts["model"] = model
+    pre = parts["pre_tokenizer"]
+    if isinstance(pre, dict) and pre.get("type") == "ByteLevel":
+        parts["pre_tokenizer"] = {k: v for k, v in pre.items() if k != "trim_offsets"}
+    if _adds_nothing(parts["post_processor"]):
+        parts["post_processor"] = None
+    decoder = parts["decoder"]
+    if isinstance(decoder, dict) and decoder.get("type") == "ByteLevel":
+        parts["decoder"] = {"type": "ByteLevel"}  # its options only apply when encoding
+    unnormalized = parts["normalizer"] is None  # then `normalized` matches the same text either way
+    parts["added_tokens"] = sorted(
+        (
+            {k: v for k, v in token.items() if not (unnormalized and k == "normalized")}
+            for token in parts["added_tokens"] or []
+        ),
+        key=lambda token: token.get("id", -1),
+    )
+    return parts
+
+
+def _adds_nothing(post_processor: Any) -> bool:
+    """A post-processor that leaves the ids alone: none, ByteLevel (offsets only), or a template of
+    the sequence alone (what transformers writes for GPT-2)."""
+    if post_processor is None:
+        return True
+    kind = post_processor.get("type")
+    if kind == "ByteLevel":
+        return True
+    if kind == "TemplateProcessing":
+        single = post_processor.get("single") or []
+        return not post_processor.get("special_tokens") and all("Sequence" in item for item in single)
+    return False

@@ -9,7 +9,10 @@ GELU, a shifted rotary) moves logits by percents.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,6 +21,10 @@ from gptrain.errors import GptrainError
 
 RELATIVE_TOLERANCE = 1e-4
 BATCH, MAX_TOKENS, NEW_TOKENS, SEED = 2, 64, 12, 0
+# what tokenizers disagree on: digit runs, a special token, accents and other scripts, whitespace runs
+TOKENIZER_PROBE = (
+    "The meaning of life is 42, not 1234567. <|endoftext|> 12 ünïcode 日本語 ✓\n\n\tspaces   end  "
+)
 
 
 class VerificationError(GptrainError):
@@ -135,3 +142,29 @@ def greedy_agreement(
         tokens.append(pick)
         new.append(pick)
     return new
+
+
+def verify_tokenizer(directory: Path, tokenizer: Any, what: str, advice: Callable[[], str]) -> None:
+    """transformers' AutoTokenizer of `directory` encodes the probe text as gptrain's `tokenizer`
+    does; a one-line VerificationError naming the first difference and `advice()` if not."""
+    from transformers import AutoTokenizer
+
+    try:
+        theirs = list(
+            AutoTokenizer.from_pretrained(str(directory), local_files_only=True).encode(TOKENIZER_PROBE)
+        )
+    except Exception as error:  # a tokenizer class transformers cannot build here: no comparison
+        reason = " ".join(str(error).split())[:200]
+        raise VerificationError(
+            f"{directory}: transformers' AutoTokenizer does not load ({type(error).__name__}: {reason}); {advice()}"
+        ) from None
+    ours = list(tokenizer.encode(TOKENIZER_PROBE))
+    if theirs == ours:
+        return
+    at = next(
+        (i for i, (a, b) in enumerate(zip(theirs, ours, strict=False)) if a != b), min(len(theirs), len(ours))
+    )
+    raise VerificationError(
+        f"{directory}: transformers' tokenizer and {what} encode {TOKENIZER_PROBE!r} differently "
+        f"(token {at}: transformers {theirs[at : at + 3]}, gptrain {ours[at : at + 3]}); {advice()}"
+    )
