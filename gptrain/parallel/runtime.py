@@ -34,7 +34,7 @@ class PipelineLoss:
     """The last stage's loss function, weighted for the backward (weight set per step)."""
 
     def __init__(self) -> None:
-        self.weight = 1.0
+        self.weight: float | torch.Tensor = 1.0  # a device scalar in training (no host read)
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return lm_loss_sum(logits, target) * self.weight
@@ -144,18 +144,21 @@ def loss_context(ctx: ParallelContext) -> contextlib.AbstractContextManager:
 
 def forward_backward(
     model: ParallelGPT, microbatches: list[Batch], scale: float, precision: str = "32"
-) -> tuple[float, int]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Accumulate gradients of scale x Megatron's token-weighted mean loss over the global batch.
 
-    Returns (mean loss over the global batch, loss tokens in it) on every rank; gradients
-    are averaged over DP and summed over the tied embedding copies on return.
+    Returns (mean loss over the global batch, loss tokens in it) on every rank, as float64
+    scalars on the device: nothing here waits for the device (train_step reads them once, with
+    the grad norm). Gradients are averaged over DP and summed over the tied embedding copies.
     """
+    from gptrain.train.step import count_loss_tokens  # the loop's own count (step imports this package)
+
     ctx = model.ctx
-    local_tokens = sum(float(mb["loss_mask"].sum()) for mb in microbatches)
-    global_tokens = model.reduce_sum(torch.tensor(local_tokens, dtype=torch.float64, device=ctx.device))
-    weight = scale * ctx.dims.dp / max(float(global_tokens), 1.0)
-    if weight <= 0:
+    if scale <= 0:
         raise ValueError(f"loss scale must be positive, got {scale}")
+    global_tokens = model.reduce_sum(count_loss_tokens(microbatches, ctx.device))
+    denominator = global_tokens.clamp(min=1.0)
+    weight = (scale * ctx.dims.dp) / denominator
     if ctx.schedules is not None:
         loss_sum = _pipeline_forward_backward(model, microbatches, weight, precision)
     else:
@@ -163,12 +166,11 @@ def forward_backward(
     sync_tied_embedding_grads(model.parts, ctx.embedding_group)
     if ctx.grad_sync is not None:
         ctx.grad_sync()
-    mean = sum_over_loss_ranks(ctx, loss_sum) / max(float(global_tokens), 1.0)
-    return float(mean), int(global_tokens)
+    return sum_over_loss_ranks(ctx, loss_sum) / denominator, global_tokens
 
 
 def _local_forward_backward(
-    model: ParallelGPT, microbatches: list[Batch], weight: float, precision: str
+    model: ParallelGPT, microbatches: list[Batch], weight: torch.Tensor, precision: str
 ) -> torch.Tensor:
     ctx = model.ctx
     runner = ctx.runners[0]
@@ -186,7 +188,7 @@ def _local_forward_backward(
 
 
 def _pipeline_forward_backward(
-    model: ParallelGPT, microbatches: list[Batch], weight: float, precision: str
+    model: ParallelGPT, microbatches: list[Batch], weight: torch.Tensor, precision: str
 ) -> torch.Tensor:
     """One schedule step over all micro-batches (stacked; the schedule splits them again)."""
     ctx = model.ctx
@@ -209,11 +211,14 @@ def to_plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def sum_over_loss_ranks(ctx: ParallelContext, loss_sum: torch.Tensor) -> float:
-    """Sum the DP ranks' loss sums, counted once per DP rank (last stage, TP rank 0)."""
+def sum_over_loss_ranks(ctx: ParallelContext, loss_sum: torch.Tensor) -> torch.Tensor:
+    """Sum the DP ranks' loss sums, counted once per DP rank (last stage, TP rank 0), as a
+    float64 scalar on the device (every rank gets it; no host read)."""
+    value = loss_sum.detach().to(torch.float64)
     if not dist.is_initialized() or ctx.dims.world_size == 1:
-        return float(loss_sum)
+        return value
     owner = ctx.has_last_stage and ctx.tp_rank == 0
-    value = loss_sum.detach().to(torch.float64) if owner else torch.zeros_like(loss_sum, dtype=torch.float64)
+    if not owner:
+        value = torch.zeros_like(value)
     dist.all_reduce(value)
-    return float(value)
+    return value

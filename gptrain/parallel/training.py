@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from gptrain.parallel.compile import compile_scope, compiled_loss_fn
@@ -31,6 +30,7 @@ from gptrain.parallel.runtime import (
     sum_over_loss_ranks,
     to_plain,
 )
+from gptrain.train.step import count_loss_tokens
 
 Batch = dict[str, torch.Tensor]
 
@@ -75,7 +75,7 @@ def step_overrides(model: ParallelGPT) -> dict[str, Any]:
 
 def _step_forward_backward(
     model: nn.Module, microbatches: list[Batch], scale: float, device: torch.device, opts: Any
-) -> tuple[float, int]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """train_step's forward_backward signature; the loss is the token-weighted LM loss."""
     del device
     assert isinstance(model, ParallelGPT)
@@ -89,11 +89,7 @@ def eval_loss_sum(
     """(sum of masked token losses, loss tokens) of one global batch, summed over DP, on every rank."""
     assert isinstance(model, ParallelGPT)
     ctx = model.ctx
-    tokens = model.reduce_sum(
-        torch.tensor(
-            sum(float(mb["loss_mask"].sum()) for mb in microbatches), dtype=torch.float64, device=ctx.device
-        )
-    )
+    tokens = model.reduce_sum(count_loss_tokens(microbatches, ctx.device))
     if ctx.schedules is not None:
         local = _pipeline_eval(model, microbatches, precision)
     else:
@@ -102,8 +98,7 @@ def eval_loss_sum(
             batch = {key: value.to(ctx.device) for key, value in mb.items()}
             with loss_context(ctx), autocast_context(ctx.device, precision):
                 local += to_plain(lm_loss_sum(ctx.runners[0](batch["tokens"]), masked_labels(batch))).double()
-    total = sum_over_loss_ranks(ctx, local) if dist.is_initialized() else float(local)
-    return torch.tensor(total, dtype=torch.float64, device=ctx.device), tokens
+    return sum_over_loss_ranks(ctx, local), tokens
 
 
 def _pipeline_eval(model: ParallelGPT, microbatches: list[Batch], precision: str) -> torch.Tensor:

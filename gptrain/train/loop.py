@@ -10,7 +10,7 @@ Seams for parallel layouts (gptrain/parallel plugs in here without touching the 
   Session.step_fn                   one optimizer step (step.train_step); TP and pipeline layouts
                                     plug in through StepOptions.forward_backward/eval_fn instead
   builders.is_logging_rank          the rank that prints iteration lines (last pipeline stage)
-  agree_on_stop                     every rank stops (and checkpoints) at the same step
+  stop_agreement.StopAgreement      every rank stops (and checkpoints) at the same step
 With world size 1 no process group is created.
 """
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from gptrain.checkpoint.manager import (
@@ -60,6 +60,7 @@ from gptrain.train.state import (
 )
 from gptrain.train.step import Batch, StepOptions, StepResult, train_step
 from gptrain.train.step_times import StepTimes
+from gptrain.train.stop_agreement import StopAgreement
 from gptrain.train.wandb_logger import WandbRun, require_wandb
 from gptrain.train.watchdog import Watchdog
 
@@ -370,6 +371,7 @@ def run(
     batches = microbatches(s, train_data)
     meter = IntervalMeter(start_step=s.state.step)
     times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
+    agreement = StopAgreement()
     saved_at = validated_at = -1
     while s.state.step < t.max_steps:
         s.schedule.apply()
@@ -385,7 +387,7 @@ def run(
         if logged:
             log_interval(s, meter)
         check_finite(s, result)
-        reason = times.timed_sync(s.state.step, logged, lambda: agree_on_stop(stop.reason()))
+        reason = times.timed_sync(s.state.step, logged, partial(agreement.exchange, stop.reason(), logged))
         if reason is not None and s.state.step < t.max_steps:  # at max_steps: finish normally
             save_checkpoint(s)
             s.checkpoints.wait()
@@ -459,17 +461,6 @@ def check_finite(s: Session, result: StepResult) -> None:
     )
     s.log(message)
     raise TrainingDivergedError(message)
-
-
-def agree_on_stop(reason: str | None) -> str | None:
-    """Seam: all ranks must stop at the same step, so any rank's request stops everyone."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return reason
-    flag = torch.tensor([1 if reason else 0], dtype=torch.int64)
-    if dist.get_backend() == "nccl":
-        flag = flag.cuda()
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return reason or ("stop requested on another rank" if int(flag.item()) else None)
 
 
 def evaluate(s: Session, data: GPTBatchDataset, num_batches: int) -> float:

@@ -182,7 +182,7 @@ def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
         clip_grads(params, 0.5, norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss)
+        losses.append(float(loss))
         norms.append(float(norm))
         if spec.get("save_at") == step + 1:
             dcp.save(checkpoint_state(model, optimizer), checkpoint_id=spec["save"])
@@ -276,6 +276,7 @@ class ReductionRecorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.reductions: list[tuple[str, int]] = []
+        self.host_reads = 0  # tensor -> Python number (float(t), t.item()): a device wait on a GPU
         self._in_all_reduce = False
 
     @contextlib.contextmanager
@@ -298,6 +299,8 @@ class ReductionRecorder(TorchDispatchMode):
             dist.all_reduce = original
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.host_reads += 1
         name = str(func)
         tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if tensor is not None and "wait" not in name and not self._in_all_reduce:
@@ -309,18 +312,21 @@ class ReductionRecorder(TorchDispatchMode):
 
 
 def collectives_probe(spec: dict[str, Any]) -> dict[str, Any]:
-    """One forward/backward; the reductions this rank ran (the whole activation's size, micro batch
+    """One forward/backward after a first one; the reductions and host reads this rank ran (the whole activation's size, micro batch
     x seq x hidden, tells TP's apart), and the micro-batch and layer counts."""
     cfg, model = setup(spec)
     ctx, m = model.ctx, cfg.model
     micro = local_microbatches(
         global_batch(0, m.global_batch_size), m.micro_batch_size, ctx.dp_rank, ctx.dims.dp
     )
+    forward_backward(model, micro, scale=1.0, precision=cfg.trainer.precision)  # a schedule's first
+    model.zero_grad(set_to_none=True)  # step also exchanges shapes, and reads them on the host
     recorder = ReductionRecorder()
     with recorder.recording():
         forward_backward(model, micro, scale=1.0, precision=cfg.trainer.precision)
     return {
         "reductions": recorder.reductions,
+        "host_reads": recorder.host_reads,
         "activation_numel": m.micro_batch_size * SEQ * m.hidden_size,
         "microbatches": len(micro),
         "layers": m.num_layers,

@@ -80,6 +80,8 @@ COLLECTIVE_PROBES: dict[str, dict[str, Any]] = {
     "tp2_sp_collectives": {**COLLECTIVES, "model": TP2_SP},
     "tp2_collectives": {**COLLECTIVES, "model": {"tensor_model_parallel_size": 2}},
 }
+# The same step under PP2 (its host reads; the stages' traffic is point to point).
+PIPELINE_COLLECTIVES = {"pp2_collectives": {**COLLECTIVES, "model": PP2}}
 # HSDP on two "nodes" of two, two micro-batches per rank (micro batch 1 of 2 samples per rank).
 HYBRID_COLLECTIVES = {
     **COLLECTIVES,
@@ -152,9 +154,10 @@ def two_process_results(ckpt: Path) -> dict[str, dict]:
     runs += [
         *DROPOUT_PROBES.values(),
         *COLLECTIVE_PROBES.values(),
+        *PIPELINE_COLLECTIVES.values(),
         *(fp8_spec(run) for run in FP8_RUNS.values()),
     ]
-    names = [*TWO_PROCESSES, *DROPOUT_PROBES, *COLLECTIVE_PROBES, *FP8_RUNS]
+    names = [*TWO_PROCESSES, *DROPOUT_PROBES, *COLLECTIVE_PROBES, *PIPELINE_COLLECTIVES, *FP8_RUNS]
     return dict(zip(names, run_layouts(runs, 2, ckpt), strict=True))
 
 
@@ -284,6 +287,16 @@ def test_tensor_parallel_reduces_each_sublayer_once(two_process_results: dict, n
     kind = "reduce_scatter" if "sp" in name.split("_") else "all_reduce"
     whole = [k for k, numel in result["reductions"] if numel == result["activation_numel"]]
     assert whole == [kind] * (result["microbatches"] * (4 * result["layers"] + 2)), result
+
+
+@pytest.mark.parametrize("name", [*COLLECTIVE_PROBES, *PIPELINE_COLLECTIVES])
+def test_forward_backward_reads_only_the_host_masks(two_process_results: dict, name: str) -> None:
+    """The TP/PP step's forward/backward turns no device value into a Python number (each is a wait
+    for the device on a GPU): the token count is summed from the loader's masks, on the host, one
+    read per micro-batch, and the loss and count come back as device scalars for train_step's one
+    read. It read the reduced token count twice and the loss twice more."""
+    result = two_process_results[name]
+    assert result["host_reads"] == result["microbatches"], result
 
 
 def test_hybrid_sharding_reduces_across_replicas_once_per_step(four_process_results: dict) -> None:
