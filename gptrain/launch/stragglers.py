@@ -43,11 +43,29 @@ def newest_lines(directory: Path) -> list[dict[str, Any]]:
     for path in directory.glob("rank-*.jsonl"):
         try:
             mtime = path.stat().st_mtime
-            found.append((mtime, path.name, json.loads(path.read_text().strip().splitlines()[-1])))
-        except (OSError, IndexError, json.JSONDecodeError):
+            found.append((mtime, path.name, json.loads(last_line(path))))
+        except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             continue  # a file being written or cut: skip that rank this time
     found.sort(key=lambda x: (-x[0], -int(x[2].get("step", 0)), x[1]))  # same mtime: newer step
     return [line for _, _, line in found]
+
+
+def last_line(path: Path, block: int = 4096) -> str:
+    """The file's last non-empty line, reading only its end: a rank's file gains a line per logged
+    step for the whole run (megabytes after weeks), and status reads one file per rank."""
+    with open(path, "rb") as handle:
+        end = handle.seek(0, 2)
+        start = end
+        tail = b""
+        while start > 0:
+            start = max(0, start - block)
+            handle.seek(start)
+            tail = handle.read(end - start)
+            lines = tail.strip().splitlines()
+            if len(lines) > 1 or (lines and start == 0):
+                return lines[-1].decode()
+            block *= 2
+        raise ValueError(f"{path} has no line")
 
 
 def current_job(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from validate_helpers import REPO
 
-from gptrain.launch.stragglers import newest_lines, straggler_line
+from gptrain.launch.stragglers import last_line, newest_lines, straggler_line
 
 
 def line(rank, node, step_ms, wait_ms, step=40):
@@ -37,6 +37,22 @@ def write_rank_files(directory: Path, rows: list[tuple[dict, float]]) -> None:
         earlier = dict(row, step=row["step"] - 2, step_ms=1.0)
         path.write_text(json.dumps(earlier) + "\n" + json.dumps(row) + "\n")
         os.utime(path, (mtime, mtime))
+
+
+def test_only_the_end_of_a_rank_file_is_read(tmp_path: Path) -> None:
+    """A file that grew for weeks is read from its end: bytes before the last lines (here not even
+    UTF-8, so reading the whole file fails) are never read; a last line longer than the block read
+    first, a file of one line and a file cut mid-line give what they hold."""
+    path = tmp_path / "rank-0.jsonl"
+    path.write_bytes(b"\xff" * 1_000_000 + b"\n" + b'{"step": 1}\n{"step": 2}\n')
+    assert last_line(path) == '{"step": 2}'
+    long = json.dumps({"step": 3, "node": "n" * 10_000})
+    path.write_text('{"step": 1}\n' + long + "\n")
+    assert last_line(path, block=64) == long
+    path.write_text('{"step": 1}')
+    assert last_line(path) == '{"step": 1}'
+    path.write_text('{"step": 1}\n{"step": 2, "ra')
+    assert newest_lines(tmp_path) == []  # a line being written: that rank is skipped this time
 
 
 def test_ranks_of_an_earlier_larger_job_are_not_compared(tmp_path: Path) -> None:
