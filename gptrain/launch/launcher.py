@@ -119,7 +119,7 @@ def launch(
         print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan, scripts)))
         return 0
     write_files(files)
-    for directory in plan.mount_dirs:  # pyxis cannot mount a directory that does not exist yet
+    for _, directory in plan.mount_dirs:  # pyxis cannot mount a directory that does not exist yet
         Path(directory).mkdir(parents=True, exist_ok=True)
     if plan.cluster_type == "slurm":
         from gptrain.launch.executors.slurm import submit

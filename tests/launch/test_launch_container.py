@@ -128,6 +128,7 @@ def test_without_a_container_the_blend_is_applied_by_the_launching_python(tmp_pa
         ),  # elsewhere inside
         ("/x", "/x/data", ["/a:/a,/b:/b"], ["/x:/x", "/a:/a,/b:/b"]),  # data inside the results dir
         ("/x/", "/x", [], ["/x:/x"]),
+        ("/fsx/r", "/fsx/d", ["/lustre:/fsx"], ["/lustre:/fsx"]),  # theirs would cover ours
         (
             "/fsx/r",
             "/fsx/d",
@@ -184,3 +185,28 @@ def test_a_launch_creates_the_dirs_it_mounts(tmp_path, capsys, monkeypatch):
     assert main(args) == 0
     assert (tmp_path / "new data").is_dir() and (bin_dir / "sbatch.log").read_text() == "42\n"
     assert "submitted training as Slurm job 42" in capsys.readouterr().err
+
+
+def test_run_and_log_dirs_outside_base_results_dir_are_mounted(tmp_path, monkeypatch):
+    """The job reads <run dir>/<name>_hydra.yaml and writes to explicit_log_dir: wherever they are."""
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", "container=img", f"base_results_dir={tmp_path}/r", f"data_dir={tmp_path}/d"]
+    args += [
+        f"training.run.results_dir={tmp_path}/scratch/run1",
+        f"training.exp_manager.explicit_log_dir={tmp_path}/fsx/ckpt",
+    ]
+    args += ["stages=[data_preparation,training]", "data_preparation.shards=[https://h/a.jsonl.zst]", *CPU]
+    args += [
+        f"data_preparation.run.results_dir={tmp_path}/prep",
+        f"data_preparation.output_dir={tmp_path}/tok",
+    ]
+    args += [
+        f"data_preparation.blend.file={tmp_path}/blends/b.yaml",
+        f"training.model.data.index_mapping_dir={tmp_path}/r/idx",
+    ]
+    plan = build_plan(compose(args))
+    expected = ["r", "d", "prep", "tok", "blends", "scratch/run1", "fsx/ckpt"]  # r/idx: inside r
+    for script in write_run_files(plan, args):
+        srun = next(x for x in script.read_text().splitlines() if x.startswith("srun "))
+        mounts = ",".join(f"{tmp_path}/{name}:{tmp_path}/{name}" for name in expected)
+        assert f"--container-mounts={mounts}" in step_words(srun)
