@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from gptrain.errors import ConfigError, GptrainError, LaunchError
 from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import parse_shards, tokenizer_downloads
+from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
 from gptrain.launch.preflight import check_tokenizer_files, check_training_files, check_training_layout
 from gptrain.launch.stages import (
     LaunchPlan,
@@ -51,6 +52,7 @@ def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None =
         lines += _checked(
             lambda: check_training_files(training, "data_preparation" in stages, fetched), dry_run
         )
+    lines += _checked(lambda: check_mount_dirs(plan.mount_dirs), dry_run)
     if plan.cluster_type == "slurm":
         if dry_run and shutil.which("sinfo") is None:
             lines.append("skipped  cluster checks: no sinfo here")
@@ -118,9 +120,8 @@ def launch(
         scripts = write_files(files, dry_run=True)
         print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan, scripts)))
         return 0
+    make_mount_dirs(plan.mount_dirs)  # first: a directory that cannot be made leaves nothing written
     write_files(files)
-    for directory in plan.mount_dirs:  # pyxis cannot mount a directory that does not exist yet
-        Path(directory).mkdir(parents=True, exist_ok=True)
     if plan.cluster_type == "slurm":
         from gptrain.launch.executors.slurm import submit
 

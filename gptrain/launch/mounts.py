@@ -1,12 +1,13 @@
 """What a container job mounts: the directories the launch wrote for it, then the user's mounts.
 
-A job in a pyxis container sees only what `--container-mounts` brings in. Every job reads its
-resolved config and writes logs and checkpoints under `base_results_dir`, reads data and the
-tokenizer under `data_dir` (data preparation writes there) and, with `--config-dir`, may name files
-of that tree; so, as the NeMo launcher does, these are mounted at the same path inside the
-container, ahead of `container_mounts` (so that a user's mount nested inside one still lands on
-top). One already visible through a user's mount (the same path, or inside a `src:src` mount) or
-whose path a user's mount takes is left out.
+A job in a pyxis container sees only what `--container-mounts` brings in, and it fails as it
+starts if its resolved config is not there. So, as the NeMo launcher does, every directory a job
+reads or writes is mounted at the same path inside the container: `base_results_dir`, `data_dir`,
+the `--config-dir` tree, and each stage's own paths (STAGE_PATHS), which a user may point outside
+those two, e.g. `training.run.results_dir` or `training.exp_manager.explicit_log_dir` on scratch.
+They come ahead of `container_mounts`, so that a user's mount nested inside one lands on top.
+One already visible through another mount (inside one of ours, or inside a user mount's
+destination, which would cover it anyway) is left out.
 """
 
 from __future__ import annotations
@@ -16,17 +17,80 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import CONFIG_ROOT
+from gptrain.launch.preflight import prefixes_of
+
+# Per stage: the dotted keys (from the top of the config) of the directories its job reads or
+# writes, and of the files whose directory it reads or writes.
+STAGE_PATHS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "data_preparation": (
+        (
+            "data_preparation.run.results_dir",
+            "data_preparation.download_dir",
+            "data_preparation.output_dir",
+        ),
+        (
+            "data_preparation.blend.file",
+            "data_preparation.tokenizer.vocab_file",
+            "data_preparation.tokenizer.merge_file",
+        ),
+    ),
+    "validation": (("training.run.results_dir",), ()),  # it runs in the training's run dir
+    "training": (
+        (
+            "training.run.results_dir",
+            "training.exp_manager.explicit_log_dir",
+            "training.model.data.index_mapping_dir",
+        ),
+        ("training.model.tokenizer.vocab_file", "training.model.tokenizer.merge_file"),
+    ),
+}
 
 
 @dataclass
 class Mounts:
-    """`--container-mounts` items in order, and the host directories gptrain added (the launch
-    creates them: pyxis cannot mount a source that does not exist)."""
+    """`--container-mounts` items in order, and the host directories gptrain added with the key
+    that names each (the launch creates them: pyxis cannot mount a source that does not exist)."""
 
     items: list[str] = field(default_factory=list)
-    added: list[str] = field(default_factory=list)
+    added: list[tuple[str, str]] = field(default_factory=list)
+
+
+def lookup(resolved: dict[str, Any], dotted: str) -> Any:
+    """The value at a dotted key, or None where any part is missing."""
+    value: Any = resolved
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def parent(path: Any) -> str:
+    """The directory of a file key's value ('' when unset)."""
+    return os.path.dirname(str(path)) if path else ""
+
+
+def stage_paths(resolved: dict[str, Any], stage: str) -> list[tuple[str, str]]:
+    """(key, directory) of each path of one stage's job that is set."""
+    dir_keys, file_keys = STAGE_PATHS[stage]
+    paths = [(key, lookup(resolved, key)) for key in dir_keys]
+    paths += [(key, parent(lookup(resolved, key))) for key in file_keys]
+    return [(key, str(path)) for key, path in paths + optional_paths(resolved, stage) if path]
+
+
+def optional_paths(resolved: dict[str, Any], stage: str) -> list[tuple[str, str]]:
+    """The paths a stage's job uses only in some configs."""
+    paths = []
+    model_key = f"{'training.model' if stage == 'training' else stage}.tokenizer.model"
+    model = lookup(resolved, model_key) if stage != "validation" else None
+    if isinstance(model, str) and os.path.isabs(model):  # a relative one may be a name (cl100k_base)
+        paths.append((model_key, parent(model)))
+    if stage == "validation" and lookup(resolved, "validation.exclude_failed"):  # the job adds to it
+        paths.append(("validation.exclude_file", parent(lookup(resolved, "validation.exclude_file"))))
+    if stage == "training" and "data_preparation" not in (resolved.get("stages") or []):  # else: the blend's
+        key = "training.model.data.data_prefix"
+        paths += [(key, parent(prefix)) for prefix in prefixes_of(lookup(resolved, key))]
+    return paths
 
 
 def job_dirs(resolved: dict[str, Any], config_root: Path) -> list[tuple[str, str]]:
@@ -34,7 +98,10 @@ def job_dirs(resolved: dict[str, Any], config_root: Path) -> list[tuple[str, str
     dirs = [(key, resolved.get(key)) for key in ("base_results_dir", "data_dir")]
     if config_root != CONFIG_ROOT:
         dirs.append(("--config-dir", str(config_root)))
-    return [(key, os.path.abspath(str(path))) for key, path in dirs if path]
+    for stage in resolved.get("stages") or []:
+        dirs += stage_paths(resolved, str(stage)) if stage in STAGE_PATHS else []
+    absolute = [(key, os.path.abspath(str(path))) for key, path in dirs if path]
+    return [(key, path) for key, path in absolute if path != "/"]  # the root is no mount: a file at /
 
 
 def parse_mount(text: str) -> tuple[str, str]:
@@ -44,29 +111,70 @@ def parse_mount(text: str) -> tuple[str, str]:
 
 
 def is_visible(path: str, mounts: list[tuple[str, str]]) -> bool:
-    """Already at `path` in the container, or `path` taken by a mount of something else."""
-    for src, dst in mounts:
-        if dst == path or (src == dst and (path + "/").startswith(src.rstrip("/") + "/")):
-            return True
-    return False
+    """Inside a mount's destination already: at `path` in the container, or covered there by a
+    mount of something else (which a mount of ours ahead of it could not show)."""
+    return any((path + "/").startswith(dst.rstrip("/") + "/") for _, dst in mounts)
 
 
 def container_mounts(resolved: dict[str, Any], config_root: Path) -> Mounts:
-    """gptrain's directories (base_results_dir, data_dir, the conf tree; deduplicated) followed by
-    `container_mounts` as given."""
+    """gptrain's directories (job_dirs, deduplicated) followed by `container_mounts` as given."""
     user = [str(item) for item in resolved.get("container_mounts") or []]
     given = [parse_mount(m) for item in user for m in item.split(",") if m]
     ours = job_dirs(resolved, config_root)
     mounts = Mounts()
     for index, (key, path) in enumerate(ours):
+        # another of ours that holds this one (or is the same and comes first) brings it in already
+        other = [(p, p) for i, (_, p) in enumerate(ours) if p != path or i < index]
+        if is_visible(path, given + other):
+            continue
         if "," in path or ":" in path:
             raise ConfigError(
                 f"{key}: {path!r} cannot be mounted into the container: pyxis --container-mounts"
                 " reads ',' between mounts and ':' between source and destination; use a path without them"
             )
-        # another of ours that holds this one (or is the same and comes first) brings it in already
-        other = [(p, p) for i, (_, p) in enumerate(ours) if p != path or i < index]
-        if not is_visible(path, given + other):
-            mounts.added.append(path)
-    mounts.items = [f"{path}:{path}" for path in mounts.added] + user
+        mounts.added.append((key, path))
+    mounts.items = [f"{path}:{path}" for _, path in mounts.added] + user
     return mounts
+
+
+def blocker(path: str) -> str | None:
+    """Why `path` cannot be made a directory (the nearest existing ancestor is a file, read-only
+    or not writable), or None. It creates nothing, so a dry run can ask too; root may still fail
+    where it looks writable (/proc): make_mount_dirs reports that one."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    if existing == Path(path):
+        return None
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return f"{existing} is on a read-only file system"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def cannot_mount(key: str, path: str, why: str) -> LaunchError:
+    return LaunchError(
+        f"{key}: cannot create {path} to mount it into the container ({why});"
+        f" create it yourself or set {key} to a writable path"
+    )
+
+
+def check_mount_dirs(added: list[tuple[str, str]]) -> list[str]:
+    """Preflight: each directory to mount exists or can be created."""
+    for key, path in added:
+        why = blocker(path)
+        if why:
+            raise cannot_mount(key, path, why)
+    return [f"ok  container mounts: {len(added)} director(ies) there or creatable"] if added else []
+
+
+def make_mount_dirs(added: list[tuple[str, str]]) -> None:
+    """Create the directories to mount (pyxis cannot mount a source that does not exist)."""
+    for key, path in added:
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise cannot_mount(key, path, error.strerror or type(error).__name__) from None

@@ -41,9 +41,8 @@ class LaunchPlan:
     top: dict[str, Any]
     jobs: list[Job] = field(default_factory=list)
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> resolved section
-    mount_dirs: list[str] = field(
-        default_factory=list
-    )  # host dirs mounted into the container: made before submitting
+    # (key, host dir) of each directory gptrain mounts into the container: made before writing
+    mount_dirs: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def cluster_type(self) -> str:

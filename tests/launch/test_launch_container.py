@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gptrain.cli import main
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import compose
-from gptrain.launch.mounts import container_mounts
+from gptrain.launch.mounts import container_mounts, make_mount_dirs
 from gptrain.launch.stages import build_plan, config_path, write_run_files
 
 CPU = ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
@@ -128,6 +128,7 @@ def test_without_a_container_the_blend_is_applied_by_the_launching_python(tmp_pa
         ),  # elsewhere inside
         ("/x", "/x/data", ["/a:/a,/b:/b"], ["/x:/x", "/a:/a,/b:/b"]),  # data inside the results dir
         ("/x/", "/x", [], ["/x:/x"]),
+        ("/fsx/r", "/fsx/d", ["/lustre:/fsx"], ["/lustre:/fsx"]),  # theirs would cover ours
         (
             "/fsx/r",
             "/fsx/d",
@@ -184,3 +185,56 @@ def test_a_launch_creates_the_dirs_it_mounts(tmp_path, capsys, monkeypatch):
     assert main(args) == 0
     assert (tmp_path / "new data").is_dir() and (bin_dir / "sbatch.log").read_text() == "42\n"
     assert "submitted training as Slurm job 42" in capsys.readouterr().err
+
+
+def test_run_and_log_dirs_outside_base_results_dir_are_mounted(tmp_path, monkeypatch):
+    """The job reads <run dir>/<name>_hydra.yaml and writes to explicit_log_dir: wherever they are."""
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", "container=img", f"base_results_dir={tmp_path}/r", f"data_dir={tmp_path}/d"]
+    args += [
+        f"training.run.results_dir={tmp_path}/scratch/run1",
+        f"training.exp_manager.explicit_log_dir={tmp_path}/fsx/ckpt",
+    ]
+    args += ["stages=[data_preparation,training]", "data_preparation.shards=[https://h/a.jsonl.zst]", *CPU]
+    args += [
+        f"data_preparation.run.results_dir={tmp_path}/prep",
+        f"data_preparation.output_dir={tmp_path}/tok",
+    ]
+    args += [
+        f"data_preparation.blend.file={tmp_path}/blends/b.yaml",
+        f"training.model.data.index_mapping_dir={tmp_path}/r/idx",
+    ]
+    plan = build_plan(compose(args))
+    expected = ["r", "d", "prep", "tok", "blends", "scratch/run1", "fsx/ckpt"]  # r/idx: inside r
+    for script in write_run_files(plan, args):
+        srun = next(x for x in script.read_text().splitlines() if x.startswith("srun "))
+        mounts = ",".join(f"{tmp_path}/{name}:{tmp_path}/{name}" for name in expected)
+        assert f"--container-mounts={mounts}" in step_words(srun)
+
+
+def test_a_mount_dir_that_cannot_be_made_stops_the_launch_before_anything_is_written(
+    tmp_path, capsys, monkeypatch
+):
+    """A file where data_dir's parent should be: one line naming data_dir, no run files, no sbatch."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "taken").write_text("")
+    bin_dir = stub_bin(tmp_path, sinfo="echo 'n1|debug*|4|(null)|idle'\n", sbatch='echo 42 >> "$0.log"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    args = ["cluster_type=slurm", "container=img", f"data_dir={tmp_path}/taken/data", *CPU]
+    args += [f"base_results_dir={tmp_path}/r", "training.trainer.num_nodes=1", "training.trainer.devices=1"]
+    args += ["training.model.data.data_impl=mock", "training.model.data.mock_vocab_size=64"]
+    assert main(["launch", *args]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"gptrain: error: data_dir: cannot create {tmp_path}/taken/data to mount it")
+    assert not (tmp_path / "r").exists() and not (bin_dir / "sbatch.log").exists()  # nothing written
+    assert main(["launch", "--dry-run", *args]) == 0  # a dry run shows the scripts and warns
+    assert f"preflight: warning  data_dir: cannot create {tmp_path}/taken/data" in capsys.readouterr().err
+
+
+def test_a_mount_dir_mkdir_refuses_is_a_one_line_error_naming_the_key(tmp_path):
+    """What the preflight cannot foresee (root under /proc) still ends in one line, not a traceback."""
+    (tmp_path / "taken").write_text("")
+    with pytest.raises(LaunchError) as error:
+        make_mount_dirs([("training.run.results_dir", f"{tmp_path}/taken/run")])
+    assert str(error.value).startswith(f"training.run.results_dir: cannot create {tmp_path}/taken/run")
+    assert "\n" not in str(error.value)
