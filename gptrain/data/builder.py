@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from gptrain.data.blended import BlendedDataset, normalize
 from gptrain.data.gpt_dataset import GPTDataset
 from gptrain.data.mock import MockGPTDataset
-from gptrain.data.splits import SPLIT_NAMES, split_indices
+from gptrain.data.splits import SPLIT_NAMES, split_ranges
 from gptrain.errors import ConfigError, DataError
 
 Dataset = GPTDataset | BlendedDataset | MockGPTDataset
@@ -127,13 +127,14 @@ def _single_prefix_splits(
 
     indexed = IndexedDataset(prefix)
     datasets: list[GPTDataset | None] = []
-    for name, indices, count in zip(
-        SPLIT_NAMES, split_indices(splits_string, len(indexed)), num_samples, strict=True
+    # Ranges, not Megatron's int32 arrays of the same ids: a split of 10^9 documents is 4 GB per rank.
+    for name, bounds, count in zip(
+        SPLIT_NAMES, split_ranges(splits_string, len(indexed)), num_samples, strict=True
     ):
         datasets.append(
             None
-            if indices is None or (skip_unused and count == 0) or only_split not in (None, name)
-            else GPTDataset(indexed, indices, count, seq_length, seed, name, cache_dir)
+            if bounds is None or (skip_unused and count == 0) or only_split not in (None, name)
+            else GPTDataset(indexed, range(*bounds), count, seq_length, seed, name, cache_dir)
         )
     return datasets
 

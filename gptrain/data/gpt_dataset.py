@@ -20,13 +20,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from gptrain.data.index_cache import IndexCache, describe, file_fingerprint
+from gptrain.data.index_cache import IndexCache, describe, file_fingerprint, remembered
 from gptrain.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -38,6 +41,9 @@ PAD_TOKEN_ID = -1
 INDEX_NAMES = ("document_index", "sample_index", "shuffle_index")
 # Documents per step while building the sample index: bounds the temporaries (~40 B each).
 _INDEX_CHUNK = 1 << 18
+# Index entries per step while hashing or checking the documents of a split (8 MB of int64).
+_HASH_CHUNK = 1 << 20
+_MD5_HEX = re.compile(r"[0-9a-f]{32}")
 # numpy's RandomState takes seeds in [0, 2**32), so Megatron's --seed has the same range.
 MAX_SEED = 2**32 - 1
 
@@ -66,6 +72,39 @@ class SequenceSource(Protocol):
         """Raise a DataError if the index is inconsistent (run once, before indices are built)."""
 
 
+# A split's sequence ids: a range (every split string gives one), or any array of ids.
+Documents = range | np.ndarray
+
+
+def as_documents(indices: range | np.ndarray | Any) -> Documents:
+    """`indices` as a range when they are consecutive ascending ids, else as an array.
+
+    A range costs nothing to keep and its cache key can be remembered (`documents_digest`);
+    an array of 10^9 ids would stay resident at 4-8 GB per rank."""
+    if isinstance(indices, range) and indices.step == 1:
+        return indices
+    array = np.asarray(indices)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        return array
+    if len(array) == 0:
+        return range(0)
+    first = int(array[0])
+    if int(array[-1]) - first != len(array) - 1:
+        return array
+    for a in range(0, len(array), _HASH_CHUNK):
+        chunk = array[a : a + _HASH_CHUNK].astype(np.int64, copy=False)
+        if not np.array_equal(chunk, np.arange(first + a, first + a + len(chunk), dtype=np.int64)):
+            return array
+    return range(first, first + len(array))
+
+
+def document_lengths(sequence_lengths: np.ndarray, documents: Documents) -> np.ndarray:
+    """The lengths of the split's sequences (a view, not a copy, for a range)."""
+    if isinstance(documents, range):
+        return np.asarray(sequence_lengths)[documents.start : documents.stop]
+    return np.asarray(sequence_lengths)[documents]
+
+
 def num_epochs_for(tokens_per_epoch: int, num_samples: int | None, seq_length: int, extra: int) -> int:
     """Fewest whole epochs holding `num_samples` samples (1 when num_samples is None)."""
     if num_samples is None:
@@ -87,15 +126,20 @@ def separate_final_epoch(
 
 
 def build_document_index(
-    documents: np.ndarray, num_epochs: int, rng: np.random.RandomState, separate_final: bool
+    documents: Documents, num_epochs: int, rng: np.random.RandomState, separate_final: bool
 ) -> np.ndarray:
     """The documents repeated per epoch (epoch-major) and shuffled, as int32.
 
     With `separate_final` the first num_epochs - 1 epochs are shuffled together, then the
     last on its own (the draws Megatron makes), in place in one array: no second copy."""
-    documents = np.asarray(documents)
     document_index = np.empty(num_epochs * len(documents), dtype=np.int32)
-    document_index.reshape(num_epochs, len(documents))[:] = documents
+    epochs = document_index.reshape(num_epochs, len(documents))
+    if isinstance(documents, range):
+        for a in range(0, len(documents), _INDEX_CHUNK):
+            stop = min(a + _INDEX_CHUNK, len(documents))
+            epochs[:, a:stop] = np.arange(documents.start + a, documents.start + stop, dtype=np.int64)
+    else:
+        epochs[:] = np.asarray(documents)
     if separate_final and num_epochs > 1:
         split = (num_epochs - 1) * len(documents)
         rng.shuffle(document_index[:split])
@@ -157,7 +201,7 @@ def build_shuffle_index(num_first: int, total: int, rng: np.random.RandomState) 
 
 def build_gpt_indices(
     sequence_lengths: np.ndarray,
-    documents: np.ndarray,
+    documents: Documents,
     num_samples: int | None,
     seq_length: int,
     seed: int,
@@ -165,7 +209,7 @@ def build_gpt_indices(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(document_index, sample_index, shuffle_index) for one split, as Megatron builds them."""
     extra = int(add_extra_token)
-    tokens_per_epoch = int(np.sum(np.asarray(sequence_lengths)[documents], dtype=np.int64))
+    tokens_per_epoch = int(np.sum(document_lengths(sequence_lengths, documents), dtype=np.int64))
     if tokens_per_epoch <= extra:
         raise DataError(
             f"a split of {len(documents)} sequences holds {tokens_per_epoch} tokens; it needs more "
@@ -192,12 +236,14 @@ class SampleLocation:
 
 
 class GPTDataset:
-    """Samples of one split of one IndexedDataset; `ds[i]` is `seq_length + extra` int64 ids."""
+    """Samples of one split of one IndexedDataset; `ds[i]` is `seq_length + extra` int64 ids.
+
+    `indices` (the split's sequence ids) are kept as a range when consecutive (`as_documents`)."""
 
     def __init__(
         self,
         indexed: SequenceSource | str,
-        indices: np.ndarray,
+        indices: Documents,
         num_samples: int | None,
         seq_length: int,
         seed: int,
@@ -215,37 +261,59 @@ class GPTDataset:
         if (problem := seed_problem(seed)) is not None:
             raise DataError(f"seed: {problem}")
         self.dataset = indexed
-        self.indices = np.asarray(indices)
+        self.indices = as_documents(indices)
         self.num_samples, self.seq_length, self.seed, self.split = num_samples, seq_length, seed, split
         self.extra = int(add_extra_token_to_sequence)
-        self.description, self.digest = describe(self.identity())
+        self.cache_dir = (
+            (cache_dir or default_cache_dir(indexed.path_prefix, type(self).__name__)) if use_cache else None
+        )
         self.cache_hit = False
-        self.document_index, self.sample_index, self.shuffle_index = self._load_or_build(cache_dir, use_cache)
+        self.document_index, self.sample_index, self.shuffle_index = self._load_or_build()
+
+    @cached_property
+    def _key(self) -> tuple[str, str]:
+        return describe(self.identity())
+
+    @property
+    def description(self) -> str:
+        """The JSON of `identity()`, saved next to the cached indices (and nested in a blend's)."""
+        return self._key[0]
+
+    @property
+    def digest(self) -> str:
+        """md5 of the description: the cached files' name."""
+        return self._key[1]
 
     def identity(self) -> dict[str, Any]:
-        """Everything that determines the indices (the cache key)."""
-        indices = np.ascontiguousarray(self.indices, dtype=np.int64)
+        """Everything that determines the indices (the cache key).
+
+        The fields and their values are those of the first release, so caches built since
+        keep their names; "indices" is [first id, count, md5 of the ids as int64]."""
+        indices = self.indices
         return {
             "class": type(self).__name__,
             **file_fingerprint(self.dataset.path_prefix),
             "num_sequences": int(len(self.dataset.sequence_lengths)),
             "index_split": self.split,
-            "indices": [int(indices[0]) if len(indices) else 0, len(indices), describe_array(indices)],
+            "indices": [
+                int(indices[0]) if len(indices) else 0,
+                len(indices),
+                documents_digest(indices, self.cache_dir),
+            ],
             "num_samples": self.num_samples,
             "sequence_length": self.seq_length,
             "random_seed": self.seed,
             "add_extra_token_to_sequence": bool(self.extra),
         }
 
-    def _load_or_build(self, cache_dir: str | None, use_cache: bool) -> tuple[np.ndarray, ...]:
+    def _load_or_build(self) -> tuple[np.ndarray, ...]:
         cache = None
-        if use_cache:
-            directory = cache_dir or default_cache_dir(self.dataset.path_prefix, type(self).__name__)
-            cache = IndexCache(directory, self.digest, type(self).__name__, self.split)
+        if self.cache_dir is not None:
+            cache = IndexCache(self.cache_dir, self.digest, type(self).__name__, self.split)
             cached = cache.load(INDEX_NAMES, self._cache_problem)
             if cached is not None:
                 self.cache_hit = True
-                logger.info("loaded %s %s indices from %s", type(self).__name__, self.split, directory)
+                logger.info("loaded %s %s indices from %s", type(self).__name__, self.split, self.cache_dir)
                 return tuple(cached[name] for name in INDEX_NAMES)
         start = time.perf_counter()
         # Once per build, not per open: a wrong pointer would silently mix documents.
@@ -318,9 +386,27 @@ class GPTDataset:
         return tokens
 
 
-def describe_array(array: np.ndarray) -> str:
-    """md5 of an index array: splits are ranges, but callers may pass any subset of sequences."""
-    return hashlib.md5(np.ascontiguousarray(array).tobytes(), usedforsecurity=False).hexdigest()
+def documents_digest(documents: Documents, memo_dir: str | os.PathLike[str] | None = None) -> str:
+    """md5 of the documents' ids as one C-contiguous int64 array, hashed a chunk at a time.
+
+    The digest is that of the whole int64 array (the cache key since the first release) without
+    ever holding it: a split of 10^9 documents took 8 GB beyond its ids and ~15 s at every start.
+    A range's digest depends only on its ends, so it is kept in `memo_dir` once computed."""
+    md5 = hashlib.md5(usedforsecurity=False)
+    if not isinstance(documents, range) or documents.step != 1:
+        for a in range(0, len(documents), _HASH_CHUNK):
+            md5.update(np.ascontiguousarray(documents[a : a + _HASH_CHUNK], dtype=np.int64))
+        return md5.hexdigest()
+    start, stop = documents.start, documents.stop
+
+    def compute() -> str:
+        for a in range(start, stop, _HASH_CHUNK):
+            md5.update(np.arange(a, min(a + _HASH_CHUNK, stop), dtype=np.int64))
+        return md5.hexdigest()
+
+    if memo_dir is None or len(documents) < _HASH_CHUNK:
+        return compute()
+    return remembered(Path(memo_dir, f"range-{start}-{stop}-int64.md5"), compute, _MD5_HEX)
 
 
 def default_cache_dir(path_prefix: str, kind: str) -> str:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,26 @@ def file_fingerprint(path_prefix: str) -> dict[str, Any]:
             fingerprint[f"{suffix[1:]}_size"] = stat.st_size
             fingerprint[f"{suffix[1:]}_mtime_ns"] = stat.st_mtime_ns
     return fingerprint
+
+
+def remembered(path: Path | None, compute: Callable[[], str], pattern: re.Pattern[str]) -> str:
+    """compute(), kept in the file `path` so that later runs read it instead: for a pure function
+    too slow to run at every start. A missing or malformed file is recomputed and rewritten; an
+    unwritable directory only means computing it again next time (a read-only cache still loads)."""
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+            if pattern.fullmatch(text):
+                return text
+        except (OSError, UnicodeDecodeError):
+            pass
+    value = compute()
+    if path is not None:
+        try:
+            atomic_write_text(path, value + "\n")
+        except OSError as error:
+            logger.info("cannot keep %s (it is recomputed next time): %s", path, error.strerror or error)
+    return value
 
 
 class IndexCache:

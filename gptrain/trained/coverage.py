@@ -46,8 +46,10 @@ def coverage(samples: Any, count: int) -> Coverage | None:
 
 def _gpt_coverage(dataset: Any, unshuffled: np.ndarray) -> tuple[int, int, int]:
     """(tokens of one epoch, positions read, distinct tokens read) of these unshuffled samples."""
+    from gptrain.data.gpt_dataset import document_lengths
+
     lengths = np.asarray(dataset.dataset.sequence_lengths, dtype=np.int64)
-    split = int(lengths[np.asarray(dataset.indices)].sum())
+    split = int(document_lengths(lengths, dataset.indices).sum())
     if len(unshuffled) == 0:
         return split, 0, 0
     starts = np.asarray(dataset.sample_index[unshuffled], dtype=np.int64)

@@ -13,12 +13,15 @@ from gpt_data_helpers import InMemorySequences, fixture_token, load_fixture, slo
 from gptrain.data import gpt_dataset
 from gptrain.data.gpt_dataset import (
     GPTDataset,
+    as_documents,
     build_gpt_indices,
     build_sample_index,
     build_shuffle_index,
+    documents_digest,
     num_epochs_for,
     separate_final_epoch,
 )
+from gptrain.data.index_cache import describe, file_fingerprint
 from gptrain.data.splits import split_indices
 from gptrain.errors import DataError
 
@@ -290,3 +293,129 @@ def test_concurrent_builders_do_not_corrupt_the_cache(tmp_path):
         )
         assert ds.cache_hit and _digest(ds) == expected[seed]
     assert not [p for p in Path(tmp_path / "cache").iterdir() if p.name.startswith(".")]
+
+
+def _whole_array_md5(ids) -> str:
+    """The cache key's "indices" digest as the first release computed it: one int64 copy of every id."""
+    return hashlib.md5(np.ascontiguousarray(np.asarray(ids), dtype=np.int64).tobytes()).hexdigest()
+
+
+def _first_release_digest(ds: GPTDataset) -> str:
+    """The cache name the first release gave `ds` (its identity() written out again here)."""
+    ids = np.asarray(list(ds.indices), dtype=np.int64)
+    fields = {
+        "class": "GPTDataset",
+        **file_fingerprint(ds.dataset.path_prefix),
+        "num_sequences": len(ds.dataset.sequence_lengths),
+        "index_split": ds.split,
+        "indices": [int(ids[0]) if len(ids) else 0, len(ids), _whole_array_md5(ids)],
+        "num_samples": ds.num_samples,
+        "sequence_length": ds.seq_length,
+        "random_seed": ds.seed,
+        "add_extra_token_to_sequence": bool(ds.extra),
+    }
+    return describe(fields)[1]
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 3])  # ids hashed per step
+def test_documents_digest_is_the_whole_int64_array_md5(chunk, monkeypatch):
+    monkeypatch.setattr(gpt_dataset, "_HASH_CHUNK", chunk)
+    assert documents_digest(range(3, 11)) == "5ef68cf512574d9e1acb938f302a4866"  # md5 of int64 3..10
+    assert documents_digest(range(0)) == "d41d8cd98f00b204e9800998ecf8427e"  # md5 of nothing
+    cases = [range(0, 1), range(5, 6), range(0, 7), range(1000, 1013), range(2, 20, 3)]
+    arrays = [
+        np.array([4, 0, 2], np.int32),
+        np.array([7, 8, 9, 11, 12], np.uint16),
+        np.arange(13, dtype=np.int64),
+    ]
+    for ids in cases + arrays:
+        assert documents_digest(ids) == _whole_array_md5(ids), ids
+
+
+def test_consecutive_ids_are_kept_as_a_range():
+    assert as_documents(np.arange(5, 12, dtype=np.int32)) == range(5, 12)
+    assert as_documents(range(3, 9)) == range(3, 9) and as_documents(np.arange(0)) == range(0)
+    for ids in ([4, 0, 2], [0, 1, 3], [1, 0], [0, 2, 1, 3]):
+        kept = as_documents(np.array(ids, np.int32))
+        assert isinstance(kept, np.ndarray) and kept.tolist() == ids
+
+
+@pytest.mark.parametrize("ids", [np.arange(6, dtype=np.int32), np.array([4, 0, 2, 5])])
+def test_cache_names_are_those_of_the_first_release(tmp_path, monkeypatch, ids):
+    """Caches built before the ids were hashed in chunks (and remembered) keep their names."""
+    monkeypatch.setattr(gpt_dataset, "_HASH_CHUNK", 2)  # several chunks, and the memo in use
+    prefix = write_dataset(tmp_path / "d", [5, 8, 13, 21, 34, 3])
+    first = GPTDataset(prefix, ids, 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    assert first.digest == _first_release_digest(first)
+    names = {p.name for p in (tmp_path / "c").iterdir()}
+    assert f"{first.digest}-GPTDataset-train-description.txt" in names
+    again = GPTDataset(prefix, ids, 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))  # from the memo
+    assert again.cache_hit and again.digest == first.digest and _digest(again) == _digest(first)
+    reference = build_gpt_indices(np.array([5, 8, 13, 21, 34, 3], np.int32), ids, 10, 4, 1)
+    assert all(np.array_equal(a, b) for a, b in zip(_arrays(first), reference, strict=True))
+
+
+def _arrays(ds: GPTDataset) -> tuple[np.ndarray, ...]:
+    return ds.document_index, ds.sample_index, ds.shuffle_index
+
+
+class _CountingHashlib:
+    """hashlib for gpt_dataset that counts the bytes its md5s are fed."""
+
+    def __init__(self) -> None:
+        self.hashed = 0
+
+    def md5(self, *args, **kwargs):
+        outer, inner = self, hashlib.md5(*args, **kwargs)
+        outer.hashed += memoryview(args[0]).nbytes if args else 0
+
+        class Counted:
+            def update(self, data) -> None:
+                outer.hashed += memoryview(data).nbytes
+                inner.update(data)
+
+            def hexdigest(self) -> str:
+                return inner.hexdigest()
+
+        return Counted()
+
+
+def test_cache_hit_of_a_range_hashes_no_ids(tmp_path, monkeypatch):
+    """A start that finds its cache does not hash the split's ids again (10^9 of them took ~15 s)."""
+    monkeypatch.setattr(gpt_dataset, "_HASH_CHUNK", 2)
+    prefix = write_dataset(tmp_path / "d", [5, 8, 13, 21, 34])
+    first = GPTDataset(prefix, range(5), 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    counting = _CountingHashlib()
+    monkeypatch.setattr(gpt_dataset, "hashlib", counting)
+    again = GPTDataset(prefix, np.arange(5, dtype=np.int32), 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    assert again.cache_hit and again.digest == first.digest and counting.hashed == 0
+    (memo,) = (tmp_path / "c").glob("range-*")
+    assert memo.read_text().strip() == _whole_array_md5(range(5))
+    memo.write_text("not a digest\n")  # damaged: computed again, rewritten, same name
+    third = GPTDataset(prefix, range(5), 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    assert third.cache_hit and third.digest == first.digest and counting.hashed == 5 * 8
+    assert memo.read_text().strip() == _whole_array_md5(range(5))
+
+
+def test_cache_key_of_many_documents_needs_little_memory():
+    """20M ids (160 MB as int64) are hashed a chunk at a time, for a range and for an array."""
+    import tracemalloc
+
+    ds = GPTDataset(
+        InMemorySequences(HAND_DOCS), np.arange(3), 5, 4, seed=1234, split="train", use_cache=False
+    )
+    many = 20_000_000
+    reversed_ids = np.arange(many, dtype=np.int32)[::-1].copy()
+    for ids, expected in (
+        (range(many), _whole_array_md5(np.arange(many))),
+        (reversed_ids, _whole_array_md5(reversed_ids)),
+    ):
+        ds.indices = ids
+        tracemalloc.start()
+        try:
+            indices = ds.identity()["indices"]
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 32 * 2**20, (type(ids), peak)  # the whole int64 copy alone is 160 MB
+        assert indices == [int(ids[0]), many, expected]
