@@ -1,7 +1,8 @@
 """FP8 training of the block matmuls through torchao's float8 (tensorwise or rowwise scaling).
 
 Applied per model chunk before TP, activation checkpointing, compile and FSDP2, as torchao and
-torchtitan order it; under TP the block plan takes torchao's float8 styles (`fp8_tp_styles`).
+torchtitan order it; under TP the block plan gives torchao's float8 styles (`fp8_tp_styles`) to
+the converted linears and the plain styles to those the filter left out.
 The output projection (vocabulary logits) stays in the training precision: its error goes
 straight into the loss, and its shape is rarely a multiple of 16 under every layout. A device
 without FP8 tensor cores is a one-line error, not a slow fallback.
@@ -49,6 +50,13 @@ def fp8_linear_filter(module: nn.Module, fqn: str, tp: int = 1) -> bool:
     shards = (1, tp) if name in COLUMN_SPLIT else (tp, 1)  # (in, out) pieces under TP
     sizes = (module.in_features, module.out_features)
     return all(size % (16 * pieces) == 0 for size, pieces in zip(sizes, shards, strict=True))
+
+
+def is_float8_linear(module: nn.Module) -> bool:
+    """Whether `apply_fp8` converted `module` (torchao's float8 TP styles accept nothing else)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    return isinstance(module, Float8Linear)
 
 
 def fp8_config(recipe: str) -> Any:

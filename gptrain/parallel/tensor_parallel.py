@@ -99,26 +99,50 @@ def block_plan(
     block: nn.Module, sequence_parallel: bool, fp8_recipe: str | None = None
 ) -> dict[str, ParallelStyle]:
     """The TP plan of one transformer block, keyed by submodule name (float8 styles with FP8)."""
-    column, row, prepare = (ColwiseParallel, RowwiseParallel, None)
-    if fp8_recipe is not None:
-        from gptrain.parallel.float8 import fp8_tp_styles
-
-        column, row, prepare = fp8_tp_styles(fp8_recipe)
     act_layout = Shard(1) if sequence_parallel else Replicate()
-    plan: dict[str, ParallelStyle] = {
+    mlp_columns = ("w1", "w3") if getattr(block.mlp, "w3", None) is not None else ("w1",)
+    return {
         "attention_norm": _norm_style(sequence_parallel),
-        "attention": _gather_input(act_layout, 2, prepare, "wq"),
-        "attention.wq": column(),
-        "attention.wk": column(),
-        "attention.wv": column(),
-        "attention.wo": row(output_layouts=act_layout),
+        **_sublayer_plan(block, "attention", ("wq", "wk", "wv"), "wo", act_layout, fp8_recipe),
         "mlp_norm": _norm_style(sequence_parallel),
-        "mlp": _gather_input(act_layout, 0, prepare, "w1"),
-        "mlp.w1": column(),
-        "mlp.w2": row(output_layouts=act_layout),
+        **_sublayer_plan(block, "mlp", mlp_columns, "w2", act_layout, fp8_recipe),
     }
-    if getattr(block.mlp, "w3", None) is not None:
-        plan["mlp.w3"] = column()
+
+
+def _sublayer_plan(
+    block: nn.Module,
+    name: str,
+    columns: tuple[str, ...],
+    row: str,
+    act_layout: Shard | Replicate,
+    fp8_recipe: str | None,
+) -> dict[str, ParallelStyle]:
+    """Attention or MLP: the input gathered, `columns` split by output columns, `row` by input rows.
+
+    With FP8, torchao's float8 styles go to the Float8Linears only: `fp8_linear_filter` leaves a
+    linear whose local shard is no multiple of 16 in the training precision (a custom
+    ffn_hidden_size, few query groups), and torchao's styles reject a plain nn.Linear. The input is
+    cast to float8 before the gather only when every column linear is a Float8Linear: a plain
+    linear cannot take a float8 input. Otherwise the input is gathered in the training precision
+    and each Float8Linear casts its own copy, with the same tensorwise scale (taken over the whole
+    gathered input) but one float8 cast per Float8Linear instead of one per sublayer.
+    """
+    column, row_style, prepare = ColwiseParallel, RowwiseParallel, None
+    float8_linears: set[str] = set()
+    if fp8_recipe is not None:
+        from gptrain.parallel.float8 import fp8_tp_styles, is_float8_linear
+
+        column, row_style, prepare = fp8_tp_styles(fp8_recipe)
+        sublayer = block.get_submodule(name)
+        float8_linears = {n for n in (*columns, row) if is_float8_linear(sublayer.get_submodule(n))}
+    extra_inputs = 2 if name == "attention" else 0  # rope cos/sin
+    if not float8_linears.issuperset(columns):
+        prepare = None
+    plan = {name: _gather_input(act_layout, extra_inputs, prepare, columns[0])}
+    for linear in columns:
+        plan[f"{name}.{linear}"] = (column if linear in float8_linears else ColwiseParallel)()
+    row_style = row_style if row in float8_linears else RowwiseParallel
+    plan[f"{name}.{row}"] = row_style(output_layouts=act_layout)
     return plan
 
 
@@ -151,7 +175,7 @@ def apply_tp(
     """Shard `model` (a whole GPT or one pipeline stage of it) over `tp_mesh` in place.
 
     `fp8_recipe`: the blocks were converted to torchao Float8Linear (before TP, as torchao
-    requires), so their plan takes the float8 styles. Tied input/output embeddings stay tied: both
+    requires), so those linears take the float8 styles. Tied input/output embeddings stay tied: both
     are split over the vocabulary rows
     (Shard(0)), so the output re-uses the embedding's DTensor parameter. Attention
     reshapes with -1 heads, so the local q/k/v shards need no head-count change.

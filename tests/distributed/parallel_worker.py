@@ -53,7 +53,7 @@ def make_config(spec: dict[str, Any]) -> TrainingConfig:
     cfg.trainer.precision = spec.get("precision", "32")
     m = cfg.model
     m.micro_batch_size, m.global_batch_size = spec.get("mbs", 4), spec.get("gbs", 8)
-    m.num_layers, m.hidden_size, m.num_attention_heads = spec.get("layers", 4), 32, 4
+    m.num_layers, m.hidden_size, m.num_attention_heads = spec.get("layers", 4), 32, spec.get("heads", 4)
     m.encoder_seq_length = SEQ
     m.seed = 1234
     for key, value in spec.get("model", {}).items():
@@ -71,7 +71,7 @@ def make_model(cfg: TrainingConfig, spec: dict[str, Any]) -> GPT:
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads,
-        ffn_hidden_size=64,
+        ffn_hidden_size=spec.get("ffn", 64),
         num_query_groups=spec.get("query_groups"),
         position_embedding_type=spec.get("positions", "learned_absolute"),
         activation=spec.get("activation", "gelu"),

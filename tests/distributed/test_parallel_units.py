@@ -224,3 +224,37 @@ def test_rank_dropout_seed_reads_the_layout_from_the_config() -> None:
     assert seeds(False) == [7, 7, 7, 7, 107, 107, 107, 107]
     m.tensor_model_parallel_size, m.pipeline_model_parallel_size = 1, 1
     assert rank_dropout_seed(cfg, World(0, 1, 0, "127.0.0.1", 0)) == 7  # one process: model.seed
+
+
+def test_fp8_tp_plan_gives_torchaos_float8_styles_to_float8_linears_only() -> None:
+    """ffn 176 is a multiple of 16 but its TP=2 shard (88) is not, so w1 and w2 stay nn.Linear: they
+    take the plain styles (torchao's float8 styles reject an nn.Linear at startup) and the MLP input
+    is gathered unconverted; the attention keeps the float8 styles and its float8 input cast."""
+    pytest.importorskip("torchao")
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
+
+    from gptrain.parallel.float8 import apply_fp8
+    from gptrain.parallel.tensor_parallel import block_plan
+
+    config = GPTConfig(
+        vocab_size=64, seq_length=8, num_layers=1, hidden_size=64, num_attention_heads=4, ffn_hidden_size=176
+    )
+    with torch.device("meta"):
+        model = GPT(config)
+    apply_fp8(model, "tensorwise", tp=2)
+    plan = block_plan(model.layers["0"], sequence_parallel=True, fp8_recipe="tensorwise")
+    assert {name: type(style) for name, style in plan.items() if not name.endswith("norm")} == {
+        "attention": PrepareFloat8ModuleInput,
+        "attention.wq": Float8ColwiseParallel,
+        "attention.wk": Float8ColwiseParallel,
+        "attention.wv": Float8ColwiseParallel,
+        "attention.wo": Float8RowwiseParallel,
+        "mlp": PrepareModuleInput,
+        "mlp.w1": ColwiseParallel,
+        "mlp.w2": RowwiseParallel,
+    }
