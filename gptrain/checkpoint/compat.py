@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from gptrain.errors import ConfigError
 
@@ -32,9 +32,31 @@ class CheckpointMismatchError(ConfigError):
     """A checkpoint holds other tensors (or other shapes) than the config builds: not damage."""
 
 
-def saved_metadata(path: Path) -> dict[str, Any]:
-    """Flattened key ('model.layers.0.wq.weight') -> DCP storage metadata of one checkpoint."""
-    return dict(dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+def read_metadata(path: Path) -> Metadata:
+    """DCP's `.metadata` of a checkpoint, unpickled: read it once per load and pass it on
+    (`saved_metadata`, `MetadataReader`). For a 20B model under FSDP on 1024 ranks it is ~300 MB
+    and takes ~50 s to unpickle, on every rank."""
+    return dcp.FileSystemReader(str(path)).read_metadata()
+
+
+def saved_metadata(path: Path, metadata: Metadata | None = None) -> dict[str, Any]:
+    """Flattened key ('model.layers.0.wq.weight') -> DCP storage metadata of one checkpoint (from
+    `metadata` when already read)."""
+    return dict((metadata or read_metadata(path)).state_dict_metadata)
+
+
+class MetadataReader(dcp.FileSystemReader):
+    """DCP's reader of `path`, handed the metadata already read: `dcp.load` reads and unpickles
+    `.metadata` again otherwise."""
+
+    def __init__(self, path: Path, metadata: Metadata) -> None:
+        super().__init__(str(path))
+        self.metadata = metadata
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if self.metadata.storage_meta is not None:  # as FileSystemReader tags the metadata it reads
+            self.metadata.storage_meta.load_id = self.load_id
+        return self.metadata
 
 
 def flatten(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple]]:

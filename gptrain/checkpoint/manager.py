@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import operator
+import os
 import shutil
+import threading
 import time
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata
 
 from gptrain.checkpoint import compat
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
@@ -48,7 +52,7 @@ from gptrain.checkpoint.integrity import (
     complete_record,
     complete_steps,
     is_complete,
-    verify,
+    manifest_bytes,
     verify_share,
 )
 from gptrain.errors import GptrainError
@@ -108,6 +112,15 @@ def directory_bytes(path: Path) -> int:
     return sum(entry.stat().st_size for entry in path.iterdir() if entry.is_file())
 
 
+def step_dir_bytes(path: Path) -> int:
+    """A checkpoint's size: from its manifest when it has one (one file read), else by listing it
+    (a background save rank 0 has not marked yet); 0 once it is gone."""
+    if not path.is_dir():
+        return 0
+    from_manifest = manifest_bytes(path)
+    return from_manifest if from_manifest is not None else directory_bytes(path)
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -156,6 +169,32 @@ def rename_aside(path: Path, why: str) -> Path:
     raise FileExistsError(f"no free name beside {path}")
 
 
+def _recorded_bytes(record: str) -> int:
+    """The size of a checkpoint from the text of its COMPLETE marker, the marker included."""
+    files = json.loads(record)["files"]
+    return sum(entry["bytes"] for entry in files.values()) + len(record.encode())
+
+
+def _background_save_group() -> dist.ProcessGroup:
+    """The gloo group background saves talk over: a collective from the writer thread must never
+    interleave with the training's collectives on the default group.
+
+    Created with lazy connections (TORCH_GLOO_LAZY_INIT, read by torch when a gloo group is made):
+    eager, every process holds a socket to every other, world + 3 descriptors each (EMFILE past
+    ~1,000 ranks under nofile=1024). DCP's collectives on it gather to and scatter from the
+    coordinator (rank 0) and all-gather sizes in a ring, so rank 0 still connects to every rank
+    and each other rank to a handful (measured: 3-5 at 8 ranks; docs/reliability.md)."""
+    before = os.environ.get("TORCH_GLOO_LAZY_INIT")
+    os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
+    try:
+        return dist.new_group(backend="gloo")
+    finally:
+        if before is None:
+            del os.environ["TORCH_GLOO_LAZY_INIT"]
+        else:
+            os.environ["TORCH_GLOO_LAZY_INIT"] = before
+
+
 def _barrier() -> None:
     if _distributed():
         dist.barrier()
@@ -167,7 +206,6 @@ class SaveReport:
 
     step: int
     path: Path
-    bytes: int
     stall_s: float
     """Time the training loop was blocked by this save (all of it for a synchronous save)."""
     write_s: float
@@ -175,10 +213,24 @@ class SaveReport:
     background: bool
     waited_for_previous_s: float = 0.0
     """Part of the stall spent waiting for the previous save, still writing when this one began."""
+    known_bytes: int | None = None
+    """Set by rank 0 from the manifest it wrote; elsewhere `bytes` finds it on first use."""
 
-    def describe(self) -> str:
-        size = f"{self.bytes / 1e9:.2f} GB" if self.bytes >= 1e8 else f"{self.bytes / 1e6:.1f} MB"
-        line = f"saved checkpoint {self.path.name} ({size}): training stalled {1000 * self.stall_s:.0f} ms"
+    @property
+    def bytes(self) -> int:
+        """The checkpoint's size, found only where it is asked for (the logging rank): every rank
+        listing the step directory after every save is O(world^2) stats at scale."""
+        if self.known_bytes is None:
+            self.known_bytes = step_dir_bytes(self.path)
+        return self.known_bytes
+
+    def _amount(self) -> str:
+        return f"{self.bytes / 1e9:.2f} GB" if self.bytes >= 1e8 else f"{self.bytes / 1e6:.1f} MB"
+
+    def describe(self, size: bool = True) -> str:
+        """The log line; `size=False` leaves the size out (ranks that do not log it need not find it)."""
+        named = f"{self.path.name} ({self._amount()})" if size else self.path.name
+        line = f"saved checkpoint {named}: training stalled {1000 * self.stall_s:.0f} ms"
         if self.background:
             line += f", written in the background in {self.write_s:.1f} s"
         if self.waited_for_previous_s > 0:
@@ -199,7 +251,7 @@ class _Pending:
     def report(self) -> SaveReport:
         """The finished background save's report (its size is filled in when it is marked)."""
         write_s = time.perf_counter() - self.started
-        return SaveReport(self.step, self.path, 0, self.stall_s, write_s, True, self.waited_for_previous_s)
+        return SaveReport(self.step, self.path, self.stall_s, write_s, True, self.waited_for_previous_s)
 
 
 class CheckpointManager:
@@ -225,9 +277,8 @@ class CheckpointManager:
         self._pending: _Pending | None = None
         self._writer: ChecksummingWriter | None = None
         self._stager: Any = None
-        # Background saves talk over their own gloo group: a collective from the writer thread
-        # must never interleave with the training's collectives on the default group.
-        self._group = dist.new_group(backend="gloo") if async_save and _distributed() else None
+        self._pruning: threading.Thread | None = None
+        self._group = _background_save_group() if async_save and _distributed() else None
 
     def save(self, step: int, state: dict[str, Any], rank_state: dict[str, Any]) -> Path:
         """Write `state` (DCP, shared by all ranks) and `rank_state` (torch.save, per rank)."""
@@ -250,7 +301,7 @@ class CheckpointManager:
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             raise self._write_failed(path, error) from error
         elapsed = time.perf_counter() - started
-        self._finish(SaveReport(step, path, 0, elapsed, elapsed, False, waited))
+        self._finish(SaveReport(step, path, elapsed, elapsed, False, waited))
         return path
 
     def _start_background_save(
@@ -342,12 +393,13 @@ class CheckpointManager:
         path = report.path
         if self.rank == 0:
             checksums = gathered_checksums(path, self._writer.checksums if self._writer else {})
-            atomic_write_text(path / COMPLETE, complete_record(report.step, path, checksums))
+            record = complete_record(report.step, path, checksums)
+            atomic_write_text(path / COMPLETE, record)
             atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
+            report.known_bytes = _recorded_bytes(record)
             self._prune(report.step)
         if barrier:
             _barrier()
-        report.bytes = directory_bytes(path) if path.is_dir() else 0
         if self.on_saved is not None:
             self.on_saved(report)
 
@@ -363,15 +415,35 @@ class CheckpointManager:
         """Keep the newest `keep_last` complete checkpoints up to `saved`, the one just marked complete,
         and drop torn ones older than it. A step newer than `saved` is one this run did not resume
         from (damaged, and not moved aside): counting it would delete the good ones, so it is left
-        alone until the run passes it."""
+        alone until the run passes it.
+
+        The doomed lose their COMPLETE marker here (one unlink each: no longer checkpoints, so a
+        crash mid-removal leaves a torn directory the next prune takes), and are removed in a
+        background thread: at 1024 ranks a step directory is ~3,000 unlinks, which every rank
+        would otherwise wait for in the next collective."""
+        doomed = [self.root / step_dir_name(step) for step in self._doomed(saved)]
+        for path in doomed:
+            (path / COMPLETE).unlink(missing_ok=True)
+        self._wait_for_pruning()
+        self._pruning = threading.Thread(
+            target=_remove_all, args=(doomed,), name="gptrain-prune", daemon=True
+        )
+        self._pruning.start()
+
+    def _doomed(self, saved: int) -> list[int]:
+        """The steps `_prune` removes (see there)."""
         steps = [step for step in complete_steps(self.root) if step <= saved]
         doomed = steps[: -self.keep_last] if self.keep_last else []
         for entry in self.root.iterdir():
             match = STEP_DIR.match(entry.name)
             if match and not is_complete(entry) and int(match.group(1)) < saved:
                 doomed.append(int(match.group(1)))
-        for step in doomed:
-            shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
+        return doomed
+
+    def _wait_for_pruning(self) -> None:
+        if self._pruning is not None:
+            self._pruning.join()
+            self._pruning = None
 
     def newest(self) -> Path | None:
         return newest_complete(self.root)
@@ -384,7 +456,7 @@ class CheckpointManager:
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
         free = shutil.disk_usage(existing).free + sum(
-            directory_bytes(self.root / step_dir_name(step)) for step in complete_steps(self.root)
+            step_dir_bytes(self.root / step_dir_name(step)) for step in complete_steps(self.root)
         )
         if free >= count * checkpoint_bytes:
             return None
@@ -469,16 +541,21 @@ class CheckpointManager:
         agreed before the next: a rank that fell back alone would wait for the others in another
         collective until the process group timed out.
         """
-        problem = _first_on_any_rank(verify(path) or verify_share(path, self.rank, _world_size()))
+        problem = _first_on_any_rank(verify_share(path, self.rank, _world_size()))
         if problem is not None:
             return problem
         try:
             extra = _agreed(path / f"rank_{self.rank}.pt", lambda: read_rank_state(path, self.rank))
-            state = _agreed(path, lambda: self.read_state(path, state_fn(set(compat.saved_metadata(path)))))
+            state = _agreed(path, lambda: self._read_checkpoint(path, state_fn))
             _agreed(path, lambda: apply(state))
         except _NotLoaded as skipped:
             return str(skipped)
         return extra
+
+    def _read_checkpoint(self, path: Path, state_fn: Callable[[set[str]], dict[str, Any]]) -> dict[str, Any]:
+        """`read_state` of the state `state_fn` builds for the saved keys, `.metadata` read once."""
+        metadata = compat.read_metadata(path)
+        return self.read_state(path, state_fn(set(metadata.state_dict_metadata)), metadata)
 
     def finish_after_failure(self, timeout_s: float) -> str | None:
         """On a run's way out by an exception: mark a background save complete if its write
@@ -502,6 +579,7 @@ class CheckpointManager:
             )
         finally:
             self._release_staging()
+            self._wait_for_pruning()
         return None
 
     def _release_staging(self) -> None:
@@ -510,11 +588,12 @@ class CheckpointManager:
             self._stager = None
 
     def close(self) -> None:
-        """Wait for a pending save and release the staging buffers."""
+        """Wait for a pending save and for old checkpoints to be removed; release the staging buffers."""
         try:
             self.wait()
         finally:
             self._release_staging()
+            self._wait_for_pruning()
 
     def load(
         self, path: Path, state: dict[str, Any], apply: Callable[[dict[str, Any]], None]
@@ -525,8 +604,11 @@ class CheckpointManager:
         apply(self.read_state(path, state))
         return extra
 
-    def read_state(self, path: Path, state: dict[str, Any]) -> dict[str, Any]:
-        """DCP `state` loaded in place; what `apply` gets.
+    def read_state(
+        self, path: Path, state: dict[str, Any], metadata: Metadata | None = None
+    ) -> dict[str, Any]:
+        """DCP `state` loaded in place; what `apply` gets. `metadata`: the checkpoint's, when already
+        read (`compat.read_metadata`; read here otherwise, once for the checks and the load).
 
         A checkpoint whose tensors are not those of `state` is refused before any data is read
         (`check_fits`), except for the rows of the vocabulary tensors: the vocabulary is padded to a
@@ -538,18 +620,25 @@ class CheckpointManager:
         Sections of `state` the checkpoint lacks altogether are left out of what `apply` gets:
         a weights-only checkpoint (`gptrain import`) has a 'model' section and nothing else.
         """
-        sections = saved_sections(path)
+        metadata = metadata or compat.read_metadata(path)
+        sections = saved_sections(metadata.state_dict_metadata)
         state = {top: value for top, value in state.items() if top in sections}
         flat, paths = compat.flatten(state)
-        resized = check_fits(path, state)
+        resized = check_fits(path, state, compat.saved_metadata(path, metadata))
         staged = {key: torch.empty(shape, dtype=flat[key].dtype) for key, shape in resized.items()}
         for key, tensor in staged.items():
             compat.set_at(state, paths[key], tensor)
-        dcp.load(state, checkpoint_id=str(path))  # in place, into `staged` for the resized ones
+        reader = compat.MetadataReader(path, metadata)
+        dcp.load(state, checkpoint_id=str(path), storage_reader=reader)  # in place; `staged` for the resized
         for key, tensor in staged.items():
             compat.copy_common_rows(flat[key], tensor, self.vocab_size)
             compat.set_at(state, paths[key], flat[key])
         return state
+
+
+def _remove_all(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def write_rank_state(path: Path, rank_state: dict[str, Any]) -> str:
@@ -570,11 +659,10 @@ def read_rank_state(path: Path, rank: int) -> dict[str, Any]:
     return torch.load(rank_file, map_location="cpu", weights_only=False)
 
 
-def saved_sections(path: Path) -> set[str]:
-    """The top-level sections of a DCP checkpoint: 'model', 'optim', 'schedule', ... ('model' alone
-    for a weights-only checkpoint)."""
-    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    return {key.split(".", 1)[0] for key in metadata}
+def saved_sections(saved_keys: Iterable[str]) -> set[str]:
+    """The top-level sections of a DCP checkpoint's keys: 'model', 'optim', 'schedule', ... ('model'
+    alone for a weights-only checkpoint)."""
+    return {key.split(".", 1)[0] for key in saved_keys}
 
 
 def root_cause(error: BaseException) -> str:
@@ -592,15 +680,18 @@ def root_cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"
 
 
-def check_fits(path: Path, state: dict[str, Any]) -> dict[str, torch.Size]:
+def check_fits(
+    path: Path, state: dict[str, Any], saved: dict[str, Any] | None = None
+) -> dict[str, torch.Size]:
     """Refuse (CheckpointMismatchError, on every rank alike) a checkpoint whose tensors are not those
     of `state`: one it lacks, one in another shape, or one no rank loads. Returns the saved shapes
     of the vocabulary tensors whose padding rows differ (loaded by rows, see gptrain.checkpoint.compat).
 
     Under pipeline parallelism each rank holds some layers only: a saved tensor is unloaded when
-    no rank has it, found by OR-ing one bit per saved tensor across ranks.
+    no rank has it, found by OR-ing one bit per saved tensor across ranks. `saved`: the checkpoint's
+    `compat.saved_metadata`, when already read.
     """
-    saved = compat.saved_metadata(path)
+    saved = saved if saved is not None else compat.saved_metadata(path)
     live, _ = compat.flatten(state)
     problem, rows = compat.compare(saved, live)
     problem = _first_on_any_rank(problem)

@@ -184,6 +184,7 @@ def train(cfg: TrainingConfig) -> int:
         for line in b.megatron_start_lines(cfg, vocab, model_config):
             session.log(line)
         code = run(session, train_data, valid_data, test_data, stop)
+        session.checkpoints.close()  # old checkpoints are removed in the background: let that finish
         b.log_memory(session.log, device, session.state.step)
         failed = False
         return code
@@ -242,10 +243,16 @@ def resume(s: Session, source: Path | None = None) -> None:
     if not s.cfg.exp_manager.resume_if_exists:
         s.log(f"exp_manager.resume_if_exists=false: starting from scratch (checkpoints go to {root})")
         return
-    loaded = s.checkpoints.load_newest_good(  # only the parts saved: see checkpoint_state
-        lambda saved: checkpoint_state(
-            s.model, s.optimizer, s.schedule, s.scaler, s.state, parts_to_load(PARTS, saved, s.scaler, s.log)
-        ),
+    sections: set[str] = set()  # of the checkpoint state_to_load was last asked for: the one loaded
+
+    def state_to_load(saved: Collection[str]) -> dict:  # only the parts saved: see checkpoint_state
+        sections.clear()
+        sections.update(saved_sections(saved))
+        parts = parts_to_load(PARTS, saved, s.scaler, s.log)
+        return checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state, parts)
+
+    loaded = s.checkpoints.load_newest_good(
+        state_to_load,
         lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
         lambda warning: report_damaged_checkpoint(s, warning),
     )
@@ -254,7 +261,7 @@ def resume(s: Session, source: Path | None = None) -> None:
         return
     path, extra = loaded
     restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log)
-    if "optim" not in saved_sections(path):
+    if "optim" not in sections:
         s.log(f"{path} holds model weights only (an import): optimizer, LR schedule and counters start fresh")
     s.log(f"resuming from {path} at iteration {s.state.step}, consumed samples {s.state.consumed_samples}")
 
@@ -300,7 +307,10 @@ def watch_checkpoint_saves(s: Session) -> None:
 
 
 def report_save(s: Session, report: SaveReport) -> None:
-    s.log(report.describe())
+    """The size only on the logging rank: finding it elsewhere is work for a number no one reads."""
+    s.log(report.describe(size=s.logging_rank))
+    if not s.logging_rank:
+        return
     s.scalars.add(
         {
             "checkpoint/stall_ms": 1000 * report.stall_s,

@@ -32,6 +32,7 @@ def test_save_load_round_trip_with_rank_state(tmp_path):
 def test_retention_keeps_last_k_complete(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=2)
     save_steps(manager, [1, 2, 3, 4])
+    manager.close()  # old ones are removed in the background
     assert complete_steps(tmp_path) == [3, 4]
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_3", "step_4"]
     keep_all = CheckpointManager(tmp_path / "all", keep_last=-1)
@@ -60,6 +61,7 @@ def test_incomplete_checkpoint_is_ignored(tmp_path):
     assert manager.newest() == tmp_path / "step_2"
     assert newest_complete(tmp_path / "missing") is None
     save_steps(manager, [8])  # a later complete save cleans up the torn ones below it
+    manager.close()
     assert not (tmp_path / "step_4").exists() and not (tmp_path / "step_6").exists()
     assert complete_steps(tmp_path) == [2, 8]
 
