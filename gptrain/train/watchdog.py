@@ -2,14 +2,19 @@
 
 Without it, a rank that stops (a dead data mount, a deadlock, a lost GPU) leaves every other rank
 waiting in a collective until torch's timeout (10-30 minutes) ends them with an opaque NCCL/gloo
-error that names nobody. Each rank publishes a heartbeat to the process group's key-value store
-when it enters and leaves a training step. When a rank has been inside one step for
-`trainer.hang_timeout_minutes` (not counting its first step, which may compile, build NCCL
-communicators or read caches), its watchdog reads every rank's heartbeat: the ranks that never
-entered the step are the stuck ones. It prints one line naming them (rank, host, pid, last
-progress), posts that line to the store so every rank prints the same and ends the same way, and
-the process exits with EXIT_HUNG (76), which the rendered batch script requeues; the requeued run
-resumes from the last complete checkpoint.
+error that names nobody. The training loop only notes, in memory, which step it is in; the
+watchdog thread publishes that heartbeat to the process group's key-value store (one TCPStore
+server on rank 0 for the whole job) when it changed, at most every `sync_s` (the timeout / 20, at
+most 5 s: beats a few seconds old are fresh for a timeout of minutes), the ranks spread over that
+interval, so the training thread never waits on the store and rank 0's server sees ~0.4 calls a
+second per rank. When a rank has been inside one step for `trainer.hang_timeout_minutes` (not
+counting its first step, which may compile, build NCCL communicators or read caches), the first
+such rank (the store's counter decides) reads every rank's heartbeat in one `multi_get`: the
+ranks that never entered the step are the stuck ones. It posts one line naming them (rank, host,
+pid, last progress) to the store; the other ranks read it (those that timed out too wait for it,
+the others see it at their next sync), every rank prints it, and once all have acknowledged (or
+GRACE_SECONDS after the line was posted) each exits with EXIT_HUNG (76), which the rendered batch
+script requeues; the requeued run resumes from the last complete checkpoint.
 
 Only the step is watched: checkpoint saves and validation may legitimately take long.
 """
@@ -24,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, TextIO
 
 from gptrain.errors import EXIT_HUNG
@@ -32,8 +38,14 @@ from gptrain.errors import EXIT_HUNG
 # first run of a Slurm job only, so that the requeued job runs through).
 TEST_HOOK = "GPTRAIN_TEST_STOP_RANK"
 HANG_KEY = "gptrain/watchdog/hang"
+DIAGNOSER_KEY = "gptrain/watchdog/diagnoser"  # a counter: the rank that takes 1 writes the line
 ACK_KEY = "gptrain/watchdog/ack"
-GRACE_SECONDS = 10.0  # how long the first rank to give up waits for the others, so all exit 76
+ALL_ACKED_KEY = "gptrain/watchdog/all-acked"
+SYNC_MAX_SECONDS = 5.0  # the most a heartbeat lags and a rank takes to see a posted hang
+# How long the ranks wait for the others to acknowledge the posted line before exiting 76 anyway;
+# it counts from the posting, so the time the diagnosis took does not eat into it.
+GRACE_SECONDS = 30.0
+DIAGNOSIS_WAIT_SECONDS = 60.0  # how long a rank that timed out waits for the diagnosing rank's line
 
 
 def beat_key(rank: int) -> str:
@@ -63,7 +75,7 @@ def stop_here_for_tests(rank: int, iteration: int) -> None:
 
 
 class Watchdog:
-    """Heartbeats from the loop (`with watchdog.step(i): ...`) and a thread that acts on silence."""
+    """Progress noted by the loop (`with watchdog.step(i): ...`); a thread publishes it and acts on silence."""
 
     def __init__(
         self,
@@ -77,11 +89,16 @@ class Watchdog:
         self.rank, self.world_size, self.timeout_s, self.store = rank, world_size, timeout_s, store
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.exit_fn, self.out = exit_fn, out
+        self.poll_s = min(1.0, max(0.05, timeout_s / 5))  # local checks, no store call
+        self.sync_s = max(self.poll_s, min(SYNC_MAX_SECONDS, timeout_s / 20))  # store calls
         self.fired: str | None = None
         self._lock = threading.Lock()
         self._since: float | None = None  # monotonic time the current watched step began
         self._iteration = 0
         self._steps_done = 0
+        self._beat: dict[str, Any] | None = None  # this rank's progress, as the store should show it
+        self._version = 0  # bumped by the loop at each change of _beat
+        self._published = 0  # the version last written to the store (by the watchdog thread only)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -112,8 +129,16 @@ class Watchdog:
         self._mark(iteration, "done")
 
     def _mark(self, iteration: int, phase: str) -> None:
+        """On the training thread, every step: memory only, never a store call."""
         if not self.enabled:
             return
+        beat = {
+            "host": self.host,
+            "pid": self.pid,
+            "iteration": iteration,
+            "phase": phase,
+            "time": time.time(),
+        }
         with self._lock:
             self._iteration = iteration
             if phase == "in":
@@ -121,21 +146,32 @@ class Watchdog:
             else:
                 self._since = None
                 self._steps_done += 1
-        if self.store is not None:
-            beat = {
-                "host": self.host,
-                "pid": self.pid,
-                "iteration": iteration,
-                "phase": phase,
-                "time": time.time(),
-            }
+            self._beat = beat
+            self._version += 1
+
+    def publish(self) -> None:
+        """Write this rank's heartbeat to the store if it changed since the last write."""
+        with self._lock:
+            beat, version = self._beat, self._version
+        if self.store is None or beat is None or version == self._published:
+            return
+        try:
             self.store.set(beat_key(self.rank), json.dumps(beat))
+            self._published = version
+        except Exception:  # store gone (rank 0 ended): this rank's own timeout still applies
+            pass
 
     def watch(self) -> None:
-        """The thread: end the job when a peer reported a hang or this rank's step is overdue."""
-        poll = min(1.0, max(0.05, self.timeout_s / 5))
-        while not self._stop.wait(poll):
-            message = self.peer_report() or self.overdue()
+        """The thread: publish progress, end the job when a peer reported a hang or a step is overdue."""
+        # ranks start together: spread their store calls over one interval rather than one millisecond
+        next_sync = time.monotonic() + self.sync_s * self.rank / max(1, self.world_size)
+        while not self._stop.wait(max(0.0, min(self.poll_s, next_sync - time.monotonic()))):
+            message = None
+            if time.monotonic() >= next_sync:
+                next_sync = max(next_sync + self.sync_s, time.monotonic())
+                self.publish()
+                message = self.peer_report()
+            message = message or self.overdue()
             if message is not None:
                 self.end(message)
                 return
@@ -153,17 +189,38 @@ class Watchdog:
             since, iteration = self._since, self._iteration
         if since is None or time.monotonic() - since <= self.timeout_s:
             return None
+        return self.hang_message(iteration)
+
+    def hang_message(self, iteration: int) -> str:
+        """The job's one line about the hang: diagnosed here by the first rank to time out, read by the rest.
+
+        On a hang every rank times out within the same second; one diagnosis (two store calls) instead
+        of one per rank keeps rank 0's store server from serving world x world reads.
+        """
+        if self.store is None:
+            return self.diagnose(iteration)
+        self.publish()  # this rank's own heartbeat, current before anyone reads it
+        try:
+            if self.store.add(DIAGNOSER_KEY, 1) > 1:
+                self.store.wait([HANG_KEY], timedelta(seconds=DIAGNOSIS_WAIT_SECONDS))
+                return self.store.get(HANG_KEY).decode()
+        except Exception:  # the store or the diagnosing rank went away: diagnose here
+            pass
         return self.diagnose(iteration)
 
     def read_beats(self) -> dict[int, dict[str, Any]]:
-        beats = {}
-        for rank in range(self.world_size):
-            try:
-                if self.store is not None and self.store.check([beat_key(rank)]):
-                    beats[rank] = json.loads(self.store.get(beat_key(rank)))
-            except Exception:
-                continue
-        return beats
+        """Every rank's heartbeat: two store calls when all ranks have one."""
+        if self.store is None:
+            return {}
+        keys = [beat_key(rank) for rank in range(self.world_size)]
+        try:
+            ranks = list(range(self.world_size))
+            if not self.store.check(keys):  # a rank stopped before its first beat: look key by key, once
+                ranks = [rank for rank in ranks if self.store.check([keys[rank]])]
+            values = self.store.multi_get([keys[rank] for rank in ranks]) if ranks else []
+            return {rank: json.loads(value) for rank, value in zip(ranks, values, strict=True)}
+        except Exception:
+            return {}
 
     def diagnose(self, iteration: int) -> str:
         """One line: which ranks never entered `iteration` while the others wait inside it."""
@@ -185,20 +242,27 @@ class Watchdog:
         )
 
     def end(self, message: str) -> None:
-        """Agree on one message through the store, print it, let the other ranks see it, exit 76."""
+        """Agree on one message through the store, print it, wait for the other ranks, exit 76."""
         if self.store is not None:
             try:
                 message = self.store.compare_set(HANG_KEY, "", message).decode()
-                self.store.add(ACK_KEY, 1)
-                deadline = time.monotonic() + GRACE_SECONDS
-                while self.store.add(ACK_KEY, 0) < self.world_size and time.monotonic() < deadline:
-                    time.sleep(0.1)
-            except Exception:  # the store went away with another rank: exit all the same
+                self.wait_for_every_rank()
+            except (
+                Exception
+            ):  # the store went away with another rank, or a rank never came: exit all the same
                 pass
         self.fired = message
         line = f"gptrain: rank {self.rank}: {message}; exit {EXIT_HUNG} (a requeued job resumes from the last checkpoint)"
         print(line, file=self.out or sys.stderr, flush=True)
         self.exit_fn(EXIT_HUNG)
+
+    def wait_for_every_rank(self) -> None:
+        """Acknowledge the line; the last rank to do so releases all (a server-side wait, no polling)."""
+        assert self.store is not None
+        if self.store.add(ACK_KEY, 1) >= self.world_size:
+            self.store.set(ALL_ACKED_KEY, "1")
+        else:
+            self.store.wait([ALL_ACKED_KEY], timedelta(seconds=GRACE_SECONDS))
 
 
 def describe(rank: int, beat: dict[str, Any] | None) -> str:

@@ -6,50 +6,83 @@ Before, the other rank waited in the gradient all-reduce until torch's collectiv
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
 import threading
 import time
+from collections import Counter
+from datetime import timedelta
 
 import pytest
 from reliability_helpers import start_ranks
 
 from gptrain.errors import EXIT_HUNG
-from gptrain.train.watchdog import TEST_HOOK, Watchdog
+from gptrain.train import watchdog
+from gptrain.train.watchdog import ACK_KEY, TEST_HOOK, Watchdog
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
 class FakeStore:
-    """The four TCPStore calls the watchdog uses, in memory."""
+    """The TCPStore calls the watchdog uses, in memory; `calls` counts them by thread name."""
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
-        self.lock = threading.Lock()
+        self.changed = threading.Condition()
+        self.calls: Counter[str] = Counter()
+        self.beat_reads = 0  # calls that read heartbeats
+        self.beat_read_s = 0.0  # what each such call costs rank 0's (one-threaded) server
+
+    def _count(self, keys: list[str] = ()) -> None:
+        self.calls[threading.current_thread().name] += 1
+        if any(k.startswith("gptrain/watchdog/rank") for k in keys):
+            with self.changed:
+                self.beat_reads += 1
+                time.sleep(self.beat_read_s)
 
     def set(self, key: str, value: str) -> None:
-        with self.lock:
+        self._count()
+        with self.changed:
             self.data[key] = value.encode()
+            self.changed.notify_all()
 
     def get(self, key: str) -> bytes:
-        with self.lock:
+        self._count([key])
+        with self.changed:
             return self.data[key]
 
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self._count(keys)
+        with self.changed:
+            return [self.data[k] for k in keys]
+
     def check(self, keys: list[str]) -> bool:
-        with self.lock:
+        self._count(keys)
+        with self.changed:
             return all(k in self.data for k in keys)
 
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        self._count()
+        with self.changed:
+            if not self.changed.wait_for(lambda: all(k in self.data for k in keys), timeout.total_seconds()):
+                raise TimeoutError(f"wait timeout, keys: {keys}")
+
     def add(self, key: str, amount: int) -> int:
-        with self.lock:
+        self._count()
+        with self.changed:
             value = int(self.data.get(key, b"0")) + amount
             self.data[key] = str(value).encode()
+            self.changed.notify_all()
             return value
 
     def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        with self.lock:
+        self._count()
+        with self.changed:
             if self.data.get(key, b"") == expected.encode():
                 self.data[key] = desired.encode()
+                self.changed.notify_all()
             return self.data[key]
 
 
@@ -62,7 +95,7 @@ def dogs(world: int, timeout_s: float) -> tuple[list[Watchdog], list[int], FakeS
 
 
 def watch(dog: Watchdog) -> threading.Thread:
-    thread = threading.Thread(target=dog.watch, daemon=True)
+    thread = threading.Thread(target=dog.watch, name=f"watchdog-{dog.rank}", daemon=True)
     thread.start()
     return thread
 
@@ -105,6 +138,106 @@ def test_a_hang_inside_the_step_on_every_rank_says_so():
         for thread in [watch(zero), watch(one)]:
             thread.join(timeout=15)
     assert exits == [EXIT_HUNG, EXIT_HUNG] and "all 2 ranks are inside iteration 2" in zero.fired
+
+
+def test_a_training_step_makes_no_store_call_and_beats_are_rate_limited():
+    """Issue 14 review: two blocking `store.set`s per step, every rank at once on rank 0's server."""
+    [dog, _], _, store = dogs(2, 2.0)  # sync_s 0.4 s
+    thread = watch(dog)
+    steps, started = 0, time.monotonic()
+    while time.monotonic() - started < 1.2:
+        steps += 1
+        with dog.step(steps):
+            time.sleep(0.001)
+    last = f'"iteration": {steps}, "phase": "done"'  # the beat catches up within one interval
+    while last not in store.data["gptrain/watchdog/rank0"].decode() and time.monotonic() - started < 5:
+        time.sleep(0.05)
+    dog.close()
+    thread.join(timeout=5)
+    elapsed = time.monotonic() - started
+    assert steps > 300 and store.calls[threading.current_thread().name] == 0
+    assert 1 <= store.calls["watchdog-0"] <= 2 * (elapsed / 0.4 + 2)  # a beat and a look for a posted hang
+    assert last in store.data["gptrain/watchdog/rank0"].decode()
+    assert Watchdog(0, 1024, 600.0).sync_s == 5.0  # the default 10 minutes: a beat every 5 s at most
+
+
+def global_hang(world: int, stuck: int, timeout_s: float, store: FakeStore) -> tuple[list[Watchdog], list]:
+    """Every rank but `stuck` waits inside iteration 2; returns the dogs and their (exit code, acks)."""
+    exits: list[tuple[int, int]] = []
+    made = [
+        Watchdog(
+            r,
+            world,
+            timeout_s,
+            store,
+            exit_fn=lambda c: exits.append((c, int(store.data[ACK_KEY]))),
+            out=io.StringIO(),
+        )
+        for r in range(world)
+    ]
+    threads = [watch(dog) for dog in made]
+    for dog in made:
+        with dog.step(1):
+            pass
+    with contextlib.ExitStack() as inside:
+        for dog in made:
+            if dog.rank != stuck:
+                inside.enter_context(dog.step(2))
+        for thread in threads:
+            thread.join(timeout=15)
+    return made, exits
+
+
+def test_a_hang_seen_by_every_rank_at_once_is_diagnosed_by_one_rank_in_two_store_calls():
+    """Issue 14 review: each rank that timed out read every heartbeat (2 x world calls, world x world in all)."""
+    store = FakeStore()
+    made, exits = global_hang(64, 5, 0.5, store)
+    assert [code for code, _ in exits] == [EXIT_HUNG] * 64
+    assert len({dog.fired for dog in made}) == 1 and "stuck rank 5 on host" in made[0].fired
+    assert "last seen finishing iteration 1" in made[0].fired
+    assert store.beat_reads <= 2  # one check of all keys, one multi_get
+    assert max(store.calls.values()) < 30  # no rank polls the store in a loop
+
+
+def test_every_rank_acknowledges_before_any_exits_however_long_the_diagnosis_takes(monkeypatch):
+    """The grace period counts from the posted line: a slow diagnosis must not make the first rank leave
+    alone (under srun, the others would then be killed: exit 137, which is not requeued)."""
+    monkeypatch.setattr(watchdog, "GRACE_SECONDS", 0.5)
+    store = FakeStore()
+    store.beat_read_s = 0.05  # rank 0's server, busy: 8 ranks reading every beat took 6.4 s at 256 ranks
+    made, exits = global_hang(8, 3, 0.3, store)
+    assert exits == [(EXIT_HUNG, 8)] * 8  # each rank exits once all 8 have acknowledged
+    assert "stuck rank 3 on host" in made[0].fired
+
+
+def test_a_real_tcpstore_rank_without_any_heartbeat_is_named():
+    """The store calls as torch's TCPStore answers them (check, multi_get, wait with a timeout, compare_set)."""
+    import torch.distributed as dist
+
+    world, exits = 4, []
+    server = dist.TCPStore(
+        "127.0.0.1", 0, world + 1, True, timeout=timedelta(seconds=20), wait_for_workers=False
+    )
+    clients = [
+        dist.TCPStore("127.0.0.1", server.port, world + 1, False, timeout=timedelta(seconds=20))
+        for _ in range(world)
+    ]
+    made = [
+        Watchdog(r, world, 0.5, clients[r], exit_fn=exits.append, out=io.StringIO()) for r in range(world)
+    ]
+    threads = [watch(dog) for dog in made]
+    with contextlib.ExitStack() as inside:
+        for dog in made[1:]:  # rank 0 never reaches its first step
+            with dog.step(1):
+                pass
+            inside.enter_context(dog.step(2))
+        for thread in threads:
+            thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] * world and len({dog.fired for dog in made}) == 1
+    assert (
+        "hang: stuck rank 0 (no heartbeat): it never started iteration 2, which rank(s) 1, 2, 3"
+        in made[1].fired
+    )
 
 
 def test_disabled_watchdog_does_nothing():
