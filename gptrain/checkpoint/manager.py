@@ -73,6 +73,11 @@ class CheckpointWriteError(GptrainError):
     """A checkpoint could not be written (full disk, file size limit, I/O or permission error)."""
 
 
+class CheckpointOutOfMemoryError(GptrainError):
+    """A rank ran out of (GPU or host) memory loading a checkpoint: not damage, so resume stops
+    there instead of passing over a sound checkpoint (and moving it aside)."""
+
+
 def step_dir_name(step: int) -> str:
     return f"step_{step}"
 
@@ -129,32 +134,86 @@ def _world_size() -> int:
     return dist.get_world_size() if _distributed() else 1
 
 
+def _every_rank(value: T) -> list[T]:
+    """`value` of every rank, in rank order."""
+    if not _distributed():
+        return [value]
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def _first_on_any_rank(problem: str | None) -> str | None:
     """Every rank's verdict on a checkpoint, so that all ranks skip (or load) the same one."""
+    return next((v for v in _every_rank(problem) if v is not None), None)
+
+
+def _steps_of_rank_0(root: Path) -> list[int]:
+    """Rank 0's complete steps under `root`, on every rank. Each rank's own listing may differ (a
+    node's stale view of the directory, NFS attribute caching after a requeue): ranks walking their
+    own lists would load different steps in lock step, silently. A step a rank cannot see fails its
+    verification there, and the agreement passes over it on every rank."""
     if not _distributed():
-        return problem
-    verdicts: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(verdicts, problem)
-    return next((v for v in verdicts if v is not None), None)
+        return complete_steps(root)
+    found: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            found = [complete_steps(root)]
+        except OSError as error:
+            found = [f"cannot list {root} ({root_cause(error)})"]
+    dist.broadcast_object_list(found, src=0)
+    if isinstance(found[0], str):
+        raise CheckpointLoadError(f"{found[0]} on rank 0; check the filesystem, then resume again")
+    return found[0]
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is, or wraps (DCP's per-rank failures, a cause), a CUDA or host out-of-memory error."""
+    pending: list[Any] = [error]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, tuple) and current:  # (exception, traceback) in some torch versions
+            current = current[0]
+        if not isinstance(current, BaseException):
+            continue
+        if isinstance(current, (torch.cuda.OutOfMemoryError, MemoryError)):
+            return True
+        failures = getattr(current, "failures", None)
+        pending += list(failures.values()) if isinstance(failures, dict) else []
+        pending.append(current.__cause__)
+    return False
 
 
 class _NotLoaded(Exception):
     """A step of loading a checkpoint failed on some rank: every rank skips the checkpoint."""
 
 
-def _agreed(what: Path, step: Callable[[], T]) -> T:
-    """Run one step of a load on every rank: its result, or _NotLoaded on every rank with the reason
-    of the first rank where `what` did not load."""
-    value, problem = None, None
+def _agreed(path: Path, step: Callable[[], T], what: Path | None = None) -> T:
+    """Run one step of loading checkpoint `path` on every rank: its result, or _NotLoaded on every
+    rank with the reason of the first rank where `what` (default: `path`) did not load.
+
+    Safe only if `step` holds no collective after work that can fail on one rank alone: that rank
+    would meet the others' collective with this one's. Running out of memory is not damage:
+    CheckpointOutOfMemoryError on every rank, naming the first rank it happened on."""
+    value, failure = None, None
     try:
         value = step()
     except CheckpointMismatchError:
         raise  # the config's fault, raised on every rank alike (check_fits): no fallback
     except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-        problem = f"{what} does not load ({root_cause(error)})"
-    problem = _first_on_any_rank(problem)
-    if problem is not None:
-        raise _NotLoaded(problem)
+        failure = (_out_of_memory(error), root_cause(error), str(what or path))  # the failing rank's `what`
+    failures = _every_rank(failure)
+    for rank, found in enumerate(failures):
+        if found is not None and found[0]:
+            raise CheckpointOutOfMemoryError(
+                f"out of memory while loading {path.name} on rank {rank} ({found[1]}); the checkpoint is "
+                "not damaged and was left in place: give each GPU less of the state (a larger "
+                "model.pipeline_model_parallel_size, or model.data_parallel_sharding=full_shard) or free "
+                "GPU/host memory, then resume"
+            )
+    found = next((f for f in failures if f is not None), None)
+    if found is not None:
+        raise _NotLoaded(f"{found[2]} does not load ({found[1]})")
     return cast(T, value)
 
 
@@ -236,6 +295,18 @@ class SaveReport:
         if self.waited_for_previous_s > 0:
             line += f" (waited {self.waited_for_previous_s:.1f} s for the previous save to finish writing)"
         return line
+
+
+@dataclass
+class _Prepared:
+    """A checkpoint made ready to load on this rank by local work alone (`CheckpointManager._prepare`)."""
+
+    metadata: Metadata
+    saved: dict[str, Any]
+    state: dict[str, Any]
+    fit: Fit
+    staged: dict[str, torch.Tensor]
+    """Buffers for the tensors loaded by rows, in their saved shapes."""
 
 
 @dataclass
@@ -482,7 +553,7 @@ class CheckpointManager:
         when the newest sound one holds other tensors than the config builds.
         """
         problems, damaged = [], []
-        for step in reversed(complete_steps(self.root)):
+        for step in reversed(_steps_of_rank_0(self.root)):
             path = self.root / step_dir_name(step)
             loaded = self._verify_and_load(path, state_fn, apply)
             if isinstance(loaded, dict):
@@ -537,25 +608,57 @@ class CheckpointManager:
     ) -> dict[str, Any] | str:
         """This rank's extra state, or what is wrong with `path` (the same verdict on every rank).
 
-        Each step that can fail on one rank alone (reading its rank file, the data, applying it) is
-        agreed before the next: a rank that fell back alone would wait for the others in another
-        collective until the process group timed out.
+        Each step that can fail on one rank alone (reading its rank file, reading `.metadata` and
+        building the state, reading the data, applying it) is agreed before the next collective: a
+        rank that fell back alone would meet the others' next collective with its agreement (their
+        check_fits would take its failure for a config mismatch) or wait until the group timed out.
         """
         problem = _first_on_any_rank(verify_share(path, self.rank, _world_size()))
         if problem is not None:
             return problem
+        rank_file = path / f"rank_{self.rank}.pt"
         try:
-            extra = _agreed(path / f"rank_{self.rank}.pt", lambda: read_rank_state(path, self.rank))
-            state = _agreed(path, lambda: self._read_checkpoint(path, state_fn))
+            extra = _agreed(path, lambda: read_rank_state(path, self.rank), rank_file)
+            prepared = _agreed(path, lambda: self._prepare(path, state_fn))
+            agree_fit(path, prepared.saved, prepared.fit)  # collectives only; a mismatch on every rank
+            state = _agreed(path, lambda: self._load_prepared(path, prepared))
             _agreed(path, lambda: apply(state))
         except _NotLoaded as skipped:
             return str(skipped)
         return extra
 
-    def _read_checkpoint(self, path: Path, state_fn: Callable[[set[str]], dict[str, Any]]) -> dict[str, Any]:
-        """`read_state` of the state `state_fn` builds for the saved keys, `.metadata` read once."""
-        metadata = compat.read_metadata(path)
-        return self.read_state(path, state_fn(set(metadata.state_dict_metadata)), metadata)
+    def _prepare(
+        self, path: Path, state_fn: Callable[[set[str]], dict[str, Any]], metadata: Metadata | None = None
+    ) -> _Prepared:
+        """This rank's work before loading `path`, without a collective: its `.metadata` (read once),
+        the state `state_fn` builds for the saved keys (the optimizer state: the largest allocation of
+        start-up), this rank's side of `check_fits`, and the buffers of the tensors loaded by rows."""
+        metadata = metadata or compat.read_metadata(path)
+        sections = saved_sections(metadata.state_dict_metadata)
+        state = state_fn(set(metadata.state_dict_metadata))
+        state = {top: value for top, value in state.items() if top in sections}
+        saved = compat.saved_metadata(path, metadata)
+        fit = local_fit(saved, state)
+        flat, _ = compat.flatten(state)
+        staged = (
+            {}
+            if fit.problem
+            else {key: torch.empty(shape, dtype=flat[key].dtype) for key, shape in fit.rows.items()}
+        )
+        return _Prepared(metadata, saved, state, fit, staged)
+
+    def _load_prepared(self, path: Path, prepared: _Prepared) -> dict[str, Any]:
+        """DCP load into the prepared state (after `agree_fit`); the tensors fitted by rows copied in."""
+        state, staged = prepared.state, prepared.staged
+        flat, paths = compat.flatten(state)
+        for key, tensor in staged.items():
+            compat.set_at(state, paths[key], tensor)
+        reader = compat.MetadataReader(path, prepared.metadata)
+        dcp.load(state, checkpoint_id=str(path), storage_reader=reader)  # in place; `staged` for the resized
+        for key, tensor in staged.items():
+            compat.copy_common_rows(flat[key], tensor, self.vocab_size)
+            compat.set_at(state, paths[key], flat[key])
+        return state
 
     def finish_after_failure(self, timeout_s: float) -> str | None:
         """On a run's way out by an exception: mark a background save complete if its write
@@ -620,20 +723,9 @@ class CheckpointManager:
         Sections of `state` the checkpoint lacks altogether are left out of what `apply` gets:
         a weights-only checkpoint (`gptrain import`) has a 'model' section and nothing else.
         """
-        metadata = metadata or compat.read_metadata(path)
-        sections = saved_sections(metadata.state_dict_metadata)
-        state = {top: value for top, value in state.items() if top in sections}
-        flat, paths = compat.flatten(state)
-        resized = check_fits(path, state, compat.saved_metadata(path, metadata))
-        staged = {key: torch.empty(shape, dtype=flat[key].dtype) for key, shape in resized.items()}
-        for key, tensor in staged.items():
-            compat.set_at(state, paths[key], tensor)
-        reader = compat.MetadataReader(path, metadata)
-        dcp.load(state, checkpoint_id=str(path), storage_reader=reader)  # in place; `staged` for the resized
-        for key, tensor in staged.items():
-            compat.copy_common_rows(flat[key], tensor, self.vocab_size)
-            compat.set_at(state, paths[key], flat[key])
-        return state
+        prepared = self._prepare(path, lambda saved: state, metadata)
+        agree_fit(path, prepared.saved, prepared.fit)
+        return self._load_prepared(path, prepared)
 
 
 def _remove_all(paths: list[Path]) -> None:
@@ -692,18 +784,40 @@ def check_fits(
     `compat.saved_metadata`, when already read.
     """
     saved = saved if saved is not None else compat.saved_metadata(path)
+    return agree_fit(path, saved, local_fit(saved, state))
+
+
+@dataclass
+class Fit:
+    """This rank's side of `check_fits`, found without a collective."""
+
+    problem: str | None
+    """How this rank's state differs from the checkpoint's (None: it fits)."""
+    rows: dict[str, torch.Size]
+    tensors: list[str]
+    """The saved tensors of the state's sections, in the order of the bits of `held`."""
+    held: int
+    """One bit per tensor of `tensors` this rank holds."""
+
+
+def local_fit(saved: dict[str, Any], state: dict[str, Any]) -> Fit:
+    """This rank's state against the checkpoint's `compat.saved_metadata` (local work only)."""
     live, _ = compat.flatten(state)
     problem, rows = compat.compare(saved, live)
-    problem = _first_on_any_rank(problem)
+    tensors = compat.saved_tensors_in(saved, set(state))
+    held = sum(1 << index for index, key in enumerate(tensors) if key in live)
+    return Fit(problem, rows, tensors, held)
+
+
+def agree_fit(path: Path, saved: dict[str, Any], fit: Fit) -> dict[str, torch.Size]:
+    """The collective part of `check_fits`: CheckpointMismatchError on every rank when `fit` fails on
+    any, or some saved tensor is held by no rank; else the shapes of `fit.rows`. Nothing here can
+    fail on one rank alone, so it needs no agreement."""
+    problem = _first_on_any_rank(fit.problem)
     if problem is None:
-        tensors = compat.saved_tensors_in(saved, set(state))
-        held = sum(1 << index for index, key in enumerate(tensors) if key in live)
-        if _distributed():
-            masks: list[int] = [0] * dist.get_world_size()
-            dist.all_gather_object(masks, held)
-            held = functools.reduce(operator.or_, masks, 0)
-        unheld = next((key for index, key in enumerate(tensors) if not held >> index & 1), None)
+        held = functools.reduce(operator.or_, _every_rank(fit.held), 0)
+        unheld = next((key for index, key in enumerate(fit.tensors) if not held >> index & 1), None)
         problem = compat.unloaded(unheld, saved[unheld]) if unheld is not None else None
     if problem is not None:
         raise compat.mismatch_error(path, problem)
-    return rows
+    return fit.rows

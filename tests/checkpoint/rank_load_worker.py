@@ -1,7 +1,11 @@
 """One gloo rank for tests/checkpoint/test_checkpoint_ranks.py (one process group, one start-up):
-save step_2, 4 and 6; rank 0 damages rank 1's file of step_6 and of step_4; resume as a requeued
-job would, meet the other rank in one all_reduce (the first collective of training) and write
-what was loaded to OUT/rank_<r>.json. Arguments: ROOT OUT."""
+save step_2, 4 and 6; make loading fail on one rank as MODE says; resume as a requeued job would,
+meet the other rank in one all_reduce (the first collective of training) and write what was loaded
+(or the error) to OUT/rank_<r>.json. Arguments: ROOT OUT [MODE].
+
+MODE damaged (default): rank 0 damages rank 1's file of step_6 and of step_4. meta: rank 1 cannot
+read step_6's .metadata (one node's I/O error). oom: rank 1 runs out of memory building the state
+for step_6. list: rank 1's listing of the checkpoints lacks step_6 (a node's stale view)."""
 
 import datetime
 import json
@@ -14,7 +18,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from gptrain.checkpoint import compat
+from gptrain.checkpoint import manager as checkpoint_manager
 from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.errors import GptrainError
 
 
 def state(value: float) -> dict:
@@ -40,10 +47,42 @@ def damage(root: Path) -> None:
     forget_crc(root / "step_4", "rank_1.pt")
 
 
-def resume(root: Path, out: Path) -> None:
+def fail_on_rank_1(mode: str) -> None:
+    """Rank 1's share of a failure no other rank sees (modes other than damaged)."""
+    if mode == "meta":
+        read_metadata = compat.read_metadata
+
+        def flaky(path: Path):
+            if Path(path).name == "step_6":
+                raise OSError(5, "Input/output error")
+            return read_metadata(path)
+
+        compat.read_metadata = flaky
+    if mode == "list":
+        steps = checkpoint_manager.complete_steps
+        checkpoint_manager.complete_steps = lambda root: [step for step in steps(root) if step != 6]
+
+
+def state_fn(target: dict, mode: str, rank: int):
+    def build(saved: set) -> dict:
+        if mode == "oom" and rank == 1 and target["model"]["w"].sum() == 0:  # the first (newest) one
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return target
+
+    return build
+
+
+def resume(root: Path, out: Path, mode: str) -> None:
     manager = CheckpointManager(root, keep_last=5, rank=dist.get_rank())
     target, seen = state(0.0), []
-    path, extra = manager.load_newest_good(lambda saved: target, lambda loaded: None, seen.append)
+    try:
+        path, extra = manager.load_newest_good(
+            state_fn(target, mode, manager.rank), lambda _: None, seen.append
+        )
+    except GptrainError as error:
+        result = {"error": f"{type(error).__name__}: {error}", "warnings": seen}
+        (out / f"rank_{manager.rank}.json").write_text(json.dumps(result))
+        return
     ranks = torch.ones(1)
     dist.all_reduce(ranks)
     result = {"resumed": path.name, "w": target["model"]["w"].tolist(), "extra": extra, "warnings": seen}
@@ -56,13 +95,16 @@ def main() -> int:
     # a rank waiting in a collective its peer never enters fails here, well within the test's timeout
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     root, out, rank = Path(sys.argv[1]), Path(sys.argv[2]), dist.get_rank()
+    mode = sys.argv[3] if len(sys.argv) > 3 else "damaged"
     first_run = CheckpointManager(root, keep_last=5, rank=rank)
     for step in (2, 4, 6):
         first_run.save(step, state(float(step)), {"step": step, "rank": rank})
-    if rank == 0:
+    if rank == 0 and mode == "damaged":
         damage(root)
+    if rank == 1:
+        fail_on_rank_1(mode)
     dist.barrier()
-    resume(root, out)
+    resume(root, out, mode)
     dist.barrier()
     return 0
 

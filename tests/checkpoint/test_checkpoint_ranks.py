@@ -51,3 +51,48 @@ def test_every_rank_passes_over_a_checkpoint_whose_rank_file_fails_on_one_rank(t
         )
     assert sorted(p.name.split(".")[0] for p in root.iterdir()) == ["latest", "step_2", "step_4", "step_6"]
     assert len(list(root.glob("step_[46].damaged-*/rank_1.pt"))) == 2  # kept for inspection
+
+
+def results(out: Path) -> list[dict]:
+    return [json.loads((out / f"rank_{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.distributed
+def test_every_rank_passes_over_a_checkpoint_whose_metadata_fails_on_one_rank(tmp_path):
+    """Rank 1 cannot read step_6's .metadata (an I/O error on one node): both ranks pass over step_6
+    and resume step_4. Rank 1's agreement used to meet rank 0's config check: rank 0 raised a config
+    mismatch quoting the OSError, and rank 1 waited in a collective."""
+    root = tmp_path / "checkpoints"
+    run_ranks(root, tmp_path, "meta")
+    for rank, result in enumerate(results(tmp_path)):
+        assert result["resumed"] == "step_4" and result["w"] == [4.0] * 4 and result["ranks"] == 2, result
+        assert result["extra"] == {"step": 4, "rank": rank}
+        assert result["warnings"][0].startswith(
+            f"checkpoint step_6 is damaged: {root / 'step_6'} does not load ("
+        )
+        assert "OSError" in result["warnings"][0]
+
+
+@pytest.mark.distributed
+def test_running_out_of_memory_on_one_rank_stops_every_rank_and_moves_nothing(tmp_path):
+    """Rank 1 runs out of memory building the state for step_6: not damage, so every rank stops with
+    one line naming step_6 and rank 1, and step_6 stays where it is."""
+    root = tmp_path / "checkpoints"
+    run_ranks(root, tmp_path, "oom")
+    for result in results(tmp_path):
+        assert result["error"].startswith(
+            "CheckpointOutOfMemoryError: out of memory while loading step_6 on rank 1 (OutOfMemoryError: CUDA out"
+        ), result
+        assert "pipeline_model_parallel_size" in result["error"] and "\n" not in result["error"]
+        assert result["warnings"] == []
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2", "step_4", "step_6"]
+
+
+@pytest.mark.distributed
+def test_every_rank_loads_the_steps_rank_0_lists(tmp_path):
+    """Rank 1's listing lacks step_6 (a node's stale view of the directory): both ranks load step_6,
+    as rank 0 lists it (rank 1 used to load step_4 while rank 0 loaded step_6, silently)."""
+    run_ranks(tmp_path / "checkpoints", tmp_path, "list")
+    for rank, result in enumerate(results(tmp_path)):
+        assert result["resumed"] == "step_6" and result["w"] == [6.0] * 4 and result["ranks"] == 2, result
+        assert result["extra"] == {"step": 6, "rank": rank} and result["warnings"] == []
