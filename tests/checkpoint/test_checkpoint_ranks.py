@@ -1,36 +1,16 @@
 """Two gloo ranks resuming checkpoints that are damaged for one of them only."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
+import gloo_ranks
 import pytest
 
 WORKER = Path(__file__).with_name("rank_load_worker.py")
 
 
 def run_ranks(*args: str | Path) -> None:
-    """Both ranks of rank_load_worker.py to the end; any still running after 120 s is killed, so that
-    a hang fails the test instead of the suite."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    processes = []
-    for rank in range(2):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": "2"}
-        env.update(LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        command = [sys.executable, str(WORKER), *map(str, args)]
-        processes.append(subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True))
-    try:
-        errors = [process.communicate(timeout=120)[1] for process in processes]
-    finally:
-        for process in processes:
-            process.kill()
-    for rank, (process, err) in enumerate(zip(processes, errors, strict=True)):
-        assert process.returncode == 0, f"rank {rank} exited {process.returncode}: {err[-3000:]}"
+    gloo_ranks.run_ranks(WORKER, *args)
 
 
 @pytest.mark.distributed

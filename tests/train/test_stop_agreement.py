@@ -2,13 +2,10 @@
 on the others (no second wait for the device per step)."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from gloo_ranks import run_ranks
 
 from gptrain.train.stop_agreement import OTHER_RANK, StopAgreement
 
@@ -23,25 +20,7 @@ def test_alone_a_request_stops_at_once_whether_logged_or_not():
 
 @pytest.mark.distributed
 def test_two_ranks_stop_at_the_same_step_one_late_when_unlogged(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    processes = []
-    for rank in range(2):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": "2"}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER), str(tmp_path)], env=env, stderr=subprocess.PIPE, text=True
-            )
-        )
-    try:
-        errors = [process.communicate(timeout=120)[1] for process in processes]
-    finally:
-        for process in processes:
-            process.kill()
-    for rank, (process, err) in enumerate(zip(processes, errors, strict=True)):
-        assert process.returncode == 0, f"rank {rank} exited {process.returncode}: {err[-3000:]}"
+    run_ranks(WORKER, tmp_path)
     ranks = [json.loads((tmp_path / f"rank_{rank}.json").read_text()) for rank in range(2)]
     asked = "received SIGUSR1"
     assert ranks[0]["unlogged request"] == [3, OTHER_RANK]  # asked at step 2, unlogged: read at 3
