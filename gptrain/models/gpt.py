@@ -6,6 +6,7 @@ Build on the meta device, parallelize, `to_empty(device)`, then `init_weights(ge
 `ModuleDict` keyed by layer number: a pipeline stage deletes entries (or sets
 `tok_embeddings`/`norm`/`output` to None) and every remaining parameter keeps its name.
 Attention reshapes with `-1` heads, so a column-sharded local shard of wq/wk/wv just works.
+Under autocast, plain linears that read the same input run as one GEMM (see `fused_linears`).
 """
 
 from __future__ import annotations
@@ -69,8 +70,52 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((rotated.to(x.dtype), x_pass), dim=-1)
 
 
+def _is_plain_linear(module: nn.Module) -> bool:
+    """An nn.Linear (not a subclass such as torchao's Float8Linear) with ordinary tensors and no hooks
+    (tensor parallelism attaches its layouts as hooks and DTensor parameters)."""
+    if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+        return False
+    return DTensor is None or not any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def _autocast_copies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether autocast makes a 16-bit copy of `weight` for a linear on `x` (fp32 master weights
+    under bf16/fp16 autocast; not FSDP's bf16-gathered parameters, nor an fp32 run)."""
+    return weight.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type)
+
+
+def runs_fused(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> bool:
+    """Whether `linears` on x run as one GEMM over their concatenated weights (`concatenated_linears`).
+
+    One wide GEMM keeps the GPU busier than several narrow ones (wq/wk/wv at width 768 are what kept
+    the 126m step behind a fused-qkv script), and the input is cast once instead of once per linear.
+    The concatenated weight is what the backward keeps, so they are fused only where autocast keeps a
+    16-bit copy of each weight anyway; elsewhere (fp32, FSDP's bf16 parameters) it would be a
+    weight-sized copy per layer. The weights keep their own names, so checkpoints, TP plans, FP8
+    conversion and exports see the same parameters; a linear that is not plain (TP, FP8) runs alone.
+    """
+    biased = {linear.bias is not None for linear in linears}
+    plain = len(biased) == 1 and all(_is_plain_linear(linear) for linear in linears)
+    return plain and _autocast_copies(x, linears[0].weight)
+
+
+def fused_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """`tuple(linear(x) for linear in linears)`, as one GEMM where `runs_fused`."""
+    if runs_fused(x, linears):
+        return concatenated_linears(x, linears)
+    return tuple(linear(x) for linear in linears)
+
+
+def concatenated_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """The outputs of `linears` on x from one GEMM over their concatenated weights (and biases)."""
+    weight = torch.cat([linear.weight for linear in linears])
+    bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
+    widths = [linear.weight.shape[0] for linear in linears]
+    return tuple(F.linear(x, weight, bias).split(widths, dim=-1))
+
+
 class Attention(nn.Module):
-    """Causal self-attention with separate q/k/v projections and optional GQA."""
+    """Causal self-attention with separate q/k/v projections (run as one GEMM) and optional GQA."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -87,17 +132,23 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None
     ) -> torch.Tensor:
         batch, seq = x.shape[0], x.shape[1]
+        projections = (self.wq, self.wk, self.wv)
+        fused = runs_fused(x, projections)
+        outputs = concatenated_linears(x, projections) if fused else (p(x) for p in projections)
         # -1 heads: under tensor parallelism these are the local heads of this rank.
-        q = self.wq(x).view(batch, seq, -1, self.head_dim)
-        k = self.wk(x).view(batch, seq, -1, self.head_dim)
-        v = self.wv(x).view(batch, seq, -1, self.head_dim)
-        if cos is not None and sin is not None:
+        q, k, v = (t.view(batch, seq, -1, self.head_dim) for t in outputs)
+        rope = cos is not None and sin is not None
+        if rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         repeats = q.shape[1] // k.shape[1]
         if repeats > 1:  # query head j uses key/value head j // repeats, as Megatron groups them
             k = k.repeat_interleave(repeats, dim=1)
             v = v.repeat_interleave(repeats, dim=1)
+        if fused and rope != (repeats > 1):
+            # One of q, k, v is still a view of the fused output, which SDPA would keep whole for
+            # the backward (rotated q and k, or repeated k and v, are copies): copy it out instead.
+            q, v = (q, v.clone()) if rope else (q.clone(), v)
         dropout_p = self.dropout_p if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
@@ -116,7 +167,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+            gate, up = fused_linears(x, (self.w1, self.w3))
+            return self.w2(F.silu(gate) * up)
         return self.w2(F.gelu(self.w1(x), approximate=self.gelu_approximation))
 
 

@@ -101,9 +101,8 @@ def layer_bytes_per_token(
     masks = (
         2 * h * _mask_bytes(work, d.act) / seq_shard if c.hidden_dropout > 0 else 0
     )  # after attention, MLP
-    mlp_inputs = 2 if c.gated_mlp else 1
-    if d.mixed:  # autocast (and Float8Linear) casts the fp32 norm output once per linear that reads it
-        linear_inputs = (3 + mlp_inputs) * d.act * h
+    if d.mixed:  # autocast (and Float8Linear) casts the fp32 norm output once per GEMM that reads it
+        linear_inputs = _norm_output_casts(work, layout, c) * d.act * h
         mlp = d.act * f * (4 if c.gated_mlp else 2) / t
     else:  # fp32: the linears that read a norm output share it
         linear_inputs = 2 * 4 * h
@@ -111,6 +110,19 @@ def layer_bytes_per_token(
     attention = d.act * (q + 2 * kv) / t + d.act * q / t  # q, k, v and the output, kept by SDPA
     attention += _attention_core(work, layout, c, d)
     return norms + linear_inputs + attention + mlp + masks
+
+
+def _norm_output_casts(work: Workload, layout: Layout, c: GPTConfig) -> int:
+    """Eager casts of the two norm outputs: one per linear that reads them (q, k, v; w1 and w3 when
+    gated), where gptrain.models.gpt.fused_linears runs a group as one GEMM, one per group. It
+    fuses plain linears with fp32 weights: not under TP, not FP8 ones, not FSDP's bf16 gather."""
+    q, _ = _attention_widths(c)
+    kv = c.query_groups * c.head_dim
+    fsdp_bf16 = layout.sharding != "ddp" and layout.dp > 1 and "bf16" in str(work.precision).lower()
+    plain = layout.tp == 1 and not fsdp_bf16
+    qkv_fused = plain and not (fp8_linear(work, c.hidden_size, q) or fp8_linear(work, c.hidden_size, kv))
+    mlp_fused = plain and c.gated_mlp and not fp8_linear(work, c.hidden_size, c.ffn_size)
+    return (1 if qkv_fused else 3) + (1 if mlp_fused or not c.gated_mlp else 2)
 
 
 def _attention_widths(c: GPTConfig) -> tuple[int, int]:
