@@ -311,18 +311,12 @@ class _Prepared:
 
 @dataclass
 class _Pending:
-    step: int
-    path: Path
-    started: float
-    stall_s: float
-    waited_for_previous_s: float
-    upload: Future
-    staging: Future | None
+    """A background save: its report, and the futures the training thread waits on."""
 
-    def report(self) -> SaveReport:
-        """The finished background save's report (its size is filled in when it is marked)."""
-        write_s = time.perf_counter() - self.started
-        return SaveReport(self.step, self.path, self.stall_s, write_s, True, self.waited_for_previous_s)
+    report: SaveReport
+    written: Future
+    """Done when every file is on disk and, on rank 0, the save is marked complete."""
+    staging: Future | None
 
 
 class CheckpointManager:
@@ -387,8 +381,30 @@ class CheckpointManager:
         )
         staging = getattr(response, "staging_completion", None)
         upload = getattr(response, "upload_completion", response)
-        stall = time.perf_counter() - started
-        self._pending = _Pending(step, path, started, stall, waited, upload, staging)
+        report = SaveReport(step, path, time.perf_counter() - started, 0.0, True, waited)
+        written = self._marked_when_written(upload, report) if self.rank == 0 else upload
+        written.add_done_callback(lambda _: setattr(report, "write_s", time.perf_counter() - started))
+        self._pending = _Pending(report, written, staging)
+
+    def _marked_when_written(self, upload: Future, report: SaveReport) -> Future:
+        """Rank 0 marks a background save complete (manifest, COMPLETE, latest, pruning) in a thread of
+        its own as soon as the write ends: the manifest reads every rank's checksum sidecar and lists
+        the step directory (about 3 files per rank), which must not stall training when a later step
+        polls, and a crash between the write and that poll no longer loses a finished checkpoint."""
+        marked: Future = Future()
+        checksums = self._writer.checksums if self._writer else {}
+
+        def mark() -> None:
+            try:
+                upload.result()
+                self._mark_complete(report, checksums)
+            except BaseException as error:  # DCP's CheckpointException is one; the training thread raises it
+                marked.set_exception(error)
+            else:
+                marked.set_result(None)
+
+        threading.Thread(target=mark, name="gptrain-mark-complete", daemon=True).start()
+        return marked
 
     def _staging(self) -> Any:
         """One stager for the whole run: its host buffers are allocated (and pinned) once.
@@ -426,53 +442,55 @@ class CheckpointManager:
             pending.staging.result()
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             self._pending = None
-            raise self._write_failed(pending.path, error) from error
-        pending.stall_s += time.perf_counter() - started
+            raise self._write_failed(pending.report.path, error) from error
+        pending.report.stall_s += time.perf_counter() - started
 
     def poll(self) -> None:
-        """Mark a background save complete if it has finished writing (never blocks)."""
-        if self._pending is not None and self._pending.upload.done():
+        """Report a background save that has been written and marked (never blocks)."""
+        if self._pending is not None and self._pending.written.done():
             self.wait()
 
     def wait(self) -> None:
-        """Block until a pending async save is written, then mark it complete."""
+        """Block until a pending async save is written and marked complete, then report it."""
         pending = self._pending
         if pending is None:
             return
         self.wait_for_staging()
         self._pending = None
         try:
-            pending.upload.result()
+            pending.written.result()
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-            raise self._write_failed(pending.path, error) from error
-        self._finish(pending.report(), barrier=False)
+            raise self._write_failed(pending.report.path, error) from error
+        if self.on_saved is not None:
+            self.on_saved(pending.report)
 
     def _wait_for_previous(self) -> float:
         """Seconds spent waiting for a previous save that was still writing (0 if none)."""
         if self._pending is None:
             return 0.0
-        still_writing = not self._pending.upload.done()
+        still_writing = not self._pending.written.done()
         started = time.perf_counter()
         self.wait()
         return time.perf_counter() - started if still_writing else 0.0
 
-    def _finish(self, report: SaveReport, barrier: bool = True) -> None:
-        """Mark complete. DCP's coordinator (rank 0) writes .metadata only after gathering every
-        rank's write results, so rank 0 may mark a finished background save without a barrier."""
-        if barrier:
-            _barrier()  # every rank's files are on disk before the marker
-        path = report.path
+    def _finish(self, report: SaveReport) -> None:
+        """Mark a synchronous save complete once every rank's files are on disk, and report it."""
+        _barrier()
         if self.rank == 0:
-            checksums = gathered_checksums(path, self._writer.checksums if self._writer else {})
-            record = complete_record(report.step, path, checksums)
-            atomic_write_text(path / COMPLETE, record)
-            atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
-            report.known_bytes = _recorded_bytes(record)
-            self._prune(report.step)
-        if barrier:
-            _barrier()
+            self._mark_complete(report, self._writer.checksums if self._writer else {})
+        _barrier()
         if self.on_saved is not None:
             self.on_saved(report)
+
+    def _mark_complete(self, report: SaveReport, checksums: dict[str, str | None]) -> None:
+        """Rank 0: the manifest into COMPLETE, then `latest`, then pruning. For a background save no
+        barrier is needed: DCP's coordinator (rank 0) writes .metadata only after gathering every
+        rank's write results, so every rank's files and checksum sidecar are on disk by then."""
+        record = complete_record(report.step, report.path, gathered_checksums(report.path, checksums))
+        atomic_write_text(report.path / COMPLETE, record)
+        atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
+        report.known_bytes = _recorded_bytes(record)
+        self._prune(report.step)
 
     def _write_failed(self, path: Path, error: BaseException) -> CheckpointWriteError:
         """Remove the partial step directory; earlier checkpoints and `latest` stay as they were."""
@@ -661,23 +679,24 @@ class CheckpointManager:
         return state
 
     def finish_after_failure(self, timeout_s: float) -> str | None:
-        """On a run's way out by an exception: mark a background save complete if its write
-        succeeds within `timeout_s` (its state is that of a finished step), else leave it
-        unmarked, as a crash would. Never raises over the error on its way out; returns a line
-        to log when the save was given up."""
+        """On a run's way out by an exception: let a background save be written and marked complete if
+        that takes at most `timeout_s` (its state is that of a finished step), else leave it, as a
+        crash would (unmarked, unless rank 0's marking finishes before the process ends). Never
+        raises over the error on its way out; returns a line to log when the save was given up."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
         deadline = time.monotonic() + timeout_s
         try:
-            for future in (pending.staging, pending.upload):
+            for future in (pending.staging, pending.written):
                 if future is not None:
                     future.result(timeout=max(0.0, deadline - time.monotonic()))
-            self._finish(pending.report(), barrier=False)
+            if self.on_saved is not None:
+                self.on_saved(pending.report)
         except BaseException as error:  # a timeout, DCP's CheckpointException, a dead peer
             reason = "still writing" if isinstance(error, TimeoutError) else root_cause(error)
             return (
-                f"checkpoint {pending.path.name} left incomplete ({reason}); "
+                f"checkpoint {pending.report.path.name} left incomplete ({reason}); "
                 f"resume uses the newest complete one"
             )
         finally:

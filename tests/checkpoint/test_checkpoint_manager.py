@@ -281,3 +281,46 @@ def test_only_a_background_write_runs_at_idle_priority(tmp_path, monkeypatch, as
     manager.close()
     assert seen and set(seen) == {os.SCHED_IDLE if async_save else os.SCHED_OTHER}
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_async_save_is_marked_complete_as_soon_as_written_and_reported_on_poll(tmp_path):
+    """Rank 0 marks a background save in a thread of its own (no stall for the manifest's reads);
+    the report still reaches the training thread, from poll()."""
+    import threading
+    import time
+
+    reports = []
+    manager = CheckpointManager(
+        tmp_path, keep_last=2, async_save=True, on_saved=lambda r: reports.append((r, threading.get_ident()))
+    )
+    manager.save(6, state_for(6.0), {})
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "step_6" / COMPLETE).is_file() and time.monotonic() < deadline:
+        time.sleep(0.01)  # nobody polls: the marker comes by itself
+    assert newest_complete(tmp_path) == tmp_path / "step_6"
+    assert (tmp_path / LATEST).read_text().strip() == "step_6"
+    assert reports == []  # reported only from the training thread
+    while not reports and time.monotonic() < deadline:
+        manager.poll()
+    ((report, thread),) = reports
+    assert thread == threading.get_ident() and report.step == 6 and report.write_s > 0
+    assert report.bytes == sum(f.stat().st_size for f in (tmp_path / "step_6").iterdir())
+
+
+def test_async_marking_failure_is_raised_on_wait_and_leaves_no_checkpoint(tmp_path, monkeypatch):
+    from gptrain.checkpoint import manager as manager_module
+    from gptrain.checkpoint.manager import CheckpointWriteError
+
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True)
+    manager.save(1, state_for(1.0), {})
+    manager.wait()
+
+    def unreadable(path, own):
+        raise OSError(f"{path}: stale file handle")
+
+    monkeypatch.setattr(manager_module, "gathered_checksums", unreadable)
+    manager.save(2, state_for(2.0), {})
+    with pytest.raises(CheckpointWriteError, match="step_2 could not be written .*stale file handle"):
+        manager.wait()
+    assert not (tmp_path / "step_2").exists()
+    assert complete_steps(tmp_path) == [1] and (tmp_path / LATEST).read_text().strip() == "step_1"
