@@ -25,13 +25,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gptrain.checkpoint.manager import (
-    CheckpointManager,
-    SaveReport,
-    complete_steps,
-    find_checkpoint,
-    saved_sections,
-)
+from gptrain.checkpoint.directory import find_checkpoint
+from gptrain.checkpoint.integrity import complete_steps
+from gptrain.checkpoint.manager import CheckpointManager, SaveReport
+from gptrain.checkpoint.reader import saved_sections
 from gptrain.config import TrainingConfig
 from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env

@@ -21,17 +21,9 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from gptrain.checkpoint.integrity import verify
-from gptrain.checkpoint.manager import (
-    LATEST,
-    STEP_DIR,
-    CheckpointLoadError,
-    check_fits,
-    complete_steps,
-    is_complete,
-    root_cause,
-    step_dir_name,
-)
+from gptrain.checkpoint.directory import LATEST, CheckpointLoadError, step_dir_name
+from gptrain.checkpoint.integrity import STEP_DIR, complete_steps, is_complete, verify
+from gptrain.checkpoint.reader import check_fits, root_cause
 from gptrain.errors import DataError
 
 HPARAMS = "hparams.yaml"

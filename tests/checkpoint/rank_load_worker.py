@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from gptrain.checkpoint import compat
-from gptrain.checkpoint import manager as checkpoint_manager
+from gptrain.checkpoint import reader as checkpoint_reader
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.errors import GptrainError
 
@@ -59,8 +59,8 @@ def fail_on_rank_1(mode: str) -> None:
 
         compat.read_metadata = flaky
     if mode == "list":
-        steps = checkpoint_manager.complete_steps
-        checkpoint_manager.complete_steps = lambda root: [step for step in steps(root) if step != 6]
+        steps = checkpoint_reader.complete_steps
+        checkpoint_reader.complete_steps = lambda root: [step for step in steps(root) if step != 6]
 
 
 def state_fn(target: dict, mode: str, rank: int):

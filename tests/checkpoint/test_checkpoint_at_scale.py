@@ -16,8 +16,9 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from gptrain.checkpoint import manager as manager_module
-from gptrain.checkpoint.integrity import COMPLETE, complete_record
-from gptrain.checkpoint.manager import CheckpointManager, complete_steps
+from gptrain.checkpoint import reader as reader_module
+from gptrain.checkpoint.integrity import COMPLETE, complete_record, complete_steps
+from gptrain.checkpoint.manager import CheckpointManager
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from train_e2e_helpers import MOCK, run_recording, tiny_config  # noqa: E402
@@ -87,7 +88,7 @@ def test_resume_stats_each_file_once_between_the_ranks(tmp_path, monkeypatch):
     world = 4
     path = tmp_path / "step_1"
     names = fake_step_dir(path, world)
-    monkeypatch.setattr(manager_module, "_world_size", lambda: world)
+    monkeypatch.setattr(reader_module, "_world_size", lambda: world)
     stats = stats_by_name(monkeypatch, path)
     for rank in range(world):
         verdict = CheckpointManager(tmp_path, keep_last=1, rank=rank)._verify_and_load(

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptrain.checkpoint.integrity import verify
-from gptrain.checkpoint.manager import CheckpointLoadError, CheckpointManager, complete_steps
+from gptrain.checkpoint.directory import CheckpointLoadError
+from gptrain.checkpoint.integrity import complete_steps, verify
+from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))

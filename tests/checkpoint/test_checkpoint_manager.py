@@ -2,7 +2,9 @@ import pytest
 import torch
 
 from gptrain.checkpoint.compat import CheckpointMismatchError
-from gptrain.checkpoint.manager import COMPLETE, LATEST, CheckpointManager, complete_steps, newest_complete
+from gptrain.checkpoint.directory import LATEST, newest_complete
+from gptrain.checkpoint.integrity import COMPLETE, complete_steps
+from gptrain.checkpoint.manager import CheckpointManager
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -177,15 +179,15 @@ def test_load_refuses_another_architecture_naming_the_key(tmp_path, live, messag
 
 def test_a_mismatch_is_not_damage_and_is_reported_at_once(tmp_path, monkeypatch):
     """No walk back over older checkpoints (each CRC-read), no advice to move them aside."""
-    from gptrain.checkpoint import manager as manager_module
+    from gptrain.checkpoint import reader as reader_module
 
     manager = CheckpointManager(tmp_path, keep_last=3)
     for step in (1, 2, 3):
         manager.save(step, layers(2), {})
     checked = []
-    real = manager_module.verify_share
+    real = reader_module.verify_share
     monkeypatch.setattr(
-        manager_module, "verify_share", lambda path, *a: checked.append(path.name) or real(path, *a)
+        reader_module, "verify_share", lambda path, *a: checked.append(path.name) or real(path, *a)
     )
     warnings = []
     with pytest.raises(CheckpointMismatchError, match="step_3 does not fit the config: .*model.layers.1.w"):

@@ -14,7 +14,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from train_e2e_helpers import MOCK, run_recording, tiny_config  # noqa: E402
 
-from gptrain.checkpoint.manager import CheckpointManager, complete_steps, newest_complete  # noqa: E402
+from gptrain.checkpoint.directory import newest_complete  # noqa: E402
+from gptrain.checkpoint.integrity import complete_steps  # noqa: E402
+from gptrain.checkpoint.manager import CheckpointManager  # noqa: E402
 from gptrain.config import load_training_config  # noqa: E402
 from gptrain.errors import EXIT_REQUEUE  # noqa: E402
 from gptrain.models.config import GPTConfig  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from reliability_helpers import TINY, finish_ranks, start_ranks
 
-from gptrain.checkpoint.manager import complete_steps
+from gptrain.checkpoint.integrity import complete_steps
 from gptrain.config import load_training_config
 from gptrain.train import loop
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from train_e2e_helpers import MOCK, TINY
 
-from gptrain.checkpoint.manager import complete_steps
+from gptrain.checkpoint.integrity import complete_steps
 from gptrain.cli import main
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.train.cli import split_preset

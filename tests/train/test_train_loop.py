@@ -7,7 +7,7 @@ import torch
 import yaml
 from train_e2e_helpers import MOCK, TINY, log_lines, run_recording, tiny_config
 
-from gptrain.checkpoint.manager import complete_steps
+from gptrain.checkpoint.integrity import complete_steps
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.train import builders, loop
 from gptrain.train.step import StepOptions, masked_lm_loss

@@ -1,0 +1,79 @@
+"""The checkpoint root's layout: step directories, the `latest` marker, finding a checkpoint to load.
+
+step_<N>/            one checkpoint (complete once it holds COMPLETE: gptrain.checkpoint.integrity)
+latest               'step_<N>', rewritten atomically after COMPLETE
+step_<N>.damaged-<time>/  a checkpoint resume passed over, renamed by rank 0 (kept, never pruned)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_steps, is_complete, manifest_bytes
+from gptrain.errors import GptrainError
+
+LATEST = "latest"
+
+
+class CheckpointLoadError(GptrainError):
+    """No complete checkpoint of the run verifies and loads."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step}"
+
+
+def newest_complete(root: Path) -> Path | None:
+    """The newest complete checkpoint; incomplete directories (no COMPLETE) are ignored."""
+    steps = complete_steps(Path(root))
+    return Path(root) / step_dir_name(steps[-1]) if steps else None
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint a path names: a step directory, or the newest complete one of a checkpoints
+    directory or of a run directory (its checkpoints/). A one-line CheckpointLoadError naming the
+    path when there is nothing complete to load there."""
+    given = Path(path)
+    own_only = "gptrain reads its own checkpoints, not Megatron's iter_<N>/ or NeMo's .ckpt/.nemo files"
+    if not given.is_dir():
+        what = "is a file" if given.exists() else "does not exist"
+        raise CheckpointLoadError(
+            f"{path}: {what}; give a run directory, its checkpoints/ or a step_<N>/ ({own_only})"
+        )
+    if STEP_DIR.match(given.name):
+        if not is_complete(given):
+            raise CheckpointLoadError(
+                f"{path}: incomplete checkpoint (no {COMPLETE} marker: its save did not finish); give a complete one"
+            )
+        return given
+    found = newest_complete(given / "checkpoints") or newest_complete(given)
+    if found is None:
+        raise CheckpointLoadError(
+            f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it or in its checkpoints/ ({own_only})"
+        )
+    return found
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(entry.stat().st_size for entry in path.iterdir() if entry.is_file())
+
+
+def step_dir_bytes(path: Path) -> int:
+    """A checkpoint's size: from its manifest when it has one (one file read), else by listing it
+    (a background save rank 0 has not marked yet); 0 once it is gone."""
+    if not path.is_dir():
+        return 0
+    from_manifest = manifest_bytes(path)
+    return from_manifest if from_manifest is not None else directory_bytes(path)
+
+
+def rename_aside(path: Path, why: str) -> Path:
+    """Rename `path` to a free sibling `<name>.<why>-<time>[-N]`, a name STEP_DIR does not match."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        aside = path.with_name(f"{path.name}.{why}-{stamp}" + (f"-{n}" if n else ""))
+        if not aside.exists():
+            path.rename(aside)
+            return aside
+    raise FileExistsError(f"no free name beside {path}")

@@ -1,0 +1,392 @@
+"""Loading checkpoints: the newest that verifies and loads at resume, or a given one, on every rank alike.
+
+Every rank verifies its share of the files (sizes and CRC-32s, gptrain.checkpoint.integrity), then
+each step of the load that can fail on one rank alone (its rank file, `.metadata` and the state built
+for it, the data, applying it) is agreed before the next collective, so all ranks load, or pass over,
+the same checkpoint. A checkpoint whose tensors are not the config's is refused before any data is
+read; only the vocabulary tensors, whose padding follows TP, are fitted by rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata
+
+from gptrain.checkpoint import compat
+from gptrain.checkpoint.compat import CheckpointMismatchError
+from gptrain.checkpoint.directory import (
+    LATEST,
+    CheckpointLoadError,
+    newest_complete,
+    rename_aside,
+    step_dir_name,
+)
+from gptrain.checkpoint.integrity import complete_steps, verify_share
+from gptrain.errors import GptrainError
+from gptrain.utils.atomic import atomic_write_text
+
+T = TypeVar("T")
+
+
+class CheckpointOutOfMemoryError(GptrainError):
+    """A rank ran out of (GPU or host) memory loading a checkpoint: not damage, so resume stops
+    there instead of passing over a sound checkpoint (and moving it aside)."""
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def _every_rank(value: T) -> list[T]:
+    """`value` of every rank, in rank order."""
+    if not is_distributed():
+        return [value]
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _first_on_any_rank(problem: str | None) -> str | None:
+    """Every rank's verdict on a checkpoint, so that all ranks skip (or load) the same one."""
+    return next((v for v in _every_rank(problem) if v is not None), None)
+
+
+def _steps_of_rank_0(root: Path) -> list[int]:
+    """Rank 0's complete steps under `root`, on every rank. Each rank's own listing may differ (a
+    node's stale view of the directory, NFS attribute caching after a requeue): ranks walking their
+    own lists would load different steps in lock step, silently. A step a rank cannot see fails its
+    verification there, and the agreement passes over it on every rank."""
+    if not is_distributed():
+        return complete_steps(root)
+    found: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            found = [complete_steps(root)]
+        except OSError as error:
+            found = [f"cannot list {root} ({root_cause(error)})"]
+    dist.broadcast_object_list(found, src=0)
+    if isinstance(found[0], str):
+        raise CheckpointLoadError(f"{found[0]} on rank 0; check the filesystem, then resume again")
+    return found[0]
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is, or wraps (DCP's per-rank failures, a cause), a CUDA or host out-of-memory error."""
+    pending: list[Any] = [error]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, tuple) and current:  # (exception, traceback) in some torch versions
+            current = current[0]
+        if not isinstance(current, BaseException):
+            continue
+        if isinstance(current, (torch.cuda.OutOfMemoryError, MemoryError)):
+            return True
+        failures = getattr(current, "failures", None)
+        pending += list(failures.values()) if isinstance(failures, dict) else []
+        pending.append(current.__cause__)
+    return False
+
+
+class _NotLoaded(Exception):
+    """A step of loading a checkpoint failed on some rank: every rank skips the checkpoint."""
+
+
+def _agreed(path: Path, step: Callable[[], T], what: Path | None = None) -> T:
+    """Run one step of loading checkpoint `path` on every rank: its result, or _NotLoaded on every
+    rank with the reason of the first rank where `what` (default: `path`) did not load.
+
+    Safe only if `step` holds no collective after work that can fail on one rank alone: that rank
+    would meet the others' collective with this one's. Running out of memory is not damage:
+    CheckpointOutOfMemoryError on every rank, naming the first rank it happened on."""
+    value, failure = None, None
+    try:
+        value = step()
+    except CheckpointMismatchError:
+        raise  # the config's fault, raised on every rank alike (check_fits): no fallback
+    except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+        failure = (_out_of_memory(error), root_cause(error), str(what or path))  # the failing rank's `what`
+    failures = _every_rank(failure)
+    for rank, found in enumerate(failures):
+        if found is not None and found[0]:
+            raise CheckpointOutOfMemoryError(
+                f"out of memory while loading {path.name} on rank {rank} ({found[1]}); the checkpoint is "
+                "not damaged and was left in place: give each GPU less of the state (a larger "
+                "model.pipeline_model_parallel_size, or model.data_parallel_sharding=full_shard) or free "
+                "GPU/host memory, then resume"
+            )
+    found = next((f for f in failures if f is not None), None)
+    if found is not None:
+        raise _NotLoaded(f"{found[2]} does not load ({found[1]})")
+    return cast(T, value)
+
+
+@dataclass
+class _Prepared:
+    """A checkpoint made ready to load on this rank by local work alone (`CheckpointManager._prepare`)."""
+
+    metadata: Metadata
+    saved: dict[str, Any]
+    state: dict[str, Any]
+    fit: Fit
+    staged: dict[str, torch.Tensor]
+    """Buffers for the tensors loaded by rows, in their saved shapes."""
+
+
+class CheckpointReader:
+    """Loads the checkpoints under one root for this rank (the loading half of CheckpointManager)."""
+
+    def __init__(self, root: str | Path, rank: int = 0, vocab_size: int | None = None) -> None:
+        """`vocab_size` is the tokenizer's: rows of the vocabulary tensors at or past it are padding
+        (see `read_state`)."""
+        self.root = Path(root)
+        self.rank = rank
+        self.vocab_size = vocab_size
+
+    def newest(self) -> Path | None:
+        return newest_complete(self.root)
+
+    def load_newest_good(
+        self,
+        state_fn: Callable[[set[str]], dict[str, Any]],
+        apply: Callable[[dict[str, Any]], None],
+        warn: Callable[[str], None],
+    ) -> tuple[Path, dict[str, Any]] | None:
+        """Load the newest complete checkpoint that verifies and loads; older ones are tried in turn.
+
+        `state_fn` gets the checkpoint's saved keys ('model.tok_embeddings.weight', 'scaler.scale', ...)
+        and builds the state to load. Each checkpoint passed over (damaged: it fails its manifest, or
+        reading it fails) is reported through `warn`, and once an older one has loaded, moved aside
+        (`_move_aside_damaged`). None when there is no complete checkpoint; CheckpointLoadError when
+        there are some and none of them loads (nothing is moved); CheckpointMismatchError, at once,
+        when the newest sound one holds other tensors than the config builds.
+        """
+        problems, damaged = [], []
+        for step in reversed(_steps_of_rank_0(self.root)):
+            path = self.root / step_dir_name(step)
+            loaded = self._verify_and_load(path, state_fn, apply)
+            if isinstance(loaded, dict):
+                self._move_aside_damaged(damaged, path, warn)
+                return path, loaded
+            problem = loaded
+            problems.append(problem)
+            damaged.append(path)
+            warn(f"checkpoint {path.name} is damaged: {problem}; trying the previous one")
+        if problems:
+            raise CheckpointLoadError(
+                f"no checkpoint under {self.root} loads (newest: {problems[0]}); move the damaged ones "
+                "aside, or start over with exp_manager.resume_if_exists=false and another run.name"
+            )
+        return None
+
+    def _move_aside_damaged(self, damaged: list[Path], resumed: Path, warn: Callable[[str], None]) -> None:
+        """Rank 0 renames the checkpoints a resume passed over out of the step_<N> names, and points
+        `latest` at the one it resumed: resume and retention then see only the good ones (left as
+        step_<N>, the newest-numbered damaged one would outlive the run's new saves). The damaged data
+        is kept, not deleted, for a look at what happened."""
+        if self.rank != 0 or not damaged:
+            return
+        for path in damaged:
+            try:
+                aside = rename_aside(path, "damaged")
+            except OSError as error:
+                warn(f"could not move the damaged checkpoint {path} aside ({error}); move it by hand")
+                continue
+            warn(f"moved the damaged checkpoint {path.name} aside to {aside} (kept for inspection)")
+        atomic_write_text(self.root / LATEST, resumed.name + "\n")
+
+    def load_verified(
+        self,
+        path: Path,
+        state_fn: Callable[[set[str]], dict[str, Any]],
+        apply: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any]:
+        """Load the complete checkpoint `path` (of this run or another) if it verifies, else a one-line
+        CheckpointLoadError naming it (CheckpointMismatchError when it does not fit the config);
+        returns this rank's extra state. `state_fn` as for `load_newest_good`."""
+        loaded = self._verify_and_load(path, state_fn, apply)
+        if not isinstance(loaded, dict):
+            raise CheckpointLoadError(f"checkpoint {path} is damaged: {loaded}; give another one")
+        return loaded
+
+    def _verify_and_load(
+        self,
+        path: Path,
+        state_fn: Callable[[set[str]], dict[str, Any]],
+        apply: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any] | str:
+        """This rank's extra state, or what is wrong with `path` (the same verdict on every rank).
+
+        Each step that can fail on one rank alone (reading its rank file, reading `.metadata` and
+        building the state, reading the data, applying it) is agreed before the next collective: a
+        rank that fell back alone would meet the others' next collective with its agreement (their
+        check_fits would take its failure for a config mismatch) or wait until the group timed out.
+        """
+        problem = _first_on_any_rank(verify_share(path, self.rank, _world_size()))
+        if problem is not None:
+            return problem
+        rank_file = path / f"rank_{self.rank}.pt"
+        try:
+            extra = _agreed(path, lambda: read_rank_state(path, self.rank), rank_file)
+            prepared = _agreed(path, lambda: self._prepare(path, state_fn))
+            agree_fit(path, prepared.saved, prepared.fit)  # collectives only; a mismatch on every rank
+            state = _agreed(path, lambda: self._load_prepared(path, prepared))
+            _agreed(path, lambda: apply(state))
+        except _NotLoaded as skipped:
+            return str(skipped)
+        return extra
+
+    def _prepare(
+        self, path: Path, state_fn: Callable[[set[str]], dict[str, Any]], metadata: Metadata | None = None
+    ) -> _Prepared:
+        """This rank's work before loading `path`, without a collective: its `.metadata` (read once),
+        the state `state_fn` builds for the saved keys (the optimizer state: the largest allocation of
+        start-up), this rank's side of `check_fits`, and the buffers of the tensors loaded by rows."""
+        metadata = metadata or compat.read_metadata(path)
+        sections = saved_sections(metadata.state_dict_metadata)
+        state = state_fn(set(metadata.state_dict_metadata))
+        state = {top: value for top, value in state.items() if top in sections}
+        saved = compat.saved_metadata(path, metadata)
+        fit = local_fit(saved, state)
+        flat, _ = compat.flatten(state)
+        staged = (
+            {}
+            if fit.problem
+            else {key: torch.empty(shape, dtype=flat[key].dtype) for key, shape in fit.rows.items()}
+        )
+        return _Prepared(metadata, saved, state, fit, staged)
+
+    def _load_prepared(self, path: Path, prepared: _Prepared) -> dict[str, Any]:
+        """DCP load into the prepared state (after `agree_fit`); the tensors fitted by rows copied in."""
+        state, staged = prepared.state, prepared.staged
+        flat, paths = compat.flatten(state)
+        for key, tensor in staged.items():
+            compat.set_at(state, paths[key], tensor)
+        reader = compat.MetadataReader(path, prepared.metadata)
+        dcp.load(state, checkpoint_id=str(path), storage_reader=reader)  # in place; `staged` for the resized
+        for key, tensor in staged.items():
+            compat.copy_common_rows(flat[key], tensor, self.vocab_size)
+            compat.set_at(state, paths[key], flat[key])
+        return state
+
+    def load(
+        self, path: Path, state: dict[str, Any], apply: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any]:
+        """Load DCP `state` in place, hand it to `apply`, return this rank's extra state (read first:
+        nothing is applied from a checkpoint whose rank file does not load)."""
+        extra = read_rank_state(path, self.rank)
+        apply(self.read_state(path, state))
+        return extra
+
+    def read_state(
+        self, path: Path, state: dict[str, Any], metadata: Metadata | None = None
+    ) -> dict[str, Any]:
+        """DCP `state` loaded in place; what `apply` gets. `metadata`: the checkpoint's, when already
+        read (`compat.read_metadata`; read here otherwise, once for the checks and the load).
+
+        A checkpoint whose tensors are not those of `state` is refused before any data is read
+        (`check_fits`), except for the rows of the vocabulary tensors: the vocabulary is padded to a
+        multiple of make_vocab_size_divisible_by x TP, as Megatron pads it, so it changes with TP.
+        Those are loaded as saved and their common rows copied in. Rows only the live state has are
+        padding: they take the mean of the saved padding rows (rows at or past `vocab_size`), which
+        training pushed to low logits, so the new ones take no more softmax mass than the old did;
+        with no saved padding row (or no `vocab_size`) they keep their values.
+        Sections of `state` the checkpoint lacks altogether are left out of what `apply` gets:
+        a weights-only checkpoint (`gptrain import`) has a 'model' section and nothing else.
+        """
+        prepared = self._prepare(path, lambda saved: state, metadata)
+        agree_fit(path, prepared.saved, prepared.fit)
+        return self._load_prepared(path, prepared)
+
+
+def read_rank_state(path: Path, rank: int) -> dict[str, Any]:
+    """This rank's extra state of a checkpoint ({} when it has none: an import, or a larger world)."""
+    rank_file = path / f"rank_{rank}.pt"
+    if not rank_file.is_file():
+        return {}
+    return torch.load(rank_file, map_location="cpu", weights_only=False)
+
+
+def saved_sections(saved_keys: Iterable[str]) -> set[str]:
+    """The top-level sections of a DCP checkpoint's keys: 'model', 'optim', 'schedule', ... ('model'
+    alone for a weights-only checkpoint)."""
+    return {key.split(".", 1)[0] for key in saved_keys}
+
+
+def root_cause(error: BaseException) -> str:
+    """The innermost cause of a (DCP-wrapped) write error, as 'Type: message' on one line."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        if isinstance(inner, tuple):  # (exception, traceback) in some torch versions
+            inner = inner[0]
+        if isinstance(inner, BaseException):
+            error = inner
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = " ".join(str(error).split()) or type(error).__name__
+    return f"{type(error).__name__}: {text}"
+
+
+def check_fits(
+    path: Path, state: dict[str, Any], saved: dict[str, Any] | None = None
+) -> dict[str, torch.Size]:
+    """Refuse (CheckpointMismatchError, on every rank alike) a checkpoint whose tensors are not those
+    of `state`: one it lacks, one in another shape, or one no rank loads. Returns the saved shapes
+    of the vocabulary tensors whose padding rows differ (loaded by rows, see gptrain.checkpoint.compat).
+
+    Under pipeline parallelism each rank holds some layers only: a saved tensor is unloaded when
+    no rank has it, found by OR-ing one bit per saved tensor across ranks. `saved`: the checkpoint's
+    `compat.saved_metadata`, when already read.
+    """
+    saved = saved if saved is not None else compat.saved_metadata(path)
+    return agree_fit(path, saved, local_fit(saved, state))
+
+
+@dataclass
+class Fit:
+    """This rank's side of `check_fits`, found without a collective."""
+
+    problem: str | None
+    """How this rank's state differs from the checkpoint's (None: it fits)."""
+    rows: dict[str, torch.Size]
+    tensors: list[str]
+    """The saved tensors of the state's sections, in the order of the bits of `held`."""
+    held: int
+    """One bit per tensor of `tensors` this rank holds."""
+
+
+def local_fit(saved: dict[str, Any], state: dict[str, Any]) -> Fit:
+    """This rank's state against the checkpoint's `compat.saved_metadata` (local work only)."""
+    live, _ = compat.flatten(state)
+    problem, rows = compat.compare(saved, live)
+    tensors = compat.saved_tensors_in(saved, set(state))
+    held = sum(1 << index for index, key in enumerate(tensors) if key in live)
+    return Fit(problem, rows, tensors, held)
+
+
+def agree_fit(path: Path, saved: dict[str, Any], fit: Fit) -> dict[str, torch.Size]:
+    """The collective part of `check_fits`: CheckpointMismatchError on every rank when `fit` fails on
+    any, or some saved tensor is held by no rank; else the shapes of `fit.rows`. Nothing here can
+    fail on one rank alone, so it needs no agreement."""
+    problem = _first_on_any_rank(fit.problem)
+    if problem is None:
+        held = functools.reduce(operator.or_, _every_rank(fit.held), 0)
+        unheld = next((key for index, key in enumerate(fit.tensors) if not held >> index & 1), None)
+        problem = compat.unloaded(unheld, saved[unheld]) if unheld is not None else None
+    if problem is not None:
+        raise compat.mismatch_error(path, problem)
+    return fit.rows
