@@ -195,22 +195,23 @@ class CheckpointManager(CheckpointReader):
         staging = getattr(response, "staging_completion", None)
         upload = getattr(response, "upload_completion", response)
         report = SaveReport(step, path, time.perf_counter() - started, 0.0, True, waited)
-        written = self._marked_when_written(upload, report) if self.rank == 0 else upload
-        written.add_done_callback(lambda _: setattr(report, "write_s", time.perf_counter() - started))
-        self._pending = _Pending(report, written, staging)
+        self._pending = _Pending(report, self._marked_when_written(upload, report, started), staging)
 
-    def _marked_when_written(self, upload: Future, report: SaveReport) -> Future:
-        """Rank 0 marks a background save complete (manifest, COMPLETE, latest, pruning) in a thread of
-        its own as soon as the write ends: the manifest reads every rank's checksum sidecar and lists
-        the step directory (about 3 files per rank), which must not stall training when a later step
-        polls, and a crash between the write and that poll no longer loses a finished checkpoint."""
+    def _marked_when_written(self, upload: Future, report: SaveReport, started: float) -> Future:
+        """Done once the write has ended (its time in `report`) and, on rank 0, the save is marked
+        complete (manifest, COMPLETE, latest, pruning), in a thread of its own: the manifest reads
+        every rank's checksum sidecar and lists the step directory (about 3 files per rank), which
+        must not stall training when a later step polls, and a crash between the write and that
+        poll no longer loses a finished checkpoint."""
         marked: Future = Future()
         checksums = self._writer.checksums if self._writer else {}
 
         def mark() -> None:
             try:
                 upload.result()
-                self._mark_complete(report, checksums)
+                if self.rank == 0:
+                    self._mark_complete(report, checksums)
+                report.write_s = time.perf_counter() - started
             except BaseException as error:  # DCP's CheckpointException is one; the training thread raises it
                 marked.set_exception(error)
             else:
