@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from gptrain.checkpoint import compat
 from gptrain.checkpoint.directory import LATEST, CheckpointLoadError, step_dir_name
 from gptrain.checkpoint.integrity import STEP_DIR, complete_steps, is_complete, verify
 from gptrain.checkpoint.reader import check_fits, root_cause
@@ -184,12 +185,17 @@ def load_weights(model: nn.Module, step_dir: Path) -> None:
     One-line errors: CheckpointMismatchError when its tensors are not the model's, else
     CheckpointLoadError when reading fails (a damaged file the sizes did not show)."""
     state = {"model": get_model_state_dict(model)}
-    check_fits(step_dir, state)
+    try:
+        metadata = compat.read_metadata(step_dir)  # once: for the check and for the load
+    except (Exception, CheckpointException) as error:
+        raise unreadable(step_dir, error) from None
+    check_fits(step_dir, state, compat.saved_metadata(step_dir, metadata))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         warnings.filterwarnings("ignore", message=".*process group.*")
         try:
-            dcp.load(state, checkpoint_id=str(step_dir))
+            reader = compat.MetadataReader(step_dir, metadata)
+            dcp.load(state, checkpoint_id=str(step_dir), storage_reader=reader)
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             raise unreadable(step_dir, error) from None
     set_model_state_dict(model, state["model"])

@@ -55,6 +55,21 @@ def test_a_resume_reads_the_checkpoint_metadata_once(tmp_path, monkeypatch):
     assert reads == {"step_6": 1}
 
 
+def test_loading_weights_reads_the_checkpoint_metadata_once(tmp_path, monkeypatch):
+    """generate, eval and export load weights: the fit check and DCP's load each read it before."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from gptrain.trained.load import load_weights
+
+    saved = torch.nn.Linear(3, 2)
+    path = CheckpointManager(tmp_path, keep_last=1).save(1, {"model": get_model_state_dict(saved)}, {})
+    model = torch.nn.Linear(3, 2)
+    reads = count_metadata_reads(monkeypatch)
+    load_weights(model, path)
+    assert reads == {"step_1": 1}
+    assert torch.equal(model.weight, saved.weight) and torch.equal(model.bias, saved.bias)
+
+
 def fake_step_dir(path: Path, ranks: int) -> list[str]:
     """A step directory of `ranks` ranks' files (3 each, .metadata) with its COMPLETE manifest."""
     path.mkdir(parents=True)
