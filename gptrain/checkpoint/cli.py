@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
+import time
 from pathlib import Path
 
-from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, verify
+from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, manifest_bytes, verify
 from gptrain.errors import ConfigError
 
 
@@ -36,6 +38,10 @@ def checkpoint_root(run: Path) -> Path:
     raise ConfigError(f"{run}: no step_<N> checkpoint directories found here or in checkpoints/")
 
 
+SET_ASIDE = re.compile(r"^step_\d+\.damaged-")
+"""A checkpoint a resume passed over, renamed by gptrain.checkpoint.directory.rename_aside."""
+
+
 def run_verify(args: argparse.Namespace) -> int:
     root = checkpoint_root(args.run)
     steps = sorted(
@@ -46,11 +52,27 @@ def run_verify(args: argparse.Namespace) -> int:
         if not (path / COMPLETE).is_file():
             print(f"{path.name}: incomplete (no {COMPLETE}): never loaded")
             continue
+        started = time.perf_counter()
         problem = verify(path, checksums=not args.sizes_only)
-        print(f"{path.name}: {'ok' if problem is None else 'DAMAGED: ' + problem}")
+        if problem is None:
+            print(f"{path.name}: ok ({_checked(path, time.perf_counter() - started, args.sizes_only)})")
+        else:
+            print(f"{path.name}: DAMAGED: {problem}")
         if newest_complete_ok is None:
             newest_complete_ok = problem is None
+    for path in sorted(p for p in root.iterdir() if SET_ASIDE.match(p.name)):
+        print(f"{path.name}: set aside by a resume as damaged (never loaded or pruned; delete it when done)")
     if newest_complete_ok is None:
         print(f"{root}: no complete checkpoint")
         return 1
     return 0 if newest_complete_ok else 1
+
+
+def _checked(path: Path, seconds: float, sizes_only: bool) -> str:
+    """What verifying a sound checkpoint covered: its size, and for the CRC-32s the read rate (a large
+    checkpoint takes minutes; the rate tells a slow filesystem from a stuck one)."""
+    size = manifest_bytes(path) or 0
+    amount = f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+    if sizes_only:
+        return f"{amount}, sizes only"
+    return f"{amount} read in {seconds:.1f} s, {size / 1e6 / max(seconds, 1e-3):.0f} MB/s"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gptrain.checkpoint.directory import CheckpointLoadError
-from gptrain.checkpoint.integrity import complete_steps, verify
+from gptrain.checkpoint.integrity import complete_steps, manifest_bytes, verify
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.cli import main
 
@@ -89,7 +89,7 @@ def test_load_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path):
     assert "\n" not in str(error.value)
 
 
-def test_resume_past_a_damaged_checkpoint_moves_it_aside_so_retention_keeps_the_good_ones(tmp_path):
+def test_resume_past_a_damaged_checkpoint_moves_it_aside_so_retention_keeps_the_good_ones(tmp_path, capsys):
     """Left as step_4, the damaged checkpoint counted as the newest for save_top_k: the next save and
     the one resumed from were deleted, and the requeue after found nothing that loads."""
     save(CheckpointManager(tmp_path, keep_last=2), 2)
@@ -111,6 +111,10 @@ def test_resume_past_a_damaged_checkpoint_moves_it_aside_so_retention_keeps_the_
         template, lambda s: None, warnings.append
     )
     assert path == tmp_path / "step_3" and warnings == []
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"{aside.name}: set aside by a resume as damaged (never loaded or pruned; delete it when done)"
+    )
 
 
 def test_a_changed_byte_in_a_rank_file_is_found_by_the_checksum(tmp_path, capsys):
@@ -148,16 +152,19 @@ def test_checkpoint_verify_command(tmp_path, capsys):
     save(manager, 1)
     save(manager, 2)
     assert main(["checkpoint", "verify", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.splitlines() == ["step_2: ok", "step_1: ok"]
+    size = manifest_bytes(tmp_path / "results" / "checkpoints" / "step_2")
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in out] == ["step_2: ok", "step_1: ok"]
+    assert out[0].startswith(f"step_2: ok ({size / 1e6:.1f} MB read in ") and out[0].endswith(" MB/s)")
     shard = next((tmp_path / "results" / "checkpoints" / "step_2").glob("*.distcp"))
     data = bytearray(shard.read_bytes())
     data[-10] ^= 0xFF  # same size, other content: only the checksum sees it
     shard.write_bytes(bytes(data))
     assert main(["checkpoint", "verify", "--sizes-only", str(tmp_path)]) == 0
-    capsys.readouterr()
+    assert capsys.readouterr().out.startswith(f"step_2: ok ({size / 1e6:.1f} MB, sizes only)\n")
     assert main(["checkpoint", "verify", str(tmp_path / "results")]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("step_2: DAMAGED: ") and "CRC-32" in out[0] and out[1] == "step_1: ok"
+    assert out[0].startswith("step_2: DAMAGED: ") and "CRC-32" in out[0] and out[1].startswith("step_1: ok (")
 
 
 def test_resume_checks_the_crc_of_this_ranks_share(tmp_path):
