@@ -20,7 +20,7 @@ if [[ $part == tests || $part == all ]]; then
   run gpu_tests 240 "$py" -m pytest -m gpu tests/gpu -q -x -p no:cacheprovider
 fi
 if [[ $part == step || $part == all ]]; then
-  run step_126m 200 "$py" bench/train_step.py --micro-batch-size 8 --compile --steps 20 --warmup 5 "${nodrop[@]}"
+  run step_126m 300 "$py" bench/train_step.py --micro-batch-size 8 --compile --steps 20 --warmup 5 --separate-projections "${nodrop[@]}"
   run step_1p3b 200 "$py" bench/train_step.py "${shape_13b[@]}" --compile --steps 10 --warmup 4 --reference compiled "${nodrop[@]}"
 fi
 if [[ $part == fp8 || $part == all ]]; then

@@ -9,6 +9,8 @@ gptrain's builders, activation checkpointing and torch.compile as configured, gp
 eager GPT of the same shapes (fused-qkv attention through scaled_dot_product_attention) with its
 own forward/backward/AdamW step, the loop everyone writes first. Both see the same fixed random
 batch. Prints a table and one JSON line (machine-readable; docs/performance.md quotes it).
+`--separate-projections` adds gptrain with q/k/v (and w1/w3) as separate GEMMs, as before
+gptrain.models.gpt.fused_linears, to measure what the fused GEMM gains in the same command.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptrain.config import TrainingConfig, load_training_config
+from gptrain.models import gpt
 from gptrain.models.flops import (
     count_parameters,
     device_peak_tflops,
@@ -71,6 +75,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "torch.compile with fused AdamW (what a user would write), both, or none",
     )
     parser.add_argument("--label", default="gptrain", help="name of gptrain's row in the table")
+    parser.add_argument(
+        "--separate-projections",
+        action="store_true",
+        help="also run gptrain with q/k/v (and w1/w3) as separate GEMMs (the baseline of the fused GEMM)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     return parser.parse_intermixed_args(argv)
 
@@ -125,6 +134,17 @@ def gptrain_step(
     scaler = builders.build_scaler(cfg)
     opts = builders.with_parallel_seams(builders.build_step_options(cfg, 1), model)
     return lambda: train_step(model, optimizer, batches, scaler, device, opts).loss
+
+
+@contextmanager
+def separate_projections() -> Iterator[None]:
+    """gptrain's model with every linear running alone (no fused q/k/v or w1/w3 GEMM)."""
+    fused = gpt.runs_fused
+    gpt.runs_fused = lambda x, linears: False
+    try:
+        yield
+    finally:
+        gpt.runs_fused = fused
 
 
 class ReferenceBlock(nn.Module):
@@ -311,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     batches = random_microbatches(cfg, GPT2_VOCAB, device)
     rows = [measure(args.label, gptrain_step(cfg, model_config, device, batches), args, work)]
     release(device)
+    if args.separate_projections:
+        with separate_projections():
+            step = gptrain_step(cfg, model_config, device, batches)
+            rows.append(measure(f"{args.label}, separate q/k/v GEMMs", step, args, work))
+        release(device)
     if args.reference in ("both", "compiled"):
         step = reference_step(cfg, model_config, device, batches, compiled=True)
         rows.append(measure("whole model + loss compiled (reference)", step, args, work))
