@@ -274,6 +274,8 @@ class CheckpointManager(CheckpointReader):
         try:
             pending.written.result()
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+            if is_complete(pending.report.path):  # written and marked: `latest` or pruning failed
+                raise self._update_failed(pending.report.path, error) from error
             raise self._write_failed(pending.report.path, error) from error
         if self.on_saved is not None:
             self.on_saved(pending.report)
@@ -291,7 +293,12 @@ class CheckpointManager(CheckpointReader):
         """Mark a synchronous save complete once every rank's files are on disk, and report it."""
         _barrier()
         if self.rank == 0:
-            self._mark_complete(report, self._writer.checksums if self._writer else {})
+            try:
+                self._mark_complete(report, self._writer.checksums if self._writer else {})
+            except OSError as error:
+                if is_complete(report.path):
+                    raise self._update_failed(report.path, error) from error
+                raise self._write_failed(report.path, error) from error
         _barrier()
         if self.on_saved is not None:
             self.on_saved(report)
@@ -312,6 +319,13 @@ class CheckpointManager(CheckpointReader):
         return CheckpointWriteError(
             f"checkpoint {path} could not be written ({root_cause(error)}); the partial directory was "
             f"removed and earlier checkpoints are unchanged: free space or fix permissions under {self.root}"
+        )
+
+    def _update_failed(self, path: Path, error: BaseException) -> CheckpointWriteError:
+        """A checkpoint marked complete stays: resume finds it by its marker, whatever `latest` says."""
+        return CheckpointWriteError(
+            f"checkpoint {path} was saved, but updating {self.root} after it failed ({root_cause(error)}); "
+            f"resume finds it by its {COMPLETE} marker: free space or fix permissions under {self.root}"
         )
 
     def _prune(self, saved: int) -> None:

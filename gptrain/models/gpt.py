@@ -99,11 +99,25 @@ def runs_fused(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> bool:
     return plain and _autocast_copies(x, linears[0].weight)
 
 
-def fused_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-    """`tuple(linear(x) for linear in linears)`, as one GEMM where `runs_fused`."""
-    if runs_fused(x, linears):
+def fused_linears(
+    x: torch.Tensor, linears: tuple[nn.Linear, ...], allowed: bool = True
+) -> tuple[torch.Tensor, ...]:
+    """`tuple(linear(x) for linear in linears)`, as one GEMM where allowed and `runs_fused`."""
+    if allowed and runs_fused(x, linears):
         return concatenated_linears(x, linears)
     return tuple(linear(x) for linear in linears)
+
+
+def separate_projections(model: nn.Module) -> None:
+    """Run every attention's q/k/v and every MLP's w1/w3 as separate GEMMs.
+
+    For pipeline stages: autocast casts a weight once per autocast region and every micro-batch shares
+    that 16-bit copy, but a concatenated weight is no parameter, so each micro-batch between its
+    forward and its backward would keep a copy of its own (8 in flight at width 2048: ~2 GB more).
+    """
+    for module in model.modules():
+        if isinstance(module, (Attention, MLP)):
+            module.fuse_projections = False
 
 
 def concatenated_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
@@ -116,6 +130,9 @@ def concatenated_linears(x: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tup
 
 class Attention(nn.Module):
     """Causal self-attention with separate q/k/v projections (run as one GEMM) and optional GQA."""
+
+    fuse_projections = True
+    """q/k/v as one GEMM where `runs_fused` (see `separate_projections` for where not)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -133,7 +150,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         batch, seq = x.shape[0], x.shape[1]
         projections = (self.wq, self.wk, self.wv)
-        fused = runs_fused(x, projections)
+        fused = self.fuse_projections and runs_fused(x, projections)
         outputs = concatenated_linears(x, projections) if fused else (p(x) for p in projections)
         # -1 heads: under tensor parallelism these are the local heads of this rank.
         q, k, v = (t.view(batch, seq, -1, self.head_dim) for t in outputs)
@@ -155,7 +172,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """GELU MLP (w1 up, w2 down) or SwiGLU (w1 gate, w3 up, w2 down)."""
+    """GELU MLP (w1 up, w2 down) or SwiGLU (w1 gate, w3 up, w2 down; w1 and w3 as one GEMM)."""
+
+    fuse_projections = True
+    """w1/w3 as one GEMM where `runs_fused` (see `separate_projections`)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -167,7 +187,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            gate, up = fused_linears(x, (self.w1, self.w3))
+            gate, up = fused_linears(x, (self.w1, self.w3), self.fuse_projections)
             return self.w2(F.silu(gate) * up)
         return self.w2(F.gelu(self.w1(x), approximate=self.gelu_approximation))
 

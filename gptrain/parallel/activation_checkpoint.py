@@ -40,9 +40,21 @@ _FACTORY_OPS = {
 
 
 def _recompute_attention_only(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    if op in _ATTENTION_OPS or _allocates_or_mutates(op):
+    if op in _ATTENTION_OPS or _allocates_or_mutates(op) or _copy_of_kept_data(op, args):
         return CheckpointPolicy.PREFER_RECOMPUTE
     return CheckpointPolicy.MUST_SAVE
+
+
+def _copy_of_kept_data(op: Any, args: tuple) -> bool:
+    """Copies that cost memory, and no compute to redo, when saved (gptrain.models.gpt.fused_linears):
+    the concatenated fp32 weights of a fused GEMM (a second copy of the weights per layer), and the
+    copy of v or q out of the fused GEMM's output (a second copy of part of a saved output)."""
+    if op is torch.ops.aten.cat.default:
+        return all(isinstance(tensor, nn.Parameter) for tensor in args[0])
+    if op is torch.ops.aten.clone.default:
+        source = args[0]
+        return source.untyped_storage().nbytes() > source.numel() * source.element_size()
+    return False
 
 
 def _allocates_or_mutates(op: Any) -> bool:

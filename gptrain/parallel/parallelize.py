@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gptrain.errors import ConfigError
+from gptrain.models.gpt import separate_projections
 from gptrain.parallel.activation_checkpoint import apply_ac
 from gptrain.parallel.compile import BLOCKS, BLOCKS_AND_LOSS, apply_compile, compile_scope
 from gptrain.parallel.data_parallel import GradAllReduce, apply_ddp, apply_fsdp, mixed_precision_policy
@@ -50,6 +51,8 @@ def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device |
         _set_ranks(ctx)
         parts = _split(model, ctx)
     for part in parts:
+        if dims.pp > 1:
+            separate_projections(part)  # micro-batches in flight would each keep a fused weight
         _apply_model_parallel(part, cfg, ctx)
     ctx.runners = list(parts)
     if dims.dp > 1 and dims.dp_shard:

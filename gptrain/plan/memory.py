@@ -115,11 +115,11 @@ def layer_bytes_per_token(
 def _norm_output_casts(work: Workload, layout: Layout, c: GPTConfig) -> int:
     """Eager casts of the two norm outputs: one per linear that reads them (q, k, v; w1 and w3 when
     gated), where gptrain.models.gpt.fused_linears runs a group as one GEMM, one per group. It
-    fuses plain linears with fp32 weights: not under TP, not FP8 ones, not FSDP's bf16 gather."""
+    fuses plain linears with fp32 weights: not under TP or PP, not FP8 ones, not FSDP's bf16 gather."""
     q, _ = _attention_widths(c)
     kv = c.query_groups * c.head_dim
     fsdp_bf16 = layout.sharding != "ddp" and layout.dp > 1 and "bf16" in str(work.precision).lower()
-    plain = layout.tp == 1 and not fsdp_bf16
+    plain = layout.tp == 1 and layout.pp == 1 and not fsdp_bf16  # gpt.separate_projections under PP
     qkv_fused = plain and not (fp8_linear(work, c.hidden_size, q) or fp8_linear(work, c.hidden_size, kv))
     mlp_fused = plain and c.gated_mlp and not fp8_linear(work, c.hidden_size, c.ffn_size)
     return (1 if qkv_fused else 3) + (1 if mlp_fused or not c.gated_mlp else 2)

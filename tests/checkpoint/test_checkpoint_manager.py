@@ -326,3 +326,31 @@ def test_async_marking_failure_is_raised_on_wait_and_leaves_no_checkpoint(tmp_pa
         manager.wait()
     assert not (tmp_path / "step_2").exists()
     assert complete_steps(tmp_path) == [1] and (tmp_path / LATEST).read_text().strip() == "step_1"
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_failure_after_the_marker_keeps_the_complete_checkpoint(tmp_path, monkeypatch, async_save):
+    """`latest` (or pruning) failing after COMPLETE was written: the checkpoint is sound and stays."""
+    from gptrain.checkpoint import manager as manager_module
+    from gptrain.checkpoint.manager import CheckpointWriteError
+
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save)
+    manager.save(1, state_for(1.0), {})
+    manager.wait()
+    real = manager_module.atomic_write_text
+
+    def quota_on_latest(path, text):
+        if path.name == LATEST:
+            raise OSError(122, "Disk quota exceeded")
+        real(path, text)
+
+    monkeypatch.setattr(manager_module, "atomic_write_text", quota_on_latest)
+    with pytest.raises(CheckpointWriteError) as failure:
+        manager.save(2, state_for(2.0), {})
+        manager.wait()
+    assert str(failure.value).startswith(f"checkpoint {tmp_path / 'step_2'} was saved, but updating ")
+    assert "Disk quota exceeded" in str(failure.value) and "\n" not in str(failure.value)
+    assert complete_steps(tmp_path) == [1, 2] and newest_complete(tmp_path) == tmp_path / "step_2"
+    target = state_for(0.0)
+    manager.load(tmp_path / "step_2", target, lambda s: None)
+    assert torch.equal(target["model"]["w"], torch.full((3, 2), 2.0))

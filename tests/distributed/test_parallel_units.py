@@ -119,6 +119,40 @@ def test_activation_checkpointing_recomputes_and_keeps_gradients(
         torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("fields", [{"position_embedding_type": "rope"}, {"num_query_groups": 1}])
+def test_selective_checkpointing_saves_no_copy_of_fused_weights_or_projections(monkeypatch, fields) -> None:
+    """Under autocast q/k/v (and w1/w3) run as one GEMM over their concatenated fp32 weights, and v
+    (rope) or q (GQA) is copied out of its output (gptrain.models.gpt): saved, the concatenation was
+    a second fp32 copy of the weights per layer and the copy a second copy of a saved output."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from gptrain.parallel import activation_checkpoint
+
+    policy = activation_checkpoint._recompute_attention_only
+    decisions = []
+
+    def spy(ctx, op, *args, **kwargs):
+        weights = op is torch.ops.aten.cat.default and all(isinstance(t, torch.nn.Parameter) for t in args[0])
+        decisions.append(("weights" if weights else op, policy(ctx, op, *args, **kwargs)))
+        return decisions[-1][1]
+
+    monkeypatch.setattr(activation_checkpoint, "_recompute_attention_only", spy)
+    base = tiny_gpt(layers=2, activation="swiglu", **fields)
+    model = apply_ac(copy.deepcopy(base), "selective", None, None)
+    grads = []
+    for net in (base, model):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = net(tokens()).float().square().mean()
+        loss.backward()
+        grads.append([p.grad for p in net.parameters()])
+    copies = ("weights", torch.ops.aten.clone.default)  # concatenated weights; v or q copied out
+    ran = {op for op, _ in decisions if op in copies}
+    assert ran == set(copies)  # the fused GEMMs and the copy out of one ran under the policy
+    assert not [op for op, decision in decisions if op in copies and decision == CheckpointPolicy.MUST_SAVE]
+    for expected, actual in zip(*grads, strict=True):  # the same bf16 ops, recomputed: the same values
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("granularity", ["selective", "full"])
 def test_checkpointing_with_dropout_gives_the_gradients_of_the_plain_model(granularity) -> None:
     """Dropout masks are drawn again in the recomputation from the restored RNG state (float64: exact)."""

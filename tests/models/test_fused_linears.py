@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gptrain.models.config import GPTConfig
-from gptrain.models.gpt import GPT, concatenated_linears, fused_linears
+from gptrain.models.gpt import GPT, concatenated_linears, fused_linears, separate_projections
 
 GEMMS = {"aten.mm.default", "aten.addmm.default"}  # a linear folds its batch dims into one of these
 
@@ -90,20 +90,34 @@ def test_linears_that_are_not_plain_run_on_their_own() -> None:
     assert gemms(x, mixed_bias) == 3
 
 
-@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
-def test_block_runs_qkv_and_gate_up_as_one_gemm_each(activation: str) -> None:
+def block_gemms(activation: str, separate: bool = False) -> tuple[int, int]:
+    """GEMMs of one block's attention and MLP under bf16 autocast."""
     config = GPTConfig(
         vocab_size=37, seq_length=8, num_layers=1, hidden_size=16, num_attention_heads=4,
         num_query_groups=2, activation=activation, hidden_dropout=0.0, attention_dropout=0.0,
     )  # fmt: skip
     model = GPT(config)
     model.init_weights(torch.Generator().manual_seed(1))
+    if separate:
+        separate_projections(model)
     block = model.layers["0"]
     x = torch.randn(2, 8, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        with OpCounter() as counter:
+        with OpCounter() as attention:
             block.attention(x)
-        assert counter.gemms() == 2, counter.ops  # qkv, wo (the attention core is SDPA's, batched)
-        with OpCounter() as counter:
+        with OpCounter() as mlp:
             block.mlp(x)
-        assert counter.gemms() == 2, counter.ops  # w1 (with w3 when gated), w2
+    return attention.gemms(), mlp.gemms()
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_block_runs_qkv_and_gate_up_as_one_gemm_each(activation: str) -> None:
+    # attention: qkv, wo (the attention core is SDPA's, batched); MLP: w1 (with w3 when gated), w2
+    assert block_gemms(activation) == (2, 2)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_pipeline_stages_run_every_projection_alone(activation: str) -> None:
+    """A concatenated weight is no parameter, so autocast does not share its 16-bit copy between
+    micro-batches: on a pipeline stage each one in flight would keep its own."""
+    assert block_gemms(activation, separate=True) == (4, 3 if activation == "swiglu" else 2)

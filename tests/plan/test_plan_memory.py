@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from gptrain.models.config import GPTConfig
-from gptrain.plan.memory import activation_bytes, estimate_rank
+from gptrain.plan.memory import activation_bytes, estimate_rank, layer_bytes_per_token
 from gptrain.plan.spec import Layout, Workload
 
 torch = pytest.importorskip("torch")
@@ -205,3 +205,13 @@ def test_compiled_whole_graph_matches_partitioner(precision: str, fields: dict, 
     # the partitioner sometimes keeps a 16-bit attention output instead of the fp32 residual
     # sum it feeds (2 of ~110 bytes per token and layer here): within 2%
     assert saved == pytest.approx(expected, rel=0.02), (saved, est.gib())
+
+
+@pytest.mark.parametrize(("activation", "extra_casts"), [("gelu", 2), ("swiglu", 3)])
+def test_pipeline_stages_count_one_input_cast_per_projection(activation: str, extra_casts: int) -> None:
+    """Pipeline stages run q/k/v and w1/w3 separately (gptrain.models.gpt.separate_projections):
+    autocast casts the norm output once per linear, 2 more casts (3 when gated) of h bf16 values."""
+    work = workload("bf16", activation=activation)
+    fused = layer_bytes_per_token(work, Layout(micro_batch_size=2))
+    staged = layer_bytes_per_token(work, Layout(pp=2, micro_batch_size=2))
+    assert staged - fused == extra_casts * 2 * work.model.hidden_size
