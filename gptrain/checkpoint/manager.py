@@ -95,7 +95,7 @@ class SaveReport:
     stall_s: float
     """Time the training loop was blocked by this save (all of it for a synchronous save)."""
     write_s: float
-    """From the start of the save until its files were on disk."""
+    """From the start of the save until its files were on disk (and, on rank 0, it was marked complete)."""
     background: bool
     waited_for_previous_s: float = 0.0
     """Part of the stall spent waiting for the previous save, still writing when this one began."""
