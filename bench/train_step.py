@@ -20,8 +20,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -123,28 +122,19 @@ def random_microbatches(cfg: TrainingConfig, vocab: int, device: torch.device) -
 
 
 def gptrain_step(
-    cfg: TrainingConfig, model_config, device: torch.device, batches: list[Batch]
+    cfg: TrainingConfig, model_config, device: torch.device, batches: list[Batch], separate: bool = False
 ) -> Callable[[], float]:
     """What `gptrain train` runs on one device: the parallel seam (AC, FP8, compile as
     configured), the layout's step options (the compiled loss), gptrain's AdamW and train_step."""
     world = World(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0)
     builders.seed_everything(cfg.model.seed)
     model = builders.build_parallel_model(model_config, cfg, world, device)
+    if separate:  # q/k/v (and w1/w3) as separate GEMMs, as pipeline stages run them
+        gpt.separate_projections(model)
     optimizer = builders.build_adamw(cfg, model, device)
     scaler = builders.build_scaler(cfg)
     opts = builders.with_parallel_seams(builders.build_step_options(cfg, 1), model)
     return lambda: train_step(model, optimizer, batches, scaler, device, opts).loss
-
-
-@contextmanager
-def separate_projections() -> Iterator[None]:
-    """gptrain's model with every linear running alone (no fused q/k/v or w1/w3 GEMM)."""
-    fused = gpt.runs_fused
-    gpt.runs_fused = lambda x, linears: False
-    try:
-        yield
-    finally:
-        gpt.runs_fused = fused
 
 
 class ReferenceBlock(nn.Module):
@@ -332,9 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [measure(args.label, gptrain_step(cfg, model_config, device, batches), args, work)]
     release(device)
     if args.separate_projections:
-        with separate_projections():
-            step = gptrain_step(cfg, model_config, device, batches)
-            rows.append(measure(f"{args.label}, separate q/k/v GEMMs", step, args, work))
+        step = gptrain_step(cfg, model_config, device, batches, separate=True)
+        rows.append(measure(f"{args.label}, separate q/k/v GEMMs", step, args, work))
         release(device)
     if args.reference in ("both", "compiled"):
         step = reference_step(cfg, model_config, device, batches, compiled=True)

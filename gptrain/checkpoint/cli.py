@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from pathlib import Path
 
+from gptrain.checkpoint.directory import SET_ASIDE, size_text
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, manifest_bytes, verify
 from gptrain.errors import ConfigError
 
@@ -36,10 +36,6 @@ def checkpoint_root(run: Path) -> Path:
         if candidate.is_dir() and any(STEP_DIR.match(p.name) for p in candidate.iterdir()):
             return candidate
     raise ConfigError(f"{run}: no step_<N> checkpoint directories found here or in checkpoints/")
-
-
-SET_ASIDE = re.compile(r"^step_\d+\.damaged-")
-"""A checkpoint a resume passed over, renamed by gptrain.checkpoint.directory.rename_aside."""
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -72,7 +68,7 @@ def _checked(path: Path, seconds: float, sizes_only: bool) -> str:
     """What verifying a sound checkpoint covered: its size, and for the CRC-32s the read rate (a large
     checkpoint takes minutes; the rate tells a slow filesystem from a stuck one)."""
     size = manifest_bytes(path) or 0
-    amount = f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+    amount = size_text(size)
     if sizes_only:
         return f"{amount}, sizes only"
     return f"{amount} read in {seconds:.1f} s, {size / 1e6 / max(seconds, 1e-3):.0f} MB/s"

@@ -7,6 +7,7 @@ step_<N>.damaged-<time>/  a checkpoint resume passed over, renamed by rank 0 (ke
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_steps, is_
 from gptrain.errors import GptrainError
 
 LATEST = "latest"
+DAMAGED = "damaged"
+SET_ASIDE = re.compile(rf"^step_\d+\.{DAMAGED}-")
+"""A checkpoint a resume passed over, renamed by `rename_aside(path, DAMAGED)`."""
 
 
 class CheckpointLoadError(GptrainError):
@@ -77,3 +81,8 @@ def rename_aside(path: Path, why: str) -> Path:
             path.rename(aside)
             return aside
     raise FileExistsError(f"no free name beside {path}")
+
+
+def size_text(nbytes: int) -> str:
+    """A checkpoint's size as the logs print it: GB from 100 MB up, else MB."""
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"

@@ -40,7 +40,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
-from gptrain.checkpoint.directory import LATEST, step_dir_bytes, step_dir_name
+from gptrain.checkpoint.directory import LATEST, size_text, step_dir_bytes, step_dir_name
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_record, complete_steps, is_complete
 from gptrain.checkpoint.reader import CheckpointReader, is_distributed, root_cause
 from gptrain.errors import GptrainError
@@ -110,12 +110,9 @@ class SaveReport:
             self.known_bytes = step_dir_bytes(self.path)
         return self.known_bytes
 
-    def _amount(self) -> str:
-        return f"{self.bytes / 1e9:.2f} GB" if self.bytes >= 1e8 else f"{self.bytes / 1e6:.1f} MB"
-
     def describe(self, size: bool = True) -> str:
         """The log line; `size=False` leaves the size out (ranks that do not log it need not find it)."""
-        named = f"{self.path.name} ({self._amount()})" if size else self.path.name
+        named = f"{self.path.name} ({size_text(self.bytes)})" if size else self.path.name
         line = f"saved checkpoint {named}: training stalled {1000 * self.stall_s:.0f} ms"
         if self.background:
             line += f", written in the background in {self.write_s:.1f} s"

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from gptrain.checkpoint import compat
 from gptrain.checkpoint.compat import CheckpointMismatchError
 from gptrain.checkpoint.directory import (
+    DAMAGED,
     LATEST,
     CheckpointLoadError,
     newest_complete,
@@ -201,7 +202,7 @@ class CheckpointReader:
             return
         for path in damaged:
             try:
-                aside = rename_aside(path, "damaged")
+                aside = rename_aside(path, DAMAGED)
             except OSError as error:
                 warn(f"could not move the damaged checkpoint {path} aside ({error}); move it by hand")
                 continue
