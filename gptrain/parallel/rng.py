@@ -13,9 +13,11 @@ it). `gptrain.train.builders.seed_everything` seeds it, per rank, with `dropout_
 - Without sequence parallelism the tensor ranks keep one stream: the hidden dropout acts on
   activations every tensor rank holds whole, and different masks would make the copies drift
   apart. Attention dropout then draws the same masks for every rank's heads (head h and
-  h + heads/TP share one). Megatron forks to the tensor-parallel stream around attention only;
-  that needs a fork which activation-checkpoint recompute replays too (as its CheckpointFunction
-  does), so it is left out here.
+  h + heads/TP share one), and the run says so at start (`stream_warnings`). Megatron forks to
+  the tensor-parallel stream around attention only; here that fork would have to be a graph
+  break inside every compiled block (torch.compile cannot trace a generator's state), and inside
+  an activation-checkpointed block dynamo then runs the whole block eagerly: the fix would cost
+  the layout its compile. Sequence parallelism gives every rank its own masks at no such cost.
 - Data-parallel ranks keep one seed (Megatron's default): they see other samples.
 
 Weights never draw from these streams (`init_weights` gets a generator seeded with model.seed),
@@ -41,6 +43,20 @@ def dropout_seed(seed: int, pp_rank: int, tp_rank: int, tp: int, sequence_parall
     if tp > 1 and sequence_parallel:
         stream += TENSOR_PARALLEL_SEED_OFFSET + tp_rank
     return stream
+
+
+def stream_warnings(model: Any) -> list[str]:
+    """One line when `model`'s tensor ranks repeat each other's attention-dropout masks."""
+    tp = model.tensor_model_parallel_size
+    if tp > 1 and not model.sequence_parallel and model.attention_dropout > 0:
+        return [
+            f"model.attention_dropout={model.attention_dropout:g} with tensor_model_parallel_size={tp}"
+            " and sequence_parallel=false: every tensor rank's heads draw the same attention-dropout"
+            f" masks (head h and h + num_attention_heads/{tp} share one); set"
+            " model.sequence_parallel=true (the same traffic, less memory) for independent masks,"
+            " or model.attention_dropout=0"
+        ]
+    return []
 
 
 def model_parallel_ranks(dims: ParallelDims, rank: int) -> tuple[int, int]:

@@ -32,7 +32,7 @@ from gptrain.checkpoint.reader import saved_sections
 from gptrain.config import TrainingConfig
 from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
-from gptrain.parallel.rng import stream_layout
+from gptrain.parallel.rng import stream_layout, stream_warnings
 from gptrain.train import builders as b
 from gptrain.train.batches import GPTBatchDataset, build_loader
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
@@ -212,7 +212,7 @@ def log_start(s: Session, model: nn.Module, log_dir: Path) -> None:
         f"gptrain: {params:,} parameters | {s.flops_per_iteration:.3e} FLOPs per iteration | "
         f"{s.num_microbatches} microbatches per step | results in {log_dir}"
     )
-    for warning in schedule_warnings(s.schedule.spec, s.cfg.trainer.max_steps):
+    for warning in schedule_warnings(s.schedule.spec, s.cfg.trainer.max_steps) + stream_warnings(s.cfg.model):
         s.log(f"warning: {warning}")
     # fp32 weights and AdamW's two moments: 12 bytes a parameter, whatever the layout.
     space = s.checkpoints.space_warning(12 * params) if s.world.rank == 0 else None

@@ -21,7 +21,7 @@ from gptrain.parallel.activation_checkpoint import apply_ac, blocks_to_checkpoin
 from gptrain.parallel.grad_norm import clip_grads, global_grad_norm
 from gptrain.parallel.mesh import ParallelDims, World
 from gptrain.parallel.pipeline import is_tied, layer_range, split_stage, stage_ids
-from gptrain.parallel.rng import dropout_seed, model_parallel_ranks, rank_dropout_seed
+from gptrain.parallel.rng import dropout_seed, model_parallel_ranks, rank_dropout_seed, stream_warnings
 
 
 def tiny_gpt(layers: int = 4, **overrides: object) -> GPT:
@@ -292,3 +292,23 @@ def test_fp8_tp_plan_gives_torchaos_float8_styles_to_float8_linears_only() -> No
         "mlp.w1": ColwiseParallel,
         "mlp.w2": RowwiseParallel,
     }
+
+
+@pytest.mark.parametrize(
+    ("tp", "sequence_parallel", "attention_dropout", "warned"),
+    [(2, False, 0.1, True), (2, True, 0.1, False), (2, False, 0.0, False), (1, False, 0.1, False)],
+)
+def test_a_layout_whose_tensor_ranks_repeat_attention_dropout_masks_is_named_at_start(
+    tp: int, sequence_parallel: bool, attention_dropout: float, warned: bool
+) -> None:
+    """Only TP without SP shares one stream across the ranks' heads while attention dropout is on."""
+    m = TrainingConfig().model
+    m.tensor_model_parallel_size, m.sequence_parallel, m.attention_dropout = (
+        tp,
+        sequence_parallel,
+        attention_dropout,
+    )
+    warnings = stream_warnings(m)
+    assert len(warnings) == int(warned)
+    if warned:
+        assert "model.sequence_parallel=true" in warnings[0] and "num_attention_heads/2" in warnings[0]
