@@ -224,6 +224,8 @@ class CheckpointManager(CheckpointReader):
         under a second per 10 GB); on CPU it runs in a background thread beside the next
         forward/backward, and the optimizer step waits for it (`wait_for_staging`).
         """
+        if self._stager is not None and not torch.cuda.is_available() and _STAGER_SERVES_ONE_SAVE:
+            self._release_staging()  # the previous save's copy is taken: save() waited for it
         if self._stager is None:
             from torch.distributed.checkpoint.staging import (
                 BlockingAsyncStager,
@@ -415,6 +417,18 @@ class CheckpointManager(CheckpointReader):
         finally:
             self._release_staging()
             self._wait_for_pruning()
+
+
+def _stager_serves_one_save(version: str) -> bool:
+    """torch 2.11 and 2.12's DefaultStager empties its copy table at the end of each stage, so a
+    second save through it fails (KeyError: <class 'type'>); 2.13 keeps it, and its host copies,
+    for the run. Where it serves one save, each CPU save gets its own (the CPU copies are not
+    pinned, so nothing worth keeping is lost)."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return (major, minor) < (2, 13)
+
+
+_STAGER_SERVES_ONE_SAVE = _stager_serves_one_save(torch.__version__)
 
 
 def _remove_all(paths: list[Path]) -> None:

@@ -42,6 +42,19 @@ def global_grad_norm(
     return total ** (1.0 / norm_type)
 
 
+def scale_grads(grads: list[torch.Tensor], factor: torch.Tensor | float) -> None:
+    """Multiply gradients by `factor` in place, through the tensors that hold their values on this
+    rank (a DTensor's shard, replica or partial sum: scaling any of them scales the gradient, and no
+    collective runs). An in-place multiply of the DTensors themselves left Partial gradients (the
+    norm weights' under sequence parallelism) unscaled on torch 2.11 and 2.12."""
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    if local:
+        torch._foreach_mul_(local, factor)
+
+
 def clip_grads(params: list[torch.nn.Parameter], max_norm: float, total_norm: torch.Tensor) -> None:
-    """Scale gradients by max_norm / total_norm when the norm is larger (Megatron's rule)."""
-    torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], max_norm, total_norm)
+    """Scale gradients by max_norm / (total_norm + 1e-6) when that is below 1 (Megatron's and
+    torch's rule; `total_norm` is the global norm, a plain tensor)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        scale_grads(grads, torch.clamp(max_norm / (total_norm + 1e-6), max=1.0).to(grads[0].device))

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptrain.parallel.data_parallel import gradient_sync
+from gptrain.parallel.grad_norm import clip_grads, scale_grads
 from gptrain.train.loss_scale import LossScaler
 
 Batch = dict[str, torch.Tensor]
@@ -170,7 +171,7 @@ def train_step(
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     grads = [p.grad for p in params]
     if scaler.scale != 1.0:
-        torch._foreach_mul_(grads, 1.0 / scaler.scale)
+        scale_grads(grads, 1.0 / scaler.scale)
     norm_tensor = opts.grad_norm_fn(grads) if grads else 0.0
     # The step's only wait for the device: loss, tokens and grad norm read together.
     loss, tokens, norm = read_on_host(loss, tokens, norm_tensor)
@@ -186,6 +187,6 @@ def train_step(
         return StepResult(loss=loss, grad_norm=norm, overflow=fp16, nonfinite=not fp16, tokens=tokens)
     if opts.clip_grad:
         total = norm_tensor if isinstance(norm_tensor, torch.Tensor) else torch.tensor(norm, device=device)
-        torch.nn.utils.clip_grads_with_norm_(params, opts.clip_grad, total)
+        clip_grads(params, opts.clip_grad, total)
     optimizer.step()
     return StepResult(loss=loss, grad_norm=norm, updated=True, tokens=tokens)
