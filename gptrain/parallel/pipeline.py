@@ -102,14 +102,26 @@ class PipelineSchedules:
     first time a step has it (every pipeline rank reaches it at the same step: the ramp is a pure
     function of the consumed samples). Every micro-batch has the same shape whatever the count, so
     the stages' buffers fit them all.
+
+    Switching between training and evaluation builds the schedules anew: a schedule prepares the
+    stages' receive buffers once, for the mode it first ran in, and torch before 2.13 kept them
+    across the switch (after a validation, received activations no longer required grad: "has
+    gradients None and is expecting to send gradients"). Validation is rare; a rebuild costs one
+    neighbour exchange and one shape-inference forward.
     """
 
     def __init__(self, stages: list, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         self.stages = stages
         self.loss_fn = loss_fn
         self._by_count: dict[int, PipelineScheduleSingle | PipelineScheduleMulti] = {}
+        self._training = True
 
-    def for_microbatches(self, count: int) -> PipelineScheduleSingle | PipelineScheduleMulti:
+    def for_microbatches(
+        self, count: int, training: bool = True
+    ) -> PipelineScheduleSingle | PipelineScheduleMulti:
+        if training != self._training:
+            self._by_count.clear()
+            self._training = training
         if count not in self._by_count:
             self._by_count[count] = _schedule(self.stages, count, self.loss_fn)
         return self._by_count[count]

@@ -109,7 +109,7 @@ def _pipeline_eval(model: ParallelGPT, microbatches: list[Batch], precision: str
     target = torch.cat([masked_labels(mb) for mb in microbatches]).to(ctx.device)
     kwargs: dict[str, Any] = {"target": target, "losses": losses} if ctx.has_last_stage else {}
     with loss_context(ctx), autocast_context(ctx.device, precision):
-        ctx.schedules.for_microbatches(len(microbatches)).eval(*args, **kwargs)
+        ctx.schedules.for_microbatches(len(microbatches), training=False).eval(*args, **kwargs)
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for loss in losses:
         total += to_plain(loss).double()

@@ -358,7 +358,13 @@ def test_a_failure_after_the_marker_keeps_the_complete_checkpoint(tmp_path, monk
 
 @pytest.mark.parametrize(
     ("version", "one_save"),
-    [("2.11.0+cu130", True), ("2.12.0a0+git1234", True), ("2.13.0+cpu", False), ("2.14.1", False), ("3.0.0", False)],
+    [
+        ("2.11.0+cu130", True),
+        ("2.12.0a0+git1234", True),
+        ("2.13.0+cpu", False),
+        ("2.14.1", False),
+        ("3.0.0", False),
+    ],
 )
 def test_a_stager_is_made_per_save_where_torch_empties_it_after_one(version: str, one_save: bool) -> None:
     """The suite's async tests run two or more saves through one manager, which fails on torch 2.11

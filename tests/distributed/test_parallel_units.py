@@ -312,3 +312,26 @@ def test_a_layout_whose_tensor_ranks_repeat_attention_dropout_masks_is_named_at_
     assert len(warnings) == int(warned)
     if warned:
         assert "model.sequence_parallel=true" in warnings[0] and "num_attention_heads/2" in warnings[0]
+
+
+def test_pipeline_schedules_are_built_anew_when_evaluation_and_training_alternate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A schedule first run by a validation prepared receive buffers without grad (torch < 2.13 kept
+    them, and the next training step failed), so a switch of mode never reuses a schedule."""
+    from gptrain.parallel import pipeline
+
+    built: list[tuple[int, object]] = []
+
+    def schedule(stages: list, count: int, loss_fn: object) -> object:
+        built.append((count, object()))
+        return built[-1][1]
+
+    monkeypatch.setattr(pipeline, "_schedule", schedule)
+    schedules = pipeline.PipelineSchedules([], loss_fn=None)
+    first = schedules.for_microbatches(4)
+    assert schedules.for_microbatches(4) is first  # the same mode and count: reused
+    for_eval = schedules.for_microbatches(4, training=False)
+    assert for_eval is not first and schedules.for_microbatches(4, training=False) is for_eval
+    assert schedules.for_microbatches(4) not in (first, for_eval)
+    assert [count for count, _ in built] == [4, 4, 4]
