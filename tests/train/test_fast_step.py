@@ -39,7 +39,7 @@ def loss_and_grads(model: torch.nn.Module, loss_fn, b: dict) -> tuple[float, lis
 
 
 @contextlib.contextmanager
-def float64_compiled_attention(monkeypatch: pytest.MonkeyPatch):
+def float64_compiled_attention():
     """Inductor before torch 2.13 (seen on 2.11) gives the float64 CPU flash-attention backward a
     float32 buffer ("expected scalar type Double but found Float"); there the float64 comparison runs
     SDPA's math backend, without the FX graph cache (its key does not include the backend)."""
@@ -48,8 +48,7 @@ def float64_compiled_attention(monkeypatch: pytest.MonkeyPatch):
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    with sdpa_kernel(SDPBackend.MATH):
+    with torch._inductor.config.patch(fx_graph_cache=False), sdpa_kernel(SDPBackend.MATH):
         yield
 
 
@@ -59,10 +58,10 @@ def torch_version() -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_compiled_whole_loss_equals_eager_float64_reference(monkeypatch: pytest.MonkeyPatch):
+def test_compiled_whole_loss_equals_eager_float64_reference():
     model, b = tiny(), batch()
     ref_loss, ref_grads = loss_and_grads(model, masked_lm_loss, b)
-    with float64_compiled_attention(monkeypatch):
+    with float64_compiled_attention():
         loss, grads = loss_and_grads(model, compiled_loss_fn(WHOLE), b)
     # Same float64 arithmetic in another order (fused kernels): agreement to ~1e-14; 1e-10 leaves margin.
     assert loss == pytest.approx(ref_loss, rel=1e-10)
