@@ -323,6 +323,10 @@ class ModelConfig:
     The output projection stays in the training precision."""
     fp8_recipe: str = "tensorwise"
     """gptrain extension: torchao float8 scaling recipe, tensorwise or rowwise."""
+    fp8_fsdp_all_gather: bool = True
+    """gptrain extension: under FSDP with tensorwise FP8, all-gather the block weights already cast
+    to float8 (half the bytes of bf16; torchao's float8 all-gather, with all scales computed in one
+    all-reduce after each optimizer step). Off: gather in the training precision, cast after."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)

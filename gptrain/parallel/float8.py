@@ -10,6 +10,7 @@ without FP8 tensor cores is a one-line error, not a slow fallback.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -59,18 +60,32 @@ def is_float8_linear(module: nn.Module) -> bool:
     return isinstance(module, Float8Linear)
 
 
-def fp8_config(recipe: str) -> Any:
-    """torchao's Float8LinearConfig of `recipe` ('tensorwise' or 'rowwise')."""
+def fp8_config(recipe: str, fsdp_all_gather: bool = False) -> Any:
+    """torchao's Float8LinearConfig of `recipe` ('tensorwise' or 'rowwise'); `fsdp_all_gather`:
+    FSDP gathers the weights as float8 (tensorwise only: one scale per weight fits a gather)."""
     from torchao.float8 import Float8LinearConfig
 
-    return Float8LinearConfig.from_recipe_name(recipe)
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if fsdp_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    return config
 
 
-def apply_fp8(model: nn.Module, recipe: str = "tensorwise", tp: int = 1) -> nn.Module:
+def gathers_float8(recipe: str, fsdp: bool, enabled: bool = True) -> bool:
+    """Whether FSDP all-gathers float8 weights: tensorwise scaling under FSDP, unless turned off
+    (`model.fp8_fsdp_all_gather`). Rowwise scales differ per row of the weight and of its
+    transpose, so its weights are gathered in the training precision."""
+    return enabled and fsdp and recipe == "tensorwise"
+
+
+def apply_fp8(
+    model: nn.Module, recipe: str = "tensorwise", tp: int = 1, fsdp_all_gather: bool = False
+) -> nn.Module:
     """Swap the block Linears of `model` for torchao Float8Linear in place (names unchanged).
 
     Before tensor parallelism, as torchao and torchtitan order it: TP then shards the Float8Linear
-    weights with the styles of `fp8_tp_styles`."""
+    weights with the styles of `fp8_tp_styles`. With `fsdp_all_gather` the weights become torchao's
+    float8-gathering tensors: call `refresh_float8_scales` whenever their values change."""
     try:
         from torchao.float8 import convert_to_float8_training
     except ImportError as error:
@@ -78,9 +93,43 @@ def apply_fp8(model: nn.Module, recipe: str = "tensorwise", tp: int = 1) -> nn.M
             "model.fp8=true needs torchao: pip install 'gptrain[fp8]' (or torchao>=0.12)"
         ) from error
     convert_to_float8_training(
-        model, config=fp8_config(recipe), module_filter_fn=lambda m, fqn: fp8_linear_filter(m, fqn, tp)
+        model,
+        config=fp8_config(recipe, fsdp_all_gather),
+        module_filter_fn=lambda m, fqn: fp8_linear_filter(m, fqn, tp),
     )
     return model
+
+
+def has_float8_gathered_weights(module: nn.Module) -> bool:
+    """Whether any weight of `module` is gathered by FSDP as float8 (`apply_fp8(fsdp_all_gather=True)`)."""
+    return any(is_float8_gathered(param) for param in module.parameters())
+
+
+def is_float8_gathered(param: torch.Tensor) -> bool:
+    local = getattr(param, "_local_tensor", param)  # FSDP's parameters are DTensors
+    return type(local).__name__ == "WeightWithDynamicFloat8CastTensor"
+
+
+def refresh_float8_scales(module: nn.Module) -> None:
+    """Recompute the float8 scale of every FSDP-gathered weight of `module` from its current values.
+
+    The scales are used by the next all-gathers, so this runs after every change of the weights: each
+    optimizer step (`refresh_scales_after_step`), a checkpoint load, initialisation. One all-reduce
+    (max) for all weights of the rank's chunks; without it each gather would all-reduce its own
+    weight's amax. A collective: every rank of the data-parallel group calls it together.
+    """
+    if not has_float8_gathered_weights(module):
+        return
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(module)
+
+
+def refresh_scales_after_step(optimizer: torch.optim.Optimizer, module: nn.Module) -> None:
+    """Refresh `module`'s float8 scales after each step of `optimizer` (no-op without gathered float8
+    weights). A skipped step (overflow, non-finite loss) leaves the weights and so the scales as they are."""
+    if has_float8_gathered_weights(module):
+        optimizer.register_step_post_hook(lambda *_: refresh_float8_scales(module))
 
 
 def fp8_tp_styles(recipe: str | None) -> tuple[Any, Any, Any | None]:

@@ -21,7 +21,7 @@ from gptrain.models.gpt import separate_projections
 from gptrain.parallel.activation_checkpoint import apply_ac
 from gptrain.parallel.compile import BLOCKS, BLOCKS_AND_LOSS, apply_compile, compile_scope
 from gptrain.parallel.data_parallel import GradAllReduce, apply_ddp, apply_fsdp, mixed_precision_policy
-from gptrain.parallel.float8 import apply_fp8, check_fp8_device
+from gptrain.parallel.float8 import apply_fp8, check_fp8_device, gathers_float8, refresh_float8_scales
 from gptrain.parallel.layout import check_layout
 from gptrain.parallel.mesh import World, build_mesh
 from gptrain.parallel.pipeline import build_schedules, embedding_group, is_tied, split_stage, stage_ids
@@ -62,6 +62,8 @@ def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device |
     if tied and dims.pp > 1:
         ctx.embedding_group = embedding_group(ctx.mesh)
         _copy_embedding_to_output(parts, ctx)
+    for part in parts:  # the first all-gathers' float8 scales (FSDP with float8 gathers only)
+        refresh_float8_scales(part)
     if dims.dp > 1 and not dims.dp_shard:
         _apply_replicated(parts, ctx)
     if dims.pp > 1:
@@ -110,7 +112,9 @@ def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> No
     m = cfg.model
     if m.fp8:  # before TP, which then shards the Float8Linear weights with torchao's float8 styles
         check_fp8_device(ctx.device)
-        apply_fp8(part, m.fp8_recipe, tp=ctx.dims.tp)
+        fsdp = ctx.dims.dp > 1 and bool(ctx.dims.dp_shard)
+        gather = gathers_float8(m.fp8_recipe, fsdp, m.fp8_fsdp_all_gather)
+        apply_fp8(part, m.fp8_recipe, tp=ctx.dims.tp, fsdp_all_gather=gather)
     if ctx.dims.tp > 1:
         fp8_recipe = m.fp8_recipe if m.fp8 else None
         apply_tp(part, ctx.mesh["tp"], m.sequence_parallel, loss_parallel=True, fp8_recipe=fp8_recipe)

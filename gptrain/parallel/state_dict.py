@@ -26,6 +26,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from gptrain.parallel.float8 import refresh_float8_scales
+
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 EMBEDDING, OUTPUT = "tok_embeddings.weight", "output.weight"
 
@@ -53,7 +55,9 @@ def model_state_dict(model: nn.Module) -> dict[str, Any]:
 
 
 def load_model_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
+    """Load `state` into `model`; weights FSDP gathers as float8 get scales of the loaded values."""
     set_model_state_dict(model, state, options=OPTIONS)
+    refresh_float8_scales(model)
 
 
 def optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

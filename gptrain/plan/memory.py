@@ -254,15 +254,30 @@ def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | Non
     return parts
 
 
+def _block_linear_shapes(config: GPTConfig, tp: int) -> list[tuple[int, int]]:
+    """(in, out) of each Linear of one block on one TP rank."""
+    h, f, t = config.hidden_size, config.ffn_size, tp
+    q = config.num_attention_heads * config.head_dim
+    kv = config.query_groups * config.head_dim
+    shapes = [(h, q // t), (h, kv // t), (h, kv // t), (q // t, h)]
+    return shapes + [(h, f // t)] * (2 if config.gated_mlp else 1) + [(f // t, h)]
+
+
+def float8_gathered_weights(work: Workload, config: GPTConfig, layout: Layout) -> int:
+    """Weights of one block that FSDP all-gathers as float8 (1 byte each) on one TP rank: the
+    Float8Linear weights, under FSDP with tensorwise FP8 (`Workload.fp8_fsdp_gather`); else 0."""
+    fsdp = layout.sharding != "ddp" and layout.dp > 1
+    if not (work.fp8_fsdp_gather and fsdp):
+        return 0
+    return sum(i * o for i, o in _block_linear_shapes(config, layout.tp) if fp8_linear(work, i, o))
+
+
 def _matmul_weights(work: Workload, config: GPTConfig, layout: Layout, rank: int) -> int:
     """Linear weights on this rank whose 16-bit copies (autocast's casts) are saved for the
     backward, eager or compiled (biases and norms are cast too but not kept; embedding lookups
     are not cast). Float8Linear saves the fp32 parameter itself and recasts it."""
-    h, f, t = config.hidden_size, config.ffn_size, layout.tp
-    q = config.num_attention_heads * config.head_dim
-    kv = config.query_groups * config.head_dim
-    shapes = [(h, q // t), (h, kv // t), (h, kv // t), (q // t, h)]
-    shapes += [(h, f // t)] * (2 if config.gated_mlp else 1) + [(f // t, h)]
+    h, t = config.hidden_size, layout.tp
+    shapes = _block_linear_shapes(config, t)
     block = sum(i * o for i, o in shapes if not fp8_linear(work, i, o))
     total = config.num_layers // layout.pp * block
     if rank == layout.pp - 1:
@@ -305,8 +320,10 @@ def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: 
     if shard > 1:  # FSDP2: blocks all-gathered one ahead (2 unsharded), the root stays gathered
         block = rank_parameters(c, layout.tp, layout.pp)[rank] - _root_parameters(c, layout, rank)
         per_block = block / max(1, c.num_layers // layout.pp)
+        float8 = float8_gathered_weights(work, c, layout)  # gathered in 1 byte instead of `act`
+        gathered_block = act * (per_block - float8) + float8
         root = _root_parameters(c, layout, rank)
-        return act * (2 * per_block + root) + (act + 4) * max(per_block, root)
+        return 2 * gathered_block + act * root + (act + 4) * max(per_block, root)
     copies = 2 * _matmul_weights(work, c, layout, rank) if work.mixed else 0.0
     if layout.sharding == "ddp" and layout.dp > 1 and layout.tp == 1 and layout.pp == 1:
         copies += GRAD_BYTES * params  # torch DDP's gradient buckets (not views of .grad)

@@ -36,6 +36,9 @@ class Workload:
     """'cuda' keeps dropout masks as bools; on 'cpu' dropout keeps its scaled noise in the input dtype."""
     fp8: bool = False
     """model.fp8: the block Linears run through torchao's Float8Linear (tensorwise or rowwise)."""
+    fp8_fsdp_gather: bool = False
+    """Under FSDP those Linears' weights are all-gathered as float8, 1 byte each (tensorwise FP8 with
+    model.fp8_fsdp_all_gather; gptrain.parallel.float8.gathers_float8)."""
 
     @property
     def vocab_size(self) -> int:
@@ -136,6 +139,7 @@ def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
         precision=str(cfg.trainer.precision),
         compile=bool(m.compile),
         fp8=bool(m.fp8),
+        fp8_fsdp_gather=bool(m.fp8) and m.fp8_recipe == "tensorwise" and bool(m.fp8_fsdp_all_gather),
     )
 
 

@@ -7,7 +7,8 @@
              each moving 2 (t - 1) / t of its size per GPU (ring), 2 more with full recompute
   PP       = each micro batch sends b s h / (t if SP) bytes forward and back per chunk boundary
   DP       = gradient all-reduce 2 (d - 1)/d x 4 bytes/param (fp32), or FSDP: all-gather of
-             16-bit weights twice + reduce-scatter of fp32 gradients, (d - 1)/d each;
+             16-bit weights (1 byte for float8-gathered FP8 block weights) twice + reduce-scatter
+             of fp32 gradients, (d - 1)/d each;
              torch DDP overlaps it with the backward (half assumed hidden), the bucketed
              all-reduce used with TP/PP and FSDP's prefetch are counted as they are
 A group's bandwidth is NVLink's when it fits in a node, the network's otherwise. Each micro batch
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gptrain.plan.hardware import Cluster, GpuSpec
+from gptrain.plan.memory import float8_gathered_weights
 from gptrain.plan.sizes import model_sizes, rank_parameters
 from gptrain.plan.spec import Layout, Workload
 
@@ -105,6 +107,7 @@ def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: fl
             dp_comm = 2 * frac * params * 4 / bw
             if layout.tp == 1 and layout.pp == 1:
                 dp_comm *= 1 - DDP_OVERLAP
-        else:
-            dp_comm = frac * params * (2 * act + 4) / bw
+        else:  # float8-gathered block weights move 1 byte instead of `act`
+            float8 = float8_gathered_weights(work, c, layout) * c.num_layers // layout.pp
+            dp_comm = frac * (2 * (act * (params - float8) + float8) + 4 * params) / bw
     return StepTime(compute, launch, bubble, tp_comm, pp_comm, dp_comm)

@@ -20,6 +20,7 @@ from torch import nn
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.config import TrainingConfig
 from gptrain.errors import ConfigError, DataError
+from gptrain.parallel.float8 import refresh_scales_after_step
 from gptrain.parallel.mesh import World
 from gptrain.train.batches import GPTBatchDataset
 from gptrain.train.loss_scale import LossScaler, build_loss_scaler
@@ -207,7 +208,9 @@ def build_step_options(cfg: TrainingConfig, dp_size: int) -> StepOptions:
 
 def build_adamw(cfg: TrainingConfig, model: nn.Module, device: torch.device) -> torch.optim.AdamW:
     o = cfg.model.optim
-    return build_optimizer(model, o.name, o.lr, o.weight_decay, o.betas, o.eps, device.type)
+    optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, o.betas, o.eps, device.type)
+    refresh_scales_after_step(optimizer, model)  # FSDP's float8 gathers (model.fp8_fsdp_all_gather)
+    return optimizer
 
 
 def build_scaler(cfg: TrainingConfig) -> LossScaler:

@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gptrain.config import TrainingConfig
 from gptrain.models.config import GPTConfig
 from gptrain.models.gpt import GPT
+from gptrain.parallel.float8 import is_float8_gathered, refresh_scales_after_step
 from gptrain.parallel.grad_norm import clip_grads
 from gptrain.parallel.mesh import init_distributed, shutdown, world_from_env
 from gptrain.parallel.parallelize import parallelize
@@ -141,7 +142,7 @@ def emulated_fp8(recipe: str | None):
     from gptrain.parallel import float8, parallelize
 
     real_config, real_check = float8.fp8_config, parallelize.check_fp8_device
-    float8.fp8_config = lambda name: dataclasses.replace(real_config(name), emulate=True)
+    float8.fp8_config = lambda *args: dataclasses.replace(real_config(*args), emulate=True)
     parallelize.check_fp8_device = lambda device: None
     try:
         yield
@@ -164,6 +165,8 @@ def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
 
     cfg, model = setup(spec)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    if not spec.get("stale_fp8_scales"):  # gptrain's optimizer (train.builders) refreshes them too
+        refresh_scales_after_step(optimizer, model)
     ctx = model.ctx
     first = spec.get("start", 0)
     if spec.get("load"):
@@ -200,6 +203,7 @@ def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
         "grad_norms": norms,
         "eval_loss": [float(loss_sum / tokens)],
         "fp8_linears": fp8_linears,
+        "float8_gathered": sum(is_float8_gathered(p) for p in model.parameters()),
     }
 
 
