@@ -323,6 +323,10 @@ class ModelConfig:
     The output projection stays in the training precision."""
     fp8_recipe: str = "tensorwise"
     """gptrain extension: torchao float8 scaling recipe, tensorwise or rowwise."""
+    fp8_emulate: bool = False
+    """gptrain extension: torchao's emulated float8 matmuls (torchtitan's `float8.emulate`): the same
+    casts and scales in higher-precision matmuls, on any device; for checking FP8 numerics where no
+    FP8 tensor cores are (bench/fp8_curve.py --emulate), never for speed."""
     fp8_fsdp_all_gather: bool = True
     """gptrain extension: under FSDP with tensorwise FP8, all-gather the block weights already cast
     to float8 (half the bytes of bf16; torchao's float8 all-gather, with all scales computed in one

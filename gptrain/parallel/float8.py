@@ -26,7 +26,7 @@ def check_fp8_device(device: torch.device) -> None:
     if device.type != "cuda":
         raise ConfigError(
             f"model.fp8=true needs a CUDA GPU with FP8 tensor cores (Hopper or Ada); this run is on "
-            f"{device.type}: set model.fp8=false"
+            f"{device.type}: set model.fp8=false (model.fp8_emulate=true checks FP8 numerics without FP8 hardware, slowly)"
         )
     capability = torch.cuda.get_device_capability(device)
     if capability < FP8_MIN_CAPABILITY:
@@ -60,15 +60,14 @@ def is_float8_linear(module: nn.Module) -> bool:
     return isinstance(module, Float8Linear)
 
 
-def fp8_config(recipe: str, fsdp_all_gather: bool = False) -> Any:
+def fp8_config(recipe: str, fsdp_all_gather: bool = False, emulate: bool = False) -> Any:
     """torchao's Float8LinearConfig of `recipe` ('tensorwise' or 'rowwise'); `fsdp_all_gather`:
-    FSDP gathers the weights as float8 (tensorwise only: one scale per weight fits a gather)."""
+    FSDP gathers the weights as float8 (tensorwise only: one scale per weight fits a gather);
+    `emulate`: the float8 casts with higher-precision matmuls (any device, numerics only)."""
     from torchao.float8 import Float8LinearConfig
 
     config = Float8LinearConfig.from_recipe_name(recipe)
-    if fsdp_all_gather:
-        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
-    return config
+    return dataclasses.replace(config, enable_fsdp_float8_all_gather=fsdp_all_gather, emulate=emulate)
 
 
 def gathers_float8(recipe: str, fsdp: bool, enabled: bool = True) -> bool:
@@ -79,7 +78,11 @@ def gathers_float8(recipe: str, fsdp: bool, enabled: bool = True) -> bool:
 
 
 def apply_fp8(
-    model: nn.Module, recipe: str = "tensorwise", tp: int = 1, fsdp_all_gather: bool = False
+    model: nn.Module,
+    recipe: str = "tensorwise",
+    tp: int = 1,
+    fsdp_all_gather: bool = False,
+    emulate: bool = False,
 ) -> nn.Module:
     """Swap the block Linears of `model` for torchao Float8Linear in place (names unchanged).
 
@@ -94,7 +97,7 @@ def apply_fp8(
         ) from error
     convert_to_float8_training(
         model,
-        config=fp8_config(recipe, fsdp_all_gather),
+        config=fp8_config(recipe, fsdp_all_gather, emulate),
         module_filter_fn=lambda m, fqn: fp8_linear_filter(m, fqn, tp),
     )
     return model

@@ -111,10 +111,11 @@ def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> No
     """
     m = cfg.model
     if m.fp8:  # before TP, which then shards the Float8Linear weights with torchao's float8 styles
-        check_fp8_device(ctx.device)
+        if not m.fp8_emulate:
+            check_fp8_device(ctx.device)
         fsdp = ctx.dims.dp > 1 and bool(ctx.dims.dp_shard)
         gather = gathers_float8(m.fp8_recipe, fsdp, m.fp8_fsdp_all_gather)
-        apply_fp8(part, m.fp8_recipe, tp=ctx.dims.tp, fsdp_all_gather=gather)
+        apply_fp8(part, m.fp8_recipe, tp=ctx.dims.tp, fsdp_all_gather=gather, emulate=m.fp8_emulate)
     if ctx.dims.tp > 1:
         fp8_recipe = m.fp8_recipe if m.fp8 else None
         apply_tp(part, ctx.mesh["tp"], m.sequence_parallel, loss_parallel=True, fp8_recipe=fp8_recipe)

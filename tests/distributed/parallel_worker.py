@@ -59,8 +59,8 @@ def make_config(spec: dict[str, Any]) -> TrainingConfig:
     m.seed = 1234
     for key, value in spec.get("model", {}).items():
         setattr(m, key, value)
-    if spec.get("fp8"):
-        m.fp8, m.fp8_recipe = True, spec["fp8"]
+    if spec.get("fp8"):  # torchao's emulated float8 matmuls run on the CPU; casts and scales as on a GPU
+        m.fp8, m.fp8_recipe, m.fp8_emulate = True, spec["fp8"], True
     return cfg
 
 
@@ -122,32 +122,11 @@ def train(spec: dict[str, Any]) -> dict[str, list[float]]:
     previous, streams = torch.get_default_dtype(), rng_state()  # the reference runs in pytest's process
     torch.set_default_dtype(getattr(torch, spec.get("dtype", "float64")))
     try:
-        with emulated_fp8(spec.get("fp8")):
-            probe = {"dropout": dropout_probe, "collectives": collectives_probe}.get(spec.get("probe", ""))
-            return (probe or _train)(spec)
+        probe = {"dropout": dropout_probe, "collectives": collectives_probe}.get(spec.get("probe", ""))
+        return (probe or _train)(spec)
     finally:
         torch.set_default_dtype(previous)
         set_rng_state(streams)
-
-
-@contextlib.contextmanager
-def emulated_fp8(recipe: str | None):
-    """model.fp8 with torchao's emulated float8 matmuls, which run on the CPU (the device check is
-    lifted for the run): the casts, scales and TP styles are those of a GPU run."""
-    if recipe is None:
-        yield
-        return
-    import dataclasses
-
-    from gptrain.parallel import float8, parallelize
-
-    real_config, real_check = float8.fp8_config, parallelize.check_fp8_device
-    float8.fp8_config = lambda *args: dataclasses.replace(real_config(*args), emulate=True)
-    parallelize.check_fp8_device = lambda device: None
-    try:
-        yield
-    finally:
-        float8.fp8_config, parallelize.check_fp8_device = real_config, real_check
 
 
 def setup(spec: dict[str, Any]) -> tuple[TrainingConfig, ParallelGPT]:
