@@ -132,6 +132,31 @@ def test_fp8_converts_block_linears_but_not_the_output():
     assert {name for name, _ in model.named_parameters()} == {name for name, _ in tiny().named_parameters()}
 
 
+IMPORT_THEN_WARN = """
+import logging
+from gptrain.parallel.float8 import import_torchao_quietly
+import_torchao_quietly()
+import torchao.float8
+logging.getLogger("torchao").warning("a torchao warning after the import")
+"""
+
+
+def test_torchao_imports_without_its_extension_warnings_and_later_warnings_still_show():
+    """torchao's start-up lines about compiled extensions it cannot load (every one on a CPU torch)
+    stay out of the training log; the loggers' levels are back afterwards."""
+    pytest.importorskip("torchao")
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_THEN_WARN], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Failed to load" not in done.stderr
+    assert "register_constant" not in done.stderr
+    assert "a torchao warning after the import" in done.stderr
+
+
 @pytest.mark.parametrize(
     ("name", "in_features", "out_features", "tp", "converted"),
     [
