@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -95,21 +97,25 @@ class ChecksummingWriter(FileSystemWriter):
         return future
 
 
+BACKGROUND_NICE = 19
+"""The background writer thread's nice value: the lowest priority of the normal scheduling class."""
+
+
 def _yield_cpu_to_training() -> None:
-    """Run the calling (background writer) thread under Linux's SCHED_IDLE: it gets only CPU time
-    that training leaves idle.
+    """Lower the calling (background writer) thread to nice 19, so training's threads win the CPU.
 
     A writer at normal priority preempts one of the training's intra-op threads, and the whole
-    parallel region waits for that thread. On 2 cores (bench/checkpoint.py, 3 rounds, same command)
-    the async run's extra wall time was 6.0-25.6 s with the writer here against 16.4-28.3 s at normal
-    priority, lower in every round. The cost: where training keeps every core busy the write takes
-    longer (15-20 s against 10-11 s there), and a save that comes while the previous one is still
-    writing waits for it, which its log line says. Where the policy does not exist (macOS, Windows) or is
-    refused, the thread keeps its priority.
+    parallel region waits for that thread (on 2 cores its async run cost up to 28 s of extra wall
+    time against 6-26 s at low priority, 2026-11-23). Linux's SCHED_IDLE, used before, starved the
+    writer instead: where training keeps every core busy it wrote 1.65 GB in 10-11 s, longer than the
+    6 s between saves, so each save stalled 0.7-1.2 s waiting for the previous one; at nice 19 the
+    same writes took 6-7 s and the stalls were 115-165 ms, for the same extra wall time (same
+    command, 2026-11-26, docs/performance.md). Linux keeps a nice value per thread, so only this
+    thread changes; elsewhere (macOS, Windows) the thread keeps its priority.
     """
-    if hasattr(os, "SCHED_IDLE"):
+    if sys.platform.startswith("linux"):
         with suppress(OSError):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread on Linux
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
 
 
 @contextmanager

@@ -14,7 +14,7 @@ between saves (pinned host memory on CUDA, so the copy runs at full PCIe speed a
 allocated once) and write it from a background thread while training goes on. On CPU the
 copy itself runs beside the next forward/backward; the only thing that must wait for it is
 the next optimizer step (`wait_for_staging`, installed as a step pre-hook). The writer thread
-runs at idle priority (SCHED_IDLE on Linux), so it takes only CPU time training leaves free.
+runs at the lowest normal priority (nice 19 on Linux), so training's threads win the CPU.
 A new save waits for the previous one only if that one is still writing, and says so.
 """
 

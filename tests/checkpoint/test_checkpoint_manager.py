@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 import torch
 
@@ -261,28 +263,33 @@ def test_space_warning_when_the_disk_cannot_hold_keep_plus_one(tmp_path, monkeyp
     assert warning.startswith(f"{tmp_path} has 50.0 GB free") and "need 60.0 GB" in warning
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="Linux scheduling policy")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 @pytest.mark.parametrize("async_save", [False, True])
-def test_only_a_background_write_runs_at_idle_priority(tmp_path, monkeypatch, async_save):
-    """The background writer thread takes only CPU that training leaves idle (SCHED_IDLE); a
-    synchronous save, written by the training thread itself, never changes that thread's policy."""
+def test_only_a_background_write_runs_at_low_priority(tmp_path, monkeypatch, async_save):
+    """The background writer thread runs at nice 19, below training's threads; a synchronous save,
+    written by the training thread itself, never changes that thread's priority."""
     import os
+    import threading
 
     from gptrain.checkpoint import checksum_writer
 
+    def own_nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    training_nice = own_nice()
     seen = []
     create_stream = checksum_writer._ChecksummingFileSystem.create_stream
 
     def recording(self, path, mode):
-        seen.append(os.sched_getscheduler(0))
+        seen.append(own_nice())
         return create_stream(self, path, mode)
 
     monkeypatch.setattr(checksum_writer._ChecksummingFileSystem, "create_stream", recording)
     manager = CheckpointManager(tmp_path, keep_last=1, async_save=async_save)
     save_steps(manager, [1])
     manager.close()
-    assert seen and set(seen) == {os.SCHED_IDLE if async_save else os.SCHED_OTHER}
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    assert seen and set(seen) == {checksum_writer.BACKGROUND_NICE if async_save else training_nice}
+    assert own_nice() == training_nice
 
 
 def test_async_save_is_marked_complete_as_soon_as_written_and_reported_on_poll(tmp_path):
