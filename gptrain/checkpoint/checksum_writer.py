@@ -109,8 +109,8 @@ def _yield_cpu_to_training() -> None:
     time against 6-26 s at low priority, 2026-11-23). Linux's SCHED_IDLE, used before, starved the
     writer instead: where training keeps every core busy it wrote 1.65 GB in 10-11 s, longer than the
     6 s between saves, so each save stalled 0.7-1.2 s waiting for the previous one; at nice 19 the
-    same writes took 6-7 s and the stalls were 115-165 ms, for the same extra wall time (same
-    command, 2026-11-26, docs/performance.md). Linux keeps a nice value per thread, so only this
+    same writes took 5.6-7.1 s and the stalls were 77-165 ms, for equal or less extra wall time
+    (same commands, 2026-11-26, docs/performance.md). Linux keeps a nice value per thread, so only this
     thread changes; elsewhere (macOS, Windows) the thread keeps its priority.
     """
     if sys.platform.startswith("linux"):

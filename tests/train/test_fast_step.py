@@ -2,6 +2,8 @@
 scope of each layout, FP8 conversion and its refusal off-GPU, one device wait per step."""
 
 import contextlib
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -145,9 +147,6 @@ def test_torchao_imports_without_its_extension_warnings_and_later_warnings_still
     """torchao's start-up lines about compiled extensions it cannot load (every one on a CPU torch)
     stay out of the training log; the loggers' levels are back afterwards."""
     pytest.importorskip("torchao")
-    import subprocess
-    import sys
-
     done = subprocess.run(
         [sys.executable, "-c", IMPORT_THEN_WARN], capture_output=True, text=True, timeout=300
     )
