@@ -8,7 +8,8 @@ steps through gptrain's CheckpointManager exactly as `gptrain train` does (the o
 a background save's staging copy before it changes the weights). Reported per mode: the stall of
 each save (the time the loop was blocked by it), the write time and bandwidth, and the extra wall
 time over the run without saves (the async run still waits for its last write before it ends: the
-"exit wait" column).
+"exit wait" column). `--spaced` waits for each background write before the next save (untimed), as
+a run whose saves are minutes apart: the async stall is then the staging copy alone.
 Prints a table per round and one JSON line; with `--rounds N` the modes run N times in turn and the
 ratios are the medians over the rounds (a shared VM's step time can vary by 30% from minute to minute).
 """
@@ -50,6 +51,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--modes", default="none,sync,async")
     parser.add_argument(
+        "--spaced",
+        action="store_true",
+        help="before each save, wait (untimed) for the previous background write, as in a run whose "
+        "saves are further apart than one write: the stall is then the staging copy alone",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=1, help="repeat the modes N times, alternating; ratios are medians"
     )
     return parser.parse_args(argv)
@@ -74,12 +81,18 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, device: torch.devi
     manager = CheckpointManager(root / mode, keep_last=1, async_save=mode == "async", on_saved=reports.append)
     optimizer.register_step_pre_hook(lambda *_: manager.wait_for_staging())
     train_step(model, optimizer, [batch], scaler, device, opts)  # warm-up: optimizer state exists
+    if mode == "async":  # as `gptrain train` does after its first step (pinned buffer, CUDA only)
+        manager.prepare_staging(
+            {"model": model_state_dict(model), "optim": optimizer_state_dict(model, optimizer)}
+        )
     sync(device)
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
         train_step(model, optimizer, [batch], scaler, device, opts)
         manager.poll()
         if mode != "none" and step % args.every == 0:
+            if args.spaced:
+                manager.wait()
             state = {"model": model_state_dict(model), "optim": optimizer_state_dict(model, optimizer)}
             manager.save(step, state, {})
     closing = time.perf_counter()

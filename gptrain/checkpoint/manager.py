@@ -16,6 +16,9 @@ copy itself runs beside the next forward/backward; the only thing that must wait
 the next optimizer step (`wait_for_staging`, installed as a step pre-hook). The writer thread
 runs at the lowest normal priority (nice 19 on Linux), so training's threads win the CPU.
 A new save waits for the previous one only if that one is still writing, and says so.
+On CUDA the pinned buffer can be allocated ahead of the first save (`prepare_staging`), in a
+background thread while training runs: pinning the whole state is the slow part (16 s for the
+16 GB state of a 1.3B model on an H100 VM, against 0.35 s for each later copy into it).
 """
 
 from __future__ import annotations
@@ -152,6 +155,7 @@ class CheckpointManager(CheckpointReader):
         self._pending: _Pending | None = None
         self._writer: ChecksummingWriter | None = None
         self._stager: Any = None
+        self._preparing: threading.Thread | None = None
         self._pruning: threading.Thread | None = None
         self._group = _background_save_group() if async_save and is_distributed() else None
 
@@ -170,6 +174,7 @@ class CheckpointManager(CheckpointReader):
             # into this rank's checksum sidecar with its DCP files, hence into the manifest
             self._writer.checksums[rank_file.name] = write_rank_state(rank_file, rank_state)
             if self.async_save:
+                self._join_preparing()  # the buffer being pinned ahead is the one this save fills
                 self._start_background_save(step, path, state, started, waited)
                 return path
             dcp.save(state, checkpoint_id=str(path), storage_writer=self._writer)
@@ -217,6 +222,30 @@ class CheckpointManager(CheckpointReader):
         threading.Thread(target=mark, name="gptrain-mark-complete", daemon=True).start()
         return marked
 
+    def prepare_staging(self, state: dict[str, Any]) -> None:
+        """Allocate the pinned staging buffer for states shaped like `state` now, in a background
+        thread, so the first async save only copies into it (call once the optimizer state exists;
+        `state` as later passed to `save`). Nothing to do for synchronous saves or on CPU, where
+        the staging copies are not pinned."""
+        if not self.async_save or not _stages_into_pinned_memory() or self._preparing is not None:
+            return
+        stager = self._staging()
+        if getattr(stager, "state_dict_cache", False) is not None:
+            return  # not a caching stager, or its buffer exists already
+
+        def allocate() -> None:
+            try:
+                stager.state_dict_cache = _allocate_pinned_staging(state)
+            except Exception as error:  # the first save allocates it then, as without this
+                warnings.warn(f"checkpoint staging buffer not prepared ahead: {error}", stacklevel=1)
+
+        self._preparing = threading.Thread(target=allocate, name="gptrain-pin-staging", daemon=True)
+        self._preparing.start()
+
+    def _join_preparing(self) -> None:
+        if self._preparing is not None:
+            self._preparing.join()
+
     def _staging(self) -> Any:
         """One stager for the whole run: its host buffers are allocated (and pinned) once.
 
@@ -224,7 +253,7 @@ class CheckpointManager(CheckpointReader):
         under a second per 10 GB); on CPU it runs in a background thread beside the next
         forward/backward, and the optimizer step waits for it (`wait_for_staging`).
         """
-        if self._stager is not None and not torch.cuda.is_available() and _STAGER_SERVES_ONE_SAVE:
+        if self._stager is not None and not _stages_into_pinned_memory() and _STAGER_SERVES_ONE_SAVE:
             self._release_staging()  # the previous save's copy is taken: save() waited for it
         if self._stager is None:
             from torch.distributed.checkpoint.staging import (
@@ -233,7 +262,7 @@ class CheckpointManager(CheckpointReader):
                 StagingOptions,
             )
 
-            if torch.cuda.is_available():
+            if _stages_into_pinned_memory():
                 self._stager = BlockingAsyncStager(cache_staged_state_dict=True)
             else:
                 options = StagingOptions(
@@ -265,6 +294,7 @@ class CheckpointManager(CheckpointReader):
 
     def wait(self) -> None:
         """Block until a pending async save is written and marked complete, then report it."""
+        self._join_preparing()
         pending = self._pending
         if pending is None:
             return
@@ -406,6 +436,7 @@ class CheckpointManager(CheckpointReader):
         return None
 
     def _release_staging(self) -> None:
+        self._join_preparing()
         if self._stager is not None:
             self._stager.close()
             self._stager = None
@@ -429,6 +460,19 @@ def _stager_serves_one_save(version: str) -> bool:
 
 
 _STAGER_SERVES_ONE_SAVE = _stager_serves_one_save(torch.__version__)
+
+
+def _stages_into_pinned_memory() -> bool:
+    """CUDA: a blocking copy into a kept, pinned buffer; CPU: a background copy into host memory."""
+    return torch.cuda.is_available()
+
+
+def _allocate_pinned_staging(state: dict[str, Any]) -> dict[str, Any]:
+    """Host tensors shaped like `state`'s, pinned: what BlockingAsyncStager allocates at its first
+    stage and keeps (its `state_dict_cache`)."""
+    from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+    return _create_cpu_state_dict(state, pin_memory=True)
 
 
 def _remove_all(paths: list[Path]) -> None:

@@ -303,6 +303,19 @@ def watch_checkpoint_saves(s: Session) -> None:
     s.optimizer.register_step_pre_hook(lambda *_: s.checkpoints.wait_for_staging())
 
 
+def prepare_checkpoint_staging(s: Session, result: StepResult) -> bool:
+    """Have the pinned staging buffer of async saves allocated in the background while training
+    goes on, so the first save does not stall for it. Waits for a step that updated (the
+    optimizer state exists then, and building its state dict changes nothing); True when done
+    or not needed."""
+    if not s.checkpoints.async_save or s.device.type != "cuda":
+        return True
+    if not result.updated:
+        return False
+    s.checkpoints.prepare_staging(checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state))
+    return True
+
+
 def report_save(s: Session, report: SaveReport) -> None:
     """The size only on the logging rank: finding it elsewhere is work for a number no one reads."""
     s.log(report.describe(size=s.logging_rank))
@@ -380,6 +393,7 @@ def run(
     times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
     agreement = StopAgreement()
     saved_at = validated_at = -1
+    staging_prepared = False
     while s.state.step < t.max_steps:
         s.schedule.apply()
         samples = s.current_global_batch()
@@ -387,6 +401,8 @@ def run(
         with s.watchdog.step(s.state.step + 1):
             result = s.step_fn(batch)
         record(s, result, samples)
+        if not staging_prepared:
+            staging_prepared = prepare_checkpoint_staging(s, result)
         s.checkpoints.poll()
         # Megatron prints the rate after the scheduler step: the one the next iteration uses
         meter.add(result, s.schedule.current_lr(), s.scaler.scale, samples)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from gptrain.parallel.data_parallel import gradient_sync
 from gptrain.parallel.grad_norm import clip_grads, scale_grads
@@ -155,6 +156,38 @@ def read_on_host(*values: float | int | torch.Tensor) -> list[float]:
     return stacked.tolist()
 
 
+def takes_device_skip(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool:
+    """Whether the optimizer can apply the clip factor and skip a non-finite step on the device.
+
+    torch's fused Adam/AdamW read `grad_scale` (grads are divided by it) and `found_inf` (1 leaves
+    parameters, moments and step counts as they were) from the optimizer, as GradScaler sets them.
+    DTensor parameters (FSDP2, TP) keep the host-decided path.
+    """
+    return (
+        all(group.get("fused") for group in optimizer.param_groups)
+        and isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+        and not any(isinstance(p, DTensor) for p in params)
+    )
+
+
+def step_on_device(
+    optimizer: torch.optim.Optimizer, loss: torch.Tensor, norm: torch.Tensor, clip_grad: float | None
+) -> None:
+    """Queue the update with clipping folded into the fused kernel and the non-finite skip decided
+    there: the host reads the step's results after the update is queued, so the device is not
+    left idle while the host launches the optimizer, and the gradients are not rewritten by a
+    separate clipping pass."""
+    found_inf = (~(torch.isfinite(loss) & torch.isfinite(norm))).to(torch.float32)
+    if clip_grad:
+        coefficient = torch.clamp(clip_grad / (norm.to(torch.float32) + 1e-6), max=1.0)
+        optimizer.grad_scale = torch.where(found_inf.bool(), 1.0, 1.0 / coefficient)
+    optimizer.found_inf = found_inf
+    try:
+        optimizer.step()
+    finally:
+        optimizer.grad_scale = optimizer.found_inf = None
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -170,11 +203,40 @@ def train_step(
     )
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     grads = [p.grad for p in params]
+    if scaler.scale == 1.0 and grads and takes_device_skip(optimizer, params):
+        norm_tensor = opts.grad_norm_fn(grads)
+        step_on_device(optimizer, torch.as_tensor(loss, device=device), norm_tensor, opts.clip_grad)
+        return finish_step(optimizer, scaler, opts, *read_on_host(loss, tokens, norm_tensor), updated=True)
     if scaler.scale != 1.0:
         scale_grads(grads, 1.0 / scaler.scale)
     norm_tensor = opts.grad_norm_fn(grads) if grads else 0.0
     # The step's only wait for the device: loss, tokens and grad norm read together.
     loss, tokens, norm = read_on_host(loss, tokens, norm_tensor)
+    result = finish_step(optimizer, scaler, opts, loss, tokens, norm, updated=False)
+    if result.nonfinite or result.overflow:
+        return result
+    if opts.clip_grad:
+        total = norm_tensor if isinstance(norm_tensor, torch.Tensor) else torch.tensor(norm, device=device)
+        clip_grads(params, opts.clip_grad, total)
+    optimizer.step()
+    result.updated = True
+    return result
+
+
+def finish_step(
+    optimizer: torch.optim.Optimizer,
+    scaler: LossScaler,
+    opts: StepOptions,
+    loss: float,
+    tokens: float,
+    norm: float,
+    updated: bool,
+) -> StepResult:
+    """The step's outcome from its host-read values; a non-finite step drops its gradients.
+
+    `updated` says whether the update was already queued (on the device, skipped there if the
+    values are not finite); otherwise the caller steps when the result says it is finite.
+    """
     tokens = int(tokens)
     if not math.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
@@ -185,8 +247,4 @@ def train_step(
         optimizer.zero_grad(set_to_none=True)
         fp16 = opts.precision == "16"
         return StepResult(loss=loss, grad_norm=norm, overflow=fp16, nonfinite=not fp16, tokens=tokens)
-    if opts.clip_grad:
-        total = norm_tensor if isinstance(norm_tensor, torch.Tensor) else torch.tensor(norm, device=device)
-        clip_grads(params, opts.clip_grad, total)
-    optimizer.step()
-    return StepResult(loss=loss, grad_norm=norm, updated=True, tokens=tokens)
+    return StepResult(loss=loss, grad_norm=norm, updated=updated, tokens=tokens)

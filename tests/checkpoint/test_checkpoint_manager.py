@@ -379,3 +379,50 @@ def test_a_stager_is_made_per_save_where_torch_empties_it_after_one(version: str
     from gptrain.checkpoint.manager import _stager_serves_one_save
 
     assert _stager_serves_one_save(version) is one_save
+
+
+def test_async_saves_fill_the_staging_buffer_prepared_ahead(tmp_path, monkeypatch):
+    """On CUDA the buffer is pinned host memory, allocated in the background before the first save
+    (pinning is the slow part); here the same path runs with unpinned host memory."""
+    import threading
+
+    from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+    from gptrain.checkpoint import manager as manager_module
+
+    allocations = []
+
+    def allocate(state):
+        allocations.append(threading.current_thread().name)
+        return _create_cpu_state_dict(state)
+
+    monkeypatch.setattr(manager_module, "_stages_into_pinned_memory", lambda: True)
+    monkeypatch.setattr(manager_module, "_allocate_pinned_staging", allocate)
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True)
+    manager.prepare_staging(state_for(0.0))
+    manager.wait()  # also waits for the buffer being prepared
+    buffer = manager._stager.state_dict_cache
+    assert allocations == ["gptrain-pin-staging"] and buffer is not None
+    for step in (4, 5):
+        state = state_for(float(step))
+        manager.save(step, state, {})
+        manager.wait_for_staging()
+        state["model"]["w"].fill_(99.0)  # training goes on; the save has its copy
+        manager.wait()
+        assert manager._stager.state_dict_cache is buffer  # filled again, never reallocated
+        target = state_for(0.0)
+        manager.load(tmp_path / f"step_{step}", target, lambda s: None)
+        assert torch.equal(target["model"]["w"], torch.full((3, 2), float(step)))
+    manager.prepare_staging(state_for(0.0))  # the buffer exists: nothing more is allocated
+    manager.close()
+    assert allocations == ["gptrain-pin-staging"]
+
+
+def test_prepare_staging_does_nothing_for_synchronous_saves_or_without_pinned_staging(tmp_path, monkeypatch):
+    from gptrain.checkpoint import manager as manager_module
+
+    for pinned, async_save in ((True, False), (False, True)):
+        monkeypatch.setattr(manager_module, "_stages_into_pinned_memory", lambda pinned=pinned: pinned)
+        manager = CheckpointManager(tmp_path / f"{pinned}-{async_save}", 1, async_save=async_save)
+        manager.prepare_staging(state_for(1.0))
+        assert manager._preparing is None

@@ -90,13 +90,17 @@ def test_fp8_training_follows_bf16(tmp_path, monkeypatch, recipe):
 def test_async_checkpoint_round_trip_from_gpu(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=2, async_save=True)
     weights = torch.randn(1024, 1024, device="cuda")
+    manager.prepare_staging({"model": {"w": weights}})  # pinned in the background, as the loop does
     manager.save(5, {"model": {"w": weights}}, {})
+    buffer = manager._stager.state_dict_cache
+    assert buffer["model"]["w"].is_pinned()
     manager.wait_for_staging()  # the optimizer step waits here before changing the weights
     expected = weights.cpu().clone()
     weights.add_(1.0)
     manager.wait()
     second = {"model": {"w": weights}}
     manager.save(6, second, {})  # reuses the pinned staging buffers
+    assert manager._stager.state_dict_cache is buffer
     manager.close()
     assert complete_steps(tmp_path) == [5, 6] and newest_complete(tmp_path) == tmp_path / "step_6"
     target = {"model": {"w": torch.zeros(1024, 1024)}}

@@ -112,3 +112,72 @@ def test_masked_lm_loss_sums_only_masked_tokens():
     model = TinyLM()
     expected = reference_loss(model, batch) * batch["loss_mask"].sum()
     assert masked_lm_loss(model, batch).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def fused_adamw(model, eps=1.0):
+    """Fused AdamW (as gptrain builds it on CUDA; the CPU has the kernel too). A large eps makes
+    the update depend on the gradient's size, so clipping shows in the parameters."""
+    return torch.optim.AdamW(model.parameters(), lr=0.1, eps=eps, weight_decay=0.1, fused=True)
+
+
+def test_fused_adamw_clips_and_steps_on_the_device_like_the_reference_adamw():
+    batches = [random_batch(4, 5, seed=seed) for seed in (11, 12, 13)]
+    model = TinyLM().double()
+    ref = copy.deepcopy(model)
+    opt = fused_adamw(model)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1, eps=1.0, weight_decay=0.1, foreach=False)
+    clip = None
+    for batch in batches:
+        ref_opt.zero_grad()
+        reference_loss(ref, batch).backward()
+        ref_norm = math.sqrt(sum(float((p.grad**2).sum()) for p in ref.parameters()))
+        clip = clip or ref_norm / 3  # the first steps are clipped
+        factor = min(1.0, clip / (ref_norm + 1e-6))
+        for p in ref.parameters():
+            p.grad.mul_(factor)
+        ref_opt.step()
+        result = train_step(model, opt, [batch], ConstantLossScaler(), CPU, StepOptions(clip_grad=clip))
+        assert result.updated and result.grad_norm == pytest.approx(ref_norm, rel=1e-6)
+    # The fused kernel takes the clip factor as a float32 scalar (as GradScaler's scale): each
+    # step's gradients carry its rounding, 2**-24 relative, so float64 agrees to about 1e-7.
+    for p, r in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, r, rtol=1e-6, atol=1e-9)
+        assert int(opt.state[p]["step"]) == len(batches)
+    assert opt.found_inf is None and opt.grad_scale is None  # nothing left for a later step
+
+
+def test_fused_adamw_skips_a_nonfinite_step_on_the_device():
+    batch = random_batch(2, 4, seed=5)
+    model = TinyLM().double()
+    opt = fused_adamw(model)
+    assert train_step(model, opt, [batch], ConstantLossScaler(), CPU, StepOptions(clip_grad=1.0)).updated
+    state = {p: {k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()}
+    before = [p.detach().clone() for p in model.parameters()]
+    handle = model.proj.weight.register_hook(lambda g: torch.full_like(g, float("nan")))
+    result = train_step(model, opt, [batch], ConstantLossScaler(), CPU, StepOptions(clip_grad=1.0))
+    handle.remove()
+    assert result.nonfinite and not result.updated and math.isnan(result.grad_norm)
+    assert all(p.grad is None for p in model.parameters())
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+        for key, value in state[p].items():
+            assert torch.equal(opt.state[p][key], value), key  # moments and step count unchanged
+
+
+def test_the_host_reads_the_step_after_the_update_is_queued(monkeypatch):
+    import gptrain.train.step as step_module
+
+    seen, original = [], step_module.read_on_host
+    watched = {}
+
+    def probe(*values):
+        seen.append(not torch.equal(watched["param"], watched["before"]))  # already updated?
+        return original(*values)
+
+    monkeypatch.setattr(step_module, "read_on_host", probe)
+    for model, make_optimizer, updated_before_read in ((TinyLM(), fused_adamw, True), (TinyLM(), sgd, False)):
+        watched.update(param=model.proj.weight, before=model.proj.weight.detach().clone())
+        opts = StepOptions(clip_grad=1.0)
+        train_step(model, make_optimizer(model), [random_batch(2, 4)], ConstantLossScaler(), CPU, opts)
+        # fused AdamW: the update was queued before the one host read; SGD: the read decides first
+        assert seen.pop() == updated_before_read
