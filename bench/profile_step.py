@@ -1,9 +1,9 @@
 """Where a training step's GPU time goes: gptrain's step against the compiled reference, profiled.
 
-    python bench/profile_step.py --micro-batch-size 8 --compile [--steps 3] [key.sub=value ...]
+    python bench/profile_step.py --micro-batch-size 8 --compile [--profile-steps 3] [key.sub=value ...]
 
 Same arguments as bench/train_step.py (same shapes, same fixed batch). After warm-up, each loop
-runs `--steps` steps under torch.profiler; the table gives, per step: wall time, the time some
+runs `--profile-steps` steps under torch.profiler; the table gives, per step: wall time, the time some
 kernel ran on the GPU (busy) and the rest (idle: launch gaps, host reads), then the kernels that
 took the most GPU time grouped by kind (GEMM, attention, fused elementwise/reduction, optimizer,
 copy). Use it to see whether a gap is GPU work or idle time before choosing what to change.
@@ -65,10 +65,12 @@ def profile(name: str, step, steps: int, warmup: int) -> dict:
             step()
         bench.synchronize(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         wall = (time.perf_counter() - start) * 1000 / steps
-    kernels = [  # device events, less the optimizer's range annotation (a span, not a kernel)
+    kernels = [  # device events, less range annotations (the optimizer's, compiled graphs': spans)
         e
         for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Optimizer.")
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and not e.name.startswith(("Optimizer.", "## Call CompiledFxGraph", "CompiledFunction"))
     ]
     intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
     by_kind: dict[str, float] = defaultdict(float)

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
 
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
 from gptrain.checkpoint.directory import LATEST, size_text, step_dir_bytes, step_dir_name
@@ -174,7 +175,7 @@ class CheckpointManager(CheckpointReader):
             # into this rank's checksum sidecar with its DCP files, hence into the manifest
             self._writer.checksums[rank_file.name] = write_rank_state(rank_file, rank_state)
             if self.async_save:
-                self._join_preparing()  # the buffer being pinned ahead is the one this save fills
+                self.wait_for_preparation()  # the buffer being pinned ahead is the one this save fills
                 self._start_background_save(step, path, state, started, waited)
                 return path
             dcp.save(state, checkpoint_id=str(path), storage_writer=self._writer)
@@ -226,9 +227,13 @@ class CheckpointManager(CheckpointReader):
         """Allocate the pinned staging buffer for states shaped like `state` now, in a background
         thread, so the first async save only copies into it (call once the optimizer state exists;
         `state` as later passed to `save`). Nothing to do for synchronous saves or on CPU, where
-        the staging copies are not pinned."""
+        the staging copies are not pinned, nor for sharded (DTensor) states, whose buffers torch
+        allocates by copying each shard to the host: on the device's stream, that would not be
+        background work."""
         if not self.async_save or not _stages_into_pinned_memory() or self._preparing is not None:
             return
+        if _holds_dtensors(state):
+            return  # torch would copy each shard to the host to allocate its buffer: the first save does it
         stager = self._staging()
         if getattr(stager, "state_dict_cache", False) is not None:
             return  # not a caching stager, or its buffer exists already
@@ -242,7 +247,8 @@ class CheckpointManager(CheckpointReader):
         self._preparing = threading.Thread(target=allocate, name="gptrain-pin-staging", daemon=True)
         self._preparing.start()
 
-    def _join_preparing(self) -> None:
+    def wait_for_preparation(self) -> None:
+        """Block until the staging buffer being prepared ahead (if any) is allocated."""
         if self._preparing is not None:
             self._preparing.join()
 
@@ -294,7 +300,7 @@ class CheckpointManager(CheckpointReader):
 
     def wait(self) -> None:
         """Block until a pending async save is written and marked complete, then report it."""
-        self._join_preparing()
+        self.wait_for_preparation()
         pending = self._pending
         if pending is None:
             return
@@ -436,7 +442,7 @@ class CheckpointManager(CheckpointReader):
         return None
 
     def _release_staging(self) -> None:
-        self._join_preparing()
+        self.wait_for_preparation()
         if self._stager is not None:
             self._stager.close()
             self._stager = None
@@ -460,6 +466,16 @@ def _stager_serves_one_save(version: str) -> bool:
 
 
 _STAGER_SERVES_ONE_SAVE = _stager_serves_one_save(torch.__version__)
+
+
+def _holds_dtensors(state: Any) -> bool:
+    if isinstance(state, DTensor):
+        return True
+    if isinstance(state, dict):
+        return any(_holds_dtensors(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return any(_holds_dtensors(value) for value in state)
+    return False
 
 
 def _stages_into_pinned_memory() -> bool:

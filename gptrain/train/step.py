@@ -161,7 +161,10 @@ def takes_device_skip(optimizer: torch.optim.Optimizer, params: list[torch.Tenso
 
     torch's fused Adam/AdamW read `grad_scale` (grads are divided by it) and `found_inf` (1 leaves
     parameters, moments and step counts as they were) from the optimizer, as GradScaler sets them.
-    DTensor parameters (FSDP2, TP) keep the host-decided path.
+    DTensor parameters (FSDP2, TP) keep the host-decided path. Unlike that path, a skipped step
+    still calls `optimizer.step()`: its hooks run, and a first step skipped creates the (zero)
+    moments; FP8's post-step scale update under FSDP2 assumes skipped steps do not step, which
+    holds as long as DTensor parameters stay excluded here.
     """
     return (
         all(group.get("fused") for group in optimizer.param_groups)

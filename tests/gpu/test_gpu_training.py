@@ -91,9 +91,10 @@ def test_async_checkpoint_round_trip_from_gpu(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=2, async_save=True)
     weights = torch.randn(1024, 1024, device="cuda")
     manager.prepare_staging({"model": {"w": weights}})  # pinned in the background, as the loop does
-    manager.save(5, {"model": {"w": weights}}, {})
+    manager.wait()  # also waits for the buffer being prepared
     buffer = manager._stager.state_dict_cache
-    assert buffer["model"]["w"].is_pinned()
+    assert buffer is not None and buffer["model"]["w"].is_pinned()  # before any save
+    manager.save(5, {"model": {"w": weights}}, {})
     manager.wait_for_staging()  # the optimizer step waits here before changing the weights
     expected = weights.cpu().clone()
     weights.add_(1.0)

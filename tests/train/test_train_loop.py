@@ -245,3 +245,27 @@ def test_a_bad_checkpoint_to_start_from_is_one_line_naming_it(tmp_path, capsys, 
     assert main(["train", "gpt3/126m", *overrides, f"exp_manager.resume_from_checkpoint={source}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"{source}" in err and message in err
+
+
+def test_async_checkpoint_staging_is_prepared_once_after_the_first_updating_step(monkeypatch):
+    """On CUDA the loop has the pinned staging buffer allocated in the background as soon as the
+    optimizer state exists (a step that updated); never for synchronous saves or on the CPU."""
+    from types import SimpleNamespace
+
+    from gptrain.train.step import StepResult
+
+    prepared = []
+    monkeypatch.setattr(loop, "checkpoint_state", lambda *parts: {"state": len(prepared)})
+    s = SimpleNamespace(
+        checkpoints=SimpleNamespace(async_save=True, prepare_staging=prepared.append),
+        device=torch.device("cuda"),
+        model=None, optimizer=None, schedule=None, scaler=None, state=None,
+    )  # fmt: skip
+    assert not loop.prepare_checkpoint_staging(s, StepResult(loss=float("nan"), nonfinite=True))
+    assert prepared == []  # no optimizer state yet: building its state dict would create one
+    assert loop.prepare_checkpoint_staging(s, StepResult(loss=2.0, updated=True))
+    assert prepared == [{"state": 0}]
+    for async_save, device in ((False, "cuda"), (True, "cpu")):
+        s.checkpoints.async_save, s.device = async_save, torch.device(device)
+        assert loop.prepare_checkpoint_staging(s, StepResult(loss=2.0, updated=True))
+    assert len(prepared) == 1
