@@ -259,7 +259,7 @@ def test_async_checkpoint_staging_is_prepared_once_after_the_first_updating_step
     s = SimpleNamespace(
         checkpoints=SimpleNamespace(async_save=True, prepare_staging=prepared.append),
         device=torch.device("cuda"),
-        model=None, optimizer=None, schedule=None, scaler=None, state=None,
+        model=torch.nn.Linear(2, 2), optimizer=None, schedule=None, scaler=None, state=None,
     )  # fmt: skip
     assert not loop.prepare_checkpoint_staging(s, StepResult(loss=float("nan"), nonfinite=True))
     assert prepared == []  # no optimizer state yet: building its state dict would create one
