@@ -93,7 +93,7 @@ def summary(plan: LaunchPlan, scripts: list[Path]) -> list[str]:
     for job, script in zip(plan.jobs, scripts, strict=True):
         lines.append(f"{job.stage}: {script}")
         lines.append(f"  config: {dry_run_path(config_path(job))}")
-        text = script.read_text().splitlines()
+        text = script.read_text().split("\n")  # bash's lines (a value may hold \x85 or \u2028)
         lines += [f"  {line}" for line in text if line.startswith(("#SBATCH", "srun", "exec"))]
     return lines
 

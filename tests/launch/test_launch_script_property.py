@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
@@ -118,7 +118,7 @@ def run_script(script: Path, stubs: Path, log: Path) -> subprocess.CompletedProc
 
 def sbatch_options(script: str) -> dict[str, str]:
     found = {}
-    for line in script.splitlines():
+    for line in script.split("\n"):  # bash's lines: str.splitlines would also cut at \x85, \u2028, ...
         if line.startswith("#SBATCH "):
             words = shlex.split(line[len("#SBATCH ") :])
             assert len(words) == 1, line  # one option per line, whatever the value
@@ -157,6 +157,7 @@ def check_arrival(key: str, text: str, script: Path, plan, log: Path) -> None:
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(KEYS), text=TEXT)
+@example(key="cluster.account", text="\x85")  # a line break to str.splitlines, not to bash
 def test_no_value_reaching_a_script_is_executed(stubs, key, text):
     if key in PATH_KEYS and key != "training.run.name":
         text = text.replace("/", "_") if key == "base_results_dir" else text
