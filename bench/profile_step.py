@@ -54,16 +54,16 @@ def busy_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1000
 
 
-def profile(name: str, step, steps: int, warmup: int) -> dict:
+def profile(name: str, step, steps: int, warmup: int, device: torch.device) -> dict:
     for _ in range(warmup):
         step()
-    bench.synchronize(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    bench.synchronize(device)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             step()
-        bench.synchronize(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        bench.synchronize(device)
         wall = (time.perf_counter() - start) * 1000 / steps
     kernels = [  # device events, less range annotations (the optimizer's, compiled graphs': spans)
         e
@@ -112,11 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     padded = pad_vocab_size(bench.GPT2_VOCAB, cfg.model.make_vocab_size_divisible_by, 1)
     model_config = builders.build_model_config(cfg, padded)
     batches = bench.random_microbatches(cfg, bench.GPT2_VOCAB, device)
-    rows = [profile(args.label, bench.gptrain_step(cfg, model_config, device, batches), steps, args.warmup)]
+    step = bench.gptrain_step(cfg, model_config, device, batches)
+    rows = [profile(args.label, step, steps, args.warmup, device)]
     bench.release(device)
     if args.reference in ("both", "compiled"):
         step = bench.reference_step(cfg, model_config, device, batches, compiled=True)
-        rows.append(profile("compiled reference", step, steps, args.warmup))
+        rows.append(profile("compiled reference", step, steps, args.warmup, device))
     report(rows)
     return 0
 

@@ -308,18 +308,12 @@ def prepare_checkpoint_staging(s: Session, result: StepResult) -> bool:
     goes on, so the first save does not stall for it. Waits for a step that updated (the
     optimizer state exists then, and building its state dict changes nothing); True when done
     or not needed."""
-    if not s.checkpoints.async_save or s.device.type != "cuda" or holds_sharded_parameters(s.model):
-        return True  # sharded (DTensor) states are not prepared ahead: see prepare_staging
+    if not s.checkpoints.async_save or s.device.type != "cuda":
+        return True
     if not result.updated:
         return False
     s.checkpoints.prepare_staging(checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state))
     return True
-
-
-def holds_sharded_parameters(model: nn.Module) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def report_save(s: Session, report: SaveReport) -> None:

@@ -180,11 +180,11 @@ def step_on_device(
     there: the host reads the step's results after the update is queued, so the device is not
     left idle while the host launches the optimizer, and the gradients are not rewritten by a
     separate clipping pass."""
-    found_inf = (~(torch.isfinite(loss) & torch.isfinite(norm))).to(torch.float32)
+    nonfinite = ~(torch.isfinite(loss) & torch.isfinite(norm))
     if clip_grad:
         coefficient = torch.clamp(clip_grad / (norm.to(torch.float32) + 1e-6), max=1.0)
-        optimizer.grad_scale = torch.where(found_inf.bool(), 1.0, 1.0 / coefficient)
-    optimizer.found_inf = found_inf
+        optimizer.grad_scale = torch.where(nonfinite, 1.0, 1.0 / coefficient)
+    optimizer.found_inf = nonfinite.to(torch.float32)
     try:
         optimizer.step()
     finally:
@@ -209,20 +209,21 @@ def train_step(
     if scaler.scale == 1.0 and grads and takes_device_skip(optimizer, params):
         norm_tensor = opts.grad_norm_fn(grads)
         step_on_device(optimizer, torch.as_tensor(loss, device=device), norm_tensor, opts.clip_grad)
-        return finish_step(optimizer, scaler, opts, *read_on_host(loss, tokens, norm_tensor), updated=True)
+        return finish_step(optimizer, scaler, opts, *read_on_host(loss, tokens, norm_tensor))
     if scaler.scale != 1.0:
         scale_grads(grads, 1.0 / scaler.scale)
     norm_tensor = opts.grad_norm_fn(grads) if grads else 0.0
     # The step's only wait for the device: loss, tokens and grad norm read together.
-    loss, tokens, norm = read_on_host(loss, tokens, norm_tensor)
-    result = finish_step(optimizer, scaler, opts, loss, tokens, norm, updated=False)
-    if result.nonfinite or result.overflow:
-        return result
-    if opts.clip_grad:
-        total = norm_tensor if isinstance(norm_tensor, torch.Tensor) else torch.tensor(norm, device=device)
-        clip_grads(params, opts.clip_grad, total)
-    optimizer.step()
-    result.updated = True
+    result = finish_step(optimizer, scaler, opts, *read_on_host(loss, tokens, norm_tensor))
+    if result.updated:
+        if opts.clip_grad:
+            total = (
+                norm_tensor
+                if isinstance(norm_tensor, torch.Tensor)
+                else torch.tensor(norm_tensor, device=device)
+            )
+            clip_grads(params, opts.clip_grad, total)
+        optimizer.step()
     return result
 
 
@@ -233,13 +234,9 @@ def finish_step(
     loss: float,
     tokens: float,
     norm: float,
-    updated: bool,
 ) -> StepResult:
-    """The step's outcome from its host-read values; a non-finite step drops its gradients.
-
-    `updated` says whether the update was already queued (on the device, skipped there if the
-    values are not finite); otherwise the caller steps when the result says it is finite.
-    """
+    """The step's outcome from its host-read values: a finite step updates (the caller steps, or
+    the device already did), a non-finite one drops its gradients (and was skipped on the device)."""
     tokens = int(tokens)
     if not math.isfinite(loss):
         optimizer.zero_grad(set_to_none=True)
@@ -250,4 +247,4 @@ def finish_step(
         optimizer.zero_grad(set_to_none=True)
         fp16 = opts.precision == "16"
         return StepResult(loss=loss, grad_norm=norm, overflow=fp16, nonfinite=not fp16, tokens=tokens)
-    return StepResult(loss=loss, grad_norm=norm, updated=updated, tokens=tokens)
+    return StepResult(loss=loss, grad_norm=norm, updated=True, tokens=tokens)
