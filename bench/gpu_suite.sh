@@ -22,6 +22,8 @@ if [[ $part == tests || $part == all ]]; then
 fi
 if [[ $part == step || $part == all ]]; then
   run step_126m 300 "$py" bench/train_step.py --micro-batch-size 8 --compile --steps 20 --warmup 5 --separate-projections "${nodrop[@]}"
+  # trainer.run_ahead's order against gptrain's step and the reference, all timed back to back
+  run step_126m_ahead 240 "$py" bench/train_step.py --micro-batch-size 8 --compile --steps 30 --warmup 5 --run-ahead --reference compiled "${nodrop[@]}"
   run profile_126m 120 "$py" bench/profile_step.py --micro-batch-size 8 --compile --warmup 4 --reference compiled "${nodrop[@]}"
   run step_1p3b 200 "$py" bench/train_step.py "${shape_13b[@]}" --compile --steps 10 --warmup 4 --reference compiled "${nodrop[@]}"
 fi

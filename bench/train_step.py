@@ -11,6 +11,8 @@ own forward/backward/AdamW step, the loop everyone writes first. Both see the sa
 batch. Prints a table and one JSON line (machine-readable; docs/performance.md quotes it).
 `--separate-projections` adds gptrain with q/k/v (and w1/w3) as separate GEMMs, as before
 gptrain.models.gpt.fused_linears, to measure what the fused GEMM gains in the same command.
+`--run-ahead` adds gptrain in the loop's order with trainer.run_ahead (the next step's
+forward/backward queued before a step's results are read) and times every row back to back.
 """
 
 from __future__ import annotations
@@ -37,7 +39,15 @@ from gptrain.models.flops import (
 )
 from gptrain.parallel.mesh import World
 from gptrain.train import builders
-from gptrain.train.step import PRECISION_DTYPES, Batch, train_step
+from gptrain.train.step import (
+    PRECISION_DTYPES,
+    Batch,
+    queue_device_update,
+    queue_forward_backward,
+    step_outcome,
+    train_step,
+    updates_on_device,
+)
 
 GPT2_VOCAB = 50257
 
@@ -78,6 +88,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--separate-projections",
         action="store_true",
         help="also run gptrain with q/k/v (and w1/w3) as separate GEMMs (the baseline of the fused GEMM)",
+    )
+    parser.add_argument(
+        "--run-ahead",
+        action="store_true",
+        help="also run gptrain in the loop's order with trainer.run_ahead (the next step's forward/backward "
+        "queued before a step is read); every row is then timed back to back (implies --back-to-back)",
+    )
+    parser.add_argument(
+        "--back-to-back",
+        action="store_true",
+        help="time the steps as one window (one synchronisation before and after) instead of each step "
+        "alone; the mean step time, as a training run sees it",
     )
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     return parser.parse_intermixed_args(argv)
@@ -121,11 +143,9 @@ def random_microbatches(cfg: TrainingConfig, vocab: int, device: torch.device) -
     return batches
 
 
-def gptrain_step(
-    cfg: TrainingConfig, model_config, device: torch.device, batches: list[Batch], separate: bool = False
-) -> Callable[[], float]:
-    """What `gptrain train` runs on one device: the parallel seam (AC, FP8, compile as
-    configured), the layout's step options (the compiled loss), gptrain's AdamW and train_step."""
+def gptrain_parts(cfg: TrainingConfig, model_config, device: torch.device, separate: bool = False) -> tuple:
+    """What `gptrain train` builds on one device: the parallel seam (AC, FP8, compile as
+    configured), gptrain's AdamW and loss scaler, the layout's step options (the compiled loss)."""
     world = World(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=0)
     builders.seed_everything(cfg.model.seed)
     model = builders.build_parallel_model(model_config, cfg, world, device)
@@ -134,7 +154,34 @@ def gptrain_step(
     optimizer = builders.build_adamw(cfg, model, device)
     scaler = builders.build_scaler(cfg)
     opts = builders.with_parallel_seams(builders.build_step_options(cfg, 1), model)
+    return model, optimizer, scaler, opts
+
+
+def gptrain_step(
+    cfg: TrainingConfig, model_config, device: torch.device, batches: list[Batch], separate: bool = False
+) -> Callable[[], float]:
+    """gptrain's train_step: the step reads its results before the next one is queued."""
+    model, optimizer, scaler, opts = gptrain_parts(cfg, model_config, device, separate)
     return lambda: train_step(model, optimizer, batches, scaler, device, opts).loss
+
+
+def gptrain_run_ahead(
+    cfg: TrainingConfig, model_config, device: torch.device, batches: list[Batch]
+) -> Callable[[], float] | None:
+    """The loop's order with trainer.run_ahead between steps that need no bookkeeping
+    (gptrain.train.overlap): queue this step's update, then the next step's forward/backward, then
+    read this step. None where the update needs the host (no fused AdamW: the CPU, fp16)."""
+    model, optimizer, scaler, opts = gptrain_parts(cfg, model_config, device)
+    if not updates_on_device(optimizer, scaler):
+        return None
+    queued = [queue_forward_backward(model, optimizer, batches, scaler, device, opts)]
+
+    def step() -> float:
+        result = queue_device_update(optimizer, *queued[0], device, opts)
+        queued[0] = queue_forward_backward(model, optimizer, batches, scaler, device, opts)
+        return step_outcome(scaler, opts, *result.read()).loss
+
+    return step
 
 
 class ReferenceBlock(nn.Module):
@@ -252,19 +299,27 @@ def synchronize(device: torch.device) -> None:
 
 
 def measure(name: str, step: Callable[[], float], args: argparse.Namespace, work: dict) -> Measurement:
-    """Median step time over `args.steps` timed steps after `args.warmup` untimed ones."""
+    """Median step time over `args.steps` timed steps after `args.warmup` untimed ones (with
+    --back-to-back or --run-ahead: their mean over one window, as a run sees them)."""
     device = work["device"]
     losses = [step() for _ in range(args.warmup)]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(args.steps):
+    if args.back_to_back or args.run_ahead:
         synchronize(device)
         start = time.perf_counter()
-        losses.append(step())
+        losses.extend(step() for _ in range(args.steps))
         synchronize(device)
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
+        seconds = (time.perf_counter() - start) / args.steps
+    else:
+        times = []
+        for _ in range(args.steps):
+            synchronize(device)
+            start = time.perf_counter()
+            losses.append(step())
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
     tflops = work["flops"] / seconds / 1e12
     peak_memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return Measurement(
@@ -321,6 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     batches = random_microbatches(cfg, GPT2_VOCAB, device)
     rows = [measure(args.label, gptrain_step(cfg, model_config, device, batches), args, work)]
     release(device)
+    if args.run_ahead:
+        step = gptrain_run_ahead(cfg, model_config, device, batches)
+        if step is None:
+            print("--run-ahead: this run's update needs the host (no fused AdamW here): not measured")
+        else:
+            rows.append(measure(f"{args.label}, run ahead", step, args, work))
+            release(device)
     if args.separate_projections:
         step = gptrain_step(cfg, model_config, device, batches, separate=True)
         rows.append(measure(f"{args.label}, separate q/k/v GEMMs", step, args, work))

@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import threading
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
+from gptrain.checkpoint.crc32 import crc32
 from gptrain.utils.atomic import atomic_write_text
 
 SIDECAR_PREFIX = ".checksums.rank"
@@ -44,7 +44,7 @@ class _Crc32Stream:
         for start in range(0, len(view), WRITE_PIECE_BYTES):
             piece = view[start : start + WRITE_PIECE_BYTES]
             if self.crc is not None:
-                self.crc = zlib.crc32(piece, self.crc)
+                self.crc = crc32(piece, self.crc)
             self._stream.write(piece)
         return len(view)
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import zlib
 from pathlib import Path
+
+from gptrain.checkpoint.crc32 import crc32
 
 COMPLETE = "COMPLETE"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -62,7 +63,7 @@ def file_crc32(path: Path, chunk: int = 16 << 20) -> str:
     crc = 0
     with path.open("rb") as handle:
         while block := handle.read(chunk):
-            crc = zlib.crc32(block, crc)
+            crc = crc32(block, crc)
     return f"{crc:08x}"
 
 

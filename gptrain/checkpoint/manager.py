@@ -30,7 +30,6 @@ import shutil
 import threading
 import time
 import warnings
-import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
+from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.directory import LATEST, size_text, step_dir_bytes, step_dir_name
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_record, complete_steps, is_complete
 from gptrain.checkpoint.reader import CheckpointReader, is_distributed, root_cause
@@ -503,4 +503,4 @@ def write_rank_state(path: Path, rank_state: dict[str, Any]) -> str:
     torch.save(rank_state, buffer)
     data = buffer.getvalue()
     atomic_write_bytes(path, data)
-    return f"{zlib.crc32(data):08x}"
+    return f"{crc32(data):08x}"

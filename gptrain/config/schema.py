@@ -56,6 +56,10 @@ class TrainerConfig:
     hang_timeout_minutes: float = 10.0
     """gptrain extension: a rank whose training step makes no progress for this long (after its
     first step) ends the job with exit 76, naming the stuck rank and host; 0 disables the watchdog."""
+    run_ahead: bool = True
+    """gptrain extension: queue the next step's forward/backward before reading a step's loss and
+    grad norm, where the update needs no host decision (fused AdamW on the GPU, bf16/fp32, no FSDP2
+    or TP), so the GPU is not idle while the host bookkeeps; the same steps in the same order."""
 
     def resolved_accelerator(self) -> str:
         """`gpu` or `cpu`; `auto` becomes gpu iff CUDA is available (imports torch)."""

@@ -40,6 +40,7 @@ from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
 from gptrain.train.meter import IntervalMeter, RunShape, interval_report
 from gptrain.train.metrics import evaluation_scalars
+from gptrain.train.overlap import StepRunner, can_run_ahead
 from gptrain.train.rampup import BatchRamp
 from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, RunLog, Scalars, write_run_files
 from gptrain.train.run_lock import claim_run_directory, requeued_own_checkpoint
@@ -392,29 +393,31 @@ def run(
     meter = IntervalMeter(start_step=s.state.step)
     times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
     agreement = StopAgreement()
+    runner = StepRunner(s, batches, can_run_ahead(s))
     saved_at = validated_at = -1
     staging_prepared = False
+    stopping: str | None = None  # agreed while the next step was queued ahead: it finishes first
     while s.state.step < t.max_steps:
-        s.schedule.apply()
-        samples = s.current_global_batch()
-        batch = next(batches)
-        with s.watchdog.step(s.state.step + 1):
-            result = s.step_fn(batch)
+        step = s.state.step + 1
+        logged = step == meter.start_step + 1 or step % t.log_every_n_steps == 0
+        with s.watchdog.step(step):
+            result, samples = runner.next(stopping is None and quiet_boundary(s, step, logged))
         record(s, result, samples)
         if not staging_prepared:
             staging_prepared = prepare_checkpoint_staging(s, result)
         s.checkpoints.poll()
         # Megatron prints the rate after the scheduler step: the one the next iteration uses
         meter.add(result, s.schedule.current_lr(), s.scaler.scale, samples)
-        logged = s.state.step == meter.start_step + 1 or s.state.step % t.log_every_n_steps == 0
         if logged:
             log_interval(s, meter)
         check_finite(s, result)
         reason = times.timed_sync(s.state.step, logged, partial(agreement.exchange, stop.reason(), logged))
-        if reason is not None and s.state.step < t.max_steps:  # at max_steps: finish normally
+        stopping = stopping or reason
+        # at max_steps: finish normally; with a step queued ahead: stop after it
+        if stopping is not None and s.state.step < t.max_steps and not runner.ahead:
             save_checkpoint(s)
             s.checkpoints.wait()
-            s.log(f"stopping at iteration {s.state.step}: {reason}; exit {EXIT_REQUEUE} to be requeued")
+            s.log(f"stopping at iteration {s.state.step}: {stopping}; exit {EXIT_REQUEUE} to be requeued")
             return EXIT_REQUEUE
         if every and s.state.step % every == 0 and s.state.consecutive_nonfinite == 0:
             with meter.excluded():  # not during a non-finite streak: the last good one stays newest
@@ -431,6 +434,18 @@ def run(
     s.checkpoints.wait()
     evaluate_split(s, test_data, t.limit_test_batches, " on test set", TB_TEST_LOSS)
     return 0
+
+
+def quiet_boundary(s: Session, step: int, logged: bool) -> bool:
+    """Whether nothing after `step` needs the run's state exactly there (no log line, checkpoint,
+    validation or end), so the next step may be queued before this one is read (StepRunner)."""
+    t, every = s.cfg.trainer, s.cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
+    return not (
+        logged
+        or step >= t.max_steps
+        or (every and step % every == 0)
+        or (t.val_check_interval and step % t.val_check_interval == 0)
+    )
 
 
 def log_interval(s: Session, meter: IntervalMeter) -> None:

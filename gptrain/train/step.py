@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from gptrain.parallel.data_parallel import gradient_sync
 from gptrain.parallel.grad_norm import clip_grads, scale_grads
-from gptrain.train.loss_scale import LossScaler
+from gptrain.train.loss_scale import ConstantLossScaler, LossScaler
 
 Batch = dict[str, torch.Tensor]
 PRECISION_DTYPES = {"32": None, "16": torch.float16, "bf16": torch.bfloat16}
@@ -146,14 +146,9 @@ def no_sync_unless_last(model: nn.Module, last: bool) -> contextlib.AbstractCont
 
 def read_on_host(*values: float | int | torch.Tensor) -> list[float]:
     """The values as Python floats, with at most one device synchronisation for all of them."""
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    if not tensors:
+    if not any(isinstance(v, torch.Tensor) for v in values):
         return [float(v) for v in values]
-    device = tensors[0].device
-    stacked = torch.stack(
-        [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values]
-    )
-    return stacked.tolist()
+    return stack_as_float64(values).tolist()
 
 
 def takes_device_skip(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool:
@@ -191,6 +186,76 @@ def step_on_device(
         optimizer.grad_scale = optimizer.found_inf = None
 
 
+@dataclass
+class QueuedResult:
+    """A step's (loss, tokens, grad norm), queued for the host behind the step's update.
+
+    On a GPU they are copied into pinned host memory behind the update and an event is recorded, so
+    `read` waits for this step's work only, not for anything queued after it (the next step's
+    forward/backward, when the loop runs ahead: gptrain.train.overlap).
+    """
+
+    values: torch.Tensor
+    ready: torch.cuda.Event | None = None
+
+    @classmethod
+    def queue(cls, *values: float | int | torch.Tensor) -> QueuedResult:
+        stacked = stack_as_float64(values)
+        if stacked.device.type != "cuda":
+            return cls(stacked)
+        host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+        host.copy_(stacked, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(host, ready)
+
+    def read(self) -> list[float]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.values.tolist()
+
+
+def stack_as_float64(values: tuple[float | int | torch.Tensor, ...]) -> torch.Tensor:
+    """The values as one float64 vector on the device of the first tensor among them."""
+    device = next(v.device for v in values if isinstance(v, torch.Tensor))
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
+
+
+def updates_on_device(optimizer: torch.optim.Optimizer, scaler: LossScaler) -> bool:
+    """Whether every step of this run can be updated and skipped on the device (see takes_device_skip):
+    what lets the loop queue the next forward/backward before reading a step's results."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    constant = isinstance(scaler, ConstantLossScaler) and scaler.scale == 1.0
+    return constant and bool(params) and takes_device_skip(optimizer, params)
+
+
+def queue_forward_backward(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    microbatches: list[Batch],
+    scaler: LossScaler,
+    device: torch.device,
+    opts: StepOptions,
+) -> tuple[float | torch.Tensor, int | torch.Tensor]:
+    """Fresh gradients of the global batch; (mean loss, tokens), still on the device."""
+    optimizer.zero_grad(set_to_none=True)
+    return (opts.forward_backward or forward_backward)(model, microbatches, scaler.scale, device, opts)
+
+
+def queue_device_update(
+    optimizer: torch.optim.Optimizer,
+    loss: float | torch.Tensor,
+    tokens: int | torch.Tensor,
+    device: torch.device,
+    opts: StepOptions,
+) -> QueuedResult:
+    """Clip, check and update on the device (step_on_device); the step's results queued for the host."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    norm = opts.grad_norm_fn(grads)
+    step_on_device(optimizer, torch.as_tensor(loss, device=device), norm, opts.clip_grad)
+    return QueuedResult.queue(loss, tokens, norm)
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -200,51 +265,44 @@ def train_step(
     opts: StepOptions,
 ) -> StepResult:
     """Forward/backward all micro-batches, then unscale, check, clip and step (or skip)."""
-    optimizer.zero_grad(set_to_none=True)
-    loss, tokens = (opts.forward_backward or forward_backward)(
-        model, microbatches, scaler.scale, device, opts
-    )
+    loss, tokens = queue_forward_backward(model, optimizer, microbatches, scaler, device, opts)
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     grads = [p.grad for p in params]
     if scaler.scale == 1.0 and grads and takes_device_skip(optimizer, params):
-        norm_tensor = opts.grad_norm_fn(grads)
-        step_on_device(optimizer, torch.as_tensor(loss, device=device), norm_tensor, opts.clip_grad)
-        return finish_step(optimizer, scaler, opts, *read_on_host(loss, tokens, norm_tensor))
+        result = step_outcome(
+            scaler, opts, *queue_device_update(optimizer, loss, tokens, device, opts).read()
+        )
+        if not result.updated:
+            optimizer.zero_grad(set_to_none=True)  # skipped on the device: its gradients are dropped too
+        return result
     if scaler.scale != 1.0:
         scale_grads(grads, 1.0 / scaler.scale)
     norm_tensor = opts.grad_norm_fn(grads) if grads else 0.0
     # The step's only wait for the device: loss, tokens and grad norm read together.
-    result = finish_step(optimizer, scaler, opts, *read_on_host(loss, tokens, norm_tensor))
-    if result.updated:
-        if opts.clip_grad:
-            total = (
-                norm_tensor
-                if isinstance(norm_tensor, torch.Tensor)
-                else torch.tensor(norm_tensor, device=device)
-            )
-            clip_grads(params, opts.clip_grad, total)
-        optimizer.step()
+    result = step_outcome(scaler, opts, *read_on_host(loss, tokens, norm_tensor))
+    if not result.updated:
+        optimizer.zero_grad(set_to_none=True)
+        return result
+    if opts.clip_grad:
+        total = (
+            norm_tensor if isinstance(norm_tensor, torch.Tensor) else torch.tensor(norm_tensor, device=device)
+        )
+        clip_grads(params, opts.clip_grad, total)
+    optimizer.step()
     return result
 
 
-def finish_step(
-    optimizer: torch.optim.Optimizer,
-    scaler: LossScaler,
-    opts: StepOptions,
-    loss: float,
-    tokens: float,
-    norm: float,
+def step_outcome(
+    scaler: LossScaler, opts: StepOptions, loss: float, tokens: float, norm: float
 ) -> StepResult:
-    """The step's outcome from its host-read values: a finite step updates (the caller steps, or
-    the device already did), a non-finite one drops its gradients (and was skipped on the device)."""
+    """The step's outcome from its host-read values: finite steps update (the caller steps, or the
+    device already did), non-finite ones are skipped (the host-path caller drops their gradients)."""
     tokens = int(tokens)
     if not math.isfinite(loss):
-        optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=loss, nonfinite=True, tokens=tokens)
     found_inf = not math.isfinite(norm)
     scaler.update(found_inf)
     if found_inf:
-        optimizer.zero_grad(set_to_none=True)
         fp16 = opts.precision == "16"
         return StepResult(loss=loss, grad_norm=norm, overflow=fp16, nonfinite=not fp16, tokens=tokens)
     return StepResult(loss=loss, grad_norm=norm, updated=True, tokens=tokens)

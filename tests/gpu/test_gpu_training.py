@@ -54,6 +54,35 @@ def test_resume_is_exact_on_gpu(tmp_path, monkeypatch, precision, compile_model)
     assert {**first, **second} == full
 
 
+@pytest.mark.parametrize("compile_model", ["false", "true"])
+def test_running_ahead_is_the_same_run_on_gpu(tmp_path, monkeypatch, compile_model):
+    """trainer.run_ahead with the GPU's fused AdamW: the next step queued before the read (copied
+    to pinned memory behind an event) gives the same losses as step by step, and a stop that comes
+    while a step is queued ahead resumes exactly."""
+    from test_run_ahead import QUIET, SHAPE
+
+    from gptrain.train import overlap
+
+    ahead, real_next = [], overlap.StepRunner.next
+
+    def recording_next(runner, may_run_ahead):
+        result = real_next(runner, may_run_ahead)
+        if runner.ahead:
+            ahead.append(runner.s.state.step + 1)
+        return result
+
+    monkeypatch.setattr(overlap.StepRunner, "next", recording_next)
+    extra = [*MOCK, *GPU, *SHAPE, "trainer.precision=bf16", f"model.compile={compile_model}"]
+    behind = run_recording(monkeypatch, tiny_config(tmp_path / "behind", *extra, "trainer.run_ahead=false"))
+    assert ahead == [] and behind[0] == 0
+    code, full = run_recording(monkeypatch, tiny_config(tmp_path / "ahead", *extra))
+    assert ahead == QUIET and (code, full) == behind
+    code, first = run_recording(monkeypatch, tiny_config(tmp_path / "split", *extra), signal_at=2)
+    assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]  # step 3 was queued: it finished
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path / "split", *extra))
+    assert code == 0 and {**first, **second} == full
+
+
 def test_compiled_loss_matches_eager_within_bf16_tolerance():
     config = GPTConfig(vocab_size=512, seq_length=128, num_layers=2, hidden_size=128, num_attention_heads=4,
                        hidden_dropout=0.0, attention_dropout=0.0)  # fmt: skip

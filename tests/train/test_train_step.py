@@ -174,7 +174,9 @@ def test_the_host_reads_the_step_after_the_update_is_queued(monkeypatch):
         seen.append(not torch.equal(watched["param"], watched["before"]))  # already updated?
         return original(*values)
 
+    # the host path's read, and the device path's
     monkeypatch.setattr(step_module, "read_on_host", probe)
+    monkeypatch.setattr(step_module.QueuedResult, "read", lambda self: probe(*self.values))
     for model, make_optimizer, updated_before_read in ((TinyLM(), fused_adamw, True), (TinyLM(), sgd, False)):
         watched.update(param=model.proj.weight, before=model.proj.weight.detach().clone())
         opts = StepOptions(clip_grad=1.0)

@@ -1,0 +1,125 @@
+"""trainer.run_ahead: with fused AdamW (run here on the CPU) the loop queues the next step's
+forward/backward before reading a step's results. The run must be the same run bit for bit:
+losses, skips, checkpoints, and a stop that comes while a step is queued ahead."""
+
+import math
+
+import pytest
+import torch
+from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
+
+from gptrain.checkpoint.integrity import complete_steps
+from gptrain.errors import EXIT_REQUEUE
+from gptrain.train import builders, overlap
+from gptrain.train.step import StepOptions, masked_lm_loss
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+# Boundaries that need the state (log 1, 5, 10; save 4, 8, 12; validate 6, 12; the end 12) leave
+# steps 2, 3, 7, 9 and 11 to queue their next step ahead.
+SHAPE = [
+    "trainer.max_steps=12",
+    "trainer.log_every_n_steps=5",
+    "trainer.val_check_interval=6",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps=4",
+    "exp_manager.checkpoint_callback_params.save_top_k=5",
+]
+QUIET = [2, 3, 7, 9, 11]
+
+
+@pytest.fixture
+def fused_adamw(monkeypatch):
+    """The optimizer gptrain builds on a GPU (fused AdamW), here on the CPU; records which steps
+    returned with the next one queued ahead."""
+    real = builders.build_optimizer
+    monkeypatch.setattr(builders, "build_optimizer", lambda *args: real(*args[:-1], "cuda"))
+    ahead: list[int] = []
+    real_next = overlap.StepRunner.next
+
+    def recording_next(runner, may_run_ahead):
+        result = real_next(runner, may_run_ahead)
+        if runner.ahead:
+            ahead.append(runner.s.state.step + 1)
+        return result
+
+    monkeypatch.setattr(overlap.StepRunner, "next", recording_next)
+    return ahead
+
+
+def weights(log_dir, step):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    target = log_dir / f"weights_{step}.pt"
+    dcp_to_torch_save(log_dir / "checkpoints" / f"step_{step}", target)
+    return torch.load(target, weights_only=False)
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            assert_same_state(a[key], b[key])
+        elif isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+def test_running_ahead_is_the_same_run_bit_for_bit(tmp_path, monkeypatch, fused_adamw):
+    code, behind = run_recording(
+        monkeypatch, tiny_config(tmp_path / "behind", *MOCK, *SHAPE, "trainer.run_ahead=false")
+    )
+    assert code == 0 and fused_adamw == []
+    code, ahead = run_recording(monkeypatch, tiny_config(tmp_path / "ahead", *MOCK, *SHAPE))
+    assert code == 0 and fused_adamw == QUIET
+    assert ahead == behind  # every iteration's loss, exactly
+    for step in (4, 8, 12):  # weights, AdamW moments and step counts, schedule, counters
+        assert_same_state(weights(tmp_path / "ahead", step), weights(tmp_path / "behind", step))
+    validation = [
+        [line for line in log_lines(tmp_path / d) if "validation loss" in line] for d in ("ahead", "behind")
+    ]
+    assert validation[0] == validation[1] and len(validation[0]) == 3
+
+
+def test_a_nonfinite_step_queued_behind_its_successor_is_skipped_the_same(tmp_path, monkeypatch, fused_adamw):
+    """Step 3's loss is NaN; step 4's forward/backward is already queued when that is read."""
+
+    def nan_at_step_3(model, batch):
+        calls.append(1)
+        loss = masked_lm_loss(model, batch)
+        return loss * float("nan") if len(calls) in (5, 6) else loss  # 2 micro-batches a step
+
+    real = builders.build_step_options
+    monkeypatch.setattr(
+        builders,
+        "build_step_options",
+        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": nan_at_step_3}),
+    )
+    runs = {}
+    for name, run_ahead in (("behind", "false"), ("ahead", "true")):
+        calls: list[int] = []
+        cfg = tiny_config(tmp_path / name, *MOCK, *SHAPE, f"trainer.run_ahead={run_ahead}")
+        runs[name] = run_recording(monkeypatch, cfg)
+    assert 3 in fused_adamw  # the NaN step was read with step 4 queued
+    (code_a, ahead), (code_b, behind) = runs["ahead"], runs["behind"]
+    assert code_a == code_b == 0 and math.isnan(ahead[3]) and math.isnan(behind[3])
+    assert {k: v for k, v in ahead.items() if k != 3} == {k: v for k, v in behind.items() if k != 3}
+    for step in (4, 12):
+        a, b = weights(tmp_path / "ahead", step), weights(tmp_path / "behind", step)
+        assert a["train"]["nan_iterations"] == 1
+        assert_same_state(a, b)
+
+
+def test_a_stop_while_a_step_is_queued_ahead_stops_after_it_and_resumes_bit_exact(
+    tmp_path, monkeypatch, fused_adamw
+):
+    code, full = run_recording(monkeypatch, tiny_config(tmp_path / "full", *MOCK, *SHAPE))
+    assert code == 0
+    cfg = tiny_config(tmp_path / "split", *MOCK, *SHAPE)
+    code, first = run_recording(monkeypatch, cfg, signal_at=2)  # step 3 is queued when it is seen
+    assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]
+    assert complete_steps(tmp_path / "split" / "checkpoints") == [3]
+    assert any(line.startswith("stopping at iteration 3: ") for line in log_lines(tmp_path / "split"))
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path / "split", *MOCK, *SHAPE))
+    assert code == 0 and first | second == full
+    assert_same_state(weights(tmp_path / "split", 12), weights(tmp_path / "full", 12))
