@@ -8,7 +8,9 @@ Seams for parallel layouts (gptrain/parallel plugs in here without touching the 
   builders.build_step_options       loss all-reduce (`reduce_sum`) and grad-norm function
   builders.with_parallel_seams      the layout's reduce/norm and, for TP/PP, forward_backward/eval_fn
   Session.step_fn                   one optimizer step (step.train_step); TP and pipeline layouts
-                                    plug in through StepOptions.forward_backward/eval_fn instead
+                                    plug in through StepOptions.forward_backward/eval_fn instead.
+                                    With trainer.run_ahead where updates are decided on the device,
+                                    overlap.StepRunner runs the step's parts itself, one step ahead
   builders.is_logging_rank          the rank that prints iteration lines (last pipeline stage)
   stop_agreement.StopAgreement      every rank stops (and checkpoints) at the same step
 With world size 1 no process group is created.
