@@ -387,7 +387,7 @@ def run(
 
     At the end: validation (unless just done), the final checkpoint, the test split.
     """
-    t, every = s.cfg.trainer, s.cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
+    t = s.cfg.trainer
     if s.state.step >= t.max_steps:
         s.log(f"iteration {s.state.step} is already at trainer.max_steps={t.max_steps}: nothing to do")
         return 0
@@ -417,15 +417,12 @@ def run(
         stopping = stopping or reason
         # at max_steps: finish normally; with a step queued ahead: stop after it
         if stopping is not None and s.state.step < t.max_steps and not runner.ahead:
-            save_checkpoint(s)
-            s.checkpoints.wait()
-            s.log(f"stopping at iteration {s.state.step}: {stopping}; exit {EXIT_REQUEUE} to be requeued")
-            return EXIT_REQUEUE
-        if every and s.state.step % every == 0 and s.state.consecutive_nonfinite == 0:
+            return stop_for_requeue(s, stopping)
+        if saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
             with meter.excluded():  # not during a non-finite streak: the last good one stays newest
                 save_checkpoint(s)
             saved_at = s.state.step
-        if t.val_check_interval and s.state.step % t.val_check_interval == 0:
+        if validates_at(s, s.state.step):
             with meter.excluded():
                 validate(s, valid_data)
             validated_at = s.state.step
@@ -438,16 +435,29 @@ def run(
     return 0
 
 
+def stop_for_requeue(s: Session, reason: str) -> int:
+    """Checkpoint where every rank agreed to stop, wait for it, and exit to be requeued."""
+    save_checkpoint(s)
+    s.checkpoints.wait()
+    s.log(f"stopping at iteration {s.state.step}: {reason}; exit {EXIT_REQUEUE} to be requeued")
+    return EXIT_REQUEUE
+
+
+def saves_at(s: Session, step: int) -> bool:
+    """A checkpoint is due after `step` (exp_manager.checkpoint_callback_params.every_n_train_steps)."""
+    every = s.cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
+    return bool(every) and step % every == 0
+
+
+def validates_at(s: Session, step: int) -> bool:
+    interval = s.cfg.trainer.val_check_interval
+    return bool(interval) and step % interval == 0
+
+
 def quiet_boundary(s: Session, step: int, logged: bool) -> bool:
     """Whether nothing after `step` needs the run's state exactly there (no log line, checkpoint,
     validation or end), so the next step may be queued before this one is read (StepRunner)."""
-    t, every = s.cfg.trainer, s.cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
-    return not (
-        logged
-        or step >= t.max_steps
-        or (every and step % every == 0)
-        or (t.val_check_interval and step % t.val_check_interval == 0)
-    )
+    return not (logged or step >= s.cfg.trainer.max_steps or saves_at(s, step) or validates_at(s, step))
 
 
 def log_interval(s: Session, meter: IntervalMeter) -> None:

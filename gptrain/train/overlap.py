@@ -28,7 +28,7 @@ from gptrain.train.step import (
     StepResult,
     queue_device_update,
     queue_forward_backward,
-    step_outcome,
+    read_device_step,
     updates_on_device,
 )
 
@@ -69,9 +69,7 @@ class StepRunner:
         queued = queue_device_update(s.optimizer, loss, tokens, s.device, s.step_opts)
         if may_run_ahead and samples == s.cfg.model.global_batch_size:
             self._ahead = self._forward_backward(next(self.batches)), samples
-        result = step_outcome(s.scaler, s.step_opts, *queued.read())
-        if not result.updated and self._ahead is None:
-            s.optimizer.zero_grad(set_to_none=True)  # as train_step drops a skipped step's gradients
+        result = read_device_step(queued, s.optimizer, s.scaler, s.step_opts, next_step_queued=self.ahead)
         return result, samples
 
     def _forward_backward(self, batch: list[Batch]) -> Queued:

@@ -200,6 +200,7 @@ class QueuedResult:
 
     @classmethod
     def queue(cls, *values: float | int | torch.Tensor) -> QueuedResult:
+        """Queue the copy to the host behind the work queued so far (nothing waits here)."""
         stacked = stack_as_float64(values)
         if stacked.device.type != "cuda":
             return cls(stacked)
@@ -210,6 +211,7 @@ class QueuedResult:
         return cls(host, ready)
 
     def read(self) -> list[float]:
+        """The values as floats, once the work queued before them is done."""
         if self.ready is not None:
             self.ready.synchronize()
         return self.values.tolist()
@@ -256,6 +258,22 @@ def queue_device_update(
     return QueuedResult.queue(loss, tokens, norm)
 
 
+def read_device_step(
+    queued: QueuedResult,
+    optimizer: torch.optim.Optimizer,
+    scaler: LossScaler,
+    opts: StepOptions,
+    next_step_queued: bool = False,
+) -> StepResult:
+    """The outcome of a step updated (or skipped) on the device, from its queued results. A skipped
+    step's gradients are dropped, as the host path drops them, unless they are already the next
+    step's (the loop ran ahead)."""
+    result = step_outcome(scaler, opts, *queued.read())
+    if not result.updated and not next_step_queued:
+        optimizer.zero_grad(set_to_none=True)
+    return result
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -269,12 +287,9 @@ def train_step(
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     grads = [p.grad for p in params]
     if scaler.scale == 1.0 and grads and takes_device_skip(optimizer, params):
-        result = step_outcome(
-            scaler, opts, *queue_device_update(optimizer, loss, tokens, device, opts).read()
+        return read_device_step(
+            queue_device_update(optimizer, loss, tokens, device, opts), optimizer, scaler, opts
         )
-        if not result.updated:
-            optimizer.zero_grad(set_to_none=True)  # skipped on the device: its gradients are dropped too
-        return result
     if scaler.scale != 1.0:
         scale_grads(grads, 1.0 / scaler.scale)
     norm_tensor = opts.grad_norm_fn(grads) if grads else 0.0

@@ -7,7 +7,8 @@ loss/norm read), after the optimizer step has been queued: the GPU would idle wh
 queues the next step. So the flag is read one step late on iterations that are not logged:
 it is all-reduced into a host buffer (page-locked on CUDA, copied without blocking) with an
 event behind it, and read at the next step boundary, when that work finished long ago. A stop
-seen at step N then happens at step N + 1 on every rank. Logged iterations have just
+seen at step N then happens at step N + 1 on every rank (N + 2 where step N + 2 was
+already queued ahead at N + 1: trainer.run_ahead, gptrain.train.overlap). Logged iterations have just
 synchronized the device to time the interval, so there the flags are read at once (which is
 also the wait the straggler line times).
 """

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from train_e2e_helpers import MOCK, run_recording, tiny_config  # noqa: E402
+from train_e2e_helpers import MOCK, RUN_AHEAD_SHAPE, RUNS_AHEAD_AFTER, run_recording, tiny_config  # noqa: E402
 
 from gptrain.checkpoint.directory import newest_complete  # noqa: E402
 from gptrain.checkpoint.integrity import complete_steps  # noqa: E402
@@ -59,8 +59,6 @@ def test_running_ahead_is_the_same_run_on_gpu(tmp_path, monkeypatch, compile_mod
     """trainer.run_ahead with the GPU's fused AdamW: the next step queued before the read (copied
     to pinned memory behind an event) gives the same losses as step by step, and a stop that comes
     while a step is queued ahead resumes exactly."""
-    from test_run_ahead import QUIET, SHAPE
-
     from gptrain.train import overlap
 
     ahead, real_next = [], overlap.StepRunner.next
@@ -72,11 +70,11 @@ def test_running_ahead_is_the_same_run_on_gpu(tmp_path, monkeypatch, compile_mod
         return result
 
     monkeypatch.setattr(overlap.StepRunner, "next", recording_next)
-    extra = [*MOCK, *GPU, *SHAPE, "trainer.precision=bf16", f"model.compile={compile_model}"]
+    extra = [*MOCK, *GPU, *RUN_AHEAD_SHAPE, "trainer.precision=bf16", f"model.compile={compile_model}"]
     behind = run_recording(monkeypatch, tiny_config(tmp_path / "behind", *extra, "trainer.run_ahead=false"))
     assert ahead == [] and behind[0] == 0
     code, full = run_recording(monkeypatch, tiny_config(tmp_path / "ahead", *extra))
-    assert ahead == QUIET and (code, full) == behind
+    assert ahead == RUNS_AHEAD_AFTER and (code, full) == behind
     code, first = run_recording(monkeypatch, tiny_config(tmp_path / "split", *extra), signal_at=2)
     assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]  # step 3 was queued: it finished
     code, second = run_recording(monkeypatch, tiny_config(tmp_path / "split", *extra))

@@ -2,11 +2,14 @@
 forward/backward before reading a step's results. The run must be the same run bit for bit:
 losses, skips, checkpoints, and a stop that comes while a step is queued ahead."""
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
-from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
+from gloo_ranks import run_ranks
+from train_e2e_helpers import MOCK, RUN_AHEAD_SHAPE, RUNS_AHEAD_AFTER, log_lines, run_recording, tiny_config
 
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.errors import EXIT_REQUEUE
@@ -14,17 +17,7 @@ from gptrain.train import builders, overlap
 from gptrain.train.step import StepOptions, masked_lm_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-# Boundaries that need the state (log 1, 5, 10; save 4, 8, 12; validate 6, 12; the end 12) leave
-# steps 2, 3, 7, 9 and 11 to queue their next step ahead.
-SHAPE = [
-    "trainer.max_steps=12",
-    "trainer.log_every_n_steps=5",
-    "trainer.val_check_interval=6",
-    "exp_manager.checkpoint_callback_params.every_n_train_steps=4",
-    "exp_manager.checkpoint_callback_params.save_top_k=5",
-]
-QUIET = [2, 3, 7, 9, 11]
+WORKER = Path(__file__).with_name("run_ahead_worker.py")
 
 
 @pytest.fixture
@@ -67,11 +60,11 @@ def assert_same_state(a: dict, b: dict) -> None:
 
 def test_running_ahead_is_the_same_run_bit_for_bit(tmp_path, monkeypatch, fused_adamw):
     code, behind = run_recording(
-        monkeypatch, tiny_config(tmp_path / "behind", *MOCK, *SHAPE, "trainer.run_ahead=false")
+        monkeypatch, tiny_config(tmp_path / "behind", *MOCK, *RUN_AHEAD_SHAPE, "trainer.run_ahead=false")
     )
     assert code == 0 and fused_adamw == []
-    code, ahead = run_recording(monkeypatch, tiny_config(tmp_path / "ahead", *MOCK, *SHAPE))
-    assert code == 0 and fused_adamw == QUIET
+    code, ahead = run_recording(monkeypatch, tiny_config(tmp_path / "ahead", *MOCK, *RUN_AHEAD_SHAPE))
+    assert code == 0 and fused_adamw == RUNS_AHEAD_AFTER
     assert ahead == behind  # every iteration's loss, exactly
     for step in (4, 8, 12):  # weights, AdamW moments and step counts, schedule, counters
         assert_same_state(weights(tmp_path / "ahead", step), weights(tmp_path / "behind", step))
@@ -98,7 +91,7 @@ def test_a_nonfinite_step_queued_behind_its_successor_is_skipped_the_same(tmp_pa
     runs = {}
     for name, run_ahead in (("behind", "false"), ("ahead", "true")):
         calls: list[int] = []
-        cfg = tiny_config(tmp_path / name, *MOCK, *SHAPE, f"trainer.run_ahead={run_ahead}")
+        cfg = tiny_config(tmp_path / name, *MOCK, *RUN_AHEAD_SHAPE, f"trainer.run_ahead={run_ahead}")
         runs[name] = run_recording(monkeypatch, cfg)
     assert 3 in fused_adamw  # the NaN step was read with step 4 queued
     (code_a, ahead), (code_b, behind) = runs["ahead"], runs["behind"]
@@ -113,13 +106,52 @@ def test_a_nonfinite_step_queued_behind_its_successor_is_skipped_the_same(tmp_pa
 def test_a_stop_while_a_step_is_queued_ahead_stops_after_it_and_resumes_bit_exact(
     tmp_path, monkeypatch, fused_adamw
 ):
-    code, full = run_recording(monkeypatch, tiny_config(tmp_path / "full", *MOCK, *SHAPE))
+    code, full = run_recording(monkeypatch, tiny_config(tmp_path / "full", *MOCK, *RUN_AHEAD_SHAPE))
     assert code == 0
-    cfg = tiny_config(tmp_path / "split", *MOCK, *SHAPE)
+    cfg = tiny_config(tmp_path / "split", *MOCK, *RUN_AHEAD_SHAPE)
     code, first = run_recording(monkeypatch, cfg, signal_at=2)  # step 3 is queued when it is seen
     assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]
     assert complete_steps(tmp_path / "split" / "checkpoints") == [3]
     assert any(line.startswith("stopping at iteration 3: ") for line in log_lines(tmp_path / "split"))
-    code, second = run_recording(monkeypatch, tiny_config(tmp_path / "split", *MOCK, *SHAPE))
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path / "split", *MOCK, *RUN_AHEAD_SHAPE))
     assert code == 0 and first | second == full
     assert_same_state(weights(tmp_path / "split", 12), weights(tmp_path / "full", 12))
+
+
+def ranks(out) -> list[dict]:
+    found = [json.loads((out / f"rank_{rank}.json").read_text()) for rank in range(2)]
+    for rank in found:
+        rank["losses"] = {int(step): loss for step, loss in rank["losses"].items()}
+    return found
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_ranks_running_ahead_stop_at_the_same_step_and_resume_to_the_same_run(tmp_path):
+    """DDP over gloo: the stop flag of rank 1's request at step 2 is read at step 3 (one step late,
+    unlogged), when step 4 is already queued; both ranks finish step 4 and stop there."""
+    run_ranks(WORKER, tmp_path / "out_behind", tmp_path / "behind", "false", 0)
+    behind = ranks(tmp_path / "out_behind")
+    assert [r["code"] for r in behind] == [0, 0] and behind[0]["ahead"] == []
+    run_ranks(WORKER, tmp_path / "out_first", tmp_path / "split", "true", 2)
+    first = ranks(tmp_path / "out_first")
+    assert [r["code"] for r in first] == [EXIT_REQUEUE, EXIT_REQUEUE]
+    assert [r["ahead"] for r in first] == [[2, 3], [2, 3]] and sorted(first[0]["losses"]) == [1, 2, 3, 4]
+    assert complete_steps(tmp_path / "split" / "checkpoints") == [4]
+    run_ranks(WORKER, tmp_path / "out_second", tmp_path / "split", "true", 0)
+    second = ranks(tmp_path / "out_second")
+    assert [r["code"] for r in second] == [0, 0] and second[0]["ahead"] == [7, 9, 11]
+    for rank in range(2):  # bit for bit, on every rank
+        assert first[rank]["losses"] | second[rank]["losses"] == behind[rank]["losses"]
+
+
+def test_no_step_runs_ahead_during_a_batch_size_ramp_up(tmp_path, monkeypatch, fused_adamw):
+    """The next batch's size depends on the samples consumed up to it: no step is queued ahead
+    until the ramp has reached the full global batch (2 samples a step for the first 4 steps)."""
+    ramp = "model.rampup_batch_size=[2,2,8]"
+    cfg = tiny_config(tmp_path / "behind", *MOCK, *RUN_AHEAD_SHAPE, ramp, "trainer.run_ahead=false")
+    code, behind = run_recording(monkeypatch, cfg)
+    code, ahead = run_recording(monkeypatch, tiny_config(tmp_path / "ahead", *MOCK, *RUN_AHEAD_SHAPE, ramp))
+    assert code == 0 and fused_adamw == [7, 9, 11]  # 2 and 3 are quiet, but ramping
+    assert ahead == behind
+    assert_same_state(weights(tmp_path / "ahead", 12), weights(tmp_path / "behind", 12))

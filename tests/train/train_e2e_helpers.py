@@ -32,6 +32,16 @@ TINY = [
     "exp_manager.checkpoint_callback_params.save_top_k=2",
 ]
 MOCK = ["model.data.data_impl=mock", "model.data.mock_vocab_size=100", "model.data.data_prefix=null"]
+# For trainer.run_ahead: the boundaries that need the state (log 1, 5, 10; save 4, 8, 12; validate 6,
+# 12; the end 12) leave steps 2, 3, 7, 9 and 11 to queue their next step ahead.
+RUN_AHEAD_SHAPE = [
+    "trainer.max_steps=12",
+    "trainer.log_every_n_steps=5",
+    "trainer.val_check_interval=6",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps=4",
+    "exp_manager.checkpoint_callback_params.save_top_k=5",
+]
+RUNS_AHEAD_AFTER = [2, 3, 7, 9, 11]
 
 
 def tiny_config(log_dir: Path, *overrides: str):

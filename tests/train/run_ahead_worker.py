@@ -1,0 +1,49 @@
+"""One gloo rank of a data-parallel run with trainer.run_ahead, for tests/train/test_run_ahead.py.
+
+Fused AdamW on the CPU (the optimizer gptrain builds on a GPU), so that steps are queued ahead.
+Arguments: OUT LOG_DIR RUN_AHEAD STOP_AT: rank 1 asks to stop (SIGUSR1) during step STOP_AT (0:
+never). Writes OUT/rank_<r>.json: the exit code, each step's loss and the steps after which the
+next one was queued ahead.
+"""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from train_e2e_helpers import MOCK, RUN_AHEAD_SHAPE, tiny_config
+
+from gptrain.train import builders, loop, overlap
+
+
+def main() -> None:
+    out, log_dir, run_ahead, stop_at = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    rank = int(os.environ["RANK"])
+    real_build, real_record, real_next = builders.build_optimizer, loop.record, overlap.StepRunner.next
+    losses, ahead = {}, []
+
+    def recording(session, result, *args):
+        real_record(session, result, *args)
+        losses[session.state.step] = result.loss
+        if rank == 1 and session.state.step == stop_at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    def recording_next(runner, may_run_ahead):
+        result = real_next(runner, may_run_ahead)
+        if runner.ahead:
+            ahead.append(runner.s.state.step + 1)
+        return result
+
+    builders.build_optimizer = lambda *args: real_build(*args[:-1], "cuda")
+    loop.record, overlap.StepRunner.next = recording, recording_next
+    cfg = tiny_config(
+        Path(log_dir), *MOCK, *RUN_AHEAD_SHAPE, "trainer.devices=2", f"trainer.run_ahead={run_ahead}"
+    )
+    code = loop.train(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank_{rank}.json").write_text(json.dumps({"code": code, "losses": losses, "ahead": ahead}))
+
+
+if __name__ == "__main__":
+    main()
