@@ -12,7 +12,14 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from train_e2e_helpers import MOCK, RUN_AHEAD_SHAPE, RUNS_AHEAD_AFTER, run_recording, tiny_config  # noqa: E402
+from train_e2e_helpers import (  # noqa: E402
+    MOCK,
+    RUN_AHEAD_SHAPE,
+    RUNS_AHEAD_AFTER,
+    record_runs_ahead,
+    run_recording,
+    tiny_config,
+)
 
 from gptrain.checkpoint.directory import newest_complete  # noqa: E402
 from gptrain.checkpoint.integrity import complete_steps  # noqa: E402
@@ -59,17 +66,7 @@ def test_running_ahead_is_the_same_run_on_gpu(tmp_path, monkeypatch, compile_mod
     """trainer.run_ahead with the GPU's fused AdamW: the next step queued before the read (copied
     to pinned memory behind an event) gives the same losses as step by step, and a stop that comes
     while a step is queued ahead resumes exactly."""
-    from gptrain.train import overlap
-
-    ahead, real_next = [], overlap.StepRunner.next
-
-    def recording_next(runner, may_run_ahead):
-        result = real_next(runner, may_run_ahead)
-        if runner.ahead:
-            ahead.append(runner.s.state.step + 1)
-        return result
-
-    monkeypatch.setattr(overlap.StepRunner, "next", recording_next)
+    ahead = record_runs_ahead(monkeypatch.setattr)
     extra = [*MOCK, *GPU, *RUN_AHEAD_SHAPE, "trainer.precision=bf16", f"model.compile={compile_model}"]
     behind = run_recording(monkeypatch, tiny_config(tmp_path / "behind", *extra, "trainer.run_ahead=false"))
     assert ahead == [] and behind[0] == 0

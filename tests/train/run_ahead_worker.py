@@ -12,16 +12,16 @@ import signal
 import sys
 from pathlib import Path
 
-from train_e2e_helpers import MOCK, RUN_AHEAD_SHAPE, tiny_config
+from train_e2e_helpers import MOCK, RUN_AHEAD_SHAPE, record_runs_ahead, tiny_config
 
-from gptrain.train import builders, loop, overlap
+from gptrain.train import builders, loop
 
 
 def main() -> None:
     out, log_dir, run_ahead, stop_at = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     rank = int(os.environ["RANK"])
-    real_build, real_record, real_next = builders.build_optimizer, loop.record, overlap.StepRunner.next
-    losses, ahead = {}, []
+    real_build, real_record = builders.build_optimizer, loop.record
+    losses, ahead = {}, record_runs_ahead()
 
     def recording(session, result, *args):
         real_record(session, result, *args)
@@ -29,14 +29,8 @@ def main() -> None:
         if rank == 1 and session.state.step == stop_at:
             os.kill(os.getpid(), signal.SIGUSR1)
 
-    def recording_next(runner, may_run_ahead):
-        result = real_next(runner, may_run_ahead)
-        if runner.ahead:
-            ahead.append(runner.s.state.step + 1)
-        return result
-
     builders.build_optimizer = lambda *args: real_build(*args[:-1], "cuda")
-    loop.record, overlap.StepRunner.next = recording, recording_next
+    loop.record = recording
     cfg = tiny_config(
         Path(log_dir), *MOCK, *RUN_AHEAD_SHAPE, "trainer.devices=2", f"trainer.run_ahead={run_ahead}"
     )

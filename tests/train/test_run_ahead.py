@@ -9,11 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 from gloo_ranks import run_ranks
-from train_e2e_helpers import MOCK, RUN_AHEAD_SHAPE, RUNS_AHEAD_AFTER, log_lines, run_recording, tiny_config
+from train_e2e_helpers import (
+    MOCK,
+    RUN_AHEAD_SHAPE,
+    RUNS_AHEAD_AFTER,
+    log_lines,
+    record_runs_ahead,
+    run_recording,
+    tiny_config,
+)
 
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.errors import EXIT_REQUEUE
-from gptrain.train import builders, overlap
+from gptrain.train import builders
 from gptrain.train.step import StepOptions, masked_lm_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -26,17 +34,7 @@ def fused_adamw(monkeypatch):
     returned with the next one queued ahead."""
     real = builders.build_optimizer
     monkeypatch.setattr(builders, "build_optimizer", lambda *args: real(*args[:-1], "cuda"))
-    ahead: list[int] = []
-    real_next = overlap.StepRunner.next
-
-    def recording_next(runner, may_run_ahead):
-        result = real_next(runner, may_run_ahead)
-        if runner.ahead:
-            ahead.append(runner.s.state.step + 1)
-        return result
-
-    monkeypatch.setattr(overlap.StepRunner, "next", recording_next)
-    return ahead
+    return record_runs_ahead(monkeypatch.setattr)
 
 
 def weights(log_dir, step):

@@ -67,3 +67,21 @@ def run_recording(monkeypatch, cfg, signal_at: int | None = None) -> tuple[int, 
 
 def log_lines(log_dir: Path) -> list[str]:
     return (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text().splitlines()
+
+
+def record_runs_ahead(set_attribute=setattr) -> list[int]:
+    """The steps after which trainer.run_ahead queued the next one: StepRunner.next wrapped through
+    `set_attribute` (monkeypatch.setattr in a test; plain setattr in a worker process)."""
+    from gptrain.train import overlap
+
+    ahead: list[int] = []
+    real_next = overlap.StepRunner.next
+
+    def recording_next(runner, may_run_ahead):
+        result = real_next(runner, may_run_ahead)
+        if runner.ahead:
+            ahead.append(runner.s.state.step + 1)
+        return result
+
+    set_attribute(overlap.StepRunner, "next", recording_next)
+    return ahead
