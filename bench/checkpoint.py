@@ -8,8 +8,11 @@ steps through gptrain's CheckpointManager exactly as `gptrain train` does (the o
 a background save's staging copy before it changes the weights). Reported per mode: the stall of
 each save (the time the loop was blocked by it), the write time and bandwidth, and the extra wall
 time over the run without saves (the async run still waits for its last write before it ends: the
-"exit wait" column). `--spaced` waits for each background write before the next save (untimed), as
-a run whose saves are minutes apart: the async stall is then the staging copy alone.
+"exit wait" column). The run's last save is one it waits for at once, as `gptrain train`'s is
+(`waited_for`: on CPU written in place, synchronously, its time in the wall and not in the async
+stalls); the mode `async_last_background` writes it in the background too, as gptrain did before
+2026-11-26 (third session). `--spaced` waits for each background write before the next save
+(untimed), as a run whose saves are minutes apart: the async stall is then the staging copy alone.
 Prints a table per round and one JSON line; with `--rounds N` the modes run N times in turn and the
 ratios are the medians over the rounds (a shared VM's step time can vary by 30% from minute to minute).
 """
@@ -78,10 +81,11 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, device: torch.devi
     batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": torch.ones(tokens[:, 1:].shape)}
     reports: list[SaveReport] = []
     shutil.rmtree(root / mode, ignore_errors=True)
-    manager = CheckpointManager(root / mode, keep_last=1, async_save=mode == "async", on_saved=reports.append)
+    background = mode in ("async", "async_last_background")
+    manager = CheckpointManager(root / mode, keep_last=1, async_save=background, on_saved=reports.append)
     optimizer.register_step_pre_hook(lambda *_: manager.wait_for_staging())
     train_step(model, optimizer, [batch], scaler, device, opts)  # warm-up: optimizer state exists
-    if mode == "async":  # as `gptrain train` does after its first step (pinned buffer, CUDA only)
+    if background:  # as `gptrain train` does after its first step (pinned buffer, CUDA only)
         manager.prepare_staging(
             {"model": model_state_dict(model), "optim": optimizer_state_dict(model, optimizer)}
         )
@@ -98,25 +102,28 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, device: torch.devi
                 prepare_wait += time.perf_counter() - waited
                 manager.wait()
             state = {"model": model_state_dict(model), "optim": optimizer_state_dict(model, optimizer)}
-            manager.save(step, state, {})
+            manager.save(step, state, {}, waited_for=step == args.steps and mode != "async_last_background")
     closing = time.perf_counter()
     manager.close()
     sync(device)
     wall = time.perf_counter() - started
     shutil.rmtree(root / mode, ignore_errors=True)
     row = summarize(mode, wall, reports) | {"exit_wait_s": wall - (closing - started)}
-    if args.spaced and mode == "async":  # untimed in the stalls: in a run, steps go on meanwhile
+    if args.spaced and background:  # untimed in the stalls: in a run, steps go on meanwhile
         row["prepare_wait_s"] = prepare_wait
         print(f"async: waited {prepare_wait:.1f} s (untimed) for the staging buffer pinned ahead")
     return row
 
 
 def summarize(mode: str, wall: float, reports: list[SaveReport]) -> dict:
+    """Stalls of the background saves where there are any: a last save written in place is waited
+    for as the exit wait of one written in the background is (both are in the wall time)."""
     row = {"mode": mode, "wall_s": wall, "saves": len(reports)}
+    stalled = [r for r in reports if r.background] or reports
     if reports:
         row |= {
-            "stall_ms_median": 1000 * statistics.median(r.stall_s for r in reports),
-            "stall_ms_max": 1000 * max(r.stall_s for r in reports),
+            "stall_ms_median": 1000 * statistics.median(r.stall_s for r in stalled),
+            "stall_ms_max": 1000 * max(r.stall_s for r in stalled),
             "write_s_median": statistics.median(r.write_s for r in reports),
             "bytes": reports[-1].bytes,
             "write_GBps": reports[-1].bytes / 1e9 / statistics.median(r.write_s for r in reports),
@@ -186,28 +193,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+ASYNC_MODES = ("async", "async_last_background")
+
+
 def ratios(rows: list[dict]) -> dict:
-    """Async against sync within one round: the stall, and the extra wall time over no saves."""
+    """Each async mode against sync within one round: the stall, and the extra wall time over no
+    saves (keys prefixed by the mode)."""
     by_mode = {r["mode"]: r for r in rows}
-    if not {"none", "sync", "async"} <= by_mode.keys():
+    if not {"none", "sync"} <= by_mode.keys():
         return {}
     extra_sync = by_mode["sync"]["wall_s"] - by_mode["none"]["wall_s"]
-    extra_async = by_mode["async"]["wall_s"] - by_mode["none"]["wall_s"]
-    found = {
-        "async_stall_over_sync": by_mode["async"]["stall_ms_median"] / by_mode["sync"]["stall_ms_median"],
-        "async_extra_wall_over_sync": extra_async / extra_sync if extra_sync > 0 else None,
-    }
-    print(
-        f"async stall / sync stall: {found['async_stall_over_sync']:.3f}; async extra wall / sync extra "
-        f"wall: {found['async_extra_wall_over_sync'] or float('nan'):.3f}"
-    )
+    found = {}
+    for mode in (m for m in ASYNC_MODES if m in by_mode):
+        extra = by_mode[mode]["wall_s"] - by_mode["none"]["wall_s"]
+        stall = by_mode[mode]["stall_ms_median"] / by_mode["sync"]["stall_ms_median"]
+        wall = extra / extra_sync if extra_sync > 0 else None
+        found |= {f"{mode}_stall_over_sync": stall, f"{mode}_extra_wall_over_sync": wall}
+        print(
+            f"{mode}: stall / sync stall {stall:.3f}; extra wall / sync extra wall {wall or float('nan'):.3f}"
+        )
     return found
 
 
 def median_ratios(rounds: list[dict]) -> dict:
     """Over several rounds (modes alternate, so slow spells of a shared machine hit each mode alike)."""
     found = {}
-    for key in ("async_stall_over_sync", "async_extra_wall_over_sync"):
+    for key in (
+        f"{mode}_{ratio}" for mode in ASYNC_MODES for ratio in ("stall_over_sync", "extra_wall_over_sync")
+    ):
         values = [r[key] for r in rounds if r.get(key) is not None]
         if values:
             found[key] = statistics.median(values)

@@ -343,10 +343,12 @@ def finish_saves_after_failure(s: Session) -> None:
         s.log(note)
 
 
-def save_checkpoint(s: Session) -> Path:
+def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
+    """`waited_for`: the run waits for this save at once, with nothing to do beside its write
+    (CheckpointManager.save)."""
     state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
-    path = s.checkpoints.save(s.state.step, state, rank_state(stream_layout(s.cfg, s.world)))
-    if s.checkpoints.async_save:
+    path = s.checkpoints.save(s.state.step, state, rank_state(stream_layout(s.cfg, s.world)), waited_for)
+    if s.checkpoints.writing:
         s.log(f"saving checkpoint {path.name} in the background")
     return path
 
@@ -385,7 +387,8 @@ def run(
 ) -> int:
     """Iterate to trainer.max_steps; at each step boundary log, check, checkpoint, validate.
 
-    At the end: validation (unless just done), the final checkpoint, the test split.
+    At the end: validation (unless just done), the final checkpoint, the test split (beside a
+    background write of that checkpoint, which the run then waits for).
     """
     t = s.cfg.trainer
     if s.state.step >= t.max_steps:
@@ -397,6 +400,8 @@ def run(
     agreement = StopAgreement()
     runner = StepRunner(s, batches, can_run_ahead(s))
     saved_at = validated_at = -1
+    tested = has_batches(test_data, t.limit_test_batches)
+    evaluated_at_end = tested or has_batches(valid_data, t.limit_val_batches)  # after the last save
     staging_prepared = False
     stopping: str | None = None  # agreed while the next step was queued ahead: it finishes first
     while s.state.step < t.max_steps:
@@ -420,7 +425,7 @@ def run(
             return stop_for_requeue(s, stopping)
         if saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
             with meter.excluded():  # not during a non-finite streak: the last good one stays newest
-                save_checkpoint(s)
+                save_checkpoint(s, waited_for=s.state.step >= t.max_steps and not evaluated_at_end)
             saved_at = s.state.step
         if validates_at(s, s.state.step):
             with meter.excluded():
@@ -429,15 +434,15 @@ def run(
     if validated_at != s.state.step:
         validate(s, valid_data)
     if saved_at != s.state.step:
-        save_checkpoint(s)
-    s.checkpoints.wait()
+        save_checkpoint(s, waited_for=not tested)
     evaluate_split(s, test_data, t.limit_test_batches, " on test set", TB_TEST_LOSS)
+    s.checkpoints.wait()  # a background write of the last save went on during the test split
     return 0
 
 
 def stop_for_requeue(s: Session, reason: str) -> int:
     """Checkpoint where every rank agreed to stop, wait for it, and exit to be requeued."""
-    save_checkpoint(s)
+    save_checkpoint(s, waited_for=True)
     s.checkpoints.wait()
     s.log(f"stopping at iteration {s.state.step}: {reason}; exit {EXIT_REQUEUE} to be requeued")
     return EXIT_REQUEUE
@@ -527,9 +532,14 @@ def validate(s: Session, data: GPTBatchDataset | None) -> None:
     evaluate_split(s, data, s.cfg.trainer.limit_val_batches, "", TB_VAL_LOSS)
 
 
+def has_batches(data: GPTBatchDataset | None, batches: int) -> bool:
+    """Whether evaluate_split evaluates anything for this split and limit."""
+    return data is not None and batches > 0 and len(data) > 0
+
+
 def evaluate_split(s: Session, data: GPTBatchDataset | None, batches: int, where: str, tag: str) -> None:
     """Evaluate, print Megatron's block on the logging rank, send the loss to TensorBoard."""
-    if data is None or batches <= 0 or len(data) == 0:
+    if not has_batches(data, batches):
         return
     loss = evaluate(s, data, batches)
     if s.logging_rank:

@@ -5,7 +5,7 @@ import torch
 
 from gptrain.checkpoint.compat import CheckpointMismatchError
 from gptrain.checkpoint.directory import LATEST, newest_complete
-from gptrain.checkpoint.integrity import COMPLETE, complete_steps
+from gptrain.checkpoint.integrity import COMPLETE, complete_steps, is_complete
 from gptrain.checkpoint.manager import CheckpointManager
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -225,6 +225,26 @@ def test_async_save_stalls_only_for_staging_and_reports_background_write(tmp_pat
     assert torch.equal(target["model"]["w"], torch.full((3, 2), 4.0))
 
 
+def test_a_save_waited_for_at_once_is_written_in_place_on_cpu(tmp_path):
+    """The run's last save (or the one before a stop) gains nothing from a staging copy on CPU:
+    it is on disk and marked complete when save() returns, after the background save before it."""
+    reports = []
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True, on_saved=reports.append)
+    manager.save(1, state_for(1.0), {})
+    assert manager.writing
+    state = state_for(2.0)
+    path = manager.save(2, state, {}, waited_for=True)
+    assert not manager.writing and is_complete(path)
+    assert (tmp_path / LATEST).read_text().strip() == "step_2"
+    state["model"]["w"].fill_(99.0)  # no copy pending that this could reach
+    assert [(r.step, r.background) for r in reports] == [(1, True), (2, False)]
+    assert "in the background" not in reports[1].describe()
+    target = state_for(0.0)
+    manager.load(path, target, lambda s: None)
+    assert torch.equal(target["model"]["w"], torch.full((3, 2), 2.0))
+    manager.close()
+
+
 @pytest.mark.parametrize("async_save", [False, True])
 def test_failed_write_removes_partial_checkpoint_and_keeps_latest(tmp_path, monkeypatch, async_save):
     """A full disk mid-save: one-line error naming the path and cause; earlier checkpoints intact."""
@@ -264,10 +284,11 @@ def test_space_warning_when_the_disk_cannot_hold_keep_plus_one(tmp_path, monkeyp
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
-@pytest.mark.parametrize("async_save", [False, True])
-def test_only_a_background_write_runs_at_low_priority(tmp_path, monkeypatch, async_save):
+@pytest.mark.parametrize("async_save, waited_for", [(False, False), (True, False), (True, True)])
+def test_only_a_background_write_runs_at_low_priority(tmp_path, monkeypatch, async_save, waited_for):
     """The background writer thread runs at nice 19, below training's threads; a synchronous save,
-    written by the training thread itself, never changes that thread's priority."""
+    or one waited for at once on CPU (written in place), is written by the training thread itself
+    and never changes that thread's priority."""
     import os
     import threading
 
@@ -286,9 +307,10 @@ def test_only_a_background_write_runs_at_low_priority(tmp_path, monkeypatch, asy
 
     monkeypatch.setattr(checksum_writer._ChecksummingFileSystem, "create_stream", recording)
     manager = CheckpointManager(tmp_path, keep_last=1, async_save=async_save)
-    save_steps(manager, [1])
+    manager.save(1, state_for(1.0), {}, waited_for=waited_for)
     manager.close()
-    assert seen and set(seen) == {checksum_writer.BACKGROUND_NICE if async_save else training_nice}
+    in_background = async_save and not waited_for
+    assert seen and set(seen) == {checksum_writer.BACKGROUND_NICE if in_background else training_nice}
     assert own_nice() == training_nice
 
 

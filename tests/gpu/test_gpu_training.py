@@ -124,8 +124,8 @@ def test_async_checkpoint_round_trip_from_gpu(tmp_path):
     weights.add_(1.0)
     manager.wait()
     second = {"model": {"w": weights}}
-    manager.save(6, second, {})  # reuses the pinned staging buffers
-    assert manager._stager.state_dict_cache is buffer
+    manager.save(6, second, {}, waited_for=True)  # on CUDA still through the pinned buffer, reused
+    assert manager.writing and manager._stager.state_dict_cache is buffer
     manager.close()
     assert complete_steps(tmp_path) == [5, 6] and newest_complete(tmp_path) == tmp_path / "step_6"
     target = {"model": {"w": torch.zeros(1024, 1024)}}

@@ -1,6 +1,7 @@
 """End-to-end training on a tiny GPT (CPU, fp32, dropout on): resume, stop, results layout."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,6 +48,8 @@ def test_resume_after_sigusr1_is_bit_exact(uninterrupted, tmp_path, monkeypatch,
     code, first = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, saving), signal_at=3)
     assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]
     assert complete_steps(tmp_path / "checkpoints")[-1] == 3
+    started, _ = saves_logged(tmp_path)  # the save before the stop is written in place on CPU
+    assert started == (["step_2"] if async_save == "true" else [])
     code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, saving))
     assert code == 0 and sorted(second) == [4, 5, 6]
     for step in range(1, 7):
@@ -58,6 +61,52 @@ def test_resume_after_sigusr1_is_bit_exact(uninterrupted, tmp_path, monkeypatch,
     resumed, full = final_weights(tmp_path, 6), final_weights(full_dir, 6)
     assert resumed.keys() == full.keys()
     assert all(torch.equal(resumed[k], full[k]) for k in full)
+
+
+ASYNC = "exp_manager.checkpoint_callback_params.async_save=true"
+NO_EVALUATION = ["trainer.limit_val_batches=0", "trainer.limit_test_batches=0"]
+
+
+def saves_logged(log_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """(the steps logged as saved in the background, {step_N: its "saved checkpoint" line})."""
+    lines = log_lines(log_dir)
+    started = [line.split()[2] for line in lines if line.startswith("saving checkpoint")]
+    return started, {line.split()[2]: line for line in lines if line.startswith("saved checkpoint")}
+
+
+def test_an_async_run_with_nothing_after_its_last_save_writes_it_in_place(tmp_path, monkeypatch):
+    """Saves 2 and 4 go to the background; the last (6), which the run waits for at once (no
+    evaluation follows), is written in place: the same run, and weights, as with synchronous saves."""
+    code, sync_losses = run_recording(monkeypatch, tiny_config(tmp_path / "sync", *MOCK, *NO_EVALUATION))
+    assert code == 0
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path / "async", *MOCK, *NO_EVALUATION, ASYNC))
+    assert code == 0 and losses == sync_losses
+    started, saved = saves_logged(tmp_path / "async")
+    assert started == ["step_2", "step_4"] and list(saved) == ["step_2", "step_4", "step_6"]
+    assert all("written in the background" in saved[name] for name in started)
+    assert "training stalled" in saved["step_6"] and "background" not in saved["step_6"]
+    in_place, synchronous = final_weights(tmp_path / "async", 6), final_weights(tmp_path / "sync", 6)
+    assert all(torch.equal(in_place[k], synchronous[k]) for k in synchronous)
+
+
+def test_the_test_split_is_evaluated_beside_the_last_background_write(tmp_path, monkeypatch):
+    """With validation and a test split after it, the last save goes to the background too, and
+    the run waits for it only after the test split."""
+    pending_at_test = []
+    real_evaluate_split = loop.evaluate_split
+
+    def recording(s, data, batches, where, tag):
+        if tag == loop.TB_TEST_LOSS:
+            pending_at_test.append(s.checkpoints.writing)
+        real_evaluate_split(s, data, batches, where, tag)
+
+    monkeypatch.setattr(loop, "evaluate_split", recording)
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, ASYNC))
+    assert code == 0 and pending_at_test == [True]
+    assert any("on test set" in line for line in log_lines(tmp_path))
+    started, saved = saves_logged(tmp_path)
+    assert started == ["step_2", "step_4", "step_6"] and "written in the background" in saved["step_6"]
+    assert complete_steps(tmp_path / "checkpoints") == [4, 6]
 
 
 def test_results_layout(uninterrupted):
