@@ -354,7 +354,9 @@ def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
 
 
 def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:
-    """The micro-batches of each global batch for this rank, from consumed_samples on."""
+    """The micro-batches of each global batch for this rank, from consumed_samples on. Counts its
+    own iterations and samples: under trainer.run_ahead a batch is drawn before the step before it
+    is recorded."""
     m = s.cfg.model
     loader = build_loader(
         data,
@@ -367,14 +369,17 @@ def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:
     )
     it = iter(loader)
     per_micro_step = m.micro_batch_size * s.dp_size
+    iteration, consumed = s.state.step, s.state.consumed_samples
     while True:
+        iteration += 1
         count = s.current_global_batch() // per_micro_step
         batch = [mb for _, mb in zip(range(count), it, strict=False)]
         if len(batch) < count:
             raise DataError(
-                f"the train split ran out of samples at iteration {s.state.step} "
-                f"(consumed samples {s.state.consumed_samples}): add data or lower trainer.max_steps"
+                f"the train split ran out of samples at iteration {iteration} (after {consumed} "
+                "consumed samples): add data or lower trainer.max_steps"
             )
+        consumed += count * per_micro_step
         yield batch
 
 

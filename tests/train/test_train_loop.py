@@ -109,6 +109,27 @@ def test_the_test_split_is_evaluated_beside_the_last_background_write(tmp_path, 
     assert complete_steps(tmp_path / "checkpoints") == [4, 6]
 
 
+def test_running_out_of_training_samples_names_the_iteration_left_without_them():
+    """Named by the batches drawn, not by the steps recorded: under trainer.run_ahead the batch of
+    iteration 5 is drawn while iteration 4 is still queued (state.step 3 here)."""
+    from types import SimpleNamespace
+
+    from gptrain.errors import DataError
+
+    model = SimpleNamespace(micro_batch_size=2, seed=0, data=SimpleNamespace(num_workers=0))
+    s = SimpleNamespace(
+        cfg=SimpleNamespace(model=model),
+        state=SimpleNamespace(step=3, consumed_samples=4),
+        dp_rank=0,
+        dp_size=1,
+        current_global_batch=lambda: 4,
+    )
+    batches = loop.microbatches(s, [{"tokens": torch.tensor([i])} for i in range(10)])
+    assert [mb["tokens"].tolist() for mb in next(batches)] == [[[4], [5]], [[6], [7]]]
+    with pytest.raises(DataError, match=r"^the train split ran out of samples at iteration 5 \(after 8 "):
+        next(batches)
+
+
 def test_results_layout(uninterrupted):
     log_dir, _, _ = uninterrupted
     hparams = yaml.safe_load((log_dir / "hparams.yaml").read_text())
