@@ -38,6 +38,9 @@ from gptrain.train.optim import build_optimizer
 from gptrain.train.state import model_state_dict, optimizer_state_dict
 from gptrain.train.step import StepOptions, train_step
 
+ASYNC_MODES = ("async", "async_last_background")
+"""The modes whose saves go to the background (the second one its last save too)."""
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -81,7 +84,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, device: torch.devi
     batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": torch.ones(tokens[:, 1:].shape)}
     reports: list[SaveReport] = []
     shutil.rmtree(root / mode, ignore_errors=True)
-    background = mode in ("async", "async_last_background")
+    background = mode in ASYNC_MODES
     manager = CheckpointManager(root / mode, keep_last=1, async_save=background, on_saved=reports.append)
     optimizer.register_step_pre_hook(lambda *_: manager.wait_for_staging())
     train_step(model, optimizer, [batch], scaler, device, opts)  # warm-up: optimizer state exists
@@ -191,9 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
     return 0
-
-
-ASYNC_MODES = ("async", "async_last_background")
 
 
 def ratios(rows: list[dict]) -> dict:
