@@ -11,7 +11,9 @@ time over the run without saves (the async run still waits for its last write be
 "exit wait" column). The run's last save is one it waits for at once, as `gptrain train`'s is
 (`waited_for`: on CPU written in place, synchronously, its time in the wall and not in the async
 stalls); the mode `async_last_background` writes it in the background too, as gptrain did before
-2026-11-26 (third session). `--spaced` waits for each background write before the next save
+2026-11-26 (third session). Shards are written as `gptrain train` writes them (direct I/O on a local
+disk); `sync_buffered` and `async_buffered` write them through the page cache, as before 2026-11-26
+(fourth session), and `async_buffered`'s ratios are against `sync_buffered` where it ran. `--spaced` waits for each background write before the next save
 (untimed), as a run whose saves are minutes apart: the async stall is then the staging copy alone.
 Prints a table per round and one JSON line; with `--rounds N` the modes run N times in turn and the
 ratios are the medians over the rounds (a shared VM's step time can vary by 30% from minute to minute).
@@ -38,7 +40,7 @@ from gptrain.train.optim import build_optimizer
 from gptrain.train.state import model_state_dict, optimizer_state_dict
 from gptrain.train.step import StepOptions, train_step
 
-ASYNC_MODES = ("async", "async_last_background")
+ASYNC_MODES = ("async", "async_last_background", "async_buffered")
 """The modes whose saves go to the background (the second one its last save too)."""
 
 
@@ -85,7 +87,13 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, device: torch.devi
     reports: list[SaveReport] = []
     shutil.rmtree(root / mode, ignore_errors=True)
     background = mode in ASYNC_MODES
-    manager = CheckpointManager(root / mode, keep_last=1, async_save=background, on_saved=reports.append)
+    manager = CheckpointManager(
+        root / mode,
+        keep_last=1,
+        async_save=background,
+        on_saved=reports.append,
+        direct_io=False if mode.endswith("_buffered") else None,
+    )
     optimizer.register_step_pre_hook(lambda *_: manager.wait_for_staging())
     train_step(model, optimizer, [batch], scaler, device, opts)  # warm-up: optimizer state exists
     if background:  # as `gptrain train` does after its first step (pinned buffer, CUDA only)
@@ -202,15 +210,16 @@ def ratios(rows: list[dict]) -> dict:
     by_mode = {r["mode"]: r for r in rows}
     if not {"none", "sync"} <= by_mode.keys():
         return {}
-    extra_sync = by_mode["sync"]["wall_s"] - by_mode["none"]["wall_s"]
     found = {}
     for mode in (m for m in ASYNC_MODES if m in by_mode):
+        base = "sync_buffered" if mode.endswith("_buffered") and "sync_buffered" in by_mode else "sync"
+        extra_sync = by_mode[base]["wall_s"] - by_mode["none"]["wall_s"]
         extra = by_mode[mode]["wall_s"] - by_mode["none"]["wall_s"]
-        stall = by_mode[mode]["stall_ms_median"] / by_mode["sync"]["stall_ms_median"]
+        stall = by_mode[mode]["stall_ms_median"] / by_mode[base]["stall_ms_median"]
         wall = extra / extra_sync if extra_sync > 0 else None
         found |= {f"{mode}_stall_over_sync": stall, f"{mode}_extra_wall_over_sync": wall}
         print(
-            f"{mode}: stall / sync stall {stall:.3f}; extra wall / sync extra wall {wall or float('nan'):.3f}"
+            f"{mode}: stall / {base} stall {stall:.3f}; extra wall / {base} extra wall {wall or float('nan'):.3f}"
         )
     return found
 

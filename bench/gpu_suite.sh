@@ -36,5 +36,5 @@ fi
 if [[ $part == checkpoint || $part == all ]]; then
   # issue 9's target: under 1 s per async save at 1.3B, saves further apart than one write (--spaced)
   run checkpoint_1p3b_spaced 200 "$py" bench/checkpoint.py --layers 24 --hidden 2048 --heads 16 --seq-length 512 --micro-batch-size 4 --steps 4 --every 2 --modes async --spaced --dir /tmp/gptrain-ckpt-bench
-  run checkpoint_1p3b 540 "$py" bench/checkpoint.py --layers 24 --hidden 2048 --heads 16 --seq-length 512 --micro-batch-size 4 --steps 4 --every 2 --dir /tmp/gptrain-ckpt-bench
+  run checkpoint_1p3b 540 "$py" bench/checkpoint.py --layers 24 --hidden 2048 --heads 16 --seq-length 512 --micro-batch-size 4 --steps 4 --every 2 --modes none,sync,async,sync_buffered,async_buffered --dir /tmp/gptrain-ckpt-bench
 fi

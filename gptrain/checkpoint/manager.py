@@ -46,6 +46,7 @@ from torch.distributed.tensor import DTensor
 
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
 from gptrain.checkpoint.crc32 import crc32
+from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, size_text, step_dir_bytes, step_dir_name
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_record, complete_steps, is_complete
 from gptrain.checkpoint.reader import CheckpointReader, is_distributed, root_cause
@@ -149,11 +150,14 @@ class CheckpointManager(CheckpointReader):
         async_save: bool = False,
         on_saved: Callable[[SaveReport], None] | None = None,
         vocab_size: int | None = None,
+        direct_io: bool | None = None,
     ) -> None:
-        """`vocab_size`: as for CheckpointReader."""
+        """`vocab_size`: as for CheckpointReader. `direct_io`: write shards around the page cache
+        (O_DIRECT); None: where `root` is on a local disk (gptrain.checkpoint.direct_io)."""
         super().__init__(root, rank, vocab_size)
         self.keep_last = keep_last if keep_last and keep_last > 0 else None
         self.async_save = async_save
+        self.direct_io = takes_direct_io(root) if direct_io is None else direct_io
         self.on_saved = on_saved
         self._pending: _Pending | None = None
         self._writer: ChecksummingWriter | None = None
@@ -182,7 +186,7 @@ class CheckpointManager(CheckpointReader):
         _barrier()
         try:
             path.mkdir(parents=True, exist_ok=True)
-            self._writer = ChecksummingWriter(path, background=in_background)
+            self._writer = ChecksummingWriter(path, background=in_background, direct_io=self.direct_io)
             rank_file = path / f"rank_{self.rank}.pt"
             # into this rank's checksum sidecar with its DCP files, hence into the manifest
             self._writer.checksums[rank_file.name] = write_rank_state(rank_file, rank_state)

@@ -226,7 +226,12 @@ def build_checkpoint_manager(cfg: TrainingConfig, world: World, vocab_size: int)
     params = cfg.exp_manager.checkpoint_callback_params
     root = Path(cfg.exp_manager.explicit_log_dir) / "checkpoints"
     return CheckpointManager(
-        root, params.save_top_k, rank=world.rank, async_save=params.async_save, vocab_size=vocab_size
+        root,
+        params.save_top_k,
+        rank=world.rank,
+        async_save=params.async_save,
+        vocab_size=vocab_size,
+        direct_io=params.direct_io,
     )
 
 

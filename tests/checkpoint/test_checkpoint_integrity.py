@@ -188,18 +188,23 @@ def test_resume_checks_the_crc_of_this_ranks_share(tmp_path):
     assert loaded == tmp_path / "step_1" and "CRC-32" in warnings[0]
 
 
+@pytest.mark.parametrize("direct_io", [False, True])
 @pytest.mark.parametrize("async_save", [False, True])
-def test_tensors_written_in_pieces_checksum_and_load_exactly(tmp_path, monkeypatch, async_save):
-    """Large tensors go to disk in cache-sized pieces without torch's per-record zip CRC: the
-    streaming CRC still equals an independent read, the values load back bit for bit, and the
-    process-wide torch.save option is as it was afterwards."""
+def test_tensors_written_in_pieces_checksum_and_load_exactly(tmp_path, monkeypatch, async_save, direct_io):
+    """Large tensors go to disk in cache-sized pieces without torch's per-record zip CRC, through the
+    page cache or around it from a buffer smaller than a tensor: the streaming CRC still equals an
+    independent read, the values load back bit for bit, and the process-wide torch.save option is as
+    it was afterwards."""
     from torch.serialization import get_crc32_options
 
     from gptrain.checkpoint import checksum_writer
+    from gptrain.checkpoint import direct_io as direct_io_module
 
     monkeypatch.setattr(checksum_writer, "WRITE_PIECE_BYTES", 1000)  # 8-byte values: pieces end mid-value
+    monkeypatch.setattr(direct_io_module, "BUFFER_BYTES", 2 * direct_io_module.ALIGNMENT)
     weights = torch.randn(123, 45, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    manager = CheckpointManager(tmp_path, keep_last=1, async_save=async_save)
+    manager = CheckpointManager(tmp_path, keep_last=1, async_save=async_save, direct_io=direct_io)
+    assert manager.direct_io is direct_io
     path = manager.save(1, {"model": {"w": weights.clone(), "b": torch.arange(7)}}, {})
     manager.close()
     assert get_crc32_options() is True
