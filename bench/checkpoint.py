@@ -119,7 +119,10 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path, device: torch.devi
     sync(device)
     wall = time.perf_counter() - started
     shutil.rmtree(root / mode, ignore_errors=True)
-    row = summarize(mode, wall, reports) | {"exit_wait_s": wall - (closing - started)}
+    row = summarize(mode, wall, reports) | {
+        "exit_wait_s": wall - (closing - started),
+        "direct_io": manager.direct_io,  # false where the directory's file system is not a local disk
+    }
     if args.spaced and background:  # untimed in the stalls: in a run, steps go on meanwhile
         row["prepare_wait_s"] = prepare_wait
         print(f"async: waited {prepare_wait:.1f} s (untimed) for the staging buffer pinned ahead")
@@ -208,16 +211,20 @@ def ratios(rows: list[dict]) -> dict:
     """Each async mode against sync within one round: the stall, and the extra wall time over no
     saves (keys prefixed by the mode)."""
     by_mode = {r["mode"]: r for r in rows}
-    if not {"none", "sync"} <= by_mode.keys():
-        return {}
     found = {}
     for mode in (m for m in ASYNC_MODES if m in by_mode):
         base = "sync_buffered" if mode.endswith("_buffered") and "sync_buffered" in by_mode else "sync"
+        if not {"none", base} <= by_mode.keys():
+            continue
         extra_sync = by_mode[base]["wall_s"] - by_mode["none"]["wall_s"]
         extra = by_mode[mode]["wall_s"] - by_mode["none"]["wall_s"]
         stall = by_mode[mode]["stall_ms_median"] / by_mode[base]["stall_ms_median"]
         wall = extra / extra_sync if extra_sync > 0 else None
-        found |= {f"{mode}_stall_over_sync": stall, f"{mode}_extra_wall_over_sync": wall}
+        found |= {
+            f"{mode}_stall_over_sync": stall,
+            f"{mode}_extra_wall_over_sync": wall,
+            f"{mode}_base": base,
+        }
         print(
             f"{mode}: stall / {base} stall {stall:.3f}; extra wall / {base} extra wall {wall or float('nan'):.3f}"
         )

@@ -47,11 +47,18 @@ def takes_direct_io(directory: str | os.PathLike[str], mounts: str = "/proc/self
         fields = line.split()
         if len(fields) < 3:
             continue
-        point = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+        point = _unescape_mount_point(fields[1])
         inside = path == Path(point) or Path(point) in path.parents
         if inside and len(point) >= len(best):
             best, kind = point, fields[2]
     return kind in LOCAL_DISK_FILE_SYSTEMS
+
+
+def _unescape_mount_point(field: str) -> str:
+    """/proc/self/mounts writes space, tab, newline and backslash in a mount point as octal escapes."""
+    for escaped, plain in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(escaped, plain)
+    return field
 
 
 def open_shard_file(path: str | os.PathLike[str], direct: bool) -> DirectFile | SyncedFile:
@@ -60,11 +67,21 @@ def open_shard_file(path: str | os.PathLike[str], direct: bool) -> DirectFile | 
 
 
 class SyncedFile(io.FileIO):
-    """A plain file whose close() fsyncs it first; discard() closes it as it is."""
+    """A plain file whose write() writes everything it is given (a raw write may write less, and
+    torch.save's zip writer ignores the count), and whose close() fsyncs it first; discard() closes
+    it as it is."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path, "wb")
         self.direct = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            with view[done:] as rest:
+                done += os.write(self.fileno(), rest)
+        return done
 
     def close(self) -> None:
         if not self.closed:
@@ -82,7 +99,7 @@ class DirectFile:
 
     `flush()` does nothing, since a partial buffer cannot be written direct; `tell()` is the
     logical position. Only sequential writes (what DCP's writer does). A failed write is raised by
-    the next write() or close().
+    the next write() or close(), and by every one after it: the file is never finished with a gap.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -95,24 +112,33 @@ class DirectFile:
                 raise
             self.direct = False
             self._fd = os.open(path, flags, 0o644)
-        self._maps = [mmap.mmap(-1, BUFFER_BYTES) for _ in range(2)]
-        self._views = [memoryview(buffer) for buffer in self._maps]
-        self._buffer = self._views[0]
+        self.closed = False
+        self._size = BUFFER_BYTES
         self._filled = 0
         self._position = 0
-        self._helper = ThreadPoolExecutor(1, thread_name_prefix="gptrain-direct-io")
         self._in_flight: Future[None] | None = None
-        self.closed = False
+        self._failed: BaseException | None = None
+        self._maps: list[mmap.mmap] = []
+        self._views: list[memoryview] = []
+        self._helper = ThreadPoolExecutor(1, thread_name_prefix="gptrain-direct-io")
+        try:
+            self._maps = [mmap.mmap(-1, self._size) for _ in range(2)]
+            self._views = [memoryview(buffer) for buffer in self._maps]
+        except BaseException:
+            self.discard()
+            raise
+        self._buffer = self._views[0]
 
     def write(self, data: Any) -> int:
+        self._raise_if_failed()
         view = memoryview(data).cast("B")
         start = 0
         while start < len(view):
-            take = min(len(view) - start, BUFFER_BYTES - self._filled)
+            take = min(len(view) - start, self._size - self._filled)
             self._buffer[self._filled : self._filled + take] = view[start : start + take]
             self._filled += take
             start += take
-            if self._filled == BUFFER_BYTES:
+            if self._filled == self._size:
                 self._hand_over_full_buffer()
         self._position += len(view)
         return len(view)
@@ -132,9 +158,11 @@ class DirectFile:
     def close(self) -> None:
         """Write what is left (padded to the alignment), cut the padding off, fsync, close."""
         if self.closed:
+            self._raise_if_failed()
             return
         self.closed = True
         try:
+            self._raise_if_failed()
             self._wait_for_write_in_flight()
             if self._filled:
                 padded = -(-self._filled // ALIGNMENT) * ALIGNMENT
@@ -159,14 +187,25 @@ class DirectFile:
 
     def _hand_over_full_buffer(self) -> None:
         self._wait_for_write_in_flight()
-        self._in_flight = self._helper.submit(self._write_out, self._buffer, BUFFER_BYTES)
+        try:
+            self._in_flight = self._helper.submit(self._write_out, self._buffer, self._size)
+        except RuntimeError:  # the interpreter is shutting down and starts no thread: write it here
+            self._write_out(self._buffer, self._size)
         self._buffer = self._views[1] if self._buffer is self._views[0] else self._views[0]
         self._filled = 0
 
     def _wait_for_write_in_flight(self) -> None:
         if self._in_flight is not None:
             in_flight, self._in_flight = self._in_flight, None
-            in_flight.result()
+            try:
+                in_flight.result()
+            except BaseException as error:
+                self._failed = error
+                raise
+
+    def _raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise OSError(f"an earlier write to this file failed: {self._failed}") from self._failed
 
     def _write_out(self, buffer: memoryview, length: int) -> None:
         done = 0
@@ -176,6 +215,7 @@ class DirectFile:
                     done += os.write(self._fd, piece)
             except OSError as error:
                 if not (self.direct and error.errno == errno.EINVAL):
+                    self._failed = error
                     raise
                 self._stop_writing_direct()  # accepted at open, refused on write: go through the cache
 

@@ -51,7 +51,7 @@ from gptrain.checkpoint.directory import LATEST, size_text, step_dir_bytes, step
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_record, complete_steps, is_complete
 from gptrain.checkpoint.reader import CheckpointReader, is_distributed, root_cause
 from gptrain.errors import GptrainError
-from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text
+from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
 
 # One process without a process group is a supported case here, not a mistake (also
 # raised from the async-save thread, where a local catch_warnings would not reach).
@@ -364,6 +364,7 @@ class CheckpointManager(CheckpointReader):
         barrier is needed: DCP's coordinator (rank 0) writes .metadata only after gathering every
         rank's write results, so every rank's files and checksum sidecar are on disk by then."""
         record = complete_record(report.step, report.path, gathered_checksums(report.path, checksums))
+        fsync_directory(report.path)  # every file's name durable (.metadata was renamed) before COMPLETE's
         atomic_write_text(report.path / COMPLETE, record)
         atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
         report.known_bytes = _recorded_bytes(record)

@@ -42,6 +42,22 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    fsync_directory(path.parent)
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """Make the names created or renamed in `directory` durable (POSIX needs the directory's own
+    fsync for that; a file's fsync covers its data). No-op where a directory cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a directory (EINVAL): nothing more can be done
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

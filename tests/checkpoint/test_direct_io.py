@@ -1,7 +1,6 @@
 """A checkpoint file written around the page cache holds exactly the bytes written, in order."""
 
 import errno
-import fcntl
 import os
 
 import pytest
@@ -9,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptrain.checkpoint import direct_io
-from gptrain.checkpoint.direct_io import ALIGNMENT, DirectFile
+from gptrain.checkpoint.direct_io import ALIGNMENT, DirectFile, SyncedFile
 
 SMALL_BUFFER = 2 * ALIGNMENT  # small enough that a few writes cross several buffer boundaries
 
@@ -46,6 +45,8 @@ def test_it_writes_direct_where_the_file_system_allows(tmp_path) -> None:
     """On Linux file systems with O_DIRECT (ext4, xfs; /tmp on CI), the descriptor carries it."""
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT on this platform")
+    import fcntl
+
     file = DirectFile(tmp_path / "probe")
     try:
         if not file.direct:
@@ -79,6 +80,8 @@ def test_a_direct_write_refused_midway_goes_on_through_the_page_cache(tmp_path, 
     writes the same bytes at the same offset."""
     if not hasattr(os, "O_DIRECT"):
         pytest.skip("no O_DIRECT on this platform")
+    import fcntl
+
     real_write = os.write
     refused = []
 
@@ -101,7 +104,10 @@ def test_a_direct_write_refused_midway_goes_on_through_the_page_cache(tmp_path, 
     assert (tmp_path / "shard").read_bytes() == data
 
 
-def test_other_write_errors_reach_the_writer_and_leave_no_descriptor_open(tmp_path, monkeypatch) -> None:
+def test_other_write_errors_reach_the_writer_and_leave_nothing_open(tmp_path, monkeypatch) -> None:
+    """A failed write (disk full) is raised, by write() or close(), and again by any later call:
+    the file is never finished with a gap; the descriptor, the buffers and the helper are released."""
+
     def disk_full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -112,9 +118,56 @@ def test_other_write_errors_reach_the_writer_and_leave_no_descriptor_open(tmp_pa
     with pytest.raises(OSError, match="No space left"):  # from the helper thread: by write() or close()
         file.write(b"\0" * 3 * SMALL_BUFFER)
         file.close()
+    with pytest.raises(OSError, match="earlier write to this file failed"):
+        file.write(b"\0")
+    with pytest.raises(OSError, match="earlier write to this file failed"):
+        file.close()
     file.discard()
     with pytest.raises(OSError):
         os.fstat(fd)
+    assert all(buffer.closed for buffer in file._maps)
+    assert file._helper._shutdown
+
+
+def test_a_plain_file_writes_all_of_a_short_write(tmp_path, monkeypatch) -> None:
+    """A raw write may write less than it was given; torch.save's zip writer would not notice."""
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data)[:1000]))
+    data = os.urandom(10 * 1000 + 7)
+    file = SyncedFile(tmp_path / "shard")
+    assert file.write(data) == len(data)
+    file.close()
+    assert (tmp_path / "shard").read_bytes() == data
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_every_file_of_a_save_is_fsynced_and_so_is_its_directory(tmp_path, monkeypatch, direct) -> None:
+    """DCP's own fsync is off: each shard and .metadata (written as .metadata.tmp) is fsynced by the
+    file itself, and the step directory before COMPLETE is written."""
+    import torch
+
+    from gptrain.checkpoint.integrity import COMPLETE
+    from gptrain.checkpoint.manager import CheckpointManager
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    if not os.path.exists("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd to name what is fsynced")
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    manager = CheckpointManager(tmp_path, keep_last=1, direct_io=direct)
+    path = manager.save(1, {"model": {"w": torch.arange(5000.0)}}, {})
+    manager.close()
+    shards = [p.name for p in path.iterdir() if p.suffix == ".distcp"]
+    assert shards and all(name in synced for name in shards)
+    metadata = synced.index(".metadata.tmp")
+    complete = next(i for i, name in enumerate(synced) if name.startswith(f".{COMPLETE}."))
+    assert all(synced.index(name) < metadata for name in shards)
+    assert "step_1" in synced[metadata + 1 : complete]  # the directory, after .metadata's rename
 
 
 def _mounts(tmp_path, lines: list[str]):
