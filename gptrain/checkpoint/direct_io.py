@@ -103,7 +103,9 @@ class DirectFile:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        flags = (
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+        )
         self.direct = hasattr(os, "O_DIRECT")
         try:
             self._fd = os.open(path, flags | (os.O_DIRECT if self.direct else 0), 0o644)
