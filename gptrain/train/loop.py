@@ -249,7 +249,7 @@ def resume(s: Session, source: Path | None = None) -> None:
         sections.clear()
         sections.update(saved_sections(saved))
         parts = parts_to_load(PARTS, saved, s.scaler, s.log)
-        return checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state, parts)
+        return checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state, parts, saved)
 
     loaded = s.checkpoints.load_newest_good(
         state_to_load,
@@ -277,7 +277,7 @@ def start_from(s: Session, source: Path) -> None:
 
     def state_to_load(saved: Collection[str]) -> dict:
         loaded.update(parts_to_load(parts, saved, s.scaler, s.log))
-        return checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state, loaded)
+        return checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state, loaded, saved)
 
     extra = s.checkpoints.load_verified(
         source,

@@ -129,15 +129,21 @@ def checkpoint_state(
     scaler: LossScaler,
     train: TrainState,
     parts: Collection[str] = PARTS,
+    saved: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The DCP state dict (same keys on every rank; tensors may be sharded), or some `parts` of it.
 
     Only the parts asked for are built: building the optimizer's gives a fresh optimizer state
     (torch fills it by a step with zero gradients), which a run that does not load it must not have.
+    `saved`: the keys of the checkpoint this state is to be loaded from (the optimizer's are laid
+    out as it holds them: `gptrain.parallel.state_dict.optimizer_state_dict`); None: as saved now.
     """
+    optim_keys = (
+        None if saved is None else [key.removeprefix("optim.") for key in saved if key.startswith("optim.")]
+    )
     build = {
         "model": lambda: model_state_dict(model),
-        "optim": lambda: optimizer_state_dict(model, optimizer),
+        "optim": lambda: optimizer_state_dict(model, optimizer, optim_keys),
         "schedule": schedule.state_dict,
         "scaler": scaler.state_dict,
         "train": train.state_dict,

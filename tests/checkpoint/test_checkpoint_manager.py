@@ -326,10 +326,14 @@ def test_async_save_is_marked_complete_as_soon_as_written_and_reported_on_poll(t
     )
     manager.save(6, state_for(6.0), {})
     deadline = time.monotonic() + 60
-    while not (tmp_path / "step_6" / COMPLETE).is_file() and time.monotonic() < deadline:
-        time.sleep(0.01)  # nobody polls: the marker comes by itself
+
+    def latest() -> str | None:  # written after COMPLETE (and after COMPLETE's directory is fsynced)
+        return (tmp_path / LATEST).read_text().strip() if (tmp_path / LATEST).is_file() else None
+
+    while latest() != "step_6" and time.monotonic() < deadline:
+        time.sleep(0.01)  # nobody polls: the markers come by themselves
+    assert latest() == "step_6"
     assert newest_complete(tmp_path) == tmp_path / "step_6"
-    assert (tmp_path / LATEST).read_text().strip() == "step_6"
     assert reports == []  # reported only from the training thread
     while not reports and time.monotonic() < deadline:
         manager.poll()

@@ -339,3 +339,34 @@ def test_async_checkpoint_staging_is_prepared_once_after_the_first_updating_step
         s.checkpoints.async_save, s.device = async_save, torch.device(device)
         assert loop.prepare_checkpoint_staging(s, StepResult(loss=2.0, updated=True))
     assert len(prepared) == 1
+
+
+def test_a_checkpoint_with_one_item_per_hyperparameter_resumes_bit_exact(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """Checkpoints saved before hyperparameters were packed per parameter (2026-11-26) resume as
+    they did: the loop builds the state to load in the checkpoint's own layout."""
+    from gptrain.checkpoint.compat import read_metadata
+    from gptrain.parallel import state_dict
+    from gptrain.train import state as train_state
+
+    def one_item_per_hyperparameter(model, optimizer, saved=None):
+        return state_dict.unpack_param_groups(state_dict.optimizer_state_dict(model, optimizer, saved))
+
+    def packed(step: int) -> bool:
+        keys = read_metadata(tmp_path / "checkpoints" / f"step_{step}").state_dict_metadata
+        return "optim.param_groups.tok_embeddings.weight" in keys
+
+    full_dir, _, full_losses = uninterrupted
+    with monkeypatch.context() as old:
+        old.setattr(train_state, "optimizer_state_dict", one_item_per_hyperparameter)
+        code, first = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=3)
+    assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]
+    assert not packed(3)  # the old layout, as asked
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    assert code == 0 and sorted(second) == [4, 5, 6]
+    for step in range(1, 7):
+        assert (first | second)[step] == full_losses[step], step
+    resumed, full = final_weights(tmp_path, 6), final_weights(full_dir, 6)
+    assert all(torch.equal(resumed[k], full[k]) for k in full)
+    assert packed(6)
