@@ -73,7 +73,6 @@ class SyncedFile(io.FileIO):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path, "wb")
-        self.direct = False
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
