@@ -80,19 +80,23 @@ def optimizer_state_dict(
 
 def load_optimizer_state_dict(
     model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-) -> None:
-    """`state` in either layout, or in both (one per parameter)."""
-    state = unpack_param_groups(state, _hyperparameter_names(optimizer))
+) -> list[str]:
+    """`state` in either layout, or in both (one per parameter). Returns what did not come from the
+    checkpoint: the settings it lacks, taken from this optimizer (see `unpack_param_groups`)."""
+    filled: list[str] = []
+    state = unpack_param_groups(state, live_hyperparameters(optimizer), filled)
     if _output_is_copy(model):
         state = _rename(state, EMBEDDING, OUTPUT)
     set_optimizer_state_dict(model, optimizer, state, options=OPTIONS)
+    return filled
 
 
 def pack_param_groups(state: dict[str, Any], packed_in: set[str] | None = None) -> dict[str, Any]:
     """`param_groups.<fqn>.<name>` entries gathered into one `param_groups.<fqn>` tuple of (name, value)
     pairs per parameter (a tuple is one DCP item). Left apart: a parameter with a tensor among them
     (that tensor is still saved and resharded as one), and, where `packed_in` is given (a checkpoint's
-    keys), a parameter whose packed key it lacks."""
+    keys), a parameter whose packed key it lacks; of such a parameter's settings, only those the
+    checkpoint holds (`unpack_param_groups` fills in the others)."""
     gathered: dict[str, list[tuple[str, Any]]] = {}
     packed = {}
     for key, value in state.items():
@@ -103,33 +107,55 @@ def pack_param_groups(state: dict[str, Any], packed_in: set[str] | None = None) 
             packed[key] = value
     for parameter, pairs in gathered.items():
         tensor = any(isinstance(value, torch.Tensor) for _, value in pairs)
-        if tensor or (packed_in is not None and parameter not in packed_in):
+        if packed_in is not None and parameter not in packed_in:
+            packed |= {
+                f"{parameter}.{name}": value
+                for name, value in pairs
+                if isinstance(value, torch.Tensor) or f"{parameter}.{name}" in packed_in
+            }
+        elif tensor:
             packed |= {f"{parameter}.{name}": value for name, value in pairs}
         else:
             packed[parameter] = tuple(sorted(pairs))
     return packed
 
 
-def unpack_param_groups(state: dict[str, Any], expected: set[str] | None = None) -> dict[str, Any]:
-    """The flattened layout `set_optimizer_state_dict` takes, from either layout. `expected`: the
-    hyperparameter names the optimizer has; a packed parameter without one of them is refused,
-    naming it (saved under another torch version's optimizer), rather than failing inside torch."""
-    unpacked = {}
+def unpack_param_groups(
+    state: dict[str, Any], live: dict[str, Any] | None = None, filled: list[str] | None = None
+) -> dict[str, Any]:
+    """The flattened layout `set_optimizer_state_dict` takes, from either layout.
+
+    `live`: the optimizer's hyperparameters (`live_hyperparameters`). A setting a parameter lacks in
+    the checkpoint (saved by another torch version's optimizer, whose AdamW had fewer flags) is taken
+    from the optimizer, as torch's own `Optimizer.load_state_dict` does, and its name appended to
+    `filled`; one whose value differs between the optimizer's groups (lr, weight decay) cannot be
+    taken so, and is refused naming it, rather than failing inside torch."""
+    unpacked: dict[str, Any] = {}
+    names: dict[str, set[str]] = {}  # parameter -> the settings the checkpoint gave it
     for key, value in state.items():
         if key.startswith(GROUPS) and isinstance(value, tuple) and _is_packed(value):
-            missing = sorted((expected or set()) - {name for name, _ in value})
-            if missing:
-                from gptrain.checkpoint.compat import CheckpointMismatchError
-
-                raise CheckpointMismatchError(
-                    f"the checkpoint's optimizer state has no {', '.join(missing)} for "
-                    f"{key.removeprefix(GROUPS)} (saved by another torch version's optimizer): resume with "
-                    "the torch version that saved it, or start a new run from it without its optimizer "
-                    "(exp_manager.resume_from_checkpoint=<it> exp_manager.load_optimizer=false)"
-                )
             unpacked |= {f"{key}.{name}": item for name, item in value}
+            names.setdefault(key, set()).update(name for name, _ in value)
         else:
             unpacked[key] = value
+            if key.startswith(GROUPS):
+                parameter, _, name = key.rpartition(".")
+                names.setdefault(parameter, set()).add(name)
+    for parameter, present in names.items():
+        missing = sorted(set(live or {}) - present)
+        varying = [name for name in missing if live[name] is VARIES]
+        if varying:
+            from gptrain.checkpoint.compat import CheckpointMismatchError
+
+            raise CheckpointMismatchError(
+                f"the checkpoint's optimizer state has no {', '.join(varying)} for "
+                f"{parameter.removeprefix(GROUPS)}: resume with the torch version and config that saved it, "
+                "or start a new run from it without its optimizer "
+                "(exp_manager.resume_from_checkpoint=<it> exp_manager.load_optimizer=false)"
+            )
+        unpacked |= {f"{parameter}.{name}": live[name] for name in missing}
+        if filled is not None:
+            filled.extend(name for name in missing if name not in filled)
     return unpacked
 
 
@@ -139,6 +165,31 @@ def _is_packed(value: tuple) -> bool:
     )
 
 
-def _hyperparameter_names(optimizer: torch.optim.Optimizer) -> set[str]:
-    """What torch's flattened state holds for every parameter (all but the group's `params`)."""
-    return {name for group in optimizer.param_groups for name in group if name != "params"}
+class _Varies:
+    def __repr__(self) -> str:
+        return "VARIES"
+
+
+VARIES = _Varies()  # a hyperparameter whose value differs between the optimizer's groups
+
+
+def live_hyperparameters(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Each setting torch's flattened state holds for every parameter (all but a group's `params`),
+    with its value where every group has the same one (torch's flags), else `VARIES`."""
+    values: dict[str, Any] = {}
+    for group in optimizer.param_groups:
+        for name, value in group.items():
+            if name == "params":
+                continue
+            if name not in values:
+                values[name] = value
+            elif values[name] is not VARIES and not _same(values[name], value):
+                values[name] = VARIES
+    present_everywhere = set.intersection(*(set(group) for group in optimizer.param_groups))
+    return {name: value if name in present_everywhere else VARIES for name, value in values.items()}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return False  # a tensor setting is per group state, never filled in
+    return type(a) is type(b) and a == b

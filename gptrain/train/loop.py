@@ -253,7 +253,7 @@ def resume(s: Session, source: Path | None = None) -> None:
 
     loaded = s.checkpoints.load_newest_good(
         state_to_load,
-        lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
+        lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state, s.log),
         lambda warning: report_damaged_checkpoint(s, warning),
     )
     if loaded is None:
@@ -282,7 +282,7 @@ def start_from(s: Session, source: Path) -> None:
     extra = s.checkpoints.load_verified(
         source,
         state_to_load,
-        lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state),
+        lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state, s.log),
     )
     if em.load_rng and not em.finetune and restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log):
         loaded.add("rng")

@@ -8,6 +8,8 @@ from gptrain.checkpoint.compat import read_metadata
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.models.config import GPTConfig
 from gptrain.parallel.state_dict import (
+    VARIES,
+    live_hyperparameters,
     load_model_state_dict,
     load_optimizer_state_dict,
     model_state_dict,
@@ -96,16 +98,69 @@ def test_a_tensor_hyperparameter_is_kept_as_an_item_of_its_own() -> None:
     assert packed["param_groups.b"] == (("betas", (0.9, 0.95)), ("lr", 0.5))
     assert packed["param_groups.w.lr"] is flat["param_groups.w.lr"] and "param_groups.w" not in packed
     assert unpack_param_groups(packed) == flat
-    as_saved = pack_param_groups(flat, packed_in={"param_groups.w", "state.w.step"})  # b saved apart
+    # b saved one item per setting, and without betas (as an older torch's optimizer would have)
+    as_saved = pack_param_groups(flat, packed_in={"param_groups.w", "state.w.step", "param_groups.b.lr"})
     assert "param_groups.b" not in as_saved and as_saved["param_groups.b.lr"] == 0.5
+    assert "param_groups.b.betas" not in as_saved  # not asked of the checkpoint: filled in at load
     assert "param_groups.w.lr" in as_saved  # a tensor stays apart whatever the keys
 
 
-def test_a_packed_parameter_without_a_hyperparameter_the_optimizer_has_is_a_config_mismatch() -> None:
-    """Saved under a torch whose AdamW had fewer flags: refused naming them, not taken for damage."""
+def test_a_setting_the_checkpoint_lacks_is_taken_from_the_optimizer_when_every_group_agrees() -> None:
+    """Saved under a torch whose AdamW had fewer flags: filled in as torch's own load_state_dict does,
+    and named; a setting that differs between groups cannot be, and is refused naming it."""
     from gptrain.checkpoint.compat import CheckpointMismatchError
 
+    live = {"lr": VARIES, "betas": (0.9, 0.95), "foreach": None, "fused": True}
     packed = {"param_groups.h.0.weight": (("betas", (0.9, 0.95)), ("lr", 0.5))}
-    with pytest.raises(CheckpointMismatchError, match="no eps, weight_decay for h.0.weight"):
-        unpack_param_groups(packed, expected={"lr", "betas", "eps", "weight_decay"})
-    assert unpack_param_groups(packed, expected={"lr"})["param_groups.h.0.weight.lr"] == 0.5
+    per_name = {"param_groups.h.0.bias.betas": (0.8, 0.9), "param_groups.h.0.bias.lr": 0.25}
+    filled: list[str] = []
+    unpacked = unpack_param_groups(packed | per_name, live, filled)
+    assert unpacked == {
+        "param_groups.h.0.weight.betas": (0.9, 0.95),
+        "param_groups.h.0.weight.lr": 0.5,
+        "param_groups.h.0.weight.foreach": None,
+        "param_groups.h.0.weight.fused": True,
+        "param_groups.h.0.bias.betas": (0.8, 0.9),  # the checkpoint's value wins where it has one
+        "param_groups.h.0.bias.lr": 0.25,
+        "param_groups.h.0.bias.foreach": None,
+        "param_groups.h.0.bias.fused": True,
+    }
+    assert sorted(filled) == ["foreach", "fused"]
+    with pytest.raises(CheckpointMismatchError, match="no lr for h.0.weight"):
+        unpack_param_groups({"param_groups.h.0.weight": (("betas", (0.9, 0.95)),)}, live)
+
+
+def test_live_hyperparameters_marks_the_settings_that_differ_between_groups() -> None:
+    model, optimizer = _trained(seed=1, lr=1e-3)
+    optimizer.param_groups[0]["weight_decay"] = 0.3  # as a no-decay group differs from the others
+    live = live_hyperparameters(optimizer)
+    assert live["weight_decay"] is VARIES and live["lr"] == 1e-3 and live["betas"] == (0.9, 0.95)
+    assert live["fused"] == optimizer.param_groups[0]["fused"]
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_checkpoint_saved_without_a_flag_this_torch_has_resumes_with_it_filled_in(tmp_path, packed) -> None:
+    """As an older torch's AdamW, without `decoupled_weight_decay`, would have saved it."""
+    model, optimizer = _trained(seed=1, lr=1.234e-4)
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    optim = unpack_param_groups(optimizer_state_dict(model, optimizer))
+    optim = {key: value for key, value in optim.items() if not key.endswith(".decoupled_weight_decay")}
+    if packed:
+        optim = pack_param_groups(optim)
+    manager.save(2, {"model": model_state_dict(model), "optim": optim}, {})
+
+    fresh_model, fresh_optimizer = _trained(seed=2, lr=1e-3)
+    logged: list[str] = []
+
+    def state_to_load(saved):
+        optim_keys = [key.removeprefix("optim.") for key in saved if key.startswith("optim.")]
+        return {"optim": optimizer_state_dict(fresh_model, fresh_optimizer, optim_keys)}
+
+    def apply(loaded):
+        filled = load_optimizer_state_dict(fresh_model, fresh_optimizer, loaded["optim"])
+        logged.append(", ".join(filled))
+
+    manager.load_newest_good(state_to_load, apply, pytest.fail)
+    manager.close()
+    assert logged == ["decoupled_weight_decay"]
+    _assert_same_optimizer(fresh_optimizer, optimizer)  # the flag as this torch has it, the rest as saved
