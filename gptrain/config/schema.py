@@ -39,6 +39,11 @@ class TrainerConfig:
     """`32`, `16` (fp16 with dynamic loss scaling) or `bf16` (also `16-mixed`, `bf16-mixed`)."""
     max_steps: int = 600000
     """Optimizer steps to train for; consumed samples = steps x global batch size."""
+    train_samples: int | None = None
+    """gptrain extension, Megatron's --train-samples: the train split's indices are built for this
+    many samples, as Megatron builds them, instead of max_steps x global batch size (the two differ
+    under a batch-size ramp-up, and in the epochs and shuffle that follow from the count).
+    max_steps still ends the run; `gptrain megatron` sets both."""
     max_time: str | None = None
     """Wall-clock limit `DD:HH:MM:SS`: checkpoint and exit for a requeue when reached."""
     log_every_n_steps: int = 10

@@ -120,6 +120,10 @@ def validate(cfg: TrainingConfig) -> None:
     for key in POSITIVE:
         if get(cfg, key) < 1:
             raise ConfigError(f"{key}: must be at least 1, got {get(cfg, key)}")
+    if cfg.trainer.train_samples is not None and cfg.trainer.train_samples < 1:
+        raise ConfigError(
+            f"trainer.train_samples: must be at least 1 or null, got {cfg.trainer.train_samples}"
+        )
     for key in NON_NEGATIVE:
         value = get(cfg, key)
         if value is not None and not value >= 0:

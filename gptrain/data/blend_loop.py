@@ -34,7 +34,19 @@ def _blend(weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     return dataset_index, sample_index
 
 
-_compiled = numba.njit(cache=True, nogil=True)(_blend) if numba is not None else None
+def _compile(function):
+    """numba's njit, with its on-disk cache where it can find a writable place for one: it refuses
+    `cache=True` at decoration when neither the package's directory nor ~/.cache is writable (a
+    read-only image, a user without a home); the loop then compiles at each process's first blend."""
+    if numba is None:
+        return None
+    try:
+        return numba.njit(cache=True, nogil=True)(function)
+    except RuntimeError:
+        return numba.njit(nogil=True)(function)
+
+
+_compiled = _compile(_blend)
 
 
 def compiled_blending_indices(weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray] | None:

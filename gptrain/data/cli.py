@@ -93,6 +93,23 @@ def _check_megatron_runtime_flags(args: argparse.Namespace) -> None:
         )
 
 
+def partition_order_notice(partitions: int, keep_sequential: bool) -> str:
+    """What --partitions N>1 changes against Megatron: the order of the documents, which the GPT
+    dataset's shuffle and so every sample follow (the documents themselves are the same bytes)."""
+    if keep_sequential:
+        how, differs = (
+            "in blocks of 1,000,000 lines",
+            "another order once the input has more than 1,000,000 lines",
+        )
+    else:
+        how, differs = "line by line", "another order"
+    return (
+        f"note: --partitions {partitions}: gptrain writes the documents in input order; Megatron's "
+        f"preprocess_data.py deals the input's lines to the {partitions} partitions {how} and merges them "
+        f"partition after partition: the same documents in {differs} (and the samples follow the order)"
+    )
+
+
 def _run_prepare(args: argparse.Namespace) -> int:
     from gptrain.data.prepare import PrepareConfig, prepare
     from gptrain.data.tokenizers import TokenizerSpec
@@ -101,6 +118,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.log_interval < 1:
         raise ConfigError("--workers and --log-interval must be at least 1")
     _check_megatron_runtime_flags(args)
+    if args.partitions is not None and args.partitions > 1:
+        print(partition_order_notice(args.partitions, args.keep_sequential_samples), file=sys.stderr)
     kind = tokenizer_type(args)
     if kind is None:
         raise ConfigError("give a tokenizer: --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model")

@@ -62,10 +62,16 @@ def optimal_dtype(vocab_size: int) -> np.dtype:
 
 
 def _map_file(path: Path) -> np.ndarray:
-    """Read-only byte view of a file; numpy cannot memory-map an empty file."""
-    if path.stat().st_size == 0:
-        return np.empty(0, dtype=np.uint8)
-    return np.memmap(path, mode="r", dtype=np.uint8)
+    """Read-only byte view of a file; numpy cannot memory-map an empty file. A file that cannot be
+    opened (permissions, an I/O error of the file system) is a one-line error naming it."""
+    try:
+        if path.stat().st_size == 0:
+            return np.empty(0, dtype=np.uint8)
+        return np.memmap(path, mode="r", dtype=np.uint8)
+    except OSError as error:
+        raise DataError(
+            f"{path}: cannot be read ({error.strerror or error}); check its permissions and file system"
+        ) from None
 
 
 def strip_suffix(path_prefix: str) -> str:

@@ -126,6 +126,7 @@ NO_EFFECT: dict[str, int] = {
 NO_EFFECT_WHY: dict[str, str] = {
     "--exit-signal-handler": "gptrain always saves a checkpoint and exits on SIGTERM and SIGUSR1",
     "--data-impl": "gptrain reads Megatron's mmap format",
+    "--dataloader-type": "gptrain reads the samples in the dataset's own shuffled order, as Megatron's single does",
 }
 
 # NO_EFFECT flags whose other values gptrain cannot honour: flag -> (values accepted, why others are refused).
@@ -136,6 +137,11 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
         "drop the flag or give mmap",
     ),
     "--empty-unused-memory-level": (("0", "1", "2"), "give 0, 1 or 2 (Megatron's levels)"),
+    "--dataloader-type": (
+        ("single",),
+        "gptrain reads the samples in the dataset's own shuffled order (Megatron's single); cyclic's "
+        "reshuffle at every epoch and external loaders are not implemented: drop the flag or give single",
+    ),
 }
 
 REFUSED: dict[str, str] = {

@@ -277,6 +277,7 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         samples = _convert("--train-samples", given["--train-samples"][0], int)
         ramp = BatchRamp.from_config(v.get("model.rampup_batch_size"), v["model.global_batch_size"], 1)
         v["trainer.max_steps"] = ramp.iterations_for(samples)  # Megatron's count, ramp-up steps included
+        v["trainer.train_samples"] = samples  # the train indices are built for it, as Megatron builds them
         if "--lr-decay-iters" in given or "--lr-warmup-iters" in given:
             raise ConfigError("--train-samples goes with --lr-decay-samples/--lr-warmup-samples, not *-iters")
         v.setdefault("model.optim.sched.decay_samples", samples)
@@ -340,12 +341,13 @@ def check_benchmark_mode(v: dict[str, Any], given: dict[str, list[str]]) -> None
     """Megatron's `--eval-iters 40 --split 100,0,0` dies on `assert num_samples > 0`: name the flag."""
     if isinstance(v.get("model.data.data_prefix"), dict):
         return  # per-split paths: without --valid-data-path there is no validation, as in Megatron
+    from gptrain.data.splits import parse_split_string  # Megatron's parse: "98,2,0", "98 2 0", "98/2"
+
     split = str(v["model.data.splits_string"])
     try:
-        weights = [float(x) for x in split.replace("/", ",").split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--split {split}: expects weights like 98,2,0") from None
-    weights += [0.0] * (3 - len(weights))
+        weights = parse_split_string(split)
+    except ConfigError as error:
+        raise ConfigError(f"--split {split}: {error}") from None
     eval_iters = v["trainer.limit_val_batches"]
     if eval_iters > 0 and weights[1] == 0 and v.get("model.data.data_impl") != "mock":
         raise ConfigError(

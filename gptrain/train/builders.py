@@ -280,7 +280,11 @@ def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> t
 
     m, t = cfg.model, cfg.trainer
     train_n, valid_n, _ = sample_counts(
-        t.max_steps, m.global_batch_size, t.val_check_interval, t.limit_val_batches
+        t.max_steps,
+        m.global_batch_size,
+        t.val_check_interval,
+        t.limit_val_batches,
+        train_samples=t.train_samples,
     )
     test_n = t.limit_test_batches * m.global_batch_size  # NeMo sizes the test split by limit_test_batches
     train, valid, test = build_gpt_datasets(

@@ -77,6 +77,20 @@ def test_compiled_loop_is_used_when_numba_is_installed():
     assert np.array_equal(compiled[0], expected[0]) and np.array_equal(compiled[1], expected[1])
 
 
+def test_the_loop_compiles_where_numba_finds_no_place_for_its_cache():
+    """numba refuses cache=True at decoration when it can find no writable cache place (a read-only
+    image, a user without a home): the loop then compiles uncached instead of failing the import. A
+    function with no source file on disk is refused the same way."""
+    numba = pytest.importorskip("numba")
+    from gptrain.data import blend_loop
+
+    namespace: dict = {}
+    exec("def double(x):\n    return 2 * x\n", namespace)  # no file: numba has no locator for it
+    with pytest.raises(RuntimeError, match="cannot cache"):
+        numba.njit(cache=True)(namespace["double"])
+    assert blend_loop._compile(namespace["double"])(21) == 42
+
+
 def test_blended_items_and_locate(tmp_path):
     children = [Numbered(0, 10), Numbered(1, 10)]
     blend = BlendedDataset(children, [1, 3], 8, "train", cache_dir=str(tmp_path))

@@ -112,6 +112,22 @@ def test_empty_dataset(tmp_path):
     assert len(ds) == 0 and ds.num_documents == 0 and ds.document_indices.tolist() == [0]
 
 
+def test_a_file_the_file_system_will_not_read_is_a_one_line_error_naming_it(tmp_path, monkeypatch):
+    """EIO from a failing disk or EACCES from a shared file system's permissions: named, no traceback."""
+    import errno
+
+    with IndexedDatasetWriter(str(tmp_path / "d"), np.uint16) as writer:
+        writer.add_document(np.array([1, 2, 3]))
+
+    def refuse(path, **kwargs):
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(indexed.np, "memmap", refuse)
+    with pytest.raises(DataError, match=r"d\.idx: cannot be read \(Input/output error\)") as caught:
+        IndexedDataset(str(tmp_path / "d"))
+    assert "\n" not in str(caught.value)
+
+
 def test_exception_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError), IndexedDatasetWriter(str(tmp_path / "w"), np.uint16) as writer:
         writer.add_document(np.array([1, 2, 3]))

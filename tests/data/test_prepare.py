@@ -82,6 +82,20 @@ def test_megatron_command_line_runs_unchanged(tmp_path, gpt2_files, corpus, writ
     assert outputs(tmp_path / "out") == megatron_dataset(corpus, True)
 
 
+@pytest.mark.parametrize(
+    ("keep_sequential", "differs"), [(False, "in another order"), (True, "1,000,000 lines")]
+)
+def test_partitions_say_how_megatrons_document_order_would_differ(
+    tmp_path, gpt2_files, corpus, write_jsonl, capsys, keep_sequential, differs
+):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus])
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
+    argv += [*gpt2_flags(gpt2_files), "--partitions", "4", "--workers", "1"]
+    assert main(argv + ["--keep-sequential-samples"] * keep_sequential) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: --partitions 4")]
+    assert len(notes) == 1 and differs in notes[0]
+
+
 @pytest.mark.parametrize("suffix", [".gz", ".xz", ".zst"])
 def test_compressed_inputs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, suffix):
     plain = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus]).read_bytes()

@@ -67,6 +67,7 @@ def test_aws_sbatch_flags_translate_with_sample_schedules():
     t = translate(AWS_SBATCH, ENV)
     cfg = load_training_config(None, t.overrides, report_ignored=False)
     assert cfg.trainer.max_steps == 508626  # the tutorial's log: "iteration 1/ 508626"
+    assert cfg.trainer.train_samples == 146484375  # the train indices are built for it, as Megatron's are
     assert (cfg.trainer.num_nodes, cfg.trainer.devices) == (24, 8)
     assert cfg.trainer.precision == "16" and cfg.model.optim.betas == [0.9, 0.95]
     assert cfg.model.activations_checkpoint_granularity == "selective"
@@ -76,6 +77,42 @@ def test_aws_sbatch_flags_translate_with_sample_schedules():
     for iteration in (1, 2, 635, 636, 637, 1000, 300000, 440812, 440813, 508626):
         expected = megatron_lr(iteration * 288, 6e-5, 6e-6, 183105, 126953125, "cosine")
         assert lr_at(iteration, spec) == pytest.approx(expected, rel=1e-12, abs=1e-18), iteration
+
+
+def test_train_samples_size_the_train_split_under_a_batch_ramp():
+    """Megatron builds the train indices for --train-samples, not iterations x global batch: under a
+    ramp-up the two differ (here 54 x 64 = 3,456 against 2,000), and with them the epochs and shuffle."""
+    from gptrain.train.builders import _build_datasets
+
+    flags = shlex.split(
+        "--num-layers 2 --hidden-size 16 --num-attention-heads 2 --seq-length 16 --max-position-embeddings 16"
+        " --micro-batch-size 2 --global-batch-size 64 --rampup-batch-size 16 16 1000 --train-samples 2000"
+        " --mock-data --vocab-size 128 --eval-iters 1 --eval-interval 1000 --lr 1e-3 --split 98,2,0"
+    )
+    cfg = load_training_config(None, translate(flags, ENV).overrides, report_ignored=False)
+    assert cfg.trainer.max_steps == 54  # 16, 32 and 48 for 1,000 samples, then 64 until 2,000
+    train, _, _ = _build_datasets(cfg, 128, None)
+    assert len(train) == 2000
+
+
+@pytest.mark.parametrize("split", ["98 2 0", "98/2/0", "98,2"])
+def test_split_strings_megatron_parses_are_taken(split):
+    """Megatron pulls every run of digits and dots out of --split; so does the benchmark-mode check."""
+    flags = shlex.split(
+        "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+        f" --train-iters 4 --data-path /d/x_text_document --eval-iters 2 --split '{split}'"
+    )
+    cfg = load_training_config(None, translate(flags, ENV).overrides, report_ignored=False)
+    assert cfg.model.data.splits_string == split
+
+
+def test_dataloader_type_single_is_said_to_change_nothing():
+    flags = shlex.split(
+        "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+        " --train-iters 4 --mock-data --vocab-size 64 --dataloader-type single"
+    )
+    notes = translate(flags, ENV).notes
+    assert any(note.startswith("--dataloader-type (gptrain reads the samples in") for note in notes)
 
 
 def test_megatron_defaults_where_flags_are_absent():
@@ -146,6 +183,12 @@ def test_per_split_data_paths_become_nemos_per_split_data_prefix():
         ("--data-impl cached", "--data-impl cached: gptrain reads Megatron's mmap format only"),
         ("--data-impl", "--data-impl: takes 1 value, got none"),
         ("--empty-unused-memory-level 3", "--empty-unused-memory-level 3: give 0, 1 or 2"),
+        (
+            "--dataloader-type cyclic",
+            "--dataloader-type cyclic: gptrain reads the samples in the dataset's own",
+        ),
+        ("--eval-iters 40 --split 100/0/0", "--eval-iters 40 asks for validation but --split 100/0/0"),
+        ("--split 90,5,3,2", "--split 90,5,3,2: split string '90,5,3,2' has 4 numbers"),
         (
             "--exit-interval 100",
             "--exit-interval: stopping at every multiple of N iterations is not implemented",
