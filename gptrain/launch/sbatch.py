@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, ConfigError
 from gptrain.launch.script_values import CONTROL, describe
-from gptrain.launch.sections import ENV_NAME
+from gptrain.launch.sections import ENV_NAME, slurm_time_seconds
 
 # Seconds of warning (USR1) before the time limit when cluster.signal_seconds is null.
 DEFAULT_SIGNAL_SECONDS = 300
@@ -189,9 +189,28 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
     if job.requeue:
         seconds = cluster.get("signal_seconds")  # checked: 1..65535 or null (the default)
         seconds = DEFAULT_SIGNAL_SECONDS if seconds is None else int(seconds)
+        check_signal_fits_time_limit(job, seconds)
         lines.append(directive("signal", f"B:USR1@{seconds}"))
         lines.append(directive("requeue"))
     return lines
+
+
+# The least time a requeueable job must train before Slurm's warning signal, which Slurm may
+# send up to 60 s before the time it was asked for.
+MIN_SECONDS_BEFORE_SIGNAL = 120
+
+
+def check_signal_fits_time_limit(job: Job, signal_seconds: int) -> None:
+    """A warning signal due (nearly) as soon as the job starts would checkpoint and requeue it at
+    once, every time, until max_requeues is spent: refused at launch, naming both keys."""
+    limit = slurm_time_seconds(job.time_limit)
+    if limit is not None and limit - signal_seconds < MIN_SECONDS_BEFORE_SIGNAL:
+        raise ConfigError(
+            f"{job.stage}.run.time_limit={job.time_limit} leaves {max(limit - signal_seconds, 0)} s before the "
+            f"checkpoint-and-requeue signal, which comes cluster.signal_seconds={signal_seconds} s before the "
+            f"limit (and up to 60 s earlier): give a longer time limit, or a smaller cluster.signal_seconds "
+            f"(at most {max(limit - MIN_SECONDS_BEFORE_SIGNAL, 1)} here)"
+        )
 
 
 def gpu_directives(job: Job, cluster: dict) -> list[str]:

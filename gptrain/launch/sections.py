@@ -100,6 +100,24 @@ def slurm_time(key: str, value: Any) -> Any:
     )
 
 
+def slurm_time_seconds(value: Any) -> int | None:
+    """Seconds of a Slurm time (`slurm_time`'s forms; a bare number is minutes); None: no limit."""
+    if value in (None, "") or (isinstance(value, str) and value.upper() in SLURM_TIME_WORDS):
+        return None
+    if isinstance(value, int):
+        return 60 * value
+    days, _, clock = value.rpartition("-") if "-" in value else ("", "", value)
+    parts = [int(part) for part in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if len(parts) == 1:  # minutes
+        return 60 * parts[0]
+    if len(parts) == 2:  # MM:SS
+        return 60 * parts[0] + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
 def env_vars(key: str, value: Any) -> dict[str, Any] | None:
     """Names bash can export ([A-Za-z_][A-Za-z0-9_]*), each with one value."""
     for name, item in (mapping(key, value) or {}).items():

@@ -143,7 +143,7 @@ def train(cfg: TrainingConfig) -> int:
     stop = StopRequest(cfg.trainer.max_time_seconds()).install()
     watchdog = Watchdog.start(cfg.trainer.hang_timeout_minutes, world.rank, world.world_size)
     session: Session | None = None
-    failed = True
+    failed, requeue = True, False
     try:
         source = checkpoint_to_start_from(cfg)  # a wrong path fails now, not after the model is built
         if logging_rank and cfg.exp_manager.create_wandb_logger:
@@ -184,6 +184,7 @@ def train(cfg: TrainingConfig) -> int:
         for line in b.megatron_start_lines(cfg, vocab, model_config):
             session.log(line)
         code = run(session, train_data, valid_data, test_data, stop)
+        requeue = code == EXIT_REQUEUE
         session.checkpoints.close()  # old checkpoints are removed in the background: let that finish
         b.log_memory(session.log, device, session.state.step)
         failed = False
@@ -193,7 +194,8 @@ def train(cfg: TrainingConfig) -> int:
         if failed and session is not None:
             finish_saves_after_failure(session)
         run_lock.release()
-        stop.uninstall()
+        # ranks of a run stopped for a requeue exit 75, not of the SIGTERM srun sends when one has
+        stop.uninstall(keep_ignoring=requeue and world.world_size > 1)
         scalars.close()
         log.close()
         if world.world_size > 1:

@@ -33,9 +33,15 @@ class StopRequest:
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def uninstall(self) -> None:
+    def uninstall(self, keep_ignoring: bool = False) -> None:
+        """Restore the old handlers; `keep_ignoring`: ignore the stop signals from now on instead.
+
+        A run stopped for a requeue has its checkpoint and exits EXIT_REQUEUE; its ranks do not all
+        exit at once, and `srun --kill-on-bad-exit` counts the first one's 75 as a bad exit and
+        SIGTERMs the others. Under the default handler they would die of it during shutdown, and the
+        step's status (143) would tell the batch script not to requeue a job that saved its state."""
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if keep_ignoring else handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

@@ -10,6 +10,7 @@ from test_launch_sbatch import CPU, directives
 from gptrain.cli import main
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import compose
+from gptrain.launch.sections import slurm_time_seconds
 from gptrain.launch.stages import build_plan, write_run_files
 
 SHARDS = ["stages=[data_preparation,training]", "data_preparation.shards=[https://h/a.jsonl]"]
@@ -96,6 +97,29 @@ def test_signal_seconds_null_is_the_default_and_a_value_is_honoured(tmp_path):
         args = [*base, f"cluster.signal_seconds={value}"]
         [script] = write_run_files(build_plan(compose(args)), args)
         assert directives(script.read_text())["--signal"] == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("30", 1800), (30, 1800), ("04:30", 270), ("01:02:03", 3723), ("2-03", 183600),
+        ("2-03:04", 183840), ("2-03:04:05", 183845), ("UNLIMITED", None), ("infinite", None), (None, None),
+    ],
+)  # fmt: skip
+def test_slurm_time_seconds_reads_every_form_sbatch_takes(value, seconds):
+    assert slurm_time_seconds(value) == seconds
+
+
+def test_a_time_limit_the_warning_signal_would_fill_is_refused_naming_both_keys(tmp_path):
+    """Else every start checkpoints and requeues within seconds, until max_requeues is spent."""
+    base = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU]
+    with pytest.raises(
+        ConfigError, match=r"^training\.run\.time_limit=00:04:00 leaves 0 s .*cluster\.signal_seconds=300"
+    ):
+        write_run_files(build_plan(compose([*base, "training.run.time_limit=00:04:00"])), base)
+    args = [*base, "training.run.time_limit=00:04:00", "cluster.signal_seconds=60"]
+    [script] = write_run_files(build_plan(compose(args)), args)  # 180 s of training before the signal
+    assert directives(script.read_text())["--signal"] == "B:USR1@60"
 
 
 def test_build_plan_names_the_key_when_called_directly(tmp_path):

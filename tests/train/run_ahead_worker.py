@@ -3,7 +3,8 @@
 Fused AdamW on the CPU (the optimizer gptrain builds on a GPU), so that steps are queued ahead.
 Arguments: OUT LOG_DIR RUN_AHEAD STOP_AT: rank 1 asks to stop (SIGUSR1) during step STOP_AT (0:
 never). Writes OUT/rank_<r>.json: the exit code, each step's loss and the steps after which the
-next one was queued ahead.
+next one was queued ahead, and whether SIGTERM is ignored after train() returned. Then it sends
+itself SIGTERM, as `srun --kill-on-bad-exit` does to the ranks still running when one exits 75.
 """
 
 import json
@@ -35,8 +36,12 @@ def main() -> None:
         Path(log_dir), *MOCK, *RUN_AHEAD_SHAPE, "trainer.devices=2", f"trainer.run_ahead={run_ahead}"
     )
     code = loop.train(cfg)
+    ignored = signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank_{rank}.json").write_text(json.dumps({"code": code, "losses": losses, "ahead": ahead}))
+    result = {"code": code, "losses": losses, "ahead": ahead, "sigterm_ignored": ignored}
+    (out / f"rank_{rank}.json").write_text(json.dumps(result))
+    if ignored:
+        os.kill(os.getpid(), signal.SIGTERM)  # survived: the rank exits as it was going to
 
 
 if __name__ == "__main__":

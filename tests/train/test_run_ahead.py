@@ -134,6 +134,9 @@ def test_two_ranks_running_ahead_stop_at_the_same_step_and_resume_to_the_same_ru
     run_ranks(WORKER, tmp_path / "out_first", tmp_path / "split", "true", 2)
     first = ranks(tmp_path / "out_first")
     assert [r["code"] for r in first] == [EXIT_REQUEUE, EXIT_REQUEUE]
+    # srun's SIGTERM to the ranks still shutting down when the first exits 75 must not make it 143
+    assert [r["sigterm_ignored"] for r in first] == [True, True]
+    assert [r["sigterm_ignored"] for r in behind] == [False, False]  # a finished run restores the default
     assert [r["ahead"] for r in first] == [[2, 3], [2, 3]] and sorted(first[0]["losses"]) == [1, 2, 3, 4]
     assert complete_steps(tmp_path / "split" / "checkpoints") == [4]
     run_ranks(WORKER, tmp_path / "out_second", tmp_path / "split", "true", 0)
