@@ -12,6 +12,7 @@ destination, which would cover it anyway) is left out.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,49 @@ def optional_paths(resolved: dict[str, Any], stage: str) -> list[tuple[str, str]
         key = "training.model.data.data_prefix"
         paths += [(key, parent(prefix)) for prefix in prefixes_of(lookup(resolved, key))]
     return paths
+
+
+def with_absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
+    """`resolved` with the relative paths its jobs use (STAGE_PATHS, the data prefixes, a tokenizer
+    model file that exists here) made absolute against the launch's working directory. Inside a
+    container the job starts in the image's WORKDIR (pyxis ignores srun's --chdir), where
+    `data/corpus_text_document` would name nothing; the same directories are mounted there."""
+    resolved = copy.deepcopy(resolved)
+    keys = [key for stage in STAGE_PATHS.values() for group in stage for key in group]
+    for key in ["base_results_dir", "data_dir", *keys]:
+        value = lookup(resolved, key)
+        if isinstance(value, str) and value and not os.path.isabs(value):
+            set_at(resolved, key, os.path.abspath(value))
+    for key in ("training.model.tokenizer.model", "data_preparation.tokenizer.model"):
+        value = lookup(resolved, key)  # a relative one may be a name (cl100k_base): only a file here
+        if isinstance(value, str) and not os.path.isabs(value) and os.path.isfile(value):
+            set_at(resolved, key, os.path.abspath(value))
+    key = "training.model.data.data_prefix"
+    if lookup(resolved, key) is not None:
+        set_at(resolved, key, absolute_prefixes(lookup(resolved, key)))
+    return resolved
+
+
+def absolute_prefixes(data_prefix: Any) -> Any:
+    """A data_prefix (one, a [weight, prefix, ...] blend, or per split) with absolute prefixes."""
+    if data_prefix is None:
+        return None
+    if isinstance(data_prefix, dict):
+        return {split: absolute_prefixes(spec) for split, spec in data_prefix.items()}
+    if isinstance(data_prefix, str):
+        return os.path.abspath(data_prefix) if data_prefix else data_prefix
+    items = list(data_prefix)
+    if len(items) == 1:
+        return [absolute_prefixes(str(items[0]))]
+    return [absolute_prefixes(str(item)) if i % 2 else item for i, item in enumerate(items)]
+
+
+def set_at(resolved: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    node = resolved
+    for part in parents:
+        node = node[part]
+    node[last] = value
 
 
 def job_dirs(resolved: dict[str, Any], config_root: Path) -> list[tuple[str, str]]:

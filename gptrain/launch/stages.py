@@ -17,7 +17,7 @@ import yaml
 
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
-from gptrain.launch.mounts import container_mounts
+from gptrain.launch.mounts import container_mounts, with_absolute_paths
 from gptrain.launch.preflight import parse_gpus
 from gptrain.launch.sbatch import Job, Raw, rank_command, render_local, render_slurm
 from gptrain.launch.script_values import check_launch_values
@@ -53,6 +53,8 @@ def build_plan(composition: Composition) -> LaunchPlan:
     resolved = composition.resolved()
     check_launch_values(resolved)  # before anything is written: no newline reaches a script
     check_launch_sections(resolved)  # types of the keys read below: one error naming the key
+    if resolved.get("container") and resolved["cluster_type"] != "local":
+        resolved = with_absolute_paths(resolved)  # pyxis starts in the image's WORKDIR, not --chdir's
     # In a container the launching interpreter's path means nothing: use the image's python.
     python = str(resolved.get("python") or ("python" if resolved.get("container") else sys.executable))
     cluster = dict(resolved.get("cluster") or {})

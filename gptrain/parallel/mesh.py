@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from gptrain.errors import LaunchError
+from gptrain.errors import ConfigError, LaunchError
 from gptrain.utils.hostlist import expand_hostlist
 
 if TYPE_CHECKING:
@@ -96,8 +96,29 @@ def first_host(nodelist: str) -> str:
 
 
 def device_for(world: World, accelerator: str) -> str:
-    """`cuda:<local_rank>` on GPU, `cpu` otherwise."""
-    return f"cuda:{world.local_rank}" if accelerator == "gpu" else "cpu"
+    """`cuda:<index>` on GPU (`cuda_index`), `cpu` otherwise."""
+    return f"cuda:{cuda_index(world.local_rank)}" if accelerator == "gpu" else "cpu"
+
+
+def cuda_index(local_rank: int, visible: int | None = None) -> int:
+    """This rank's CUDA device among those it sees: its local rank where the node's GPUs are all
+    visible, 0 where Slurm shows each task only its own (`--gpus-per-task=1`, cluster.gpus_per_task).
+    `visible`: the device count (read from torch when None)."""
+    if visible is None:
+        import torch
+
+        visible = torch.cuda.device_count()
+    if local_rank < visible:
+        return local_rank
+    if visible == 1:
+        return 0
+    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+    raise ConfigError(
+        f"local rank {local_rank} sees {visible} CUDA devices"
+        + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
+        + ": run at most as many tasks per node as it has GPUs (trainer.devices), or give each task "
+        "one GPU of its own (cluster.gpus_per_task=1)"
+    )
 
 
 def init_distributed(world: World, accelerator: str, timeout_minutes: float = 30.0) -> None:
@@ -108,7 +129,7 @@ def init_distributed(world: World, accelerator: str, timeout_minutes: float = 30
     if dist.is_initialized():
         return
     if accelerator == "gpu":
-        torch.cuda.set_device(world.local_rank)
+        torch.cuda.set_device(cuda_index(world.local_rank))
     os.environ.setdefault("MASTER_ADDR", world.master_addr)
     os.environ.setdefault("MASTER_PORT", str(world.master_port))
     dist.init_process_group(

@@ -72,23 +72,76 @@ def optimizer_state_dict(
     """`saved`: the optimizer keys of a checkpoint to load into this state (DCP's, without the
     section's `optim.`): each parameter's hyperparameters are laid out as it holds them, packed or
     one item each (before 2026-11-26). None: packed, as saved now."""
+    untouched = not optimizer.state
     state = get_optimizer_state_dict(model, optimizer, options=OPTIONS)
+    if untouched:
+        _undo_the_state_filling_step(optimizer)
+        state = get_optimizer_state_dict(model, optimizer, options=OPTIONS)
     if _output_is_copy(model):
         state = _rename(state, OUTPUT, EMBEDDING)
     return pack_param_groups(state, None if saved is None else set(saved))
 
 
+def _undo_the_state_filling_step(optimizer: torch.optim.Optimizer) -> None:
+    """torch fills an optimizer without state (no update yet: a save before the first step, or
+    after fp16's first skipped ones) by a step with zero gradients at lr 0, which leaves each
+    parameter's step count at 1. The first real update would then be bias-corrected as a second.
+    Zero moments at step 0 are what a fresh optimizer holds: the counts go back to 0."""
+    for parameter_state in optimizer.state.values():
+        step = parameter_state.get("step")
+        if isinstance(step, torch.Tensor):
+            step.zero_()
+        elif step is not None:
+            parameter_state["step"] = 0
+
+
 def load_optimizer_state_dict(
     model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> list[str]:
-    """`state` in either layout, or in both (one per parameter). Returns what did not come from the
-    checkpoint: the settings it lacks, taken from this optimizer (see `unpack_param_groups`)."""
+    """`state` in either layout, or in both (one per parameter): its moments and step counts. The
+    settings stay this optimizer's, built from the run's config (a run resumed with another weight
+    decay, betas or eps trains with them, as its hparams.yaml says; the learning rate is the
+    schedule's). Returns a note for each setting that did not come from the checkpoint or differs
+    from it, for the log."""
     filled: list[str] = []
+    configured = [
+        {name: value for name, value in group.items() if name != "params"} for group in optimizer.param_groups
+    ]
     state = unpack_param_groups(state, live_hyperparameters(optimizer), filled)
     if _output_is_copy(model):
         state = _rename(state, EMBEDDING, OUTPUT)
     set_optimizer_state_dict(model, optimizer, state, options=OPTIONS)
-    return filled
+    changed = _restore_settings(optimizer, configured)
+    return [f"{name} (not in the checkpoint)" for name in filled] + changed
+
+
+# Set by the LR schedule at every step from its own state (loaded with the checkpoint's schedule).
+SCHEDULED = frozenset({"lr", "initial_lr"})
+
+
+def _restore_settings(optimizer: torch.optim.Optimizer, configured: list[dict[str, Any]]) -> list[str]:
+    """Put the configured settings back into the loaded groups (in the same order: the same
+    optimizer); 'weight_decay 0.1 -> 0.5' once for each setting whose loaded value differed."""
+    changed: list[str] = []
+    for group, settings in zip(optimizer.param_groups, configured, strict=True):
+        for name, value in settings.items():
+            if name in SCHEDULED:
+                continue
+            if name in group and not _equal(group[name], value):
+                note = f"{name} {group[name]!r} -> {value!r}"
+                if note not in changed:
+                    changed.append(note)
+            group[name] = value
+    return changed
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """The same setting: betas as a list or a tuple, 0 or 0.0; True is not 1."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return isinstance(a, bool) == isinstance(b, bool) and a == b
 
 
 def pack_param_groups(state: dict[str, Any], packed_in: set[str] | None = None) -> dict[str, Any]:
@@ -190,6 +243,5 @@ def live_hyperparameters(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return False  # a tensor setting is per group state, never filled in
-    return type(a) is type(b) and a == b
+    """Equal non-tensor values (a tensor setting is per group state: never filled in)."""
+    return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and _equal(a, b)

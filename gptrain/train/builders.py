@@ -21,7 +21,7 @@ from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.config import TrainingConfig
 from gptrain.errors import ConfigError, DataError
 from gptrain.parallel.float8 import refresh_scales_after_step
-from gptrain.parallel.mesh import World
+from gptrain.parallel.mesh import World, cuda_index
 from gptrain.train.batches import GPTBatchDataset
 from gptrain.train.loss_scale import LossScaler, build_loss_scaler
 from gptrain.train.model_config import build_model_config  # noqa: F401  (the builders' seam)
@@ -55,8 +55,9 @@ def select_device(cfg: TrainingConfig, world: World) -> torch.device:
             raise ConfigError(
                 "trainer.accelerator=gpu but no CUDA device is visible; use trainer.accelerator=cpu"
             )
-        torch.cuda.set_device(world.local_rank)
-        return torch.device("cuda", world.local_rank)
+        index = cuda_index(world.local_rank)
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 

@@ -245,6 +245,12 @@ def resume(s: Session, source: Path | None = None) -> None:
     if not s.cfg.exp_manager.resume_if_exists:
         s.log(f"exp_manager.resume_if_exists=false: starting from scratch (checkpoints go to {root})")
         return
+    if s.cfg.exp_manager.resume_from_checkpoint:  # see checkpoint_to_start_from: the run has its own
+        s.log(
+            f"exp_manager.resume_from_checkpoint={s.cfg.exp_manager.resume_from_checkpoint} not used: this "
+            f"run has checkpoints of its own in {root} and resumes them (a requeued job continues itself); "
+            "to start from that checkpoint, give the run a new directory"
+        )
     sections: set[str] = set()  # of the checkpoint state_to_load was last asked for: the one loaded
 
     def state_to_load(saved: Collection[str]) -> dict:  # only the parts saved: see checkpoint_state
@@ -440,7 +446,7 @@ def run(
             validated_at = s.state.step
     if validated_at != s.state.step:
         validate(s, valid_data)
-    if saved_at != s.state.step:
+    if saved_at != s.state.step and s.cfg.exp_manager.checkpoint_callback_params.save_last:
         save_checkpoint(s, waited_for=not tested)
     evaluate_split(s, test_data, t.limit_test_batches, " on test set", TB_TEST_LOSS)
     s.checkpoints.wait()  # a background write of the last save went on during the test split

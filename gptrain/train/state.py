@@ -161,7 +161,7 @@ def apply_checkpoint_state(
     log: Callable[[str], None] | None = None,
 ) -> None:
     """Put a loaded DCP state dict back into the live objects: the parts it has (`log`: told of the
-    optimizer settings the checkpoint lacks, taken from this run).
+    optimizer settings the checkpoint lacks or holds otherwise than the config, which applies).
 
     Starting from another run's checkpoint may take only some parts; a weights-only checkpoint
     (`gptrain import`) has only "model", and the optimizer, schedule, loss scale and counters
@@ -169,12 +169,9 @@ def apply_checkpoint_state(
     """
     load_model_state_dict(model, state["model"])
     if "optim" in state:
-        filled = load_optimizer_state_dict(model, optimizer, state["optim"])
-        if filled and log is not None:
-            log(
-                f"optimizer settings {', '.join(filled)} are not in the checkpoint (saved under another "
-                "torch version): this run's values taken"
-            )
+        notes = load_optimizer_state_dict(model, optimizer, state["optim"])
+        if notes and log is not None:
+            log(f"optimizer settings from this run's config, not the checkpoint: {', '.join(notes)}")
     if "schedule" in state:
         schedule.load_state_dict(state["schedule"])
     if "scaler" in state:

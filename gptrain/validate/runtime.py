@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gptrain.parallel.mesh import World, world_from_env
+from gptrain.parallel.mesh import World, cuda_index, world_from_env
 from gptrain.utils.hostlist import expand_hostlist
 
 # Test-only hook: "RANK:SECONDS" makes that rank sleep before each collective it times,
@@ -96,8 +96,7 @@ def _free_port() -> int:
 def select_device(world: World) -> torch.device:
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    count = torch.cuda.device_count()
-    index = world.local_rank if world.local_rank < count else 0  # one visible GPU per task
+    index = cuda_index(world.local_rank)  # 0 where each task sees one GPU of its own
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 

@@ -157,10 +157,64 @@ def test_a_checkpoint_saved_without_a_flag_this_torch_has_resumes_with_it_filled
         return {"optim": optimizer_state_dict(fresh_model, fresh_optimizer, optim_keys)}
 
     def apply(loaded):
-        filled = load_optimizer_state_dict(fresh_model, fresh_optimizer, loaded["optim"])
-        logged.append(", ".join(filled))
+        notes = load_optimizer_state_dict(fresh_model, fresh_optimizer, loaded["optim"])
+        logged.append(", ".join(notes))
 
     manager.load_newest_good(state_to_load, apply, pytest.fail)
     manager.close()
-    assert logged == ["decoupled_weight_decay"]
+    assert logged == ["decoupled_weight_decay (not in the checkpoint)"]
     _assert_same_optimizer(fresh_optimizer, optimizer)  # the flag as this torch has it, the rest as saved
+
+
+def test_a_run_resumed_with_other_settings_trains_with_them_and_says_so(tmp_path) -> None:
+    """The config's weight decay, betas and eps apply after a resume (hparams.yaml records them);
+    the moments and step counts are the checkpoint's; the learning rate stays the schedule's."""
+    model, optimizer = _trained(seed=1, lr=1.234e-4)
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(2, {"model": model_state_dict(model), "optim": optimizer_state_dict(model, optimizer)}, {})
+    fresh_model = build_model(CONFIG, torch.device("cpu"), seed=2)
+    fresh = build_optimizer(fresh_model, "adamw", 1e-3, 0.5, (0.8, 0.9), 1e-5, "cpu")
+    notes: list[str] = []
+
+    def state_to_load(saved):
+        keys = [key.removeprefix("optim.") for key in saved if key.startswith("optim.")]
+        return {"optim": optimizer_state_dict(fresh_model, fresh, keys)}
+
+    manager.load_newest_good(
+        state_to_load,
+        lambda loaded: notes.extend(load_optimizer_state_dict(fresh_model, fresh, loaded["optim"])),
+        pytest.fail,
+    )
+    manager.close()
+    assert sorted(notes) == [
+        "betas (0.9, 0.95) -> (0.8, 0.9)",
+        "eps 1e-08 -> 1e-05",
+        "weight_decay 0.1 -> 0.5",
+    ]
+    ours, saved = fresh.state_dict(), optimizer.state_dict()
+    decays = sorted({group["weight_decay"] for group in ours["param_groups"]})
+    assert decays == [0.0, 0.5]  # the no-decay group keeps none
+    assert all(g["betas"] == (0.8, 0.9) and g["eps"] == 1e-5 for g in ours["param_groups"])
+    assert all(g["lr"] == 1.234e-4 for g in ours["param_groups"])  # the schedule's, as saved
+    for index, state in saved["state"].items():
+        for key, value in state.items():
+            assert torch.equal(ours["state"][index][key], value), (index, key)
+
+
+def test_a_state_dict_taken_before_the_first_update_leaves_the_optimizer_as_fresh() -> None:
+    """A save before any update (or after fp16's first skipped steps) must not count a step: the
+    first real update is then bias-corrected as the first, bit for bit as without the save."""
+    updated = []
+    for save_first in (False, True):
+        model = build_model(CONFIG, torch.device("cpu"), seed=3)
+        optimizer = build_optimizer(model, "adamw", 1e-3, 0.1, (0.9, 0.95), 1e-8, "cpu")
+        if save_first:
+            saved = unpack_param_groups(optimizer_state_dict(model, optimizer))
+            assert all(value == 0 for key, value in saved.items() if key.endswith(".step"))
+        generator = torch.Generator().manual_seed(3)
+        for parameter in model.parameters():
+            parameter.grad = torch.randn(parameter.shape, generator=generator)
+        optimizer.step()
+        updated.append([parameter.detach().clone() for parameter in model.parameters()])
+    for plain, after_save in zip(*updated, strict=True):
+        assert torch.equal(plain, after_save)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gptrain.errors import LaunchError
+from gptrain.errors import ConfigError, LaunchError
 from gptrain.parallel.layout import check_layout
-from gptrain.parallel.mesh import first_host, world_from_env
+from gptrain.parallel.mesh import cuda_index, first_host, world_from_env
 from gptrain.utils.hostlist import expand_hostlist
 
 
@@ -106,3 +106,17 @@ def test_sampler_dp_rank_is_the_mesh_coordinate(world_size, tp, pp, sharding, de
         world = world_from_env({"RANK": str(rank), "WORLD_SIZE": str(world_size)})
         assert data_parallel_rank_size(cfg, world) == (dp_index, dims.dp)
         assert is_logging_rank(cfg, world) == (rank == world_size - 1)
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "visible", "index"),
+    [(0, 8, 0), (5, 8, 5), (0, 1, 0), (3, 1, 0)],  # all of a node's GPUs visible; one per task
+)
+def test_each_rank_takes_its_own_gpu_however_slurm_shows_them(local_rank, visible, index) -> None:
+    assert cuda_index(local_rank, visible) == index
+
+
+def test_more_tasks_than_visible_gpus_is_a_one_line_error(monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(ConfigError, match=r"^local rank 3 sees 2 CUDA devices \(CUDA_VISIBLE_DEVICES=0,1\)"):
+        cuda_index(3, 2)

@@ -238,3 +238,31 @@ def test_a_mount_dir_mkdir_refuses_is_a_one_line_error_naming_the_key(tmp_path):
         make_mount_dirs([("training.run.results_dir", f"{tmp_path}/taken/run")])
     assert str(error.value).startswith(f"training.run.results_dir: cannot create {tmp_path}/taken/run")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("container", ["img.sqsh", None])
+def test_relative_paths_reach_a_container_job_absolute(tmp_path, monkeypatch, container):
+    """pyxis starts the job in the image's WORKDIR (srun's --chdir does not carry into it), where
+    the README's relative `data/corpus_text_document` would name nothing; outside a container the
+    job's --chdir keeps them meaning what they mean at the launch, and they are left as written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tok.model").write_text("x")
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "stages=[training]"]
+    args += ["training.model.data.data_prefix=[0.3,data/a_text_document,0.7,/abs/b_text_document]"]
+    args += [
+        "training.model.tokenizer.vocab_file=gpt2/vocab.json",
+        "training.model.tokenizer.model=tok.model",
+    ]
+    args += ["training.model.data.index_mapping_dir=cache", f"container={container or 'null'}"]
+    training = build_plan(compose(args)).configs["training"]
+    data, tokenizer = training["model"]["data"], training["model"]["tokenizer"]
+    if container:
+        assert data["data_prefix"] == [0.3, f"{tmp_path}/data/a_text_document", 0.7, "/abs/b_text_document"]
+        assert (
+            tokenizer["vocab_file"] == f"{tmp_path}/gpt2/vocab.json"
+            and tokenizer["model"] == f"{tmp_path}/tok.model"
+        )
+        assert data["index_mapping_dir"] == f"{tmp_path}/cache"
+    else:
+        assert data["data_prefix"] == [0.3, "data/a_text_document", 0.7, "/abs/b_text_document"]
+        assert tokenizer["vocab_file"] == "gpt2/vocab.json" and data["index_mapping_dir"] == "cache"

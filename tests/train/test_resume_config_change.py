@@ -2,6 +2,7 @@
 kept), or for a precision change, loaded with the loss scaler started afresh."""
 
 import pytest
+import torch
 import yaml
 from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
 
@@ -62,6 +63,26 @@ def test_resume_as_fp16_resets_the_loss_scaler(run, monkeypatch):
         "(trainer.precision changed) uses a dynamic loss scale (fp16)"
     ) in lines
     assert any(line.startswith("resuming from ") and "step_2 at iteration 2" in line for line in lines)
+
+
+def test_resume_with_another_weight_decay_trains_with_it_and_says_so(run, monkeypatch):
+    """As in Megatron, whose schedule sets the weight decay from its arguments at every step: the
+    config's value applies, and the log and hparams.yaml agree on it."""
+    config = tiny_config(run, *SHORT, "model.optim.weight_decay=0.3", "trainer.max_steps=3")
+    seen = []
+    real_step = torch.optim.AdamW.step
+
+    def recording_step(optimizer, *args, **kwargs):
+        seen.append(sorted({group["weight_decay"] for group in optimizer.param_groups}))
+        return real_step(optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    code, losses = run_recording(monkeypatch, config)
+    assert code == 0 and sorted(losses) == [3]
+    assert seen[-1] == [0.0, 0.3]
+    notes = [line for line in log_lines(run) if line.startswith("optimizer settings from this run's config")]
+    assert len(notes) == 1 and "weight_decay 0.1 -> 0.3" in notes[0], notes
+    assert yaml.safe_load((run / "hparams.yaml").read_text())["model"]["optim"]["weight_decay"] == 0.3
 
 
 @pytest.mark.parametrize("saved, live", [("16", "bf16"), ("16", "32"), ("32", "16")])

@@ -272,6 +272,9 @@ def test_a_run_starts_from_another_runs_checkpoint_then_resumes_its_own(uninterr
         line.startswith(f"resuming from {run_b}/checkpoints/step_6 at iteration 6")
         for line in log_lines(run_b)
     )
+    assert f"exp_manager.resume_from_checkpoint={run_a} not used: this run has checkpoints" in "\n".join(
+        log_lines(run_b)
+    )
     assert files_of(run_a) == before
 
 
@@ -370,3 +373,17 @@ def test_a_checkpoint_with_one_item_per_hyperparameter_resumes_bit_exact(
     resumed, full = final_weights(tmp_path, 6), final_weights(full_dir, 6)
     assert all(torch.equal(resumed[k], full[k]) for k in full)
     assert packed(6)
+
+
+@pytest.mark.parametrize(("save_last", "steps"), [("true", [2, 3]), ("false", [2])])
+def test_save_last_decides_the_checkpoint_at_the_end_off_the_interval(
+    tmp_path, monkeypatch, save_last, steps
+):
+    cfg = tiny_config(
+        tmp_path,
+        *MOCK,
+        "trainer.max_steps=3",
+        f"exp_manager.checkpoint_callback_params.save_last={save_last}",
+    )
+    code, _ = run_recording(monkeypatch, cfg)
+    assert code == 0 and complete_steps(tmp_path / "checkpoints") == steps

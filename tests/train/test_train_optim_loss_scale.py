@@ -63,3 +63,18 @@ def test_scaler_min_scale_and_precision_choice():
     assert isinstance(build_loss_scaler("bf16", 2.0**32, 1000, 2), ConstantLossScaler)
     fp16 = build_loss_scaler("16", 2.0**32, 1000, 2)
     assert fp16.scale == 2.0**32 and fp16.growth_interval == 1000
+
+
+def test_an_overflow_with_the_scale_at_its_floor_counts_as_non_finite():
+    """Backing off can no longer help there: without counting, a diverged fp16 run would skip
+    every step for the rest of its allocation instead of stopping after max_consecutive_nonfinite."""
+    from gptrain.train.step import StepOptions, step_outcome
+
+    options = StepOptions(precision="16")
+    above = DynamicLossScaler(scale=4.0, min_scale=1.0, hysteresis=1)
+    result = step_outcome(above, options, loss=2.0, tokens=8, norm=float("inf"))
+    assert result.overflow and not result.nonfinite and above.scale == 2.0
+    floor = DynamicLossScaler(scale=1.0, min_scale=1.0, hysteresis=1)
+    result = step_outcome(floor, options, loss=2.0, tokens=8, norm=float("nan"))
+    assert result.overflow and result.nonfinite and not result.updated and floor.scale == 1.0
+    assert step_outcome(floor, options, loss=2.0, tokens=8, norm=3.0).updated
