@@ -30,6 +30,12 @@ _FLOAT = re.compile(
 )
 
 
+# Override values that Hydra's grammar reads as the text they are, where YAML would not: with a `#`
+# (YAML drops ` #...` as a comment: `run.name=exp #2` would become `exp`), YAML 1.1's words for
+# booleans (`name=no`), and numbers with a leading zero (`0755`, octal 493 in YAML).
+_HYDRA_STRING = re.compile(r"^(?:.*#.*|(?i:yes|no|on|off|y|n)|[-+]?0[0-9_]+)$")
+
+
 class ConfigLoader(yaml.SafeLoader):
     """SafeLoader without YAML 1.1's sexagesimal numbers; `1e-4` is a float (as in OmegaConf)."""
 
@@ -38,7 +44,8 @@ ConfigLoader.yaml_implicit_resolvers = {
     first: [
         (tag, regexp)
         for tag, regexp in resolvers
-        if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+        # a date stays the text it is (OmegaConf cannot hold a datetime: `name: 2024-01-05`)
+        if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")
     ]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
@@ -112,7 +119,7 @@ def parse_value(text: str) -> Any:
     if text.startswith("[") and text.endswith("]"):
         inner = text[1:-1].strip()
         return [parse_value(item) for item in split_top_level(inner)] if inner else []
-    if "${" in text:
+    if "${" in text or _HYDRA_STRING.match(text):
         return text
     try:
         return yaml.load(text, Loader=ConfigLoader)  # noqa: S506

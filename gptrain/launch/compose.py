@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
@@ -167,7 +168,13 @@ def compose(
     for group, choice in choices.items():
         base[group] = load_group(group, choice, root)
     report_fallbacks(choices, root)
-    cfg = OmegaConf.create(base)
+    try:
+        cfg = OmegaConf.create(base)
+    except OmegaConfBaseException as error:  # a value OmegaConf cannot hold, in a group file
+        raise ConfigError(
+            f"the composed config ({', '.join(f'{g}={c}' for g, c in choices.items())}): "
+            f"{str(error).splitlines()[0]}"
+        ) from None
     for override in dotted:
         apply_override(cfg, override)
     notes += nemo_launcher.finalize(cfg, choices, STAGES)
@@ -244,7 +251,12 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
         node = node[part]
     if parts[0] == "training" and len(parts) > 1 and not override.add:
         check_training_key(".".join(parts[1:]), override.key)
-    OmegaConf.update(cfg, override.key, override.value, merge=False, force_add=True)
+    try:
+        OmegaConf.update(cfg, override.key, override.value, merge=False, force_add=True)
+    except OmegaConfBaseException as error:
+        raise ConfigError(
+            f"override '{override.key}={override.text}': {str(error).splitlines()[0]}"
+        ) from None
 
 
 def check_training_key(dotted: str, key: str) -> None:
@@ -262,6 +274,8 @@ def check_training_key(dotted: str, key: str) -> None:
 
 def absolutize_paths(cfg: DictConfig) -> None:
     """Jobs start in other directories: make relative result/data paths absolute now."""
+    if "base_results_dir" in cfg and cfg.get("base_results_dir") in (None, ""):
+        raise ConfigError("base_results_dir is empty: give the directory the launch writes its runs into")
     for key in ("base_results_dir", "data_dir"):
         value = cfg.get(key)
         if isinstance(value, str) and "${" not in value and not os.path.isabs(value):

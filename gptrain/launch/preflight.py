@@ -85,15 +85,30 @@ def hosts_of(value: Any, key: str) -> set[str]:
 
 
 def check_cluster(job: Job, cluster: dict[str, Any], nodes: list[Node]) -> str:
-    """One line on the partition's fit for `job`; LaunchError when it can never run."""
+    """One line on the partition's fit for `job`; LaunchError when it can never run. A list of
+    partitions (`a,b`, as sbatch takes it: the job starts in whichever can run it first) fits when
+    one of them does."""
     partitions = sorted({n.partition for n in nodes})
-    wanted = cluster.get("partition") or next((n.partition for n in nodes if n.default), None)
-    if wanted is None:
+    given = cluster.get("partition") or next((n.partition for n in nodes if n.default), None)
+    if given is None:
         raise LaunchError("no default Slurm partition: set cluster.partition")
-    if wanted not in partitions:
-        raise LaunchError(
-            f"partition '{wanted}' does not exist (cluster.partition){closest(wanted, partitions)}"
-        )
+    wanted = [name.strip() for name in str(given).split(",") if name.strip()]
+    for name in wanted:
+        if name not in partitions:
+            raise LaunchError(
+                f"partition '{name}' does not exist (cluster.partition){closest(name, partitions)}"
+            )
+    failures = []
+    for name in wanted:
+        try:
+            return partition_fit(job, cluster, nodes, name)
+        except LaunchError as error:
+            failures.append(error)
+    raise failures[0] if len(failures) == 1 else LaunchError("; ".join(map(str, failures)))
+
+
+def partition_fit(job: Job, cluster: dict[str, Any], nodes: list[Node], wanted: str) -> str:
+    """check_cluster's line for one partition."""
     excluded, listed = (
         hosts_of(cluster.get("exclude"), "exclude"),
         hosts_of(cluster.get("nodelist"), "nodelist"),
@@ -140,6 +155,23 @@ def prefixes_of(data_prefix: Any) -> list[str]:
     return [str(p) for p in (items[1::2] if len(items) > 1 else items)]
 
 
+def check_blends(data_prefix: Any) -> None:
+    """Each blend of the data_prefix (one, or one per split) read as the job will read it: a
+    negative weight, an odd-length list or Megatron's unweighted form fail here, not in the job."""
+    from gptrain.data.blend_spec import parse_blend
+    from gptrain.errors import DataError
+
+    specs = data_prefix.items() if isinstance(data_prefix, dict) else [(None, data_prefix)]
+    for split, spec in specs:
+        if spec is None:
+            continue
+        try:
+            parse_blend(spec)
+        except DataError as error:
+            key = "training.model.data.data_prefix" + (f".{split}" if split else "")
+            raise ConfigError(f"{key}: {error}") from None
+
+
 def check_training_files(
     cfg: TrainingConfig, prepared_by_stage: bool, fetched: dict[str, str] | None = None
 ) -> list[str]:
@@ -154,6 +186,7 @@ def check_training_files(
     if data.is_mock():
         lines.append("ok  training: mock data, no data files needed")
     elif not prepared_by_stage:
+        check_blends(data.data_prefix)
         for prefix in prefixes_of(data.data_prefix):
             missing = [s for s in (".bin", ".idx") if not Path(prefix + s).is_file()]
             if missing:

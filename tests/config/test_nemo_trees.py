@@ -166,7 +166,11 @@ def test_time_values_stay_strings_in_files_and_overrides(tmp_path):
 @pytest.mark.parametrize(
     ("text", "value"),
     [("2", 2), ("1e-4", 1e-4), ("null", None), ("True", True), ("10:00:00", "10:00:00"), ("'a,b'", "a,b"),
-     ("[]", []), ("[1,[2,3]]", [1, [2, 3]]), ("${x}/y", "${x}/y"), ("gpt3/126m", "gpt3/126m")],
+     ("[]", []), ("[1,[2,3]]", [1, [2, 3]]), ("${x}/y", "${x}/y"), ("gpt3/126m", "gpt3/126m"),
+     # as Hydra's grammar reads them, not YAML 1.1: a `#` is no comment, yes/no/on/off are words,
+     # a leading zero is no octal, a date is text
+     ("exp #2", "exp #2"), ("a#b", "a#b"), ("no", "no"), ("On", "On"), ("0755", "0755"), ("0", 0),
+     ("2024-01-05", "2024-01-05"), ("false", False)],
 )  # fmt: skip
 def test_override_values(text, value):
     assert parse_value(text) == value

@@ -123,6 +123,24 @@ def conf(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("training.run.name=${data_dir", r"^override 'training\.run\.name=\$\{data_dir': "),
+        ("base_results_dir=null", r"^base_results_dir is empty: give the directory"),
+    ],
+)
+def test_a_value_omegaconf_refuses_is_one_line_naming_the_override(override, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        compose(["cluster_type=slurm", override]).resolved()
+    assert "\n" not in str(error.value)
+
+
+def test_a_date_in_a_group_file_stays_its_text(conf):
+    (conf / "cluster/dated.yaml").write_text("partition: 2024-01-05\n")
+    assert compose(["cluster=dated"], root=conf).resolved()["cluster"]["partition"] == "2024-01-05"
+
+
+@pytest.mark.parametrize(
     ("file", "content", "message"),
     [
         (

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from gptrain.config import load_training_config
-from gptrain.errors import LaunchError
+from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch import jobs
 from gptrain.launch.preflight import Node, check_cluster, check_training_files, parse_gpus
 from gptrain.launch.records import append_record, read_records
@@ -76,6 +76,21 @@ def test_preflight_catches_requests_slurm_would_queue_forever():
         check_cluster(gpu_job, {"gres": "gpu:8"}, nodes(gpus=4))
 
 
+def test_a_list_of_partitions_fits_when_one_of_them_does():
+    """sbatch -p a,b starts the job in whichever partition can run it first."""
+    cluster = [*nodes(count=1), *[Node(f"g{i}", "big", False, 8, 0, "idle") for i in range(4)]]
+    job = Job("training", "r", "r", None, [], nodes=3, tasks_per_node=2)
+    assert check_cluster(job, {"partition": "debug,big"}, cluster).startswith(
+        "ok  training: partition big, 3/4"
+    )
+    with pytest.raises(LaunchError, match="partition 'bgi' does not exist"):
+        check_cluster(job, {"partition": "debug,bgi"}, cluster)
+    with pytest.raises(
+        LaunchError, match=r"partition 'debug' has 1 usable.*; .*partition 'big' has 4 usable"
+    ):
+        check_cluster(Job("training", "r", "r", None, [], nodes=5), {"partition": "debug, big"}, cluster)
+
+
 def test_preflight_data_files(tmp_path):
     (tmp_path / "a.bin").write_bytes(b"")
 
@@ -98,6 +113,29 @@ def test_preflight_data_files(tmp_path):
     per_split = f"model.data.data_prefix={{train: {tmp_path}/a, validation: {tmp_path}/v}}"
     with pytest.raises(LaunchError, match=r"data_prefix: .*/v\.bin/\.idx not found"):
         check_training_files(training(per_split, *vocab), prepared_by_stage=False)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [
+        (
+            "[-1.0,{d}/a]",
+            r"^training\.model\.data\.data_prefix: data prefix entry 1: weight -1\.0 .* must be positive",
+        ),
+        ("[1.0,{d}/a,2.0]", r"^training\.model\.data\.data_prefix: data prefix list .* unweighted form"),
+        ("[{d}/a,{d}/a]", r"^training\.model\.data\.data_prefix: data prefix list .* unweighted form"),
+        ("{{train: [0,{d}/a]}}", r"^training\.model\.data\.data_prefix\.train: data prefix entry 1"),
+    ],
+)
+def test_preflight_refuses_a_blend_the_job_would_refuse(tmp_path, prefix, message):
+    """Before the queue wait, not when the job starts: the same reading of the blend as the job's."""
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"a{suffix}").write_bytes(b"")
+    cfg = load_training_config(
+        "gpt3/126m", overrides=[f"model.data.data_prefix={prefix.format(d=tmp_path)}"], report_ignored=False
+    )
+    with pytest.raises(ConfigError, match=message):
+        check_training_files(cfg, prepared_by_stage=False)
 
 
 def test_local_run_status_and_find(tmp_path):

@@ -1,0 +1,61 @@
+"""A data_prefix's blend, read as Megatron reads it: one prefix, or [weight, prefix, ...] pairs.
+
+Nothing but the standard library: `gptrain launch` checks a blend on the login node with it
+before the job waits in the queue, and the job itself builds its datasets from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from gptrain.errors import DataError
+
+__all__ = ["parse_blend"]
+
+
+def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], list[float] | None]:
+    """(prefixes, weights or None) from one prefix or a flat [w1, p1, w2, p2, ...] list."""
+    if isinstance(data_prefix, str):
+        return [data_prefix], None
+    entries = list(data_prefix)
+    if len(entries) == 1:
+        return [str(entries[0])], None
+    if not entries:
+        raise DataError("data prefix list is empty; give one prefix or pairs 'WEIGHT PREFIX ...'")
+    if len(entries) % 2 or not any(_is_number(raw) for raw in entries[::2]):
+        raise _unweighted_list_error(entries)
+    prefixes, weights = [], []
+    for position in range(0, len(entries), 2):
+        raw, prefix = entries[position], entries[position + 1]
+        try:
+            weight = float(raw)
+        except (TypeError, ValueError):
+            raise DataError(
+                f"data prefix entry {position + 1} ({raw!r}) is not a weight; write pairs 'WEIGHT PREFIX ...'"
+            ) from None
+        if not weight > 0 or not math.isfinite(weight):
+            raise DataError(f"data prefix entry {position + 1}: weight {raw!r} of {prefix} must be positive")
+        prefixes.append(str(prefix).strip())
+        weights.append(weight)
+    return prefixes, weights
+
+
+def _is_number(raw: str | float) -> bool:
+    try:
+        float(raw)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _unweighted_list_error(entries: list[str | float]) -> DataError:
+    """Megatron reads an odd-length list, or one without any weight, as 'each dataset once'."""
+    example = " ".join(f"1 {str(entry).strip()}" for entry in entries[:3]) + (
+        " ..." if len(entries) > 3 else ""
+    )
+    return DataError(
+        f"data prefix list {entries} is Megatron's unweighted form (every dataset once, mixed in proportion "
+        f"to its size), which gptrain does not support; put a weight before each prefix instead, "
+        f"e.g. '{example}' (weights proportional to the datasets' token counts give Megatron's mix)"
+    )
