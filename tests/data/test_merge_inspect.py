@@ -203,3 +203,22 @@ def test_merge_reports_progress_by_bytes_on_stderr(tmp_path, capsys, monkeypatch
     percents = [float(line.split("%")[0].rsplit(" ", 1)[1]) for line in lines if "%" in line]
     assert len(percents) >= 800 // 64 and percents == sorted(percents) and percents[-1] == 100.0
     assert "MB/s" in lines[-1] and "ETA" in lines[-1] and lines[-1].startswith("merge: 2 datasets")
+
+
+@pytest.mark.parametrize("per_pass", [1, 2, 3, 1 << 22])
+def test_document_lengths_in_passes_equal_the_whole_corpus_formula(tmp_path, monkeypatch, per_pass):
+    """Empty documents, documents of several sequences, a pass boundary anywhere: the same lengths
+    as prefix sums over the whole corpus (the reference, in int64)."""
+    from gptrain.data import summary
+    from gptrain.data.indexed import IndexedDataset
+
+    generator = np.random.default_rng(per_pass)
+    with IndexedDatasetWriter(str(tmp_path / "d"), np.uint16) as writer:
+        for _ in range(40):
+            pieces = [int(n) for n in generator.integers(0, 6, size=int(generator.integers(0, 4)))]
+            writer.add_document(np.ones(sum(pieces), dtype=np.uint16), lengths=pieces)
+    dataset = IndexedDataset(str(tmp_path / "d"))
+    ends = np.concatenate([[0], np.cumsum(dataset.sequence_lengths, dtype=np.int64)])
+    expected = ends[dataset.document_indices[1:]] - ends[dataset.document_indices[:-1]]
+    monkeypatch.setattr(summary, "DOCUMENTS_PER_PASS", per_pass)
+    assert summary.document_lengths(dataset).tolist() == expected.tolist()
