@@ -60,7 +60,16 @@ def find_checkpoint(path: str | Path) -> Path:
 
 
 def directory_bytes(path: Path) -> int:
-    return sum(entry.stat().st_size for entry in path.iterdir() if entry.is_file())
+    """The bytes of the files in `path`; one renamed or removed while listed (rank 0's COMPLETE
+    temporary, a file retention removes) is not counted."""
+    total = 0
+    for entry in path.iterdir():
+        try:
+            if entry.is_file():
+                total += entry.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def step_dir_bytes(path: Path) -> int:

@@ -109,12 +109,14 @@ def _check_file(path: Path, entry: int | dict, checksums: bool) -> str | None:
     size, crc = (entry, None) if isinstance(entry, int) else (entry.get("bytes"), entry.get("crc32"))
     try:
         actual = path.stat().st_size
+        if actual != size:
+            return f"{path} is {actual} bytes, its manifest says {size} (truncated or replaced)"
+        if checksums and crc is not None and (found := file_crc32(path)) != crc:
+            return f"{path} has CRC-32 {found}, its manifest says {crc} (changed on disk)"
     except FileNotFoundError:
         return f"{path} is missing"
-    if actual != size:
-        return f"{path} is {actual} bytes, its manifest says {size} (truncated or replaced)"
-    if checksums and crc is not None and (found := file_crc32(path)) != crc:
-        return f"{path} has CRC-32 {found}, its manifest says {crc} (changed on disk)"
+    except OSError as error:  # EIO from a bad sector, EACCES, ESTALE: damage, so the one before loads
+        return f"{path} is unreadable ({error.strerror or error})"
     return None
 
 

@@ -236,7 +236,11 @@ class CheckpointReader:
         rank that fell back alone would meet the others' next collective with its agreement (their
         check_fits would take its failure for a config mismatch) or wait until the group timed out.
         """
-        problem = _first_on_any_rank(verify_share(path, self.rank, _world_size()))
+        try:
+            own = verify_share(path, self.rank, _world_size())
+        except OSError as error:  # on this rank alone: the others wait for its verdict in the gather
+            own = f"{path} could not be checked ({error.strerror or error})"
+        problem = _first_on_any_rank(own)
         if problem is not None:
             return problem
         rank_file = path / f"rank_{self.rank}.pt"
@@ -336,10 +340,23 @@ def root_cause(error: BaseException) -> str:
             inner = inner[0]
         if isinstance(inner, BaseException):
             error = inner
-    while error.__cause__ is not None:
-        error = error.__cause__
+    error = _innermost(error)
     text = " ".join(str(error).split()) or type(error).__name__
     return f"{type(error).__name__}: {text}"
+
+
+def _innermost(error: BaseException) -> BaseException:
+    """Down the chain of causes, and of contexts where none is set (torch's zip writer raises its
+    own RuntimeError while handling the OSError beneath, ENOSPC for one); the deepest OSError
+    there is the one to name."""
+    chain = [error]
+    while True:
+        following = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+        if following is None or following in chain:
+            break
+        chain.append(following)
+        error = following
+    return next((e for e in reversed(chain) if isinstance(e, OSError)), chain[-1])
 
 
 def check_fits(

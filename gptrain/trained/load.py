@@ -51,10 +51,11 @@ def checkpoints_dir(path: Path) -> Path | None:
     return None
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
+def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
     """The step directory to load: `path` itself if it is one, else the newest complete one that
-    verifies (sizes against its manifest; an older one is taken, saying so on stderr, when the
-    newest is damaged). A one-line error when the step directory given, or every one, is damaged."""
+    verifies (sizes against its manifest, and with `checksums` every file's CRC-32: one more read
+    of the checkpoint; an older one is taken, saying so on stderr, when the newest is damaged). A
+    one-line error when the step directory given, or every one, is damaged."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such checkpoint or run directory")
@@ -64,7 +65,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
                 f"{path}: incomplete checkpoint (no COMPLETE marker; the save did not finish); "
                 f"pass {path.parent} to use the newest complete one"
             )
-        problem = verify(path)
+        problem = verify(path, checksums=checksums)
         if problem is not None:
             raise CheckpointLoadError(
                 f"checkpoint {path} is damaged: {problem}; pass {path.parent} to use the newest one that verifies"
@@ -81,13 +82,13 @@ def resolve_checkpoint(path: str | Path) -> Path:
         candidates.insert(0, candidates.pop(candidates.index(named)))
     if not candidates:
         raise DataError(f"{root}: no complete checkpoint (every step_* lacks its COMPLETE marker)")
-    return _newest_that_verifies(root, candidates)
+    return _newest_that_verifies(root, candidates, checksums)
 
 
-def _newest_that_verifies(root: Path, candidates: list[Path]) -> Path:
+def _newest_that_verifies(root: Path, candidates: list[Path], checksums: bool = False) -> Path:
     damaged: list[tuple[Path, str]] = []
     for candidate in candidates:
-        problem = verify(candidate)
+        problem = verify(candidate, checksums=checksums)
         if problem is None:
             if damaged:
                 names = ", ".join(step.name for step, _ in damaged)
@@ -156,12 +157,13 @@ class RunCheckpoint:
     """Embedding rows in the checkpoint: the padding of the layout that wrote it (it grows with TP)."""
 
 
-def open_run(path: str | Path, overrides: Sequence[str] = ()) -> RunCheckpoint:
-    """The newest complete checkpoint under `path` (or that step dir), with its run's config."""
+def open_run(path: str | Path, overrides: Sequence[str] = (), checksums: bool = False) -> RunCheckpoint:
+    """The newest complete checkpoint under `path` (or that step dir), with its run's config
+    (`checksums`: see resolve_checkpoint)."""
     from gptrain.config import load_training_config
     from gptrain.train.builders import is_mock_data, padded_vocab_size
 
-    step_dir = resolve_checkpoint(path)
+    step_dir = resolve_checkpoint(path, checksums)
     hparams = find_hparams(step_dir)
     cfg = load_training_config(config_file=str(hparams), overrides=overrides, report_ignored=False)
     mock_vocab = is_mock_data(cfg) and cfg.model.data.mock_vocab_size
@@ -204,7 +206,7 @@ def load_weights(model: nn.Module, step_dir: Path) -> None:
 def unreadable(step_dir: Path, error: BaseException) -> CheckpointLoadError:
     return CheckpointLoadError(
         f"checkpoint {step_dir} does not load ({root_cause(error)}); it may be damaged: "
-        f"`gptrain checkpoint verify {step_dir}` checks every file's CRC-32"
+        f"`gptrain checkpoint verify {step_dir.parent}` checks every file's CRC-32"
     )
 
 

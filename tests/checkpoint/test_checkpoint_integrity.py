@@ -89,6 +89,35 @@ def test_load_falls_back_to_the_newest_checkpoint_that_verifies(tmp_path):
     assert "\n" not in str(error.value)
 
 
+def test_a_shard_the_disk_will_not_read_is_damage_and_the_one_before_loads(tmp_path, monkeypatch):
+    """EIO from a bad sector (or EACCES, ESTALE) while its CRC is read: skipped like a flipped byte,
+    not an OSError that ends the resume (or, on many ranks, leaves the others in the gather)."""
+    import errno
+
+    from gptrain.checkpoint import integrity
+
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    for step in (1, 2):
+        save(manager, step)
+    real_crc = integrity.file_crc32
+
+    def failing_disk(path):
+        if path.parent.name == "step_2":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real_crc(path)
+
+    monkeypatch.setattr(integrity, "file_crc32", failing_disk)
+    warnings, applied = [], []
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    path, _ = manager.load_newest_good(template, applied.append, warnings.append)
+    manager.close()
+    assert path == tmp_path / "step_1" and torch.equal(applied[0]["model"]["w"], torch.full((64, 64), 1.0))
+    assert (
+        warnings[0].startswith("checkpoint step_2 is damaged")
+        and "is unreadable (Input/output error)" in warnings[0]
+    )
+
+
 def test_resume_past_a_damaged_checkpoint_moves_it_aside_so_retention_keeps_the_good_ones(tmp_path, capsys):
     """Left as step_4, the damaged checkpoint counted as the newest for save_top_k: the next save and
     the one resumed from were deleted, and the requeue after found nothing that loads."""
@@ -217,3 +246,24 @@ def test_tensors_written_in_pieces_checksum_and_load_exactly(tmp_path, monkeypat
     }
     manager.load(path, target, lambda state: None)
     assert torch.equal(target["model"]["w"], weights) and torch.equal(target["model"]["b"], torch.arange(7))
+
+
+def test_a_file_renamed_while_a_directory_is_sized_is_not_counted(tmp_path, monkeypatch):
+    """Rank 0's COMPLETE temporary is renamed while the logging rank sizes the step directory after
+    a background save: the size leaves it out instead of raising in the training thread."""
+    from gptrain.checkpoint.directory import directory_bytes
+
+    (tmp_path / "a.distcp").write_bytes(b"x" * 10)
+    (tmp_path / ".COMPLETE.1.tmp").write_bytes(b"y" * 5)
+    real_stat = Path.stat
+
+    def vanishing(self, *args, **kwargs):
+        if self.name.endswith(".tmp"):
+            vanishing.calls += 1
+            if vanishing.calls > 1:  # is_file() saw it; it is gone by the stat that sizes it
+                raise FileNotFoundError(self)
+        return real_stat(self, *args, **kwargs)
+
+    vanishing.calls = 0
+    monkeypatch.setattr(Path, "stat", vanishing)
+    assert directory_bytes(tmp_path) == 10

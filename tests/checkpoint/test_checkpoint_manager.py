@@ -452,3 +452,30 @@ def test_prepare_staging_does_nothing_for_synchronous_saves_or_without_pinned_st
         manager = CheckpointManager(tmp_path / f"{pinned}-{async_save}", 1, async_save=async_save)
         manager.prepare_staging(state_for(1.0))
         assert manager._preparing is None
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_full_disk_is_named_as_such(tmp_path, monkeypatch, async_save):
+    """torch's zip writer raises its own RuntimeError ('unexpected pos ...') while handling the
+    OSError beneath: the message names the OSError, ENOSPC, not the zip writer's complaint."""
+    import errno
+
+    from gptrain.checkpoint import direct_io
+    from gptrain.checkpoint.manager import CheckpointWriteError
+
+    real_write, written = direct_io.SyncedFile.write, []
+
+    def full(self, data):  # the disk fills after the zip's first records
+        if sum(written) > 1000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(real_write(self, data))
+        return written[-1]
+
+    monkeypatch.setattr(direct_io.SyncedFile, "write", full)
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save, direct_io=False)
+    with pytest.raises(
+        CheckpointWriteError, match=r"step_1 could not be written \(OSError: \[Errno 28\] No space"
+    ):
+        manager.save(1, {"model": {"w": torch.zeros(256, 256)}}, {})
+        manager.wait()
+    assert not (tmp_path / "step_1").exists()

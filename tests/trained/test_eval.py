@@ -235,7 +235,9 @@ def test_export_of_a_run_with_a_damaged_newest_checkpoint_takes_the_previous(
     assert "gptrain: warning: using step_2, the newest checkpoint that verifies" in capsys.readouterr().err
     step = run / "checkpoints" / "step_2"
     shard = step / "__0_0.distcp"
-    shard.write_bytes(bytes(shard.stat().st_size))  # same size, so only reading it finds the damage
+    shard.write_bytes(bytes(shard.stat().st_size))  # same size: its CRC-32, read before export, finds it
     assert main(["export", "--to", "hf", str(step), str(tmp_path / "hf2")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"gptrain: error: checkpoint {step} does not load (")
+    assert err.count("\n") == 1 and err.startswith(
+        f"gptrain: error: checkpoint {step} is damaged: {shard} has CRC-32"
+    )

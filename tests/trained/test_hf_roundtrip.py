@@ -159,6 +159,46 @@ def test_export_refuses_an_existing_output_and_leaves_no_partial_files(exported,
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_an_export_of_a_checkpoint_changed_on_disk_is_refused(exported, tmp_path) -> None:
+    """The logit check compares two readings of the same weights: a byte changed since the save
+    would pass it. The CRC-32s recorded at the save are read first."""
+    import shutil
+
+    from gptrain.checkpoint.directory import CheckpointLoadError
+    from gptrain.trained.hf.export import export_hf
+
+    _, run, _, _ = exported
+    shutil.copytree(run, tmp_path / "run")
+    for shard in (tmp_path / "run").rglob("*.distcp"):
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointLoadError, match="has CRC-32 .*changed on disk"):
+        export_hf(tmp_path / "run", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_nothing(exported, tmp_path, monkeypatch) -> None:
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from gptrain.trained.hf.export import export_hf
+
+    def full(*args, **kwargs):
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    _, run, _, _ = exported
+    with pytest.raises(
+        DataError, match=r"could not be written \(Error while serializing: .*No space left"
+    ) as error:
+        export_hf(run, tmp_path / "out")
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 def test_gpt2_with_the_tanh_gelu_imports_as_openai_gelu_and_exports_back(tmp_path) -> None:
     """OpenAI's GPT-2 checkpoints use `gelu_new`: import maps it to model.openai_gelu, export back."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -217,3 +257,20 @@ def test_float16_export_refuses_weights_beyond_its_range(tmp_path) -> None:
     ):
         _in_dtype(tensors, torch.float16, Path("run/step_3"))
     assert _in_dtype(tensors, torch.bfloat16, Path("run/step_3"))["wide"].dtype == torch.bfloat16
+
+
+def test_imported_padding_rows_never_outscore_the_real_vocabulary() -> None:
+    """The loss is a softmax over the padded vocabulary. Zero rows scored 0, above every real logit
+    of a model whose logits are all negative (GPT-2's), and took most of the probability; the mean
+    row scores the mean real logit, never above the best."""
+    from gptrain.trained.hf.tensors import _fit_rows
+
+    generator = torch.Generator().manual_seed(0)
+    real = -torch.randn(96, 32, generator=generator).abs() - 0.1
+    fitted = _fit_rows(real, torch.empty(128, 32))
+    assert torch.equal(fitted[:96], real)
+    assert torch.equal(fitted[96:], real.double().mean(dim=0).float().expand(32, 32))
+    hidden = torch.randn(32, 200, generator=generator).abs()  # logits of `real` all negative
+    logits = fitted @ hidden
+    assert (logits[:96] < 0).all()
+    assert (logits[96:].max(dim=0).values <= logits[:96].max(dim=0).values + 1e-5).all()

@@ -61,12 +61,13 @@ class ExportReport:
     verification: Verification | None
 
 
-def open_run(path: str | Path) -> RunSource:
-    """The newest complete checkpoint under `path` and the model shape its hparams.yaml gives."""
+def open_run(path: str | Path, checksums: bool = False) -> RunSource:
+    """The newest complete checkpoint under `path` (that passes its CRC-32s too, with `checksums`)
+    and the model shape its hparams.yaml gives."""
     from gptrain.train.builders import build_model_config
     from gptrain.trained.load import open_run as open_checkpoint
 
-    run = open_checkpoint(path)
+    run = open_checkpoint(path, checksums=checksums)
     record = read_record(run.hparams.parent)
     rows = max(run.vocab, min(int(record.get("vocab_size") or 0), run.saved_rows))
     if int(record.get("vocab_size") or 0) > run.saved_rows:
@@ -101,18 +102,31 @@ def export_hf(
     require_transformers()
     started = time.perf_counter()
     stream = stream or sys.stderr
-    source = open_run(path)
+    # the CRC-32s too: the logit check compares two readings of the same weights, and would pass
+    # a checkpoint changed on disk since it was written
+    source = open_run(path, checksums=True)
     arch = choose_architecture(source.model_config)
     _check_tokenizer_exportable(source, verify, stream)
     output = Path(output)
     _check_output(output)
-    with atomic_directory(output) as staging:
-        _write_configs(staging, source, arch, dtype)
-        # a run on mock data has no tokenizer: the preset's tokenizer paths point at nothing
-        if source.tokenizer is not None:
-            export_tokenizer(source.cfg, staging, source.model_config.seq_length)
-        tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream, DTYPES[dtype])
-        verification = verify_export(source, staging, DTYPES[dtype]) if verify else None
+    try:
+        with atomic_directory(output) as staging:
+            _write_configs(staging, source, arch, dtype)
+            # a run on mock data has no tokenizer: the preset's tokenizer paths point at nothing
+            if source.tokenizer is not None:
+                export_tokenizer(source.cfg, staging, source.model_config.seq_length)
+            tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream, DTYPES[dtype])
+            verification = verify_export(source, staging, DTYPES[dtype]) if verify else None
+    except Exception as error:  # a full disk, a quota: said in one line (nothing is left behind)
+        if not isinstance(error, OSError) and type(error).__name__ != "SafetensorError":
+            raise
+        reason = (
+            error.strerror if isinstance(error, OSError) and error.strerror else " ".join(str(error).split())
+        )
+        raise DataError(
+            f"export to {output} could not be written ({reason}); nothing was left there: free space "
+            "or fix permissions and export again"
+        ) from None
     files = sorted(p.name for p in output.iterdir())
     elapsed = time.perf_counter() - started
     return ExportReport(output, CLASS_NAMES[arch], files, tensor_bytes, elapsed, verification)

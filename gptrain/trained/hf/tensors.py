@@ -132,7 +132,7 @@ def globals_to_hf(arch: str, tensors: Tensors, vocab_size: int, tied: bool) -> T
 
 
 def globals_from_hf(arch: str, read: Callable[[str], torch.Tensor], live: Tensors, tied: bool) -> Tensors:
-    """gptrain's global tensors shaped like `live` (padded rows: zero) from transformers tensors."""
+    """gptrain's global tensors shaped like `live` (padding rows: the mean row) from transformers tensors."""
     names = hf_global_names(arch)
     out: Tensors = {}
     for name, template in live.items():
@@ -145,8 +145,13 @@ def globals_from_hf(arch: str, read: Callable[[str], torch.Tensor], live: Tensor
 
 
 def _fit_rows(tensor: torch.Tensor, template: torch.Tensor) -> torch.Tensor:
-    """`tensor`'s first rows in a zero tensor of `template`'s shape (padding rows the tokenizer never emits)."""
-    fitted = torch.zeros(template.shape, dtype=tensor.dtype)
+    """`tensor`'s rows in a tensor of `template`'s shape; the padding rows past them (tokens the
+    tokenizer never emits) take the mean of its rows. The loss is a softmax over the padded
+    vocabulary: a zero row's logit is 0, which for a model whose logits are all negative (GPT-2's)
+    takes most of the probability; the mean row's logit is the mean logit, far below the top."""
+    fitted = torch.empty(template.shape, dtype=tensor.dtype)
     rows = min(tensor.shape[0], template.shape[0])
     fitted[:rows] = tensor[:rows]
+    if template.shape[0] > rows:
+        fitted[rows:] = tensor.to(torch.float64).mean(dim=0).to(tensor.dtype)
     return fitted
