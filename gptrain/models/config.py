@@ -63,6 +63,9 @@ class GPTConfig:
     """Std of the normal init of embeddings and linear weights."""
     apply_residual_scaling_init: bool = True
     """Init output projections (wo, w2) with std / sqrt(2 * num_layers), as Megatron."""
+    max_position_embeddings: int | None = None
+    """Rows of the learned position table (Megatron's --max-position-embeddings, at least
+    seq_length: a run may go on at a longer sequence from the same checkpoint); None: seq_length."""
 
     def __post_init__(self) -> None:
         self._check_sizes()
@@ -91,6 +94,13 @@ class GPTConfig:
     def gated_mlp(self) -> bool:
         """True for SwiGLU (two input projections w1, w3)."""
         return self.activation in ("swiglu", "fast-swiglu")
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of the learned position table (0 without one)."""
+        if self.position_embedding_type != "learned_absolute":
+            return 0
+        return max(self.seq_length, self.max_position_embeddings or 0)
 
     @property
     def rotary_dim(self) -> int:

@@ -49,8 +49,7 @@ def layer_parameters(config: GPTConfig) -> int:
 
 def embedding_parameters(config: GPTConfig) -> int:
     """Token embedding plus the learned position table (if any)."""
-    positions = config.seq_length if config.position_embedding_type == "learned_absolute" else 0
-    return (config.vocab_size + positions) * config.hidden_size
+    return (config.vocab_size + config.position_rows) * config.hidden_size
 
 
 def count_parameters(config: GPTConfig) -> int:
@@ -102,6 +101,7 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "A800": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "L40S": {"bf16": 362.05, "fp16": 362.05, "fp8": 733.0, "tf32": 183.0, "fp32": 91.6},
+    "L40": {"bf16": 181.05, "fp16": 181.05, "fp8": 362.1, "tf32": 90.5, "fp32": 90.5},  # before "L4"
     "A10G": {},  # no NVIDIA datasheet: no MFU rather than a wrong one (and it must not match "A10")
     "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},
     "L4": {"bf16": 121.0, "fp16": 121.0, "fp8": 242.0, "tf32": 60.0, "fp32": 30.3},

@@ -221,7 +221,7 @@ class GPT(nn.Module):
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(config.vocab_size, h)
         self.pos_embeddings: nn.Embedding | None = None
         if config.position_embedding_type == "learned_absolute":
-            self.pos_embeddings = nn.Embedding(config.seq_length, h)
+            self.pos_embeddings = nn.Embedding(config.position_rows, h)
         self.embedding_dropout: nn.Module | None = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(config) for i in range(config.num_layers)})
         self.norm: nn.Module | None = build_norm(config)

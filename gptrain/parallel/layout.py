@@ -133,10 +133,15 @@ def _check_batch(model: Any, dims: ParallelDims) -> None:
 
 
 def _check_ramp_microbatches(model: Any, dims: ParallelDims) -> None:
-    """Under a pipeline, every step of a batch ramp-up must fill it as the full batch must: at least
-    one micro-batch per stage, and (interleaved) a multiple of the stages. The ramp's own key checks
-    (three positive integers, multiples of micro batch x DP) are gptrain.train.rampup's."""
+    """Every ramp batch splits into micro-batches over the DP ranks (gptrain.train.rampup's own key
+    checks, run here so that a layout the planner picks is one training takes); under a pipeline,
+    each also fills it as the full batch must: at least one micro-batch per stage, and
+    (interleaved) a multiple of the stages."""
+    from gptrain.train.rampup import BatchRamp  # no torch
+
     ramp = getattr(model, "rampup_batch_size", None)
+    if ramp:
+        BatchRamp.from_config(list(ramp), model.global_batch_size, model.micro_batch_size * dims.dp)
     if dims.pp == 1 or not ramp or len(ramp) != 3:
         return
     start, increment = ramp[0], ramp[1]

@@ -126,6 +126,8 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"--top={args.top} must be >= 1")
     if not 0 < args.mfu <= 1:
         raise ConfigError(f"--mfu={args.mfu} must be in (0, 1]")
+    if not args.tokens > 0 or args.tokens == float("inf"):  # also refuses nan
+        raise ConfigError(f"--tokens={args.tokens:g} must be a positive number of tokens")
     if not 0 <= args.headroom < 1:  # also refuses nan
         raise ConfigError(f"--headroom={args.headroom} must be a fraction of GPU memory in [0, 1)")
     if args.steps < 2:

@@ -35,6 +35,9 @@ class GpuSpec:
     inter_node_GBps: float
     """Across nodes, per GPU, one direction (one InfiniBand/EFA NIC per GPU)."""
     source: str
+    fp32_tflops: float | None = None
+    """Plain fp32 peak (gptrain leaves TF32 off: trainer.precision=32 is true fp32, and its MFU is
+    measured against this); None: half the bf16 peak."""
 
 
 GPUS: dict[str, GpuSpec] = {
@@ -45,8 +48,9 @@ GPUS: dict[str, GpuSpec] = {
         1978.9,
         450.0,
         50.0,
-        "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 80 GB HBM3, 989.4 bf16 / 1,978.9 fp8 dense "
-        "TFLOP/s, NVLink 900 GB/s both ways); DGX H100: one 400 Gb/s ConnectX-7 NIC per GPU",
+        "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 80 GB HBM3, 989.4 bf16 / 1,978.9 fp8 / 66.9 fp32 "
+        "dense TFLOP/s, NVLink 900 GB/s both ways); DGX H100: one 400 Gb/s ConnectX-7 NIC per GPU",
+        66.9,
     ),
     "a100-80gb": GpuSpec(
         "a100-80gb",
@@ -55,8 +59,9 @@ GPUS: dict[str, GpuSpec] = {
         None,
         300.0,
         25.0,
-        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB HBM2e, 312 bf16 dense TFLOP/s, NVLink "
-        "600 GB/s both ways); DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU",
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80 GB HBM2e, 312 bf16 / 19.5 fp32 dense TFLOP/s, "
+        "NVLink 600 GB/s both ways); DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU",
+        19.5,
     ),
     "a100-40gb": GpuSpec(
         "a100-40gb",
@@ -65,8 +70,9 @@ GPUS: dict[str, GpuSpec] = {
         None,
         300.0,
         25.0,
-        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40 GB HBM2, 312 bf16 dense TFLOP/s, NVLink "
-        "600 GB/s both ways); DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU",
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40 GB HBM2, 312 bf16 / 19.5 fp32 dense TFLOP/s, "
+        "NVLink 600 GB/s both ways); DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU",
+        19.5,
     ),
     "cpu": GpuSpec(
         "cpu",
@@ -77,6 +83,7 @@ GPUS: dict[str, GpuSpec] = {
         1.0,
         "nominal: one CPU process with 8 GiB and ~50 GFLOP/s, gloo over loopback; for trials "
         "on a workstation, where --measure replaces the guesses",
+        0.05,
     ),
 }
 

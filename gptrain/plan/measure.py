@@ -37,6 +37,7 @@ def trial_overrides(plan: Plan, candidate: Candidate, steps: int, log_dir: Path)
         *cluster_overrides(plan.cluster),
         *candidate.layout.overrides(),
         f"trainer.max_steps={steps}",
+        "model.rampup_batch_size=null",  # timed at the full global batch, as the run trains most steps
         "trainer.max_time=null",
         "trainer.log_every_n_steps=1",
         f"trainer.val_check_interval={steps}",

@@ -49,7 +49,7 @@ def header_lines(plan: Plan) -> list[str]:
     model = plan.work.padded(tp)
     sizes = model_sizes(model, plan.work.global_batch_size)
     gpus, peak = plan.cluster.world_size, peak_tflops(plan.work, plan.cluster.gpu)
-    of_peak = "" if plan.work.mixed else " of the TF32 peak (fp32)"
+    of_peak = "" if plan.work.mixed else " of the fp32 peak"
     lines = [
         f"{plan.name}: {sizes.parameters:,} parameters, {sizes.flops_per_token / 1e9:.2f} GFLOPs per token "
         f"(Megatron's formula); {plan.cluster.nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}",

@@ -48,7 +48,7 @@ def rank_parameters(config: GPTConfig, tp: int = 1, pp: int = 1) -> list[int]:
         raise ConfigError(f"model.num_layers={config.num_layers} is not divisible by PP={pp}")
     h = config.hidden_size
     vocab_rows = config.vocab_size // tp * h
-    positions = config.seq_length * h if config.position_embedding_type == "learned_absolute" else 0
+    positions = config.position_rows * h
     per_rank = [config.num_layers // pp * layer_parameters_on_rank(config, tp)] * pp
     per_rank[0] += vocab_rows + positions
     per_rank[-1] += _norm(config)

@@ -92,6 +92,7 @@ class Layout:
             f"model.micro_batch_size={self.micro_batch_size}",
             f"model.sequence_parallel={str(self.sequence_parallel).lower()}",
             f"model.data_parallel_sharding={self.sharding}",
+            "model.fsdp=false",  # NeMo's switch, when a config sets it, would override the sharding above
             f"model.activations_checkpoint_granularity={self.recompute or 'null'}",
         ]
         if self.recompute == "full":

@@ -71,10 +71,13 @@ def _bandwidth(cluster: Cluster, group: int, stride: int) -> float:
 
 
 def peak_tflops(work: Workload, gpu: GpuSpec) -> float:
-    """The dense matmul peak `--mfu` is a fraction of: bf16/fp16 autocast at the GPU's bf16 rate;
-    fp32 matmuls at the TF32 rate, half the bf16 one on A100 and H100. The step time and the
-    header's tokens/s and days both use it."""
-    return gpu.bf16_tflops * (1.0 if work.mixed else 0.5)
+    """The dense matmul peak `--mfu` is a fraction of, the one training's MFU is measured against:
+    bf16/fp16 autocast at the GPU's bf16 rate; fp32 at the plain fp32 rate (gptrain does not turn
+    TF32 on; 66.9 against 989.4 TFLOP/s on an H100), or half the bf16 one where the spec has none.
+    The step time and the header's tokens/s and days both use it."""
+    if work.mixed:
+        return gpu.bf16_tflops
+    return gpu.fp32_tflops if gpu.fp32_tflops is not None else gpu.bf16_tflops * 0.5
 
 
 def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: float) -> StepTime:

@@ -32,4 +32,5 @@ def build_model_config(cfg: Any, vocab_size: int) -> GPTConfig:
         attention_dropout=m.attention_dropout,
         init_method_std=m.init_method_std,
         apply_residual_scaling_init=m.use_scaled_init_method,
+        max_position_embeddings=m.max_position_embeddings,
     )

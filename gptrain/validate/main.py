@@ -191,6 +191,8 @@ def conclude(ctx: Context, args: argparse.Namespace, out: Outcome) -> int:
     code = 0
     if ctx.rank == 0:
         code = 1 if out.failures else 0
+        if out.failures and not out.bad_nodes and len(set(ctx.nodes)) == 1:
+            out.bad_nodes.update(ctx.nodes)  # one node ran every rank: it is the one to blame
         for line in out.failures:
             print(f"FAILED {line}")
         exclude = report.exclude_line(out.bad_nodes) if out.bad_nodes else None

@@ -163,6 +163,9 @@ def test_flops_reject_bad_batch():
         ("NVIDIA A100-SXM4-40GB", "32", 19.5),
         ("NVIDIA A10", "bf16", 125.0),
         ("NVIDIA A10G", "bf16", None),
+        ("NVIDIA L40", "bf16", 181.05),  # not the L4's 121
+        ("NVIDIA L40S", "bf16", 362.05),
+        ("NVIDIA L4", "bf16", 121.0),
         ("Tesla V100-SXM2-32GB", "bf16", None),
         ("NVIDIA GeForce RTX 2080", "bf16", None),
         ("NVIDIA H100 80GB HBM3", "int4", None),

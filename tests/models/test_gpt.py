@@ -395,3 +395,18 @@ def test_tensor_parallel_shards_init_and_forward_like_the_whole_model(tmp_path):
     results = [proc.communicate(timeout=120) for proc in procs]
     for proc, (out, err) in zip(procs, results, strict=True):
         assert proc.returncode == 0 and out.strip() == "ok", err[-3000:]
+
+
+def test_the_position_table_has_max_position_embeddings_rows():
+    """As Megatron builds it: a run may go on at a longer sequence from the same checkpoint. The
+    parameter count (Megatron's line) and the planner count the same table."""
+    from gptrain.models.flops import count_parameters
+    from gptrain.plan.sizes import rank_parameters
+
+    config = tiny_config(max_position_embeddings=3 * tiny_config().seq_length)
+    model = GPT(config)
+    assert model.pos_embeddings.weight.shape[0] == 3 * config.seq_length
+    total = sum(p.numel() for p in model.parameters())
+    assert count_parameters(config) == total == sum(rank_parameters(config, 1, 1))
+    rope = GPT(tiny_config(position_embedding_type="rope", max_position_embeddings=64))
+    assert rope.pos_embeddings is None

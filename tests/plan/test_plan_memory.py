@@ -215,3 +215,17 @@ def test_pipeline_stages_count_one_input_cast_per_projection(activation: str, ex
     fused = layer_bytes_per_token(work, Layout(micro_batch_size=2))
     staged = layer_bytes_per_token(work, Layout(pp=2, micro_batch_size=2))
     assert staged - fused == extra_casts * 2 * work.model.hidden_size
+
+
+def test_fsdp_in_fp16_counts_its_fp32_gathers_and_autocast_copies() -> None:
+    """FSDP keeps fp32 parameters under fp16 (the loss scaler unscales fp32 gradients): blocks are
+    gathered in fp32, and autocast's 16-bit copy of every gathered weight lives until its backward
+    (16 of them after the forward of a 2-rank FSDP2 run on CPU, all the block weights; none under
+    bf16, whose gathers are bf16 already). The fp16 estimate was below bf16's."""
+    from gptrain.plan.memory import _matmul_weights
+
+    layout = Layout(micro_batch_size=2, dp=2, sharding="full_shard", dp_shard=2)
+    bf16, fp16 = (estimate_rank(workload(p, num_layers=4), layout, 0) for p in ("bf16", "16"))
+    work = workload("16", num_layers=4)
+    copies = 2 * _matmul_weights(work, work.padded(1), layout, 0)
+    assert fp16.transient >= bf16.transient + copies and fp16.total > bf16.total

@@ -85,6 +85,20 @@ def test_resume_with_another_weight_decay_trains_with_it_and_says_so(run, monkey
     assert yaml.safe_load((run / "hparams.yaml").read_text())["model"]["optim"]["weight_decay"] == 0.3
 
 
+def test_a_run_goes_on_at_a_longer_sequence_within_its_position_table(tmp_path, monkeypatch):
+    """model.max_position_embeddings sizes the learned position table (as Megatron's does): a run
+    trained at 8 tokens with 16 positions resumes at 16 tokens from the same checkpoint."""
+    run = tmp_path / "run"
+    table = "model.max_position_embeddings=16"
+    assert run_recording(monkeypatch, tiny_config(run, *SHORT, table))[0] == 0
+    longer = tiny_config(run, *SHORT, table, "model.encoder_seq_length=16", "trainer.max_steps=3")
+    code, losses = run_recording(monkeypatch, longer)
+    assert code == 0 and sorted(losses) == [3]
+    assert any(
+        line.startswith("resuming from ") and "step_2 at iteration 2" in line for line in log_lines(run)
+    )
+
+
 @pytest.mark.parametrize("saved, live", [("16", "bf16"), ("16", "32"), ("32", "16")])
 def test_a_scaler_of_the_other_kind_is_not_loaded(saved, live):
     keys = {

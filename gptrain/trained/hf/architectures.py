@@ -85,7 +85,7 @@ def hf_config_kwargs(
     if arch == GPT2:
         return {
             "vocab_size": vocab_size,
-            "n_positions": config.seq_length,
+            "n_positions": config.position_rows,
             "n_embd": config.hidden_size,
             "n_layer": config.num_layers,
             "n_head": config.num_attention_heads,
