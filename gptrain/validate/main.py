@@ -106,6 +106,9 @@ def check_pairwise(ctx: Context, args: argparse.Namespace, limits: Thresholds, o
     from gptrain.validate import pairwise as pw
 
     nbytes = args.pair_bytes or (GPU_PAIR_BYTES if ctx.is_gpu else CPU_PAIR_BYTES)
+    node_bytes = nbytes
+    if not args.pair_bytes and ctx.is_gpu and limits.busbw_threshold(True) is not None:
+        node_bytes = max(nbytes, limits.large_message_bytes)  # the size the threshold is set for
     levels = {
         "node": pw.node_rounds(ctx, args.max_all_pairs, BISECTION_ROUNDS),
         "rank": pw.rank_rounds(ctx, args.max_all_pairs, BISECTION_ROUNDS),
@@ -113,10 +116,16 @@ def check_pairwise(ctx: Context, args: argparse.Namespace, limits: Thresholds, o
     data: dict[str, Any] = {}
     for level, rounds in levels.items():
         results = [
-            r for pairs in rounds for r in pw.run_round(ctx, level, pairs, nbytes, args.iters, args.warmup)
+            r
+            for pairs in rounds
+            for r in pw.run_round(
+                ctx, level, pairs, node_bytes if level == "node" else nbytes, args.iters, args.warmup
+            )
         ]
         floor = limits.busbw_threshold(True) if level == "node" else None
         verdict = pw.find_slow(level, results, limits.slow_pct, floor)
+        if verdict.fabric:
+            out.failures.append(f"pairwise: {verdict.fabric}")
         data[level] = {
             "rounds": len(rounds),
             "pairs": [vars(r) for r in results],

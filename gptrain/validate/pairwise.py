@@ -130,6 +130,7 @@ class Verdict:
     scores: dict[str, float]  # member -> best pair busbw
     median: float
     flagged: dict[str, str]  # member -> why
+    fabric: str | None = None  # every member below the threshold alike: the network, not a node
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -138,7 +139,11 @@ class Verdict:
 def find_slow(
     level: str, results: list[PairResult], slow_pct: float, min_busbw: float | None = None
 ) -> Verdict:
-    """Score each member by its best pair; flag those far below the median or all below min."""
+    """Score each member by its best pair; flag those far below the median or all below min.
+
+    When three or more members are all below `min_busbw` and none far below the others, the fabric
+    is slow (EFA or InfiniBand not in use, a wrong NCCL transport), not a node: the verdict says so
+    and flags no member, since excluding every node would block every later launch."""
     scores: dict[str, float] = {}
     for pair in results:
         for member in (pair.a, pair.b):
@@ -152,4 +157,16 @@ def find_slow(
             )
         elif min_busbw is not None and score < min_busbw:
             flagged[member] = f"best pair {score:.3g} GB/s is below the threshold {min_busbw:.3g} GB/s"
+    if (
+        len(scores) > 2
+        and flagged
+        and len(flagged) == len(scores)
+        and all("threshold" in w for w in flagged.values())
+    ):
+        best = max(scores.values())
+        fabric = (
+            f"every {level} pair is below the threshold {min_busbw:.3g} GB/s alike (best {best:.3g} GB/s): "
+            "the fabric, not a node; check that NCCL uses the fast network (NCCL_DEBUG=INFO)"
+        )
+        return Verdict(level, scores, median, {}, fabric)
     return Verdict(level, scores, median, flagged)

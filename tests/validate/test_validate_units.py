@@ -165,3 +165,13 @@ def test_table_has_nccl_tests_columns_and_na_for_missing_placements():
     ]
     assert any(x.split()[-4:] == ["N/A"] * 4 for x in text.splitlines() if x.strip().startswith("64"))
     json.dumps(rows)
+
+
+def test_every_node_below_the_threshold_alike_is_the_fabric_not_a_node():
+    """EFA not in use, a wrong NCCL transport: excluding every node would block every launch."""
+    results = [pair("n1", "n2", 5), pair("n1", "n3", 5.2), pair("n2", "n3", 4.9), pair("n3", "n4", 5.1)]
+    verdict = find_slow("node", results, slow_pct=10, min_busbw=30)
+    assert verdict.flagged == {} and verdict.fabric.startswith("every node pair is below the threshold 30")
+    one_slow = results + [pair("n1", "n4", 40), pair("n2", "n4", 41)]  # n3 slows every pair it is in
+    verdict = find_slow("node", one_slow, slow_pct=10, min_busbw=30)
+    assert verdict.fabric is None and list(verdict.flagged) == ["n3"]
