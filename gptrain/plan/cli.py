@@ -98,6 +98,13 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "default %(default)g",
     )
     parser.add_argument(
+        "--exclude-file",
+        default="results/exclude_nodes.txt",
+        metavar="FILE",
+        help="--measure with Slurm: nodes a failed `gptrain validate` blamed, kept out of the trials "
+        "(default %(default)s, gptrain launch's; a missing file excludes nothing)",
+    )
+    parser.add_argument(
         "--trial-time-limit",
         default="00:30:00",
         metavar="HH:MM:SS",

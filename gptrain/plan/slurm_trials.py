@@ -88,7 +88,10 @@ def wait_for_job(job_id: str, timeout_s: float) -> JobState:
 
 
 def run_slurm_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_dir: Path) -> None:
+    from gptrain.launch.validation_stage import apply_exclude_file
+
     profile = slurm_profile(args.cluster)
+    apply_exclude_file(profile, {"exclude_file": args.exclude_file})  # nodes a validation blamed
     job = trial_job(plan, args, candidate, trial_dir)
     try:
         check_cluster(job, profile, query_nodes())  # a request the partition cannot hold waits forever

@@ -66,3 +66,21 @@ def test_measure_runs_each_trial_as_a_slurm_job_on_two_nodes(workdir: Path) -> N
     cfg = load_training_config(None, [], config_file=str(out))
     assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.accelerator) == (2, 1, "cpu")
     assert f"model.micro_batch_size={cfg.model.micro_batch_size}" in plan["candidates"][0]["overrides"]
+
+
+def test_trials_keep_off_the_nodes_a_failed_validation_blamed(workdir: Path) -> None:
+    """The exclude file `gptrain validate` writes (and `gptrain launch` honours) keeps trials off
+    those nodes too: a trial on a bad node measures the node, not the layout."""
+    profile = workdir / "local_cpu.yaml"
+    profile.write_text(yaml.safe_dump(PROFILE))
+    exclude = workdir / "exclude_nodes.txt"
+    exclude.write_text("n1\n")  # scripts/slurm-local.sh's nodes are n1 and n2
+    trials = workdir / "trials"
+    args = ["plan", "gpt3/126m", *TINY, "--cluster", str(profile), "--nodes", "1", "--gpus-per-node", "1"]
+    args += ["--top", "1", "--measure", "--cluster-type", "slurm", "--steps", "3", "--trial-timeout", "100"]
+    args += ["--trials-dir", str(trials), "--exclude-file", str(exclude)]
+    done = gptrain(args, workdir, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [job_id] = job_ids(trials)
+    fields = job_fields(job_id)
+    assert fields["JobState"] == "COMPLETED" and fields["NodeList"] == "n2", fields
