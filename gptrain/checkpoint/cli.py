@@ -9,6 +9,7 @@ from pathlib import Path
 from gptrain.checkpoint.directory import SET_ASIDE, size_text
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, manifest_bytes, verify
 from gptrain.errors import ConfigError
+from gptrain.utils.progress import Progress
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,7 +50,8 @@ def run_verify(args: argparse.Namespace) -> int:
             print(f"{path.name}: incomplete (no {COMPLETE}): never loaded")
             continue
         started = time.perf_counter()
-        problem = verify(path, checksums=not args.sizes_only)
+        progress = None if args.sizes_only else _progress(path)
+        problem = verify(path, checksums=not args.sizes_only, progress=progress)
         if problem is None:
             print(f"{path.name}: ok ({_checked(path, time.perf_counter() - started, args.sizes_only)})")
         else:
@@ -62,6 +64,11 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"{root}: no complete checkpoint")
         return 1
     return 0 if newest_complete_ok else 1
+
+
+def _progress(path: Path) -> Progress:
+    """Lines on stderr every 2 s while a checkpoint's CRC-32s are read (minutes for a large one)."""
+    return Progress(f"{path.name}: reading", unit="files", total_bytes=manifest_bytes(path))
 
 
 def _checked(path: Path, seconds: float, sizes_only: bool) -> str:

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from gptrain.checkpoint.crc32 import crc32
+from gptrain.utils.progress import Progress
 
 COMPLETE = "COMPLETE"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -59,11 +60,13 @@ def complete_record(step: int, step_dir: Path, checksums: dict[str, str | None] 
     return json.dumps(record, indent=1) + "\n"
 
 
-def file_crc32(path: Path, chunk: int = 16 << 20) -> str:
+def file_crc32(path: Path, chunk: int = 16 << 20, progress: Progress | None = None) -> str:
     crc = 0
     with path.open("rb") as handle:
         while block := handle.read(chunk):
             crc = crc32(block, crc)
+            if progress is not None:
+                progress.update(0, len(block))
     return f"{crc:08x}"
 
 
@@ -74,20 +77,29 @@ def verify_share(step_dir: Path, rank: int, world_size: int) -> str | None:
     return verify(step_dir, checksums=True, rank=rank, world_size=world_size)
 
 
-def verify(step_dir: Path, checksums: bool = False, rank: int = 0, world_size: int = 1) -> str | None:
+def verify(
+    step_dir: Path,
+    checksums: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+    progress: Progress | None = None,
+) -> str | None:
     """None when the checkpoint matches its manifest, else what is wrong (one line).
 
-    Sizes always; with checksums=True also each file's CRC-32 (reads every file once). Only the
-    files of share `rank` of `world_size` (see verify_share); all of them by default.
+    Sizes always; with checksums=True also each file's CRC-32 (reads every file once, told to
+    `progress` as it goes). Only the files of share `rank` of `world_size` (see verify_share); all
+    of them by default.
     """
     expected, problem = _manifest_files(step_dir)
     if expected is None:
         return problem
     for index, (name, entry) in enumerate(sorted(expected.items())):
         if index % world_size == rank:
-            problem = _check_file(step_dir / name, entry, checksums)
+            problem = _check_file(step_dir / name, entry, checksums, progress)
             if problem is not None:
                 return problem
+            if progress is not None:
+                progress.update(1)
     return None
 
 
@@ -104,14 +116,16 @@ def _manifest_files(step_dir: Path) -> tuple[dict | None, str | None]:
     return (record.get("files") if isinstance(record, dict) else None), None
 
 
-def _check_file(path: Path, entry: int | dict, checksums: bool) -> str | None:
+def _check_file(
+    path: Path, entry: int | dict, checksums: bool, progress: Progress | None = None
+) -> str | None:
     """One manifest entry against the file: one stat, and one read when checksums are asked for."""
     size, crc = (entry, None) if isinstance(entry, int) else (entry.get("bytes"), entry.get("crc32"))
     try:
         actual = path.stat().st_size
         if actual != size:
             return f"{path} is {actual} bytes, its manifest says {size} (truncated or replaced)"
-        if checksums and crc is not None and (found := file_crc32(path)) != crc:
+        if checksums and crc is not None and (found := file_crc32(path, progress=progress)) != crc:
             return f"{path} has CRC-32 {found}, its manifest says {crc} (changed on disk)"
     except FileNotFoundError:
         return f"{path} is missing"

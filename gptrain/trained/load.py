@@ -23,9 +23,10 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 
 from gptrain.checkpoint import compat
 from gptrain.checkpoint.directory import LATEST, CheckpointLoadError, step_dir_name
-from gptrain.checkpoint.integrity import STEP_DIR, complete_steps, is_complete, verify
+from gptrain.checkpoint.integrity import STEP_DIR, complete_steps, is_complete, manifest_bytes, verify
 from gptrain.checkpoint.reader import check_fits, root_cause
 from gptrain.errors import DataError
+from gptrain.utils.progress import Progress
 
 HPARAMS = "hparams.yaml"
 CHECKPOINTS = "checkpoints"
@@ -65,7 +66,7 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
                 f"{path}: incomplete checkpoint (no COMPLETE marker; the save did not finish); "
                 f"pass {path.parent} to use the newest complete one"
             )
-        problem = verify(path, checksums=checksums)
+        problem = _verify(path, checksums)
         if problem is not None:
             raise CheckpointLoadError(
                 f"checkpoint {path} is damaged: {problem}; pass {path.parent} to use the newest one that verifies"
@@ -88,7 +89,7 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
 def _newest_that_verifies(root: Path, candidates: list[Path], checksums: bool = False) -> Path:
     damaged: list[tuple[Path, str]] = []
     for candidate in candidates:
-        problem = verify(candidate, checksums=checksums)
+        problem = _verify(candidate, checksums)
         if problem is None:
             if damaged:
                 names = ", ".join(step.name for step, _ in damaged)
@@ -103,6 +104,18 @@ def _newest_that_verifies(root: Path, candidates: list[Path], checksums: bool = 
         f"{root}: every complete checkpoint is damaged (newest: {damaged[0][1]}); "
         "`gptrain checkpoint verify` lists them"
     )
+
+
+def _verify(step_dir: Path, checksums: bool) -> str | None:
+    """verify(); reading every file's CRC-32 shows its progress (minutes for a large checkpoint)."""
+    if not checksums:
+        return verify(step_dir)
+    try:
+        total = manifest_bytes(step_dir)
+    except OSError:
+        total = None
+    progress = Progress(f"checking the CRC-32s of {step_dir.name}", unit="files", total_bytes=total)
+    return verify(step_dir, checksums=True, progress=progress)
 
 
 def find_hparams(step_dir: Path) -> Path:

@@ -101,10 +101,10 @@ def test_a_shard_the_disk_will_not_read_is_damage_and_the_one_before_loads(tmp_p
         save(manager, step)
     real_crc = integrity.file_crc32
 
-    def failing_disk(path):
+    def failing_disk(path, **kwargs):
         if path.parent.name == "step_2":
             raise OSError(errno.EIO, "Input/output error", str(path))
-        return real_crc(path)
+        return real_crc(path, **kwargs)
 
     monkeypatch.setattr(integrity, "file_crc32", failing_disk)
     warnings, applied = [], []
@@ -267,3 +267,21 @@ def test_a_file_renamed_while_a_directory_is_sized_is_not_counted(tmp_path, monk
     vanishing.calls = 0
     monkeypatch.setattr(Path, "stat", vanishing)
     assert directory_bytes(tmp_path) == 10
+
+
+def test_reading_every_crc_shows_its_progress(tmp_path):
+    """Minutes for a large checkpoint (gptrain export reads them first): files, MB/s and an ETA."""
+    import io
+
+    from gptrain.utils.progress import Progress
+
+    path = save(CheckpointManager(tmp_path, keep_last=1), 1)
+    stream = io.StringIO()
+    progress = Progress(
+        "checking", unit="files", total_bytes=manifest_bytes(path), interval=0.0, stream=stream
+    )
+    assert verify(path, checksums=True, progress=progress) is None
+    files = json.loads((path / "COMPLETE").read_text())["files"]
+    last = stream.getvalue().splitlines()[-1]
+    assert last.startswith(f"checking: {len(files)} files |") and "MB/s" in last and "ETA" in last
+    assert progress.bytes == sum(entry["bytes"] for entry in files.values() if entry["crc32"])  # those read
