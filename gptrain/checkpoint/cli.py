@@ -51,11 +51,18 @@ def run_verify(args: argparse.Namespace) -> int:
             continue
         started = time.perf_counter()
         progress = None if args.sizes_only else _progress(path)
-        problem = verify(path, checksums=not args.sizes_only, progress=progress)
+        verdict = "DAMAGED"
+        try:
+            problem = verify(path, checksums=not args.sizes_only, progress=progress)
+        except OSError as error:  # permissions or the mount, not damage: said, and the listing goes on
+            verdict, problem = (
+                "UNREADABLE",
+                f"{getattr(error, 'filename', None) or path}: {error.strerror or error}",
+            )
         if problem is None:
             print(f"{path.name}: ok ({_checked(path, time.perf_counter() - started, args.sizes_only)})")
         else:
-            print(f"{path.name}: DAMAGED: {problem}")
+            print(f"{path.name}: {verdict}: {problem}")
         if newest_complete_ok is None:
             newest_complete_ok = problem is None
     for path in sorted(p for p in root.iterdir() if SET_ASIDE.match(p.name)):

@@ -26,6 +26,7 @@ from gptrain.errors import ConfigError
 # Parameters with one row per (padded) vocabulary entry, as gptrain's model names them; their
 # optimizer moments are saved flattened as optim.state.<name>.<moment> (gptrain.parallel.state_dict).
 VOCABULARY_TENSORS = ("tok_embeddings.weight", "output.weight")
+POSITION_TENSORS = ("pos_embeddings.weight",)  # rows past the saved ones keep their initial values
 
 
 class CheckpointMismatchError(ConfigError):
@@ -65,10 +66,18 @@ def flatten(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple]]:
 
 
 def fits_by_rows(key: str) -> bool:
-    """True for a vocabulary tensor (or its optimizer moment), whose row count may differ."""
-    return any(
-        key == f"model.{name}" or key.startswith(f"optim.state.{name}.") for name in VOCABULARY_TENSORS
-    )
+    """True for a vocabulary tensor or the position table (or an optimizer moment of one), whose
+    row count may differ: the position table has model.max_position_embeddings rows, which a run
+    may raise to go on at a longer sequence (and runs before 2026-11-26 had seq_length rows)."""
+    return is_vocabulary(key) or _of(key, POSITION_TENSORS)
+
+
+def is_vocabulary(key: str) -> bool:
+    return _of(key, VOCABULARY_TENSORS)
+
+
+def _of(key: str, names: tuple[str, ...]) -> bool:
+    return any(key == f"model.{name}" or key.startswith(f"optim.state.{name}.") for name in names)
 
 
 def _shape(meta: Any) -> str:

@@ -11,6 +11,7 @@ reads the checkpoint once between its ranks before loading it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -68,6 +69,14 @@ def file_crc32(path: Path, chunk: int = 16 << 20, progress: Progress | None = No
             if progress is not None:
                 progress.update(0, len(block))
     return f"{crc:08x}"
+
+
+# Read errors that mean the data is gone (a checkpoint to pass over); any other OSError (EACCES,
+# ESTALE, EMFILE) is about the reader or the mount, and passing over a good checkpoint for it would
+# set it aside and resume from an older one.
+DAMAGE_ERRNOS = frozenset(
+    code for code in (getattr(errno, name, None) for name in ("EIO", "ENODATA", "EBADMSG", "EUCLEAN")) if code
+)
 
 
 def verify_share(step_dir: Path, rank: int, world_size: int) -> str | None:
@@ -129,7 +138,9 @@ def _check_file(
             return f"{path} has CRC-32 {found}, its manifest says {crc} (changed on disk)"
     except FileNotFoundError:
         return f"{path} is missing"
-    except OSError as error:  # EIO from a bad sector, EACCES, ESTALE: damage, so the one before loads
+    except OSError as error:  # a bad sector or a failing disk: damage, so the one before loads
+        if error.errno not in DAMAGE_ERRNOS:
+            raise  # permissions, a stale handle, too many open files: not the checkpoint's fault
         return f"{path} is unreadable ({error.strerror or error})"
     return None
 

@@ -61,6 +61,9 @@ def _every_rank(value: T) -> list[T]:
     return values
 
 
+UNREADABLE = "unreadable: "  # a rank's verdict that stops every rank (see _verify_and_load)
+
+
 def _first_on_any_rank(problem: str | None) -> str | None:
     """Every rank's verdict on a checkpoint, so that all ranks skip (or load) the same one."""
     return next((v for v in _every_rank(problem) if v is not None), None)
@@ -238,9 +241,14 @@ class CheckpointReader:
         """
         try:
             own = verify_share(path, self.rank, _world_size())
-        except OSError as error:  # on this rank alone: the others wait for its verdict in the gather
-            own = f"{path} could not be checked ({error.strerror or error})"
+        except OSError as error:  # on this rank alone: told to the others in the gather, all stop
+            own = f"{UNREADABLE}{getattr(error, 'filename', None) or path}: {error.strerror or error}"
         problem = _first_on_any_rank(own)
+        if problem is not None and problem.startswith(UNREADABLE):
+            raise CheckpointLoadError(
+                f"checkpoint {path} could not be read on some rank ({problem.removeprefix(UNREADABLE)}): "
+                "not damage, so it is not passed over; fix the file system or the permissions and resume"
+            )
         if problem is not None:
             return problem
         rank_file = path / f"rank_{self.rank}.pt"
@@ -283,7 +291,7 @@ class CheckpointReader:
         reader = compat.MetadataReader(path, prepared.metadata)
         dcp.load(state, checkpoint_id=str(path), storage_reader=reader)  # in place; `staged` for the resized
         for key, tensor in staged.items():
-            compat.copy_common_rows(flat[key], tensor, self.vocab_size)
+            compat.copy_common_rows(flat[key], tensor, self.vocab_size if compat.is_vocabulary(key) else None)
             compat.set_at(state, paths[key], flat[key])
         return state
 

@@ -270,8 +270,8 @@ class ModelConfig:
     """Layers per checkpointed group (uniform) or checkpointed layers per stage (block)."""
     encoder_seq_length: int = 2048
     """Sequence length of the model."""
-    max_position_embeddings: int = 2048
-    """Size of the learned position table."""
+    max_position_embeddings: int | None = None
+    """Rows of the learned position table (at least encoder_seq_length); null: encoder_seq_length."""
     num_layers: int = 12
     """Transformer layers."""
     hidden_size: int = 768

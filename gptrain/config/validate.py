@@ -49,7 +49,6 @@ POSITIVE = (
     "model.tensor_model_parallel_size",
     "model.pipeline_model_parallel_size",
     "model.encoder_seq_length",
-    "model.max_position_embeddings",
     "model.num_layers",
     "model.hidden_size",
     "model.num_attention_heads",
@@ -161,9 +160,14 @@ def _check_model(cfg: TrainingConfig) -> None:
             f"({model.encoder_seq_length}); set both to the same value"
         )
     uses_table = model.position_embedding_type == "learned_absolute"
-    if uses_table and model.max_position_embeddings < model.encoder_seq_length:
+    rows = model.max_position_embeddings
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise ConfigError(
-            f"model.max_position_embeddings ({model.max_position_embeddings}) is smaller than "
+            f"model.max_position_embeddings: must be a whole number of at least 1 or null, got {rows}"
+        )
+    if uses_table and rows is not None and rows < model.encoder_seq_length:
+        raise ConfigError(
+            f"model.max_position_embeddings ({rows}) is smaller than "
             f"model.encoder_seq_length ({model.encoder_seq_length})"
         )
     for key in ("model.hidden_dropout", "model.attention_dropout"):

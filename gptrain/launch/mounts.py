@@ -106,8 +106,8 @@ def with_absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, str) and value and not os.path.isabs(value):
             set_at(resolved, key, os.path.abspath(value))
     for key in ("training.model.tokenizer.model", "data_preparation.tokenizer.model"):
-        value = lookup(resolved, key)  # a relative one may be a name (cl100k_base): only a file here
-        if isinstance(value, str) and not os.path.isabs(value) and os.path.isfile(value):
+        value = lookup(resolved, key)  # a relative one may be a name (cl100k_base): only a path here
+        if isinstance(value, str) and not os.path.isabs(value) and os.path.exists(value):
             set_at(resolved, key, os.path.abspath(value))
     key = "training.model.data.data_prefix"
     if lookup(resolved, key) is not None:

@@ -205,11 +205,15 @@ def check_signal_fits_time_limit(job: Job, signal_seconds: int) -> None:
     once, every time, until max_requeues is spent: refused at launch, naming both keys."""
     limit = slurm_time_seconds(job.time_limit)
     if limit is not None and limit - signal_seconds < MIN_SECONDS_BEFORE_SIGNAL:
+        fix = (
+            f"or a smaller cluster.signal_seconds (at most {limit - MIN_SECONDS_BEFORE_SIGNAL} here)"
+            if limit > MIN_SECONDS_BEFORE_SIGNAL
+            else f"of more than {MIN_SECONDS_BEFORE_SIGNAL} s"
+        )
         raise ConfigError(
             f"{job.stage}.run.time_limit={job.time_limit} leaves {max(limit - signal_seconds, 0)} s before the "
             f"checkpoint-and-requeue signal, which comes cluster.signal_seconds={signal_seconds} s before the "
-            f"limit (and up to 60 s earlier): give a longer time limit, or a smaller cluster.signal_seconds "
-            f"(at most {max(limit - MIN_SECONDS_BEFORE_SIGNAL, 1)} here)"
+            f"limit (and up to 60 s earlier): give a longer time limit {fix}"
         )
 
 

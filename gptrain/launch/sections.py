@@ -101,7 +101,13 @@ def slurm_time(key: str, value: Any) -> Any:
 
 
 def slurm_time_seconds(value: Any) -> int | None:
-    """Seconds of a Slurm time (`slurm_time`'s forms; a bare number is minutes); None: no limit."""
+    """Seconds of a Slurm time (`slurm_time`'s forms; a bare number is minutes); None: no limit
+    (as Slurm reads 0, UNLIMITED and INFINITE)."""
+    seconds = _slurm_time_seconds(value)
+    return seconds or None
+
+
+def _slurm_time_seconds(value: Any) -> int | None:
     if value in (None, "") or (isinstance(value, str) and value.upper() in SLURM_TIME_WORDS):
         return None
     if isinstance(value, int):

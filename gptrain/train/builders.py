@@ -280,12 +280,16 @@ def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> t
     from gptrain.data.builder import build_gpt_datasets, sample_counts
 
     m, t = cfg.model, cfg.trainer
+    train_samples = t.train_samples
+    if train_samples is not None:  # never fewer than max_steps consume (inside a ramp, Megatron's
+        ramp = BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, 1)  # count overshoots)
+        train_samples = max(train_samples, ramp.samples_for(t.max_steps))
     train_n, valid_n, _ = sample_counts(
         t.max_steps,
         m.global_batch_size,
         t.val_check_interval,
         t.limit_val_batches,
-        train_samples=t.train_samples,
+        train_samples=train_samples,
     )
     test_n = t.limit_test_batches * m.global_batch_size  # NeMo sizes the test split by limit_test_batches
     train, valid, test = build_gpt_datasets(

@@ -55,6 +55,14 @@ class BatchRamp:
         per_increment = self.samples / increments
         return self.start + int(consumed_samples / per_increment) * self.increment
 
+    def samples_for(self, iterations: int) -> int:
+        """The samples `iterations` steps consume (the ramp's smaller batches first)."""
+        done = consumed = 0
+        while done < iterations and self.start is not None and consumed <= self.samples:
+            consumed += self.at(consumed)
+            done += 1
+        return consumed + (iterations - done) * self.global_batch_size
+
     def iterations_for(self, train_samples: int) -> int:
         """Megatron's iteration count for --train-samples under this ramp (a partial last batch dropped)."""
         iterations = consumed = 0

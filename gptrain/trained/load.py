@@ -31,6 +31,7 @@ from gptrain.utils.progress import Progress
 HPARAMS = "hparams.yaml"
 CHECKPOINTS = "checkpoints"
 EMBEDDING_KEY = "model.tok_embeddings.weight"
+POSITIONS_KEY = "model.pos_embeddings.weight"
 
 
 @dataclass
@@ -192,6 +193,11 @@ def open_run(path: str | Path, overrides: Sequence[str] = (), checksums: bool = 
             f"{step_dir}: embedding has {saved[0]} rows but {hparams} and its tokenizer give {vocab} tokens; "
             "the tokenizer files changed since training"
         )
+    positions = checkpoint_shape(step_dir, POSITIONS_KEY)
+    if positions is not None and positions[0] >= cfg.model.encoder_seq_length:
+        # the table as saved: runs before 2026-11-26 had encoder_seq_length rows whatever their
+        # hparams.yaml said (its max_position_embeddings was checked, then ignored)
+        cfg.model.max_position_embeddings = positions[0]
     return RunCheckpoint(step_dir, hparams, cfg, tokenizer, vocab, saved[0])
 
 

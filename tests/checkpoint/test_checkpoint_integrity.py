@@ -118,6 +118,32 @@ def test_a_shard_the_disk_will_not_read_is_damage_and_the_one_before_loads(tmp_p
     )
 
 
+def test_a_permission_or_mount_error_stops_the_resume_instead_of_passing_a_good_checkpoint_over(
+    tmp_path, monkeypatch
+):
+    """EACCES, ESTALE: about the reader or the mount, not the checkpoint. Passing over it would set
+    a good checkpoint aside and resume from an older one; the resume stops in one line instead."""
+    import errno
+
+    from gptrain.checkpoint import integrity
+
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    for step in (1, 2):
+        save(manager, step)
+
+    def denied(path, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(integrity, "file_crc32", denied)
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    with pytest.raises(
+        CheckpointLoadError, match="could not be read on some rank .*Permission denied.*not damage"
+    ):
+        manager.load_newest_good(template, lambda state: None, pytest.fail)
+    manager.close()
+    assert (tmp_path / "step_2" / "COMPLETE").is_file() and complete_steps(tmp_path) == [1, 2]
+
+
 def test_resume_past_a_damaged_checkpoint_moves_it_aside_so_retention_keeps_the_good_ones(tmp_path, capsys):
     """Left as step_4, the damaged checkpoint counted as the newest for save_top_k: the next save and
     the one resumed from were deleted, and the requeue after found nothing that loads."""

@@ -241,28 +241,29 @@ def test_a_mount_dir_mkdir_refuses_is_a_one_line_error_naming_the_key(tmp_path):
 
 
 @pytest.mark.parametrize("container", ["img.sqsh", None])
-def test_relative_paths_reach_a_container_job_absolute(tmp_path, monkeypatch, container):
+@pytest.mark.parametrize("tokenizer", ["tok.model", "hf_tok"])  # a file, or a directory of files
+def test_relative_paths_reach_a_container_job_absolute(tmp_path, monkeypatch, container, tokenizer):
     """pyxis starts the job in the image's WORKDIR (srun's --chdir does not carry into it), where
     the README's relative `data/corpus_text_document` would name nothing; outside a container the
     job's --chdir keeps them meaning what they mean at the launch, and they are left as written."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tok.model").write_text("x")
+    (tmp_path / "hf_tok").mkdir()
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "stages=[training]"]
     args += ["training.model.data.data_prefix=[0.3,data/a_text_document,0.7,/abs/b_text_document]"]
     args += [
         "training.model.tokenizer.vocab_file=gpt2/vocab.json",
-        "training.model.tokenizer.model=tok.model",
+        f"training.model.tokenizer.model={tokenizer}",
     ]
     args += ["training.model.data.index_mapping_dir=cache", f"container={container or 'null'}"]
     training = build_plan(compose(args)).configs["training"]
-    data, tokenizer = training["model"]["data"], training["model"]["tokenizer"]
+    data, tok = training["model"]["data"], training["model"]["tokenizer"]
     if container:
         assert data["data_prefix"] == [0.3, f"{tmp_path}/data/a_text_document", 0.7, "/abs/b_text_document"]
         assert (
-            tokenizer["vocab_file"] == f"{tmp_path}/gpt2/vocab.json"
-            and tokenizer["model"] == f"{tmp_path}/tok.model"
+            tok["vocab_file"] == f"{tmp_path}/gpt2/vocab.json" and tok["model"] == f"{tmp_path}/{tokenizer}"
         )
         assert data["index_mapping_dir"] == f"{tmp_path}/cache"
     else:
         assert data["data_prefix"] == [0.3, "data/a_text_document", 0.7, "/abs/b_text_document"]
-        assert tokenizer["vocab_file"] == "gpt2/vocab.json" and data["index_mapping_dir"] == "cache"
+        assert tok["vocab_file"] == "gpt2/vocab.json" and data["index_mapping_dir"] == "cache"

@@ -104,6 +104,7 @@ def test_signal_seconds_null_is_the_default_and_a_value_is_honoured(tmp_path):
     [
         ("30", 1800), (30, 1800), ("04:30", 270), ("01:02:03", 3723), ("2-03", 183600),
         ("2-03:04", 183840), ("2-03:04:05", 183845), ("UNLIMITED", None), ("infinite", None), (None, None),
+        ("0", None), (0, None), ("00:00:00", None),  # Slurm's --time=0: no limit
     ],
 )  # fmt: skip
 def test_slurm_time_seconds_reads_every_form_sbatch_takes(value, seconds):

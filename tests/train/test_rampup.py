@@ -75,3 +75,22 @@ def test_ramp_steps_move_the_learning_rate_schedule_by_their_share_of_the_batch(
         schedule.advance(share)
     assert schedule.step == 1.0 and schedule.apply() == pytest.approx(0.25)
     assert schedule.state_dict() == {"step": 1.0}
+
+
+def test_samples_for_counts_the_ramps_smaller_batches_then_full_ones():
+    ramp = BatchRamp.from_config([2, 2, 8], 4, 2)
+    sizes, consumed = [], 0
+    for _ in range(6):  # the batch of each step, by Megatron's rule
+        sizes.append(ramp.at(consumed))
+        consumed += sizes[-1]
+    assert [ramp.samples_for(n) for n in range(7)] == [sum(sizes[:n]) for n in range(7)]
+    assert BatchRamp.from_config(None, 4, 2).samples_for(5) == 20
+
+
+def test_train_samples_below_what_the_steps_consume_do_not_run_the_split_out(tmp_path, monkeypatch):
+    """Megatron's iteration count for --train-samples can overshoot inside a ramp (5 steps of
+    2, 2, 4, 4, 4 samples here against 8): the split is built for what the steps consume."""
+    overrides = ["model.rampup_batch_size=[2,2,8]", "trainer.max_steps=5", "trainer.train_samples=8"]
+    cfg = tiny_config(tmp_path, *MOCK, *overrides, "trainer.limit_val_batches=0")
+    code, losses = run_recording(monkeypatch, cfg)
+    assert code == 0 and sorted(losses) == [1, 2, 3, 4, 5]

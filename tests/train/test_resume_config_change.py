@@ -99,6 +99,26 @@ def test_a_run_goes_on_at_a_longer_sequence_within_its_position_table(tmp_path, 
     )
 
 
+def test_a_larger_position_table_than_the_checkpoints_takes_its_rows(run, monkeypatch):
+    """Runs before 2026-11-26 saved encoder_seq_length rows whatever max_position_embeddings said
+    (their hparams.yaml may say 2048), and a run may raise it to go on longer: the saved rows load
+    into the first rows, as the vocabulary's do; eval, export and generate build the table as saved."""
+    from gptrain.train.builders import build_model, build_model_config
+    from gptrain.trained.load import load_weights, open_run
+
+    config = tiny_config(run, *SHORT, "model.max_position_embeddings=32", "trainer.max_steps=3")
+    code, losses = run_recording(monkeypatch, config)
+    assert code == 0 and sorted(losses) == [3]
+    hparams = run / "hparams.yaml"
+    hparams.write_text(
+        hparams.read_text().replace("max_position_embeddings: 32", "max_position_embeddings: 2048")
+    )
+    opened = open_run(run)
+    model = build_model(build_model_config(opened.cfg, opened.saved_rows), torch.device("cpu"), 0)
+    load_weights(model, opened.step_dir)  # as step_3 holds the table, not hparams.yaml's 2048 rows
+    assert model.pos_embeddings.weight.shape[0] == 32
+
+
 @pytest.mark.parametrize("saved, live", [("16", "bf16"), ("16", "32"), ("32", "16")])
 def test_a_scaler_of_the_other_kind_is_not_loaded(saved, live):
     keys = {

@@ -117,15 +117,15 @@ def export_hf(
                 export_tokenizer(source.cfg, staging, source.model_config.seq_length)
             tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream, DTYPES[dtype])
             verification = verify_export(source, staging, DTYPES[dtype]) if verify else None
-    except Exception as error:  # a full disk, a quota: said in one line (nothing is left behind)
+    except Exception as error:  # a full disk, a quota, a read error: said in one line (nothing left behind)
         if not isinstance(error, OSError) and type(error).__name__ != "SafetensorError":
             raise
         reason = (
             error.strerror if isinstance(error, OSError) and error.strerror else " ".join(str(error).split())
         )
         raise DataError(
-            f"export to {output} could not be written ({reason}); nothing was left there: free space "
-            "or fix permissions and export again"
+            f"export to {output} failed ({reason}); nothing was left there: free space or fix "
+            "permissions (or the file system the checkpoint is read from) and export again"
         ) from None
     files = sorted(p.name for p in output.iterdir())
     elapsed = time.perf_counter() - started
