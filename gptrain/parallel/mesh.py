@@ -108,6 +108,10 @@ def cuda_index(local_rank: int, visible: int | None = None) -> int:
         import torch
 
         visible = torch.cuda.device_count()
+    if visible == 0:
+        raise ConfigError(
+            "trainer.accelerator=gpu but no CUDA device is visible; use trainer.accelerator=cpu"
+        )
     if local_rank < visible:
         return local_rank
     if visible == 1:

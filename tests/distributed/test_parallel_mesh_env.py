@@ -120,3 +120,8 @@ def test_more_tasks_than_visible_gpus_is_a_one_line_error(monkeypatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(ConfigError, match=r"^local rank 3 sees 2 CUDA devices \(CUDA_VISIBLE_DEVICES=0,1\)"):
         cuda_index(3, 2)
+
+
+def test_no_visible_gpu_says_to_train_on_the_cpu() -> None:
+    with pytest.raises(ConfigError, match="no CUDA device is visible; use trainer.accelerator=cpu"):
+        cuda_index(0, 0)
