@@ -428,10 +428,13 @@ def run(
         s.checkpoints.poll()
         # Megatron prints the rate after the scheduler step: the one the next iteration uses
         meter.add(result, s.schedule.current_lr(), s.scaler.scale, samples)
-        if logged:
-            log_interval(s, meter)
-        check_finite(s, result)
-        reason = times.timed_sync(s.state.step, logged, partial(agreement.exchange, stop.reason(), logged))
+        with s.watchdog.boundary(step):  # a log write on a hung mount holds every rank in the exchange
+            if logged:
+                log_interval(s, meter)
+            check_finite(s, result)
+            reason = times.timed_sync(
+                s.state.step, logged, partial(agreement.exchange, stop.reason(), logged)
+            )
         stopping = stopping or reason
         # at max_steps: finish normally; with a step queued ahead: stop after it
         if stopping is not None and s.state.step < t.max_steps and not runner.ahead:

@@ -241,6 +241,13 @@ def claim_run_directory(log_dir: Path, rank: int, world_size: int, resume: bool,
         except GptrainError as failure:
             lock.release()
             error = failure
+        except OSError as failure:  # a path under a file, no permission: one line, told to every rank
+            lock.release()
+            where = getattr(failure, "filename", None) or log_dir
+            error = ConfigError(
+                f"exp_manager.explicit_log_dir {log_dir}: cannot claim it ({where}: {failure.strerror or failure}); "
+                "give a directory this job can create and write"
+            )
     if world_size > 1:
         error = shared_error(error)
     if error is not None:

@@ -7,10 +7,12 @@ watchdog thread publishes that heartbeat to the process group's key-value store 
 server on rank 0 for the whole job) when it changed, at most every `sync_s` (the timeout / 20, at
 most 5 s: beats a few seconds old are fresh for a timeout of minutes), the ranks spread over that
 interval, so the training thread never waits on the store and rank 0's server sees ~0.4 calls a
-second per rank. When a rank has been inside one step for `trainer.hang_timeout_minutes` (not
-counting its first step, which may compile, build NCCL communicators or read caches), the first
-such rank (the store's counter decides) reads every rank's heartbeat in one `multi_get`: the
-ranks that never entered the step are the stuck ones. It posts one line naming them (rank, host,
+second per rank. When a rank has been inside one step, or its end (the log line and the stop
+agreement's exchange), for `trainer.hang_timeout_minutes` (FIRST_STEP_FACTOR times that for its
+first step, which may compile, build NCCL communicators or read caches: a bad node at start or
+after a requeue is caught too), the first such rank (the store's counter decides) reads every
+rank's heartbeat in one `multi_get`: the ranks that never entered the step are the stuck ones,
+or, when the others finished it, those still inside. It posts one line naming them (rank, host,
 pid, last progress) to the store; the other ranks read it (those that timed out too wait for it,
 the others see it at their next sync), every rank prints it, and once all have acknowledged (or
 GRACE_SECONDS after the line was posted) each exits with EXIT_HUNG (76), which the rendered batch
@@ -45,6 +47,7 @@ SYNC_MAX_SECONDS = 5.0  # the most a heartbeat lags and a rank takes to see a po
 # How long the ranks wait for the others to acknowledge the posted line before exiting 76 anyway;
 # it counts from the posting, so the time the diagnosis took does not eat into it.
 GRACE_SECONDS = 30.0
+FIRST_STEP_FACTOR = 5  # a process's first step (compile, communicators, caches) gets 5 timeouts
 DIAGNOSIS_WAIT_SECONDS = 60.0  # how long a rank that timed out waits for the diagnosing rank's line
 
 
@@ -94,6 +97,7 @@ class Watchdog:
         self.fired: str | None = None
         self._lock = threading.Lock()
         self._since: float | None = None  # monotonic time the current watched step began
+        self._budget = timeout_s  # seconds it may take (FIRST_STEP_FACTOR times that for the first)
         self._iteration = 0
         self._steps_done = 0
         self._beat: dict[str, Any] | None = None  # this rank's progress, as the store should show it
@@ -128,6 +132,15 @@ class Watchdog:
         yield
         self._mark(iteration, "done")
 
+    @contextmanager
+    def boundary(self, iteration: int) -> Iterator[None]:
+        """Watch the work at the end of a step that every rank must get through before the next one
+        (its log line, the stop agreement's exchange): a rank blocked on a hung file system there
+        holds every other rank in the exchange, outside any step."""
+        self._mark(iteration, "in")
+        yield
+        self._mark(iteration, "done")
+
     def _mark(self, iteration: int, phase: str) -> None:
         """On the training thread, every step: memory only, never a store call."""
         if not self.enabled:
@@ -142,7 +155,8 @@ class Watchdog:
         with self._lock:
             self._iteration = iteration
             if phase == "in":
-                self._since = time.monotonic() if self._steps_done > 0 else None  # first step: not timed
+                self._since = time.monotonic()
+                self._budget = self.timeout_s * (FIRST_STEP_FACTOR if self._steps_done == 0 else 1)
             else:
                 self._since = None
                 self._steps_done += 1
@@ -186,8 +200,8 @@ class Watchdog:
 
     def overdue(self) -> str | None:
         with self._lock:
-            since, iteration = self._since, self._iteration
-        if since is None or time.monotonic() - since <= self.timeout_s:
+            since, iteration, budget = self._since, self._iteration, self._budget
+        if since is None or time.monotonic() - since <= budget:
             return None
         return self.hang_message(iteration)
 
@@ -229,7 +243,14 @@ class Watchdog:
             return f"hang: rank {self.rank} on host {self.host} (pid {self.pid}) made no progress in iteration {iteration} for {waited}"
         beats = self.read_beats()
         waiting = [r for r, b in beats.items() if b["iteration"] == iteration and b["phase"] == "in"]
-        stuck = [r for r in range(self.world_size) if r not in waiting]
+        past = [r for r, b in beats.items() if _past(b, iteration)]
+        stuck = [r for r in range(self.world_size) if r not in waiting and r not in past]
+        if not stuck and past:  # the others finished it and went on: those still inside are stuck
+            named = "; ".join(describe(r, beats.get(r)) for r in waiting)
+            return (
+                f"hang: stuck {named}: inside iteration {iteration} for {waited}, which rank(s)"
+                f" {', '.join(map(str, past))} finished"
+            )
         if not stuck:
             return (
                 f"hang: all {self.world_size} ranks are inside iteration {iteration} with no progress for"
@@ -263,6 +284,11 @@ class Watchdog:
             self.store.set(ALL_ACKED_KEY, "1")
         else:
             self.store.wait([ALL_ACKED_KEY], timedelta(seconds=GRACE_SECONDS))
+
+
+def _past(beat: dict[str, Any], iteration: int) -> bool:
+    """The rank finished `iteration` (a later one, or this one done)."""
+    return beat["iteration"] > iteration or (beat["iteration"] == iteration and beat["phase"] == "done")
 
 
 def describe(rank: int, beat: dict[str, Any] | None) -> str:

@@ -225,3 +225,17 @@ def test_every_rank_of_a_refused_run_ends_with_the_same_one_line_error(tmp_path)
         assert process.returncode == 2, err[-2000:]
         assert last.startswith("gptrain: error: ") and f"in use by another run (pid {os.getpid()}" in last
     assert sorted(p.name for p in log_dir.iterdir()) == []  # nothing written by the refused run
+
+
+def test_a_run_directory_that_cannot_be_made_is_one_line_naming_the_key(tmp_path):
+    """Under a regular file, or where the job may not write: a ConfigError (told to every rank), not
+    rank 0's traceback and the others' 'connection closed by peer'."""
+    from gptrain.errors import ConfigError
+    from gptrain.train.run_lock import claim_run_directory
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(
+        ConfigError, match=r"^exp_manager.explicit_log_dir .*/file/run: cannot claim it"
+    ) as error:
+        claim_run_directory(tmp_path / "file" / "run", 0, 1, resume=True, move_aside=False)
+    assert "\n" not in str(error.value)

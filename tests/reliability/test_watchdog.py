@@ -116,17 +116,60 @@ def test_the_rank_that_never_entered_the_step_is_named_and_every_rank_exits_76()
     assert "never started iteration 2, which rank(s) 0 waited in" in zero.fired
 
 
-def test_the_first_step_and_the_time_between_steps_are_not_timed():
+def test_the_rank_stuck_inside_a_step_the_others_finished_is_named_not_them():
+    """Stuck after the step's last collective (a GPU fault in the optimizer step): the others finish
+    the step and go on, so the stuck rank times out first and diagnoses; it names itself."""
+    dogs_, exits, _ = dogs(3, 0.3)
+    for dog in dogs_:
+        with dog.step(1):
+            pass
+    zero, one, two = dogs_
+    with one.step(2):
+        pass  # rank 1 finished step 2 and waits between steps
+    threads = [watch(dog) for dog in dogs_]
+    with two.step(2):  # rank 2 stuck in step 2 (overdue first: it entered first)
+        time.sleep(0.2)
+        with zero.step(3):  # rank 0 inside step 3, waiting for rank 2 in its first collective
+            for thread in threads:
+                thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] * 3
+    fired = two.fired
+    assert fired.startswith("hang: stuck rank 2 on host ") and "inside iteration 2 for " in fired, fired
+    assert fired.endswith("which rank(s) 0, 1 finished"), fired
+
+
+def test_the_first_step_gets_more_time_and_the_time_between_steps_none():
     [dog], exits, _ = dogs(1, 0.1)
     thread = watch(dog)
     with dog.step(1):
-        time.sleep(0.5)  # compile, NCCL setup, cache reads
+        time.sleep(0.25)  # compile, NCCL setup, cache reads: within FIRST_STEP_FACTOR timeouts
     time.sleep(0.5)  # checkpoint save, validation
     with dog.step(2):
         pass
     dog.close()
     thread.join(timeout=5)
     assert exits == [] and dog.fired is None
+
+
+def test_a_first_step_that_never_ends_is_caught_too():
+    """A bad node at start, or after a requeue (communicators that never form, a dead data mount):
+    the first step has FIRST_STEP_FACTOR timeouts, not none."""
+    [dog], exits, _ = dogs(1, 0.1)
+    thread = watch(dog)
+    with dog.step(1):
+        thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] and "iteration 1" in dog.fired
+
+
+def test_the_end_of_a_step_is_watched_as_the_step_is():
+    """A log write on a hung file system holds every rank in the stop agreement, outside any step."""
+    [dog], exits, _ = dogs(1, 0.1)
+    with dog.step(1):
+        pass
+    thread = watch(dog)
+    with dog.boundary(1):
+        thread.join(timeout=15)
+    assert exits == [EXIT_HUNG] and "iteration 1" in dog.fired
 
 
 def test_a_hang_inside_the_step_on_every_rank_says_so():
