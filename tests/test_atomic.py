@@ -60,3 +60,25 @@ def test_a_failed_directory_is_removed(umask_027, tmp_path) -> None:
         (staging / "part").write_text("half")
         raise RuntimeError("writer failed")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_finished_directory_is_on_disk_before_and_after_its_rename(tmp_path, monkeypatch) -> None:
+    """Every file and directory under it is fsynced before the rename, the parent after it: a node
+    that crashes after an export leaves no complete-looking directory of empty files."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    out = tmp_path / "model"
+    with atomic_directory(out) as staging:
+        (staging / "sub").mkdir()
+        (staging / "sub" / "x.bin").write_bytes(b"x")
+        (staging / "config.json").write_text("{}")
+    names = [Path(p).name for p in synced]
+    assert {"x.bin", "config.json", "sub"} <= set(names)
+    assert names.index("x.bin") < names.index("sub")  # a file before its directory
+    assert synced[-1] == str(tmp_path)  # the rename made durable last

@@ -45,6 +45,15 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
     fsync_directory(path.parent)
 
 
+def sync_tree(root: Path) -> None:
+    """fsync every file under `root`, then every directory, deepest first."""
+    for directory, _, files in sorted(os.walk(root), key=lambda entry: -entry[0].count(os.sep)):
+        for name in files:
+            with open(os.path.join(directory, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        fsync_directory(directory)
+
+
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
     """Make the names created or renamed in `directory` durable (POSIX needs the directory's own
     fsync for that; a file's fsync covers its data). No-op where a directory cannot be opened."""
@@ -103,16 +112,20 @@ def open_to_umask(directory: Path) -> None:
 def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary sibling directory to fill; renamed onto `path` (absent or empty) on success,
     removed on failure, so `path` is either complete or not there. On success its mode and that
-    of private (0600/0700) entries in it follow the umask, as if made by mkdir and open."""
+    of private (0600/0700) entries in it follow the umask, as if made by mkdir and open; its files
+    and names are on disk before the rename, and the rename before this returns (a node that
+    crashes after an export leaves no complete-looking directory of empty files)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield staging
         open_to_umask(staging)
+        sync_tree(staging)
         if path.exists():
             path.rmdir()  # empty: a non-empty directory is never replaced
         staging.rename(path)
+        fsync_directory(path.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

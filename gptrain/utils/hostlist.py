@@ -43,7 +43,7 @@ def _expand_ranges(ranges: str, item: str) -> list[str]:
     names: list[str] = []
     for part in ranges.split(","):
         low, _, high = part.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
+        if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) < int(low)):
             raise LaunchError(f"bad range {part!r} in host list item {item!r}")
         width = len(low)
         names.extend(f"{n:0{width}d}" for n in range(int(low), int(high or low) + 1))

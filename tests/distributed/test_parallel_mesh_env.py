@@ -26,7 +26,7 @@ def test_slurm_nodelist_expansion(nodelist: str, hosts: list[str]) -> None:
     assert expand_hostlist(nodelist) == hosts
 
 
-@pytest.mark.parametrize("nodelist", ["n[1-", "n[a-b]", "n]1["])
+@pytest.mark.parametrize("nodelist", ["n[1-", "n[a-b]", "n]1[", "n[3-1]"])  # a reversed range too
 def test_bad_nodelist_is_a_launch_error(nodelist: str) -> None:
     with pytest.raises(LaunchError, match="SLURM_JOB_NODELIST: .*host list item"):
         first_host(nodelist)
