@@ -1,6 +1,11 @@
 """Errors a user can cause. The CLI prints them as one line and exits non-zero."""
 
 
+def os_error_text(error: OSError, where: object) -> str:
+    """'<file>: <reason>' of an OSError, the file it names or else `where`."""
+    return f"{getattr(error, 'filename', None) or where}: {error.strerror or error}"
+
+
 class GptrainError(Exception):
     """Base class: the message names the file, line or key and what to do."""
 

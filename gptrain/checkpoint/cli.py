@@ -7,9 +7,8 @@ import time
 from pathlib import Path
 
 from gptrain.checkpoint.directory import SET_ASIDE, size_text
-from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, manifest_bytes, verify
-from gptrain.errors import ConfigError
-from gptrain.utils.progress import Progress
+from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, checksum_progress, manifest_bytes, verify
+from gptrain.errors import ConfigError, os_error_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,15 +49,12 @@ def run_verify(args: argparse.Namespace) -> int:
             print(f"{path.name}: incomplete (no {COMPLETE}): never loaded")
             continue
         started = time.perf_counter()
-        progress = None if args.sizes_only else _progress(path)
+        progress = None if args.sizes_only else checksum_progress(path, f"{path.name}: reading")
         verdict = "DAMAGED"
         try:
             problem = verify(path, checksums=not args.sizes_only, progress=progress)
         except OSError as error:  # permissions or the mount, not damage: said, and the listing goes on
-            verdict, problem = (
-                "UNREADABLE",
-                f"{getattr(error, 'filename', None) or path}: {error.strerror or error}",
-            )
+            verdict, problem = "UNREADABLE", os_error_text(error, path)
         if problem is None:
             print(f"{path.name}: ok ({_checked(path, time.perf_counter() - started, args.sizes_only)})")
         else:
@@ -71,11 +67,6 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"{root}: no complete checkpoint")
         return 1
     return 0 if newest_complete_ok else 1
-
-
-def _progress(path: Path) -> Progress:
-    """Lines on stderr every 2 s while a checkpoint's CRC-32s are read (minutes for a large one)."""
-    return Progress(f"{path.name}: reading", unit="files", total_bytes=manifest_bytes(path))
 
 
 def _checked(path: Path, seconds: float, sizes_only: bool) -> str:

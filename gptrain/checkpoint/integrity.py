@@ -79,6 +79,16 @@ DAMAGE_ERRNOS = frozenset(
 )
 
 
+def checksum_progress(step_dir: Path, label: str) -> Progress:
+    """Progress lines (every 2 s: files, MB/s, ETA) for reading `step_dir`'s CRC-32s: minutes for a
+    large checkpoint."""
+    try:
+        total = manifest_bytes(step_dir)
+    except OSError:
+        total = None
+    return Progress(label, unit="files", total_bytes=total)
+
+
 def verify_share(step_dir: Path, rank: int, world_size: int) -> str | None:
     """Sizes and CRC-32s of this rank's share of the files (every world_size-th in name order, from
     index `rank`): the ranks of a resuming job stat and read each file once between them, not once

@@ -33,7 +33,7 @@ from gptrain.checkpoint.directory import (
     step_dir_name,
 )
 from gptrain.checkpoint.integrity import complete_steps, verify_share
-from gptrain.errors import GptrainError
+from gptrain.errors import GptrainError, os_error_text
 from gptrain.utils.atomic import atomic_write_text
 
 T = TypeVar("T")
@@ -242,7 +242,7 @@ class CheckpointReader:
         try:
             own = verify_share(path, self.rank, _world_size())
         except OSError as error:  # on this rank alone: told to the others in the gather, all stop
-            own = f"{UNREADABLE}{getattr(error, 'filename', None) or path}: {error.strerror or error}"
+            own = UNREADABLE + os_error_text(error, path)
         problem = _first_on_any_rank(own)
         if problem is not None and problem.startswith(UNREADABLE):
             raise CheckpointLoadError(

@@ -89,7 +89,8 @@ class CheckpointCallbackParams:
     save_top_k: int = 10
     """Keep the last K complete checkpoints; older ones are deleted."""
     save_last: bool = True
-    """Always save a checkpoint when training ends."""
+    """Save a checkpoint when training ends (false: only on the interval; a stop for a requeue
+    always saves)."""
     async_save: bool = False
     """Save checkpoints in a background thread (torch.distributed.checkpoint async_save)."""
     direct_io: bool | None = None

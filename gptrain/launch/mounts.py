@@ -101,7 +101,7 @@ def with_absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
     `data/corpus_text_document` would name nothing; the same directories are mounted there."""
     resolved = copy.deepcopy(resolved)
     keys = [key for stage in STAGE_PATHS.values() for group in stage for key in group]
-    for key in ["base_results_dir", "data_dir", *keys]:
+    for key in keys:  # base_results_dir and data_dir: compose.absolutize_paths made them absolute
         value = lookup(resolved, key)
         if isinstance(value, str) and value and not os.path.isabs(value):
             set_at(resolved, key, os.path.abspath(value))

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gptrain.errors import ConfigError, LaunchError
+from gptrain.errors import ConfigError, DataError, LaunchError
 from gptrain.launch.compose import closest
 from gptrain.launch.sbatch import Job
 from gptrain.utils.hostlist import expand_hostlist
@@ -159,7 +159,6 @@ def check_blends(data_prefix: Any) -> None:
     """Each blend of the data_prefix (one, or one per split) read as the job will read it: a
     negative weight, an odd-length list or Megatron's unweighted form fail here, not in the job."""
     from gptrain.data.blend_spec import parse_blend
-    from gptrain.errors import DataError
 
     specs = data_prefix.items() if isinstance(data_prefix, dict) else [(None, data_prefix)]
     for split, spec in specs:

@@ -322,21 +322,17 @@ def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: 
         per_block = block / max(1, c.num_layers // layout.pp)
         float8 = float8_gathered_weights(work, c, layout)  # gathered in 1 byte instead of `act`
         # bf16 gathers in bf16 (FSDP's param_dtype); fp16 and fp32 gather the fp32 parameters
-        gather = act if _is_bf16(work) else 4
+        gather = act if work.bf16 else 4
         gathered_block = gather * (per_block - float8) + float8
         root = _root_parameters(c, layout, rank)
         total = 2 * gathered_block + gather * root + (gather + 4) * max(per_block, root)
-        if work.mixed and not _is_bf16(work):  # fp16: autocast's 16-bit copy of every gathered
+        if work.mixed and not work.bf16:  # fp16: autocast's 16-bit copy of every gathered
             total += 2 * _matmul_weights(work, c, layout, rank)  # weight lives until its backward
         return total
     copies = 2 * _matmul_weights(work, c, layout, rank) if work.mixed else 0.0
     if layout.sharding == "ddp" and layout.dp > 1 and layout.tp == 1 and layout.pp == 1:
         copies += GRAD_BYTES * params  # torch DDP's gradient buckets (not views of .grad)
     return copies
-
-
-def _is_bf16(work: Workload) -> bool:
-    return str(work.precision).lower() in ("bf16", "bf16-mixed", "bf16-true")
 
 
 def _root_parameters(c: GPTConfig, layout: Layout, rank: int) -> int:

@@ -56,6 +56,11 @@ class Workload:
         """True when matmuls run in 16 bits under autocast (fp32 master weights kept)."""
         return str(self.precision).lower() not in ("32", "32-true", "fp32", "float32")
 
+    @property
+    def bf16(self) -> bool:
+        """bf16 autocast (FSDP then gathers parameters in bf16; fp16 and fp32 gather them in fp32)."""
+        return str(self.precision).lower() in ("bf16", "bf16-mixed", "bf16-true")
+
 
 @dataclass(frozen=True)
 class Layout:

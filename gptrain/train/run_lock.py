@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.checkpoint.integrity import complete_steps
-from gptrain.errors import ConfigError, GptrainError
+from gptrain.errors import ConfigError, GptrainError, os_error_text
 
 LOCK_NAME = "gptrain.lock"
 # Slurm states in which a job may still write into the directory.
@@ -243,9 +243,8 @@ def claim_run_directory(log_dir: Path, rank: int, world_size: int, resume: bool,
             error = failure
         except OSError as failure:  # a path under a file, no permission: one line, told to every rank
             lock.release()
-            where = getattr(failure, "filename", None) or log_dir
             error = ConfigError(
-                f"exp_manager.explicit_log_dir {log_dir}: cannot claim it ({where}: {failure.strerror or failure}); "
+                f"exp_manager.explicit_log_dir {log_dir}: cannot claim it ({os_error_text(failure, log_dir)}); "
                 "give a directory this job can create and write"
             )
     if world_size > 1:

@@ -98,6 +98,7 @@ class Watchdog:
         self._lock = threading.Lock()
         self._since: float | None = None  # monotonic time the current watched step began
         self._budget = timeout_s  # seconds it may take (FIRST_STEP_FACTOR times that for the first)
+        self._first: int | None = None  # this process's first iteration (a resumed run's is not 1)
         self._iteration = 0
         self._steps_done = 0
         self._beat: dict[str, Any] | None = None  # this rank's progress, as the store should show it
@@ -128,9 +129,8 @@ class Watchdog:
     def step(self, iteration: int) -> Iterator[None]:
         """Watch one training step (1-based iteration, as in the log lines)."""
         stop_here_for_tests(self.rank, iteration)
-        self._mark(iteration, "in")
-        yield
-        self._mark(iteration, "done")
+        with self.boundary(iteration):
+            yield
 
     @contextmanager
     def boundary(self, iteration: int) -> Iterator[None]:
@@ -156,7 +156,11 @@ class Watchdog:
             self._iteration = iteration
             if phase == "in":
                 self._since = time.monotonic()
-                self._budget = self.timeout_s * (FIRST_STEP_FACTOR if self._steps_done == 0 else 1)
+                if self._first is None:
+                    self._first = iteration
+                # the first iteration's end too: its stop agreement waits for the slowest rank's
+                # first step (a node with a cold compile cache beside warm ones, after a requeue)
+                self._budget = self.timeout_s * (FIRST_STEP_FACTOR if iteration == self._first else 1)
             else:
                 self._since = None
                 self._steps_done += 1

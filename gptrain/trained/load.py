@@ -23,10 +23,9 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 
 from gptrain.checkpoint import compat
 from gptrain.checkpoint.directory import LATEST, CheckpointLoadError, step_dir_name
-from gptrain.checkpoint.integrity import STEP_DIR, complete_steps, is_complete, manifest_bytes, verify
+from gptrain.checkpoint.integrity import STEP_DIR, checksum_progress, complete_steps, is_complete, verify
 from gptrain.checkpoint.reader import check_fits, root_cause
 from gptrain.errors import DataError
-from gptrain.utils.progress import Progress
 
 HPARAMS = "hparams.yaml"
 CHECKPOINTS = "checkpoints"
@@ -111,11 +110,7 @@ def _verify(step_dir: Path, checksums: bool) -> str | None:
     """verify(); reading every file's CRC-32 shows its progress (minutes for a large checkpoint)."""
     if not checksums:
         return verify(step_dir)
-    try:
-        total = manifest_bytes(step_dir)
-    except OSError:
-        total = None
-    progress = Progress(f"checking the CRC-32s of {step_dir.name}", unit="files", total_bytes=total)
+    progress = checksum_progress(step_dir, f"checking the CRC-32s of {step_dir.name}")
     return verify(step_dir, checksums=True, progress=progress)
 
 

@@ -161,6 +161,20 @@ def test_a_first_step_that_never_ends_is_caught_too():
     assert exits == [EXIT_HUNG] and "iteration 1" in dog.fired
 
 
+def test_the_end_of_the_first_step_gets_the_first_steps_time_too():
+    """Its stop agreement waits for the slowest rank's first step (a node with a cold compile cache
+    beside warm ones after a requeue): the larger budget, whichever iteration a resumed run starts at."""
+    [dog], exits, _ = dogs(1, 0.1)
+    thread = watch(dog)
+    with dog.step(7):
+        pass
+    with dog.boundary(7):
+        time.sleep(0.25)  # within FIRST_STEP_FACTOR timeouts
+    dog.close()
+    thread.join(timeout=5)
+    assert exits == [] and dog.fired is None
+
+
 def test_the_end_of_a_step_is_watched_as_the_step_is():
     """A log write on a hung file system holds every rank in the stop agreement, outside any step."""
     [dog], exits, _ = dogs(1, 0.1)
