@@ -5,8 +5,9 @@ logs and break each other's saves, so global rank 0 takes `<dir>/gptrain.lock` (
 O_EXCL; it records host, pid, process start time and Slurm job id) before anything is
 written. A lock whose holder is gone is taken over: on the same host when its pid no longer
 runs (or is another process now), and under Slurm when it is this same job (a requeued job
-keeps its id) or a job Slurm no longer runs. Anything else is refused in one line naming the
-holder. The lock is removed at the end of the run; a killed run leaves it, and the next run
+keeps its id) or a job Slurm no longer runs; of two runs that find one stale lock, only the one
+that creates its takeover marker (O_EXCL) replaces it. Anything else is refused in one line
+naming the holder. The lock is removed at the end of the run; a killed run leaves it, and the next run
 takes it over by the rules above.
 
 `exp_manager.resume_if_exists=false` into a directory that holds checkpoints would mix two
@@ -17,6 +18,7 @@ directory (never deleted).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -164,12 +166,47 @@ def take_over(path: Path, me: Holder, text: str) -> RunLock:
             f"{path.parent} is in use by another run ({holder}): wait for it to end, or give this run"
             f" another run.name / exp_manager.explicit_log_dir; if that run is gone, delete {path}"
         )
-    temporary = path.with_name(f"{LOCK_NAME}.{me.host}.{me.pid}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
-    if read_holder(path) != me:  # another run took it over at the same moment
-        raise RunLockedError(f"{path.parent} was taken by another run at the same moment; try again")
+    markers = claim_takeover(path, other, me)
+    try:
+        if read_holder(path) != other:  # another run took it over before this one claimed it
+            raise RunLockedError(f"{path.parent} was taken by another run at the same moment; try again")
+        temporary = path.with_name(f"{LOCK_NAME}.{me.host}.{me.pid}.tmp")
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    finally:
+        for marker in markers:
+            marker.unlink(missing_ok=True)
     return RunLock(path, me, [f"took over the lock {path} of {other.describe()}: {reason}"])
+
+
+def takeover_marker(path: Path, stale: Holder) -> Path:
+    """The file whose exclusive creation decides who takes over `stale`'s lock."""
+    digest = hashlib.sha1(json.dumps(asdict(stale), sort_keys=True).encode()).hexdigest()[:16]
+    return path.with_name(f"{LOCK_NAME}.takeover-{digest}")
+
+
+def claim_takeover(path: Path, stale: Holder, me: Holder, depth: int = 0) -> list[Path]:
+    """Create the takeover marker of `stale` with O_EXCL, so of two runs that both found the lock
+    stale only one replaces it. A marker left by a taker that died before it finished is itself
+    taken over by the same rules (a chain of markers, removed once the lock is replaced)."""
+    marker = takeover_marker(path, stale)
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        taker = read_holder(marker)
+        if taker is None:  # being written this instant
+            time.sleep(1.0)
+            taker = read_holder(marker)
+        if taker is None or depth >= 8 or stale_reason(taker, me) is None:
+            who = taker.describe() if taker else "another run"
+            raise RunLockedError(
+                f"{path.parent}: {who} is taking over the stale lock {path} at the same moment; "
+                f"if no run is starting there, delete {marker}"
+            ) from None
+        return [*claim_takeover(path, taker, me, depth + 1), marker]
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(asdict(me)) + "\n")
+    return [marker]
 
 
 def earlier_checkpoints(log_dir: Path) -> list[str]:

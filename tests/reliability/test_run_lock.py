@@ -85,6 +85,44 @@ def test_release_leaves_a_lock_taken_over_by_someone_else(tmp_path):
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
 
 
+def test_of_two_runs_that_find_one_stale_lock_only_one_takes_it_over(tmp_path, monkeypatch):
+    """Before, both replaced the lock and both ran: the second run's takeover began while the first's was done."""
+    import gptrain.train.run_lock as run_lock
+
+    acquire(tmp_path, holder(pid=dead_pid()))
+    first, second = holder(pid=os.getpid(), since="first"), holder(pid=os.getpid(), since="second")
+    real_stale_reason, raced = run_lock.stale_reason, []
+
+    def second_run_takes_over_meanwhile(other, me):
+        reason = real_stale_reason(other, me)
+        if me == first and not raced:  # the first run has judged the lock stale; the second now does it all
+            raced.append(acquire(tmp_path, second))
+        return reason
+
+    monkeypatch.setattr(run_lock, "stale_reason", second_run_takes_over_meanwhile)
+    with pytest.raises(RunLockedError, match="at the same moment"):
+        acquire(tmp_path, first)
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["since"] == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]  # no marker left behind
+
+
+def test_a_takeover_under_way_is_not_joined_and_a_dead_takers_marker_is_taken_over(tmp_path):
+    from gptrain.train.run_lock import takeover_marker
+
+    stale = holder(pid=dead_pid())
+    acquire(tmp_path, stale)
+    marker = takeover_marker(tmp_path / LOCK_NAME, stale)
+    marker.write_text(json.dumps(vars(holder(since="taking over"))))  # a live process is taking over
+    with pytest.raises(RunLockedError, match="taking over the stale lock") as error:
+        acquire(tmp_path, holder(since="late"))
+    assert "\n" not in str(error.value)
+    marker.write_text(json.dumps(vars(holder(pid=dead_pid()))))  # the taker died before it finished
+    lock = acquire(tmp_path, holder(since="late"))
+    assert "no longer runs" in lock.notes[0]
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["since"] == "late"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]
+
+
 def wait_for(predicate, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
