@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key
+from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key, refused_value
 from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
 from gptrain.config.yamlio import load_file, load_text, parse_value
@@ -221,6 +221,9 @@ def _build(cls: type, data: Any, prefix: str, ignored: list[str], source: str) -
         dotted = f"{prefix}{key}"
         if key not in names:
             if is_ignored_nemo_key(dotted):
+                refused = refused_value(dotted, value)
+                if refused:
+                    raise ConfigError(f"{source}: {refused}")
                 ignored.append(dotted)
                 continue
             raise ConfigError(f"{source}: unknown key '{dotted}'{_suggest(dotted, all_keys())}")

@@ -128,15 +128,15 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "model.data.exchange_indices_distributed",
         "model.data.legacy_dataset",
         "model.data.mmap_bin_files",
-        "model.data.no_seqlen_plus_one_input_tokens",
         "model.data.pad_samples_to_global_batch_size",
-        "model.data.reset_attention_mask",
-        "model.data.reset_position_ids",
-        "model.data.shuffle_documents",
         "model.data.skip_warmup",
         "model.data.validation_drop_last",
     ),
     _NOT_IMPL: (
+        "model.data.no_seqlen_plus_one_input_tokens",
+        "model.data.reset_attention_mask",
+        "model.data.reset_position_ids",
+        "model.data.shuffle_documents",
         "model.activations_checkpoint_layers_per_pipeline",
         "model.attention_type",
         "model.context_parallel_size",
@@ -174,6 +174,51 @@ _PREFIX_REASONS: dict[str, str] = {
     "s3_checkpointing.": _MLPERF,
     "env_vars.": "environment of the job: set env_vars in the launcher's config.yaml",
 }
+
+# Ignored keys that change what is trained unless they hold NeMo's default: accepted with these
+# values (the launcher's configs carry them so), refused with any other, naming what it would change.
+NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
+    "model.data.reset_position_ids": ((False,), "position ids restarting after each end-of-document"),
+    "model.data.reset_attention_mask": ((False,), "attention cut at end-of-document tokens"),
+    "model.data.no_seqlen_plus_one_input_tokens": (
+        (False,),
+        "samples of seq_length tokens, not seq_length+1",
+    ),
+    "model.data.shuffle_documents": ((True,), "documents read in order, not shuffled"),
+    "model.data.dataloader_type": (("single",), "a loader other than Megatron's single"),
+    "model.context_parallel_size": ((1,), "context parallelism"),
+    "model.expert_model_parallel_size": ((1,), "mixture of experts"),
+    "model.fp32_residual_connection": ((False,), "an fp32 residual stream"),
+    "model.headscale": ((False,), "NormFormer head scaling"),
+    "model.normalize_attention_scores": ((True,), "attention scores not scaled by 1/sqrt(head size)"),
+    "model.seq_len_interpolation_factor": ((None, 1), "rope position interpolation"),
+    "model.ffn_dropout": ((0,), "dropout inside the MLP"),
+    "model.transformer_block_type": (("pre_ln",), "a block other than pre-norm"),
+    "model.attention_type": (("multihead",), "an attention other than multi-head self-attention"),
+    "model.do_layer_norm_weight_decay": ((False,), "weight decay on the norms' weights"),
+}
+
+
+def refused_value(dotted: str, value: object) -> str | None:
+    """Why an ignored key's `value` cannot be ignored (it would change the model or the data), or None."""
+    if dotted not in NO_OP_VALUES:
+        return None
+    allowed, change = NO_OP_VALUES[dotted]
+    if any(_same(value, ok) for ok in allowed):
+        return None
+    default = allowed[0]
+    return (
+        f"'{dotted}: {value!r}' asks for {change}, which gptrain does not implement; "
+        f"set it to {default!r} (NeMo's default) or leave it out"
+    )
+
+
+def _same(value: object, ok: object) -> bool:
+    """Equal as YAML means it: a bool only to a bool (0 is not false), 1 to 1.0."""
+    if isinstance(value, bool) or isinstance(ok, bool):
+        return value is ok
+    return value == ok
+
 
 IGNORED_NEMO_KEYS: dict[str, str] = {key: reason for reason, keys in _REASONS.items() for key in keys}
 IGNORED_NEMO_PREFIXES = tuple(_PREFIX_REASONS)

@@ -120,12 +120,14 @@ NO_EFFECT: dict[str, int] = {
     "--transformer-impl": 1, "--attention-backend": 1, "--DDP-impl": 1, "--timing-log-level": 1,
     "--tensorboard-log-interval": 1, "--tensorboard-queue-size": 1, "--distributed-backend": 1,
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
+    "--calculate-per-token-loss": 0,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
 NO_EFFECT_WHY: dict[str, str] = {
     "--exit-signal-handler": "gptrain always saves a checkpoint and exits on SIGTERM and SIGUSR1",
     "--data-impl": "gptrain reads Megatron's mmap format",
+    "--calculate-per-token-loss": "gptrain's loss is always the per-token mean over the global batch",
     "--dataloader-type": "gptrain reads the samples in the dataset's own shuffled order, as Megatron's single does",
 }
 

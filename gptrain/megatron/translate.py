@@ -173,6 +173,8 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     v["model.optim.betas"] = betas
     _data_paths(v, given)
     _query_groups(result)
+    _swiglu_width(v, given)
+    _loss_average(result)
     _recompute(v, given)
     _layout(v, env)
     _virtual_pipeline(v, given)
@@ -225,6 +227,24 @@ def _query_groups(result: Translation) -> None:
     elif "--num-query-groups" in given:
         result.notes.append(
             "--num-query-groups (Megatron ignores it without --group-query-attention: multi-head attention)"
+        )
+
+
+def _swiglu_width(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+    """Megatron's validate_args: --swiglu without --ffn-hidden-size takes 2/3 of 4h, down to a
+    multiple of 64 (the parameters of a 4h GELU MLP in three matrices), not 4h."""
+    if "--swiglu" in given and "--ffn-hidden-size" not in given and "model.hidden_size" in v:
+        v["model.ffn_hidden_size"] = int((4 * v["model.hidden_size"] * 2 / 3) / 64) * 64
+
+
+def _loss_average(result: Translation) -> None:
+    """--eod-mask-loss without --calculate-per-token-loss: Megatron averages each micro-batch's own
+    mean, gptrain the tokens of the whole global batch; said, since the gradients differ slightly."""
+    if "--eod-mask-loss" in result.given and "--calculate-per-token-loss" not in result.given:
+        result.notes.append(
+            "--eod-mask-loss (gptrain averages the loss over every loss token of the global batch, as "
+            "Megatron's --calculate-per-token-loss does; Megatron's default averages each micro-batch's "
+            "own mean, so gradients differ slightly where micro-batches hold different numbers of loss tokens)"
         )
 
 

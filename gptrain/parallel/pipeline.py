@@ -138,7 +138,7 @@ def build_schedules(
     """1F1B with one stage per rank, interleaved 1F1B with several.
 
     Gradients are not scaled by the schedule: `loss_fn` already divides by the number
-    of loss tokens, which is Megatron's token-weighted mean over the global batch.
+    of loss tokens in the global batch: the per-token mean (see gptrain.train.step).
     """
     # Imported here: torch.distributed.pipelining pulls in sympy (~1 s) that other layouts never need.
     from torch.distributed.pipelining import PipelineStage

@@ -145,7 +145,7 @@ def loss_context(ctx: ParallelContext) -> contextlib.AbstractContextManager:
 def forward_backward(
     model: ParallelGPT, microbatches: list[Batch], scale: float, precision: str = "32"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accumulate gradients of scale x Megatron's token-weighted mean loss over the global batch.
+    """Accumulate gradients of scale x the per-token mean loss over the global batch (train.step).
 
     Returns (mean loss over the global batch, loss tokens in it) on every rank, as float64
     scalars on the device: nothing here waits for the device (train_step reads them once, with

@@ -1,8 +1,10 @@
 """One optimizer step over the micro-batches of a global batch.
 
-The loss is Megatron's token-weighted mean: the sum of masked token losses over the
-whole global batch divided by the number of loss tokens in it, so accumulating
-micro-batches gives exactly the gradient of one big batch. The pieces a parallel
+The loss is the per-token mean over the global batch: the sum of masked token losses over
+the whole global batch divided by the number of loss tokens in it (Megatron's
+--calculate-per-token-loss; its default averages each micro-batch's own mean, which differs
+only when micro-batches hold different numbers of loss tokens, under eod_mask_loss), so
+accumulating micro-batches gives exactly the gradient of one big batch. The pieces a parallel
 layout changes (the loss all-reduce, the grad-norm function) are arguments.
 """
 
@@ -111,7 +113,7 @@ def forward_backward(
     """
     global_tokens = opts.reduce_sum(count_loss_tokens(microbatches, device))
     denominator = global_tokens.clamp(min=1.0)
-    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # as the TP/PP path and evaluation sum
     for index, microbatch in enumerate(microbatches):
         batch = to_device(microbatch, device)
         with no_sync_unless_last(model, index == len(microbatches) - 1):

@@ -83,6 +83,35 @@ def test_nemo_key_is_ignored_and_reported_once(capsys):
 
 
 @pytest.mark.parametrize(
+    ("override", "accepted"),
+    [
+        ("model.data.reset_position_ids=false", True),
+        ("model.data.reset_position_ids=true", False),
+        ("model.data.reset_attention_mask=true", False),
+        ("model.context_parallel_size=1", True),
+        ("model.context_parallel_size=2", False),
+        ("model.ffn_dropout=0.0", True),
+        ("model.ffn_dropout=0.1", False),
+        ("model.transformer_block_type=pre_ln", True),
+        ("model.transformer_block_type=post_ln", False),
+        ("model.data.shuffle_documents=false", False),
+        ("model.fp32_residual_connection=0", False),  # a number is not a switch's false
+        ("model.layernorm_zero_centered_gamma=true", True),  # layernorm1p: the same function
+    ],
+)
+def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, accepted, capsys):
+    """Before, reset_position_ids=true and the like were reported as ignored and the run trained without them."""
+    if accepted:
+        assert override.split("=")[0] in load_training_config("gpt3/126m", [override]).ignored_keys
+        return
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [override])
+    message = str(error.value)
+    assert override.split("=")[0] in message and "does not implement" in message and "\n" not in message
+    assert "NeMo's default" in message
+
+
+@pytest.mark.parametrize(
     "override, message",
     [
         ("model.num_layers=abc", "'model.num_layers' expects int"),

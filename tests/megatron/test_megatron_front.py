@@ -326,6 +326,36 @@ def test_num_query_groups_applies_only_with_group_query_attention(flags, groups)
     assert (ignored in t.notes) is (flags == "--num-query-groups 2")
 
 
+@pytest.mark.parametrize(
+    ("hidden", "flags", "ffn"),
+    [
+        (4096, "--swiglu", 10880),  # Megatron's validate_args: int((4h * 2/3) / 64) * 64
+        (2048, "--swiglu", 5440),
+        (768, "--swiglu", 2048),
+        (4096, "--swiglu --ffn-hidden-size 11008", 11008),  # given: kept
+        (4096, "", 16384),  # GELU: 4h
+    ],
+)
+def test_swiglu_without_a_width_takes_megatrons_two_thirds(hidden, flags, ffn):
+    """Before, --swiglu alone built a 4h SwiGLU MLP: at h=4096, 9.0B parameters where Megatron trains 6.8B."""
+    base = (
+        f"--num-layers 2 --hidden-size {hidden} --num-attention-heads 32 --seq-length 16 --micro-batch-size 2"
+    )
+    t = translate(shlex.split(f"{base} --train-iters 4 --mock-data --vocab-size 64 {flags}"), {})
+    model = load_training_config(None, t.overrides, report_ignored=False).model
+    assert (model.ffn_hidden_size or 4 * hidden) == ffn
+
+
+@pytest.mark.parametrize(
+    ("flags", "noted"),
+    [("--eod-mask-loss", True), ("--eod-mask-loss --calculate-per-token-loss", False), ("", False)],
+)
+def test_eod_mask_loss_says_how_gptrain_averages_the_loss(flags, noted):
+    base = "--num-layers 2 --hidden-size 16 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
+    t = translate(shlex.split(f"{base} --train-iters 4 --mock-data --vocab-size 64 {flags}"), {})
+    assert any("--calculate-per-token-loss does" in note for note in t.notes) is noted
+
+
 def test_megatron_2021_example_with_data_impl_and_checkpoint_activations():
     t = translate(MEGATRON_2021, ENV)
     m = load_training_config(None, t.overrides, report_ignored=False).model
