@@ -149,12 +149,15 @@ def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
     )
 
 
-def layout_from_config(cfg: Any, devices_per_node: int | None = None) -> Layout:
-    """The layout `cfg.model` asks for, validated by gptrain.parallel.layout (no torch)."""
+def layout_from_config(
+    cfg: Any, devices_per_node: int | None = None, world_size: int | None = None
+) -> Layout:
+    """The layout `cfg.model` asks for, validated by gptrain.parallel.layout (no torch); over
+    `world_size` ranks where given (a running job's), else trainer.num_nodes x trainer.devices."""
     from gptrain.parallel.layout import check_layout
 
     m = cfg.model
-    dims = check_layout(m, cfg.world_size(), devices_per_node or cfg.trainer.devices)
+    dims = check_layout(m, world_size or cfg.world_size(), devices_per_node or cfg.trainer.devices)
     full = m.activations_checkpoint_granularity == "full"
     block = full and m.activations_checkpoint_method == "block"
     return Layout(

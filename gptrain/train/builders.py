@@ -140,6 +140,11 @@ def log_memory(log: Any, device: torch.device, step: int) -> None:
     )
 
 
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The GPU's total memory (what the planner's estimate is held against); None elsewhere."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+
+
 def build_model(model_config: Any, device: torch.device, seed: int) -> nn.Module:
     """Build on meta, materialise on `device`, init from a generator seeded with model.seed."""
     from gptrain.models.gpt import GPT

@@ -40,6 +40,7 @@ from gptrain.train.batches import GPTBatchDataset, build_loader
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
 from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
+from gptrain.train.memory_check import out_of_memory, start_warning
 from gptrain.train.meter import IntervalMeter, RunShape, interval_report
 from gptrain.train.metrics import evaluation_scalars
 from gptrain.train.overlap import StepRunner, can_run_ahead
@@ -144,6 +145,7 @@ def train(cfg: TrainingConfig) -> int:
     watchdog = Watchdog.start(cfg.trainer.hang_timeout_minutes, world.rank, world.world_size)
     session: Session | None = None
     failed, requeue = True, False
+    vocab, device_bytes = None, None
     try:
         source = checkpoint_to_start_from(cfg)  # a wrong path fails now, not after the model is built
         if logging_rank and cfg.exp_manager.create_wandb_logger:
@@ -152,6 +154,13 @@ def train(cfg: TrainingConfig) -> int:
         b.seed_everything(b.dropout_seed(cfg, world))
         tokenizer = b.build_tokenizer(cfg)
         vocab, padded_vocab = b.padded_vocab_size(cfg, tokenizer)
+        device_bytes = b.device_memory_bytes(device)
+        if (
+            device_bytes
+            and logging_rank
+            and (warning := start_warning(cfg, vocab, device_bytes, world.world_size))
+        ):
+            log(warning)
         model_config = b.build_model_config(cfg, padded_vocab)
         model = b.build_parallel_model(model_config, cfg, world, device)
         optimizer = b.build_adamw(cfg, model, device)
@@ -189,6 +198,8 @@ def train(cfg: TrainingConfig) -> int:
         b.log_memory(session.log, device, session.state.step)
         failed = False
         return code
+    except torch.OutOfMemoryError as error:  # one line with the plan's figures, not CUDA's traceback
+        raise out_of_memory(cfg, vocab, world.rank, device_bytes, error, world.world_size) from None
     finally:
         watchdog.close()
         if failed and session is not None:

@@ -1,0 +1,60 @@
+"""The planner's estimate of the run's own layout, at start and when the GPU runs out of memory."""
+
+from __future__ import annotations
+
+import torch
+from train_e2e_helpers import MOCK, TINY
+
+from gptrain.cli import main
+from gptrain.config import load_training_config
+from gptrain.train import loop
+from gptrain.train.memory_check import GIB, estimate_gib, out_of_memory, start_warning
+
+GPT2_VOCAB = 50257
+# The tutorial's NeMo 5b on two 8-GPU nodes (nemo-megatron-on-slurm-aws.md, bmk-pretrain-gpt3-5b2.sh)
+TUTORIAL_5B = ["trainer.num_nodes=2", "trainer.devices=8", "trainer.precision=bf16"]
+
+
+def config(*overrides: str):
+    return load_training_config("gpt3/5b", [*TUTORIAL_5B, *overrides], report_ignored=False)
+
+
+def test_a_replicated_5b_on_two_nodes_is_warned_with_the_sharded_figure():
+    """NeMo's distributed_fused_adam shards AdamW's state; gptrain's default ddp does not."""
+    cfg = config()
+    replicated, _ = estimate_gib(cfg, GPT2_VOCAB)
+    sharded, _ = estimate_gib(cfg, GPT2_VOCAB, "full_shard")
+    assert sharded < 80 < replicated  # the planner's own figures: does not fit / fits on 80 GiB
+    warning = start_warning(cfg, GPT2_VOCAB, int(80 * GIB))
+    assert warning is not None and "\n" not in warning
+    assert f"estimates {replicated:.1f} GiB per GPU" in warning and "above this GPU's 80.0 GiB" in warning
+    assert (
+        f"model.data_parallel_sharding=full_shard (sharded weights, gradients and AdamW state) {sharded:.1f} GiB"
+        in warning
+    )
+    assert start_warning(cfg, GPT2_VOCAB, int((replicated + 1) * GIB)) is None
+    sharded_cfg = config("model.data_parallel_sharding=full_shard")
+    assert start_warning(sharded_cfg, GPT2_VOCAB, int(80 * GIB)) is None
+
+
+def test_out_of_memory_is_one_line_with_the_estimate():
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nSee documentation")
+    message = str(out_of_memory(config(), GPT2_VOCAB, 3, int(80 * GIB), error))
+    assert "\n" not in message
+    assert message.startswith(
+        "out of memory on rank 3 of 80.0 GiB (CUDA out of memory. Tried to allocate 2.00 GiB.)"
+    )
+    assert "the planner estimates" in message and "full_shard" in message and "gptrain plan" in message
+
+
+def test_an_out_of_memory_error_during_training_ends_the_run_in_one_line(tmp_path, monkeypatch, capsys):
+    def run_out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB\nmore text")
+
+    monkeypatch.setattr(loop, "run", run_out_of_memory)
+    assert main(["train", "gpt3/126m", *TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(
+        "gptrain: error: out of memory on rank 0 (CUDA out of memory. Tried to allocate 20.00 MiB)"
+    )
+    assert "the planner estimates" in err and "model.micro_batch_size" in err
