@@ -104,7 +104,6 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "exp_manager.checkpoint_callback_params.model_parallel_size",
         "exp_manager.checkpoint_callback_params.monitor",
         "exp_manager.checkpoint_callback_params.save_nemo_on_train_end",
-        "exp_manager.create_checkpoint_callback",
         "exp_manager.exp_dir",
         "exp_manager.name",
         "exp_manager.resume_ignore_no_checkpoint",

@@ -155,6 +155,10 @@ class ExpManagerConfig:
     move_aside_earlier_run: bool = False
     """gptrain extension: with resume_if_exists=false and checkpoints in explicit_log_dir, move the
     earlier run's files to `<explicit_log_dir>.earlier-<time>` (never deleted) instead of refusing."""
+    create_checkpoint_callback: bool = True
+    """Save checkpoints (checkpoint_callback_params). false, as NeMo's benchmark scripts set it (and
+    Megatron without --save): none at all, not even on a stop signal or max_time, where the run
+    then ends with exit 0 instead of being requeued (a requeue would start it over)."""
     checkpoint_callback_params: CheckpointCallbackParams = field(default_factory=CheckpointCallbackParams)
 
     @property

@@ -324,6 +324,9 @@ def _directories(result: Translation) -> None:
     if run_dir:
         v["exp_manager.explicit_log_dir"] = run_dir
     v["exp_manager.resume_if_exists"] = bool(load)
+    if not save:  # Megatron saves only under --save
+        v["exp_manager.create_checkpoint_callback"] = False
+        result.notes.append("no --save (no checkpoints are written, as in Megatron)")
     elsewhere = bool(save and load and os.path.abspath(save) != os.path.abspath(load))
     if elsewhere:
         v["exp_manager.resume_from_checkpoint"] = load

@@ -460,7 +460,8 @@ def run(
             validated_at = s.state.step
     if validated_at != s.state.step:
         validate(s, valid_data)
-    if saved_at != s.state.step and s.cfg.exp_manager.checkpoint_callback_params.save_last:
+    em = s.cfg.exp_manager
+    if saved_at != s.state.step and em.create_checkpoint_callback and em.checkpoint_callback_params.save_last:
         save_checkpoint(s, waited_for=not tested)
     evaluate_split(s, test_data, t.limit_test_batches, " on test set", TB_TEST_LOSS)
     s.checkpoints.wait()  # a background write of the last save went on during the test split
@@ -469,6 +470,12 @@ def run(
 
 def stop_for_requeue(s: Session, reason: str) -> int:
     """Checkpoint where every rank agreed to stop, wait for it, and exit to be requeued."""
+    if not s.cfg.exp_manager.create_checkpoint_callback:  # a requeue would start the run over
+        s.log(
+            f"stopping at iteration {s.state.step}: {reason}; checkpoints are off "
+            "(exp_manager.create_checkpoint_callback=false): nothing saved, exit 0 (not requeued)"
+        )
+        return 0
     save_checkpoint(s, waited_for=True)
     s.checkpoints.wait()
     s.log(f"stopping at iteration {s.state.step}: {reason}; exit {EXIT_REQUEUE} to be requeued")
@@ -478,7 +485,7 @@ def stop_for_requeue(s: Session, reason: str) -> int:
 def saves_at(s: Session, step: int) -> bool:
     """A checkpoint is due after `step` (exp_manager.checkpoint_callback_params.every_n_train_steps)."""
     every = s.cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
-    return bool(every) and step % every == 0
+    return s.cfg.exp_manager.create_checkpoint_callback and bool(every) and step % every == 0
 
 
 def validates_at(s: Session, step: int) -> bool:

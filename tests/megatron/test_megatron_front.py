@@ -417,6 +417,7 @@ def test_runtime_switches_of_real_scripts_are_accepted_and_said_once():
         "--manual-gc-interval",
         "--no-manual-gc-eval",
         "--no-query-key-layer-scaling",
+        "no --save (no checkpoints are written, as in Megatron)",
     ]
 
 

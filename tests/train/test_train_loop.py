@@ -387,3 +387,17 @@ def test_save_last_decides_the_checkpoint_at_the_end_off_the_interval(
     )
     code, _ = run_recording(monkeypatch, cfg)
     assert code == 0 and complete_steps(tmp_path / "checkpoints") == steps
+
+
+def test_checkpoints_off_save_nothing_and_a_stop_ends_the_run_without_a_requeue(tmp_path, monkeypatch):
+    """NeMo's benchmark scripts set create_checkpoint_callback=False; before, it was ignored: the run
+    saved step_N, and the same command run again was refused over that checkpoint."""
+    off = ["exp_manager.create_checkpoint_callback=false", "exp_manager.resume_if_exists=false"]
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *off))
+    assert code == 0 and sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert not list((tmp_path / "checkpoints").glob("step_*"))
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *off), signal_at=3)  # the rerun starts
+    assert code == 0  # stopped by the signal: nothing to resume from, so not requeued
+    assert not list((tmp_path / "checkpoints").glob("step_*"))
+    stopped = [line for line in log_lines(tmp_path) if line.startswith("stopping at iteration")]
+    assert stopped and "nothing saved, exit 0 (not requeued)" in stopped[-1]
