@@ -169,6 +169,7 @@ def adapt_pile_download(section: dict[str, Any], data_dir: str) -> tuple[dict[st
             "merge_url": section.get("download_merges_url") or None,
         },
         "blend": {"file": f"{data_dir}/blend.yaml", "weights": "tokens"},
+        "workers": section.get("workers", "auto"),  # NeMo tokenizes with --workers $SLURM_CPUS_ON_NODE
     }
     if not _truthy(section.get("download_the_pile", True)) or not _truthy(
         section.get("preprocess_data", True)

@@ -20,11 +20,22 @@ def add_tokenizer_args(parser: argparse.ArgumentParser, title: str = "tokenizer 
     group.add_argument(
         "--tokenizer-model", help="tokenizer.json (or its directory), or a tiktoken encoding name"
     )
+    group.add_argument(
+        "--tokenizer-library",
+        choices=("megatron", "huggingface"),
+        help="NeMo's preprocessing flag: megatron (--tokenizer-type is Megatron's) or huggingface "
+        "(--tokenizer-type, or --tokenizer-model, is a tokenizer.json or its directory)",
+    )
 
 
 def tokenizer_type(args: argparse.Namespace) -> str | None:
     """The given --tokenizer-type, else what the other flags imply (vocab file: GPT-2 BPE;
-    an existing --tokenizer-model path: Hugging Face; any other model name: tiktoken)."""
+    an existing --tokenizer-model path: Hugging Face; any other model name: tiktoken). NeMo's
+    `--tokenizer-library huggingface --tokenizer-type PATH` is the Hugging Face tokenizer at PATH."""
+    if getattr(args, "tokenizer_library", None) == "huggingface":
+        if not args.tokenizer_model and args.tokenizer_type not in (None, "HuggingFaceTokenizer"):
+            args.tokenizer_model, args.tokenizer_type = args.tokenizer_type, None
+        return "HuggingFaceTokenizer"
     if args.tokenizer_type:
         return args.tokenizer_type
     if args.vocab_file or args.merge_file:

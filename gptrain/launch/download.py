@@ -227,7 +227,16 @@ def tokenize_command(cfg: dict[str, Any], source: Path, prefix: Path, python: st
     command += ["--json-keys", json_key(cfg)]
     if cfg.get("append_eod", True):
         command.append("--append-eod")
-    return command + ["--workers", str(int(cfg.get("workers") or 1))]
+    return command + ["--workers", str(worker_count(cfg.get("workers")))]
+
+
+def worker_count(value: Any) -> int:
+    """data_preparation.workers on the node that tokenizes: `auto` is every CPU this task may use."""
+    if str(value).strip().lower() == "auto":
+        return max(
+            1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )
+    return int(value or 1)
 
 
 def json_key(cfg: dict[str, Any]) -> str:

@@ -53,12 +53,34 @@ def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None =
             lambda: check_training_files(training, "data_preparation" in stages, fetched), dry_run
         )
     lines += _checked(lambda: check_mount_dirs(plan.mount_dirs), dry_run)
+    lines += launch_notes(plan, stages)
     if plan.cluster_type == "slurm":
         if dry_run and shutil.which("sinfo") is None:
             lines.append("skipped  cluster checks: no sinfo here")
         else:
             lines += _checked(lambda: _cluster_checks(plan, dry_run), dry_run)
     return lines
+
+
+# Images of NeMo's launcher (NGC's nemo, bignlp, the tutorials' .sqsh of them): no gptrain inside.
+NEMO_IMAGE_WORDS = ("nemo", "bignlp")
+
+
+def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
+    """What a NeMo tree carries over that the user may not mean: its container, no requeues."""
+    notes = []
+    container = str(plan.top.get("container") or "")
+    if container and any(word in container.lower() for word in NEMO_IMAGE_WORDS):
+        notes.append(
+            f"note  container {container} looks like NeMo's image, which has no gptrain: the job runs "
+            "`python -m gptrain` inside it; set container=null or an image with gptrain installed"
+        )
+    if plan.cluster_type == "slurm" and "training" in stages and not plan.cluster.get("max_requeues"):
+        notes.append(
+            "note  training: cluster.max_requeues is 0: a stop at the time limit checkpoints and ends the "
+            "job without requeueing it; give +cluster.max_requeues=N to go on by itself"
+        )
+    return notes
 
 
 def _checked(

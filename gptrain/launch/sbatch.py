@@ -13,6 +13,7 @@ once, and there is no second rendezvous layer to time out.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ class Job:
     nodes: int = 1
     tasks_per_node: int = 1
     cpus_per_task: int | None = None
+    all_node_cpus: bool = False  # the task takes every CPU Slurm gives the job on its node (workers: auto)
     gpus: bool = False
     array: int | None = None  # number of array tasks (one per shard), None: not an array
     time_limit: str | None = None
@@ -114,8 +116,26 @@ def env_lines(env_vars: dict[str, object] | None) -> list[str]:
         if value is None:
             continue
         text = str(value).lower() if isinstance(value, bool) else str(value)
-        lines.append(f"export {key}={quote(text, f'env_vars.{key}')}")
+        lines.append(f"export {key}={env_value(text, f'env_vars.{key}')}")
     return lines
+
+
+# `$NAME` or `${NAME}` inside an env_vars value: expanded when the job starts, as NeMo's unquoted export does.
+ENV_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def env_value(text: str, what: str) -> str:
+    """`text` for `export NAME=...`: variable references expand (unset: empty, as without `set -u`),
+    everything else is quoted literally, so `$(...)`, backticks and `;` run nothing."""
+    parts, position = [], 0
+    for reference in ENV_REFERENCE.finditer(text):
+        if reference.start() > position:
+            parts.append(quote(text[position : reference.start()], what))
+        parts.append(f'"${{{reference.group(1) or reference.group(2)}-}}"')
+        position = reference.end()
+    if position < len(text) or not parts:
+        parts.append(quote(text[position:], what))
+    return "".join(parts)
 
 
 def wandb_key_lines(key_file: object) -> list[str]:
@@ -240,6 +260,8 @@ def srun_prefix(job: Job, cluster: dict, container: str | None, mounts: list[str
     ]
     if job.cpus_per_task:  # Slurm 22.05's srun does not inherit sbatch's --cpus-per-task
         parts.append(f"--cpus-per-task={job.cpus_per_task}")
+    elif job.all_node_cpus:  # NeMo's data preparation: every CPU of the node (with cluster.exclusive)
+        parts.append('--cpus-per-task="$SLURM_CPUS_ON_NODE"')
     return " ".join(parts + srun_options(cluster, container, mounts))
 
 

@@ -10,6 +10,7 @@ expects; a single string where a list is expected is a one-item list.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 from typing import Any
@@ -135,6 +136,11 @@ def env_vars(key: str, value: Any) -> dict[str, Any] | None:
     return value
 
 
+def workers(key: str, value: Any) -> Any:
+    """A process count, or `auto` (every CPU the task is given)."""
+    return value if str(value).strip().lower() == "auto" else count(key, value)
+
+
 TOP: dict[str, Check] = {
     "base_results_dir": scalar,
     "data_dir": scalar,
@@ -170,7 +176,7 @@ RUN: dict[str, Check] = {
 }
 STAGE: dict[str, dict[str, Check]] = {
     "training": {"trainer": mapping, "trainer.num_nodes": count, "trainer.devices": count},
-    "data_preparation": {"workers": count, "blend": mapping},
+    "data_preparation": {"workers": workers, "blend": mapping},
     "validation": {"checks": scalar},
 }
 
@@ -180,6 +186,7 @@ def check_launch_sections(resolved: dict[str, Any]) -> None:
     _check_keys(resolved, "", TOP)
     cluster = mapping("cluster", resolved.get("cluster"))
     if cluster is not None:
+        _check_unknown_cluster_keys(cluster)
         _check_keys(cluster, "cluster.", CLUSTER)
     stages = list(resolved.get("stages") or [])
     needed = set(stages) | ({"training"} if "validation" in stages else set())
@@ -194,6 +201,29 @@ def check_launch_sections(resolved: dict[str, Any]) -> None:
         if run is not None:
             _check_keys(run, f"{stage}.run.", RUN)
         _check_keys(section, f"{stage}.", STAGE.get(stage, {}))
+
+
+# Read from a cluster file besides the keys above: `gptrain plan`'s hardware profile.
+CLUSTER_OTHER_KEYS = ("plan",)
+
+
+def _check_unknown_cluster_keys(cluster: dict[str, Any]) -> None:
+    """A misspelt cluster key (`partitoin`) would send the job to the default partition unseen; a
+    run_* switch there (as one tutorial edits bcm.yaml) selects nothing."""
+    known = [*CLUSTER, *CLUSTER_OTHER_KEYS]
+    for key in cluster:
+        if key in known:
+            continue
+        if str(key).startswith("run_"):
+            raise ConfigError(
+                f"cluster.{key}: the run_* switches belong at the top level of config.yaml (or give "
+                "stages=[...]), not in the cluster file; move it there"
+            )
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75)
+        hint = (
+            f"; did you mean 'cluster.{close[0]}'?" if close else f"; the cluster keys are {', '.join(known)}"
+        )
+        raise ConfigError(f"cluster.{key}: unknown cluster key{hint}")
 
 
 def _check_keys(section: dict[str, Any], prefix: str, checks: dict[str, Check]) -> None:

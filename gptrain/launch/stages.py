@@ -165,6 +165,18 @@ def training_job(
     return job
 
 
+def tokenizer_workers(value: Any) -> int | str:
+    """data_preparation.workers: a count, or `auto` (every CPU the task is given, as NeMo's
+    `--workers $SLURM_CPUS_ON_NODE`)."""
+    if value is None:
+        return 1
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ConfigError(f"data_preparation.workers={value!r}: give a number of processes (1 or more) or auto")
+
+
 def data_preparation_job(section: dict[str, Any], cluster: dict[str, Any], python: str, local: bool) -> Job:
     name, run_dir = stage_run(section, "data_preparation")
     shards = section.get("shards") or []
@@ -174,7 +186,8 @@ def data_preparation_job(section: dict[str, Any], cluster: dict[str, Any], pytho
             " (e.g. 'data_preparation.shards=[https://host/a.jsonl.zst]')"
         )
     job = Job("data_preparation", name, job_name(cluster, name), run_dir, [])
-    job.cpus_per_task = int(section.get("workers") or 1)
+    workers = tokenizer_workers(section.get("workers"))
+    job.cpus_per_task, job.all_node_cpus = (None, True) if workers == "auto" else (workers, False)
     job.time_limit = (section.get("run") or {}).get("time_limit")
     job.dependency = (section.get("run") or {}).get("dependency")  # NeMo's Pile config: singleton
     job.workdir = str(Path.cwd())

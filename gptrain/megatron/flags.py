@@ -120,7 +120,7 @@ NO_EFFECT: dict[str, int] = {
     "--transformer-impl": 1, "--attention-backend": 1, "--DDP-impl": 1, "--timing-log-level": 1,
     "--tensorboard-log-interval": 1, "--tensorboard-queue-size": 1, "--distributed-backend": 1,
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
-    "--calculate-per-token-loss": 0,
+    "--calculate-per-token-loss": 0, "--min-loss-scale": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -128,6 +128,7 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--exit-signal-handler": "gptrain always saves a checkpoint and exits on SIGTERM and SIGUSR1",
     "--data-impl": "gptrain reads Megatron's mmap format",
     "--calculate-per-token-loss": "gptrain's loss is always the per-token mean over the global batch",
+    "--min-loss-scale": "gptrain's dynamic fp16 loss scale never falls below 1, Megatron's default",
     "--dataloader-type": "gptrain reads the samples in the dataset's own shuffled order, as Megatron's single does",
 }
 
@@ -139,6 +140,10 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
         "drop the flag or give mmap",
     ),
     "--empty-unused-memory-level": (("0", "1", "2"), "give 0, 1 or 2 (Megatron's levels)"),
+    "--min-loss-scale": (
+        ("1", "1.0"),
+        "other floors of the fp16 loss scale are not implemented; drop the flag",
+    ),
     "--dataloader-type": (
         ("single",),
         "gptrain reads the samples in the dataset's own shuffled order (Megatron's single); cyclic's "
@@ -147,6 +152,8 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 REFUSED: dict[str, str] = {
+    "--loss-scale": "a static fp16 loss scale is not implemented; gptrain scales dynamically (--initial-loss-scale, "
+    "--loss-scale-window, --hysteresis as Megatron reads them): drop the flag",
     "--context-parallel-size": "context parallelism is not implemented",
     "--expert-model-parallel-size": "mixture of experts is not implemented",
     "--num-experts": "mixture of experts is not implemented",

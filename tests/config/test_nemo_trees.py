@@ -108,6 +108,11 @@ def test_run_switches_of_the_azure_config_pick_stages(tmp_path):
     assert prep["tokenizer"]["vocab_url"] == "https://huggingface.co/gpt2/resolve/main/vocab.json"
     assert prep["tokenizer"]["merge_url"] == "https://huggingface.co/gpt2/resolve/main/merges.txt"
     assert prep["keep_compressed"] is False  # rm_downloaded: True
+    assert prep["workers"] == "auto"  # NeMo: --workers $SLURM_CPUS_ON_NODE; before, one process
+    override = compose(
+        [*AZURE_TRAINING, f"launcher_scripts_path={tmp_path}", "+data_preparation.workers=32"], tree
+    )
+    assert override.resolved()["data_preparation"]["workers"] == 32  # before, dropped without a word
     from gptrain.launch.download import output_prefix, parse_shards
 
     names = [str(output_prefix(prep, s)) for s in parse_shards(prep["shards"])]
@@ -212,3 +217,16 @@ def test_train_takes_nemo_config_path_and_name(tmp_path):
     assert config_file(args) == str(tree / "126m.yaml") and overrides == ["trainer.max_steps=5"]
     cfg = load_training_config(preset, overrides, config_file=config_file(args), report_ignored=False)
     assert cfg.trainer.max_steps == 5 and cfg.model.num_layers == 12
+
+
+def test_a_nemo_tree_is_told_about_its_container_and_its_missing_requeues(tmp_path):
+    """NeMo's config.yaml names NeMo's image (no gptrain inside) and its bcm.yaml no max_requeues."""
+    from gptrain.launch.launcher import launch_notes
+
+    base = [*AZURE_TRAINING, f"launcher_scripts_path={tmp_path}", "stages=[training]"]
+    plan = build_plan(compose([*base, "container=nvcr.io/nvidia/nemo:24.12"], conf("24.12")))
+    notes = launch_notes(plan, ["training"])
+    assert any("looks like NeMo's image, which has no gptrain" in note for note in notes)
+    assert any("cluster.max_requeues is 0" in note and "+cluster.max_requeues=N" in note for note in notes)
+    plan = build_plan(compose([*base, "container=null", "+cluster.max_requeues=3"], conf("24.12")))
+    assert launch_notes(plan, ["training"]) == []

@@ -161,3 +161,21 @@ def test_no_torch_import():
     code = "import sys, gptrain.data.tokenizers; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_nemo_tokenizer_library_flags_name_the_same_tokenizers(hf_gpt2, gpt2_files, tmp_path):
+    """NeMo's preprocessing command lines pass --tokenizer-library; before, argparse refused it."""
+    import argparse
+
+    from gptrain.data.tokenizer_args import add_tokenizer_args, tokenizer_from_args, tokenizer_type
+
+    parser = argparse.ArgumentParser()
+    add_tokenizer_args(parser)
+    hf_gpt2.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    args = parser.parse_args(["--tokenizer-library", "huggingface", "--tokenizer-type", str(tmp_path)])
+    assert tokenizer_type(args) == "HuggingFaceTokenizer"
+    assert tokenizer_from_args(args).encode("Hello world") == hf_gpt2.tokenizer.encode("Hello world").ids
+    vocab, merges = gpt2_files
+    megatron = ["--tokenizer-library", "megatron", "--tokenizer-type", "GPT2BPETokenizer"]
+    args = parser.parse_args([*megatron, "--vocab-file", str(vocab), "--merge-file", str(merges)])
+    assert tokenizer_type(args) == "GPT2BPETokenizer"

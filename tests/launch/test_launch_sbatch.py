@@ -1,3 +1,4 @@
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -57,6 +58,25 @@ def test_wandb_api_key_file_is_read_by_the_job_not_copied_into_the_script(tmp_pa
     out = subprocess.run(["bash", str(tmp_path / "s.sh")], capture_output=True, text=True, check=True)
     assert out.stdout == "0123abcd\n"
     assert "export WANDB_API_KEY" not in render_local(job, {"wandb_api_key_file": None})
+
+
+def test_env_var_references_expand_when_the_job_starts_and_nothing_else_runs(tmp_path):
+    """NeMo exports env_vars unquoted, so `:$LD_LIBRARY_PATH` extends the path; before, gptrain
+    exported the literal text `$LD_LIBRARY_PATH`."""
+    values = {
+        "LD_LIBRARY_PATH": "/opt/amazon/efa/lib:$LD_LIBRARY_PATH",
+        "W": "${HOME}/x;$(touch y) `touch z` $1 $ ${UNSET_THING}end",
+    }
+    script = "set -u\n" + "\n".join(env_lines(values)) + '\nprintf "%s\\n" "$LD_LIBRARY_PATH" "$W"\n'
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/home/me", "LD_LIBRARY_PATH": "/usr/lib"}
+    out = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env, check=True
+    )
+    assert out.stdout.splitlines() == [
+        "/opt/amazon/efa/lib:/usr/lib",
+        "/home/me/x;$(touch y) `touch z` $1 $ end",  # an unset one is empty, as without set -u
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_env_var_names_are_checked():
@@ -127,6 +147,19 @@ def test_data_preparation_is_an_array_and_training_applies_the_blend(tmp_path):
     args.append("data_preparation.run.dependency=singleton")  # as NeMo's download_gpt3_pile.yaml has
     prep, _ = write_run_files(build_plan(compose(args)), args)
     assert directives(prep.read_text())["--dependency"] == "singleton"
+
+
+def test_data_preparation_workers_auto_takes_every_cpu_slurm_gives_the_task(tmp_path):
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", f"data_dir={tmp_path}/d", *CPU]
+    args += ["stages=[data_preparation]", "data_preparation.shards=[http://h/a.jsonl.zst]"]
+    args += ["data_preparation.workers=auto"]
+    (prep,) = write_run_files(build_plan(compose(args)), args)
+    assert "--cpus-per-task" not in directives(prep.read_text())
+    srun = next(line for line in prep.read_text().splitlines() if line.startswith("srun "))
+    assert '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in srun
+    from gptrain.launch.download import worker_count
+
+    assert worker_count("auto") == len(os.sched_getaffinity(0)) and worker_count(3) == 3
 
 
 def test_local_training_uses_torchrun(tmp_path):

@@ -28,6 +28,12 @@ def srun_words(script: str) -> list[str]:
         ("training.trainer.devices=0", "training.trainer.devices", "1 or more"),
         ("training.trainer=5", "training.trainer", "a mapping"),
         ("data_preparation.workers=x", "data_preparation.workers", "a whole number"),
+        (
+            "+cluster.partitoin=gpu",
+            "cluster.partitoin: unknown cluster key",
+            "did you mean 'cluster.partition'",
+        ),
+        ("+cluster.run_training=true", "cluster.run_training", "belong at the top level of config.yaml"),
         ("cluster.signal_seconds=abc", "cluster.signal_seconds", "a whole number"),
         ("cluster.signal_seconds=0", "cluster.signal_seconds", "from 1 to 65535"),
         ("cluster.signal_seconds=-5", "cluster.signal_seconds", "from 1 to 65535"),

@@ -193,6 +193,8 @@ def test_per_split_data_paths_become_nemos_per_split_data_prefix():
             "--exit-interval 100",
             "--exit-interval: stopping at every multiple of N iterations is not implemented",
         ),
+        ("--loss-scale 1024", "--loss-scale: a static fp16 loss scale is not implemented"),
+        ("--min-loss-scale 2", "--min-loss-scale 2: other floors of the fp16 loss scale are not implemented"),
     ],
 )
 def test_bad_flags_are_one_line_errors_naming_the_flag(flags, message, capsys):
