@@ -185,7 +185,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _iterations(v, given)
     _directories(result)
     _wandb(result)
-    check_benchmark_mode(v, given)
+    check_benchmark_mode(result)
 
 
 def _data_paths(v: dict[str, Any], given: dict[str, list[str]]) -> None:
@@ -360,8 +360,11 @@ def _wandb(result: Translation) -> None:
         )
 
 
-def check_benchmark_mode(v: dict[str, Any], given: dict[str, list[str]]) -> None:
-    """Megatron's `--eval-iters 40 --split 100,0,0` dies on `assert num_samples > 0`: name the flag."""
+def check_benchmark_mode(result: Translation) -> None:
+    """`--eval-iters 40 --split 100,0,0`: an empty validation (or test) split is not evaluated, as
+    Megatron before 2023 skipped it (the Trainium tutorial's script); today's Megatron dies on
+    `assert num_samples > 0` instead. Said in a note."""
+    v = result.values
     if isinstance(v.get("model.data.data_prefix"), dict):
         return  # per-split paths: without --valid-data-path there is no validation, as in Megatron
     from gptrain.data.splits import parse_split_string  # Megatron's parse: "98,2,0", "98 2 0", "98/2"
@@ -371,12 +374,18 @@ def check_benchmark_mode(v: dict[str, Any], given: dict[str, list[str]]) -> None
         weights = parse_split_string(split)
     except ConfigError as error:
         raise ConfigError(f"--split {split}: {error}") from None
-    eval_iters = v["trainer.limit_val_batches"]
-    if eval_iters > 0 and weights[1] == 0 and v.get("model.data.data_impl") != "mock":
-        raise ConfigError(
-            f"--eval-iters {eval_iters} asks for validation but --split {split} leaves the validation split"
-            " empty: for benchmark mode (train only) set --eval-iters 0, or give it a weight (--split 98,2,0)"
-        )
+    if v.get("model.data.data_impl") == "mock":
+        return
+    for index, key, name in (
+        (1, "trainer.limit_val_batches", "validation"),
+        (2, "trainer.limit_test_batches", "test"),
+    ):
+        if v.get(key, 0) > 0 and weights[index] == 0:
+            result.notes.append(
+                f"--eval-iters {v[key]} with --split {split} (the {name} split is empty: not evaluated, as "
+                "Megatron before 2023 skipped it; set --eval-iters 0 to say so)"
+            )
+            v[key] = 0
 
 
 def render(value: Any) -> str:

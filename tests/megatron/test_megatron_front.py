@@ -165,7 +165,6 @@ def test_per_split_data_paths_become_nemos_per_split_data_prefix():
     ("flags", "message"),
     [
         ("--num-layerz 2", "--num-layerz: not a pretrain_gpt.py flag"),
-        ("--eval-iters 40 --split 100,0,0", "--eval-iters 40 asks for validation but --split 100,0,0"),
         ("--train-samples 100", "--train-iters and --train-samples: give only one"),
         ("--fp16 yes", "--fp16: takes no value"),
         ("--lr-decay-style wsd", "--lr-decay-style wsd: not supported"),
@@ -187,7 +186,6 @@ def test_per_split_data_paths_become_nemos_per_split_data_prefix():
             "--dataloader-type cyclic",
             "--dataloader-type cyclic: gptrain reads the samples in the dataset's own",
         ),
-        ("--eval-iters 40 --split 100/0/0", "--eval-iters 40 asks for validation but --split 100/0/0"),
         ("--split 90,5,3,2", "--split 90,5,3,2: split string '90,5,3,2' has 4 numbers"),
         (
             "--exit-interval 100",
@@ -356,6 +354,21 @@ def test_eod_mask_loss_says_how_gptrain_averages_the_loss(flags, noted):
     base = "--num-layers 2 --hidden-size 16 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
     t = translate(shlex.split(f"{base} --train-iters 4 --mock-data --vocab-size 64 {flags}"), {})
     assert any("--calculate-per-token-loss does" in note for note in t.notes) is noted
+
+
+@pytest.mark.parametrize("split", ["100,0,0", "100/0/0", "98,0,2"])
+def test_an_empty_evaluation_split_is_skipped_with_a_note(split):
+    """The Trainium tutorial's `--split 100,0,0 --eval-iters 1000`, which its Megatron ran; before, refused."""
+    base = "--num-layers 2 --hidden-size 16 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
+    flags = f"{base} --train-iters 4 --data-path /d/c_text_document --eval-iters 1000 --split {split}"
+    flags += " --vocab-file v.json --merge-file m.txt"
+    t = translate(shlex.split(flags), {})
+    trainer = load_training_config(None, t.overrides, report_ignored=False).trainer
+    assert trainer.limit_val_batches == 0 and trainer.limit_test_batches == (1000 if split == "98,0,2" else 0)
+    assert any(
+        note.startswith(f"--eval-iters 1000 with --split {split} (the validation split is empty")
+        for note in t.notes
+    )
 
 
 def test_megatron_2021_example_with_data_impl_and_checkpoint_activations():
