@@ -86,7 +86,14 @@ def rank_command(python: str, args: list[str], devices: int, local: bool) -> lis
     """`python ARGS` once per rank: srun starts one per task; locally torchrun starts `devices` of them."""
     if not local:
         return [python, *args]
-    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc-per-node={devices}"]
+    # torchrun itself, passing on the workers' 75 (requeue) or 76 (hang), where it would end with 1
+    torchrun = [
+        "-m",
+        "gptrain.parallel.torchrun",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={devices}",
+    ]
     return [python, *torchrun, *args]
 
 

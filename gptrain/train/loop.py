@@ -143,6 +143,7 @@ def train(cfg: TrainingConfig) -> int:
     scalars = Scalars(log_dir, enabled=logging_rank and cfg.exp_manager.create_tensorboard_logger)
     stop = StopRequest(cfg.trainer.max_time_seconds()).install()
     watchdog = Watchdog.start(cfg.trainer.hang_timeout_minutes, world.rank, world.world_size)
+    watchdog.note = log.to_file  # the hang line in the run's own log, beside stderr
     session: Session | None = None
     failed, requeue = True, False
     vocab, device_bytes = None, None

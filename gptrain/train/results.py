@@ -7,12 +7,15 @@ hparams.yaml, cmd-args.log, git-info.log, nemo_log_globalrank-<r>_localrank-<l>.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from gptrain.errors import os_error_text
 from gptrain.utils.atomic import atomic_write_text
 
 # TensorBoard tags written by the training loop (the plot command reads these).
@@ -61,7 +64,11 @@ def write_run_files(log_dir: Path, resolved_yaml: str, argv: list[str] | None = 
 
 
 class RunLog:
-    """This rank's log file; the logging rank also echoes to stdout."""
+    """This rank's log file; the logging rank also echoes to stdout.
+
+    A write the file system refuses (a full disk, a failed mount) is said once on stderr and the
+    file is given up; the run goes on (its next checkpoint save stops it in one line if the disk is full).
+    """
 
     def __init__(self, log_dir: Path, global_rank: int, local_rank: int, echo: bool) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -70,15 +77,41 @@ class RunLog:
         self._file: IO[str] | None = open(self.path, "a", buffering=1)  # noqa: SIM115 (closed in close())
 
     def __call__(self, line: str) -> None:
-        if self._file is not None:
-            self._file.write(line + "\n")
+        self.to_file(line)
         if self.echo:
             print(line, flush=True)
 
+    def to_file(self, line: str) -> None:
+        """The line into this rank's log file only (a line already on the console)."""
+        if self._file is None:
+            return
+        try:
+            self._file.write(line + "\n")
+        except OSError as error:
+            self._give_up(error)
+
+    def _give_up(self, error: OSError) -> None:
+        file, self._file = self._file, None
+        warn_unwritable(self.path, error, "the rest of this rank's log goes to the console only")
+        with contextlib.suppress(OSError):
+            file.close()
+
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as error:
+                self._give_up(error)
             self._file = None
+
+
+def warn_unwritable(path: Path | str, error: OSError, consequence: str) -> None:
+    """One stderr line for a results file the file system refuses (Slurm's .out keeps it)."""
+    print(
+        f"gptrain: WARNING: cannot write {os_error_text(error, path)}: {consequence}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class Scalars:
@@ -100,31 +133,40 @@ class Scalars:
     def add(self, values: dict[str, float | None], step: int) -> None:
         if self._wandb is not None:
             self._wandb.log(values, step)
-        if self._writer is None:
-            return
-        for tag, value in values.items():
-            if value is not None:
-                self._writer.add_scalar(tag, value, step)
+        self._write(
+            lambda writer: [writer.add_scalar(t, v, step) for t, v in values.items() if v is not None]
+        )
 
     def add_vs_samples(self, values: dict[str, float | None], samples: int, step: int) -> None:
         """Series whose x axis is consumed samples (Megatron's `... vs samples`) at iteration `step`."""
         if self._wandb is not None:
             self._wandb.log_vs_samples(values, samples, step)
-        if self._writer is None:
-            return
-        for tag, value in values.items():
-            if value is not None:
-                self._writer.add_scalar(tag, value, samples)
+        self._write(
+            lambda writer: [writer.add_scalar(t, v, samples) for t, v in values.items() if v is not None]
+        )
 
     def text(self, tag: str, text: str, step: int) -> None:
         """A warning people should see next to the curves (e.g. a damaged checkpoint skipped)."""
-        if self._writer is not None:
-            self._writer.add_text(tag, text, step)
+        self._write(lambda writer: writer.add_text(tag, text, step))
+
+    def _write(self, action: Callable[[Any], object]) -> None:
+        """An event written, or, where the file system refuses it (its writer thread failed on a
+        full disk), TensorBoard given up for the rest of the run, said once: the run goes on."""
+        if self._writer is None:
+            return
+        try:
+            action(self._writer)
+        except OSError as error:
+            writer, self._writer = self._writer, None
+            warn_unwritable(writer.get_logdir(), error, "no more TensorBoard events in this run")
+            with contextlib.suppress(OSError):
+                writer.close()
 
     def close(self) -> None:
+        self._write(lambda writer: writer.flush())
         if self._writer is not None:
-            self._writer.flush()
-            self._writer.close()
+            with contextlib.suppress(OSError):
+                self._writer.close()
             self._writer = None
         if self._wandb is not None:
             self._wandb.close()

@@ -223,8 +223,11 @@ def requeued_own_checkpoint(log_dir: Path, env: dict[str, str] | os._Environ = o
     if not job or not restarts.isdigit() or int(restarts) < 1:
         return None
     root = log_dir / "checkpoints"
+    steps = complete_steps(root)  # the COMPLETE markers, as resume reads them: `latest` may lag one
+    if not steps:
+        return None
+    newest = f"step_{steps[-1]}"
     try:
-        newest = (root / "latest").read_text().strip()
         record = json.loads((root / newest / "COMPLETE").read_text())
     except (OSError, ValueError):
         return None

@@ -92,6 +92,7 @@ class Watchdog:
         self.rank, self.world_size, self.timeout_s, self.store = rank, world_size, timeout_s, store
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.exit_fn, self.out = exit_fn, out
+        self.note: Callable[[str], None] | None = None  # the run's log file (RunLog.to_file), set by the loop
         self.poll_s = min(1.0, max(0.05, timeout_s / 5))  # local checks, no store call
         self.sync_s = max(self.poll_s, min(SYNC_MAX_SECONDS, timeout_s / 20))  # store calls
         self.fired: str | None = None
@@ -279,7 +280,17 @@ class Watchdog:
         self.fired = message
         line = f"gptrain: rank {self.rank}: {message}; exit {EXIT_HUNG} (a requeued job resumes from the last checkpoint)"
         print(line, file=self.out or sys.stderr, flush=True)
+        self.write_note(line)
         self.exit_fn(EXIT_HUNG)
+
+    def write_note(self, line: str, timeout_s: float = 2.0) -> None:
+        """The line into the run's log too (read across requeues), from a thread given `timeout_s`:
+        the hang may be a hung mount, and the exit must not wait on it."""
+        if self.note is None:
+            return
+        writer = threading.Thread(target=self.note, args=(line,), name="gptrain-hang-note", daemon=True)
+        writer.start()
+        writer.join(timeout_s)
 
     def wait_for_every_rank(self) -> None:
         """Acknowledge the line; the last rank to do so releases all (a server-side wait, no polling)."""

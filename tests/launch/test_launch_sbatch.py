@@ -1,6 +1,7 @@
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,13 +169,25 @@ def test_local_training_uses_torchrun(tmp_path):
     command = plan.jobs[0].command
     assert command[1:7] == [
         "-m",
-        "torch.distributed.run",
+        "gptrain.parallel.torchrun",  # torchrun, with the workers' 75/76 passed on
         "--standalone",
         "--nnodes=1",
         "--nproc-per-node=2",
         "-m",
     ]
     assert Path(command[-1]).name == "gpt3_126m_hydra.yaml"
+
+
+@pytest.mark.parametrize(("worker_exit", "expected"), [(75, 75), (76, 76), (3, 1), (0, 0)])
+def test_local_torchrun_passes_on_the_workers_requeue_and_hang_codes(tmp_path, worker_exit, expected):
+    """torchrun ends with 1 whatever its workers exited with: a local launch whose ranks stopped to
+    be requeued reported a failure, and never printed how to resume."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"import sys\nsys.exit({worker_exit})\n")
+    command = [sys.executable, "-m", "gptrain.parallel.torchrun", "--standalone", "--nproc-per-node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([*command, str(worker)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == expected, done.stderr[-2000:]
 
 
 def test_raw_is_not_quoted():

@@ -193,6 +193,24 @@ def test_a_requeued_job_resumes_its_own_checkpoints_even_with_resume_if_exists_f
     assert "holds an earlier run's checkpoints" in capsys.readouterr().err
 
 
+def test_a_requeued_job_finds_its_own_checkpoint_by_complete_when_latest_was_not_written(
+    tmp_path, capsys, monkeypatch
+):
+    """A job killed between a save's COMPLETE and its `latest` (always so on its first save): the
+    requeue was refused (exit 2, not requeued), or with move_aside it moved its own progress away."""
+    log_dir = tmp_path / "run"
+    fresh = ["trainer.max_steps=4", "exp_manager.resume_if_exists=false"]
+    monkeypatch.setenv("SLURM_JOB_ID", "4444")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert main(train_args(log_dir, *fresh, "trainer.max_time=00:00:00:00")) == EXIT_REQUEUE
+    (log_dir / "checkpoints" / "latest").unlink()  # as if killed before it was written
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert main(train_args(log_dir, *fresh, "exp_manager.move_aside_earlier_run=true")) == 0
+    log = (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+    assert "this is Slurm job 4444 requeued and step_1 is its own checkpoint: resuming it" in log
+    assert not list(tmp_path.glob("run.earlier-*"))
+
+
 def test_move_aside_keeps_the_earlier_run_whole(tmp_path, capsys):
     log_dir = tmp_path / "run"
     assert main(train_args(log_dir, "trainer.max_steps=4")) == 0

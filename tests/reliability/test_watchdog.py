@@ -326,3 +326,18 @@ def test_two_gloo_ranks_one_stops_the_job_ends_naming_it_and_resumes(tmp_path):
     outputs = [p.communicate(timeout=240) for p in processes]
     assert [p.returncode for p in processes] == [0, 0], outputs[0][1][-3000:]
     assert "resuming from" in (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+
+
+def test_the_hang_line_goes_into_the_run_log_and_a_hung_log_does_not_hold_the_exit():
+    """Before, the line went to stderr only: a run directory's log just stopped before each resume."""
+    dog = Watchdog(0, 1, 0.3, None, exit_fn=lambda code: None, out=io.StringIO())
+    written: list[str] = []
+    dog.note = written.append
+    dog.end("hang: test")
+    assert written == [dog.out.getvalue().strip()] and "exit 76" in written[0]
+    released = threading.Event()
+    dog.note = lambda line: released.wait(30)  # a log file on a hung mount
+    started = time.monotonic()
+    dog.write_note("x", timeout_s=0.2)
+    assert time.monotonic() - started < 5
+    released.set()
