@@ -82,3 +82,15 @@ def test_a_finished_directory_is_on_disk_before_and_after_its_rename(tmp_path, m
     assert {"x.bin", "config.json", "sub"} <= set(names)
     assert names.index("x.bin") < names.index("sub")  # a file before its directory
     assert synced[-1] == str(tmp_path)  # the rename made durable last
+
+
+def test_a_failure_names_the_directory_asked_for_and_leaves_no_parents_it_made(tmp_path) -> None:
+    """Before, a failed export said `out/.name.x1y2.tmp: ...` (gone when read) and left `a/b/` behind."""
+    from gptrain.errors import DataError
+
+    (tmp_path / "a").mkdir()
+    target = tmp_path / "a" / "b" / "c" / "out"
+    with pytest.raises(DataError) as error, atomic_directory(target) as staging:
+        raise DataError(f"{staging}: transformers' tokenizer encodes otherwise")
+    assert str(error.value) == f"{target}: transformers' tokenizer encodes otherwise"
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == []  # b/ and c/ removed, a/ was there

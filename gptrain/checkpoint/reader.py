@@ -159,6 +159,7 @@ class CheckpointReader:
         self.root = Path(root)
         self.rank = rank
         self.vocab_size = vocab_size
+        self.notes: list[str] = []  # what a load left out (rows the live model has no room for), to log
 
     def newest(self) -> Path | None:
         return newest_complete(self.root)
@@ -293,7 +294,23 @@ class CheckpointReader:
         for key, tensor in staged.items():
             compat.copy_common_rows(flat[key], tensor, self.vocab_size if compat.is_vocabulary(key) else None)
             compat.set_at(state, paths[key], flat[key])
+            self._note_dropped_rows(key, tensor.shape[0], flat[key].shape[0])
         return state
+
+    def _note_dropped_rows(self, key: str, saved: int, live: int) -> None:
+        """Rows of a model tensor the live one has no room for (fewer padding rows than an imported
+        model's, a smaller position table): said, since the next checkpoint no longer has them."""
+        if not key.startswith("model.") or saved <= live:
+            return
+        kind = (
+            f"padding past the tokenizer's {self.vocab_size} tokens"
+            if compat.is_vocabulary(key) and self.vocab_size is not None and live >= self.vocab_size
+            else "rows past this run's table"
+        )
+        self.notes.append(
+            f"{key}: the checkpoint has {saved} rows, this run's model {live}; rows {live}-{saved - 1} "
+            f"({kind}) are not loaded and later checkpoints will not have them"
+        )
 
     def load(
         self, path: Path, state: dict[str, Any], apply: Callable[[dict[str, Any]], None]

@@ -280,6 +280,7 @@ def resume(s: Session, source: Path | None = None) -> None:
         s.log(f"no complete checkpoint in {root}: starting from scratch")
         return
     path, extra = loaded
+    log_load_notes(s)
     restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log)
     if "optim" not in sections:
         s.log(f"{path} holds model weights only (an import): optimizer, LR schedule and counters start fresh")
@@ -304,6 +305,7 @@ def start_from(s: Session, source: Path) -> None:
         state_to_load,
         lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state, s.log),
     )
+    log_load_notes(s)
     if em.load_rng and not em.finetune and restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log):
         loaded.add("rng")
     s.log(
@@ -311,6 +313,13 @@ def start_from(s: Session, source: Path) -> None:
         f"at iteration {s.state.step}, consumed samples {s.state.consumed_samples}; "
         f"this run's checkpoints go to {s.checkpoints.root}"
     )
+
+
+def log_load_notes(s: Session) -> None:
+    """What the load left out of the checkpoint (gptrain.checkpoint.reader's notes), once."""
+    notes, s.checkpoints.notes = s.checkpoints.notes, []
+    for note in dict.fromkeys(notes):  # the same tensor's rows for each checkpoint tried: said once
+        s.log(f"warning: {note}")
 
 
 def report_damaged_checkpoint(s: Session, warning: str) -> None:

@@ -116,6 +116,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     and names are on disk before the rename, and the rename before this returns (a node that
     crashes after an export leaves no complete-looking directory of empty files)."""
     path = Path(path)
+    made = [parent for parent in reversed(path.parents) if not parent.exists()]  # outermost first
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
@@ -126,6 +127,11 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
             path.rmdir()  # empty: a non-empty directory is never replaced
         staging.rename(path)
         fsync_directory(path.parent)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        for parent in reversed(made):  # the directories made for it, innermost first, if still empty
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        if len(error.args) == 1 and isinstance(error.args[0], str):  # a message naming the staging
+            error.args = (error.args[0].replace(str(staging), str(path)),)  # directory names `path`
         raise

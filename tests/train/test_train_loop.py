@@ -401,3 +401,19 @@ def test_checkpoints_off_save_nothing_and_a_stop_ends_the_run_without_a_requeue(
     assert not list((tmp_path / "checkpoints").glob("step_*"))
     stopped = [line for line in log_lines(tmp_path) if line.startswith("stopping at iteration")]
     assert stopped and "nothing saved, exit 0 (not requeued)" in stopped[-1]
+
+
+def test_rows_a_resume_leaves_out_are_said_in_the_log(tmp_path, monkeypatch):
+    """A smaller position table (or fewer vocabulary rows than an imported model's) loaded the
+    first rows and dropped the rest without a word; later checkpoints no longer have them."""
+    run = ["trainer.max_steps=2", "exp_manager.checkpoint_callback_params.every_n_train_steps=2"]
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *run, "model.max_position_embeddings=32"))
+    assert code == 0
+    more = ["trainer.max_steps=3", "model.max_position_embeddings=16"]
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *more))
+    assert code == 0
+    warnings = [line for line in log_lines(tmp_path) if "are not loaded" in line]
+    assert warnings == [
+        "warning: model.pos_embeddings.weight: the checkpoint has 32 rows, this run's model 16; rows 16-31 "
+        "(rows past this run's table) are not loaded and later checkpoints will not have them"
+    ]

@@ -277,3 +277,71 @@ def test_import_refuses_a_tokenizer_that_transformers_encodes_otherwise(tmp_path
     assert not (tmp_path / "run").exists()
     assert main(["import", str(source), "--output", str(tmp_path / "run"), "--no-verify"]) == 0
     assert "GPT2BPETokenizer" in (tmp_path / "run" / "hparams.yaml").read_text()
+
+
+def saved_run(tmp_path: Path, arch: str, *overrides: str) -> Path:
+    """A run dir of `arch` with `overrides` (hparams.yaml and one checkpoint of its fresh model)."""
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.parallel.state_dict import model_state_dict
+    from gptrain.train.builders import build_model, build_model_config, build_tokenizer, padded_vocab_size
+
+    run = tmp_path / f"run_{arch}"
+    cfg = tiny_config(arch, run, *overrides)
+    run.mkdir()
+    (run / "hparams.yaml").write_text(cfg.to_yaml())
+    _, padded = padded_vocab_size(cfg, build_tokenizer(cfg))
+    model = build_model(build_model_config(cfg, padded), torch.device("cpu"), seed=7)
+    CheckpointManager(run / "checkpoints", keep_last=None).save(1, {"model": model_state_dict(model)}, {})
+    return run
+
+
+def test_a_bare_tokenizer_json_exports_as_itself_under_the_gpt2_architecture(tmp_path) -> None:
+    """Without a tokenizer_config.json AutoTokenizer took GPT2Tokenizer from model_type gpt2, which
+    swaps in GPT-2's byte-level pre-tokenizer: the export was refused, and with --no-verify shipped
+    a tokenizer that encodes other ids."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer
+
+    words = {w: i for i, w in enumerate(["<|endoftext|>", "<unk>", *CHARS])}
+    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    hf = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tmp_path / 'tok'}"]
+    run = saved_run(
+        tmp_path, "gpt2", *hf, "model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"
+    )
+    assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")]) == 0  # verified
+    config = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["eos_token"] == "<|endoftext|>"
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    assert loaded.encode("The meaning<|endoftext|>") == tok.encode("The meaning<|endoftext|>").ids
+    assert loaded.eos_token == "<|endoftext|>" and loaded.model_max_length == 16
+
+
+def test_a_rope_export_advertises_the_position_table_not_only_the_training_length(tmp_path) -> None:
+    run = saved_run(tmp_path, "llama", "model.max_position_embeddings=64")
+    assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["max_position_embeddings"] == 64
+
+
+def test_verification_takes_fixed_ids_where_the_tokenizer_encodes_the_prompt_to_nothing() -> None:
+    from gptrain.trained.hf.verify import greedy_agreement
+
+    model = torch.nn.Identity()
+    seen = []
+
+    def logits(module, ids, vocab):
+        seen.append(ids.dtype)
+        return torch.nn.functional.one_hot(ids, vocab).float()
+
+    import gptrain.trained.hf.verify as verify
+
+    real = verify.gptrain_logits, verify.hf_logits
+    verify.gptrain_logits = verify.hf_logits = logits
+    try:
+        new = greedy_agreement(model, model, [], 8, 16, 1e-3, "test")
+    finally:
+        verify.gptrain_logits, verify.hf_logits = real
+    assert new and seen and all(dtype == torch.int64 for dtype in seen)  # was a float tensor of []

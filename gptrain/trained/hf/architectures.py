@@ -107,7 +107,8 @@ def hf_config_kwargs(
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.query_groups,
         "hidden_act": "silu",
-        "max_position_embeddings": config.seq_length,
+        # model.max_position_embeddings where it is above the training length, as GPT-2's n_positions
+        "max_position_embeddings": max(config.seq_length, config.max_position_embeddings or 0),
         "attention_dropout": config.attention_dropout,
         "initializer_range": config.init_method_std,
         **tokens,

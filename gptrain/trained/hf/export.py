@@ -114,7 +114,7 @@ def export_hf(
             _write_configs(staging, source, arch, dtype)
             # a run on mock data has no tokenizer: the preset's tokenizer paths point at nothing
             if source.tokenizer is not None:
-                export_tokenizer(source.cfg, staging, source.model_config.seq_length)
+                export_tokenizer(source.cfg, staging, source.model_config.seq_length, source.token_ids)
             tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream, DTYPES[dtype])
             verification = verify_export(source, staging, DTYPES[dtype]) if verify else None
     except Exception as error:  # a full disk, a quota, a read error: said in one line (nothing left behind)

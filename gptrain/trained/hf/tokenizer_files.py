@@ -1,8 +1,10 @@
 """The tokenizer files that travel with a converted model, both directions (no torch).
 
 Export: GPT-2 BPE runs ship their vocab.json + merges.txt, the same as a
-tokenizer.json, and a tokenizer_config.json naming `GPT2Tokenizer` and `<|endoftext|>`; Hugging Face tokenizer runs ship their tokenizer.json (and
-its tokenizer_config.json / special_tokens_map.json when present). Import copies them into the
+tokenizer.json, and a tokenizer_config.json naming `GPT2Tokenizer` and `<|endoftext|>`; Hugging
+Face tokenizer runs ship their tokenizer.json (and its tokenizer_config.json /
+special_tokens_map.json when present, else a tokenizer_config.json naming
+PreTrainedTokenizerFast and the special tokens). Import copies them into the
 run directory and returns the `model.tokenizer.*` values that point at the copies: tokenizer.json
 when the model has one, unless it is exactly the GPT-2 BPE of its vocab.json + merges.txt.
 """
@@ -21,8 +23,12 @@ HF_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
 ENCODING_KEYS = ("normalizer", "pre_tokenizer", "model", "added_tokens", "post_processor", "decoder")
 
 
-def export_tokenizer(cfg: Any, output: Path, seq_length: int) -> list[str]:
-    """Copy the run's tokenizer files into `output`; the names written (empty for mock data/tiktoken)."""
+def export_tokenizer(
+    cfg: Any, output: Path, seq_length: int, token_ids: dict[str, int | None] | None = None
+) -> list[str]:
+    """Copy the run's tokenizer files into `output`; the names written (empty for mock data/tiktoken).
+    `token_ids`: the configs' bos/eos/pad ids, declared in a tokenizer_config.json written for a
+    tokenizer.json that comes without one."""
     tok = cfg.model.tokenizer
     kind = canonical_type(tok.type)
     if kind == "gpt2" and tok.vocab_file and tok.merge_file:
@@ -47,8 +53,28 @@ def export_tokenizer(cfg: Any, output: Path, seq_length: int) -> list[str]:
         extras = [name for name in HF_EXTRAS if (file.parent / name).is_file()]
         for name in extras:
             shutil.copyfile(file.parent / name, output / name)
+        if "tokenizer_config.json" not in extras:
+            config = fast_tokenizer_config(file, seq_length, token_ids or {})
+            (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+            extras.append("tokenizer_config.json")
         return ["tokenizer.json", *extras]
     return []
+
+
+def fast_tokenizer_config(tokenizer_json: Path, seq_length: int, token_ids: dict[str, int | None]) -> dict:
+    """tokenizer_config.json for a bare tokenizer.json: without one, AutoTokenizer takes the model
+    type's class (GPT2Tokenizer for GPT-2), which replaces the file's pre-tokenizer and decoder
+    with GPT-2's byte level and encodes other ids; PreTrainedTokenizerFast loads it as it is."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_length}
+    for name in ("bos", "eos", "pad"):
+        token_id = token_ids.get(f"{name}_token_id")
+        token = tokenizer.id_to_token(token_id) if token_id is not None else None
+        if token is not None:
+            config[f"{name}_token"] = token
+    return config
 
 
 def import_tokenizer(hf_dir: Path, run_tokenizer_dir: Path, final_dir: Path) -> dict[str, Any] | None:
