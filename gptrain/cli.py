@@ -13,7 +13,7 @@ import re
 import sys
 
 from gptrain import __version__
-from gptrain.errors import GptrainError
+from gptrain.errors import GptrainError, os_error_text
 from gptrain.utils.signals import Terminated
 
 # Modules with a `register(subparsers)` function; each must not import torch at module level.
@@ -67,3 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         return terminated.status
     except BrokenPipeError:
         return 0
+    except OSError as error:  # a path the file system refuses (read-only, a directory, full): one line
+        print(f"gptrain: error: {os_error_text(error, 'a file')}", file=sys.stderr)
+        return 2
+    except MemoryError as error:  # numpy's "Unable to allocate 21.5 TiB for an array ..."
+        reason = (str(error).splitlines() or ["no detail"])[0]
+        print(f"gptrain: error: out of memory ({reason}): ask for less", file=sys.stderr)
+        return 2

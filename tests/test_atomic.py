@@ -94,3 +94,21 @@ def test_a_failure_names_the_directory_asked_for_and_leaves_no_parents_it_made(t
         raise DataError(f"{staging}: transformers' tokenizer encodes otherwise")
     assert str(error.value) == f"{target}: transformers' tokenizer encodes otherwise"
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == []  # b/ and c/ removed, a/ was there
+
+
+def test_sigterm_during_an_export_removes_its_staging_directory(tmp_path) -> None:
+    """Ctrl-C cleaned up; SIGTERM (a time limit, `timeout`) left the model-sized `.name.*.tmp`."""
+    import signal
+
+    from gptrain.trained.hf.cli import removing_partial_output_on_sigterm
+    from gptrain.utils.signals import Terminated
+
+    def export(args) -> int:
+        with atomic_directory(tmp_path / "out") as staging:
+            (staging / "model.safetensors").write_bytes(b"x" * 1000)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return 0
+
+    with pytest.raises(Terminated):
+        removing_partial_output_on_sigterm(export)(None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

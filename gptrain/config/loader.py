@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import sys
 import types
 import typing
@@ -248,7 +249,11 @@ def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:
         converted = _convert(value, option)
         if converted is not _NO:
             return converted
-    expected = " or ".join(getattr(o, "__name__", str(o)) for o in options if o is not type(None))
+    expected = " or ".join(
+        "a finite float" if o is float else getattr(o, "__name__", str(o))
+        for o in options
+        if o is not type(None)
+    )
     raise ConfigError(f"{source}: '{dotted}' expects {expected}, got {value!r}")
 
 
@@ -271,15 +276,14 @@ def _convert(value: Any, option: Any) -> Any:
         if isinstance(value, int):
             return value
         return int(value) if isinstance(value, float) and value.is_integer() else _NO
-    if option is float:
+    if option is float:  # finite only: nan passes every `x > 0` check, inf trains to NaN losses
         if isinstance(value, bool):
             return _NO
-        if isinstance(value, int | float):
-            return float(value)
         try:
-            return float(value) if isinstance(value, str) else _NO
+            number = float(value) if isinstance(value, int | float | str) else None
         except ValueError:
             return _NO
+        return number if number is not None and math.isfinite(number) else _NO
     if option is str:
         return str(value) if isinstance(value, str | int | float) and not isinstance(value, bool) else _NO
     return _NO

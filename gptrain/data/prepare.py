@@ -320,7 +320,9 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             results = stack.enter_context(contextlib.closing(_results(chunks, config)))
             _consume(results, writers, stats, progress, config.log_interval)
             finalize_together(writers)  # all outputs new, or (on error) all as they were
-    except OSError as error:  # reading errors are DataErrors already: this is the output side
+    except OSError as error:  # reading errors are DataErrors already, but for opening an input
+        if error.filename is not None and str(error.filename) in {str(path) for path in paths}:
+            raise DataError(f"--input {error.filename}: cannot read ({error.strerror or error})") from None
         raise DataError(f"--output-prefix {config.output_prefix}: cannot write ({error})") from None
     finally:
         _STATE = None

@@ -178,8 +178,14 @@ def _read_merges(merge_file: str) -> tuple[list[tuple[str, str]], list[int]]:
     path = Path(merge_file)
     if not path.is_file():
         raise DataError(f"merge file {merge_file} not found (pass --merge-file path/to/merges.txt)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{merge_file}: not UTF-8 text (offset {error.start}); expected GPT-2's merges.txt"
+        ) from None
     merges, numbers = [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line or (number == 1 and line.startswith("#version")):
             continue
         parts = line.split(" ")

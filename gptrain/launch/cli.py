@@ -9,6 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
+# gptrain.launch.compose.STAGES, here without its imports (this parser loads on every command)
+STAGE_NAMES = ("data_preparation", "validation", "training")
+
 DEFAULT_RESULTS = "results"
 
 
@@ -71,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             parser.add_argument(
                 "-f", "--follow", action="store_true", help="keep printing until the jobs end"
             )
-            parser.add_argument("--stage", default=None, help="only this stage (training, data_preparation)")
+            parser.add_argument("--stage", default=None, choices=STAGE_NAMES, help="only this stage")
         parser.set_defaults(func={"status": run_status, "cancel": run_cancel, "logs": run_logs}[name])
 
 

@@ -128,7 +128,10 @@ def env_lines(env_vars: dict[str, object] | None) -> list[str]:
 
 
 # `$NAME` or `${NAME}` inside an env_vars value: expanded when the job starts, as NeMo's unquoted export does.
-ENV_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+# (`$_`, bash's last argument, is no name: it stays text.)
+ENV_REFERENCE = re.compile(
+    r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|((?!_(?![A-Za-z0-9_]))[A-Za-z_][A-Za-z0-9_]*))"
+)
 
 
 def env_value(text: str, what: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gptrain.config.yamlio import read_config_text
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.sbatch import Job, rank_command
 
@@ -81,7 +82,7 @@ def read_exclude_file(path: str | None) -> str | None:
     """The host list a failed validation left for later launches, or None."""
     if not path or not Path(path).is_file():
         return None
-    text = ",".join(line.strip() for line in Path(path).read_text().splitlines() if line.strip())
+    text = ",".join(line.strip() for line in read_config_text(path).splitlines() if line.strip())
     return text or None
 
 

@@ -1,22 +1,60 @@
-"""torchrun that ends with its workers' requeue (75) or hang (76) exit code.
+"""torchrun that ends with its workers' requeue (75) or hang (76) exit code, and passes SIGTERM on.
 
 torchrun ends with 1 whatever its workers exited with, so a local launch (`cluster_type=local`)
 whose ranks stopped at a checkpoint to be requeued, or after a hang, reported a failure, and a
 wrapper that relaunches on 75 stopped instead. The code of the first worker to exit is passed
 on when it is one of gptrain's own; anything else is 1, as torchrun says.
+
+On SIGTERM (or SIGHUP) torchrun itself stops: it signals its workers and kills them 30 s later,
+whether or not they have written the checkpoint they save on that signal. Here the signal is
+passed to the workers and torchrun goes on watching them, so they save and exit 75.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+from pathlib import Path
 
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE
+
+# Signals torchrun handles itself (its TORCHELASTIC_SIGNALS_TO_HANDLE); SIGTERM and SIGHUP are ours.
+TORCHRUN_SIGNALS = "SIGINT,SIGQUIT"
+
+
+def worker_pids() -> list[int]:
+    """This process's children (torchrun's workers), from /proc (empty where there is none)."""
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                pids += [int(pid) for pid in (task / "children").read_text().split()]
+    return pids
+
+
+def pass_to_workers(signum: int, frame: object) -> None:
+    """The stop request goes to the ranks, which checkpoint and exit 75 (gptrain.train.signals)."""
+    del signum, frame
+    for pid in worker_pids():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig
     from torch.distributed.run import main as torchrun_main
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "signals_to_handle" in LaunchConfig.__dataclass_fields__:  # its flag sets the variable below
+        if not any(arg.startswith(("--signals-to-handle", "--signals_to_handle")) for arg in argv):
+            argv = [f"--signals-to-handle={TORCHRUN_SIGNALS}", *argv]
+    else:
+        os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", TORCHRUN_SIGNALS)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, pass_to_workers)
     try:
         torchrun_main(argv)
     except ChildFailedError as error:

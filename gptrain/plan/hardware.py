@@ -12,8 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
 
 CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
@@ -114,7 +113,9 @@ def cluster_profile(name: str) -> dict:
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in CLUSTER_DIR.glob("*.yaml")))
         raise ConfigError(f"--cluster {name}: no such profile ({path}); known: {known}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_file(path) or {}  # a malformed or non-UTF-8 file: one line naming it
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping (a cluster config)")
     plan = data.get("plan") or {}
     if not isinstance(plan, dict):
         raise ConfigError(f"{path}: 'plan' must be a mapping (gpu, intra_node_GBps, inter_node_GBps)")

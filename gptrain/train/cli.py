@@ -57,5 +57,8 @@ def run_train(args: argparse.Namespace) -> int:
     from gptrain.train.loop import train
 
     preset, overrides = split_preset(args.preset, list(args.overrides))
-    cfg = load_training_config(preset, overrides, config_file=config_file(args))
+    file = config_file(args)
+    if preset is not None and file is not None:  # the file would win, and the preset go unread
+        raise ConfigError(f"give a preset ({preset}) or a config file ({file}), not both")
+    cfg = load_training_config(preset, overrides, config_file=file)
     return train(cfg)

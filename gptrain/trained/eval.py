@@ -8,6 +8,9 @@ whatever layout saved the checkpoint.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from gptrain.errors import ConfigError
 
 
 def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -57,6 +60,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from gptrain.cli import OVERRIDE
     from gptrain.trained.evaluate import EvalRequest, evaluate_checkpoint
 
+    if args.json and Path(args.json).is_dir():  # before the evaluation, not after it
+        raise ConfigError(f"--json {args.json}: is a directory; give a file name")
     prefixes = [item for item in args.data_prefix or [] if not OVERRIDE.match(item)]
     overrides = [item for item in args.data_prefix or [] if OVERRIDE.match(item)]  # after --data-prefix
     request = EvalRequest(

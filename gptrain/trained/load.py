@@ -225,10 +225,11 @@ def unreadable(step_dir: Path, error: BaseException) -> CheckpointLoadError:
 
 
 def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
-    """Model (eval mode, weights loaded) and tokenizer of the newest complete checkpoint under `path`."""
+    """Model (eval mode, weights loaded) and tokenizer of the newest complete checkpoint under `path`
+    that passes its CRC-32s (a changed byte in a shard's weights would load and generate unseen)."""
     from gptrain.train.builders import build_model, build_model_config
 
-    run = open_run(path)
+    run = open_run(path, checksums=True)
     if run.tokenizer is None:
         raise DataError(f"{run.hparams}: the run trained on mock data without a tokenizer; nothing to decode")
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -8,6 +8,7 @@ the shared filesystems many ranks read from).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -30,8 +31,14 @@ def temporary_sibling(path: str | os.PathLike[str]) -> Path:
 def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
     """Open a temporary sibling of `path` for writing; rename it onto `path` on success."""
     path = Path(path)
+    if path.is_dir():  # checked first: found only at the rename, after the work (an evaluation) was done
+        raise IsADirectoryError(errno.EISDIR, "is a directory; give a file name", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(path)
+    try:
+        tmp = temporary_sibling(path)
+    except OSError as error:  # the directory refuses a new file: said of the file asked for
+        error.filename = str(path)
+        raise
     try:
         with open(tmp, mode) as handle:
             yield handle
@@ -39,8 +46,10 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename == str(tmp):  # name the file asked for
+            error.filename = str(path)
         raise
     fsync_directory(path.parent)
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
 
 CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
@@ -85,7 +84,7 @@ def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) ->
     if profile is None:
         return Thresholds(min_busbw_override=min_busbw_GBps)
     path = _profile_path(profile)
-    block = _block(yaml.safe_load(path.read_text()) or {}, path)
+    block = _block(load_file(path) or {}, path)  # a malformed file: one line naming it
     known = {f.name for f in fields(Thresholds)} - {"profile", "min_busbw_override"}
     values: dict[str, Any] = {}
     for key, value in block.items():

@@ -115,6 +115,12 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
     "override, message",
     [
         ("model.num_layers=abc", "'model.num_layers' expects int"),
+        (
+            "model.optim.lr=nan",
+            "'model.optim.lr' expects a finite float, got 'nan'",
+        ),  # passed `lr > 0` checks
+        ("model.optim.lr=inf", "'model.optim.lr' expects a finite float"),  # trained to NaN losses, exit 0
+        ("model.optim.sched.min_lr=-inf", "'model.optim.sched.min_lr' expects a finite float"),
         ("trainer.precision=8", "trainer.precision: '8'"),
         ("model.num_attention_heads=7", "divisible by model.num_attention_heads"),
         ("model.global_batch_size=10", "divisible by model.micro_batch_size"),

@@ -230,3 +230,13 @@ def test_a_nemo_tree_is_told_about_its_container_and_its_missing_requeues(tmp_pa
     assert any("cluster.max_requeues is 0" in note and "+cluster.max_requeues=N" in note for note in notes)
     plan = build_plan(compose([*base, "container=null", "+cluster.max_requeues=3"], conf("24.12")))
     assert launch_notes(plan, ["training"]) == []
+
+
+def test_a_preset_and_a_config_file_together_are_refused(tmp_path, capsys):
+    """Before, the file won and the preset was never read, without a word."""
+    from gptrain.cli import main
+
+    file = conf("24.05") / "training" / "gpt3" / "126m.yaml"
+    assert main(["train", "gpt3/5b", "--config-file", str(file)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"gptrain: error: give a preset (gpt3/5b) or a config file ({file}), not both"

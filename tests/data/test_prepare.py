@@ -476,3 +476,21 @@ def test_help_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_an_input_that_cannot_be_opened_is_named_as_the_input(tmp_path, gpt2_files, monkeypatch):
+    """An unreadable --input was reported as `--output-prefix ...: cannot write (... the input ...)`."""
+    import gptrain.data.prepare as prepare_module
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "one"}\n')
+
+    def refused(paths, *args):
+        raise PermissionError(13, "Permission denied", str(paths[0]))
+        yield  # a generator, as the real one
+
+    monkeypatch.setattr(prepare_module, "_tracked_chunks", refused)
+    config = PrepareConfig([str(source)], str(tmp_path / "out" / "ds"), TokenizerSpec("gpt2bpe", *gpt2_files))
+    with pytest.raises(DataError) as error:
+        prepare(config, stream=sys.stdout)
+    assert str(error.value) == f"--input {source}: cannot read (Permission denied)"

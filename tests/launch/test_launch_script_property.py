@@ -108,12 +108,26 @@ def render(key: str, value: object, base: Path, stubs: Path) -> list[Path]:
     return write_run_files(plan, args), plan
 
 
-def run_script(script: Path, stubs: Path, log: Path) -> subprocess.CompletedProcess:
+def script_env(stubs: Path, log: Path) -> dict[str, str]:
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(log), "SLURM_JOB_ID": "7"}
     env.update(SLURM_JOB_NODELIST="n1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="2")
     env.update(SLURM_NTASKS_PER_NODE="1", SLURM_RESTART_COUNT="0")
     env.pop("GPTRAIN_V", None)
+    return env
+
+
+def run_script(script: Path, stubs: Path, log: Path) -> subprocess.CompletedProcess:
+    env = script_env(stubs, log)
     return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+
+
+def expanded(text: str, env: dict[str, str]) -> str:
+    """An env_vars value as the job sees it: `$NAME` and `${NAME}` expanded (as NeMo's unquoted
+    export does; unset: empty), nothing else."""
+    from gptrain.launch.sbatch import ENV_REFERENCE
+
+    env = {**env, "PYTHONUNBUFFERED": "1"}  # exported by the script before env_vars
+    return ENV_REFERENCE.sub(lambda m: env.get(m.group(1) or m.group(2), ""), text)
 
 
 def sbatch_options(script: str) -> dict[str, str]:
@@ -131,8 +145,8 @@ def words(path: Path) -> list[str]:
     return path.read_text().split("\0")[:-1]
 
 
-def check_arrival(key: str, text: str, script: Path, plan, log: Path) -> None:
-    """The value reached its place in the job unchanged."""
+def check_arrival(key: str, text: str, script: Path, plan, log: Path, stubs: Path) -> None:
+    """The value reached its place in the job unchanged (env_vars: with its references expanded)."""
     srun, python = words(log / "srun.argv"), words(log / "python.argv")
     [job] = plan.jobs
     assert python == ["-m", "gptrain", "train", "--config-file", str(config_path(job))]
@@ -146,7 +160,7 @@ def check_arrival(key: str, text: str, script: Path, plan, log: Path) -> None:
         output = re.sub(r"%(%|j)", lambda m: "%" if m.group(1) == "%" else "7", pattern)
         assert output == str(job.run_dir / f"log-{job.job_name}_7.out")
     elif key.endswith("GPTRAIN_V"):
-        assert (log / "python.env").read_text() == text
+        assert (log / "python.env").read_text() == expanded(text, script_env(stubs, log))
     elif key == "container":
         assert (f"--container-image={text}" in srun) == bool(text)
     elif key == "container_mounts":
@@ -158,6 +172,7 @@ def check_arrival(key: str, text: str, script: Path, plan, log: Path) -> None:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(KEYS), text=TEXT)
 @example(key="cluster.account", text="\x85")  # a line break to str.splitlines, not to bash
+@example(key="env_vars.GPTRAIN_V", text="$SLURM_JOB_ID:$_{IFS}$(owned)$_")  # expands only a name
 def test_no_value_reaching_a_script_is_executed(stubs, key, text):
     if key in PATH_KEYS and key != "training.run.name":
         text = text.replace("/", "_") if key == "base_results_dir" else text
@@ -182,4 +197,4 @@ def test_no_value_reaching_a_script_is_executed(stubs, key, text):
         done = run_script(script, stubs, log)
         assert not (log / "OWNED").exists(), script.read_text()
         assert done.returncode == 0, done.stderr
-        check_arrival(key, text, script, plan, log)
+        check_arrival(key, text, script, plan, log, stubs)

@@ -407,7 +407,9 @@ def test_rows_a_resume_leaves_out_are_said_in_the_log(tmp_path, monkeypatch):
     """A smaller position table (or fewer vocabulary rows than an imported model's) loaded the
     first rows and dropped the rest without a word; later checkpoints no longer have them."""
     run = ["trainer.max_steps=2", "exp_manager.checkpoint_callback_params.every_n_train_steps=2"]
-    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *run, "model.max_position_embeddings=32"))
+    code, _ = run_recording(
+        monkeypatch, tiny_config(tmp_path, *MOCK, *run, "model.max_position_embeddings=32")
+    )
     assert code == 0
     more = ["trainer.max_steps=3", "model.max_position_embeddings=16"]
     code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *more))

@@ -7,8 +7,12 @@ The training script runs torchrun (`--standalone`: a free rendezvous port, one n
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.launch.records import append_record, process_start_time
@@ -20,6 +24,34 @@ def run_job(job: Job, echo: bool = True) -> int:
     process = subprocess.Popen(
         ["bash", str(job.script_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
+    with forwarding_stop_signals(process):
+        return follow_job(job, process, echo)
+
+
+@contextlib.contextmanager
+def forwarding_stop_signals(process: subprocess.Popen) -> Iterator[None]:
+    """SIGTERM or SIGHUP to the launcher (kill, timeout, a closed terminal) goes to the stage, whose
+    training checkpoints and exits 75, while its output is still read; before, the launcher died of
+    it, and the training with it at its next line of output, with nothing saved."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: object) -> None:
+        del signum, frame
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def follow_job(job: Job, process: subprocess.Popen, echo: bool) -> int:
+    """Stream the stage's output to its log (and the terminal), record its start and exit."""
     log = job.run_dir / f"log-{job.job_name}_{process.pid}.out"
     fields = {"stage": job.stage, "executor": "local", "job_id": f"local-{process.pid}", "pid": process.pid}
     started = process_start_time(process.pid)

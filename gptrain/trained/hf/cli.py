@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+
+from gptrain.utils.signals import terminate_as_exception
 
 
 def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +44,7 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-shard-size-gb", type=float, default=5.0, help="largest safetensors file in GB (default 5)"
     )
-    parser.set_defaults(func=run_export)
+    parser.set_defaults(func=removing_partial_output_on_sigterm(run_export))
 
 
 def add_import_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -65,7 +68,20 @@ def add_import_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip the checks of logits, greedy continuation and tokenizer",
     )
-    parser.set_defaults(func=run_import)
+    parser.set_defaults(func=removing_partial_output_on_sigterm(run_import))
+
+
+def removing_partial_output_on_sigterm(
+    run: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """SIGTERM (a Slurm time limit, `timeout`) unwinds like Ctrl-C: the model-sized staging
+    directory is removed, where the signal's default action left it behind."""
+
+    def guarded(args: argparse.Namespace) -> int:
+        with terminate_as_exception():
+            return run(args)
+
+    return guarded
 
 
 def run_export(args: argparse.Namespace) -> int:
