@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 
@@ -68,9 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except OSError as error:  # a path the file system refuses (read-only, a directory, full): one line
-        print(f"gptrain: error: {os_error_text(error, 'a file')}", file=sys.stderr)
+        if os.environ.get("GPTRAIN_DEBUG"):
+            raise
+        text = (
+            os_error_text(error, "")
+            if error.filename
+            else (str(error.strerror or error).splitlines() or [""])[0]
+        )
+        print(f"gptrain: error: {text} (GPTRAIN_DEBUG=1 shows where)", file=sys.stderr)
         return 2
     except MemoryError as error:  # numpy's "Unable to allocate 21.5 TiB for an array ..."
+        if os.environ.get("GPTRAIN_DEBUG"):
+            raise
         reason = (str(error).splitlines() or ["no detail"])[0]
         print(f"gptrain: error: out of memory ({reason}): ask for less", file=sys.stderr)
         return 2

@@ -34,3 +34,16 @@ def test_every_subcommand_has_help():
     subparsers = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
     for name, sub in subparsers[0].choices.items():
         assert sub.format_help(), name
+
+
+def test_a_path_the_file_system_refuses_is_one_line(tmp_path, capsys, monkeypatch):
+    """`plan --json DIR` (and eval, plot, import ... onto a directory or a read-only one) was a traceback."""
+    assert main(["plan", "gpt3/126m", "--nodes", "1", "--gpu", "h100-80gb", "--json", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        err[-1]
+        == f"gptrain: error: {tmp_path}: is a directory; give a file name (GPTRAIN_DEBUG=1 shows where)"
+    )
+    monkeypatch.setenv("GPTRAIN_DEBUG", "1")
+    with pytest.raises(IsADirectoryError):
+        main(["plan", "gpt3/126m", "--nodes", "1", "--gpu", "h100-80gb", "--json", str(tmp_path)])

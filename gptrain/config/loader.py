@@ -281,7 +281,7 @@ def _convert(value: Any, option: Any) -> Any:
             return _NO
         try:
             number = float(value) if isinstance(value, int | float | str) else None
-        except ValueError:
+        except (ValueError, OverflowError):  # an integer of 400 digits is past any float
             return _NO
         return number if number is not None and math.isfinite(number) else _NO
     if option is str:

@@ -213,9 +213,17 @@ def refused_value(dotted: str, value: object) -> str | None:
 
 
 def _same(value: object, ok: object) -> bool:
-    """Equal as YAML means it: a bool only to a bool (0 is not false), 1 to 1.0."""
-    if isinstance(value, bool) or isinstance(ok, bool):
-        return value is ok
+    """Equal as NeMo reads it: a switch's 0/1 is its false/true (Python truthiness), 1 is 1.0; a
+    string is no switch."""
+    if isinstance(ok, bool):
+        return (
+            isinstance(value, int | float)
+            and not isinstance(value, str)
+            and value in (0, 1)
+            and bool(value) is ok
+        )
+    if isinstance(value, bool):
+        return False
     return value == ok
 
 

@@ -75,7 +75,15 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
             f"note  container {container} looks like NeMo's image, which has no gptrain: the job runs "
             "`python -m gptrain` inside it; set container=null or an image with gptrain installed"
         )
-    if plan.cluster_type == "slurm" and "training" in stages and not plan.cluster.get("max_requeues"):
+    saving = (
+        (plan.configs.get("training") or {}).get("exp_manager", {}).get("create_checkpoint_callback", True)
+    )
+    if (
+        plan.cluster_type == "slurm"
+        and "training" in stages
+        and saving
+        and not plan.cluster.get("max_requeues")
+    ):
         notes.append(
             "note  training: cluster.max_requeues is 0: a stop at the time limit checkpoints and ends the "
             "job without requeueing it; give +cluster.max_requeues=N to go on by itself"

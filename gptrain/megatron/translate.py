@@ -361,9 +361,9 @@ def _wandb(result: Translation) -> None:
 
 
 def check_benchmark_mode(result: Translation) -> None:
-    """`--eval-iters 40 --split 100,0,0`: an empty validation (or test) split is not evaluated, as
-    Megatron before 2023 skipped it (the Trainium tutorial's script); today's Megatron dies on
-    `assert num_samples > 0` instead. Said in a note."""
+    """`--eval-iters 40 --split 100,0,0`: an empty validation split is not evaluated, as Megatron
+    before 2023 skipped it (the Trainium tutorial's script); today's Megatron dies on `assert
+    num_samples > 0` instead. Said in a note. (An empty test split is not built, as ever.)"""
     v = result.values
     if isinstance(v.get("model.data.data_prefix"), dict):
         return  # per-split paths: without --valid-data-path there is no validation, as in Megatron
@@ -376,16 +376,13 @@ def check_benchmark_mode(result: Translation) -> None:
         raise ConfigError(f"--split {split}: {error}") from None
     if v.get("model.data.data_impl") == "mock":
         return
-    for index, key, name in (
-        (1, "trainer.limit_val_batches", "validation"),
-        (2, "trainer.limit_test_batches", "test"),
-    ):
-        if v.get(key, 0) > 0 and weights[index] == 0:
-            result.notes.append(
-                f"--eval-iters {v[key]} with --split {split} (the {name} split is empty: not evaluated, as "
-                "Megatron before 2023 skipped it; set --eval-iters 0 to say so)"
-            )
-            v[key] = 0
+    if v.get("trainer.limit_val_batches", 0) > 0 and weights[1] == 0:
+        given = "" if "--eval-iters" in result.given else " (Megatron's default)"
+        result.notes.append(
+            f"--eval-iters {v['trainer.limit_val_batches']}{given} with --split {split} (the validation split "
+            "is empty: not evaluated, as Megatron before 2023 skipped it)"
+        )
+        v["trainer.limit_val_batches"] = 0
 
 
 def render(value: Any) -> str:

@@ -144,6 +144,7 @@ def train(cfg: TrainingConfig) -> int:
     stop = StopRequest(cfg.trainer.max_time_seconds()).install()
     watchdog = Watchdog.start(cfg.trainer.hang_timeout_minutes, world.rank, world.world_size)
     watchdog.note = log.to_file  # the hang line in the run's own log, beside stderr
+    watchdog.requeue = cfg.exp_manager.create_checkpoint_callback
     session: Session | None = None
     failed, requeue = True, False
     vocab, device_bytes = None, None
@@ -232,7 +233,8 @@ def log_start(s: Session, model: nn.Module, log_dir: Path) -> None:
     for warning in schedule_warnings(s.schedule.spec, s.cfg.trainer.max_steps) + stream_warnings(s.cfg.model):
         s.log(f"warning: {warning}")
     # fp32 weights and AdamW's two moments: 12 bytes a parameter, whatever the layout.
-    space = s.checkpoints.space_warning(12 * params) if s.world.rank == 0 else None
+    saving = s.cfg.exp_manager.create_checkpoint_callback
+    space = s.checkpoints.space_warning(12 * params) if s.world.rank == 0 and saving else None
     if space is not None:
         s.log(f"warning: {space}")
 

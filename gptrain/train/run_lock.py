@@ -154,7 +154,7 @@ def acquire(directory: Path, me: Holder | None = None) -> RunLock:
     return RunLock(path, me)
 
 
-def take_over(path: Path, me: Holder, text: str) -> RunLock:
+def take_over(path: Path, me: Holder, text: str, attempts: int = 3) -> RunLock:
     other = read_holder(path)
     if other is None:  # just being created by another run, or unreadable: look once more
         time.sleep(1.0)
@@ -168,14 +168,22 @@ def take_over(path: Path, me: Holder, text: str) -> RunLock:
         )
     markers = claim_takeover(path, other, me)
     try:
-        if read_holder(path) != other:  # another run took it over before this one claimed it
-            raise RunLockedError(f"{path.parent} was taken by another run at the same moment; try again")
-        temporary = path.with_name(f"{LOCK_NAME}.{me.host}.{me.pid}.tmp")
-        temporary.write_text(text)
-        os.replace(temporary, path)
+        current = read_holder(path)
+        if current != other:  # another run took it over before this one claimed it
+            if attempts > 1 and current is not None and stale_reason(current, me) is not None:
+                retry = True  # and died before it got going: take it over from that one
+            else:
+                raise RunLockedError(f"{path.parent} was taken by another run at the same moment; try again")
+        else:
+            retry = False
+            temporary = path.with_name(f"{LOCK_NAME}.{me.host}.{me.pid}.tmp")
+            temporary.write_text(text)
+            os.replace(temporary, path)
     finally:
         for marker in markers:
             marker.unlink(missing_ok=True)
+    if retry:
+        return take_over(path, me, text, attempts - 1)
     return RunLock(path, me, [f"took over the lock {path} of {other.describe()}: {reason}"])
 
 

@@ -93,6 +93,7 @@ class Watchdog:
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.exit_fn, self.out = exit_fn, out
         self.note: Callable[[str], None] | None = None  # the run's log file (RunLog.to_file), set by the loop
+        self.requeue = True  # False where the run saves no checkpoint: a requeue would start it over
         self.poll_s = min(1.0, max(0.05, timeout_s / 5))  # local checks, no store call
         self.sync_s = max(self.poll_s, min(SYNC_MAX_SECONDS, timeout_s / 20))  # store calls
         self.fired: str | None = None
@@ -278,10 +279,15 @@ class Watchdog:
             ):  # the store went away with another rank, or a rank never came: exit all the same
                 pass
         self.fired = message
-        line = f"gptrain: rank {self.rank}: {message}; exit {EXIT_HUNG} (a requeued job resumes from the last checkpoint)"
+        code, then = (
+            (EXIT_HUNG, "a requeued job resumes from the last checkpoint")
+            if self.requeue
+            else (1, "checkpoints are off, so the job is not requeued to start over")
+        )
+        line = f"gptrain: rank {self.rank}: {message}; exit {code} ({then})"
         print(line, file=self.out or sys.stderr, flush=True)
         self.write_note(line)
-        self.exit_fn(EXIT_HUNG)
+        self.exit_fn(code)
 
     def write_note(self, line: str, timeout_s: float = 2.0) -> None:
         """The line into the run's log too (read across requeues), from a thread given `timeout_s`:

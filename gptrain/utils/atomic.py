@@ -125,8 +125,16 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     and names are on disk before the rename, and the rename before this returns (a node that
     crashes after an export leaves no complete-looking directory of empty files)."""
     path = Path(path)
-    made = [parent for parent in reversed(path.parents) if not parent.exists()]  # outermost first
-    path.parent.mkdir(parents=True, exist_ok=True)
+    made = []  # the parents this call created, outermost first (another process's are not its to remove)
+    for parent in reversed(path.parents):
+        try:
+            parent.mkdir()
+            made.append(parent)
+        except FileExistsError:
+            continue
+        except OSError:
+            if not parent.is_dir():  # cannot be made here: as mkdir(parents=True) would say
+                raise
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield staging

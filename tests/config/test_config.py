@@ -95,7 +95,8 @@ def test_nemo_key_is_ignored_and_reported_once(capsys):
         ("model.transformer_block_type=pre_ln", True),
         ("model.transformer_block_type=post_ln", False),
         ("model.data.shuffle_documents=false", False),
-        ("model.fp32_residual_connection=0", False),  # a number is not a switch's false
+        ("model.fp32_residual_connection=0", True),  # NeMo reads 0 as false
+        ("model.fp32_residual_connection=1", False),
         ("model.layernorm_zero_centered_gamma=true", True),  # layernorm1p: the same function
     ],
 )
@@ -121,6 +122,7 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
         ),  # passed `lr > 0` checks
         ("model.optim.lr=inf", "'model.optim.lr' expects a finite float"),  # trained to NaN losses, exit 0
         ("model.optim.sched.min_lr=-inf", "'model.optim.sched.min_lr' expects a finite float"),
+        ("model.optim.lr=1" + "0" * 400, "'model.optim.lr' expects a finite float"),  # OverflowError before
         ("trainer.precision=8", "trainer.precision: '8'"),
         ("model.num_attention_heads=7", "divisible by model.num_attention_heads"),
         ("model.global_batch_size=10", "divisible by model.micro_batch_size"),

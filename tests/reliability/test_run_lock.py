@@ -123,6 +123,35 @@ def test_a_takeover_under_way_is_not_joined_and_a_dead_takers_marker_is_taken_ov
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]
 
 
+def test_a_taker_that_died_after_replacing_the_lock_is_taken_over_in_turn(tmp_path):
+    """A run that found the lock stale while another took it over and died (its marker left) was
+    refused with exit 2, which Slurm does not requeue."""
+    from gptrain.train.run_lock import takeover_marker
+
+    stale, taker = holder(pid=dead_pid(), since="stale"), holder(pid=dead_pid(), since="taker")
+    acquire(tmp_path, taker)  # the taker's lock is in place ...
+    takeover_marker(tmp_path / LOCK_NAME, stale).write_text(json.dumps(vars(taker)))  # ... its marker left
+    import gptrain.train.run_lock as run_lock
+
+    first = [True]
+    real_read = run_lock.read_holder
+
+    def reads_the_stale_holder_first(path):  # this run read the lock before the taker replaced it
+        if path.name == LOCK_NAME and first[0]:
+            first[0] = False
+            return stale
+        return real_read(path)
+
+    run_lock.read_holder = reads_the_stale_holder_first
+    try:
+        lock = acquire(tmp_path, holder(since="late"))
+    finally:
+        run_lock.read_holder = real_read
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["since"] == "late"
+    assert "since taker" in lock.notes[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]
+
+
 def wait_for(predicate, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -341,3 +341,12 @@ def test_the_hang_line_goes_into_the_run_log_and_a_hung_log_does_not_hold_the_ex
     dog.write_note("x", timeout_s=0.2)
     assert time.monotonic() - started < 5
     released.set()
+
+
+def test_a_hang_of_a_run_without_checkpoints_is_not_requeued():
+    """The batch script requeues exit 76; with checkpoints off the requeued job started over."""
+    codes: list[int] = []
+    dog = Watchdog(0, 1, 0.3, None, exit_fn=codes.append, out=io.StringIO())
+    dog.requeue = False
+    dog.end("hang: test")
+    assert codes == [1] and "checkpoints are off, so the job is not requeued" in dog.out.getvalue()
