@@ -183,8 +183,11 @@ def _check_batches(cfg: TrainingConfig) -> None:
             f"model.micro_batch_size ({model.micro_batch_size})"
         )
     if cfg.trainer.max_time is not None:
+        parts = str(cfg.trainer.max_time).split(":")
         try:
             cfg.trainer.max_time_seconds()
+            if any(float(part) < 0 for part in parts) or len(parts) > 4:  # 00:00:-1:00 read as 59 minutes
+                raise ValueError
         except ValueError:
             raise ConfigError(f"trainer.max_time: '{cfg.trainer.max_time}' is not DD:HH:MM:SS") from None
     optim = model.optim

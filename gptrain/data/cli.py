@@ -140,6 +140,14 @@ def _run_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def non_negative(text: str) -> int:
+    """argparse type: a whole number of 0 or more (argparse then names the option that is wrong)."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "inspect",
@@ -150,7 +158,9 @@ def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("prefix", help="dataset prefix (without .bin/.idx)")
     add_tokenizer_args(parser)
     parser.add_argument("--document", type=int, default=0, help="document to show (0-based, default 0)")
-    parser.add_argument("--num-tokens", type=int, default=32, help="tokens of it to show (default 32)")
+    parser.add_argument(
+        "--num-tokens", type=non_negative, default=32, help="tokens of it to show (default 32)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=_run_inspect)
 

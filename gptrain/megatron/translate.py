@@ -174,6 +174,8 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _data_paths(v, given)
     _query_groups(result)
     _swiglu_width(v, given)
+    if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
+        raise ConfigError("--fp16 and --bf16: give one of them")
     _loss_average(result)
     _recompute(v, given)
     _layout(v, env)

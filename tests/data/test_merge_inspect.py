@@ -114,6 +114,9 @@ def test_inspect_errors(known_dataset, tmp_path, capsys):
     assert "--document 5: the dataset has 5 documents" in capsys.readouterr().err
     assert main(["data", "inspect", str(tmp_path / "nothing")]) == 2
     assert "nothing.idx: no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse names the option (was: exit 0, the document left out)
+        main(["data", "inspect", known_dataset, "--num-tokens", "-5"])
+    assert "argument --num-tokens: invalid non_negative value: '-5'" in capsys.readouterr().err
 
 
 def overwrite(path: str, offset: int, value: int) -> None:

@@ -192,6 +192,7 @@ def test_per_split_data_paths_become_nemos_per_split_data_prefix():
             "--exit-interval: stopping at every multiple of N iterations is not implemented",
         ),
         ("--loss-scale 1024", "--loss-scale: a static fp16 loss scale is not implemented"),
+        ("--fp16 --bf16", "--fp16 and --bf16: give one of them"),  # the last one won
         ("--min-loss-scale 2", "--min-loss-scale 2: other floors of the fp16 loss scale are not implemented"),
     ],
 )
