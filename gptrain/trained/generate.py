@@ -35,8 +35,9 @@ def run_generate(args: argparse.Namespace) -> int:
     import torch
 
     from gptrain.trained.load import load_run
-    from gptrain.trained.sampling import generate
+    from gptrain.trained.sampling import check_sampling, generate
 
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.greedy)  # before the model loads
     run = load_run(args.checkpoint)
     print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)
     prompt_ids = list(run.tokenizer.encode(args.prompt))

@@ -81,6 +81,11 @@ def _check_arguments(
 ) -> None:
     if not prompt_ids:
         raise ConfigError("the prompt is empty: give at least one token (--prompt)")
+    check_sampling(max_new_tokens, temperature, top_k, greedy)
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, greedy: bool) -> None:
+    """The sampling flags, checked before a model is loaded for them."""
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens} must be >= 0 (--max-new-tokens)")
     if not greedy and not (temperature > 0 and math.isfinite(temperature)):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gptrain.errors import DataError
+from gptrain.errors import ConfigError, DataError
 from gptrain.trained.curves import (
     LEARNING_RATE,
     LOSS,
@@ -308,3 +308,12 @@ def test_generate_passes_over_a_checkpoint_whose_bytes_changed(tmp_path: Path, c
     argv = ["generate", str(tmp_path / "run"), "--prompt", "The", "--max-new-tokens", "2", "--greedy"]
     assert run_subcommand(add_generate_parser, argv) == 0
     assert "step_4" in capsys.readouterr().err  # passed over, said; step_2 generated
+
+
+def test_generate_checks_its_sampling_flags_before_loading_a_model(tmp_path: Path) -> None:
+    """--top-k 0 was refused only after the (possibly large) model had loaded."""
+    from gptrain.trained.generate import add_generate_parser
+
+    argv = ["generate", str(tmp_path / "no-such-run"), "--prompt", "x", "--top-k", "0"]
+    with pytest.raises(ConfigError, match=r"top_k=0 must be >= 1"):  # not "no such checkpoint"
+        run_subcommand(add_generate_parser, argv)
