@@ -163,6 +163,9 @@ DIRECTIVE_KEYS = {
     "chdir": "the current directory (launch from another one)",
     "partition": "cluster.partition",
     "account": "cluster.account",
+    "qos": "cluster.qos",
+    "reservation": "cluster.reservation",
+    "constraint": "cluster.constraint",
     "nodelist": "cluster.nodelist",
     "exclude": "cluster.exclude or validation.exclude_file",
     "time": "{stage}.run.time_limit",
@@ -198,6 +201,9 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
     for key, option in (
         ("partition", "partition"),
         ("account", "account"),
+        ("qos", "qos"),
+        ("reservation", "reservation"),
+        ("constraint", "constraint"),
         ("nodelist", "nodelist"),
         ("exclude", "exclude"),
     ):

@@ -153,6 +153,9 @@ TOP: dict[str, Check] = {
 CLUSTER: dict[str, Check] = {
     "partition": scalar,
     "account": scalar,
+    "qos": scalar,
+    "reservation": scalar,
+    "constraint": scalar,
     "nodelist": scalar,
     "exclude": scalar,
     "gres": scalar,

@@ -104,6 +104,7 @@ def test_slurm_training_script(tmp_path, monkeypatch):
     assert found["--dependency"] == "singleton"  # the NeMo preset's run.dependency
     assert found["--output"] == f"{tmp_path}/results/{NASTY}/log-p-{NASTY}_%j.out"
     assert "--gres" not in found and "--gpus-per-node" not in found  # CPU nodes
+
     assert "max_requeues=2" in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "--container-image" not in srun and "--no-container-mount-home" not in srun
@@ -132,6 +133,16 @@ def test_gpu_and_container_options(tmp_path):
         and "--no-container-mount-home" in words
     )
     assert words[words.index("gptrain-rank") + 1] == "python"  # the image's python, not the launcher's
+
+
+def test_qos_reservation_and_constraint_reach_sbatch(tmp_path, monkeypatch):
+    """Sites that need them could not give them: `+cluster.qos` went unread (and is now checked)."""
+    monkeypatch.chdir(tmp_path)
+    args = [*CPU, "cluster_type=slurm", "+cluster.qos=high", "+cluster.reservation=maint 1"]
+    args += ["+cluster.constraint=h100&ib"]
+    [script_path] = write_run_files(build_plan(compose(args)), args)
+    found = directives(script_path.read_text())
+    assert (found["--qos"], found["--reservation"], found["--constraint"]) == ("high", "maint 1", "h100&ib")
 
 
 def test_data_preparation_is_an_array_and_training_applies_the_blend(tmp_path):
