@@ -130,7 +130,12 @@ def train(cfg: TrainingConfig) -> int:
     if own is not None:  # the job that wrote it, requeued: the same run, which resumes
         em.resume_if_exists = True
     run_lock = claim_run_directory(
-        log_dir, world.rank, world.world_size, em.resume_if_exists, em.move_aside_earlier_run
+        log_dir,
+        world.rank,
+        world.world_size,
+        em.resume_if_exists,
+        em.move_aside_earlier_run,
+        saves=em.create_checkpoint_callback,
     )
     if own is not None:
         run_lock.notes.append(

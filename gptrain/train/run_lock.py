@@ -277,8 +277,11 @@ def aside_directory(log_dir: Path) -> Path:
     raise ConfigError(f"cannot find a free name beside {log_dir} to move the earlier run to")
 
 
-def claim_run_directory(log_dir: Path, rank: int, world_size: int, resume: bool, move_aside: bool) -> RunLock:
-    """Rank 0 takes the lock and checks a fresh start; every rank raises the same error if refused."""
+def claim_run_directory(
+    log_dir: Path, rank: int, world_size: int, resume: bool, move_aside: bool, saves: bool = True
+) -> RunLock:
+    """Rank 0 takes the lock, checks a fresh start and (when the run `saves`) that its checkpoint
+    directory takes files; every rank raises the same error if refused."""
     lock, error = RunLock(), None
     if rank == 0:
         try:
@@ -286,6 +289,8 @@ def claim_run_directory(log_dir: Path, rank: int, world_size: int, resume: bool,
             if not resume:
                 note = check_fresh_start(log_dir, move_aside)
                 lock.notes += [note] if note else []
+            if saves:
+                check_writable(log_dir / "checkpoints")
         except GptrainError as failure:
             lock.release()
             error = failure
@@ -300,6 +305,21 @@ def claim_run_directory(log_dir: Path, rank: int, world_size: int, resume: bool,
     if error is not None:
         raise error
     return lock
+
+
+def check_writable(directory: Path) -> None:
+    """Make `directory` and a file in it, removed at once: a read-only checkpoint directory was
+    found at the first save, hours into the run. (A quota that fills later is not found here.)"""
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".gptrain-write-check.{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+    except OSError as failure:
+        raise ConfigError(
+            f"{directory}: checkpoints cannot be written there ({os_error_text(failure, directory)}); "
+            "fix its permissions, or give the run another exp_manager.explicit_log_dir"
+        ) from None
+    probe.unlink(missing_ok=True)
 
 
 def shared_error(error: GptrainError | None) -> GptrainError | None:

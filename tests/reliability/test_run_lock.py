@@ -324,3 +324,26 @@ def test_a_run_directory_that_cannot_be_made_is_one_line_naming_the_key(tmp_path
     ) as error:
         claim_run_directory(tmp_path / "file" / "run", 0, 1, resume=True, move_aside=False)
     assert "\n" not in str(error.value)
+
+
+def test_a_checkpoint_directory_that_takes_no_files_is_refused_at_start(tmp_path, monkeypatch):
+    """It was found at the first save, after hours of training (every_n_train_steps=2000)."""
+    import errno
+
+    from gptrain.errors import ConfigError
+    from gptrain.train.run_lock import claim_run_directory
+
+    real_write = Path.write_bytes
+
+    def read_only(path, data):
+        if path.name.startswith(".gptrain-write-check"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_write(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", read_only)
+    with pytest.raises(ConfigError, match=r"checkpoints: checkpoints cannot be written there") as error:
+        claim_run_directory(tmp_path / "run", 0, 1, resume=True, move_aside=False)
+    assert "\n" not in str(error.value) and "Permission denied" in str(error.value)
+    assert not (tmp_path / "run" / LOCK_NAME).exists()  # the lock given back
+    lock = claim_run_directory(tmp_path / "run", 0, 1, resume=True, move_aside=False, saves=False)
+    lock.release()  # a run that saves nothing is not held to it
