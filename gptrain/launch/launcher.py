@@ -75,9 +75,8 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
             f"note  container {container} looks like NeMo's image, which has no gptrain: the job runs "
             "`python -m gptrain` inside it; set container=null or an image with gptrain installed"
         )
-    saving = (
-        (plan.configs.get("training") or {}).get("exp_manager", {}).get("create_checkpoint_callback", True)
-    )
+    exp_manager = (plan.configs.get("training") or {}).get("exp_manager") or {}
+    saving = exp_manager.get("create_checkpoint_callback", True)
     if (
         plan.cluster_type == "slurm"
         and "training" in stages

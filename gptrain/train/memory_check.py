@@ -43,13 +43,12 @@ def estimate_gib(
     return estimate.total / GIB, f"{layout.label()}: {shown} GiB"
 
 
-def sharded_alternative(cfg: Any, vocab_size: int | None, world_size: int | None = None) -> str:
+def sharded_alternative(cfg: Any, vocab_size: int, world_size: int | None, replicated_gib: float) -> str:
     """The full_shard layout's estimate, where this run replicates its state over 2+ DP ranks."""
-    if cfg.model.data_parallel_sharding != "ddp" or not vocab_size:
+    if cfg.model.data_parallel_sharding != "ddp":
         return ""
     sharded = estimate_gib(cfg, vocab_size, "full_shard", world_size)
-    layout = estimate_gib(cfg, vocab_size, world_size=world_size)
-    if sharded is None or layout is None or sharded[0] >= layout[0]:
+    if sharded is None or sharded[0] >= replicated_gib:
         return ""
     return f"; with model.data_parallel_sharding=full_shard (sharded weights, gradients and AdamW state) {sharded[0]:.1f} GiB"
 
@@ -62,7 +61,7 @@ def start_warning(cfg: Any, vocab_size: int, device_bytes: int, world_size: int 
     return (
         f"WARNING: the planner estimates {estimate[0]:.1f} GiB per GPU for this layout ({estimate[1]}), "
         f"above this GPU's {device_bytes / GIB:.1f} GiB: expect it to run out of memory"
-        f"{sharded_alternative(cfg, vocab_size, world_size)}; `gptrain plan` ranks the layouts that fit"
+        f"{sharded_alternative(cfg, vocab_size, world_size, estimate[0])}; `gptrain plan` ranks the layouts that fit"
     )
 
 
@@ -78,9 +77,12 @@ def out_of_memory(
     first = (str(error).strip().splitlines() or [type(error).__name__])[0]
     estimate = estimate_gib(cfg, vocab_size, world_size=world_size) if vocab_size else None
     of = f" of {device_bytes / GIB:.1f} GiB" if device_bytes else ""
-    planned = f"; the planner estimates {estimate[0]:.1f} GiB per GPU ({estimate[1]})" if estimate else ""
+    planned = ""
+    if estimate is not None and vocab_size:
+        planned = f"; the planner estimates {estimate[0]:.1f} GiB per GPU ({estimate[1]})"
+        planned += sharded_alternative(cfg, vocab_size, world_size, estimate[0])
     return TrainingOutOfMemoryError(
-        f"out of memory on rank {rank}{of} ({first}){planned}{sharded_alternative(cfg, vocab_size, world_size)}; "
+        f"out of memory on rank {rank}{of} ({first}){planned}; "
         "lower model.micro_batch_size, recompute activations (model.activations_checkpoint_granularity), "
         "or run `gptrain plan` for the layouts that fit"
     )

@@ -71,17 +71,24 @@ def tiny_config(arch: str, log_dir: Path, *extra: str):
 
 def tiny_run(arch: str, tmp_path: Path) -> tuple[Path, torch.nn.Module]:
     """A run dir (hparams.yaml, checkpoints/step_3 by the CheckpointManager) and its model."""
+    return saved_run(tmp_path / f"run_{arch}", arch, step=3)
+
+
+def saved_run(log_dir: Path, arch: str, *overrides: str, step: int = 1) -> tuple[Path, torch.nn.Module]:
+    """`log_dir` as a run of `arch` with `overrides`: hparams.yaml and checkpoints/step_<step> of its
+    fresh model (written by the CheckpointManager); the run dir and the model."""
     from gptrain.checkpoint.manager import CheckpointManager
     from gptrain.parallel.state_dict import model_state_dict
     from gptrain.train.builders import build_model, build_model_config, build_tokenizer, padded_vocab_size
 
-    log_dir = tmp_path / f"run_{arch}"
-    cfg = tiny_config(arch, log_dir)
+    cfg = tiny_config(arch, log_dir, *overrides)
     log_dir.mkdir(parents=True)
     (log_dir / "hparams.yaml").write_text(cfg.to_yaml())
     _, padded = padded_vocab_size(cfg, build_tokenizer(cfg))
     model = build_model(build_model_config(cfg, padded), torch.device("cpu"), seed=7)
-    CheckpointManager(log_dir / "checkpoints", keep_last=None).save(3, {"model": model_state_dict(model)}, {})
+    CheckpointManager(log_dir / "checkpoints", keep_last=None).save(
+        step, {"model": model_state_dict(model)}, {}
+    )
     return log_dir, model.eval()
 
 

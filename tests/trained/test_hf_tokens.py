@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hf_helpers import hf_logits, max_relative_difference, run_cli, tiny_config  # noqa: E402
+from hf_helpers import hf_logits, max_relative_difference, run_cli, saved_run  # noqa: E402
 
 from gptrain.errors import ConfigError  # noqa: E402
 
@@ -84,22 +84,15 @@ def tiktoken_run(tmp_path: Path, monkeypatch) -> Path:
     import tiktoken
     from hf_helpers import gpt2_files
 
-    from gptrain.checkpoint.manager import CheckpointManager
     from gptrain.data.tokenizers import load_gpt2_bpe
-    from gptrain.parallel.state_dict import model_state_dict
-    from gptrain.train.builders import build_model, build_model_config, build_tokenizer, padded_vocab_size
 
     encoding = load_gpt2_bpe(*gpt2_files(), backend="tiktoken").encoding
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: encoding)
     monkeypatch.setattr(tiktoken, "list_encoding_names", lambda: ["r50k_base"])
-    run = tmp_path / "run"
     tok = ["model.tokenizer.type=TikTokenizer", "model.tokenizer.model=r50k_base"]
-    cfg = tiny_config("gpt2", run, *tok, "model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null")
-    run.mkdir()
-    (run / "hparams.yaml").write_text(cfg.to_yaml())
-    _, padded = padded_vocab_size(cfg, build_tokenizer(cfg))
-    model = build_model(build_model_config(cfg, padded), torch.device("cpu"), seed=7)
-    CheckpointManager(run / "checkpoints", keep_last=None).save(1, {"model": model_state_dict(model)}, {})
+    run, _ = saved_run(
+        tmp_path / "run", "gpt2", *tok, "model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"
+    )
     return run
 
 
@@ -279,22 +272,6 @@ def test_import_refuses_a_tokenizer_that_transformers_encodes_otherwise(tmp_path
     assert "GPT2BPETokenizer" in (tmp_path / "run" / "hparams.yaml").read_text()
 
 
-def saved_run(tmp_path: Path, arch: str, *overrides: str) -> Path:
-    """A run dir of `arch` with `overrides` (hparams.yaml and one checkpoint of its fresh model)."""
-    from gptrain.checkpoint.manager import CheckpointManager
-    from gptrain.parallel.state_dict import model_state_dict
-    from gptrain.train.builders import build_model, build_model_config, build_tokenizer, padded_vocab_size
-
-    run = tmp_path / f"run_{arch}"
-    cfg = tiny_config(arch, run, *overrides)
-    run.mkdir()
-    (run / "hparams.yaml").write_text(cfg.to_yaml())
-    _, padded = padded_vocab_size(cfg, build_tokenizer(cfg))
-    model = build_model(build_model_config(cfg, padded), torch.device("cpu"), seed=7)
-    CheckpointManager(run / "checkpoints", keep_last=None).save(1, {"model": model_state_dict(model)}, {})
-    return run
-
-
 def test_a_bare_tokenizer_json_exports_as_itself_under_the_gpt2_architecture(tmp_path) -> None:
     """Without a tokenizer_config.json AutoTokenizer took GPT2Tokenizer from model_type gpt2, which
     swaps in GPT-2's byte-level pre-tokenizer: the export was refused, and with --no-verify shipped
@@ -309,9 +286,8 @@ def test_a_bare_tokenizer_json_exports_as_itself_under_the_gpt2_architecture(tmp
     (tmp_path / "tok").mkdir()
     tok.save(str(tmp_path / "tok" / "tokenizer.json"))
     hf = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tmp_path / 'tok'}"]
-    run = saved_run(
-        tmp_path, "gpt2", *hf, "model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"
-    )
+    nulls = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
+    run, _ = saved_run(tmp_path / "run_gpt2", "gpt2", *hf, *nulls)
     assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")]) == 0  # verified
     config = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["eos_token"] == "<|endoftext|>"
@@ -321,7 +297,7 @@ def test_a_bare_tokenizer_json_exports_as_itself_under_the_gpt2_architecture(tmp
 
 
 def test_a_rope_export_advertises_the_position_table_not_only_the_training_length(tmp_path) -> None:
-    run = saved_run(tmp_path, "llama", "model.max_position_embeddings=64")
+    run, _ = saved_run(tmp_path / "run_llama", "llama", "model.max_position_embeddings=64")
     assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text())["max_position_embeddings"] == 64
 
