@@ -184,7 +184,7 @@ def print_table(rows: list[dict], title: str) -> None:
         table.add_row(
             r["mode"], f"{r['wall_s']:.2f}", extra, str(r["saves"]), stall, exit_wait, write, size, bw
         )
-    Console(file=sys.stdout).print(table)
+    Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160).print(table)  # logs: no wrapping
 
 
 def main(argv: list[str] | None = None) -> int:

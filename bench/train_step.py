@@ -351,7 +351,7 @@ def print_table(rows: list[Measurement], title: str) -> None:
             f"{row.loss_first:.3f} -> {row.loss_last:.3f}",
             f"{row.peak_memory_gib:.2f}" if row.peak_memory_gib is not None else "n/a",
         )
-    Console(file=sys.stdout).print(table)
+    Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160).print(table)  # logs: no wrapping
 
 
 def device_description(device: torch.device) -> str:
