@@ -184,13 +184,13 @@ def log_files(record: dict[str, Any]) -> list[Path]:
 
 def progress(log: Path, now: float | None = None) -> str | None:
     """'step 120/1000 | loss 3.21 | 812 ms/step | ETA 00:11:54' from the last iteration line."""
-    match = None
+    match, lines = None, 0
     try:
         with open(log, errors="replace") as handle:
             for line in handle:
                 found = ITERATION.search(line)
                 if found:
-                    match = found
+                    match, lines = found, lines + 1
     except OSError:
         return None
     if match is None:
@@ -199,7 +199,9 @@ def progress(log: Path, now: float | None = None) -> str | None:
     parts = [f"step {step}/{total}"]
     if match["loss"]:
         parts.append(f"loss {float(match['loss']):.4f}")
-    parts += [f"{ms:.0f} ms/step", f"ETA {format_duration(max(0, total - step) * ms / 1000)}"]
+    parts.append(f"{ms:.0f} ms/step")
+    if lines > 1:  # the job's first line is its first step alone, compilation included: no ETA from it
+        parts.append(f"ETA {format_duration(max(0, total - step) * ms / 1000)}")
     return " | ".join(parts)
 
 

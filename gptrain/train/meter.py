@@ -103,8 +103,14 @@ class IntervalReport:
 
 
 def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run: RunShape) -> IntervalReport:
-    """The iteration line (Megatron's, plus MFU and ETA) and the TensorBoard scalars; resets `meter`."""
+    """The iteration line (Megatron's, plus MFU and ETA) and the TensorBoard scalars; resets `meter`.
+
+    The first line of a process is its first step alone: compilation, allocator and kernel warm-up,
+    often hundreds of times a step (25 s against 25 ms on an H100). It gets no ETA rather than one
+    that many times too long.
+    """
     now = time.perf_counter()
+    warming_up = step == meter.start_step + 1
     seconds = meter.seconds_per_iteration(now)
     share = meter.batch_share(run.global_batch_size)  # FLOPs and tokens scale with the ramp's batch
     batch = meter.last_batch or run.global_batch_size
@@ -125,7 +131,7 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
             nan_iterations=meter.nans,
         )
     )
-    line += format_suffix(mfu(tflops, run.peak_tflops), (run.max_steps - step) * seconds)
+    line += format_suffix(mfu(tflops, run.peak_tflops), None if warming_up else (run.max_steps - step) * seconds)
     gptrain_tags = {
         tb.TB_LM_LOSS: meter.mean_loss(),
         tb.TB_LEARNING_RATE: meter.last_lr,

@@ -29,6 +29,9 @@ def test_progress_from_the_last_megatron_line(tmp_path):
     assert jobs.progress(log) == "step 120/1000 | loss 3.2110 | 812 ms/step | ETA 11:54"
     log.write_text("no iterations yet\n")
     assert jobs.progress(log) is None
+    # the job's first line is its first step alone (compilation included): no ETA from it yet
+    log.write_text(LINE.replace("(ms): 812.0", "(ms): 25000.0") + "\n")
+    assert jobs.progress(log) == "step 120/1000 | loss 3.2110 | 25000 ms/step"
 
 
 def test_parse_scontrol_and_gres():

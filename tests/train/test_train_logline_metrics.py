@@ -109,3 +109,26 @@ def test_saves_and_validation_inside_an_interval_are_not_iteration_time(monkeypa
     clock[0] += 2.0
     meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0)
     assert meter.seconds_per_iteration(clock[0]) == 2.0  # the exclusion ended with its interval
+
+
+def test_the_first_line_of_a_process_has_no_eta(monkeypatch):
+    """The process's first step carries compilation and warm-up (25 s against 25 ms a step on an
+    H100): an ETA from it is many times too long, so the first line has none; the next has one."""
+    from gptrain.train import meter as meter_module
+    from gptrain.train.step import StepResult
+
+    clock = [100.0]
+    monkeypatch.setattr(meter_module.time, "perf_counter", lambda: clock[0])
+    shape = meter_module.RunShape(
+        flops_per_iteration=1e12, peak_tflops=None, world_size=1, global_batch_size=1, seq_length=8, max_steps=100
+    )
+    meter = meter_module.IntervalMeter(start_step=40, started=clock[0])  # resumed at step 40
+    clock[0] += 25.0
+    meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0)
+    first = meter_module.interval_report(meter, 41, 41, shape).line
+    assert "ETA" not in first and "elapsed time per iteration (ms): 25000.0" in first
+    meter.reset(clock[0])
+    for _ in range(9):
+        clock[0] += 0.5
+        meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0)
+    assert meter_module.interval_report(meter, 50, 50, shape).line.endswith(" ETA 00:00:25 |")  # 50 x 0.5 s
