@@ -131,7 +131,9 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
             nan_iterations=meter.nans,
         )
     )
-    line += format_suffix(mfu(tflops, run.peak_tflops), None if warming_up else (run.max_steps - step) * seconds)
+    line += format_suffix(
+        mfu(tflops, run.peak_tflops), None if warming_up else (run.max_steps - step) * seconds
+    )
     gptrain_tags = {
         tb.TB_LM_LOSS: meter.mean_loss(),
         tb.TB_LEARNING_RATE: meter.last_lr,

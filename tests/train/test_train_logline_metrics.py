@@ -120,7 +120,12 @@ def test_the_first_line_of_a_process_has_no_eta(monkeypatch):
     clock = [100.0]
     monkeypatch.setattr(meter_module.time, "perf_counter", lambda: clock[0])
     shape = meter_module.RunShape(
-        flops_per_iteration=1e12, peak_tflops=None, world_size=1, global_batch_size=1, seq_length=8, max_steps=100
+        flops_per_iteration=1e12,
+        peak_tflops=None,
+        world_size=1,
+        global_batch_size=1,
+        seq_length=8,
+        max_steps=100,
     )
     meter = meter_module.IntervalMeter(start_step=40, started=clock[0])  # resumed at step 40
     clock[0] += 25.0
