@@ -75,20 +75,23 @@ def load_training_config(
     config_file: str | None = None,
     report_ignored: bool = True,
     config_text: str | None = None,
+    given: typing.Mapping[str, str] | None = None,
 ) -> TrainingConfig:
     """Compose, override, resolve, type-check and validate a training config.
 
     `config_text`: the YAML of `config_file`, not yet written (the launcher checks a run's
-    config before it writes anything); errors still name `config_file`.
+    config before it writes anything); errors still name `config_file`, or the launcher's override
+    that set the key (`given`: key -> `key=value` as typed).
     """
     register_resolvers()
     source = str(config_file or (preset_path(preset) if preset else "<defaults>"))
     root = _compose_root(preset, config_file, config_text)
+    given = dict(given or {})  # dotted key -> the override that set it: its errors name the command line
     for override in overrides:
-        _apply_override(root, override)
+        given[_apply_override(root, override)] = override
     data = _resolve(root, source)
     ignored: list[str] = []
-    cfg = _build(TrainingConfig, data, "", ignored, source)
+    cfg = _build(TrainingConfig, data, "", ignored, source, given)
     cfg.ignored_keys = ignored
     normalize(cfg)
     validate(cfg)
@@ -141,7 +144,8 @@ def _set_run_dir_defaults(root: DictConfig) -> None:
                 node[key] = value
 
 
-def _apply_override(root: DictConfig, override: str) -> None:
+def _apply_override(root: DictConfig, override: str) -> str:
+    """Set `key.sub=value` in `root`; returns the dotted key under `training` (or the root key)."""
     key, sep, value = override.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -156,6 +160,7 @@ def _apply_override(root: DictConfig, override: str) -> None:
         OmegaConf.update(root, path, parse_value(value), merge=False, force_add=True)
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override}': {str(error).splitlines()[0]}") from None
+    return key
 
 
 def _resolve(root: DictConfig, source: str) -> dict[str, Any]:
@@ -208,13 +213,19 @@ def _suggest(name: str, choices: list[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def _build(cls: type, data: Any, prefix: str, ignored: list[str], source: str) -> Any:
-    """Turn a nested dict into the dataclass `cls`, type-checking each leaf."""
+def _build(
+    cls: type, data: Any, prefix: str, ignored: list[str], source: str, given: dict[str, str] | None = None
+) -> Any:
+    """Turn a nested dict into the dataclass `cls`, type-checking each leaf; an error names the
+    override that set the key (`given`) or else the file (`source`)."""
+    given = given or {}
     section = prefix.rstrip(".") or "the top level"
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: '{section}' must be a mapping, got {data!r}")
+        raise ConfigError(
+            f"{_where(prefix.rstrip('.'), source, given)}: '{section}' must be a mapping, got {data!r}"
+        )
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)} - {"ignored_keys"}
     values = {}
@@ -224,16 +235,21 @@ def _build(cls: type, data: Any, prefix: str, ignored: list[str], source: str) -
             if is_ignored_nemo_key(dotted):
                 refused = refused_value(dotted, value)
                 if refused:
-                    raise ConfigError(f"{source}: {refused}")
+                    raise ConfigError(f"{_where(dotted, source, given)}: {refused}")
                 ignored.append(dotted)
                 continue
             raise ConfigError(f"{source}: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
         kind = hints[key]
         if dataclasses.is_dataclass(kind):
-            values[key] = _build(kind, value, f"{dotted}.", ignored, source)
+            values[key] = _build(kind, value, f"{dotted}.", ignored, source, given)
         else:
-            values[key] = _coerce(value, kind, dotted, source)
+            values[key] = _coerce(value, kind, dotted, _where(dotted, source, given))
     return cls(**values)
+
+
+def _where(dotted: str, source: str, given: dict[str, str]) -> str:
+    """What set `dotted`: its command-line override, else the config file."""
+    return f"override '{given[dotted]}'" if dotted in given else source
 
 
 def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:

@@ -51,6 +51,15 @@ class Composition:
     cfg: DictConfig
     choices: dict[str, str] = field(default_factory=dict)
     config_root: Path = CONFIG_ROOT
+    overrides: dict[str, str] = field(default_factory=dict)  # dotted key -> `key=value` as typed
+
+    def training_overrides(self) -> dict[str, str]:
+        """The overrides of `training.*` keys, by their key within the training config."""
+        return {
+            key.removeprefix("training."): text
+            for key, text in self.overrides.items()
+            if key.startswith("training.")
+        }
 
     def resolved(self) -> dict[str, Any]:
         return _to_container(self.cfg, resolve=True)
@@ -184,7 +193,8 @@ def compose(
     if cfg.get("unique_output"):
         make_unique(cfg, now if now is not None else time.time())
     check_stages(cfg)
-    return Composition(cfg, choices, root)
+    given = {override.key: f"{override.key}={override.text}" for override in dotted}
+    return Composition(cfg, choices, root, given)
 
 
 def bundled_defaults(root: Path, choices: dict[str, str]) -> dict[str, str]:

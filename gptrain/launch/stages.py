@@ -43,6 +43,7 @@ class LaunchPlan:
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> resolved section
     # (key, host dir) of each directory gptrain mounts into the container: made before writing
     mount_dirs: list[tuple[str, str]] = field(default_factory=list)
+    training_overrides: dict[str, str] = field(default_factory=dict)  # key in training -> as typed
 
     @property
     def cluster_type(self) -> str:
@@ -61,7 +62,7 @@ def build_plan(composition: Composition) -> LaunchPlan:
     env = {**(cluster.get("env_vars") or {}), **(resolved.get("env_vars") or {})}
     top = {**resolved, "env_vars": env}
     apply_exclude_file(cluster, resolved.get("validation"))  # nodes a failed validation blamed
-    plan = LaunchPlan(resolved, cluster, top)
+    plan = LaunchPlan(resolved, cluster, top, training_overrides=composition.training_overrides())
     stages = list(resolved["stages"])
     local = resolved["cluster_type"] == "local"
     if resolved.get("container") and not local:  # the jobs' own dirs first, then container_mounts
@@ -276,5 +277,7 @@ def validate_training(plan: LaunchPlan, files: list[RunFile]) -> TrainingConfig 
     for job in plan.jobs:
         if job.stage == "training":
             path = config_path(job)
-            return load_training_config(config_file=str(path), config_text=texts[path])
+            return load_training_config(
+                config_file=str(path), config_text=texts[path], given=plan.training_overrides
+            )
     return None

@@ -148,6 +148,21 @@ def test_bad_values_name_the_key(override, message):
         load_training_config("gpt3/126m", [override])
 
 
+def test_a_bad_override_is_blamed_on_the_command_line_not_the_preset(tmp_path):
+    """The value came from the command line: naming the preset file sent users to a file that is fine."""
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", ["training.trainer.max_steps=abc"])
+    assert str(error.value).startswith(
+        "override 'training.trainer.max_steps=abc': 'trainer.max_steps' expects int"
+    )
+    with pytest.raises(ConfigError, match=r"^override 'model.optim=5': 'model.optim' must be a mapping"):
+        load_training_config("gpt3/126m", ["model.optim=5"])
+    config = tmp_path / "run.yaml"
+    config.write_text("trainer:\n  max_steps: abc\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(config))}: 'trainer.max_steps' expects int"):
+        load_training_config(config_file=str(config))  # from the file: the file is named, as before
+
+
 @pytest.mark.parametrize("name", ["gpt3/126", "126m", "gpt3/126m.yaml"])
 def test_unknown_preset_suggests(name):
     with pytest.raises(ConfigError, match="did you mean 'gpt3/126m'"):

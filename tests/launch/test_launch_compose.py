@@ -191,3 +191,16 @@ def test_a_group_file_in_neither_tree_lists_both(tmp_path):
     message = str(error.value)
     assert f"in {NEMO_CONF}/cluster or {CONFIG_ROOT}/cluster" in message and "\n" not in message
     assert "(valid: aws_p4d, aws_p5, azure_nd_a100_v4, bcm)" in message
+
+
+def test_a_bad_training_override_of_a_launch_names_the_override():
+    """The launcher checks the training config it renders before writing it: a bad value typed on
+    the command line was blamed on that not-yet-written file."""
+    from gptrain.launch.stages import build_plan, render_run_files, validate_training
+
+    args = ["cluster_type=slurm", "training.trainer.max_steps=abc"]
+    plan = build_plan(compose(args))
+    with pytest.raises(
+        ConfigError, match=r"^override 'training.trainer.max_steps=abc': 'trainer.max_steps' expects"
+    ):
+        validate_training(plan, render_run_files(plan, args))
