@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gptrain.errors import ConfigError
+from gptrain.launch.sections import slurm_time
 
 DEFAULT_MFU = 0.4
 DEFAULT_TOKENS = 300e9
@@ -139,8 +140,9 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"--headroom={args.headroom} must be a fraction of GPU memory in [0, 1)")
     if args.steps < 2:
         raise ConfigError(f"--steps={args.steps} must be >= 2 (the first step pays for start-up)")
-    if args.trial_timeout <= 0:
+    if not args.trial_timeout > 0:  # also refuses nan
         raise ConfigError(f"--trial-timeout={args.trial_timeout} must be > 0 seconds")
+    slurm_time("--trial-time-limit", args.trial_time_limit)  # found here, not by sbatch at each trial
     plan = build_plan(args)
     if not plan.ranked:  # the sizes and the requested layout's memory, then why nothing fits
         print_plan(plan, with_table=False)

@@ -152,6 +152,12 @@ def test_trial_results_are_read_back_per_rank(tmp_path: Path) -> None:
         (["--vocab-size", "0"], "--vocab-size=0 must be >= 1 (the tokenizer's unpadded size)"),
         (["--tokens=-3e11"], "--tokens=-3e+11 must be a positive number of tokens"),
         (["--tokens", "nan"], "--tokens=nan must be a positive number of tokens"),
+        (["--trial-timeout", "nan"], "--trial-timeout=nan must be > 0 seconds"),
+        (
+            ["--trial-time-limit", "half an hour"],
+            "--trial-time-limit: 'half an hour' is not a Slurm time; use minutes, MM:SS, HH:MM:SS, D-HH,"
+            " D-HH:MM or D-HH:MM:SS (e.g. 04:00:00)",
+        ),
     ],
 )
 def test_out_of_range_inputs_are_one_line_not_a_default(
