@@ -34,6 +34,7 @@ from gptrain.checkpoint.directory import (
 )
 from gptrain.checkpoint.integrity import complete_steps, verify_share
 from gptrain.errors import GptrainError, os_error_text
+from gptrain.train.memory_check import find_out_of_memory
 from gptrain.utils.atomic import atomic_write_text
 
 T = TypeVar("T")
@@ -88,23 +89,6 @@ def _steps_of_rank_0(root: Path) -> list[int]:
     return found[0]
 
 
-def _out_of_memory(error: BaseException) -> bool:
-    """Whether `error` is, or wraps (DCP's per-rank failures, a cause), a CUDA or host out-of-memory error."""
-    pending: list[Any] = [error]
-    while pending:
-        current = pending.pop()
-        if isinstance(current, tuple) and current:  # (exception, traceback) in some torch versions
-            current = current[0]
-        if not isinstance(current, BaseException):
-            continue
-        if isinstance(current, (torch.cuda.OutOfMemoryError, MemoryError)):
-            return True
-        failures = getattr(current, "failures", None)
-        pending += list(failures.values()) if isinstance(failures, dict) else []
-        pending.append(current.__cause__)
-    return False
-
-
 class _NotLoaded(Exception):
     """A step of loading a checkpoint failed on some rank: every rank skips the checkpoint."""
 
@@ -122,7 +106,11 @@ def _agreed(path: Path, step: Callable[[], T], what: Path | None = None) -> T:
     except CheckpointMismatchError:
         raise  # the config's fault, raised on every rank alike (check_fits): no fallback
     except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-        failure = (_out_of_memory(error), root_cause(error), str(what or path))  # the failing rank's `what`
+        failure = (
+            find_out_of_memory(error) is not None,
+            root_cause(error),
+            str(what or path),
+        )  # the failing rank's `what`
     failures = _every_rank(failure)
     for rank, found in enumerate(failures):
         if found is not None and found[0]:

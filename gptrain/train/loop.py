@@ -40,7 +40,7 @@ from gptrain.train.batches import GPTBatchDataset, build_loader
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
 from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
-from gptrain.train.memory_check import out_of_memory, start_warning
+from gptrain.train.memory_check import find_out_of_memory, out_of_memory, start_warning
 from gptrain.train.meter import IntervalMeter, RunShape, interval_report
 from gptrain.train.metrics import evaluation_scalars
 from gptrain.train.overlap import StepRunner, can_run_ahead
@@ -63,7 +63,7 @@ from gptrain.train.step import Batch, StepOptions, StepResult, train_step
 from gptrain.train.step_times import StepTimes
 from gptrain.train.stop_agreement import StopAgreement
 from gptrain.train.wandb_logger import WandbRun, require_wandb
-from gptrain.train.watchdog import Watchdog
+from gptrain.train.watchdog import Watchdog, collective_timeout_minutes
 
 
 class TrainingDivergedError(GptrainError):
@@ -121,9 +121,8 @@ def train(cfg: TrainingConfig) -> int:
     world = world_from_env()
     if world.world_size > 1:
         # collectives outlive the hang watchdog, so that it, not an opaque timeout, names a stuck rank
-        init_distributed(
-            world, cfg.trainer.resolved_accelerator(), max(30.0, 2 * cfg.trainer.hang_timeout_minutes)
-        )
+        timeout = collective_timeout_minutes(cfg.trainer.hang_timeout_minutes)
+        init_distributed(world, cfg.trainer.resolved_accelerator(), timeout)
     log_dir = Path(cfg.exp_manager.explicit_log_dir)
     em = cfg.exp_manager  # one run per directory, claimed before anything is written into it
     own = None if em.resume_if_exists else requeued_own_checkpoint(log_dir)
@@ -205,8 +204,11 @@ def train(cfg: TrainingConfig) -> int:
         b.log_memory(session.log, device, session.state.step)
         failed = False
         return code
-    except torch.OutOfMemoryError as error:  # one line with the plan's figures, not CUDA's traceback
-        raise out_of_memory(cfg, vocab, world.rank, device_bytes, error, world.world_size) from None
+    except Exception as error:  # out of memory: one line with the plan's figures, not CUDA's traceback
+        oom = find_out_of_memory(error)  # also wrapped, as pipeline schedules re-raise a stage's error
+        if not isinstance(oom, torch.OutOfMemoryError) or isinstance(error, GptrainError):
+            raise
+        raise out_of_memory(cfg, vocab, world.rank, device_bytes, oom, world.world_size) from None
     finally:
         watchdog.close()
         if failed and session is not None:

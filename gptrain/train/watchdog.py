@@ -51,6 +51,13 @@ FIRST_STEP_FACTOR = 5  # a process's first step (compile, communicators, caches)
 DIAGNOSIS_WAIT_SECONDS = 60.0  # how long a rank that timed out waits for the diagnosing rank's line
 
 
+def collective_timeout_minutes(hang_timeout_minutes: float) -> float:
+    """The process group's timeout: longer than the watchdog's longest wait (a first step's
+    FIRST_STEP_FACTOR timeouts, then its diagnosis and grace), so that the watchdog, not NCCL's
+    abort (SIGABRT, no line, exit 134, not requeued), ends a hang."""
+    return max(30.0, (FIRST_STEP_FACTOR + 1) * hang_timeout_minutes + 5.0)
+
+
 def beat_key(rank: int) -> str:
     return f"gptrain/watchdog/rank{rank}"
 

@@ -350,3 +350,33 @@ def test_a_hang_of_a_run_without_checkpoints_is_not_requeued():
     dog.requeue = False
     dog.end("hang: test")
     assert codes == [1] and "checkpoints are off, so the job is not requeued" in dog.out.getvalue()
+
+
+@pytest.mark.parametrize("hang_minutes", [0.5, 1, 6, 10, 30, 120])
+def test_collectives_outlive_the_watchdogs_first_step_allowance(hang_minutes, monkeypatch):
+    """A rank stuck in its first step is the watchdog's to report (a line, exit 76, requeued): the
+    process group's timeout must come after FIRST_STEP_FACTOR timeouts, the diagnosis and the grace,
+    or NCCL aborts the job first (SIGABRT, exit 134). It was 2 timeouts: 20 min for a 50 min allowance."""
+    from gptrain.config import load_training_config
+    from gptrain.parallel.mesh import World
+    from gptrain.train import loop
+
+    watchdog_s = (
+        watchdog.FIRST_STEP_FACTOR * hang_minutes * 60
+        + watchdog.DIAGNOSIS_WAIT_SECONDS
+        + watchdog.GRACE_SECONDS
+        + watchdog.SYNC_MAX_SECONDS
+    )
+    assert watchdog.collective_timeout_minutes(hang_minutes) * 60 > watchdog_s
+    given = []
+
+    def init_distributed(world, accelerator, timeout_minutes):
+        given.append(timeout_minutes)
+        raise KeyboardInterrupt  # stop train() there
+
+    monkeypatch.setattr(loop, "world_from_env", lambda: World(0, 2, 0, "127.0.0.1", 0))
+    monkeypatch.setattr(loop, "init_distributed", init_distributed)
+    cfg = load_training_config("quickstart/cpu", [f"trainer.hang_timeout_minutes={hang_minutes}"])
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(cfg)
+    assert given == [watchdog.collective_timeout_minutes(hang_minutes)]

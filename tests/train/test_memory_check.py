@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from train_e2e_helpers import MOCK, TINY
 
@@ -47,9 +48,20 @@ def test_out_of_memory_is_one_line_with_the_estimate():
     assert "the planner estimates" in message and "full_shard" in message and "gptrain plan" in message
 
 
-def test_an_out_of_memory_error_during_training_ends_the_run_in_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_an_out_of_memory_error_during_training_ends_the_run_in_one_line(
+    tmp_path, monkeypatch, capsys, wrapped
+):
+    """Also when wrapped: torch's pipeline schedule re-raises a stage's failure as a RuntimeError."""
+
     def run_out_of_memory(*args, **kwargs):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB\nmore text")
+        oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB\nmore text")
+        if not wrapped:
+            raise oom
+        try:
+            raise oom
+        except torch.OutOfMemoryError as error:
+            raise RuntimeError("[Stage 1] failed to run backward stage") from error
 
     monkeypatch.setattr(loop, "run", run_out_of_memory)
     assert main(["train", "gpt3/126m", *TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path}"]) == 2
