@@ -151,13 +151,17 @@ class CheckpointManager(CheckpointReader):
         on_saved: Callable[[SaveReport], None] | None = None,
         vocab_size: int | None = None,
         direct_io: bool | None = None,
+        pinned_staging: bool | None = None,
     ) -> None:
         """`vocab_size`: as for CheckpointReader. `direct_io`: write shards around the page cache
-        (O_DIRECT); None: where `root` is on a local disk (gptrain.checkpoint.direct_io)."""
+        (O_DIRECT); None: where `root` is on a local disk (gptrain.checkpoint.direct_io).
+        `pinned_staging`: async saves copy into a kept, pinned host buffer (a CUDA run's); None:
+        wherever CUDA is available."""
         super().__init__(root, rank, vocab_size)
         self.keep_last = keep_last if keep_last and keep_last > 0 else None
         self.async_save = async_save
         self.direct_io = takes_direct_io(root) if direct_io is None else direct_io
+        self.pinned_staging = torch.cuda.is_available() if pinned_staging is None else pinned_staging
         self.on_saved = on_saved
         self._pending: _Pending | None = None
         self._writer: ChecksummingWriter | None = None
@@ -246,7 +250,7 @@ class CheckpointManager(CheckpointReader):
         the staging copies are not pinned, nor for sharded (DTensor) states, whose buffers torch
         allocates by copying each shard to the host: on the device's stream, that would not be
         background work."""
-        if not self.async_save or not _stages_into_pinned_memory() or self._preparing is not None:
+        if not self.async_save or not self.pinned_staging or self._preparing is not None:
             return
         if _holds_dtensors(state):
             return  # torch would copy each shard to the host to allocate its buffer: the first save does it
@@ -275,7 +279,7 @@ class CheckpointManager(CheckpointReader):
         under a second per 10 GB); on CPU it runs in a background thread beside the next
         forward/backward, and the optimizer step waits for it (`wait_for_staging`).
         """
-        if self._stager is not None and not _stages_into_pinned_memory() and _STAGER_SERVES_ONE_SAVE:
+        if self._stager is not None and not self.pinned_staging and _STAGER_SERVES_ONE_SAVE:
             self._release_staging()  # the previous save's copy is taken: save() waited for it
         if self._stager is None:
             from torch.distributed.checkpoint.staging import (
@@ -284,7 +288,7 @@ class CheckpointManager(CheckpointReader):
                 StagingOptions,
             )
 
-            if _stages_into_pinned_memory():
+            if self.pinned_staging:
                 self._stager = BlockingAsyncStager(cache_staged_state_dict=True)
             else:
                 options = StagingOptions(
@@ -508,11 +512,6 @@ def _holds_dtensors(state: Any) -> bool:
 
 def _in_host_memory(state: Any) -> bool:
     return all(tensor.device.type == "cpu" for tensor in _tensors(state))
-
-
-def _stages_into_pinned_memory() -> bool:
-    """CUDA: a blocking copy into a kept, pinned buffer; CPU: a background copy into host memory."""
-    return torch.cuda.is_available()
 
 
 def _allocate_pinned_staging(state: dict[str, Any]) -> dict[str, Any]:

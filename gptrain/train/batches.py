@@ -80,6 +80,7 @@ def build_loader(
     num_workers: int = 0,
     total_samples: int | None = None,
     seed: int = 0,
+    pin_memory: bool = False,
 ) -> DataLoader:
     """A DataLoader of micro-batches (dicts of [micro, seq] tensors) for this rank.
 
@@ -97,7 +98,7 @@ def build_loader(
         dataset,
         batch_sampler=sampler,
         num_workers=num_workers,
-        pin_memory=torch.cuda.is_available(),
+        pin_memory=pin_memory,  # for a CUDA run only: pinning touches GPU 0 on a CPU run's GPU host
         persistent_workers=num_workers > 0,
         worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),

@@ -226,7 +226,9 @@ def build_scaler(cfg: TrainingConfig) -> LossScaler:
     )
 
 
-def build_checkpoint_manager(cfg: TrainingConfig, world: World, vocab_size: int) -> CheckpointManager:
+def build_checkpoint_manager(
+    cfg: TrainingConfig, world: World, vocab_size: int, device: torch.device | None = None
+) -> CheckpointManager:
     """Checkpoints in <explicit_log_dir>/checkpoints, keeping the last save_top_k; `vocab_size`
     (unpadded) tells the padding rows apart when TP changed the padded vocabulary."""
     params = cfg.exp_manager.checkpoint_callback_params
@@ -238,6 +240,7 @@ def build_checkpoint_manager(cfg: TrainingConfig, world: World, vocab_size: int)
         async_save=params.async_save,
         vocab_size=vocab_size,
         direct_io=params.direct_io,
+        pinned_staging=None if device is None else device.type == "cuda",  # a CPU run pins nothing
     )
 
 

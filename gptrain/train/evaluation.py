@@ -46,7 +46,14 @@ class EvalResult:
 def evaluate_loss(setup: EvalSetup, data: GPTBatchDataset, num_batches: int) -> EvalResult:
     """Token-weighted mean loss over the first `num_batches` global batches of `data` (fewer if it ends)."""
     loader = build_loader(
-        data, 0, setup.micro_batch_size, setup.dp_rank, setup.dp_size, num_workers=0, seed=setup.seed
+        data,
+        0,
+        setup.micro_batch_size,
+        setup.dp_rank,
+        setup.dp_size,
+        num_workers=0,
+        seed=setup.seed,
+        pin_memory=setup.device.type == "cuda",
     )
     was_training = setup.model.training
     setup.model.eval()

@@ -181,7 +181,7 @@ def train(cfg: TrainingConfig) -> int:
             schedule=LRSchedule(optimizer, b.schedule_spec(cfg)),
             scaler=b.build_scaler(cfg),
             step_opts=b.with_parallel_seams(b.build_step_options(cfg, dp_size), model),
-            checkpoints=b.build_checkpoint_manager(cfg, world, vocab),
+            checkpoints=b.build_checkpoint_manager(cfg, world, vocab, device),
             log=log,
             scalars=scalars,
             dp_rank=dp_rank,
@@ -404,6 +404,7 @@ def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:
         s.dp_size,
         num_workers=m.data.num_workers,
         seed=m.seed,
+        pin_memory=s.device.type == "cuda",
     )
     it = iter(loader)
     per_micro_step = m.micro_batch_size * s.dp_size

@@ -54,8 +54,10 @@ def rng_state() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        # this rank's device only: a requeued job may see fewer GPUs (srun's one per task)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # this rank's device only: a requeued job may see fewer GPUs (srun's one per task). A run
+        # that never touched CUDA (trainer.accelerator=cpu on a GPU host) drew nothing from it, and
+        # reading it would create a CUDA context on GPU 0 for every rank.
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 

@@ -433,9 +433,8 @@ def test_async_saves_fill_the_staging_buffer_prepared_ahead(tmp_path, monkeypatc
         allocations.append(threading.current_thread().name)
         return _create_cpu_state_dict(state)
 
-    monkeypatch.setattr(manager_module, "_stages_into_pinned_memory", lambda: True)
     monkeypatch.setattr(manager_module, "_allocate_pinned_staging", allocate)
-    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True)
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True, pinned_staging=True)
     manager.prepare_staging(state_for(0.0))
     manager.wait()  # also waits for the buffer being prepared
     buffer = manager._stager.state_dict_cache
@@ -455,12 +454,11 @@ def test_async_saves_fill_the_staging_buffer_prepared_ahead(tmp_path, monkeypatc
     assert allocations == ["gptrain-pin-staging"]
 
 
-def test_prepare_staging_does_nothing_for_synchronous_saves_or_without_pinned_staging(tmp_path, monkeypatch):
-    from gptrain.checkpoint import manager as manager_module
-
+def test_prepare_staging_does_nothing_for_synchronous_saves_or_without_pinned_staging(tmp_path):
     for pinned, async_save in ((True, False), (False, True)):
-        monkeypatch.setattr(manager_module, "_stages_into_pinned_memory", lambda pinned=pinned: pinned)
-        manager = CheckpointManager(tmp_path / f"{pinned}-{async_save}", 1, async_save=async_save)
+        manager = CheckpointManager(
+            tmp_path / f"{pinned}-{async_save}", 1, async_save=async_save, pinned_staging=pinned
+        )
         manager.prepare_staging(state_for(1.0))
         assert manager._preparing is None
 

@@ -31,6 +31,9 @@ class FakeCuda:
     def is_available(self) -> bool:
         return True
 
+    def is_initialized(self) -> bool:  # a CUDA run: its model is on the GPU
+        return True
+
     def current_device(self) -> int:
         return self.current
 

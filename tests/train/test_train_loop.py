@@ -122,6 +122,7 @@ def test_running_out_of_training_samples_names_the_iteration_left_without_them()
         state=SimpleNamespace(step=3, consumed_samples=4),
         dp_rank=0,
         dp_size=1,
+        device=torch.device("cpu"),
         current_global_batch=lambda: 4,
     )
     batches = loop.microbatches(s, [{"tokens": torch.tensor([i])} for i in range(10)])
