@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gptrain.errors import LaunchError
+from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, LaunchError
 from gptrain.launch.compose import closest
 from gptrain.launch.records import LAUNCHER_LOG, process_start_time, read_records
 from gptrain.launch.stragglers import stragglers_for
 from gptrain.utils.progress import format_duration
 
+# the training process's first line (gptrain.train.loop): each requeue of a job prints it again
+PROCESS_START = re.compile(r"^gptrain: [\d,]+ parameters \|")
 ITERATION = re.compile(
     r"iteration\s+(?P<step>\d+)/\s*(?P<max>\d+) \|.*?"
     r"elapsed time per iteration \(ms\): (?P<ms>[\d.]+) \|(?:.*?lm loss: (?P<loss>[\d.Ee+-]+) \|)?"
@@ -132,11 +134,21 @@ def slurm_state(job_id: str) -> JobState:
     return JobState("UNKNOWN", "no longer known to Slurm; no accounting to ask")
 
 
+def ended_state(code: int) -> JobState:
+    """A local job's state from its exit code: 75 and 76 stopped with a checkpoint to resume from."""
+    if code == 0:
+        return JobState("COMPLETED")
+    if code == EXIT_REQUEUE:
+        return JobState("INTERRUPTED", "checkpoint saved; launch the same command again to resume")
+    if code == EXIT_HUNG:
+        return JobState("HUNG", "a rank hung, see the log; launch again to resume from the last checkpoint")
+    return JobState("FAILED", exit_code=str(code))
+
+
 def local_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobState:
     for other in records:
         if other.get("event") == "finished" and other.get("job_id") == record["job_id"]:
-            code = int(other.get("exit_code", 1))
-            return JobState("COMPLETED" if code == 0 else "FAILED", exit_code=str(code))
+            return ended_state(int(other.get("exit_code", 1)))
     gone = JobState("UNKNOWN", "process gone without a recorded exit")
     try:
         pid = int(record["pid"])
@@ -157,6 +169,28 @@ def job_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobState
     if record.get("executor") == "local":
         return local_state(record, records)
     return slurm_state(str(record["job_id"]))
+
+
+def live_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
+    """Every job of any launch in this dir that is still queued or running (a requeue included)."""
+    records = read_records(run_dir)
+    submitted = [r for r in records if r.get("event") == "submitted" and r.get("job_id")]
+    states = [(record, job_state(record, records)) for record in submitted]
+    return [(record, state) for record, state in states if state.active]
+
+
+def refuse_launch_into_live_run(run_dirs: list[Path]) -> None:
+    """A launch rewrites the run's config and scripts, which a live job re-reads at its requeue
+    (and `status`/`cancel` would then see only the new launch): refuse while one is queued or runs."""
+    for run_dir in run_dirs:
+        live = live_jobs(run_dir)
+        if live:
+            record, state = live[-1]
+            raise LaunchError(
+                f"{run_dir}: job {record['job_id']} ({record.get('stage', '?')}) of this run is "
+                f"{state.describe()}; wait for it, `gptrain cancel {run_dir}`, or launch under another "
+                "training.run.name"
+            )
 
 
 def latest_jobs(run_dir: Path) -> list[dict[str, Any]]:
@@ -182,7 +216,7 @@ def log_files(record: dict[str, Any]) -> list[Path]:
     return [pattern.parent / (f"{head}{job_id}{tail}" if slot else pattern.name)]
 
 
-def progress(log: Path, now: float | None = None) -> str | None:
+def progress(log: Path, now: float | None = None, running: bool = True) -> str | None:
     """'step 120/1000 | loss 3.21 | 812 ms/step | ETA 00:11:54' from the last iteration line."""
     match, lines = None, 0
     try:
@@ -191,6 +225,8 @@ def progress(log: Path, now: float | None = None) -> str | None:
                 found = ITERATION.search(line)
                 if found:
                     match, lines = found, lines + 1
+                elif PROCESS_START.match(line):  # a process (re)starts: a requeue appends to the same log
+                    lines = 0
     except OSError:
         return None
     if match is None:
@@ -200,7 +236,7 @@ def progress(log: Path, now: float | None = None) -> str | None:
     if match["loss"]:
         parts.append(f"loss {float(match['loss']):.4f}")
     parts.append(f"{ms:.0f} ms/step")
-    if lines > 1:  # the job's first line is its first step alone, compilation included: no ETA from it
+    if running and lines > 1:  # a process's first line is its first step alone (compilation): no ETA from it
         parts.append(f"ETA {format_duration(max(0, total - step) * ms / 1000)}")
     return " | ".join(parts)
 
@@ -214,7 +250,9 @@ def status_lines(run_dir: Path) -> list[str]:
         if state.reason == "DependencyNeverSatisfied":
             line += f": the stage it waits for (job {record.get('dependency')}) failed; gptrain cancel it"
         logs = log_files(record)
-        summary = progress(logs[-1]) if logs and record.get("stage") == "training" else None
+        summary = (
+            progress(logs[-1], running=state.active) if logs and record.get("stage") == "training" else None
+        )
         if summary:
             line += f"  | {summary}"
         lines.append(line)

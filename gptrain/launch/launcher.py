@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from gptrain.errors import ConfigError, GptrainError, LaunchError
 from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import parse_shards, tokenizer_downloads
+from gptrain.launch.jobs import refuse_launch_into_live_run
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
 from gptrain.launch.preflight import check_tokenizer_files, check_training_files, check_training_layout
 from gptrain.launch.stages import (
@@ -149,7 +150,8 @@ def launch(
         scripts = write_files(files, dry_run=True)
         print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan, scripts)))
         return 0
-    make_mount_dirs(plan.mount_dirs)  # first: a directory that cannot be made leaves nothing written
+    refuse_launch_into_live_run(sorted({job.run_dir for job in plan.jobs}))  # before anything is written
+    make_mount_dirs(plan.mount_dirs)  # a directory that cannot be made leaves nothing written
     write_files(files)
     if plan.cluster_type == "slurm":
         from gptrain.launch.executors.slurm import submit

@@ -34,6 +34,11 @@ def worker_pids() -> list[int]:
     return pids
 
 
+# Worker exit codes that mean something to whoever launched the job: a usage or config error (2,
+# not worth a retry), a checkpoint saved for a requeue (75), a hang (76). Others are failures (1).
+PASSED_ON = (2, EXIT_REQUEUE, EXIT_HUNG)
+
+
 def pass_to_workers(signum: int, frame: object) -> None:
     """The stop request goes to the ranks, which checkpoint and exit 75 (gptrain.train.signals)."""
     del signum, frame
@@ -43,6 +48,7 @@ def pass_to_workers(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig
     from torch.distributed.run import main as torchrun_main
@@ -59,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         torchrun_main(argv)
     except ChildFailedError as error:
         _, first = error.get_first_failure()  # the others are stopped after it: their codes follow from it
-        return first.exitcode if first.exitcode in (EXIT_REQUEUE, EXIT_HUNG) else 1
+        return first.exitcode if first.exitcode in PASSED_ON else 1
+    except SignalException as error:  # Ctrl-C / SIGQUIT: torchrun stopped the workers; the shell's code
+        print(f"gptrain: stopped by {signal.Signals(error.sigval).name}", file=sys.stderr)
+        return 128 + int(error.sigval)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
     return 0
 
 

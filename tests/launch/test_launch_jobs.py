@@ -34,6 +34,34 @@ def test_progress_from_the_last_megatron_line(tmp_path):
     assert jobs.progress(log) == "step 120/1000 | loss 3.2110 | 25000 ms/step"
 
 
+def test_a_requeued_jobs_first_line_gives_no_eta_and_an_ended_job_none(tmp_path):
+    """Slurm appends a requeued job's output to the same log: the restarted process's first line
+    (its compilation) must not set the ETA; nor does a job that has ended have one."""
+    log = tmp_path / "log.out"
+    banner = "gptrain: 124,082,688 parameters | 6.306e+12 FLOPs per iteration | 1 microbatches per step\n"
+    first = LINE.replace("120/", "121/").replace("(ms): 812.0", "(ms): 25000.0")
+    log.write_text(banner + LINE.replace("120/", "119/") + "\n" + LINE + "\n" + banner + first + "\n")
+    assert jobs.progress(log) == "step 121/1000 | loss 3.2110 | 25000 ms/step"
+    log.write_text(banner + LINE.replace("120/", "119/") + "\n" + LINE + "\n")
+    assert jobs.progress(log).endswith("| ETA 11:54")
+    assert jobs.progress(log, running=False) == "step 120/1000 | loss 3.2110 | 812 ms/step"
+
+
+@pytest.mark.parametrize(
+    ("code", "described"),
+    [
+        (0, "COMPLETED"),
+        (75, "INTERRUPTED (checkpoint saved; launch the same command again to resume)"),
+        (76, "HUNG (a rank hung, see the log; launch again to resume from the last checkpoint)"),
+        (2, "FAILED exit 2"),
+    ],
+)
+def test_a_local_job_stopped_with_a_checkpoint_is_not_called_failed(code, described):
+    record = {"event": "submitted", "executor": "local", "job_id": "local-1", "pid": 0}
+    state = jobs.job_state(record, [record, {"event": "finished", "job_id": "local-1", "exit_code": code}])
+    assert state.describe() == described and not state.active
+
+
 def test_parse_scontrol_and_gres():
     text = "JobId=5 JobName=a b\n   JobState=PENDING Reason=DependencyNeverSatisfied Dependency=afterok:4(failed)\n"
     [record] = jobs.parse_scontrol(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,28 @@ def test_local_training_run_layout_and_status(tmp_path):
     assert {f"log-gptrain-local_run_{pid}.out", "results"} <= names
     status = gptrain(["status", "--results-dir", str(tmp_path / "results")], tmp_path).stdout
     assert f"local_run  training  job local-{pid}  COMPLETED  | step 6/6" in status
+
+
+def test_a_launch_into_a_run_with_a_live_job_is_refused_before_anything_is_written(tmp_path):
+    """It rewrote the live run's _hydra.yaml (re-read at its requeue) and launcher_cmd.log, and
+    `status`/`cancel` then saw only the refused launch."""
+    from gptrain.launch.records import append_record, process_start_time
+
+    run = tmp_path / "results/live_run"
+    run.mkdir(parents=True)
+    live = os.getpid()  # this test's own process stands for the running job
+    append_record(run, "submitted", stage="training", executor="local", job_id=f"local-{live}", pid=live,
+                  start_time=process_start_time(live), log=str(run / "log.out"))  # fmt: skip
+    (run / "live_run_hydra.yaml").write_text("the live run's config\n")
+    args = [f"base_results_dir={tmp_path}/results", "training.run.name=live_run", *tiny_overrides()]
+    out = gptrain(["launch", "--quiet", *args], tmp_path)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"gptrain: error: {run}: job local-{live} (training) of this run is RUNNING; wait for it, "
+        f"`gptrain cancel {run}`, or launch under another training.run.name"
+    )
+    assert (run / "live_run_hydra.yaml").read_text() == "the live run's config\n"
+    assert not (run / "launcher_cmd.log").exists()
 
 
 def tiny_overrides() -> list[str]:

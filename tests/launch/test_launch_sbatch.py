@@ -1,5 +1,6 @@
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -190,7 +191,7 @@ def test_local_training_uses_torchrun(tmp_path):
     assert Path(command[-1]).name == "gpt3_126m_hydra.yaml"
 
 
-@pytest.mark.parametrize(("worker_exit", "expected"), [(75, 75), (76, 76), (3, 1), (0, 0)])
+@pytest.mark.parametrize(("worker_exit", "expected"), [(75, 75), (76, 76), (2, 2), (3, 1), (0, 0)])
 def test_local_torchrun_passes_on_the_workers_requeue_and_hang_codes(tmp_path, worker_exit, expected):
     """torchrun ends with 1 whatever its workers exited with: a local launch whose ranks stopped to
     be requeued reported a failure, and never printed how to resume."""
@@ -226,6 +227,31 @@ def test_sigterm_to_local_torchrun_reaches_the_workers_which_save_and_exit_75(tm
     finally:
         process.kill()
     assert process.returncode == 75, err[-2000:]
+
+
+def test_ctrl_c_to_local_torchrun_ends_it_with_the_shells_130_not_a_traceback(tmp_path):
+    """torchrun raises its SignalException out of main on SIGINT: Python's exit 1 and a traceback,
+    which `gptrain status` read as a failed run."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import sys, time\nopen(sys.argv[1] + '/ready-' + str(time.time_ns()), 'w').close()\ntime.sleep(60)\n"
+    )
+    command = [sys.executable, "-m", "gptrain.parallel.torchrun", "--standalone", "--nproc-per-node=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [*command, str(worker), str(tmp_path)], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("ready-*"))) < 2:
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=90)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err[-2000:]
+    assert "SignalException" not in err and "gptrain: stopped by SIGINT" in err  # (the worker's own may show)
 
 
 def test_raw_is_not_quoted():
