@@ -51,7 +51,12 @@ def find_checkpoint(path: str | Path) -> Path:
                 f"{path}: incomplete checkpoint (no {COMPLETE} marker: its save did not finish); give a complete one"
             )
         return given
-    found = newest_complete(given / "checkpoints") or newest_complete(given)
+    # a run directory (<base_results_dir>/<run.name>, as eval/export take it), its results dir, or checkpoints/
+    found = (
+        newest_complete(given / "checkpoints")
+        or newest_complete(given)
+        or newest_complete(given / "results" / "checkpoints")
+    )
     if found is None:
         raise CheckpointLoadError(
             f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it or in its checkpoints/ ({own_only})"

@@ -9,6 +9,7 @@ read; only the vocabulary tensors, whose padding follows TP, are fitted by rows.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 from collections.abc import Callable, Iterable
@@ -173,6 +174,7 @@ class CheckpointReader:
             loaded = self._verify_and_load(path, state_fn, apply)
             if isinstance(loaded, dict):
                 self._move_aside_damaged(damaged, path, warn)
+                self._point_latest_at(path)
                 return path, loaded
             problem = loaded
             problems.append(problem)
@@ -184,6 +186,18 @@ class CheckpointReader:
                 "aside, or start over with exp_manager.resume_if_exists=false and another run.name"
             )
         return None
+
+    def _point_latest_at(self, resumed: Path) -> None:
+        """Rank 0 points `latest` at the checkpoint a resume loaded: a run killed between a save's
+        COMPLETE and its `latest` left `latest` one save behind, which it would otherwise stay at
+        when the resumed run has nothing left to do."""
+        if self.rank != 0:
+            return
+        with contextlib.suppress(OSError):
+            if (self.root / LATEST).read_text().strip() == resumed.name:
+                return
+        with contextlib.suppress(OSError):  # a read-only run directory still resumes
+            atomic_write_text(self.root / LATEST, resumed.name + "\n")
 
     def _move_aside_damaged(self, damaged: list[Path], resumed: Path, warn: Callable[[str], None]) -> None:
         """Rank 0 renames the checkpoints a resume passed over out of the step_<N> names, and points

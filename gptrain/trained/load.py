@@ -77,10 +77,9 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
         raise DataError(
             f"{path}: no checkpoints found; pass a run's results dir, its checkpoints dir or a step dir"
         )
+    # newest COMPLETE first, as training resumes: `latest` lags one save behind a run killed between
+    # a save's COMPLETE marker and its `latest`
     candidates = [root / step_dir_name(step) for step in reversed(complete_steps(root))]
-    named = root / (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
-    if named is not None and named in candidates:
-        candidates.insert(0, candidates.pop(candidates.index(named)))
     if not candidates:
         raise DataError(f"{root}: no complete checkpoint (every step_* lacks its COMPLETE marker)")
     return _newest_that_verifies(root, candidates, checksums)

@@ -311,3 +311,26 @@ def test_reading_every_crc_shows_its_progress(tmp_path):
     last = stream.getvalue().splitlines()[-1]
     assert last.startswith(f"checking: {len(files)} files |") and "MB/s" in last and "ETA" in last
     assert progress.bytes == sum(entry["bytes"] for entry in files.values() if entry["crc32"])  # those read
+
+
+def test_a_resume_points_latest_at_the_checkpoint_it_loaded(tmp_path, monkeypatch):
+    """Killed between step_6's COMPLETE and its `latest`: the same command again has nothing to do,
+    and left `latest` at step_4 for ever (eval, export and retention read it)."""
+    config = tiny_config(tmp_path, *MOCK, "exp_manager.resume_if_exists=true")
+    code, _ = run_recording(monkeypatch, config)
+    assert code == 0
+    latest = tmp_path / "checkpoints" / "latest"
+    latest.write_text("step_4\n")
+    code, losses = run_recording(monkeypatch, config)
+    assert code == 0 and losses == {}
+    assert latest.read_text() == "step_6\n"
+
+
+def test_resume_from_checkpoint_takes_a_run_directory(tmp_path):
+    """`exp_manager.resume_from_checkpoint=results/<run.name>`, the run directory eval and export take."""
+    from gptrain.checkpoint.directory import find_checkpoint
+
+    manager = CheckpointManager(tmp_path / "results" / "checkpoints", keep_last=3)
+    save(manager, 1)
+    save(manager, 2)
+    assert find_checkpoint(tmp_path) == tmp_path / "results" / "checkpoints" / "step_2"

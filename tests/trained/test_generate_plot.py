@@ -247,6 +247,9 @@ def test_generate_uses_newest_complete_checkpoint(tmp_path: Path) -> None:
     root = log_dir / "checkpoints"
     for target in (tmp_path / "run", log_dir, root):
         assert resolve_checkpoint(target) == root / "step_4"
+    # killed between step_4's COMPLETE and its `latest`: eval/export take step_4, as training resumes
+    (root / "latest").write_text("step_2\n")
+    assert resolve_checkpoint(root) == root / "step_4"
     (root / "step_4" / "COMPLETE").unlink()  # a save that died before its marker
     (root / "latest").write_text("step_4\n")
     assert resolve_checkpoint(root) == root / "step_2"
