@@ -15,6 +15,7 @@ import sys
 
 from gptrain import __version__
 from gptrain.errors import GptrainError, os_error_text
+from gptrain.utils.limits import raise_open_file_limit
 from gptrain.utils.signals import Terminated
 
 # Modules with a `register(subparsers)` function; each must not import torch at module level.
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
+    raise_open_file_limit()  # a blend of hundreds of shards holds thousands of open files
     try:
         return int(handler(args) or 0)
     except GptrainError as error:

@@ -132,6 +132,15 @@ def build_document_index(
 
     With `separate_final` the first num_epochs - 1 epochs are shuffled together, then the
     last on its own (the draws Megatron makes), in place in one array: no second copy."""
+    last = (documents.stop - 1) if isinstance(documents, range) and len(documents) else None
+    if last is None and len(documents):
+        last = int(np.max(np.asarray(documents)))
+    if last is not None and last > np.iinfo(np.int32).max:
+        raise DataError(
+            f"a split reaches sequence {last:,}, past the int32 ids of Megatron's document index "
+            f"({np.iinfo(np.int32).max:,}): they would wrap to other sequences. Split the dataset into "
+            "shards (prepare them separately) and blend them"
+        )
     document_index = np.empty(num_epochs * len(documents), dtype=np.int32)
     epochs = document_index.reshape(num_epochs, len(documents))
     if isinstance(documents, range):

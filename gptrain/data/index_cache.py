@@ -21,6 +21,7 @@ import numpy as np
 
 from gptrain.errors import DataError
 from gptrain.utils.atomic import atomic_write, atomic_write_text
+from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class IndexCache:
             arrays = {name: np.load(self.path(f"{name}.npy"), mmap_mode="r") for name in names}
             problem = check(arrays) if check is not None else None
         except (OSError, ValueError) as error:
+            if isinstance(error, OSError) and is_too_many_open_files(error):
+                raise DataError(too_many_open_files(self.path(f"{names[0]}.npy"))) from None
             problem = str(error)
         if problem is not None:
             logger.warning("ignoring unreadable index cache %s: %s", self.path("*"), problem)

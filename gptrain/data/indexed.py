@@ -21,6 +21,7 @@ import numpy as np
 
 from gptrain.errors import DataError
 from gptrain.utils.atomic import temporary_sibling
+from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -69,6 +70,8 @@ def _map_file(path: Path) -> np.ndarray:
             return np.empty(0, dtype=np.uint8)
         return np.memmap(path, mode="r", dtype=np.uint8)
     except OSError as error:
+        if is_too_many_open_files(error):
+            raise DataError(too_many_open_files(path)) from None
         raise DataError(
             f"{path}: cannot be read ({error.strerror or error}); check its permissions and file system"
         ) from None

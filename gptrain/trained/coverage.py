@@ -48,8 +48,8 @@ def _gpt_coverage(dataset: Any, unshuffled: np.ndarray) -> tuple[int, int, int]:
     """(tokens of one epoch, positions read, distinct tokens read) of these unshuffled samples."""
     from gptrain.data.gpt_dataset import document_lengths
 
-    lengths = np.asarray(dataset.dataset.sequence_lengths, dtype=np.int64)
-    split = int(document_lengths(lengths, dataset.indices).sum())
+    lengths = dataset.dataset.sequence_lengths  # memory-mapped: index first, then widen what is read
+    split = int(document_lengths(lengths, dataset.indices).sum(dtype=np.int64))
     if len(unshuffled) == 0:
         return split, 0, 0
     starts = np.asarray(dataset.sample_index[unshuffled], dtype=np.int64)
@@ -59,16 +59,16 @@ def _gpt_coverage(dataset: Any, unshuffled: np.ndarray) -> tuple[int, int, int]:
     first = np.repeat(np.cumsum(pieces) - pieces, pieces)
     step = np.arange(int(pieces.sum())) - first
     position = np.repeat(starts[:, 0], pieces) + step
-    document = np.asarray(dataset.document_index, dtype=np.int64)[position]
+    document = np.asarray(dataset.document_index[position], dtype=np.int64)
     begin = np.where(step == 0, np.repeat(starts[:, 1], pieces), 0)
     is_last = step == np.repeat(pieces - 1, pieces)
-    end = np.where(is_last, np.repeat(ends[:, 1], pieces), lengths[document])
-    return split, len(unshuffled) * dataset.seq_length, _union_length(document, begin, end, lengths)
+    end = np.where(is_last, np.repeat(ends[:, 1], pieces), np.asarray(lengths[document], dtype=np.int64))
+    return split, len(unshuffled) * dataset.seq_length, _union_length(document, begin, end)
 
 
-def _union_length(document: np.ndarray, begin: np.ndarray, end: np.ndarray, lengths: np.ndarray) -> int:
+def _union_length(document: np.ndarray, begin: np.ndarray, end: np.ndarray) -> int:
     """Tokens in the union of the pieces [begin, end) of each document."""
-    stride = int(lengths.max(initial=0)) + 1  # documents laid end to end on one line, apart
+    stride = int(np.max(end, initial=0)) + 1  # documents laid end to end on one line, apart (ends bound them)
     lo, hi = document * stride + begin, document * stride + end
     order = np.argsort(lo, kind="stable")
     lo, hi = lo[order], hi[order]

@@ -1,0 +1,50 @@
+"""A blend keeps about 11 files open per dataset: hundreds of shards pass the common soft limit of
+1024 open files. gptrain raises the soft limit to the hard one, and running out is one line."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gpt_data_helpers import write_dataset
+
+from gptrain.data.indexed import IndexedDataset
+from gptrain.errors import DataError
+
+resource = pytest.importorskip("resource")
+
+
+def test_the_soft_open_file_limit_is_raised_to_the_hard_one():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard <= 256:
+        pytest.skip(f"the hard limit here is {hard}")
+    code = (
+        "import resource\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "from gptrain.utils.limits import raise_open_file_limit\n"
+        "print(raise_open_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    returned, now, hard_there = (int(word) for word in done.stdout.split())
+    assert now == returned > 256
+    assert hard_there == resource.RLIM_INFINITY or now == hard_there
+
+
+def test_running_out_of_file_descriptors_is_one_line_naming_the_limit(tmp_path, monkeypatch):
+    prefix = write_dataset(tmp_path / "shard", [3, 4])
+
+    def no_descriptor_left(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(np, "memmap", no_descriptor_left)
+    with pytest.raises(DataError) as error:
+        IndexedDataset(prefix)
+    message = str(error.value)
+    assert "\n" not in message and "too many open files (this process may hold " in message
+    assert "ulimit -n" in message and "permissions" not in message  # not blamed on the file
