@@ -450,7 +450,8 @@ def run(
     stopping: str | None = None  # agreed while the next step was queued ahead: it finishes first
     while s.state.step < t.max_steps:
         step = s.state.step + 1
-        logged = step == meter.start_step + 1 or step % t.log_every_n_steps == 0
+        # the first step, every log_every_n_steps, and the last: `status` and the curves end where the run did
+        logged = step == meter.start_step + 1 or step % t.log_every_n_steps == 0 or step >= t.max_steps
         with s.watchdog.step(step):
             result, samples = runner.next(stopping is None and quiet_boundary(s, step, logged))
         record(s, result, samples)
@@ -469,6 +470,8 @@ def run(
         stopping = stopping or reason
         # at max_steps: finish normally; with a step queued ahead: stop after it
         if stopping is not None and s.state.step < t.max_steps and not runner.ahead:
+            if meter.iterations:  # the steps since the last line: their losses are not lost with the stop
+                log_interval(s, meter)
             return stop_for_requeue(s, stopping)
         if saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
             with meter.excluded():  # not during a non-finite streak: the last good one stays newest

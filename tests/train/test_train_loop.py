@@ -420,3 +420,18 @@ def test_rows_a_resume_leaves_out_are_said_in_the_log(tmp_path, monkeypatch):
         "warning: model.pos_embeddings.weight: the checkpoint has 32 rows, this run's model 16; rows 16-31 "
         "(rows past this run's table) are not loaded and later checkpoints will not have them"
     ]
+
+
+def test_the_last_step_and_the_steps_before_a_stop_are_logged(tmp_path, monkeypatch):
+    """Lines came only at the first step and every log_every_n_steps: a run of 6 steps logging every
+    4 ended on `status` at step 4 of 6, and the losses of the steps between the last line and a stop
+    were never written (not in the log, not in TensorBoard)."""
+    import re
+
+    every = "trainer.log_every_n_steps=4"
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, every), signal_at=3)
+    assert code == EXIT_REQUEUE
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, every))
+    assert code == 0
+    logged = [int(m[1]) for line in log_lines(tmp_path) if (m := re.search(r"iteration +(\d+)/ +6 \|", line))]
+    assert logged == [1, 3, 4, 6]  # 3: flushed at the stop; 4: the resumed process's first; 6: the last
