@@ -119,12 +119,29 @@ def parse_value(text: str) -> Any:
     if text.startswith("[") and text.endswith("]"):
         inner = text[1:-1].strip()
         return [parse_value(item) for item in split_top_level(inner)] if inner else []
+    if text.startswith("{") and text.endswith("}"):
+        mapping = _hydra_mapping(text[1:-1].strip())
+        if mapping is not None:
+            return mapping
     if "${" in text or _HYDRA_STRING.match(text):
         return text
     try:
         return yaml.load(text, Loader=ConfigLoader)  # noqa: S506
     except yaml.YAMLError:
         return text
+
+
+def _hydra_mapping(inner: str) -> dict[str, Any] | None:
+    """Hydra's dict override `{train:a,validation:b}` (no space needed after a colon, where YAML's
+    flow mapping reads `train:a` as one key); None when an item has no colon."""
+    mapping: dict[str, Any] = {}
+    for item in split_top_level(inner) if inner else []:
+        key, sep, value = item.partition(":")
+        key = key.strip().strip("'\"")
+        if not sep or not key:
+            return None
+        mapping[key] = parse_value(value)
+    return mapping
 
 
 def split_top_level(text: str) -> list[str]:

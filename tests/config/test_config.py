@@ -266,3 +266,16 @@ def test_per_split_data_prefix_in_a_launcher_file_with_interpolation(tmp_path):
         "train": [0.5, "/data/a_text_document", 0.5, "/data/b_text_document"],
         "validation": "/data/held_out_text_document",
     }
+
+
+def test_hydras_dict_override_needs_no_space_after_the_colon():
+    """NeMo users type Hydra's `{train:a,validation:b}`; YAML's flow mapping read `train:a` as one
+    key, and the error said `train:a` was not a split."""
+    cfg = load_training_config(
+        "gpt3/126m", ["model.data.data_prefix={train:/d/a,validation:[0.5,/d/b,0.5,/d/c],test:s3://bucket/t}"]
+    )
+    assert cfg.model.data.data_prefix == {
+        "train": "/d/a",
+        "validation": [0.5, "/d/b", 0.5, "/d/c"],
+        "test": "s3://bucket/t",
+    }
