@@ -59,7 +59,8 @@ def find_checkpoint(path: str | Path) -> Path:
     )
     if found is None:
         raise CheckpointLoadError(
-            f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it or in its checkpoints/ ({own_only})"
+            f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it, its checkpoints/ or results/checkpoints/ "
+            f"({own_only})"
         )
     return found
 

@@ -238,7 +238,9 @@ def _build(
                     raise ConfigError(f"{_where(dotted, source, given)}: {refused}")
                 ignored.append(dotted)
                 continue
-            raise ConfigError(f"{source}: unknown key '{dotted}'{_suggest(dotted, all_keys())}")
+            raise ConfigError(
+                f"{_where(dotted, source, given)}: unknown key '{dotted}'{_suggest(dotted, all_keys())}"
+            )
         kind = hints[key]
         if dataclasses.is_dataclass(kind):
             values[key] = _build(kind, value, f"{dotted}.", ignored, source, given)

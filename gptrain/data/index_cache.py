@@ -89,7 +89,7 @@ class IndexCache:
             problem = check(arrays) if check is not None else None
         except (OSError, ValueError) as error:
             if isinstance(error, OSError) and is_too_many_open_files(error):
-                raise DataError(too_many_open_files(self.path(f"{names[0]}.npy"))) from None
+                raise DataError(too_many_open_files(self.path(f"{names[0]}.npy"), error)) from None
             problem = str(error)
         if problem is not None:
             logger.warning("ignoring unreadable index cache %s: %s", self.path("*"), problem)
@@ -105,6 +105,8 @@ class IndexCache:
                     np.save(handle, array, allow_pickle=False)
             atomic_write_text(self.path("description.txt"), description)
         except OSError as error:
+            if is_too_many_open_files(error):
+                raise DataError(too_many_open_files(self.directory, error)) from None
             raise DataError(
                 f"cannot write dataset index cache in {self.directory}: {error.strerror or error}; "
                 "pass a writable cache directory (--cache-dir / data.cache_dir)"

@@ -71,7 +71,7 @@ def _map_file(path: Path) -> np.ndarray:
         return np.memmap(path, mode="r", dtype=np.uint8)
     except OSError as error:
         if is_too_many_open_files(error):
-            raise DataError(too_many_open_files(path)) from None
+            raise DataError(too_many_open_files(path, error)) from None
         raise DataError(
             f"{path}: cannot be read ({error.strerror or error}); check its permissions and file system"
         ) from None

@@ -193,7 +193,7 @@ def compose(
     if cfg.get("unique_output"):
         make_unique(cfg, now if now is not None else time.time())
     check_stages(cfg)
-    given = {override.key: f"{override.key}={override.text}" for override in dotted}
+    given = {o.key: f"{'+' if o.add else ''}{o.key}={o.text}" for o in dotted}
     return Composition(cfg, choices, root, given)
 
 

@@ -142,6 +142,8 @@ def ended_state(code: int) -> JobState:
         return JobState("INTERRUPTED", "checkpoint saved; launch the same command again to resume")
     if code == EXIT_HUNG:
         return JobState("HUNG", "a rank hung, see the log; launch again to resume from the last checkpoint")
+    if code == 130:  # Ctrl-C (python -m gptrain.parallel.torchrun ends so)
+        return JobState("CANCELLED", "stopped by Ctrl-C; launch again to resume from the last checkpoint")
     return JobState("FAILED", exit_code=str(code))
 
 
@@ -172,11 +174,22 @@ def job_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobState
 
 
 def live_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
-    """Every job of any launch in this dir that is still queued or running (a requeue included)."""
+    """The jobs of the latest launch in this dir (those `gptrain cancel` acts on) that are queued or
+    running. Slurm's are asked of squeue in one call: a job it does not list is over (sacct can
+    keep a vanished job RUNNING); one pending on a failed stage (DependencyNeverSatisfied) never
+    runs, so it does not hold the run either."""
     records = read_records(run_dir)
-    submitted = [r for r in records if r.get("event") == "submitted" and r.get("job_id")]
-    states = [(record, job_state(record, records)) for record in submitted]
-    return [(record, state) for record, state in states if state.active]
+    latest = [r for r in latest_jobs(run_dir) if r.get("job_id")]
+    live = [(r, job_state(r, records)) for r in latest if r.get("executor") == "local"]
+    slurm = {str(r["job_id"]): r for r in latest if r.get("executor") != "local"}
+    if slurm:
+        out = run_command(["squeue", "-h", "-j", ",".join(slurm), "-o", "%i|%T|%r"])
+        listed: dict[str, list[JobState]] = {}
+        for line in out.stdout.splitlines() if out is not None and out.returncode == 0 else []:
+            job, _, rest = line.strip().partition("|")
+            listed.setdefault(job.split("_")[0], []).append(JobState(*rest.split("|", 1)))  # array tasks
+        live += [(slurm[job], summarize(states)) for job, states in listed.items() if job in slurm]
+    return [(r, state) for r, state in live if state.active and state.reason != "DependencyNeverSatisfied"]
 
 
 def refuse_launch_into_live_run(run_dirs: list[Path]) -> None:

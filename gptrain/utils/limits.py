@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import errno
 
+MOST = 1 << 20
+MACOS_OPEN_MAX = 10240
+
 
 def raise_open_file_limit() -> int | None:
     """Raise the soft limit of open files to the hard one; the new soft limit (None: unknown).
@@ -18,11 +21,17 @@ def raise_open_file_limit() -> int | None:
     except ImportError:  # not on this platform
         return None
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        with contextlib.suppress(ValueError, OSError):  # macOS caps it lower than it says
+    # enough for thousands of shards, not the billion some containers allow: every child inherits
+    # it, and tools that walk every descriptor up to the limit crawl
+    ceiling = MOST if hard == resource.RLIM_INFINITY else min(hard, MOST)
+    for wanted in (ceiling, MACOS_OPEN_MAX):  # macOS refuses more than OPEN_MAX whatever it says
+        if wanted <= soft and soft != resource.RLIM_INFINITY:
+            break
+        try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
             return wanted
+        except (ValueError, OSError):
+            continue
     return soft
 
 
@@ -30,8 +39,13 @@ def is_too_many_open_files(error: OSError) -> bool:
     return error.errno in (errno.EMFILE, errno.ENFILE)
 
 
-def too_many_open_files(path: object) -> str:
+def too_many_open_files(path: object, error: OSError) -> str:
     """The one line for running out of file descriptors while opening `path` (not its fault)."""
+    if error.errno == errno.ENFILE:
+        return (
+            f"{path}: the system's table of open files is full (ENFILE); raise fs.file-max on this node "
+            "or close what holds them"
+        )
     limit = "unknown"
     with contextlib.suppress(ImportError, OSError, ValueError):
         import resource

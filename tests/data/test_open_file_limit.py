@@ -48,3 +48,23 @@ def test_running_out_of_file_descriptors_is_one_line_naming_the_limit(tmp_path, 
     message = str(error.value)
     assert "\n" not in message and "too many open files (this process may hold " in message
     assert "ulimit -n" in message and "permissions" not in message  # not blamed on the file
+
+
+@pytest.mark.parametrize(
+    ("number", "said"),
+    [(errno.EMFILE, "too many open files (this process may hold "), (errno.ENFILE, "fs.file-max")],
+)
+def test_running_out_while_writing_the_index_cache_is_not_blamed_on_the_directory(
+    tmp_path, monkeypatch, number, said
+):
+    """A big blend's first run has no cache to open: the limit is met writing it, where the error
+    said to pass a writable cache directory."""
+    from gptrain.data.index_cache import IndexCache
+
+    def no_descriptor_left(*args, **kwargs):
+        raise OSError(number, "Too many open files")
+
+    monkeypatch.setattr(np, "save", no_descriptor_left)
+    with pytest.raises(DataError) as error:
+        IndexCache(tmp_path, "digest", "GPTDataset", "train").save({"sample_index": np.zeros(3)}, "d")
+    assert said in str(error.value) and "writable" not in str(error.value)

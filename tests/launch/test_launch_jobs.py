@@ -254,3 +254,38 @@ def test_logs_stage_names_are_the_launchers_stages():
     from gptrain.launch.compose import STAGES
 
     assert STAGE_NAMES == STAGES
+
+
+@pytest.mark.parametrize(
+    ("squeue_out", "live"),
+    [
+        ("100|RUNNING|None\n", True),
+        ("100_3|PENDING|BeginTime\n100_4|RUNNING|None\n", True),  # an array: any task live
+        ("", False),  # ended: squeue no longer lists it (sacct may still say RUNNING)
+        ("100|PENDING|DependencyNeverSatisfied\n", False),  # never runs: a relaunch must go ahead
+    ],
+)
+def test_a_live_slurm_job_of_the_latest_launch_holds_the_run_asked_in_one_squeue_call(
+    tmp_path, monkeypatch, squeue_out, live
+):
+    import subprocess
+
+    from gptrain.launch.records import append_record
+
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="90")  # superseded
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="100")
+    calls = []
+
+    def run_command(command, timeout=15.0):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 0, squeue_out, "")
+
+    monkeypatch.setattr(jobs, "run_command", run_command)
+    found = jobs.live_jobs(tmp_path)
+    assert [r["job_id"] for r, _ in found] == (["100"] if live else [])
+    assert calls == [["squeue", "-h", "-j", "100", "-o", "%i|%T|%r"]]
+    if live:
+        with pytest.raises(LaunchError, match=r"job 100 \(training\) of this run is (RUNNING|.*RUNNING)"):
+            jobs.refuse_launch_into_live_run([tmp_path])
+    else:
+        jobs.refuse_launch_into_live_run([tmp_path])
