@@ -53,6 +53,7 @@ def test_a_requeued_jobs_first_line_gives_no_eta_and_an_ended_job_none(tmp_path)
         (0, "COMPLETED"),
         (75, "INTERRUPTED (checkpoint saved; launch the same command again to resume)"),
         (76, "HUNG (a rank hung, see the log; launch again to resume from the last checkpoint)"),
+        (130, "CANCELLED (stopped by Ctrl-C; launch again to resume from the last checkpoint)"),
         (2, "FAILED exit 2"),
     ],
 )
