@@ -146,11 +146,16 @@ def launch(
     training = validate_training(plan, files)
     for line in preflight(plan, dry_run, training):
         print(f"preflight: {line}", file=sys.stderr)
+    run_dirs = sorted({job.run_dir for job in plan.jobs})
     if dry_run:
+        try:
+            refuse_launch_into_live_run(run_dirs)
+        except LaunchError as error:
+            print(f"dry run: the launch itself would be refused: {error}", file=sys.stderr)
         scripts = write_files(files, dry_run=True)
         print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan, scripts)))
         return 0
-    refuse_launch_into_live_run(sorted({job.run_dir for job in plan.jobs}))  # before anything is written
+    refuse_launch_into_live_run(run_dirs)  # before anything is written
     make_mount_dirs(plan.mount_dirs)  # a directory that cannot be made leaves nothing written
     write_files(files)
     if plan.cluster_type == "slurm":

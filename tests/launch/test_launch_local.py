@@ -108,6 +108,8 @@ def test_a_launch_into_a_run_with_a_live_job_is_refused_before_anything_is_writt
     )
     assert (run / "live_run_hydra.yaml").read_text() == "the live run's config\n"
     assert not (run / "launcher_cmd.log").exists()
+    dry = gptrain(["launch", "--dry-run", *args], tmp_path)  # a preview says so, and goes on
+    assert dry.returncode == 0 and "dry run: the launch itself would be refused: " in dry.stderr
 
 
 def tiny_overrides() -> list[str]:
