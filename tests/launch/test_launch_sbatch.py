@@ -203,15 +203,12 @@ def test_local_torchrun_passes_on_the_workers_requeue_and_hang_codes(tmp_path, w
     assert done.returncode == expected, done.stderr[-2000:]
 
 
-def test_sigterm_to_local_torchrun_reaches_the_workers_which_save_and_exit_75(tmp_path):
-    """torchrun stops on SIGTERM itself and kills its workers 30 s later, saved or not; it ended 1."""
+def signal_local_torchrun(tmp_path, worker_lines: list[str], signum: int, wait: float) -> tuple[int, str]:
+    """Start the local torchrun wrapper over 2 workers running `worker_lines`, send it `signum` once
+    both are ready, and return its exit code and stderr."""
     worker = tmp_path / "worker.py"
-    worker.write_text(
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
-        "open(sys.argv[1] + '/ready-' + str(time.time_ns()), 'w').close()\n"
-        "time.sleep(60)\n"
-    )
+    ready = "open(sys.argv[1] + '/ready-' + str(time.time_ns()), 'w').close()"
+    worker.write_text("\n".join(["import signal, sys, time", *worker_lines, ready, "time.sleep(60)", ""]))
     command = [sys.executable, "-m", "gptrain.parallel.torchrun", "--standalone", "--nproc-per-node=2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(
@@ -222,35 +219,25 @@ def test_sigterm_to_local_torchrun_reaches_the_workers_which_save_and_exit_75(tm
         while len(list(tmp_path.glob("ready-*"))) < 2:
             assert time.monotonic() < deadline and process.poll() is None
             time.sleep(0.1)
-        process.terminate()
-        _, err = process.communicate(timeout=60)
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=wait)
     finally:
         process.kill()
-    assert process.returncode == 75, err[-2000:]
+    return process.returncode, err
+
+
+def test_sigterm_to_local_torchrun_reaches_the_workers_which_save_and_exit_75(tmp_path):
+    """torchrun stops on SIGTERM itself and kills its workers 30 s later, saved or not; it ended 1."""
+    saving = ["signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))"]
+    returncode, err = signal_local_torchrun(tmp_path, saving, signal.SIGTERM, wait=60)
+    assert returncode == 75, err[-2000:]
 
 
 def test_ctrl_c_to_local_torchrun_ends_it_with_the_shells_130_not_a_traceback(tmp_path):
     """torchrun raises its SignalException out of main on SIGINT: Python's exit 1 and a traceback,
     which `gptrain status` read as a failed run."""
-    worker = tmp_path / "worker.py"
-    worker.write_text(
-        "import sys, time\nopen(sys.argv[1] + '/ready-' + str(time.time_ns()), 'w').close()\ntime.sleep(60)\n"
-    )
-    command = [sys.executable, "-m", "gptrain.parallel.torchrun", "--standalone", "--nproc-per-node=2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [*command, str(worker), str(tmp_path)], env=env, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob("ready-*"))) < 2:
-            assert time.monotonic() < deadline and process.poll() is None
-            time.sleep(0.1)
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=90)
-    finally:
-        process.kill()
-    assert process.returncode == 130, err[-2000:]
+    returncode, err = signal_local_torchrun(tmp_path, [], signal.SIGINT, wait=90)
+    assert returncode == 130, err[-2000:]
     assert "SignalException" not in err and "gptrain: stopped by SIGINT" in err  # (the worker's own may show)
 
 
