@@ -1,5 +1,9 @@
 """Errors a user can cause. The CLI prints them as one line and exits non-zero."""
 
+from __future__ import annotations
+
+from typing import Any
+
 
 def os_error_text(error: OSError, where: object) -> str:
     """'<file>: <reason>' of an OSError, the file it names or else `where`."""
@@ -31,3 +35,25 @@ EXIT_REQUEUE = 75
 # and from EXIT_REQUEUE; the rendered batch script requeues the job on it, like on 75, and the
 # requeued run resumes from the last complete checkpoint. 76 is EX_PROTOCOL.
 EXIT_HUNG = 76
+
+
+def find_out_of_memory(error: BaseException) -> BaseException | None:
+    """The CUDA or host out-of-memory error that `error` is or wraps (a cause: torch's pipeline
+    schedule re-raises a stage's failure as a RuntimeError; DCP's per-rank failures), or None."""
+    import torch
+
+    pending: list[Any] = [error]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if isinstance(current, tuple) and current:  # (exception, traceback) in some torch versions
+            current = current[0]
+        if not isinstance(current, BaseException) or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, (torch.cuda.OutOfMemoryError, MemoryError)):
+            return current
+        failures = getattr(current, "failures", None)
+        pending += list(failures.values()) if isinstance(failures, dict) else []
+        pending += [current.__cause__, current.__context__]
+    return None

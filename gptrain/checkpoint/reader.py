@@ -34,8 +34,7 @@ from gptrain.checkpoint.directory import (
     step_dir_name,
 )
 from gptrain.checkpoint.integrity import complete_steps, verify_share
-from gptrain.errors import GptrainError, os_error_text
-from gptrain.train.memory_check import find_out_of_memory
+from gptrain.errors import GptrainError, find_out_of_memory, os_error_text
 from gptrain.utils.atomic import atomic_write_text
 
 T = TypeVar("T")
@@ -107,11 +106,8 @@ def _agreed(path: Path, step: Callable[[], T], what: Path | None = None) -> T:
     except CheckpointMismatchError:
         raise  # the config's fault, raised on every rank alike (check_fits): no fallback
     except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-        failure = (
-            find_out_of_memory(error) is not None,
-            root_cause(error),
-            str(what or path),
-        )  # the failing rank's `what`
+        out_of_memory = find_out_of_memory(error) is not None
+        failure = (out_of_memory, root_cause(error), str(what or path))  # the failing rank's `what`
     failures = _every_rank(failure)
     for rank, found in enumerate(failures):
         if found is not None and found[0]:

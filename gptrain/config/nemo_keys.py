@@ -216,12 +216,7 @@ def _same(value: object, ok: object) -> bool:
     """Equal as NeMo reads it: a switch's 0/1 is its false/true (Python truthiness), 1 is 1.0; a
     string is no switch."""
     if isinstance(ok, bool):
-        return (
-            isinstance(value, int | float)
-            and not isinstance(value, str)
-            and value in (0, 1)
-            and bool(value) is ok
-        )
+        return isinstance(value, int | float) and value in (0, 1) and bool(value) is ok
     if isinstance(value, bool):
         return False
     return value == ok

@@ -167,15 +167,11 @@ def training_job(
 
 
 def tokenizer_workers(value: Any) -> int | str:
-    """data_preparation.workers: a count, or `auto` (every CPU the task is given, as NeMo's
-    `--workers $SLURM_CPUS_ON_NODE`)."""
+    """data_preparation.workers (checked by gptrain.launch.sections): a count, 1 when unset, or
+    `auto` (every CPU the task is given, as NeMo's `--workers $SLURM_CPUS_ON_NODE`)."""
     if value is None:
         return 1
-    if str(value).strip().lower() == "auto":
-        return "auto"
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    raise ConfigError(f"data_preparation.workers={value!r}: give a number of processes (1 or more) or auto")
+    return "auto" if str(value).strip().lower() == "auto" else int(value)
 
 
 def data_preparation_job(section: dict[str, Any], cluster: dict[str, Any], python: str, local: bool) -> Job:

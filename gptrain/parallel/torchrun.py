@@ -1,9 +1,10 @@
-"""torchrun that ends with its workers' requeue (75) or hang (76) exit code, and passes SIGTERM on.
+"""torchrun that ends with its workers' own exit code (2, 75, 76), and passes SIGTERM on.
 
 torchrun ends with 1 whatever its workers exited with, so a local launch (`cluster_type=local`)
 whose ranks stopped at a checkpoint to be requeued, or after a hang, reported a failure, and a
 wrapper that relaunches on 75 stopped instead. The code of the first worker to exit is passed
-on when it is one of gptrain's own; anything else is 1, as torchrun says.
+on when it is one of gptrain's own (PASSED_ON); anything else is 1, as torchrun says. Ctrl-C
+ends it with the shell's 130 and one line, not torchrun's traceback.
 
 On SIGTERM (or SIGHUP) torchrun itself stops: it signals its workers and kills them 30 s later,
 whether or not they have written the checkpoint they save on that signal. Here the signal is
@@ -22,6 +23,9 @@ from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE
 
 # Signals torchrun handles itself (its TORCHELASTIC_SIGNALS_TO_HANDLE); SIGTERM and SIGHUP are ours.
 TORCHRUN_SIGNALS = "SIGINT,SIGQUIT"
+# Worker exit codes that mean something to whoever launched the job: a usage or config error (2,
+# not worth a retry), a checkpoint saved for a requeue (75), a hang (76). Others are failures (1).
+PASSED_ON = (2, EXIT_REQUEUE, EXIT_HUNG)
 
 
 def worker_pids() -> list[int]:
@@ -32,11 +36,6 @@ def worker_pids() -> list[int]:
             with contextlib.suppress(OSError, ValueError):
                 pids += [int(pid) for pid in (task / "children").read_text().split()]
     return pids
-
-
-# Worker exit codes that mean something to whoever launched the job: a usage or config error (2,
-# not worth a retry), a checkpoint saved for a requeue (75), a hang (76). Others are failures (1).
-PASSED_ON = (2, EXIT_REQUEUE, EXIT_HUNG)
 
 
 def pass_to_workers(signum: int, frame: object) -> None:

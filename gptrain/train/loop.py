@@ -32,7 +32,7 @@ from gptrain.checkpoint.integrity import complete_steps
 from gptrain.checkpoint.manager import CheckpointManager, SaveReport
 from gptrain.checkpoint.reader import saved_sections
 from gptrain.config import TrainingConfig
-from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError
+from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError, find_out_of_memory
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
 from gptrain.parallel.rng import stream_layout, stream_warnings
 from gptrain.train import builders as b
@@ -40,7 +40,7 @@ from gptrain.train.batches import GPTBatchDataset, build_loader
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
 from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
-from gptrain.train.memory_check import find_out_of_memory, out_of_memory, start_warning
+from gptrain.train.memory_check import out_of_memory, start_warning
 from gptrain.train.meter import IntervalMeter, RunShape, interval_report
 from gptrain.train.metrics import evaluation_scalars
 from gptrain.train.overlap import StepRunner, can_run_ahead

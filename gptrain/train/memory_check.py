@@ -65,28 +65,6 @@ def start_warning(cfg: Any, vocab_size: int, device_bytes: int, world_size: int 
     )
 
 
-def find_out_of_memory(error: BaseException) -> BaseException | None:
-    """The CUDA or host out-of-memory error that `error` is or wraps (a cause: torch's pipeline
-    schedule re-raises a stage's failure as a RuntimeError; DCP's per-rank failures), or None."""
-    import torch
-
-    pending: list[Any] = [error]
-    seen: set[int] = set()
-    while pending:
-        current = pending.pop()
-        if isinstance(current, tuple) and current:  # (exception, traceback) in some torch versions
-            current = current[0]
-        if not isinstance(current, BaseException) or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, (torch.cuda.OutOfMemoryError, MemoryError)):
-            return current
-        failures = getattr(current, "failures", None)
-        pending += list(failures.values()) if isinstance(failures, dict) else []
-        pending += [current.__cause__, current.__context__]
-    return None
-
-
 def out_of_memory(
     cfg: Any,
     vocab_size: int | None,

@@ -54,7 +54,7 @@ def rng_state() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
         # this rank's device only: a requeued job may see fewer GPUs (srun's one per task). A run
         # that never touched CUDA (trainer.accelerator=cpu on a GPU host) drew nothing from it, and
         # reading it would create a CUDA context on GPU 0 for every rank.

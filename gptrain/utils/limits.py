@@ -10,7 +10,8 @@ MACOS_OPEN_MAX = 10240
 
 
 def raise_open_file_limit() -> int | None:
-    """Raise the soft limit of open files to the hard one; the new soft limit (None: unknown).
+    """Raise the soft limit of open files to the hard one (at most 2**20); the soft limit now
+    (None: unknown). An unlimited or higher soft limit is left as it is.
 
     Each dataset of a blend keeps its .idx and .bin memory-mapped and each split's cached indices
     (3 files): about 11 descriptors per dataset, so a blend of 100 shards passes the common soft
@@ -24,8 +25,10 @@ def raise_open_file_limit() -> int | None:
     # enough for thousands of shards, not the billion some containers allow: every child inherits
     # it, and tools that walk every descriptor up to the limit crawl
     ceiling = MOST if hard == resource.RLIM_INFINITY else min(hard, MOST)
+    if soft == resource.RLIM_INFINITY or soft >= ceiling:
+        return soft
     for wanted in (ceiling, MACOS_OPEN_MAX):  # macOS refuses more than OPEN_MAX whatever it says
-        if wanted <= soft and soft != resource.RLIM_INFINITY:
+        if wanted <= soft:
             break
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))

@@ -68,3 +68,14 @@ def test_running_out_while_writing_the_index_cache_is_not_blamed_on_the_director
     with pytest.raises(DataError) as error:
         IndexCache(tmp_path, "digest", "GPTDataset", "train").save({"sample_index": np.zeros(3)}, "d")
     assert said in str(error.value) and "writable" not in str(error.value)
+
+
+def test_an_unlimited_soft_limit_is_left_alone(monkeypatch):
+    """The cap of 2**20 is for raising; an unlimited soft limit was lowered to it."""
+    from gptrain.utils.limits import raise_open_file_limit
+
+    unlimited = resource.RLIM_INFINITY
+    calls = []
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (unlimited, unlimited))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, limits: calls.append(limits))
+    assert raise_open_file_limit() == unlimited and calls == []
