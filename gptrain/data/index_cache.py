@@ -8,11 +8,13 @@ racing each write identical bytes, and the last rename wins harmlessly.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from gptrain.utils.atomic import atomic_write, atomic_write_text
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
 logger = logging.getLogger(__name__)
+ORPHAN_AGE_S = 3600.0  # a builder writes a file in minutes at most, and its mtime moves as it writes
 
 
 def describe(fields: Mapping[str, Any]) -> tuple[str, str]:
@@ -96,10 +99,22 @@ class IndexCache:
             return None
         return arrays
 
+    def remove_orphans(self, older_than_s: float = ORPHAN_AGE_S) -> None:
+        """Delete this cache's temporary files left by a builder killed mid-write (SIGKILL, OOM):
+        gigabytes each at 10^8 documents. Only those untouched for `older_than_s`: a live builder
+        on another node may be writing one of these names now."""
+        cutoff = time.time() - older_than_s
+        for path in self.directory.glob(f".{self.base}-*.tmp"):
+            with contextlib.suppress(OSError):  # gone already, or another builder's to remove
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    logger.info("removed %s, left by an index build that did not finish", path)
+
     def save(self, arrays: Mapping[str, np.ndarray], description: str) -> None:
         """Write every array atomically, then the description (the 'complete' marker)."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            self.remove_orphans()
             for name, array in arrays.items():
                 with atomic_write(self.path(f"{name}.npy")) as handle:
                     np.save(handle, array, allow_pickle=False)

@@ -51,8 +51,8 @@ def newest_lines(directory: Path) -> list[dict[str, Any]]:
 
 
 def last_line(path: Path, block: int = 4096) -> str:
-    """The file's last non-empty line, reading only its end: a rank's file gains a line per logged
-    step for the whole run (megabytes after weeks), and status reads one file per rank."""
+    """The file's last non-empty line, reading only its end: a rank's file holds thousands of logged
+    steps (up to gptrain.train.step_times.ROTATE_BYTES), and status reads one file per rank."""
     with open(path, "rb") as handle:
         end = handle.seek(0, 2)
         start = end

@@ -260,28 +260,44 @@ def schedule_spec(cfg: TrainingConfig) -> ScheduleSpec:
     return spec_from_config(cfg)
 
 
-def build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> tuple[Any, Any, Any]:
+def build_datasets(
+    cfg: TrainingConfig, vocab: int, tokenizer: Any | None, local_rank: int = 0
+) -> tuple[Any, Any, Any]:
     """(train, valid, test) GPTBatchDatasets with Megatron's sample counts; valid/test may be None.
 
-    With a process group, rank 0 builds first (filling the index cache) while the others wait,
-    then they load what it wrote, as Megatron does: on a cache miss the index arrays cost
-    gigabytes of memory per builder, which every rank of a node at once would multiply.
+    With a process group the ranks build in three turns (`build_turn`), each loading what the
+    turns before wrote to the index cache: rank 0 first, then one rank per node (`local_rank` 0),
+    then the rest. On a cache miss the index arrays cost gigabytes of memory and tens of seconds
+    per builder; a cache on a shared filesystem is filled once, and one on each node's own disk
+    (the default sits beside the data, which is often copied to local NVMe) once per node, never
+    by all of a node's ranks at once.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return _build_datasets(cfg, vocab, tokenizer)
-    built, failure = None, None
-    if dist.get_rank() == 0:
-        try:
-            built = _build_datasets(cfg, vocab, tokenizer)
-        except Exception as error:  # told to the waiting ranks, then raised here
-            failure = error
-    verdict = [None if failure is None else str(failure) or type(failure).__name__]
-    dist.broadcast_object_list(verdict, src=0)
-    if failure is not None:
-        raise failure
-    if verdict[0] is not None:
-        raise DataError(f"rank 0 could not build the datasets: {verdict[0]}")
-    return built if built is not None else _build_datasets(cfg, vocab, tokenizer)
+    mine = build_turn(dist.get_rank(), local_rank)
+    built: tuple[Any, Any, Any] = (None, None, None)
+    for turn in range(3):
+        failure: Exception | None = None
+        if turn == mine:
+            try:
+                built = _build_datasets(cfg, vocab, tokenizer)
+            except Exception as error:  # told to the other ranks, then raised here
+                failure = error
+        verdicts: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(verdicts, None if failure is None else str(failure) or type(failure).__name__)
+        if failure is not None:
+            raise failure
+        failed = next((r for r, verdict in enumerate(verdicts) if verdict is not None), None)
+        if failed is not None:
+            raise DataError(f"rank {failed} could not build the datasets: {verdicts[failed]}")
+    return built
+
+
+def build_turn(rank: int, local_rank: int) -> int:
+    """0 for rank 0, 1 for the first rank of every other node, 2 for the rest (build_datasets)."""
+    if rank == 0:
+        return 0
+    return 1 if local_rank == 0 else 2
 
 
 def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> tuple[Any, Any, Any]:

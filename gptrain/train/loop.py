@@ -191,7 +191,7 @@ def train(cfg: TrainingConfig) -> int:
         )
         set_throughput_reference(session, model_config)
         watch_checkpoint_saves(session)
-        train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer)
+        train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer, world.local_rank)
         log_start(session, model, log_dir)
         resume(session, source)
         if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
@@ -429,7 +429,7 @@ def run(
     test_data: GPTBatchDataset | None,
     stop: StopRequest,
 ) -> int:
-    """Iterate to trainer.max_steps; at each step boundary log, check, checkpoint, validate.
+    """Iterate to trainer.max_steps; at each step boundary log, check, validate, checkpoint.
 
     At the end: validation (unless just done), the final checkpoint, the test split (beside a
     background write of that checkpoint, which the run then waits for).
@@ -443,10 +443,11 @@ def run(
     times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
     agreement = StopAgreement()
     runner = StepRunner(s, batches, can_run_ahead(s))
-    saved_at = validated_at = -1
+    saved_at = -1
     tested = has_batches(test_data, t.limit_test_batches)
     evaluated_at_end = tested or has_batches(valid_data, t.limit_val_batches)  # after the last save
     staging_prepared = False
+    validate_if_left_due(s, valid_data)
     stopping: str | None = None  # agreed while the next step was queued ahead: it finishes first
     while s.state.step < t.max_steps:
         step = s.state.step + 1
@@ -473,15 +474,15 @@ def run(
             if meter.iterations:  # the steps since the last line: their losses are not lost with the stop
                 log_interval(s, meter)
             return stop_for_requeue(s, stopping)
-        if saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
-            with meter.excluded():  # not during a non-finite streak: the last good one stays newest
-                save_checkpoint(s, waited_for=s.state.step >= t.max_steps and not evaluated_at_end)
-            saved_at = s.state.step
-        if validates_at(s, s.state.step):
+        last = s.state.step >= t.max_steps
+        if validates_at(s, s.state.step) and not last:  # first, so the checkpoint records it done
             with meter.excluded():
                 validate(s, valid_data)
-            validated_at = s.state.step
-    if validated_at != s.state.step:
+        if saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
+            with meter.excluded():  # not during a non-finite streak: the last good one stays newest
+                save_checkpoint(s, waited_for=last and not evaluated_at_end)
+            saved_at = s.state.step
+    if s.state.validated_at != s.state.step:  # the last: beside the background write of its save
         validate(s, valid_data)
     em = s.cfg.exp_manager
     if saved_at != s.state.step and em.create_checkpoint_callback and em.checkpoint_callback_params.save_last:
@@ -501,7 +502,9 @@ def stop_for_requeue(s: Session, reason: str) -> int:
         return 0
     save_checkpoint(s, waited_for=True)
     s.checkpoints.wait()
-    s.log(f"stopping at iteration {s.state.step}: {reason}; exit {EXIT_REQUEUE} to be requeued")
+    due = validates_at(s, s.state.step) and s.state.validated_at != s.state.step
+    left = "; its validation runs first when the run resumes" if due else ""
+    s.log(f"stopping at iteration {s.state.step}: {reason}{left}; exit {EXIT_REQUEUE} to be requeued")
     return EXIT_REQUEUE
 
 
@@ -587,6 +590,17 @@ def evaluate(s: Session, data: GPTBatchDataset, num_batches: int) -> float:
 def validate(s: Session, data: GPTBatchDataset | None) -> None:
     """Megatron's validation block (skipped in benchmark mode, limit_val_batches=0)."""
     evaluate_split(s, data, s.cfg.trainer.limit_val_batches, "", TB_VAL_LOSS)
+    s.state.validated_at = s.state.step
+
+
+def validate_if_left_due(s: Session, data: GPTBatchDataset | None) -> None:
+    """The validation of the step a run resumes at, when that run stopped before running it: a stop
+    (SIGTERM, time limit) saves at once, before a validation due at the same step."""
+    step = s.state.step
+    if step > 0 and validates_at(s, step) and s.state.validated_at != step:
+        if has_batches(data, s.cfg.trainer.limit_val_batches):
+            s.log(f"validation of iteration {step} was due when the run stopped: running it first")
+        validate(s, data)
 
 
 def has_batches(data: GPTBatchDataset | None, batches: int) -> bool:

@@ -30,13 +30,18 @@ PARTS = ("model", "optim", "schedule", "scaler", "train")
 
 @dataclass
 class TrainState:
-    """Progress counters; `step` is the number of iterations run (skipped ones included)."""
+    """Progress counters; `step` is the number of iterations run (skipped ones included).
+
+    `validated_at`: the last iteration whose validation ran. A run stopped for a requeue on a
+    validation step saves before validating; the resumed run sees the validation still due.
+    """
 
     step: int = 0
     consumed_samples: int = 0
     skipped_iterations: int = 0
     nan_iterations: int = 0
     consecutive_nonfinite: int = 0
+    validated_at: int = -1
 
     def state_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -148,9 +153,18 @@ def checkpoint_state(
         "optim": lambda: optimizer_state_dict(model, optimizer, optim_keys),
         "schedule": schedule.state_dict,
         "scaler": scaler.state_dict,
-        "train": train.state_dict,
+        "train": lambda: _saved_counters(train, saved),
     }
     return {part: build[part]() for part in parts}
+
+
+def _saved_counters(train: TrainState, saved: Collection[str] | None) -> dict[str, int]:
+    """The counters of `train` that a checkpoint with keys `saved` holds (all when None): one written
+    before a counter existed loads, and that counter keeps its default."""
+    counters = train.state_dict()
+    if saved is None:
+        return counters
+    return {key: value for key, value in counters.items() if f"train.{key}" in saved}
 
 
 def apply_checkpoint_state(

@@ -9,11 +9,16 @@ others wait for. busy = step - wait is what `gptrain status` compares with the m
 the lines of the newest step and world size (files of ranks a resumed smaller job lacks stay).
 It sees slowness after the step's last collective (optimizer, host stalls, logging); a GPU
 slow inside the overlapped backward is found by `gptrain validate gpus` instead.
+
+A file past ROTATE_BYTES is renamed `rank-<r>.jsonl.1` (replacing the one before) just before the
+next line is written, so each rank keeps at most about twice that (thousands of logged steps of
+history) however long the run, and its current file always holds its newest line.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -23,6 +28,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 STEP_TIMES_DIR = "step_times"
+ROTATE_BYTES = 256 * 1024  # about 3,000 lines of ~87 bytes
 
 
 @dataclass
@@ -33,11 +39,11 @@ class StepTimes:
     world: int
     last: float = field(default_factory=time.perf_counter)
     steps: int = 0
+    size: int = 0  # of the file after this process's last write (0 before the first)
+    rotate_bytes: int = ROTATE_BYTES
 
     @classmethod
     def open(cls, log_dir: Path, rank: int, world_size: int) -> StepTimes:
-        import os
-
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
         path = None
         if world_size > 1:
@@ -56,8 +62,16 @@ class StepTimes:
             line = {"step": step, "rank": self.rank, "world": self.world, "node": self.node}
             line["step_ms"] = round(step_ms, 3)
             line["wait_ms"] = round((now - started) * 1000, 3)
-            with open(self.path, "a") as handle:
-                handle.write(json.dumps(line) + "\n")
+            self.append(json.dumps(line) + "\n")
         if logged:
             self.last, self.steps = now, 0
         return result
+
+    def append(self, text: str) -> None:
+        """Append to this rank's file, first moving it aside when it has grown past rotate_bytes."""
+        assert self.path is not None
+        if self.size >= self.rotate_bytes:
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        with open(self.path, "a") as handle:
+            handle.write(text)
+            self.size = handle.tell()

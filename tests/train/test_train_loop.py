@@ -1,6 +1,7 @@
 """End-to-end training on a tiny GPT (CPU, fp32, dropout on): resume, stop, results layout."""
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,65 @@ def test_resume_after_sigusr1_is_bit_exact(uninterrupted, tmp_path, monkeypatch,
     resumed, full = final_weights(tmp_path, 6), final_weights(full_dir, 6)
     assert resumed.keys() == full.keys()
     assert all(torch.equal(resumed[k], full[k]) for k in full)
+
+
+def validation_lines(log_dir: Path) -> list[str]:
+    return [line for line in log_lines(log_dir) if "validation loss at iteration" in line]
+
+
+def test_a_stop_on_a_validation_step_leaves_that_validation_to_the_resumed_run(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """A stop saves at once, before the validation due at the same step; the resumed run used to start
+    one step later, so the curve lost that point for good."""
+    full_dir, _, _ = uninterrupted
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=3)  # val_check_interval=3
+    assert code == EXIT_REQUEUE
+    assert validation_lines(tmp_path) == []
+    assert "its validation runs first when the run resumes" in log_lines(tmp_path)[-1]
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    assert code == 0
+    assert "validation of iteration 3 was due when the run stopped: running it first" in log_lines(tmp_path)
+    assert validation_lines(tmp_path) == validation_lines(full_dir)  # iterations 3 and 6, same losses
+
+
+def test_a_resume_from_a_save_after_its_validation_does_not_validate_again(tmp_path, monkeypatch):
+    """Validation comes before the save of the same step, so that checkpoint records it done."""
+    every_3 = "exp_manager.checkpoint_callback_params.every_n_train_steps=3"
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, every_3))
+    assert code == 0 and complete_steps(tmp_path / "checkpoints") == [3, 6]
+    shutil.rmtree(tmp_path / "checkpoints" / "step_6")  # the resume takes step_3, saved in the loop
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, every_3))
+    assert code == 0 and sorted(losses) == [4, 5, 6]
+    lines = log_lines(tmp_path)
+    resumed = lines[max(i for i, line in enumerate(lines) if line.startswith("resuming from ")) :]
+    validated = [line.split("|")[0].strip() for line in resumed if "validation loss at iteration" in line]
+    assert validated == ["validation loss at iteration 6", "validation loss at iteration 6 on test set"]
+
+
+def test_a_checkpoint_from_before_validated_at_resumes_and_validates_its_step(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """Checkpoints saved before TrainState recorded `validated_at` lack that key; they load, and the
+    step's validation (unknown to them) runs again."""
+    from gptrain.checkpoint.compat import read_metadata
+    from gptrain.train.state import TrainState
+
+    full_dir, _, _ = uninterrupted
+    real = TrainState.state_dict
+    with monkeypatch.context() as old:
+        old.setattr(
+            TrainState,
+            "state_dict",
+            lambda self: {k: v for k, v in real(self).items() if k != "validated_at"},
+        )
+        code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=3)
+    assert code == EXIT_REQUEUE
+    keys = read_metadata(tmp_path / "checkpoints" / "step_3").state_dict_metadata
+    assert "train.step" in keys and "train.validated_at" not in keys
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    assert code == 0 and sorted(losses) == [4, 5, 6]
+    assert validation_lines(tmp_path) == validation_lines(full_dir)
 
 
 ASYNC = "exp_manager.checkpoint_callback_params.async_save=true"

@@ -152,3 +152,23 @@ def test_the_log_dir_comes_from_the_config_the_record_names(tmp_path: Path) -> N
     assert log_dir_of({"script": script, "config": str(tmp_path / "run_hydra.yaml")}) == Path("/new")
     assert log_dir_of({"script": script}) == Path("/old")
     assert log_dir_of({"script": "elsewhere.sh"}) is None
+
+
+def test_a_rank_file_is_bounded_and_its_newest_line_stays_readable(tmp_path: Path) -> None:
+    """A line per logged step for weeks used to grow every rank's file without bound (MBs per rank,
+    GBs across a thousand ranks); past rotate_bytes it is moved aside just before the next line."""
+    from gptrain.train.step_times import StepTimes
+
+    times = StepTimes.open(tmp_path, rank=3, world_size=2)
+    times.rotate_bytes = 1000
+    for step in range(1, 101):
+        times.timed_sync(step, True, lambda: None)
+        current, previous = times.path, times.path.with_name("rank-3.jsonl.1")
+        assert current.stat().st_size < 1000 + 200
+        assert json.loads(last_line(current))["step"] == step
+    assert previous.stat().st_size >= 1000
+    steps = [
+        json.loads(text)["step"] for path in (previous, current) for text in path.read_text().splitlines()
+    ]
+    assert steps == list(range(steps[0], 101)) and steps[0] > 1  # the newest, in order, none lost between
+    assert [row["step"] for row in newest_lines(tmp_path / "step_times")] == [100]
