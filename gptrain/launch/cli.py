@@ -8,11 +8,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 # gptrain.launch.compose.STAGES, here without its imports (this parser loads on every command)
 STAGE_NAMES = ("data_preparation", "validation", "training")
 
 DEFAULT_RESULTS = "results"
+
+LOGS_DESCRIPTION = (
+    "Print (or follow) the logs of a launched run: by default its latest launch (the newest job of "
+    "each stage). Each launch into the same run dir (a resume after a stop, a relaunch after a "
+    "failure) keeps its own logs, reached with --launch N or --all; a Slurm requeue appends to its "
+    "job's log."
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,7 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("cancel", "cancel every stage of a launched run"),
         ("logs", "print (or follow) the logs of a launched run"),
     ):
-        parser = subparsers.add_parser(name, help=text, description=text)
+        parser = subparsers.add_parser(
+            name, help=text, description=LOGS_DESCRIPTION if name == "logs" else text
+        )
         parser.add_argument("run", nargs="?" if name == "status" else None, help="run name or run directory")
         parser.add_argument(
             "--results-dir", default=DEFAULT_RESULTS, help="base_results_dir of the launch (default: results)"
@@ -75,6 +85,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 "-f", "--follow", action="store_true", help="keep printing until the jobs end"
             )
             parser.add_argument("--stage", default=None, choices=STAGE_NAMES, help="only this stage")
+            which = parser.add_mutually_exclusive_group()
+            which.add_argument(
+                "--launch",
+                type=int,
+                metavar="N",
+                help="launch N into the run dir: 1 the first, 2 the next, -1 the latest, -2 the one before",
+            )
+            which.add_argument(
+                "--all",
+                action="store_true",
+                help="every launch, oldest first, each under a line '==> launch N of M, <time>: <stage> job <id> <=='",
+            )
         parser.set_defaults(func={"status": run_status, "cancel": run_cancel, "logs": run_logs}[name])
 
 
@@ -113,15 +135,35 @@ def run_cancel(args: argparse.Namespace) -> int:
 
 def run_logs(args: argparse.Namespace) -> int:
     from gptrain.launch import jobs
-    from gptrain.launch.records import read_records
 
     run_dir = jobs.find_run(args.run, Path(args.results_dir))
-    submitted = [r for r in jobs.latest_jobs(run_dir) if args.stage in (None, r.get("stage"))]
-    if not args.follow:
-        for record in submitted:
-            for path in (p for p in jobs.log_files(record) if p.exists()):
-                sys.stdout.write(path.read_text(errors="replace"))
-        return 0
+    shown = jobs.logs_to_show(run_dir, args.launch, args.all, args.stage)
+    followed = shown[-1:] if args.follow else []  # --all -f: the earlier launches printed, the last followed
+    for header, records in shown[: len(shown) - len(followed)]:
+        print_logs(header, records)
+    for header, records in followed:
+        if header:
+            print(header, flush=True)
+        follow_logs(run_dir, records)
+    return 0
+
+
+def print_logs(header: str | None, records: list[dict[str, Any]]) -> None:
+    """The records' log files, under `header` if any; there each ends in a newline, so the next
+    header starts a line of its own."""
+    from gptrain.launch import jobs
+
+    if header:
+        print(header)
+    for path in (p for record in records for p in jobs.log_files(record) if p.exists()):
+        text = path.read_text(errors="replace")
+        sys.stdout.write(text + ("\n" if header and text and not text.endswith("\n") else ""))
+    sys.stdout.flush()
+
+
+def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
+    from gptrain.launch import jobs
+    from gptrain.launch.records import read_records
 
     def done() -> bool:
         records = read_records(run_dir)
@@ -131,4 +173,3 @@ def run_logs(args: argparse.Namespace) -> int:
         return [p for r in submitted for p in jobs.log_files(r)]
 
     jobs.follow(paths, done)
-    return 0

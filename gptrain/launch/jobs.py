@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, LaunchError
-from gptrain.launch.compose import closest
+from gptrain.launch.compose import STAGES, closest
 from gptrain.launch.records import LAUNCHER_LOG, process_start_time, read_records
 from gptrain.launch.stragglers import stragglers_for
 from gptrain.utils.progress import format_duration
@@ -213,6 +213,71 @@ def latest_jobs(run_dir: Path) -> list[dict[str, Any]]:
     for record in records:
         latest[record.get("stage", "?")] = record
     return list(latest.values())
+
+
+def launches(run_dir: Path) -> list[list[dict[str, Any]]]:
+    """The submitted records of each launch into this dir, oldest first: `gptrain logs --launch N`
+    counts them from 1. Separate launches have separate jobs (a Slurm requeue keeps its job id and
+    log), so a record joins the launch before it only when it ran after one of its jobs."""
+    found: list[list[dict[str, Any]]] = []
+    for record in read_records(run_dir):
+        if record.get("event") != "submitted":
+            continue
+        if found and ran_after(record, found[-1]):
+            found[-1].append(record)
+        else:
+            found.append([record])
+    return found
+
+
+def ran_after(record: dict[str, Any], launch: list[dict[str, Any]]) -> bool:
+    """Whether a stage's record belongs to `launch`: its `dependency` is a job of it. Local
+    records written before they named one join when their stage comes later in stage order."""
+    if "dependency" in record:
+        after = record["dependency"]
+        return after is not None and str(after) in {str(r.get("job_id")) for r in launch}
+
+    def order(r: dict[str, Any]) -> int:
+        return STAGES.index(r["stage"]) if r.get("stage") in STAGES else len(STAGES)
+
+    return order(record) > order(launch[-1])
+
+
+def launch_number(found: list[list[dict[str, Any]]], number: int, run_dir: Path) -> list[dict[str, Any]]:
+    """Launch `number` (1 the first, -1 the latest), or a one-line error naming the valid range."""
+    total = len(found)
+    if not total:
+        raise LaunchError(f"--launch {number}: nothing launched yet in {run_dir}")
+    if number == 0 or not -total <= number <= total:
+        raise LaunchError(
+            f"--launch {number}: {run_dir} has {total} launch{'es' if total > 1 else ''};"
+            f" pass 1..{total} (1 the first) or -{total}..-1 (-1 the latest)"
+        )
+    return found[number - 1 if number > 0 else number]
+
+
+def launch_header(number: int, total: int, records: list[dict[str, Any]]) -> str:
+    """'==> launch 2 of 3, 2026-11-26T10:00:00: training job 1234 <==' (the launch's first record time)."""
+    stages = ", ".join(f"{r.get('stage')} job {r.get('job_id')}" for r in records)
+    return f"==> launch {number} of {total}, {records[0].get('time', '?')}: {stages} <=="
+
+
+def logs_to_show(
+    run_dir: Path, number: int | None = None, every: bool = False, stage: str | None = None
+) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """What `gptrain logs` prints, as (header line or None, records): by default the latest job of
+    each stage, else launch `number`, or with `every` each launch under its header."""
+
+    def kept(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in records if stage in (None, r.get("stage"))]
+
+    if every:
+        found = launches(run_dir)
+        shown = [(n, kept(records)) for n, records in enumerate(found, 1)]
+        return [(launch_header(n, len(found), records), records) for n, records in shown if records]
+    if number is None:
+        return [(None, kept(latest_jobs(run_dir)))]
+    return [(None, kept(launch_number(launches(run_dir), number, run_dir)))]
 
 
 def log_files(record: dict[str, Any]) -> list[Path]:

@@ -2,7 +2,8 @@
 
 `gptrain status/cancel/logs` read it back, so a run is found by its directory alone.
 Events: `submitted` (slurm job id, or local pid and the process's start time, script, log
-pattern) and `finished` (local runs: exit code).
+pattern, and `dependency`: the job of this launch's stage before it, which tells launches into
+one run dir apart) and `finished` (local runs: exit code).
 """
 
 from __future__ import annotations

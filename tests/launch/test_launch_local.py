@@ -178,7 +178,7 @@ def test_sigterm_to_a_local_launch_reaches_the_stage_which_ends_as_it_chooses(tm
     timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     try:
-        assert run_job(job, echo=False) == 75
+        assert run_job(job, echo=False)[0] == 75
     finally:
         timer.cancel()
     log = next(tmp_path.glob("log-r_*.out")).read_text()

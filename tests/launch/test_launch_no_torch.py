@@ -31,5 +31,6 @@ def test_launch_dry_run_and_job_control_import_no_torch(tmp_path):
         '{"event": "submitted", "stage": "training", "executor": "local", "job_id": "local-0", "pid": 0,'
         ' "log": "none"}\n{"event": "finished", "job_id": "local-0", "exit_code": 0}\n'
     )
-    for command in (["status"], ["status", "gpt3_126m"], ["logs", "gpt3_126m"], ["cancel", "gpt3_126m"]):
+    logs = (["logs", "gpt3_126m"], ["logs", "gpt3_126m", "--all"], ["logs", "gpt3_126m", "--launch", "1"])
+    for command in (["status"], ["status", "gpt3_126m"], *logs, ["cancel", "gpt3_126m"]):
         assert run_cli(command, tmp_path) == ["0"], command

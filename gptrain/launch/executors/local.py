@@ -20,12 +20,14 @@ from gptrain.launch.sbatch import Job
 from gptrain.launch.stages import LaunchPlan
 
 
-def run_job(job: Job, echo: bool = True) -> int:
+def run_job(job: Job, echo: bool = True, after: str | None = None) -> tuple[int, str]:
+    """Run one stage (`after`: the job id of the stage before it in this launch); return its exit
+    code and job id."""
     process = subprocess.Popen(
         ["bash", str(job.script_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     with forwarding_stop_signals(process):
-        return follow_job(job, process, echo)
+        return follow_job(job, process, echo, after), f"local-{process.pid}"
 
 
 @contextlib.contextmanager
@@ -50,15 +52,22 @@ def forwarding_stop_signals(process: subprocess.Popen) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def follow_job(job: Job, process: subprocess.Popen, echo: bool) -> int:
-    """Stream the stage's output to its log (and the terminal), record its start and exit."""
+def follow_job(job: Job, process: subprocess.Popen, echo: bool, after: str | None = None) -> int:
+    """Stream the stage's output to its log (and the terminal), record its start and exit.
+
+    The record names the job it ran after (`dependency`, as a Slurm record does), which is how
+    `gptrain logs --launch N` tells one launch from the next."""
     log = job.run_dir / f"log-{job.job_name}_{process.pid}.out"
     fields = {"stage": job.stage, "executor": "local", "job_id": f"local-{process.pid}", "pid": process.pid}
     started = process_start_time(process.pid)
     if started is not None:  # status/cancel check it: a reused pid is another process
         fields["start_time"] = started
     fields.update(
-        job_name=job.job_name, script=str(job.script_path), config=str(job.config_path), log=str(log)
+        job_name=job.job_name,
+        script=str(job.script_path),
+        config=str(job.config_path),
+        log=str(log),
+        dependency=after,
     )
     append_record(job.run_dir, "submitted", **fields)
     code = 130
@@ -82,9 +91,10 @@ def follow_job(job: Job, process: subprocess.Popen, echo: bool) -> int:
 
 def run(plan: LaunchPlan, echo: bool = True) -> int:
     """Run the stages in order; stop at the first that fails and return its exit code."""
+    after: str | None = None
     for job in plan.jobs:
         print(f"gptrain: running {job.stage} locally: {job.script_path}", file=sys.stderr, flush=True)
-        code = run_job(job, echo)
+        code, after = run_job(job, echo, after)
         if code == EXIT_REQUEUE:
             print(
                 f"gptrain: {job.stage} saved a checkpoint and stopped (exit {code});"

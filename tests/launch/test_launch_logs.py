@@ -1,0 +1,98 @@
+"""`gptrain logs` reaches every launch into a run directory, not only the latest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gptrain.cli import main
+from gptrain.launch import jobs
+from gptrain.launch.records import append_record
+from gptrain.launch.sbatch import Job
+
+
+def local_launch(run: Path, stages: list[str], pid: int, texts: list[str], old: bool = False) -> None:
+    """A finished local launch's records and logs (`old`: records written before `dependency`)."""
+    after = None
+    for number, (stage, text) in enumerate(zip(stages, texts, strict=True)):
+        job_id, log = f"local-{pid + number}", run / f"log-{stage}_{pid + number}.out"
+        log.write_text(text)
+        fields = {"stage": stage, "executor": "local", "job_id": job_id, "pid": pid + number, "log": str(log)}
+        append_record(run, "submitted", **fields, **({} if old else {"dependency": after}))
+        append_record(run, "finished", job_id=job_id, stage=stage, exit_code=0)
+        after = job_id
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    """Three launches: validation and training; validation alone (it failed); both again."""
+    run = tmp_path / "results" / "r"
+    run.mkdir(parents=True)
+    local_launch(run, ["validation", "training"], 100, ["v1\n", "t1\n"], old=True)
+    local_launch(run, ["validation"], 200, ["v2\n"])
+    local_launch(run, ["validation", "training"], 300, ["v3\n", "t3\n"])
+    return run
+
+
+def logs(capsys: pytest.CaptureFixture[str], run: Path, *options: str) -> tuple[int, str, str]:
+    code = main(["logs", str(run), *options])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_each_launch_is_reachable_and_the_default_is_the_latest(run, capsys):
+    assert logs(capsys, run) == (0, "v3\nt3\n", "")  # unchanged: the latest job of each stage
+    for option, text in (("1", "v1\nt1\n"), ("2", "v2\n"), ("3", "v3\nt3\n"), ("-1", "v3\nt3\n")):
+        assert logs(capsys, run, "--launch", option) == (0, text, ""), option
+    assert logs(capsys, run, "--launch", "-3", "--stage", "training") == (0, "t1\n", "")
+
+
+def test_all_prints_each_launch_under_a_header(run, capsys):
+    code, out, _ = logs(capsys, run, "--all")
+    headers = [line for line in out.splitlines() if line.startswith("==> ")]
+    assert code == 0 and len(headers) == 3
+    assert headers[0].startswith("==> launch 1 of 3, ")
+    assert headers[0].endswith(": validation job local-100, training job local-101 <==")
+    assert headers[1].endswith(": validation job local-200 <==")
+    assert out.split("\n", 1)[1].startswith("v1\nt1\n==> launch 2 of 3")
+    assert out.endswith("training job local-301 <==\nv3\nt3\n")
+    _, out, _ = logs(capsys, run, "--all", "--stage", "training")  # launch 2 had no training
+    assert [line[:16] for line in out.splitlines() if line.startswith("==> ")] == [
+        "==> launch 1 of ",
+        "==> launch 3 of ",
+    ]
+
+
+@pytest.mark.parametrize("number", ["0", "4", "-4"])
+def test_a_launch_that_does_not_exist_is_a_one_line_error_naming_the_range(run, capsys, number):
+    code, out, err = logs(capsys, run, "--launch", number)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and f"--launch {number}" in err and "1..3" in err and "-3..-1" in err
+
+
+def test_slurm_launches_are_told_apart_by_their_dependency(tmp_path):
+    """A stage submitted after another of the same launch names its job; a requeue adds no record."""
+    slurm = {"executor": "slurm", "log": f"{tmp_path}/log-r_%j.out"}
+    append_record(tmp_path, "submitted", stage="validation", job_id="10", dependency=None, **slurm)
+    append_record(tmp_path, "submitted", stage="training", job_id="11", dependency="10", **slurm)
+    # the next launch's data preparation writes to its own run dir: training waits for its job 15
+    append_record(tmp_path, "submitted", stage="training", job_id="16", dependency="15", **slurm)
+    assert [[r["job_id"] for r in launch] for launch in jobs.launches(tmp_path)] == [["10", "11"], ["16"]]
+
+
+def test_a_local_launch_records_the_stage_each_stage_ran_after(tmp_path):
+    """A launch of training alone after one of validation alone is a launch of its own."""
+    from gptrain.launch.executors.local import run
+
+    def plan(*stages: str) -> SimpleNamespace:
+        stage_jobs = [Job(stage, stage, stage, tmp_path, []) for stage in stages]
+        for job in stage_jobs:
+            job.script_path.write_text(f"echo {job.stage}\n")
+        return SimpleNamespace(jobs=stage_jobs)
+
+    for stages in (["validation", "training"], ["validation"], ["training"]):
+        assert run(plan(*stages), echo=False) == 0
+    launches = [[r["stage"] for r in launch] for launch in jobs.launches(tmp_path)]
+    assert launches == [["validation", "training"], ["validation"], ["training"]]
