@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from gptrain.validate.bandwidth import OPS, algbw_GBps, busbw_GBps, element_count
+from gptrain.validate.bandwidth import algbw_GBps, busbw_GBps, element_count
 from gptrain.validate.runtime import Context, mean_over_ranks, time_per_call
 
 PLACEMENTS = {
@@ -26,6 +26,8 @@ PLACEMENTS = {
     "broadcast": (True,),
 }
 REDOP = {"all_reduce": "sum", "reduce_scatter": "sum"}
+# Elements compared at once (64 MiB of float32): the check's mask is 16 MiB, not the message's size.
+COMPARE_CHUNK = 16 << 20
 
 
 @dataclass
@@ -107,11 +109,20 @@ def caller(op: str, buf: Buffers, group: object = None) -> Callable[[], object]:
     raise ValueError(f"unknown collective {op!r}")
 
 
+def wrong_elements(out: torch.Tensor, expected: torch.Tensor, chunk: int = COMPARE_CHUNK) -> torch.Tensor:
+    """Elements of `out` unequal to `expected` (a 0-d int64 tensor), compared `chunk` at a time so
+    that no temporary is as large as the message."""
+    wrong = torch.zeros((), dtype=torch.int64, device=out.device)
+    for start in range(0, out.numel(), chunk):
+        wrong += torch.count_nonzero(out[start : start + chunk] != expected[start : start + chunk])
+    return wrong
+
+
 def count_wrong(op: str, count: int, in_place: bool, ctx: Context) -> int:
     """Run the op once on known inputs; wrong output elements summed over ranks."""
     buf = make_buffers(op, count, in_place, ctx)
     caller(op, buf)()
-    wrong = (buf.out != buf.expected).sum().to(torch.float64)
+    wrong = wrong_elements(buf.out, buf.expected).to(torch.float64)
     dist.all_reduce(wrong)
     return int(wrong.item())
 
@@ -145,16 +156,15 @@ def measure(op: str, nbytes: int, in_place: bool, ctx: Context, iters: int, warm
 
 def sweep(
     ctx: Context,
-    sizes: list[int],
+    sizes: dict[str, list[int]],
     iters: int,
     warmup: int,
-    ops: tuple[str, ...] = OPS,
     on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
-    """Every op x size x placement; `on_row` sees each row as it is measured (rank 0 prints)."""
+    """Every op x its sizes x placement; `on_row` sees each row as it is measured (rank 0 prints)."""
     rows = []
-    for op in ops:
-        for nbytes in sizes:
+    for op, op_sizes in sizes.items():
+        for nbytes in op_sizes:
             for in_place in PLACEMENTS[op]:
                 row = measure(op, nbytes, in_place, ctx, iters, warmup)
                 rows.append(row)

@@ -67,7 +67,7 @@ def check_sizes_early(args: argparse.Namespace) -> None:
 def check_collectives(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
     from gptrain.validate.collectives import sweep
 
-    rows = [r.as_dict() for r in sweep(ctx, sizes_for(args, ctx), args.iters, args.warmup)]
+    rows = [r.as_dict() for r in sweep(ctx, fitting_sizes(ctx, args, out), args.iters, args.warmup)]
     if ctx.rank != 0:
         return
     print(report.table(rows), flush=True)
@@ -78,6 +78,18 @@ def check_collectives(ctx: Context, args: argparse.Namespace, limits: Thresholds
     for r in wrong:
         out.failures.append(f"collectives: {r['op']} at {r['bytes']} B gave {r['wrong']} wrong element(s)")
     busbw_threshold(rows, limits, ctx, out)
+
+
+def fitting_sizes(ctx: Context, args: argparse.Namespace, out: Outcome) -> dict[str, list[int]]:
+    """Each op's sizes that fit in the fullest rank's memory; the skipped ones said once."""
+    from gptrain.validate.bandwidth import OPS
+    from gptrain.validate.memory import fit_sizes, memory_budget
+
+    sizes, skipped = fit_sizes(OPS, sizes_for(args, ctx), ctx.size, memory_budget(ctx))
+    for item in skipped:
+        say(ctx, item.line())
+    out.summary["collectives_skipped"] = [item.as_dict() for item in skipped]
+    return sizes
 
 
 def busbw_threshold(rows: list[dict[str, Any]], limits: Thresholds, ctx: Context, out: Outcome) -> None:
