@@ -261,19 +261,23 @@ def schedule_spec(cfg: TrainingConfig) -> ScheduleSpec:
 
 
 def build_datasets(
-    cfg: TrainingConfig, vocab: int, tokenizer: Any | None, local_rank: int = 0
+    cfg: TrainingConfig, vocab: int, tokenizer: Any | None, local_rank: int | None = None
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) GPTBatchDatasets with Megatron's sample counts; valid/test may be None.
 
     With a process group the ranks build in three turns (`build_turn`), each loading what the
-    turns before wrote to the index cache: rank 0 first, then one rank per node (`local_rank` 0),
-    then the rest. On a cache miss the index arrays cost gigabytes of memory and tens of seconds
-    per builder; a cache on a shared filesystem is filled once, and one on each node's own disk
-    (the default sits beside the data, which is often copied to local NVMe) once per node, never
-    by all of a node's ranks at once.
+    turns before wrote to the index cache: rank 0 first, then one rank per node (`local_rank` 0;
+    read from the environment when None), then the rest. On a cache miss the index arrays cost
+    gigabytes of memory and tens of seconds per builder; a cache on a shared filesystem is filled
+    once, and one on each node's own disk (the default sits beside the data, which is often
+    copied to local NVMe) once per node, never by all of a node's ranks at once.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return _build_datasets(cfg, vocab, tokenizer)
+    if local_rank is None:
+        from gptrain.parallel.mesh import world_from_env
+
+        local_rank = world_from_env().local_rank
     mine = build_turn(dist.get_rank(), local_rank)
     built: tuple[Any, Any, Any] = (None, None, None)
     for turn in range(3):
