@@ -185,9 +185,13 @@ class SchedConfig:
     name: str = "CosineAnnealing"
     """`CosineAnnealing`, `LinearAnnealing` or `Constant`, with linear warmup."""
     warmup_steps: int = 0
-    """Steps of linear warmup from 0 to optim.lr."""
+    """Steps of linear warmup to optim.lr (see warmup_style for where it starts)."""
     constant_steps: int = 0
     """Steps held at min_lr at the end of the schedule."""
+    warmup_style: str = "nemo"
+    """`nemo`: CosineAnnealing with constant_steps 0 warms up as NeMo's, lr x (step + 1) /
+    (warmup_steps + 1); every other schedule from 0, lr x step / warmup_steps (as NeMo).
+    `megatron` (what `gptrain megatron` sets): from 0 for every schedule, as --lr-warmup-iters."""
     min_lr: float = 0.0
     """Learning rate at the end of the decay."""
     max_steps: int | None = None

@@ -24,6 +24,7 @@ CHOICES = {
     "model.fp8_recipe": ("tensorwise", "rowwise"),
     "model.optim.name": ("adamw",),
     "model.optim.sched.name": ("CosineAnnealing", "LinearAnnealing", "Constant"),
+    "model.optim.sched.warmup_style": ("nemo", "megatron"),
     "model.data.data_impl": ("mmap", "mock"),
     "model.tokenizer.type": ("GPT2BPETokenizer", "HuggingFaceTokenizer", "TikTokenizer"),
 }

@@ -43,6 +43,7 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
     "model.optim.sched.min_lr": 0.0,
     "model.optim.sched.warmup_steps": 0,
     "model.optim.sched.constant_steps": 0,
+    "model.optim.sched.warmup_style": "megatron",
     "model.data.splits_string": "969, 30, 1",
     "model.data.num_workers": 2,
     "model.activations_checkpoint_granularity": None,

@@ -2,7 +2,14 @@
 
 `lr_at(step, spec)` is the closed form; `LRSchedule` applies it to an optimizer and
 keeps only the step counter as state, so a resumed run gets exactly the same rates.
-Steps count completed optimizer steps: step 0 is the first update.
+Steps count completed optimizer steps: step 0 is the first update, as NeMo's scheduler (its
+`last_epoch` is 0 for the first iteration and moves after each optimizer step) and Megatron's.
+
+The warmup follows nemo/core/optim/lr_scheduler.py: NeMo's CosineAnnealing takes Megatron's
+warmup (lr x step / warmup, from 0) only when constant_steps > 0; with constant_steps 0 (the
+`_improved` presets) it takes WarmupAnnealHoldPolicy's, lr x (step + 1) / (warmup + 1), whose first
+step is already lr / (warmup + 1). The decay and the min_lr tail are the same in both branches.
+`warmup_style: megatron` (set by `gptrain megatron`) keeps Megatron's warmup for every schedule.
 
 Megatron can also count the schedule in samples (`--lr-warmup-samples`, `--lr-decay-samples`)
 and NeMo in a ratio (`warmup_ratio`). With a constant global batch, Megatron's rate at
@@ -22,6 +29,7 @@ if TYPE_CHECKING:
     from gptrain.config.schema import TrainingConfig
 
 SCHEDULES = ("CosineAnnealing", "LinearAnnealing", "Constant")
+WARMUP_STYLES = ("nemo", "megatron")
 
 
 @dataclass(frozen=True)
@@ -34,8 +42,14 @@ class ScheduleSpec:
     max_steps: float
     warmup_steps: float = 0
     constant_steps: float = 0
+    warmup_style: str = "nemo"
 
     def __post_init__(self) -> None:
+        if self.warmup_style not in WARMUP_STYLES:
+            raise ConfigError(
+                f"model.optim.sched.warmup_style={self.warmup_style!r} is not supported;"
+                f" use one of {WARMUP_STYLES}"
+            )
         if self.name not in SCHEDULES:
             raise ConfigError(
                 f"model.optim.sched.name={self.name!r} is not supported; use one of {SCHEDULES}"
@@ -52,15 +66,23 @@ class ScheduleSpec:
         """Steps of the decay phase: what remains after warmup and the final constant phase."""
         return max(0, self.max_steps - self.warmup_steps - self.constant_steps)
 
+    @property
+    def nemo_warmup(self) -> bool:
+        """NeMo's CosineAnnealing without constant steps: warmup of WarmupAnnealHoldPolicy."""
+        return self.warmup_style == "nemo" and self.name == "CosineAnnealing" and self.constant_steps == 0
+
 
 def lr_at(step: int, spec: ScheduleSpec) -> float:
     """Learning rate for optimizer step `step` (0-based).
 
-    Linear warmup from 0 to lr over warmup_steps, then decay from lr to min_lr over
-    decay_steps (cosine or linear), then min_lr for the constant_steps and beyond; Constant
-    holds lr after its warmup.
+    Linear warmup to lr over warmup_steps (from 0, or from lr / (warmup + 1) as NeMo's
+    CosineAnnealing without constant steps), then decay from lr to min_lr over decay_steps
+    (cosine or linear), then min_lr for the constant_steps and beyond; Constant holds lr after
+    its warmup.
     """
     if spec.warmup_steps > 0 and step <= spec.warmup_steps:
+        if spec.nemo_warmup:
+            return spec.lr * (step + 1) / (spec.warmup_steps + 1)
         return spec.lr * step / spec.warmup_steps
     if spec.name == "Constant":  # after the warmup, as Megatron's 'constant' decay style
         return spec.lr
@@ -137,4 +159,5 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
         max_steps=length,
         warmup_steps=warmup,
         constant_steps=sched.constant_steps,
+        warmup_style=sched.warmup_style,
     )

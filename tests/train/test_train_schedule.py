@@ -1,4 +1,5 @@
 import math
+import shlex
 
 import pytest
 
@@ -86,3 +87,100 @@ def test_nemo_warmup_ratio_warms_up_over_int_ratio_times_the_schedule():
     both = load_training_config("gpt3/126m", ["model.optim.sched.warmup_ratio=0.1"], report_ignored=False)
     with pytest.raises(ConfigError, match="model.optim.sched.warmup_steps, model.optim.sched.warmup_ratio"):
         spec_from_config(both)  # the preset's warmup_steps and a ratio: NeMo refuses both too
+
+
+def nemo_cosine_annealing(step, lr, min_lr, warmup, constant, max_steps):
+    """NeMo's CosineAnnealing (nemo/core/optim/lr_scheduler.py) at `last_epoch` = step, in float64.
+
+    Written from its branches, in their order: WarmupAnnealHoldPolicy.get_lr picks warmup, the
+    final constant phase (only if constant > 0), min_lr past max_steps, or the decay; CosineAnnealing
+    warms up as WarmupAnnealHoldPolicy (step + 1) / (warmup + 1) and decays over max_steps - warmup
+    when constant is 0, and as _linear_warmup_with_cosine_annealing (step / warmup, decay over
+    max_steps - warmup - constant, then min_lr) when constant > 0.
+    """
+    decay = max_steps - (constant + warmup)  # NeMo does not clamp it
+    if warmup > 0 and step <= warmup:
+        return lr * (step + 1) / (warmup + 1) if constant == 0 else lr * step / warmup
+    if constant > 0 and warmup + decay < step <= max_steps:
+        return min_lr
+    if step > max_steps:
+        return min_lr
+    if constant == 0:
+        ratio = (step - warmup) / (max_steps - warmup)
+    elif step > warmup + decay:
+        return min_lr
+    else:
+        ratio = (step - warmup) / decay
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+NEMO_CASES = [
+    (warmup, constant, min_lr, max_steps)
+    for warmup in (0, 4)
+    for constant in (0, 3)
+    for min_lr in (0.0, 1e-4)
+    for max_steps in (10, 17)
+] + [
+    (6, 4, 1e-4, 10),  # warmup + constant = max_steps: no decay
+    (8, 5, 1e-4, 10),  # warmup + constant > max_steps: NeMo's decay_steps is negative
+    (12, 0, 1e-4, 10),  # warmup longer than the schedule, NeMo's warmup
+    (12, 3, 0.0, 10),  # the same, Megatron's warmup
+    (1, 0, 0.0, 2),
+]
+
+
+@pytest.mark.parametrize("warmup, constant, min_lr, max_steps", NEMO_CASES)
+def test_cosine_annealing_is_nemos_at_every_step(warmup, constant, min_lr, max_steps):
+    spec = ScheduleSpec("CosineAnnealing", 1e-3, min_lr, max_steps, warmup, constant)
+    for step in range(max_steps + 4):
+        expected = nemo_cosine_annealing(step, 1e-3, min_lr, warmup, constant, max_steps)
+        assert lr_at(step, spec) == pytest.approx(expected, rel=1e-12, abs=1e-18), step
+
+
+def test_nemo_warmup_without_constant_steps_starts_above_zero():
+    """constant_steps 0 (the _improved presets): the first step runs at lr / (warmup + 1)."""
+    spec = ScheduleSpec("CosineAnnealing", lr=1.0, min_lr=0.0, max_steps=10, warmup_steps=4)
+    assert [lr_at(s, spec) for s in (0, 1, 3, 4)] == pytest.approx([0.2, 0.4, 0.8, 1.0])
+    assert lr_at(5, spec) == pytest.approx(0.5 * (1 + math.cos(math.pi / 6)))
+    assert lr_at(10, spec) == 0.0
+    held = ScheduleSpec("CosineAnnealing", 1.0, 0.0, 10, warmup_steps=4, constant_steps=3)
+    assert [lr_at(s, held) for s in (0, 1, 4)] == pytest.approx([0.0, 0.25, 1.0])  # Megatron's
+
+
+def test_schedule_follows_nemos_step_count():
+    """NeMo's scheduler starts at last_epoch 0 (the first iteration's rate) and steps after each
+    optimizer step; the rate read after a step (Megatron's printed one) is the next iteration's."""
+
+    class FakeOptimizer:
+        param_groups = [{"lr": None}]
+
+    spec = ScheduleSpec("CosineAnnealing", lr=1e-3, min_lr=1e-4, max_steps=12, warmup_steps=3)
+    schedule = LRSchedule(FakeOptimizer(), spec)
+    for iteration in range(1, 13):
+        used = schedule.apply()
+        assert used == pytest.approx(nemo_cosine_annealing(iteration - 1, 1e-3, 1e-4, 3, 0, 12), rel=1e-12)
+        schedule.advance()
+        assert schedule.current_lr() == pytest.approx(nemo_cosine_annealing(iteration, 1e-3, 1e-4, 3, 0, 12))
+    assert schedule.current_lr() == 1e-4  # at max_steps, after the last iteration
+
+
+def test_nemo_config_warms_up_as_nemo_and_megatron_flags_as_megatron():
+    from gptrain.config import load_training_config
+    from gptrain.megatron.translate import translate
+    from gptrain.train.schedule import spec_from_config
+
+    overrides = ["trainer.max_steps=12", "model.optim.lr=1e-3", "model.optim.sched.min_lr=1e-4"]
+    overrides += ["model.optim.sched.warmup_steps=4", "model.optim.sched.constant_steps=0"]
+    nemo = spec_from_config(load_training_config("gpt3/126m", overrides, report_ignored=False))
+    assert [lr_at(s, nemo) for s in (0, 4)] == pytest.approx([2e-4, 1e-3])
+    flags = (
+        "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+        " --train-iters 12 --mock-data --vocab-size 64 --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine"
+        " --lr-warmup-iters 4"
+    )
+    cfg = load_training_config(None, translate(shlex.split(flags), {}).overrides, report_ignored=False)
+    megatron = spec_from_config(cfg)
+    assert megatron.name == "CosineAnnealing" and megatron.constant_steps == 0
+    assert [lr_at(s, megatron) for s in (0, 1, 4)] == pytest.approx([0.0, 2.5e-4, 1e-3])
+    with pytest.raises(ConfigError, match="model.optim.sched.warmup_style"):
+        load_training_config("gpt3/126m", ["model.optim.sched.warmup_style=nemo2"], report_ignored=False)
