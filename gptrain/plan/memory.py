@@ -38,15 +38,20 @@ class MemoryEstimate:
     accumulating: bool = True
     """Gradients already live during the forward (several micro batches per step, or a pipeline)."""
     pipeline_rank: int = 0
+    rebuild: float = 0.0
+    """Full recompute: what is live besides the state while the backward rebuilds its first
+    checkpointed block (the loss and the head are freed by then); 0 when no block is checkpointed."""
     parts: dict[str, float] = field(default_factory=dict, compare=False)
 
     @property
     def total(self) -> float:
-        """Peak: the state, plus the larger of the start of a backward (activations, the loss and
-        working copies, with gradients when they accumulate) and its end (all gradients)."""
+        """Peak: the state, plus the largest of the start of a backward (activations, the loss and
+        working copies, with gradients when they accumulate), the rebuild of a checkpointed block
+        and the end of the backward (all gradients)."""
         live_grads = self.gradients if self.accumulating else 0.0
         backward_start = self.activations + self.logits + self.transient + live_grads
-        return self.weights + self.optimizer + max(backward_start, self.gradients + self.transient)
+        rebuild = self.rebuild + live_grads if self.rebuild else 0.0
+        return self.weights + self.optimizer + max(backward_start, rebuild, self.gradients + self.transient)
 
     def gib(self) -> dict[str, float]:
         out = {k: round(getattr(self, k) / GIB, 3) for k in ("weights", "gradients", "optimizer")}
@@ -224,8 +229,18 @@ def in_flight(layout: Layout, microbatches: int, rank: int) -> float:
     return chunks / v
 
 
+def checkpointed_layers(layout: Layout, layers: int) -> int:
+    """Blocks of a rank's `layers` that full recompute wraps (gptrain.parallel.activation_checkpoint:
+    all of them, or with method block the first N of each of the rank's vpp chunks)."""
+    if layout.recompute != "full":
+        return 0
+    if layout.recompute_num_layers is None:
+        return layers
+    return min(layers, layout.recompute_num_layers * layout.vpp)
+
+
 def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | None = None) -> dict[str, float]:
-    """Activations saved on pipeline rank `rank` at its peak, by part."""
+    """Activations saved on pipeline rank `rank` at the start of its backward, by part."""
     c = work.padded(layout.tp)
     tokens = layout.micro_batch_size * c.seq_length
     m = layout.microbatches(work.global_batch_size)
@@ -234,17 +249,9 @@ def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | Non
     scope = scope or compile_scope(work, layout)
     per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
     seq_shard = layout.tp if layout.sequence_parallel else 1
-    block_input = 4 * c.hidden_size / seq_shard * tokens  # what a fully checkpointed block keeps
-    if layout.recompute == "full":
-        checkpointed = (
-            layers
-            if layout.recompute_num_layers is None
-            else min(layers, layout.recompute_num_layers * layout.vpp)
-        )
-        blocks = flight * (checkpointed * block_input + (layers - checkpointed) * per_layer) + per_layer
-    else:
-        blocks = flight * layers * per_layer
-    parts = {"blocks": blocks}
+    block_input = 4 * c.hidden_size / seq_shard * tokens  # what a checkpointed block keeps (fp32 residual)
+    checkpointed = checkpointed_layers(layout, layers)
+    parts = {"blocks": flight * (checkpointed * block_input + (layers - checkpointed) * per_layer)}
     if rank == 0:
         parts["embedding"] = min(layout.pp, m) * embedding_bytes_per_token(work, layout, c, scope) * tokens
     if rank == layout.pp - 1:
@@ -252,6 +259,32 @@ def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | Non
     if layout.pp > 1 and rank != layout.pp - 1:  # stage outputs kept until their gradient returns
         parts["stage_outputs"] = flight * 4 * c.hidden_size / seq_shard * tokens
     return parts
+
+
+def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None = None) -> float:
+    """Activations live while the backward rebuilds the first checkpointed block of a micro batch
+    (full recompute; 0 without a checkpointed block).
+
+    By then the head's saved tensors and the loss are freed, and so are the saved tensors of the
+    chunk's blocks after the checkpointed ones (method block). The rebuilt block keeps what an
+    uncheckpointed one keeps, less its input (the stored one), while its backward holds the
+    incoming fp32 residual gradient and the gradient of the down projection's input."""
+    c = work.padded(layout.tp)
+    layers = c.num_layers // layout.pp
+    if checkpointed_layers(layout, layers) == 0:
+        return 0.0
+    tokens = layout.micro_batch_size * c.seq_length
+    scope = scope or compile_scope(work, layout)
+    parts = activation_bytes(work, layout, rank, scope)
+    per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
+    seq_shard = layout.tp if layout.sequence_parallel else 1
+    block_input = 4 * c.hidden_size / seq_shard * tokens
+    chunk = layers // layout.vpp
+    wrapped = chunk if layout.recompute_num_layers is None else min(chunk, layout.recompute_num_layers)
+    freed = (chunk - wrapped) * per_layer
+    gradients = block_input + _dtypes(work).act * c.ffn_size / layout.tp * tokens
+    stored = sum(parts.values()) - parts.get("head", 0.0) - freed
+    return stored + per_layer - block_input + gradients
 
 
 def _block_linear_shapes(config: GPTConfig, tp: int) -> list[tuple[int, int]]:
@@ -301,15 +334,20 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
     logits = logits_bytes_per_token(layout, c, work, scope) * layout.micro_batch_size * c.seq_length
     if scope == WHOLE:  # the output layer's 16-bit weight gradient, made while that buffer lives
         logits += _dtypes(work).act * c.vocab_size / layout.tp * c.hidden_size
+    transient = _transient(work, layout, c, rank, params, shard)
+    rebuild = rebuild_bytes(work, layout, rank, scope)
+    if rebuild:
+        rebuild += transient - _copies_freed_before_rebuild(work, layout, c, rank, shard)
     return MemoryEstimate(
         weights=WEIGHT_BYTES * params / shard,
         gradients=GRAD_BYTES * params / shard,
         optimizer=ADAM_BYTES * params / shard,
         activations=sum(acts.values()),
         logits=logits if rank == layout.pp - 1 else 0.0,
-        transient=_transient(work, layout, c, rank, params, shard),
+        transient=transient,
         accumulating=layout.microbatches(work.global_batch_size) > 1 or layout.pp > 1,
         pipeline_rank=rank,
+        rebuild=rebuild,
         parts=acts,
     )
 
@@ -333,6 +371,19 @@ def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: 
     if layout.sharding == "ddp" and layout.dp > 1 and layout.tp == 1 and layout.pp == 1:
         copies += GRAD_BYTES * params  # torch DDP's gradient buckets (not views of .grad)
     return copies
+
+
+def _copies_freed_before_rebuild(
+    work: Workload, layout: Layout, c: GPTConfig, rank: int, shard: int
+) -> float:
+    """Autocast's 16-bit weight copies (in `_transient`) that are not live while a checkpointed
+    block is rebuilt: autocast's cache holds every copy until the forward's autocast region ends,
+    but a checkpointed block saves none of its own, and the output layer's is freed with the head;
+    the rebuilt block casts its weights again."""
+    if not work.mixed or (shard > 1 and work.bf16):  # no copies; FSDP bf16 gathers in bf16 already
+        return 0.0
+    per_block = sum(i * o for i, o in _block_linear_shapes(c, layout.tp) if not fp8_linear(work, i, o))
+    return 2.0 * (_matmul_weights(work, c, layout, rank) - per_block)
 
 
 def _root_parameters(c: GPTConfig, layout: Layout, rank: int) -> int:
