@@ -4,8 +4,12 @@
   checkpoints groups of `num_layers` blocks; per-block checkpointing stores slightly
   more, one block input per block, and recomputes the same amount.)
 - full / block: only the first `num_layers` blocks of each stage/chunk are recomputed.
-- selective: only the attention core (scaled dot-product attention, the activation
-  that grows with seq^2) is recomputed; everything else is stored.
+- selective: the outputs of the matrix multiplications are stored, and everything else
+  (the attention core, as Megatron's selective recompute does, and the cheap elementwise work:
+  norms, activation function, dropout, residual sums, casts) is recomputed from them.
+  Storing every other op's output instead, as this once did, kept more than no recompute at
+  all: torch's selective checkpoint caches each saved op's output, also where autograd would
+  have kept only its input.
 """
 
 from __future__ import annotations
@@ -17,55 +21,34 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-_ATTENTION_OPS = {
-    torch.ops.aten._scaled_dot_product_flash_attention.default,
-    torch.ops.aten._scaled_dot_product_efficient_attention.default,
-    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-    torch.ops.aten._scaled_dot_product_attention_math.default,
+# What is stored: the GEMMs' outputs (the expensive work); recomputing from them is elementwise.
+_SAVED_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.baddbmm.default,
+    torch.ops.aten._scaled_mm.default,
+}
+# Under TP the collectives' outputs are kept too, so the backward does not communicate again.
+_SAVED_OPS |= {
+    getattr(torch.ops._c10d_functional, name).default
+    for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
+    if hasattr(torch.ops._c10d_functional, name)
 }
 
 
-# Dropout builds its mask in place (empty_like, then bernoulli_ and div_): a saved factory output
-# would be mutated after caching, which selective checkpointing refuses. Such ops are recomputed
-# instead (the RNG state is restored for the recomputation, so the mask is the same).
-_FACTORY_OPS = {
-    torch.ops.aten.empty_like,
-    torch.ops.aten.empty,
-    torch.ops.aten.empty_strided,
-    torch.ops.aten.new_empty,
-    torch.ops.aten.zeros_like,
-    torch.ops.aten.ones_like,
-}
+def _save_matmuls_only(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """Megatron's selective recompute (the attention core) plus the elementwise ops around it.
 
-
-def _recompute_attention_only(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    if op in _ATTENTION_OPS or _allocates_or_mutates(op) or _copy_of_kept_data(op, args):
-        return CheckpointPolicy.PREFER_RECOMPUTE
-    return CheckpointPolicy.MUST_SAVE
-
-
-def _copy_of_kept_data(op: Any, args: tuple) -> bool:
-    """Copies that cost memory, and no compute to redo, when saved (gptrain.models.gpt.fused_linears):
-    the concatenated fp32 weights of a fused GEMM (a second copy of the weights per layer), and the
-    copy of v or q out of the fused GEMM's output (a second copy of part of a saved output)."""
-    if op is torch.ops.aten.cat.default:
-        return all(isinstance(tensor, nn.Parameter) for tensor in args[0])
-    if op is torch.ops.aten.clone.default:
-        source = args[0]
-        return source.untyped_storage().nbytes() > source.numel() * source.element_size()
-    return False
-
-
-def _allocates_or_mutates(op: Any) -> bool:
-    schema = getattr(op, "_schema", None)
-    return getattr(op, "overloadpacket", None) in _FACTORY_OPS or bool(
-        schema is not None and schema.is_mutable
-    )
+    Factory and in-place ops (dropout builds its mask with empty_like then bernoulli_) are
+    recomputed anyway: a cached output mutated afterwards is refused by torch; the RNG state is
+    restored for the recomputation, so the masks are the same.
+    """
+    return CheckpointPolicy.MUST_SAVE if op in _SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_context() -> Any:
-    return create_selective_checkpoint_contexts(_recompute_attention_only)
+    return create_selective_checkpoint_contexts(_save_matmuls_only)
 
 
 def blocks_to_checkpoint(keys: list[str], method: str | None, num_layers: int | None) -> list[str]:

@@ -95,6 +95,8 @@ def layer_bytes_per_token(
     """Bytes one transformer block saves for its backward, per token of a micro batch, on one TP rank."""
     c = config or work.padded(layout.tp)
     scope = scope or compile_scope(work, layout)
+    if layout.recompute == "selective":
+        return _selective_layer_bytes(work, layout, c)
     if scope != EAGER:
         return _compiled_layer_bytes(work, layout, c)
     d, t = _dtypes(work), layout.tp
@@ -115,6 +117,25 @@ def layer_bytes_per_token(
     attention = d.act * (q + 2 * kv) / t + d.act * q / t  # q, k, v and the output, kept by SDPA
     attention += _attention_core(work, layout, c, d)
     return norms + linear_inputs + attention + mlp + masks
+
+
+def _selective_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> float:
+    """What a block under selective recompute keeps (gptrain.parallel.activation_checkpoint): its
+    fp32 input and the outputs of its GEMMs (q, k, v before any repeat for GQA; the attention's
+    output projection; the up projection(s); the down projection); everything else is recomputed
+    from them. Under TP also the outputs of the collectives, which are saved rather than run again
+    (each row-parallel output reduced; under sequence parallelism each gathered norm output).
+    Measured on CPU in eager mode (tests/plan/test_plan_recompute.py); the TP terms and a compiled
+    block are not measured."""
+    d, t = _dtypes(work), layout.tp
+    h, f = c.hidden_size, c.ffn_size
+    seq_shard = t if layout.sequence_parallel else 1
+    q, kv = c.num_attention_heads * c.head_dim, c.query_groups * c.head_dim
+    gemms = d.act * ((q + 2 * kv) / t + h + f / t * (2 if c.gated_mlp else 1) + h)
+    collectives = 0.0
+    if t > 1:
+        collectives = 2 * d.act * h / seq_shard + (2 * d.act * h if layout.sequence_parallel else 0)
+    return 4 * h / seq_shard + gemms + collectives
 
 
 def _norm_output_casts(work: Workload, layout: Layout, c: GPTConfig) -> int:
@@ -168,8 +189,6 @@ def _attention_core(work: Workload, layout: Layout, c: GPTConfig, d: _Dtypes) ->
     """Per token, beyond q, k, v and the output: flash keeps the log-sum-exp, the math path s x s
     probabilities (and a dropout mask and result)."""
     heads, t = c.num_attention_heads, layout.tp
-    if layout.recompute == "selective":  # SDPA recomputed: its output and statistics are not kept
-        return -d.act * c.num_attention_heads * c.head_dim / t
     if work.flash_attention:
         return 4.0 * heads / t
     # math path: softmax output, and with dropout its mask and result; no statistics, and its

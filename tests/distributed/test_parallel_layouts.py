@@ -39,6 +39,8 @@ TWO_PROCESSES: dict[str, dict[str, Any]] = {
     "ddp_dp2": {},
     "fsdp_dp2": {"data_parallel_sharding": "full_shard"},
     "tp2_sp": TP2_SP,
+    # selective recompute keeps the GEMMs' and the collectives' outputs, and recomputes the rest
+    "tp2_sp_selective": {**TP2_SP, "activations_checkpoint_granularity": "selective"},
     "pp2_1f1b": PP2,
     "pp2_interleaved": {**PP2, "virtual_pipeline_model_parallel_size": 2},
 }

@@ -128,7 +128,7 @@ def test_selective_checkpointing_saves_no_copy_of_fused_weights_or_projections(m
 
     from gptrain.parallel import activation_checkpoint
 
-    policy = activation_checkpoint._recompute_attention_only
+    policy = activation_checkpoint._save_matmuls_only
     decisions = []
 
     def spy(ctx, op, *args, **kwargs):
@@ -136,7 +136,7 @@ def test_selective_checkpointing_saves_no_copy_of_fused_weights_or_projections(m
         decisions.append(("weights" if weights else op, policy(ctx, op, *args, **kwargs)))
         return decisions[-1][1]
 
-    monkeypatch.setattr(activation_checkpoint, "_recompute_attention_only", spy)
+    monkeypatch.setattr(activation_checkpoint, "_save_matmuls_only", spy)
     base = tiny_gpt(layers=2, activation="swiglu", **fields)
     model = apply_ac(copy.deepcopy(base), "selective", None, None)
     grads = []
