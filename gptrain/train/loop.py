@@ -431,8 +431,8 @@ def run(
 ) -> int:
     """Iterate to trainer.max_steps; at each step boundary log, check, validate, checkpoint.
 
-    At the end: validation (unless just done), the final checkpoint, the test split (beside a
-    background write of that checkpoint, which the run then waits for).
+    At the end: validation, the final checkpoint, the test split (beside a background write of
+    that checkpoint, which the run then waits for).
     """
     t = s.cfg.trainer
     if s.state.step >= t.max_steps:
@@ -444,8 +444,7 @@ def run(
     agreement = StopAgreement()
     runner = StepRunner(s, batches, can_run_ahead(s))
     saved_at = -1
-    tested = has_batches(test_data, t.limit_test_batches)
-    evaluated_at_end = tested or has_batches(valid_data, t.limit_val_batches)  # after the last save
+    tested = has_batches(test_data, t.limit_test_batches)  # after the last save, beside its write
     staging_prepared = False
     validate_if_left_due(s, valid_data)
     stopping: str | None = None  # agreed while the next step was queued ahead: it finishes first
@@ -475,15 +474,13 @@ def run(
                 log_interval(s, meter)
             return stop_for_requeue(s, stopping)
         last = s.state.step >= t.max_steps
-        if validates_at(s, s.state.step) and not last:  # first, so the checkpoint records it done
+        if validates_at(s, s.state.step) or last:  # before the save: the checkpoint records it done
             with meter.excluded():
                 validate(s, valid_data)
         if saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
             with meter.excluded():  # not during a non-finite streak: the last good one stays newest
-                save_checkpoint(s, waited_for=last and not evaluated_at_end)
+                save_checkpoint(s, waited_for=last and not tested)
             saved_at = s.state.step
-    if s.state.validated_at != s.state.step:  # the last: beside the background write of its save
-        validate(s, valid_data)
     em = s.cfg.exp_manager
     if saved_at != s.state.step and em.create_checkpoint_callback and em.checkpoint_callback_params.save_last:
         save_checkpoint(s, waited_for=not tested)

@@ -98,6 +98,16 @@ def test_a_resume_from_a_save_after_its_validation_does_not_validate_again(tmp_p
     assert validated == ["validation loss at iteration 6", "validation loss at iteration 6 on test set"]
 
 
+def test_a_finished_run_extended_does_not_validate_its_last_step_again(tmp_path, monkeypatch):
+    """The end's validation comes before the last save too, so that save records it done."""
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, "trainer.max_steps=3"))
+    assert code == 0 and complete_steps(tmp_path / "checkpoints")[-1] == 3
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    assert code == 0 and sorted(losses) == [4, 5, 6]
+    validated = [line.split("|")[0].strip() for line in validation_lines(tmp_path) if "test set" not in line]
+    assert validated == ["validation loss at iteration 3", "validation loss at iteration 6"]
+
+
 def test_a_checkpoint_from_before_validated_at_resumes_and_validates_its_step(
     uninterrupted, tmp_path, monkeypatch
 ):
