@@ -21,12 +21,12 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-# What is stored: the GEMMs' outputs (the expensive work); recomputing from them is elementwise.
+# What is stored: the linears' GEMMs (mm/addmm, FP8's _scaled_mm); recomputing from them is
+# elementwise. Not bmm: only attention's math path runs it, and its seq x seq scores are what
+# selective recompute exists not to keep.
 _SAVED_OPS = {
     torch.ops.aten.mm.default,
     torch.ops.aten.addmm.default,
-    torch.ops.aten.bmm.default,
-    torch.ops.aten.baddbmm.default,
     torch.ops.aten._scaled_mm.default,
 }
 # Under TP the collectives' outputs are kept too, so the backward does not communicate again.

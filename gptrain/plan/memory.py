@@ -290,7 +290,8 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     incoming fp32 residual gradient and the gradient of the down projection's input."""
     c = work.padded(layout.tp)
     layers = c.num_layers // layout.pp
-    if checkpointed_layers(layout, layers) == 0:
+    wrapped = checkpointed_layers(layout, layers) // layout.vpp  # of each chunk
+    if wrapped == 0:
         return 0.0
     tokens = layout.micro_batch_size * c.seq_length
     scope = scope or compile_scope(work, layout)
@@ -298,9 +299,7 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
     seq_shard = layout.tp if layout.sequence_parallel else 1
     block_input = 4 * c.hidden_size / seq_shard * tokens
-    chunk = layers // layout.vpp
-    wrapped = chunk if layout.recompute_num_layers is None else min(chunk, layout.recompute_num_layers)
-    freed = (chunk - wrapped) * per_layer
+    freed = (layers // layout.vpp - wrapped) * per_layer
     gradients = block_input + _dtypes(work).act * c.ffn_size / layout.tp * tokens
     stored = sum(parts.values()) - parts.get("head", 0.0) - freed
     return stored + per_layer - block_input + gradients

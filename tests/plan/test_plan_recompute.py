@@ -130,6 +130,18 @@ def test_selective_recompute_keeps_far_less_than_none(precision: str) -> None:
     assert selective < 0.7 * none
 
 
+def test_selective_recompute_keeps_no_attention_scores_on_the_math_path() -> None:
+    """Attention's math path (no fused kernel) multiplies with bmm; kept, its seq x seq scores are
+    what selective recompute exists to drop. It keeps the same bytes as with a fused kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    work = workload("32")
+    fused, _ = live_bytes_trace(work, "selective", None, None)
+    with sdpa_kernel(SDPBackend.MATH):
+        math, _ = live_bytes_trace(work, "selective", None, None)
+    assert math == fused
+
+
 def test_full_recompute_by_hand() -> None:
     """fp32, h = 1024, f = 4096, 16 heads, 2048 tokens a micro batch, 8 layers, flash attention."""
     c = GPTConfig(vocab_size=1024, seq_length=2048, num_layers=8, hidden_size=1024, num_attention_heads=16)
