@@ -103,7 +103,10 @@ class Layout:
         if self.recompute == "full":
             method = "block" if self.recompute_num_layers is not None else "uniform"
             out.append(f"model.activations_checkpoint_method={method}")
-            out.append(f"model.activations_checkpoint_num_layers={self.recompute_num_layers or 1}")
+            count = (
+                1 if self.recompute_num_layers is None else self.recompute_num_layers
+            )  # block 0 is no block
+            out.append(f"model.activations_checkpoint_num_layers={count}")
         return out
 
     def label(self) -> str:
@@ -115,7 +118,7 @@ class Layout:
         if self.recompute:
             parts.append(
                 f"ac={self.recompute[:4]}"
-                + (f"{self.recompute_num_layers}" if self.recompute_num_layers else "")
+                + (f"{self.recompute_num_layers}" if self.recompute_num_layers is not None else "")
             )
         return " ".join(parts)
 

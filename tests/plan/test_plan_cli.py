@@ -246,3 +246,14 @@ def test_the_chosen_sharding_survives_a_config_that_sets_nemos_fsdp_switch() -> 
         layout = Layout(dp=2, micro_batch_size=1, sharding=sharding, dp_shard=2 if sharding != "ddp" else 0)
         cfg = load_training_config("gpt3/126m", ["model.fsdp=true", *layout.overrides()])
         assert cfg.model.data_parallel_sharding == sharding
+
+
+def test_a_layout_round_trips_through_its_overrides_with_any_block_count() -> None:
+    """`block` with 0 checkpointed layers is a layout of its own (no block rebuilt): its overrides
+    must select it again, not 1."""
+    from gptrain.plan.spec import Layout, layout_from_config
+
+    for count in (None, 0, 2):
+        layout = Layout(micro_batch_size=1, recompute="full", recompute_num_layers=count)
+        cfg = load_training_config("gpt3/126m", [*TINY, "trainer.devices=1", *layout.overrides()])
+        assert layout_from_config(cfg, world_size=1).recompute_num_layers == count
