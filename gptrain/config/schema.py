@@ -184,10 +184,13 @@ class TokenizerConfig:
 class SchedConfig:
     name: str = "CosineAnnealing"
     """`CosineAnnealing`, `LinearAnnealing` or `Constant`, with linear warmup."""
-    warmup_steps: int = 0
-    """Steps of linear warmup to optim.lr (see warmup_style for where it starts)."""
-    constant_steps: int = 0
-    """Steps held at min_lr at the end of the schedule."""
+    warmup_steps: int | None = 0
+    """Steps of linear warmup to optim.lr (see warmup_style for where it starts); null is 0, as
+    NeMo reads it (NeMo configs write null next to warmup_ratio)."""
+    constant_steps: int | None = 0
+    """Steps held at min_lr at the end of the schedule; null is 0, as NeMo reads it."""
+    constant_ratio: float | None = None
+    """NeMo: int(constant_ratio x schedule length) constant steps (instead of constant_steps)."""
     warmup_style: str = "nemo"
     """`nemo`: CosineAnnealing with constant_steps 0 warms up as NeMo's, lr x (step + 1) /
     (warmup_steps + 1); every other schedule from 0, lr x step / warmup_steps (as NeMo).

@@ -130,14 +130,15 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
 
     Megatron: `--lr-decay-samples S` is a schedule of S / global_batch_size steps,
     `--lr-warmup-fraction f` warms up over f x the schedule length. NeMo: `warmup_ratio r` warms
-    up over int(r x max_steps) steps.
+    up over int(r x max_steps) steps, `constant_ratio r` holds min_lr for int(r x max_steps) steps.
+    NeMo reads a null warmup_steps or constant_steps as 0 (WarmupAnnealHoldPolicy), so do we.
     """
     optim, sched = cfg.model.optim, cfg.model.optim.sched
     batch = cfg.model.global_batch_size
     length: float = sched.max_steps or cfg.trainer.max_steps
     if sched.decay_samples is not None:
         length = sched.decay_samples / batch
-    warmup: float = sched.warmup_steps
+    warmup: float = sched.warmup_steps or 0
     given = [
         k for k in ("warmup_ratio", "warmup_samples", "warmup_fraction") if getattr(sched, k) is not None
     ]
@@ -152,12 +153,21 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
         warmup = sched.warmup_fraction * length
     elif sched.warmup_ratio is not None:
         warmup = int(sched.warmup_ratio * length)
+    constant: float = sched.constant_steps or 0
+    if sched.constant_ratio is not None:
+        if sched.constant_steps:
+            raise ConfigError(  # NeMo's WarmupAnnealHoldPolicy asserts not both too
+                f"model.optim.sched.constant_steps={sched.constant_steps} and"
+                f" model.optim.sched.constant_ratio={sched.constant_ratio}: give only one"
+                " (constant_steps=null to use the ratio)"
+            )
+        constant = int(sched.constant_ratio * length)
     return ScheduleSpec(
         name=sched.name,
         lr=optim.lr,
         min_lr=sched.min_lr,
         max_steps=length,
         warmup_steps=warmup,
-        constant_steps=sched.constant_steps,
+        constant_steps=constant,
         warmup_style=sched.warmup_style,
     )

@@ -1,5 +1,6 @@
 import math
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -89,15 +90,25 @@ def test_nemo_warmup_ratio_warms_up_over_int_ratio_times_the_schedule():
         spec_from_config(both)  # the preset's warmup_steps and a ratio: NeMo refuses both too
 
 
-def nemo_cosine_annealing(step, lr, min_lr, warmup, constant, max_steps):
+def nemo_cosine_annealing(
+    step, lr, min_lr, warmup, constant, max_steps, *, warmup_ratio=None, constant_ratio=None
+):
     """NeMo's CosineAnnealing (nemo/core/optim/lr_scheduler.py) at `last_epoch` = step, in float64.
 
-    Written from its branches, in their order: WarmupAnnealHoldPolicy.get_lr picks warmup, the
-    final constant phase (only if constant > 0), min_lr past max_steps, or the decay; CosineAnnealing
-    warms up as WarmupAnnealHoldPolicy (step + 1) / (warmup + 1) and decays over max_steps - warmup
-    when constant is 0, and as _linear_warmup_with_cosine_annealing (step / warmup, decay over
-    max_steps - warmup - constant, then min_lr) when constant > 0.
+    Written from its branches, in their order. WarmupAnnealHoldPolicy.__init__ resolves a None
+    warmup / constant to int(ratio x max_steps) when the ratio is given, else to 0 (and refuses
+    both). get_lr picks warmup, the final constant phase (only if constant > 0), min_lr past
+    max_steps, or the decay; CosineAnnealing warms up as WarmupAnnealHoldPolicy (step + 1) /
+    (warmup + 1) and decays over max_steps - warmup when constant is 0 (or None), and as
+    _linear_warmup_with_cosine_annealing (step / warmup, decay over max_steps - warmup - constant,
+    then min_lr) when constant > 0.
     """
+    assert not (warmup is not None and warmup_ratio is not None)
+    assert not (constant is not None and constant_ratio is not None)
+    if warmup is None:
+        warmup = int(warmup_ratio * max_steps) if warmup_ratio is not None else 0
+    if constant is None:
+        constant = int(constant_ratio * max_steps) if constant_ratio is not None else 0
     decay = max_steps - (constant + warmup)  # NeMo does not clamp it
     if warmup > 0 and step <= warmup:
         return lr * (step + 1) / (warmup + 1) if constant == 0 else lr * step / warmup
@@ -184,3 +195,71 @@ def test_nemo_config_warms_up_as_nemo_and_megatron_flags_as_megatron():
     assert [lr_at(s, megatron) for s in (0, 1, 4)] == pytest.approx([0.0, 2.5e-4, 1e-3])
     with pytest.raises(ConfigError, match="model.optim.sched.warmup_style"):
         load_training_config("gpt3/126m", ["model.optim.sched.warmup_style=nemo2"], report_ignored=False)
+
+
+# (overrides of model.optim.sched, NeMo's scheduler arguments): NeMo configs with a null
+# warmup_steps / constant_steps, with or without the ratio that replaces it.
+NEMO_NULL_AND_RATIO_CASES = [
+    (["constant_steps=null"], {"warmup": 4, "constant": None}),  # null is 0: NeMo's warmup
+    (["constant_steps=null", "constant_ratio=0.1"], {"warmup": 4, "constant_ratio": 0.1}),
+    (["constant_steps=null", "constant_ratio=0.25"], {"warmup": 4, "constant_ratio": 0.25}),
+    # int(0.03 x 30) = 0 constant steps: NeMo's warmup from lr / (warmup + 1), as constant_steps 0
+    (["constant_steps=null", "constant_ratio=0.03"], {"warmup": 4, "constant_ratio": 0.03}),
+    (
+        ["warmup_steps=null", "warmup_ratio=0.1", "constant_steps=null", "constant_ratio=0.2"],
+        {"warmup": None, "warmup_ratio": 0.1, "constant": None, "constant_ratio": 0.2},
+    ),
+    (["warmup_steps=null", "constant_steps=null"], {"warmup": None, "constant": None}),
+    # the ratio is of the schedule's length (sched.max_steps), not of the run's
+    (["max_steps=20", "constant_steps=null", "constant_ratio=0.15"], {"warmup": 4, "constant_ratio": 0.15}),
+]
+
+
+@pytest.mark.parametrize("sched, nemo", NEMO_NULL_AND_RATIO_CASES)
+def test_nemo_null_steps_and_constant_ratio_are_nemos_at_every_step(sched, nemo):
+    from gptrain.config import load_training_config
+    from gptrain.train.schedule import spec_from_config
+
+    overrides = ["trainer.max_steps=30", "model.optim.lr=1e-3", "model.optim.sched.min_lr=1e-4"]
+    overrides += ["model.optim.sched.warmup_steps=4"] + [f"model.optim.sched.{o}" for o in sched]
+    spec = spec_from_config(load_training_config("gpt3/126m", overrides, report_ignored=False))
+    length = 20 if "max_steps=20" in sched else 30  # NeMo: sched.max_steps, else trainer.max_steps
+    args = {"constant": None} | nemo
+    warmup, constant = args.pop("warmup"), args.pop("constant")
+    for step in range(34):
+        expected = nemo_cosine_annealing(step, 1e-3, 1e-4, warmup, constant, length, **args)
+        assert lr_at(step, spec) == pytest.approx(expected, rel=1e-12, abs=1e-18), step
+
+
+def test_nemo_yaml_with_constant_ratio_builds_its_schedule(tmp_path):
+    """A NeMo file that replaces constant_steps by a ratio loads unchanged: int(0.1 x 600000)."""
+    from gptrain.config import load_training_config
+    from gptrain.config.loader import preset_path
+    from gptrain.train.schedule import spec_from_config
+
+    text = Path(preset_path("gpt3/126m")).read_text()
+    assert "      constant_steps: 100000\n" in text
+    nemo = text.replace("constant_steps: 100000\n", "constant_steps: null\n      constant_ratio: 0.1\n")
+    path = tmp_path / "126m_ratio.yaml"
+    path.write_text(nemo)
+    spec = spec_from_config(load_training_config(config_file=str(path), report_ignored=False))
+    assert (spec.max_steps, spec.warmup_steps, spec.constant_steps) == (600000, 636, 60000)
+    assert lr_at(636 // 2, spec) == pytest.approx(6e-4 * 318 / 636)  # Megatron's warmup: constant > 0
+    assert lr_at(600000 - 60000, spec) == 6e-5
+    held = load_training_config(
+        config_file=str(path), overrides=["model.optim.sched.constant_ratio=null"], report_ignored=False
+    )
+    assert spec_from_config(held).constant_steps == 0  # both null: 0, as NeMo
+
+
+def test_constant_steps_and_constant_ratio_together_is_one_line_naming_both():
+    from gptrain.config import load_training_config
+    from gptrain.train.schedule import spec_from_config
+
+    both = load_training_config("gpt3/126m", ["model.optim.sched.constant_ratio=0.1"], report_ignored=False)
+    with pytest.raises(ConfigError) as error:
+        spec_from_config(both)  # the preset's constant_steps 100000 and a ratio: NeMo asserts too
+    message = str(error.value)
+    assert "model.optim.sched.constant_steps=100000" in message
+    assert "model.optim.sched.constant_ratio=0.1" in message
+    assert "\n" not in message
