@@ -49,6 +49,7 @@ from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, size_text, step_dir_bytes, step_dir_name
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_record, complete_steps, is_complete
+from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.reader import CheckpointReader, is_distributed, root_cause
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
@@ -169,6 +170,7 @@ class CheckpointManager(CheckpointReader):
         self._preparing: threading.Thread | None = None
         self._pruning: threading.Thread | None = None
         self._group = _background_save_group() if async_save and is_distributed() else None
+        self._plan_key = new_key()
 
     def save(
         self, step: int, state: dict[str, Any], rank_state: dict[str, Any], waited_for: bool = False
@@ -198,7 +200,12 @@ class CheckpointManager(CheckpointReader):
                 self.wait_for_preparation()  # the buffer being pinned ahead is the one this save fills
                 self._start_background_save(step, path, state, started, waited)
                 return path
-            dcp.save(state, checkpoint_id=str(path), storage_writer=self._writer)
+            dcp.save(
+                state,
+                checkpoint_id=str(path),
+                storage_writer=self._writer,
+                planner=CachingSavePlanner(self._plan_key),
+            )
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             raise self._write_failed(path, error) from error
         elapsed = time.perf_counter() - started
@@ -214,6 +221,7 @@ class CheckpointManager(CheckpointReader):
             storage_writer=self._writer,
             async_stager=self._staging(),
             process_group=self._group,
+            planner=CachingSavePlanner(self._plan_key),
         )
         staging = getattr(response, "staging_completion", None)
         upload = getattr(response, "upload_completion", response)
@@ -474,12 +482,14 @@ class CheckpointManager(CheckpointReader):
             self._stager = None
 
     def close(self) -> None:
-        """Wait for a pending save and for old checkpoints to be removed; release the staging buffers."""
+        """Wait for a pending save and for old checkpoints to be removed; release the staging buffers
+        and the cached save plans."""
         try:
             self.wait()
         finally:
             self._release_staging()
             self._wait_for_pruning()
+            forget(self._plan_key)
 
 
 def _stager_serves_one_save(version: str) -> bool:

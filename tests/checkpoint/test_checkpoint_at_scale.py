@@ -211,3 +211,37 @@ def test_background_saves_do_not_connect_every_rank_to_every_other(tmp_path):
         assert created < eager  # none yet: peers connect on first use
         assert saved <= eager  # at 4 ranks the coordinator and the ring reach everyone anyway
         assert not lazy_left_set  # lazy for this group only
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_later_saves_reuse_the_first_saves_plan_and_still_load(tmp_path, monkeypatch, async_save):
+    """Rank 0 deduplicated every rank's ~1,000 items at every save (1 s at 256 ranks). A state with
+    the same items is planned once per manager; each later save still writes and loads its own values,
+    and a second manager in the same process plans its own state."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.planner import SavePlanner
+
+    planned: list[int] = []
+    real = DefaultSavePlanner._create_global_plan
+
+    def counted(self, all_plans):
+        planned.append(len(all_plans[0].items))
+        return real(self, all_plans)
+
+    monkeypatch.setattr(DefaultSavePlanner, "_create_global_plan", counted)
+    manager = CheckpointManager(tmp_path / "a", keep_last=None, async_save=async_save)
+    for step in (1, 2, 3):
+        manager.save(step, state_for(float(step)), {"rank": 0})
+    manager.close()
+    assert len(planned) == 1
+    other = CheckpointManager(tmp_path / "b", keep_last=None)
+    other.save(1, {"model": {"w": torch.zeros(5), "b": torch.ones(2)}, "train": {"step": 1}}, {})
+    other.close()
+    assert len(planned) == 2 and planned[1] != planned[0]
+    for key in (manager._plan_key, other._plan_key):  # closed: dropped
+        assert key not in SavePlanner._cached_metadata and key not in SavePlanner._cached_save_plan
+    for step in (1, 3):
+        loaded = {"model": {"w": torch.zeros(3, 2)}, "train": {"step": 0}}
+        manager.load(tmp_path / "a" / f"step_{step}", loaded, lambda _: None)
+        assert torch.equal(loaded["model"]["w"], torch.full((3, 2), float(step)))
+        assert loaded["train"]["step"] == step
