@@ -296,12 +296,13 @@ class GPTDataset:
     def identity(self) -> dict[str, Any]:
         """Everything that determines the indices (the cache key).
 
-        The fields and their values are those of the first release, so caches built since
-        keep their names; "indices" is [first id, count, md5 of the ids as int64]."""
+        The data enter by the .idx's digest (`file_fingerprint`), not its path or mtime, so a
+        copy finds the cache built from the original; "indices" is [first id, count, md5 of the
+        ids as int64]."""
         indices = self.indices
         return {
             "class": type(self).__name__,
-            **file_fingerprint(self.dataset.path_prefix),
+            **file_fingerprint(self.dataset.path_prefix, self.cache_dir),
             "num_sequences": int(len(self.dataset.sequence_lengths)),
             "index_split": self.split,
             "indices": [

@@ -27,6 +27,8 @@ from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
 logger = logging.getLogger(__name__)
 ORPHAN_AGE_S = 3600.0  # a builder writes a file in minutes at most, and its mtime moves as it writes
+HASH_CHUNK_BYTES = 8 << 20  # read per step while hashing an .idx: memory stays flat
+_DIGEST_HEX = re.compile(r"[0-9a-f]{32}")
 
 
 def describe(fields: Mapping[str, Any]) -> tuple[str, str]:
@@ -35,16 +37,51 @@ def describe(fields: Mapping[str, Any]) -> tuple[str, str]:
     return text, hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
-def file_fingerprint(path_prefix: str) -> dict[str, Any]:
-    """Absolute prefix plus size and mtime of its .idx/.bin, so a rewritten dataset misses the cache."""
-    fingerprint: dict[str, Any] = {"dataset_path": os.path.abspath(path_prefix)}
-    for suffix in (".idx", ".bin"):
-        path = path_prefix + suffix
-        if os.path.exists(path):
-            stat = os.stat(path)
-            fingerprint[f"{suffix[1:]}_size"] = stat.st_size
-            fingerprint[f"{suffix[1:]}_mtime_ns"] = stat.st_mtime_ns
-    return fingerprint
+def file_fingerprint(path_prefix: str, memo_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The cache key's part for the data: a digest of the .idx's bytes.
+
+    The indices depend only on the .idx (sequence lengths and count), so a copy at another path
+    or with other mtimes (local NVMe on each node, rsync without -t) finds the same cache, and a
+    rewritten .idx misses it even at the same size. The .bin stays out: its tokens do not enter
+    the indices and its size is fixed by the .idx (IndexedDataset refuses any other on open).
+    A source without an .idx file (an in-memory one) is keyed by its path, as before."""
+    idx = path_prefix + ".idx"
+    if not os.path.isfile(idx):
+        return {"dataset_path": os.path.abspath(path_prefix)}
+    return {"idx_blake2b": idx_digest(idx, memo_dir)}
+
+
+def idx_digest(path: str, memo_dir: str | os.PathLike[str] | None = None) -> str:
+    """blake2b-128 of the file's bytes, kept in `memo_dir` under the file's identity on disk
+    (absolute path, size, mtime, ctime, inode): a restart on the same files reads none of a
+    2 GB .idx, a new copy (new mtime and ctime) is hashed once. ctime cannot be set back by a
+    user, so a file rewritten in place with its old mtime restored is hashed again."""
+    stat = os.stat(path)
+    identity = (
+        f"{os.path.abspath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{stat.st_ino}"
+    )
+    name = hashlib.md5(identity.encode("utf-8", "surrogateescape"), usedforsecurity=False).hexdigest()
+
+    def compute() -> str:
+        start = time.perf_counter()
+        digest = hash_file(path)
+        logger.info("hashed %s (%d bytes) for the index cache key in %.1f s", path, stat.st_size,
+                    time.perf_counter() - start)  # fmt: skip
+        return digest
+
+    memo = Path(memo_dir, f"idx-{name}.blake2b") if memo_dir is not None else None
+    return remembered(memo, compute, _DIGEST_HEX)
+
+
+def hash_file(path: str | os.PathLike[str], chunk: int = HASH_CHUNK_BYTES) -> str:
+    """blake2b-128 hex digest of a file, read `chunk` bytes at a time into one buffer."""
+    digest = hashlib.blake2b(digest_size=16)
+    buffer = bytearray(chunk)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while read := handle.readinto(buffer):
+            digest.update(view[:read])
+    return digest.hexdigest()
 
 
 def remembered(path: Path | None, compute: Callable[[], str], pattern: re.Pattern[str]) -> str:

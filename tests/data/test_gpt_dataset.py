@@ -21,7 +21,7 @@ from gptrain.data.gpt_dataset import (
     num_epochs_for,
     separate_final_epoch,
 )
-from gptrain.data.index_cache import describe, file_fingerprint
+from gptrain.data.index_cache import describe
 from gptrain.data.splits import split_indices
 from gptrain.errors import DataError
 
@@ -185,13 +185,14 @@ def test_cache_is_reused_and_keyed_by_seed(tmp_path):
     first = GPTDataset(*args, seed=1, split="train")
     cache_dir = tmp_path / "cache" / "GPTDataset_indices"  # default: next to the data
     files = sorted(p.name for p in cache_dir.iterdir())
-    assert not first.cache_hit and len(files) == 4 and not any(name.startswith(".") for name in files)
+    assert not first.cache_hit and not any(name.startswith(".") for name in files)
+    assert len(files) == 5 and files[-1].startswith("idx-")  # 3 arrays, description, the .idx's digest
     again = GPTDataset(*args, seed=1, split="train")
     assert again.cache_hit and _digest(again) == _digest(first)
     assert isinstance(again.shuffle_index, np.memmap)
     other = GPTDataset(*args, seed=2, split="train")
     assert not other.cache_hit and _digest(other) != _digest(first)
-    assert len(list(cache_dir.iterdir())) == 8
+    assert len(list(cache_dir.iterdir())) == 9
 
 
 def test_cache_without_description_is_rebuilt(tmp_path):
@@ -253,7 +254,7 @@ def test_building_indices_verifies_the_index(tmp_path):
         handle.write(np.int32(-8).tobytes())
     with pytest.raises(DataError, match=r"d\.idx: sequence 1 has length -8"):
         GPTDataset(prefix, np.arange(3, dtype=np.int32), 4, 4, 1, "train", cache_dir=str(tmp_path / "c"))
-    assert not (tmp_path / "c").exists()
+    assert not list((tmp_path / "c").glob("*GPTDataset*"))  # no indices saved (the .idx's digest may be)
 
 
 def test_empty_split_is_a_data_error():
@@ -300,12 +301,13 @@ def _whole_array_md5(ids) -> str:
     return hashlib.md5(np.ascontiguousarray(np.asarray(ids), dtype=np.int64).tobytes()).hexdigest()
 
 
-def _first_release_digest(ds: GPTDataset) -> str:
-    """The cache name the first release gave `ds` (its identity() written out again here)."""
+def _expected_digest(ds: GPTDataset) -> str:
+    """The cache name of `ds`: its identity() written out again here, ids hashed in one piece."""
     ids = np.asarray(list(ds.indices), dtype=np.int64)
+    idx_bytes = Path(ds.dataset.path_prefix + ".idx").read_bytes()
     fields = {
         "class": "GPTDataset",
-        **file_fingerprint(ds.dataset.path_prefix),
+        "idx_blake2b": hashlib.blake2b(idx_bytes, digest_size=16).hexdigest(),
         "num_sequences": len(ds.dataset.sequence_lengths),
         "index_split": ds.split,
         "indices": [int(ids[0]) if len(ids) else 0, len(ids), _whole_array_md5(ids)],
@@ -341,12 +343,12 @@ def test_consecutive_ids_are_kept_as_a_range():
 
 
 @pytest.mark.parametrize("ids", [np.arange(6, dtype=np.int32), np.array([4, 0, 2, 5])])
-def test_cache_names_are_those_of_the_first_release(tmp_path, monkeypatch, ids):
-    """Caches built before the ids were hashed in chunks (and remembered) keep their names."""
+def test_cache_names_do_not_depend_on_how_the_ids_are_hashed(tmp_path, monkeypatch, ids):
+    """The ids' digest is that of the whole int64 array, hashed in chunks or read from its memo."""
     monkeypatch.setattr(gpt_dataset, "_HASH_CHUNK", 2)  # several chunks, and the memo in use
     prefix = write_dataset(tmp_path / "d", [5, 8, 13, 21, 34, 3])
     first = GPTDataset(prefix, ids, 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))
-    assert first.digest == _first_release_digest(first)
+    assert first.digest == _expected_digest(first)
     names = {p.name for p in (tmp_path / "c").iterdir()}
     assert f"{first.digest}-GPTDataset-train-description.txt" in names
     again = GPTDataset(prefix, ids, 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))  # from the memo

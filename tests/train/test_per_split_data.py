@@ -3,11 +3,12 @@ a held-out corpus validates a run trained on another."""
 
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from train_e2e_helpers import log_lines, run_recording, tiny_config
+
+from gptrain.data.index_cache import hash_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -27,10 +28,11 @@ def test_training_validates_on_its_own_held_out_corpus(tmp_path, monkeypatch, co
     assert code == 0 and len(losses) == 6
     validations = [line for line in log_lines(tmp_path / "run") if "validation loss at iteration" in line]
     assert len(validations) == 2  # every 3 steps of 6
-    # each split's sample index was built from its own corpus, all of its documents
+    # each split's sample index was built from its own corpus (named by its .idx's digest), all of its documents
+    corpora = {hash_file(idx): idx.parent.name for idx in tmp_path.glob("*/corpus_text_document.idx")}
     built = {}
     for description in (tmp_path / "train").glob("corpus_text_document-index/*-description.txt"):
         info = json.loads(description.read_text())
-        built[info["index_split"]] = (Path(info["dataset_path"]).parent.name, info["indices"][:2])
+        built[info["index_split"]] = (corpora[info["idx_blake2b"]], info["indices"][:2])
     assert built == {"train": ("train", [0, 40]), "valid": ("held_out", [0, 10])}
     assert re.search(r"lm loss value: [0-9.E+-]+", validations[0])
