@@ -268,12 +268,16 @@ class ModelConfig:
     """Model chunks per pipeline rank for the interleaved 1F1B schedule."""
     sequence_parallel: bool = False
     """Shard norms and dropout along the sequence over the tensor-parallel ranks."""
-    data_parallel_sharding: str = "ddp"
-    """gptrain extension: `ddp` (replicated), `full_shard` (FSDP2/ZeRO-3), `hybrid_shard` (shard in node)."""
+    data_parallel_sharding: str | None = None
+    """gptrain extension: `ddp` (replicated), `shard_grad_op` (AdamW state and gradients sharded,
+    weights gathered once per step: ZeRO-2, what NeMo's distributed_fused_adam and Megatron's
+    distributed optimizer do), `full_shard` (FSDP2/ZeRO-3), `hybrid_shard` (shard in node). null:
+    `shard_grad_op` where model.optim.name is a distributed optimizer, else `ddp`."""
     fsdp: bool = False
-    """NeMo's FSDP switch: true means data_parallel_sharding=full_shard (or hybrid_shard)."""
+    """NeMo's FSDP switch: true means data_parallel_sharding by fsdp_sharding_strategy."""
     fsdp_sharding_strategy: str = "full"
-    """NeMo's FSDP strategy with fsdp=true: `full` or `hybrid`."""
+    """NeMo's FSDP strategy with fsdp=true: `full` (full_shard), `hybrid` (hybrid_shard) or `grad`
+    (shard_grad_op)."""
     activations_checkpoint_granularity: str | None = None
     """`full` (recompute whole layers), `selective` (recompute attention core) or null."""
     activations_checkpoint_method: str | None = None

@@ -7,6 +7,7 @@ gptrain.parallel.layout; these run on the config alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from gptrain.config.schema import TrainingConfig
 from gptrain.errors import ConfigError
@@ -17,7 +18,7 @@ CHOICES = {
     "model.normalization": ("layernorm", "layernorm1p", "rmsnorm"),
     "model.activation": ("gelu", "swiglu", "fast-swiglu"),
     "model.position_embedding_type": ("learned_absolute", "rope"),
-    "model.data_parallel_sharding": ("ddp", "full_shard", "hybrid_shard"),
+    "model.data_parallel_sharding": ("ddp", "shard_grad_op", "full_shard", "hybrid_shard"),
     "model.activations_checkpoint_granularity": (None, "full", "selective"),
     "model.activations_checkpoint_method": (None, "uniform", "block"),
     "model.compile_mode": ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"),
@@ -37,6 +38,10 @@ TOKENIZER_ALIASES = {
     "tiktoken": "TikTokenizer",
 }
 OPTIMIZER_ALIASES = ("adam", "adamw", "fused_adam", "distributed_fused_adam", "mcore_distributed_optim")
+DISTRIBUTED_OPTIMIZERS = ("distributed_fused_adam", "mcore_distributed_optim")
+"""NeMo's optimizers that shard AdamW's state over the data-parallel ranks (ZeRO-2 in effect)."""
+FSDP_STRATEGIES = {"full": "full_shard", "hybrid": "hybrid_shard", "grad": "shard_grad_op"}
+"""NeMo's model.fsdp_sharding_strategy values and the data_parallel_sharding each means."""
 POSITIVE = (
     "trainer.num_nodes",
     "trainer.devices",
@@ -81,8 +86,10 @@ def normalize(cfg: TrainingConfig) -> None:
     if precision not in PRECISIONS:
         raise ConfigError(f"trainer.precision: '{precision}' is not one of 32, 16, bf16")
     cfg.trainer.precision = PRECISIONS[precision]
-    if cfg.model.optim.name.lower() not in OPTIMIZER_ALIASES:
+    optimizer = cfg.model.optim.name.lower()
+    if optimizer not in OPTIMIZER_ALIASES:
         raise ConfigError(f"model.optim.name: '{cfg.model.optim.name}' is not supported; use adamw")
+    cfg.model.data_parallel_sharding = data_parallel_sharding(cfg.model)
     cfg.model.optim.name = "adamw"
     if cfg.model.ffn_hidden_size is None:
         cfg.model.ffn_hidden_size = 4 * cfg.model.hidden_size
@@ -90,11 +97,24 @@ def normalize(cfg: TrainingConfig) -> None:
         cfg.model.data.data_impl = "mock"
     if cfg.model.fsdp:
         strategy = cfg.model.fsdp_sharding_strategy
-        cfg.model.data_parallel_sharding = "hybrid_shard" if strategy == "hybrid" else "full_shard"
+        if strategy not in FSDP_STRATEGIES:
+            raise ConfigError(
+                f"model.fsdp_sharding_strategy: '{strategy}' is not one of {', '.join(FSDP_STRATEGIES)}"
+            )
+        cfg.model.data_parallel_sharding = FSDP_STRATEGIES[strategy]
     cfg.model.tokenizer.type = TOKENIZER_ALIASES.get(
         cfg.model.tokenizer.type.lower(), cfg.model.tokenizer.type
     )
     _one_resume_source(cfg)
+
+
+def data_parallel_sharding(model: Any) -> str:
+    """model.data_parallel_sharding, or where it is null what model.optim.name asks for: NeMo's and
+    Megatron-Core's distributed optimizers shard AdamW's state and the gradients (shard_grad_op);
+    any other optimizer is replicated (ddp)."""
+    if model.data_parallel_sharding is not None:
+        return model.data_parallel_sharding
+    return "shard_grad_op" if model.optim.name.lower() in DISTRIBUTED_OPTIMIZERS else "ddp"
 
 
 def _one_resume_source(cfg: TrainingConfig) -> None:

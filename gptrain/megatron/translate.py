@@ -47,6 +47,7 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
     "model.data.splits_string": "969, 30, 1",
     "model.data.num_workers": 2,
     "model.activations_checkpoint_granularity": None,
+    "model.data_parallel_sharding": "ddp",  # Megatron replicates unless --use-distributed-optimizer
     "model.tokenizer.library": "megatron",
     "model.tokenizer.type": "GPT2BPETokenizer",
     "model.make_vocab_size_divisible_by": 128,

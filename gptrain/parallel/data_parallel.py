@@ -1,8 +1,12 @@
-"""Data parallelism: FSDP2 (full or hybrid sharding) or replicated DDP.
+"""Data parallelism: FSDP2 (full, hybrid or gradient/optimizer sharding) or replicated DDP.
 
 FSDP2 wraps each transformer block, then the root, so parameters are gathered one
 block at a time. Hybrid sharding passes a 2-D mesh (replicate, shard): parameters are
-sharded inside a group (one node) and replicated across groups.
+sharded inside a group (one node) and replicated across groups. `shard_grad_op` (ZeRO-2,
+what NeMo's distributed_fused_adam and Megatron's distributed optimizer do) keeps the
+gathered weights from the step's first forward to its last backward and accumulates whole
+gradients over the micro-batches: one all-gather and one reduce-scatter per step, the
+traffic of DDP's all-reduce, with AdamW's state and the fp32 weights sharded.
 
 `ddp` uses torch's DistributedDataParallel when the model is a plain module (no TP,
 no pipeline), which overlaps the all-reduce with the backward. With tensor or pipeline
@@ -14,6 +18,7 @@ all-reduces over the DP group of each rank's local gradient shard.
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -24,6 +29,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 BUCKET_BYTES = 25 * 2**20
+_GATHERED_THROUGH_THE_STEP: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+"""Roots wrapped for shard_grad_op: gradient_sync keeps them gathered between micro-batches."""
 
 
 def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
@@ -35,17 +42,25 @@ def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
 
 
 def apply_fsdp(
-    model: nn.Module, dp_mesh: DeviceMesh, mixed_precision: MixedPrecisionPolicy, reshard: bool
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    mixed_precision: MixedPrecisionPolicy,
+    reshard: bool,
+    through_the_step: bool = False,
 ) -> nn.Module:
     """fully_shard each block, then the root (embeddings, norm, output) in place.
 
     `reshard=False` keeps gathered parameters between forward and backward (no second
     all-gather; used under pipeline parallelism, where a block runs many microbatches).
+    `through_the_step` (shard_grad_op, with reshard=False): also between micro-batches, with whole
+    gradients accumulated until the last one (`gradient_sync`).
     """
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, mp_policy=mixed_precision, reshard_after_forward=reshard)
     # The root's parameters are used last in the forward; gathering them again is wasted.
     fully_shard(model, mesh=dp_mesh, mp_policy=mixed_precision, reshard_after_forward=False)
+    if through_the_step:
+        _GATHERED_THROUGH_THE_STEP.add(model)
     return model
 
 
@@ -55,10 +70,15 @@ def gradient_sync(runner: nn.Module, last: bool) -> contextlib.AbstractContextMa
     DDP: no_sync before the last micro-batch (one all-reduce per step). FSDP2: each micro-batch's
     reduce-scatter keeps gradients sharded (no memory for whole ones), but the all-reduce across
     replica groups (hybrid_shard: the inter-node traffic) waits for the last micro-batch, FSDP
-    summing the partial results in between.
+    summing the partial results in between. shard_grad_op: weights stay gathered and whole
+    gradients accumulate (in fp32, FSDP's reduce dtype) until the last micro-batch, whose backward
+    reduce-scatters them and frees the gathered weights.
     """
     if isinstance(runner, FSDPModule):
         runner.set_requires_all_reduce(last)
+        if runner in _GATHERED_THROUGH_THE_STEP:
+            runner.set_requires_gradient_sync(last)
+            runner.set_reshard_after_backward(last)
         return contextlib.nullcontext()
     no_sync = getattr(runner, "no_sync", None)
     return no_sync() if no_sync is not None and not last else contextlib.nullcontext()

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gptrain.config.validate import data_parallel_sharding
 from gptrain.errors import ConfigError
 from gptrain.parallel.mesh import ParallelDims
 
-SHARDING_CHOICES = ("ddp", "full_shard", "hybrid_shard")
+SHARDING_CHOICES = ("ddp", "shard_grad_op", "full_shard", "hybrid_shard")
 AC_GRANULARITIES = ("full", "selective")
 AC_METHODS = ("uniform", "block")
 # How much of a step torch.compile gets (gptrain.parallel.compile applies it; the planner's
@@ -162,14 +163,14 @@ def _check_ramp_microbatches(model: Any, dims: ParallelDims) -> None:
 
 def _check_sharding(model: Any, dims: ParallelDims, devices_per_node: int | None) -> int:
     """Validate model.data_parallel_sharding; return the FSDP shard-group size (0 for DDP)."""
-    mode = model.data_parallel_sharding
+    mode = data_parallel_sharding(model)
     _require(
         mode in SHARDING_CHOICES,
         f"model.data_parallel_sharding={mode!r} must be one of {', '.join(SHARDING_CHOICES)}",
     )
     if mode == "ddp":
         return 0
-    if mode == "full_shard" or devices_per_node is None:
+    if mode in ("full_shard", "shard_grad_op") or devices_per_node is None:
         return dims.dp
     ranks_per_node_dp = max(1, devices_per_node // dims.tp)
     shard = min(dims.dp, ranks_per_node_dp)

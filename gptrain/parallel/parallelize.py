@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gptrain.config.validate import data_parallel_sharding
 from gptrain.errors import ConfigError
 from gptrain.models.gpt import separate_projections
 from gptrain.parallel.activation_checkpoint import apply_ac
@@ -162,9 +163,12 @@ def _apply_fsdp(parts: list[nn.Module], cfg: Any, ctx: ParallelContext) -> None:
     dims = ctx.dims
     dp_mesh = ctx.mesh["dp_rep", "dp_shard"] if dims.dp_replicate > 1 else ctx.mesh["dp"]
     policy = mixed_precision_policy(cfg.trainer.precision)
+    grad_op = data_parallel_sharding(cfg.model) == "shard_grad_op"
     for part in parts:
         # Under PP a chunk runs many micro-batches: keep its parameters gathered until the backward.
-        apply_fsdp(part, dp_mesh, policy, reshard=dims.pp == 1)
+        # shard_grad_op keeps them for the whole step (PP's schedule already holds them).
+        reshard = dims.pp == 1 and not grad_op
+        apply_fsdp(part, dp_mesh, policy, reshard=reshard, through_the_step=grad_op and dims.pp == 1)
 
 
 def _apply_replicated(parts: list[nn.Module], ctx: ParallelContext) -> None:

@@ -65,6 +65,12 @@ class _Dtypes:
     mixed: bool
 
 
+def gathered_through_the_step(layout: Layout) -> bool:
+    """shard_grad_op over 2+ ranks without a pipeline: every block stays gathered from the step's first
+    forward to its last backward (under a pipeline it behaves as full_shard there: gptrain.parallel)."""
+    return layout.sharding == "shard_grad_op" and layout.dp > 1 and layout.pp == 1
+
+
 def _dtypes(work: Workload) -> _Dtypes:
     return _Dtypes(act=2 if work.mixed else 4, mixed=work.mixed)
 
@@ -356,9 +362,12 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
     rebuild = rebuild_bytes(work, layout, rank, scope)
     if rebuild:
         rebuild += transient - _copies_freed_before_rebuild(work, layout, c, rank, shard)
+    gradients = GRAD_BYTES * params / shard
+    if gathered_through_the_step(layout) and layout.microbatches(work.global_batch_size) > 1:
+        gradients += GRAD_BYTES * params  # whole fp32 gradients accumulate until the last micro batch
     return MemoryEstimate(
         weights=WEIGHT_BYTES * params / shard,
-        gradients=GRAD_BYTES * params / shard,
+        gradients=gradients,
         optimizer=ADAM_BYTES * params / shard,
         activations=sum(acts.values()),
         logits=logits if rank == layout.pp - 1 else 0.0,
@@ -373,7 +382,8 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
 def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: int, shard: int) -> float:
     """Copies that live through a forward/backward besides the persistent state."""
     act = _dtypes(work).act
-    if shard > 1:  # FSDP2: blocks all-gathered one ahead (2 unsharded), the root stays gathered
+    if shard > 1:  # FSDP2: blocks all-gathered one ahead (2 unsharded; all under shard_grad_op),
+        # the root stays gathered
         block = rank_parameters(c, layout.tp, layout.pp)[rank] - _root_parameters(c, layout, rank)
         per_block = block / max(1, c.num_layers // layout.pp)
         float8 = float8_gathered_weights(work, c, layout)  # gathered in 1 byte instead of `act`
@@ -381,7 +391,8 @@ def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: 
         gather = act if work.bf16 else 4
         gathered_block = gather * (per_block - float8) + float8
         root = _root_parameters(c, layout, rank)
-        total = 2 * gathered_block + gather * root + (gather + 4) * max(per_block, root)
+        gathered = c.num_layers // layout.pp if gathered_through_the_step(layout) else 2
+        total = gathered * gathered_block + gather * root + (gather + 4) * max(per_block, root)
         if work.mixed and not work.bf16:  # fp16: autocast's 16-bit copy of every gathered
             total += 2 * _matmul_weights(work, c, layout, rank)  # weight lives until its backward
         return total

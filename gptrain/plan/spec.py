@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from gptrain.config.validate import data_parallel_sharding
 from gptrain.errors import ConfigError
 from gptrain.models.config import GPTConfig
 from gptrain.models.flops import pad_vocab_size
@@ -73,7 +74,7 @@ class Layout:
     micro_batch_size: int = 1
     sequence_parallel: bool = False
     sharding: str = "ddp"
-    """model.data_parallel_sharding: ddp, full_shard or hybrid_shard."""
+    """model.data_parallel_sharding: ddp, shard_grad_op, full_shard or hybrid_shard."""
     dp_shard: int = 0
     """FSDP shard group size (dp for full_shard, one node's DP ranks for hybrid_shard, 0 for DDP)."""
     recompute: str | None = None
@@ -114,7 +115,9 @@ class Layout:
         parts = [f"tp{self.tp}", f"pp{self.pp}"] + ([f"v{self.vpp}"] if self.vpp > 1 else [])
         parts += [f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
         parts += ["sp"] if self.sequence_parallel else []
-        parts += {"ddp": [], "full_shard": ["fsdp"], "hybrid_shard": ["hsdp"]}[self.sharding]
+        parts += {"ddp": [], "shard_grad_op": ["zero2"], "full_shard": ["fsdp"], "hybrid_shard": ["hsdp"]}[
+            self.sharding
+        ]
         if self.recompute:
             parts.append(
                 f"ac={self.recompute[:4]}"
@@ -170,7 +173,7 @@ def layout_from_config(
         vpp=dims.vpp,
         micro_batch_size=m.micro_batch_size,
         sequence_parallel=bool(m.sequence_parallel),
-        sharding=m.data_parallel_sharding,
+        sharding=data_parallel_sharding(m),
         dp_shard=dims.dp_shard,
         recompute=m.activations_checkpoint_granularity,
         recompute_num_layers=m.activations_checkpoint_num_layers if block else None,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gptrain.plan.hardware import Cluster, GpuSpec
-from gptrain.plan.memory import float8_gathered_weights
+from gptrain.plan.memory import float8_gathered_weights, gathered_through_the_step
 from gptrain.plan.sizes import model_sizes, rank_parameters
 from gptrain.plan.spec import Layout, Workload
 
@@ -112,5 +112,6 @@ def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: fl
                 dp_comm *= 1 - DDP_OVERLAP
         else:  # float8-gathered block weights move 1 byte instead of `act`
             float8 = float8_gathered_weights(work, c, layout) * c.num_layers // layout.pp
-            dp_comm = frac * (2 * (act * (params - float8) + float8) + 4 * params) / bw
+            gathers = 1 if gathered_through_the_step(layout) else 2  # forward (and again for backward)
+            dp_comm = frac * (gathers * (act * (params - float8) + float8) + 4 * params) / bw
     return StepTime(compute, launch, bubble, tp_comm, pp_comm, dp_comm)

@@ -259,6 +259,7 @@ class ReductionRecorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.reductions: list[tuple[str, int]] = []
+        self.gathers = 0  # all-gathers (FSDP's of the weights; DTensor's under TP)
         self.host_reads = 0  # tensor -> Python number (float(t), t.item()): a device wait on a GPU
         self._in_all_reduce = False
 
@@ -291,6 +292,8 @@ class ReductionRecorder(TorchDispatchMode):
             kind = next((k for k in ("all_reduce", "reduce_scatter") if k in name), None)
             if kind is not None:
                 self.reductions.append((kind, tensor.numel()))
+            elif "allgather" in name or "all_gather" in name:
+                self.gathers += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -309,6 +312,7 @@ def collectives_probe(spec: dict[str, Any]) -> dict[str, Any]:
         forward_backward(model, micro, scale=1.0, precision=cfg.trainer.precision)
     return {
         "reductions": recorder.reductions,
+        "gathers": recorder.gathers,
         "host_reads": recorder.host_reads,
         "activation_numel": m.micro_batch_size * SEQ * m.hidden_size,
         "microbatches": len(micro),

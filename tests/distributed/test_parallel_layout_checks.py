@@ -108,7 +108,7 @@ def test_mesh_puts_tp_innermost_and_pp_outermost() -> None:
         (
             {"data_parallel_sharding": "zero1"},
             1,
-            "model.data_parallel_sharding='zero1' must be one of ddp, full_shard, hybrid_shard",
+            "model.data_parallel_sharding='zero1' must be one of ddp, shard_grad_op, full_shard, hybrid_shard",
         ),
         (
             {"activations_checkpoint_granularity": "most"},

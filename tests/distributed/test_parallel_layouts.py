@@ -38,6 +38,8 @@ PP2 = {"pipeline_model_parallel_size": 2}
 TWO_PROCESSES: dict[str, dict[str, Any]] = {
     "ddp_dp2": {},
     "fsdp_dp2": {"data_parallel_sharding": "full_shard"},
+    # two micro-batches per rank: the weights stay gathered and whole gradients accumulate between them
+    "shard_grad_op_dp2": {"data_parallel_sharding": "shard_grad_op", "micro_batch_size": 2},
     "tp2_sp": TP2_SP,
     # selective recompute keeps the GEMMs' and the collectives' outputs, and recomputes the rest
     "tp2_sp_selective": {**TP2_SP, "activations_checkpoint_granularity": "selective"},
@@ -81,6 +83,11 @@ COLLECTIVES = {"probe": "collectives"}
 COLLECTIVE_PROBES: dict[str, dict[str, Any]] = {
     "tp2_sp_collectives": {**COLLECTIVES, "model": TP2_SP},
     "tp2_collectives": {**COLLECTIVES, "model": {"tensor_model_parallel_size": 2}},
+}
+# FSDP's traffic over two micro-batches per rank, shard_grad_op against full_shard.
+FSDP_COLLECTIVES = {
+    f"{mode}_collectives": {**COLLECTIVES, "mbs": 2, "model": {"data_parallel_sharding": mode}}
+    for mode in ("shard_grad_op", "full_shard")
 }
 # The same step under PP2 (its host reads; the stages' traffic is point to point).
 PIPELINE_COLLECTIVES = {"pp2_collectives": {**COLLECTIVES, "model": PP2}}
@@ -127,6 +134,12 @@ RESUMES = {  # name: (checkpoint of, world size, layout)
     "tp2_to_single": ("tp2_sp", 1, {}),
     "pp2_to_single": ("pp2_1f1b", 1, {}),
     "tp2_to_fsdp_dp4": ("tp2_sp", 4, {"data_parallel_sharding": "full_shard", "micro_batch_size": 2}),
+    # two micro-batches per rank under shard_grad_op
+    "tp2_to_shard_grad_op_dp4": (
+        "tp2_sp",
+        4,
+        {"data_parallel_sharding": "shard_grad_op", "micro_batch_size": 1},
+    ),
     "pp2_to_dp2_tp2": ("pp2_1f1b", 4, TP2_SP),
 }
 
@@ -182,10 +195,12 @@ def two_process_results(ckpt: Path) -> dict[str, dict]:
         *DROPOUT_PROBES.values(),
         *COLLECTIVE_PROBES.values(),
         *PIPELINE_COLLECTIVES.values(),
+        *FSDP_COLLECTIVES.values(),
         *(fp8_spec(run) for run in FP8_RUNS.values()),
         *(fp8_fsdp_spec(name, ckpt) for name in FP8_FSDP_RUNS),
     ]
-    names = [*TWO_PROCESSES, *DROPOUT_PROBES, *COLLECTIVE_PROBES, *PIPELINE_COLLECTIVES, *FP8_RUNS]
+    names = [*TWO_PROCESSES, *DROPOUT_PROBES, *COLLECTIVE_PROBES, *PIPELINE_COLLECTIVES, *FSDP_COLLECTIVES]
+    names += list(FP8_RUNS)
     names += list(FP8_FSDP_RUNS)
     return dict(zip(names, run_layouts(runs, 2, ckpt), strict=True))
 
@@ -360,6 +375,21 @@ def test_hybrid_sharding_reduces_across_replicas_once_per_step(four_process_resu
     units = result["layers"] + 1
     assert gradients.count("reduce_scatter") == result["microbatches"] * units, result
     assert gradients.count("all_reduce") == units, result
+
+
+def test_shard_grad_op_gathers_and_reduces_once_per_step(two_process_results: dict) -> None:
+    """shard_grad_op (NeMo's distributed_fused_adam): over two micro-batches, each of the 5 FSDP units
+    (4 blocks and the root) is all-gathered once and reduce-scattered once, DDP's traffic in all;
+    full_shard gathers the blocks again for each backward and reduce-scatters every micro-batch."""
+    grad_op, full = (two_process_results[f"{m}_collectives"] for m in ("shard_grad_op", "full_shard"))
+    units, blocks = grad_op["layers"] + 1, grad_op["layers"]
+    assert grad_op["microbatches"] == full["microbatches"] == 2
+
+    def reduce_scatters(result: dict) -> int:
+        return [kind for kind, numel in result["reductions"] if numel > 1].count("reduce_scatter")
+
+    assert (grad_op["gathers"], reduce_scatters(grad_op)) == (units, units), grad_op
+    assert (full["gathers"], reduce_scatters(full)) == (2 * (units + blocks), 2 * units), full
 
 
 @pytest.mark.parametrize("name", list(FP8_RUNS))

@@ -253,15 +253,15 @@ def test_wandb_flags_map_to_the_nemo_wandb_logger():
     assert t.notes == ["--wandb-exp-name (without --wandb-project)"]
 
 
-def test_use_distributed_optimizer_is_fsdp2_full_shard():
+def test_use_distributed_optimizer_shards_gradients_and_optimizer_state_only():
+    """Megatron's distributed optimizer reduce-scatters gradients and gathers weights once per step:
+    shard_grad_op, not full_shard (which gathers weights again for each backward); without the flag
+    Megatron replicates, whatever the schema's default does for NeMo's optimizer names."""
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    t = translate(
-        shlex.split(base + " --train-iters 4 --mock-data --vocab-size 64 --use-distributed-optimizer"), {}
-    )
-    assert (
-        load_training_config(None, t.overrides, report_ignored=False).model.data_parallel_sharding
-        == "full_shard"
-    )
+    for flag, expected in ((" --use-distributed-optimizer", "shard_grad_op"), ("", "ddp")):
+        t = translate(shlex.split(base + " --train-iters 4 --mock-data --vocab-size 64" + flag), {})
+        cfg = load_training_config(None, t.overrides, report_ignored=False)
+        assert cfg.model.data_parallel_sharding == expected
 
 
 def test_openai_gelu_is_the_tanh_gelu_of_the_model():

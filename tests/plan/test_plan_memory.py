@@ -229,3 +229,42 @@ def test_fsdp_in_fp16_counts_its_fp32_gathers_and_autocast_copies() -> None:
     work = workload("16", num_layers=4)
     copies = 2 * _matmul_weights(work, work.padded(1), layout, 0)
     assert fp16.transient >= bf16.transient + copies and fp16.total > bf16.total
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 2])
+def test_shard_grad_op_keeps_every_block_gathered_and_whole_gradients_while_accumulating(
+    micro_batch_size: int,
+) -> None:
+    """shard_grad_op against full_shard on 2 ranks: the same sharded state, plus every block gathered
+    in bf16 (not 2 at a time) and, with 2 micro batches per rank, the whole fp32 gradients that
+    accumulate until the last one (with one micro batch they are reduce-scattered as they come)."""
+    from gptrain.plan.sizes import rank_parameters
+
+    layers = 6
+    work = workload("bf16", num_layers=layers)
+    fields = dict(micro_batch_size=micro_batch_size, dp=2, dp_shard=2)
+    grad_op = estimate_rank(work, Layout(sharding="shard_grad_op", **fields), 0)
+    full = estimate_rank(work, Layout(sharding="full_shard", **fields), 0)
+    params = rank_parameters(work.padded(1), 1, 1)[0]
+    assert (grad_op.weights, grad_op.optimizer) == (full.weights, full.optimizer) == (2 * params, 4 * params)
+    whole_gradients = 4 * params if micro_batch_size == 1 else 0  # 4 samples: 2 micro batches of 1
+    assert grad_op.gradients - full.gradients == whole_gradients
+    block = sum(p.numel() for p in build(work).layers["0"].parameters())
+    assert grad_op.transient - full.transient == pytest.approx(2 * block * (layers - 2))
+
+
+def test_shard_grad_op_moves_one_weight_gather_per_step() -> None:
+    """The time model: per parameter, full_shard gathers 2 bytes for the forward and 2 again for the
+    backward and reduce-scatters 4 (fp32); shard_grad_op gathers once: 6 bytes against 8."""
+    from gptrain.plan.hardware import Cluster, GpuSpec
+    from gptrain.plan.time import estimate_step_time
+
+    work = workload("bf16", num_layers=4)
+    cluster = Cluster(1, 2, GpuSpec("test", 80, 1.0, None, 1.0, 1.0, "test"))
+    grad_op, full = (
+        estimate_step_time(
+            work, Layout(micro_batch_size=2, dp=2, sharding=s, dp_shard=2), cluster, 0.5
+        ).dp_comm
+        for s in ("shard_grad_op", "full_shard")
+    )
+    assert grad_op > 0 and grad_op == pytest.approx(full * 6 / 8)

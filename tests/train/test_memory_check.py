@@ -20,9 +20,22 @@ def config(*overrides: str):
     return load_training_config("gpt3/5b", [*TUTORIAL_5B, *overrides], report_ignored=False)
 
 
-def test_a_replicated_5b_on_two_nodes_is_warned_with_the_sharded_figure():
-    """NeMo's distributed_fused_adam shards AdamW's state; gptrain's default ddp does not."""
+def test_nemos_5b_on_two_nodes_fits_with_its_distributed_optimizer():
+    """The preset's distributed_fused_adam means shard_grad_op (AdamW state and gradients sharded, as
+    NeMo runs it): it fits where the replicated layout (gptrain's reading of it before) did not."""
     cfg = config()
+    assert cfg.model.data_parallel_sharding == "shard_grad_op"
+    grad_op, _ = estimate_gib(cfg, GPT2_VOCAB)
+    replicated, _ = estimate_gib(cfg, GPT2_VOCAB, "ddp")
+    full, _ = estimate_gib(cfg, GPT2_VOCAB, "full_shard")
+    assert full < grad_op < 80 < replicated
+    assert start_warning(cfg, GPT2_VOCAB, int(80 * GIB)) is None
+    assert config("model.optim.name=adamw").model.data_parallel_sharding == "ddp"
+
+
+def test_a_replicated_5b_on_two_nodes_is_warned_with_the_sharded_figure():
+    """Replicated AdamW state (an explicit ddp) does not fit; the warning gives the sharded figure."""
+    cfg = config("model.data_parallel_sharding=ddp")
     replicated, _ = estimate_gib(cfg, GPT2_VOCAB)
     sharded, _ = estimate_gib(cfg, GPT2_VOCAB, "full_shard")
     assert sharded < 80 < replicated  # the planner's own figures: does not fit / fits on 80 GiB
@@ -40,7 +53,9 @@ def test_a_replicated_5b_on_two_nodes_is_warned_with_the_sharded_figure():
 
 def test_out_of_memory_is_one_line_with_the_estimate():
     error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nSee documentation")
-    message = str(out_of_memory(config(), GPT2_VOCAB, 3, int(80 * GIB), error))
+    message = str(
+        out_of_memory(config("model.data_parallel_sharding=ddp"), GPT2_VOCAB, 3, int(80 * GIB), error)
+    )
     assert "\n" not in message
     assert message.startswith(
         "out of memory on rank 3 of 80.0 GiB (CUDA out of memory. Tried to allocate 2.00 GiB.)"
