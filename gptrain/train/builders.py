@@ -115,15 +115,28 @@ def padded_vocab_size(cfg: TrainingConfig, tokenizer: Any | None) -> tuple[int, 
     return vocab, padded
 
 
-def megatron_start_lines(cfg: TrainingConfig, vocab: int, model_config: Any) -> list[str]:
-    """Megatron's padding line and its parameter line for every (tensor, pipeline) rank."""
+SHARDING_LINES = {
+    "ddp": "replicated (DDP)",
+    "shard_grad_op": "AdamW state and gradients sharded, weights gathered once per step (shard_grad_op)",
+    "full_shard": "weights, gradients and AdamW state sharded (full_shard)",
+    "hybrid_shard": "sharded within a node, replicated across nodes (hybrid_shard)",
+}
+"""What each model.data_parallel_sharding keeps on a rank, for the start of the log."""
+
+
+def megatron_start_lines(cfg: TrainingConfig, vocab: int, model_config: Any, dp_size: int = 1) -> list[str]:
+    """Megatron's padding line and its parameter line for every (tensor, pipeline) rank; with 2+
+    data-parallel ranks, what they share (NeMo's distributed optimizer names choose a sharding)."""
     from gptrain.plan.sizes import megatron_parameter_lines, padded_vocab_line
 
     m = cfg.model
     lines = [padded_vocab_line(vocab, model_config.vocab_size)]
-    return lines + megatron_parameter_lines(
+    lines += megatron_parameter_lines(
         model_config, m.tensor_model_parallel_size, m.pipeline_model_parallel_size
     )
+    if dp_size > 1:
+        lines.append(f" > data parallel over {dp_size} ranks: {SHARDING_LINES[m.data_parallel_sharding]}")
+    return lines
 
 
 def log_memory(log: Any, device: torch.device, step: int) -> None:

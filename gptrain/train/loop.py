@@ -196,7 +196,7 @@ def train(cfg: TrainingConfig) -> int:
         resume(session, source)
         if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
             write_run_files(log_dir, cfg.to_yaml())
-        for line in b.megatron_start_lines(cfg, vocab, model_config):
+        for line in b.megatron_start_lines(cfg, vocab, model_config, dp_size):
             session.log(line)
         code = run(session, train_data, valid_data, test_data, stop)
         requeue = code == EXIT_REQUEUE
