@@ -35,7 +35,10 @@ class CachingSavePlanner(DefaultSavePlanner):
     """DefaultSavePlanner with plan caching, under `key` instead of the class-wide default."""
 
     def __init__(self, key: str) -> None:
-        super().__init__(enable_plan_caching=True)
+        try:
+            super().__init__(enable_plan_caching=True)
+        except TypeError:  # a torch without plan caching (before 2.7): every save is planned in full
+            super().__init__()
         self._cached_plans_key = key
 
 

@@ -204,14 +204,16 @@ def check_training_files(
 def check_training_layout(cfg: TrainingConfig) -> list[str]:
     """The parallel layout on trainer.num_nodes x trainer.devices ranks, checked as the job will
     check it (gptrain.parallel.layout, no torch), so an impossible one fails before the queue wait."""
+    from gptrain.config.validate import data_parallel_sharding
     from gptrain.parallel.layout import check_layout
 
     try:
         dims = check_layout(cfg.model, cfg.world_size(), cfg.trainer.devices)
     except ConfigError as error:  # its keys are the training section's (training.model.*)
         raise ConfigError(f"training: {error}") from None
+    sharding = f" ({data_parallel_sharding(cfg.model)})" if dims.dp > 1 else ""
     return [
-        f"ok  training: layout TP {dims.tp} x PP {dims.pp} x DP {dims.dp} on {cfg.world_size()} ranks"
+        f"ok  training: layout TP {dims.tp} x PP {dims.pp} x DP {dims.dp}{sharding} on {cfg.world_size()} ranks"
         f" ({cfg.trainer.num_nodes} node(s) x {cfg.trainer.devices})"
     ]
 

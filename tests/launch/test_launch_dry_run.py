@@ -160,7 +160,8 @@ def test_a_possible_layout_is_reported(tmp_path, capsys, monkeypatch):
     args += ["training.trainer.num_nodes=2", "training.model.tensor_model_parallel_size=2"]
     assert main(args) == 0
     assert (
-        "preflight: ok  training: layout TP 2 x PP 1 x DP 8 on 16 ranks (2 node(s) x 8)"
+        # the preset's distributed_fused_adam shards AdamW's state, as NeMo does
+        "preflight: ok  training: layout TP 2 x PP 1 x DP 8 (shard_grad_op) on 16 ranks (2 node(s) x 8)"
         in capsys.readouterr().err
     )
 
