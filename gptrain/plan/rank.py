@@ -73,7 +73,8 @@ def layout_grid(work: Workload, cluster: Cluster) -> Iterator[Layout]:
         for pp in (p for p in _divisors(layers) if world % (tp * p) == 0):
             dp = world // (tp * pp)
             vpps = [1] + ([v for v in (2, 4) if layers % (pp * v) == 0] if pp > 1 else [])
-            shardings = ["ddp"] + (["shard_grad_op", "full_shard"] if dp > 1 else [])
+            shardings = ["ddp"] + (["full_shard"] if dp > 1 else [])
+            shardings += ["shard_grad_op"] if dp > 1 and pp == 1 else []  # under PP: full_shard's code
             shardings += ["hybrid_shard"] if dp > 1 and cluster.nodes > 1 else []
             for vpp in vpps:
                 for mbs in _powers_of_two(min(MAX_MICRO_BATCH, max(1, work.global_batch_size // dp))):
