@@ -33,7 +33,12 @@ def main() -> None:
     builders.build_optimizer = lambda *args: real_build(*args[:-1], "cuda")
     loop.record = recording
     cfg = tiny_config(
-        Path(log_dir), *MOCK, *RUN_AHEAD_SHAPE, "trainer.devices=2", f"trainer.run_ahead={run_ahead}"
+        Path(log_dir),
+        *MOCK,
+        *RUN_AHEAD_SHAPE,
+        "trainer.devices=2",
+        f"trainer.run_ahead={run_ahead}",
+        "model.data_parallel_sharding=ddp",  # FSDP's DTensor parameters take the host-decided update
     )
     code = loop.train(cfg)
     ignored = signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
