@@ -94,7 +94,7 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--eod-mask-loss": {"model.data.eod_mask_loss": True},
     "--mock-data": {"model.data.data_impl": "mock"},
     # ZeRO-1 in Megatron (one reduce-scatter and one all-gather per step); gptrain's nearest is
-    # FSDP2 keeping the weights gathered through the step (ZeRO-2: gradients sharded after it)
+    # FSDP2 keeping the weights gathered through the step (ZeRO-2: gradients reduce-scattered)
     "--use-distributed-optimizer": {"model.data_parallel_sharding": "shard_grad_op"},
     # how a --load that differs from --save is loaded (the run's own checkpoints always load whole)
     "--no-load-optim": {"exp_manager.load_optimizer": False},

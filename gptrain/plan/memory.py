@@ -362,12 +362,9 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
     rebuild = rebuild_bytes(work, layout, rank, scope)
     if rebuild:
         rebuild += transient - _copies_freed_before_rebuild(work, layout, c, rank, shard)
-    gradients = GRAD_BYTES * params / shard
-    if gathered_through_the_step(layout) and layout.microbatches(work.global_batch_size) > 1:
-        gradients += GRAD_BYTES * params  # whole fp32 gradients accumulate until the last micro batch
     return MemoryEstimate(
         weights=WEIGHT_BYTES * params / shard,
-        gradients=gradients,
+        gradients=GRAD_BYTES * params / shard,
         optimizer=ADAM_BYTES * params / shard,
         activations=sum(acts.values()),
         logits=logits if rank == layout.pp - 1 else 0.0,

@@ -38,7 +38,7 @@ PP2 = {"pipeline_model_parallel_size": 2}
 TWO_PROCESSES: dict[str, dict[str, Any]] = {
     "ddp_dp2": {},
     "fsdp_dp2": {"data_parallel_sharding": "full_shard"},
-    # two micro-batches per rank: the weights stay gathered and whole gradients accumulate between them
+    # two micro-batches per rank: the weights stay gathered between them
     "shard_grad_op_dp2": {"data_parallel_sharding": "shard_grad_op", "micro_batch_size": 2},
     "tp2_sp": TP2_SP,
     # selective recompute keeps the GEMMs' and the collectives' outputs, and recomputes the rest
@@ -379,8 +379,8 @@ def test_hybrid_sharding_reduces_across_replicas_once_per_step(four_process_resu
 
 def test_shard_grad_op_gathers_and_reduces_once_per_step(two_process_results: dict) -> None:
     """shard_grad_op (NeMo's distributed_fused_adam): over two micro-batches, each of the 5 FSDP units
-    (4 blocks and the root) is all-gathered once and reduce-scattered once, DDP's traffic in all;
-    full_shard gathers the blocks again for each backward and reduce-scatters every micro-batch."""
+    (4 blocks and the root) is all-gathered once per step; full_shard gathers the blocks for every
+    forward and again for every backward. Both reduce-scatter each micro-batch (sharded gradients)."""
     grad_op, full = (two_process_results[f"{m}_collectives"] for m in ("shard_grad_op", "full_shard"))
     units, blocks = grad_op["layers"] + 1, grad_op["layers"]
     assert grad_op["microbatches"] == full["microbatches"] == 2
@@ -388,7 +388,7 @@ def test_shard_grad_op_gathers_and_reduces_once_per_step(two_process_results: di
     def reduce_scatters(result: dict) -> int:
         return [kind for kind, numel in result["reductions"] if numel > 1].count("reduce_scatter")
 
-    assert (grad_op["gathers"], reduce_scatters(grad_op)) == (units, units), grad_op
+    assert (grad_op["gathers"], reduce_scatters(grad_op)) == (units, 2 * units), grad_op
     assert (full["gathers"], reduce_scatters(full)) == (2 * (units + blocks), 2 * units), full
 
 

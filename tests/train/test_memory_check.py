@@ -85,3 +85,16 @@ def test_an_out_of_memory_error_during_training_ends_the_run_in_one_line(
         "gptrain: error: out of memory on rank 0 (CUDA out of memory. Tried to allocate 20.00 MiB)"
     )
     assert "the planner estimates" in err and "model.micro_batch_size" in err
+
+
+@pytest.mark.parametrize(
+    "preset",
+    ["126m", "400m_improved", "1b_improved", "5b", "7b_improved", "20b", "40b", "40b_improved", "175b"],
+)
+def test_every_nemo_preset_fits_an_80_gib_gpu_on_its_own_cluster(preset: str) -> None:
+    """As shipped (trainer.num_nodes x devices, NeMo's layout, distributed_fused_adam), by the planner.
+    Read as replicated AdamW state, 5b, 20b, 40b and 175b needed 122-197 GiB per GPU."""
+    cfg = load_training_config(f"gpt3/{preset}", [], report_ignored=False)
+    assert cfg.model.data_parallel_sharding == "shard_grad_op"
+    estimate, breakdown = estimate_gib(cfg, GPT2_VOCAB)
+    assert estimate < 80, breakdown
