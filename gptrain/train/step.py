@@ -157,16 +157,17 @@ def takes_device_skip(optimizer: torch.optim.Optimizer, params: list[torch.Tenso
     """Whether the optimizer can apply the clip factor and skip a non-finite step on the device.
 
     torch's fused Adam/AdamW read `grad_scale` (grads are divided by it) and `found_inf` (1 leaves
-    parameters, moments and step counts as they were) from the optimizer, as GradScaler sets them.
-    DTensor parameters (FSDP2, TP) keep the host-decided path. Unlike that path, a skipped step
-    still calls `optimizer.step()`: its hooks run, and a first step skipped creates the (zero)
-    moments; FP8's post-step scale update under FSDP2 assumes skipped steps do not step, which
-    holds as long as DTensor parameters stay excluded here.
+    parameters, moments and step counts as they were) from the optimizer, as GradScaler sets them;
+    over DTensor parameters (FSDP2, TP) too, the two scalars replicated. Unlike the host path, a
+    skipped step still calls `optimizer.step()`: its hooks run, and a first step skipped creates
+    the (zero) moments. FP8's post-step scale update under FSDP2 assumes skipped steps do not
+    step: parameters whose shards are tensor subclasses (torchao's float8-gathered weights) keep
+    the host-decided path.
     """
     return (
         all(group.get("fused") for group in optimizer.param_groups)
         and isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
-        and not any(isinstance(p, DTensor) for p in params)
+        and all(type(p.to_local()) is torch.Tensor for p in params if isinstance(p, DTensor))
     )
 
 

@@ -1,8 +1,8 @@
 """One gloo rank of a data-parallel run with trainer.run_ahead, for tests/train/test_run_ahead.py.
 
 Fused AdamW on the CPU (the optimizer gptrain builds on a GPU), so that steps are queued ahead.
-Arguments: OUT LOG_DIR RUN_AHEAD STOP_AT: rank 1 asks to stop (SIGUSR1) during step STOP_AT (0:
-never). Writes OUT/rank_<r>.json: the exit code, each step's loss and the steps after which the
+Arguments: OUT LOG_DIR RUN_AHEAD STOP_AT [OVERRIDE ...]: rank 1 asks to stop (SIGUSR1) during step
+STOP_AT (0: never); the overrides choose the layout (default: DDP). Writes OUT/rank_<r>.json: the exit code, each step's loss and the steps after which the
 next one was queued ahead, and whether SIGTERM is ignored after train() returned. Then it sends
 itself SIGTERM, as `srun --kill-on-bad-exit` does to the ranks still running when one exits 75.
 """
@@ -20,6 +20,7 @@ from gptrain.train import builders, loop
 
 def main() -> None:
     out, log_dir, run_ahead, stop_at = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    layout = sys.argv[5:] or ["model.data_parallel_sharding=ddp"]
     rank = int(os.environ["RANK"])
     real_build, real_record = builders.build_optimizer, loop.record
     losses, ahead = {}, record_runs_ahead()
@@ -38,7 +39,7 @@ def main() -> None:
         *RUN_AHEAD_SHAPE,
         "trainer.devices=2",
         f"trainer.run_ahead={run_ahead}",
-        "model.data_parallel_sharding=ddp",  # FSDP's DTensor parameters take the host-decided update
+        *layout,
     )
     code = loop.train(cfg)
     ignored = signal.getsignal(signal.SIGTERM) == signal.SIG_IGN

@@ -116,8 +116,8 @@ def test_a_stop_while_a_step_is_queued_ahead_stops_after_it_and_resumes_bit_exac
     assert_same_state(weights(tmp_path / "split", 12), weights(tmp_path / "full", 12))
 
 
-def ranks(out) -> list[dict]:
-    found = [json.loads((out / f"rank_{rank}.json").read_text()) for rank in range(2)]
+def ranks(out, world: int = 2) -> list[dict]:
+    found = [json.loads((out / f"rank_{rank}.json").read_text()) for rank in range(world)]
     for rank in found:
         rank["losses"] = {int(step): loss for step, loss in rank["losses"].items()}
     return found
@@ -144,6 +144,37 @@ def test_two_ranks_running_ahead_stop_at_the_same_step_and_resume_to_the_same_ru
     assert [r["code"] for r in second] == [0, 0] and second[0]["ahead"] == [7, 9, 11]
     for rank in range(2):  # bit for bit, on every rank
         assert first[rank]["losses"] | second[rank]["losses"] == behind[rank]["losses"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["model.data_parallel_sharding=shard_grad_op", "model.micro_batch_size=1"],  # 2 micro batches
+        ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+        [
+            "trainer.devices=4",
+            "model.pipeline_model_parallel_size=2",
+            "model.data_parallel_sharding=full_shard",
+            "model.micro_batch_size=1",  # 2 micro batches per DP rank: the pipeline needs 2
+        ],
+    ],
+    ids=["shard_grad_op", "tp2_sp", "pp2_dp2_fsdp"],
+)
+def test_dtensor_parameters_update_on_the_device_and_run_ahead(tmp_path, layout):
+    """FSDP2's and TP's DTensor parameters took the host-decided update, so no step ran ahead there:
+    fused AdamW applies the clip factor and the non-finite skip to them on the device too. Queued
+    ahead or not, every rank trains bit for bit alike."""
+    world = 4 if "trainer.devices=4" in layout else 2
+    for mode in ("behind", "ahead"):
+        run_ranks(WORKER, tmp_path / f"out_{mode}", tmp_path / mode, str(mode == "ahead").lower(), 0, *layout,
+                  world=world, timeout_s=240)  # fmt: skip
+    behind, ahead = ranks(tmp_path / "out_behind", world), ranks(tmp_path / "out_ahead", world)
+    assert [r["code"] for r in behind + ahead] == [0] * 2 * world
+    assert behind[0]["ahead"] == [] and ahead[0]["ahead"] == [2, 3, 7, 9, 11]
+    for rank in range(world):
+        assert ahead[rank]["losses"] == behind[rank]["losses"] and len(behind[rank]["losses"]) == 12
 
 
 def test_no_step_runs_ahead_during_a_batch_size_ramp_up(tmp_path, monkeypatch, fused_adamw):

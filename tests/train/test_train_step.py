@@ -155,6 +155,38 @@ def test_fused_adamw_clips_and_steps_on_the_device_like_the_reference_adamw():
     assert opt.found_inf is None and opt.grad_scale is None  # nothing left for a later step
 
 
+@pytest.mark.distributed
+def test_fused_adamw_steps_fsdp_dtensor_parameters_on_the_device_like_the_reference(tmp_path):
+    """The device path over FSDP2's DTensor parameters (2 gloo ranks, same batches on both) against
+    one process's float64 AdamW with the clip applied on the host: the same norms and weights, to the
+    float32 rounding of the clip factor that the fused kernel takes (as the one-process test)."""
+    import json
+    from pathlib import Path
+
+    from gloo_ranks import run_ranks
+
+    worker = Path(__file__).with_name("device_update_worker.py")
+    torch.manual_seed(0)
+    ref = TinyLM().double()  # the workers' seed: the same initial weights
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1, eps=1.0, weight_decay=0.1, foreach=False)
+    norms, clip = [], None
+    for seed in (11, 12, 13):
+        ref_opt.zero_grad()
+        reference_loss(ref, random_batch(4, 5, seed=seed)).backward()
+        norms.append(math.sqrt(sum(float((p.grad**2).sum()) for p in ref.parameters())))
+        clip = clip or norms[0] / 3  # the first steps are clipped
+        for p in ref.parameters():
+            p.grad.mul_(min(1.0, clip / (norms[-1] + 1e-6)))
+        ref_opt.step()
+    run_ranks(worker, tmp_path / "out.json", clip)
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert got["norms"] == pytest.approx(norms, rel=1e-6)
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(
+            torch.tensor(got["weights"][name], dtype=torch.float64), p.detach(), rtol=1e-6, atol=1e-9
+        )
+
+
 def test_fused_adamw_skips_a_nonfinite_step_on_the_device():
     batch = random_batch(2, 4, seed=5)
     model = TinyLM().double()

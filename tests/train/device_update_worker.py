@@ -1,0 +1,49 @@
+"""One gloo rank of an FSDP2 (DTensor parameters) float64 TinyLM trained by gptrain's train_step with
+fused AdamW, which clips and steps on the device, for tests/train/test_train_step.py. The grad norm
+is gptrain's over the mesh (what ParallelGPT gives the step).
+
+Arguments: OUT CLIP. Every rank trains on the same batches, so the averaged gradients are one
+process's. Rank 0 writes OUT: each step's grad norm and the whole parameters after the last step.
+"""
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from train_tiny_lm import TinyLM, random_batch
+
+from gptrain.parallel.grad_norm import global_grad_norm
+from gptrain.train.loss_scale import ConstantLossScaler
+from gptrain.train.step import StepOptions, takes_device_skip, train_step
+
+SEEDS = (11, 12, 13)
+
+
+def main() -> None:
+    out, clip = sys.argv[1], float(sys.argv[2])
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = TinyLM().double()
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, eps=1.0, weight_decay=0.1, fused=True)
+    assert takes_device_skip(optimizer, list(model.parameters()))
+    norms = []
+    for seed in SEEDS:
+        result = train_step(
+            model, optimizer, [random_batch(4, 5, seed=seed)], ConstantLossScaler(),
+            torch.device("cpu"), StepOptions(clip_grad=clip, grad_norm_fn=global_grad_norm),
+        )  # fmt: skip
+        assert result.updated
+        norms.append(result.grad_norm)
+    weights = {name: p.full_tensor().tolist() for name, p in model.named_parameters()}
+    if dist.get_rank() == 0:
+        with open(out, "w") as handle:
+            json.dump({"norms": norms, "weights": weights}, handle)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
