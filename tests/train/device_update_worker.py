@@ -4,6 +4,8 @@ is gptrain's over the mesh (what ParallelGPT gives the step).
 
 Arguments: OUT CLIP. Every rank trains on the same batches, so the averaged gradients are one
 process's. Rank 0 writes OUT: each step's grad norm and the whole parameters after the last step.
+With CLIP `fp8`: a model whose linears FSDP gathers as float8 (torchao); OUT gets whether its
+optimizer would take the on-device update.
 """
 
 import json
@@ -22,9 +24,31 @@ from gptrain.train.step import StepOptions, takes_device_skip, train_step
 SEEDS = (11, 12, 13)
 
 
+def float8_gathered(out: str) -> None:
+    """torchao's float8-gathered weights (DTensor shards that are tensor subclasses)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 16))
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=True, emulate=True)
+    convert_to_float8_training(model, config=config)
+    fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    shards = sorted({type(p.to_local()).__name__ for p in model.parameters()})
+    if dist.get_rank() == 0:
+        with open(out, "w") as handle:
+            json.dump(
+                {"device": takes_device_skip(optimizer, list(model.parameters())), "shards": shards}, handle
+            )
+
+
 def main() -> None:
-    out, clip = sys.argv[1], float(sys.argv[2])
+    out = sys.argv[1]
     dist.init_process_group("gloo")
+    if sys.argv[2] == "fp8":
+        float8_gathered(out)
+        dist.destroy_process_group()
+        return
+    clip = float(sys.argv[2])
     torch.manual_seed(0)
     model = TinyLM().double()
     fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))

@@ -187,6 +187,20 @@ def test_fused_adamw_steps_fsdp_dtensor_parameters_on_the_device_like_the_refere
         )
 
 
+@pytest.mark.distributed
+def test_float8_gathered_fsdp_weights_keep_the_host_decided_update(tmp_path):
+    """Their post-step scale refresh assumes a skipped step does not step (gptrain.train.step)."""
+    import json
+    from pathlib import Path
+
+    from gloo_ranks import run_ranks
+
+    pytest.importorskip("torchao")
+    run_ranks(Path(__file__).with_name("device_update_worker.py"), tmp_path / "out.json", "fp8")
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert got["device"] is False and got["shards"] != ["Tensor"], got
+
+
 def test_fused_adamw_skips_a_nonfinite_step_on_the_device():
     batch = random_batch(2, 4, seed=5)
     model = TinyLM().double()
