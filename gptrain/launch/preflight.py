@@ -202,13 +202,16 @@ def check_training_files(
 
 
 def check_training_layout(cfg: TrainingConfig) -> list[str]:
-    """The parallel layout on trainer.num_nodes x trainer.devices ranks, checked as the job will
-    check it (gptrain.parallel.layout, no torch), so an impossible one fails before the queue wait."""
+    """The parallel layout on trainer.num_nodes x trainer.devices ranks and the learning-rate
+    schedule, checked as the job will check them (gptrain.parallel.layout, gptrain.train.schedule;
+    no torch), so an impossible one fails before the queue wait."""
     from gptrain.config.validate import data_parallel_sharding
     from gptrain.parallel.layout import check_layout
+    from gptrain.train.schedule import spec_from_config
 
     try:
         dims = check_layout(cfg.model, cfg.world_size(), cfg.trainer.devices)
+        spec_from_config(cfg)
     except ConfigError as error:  # its keys are the training section's (training.model.*)
         raise ConfigError(f"training: {error}") from None
     sharding = f" ({data_parallel_sharding(cfg.model)})" if dims.dp > 1 else ""

@@ -128,6 +128,11 @@ BAD_LAYOUTS = {
         "training: model.global_batch_size=256 is not divisible by model.micro_batch_size x"
         " data-parallel size = 4 x 24",
     ),
+    # not a layout, but as impossible, and the job would only find it after its queue wait
+    "schedule": (
+        ["training.model.optim.sched.constant_steps=100", "training.model.optim.sched.constant_ratio=0.1"],
+        "training: model.optim.sched.constant_steps=100 and model.optim.sched.constant_ratio=0.1: give only one",
+    ),
 }
 SLURM_MOCK = [
     "cluster_type=slurm",
