@@ -27,7 +27,6 @@ from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
 logger = logging.getLogger(__name__)
 ORPHAN_AGE_S = 3600.0  # a builder writes a file in minutes at most, and its mtime moves as it writes
-HASH_CHUNK_BYTES = 8 << 20  # read per step while hashing an .idx: memory stays flat
 _DIGEST_HEX = re.compile(r"[0-9a-f]{32}")
 
 
@@ -73,15 +72,10 @@ def idx_digest(path: str, memo_dir: str | os.PathLike[str] | None = None) -> str
     return remembered(memo, compute, _DIGEST_HEX)
 
 
-def hash_file(path: str | os.PathLike[str], chunk: int = HASH_CHUNK_BYTES) -> str:
-    """blake2b-128 hex digest of a file, read `chunk` bytes at a time into one buffer."""
-    digest = hashlib.blake2b(digest_size=16)
-    buffer = bytearray(chunk)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
-        while read := handle.readinto(buffer):
-            digest.update(view[:read])
-    return digest.hexdigest()
+def hash_file(path: str | os.PathLike[str]) -> str:
+    """blake2b-128 hex digest of a file (hashlib reads it a buffer at a time: memory stays flat)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
 
 
 def remembered(path: Path | None, compute: Callable[[], str], pattern: re.Pattern[str]) -> str:

@@ -117,11 +117,8 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
 
 
 def file_digest(path: Path, algorithm: str) -> str:
-    digest = hashlib.new(algorithm)
     with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, algorithm).hexdigest()
 
 
 def verify(path: Path, shard: Shard) -> None:

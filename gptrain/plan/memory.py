@@ -379,8 +379,8 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
 def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: int, shard: int) -> float:
     """Copies that live through a forward/backward besides the persistent state."""
     act = _dtypes(work).act
-    if shard > 1:  # FSDP2: blocks all-gathered one ahead (2 unsharded; all under shard_grad_op),
-        # the root stays gathered
+    # FSDP2: blocks all-gathered one ahead (2 unsharded; all under shard_grad_op), the root stays gathered
+    if shard > 1:
         block = rank_parameters(c, layout.tp, layout.pp)[rank] - _root_parameters(c, layout, rank)
         per_block = block / max(1, c.num_layers // layout.pp)
         float8 = float8_gathered_weights(work, c, layout)  # gathered in 1 byte instead of `act`

@@ -20,6 +20,10 @@ from gptrain.train.model_config import build_model_config
 KNOWN_VOCAB = {"GPT2BPETokenizer": 50257, "gpt2": 50257, "r50k_base": 50257, "cl100k_base": 100277}
 
 
+SHARDING_LABELS = {"ddp": [], "shard_grad_op": ["zero2"], "full_shard": ["fsdp"], "hybrid_shard": ["hsdp"]}
+"""model.data_parallel_sharding as a layout's label shows it (ddp shows nothing)."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """The model and the job-level choices that decide cost, whatever the layout."""
@@ -104,9 +108,8 @@ class Layout:
         if self.recompute == "full":
             method = "block" if self.recompute_num_layers is not None else "uniform"
             out.append(f"model.activations_checkpoint_method={method}")
-            count = (
-                1 if self.recompute_num_layers is None else self.recompute_num_layers
-            )  # block 0 is no block
+            # block with 0 layers is its own layout (no block rebuilt), not uniform's default 1
+            count = 1 if self.recompute_num_layers is None else self.recompute_num_layers
             out.append(f"model.activations_checkpoint_num_layers={count}")
         return out
 
@@ -115,9 +118,7 @@ class Layout:
         parts = [f"tp{self.tp}", f"pp{self.pp}"] + ([f"v{self.vpp}"] if self.vpp > 1 else [])
         parts += [f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
         parts += ["sp"] if self.sequence_parallel else []
-        parts += {"ddp": [], "shard_grad_op": ["zero2"], "full_shard": ["fsdp"], "hybrid_shard": ["hsdp"]}[
-            self.sharding
-        ]
+        parts += SHARDING_LABELS[self.sharding]
         if self.recompute:
             parts.append(
                 f"ac={self.recompute[:4]}"

@@ -162,12 +162,13 @@ def takes_device_skip(optimizer: torch.optim.Optimizer, params: list[torch.Tenso
     skipped step still calls `optimizer.step()`: its hooks run, and a first step skipped creates
     the (zero) moments. FP8's post-step scale update under FSDP2 assumes skipped steps do not
     step: parameters whose shards are tensor subclasses (torchao's float8-gathered weights) keep
-    the host-decided path.
+    the host-decided path. Called every step: the shards are read as `_local_tensor`, since
+    `to_local()` on a parameter runs an autograd function (or makes a view) for each one.
     """
     return (
         all(group.get("fused") for group in optimizer.param_groups)
         and isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
-        and all(type(p.to_local()) is torch.Tensor for p in params if isinstance(p, DTensor))
+        and all(type(p._local_tensor) is torch.Tensor for p in params if isinstance(p, DTensor))
     )
 
 

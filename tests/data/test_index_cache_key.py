@@ -140,8 +140,9 @@ def test_unwritable_memo_still_finds_the_cache(tmp_path, monkeypatch, caplog):
 
 
 def test_hash_file_reads_in_chunks(tmp_path):
-    data = np.random.default_rng(0).bytes(100_003)
-    (tmp_path / "f").write_bytes(data)
-    expected = hashlib.blake2b(data, digest_size=16).hexdigest()
-    for chunk in (7, 4096, 1 << 20):
-        assert index_cache.hash_file(tmp_path / "f", chunk) == expected
+    """Files smaller than, equal to and larger than hashlib's read buffer (256 KiB)."""
+    for size in (0, 7, 1 << 18, 100_003 + (1 << 20)):
+        data = np.random.default_rng(size).bytes(size)
+        (tmp_path / "f").write_bytes(data)
+        expected = hashlib.blake2b(data, digest_size=16).hexdigest()
+        assert index_cache.hash_file(tmp_path / "f") == expected
