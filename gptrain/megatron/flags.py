@@ -78,6 +78,10 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--recompute-granularity": (("model.activations_checkpoint_granularity",), {"full": "full", "selective": "selective"}),
     "--recompute-method": (("model.activations_checkpoint_method",), {"uniform": "uniform", "block": "block"}),
     "--recompute-num-layers": (("model.activations_checkpoint_num_layers",), int),
+    # Megatron's names from August 2021 to April 2022 (its examples kept the method until September 2023)
+    "--activations-checkpoint-method": (("model.activations_checkpoint_method",), {"uniform": "uniform", "block": "block"}),
+    "--activations-checkpoint-num-layers": (("model.activations_checkpoint_num_layers",), int),
+    "--checkpoint-num-layers": (("model.activations_checkpoint_num_layers",), int),  # before August 2021
     "--exit-duration-in-mins": (("trainer.max_time",), lambda m: f"00:00:{int(m):02d}:00"),
     "--vocab-size": (("model.data.mock_vocab_size",), int),
 }  # fmt: skip
@@ -172,5 +176,5 @@ SPECIAL: dict[str, int | None] = {
     "--tensorboard-dir": 1, "--rampup-batch-size": 3, "--wandb-project": 1, "--wandb-exp-name": 1,
     "--wandb-save-dir": 1, "--num-layers-per-virtual-pipeline-stage": 1,
     "--group-query-attention": 0, "--num-query-groups": 1, "--recompute-activations": 0,
-    "--checkpoint-activations": 0,
+    "--checkpoint-activations": 0, "--step-batch-size-schedule": None,
 }  # fmt: skip

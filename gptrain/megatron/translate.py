@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gptrain.errors import ConfigError
+from gptrain.megatron import batch_schedule
 from gptrain.megatron.flags import (
     NO_EFFECT,
     NO_EFFECT_CHOICES,
@@ -180,6 +181,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
         raise ConfigError("--fp16 and --bf16: give one of them")
     _loss_average(result)
     _recompute(v, given)
+    _step_batch_schedule(result)
     _layout(v, env)
     _virtual_pipeline(v, given)
     if "--rampup-batch-size" in given:
@@ -255,13 +257,59 @@ def _loss_average(result: Translation) -> None:
 def _recompute(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """Megatron's validate_args, whatever the order of the flags: --checkpoint-activations (before
     April 2023; later Megatron exits on it) is full recompute, uniform, of --recompute-num-layers
-    (default 1) layers; then --recompute-activations makes the granularity selective."""
+    (default 1) layers; then --recompute-activations makes the granularity selective. The names of
+    August 2021 to April 2022, --activations-checkpoint-method/-num-layers, recompute full layers."""
+    if "--activations-checkpoint-method" in given:
+        v["model.activations_checkpoint_granularity"] = "full"
+        v.setdefault("model.activations_checkpoint_num_layers", 1)
     if "--checkpoint-activations" in given:
         v["model.activations_checkpoint_granularity"] = "full"
         v["model.activations_checkpoint_method"] = "uniform"
         v.setdefault("model.activations_checkpoint_num_layers", 1)
     if "--recompute-activations" in given:
         v["model.activations_checkpoint_granularity"] = "selective"
+
+
+def _parsed_schedule(v: dict[str, Any], given: dict[str, list[str]]) -> list[tuple[int, int]] | None:
+    """The schedule's words joined: Megatron's example expands its array unquoted, one word per entry."""
+    words = given.get(batch_schedule.FLAG)
+    return (
+        None
+        if words is None
+        else batch_schedule.parse_schedule(" ".join(words), v["model.encoder_seq_length"])
+    )
+
+
+def _step_batch_schedule(result: Translation) -> None:
+    """--step-batch-size-schedule: the global batch is its last batch size, and a schedule of equal
+    steps is Megatron's linear ramp. Megatron refuses --global-batch-size beside it, yet its own 175B
+    example gives both: the same size is taken (said), another is refused."""
+    v, given, flag = result.values, result.given, batch_schedule.FLAG
+    schedule = _parsed_schedule(v, given)
+    if schedule is None:
+        return
+    if "--rampup-batch-size" in given:
+        raise ConfigError(
+            f"{flag} and --rampup-batch-size: give one (Megatron ignores --rampup-batch-size now)"
+        )
+    text, last = " ".join(given[flag]), schedule[-1][1]
+    if "--global-batch-size" in given:
+        if v["model.global_batch_size"] != last:
+            raise ConfigError(
+                f"--global-batch-size {v['model.global_batch_size']} and {flag} '{text}' (last batch {last}): "
+                "drop --global-batch-size, as Megatron refuses the pair"
+            )
+        result.notes.append(f"--global-batch-size (the last batch of {flag}; Megatron refuses the pair)")
+    elif "--train-iters" in given:
+        result.notes.append(
+            f"{flag} with --train-iters (the --lr-*-iters schedule counts batches of the last size, {last}, "
+            "as with --rampup-batch-size; Megatron without --global-batch-size counts batches of micro-batch "
+            "x data-parallel size)"
+        )
+    v["model.global_batch_size"] = last
+    ramp = batch_schedule.as_ramp(schedule, text)
+    if ramp is not None:
+        v["model.rampup_batch_size"] = ramp
 
 
 def _layout(v: dict[str, Any], env: dict[str, str]) -> None:
@@ -301,6 +349,9 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         samples = _convert("--train-samples", given["--train-samples"][0], int)
         ramp = BatchRamp.from_config(v.get("model.rampup_batch_size"), v["model.global_batch_size"], 1)
         v["trainer.max_steps"] = ramp.iterations_for(samples)  # Megatron's count, ramp-up steps included
+        schedule = _parsed_schedule(v, given)
+        if schedule is not None:  # Megatron counts a schedule's last partial batch, not a ramp's
+            v["trainer.max_steps"] = batch_schedule.iterations_for(schedule, samples)
         v["trainer.train_samples"] = samples  # the train indices are built for it, as Megatron builds them
         if "--lr-decay-iters" in given or "--lr-warmup-iters" in given:
             raise ConfigError("--train-samples goes with --lr-decay-samples/--lr-warmup-samples, not *-iters")
