@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key, refused_value
 from gptrain.config.schema import TrainingConfig
@@ -62,11 +62,15 @@ def _suggest_preset(name: str, presets: list[str]) -> str:
 
 
 def register_resolvers() -> None:
-    """NeMo's `multiply` resolver, used by its presets (ffn_hidden_size: ${multiply:4, ${.hidden_size}})."""
-    if not OmegaConf.has_resolver("multiply"):
-        with warnings.catch_warnings():  # omegaconf 2.4 renames the function; both spellings work
-            warnings.simplefilter("ignore", UserWarning)
-            OmegaConf.register_new_resolver("multiply", lambda x, y: x * y)
+    """NeMo's `multiply` and `sum` resolvers: the launcher's presets write
+    `ffn_hidden_size: ${multiply:4, ${.hidden_size}}`, NeMo's own megatron_gpt_config.yaml
+    `cpu_offloading_num_layers: ${sum:${.num_layers},-1}`."""
+    resolvers = {"multiply": lambda x, y: x * y, "sum": lambda x, y: x + y}
+    for name, function in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            with warnings.catch_warnings():  # omegaconf 2.4 renames the function; both spellings work
+                warnings.simplefilter("ignore", UserWarning)
+                OmegaConf.register_new_resolver(name, function)
 
 
 def load_training_config(
@@ -125,8 +129,20 @@ def _compose_root(preset: str | None, config_file: str | None, config_text: str 
             root.setdefault(key, value)
     else:
         root = OmegaConf.create({**ROOT_DEFAULTS, "training": training if training is not None else {}})
+        _alias_own_root(root)
     _set_run_dir_defaults(root)
     return root
+
+
+def _alias_own_root(root: DictConfig) -> None:
+    """A training file's absolute interpolations read from the file's own top level: NeMo's
+    megatron_gpt_config.yaml writes `${model.resume_from_checkpoint}`, which Hydra resolves from
+    that file's root, while gptrain composes the file under `training`. A root key per top-level
+    section of the file, an interpolation of `training.<section>`, lets both spellings resolve
+    (the launcher's `${training.run.results_dir}` as before)."""
+    for key in list(root.training.keys()):
+        if key not in root:
+            root[key] = f"${{training.{key}}}"
 
 
 def _set_run_dir_defaults(root: DictConfig) -> None:
@@ -140,8 +156,16 @@ def _set_run_dir_defaults(root: DictConfig) -> None:
         if not isinstance(node, DictConfig):
             continue
         for key, value in values.items():
-            if key not in node:
+            # null as absent: NeMo's megatron_gpt_config.yaml writes `explicit_log_dir: null` for "choose"
+            if key not in node or _is_null(node, key):
                 node[key] = value
+
+
+def _is_null(node: DictConfig, key: str) -> bool:
+    """`key: null` in the file itself (an interpolation or `???` is not read here)."""
+    if OmegaConf.is_interpolation(node, key) or OmegaConf.is_missing(node, key):
+        return False
+    return node[key] is None
 
 
 def _apply_override(root: DictConfig, override: str) -> str:
@@ -164,14 +188,22 @@ def _apply_override(root: DictConfig, override: str) -> str:
 
 
 def _resolve(root: DictConfig, source: str) -> dict[str, Any]:
-    try:
-        container = OmegaConf.to_container(root, resolve=True)
+    node = root.get("training")
+    if node is None:
+        return {}
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{source}: 'training' must be a mapping")
+    try:  # only the training section: a launcher file's other `???` keys are the launcher's
+        training = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as error:  # NeMo's `data_prefix: ???`: the user must give it
+        key = str(getattr(error, "full_key", "") or "?").removeprefix("training.")
+        raise ConfigError(
+            f"{source}: '{key}' is ??? (mandatory) in the file: give it, e.g. {key}=..."
+        ) from None
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or "?"
         raise ConfigError(f"{source}: cannot resolve '{key}': {str(error).splitlines()[0]}") from None
-    training = container.get("training") or {}
-    if not isinstance(training, dict):
-        raise ConfigError(f"{source}: 'training' must be a mapping")
+    assert isinstance(training, dict)
     return training
 
 

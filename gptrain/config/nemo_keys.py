@@ -1,6 +1,7 @@
 """NeMo-Megatron keys that gptrain accepts but does not implement, each with the reason.
 
-They come from the NeMo launcher's GPT-3 training configs (releases 23.07 to 24.12), so that a
+They come from the NeMo launcher's GPT-3 training configs (releases 23.07 to 24.12) and from NeMo's
+own examples/nlp/language_modeling/conf/megatron_gpt_config.yaml (NeMo 1.20 to 2.4), so that a
 user's existing files and overrides load unchanged; each one given is reported once, grouped
 by reason, so the user knows what has no effect and why.
 """
@@ -17,6 +18,7 @@ _WANDB_MODEL = "uploading checkpoints to W&B (gptrain keeps them in explicit_log
 _DATA = "NeMo dataloader options (gptrain's dataset and sampler are Megatron's; these do not apply)"
 _NOT_IMPL = "not implemented in gptrain"
 _MLPERF = "MLPerf-only keys (the MLPerf configs are not supported)"
+_NAME = "NeMo's experiment name (gptrain names a run by run.name)"
 
 _REASONS: dict[str, tuple[str, ...]] = {
     _FUSION: (
@@ -103,15 +105,23 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "exp_manager.checkpoint_callback_params.mode",
         "exp_manager.checkpoint_callback_params.model_parallel_size",
         "exp_manager.checkpoint_callback_params.monitor",
+        "exp_manager.checkpoint_callback_params.save_last_n_optim_states",
         "exp_manager.checkpoint_callback_params.save_nemo_on_train_end",
         "exp_manager.exp_dir",
         "exp_manager.name",
         "exp_manager.resume_ignore_no_checkpoint",
         "exp_manager.seconds_to_sleep",
+        "model.dist_ckpt_assume_constant_structure",
         "model.dist_ckpt_format",
         "model.dist_ckpt_load_on_device",
+        "model.dist_ckpt_load_strictness",
+        "model.dist_ckpt_parallel_dist_opt",
+        "model.dist_ckpt_parallel_load",
         "model.dist_ckpt_parallel_save",
+        "model.dist_ckpt_parallel_save_within_dp",
+        "model.dist_ckpt_torch_dist_multiproc",
         "model.fsdp_sharded_checkpoint",
+        "model.restore_from_path",
     ),
     _LOGGERS: (
         "exp_manager.create_neptune_logger",
@@ -127,11 +137,13 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "model.data.exchange_indices_distributed",
         "model.data.legacy_dataset",
         "model.data.mmap_bin_files",
+        "model.data.num_dataset_builder_threads",
         "model.data.pad_samples_to_global_batch_size",
         "model.data.skip_warmup",
         "model.data.validation_drop_last",
     ),
     _NOT_IMPL: (
+        "model.data.data_cache_generation_only",
         "model.data.no_seqlen_plus_one_input_tokens",
         "model.data.reset_attention_mask",
         "model.data.reset_position_ids",
@@ -144,6 +156,7 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "model.cpu_offloading_num_layers",
         "model.cpu_offloading_weights",
         "model.do_layer_norm_weight_decay",
+        "model.drop_layers",
         "model.expert_model_parallel_size",
         "model.ffn_dropout",
         "model.fp32_residual_connection",
@@ -153,14 +166,20 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "model.name",
         "model.normalize_attention_scores",
         "model.num_micro_batches_with_partial_activation_checkpoints",
+        "model.optim.sched.last_epoch",
         "model.post_process",
         "model.pre_process",
+        "model.reset_lr",
+        "model.reset_lr_steps",  # NeMo reads it only under reset_lr, which is refused
+        "model.scale_positional_embedding",
         "model.seq_len_interpolation_factor",
+        "model.skip_train",
         "model.tokenizer.delimiter",
         "model.tokenizer.sentencepiece_legacy",
         "model.use_cpu_initialization",
     ),
-    _MLPERF: ("name", "restore_from_path", "model.optim.sched.max_steps_for_lr_sched"),
+    _MLPERF: ("restore_from_path", "model.optim.sched.max_steps_for_lr_sched"),
+    _NAME: ("name",),
 }
 
 # Whole sub-trees that gptrain ignores; the sub-tree's own name is ignored too.
@@ -170,7 +189,7 @@ _PREFIX_REASONS: dict[str, str] = {
     "model.megatron_timer_kwargs.": _LOGGERS,
     "model.nsys_profile.": _LOGGERS,
     "model.ub_tp_comm_overlap_cfg.": _OVERLAP,
-    "s3_checkpointing.": _MLPERF,
+    "s3_checkpointing.": _CKPT,  # MLPerf's configs and NeMo's megatron_gpt_config.yaml
     "env_vars.": "environment of the job: set env_vars in the launcher's config.yaml",
 }
 
@@ -195,6 +214,29 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
     "model.transformer_block_type": (("pre_ln",), "a block other than pre-norm"),
     "model.attention_type": (("multihead",), "an attention other than multi-head self-attention"),
     "model.do_layer_norm_weight_decay": ((False,), "weight decay on the norms' weights"),
+    "model.scale_positional_embedding": ((False,), "rope frequency scaling"),
+    "model.drop_layers": (([], None), "layers left out of the model"),
+    "model.skip_train": ((False,), "validation without training"),
+    "model.data.data_cache_generation_only": ((False,), "building the data caches, then stopping"),
+    "model.restore_from_path": ((None,), "starting from the weights of a .nemo file"),
+    "model.reset_lr": ((False,), "the LR schedule restarted at the resumed checkpoint's step"),
+    "model.optim.sched.last_epoch": ((-1,), "a schedule started at another step than the run's"),
+}
+
+# What to do instead, added to the refusal of a value in NO_OP_VALUES where gptrain has a way.
+INSTEAD: dict[str, str] = {
+    "model.skip_train": "to validate a run's checkpoint use `gptrain eval RUN`",
+    "model.data.data_cache_generation_only": "gptrain builds the caches at the start of training",
+    "model.restore_from_path": (
+        "to take only the weights of a gptrain checkpoint: exp_manager.resume_from_checkpoint=<it> "
+        "exp_manager.finetune=true"
+    ),
+    "model.reset_lr": (
+        "to restart the schedule from another run's checkpoint: exp_manager.resume_from_checkpoint=<it> "
+        "exp_manager.load_optimizer=false (a fresh AdamW state too; the iteration goes on), and "
+        "model.optim.sched.max_steps=<steps left> for reset_lr_steps"
+    ),
+    "model.optim.sched.last_epoch": "a resumed run takes the schedule's step from its checkpoint",
 }
 
 
@@ -206,9 +248,10 @@ def refused_value(dotted: str, value: object) -> str | None:
     if any(_same(value, ok) for ok in allowed):
         return None
     default = allowed[0]
+    instead = f"; {INSTEAD[dotted]}" if dotted in INSTEAD else ""
     return (
         f"'{dotted}: {value!r}' asks for {change}, which gptrain does not implement; "
-        f"set it to {default!r} (NeMo's default) or leave it out"
+        f"set it to {default!r} (NeMo's default) or leave it out{instead}"
     )
 
 

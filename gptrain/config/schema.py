@@ -187,10 +187,11 @@ class SchedConfig:
     warmup_steps: int | None = 0
     """Steps of linear warmup to optim.lr (see warmup_style for where it starts); null is 0, as
     NeMo reads it (NeMo configs write null next to warmup_ratio)."""
-    constant_steps: int | None = 0
+    constant_steps: int | None = None
     """Steps held at min_lr at the end of the schedule; null is 0, as NeMo reads it."""
     constant_ratio: float | None = None
-    """NeMo: int(constant_ratio x schedule length) constant steps (instead of constant_steps)."""
+    """NeMo: int(constant_ratio x schedule length) constant steps (instead of constant_steps, which
+    must then be null or absent: NeMo refuses both, a 0 too)."""
     warmup_style: str = "nemo"
     """`nemo`: CosineAnnealing with constant_steps 0 warms up as NeMo's, lr x (step + 1) /
     (warmup_steps + 1); every other schedule from 0, lr x step / warmup_steps (as NeMo).
@@ -338,6 +339,9 @@ class ModelConfig:
     """Overflowing steps tolerated before the fp16 loss scale is halved."""
     resume_from_checkpoint: str | None = None
     """NeMo's other spelling of exp_manager.resume_from_checkpoint (give one of the two)."""
+    restore_from_ckpt: str | None = None
+    """NeMo's megatron_gpt_config.yaml spelling of exp_manager.resume_from_checkpoint: a training
+    checkpoint to start from, weights, optimizer and step (give one of the spellings)."""
     rampup_batch_size: list[int] | None = None
     """[start, increment, samples]: the global batch grows from start by increment until it reaches
     global_batch_size after `samples` consumed samples (Megatron's --rampup-batch-size)."""

@@ -118,16 +118,20 @@ def data_parallel_sharding(model: Any) -> str:
 
 
 def _one_resume_source(cfg: TrainingConfig) -> None:
-    """NeMo has both exp_manager.resume_from_checkpoint and model.resume_from_checkpoint."""
-    em, model_path = cfg.exp_manager, cfg.model.resume_from_checkpoint
-    if model_path is None:
-        return
-    if em.resume_from_checkpoint not in (None, model_path):
-        raise ConfigError(
-            f"exp_manager.resume_from_checkpoint ({em.resume_from_checkpoint}) and "
-            f"model.resume_from_checkpoint ({model_path}) differ: give one of them"
-        )
-    em.resume_from_checkpoint = model_path
+    """NeMo spells the checkpoint to start from exp_manager.resume_from_checkpoint,
+    model.resume_from_checkpoint or (megatron_gpt_config.yaml) model.restore_from_ckpt."""
+    em = cfg.exp_manager
+    spellings = {
+        "exp_manager.resume_from_checkpoint": em.resume_from_checkpoint,
+        "model.resume_from_checkpoint": cfg.model.resume_from_checkpoint,
+        "model.restore_from_ckpt": cfg.model.restore_from_ckpt,
+    }
+    given = {key: path for key, path in spellings.items() if path is not None}
+    if len(set(given.values())) > 1:
+        shown = " and ".join(f"{key} ({path})" for key, path in given.items())
+        raise ConfigError(f"{shown} differ: give one of them")
+    if given:
+        em.resume_from_checkpoint = next(iter(given.values()))
 
 
 def validate(cfg: TrainingConfig) -> None:

@@ -155,8 +155,8 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
         warmup = int(sched.warmup_ratio * length)
     constant: float = sched.constant_steps or 0
     if sched.constant_ratio is not None:
-        if sched.constant_steps:
-            raise ConfigError(  # NeMo's WarmupAnnealHoldPolicy asserts not both too
+        if sched.constant_steps is not None:  # a 0 too: NeMo's WarmupAnnealHoldPolicy asserts not both
+            raise ConfigError(
                 f"model.optim.sched.constant_steps={sched.constant_steps} and"
                 f" model.optim.sched.constant_ratio={sched.constant_ratio}: give only one"
                 " (constant_steps=null to use the ratio)"

@@ -263,3 +263,29 @@ def test_constant_steps_and_constant_ratio_together_is_one_line_naming_both():
     assert "model.optim.sched.constant_steps=100000" in message
     assert "model.optim.sched.constant_ratio=0.1" in message
     assert "\n" not in message
+
+
+def test_an_explicit_zero_constant_steps_with_constant_ratio_is_refused_as_nemo_refuses_it(tmp_path):
+    """NeMo's WarmupAnnealHoldPolicy asserts `constant_steps is None` under a ratio: a 0 is not absent."""
+    from gptrain.config import load_training_config
+    from gptrain.train.schedule import spec_from_config
+
+    zero = load_training_config(
+        "gpt3/126m",
+        ["model.optim.sched.constant_steps=0", "model.optim.sched.constant_ratio=0.1"],
+        report_ignored=False,
+    )
+    with pytest.raises(ConfigError) as error:
+        spec_from_config(zero)
+    assert str(error.value) == (
+        "model.optim.sched.constant_steps=0 and model.optim.sched.constant_ratio=0.1: give only one"
+        " (constant_steps=null to use the ratio)"
+    )
+    # a file that gives only the ratio holds int(0.1 x 30) = 3 steps at min_lr
+    path = tmp_path / "ratio.yaml"
+    path.write_text(
+        "trainer: {max_steps: 30}\nmodel:\n  data: {data_impl: mock, mock_vocab_size: 64}\n"
+        "  optim: {lr: 1.0e-3, sched: {warmup_steps: 4, constant_ratio: 0.1, min_lr: 1.0e-4}}\n"
+    )
+    spec = spec_from_config(load_training_config(config_file=str(path), report_ignored=False))
+    assert (spec.max_steps, spec.warmup_steps, spec.constant_steps) == (30, 4, 3)

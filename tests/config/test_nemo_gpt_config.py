@@ -1,0 +1,107 @@
+"""NeMo's own training file (examples/nlp/language_modeling/conf/megatron_gpt_config.yaml, what
+megatron_gpt_pretraining.py reads with Hydra) loads in gptrain: its keys, with our own values."""
+
+from pathlib import Path
+
+import pytest
+
+from gptrain.cli import main
+from gptrain.config import load_training_config
+from gptrain.errors import ConfigError
+
+NEMO_GPT_CONFIG = str(Path(__file__).parent / "nemo_training" / "megatron_gpt_config.yaml")
+DATA = "model.data.data_prefix=[1.0,/data/tiny_text_document]"
+
+
+def load(*overrides: str):
+    return load_training_config(
+        config_file=NEMO_GPT_CONFIG, overrides=[DATA, *overrides], report_ignored=False
+    )
+
+
+def test_nemo_gpt_config_loads_with_its_own_interpolations_and_defaults():
+    cfg = load()
+    model = cfg.model
+    assert model.data.seq_length == model.max_position_embeddings == 64  # ${model.encoder_seq_length}
+    assert model.ffn_hidden_size == 256  # ${multiply:4, ${.hidden_size}}
+    assert (model.position_embedding_type, model.rotary_percentage, model.num_query_groups) == (
+        "rope",
+        0.5,
+        2,
+    )
+    assert model.data.data_prefix == [1.0, "/data/tiny_text_document"] and model.data.eod_mask_loss
+    assert (model.optim.lr, model.optim.sched.warmup_steps, model.optim.sched.constant_steps) == (3e-4, 8, 0)
+    assert cfg.trainer.max_steps == 40 and cfg.trainer.precision == "32"
+    # `explicit_log_dir: null` is NeMo's "choose one": gptrain's default, not a refusal
+    assert cfg.exp_manager.explicit_log_dir == "results/gpt3_126m/results"
+    assert cfg.exp_manager.resume_from_checkpoint is None  # ${model.resume_from_checkpoint}
+    ignored = set(cfg.ignored_keys)
+    assert {"model.reset_lr", "model.reset_lr_steps", "model.drop_layers", "model.skip_train"} <= ignored
+    assert {"model.dist_ckpt_parallel_load", "model.data.num_dataset_builder_threads", "name"} <= ignored
+    assert "model.cpu_offloading_num_layers" in ignored  # ${sum:${.num_layers},-1} resolved
+
+
+def test_nemo_gpt_config_reports_what_it_ignores_on_one_line(capsys):
+    load_training_config(config_file=NEMO_GPT_CONFIG, overrides=[DATA])
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("gptrain: ignoring NeMo keys (")
+    assert "NeMo's experiment name (gptrain names a run by run.name): name" in line
+    assert "MLPerf" not in line  # the file is NeMo's, not MLPerf's (s3_checkpointing, name)
+
+
+def test_nemo_gpt_config_without_its_data_prefix_names_the_key(capsys):
+    assert main(["train", "--config-file", NEMO_GPT_CONFIG]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"gptrain: error: {NEMO_GPT_CONFIG}: 'model.data.data_prefix' is ??? (mandatory) in the file: "
+        "give it, e.g. model.data.data_prefix=..."
+    )
+
+
+def test_restore_from_ckpt_is_the_checkpoint_to_start_from():
+    cfg = load("model.restore_from_ckpt=/runs/old/checkpoints")
+    assert cfg.exp_manager.resume_from_checkpoint == "/runs/old/checkpoints"
+    with pytest.raises(ConfigError) as error:
+        load("model.restore_from_ckpt=/runs/a", "exp_manager.resume_from_checkpoint=/runs/b")
+    assert str(error.value) == (
+        "exp_manager.resume_from_checkpoint (/runs/b) and model.restore_from_ckpt (/runs/a) differ: give one of them"
+    )
+
+
+REFUSED = {
+    "model.reset_lr=true": "exp_manager.load_optimizer=false",
+    "model.optim.sched.last_epoch=100": "a resumed run takes the schedule's step from its checkpoint",
+    "model.restore_from_path=/models/gpt.nemo": "exp_manager.finetune=true",
+    "model.skip_train=true": "gptrain eval RUN",
+    "model.data.data_cache_generation_only=true": "gptrain builds the caches at the start of training",
+    "model.drop_layers=[0]": "layers left out of the model",
+    "model.scale_positional_embedding=true": "rope frequency scaling",
+}
+
+
+@pytest.mark.parametrize("override", sorted(REFUSED))
+def test_a_value_gptrain_cannot_honour_is_refused_in_one_line_naming_the_key(override):
+    key, _, value = override.partition("=")
+    with pytest.raises(ConfigError) as error:
+        load(override)
+    message = str(error.value)
+    assert message.startswith(f"override '{override}': '{key}: ") and "\n" not in message
+    assert "which gptrain does not implement" in message and REFUSED[override] in message
+
+
+@pytest.mark.parametrize("override", ["model.reset_lr=true", "model.drop_layers=[1]"])
+def test_a_refused_value_in_the_file_names_the_file(override, tmp_path):
+    key, _, value = override.partition("=")
+    leaf = key.rpartition(".")[2]
+    text = Path(NEMO_GPT_CONFIG).read_text()
+    assert text.count(f"\n  {leaf}: ") == 1
+    path = tmp_path / "megatron_gpt_config.yaml"
+    path.write_text(text.replace(f"\n  {leaf}: ", f"\n  {leaf}: {value}  # was: ", 1))
+    with pytest.raises(ConfigError) as error:
+        load_training_config(config_file=str(path), overrides=[DATA], report_ignored=False)
+    assert str(error.value).startswith(f"{path}: '{key}: ")
+
+
+def test_reset_lr_steps_alone_changes_nothing():
+    """NeMo reads reset_lr_steps only under reset_lr (refused): alone it is ignored, as in NeMo."""
+    assert "model.reset_lr_steps" in load("model.reset_lr_steps=true").ignored_keys
