@@ -1,7 +1,7 @@
 """NeMo-Megatron keys that gptrain accepts but does not implement, each with the reason.
 
 They come from the NeMo launcher's GPT-3 training configs (releases 23.07 to 24.12) and from NeMo's
-own examples/nlp/language_modeling/conf/megatron_gpt_config.yaml (NeMo 1.20 to 2.4), so that a
+own examples/nlp/language_modeling/conf/megatron_gpt_config.yaml (NeMo 1.13 to 2.4), so that a
 user's existing files and overrides load unchanged; each one given is reported once, grouped
 by reason, so the user knows what has no effect and why.
 """

@@ -34,7 +34,7 @@ def test_every_nemo_key_of_gptrain_and_of_the_upstream_126m_files_is_in_the_tabl
                 yield dotted
 
     trees = ROOT / "tests" / "config" / "nemo_launcher"
-    nemo_own = ROOT / "tests" / "config" / "nemo_training" / "megatron_gpt_config.yaml"  # NeMo's own file's keys
+    nemo_own = ROOT / "tests" / "config" / "nemo_training" / "megatron_gpt_config.yaml"
     for path in [*trees.glob("*/launcher_scripts/conf/training/gpt3/126m.yaml"), nemo_own]:
         for key in leaves(yaml.safe_load(path.read_text())):
             if key.split(".")[0] in DROPPED_TOP_KEYS:  # Hydra's own keys, dropped on load
