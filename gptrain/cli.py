@@ -14,7 +14,7 @@ import re
 import sys
 
 from gptrain import __version__
-from gptrain.errors import GptrainError, os_error_text
+from gptrain.errors import GptrainError, error_text, os_error_text
 from gptrain.utils.limits import raise_open_file_limit
 from gptrain.utils.signals import Terminated
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except GptrainError as error:
-        print(f"gptrain: error: {error}", file=sys.stderr)
+        print(f"gptrain: error: {error_text(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("gptrain: interrupted", file=sys.stderr)

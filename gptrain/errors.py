@@ -10,6 +10,16 @@ def os_error_text(error: OSError, where: object) -> str:
     return f"{getattr(error, 'filename', None) or where}: {error.strerror or error}"
 
 
+def error_text(error: BaseException) -> str:
+    """The message of `error`; for one a DataLoader worker raised, the message it was raised with
+    (torch re-raises it as "Caught <Error> in DataLoader worker process N" and the worker's traceback)."""
+    text = str(error)
+    if "\nOriginal Traceback" not in text:
+        return text
+    marker = f"{type(error).__module__}.{type(error).__qualname__}: "
+    return text.rpartition(marker)[2].strip() if marker in text else text.splitlines()[0]
+
+
 class GptrainError(Exception):
     """Base class: the message names the file, line or key and what to do."""
 

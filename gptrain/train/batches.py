@@ -7,6 +7,8 @@ run would, and each data-parallel rank takes its own slice of every global micro
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -14,22 +16,39 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from gptrain.errors import DataError
 from gptrain.train.signals import ignore_stop_signals
 
 
 class GPTBatchDataset(Dataset):
     """Splits a sample of seq_length+1 tokens into inputs and next-token labels."""
 
-    def __init__(self, samples: Sequence[Any], eod: int | None = None, eod_mask_loss: bool = False) -> None:
+    def __init__(
+        self,
+        samples: Sequence[Any],
+        eod: int | None = None,
+        eod_mask_loss: bool = False,
+        vocab_rows: int | None = None,
+        source: str = "the data",
+    ) -> None:
         self.samples = samples
         self.eod = eod
         self.eod_mask_loss = eod_mask_loss and eod is not None
+        self.vocab_rows = vocab_rows  # the embedding's rows: a larger token id has none
+        self.source = source  # what names the data in an error: a config key or a flag
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         sample = torch.from_numpy(np.asarray(self.samples[index], dtype=np.int64))
+        if self.vocab_rows is not None and sample.numel() and int(sample.max()) >= self.vocab_rows:
+            raise DataError(
+                f"{self.source}: sample {index} holds token id {int(sample.max())}, but the model's "
+                f"vocabulary has {self.vocab_rows} rows: the data was tokenized with another, larger "
+                "tokenizer than the run's model.tokenizer; train with the tokenizer `gptrain data "
+                "prepare` used, or prepare the data again with this one"
+            )
         tokens, labels = sample[:-1], sample[1:]
         loss_mask = torch.ones(tokens.shape, dtype=torch.float32)
         if self.eod_mask_loss:
@@ -94,7 +113,7 @@ def build_loader(
         dp_rank,
         dp_size,
     )
-    return DataLoader(
+    loader = DataLoader(
         dataset,
         batch_sampler=sampler,
         num_workers=num_workers,
@@ -103,3 +122,29 @@ def build_loader(
         worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),
     )
+    if num_workers > 0:
+        _track_workers(loader)
+    return loader
+
+
+_LOADERS_WITH_WORKERS: weakref.WeakSet[DataLoader] = weakref.WeakSet()
+
+
+def _track_workers(loader: DataLoader) -> None:
+    """Shut `loader`'s workers down at exit if it is still alive then. A run that fails while its
+    loader is still referenced (the error's traceback holds the frames) otherwise hangs at exit:
+    multiprocessing terminates the workers with SIGTERM, which they ignore (ignore_stop_signals),
+    and then waits for them forever."""
+    if not _LOADERS_WITH_WORKERS:
+        atexit.unregister(_shut_down_workers)  # registered once, and last: runs before multiprocessing's hook
+        atexit.register(_shut_down_workers)
+    _LOADERS_WITH_WORKERS.add(loader)
+
+
+def _shut_down_workers() -> None:
+    for loader in list(_LOADERS_WITH_WORKERS):
+        iterator = getattr(loader, "_iterator", None)  # a persistent_workers loader keeps its iterator
+        shutdown = getattr(iterator, "_shutdown_workers", None)  # what the iterator's __del__ calls
+        if shutdown is not None:
+            shutdown()
+    _LOADERS_WITH_WORKERS.clear()

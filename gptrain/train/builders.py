@@ -345,7 +345,10 @@ def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> t
         skip_unused=True,  # limit_val/test_batches=0: that split is not built at all
     )
     eod = getattr(tokenizer, "eod", None)
+    rows = padded_vocab_size(cfg, tokenizer)[1]
+    source = "model.data.data_prefix"
     wrapped = [
-        GPTBatchDataset(d, eod, m.data.eod_mask_loss) if d is not None else None for d in (train, valid, test)
+        GPTBatchDataset(d, eod, m.data.eod_mask_loss, rows, source) if d is not None else None
+        for d in (train, valid, test)
     ]
     return wrapped[0], wrapped[1], wrapped[2]

@@ -178,7 +178,9 @@ def prefix_data(
         skip_unused=True,
     )
     eod = getattr(tokenizer, "eod", None)
-    return GPTBatchDataset(valid, eod, m.data.eod_mask_loss), batches, " ".join(entries)
+    rows = b.padded_vocab_size(cfg, tokenizer)[1]
+    source = f"--data-prefix {' '.join(entries)}"
+    return GPTBatchDataset(valid, eod, m.data.eod_mask_loss, rows, source), batches, " ".join(entries)
 
 
 def report(
