@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Exit 0 when the newest complete checkpoint verifies (the one a resume loads), 1 otherwise.",
     )
     verify_parser.add_argument(
-        "run", type=Path, help="a run directory, its results/ directory, or its checkpoints/ directory"
+        "run",
+        type=Path,
+        help="a run directory, its results/ or checkpoints/ directory, or one step_<N> directory",
     )
     verify_parser.add_argument(
         "--sizes-only", action="store_true", help="skip the CRC-32 of each file (no data read)"
@@ -32,19 +34,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def checkpoint_root(run: Path) -> Path:
     """RUN/checkpoints, RUN/results/checkpoints or RUN itself, whichever holds step directories."""
+    if not run.is_dir():
+        what = "no such directory" if not run.exists() else "not a directory"
+        raise ConfigError(f"{run}: {what}; pass a run directory, its checkpoints/ or a step_<N> directory")
     for candidate in (run / "checkpoints", run / "results" / "checkpoints", run):
         if candidate.is_dir() and any(STEP_DIR.match(p.name) for p in candidate.iterdir()):
             return candidate
     raise ConfigError(f"{run}: no step_<N> checkpoint directories found here or in checkpoints/")
 
 
-def run_verify(args: argparse.Namespace) -> int:
-    root = checkpoint_root(args.run)
+def steps_to_verify(run: Path) -> tuple[Path, list[Path]]:
+    """(the checkpoints directory, its step directories newest first); a step directory alone when
+    `run` is one (generate, eval and export take one too)."""
+    if STEP_DIR.match(run.name) and run.is_dir():
+        return run.parent, [run]
+    root = checkpoint_root(run)
     steps = sorted(
         (int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()
     )
+    return root, [path for _, path in reversed(steps)]
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    root, steps = steps_to_verify(args.run)
     newest_complete_ok = None
-    for _, path in reversed(steps):
+    for path in steps:
         if not (path / COMPLETE).is_file():
             print(f"{path.name}: incomplete (no {COMPLETE}): never loaded")
             continue

@@ -80,9 +80,28 @@ def find_run(run: str, base: Path) -> Path:
         nested = run_dirs(candidate) if candidate.is_dir() else []
         if nested:
             return max(nested, key=lambda p: (p / LAUNCHER_LOG).stat().st_mtime)
+    given = Path(run)
+    if given.is_file() or (given.is_dir() and given.resolve() != base.resolve()):
+        raise LaunchError(f"{run}: {not_launched(given)}")
     names = sorted({str(p.relative_to(base)).split("/")[0] for p in run_dirs(base)})
     raise LaunchError(
         f"no launched run '{run}' in {base}{closest(run, names)}; pass a run dir or --results-dir"
+    )
+
+
+TRAIN_LOG = "nemo_log_globalrank-0_localrank-0.txt"  # rank 0's log of a `gptrain train` run
+
+
+def not_launched(path: Path) -> str:
+    """Why `path`, which exists, is no launched run: status, logs and cancel follow `gptrain launch`'s
+    runs (its launcher.log); a `gptrain train` run's own log is where to look instead."""
+    if path.is_file():
+        return f"not a run directory; pass the directory `gptrain launch` wrote ({LAUNCHER_LOG} in it)"
+    logs = [d / TRAIN_LOG for d in (path, path / "results") if (d / TRAIN_LOG).is_file()]
+    where = f"; its training log is {logs[0]}" if logs else ""
+    return (
+        f"no {LAUNCHER_LOG} here or below: not a run started by `gptrain launch` (status, logs and "
+        f"cancel follow those){where}"
     )
 
 

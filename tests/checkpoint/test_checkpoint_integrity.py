@@ -222,6 +222,23 @@ def test_checkpoint_verify_command(tmp_path, capsys):
     assert out[0].startswith("step_2: DAMAGED: ") and "CRC-32" in out[0] and out[1].startswith("step_1: ok (")
 
 
+def test_checkpoint_verify_takes_one_step_directory(tmp_path, capsys):
+    """As generate, eval and export do; it said "no step_<N> checkpoint directories found here"."""
+    manager = CheckpointManager(tmp_path / "checkpoints", keep_last=3)
+    save(manager, 1)
+    save(manager, 2)
+    flip_a_byte(next((tmp_path / "checkpoints" / "step_2").glob("*.distcp")))
+    assert main(["checkpoint", "verify", str(tmp_path / "checkpoints" / "step_1")]) == 0
+    assert [line.split(" (")[0] for line in capsys.readouterr().out.splitlines()] == ["step_1: ok"]
+    assert main(["checkpoint", "verify", str(tmp_path / "checkpoints" / "step_2")]) == 1
+    assert capsys.readouterr().out.startswith("step_2: DAMAGED: ")
+
+
+def test_checkpoint_verify_names_a_missing_directory(tmp_path, capsys):
+    assert main(["checkpoint", "verify", str(tmp_path / "nothere")]) == 2
+    assert "nothere: no such directory; pass a run directory" in capsys.readouterr().err
+
+
 def test_resume_checks_the_crc_of_this_ranks_share(tmp_path):
     """A changed byte of the same size is found before loading: the fallback takes the older one."""
     from gptrain.checkpoint.integrity import verify_share

@@ -201,6 +201,26 @@ def test_local_run_status_and_find(tmp_path):
         jobs.find_run("my_rn", tmp_path / "results")
 
 
+def test_status_of_a_directory_that_no_launch_wrote_says_so(tmp_path, capsys):
+    """A `gptrain train` run's directory, an empty one or a file: it said "no launched run 'DIR' in
+    results; pass a run dir", to a user who had passed one."""
+    from gptrain.cli import main
+
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    (trained / "nemo_log_globalrank-0_localrank-0.txt").write_text(LINE + "\n")
+    (tmp_path / "notes.txt").write_text("x")
+    base = ["--results-dir", str(tmp_path / "results")]
+    assert main(["status", str(trained), *base]) == 2
+    err = capsys.readouterr().err
+    assert "no launcher.log here or below: not a run started by `gptrain launch`" in err
+    assert f"its training log is {trained / 'nemo_log_globalrank-0_localrank-0.txt'}" in err
+    assert main(["logs", str(tmp_path / "notes.txt"), *base]) == 2
+    assert "notes.txt: not a run directory" in capsys.readouterr().err
+    with pytest.raises(LaunchError, match="no launched run 'gone' in"):  # a name: looked up in the results
+        jobs.find_run("gone", tmp_path / "results")
+
+
 def test_launcher_log_survives_a_torn_line(tmp_path):
     append_record(tmp_path, "submitted", job_id="1")
     with open(tmp_path / "launcher.log", "a") as handle:
