@@ -74,3 +74,20 @@ def test_import_of_a_directory_without_a_model_names_what_is_missing(tmp_path: P
         == f"gptrain: error: {tmp_path}: no config.json; pass a transformers model directory"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_import_names_the_damaged_tokenizer_file_it_was_given(tmp_path: Path) -> None:
+    """It named the copy under the output directory, which the failed import leaves nowhere."""
+    pytest.importorskip("transformers")
+    from hf_helpers import run_cli, tiny_run
+
+    from gptrain.errors import DataError
+
+    run, _ = tiny_run("gpt2", tmp_path)
+    hf = tmp_path / "hf"
+    assert run_cli(["export", str(run), "--to", "hf", str(hf), "--no-verify"]) == 0
+    (hf / "vocab.json").write_text("garbage")
+    (hf / "tokenizer.json").unlink(missing_ok=True)
+    with pytest.raises(DataError, match=rf"^{hf / 'vocab.json'}: not a JSON vocab"):
+        run_cli(["import", str(hf), "--output", str(tmp_path / "imported"), "--no-verify"])
+    assert not (tmp_path / "imported").exists()
