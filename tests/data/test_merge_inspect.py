@@ -119,6 +119,16 @@ def test_inspect_errors(known_dataset, tmp_path, capsys):
     assert "argument --num-tokens: invalid non_negative value: '-5'" in capsys.readouterr().err
 
 
+def test_inspect_with_a_tokenizer_that_lacks_the_ids_says_so(tmp_path, corpus_writer, capsys):
+    """A Hugging Face tokenizer decoded the foreign id 5000 as nothing: the text looked right."""
+    overrides = dict(o.split("=", 1) for o in corpus_writer(tmp_path, [np.array([1, 2, 5000, 3])]))
+    prefix, tokenizer = overrides["model.data.data_prefix"], overrides["model.tokenizer.model"]
+    argv = ["data", "inspect", prefix, "--tokenizer-type", "HuggingFaceTokenizer"]
+    assert main([*argv, "--tokenizer-model", tokenizer]) == 2
+    err = capsys.readouterr().err
+    assert f"{prefix}: document 0 holds token id 5000, not in the tokenizer's 61-token vocabulary" in err
+
+
 def overwrite(path: str, offset: int, value: int) -> None:
     with open(path, "r+b") as handle:
         handle.seek(offset)
