@@ -11,14 +11,13 @@ without FP8 tensor cores is a one-line error, not a slow fallback.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import sys
 from typing import Any
 
 import torch
 from torch import nn
 
 from gptrain.errors import ConfigError
+from gptrain.utils.quiet_imports import import_torchao_quietly
 
 FP8_MIN_CAPABILITY = (8, 9)  # Ada and Hopper have FP8 tensor cores
 
@@ -77,32 +76,6 @@ def gathers_float8(recipe: str, fsdp: bool, enabled: bool = True) -> bool:
     (`model.fp8_fsdp_all_gather`). Rowwise scales differ per row of the weight and of its
     transpose, so its weights are gathered in the training precision."""
     return enabled and fsdp and recipe == "tensorwise"
-
-
-# Loggers that speak while torchao is first imported: torchao's own, and torch's pytree (a deprecation
-# notice about torchao's enum registration).
-TORCHAO_IMPORT_LOGGERS = ("torchao", "torch.utils._pytree")
-
-
-def import_torchao_quietly() -> None:
-    """Import torchao with its start-up warnings silenced (ImportError when it is not installed).
-
-    On import torchao loads its compiled extensions (MX-format and CUTLASS kernels) and logs a
-    warning for each one the installed torch cannot load, which is every one on a CPU build and on
-    a CUDA build other than torchao's. Float8 training runs on torch._scaled_mm and needs none of
-    them, so in a training log these lines would only alarm. Errors still show.
-    """
-    if "torchao" in sys.modules:
-        return
-    loggers = [logging.getLogger(name) for name in TORCHAO_IMPORT_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        import torchao  # noqa: F401
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
 
 
 def apply_fp8(

@@ -136,7 +136,7 @@ def test_fp8_converts_block_linears_but_not_the_output():
 
 IMPORT_THEN_WARN = """
 import logging
-from gptrain.parallel.float8 import import_torchao_quietly
+from gptrain.utils.quiet_imports import import_torchao_quietly
 import_torchao_quietly()
 import torchao.float8
 logging.getLogger("torchao").warning("a torchao warning after the import")

@@ -91,3 +91,22 @@ def test_import_names_the_damaged_tokenizer_file_it_was_given(tmp_path: Path) ->
     with pytest.raises(DataError, match=rf"^{hf / 'vocab.json'}: not a JSON vocab"):
         run_cli(["import", str(hf), "--output", str(tmp_path / "imported"), "--no-verify"])
     assert not (tmp_path / "imported").exists()
+
+
+def test_building_a_transformers_model_prints_no_torchao_start_up_warnings() -> None:
+    """transformers imports torchao (installed with the fp8 extra) when it builds a model; torchao's
+    start-up lines (kernels a CPU build cannot load, a pytree deprecation) would sit in export's and
+    import's output as if something had gone wrong."""
+    pytest.importorskip("torchao")
+    code = (
+        "from gptrain.trained.hf.transformers_api import require_transformers\n"
+        "transformers = require_transformers()\n"
+        "config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0)\n"
+        "transformers.GPT2LMHeadModel(config)\n"
+        "import sys\n"
+        "print('torchao imported' if 'torchao' in sys.modules else 'torchao not imported')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-1000:]
+    assert "torchao imported" in done.stdout  # else the test checks nothing
+    assert done.stderr.strip() == "", done.stderr[-1000:]

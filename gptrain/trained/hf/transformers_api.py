@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from gptrain.errors import GptrainError
+from gptrain.utils.quiet_imports import import_torchao_quietly
 
 INSTALL_HINT = "pip install 'gptrain[hf]'"
 
@@ -15,6 +17,8 @@ class MissingTransformersError(GptrainError):
 
 
 def require_transformers() -> Any:
+    with suppress(ImportError):  # transformers imports torchao (if installed) when it builds a model
+        import_torchao_quietly()
     try:
         import transformers
     except ImportError:
