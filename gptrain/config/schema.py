@@ -187,11 +187,11 @@ class SchedConfig:
     warmup_steps: int | None = 0
     """Steps of linear warmup to optim.lr (see warmup_style for where it starts); null is 0, as
     NeMo reads it (NeMo configs write null next to warmup_ratio)."""
-    constant_steps: int | None = None
+    constant_steps: int | None = 0
     """Steps held at min_lr at the end of the schedule; null is 0, as NeMo reads it."""
     constant_ratio: float | None = None
-    """NeMo: int(constant_ratio x schedule length) constant steps (instead of constant_steps, which
-    must then be null or absent: NeMo refuses both, a 0 too)."""
+    """NeMo: int(constant_ratio x schedule length) constant steps (instead of a non-zero
+    constant_steps: a 0 counts as absent, as warmup_steps' does beside warmup_ratio)."""
     warmup_style: str = "nemo"
     """`nemo`: CosineAnnealing with constant_steps 0 warms up as NeMo's, lr x (step + 1) /
     (warmup_steps + 1); every other schedule from 0, lr x step / warmup_steps (as NeMo).

@@ -155,7 +155,8 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
         warmup = int(sched.warmup_ratio * length)
     constant: float = sched.constant_steps or 0
     if sched.constant_ratio is not None:
-        if sched.constant_steps is not None:  # a 0 too: NeMo's WarmupAnnealHoldPolicy asserts not both
+        if sched.constant_steps:  # NeMo's WarmupAnnealHoldPolicy asserts not both; a 0 is absent, as
+            # for warmup_steps: the presets and older hparams.yaml files carry `constant_steps: 0`
             raise ConfigError(
                 f"model.optim.sched.constant_steps={sched.constant_steps} and"
                 f" model.optim.sched.constant_ratio={sched.constant_ratio}: give only one"

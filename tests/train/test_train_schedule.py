@@ -265,20 +265,33 @@ def test_constant_steps_and_constant_ratio_together_is_one_line_naming_both():
     assert "\n" not in message
 
 
-def test_an_explicit_zero_constant_steps_with_constant_ratio_is_refused_as_nemo_refuses_it(tmp_path):
-    """NeMo's WarmupAnnealHoldPolicy asserts `constant_steps is None` under a ratio: a 0 is not absent."""
+def test_a_zero_constant_steps_beside_constant_ratio_counts_as_absent(tmp_path):
+    """As a 0 warmup_steps beside warmup_ratio: the presets and every hparams.yaml written before
+    constant_steps defaulted to null carry `constant_steps: 0`, and a ratio given on top of them must
+    load. A non-zero count and a ratio are refused (NeMo's WarmupAnnealHoldPolicy asserts)."""
     from gptrain.config import load_training_config
     from gptrain.train.schedule import spec_from_config
 
-    zero = load_training_config(
+    for preset in ("quickstart/cpu", "gpt3/126m"):
+        on_a_zero = load_training_config(
+            preset,
+            [
+                "model.optim.sched.constant_steps=0",
+                "model.optim.sched.constant_ratio=0.1",
+                "trainer.max_steps=50",
+            ],
+            report_ignored=False,
+        )
+        assert spec_from_config(on_a_zero).constant_steps == 5, preset
+    both = load_training_config(
         "gpt3/126m",
-        ["model.optim.sched.constant_steps=0", "model.optim.sched.constant_ratio=0.1"],
+        ["model.optim.sched.constant_steps=2", "model.optim.sched.constant_ratio=0.1"],
         report_ignored=False,
     )
     with pytest.raises(ConfigError) as error:
-        spec_from_config(zero)
+        spec_from_config(both)
     assert str(error.value) == (
-        "model.optim.sched.constant_steps=0 and model.optim.sched.constant_ratio=0.1: give only one"
+        "model.optim.sched.constant_steps=2 and model.optim.sched.constant_ratio=0.1: give only one"
         " (constant_steps=null to use the ratio)"
     )
     # a file that gives only the ratio holds int(0.1 x 30) = 3 steps at min_lr
