@@ -143,6 +143,10 @@ class ExpManagerConfig:
     schedule's position and the fp16 loss scale from resume_from_checkpoint too."""
     load_rng: bool = True
     """gptrain extension (Megatron: --no-load-rng): take the random streams from resume_from_checkpoint."""
+    load_data_position: bool = True
+    """gptrain extension: take the consumed samples from resume_from_checkpoint; false: the data
+    starts at its first sample while the iteration, optimizer and schedule go on, as NeMo's
+    model.restore_from_ckpt does (continual pretraining on another blend)."""
     finetune: bool = False
     """gptrain extension (Megatron: --finetune): take only the weights from resume_from_checkpoint;
     iteration and consumed samples start at 0, with a fresh optimizer and schedule."""
@@ -340,8 +344,9 @@ class ModelConfig:
     resume_from_checkpoint: str | None = None
     """NeMo's other spelling of exp_manager.resume_from_checkpoint (give one of the two)."""
     restore_from_ckpt: str | None = None
-    """NeMo's megatron_gpt_config.yaml spelling of exp_manager.resume_from_checkpoint: a training
-    checkpoint to start from, weights, optimizer and step (give one of the spellings)."""
+    """NeMo's megatron_gpt_config.yaml continual training: exp_manager.resume_from_checkpoint with
+    exp_manager.load_data_position=false (weights, optimizer, iteration and schedule go on; the data
+    starts at its first sample, as NeMo's continue_training sets consumed samples to 0)."""
     rampup_batch_size: list[int] | None = None
     """[start, increment, samples]: the global batch grows from start by increment until it reaches
     global_batch_size after `samples` consumed samples (Megatron's --rampup-batch-size)."""

@@ -132,6 +132,8 @@ def _one_resume_source(cfg: TrainingConfig) -> None:
         raise ConfigError(f"{shown} differ: give one of them")
     if given:
         em.resume_from_checkpoint = next(iter(given.values()))
+    if cfg.model.restore_from_ckpt is not None:  # NeMo's continue_training: consumed samples from 0
+        em.load_data_position = False
 
 
 def validate(cfg: TrainingConfig) -> None:

@@ -317,10 +317,14 @@ def start_from(s: Session, source: Path) -> None:
     log_load_notes(s)
     if em.load_rng and not em.finetune and restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log):
         loaded.add("rng")
+    restart_data = not em.load_data_position and "train" in loaded
+    if restart_data:
+        s.state.consumed_samples = 0  # the data from its first sample; the iteration goes on
     s.log(
         f"starting from {source} (exp_manager.resume_from_checkpoint; loaded {', '.join(sorted(loaded))}) "
-        f"at iteration {s.state.step}, consumed samples {s.state.consumed_samples}; "
-        f"this run's checkpoints go to {s.checkpoints.root}"
+        f"at iteration {s.state.step}, consumed samples {s.state.consumed_samples}"
+        + (" (the data from its first sample: exp_manager.load_data_position=false)" if restart_data else "")
+        + f"; this run's checkpoints go to {s.checkpoints.root}"
     )
 
 

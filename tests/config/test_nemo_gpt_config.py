@@ -61,6 +61,8 @@ def test_nemo_gpt_config_without_its_data_prefix_names_the_key(capsys):
 def test_restore_from_ckpt_is_the_checkpoint_to_start_from():
     cfg = load("model.restore_from_ckpt=/runs/old/checkpoints")
     assert cfg.exp_manager.resume_from_checkpoint == "/runs/old/checkpoints"
+    assert cfg.exp_manager.load_data_position is False  # NeMo's continue_training: samples from 0
+    assert load("exp_manager.resume_from_checkpoint=/runs/old").exp_manager.load_data_position is True
     with pytest.raises(ConfigError) as error:
         load("model.restore_from_ckpt=/runs/a", "exp_manager.resume_from_checkpoint=/runs/b")
     assert str(error.value) == (

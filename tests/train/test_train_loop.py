@@ -369,6 +369,30 @@ def test_finetune_from_a_step_directory_takes_the_weights_only(uninterrupted, tm
     assert any("loaded model) at iteration 0" in line for line in log_lines(tmp_path))
 
 
+def test_nemos_restore_from_ckpt_goes_on_from_the_iteration_with_the_data_from_its_start(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """NeMo's megatron_gpt_config.yaml `model.restore_from_ckpt` (continue_training): weights,
+    optimizer and iteration go on, the consumed samples start at 0 (continual pretraining on another
+    blend sees it from its first sample; resume_from_checkpoint would skip what the old run read)."""
+    full_dir, _, full_losses = uninterrupted
+    step_4 = full_dir / "checkpoints" / "step_4"
+    seen = spy_on_start_from(monkeypatch)
+    code, losses = run_recording(
+        monkeypatch, tiny_config(tmp_path, *MOCK, f"model.restore_from_ckpt={step_4}")
+    )
+    assert code == 0 and sorted(losses) == [5, 6]
+    assert (seen["step"], seen["consumed"], seen["optimizer_state"] > 0) == (4, 0, True)
+    saved = checkpoint_weights(step_4, tmp_path / "w4.pt")
+    assert all(torch.equal(seen["weights"][k], saved[k]) for k in saved)
+    assert losses[5] != full_losses[5]  # other samples than the uninterrupted run's fifth step
+    lines = log_lines(tmp_path)
+    start = next(line for line in lines if line.startswith("starting from "))
+    assert "at iteration 4, consumed samples 0 (the data from its first sample" in start
+    last = next(line for line in reversed(lines) if "consumed samples:" in line)
+    assert "iteration        6/       6" in last and "consumed samples:            8 |" in last
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
