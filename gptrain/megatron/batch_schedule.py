@@ -44,18 +44,33 @@ def _number(text: str, word: str) -> int:
 
 
 def as_ramp(schedule: list[tuple[int, int]], text: str) -> list[int] | None:
-    """[start, increment, samples] of the equal-step ramp the schedule is; None for one batch size."""
+    """[start, increment, samples] of the equal-step ramp the schedule is; None for one batch size.
+
+    Equal steps in tokens are equal in samples only up to Megatron's flooring of each threshold
+    (tokens // seq_length): at 4096 tokens a sample, 2.4B-token steps fall at 585,937, 1,171,875,
+    1,757,812, ... samples. Thresholds within one sample of the ramp's are taken (`floored_steps`
+    says whether any differs)."""
     if len(schedule) == 1:
         return None
-    start, interval = schedule[0][1], schedule[1][0]
-    increment = schedule[1][1] - start
-    steps = [(k * interval, start + k * increment) for k in range(len(schedule))]
-    if increment <= 0 or schedule != steps:
+    start, samples = schedule[0][1], schedule[-1][0]
+    increment, intervals = schedule[1][1] - start, len(schedule) - 1
+    equal_batches = all(batch == start + k * increment for k, (_, batch) in enumerate(schedule))
+    near_thresholds = all(
+        abs(threshold - k * samples / intervals) < 1 for k, (threshold, _) in enumerate(schedule)
+    )
+    if increment <= 0 or not (equal_batches and near_thresholds):
+        shown = ", ".join(f"{threshold}:{batch}" for threshold, batch in schedule)
         raise ConfigError(
-            f"{FLAG} '{text}': gptrain ramps the batch by equal increments at equal intervals from 0 "
-            "(Megatron's --rampup-batch-size); use such a schedule, or --global-batch-size alone"
+            f"{FLAG} '{text}' ({shown} in samples): gptrain ramps the batch by equal increments at equal "
+            "intervals from 0 (Megatron's --rampup-batch-size); use such a schedule, or --global-batch-size alone"
         )
-    return [start, increment, schedule[-1][0]]
+    return [start, increment, samples]
+
+
+def floored_steps(schedule: list[tuple[int, int]]) -> bool:
+    """Whether a threshold of the schedule lies a fraction of a sample before the ramp's (as_ramp)."""
+    samples, intervals = schedule[-1][0], len(schedule) - 1
+    return any(threshold != k * samples / intervals for k, (threshold, _) in enumerate(schedule))
 
 
 def iterations_for(schedule: list[tuple[int, int]], train_samples: int) -> int:

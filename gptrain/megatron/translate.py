@@ -310,6 +310,11 @@ def _step_batch_schedule(result: Translation) -> None:
     ramp = batch_schedule.as_ramp(schedule, text)
     if ramp is not None:
         v["model.rampup_batch_size"] = ramp
+        if batch_schedule.floored_steps(schedule):
+            result.notes.append(
+                f"{flag} (its token thresholds floored to samples are not evenly spaced: each batch "
+                "step comes at most one sample after Megatron's)"
+            )
 
 
 def _layout(v: dict[str, Any], env: dict[str, str]) -> None:

@@ -127,6 +127,23 @@ def test_an_equal_step_schedule_gives_megatrons_batch_at_every_sample_count():
                 assert ramp.at(consumed) == megatron_step_batch(schedule, consumed), consumed
 
 
+@pytest.mark.parametrize("seq_length", [4096, 8192])
+def test_equal_token_steps_floored_to_uneven_samples_are_the_ramp_within_one_sample(seq_length):
+    """The 175B example's schedule at 4096 or 8192 tokens a sample: Megatron floors 2.4B / 4096 to
+    585,937 but 4.8B / 4096 is 1,171,875, so the steps are a fraction of a sample apart from even.
+    gptrain takes the ramp and says so; the batch is Megatron's at every consumed count but the
+    one-sample windows before a floored threshold."""
+    flags = f"{SMALL} --seq-length {seq_length} --max-position-embeddings {seq_length}".split()
+    t = translate([*flags, "--step-batch-size-schedule", SCHEDULE, "--train-iters", "10"], {})
+    assert any("each batch step comes at most one sample after Megatron's" in note for note in t.notes)
+    schedule = parse_schedule(SCHEDULE, seq_length)
+    ramp = BatchRamp.from_config(as_ramp(schedule, SCHEDULE), 1536, 16)
+    for k, (threshold, _) in enumerate(schedule):
+        for consumed in (threshold - 1, threshold + 1, threshold + 5000):
+            if consumed >= 0:
+                assert ramp.at(consumed) == megatron_step_batch(schedule, consumed), (k, consumed)
+
+
 def test_a_schedule_with_train_samples_counts_iterations_as_megatron_does():
     """Megatron steps until the consumed samples reach --train-samples, a last partial batch included
     (--rampup-batch-size's count drops it); 992 tokens of 16 are 62 samples."""
@@ -179,7 +196,7 @@ def test_recompute_flags_of_2021_and_2022_keep_their_meaning(flags, granularity,
     [
         (
             "--step-batch-size-schedule '0:4 100:8 300:12'",
-            "--step-batch-size-schedule '0:4 100:8 300:12': gptrain ramps the batch by equal increments",
+            "--step-batch-size-schedule '0:4 100:8 300:12' (0:4, 6:8, 18:12 in samples): gptrain ramps the batch",
         ),
         ("--step-batch-size-schedule '0:8 1K:4'", "gptrain ramps the batch by equal increments"),
         (
