@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -17,7 +18,11 @@ def error_text(error: BaseException) -> str:
     if "\nOriginal Traceback" not in text:
         return text
     marker = f"{type(error).__module__}.{type(error).__qualname__}: "
-    return text.rpartition(marker)[2].strip() if marker in text else text.splitlines()[0]
+    if marker in text:
+        return text.rpartition(marker)[2].strip()
+    # re-raised as another type (torch falls back to RuntimeError): the traceback's last line, less its type
+    last = [line for line in text.splitlines() if line.strip()][-1].strip()
+    return re.sub(r"^[\w.]+: ", "", last)
 
 
 class GptrainError(Exception):

@@ -8,6 +8,7 @@ run would, and each data-parallel rank takes its own slice of every global micro
 from __future__ import annotations
 
 import atexit
+import contextlib
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -146,5 +147,6 @@ def _shut_down_workers() -> None:
         iterator = getattr(loader, "_iterator", None)  # a persistent_workers loader keeps its iterator
         shutdown = getattr(iterator, "_shutdown_workers", None)  # what the iterator's __del__ calls
         if shutdown is not None:
-            shutdown()
+            with contextlib.suppress(Exception):  # one loader's failure must not keep the others' workers
+                shutdown()
     _LOADERS_WITH_WORKERS.clear()
