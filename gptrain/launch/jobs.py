@@ -81,15 +81,14 @@ def find_run(run: str, base: Path) -> Path:
         if nested:
             return max(nested, key=lambda p: (p / LAUNCHER_LOG).stat().st_mtime)
     given = Path(run)
-    if given.is_file() or (given.is_dir() and given.resolve() != base.resolve()):
-        raise LaunchError(f"{run}: {not_launched(given)}")
     names = sorted({str(p.relative_to(base)).split("/")[0] for p in run_dirs(base)})
+    if given.is_file() or (given.is_dir() and given.resolve() != base.resolve()):
+        nearby = closest(run, names) if names else ""  # a run name that is also a path here
+        also = f"; of the runs in {base}{nearby}" if nearby.startswith(" (did you mean") else ""
+        raise LaunchError(f"{run}: {not_launched(given)}{also}")
     raise LaunchError(
         f"no launched run '{run}' in {base}{closest(run, names)}; pass a run dir or --results-dir"
     )
-
-
-TRAIN_LOG = "nemo_log_globalrank-0_localrank-0.txt"  # rank 0's log of a `gptrain train` run
 
 
 def not_launched(path: Path) -> str:
@@ -97,7 +96,10 @@ def not_launched(path: Path) -> str:
     runs (its launcher.log); a `gptrain train` run's own log is where to look instead."""
     if path.is_file():
         return f"not a run directory; pass the directory `gptrain launch` wrote ({LAUNCHER_LOG} in it)"
-    logs = [d / TRAIN_LOG for d in (path, path / "results") if (d / TRAIN_LOG).is_file()]
+    from gptrain.train.results import log_file_name  # torch-free
+
+    train_log = log_file_name(0, 0)  # rank 0's log of a `gptrain train` run
+    logs = [d / train_log for d in (path, path / "results") if (d / train_log).is_file()]
     where = f"; its training log is {logs[0]}" if logs else ""
     return (
         f"no {LAUNCHER_LOG} here or below: not a run started by `gptrain launch` (status, logs and "

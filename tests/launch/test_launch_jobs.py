@@ -221,6 +221,19 @@ def test_status_of_a_directory_that_no_launch_wrote_says_so(tmp_path, capsys):
         jobs.find_run("gone", tmp_path / "results")
 
 
+def test_a_run_name_that_is_also_a_directory_here_still_gets_the_nearest_run(tmp_path, monkeypatch):
+    """`gptrain status gpt3_126` from a directory holding a `gpt3_126/` of its own: the path is
+    explained, and the launched run the user most likely meant is named."""
+    (tmp_path / "results" / "gpt3_126m").mkdir(parents=True)
+    (tmp_path / "results" / "gpt3_126m" / "launcher.log").write_text("")
+    (tmp_path / "gpt3_126").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LaunchError) as error:
+        jobs.find_run("gpt3_126", tmp_path / "results")
+    assert "gpt3_126: no launcher.log here or below" in str(error.value)
+    assert str(error.value).endswith(f"; of the runs in {tmp_path / 'results'} (did you mean 'gpt3_126m'?)")
+
+
 def test_launcher_log_survives_a_torn_line(tmp_path):
     append_record(tmp_path, "submitted", job_id="1")
     with open(tmp_path / "launcher.log", "a") as handle:
