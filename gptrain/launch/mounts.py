@@ -21,6 +21,7 @@ from typing import Any
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import CONFIG_ROOT
 from gptrain.launch.preflight import prefixes_of
+from gptrain.utils.paths import directory_blocker
 
 # Per stage: the dotted keys (from the top of the config) of the directories its job reads or
 # writes, and of the files whose directory it reads or writes.
@@ -181,24 +182,6 @@ def container_mounts(resolved: dict[str, Any], config_root: Path) -> Mounts:
     return mounts
 
 
-def blocker(path: str) -> str | None:
-    """Why `path` cannot be made a directory (the nearest existing ancestor is a file, read-only
-    or not writable), or None. It creates nothing, so a dry run can ask too; root may still fail
-    where it looks writable (/proc): make_mount_dirs reports that one."""
-    existing = Path(path)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
-    if existing == Path(path):
-        return None
-    if os.statvfs(existing).f_flag & os.ST_RDONLY:
-        return f"{existing} is on a read-only file system"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable"
-    return None
-
-
 def cannot_mount(key: str, path: str, why: str) -> LaunchError:
     return LaunchError(
         f"{key}: cannot create {path} to mount it into the container ({why});"
@@ -209,7 +192,7 @@ def cannot_mount(key: str, path: str, why: str) -> LaunchError:
 def check_mount_dirs(added: list[tuple[str, str]]) -> list[str]:
     """Preflight: each directory to mount exists or can be created."""
     for key, path in added:
-        why = blocker(path)
+        why = directory_blocker(path)
         if why:
             raise cannot_mount(key, path, why)
     return [f"ok  container mounts: {len(added)} director(ies) there or creatable"] if added else []

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
+# dcgmi diag's run levels: 1 quick, 2 medium, 3 long, 4 extended
+MAX_DCGM_LEVEL = 4
+
 CHECKS = {
     "collectives": "bandwidth sweep of all_reduce, all_gather, reduce_scatter, all_to_all, broadcast",
     "pairwise": "all_reduce between pairs of nodes (or a bisection) and of GPUs inside each node: name the slow one",
@@ -22,25 +25,51 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+def _whole(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
     return value
+
+
+def _non_negative(text: str) -> int:
+    return _whole(text, 0)
 
 
 def _at_least_one(text: str) -> int:
     # 0 timed calls would time nothing and report a made-up bandwidth
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return _whole(text, 1)
+
+
+def _dcgm_level(text: str) -> int:
+    # dcgmi diag -r takes 1 to 4; another level makes dcgmi fail, which would blame a healthy node
+    value = _whole(text, 0)
+    if value > MAX_DCGM_LEVEL:
+        raise argparse.ArgumentTypeError(f"must be 0 (skip) to {MAX_DCGM_LEVEL} (dcgmi diag -r), got {value}")
     return value
 
 
 def _seconds(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+def _bandwidth(text: str) -> float:
+    # nan would fail no comparison: the threshold would silently be off
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of GB/s >= 0, got {text}")
     return value
 
 
@@ -52,7 +81,7 @@ def common_options() -> argparse.ArgumentParser:
         "--max-bytes", type=_size, default=None, help="largest message (default 8G on GPUs, 1M on CPUs)"
     )
     parent.add_argument("--iters", type=_at_least_one, default=20, help="timed calls per size (default 20)")
-    parent.add_argument("--warmup", type=_positive, default=5, help="untimed calls first (default 5)")
+    parent.add_argument("--warmup", type=_non_negative, default=5, help="untimed calls first (default 5)")
     parent.add_argument(
         "--profile",
         default=None,
@@ -61,7 +90,7 @@ def common_options() -> argparse.ArgumentParser:
     parent.add_argument(
         "--min-busbw-GBps",
         dest="min_busbw_GBps",
-        type=float,
+        type=_bandwidth,
         default=None,
         help="all_reduce bus bandwidth at large messages below this fails (overrides the profile)",
     )
@@ -73,15 +102,15 @@ def common_options() -> argparse.ArgumentParser:
     )
     parent.add_argument(
         "--max-all-pairs",
-        type=int,
+        type=_non_negative,
         default=16,
         help="above this many members, a bisection instead of all pairs (default %(default)s)",
     )
     parent.add_argument(
         "--dcgm-level",
-        type=int,
+        type=_dcgm_level,
         default=1,
-        help="dcgmi diag -r LEVEL where DCGM is installed; 0: skip (default %(default)s)",
+        help="dcgmi diag -r LEVEL (1 to 4) where DCGM is installed; 0: skip (default %(default)s)",
     )
     parent.add_argument(
         "--expect-gpus",

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, GptrainError
 from gptrain.utils.atomic import atomic_write_text
+from gptrain.utils.paths import directory_blocker
 from gptrain.validate import report
 from gptrain.validate.bandwidth import size_sweep
 from gptrain.validate.thresholds import Thresholds, load_thresholds
@@ -168,7 +169,8 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
 
     records = run_gpus(ctx, args.iters, args.warmup, args.dcgm_level)
     if records is None:
-        no_gpu(ctx, gpus_expected(limits, args.expect_gpus), Path(args.output_dir) / "gpus.json", out)
+        expected = gpus_expected(limits, args.expect_gpus)
+        no_gpu(ctx, expected, Path(args.output_dir) / "gpus.json", out, args.check)
         return
     if ctx.rank != 0:
         return
@@ -186,8 +188,9 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
     report.write_json(path, {"gpus": records})
 
 
-def no_gpu(ctx: Context, expected: str | None, path: Path, out: Outcome) -> None:
-    """No rank sees a CUDA GPU: skipped on a CPU machine, a failure of each node that should have one."""
+def no_gpu(ctx: Context, expected: str | None, path: Path, out: Outcome, check: str = "gpus") -> None:
+    """No rank sees a CUDA GPU: skipped on a CPU machine (saying what does run there), a failure
+    of each node that should have one."""
     from gptrain.validate.runtime import gather_objects
 
     reasons = gather_objects((ctx.node, expected))  # each node's own environment says
@@ -195,7 +198,15 @@ def no_gpu(ctx: Context, expected: str | None, path: Path, out: Outcome) -> None
         return
     missing = {node: why for node, why in reasons if why}
     if not missing:
-        print(f"gpus: no CUDA GPU on {ctx.node}; GPU checks skipped")
+        cpu_checks = (
+            "collectives and pairwise ran on the CPUs (gloo)"
+            if check == "all"
+            else "nothing was checked; `gptrain validate collectives` and `pairwise` run on CPUs (gloo)"
+        )
+        print(
+            f"gpus: no CUDA GPU on {ctx.node}: the GPU checks (NVML health, bf16 matmul, copy bandwidth,"
+            f" dcgmi diag) need one and were skipped; {cpu_checks}"
+        )
         report.write_json(path, {"gpus": [], "skipped": f"no CUDA GPU on {ctx.node}"})
         return
     for node, why in sorted(missing.items()):
@@ -236,17 +247,46 @@ def conclude(ctx: Context, args: argparse.Namespace, out: Outcome) -> int:
 
 def add_to_exclude_file(path: Path, nodes: set[str]) -> None:
     """Merge `nodes` into the one-line host list the launcher reads into cluster.exclude."""
-    from gptrain.utils.hostlist import expand_hostlist
-
-    old = path.read_text().strip() if path.is_file() else ""
-    merged = set(expand_hostlist(old)) | nodes if old else set(nodes)
+    merged = read_exclude_file(path) | nodes
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, report.compress_hostlist(merged) + "\n")
+
+
+def check_paths_early(args: argparse.Namespace) -> None:
+    """--output-dir and --exclude-file, before any process group: found after the sweep, a bad one
+    would cost its results (validation.json is written last) or blame nodes to nobody."""
+    why = directory_blocker(args.output_dir, must_write=True)
+    if why:
+        raise ConfigError(
+            f"--output-dir {args.output_dir}: cannot write the reports there ({why}); give a directory"
+        )
+    if args.exclude_file:
+        path = Path(args.exclude_file)
+        if path.is_dir():
+            raise ConfigError(f"--exclude-file {path}: is a directory; give a file name (one host list line)")
+        why = directory_blocker(path.parent, must_write=True)
+        if why:
+            raise ConfigError(f"--exclude-file {path}: cannot write it ({why}); give a writable path")
+        read_exclude_file(path)
+
+
+def read_exclude_file(path: Path) -> set[str]:
+    """The hosts an exclude file lists (none when it does not exist); a line that is no Slurm host
+    list is a ConfigError naming the file."""
+    from gptrain.utils.hostlist import expand_hostlist
+
+    if not path.is_file():
+        return set()
+    try:
+        return set(expand_hostlist(path.read_text().strip().replace("\n", ",")))
+    except GptrainError as error:
+        raise ConfigError(f"--exclude-file {path}: {error}; fix the file or delete it") from None
 
 
 def validate(args: argparse.Namespace) -> int:
     limits = load_thresholds(args.profile, args.min_busbw_GBps)  # bad profile: one line, before torch starts
     check_sizes_early(args)
+    check_paths_early(args)
     from gptrain.validate.runtime import finish, start
 
     ctx = start(args.timeout)

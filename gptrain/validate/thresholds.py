@@ -52,6 +52,11 @@ def profile_names() -> list[str]:
 def _profile_path(profile: str) -> Path:
     path = Path(profile)
     if path.suffix in (".yaml", ".yml") or path.exists():
+        if path.is_dir():
+            raise ConfigError(
+                f"--profile {profile}: is a directory; give a cluster file (YAML) or a profile name"
+                f" ({', '.join(profile_names())})"
+            )
         if not path.is_file():
             raise ConfigError(f"--profile {profile}: no such file")
         return path

@@ -92,6 +92,17 @@ def test_unknown_profile_is_one_line_and_starts_no_process_group(tmp_path):
         ("--min-bytes", "inf", "size must be a positive finite number of bytes: 'inf'"),
         ("--min-bytes", "1e400", "size must be a positive finite number of bytes: '1e400'"),
         ("--max-bytes", "nan", "size must be a positive finite number of bytes: 'nan'"),
+        # not argparse's "invalid _at_least_one value", which names a function of ours
+        ("--iters", "x", "argument --iters: not a whole number: 'x'"),
+        ("--warmup", "-1", "argument --warmup: must be >= 0, got -1"),
+        ("--timeout", "soon", "argument --timeout: must be a number of seconds > 0, got soon"),
+        # dcgmi diag fails on another level, and that failure would blame a healthy node
+        ("--dcgm-level", "9", "argument --dcgm-level: must be 0 (skip) to 4 (dcgmi diag -r), got 9"),
+        ("--dcgm-level", "-1", "argument --dcgm-level: must be >= 0, got -1"),
+        ("--max-all-pairs", "-1", "argument --max-all-pairs: must be >= 0, got -1"),
+        # nan fails no comparison: the threshold would be silently off
+        ("--min-busbw-GBps", "nan", "argument --min-busbw-GBps: must be a number of GB/s >= 0, got nan"),
+        ("--min-busbw-GBps", "-5", "argument --min-busbw-GBps: must be a number of GB/s >= 0, got -5"),
     ],
 )
 def test_options_that_would_time_nothing_or_overflow_are_refused(capsys, option, value, message):
@@ -142,3 +153,46 @@ def test_usage_errors_are_one_line_exit_2_without_importing_torch(tmp_path, args
     assert out.stdout.split() == ["2", "False", "False"], out.stderr
     assert out.stderr.strip().splitlines() == [message]
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "message"),
+    [
+        (
+            lambda tmp: (tmp / "v").write_text("a file"),
+            [],
+            "--output-dir {tmp}/v: cannot write the reports there ({tmp}/v is not a directory); give a directory",
+        ),
+        (
+            lambda tmp: (tmp / "ex").mkdir(),
+            ["--exclude-file", "{tmp}/ex"],
+            "--exclude-file {tmp}/ex: is a directory; give a file name (one host list line)",
+        ),
+        (
+            lambda tmp: (tmp / "ex.txt").write_text("node[1-\n"),
+            ["--exclude-file", "{tmp}/ex.txt"],
+            "--exclude-file {tmp}/ex.txt: cannot parse host list item 'node[1-' (Slurm's form: "
+            "n[1-3,7],gpu-[01-04]); fix the file or delete it",
+        ),
+        (
+            lambda tmp: (tmp / "profiles").mkdir(),
+            ["--profile", "{tmp}/profiles"],
+            "--profile {tmp}/profiles: is a directory; give a cluster file (YAML) or a profile name "
+            "(aws_p4d, aws_p5, azure_nd_a100_v4, bcm)",
+        ),
+    ],
+)
+def test_bad_output_exclude_or_profile_path_is_one_line_before_torch(tmp_path, make, args, message):
+    """Found only after the sweep, an --output-dir that is a file was 'File exists' from deep inside,
+    and an exclude file that does not parse lost validation.json and named no file."""
+    make(tmp_path)
+    argv = [a.format(tmp=tmp_path) for a in args]
+    out = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "validate", "gpus", *argv, "--output-dir", str(tmp_path / "v")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert out.stdout.split() == ["2", "False", "False"], out.stderr
+    assert out.stderr.strip().splitlines() == [f"gptrain: error: {message.format(tmp=tmp_path)}"]
