@@ -158,6 +158,11 @@ def compose(
     `root` is gptrain's bundled configs or a user's tree (NeMo's `launcher_scripts/conf` works as is).
     """
     register_resolvers()
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "no such directory"
+        raise ConfigError(
+            f"--config-dir {root}: {what}; give the conf directory that holds {config_name.removesuffix('.yaml')}.yaml"
+        )
     config_path = root / f"{config_name.removesuffix('.yaml')}.yaml"
     if not config_path.is_file():
         raise ConfigError(f"{config_path}: no such launcher config; give the conf directory that holds it")

@@ -17,6 +17,7 @@ from gptrain.launch.preflight import check_tokenizer_files, check_training_files
 from gptrain.launch.stages import (
     LaunchPlan,
     build_plan,
+    check_run_dirs,
     config_path,
     dry_run_path,
     render_run_files,
@@ -144,6 +145,7 @@ def launch(
     plan = build_plan(compose(argv, root or CONFIG_ROOT, config_name=config_name))
     files = render_run_files(plan, argv)
     training = validate_training(plan, files)
+    check_run_dirs(plan, dry_run)
     for line in preflight(plan, dry_run, training):
         print(f"preflight: {line}", file=sys.stderr)
     run_dirs = sorted({job.run_dir for job in plan.jobs})

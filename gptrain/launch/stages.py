@@ -24,6 +24,7 @@ from gptrain.launch.script_values import check_launch_values
 from gptrain.launch.sections import check_launch_sections
 from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job
 from gptrain.utils.atomic import atomic_write_text
+from gptrain.utils.paths import directory_blocker
 
 if TYPE_CHECKING:
     from gptrain.config import TrainingConfig
@@ -243,6 +244,27 @@ def preview_note(script: str) -> str:
         " submit with the same gptrain launch command without --dry-run.\n"
     )
     return head + sep + note + rest
+
+
+# The key that names each stage's run directory (the validation job runs in the training's).
+RUN_DIR_KEYS = {
+    "data_preparation": "data_preparation.run.results_dir",
+    "validation": "training.run.results_dir",
+    "training": "training.run.results_dir",
+}
+
+
+def check_run_dirs(plan: LaunchPlan, dry_run: bool = False) -> None:
+    """Each stage's run directory can be made and written (a dry run writes under it too): a file
+    or a read-only directory there is one line naming the key, not an OSError from deep inside."""
+    for job in plan.jobs:
+        why = directory_blocker(job.run_dir / DRY_RUN_DIR if dry_run else job.run_dir, must_write=True)
+        if why:
+            key = RUN_DIR_KEYS[job.stage]
+            raise LaunchError(
+                f"{key}: cannot write the run directory {job.run_dir} ({why});"
+                f" set base_results_dir or {key} to a directory you can write"
+            )
 
 
 def write_files(files: list[RunFile], dry_run: bool = False) -> list[Path]:

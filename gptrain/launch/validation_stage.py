@@ -10,12 +10,14 @@ No torch here: this runs on login nodes.
 
 from __future__ import annotations
 
+from argparse import ArgumentTypeError
 from pathlib import Path
 from typing import Any
 
 from gptrain.config.yamlio import read_config_text
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.sbatch import Job, rank_command
+from gptrain.utils.hostlist import expand_hostlist
 
 VALIDATION_DIR = "validation"
 CHECKS = ("collectives", "pairwise", "gpus", "all")
@@ -56,6 +58,7 @@ def validation_job(
             f"training.trainer.num_nodes={nodes}: the local executor validates one node;"
             " set cluster_type=slurm or training.trainer.num_nodes=1"
         )
+    check_validation_section(section, cluster)
     stage_name = f"{name}_validation"
     prefix = cluster.get("job_name_prefix") or ""
     job = Job(
@@ -78,11 +81,51 @@ def validation_job(
     return job
 
 
+def check_validation_section(section: dict[str, Any], cluster: dict[str, Any]) -> None:
+    """What the job's `gptrain validate` would refuse at its start, after the queue wait: an option
+    value, a threshold of cluster.validation, an exclude_file it cannot use."""
+    from gptrain.validate.bandwidth import size_sweep
+    from gptrain.validate.cli import OPTION_TYPES
+    from gptrain.validate.thresholds import threshold_values
+
+    parsed = {}
+    for key, option in OPTIONS.items():
+        if section.get(key) is not None:
+            try:
+                parsed[key] = OPTION_TYPES[option](str(section[key]))
+            except ArgumentTypeError as error:
+                raise ConfigError(f"validation.{key}={section[key]!r}: {error}") from None
+    if "min_bytes" in parsed and "max_bytes" in parsed:
+        try:
+            size_sweep(parsed["min_bytes"], parsed["max_bytes"])
+        except ValueError:
+            raise ConfigError(
+                f"validation.min_bytes={section['min_bytes']!r} is above validation.max_bytes="
+                f"{section['max_bytes']!r}; lower min_bytes or raise max_bytes"
+            ) from None
+    threshold_values(dict(cluster.get("validation") or {}), "", prefix="cluster.validation.")
+    if section.get("exclude_failed") and not section.get("exclude_file"):
+        raise ConfigError(
+            "validation.exclude_failed=true needs validation.exclude_file: the file the blamed nodes"
+            " go to (e.g. ${base_results_dir}/exclude_nodes.txt)"
+        )
+
+
 def read_exclude_file(path: str | None) -> str | None:
-    """The host list a failed validation left for later launches, or None."""
-    if not path or not Path(path).is_file():
+    """The host list a failed validation left for later launches, or None; one that is a directory
+    or does not parse is a ConfigError naming validation.exclude_file."""
+    if not path or not Path(path).exists():
         return None
+    if Path(path).is_dir():
+        raise ConfigError(
+            f"validation.exclude_file {path}: is a directory; give a file name (the nodes a failed"
+            " validation blames go there, one Slurm host list)"
+        )
     text = ",".join(line.strip() for line in read_config_text(path).splitlines() if line.strip())
+    try:
+        expand_hostlist(text)
+    except LaunchError as error:
+        raise ConfigError(f"validation.exclude_file {path}: {error}; fix the file or delete it") from None
     return text or None
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from typing import Any
 
 # dcgmi diag's run levels: 1 quick, 2 medium, 3 long, 4 extended
 MAX_DCGM_LEVEL = 4
@@ -71,6 +73,19 @@ def _bandwidth(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a number of GB/s >= 0, got {text}")
     return value
+
+
+# The value checks of the options a launch's validation stage passes (gptrain.launch.validation_stage
+# checks its config with these, so a bad value is found before the job waits in the queue).
+OPTION_TYPES: dict[str, Callable[[str], Any]] = {
+    "--min-bytes": _size,
+    "--max-bytes": _size,
+    "--iters": _at_least_one,
+    "--warmup": _non_negative,
+    "--pair-bytes": _size,
+    "--min-busbw-GBps": _bandwidth,
+    "--dcgm-level": _dcgm_level,
+}
 
 
 def common_options() -> argparse.ArgumentParser:

@@ -90,15 +90,22 @@ def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) ->
         return Thresholds(min_busbw_override=min_busbw_GBps)
     path = _profile_path(profile)
     block = _block(load_file(path) or {}, path)  # a malformed file: one line naming it
+    values = threshold_values(block, f"{path}: ")
+    return Thresholds(profile=str(profile), min_busbw_override=min_busbw_GBps, **values)
+
+
+def threshold_values(block: dict[str, Any], where: str, prefix: str = "validation.") -> dict[str, Any]:
+    """The numbers of a thresholds block by field; an unknown key or a value that is no number is
+    a ConfigError that starts with `where` and names the key as `<prefix><key>`."""
     known = {f.name for f in fields(Thresholds)} - {"profile", "min_busbw_override"}
     values: dict[str, Any] = {}
     for key, value in block.items():
         if key not in known:
-            raise ConfigError(f"{path}: unknown key validation.{key}; known: {', '.join(sorted(known))}")
+            raise ConfigError(f"{where}unknown key {prefix}{key}; known: {', '.join(sorted(known))}")
         if value is None:
             continue
         try:
             values[key] = int(value) if key == "large_message_bytes" else float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{path}: validation.{key} must be a number, got {value!r}") from None
-    return Thresholds(profile=str(profile), min_busbw_override=min_busbw_GBps, **values)
+            raise ConfigError(f"{where}{prefix}{key} must be a number, got {value!r}") from None
+    return values

@@ -204,3 +204,16 @@ def test_a_bad_training_override_of_a_launch_names_the_override():
         ConfigError, match=r"^override 'training.trainer.max_steps=abc': 'trainer.max_steps' expects"
     ):
         validate_training(plan, render_run_files(plan, args))
+
+
+def test_a_config_dir_that_is_missing_or_a_file_says_so(tmp_path):
+    """Both were '<dir>/config.yaml: no such launcher config', as if only the file were missing."""
+    with pytest.raises(
+        ConfigError, match=rf"^--config-dir {tmp_path}/nope: no such directory; give the conf"
+    ):
+        compose([], tmp_path / "nope")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(
+        ConfigError, match=r"file: is not a directory; give the conf directory that holds c.yaml"
+    ):
+        compose([], tmp_path / "file", config_name="c.yaml")

@@ -195,3 +195,55 @@ def test_mock_data_without_mock_vocab_size_needs_the_tokenizer_files(tmp_path, c
     assert "preflight: ok  training: mock data, no data files needed" in err
     assert "preflight: ok  training: model.data.mock_vocab_size set, no tokenizer files needed" in err
     assert "warning" not in err
+
+
+MOCK = ["training.trainer.num_nodes=1", "training.model.data.data_impl=mock"]
+MOCK += ["training.model.data.mock_vocab_size=64"]
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+@pytest.mark.parametrize(
+    ("override", "key", "run_dir"),
+    [
+        ("base_results_dir={tmp}/taken", "training.run.results_dir", "{tmp}/taken/gpt3_126m"),
+        ("base_results_dir={tmp}/taken/sub", "training.run.results_dir", "{tmp}/taken/sub/gpt3_126m"),
+        ("training.run.results_dir={tmp}/taken", "training.run.results_dir", "{tmp}/taken"),
+        (
+            "data_preparation.run.results_dir={tmp}/taken",
+            "data_preparation.run.results_dir",
+            "{tmp}/taken",
+        ),
+    ],
+)
+def test_a_run_dir_that_is_a_file_is_one_line_naming_its_key(
+    override, key, run_dir, dry_run, tmp_path, capsys, monkeypatch
+):
+    """It was `<path>: File exists` or `Not a directory` from the write, naming no key."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "taken").write_text("a file where the run directory goes")
+    args = ["launch", *(["--dry-run"] if dry_run else []), *MOCK, override.format(tmp=tmp_path)]
+    if key.startswith("data_preparation"):
+        args += ["stages=[data_preparation]", "data_preparation.shards=[https://host/a.jsonl]"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines()[-1] == (
+        f"gptrain: error: {key}: cannot write the run directory {run_dir.format(tmp=tmp_path)} "
+        f"({tmp_path}/taken is not a directory); set base_results_dir or {key} to a directory you can write"
+    )
+
+
+def test_a_read_only_results_dir_is_one_line_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """Root writes anywhere, so the test makes the directory look read-only to the check."""
+    import gptrain.utils.paths as paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ro").mkdir()
+    real_access = os.access
+    monkeypatch.setattr(paths.os, "access", lambda p, m: Path(p) != tmp_path / "ro" and real_access(p, m))
+    assert main(["launch", "--dry-run", *MOCK, f"base_results_dir={tmp_path}/ro"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(
+        f"({tmp_path}/ro is not writable); set base_results_dir or training.run.results_dir to a"
+        " directory you can write"
+    )
+    assert not list((tmp_path / "ro").iterdir())

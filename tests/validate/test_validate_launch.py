@@ -101,3 +101,83 @@ def test_local_validation_failure_stops_the_training_and_keeps_reports_in_the_ru
         timeout=60,
     )
     assert "validation  job local-" in status.stdout and "FAILED" in status.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["validation.iters=0"], "validation.iters=0: must be >= 1, got 0"),
+        (["validation.warmup=-1"], "validation.warmup=-1: must be >= 0, got -1"),
+        (
+            ["validation.dcgm_level=9"],
+            "validation.dcgm_level=9: must be 0 (skip) to 4 (dcgmi diag -r), got 9",
+        ),
+        (
+            ["validation.max_bytes=lots"],
+            "validation.max_bytes='lots': not a size: 'lots' (e.g. 8, 64K, 1M, 8G)",
+        ),
+        (
+            ["validation.min_busbw_GBps=-1"],
+            "validation.min_busbw_GBps=-1: must be a number of GB/s >= 0, got -1",
+        ),
+        (
+            ["validation.min_bytes=2M", "validation.max_bytes=1M"],
+            "validation.min_bytes='2M' is above validation.max_bytes='1M'; lower min_bytes or raise max_bytes",
+        ),
+        (["cluster.validation.slow_pct=abc"], "cluster.validation.slow_pct must be a number, got 'abc'"),
+        (
+            ["+cluster.validation.slowpct=5"],
+            "unknown key cluster.validation.slowpct; known: copy_GBps, inter_node_busbw_GBps, "
+            "intra_node_busbw_GBps, large_message_bytes, matmul_tflops, slow_pct",
+        ),
+        (
+            ["validation.exclude_failed=true", "validation.exclude_file=null"],
+            "validation.exclude_failed=true needs validation.exclude_file: the file the blamed nodes go to"
+            " (e.g. ${base_results_dir}/exclude_nodes.txt)",
+        ),
+    ],
+)
+def test_a_value_the_validation_job_would_refuse_stops_the_launch(
+    overrides, message, tmp_path, capsys, monkeypatch
+):
+    """These reached the script and failed in the job, after its queue wait, with the training
+    waiting on it (a dcgmi level it rejects would even blame a healthy node)."""
+    from gptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["launch", "--dry-run", "stages=[validation,training]", *CPU, *overrides]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"gptrain: error: {message}"
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda path: path.write_text("node[1-\n"),
+            "cannot parse host list item 'node[1-' (Slurm's form: n[1-3,7],gpu-[01-04]); fix the file or delete it",
+        ),
+        (
+            lambda path: path.mkdir(),
+            "is a directory; give a file name (the nodes a failed validation blames go there, one Slurm host list)",
+        ),
+    ],
+)
+def test_an_exclude_file_that_does_not_parse_is_named(make, message, tmp_path, capsys, monkeypatch):
+    """A bad line was reported as `cluster.exclude: ...` (a key the user never set); a directory
+    was read as no file, and the job failed writing to it at its end."""
+    from gptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    make(tmp_path / "ex")
+    args = [
+        "launch",
+        "--dry-run",
+        "stages=[validation,training]",
+        *CPU,
+        f"validation.exclude_file={tmp_path}/ex",
+    ]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gptrain: error: validation.exclude_file {tmp_path}/ex: {message}"
+    )
