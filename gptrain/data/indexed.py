@@ -90,6 +90,11 @@ class IndexedDataset:
         self.idx_path = Path(self.path_prefix + ".idx")
         self.bin_path = Path(self.path_prefix + ".bin")
         for path in (self.idx_path, self.bin_path):
+            if path.is_dir():
+                raise DataError(
+                    f"{path}: is a directory, not a Megatron {path.suffix} file; pass the prefix of a"
+                    " .bin/.idx pair (data/corpus_text_document for data/corpus_text_document.bin)"
+                )
             if not path.is_file():
                 raise DataError(f"{path}: no such file (expected a Megatron .bin/.idx pair)")
         self._index = _map_file(self.idx_path)

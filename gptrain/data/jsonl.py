@@ -44,6 +44,10 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
         else:
             paths.append(Path(pattern))
     for path in paths:
+        if path.is_dir():
+            raise DataError(
+                f"--input {path}: is a directory; pass its files (e.g. --input '{path}/*.jsonl', quoted)"
+            )
         if not path.is_file():
             raise DataError(f"--input {path}: no such file")
     return paths

@@ -19,7 +19,7 @@ import torch
 
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.config import TrainingConfig
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, DataError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
 from gptrain.parallel.state_dict import load_model_state_dict, model_state_dict
 from gptrain.train import builders as b
@@ -163,9 +163,16 @@ def prefix_data(
     prefix: str | list[str] = entries[0] if len(entries) == 1 else list(entries)
     prefixes, _ = parse_blend(prefix)
     m = cfg.model
+    tokens = {p: IndexedDataset(p).num_tokens for p in prefixes}
+    for p, count in tokens.items():  # else build_gpt_indices asks for a split string, which is not ours
+        if count < 2:
+            raise DataError(
+                f"--data-prefix {p}: holds {count} token(s); evaluation needs at least 2 (an input and"
+                " the token after it): give a dataset with text in it"
+            )
     batches = request.batches
     if batches is None:
-        samples = sum((IndexedDataset(p).num_tokens - 1) // m.data.seq_length for p in prefixes)
+        samples = sum((count - 1) // m.data.seq_length for count in tokens.values())
         batches = max(1, samples // m.global_batch_size)
     _, valid, _ = build_gpt_datasets(
         prefix,

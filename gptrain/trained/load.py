@@ -223,6 +223,22 @@ def unreadable(step_dir: Path, error: BaseException) -> CheckpointLoadError:
     )
 
 
+def no_tokenizer_text(hparams: Path) -> str:
+    """Why a run has no tokenizer to encode a prompt with, and how to give it one."""
+    from gptrain.trained.hf.record import read_record
+
+    source = read_record(hparams.parent).get("source")
+    if source:
+        return (
+            f"{hparams}: imported from {source}, which has no tokenizer files, so there is no tokenizer"
+            f" to encode the prompt; put the model's tokenizer.json (or vocab.json and merges.txt) in"
+            f" {source} and run `gptrain import` again, or name its files in {hparams}:"
+            " model.tokenizer.type=HuggingFaceTokenizer with model.tokenizer.model=<tokenizer.json> (or"
+            " GPT2BPETokenizer with model.tokenizer.vocab_file and merge_file) and model.data.mock_vocab_size=null"
+        )
+    return f"{hparams}: the run trained on mock data without a tokenizer; nothing to decode"
+
+
 def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     """Model (eval mode, weights loaded) and tokenizer of the newest complete checkpoint under `path`
     that passes its CRC-32s (a changed byte in a shard's weights would load and generate unseen)."""
@@ -230,7 +246,7 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
 
     run = open_run(path, checksums=True)
     if run.tokenizer is None:
-        raise DataError(f"{run.hparams}: the run trained on mock data without a tokenizer; nothing to decode")
+        raise DataError(no_tokenizer_text(run.hparams))
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(build_model_config(run.cfg, run.saved_rows), device, run.cfg.model.seed)
     load_weights(model, run.step_dir)

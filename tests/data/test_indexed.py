@@ -252,6 +252,11 @@ def test_missing_file(tmp_path):
     (tmp_path / "m.idx").write_bytes(megatron_bytes(DOCS, 8, "H")[0])
     with pytest.raises(DataError, match=r"m\.bin: no such file"):
         IndexedDataset(str(tmp_path / "m"))
+    (tmp_path / "m.bin").mkdir()  # was 'no such file' too
+    with pytest.raises(
+        DataError, match=r"m\.bin: is a directory, not a Megatron \.bin file; pass the prefix of a"
+    ):
+        IndexedDataset(str(tmp_path / "m"))
 
 
 def test_dtype_rules():

@@ -317,6 +317,10 @@ def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
     (tmp_path / "cut.jsonl.zst").write_bytes(data[: len(data) // 2])
     cases = [
         (["--input", str(tmp_path / "nope.jsonl"), *gpt2_flags(gpt2_files)], "nope.jsonl: no such file"),
+        (  # a directory was 'no such file' too
+            ["--input", str(tmp_path), *gpt2_flags(gpt2_files)],
+            f"--input {tmp_path}: is a directory; pass its files (e.g. --input '{tmp_path}/*.jsonl', quoted)",
+        ),
         (["--input", str(tmp_path / "*.parquet"), *gpt2_flags(gpt2_files)], "no file matches"),
         (
             ["--input", str(source), "--vocab-file", "v.json", "--merge-file", gpt2_files[1]],

@@ -193,6 +193,12 @@ def test_eval_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None
     assert main(["eval", str(run_dir), "--data-prefix", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip()
     assert "missing" in err and "\n" not in err
+    write_one_document(tmp_path / "one_token", np.array([7], dtype=np.uint16))
+    assert main(["eval", str(run_dir), "--data-prefix", str(tmp_path / "one_token")]) == 2
+    assert capsys.readouterr().err.strip() == (  # it asked for 'a different split string', which no flag sets
+        f"gptrain: error: --data-prefix {tmp_path}/one_token: holds 1 token(s); evaluation needs at least 2"
+        " (an input and the token after it): give a dataset with text in it"
+    )
 
 
 def test_damaged_or_mismatched_checkpoints_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None:

@@ -320,3 +320,30 @@ def test_generate_checks_its_sampling_flags_before_loading_a_model(tmp_path: Pat
     argv = ["generate", str(tmp_path / "no-such-run"), "--prompt", "x", "--top-k", "0"]
     with pytest.raises(ConfigError, match=r"top_k=0 must be >= 1"):  # not "no such checkpoint"
         run_subcommand(add_generate_parser, argv)
+
+
+def test_generate_on_an_import_without_tokenizer_files_says_how_to_give_one(tmp_path, monkeypatch) -> None:
+    """It said 'the run trained on mock data without a tokenizer', though the run was imported."""
+    import json
+
+    from gptrain.errors import DataError
+    from gptrain.trained import load
+
+    hparams = tmp_path / "hparams.yaml"
+    (tmp_path / "hf_import.json").write_text(json.dumps({"source": "/models/tiny", "vocab_size": 64}))
+    run = load.RunCheckpoint(tmp_path / "checkpoints/step_0", hparams, None, None, 64, 64)
+    monkeypatch.setattr(load, "open_run", lambda path, checksums=False: run)
+    with pytest.raises(DataError) as error:
+        load.load_run(tmp_path)
+    assert str(error.value) == (
+        f"{hparams}: imported from /models/tiny, which has no tokenizer files, so there is no tokenizer to"
+        " encode the prompt; put the model's tokenizer.json (or vocab.json and merges.txt) in /models/tiny"
+        f" and run `gptrain import` again, or name its files in {hparams}: model.tokenizer.type="
+        "HuggingFaceTokenizer with model.tokenizer.model=<tokenizer.json> (or GPT2BPETokenizer with"
+        " model.tokenizer.vocab_file and merge_file) and model.data.mock_vocab_size=null"
+    )
+    (tmp_path / "hf_import.json").unlink()  # a run gptrain trained on mock data: as before
+    with pytest.raises(
+        DataError, match="the run trained on mock data without a tokenizer; nothing to decode"
+    ):
+        load.load_run(tmp_path)
