@@ -37,7 +37,31 @@ _HYDRA_STRING = re.compile(r"^(?:.*#.*|(?i:yes|no|on|off|y|n)|[-+]?0[0-9_]+)$")
 
 
 class ConfigLoader(yaml.SafeLoader):
-    """SafeLoader without YAML 1.1's sexagesimal numbers; `1e-4` is a float (as in OmegaConf)."""
+    """SafeLoader without YAML 1.1's sexagesimal numbers; `1e-4` is a float (as in OmegaConf), and
+    a key given twice in one mapping is an error (as in OmegaConf), not silently the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        _refuse_duplicate_keys(node)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _refuse_duplicate_keys(node: yaml.MappingNode) -> None:
+    """`num_nodes: 1` ... `num_nodes: 2` in one mapping: an edit that left the old line behind.
+    Keys a `<<: *base` merge brings in may be given again (that is what a merge is for)."""
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        line = key_node.start_mark.line + 1
+        if key_node.value in first_line:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"'{key_node.value}' is given twice in one mapping (lines {first_line[key_node.value]} "
+                f"and {line}): keep one",
+                key_node.start_mark,
+            )
+        first_line[key_node.value] = line
 
 
 ConfigLoader.yaml_implicit_resolvers = {

@@ -197,7 +197,7 @@ def compose(
     nemo_launcher.report(notes)
     if cfg.get("unique_output"):
         make_unique(cfg, now if now is not None else time.time())
-    check_stages(cfg)
+    check_stages(cfg, root / f"{config_name}.yaml")
     given = {o.key: f"{'+' if o.add else ''}{o.key}={o.text}" for o in dotted}
     return Composition(cfg, choices, root, given)
 
@@ -308,16 +308,23 @@ def make_unique(cfg: DictConfig, now: float) -> None:
             run["results_dir"] = f"{original}/{stamp}"
 
 
-def check_stages(cfg: DictConfig) -> None:
+def check_stages(cfg: DictConfig, config_file: Path) -> None:
     stages = cfg.get("stages")
     if isinstance(stages, str):
         stages = [stages]
         cfg.stages = stages
     if not isinstance(stages, ListConfig | list) or not stages:
-        raise ConfigError("'stages' must be a non-empty list, e.g. stages=[data_preparation,training]")
+        raise ConfigError(
+            f"{config_file}: 'stages' must be a non-empty list (there or as an override), "
+            "e.g. stages=[data_preparation,training]"
+        )
     for stage in stages:
         if stage not in STAGES:
             raise ConfigError(f"unknown stage '{stage}' in stages{closest(str(stage), STAGES)}")
     cluster_type = cfg.get("cluster_type")
     if cluster_type not in ("local", "slurm"):
-        raise ConfigError(f"cluster_type must be 'local' or 'slurm', got '{cluster_type}'")
+        choices = ("local", "slurm", "bcm")  # bcm (NeMo's name for Slurm) is slurm by now
+        raise ConfigError(
+            f"cluster_type must be 'local', 'slurm' or 'bcm' (Slurm), got '{cluster_type}'"
+            f"{closest(str(cluster_type), choices)}"
+        )

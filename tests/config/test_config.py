@@ -279,3 +279,21 @@ def test_hydras_dict_override_needs_no_space_after_the_colon():
         "validation": [0.5, "/d/b", 0.5, "/d/c"],
         "test": "s3://bucket/t",
     }
+
+
+def test_a_key_given_twice_in_a_file_is_one_line_naming_the_file_and_both_lines(tmp_path):
+    """An edit that added `max_steps: 200` below the old `max_steps: 100` trained for whichever came
+    last, silently; OmegaConf's own loader refuses such a file, and so does gptrain."""
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  max_steps: 100\n  devices: 1\n  max_steps: 200\n")
+    with pytest.raises(ConfigError) as error:
+        load_training_config(config_file=str(path))
+    assert str(error.value) == (
+        f"{path}:4: invalid YAML: 'max_steps' is given twice in one mapping (lines 2 and 4): keep one"
+    )
+    from gptrain.config.yamlio import load_text  # keys a `<<:` merge brings in may be given again
+
+    merged = load_text(
+        "base: &base {max_steps: 100, devices: 1}\ntrainer:\n  <<: *base\n  max_steps: 200\n", "m"
+    )
+    assert merged["trainer"] == {"max_steps": 200, "devices": 1}

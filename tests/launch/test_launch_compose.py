@@ -77,6 +77,11 @@ def test_plus_adds_a_key_and_bad_values_fail():
     assert compose(["+cluster.qos=high"]).resolved()["cluster"]["qos"] == "high"
     with pytest.raises(ConfigError, match="cluster_type"):
         compose(["cluster_type=kubernetes"])
+    with pytest.raises(ConfigError) as error:  # a typo: every accepted name, and the nearest
+        compose(["cluster_type=slrum"])
+    assert str(error.value) == (
+        "cluster_type must be 'local', 'slurm' or 'bcm' (Slurm), got 'slrum' (did you mean 'slurm'?)"
+    )
     with pytest.raises(ConfigError, match="not key=value"):
         compose(["training.trainer.num_nodes"])
 
