@@ -64,8 +64,8 @@ def import_hf(
         tokenizer = import_tokenizer(hf_dir, staging / TOKENIZER_DIR, output / TOKENIZER_DIR)
         if tokenizer is None:
             print(f"gptrain: warning: {hf_dir} has no tokenizer files; the run uses mock data", file=stream)
-        else:  # read from hf_dir first: an error then names the user's file, not a copy a failed import removes
-            source_tokenizer(hf_dir, tokenizer)
+        else:
+            check_source_tokenizer(hf_dir, tokenizer)
         cfg = training_config(arch, overrides, tokenizer, int(hf_config.vocab_size), output)
         if verify and tokenizer is not None:  # before the weights: it is the cheap check
             verify_imported_tokenizer(cfg, staging, hf_dir)
@@ -131,14 +131,15 @@ def _tokenizer(cfg: Any, staging: Path) -> Any | None:
     return build_tokenizer(tok.type, staged(tok.vocab_file), staged(tok.merge_file), staged(tok.model))
 
 
-def source_tokenizer(hf_dir: Path, tokenizer: dict[str, Any]) -> Any:
-    """The tokenizer `import_tokenizer` chose, built from `hf_dir`'s own files."""
+def check_source_tokenizer(hf_dir: Path, tokenizer: dict[str, Any]) -> None:
+    """Build the tokenizer `import_tokenizer` chose from `hf_dir`'s own files: a damaged one is then
+    named there, where the user can fix it, not in the copy a failed import removes."""
     from gptrain.data.tokenizers import build_tokenizer
 
     def source(value: str | None, name: str) -> str | None:
         return str(hf_dir / name) if value else None
 
-    return build_tokenizer(
+    build_tokenizer(
         tokenizer["type"],
         source(tokenizer["vocab_file"], "vocab.json"),
         source(tokenizer["merge_file"], "merges.txt"),
