@@ -10,7 +10,7 @@ from __future__ import annotations
 
 _FUSION = "fused kernels and Transformer Engine switches (gptrain uses PyTorch SDPA and fused AdamW)"
 _OVERLAP = "communication tuning and overlap (torch.distributed buckets and overlaps on its own)"
-_FP8 = "FP8 needs Transformer Engine, which gptrain does not use"
+_FP8 = "Transformer Engine's FP8 recipe settings (model.fp8 runs torchao's float8 with dynamic scaling: model.fp8_recipe=tensorwise or rowwise)"
 _LIGHTNING = "PyTorch Lightning trainer switches (gptrain has its own loop)"
 _CKPT = ".nemo checkpoint handling (gptrain writes DCP checkpoints to explicit_log_dir/checkpoints)"
 _LOGGERS = "loggers and profilers other than TensorBoard and Weights & Biases"
