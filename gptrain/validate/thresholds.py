@@ -108,4 +108,15 @@ def threshold_values(block: dict[str, Any], where: str, prefix: str = "validatio
             values[key] = int(value) if key == "large_message_bytes" else float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}{prefix}{key} must be a number, got {value!r}") from None
+        out_of_range = _out_of_range(key, values[key])
+        if out_of_range:
+            raise ConfigError(f"{where}{prefix}{key} must be {out_of_range}, got {value!r}")
     return values
+
+
+def _out_of_range(key: str, value: float) -> str | None:
+    """What `value` must be, where it is not: a 0, negative or nan rate turns its check off silently
+    (nothing compares below it), and a slow_pct of 0 or 100 or more flags every GPU or none."""
+    if key == "slow_pct":
+        return None if 0 < value < 100 else "a percentage between 0 and 100"
+    return None if value > 0 else "a positive number"  # nan is not > 0

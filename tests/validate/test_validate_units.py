@@ -124,6 +124,26 @@ def test_profiles_load_with_sources_and_bad_ones_say_what_to_do(tmp_path):
         load_thresholds(str(bad))
 
 
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("slow_pct: -5", "validation.slow_pct must be a percentage between 0 and 100, got -5"),
+        ("slow_pct: 100", "validation.slow_pct must be a percentage between 0 and 100, got 100"),
+        ("large_message_bytes: 0", "validation.large_message_bytes must be a positive number, got 0"),
+        ("matmul_tflops: .nan", "validation.matmul_tflops must be a positive number, got nan"),
+        ("copy_GBps: -1", "validation.copy_GBps must be a positive number, got -1"),
+    ],
+)
+def test_a_threshold_that_would_turn_its_check_off_is_refused(tmp_path, line, message):
+    """A nan or negative rate never fails a comparison, and slow_pct outside (0, 100) flags every
+    GPU or none: each would pass a sick node as healthy, or blame a healthy one, in silence."""
+    profile = tmp_path / "c.yaml"
+    profile.write_text(f"validation:\n  {line}\n")
+    with pytest.raises(ConfigError) as error:
+        load_thresholds(str(profile))
+    assert str(error.value) == f"{profile}: {message}"
+
+
 def test_table_has_nccl_tests_columns_and_na_for_missing_placements():
     rows = [
         dict(
