@@ -14,10 +14,9 @@ from argparse import ArgumentTypeError
 from pathlib import Path
 from typing import Any
 
-from gptrain.config.yamlio import read_config_text
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.sbatch import Job, rank_command
-from gptrain.utils.hostlist import expand_hostlist
+from gptrain.utils.hostlist import read_hostlist_file
 
 VALIDATION_DIR = "validation"
 CHECKS = ("collectives", "pairwise", "gpus", "all")
@@ -121,12 +120,7 @@ def read_exclude_file(path: str | None) -> str | None:
             f"validation.exclude_file {path}: is a directory; give a file name (the nodes a failed"
             " validation blames go there, one Slurm host list)"
         )
-    text = ",".join(line.strip() for line in read_config_text(path).splitlines() if line.strip())
-    try:
-        expand_hostlist(text)
-    except LaunchError as error:
-        raise ConfigError(f"validation.exclude_file {path}: {error}; fix the file or delete it") from None
-    return text or None
+    return read_hostlist_file(Path(path), "validation.exclude_file") or None
 
 
 def apply_exclude_file(cluster: dict[str, Any], validation: dict[str, Any] | None) -> str | None:

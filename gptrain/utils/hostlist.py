@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from gptrain.errors import LaunchError
+from gptrain.errors import ConfigError, LaunchError
 
 
 def expand_hostlist(nodelist: str) -> list[str]:
@@ -48,3 +49,21 @@ def _expand_ranges(ranges: str, item: str) -> list[str]:
         width = len(low)
         names.extend(f"{n:0{width}d}" for n in range(int(low), int(high or low) + 1))
     return names
+
+
+def read_hostlist_file(path: Path, name: str) -> str:
+    """The Slurm host list an exclude file holds (its lines joined with commas; "" when empty),
+    checked: an unreadable file or one that does not parse is a ConfigError naming `name` (the key
+    or flag that gave the file) and the file. `gptrain validate` writes such files, the launcher
+    reads them into cluster.exclude."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or "not UTF-8 text"
+        raise ConfigError(f"{name} {path}: cannot read it ({reason}); fix the file or delete it") from None
+    text = ",".join(line.strip() for line in lines if line.strip())
+    try:
+        expand_hostlist(text)
+    except LaunchError as error:
+        raise ConfigError(f"{name} {path}: {error}; fix the file or delete it") from None
+    return text

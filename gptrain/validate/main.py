@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gptrain.errors import ConfigError, GptrainError
+from gptrain.errors import ConfigError
 from gptrain.utils.atomic import atomic_write_text
 from gptrain.utils.paths import directory_blocker
 from gptrain.validate import report
@@ -273,14 +273,11 @@ def check_paths_early(args: argparse.Namespace) -> None:
 def read_exclude_file(path: Path) -> set[str]:
     """The hosts an exclude file lists (none when it does not exist); a line that is no Slurm host
     list is a ConfigError naming the file."""
-    from gptrain.utils.hostlist import expand_hostlist
+    from gptrain.utils.hostlist import expand_hostlist, read_hostlist_file
 
     if not path.is_file():
         return set()
-    try:
-        return set(expand_hostlist(path.read_text().strip().replace("\n", ",")))
-    except GptrainError as error:
-        raise ConfigError(f"--exclude-file {path}: {error}; fix the file or delete it") from None
+    return set(expand_hostlist(read_hostlist_file(path, "--exclude-file")))
 
 
 def validate(args: argparse.Namespace) -> int:
