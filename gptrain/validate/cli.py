@@ -54,25 +54,26 @@ def _dcgm_level(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
+def _finite(text: str, unit: str, low: float, inclusive: bool) -> float:
+    """A finite number above `low` (or at it, `inclusive`): nan would fail no comparison, so a
+    threshold or timeout given as nan would silently be off."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    if not math.isfinite(value) or value < low or (value == low and not inclusive):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of {unit} {'>=' if inclusive else '>'} {low:g}, got {text}"
+        )
     return value
+
+
+def _seconds(text: str) -> float:
+    return _finite(text, "seconds", 0, inclusive=False)
 
 
 def _bandwidth(text: str) -> float:
-    # nan would fail no comparison: the threshold would silently be off
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number of GB/s >= 0, got {text}")
-    return value
+    return _finite(text, "GB/s", 0, inclusive=True)
 
 
 # The value checks of the options a launch's validation stage passes (gptrain.launch.validation_stage
