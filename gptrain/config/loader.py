@@ -80,15 +80,17 @@ def load_training_config(
     report_ignored: bool = True,
     config_text: str | None = None,
     given: typing.Mapping[str, str] | None = None,
+    origin: str | None = None,
 ) -> TrainingConfig:
     """Compose, override, resolve, type-check and validate a training config.
 
     `config_text`: the YAML of `config_file`, not yet written (the launcher checks a run's
-    config before it writes anything); errors still name `config_file`, or the launcher's override
-    that set the key (`given`: key -> `key=value` as typed).
+    config before it writes anything); errors name the launcher's override that set the key
+    (`given`: key -> `key=value` as typed), else `origin` (the file the values came from: the
+    launcher's group file, since `config_file` does not exist yet), else `config_file`.
     """
     register_resolvers()
-    source = str(config_file or (preset_path(preset) if preset else "<defaults>"))
+    source = origin or str(config_file or (preset_path(preset) if preset else "<defaults>"))
     root = _compose_root(preset, config_file, config_text)
     given = dict(given or {})  # dotted key -> the override that set it: its errors name the command line
     for override in overrides:

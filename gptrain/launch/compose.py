@@ -67,6 +67,14 @@ class Composition:
     def section(self, group: str) -> dict[str, Any]:
         return _to_container(self.cfg[group], resolve=True)
 
+    def origin(self, group: str) -> str | None:
+        """The group file the section's values came from, as errors about them name it:
+        `training=gpt3/5b (<conf>/training/gpt3/5b.yaml)`; None when no file was chosen."""
+        choice = self.choices.get(group)
+        if not choice:
+            return None
+        return f"{group}={choice} ({group_file(group, choice, self.config_root)})"
+
 
 def _to_container(node: Any, resolve: bool) -> Any:
     try:

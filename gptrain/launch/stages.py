@@ -45,6 +45,7 @@ class LaunchPlan:
     # (key, host dir) of each directory gptrain mounts into the container: made before writing
     mount_dirs: list[tuple[str, str]] = field(default_factory=list)
     training_overrides: dict[str, str] = field(default_factory=dict)  # key in training -> as typed
+    training_origin: str | None = None  # the training group file, named by errors about its values
 
     @property
     def cluster_type(self) -> str:
@@ -63,7 +64,13 @@ def build_plan(composition: Composition) -> LaunchPlan:
     env = {**(cluster.get("env_vars") or {}), **(resolved.get("env_vars") or {})}
     top = {**resolved, "env_vars": env}
     apply_exclude_file(cluster, resolved.get("validation"))  # nodes a failed validation blamed
-    plan = LaunchPlan(resolved, cluster, top, training_overrides=composition.training_overrides())
+    plan = LaunchPlan(
+        resolved,
+        cluster,
+        top,
+        training_overrides=composition.training_overrides(),
+        training_origin=composition.origin("training"),
+    )
     stages = list(resolved["stages"])
     local = resolved["cluster_type"] == "local"
     if resolved.get("container") and not local:  # the jobs' own dirs first, then container_mounts
@@ -296,6 +303,9 @@ def validate_training(plan: LaunchPlan, files: list[RunFile]) -> TrainingConfig 
         if job.stage == "training":
             path = config_path(job)
             return load_training_config(
-                config_file=str(path), config_text=texts[path], given=plan.training_overrides
+                config_file=str(path),
+                config_text=texts[path],
+                given=plan.training_overrides,
+                origin=plan.training_origin,  # the config file itself is not written yet
             )
     return None

@@ -211,6 +211,28 @@ def test_a_bad_training_override_of_a_launch_names_the_override():
         validate_training(plan, render_run_files(plan, args))
 
 
+def test_a_bad_value_in_the_training_group_file_names_that_file(conf):
+    """NeMo's 24.05 gpt3/5b_64k.yaml sets context_parallel_size: 4; the refusal named
+    `<results>/<run>/<run>_hydra.yaml`, a file no launch had written (nor ever would, refused)."""
+    from gptrain.launch.stages import build_plan, render_run_files, validate_training
+
+    preset = conf / "training/gpt3/126m.yaml"
+    (conf / "training/gpt3/cp4.yaml").write_text(
+        preset.read_text().replace(
+            "  tensor_model_parallel_size:", "  context_parallel_size: 4\n  tensor_model_parallel_size:"
+        )
+    )
+    args = ["cluster_type=slurm", "training=gpt3/cp4"]
+    plan = build_plan(compose(args, root=conf))
+    with pytest.raises(ConfigError) as error:
+        validate_training(plan, render_run_files(plan, args))
+    message = str(error.value)
+    assert message.startswith(
+        f"training=gpt3/cp4 ({conf}/training/gpt3/cp4.yaml): 'model.context_parallel_size: 4'"
+    )
+    assert "_hydra.yaml" not in message and "\n" not in message
+
+
 def test_a_config_dir_that_is_missing_or_a_file_says_so(tmp_path):
     """Both were '<dir>/config.yaml: no such launcher config', as if only the file were missing."""
     with pytest.raises(
