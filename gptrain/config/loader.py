@@ -321,7 +321,10 @@ def _convert(value: Any, option: Any) -> Any:
         items = [_convert(v, item) for v in value]
         return _NO if any(i is _NO for i in items) else items
     if option is bool:
-        return value if isinstance(value, bool) else _NO
+        # NeMo's 0 and 1 (`resume_if_exists: 0` in its mlperf presets), as OmegaConf reads them
+        if isinstance(value, bool):
+            return value
+        return bool(value) if type(value) is int and value in (0, 1) else _NO
     if option is int:
         if isinstance(value, bool):
             return _NO

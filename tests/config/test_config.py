@@ -183,6 +183,23 @@ def test_nemo_switches_map_onto_gptrain():
     assert cfg.model.tokenizer.type == "TikTokenizer"
 
 
+def test_nemos_0_and_1_for_a_switch_are_false_and_true(tmp_path):
+    """NeMo's mlperf presets write `resume_if_exists: 0` and `create_checkpoint_callback: 0`, which
+    NeMo's typed exp_manager reads as false (as OmegaConf does); gptrain refused them ("expects bool")."""
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "model:\n  data:\n    data_impl: mock\n    mock_vocab_size: 64\n"
+        "exp_manager:\n  resume_if_exists: 0\n  create_checkpoint_callback: 0\n"
+    )
+    cfg = load_training_config(config_file=str(path), overrides=["exp_manager.create_wandb_logger=1"])
+    assert cfg.exp_manager.resume_if_exists is False
+    assert cfg.exp_manager.create_checkpoint_callback is False
+    assert cfg.exp_manager.create_wandb_logger is True
+    for value in ("2", "-1", "0.0", "'no'"):  # anything else is still refused in one line
+        with pytest.raises(ConfigError, match=r"'exp_manager.resume_if_exists' expects bool, got"):
+            load_training_config("gpt3/126m", [f"exp_manager.resume_if_exists={value}"])
+
+
 def test_launcher_style_file_with_training_section(tmp_path):
     path = tmp_path / "hydra.yaml"
     path.write_text(
