@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key, refused_value
+from gptrain.config.overrides import delete_key, split_override
 from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
 from gptrain.config.yamlio import load_file, load_text, parse_value
@@ -171,19 +172,22 @@ def _is_null(node: DictConfig, key: str) -> bool:
 
 
 def _apply_override(root: DictConfig, override: str) -> str:
-    """Set `key.sub=value` in `root`; returns the dotted key under `training` (or the root key)."""
-    key, sep, value = override.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"override '{override}' is not of the form key.sub=value")
+    """Set `key.sub=value` (or Hydra's `+key=value`, `++key=value`), or delete `~key`, in `root`;
+    returns the dotted key under `training` (or the root key)."""
+    form = split_override(override, "trainer.max_steps=100")
+    key = form.key
     if key in ROOT_DEFAULTS:
         path = key
     else:
         key = key.removeprefix("training.")
         _check_known_key(key, f"override '{override}'")
         path = f"training.{key}"
+    value = parse_value(form.text)
+    if form.delete:  # the key takes its default
+        delete_key(root, path, value, form.has_value, override)
+        return key
     try:
-        OmegaConf.update(root, path, parse_value(value), merge=False, force_add=True)
+        OmegaConf.update(root, path, value, merge=False, force_add=True)
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override}': {str(error).splitlines()[0]}") from None
     return key

@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
+from gptrain.config.overrides import delete_key, split_override
 from gptrain.config.yamlio import load_file, parse_value
 from gptrain.errors import ConfigError
 
@@ -42,6 +43,15 @@ class Override:
     value: Any
     add: bool = False
     text: str = ""  # as typed: `cluster=2024` picks the file 2024.yaml, not the number
+    delete: bool = False  # `~key` (or `~key=value`): the key goes, and takes its default
+    has_value: bool = True  # False for a bare `~key`
+
+    @property
+    def typed(self) -> str:
+        """The override as given, for messages that name it."""
+        if self.delete:
+            return f"~{self.key}={self.text}" if self.has_value else f"~{self.key}"
+        return f"{'+' if self.add else ''}{self.key}={self.text}"
 
 
 @dataclass
@@ -93,17 +103,16 @@ def closest(word: str, choices: list[str] | tuple[str, ...]) -> str:
 
 
 def parse_overrides(arguments: list[str]) -> list[Override]:
-    """`key=value` strings to Overrides; values as Hydra reads them (`2`, `null`, `[0.5,${d}/a]`, `true`).
+    """`key=value` strings (and Hydra's `+key=value`, `++key=value`, `~key`) to Overrides; values
+    as Hydra reads them (`2`, `null`, `[0.5,${d}/a]`, `true`).
 
     `10:00:00` stays a string (YAML 1.1 would make it the base-60 integer 36000).
     """
     overrides = []
     for argument in arguments:
-        key, sep, text = argument.partition("=")
-        if not sep or not key.strip("+"):
-            raise ConfigError(f"override '{argument}' is not key=value (e.g. training.trainer.num_nodes=2)")
-        value = parse_value(text)
-        overrides.append(Override(key.lstrip("+"), value, add=key.startswith("+"), text=text.strip()))
+        form = split_override(argument, "training.trainer.num_nodes=2")
+        value = parse_value(form.text)
+        overrides.append(Override(form.key, value, form.add, form.text, form.delete, form.has_value))
     return overrides
 
 
@@ -206,7 +215,7 @@ def compose(
     if cfg.get("unique_output"):
         make_unique(cfg, now if now is not None else time.time())
     check_stages(cfg, root / f"{config_name}.yaml")
-    given = {o.key: f"{'+' if o.add else ''}{o.key}={o.text}" for o in dotted}
+    given = {o.key: o.typed for o in dotted if not o.delete}
     return Composition(cfg, choices, root, given)
 
 
@@ -257,6 +266,9 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
     Training keys are checked by the training config loader, which knows the full schema
     (a preset file lists only some of the keys gptrain accepts).
     """
+    if override.delete:
+        delete_key(cfg, override.key, override.value, override.has_value, override.typed)
+        return
     parts = override.key.split(".")
     node: Any = cfg
     for depth, part in enumerate(parts):
@@ -277,9 +289,7 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
     try:
         OmegaConf.update(cfg, override.key, override.value, merge=False, force_add=True)
     except OmegaConfBaseException as error:
-        raise ConfigError(
-            f"override '{override.key}={override.text}': {str(error).splitlines()[0]}"
-        ) from None
+        raise ConfigError(f"override '{override.typed}': {str(error).splitlines()[0]}") from None
 
 
 def check_training_key(dotted: str, key: str) -> None:

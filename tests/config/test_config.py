@@ -138,7 +138,7 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
         ("model.optim.eps=0", "model.optim.eps (0"),
         ("model.seed=4294967296", "model.seed: 4294967296 is outside 0 to 4294967295"),
         ("model.seed=-1", "model.seed: -1 is outside 0 to 4294967295"),
-        ("noequals", "not of the form key.sub=value"),
+        ("noequals", "override 'noequals' is not key=value (e.g. trainer.max_steps=100"),
         ("model.data.data_prefix={train: /d/a, valid: /d/b}", "model.data.data_prefix.valid: not a split"),
         ("model.data.data_prefix={validation: /d/b}", "model.data.data_prefix.train: no training data"),
     ],
@@ -181,6 +181,24 @@ def test_nemo_switches_map_onto_gptrain():
     assert cfg.model.data.data_impl == "mock"
     assert cfg.model.data_parallel_sharding == "full_shard"
     assert cfg.model.tokenizer.type == "TikTokenizer"
+
+
+def test_hydras_add_force_add_and_delete_forms():
+    """`gptrain train gpt3/126m +trainer.max_steps=5` said "unknown key '+trainer.max_steps'; did
+    you mean 'trainer.max_steps'?", `~key` "is not of the form key.sub=value"."""
+    cfg = load_training_config("gpt3/126m", ["+trainer.max_steps=5", "++trainer.val_check_interval=5"])
+    assert (cfg.trainer.max_steps, cfg.trainer.val_check_interval) == (5, 5)
+    preset = load_training_config("gpt3/126m")
+    assert preset.model.optim.sched.min_lr > 0
+    for deletion in (
+        "~model.optim.sched.min_lr",
+        f"~model.optim.sched.min_lr={preset.model.optim.sched.min_lr}",
+    ):
+        assert load_training_config("gpt3/126m", [deletion]).model.optim.sched.min_lr == 0.0  # the default
+    with pytest.raises(ConfigError, match=r"^override '~model.optim.sched.min_lr=1': the value there is"):
+        load_training_config("gpt3/126m", ["~model.optim.sched.min_lr=1"])
+    with pytest.raises(ConfigError, match=r"^override '\+model.nope=1': unknown key 'model.nope'"):
+        load_training_config("gpt3/126m", ["+model.nope=1"])  # + adds no key gptrain does not know
 
 
 def test_nemos_0_and_1_for_a_switch_are_false_and_true(tmp_path):

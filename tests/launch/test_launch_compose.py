@@ -86,6 +86,22 @@ def test_plus_adds_a_key_and_bad_values_fail():
         compose(["training.trainer.num_nodes"])
 
 
+def test_hydras_delete_and_force_add_forms():
+    """`~key` (Hydra's delete: the key takes its default) and `++key=value` were refused as
+    "not key=value"; a delete of what is not there, or of another value, is one line."""
+    resolved = compose(
+        ["~cluster.srun_args", "~training.model.optim.sched.min_lr", "++training.trainer.max_steps=7"]
+    ).resolved()
+    assert "srun_args" not in resolved["cluster"]
+    assert "min_lr" not in resolved["training"]["model"]["optim"]["sched"]
+    assert resolved["training"]["trainer"]["max_steps"] == 7
+    assert "partition" not in compose(["~cluster.partition=null"]).resolved()["cluster"]  # it matched
+    with pytest.raises(ConfigError, match=r"^override '~cluster.partition=gpu': the value there is None"):
+        compose(["~cluster.partition=gpu"])
+    with pytest.raises(ConfigError, match=r"^override '~cluster.nope': the key is not in the config"):
+        compose(["~cluster.nope"])
+
+
 def test_parse_overrides_reads_yaml_values():
     parsed = {o.key: o.value for o in parse_overrides(["a=2", "b=null", "c=[x,y]", "d=true", "e=a b;c"])}
     assert parsed == {"a": 2, "b": None, "c": ["x", "y"], "d": True, "e": "a b;c"}

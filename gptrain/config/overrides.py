@@ -1,0 +1,62 @@
+"""Hydra's override forms, read once for `gptrain train` and `gptrain launch`.
+
+`key=value` sets a key, `+key=value` adds one, `++key=value` adds or sets, and `~key` (or
+`~key=value`, which must match the value there) deletes one, so that the key takes its default.
+gptrain is lenient where Hydra is strict: `+` on a key that exists sets it, as `++` does.
+
+Only omegaconf is imported: this runs in `gptrain launch` on login nodes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from gptrain.errors import ConfigError
+
+_FORM = re.compile(r"^(?P<prefix>\+\+|\+|~)?(?P<key>[^=]*)(?P<sep>=?)(?P<text>.*)$", re.S)
+
+
+@dataclass(frozen=True)
+class OverrideForm:
+    """One command-line override, split; `text` is the value as typed ("" for a bare `~key`)."""
+
+    key: str
+    text: str
+    add: bool = False
+    delete: bool = False
+    has_value: bool = True
+
+
+def split_override(argument: str, example: str) -> OverrideForm:
+    """`argument` in one of Hydra's forms; a one-line ConfigError (showing `example`) otherwise."""
+    form = _FORM.match(argument)
+    assert form is not None  # the pattern matches any text
+    prefix, key, has_value = form["prefix"] or "", form["key"].strip(), bool(form["sep"])
+    if not key or key.startswith(("+", "~")) or (not has_value and prefix != "~"):
+        raise ConfigError(
+            f"override '{argument}' is not key=value (e.g. {example}; +key=value adds a key, ~key deletes one)"
+        )
+    return OverrideForm(key, form["text"].strip(), prefix.startswith("+"), prefix == "~", has_value)
+
+
+def delete_key(cfg: Any, key: str, expected: Any, has_value: bool, argument: str) -> None:
+    """Remove dotted `key` from the OmegaConf mapping `cfg` (`~key`); with `~key=value`, only when
+    the value there is `expected` (Hydra's rule). A key that is not there is a one-line error."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, throw_on_resolution_failure=False) if parent_key else cfg
+    if not isinstance(parent, DictConfig) or leaf not in parent:
+        raise ConfigError(
+            f"override '{argument}': the key is not in the config, so there is nothing to delete"
+        )
+    if has_value:
+        present = OmegaConf.to_container(parent, resolve=False)[leaf]
+        if present != expected:
+            raise ConfigError(
+                f"override '{argument}': the value there is {present!r}, not {expected!r};"
+                " leave out '=value' to delete the key whatever it holds"
+            )
+    del parent[leaf]
