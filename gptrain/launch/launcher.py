@@ -13,7 +13,12 @@ from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import parse_shards, tokenizer_downloads
 from gptrain.launch.jobs import refuse_launch_into_live_run
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
-from gptrain.launch.preflight import check_tokenizer_files, check_training_files, check_training_layout
+from gptrain.launch.preflight import (
+    check_tokenizer_files,
+    check_training_files,
+    check_training_layout,
+    check_wandb_key_file,
+)
 from gptrain.launch.stages import (
     LaunchPlan,
     build_plan,
@@ -54,6 +59,7 @@ def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None =
         lines += _checked(
             lambda: check_training_files(training, "data_preparation" in stages, fetched), dry_run
         )
+        lines += _checked(lambda: check_wandb_key_file(plan.top.get("wandb_api_key_file"), training), dry_run)
     lines += _checked(lambda: check_mount_dirs(plan.mount_dirs), dry_run)
     lines += launch_notes(plan, stages)
     if plan.cluster_type == "slurm":

@@ -201,6 +201,27 @@ def check_training_files(
     return lines
 
 
+def check_wandb_key_file(key_file: Any, cfg: TrainingConfig | None) -> list[str]:
+    """NeMo's wandb_api_key_file, which the job reads when it starts: a file that is not there (or
+    holds no key) would only show as W&B failing to start after the queue wait. NeMo's launcher
+    reads it at launch; so does this check, for a training that logs to W&B (relative paths from
+    here: the job starts in this directory)."""
+    if not key_file or cfg is None or not cfg.exp_manager.create_wandb_logger:
+        return []
+    path = Path(str(key_file))
+    advice = (
+        "give the file whose first line is your W&B API key (or wandb_api_key_file=null to use wandb login)"
+    )
+    try:
+        with path.open(encoding="utf-8", errors="replace") as handle:
+            key = handle.readline().strip()
+    except OSError as error:
+        raise LaunchError(f"wandb_api_key_file: {path}: {error.strerror}; {advice}") from None
+    if not key:
+        raise LaunchError(f"wandb_api_key_file: {path} has no key on its first line; {advice}")
+    return [f"ok  wandb_api_key_file: {path} holds a key"]
+
+
 def check_training_layout(cfg: TrainingConfig) -> list[str]:
     """The parallel layout on trainer.num_nodes x trainer.devices ranks and the learning-rate
     schedule, checked as the job will check them (gptrain.parallel.layout, gptrain.train.schedule;

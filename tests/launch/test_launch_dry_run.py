@@ -247,3 +247,31 @@ def test_a_read_only_results_dir_is_one_line_before_anything_runs(tmp_path, caps
         " directory you can write"
     )
     assert not list((tmp_path / "ro").iterdir())
+
+
+def test_a_wandb_key_file_that_holds_no_key_stops_the_launch(tmp_path, capsys, monkeypatch):
+    """The job reads wandb_api_key_file when it starts: a missing or empty file was found only then,
+    as W&B failing to start after the queue wait (NeMo's launcher reads the file at launch)."""
+    monkeypatch.chdir(tmp_path)
+    mock = ["training.model.data.data_impl=mock", "training.model.data.mock_vocab_size=64"]
+    wandb = [*mock, "training.trainer.num_nodes=1", "training.exp_manager.create_wandb_logger=true"]
+    (tmp_path / "empty").write_text("\n")
+    for key_file, reason in (
+        ("missing", "missing: No such file or directory"),
+        ("empty", "empty has no key"),
+    ):
+        assert main(["launch", *wandb, f"wandb_api_key_file={key_file}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"gptrain: error: wandb_api_key_file: {reason}") and "\n" not in err
+        assert not (tmp_path / "results").exists()  # nothing written, nothing ran
+    assert main(["launch", "--dry-run", *wandb, "wandb_api_key_file=missing"]) == 0
+    assert "preflight: warning  wandb_api_key_file: missing: No such file" in capsys.readouterr().err
+    (tmp_path / "key").write_text("0123abcd\nnot the key\n")
+    assert main(["launch", "--dry-run", *wandb, "wandb_api_key_file=key"]) == 0
+    assert "preflight: ok  wandb_api_key_file: key holds a key" in capsys.readouterr().err
+    # a run that does not log to W&B does not read the file
+    assert (
+        main(["launch", "--dry-run", *mock, "training.trainer.num_nodes=1", "wandb_api_key_file=missing"])
+        == 0
+    )
+    assert "wandb_api_key_file" not in capsys.readouterr().err
