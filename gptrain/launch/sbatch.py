@@ -149,10 +149,13 @@ def env_value(text: str, what: str) -> str:
 
 
 def wandb_key_lines(key_file: object) -> list[str]:
-    """NeMo's wandb_api_key_file: the job reads the W&B key when it starts; the key never enters the script."""
+    """NeMo's wandb_api_key_file: the job reads the W&B key when it starts; the key never enters the
+    script. As in NeMo, the key is the file's first line, without its line ending (a CRLF file's `\r`
+    or a second line would otherwise be part of the key, which W&B refuses)."""
     if not key_file:
         return []
-    return [f'export WANDB_API_KEY="$(cat {quote(key_file, "wandb_api_key_file")})"']
+    first_line = f"head -n 1 {quote(key_file, 'wandb_api_key_file')} | tr -d '[:space:]'"
+    return [f'export WANDB_API_KEY="$({first_line})"']
 
 
 # The config keys behind each #SBATCH option whose value comes from a config, for error messages.

@@ -52,7 +52,7 @@ def test_local_script_runs_values_verbatim_and_nothing_else(tmp_path):
 def test_wandb_api_key_file_is_read_by_the_job_not_copied_into_the_script(tmp_path):
     key_file = tmp_path / "my keys" / "wandb"
     key_file.parent.mkdir()
-    key_file.write_text("0123abcd\n")
+    key_file.write_bytes(b"0123abcd\r\nNeMo reads the first line only\n")  # a CRLF file, a second line
     job = Job("training", "r", "r", tmp_path, ["printenv", "WANDB_API_KEY"])
     job.workdir = str(tmp_path)
     script = render_local(job, {"wandb_api_key_file": str(key_file)})
@@ -252,7 +252,8 @@ def test_wandb_api_key_file_reaches_the_slurm_script(tmp_path, monkeypatch):
     args = [*CPU, "cluster_type=slurm", "cluster.partition=cpu", "wandb_api_key_file=/secrets/wandb key"]
     [script_path] = write_run_files(build_plan(compose(args)), args)
     assert (
-        "export WANDB_API_KEY=\"$(cat '/secrets/wandb key')\"" in Path(script_path).read_text().splitlines()
+        "export WANDB_API_KEY=\"$(head -n 1 '/secrets/wandb key' | tr -d '[:space:]')\""
+        in Path(script_path).read_text().splitlines()
     )
 
 
