@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import sys
 
 from gptrain import __version__
 from gptrain.errors import GptrainError, error_text, os_error_text
 from gptrain.utils.limits import raise_open_file_limit
+from gptrain.utils.overrides import OVERRIDE
 from gptrain.utils.signals import Terminated
 
 # Modules with a `register(subparsers)` function; each must not import torch at module level.
@@ -29,8 +29,6 @@ COMMAND_MODULES = (
     "gptrain.plan.cli",
     "gptrain.checkpoint.cli",
 )
-
-OVERRIDE = re.compile(r"^\+?[A-Za-z_][\w.]*=")  # `+key=value` adds a key
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -47,3 +47,26 @@ def test_a_path_the_file_system_refuses_is_one_line(tmp_path, capsys, monkeypatc
     monkeypatch.setenv("GPTRAIN_DEBUG", "1")
     with pytest.raises(IsADirectoryError):
         main(["plan", "gpt3/126m", "--nodes", "1", "--gpu", "h100-80gb", "--json", str(tmp_path)])
+
+
+def test_hydra_override_forms_are_overrides_wherever_they_stand(tmp_path, monkeypatch):
+    """`gptrain train --config-file F ~key` took `~key` for the preset (only words with `=` were
+    moved back), and `++key=value` or `~key` after an option was "unrecognized arguments"."""
+    import gptrain.train.loop as loop
+    from gptrain.cli import main
+
+    seen = {}
+    monkeypatch.setattr(loop, "train", lambda cfg: seen.setdefault("cfg", cfg) and 0)
+    run = tmp_path / "run.yaml"
+    run.write_text(
+        f"exp_manager:\n  explicit_log_dir: {tmp_path / 'out'}\n"
+        "model:\n  data:\n    data_impl: mock\n    mock_vocab_size: 64\n"
+        "  optim:\n    sched:\n      min_lr: 1.0e-05\n"
+    )
+    assert main(["train", "--config-file", str(run), "~model.optim.sched.min_lr"]) == 0
+    assert seen.pop("cfg").model.optim.sched.min_lr == 0.0  # deleted: the default
+    argv = ["train", "trainer.max_steps=3", "--config-file", str(run), "++trainer.val_check_interval=7",
+            "~model.optim.sched.min_lr"]  # fmt: skip
+    assert main(argv) == 0
+    cfg = seen.pop("cfg")
+    assert (cfg.trainer.max_steps, cfg.trainer.val_check_interval, cfg.model.optim.sched.min_lr) == (3, 7, 0.0)

@@ -22,11 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key, refused_value
-from gptrain.config.overrides import delete_key, split_override
 from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
 from gptrain.config.yamlio import load_file, load_text, parse_value
 from gptrain.errors import ConfigError
+from gptrain.utils.overrides import delete_key, split_override
 from gptrain.utils.rank import is_rank_zero
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "training"

@@ -24,9 +24,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
-from gptrain.config.overrides import delete_key, split_override
 from gptrain.config.yamlio import load_file, parse_value
 from gptrain.errors import ConfigError
+from gptrain.utils.overrides import delete_key, split_override
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 GROUPS = ("cluster", "data_preparation", "validation", "training")

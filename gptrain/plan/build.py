@@ -11,13 +11,7 @@ from gptrain.plan.hardware import Cluster, build_cluster
 from gptrain.plan.rank import evaluate, least_memory, rank_layouts
 from gptrain.plan.report import Plan
 from gptrain.plan.spec import layout_from_config, workload_from_config
-
-
-def split_preset(preset: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
-    """argparse puts a leading `key=value` into the preset slot; move it back."""
-    if preset is not None and "=" in preset:
-        return None, [preset, *overrides]
-    return preset, overrides
+from gptrain.utils.overrides import split_preset
 
 
 def cluster_overrides(cluster: Cluster) -> list[str]:

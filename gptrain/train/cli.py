@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from gptrain.errors import ConfigError
+from gptrain.utils.overrides import split_preset
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,13 +32,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     parser.set_defaults(func=run_train)
-
-
-def split_preset(preset: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
-    """argparse puts a leading `key=value` into the preset slot; move it back."""
-    if preset is not None and "=" in preset:
-        return None, [preset, *overrides]
-    return preset, overrides
 
 
 def config_file(args: argparse.Namespace) -> str | None:

@@ -57,8 +57,8 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from gptrain.cli import OVERRIDE
     from gptrain.trained.evaluate import EvalRequest, evaluate_checkpoint
+    from gptrain.utils.overrides import OVERRIDE
 
     if args.json and Path(args.json).is_dir():  # before the evaluation, not after it
         raise ConfigError(f"--json {args.json}: is a directory; give a file name")

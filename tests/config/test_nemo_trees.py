@@ -209,7 +209,8 @@ def test_run_name_and_base_results_dir_without_a_preset():
 
 def test_train_takes_nemo_config_path_and_name(tmp_path):
     from gptrain.cli import build_parser
-    from gptrain.train.cli import config_file, split_preset
+    from gptrain.train.cli import config_file
+    from gptrain.utils.overrides import split_preset
 
     tree = conf("24.05") / "training" / "gpt3"
     argv = ["train", "--config-path", str(tree), "--config-name", "126m", "trainer.max_steps=5"]

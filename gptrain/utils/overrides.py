@@ -4,7 +4,8 @@
 `~key=value`, which must match the value there) deletes one, so that the key takes its default.
 gptrain is lenient where Hydra is strict: `+` on a key that exists sets it, as `++` does.
 
-Only omegaconf is imported: this runs in `gptrain launch` on login nodes.
+Nothing heavy is imported at the top (omegaconf only to delete a key): `gptrain/cli.py` reads
+`OVERRIDE` before any command runs, and `gptrain launch` runs on login nodes.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from gptrain.errors import ConfigError
 
+# a word of the command line that is an override in one of Hydra's forms, not a preset or a path
+OVERRIDE = re.compile(r"^(\+\+|\+)?[A-Za-z_][\w.]*=|^~[A-Za-z_][\w.]*(=|$)")
 _FORM = re.compile(r"^(?P<prefix>\+\+|\+|~)?(?P<key>[^=]*)(?P<sep>=?)(?P<text>.*)$", re.S)
 
 
@@ -29,6 +30,13 @@ class OverrideForm:
     add: bool = False
     delete: bool = False
     has_value: bool = True
+
+
+def split_preset(preset: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """argparse puts a leading override (`key=value`, `~key`) into the preset slot; move it back."""
+    if preset is not None and ("=" in preset or OVERRIDE.match(preset)):
+        return None, [preset, *overrides]
+    return preset, overrides
 
 
 def split_override(argument: str, example: str) -> OverrideForm:
@@ -46,6 +54,8 @@ def split_override(argument: str, example: str) -> OverrideForm:
 def delete_key(cfg: Any, key: str, expected: Any, has_value: bool, argument: str) -> None:
     """Remove dotted `key` from the OmegaConf mapping `cfg` (`~key`); with `~key=value`, only when
     the value there is `expected` (Hydra's rule). A key that is not there is a one-line error."""
+    from omegaconf import DictConfig, OmegaConf
+
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key, throw_on_resolution_failure=False) if parent_key else cfg
     if not isinstance(parent, DictConfig) or leaf not in parent:
