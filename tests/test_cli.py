@@ -69,4 +69,8 @@ def test_hydra_override_forms_are_overrides_wherever_they_stand(tmp_path, monkey
             "~model.optim.sched.min_lr"]  # fmt: skip
     assert main(argv) == 0
     cfg = seen.pop("cfg")
-    assert (cfg.trainer.max_steps, cfg.trainer.val_check_interval, cfg.model.optim.sched.min_lr) == (3, 7, 0.0)
+    assert (cfg.trainer.max_steps, cfg.trainer.val_check_interval, cfg.model.optim.sched.min_lr) == (
+        3,
+        7,
+        0.0,
+    )

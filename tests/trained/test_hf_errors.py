@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, DataError
 from gptrain.models.config import GPTConfig
-from gptrain.trained.hf.architectures import GPT2, LLAMA, STABLELM, choose_architecture
+from gptrain.trained.hf.architectures import GPT2, LLAMA, STABLELM, architecture_of, choose_architecture
 
 BASE = {"vocab_size": 128, "seq_length": 16, "num_layers": 1, "hidden_size": 32, "num_attention_heads": 4}
 ROPE = {**BASE, "position_embedding_type": "rope", "activation": "swiglu", "bias": False}
@@ -112,3 +112,15 @@ def test_building_a_transformers_model_prints_no_torchao_start_up_warnings() -> 
         assert done.returncode == 0, done.stderr[-1000:]
         assert "torchao imported" in done.stdout  # transformers imports it even when gptrain does not
         assert (done.stderr.strip() == "") == quiet, done.stderr[-1000:]
+
+
+def test_an_unsupported_model_type_is_named_beside_the_model_types_that_import() -> None:
+    """The message listed class names (GPT2LMHeadModel, ...) as the supported model_type values."""
+    from types import SimpleNamespace
+
+    with pytest.raises(DataError) as refused:
+        architecture_of(SimpleNamespace(model_type="qwen2"), "hf/config.json")
+    assert str(refused.value) == (
+        "hf/config.json: model_type 'qwen2' cannot be imported; supported model_type: gpt2 (GPT2LMHeadModel),"
+        " stablelm (StableLmForCausalLM), llama (LlamaForCausalLM)"
+    )

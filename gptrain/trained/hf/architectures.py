@@ -143,8 +143,10 @@ def architecture_of(hf_config: Any, source: str) -> str:
     """GPT2, STABLELM or LLAMA from a transformers config's model_type."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in CLASS_NAMES:
-        supported = ", ".join(CLASS_NAMES.values())
-        raise DataError(f"{source}: model_type {model_type!r} cannot be imported; supported: {supported}")
+        supported = ", ".join(f"{kind} ({name})" for kind, name in CLASS_NAMES.items())
+        raise DataError(
+            f"{source}: model_type {model_type!r} cannot be imported; supported model_type: {supported}"
+        )
     return model_type
 
 
