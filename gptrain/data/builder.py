@@ -185,6 +185,16 @@ def _per_split(
             raise ConfigError(f"data prefix {key}: give a prefix or [weight, prefix, ...], not a mapping")
         whole = ",".join("100" if i == position else "0" for i in range(len(SPLIT_NAMES)))
         counts = tuple(count if i == position else 0 for i in range(len(SPLIT_NAMES)))
-        built = build_gpt_datasets(spec, whole, seq_length, seed, counts, cache_dir, only_split=name)  # type: ignore[arg-type]
+        built = build_gpt_datasets(
+            _lone_prefix(spec), whole, seq_length, seed, counts, cache_dir, only_split=name
+        )
         datasets.append(built[position])
     return datasets[0], datasets[1], datasets[2]
+
+
+def _lone_prefix(spec: str | Sequence[str | float]) -> str | Sequence[str | float]:
+    """A split's one weighted prefix (`--valid-data-path 1.0 X`) as the prefix alone, as Megatron
+    builds it since core 0.7 (April 2024): for the split's own sample count. A one-dataset blend
+    would build 0.5% more, which can take one more epoch and then shuffles every sample otherwise."""
+    prefixes, weights = parse_blend(spec)
+    return prefixes[0] if weights is not None and len(prefixes) == 1 else spec

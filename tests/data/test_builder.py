@@ -101,6 +101,20 @@ def test_per_split_prefixes_give_each_split_all_of_its_datasets(tmp_path):
         assert all(np.array_equal(got[i], want[i]) for i in range(len(want)))
 
 
+def test_per_split_single_weighted_prefix_is_that_dataset_alone(tmp_path):
+    """`--valid-data-path 1.0 V`: Megatron (core 0.7 on) ignores the weight of a split's only dataset
+    and builds it for the split's own count. Here 8 samples are one epoch of V (65 tokens, seq 8); a
+    one-dataset blend built 0.5% more, 9, which took a second epoch and shuffled the samples otherwise."""
+    v = write_dataset(tmp_path / "v", list(range(2, 12)))
+    t = write_dataset(tmp_path / "t", list(range(5, 45)))
+    cache = str(tmp_path / "c")
+    plain = build_gpt_datasets({"train": t, "validation": v}, None, 8, 1234, (20, 8, 0), cache)[1]
+    _, valid, _ = build_gpt_datasets({"train": t, "validation": [1.0, v]}, None, 8, 1234, (20, 8, 0), cache)
+    assert isinstance(valid, GPTDataset) and isinstance(plain, GPTDataset)
+    assert (len(valid), valid.num_samples) == (len(plain), 8) == (8, 8)
+    assert [valid[i].tolist() for i in range(8)] == [plain[i].tolist() for i in range(8)]
+
+
 @pytest.mark.parametrize(
     ("prefix", "message"),
     [
