@@ -2,7 +2,8 @@
 
 The overrides start from Megatron's own defaults where they differ from gptrain's (fp32, Adam
 beta2 0.999, weight decay 0.01, linear decay, split "969, 30, 1", log every 100 iterations,
-evaluate 100 batches every 1000), then apply the flags in order (a later flag wins, as with
+evaluate 100 batches every 1000 as up to core 0.15; FILLED_IN says what stands in where Megatron
+has no default), then apply the flags in order (a later flag wins, as with
 argparse). Unknown and unsupported flags are refused by name; flags that change speed or
 logs only are accepted and reported once. No torch here: `--dry-run` must start fast.
 """
@@ -26,7 +27,8 @@ from gptrain.megatron.flags import (
 )
 from gptrain.train.rampup import BatchRamp
 
-# Megatron-LM's argument defaults (megatron/training/arguments.py) where gptrain's differ.
+# Megatron-LM's argument defaults (megatron/training/arguments.py) where gptrain's differ (for
+# --lr and, since core 0.16, --eval-interval Megatron has none: FILLED_IN).
 MEGATRON_DEFAULTS: dict[str, Any] = {
     "run.name": "megatron",
     "trainer.precision": "32",
@@ -59,6 +61,15 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
     "model.seed": 1234,
 }
 REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size")
+# Flags without which Megatron stops, or stops since core 0.16 (February 2026: no --eval-interval
+# default, and `train_iters // None` fails as the datasets are sized): the value gptrain takes instead.
+FILLED_IN: dict[str, str] = {
+    "--lr": f"learning rate {MEGATRON_DEFAULTS['model.optim.lr']}; Megatron has no default and stops",
+    "--eval-interval": (
+        f"validation every {MEGATRON_DEFAULTS['trainer.val_check_interval']} iterations, the default of "
+        "Megatron up to core 0.15; from core 0.16 (February 2026) it has none and stops"
+    ),
+}
 
 
 @dataclass
@@ -192,6 +203,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _directories(result)
     _wandb(result)
     check_benchmark_mode(result)
+    _filled_in(result)
 
 
 def _data_paths(v: dict[str, Any], given: dict[str, list[str]]) -> None:
@@ -443,6 +455,22 @@ def check_benchmark_mode(result: Translation) -> None:
             "is empty: not evaluated, as Megatron before 2023 skipped it)"
         )
         v["trainer.limit_val_batches"] = 0
+
+
+def _filled_in(result: Translation) -> None:
+    """Say what an absent flag of FILLED_IN became, where it matters (the interval: with validation)."""
+    v, given = result.values, result.given
+    used = {
+        "--lr": True,
+        "--eval-interval": v.get("trainer.limit_val_batches", 0) > 0
+        and not (
+            isinstance(v.get("model.data.data_prefix"), dict)
+            and "validation" not in v["model.data.data_prefix"]
+        ),
+    }
+    result.notes.extend(
+        f"no {flag} ({why})" for flag, why in FILLED_IN.items() if used[flag] and flag not in given
+    )
 
 
 def render(value: Any) -> str:

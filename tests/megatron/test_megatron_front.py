@@ -222,7 +222,7 @@ def test_dry_run_prints_overrides_and_yaml_without_torch(tmp_path):
 
 def test_load_elsewhere_than_save_starts_from_load_then_resumes_the_run():
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    base += " --train-iters 4 --mock-data --vocab-size 64"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2"
     t = translate(shlex.split(base + " --save /b --load /a --no-load-optim --no-load-rng"), {})
     cfg = load_training_config(None, t.overrides, report_ignored=False)
     em = cfg.exp_manager
@@ -238,9 +238,37 @@ def test_load_elsewhere_than_save_starts_from_load_then_resumes_the_run():
     assert t.notes == ["--finetune (applies to a --load that differs from --save)"]
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        ("--data-path /d/x --split 98,2,0", ["--lr", "--eval-interval"]),
+        ("--data-path /d/x --split 98,2,0 --lr 1e-4 --eval-interval 500", []),
+        ("--data-path /d/x --split 98,2,0 --eval-iters 0", ["--lr"]),  # no validation: no interval
+        ("--train-data-path /d/x --lr 1e-4", []),  # no validation data
+        ("--train-data-path /d/x --valid-data-path /d/v --lr 1e-4", ["--eval-interval"]),
+    ],
+)
+def test_flags_megatron_has_no_default_for_are_said_with_the_value_taken(flags, said):
+    """Megatron stops without --lr (every release) and without --eval-interval (core 0.16 on, where
+    the default went from 1000 to none): scripts from before then ran with 1000, as gptrain takes it."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    t = translate(shlex.split(f"{base} --train-iters 4 {flags}"), {})
+    filled = [
+        note.split(" (")[0] for note in t.notes if note.split(" (")[0] in ("no --lr", "no --eval-interval")
+    ]
+    assert filled == [f"no {flag}" for flag in said]
+    assert t.values["model.optim.lr"] == (6e-4 if "--lr" in said else 1e-4)
+    assert t.values["trainer.val_check_interval"] == (500 if "500" in flags else 1000)
+    if said == ["--lr", "--eval-interval"]:
+        assert t.notes[-1] == (
+            "no --eval-interval (validation every 1000 iterations, the default of Megatron up to core 0.15; "
+            "from core 0.16 (February 2026) it has none and stops)"
+        )
+
+
 def test_wandb_flags_map_to_the_nemo_wandb_logger():
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    base += " --train-iters 4 --mock-data --vocab-size 64 --save /runs/x"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save /runs/x"
     t = translate(shlex.split(base + " --wandb-project proj --wandb-exp-name exp"), {})
     em = load_training_config(None, t.overrides, report_ignored=False).exp_manager
     kw = em.wandb_logger_kwargs
@@ -425,7 +453,7 @@ def test_recompute_flags_combine_as_in_megatron(flags, granularity, method, laye
 
 def test_runtime_switches_of_real_scripts_are_accepted_and_said_once():
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    base += " --train-iters 4 --mock-data --vocab-size 64"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2"
     runtime = (
         "--data-impl infer --no-contiguous-buffers-in-local-ddp --exit-signal-handler"
         " --distribute-saved-activations --no-persist-layer-norm --empty-unused-memory-level 2 --manual-gc"
