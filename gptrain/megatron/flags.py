@@ -172,6 +172,7 @@ REFUSED: dict[str, str] = {
 # of values it takes, None for one or more.
 SPECIAL: dict[str, int | None] = {
     "--data-path": None, "--train-data-path": None, "--valid-data-path": None, "--test-data-path": None,
+    "--data-args-path": 1, "--per-split-data-args-path": 1,
     "--adam-beta1": 1, "--adam-beta2": 1, "--train-samples": 1, "--save": 1, "--load": 1,
     "--tensorboard-dir": 1, "--rampup-batch-size": 3, "--wandb-project": 1, "--wandb-exp-name": 1,
     "--wandb-save-dir": 1, "--num-layers-per-virtual-pipeline-stage": 1,

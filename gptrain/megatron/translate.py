@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gptrain.errors import ConfigError
-from gptrain.megatron import batch_schedule
+from gptrain.megatron import batch_schedule, data_paths
+from gptrain.megatron.data_paths import is_number as _is_number
 from gptrain.megatron.flags import (
     NO_EFFECT,
     NO_EFFECT_CHOICES,
@@ -113,14 +114,6 @@ def split_flags(argv: list[str]) -> list[tuple[str, list[str]]]:
     return pairs
 
 
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True
-
-
 def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
     if flag in REFUSED:
         raise ConfigError(f"{flag}: {REFUSED[flag]}")
@@ -168,13 +161,6 @@ def _convert(flag: str, text: str, convert: Any) -> Any:
         raise ConfigError(f"{flag} {text}: expects {kind}") from None
 
 
-# --data-path (split by --split), or Megatron's per-split paths -> NeMo's per-split data_prefix keys.
-PER_SPLIT_PATHS = {
-    "--train-data-path": "train",
-    "--valid-data-path": "validation",
-    "--test-data-path": "test",
-}
-
 # Megatron's Adam betas where the flags are absent.
 BETA_DEFAULTS = (("--adam-beta1", "0.9"), ("--adam-beta2", "0.999"))
 
@@ -185,7 +171,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     v.setdefault("model.max_position_embeddings", v["model.encoder_seq_length"])
     betas = [_convert(flag, given.get(flag, [default])[0], float) for flag, default in BETA_DEFAULTS]
     v["model.optim.betas"] = betas
-    _data_paths(v, given)
+    data_paths.apply(v, given)
     _query_groups(result)
     _swiglu_width(v, given)
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
@@ -204,35 +190,6 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _wandb(result)
     check_benchmark_mode(result)
     _filled_in(result)
-
-
-def _data_paths(v: dict[str, Any], given: dict[str, list[str]]) -> None:
-    """--data-path (one blend that --split divides) or the per-split paths (each split its own)."""
-    per_split = {
-        key: data_prefix(given[flag], flag) for flag, key in PER_SPLIT_PATHS.items() if flag in given
-    }
-    if per_split and "--data-path" in given:
-        raise ConfigError(
-            f"--data-path and {', '.join(f for f in PER_SPLIT_PATHS if f in given)}: give one blend that "
-            "--split divides, or a path per split, not both"
-        )
-    if per_split:
-        if "train" not in per_split:
-            raise ConfigError("--valid-data-path/--test-data-path need --train-data-path too")
-        v["model.data.data_prefix"] = per_split
-        v["model.data.data_impl"] = "mmap"
-    elif "--data-path" in given:
-        v["model.data.data_prefix"] = data_prefix(given["--data-path"])
-        v["model.data.data_impl"] = "mmap"
-
-
-def data_prefix(values: list[str], flag: str = "--data-path") -> Any:
-    """`--data-path p` or `--data-path w1 p1 w2 p2 ...` -> a prefix or a flat blend list."""
-    if len(values) == 1:
-        return values[0]
-    if len(values) % 2 or not all(_is_number(w) for w in values[0::2]):
-        raise ConfigError(f"{flag} {' '.join(values)}: give one prefix, or pairs 'WEIGHT PREFIX ...'")
-    return [float(x) if i % 2 == 0 else x for i, x in enumerate(values)]
 
 
 def _query_groups(result: Translation) -> None:

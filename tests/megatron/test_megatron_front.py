@@ -161,6 +161,64 @@ def test_per_split_data_paths_become_nemos_per_split_data_prefix():
         translate(shlex.split(flags.replace("--train-data-path", "--test-data-path")), {})
 
 
+def test_blends_from_files_are_read_as_megatron_reads_them(tmp_path):
+    """--data-args-path (whitespace-separated words, newlines too) and --per-split-data-args-path
+    (JSON: a string of words, a list, or null per split) give what the command-line flags give."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --lr 1e-4"
+    blend = tmp_path / "blend.txt"
+    blend.write_text("0.3 /d/a_text_document\n0.7\t/d/b_text_document\n")
+    from_file = translate(shlex.split(f"{flags} --data-args-path {blend} --split 98,2,0"), {})
+    inline = translate(shlex.split(f"{flags} --data-path 0.3 /d/a_text_document 0.7 /d/b_text_document"
+                                   " --split 98,2,0"), {})  # fmt: skip
+    assert from_file.values == inline.values
+    assert from_file.values["model.data.data_prefix"] == [
+        0.3,
+        "/d/a_text_document",
+        0.7,
+        "/d/b_text_document",
+    ]
+    per_split = tmp_path / "splits.json"
+    per_split.write_text(
+        '{"train": "0.3 /d/a_text_document 0.7 /d/b_text_document", "valid": ["/d/held_out"], "test": null}'
+    )
+    t = translate(shlex.split(f"{flags} --per-split-data-args-path {per_split}"), {})
+    inline = translate(shlex.split(f"{flags} --train-data-path 0.3 /d/a_text_document 0.7 /d/b_text_document"
+                                   " --valid-data-path /d/held_out"), {})  # fmt: skip
+    assert t.values == inline.values
+    assert t.values["model.data.data_prefix"] == {
+        "train": [0.3, "/d/a_text_document", 0.7, "/d/b_text_document"],
+        "validation": "/d/held_out",
+    }
+
+
+@pytest.mark.parametrize(
+    ("flags", "content", "message"),
+    [
+        ("--data-args-path F", "0.3 a 0.7 b", "--data-args-path needs --split: Megatron takes its legacy"),
+        ("--data-args-path F --split 98,2,0", "  \n", "--data-args-path F: the file is empty"),
+        ("--data-args-path F --split 98,2,0", "0.3 a b", "--data-args-path F holds 0.3 a b: give one prefix, or pairs"),
+        ("--data-args-path F --split 1 --data-path a", "a", "--data-path and --data-args-path: give one"),
+        ("--data-args-path F --split 1 --train-data-path a", "a", "--data-args-path and --train-data-path: give one blend"),
+        ("--per-split-data-args-path F", '{"train": "a", "valid": null}', "F: no key test; Megatron needs all of train"),
+        ("--per-split-data-args-path F", '{"train": null, "valid": "v", "test": null}', "F: train is null; training"),
+        ("--per-split-data-args-path F", '{"train": "a",', "--per-split-data-args-path F: not JSON"),
+        ("--per-split-data-args-path F", '["a"]', "F: expected a JSON object with the keys train, valid, test"),
+        ("--per-split-data-args-path F", '{"train": {"a": 1}, "valid": null, "test": null}', "F: train: give a string"),
+        ("--per-split-data-args-path F", '{"train": "", "valid": null, "test": null}', "F: train: empty; give a prefix"),
+        ("--per-split-data-args-path F --train-data-path a", '{}', "--per-split-data-args-path and --train/valid/test-data-path: give the paths"),
+        ("--data-args-path F --split 1", None, "--data-args-path F: cannot be read \\(No such file or directory\\)"),
+    ],
+)  # fmt: skip
+def test_bad_blend_files_are_one_line_naming_flag_and_file(tmp_path, monkeypatch, flags, content, message):
+    monkeypatch.chdir(tmp_path)
+    if content is not None:
+        (tmp_path / "F").write_text(content)
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    with pytest.raises(ConfigError, match=message):
+        translate(shlex.split(f"{base} --train-iters 4 --lr 1e-4 {flags}"), {})
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
