@@ -24,6 +24,8 @@ from gptrain.utils.atomic import temporary_sibling
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
 MAGIC = b"MMIDIDX\x00\x00"
+# The index of Megatron's lazy and cached formats (--dataset-impl lazy|cached), gone from Megatron in 2023.
+LEGACY_MAGIC = b"TNTIDX\x00\x00"
 VERSION = 1
 HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, S, D: 34 bytes, no padding
 HEADER_SIZE = HEADER.size
@@ -114,6 +116,11 @@ class IndexedDataset:
         if size < HEADER_SIZE:
             raise DataError(f"{self.idx_path}: truncated ({size} bytes, header needs {HEADER_SIZE})")
         magic, version, code, count, doc_count = HEADER.unpack(bytes(self._index[:HEADER_SIZE]))
+        if magic.startswith(LEGACY_MAGIC):
+            raise DataError(
+                f"{self.idx_path}: Megatron's old lazy/cached index (--dataset-impl lazy or cached), which "
+                "Megatron stopped reading in 2023; re-create the dataset from its text with gptrain data prepare"
+            )
         if magic != MAGIC:
             raise DataError(f"{self.idx_path}: not a Megatron index (bad magic {magic!r})")
         if version != VERSION:

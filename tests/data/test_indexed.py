@@ -177,6 +177,7 @@ def corrupt(idx: bytes, offset: int, value: bytes) -> bytes:
         (lambda i, b: (i[:-8], b), "size .* expected"),
         (lambda i, b: (i + b"\x00\x00\x00", b), "multimodal"),
         (lambda i, b: (corrupt(i, 0, b"XXIDIDX"), b), "bad magic"),
+        (lambda i, b: (corrupt(i, 0, b"TNTIDX\x00\x00"), b), "old lazy/cached index .* gptrain data prepare"),
         (lambda i, b: (corrupt(i, 9, struct.pack("<Q", 2)), b), "version 2"),
         (lambda i, b: (corrupt(i, 17, b"\x09"), b), "dtype code 9"),
         (lambda i, b: (i, b[:-2]), r"\.bin: size 10 bytes, expected 12"),
