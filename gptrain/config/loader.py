@@ -180,17 +180,26 @@ def _apply_override(root: DictConfig, override: str) -> str:
         path = key
     else:
         key = key.removeprefix("training.")
-        _check_known_key(key, f"override '{override}'")
+        if not form.delete:  # `~key` may remove a key gptrain does not know (a newer NeMo file's)
+            _check_known_key(key, f"override '{override}'")
         path = f"training.{key}"
     value = parse_value(form.text)
-    if form.delete:  # the key takes its default
-        delete_key(root, path, value, form.has_value, override)
+    if form.delete:
+        delete_key(root, path, form, value)
+        _restore_defaults(root)  # the key takes its default: gptrain's run directory, not none
         return key
     try:
         OmegaConf.update(root, path, value, merge=False, force_add=True)
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override}': {str(error).splitlines()[0]}") from None
     return key
+
+
+def _restore_defaults(root: DictConfig) -> None:
+    """After `~key`: the root keys and run-directory keys gptrain fills in when a file lacks them."""
+    for key, value in ROOT_DEFAULTS.items():
+        root.setdefault(key, value)
+    _set_run_dir_defaults(root)
 
 
 def _resolve(root: DictConfig, source: str) -> dict[str, Any]:

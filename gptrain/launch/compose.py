@@ -26,7 +26,7 @@ from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
 from gptrain.config.yamlio import load_file, parse_value
 from gptrain.errors import ConfigError
-from gptrain.utils.overrides import delete_key, split_override
+from gptrain.utils.overrides import OverrideForm, delete_key, split_override
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 GROUPS = ("cluster", "data_preparation", "validation", "training")
@@ -37,21 +37,19 @@ HYDRA_KEYS = ("defaults", "hydra")
 
 @dataclass
 class Override:
-    """One `key=value` from the command line; `+key=value` may add a key that does not exist."""
+    """One override from the command line, split (`form`), and its value as Hydra reads it."""
 
-    key: str
+    form: OverrideForm
     value: Any
-    add: bool = False
-    text: str = ""  # as typed: `cluster=2024` picks the file 2024.yaml, not the number
-    delete: bool = False  # `~key` (or `~key=value`): the key goes, and takes its default
-    has_value: bool = True  # False for a bare `~key`
+
+    @property
+    def key(self) -> str:
+        return self.form.key
 
     @property
     def typed(self) -> str:
         """The override as given, for messages that name it."""
-        if self.delete:
-            return f"~{self.key}={self.text}" if self.has_value else f"~{self.key}"
-        return f"{'+' if self.add else ''}{self.key}={self.text}"
+        return self.form.argument
 
 
 @dataclass
@@ -112,7 +110,7 @@ def parse_overrides(arguments: list[str]) -> list[Override]:
     for argument in arguments:
         form = split_override(argument, "training.trainer.num_nodes=2")
         value = parse_value(form.text)
-        overrides.append(Override(form.key, value, form.add, form.text, form.delete, form.has_value))
+        overrides.append(Override(form, value))
     return overrides
 
 
@@ -190,9 +188,14 @@ def compose(
     overrides = parse_overrides(arguments)
     dotted = []
     for override in overrides:
-        if override.key in GROUPS and isinstance(override.value, str | int | float) and override.text:
+        if override.key in GROUPS and override.form.delete:
+            raise ConfigError(
+                f"override '{override.typed}': removing the {override.key} group is not supported;"
+                f" choose its file with {override.key}=NAME"
+            )
+        if override.key in GROUPS and isinstance(override.value, str | int | float) and override.form.text:
             # a file name, even one YAML reads as a number (`cluster=2024`, `training=010`)
-            choices[override.key] = override.value if isinstance(override.value, str) else override.text
+            choices[override.key] = override.value if isinstance(override.value, str) else override.form.text
         else:
             dotted.append(override)
     choices = {**bundled_defaults(root, choices), **choices}
@@ -215,7 +218,7 @@ def compose(
     if cfg.get("unique_output"):
         make_unique(cfg, now if now is not None else time.time())
     check_stages(cfg, root / f"{config_name}.yaml")
-    given = {o.key: o.typed for o in dotted if not o.delete}
+    given = {o.key: o.typed for o in dotted if not o.form.delete}
     return Composition(cfg, choices, root, given)
 
 
@@ -266,15 +269,15 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
     Training keys are checked by the training config loader, which knows the full schema
     (a preset file lists only some of the keys gptrain accepts).
     """
-    if override.delete:
-        delete_key(cfg, override.key, override.value, override.has_value, override.typed)
+    if override.form.delete:
+        delete_key(cfg, override.key, override.form, override.value)
         return
     parts = override.key.split(".")
     node: Any = cfg
     for depth, part in enumerate(parts):
         present = isinstance(node, DictConfig) and part in node
         free_form = depth > 0 and parts[depth - 1] == "env_vars"
-        if not present and not override.add and not free_form and parts[0] != "training":
+        if not present and not override.form.add and not free_form and parts[0] != "training":
             where = ".".join(parts[:depth]) or "the top level"
             keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
             raise ConfigError(
@@ -284,7 +287,7 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
         if not present or not isinstance(node[part], DictConfig | ListConfig):
             break
         node = node[part]
-    if parts[0] == "training" and len(parts) > 1 and not override.add:
+    if parts[0] == "training" and len(parts) > 1 and not override.form.add:
         check_training_key(".".join(parts[1:]), override.key)
     try:
         OmegaConf.update(cfg, override.key, override.value, merge=False, force_add=True)

@@ -30,6 +30,7 @@ class OverrideForm:
     add: bool = False
     delete: bool = False
     has_value: bool = True
+    argument: str = ""  # the whole word as typed, for messages that name it
 
 
 def split_preset(preset: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
@@ -48,25 +49,28 @@ def split_override(argument: str, example: str) -> OverrideForm:
         raise ConfigError(
             f"override '{argument}' is not key=value (e.g. {example}; +key=value adds a key, ~key deletes one)"
         )
-    return OverrideForm(key, form["text"].strip(), prefix.startswith("+"), prefix == "~", has_value)
+    text = form["text"].strip()
+    return OverrideForm(key, text, prefix.startswith("+"), prefix == "~", has_value, argument)
 
 
-def delete_key(cfg: Any, key: str, expected: Any, has_value: bool, argument: str) -> None:
+def delete_key(cfg: Any, key: str, form: OverrideForm, expected: Any) -> None:
     """Remove dotted `key` from the OmegaConf mapping `cfg` (`~key`); with `~key=value`, only when
-    the value there is `expected` (Hydra's rule). A key that is not there is a one-line error."""
+    the value there, resolved or as written, is `expected` (Hydra compares the resolved value;
+    `~key=null` is a bare `~key`, as in Hydra). A key that is not there is a one-line error."""
     from omegaconf import DictConfig, OmegaConf
 
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key, throw_on_resolution_failure=False) if parent_key else cfg
     if not isinstance(parent, DictConfig) or leaf not in parent:
         raise ConfigError(
-            f"override '{argument}': the key is not in the config, so there is nothing to delete"
+            f"override '{form.argument}': the key is not in the config, so there is nothing to delete"
         )
-    if has_value:
-        present = OmegaConf.to_container(parent, resolve=False)[leaf]
-        if present != expected:
+    if form.has_value and expected is not None:
+        written = OmegaConf.to_container(parent, resolve=False)[leaf]
+        resolved = OmegaConf.select(cfg, key, throw_on_resolution_failure=False, default=written)
+        if expected not in (written, resolved):
             raise ConfigError(
-                f"override '{argument}': the value there is {present!r}, not {expected!r};"
+                f"override '{form.argument}': the value there is {resolved!r}, not {expected!r};"
                 " leave out '=value' to delete the key whatever it holds"
             )
     del parent[leaf]

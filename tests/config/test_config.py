@@ -201,6 +201,21 @@ def test_hydras_add_force_add_and_delete_forms():
         load_training_config("gpt3/126m", ["+model.nope=1"])  # + adds no key gptrain does not know
 
 
+def test_delete_takes_away_unknown_keys_and_gives_back_the_run_directory(tmp_path):
+    """`~key` of a key gptrain does not know (what a newer NeMo file carries) was "unknown key",
+    and `~run.name` left `run.results_dir` unresolvable, the error naming the preset file."""
+    path = tmp_path / "newer.yaml"
+    path.write_text("model:\n  foo_unknown: 1\n  data:\n    data_impl: mock\n    mock_vocab_size: 64\n")
+    with pytest.raises(ConfigError, match="foo_unknown"):
+        load_training_config(config_file=str(path))
+    assert load_training_config(config_file=str(path), overrides=["~model.foo_unknown"]).model.num_layers
+    default = load_training_config("gpt3/126m")
+    for key in ("run.name", "base_results_dir"):
+        cfg = load_training_config("gpt3/126m", [f"base_results_dir={tmp_path}", "run.name=mine", f"~{key}"])
+        assert cfg.run.results_dir == f"{tmp_path}/gpt3_126m" if key == "run.name" else "results/mine"
+    assert load_training_config("gpt3/126m", ["~data_dir"]).run.results_dir == default.run.results_dir
+
+
 def test_nemos_0_and_1_for_a_switch_are_false_and_true(tmp_path):
     """NeMo's mlperf presets write `resume_if_exists: 0` and `create_checkpoint_callback: 0`, which
     NeMo's typed exp_manager reads as false (as OmegaConf does); gptrain refused them ("expects bool")."""

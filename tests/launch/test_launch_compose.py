@@ -3,6 +3,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import CONFIG_ROOT, closest, compose, group_choices, parse_overrides
@@ -95,11 +96,23 @@ def test_hydras_delete_and_force_add_forms():
     assert "srun_args" not in resolved["cluster"]
     assert "min_lr" not in resolved["training"]["model"]["optim"]["sched"]
     assert resolved["training"]["trainer"]["max_steps"] == 7
-    assert "partition" not in compose(["~cluster.partition=null"]).resolved()["cluster"]  # it matched
+    assert "partition" not in compose(["~cluster.partition=null"]).resolved()["cluster"]  # =null: bare ~key
     with pytest.raises(ConfigError, match=r"^override '~cluster.partition=gpu': the value there is None"):
         compose(["~cluster.partition=gpu"])
     with pytest.raises(ConfigError, match=r"^override '~cluster.nope': the key is not in the config"):
         compose(["~cluster.nope"])
+
+
+def test_delete_compares_the_resolved_value_names_the_override_as_typed_and_keeps_groups():
+    """`~key=value` compared the value as written (`${base_results_dir}/${.name}`), where Hydra
+    compares the resolved one; `~training=gpt3/5b` chose that file, where Hydra's `~group`
+    removes the group."""
+    written = OmegaConf.to_container(compose([]).cfg.training.run, resolve=False)["results_dir"]
+    assert written == "${base_results_dir}/${.name}"  # resolved, before the paths are made absolute:
+    kept = compose(["~training.run.results_dir=results/gpt3_126m", "+training.run.results_dir=/elsewhere"])
+    assert kept.resolved()["training"]["run"]["results_dir"] == "/elsewhere"
+    with pytest.raises(ConfigError, match=r"^override '~training=gpt3/5b': removing the training group"):
+        compose(["~training=gpt3/5b"])
 
 
 def test_parse_overrides_reads_yaml_values():

@@ -72,6 +72,15 @@ def test_a_bad_config_value_is_an_error_even_in_a_dry_run(dry_run, tmp_path, cap
     assert "max_stepz" in capsys.readouterr().err
 
 
+def test_an_error_names_the_override_as_typed(tmp_path, capsys, monkeypatch):
+    """A launch respelled `++key=value` as `+key=value` in its errors."""
+    monkeypatch.chdir(tmp_path)
+    assert (
+        main(["launch", "--dry-run", "++training.trainer.max_steps=abc", "training.trainer.num_nodes=1"]) == 2
+    )
+    assert "override '++training.trainer.max_steps=abc': " in capsys.readouterr().err
+
+
 def test_a_dry_run_or_a_launch_that_fails_never_touches_a_live_runs_files(tmp_path, capsys, monkeypatch):
     """A requeued job re-reads its _hydra.yaml: only a launch that passed every check may rewrite it."""
     monkeypatch.chdir(tmp_path)
