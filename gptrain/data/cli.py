@@ -27,8 +27,9 @@ def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--input",
         nargs="+",
+        action="extend",  # `--input A --input B` is both files, not only B
         required=True,
-        help="jsonl files or globs (.jsonl, .jsonl.gz, .jsonl.xz, .jsonl.zst)",
+        help="jsonl files or globs (.jsonl, .jsonl.gz, .jsonl.xz, .jsonl.zst); may be repeated",
     )
     parser.add_argument("--output-prefix", required=True, help="outputs are <prefix>_<key>_document.bin/.idx")
     parser.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize (default: text)")
@@ -180,7 +181,11 @@ def _add_merge(subparsers: argparse._SubParsersAction) -> None:
         description="Concatenate .bin/.idx datasets in the order given; token dtypes must agree.",
     )
     parser.add_argument(
-        "--input", nargs="+", required=True, help="dataset prefixes in order, or directories of datasets"
+        "--input",
+        nargs="+",
+        action="extend",  # `--input A --input B` is both datasets, not only B
+        required=True,
+        help="dataset prefixes in order, or directories of datasets; may be repeated",
     )
     parser.add_argument("--output-prefix", required=True, help="the merged dataset's prefix")
     parser.set_defaults(func=_run_merge)

@@ -41,6 +41,17 @@ def test_merge_equals_one_prepare(tmp_path, gpt2_files, corpus, write_jsonl, meg
     assert merged == megatron_dataset(corpus, True)
 
 
+def test_merge_takes_repeated_input_flags(tmp_path, capsys):
+    """`--input A --input B` merges both datasets; argparse kept only B."""
+    for name, tokens in (("a", [1, 2]), ("b", [3])):
+        with IndexedDatasetWriter(str(tmp_path / name), np.uint16) as writer:
+            writer.add_document(np.array(tokens))
+    argv = ["data", "merge", "--input", str(tmp_path / "a"), "--input", str(tmp_path / "b")]
+    assert main([*argv, "--output-prefix", str(tmp_path / "ab")]) == 0
+    assert "merged 2 datasets: 2 documents, 3 tokens" in capsys.readouterr().out
+    assert np.fromfile(tmp_path / "ab.bin", np.uint16).tolist() == [1, 2, 3]
+
+
 def test_merge_errors(tmp_path, capsys):
     with IndexedDatasetWriter(str(tmp_path / "small"), np.uint16) as writer:
         writer.add_document(np.array([1, 2]))

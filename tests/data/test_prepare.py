@@ -71,6 +71,16 @@ def test_cli_keys_files_and_globs(tmp_path, gpt2_files, corpus, write_jsonl, meg
     assert "docs/s" in out.err and "MB/s" in out.err and "ETA" in out.err
 
 
+def test_repeated_input_flags_add_up(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset):
+    """`--input A --input B` tokenizes both files in that order; argparse kept only B (A's
+    documents were dropped without a word)."""
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in corpus[:5]])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"text": t} for t in corpus[5:]])
+    argv = ["data", "prepare", "--input", str(a), "--input", str(b), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 0
+    assert outputs(tmp_path / "out") == megatron_dataset(corpus, False)
+
+
 def test_megatron_command_line_runs_unchanged(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset):
     """preprocess_data.py's runtime flags (and its --vocab abbreviation, as in older scripts) are
     accepted; the output is still Megatron's bytes in the input's order."""
