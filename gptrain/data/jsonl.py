@@ -50,7 +50,28 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
             )
         if not path.is_file():
             raise DataError(f"--input {path}: no such file")
+    _refuse_repeated_files(paths)
     return paths
+
+
+def file_identity(path: Path) -> tuple[int, int]:
+    """(device, inode): the same for every name of one file (links, `./a` and `a`)."""
+    stat = path.stat()
+    return stat.st_dev, stat.st_ino
+
+
+def _refuse_repeated_files(paths: list[Path]) -> None:
+    """A file named twice (or by a path and a glob, or through a link) would be tokenized twice:
+    its documents would sit in the dataset twice, which nobody asks for by accident."""
+    seen: dict[tuple[int, int], Path] = {}
+    for path in paths:
+        first = seen.setdefault(file_identity(path), path)
+        if first is not path:
+            same = "given twice" if str(first) == str(path) else f"the same file as {first}"
+            raise DataError(
+                f"--input {path}: {same}; each file is tokenized as often as it is named, so its "
+                "documents would be in the dataset twice: name it once (weight corpora when blending)"
+            )
 
 
 def compression_of(path: Path) -> str | None:

@@ -16,6 +16,7 @@ from typing import TextIO
 import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, strip_suffix
+from gptrain.data.jsonl import file_identity
 from gptrain.errors import DataError
 from gptrain.utils.progress import Progress
 
@@ -54,6 +55,7 @@ def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None 
     for prefix in prefixes:
         if Path(prefix).resolve() == Path(output_prefix).resolve():
             raise DataError(f"--output-prefix {output_prefix} is also an input; choose a new name")
+    _refuse_repeated_inputs(prefixes)
     dtype, total_bytes = _check_inputs(prefixes)
     progress = Progress(
         "merge", "datasets", total_bytes=total_bytes, interval=PROGRESS_SECONDS, stream=stream
@@ -67,6 +69,22 @@ def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None 
         raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None
     IndexedDataset(output_prefix).verify()  # reads only the .idx, ~1/1000 of the copied bytes
     return MergeResult(len(prefixes), writer.num_documents, writer.num_tokens, writer.path_prefix)
+
+
+def _refuse_repeated_inputs(prefixes: list[str]) -> None:
+    """A dataset named twice (or by its name and its directory) would be copied twice."""
+    seen: dict[tuple[int, int], str] = {}
+    for prefix in prefixes:
+        index = Path(prefix + ".idx")
+        if not index.is_file():
+            continue  # named as missing by the checks that follow
+        first = seen.setdefault(file_identity(index), prefix)
+        if first is not prefix:
+            same = "given twice" if first == prefix else f"the same dataset as {first}"
+            raise DataError(
+                f"--input {prefix}: {same}; its documents would be in the merged dataset twice: "
+                "name each dataset once"
+            )
 
 
 def _check_inputs(prefixes: list[str]) -> tuple[np.dtype, int]:

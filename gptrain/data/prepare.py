@@ -26,7 +26,7 @@ from typing import TextIO
 import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_together, optimal_dtype
-from gptrain.data.jsonl import Chunk, expand_inputs, iter_chunks
+from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, iter_chunks
 from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.progress import Progress
@@ -307,9 +307,10 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             f"--json-keys {' '.join(config.json_keys)}: {', '.join(map(repr, repeated))} given more than "
             "once; name each key once (each makes its own <prefix>_<key>_document dataset)"
         )
+    stats = PrepareStats(outputs=output_prefixes(config.output_prefix, config.json_keys))
+    _refuse_outputs_among_inputs(paths, stats.outputs)
     _init_worker(config.tokenizer, config.json_keys, config.append_eod, config.skip_bad_lines)
     assert _STATE is not None
-    stats = PrepareStats(outputs=output_prefixes(config.output_prefix, config.json_keys))
     stats.empty_documents = dict.fromkeys(config.json_keys, 0)
     sizes = [p.stat().st_size for p in paths]
     progress = _InputProgress(sum(sizes), stream)
@@ -330,6 +331,18 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
         IndexedDataset(prefix).verify()
     stats.seconds = progress.elapsed
     return stats
+
+
+def _refuse_outputs_among_inputs(paths: list[Path], prefixes: list[str]) -> None:
+    """An output that is also an input (a glob such as 'data/*' on a second run) would be read
+    as jsonl, then replaced by the new dataset."""
+    inputs = {file_identity(path): path for path in paths}
+    for output in (Path(prefix + suffix) for prefix in prefixes for suffix in (".bin", ".idx")):
+        if output.exists() and (path := inputs.get(file_identity(output))) is not None:
+            raise DataError(
+                f"--input {path} is the output {output} of this --output-prefix; "
+                "choose another --output-prefix or leave the file out of --input"
+            )
 
 
 def _tracked_chunks(

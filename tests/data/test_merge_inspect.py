@@ -52,6 +52,20 @@ def test_merge_takes_repeated_input_flags(tmp_path, capsys):
     assert np.fromfile(tmp_path / "ab.bin", np.uint16).tolist() == [1, 2, 3]
 
 
+def test_merge_refuses_a_dataset_named_twice(tmp_path, capsys):
+    """A dataset named twice, or by its name and its directory, was copied twice."""
+    (tmp_path / "parts").mkdir()
+    for name in ("a", "b"):
+        with IndexedDatasetWriter(str(tmp_path / "parts" / name), np.uint16) as writer:
+            writer.add_document(np.array([1, 2]))
+    a, parts = str(tmp_path / "parts" / "a"), str(tmp_path / "parts")
+    for inputs, message in (([a, a + ".bin"], f"--input {a}: given twice"), ([parts, a], "given twice")):
+        assert main(["data", "merge", "--input", *inputs, "--output-prefix", str(tmp_path / "m")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "name each dataset once" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "m.bin").exists()
+
+
 def test_merge_errors(tmp_path, capsys):
     with IndexedDatasetWriter(str(tmp_path / "small"), np.uint16) as writer:
         writer.add_document(np.array([1, 2]))

@@ -81,6 +81,31 @@ def test_repeated_input_flags_add_up(tmp_path, gpt2_files, corpus, write_jsonl, 
     assert outputs(tmp_path / "out") == megatron_dataset(corpus, False)
 
 
+def test_a_file_named_twice_or_an_output_among_the_inputs_is_refused(tmp_path, gpt2_files, capsys):
+    """A file named twice (by a glob and a path, or through a link) was tokenized twice, its
+    documents twice in the dataset; an output matched by an input glob was read as jsonl."""
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "a.jsonl")
+    prefix = tmp_path / "out"
+    (tmp_path / "out_text_document.bin").write_bytes(b"")
+    a, pattern = str(tmp_path / "a.jsonl"), str(tmp_path / "*.jsonl")
+    cases = [
+        ([a, a], f"--input {a}: given twice; each file is tokenized as often as it is named"),
+        ([a, pattern], f"--input {a}: given twice"),
+        ([a, str(tmp_path / "link.jsonl")], f"link.jsonl: the same file as {a}"),
+        (
+            [a.replace("a.jsonl", "*.bin")],
+            f"is the output {tmp_path / 'out_text_document.bin'} of this --output-prefix",
+        ),
+    ]
+    for inputs, message in cases:
+        argv = ["data", "prepare", "--input", *inputs, "--output-prefix", str(prefix), "--workers", "1"]
+        assert main([*argv, *gpt2_flags(gpt2_files)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (inputs, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "link.jsonl", "out_text_document.bin"]
+
+
 def test_megatron_command_line_runs_unchanged(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset):
     """preprocess_data.py's runtime flags (and its --vocab abbreviation, as in older scripts) are
     accepted; the output is still Megatron's bytes in the input's order."""
