@@ -18,6 +18,8 @@ from typing import IO
 
 from gptrain.errors import DataError
 
+# Windows tools (PowerShell 5, Notepad) begin UTF-8 text with it; JSON parsers refuse it.
+UTF8_BOM = b"\xef\xbb\xbf"
 # Compression is recognised by content, so a mis-named file still reads.
 _MAGIC = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 
@@ -130,10 +132,23 @@ def iter_chunks(paths: list[Path], chunk_bytes: int = 1 << 20) -> Iterator[Chunk
         kind = compression_of(path)
         with open(path, "rb") as raw:
             try:
-                yield from _file_chunks(path, raw, _blocks(raw, kind, chunk_bytes))
+                yield from _file_chunks(path, raw, _without_bom(_blocks(raw, kind, chunk_bytes)))
             except errors as error:
                 what = f"cannot decompress {kind} input" if kind else "cannot read input"
                 raise DataError(f"{path}: {what} ({error}); check the file is complete") from None
+
+
+def _without_bom(blocks: Iterator[bytes]) -> Iterator[bytes]:
+    """The blocks less a byte order mark at the start of the file: it is no part of the first
+    document, and left in, that line was refused as not JSON (or skipped, a document lost)."""
+    head = b""
+    for block in blocks:
+        head += block
+        if len(head) >= len(UTF8_BOM):
+            break
+    if head := head.removeprefix(UTF8_BOM):
+        yield head
+    yield from blocks
 
 
 def _file_chunks(path: Path, raw: IO[bytes], blocks: Iterator[bytes]) -> Iterator[Chunk]:

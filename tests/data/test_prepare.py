@@ -131,6 +131,23 @@ def test_partitions_say_how_megatrons_document_order_would_differ(
     assert len(notes) == 1 and differs in notes[0]
 
 
+@pytest.mark.parametrize(("compress", "chunk_bytes"), [(None, 1), (None, 1 << 20), (gzip.compress, 64)])
+def test_a_byte_order_mark_starting_a_file_is_no_part_of_its_first_document(
+    tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, compress, chunk_bytes
+):
+    """A UTF-8 BOM (as Windows tools write) made line 1 'not valid JSON', and --skip-bad-lines
+    dropped that document; it is now read past, however the file's first blocks fall."""
+    records = [{"text": t} for t in corpus]
+    data = b"\xef\xbb\xbf" + write_jsonl(tmp_path / "plain.jsonl", records).read_bytes()
+    source = tmp_path / "bom.jsonl"
+    source.write_bytes(compress(data) if compress else data)
+    spec = TokenizerSpec("GPT2BPETokenizer", *gpt2_files)
+    config = PrepareConfig([str(source)], str(tmp_path / "out"), spec, chunk_bytes=chunk_bytes)
+    stats = prepare(config, stream=sys.stdout)
+    assert outputs(tmp_path / "out") == megatron_dataset(corpus, False)
+    assert stats.documents == len(corpus) and stats.bad_lines == 0
+
+
 @pytest.mark.parametrize("suffix", [".gz", ".xz", ".zst"])
 def test_compressed_inputs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, suffix):
     plain = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus]).read_bytes()
