@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import glob
 import gzip
+import io
 import lzma
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from gptrain.errors import DataError
 
@@ -50,16 +52,23 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
             raise DataError(
                 f"--input {path}: is a directory; pass its files (e.g. --input '{path}/*.jsonl', quoted)"
             )
-        if not path.is_file():
+        if not path.exists():
             raise DataError(f"--input {path}: no such file")
+        if not (path.is_file() or is_pipe(path)):
+            raise DataError(f"--input {path}: not a file or a pipe; pass jsonl files")
     _refuse_repeated_files(paths)
     return paths
 
 
+def is_pipe(path: Path) -> bool:
+    """A pipe, read once front to back: `--input <(zstdcat a.zst)`, or /dev/stdin fed by one."""
+    return stat.S_ISFIFO(path.stat().st_mode)
+
+
 def file_identity(path: Path) -> tuple[int, int]:
     """(device, inode): the same for every name of one file (links, `./a` and `a`)."""
-    stat = path.stat()
-    return stat.st_dev, stat.st_ino
+    status = path.stat()
+    return status.st_dev, status.st_ino
 
 
 def _refuse_repeated_files(paths: list[Path]) -> None:
@@ -76,13 +85,37 @@ def _refuse_repeated_files(paths: list[Path]) -> None:
             )
 
 
-def compression_of(path: Path) -> str | None:
-    with open(path, "rb") as handle:
-        head = handle.read(6)
+def _compression_of(head: bytes) -> str | None:
     for magic, name in _MAGIC.items():
         if head.startswith(magic):
             return name
     return None
+
+
+class _PutBack(io.RawIOBase):
+    """A pipe with the bytes already read from it put back in front: a pipe cannot seek."""
+
+    def __init__(self, head: bytes, rest: io.BufferedReader) -> None:
+        self._head, self._rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._head:
+            return self._rest.readinto(buffer)
+        size = min(len(buffer), len(self._head))
+        buffer[:size], self._head = self._head[:size], self._head[size:]
+        return size
+
+
+def _sniffed(raw: io.BufferedReader) -> tuple[IO[bytes], str | None]:
+    """The input from its first byte, and its compression, recognised by its first bytes."""
+    head = raw.read(max(map(len, _MAGIC)))  # a buffered read: all of them, unless the input is shorter
+    if raw.seekable():
+        raw.seek(0)
+        return raw, _compression_of(head)
+    return io.BufferedReader(_PutBack(head, raw)), _compression_of(head)
 
 
 def _zstd_blocks(raw: IO[bytes], size: int) -> Iterator[bytes]:
@@ -129,10 +162,12 @@ def iter_chunks(paths: list[Path], chunk_bytes: int = 1 << 20) -> Iterator[Chunk
     """Chunks of about `chunk_bytes` of whole lines, file after file, in order."""
     errors = _read_errors()
     for path in paths:
-        kind = compression_of(path)
         with open(path, "rb") as raw:
+            kind = None
             try:
-                yield from _file_chunks(path, raw, _without_bom(_blocks(raw, kind, chunk_bytes)))
+                source, kind = _sniffed(raw)
+                position = raw.tell if raw.seekable() else lambda: 0  # no ETA through a pipe
+                yield from _file_chunks(path, position, _without_bom(_blocks(source, kind, chunk_bytes)))
             except errors as error:
                 what = f"cannot decompress {kind} input" if kind else "cannot read input"
                 raise DataError(f"{path}: {what} ({error}); check the file is complete") from None
@@ -151,7 +186,7 @@ def _without_bom(blocks: Iterator[bytes]) -> Iterator[bytes]:
     yield from blocks
 
 
-def _file_chunks(path: Path, raw: IO[bytes], blocks: Iterator[bytes]) -> Iterator[Chunk]:
+def _file_chunks(path: Path, position: Callable[[], int], blocks: Iterator[bytes]) -> Iterator[Chunk]:
     line = 1
     pending: list[bytes] = []  # a line longer than a block accumulates here
     for block in blocks:
@@ -161,7 +196,7 @@ def _file_chunks(path: Path, raw: IO[bytes], blocks: Iterator[bytes]) -> Iterato
             continue
         data = b"".join([*pending, block[: cut + 1]])
         pending = [block[cut + 1 :]] if cut + 1 < len(block) else []
-        yield Chunk(str(path), line, data, raw.tell())
+        yield Chunk(str(path), line, data, position())
         line += data.count(b"\n")
     if pending:
-        yield Chunk(str(path), line, b"".join(pending), raw.tell())
+        yield Chunk(str(path), line, b"".join(pending), position())

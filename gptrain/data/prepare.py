@@ -26,7 +26,7 @@ from typing import TextIO
 import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_together, optimal_dtype
-from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, iter_chunks
+from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, is_pipe, iter_chunks
 from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.progress import Progress
@@ -313,7 +313,8 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
     assert _STATE is not None
     stats.empty_documents = dict.fromkeys(config.json_keys, 0)
     sizes = [p.stat().st_size for p in paths]
-    progress = _InputProgress(sum(sizes), stream)
+    # A pipe's size is unknown: a percentage would reach 100% before it is read.
+    progress = _InputProgress(0 if any(map(is_pipe, paths)) else sum(sizes), stream)
     try:
         with contextlib.ExitStack() as stack:
             writers = [stack.enter_context(IndexedDatasetWriter(p, _STATE.dtype)) for p in stats.outputs]

@@ -160,6 +160,31 @@ def test_compressed_inputs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_d
     assert outputs(tmp_path / "out") == megatron_dataset(corpus, False)
 
 
+def test_pipes_are_inputs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, capsys):
+    """`--input <(zstdcat a.zst)` or a named pipe, plain or compressed, beside a file: each was
+    'no such file' (and sniffing the compression by reopening would have lost a pipe's first bytes)."""
+    records = [{"text": t} for t in corpus]
+    plain = write_jsonl(tmp_path / "plain.jsonl", records[:4]).read_bytes()
+    write_jsonl(tmp_path / "file.jsonl", records[4:6])
+    parts = [plain, zstandard.ZstdCompressor().compress(plain), gzip.compress(plain), lzma.compress(plain)]
+    writers, fifos = [], []
+    for n, data in enumerate(parts):
+        (tmp_path / f"data{n}").write_bytes(data)
+        os.mkfifo(tmp_path / f"pipe{n}")
+        fifos.append(str(tmp_path / f"pipe{n}"))
+        writers.append(subprocess.Popen(["sh", "-c", f"cat data{n} > pipe{n}"], cwd=tmp_path))
+    inputs = [fifos[0], str(tmp_path / "file.jsonl"), *fifos[1:]]
+    argv = ["data", "prepare", "--input", *inputs, "--output-prefix", str(tmp_path / "out"), "--workers", "2"]
+    try:
+        assert main([*argv, *gpt2_flags(gpt2_files), "--log-interval", "1"]) == 0
+        assert [writer.wait(timeout=30) for writer in writers] == [0] * len(parts)
+    finally:
+        for writer in writers:  # a writer whose pipe was never opened waits for a reader forever
+            writer.kill()
+    assert outputs(tmp_path / "out") == megatron_dataset(corpus[:6] + corpus[:4] * 3, False)
+    assert "ETA" not in capsys.readouterr().err  # a pipe's size is unknown
+
+
 def test_huggingface_tokenizer_json(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset):
     """The HF path (type implied by --tokenizer-model) gives the same bytes on the GPT-2 vocab."""
     from gptrain.data.tokenizers import load_gpt2_bpe
