@@ -12,6 +12,7 @@ import glob
 import gzip
 import io
 import lzma
+import os
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,10 +38,11 @@ class Chunk:
 
 
 def expand_inputs(patterns: list[str]) -> list[Path]:
-    """Files in the order given; a glob expands to its matches in sorted order."""
+    """Files in the order given; a glob expands to its matches in sorted order. A name that is a
+    file is that file, glob characters or not (`shard[1].jsonl`, as the shell passes it)."""
     paths: list[Path] = []
     for pattern in patterns:
-        if glob.has_magic(pattern):
+        if glob.has_magic(pattern) and not os.path.lexists(pattern):
             matches = sorted(glob.glob(pattern))
             if not matches:
                 raise DataError(f"--input {pattern}: no file matches this pattern")

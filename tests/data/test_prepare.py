@@ -106,6 +106,16 @@ def test_a_file_named_twice_or_an_output_among_the_inputs_is_refused(tmp_path, g
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "link.jsonl", "out_text_document.bin"]
 
 
+def test_a_file_whose_name_holds_glob_characters_is_that_file(tmp_path, gpt2_files, megatron_dataset):
+    """`--input 'shard[1].jsonl'` (or the shell's expansion of `shard*`) was read as a pattern
+    matching 'shard1.jsonl': 'no file matches this pattern' for a file that is there."""
+    source = tmp_path / "shard[1].jsonl"
+    source.write_text('{"text": "Hello world"}\n')
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 0
+    assert outputs(tmp_path / "out") == megatron_dataset(["Hello world"], False)
+
+
 def test_megatron_command_line_runs_unchanged(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset):
     """preprocess_data.py's runtime flags (and its --vocab abbreviation, as in older scripts) are
     accepted; the output is still Megatron's bytes in the input's order."""
