@@ -19,7 +19,10 @@ from typing import Any
 from gptrain.errors import ConfigError
 
 # Stages of the NeMo launcher that gptrain does not run (their group files need not exist).
-FOREIGN_STAGE_REASON = "gptrain runs data_preparation and training only (gptrain export converts checkpoints)"
+FOREIGN_STAGE_REASON = (
+    "gptrain runs data_preparation, validation (its cluster check) and training only "
+    "(gptrain export converts checkpoints)"
+)
 NEMO_STAGES = (
     "adapter_learning", "conversion", "conversion_hf2nemo", "data_curation", "evaluation", "export",
     "external_conversion", "fine_tuning", "fw_inference", "generic", "ia3_learning", "peft",

@@ -67,7 +67,10 @@ def test_azure_tutorial_command_on_each_release_tree(release, tmp_path, capsys):
     assert cfg.exp_manager.wandb_logger_kwargs.project == "nemo_gpt3"
     assert cfg.exp_manager.wandb_logger_kwargs.name == "gpt3_126m-1n-tp1-pp1-mbs1"
     err = capsys.readouterr().err
-    assert "conversion" in err and "gptrain runs data_preparation and training only" in err
+    assert (
+        "conversion" in err
+        and "gptrain runs data_preparation, validation (its cluster check) and training only" in err
+    )
 
 
 def test_upstream_defaults_need_not_exist_and_cluster_type_bcm(tmp_path):
