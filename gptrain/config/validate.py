@@ -246,10 +246,13 @@ def _check_data(cfg: TrainingConfig) -> None:
         )
 
 
+# gptrain.data.builder.PER_SPLIT_KEYS, repeated so loading a config (in `gptrain launch` on a login
+# node too) does not import the data modules, numpy and numba.
+PER_SPLIT_KEYS = ("train", "validation", "test")
+
+
 def _check_per_split_prefix(data_prefix: Mapping) -> None:
     """NeMo's per-split form {train: ..., validation: ..., test: ...}: training needs its train entry."""
-    from gptrain.data.builder import PER_SPLIT_KEYS
-
     unknown = [str(key) for key in data_prefix if key not in PER_SPLIT_KEYS]
     if unknown:
         raise ConfigError(

@@ -34,3 +34,18 @@ def test_launch_dry_run_and_job_control_import_no_torch(tmp_path):
     logs = (["logs", "gpt3_126m"], ["logs", "gpt3_126m", "--all"], ["logs", "gpt3_126m", "--launch", "1"])
     for command in (["status"], ["status", "gpt3_126m"], *logs, ["cancel", "gpt3_126m"]):
         assert run_cli(command, tmp_path) == ["0"], command
+
+
+def test_a_per_split_data_prefix_is_checked_without_numpy(tmp_path):
+    """config/validate.py checked the per-split keys by importing gptrain.data.builder (numpy, numba)."""
+    launch = ["launch", "--dry-run", "cluster_type=slurm", "training.trainer.num_nodes=1"]
+    launch += ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
+    launch += ["training.model.data.data_prefix={train:[1.0,/data/a],validation:[1.0,/data/b]}"]
+    assert run_cli(launch, tmp_path) == ["0"]
+
+
+def test_the_per_split_keys_of_config_and_data_agree():
+    from gptrain.config.validate import PER_SPLIT_KEYS
+    from gptrain.data.builder import PER_SPLIT_KEYS as DATA_KEYS
+
+    assert PER_SPLIT_KEYS == DATA_KEYS
