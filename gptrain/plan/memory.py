@@ -65,10 +65,24 @@ class _Dtypes:
     mixed: bool
 
 
+def _sharded(layout: Layout) -> bool:
+    """FSDP2 over 2+ data-parallel ranks (any sharding but ddp)."""
+    return layout.sharding != "ddp" and layout.dp > 1
+
+
 def gathered_through_the_step(layout: Layout) -> bool:
-    """shard_grad_op over 2+ ranks without a pipeline: every block stays gathered from the step's first
-    forward to its last backward (under a pipeline it behaves as full_shard there: gptrain.parallel)."""
-    return layout.sharding == "shard_grad_op" and layout.dp > 1 and layout.pp == 1
+    """Every block stays gathered from the step's first forward to its last backward: shard_grad_op
+    (gptrain.parallel.data_parallel), and any sharding under a pipeline, whose schedule (torch's
+    PipelineStage) turns off FSDP's reshard after backward until the step's last one."""
+    return _sharded(layout) and (layout.sharding == "shard_grad_op" or layout.pp > 1)
+
+
+def unsharded_gradients(layout: Layout) -> bool:
+    """FSDP under a pipeline reduce-scatters once per step: torch's PipelineStage turns FSDP's
+    gradient sync off for every micro batch's backward, so each rank accumulates its stage's whole
+    fp32 gradients (FSDP's reduce dtype) and shards them only at the step's end, as Megatron's
+    distributed optimizer keeps a whole gradient buffer (its 6 + 12/DP bytes a parameter)."""
+    return _sharded(layout) and layout.pp > 1
 
 
 def _dtypes(work: Workload) -> _Dtypes:
@@ -364,7 +378,7 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
         rebuild += transient - _copies_freed_before_rebuild(work, layout, c, rank, shard)
     return MemoryEstimate(
         weights=WEIGHT_BYTES * params / shard,
-        gradients=GRAD_BYTES * params / shard,
+        gradients=GRAD_BYTES * params / (1 if unsharded_gradients(layout) else shard),
         optimizer=ADAM_BYTES * params / shard,
         activations=sum(acts.values()),
         logits=logits if rank == layout.pp - 1 else 0.0,

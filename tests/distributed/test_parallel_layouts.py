@@ -392,6 +392,20 @@ def test_shard_grad_op_gathers_and_reduces_once_per_step(two_process_results: di
     assert (full["gathers"], reduce_scatters(full)) == (2 * (units + blocks), 2 * units), full
 
 
+def test_fsdp_under_a_pipeline_gathers_and_reduce_scatters_once_per_step(tmp_path: Path) -> None:
+    """PP2 x DP2 full_shard, 4 micro batches per rank: torch's PipelineStage turns FSDP's gradient
+    sync and its reshard after backward off until the step's end, so each FSDP unit of the first
+    stage (2 blocks and the root) is gathered once and reduce-scattered once per step: the stage's
+    weights stay gathered and its gradients accumulate whole. The planner counts this memory
+    (gptrain.plan.memory.unsharded_gradients)."""
+    spec = {"probe": "collectives", "mbs": 1, "gbs": 8, "model": {**PP2, **FSDP}}
+    (result,) = run_layouts([spec], 4, tmp_path)
+    units = result["layers"] // 2 + 1
+    reduce_scatters = [kind for kind, numel in result["reductions"] if numel > 1].count("reduce_scatter")
+    assert result["microbatches"] == 4
+    assert (result["gathers"], reduce_scatters) == (units, units), result
+
+
 @pytest.mark.parametrize("name", list(FP8_RUNS))
 def test_fp8_under_tensor_parallelism_matches_one_process(two_process_results: dict, name: str) -> None:
     """The first forward sees the same float8 values as one process (tensorwise scales are taken

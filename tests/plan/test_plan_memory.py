@@ -251,6 +251,27 @@ def test_shard_grad_op_keeps_every_block_gathered(micro_batch_size: int) -> None
     assert grad_op.transient - full.transient == pytest.approx(2 * block * (layers - 2))
 
 
+@pytest.mark.parametrize("sharding", ["full_shard", "shard_grad_op", "hybrid_shard"])
+def test_fsdp_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_whole(sharding: str) -> None:
+    """Under a pipeline torch's PipelineStage keeps FSDP from resharding and reduce-scattering until
+    the step's end (tests/distributed: one gather and one reduce-scatter per unit and step): the
+    stage's fp32 gradients accumulate whole and its blocks stay gathered in bf16. State and gathered
+    weights come to Megatron's distributed optimizer, (6 + 12 / DP) bytes a parameter
+    (theoretical_memory_usage.py); the planner counted sharded gradients and 2 gathered blocks."""
+    from gptrain.plan.sizes import rank_parameters
+
+    work = workload("bf16", num_layers=8)
+    layout = Layout(pp=2, dp=2, micro_batch_size=1, sharding=sharding, dp_shard=2)
+    est = estimate_rank(work, layout, 0)
+    params = rank_parameters(work.padded(1), 1, 2)[0]
+    root = work.padded(1).vocab_size * 32 + work.model.position_rows * 32
+    block = (params - root) // 4
+    gathered = est.transient - 6 * max(block, root)  # less one unit's gradient being reduced (bf16 + fp32)
+    megatron = (6 + 12 / layout.dp) * params
+    assert est.gradients == 4 * params
+    assert est.weights + est.gradients + est.optimizer + gathered == pytest.approx(megatron)
+
+
 def test_shard_grad_op_moves_one_weight_gather_per_step() -> None:
     """The time model: per parameter, full_shard gathers 2 bytes for the forward and 2 again for the
     backward and reduce-scatters 4 (fp32); shard_grad_op gathers once: 6 bytes against 8."""
