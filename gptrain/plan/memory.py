@@ -395,13 +395,13 @@ def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: 
     act = _dtypes(work).act
     # FSDP2: blocks all-gathered one ahead (2 unsharded; all under shard_grad_op), the root stays gathered
     if shard > 1:
-        block = rank_parameters(c, layout.tp, layout.pp)[rank] - _root_parameters(c, layout, rank)
+        block = rank_parameters(c, layout.tp, layout.pp)[rank] - root_parameters(c, layout, rank)
         per_block = block / max(1, c.num_layers // layout.pp)
         float8 = float8_gathered_weights(work, c, layout)  # gathered in 1 byte instead of `act`
         # bf16 gathers in bf16 (FSDP's param_dtype); fp16 and fp32 gather the fp32 parameters
         gather = act if work.bf16 else 4
         gathered_block = gather * (per_block - float8) + float8
-        root = _root_parameters(c, layout, rank)
+        root = root_parameters(c, layout, rank)
         gathered = c.num_layers // layout.pp if gathered_through_the_step(layout) else 2
         total = gathered * gathered_block + gather * root + (gather + 4) * max(per_block, root)
         if work.mixed and not work.bf16:  # fp16: autocast's 16-bit copy of every gathered
@@ -426,7 +426,9 @@ def _copies_freed_before_rebuild(
     return 2.0 * (_matmul_weights(work, c, layout, rank) - per_block)
 
 
-def _root_parameters(c: GPTConfig, layout: Layout, rank: int) -> int:
+def root_parameters(c: GPTConfig, layout: Layout, rank: int) -> int:
+    """Parameters of pipeline rank `rank` outside its blocks (embeddings, final norm, output): the
+    FSDP root unit, gathered once per forward and kept through its backward."""
     h = c.hidden_size
     root = 0
     if rank == 0:

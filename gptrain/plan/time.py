@@ -6,10 +6,16 @@
              2 backward; all-reduce, or all-gather + reduce-scatter with SP: the same bytes),
              each moving 2 (t - 1) / t of its size per GPU (ring), 2 more with full recompute
   PP       = each micro batch sends b s h / (t if SP) bytes forward and back per chunk boundary
-  DP       = gradient all-reduce 2 (d - 1)/d x 4 bytes/param (fp32), or FSDP: all-gather of
-             16-bit weights (1 byte for float8-gathered FP8 block weights) twice + reduce-scatter
-             of fp32 gradients, (d - 1)/d each;
-             torch DDP overlaps it with the backward (half assumed hidden), the bucketed
+  DP       = gradient all-reduce 2 (d - 1)/d x 4 bytes/param (fp32), once per step; or FSDP over
+             its shard group s, (s - 1)/s of each all-gather of the weights (bf16; fp32 under fp16
+             and fp32; 1 byte for float8-gathered FP8 block weights) and each reduce-scatter of the
+             fp32 gradients, as often as gptrain runs them: full_shard and hybrid_shard gather the
+             blocks for every micro batch's forward and again for its backward, the root once per
+             micro batch, and reduce-scatter every micro batch; shard_grad_op gathers once per step;
+             under a pipeline every sharding gathers and reduce-scatters once per step
+             (tests/distributed counts them). hybrid_shard adds the all-reduce of the gradient
+             shards across its d/s replicas, once per step;
+             torch DDP overlaps its all-reduce with the backward (half assumed hidden), the bucketed
              all-reduce used with TP/PP and FSDP's prefetch are counted as they are
 A group's bandwidth is NVLink's when it fits in a node, the network's otherwise. Each micro batch
 also pays a fixed launch cost per layer (kernels that are too small to fill the GPU), so of two
@@ -20,8 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gptrain.models.config import GPTConfig
 from gptrain.plan.hardware import Cluster, GpuSpec
-from gptrain.plan.memory import float8_gathered_weights, gathered_through_the_step
+from gptrain.plan.memory import (
+    float8_gathered_weights,
+    gathered_through_the_step,
+    root_parameters,
+    unsharded_gradients,
+)
 from gptrain.plan.sizes import model_sizes, rank_parameters
 from gptrain.plan.spec import Layout, Workload
 
@@ -102,16 +114,35 @@ def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: fl
         shard = layout.tp if layout.sequence_parallel else 1
         per_send = tokens * c.hidden_size * act / shard
         pp_comm = 2 * per_send * m * layout.vpp / _bandwidth(cluster, layout.pp, layout.tp * layout.dp)
-    if layout.dp > 1:
+    if layout.dp > 1 and layout.sharding == "ddp":
         params = max(rank_parameters(c, layout.tp, layout.pp))
-        frac = (layout.dp - 1) / layout.dp
         bw = _bandwidth(cluster, layout.dp, layout.tp)
-        if layout.sharding == "ddp":
-            dp_comm = 2 * frac * params * 4 / bw
-            if layout.tp == 1 and layout.pp == 1:
-                dp_comm *= 1 - DDP_OVERLAP
-        else:  # float8-gathered block weights move 1 byte instead of `act`
-            float8 = float8_gathered_weights(work, c, layout) * c.num_layers // layout.pp
-            gathers = 1 if gathered_through_the_step(layout) else 2  # forward (and again for backward)
-            dp_comm = frac * (gathers * (act * (params - float8) + float8) + 4 * params) / bw
+        dp_comm = 2 * (layout.dp - 1) / layout.dp * params * 4 / bw
+        if layout.tp == 1 and layout.pp == 1:
+            dp_comm *= 1 - DDP_OVERLAP
+    elif layout.dp > 1:
+        dp_comm = fsdp_seconds(work, layout, cluster, c)
     return StepTime(compute, launch, bubble, tp_comm, pp_comm, dp_comm)
+
+
+def fsdp_seconds(work: Workload, layout: Layout, cluster: Cluster, c: GPTConfig) -> float:
+    """FSDP's traffic in one step on the fullest pipeline rank: the gathers and reduce-scatters
+    inside the shard group (a node under hybrid_shard) as often as gptrain runs them, and
+    hybrid_shard's all-reduce of the gradient shards across the replicas."""
+    per_rank = rank_parameters(c, layout.tp, layout.pp)
+    rank = per_rank.index(max(per_rank))
+    params, root = per_rank[rank], root_parameters(c, layout, rank)
+    float8 = float8_gathered_weights(work, c, layout) * c.num_layers // layout.pp
+    gather = 2 if work.bf16 else 4  # FSDP's param_dtype: bf16, else the fp32 parameters themselves
+    blocks = gather * (params - root - float8) + float8  # float8-gathered weights move 1 byte
+    m = layout.microbatches(work.global_batch_size)
+    through = gathered_through_the_step(layout)
+    gathered = (1 if through else 2 * m) * blocks + (1 if through else m) * gather * root
+    reduced = (1 if unsharded_gradients(layout) else m) * 4 * params
+    shard = layout.dp_shard or layout.dp
+    seconds = (shard - 1) / shard * (gathered + reduced) / _bandwidth(cluster, shard, layout.tp)
+    replicas = layout.dp // shard
+    if replicas > 1:
+        shards = 4 * params / shard
+        seconds += 2 * (replicas - 1) / replicas * shards / _bandwidth(cluster, replicas, layout.tp * shard)
+    return seconds

@@ -13,6 +13,7 @@ from plan_helpers import TINY
 
 from gptrain.config import load_training_config
 from gptrain.models.config import GPTConfig
+from gptrain.models.flops import layer_parameters
 from gptrain.plan.hardware import Cluster, gpu_spec
 from gptrain.plan.memory import estimate_rank, float8_gathered_weights
 from gptrain.plan.sizes import rank_parameters
@@ -56,14 +57,20 @@ def test_float8_gather_halves_the_gathered_block_weights_bytes() -> None:
     assert dataclasses.replace(plain, transient=0) == dataclasses.replace(gathered, transient=0)
 
 
-def test_float8_gather_saves_one_byte_per_weight_in_each_of_the_two_gathers() -> None:
+def test_float8_gather_saves_one_byte_per_weight_in_each_block_gather() -> None:
+    """Two micro batches per rank: full_shard gathers the blocks for each forward and each
+    backward (4 times), the root (embedding, norm) once per micro batch, and reduce-scatters the
+    fp32 gradients per micro batch; float8 block weights move 1 byte instead of 2."""
     cluster = Cluster(1, 8, gpu_spec("h100-80gb"))
     plain = estimate_step_time(workload(gather=False), FSDP8, cluster, mfu=0.4)
     gathered = estimate_step_time(workload(gather=True), FSDP8, cluster, mfu=0.4)
-    params = max(rank_parameters(workload(gather=False).padded(1), 1, 1))
+    config = workload(gather=False).padded(1)
+    params = max(rank_parameters(config, 1, 1))
+    blocks = 2 * layer_parameters(config)
     float8 = 2 * BLOCK_FLOAT8  # two layers
-    # plain: (d-1)/d (2 x 2 bytes x params + 4 x params) / bw; gathered: float8 weights 1 byte
-    expected_ratio = (2 * (2 * (params - float8) + float8) + 4 * params) / ((2 * 2 + 4) * params)
+    m = FSDP8.microbatches(16)
+    rest = m * 2 * (params - blocks) + m * 4 * params
+    expected_ratio = (2 * m * (2 * (blocks - float8) + float8) + rest) / (2 * m * 2 * blocks + rest)
     assert gathered.dp_comm / plain.dp_comm == pytest.approx(expected_ratio, rel=1e-12)
     assert gathered.compute == plain.compute and gathered.tp_comm == plain.tp_comm
 

@@ -272,18 +272,82 @@ def test_fsdp_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_whole(
     assert est.weights + est.gradients + est.optimizer + gathered == pytest.approx(megatron)
 
 
-def test_shard_grad_op_moves_one_weight_gather_per_step() -> None:
-    """The time model: per parameter, full_shard gathers 2 bytes for the forward and 2 again for the
-    backward and reduce-scatters 4 (fp32); shard_grad_op gathers once: 6 bytes against 8."""
+def fsdp_step_bytes(work: Workload, layout: Layout, shard_gathers: tuple[int, int], reduce_scatters: int):
+    """Bytes one GPU moves in a step's gathers (blocks, root, in bf16) and fp32 reduce-scatters
+    over its shard group, from the collectives tests/distributed counts for gptrain's FSDP."""
+    from gptrain.models.flops import layer_parameters
+
+    config = work.padded(1)
+    params = sum(p.numel() for p in build(work).parameters())
+    blocks = config.num_layers * layer_parameters(config)
+    block_gathers, root_gathers = shard_gathers
+    moved = 2 * (block_gathers * blocks + root_gathers * (params - blocks)) + 4 * reduce_scatters * params
+    shard = layout.dp_shard
+    return (shard - 1) / shard * moved, params
+
+
+def fsdp_seconds(work: Workload, layout: Layout, gpus_per_node: int, intra: float, inter: float) -> float:
     from gptrain.plan.hardware import Cluster, GpuSpec
     from gptrain.plan.time import estimate_step_time
 
+    nodes = layout.world_size // gpus_per_node
+    cluster = Cluster(nodes, gpus_per_node, GpuSpec("test", 80, 1.0, None, intra, inter, "test"))
+    return estimate_step_time(work, layout, cluster, 0.5).dp_comm
+
+
+@pytest.mark.parametrize("sharding", ["full_shard", "shard_grad_op"])
+def test_fsdp_traffic_is_counted_per_micro_batch(sharding: str) -> None:
+    """4 micro batches per rank on 2 ranks: full_shard gathers the blocks for each forward and each
+    backward and the root once per micro batch; shard_grad_op gathers everything once per step;
+    both reduce-scatter every micro batch (test_shard_grad_op_gathers_and_reduces_once_per_step
+    counts them). The planner counted one step's worth (2 gathers, 1 reduce-scatter) whatever the
+    micro batches: 4 to 7 times too little."""
+    work = dataclasses.replace(workload("bf16", num_layers=4), global_batch_size=8)
+    layout = Layout(micro_batch_size=1, dp=2, sharding=sharding, dp_shard=2)
+    m = layout.microbatches(work.global_batch_size)
+    gathers = (2 * m, m) if sharding == "full_shard" else (1, 1)
+    moved, _ = fsdp_step_bytes(work, layout, gathers, reduce_scatters=m)
+    assert fsdp_seconds(work, layout, 2, intra=1.0, inter=1.0) == pytest.approx(moved / 1e9, rel=1e-12)
+
+
+def test_fsdp_under_a_pipeline_gathers_and_reduces_once_per_step() -> None:
+    """PP2 x DP2 full_shard, 4 micro batches: one gather and one reduce-scatter of the stage per
+    step (test_fsdp_under_a_pipeline_gathers_and_reduce_scatters_once_per_step counts them)."""
+    from gptrain.plan.sizes import rank_parameters
+
+    work = dataclasses.replace(workload("bf16", num_layers=4), global_batch_size=8)
+    layout = Layout(pp=2, micro_batch_size=1, dp=2, sharding="full_shard", dp_shard=2)
+    params = max(rank_parameters(work.padded(1), 1, 2))
+    moved = (2 - 1) / 2 * (2 * params + 4 * params)
+    assert fsdp_seconds(work, layout, 4, intra=1.0, inter=1.0) == pytest.approx(moved / 1e9, rel=1e-12)
+
+
+def test_hybrid_shard_gathers_inside_the_node_and_all_reduces_shards_across() -> None:
+    """hybrid_shard on 2 nodes x 2 GPUs (shard group: a node): gathers and reduce-scatters at the
+    node's bandwidth, then the all-reduce of each rank's 1/2 of the fp32 gradients across the 2
+    replicas at the network's, once per step. The planner ran everything at the network's rate
+    over all 4 ranks, as full_shard, so hybrid_shard never ranked above it."""
+    work = dataclasses.replace(workload("bf16", num_layers=4), global_batch_size=8)
+    layout = Layout(micro_batch_size=1, dp=4, sharding="hybrid_shard", dp_shard=2)
+    m = layout.microbatches(work.global_batch_size)
+    intra, inter = 8.0, 1.0
+    moved, params = fsdp_step_bytes(work, layout, (2 * m, m), reduce_scatters=m)
+    across = 2 * (2 - 1) / 2 * 4 * params / 2
+    expected = moved / (intra * 1e9) + across / (inter * 1e9)
+    assert fsdp_seconds(work, layout, 2, intra, inter) == pytest.approx(expected, rel=1e-12)
+    full = dataclasses.replace(layout, sharding="full_shard", dp_shard=4)
+    assert fsdp_seconds(work, layout, 2, intra, inter) < fsdp_seconds(work, full, 2, intra, inter)
+
+
+def test_shard_grad_op_moves_one_weight_gather_per_step() -> None:
+    """One micro batch: full_shard gathers the blocks in bf16 for the forward and again for the
+    backward and the root once; shard_grad_op gathers everything once; both reduce-scatter fp32."""
     work = workload("bf16", num_layers=4)
-    cluster = Cluster(1, 2, GpuSpec("test", 80, 1.0, None, 1.0, 1.0, "test"))
+    fields = dict(micro_batch_size=2, dp=2, dp_shard=2)
     grad_op, full = (
-        estimate_step_time(
-            work, Layout(micro_batch_size=2, dp=2, sharding=s, dp_shard=2), cluster, 0.5
-        ).dp_comm
+        fsdp_seconds(work, Layout(sharding=s, **fields), 2, intra=1.0, inter=1.0)
         for s in ("shard_grad_op", "full_shard")
     )
-    assert grad_op > 0 and grad_op == pytest.approx(full * 6 / 8)
+    layout = Layout(sharding="full_shard", **fields)
+    assert grad_op == pytest.approx(fsdp_step_bytes(work, layout, (1, 1), 1)[0] / 1e9, rel=1e-12)
+    assert full == pytest.approx(fsdp_step_bytes(work, layout, (2, 1), 1)[0] / 1e9, rel=1e-12)
