@@ -84,7 +84,10 @@ def layout_grid(work: Workload, cluster: Cluster) -> Iterator[Layout]:
 
 
 def checked(layout: Layout, model_cfg: Any, cluster: Cluster) -> Layout | None:
-    """The layout with its FSDP shard group filled in, or None when gptrain would refuse it."""
+    """The layout with its FSDP shard group filled in, or None when gptrain would refuse it or
+    when it is another's twin: hybrid_shard whose shard group is the whole DP group (one node's
+    worth of data-parallel ranks) runs full_shard's mesh and code (gptrain.parallel.parallelize),
+    and would take a second row of the table and a second --measure trial."""
     from gptrain.parallel.layout import check_layout
 
     candidate = dataclasses.replace(
@@ -102,6 +105,8 @@ def checked(layout: Layout, model_cfg: Any, cluster: Cluster) -> Layout | None:
     try:
         dims = check_layout(candidate, cluster.world_size, cluster.gpus_per_node)
     except ConfigError:
+        return None
+    if layout.sharding == "hybrid_shard" and dims.dp_shard == dims.dp:
         return None
     return dataclasses.replace(layout, dp_shard=dims.dp_shard)
 

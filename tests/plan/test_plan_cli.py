@@ -12,7 +12,7 @@ from plan_helpers import TINY
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
-from gptrain.plan.hardware import Cluster, GpuSpec
+from gptrain.plan.hardware import Cluster, GpuSpec, gpu_spec
 from gptrain.plan.rank import rank_layouts
 from gptrain.plan.spec import model_config, workload_from_config
 
@@ -257,3 +257,18 @@ def test_a_layout_round_trips_through_its_overrides_with_any_block_count() -> No
         layout = Layout(micro_batch_size=1, recompute="full", recompute_num_layers=count)
         cfg = load_training_config("gpt3/126m", [*TINY, "trainer.devices=1", *layout.overrides()])
         assert layout_from_config(cfg, world_size=1).recompute_num_layers == count
+
+
+def test_hybrid_shard_without_replicas_is_not_ranked_beside_its_full_shard_twin() -> None:
+    """On 2 nodes x 8 GPUs, hybrid_shard shards over one node's data-parallel ranks; where those are
+    the whole DP group (PP 2 x DP 8: a stage per node) it is full_shard, the same mesh and code.
+    Such twins filled the table in pairs of equal figures ('tp1 pp2 dp8 mbs2 fsdp', then
+    '... hsdp') and --measure --top N timed the same layout twice."""
+    cfg = load_training_config("gpt3/126m", ["trainer.num_nodes=2", "trainer.devices=8"])
+    work = workload_from_config(cfg)
+    ranked = rank_layouts(work, cfg.model, Cluster(2, 8, gpu_spec("h100-80gb")), 0.4, 0.1)
+    hybrids = [c.layout for c in ranked if c.layout.sharding == "hybrid_shard"]
+    assert hybrids and all(layout.dp_shard < layout.dp for layout in hybrids)
+    labels = [c.layout.label() for c in ranked]
+    assert "tp1 pp2 dp8 mbs1 fsdp" in labels and "tp1 pp2 dp8 mbs1 hsdp" not in labels
+    assert "tp1 pp1 dp16 mbs1 hsdp" in labels  # 2 replicas of a node's 8 shards: a layout of its own
