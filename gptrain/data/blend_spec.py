@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from gptrain.errors import DataError
 
-__all__ = ["parse_blend"]
+__all__ = ["is_number", "parse_blend", "unweighted_list_error"]
 
 
 def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], list[float] | None]:
@@ -23,8 +23,8 @@ def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], li
         return [str(entries[0])], None
     if not entries:
         raise DataError("data prefix list is empty; give one prefix or pairs 'WEIGHT PREFIX ...'")
-    if len(entries) % 2 or not any(_is_number(raw) for raw in entries[::2]):
-        raise _unweighted_list_error(entries)
+    if len(entries) % 2 or not any(is_number(raw) for raw in entries[::2]):
+        raise unweighted_list_error(entries)
     prefixes, weights = [], []
     for position in range(0, len(entries), 2):
         raw, prefix = entries[position], entries[position + 1]
@@ -41,7 +41,8 @@ def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], li
     return prefixes, weights
 
 
-def _is_number(raw: str | float) -> bool:
+def is_number(raw: str | float) -> bool:
+    """A weight's spelling (`0.3`, `1e-2`, `3`), as Megatron tells weights from prefixes."""
     try:
         float(raw)
     except (TypeError, ValueError):
@@ -49,7 +50,7 @@ def _is_number(raw: str | float) -> bool:
     return True
 
 
-def _unweighted_list_error(entries: list[str | float]) -> DataError:
+def unweighted_list_error(entries: list[str | float]) -> DataError:
     """Megatron reads an odd-length list, or one without any weight, as 'each dataset once'."""
     example = " ".join(f"1 {str(entry).strip()}" for entry in entries[:3]) + (
         " ..." if len(entries) > 3 else ""

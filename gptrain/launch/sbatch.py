@@ -154,7 +154,7 @@ def wandb_key_lines(key_file: object) -> list[str]:
     or a second line would otherwise be part of the key, which W&B refuses)."""
     if not key_file:
         return []
-    first_line = f"head -n 1 {quote(key_file, 'wandb_api_key_file')} | tr -d '[:space:]'"
+    first_line = f"head -n 1 -- {quote(key_file, 'wandb_api_key_file')} | tr -d '[:space:]'"
     return [f'export WANDB_API_KEY="$({first_line})"']
 
 

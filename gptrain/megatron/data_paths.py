@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gptrain.data.blend_spec import is_number, unweighted_list_error
 from gptrain.errors import ConfigError
 
 DATA_ARGS = "--data-args-path"
@@ -132,15 +133,9 @@ def data_prefix(values: list[str], flag: str = "--data-path") -> Any:
     """`--data-path p` or `--data-path w1 p1 w2 p2 ...` -> a prefix or a flat blend list."""
     if len(values) == 1:
         return values[0]
-    if len(values) % 2 or not all(is_number(w) for w in values[0::2]):
+    if len(values) % 2 or not any(is_number(w) for w in values[0::2]):  # Megatron's unweighted form
+        raise ConfigError(f"{flag}: {unweighted_list_error(values)}")
+    if not all(is_number(w) for w in values[0::2]):
         shown = " ".join(values[:6]) + (f" ... ({len(values)} words)" if len(values) > 6 else "")
         raise ConfigError(f"{flag} {shown}: give one prefix, or pairs 'WEIGHT PREFIX ...'")
     return [float(x) if i % 2 == 0 else x for i, x in enumerate(values)]
-
-
-def is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True

@@ -14,9 +14,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptrain.data.blend_spec import is_number
 from gptrain.errors import ConfigError
 from gptrain.megatron import batch_schedule, data_paths
-from gptrain.megatron.data_paths import is_number as _is_number
 from gptrain.megatron.flags import (
     NO_EFFECT,
     NO_EFFECT_CHOICES,
@@ -104,7 +104,7 @@ def split_flags(argv: list[str]) -> list[tuple[str, list[str]]]:
     """[('--flag', [values...]), ...]; `--flag=value` is split; values run to the next `--flag`."""
     pairs: list[tuple[str, list[str]]] = []
     for token in argv:
-        if token.startswith("--") and not _is_number(token):
+        if token.startswith("--") and not is_number(token):
             flag, sep, value = token.partition("=")
             pairs.append((flag, [value] if sep else []))
         elif not pairs:

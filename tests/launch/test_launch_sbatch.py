@@ -252,7 +252,7 @@ def test_wandb_api_key_file_reaches_the_slurm_script(tmp_path, monkeypatch):
     args = [*CPU, "cluster_type=slurm", "cluster.partition=cpu", "wandb_api_key_file=/secrets/wandb key"]
     [script_path] = write_run_files(build_plan(compose(args)), args)
     assert (
-        "export WANDB_API_KEY=\"$(head -n 1 '/secrets/wandb key' | tr -d '[:space:]')\""
+        "export WANDB_API_KEY=\"$(head -n 1 -- '/secrets/wandb key' | tr -d '[:space:]')\""
         in Path(script_path).read_text().splitlines()
     )
 
