@@ -24,7 +24,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key, refused_value
 from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
-from gptrain.config.yamlio import load_file, load_text, parse_value
+from gptrain.config.yamlio import as_switch, load_file, load_text, parse_value
 from gptrain.errors import ConfigError
 from gptrain.utils.overrides import delete_key, split_override
 from gptrain.utils.rank import is_rank_zero
@@ -334,10 +334,8 @@ def _convert(value: Any, option: Any) -> Any:
         items = [_convert(v, item) for v in value]
         return _NO if any(i is _NO for i in items) else items
     if option is bool:
-        # NeMo's 0 and 1 (`resume_if_exists: 0` in its mlperf presets), as OmegaConf reads them
-        if isinstance(value, bool):
-            return value
-        return bool(value) if type(value) is int and value in (0, 1) else _NO
+        switch = as_switch(value)
+        return _NO if switch is None else switch
     if option is int:
         if isinstance(value, bool):
             return _NO

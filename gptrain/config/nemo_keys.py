@@ -8,6 +8,8 @@ by reason, so the user knows what has no effect and why.
 
 from __future__ import annotations
 
+from gptrain.config.yamlio import as_switch
+
 _FUSION = "fused kernels and Transformer Engine switches (gptrain uses PyTorch SDPA and fused AdamW)"
 _OVERLAP = "communication tuning and overlap (torch.distributed buckets and overlaps on its own)"
 _FP8 = "Transformer Engine's FP8 recipe settings (model.fp8 runs torchao's float8 with dynamic scaling: model.fp8_recipe=tensorwise or rowwise)"
@@ -256,10 +258,9 @@ def refused_value(dotted: str, value: object) -> str | None:
 
 
 def _same(value: object, ok: object) -> bool:
-    """Equal as NeMo reads it: a switch's 0/1 is its false/true (Python truthiness), 1 is 1.0; a
-    string is no switch."""
+    """Equal as NeMo reads it: a switch's 0/1 is its false/true, 1 is 1.0; a string is no switch."""
     if isinstance(ok, bool):
-        return isinstance(value, int | float) and value in (0, 1) and bool(value) is ok
+        return as_switch(value) is ok
     if isinstance(value, bool):
         return False
     return value == ok

@@ -185,3 +185,13 @@ def split_top_level(text: str) -> list[str]:
             start = position + 1
     items.append(text[start:])
     return [item.strip() for item in items]
+
+
+def as_switch(value: Any) -> bool | None:
+    """A switch as NeMo's typed configs read it: true/false, or the integers 1/0 (NeMo's mlperf
+    presets write `resume_if_exists: 0`; OmegaConf takes them for a bool field). None: no switch."""
+    if isinstance(value, bool):
+        return value
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    return None

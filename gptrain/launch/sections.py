@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from gptrain.config.yamlio import as_switch
 from gptrain.errors import ConfigError
 
 # Environment variable names bash accepts in `export NAME=value`.
@@ -71,9 +72,13 @@ def scalar(key: str, value: Any) -> Any:
 
 
 def boolean(key: str, value: Any) -> bool | None:
-    if value is not None and not isinstance(value, bool):
+    """true/false, or NeMo's 1/0 (`cluster.exclusive=1`)."""
+    if value is None:
+        return None
+    switch = as_switch(value)
+    if switch is None:
         raise ConfigError(f"{key}: expected true or false, got {_type_name(value)}")
-    return value
+    return switch
 
 
 def words(key: str, value: Any) -> list[str] | None:

@@ -89,6 +89,17 @@ def test_a_string_is_a_one_item_list_for_mounts_and_srun_args(tmp_path):
     assert not [w for w in words if w in ("-", "m", "p", "i")]  # not iterated as characters
 
 
+def test_nemos_0_and_1_are_a_launch_switchs_false_and_true(tmp_path):
+    """`cluster.exclusive=1` was "expected true or false, got 1 (int)", where a training switch
+    took NeMo's 0/1; 2 is still refused."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU]
+    for value, exclusive in (("1", True), ("0", False)):
+        [script] = write_run_files(build_plan(compose([*args, f"cluster.exclusive={value}"])), args)
+        assert ("--exclusive" in directives(script.read_text())) is exclusive
+    with pytest.raises(ConfigError, match=r"^cluster.exclusive: expected true or false, got 2"):
+        build_plan(compose([*args, "cluster.exclusive=2"]))
+
+
 def test_comma_separated_mounts_reach_pyxis_as_written(tmp_path):
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "container=img", *CPU]
     args += ["container_mounts='/a:/a,/b:/b'"]
