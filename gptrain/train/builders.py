@@ -72,18 +72,23 @@ def build_tokenizer(cfg: TrainingConfig) -> Any | None:
     return build(tok.type, vocab_file=tok.vocab_file, merge_file=tok.merge_file, model=tok.model)
 
 
-def check_tokenizer_files(cfg: TrainingConfig) -> None:
-    """A missing tokenizer file, named by its config key (the tokenizer module names data-CLI flags)."""
+def tokenizer_file_keys(cfg: TrainingConfig) -> tuple[str, ...]:
+    """The model.tokenizer keys naming files the tokenizer type reads: a preset's GPT-2 vocab_file
+    and merge_file stay in the config of a run with another type, which never reads them."""
     from gptrain.data.tokenizers import canonical_type
 
     tok, kind = cfg.model.tokenizer, canonical_type(cfg.model.tokenizer.type)
     if kind == "gpt2" and (tok.vocab_file or tok.merge_file or not tok.model):
-        keys = ("vocab_file", "merge_file")
-    elif kind == "huggingface":
-        keys = ("model",)
-    else:  # a tiktoken encoding name, or GPT-2 files in the directory model.tokenizer.model
-        return
-    for key in keys:
+        return ("vocab_file", "merge_file")
+    if kind == "huggingface":
+        return ("model",)
+    return ()  # a tiktoken encoding name, or GPT-2 files in the directory model.tokenizer.model
+
+
+def check_tokenizer_files(cfg: TrainingConfig) -> None:
+    """A missing tokenizer file, named by its config key (the tokenizer module names data-CLI flags)."""
+    tok = cfg.model.tokenizer
+    for key in tokenizer_file_keys(cfg):
         value = getattr(tok, key)
         if not value or not Path(value).exists():
             found = f"{value} not found" if value else "not set"

@@ -135,14 +135,14 @@ def checkpoint_shape(step_dir: Path, key: str) -> tuple[int, ...] | None:
 
 
 def build_run_tokenizer(cfg: Any, hparams: Path) -> Any | None:
-    """The tokenizer the run trained with (None for mock data); its files must still be where
-    hparams.yaml says."""
-    from gptrain.train.builders import build_tokenizer
+    """The tokenizer the run trained with (None for mock data); the files its type reads must still
+    be where hparams.yaml says."""
+    from gptrain.train.builders import build_tokenizer, tokenizer_file_keys
 
     tok = cfg.model.tokenizer
-    for key in ("vocab_file", "merge_file"):
+    for key in tokenizer_file_keys(cfg):
         value = getattr(tok, key)
-        if value and not Path(value).is_file():
+        if value and not Path(value).exists():
             raise DataError(
                 f"{hparams}: model.tokenizer.{key}={value} not found; "
                 "run from the directory the training ran in, or restore the file"

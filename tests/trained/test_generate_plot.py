@@ -152,12 +152,16 @@ def gpt2_files() -> tuple[str, str]:
 
 
 def tiny_run(
-    tmp_path: Path, save_steps: tuple[int, ...] = (2,), extra_rows: int = 0
+    tmp_path: Path,
+    save_steps: tuple[int, ...] = (2,),
+    extra_rows: int = 0,
+    tokenizer_overrides: list[str] | None = None,
 ) -> tuple[Path, object, object]:
     """A run dir with hparams.yaml and checkpoints/step_N saved by the checkpoint manager.
 
     The saved weights come from a seed other than model.seed, so a generate that rebuilt the
-    model without loading the checkpoint would produce different text.
+    model without loading the checkpoint would produce different text. The tokenizer is GPT-2 BPE
+    unless `tokenizer_overrides` name another.
     """
     torch = pytest.importorskip("torch")
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -166,7 +170,9 @@ def tiny_run(
     from gptrain.config import load_training_config
     from gptrain.train.builders import build_model, build_model_config, build_tokenizer, padded_vocab_size
 
-    vocab, merges = gpt2_files()
+    if tokenizer_overrides is None:
+        vocab, merges = gpt2_files()
+        tokenizer_overrides = [f"model.tokenizer.vocab_file={vocab}", f"model.tokenizer.merge_file={merges}"]
     log_dir = tmp_path / "run" / "results"
     overrides = [
         "model.num_layers=2",
@@ -176,8 +182,7 @@ def tiny_run(
         "model.encoder_seq_length=16",
         "model.max_position_embeddings=16",
         "model.data.seq_length=16",
-        f"model.tokenizer.vocab_file={vocab}",
-        f"model.tokenizer.merge_file={merges}",
+        *tokenizer_overrides,
         f"exp_manager.explicit_log_dir={log_dir}",
     ]
     cfg = load_training_config("gpt3/126m", overrides, report_ignored=False)
@@ -237,6 +242,58 @@ def test_generate_loads_a_checkpoint_padded_for_tensor_parallelism(tmp_path: Pat
     argv = ["generate", str(tmp_path / "run"), "--prompt", "The quick brown fox", "--max-new-tokens", "8"]
     assert run_subcommand(add_generate_parser, [*argv, "--greedy"]) == 0
     assert capsys.readouterr().out == expected + "\n"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def sentencepiece_style_tokenizer(path: Path) -> Path:
+    """A tokenizer.json as Llama's and Mistral's are converted: words as '▁word' pieces, and a
+    decoder that drops the space of a text's first piece."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = [
+        "The",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "the",
+        "lazy",
+        "dog",
+        "and",
+        "runs",
+        "far",
+        "away",
+    ]
+    vocab = {"<unk>": 0, "</s>": 1, **{f"\u2581{word}": 2 + number for number, word in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.save(str(path))
+    return path
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_run_with_a_tokenizer_json_opens_without_the_presets_gpt2_files(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A preset's vocab_file and merge_file (data/bpe/...) stay in hparams.yaml of a run trained with
+    model.tokenizer.type=HuggingFaceTokenizer; generate, eval and export refused the run as
+    'model.tokenizer.vocab_file=data/bpe/vocab.json not found' though it never read them."""
+    from gptrain.trained.load import open_run
+
+    monkeypatch.chdir(tmp_path)  # no data/bpe/ here
+    tokenizer_json = sentencepiece_style_tokenizer(tmp_path / "tokenizer.json")
+    hf = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tokenizer_json}"]
+    log_dir, _, tokenizer = tiny_run(tmp_path, tokenizer_overrides=hf)
+    assert open_run(tmp_path / "run").tokenizer.source == str(tokenizer_json)
+    tokenizer_json.unlink()  # the file it does read: named, with what to do
+    with pytest.raises(DataError) as error:
+        open_run(tmp_path / "run")
+    assert str(error.value) == (
+        f"{log_dir / 'hparams.yaml'}: model.tokenizer.model={tokenizer_json} not found; "
+        "run from the directory the training ran in, or restore the file"
+    )
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
