@@ -54,5 +54,20 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     if new_ids and new_ids[-1] == run.tokenizer.eod:
         new_ids = new_ids[:-1]
-    print(args.prompt + run.tokenizer.decode(new_ids))
+    print(args.prompt + continuation_text(run.tokenizer, prompt_ids, new_ids))
     return 0
+
+
+def continuation_text(tokenizer, prompt_ids: list[int], new_ids: list[int]) -> str:
+    """The text the new tokens add after the prompt's.
+
+    Decoded with the prompt, not alone: a SentencePiece-style tokenizer.json (Llama's, Mistral's)
+    drops the space of a text's first word piece, so the new tokens decoded alone lost the space
+    after the prompt ("Hello" + "world"). When the prompt's own decoding is not a prefix of the
+    whole (a normalizer that rewrites it), the new tokens are decoded alone.
+    """
+    whole = tokenizer.decode([*prompt_ids, *new_ids])
+    prompt = tokenizer.decode(prompt_ids)
+    if whole.startswith(prompt):
+        return whole[len(prompt) :]
+    return tokenizer.decode(new_ids)

@@ -199,6 +199,19 @@ def tiny_run(
     return log_dir, model, tokenizer
 
 
+def greedy_ids(model, ids: list[int], new_tokens: int, vocab_size: int) -> list[int]:
+    """The prompt's ids and the greedy continuation computed on the in-memory model."""
+    import torch
+
+    ids = list(ids)
+    model.eval()
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(torch.tensor([ids[-16:]]))[0, -1, :vocab_size]
+            ids.append(int(logits.argmax()))
+    return ids
+
+
 def reference_text(model, tokenizer, prompt: str, new_tokens: int) -> str:
     """Greedy continuation computed directly on the in-memory model (full forward per token)."""
     import torch
@@ -294,6 +307,27 @@ def test_a_run_with_a_tokenizer_json_opens_without_the_presets_gpt2_files(
         f"{log_dir / 'hparams.yaml'}: model.tokenizer.model={tokenizer_json} not found; "
         "run from the directory the training ran in, or restore the file"
     )
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_generate_keeps_the_space_after_the_prompt_with_a_sentencepiece_style_tokenizer(
+    tmp_path: Path, capsys
+) -> None:
+    """The new tokens were decoded alone, and such a tokenizer drops the first piece's space:
+    'The quick brown fox' + '▁jumps' printed 'The quick brown foxjumps'."""
+    from gptrain.trained.generate import add_generate_parser
+
+    tokenizer_json = sentencepiece_style_tokenizer(tmp_path / "tokenizer.json")
+    hf = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tokenizer_json}"]
+    _, model, tokenizer = tiny_run(tmp_path, tokenizer_overrides=hf)
+    prompt = "The quick brown fox"
+    ids = greedy_ids(model, tokenizer.encode(prompt), 4, tokenizer.vocab_size)
+    assert tokenizer.decode(ids[:4]) == prompt and min(ids[4:]) >= 2  # words only: no </s>, no <unk>
+    expected = tokenizer.decode(ids)  # one text: a space before each word but the first
+    assert expected.startswith(prompt + " ") and len(expected.split()) == 8
+    argv = ["generate", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "4", "--greedy"]
+    assert run_subcommand(add_generate_parser, argv) == 0
+    assert capsys.readouterr().out == expected + "\n"
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
