@@ -2,7 +2,9 @@
 
 The iteration and validation lines gptrain prints are Megatron-LM's, so this also plots
 logs of Megatron-LM and NeMo runs. A resumed run repeats the steps after its last
-checkpoint; files are read oldest first and a later value for a step replaces an earlier one.
+checkpoint; files are read oldest first, and where the iterations go back (a resume) every
+point from there on is dropped: the steps an abandoned attempt logged past the checkpoint are
+not the run's, even where the resumed attempt has not reached them yet.
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ class RunMetrics:
 
     train: dict[str, dict[int, float]] = field(default_factory=dict)
     valid: dict[str, dict[int, float]] = field(default_factory=dict)
+    last_step: int | None = None
+    """The iteration of the last training line read (a lower one next is a resume)."""
+
+    def resume_at(self, step: int) -> None:
+        """Drop every point at or after `step`: a resumed attempt logs the run from there on."""
+        for series in (*self.train.values(), *self.valid.values()):
+            for dropped in [point for point in series if point >= step]:
+                del series[dropped]
 
     def series(self, name: str, valid: bool = False) -> tuple[list[int], list[float]]:
         points = sorted((self.valid if valid else self.train).get(name, {}).items())
@@ -77,6 +87,9 @@ def parse_log_lines(lines: Iterable[str], metrics: RunMetrics | None = None) -> 
     for line in lines:
         if match := _ITERATION.search(line):
             step = int(match.group(1))
+            if metrics.last_step is not None and step < metrics.last_step:  # equal: a line read twice
+                metrics.resume_at(step)
+            metrics.last_step = step
             for name, value in _fields(match.group(2)):
                 metrics.train.setdefault(name, {})[step] = value
         elif (match := _VALIDATION.search(line)) and match.group(2) in (None, "validation"):
@@ -117,14 +130,29 @@ def read_tensorboard(run_dir: Path) -> RunMetrics:
     for path in find_files(run_dir, lambda name: name.startswith("events.out.tfevents")):
         accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
         accumulator.Reload()
-        for tag in accumulator.Tags().get("scalars", []):
-            target = _TB_TAGS.get(_normalise_tag(tag))
-            if target is None:
-                continue
-            name, valid, scale = target
-            series = (metrics.valid if valid else metrics.train).setdefault(name, {})
-            series.update({event.step: scale * event.value for event in accumulator.Scalars(tag)})
+        found = _tensorboard_series(accumulator)
+        first = min(
+            (step for (_, valid), points in found.items() if not valid for step in points), default=None
+        )
+        if first is not None and metrics.last_step is not None and first <= metrics.last_step:
+            metrics.resume_at(first)  # one events file per process: this one is a resumed attempt
+        for (name, valid), points in found.items():
+            (metrics.valid if valid else metrics.train).setdefault(name, {}).update(points)
+        metrics.last_step = max((step for points in metrics.train.values() for step in points), default=None)
     return metrics
+
+
+def _tensorboard_series(accumulator) -> dict[tuple[str, bool], dict[int, float]]:
+    """{(series, is validation): {step: value}} of one events file's known tags."""
+    found: dict[tuple[str, bool], dict[int, float]] = {}
+    for tag in accumulator.Tags().get("scalars", []):
+        target = _TB_TAGS.get(_normalise_tag(tag))
+        if target is None:
+            continue
+        name, valid, scale = target
+        points = found.setdefault((name, valid), {})
+        points.update({event.step: scale * event.value for event in accumulator.Scalars(tag)})
+    return found
 
 
 def read_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -84,6 +85,50 @@ def test_resumed_run_later_values_win(tmp_path: Path) -> None:
     steps, losses = metrics.series(LOSS)
     assert steps == list(range(1, 21))
     assert losses[9] == 9.0 and losses[10] == 5.0 and losses[-1] == 5.0
+
+
+def test_a_resume_drops_what_the_abandoned_attempt_logged_past_its_checkpoint(tmp_path: Path, capsys) -> None:
+    """Attempt 1 logged to step 15 (validation at 10 and 15) and died; attempt 2 resumed from step 10
+    and is at step 12. The plot and its summary showed attempt 1's steps 13-15 and its validation at
+    15 as the run's latest, though the run never took those steps."""
+    first = [megatron_iteration_line(it, 20, 9.0, 1e-4, 100.0, 1.0) for it in range(1, 16)]
+    first[9:10] += [megatron_validation_line(10, 8.5)]
+    first += [megatron_validation_line(15, 8.0)]
+    second = [megatron_iteration_line(it, 20, 5.0, 1e-4, 100.0, 1.0) for it in range(11, 13)]
+    log = tmp_path / "nemo_log_globalrank-0_localrank-0.txt"
+    log.write_text("\n".join([*first, *second]) + "\n")  # one log, appended by each attempt
+    metrics = read_run_metrics(tmp_path)
+    assert metrics.series(LOSS) == (list(range(1, 13)), [9.0] * 10 + [5.0] * 2)
+    assert metrics.series(LOSS, valid=True) == ([10], [8.5])
+    assert set(metrics.train[LEARNING_RATE]) == set(range(1, 13))
+    # each attempt its own file (a Slurm .out per job), read oldest first: the same
+    log.write_text("\n".join(first) + "\n")
+    os.utime(log, (1, 1))
+    (tmp_path / "slurm-2.out").write_text("\n".join(second) + "\n")
+    assert read_run_metrics(tmp_path).series(LOSS) == metrics.series(LOSS)
+    assert run_subcommand(add_plot_parser, ["plot", str(tmp_path)]) == 0
+    assert (
+        "train lm loss: 9.000 at iteration 1 -> 5.000 at 12\nvalidation lm loss: 8.500 at iteration 10\n"
+        in (capsys.readouterr().out)
+    )
+
+
+def test_a_resume_in_tensorboard_drops_the_abandoned_attempts_later_steps(tmp_path: Path) -> None:
+    """One events file per attempt: the resumed one replaces the first from its first step on."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    for attempt, (steps, loss) in enumerate(((range(1, 16), 9.0), (range(11, 13), 5.0))):
+        writer = SummaryWriter(str(tmp_path), filename_suffix=f".{attempt}")
+        for step in steps:
+            writer.add_scalar("lm loss", loss, step)
+        if attempt == 0:
+            writer.add_scalar("val loss", 8.0, 15)
+        writer.close()
+        for events in tmp_path.glob(f"events.out.tfevents.*.{attempt}"):
+            os.utime(events, (attempt + 1, attempt + 1))
+    metrics = read_run_metrics(tmp_path)
+    assert metrics.series(LOSS) == (list(range(1, 13)), [9.0] * 10 + [5.0] * 2)
+    assert metrics.series(LOSS, valid=True) == ([], [])
 
 
 def read_png_size(path: Path) -> tuple[int, int]:
