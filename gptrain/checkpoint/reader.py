@@ -40,6 +40,15 @@ from gptrain.utils.atomic import atomic_write_text
 T = TypeVar("T")
 
 
+class CheckpointDamagedError(CheckpointLoadError):
+    """A checkpoint given to load failed its manifest or did not load (the same verdict on every
+    rank): an older checkpoint of its run may still load."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"checkpoint {path} is damaged: {problem}; give another one")
+        self.problem = problem
+
+
 class CheckpointOutOfMemoryError(GptrainError):
     """A rank ran out of (GPU or host) memory loading a checkpoint: not damage, so resume stops
     there instead of passing over a sound checkpoint (and moving it aside)."""
@@ -218,11 +227,11 @@ class CheckpointReader:
         apply: Callable[[dict[str, Any]], None],
     ) -> dict[str, Any]:
         """Load the complete checkpoint `path` (of this run or another) if it verifies, else a one-line
-        CheckpointLoadError naming it (CheckpointMismatchError when it does not fit the config);
+        CheckpointDamagedError naming it (CheckpointMismatchError when it does not fit the config);
         returns this rank's extra state. `state_fn` as for `load_newest_good`."""
         loaded = self._verify_and_load(path, state_fn, apply)
         if not isinstance(loaded, dict):
-            raise CheckpointLoadError(f"checkpoint {path} is damaged: {loaded}; give another one")
+            raise CheckpointDamagedError(path, loaded)
         return loaded
 
     def _verify_and_load(

@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
+from gptrain.checkpoint.directory import CheckpointLoadError
 from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.checkpoint.reader import CheckpointDamagedError
 from gptrain.config import TrainingConfig
 from gptrain.errors import ConfigError, DataError
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
@@ -26,7 +28,7 @@ from gptrain.train import builders as b
 from gptrain.train.evaluation import EvalResult, EvalSetup, evaluate_loss
 from gptrain.train.state import TrainState
 from gptrain.trained.coverage import Coverage, coverage
-from gptrain.trained.load import RunCheckpoint, open_run
+from gptrain.trained.load import RunCheckpoint, is_step_dir, older_checkpoint, open_run
 from gptrain.utils.atomic import atomic_write_text
 
 # One process evaluates with the whole model whatever layout trained it (as generate and export
@@ -60,10 +62,8 @@ def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
     failed = True
     try:
         device = b.select_device(cfg, world)
-        b.seed_everything(cfg.model.seed)
-        rows = vocabulary_rows(run)
-        model = b.build_parallel_model(b.build_model_config(cfg, rows), cfg, world, device)
-        iteration = load_model(model, step_dir, world)
+        run, model, iteration = load_sound_checkpoint(run, request, overrides, world, device)
+        cfg, step_dir = run.cfg, run.step_dir
         dp_rank, dp_size = b.data_parallel_rank_size(cfg, world)
         setup = eval_setup(cfg, model, device, dp_rank, dp_size)
         data, batches, source = eval_data(cfg, request, run.vocab, run.tokenizer)
@@ -76,6 +76,45 @@ def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
     finally:
         if world.world_size > 1:
             shutdown(wait_for_peers=not failed)
+
+
+def load_sound_checkpoint(
+    run: RunCheckpoint, request: EvalRequest, overrides: list[str], world: World, device: torch.device
+) -> tuple[RunCheckpoint, torch.nn.Module, int]:
+    """(the checkpoint, its model, its iteration). A run's newest checkpoint whose CRC-32s fail (a
+    changed byte the sizes did not show) is passed over for the one before, saying so, as generate,
+    export and a resume pass over it; a step directory given is refused."""
+    passed_over: list[str] = []
+    while True:
+        try:
+            model, iteration = build_and_load(run, world, device)
+            break
+        except CheckpointDamagedError as error:
+            if is_step_dir(request.checkpoint):
+                raise
+            passed_over.append(f"{run.step_dir.name} ({error.problem})")
+            older = older_checkpoint(run.step_dir)
+            if older is None:
+                raise CheckpointLoadError(
+                    f"{run.step_dir.parent}: every complete checkpoint is damaged (newest: {passed_over[0]}); "
+                    "`gptrain checkpoint verify` lists them"
+                ) from None
+            run = open_run(older, overrides)
+    if passed_over and world.rank == 0:
+        print(
+            f"gptrain: warning: using {run.step_dir.name}, the newest checkpoint that verifies; damaged: "
+            f"{', '.join(passed_over)}",
+            file=sys.stderr,
+        )
+    return run, model, iteration
+
+
+def build_and_load(run: RunCheckpoint, world: World, device: torch.device) -> tuple[torch.nn.Module, int]:
+    """The run's model under this layout, with the checkpoint's weights, and the saved iteration."""
+    cfg = run.cfg
+    b.seed_everything(cfg.model.seed)
+    model = b.build_parallel_model(b.build_model_config(cfg, vocabulary_rows(run)), cfg, world, device)
+    return model, load_model(model, run.step_dir, world)
 
 
 def vocabulary_rows(run: RunCheckpoint) -> int:

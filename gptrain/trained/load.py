@@ -60,7 +60,7 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such checkpoint or run directory")
-    if STEP_DIR.match(path.name) and path.is_dir():
+    if is_step_dir(path):
         if not is_complete(path):
             raise DataError(
                 f"{path}: incomplete checkpoint (no COMPLETE marker; the save did not finish); "
@@ -83,6 +83,23 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
     if not candidates:
         raise DataError(f"{root}: no complete checkpoint (every step_* lacks its COMPLETE marker)")
     return _newest_that_verifies(root, candidates, checksums)
+
+
+def is_step_dir(path: str | Path) -> bool:
+    """Whether `path` names one checkpoint (taken as given) rather than a run to take the newest of."""
+    path = Path(path)
+    return bool(STEP_DIR.match(path.name)) and path.is_dir()
+
+
+def older_checkpoint(step_dir: Path) -> Path | None:
+    """The newest complete checkpoint before `step_dir` whose sizes verify (ones that do not are
+    passed over, saying so); None when there is none before it."""
+    match = STEP_DIR.match(step_dir.name)
+    if match is None:
+        return None
+    root, step = step_dir.parent, int(match.group(1))
+    candidates = [root / step_dir_name(older) for older in reversed(complete_steps(root)) if older < step]
+    return _newest_that_verifies(root, candidates) if candidates else None
 
 
 def _newest_that_verifies(root: Path, candidates: list[Path], checksums: bool = False) -> Path:

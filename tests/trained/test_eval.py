@@ -228,6 +228,40 @@ def test_damaged_or_mismatched_checkpoints_are_one_line(run_dir: Path, tmp_path:
     )
 
 
+def test_a_changed_byte_in_the_newest_checkpoint_falls_back_to_the_previous(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """A byte changed in place (the size unchanged, its CRC-32 not): eval of the run refused it with
+    'give another one', where generate, export and a resume pass over it to step_2."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    for step in ("step_4", "step_2"):
+        shard = run / "checkpoints" / step / "__0_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(data)
+        if step == "step_4":
+            at_2 = logged_validation_losses(run_dir)[0]
+            result = eval_json(tmp_path, str(run))
+            assert result["iteration"] == 2 and result["loss"] == pytest.approx(at_2, rel=1e-6)
+            err = capsys.readouterr().err
+            assert err.startswith(
+                "gptrain: warning: using step_2, the newest checkpoint that verifies; damaged: step_4 "
+                f"({shard} has CRC-32 "
+            )
+            assert main(["eval", str(shard.parent)]) == 2  # a step directory given: refused, as before
+            assert capsys.readouterr().err.startswith(
+                f"gptrain: error: checkpoint {shard.parent} is damaged: {shard} has CRC-32"
+            )
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"gptrain: error: {run / 'checkpoints'}: every complete checkpoint is damaged (newest: step_4 ("
+    )
+
+
 def test_export_of_a_run_with_a_damaged_newest_checkpoint_takes_the_previous(
     run_dir: Path, tmp_path: Path, capsys
 ) -> None:
