@@ -132,7 +132,23 @@ def _manifest_files(step_dir: Path) -> tuple[dict | None, str | None]:
         record = json.loads(marker.read_text())
     except (OSError, ValueError) as error:
         return None, f"{marker} is unreadable ({error})"
-    return (record.get("files") if isinstance(record, dict) else None), None
+    files = record.get("files") if isinstance(record, dict) else None
+    if files is not None and not _is_manifest(files):
+        return None, f"{marker} holds no valid manifest of the step's files (edited or overwritten)"
+    return files, None
+
+
+def _is_manifest(files: object) -> bool:
+    """{file name: size, or {"bytes": size, "crc32": hex or null}}: what `write_manifest` writes."""
+    if not isinstance(files, dict):
+        return False
+    for entry in files.values():
+        size = entry.get("bytes") if isinstance(entry, dict) else entry
+        if type(size) is not int or (
+            isinstance(entry, dict) and not isinstance(entry.get("crc32"), str | None)
+        ):
+            return False
+    return True
 
 
 def _check_file(

@@ -59,6 +59,27 @@ def test_truncated_or_missing_shard_is_named(tmp_path):
     assert verify(path) == f"{shard} is missing"
 
 
+@pytest.mark.parametrize(
+    "files", [[1], {"a": "big"}, {"a": {"crc32": "00"}}, {"a": {"bytes": 1, "crc32": 7}}]
+)
+def test_a_marker_whose_manifest_is_not_one_is_damage_named_in_one_line(tmp_path, files):
+    """A COMPLETE that is JSON but no manifest (`{"files": [1]}`) was an AttributeError traceback in
+    `checkpoint verify` and at resume, where it must be damage: the checkpoint before loads."""
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    save(manager, 1)
+    path = save(manager, 2)
+    (path / "COMPLETE").write_text(json.dumps({"step": 2, "files": files}))
+    assert (
+        verify(path)
+        == f"{path / 'COMPLETE'} holds no valid manifest of the step's files (edited or overwritten)"
+    )
+    assert manifest_bytes(path) is None
+    warnings = []
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    loaded, _ = manager.load_newest_good(template, lambda state: None, warnings.append)
+    assert loaded == tmp_path / "step_1" and warnings[0].startswith("checkpoint step_2 is damaged")
+
+
 def test_a_changed_byte_is_found_by_the_checksum(tmp_path):
     path = save(CheckpointManager(tmp_path, keep_last=2), 1)
     shard = next(path.glob("*.distcp"))
