@@ -26,6 +26,12 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (default 1.0)")
     parser.add_argument("--top-k", type=int, default=None, help="sample only from the k most likely tokens")
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="sample only from the most likely tokens whose probability adds up to p (nucleus; after --top-k)",
+    )
     parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
     parser.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234)")
     parser.set_defaults(func=run_generate)
@@ -37,7 +43,9 @@ def run_generate(args: argparse.Namespace) -> int:
     from gptrain.trained.load import load_run
     from gptrain.trained.sampling import check_sampling, generate
 
-    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.greedy)  # before the model loads
+    check_sampling(
+        args.max_new_tokens, args.temperature, args.top_k, args.greedy, args.top_p
+    )  # before loading
     run = load_run(args.checkpoint)
     print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)
     prompt_ids = list(run.tokenizer.encode(args.prompt))
@@ -47,6 +55,7 @@ def run_generate(args: argparse.Namespace) -> int:
         args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
+        top_p=args.top_p,
         greedy=args.greedy,
         eod=run.tokenizer.eod,
         generator=torch.Generator().manual_seed(args.seed),

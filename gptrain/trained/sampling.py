@@ -1,4 +1,4 @@
-"""Autoregressive sampling from a GPT: greedy, temperature and top-k.
+"""Autoregressive sampling from a GPT: greedy, temperature, top-k and top-p (nucleus).
 
 Deliberately simple (no KV cache: each step reruns the cropped context), since it serves
 `gptrain generate` for checking a checkpoint, not serving. Sampling happens on the CPU in float32
@@ -23,6 +23,7 @@ def generate(
     top_k: int | None = None,
     greedy: bool = False,
     eod: int | None = None,
+    top_p: float | None = None,
     generator: torch.Generator | None = None,
     valid_vocab_size: int | None = None,
 ) -> list[int]:
@@ -32,7 +33,7 @@ def generate(
     a CPU generator. `valid_vocab_size` (the tokenizer's unpadded size) keeps the padding rows of a
     padded vocab from ever being sampled.
     """
-    _check_arguments(prompt_ids, max_new_tokens, temperature, top_k, greedy)
+    _check_arguments(prompt_ids, max_new_tokens, temperature, top_k, greedy, top_p)
     seq_length = model.config.seq_length
     device = next(model.parameters()).device
     was_training = model.training
@@ -45,7 +46,7 @@ def generate(
                 logits = model(context)[0, -1].float().cpu()
                 if valid_vocab_size is not None:
                     logits = logits[:valid_vocab_size]
-                next_id = next_token(logits, temperature, top_k, greedy, generator)
+                next_id = next_token(logits, temperature, top_k, greedy, generator, top_p)
                 tokens.append(next_id)
                 new_tokens.append(next_id)
                 if eod is not None and next_id == eod:
@@ -61,8 +62,11 @@ def next_token(
     top_k: int | None = None,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    top_p: float | None = None,
 ) -> int:
-    """Pick one id from 1-D logits: argmax if greedy, else sample softmax(logits / T) over the top k."""
+    """Pick one id from 1-D logits: argmax if greedy, else sample softmax(logits / T) over the top k,
+    then over the fewest most likely ids whose probability reaches top_p (the order Hugging Face
+    applies them in)."""
     if greedy:
         return int(torch.argmax(logits))
     # Shift by the max before dividing, in float64: a tiny temperature then sends the others to
@@ -72,19 +76,37 @@ def next_token(
     if top_k is not None and top_k < scaled.numel():
         kth_largest = torch.topk(scaled, top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
+    if top_p is not None and top_p < 1:
+        scaled = _keep_nucleus(scaled, top_p)
     probs = torch.softmax(scaled, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def _keep_nucleus(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`scaled` with -inf outside the nucleus: the most likely ids, in order, until their probability
+    reaches top_p (the most likely id always stays)."""
+    probs, order = torch.sort(torch.softmax(scaled, dim=-1), descending=True)
+    reached_before = (probs.cumsum(0) - probs) >= top_p  # the mass of the more likely ids already suffices
+    outside = torch.empty_like(reached_before).scatter_(0, order, reached_before)
+    return scaled.masked_fill(outside, float("-inf"))
+
+
 def _check_arguments(
-    prompt_ids: list[int], max_new_tokens: int, temperature: float, top_k: int | None, greedy: bool
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    greedy: bool,
+    top_p: float | None,
 ) -> None:
     if not prompt_ids:
         raise ConfigError("the prompt is empty: give at least one token (--prompt)")
-    check_sampling(max_new_tokens, temperature, top_k, greedy)
+    check_sampling(max_new_tokens, temperature, top_k, greedy, top_p)
 
 
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, greedy: bool) -> None:
+def check_sampling(
+    max_new_tokens: int, temperature: float, top_k: int | None, greedy: bool, top_p: float | None = None
+) -> None:
     """The sampling flags, checked before a model is loaded for them."""
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens} must be >= 0 (--max-new-tokens)")
@@ -94,3 +116,5 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, g
         )
     if top_k is not None and top_k < 1:
         raise ConfigError(f"top_k={top_k} must be >= 1 (--top-k)")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ConfigError(f"top_p={top_p} must be in (0, 1] (--top-p; 1 keeps every token)")

@@ -300,6 +300,8 @@ def test_generate_loads_a_checkpoint_padded_for_tensor_parallelism(tmp_path: Pat
     argv = ["generate", str(tmp_path / "run"), "--prompt", "The quick brown fox", "--max-new-tokens", "8"]
     assert run_subcommand(add_generate_parser, [*argv, "--greedy"]) == 0
     assert capsys.readouterr().out == expected + "\n"
+    assert run_subcommand(add_generate_parser, [*argv, "--top-p", "1e-9"]) == 0  # a nucleus of one: greedy
+    assert capsys.readouterr().out == expected + "\n"
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

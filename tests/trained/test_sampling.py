@@ -100,6 +100,36 @@ def test_next_token_probabilities_follow_softmax():
     assert frequencies == pytest.approx([0.1, 0.2, 0.7], abs=0.03)
 
 
+def nucleus_reference(probabilities: list[float], top_p: float) -> dict[int, float]:
+    """The fewest most likely ids whose probability reaches top_p, renormalised (float64 loop)."""
+    kept, mass = [], 0.0
+    for index in sorted(range(len(probabilities)), key=lambda i: -probabilities[i]):
+        if mass >= top_p:
+            break
+        kept.append(index)
+        mass += probabilities[index]
+    return {index: probabilities[index] / mass for index in kept}
+
+
+@pytest.mark.parametrize(
+    ("top_p", "temperature", "top_k"), [(0.7, 1.0, None), (0.45, 1.0, None), (0.9, 1.0, 3), (0.6, 2.0, None)]
+)
+def test_top_p_samples_the_nucleus_in_proportion(top_p, temperature, top_k):
+    """--top-p: the most likely ids until their probability reaches p, after temperature and top-k."""
+    base = [0.05, 0.5, 0.15, 0.3]
+    logits = torch.log(torch.tensor(base, dtype=torch.float64)).float()
+    tempered = [p ** (1 / temperature) for p in base]
+    if top_k is not None:
+        cut = sorted(tempered, reverse=True)[top_k - 1]
+        tempered = [p if p >= cut else 0.0 for p in tempered]
+    expected = nucleus_reference([p / sum(tempered) for p in tempered], top_p)
+    generator = torch.Generator().manual_seed(0)
+    draws = [next_token(logits, temperature, top_k, generator=generator, top_p=top_p) for _ in range(4000)]
+    assert set(draws) == set(expected)
+    for index, probability in expected.items():  # 5 standard deviations of a binomial frequency
+        assert draws.count(index) / len(draws) == pytest.approx(probability, abs=5 * (0.25 / 4000) ** 0.5)
+
+
 def test_valid_vocab_size_never_samples_padding():
     table = torch.zeros(10, 10)
     table[:, 8:] = 10.0  # padding rows 8, 9 would win
@@ -116,6 +146,8 @@ def test_valid_vocab_size_never_samples_padding():
         (dict(max_new_tokens=-1), "max_new_tokens"),
         (dict(temperature=0.0), "temperature"),
         (dict(top_k=0), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
     ],
 )
 def test_bad_arguments_raise_config_error(kwargs, key):
