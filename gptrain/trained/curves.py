@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,9 +113,14 @@ def find_files(run_dir: Path, predicate) -> list[Path]:
 def read_logs(run_dir: Path) -> RunMetrics:
     metrics = RunMetrics()
     for path in find_files(run_dir, lambda name: name.endswith(LOG_SUFFIXES)):
-        if path.stat().st_size <= MAX_LOG_BYTES:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                parse_log_lines(handle, metrics)
+        if path.stat().st_size > MAX_LOG_BYTES:  # e.g. a Slurm .out filled by NCCL_DEBUG=INFO
+            print(
+                f"gptrain: skipping {path}: over {MAX_LOG_BYTES:,} bytes, not read for curves",
+                file=sys.stderr,
+            )
+            continue
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            parse_log_lines(handle, metrics)
     return metrics
 
 

@@ -485,3 +485,19 @@ def test_generate_on_an_import_without_tokenizer_files_says_how_to_give_one(tmp_
         DataError, match="the run trained on mock data without a tokenizer; nothing to decode"
     ):
         load.load_run(tmp_path)
+
+
+def test_a_log_too_large_to_read_is_named_not_skipped_in_silence(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A log over the size limit (a Slurm .out filled by NCCL_DEBUG=INFO) was left out without a word."""
+    import gptrain.trained.curves as curves
+
+    line = (
+        " iteration        1/      10 | consumed samples:            8 | elapsed time per iteration (ms): 10.0 |"
+        " learning rate: 1.000000E-04 | global batch size:     8 | lm loss: 5.000000E+00 |\n"
+    )
+    (tmp_path / "small.log").write_text(line)
+    (tmp_path / "huge.out").write_text(line.replace("iteration        1/", "iteration        2/") * 4)
+    monkeypatch.setattr(curves, "MAX_LOG_BYTES", len(line) * 2)
+    metrics = curves.read_logs(tmp_path)
+    assert metrics.series(LOSS) == ([1], [5.0])  # the small log only (the huge one logs iteration 2)
+    assert f"skipping {tmp_path / 'huge.out'}: over" in capsys.readouterr().err
