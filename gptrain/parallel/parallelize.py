@@ -127,7 +127,23 @@ def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> No
         m.activations_checkpoint_num_layers,
     )
     if m.compile and compile_scope(ctx.dims) in (BLOCKS, BLOCKS_AND_LOSS):
+        check_compile_under_tp_recompute(ctx.dims.tp, m.activations_checkpoint_granularity)
         apply_compile(part, m.compile_mode)
+
+
+def check_compile_under_tp_recompute(
+    tp: int, recompute: str | None, version: str = torch.__version__
+) -> None:
+    """torch 2.13's compiled backward asserts on a DeviceMesh among the tensors a checkpointed
+    tensor-parallel block saves (`expected all tensors_saved_with_vc_check to be Tensors`), on any
+    device; torch 2.14 and 2.15 run it. Said before the model is built, not as that traceback."""
+    if tp > 1 and recompute is not None and version.startswith("2.13."):
+        raise ConfigError(
+            f"model.compile=true with model.tensor_model_parallel_size={tp} and "
+            f"model.activations_checkpoint_granularity={recompute} fails in torch {version} (torch's own "
+            "assertion in the compiled backward; torch 2.14 and later run it): upgrade torch, or set "
+            "model.compile=false or model.activations_checkpoint_granularity=null"
+        )
 
 
 def _materialize(parts: list[nn.Module], device: torch.device, seed: int) -> None:

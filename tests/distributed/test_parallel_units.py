@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import socket
 from collections import Counter
 
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gptrain.config import TrainingConfig
+from gptrain.errors import ConfigError
 from gptrain.models.config import GPTConfig
 from gptrain.models.gpt import GPT
 from gptrain.parallel import data_parallel
@@ -335,3 +337,28 @@ def test_pipeline_schedules_are_built_anew_when_evaluation_and_training_alternat
     assert for_eval is not first and schedules.for_microbatches(4, training=False) is for_eval
     assert schedules.for_microbatches(4) not in (first, for_eval)
     assert [count for count, _ in built] == [4, 4, 4]
+
+
+@pytest.mark.parametrize(
+    ("tp", "recompute", "version", "refused"),
+    [
+        (2, "selective", "2.13.0+cpu", True),
+        (2, "full", "2.13.1", True),
+        (2, "selective", "2.14.1", False),
+        (2, "selective", "2.15.0+cu132", False),
+        (1, "selective", "2.13.0", False),
+        (2, None, "2.13.0", False),
+    ],
+)
+def test_compile_under_tp_with_recompute_is_refused_where_torch_asserts(tp, recompute, version, refused):
+    """torch 2.13's compiled backward of a checkpointed TP block stopped the run at its first step
+    with torch's AssertionError traceback (reproduced in plain torch; 2.14.1 and 2.15.0 run it)."""
+    from gptrain.parallel.parallelize import check_compile_under_tp_recompute
+
+    if refused:
+        with pytest.raises(
+            ConfigError, match=rf"^model.compile=true with .* fails in torch {re.escape(version)}"
+        ):
+            check_compile_under_tp_recompute(tp, recompute, version)
+    else:
+        check_compile_under_tp_recompute(tp, recompute, version)
