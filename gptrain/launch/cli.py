@@ -167,9 +167,17 @@ def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
 
     def done() -> bool:
         records = read_records(run_dir)
-        return not any(jobs.job_state(r, records).active for r in submitted)
+        return not any(jobs.job_state(r, records).may_run for r in submitted)
 
     def paths() -> list[Path]:
         return [p for r in submitted for p in jobs.log_files(r)]
 
     jobs.follow(paths, done)
+    records = read_records(run_dir)
+    for record in submitted:
+        if jobs.job_state(record, records).reason == jobs.NEVER_SATISFIED:
+            print(
+                f"gptrain: {record.get('stage')} job {record.get('job_id')} waits on job"
+                f" {record.get('dependency')}, which failed: it never starts; gptrain cancel it",
+                file=sys.stderr,
+            )

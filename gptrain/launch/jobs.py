@@ -44,6 +44,9 @@ ACTIVE_STATES = (
     "STOPPED",
 )
 
+# The reason of a job pending on a stage that failed (afterok): it stays PENDING and never starts.
+NEVER_SATISFIED = "DependencyNeverSatisfied"
+
 
 @dataclass
 class JobState:
@@ -55,6 +58,12 @@ class JobState:
     def active(self) -> bool:
         """Queued or running (for an array: any task still is)."""
         return any(word in self.state for word in ACTIVE_STATES)
+
+    @property
+    def may_run(self) -> bool:
+        """Active and able to start: a job pending on a failed stage stays PENDING for ever, so
+        nothing (a relaunch, `gptrain logs -f`) should wait for it."""
+        return self.active and self.reason != NEVER_SATISFIED
 
     def describe(self) -> str:
         text = self.state
@@ -210,7 +219,7 @@ def live_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
             job, _, rest = line.strip().partition("|")
             listed.setdefault(job.split("_")[0], []).append(JobState(*rest.split("|", 1)))  # array tasks
         live += [(slurm[job], summarize(states)) for job, states in listed.items() if job in slurm]
-    return [(r, state) for r, state in live if state.active and state.reason != "DependencyNeverSatisfied"]
+    return [(r, state) for r, state in live if state.may_run]
 
 
 def refuse_launch_into_live_run(run_dirs: list[Path]) -> None:
@@ -346,7 +355,7 @@ def status_lines(run_dir: Path) -> list[str]:
     for record in latest_jobs(run_dir):
         state = job_state(record, records)
         line = f"{run_dir.name}  {record.get('stage')}  job {record.get('job_id')}  {state.describe()}"
-        if state.reason == "DependencyNeverSatisfied":
+        if state.reason == NEVER_SATISFIED:
             line += f": the stage it waits for (job {record.get('dependency')}) failed; gptrain cancel it"
         logs = log_files(record)
         summary = (
@@ -383,6 +392,7 @@ def follow(paths: Callable[[], list[Path]], is_done: Callable[[], bool], poll: f
     """Print new lines of the files `paths()` names (array tasks appear late) until `is_done()`."""
     offsets: dict[Path, int] = {}
     while True:
+        done = is_done()  # asked before reading: the lines a job wrote before it ended are printed
         grew = False
         for path in paths():
             if path.exists():
@@ -393,6 +403,6 @@ def follow(paths: Callable[[], list[Path]], is_done: Callable[[], bool], poll: f
                 if text:
                     grew = True
                     print(text, end="", flush=True)
-        if not grew and is_done():
+        if done and not grew:
             return
         time.sleep(0 if grew else poll)

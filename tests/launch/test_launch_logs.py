@@ -96,3 +96,44 @@ def test_a_local_launch_records_the_stage_each_stage_ran_after(tmp_path):
         assert run(plan(*stages), echo=False) == 0
     launches = [[r["stage"] for r in launch] for launch in jobs.launches(tmp_path)]
     assert launches == [["validation", "training"], ["validation"], ["training"]]
+
+
+def test_follow_prints_what_a_job_wrote_just_before_it_ended(tmp_path, capsys):
+    """The job's last lines, written between a read and the check that it ended, were dropped."""
+    log = tmp_path / "log.out"
+    log.write_text("step 1\n")
+
+    def ends_after_writing() -> bool:
+        if "finished" not in log.read_text():  # the job's last line, then it ends
+            with open(log, "a") as handle:
+                handle.write("gptrain: step finished with exit code 0\n")
+        return True
+
+    jobs.follow(lambda: [log], ends_after_writing, poll=0)
+    assert capsys.readouterr().out.endswith("gptrain: step finished with exit code 0\n")
+
+
+def test_follow_returns_for_a_stage_that_waits_on_a_failed_one(tmp_path, capsys, monkeypatch):
+    """`gptrain logs -f` on a training pending with DependencyNeverSatisfied (its data preparation
+    failed) waited for ever: that job never starts, so there is nothing to follow."""
+    import subprocess
+
+    log = f"{tmp_path}/log-r_%j.out"
+    append_record(
+        tmp_path, "submitted", stage="training", executor="slurm", job_id="11", dependency="10", log=log
+    )
+
+    def squeue(command, timeout=15.0):
+        return subprocess.CompletedProcess(command, 0, "PENDING|DependencyNeverSatisfied\n", "")
+
+    polls = []
+
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        assert len(polls) < 20, "still following a job that never starts"
+
+    monkeypatch.setattr(jobs, "run_command", squeue)
+    monkeypatch.setattr(jobs.time, "sleep", sleep)
+    assert main(["logs", str(tmp_path), "-f"]) == 0
+    err = capsys.readouterr().err
+    assert "training job 11 waits on job 10, which failed: it never starts; gptrain cancel it" in err

@@ -102,6 +102,8 @@ def test_failed_stage_blocks_the_next(workdir, tiny):
     assert job_fields(prep)["JobState"] == "FAILED"
     status = gptrain(["status", "blocked"], workdir).stdout
     assert "PENDING (DependencyNeverSatisfied)" in status and f"(job {prep}) failed" in status
+    follow = gptrain(["logs", "blocked", "-f"], workdir, timeout=30)  # waited for ever: it never starts
+    assert follow.returncode == 0 and f"waits on job {prep}, which failed" in follow.stderr
     prep_log = next(
         (workdir / "results/download_shards").glob(f"log-t-download_shards_{prep}_0.out")
     ).read_text()
