@@ -203,14 +203,13 @@ def job_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobState
     return slurm_state(str(record["job_id"]))
 
 
-def live_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
+def queued_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
     """The jobs of the latest launch in this dir (those `gptrain cancel` acts on) that are queued or
     running. Slurm's are asked of squeue in one call: a job it does not list is over (sacct can
-    keep a vanished job RUNNING); one pending on a failed stage (DependencyNeverSatisfied) never
-    runs, so it does not hold the run either."""
+    keep a vanished job RUNNING)."""
     records = read_records(run_dir)
     latest = [r for r in latest_jobs(run_dir) if r.get("job_id")]
-    live = [(r, job_state(r, records)) for r in latest if r.get("executor") == "local"]
+    queued = [(r, job_state(r, records)) for r in latest if r.get("executor") == "local"]
     slurm = {str(r["job_id"]): r for r in latest if r.get("executor") != "local"}
     if slurm:
         out = run_command(["squeue", "-h", "-j", ",".join(slurm), "-o", "%i|%T|%r"])
@@ -218,8 +217,31 @@ def live_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
         for line in out.stdout.splitlines() if out is not None and out.returncode == 0 else []:
             job, _, rest = line.strip().partition("|")
             listed.setdefault(job.split("_")[0], []).append(JobState(*rest.split("|", 1)))  # array tasks
-        live += [(slurm[job], summarize(states)) for job, states in listed.items() if job in slurm]
-    return [(r, state) for r, state in live if state.may_run]
+        queued += [(slurm[job], summarize(states)) for job, states in listed.items() if job in slurm]
+    return [(r, state) for r, state in queued if state.active]
+
+
+def live_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
+    """The queued jobs of the latest launch that may still run: one pending on a failed stage
+    (DependencyNeverSatisfied) never runs, so it does not hold the run."""
+    return [(r, state) for r, state in queued_jobs(run_dir) if state.may_run]
+
+
+def cancel_never_starting(run_dirs: list[Path], dry_run: bool = False) -> list[str]:
+    """A relaunch supersedes the latest launch's jobs that wait on a failed stage: they would stay
+    PENDING for ever, and `gptrain status`/`cancel` then see only the new launch. Cancel them."""
+    lines = []
+    for run_dir in run_dirs:
+        for record, state in queued_jobs(run_dir):
+            if state.reason != NEVER_SATISFIED or record.get("executor") == "local":
+                continue
+            if not dry_run:
+                scancel(str(record["job_id"]))
+            lines.append(
+                f"{'would cancel' if dry_run else 'cancelled'} {record.get('stage')} job {record['job_id']}"
+                f" of the previous launch: it waited on job {record.get('dependency')}, which failed"
+            )
+    return lines
 
 
 def refuse_launch_into_live_run(run_dirs: list[Path]) -> None:
@@ -370,22 +392,58 @@ def status_lines(run_dir: Path) -> list[str]:
 
 
 def cancel(run_dir: Path) -> list[str]:
-    """Cancel every stage of the run that may still be queued or running."""
-    lines = []
+    """Cancel every stage of the run that may still be queued or running, and the stages of the
+    same launch in other run dirs that wait for them (a training after this data preparation)."""
+    lines, cancelled = [], set()
     records = read_records(run_dir)
-    for record in latest_jobs(run_dir):
+    latest = latest_jobs(run_dir)
+    for record in latest:
         if not job_state(record, records).active:
             continue
         if record.get("executor") == "local":
             os.kill(int(record["pid"]), signal.SIGTERM)
         else:
-            out = run_command(["scancel", str(record["job_id"])])
-            if out is None or out.returncode != 0:
-                raise LaunchError(
-                    f"scancel {record['job_id']} failed: {out.stderr.strip() if out else 'no scancel'}"
-                )
+            scancel(str(record["job_id"]))
+            cancelled.add(str(record["job_id"]))
         lines.append(f"cancelled {record.get('stage')} job {record.get('job_id')}")
+    lines += cancel_waiting_stages(run_dir, {str(r.get("job_id")) for r in latest}, cancelled)
     return lines or ["nothing to cancel"]
+
+
+def scancel(job_id: str) -> None:
+    out = run_command(["scancel", job_id])
+    if out is None or out.returncode != 0:
+        raise LaunchError(f"scancel {job_id} failed: {out.stderr.strip() if out else 'no scancel'}")
+
+
+def waiting_stages(run_dir: Path, job_ids: set[str]) -> list[tuple[Path, dict[str, Any]]]:
+    """The Slurm jobs submitted into other run dirs after one of `job_ids` (the `waited_on_by` notes
+    a launch leaves here), and those after them there, in submission order."""
+    found = []
+    for note in read_records(run_dir):
+        if note.get("event") != "waited_on_by" or str(note.get("after")) not in job_ids:
+            continue
+        chain, other = {str(note.get("after"))}, Path(str(note.get("waiting_dir")))
+        for record in read_records(other):
+            if record.get("event") == "submitted" and str(record.get("dependency")) in chain:
+                chain.add(str(record.get("job_id")))
+                found.append((other, record))
+    return found
+
+
+def cancel_waiting_stages(run_dir: Path, job_ids: set[str], cancelled: set[str]) -> list[str]:
+    """A stage pending on a job cancelled here, or on one that failed, would stay PENDING for ever
+    (DependencyNeverSatisfied), out of sight of `gptrain cancel` of this run: cancel it too. One
+    already running, or waiting on a job that completed, is another run's business: left alone."""
+    lines = []
+    for other, record in waiting_stages(run_dir, job_ids):
+        job_id, state = str(record["job_id"]), slurm_state(str(record["job_id"]))
+        waits_on_cancelled = str(record.get("dependency")) in cancelled
+        if state.state == "PENDING" and (waits_on_cancelled or state.reason == NEVER_SATISFIED):
+            scancel(job_id)
+            cancelled.add(job_id)
+            lines.append(f"cancelled {record.get('stage')} job {job_id} of {other}, which waited on it")
+    return lines
 
 
 def follow(paths: Callable[[], list[Path]], is_done: Callable[[], bool], poll: float = 0.5) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from gptrain.errors import ConfigError, GptrainError, LaunchError
 from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import parse_shards, tokenizer_downloads
-from gptrain.launch.jobs import refuse_launch_into_live_run
+from gptrain.launch.jobs import cancel_never_starting, refuse_launch_into_live_run
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
 from gptrain.launch.preflight import (
     check_tokenizer_files,
@@ -160,6 +160,8 @@ def launch(
             refuse_launch_into_live_run(run_dirs)
         except LaunchError as error:
             print(f"dry run: the launch itself would be refused: {error}", file=sys.stderr)
+        for line in cancel_never_starting(run_dirs, dry_run=True):
+            print(f"dry run: {line}", file=sys.stderr)
         scripts = write_files(files, dry_run=True)
         print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan, scripts)))
         return 0
@@ -167,6 +169,8 @@ def launch(
     make_mount_dirs(plan.mount_dirs)  # a directory that cannot be made leaves nothing written
     write_files(files)
     if plan.cluster_type == "slurm":
+        for line in cancel_never_starting(run_dirs):
+            print(f"gptrain: {line}", file=sys.stderr)
         from gptrain.launch.executors.slurm import submit
 
         submit(plan)

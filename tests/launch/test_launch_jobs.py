@@ -323,3 +323,75 @@ def test_a_live_slurm_job_of_the_latest_launch_holds_the_run_asked_in_one_squeue
             jobs.refuse_launch_into_live_run([tmp_path])
     else:
         jobs.refuse_launch_into_live_run([tmp_path])
+
+
+@pytest.mark.parametrize(
+    ("states", "cancelled"),
+    [
+        # the data preparation is cancelled: the stages after it, in the training's dir, would never start
+        ({"10": "RUNNING|None", "11": "PENDING|Dependency", "12": "PENDING|Dependency"}, ["10", "11", "12"]),
+        # it failed earlier: nothing of its own to cancel, but the training waits for ever
+        ({"11": "PENDING|DependencyNeverSatisfied", "12": "PENDING|Dependency"}, ["11", "12"]),
+        # it completed and the training runs: another run's business
+        ({"11": "COMPLETED|None", "12": "RUNNING|None"}, []),
+    ],
+)
+def test_cancel_reaches_the_stages_of_the_launch_that_wait_in_another_run_dir(
+    tmp_path, monkeypatch, states, cancelled
+):
+    import subprocess
+
+    from gptrain.launch.records import append_record
+
+    prep, train = tmp_path / "download_shards", tmp_path / "run"
+    prep.mkdir(), train.mkdir()
+    append_record(prep, "submitted", stage="data_preparation", executor="slurm", job_id="10", dependency=None)
+    append_record(prep, "waited_on_by", after="10", job_id="11", waiting_dir=str(train))
+    append_record(train, "submitted", stage="validation", executor="slurm", job_id="11", dependency="10")
+    append_record(train, "submitted", stage="training", executor="slurm", job_id="12", dependency="11")
+    scancelled = []
+
+    def run_command(command, timeout=15.0):
+        if command[0] == "scancel":
+            scancelled.append(command[1])
+            return subprocess.CompletedProcess(command, 0, "", "")
+        if command[0] == "squeue":
+            return subprocess.CompletedProcess(command, 0, states.get(command[3], ""), "")
+        return None  # finished and forgotten: scontrol, sacct
+
+    monkeypatch.setattr(jobs, "run_command", run_command)
+    lines = jobs.cancel(prep)
+    assert scancelled == cancelled
+    assert lines == (
+        ["cancelled data_preparation job 10"] * ("10" in cancelled)
+        + [
+            f"cancelled {stage} job {job} of {train}, which waited on it"
+            for stage, job in (("validation", "11"), ("training", "12"))
+            if job in cancelled
+        ]
+        or ["nothing to cancel"]
+    )
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_relaunch_cancels_the_jobs_of_the_previous_launch_that_never_start(tmp_path, monkeypatch, dry_run):
+    """They would stay PENDING for ever, and status/cancel follow the new launch only."""
+    import subprocess
+
+    from gptrain.launch.records import append_record
+
+    append_record(tmp_path, "submitted", stage="validation", executor="slurm", job_id="11", dependency="10")
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="12", dependency="11")
+    squeue = "11|PENDING|Dependency\n12|PENDING|DependencyNeverSatisfied\n"
+    scancelled = []
+
+    def run_command(command, timeout=15.0):
+        if command[0] == "scancel":
+            scancelled.append(command[1])
+        return subprocess.CompletedProcess(command, 0, squeue if command[0] == "squeue" else "", "")
+
+    monkeypatch.setattr(jobs, "run_command", run_command)
+    lines = jobs.cancel_never_starting([tmp_path], dry_run=dry_run)
+    assert scancelled == ([] if dry_run else ["12"])
+    verb = "would cancel" if dry_run else "cancelled"
+    assert lines == [f"{verb} training job 12 of the previous launch: it waited on job 11, which failed"]

@@ -83,16 +83,21 @@ def test_signal_checkpoints_requeues_and_resumes_to_the_same_loss(workdir, tiny)
     assert reference[-1] == resumed[-1]
 
 
-def test_failed_stage_blocks_the_next(workdir, tiny):
+def failing_preparation(workdir: Path, tiny: list[str]) -> list[str]:
+    """A launch of a data preparation that fails (its shard does not exist), then training."""
     vocab, merges = workdir / "vocab.json", workdir / "merges.txt"
     vocab.write_text("{}")
     merges.write_text("")
     args = [*tiny, "stages=[data_preparation,training]", "training.run.name=blocked"]
     args += [f"data_preparation.shards=[file://{workdir}/missing.jsonl]", "data_preparation.workers=1"]
-    args += [
+    return args + [
         f"data_preparation.tokenizer.vocab_file={vocab}",
         f"data_preparation.tokenizer.merge_file={merges}",
     ]
+
+
+def test_failed_stage_blocks_the_next(workdir, tiny):
+    args = failing_preparation(workdir, tiny)
     out = gptrain(["launch", *args], workdir)
     assert out.returncode == 0, out.stderr
     [prep] = job_ids(workdir / "results/download_shards")
@@ -110,6 +115,24 @@ def test_failed_stage_blocks_the_next(workdir, tiny):
     assert "missing.jsonl: cannot copy" in prep_log
     assert gptrain(["cancel", "blocked"], workdir).stdout.strip() == f"cancelled training job {train}"
     wait_for(train, ("CANCELLED",), timeout=30)
+
+
+def test_no_training_is_left_pending_for_ever_by_a_relaunch_or_a_cancel(workdir, tiny):
+    """A training waiting on a failed data preparation never starts. A relaunch left it queued,
+    out of sight of `gptrain status/cancel` (they follow the new launch), and `gptrain cancel` of
+    the data preparation's run left its training queued."""
+    args = failing_preparation(workdir, tiny)
+    assert gptrain(["launch", *args], workdir).returncode == 0
+    [old] = job_ids(workdir / "results/blocked")
+    wait_for(old, ("PENDING",), timeout=60, reason="DependencyNeverSatisfied")
+    out = gptrain(["launch", *args], workdir)
+    assert out.returncode == 0 and f"cancelled training job {old} of the previous launch" in out.stderr
+    wait_for(old, ("CANCELLED",), timeout=30)
+    _, new = job_ids(workdir / "results/blocked")
+    wait_for(new, ("PENDING",), timeout=60, reason="DependencyNeverSatisfied")
+    out = gptrain(["cancel", "download_shards"], workdir)
+    assert f"cancelled training job {new} of {workdir / 'results/blocked'}, which waited on it" in out.stdout
+    wait_for(new, ("CANCELLED",), timeout=30)
 
 
 def test_data_preparation_array_then_training_on_the_blend(workdir, tiny):

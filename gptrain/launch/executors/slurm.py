@@ -58,9 +58,15 @@ def submit(plan: LaunchPlan) -> list[str]:
     """Submit every stage in order, chained; return the job ids."""
     ids: list[str] = []
     previous: str | None = None
+    previous_dir = None
     for job in plan.jobs:
         job_id = sbatch(job, previous)
         record_submission(job, job_id, previous)
+        if previous and previous_dir != job.run_dir:  # `gptrain cancel` of that run reaches this job
+            append_record(
+                previous_dir, "waited_on_by", after=previous, job_id=job_id, waiting_dir=str(job.run_dir)
+            )
+        previous_dir = job.run_dir
         after = f" (after {previous})" if previous else ""
         print(f"gptrain: submitted {job.stage} as Slurm job {job_id}{after}: {job.job_name}", file=sys.stderr)
         ids.append(job_id)
