@@ -343,6 +343,8 @@ while [ -n "$got_signal" ] && [ "$status" -gt 128 ]; do got_signal=; wait "$step
 # again; a detached helper does that (where proctrack/cgroup kills it, the job just waits).
 # It waits 2 s after PENDING: slurmd compares job credentials with the requeue's revocation
 # time in whole seconds, and a restart within the same second is killed ("credential revoked").
+# `scontrol requeue` is tried 3 times (a busy or failing-over controller times out); if it never
+# succeeds the job ends with the step's code, not 0: Slurm would call a stopped run COMPLETED.
 REQUEUE_LINES = """\
 restarts=${SLURM_RESTART_COUNT:-0}
 if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
@@ -350,10 +352,14 @@ if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
     reason="checkpoint saved"; [ "$status" = {exit_hung} ] && reason="a rank hung (see the line above)"
     echo "gptrain: $reason; requeueing (restart $((restarts + 1)) of $max_requeues)" >&2
     setsid bash -c 'for i in $(seq 1 200); do sleep 0.3; if scontrol show job "$1" | grep -q "JobState=PENDING"; then sleep 2; scontrol update JobId="$1" StartTime=now; exit; fi; done' gptrain-nudge "$SLURM_JOB_ID" </dev/null >/dev/null 2>&1 &
-    scontrol requeue "$SLURM_JOB_ID"
-    exit 0
+    for try in 1 2 3; do
+      scontrol requeue "$SLURM_JOB_ID" && exit 0
+      [ "$try" = 3 ] || sleep 5
+    done
+    echo "gptrain: scontrol requeue failed; the checkpoint is saved: launch again to resume" >&2
+  else
+    echo "gptrain: exit $status but max_requeues=$max_requeues reached; not requeueing" >&2
   fi
-  echo "gptrain: exit $status but max_requeues=$max_requeues reached; not requeueing" >&2
 fi
 echo "gptrain: step finished with exit code $status" >&2
 exit "$status"

@@ -120,3 +120,16 @@ def test_usr1_is_forwarded_to_the_step_and_leads_to_a_requeue(batch):
     code, err = run("wait", restarts=1, send_usr1=True)
     assert "got SIGUSR1, forwarding it" in err and "requeueing (restart 2 of 2)" in err
     assert code == 0 and "requeue 42" in calls.read_text().splitlines()
+
+
+def test_a_requeue_slurm_refuses_is_retried_then_ends_the_job_with_the_steps_code(batch):
+    """`scontrol requeue` failing (a controller that times out) ended the job with 0: Slurm called
+    a run that had only saved a checkpoint COMPLETED, and nothing told anyone to resume it."""
+    run, calls = batch
+    bin_dir = calls.parent / "bin"
+    stub(bin_dir / "sleep", "")  # the retries' waits
+    scontrol = (bin_dir / "scontrol").read_text().replace("esac\n", "  requeue*) exit 1 ;;\nesac\n")
+    stub(bin_dir / "scontrol", scontrol.removeprefix("#!/bin/bash\n"))
+    code, err = run("75", restarts=0)
+    assert code == 75 and "scontrol requeue failed; the checkpoint is saved: launch again to resume" in err
+    assert calls.read_text().splitlines().count("requeue 42") == 3
