@@ -146,7 +146,25 @@ def summarize(states: list[JobState]) -> JobState:
     )
 
 
+# Why a Slurm job that ended with a code the batch script requeues was not requeued, and what to do.
+STOPPED_WITH_CHECKPOINT = {
+    str(EXIT_REQUEUE): "checkpoint saved but not requeued: max_requeues reached or the requeue failed;"
+    " launch again to resume",
+    str(EXIT_HUNG): "a rank hung, see the log; not requeued: launch again to resume from the last checkpoint",
+}
+
+
+def explain_stop(state: JobState) -> JobState:
+    """A FAILED job with exit 75 or 76 stopped with a checkpoint to resume from: say so, as for local runs."""
+    why = STOPPED_WITH_CHECKPOINT.get(state.exit_code.split(":")[0]) if state.state == "FAILED" else None
+    return JobState(state.state, why, state.exit_code) if why else state
+
+
 def slurm_state(job_id: str) -> JobState:
+    return explain_stop(asked_slurm_state(job_id))
+
+
+def asked_slurm_state(job_id: str) -> JobState:
     out = run_command(["squeue", "-h", "-j", job_id, "-o", "%T|%r"])
     if out is not None and out.returncode == 0 and out.stdout.strip():
         states = [JobState(*line.split("|", 1)) for line in out.stdout.strip().splitlines()]

@@ -395,3 +395,27 @@ def test_a_relaunch_cancels_the_jobs_of_the_previous_launch_that_never_start(tmp
     assert scancelled == ([] if dry_run else ["12"])
     verb = "would cancel" if dry_run else "cancelled"
     assert lines == [f"{verb} training job 12 of the previous launch: it waited on job 11, which failed"]
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "described"),
+    [
+        ("75:0", "FAILED (checkpoint saved but not requeued: max_requeues reached or the requeue failed;"),
+        ("76:0", "FAILED (a rank hung, see the log; not requeued: launch again to resume from the last"),
+        ("1:0", "FAILED (NonZeroExitCode) exit 1:0"),
+    ],
+)
+def test_a_slurm_job_stopped_with_a_checkpoint_and_not_requeued_says_how_to_resume(
+    monkeypatch, exit_code, described
+):
+    """It was 'FAILED (NonZeroExitCode) exit 75:0', as if the run were lost."""
+    import subprocess
+
+    scontrol = f"JobId=7 JobName=r\n   JobState=FAILED Reason=NonZeroExitCode ExitCode={exit_code}\n"
+
+    def run_command(command, timeout=15.0):
+        return subprocess.CompletedProcess(command, 0, scontrol if command[0] == "scontrol" else "", "")
+
+    monkeypatch.setattr(jobs, "run_command", run_command)
+    state = jobs.slurm_state("7")
+    assert state.describe().startswith(described) and state.describe().endswith(f"exit {exit_code}")

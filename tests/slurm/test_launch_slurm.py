@@ -174,3 +174,19 @@ def test_data_preparation_array_then_training_on_the_blend(workdir, tiny):
     assert iterations(workdir / f"results/on_blend/log-t-on_blend_{train}.out")[-1][:2] == (6, 6)
     logs = gptrain(["logs", "download_shards", "-f"], workdir).stdout  # all array tasks ended: returns
     assert logs.count("-m gptrain data prepare --input") == 2, logs  # one tokenizer run per array task
+
+
+def test_a_stop_past_max_requeues_tells_status_how_to_resume(workdir, tiny):
+    """The signal checkpoints and stops the run; with max_requeues 0 it ends FAILED with exit 75,
+    which `gptrain status` showed as a plain failure."""
+    args = [*tiny, "training.trainer.max_steps=300", "cluster.max_requeues=0", "training.run.name=stopped"]
+    job_id = launch(args, workdir)
+    log = workdir / f"results/stopped/log-t-stopped_{job_id}.out"
+    deadline = time.monotonic() + 90
+    while not (log.exists() and iterations(log)):
+        assert time.monotonic() < deadline, "training never logged an iteration"
+        time.sleep(0.1)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+    wait_for(job_id, ("FAILED",), timeout=90)
+    status = gptrain(["status", "stopped"], workdir).stdout
+    assert "FAILED (checkpoint saved but not requeued" in status and "launch again to resume" in status
