@@ -419,7 +419,11 @@ def cancel(run_dir: Path) -> list[str]:
         if not job_state(record, records).active:
             continue
         if record.get("executor") == "local":
-            os.kill(int(record["pid"]), signal.SIGTERM)
+            try:
+                os.kill(int(record["pid"]), signal.SIGTERM)
+            except ProcessLookupError:  # it ended between the state check and the signal
+                lines.append(f"{record.get('stage')} job {record.get('job_id')} had already ended")
+                continue
         else:
             scancel(str(record["job_id"]))
             cancelled.add(str(record["job_id"]))

@@ -282,6 +282,18 @@ def test_a_reused_pid_is_neither_running_nor_cancelled(tmp_path):
         other.kill()
 
 
+def test_a_local_job_that_ends_just_before_its_cancel_is_said_not_a_traceback(tmp_path, monkeypatch):
+    """The process ended between the state check and the signal: ProcessLookupError came out."""
+    append_record(tmp_path, "submitted", stage="training", executor="local", job_id="local-5", pid=5, log="x")
+    monkeypatch.setattr(jobs, "job_state", lambda record, records: jobs.JobState("RUNNING"))
+
+    def ended(pid, sig):
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(jobs.os, "kill", ended)
+    assert jobs.cancel(tmp_path) == ["training job local-5 had already ended"]
+
+
 def test_logs_stage_names_are_the_launchers_stages():
     """`logs --stage foo` printed nothing and exited 0; the parser's list must follow the launcher's."""
     from gptrain.launch.cli import STAGE_NAMES
