@@ -469,20 +469,33 @@ def cancel_waiting_stages(run_dir: Path, job_ids: set[str], cancelled: set[str])
 
 
 def follow(paths: Callable[[], list[Path]], is_done: Callable[[], bool], poll: float = 0.5) -> None:
-    """Print new lines of the files `paths()` names (array tasks appear late) until `is_done()`."""
+    """Print new lines of the files `paths()` names (array tasks appear late) until `is_done()`.
+
+    The job's state (a squeue per job) is asked only when a read found nothing new, so a chatty
+    log does not poll the controller in a loop; once it says done, one more read prints what the
+    job wrote just before it ended."""
     offsets: dict[Path, int] = {}
+    finished = False
     while True:
-        done = is_done()  # asked before reading: the lines a job wrote before it ended are printed
-        grew = False
-        for path in paths():
-            if path.exists():
-                with open(path, errors="replace") as handle:
-                    handle.seek(offsets.get(path, 0))
-                    text = handle.read()
-                    offsets[path] = handle.tell()
-                if text:
-                    grew = True
-                    print(text, end="", flush=True)
-        if done and not grew:
+        if _print_new_text(paths(), offsets):
+            continue
+        if finished:
             return
-        time.sleep(0 if grew else poll)
+        finished = is_done()
+        if not finished:
+            time.sleep(poll)
+
+
+def _print_new_text(paths: list[Path], offsets: dict[Path, int]) -> bool:
+    """Print what each file gained since its offset; whether any did."""
+    grew = False
+    for path in paths:
+        if path.exists():
+            with open(path, errors="replace") as handle:
+                handle.seek(offsets.get(path, 0))
+                text = handle.read()
+                offsets[path] = handle.tell()
+            if text:
+                grew = True
+                print(text, end="", flush=True)
+    return grew

@@ -113,6 +113,28 @@ def test_follow_prints_what_a_job_wrote_just_before_it_ended(tmp_path, capsys):
     assert capsys.readouterr().out.endswith("gptrain: step finished with exit code 0\n")
 
 
+def test_follow_asks_for_the_jobs_state_only_when_its_log_is_quiet(tmp_path, capsys):
+    """A growing log made follow ask squeue on every pass, tens of times a second for a chatty job."""
+    log = tmp_path / "log.out"
+    log.write_text("")
+    reads, asked = [], []
+
+    def paths() -> list:
+        reads.append(1)
+        if len(reads) <= 500:  # the job writes a line before each of the first 500 reads
+            with open(log, "a") as handle:
+                handle.write("iteration line\n")
+        return [log]
+
+    def is_done() -> bool:
+        asked.append(1)
+        return len(asked) > 1
+
+    jobs.follow(paths, is_done, poll=0)
+    assert capsys.readouterr().out == "iteration line\n" * 500
+    assert len(asked) == 2  # once when the log went quiet (running), once more (done)
+
+
 def test_follow_returns_for_a_stage_that_waits_on_a_failed_one(tmp_path, capsys, monkeypatch):
     """`gptrain logs -f` on a training pending with DependencyNeverSatisfied (its data preparation
     failed) waited for ever: that job never starts, so there is nothing to follow."""
