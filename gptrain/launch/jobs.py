@@ -432,8 +432,15 @@ def cancel(run_dir: Path) -> list[str]:
     return lines or ["nothing to cancel"]
 
 
+# What scancel says of a job that ended (or left the controller's memory) before it was cancelled.
+_ALREADY_ENDED = ("already completing or completed", "invalid job id")
+
+
 def scancel(job_id: str) -> None:
+    """Cancel a Slurm job; one that ended before the cancel reached it is not an error."""
     out = run_command(["scancel", job_id])
+    if out is not None and out.returncode != 0 and any(t in out.stderr.lower() for t in _ALREADY_ENDED):
+        return
     if out is None or out.returncode != 0:
         raise LaunchError(f"scancel {job_id} failed: {out.stderr.strip() if out else 'no scancel'}")
 

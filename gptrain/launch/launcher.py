@@ -166,11 +166,12 @@ def launch(
         print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan, scripts)))
         return 0
     refuse_launch_into_live_run(run_dirs)  # before anything is written
+    if plan.cluster_type == "slurm":  # a cancel that fails (another user's job) leaves nothing written
+        for line in cancel_never_starting(run_dirs):
+            print(f"gptrain: {line}", file=sys.stderr)
     make_mount_dirs(plan.mount_dirs)  # a directory that cannot be made leaves nothing written
     write_files(files)
     if plan.cluster_type == "slurm":
-        for line in cancel_never_starting(run_dirs):
-            print(f"gptrain: {line}", file=sys.stderr)
         from gptrain.launch.executors.slurm import submit
 
         submit(plan)

@@ -108,6 +108,28 @@ def test_a_dry_run_or_a_launch_that_fails_never_touches_a_live_runs_files(tmp_pa
     assert f"{run}/dry-run/gptrain-gpt3_126m_submission.sh" in out
 
 
+def test_a_relaunch_whose_cancel_fails_writes_nothing(tmp_path, capsys, monkeypatch):
+    """The previous launch's never-starting jobs were cancelled after the run's files were
+    rewritten: a failed scancel (another user's job) left them overwritten and nothing submitted."""
+    import gptrain.launch.launcher as launcher
+    from gptrain.errors import LaunchError
+
+    monkeypatch.chdir(tmp_path)
+    base = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", "training.model.data.data_impl=mock"]
+    write_run_files(build_plan(compose([*base, "training.trainer.max_steps=1000"])), base)
+    run = tmp_path / "r" / "gpt3_126m"
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+
+    def refused(run_dirs, dry_run=False):
+        raise LaunchError("scancel 12 failed: Access/permission denied")
+
+    monkeypatch.setattr(launcher, "preflight", lambda plan, dry_run, training: [])
+    monkeypatch.setattr(launcher, "cancel_never_starting", refused)
+    assert main(["launch", *base, "training.trainer.max_steps=2000"]) == 2
+    assert "scancel 12 failed" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
 def test_overrides_after_an_option_may_add_keys_with_plus(tmp_path, capsys, monkeypatch):
     """`gptrain launch --dry-run a=b --quiet +env_vars.X=1`: the `+` form follows options too."""
     monkeypatch.chdir(tmp_path)

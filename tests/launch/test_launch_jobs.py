@@ -409,6 +409,21 @@ def test_a_relaunch_cancels_the_jobs_of_the_previous_launch_that_never_start(tmp
     assert lines == [f"{verb} training job 12 of the previous launch: it waited on job 11, which failed"]
 
 
+def test_scancel_of_a_job_that_ended_meanwhile_is_no_error(monkeypatch):
+    """A job cancelled by Slurm (kill_invalid_depend) or an admin between squeue and scancel."""
+    import subprocess
+
+    said = {"13": "scancel: error: Kill job error on job id 13: Job/step already completing or completed",
+            "14": "scancel: error: Kill job error on job id 14: Invalid job id specified",
+            "15": "scancel: error: Kill job error on job id 15: Access/permission denied"}  # fmt: skip
+    monkeypatch.setattr(jobs, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
+        command, 1, "", said[command[1]]))  # fmt: skip
+    jobs.scancel("13")
+    jobs.scancel("14")
+    with pytest.raises(LaunchError, match="^scancel 15 failed: .*permission denied"):
+        jobs.scancel("15")
+
+
 @pytest.mark.parametrize(
     ("exit_code", "described"),
     [
