@@ -62,6 +62,10 @@ class RunMetrics:
             for dropped in [point for point in series if point >= step]:
                 del series[dropped]
 
+    def first_step(self) -> int | None:
+        """The first training iteration logged (None: validation lines only)."""
+        return min((step for points in self.train.values() for step in points), default=None)
+
     def series(self, name: str, valid: bool = False) -> tuple[list[int], list[float]]:
         points = sorted((self.valid if valid else self.train).get(name, {}).items())
         return [step for step, _ in points], [value for _, value in points]
@@ -111,7 +115,7 @@ def find_files(run_dir: Path, predicate) -> list[Path]:
 
 
 def read_logs(run_dir: Path) -> RunMetrics:
-    metrics = RunMetrics()
+    parts = []
     for path in find_files(run_dir, lambda name: name.endswith(LOG_SUFFIXES)):
         if path.stat().st_size > MAX_LOG_BYTES:  # e.g. a Slurm .out filled by NCCL_DEBUG=INFO
             print(
@@ -120,8 +124,33 @@ def read_logs(run_dir: Path) -> RunMetrics:
             )
             continue
         with open(path, encoding="utf-8", errors="replace") as handle:
-            parse_log_lines(handle, metrics)
-    return metrics
+            parts.append(parse_log_lines(handle))
+    return merge_attempts(parts)
+
+
+def merge_attempts(parts: list[RunMetrics]) -> RunMetrics:
+    """One run from the files of its attempts (a Slurm .out or an events file each, or one log that
+    holds them all), taken in the order of the first iteration each logs (a resumed attempt never
+    starts before the one it resumes; file times do not survive a copy): a file that starts at or
+    before what came before it is a resumed attempt, and replaces those steps."""
+    merged = RunMetrics()
+    for part in sorted(parts, key=_attempt_order):
+        first = part.first_step()
+        if first is not None and merged.last_step is not None and first <= merged.last_step:
+            merged.resume_at(first)
+        for source, target in ((part.train, merged.train), (part.valid, merged.valid)):
+            for name, points in source.items():
+                target.setdefault(name, {}).update(points)
+        merged.last_step = max((step for points in merged.train.values() for step in points), default=None)
+    return merged
+
+
+def _attempt_order(part: RunMetrics) -> tuple[bool, int, int]:
+    """Files with training steps by their first one, then by their last (of two that start
+    together, the one that goes further: the run's own log, which holds every attempt, after one
+    attempt's .out); files with validation lines only last."""
+    first, last = part.first_step(), max((s for points in part.train.values() for s in points), default=0)
+    return first is None, first or 0, last
 
 
 def _normalise_tag(tag: str) -> str:
@@ -132,20 +161,15 @@ def read_tensorboard(run_dir: Path) -> RunMetrics:
     """The same series from TensorBoard event files (for runs whose text logs are gone)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    metrics = RunMetrics()
+    parts = []
     for path in find_files(run_dir, lambda name: name.startswith("events.out.tfevents")):
         accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
         accumulator.Reload()
-        found = _tensorboard_series(accumulator)
-        first = min(
-            (step for (_, valid), points in found.items() if not valid for step in points), default=None
-        )
-        if first is not None and metrics.last_step is not None and first <= metrics.last_step:
-            metrics.resume_at(first)  # one events file per process: this one is a resumed attempt
-        for (name, valid), points in found.items():
-            (metrics.valid if valid else metrics.train).setdefault(name, {}).update(points)
-        metrics.last_step = max((step for points in metrics.train.values() for step in points), default=None)
-    return metrics
+        part = RunMetrics()  # one events file per process: an attempt of the run
+        for (name, valid), points in _tensorboard_series(accumulator).items():
+            (part.valid if valid else part.train).setdefault(name, {}).update(points)
+        parts.append(part)
+    return merge_attempts(parts)
 
 
 def _tensorboard_series(accumulator) -> dict[tuple[str, bool], dict[int, float]]:

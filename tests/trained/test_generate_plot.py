@@ -106,6 +106,13 @@ def test_a_resume_drops_what_the_abandoned_attempt_logged_past_its_checkpoint(tm
     os.utime(log, (1, 1))
     (tmp_path / "slurm-2.out").write_text("\n".join(second) + "\n")
     assert read_run_metrics(tmp_path).series(LOSS) == metrics.series(LOSS)
+    os.utime(tmp_path / "slurm-2.out", (0, 0))  # times lost in a copy: the resumed attempt looks older
+    assert read_run_metrics(tmp_path).series(LOSS) == metrics.series(LOSS)
+    (tmp_path / "slurm-1.out").write_text("\n".join(first) + "\n")  # beside the log holding both attempts
+    log.write_text("\n".join([*first, *second]) + "\n")
+    for name, when in (("slurm-1.out", 5), ("slurm-2.out", 3), (log.name, 1)):
+        os.utime(tmp_path / name, (when, when))
+        assert read_run_metrics(tmp_path).series(LOSS) == metrics.series(LOSS)
     assert run_subcommand(add_plot_parser, ["plot", str(tmp_path)]) == 0
     assert (
         "train lm loss: 9.000 at iteration 1 -> 5.000 at 12\nvalidation lm loss: 8.500 at iteration 10\n"
