@@ -67,24 +67,28 @@ def is_pipe(path: Path) -> bool:
     return stat.S_ISFIFO(path.stat().st_mode)
 
 
-def file_identity(path: Path) -> tuple[int, int]:
-    """(device, inode): the same for every name of one file (links, `./a` and `a`)."""
+def file_identity(path: Path) -> tuple[int, ...]:
+    """(device, inode, size, modification time): the same for every name of one file (links, `./a`
+    and `a`). Size and time too, since some file systems (SMB without server inodes, NFS with 32-bit
+    inode numbers, some FUSE mounts) give two files one inode number."""
     status = path.stat()
-    return status.st_dev, status.st_ino
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
 
 
 def _refuse_repeated_files(paths: list[Path]) -> None:
     """A file named twice (or by a path and a glob, or through a link) would be tokenized twice:
     its documents would sit in the dataset twice, which nobody asks for by accident."""
-    seen: dict[tuple[int, int], Path] = {}
+    seen: dict[tuple[int, ...], Path] = {}
     for path in paths:
-        first = seen.setdefault(file_identity(path), path)
-        if first is not path:
+        identity = file_identity(path)
+        if identity in seen:
+            first = seen[identity]
             same = "given twice" if str(first) == str(path) else f"the same file as {first}"
             raise DataError(
                 f"--input {path}: {same}; each file is tokenized as often as it is named, so its "
                 "documents would be in the dataset twice: name it once (weight corpora when blending)"
             )
+        seen[identity] = path
 
 
 def _compression_of(head: bytes) -> str | None:

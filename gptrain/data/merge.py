@@ -78,13 +78,15 @@ def _refuse_repeated_inputs(prefixes: list[str]) -> None:
         index = Path(prefix + ".idx")
         if not index.is_file():
             continue  # named as missing by the checks that follow
-        first = seen.setdefault(file_identity(index), prefix)
-        if first is not prefix:
+        identity = file_identity(index)
+        if identity in seen:
+            first = seen[identity]
             same = "given twice" if first == prefix else f"the same dataset as {first}"
             raise DataError(
                 f"--input {prefix}: {same}; its documents would be in the merged dataset twice: "
                 "name each dataset once"
             )
+        seen[identity] = prefix
 
 
 def _check_inputs(prefixes: list[str]) -> tuple[np.dtype, int]:

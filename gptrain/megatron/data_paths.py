@@ -133,6 +133,14 @@ def data_prefix(values: list[str], flag: str = "--data-path") -> Any:
     """`--data-path p` or `--data-path w1 p1 w2 p2 ...` -> a prefix or a flat blend list."""
     if len(values) == 1:
         return values[0]
+    if (
+        len(values) % 2 == 0
+        and all(is_number(w) for w in values[1::2])
+        and not any(map(is_number, values[0::2]))
+    ):
+        raise ConfigError(
+            f"{flag} {' '.join(values[:4])}: the weights go before the prefixes ('WEIGHT PREFIX ...')"
+        )
     if len(values) % 2 or not any(is_number(w) for w in values[0::2]):  # Megatron's unweighted form
         raise ConfigError(f"{flag}: {unweighted_list_error(values)}")
     if not all(is_number(w) for w in values[0::2]):

@@ -64,6 +64,11 @@ def test_merge_refuses_a_dataset_named_twice(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and "name each dataset once" in err and err.count("\n") == 1, err
     assert not (tmp_path / "m.bin").exists()
+    from gptrain.data.merge import merge_datasets
+    from gptrain.errors import DataError
+
+    with pytest.raises(DataError, match="given twice"):  # one string object named twice (the API)
+        merge_datasets([a, a], str(tmp_path / "m"))
 
 
 def test_merge_errors(tmp_path, capsys):
