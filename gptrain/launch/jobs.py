@@ -160,8 +160,10 @@ def explain_stop(state: JobState) -> JobState:
     return JobState(state.state, why, state.exit_code) if why else state
 
 
-def slurm_state(job_id: str) -> JobState:
-    return explain_stop(asked_slurm_state(job_id))
+def slurm_state(job_id: str, stage: str | None = None) -> JobState:
+    """The job's state; a training's exit 75/76 explained (another stage's 75 is EX_TEMPFAIL's)."""
+    state = asked_slurm_state(job_id)
+    return explain_stop(state) if stage == "training" else state
 
 
 def asked_slurm_state(job_id: str) -> JobState:
@@ -218,7 +220,7 @@ def local_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobSta
 def job_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobState:
     if record.get("executor") == "local":
         return local_state(record, records)
-    return slurm_state(str(record["job_id"]))
+    return slurm_state(str(record["job_id"]), record.get("stage"))
 
 
 def queued_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
@@ -466,7 +468,7 @@ def cancel_waiting_stages(run_dir: Path, job_ids: set[str], cancelled: set[str])
     already running, or waiting on a job that completed, is another run's business: left alone."""
     lines = []
     for other, record in waiting_stages(run_dir, job_ids):
-        job_id, state = str(record["job_id"]), slurm_state(str(record["job_id"]))
+        job_id, state = str(record["job_id"]), slurm_state(str(record["job_id"]), record.get("stage"))
         waits_on_cancelled = str(record.get("dependency")) in cancelled
         if state.state == "PENDING" and (waits_on_cancelled or state.reason == NEVER_SATISFIED):
             scancel(job_id)

@@ -444,5 +444,9 @@ def test_a_slurm_job_stopped_with_a_checkpoint_and_not_requeued_says_how_to_resu
         return subprocess.CompletedProcess(command, 0, scontrol if command[0] == "scontrol" else "", "")
 
     monkeypatch.setattr(jobs, "run_command", run_command)
-    state = jobs.slurm_state("7")
+    state = jobs.slurm_state("7", "training")
     assert state.describe().startswith(described) and state.describe().endswith(f"exit {exit_code}")
+    # another stage's 75 is EX_TEMPFAIL's (a data preparation's), not a checkpoint to resume from
+    assert (
+        jobs.slurm_state("7", "data_preparation").describe() == f"FAILED (NonZeroExitCode) exit {exit_code}"
+    )
