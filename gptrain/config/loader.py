@@ -184,6 +184,10 @@ def _apply_override(root: DictConfig, override: str) -> str:
             _check_known_key(key, f"override '{override}'")
         path = f"training.{key}"
     value = parse_value(form.text)
+    if form.delete and key == "run.name":  # its default would put any preset's run in gpt3_126m's directory
+        raise ConfigError(
+            f"override '{override}': a run needs a name (its results directory); set run.name=NAME"
+        )
     if form.delete:
         delete_key(root, path, form, value)
         _restore_defaults(root)  # the key takes its default: gptrain's run directory, not none

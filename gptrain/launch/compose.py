@@ -270,6 +270,10 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
     (a preset file lists only some of the keys gptrain accepts).
     """
     if override.form.delete:
+        if override.key == "training.run.name":
+            raise ConfigError(
+                f"override '{override.typed}': a run needs a name (its results directory); set it"
+            )
         delete_key(cfg, override.key, override.form, override.value)
         return
     parts = override.key.split(".")

@@ -210,10 +210,11 @@ def test_delete_takes_away_unknown_keys_and_gives_back_the_run_directory(tmp_pat
         load_training_config(config_file=str(path))
     assert load_training_config(config_file=str(path), overrides=["~model.foo_unknown"]).model.num_layers
     default = load_training_config("gpt3/126m")
-    for key in ("run.name", "base_results_dir"):
-        cfg = load_training_config("gpt3/126m", [f"base_results_dir={tmp_path}", "run.name=mine", f"~{key}"])
-        assert cfg.run.results_dir == f"{tmp_path}/gpt3_126m" if key == "run.name" else "results/mine"
+    cfg = load_training_config("gpt3/5b", ["run.name=mine", "~base_results_dir"])
+    assert cfg.run.results_dir == "results/mine"
     assert load_training_config("gpt3/126m", ["~data_dir"]).run.results_dir == default.run.results_dir
+    with pytest.raises(ConfigError, match=r"^override '~run.name': a run needs a name"):
+        load_training_config("gpt3/5b", ["~run.name"])  # gpt3_126m's directory for a 5b run: refused
 
 
 def test_nemos_0_and_1_for_a_switch_are_false_and_true(tmp_path):

@@ -113,6 +113,8 @@ def test_delete_compares_the_resolved_value_names_the_override_as_typed_and_keep
     assert kept.resolved()["training"]["run"]["results_dir"] == "/elsewhere"
     with pytest.raises(ConfigError, match=r"^override '~training=gpt3/5b': removing the training group"):
         compose(["~training=gpt3/5b"])
+    with pytest.raises(ConfigError, match=r"^override '~training.run.name': a run needs a name"):
+        compose(["~training.run.name"])  # was 'cannot resolve the launch config', no override named
 
 
 def test_parse_overrides_reads_yaml_values():
