@@ -56,7 +56,7 @@ def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
     world = world_from_env()
     overrides = request.overrides if world.world_size > 1 else [*ONE_PROCESS, *request.overrides]
     run = open_run(request.checkpoint, overrides)
-    cfg, step_dir = run.cfg, run.step_dir
+    cfg = run.cfg
     if world.world_size > 1:
         init_distributed(world, cfg.trainer.resolved_accelerator())
     failed = True

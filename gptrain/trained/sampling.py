@@ -19,6 +19,7 @@ def generate(
     model: nn.Module,
     prompt_ids: list[int],
     max_new_tokens: int,
+    *,
     temperature: float = 1.0,
     top_k: int | None = None,
     greedy: bool = False,
@@ -46,7 +47,9 @@ def generate(
                 logits = model(context)[0, -1].float().cpu()
                 if valid_vocab_size is not None:
                     logits = logits[:valid_vocab_size]
-                next_id = next_token(logits, temperature, top_k, greedy, generator, top_p)
+                next_id = next_token(
+                    logits, temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator
+                )
                 tokens.append(next_id)
                 new_tokens.append(next_id)
                 if eod is not None and next_id == eod:
@@ -59,6 +62,7 @@ def generate(
 def next_token(
     logits: torch.Tensor,
     temperature: float = 1.0,
+    *,
     top_k: int | None = None,
     greedy: bool = False,
     generator: torch.Generator | None = None,

@@ -124,7 +124,9 @@ def test_top_p_samples_the_nucleus_in_proportion(top_p, temperature, top_k):
         tempered = [p if p >= cut else 0.0 for p in tempered]
     expected = nucleus_reference([p / sum(tempered) for p in tempered], top_p)
     generator = torch.Generator().manual_seed(0)
-    draws = [next_token(logits, temperature, top_k, generator=generator, top_p=top_p) for _ in range(4000)]
+    draws = [
+        next_token(logits, temperature, top_k=top_k, generator=generator, top_p=top_p) for _ in range(4000)
+    ]
     assert set(draws) == set(expected)
     for index, probability in expected.items():  # 5 standard deviations of a binomial frequency
         assert draws.count(index) / len(draws) == pytest.approx(probability, abs=5 * (0.25 / 4000) ** 0.5)
