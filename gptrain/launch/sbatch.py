@@ -354,6 +354,8 @@ if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
     setsid bash -c 'for i in $(seq 1 200); do sleep 0.3; if scontrol show job "$1" | grep -q "JobState=PENDING"; then sleep 2; scontrol update JobId="$1" StartTime=now; exit; fi; done' gptrain-nudge "$SLURM_JOB_ID" </dev/null >/dev/null 2>&1 &
     for try in 1 2 3; do
       scontrol requeue "$SLURM_JOB_ID" && exit 0
+      # a reply that timed out after the controller took the requeue: the job is queued again
+      scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -qE "JobState=(PENDING|REQUEUE)" && exit 0
       [ "$try" = 3 ] || sleep 5
     done
     echo "gptrain: scontrol requeue failed; the checkpoint is saved: launch again to resume" >&2
