@@ -73,24 +73,29 @@ def dcgm_diag(level: int, timeout_s: float = 7200.0) -> dict[str, Any]:
     }
 
 
+def nvml_health(uuid: str | None, index: int) -> tuple[dict[str, Any] | None, list[str]]:
+    """This GPU's NVML record and its problems; no record where NVML cannot be loaded. A GPU NVML
+    cannot find is reported, not failed; one NVML says is broken (lost, needing a reset) fails."""
+    nv = nvml.load()
+    if nv is None:
+        return None, []
+    try:
+        handle = nvml.handle_for(nv, uuid, index)
+        info = nvml.gpu_health(nv, handle)
+    except Exception as error:
+        fault = nvml.fault_of(error)
+        problems = [nvml.fault_problem(f"{error} ({fault})")] if fault else []
+        return {"error": f"{type(error).__name__}: {error}"}, problems
+    return info, nvml.health_problems(info)
+
+
 def check_local_gpu(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> dict[str, Any]:
     """This rank's GPU: identity, NVML health, measured rates; DCGM on one rank per node."""
     index = ctx.device.index or 0
     props = torch.cuda.get_device_properties(index)
     uuid = getattr(props, "uuid", None)
     record: dict[str, Any] = {"rank": ctx.rank, "node": ctx.node, "cuda_index": index, "name": props.name}
-    nv = nvml.load()
-    if nv is None:
-        record["nvml"] = None
-        record["problems"] = []
-    else:
-        try:
-            handle = nvml.handle_for(nv, f"GPU-{uuid}" if uuid else None, index)
-            record["nvml"] = nvml.gpu_health(nv, handle)
-            record["problems"] = nvml.health_problems(record["nvml"])
-        except Exception as error:  # no handle for this GPU (e.g. a MIG slice): report, do not fail
-            record["nvml"] = {"error": f"{type(error).__name__}: {error}"}
-            record["problems"] = []
+    record["nvml"], record["problems"] = nvml_health(f"GPU-{uuid}" if uuid else None, index)
     record["matmul_bf16_tflops"] = matmul_tflops(ctx.device, iters, warmup)
     record["copy_GBps"] = copy_GBps(ctx.device, iters, warmup)
     torch.cuda.empty_cache()

@@ -2,11 +2,13 @@
 
 Every field is read in its own try: virtual machines and some GPUs do not support some of
 them (NVLink on PCIe cards, row remapping before Ampere, ECC counters under vGPU), and an
-unsupported field is recorded as null with the reason, never as a failure.
+unsupported field is recorded as null with the reason, never as a failure. A read that fails
+because the GPU itself is broken (lost, needing a reset, a corrupted infoROM) is a fault instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -39,11 +41,42 @@ def load() -> Any | None:
         return None
 
 
-def field(errors: dict[str, str], name: str, read: Callable[[], Any]) -> Any:
+# NVML's return codes (nvmlReturn_t) that say the GPU is broken, not that a field is missing on
+# this GPU, driver or VM: such a GPU must fail the check, not pass with its fields skipped.
+FAULT_CODES = {
+    8: "its external power cables are not properly attached",  # NVML_ERROR_INSUFFICIENT_POWER
+    11: "the kernel detected an interrupt issue",  # NVML_ERROR_IRQ_ISSUE
+    14: "its infoROM is corrupted",  # NVML_ERROR_CORRUPTED_INFOROM
+    15: "it has fallen off the bus",  # NVML_ERROR_GPU_IS_LOST
+    16: "it needs a reset",  # NVML_ERROR_RESET_REQUIRED
+}
+
+
+def fault_of(error: BaseException) -> str | None:
+    """What is wrong with the GPU when `error` is an NVML error that says it is broken, else None."""
+    if not type(error).__name__.startswith("NVMLError"):
+        return None
+    return FAULT_CODES.get(getattr(error, "value", None))  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass
+class Unread:
+    """The fields NVML did not give, name -> reason: absent here (`unsupported`), or refused
+    because the GPU is broken (`faults`)."""
+
+    unsupported: dict[str, str] = dataclasses.field(default_factory=dict)
+    faults: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def field(errors: Unread, name: str, read: Callable[[], Any]) -> Any:
     try:
         return read()
-    except Exception as error:  # NVMLError_NotSupported, NoPermission, ...
-        errors[name] = str(error) or type(error).__name__
+    except Exception as error:  # NVMLError_NotSupported, NoPermission, ...; GpuIsLost: a fault
+        reason, fault = str(error) or type(error).__name__, fault_of(error)
+        if fault:
+            errors.faults[name] = f"{reason} ({fault})"
+        else:
+            errors.unsupported[name] = reason
         return None
 
 
@@ -56,8 +89,9 @@ def handle_for(nv: Any, uuid: str | None, index: int) -> Any:
     if uuid:
         try:
             return nv.nvmlDeviceGetHandleByUUID(uuid)
-        except Exception:
-            pass
+        except Exception as error:
+            if fault_of(error):  # our GPU is broken: another one's record must not stand in for it
+                raise
     return nv.nvmlDeviceGetHandleByIndex(index)
 
 
@@ -71,7 +105,7 @@ def throttle_reasons(nv: Any, h: Any) -> list[str]:
     return [label for attr, label in names.items() if mask & int(getattr(nv, attr, 0))]
 
 
-def nvlinks(nv: Any, h: Any, errors: dict[str, str]) -> list[dict[str, Any]]:
+def nvlinks(nv: Any, h: Any, errors: Unread) -> list[dict[str, Any]]:
     links = []
     for link in range(int(nv.NVML_NVLINK_MAX_LINKS)):
         try:
@@ -91,7 +125,7 @@ def nvlinks(nv: Any, h: Any, errors: dict[str, str]) -> list[dict[str, Any]]:
     return links
 
 
-def ecc(nv: Any, h: Any, errors: dict[str, str]) -> dict[str, Any]:
+def ecc(nv: Any, h: Any, errors: Unread) -> dict[str, Any]:
     out = {}
     for kind in ("UNCORRECTED", "CORRECTED"):
         for scope in ("VOLATILE", "AGGREGATE"):
@@ -108,7 +142,7 @@ def ecc(nv: Any, h: Any, errors: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def memory_health(nv: Any, h: Any, errors: dict[str, str]) -> dict[str, Any]:
+def memory_health(nv: Any, h: Any, errors: Unread) -> dict[str, Any]:
     remap = field(errors, "remapped_rows", lambda: nv.nvmlDeviceGetRemappedRows(h))
     cause = nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
     return {
@@ -130,8 +164,9 @@ def memory_health(nv: Any, h: Any, errors: dict[str, str]) -> dict[str, Any]:
 
 
 def gpu_health(nv: Any, h: Any) -> dict[str, Any]:
-    """Every field NVML gives for one GPU; unsupported ones are null and listed in `unsupported`."""
-    errors: dict[str, str] = {}
+    """Every field NVML gives for one GPU; unread ones are null and listed in `unsupported`, or in
+    `faults` where NVML said the GPU is broken."""
+    errors = Unread()
     f = lambda name, read: field(errors, name, read)  # noqa: E731
     info = {
         "name": f("name", lambda: _text(nv.nvmlDeviceGetName(h))),
@@ -158,13 +193,24 @@ def gpu_health(nv: Any, h: Any) -> dict[str, Any]:
         "memory": memory_health(nv, h, errors),
         "nvlinks": f("nvlinks", lambda: nvlinks(nv, h, errors)),
     }
-    info["unsupported"] = errors
+    info["unsupported"] = errors.unsupported
+    info["faults"] = errors.faults
     return info
+
+
+def fault_problem(reason: str, fields: list[str] | None = None) -> str:
+    """One line for a broken GPU: NVML's reason, what it was reading, what to do."""
+    reading = f" reading {', '.join(fields[:3])}{', ...' if len(fields) > 3 else ''}" if fields else ""
+    return f"NVML: {reason}{reading}: reset or service the GPU"
 
 
 def health_problems(info: dict[str, Any]) -> list[str]:
     """What in an NVML record makes the GPU unfit for a long run (empty: healthy)."""
     problems = []
+    faults: dict[str, list[str]] = {}
+    for name, reason in (info.get("faults") or {}).items():
+        faults.setdefault(reason, []).append(name)
+    problems += [fault_problem(reason, names) for reason, names in faults.items()]
     ecc_counts, memory = info.get("ecc") or {}, info.get("memory") or {}
     if (ecc_counts.get("uncorrected_volatile") or 0) > 0:
         problems.append(f"{ecc_counts['uncorrected_volatile']} uncorrected ECC errors since boot")

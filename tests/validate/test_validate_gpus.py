@@ -157,3 +157,58 @@ def test_gpus_are_expected_from_the_profile_the_flag_or_the_job_never_on_a_cpu_m
         "Slurm gave the job GPUs (SLURM_GPUS_ON_NODE=8)"
     )
     assert gpus_expected(Thresholds(), False, {"CUDA_VISIBLE_DEVICES": "0,1"}) == "CUDA_VISIBLE_DEVICES=0,1"
+
+
+def nvml_error(code_name):
+    """The exception nvidia-ml-py raises for NVML's return code `code_name`."""
+    import pynvml
+
+    return pynvml.NVMLError(getattr(pynvml, code_name))
+
+
+def raising(code_name):
+    def read(*_):
+        raise nvml_error(code_name)
+
+    return read
+
+
+def test_a_lost_gpu_fails_instead_of_passing_with_its_fields_unsupported():
+    lost = raising("NVML_ERROR_GPU_IS_LOST")
+    readers = [name for name in dir(fake_nvml()[0]) if name.startswith("nvmlDevice")]
+    nv, _ = fake_nvml(**{name: lost for name in readers})
+    info = nvml.gpu_health(nv, object())
+    problems = nvml.health_problems(info)
+    assert len(problems) == 1 and problems[0].startswith(
+        "NVML: GPU is lost (it has fallen off the bus) reading"
+    )
+    assert problems[0].endswith("reset or service the GPU") and "temperature" in info["faults"]
+    assert "temperature" not in info["unsupported"]
+
+
+def test_a_corrupted_inforom_fails_while_unsupported_fields_do_not():
+    nv, _ = fake_nvml(
+        nvmlDeviceGetTotalEccErrors=raising("NVML_ERROR_CORRUPTED_INFOROM"),
+        nvmlDeviceGetPowerUsage=raising("NVML_ERROR_NOT_SUPPORTED"),
+    )
+    info = nvml.gpu_health(nv, object())
+    assert nvml.health_problems(info) == [
+        "NVML: Corrupted infoROM (its infoROM is corrupted) reading ecc_uncorrected_volatile, "
+        "ecc_uncorrected_aggregate, ecc_corrected_volatile, ...: reset or service the GPU"
+    ]
+    assert info["unsupported"]["power"] == "Not Supported" and "power" not in info["faults"]
+
+
+def test_a_gpu_lost_before_its_handle_is_found_fails_and_is_not_replaced_by_another(monkeypatch):
+    from gptrain.validate import gpus
+
+    nv, _ = fake_nvml(
+        nvmlDeviceGetHandleByUUID=raising("NVML_ERROR_GPU_IS_LOST"),
+        nvmlDeviceGetHandleByIndex=lambda index: object(),  # some healthy GPU of the node
+    )
+    with pytest.raises(Exception, match="GPU is lost"):
+        nvml.handle_for(nv, "GPU-1234", 0)
+    monkeypatch.setattr(nvml, "load", lambda: nv)
+    record, problems = gpus.nvml_health("GPU-1234", 0)
+    assert record == {"error": "NVMLError_GpuIsLost: GPU is lost"}
+    assert problems == ["NVML: GPU is lost (it has fallen off the bus): reset or service the GPU"]
