@@ -52,6 +52,9 @@ FAULT_CODES = {
 }
 
 
+FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND: the driver's NVML lacks the function
+
+
 def fault_of(error: BaseException) -> str | None:
     """What is wrong with the GPU when `error` is an NVML error that says it is broken, else None."""
     if not type(error).__name__.startswith("NVMLError"):
@@ -95,12 +98,21 @@ def handle_for(nv: Any, uuid: str | None, index: int) -> Any:
     return nv.nvmlDeviceGetHandleByIndex(index)
 
 
+def clock_event_mask(nv: Any, h: Any) -> int:
+    """The throttle reasons' bit mask. nvidia-ml-py has the new name (NVML 12.535) whatever the
+    driver, and a driver before R535 lacks it (Function Not Found): then the old name is read."""
+    new = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if new is not None:
+        try:
+            return int(new(h))
+        except Exception as error:
+            if getattr(error, "value", None) != FUNCTION_NOT_FOUND:
+                raise
+    return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+
+
 def throttle_reasons(nv: Any, h: Any) -> list[str]:
-    read = (
-        getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        or nv.nvmlDeviceGetCurrentClocksThrottleReasons
-    )
-    mask = int(read(h))
+    mask = clock_event_mask(nv, h)
     names = {**BAD_THROTTLE, **INFO_THROTTLE}
     return [label for attr, label in names.items() if mask & int(getattr(nv, attr, 0))]
 

@@ -212,3 +212,15 @@ def test_a_gpu_lost_before_its_handle_is_found_fails_and_is_not_replaced_by_anot
     record, problems = gpus.nvml_health("GPU-1234", 0)
     assert record == {"error": "NVMLError_GpuIsLost: GPU is lost"}
     assert problems == ["NVML: GPU is lost (it has fallen off the bus): reset or service the GPU"]
+
+
+def test_clocks_slowed_are_read_on_a_driver_before_r535():
+    # nvidia-ml-py always has the new reader; an older driver's NVML lacks the function
+    hw_slowdown = int(nv_attr("nvmlClocksThrottleReasonHwSlowdown"))
+    nv, _ = fake_nvml(
+        nvmlDeviceGetCurrentClocksEventReasons=raising("NVML_ERROR_FUNCTION_NOT_FOUND"),
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: hw_slowdown,
+    )
+    info = nvml.gpu_health(nv, object())
+    assert info["throttle_reasons"] == ["hw_slowdown"] and "throttle_reasons" not in info["unsupported"]
+    assert nvml.health_problems(info) == ["clocks slowed by hw_slowdown"]
