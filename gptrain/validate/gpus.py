@@ -73,14 +73,14 @@ def dcgm_diag(level: int, timeout_s: float = 7200.0) -> dict[str, Any]:
     }
 
 
-def nvml_health(uuid: str | None, index: int) -> tuple[dict[str, Any] | None, list[str]]:
+def nvml_health(cuda_uuid: str | None, index: int) -> tuple[dict[str, Any] | None, list[str]]:
     """This GPU's NVML record and its problems; no record where NVML cannot be loaded. A GPU NVML
     cannot find is reported, not failed; one NVML says is broken (lost, needing a reset) fails."""
     nv = nvml.load()
     if nv is None:
         return None, []
     try:
-        handle = nvml.handle_for(nv, uuid, index)
+        handle = nvml.handle_for(nv, cuda_uuid, index)
         info = nvml.gpu_health(nv, handle)
     except Exception as error:
         fault = nvml.fault_of(error)
@@ -93,9 +93,9 @@ def check_local_gpu(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> d
     """This rank's GPU: identity, NVML health, measured rates; DCGM on one rank per node."""
     index = ctx.device.index or 0
     props = torch.cuda.get_device_properties(index)
-    uuid = getattr(props, "uuid", None)
+    uuid = getattr(props, "uuid", None)  # 8-4-4-4-12 hex, NVML's name without its GPU-/MIG- prefix
     record: dict[str, Any] = {"rank": ctx.rank, "node": ctx.node, "cuda_index": index, "name": props.name}
-    record["nvml"], record["problems"] = nvml_health(f"GPU-{uuid}" if uuid else None, index)
+    record["nvml"], record["problems"] = nvml_health(None if uuid is None else str(uuid), index)
     record["matmul_bf16_tflops"] = matmul_tflops(ctx.device, iters, warmup)
     record["copy_GBps"] = copy_GBps(ctx.device, iters, warmup)
     torch.cuda.empty_cache()

@@ -87,15 +87,22 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def handle_for(nv: Any, uuid: str | None, index: int) -> Any:
-    """NVML numbers GPUs regardless of CUDA_VISIBLE_DEVICES: find ours by UUID when known."""
-    if uuid:
+def handle_for(nv: Any, cuda_uuid: str | None, index: int) -> Any:
+    """The NVML handle of the GPU CUDA calls `cuda_uuid`. NVML numbers GPUs regardless of
+    CUDA_VISIBLE_DEVICES, so the UUID finds it: GPU-<uuid> for a whole GPU, MIG-<uuid> for a MIG
+    slice, whose health (ECC, clocks, temperature, links) is its parent GPU's. By index only when
+    CUDA gives no UUID: NVML's GPU of CUDA's index is another GPU under CUDA_VISIBLE_DEVICES."""
+    if not cuda_uuid:
+        return nv.nvmlDeviceGetHandleByIndex(index)
+    for prefix in ("GPU-", "MIG-"):
         try:
-            return nv.nvmlDeviceGetHandleByUUID(uuid)
+            handle = nv.nvmlDeviceGetHandleByUUID(prefix + cuda_uuid)
         except Exception as error:
             if fault_of(error):  # our GPU is broken: another one's record must not stand in for it
                 raise
-    return nv.nvmlDeviceGetHandleByIndex(index)
+            continue
+        return handle if prefix == "GPU-" else nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+    raise LookupError(f"NVML has no GPU-{cuda_uuid} or MIG-{cuda_uuid} (CUDA's UUID of this GPU)")
 
 
 def clock_event_mask(nv: Any, h: Any) -> int:

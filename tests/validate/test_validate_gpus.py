@@ -207,9 +207,9 @@ def test_a_gpu_lost_before_its_handle_is_found_fails_and_is_not_replaced_by_anot
         nvmlDeviceGetHandleByIndex=lambda index: object(),  # some healthy GPU of the node
     )
     with pytest.raises(Exception, match="GPU is lost"):
-        nvml.handle_for(nv, "GPU-1234", 0)
+        nvml.handle_for(nv, "1234", 0)
     monkeypatch.setattr(nvml, "load", lambda: nv)
-    record, problems = gpus.nvml_health("GPU-1234", 0)
+    record, problems = gpus.nvml_health("1234", 0)
     assert record == {"error": "NVMLError_GpuIsLost: GPU is lost"}
     assert problems == ["NVML: GPU is lost (it has fallen off the bus): reset or service the GPU"]
 
@@ -224,3 +224,48 @@ def test_clocks_slowed_are_read_on_a_driver_before_r535():
     info = nvml.gpu_health(nv, object())
     assert info["throttle_reasons"] == ["hw_slowdown"] and "throttle_reasons" not in info["unsupported"]
     assert nvml.health_problems(info) == ["clocks slowed by hw_slowdown"]
+
+
+def by_uuid(known):
+    """nvmlDeviceGetHandleByUUID of a driver that knows the handles `known` (by NVML UUID)."""
+
+    def lookup(uuid):
+        if uuid not in known:
+            raise nvml_error("NVML_ERROR_NOT_FOUND")
+        return known[uuid]
+
+    return lookup
+
+
+def named_fake(**overrides):
+    """The fake driver whose GPU name says which handle was read."""
+    nv, _ = fake_nvml(nvmlDeviceGetName=lambda h: f"GPU of handle {h}".encode(), **overrides)
+    return nv
+
+
+def test_a_mig_slice_is_found_by_its_uuid_and_read_on_its_parent_gpu(monkeypatch):
+    from gptrain.validate import gpus
+
+    nv = named_fake(
+        nvmlDeviceGetHandleByUUID=by_uuid({"MIG-aa11": "slice", "GPU-bb22": "gpu3"}),
+        nvmlDeviceGetDeviceHandleFromMigDeviceHandle=lambda h: {"slice": "gpu3"}[h],
+        nvmlDeviceGetHandleByIndex=lambda index: f"gpu{index}",  # NVML's numbering, not CUDA's
+    )
+    monkeypatch.setattr(nvml, "load", lambda: nv)
+    record, problems = gpus.nvml_health("aa11", 0)  # CUDA_VISIBLE_DEVICES=MIG-aa11: cuda:0
+    assert record["name"] == "GPU of handle gpu3" and problems == []
+    assert gpus.nvml_health("bb22", 0)[0]["name"] == "GPU of handle gpu3"
+
+
+def test_a_gpu_nvml_does_not_know_is_not_read_by_index_as_another_gpu(monkeypatch):
+    from gptrain.validate import gpus
+
+    nv = named_fake(
+        nvmlDeviceGetHandleByUUID=by_uuid({"GPU-bb22": "gpu3"}),
+        nvmlDeviceGetHandleByIndex=lambda index: f"gpu{index}",
+    )
+    monkeypatch.setattr(nvml, "load", lambda: nv)
+    record, problems = gpus.nvml_health("cc33", 0)
+    assert record == {"error": "LookupError: NVML has no GPU-cc33 or MIG-cc33 (CUDA's UUID of this GPU)"}
+    assert problems == []
+    assert gpus.nvml_health(None, 1)[0]["name"] == "GPU of handle gpu1"  # no UUID: NVML's index
