@@ -73,13 +73,11 @@ def dcgm_diag(level: int, timeout_s: float = 7200.0) -> dict[str, Any]:
     }
 
 
-def nvml_health(cuda_uuid: str | None, index: int) -> tuple[dict[str, Any] | None, list[str]]:
-    """This GPU's NVML record and its problems; no record where NVML cannot be loaded. A GPU NVML
-    cannot find is reported, not failed; one NVML says is broken (lost, needing a reset) fails."""
-    nv = nvml.load()
-    if nv is None:
-        return None, []
+def nvml_health(cuda_uuid: str | None, index: int) -> tuple[dict[str, Any], list[str]]:
+    """This GPU's NVML record and its problems. NVML unavailable or a GPU it cannot find is
+    reported (`error`), not failed; a GPU NVML says is broken (lost, needing a reset) fails."""
     try:
+        nv = nvml.load()
         handle = nvml.handle_for(nv, cuda_uuid, index)
         info = nvml.gpu_health(nv, handle)
     except Exception as error:
@@ -103,6 +101,12 @@ def check_local_gpu(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> d
         record["dcgm"] = dcgm_diag(dcgm_level)
         record["xid"] = nvml.xid_events()
     return record
+
+
+def unread_note(record: dict[str, Any]) -> str:
+    """Said after a GPU's verdict when its NVML health was not read: 'ok' covers only the rates."""
+    error = (record.get("nvml") or {}).get("error")
+    return f" (NVML health not checked: {error})" if error else ""
 
 
 def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, Any]]:

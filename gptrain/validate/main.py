@@ -165,7 +165,7 @@ def pair_summary(level: str, results: list[Any], verdict: Any) -> str:
 
 
 def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
-    from gptrain.validate.gpus import gpus_expected, judge, run_gpus
+    from gptrain.validate.gpus import gpus_expected, judge, run_gpus, unread_note
 
     records = run_gpus(ctx, args.iters, args.warmup, args.dcgm_level)
     if records is None:
@@ -181,6 +181,7 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
         print(
             f"gpus: rank {r['rank']} {r['node']} cuda:{r['cuda_index']} {r['name']}: "
             f"{r['matmul_bf16_tflops']:.0f} TFLOP/s bf16, {r['copy_GBps']:.0f} GB/s copy: {state}"
+            f"{unread_note(r)}"
         )
         for flag in r["flags"]:
             out.failures.append(f"gpus: rank {r['rank']} on {r['node']}: {flag}")

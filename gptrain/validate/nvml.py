@@ -30,15 +30,29 @@ INFO_THROTTLE = {
 }
 
 
-def load() -> Any | None:
-    """The pynvml module with NVML initialised, or None where there is no NVIDIA driver."""
+LIBRARY_NOT_FOUND = 12  # NVML_ERROR_LIBRARY_NOT_FOUND
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used in this process: nvidia-ml-py absent, or no libnvidia-ml (a container
+    started without the driver's utility libraries), or the driver not loaded."""
+
+
+def load() -> Any:
+    """The pynvml module with NVML initialised; NvmlUnavailable saying why not."""
     try:
         import pynvml
-
+    except ImportError:
+        raise NvmlUnavailable("nvidia-ml-py is not installed (pip install nvidia-ml-py)") from None
+    try:
         pynvml.nvmlInit()
-        return pynvml
-    except Exception:  # ImportError, NVMLError_LibraryNotFound, driver not loaded, ...
-        return None
+    except Exception as error:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        missing = getattr(error, "value", None) == LIBRARY_NOT_FOUND
+        hint = (
+            " (no libnvidia-ml: a container needs NVIDIA_DRIVER_CAPABILITIES with utility)" if missing else ""
+        )
+        raise NvmlUnavailable(f"nvmlInit: {error or type(error).__name__}{hint}") from None
+    return pynvml
 
 
 # NVML's return codes (nvmlReturn_t) that say the GPU is broken, not that a field is missing on

@@ -269,3 +269,25 @@ def test_a_gpu_nvml_does_not_know_is_not_read_by_index_as_another_gpu(monkeypatc
     assert record == {"error": "LookupError: NVML has no GPU-cc33 or MIG-cc33 (CUDA's UUID of this GPU)"}
     assert problems == []
     assert gpus.nvml_health(None, 1)[0]["name"] == "GPU of handle gpu1"  # no UUID: NVML's index
+
+
+def test_a_gpu_whose_nvml_health_was_not_read_does_not_just_say_ok(monkeypatch, tmp_path, capsys):
+    import argparse
+
+    import pynvml
+
+    from gptrain.validate import gpus, main
+
+    monkeypatch.setattr(pynvml, "nvmlInit", raising("NVML_ERROR_LIBRARY_NOT_FOUND"))
+    info, problems = gpus.nvml_health("1234", 0)
+    assert problems == [] and info["error"] == (
+        "NvmlUnavailable: nvmlInit: NVML Shared Library Not Found"
+        " (no libnvidia-ml: a container needs NVIDIA_DRIVER_CAPABILITIES with utility)"
+    )
+    rec = dict(record(0, "n1", 800, 3000), cuda_index=0, name="NVIDIA H100", nvml=info)
+    monkeypatch.setattr(gpus, "run_gpus", lambda *a: [rec])
+    ctx = types.SimpleNamespace(rank=0)
+    args = argparse.Namespace(iters=1, warmup=0, dcgm_level=0, output_dir=str(tmp_path))
+    main.check_gpus(ctx, args, Thresholds(), main.Outcome())
+    line = capsys.readouterr().out.strip()
+    assert line.endswith("GB/s copy: ok (NVML health not checked: " + info["error"] + ")")
