@@ -8,6 +8,7 @@ large-message bus bandwidth threshold.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,10 @@ def threshold_values(block: dict[str, Any], where: str, prefix: str = "validatio
         if value is None:
             continue
         try:
-            values[key] = int(value) if key == "large_message_bytes" else float(value)
-        except (TypeError, ValueError):
+            values[key] = float(value)
+            if key == "large_message_bytes" and math.isfinite(values[key]):  # int(.inf) would overflow
+                values[key] = int(values[key])
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{where}{prefix}{key} must be a number, got {value!r}") from None
         out_of_range = _out_of_range(key, values[key])
         if out_of_range:
@@ -116,7 +119,8 @@ def threshold_values(block: dict[str, Any], where: str, prefix: str = "validatio
 
 def _out_of_range(key: str, value: float) -> str | None:
     """What `value` must be, where it is not: a 0, negative or nan rate turns its check off silently
-    (nothing compares below it), and a slow_pct of 0 or 100 or more flags every GPU or none."""
+    (nothing compares below it), an infinite one fails every node (and is no JSON number), and a
+    slow_pct of 0 or 100 or more flags every GPU or none."""
     if key == "slow_pct":
         return None if 0 < value < 100 else "a percentage between 0 and 100"
-    return None if value > 0 else "a positive number"  # nan is not > 0
+    return None if 0 < value < math.inf else "a positive finite number"  # nan is not > 0

@@ -129,9 +129,20 @@ def test_profiles_load_with_sources_and_bad_ones_say_what_to_do(tmp_path):
     [
         ("slow_pct: -5", "validation.slow_pct must be a percentage between 0 and 100, got -5"),
         ("slow_pct: 100", "validation.slow_pct must be a percentage between 0 and 100, got 100"),
-        ("large_message_bytes: 0", "validation.large_message_bytes must be a positive number, got 0"),
-        ("matmul_tflops: .nan", "validation.matmul_tflops must be a positive number, got nan"),
-        ("copy_GBps: -1", "validation.copy_GBps must be a positive number, got -1"),
+        ("large_message_bytes: 0", "validation.large_message_bytes must be a positive finite number, got 0"),
+        ("matmul_tflops: .nan", "validation.matmul_tflops must be a positive finite number, got nan"),
+        ("copy_GBps: -1", "validation.copy_GBps must be a positive finite number, got -1"),
+        # infinite: every node failed and excluded, Infinity (no JSON) in validation.json
+        ("copy_GBps: .inf", "validation.copy_GBps must be a positive finite number, got inf"),
+        (
+            "inter_node_busbw_GBps: 1e400",
+            "validation.inter_node_busbw_GBps must be a positive finite number, got inf",
+        ),
+        # int(inf) raised OverflowError: a traceback instead of this line
+        (
+            "large_message_bytes: .inf",
+            "validation.large_message_bytes must be a positive finite number, got inf",
+        ),
     ],
 )
 def test_a_threshold_that_would_turn_its_check_off_is_refused(tmp_path, line, message):
