@@ -7,12 +7,13 @@ is one line, exit 2, before any process group starts (and without torch's import
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, GptrainError
 from gptrain.utils.atomic import atomic_write_text
 from gptrain.utils.paths import directory_blocker
 from gptrain.validate import report
@@ -288,15 +289,40 @@ def validate(args: argparse.Namespace) -> int:
     from gptrain.validate.runtime import finish, start
 
     ctx = start(args.timeout)
+    stage, together = "setup", False
     try:
         if ctx.rank == 0:
             Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         out = Outcome()
         checks = list(CHECKS) if args.check == "all" else [args.check]
-        for name in checks:
-            CHECKS[name](ctx, args, limits, out)
+        for stage in checks:
+            CHECKS[stage](ctx, args, limits, out)
+        stage = "the verdict"
         code = conclude(ctx, args, out)
+        together = True
+    except GptrainError:
+        together = True  # every rank refuses alike (sizes no memory holds) and they leave together
+        raise
+    except Exception as error:
+        if os.environ.get("GPTRAIN_DEBUG"):
+            raise
+        print(rank_failure(ctx, stage, error), file=sys.stderr, flush=True)
+        return 1
     finally:
-        finish()
+        finish(wait_for_peers=together)
     sys.stdout.flush()
     return code
+
+
+def rank_failure(ctx: Context, stage: str, error: Exception) -> str:
+    """One line for a rank that stopped alone (a GPU fallen off the bus, a disk full): who, where,
+    why, and what to do; the launcher then ends the ranks waiting for it."""
+    where = f"rank {ctx.rank} on {ctx.node}" + (f" (cuda:{ctx.device.index})" if ctx.is_gpu else "")
+    reason = (str(error).strip().splitlines() or [""])[0]
+    hint = ""
+    if any(word in reason for word in ("CUDA", "NCCL", "cuda", "GPU")):
+        hint = f"; a GPU or network error there is the node's: leave it out (--exclude={ctx.node})"
+    return (
+        f"gptrain: error: validate: {where} stopped during {stage}: {type(error).__name__}: {reason}{hint}"
+        " (GPTRAIN_DEBUG=1 shows where)"
+    )

@@ -123,10 +123,13 @@ def start(timeout_s: float = 600.0) -> Context:
     return Context(world=world, node=me, device=device, backend=backend, nodes=nodes)
 
 
-def finish() -> None:
-    """Barrier then destroy: gloo threads may otherwise abort the process at exit."""
+def finish(wait_for_peers: bool = True) -> None:
+    """Barrier then destroy: gloo threads may otherwise abort the process at exit. A rank leaving
+    alone by an error skips the barrier: its peers wait in a collective it never joins, and only
+    its exit lets the launcher (torchrun, srun --kill-on-bad-exit) end them."""
     if dist.is_initialized():
-        dist.barrier()
+        if wait_for_peers:
+            dist.barrier()
         dist.destroy_process_group()
 
 

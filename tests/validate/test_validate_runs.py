@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from validate_helpers import FAST, REPO, run_ranks
+from validate_helpers import FAST, REPO, end, run_ranks, start_ranks
 
 from gptrain.validate.bandwidth import OPS, bus_factor
 
@@ -96,4 +96,25 @@ def test_no_gpu_fails_and_names_the_node_when_the_profile_expects_gpus(tmp_path)
     assert (
         "validation FAILED" in logs[0]
         and "gpu-node-7" in json.loads((out / "validation.json").read_text())["exclude"]
+    )
+
+
+def test_a_rank_whose_gpu_fails_leaves_at_once_in_one_line_naming_its_node(tmp_path):
+    """Rank 1 raises a CUDA error in its pairwise check while rank 0 waits for it there. It went
+    into the closing barrier, sat the whole --timeout and printed a gloo timeout traceback (the
+    CUDA error buried above it): its exit is what lets torchrun or srun end rank 0."""
+    worker = str(REPO / "tests" / "validate" / "failing_rank_worker.py")
+    args = ["validate", "pairwise", "--output-dir", str(tmp_path / "r"), *FAST[:-1], "600"]
+    envs = [{"SLURMD_NODENAME": f"n{r + 1}"} for r in range(2)]
+    procs, logs = start_ranks([worker, *args], 2, tmp_path, envs)
+    try:
+        code = procs[1].wait(timeout=60)
+    finally:
+        end(procs)  # rank 0 still waits for rank 1: the launcher's part
+    text = logs[1].read_text()
+    assert code == 1 and "Traceback" not in text, text
+    assert text.strip().splitlines()[-1] == (
+        "gptrain: error: validate: rank 1 on n2 stopped during pairwise: RuntimeError: CUDA error: "
+        "unspecified launch failure; a GPU or network error there is the node's: leave it out "
+        "(--exclude=n2) (GPTRAIN_DEBUG=1 shows where)"
     )

@@ -22,6 +22,25 @@ def run_ranks(
     args: list[str], world: int, tmp: Path, extra_env: list[dict[str, str]] | None = None, timeout: float = 90
 ) -> tuple[list[int], list[str]]:
     """Exit codes and outputs of `gptrain validate ARGS` on `world` ranks (logs to files)."""
+    procs, logs = start_ranks(["-m", "gptrain", "validate", *args], world, tmp, extra_env)
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        end(procs)
+    return codes, [log.read_text() for log in logs]
+
+
+def end(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def start_ranks(
+    argv: list[str], world: int, tmp: Path, extra_env: list[dict[str, str]] | None = None
+) -> tuple[list[subprocess.Popen], list[Path]]:
+    """`python ARGV` started as `world` ranks, and the files their output goes to."""
     port = free_port()
     procs, logs = [], []
     for rank in range(world):
@@ -41,18 +60,6 @@ def run_ranks(
         logs.append(log)
         with open(log, "w") as handle:
             procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "gptrain", "validate", *args],
-                    env=env,
-                    stdout=handle,
-                    stderr=subprocess.STDOUT,
-                )
+                subprocess.Popen([sys.executable, *argv], env=env, stdout=handle, stderr=subprocess.STDOUT)
             )
-    try:
-        codes = [p.wait(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return codes, [log.read_text() for log in logs]
+    return procs, logs
