@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gptrain.config.schema import TrainingConfig
+from gptrain.data.blend_spec import PER_SPLIT_KEYS
 from gptrain.errors import ConfigError
 
 PRECISIONS = {"32": "32", "32-true": "32", "16": "16", "16-mixed": "16", "bf16": "bf16", "bf16-mixed": "bf16"}
@@ -244,11 +245,6 @@ def _check_data(cfg: TrainingConfig) -> None:
         raise ConfigError(
             "model.data.mock_vocab_size: set it (e.g. 50257) or give model.tokenizer files for mock data"
         )
-
-
-# gptrain.data.builder.PER_SPLIT_KEYS, repeated so loading a config (in `gptrain launch` on a login
-# node too) does not import the data modules, numpy and numba.
-PER_SPLIT_KEYS = ("train", "validation", "test")
 
 
 def _check_per_split_prefix(data_prefix: Mapping) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from gptrain.data.blend_spec import parse_blend
+from gptrain.data.blend_spec import PER_SPLIT_KEYS, parse_blend
 from gptrain.data.blended import BlendedDataset, normalize
 from gptrain.data.gpt_dataset import GPTDataset
 from gptrain.data.mock import MockGPTDataset
@@ -19,8 +19,6 @@ from gptrain.errors import ConfigError, DataError
 Dataset = GPTDataset | BlendedDataset | MockGPTDataset
 DataPrefix = str | Sequence[str | float] | Mapping[str, "str | Sequence[str | float] | None"]
 
-# NeMo's per-split data_prefix keys (Megatron's --train/--valid/--test-data-path), in split order.
-PER_SPLIT_KEYS = ("train", "validation", "test")
 
 # Megatron's --mid-level-dataset-surplus: each blended child builds 0.5% more samples than
 # its share, so rounding in the greedy blend never asks a child for a sample it lacks.

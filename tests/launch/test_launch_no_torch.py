@@ -42,10 +42,3 @@ def test_a_per_split_data_prefix_is_checked_without_numpy(tmp_path):
     launch += ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
     launch += ["training.model.data.data_prefix={train:[1.0,/data/a],validation:[1.0,/data/b]}"]
     assert run_cli(launch, tmp_path) == ["0"]
-
-
-def test_the_per_split_keys_of_config_and_data_agree():
-    from gptrain.config.validate import PER_SPLIT_KEYS
-    from gptrain.data.builder import PER_SPLIT_KEYS as DATA_KEYS
-
-    assert PER_SPLIT_KEYS == DATA_KEYS
