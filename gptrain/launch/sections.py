@@ -15,7 +15,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from gptrain.config.yamlio import as_switch
 from gptrain.errors import ConfigError
 
 # Environment variable names bash accepts in `export NAME=value`.
@@ -75,6 +74,8 @@ def boolean(key: str, value: Any) -> bool | None:
     """true/false, or NeMo's 1/0 (`cluster.exclusive=1`)."""
     if value is None:
         return None
+    from gptrain.config.yamlio import as_switch  # the config package loads omegaconf: not at start-up
+
     switch = as_switch(value)
     if switch is None:
         raise ConfigError(f"{key}: expected true or false, got {_type_name(value)}")
