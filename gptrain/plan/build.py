@@ -11,7 +11,6 @@ from gptrain.plan.hardware import Cluster, build_cluster
 from gptrain.plan.rank import evaluate, least_memory, rank_layouts
 from gptrain.plan.report import Plan
 from gptrain.plan.spec import layout_from_config, workload_from_config
-from gptrain.utils.overrides import split_preset
 
 
 def cluster_overrides(cluster: Cluster) -> list[str]:
@@ -27,7 +26,7 @@ def cluster_overrides(cluster: Cluster) -> list[str]:
 def load_config(args: argparse.Namespace, extra: list[str]) -> tuple[Any, str | None, list[str]]:
     from gptrain.config import load_training_config
 
-    preset, overrides = split_preset(args.preset, list(args.overrides))
+    preset, overrides = args.preset, list(args.overrides)  # split by gptrain.plan.cli.parse_words
     if preset is None and args.config_file is None:
         preset = "gpt3/126m"
     cfg = load_training_config(

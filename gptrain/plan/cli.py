@@ -6,6 +6,7 @@ import argparse
 
 from gptrain.errors import ConfigError
 from gptrain.launch.sections import slurm_time
+from gptrain.utils.overrides import split_preset
 
 DEFAULT_MFU = 0.4
 DEFAULT_TOKENS = 300e9
@@ -120,8 +121,7 @@ def parse_words(args: argparse.Namespace) -> argparse.Namespace:
     inner.add_argument("positionals", nargs="*")
     parsed = inner.parse_intermixed_args(args.words, namespace=argparse.Namespace(**vars(args)))
     words = list(parsed.positionals)
-    parsed.preset = words.pop(0) if words and "=" not in words[0] else None
-    parsed.overrides = words
+    parsed.preset, parsed.overrides = split_preset(words[0] if words else None, words[1:])
     return parsed
 
 
