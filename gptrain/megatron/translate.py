@@ -395,6 +395,7 @@ def check_benchmark_mode(result: Translation) -> None:
     num_samples > 0` instead. Said in a note. (An empty test split is not built, as ever.)"""
     v = result.values
     if isinstance(v.get("model.data.data_prefix"), dict):
+        _split_unused(result)
         return  # per-split paths: without --valid-data-path there is no validation, as in Megatron
     from gptrain.data.splits import parse_split_string  # Megatron's parse: "98,2,0", "98 2 0", "98/2"
 
@@ -412,6 +413,16 @@ def check_benchmark_mode(result: Translation) -> None:
             "is empty: not evaluated, as Megatron before 2023 skipped it)"
         )
         v["trainer.limit_val_batches"] = 0
+
+
+def _split_unused(result: Translation) -> None:
+    """--split beside per-split paths divides nothing: Megatron before its core datasets ignored it,
+    core asserts "split and blend_per_split are incompatible". Said in a note, and not shown as set."""
+    if "--split" in result.given:
+        del result.values["model.data.splits_string"]
+        result.notes.append(
+            "--split (each split reads its own --train/valid/test-data-path; Megatron core refuses the pair)"
+        )
 
 
 def _filled_in(result: Translation) -> None:

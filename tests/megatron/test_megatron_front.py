@@ -157,6 +157,12 @@ def test_per_split_data_paths_become_nemos_per_split_data_prefix():
         "train": [0.3, "/d/a_text_document", 0.7, "/d/b_text_document"],
         "validation": "/d/held_out_text_document",
     }
+    # --split divides nothing here (Megatron core refuses the pair): said, and not shown as set
+    assert any(note.startswith("--split (each split reads its own") for note in t.notes)
+    assert "model.data.splits_string" not in t.values
+    assert "--split" not in " ".join(
+        note for note in translate(shlex.split(flags.replace(" --split 100,0,0", "")), {}).notes
+    )
     with pytest.raises(ConfigError, match="--valid-data-path/--test-data-path need --train-data-path too"):
         translate(shlex.split(flags.replace("--train-data-path", "--test-data-path")), {})
 
