@@ -317,18 +317,32 @@ class IndexedDatasetWriter:
         self.num_documents += 1
         self._docs.write(np.int64(self.num_sequences).tobytes())
 
-    def add_documents(self, tokens: np.ndarray, doc_lengths: np.ndarray) -> None:
-        """Append many one-sequence documents at once; a zero length is an empty document."""
-        doc_lengths = np.asarray(doc_lengths, dtype=np.int64)
-        if int(doc_lengths.sum()) != len(tokens):
-            raise ValueError(f"document lengths sum to {int(doc_lengths.sum())}, got {len(tokens)} tokens")
-        nonempty = doc_lengths > 0
+    def add_documents(
+        self, tokens: np.ndarray, lengths: np.ndarray, sentences: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Append many documents at once, as preprocess_data.py writes them: `lengths` are per text,
+        a document being one text, or `sentences[d]` texts in a row (a JSON array's sentences).
+        A zero-length text is no sequence, so a document of none is empty. Returns the number of
+        sequences of each document."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if int(lengths.sum()) != len(tokens):
+            raise ValueError(f"text lengths sum to {int(lengths.sum())}, got {len(tokens)} tokens")
+        if sentences is not None and int(np.sum(sentences)) != len(lengths):
+            raise ValueError(
+                f"sentences per document sum to {int(np.sum(sentences))}, got {len(lengths)} texts"
+            )
+        nonempty = lengths > 0
         self._write_tokens(tokens)
-        self._lengths.write(doc_lengths[nonempty].astype(np.int32).tobytes())
-        doc_ends = self.num_sequences + np.cumsum(nonempty, dtype=np.int64)
+        self._lengths.write(lengths[nonempty].astype(np.int32).tobytes())
+        kept = np.cumsum(nonempty, dtype=np.int64)  # sequences up to and including each text
+        if sentences is not None:
+            kept = np.concatenate(([0], kept))[np.cumsum(sentences, dtype=np.int64)]
+        doc_ends = self.num_sequences + kept
         self._docs.write(doc_ends.tobytes())
-        self.num_sequences += int(nonempty.sum())
-        self.num_documents += len(doc_lengths)
+        per_document = np.diff(doc_ends, prepend=self.num_sequences)
+        self.num_sequences += int(kept[-1]) if len(kept) else 0
+        self.num_documents += len(kept)
+        return per_document
 
     def _write_tokens(self, tokens: np.ndarray) -> None:
         if tokens.dtype != self.dtype:

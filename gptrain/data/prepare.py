@@ -5,6 +5,11 @@ hands them to worker processes, which parse JSON (orjson) and tokenize; results 
 back as numpy arrays and are written in chunk order, so the output does not depend on
 the worker count. At most `2 * workers` chunks are in flight and lengths are spilled to
 disk by the writer, so memory does not grow with the input.
+
+A value may also be a JSON array of strings, as Megatron's preprocess_data.py takes it (without
+--split-sentences): the document's sentences, each tokenized on its own, each non-empty one a
+sequence of the document, the EOD of --append-eod on the last one. A plain string is the
+one-sentence case; lines of plain strings never take the (slower) path of the lists.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class PrepareConfig:
 class PrepareStats:
     documents: int = 0
     empty_documents: dict[str, int] = field(default_factory=dict)  # per json key
+    sequences: dict[str, int] = field(default_factory=dict)  # per json key: what a split divides
     bad_lines: int = 0
     tokens: int = 0
     input_bytes: int = 0
@@ -60,21 +66,27 @@ class PrepareStats:
     def summary(self) -> str:
         rate = self.documents / max(self.seconds, 1e-9)
         mbs = self.input_bytes / max(self.seconds, 1e-9) / 2**20
-        empty = ", ".join(
-            f"{n:,} empty" + (f" {key}" if len(self.empty_documents) > 1 else "")
-            for key, n in self.empty_documents.items()
-        )
+        empty = self._per_key(self.empty_documents, "empty")
+        sequences = self._per_key(self.sequences, "sequences")
         return (
-            f"prepared {self.documents:,} documents ({empty}, "
-            f"{self.bad_lines:,} bad lines skipped), {self.tokens:,} tokens in {self.seconds:.1f} s "
+            f"prepared {self.documents:,} documents ({empty}, {self.bad_lines:,} bad lines skipped) "
+            f"as {sequences}, {self.tokens:,} tokens in {self.seconds:.1f} s "
             f"({rate:,.0f} docs/s, {mbs:.2f} MB/s) -> {', '.join(p + '.bin/.idx' for p in self.outputs)}"
+        )
+
+    @staticmethod
+    def _per_key(counts: dict[str, int], what: str) -> str:
+        """`3 empty`, or `3 empty text, 1 empty title` with several json keys."""
+        return ", ".join(
+            f"{n:,} {what}" + (f" {key}" if len(counts) > 1 else "") for key, n in counts.items()
         )
 
 
 @dataclass
 class ChunkResult:
     tokens: list[np.ndarray]  # per json key, all documents back to back
-    lengths: list[np.ndarray]  # per json key, tokens per document (0 = empty document)
+    lengths: list[np.ndarray]  # per json key, tokens per text: a string value, or a sentence of a list
+    sentences: list[np.ndarray | None]  # per json key, texts per document; None: one each (no lists)
     documents: int
     bad_lines: int
     nbytes: int
@@ -113,11 +125,26 @@ def _line_problem(line: bytes, keys: tuple[str, ...], error: Exception | None, r
     for key in keys:
         if key not in record:
             return f"no key {key!r} (choose the text field with --json-keys)"
-        if not isinstance(record[key], str):
-            return f"value of {key!r} is {_json_type(record[key])}, expected a string"
-        if (surrogate := _lone_surrogate(record[key])) is not None:
+        value = record[key]
+        if isinstance(value, list):
+            if (problem := _sentence_problem(key, value)) is not None:
+                return problem
+        elif not isinstance(value, str):
+            return f"value of {key!r} is {_json_type(value)}, expected a string or an array of strings"
+        elif (surrogate := _lone_surrogate(value)) is not None:
             return f"value of {key!r} holds a lone surrogate {surrogate} (not valid Unicode)"
     return "bad line"
+
+
+def _sentence_problem(key: str, sentences: list) -> str | None:
+    """What is wrong with an array value, if anything: Megatron's tokenizer would fail on it."""
+    for position, sentence in enumerate(sentences):
+        where = f"item {position} (from 0) of the array of {key!r}"
+        if not isinstance(sentence, str):
+            return f"{where} is {_json_type(sentence)}, expected a string (one per sentence)"
+        if (surrogate := _lone_surrogate(sentence)) is not None:
+            return f"{where} holds a lone surrogate {surrogate} (not valid Unicode)"
+    return None
 
 
 def _lone_surrogate(text: str) -> str | None:
@@ -146,15 +173,26 @@ def _python_json(line: bytes, orjson_error: Exception) -> tuple[object, Exceptio
         return None, orjson_error
 
 
-def _parse(chunk: Chunk, state: _WorkerState) -> tuple[list[list[str]], int, str | None]:
-    """Texts per key; bad lines are counted (skip) or reported as `file:line: problem`."""
+Value = str | list[str]  # one document's text: a string, or its sentences
+
+
+@dataclass
+class _Parsed:
+    values: list[list[Value]]  # per key, one per document
+    has_lists: bool  # some value is a list of sentences
+    bad_lines: int
+    error: str | None = None
+
+
+def _parse(chunk: Chunk, state: _WorkerState) -> _Parsed:
+    """Values per key; bad lines are counted (skip) or reported as `file:line: problem`."""
     import orjson
 
-    texts: list[list[str]] = [[] for _ in state.keys]
+    texts: list[list[Value]] = [[] for _ in state.keys]
     lines = chunk.data.split(b"\n")
     if lines[-1] == b"":
         lines.pop()
-    bad = 0
+    bad, has_lists = 0, False
     for offset, line in enumerate(lines):
         error, record, fallback = None, None, False
         try:
@@ -165,24 +203,69 @@ def _parse(chunk: Chunk, state: _WorkerState) -> tuple[list[list[str]], int, str
             values = [record.get(key) for key in state.keys]
             strings = all(type(value) is str for value in values)
             # orjson refuses lone surrogates, so only lines it refused can hold one.
-            if strings and not (fallback and any(map(_lone_surrogate, values))):
+            if (strings and not (fallback and any(map(_lone_surrogate, values)))) or (
+                not strings and _all_sentences(values, fallback)
+            ):
                 for bucket, value in zip(texts, values, strict=True):
                     bucket.append(value)
+                has_lists = has_lists or not strings
                 continue
         if not state.skip_bad_lines:
             problem = _line_problem(line, state.keys, error, record)
-            return texts, bad, f"{chunk.path}:{chunk.first_line + offset}: {problem}"
+            return _Parsed(texts, has_lists, bad, f"{chunk.path}:{chunk.first_line + offset}: {problem}")
         bad += 1
-    return texts, bad, None
+    return _Parsed(texts, has_lists, bad)
 
 
-def _with_eod(tokens: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarray, np.ndarray]:
-    """Append `eod` to every non-empty document, as preprocess_data --append-eod does."""
+def _all_sentences(values: list[object], fallback: bool) -> bool:
+    """Every value a string or a list of strings (none with a lone surrogate, which only a line
+    orjson refused can hold): the slow check, for lines that are not all strings."""
+    for value in values:
+        sentences = [value] if type(value) is str else value
+        if type(sentences) is not list or not all(type(s) is str for s in sentences):
+            return False
+        if fallback and any(map(_lone_surrogate, sentences)):
+            return False
+    return True
+
+
+def _sentences(values: list[Value]) -> tuple[list[str], np.ndarray]:
+    """Every text to tokenize, a string value being one sentence, and the sentences per document."""
+    texts: list[str] = []
+    counts = np.empty(len(values), dtype=np.int64)
+    for n, value in enumerate(values):
+        if type(value) is str:
+            texts.append(value)
+            counts[n] = 1
+        else:
+            texts.extend(value)
+            counts[n] = len(value)
+    return texts, counts
+
+
+def _last_sentences(lengths: np.ndarray, sentences: np.ndarray | None) -> np.ndarray:
+    """Which texts end a non-empty document: the last non-empty sentence of each (every
+    non-empty text when each document is one), where --append-eod puts the EOD."""
     nonempty = lengths > 0
-    new_lengths = lengths + nonempty
+    if sentences is None:
+        return nonempty
+    kept = np.flatnonzero(nonempty)
+    document_of = np.repeat(np.arange(len(sentences)), sentences)[kept]
+    last = np.ones(len(kept), dtype=bool)
+    last[:-1] = document_of[1:] != document_of[:-1]
+    ends = np.zeros(len(lengths), dtype=bool)
+    ends[kept[last]] = True
+    return ends
+
+
+def _with_eod(
+    tokens: np.ndarray, lengths: np.ndarray, eod: int, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Append `eod` to the texts marked in `ends`, as preprocess_data --append-eod does."""
+    new_lengths = lengths + ends
     out = np.full(int(new_lengths.sum()), eod, dtype=tokens.dtype)
     keep = np.ones(len(out), dtype=bool)
-    keep[np.cumsum(new_lengths)[nonempty] - 1] = False
+    keep[np.cumsum(new_lengths)[ends] - 1] = False
     out[keep] = tokens
     return out, new_lengths
 
@@ -191,17 +274,20 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     """Parse and tokenize one chunk (runs in a worker process, or inline with one worker)."""
     state = _STATE
     assert state is not None, "worker state not initialised"
-    texts, bad, error = _parse(chunk, state)
-    if error is not None:
-        return ChunkResult([], [], 0, bad, len(chunk.data), error)
-    all_tokens, all_lengths = [], []
-    for key, key_texts in zip(state.keys, texts, strict=True):
-        tokens, lengths = _encode(state.tokenizer, key_texts, chunk, key)
+    parsed = _parse(chunk, state)
+    if parsed.error is not None:
+        return ChunkResult([], [], [], 0, parsed.bad_lines, len(chunk.data), parsed.error)
+    all_tokens, all_lengths, all_sentences = [], [], []
+    for key, values in zip(state.keys, parsed.values, strict=True):
+        texts, sentences = _sentences(values) if parsed.has_lists else (values, None)
+        tokens, lengths = _encode(state.tokenizer, texts, chunk, key)  # type: ignore[arg-type]
         if state.eod is not None:
-            tokens, lengths = _with_eod(tokens, lengths, state.eod)
+            tokens, lengths = _with_eod(tokens, lengths, state.eod, _last_sentences(lengths, sentences))
         all_tokens.append(tokens.astype(state.dtype, copy=False))
         all_lengths.append(lengths)
-    return ChunkResult(all_tokens, all_lengths, len(texts[0]), bad, len(chunk.data))
+        all_sentences.append(sentences)
+    documents = len(parsed.values[0])
+    return ChunkResult(all_tokens, all_lengths, all_sentences, documents, parsed.bad_lines, len(chunk.data))
 
 
 def _encode(tokenizer: Tokenizer, texts: list[str], chunk: Chunk, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -321,6 +407,7 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             chunks = _tracked_chunks(paths, sizes, config.chunk_bytes, progress)
             results = stack.enter_context(contextlib.closing(_results(chunks, config)))
             _consume(results, writers, stats, progress, config.log_interval)
+            stats.sequences = {key: w.num_sequences for key, w in zip(config.json_keys, writers, strict=True)}
             finalize_together(writers)  # all outputs new, or (on error) all as they were
     except OSError as error:  # reading errors are DataErrors already, but for opening an input
         if error.filename is not None and str(error.filename) in {str(path) for path in paths}:
@@ -368,11 +455,11 @@ def _consume(
     for result in results:
         if result.error is not None:
             raise DataError(f"{result.error} (or pass --skip-bad-lines to skip such lines)")
-        for key, writer, tokens, lengths in zip(
-            stats.empty_documents, writers, result.tokens, result.lengths, strict=True
+        for key, writer, tokens, lengths, sentences in zip(
+            list(stats.empty_documents), writers, result.tokens, result.lengths, result.sentences, strict=True
         ):
-            writer.add_documents(tokens, lengths)
-            stats.empty_documents[key] += int(np.count_nonzero(lengths == 0))
+            added = writer.add_documents(tokens, lengths, sentences)
+            stats.empty_documents[key] += int(np.count_nonzero(added == 0))
             stats.tokens += len(tokens)
         stats.documents += result.documents
         stats.bad_lines += result.bad_lines

@@ -65,19 +65,24 @@ def real_texts() -> list[str]:
     return [inspect.getdoc(obj) or "" for obj in objects]
 
 
-def _megatron_dataset(texts: list[str], append_eod: bool) -> tuple[bytes, bytes]:
+def _megatron_dataset(texts: list[str | list[str]], append_eod: bool) -> tuple[bytes, bytes]:
     """The .idx/.bin bytes Megatron's preprocess_data writes for these documents, built from
-    the fact sheet's byte layout with the reference encoder (independent of our writer)."""
+    the fact sheet's byte layout with the reference encoder (independent of our writer).
+
+    A list is a document's sentences, as Encoder.encode takes it: each tokenized alone, each
+    non-empty one a sequence, the EOD added to the last sequence of a non-empty document."""
     import struct
 
     lengths, doc_indices, tokens = [], [0], []
     for text in texts:
-        ids = _reference_encode(text)
-        if ids and append_eod:
-            ids.append(EOD)
-        if ids:
-            lengths.append(len(ids))
-        tokens.extend(ids)
+        for sentence in text if isinstance(text, list) else [text]:
+            ids = _reference_encode(sentence)
+            if ids:
+                lengths.append(len(ids))
+                tokens.extend(ids)
+        if append_eod and len(lengths) > doc_indices[-1]:
+            tokens.append(EOD)
+            lengths[-1] += 1
         doc_indices.append(len(lengths))
     pointers = [2 * sum(lengths[:n]) for n in range(len(lengths))]
     idx = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(lengths), len(doc_indices))
@@ -87,7 +92,7 @@ def _megatron_dataset(texts: list[str], append_eod: bool) -> tuple[bytes, bytes]
 
 
 @pytest.fixture(scope="session")
-def megatron_dataset() -> Callable[[list[str], bool], tuple[bytes, bytes]]:
+def megatron_dataset() -> Callable[[list[str | list[str]], bool], tuple[bytes, bytes]]:
     return _megatron_dataset
 
 

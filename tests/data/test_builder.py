@@ -79,6 +79,43 @@ def test_single_prefix_gives_plain_gpt_datasets(tmp_path):
     assert train[0].shape == (9,) and train[0].dtype == np.int64
 
 
+def test_documents_of_several_sequences_are_split_and_sampled_by_sequence(tmp_path):
+    """Megatron's GPTDataset indexes sequences (numel_low_level_dataset is the sequence count) and
+    never reads the document index: a dataset of multi-sentence documents (prepare on JSON arrays)
+    gives the samples of the same sequences written one per document, and "90,10,0" divides them."""
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    rng = np.random.default_rng(0)
+    documents = [rng.integers(1, 30, size=int(rng.integers(0, 4))).tolist() for _ in range(15)]  # lengths
+    sequences = [length for lengths in documents for length in lengths]
+    tokens = rng.integers(0, 50000, size=sum(sequences))
+    with (
+        IndexedDatasetWriter(str(tmp_path / "grouped"), np.uint16) as grouped,
+        IndexedDatasetWriter(str(tmp_path / "flat"), np.uint16) as flat,
+    ):
+        start = 0
+        for lengths in documents:
+            grouped.add_document(tokens[start : start + sum(lengths)], lengths)
+            start += sum(lengths)
+        start = 0
+        for length in sequences:
+            flat.add_document(tokens[start : start + length])
+            start += length
+    assert grouped.num_documents == 15 and grouped.num_sequences == len(sequences) != 15
+    built = [
+        build_gpt_datasets(str(tmp_path / name), "90,10,0", 8, 1234, (50, 5, 0), str(tmp_path / f"c-{name}"))
+        for name in ("grouped", "flat")
+    ]
+    boundary = round(0.9 * len(sequences))
+    for split, (mine, reference) in enumerate(zip(*built, strict=True)):
+        if split == 2:
+            assert mine is None and reference is None
+            continue
+        assert mine.indices == reference.indices == [range(boundary), range(boundary, len(sequences))][split]
+        assert len(mine) == len(reference)
+        assert all(mine[i].tolist() == reference[i].tolist() for i in range(len(mine)))
+
+
 def test_per_split_prefixes_give_each_split_all_of_its_datasets(tmp_path):
     """NeMo's {train, validation, test} form (Megatron's --train/--valid-data-path): every document of
     a split's datasets is in that split, exactly as a 100/0/0 (or 0/100/0) split string gives them."""

@@ -105,6 +105,25 @@ def test_add_documents_batch_and_chunked_index(tmp_path, monkeypatch):
     assert written == megatron_bytes(docs, 8, "H")
 
 
+def test_add_documents_of_sentences(tmp_path):
+    """Texts grouped into documents (a JSON array's sentences): a zero-length text is no sequence;
+    a document of no texts, or of empty ones, is an empty document. Returns sequences per document."""
+    docs = [([4, 4, 9], [2, 1]), ([], []), ([], []), ([5], [1]), ([1, 2, 3], [3]), ([7, 8], [1, 1])]
+    with IndexedDatasetWriter(str(tmp_path / "w"), np.uint16) as writer:
+        added = writer.add_documents(
+            np.array([4, 4, 9, 5]), np.array([2, 0, 1, 0, 0, 1]), np.array([3, 0, 2, 1])
+        )
+        assert added.tolist() == [2, 0, 0, 1]
+        added = writer.add_documents(np.array([1, 2, 3, 7, 8]), np.array([3, 1, 0, 1]), np.array([1, 3]))
+        assert added.tolist() == [1, 2]
+    written = ((tmp_path / "w.idx").read_bytes(), (tmp_path / "w.bin").read_bytes())
+    assert written == megatron_bytes(docs, 8, "H")
+    bad = IndexedDatasetWriter(str(tmp_path / "bad"), np.uint16)
+    with pytest.raises(ValueError, match="sentences per document sum to 3, got 2 texts"):
+        bad.add_documents(np.array([1]), np.array([1, 0]), np.array([1, 2]))
+    bad.abort()
+
+
 def test_empty_dataset(tmp_path):
     IndexedDatasetWriter(str(tmp_path / "e"), np.uint16).finalize()
     assert (tmp_path / "e.idx").stat().st_size == 34 + 8

@@ -217,8 +217,10 @@ def test_huggingface_tokenizer_json(tmp_path, gpt2_files, corpus, write_jsonl, m
 BAD_LINES = [
     (b'{"text": "ok"', "not valid JSON"),
     (b'{"body": "no text key"}', "no key 'text'"),
-    (b'{"text": ["a", "list"]}', "value of 'text' is an array, expected a string"),
+    (b'{"text": {"a": "b"}}', "value of 'text' is an object, expected a string or an array of strings"),
     (b'{"text": 42}', "value of 'text' is a number"),
+    (b'{"text": ["a", 1]}', "item 1 (from 0) of the array of 'text' is a number, expected a string"),
+    (b'{"text": [["nested"]]}', "item 0 (from 0) of the array of 'text' is an array, expected a string"),
     (b'{"text": "caf\xe9"}', "not valid UTF-8"),
     (b"[1, 2]", "expected a JSON object, got an array"),
     (b"", "empty line"),
