@@ -9,9 +9,10 @@ different random grouping per pass until the corpus reaches `--mb` MiB, so no tw
 documents are alike but all text is real prose with code and numbers.
 
 It then times, each in a fresh subprocess, `gptrain data prepare` with 1 and 2 workers
-(GPT-2 BPE, --append-eod) and on the corpus given twice (to show peak RSS does not grow
-with the input), and the raw encode rate of tiktoken (`encode_ordinary_batch`, 2 threads)
-on the same documents. Peak RSS is sampled from /proc for the prepare process and its
+(GPT-2 BPE, --append-eod), on the corpus and a copy of it (to show peak RSS does not grow
+with the input: a file named twice is refused), on the same documents as JSON arrays of
+their paragraphs (Megatron's sentences: each a sequence), and the raw encode rate of
+tiktoken (`encode_ordinary_batch`, 2 threads) on the same documents. Peak RSS is sampled from /proc for the prepare process and its
 workers (largest single process, and the largest sum over the process tree).
 """
 
@@ -23,6 +24,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -70,6 +72,15 @@ def build_corpus(path: Path, target_bytes: int, seed: int = 0) -> tuple[int, int
                 written += out.write(line)  # characters; ~bytes for this mostly-ASCII text
                 documents += 1
     return documents, path.stat().st_size
+
+
+def sentences_corpus(corpus: Path, path: Path) -> None:
+    """The corpus with each text as the JSON array of its paragraphs (one sentence each)."""
+    with open(corpus, encoding="utf-8") as source, open(path, "w", encoding="utf-8") as out:
+        for line in source:
+            record = json.loads(line)
+            record["text"] = record["text"].split("\n\n")
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def tree_rss_kib(pid: int) -> tuple[int, int]:
@@ -159,9 +170,11 @@ def main() -> None:
     else:
         documents, size = build_corpus(corpus, int(args.mb * 2**20))
     print(f"corpus: {documents:,} documents, {size / 2**20:.1f} MiB in {time.perf_counter() - start:.1f} s")
+    copy, sentences = workdir / "corpus-copy.jsonl", workdir / "corpus-sentences.jsonl"
+    shutil.copyfile(corpus, copy)
+    sentences_corpus(corpus, sentences)
     raw = raw_tiktoken(corpus)
     raw_docs, raw_cpu_docs = raw["documents"] / raw["seconds"], raw["documents"] / raw["cpu"]
-    mib = size / 2**20
     header = f"{'run':31} {'wall s':>7} {'CPU s':>7} {'docs/s':>7} {'MiB/s':>6} {'docs/CPU-s':>10}"
     print(f"\n{header} {'peak RSS MiB max/sum':>20} {'vs raw wall/CPU':>16}")
     raw_mibs = raw["text_bytes"] / 2**20 / raw["seconds"]
@@ -173,7 +186,8 @@ def main() -> None:
     for label, inputs, workers in (
         ("prepare --workers 1", [corpus], 1),
         ("prepare --workers 2", [corpus], 2),
-        ("prepare --workers 2, input x2", [corpus, corpus], 2),
+        ("prepare --workers 2, input x2", [corpus, copy], 2),
+        ("prepare --workers 1, sentences", [sentences], 1),
     ):
         result = run_prepare(inputs, workdir / "out", workers)
         docs = documents * len(inputs)
@@ -181,7 +195,8 @@ def main() -> None:
         rss = f"{result['peak_one_mib']:.0f} / {result['peak_sum_mib']:.0f}"
         ratios = f"{docs_s / raw_docs:.0%} / {cpu_docs / raw_cpu_docs:.0%}"
         print(f"{label:31} {result['seconds']:7.2f} {result['cpu']:7.2f} {docs_s:7,.0f} ", end="")
-        print(f"{mib * len(inputs) / result['seconds']:6.2f} {cpu_docs:10,.0f} {rss:>20} {ratios:>16}")
+        input_mib = sum(path.stat().st_size for path in inputs) / 2**20
+        print(f"{input_mib / result['seconds']:6.2f} {cpu_docs:10,.0f} {rss:>20} {ratios:>16}")
     print("\nMiB/s: jsonl input for prepare (end to end, process start included), UTF-8 text for tiktoken.")
     print(
         "vs raw: docs/s of prepare over docs/s of tiktoken alone; CPU: the same per CPU-second (load-independent)."
