@@ -32,7 +32,13 @@ def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
         help="jsonl files or globs (.jsonl, .jsonl.gz, .jsonl.xz, .jsonl.zst); may be repeated",
     )
     parser.add_argument("--output-prefix", required=True, help="outputs are <prefix>_<key>_document.bin/.idx")
-    parser.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize (default: text)")
+    parser.add_argument(
+        "--json-keys",
+        nargs="+",
+        default=["text"],
+        help="keys to tokenize (default: text); a value is a string, or an array of strings (sentences, "
+        "one sequence each, as Megatron takes it)",
+    )
     add_tokenizer_args(parser)
     parser.add_argument("--append-eod", action="store_true", help="end every non-empty document with EOD")
     parser.add_argument(
