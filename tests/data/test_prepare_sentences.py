@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gptrain.cli import main
+from gptrain.data import prepare as prepare_module
 from gptrain.data.indexed import IndexedDatasetWriter
+from gptrain.data.jsonl import Chunk
 from gptrain.data.prepare import PrepareConfig, prepare
 from gptrain.data.summary import summarize
 from gptrain.data.tokenizers import TokenizerSpec
@@ -144,3 +149,58 @@ def test_skip_bad_lines_skips_bad_sentences(tmp_path, gpt2_files, megatron_datas
     stats = prepare(config, stream=sys.stdout)
     assert outputs(tmp_path / "out") == megatron_dataset(good, True)
     assert (stats.documents, stats.bad_lines, stats.sequences) == (4, len(BAD_SENTENCES), {"text": 4})
+
+
+class CharTokenizer:
+    """One token per character (its code point): any text, no BPE, for the property test."""
+
+    eod = 1
+    vocab_size = 256
+
+    def encode_flat(self, texts):
+        lengths = np.array([len(text) for text in texts], dtype=np.int64)
+        return np.array([ord(c) for text in texts for c in text], dtype=np.int64), lengths
+
+
+def megatron_document(value: str | list[str], append_eod: bool) -> tuple[list[int], list[int]]:
+    """Encoder.encode of preprocess_data.py, line by line, on CharTokenizer: (ids, sentence_lens)."""
+    doc_ids, sentence_lens = [], []
+    for sentence in value if isinstance(value, list) else [value]:
+        sentence_ids = [ord(c) for c in sentence]
+        if len(sentence_ids) > 0:
+            doc_ids.extend(sentence_ids)
+            sentence_lens.append(len(sentence_ids))
+    if len(doc_ids) > 0 and append_eod:
+        doc_ids.append(CharTokenizer.eod)
+        sentence_lens[-1] += 1
+    return doc_ids, sentence_lens
+
+
+TEXTS = st.text("ab", max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(TEXTS, st.lists(TEXTS, max_size=4)), max_size=12), st.booleans(), st.data())
+def test_any_documents_are_written_as_megatrons_builder_writes_them(documents, append_eod, data):
+    """Chunks parsed and encoded as the workers do, written in two parts, against Megatron's
+    add_document(doc_ids, sentence_lens) per document."""
+    lines = [json.dumps({"text": d}).encode() + b"\n" for d in documents]
+    cut = data.draw(st.integers(0, len(lines)))
+    eod = CharTokenizer.eod if append_eod else None
+    state = prepare_module._WorkerState(CharTokenizer(), ("text",), eod, np.dtype(np.uint16), False)
+    with tempfile.TemporaryDirectory() as directory, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prepare_module, "_STATE", state)
+        with IndexedDatasetWriter(f"{directory}/got", np.uint16) as writer:
+            for first, part in ((1, lines[:cut]), (cut + 1, lines[cut:])):
+                result = prepare_module.encode_chunk(Chunk("in.jsonl", first, b"".join(part), 0))
+                assert result.error is None and result.documents == len(part)
+                writer.add_documents(result.tokens[0], result.lengths[0], result.sentences[0])
+        with IndexedDatasetWriter(f"{directory}/want", np.uint16) as reference:
+            for document in documents:
+                ids, lengths = megatron_document(document, append_eod)
+                reference.add_document(np.array(ids, dtype=np.int64), lengths)
+        for suffix in (".idx", ".bin"):
+            assert (
+                Path(f"{directory}/got{suffix}").read_bytes()
+                == Path(f"{directory}/want{suffix}").read_bytes()
+            )
