@@ -203,12 +203,14 @@ def _parse(chunk: Chunk, state: _WorkerState) -> _Parsed:
             values = [record.get(key) for key in state.keys]
             strings = all(type(value) is str for value in values)
             # orjson refuses lone surrogates, so only lines it refused can hold one.
-            if (strings and not (fallback and any(map(_lone_surrogate, values)))) or (
-                not strings and _all_sentences(values, fallback)
-            ):
+            if strings:
+                usable = not (fallback and any(map(_lone_surrogate, values)))
+            else:
+                usable = _all_sentences(values, fallback)
+            if usable:
                 for bucket, value in zip(texts, values, strict=True):
                     bucket.append(value)
-                has_lists = has_lists or not strings
+                has_lists |= not strings
                 continue
         if not state.skip_bad_lines:
             problem = _line_problem(line, state.keys, error, record)
