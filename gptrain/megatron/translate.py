@@ -366,6 +366,10 @@ def _directories(result: Translation) -> None:
         result.notes.append(f"--tensorboard-dir (TensorBoard events go to {run_dir})")
 
 
+# The --wandb-* flags Megatron reads only beside a --wandb-project: flag -> wandb_logger_kwargs key.
+WANDB_RUN_FLAGS = {"--wandb-exp-name": "name", "--wandb-entity": "entity"}
+
+
 def _wandb(result: Translation) -> None:
     """Megatron logs to W&B when --wandb-project is not empty, its files in --wandb-save-dir or <save>/wandb."""
     v, given = result.values, result.given
@@ -374,13 +378,14 @@ def _wandb(result: Translation) -> None:
         result.notes.extend(
             f"{flag} (without --wandb-project)"
             for flag in given
-            if flag in ("--wandb-exp-name", "--wandb-save-dir")
+            if flag in (*WANDB_RUN_FLAGS, "--wandb-save-dir")
         )
         return
     v["exp_manager.create_wandb_logger"] = True
     v["exp_manager.wandb_logger_kwargs.project"] = project
-    if "--wandb-exp-name" in given:
-        v["exp_manager.wandb_logger_kwargs.name"] = given["--wandb-exp-name"][0]
+    for flag, key in WANDB_RUN_FLAGS.items():
+        if given.get(flag, [""])[0]:  # Megatron passes an empty entity on as none
+            v[f"exp_manager.wandb_logger_kwargs.{key}"] = given[flag][0]
     if "--wandb-save-dir" in given:
         v["exp_manager.wandb_logger_kwargs.save_dir"] = given["--wandb-save-dir"][0]
     elif "exp_manager.explicit_log_dir" in v:

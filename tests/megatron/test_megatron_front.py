@@ -350,6 +350,20 @@ def test_wandb_flags_map_to_the_nemo_wandb_logger():
     assert t.notes == ["--wandb-exp-name (without --wandb-project)"]
 
 
+def test_wandb_entity_names_the_team_of_the_wandb_run():
+    """Megatron's --wandb-entity (August 2025), in awsome-distributed-training's gpt3 sbatch beside
+    --wandb-project: the W&B team or user the run goes to; before, refused as an unknown flag."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save /runs/x"
+    t = translate(shlex.split(base + " --wandb-project megatron-lm --wandb-entity gpt-entity"), {})
+    kw = load_training_config(None, t.overrides, report_ignored=False).exp_manager.wandb_logger_kwargs
+    assert (kw.project, kw.entity) == ("megatron-lm", "gpt-entity")
+    t = translate(shlex.split(base + " --wandb-entity gpt-entity"), {})  # no project: no W&B, as in Megatron
+    em = load_training_config(None, t.overrides, report_ignored=False).exp_manager
+    assert not em.create_wandb_logger and em.wandb_logger_kwargs.entity is None
+    assert t.notes == ["--wandb-entity (without --wandb-project)"]
+
+
 def test_use_distributed_optimizer_shards_gradients_and_optimizer_state_only():
     """Megatron's distributed optimizer reduce-scatters gradients and gathers weights once per step:
     shard_grad_op, not full_shard (which gathers weights again for each backward); without the flag
