@@ -125,7 +125,7 @@ NO_EFFECT: dict[str, int] = {
     "--transformer-impl": 1, "--attention-backend": 1, "--DDP-impl": 1, "--timing-log-level": 1,
     "--tensorboard-log-interval": 1, "--tensorboard-queue-size": 1, "--distributed-backend": 1,
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
-    "--calculate-per-token-loss": 0, "--min-loss-scale": 1,
+    "--calculate-per-token-loss": 0, "--min-loss-scale": 1, "--tp-comm-overlap": 0, "--tp-comm-overlap-cfg": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).

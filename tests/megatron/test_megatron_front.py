@@ -364,6 +364,40 @@ def test_wandb_entity_names_the_team_of_the_wandb_run():
     assert t.notes == ["--wandb-entity (without --wandb-project)"]
 
 
+# awsome-distributed-training 3.test_cases/1.megatron-lm/slurm/gpt3/2.distributed-training.sbatch (the
+# tutorial's later layout, two nodes, TP 4 x PP 2) with its defaults filled in, less its --wandb-name gpt,
+# which no Megatron knows (Megatron refuses it too; its flag is --wandb-exp-name)
+AWS_GPT3_SBATCH = shlex.split(
+    "--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --num-layers 36 --hidden-size 4096"
+    " --num-attention-heads 32 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1"
+    " --global-batch-size 288 --train-samples 146484375 --lr-decay-samples 126953125"
+    " --lr-warmup-samples 183105 --lr 6.0e-5 --min-lr 6.0e-6 --lr-decay-style cosine --log-interval 1"
+    " --eval-iters 40 --eval-interval 1000 --data-path /fsx/gpt2/my-gpt2_text_document"
+    " --vocab-file /fsx/gpt2/gpt2-vocab.json --merge-file /fsx/gpt2/gpt2-merges.txt --split 98,2,0"
+    " --clip-grad 1.0 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.006"
+    " --wandb-project megatron-lm --wandb-entity gpt-entity --fp16 --recompute-activations --tp-comm-overlap"
+)
+
+
+def test_aws_gpt3_sbatch_with_tp_comm_overlap_translates():
+    """--tp-comm-overlap (Transformer Engine's overlap of TP communication with the GEMMs) changes speed
+    only: accepted and said; before, refused as an unknown flag. Megatron asserts --sequence-parallel
+    beside it, which this script lacks: gptrain runs it anyway, TP without SP, as the flag list says."""
+    t = translate(AWS_GPT3_SBATCH, {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    m = cfg.model
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.sequence_parallel) == (
+        4,
+        2,
+        False,
+    )
+    assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.max_steps) == (2, 8, 508626)
+    assert cfg.exp_manager.wandb_logger_kwargs.entity == "gpt-entity"
+    assert "--tp-comm-overlap" in t.notes
+    with_cfg = translate([*AWS_GPT3_SBATCH, "--tp-comm-overlap-cfg", "/fsx/ub.yaml"], {"WORLD_SIZE": "16"})
+    assert "--tp-comm-overlap-cfg" in with_cfg.notes
+
+
 def test_use_distributed_optimizer_shards_gradients_and_optimizer_state_only():
     """Megatron's distributed optimizer reduce-scatters gradients and gathers weights once per step:
     shard_grad_op, not full_shard (which gathers weights again for each backward); without the flag
