@@ -174,6 +174,7 @@ SPECIAL: dict[str, int | None] = {
     "--data-path": None, "--train-data-path": None, "--valid-data-path": None, "--test-data-path": None,
     "--data-args-path": 1, "--per-split-data-args-path": 1,
     "--adam-beta1": 1, "--adam-beta2": 1, "--train-samples": 1, "--save": 1, "--load": 1,
+    "--save-xser": 1, "--load-xser": 1,
     "--tensorboard-dir": 1, "--rampup-batch-size": 3, "--wandb-project": 1, "--wandb-exp-name": 1,
     "--wandb-save-dir": 1, "--wandb-entity": 1, "--num-layers-per-virtual-pipeline-stage": 1,
     "--group-query-attention": 0, "--num-query-groups": 1, "--recompute-activations": 0,

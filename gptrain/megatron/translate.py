@@ -346,8 +346,8 @@ def _directories(result: Translation) -> None:
     """--save is the run directory (checkpoints in <save>/checkpoints). A --load that differs from it
     is where the run starts from until it has a checkpoint of its own; then a restart resumes that."""
     v, given = result.values, result.given
-    save = (given.get("--save") or [None])[0]
-    load = (given.get("--load") or [None])[0]
+    save = _directory(given, "--save")
+    load = _directory(given, "--load")
     board = (given.get("--tensorboard-dir") or [None])[0]
     run_dir = save or load or board
     if run_dir:
@@ -364,6 +364,12 @@ def _directories(result: Translation) -> None:
             result.notes.append(f"{flag} (applies to a --load that differs from --save)")
     if board and run_dir and os.path.abspath(board) != os.path.abspath(run_dir):
         result.notes.append(f"--tensorboard-dir (TensorBoard events go to {run_dir})")
+
+
+def _directory(given: dict[str, list[str]], flag: str) -> str | None:
+    """--save / --load, or where they are absent the Neuron fork's --save-xser / --load-xser (the
+    Trainium tutorial's), the same directory written or read one rank at a time."""
+    return (given.get(flag) or given.get(f"{flag}-xser") or [None])[0]
 
 
 # The --wandb-* flags Megatron reads only beside a --wandb-project: flag -> wandb_logger_kwargs key.

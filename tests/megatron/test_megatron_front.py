@@ -502,6 +502,42 @@ def test_eod_mask_loss_says_how_gptrain_averages_the_loss(flags, noted):
     assert any("--calculate-per-token-loss does" in note for note in t.notes) is noted
 
 
+# aws-neuron-reference-for-megatron-lm examples/pretrain_gpt3_6.7B_32layers_bf16_bs1024_slurm.sh (the
+# Trainium tutorial), unchanged but for its shell variables: 16 nodes of 32 NeuronCores
+TRAINIUM = shlex.split(
+    "--tensor-model-parallel-size 8 --num-layers 32 --hidden-size 4096 --num-attention-heads 32"
+    " --micro-batch-size 1 --global-batch-size 1024 --seq-length 2048 --max-position-embeddings 2048"
+    " --train-iters 143051 --lr-decay-iters 123977 --data-path /d/my-gpt2_text_document"
+    " --vocab-file /d/gpt2-vocab.json --merge-file /d/gpt2-merges.txt --data-impl mmap --split 100,0,0"
+    " --distributed-backend xla --lr 0.00012 --lr-decay-style cosine --min-lr 1.2e-5 --weight-decay 1e-1"
+    " --clip-grad 1 --lr-warmup-fraction 0.00125 --log-interval 1 --tensorboard-log-interval 1"
+    " --eval-interval 143051 --eval-iters 1000 --attention-dropout 0 --hidden-dropout 0"
+    " --no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion"
+    " --no-async-tensor-model-parallel-allreduce --no-contiguous-buffers-in-local-ddp --init-method-std 0.006"
+    " --adam-beta1 0.9 --adam-beta2 0.95 --save-xser 32_layer_chkpt_16 --save-interval 2000"
+    " --use-cpu-initialization --tensorboard-dir ./tb_gpt3_32layer_bf16"
+)
+
+
+def test_trainium_flags_save_where_save_xser_says():
+    """The Neuron fork's --save-xser DIR / --load-xser DIR are its --save / --load written and read
+    serially (its checkpointing uses them where --save / --load are absent). Before, the tutorial's
+    flag list was refused at --save-xser, and without it nothing would be saved."""
+    t = translate(TRAINIUM, {"WORLD_SIZE": "512", "LOCAL_WORLD_SIZE": "32"})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    em = cfg.exp_manager
+    assert em.explicit_log_dir == "32_layer_chkpt_16" and em.create_checkpoint_callback
+    assert em.checkpoint_callback_params.every_n_train_steps == 2000 and not em.resume_if_exists
+    assert "--tensorboard-dir (TensorBoard events go to 32_layer_chkpt_16)" in t.notes
+    assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.max_steps) == (16, 32, 143051)
+    resumed = translate([*TRAINIUM, "--load-xser", "32_layer_chkpt_16"], {"WORLD_SIZE": "512"})
+    em = load_training_config(None, resumed.overrides, report_ignored=False).exp_manager
+    assert em.resume_if_exists and em.resume_from_checkpoint is None  # --load-xser == --save-xser: a resume
+    plain = translate([*TRAINIUM, "--save", "/ck", "--load-xser", "/ck"], {"WORLD_SIZE": "512"})
+    em = load_training_config(None, plain.overrides, report_ignored=False).exp_manager
+    assert em.explicit_log_dir == "/ck" and em.resume_from_checkpoint is None  # --save wins, as in the fork
+
+
 @pytest.mark.parametrize("split", ["100,0,0", "100/0/0", "98,0,2"])
 def test_an_empty_evaluation_split_is_skipped_with_a_note(split):
     """The Trainium tutorial's `--split 100,0,0 --eval-iters 1000`, which its Megatron ran; before, refused."""

