@@ -176,6 +176,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _swiglu_width(v, given)
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
         raise ConfigError("--fp16 and --bf16: give one of them")
+    _xla_precision(result, env)
     _loss_average(result)
     _recompute(v, given)
     _step_batch_schedule(result)
@@ -210,6 +211,17 @@ def _swiglu_width(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     multiple of 64 (the parameters of a 4h GELU MLP in three matrices), not 4h."""
     if "--swiglu" in given and "--ffn-hidden-size" not in given and "model.hidden_size" in v:
         v["model.ffn_hidden_size"] = int((4 * v["model.hidden_size"] * 2 / 3) / 64) * 64
+
+
+def _xla_precision(result: Translation, env: dict[str, str]) -> None:
+    """The Trainium scripts export XLA_USE_BF16=1 (torch-xla casts every float tensor to bf16) instead
+    of giving --bf16; gptrain reads the precision from the flags only, so the run is fp32: said."""
+    given = result.given
+    if env.get("XLA_USE_BF16", "").lower() in ("1", "true") and not ("--bf16" in given or "--fp16" in given):
+        result.notes.append(
+            "XLA_USE_BF16=1 in the environment (torch-xla's bf16 on Trainium; gptrain reads the precision "
+            "from the flags: fp32 here, add --bf16 for bf16 mixed precision)"
+        )
 
 
 def _loss_average(result: Translation) -> None:

@@ -538,6 +538,26 @@ def test_trainium_flags_save_where_save_xser_says():
     assert em.explicit_log_dir == "/ck" and em.resume_from_checkpoint is None  # --save wins, as in the fork
 
 
+@pytest.mark.parametrize(
+    ("env", "flags", "noted"), [("1", [], True), ("1", ["--bf16"], False), ("0", [], False)]
+)
+def test_xla_use_bf16_of_the_trainium_script_is_said_not_read(env, flags, noted):
+    """The Trainium script exports XLA_USE_BF16=1 (torch-xla: every float tensor in bf16) instead of
+    giving --bf16; gptrain reads the flags only, so the run is fp32: said, where before it was silent."""
+    t = translate([*TRAINIUM, *flags], {"WORLD_SIZE": "512", "LOCAL_WORLD_SIZE": "32", "XLA_USE_BF16": env})
+    precision = load_training_config(None, t.overrides, report_ignored=False).trainer.precision
+    assert precision == ("bf16" if flags else "32")
+    said = [note for note in t.notes if note.startswith("XLA_USE_BF16=")]
+    assert said == (
+        [
+            "XLA_USE_BF16=1 in the environment (torch-xla's bf16 on Trainium; gptrain reads the precision "
+            "from the flags: fp32 here, add --bf16 for bf16 mixed precision)"
+        ]
+        if noted
+        else []
+    )
+
+
 @pytest.mark.parametrize("split", ["100,0,0", "100/0/0", "98,0,2"])
 def test_an_empty_evaluation_split_is_skipped_with_a_note(split):
     """The Trainium tutorial's `--split 100,0,0 --eval-iters 1000`, which its Megatron ran; before, refused."""
