@@ -296,8 +296,28 @@ def _build(
         if dataclasses.is_dataclass(kind):
             values[key] = _build(kind, value, f"{dotted}.", ignored, source, given)
         else:
+            _refuse_lightning_fraction(dotted, value, _where(dotted, source, given))
             values[key] = _coerce(value, kind, dotted, _where(dotted, source, given))
     return cls(**values)
+
+
+# Trainer keys that NeMo's PyTorch Lightning reads as a fraction when given a float in (0, 1]
+# (limit_val_batches: 1.0 validates on the whole split); gptrain counts batches and steps.
+LIGHTNING_FRACTIONS = {
+    "trainer.limit_val_batches": ("of the validation split (1.0: all of it)", "global batches"),
+    "trainer.limit_test_batches": ("of the test split (1.0: all of it)", "global batches"),
+    "trainer.val_check_interval": ("of an epoch", "steps"),
+}
+
+
+def _refuse_lightning_fraction(dotted: str, value: Any, where: str) -> None:
+    """1.0 there is "all" to NeMo, and would be 1 here: refused, where before it was read as 1."""
+    if dotted in LIGHTNING_FRACTIONS and isinstance(value, float) and 0.0 < value <= 1.0:
+        fraction, unit = LIGHTNING_FRACTIONS[dotted]
+        raise ConfigError(
+            f"{where}: '{dotted}' {value} is a fraction {fraction} in NeMo and PyTorch Lightning;"
+            f" gptrain counts {unit}: give a whole number"
+        )
 
 
 def _where(dotted: str, source: str, given: dict[str, str]) -> str:

@@ -245,3 +245,50 @@ def test_a_preset_and_a_config_file_together_are_refused(tmp_path, capsys):
     assert main(["train", "gpt3/5b", "--config-file", str(file)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"gptrain: error: give a preset (gpt3/5b) or a config file ({file}), not both"
+
+
+# nemo-megatron-on-slurm-aws.md: 1.bmk-pretrain-gpt3.sh's arguments (MODEL_SIZE=126m, NUM_NODES=2,
+# MAX_STEPS=40), the benchmark's validation off with PyTorch Lightning's 0.0
+AWS_BENCHMARK = [
+    "stages=[training]",
+    "training=gpt3/126m",
+    "training.trainer.num_nodes=2",
+    "training.trainer.max_steps=40",
+    "training.trainer.val_check_interval=40",
+    "training.trainer.limit_val_batches=0.0",
+    "training.exp_manager.create_checkpoint_callback=False",
+    "training.exp_manager.resume_if_exists=False",
+    "training.model.data.data_impl=mock",
+    "training.model.data.data_prefix=[]",
+]
+
+
+def test_aws_benchmark_arguments_turn_validation_off(tmp_path):
+    plan = build_plan(compose([*AWS_BENCHMARK, f"launcher_scripts_path={tmp_path}"], conf("23.07")))
+    write_run_files(plan, [])
+    hydra = tmp_path / "results" / "gpt3_126m" / "gpt3_126m_hydra.yaml"
+    cfg = load_training_config(config_file=str(hydra), report_ignored=False)
+    assert (cfg.trainer.limit_val_batches, cfg.trainer.max_steps, cfg.trainer.num_nodes) == (0, 40, 2)
+    assert cfg.model.data.data_impl == "mock" and not cfg.exp_manager.create_checkpoint_callback
+
+
+@pytest.mark.parametrize(
+    ("override", "what"),
+    [
+        ("trainer.limit_val_batches=1.0", "of the validation split (1.0: all of it)"),
+        ("trainer.limit_test_batches=0.5", "of the test split (1.0: all of it)"),
+        ("trainer.val_check_interval=1.0", "of an epoch"),
+    ],
+)
+def test_a_lightning_fraction_is_refused_not_read_as_a_count(override, what):
+    """NeMo (PyTorch Lightning) reads a float in (0, 1] in these keys as a fraction: 1.0 validates on
+    the whole validation split. gptrain counts batches and steps, and took 1.0 as 1 without a word."""
+    key, value = override.split("=")
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [override], report_ignored=False)
+    assert str(error.value) == (
+        f"override '{override}': '{key}' {value} is a fraction {what} in NeMo and PyTorch Lightning;"
+        f" gptrain counts {'steps' if 'interval' in key else 'global batches'}: give a whole number"
+    )
+    whole = load_training_config("gpt3/126m", [f"{key}=2.0"], report_ignored=False)  # not a fraction
+    assert getattr(whole.trainer, key.split(".")[1]) == 2
