@@ -10,6 +10,7 @@ logs only are accepted and reported once. No torch here: `--dry-run` must start 
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,8 +137,15 @@ def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
         result.notes.append(f"{flag} ({NO_EFFECT_WHY[flag]})" if flag in NO_EFFECT_WHY else flag)
     else:
         raise ConfigError(
-            f"{flag}: not a pretrain_gpt.py flag gptrain knows; remove it or see docs/migrating.md"
+            f"{flag}: not a pretrain_gpt.py flag gptrain knows{_flag_meant(flag)}; remove it or see docs/migrating.md"
         )
+
+
+def _flag_meant(flag: str) -> str:
+    """` (did you mean --wandb-exp-name?)` for a near known flag; only close ones: a far one misleads."""
+    known = [*VALUE, *SWITCH, *NO_EFFECT, *REFUSED, *SPECIAL]
+    meant = difflib.get_close_matches(flag, known, n=1, cutoff=0.8)
+    return f" (did you mean {meant[0]}?)" if meant else ""
 
 
 def _expect(flag: str, values: list[str], count: int | None) -> None:

@@ -379,6 +379,27 @@ AWS_GPT3_SBATCH = shlex.split(
 )
 
 
+@pytest.mark.parametrize(
+    ("flag", "meant"),
+    [
+        ("--wandb-name", "--wandb-exp-name"),
+        ("--train-iter", "--train-iters"),
+        ("--bf-16", "--bf16"),
+        ("--foo", None),
+    ],
+)
+def test_an_unknown_flag_names_the_flag_meant(flag, meant):
+    """awsome-distributed-training's gpt3 sbatch passes --wandb-name gpt, which no Megatron knows (it
+    stops on it too); the error now names the near flag, as an unknown config key names its neighbour."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    with pytest.raises(ConfigError) as error:
+        translate(shlex.split(f"{base} --train-iters 4 --mock-data --vocab-size 64 {flag} x"), {})
+    hint = f" (did you mean {meant}?)" if meant else ""
+    assert str(error.value) == (
+        f"{flag}: not a pretrain_gpt.py flag gptrain knows{hint}; remove it or see docs/migrating.md"
+    )
+
+
 def test_aws_gpt3_sbatch_with_tp_comm_overlap_translates():
     """--tp-comm-overlap (Transformer Engine's overlap of TP communication with the GEMMs) changes speed
     only: accepted and said; before, refused as an unknown flag. Megatron asserts --sequence-parallel
