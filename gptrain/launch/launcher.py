@@ -135,6 +135,13 @@ def summary(plan: LaunchPlan, scripts: list[Path]) -> list[str]:
     return lines
 
 
+def tree_options(root: Path | None, config_name: str) -> list[str]:
+    """The options that chose the conf tree, for launcher_cmd.log: without them the command it
+    records would compose gptrain's bundled configs, not the tree this launch read."""
+    options = ["--config-dir", str(root.resolve())] if root is not None and root != CONFIG_ROOT else []
+    return options + (["--config-name", config_name] if config_name != "config" else [])
+
+
 def launch(
     argv: list[str],
     dry_run: bool = False,
@@ -149,7 +156,7 @@ def launch(
     touches the files of a run that is live there (a requeued job re-reads its _hydra.yaml).
     """
     plan = build_plan(compose(argv, root or CONFIG_ROOT, config_name=config_name))
-    files = render_run_files(plan, argv)
+    files = render_run_files(plan, [*tree_options(root, config_name), *argv])
     training = validate_training(plan, files)
     check_run_dirs(plan, dry_run)
     for line in preflight(plan, dry_run, training):
