@@ -11,11 +11,16 @@ from collections.abc import Sequence
 
 from gptrain.errors import DataError
 
-__all__ = ["PER_SPLIT_KEYS", "is_number", "parse_blend", "unweighted_list_error"]
+__all__ = ["PER_SPLIT_KEYS", "is_number", "parse_blend", "strip_suffix", "unweighted_list_error"]
 
 # NeMo's per-split data_prefix keys (Megatron's --train/--valid/--test-data-path), in split order;
 # here, with no imports, so that loading a config (on a login node too) reads them without numpy.
 PER_SPLIT_KEYS = ("train", "validation", "test")
+
+
+def strip_suffix(path_prefix: str) -> str:
+    """Accept `data.bin` or `data.idx` where a prefix `data` is meant."""
+    return path_prefix[:-4] if path_prefix.endswith((".bin", ".idx")) else path_prefix
 
 
 def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], list[float] | None]:

@@ -19,6 +19,7 @@ from typing import IO
 
 import numpy as np
 
+from gptrain.data.blend_spec import strip_suffix
 from gptrain.errors import DataError
 from gptrain.utils.atomic import temporary_sibling
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
@@ -77,11 +78,6 @@ def _map_file(path: Path) -> np.ndarray:
         raise DataError(
             f"{path}: cannot be read ({error.strerror or error}); check its permissions and file system"
         ) from None
-
-
-def strip_suffix(path_prefix: str) -> str:
-    """Accept `data.bin` or `data.idx` where a prefix `data` is meant."""
-    return path_prefix[:-4] if path_prefix.endswith((".bin", ".idx")) else path_prefix
 
 
 class IndexedDataset:

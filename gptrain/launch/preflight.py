@@ -185,8 +185,10 @@ def check_training_files(
     if data.is_mock():
         lines.append("ok  training: mock data, no data files needed")
     elif not prepared_by_stage:
+        from gptrain.data.blend_spec import strip_suffix
+
         check_blends(data.data_prefix)
-        for prefix in prefixes_of(data.data_prefix):
+        for prefix in map(strip_suffix, prefixes_of(data.data_prefix)):  # x.bin: as the job reads it
             missing = [s for s in (".bin", ".idx") if not Path(prefix + s).is_file()]
             if missing:
                 raise LaunchError(

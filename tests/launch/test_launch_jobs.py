@@ -147,6 +147,23 @@ def test_preflight_data_files(tmp_path):
         check_training_files(training(per_split, *vocab), prepared_by_stage=False)
 
 
+def test_preflight_takes_a_prefix_given_with_bin_as_the_job_does(tmp_path):
+    """The job reads `x_text_document.bin` as the prefix `x_text_document` (IndexedDataset); the launch
+    preflight looked for `x_text_document.bin.bin` and stopped a launch the job would have run."""
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"a_text_document{suffix}").write_bytes(b"")
+    for given in ("a_text_document.bin", "a_text_document.idx"):
+        cfg = load_training_config(
+            "gpt3/126m",
+            overrides=[f"model.data.data_prefix=[1.0,{tmp_path}/{given}]", "model.tokenizer.vocab_file=null",
+                       "model.tokenizer.merge_file=null", "model.tokenizer.library=tiktoken",
+                       "model.tokenizer.model=gpt2"],
+            report_ignored=False,
+        )  # fmt: skip
+        lines = check_training_files(cfg, prepared_by_stage=False)
+        assert lines[0] == "ok  training: 1 data prefix(es) found"
+
+
 @pytest.mark.parametrize(
     ("prefix", "message"),
     [
