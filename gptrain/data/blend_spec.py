@@ -7,11 +7,19 @@ before the job waits in the queue, and the job itself builds its datasets from i
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 from gptrain.errors import DataError
 
-__all__ = ["PER_SPLIT_KEYS", "is_number", "parse_blend", "strip_suffix", "unweighted_list_error"]
+__all__ = [
+    "PER_SPLIT_KEYS",
+    "is_number",
+    "parse_blend",
+    "strip_suffix",
+    "text_document_hint",
+    "unweighted_list_error",
+]
 
 # NeMo's per-split data_prefix keys (Megatron's --train/--valid/--test-data-path), in split order;
 # here, with no imports, so that loading a config (on a login node too) reads them without numpy.
@@ -21,6 +29,19 @@ PER_SPLIT_KEYS = ("train", "validation", "test")
 def strip_suffix(path_prefix: str) -> str:
     """Accept `data.bin` or `data.idx` where a prefix `data` is meant."""
     return path_prefix[:-4] if path_prefix.endswith((".bin", ".idx")) else path_prefix
+
+
+def text_document_hint(prefix: str) -> str:
+    """Where `prefix` names no dataset but `<prefix>_text_document` does, the question that says so:
+    Megatron's preprocess_data.py, like `gptrain data prepare`, names the output of `--output-prefix
+    P` P_text_document, and scripts often pass P itself on to --data-path. Else ''."""
+    meant = strip_suffix(prefix) + "_text_document"
+    if not all(os.path.isfile(meant + suffix) for suffix in (".bin", ".idx")):
+        return ""
+    return (
+        f"did you mean {meant}? (preprocess_data.py and gptrain data prepare name their output"
+        " <--output-prefix>_text_document)"
+    )
 
 
 def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], list[float] | None]:

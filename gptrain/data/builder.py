@@ -62,13 +62,14 @@ def samples_per_dataset(
 
 
 def _check_prefixes(prefixes: list[str]) -> None:
+    from gptrain.data.blend_spec import text_document_hint
     from gptrain.data.indexed import IndexedDataset
 
     for prefix in prefixes:
         if not IndexedDataset.exists(prefix):
-            raise DataError(
-                f"data prefix {prefix}: {prefix}.bin/.idx not found (run `gptrain data prepare` first)"
-            )
+            hint = text_document_hint(prefix)
+            advice = f"; {hint}" if hint else " (run `gptrain data prepare` first)"
+            raise DataError(f"data prefix {prefix}: {prefix}.bin/.idx not found{advice}")
 
 
 def _single_prefix_splits(

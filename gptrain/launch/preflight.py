@@ -185,15 +185,17 @@ def check_training_files(
     if data.is_mock():
         lines.append("ok  training: mock data, no data files needed")
     elif not prepared_by_stage:
-        from gptrain.data.blend_spec import strip_suffix
+        from gptrain.data.blend_spec import strip_suffix, text_document_hint
 
         check_blends(data.data_prefix)
         for prefix in map(strip_suffix, prefixes_of(data.data_prefix)):  # x.bin: as the job reads it
             missing = [s for s in (".bin", ".idx") if not Path(prefix + s).is_file()]
             if missing:
+                advice = text_document_hint(prefix) or (
+                    "prepare the data (gptrain data prepare) or add stages=[data_preparation,training]"
+                )
                 raise LaunchError(
-                    f"training.model.data.data_prefix: {prefix}{'/'.join(missing)} not found;"
-                    " prepare the data (gptrain data prepare) or add stages=[data_preparation,training]"
+                    f"training.model.data.data_prefix: {prefix}{'/'.join(missing)} not found; {advice}"
                 )
         lines.append(f"ok  training: {len(prefixes_of(data.data_prefix))} data prefix(es) found")
     if not data.builds_tokenizer():

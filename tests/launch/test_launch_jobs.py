@@ -164,6 +164,23 @@ def test_preflight_takes_a_prefix_given_with_bin_as_the_job_does(tmp_path):
         assert lines[0] == "ok  training: 1 data prefix(es) found"
 
 
+def test_preflight_names_the_text_document_prefix_meant(tmp_path):
+    """The Megatron tutorial preprocesses with --output-prefix /fsx/my-gpt2, which writes
+    my-gpt2_text_document.bin/.idx; a data_prefix of my-gpt2 now says so instead of "prepare the data"."""
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"my-gpt2_text_document{suffix}").write_bytes(b"")
+    cfg = load_training_config(
+        "gpt3/126m", overrides=[f"model.data.data_prefix=[1.0,{tmp_path}/my-gpt2]"], report_ignored=False
+    )
+    with pytest.raises(LaunchError) as error:
+        check_training_files(cfg, prepared_by_stage=False)
+    assert str(error.value) == (
+        f"training.model.data.data_prefix: {tmp_path}/my-gpt2.bin/.idx not found; did you mean"
+        f" {tmp_path}/my-gpt2_text_document? (preprocess_data.py and gptrain data prepare name their"
+        " output <--output-prefix>_text_document)"
+    )
+
+
 @pytest.mark.parametrize(
     ("prefix", "message"),
     [

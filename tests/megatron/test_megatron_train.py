@@ -154,3 +154,19 @@ def test_rerunning_into_a_save_directory_says_to_add_load(tmp_path, capsys, monk
     err = capsys.readouterr().err.strip()
     assert f"add --load {run} to resume it, or --save another directory" in err and "\n" not in err
     assert main(["megatron", *flags, "--save", run, "--load", run]) == 0  # as the error says
+
+
+def test_the_output_prefix_given_as_data_path_names_the_prefix_meant(tmp_path, capsys, monkeypatch):
+    """The tutorial's preprocess_data.py --output-prefix /fsx/my-gpt2 writes my-gpt2_text_document;
+    --data-path /fsx/my-gpt2 said "run gptrain data prepare first", which had been done."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    prefix, vocab, merges = write_gpt2_corpus(tmp_path)
+    given = prefix.removesuffix("_text_document")
+    flags = [*TINY, "--data-path", given, "--vocab-file", vocab, "--merge-file", merges, "--num-workers", "0"]
+    assert main(["megatron", *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gptrain: error: data prefix {given}: {given}.bin/.idx not found; did you mean {prefix}?"
+        " (preprocess_data.py and gptrain data prepare name their output <--output-prefix>_text_document)"
+    )
