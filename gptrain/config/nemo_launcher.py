@@ -108,10 +108,27 @@ def finalize(cfg: Any, choices: dict[str, str], stages_known: tuple[str, ...]) -
     for group, choice in choices.items():
         if f"{group}_config" in cfg:
             cfg[f"{group}_config"] = choice
+    _topology_file(cfg)
     ignored = [f"{key} ({reason})" for key, reason in IGNORED_TOP_KEYS.items() if key in cfg]
     if ignored:
         notes.append("config.yaml keys " + ", ".join(ignored))
     return notes
+
+
+def _topology_file(cfg: Any) -> None:
+    """bignlp-scripts 22.x's `nccl_topology_xml_file: F` made every job `export NCCL_TOPO_FILE=F`
+    (Azure NDv4 needs its topology file): it becomes env_vars.NCCL_TOPO_FILE, unless that is set."""
+    if "nccl_topology_xml_file" not in cfg:
+        return
+    path = cfg.get("nccl_topology_xml_file")
+    del cfg["nccl_topology_xml_file"]
+    env = cfg.get("env_vars")
+    if path is None or not (env is None or hasattr(env, "get")):  # another type: the launch names it
+        return
+    if env is None:
+        cfg["env_vars"] = {"NCCL_TOPO_FILE": path}
+    elif env.get("NCCL_TOPO_FILE") is None:
+        env["NCCL_TOPO_FILE"] = path
 
 
 def _stages_from_switches(cfg: Any) -> list[str]:

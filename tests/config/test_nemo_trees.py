@@ -312,3 +312,25 @@ def test_launcher_cmd_log_records_the_conf_tree_it_launched_from(tmp_path, monke
     words = shlex.split(log.read_text())
     tree = str(tmp_path / "launcher_scripts" / "conf")
     assert words == ["gptrain", "launch", "--config-dir", tree, "--config-name", "aws", *argv[4:]]
+
+
+def test_bignlp_nccl_topology_file_is_exported_to_the_jobs(tmp_path):
+    """bignlp-scripts 22.x's config.yaml names the topology file in nccl_topology_xml_file (its jobs
+    export NCCL_TOPO_FILE from it; Azure NDv4 needs /opt/microsoft/ndv4-topo.xml); it was dropped
+    without a word, so NCCL ran without the topology."""
+    tree = tmp_path / "conf"
+    shutil.copytree(conf("23.07"), tree)
+    with (tree / "config.yaml").open("a") as config:
+        config.write("run_training: True\nrun_data_preparation: False\nbignlp_path: /shared\n")
+        config.write("nccl_topology_xml_file: /opt/microsoft/ndv4-topo.xml\n")
+    argv = [*AZURE_TRAINING, f"launcher_scripts_path={tmp_path}", f"base_results_dir={tmp_path}/results"]
+    plan = build_plan(compose(argv, tree))
+    write_run_files(plan, [])
+    [script] = (tmp_path / "results").glob("*/*_submission.sh")
+    assert "\nexport NCCL_TOPO_FILE=/opt/microsoft/ndv4-topo.xml\n" in script.read_text()
+    assert "nccl_topology_xml_file" not in compose(argv, tree).resolved()
+    # an explicit env_vars entry wins; null exports nothing
+    both = build_plan(compose([*argv, "env_vars.NCCL_TOPO_FILE=/other.xml"], tree))
+    assert both.top["env_vars"]["NCCL_TOPO_FILE"] == "/other.xml"
+    off = build_plan(compose([*argv, "nccl_topology_xml_file=null"], tree))
+    assert (off.top.get("env_vars") or {}).get("NCCL_TOPO_FILE") is None  # null: not exported
