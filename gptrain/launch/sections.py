@@ -190,8 +190,27 @@ STAGE: dict[str, dict[str, Check]] = {
 }
 
 
+# Every top-level key the launcher reads (TOP's, the stage switches and paths, the group sections).
+# Any other is left alone, as a root the user interpolates from (`${my_root}/data`) may be, unless
+# it is a letter or two from one of these: `env_var:` for env_vars would export nothing, unseen.
+TOP_READ = (
+    *TOP, "stages", "cluster_type", "unique_output", "launcher_scripts_path", "bignlp_path",
+    "cluster", "data_preparation", "validation", "training",
+)  # fmt: skip
+
+
+def _check_misspelt_top_keys(resolved: dict[str, Any]) -> None:
+    for key in resolved:
+        if key in TOP_READ:
+            continue
+        close = difflib.get_close_matches(str(key), TOP_READ, n=1, cutoff=0.85)
+        if close:
+            raise ConfigError(f"{key}: not a key the launcher reads; did you mean '{close[0]}'?")
+
+
 def check_launch_sections(resolved: dict[str, Any]) -> None:
     """Check (and normalize in place: a string -> a one-item list) the keys the launcher reads itself."""
+    _check_misspelt_top_keys(resolved)
     _check_keys(resolved, "", TOP)
     cluster = mapping("cluster", resolved.get("cluster"))
     if cluster is not None:

@@ -172,3 +172,27 @@ def test_more_tasks_than_gpus_per_node_is_refused_at_plan_time(overrides, key, t
 def test_tasks_that_fit_the_gpus_plan(overrides, tmp_path):
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "training.trainer.devices=8", *overrides]
     assert [job.stage for job in build_plan(compose(args)).jobs] == ["training"]
+
+
+@pytest.mark.parametrize(
+    ("override", "meant"),
+    [
+        ("+env_var={NCCL_DEBUG: INFO}", "env_vars"),
+        ("+container_mount=[/fsx:/fsx]", "container_mounts"),
+        ("+contianer=/apps/image.sqsh", "container"),
+        ("+stage=[training]", "stages"),
+        ("+cluster_typ=slurm", "cluster_type"),
+    ],
+)
+def test_a_misspelt_top_level_key_is_named_not_dropped(override, meant, tmp_path, capsys, monkeypatch):
+    """config.yaml's top-level keys were not checked: `env_var:` (for env_vars) exported nothing,
+    `container_mount:` mounted nothing, without a word. A key near one the launcher reads is now
+    an error naming it; a key far from all (a root of the user's own, `${my_root}/data`) stays."""
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", "--dry-run", "cluster_type=slurm", f"base_results_dir={tmp_path}/r", *SHARDS]
+    assert main([*args, override]) == 2
+    key = override.removeprefix("+").split("=")[0]
+    assert capsys.readouterr().err.strip() == (
+        f"gptrain: error: {key}: not a key the launcher reads; did you mean '{meant}'?"
+    )
+    assert main([*args, "+my_root=/fsx", "data_dir=${my_root}/data"]) == 0, capsys.readouterr().err
