@@ -157,7 +157,9 @@ def is_pile_download(section: Any) -> bool:
     return hasattr(section, "get") and "file_numbers" in section and "shards" not in section
 
 
-def adapt_pile_download(section: dict[str, Any], data_dir: str) -> tuple[dict[str, Any], list[str]]:
+def adapt_pile_download(
+    section: dict[str, Any], data_dir: str, results_dir: str = "results"
+) -> tuple[dict[str, Any], list[str]]:
     """NeMo's Pile download keys -> gptrain's data_preparation section (resolved values).
 
     Shards are `<the_pile_url>/NN.jsonl.zst` for each number of `file_numbers` ("0-29", "0,3,5-7");
@@ -167,8 +169,8 @@ def adapt_pile_download(section: dict[str, Any], data_dir: str) -> tuple[dict[st
     if not url:
         raise ConfigError("data_preparation.the_pile_url: empty; give the URL of the Pile's train/ directory")
     numbers = parse_file_numbers(str(section.get("file_numbers")))
-    run = dict(section.get("run") or {})
-    notes = []
+    notes: list[str] = []
+    run = dict(section.get("run") or _bignlp_run(section, results_dir, notes))
     for key in ("node_array_size", "array", "bcp_preproc_npernode"):
         if run.pop(key, None) is not None:
             notes.append(f"data_preparation.run.{key} (one array task per shard)")
@@ -196,6 +198,22 @@ def adapt_pile_download(section: dict[str, Any], data_dir: str) -> tuple[dict[st
     ):
         notes.append("data_preparation.download_the_pile/preprocess_data=False (the stage always does both)")
     return adapted, notes
+
+
+def _bignlp_run(section: dict[str, Any], results_dir: str, notes: list[str]) -> dict[str, Any]:
+    """bignlp-scripts 22.x's file has no run section: its jobs logged to `log_dir` with `time_limit`,
+    over `nodes` nodes (gptrain: one array task per shard). The run NeMo's later file names."""
+    notes += [
+        f"data_preparation.{key} (one array task per shard)"
+        for key in ("nodes", "bcp_preproc_npernode")
+        if section.get(key) is not None
+    ]
+    name = "download_gpt3_pile"
+    return {
+        "name": name,
+        "results_dir": section.get("log_dir") or f"{results_dir}/{name}",
+        "time_limit": section.get("time_limit"),
+    }
 
 
 def parse_file_numbers(text: str) -> list[int]:

@@ -257,8 +257,9 @@ def adapt_nemo_data_preparation(cfg: DictConfig) -> list[str]:
     if not nemo_launcher.is_pile_download(section):
         return []
     resolved = _to_container(section, resolve=True)
-    data_dir = str(_to_container(cfg, resolve=True).get("data_dir") or "data")
-    adapted, notes = nemo_launcher.adapt_pile_download(resolved, data_dir)
+    top = _to_container(cfg, resolve=True)
+    data_dir, results = str(top.get("data_dir") or "data"), str(top.get("base_results_dir") or "results")
+    adapted, notes = nemo_launcher.adapt_pile_download(resolved, data_dir, results)
     cfg["data_preparation"] = adapted
     return notes
 

@@ -334,3 +334,45 @@ def test_bignlp_nccl_topology_file_is_exported_to_the_jobs(tmp_path):
     assert both.top["env_vars"]["NCCL_TOPO_FILE"] == "/other.xml"
     off = build_plan(compose([*argv, "nccl_topology_xml_file=null"], tree))
     assert (off.top.get("env_vars") or {}).get("NCCL_TOPO_FILE") is None  # null: not exported
+
+
+# bignlp-scripts 22.x's conf/data_preparation/download_gpt3_pile.yaml (the Azure tutorial's release):
+# no run section; the job's logs, node count and time limit at the top
+BIGNLP_PILE = """\
+dataset: pile
+download_the_pile: True
+the_pile_url: "https://mystic.the-eye.eu/public/AI/pile/train/"
+file_numbers: "0-1"
+preprocess_data: True
+download_vocab_url: "https://huggingface.co/gpt2/resolve/main/vocab.json"
+download_merges_url: "https://huggingface.co/gpt2/resolve/main/merges.txt"
+vocab_save_dir: ${data_dir}/bpe
+merges_save_dir: ${data_dir}/bpe
+tokenizer_type: GPT2BPETokenizer
+log_dir: ${base_results_dir}/data_preparation/gpt3_pile_logs
+rm_downloaded: True
+rm_extracted: True
+nodes: 30
+time_limit: "4:00:00"
+bcp_preproc_npernode: 2
+"""
+
+
+def test_bignlp_data_preparation_file_without_a_run_section(tmp_path, capsys):
+    """The Azure tutorial's data step on its own bignlp-scripts tree stopped at 'data_preparation.run.name
+    is empty': that release's file has no run section. Its log_dir is the stage's directory now, its
+    time_limit the job's, and its nodes are said to be replaced by one array task per shard."""
+    tree = tmp_path / "conf"
+    shutil.copytree(conf("23.07"), tree)
+    (tree / "data_preparation" / "download_gpt3_pile.yaml").write_text(BIGNLP_PILE)
+    with (tree / "config.yaml").open("a") as config:
+        config.write("run_data_preparation: True\nrun_training: False\nbignlp_path: /shared\n")
+    argv = [*AZURE_TRAINING, "data_preparation=download_gpt3_pile", f"launcher_scripts_path={tmp_path}"]
+    plan = build_plan(compose(argv, tree))
+    [job] = plan.jobs
+    assert job.run_dir == tmp_path / "results" / "data_preparation" / "gpt3_pile_logs"
+    assert (job.run_name, job.array) == ("download_gpt3_pile", 2)
+    write_run_files(plan, [])
+    script = next(job.run_dir.glob("*_submission.sh")).read_text()
+    assert "#SBATCH --time=4:00:00\n" in script
+    assert "data_preparation.nodes (one array task per shard)" in capsys.readouterr().err
