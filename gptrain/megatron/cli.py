@@ -48,7 +48,10 @@ def run_megatron(args: argparse.Namespace) -> int:
     rank0 = is_rank_zero()
     if translation.notes and rank0:
         print(f"gptrain megatron: accepted without effect: {', '.join(translation.notes)}", file=sys.stderr)
-    cfg = load_training_config(None, translation.overrides, report_ignored=rank0)
+    try:
+        cfg = load_training_config(None, translation.overrides, report_ignored=rank0)
+    except ConfigError as error:  # the flags typed, not the gptrain keys they became
+        raise ConfigError(translation.in_flags(str(error))) from None
     if dry_run:
         print("# gptrain train overrides equivalent to these flags:")
         print("\n".join(translation.overrides))
@@ -66,3 +69,5 @@ def run_megatron(args: argparse.Namespace) -> int:
             f"{cfg.exp_manager.explicit_log_dir} to resume it, or --save another directory (gptrain never "
             "overwrites an earlier run's checkpoints, which Megatron does without --load)"
         ) from None
+    except ConfigError as error:  # a layout the world size cannot hold, a checkpoint of another shape
+        raise ConfigError(translation.in_flags(str(error))) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,17 @@ class Translation:
     @property
     def overrides(self) -> list[str]:
         return [f"{key}={render(value)}" for key, value in self.values.items()]
+
+    def in_flags(self, message: str) -> str:
+        """`message` (a check of the loaded config) with each gptrain key named by the flag that
+        sets it, the one given where two do: `--hidden-size (8192)`, not `model.hidden_size (8192)`."""
+        flags: dict[str, str] = {}
+        for flag, (keys, _) in VALUE.items():
+            for key in keys:
+                if key not in flags or flag in self.given:
+                    flags[key] = flag
+        pattern = "|".join(re.escape(key) for key in sorted(flags, key=len, reverse=True))
+        return re.sub(rf"(?<![\w.])({pattern})(?!\w|\.\w)", lambda m: flags[m.group(1)], message)
 
 
 def translate(argv: list[str], env: dict[str, str] | None = None) -> Translation:

@@ -273,6 +273,28 @@ def test_bad_flags_are_one_line_errors_naming_the_flag(flags, message, capsys):
     assert err.count("\n") == 0 and message in err
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        # the tutorial's "What's next": NUM_LAYERS=64 HIDDEN_SIZE=8192 NUM_ATTENTION_HEADS=48
+        (
+            "--num-layers 64 --hidden-size 8192 --num-attention-heads 48",
+            "--hidden-size (8192) must be divisible by --num-attention-heads (48), or set --kv-channels",
+        ),
+        (
+            "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --micro-batch-size 3 --global-batch-size 4",
+            "--global-batch-size (4) must be divisible by --micro-batch-size (3)",
+        ),
+    ],
+)
+def test_a_config_check_names_the_flags_typed(flags, message, capsys):
+    """gptrain's checks name its keys (model.hidden_size); to a pretrain_gpt.py flag list they now
+    name the flags that set them, as Megatron's own checks would."""
+    base = "--seq-length 16 --micro-batch-size 2 --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4"
+    assert main(["megatron", "--dry-run", *base.split(), *flags.split()]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"gptrain: error: {message}"
+
+
 def test_dry_run_prints_overrides_and_yaml_without_torch(tmp_path):
     code = (
         "import sys; from gptrain.cli import main; code = main(sys.argv[1:]);"
