@@ -76,7 +76,7 @@ NEMO_IMAGE_WORDS = ("nemo", "bignlp")
 
 def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
     """What a NeMo tree carries over that the user may not mean: its container, no requeues."""
-    notes = []
+    notes = list(plan.notes) if "training" in stages else []
     container = str(plan.top.get("container") or "")
     if container and any(word in container.lower() for word in NEMO_IMAGE_WORDS):
         notes.append(

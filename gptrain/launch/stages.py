@@ -7,6 +7,7 @@ resolved config `<name>_hydra.yaml`, the script `<prefix><name>_submission.sh`,
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class LaunchPlan:
     mount_dirs: list[tuple[str, str]] = field(default_factory=list)
     training_overrides: dict[str, str] = field(default_factory=dict)  # key in training -> as typed
     training_origin: str | None = None  # the training group file, named by errors about its values
+    notes: list[str] = field(default_factory=list)  # preflight lines about what the plan decided
 
     @property
     def cluster_type(self) -> str:
@@ -83,13 +85,44 @@ def build_plan(composition: Composition) -> LaunchPlan:
         add_validation_job(plan, python, local)
     if "training" in stages:
         training = resolved["training"]
-        blend = resolved["data_preparation"]["blend"]["file"] if "data_preparation" in stages else None
+        blend = training_blend(resolved, stages, plan.notes)
         plan.configs["training"] = training
         plan.jobs.append(training_job(training, cluster, python, local, blend))
     if not local:
         for job in plan.jobs:
             check_one_gpu_per_task(job, cluster)
     return plan
+
+
+def training_blend(resolved: dict[str, Any], stages: list[str], notes: list[str]) -> str | None:
+    """The blend file the training reads in place of its data_prefix after data preparation (every
+    prepared shard, weighted by data_preparation.blend.weights), or None: the training's own
+    data_prefix names exactly the prepared shards, and its weights are the user's (the NeMo tutorial's
+    [0.5, my-gpt3_00, 0.5, my-gpt3_01], as NeMo reads it). A data_prefix replaced is said in a note."""
+    if "data_preparation" not in stages:
+        return None
+    from gptrain.data.blend_spec import strip_suffix
+    from gptrain.launch.download import output_prefix, parse_shards
+    from gptrain.launch.preflight import prefixes_of
+
+    prep, data = resolved["data_preparation"], resolved["training"].get("model", {}).get("data", {})
+    prepared = {
+        os.path.abspath(output_prefix(prep, shard)) for shard in parse_shards(prep.get("shards") or [])
+    }
+    own = {os.path.abspath(strip_suffix(str(p))) for p in prefixes_of(data.get("data_prefix"))}
+    if own and own == prepared:
+        return None
+    others = own - prepared
+    if others and data.get("data_impl") != "mock":
+        weights = {"tokens": "weighted by tokens", "equal": "weighted equally"}.get(
+            prep["blend"].get("weights"), ""
+        )
+        notes.append(
+            f"note  training: reads the blend data_preparation writes ({prep['blend']['file']}, {weights}),"
+            f" not training.model.data.data_prefix, which names {len(others)} prefix(es) data_preparation"
+            " does not write"
+        )
+    return str(prep["blend"]["file"])
 
 
 def check_one_gpu_per_task(job: Job, cluster: dict[str, Any]) -> None:

@@ -376,3 +376,35 @@ def test_bignlp_data_preparation_file_without_a_run_section(tmp_path, capsys):
     script = next(job.run_dir.glob("*_submission.sh")).read_text()
     assert "#SBATCH --time=4:00:00\n" in script
     assert "data_preparation.nodes (one array task per shard)" in capsys.readouterr().err
+
+
+def test_a_training_blend_of_the_prepared_shards_keeps_its_weights(tmp_path, capsys):
+    """With stages=[data_preparation,training], the training read the token-weighted blend data
+    preparation writes in place of its own data_prefix, whatever that said: the Azure tutorial's
+    [0.5, my-gpt3_00, 0.5, my-gpt3_01], or 0.7/0.3 typed on the command line, were replaced without
+    a word. A data_prefix that names exactly the prepared shards is now the training's blend, as NeMo
+    reads it; one that names others still gets the prepared blend, and says so."""
+    from gptrain.launch.launcher import launch_notes
+
+    tree = tmp_path / "conf"
+    shutil.copytree(conf("23.07"), tree)
+    pile = tree / "data_preparation/gpt3/download_gpt3_pile.yaml"
+    pile.write_text(pile.read_text().replace("0-29", "0-1"))
+    base = ["stages=[data_preparation,training]", "training=gpt3/126m", f"launcher_scripts_path={tmp_path}"]
+    blend = "[0.7,${data_dir}/my-gpt3_00_text_document,0.3,${data_dir}/my-gpt3_01_text_document]"
+    plan = build_plan(compose([*base, f"training.model.data.data_prefix={blend}"], tree))
+    training = plan.jobs[-1]
+    assert training.stage == "training" and training.setup == []  # no apply-blend step
+    data = tmp_path / "data"
+    prefix = plan.configs["training"]["model"]["data"]["data_prefix"]
+    assert prefix == [0.7, f"{data}/my-gpt3_00_text_document", 0.3, f"{data}/my-gpt3_01_text_document"]
+    assert not [note for note in launch_notes(plan, ["data_preparation", "training"]) if "blend" in note]
+    # NeMo's file lists all 30 shards: the training reads the blend of the 2 prepared, said in a note
+    plan = build_plan(compose(base, tree))
+    assert any("apply-blend" in word for step in plan.jobs[-1].setup for word in step)
+    notes = launch_notes(plan, ["data_preparation", "training"])
+    assert (
+        "note  training: reads the blend data_preparation writes"
+        f" ({data}/blend.yaml, weighted by tokens), not training.model.data.data_prefix, which names 28"
+        " prefix(es) data_preparation does not write" in notes
+    )
