@@ -14,6 +14,7 @@ from gptrain.launch.download import parse_shards, tokenizer_downloads
 from gptrain.launch.jobs import cancel_never_starting, refuse_launch_into_live_run
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
 from gptrain.launch.preflight import (
+    check_fresh_start,
     check_tokenizer_files,
     check_training_files,
     check_training_layout,
@@ -60,6 +61,7 @@ def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None =
             lambda: check_training_files(training, "data_preparation" in stages, fetched), dry_run
         )
         lines += _checked(lambda: check_wandb_key_file(plan.top.get("wandb_api_key_file"), training), dry_run)
+        lines += _checked(lambda: check_fresh_start(training), dry_run, (ConfigError,))
     lines += _checked(lambda: check_mount_dirs(plan.mount_dirs), dry_run)
     lines += launch_notes(plan, stages)
     if plan.cluster_type == "slurm":

@@ -205,6 +205,22 @@ def check_training_files(
     return lines
 
 
+def check_fresh_start(cfg: TrainingConfig) -> list[str]:
+    """resume_if_exists=false over a run directory that holds complete checkpoints (the Azure
+    tutorial's benchmark, launched again under the same run.name): the job refuses it as it starts,
+    after the queue wait; said here instead, in the job's words."""
+    em = cfg.exp_manager
+    if em.resume_if_exists or em.move_aside_earlier_run:
+        return []
+    from gptrain.train.run_lock import earlier_checkpoints, earlier_run_error
+
+    log_dir = Path(em.explicit_log_dir)
+    found = earlier_checkpoints(log_dir)
+    if found:
+        raise earlier_run_error(log_dir, found)
+    return []
+
+
 def check_wandb_key_file(key_file: Any, cfg: TrainingConfig | None) -> list[str]:
     """NeMo's wandb_api_key_file, which the job reads when it starts: a file that is not there (or
     holds no key) would only show as W&B failing to start after the queue wait. NeMo's launcher

@@ -242,6 +242,16 @@ def requeued_own_checkpoint(log_dir: Path, env: dict[str, str] | os._Environ = o
     return newest if isinstance(record, dict) and record.get("slurm_job_id") == job else None
 
 
+def earlier_run_error(log_dir: Path, found: list[str]) -> EarlierRunError:
+    """What a fresh start over `found` checkpoints is told (by the job, and by the launch before it)."""
+    return EarlierRunError(
+        f"exp_manager.resume_if_exists=false but {log_dir / 'checkpoints'} holds an earlier run's"
+        f" checkpoints ({', '.join(found[-3:])}): resume it with exp_manager.resume_if_exists=true,"
+        " start a new run under another run.name (or exp_manager.explicit_log_dir), or move the"
+        " earlier run aside with exp_manager.move_aside_earlier_run=true (nothing is deleted)"
+    )
+
+
 def check_fresh_start(log_dir: Path, move_aside: bool) -> str | None:
     """resume_if_exists=false: refuse a directory with checkpoints, or move its run aside.
 
@@ -251,12 +261,7 @@ def check_fresh_start(log_dir: Path, move_aside: bool) -> str | None:
     if not found:
         return None
     if not move_aside:
-        raise EarlierRunError(
-            f"exp_manager.resume_if_exists=false but {log_dir / 'checkpoints'} holds an earlier run's"
-            f" checkpoints ({', '.join(found[-3:])}): resume it with exp_manager.resume_if_exists=true,"
-            " start a new run under another run.name (or exp_manager.explicit_log_dir), or move the"
-            " earlier run aside with exp_manager.move_aside_earlier_run=true (nothing is deleted)"
-        )
+        raise earlier_run_error(log_dir, found)
     aside = aside_directory(log_dir)
     moved = [p for p in log_dir.iterdir() if p.name != LOCK_NAME]
     for path in moved:

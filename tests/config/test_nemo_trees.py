@@ -408,3 +408,32 @@ def test_a_training_blend_of_the_prepared_shards_keeps_its_weights(tmp_path, cap
         f" ({data}/blend.yaml, weighted by tokens), not training.model.data.data_prefix, which names 28"
         " prefix(es) data_preparation does not write" in notes
     )
+
+
+def test_a_rerun_with_resume_if_exists_false_over_checkpoints_stops_at_launch(tmp_path, capsys):
+    """The Azure tutorial's benchmark passes resume_if_exists=False; launching it again under the same
+    run.name was refused by the job as it started, after the queue wait. The launch says it now."""
+    from gptrain.cli import main
+
+    base = [*AZURE_TRAINING, "stages=[training]", f"launcher_scripts_path={tmp_path}", "container=null"]
+    base += [
+        "training.model.data.data_impl=mock",
+        "training.model.data.mock_vocab_size=64",
+        "cluster_type=local",
+    ]
+    base += ["training.trainer.num_nodes=1", "training.trainer.devices=1", "training.trainer.accelerator=cpu"]
+    step = tmp_path / "results" / "gpt3_126m-1n-tp1-pp1-mbs1" / "results" / "checkpoints" / "step_200"
+    step.mkdir(parents=True)
+    (step / "COMPLETE").write_text("{}")
+    argv = ["launch", "--config-dir", str(conf("23.07")), *base]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(
+        f"gptrain: error: exp_manager.resume_if_exists=false but {step.parent} holds an earlier run's"
+        " checkpoints (step_200): "
+    )
+    assert not (step.parent.parent.parent / "launcher.log").exists()  # nothing submitted
+    assert main([*argv[:1], "--dry-run", *argv[1:]]) == 0  # a dry run says it as a warning
+    assert "preflight: warning  exp_manager.resume_if_exists=false but" in capsys.readouterr().err
+    moved = main([*argv[:1], "--dry-run", *argv[1:], "training.exp_manager.move_aside_earlier_run=true"])
+    assert moved == 0 and "resume_if_exists=false but" not in capsys.readouterr().err
