@@ -313,18 +313,41 @@ def setup_line(command: list[str], cluster: dict, container: str | None, mounts:
     return f"{' '.join(srun)} {quote_command(command)} || exit 1"
 
 
-# Per-task environment for torch.distributed's env:// init, from Slurm's variables.
+# Per-task environment for torch.distributed's env:// init, from Slurm's variables. A step
+# Slurm reserved ports for (srun --resv-ports, MpiParams=ports=...) rendezvous on the first of
+# them: the same on every node of the step, and given to no other step there.
 RANK_WRAPPER = (
     "bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS"
-    ' LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; exec "$@"\' gptrain-rank'
+    " LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE;"
+    ' [ -z "$SLURM_STEP_RESV_PORTS" ] || export MASTER_PORT=${SLURM_STEP_RESV_PORTS%%[-,]*};'
+    ' exec "$@"\' gptrain-rank'
 )
 
-MASTER_LINES = """\
-# Rendezvous: the first node of the allocation, a port derived from the job id.
+# Rendezvous ports are drawn from [PORT_LOW, PORT_LOW + PORT_SPAN): below Linux's default
+# ephemeral range (32768-60999), where any outgoing connection on the node may take a port.
+PORT_LOW, PORT_SPAN = 20000, 12768
+
+MASTER_LINES = f"""\
+# Rendezvous: the first node of the allocation, where this script runs and rank 0 listens.
 first_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
 MASTER_ADDR=$(scontrol show node "$first_host" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')
-export MASTER_ADDR=${MASTER_ADDR:-$first_host}
-export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))"""
+export MASTER_ADDR=${{MASTER_ADDR:-$first_host}}
+# The port: derived from the job id, then moved on past every port a TCP socket of this node
+# holds (/proc/net/tcp*: another job sharing the node, whose id may map to the same port) and
+# past the kernel's ephemeral range; srun gives every rank this one value.
+declare -A held=()
+while read -r _ address _; do
+  [[ $address == *:* ]] && held[$((16#${{address##*:}}))]=1
+done < <(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+read -r ephemeral_low ephemeral_high 2>/dev/null </proc/sys/net/ipv4/ip_local_port_range || ephemeral_low=1 ephemeral_high=0
+MASTER_PORT=$(({PORT_LOW} + SLURM_JOB_ID % {PORT_SPAN}))
+for ((i = 0; i < 2 * {PORT_SPAN}; i++)); do  # the second round may use the ephemeral range
+  port=$(({PORT_LOW} + (SLURM_JOB_ID + i) % {PORT_SPAN}))
+  [ -n "${{held[$port]-}}" ] && continue
+  ((i < {PORT_SPAN} && port >= ephemeral_low && port <= ephemeral_high)) && continue
+  MASTER_PORT=$port && break
+done
+export MASTER_PORT"""
 
 # Run the step in the background so the batch shell can receive Slurm's warning signal
 # (--signal=B:USR1@N) and forward it; srun passes it on to every rank.
@@ -385,6 +408,8 @@ def render_slurm(job: Job, cluster: dict, top: dict) -> str:
     lines += [setup_line(command, cluster, container, mounts) for command in job.setup]
     srun = srun_prefix(job, cluster, container, mounts)
     if job.stage != "training":
+        if job.stage == "validation":  # its ranks rendezvous as the training's do
+            lines += ["", MASTER_LINES, ""]
         lines.append(f"{srun} {quote_command(job.command)}")
         return "\n".join(lines) + "\n"
     lines += ["", MASTER_LINES, f"max_requeues={int(cluster.get('max_requeues') or 0)}", ""]

@@ -3,12 +3,14 @@
 Started like training (torchrun or srun, one process per GPU; one process alone is a world
 of 1). Under srun without torchrun's variables the rendezvous address is the first node of
 the allocation, resolved here (emulated nodes have names that do not resolve, so Slurm's
-NodeAddr is asked for), and the port is derived from the job id as the sbatch scripts do.
+NodeAddr is asked for). The port: the batch script's MASTER_PORT (a free one on the first node,
+gptrain.launch.sbatch), the first Slurm reserved for the step, or derived from the job id.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gptrain.launch.sbatch import PORT_LOW, PORT_SPAN
 from gptrain.parallel.mesh import World, cuda_index, world_from_env
 from gptrain.utils.hostlist import expand_hostlist
 
@@ -83,8 +86,11 @@ def rendezvous_env() -> None:
             os.environ["MASTER_ADDR"] = first
         except OSError:
             os.environ["MASTER_ADDR"] = _slurm_node_addr(first)
-    if "MASTER_PORT" not in os.environ and "SLURM_JOB_ID" in os.environ:
-        os.environ["MASTER_PORT"] = str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000)
+    reserved = os.environ.get("SLURM_STEP_RESV_PORTS")
+    if reserved:  # ports Slurm gave this step on every node (srun --resv-ports), as the sbatch scripts do
+        os.environ["MASTER_PORT"] = re.split("[-,]", reserved)[0]
+    elif "MASTER_PORT" not in os.environ and "SLURM_JOB_ID" in os.environ:
+        os.environ["MASTER_PORT"] = str(PORT_LOW + int(os.environ["SLURM_JOB_ID"]) % PORT_SPAN)
 
 
 def _free_port() -> int:
