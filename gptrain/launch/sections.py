@@ -214,8 +214,7 @@ def check_launch_sections(resolved: dict[str, Any]) -> None:
     _check_keys(resolved, "", TOP)
     cluster = mapping("cluster", resolved.get("cluster"))
     if cluster is not None:
-        _check_unknown_cluster_keys(cluster)
-        _check_keys(cluster, "cluster.", CLUSTER)
+        check_cluster_section(cluster)
     stages = list(resolved.get("stages") or [])
     needed = set(stages) | ({"training"} if "validation" in stages else set())
     for stage in sorted(needed):
@@ -229,6 +228,13 @@ def check_launch_sections(resolved: dict[str, Any]) -> None:
         if run is not None:
             _check_keys(run, f"{stage}.run.", RUN)
         _check_keys(section, f"{stage}.", STAGE.get(stage, {}))
+
+
+def check_cluster_section(cluster: dict[str, Any]) -> None:
+    """A cluster file's keys: spelling and types (normalized in place). `gptrain plan --measure
+    --cluster-type slurm` renders its trial jobs from one too."""
+    _check_unknown_cluster_keys(cluster)
+    _check_keys(cluster, "cluster.", CLUSTER)
 
 
 # Read from a cluster file besides the keys above: `gptrain plan`'s hardware profile.

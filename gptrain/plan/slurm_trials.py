@@ -24,6 +24,8 @@ from gptrain.launch.executors.slurm import record_submission, sbatch
 from gptrain.launch.jobs import JobState, run_command, slurm_state
 from gptrain.launch.preflight import check_cluster, query_nodes
 from gptrain.launch.sbatch import Job, render_slurm
+from gptrain.launch.script_values import check_value
+from gptrain.launch.sections import check_cluster_section
 from gptrain.plan.hardware import CLUSTER_DIR
 from gptrain.plan.measure import read_results, trial_args, trial_env, write_trial_config
 from gptrain.plan.rank import Candidate
@@ -41,6 +43,11 @@ def slurm_profile(name: str | None) -> dict[str, Any]:
     data = yaml.safe_load(path.read_text()) or {}  # build_cluster has already checked it exists
     if not isinstance(data, dict):
         raise ConfigError(f"--cluster {name}: {path} must be a mapping of cluster keys")
+    try:  # as `gptrain launch` checks a cluster file: the trial scripts are rendered from it
+        check_value("cluster", data)
+        check_cluster_section(data)
+    except ConfigError as error:
+        raise ConfigError(f"--cluster {name}: {error}") from None
     return data
 
 
