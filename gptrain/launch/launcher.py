@@ -20,6 +20,7 @@ from gptrain.launch.preflight import (
     check_training_layout,
     check_wandb_key_file,
 )
+from gptrain.launch.script_values import check_arguments
 from gptrain.launch.stages import (
     LaunchPlan,
     build_plan,
@@ -157,6 +158,7 @@ def launch(
     directory's `dry-run/` (the scripts as a launch would write them, marked as a preview), so it never
     touches the files of a run that is live there (a requeued job re-reads its _hydra.yaml).
     """
+    check_arguments(argv)
     plan = build_plan(compose(argv, root or CONFIG_ROOT, config_name=config_name))
     files = render_run_files(plan, [*tree_options(root, config_name), *argv])
     training = validate_training(plan, files)

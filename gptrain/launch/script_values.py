@@ -18,6 +18,9 @@ from gptrain.errors import ConfigError
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 NAMES = {"\n": "a newline", "\r": "a carriage return", "\x00": "a NUL byte", "\t": "a tab"}
+# Python reads a command-line word or a path that is not UTF-8 with each bad byte as a lone
+# surrogate (U+DC80-U+DCFF); the scripts, configs and launcher_cmd.log are UTF-8 and cannot hold it.
+NOT_UTF8 = re.compile("[\ud800-\udfff]")
 
 # Top-level keys of the launch config whose values reach a script (directly or through paths).
 TOP_KEYS = ("base_results_dir", "data_dir", "python", "container", "container_mounts", "env_vars")
@@ -34,14 +37,45 @@ def describe(text: str) -> str:
     return NAMES.get(char, f"control character 0x{ord(char):02x}")
 
 
+def not_utf8(text: str) -> str | None:
+    """'the byte 0xff' for the first byte of `text` that was not UTF-8, None when all text is."""
+    match = NOT_UTF8.search(text)
+    if match is None:
+        return None
+    code = ord(match.group())
+    return f"the byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"the surrogate U+{code:04X}"
+
+
+def utf8_error(where: str, text: str) -> ConfigError | None:
+    bad = not_utf8(text)
+    if bad is None:
+        return None
+    return ConfigError(
+        f"{where}: {text!r} is not UTF-8 text ({bad}); the job scripts and configs are UTF-8:"
+        " use a name or path in UTF-8"
+    )
+
+
 def check_value(key: str, value: object) -> None:
-    """ConfigError naming `key` when `value` (or a dict key or item inside it) holds a control character."""
+    """ConfigError naming `key` when `value` (or a dict key or item inside it) holds a control
+    character or a byte that is not UTF-8."""
     for where, text in walk(key, value):
         if CONTROL.search(text):
             raise ConfigError(
                 f"{where}: the value {text!r} contains {describe(text)}, which would break the rendered"
                 " job script; remove it (values reaching sbatch/srun scripts must be one line)"
             )
+        error = utf8_error(where, text)
+        if error:
+            raise error
+
+
+def check_arguments(arguments: list[str]) -> None:
+    """Every launch argument is written to launcher_cmd.log, and most reach a config or script."""
+    for argument in arguments:
+        error = utf8_error(f"the argument {argument.partition('=')[0]!r}", argument)
+        if error:
+            raise error
 
 
 def walk(key: str, value: object) -> Iterator[tuple[str, str]]:
@@ -89,4 +123,8 @@ def check_launch_values(resolved: dict[str, Any]) -> None:
     if CONTROL.search(cwd):
         raise ConfigError(
             f"the current directory {cwd!r} contains {describe(cwd)}; launch from another directory"
+        )
+    if not_utf8(cwd):
+        raise ConfigError(
+            f"the current directory {cwd!r} is not UTF-8 text ({not_utf8(cwd)}); launch from another directory"
         )

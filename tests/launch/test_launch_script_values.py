@@ -7,6 +7,7 @@ compose time, before any file is written.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -152,3 +153,49 @@ def test_every_rendered_script_passes_bash_n(args, tmp_path, monkeypatch):
     for script in write_run_files(build_plan(compose(args)), args):
         done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+
+
+def test_a_word_that_is_not_utf8_is_one_line_and_nothing_is_written(tmp_path):
+    """A byte that is not UTF-8 (a Latin-1 name typed or pasted, a legacy file name) reached the
+    UTF-8 files the launch writes as a lone surrogate: a UnicodeEncodeError traceback after the
+    config and script were written, whatever the key (launcher_cmd.log holds every argument)."""
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    results = tmp_path / "results"
+    for key in ("training.exp_manager.name", "training.run.name", "cluster.account"):
+        args = [b"launch", b"--dry-run", b"cluster_type=slurm", f"base_results_dir={results}".encode()]
+        args.append(key.encode() + b"=ab\xffc")
+        done = subprocess.run(
+            [sys.executable.encode(), b"-m", b"gptrain", *args], cwd=tmp_path, env=env, capture_output=True
+        )
+        err = done.stderr.decode(errors="replace").strip()
+        assert done.returncode == 2 and "\n" not in err, err
+        assert (
+            err.startswith(f"gptrain: error: the argument '{key}'")
+            and "not UTF-8 text (the byte 0xff)" in err
+        )
+        assert not results.exists()
+
+
+def test_a_value_that_is_not_utf8_is_named_by_its_key(tmp_path, monkeypatch):
+    """Not from the command line: from the environment (${oc.env:...}), or the directory launched from."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GPTRAIN_TEST_LATIN1", "caf\udce9")  # os.environ holds the byte 0xe9
+    args = [
+        "cluster_type=slurm",
+        f"base_results_dir={tmp_path}/r",
+        "env_vars.NAME=${oc.env:GPTRAIN_TEST_LATIN1}",
+    ]
+    with pytest.raises(
+        ConfigError, match=r"^env_vars\.NAME: 'caf\\udce9' is not UTF-8 text \(the byte 0xe9\)"
+    ):
+        build_plan(compose(args))
+    latin1 = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
+    latin1.mkdir()
+    monkeypatch.chdir(latin1)
+    with pytest.raises(ConfigError, match=r"^the current directory .* is not UTF-8 text \(the byte 0xe9\)"):
+        build_plan(
+            compose(["cluster_type=slurm", f"base_results_dir={tmp_path}/r", f"data_dir={tmp_path}/d"])
+        )
+    assert not (tmp_path / "r").exists()
