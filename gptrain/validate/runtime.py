@@ -3,8 +3,8 @@
 Started like training (torchrun or srun, one process per GPU; one process alone is a world
 of 1). Under srun without torchrun's variables the rendezvous address is the first node of
 the allocation, resolved here (emulated nodes have names that do not resolve, so Slurm's
-NodeAddr is asked for). The port: the batch script's MASTER_PORT (a free one on the first node,
-gptrain.launch.sbatch), the first Slurm reserved for the step, or derived from the job id.
+NodeAddr is asked for). The port: MASTER_PORT when set (the batch script's choice,
+gptrain.launch.sbatch), else the first Slurm reserved for the step, else derived from the job id.
 """
 
 from __future__ import annotations
@@ -87,9 +87,11 @@ def rendezvous_env() -> None:
         except OSError:
             os.environ["MASTER_ADDR"] = _slurm_node_addr(first)
     reserved = os.environ.get("SLURM_STEP_RESV_PORTS")
+    if "MASTER_PORT" in os.environ:
+        return
     if reserved:  # ports Slurm gave this step on every node (srun --resv-ports), as the sbatch scripts do
         os.environ["MASTER_PORT"] = re.split("[-,]", reserved)[0]
-    elif "MASTER_PORT" not in os.environ and "SLURM_JOB_ID" in os.environ:
+    elif "SLURM_JOB_ID" in os.environ:
         os.environ["MASTER_PORT"] = str(PORT_LOW + int(os.environ["SLURM_JOB_ID"]) % PORT_SPAN)
 
 

@@ -152,7 +152,8 @@ def test_the_validation_stage_chooses_its_port_as_the_training_does(tmp_path):
     [
         ({"SLURM_JOB_ID": "42"}, str(PORT_LOW + 42)),  # plain srun: derived from the job id
         ({"SLURM_JOB_ID": "42", "MASTER_PORT": "24001"}, "24001"),  # the batch script's choice
-        ({"SLURM_JOB_ID": "42", "MASTER_PORT": "24001", "SLURM_STEP_RESV_PORTS": "12005-12006"}, "12005"),
+        ({"SLURM_JOB_ID": "42", "SLURM_STEP_RESV_PORTS": "12005-12006"}, "12005"),  # Slurm's reserved one
+        ({"SLURM_JOB_ID": "42", "MASTER_PORT": "24001", "SLURM_STEP_RESV_PORTS": "12005"}, "24001"),
     ],
 )
 def test_gptrain_validate_under_srun_takes_the_same_port(monkeypatch, env, port):
@@ -165,3 +166,39 @@ def test_gptrain_validate_under_srun_takes_the_same_port(monkeypatch, env, port)
         monkeypatch.setenv(name, value)
     runtime.rendezvous_env()
     assert os.environ["MASTER_PORT"] == port
+
+
+@pytest.mark.parametrize("stage", ["training", "validation"])
+def test_a_rendezvous_env_vars_sets_is_kept(tmp_path, bin_dir, stage):
+    """NeMo's jobs keep a MASTER_PORT (or MASTER_ADDR) of env_vars: Lightning reads it when set. The
+    script overwrote both, so a port the site's firewall lets through, or the first node's
+    InfiniBand name, was replaced by one the nodes could not reach."""
+    stub(bin_dir / "srun", 'while [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
+    stub(bin_dir / "py", 'printf %s "$MASTER_ADDR $MASTER_PORT" > "$OUT"\n')
+    args = [f"base_results_dir={tmp_path}", "cluster_type=slurm", f"python={bin_dir}/py"]
+    args += [
+        "stages=[validation,training]",
+        "env_vars.MASTER_PORT=29400",
+        "env_vars.MASTER_ADDR=$SLURMD_NODENAME-ib",
+    ]
+    scripts = dict(
+        zip(("validation", "training"), write_run_files(build_plan(compose(args)), args), strict=True)
+    )
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out")}
+    env.update(
+        SLURM_JOB_ID="42", SLURM_JOB_NODELIST="n1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURMD_NODENAME="n1"
+    )
+    env.update(
+        SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1", SLURM_RESTART_COUNT="0", SLURM_STEP_RESV_PORTS="12001"
+    )
+    done = subprocess.run(["bash", str(scripts[stage])], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out").read_text() == "n1-ib 29400"
+    # without them, the script's choice; Slurm's reserved port wins over it
+    args = args[:-2]
+    scripts = dict(
+        zip(("validation", "training"), write_run_files(build_plan(compose(args)), args), strict=True)
+    )
+    done = subprocess.run(["bash", str(scripts[stage])], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out").read_text() == "10.0.0.7 12001"
