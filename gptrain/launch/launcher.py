@@ -81,7 +81,12 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
     """What a NeMo tree carries over that the user may not mean: its container, no requeues."""
     notes = list(plan.notes) if "training" in stages else []
     container = str(plan.top.get("container") or "")
-    if container and any(word in container.lower() for word in NEMO_IMAGE_WORDS):
+    if container and plan.cluster_type == "local":
+        notes.append(
+            f"note  container {container} is not used by cluster_type=local: the stages run here, with "
+            f"{plan.jobs[0].command[0] if plan.jobs else 'this Python'}"
+        )
+    elif container and any(word in container.lower() for word in NEMO_IMAGE_WORDS):
         notes.append(
             f"note  container {container} looks like NeMo's image, which has no gptrain: the job runs "
             "`python -m gptrain` inside it; set container=null or an image with gptrain installed"

@@ -60,8 +60,10 @@ def build_plan(composition: Composition) -> LaunchPlan:
     check_launch_sections(resolved)  # types of the keys read below: one error naming the key
     if resolved.get("container") and resolved["cluster_type"] != "local":
         resolved = with_absolute_paths(resolved)  # pyxis starts in the image's WORKDIR, not --chdir's
-    # In a container the launching interpreter's path means nothing: use the image's python.
-    python = str(resolved.get("python") or ("python" if resolved.get("container") else sys.executable))
+    # In a container the launching interpreter's path means nothing: use the image's python. The
+    # local executor runs no container (a NeMo tree names one): the launching interpreter there.
+    in_container = bool(resolved.get("container")) and resolved["cluster_type"] != "local"
+    python = str(resolved.get("python") or ("python" if in_container else sys.executable))
     cluster = dict(resolved.get("cluster") or {})
     env = {**(cluster.get("env_vars") or {}), **(resolved.get("env_vars") or {})}
     top = {**resolved, "env_vars": env}

@@ -285,3 +285,23 @@ def test_a_backslash_in_an_sbatch_line_is_refused(override, key, tmp_path, monke
         write_run_files(build_plan(compose(args)), args)
     assert key in str(error.value) and "#SBATCH --" in str(error.value)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_local_launch_runs_the_launching_python_whatever_container_says(tmp_path, capsys):
+    """A NeMo tree's config.yaml names an image; the local executor runs no container, but its
+    scripts ran `python` from PATH (the image's, were there one): often a Python without gptrain
+    or torch, so the stage failed with `No module named gptrain`."""
+    import sys
+
+    from gptrain.launch.launcher import launch_notes
+
+    args = ["cluster_type=local", f"base_results_dir={tmp_path}/r", "training.trainer.num_nodes=1"]
+    args += ["container=nvcr.io/nvidia/nemo:24.05"]
+    plan = build_plan(compose(args))
+    [job] = plan.jobs
+    assert job.command[0] == sys.executable
+    [script] = write_run_files(plan, args)
+    assert f"exec {shlex.quote(sys.executable)} -m gptrain.parallel.torchrun" in script.read_text()
+    [note] = launch_notes(plan, ["training"])
+    assert note.startswith("note  container nvcr.io/nvidia/nemo:24.05 is not used by cluster_type=local")
+    assert "has no gptrain" not in note  # the image is not what runs
