@@ -97,6 +97,12 @@ def rank_command(python: str, args: list[str], devices: int, local: bool) -> lis
     return [python, *torchrun, *args]
 
 
+def dash_safe(path: str) -> str:
+    """A relative path as a command's argument: `-x` as `./-x` (the same file), which no parser
+    takes for an option."""
+    return f"./{path}" if path.startswith("-") else path
+
+
 def quote(value: object, what: str) -> str:
     """shlex.quote, refusing control characters: a newline inside quotes still ends an #SBATCH line.
 

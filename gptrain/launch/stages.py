@@ -20,7 +20,7 @@ from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
 from gptrain.launch.mounts import container_mounts, with_absolute_paths
 from gptrain.launch.preflight import parse_gpus
-from gptrain.launch.sbatch import Job, Raw, rank_command, render_local, render_slurm
+from gptrain.launch.sbatch import Job, Raw, dash_safe, rank_command, render_local, render_slurm
 from gptrain.launch.script_values import check_launch_values
 from gptrain.launch.sections import check_launch_sections
 from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job
@@ -169,7 +169,9 @@ def stage_run(section: dict[str, Any], stage: str) -> tuple[str, Path]:
             f"{stage}.run.name '{name}' must not contain '/' or be '.' or '..'"
             " (it names the run's directory under base_results_dir, its files and jobs)"
         )
-    return str(name), Path(str(results_dir))
+    # absolute: the job starts in the launch's directory anyway, and a relative `-r` would be an
+    # option to bash, sbatch and each command that names a file of it
+    return str(name), Path(os.path.abspath(str(results_dir)))
 
 
 def config_path(job: Job) -> Path:
@@ -201,7 +203,7 @@ def training_job(
             "gptrain.launch.download",
             "apply-blend",
             "--blend",
-            blend,
+            dash_safe(blend),
             "--config",
             str(config_path(job)),
         ]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.errors import ConfigError, LaunchError
-from gptrain.launch.sbatch import Job, rank_command
+from gptrain.launch.sbatch import Job, dash_safe, rank_command
 from gptrain.utils.hostlist import read_hostlist_file
 
 VALIDATION_DIR = "validation"
@@ -75,7 +75,7 @@ def validation_job(
     if job.gpus:
         args.append("--expect-gpus")
     if section.get("exclude_failed"):
-        args += ["--exclude-file", str(section.get("exclude_file") or "")]
+        args += ["--exclude-file", dash_safe(str(section.get("exclude_file") or ""))]
     job.command = rank_command(python, args, devices, local)
     return job
 

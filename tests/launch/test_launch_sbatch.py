@@ -305,3 +305,37 @@ def test_a_local_launch_runs_the_launching_python_whatever_container_says(tmp_pa
     [note] = launch_notes(plan, ["training"])
     assert note.startswith("note  container nvcr.io/nvidia/nemo:24.05 is not used by cluster_type=local")
     assert "has no gptrain" not in note  # the image is not what runs
+
+
+def test_relative_paths_that_start_with_a_dash_stay_arguments(tmp_path, monkeypatch):
+    """A relative run dir, blend file or exclude file named `-...` reached a command as a word of
+    its own after its option (`--blend -b.yaml`), which argparse reads as an option: the training
+    job failed at its start ('expected one argument') after data preparation had run; and the
+    script itself was `bash -r/...`/`sbatch -r/...`."""
+    from gptrain.cli import build_parser
+    from gptrain.launch import download
+
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "cluster_type=slurm",
+        "stages=[data_preparation,validation,training]",
+        "training.run.results_dir=-r",
+    ]
+    args += ["data_preparation.shards=[http://h/a.jsonl]", "data_preparation.blend.file=-b.yaml"]
+    args += [
+        "validation.exclude_failed=true",
+        "validation.exclude_file=-ex.txt",
+        "data_preparation.run.results_dir=-d",
+    ]
+    plan = build_plan(compose(args))
+    scripts = write_run_files(plan, args)
+    assert all(not str(path).startswith("-") for path in scripts)
+    validation, training = (job.command[job.command.index("-m") + 2 :] for job in plan.jobs[1:])
+    parsed = build_parser().parse_args(validation)
+    assert Path(parsed.exclude_file).resolve() == tmp_path / "-ex.txt"
+    parsed = build_parser().parse_args(training)
+    assert Path(parsed.config_file) == plan.jobs[2].config_path and Path(parsed.config_file).is_absolute()
+    [setup] = plan.jobs[2].setup
+    Path("-b.yaml").write_text("data_prefix: [1.0, /d/a_text_document]\n")
+    assert download.main(setup[setup.index("apply-blend") :]) == 0  # argparse takes it, the blend is applied
+    assert "/d/a_text_document" in plan.jobs[2].config_path.read_text()
