@@ -21,6 +21,7 @@ from pathlib import Path
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, ConfigError
 from gptrain.launch.script_values import CONTROL, describe
 from gptrain.launch.sections import ENV_NAME, slurm_time_seconds
+from gptrain.utils.ports import PORT_LOW, PORT_SPAN
 
 # Seconds of warning (USR1) before the time limit when cluster.signal_seconds is null.
 DEFAULT_SIGNAL_SECONDS = 300
@@ -336,9 +337,6 @@ def task_wrapper(exports: str, name: str) -> str:
 
 RANK_WRAPPER = task_wrapper(f"{RANK_EXPORTS} {RESERVED_PORT}", "gptrain-rank")
 
-# Rendezvous ports are drawn from [PORT_LOW, PORT_LOW + PORT_SPAN): below Linux's default
-# ephemeral range (32768-60999), where any outgoing connection on the node may take a port.
-PORT_LOW, PORT_SPAN = 20000, 12768
 
 ADDR_LINES = """\
 # Rendezvous: the first node of the allocation, where this script runs and rank 0 listens.

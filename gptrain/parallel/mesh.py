@@ -2,7 +2,8 @@
 
 The rank/world come from torchrun's variables or, under `srun` without torchrun, from
 Slurm's. The master address falls back to the first host of the Slurm node list, parsed
-here in Python so that no `scontrol` call is needed on compute nodes.
+here in Python so that no `scontrol` call is needed on compute nodes; the port to one every
+task of the step derives alike (gptrain.utils.ports).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.utils.hostlist import expand_hostlist
+from gptrain.utils.ports import slurm_rendezvous_port
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -81,7 +83,7 @@ def world_from_env(env: Mapping[str, str] | None = None) -> World:
     if not addr:
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         addr = first_host(nodelist) if nodelist else "127.0.0.1"
-    port = int(env.get("MASTER_PORT", DEFAULT_MASTER_PORT))
+    port = int(env.get("MASTER_PORT") or slurm_rendezvous_port(env) or DEFAULT_MASTER_PORT)
     if not 0 <= rank < size:
         raise LaunchError(f"rank {rank} is outside world size {size}: check RANK/WORLD_SIZE or SLURM_PROCID")
     return World(rank=rank, world_size=size, local_rank=local, master_addr=addr, master_port=port)

@@ -4,13 +4,12 @@ Started like training (torchrun or srun, one process per GPU; one process alone 
 of 1). Under srun without torchrun's variables the rendezvous address is the first node of
 the allocation, resolved here (emulated nodes have names that do not resolve, so Slurm's
 NodeAddr is asked for). The port: MASTER_PORT when set (the batch script's choice,
-gptrain.launch.sbatch), else the first Slurm reserved for the step, else derived from the job id.
+gptrain.launch.sbatch), else gptrain.utils.ports' from the step's own variables.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import time
@@ -22,9 +21,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gptrain.launch.sbatch import PORT_LOW, PORT_SPAN
 from gptrain.parallel.mesh import World, cuda_index, world_from_env
 from gptrain.utils.hostlist import expand_hostlist
+from gptrain.utils.ports import slurm_rendezvous_port
 
 # Test-only hook: "RANK:SECONDS" makes that rank sleep before each collective it times,
 # which is how the tests make one rank (and so its node) slow on purpose.
@@ -86,13 +85,9 @@ def rendezvous_env() -> None:
             os.environ["MASTER_ADDR"] = first
         except OSError:
             os.environ["MASTER_ADDR"] = _slurm_node_addr(first)
-    reserved = os.environ.get("SLURM_STEP_RESV_PORTS")
-    if "MASTER_PORT" in os.environ:
-        return
-    if reserved:  # ports Slurm gave this step on every node (srun --resv-ports), as the sbatch scripts do
-        os.environ["MASTER_PORT"] = re.split("[-,]", reserved)[0]
-    elif "SLURM_JOB_ID" in os.environ:
-        os.environ["MASTER_PORT"] = str(PORT_LOW + int(os.environ["SLURM_JOB_ID"]) % PORT_SPAN)
+    port = slurm_rendezvous_port(os.environ)
+    if "MASTER_PORT" not in os.environ and port is not None:
+        os.environ["MASTER_PORT"] = str(port)
 
 
 def _free_port() -> int:

@@ -125,3 +125,23 @@ def test_more_tasks_than_visible_gpus_is_a_one_line_error(monkeypatch) -> None:
 def test_no_visible_gpu_says_to_train_on_the_cpu() -> None:
     with pytest.raises(ConfigError, match="no CUDA device is visible; use trainer.accelerator=cpu"):
         cuda_index(0, 0)
+
+
+def test_ranks_under_a_plain_srun_agree_on_a_port_of_their_job_and_step() -> None:
+    """`srun gptrain train ...` (or `gptrain megatron` under srun) without MASTER_PORT met on
+    torch's 29500 on every job: two jobs whose first node is shared, or two steps of one job,
+    failed with EADDRINUSE. Every task of a step now derives the same port from its job and step."""
+    from gptrain.utils.ports import PORT_LOW, PORT_SPAN, STEP_STRIDE
+
+    def port(**env: str) -> int:
+        base = {"SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "123456"}
+        return world_from_env({**base, **env}).master_port
+
+    step0 = {port(SLURM_PROCID=str(rank), SLURM_STEP_ID="0") for rank in range(4)}
+    assert step0 == {PORT_LOW + 123456 % PORT_SPAN}
+    step3 = {port(SLURM_PROCID=str(rank), SLURM_STEP_ID="3") for rank in range(4)}
+    assert step3 == {PORT_LOW + (123456 + 3 * STEP_STRIDE) % PORT_SPAN} and step3 != step0
+    assert port(SLURM_PROCID="0", SLURM_JOB_ID=str(123456 + 20000)) != port(SLURM_PROCID="0")  # was one port
+    assert port(SLURM_PROCID="2", SLURM_STEP_RESV_PORTS="12001-12004") == 12001  # reserved by Slurm
+    assert port(SLURM_PROCID="2", MASTER_PORT="29400", SLURM_STEP_RESV_PORTS="12001") == 29400  # given
+    assert all(PORT_LOW <= port(SLURM_PROCID="0", SLURM_JOB_ID=str(j)) < 32768 for j in range(0, 10**6, 7777))
