@@ -144,10 +144,14 @@ def summary(plan: LaunchPlan, scripts: list[Path]) -> list[str]:
 
 
 def tree_options(root: Path | None, config_name: str) -> list[str]:
-    """The options that chose the conf tree, for launcher_cmd.log: without them the command it
-    records would compose gptrain's bundled configs, not the tree this launch read."""
-    options = ["--config-dir", str(root.resolve())] if root is not None and root != CONFIG_ROOT else []
-    return options + (["--config-name", config_name] if config_name != "config" else [])
+    """The options that chose the conf tree, for launcher_cmd.log: the recorded command composes
+    the same config when run again (from the launch's directory, for relative overrides)."""
+    options = []
+    if root is not None and root.resolve() != CONFIG_ROOT.resolve():
+        options += ["--config-dir", str(root.resolve())]
+    if config_name != "config":
+        options += ["--config-name", config_name]
+    return options
 
 
 def launch(

@@ -259,7 +259,7 @@ class RunFile:
 
 
 def render_run_files(plan: LaunchPlan, argv: list[str]) -> list[RunFile]:
-    """Each stage's resolved config, script and launcher_cmd.log, in memory."""
+    """Each stage's resolved config, script and launcher_cmd.log (`gptrain launch ARGV`), in memory."""
     command_line = " ".join(shlex.quote(a) for a in ["gptrain", "launch", *argv])
     files = []
     for job in plan.jobs:

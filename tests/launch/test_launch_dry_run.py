@@ -306,3 +306,29 @@ def test_a_wandb_key_file_that_holds_no_key_stops_the_launch(tmp_path, capsys, m
         == 0
     )
     assert "wandb_api_key_file" not in capsys.readouterr().err
+
+
+def test_launcher_cmd_log_names_the_conf_tree_the_launch_read(tmp_path, monkeypatch):
+    """launcher_cmd.log held the overrides only: a launch from a user's tree (--config-dir, as a
+    NeMo launcher_scripts/conf) was recorded as one from gptrain's bundled configs, and running the
+    recorded command composed another config."""
+    import shlex
+    import shutil
+
+    from gptrain.cli import build_parser
+    from gptrain.launch.compose import CONFIG_ROOT
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(CONFIG_ROOT, tmp_path / "my conf")
+    shutil.copy(tmp_path / "my conf" / "config.yaml", tmp_path / "my conf" / "site.yaml")
+    overrides = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", "training.run.name=a b"]
+    assert main(["launch", "--dry-run", "--config-dir", "my conf", "--config-name", "site", *overrides]) == 0
+    [log] = (tmp_path / "r").glob("*/dry-run/launcher_cmd.log")
+    words = shlex.split(log.read_text())
+    assert words[:2] == ["gptrain", "launch"]
+    recorded = build_parser().parse_args(words[1:])
+    assert Path(recorded.config_dir) == tmp_path / "my conf" and recorded.config_name == "site"
+    assert recorded.overrides == overrides and not recorded.dry_run  # the launch itself, to run again
+    assert main(["launch", "--dry-run", *overrides]) == 0  # the bundled tree: recorded as before
+    [log] = (tmp_path / "r").glob("*/dry-run/launcher_cmd.log")
+    assert shlex.split(log.read_text()) == ["gptrain", "launch", *overrides]
