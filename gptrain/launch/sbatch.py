@@ -141,17 +141,27 @@ ENV_REFERENCE = re.compile(
 )
 
 
+# `\$` is a literal `$`, as in NeMo's unquoted export (`pa\$word`: no reference to expand).
+ENV_TOKEN = re.compile(r"\\\$|" + ENV_REFERENCE.pattern)
+
+
 def env_value(text: str, what: str) -> str:
     """`text` for `export NAME=...`: variable references expand (unset: empty, as without `set -u`),
-    everything else is quoted literally, so `$(...)`, backticks and `;` run nothing."""
-    parts, position = [], 0
-    for reference in ENV_REFERENCE.finditer(text):
-        if reference.start() > position:
-            parts.append(quote(text[position : reference.start()], what))
-        parts.append(f'"${{{reference.group(1) or reference.group(2)}-}}"')
-        position = reference.end()
-    if position < len(text) or not parts:
-        parts.append(quote(text[position:], what))
+    `\\$` is `$`, everything else is quoted literally, so `$(...)`, backticks and `;` run nothing."""
+    parts, literal, position = [], "", 0
+    for token in ENV_TOKEN.finditer(text):
+        literal += text[position : token.start()]
+        position = token.end()
+        if token.group() == "\\$":
+            literal += "$"
+            continue
+        if literal:
+            parts.append(quote(literal, what))
+            literal = ""
+        parts.append(f'"${{{token.group(1) or token.group(2)}-}}"')
+    literal += text[position:]
+    if literal or not parts:
+        parts.append(quote(literal, what))
     return "".join(parts)
 
 

@@ -82,6 +82,20 @@ def test_env_var_references_expand_when_the_job_starts_and_nothing_else_runs(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_dollar_escaped_with_a_backslash_is_a_literal_dollar(tmp_path):
+    """NeMo's unquoted `export P=pa\\$word` exports `pa$word`; gptrain exported `pa\\` and the
+    expansion of $word (empty), and no spelling gave a literal `$` before a name (a password, a
+    proxy URL, a template)."""
+    values = {"P": "http://u:pa\\$word@proxy", "Q": "\\${HOME}/\\$", "R": "a\\b\\\\$HOME"}
+    script = "set -u\n" + "\n".join(env_lines(values)) + '\nprintf "%s\\n" "$P" "$Q" "$R"\n'
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/home/me"}
+    out = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env, check=True
+    )
+    # `\\$` is `$`, and nothing else changes: other backslashes stay, a name after `$` is not read
+    assert out.stdout.splitlines() == ["http://u:pa$word@proxy", "${HOME}/$", "a\\b\\$HOME"]
+
+
 def test_env_var_names_are_checked():
     assert env_lines({"A": True, "B": None, "C": 1}) == ["export A=true", "export C=1"]
     with pytest.raises(ConfigError, match="not a valid environment variable"):

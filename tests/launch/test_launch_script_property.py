@@ -123,11 +123,23 @@ def run_script(script: Path, stubs: Path, log: Path) -> subprocess.CompletedProc
 
 def expanded(text: str, env: dict[str, str]) -> str:
     """An env_vars value as the job sees it: `$NAME` and `${NAME}` expanded (as NeMo's unquoted
-    export does; unset: empty), nothing else."""
+    export does; unset: empty), `\\$` a literal `$`, nothing else."""
     from gptrain.launch.sbatch import ENV_REFERENCE
 
     env = {**env, "PYTHONUNBUFFERED": "1"}  # exported by the script before env_vars
-    return ENV_REFERENCE.sub(lambda m: env.get(m.group(1) or m.group(2), ""), text)
+    out, i = [], 0
+    while i < len(text):
+        reference = ENV_REFERENCE.match(text, i)
+        if text.startswith("\\$", i):
+            out.append("$")
+            i += 2
+        elif reference:
+            out.append(env.get(reference.group(1) or reference.group(2), ""))
+            i = reference.end()
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
 
 
 def sbatch_options(script: str) -> dict[str, str]:
@@ -173,6 +185,7 @@ def check_arrival(key: str, text: str, script: Path, plan, log: Path, stubs: Pat
 @given(key=st.sampled_from(KEYS), text=TEXT)
 @example(key="cluster.account", text="\x85")  # a line break to str.splitlines, not to bash
 @example(key="env_vars.GPTRAIN_V", text="$SLURM_JOB_ID:$_{IFS}$(owned)$_")  # expands only a name
+@example(key="env_vars.GPTRAIN_V", text="\\$SLURM_JOB_ID\\\\$_\\")  # `\\$` is `$`
 def test_no_value_reaching_a_script_is_executed(stubs, key, text):
     if key in PATH_KEYS and key != "training.run.name":
         text = text.replace("/", "_") if key == "base_results_dir" else text
