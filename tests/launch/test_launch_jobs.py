@@ -484,3 +484,44 @@ def test_a_slurm_job_stopped_with_a_checkpoint_and_not_requeued_says_how_to_resu
     assert (
         jobs.slurm_state("7", "data_preparation").describe() == f"FAILED (NonZeroExitCode) exit {exit_code}"
     )
+
+
+def test_a_stage_sbatch_refuses_withdraws_the_stages_this_launch_submitted(tmp_path, monkeypatch):
+    """sbatch may refuse a later stage for what no preflight sees (EnforcePartLimits with a time
+    above the partition's MaxTime, a QOS limit): the stages already submitted stayed queued, the
+    data preparation ran for hours for no training, and they held the run dirs against the
+    corrected relaunch. They are now cancelled, and the error says so."""
+    from gptrain.launch.compose import compose
+    from gptrain.launch.executors.slurm import submit
+    from gptrain.launch.stages import build_plan, write_run_files
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for name, body in (
+        ("sbatch", 'echo "sbatch $*" >> "$CALLS"\ncase "$*" in *afterok:101*) '
+         'echo "sbatch: error: Batch job submission failed: Requested time limit is invalid" >&2; exit 1 ;; esac\n'
+         "echo 101\n"),
+        ("scancel", 'echo "scancel $*" >> "$CALLS"\n'),
+    ):  # fmt: skip
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "cluster_type=slurm",
+        "stages=[data_preparation,training]",
+        "data_preparation.shards=[http://h/a]",
+    ]
+    args += [f"base_results_dir={tmp_path}/r"]
+    plan = build_plan(compose(args))
+    write_run_files(plan, args)
+    with pytest.raises(LaunchError) as error:
+        submit(plan)
+    message = str(error.value)
+    assert "Requested time limit is invalid" in message and "\n" not in message
+    assert message.endswith("cancelled job 101 (data_preparation), which this launch had submitted")
+    lines = calls.read_text().splitlines()
+    assert lines[0].startswith("sbatch --parsable ") and "afterok:101" in lines[1]
+    assert lines[2:] == ["scancel 101"]

@@ -54,13 +54,33 @@ def record_submission(job: Job, job_id: str, dependency: str | None) -> None:
     )
 
 
+def withdraw(jobs: list[Job], ids: list[str]) -> str:
+    """Cancel the stages this launch submitted before one sbatch refused: they would run without
+    the stages after them (data preparation for no training) and hold the run dirs against the
+    corrected launch. The end of the error line, saying what was done."""
+    if not ids:
+        return ""
+    named = ", ".join(f"{job_id} ({job.stage})" for job, job_id in zip(jobs, ids, strict=False))
+    try:
+        done = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        done = None
+    word = "job" if len(ids) == 1 else "jobs"
+    if done is None or done.returncode != 0:
+        return f"; {word} {named} of this launch may still be queued: gptrain cancel {jobs[0].run_dir}"
+    return f"; cancelled {word} {named}, which this launch had submitted"
+
+
 def submit(plan: LaunchPlan) -> list[str]:
     """Submit every stage in order, chained; return the job ids."""
     ids: list[str] = []
     previous: str | None = None
     previous_dir = None
     for job in plan.jobs:
-        job_id = sbatch(job, previous)
+        try:
+            job_id = sbatch(job, previous)
+        except LaunchError as error:
+            raise LaunchError(f"{error}{withdraw(plan.jobs, ids)}") from None
         record_submission(job, job_id, previous)
         if previous and previous_dir != job.run_dir:  # `gptrain cancel` of that run reaches this job
             append_record(
