@@ -26,8 +26,6 @@ from gptrain.errors import ConfigError
 from gptrain.launch.compose import compose
 from gptrain.launch.stages import build_plan, render_run_files
 
-pytestmark = pytest.mark.skipif(shutil.which("sbatch") is None, reason="no sbatch here")
-
 PAYLOADS = [
     "'",
     '"',
@@ -71,6 +69,18 @@ def parsed_options(script: str) -> dict[str, str]:
     listing = done.stderr.partition("defined options")[2].partition("end of defined options")[0]
     lines = listing.split("\n")  # sbatch's lines: str.splitlines would also cut at \x85, \u2028, ...
     return dict(m.groups() for m in map(LISTED.match, lines) if m and m.group(1) != "-" * 20)
+
+
+def sbatch_missing() -> str | None:
+    """Why sbatch cannot list what it parses here (no sbatch, no slurm.conf), or None."""
+    if shutil.which("sbatch") is None:
+        return "no sbatch here"
+    if "job-name" not in parsed_options("#!/bin/bash\n#SBATCH --job-name=x\ntrue\n"):
+        return "sbatch lists no options here (no Slurm configuration?)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(sbatch_missing() is not None, reason=str(sbatch_missing()))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
