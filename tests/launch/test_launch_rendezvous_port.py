@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from gptrain.launch.compose import compose
-from gptrain.launch.sbatch import MASTER_LINES, PORT_LOW, PORT_SPAN, RANK_WRAPPER
+from gptrain.launch.rendezvous import MASTER_LINES, RANK_WRAPPER
 from gptrain.launch.stages import build_plan, write_run_files
+from gptrain.utils.ports import PORT_LOW, PORT_SPAN
 
 SCONTROL = 'case "$1 $2" in "show hostnames") echo n1 ;; "show node") echo "NodeAddr=10.0.0.7" ;; esac\n'
 
