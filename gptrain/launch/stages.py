@@ -8,6 +8,7 @@ resolved config `<name>_hydra.yaml`, the script `<prefix><name>_submission.sh`,
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -263,7 +264,11 @@ def render_run_files(plan: LaunchPlan, argv: list[str]) -> list[RunFile]:
     command_line = " ".join(shlex.quote(a) for a in ["gptrain", "launch", *argv])
     files = []
     for job in plan.jobs:
-        config = yaml.safe_dump(plan.configs[job.stage], sort_keys=False)
+        section = plan.configs[job.stage]
+        # the training reads its config with OmegaConf (the others with plain YAML)
+        config = yaml.safe_dump(
+            as_omegaconf_text(section) if job.stage == "training" else section, sort_keys=False
+        )
         if plan.cluster_type == "slurm":
             script = render_slurm(job, plan.cluster, plan.top)
         else:
@@ -272,6 +277,22 @@ def render_run_files(plan: LaunchPlan, argv: list[str]) -> list[RunFile]:
         files.append(RunFile(job.script_path, script, executable=True))
         files.append(RunFile(job.run_dir / "launcher_cmd.log", command_line + "\n"))
     return files
+
+
+# `${`, with the backslashes right before it: OmegaConf reads `\${` as text, `\\` there as `\`.
+INTERPOLATION_START = re.compile(r"(\\*)\$\{")
+
+
+def as_omegaconf_text(value: Any) -> Any:
+    """`value` (resolved: a `${` left in it is text the user escaped) written so that OmegaConf,
+    which the training reads its config with, reads back this text and resolves nothing."""
+    if isinstance(value, dict):
+        return {key: as_omegaconf_text(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [as_omegaconf_text(item) for item in value]
+    if isinstance(value, str):
+        return INTERPOLATION_START.sub(lambda m: "\\" * (2 * len(m.group(1)) + 1) + "${", value)
+    return value
 
 
 def dry_run_path(path: Path) -> Path:

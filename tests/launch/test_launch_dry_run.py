@@ -7,6 +7,7 @@ warning lines. Without --dry-run they stay one-line errors and nothing is starte
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -332,3 +333,21 @@ def test_launcher_cmd_log_names_the_conf_tree_the_launch_read(tmp_path, monkeypa
     assert main(["launch", "--dry-run", *overrides]) == 0  # the bundled tree: recorded as before
     [log] = (tmp_path / "r").glob("*/dry-run/launcher_cmd.log")
     assert shlex.split(log.read_text()) == ["gptrain", "launch", *overrides]
+
+
+@pytest.mark.parametrize("name", ["exp-${date}", "a\\${b}", "${", "\\\\${x}\\"])
+def test_text_that_looks_like_an_interpolation_reaches_the_training_as_text(name, tmp_path, monkeypatch):
+    """The launch resolves its config, then writes it for the job, which reads it with OmegaConf
+    again: an escaped `\\${date}` given to the launch was written as `${date}` and read back as an
+    interpolation, so the launch stopped with "cannot resolve ...: Interpolation key 'date' not
+    found" and no spelling could pass the text. It is now written escaped, read back as given."""
+    from gptrain.config import load_training_config
+
+    monkeypatch.chdir(tmp_path)
+    escaped = re.sub(r"(\\*)\$\{", lambda m: "\\" * (2 * len(m.group(1)) + 1) + "${", name)
+    args = [f"base_results_dir={tmp_path}/r", "training.trainer.num_nodes=1"]
+    args.append(f"training.exp_manager.wandb_logger_kwargs.name={escaped}")
+    assert main(["launch", "--dry-run", *args]) == 0
+    [config] = (tmp_path / "r").glob("*/dry-run/*_hydra.yaml")
+    cfg = load_training_config(None, [], config_file=str(config))
+    assert cfg.exp_manager.wandb_logger_kwargs.name == name
