@@ -144,14 +144,25 @@ def acquire(directory: Path, me: Holder | None = None) -> RunLock:
     path = directory / LOCK_NAME
     text = json.dumps(asdict(me)) + "\n"
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        create_exclusively(path, text)
     except FileExistsError:
         return take_over(path, me, text)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
     return RunLock(path, me)
+
+
+def create_exclusively(path: Path, text: str) -> None:
+    """Create `path` holding `text` (FileExistsError if it exists). A write that fails (a full disk)
+    removes the file again: left empty, it would read as a live run's lock being written and refuse
+    every later run, the same command once space is freed included."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def take_over(path: Path, me: Holder, text: str, attempts: int = 3) -> RunLock:
@@ -176,15 +187,24 @@ def take_over(path: Path, me: Holder, text: str, attempts: int = 3) -> RunLock:
                 raise RunLockedError(f"{path.parent} was taken by another run at the same moment; try again")
         else:
             retry = False
-            temporary = path.with_name(f"{LOCK_NAME}.{me.host}.{me.pid}.tmp")
-            temporary.write_text(text)
-            os.replace(temporary, path)
+            replace_lock(path, text, me)
     finally:
         for marker in markers:
             marker.unlink(missing_ok=True)
     if retry:
         return take_over(path, me, text, attempts - 1)
     return RunLock(path, me, [f"took over the lock {path} of {other.describe()}: {reason}"])
+
+
+def replace_lock(path: Path, text: str, me: Holder) -> None:
+    """Rename a written temporary over the stale lock; one that cannot be written is removed."""
+    temporary = path.with_name(f"{LOCK_NAME}.{me.host}.{me.pid}.tmp")
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def takeover_marker(path: Path, stale: Holder) -> Path:
@@ -199,7 +219,7 @@ def claim_takeover(path: Path, stale: Holder, me: Holder, depth: int = 0) -> lis
     taken over by the same rules (a chain of markers, removed once the lock is replaced)."""
     marker = takeover_marker(path, stale)
     try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        create_exclusively(marker, json.dumps(asdict(me)) + "\n")
     except FileExistsError:
         taker = read_holder(marker)
         if taker is None:  # being written this instant
@@ -212,8 +232,6 @@ def claim_takeover(path: Path, stale: Holder, me: Holder, depth: int = 0) -> lis
                 f"if no run is starting there, delete {marker}"
             ) from None
         return [*claim_takeover(path, taker, me, depth + 1), marker]
-    with os.fdopen(fd, "w") as out:
-        out.write(json.dumps(asdict(me)) + "\n")
     return [marker]
 
 

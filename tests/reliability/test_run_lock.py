@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -347,3 +349,44 @@ def test_a_checkpoint_directory_that_takes_no_files_is_refused_at_start(tmp_path
     assert not (tmp_path / "run" / LOCK_NAME).exists()  # the lock given back
     lock = claim_run_directory(tmp_path / "run", 0, 1, resume=True, move_aside=False, saves=False)
     lock.release()  # a run that saves nothing is not held to it
+
+
+@contextlib.contextmanager
+def files_cannot_grow():
+    """Every write of this process fails as on a full disk (EFBIG from a zero file-size limit), while
+    files can still be created: the moment between creating a lock and writing its holder."""
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous_handler)
+
+
+def test_a_lock_that_cannot_be_written_is_not_left_behind(tmp_path):
+    """A full disk at start: the lock file was created (O_EXCL) but its holder could not be written,
+    and the empty file refused every later run ("an unreadable lock file") until deleted by hand,
+    the same command after space was freed included."""
+    from gptrain.train.run_lock import claim_run_directory
+
+    (tmp_path / "run").mkdir()
+    with files_cannot_grow(), pytest.raises(ConfigError, match="cannot claim it .*File too large") as error:
+        claim_run_directory(tmp_path / "run", 0, 1, resume=True, move_aside=False)
+    assert "\n" not in str(error.value)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == []
+    lock = claim_run_directory(tmp_path / "run", 0, 1, resume=True, move_aside=False)  # space freed
+    assert lock.notes == [] and json.loads((tmp_path / "run" / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+def test_a_takeover_that_cannot_be_written_leaves_no_marker(tmp_path):
+    """Taking over a dead run's lock on a full disk: no takeover marker or temporary may stay behind
+    empty, where the marker refused every later run as "taking over the stale lock at the same moment"."""
+    dead = holder(pid=dead_pid())
+    acquire(tmp_path, dead)
+    with files_cannot_grow(), pytest.raises(OSError, match="File too large"):
+        acquire(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]
+    assert "no longer runs" in acquire(tmp_path).notes[0]  # space freed: the takeover goes ahead
