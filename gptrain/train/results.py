@@ -11,6 +11,7 @@ import contextlib
 import shlex
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -114,6 +115,24 @@ def warn_unwritable(path: Path | str, error: OSError, consequence: str) -> None:
     )
 
 
+def quiet_tensorboard_writer_threads() -> None:
+    """TensorBoard writes events from a thread of its own, which dies of a refused write (a full disk)
+    and re-raises it, so Python printed its traceback into the job's log; the next `Scalars` call gets
+    the same error and says it in one line. Installed once per process; every other thread's
+    exception still goes to the hook that was there."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread_module = type(args.thread).__module__ if args.thread is not None else ""
+        if not (thread_module.startswith("tensorboard.") and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    hook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class Scalars:
     """TensorBoard scalars on the logging rank (and the same series to W&B when given a run);
     a no-op elsewhere or when disabled."""
@@ -124,6 +143,7 @@ class Scalars:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
+            quiet_tensorboard_writer_threads()
             self._writer = SummaryWriter(log_dir=str(log_dir))
 
     def send_to_wandb(self, run: Any) -> None:

@@ -54,3 +54,43 @@ def test_the_run_log_on_a_full_disk_goes_on_to_the_console(tmp_path, capsys):
         err.count("WARNING: cannot write") == 1 and "the rest of this rank's log goes to the console" in err
     )
     assert (tmp_path / "nemo_log_globalrank-0_localrank-0.txt").read_text() == "before\n"
+
+
+FAILING_WRITER_THREAD = """
+import sys, threading
+from pathlib import Path
+from gptrain.train.results import Scalars
+
+log_dir = Path(sys.argv[1])
+scalars = Scalars(log_dir, enabled=True)
+scalars.add({"lm loss": 1.0}, 1)
+scalars._writer.flush()
+events = next(log_dir.glob("events.out.tfevents.*"))
+events.unlink()
+events.mkdir()  # every later append fails (IsADirectoryError), in TensorBoard's own thread
+scalars.add({"lm loss": 2.0}, 2)
+scalars.close()
+for thread in threading.enumerate():  # the writer thread has ended, its excepthook run
+    if thread is not threading.current_thread():
+        thread.join(timeout=10)
+"""
+
+
+def test_tensorboards_own_writer_thread_failing_prints_no_traceback(tmp_path):
+    """A real SummaryWriter whose events file the file system refuses (a full disk): TensorBoard's
+    writer thread dies of the OSError, and Python printed that thread's traceback into the job's log
+    ahead of the one warning line. (In a subprocess: pytest replaces threading's excepthook.)"""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FAILING_WRITER_THREAD, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "Exception in thread" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no more TensorBoard events in this run" in lines[0], done.stderr
+    assert "Is a directory" in lines[0]
