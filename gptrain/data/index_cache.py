@@ -155,5 +155,6 @@ class IndexCache:
                 raise DataError(too_many_open_files(self.directory, error)) from None
             raise DataError(
                 f"cannot write dataset index cache in {self.directory}: {error.strerror or error}; "
-                "pass a writable cache directory (--cache-dir / data.cache_dir)"
+                "give a directory this job can write: model.data.index_mapping_dir (train, eval) or "
+                "--cache-dir (data sample)"
             ) from error
