@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from gptrain.train.results import warn_unwritable
+
 T = TypeVar("T")
 STEP_TIMES_DIR = "step_times"
 ROTATE_BYTES = 256 * 1024  # about 3,000 lines of ~87 bytes
@@ -68,10 +70,19 @@ class StepTimes:
         return result
 
     def append(self, text: str) -> None:
-        """Append to this rank's file, first moving it aside when it has grown past rotate_bytes."""
+        """Append to this rank's file, first moving it aside when it has grown past rotate_bytes.
+        A write the file system refuses (a full disk) is said once and the file given up, as the
+        run log's and TensorBoard's are: raised here, after the step-end agreement, it ended the run
+        on this rank alone, far from its next checkpoint."""
         assert self.path is not None
-        if self.size >= self.rotate_bytes:
-            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-        with open(self.path, "a") as handle:
-            handle.write(text)
-            self.size = handle.tell()
+        try:
+            if self.size >= self.rotate_bytes:
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            with open(self.path, "a") as handle:
+                handle.write(text)
+                self.size = handle.tell()
+        except OSError as error:
+            path, self.path = self.path, None
+            warn_unwritable(
+                path, error, "no more step times from this rank (gptrain status's straggler line)"
+            )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -79,3 +82,17 @@ def finish_ranks(processes: list[subprocess.Popen], timeout: float = 120.0) -> l
     finally:
         for process in processes:
             process.kill()
+
+
+@contextlib.contextmanager
+def files_cannot_grow():
+    """Every write of this process fails as on a full disk (EFBIG from a zero file-size limit, with no
+    file name in the error, as ENOSPC from a close), while files can still be created and opened."""
+    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous_handler)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -14,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from reliability_helpers import PYTHON_GPTRAIN, start_ranks, subprocess_env, train_args
+from reliability_helpers import PYTHON_GPTRAIN, files_cannot_grow, start_ranks, subprocess_env, train_args
 
 from gptrain.cli import main
 from gptrain.errors import EXIT_REQUEUE, ConfigError
@@ -349,20 +347,6 @@ def test_a_checkpoint_directory_that_takes_no_files_is_refused_at_start(tmp_path
     assert not (tmp_path / "run" / LOCK_NAME).exists()  # the lock given back
     lock = claim_run_directory(tmp_path / "run", 0, 1, resume=True, move_aside=False, saves=False)
     lock.release()  # a run that saves nothing is not held to it
-
-
-@contextlib.contextmanager
-def files_cannot_grow():
-    """Every write of this process fails as on a full disk (EFBIG from a zero file-size limit), while
-    files can still be created: the moment between creating a lock and writing its holder."""
-    previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, previous_handler)
 
 
 def test_a_lock_that_cannot_be_written_is_not_left_behind(tmp_path):

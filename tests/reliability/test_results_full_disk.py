@@ -1,0 +1,28 @@
+"""A full disk under the run's own results files (not its checkpoints) while training: said once on
+stderr, that output given up, and the run goes on to its next checkpoint save."""
+
+from __future__ import annotations
+
+import json
+
+from reliability_helpers import files_cannot_grow
+
+from gptrain.train.step_times import StepTimes
+
+
+def test_step_times_on_a_full_disk_are_given_up_and_training_goes_on(tmp_path, capsys):
+    """Each rank of a multi-rank run appends its step times on logged iterations; on a full disk the
+    write raised out of the step-end agreement and ended the run with `gptrain: error: No space left
+    on device` (no file named), its peers with gloo's 'Connection closed by peer'."""
+    times = StepTimes.open(tmp_path, rank=1, world_size=2)
+    assert times.timed_sync(1, True, lambda: "agreed") == "agreed"
+    with files_cannot_grow():
+        assert times.timed_sync(2, True, lambda: "agreed") == "agreed"
+        assert times.timed_sync(3, True, lambda: None) is None  # given up: not tried again
+    assert times.timed_sync(4, True, lambda: None) is None  # nor once there is room again
+    lines = (tmp_path / "step_times" / "rank-1.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"gptrain: WARNING: cannot write {tmp_path / 'step_times' / 'rank-1.jsonl'}: ")
+    assert "File too large" in err[0] and "gptrain status" in err[0]
