@@ -48,7 +48,8 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
         os.replace(tmp, path)
     except BaseException as error:
         tmp.unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.filename == str(tmp):  # name the file asked for
+        # name the file asked for: ENOSPC from a flush or close carries no name at all
+        if isinstance(error, OSError) and error.filename in (str(tmp), None):
             error.filename = str(path)
         raise
     fsync_directory(path.parent)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from reliability_helpers import files_cannot_grow
 
 from gptrain.train.step_times import StepTimes
@@ -26,3 +27,14 @@ def test_step_times_on_a_full_disk_are_given_up_and_training_goes_on(tmp_path, c
     assert len(err) == 1, err
     assert err[0].startswith(f"gptrain: WARNING: cannot write {tmp_path / 'step_times' / 'rank-1.jsonl'}: ")
     assert "File too large" in err[0] and "gptrain status" in err[0]
+
+
+def test_a_file_written_atomically_names_itself_when_the_disk_is_full(tmp_path):
+    """ENOSPC from a write's flush or close carries no file name: a run whose hparams.yaml met a full
+    disk at start ended with `gptrain: error: No space left on device (GPTRAIN_DEBUG=1 shows where)`."""
+    from gptrain.train.results import write_run_files
+
+    with files_cannot_grow(), pytest.raises(OSError) as error:
+        write_run_files(tmp_path, "trainer: {}\n")
+    assert error.value.filename == str(tmp_path / "hparams.yaml")
+    assert list(tmp_path.iterdir()) == []  # the temporary removed
