@@ -324,14 +324,34 @@ def absolutize_paths(cfg: DictConfig) -> None:
 
 
 def make_unique(cfg: DictConfig, now: float) -> None:
-    """`unique_output=true`: each launch gets its own timestamped directory under each stage's dir."""
+    """`unique_output=true`: each launch gets its own timestamped directory under each stage's dir.
+    A stamp whose directory exists already (two launches in one second, or the hour local time
+    repeats at the autumn clock change) takes the first free `-<n>` suffix: the launch would
+    otherwise write into that run's directory and resume its checkpoints."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    for stage in STAGES:
-        section = cfg.get(stage)
-        run = section.get("run") if isinstance(section, DictConfig) else None
-        if isinstance(run, DictConfig) and "results_dir" in run:
-            original = OmegaConf.to_container(run, resolve=False)["results_dir"]
-            run["results_dir"] = f"{original}/{stamp}"
+    runs = [run for stage in STAGES if (run := _stage_run(cfg, stage)) is not None]
+    originals = [OmegaConf.to_container(run, resolve=False)["results_dir"] for run in runs]
+    for n in range(1000):
+        for run, original in zip(runs, originals, strict=True):
+            run["results_dir"] = f"{original}/{stamp}" + (f"-{n}" if n else "")
+        if not any(_exists(run) for run in runs):
+            return
+    raise ConfigError(f"unique_output=true: no free directory name for the stamp {stamp} (-1 to -999 exist)")
+
+
+def _stage_run(cfg: DictConfig, stage: str) -> DictConfig | None:
+    """A stage's `run` section when it names a results_dir."""
+    section = cfg.get(stage)
+    run = section.get("run") if isinstance(section, DictConfig) else None
+    return run if isinstance(run, DictConfig) and "results_dir" in run else None
+
+
+def _exists(run: DictConfig) -> bool:
+    """Whether the stage's results_dir is on disk (False where it does not resolve yet)."""
+    try:
+        return os.path.exists(str(run.results_dir))
+    except OmegaConfBaseException:
+        return False
 
 
 def check_stages(cfg: DictConfig, config_file: Path) -> None:

@@ -130,6 +130,21 @@ def test_unique_output_gets_a_timestamped_dir(tmp_path):
     assert run["exp_manager"]["explicit_log_dir"] == f"{tmp_path}/gpt3_126m/20260102-030405/results"
 
 
+def test_unique_output_never_joins_an_existing_run_directory(tmp_path):
+    """Two launches in the same second (a sweep submitted in a loop), or an hour apart across the
+    autumn clock change (local time repeats that hour), got the same stamp: the second wrote its
+    scripts into the first's directory and, resuming by default, trained on from its checkpoints."""
+    now = time.mktime((2026, 1, 2, 3, 4, 5, 0, 0, -1))
+    overrides = [f"base_results_dir={tmp_path}", "unique_output=true", *MOCK]
+    first = compose(overrides, now=now).resolved()["training"]["run"]["results_dir"]
+    Path(first).mkdir(parents=True)
+    second = compose(overrides, now=now).resolved()["training"]
+    assert second["run"]["results_dir"] == f"{first}-1"
+    assert second["exp_manager"]["explicit_log_dir"] == f"{first}-1/results"
+    Path(first + "-1").mkdir()
+    assert compose(overrides, now=now).resolved()["training"]["run"]["results_dir"] == f"{first}-2"
+
+
 def test_every_shipped_launch_config_composes():
     for group in ("cluster", "data_preparation"):
         for choice in group_choices(group):
