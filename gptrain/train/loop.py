@@ -478,13 +478,19 @@ def run(
                 log_interval(s, meter)
             return stop_for_requeue(s, stopping)
         last = s.state.step >= t.max_steps
-        if validates_at(s, s.state.step) or last:  # before the save: the checkpoint records it done
+        validated = validates_at(s, s.state.step) or last
+        if validated:  # before the save: the checkpoint records it done
             with meter.excluded():
                 validate(s, valid_data)
         if saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
             with meter.excluded():  # not during a non-finite streak: the last good one stays newest
                 save_checkpoint(s, waited_for=last and not tested)
             saved_at = s.state.step
+        took_time = saved_at == s.state.step or (validated and has_batches(valid_data, t.limit_val_batches))
+        if took_time and not last and (late := asked_during(s, agreement, stop)) is not None:
+            if meter.iterations:
+                log_interval(s, meter)
+            return stop_for_requeue(s, late, saved=saved_at == s.state.step)
     em = s.cfg.exp_manager
     if saved_at != s.state.step and em.create_checkpoint_callback and em.checkpoint_callback_params.save_last:
         save_checkpoint(s, waited_for=not tested)
@@ -493,15 +499,26 @@ def run(
     return 0
 
 
-def stop_for_requeue(s: Session, reason: str) -> int:
-    """Checkpoint where every rank agreed to stop, wait for it, and exit to be requeued."""
+def asked_during(s: Session, agreement: StopAgreement, stop: StopRequest) -> str | None:
+    """A stop asked for while this step's save or validation ran, agreed by every rank now (they all
+    saved or validated at this step). Slurm's warning signal most likely lands in the longest work
+    of a step: left to the next step's end, it cost one more step and a second save in the time
+    before the kill. Every rank's steps are read here: none is queued ahead of a save or validation."""
+    with s.watchdog.boundary(s.state.step):
+        return agreement.exchange(stop.reason(), read_now=True)
+
+
+def stop_for_requeue(s: Session, reason: str, saved: bool = False) -> int:
+    """Checkpoint where every rank agreed to stop, wait for it, and exit to be requeued. `saved`:
+    this step's checkpoint is saved already (it may still be writing in the background)."""
     if not s.cfg.exp_manager.create_checkpoint_callback:  # a requeue would start the run over
         s.log(
             f"stopping at iteration {s.state.step}: {reason}; checkpoints are off "
             "(exp_manager.create_checkpoint_callback=false): nothing saved, exit 0 (not requeued)"
         )
         return 0
-    save_checkpoint(s, waited_for=True)
+    if not saved:
+        save_checkpoint(s, waited_for=True)
     s.checkpoints.wait()
     due = validates_at(s, s.state.step) and s.state.validated_at != s.state.step
     left = "; its validation runs first when the run resumes" if due else ""

@@ -64,6 +64,62 @@ def test_resume_after_sigusr1_is_bit_exact(uninterrupted, tmp_path, monkeypatch,
     assert all(torch.equal(resumed[k], full[k]) for k in full)
 
 
+
+def signal_during(monkeypatch, owner, name: str, at_step: int) -> None:
+    """SIGUSR1 to this process while `owner.name` runs at iteration `at_step` (as Slurm's warning
+    signal lands in whatever the run is doing: a long save or validation most likely)."""
+    import os
+    import signal
+
+    real = getattr(owner, name)
+
+    def signalled(s, *args, **kwargs):
+        if s.state.step == at_step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real(s, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, signalled)
+
+
+@pytest.mark.parametrize("async_save", ["false", "true"])
+def test_a_stop_asked_during_a_save_exits_after_that_save(uninterrupted, tmp_path, monkeypatch, async_save):
+    """The stop was seen only at the next step's end: the run trained one more step and saved again
+    in the time Slurm's warning signal leaves before the kill (for a large model, a second save of
+    minutes). Now it exits 75 once the save it was in is written, and resumes from it bit-exactly."""
+    full_dir, _, full_losses = uninterrupted
+    saving = f"exp_manager.checkpoint_callback_params.async_save={async_save}"
+    signal_during(monkeypatch, loop, "save_checkpoint", at_step=4)
+    code, first = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, saving))
+    monkeypatch.undo()
+    assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3, 4]
+    assert complete_steps(tmp_path / "checkpoints") == [2, 4]
+    assert "stopping at iteration 4: received SIGUSR1" in log_lines(tmp_path)[-1]
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, saving))
+    assert code == 0 and sorted(second) == [5, 6]
+    for step in range(1, 7):
+        assert (first | second)[step] == full_losses[step], step
+    resumed, full = final_weights(tmp_path, 6), final_weights(full_dir, 6)
+    assert all(torch.equal(resumed[k], full[k]) for k in full)
+
+
+def test_a_stop_asked_during_a_validation_saves_at_that_step(uninterrupted, tmp_path, monkeypatch):
+    """Validation at iteration 3 (val_check_interval=3; no save due there): the stop saves at 3, with
+    its validation done, instead of after one more step."""
+    full_dir, _, full_losses = uninterrupted
+    signal_during(monkeypatch, loop, "validate", at_step=3)
+    code, first = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    monkeypatch.undo()
+    assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]
+    assert complete_steps(tmp_path / "checkpoints")[-1] == 3
+    assert "its validation runs first" not in log_lines(tmp_path)[-1]
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    assert code == 0 and sorted(second) == [4, 5, 6]
+    assert "validation of iteration 3 was due" not in "\n".join(log_lines(tmp_path))
+    assert validation_lines(tmp_path) == validation_lines(full_dir)  # 3 and 6, each once
+    for step in range(1, 7):
+        assert (first | second)[step] == full_losses[step], step
+
+
 def validation_lines(log_dir: Path) -> list[str]:
     return [line for line in log_lines(log_dir) if "validation loss at iteration" in line]
 
