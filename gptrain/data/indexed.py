@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -21,7 +22,7 @@ import numpy as np
 
 from gptrain.data.blend_spec import strip_suffix
 from gptrain.errors import DataError
-from gptrain.utils.atomic import temporary_sibling
+from gptrain.utils.atomic import remove_stale_temporaries, temporary_sibling
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -286,6 +287,7 @@ class IndexedDatasetWriter:
         self.idx_path = Path(self.path_prefix + ".idx")
         try:
             self.bin_path.parent.mkdir(parents=True, exist_ok=True)
+            report_stale_temporaries(self.bin_path)
             self._temps = [temporary_sibling(self.bin_path) for _ in range(4)]
         except OSError as error:
             raise DataError(f"{self.bin_path}: cannot create the output ({error})") from None
@@ -427,6 +429,40 @@ class IndexedDatasetWriter:
             self.finalize()
         else:
             self.abort()
+
+
+STALE_TEMPORARY_S = 3600.0
+"""A writer's temporaries untouched this long are a dead writer's: the .bin's grows as it writes."""
+
+
+def report_stale_temporaries(bin_path: Path) -> None:
+    """Remove what a writer of this output killed by SIGKILL (an OOM kill, KillWait past a Slurm
+    time limit) left, as large as its output: no cleanup ran, and nothing else ever removes it.
+    Recent ones may be a live writer's (another job on the same output): named, not touched."""
+    removed, kept = remove_stale_temporaries(bin_path, STALE_TEMPORARY_S)
+    if removed:
+        print(
+            f"gptrain: removed {_count_files(removed)} beside {bin_path}, left by a write of it that did not finish",
+            file=sys.stderr,
+        )
+    if kept:
+        print(
+            f"gptrain: WARNING: {_count_files(kept)} beside {bin_path} (.{bin_path.name}.*.tmp in "
+            f"{bin_path.parent}) were written in the last hour by another write of it, running or killed: "
+            "delete them if none runs",
+            file=sys.stderr,
+        )
+
+
+def _count_files(files: list[tuple[Path, int]]) -> str:
+    """'2 temporary files (2.0 kB)'."""
+    total = sum(size for _, size in files)
+    amount = next(
+        (f"{total / unit:.1f} {name}" for unit, name in ((1e9, "GB"), (1e6, "MB")) if total >= unit), None
+    )
+    return (
+        f"{len(files)} temporary file{'s' if len(files) != 1 else ''} ({amount or f'{total / 1e3:.1f} kB'})"
+    )
 
 
 def finalize_together(writers: Sequence[IndexedDatasetWriter]) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -25,6 +27,26 @@ def temporary_sibling(path: str | os.PathLike[str]) -> Path:
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     return Path(name)
+
+
+def remove_stale_temporaries(
+    path: str | os.PathLike[str], older_than_s: float
+) -> tuple[list[tuple[Path, int]], list[tuple[Path, int]]]:
+    """Remove the temporary siblings of `path` (`temporary_sibling`'s names) untouched for
+    `older_than_s`: a writer killed by SIGKILL left them, as large as what it was writing. Younger
+    ones may be a live writer's and are kept. Returns (removed, kept), each as (path, bytes)."""
+    path = Path(path)
+    cutoff = time.time() - older_than_s
+    removed, kept = [], []
+    for temp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            stat = temp.stat()
+            if stat.st_mtime >= cutoff:
+                kept.append((temp, stat.st_size))
+                continue
+            temp.unlink()
+            removed.append((temp, stat.st_size))
+    return removed, kept
 
 
 @contextlib.contextmanager

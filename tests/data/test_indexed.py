@@ -288,3 +288,34 @@ def test_dtype_rules():
     assert code_for_dtype(np.uint16) == 8 and code_for_dtype(np.int32) == 4
     with pytest.raises(DataError):
         code_for_dtype(np.uint32)
+
+
+def test_a_killed_writers_temporaries_are_removed_by_the_next_write_of_that_output(tmp_path, capsys):
+    """SIGKILL (an OOM kill, KillWait past a Slurm time limit) runs no cleanup: a data prepare or
+    merge left its hidden `.out.bin.*.tmp` files, as large as the output itself, and no later run
+    of the same command ever removed them. Old ones are removed now; ones written in the last hour
+    may be a live writer's (another job on the same output) and are only named."""
+    import os
+    import time
+
+    prefix = tmp_path / "out_text_document"
+    dead = [tmp_path / f".out_text_document.bin.dead{n}.tmp" for n in range(2)]
+    for path in dead:
+        path.write_bytes(b"x" * 1000)
+        os.utime(path, (time.time() - 2 * 3600, time.time() - 2 * 3600))
+    recent = tmp_path / ".out_text_document.bin.recent.tmp"
+    recent.write_bytes(b"y" * 500)
+    other = tmp_path / ".other_text_document.bin.dead.tmp"  # another output's: not this writer's to touch
+    other.write_bytes(b"z")
+    os.utime(other, (time.time() - 2 * 3600, time.time() - 2 * 3600))
+    with IndexedDatasetWriter(str(prefix), np.uint16) as writer:
+        writer.add_document(np.arange(5, dtype=np.int64))
+    assert not any(path.exists() for path in dead) and recent.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
+        "out_text_document.bin",
+        "out_text_document.idx",
+    ]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    assert f"removed 2 temporary files (2.0 kB) beside {prefix}.bin" in err[0]
+    assert "1 temporary file (0.5 kB)" in err[1] and str(recent.parent) in err[1] and "delete" in err[1]
