@@ -209,3 +209,47 @@ def test_a_stop_to_resume_says_how_to_resume(resume, tmp_path, capsys):
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"gptrain: training saved a checkpoint and stopped (exit 75); launch again with {how} to resume"
     )
+
+
+def test_a_full_disk_under_the_launchers_log_neither_ends_the_stage_nor_hides_its_exit(
+    tmp_path, monkeypatch, capsys
+):
+    """`gptrain launch cluster_type=local` tees the stage's output into log-<name>_<pid>.out. A write
+    there that failed (a full disk) ended the launcher with `No space left on device` and, from its
+    `finally`, SIGTERMed the training over its own log file; its exit 75 was lost too. Now the copy
+    is given up in one line, the stage runs to its end and its exit status is returned."""
+    import errno
+
+    from gptrain.launch.executors import local
+    from gptrain.launch.records import read_records
+    from gptrain.launch.sbatch import Job
+
+    job = Job("training", "r", "r", tmp_path, [])
+    job.script_path.write_text("echo first; sleep 0.5; echo second; exit 75\n")
+    real_open = open
+
+    class FillsUp:
+        """The log file; the disk is full from its second line on."""
+
+        def __init__(self, path, mode):
+            self.file, self.lines = real_open(path, mode), 0
+
+        def write(self, data):
+            self.lines += 1
+            if self.lines > 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.file.write(data)
+
+        def flush(self):
+            self.file.flush()
+
+        def close(self):
+            self.file.close()
+
+    monkeypatch.setattr(local, "open", FillsUp, raising=False)
+    assert local.run_job(job, echo=True)[0] == 75
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["first", "second"]  # the stage ran on, still shown on the terminal
+    assert err.count("WARNING: cannot write") == 1 and "log-r_" in err and "No space left on device" in err
+    assert next(tmp_path.glob("log-r_*.out")).read_text() == "first\n"
+    assert [r.get("exit_code") for r in read_records(tmp_path) if r["event"] == "finished"] == [75]

@@ -13,8 +13,10 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
 
-from gptrain.errors import EXIT_REQUEUE
+from gptrain.errors import EXIT_REQUEUE, os_error_text
 from gptrain.launch.records import append_record, process_start_time
 from gptrain.launch.sbatch import Job
 from gptrain.launch.stages import LaunchPlan
@@ -72,20 +74,17 @@ def follow_job(job: Job, process: subprocess.Popen, echo: bool, after: str | Non
     append_record(job.run_dir, "submitted", **fields)
     code = 130
     try:
-        with open(log, "wb") as out:
-            assert process.stdout is not None
-            for line in process.stdout:
-                out.write(line)
-                out.flush()
-                if echo:
-                    sys.stdout.buffer.write(line)
-                    sys.stdout.flush()
+        assert process.stdout is not None
+        tee(process.stdout, log, echo)
         code = process.wait()
     finally:
         if process.poll() is None:
             process.terminate()
             code = process.wait()
-        append_record(job.run_dir, "finished", job_id=fields["job_id"], stage=job.stage, exit_code=code)
+        try:
+            append_record(job.run_dir, "finished", job_id=fields["job_id"], stage=job.stage, exit_code=code)
+        except OSError as error:  # the stage's exit status matters more (75: launch again to resume)
+            warn(error, job.run_dir, "its exit is not recorded there")
     return code
 
 
@@ -96,6 +95,42 @@ def resume_override(plan: LaunchPlan) -> str:
     return (
         "" if exp_manager.get("resume_if_exists", True) else " and training.exp_manager.resume_if_exists=true"
     )
+
+
+def tee(stream: IO[bytes], log: Path, echo: bool) -> None:
+    """Copy the stage's output into `log` (and to the terminal) until it ends. A copy the system
+    refuses (a full disk under the log; a terminal or pipe gone) is given up, the log's in one
+    line: the stage is never ended for the launcher's copy of its output, and its pipe is drained."""
+    out: IO[bytes] | None = open(log, "wb")  # noqa: SIM115 (closed below, or given up)
+    try:
+        for line in stream:
+            if out is not None:
+                try:
+                    out.write(line)
+                    out.flush()
+                except OSError as error:
+                    _close_quietly(out)
+                    out = None
+                    warn(error, log, "the rest of the stage's output is not copied there")
+            if echo:
+                try:
+                    sys.stdout.buffer.write(line)
+                    sys.stdout.flush()
+                except OSError:  # nowhere to say it: stdout is what failed
+                    echo = False
+    finally:
+        if out is not None:
+            _close_quietly(out)
+
+
+def _close_quietly(file: IO[bytes]) -> None:
+    with contextlib.suppress(OSError):  # a full disk refuses the buffered rest again
+        file.close()
+
+
+def warn(error: OSError, where: Path, consequence: str) -> None:
+    with contextlib.suppress(OSError):
+        print(f"gptrain: WARNING: cannot write {os_error_text(error, where)}: {consequence}", file=sys.stderr)
 
 
 def run(plan: LaunchPlan, echo: bool = True) -> int:
