@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import re
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -17,8 +19,76 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from gptrain.errors import DataError
+from gptrain.errors import DataError, GptrainError
 from gptrain.train.signals import ignore_stop_signals
+
+
+class LoaderWorkerDied(GptrainError):
+    """A DataLoader worker process ended under the run (the OOM killer, a crash)."""
+
+
+# torch's words (its C++ SIGCHLD check, and dataloader.py's for a worker gone without a signal)
+_WORKER_DIED = re.compile(
+    r"DataLoader worker \(pid(?:\(s\))? (?P<pids>[\d, ]+)\) "
+    r"(?:is killed by signal: (?P<signal>[^.]+)\.|exited unexpectedly)"
+)
+
+
+def loader_worker_died(error: BaseException, wait_s: float = 0.0) -> LoaderWorkerDied | None:
+    """The one line for a DataLoader worker that died, or None for any other error. torch raises a
+    RuntimeError over the connection the death broke (two tracebacks of some 60 lines, exit 1), or,
+    when its SIGCHLD check comes later, that connection's error alone ('Connection reset by peer',
+    EOFError): then torch's check is asked for up to `wait_s`, while the loader knows its workers."""
+    match = next((m for e in _chain(error) if (m := _WORKER_DIED.search(str(e)))), None)
+    if match is None and isinstance(error, ConnectionError | EOFError):
+        match = _worker_death_seen_within(wait_s)
+    if match is None:
+        return None
+    how = f"was killed by signal {match['signal']}" if match["signal"] else "exited unexpectedly"
+    if match["signal"] == "Killed":
+        how += " (SIGKILL: most likely the kernel's out-of-memory killer)"
+    return LoaderWorkerDied(
+        f"a DataLoader worker (pid {match['pids']}) {how}: give the job more host memory or lower "
+        "model.data.num_workers, then resume from the last checkpoint"
+    )
+
+
+def _worker_death_seen_within(wait_s: float) -> re.Match[str] | None:
+    """torch's own check of this process's loader workers, until one is seen dead or `wait_s` ends:
+    a worker's broken connection can arrive before the kernel shows it as exited."""
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            torch._C._error_if_any_worker_fails()
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+    except RuntimeError as seen:  # from the check, or from torch's SIGCHLD handler meanwhile
+        return _WORKER_DIED.search(str(seen))
+
+
+def raise_if_a_worker_died(error: BaseException, iterator: object) -> None:
+    """LoaderWorkerDied for `error` when a worker of `iterator` died, its other workers shut down
+    first: their pids leave torch's SIGCHLD check, which would raise the death again, as a
+    traceback, from whatever the run's cleanup is doing when the signal comes."""
+    died = loader_worker_died(error, wait_s=2.0)
+    if died is None:
+        return
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        with contextlib.suppress(Exception):
+            shutdown()
+    raise died from None
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """`error` and the errors it was raised from or while handling."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
 
 
 class GPTBatchDataset(Dataset):

@@ -36,7 +36,7 @@ from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError, find_out_of_me
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
 from gptrain.parallel.rng import stream_layout, stream_warnings
 from gptrain.train import builders as b
-from gptrain.train.batches import GPTBatchDataset, build_loader
+from gptrain.train.batches import GPTBatchDataset, build_loader, loader_worker_died, raise_if_a_worker_died
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
 from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
@@ -205,6 +205,8 @@ def train(cfg: TrainingConfig) -> int:
         failed = False
         return code
     except Exception as error:  # out of memory: one line with the plan's figures, not CUDA's traceback
+        if (died := loader_worker_died(error)) is not None:
+            raise died from None
         oom = find_out_of_memory(error)  # also wrapped, as pipeline schedules re-raise a stage's error
         if not isinstance(oom, torch.OutOfMemoryError) or isinstance(error, GptrainError):
             raise
@@ -416,7 +418,11 @@ def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:
     while True:
         iteration += 1
         count = s.current_global_batch() // per_micro_step
-        batch = [mb for _, mb in zip(range(count), it, strict=False)]
+        try:
+            batch = [mb for _, mb in zip(range(count), it, strict=False)]
+        except (RuntimeError, ConnectionError, EOFError) as error:  # asked while `it` knows its workers
+            raise_if_a_worker_died(error, it)
+            raise
         if len(batch) < count:
             raise DataError(
                 f"the train split ran out of samples at iteration {iteration} (after {consumed} "
