@@ -4,11 +4,14 @@ python rank_hooks.py fail RANK ITERATION gptrain-args...   that rank raises a ra
                                                             (as a CUDA OOM would) after ITERATION
 python rank_hooks.py report-index-builds gptrain-args...   each rank prints when it builds
                                                             dataset indices itself
+python rank_hooks.py signal-in-save RANK ITERATION gptrain-args...   that rank gets SIGUSR1 while it
+                                                            saves the checkpoint of ITERATION
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -39,10 +42,24 @@ def report_index_builds() -> None:
     gpt_dataset.build_gpt_indices = reporting
 
 
+def signal_in_save(signalled_rank: int, iteration: int) -> None:
+    save = loop.save_checkpoint
+
+    def signalled_while_saving(s, *args, **kwargs):
+        if s.world.rank == signalled_rank and s.state.step == iteration:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return save(s, *args, **kwargs)
+
+    loop.save_checkpoint = signalled_while_saving
+
+
 if __name__ == "__main__":
     hook, args = sys.argv[1], sys.argv[2:]
     if hook == "fail":
         fail_after(int(args[0]), int(args[1]))
+        args = args[2:]
+    elif hook == "signal-in-save":
+        signal_in_save(int(args[0]), int(args[1]))
         args = args[2:]
     else:
         report_index_builds()

@@ -58,3 +58,21 @@ def test_rank_zero_builds_the_dataset_indices_and_the_others_load_them(tmp_path,
     assert [rank.returncode for rank in ranks] == [0, 0], outputs
     assert "rank 0 builds dataset indices" in outputs[0][0]
     assert "builds dataset indices" not in outputs[1][0]
+
+
+@pytest.mark.parametrize("async_save", ["false", "true"])
+def test_a_stop_one_rank_gets_during_a_save_ends_every_rank_with_that_checkpoint(tmp_path, async_save):
+    """Slurm's warning signal lands while the ranks save iteration 4 (seen by rank 1 first): every
+    rank agrees right after the save and exits 75 there, where they trained on and saved again."""
+    overrides = [
+        "trainer.max_steps=20",
+        "trainer.log_every_n_steps=5",  # iteration 5 unlogged too: the flag would have been read at 6
+        f"exp_manager.checkpoint_callback_params.async_save={async_save}",
+    ]
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "signal-in-save", "1", "4"])
+    outputs = finish_ranks(ranks)
+    assert [rank.returncode for rank in ranks] == [75, 75], outputs
+    assert complete_steps(tmp_path / "run" / "checkpoints") == [2, 4]
+    logs = [(tmp_path / "run" / f"nemo_log_globalrank-{r}_localrank-{r}.txt").read_text() for r in (0, 1)]
+    assert "stopping at iteration 4: stop requested on another rank" in logs[0]
+    assert "stopping at iteration 4: received SIGUSR1" in logs[1]
