@@ -38,7 +38,8 @@ def remove_stale_temporaries(
     path = Path(path)
     cutoff = time.time() - older_than_s
     removed, kept = [], []
-    for temp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+    # exactly mkstemp's 8 random characters: `.a.bin.*.tmp` would take output `a.bin.x`'s too
+    for temp in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp"):
         with contextlib.suppress(OSError):  # gone already, or not ours to remove
             stat = temp.stat()
             if stat.st_mtime >= cutoff:

@@ -299,18 +299,22 @@ def test_a_killed_writers_temporaries_are_removed_by_the_next_write_of_that_outp
     import time
 
     prefix = tmp_path / "out_text_document"
-    dead = [tmp_path / f".out_text_document.bin.dead{n}.tmp" for n in range(2)]
+    dead = [tmp_path / f".out_text_document.bin.dead{n}abc.tmp" for n in range(2)]  # mkstemp's 8 characters
     for path in dead:
         path.write_bytes(b"x" * 1000)
         os.utime(path, (time.time() - 2 * 3600, time.time() - 2 * 3600))
-    recent = tmp_path / ".out_text_document.bin.recent.tmp"
+    recent = tmp_path / ".out_text_document.bin.recent12.tmp"
     recent.write_bytes(b"y" * 500)
-    other = tmp_path / ".other_text_document.bin.dead.tmp"  # another output's: not this writer's to touch
-    other.write_bytes(b"z")
-    os.utime(other, (time.time() - 2 * 3600, time.time() - 2 * 3600))
+    others = [  # other outputs': not this writer's to touch, a name that begins with this one's included
+        tmp_path / ".other_text_document.bin.deadbeef.tmp",
+        tmp_path / ".out_text_document.bin.v2.bin.deadbeef.tmp",
+    ]
+    for other in others:
+        other.write_bytes(b"z")
+        os.utime(other, (time.time() - 2 * 3600, time.time() - 2 * 3600))
     with IndexedDatasetWriter(str(prefix), np.uint16) as writer:
         writer.add_document(np.arange(5, dtype=np.int64))
-    assert not any(path.exists() for path in dead) and recent.exists() and other.exists()
+    assert not any(path.exists() for path in dead) and recent.exists() and all(p.exists() for p in others)
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
         "out_text_document.bin",
         "out_text_document.idx",
