@@ -509,7 +509,8 @@ def asked_during(s: Session, agreement: StopAgreement, stop: StopRequest) -> str
     """A stop asked for while this step's save or validation ran, agreed by every rank now (they all
     saved or validated at this step). Slurm's warning signal most likely lands in the longest work
     of a step: left to the next step's end, it cost one more step and a second save in the time
-    before the kill. Every rank's steps are read here: none is queued ahead of a save or validation."""
+    before the kill. No step is ever queued ahead of a save or validation (trainer.run_ahead), so
+    the run can stop right here."""
     with s.watchdog.boundary(s.state.step):
         return agreement.exchange(stop.reason(), read_now=True)
 
