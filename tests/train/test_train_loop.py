@@ -64,7 +64,6 @@ def test_resume_after_sigusr1_is_bit_exact(uninterrupted, tmp_path, monkeypatch,
     assert all(torch.equal(resumed[k], full[k]) for k in full)
 
 
-
 def signal_during(monkeypatch, owner, name: str, at_step: int) -> None:
     """SIGUSR1 to this process while `owner.name` runs at iteration `at_step` (as Slurm's warning
     signal lands in whatever the run is doing: a long save or validation most likely)."""
