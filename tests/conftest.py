@@ -1,6 +1,29 @@
 """Fixtures shared by several test folders."""
 
+import os
+
 import pytest
+
+# What gptrain reads to find its place in a job (torchrun's and Slurm's variables) or to raise
+# instead of printing one line. The suite is also run on a node inside an allocation (salloc,
+# srun --pty, an sbatch script: the GPU tests need one), where SLURM_NTASKS=8 made every
+# one-process training test wait for 7 peers that never came. Tests that want them set them.
+JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+JOB_VARIABLES += ("GROUP_RANK", "TORCHELASTIC_RUN_ID", "GPTRAIN_DEBUG")
+
+
+def is_job_variable(name: str) -> bool:
+    """torchrun's, gptrain's debug switch, or Slurm's (but SLURM_CONF, which says where Slurm is)."""
+    return name in JOB_VARIABLES or (name.startswith(("SLURM_", "SLURMD_")) and name != "SLURM_CONF")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def outside_any_job():
+    """Every test sees the environment of a process started by hand on a machine outside Slurm."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [name for name in os.environ if is_job_variable(name)]:
+            patch.delenv(name)
+        yield
 
 
 @pytest.fixture(scope="module")
