@@ -131,17 +131,23 @@ def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> No
         apply_compile(part, m.compile_mode)
 
 
+# torch releases whose compiled backward of a checkpointed TP block asserts (checked 2026-11-28: 2.12.0,
+# 2.12.1 and 2.13.0 fail; 2.11.0 and 2.14.1 run it, and 2.15.0 ran the same case before).
+TORCH_FAILING_COMPILE_UNDER_TP_RECOMPUTE = ("2.12.", "2.13.")
+
+
 def check_compile_under_tp_recompute(
     tp: int, recompute: str | None, version: str = torch.__version__
 ) -> None:
-    """torch 2.13's compiled backward asserts on a DeviceMesh among the tensors a checkpointed
-    tensor-parallel block saves (`expected all tensors_saved_with_vc_check to be Tensors`), on any
-    device; torch 2.14 and 2.15 run it. Said before the model is built, not as that traceback."""
-    if tp > 1 and recompute is not None and version.startswith("2.13."):
+    """torch 2.12's and 2.13's compiled backward asserts on a DeviceMesh among the tensors a
+    checkpointed tensor-parallel block saves (`expected all tensors_saved_with_vc_check to be
+    Tensors`), on any device (plain torch: tests/distributed/tp_recompute_compile_worker.py).
+    Said before the model is built, not as that traceback."""
+    if tp > 1 and recompute is not None and version.startswith(TORCH_FAILING_COMPILE_UNDER_TP_RECOMPUTE):
         raise ConfigError(
             f"model.compile=true with model.tensor_model_parallel_size={tp} and "
             f"model.activations_checkpoint_granularity={recompute} fails in torch {version} (torch's own "
-            "assertion in the compiled backward; torch 2.14 and later run it): upgrade torch, or set "
+            "assertion in the compiled backward; torch 2.11, 2.14 and later run it): upgrade torch, or set "
             "model.compile=false or model.activations_checkpoint_granularity=null"
         )
 

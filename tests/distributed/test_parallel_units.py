@@ -8,6 +8,7 @@ import math
 import re
 import socket
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -344,6 +345,9 @@ def test_pipeline_schedules_are_built_anew_when_evaluation_and_training_alternat
     [
         (2, "selective", "2.13.0+cpu", True),
         (2, "full", "2.13.1", True),
+        (2, "selective", "2.12.1+cu130", True),
+        (2, "full", "2.12.0", True),
+        (2, "selective", "2.11.0+cu130", False),
         (2, "selective", "2.14.1", False),
         (2, "selective", "2.15.0+cu132", False),
         (1, "selective", "2.13.0", False),
@@ -351,8 +355,9 @@ def test_pipeline_schedules_are_built_anew_when_evaluation_and_training_alternat
     ],
 )
 def test_compile_under_tp_with_recompute_is_refused_where_torch_asserts(tp, recompute, version, refused):
-    """torch 2.13's compiled backward of a checkpointed TP block stopped the run at its first step
-    with torch's AssertionError traceback (reproduced in plain torch; 2.14.1 and 2.15.0 run it)."""
+    """torch 2.12's and 2.13's compiled backward of a checkpointed TP block stopped the run at its
+    first step with torch's AssertionError traceback (reproduced in plain torch on 2.12.0, 2.12.1 and 2.13.0;
+    2.11.0, 2.14.1 and 2.15.0 run it); 2.12 was not refused."""
     from gptrain.parallel.parallelize import check_compile_under_tp_recompute
 
     if refused:
@@ -362,3 +367,26 @@ def test_compile_under_tp_with_recompute_is_refused_where_torch_asserts(tp, reco
             check_compile_under_tp_recompute(tp, recompute, version)
     else:
         check_compile_under_tp_recompute(tp, recompute, version)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_compile_under_tp_with_recompute_is_refused_exactly_where_this_torch_fails(tmp_path) -> None:
+    """The plain-torch case (two gloo ranks, nothing of gptrain) on the installed torch: the refusal
+    must be there where torch fails it, and only there, whichever torch the suite runs under."""
+    import json
+
+    from gloo_ranks import run_ranks
+
+    from gptrain.parallel.parallelize import check_compile_under_tp_recompute
+
+    out = tmp_path / "outcomes.json"
+    run_ranks(Path(__file__).with_name("tp_recompute_compile_worker.py"), out, timeout_s=600)
+    outcomes = json.loads(out.read_text())
+    for granularity, outcome in outcomes.items():
+        if outcome == "runs":
+            check_compile_under_tp_recompute(2, granularity)
+        else:
+            assert "tensors_saved_with_vc_check" in outcome, outcome  # the failure the check names
+            with pytest.raises(ConfigError, match=f"fails in torch {re.escape(torch.__version__)}"):
+                check_compile_under_tp_recompute(2, granularity)
