@@ -16,7 +16,7 @@ from gptrain import __version__
 from gptrain.errors import GptrainError, error_text, os_error_text
 from gptrain.utils.limits import raise_open_file_limit
 from gptrain.utils.overrides import OVERRIDE
-from gptrain.utils.signals import Terminated
+from gptrain.utils.signals import Terminated, recording_interrupts
 
 # Modules with a `register(subparsers)` function; each must not import torch at module level.
 COMMAND_MODULES = (
@@ -44,6 +44,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; Ctrl-C anywhere (the parser's imports included) is one line and exit 130."""
+    with recording_interrupts() as interrupts:
+        try:
+            return run_command(argv)
+        except KeyboardInterrupt:
+            return interrupted()
+        except Exception:  # Ctrl-C inside a library's import surfaces as another error (signals.py)
+            if not interrupts.seen or os.environ.get("GPTRAIN_DEBUG"):
+                raise
+            return interrupted()
+
+
+def interrupted() -> int:
+    print("gptrain: interrupted", file=sys.stderr)
+    return 130
+
+
+def run_command(argv: list[str] | None) -> int:
+    """Parse `argv` and run its handler; the errors a user can cause become one line."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # `key=value` overrides may also follow the options (`eval RUN --json F key=value`)
@@ -60,9 +79,6 @@ def main(argv: list[str] | None = None) -> int:
     except GptrainError as error:
         print(f"gptrain: error: {error_text(error)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("gptrain: interrupted", file=sys.stderr)
-        return 130
     except Terminated as terminated:  # raised only where a command asked for it (data prepare, merge)
         print(f"gptrain: {terminated}", file=sys.stderr)
         return terminated.status

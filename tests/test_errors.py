@@ -30,3 +30,72 @@ def test_a_message_without_its_type_gives_the_tracebacks_last_line_without_the_t
     text = 'Caught X in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n  File "w.py"\nsome.module.OtherError: the reason\n'
     assert error_text(DataError(text)) == "the reason"
     assert error_text(DataError("plain one line")) == "plain one line"
+
+
+def ctrl_c() -> None:
+    """SIGINT to this process, as Ctrl-C in the terminal sends it."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def exit_status(argv: list[str]) -> int:
+    """gptrain's exit status for `argv`; a KeyboardInterrupt escaping it fails the test (pytest
+    would otherwise take it for the user stopping the session)."""
+    import gptrain.cli as cli
+
+    try:
+        return cli.main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped gptrain's main() as a KeyboardInterrupt")
+
+
+def test_ctrl_c_while_the_commands_are_imported_is_one_line(monkeypatch, capsys):
+    """Ctrl-C during the parser's imports (before any command ran) was a KeyboardInterrupt traceback."""
+    import gptrain.cli as cli
+
+    def build_parser_interrupted():
+        ctrl_c()
+        raise AssertionError("SIGINT did not interrupt")
+
+    monkeypatch.setattr(cli, "build_parser", build_parser_interrupted)
+    assert exit_status(["plan", "gpt3/126m"]) == 130
+    assert capsys.readouterr().err == "gptrain: interrupted\n"
+
+
+def test_ctrl_c_that_a_library_turns_into_another_error_is_one_line(monkeypatch, capsys):
+    """Ctrl-C while torch imports numpy leaves numpy half-imported, and the import fails later with
+    "cannot load module more than once per process" (or a RecursionError): that was a traceback."""
+    import argparse
+    import contextlib
+    import signal
+
+    import gptrain.cli as cli
+
+    def swallowing_import(args):
+        with contextlib.suppress(KeyboardInterrupt):  # as the interrupted import machinery does
+            ctrl_c()
+        raise ImportError("cannot load module more than once per process")
+
+    parser = argparse.ArgumentParser(prog="gptrain")
+    parser.set_defaults(func=swallowing_import)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    assert exit_status([]) == 130
+    assert capsys.readouterr().err == "gptrain: interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored after the command
+
+
+def test_an_error_without_ctrl_c_is_still_raised(monkeypatch):
+    import argparse
+
+    import gptrain.cli as cli
+
+    def failing(args):
+        raise ImportError("a real bug")
+
+    parser = argparse.ArgumentParser(prog="gptrain")
+    parser.set_defaults(func=failing)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    with pytest.raises(ImportError, match="a real bug"):
+        cli.main([])

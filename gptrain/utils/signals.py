@@ -1,4 +1,5 @@
-"""SIGTERM as an exception, so `with`/`finally` cleanup runs before the process ends.
+"""SIGTERM as an exception, so `with`/`finally` cleanup runs before the process ends; Ctrl-C
+remembered, so the CLI can name it whatever error it turned into.
 
 A Slurm time limit or `timeout` sends SIGTERM, whose default action ends the process at
 once and leaves partial output (large temporary files) behind. Inside
@@ -12,6 +13,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import FrameType
 
 
@@ -54,3 +56,37 @@ def terminate_as_exception(signums: tuple[int, ...] = (signal.SIGTERM,)) -> Iter
         for signum in active:
             handler = previous[signum]
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+@dataclass
+class Interrupts:
+    """Whether Ctrl-C (SIGINT) arrived while `recording_interrupts()` was active."""
+
+    seen: bool = False
+
+
+@contextlib.contextmanager
+def recording_interrupts() -> Iterator[Interrupts]:
+    """SIGINT raises KeyboardInterrupt as Python's own handler does, and is remembered.
+
+    Library code can swallow the KeyboardInterrupt: Ctrl-C while torch imports numpy leaves numpy
+    half-initialised, and the import fails later with a RecursionError or "cannot load module more
+    than once per process". Knowing the interrupt came first, the CLI reports it as one. A process
+    that ignores SIGINT, or a handler of its own, is left as it is, and off the main thread nothing
+    changes.
+    """
+    interrupts = Interrupts()
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if not on_main_thread or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield interrupts
+        return
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        interrupts.seen = True
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, handle)
+    try:
+        yield interrupts
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
