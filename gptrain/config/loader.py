@@ -338,6 +338,11 @@ def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:
         converted = _convert(value, option)
         if converted is not _NO:
             return converted
+    if int in options and _is_whole(value):  # 1e23 or 100000000000000000000000: a whole number, too big
+        raise ConfigError(
+            f"{source}: '{dotted}' is {int(value)}, past the 64-bit integers that numpy and torch hold "
+            f"(at most {INT64_MAX:,}); give a smaller value"
+        )
     expected = " or ".join(
         "a finite float" if o is float else getattr(o, "__name__", str(o))
         for o in options
@@ -347,6 +352,15 @@ def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:
 
 
 _NO = object()
+
+# Every int of the config ends up in numpy or torch (sizes, counts, seeds), whose integers are int64.
+INT64_MAX = 2**63 - 1
+
+
+def _is_whole(value: Any) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and value.is_integer()
+    )
 
 
 def _convert(value: Any, option: Any) -> Any:
@@ -361,11 +375,9 @@ def _convert(value: Any, option: Any) -> Any:
         switch = as_switch(value)
         return _NO if switch is None else switch
     if option is int:
-        if isinstance(value, bool):
+        if not _is_whole(value) or not -INT64_MAX - 1 <= int(value) <= INT64_MAX:
             return _NO
-        if isinstance(value, int):
-            return value
-        return int(value) if isinstance(value, float) and value.is_integer() else _NO
+        return int(value)
     if option is float:  # finite only: nan passes every `x > 0` check, inf trains to NaN losses
         if isinstance(value, bool):
             return _NO

@@ -138,6 +138,13 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
         ("model.optim.eps=0", "model.optim.eps (0"),
         ("model.seed=4294967296", "model.seed: 4294967296 is outside 0 to 4294967295"),
         ("model.seed=-1", "model.seed: -1 is outside 0 to 4294967295"),
+        # past int64: a numpy ValueError or a torch "Overflow when unpacking long long" traceback before
+        ("trainer.max_steps=" + str(2**63), f"'trainer.max_steps' is {2**63}, past the 64-bit integers"),
+        ("model.encoder_seq_length=1e23", f"'model.encoder_seq_length' is {int(1e23)}, past the 64-bit"),
+        (
+            "model.data.mock_vocab_size=-" + str(2**63 + 1),
+            "'model.data.mock_vocab_size' is -9223372036854775809",
+        ),
         ("noequals", "override 'noequals' is not key=value (e.g. trainer.max_steps=100"),
         ("model.data.data_prefix={train: /d/a, valid: /d/b}", "model.data.data_prefix.valid: not a split"),
         ("model.data.data_prefix={validation: /d/b}", "model.data.data_prefix.train: no training data"),
@@ -348,3 +355,11 @@ def test_a_key_given_twice_in_a_file_is_one_line_naming_the_file_and_both_lines(
         "base: &base {max_steps: 100, devices: 1}\ntrainer:\n  <<: *base\n  max_steps: 200\n", "m"
     )
     assert merged["trainer"] == {"max_steps": 200, "devices": 1}
+
+
+def test_the_64_bit_integers_are_accepted_to_their_ends():
+    """The range check is int64's: its largest value and smallest values pass the loader."""
+    cfg = load_training_config("gpt3/126m", [f"trainer.max_steps={2**63 - 1}"])
+    assert cfg.trainer.max_steps == 2**63 - 1
+    with pytest.raises(ConfigError, match=r"model.num_layers: must be at least 1, got -9223372036854775808"):
+        load_training_config("gpt3/126m", [f"model.num_layers={-(2**63)}"])
