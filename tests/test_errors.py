@@ -99,3 +99,24 @@ def test_an_error_without_ctrl_c_is_still_raised(monkeypatch):
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
     with pytest.raises(ImportError, match="a real bug"):
         cli.main([])
+
+
+def test_training_steps_past_what_the_sample_indices_address_are_one_line_naming_the_keys(tmp_path, capsys):
+    """trainer.max_steps=2**62 passes the int64 check; the sample count it asks for overflowed
+    numpy (ValueError) or len() (OverflowError) in a traceback."""
+    from gptrain.cli import main
+
+    tiny = ["trainer.accelerator=cpu", "trainer.precision=32", "trainer.devices=1", "model.num_layers=1",
+            "model.hidden_size=16", "model.num_attention_heads=2", "model.encoder_seq_length=8",
+            "model.micro_batch_size=1", "model.global_batch_size=2", "model.data.data_impl=mock",
+            "model.data.mock_vocab_size=50", "model.data.data_prefix=null", "model.data.num_workers=0",
+            f"exp_manager.explicit_log_dir={tmp_path / 'run'}"]  # fmt: skip
+    assert main(["train", "gpt3/126m", *tiny, f"trainer.max_steps={2**62}"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith(
+            "gptrain: error: trainer.max_steps x model.global_batch_size: the train split asks for "
+            "9,223,372,036,854,775,808 samples of 8 tokens"
+        )
+    )

@@ -24,6 +24,11 @@ DataPrefix = str | Sequence[str | float] | Mapping[str, "str | Sequence[str | fl
 # its share, so rounding in the greedy blend never asks a child for a sample it lacks.
 MID_LEVEL_SURPLUS = 0.005
 
+# The most tokens one split may ask for. Its index arrays (16 bytes a sample, 4 a document per
+# epoch) must stay sizes numpy can address (2**63 bytes) and count (len()); past that numpy's
+# ValueError or OverflowError was a traceback. The largest pretraining runs ask for under 2**45.
+MAX_SPLIT_TOKENS = 2**58
+
 
 def sample_counts(
     train_iters: int,
@@ -59,6 +64,16 @@ def samples_per_dataset(
     build 2412 + 5628 with Megatron's 0.5% surplus.
     """
     return [[math.ceil(math.ceil(size * w) * (1 + surplus)) for size in num_samples] for w in weights]
+
+
+def _check_index_sizes(num_samples: Sequence[int], seq_length: int, asked_by: Sequence[str]) -> None:
+    for name, count, source in zip(SPLIT_NAMES, num_samples, asked_by, strict=True):
+        if count * seq_length > MAX_SPLIT_TOKENS:
+            raise ConfigError(
+                f"{source}: the {name} split asks for {count:,} samples of {seq_length} tokens "
+                f"({count * seq_length:,} tokens), past the {MAX_SPLIT_TOKENS:,} (2**58) that its sample "
+                "indices can address; ask for fewer"
+            )
 
 
 def _check_prefixes(prefixes: list[str]) -> None:
@@ -129,6 +144,7 @@ def build_gpt_datasets(
     vocab_size: int | None = None,
     skip_unused: bool = False,
     only_split: str | None = None,
+    asked_by: Sequence[str] = ("num_samples",) * 3,
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:
     """(train, valid, test): plain GPTDatasets for one prefix, BlendedDatasets for a weighted
     list, MockGPTDatasets with `mock`; None for a split the split string leaves empty.
@@ -137,13 +153,15 @@ def build_gpt_datasets(
 
     `skip_unused`: a split asked for 0 samples is not built (training with limit_test_batches=0
     must not fail because a small dataset's test split holds no whole sequence).
-    `only_split` ("train", "valid" or "test"): build that split alone, the others are None."""
+    `only_split` ("train", "valid" or "test"): build that split alone, the others are None.
+    `asked_by` names, per split, what the user set to ask for its samples (for the error)."""
     if only_split not in (None, *SPLIT_NAMES):
         raise ConfigError(f"only_split must be one of {', '.join(SPLIT_NAMES)}, got {only_split!r}")
     if len(num_samples) != 3 or any(n is None or n < 0 for n in num_samples):
         raise ConfigError(
             f"num_samples must be three non-negative counts (train, valid, test), got {num_samples}"
         )
+    _check_index_sizes(num_samples, seq_length, asked_by)
     if mock:
         if not vocab_size:
             raise ConfigError("mock data needs a vocab_size (--vocab-size)")

@@ -122,6 +122,7 @@ def run_sample(args: argparse.Namespace) -> int:
         args.mock,
         args.vocab_size,
         only_split=args.split,  # an empty test split must not stop a look at the train split
+        asked_by=("--num-samples",) * 3,
     )
     dataset = datasets[split]
     if dataset is None:

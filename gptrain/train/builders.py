@@ -348,6 +348,13 @@ def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> t
         mock=is_mock_data(cfg),
         vocab_size=vocab,
         skip_unused=True,  # limit_val/test_batches=0: that split is not built at all
+        asked_by=(
+            "trainer.max_steps x model.global_batch_size"
+            if t.train_samples is None
+            else "trainer.train_samples",
+            "trainer.limit_val_batches x validations (trainer.max_steps / trainer.val_check_interval + 1)",
+            "trainer.limit_test_batches x model.global_batch_size",
+        ),
     )
     eod = getattr(tokenizer, "eod", None)
     rows = padded_vocab_size(cfg, tokenizer)[1]

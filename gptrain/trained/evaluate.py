@@ -222,6 +222,7 @@ def prefix_data(
         cache_dir=m.data.index_mapping_dir,
         vocab_size=vocab,
         skip_unused=True,
+        asked_by=("--batches",) * 3,
     )
     eod = getattr(tokenizer, "eod", None)
     rows = b.padded_vocab_size(cfg, tokenizer)[1]

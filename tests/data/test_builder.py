@@ -10,7 +10,7 @@ import pytest
 from gpt_data_helpers import load_fixture, write_dataset
 
 from gptrain.data.blended import BlendedDataset
-from gptrain.data.builder import build_gpt_datasets, parse_blend, sample_counts
+from gptrain.data.builder import MAX_SPLIT_TOKENS, build_gpt_datasets, parse_blend, sample_counts
 from gptrain.data.gpt_dataset import GPTDataset
 from gptrain.data.mock import MockGPTDataset
 from gptrain.errors import ConfigError, DataError
@@ -221,6 +221,24 @@ def test_build_mock_splits():
     assert isinstance(train, MockGPTDataset) and len(train) == 20 and len(valid) == 4 and test is None
     with pytest.raises(ConfigError, match="vocab_size"):
         build_gpt_datasets("unused", None, 8, 3, (20, 4, 0), mock=True)
+
+
+def test_a_split_past_what_its_indices_can_address_is_refused_naming_what_asked(tmp_path):
+    """trainer.max_steps=2**62 (within int64) was numpy's "Maximum allowed dimension exceeded" for
+    a dataset and an OverflowError from len() for mock data, as tracebacks."""
+    prefix = write_dataset(tmp_path / "d", list(range(1, 41)))
+    asked = ("steps", "validations", "tests")
+    with pytest.raises(
+        ConfigError, match=r"^steps: the train split asks for 4,611,686,018,427,387,904 samples of 8"
+    ):
+        build_gpt_datasets(prefix, "90,10,0", 8, 1, (2**62, 5, 0), str(tmp_path / "c"), asked_by=asked)
+    with pytest.raises(ConfigError, match=r"^validations: the valid split asks"):
+        build_gpt_datasets("unused", None, 8, 3, (20, 2**62, 0), mock=True, vocab_size=100, asked_by=asked)
+    tokens = MAX_SPLIT_TOKENS  # the largest request passes the check: 2**55 samples of 8 tokens
+    train, _, _ = build_gpt_datasets("unused", None, 8, 3, (tokens // 8, 0, 0), mock=True, vocab_size=100)
+    assert len(train) == 2**55
+    with pytest.raises(ConfigError, match=r"^num_samples: the train split asks for 36,028,797,018,963,969"):
+        build_gpt_datasets("unused", None, 8, 3, (tokens // 8 + 1, 0, 0), mock=True, vocab_size=100)
 
 
 def test_builder_does_not_import_torch():
