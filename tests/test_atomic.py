@@ -112,3 +112,19 @@ def test_sigterm_during_an_export_removes_its_staging_directory(tmp_path) -> Non
     with pytest.raises(Terminated):
         removing_partial_output_on_sigterm(export)(None)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_text_that_is_not_utf8_is_one_line_naming_the_file_and_nothing_is_written(tmp_path) -> None:
+    """A non-UTF-8 path (its bytes are surrogates in Python) in a config or script was a
+    UnicodeEncodeError traceback from the write, after the temporary file was opened."""
+    from gptrain.errors import GptrainError
+
+    target = tmp_path / "config.yaml"
+    text = "run:\n  name: x\n  results_dir: /data/caf\udce9/run\n"  # /data/café/run in Latin-1
+    with pytest.raises(GptrainError) as error:
+        atomic_write_text(target, text)
+    assert str(error.value) == (
+        f"{target}: cannot be written as UTF-8: it would hold 'results_dir: /data/caf\\xe9/run', which "
+        "is not UTF-8 (a path from a non-UTF-8 argument or working directory); use UTF-8 paths"
+    )
+    assert list(tmp_path.iterdir()) == []

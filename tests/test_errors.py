@@ -120,3 +120,27 @@ def test_training_steps_past_what_the_sample_indices_address_are_one_line_naming
             "9,223,372,036,854,775,808 samples of 8 tokens"
         )
     )
+
+
+def test_an_override_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
+    """`base_results_dir=/data/caf\\xe9` from a Latin-1 shell: the launch's config.yaml (and a
+    training's hparams.yaml and log) failed to be written with a UnicodeEncodeError traceback."""
+    from gptrain.cli import main
+
+    results = f"{tmp_path}/caf\udce9"  # the byte 0xe9, as Python decodes it from argv
+    argv = ["launch", "--dry-run", "training=gpt3/126m", "training.trainer.num_nodes=1"]
+    assert main([*argv, f"base_results_dir={results}"]) == 2
+    assert capsys.readouterr().err == (
+        f"gptrain: error: override 'base_results_dir={tmp_path}/caf\\xe9': byte 0xe9 is not UTF-8, and the "
+        "config, its copies and the logs are UTF-8 text; rename the path (or give the value) in UTF-8\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_file_path_that_is_not_utf8_is_kept_as_its_bytes_in_cmd_args_log(tmp_path):
+    """`train --config-file /d/caf\\xe9.yaml` (the path is not an override, so it may be any bytes)
+    stopped the run with a UnicodeEncodeError traceback writing cmd-args.log."""
+    from gptrain.train.results import write_run_files
+
+    write_run_files(tmp_path, "run: {}\n", ["gptrain", "train", "--config-file", "/d/caf\udce9 x.yaml"])
+    assert (tmp_path / "cmd-args.log").read_bytes() == b"gptrain train --config-file '/d/caf\xe9 x.yaml'\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gptrain.errors import os_error_text
-from gptrain.utils.atomic import atomic_write_text
+from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text
 
 # TensorBoard tags written by the training loop (the plot command reads these).
 TB_LM_LOSS = "lm loss"
@@ -60,7 +60,8 @@ def write_run_files(log_dir: Path, resolved_yaml: str, argv: list[str] | None = 
     """hparams.yaml, cmd-args.log, git-info.log (rank 0 only; atomic)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(log_dir / "hparams.yaml", resolved_yaml)
-    atomic_write_text(log_dir / "cmd-args.log", shlex.join(sys.argv if argv is None else argv) + "\n")
+    command = shlex.join(sys.argv if argv is None else argv) + "\n"  # a non-UTF-8 path: its own bytes
+    atomic_write_bytes(log_dir / "cmd-args.log", command.encode("utf-8", "surrogateescape"))
     atomic_write_text(log_dir / "git-info.log", git_info(Path.cwd()))
 
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from gptrain.errors import GptrainError
+
 PROC_STATUS = Path("/proc/self/status")  # Linux: has a "Umask:" row
 
 
@@ -103,8 +105,30 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    _check_utf8(path, text)
     with atomic_write(path, "w") as handle:
         handle.write(text)
+
+
+def printable(text: str) -> str:
+    """`text` with the bytes of a non-UTF-8 path (surrogates in Python) shown as \\xNN escapes."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _check_utf8(path: str | os.PathLike[str], text: str) -> None:
+    """A path that is not UTF-8 (an argument, the working directory) reaches Python with its bytes
+    as surrogates, which a UTF-8 file cannot hold: say so in one line before anything is written,
+    where the write raised a UnicodeEncodeError traceback (the launch's config, hparams.yaml)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        line_start, line_end = text.rfind("\n", 0, error.start) + 1, text.find("\n", error.start)
+        line_end = len(text) if line_end < 0 else line_end
+        shown = printable(text[max(line_start, error.start - 60) : min(line_end, error.end + 20)]).strip()
+        raise GptrainError(
+            f"{printable(os.fspath(path))}: cannot be written as UTF-8: it would hold '{shown}', which "
+            "is not UTF-8 (a path from a non-UTF-8 argument or working directory); use UTF-8 paths"
+        ) from None
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

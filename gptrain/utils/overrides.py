@@ -49,8 +49,24 @@ def split_override(argument: str, example: str) -> OverrideForm:
         raise ConfigError(
             f"override '{argument}' is not key=value (e.g. {example}; +key=value adds a key, ~key deletes one)"
         )
+    _check_utf8(argument)
     text = form["text"].strip()
     return OverrideForm(key, text, prefix.startswith("+"), prefix == "~", has_value, argument)
+
+
+def _check_utf8(argument: str) -> None:
+    """A word of the command line that is not UTF-8 (a path in Latin-1) reaches Python with its bytes
+    as surrogates, which no UTF-8 file can hold: hparams.yaml, the training log and the launch's
+    config.yaml failed to be written with a UnicodeEncodeError traceback."""
+    try:
+        argument.encode("utf-8")
+    except UnicodeEncodeError as error:
+        shown = argument.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        byte = ord(argument[error.start]) - 0xDC00
+        raise ConfigError(
+            f"override '{shown}': byte 0x{byte:02x} is not UTF-8, and the config, its copies and the "
+            "logs are UTF-8 text; rename the path (or give the value) in UTF-8"
+        ) from None
 
 
 def delete_key(cfg: Any, key: str, form: OverrideForm, expected: Any) -> None:
