@@ -124,3 +124,26 @@ def test_an_unsupported_model_type_is_named_beside_the_model_types_that_import()
         "hf/config.json: model_type 'qwen2' cannot be imported; supported model_type: gpt2 (GPT2LMHeadModel),"
         " stablelm (StableLmForCausalLM), llama (LlamaForCausalLM)"
     )
+
+
+def test_import_of_weights_another_config_json_describes_names_the_tensor(tmp_path: Path) -> None:
+    """config.json edited (or copied from another size) to a hidden size the weights do not have:
+    the embeddings were a torch RuntimeError traceback ("The expanded size of the tensor ...")."""
+    pytest.importorskip("transformers")
+    import json
+
+    from hf_helpers import run_cli, tiny_run
+
+    run, _ = tiny_run("gpt2", tmp_path)
+    hf = tmp_path / "hf"
+    assert run_cli(["export", str(run), "--to", "hf", str(hf), "--no-verify"]) == 0
+    config = json.loads((hf / "config.json").read_text())
+    width = config["n_embd"]
+    (hf / "config.json").write_text(json.dumps({**config, "n_embd": 2 * width}))
+    with pytest.raises(DataError) as error:
+        run_cli(["import", str(hf), "--output", str(tmp_path / "imported"), "--no-verify"])
+    message = str(error.value)
+    assert message.startswith(f"{hf}: tok_embeddings.weight has shape (")
+    assert f", {width}), config.json gives (" in message and f", {2 * width})" in message
+    assert message.endswith("give the config.json these weights were saved with")
+    assert not (tmp_path / "imported").exists()

@@ -192,6 +192,7 @@ def fill_weights(
     """Copy every tensor, layer by layer, into the live state (which shares storage with the model)."""
     live = {name: state[name] for name in hf_global_names(arch) if name in state}
     for name, tensor in globals_from_hf(arch, weights.read, live, tied).items():
+        _check_shape(weights.directory, name, tensor, state[name])
         state[name].copy_(tensor)
     progress = Progress("import", unit="layers", total=layers, stream=stream)
     for index in range(layers):
@@ -199,13 +200,19 @@ def fill_weights(
         names = [key.removeprefix(prefix) for key in state if key.startswith(prefix)]
         for name, tensor in layer_from_hf(arch, index, weights.read, names).items():
             target = state[prefix + name]
-            if tuple(tensor.shape) != tuple(target.shape):
-                raise DataError(
-                    f"{weights.directory}: layer {index} {name} has shape {tuple(tensor.shape)}, "
-                    f"config.json gives {tuple(target.shape)}"
-                )
+            _check_shape(weights.directory, f"layer {index} {name}", tensor, target)
             target.copy_(tensor)
         progress.update(1)
+
+
+def _check_shape(directory: Path, name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:
+    """The weights must have the shapes config.json gives the model (an edited hidden_size, or a
+    config.json from another size, was a torch RuntimeError traceback for the embeddings)."""
+    if tuple(tensor.shape) != tuple(target.shape):
+        raise DataError(
+            f"{directory}: {name} has shape {tuple(tensor.shape)}, config.json gives {tuple(target.shape)}; "
+            "give the config.json these weights were saved with"
+        )
 
 
 def save_weights(model: nn.Module, root: Path) -> Path:

@@ -138,7 +138,8 @@ def globals_from_hf(arch: str, read: Callable[[str], torch.Tensor], live: Tensor
     for name, template in live.items():
         source = names["tok_embeddings.weight"] if name == "output.weight" and tied else names[name]
         tensor = read(source)
-        if name in ("tok_embeddings.weight", "output.weight"):
+        # rows are fitted to the padded vocabulary; other widths are left for the caller to refuse
+        if name in ("tok_embeddings.weight", "output.weight") and tensor.shape[1:] == template.shape[1:]:
             tensor = _fit_rows(tensor, template)
         out[name] = tensor
     return out
