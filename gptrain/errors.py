@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 
 def os_error_text(error: OSError, where: object) -> str:
-    """'<file>: <reason>' of an OSError, the file it names or else `where`."""
-    return f"{getattr(error, 'filename', None) or where}: {error.strerror or error}"
+    """'<file>: <reason>' of an OSError, the file it names or else `where`.
+
+    mkdir on a path that is a file fails with EEXIST, "File exists", which reads as a refusal to
+    overwrite: said instead as what it is, a file where a directory is needed (--json out/r.json,
+    a results or output directory, with `out` a file)."""
+    filename = getattr(error, "filename", None)
+    reason = error.strerror or error
+    if isinstance(error, FileExistsError) and filename and _is_a_file(filename):
+        reason = "is a file, where a directory is needed"
+    return f"{filename or where}: {reason}"
+
+
+def _is_a_file(path: str | bytes | os.PathLike) -> bool:
+    return os.path.exists(path) and not os.path.isdir(path)
 
 
 def error_text(error: BaseException) -> str:

@@ -144,3 +144,23 @@ def test_a_config_file_path_that_is_not_utf8_is_kept_as_its_bytes_in_cmd_args_lo
 
     write_run_files(tmp_path, "run: {}\n", ["gptrain", "train", "--config-file", "/d/caf\udce9 x.yaml"])
     assert (tmp_path / "cmd-args.log").read_bytes() == b"gptrain train --config-file '/d/caf\xe9 x.yaml'\n"
+
+
+def test_an_output_under_a_file_says_a_directory_is_needed_not_file_exists(tmp_path, capsys, word_corpus):
+    """mkdir's "File exists" for `out/x.json` with `out` a file read as a refusal to overwrite."""
+    from gptrain.cli import main
+
+    taken = tmp_path / "out"
+    taken.write_text("a file the user forgot\n")
+    assert main(["plan", "gpt3/126m", "--nodes", "1", "--gpu", "h100-80gb", "--json", f"{taken}/p.json"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"gptrain: error: {taken}: is a file, where a directory is needed (GPTRAIN_DEBUG=1 shows where)"
+    )
+    prefix, _ = word_corpus
+    assert main(["data", "merge", "--input", prefix, "--output-prefix", f"{taken}/merged"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"gptrain: error: {taken}/merged.bin: cannot create the output ({taken}: is a file, where a "
+        "directory is needed)"
+    )
+    assert taken.read_text() == "a file the user forgot\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "out"]  # nothing else written

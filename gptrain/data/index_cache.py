@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from gptrain.errors import DataError
+from gptrain.errors import DataError, os_error_text
 from gptrain.utils.atomic import atomic_write, atomic_write_text
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
@@ -154,7 +154,7 @@ class IndexCache:
             if is_too_many_open_files(error):
                 raise DataError(too_many_open_files(self.directory, error)) from None
             raise DataError(
-                f"cannot write dataset index cache in {self.directory}: {error.strerror or error}; "
+                f"cannot write dataset index cache in {self.directory} ({os_error_text(error, self.directory)}); "
                 "give a directory this job can write: model.data.index_mapping_dir (train, eval) or "
                 "--cache-dir (data sample)"
             ) from error

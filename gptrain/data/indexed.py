@@ -21,7 +21,7 @@ from typing import IO
 import numpy as np
 
 from gptrain.data.blend_spec import strip_suffix
-from gptrain.errors import DataError
+from gptrain.errors import DataError, os_error_text
 from gptrain.utils.atomic import remove_stale_temporaries, temporary_sibling
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
@@ -290,7 +290,8 @@ class IndexedDatasetWriter:
             report_stale_temporaries(self.bin_path)
             self._temps = [temporary_sibling(self.bin_path) for _ in range(4)]
         except OSError as error:
-            raise DataError(f"{self.bin_path}: cannot create the output ({error})") from None
+            reason = os_error_text(error, self.bin_path.parent)
+            raise DataError(f"{self.bin_path}: cannot create the output ({reason})") from None
         self._bin: IO[bytes] = open(self._temps[0], "wb")  # noqa: SIM115 (closed in finalize/abort)
         self._lengths: IO[bytes] = open(self._temps[1], "w+b")  # noqa: SIM115
         self._docs: IO[bytes] = open(self._temps[2], "w+b")  # noqa: SIM115
