@@ -128,3 +128,18 @@ def test_text_that_is_not_utf8_is_one_line_naming_the_file_and_nothing_is_writte
         "is not UTF-8 (a path from a non-UTF-8 argument or working directory); use UTF-8 paths"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_the_parent_refuses_is_named_not_its_staging_name(tmp_path, monkeypatch) -> None:
+    """`import --output ro/run` into a read-only ro/ said 'ro/.run.bypm7i22.tmp: Permission denied',
+    a name the user never gave and that does not exist."""
+    import errno
+    import tempfile
+
+    def refused(prefix: str, suffix: str, dir: Path) -> str:  # what mkdtemp raises in a read-only dir
+        raise PermissionError(errno.EACCES, "Permission denied", str(dir / f"{prefix}x1y2z3{suffix}"))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refused)
+    with pytest.raises(PermissionError) as error, atomic_directory(tmp_path / "run"):
+        pass
+    assert error.value.filename == str(tmp_path / "run")

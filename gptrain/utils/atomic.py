@@ -183,7 +183,11 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         except OSError:
             if not parent.is_dir():  # cannot be made here: as mkdir(parents=True) would say
                 raise
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as error:  # the parent refuses a new directory: said of the directory asked for
+        error.filename = str(path)
+        raise
     try:
         yield staging
         open_to_umask(staging)
