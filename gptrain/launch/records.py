@@ -29,11 +29,13 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     records = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().splitlines():
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes a crash left
             continue  # a line cut by a crash: skip it, keep the rest
+        if isinstance(record, dict):  # a line that is some other JSON value is no record either
+            records.append(record)
     return records
 
 

@@ -525,3 +525,20 @@ def test_a_stage_sbatch_refuses_withdraws_the_stages_this_launch_submitted(tmp_p
     lines = calls.read_text().splitlines()
     assert lines[0].startswith("sbatch --parsable ") and "afterok:101" in lines[1]
     assert lines[2:] == ["scancel 101"]
+
+
+def test_launcher_log_survives_lines_of_garbage(tmp_path, capsys):
+    """Bytes that are not UTF-8 (a disk or NFS client that lost part of the file) and JSON lines
+    that are not objects made status, logs and cancel tracebacks (UnicodeDecodeError,
+    AttributeError 'list' object has no attribute 'get'), for every run under --results-dir."""
+    from gptrain.cli import main
+
+    run = tmp_path / "results" / "r"
+    run.mkdir(parents=True)
+    append_record(run, "submitted", stage="training", executor="local", job_id="local-1", pid=2**22 + 1)
+    with open(run / "launcher.log", "ab") as handle:
+        handle.write(b'\xc3\x28\xff garbage\n[1, 2]\n7\n"text"\nnull\n')
+    append_record(run, "finished", stage="training", job_id="local-1", exit_code=0)
+    assert [r["event"] for r in read_records(run)] == ["submitted", "finished"]
+    assert main(["status", "--results-dir", str(tmp_path / "results")]) == 0
+    assert "r  training  job local-1  COMPLETED" in capsys.readouterr().out
