@@ -164,3 +164,43 @@ def test_an_output_under_a_file_says_a_directory_is_needed_not_file_exists(tmp_p
     )
     assert taken.read_text() == "a file the user forgot\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "out"]  # nothing else written
+
+
+@pytest.mark.parametrize(
+    ("argv", "option", "given"),
+    [
+        (["eval", "run", "--data-prefix", "1", "a", "--data-prefix", "2", "b"], "data_prefix", ["1", "a", "2", "b"]),
+        (["data", "sample", "--seq-length", "8", "--data-prefix", "a", "--data-prefix", "b"], "data_prefix", ["a", "b"]),
+        (["data", "prepare", "--input", "x", "--output-prefix", "o", "--json-keys", "text", "--json-keys", "title"],
+         "json_keys", ["text", "title"]),
+    ],
+)  # fmt: skip
+def test_a_list_option_given_twice_keeps_both(argv, option, given):
+    """`eval --data-prefix 1 A --data-prefix 1 B` evaluated on B alone (argparse keeps the last),
+    a loss over half the data asked for, said nowhere; `data sample` sampled B's split alone and
+    `data prepare --json-keys text --json-keys title` wrote no text dataset. As --input of data
+    prepare/merge already did, each now adds to the list."""
+    from gptrain.cli import build_parser
+
+    assert getattr(build_parser().parse_args(argv), option) == given
+
+
+def test_data_prepare_tokenizes_every_repeated_json_key_and_text_by_default(tmp_path, word_corpus):
+    from gptrain.cli import main
+    from gptrain.data.indexed import IndexedDataset
+
+    _, tokenizer = word_corpus
+    source = tmp_path / "docs.jsonl"
+    source.write_text('{"text": "w1 w2 w3", "title": "w4"}\n')
+    common = ["data", "prepare", "--input", str(source), "--tokenizer-model", tokenizer]
+    assert (
+        main([*common, "--output-prefix", f"{tmp_path}/two", "--json-keys", "text", "--json-keys", "title"])
+        == 0
+    )
+    assert IndexedDataset(f"{tmp_path}/two_text_document").num_tokens == 3
+    assert IndexedDataset(f"{tmp_path}/two_title_document").num_tokens == 1
+    assert main([*common, "--output-prefix", f"{tmp_path}/default"]) == 0
+    assert sorted(p.name for p in tmp_path.glob("default_*")) == [
+        "default_text_document.bin",
+        "default_text_document.idx",
+    ]

@@ -35,9 +35,9 @@ def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json-keys",
         nargs="+",
-        default=["text"],
-        help="keys to tokenize (default: text); a value is a string, or an array of strings (sentences, "
-        "one sequence each, as Megatron takes it)",
+        action="extend",  # `--json-keys text --json-keys title` is both keys, not only title
+        help="keys to tokenize (default: text; may be repeated); a value is a string, or an array of strings "
+        "(sentences, one sequence each, as Megatron takes it)",
     )
     add_tokenizer_args(parser)
     parser.add_argument("--append-eod", action="store_true", help="end every non-empty document with EOD")
@@ -135,7 +135,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         inputs=args.input,
         output_prefix=args.output_prefix,
         tokenizer=spec,
-        json_keys=tuple(args.json_keys),
+        json_keys=tuple(args.json_keys or ["text"]),
         append_eod=args.append_eod,
         workers=args.workers,
         log_interval=args.log_interval,

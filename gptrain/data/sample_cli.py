@@ -24,8 +24,9 @@ def add_sample_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--data-prefix",
         nargs="+",
+        action="extend",  # `--data-prefix 1 A --data-prefix 2 B` is the blend, not B alone
         metavar="PREFIX",
-        help="one prefix, or pairs 'W1 P1 W2 P2 ...' for a blend",
+        help="one prefix, or pairs 'W1 P1 W2 P2 ...' for a blend; may be repeated",
     )
     parser.add_argument(
         "--seq-length", type=int, required=True, help="tokens per sample (the sample has one more)"

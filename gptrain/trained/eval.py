@@ -41,8 +41,10 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--data-prefix",
         nargs="+",
+        action="extend",  # `--data-prefix 1 A --data-prefix 1 B` is the blend, not B alone
         metavar="PREFIX",
-        help="evaluate on these indexed datasets instead (a prefix, or weight prefix pairs of a blend)",
+        help="evaluate on these indexed datasets instead (a prefix, or weight prefix pairs of a blend); "
+        "may be repeated",
     )
     parser.add_argument(
         "--batches",
