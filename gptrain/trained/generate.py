@@ -46,6 +46,7 @@ def run_generate(args: argparse.Namespace) -> int:
     check_sampling(
         args.max_new_tokens, args.temperature, args.top_k, args.greedy, args.top_p
     )  # before loading
+    check_prompt_is_text(args.prompt)
     run = load_run(args.checkpoint)
     print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)
     prompt_ids = list(run.tokenizer.encode(args.prompt))
@@ -65,6 +66,22 @@ def run_generate(args: argparse.Namespace) -> int:
         new_ids = new_ids[:-1]
     print(args.prompt + continuation_text(run.tokenizer, prompt_ids, new_ids))
     return 0
+
+
+def check_prompt_is_text(prompt: str) -> None:
+    """A prompt from a terminal or file in another encoding (Latin-1) reaches Python with its bytes
+    as surrogates, which no tokenizer takes: the HF tokenizer raised "TextInputSequence must be str"
+    as a traceback, after the checkpoint was loaded."""
+    from gptrain.errors import ConfigError
+
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as error:
+        byte = ord(prompt[error.start]) - 0xDC00
+        raise ConfigError(
+            f"--prompt: byte 0x{byte:02x} (character {error.start + 1}) is not UTF-8; give the prompt as "
+            "UTF-8 text (a terminal or file in another encoding: convert it, e.g. iconv -f latin1)"
+        ) from None
 
 
 def continuation_text(tokenizer, prompt_ids: list[int], new_ids: list[int]) -> str:

@@ -297,6 +297,18 @@ def test_generate_loads_the_trained_weights(tmp_path: Path, capsys: pytest.Captu
         assert capsys.readouterr().out == expected + "\n"
 
 
+def test_a_prompt_that_is_not_utf8_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--prompt "caf\xe9"` from a Latin-1 terminal: a tokenizer traceback after the load."""
+    from gptrain.cli import main
+
+    tiny_run(tmp_path)
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "The caf\udce9", "--greedy"]) == 2
+    assert capsys.readouterr().err == (
+        "gptrain: error: --prompt: byte 0xe9 (character 8) is not UTF-8; give the prompt as UTF-8 text "
+        "(a terminal or file in another encoding: convert it, e.g. iconv -f latin1)\n"
+    )
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_generate_loads_a_checkpoint_padded_for_tensor_parallelism(tmp_path: Path, capsys) -> None:
     """A TP=2 run saves 50432 vocabulary rows where one process pads to 50304: generate takes them as saved."""
