@@ -147,3 +147,29 @@ def test_import_of_weights_another_config_json_describes_names_the_tensor(tmp_pa
     assert f", {width}), config.json gives (" in message and f", {2 * width})" in message
     assert message.endswith("give the config.json these weights were saved with")
     assert not (tmp_path / "imported").exists()
+
+
+def test_paths_that_safetensors_cannot_take_are_refused_first(tmp_path: Path) -> None:
+    """A Latin-1 directory name (its byte 0xe9 a surrogate in Python): export with verification
+    failed after the work with "free space or fix permissions", import said the tokenizer.json was
+    not one, or named an override (run.name=...) the user never gave."""
+    pytest.importorskip("transformers")
+    from hf_helpers import run_cli, tiny_run
+
+    run, _ = tiny_run("gpt2", tmp_path)
+    latin1 = f"{tmp_path}/caf\udce9"
+    shown = f"{tmp_path}/caf\\xe9"
+    hf = tmp_path / "hf"
+    assert run_cli(["export", str(run), "--to", "hf", str(hf), "--no-verify"]) == 0
+    for argv, named in (
+        (["export", str(run), "--to", "hf", latin1], "OUTPUT_DIR"),
+        (["import", latin1, "--output", str(tmp_path / "imported")], "HF_DIR"),
+        (["import", str(hf), "--output", latin1, "--no-verify"], "--output"),
+    ):
+        with pytest.raises(ConfigError) as error:
+            run_cli(argv)
+        assert str(error.value) == (
+            f"{named} {shown}: byte 0xe9 is not UTF-8, and safetensors, tokenizers and the run's config "
+            "take UTF-8 paths only; rename it (or link it from a UTF-8 path)"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run_gpt2"]  # nothing else written

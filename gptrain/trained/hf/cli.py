@@ -90,6 +90,8 @@ def run_export(args: argparse.Namespace) -> int:
 
     if not args.max_shard_size_gb > 0:
         raise ConfigError(f"--max-shard-size-gb={args.max_shard_size_gb} must be > 0")
+    if not args.no_verify:  # transformers loads the written directory back
+        require_utf8_path(args.output, "OUTPUT_DIR")
     report = export_hf(
         args.checkpoint,
         args.output,
@@ -108,6 +110,9 @@ def run_export(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     from gptrain.trained.hf.import_ import import_hf
 
+    require_utf8_path(args.hf_dir, "HF_DIR")
+    require_utf8_path(args.output, "--output")
+
     report = import_hf(args.hf_dir, args.output, verify=not args.no_verify, stream=sys.stderr)
     check = report.verification.describe() if report.verification else "not verified (--no-verify)"
     print(
@@ -115,3 +120,19 @@ def run_import(args: argparse.Namespace) -> int:
         f"{report.output / 'hparams.yaml'}) in {report.seconds:.1f} s; {check}"
     )
     return 0
+
+
+def require_utf8_path(path: str, option: str) -> None:
+    """A path that is not UTF-8 (a Latin-1 directory name) reaches Python with its bytes as
+    surrogates, which safetensors, tokenizers and the run's hparams.yaml cannot take: import failed
+    with a misleading "not a Hugging Face tokenizer.json" or named an override the user never gave."""
+    from gptrain.errors import ConfigError
+
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as error:
+        shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise ConfigError(
+            f"{option} {shown}: byte 0x{ord(path[error.start]) - 0xDC00:02x} is not UTF-8, and safetensors, "
+            "tokenizers and the run's config take UTF-8 paths only; rename it (or link it from a UTF-8 path)"
+        ) from None
