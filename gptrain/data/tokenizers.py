@@ -326,7 +326,7 @@ def load_huggingface(model: str) -> Tokenizer:
     from tokenizers import Tokenizer
 
     try:
-        tokenizer = Tokenizer.from_file(str(file))
+        tokenizer = Tokenizer.from_buffer(file.read_bytes())  # from_file takes UTF-8 paths only
     except Exception as error:
         raise DataError(f"{file}: not a Hugging Face tokenizer.json ({error})") from None
     vocab = tokenizer.get_vocab(with_added_tokens=True)

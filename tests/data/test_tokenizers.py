@@ -127,6 +127,19 @@ def test_huggingface_tokenizer_json(hf_gpt2, gpt2, tmp_path):
         build_tokenizer("HuggingFaceTokenizer")
 
 
+def test_a_tokenizer_json_under_a_path_that_is_not_utf8_loads(hf_gpt2, gpt2, tmp_path):
+    """`data prepare --tokenizer-model /data/caf\xe9/tokenizer.json` (a Latin-1 directory) said the
+    file was 'not a Hugging Face tokenizer.json': the tokenizers library takes UTF-8 paths only."""
+    import os
+
+    directory = os.fsencode(tmp_path) + b"/caf\xe9"
+    os.mkdir(directory)
+    with open(directory + b"/tokenizer.json", "w", encoding="utf-8") as handle:  # save() takes UTF-8 only
+        handle.write(hf_gpt2.tokenizer.to_str())
+    tok = build_tokenizer("HuggingFaceTokenizer", model=os.fsdecode(directory))
+    assert tok.encode(TRICKY[1]) == gpt2.encode(TRICKY[1]) and tok.eod == 50256
+
+
 def test_tiktoken_named_encoding_offline(gpt2_files, gpt2, tmp_path, monkeypatch):
     """tiktoken's own "gpt2" (from its cache, filled with the same files) agrees with ours."""
     base = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
