@@ -122,18 +122,27 @@ def test_training_steps_past_what_the_sample_indices_address_are_one_line_naming
     )
 
 
-def test_an_override_that_is_not_utf8_is_one_line_naming_it(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["launch", "train"])
+def test_an_override_that_is_not_utf8_is_one_line_naming_it(command, tmp_path, capsys):
     """`base_results_dir=/data/caf\\xe9` from a Latin-1 shell: the launch's config.yaml (and a
     training's hparams.yaml and log) failed to be written with a UnicodeEncodeError traceback."""
     from gptrain.cli import main
 
-    results = f"{tmp_path}/caf\udce9"  # the byte 0xe9, as Python decodes it from argv
-    argv = ["launch", "--dry-run", "training=gpt3/126m", "training.trainer.num_nodes=1"]
-    assert main([*argv, f"base_results_dir={results}"]) == 2
-    assert capsys.readouterr().err == (
-        f"gptrain: error: override 'base_results_dir={tmp_path}/caf\\xe9': byte 0xe9 is not UTF-8, and the "
-        "config, its copies and the logs are UTF-8 text; rename the path (or give the value) in UTF-8\n"
-    )
+    path = f"{tmp_path}/caf\udce9"  # the byte 0xe9, as Python decodes it from argv
+    if command == "launch":  # every launch argument is checked first (it reaches launcher_cmd.log)
+        argv = ["launch", "--dry-run", "training=gpt3/126m", f"base_results_dir={path}"]
+        said = (
+            f"the argument 'base_results_dir': 'base_results_dir={tmp_path}/caf\\xe9' is not UTF-8 text "
+            "(the byte 0xe9); the job scripts and configs are UTF-8: use a name or path in UTF-8"
+        )
+    else:
+        argv = ["train", "gpt3/126m", f"exp_manager.explicit_log_dir={path}"]
+        said = (
+            f"override 'exp_manager.explicit_log_dir={tmp_path}/caf\\xe9': byte 0xe9 is not UTF-8, and the "
+            "config, its copies and the logs are UTF-8 text; rename the path (or give the value) in UTF-8"
+        )
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"gptrain: error: {said}\n"
     assert list(tmp_path.iterdir()) == []
 
 

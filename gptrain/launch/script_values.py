@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gptrain.errors import ConfigError
+from gptrain.utils.atomic import printable
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 NAMES = {"\n": "a newline", "\r": "a carriage return", "\x00": "a NUL byte", "\t": "a tab"}
@@ -51,7 +52,7 @@ def utf8_error(where: str, text: str) -> ConfigError | None:
     if bad is None:
         return None
     return ConfigError(
-        f"{where}: {text!r} is not UTF-8 text ({bad}); the job scripts and configs are UTF-8:"
+        f"{where}: '{printable(text)}' is not UTF-8 text ({bad}); the job scripts and configs are UTF-8:"
         " use a name or path in UTF-8"
     )
 
@@ -126,5 +127,5 @@ def check_launch_values(resolved: dict[str, Any]) -> None:
         )
     if not_utf8(cwd):
         raise ConfigError(
-            f"the current directory {cwd!r} is not UTF-8 text ({not_utf8(cwd)}); launch from another directory"
+            f"the current directory '{printable(cwd)}' is not UTF-8 text ({not_utf8(cwd)}); launch from another directory"
         )

@@ -187,9 +187,7 @@ def test_a_value_that_is_not_utf8_is_named_by_its_key(tmp_path, monkeypatch):
         f"base_results_dir={tmp_path}/r",
         "env_vars.NAME=${oc.env:GPTRAIN_TEST_LATIN1}",
     ]
-    with pytest.raises(
-        ConfigError, match=r"^env_vars\.NAME: 'caf\\udce9' is not UTF-8 text \(the byte 0xe9\)"
-    ):
+    with pytest.raises(ConfigError, match=r"^env_vars\.NAME: 'caf\\xe9' is not UTF-8 text \(the byte 0xe9\)"):
         build_plan(compose(args))
     latin1 = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9"))
     latin1.mkdir()
