@@ -22,7 +22,7 @@ import numpy as np
 
 from gptrain.data.blend_spec import strip_suffix
 from gptrain.errors import DataError, os_error_text
-from gptrain.utils.atomic import remove_stale_temporaries, temporary_sibling
+from gptrain.utils.atomic import hold, remove_stale_temporaries, temporary_sibling
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -295,6 +295,9 @@ class IndexedDatasetWriter:
         self._bin: IO[bytes] = open(self._temps[0], "wb")  # noqa: SIM115 (closed in finalize/abort)
         self._lengths: IO[bytes] = open(self._temps[1], "w+b")  # noqa: SIM115
         self._docs: IO[bytes] = open(self._temps[2], "w+b")  # noqa: SIM115
+        self._index_hold: IO[bytes] = open(self._temps[3], "rb")  # noqa: SIM115 (the .idx's, written last)
+        for handle in (self._bin, self._lengths, self._docs, self._index_hold):
+            hold(handle)  # not stale to another write of this output, however long this one runs
         self._docs.write(np.zeros(1, np.int64).tobytes())
         self.num_sequences = 0
         self.num_documents = 0
@@ -385,6 +388,7 @@ class IndexedDatasetWriter:
             handle.flush()
             os.fsync(handle.fileno())
             handle.close()
+        self._index_hold.close()
 
     def _write_index(self, path: Path) -> None:
         self._lengths.flush()
@@ -411,7 +415,7 @@ class IndexedDatasetWriter:
         """Drop everything written so far; no output file appears."""
         if self._done:
             return
-        for handle in (self._bin, self._lengths, self._docs):
+        for handle in (self._bin, self._lengths, self._docs, self._index_hold):
             handle.close()
         self._done = True
         self._remove_temps()
@@ -478,6 +482,9 @@ def finalize_together(writers: Sequence[IndexedDatasetWriter]) -> None:
     try:
         for writer in writers:
             writer._stage()
+        for writer in writers:  # all there before an old index goes: a failure leaves the old outputs whole
+            writer._temps[0].stat()
+            writer._temps[3].stat()
         for writer in writers:
             writer.idx_path.unlink(missing_ok=True)
         for writer in writers:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import glob
 import os
 import shutil
@@ -44,12 +45,30 @@ def remove_stale_temporaries(
     for temp in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp"):
         with contextlib.suppress(OSError):  # gone already, or not ours to remove
             stat = temp.stat()
-            if stat.st_mtime >= cutoff:
+            if stat.st_mtime >= cutoff or held_by_a_writer(temp):
                 kept.append((temp, stat.st_size))
                 continue
             temp.unlink()
             removed.append((temp, stat.st_size))
     return removed, kept
+
+
+def hold(handle: IO) -> None:
+    """Mark an open temporary file as a live writer's (an exclusive flock, released when the last
+    descriptor of it closes, so also when the process dies): `remove_stale_temporaries` leaves it
+    whatever its age (a job suspended for hours, a long stretch with nothing to write)."""
+    with contextlib.suppress(OSError):  # a filesystem without flock: its temporaries are never removed
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def held_by_a_writer(temp: Path) -> bool:
+    """Whether a live writer holds `temp` (see `hold`); True too where that cannot be told."""
+    try:
+        with open(temp, "rb") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held (EWOULDBLOCK), or no flock here (ENOLCK, ENOSYS): not ours to remove
+        return True
+    return False
 
 
 @contextlib.contextmanager

@@ -323,3 +323,36 @@ def test_a_killed_writers_temporaries_are_removed_by_the_next_write_of_that_outp
     assert len(err) == 2, err
     assert f"removed 2 temporary files (2.0 kB) beside {prefix}.bin" in err[0]
     assert "1 temporary file (0.5 kB)" in err[1] and str(recent.parent) in err[1] and "delete" in err[1]
+
+
+def test_a_live_writers_temporaries_are_kept_however_old(tmp_path, capsys):
+    """The cleanup above judged a temporary by its age alone: a live writer's `.idx` temporary
+    (created at its start, written at its end) is as old as the run, and its `.bin` one goes
+    untouched while the job is suspended; a second write of the output deleted them, and the first
+    one's finish then removed the old `.idx` and failed, leaving the earlier dataset without its
+    index. A live writer holds its temporaries (flock): kept at any age, and the old outputs stay."""
+    import os
+    import time
+
+    prefix = tmp_path / "out_text_document"
+    with IndexedDatasetWriter(str(prefix), np.uint16) as old:
+        old.add_document(np.arange(3, dtype=np.int64))
+    before = (
+        (tmp_path / "out_text_document.bin").read_bytes(),
+        (tmp_path / "out_text_document.idx").read_bytes(),
+    )
+    first = IndexedDatasetWriter(str(prefix), np.uint16)
+    first.add_document(np.arange(7, dtype=np.int64))
+    hours_ago = time.time() - 5 * 3600
+    for temp in first._temps:
+        os.utime(temp, (hours_ago, hours_ago))
+    second = IndexedDatasetWriter(str(prefix), np.uint16)  # another job on the same output
+    assert all(temp.exists() for temp in first._temps)
+    assert "removed" not in capsys.readouterr().err
+    second.abort()
+    first.finalize()
+    assert IndexedDataset(str(prefix)).get(0).tolist() == list(range(7))
+    assert before != (
+        (tmp_path / "out_text_document.bin").read_bytes(),
+        (tmp_path / "out_text_document.idx").read_bytes(),
+    )
