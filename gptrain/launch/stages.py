@@ -100,7 +100,7 @@ def build_plan(composition: Composition) -> LaunchPlan:
 def training_blend(resolved: dict[str, Any], stages: list[str], notes: list[str]) -> str | None:
     """The blend file the training reads in place of its data_prefix after data preparation (every
     prepared shard, weighted by data_preparation.blend.weights), or None: the training's own
-    data_prefix names exactly the prepared shards, and its weights are the user's (the NeMo tutorial's
+    data_prefix names only prepared shards (all or some), and its weights are the user's (the NeMo tutorial's
     [0.5, my-gpt3_00, 0.5, my-gpt3_01], as NeMo reads it). A data_prefix replaced is said in a note."""
     if "data_preparation" not in stages:
         return None
@@ -113,7 +113,7 @@ def training_blend(resolved: dict[str, Any], stages: list[str], notes: list[str]
         os.path.abspath(output_prefix(prep, shard)) for shard in parse_shards(prep.get("shards") or [])
     }
     own = {os.path.abspath(strip_suffix(str(p))) for p in prefixes_of(data.get("data_prefix"))}
-    if own and own == prepared:
+    if own and own <= prepared:  # every prefix it names is prepared here: read as written
         return None
     others = own - prepared
     if others and data.get("data_impl") != "mock":

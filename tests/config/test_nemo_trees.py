@@ -408,6 +408,15 @@ def test_a_training_blend_of_the_prepared_shards_keeps_its_weights(tmp_path, cap
         f" ({data}/blend.yaml, weighted by tokens), not training.model.data.data_prefix, which names 28"
         " prefix(es) data_preparation does not write" in notes
     )
+    # some of the prepared shards only (a subset): read as written too, as NeMo reads it
+    plan = build_plan(
+        compose([*base, "training.model.data.data_prefix=[1.0,${data_dir}/my-gpt3_00_text_document]"], tree)
+    )
+    assert plan.jobs[-1].setup == []
+    assert plan.configs["training"]["model"]["data"]["data_prefix"] == [
+        1.0,
+        f"{data}/my-gpt3_00_text_document",
+    ]
 
 
 def test_a_rerun_with_resume_if_exists_false_over_checkpoints_stops_at_launch(tmp_path, capsys):
