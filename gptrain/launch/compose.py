@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ GROUPS = ("cluster", "data_preparation", "validation", "training")
 STAGES = ("data_preparation", "validation", "training")
 # Keys a group file may carry for Hydra that mean nothing here.
 HYDRA_KEYS = ("defaults", "hydra")
+INTERPOLATION_ROOT = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)")
 
 
 @dataclass
@@ -71,6 +73,10 @@ class Composition:
 
     def resolved(self) -> dict[str, Any]:
         return _to_container(self.cfg, resolve=True)
+
+    def interpolated_roots(self) -> set[str]:
+        """The top-level keys some interpolation reads (`${my_root}/data` -> my_root)."""
+        return set(INTERPOLATION_ROOT.findall(OmegaConf.to_yaml(self.cfg)))
 
     def section(self, group: str) -> dict[str, Any]:
         return _to_container(self.cfg[group], resolve=True)

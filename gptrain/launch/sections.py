@@ -199,18 +199,20 @@ TOP_READ = (
 )  # fmt: skip
 
 
-def _check_misspelt_top_keys(resolved: dict[str, Any]) -> None:
+def _check_misspelt_top_keys(resolved: dict[str, Any], roots: set[str]) -> None:
+    """`roots`: the top-level keys an interpolation reads (`${data_dir2}/x`): kept, however close."""
     for key in resolved:
-        if key in TOP_READ:
+        if key in TOP_READ or key in roots:
             continue
         close = difflib.get_close_matches(str(key), TOP_READ, n=1, cutoff=0.85)
         if close:
             raise ConfigError(f"{key}: not a key the launcher reads; did you mean '{close[0]}'?")
 
 
-def check_launch_sections(resolved: dict[str, Any]) -> None:
-    """Check (and normalize in place: a string -> a one-item list) the keys the launcher reads itself."""
-    _check_misspelt_top_keys(resolved)
+def check_launch_sections(resolved: dict[str, Any], roots: set[str] = frozenset()) -> None:
+    """Check (and normalize in place: a string -> a one-item list) the keys the launcher reads itself;
+    `roots` are the top-level keys interpolations read (see _check_misspelt_top_keys)."""
+    _check_misspelt_top_keys(resolved, roots)
     _check_keys(resolved, "", TOP)
     cluster = mapping("cluster", resolved.get("cluster"))
     if cluster is not None:

@@ -58,7 +58,7 @@ class LaunchPlan:
 def build_plan(composition: Composition) -> LaunchPlan:
     resolved = composition.resolved()
     check_launch_values(resolved)  # before anything is written: no newline reaches a script
-    check_launch_sections(resolved)  # types of the keys read below: one error naming the key
+    check_launch_sections(resolved, composition.interpolated_roots())  # types of the keys read below
     if resolved.get("container") and resolved["cluster_type"] != "local":
         resolved = with_absolute_paths(resolved)  # pyxis starts in the image's WORKDIR, not --chdir's
     # In a container the launching interpreter's path means nothing: use the image's python. The

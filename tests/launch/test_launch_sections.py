@@ -196,3 +196,5 @@ def test_a_misspelt_top_level_key_is_named_not_dropped(override, meant, tmp_path
         f"gptrain: error: {key}: not a key the launcher reads; did you mean '{meant}'?"
     )
     assert main([*args, "+my_root=/fsx", "data_dir=${my_root}/data"]) == 0, capsys.readouterr().err
+    # a root of the user's own that is close to a key (a second data directory) but interpolated
+    assert main([*args, "+data_dir2=/fsx", "data_dir=${data_dir2}/data"]) == 0, capsys.readouterr().err
