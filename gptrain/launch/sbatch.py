@@ -141,8 +141,9 @@ ENV_REFERENCE = re.compile(
 )
 
 
-# `\$` is a literal `$`, as in NeMo's unquoted export (`pa\$word`: no reference to expand).
-ENV_TOKEN = re.compile(r"\\\$|" + ENV_REFERENCE.pattern)
+# `\$` is a literal `$`, as in NeMo's unquoted export (`pa\$word`: no reference to expand); a run
+# of backslashes before `$` escapes it only when odd (`\\$HOME` is a backslash pair, then $HOME).
+ENV_TOKEN = re.compile(r"(?<!\\)(?:\\\\)*\\\$|" + ENV_REFERENCE.pattern)
 
 
 def env_value(text: str, what: str) -> str:
@@ -152,8 +153,8 @@ def env_value(text: str, what: str) -> str:
     for token in ENV_TOKEN.finditer(text):
         literal += text[position : token.start()]
         position = token.end()
-        if token.group() == "\\$":
-            literal += "$"
+        if token.group().endswith("\\$"):  # an odd run of backslashes: the last one escapes the `$`
+            literal += token.group()[:-2] + "$"
             continue
         if literal:
             parts.append(quote(literal, what))

@@ -123,16 +123,19 @@ def run_script(script: Path, stubs: Path, log: Path) -> subprocess.CompletedProc
 
 def expanded(text: str, env: dict[str, str]) -> str:
     """An env_vars value as the job sees it: `$NAME` and `${NAME}` expanded (as NeMo's unquoted
-    export does; unset: empty), `\\$` a literal `$`, nothing else."""
+    export does; unset: empty), `\\$` a literal `$` (the last of an odd run of backslashes before a
+    `$` escapes it; an even run escapes nothing), nothing else."""
     from gptrain.launch.sbatch import ENV_REFERENCE
 
     env = {**env, "PYTHONUNBUFFERED": "1"}  # exported by the script before env_vars
     out, i = [], 0
     while i < len(text):
         reference = ENV_REFERENCE.match(text, i)
-        if text.startswith("\\$", i):
-            out.append("$")
-            i += 2
+        run = len(text[i:]) - len(text[i:].lstrip("\\"))
+        if run and text.startswith("$", i + run):
+            odd = run % 2
+            out.append("\\" * (run - odd) + ("$" if odd else ""))
+            i += run + odd
         elif reference:
             out.append(env.get(reference.group(1) or reference.group(2), ""))
             i = reference.end()

@@ -193,6 +193,7 @@ def check_arrival(key: str, value: object, scripts: list[Path], plan, log: Path)
 @example(key="local:wandb_api_key_file", text=" $(owned)'")
 @example(key="cluster.constraint", text="h100&ib|a100#x")
 @example(key="validation.exclude_file", text="\r")
+@example(key="local:python", text="\x00")
 def test_no_value_reaching_a_stage_script_is_executed(key, text):
     text = text.replace("${", "$_{")  # OmegaConf interpolation syntax: a feature, not a value
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
@@ -202,7 +203,8 @@ def test_no_value_reaching_a_stage_script_is_executed(key, text):
         for name, body in STUBS.items():
             stub(bin_dir / name, body)
         args, config_key, value = scenario(key, text, root)
-        stub(Path(value) if config_key == "python" else bin_dir / "py", PYTHON)
+        if "\x00" not in str(value):  # no file can have that name; the launch refuses it (checked below)
+            stub(Path(value) if config_key == "python" else bin_dir / "py", PYTHON)
         if config_key == "wandb_api_key_file" and not CONTROL.search(str(value)):
             Path(value).parent.mkdir(exist_ok=True)
             Path(value).write_text(KEY + "\r\n")
