@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shlex
 import signal
 import subprocess
 import time
@@ -273,7 +274,7 @@ def refuse_launch_into_live_run(run_dirs: list[Path]) -> None:
             record, state = live[-1]
             raise LaunchError(
                 f"{run_dir}: job {record['job_id']} ({record.get('stage', '?')}) of this run is "
-                f"{state.describe()}; wait for it, `gptrain cancel {run_dir}`, or launch under another "
+                f"{state.describe()}; wait for it, `gptrain cancel {shlex.quote(str(run_dir))}`, or launch under another "
                 "training.run.name"
             )
 

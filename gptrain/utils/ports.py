@@ -1,7 +1,7 @@
 """The rendezvous port of a Slurm job's ranks where no one chose it: each rank computes it alone.
 
 `gptrain launch`'s batch script chooses MASTER_PORT once on the first node (a free port;
-gptrain.launch.sbatch) and every rank inherits it. Ranks started by a plain `srun gptrain ...`
+gptrain.launch.rendezvous) and every rank inherits it. Ranks started by a plain `srun gptrain ...`
 have no such script: they agree on a port without talking, from what Slurm gives every task of
 the step alike. A fixed port (torch's 29500) collides with any other job, or other step of the
 same job, whose rank 0 shares the node.

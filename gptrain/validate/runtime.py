@@ -4,7 +4,7 @@ Started like training (torchrun or srun, one process per GPU; one process alone 
 of 1). Under srun without torchrun's variables the rendezvous address is the first node of
 the allocation, resolved here (emulated nodes have names that do not resolve, so Slurm's
 NodeAddr is asked for). The port: MASTER_PORT when set (the batch script's choice,
-gptrain.launch.sbatch), else gptrain.utils.ports' from the step's own variables.
+gptrain.launch.rendezvous), else gptrain.utils.ports' from the step's own variables.
 """
 
 from __future__ import annotations

@@ -294,26 +294,6 @@ def test_a_lightning_fraction_is_refused_not_read_as_a_count(override, what):
     assert getattr(whole.trainer, key.split(".")[1]) == 2
 
 
-def test_launcher_cmd_log_records_the_conf_tree_it_launched_from(tmp_path, monkeypatch, capsys):
-    """The tutorial's directory holds launcher_cmd.log, "the full invocation command". It dropped
-    --config-dir and --config-name: the command it showed composed gptrain's bundled configs, not the
-    user's tree (its bcm.yaml's partition, its config.yaml's mounts and env_vars)."""
-    from gptrain.cli import main
-
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(conf("23.07"), tmp_path / "launcher_scripts" / "conf")
-    (tmp_path / "launcher_scripts/conf/aws.yaml").write_text(
-        (tmp_path / "launcher_scripts/conf/config.yaml").read_text()
-    )
-    argv = ["--config-dir", "launcher_scripts/conf", "--config-name", "aws", *AWS_BENCHMARK]
-    argv += [f"launcher_scripts_path={tmp_path}/launcher_scripts"]
-    assert main(["launch", "--dry-run", *argv]) == 0, capsys.readouterr().err
-    log = tmp_path / "launcher_scripts/results/gpt3_126m/dry-run/launcher_cmd.log"
-    words = shlex.split(log.read_text())
-    tree = str(tmp_path / "launcher_scripts" / "conf")
-    assert words == ["gptrain", "launch", "--config-dir", tree, "--config-name", "aws", *argv[4:]]
-
-
 def test_bignlp_nccl_topology_file_is_exported_to_the_jobs(tmp_path):
     """bignlp-scripts 22.x's config.yaml names the topology file in nccl_topology_xml_file (its jobs
     export NCCL_TOPO_FILE from it; Azure NDv4 needs /opt/microsoft/ndv4-topo.xml); it was dropped

@@ -7,6 +7,7 @@ DependencyNeverSatisfied, which `gptrain status` reports.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 
@@ -67,7 +68,7 @@ def withdraw(jobs: list[Job], ids: list[str]) -> str:
         done = None
     word = "job" if len(ids) == 1 else "jobs"
     if done is None or done.returncode != 0:
-        return f"; {word} {named} of this launch may still be queued: gptrain cancel {jobs[0].run_dir}"
+        return f"; {word} {named} of this launch may still be queued: gptrain cancel {shlex.quote(str(jobs[0].run_dir))}"
     return f"; cancelled {word} {named}, which this launch had submitted"
 
 
