@@ -30,7 +30,7 @@ class LoaderWorkerDied(GptrainError):
 # torch's words (its C++ SIGCHLD check, and dataloader.py's for a worker gone without a signal)
 _WORKER_DIED = re.compile(
     r"DataLoader worker \(pid(?:\(s\))? (?P<pids>[\d, ]+)\) "
-    r"(?:is killed by signal: (?P<signal>[^.]+)\.|exited unexpectedly)"
+    r"(?:is killed by signal: (?P<signal>[^.]+)\.|exited unexpectedly(?: with exit code (?P<code>-?\d+))?)"
 )
 
 
@@ -44,13 +44,27 @@ def loader_worker_died(error: BaseException, wait_s: float = 0.0) -> LoaderWorke
         match = _worker_death_seen_within(wait_s)
     if match is None:
         return None
-    how = f"was killed by signal {match['signal']}" if match["signal"] else "exited unexpectedly"
+    return LoaderWorkerDied(f"a DataLoader worker (pid {match['pids']}) {_death_and_remedy(match)}")
+
+
+def _death_and_remedy(match: re.Match[str]) -> str:
+    """How the worker ended and what to do, by torch's words: SIGKILL is the out-of-memory killer's,
+    SIGBUS a full /dev/shm (torch says so too), anything else the worker's own error."""
+    resume = "then resume from the last checkpoint"
     if match["signal"] == "Killed":
-        how += " (SIGKILL: most likely the kernel's out-of-memory killer)"
-    return LoaderWorkerDied(
-        f"a DataLoader worker (pid {match['pids']}) {how}: give the job more host memory or lower "
-        "model.data.num_workers, then resume from the last checkpoint"
-    )
+        return (
+            "was killed by signal Killed (SIGKILL: most likely the kernel's out-of-memory killer): give "
+            f"the job more host memory or lower model.data.num_workers, {resume}"
+        )
+    if match["signal"] == "Bus error":
+        return (
+            "was killed by signal Bus error (most likely shared memory ran out: /dev/shm, a container's "
+            f"--shm-size): raise that limit or lower model.data.num_workers, {resume}"
+        )
+    how = f"was killed by signal {match['signal']}" if match["signal"] else "exited unexpectedly"
+    if match["code"] is not None:
+        how += f" with exit code {match['code']}"
+    return f"{how}: model.data.num_workers=0 shows the worker's own error in the run, {resume}"
 
 
 def _worker_death_seen_within(wait_s: float) -> re.Match[str] | None:

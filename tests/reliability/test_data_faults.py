@@ -83,6 +83,34 @@ def test_torchs_words_for_a_worker_gone_without_a_signal_are_one_line_too():
     assert loader_worker_died(RuntimeError("CUDA error: device-side assert triggered")) is None
 
 
+def test_each_way_a_worker_dies_gets_its_own_remedy():
+    """Every death was told to add host memory: a SIGBUS (torch's own message says the workers ran
+    out of shared memory: /dev/shm in a container) and an exit code (lost) were misdirected."""
+    from gptrain.train.batches import loader_worker_died
+
+    bus = loader_worker_died(
+        RuntimeError(
+            "DataLoader worker (pid 9) is killed by signal: Bus error. It is possible that dataloader's "
+            "workers are out of shared memory. Please try to raise your shared memory limit."
+        )
+    )
+    assert bus is not None and "/dev/shm" in str(bus) and "host memory" not in str(bus)
+    code = loader_worker_died(
+        RuntimeError(
+            "DataLoader worker (pid 77) exited unexpectedly with exit code 3. Details are lost due to "
+            "multiprocessing. Rerunning with num_workers=0 may give better error trace."
+        )
+    )
+    assert code is not None and str(code).startswith(
+        "a DataLoader worker (pid 77) exited unexpectedly with exit code 3: "
+    )
+    assert "model.data.num_workers=0" in str(code) and "host memory" not in str(code)
+    segfault = loader_worker_died(
+        RuntimeError("DataLoader worker (pid 7) is killed by signal: Segmentation fault. ")
+    )
+    assert segfault is not None and "host memory" not in str(segfault)
+
+
 def test_a_broken_connection_seen_before_the_workers_death_waits_for_torchs_check(monkeypatch):
     """The worker's socket can close before the kernel shows it exited: the run then met EOFError or
     'Connection reset by peer' (printed as that, one line saying nothing of the worker), and torch's
