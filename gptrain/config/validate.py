@@ -50,7 +50,6 @@ POSITIVE = (
     "trainer.log_every_n_steps",
     "trainer.val_check_interval",
     "exp_manager.checkpoint_callback_params.every_n_train_steps",
-    "exp_manager.checkpoint_callback_params.save_top_k",
     "model.micro_batch_size",
     "model.global_batch_size",
     "model.tensor_model_parallel_size",
@@ -147,6 +146,12 @@ def validate(cfg: TrainingConfig) -> None:
     for key in POSITIVE:
         if get(cfg, key) < 1:
             raise ConfigError(f"{key}: must be at least 1, got {get(cfg, key)}")
+    top_k = cfg.exp_manager.checkpoint_callback_params.save_top_k
+    if top_k < 1 and top_k != -1:  # -1: keep every checkpoint, as PyTorch Lightning (and Megatron) do
+        raise ConfigError(
+            f"exp_manager.checkpoint_callback_params.save_top_k: must be at least 1, or -1 to keep every "
+            f"checkpoint, got {top_k}"
+        )
     if cfg.trainer.train_samples is not None and cfg.trainer.train_samples < 1:
         raise ConfigError(
             f"trainer.train_samples: must be at least 1 or null, got {cfg.trainer.train_samples}"

@@ -97,6 +97,8 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--use-rotary-position-embeddings": {"model.position_embedding_type": "rope"},
     "--eod-mask-loss": {"model.data.eod_mask_loss": True},
     "--mock-data": {"model.data.data_impl": "mock"},
+    # the AWS Neuron fork's: each save removes the checkpoints before it
+    "--keep-last-checkpoint-only": {"exp_manager.checkpoint_callback_params.save_top_k": 1},
     # ZeRO-1 in Megatron (one reduce-scatter and one all-gather per step); gptrain's nearest is
     # FSDP2 keeping the weights gathered through the step (ZeRO-2: gradients reduce-scattered)
     "--use-distributed-optimizer": {"model.data_parallel_sharding": "shard_grad_op"},

@@ -41,6 +41,7 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
     "trainer.limit_test_batches": 100,
     "trainer.gradient_clip_val": 1.0,
     "exp_manager.resume_if_exists": False,
+    "exp_manager.checkpoint_callback_params.save_top_k": -1,  # Megatron removes no checkpoint
     "model.optim.lr": 6e-4,
     "model.optim.betas": [0.9, 0.999],
     "model.optim.eps": 1e-8,

@@ -363,3 +363,14 @@ def test_the_64_bit_integers_are_accepted_to_their_ends():
     assert cfg.trainer.max_steps == 2**63 - 1
     with pytest.raises(ConfigError, match=r"model.num_layers: must be at least 1, got -9223372036854775808"):
         load_training_config("gpt3/126m", [f"model.num_layers={-(2**63)}"])
+
+
+def test_save_top_k_minus_one_keeps_every_checkpoint_and_zero_is_refused():
+    """-1 is PyTorch Lightning's (and NeMo's) 'keep every checkpoint', as Megatron keeps them; 0 or
+    another negative keeps nothing sensible and is refused naming the key."""
+    key = "exp_manager.checkpoint_callback_params.save_top_k"
+    cfg = load_training_config("gpt3/126m", [f"{key}=-1"], report_ignored=False)
+    assert cfg.exp_manager.checkpoint_callback_params.save_top_k == -1
+    for bad in (0, -2):
+        with pytest.raises(ConfigError, match=rf"^{key}: must be at least 1, or -1 to keep every checkpoint"):
+            load_training_config("gpt3/126m", [f"{key}={bad}"], report_ignored=False)

@@ -700,3 +700,16 @@ def test_async_save_is_the_async_checkpoint_save():
         assert (
             load_training_config(None, t.overrides, report_ignored=False).exp_manager.async_save is expected
         )
+
+
+def test_checkpoints_are_kept_as_megatron_keeps_them():
+    """Megatron removes no checkpoint; `gptrain megatron` kept gptrain's last 10 and removed the
+    rest without a word. The Neuron fork's --keep-last-checkpoint-only (later Trainium scripts) was
+    refused as unknown; it keeps the last one."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --lr 1e-4 --mock-data --vocab-size 64 --save /r/run --save-interval 2"
+    for extra, kept in (("", -1), (" --keep-last-checkpoint-only", 1)):
+        cfg = load_training_config(
+            None, translate(shlex.split(flags + extra), {}).overrides, report_ignored=False
+        )
+        assert cfg.exp_manager.checkpoint_callback_params.save_top_k == kept
