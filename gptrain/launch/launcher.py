@@ -25,6 +25,7 @@ from gptrain.launch.stages import (
     LaunchPlan,
     build_plan,
     check_run_dirs,
+    claim_run_dirs,
     config_path,
     dry_run_path,
     render_run_files,
@@ -189,6 +190,7 @@ def launch(
     if plan.cluster_type == "slurm":  # a cancel that fails (another user's job) leaves nothing written
         for line in cancel_never_starting(run_dirs):
             print(f"gptrain: {line}", file=sys.stderr)
+    claim_run_dirs(plan)  # unique_output: a launch started in the same second took none of them
     make_mount_dirs(plan.mount_dirs)  # a directory that cannot be made leaves nothing written
     write_files(files)
     if plan.cluster_type == "slurm":

@@ -351,6 +351,24 @@ def write_run_files(plan: LaunchPlan, argv: list[str], dry_run: bool = False) ->
     return write_files(render_run_files(plan, argv), dry_run)
 
 
+def claim_run_dirs(plan: LaunchPlan) -> None:
+    """unique_output=true chose directory names that did not exist when the config was composed;
+    two launches started together (a sweep run in the background) may have chosen the same. Each
+    directory is created here, exclusively, before anything is written: the second launch stops
+    instead of sharing the first's."""
+    if not plan.resolved.get("unique_output"):
+        return
+    for run_dir in dict.fromkeys(job.run_dir for job in plan.jobs):
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
+            raise LaunchError(
+                f"{run_dir}: another launch took this directory after this one chose it "
+                "(unique_output=true, launches in the same second); launch again"
+            ) from None
+
+
 def validate_training(plan: LaunchPlan, files: list[RunFile]) -> TrainingConfig | None:
     """Check the training config the job will read, as written, with the training loader (no torch);
     return it (None without a training stage) for the preflight's file and layout checks."""

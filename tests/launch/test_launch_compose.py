@@ -290,3 +290,27 @@ def test_a_config_dir_that_is_missing_or_a_file_says_so(tmp_path):
         ConfigError, match=r"file: is not a directory; give the conf directory that holds c.yaml"
     ):
         compose([], tmp_path / "file", config_name="c.yaml")
+
+
+def test_two_launches_that_chose_one_unique_directory_do_not_share_it(tmp_path, monkeypatch):
+    """unique_output checked that the directory did not exist when composing, and created it only
+    when writing: two launches started together (a sweep run in the background) chose the same name
+    and the second wrote into the first's run. The launch now claims each directory exclusively."""
+    from gptrain.errors import LaunchError
+    from gptrain.launch import launcher
+    from gptrain.launch.stages import build_plan, claim_run_dirs
+
+    now = time.mktime((2026, 1, 2, 3, 4, 5, 0, 0, -1))
+    overrides = [f"base_results_dir={tmp_path}", "unique_output=true", "cluster_type=local", *MOCK]
+    overrides += ["training.model.data.mock_vocab_size=64"]
+    first, second = (build_plan(compose(overrides, now=now)) for _ in range(2))  # both before either writes
+    third = compose(overrides, now=now)
+    assert first.jobs[0].run_dir == second.jobs[0].run_dir
+    claim_run_dirs(first)
+    with pytest.raises(LaunchError, match="another launch took this directory"):
+        claim_run_dirs(second)
+    # the launch itself claims before anything is written (mount directories included)
+    monkeypatch.setattr(launcher, "compose", lambda *args, **kwargs: third)
+    with pytest.raises(LaunchError, match="another launch took this directory"):
+        launcher.launch(overrides, echo=False)
+    assert list(first.jobs[0].run_dir.iterdir()) == []  # nothing of the second launch written there
