@@ -4,7 +4,8 @@
 
 Runs bench/train_step.py's single-device path for each shape (eager, model.compile=true, which
 compiles the whole forward and loss as one graph, and FP8 tensorwise compiled) in a fresh
-process, reads its peak GiB (torch.cuda.max_memory_allocated, the table's last column), and
+process, reads its peak GiB (torch.cuda.max_memory_allocated, `peak_memory_gib` of its JSON line; null
+off CUDA, where the case's measurement is null), and
 writes the estimate, the measurement and the relative error per case as JSON. Dropout 0, bf16,
 sequence 2048, as in docs/performance.md.
 """
@@ -13,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+TRAIN_STEP = Path(__file__).resolve().parent / "train_step.py"
 NO_DROPOUT = ["model.hidden_dropout=0", "model.attention_dropout=0"]
 CASES = {
     "gpt3/126m mbs8 seq2048": ["--preset", "gpt3/126m", "--micro-batch-size", "8", *NO_DROPOUT],
@@ -50,18 +52,26 @@ def estimate(case: list[str], compile_: bool, fp8: bool) -> float:
 
 
 def measure(case: list[str], compile_: bool, fp8: bool) -> float | None:
-    """Peak GiB of gptrain's row in bench/train_step.py's table (its last column)."""
-    args = [sys.executable, "bench/train_step.py", *case, "--seq-length", "2048", "--precision", "bf16"]
+    """Peak GiB of gptrain's row in bench/train_step.py's JSON line; None where the run failed."""
+    args = [sys.executable, str(TRAIN_STEP), *case, "--seq-length", "2048", "--precision", "bf16"]
     args += ["--steps", "5", "--warmup", "3", "--reference", "none", "--label", "gptrain"]
     args += ["--compile"] if compile_ else []
     args += ["model.fp8=true"] if fp8 else []
     done = subprocess.run(args, capture_output=True, text=True)
-    rows = [line for line in done.stdout.splitlines() if "gptrain" in line]
-    numbers = re.findall(r"[0-9]+\.[0-9]+", rows[-1]) if rows else []
-    if done.returncode != 0 or not numbers:
+    peak = peak_gib(done.stdout) if done.returncode == 0 else None
+    if peak is None:
         print(done.stdout[-2000:], done.stderr[-2000:], file=sys.stderr)
+    return peak
+
+
+def peak_gib(stdout: str) -> float | None:
+    """gptrain's peak memory from train_step's last JSON line: None without one, or off CUDA
+    (no peak counter), never another number of the line (a loss read as GiB)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
         return None
-    return float(numbers[-1])
+    results = json.loads(lines[-1])["results"]
+    return results[0]["peak_memory_gib"] if results else None
 
 
 def main() -> None:
@@ -77,7 +87,9 @@ def main() -> None:
             row = {"case": name, "compile": compile_, "fp8": fp8, "estimate_gib": est, "measured_gib": meas}
             rows.append(row | {"error": err})
             print(json.dumps(rows[-1]), flush=True)
-    out.write_text(json.dumps(rows, indent=2) + "\n")
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(rows, indent=2) + "\n")
+    os.replace(tmp, out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,69 @@
+"""The scripts under bench/ still run: nothing else runs them, and a changed option or output of
+gptrain leaves them dead until someone measures on a GPU (a smoke run at the smallest shape)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+TINY = ["model.num_layers=1", "model.hidden_size=32", "model.num_attention_heads=2"]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCH))  # profile_step imports train_step as a sibling
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+@pytest.fixture(scope="module")
+def train_step_output() -> str:
+    """bench/train_step.py's stdout at the smallest shape: gptrain, separate GEMMs, eager reference."""
+    args = ["--preset", "quickstart/cpu", "--micro-batch-size", "2", "--global-batch-size", "4"]
+    args += ["--seq-length", "16", "--precision", "32", "--steps", "2", "--warmup", "1"]
+    args += ["--reference", "eager", "--separate-projections", *TINY]
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "train_step.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_train_step_reports_every_loop_and_ratios_against_gptrain(train_step_output):
+    result = json.loads(train_step_output.splitlines()[-1])
+    names = [row["name"] for row in result["results"]]
+    assert names == ["gptrain", "gptrain, separate q/k/v GEMMs", "plain PyTorch (eager)"]
+    gptrain_seconds = result["results"][0]["seconds_per_step"]
+    for row in result["results"][1:]:  # throughput ratio: the other loop's step time over gptrain's
+        assert result["speedup_vs"][row["name"]] == pytest.approx(row["seconds_per_step"] / gptrain_seconds)
+    assert result["global_batch_size"] == 4 and result["seq_length"] == 16
+
+
+def test_plan_memory_reads_the_peak_not_another_number(train_step_output, monkeypatch):
+    """Off CUDA train_step has no peak: the measurement is missing, not the last loss read as GiB."""
+    plan_memory = load("plan_memory_gpu")
+    on_gpu = train_step_output.replace('"peak_memory_gib": null', '"peak_memory_gib": 3.25')
+
+    def run(args, **_):
+        assert Path(args[1]) == BENCH / "train_step.py"  # found from any working directory
+        return subprocess.CompletedProcess(args, 0, stdout=stdout, stderr="")
+
+    monkeypatch.setattr(plan_memory.subprocess, "run", run)
+    stdout = train_step_output
+    assert plan_memory.measure(plan_memory.CASES["gpt3/126m mbs8 seq2048"], False, False) is None
+    stdout = on_gpu
+    assert plan_memory.measure(plan_memory.CASES["gpt3/126m mbs8 seq2048"], False, False) == 3.25
