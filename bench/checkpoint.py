@@ -67,7 +67,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rounds", type=int, default=1, help="repeat the modes N times, alternating; ratios are medians"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 1 <= args.every <= args.steps:  # no save to time: the ratios would divide by nothing
+        parser.error(
+            f"--every {args.every} saves nothing in --steps {args.steps}: give 1 <= --every <= --steps"
+        )
+    return args
 
 
 def run_mode(mode: str, args: argparse.Namespace, root: Path, device: torch.device) -> dict:

@@ -17,6 +17,7 @@ TINY = ["model.num_layers=1", "model.hidden_size=32", "model.num_attention_heads
 def load(name: str):
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
     sys.path.insert(0, str(BENCH))  # profile_step imports train_step as a sibling
     try:
         spec.loader.exec_module(module)
@@ -67,3 +68,24 @@ def test_plan_memory_reads_the_peak_not_another_number(train_step_output, monkey
     assert plan_memory.measure(plan_memory.CASES["gpt3/126m mbs8 seq2048"], False, False) is None
     stdout = on_gpu
     assert plan_memory.measure(plan_memory.CASES["gpt3/126m mbs8 seq2048"], False, False) == 3.25
+
+
+@pytest.mark.parametrize("steps, every", [(1, 2), (4, 0)])
+def test_checkpoint_refuses_a_run_without_saves_in_one_line(steps, every, capsys):
+    checkpoint = load("checkpoint")
+    with pytest.raises(SystemExit) as exit_info:
+        checkpoint.parse_args(["--steps", str(steps), "--every", str(every)])
+    assert exit_info.value.code == 2
+    assert f"--every {every} saves nothing in --steps {steps}" in capsys.readouterr().err
+
+
+def test_checkpoint_times_each_mode_and_ratios_async_against_sync(tmp_path, capsys):
+    checkpoint = load("checkpoint")
+    args = ["--layers", "1", "--hidden", "32", "--heads", "2", "--vocab", "256", "--seq-length", "16"]
+    args += ["--steps", "4", "--every", "2", "--modes", "none,sync,async", "--dir", str(tmp_path)]
+    assert checkpoint.main(args) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    rows = {row["mode"]: row for row in result["rounds"][0]["rows"]}
+    assert [rows[mode]["saves"] for mode in ("none", "sync", "async")] == [0, 2, 2]
+    stall = rows["async"]["stall_ms_median"] / rows["sync"]["stall_ms_median"]
+    assert result["async_stall_over_sync"] == pytest.approx(stall)
