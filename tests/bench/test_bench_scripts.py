@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from gptrain.config import load_training_config
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
@@ -89,3 +92,53 @@ def test_checkpoint_times_each_mode_and_ratios_async_against_sync(tmp_path, caps
     assert [rows[mode]["saves"] for mode in ("none", "sync", "async")] == [0, 2, 2]
     stall = rows["async"]["stall_ms_median"] / rows["sync"]["stall_ms_median"]
     assert result["async_stall_over_sync"] == pytest.approx(stall)
+
+
+def test_save_plan_and_index_build_run_at_a_small_size(monkeypatch, capsys):
+    save_plan = load("save_plan")
+    monkeypatch.setattr(
+        sys, "argv", ["save_plan.py", "--ranks", "2", "--layers", "1", "--hidden", "32", "--heads", "2"]
+    )
+    save_plan.main()
+    row = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"][0]
+    assert row["uncached"]["items_per_rank"] > 0 and row["cached"]["items_per_rank"] == 0
+    index_build = load("index_build")
+    lengths = np.random.default_rng(0).integers(1, 100, size=200).astype(np.int32)
+    _, built = index_build.time_gpt_case(lengths, 32, 50, 5)
+    assert built >= 50
+    index_build.time_blend(3, 1000)
+
+
+def gpu_suite_commands(tmp_path: Path) -> list[list[str]]:
+    """Every command line bench/gpu_suite.sh runs (all parts, FP8_ROWWISE=1), as the interpreter
+    gets it: the suite is run with a recording stand-in for python."""
+    record, fake = tmp_path / "commands.jsonl", tmp_path / "python"
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"open({str(record)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+    )
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "FP8_ROWWISE": "1"}
+    subprocess.run(
+        ["bash", str(BENCH / "gpu_suite.sh"), str(tmp_path / "out")], env=env, cwd=REPO, check=True
+    )
+    return [json.loads(line) for line in record.read_text().splitlines()]
+
+
+def test_every_gpu_suite_command_parses_with_its_script(tmp_path):
+    """The options and config keys of each item still exist (a renamed one fails on the GPU only)."""
+    commands = gpu_suite_commands(tmp_path)
+    scripts = [Path(argv[0]).stem for argv in commands if argv[0].startswith("bench/")]
+    assert {"train_step", "profile_step", "fp8_curve", "checkpoint"} <= set(scripts)
+    train_step = load("train_step")
+    for argv in commands:
+        if argv[:2] == ["-m", "pytest"]:
+            assert all((REPO / a).is_dir() for a in argv if a.startswith("tests/"))  # the GPU tests
+            continue
+        name, options = Path(argv[0]).stem, argv[1:]
+        if name in ("train_step", "profile_step"):  # profile_step: train_step's options (and its own)
+            train_step.bench_config(train_step.parse_args(options))  # key.sub=value still config keys
+        else:
+            args = load(name).parse_args(options)
+            if name == "fp8_curve":
+                load_training_config("quickstart/gpu", [f"data_dir={tmp_path}", *args.overrides])
