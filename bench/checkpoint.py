@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from gptrain.checkpoint.manager import CheckpointManager, SaveReport
+from gptrain.errors import GptrainError
 from gptrain.models.config import GPTConfig
 from gptrain.train.builders import build_model
 from gptrain.train.loss_scale import build_loss_scaler
@@ -251,4 +252,7 @@ def median_ratios(rounds: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except GptrainError as error:  # bad input (a shape, a key.sub=value): one line, no traceback
+        raise SystemExit(f"checkpoint.py: {error}") from None

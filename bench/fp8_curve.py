@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from gptrain.errors import GptrainError
 from gptrain.trained.curves import LOSS, read_run_metrics
 
 TARGET = 0.01  # issue 9: the FP8 run's end loss within 1% of the baseline's
@@ -93,7 +94,10 @@ def ensure_data(data: Path) -> None:
 
 
 def gptrain(args: list[str]) -> None:
-    subprocess.run([sys.executable, *args], check=True)
+    """Run `python ARGS`; where it fails, stop with one line (its own error is printed above)."""
+    code = subprocess.run([sys.executable, *args]).returncode
+    if code:
+        raise SystemExit(f"fp8_curve.py: `python {' '.join(args[:4])} ...` failed (exit {code}); see above")
 
 
 def train(label: str, args: argparse.Namespace, extra: list[str]) -> tuple[Path, float]:
@@ -173,13 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     args.preset = args.preset or ("quickstart/cpu" if args.emulate else "quickstart/gpu")
     args.out.mkdir(parents=True, exist_ok=True)
     args.data = args.data.resolve()
+    seed = preset_seed(args) + 1  # the control's; also refuses a bad override before any work
     ensure_data(args.data)
     fp8_keys = ["model.fp8=true", f"model.fp8_recipe={args.recipe}"]
     fp8_keys += ["model.fp8_emulate=true"] if args.emulate else []
     fp8_label = f"fp8_{args.recipe}" + ("_emulated" if args.emulate else "")
     runs = {"baseline": train("baseline", args, []), fp8_label: train(fp8_label, args, fp8_keys)}
     if not args.no_control:
-        seed = preset_seed(args) + 1
         runs[f"baseline_seed{seed}"] = train(f"baseline_seed{seed}", args, [f"model.seed={seed}"])
     metrics = {label: read_run_metrics(results) for label, (results, _) in runs.items()}
     curves = {label: dict(zip(*m.series(LOSS), strict=True)) for label, m in metrics.items()}
@@ -232,4 +236,7 @@ def preset_seed(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        raise SystemExit(main())
+    except GptrainError as error:  # bad input (a shape, a key.sub=value): one line, no traceback
+        raise SystemExit(f"fp8_curve.py: {error}") from None

@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_step as bench  # noqa: E402
 
+from gptrain.errors import GptrainError  # noqa: E402
 from gptrain.models.flops import pad_vocab_size  # noqa: E402
 from gptrain.train import builders  # noqa: E402
 
@@ -123,4 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except GptrainError as error:  # bad input (a shape, a key.sub=value): one line, no traceback
+        raise SystemExit(f"profile_step.py: {error}") from None

@@ -22,6 +22,7 @@ import time
 import torch
 
 from gptrain.checkpoint.planner import CachingSavePlanner, forget
+from gptrain.errors import GptrainError
 from gptrain.models.config import GPTConfig
 from gptrain.train.builders import build_model
 from gptrain.train.optim import build_optimizer
@@ -85,4 +86,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except GptrainError as error:  # bad input (a shape, a key.sub=value): one line, no traceback
+        raise SystemExit(f"save_plan.py: {error}") from None

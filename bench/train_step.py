@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gptrain.config import TrainingConfig, load_training_config
+from gptrain.errors import GptrainError
 from gptrain.models import gpt
 from gptrain.models.flops import (
     count_parameters,
@@ -425,4 +426,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except GptrainError as error:  # bad input (a shape, a key.sub=value): one line, no traceback
+        raise SystemExit(f"train_step.py: {error}") from None

@@ -142,3 +142,21 @@ def test_every_gpu_suite_command_parses_with_its_script(tmp_path):
             args = load(name).parse_args(options)
             if name == "fp8_curve":
                 load_training_config("quickstart/gpu", [f"data_dir={tmp_path}", *args.overrides])
+
+
+def test_a_bad_override_is_one_line_before_any_data_is_built_or_run_started(tmp_path):
+    data = tmp_path / "data"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "fp8_curve.py"), "--out", str(tmp_path / "out"), "--data", str(data)]
+        + ["--emulate", "model.fp8_recipee=rowwise"],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "fp8_curve.py: override 'model.fp8_recipee=rowwise': unknown key 'model.fp8_recipee'; "
+        "did you mean 'model.fp8_recipe'?"
+    ]
+    assert not data.exists()
