@@ -6,9 +6,9 @@
 gptrain's side is what `gptrain train` runs on one device: the model from the preset built by
 gptrain's builders, activation checkpointing and torch.compile as configured, gptrain's AdamW and
 `train_step` (token-weighted loss, loss scaling, grad-norm, clipping). The reference is a minimal
-eager GPT of the same shapes (fused-qkv attention through scaled_dot_product_attention) with its
-own forward/backward/AdamW step, the loop everyone writes first. Both see the same fixed random
-batch. Prints a table and one JSON line (machine-readable; docs/performance.md quotes it).
+eager GPT of the same shapes (fused-qkv attention through scaled_dot_product_attention; learned or
+rotary positions and a tied or own output head, as configured) with its own
+forward/backward/AdamW step, the loop everyone writes first. Both see the same fixed random batch. Prints a table and one JSON line (machine-readable; docs/performance.md quotes it).
 `--separate-projections` adds gptrain with q/k/v (and w1/w3) as separate GEMMs, as before
 gptrain.models.gpt.fused_linears, to measure what the fused GEMM gains in the same command.
 `--run-ahead` adds gptrain in the loop's order with trainer.run_ahead (the next step's
@@ -200,11 +200,14 @@ class ReferenceBlock(nn.Module):
         self.fc = nn.Linear(h, c.ffn_size * (2 if self.gated else 1), bias=c.bias)
         self.out = nn.Linear(c.ffn_size, h, bias=c.bias)
         self.p_hidden, self.p_attention = c.hidden_dropout, c.attention_dropout
+        self.rotary_dim, self.rotary_base = c.rotary_dim, float(c.rotary_base)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = self.qkv(self.norm1(x)).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
         q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        if self.rotary_dim:
+            q, k = rope(q, self.rotary_dim, self.rotary_base), rope(k, self.rotary_dim, self.rotary_base)
         p = self.p_attention if self.training else 0.0
         a = F.scaled_dot_product_attention(
             q, k, v, dropout_p=p, is_causal=True, enable_gqa=k.shape[1] != q.shape[1]
@@ -219,13 +222,31 @@ class ReferenceBlock(nn.Module):
         return x + F.dropout(self.out(up), self.p_hidden, self.training)
 
 
+def rope(x: torch.Tensor, rotary_dim: int, base: float) -> torch.Tensor:
+    """Rotary position embedding of the first `rotary_dim` channels of each head (rotate-half)."""
+    positions = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)
+    inv_freq = base ** -(torch.arange(0, rotary_dim, 2, device=x.device, dtype=torch.float32) / rotary_dim)
+    angles = torch.outer(positions, inv_freq).repeat(1, 2)
+    rotated, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    first, second = rotated.chunk(2, dim=-1)
+    turned = torch.cat((-second, first), dim=-1)
+    rotated = rotated * angles.cos().to(x.dtype) + turned * angles.sin().to(x.dtype)
+    return torch.cat((rotated, rest), dim=-1)
+
+
 class ReferenceGPT(nn.Module):
-    """The eager GPT people write first: token + position tables, blocks, final norm, tied head."""
+    """The eager GPT people write first: token (+ learned position) tables, blocks, final norm,
+    output head (tied to the token table or its own), as the preset configures gptrain's."""
 
     def __init__(self, c) -> None:
         super().__init__()
         self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.position = nn.Embedding(c.seq_length, c.hidden_size)
+        self.position = nn.Embedding(c.position_rows, c.hidden_size) if c.position_rows else None
+        self.head = (
+            None
+            if c.share_embeddings_and_output_weights
+            else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        )
         self.blocks = nn.ModuleList(ReferenceBlock(c) for _ in range(c.num_layers))
         norm = nn.RMSNorm if c.normalization == "rmsnorm" else nn.LayerNorm
         self.norm = norm(c.hidden_size, eps=c.layernorm_epsilon)
@@ -237,11 +258,13 @@ class ReferenceGPT(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = F.dropout(self.embed(tokens) + self.position(positions), self.p_hidden, self.training)
+        x = self.embed(tokens)
+        if self.position is not None:
+            x = x + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        x = F.dropout(x, self.p_hidden, self.training)
         for block in self.blocks:
             x = block(x)
-        return self.norm(x) @ self.embed.weight.t()
+        return self.norm(x) @ (self.embed.weight if self.head is None else self.head.weight).t()
 
 
 def reference_step(

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gptrain.config import load_training_config
+from gptrain.models.config import GPTConfig
+from gptrain.models.flops import count_parameters
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
@@ -160,3 +163,41 @@ def test_a_bad_override_is_one_line_before_any_data_is_built_or_run_started(tmp_
         "did you mean 'model.fp8_recipe'?"
     ]
     assert not data.exists()
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {},
+        {"share_embeddings_and_output_weights": False},
+        {"position_embedding_type": "rope", "rotary_percentage": 0.5},
+        {"position_embedding_type": "rope", "activation": "swiglu", "normalization": "rmsnorm", "bias": False}
+        | {"num_query_groups": 2, "share_embeddings_and_output_weights": False},
+    ],
+)
+def test_the_reference_loop_has_the_shape_of_gptrains_model(shape):
+    """train_step's baseline is the same model as gptrain's: its parameter count is Megatron's."""
+    train_step = load("train_step")
+    config = GPTConfig(
+        vocab_size=96, seq_length=8, num_layers=2, hidden_size=32, num_attention_heads=4, **shape
+    )
+    reference = train_step.ReferenceGPT(config)
+    assert sum(p.numel() for p in reference.parameters()) == count_parameters(config)
+    logits = reference(torch.randint(0, 96, (2, 8)))
+    assert logits.shape == (2, 8, 96)
+
+
+def test_the_reference_rope_rotates_channel_pairs_by_position_times_frequency():
+    """Rotate-half rope against the complex product in float64: channel i pairs with i + d/2."""
+    train_step = load("train_step")
+    x = torch.randn(2, 3, 5, 16, generator=torch.Generator().manual_seed(0))
+    rotary_dim, base = 8, 10000.0
+    out = train_step.rope(x, rotary_dim, base).double()
+    half = rotary_dim // 2
+    theta = torch.arange(5, dtype=torch.float64)[:, None] * base ** (-2 * torch.arange(half) / rotary_dim)
+    pairs = torch.complex(x[..., :half].double(), x[..., half:rotary_dim].double()) * torch.polar(
+        torch.ones_like(theta), theta
+    )
+    expected = torch.cat((pairs.real, pairs.imag, x[..., rotary_dim:].double()), dim=-1)
+    # float32 sin/cos of angles up to 4 rad and one multiply-add: a few ulp of values ~|x|
+    torch.testing.assert_close(out, expected, rtol=0, atol=8 * 2**-23 * float(x.abs().max()))
