@@ -36,7 +36,7 @@ def load(name: str):
 def train_step_output() -> str:
     """bench/train_step.py's stdout at the smallest shape: gptrain, separate GEMMs, eager reference."""
     args = ["--preset", "quickstart/cpu", "--micro-batch-size", "2", "--global-batch-size", "4"]
-    args += ["--seq-length", "16", "--precision", "32", "--steps", "2", "--warmup", "1"]
+    args += ["--seq-length", "16", "--precision", "32", "--steps", "1", "--warmup", "0"]
     args += ["--reference", "eager", "--separate-projections", *TINY]
     done = subprocess.run(
         [sys.executable, str(BENCH / "train_step.py"), *args],
@@ -88,7 +88,7 @@ def test_checkpoint_refuses_a_run_without_saves_in_one_line(steps, every, capsys
 def test_checkpoint_times_each_mode_and_ratios_async_against_sync(tmp_path, capsys):
     checkpoint = load("checkpoint")
     args = ["--layers", "1", "--hidden", "32", "--heads", "2", "--vocab", "256", "--seq-length", "16"]
-    args += ["--steps", "4", "--every", "2", "--modes", "none,sync,async", "--dir", str(tmp_path)]
+    args += ["--steps", "2", "--every", "1", "--modes", "none,sync,async", "--dir", str(tmp_path)]
     assert checkpoint.main(args) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     rows = {row["mode"]: row for row in result["rounds"][0]["rows"]}
