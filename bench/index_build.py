@@ -17,6 +17,7 @@ import numpy as np
 from gptrain.data.blended import blending_indices, normalize
 from gptrain.data.gpt_dataset import build_gpt_indices
 from gptrain.data.splits import split_indices
+from gptrain.errors import GptrainError
 
 
 def time_gpt_case(
@@ -56,4 +57,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except GptrainError as error:  # too few --documents for a split: one line, no traceback
+        raise SystemExit(f"index_build.py: {error}") from None

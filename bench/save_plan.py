@@ -59,6 +59,12 @@ def plan_once(state: dict, ranks: int, key: str) -> dict:
     }
 
 
+def rank_counts(text: str) -> list[int]:
+    """--ranks as positive integers ("8,64,256"); [] where any entry is not one."""
+    counts = [int(n) if n.strip().isdigit() else 0 for n in text.split(",")]
+    return counts if all(n > 0 for n in counts) else []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -68,9 +74,12 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--heads", type=int, default=12)
     args = parser.parse_args()
+    counts = rank_counts(args.ranks)
+    if not counts:
+        parser.error(f"--ranks {args.ranks!r}: give positive rank counts separated by commas, as 8,64,256")
     state = gpt_state(args.layers, args.hidden, args.heads)
     rows = []
-    for ranks in (int(n) for n in args.ranks.split(",")):
+    for ranks in counts:
         key = f"bench-{ranks}"
         first = plan_once(state, ranks, key)  # fills the cache, as a run's first save
         later = plan_once(state, ranks, key)

@@ -201,3 +201,27 @@ def test_the_reference_rope_rotates_channel_pairs_by_position_times_frequency():
     expected = torch.cat((pairs.real, pairs.imag, x[..., rotary_dim:].double()), dim=-1)
     # float32 sin/cos of angles up to 4 rad and one multiply-add: a few ulp of values ~|x|
     torch.testing.assert_close(out, expected, rtol=0, atol=8 * 2**-23 * float(x.abs().max()))
+
+
+def test_index_build_with_too_few_documents_is_one_line():
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "index_build.py"), "--documents", "10", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "index_build.py: a split of 0 sequences holds 0 tokens; it needs more data or a different split string"
+    ]
+
+
+@pytest.mark.parametrize("ranks", ["0", "8,x", "8,,64"])
+def test_save_plan_refuses_rank_counts_that_are_not_positive_integers(ranks, monkeypatch, capsys):
+    save_plan = load("save_plan")
+    monkeypatch.setattr(sys, "argv", ["save_plan.py", "--ranks", ranks])
+    with pytest.raises(SystemExit) as exit_info:
+        save_plan.main()
+    assert exit_info.value.code == 2
+    assert f"--ranks '{ranks}': give positive rank counts" in capsys.readouterr().err
