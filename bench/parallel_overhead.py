@@ -3,7 +3,8 @@
     .venv/bin/python bench/parallel_overhead.py [--steps 8] [--layouts ddp_dp2,tp2_sp]
 
 Every layout trains the same small GPT (fp32) on the same global batch; the table gives
-the median step time of rank 0 after warm-up and its ratio to the single-process step.
+the median step time of rank 0 after warm-up and its ratio to the single-process step (run
+first, whether --layouts names it or not).
 On a CPU box the numbers measure the framework's overhead (DTensor dispatch, pipeline
 bubbles, gloo collectives, process oversubscription), not a GPU speed-up. Not a test.
 """
@@ -127,15 +128,24 @@ def main() -> None:
     if args.worker:
         worker(json.loads(args.worker))
         _finish()
+    names = layouts_to_run(args.layouts)
+    if unknown := [name for name in names if name not in LAYOUTS]:
+        parser.error(f"--layouts: unknown {', '.join(unknown)}; known: {', '.join(LAYOUTS)}")
     print(f"model {MODEL}, vocab {VOCAB}, batch {BATCH}, fp32, {os.cpu_count()} CPUs, 1 thread per process")
     print("| layout | processes | step (ms) | vs single |\n|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         base = None
-        for name in args.layouts.split(","):
+        for name in names:
             seconds = run(name, args.steps, Path(tmp))
-            base = base or (seconds if name == "single" else None)
-            ratio = f"{seconds / base:.2f}x" if base else "-"
-            print(f"| {name} | {LAYOUTS[name][0]} | {seconds * 1000:.1f} | {ratio} |", flush=True)
+            base = base or seconds  # the first is the single process
+            print(
+                f"| {name} | {LAYOUTS[name][0]} | {seconds * 1000:.1f} | {seconds / base:.2f}x |", flush=True
+            )
+
+
+def layouts_to_run(text: str) -> list[str]:
+    """The layouts asked for, after the single process every ratio is against (run first, once)."""
+    return ["single", *(name for name in text.split(",") if name != "single")]
 
 
 def _finish() -> None:

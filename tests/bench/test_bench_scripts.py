@@ -225,3 +225,31 @@ def test_save_plan_refuses_rank_counts_that_are_not_positive_integers(ranks, mon
         save_plan.main()
     assert exit_info.value.code == 2
     assert f"--ranks '{ranks}': give positive rank counts" in capsys.readouterr().err
+
+
+def test_parallel_overhead_ratios_every_layout_against_the_single_process(monkeypatch, capsys):
+    """--layouts ddp_dp2,tp2_sp (the docstring's example) still gets its ratios: single runs first."""
+    parallel = load("parallel_overhead")
+    seconds = {"single": 0.08, "ddp_dp2": 0.1, "tp2_sp": 0.5}
+    ran = []
+    monkeypatch.setattr(parallel, "run", lambda name, steps, tmp: ran.append(name) or seconds[name])
+    monkeypatch.setattr(sys, "argv", ["parallel_overhead.py", "--layouts", "ddp_dp2,tp2_sp,single"])
+    parallel.main()
+    assert ran == ["single", "ddp_dp2", "tp2_sp"]
+    rows = [
+        line.split(" | ")
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| ") and "x |" in line
+    ]
+    assert {row[0][2:]: float(row[3].partition("x")[0]) for row in rows} == {
+        name: pytest.approx(value / seconds["single"], abs=0.005) for name, value in seconds.items()
+    }
+
+
+def test_parallel_overhead_refuses_an_unknown_layout(monkeypatch, capsys):
+    parallel = load("parallel_overhead")
+    monkeypatch.setattr(sys, "argv", ["parallel_overhead.py", "--layouts", "ddp_dp2,tp3"])
+    with pytest.raises(SystemExit) as exit_info:
+        parallel.main()
+    assert exit_info.value.code == 2
+    assert "--layouts: unknown tp3; known: single, ddp_dp2" in capsys.readouterr().err
