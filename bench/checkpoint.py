@@ -43,6 +43,8 @@ from gptrain.train.step import StepOptions, train_step
 
 ASYNC_MODES = ("async", "async_last_background", "async_buffered")
 """The modes whose saves go to the background (the second one its last save too)."""
+MODES = ("none", "sync", "sync_buffered", *ASYNC_MODES)
+"""Every mode: any other name would run as a synchronous save under its own label."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -69,6 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--rounds", type=int, default=1, help="repeat the modes N times, alternating; ratios are medians"
     )
     args = parser.parse_args(argv)
+    if unknown := [mode for mode in args.modes.split(",") if mode not in MODES]:
+        parser.error(f"--modes: unknown {', '.join(unknown)}; known: {', '.join(MODES)}")
     if not 1 <= args.every <= args.steps:  # no save to time: the ratios would divide by nothing
         parser.error(
             f"--every {args.every} saves nothing in --steps {args.steps}: give 1 <= --every <= --steps"

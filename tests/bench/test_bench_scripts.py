@@ -253,3 +253,11 @@ def test_parallel_overhead_refuses_an_unknown_layout(monkeypatch, capsys):
         parallel.main()
     assert exit_info.value.code == 2
     assert "--layouts: unknown tp3; known: single, ddp_dp2" in capsys.readouterr().err
+
+
+def test_checkpoint_refuses_an_unknown_mode_rather_than_timing_it_as_sync(capsys):
+    checkpoint = load("checkpoint")
+    with pytest.raises(SystemExit) as exit_info:
+        checkpoint.parse_args(["--modes", "none,sync,asycn"])
+    assert exit_info.value.code == 2
+    assert "--modes: unknown asycn; known: none, sync, sync_buffered, async," in capsys.readouterr().err
