@@ -11,6 +11,7 @@ copy). Use it to see whether a gap is GPU work or idle time before choosing what
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections import defaultdict
@@ -100,13 +101,19 @@ def report(rows: list[dict]) -> None:
             print(f"     {ms:7.2f} ms  {kernel[:110]}")
 
 
+def profile_steps(argv: list[str]) -> tuple[int, list[str]]:
+    """--profile-steps N (default 3, at least 1) and the rest: bench/train_step.py's arguments."""
+    parser = argparse.ArgumentParser(prog="profile_step.py", add_help=False)
+    parser.add_argument("--profile-steps", type=int, default=3)
+    known, rest = parser.parse_known_args(argv)
+    if known.profile_steps < 1:
+        parser.error(f"--profile-steps {known.profile_steps}: give at least 1")
+    return known.profile_steps, rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    steps = 3
-    if "--profile-steps" in argv:
-        index = argv.index("--profile-steps")
-        steps = int(argv[index + 1])
-        del argv[index : index + 2]
+    steps, argv = profile_steps(argv)
     args = bench.parse_args(argv)
     cfg = bench.bench_config(args)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

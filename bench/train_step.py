@@ -103,7 +103,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "alone; the mean step time, as a training run sees it",
     )
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
-    return parser.parse_intermixed_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    if args.steps < 1 or args.warmup < 0:  # no timed step: no median, no rate
+        parser.error(f"--steps {args.steps} --warmup {args.warmup}: give --steps >= 1 and --warmup >= 0")
+    return args
 
 
 def bench_config(args: argparse.Namespace) -> TrainingConfig:

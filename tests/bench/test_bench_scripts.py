@@ -261,3 +261,18 @@ def test_checkpoint_refuses_an_unknown_mode_rather_than_timing_it_as_sync(capsys
         checkpoint.parse_args(["--modes", "none,sync,asycn"])
     assert exit_info.value.code == 2
     assert "--modes: unknown asycn; known: none, sync, sync_buffered, async," in capsys.readouterr().err
+
+
+def test_train_step_and_profile_step_refuse_zero_timed_steps(capsys):
+    train_step, profile_step = load("train_step"), load("profile_step")
+    with pytest.raises(SystemExit) as exit_info:
+        train_step.parse_args(["--steps", "0"])
+    assert exit_info.value.code == 2 and "--steps 0 --warmup 3: give --steps >= 1" in capsys.readouterr().err
+    assert profile_step.profile_steps(["--compile", "--profile-steps", "2", "model.fp8=true"]) == (
+        2,
+        ["--compile", "model.fp8=true"],
+    )
+    for bad in (["--profile-steps", "0"], ["--profile-steps", "x"], ["--profile-steps"]):
+        with pytest.raises(SystemExit) as exit_info:
+            profile_step.profile_steps(bad)
+        assert exit_info.value.code == 2 and "--profile-steps" in capsys.readouterr().err
