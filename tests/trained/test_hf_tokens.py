@@ -321,3 +321,15 @@ def test_verification_takes_fixed_ids_where_the_tokenizer_encodes_the_prompt_to_
     finally:
         verify.gptrain_logits, verify.hf_logits = real
     assert new and seen and all(dtype == torch.int64 for dtype in seen)  # was a float tensor of []
+
+
+def test_a_mock_data_run_exports_without_tokenizer_files_and_says_so(tmp_path, capsys) -> None:
+    """A mock-data run has no tokenizer; the export must say its directory has none, as for tiktoken,
+    rather than leave a user to find out when AutoTokenizer fails on it."""
+    run, _ = saved_run(
+        tmp_path / "run", "gpt2", "model.data.data_impl=mock", "model.data.mock_vocab_size=512"
+    )
+    assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "model.data.data_impl=mock" in err and "the export has no tokenizer files" in err
+    assert not any((tmp_path / "out" / name).exists() for name in ("tokenizer.json", "vocab.json"))

@@ -134,9 +134,18 @@ def export_hf(
 
 def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO) -> None:
     """A tiktoken encoding has no transformers tokenizer files to copy: refused before anything is
-    written (verification would only fail at the end), or exported without one under --no-verify."""
+    written (verification would only fail at the end), or exported without one under --no-verify.
+    A mock-data run has no tokenizer at all: exported without one, said so (AutoTokenizer would fail)."""
     tok = source.cfg.model.tokenizer
-    if source.tokenizer is None or canonical_type(tok.type) != "tiktoken":
+    if source.tokenizer is None:
+        data = source.cfg.model.data
+        print(
+            f"gptrain: warning: model.data.data_impl={data.data_impl} (model.data.mock_vocab_size="
+            f"{data.mock_vocab_size}): the run has no tokenizer, so the export has no tokenizer files",
+            file=stream,
+        )
+        return
+    if canonical_type(tok.type) != "tiktoken":
         return
     what = f"model.tokenizer.type={tok.type} (model.tokenizer.model={tok.model})"
     if verify:
