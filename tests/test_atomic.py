@@ -45,13 +45,13 @@ def test_a_finished_directory_and_its_private_files_follow_the_umask(umask_027, 
         (staging / "sub").mkdir(mode=0o700)
         (staging / "sub" / "x.bin").write_bytes(b"x")
         os.chmod(staging / "sub" / "x.bin", 0o600)
-        atomic_write_text(staging / "config.json", "{}")  # 0644 by its writer
+        atomic_write_text(staging / "config.json", "{}")  # 0640 by its writer, as open() under 027
         (staging / "run.sh").write_text("")
         (staging / "run.sh").chmod(0o750)
     assert mode(out) == 0o750
     assert mode(out / "model.safetensors") == 0o640
     assert mode(out / "sub") == 0o750 and mode(out / "sub" / "x.bin") == 0o640
-    assert mode(out / "config.json") == 0o644 and mode(out / "run.sh") == 0o750
+    assert mode(out / "config.json") == 0o640 and mode(out / "run.sh") == 0o750
 
 
 def test_a_failed_directory_is_removed(umask_027, tmp_path) -> None:
@@ -143,3 +143,25 @@ def test_a_directory_the_parent_refuses_is_named_not_its_staging_name(tmp_path, 
     with pytest.raises(PermissionError) as error, atomic_directory(tmp_path / "run"):
         pass
     assert error.value.filename == str(tmp_path / "run")
+
+
+@pytest.mark.parametrize("umask", [0o077, 0o027, 0o002])
+def test_a_written_file_and_a_dataset_follow_the_umask_as_a_plain_write_would(tmp_path, umask) -> None:
+    """hparams.yaml, configs and a .bin/.idx pair are made private by 077 and group-writable by 002,
+    as open() makes them; a fixed 0644 made a private corpus world-readable."""
+    import numpy as np
+
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    previous = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "hparams.yaml", "a: 1\n")
+        with IndexedDatasetWriter(str(tmp_path / "corpus"), np.uint16) as writer:
+            writer.add_document(np.arange(4, dtype=np.uint16))
+        with open(tmp_path / "plain", "w"):
+            pass
+    finally:
+        os.umask(previous)
+    plain = mode(tmp_path / "plain")
+    assert plain == 0o666 & ~umask
+    assert [mode(tmp_path / name) for name in ("hparams.yaml", "corpus.bin", "corpus.idx")] == [plain] * 3

@@ -22,7 +22,7 @@ import numpy as np
 
 from gptrain.data.blend_spec import strip_suffix
 from gptrain.errors import DataError, os_error_text
-from gptrain.utils.atomic import hold, remove_stale_temporaries, temporary_sibling
+from gptrain.utils.atomic import hold, plain_file_mode, remove_stale_temporaries, temporary_sibling
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -501,5 +501,5 @@ def finalize_together(writers: Sequence[IndexedDatasetWriter]) -> None:
 
 
 def _move_into_place(temp: Path, path: Path) -> None:
-    os.chmod(temp, 0o644)
+    os.chmod(temp, plain_file_mode())
     os.replace(temp, path)

@@ -88,7 +88,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, plain_file_mode())  # mkstemp's 0600 otherwise
         os.replace(tmp, path)
     except BaseException as error:
         tmp.unlink(missing_ok=True)
@@ -166,6 +166,12 @@ def current_umask() -> int:
     mask = os.umask(0o077)
     os.umask(mask)
     return mask
+
+
+def plain_file_mode() -> int:
+    """The mode open() gives a new file under the process umask: a file written through a private
+    temporary gets it, so 077 keeps a corpus private and 002 lets the group rewrite it."""
+    return 0o666 & ~current_umask()
 
 
 def open_to_umask(directory: Path) -> None:
