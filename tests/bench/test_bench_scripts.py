@@ -32,20 +32,25 @@ def load(name: str):
     return module
 
 
+def run_bench(script: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A bench script run as a user runs it, from the repository, on one intra-op thread."""
+    return subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        timeout=timeout,
+    )
+
+
 @pytest.fixture(scope="module")
 def train_step_output() -> str:
     """bench/train_step.py's stdout at the smallest shape: gptrain, separate GEMMs, eager reference."""
     args = ["--preset", "quickstart/cpu", "--micro-batch-size", "2", "--global-batch-size", "4"]
     args += ["--seq-length", "16", "--precision", "32", "--steps", "1", "--warmup", "0"]
     args += ["--reference", "eager", "--separate-projections", *TINY]
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "train_step.py"), *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
-        timeout=120,
-    )
+    done = run_bench("train_step.py", *args, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -149,13 +154,14 @@ def test_every_gpu_suite_command_parses_with_its_script(tmp_path):
 
 def test_a_bad_override_is_one_line_before_any_data_is_built_or_run_started(tmp_path):
     data = tmp_path / "data"
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "fp8_curve.py"), "--out", str(tmp_path / "out"), "--data", str(data)]
-        + ["--emulate", "model.fp8_recipee=rowwise"],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-        timeout=60,
+    done = run_bench(
+        "fp8_curve.py",
+        "--out",
+        str(tmp_path / "out"),
+        "--data",
+        str(data),
+        "--emulate",
+        "model.fp8_recipee=rowwise",
     )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
@@ -204,13 +210,7 @@ def test_the_reference_rope_rotates_channel_pairs_by_position_times_frequency():
 
 
 def test_index_build_with_too_few_documents_is_one_line():
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "index_build.py"), "--documents", "10", "--repeat", "1"],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-        timeout=60,
-    )
+    done = run_bench("index_build.py", "--documents", "10", "--repeat", "1")
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         "index_build.py: a split of 0 sequences holds 0 tokens; it needs more data or a different split string"
