@@ -358,7 +358,7 @@ def claim_run_dirs(plan: LaunchPlan) -> None:
     instead of sharing the first's."""
     if not plan.resolved.get("unique_output"):
         return
-    for run_dir in dict.fromkeys(job.run_dir for job in plan.jobs):
+    for run_dir in sorted({job.run_dir for job in plan.jobs}):  # a parent before a directory in it
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         try:
             run_dir.mkdir()
