@@ -85,3 +85,23 @@ def find_out_of_memory(error: BaseException) -> BaseException | None:
         pending += list(failures.values()) if isinstance(failures, dict) else []
         pending += [current.__cause__, current.__context__]
     return None
+
+
+def printable(text: str) -> str:
+    """`text` with the bytes of a non-UTF-8 path (surrogates in Python) shown as \\xNN escapes."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def non_utf8(text: str) -> tuple[int, str] | None:
+    """(position, 'byte 0xe9') of the first character of `text` UTF-8 cannot hold, or None. A word
+    of argv, a path or a line read with surrogateescape holds each byte that was not UTF-8 as a lone
+    surrogate U+DC80-U+DCFF; any other surrogate is named as itself."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(text[error.start])
+        return (
+            error.start,
+            f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"surrogate U+{code:04X}",
+        )
+    return None

@@ -14,14 +14,10 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from gptrain.errors import ConfigError
-from gptrain.utils.atomic import printable
+from gptrain.errors import ConfigError, non_utf8, printable
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 NAMES = {"\n": "a newline", "\r": "a carriage return", "\x00": "a NUL byte", "\t": "a tab"}
-# Python reads a command-line word or a path that is not UTF-8 with each bad byte as a lone
-# surrogate (U+DC80-U+DCFF); the scripts, configs and launcher_cmd.log are UTF-8 and cannot hold it.
-NOT_UTF8 = re.compile("[\ud800-\udfff]")
 
 # Top-level keys of the launch config whose values reach a script (directly or through paths).
 TOP_KEYS = ("base_results_dir", "data_dir", "python", "container", "container_mounts", "env_vars")
@@ -40,11 +36,8 @@ def describe(text: str) -> str:
 
 def not_utf8(text: str) -> str | None:
     """'the byte 0xff' for the first byte of `text` that was not UTF-8, None when all text is."""
-    match = NOT_UTF8.search(text)
-    if match is None:
-        return None
-    code = ord(match.group())
-    return f"the byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"the surrogate U+{code:04X}"
+    bad = non_utf8(text)
+    return None if bad is None else f"the {bad[1]}"
 
 
 def utf8_error(where: str, text: str) -> ConfigError | None:

@@ -72,16 +72,14 @@ def check_prompt_is_text(prompt: str) -> None:
     """A prompt from a terminal or file in another encoding (Latin-1) reaches Python with its bytes
     as surrogates, which no tokenizer takes: the HF tokenizer raised "TextInputSequence must be str"
     as a traceback, after the checkpoint was loaded."""
-    from gptrain.errors import ConfigError
+    from gptrain.errors import ConfigError, non_utf8
 
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as error:
-        byte = ord(prompt[error.start]) - 0xDC00
+    if (bad := non_utf8(prompt)) is not None:
+        position, what = bad
         raise ConfigError(
-            f"--prompt: byte 0x{byte:02x} (character {error.start + 1}) is not UTF-8; give the prompt as "
+            f"--prompt: {what} (character {position + 1}) is not UTF-8; give the prompt as "
             "UTF-8 text (a terminal or file in another encoding: convert it, e.g. iconv -f latin1)"
-        ) from None
+        )
 
 
 def continuation_text(tokenizer, prompt_ids: list[int], new_ids: list[int]) -> str:

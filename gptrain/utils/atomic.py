@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from gptrain.errors import GptrainError
+from gptrain.errors import GptrainError, printable
 
 PROC_STATUS = Path("/proc/self/status")  # Linux: has a "Umask:" row
 
@@ -127,11 +127,6 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     _check_utf8(path, text)
     with atomic_write(path, "w") as handle:
         handle.write(text)
-
-
-def printable(text: str) -> str:
-    """`text` with the bytes of a non-UTF-8 path (surrogates in Python) shown as \\xNN escapes."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _check_utf8(path: str | os.PathLike[str], text: str) -> None:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, non_utf8, printable
 
 # a word of the command line that is an override in one of Hydra's forms, not a preset or a path
 OVERRIDE = re.compile(r"^(\+\+|\+)?[A-Za-z_][\w.]*=|^~[A-Za-z_][\w.]*(=|$)")
@@ -58,15 +58,11 @@ def _check_utf8(argument: str) -> None:
     """A word of the command line that is not UTF-8 (a path in Latin-1) reaches Python with its bytes
     as surrogates, which no UTF-8 file can hold: hparams.yaml, the training log and the launch's
     config.yaml failed to be written with a UnicodeEncodeError traceback."""
-    try:
-        argument.encode("utf-8")
-    except UnicodeEncodeError as error:
-        shown = argument.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        byte = ord(argument[error.start]) - 0xDC00
+    if (bad := non_utf8(argument)) is not None:
         raise ConfigError(
-            f"override '{shown}': byte 0x{byte:02x} is not UTF-8, and the config, its copies and the "
+            f"override '{printable(argument)}': {bad[1]} is not UTF-8, and the config, its copies and the "
             "logs are UTF-8 text; rename the path (or give the value) in UTF-8"
-        ) from None
+        )
 
 
 def delete_key(cfg: Any, key: str, form: OverrideForm, expected: Any) -> None:

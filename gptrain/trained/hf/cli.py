@@ -126,13 +126,10 @@ def require_utf8_path(path: str, option: str) -> None:
     """A path that is not UTF-8 (a Latin-1 directory name) reaches Python with its bytes as
     surrogates, which safetensors, tokenizers and the run's hparams.yaml cannot take: import failed
     with a misleading "not a Hugging Face tokenizer.json" or named an override the user never gave."""
-    from gptrain.errors import ConfigError
+    from gptrain.errors import ConfigError, non_utf8, printable
 
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError as error:
-        shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if (bad := non_utf8(path)) is not None:
         raise ConfigError(
-            f"{option} {shown}: byte 0x{ord(path[error.start]) - 0xDC00:02x} is not UTF-8, and safetensors, "
+            f"{option} {printable(path)}: {bad[1]} is not UTF-8, and safetensors, "
             "tokenizers and the run's config take UTF-8 paths only; rename it (or link it from a UTF-8 path)"
-        ) from None
+        )
