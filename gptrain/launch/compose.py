@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
 from gptrain.config.yamlio import load_file, parse_value
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, printable
 from gptrain.utils.overrides import OverrideForm, delete_key, split_override
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
@@ -72,14 +72,14 @@ class Composition:
         }
 
     def resolved(self) -> dict[str, Any]:
-        return _to_container(self.cfg, resolve=True)
+        return _to_container(self.cfg, resolve=True, overrides=self.overrides)
 
     def interpolated_roots(self) -> set[str]:
         """The top-level keys some interpolation reads (`${my_root}/data` -> my_root)."""
         return set(INTERPOLATION_ROOT.findall(OmegaConf.to_yaml(self.cfg)))
 
     def section(self, group: str) -> dict[str, Any]:
-        return _to_container(self.cfg[group], resolve=True)
+        return _to_container(self.cfg[group], resolve=True, overrides=self.overrides)
 
     def origin(self, group: str) -> str | None:
         """The group file the section's values came from, as errors about them name it:
@@ -90,11 +90,23 @@ class Composition:
         return f"{group}={choice} ({group_file(group, choice, self.config_root)})"
 
 
-def _to_container(node: Any, resolve: bool) -> Any:
+def _to_container(node: Any, resolve: bool, overrides: dict[str, str] | None = None) -> Any:
     try:
         return OmegaConf.to_container(node, resolve=resolve)
     except Exception as error:  # omegaconf raises many types; all mean a bad interpolation
-        raise ConfigError(f"cannot resolve the launch config: {error}".splitlines()[0]) from None
+        raise ConfigError(_unresolved(error, overrides or {})) from None
+
+
+def _unresolved(error: Exception, overrides: dict[str, str]) -> str:
+    """Names the key whose interpolation failed, and the override that set it when one did:
+    omegaconf's message alone names only the missing key, not where it was read."""
+    reason = str(error).splitlines()[0]
+    key = getattr(error, "full_key", None)
+    if not key:
+        return f"cannot resolve the launch config: {reason}"
+    typed = overrides.get(key)
+    source = f" (set by override '{printable(typed)}')" if typed else ""
+    return f"cannot resolve the launch config: {key}{source}: {reason}"
 
 
 def closest(word: str, choices: list[str] | tuple[str, ...]) -> str:
@@ -217,14 +229,19 @@ def compose(
         ) from None
     for override in dotted:
         apply_override(cfg, override)
-    notes += nemo_launcher.finalize(cfg, choices, STAGES)
-    absolutize_paths(cfg)
-    notes += adapt_nemo_data_preparation(cfg)
-    nemo_launcher.report(notes)
-    if cfg.get("unique_output"):
-        make_unique(cfg, now if now is not None else time.time())
-    check_stages(cfg, root / f"{config_name}.yaml")
     given = {o.key: o.typed for o in dotted if not o.form.delete}
+    try:  # these read values, so a bad interpolation (`${oc.env:UNSET}`) first fails here
+        notes += nemo_launcher.finalize(cfg, choices, STAGES)
+        absolutize_paths(cfg)
+        notes += adapt_nemo_data_preparation(cfg)
+        nemo_launcher.report(notes)
+        if cfg.get("unique_output"):
+            make_unique(cfg, now if now is not None else time.time())
+        check_stages(cfg, root / f"{config_name}.yaml")
+    except OmegaConfBaseException as error:
+        if not getattr(error, "full_key", None):  # `cfg.get` errors name no key; resolving all does
+            _to_container(cfg, resolve=True, overrides=given)
+        raise ConfigError(_unresolved(error, given)) from None
     return Composition(cfg, choices, root, given)
 
 

@@ -314,3 +314,18 @@ def test_two_launches_that_chose_one_unique_directory_do_not_share_it(tmp_path, 
     with pytest.raises(LaunchError, match="another launch took this directory"):
         launcher.launch(overrides, echo=False)
     assert list(first.jobs[0].run_dir.iterdir()) == []  # nothing of the second launch written there
+
+
+def test_an_interpolation_that_cannot_resolve_names_its_key_and_override(monkeypatch):
+    """`${oc.env:UNSET}` was a 60-line omegaconf traceback where a path read it, and a missing
+    interpolation key named only the missing key, not the override that asked for it."""
+    monkeypatch.delenv("GPTRAIN_TEST_UNSET", raising=False)
+    typed = "base_results_dir=${oc.env:GPTRAIN_TEST_UNSET}"
+    with pytest.raises(
+        ConfigError, match=r"^cannot resolve the launch config: base_results_dir \(set by override "
+    ):
+        compose([typed])
+    with pytest.raises(
+        ConfigError, match=r"training.model.optim.lr \(set by override .*'training.model.nosuch' not found"
+    ):
+        compose(["training.model.optim.lr=${training.model.nosuch}"]).resolved()
