@@ -132,3 +132,37 @@ def torchrun():
         ]
 
     return command
+
+
+def sentencepiece_lines(count: int = 1500) -> list[str]:
+    """Sentences of made-up words (fixed seed): enough variety for a few hundred pieces."""
+    import random
+
+    rng = random.Random(0)
+    syllables = ["ka", "to", "ri", "shu", "men", "la", "qua", "zer", "ion", "ed", "ing", "th", "pé", "ü"]
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(300)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + "." for _ in range(count)]
+
+
+def _train_sentencepiece(directory, vocab_size: int = 250, **options) -> str:
+    """A unigram tokenizer.model trained here, offline, in well under a second; its path."""
+    spm = pytest.importorskip("sentencepiece")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "corpus.txt").write_text("\n".join(sentencepiece_lines()) + "\n", encoding="utf-8")
+    prefix = directory / "tokenizer"
+    spm.SentencePieceTrainer.train(
+        input=str(directory / "corpus.txt"), model_prefix=str(prefix), vocab_size=vocab_size,
+        minloglevel=2, **options,
+    )  # fmt: skip
+    return f"{prefix}.model"
+
+
+@pytest.fixture(scope="session")
+def train_sentencepiece():
+    return _train_sentencepiece
+
+
+@pytest.fixture(scope="session")
+def sp_model(tmp_path_factory) -> str:
+    """A 250-piece model with sentencepiece's default specials: <unk> 0, <s> 1, </s> 2, no pad."""
+    return _train_sentencepiece(tmp_path_factory.mktemp("spm"))

@@ -117,6 +117,26 @@ def partition_order_notice(partitions: int, keep_sequential: bool) -> str:
     )
 
 
+def sentencepiece_version_notice(kind: str) -> str | None:
+    """Megatron-LM's tokenizer system of core 0.15 on (the default there, the only one from 0.17)
+    encodes all three SentencePiece types as GPTSentencePieceTokenizer; gptrain keeps each type's
+    own encoding (Megatron up to core 0.14, --legacy-tokenizer, Megatron-DeepSpeed): said once."""
+    from gptrain.data.tokenizers import canonical_type
+
+    what = {
+        "llama2": "puts the model's bos before every text",
+        "sentencepiece": "adds <CLS> <SEP> <EOD> <MASK> (and <PAD>/<BOS>/<EOS> where the model lacks them), "
+        "ends documents with <EOD>",
+    }.get(canonical_type(kind))
+    if what is None:
+        return None
+    return (
+        f"note: --tokenizer-type {kind} {what}, as Megatron-LM up to core 0.14 (and with "
+        "--legacy-tokenizer); Megatron-LM core 0.15 on encodes it as GPTSentencePieceTokenizer: pass "
+        "that type for the same ids"
+    )
+
+
 def _run_prepare(args: argparse.Namespace) -> int:
     from gptrain.data.prepare import PrepareConfig, prepare
     from gptrain.data.tokenizers import TokenizerSpec
@@ -130,6 +150,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
     kind = tokenizer_type(args)
     if kind is None:
         raise ConfigError("give a tokenizer: --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model")
+    if (notice := sentencepiece_version_notice(kind)) is not None:
+        print(notice, file=sys.stderr)
     spec = TokenizerSpec(kind, args.vocab_file, args.merge_file, args.tokenizer_model)
     config = PrepareConfig(
         inputs=args.input,

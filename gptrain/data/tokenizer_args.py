@@ -12,26 +12,33 @@ def add_tokenizer_args(parser: argparse.ArgumentParser, title: str = "tokenizer 
     group.add_argument(
         "--tokenizer-type",
         help="GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer (--tokenizer-model "
-        "tokenizer.json) or TikTokenizer (--tokenizer-model encoding name, e.g. cl100k_base); "
-        "default: implied by the other flags",
+        "tokenizer.json), TikTokenizer (--tokenizer-model encoding name, e.g. cl100k_base), or "
+        "GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer (--tokenizer-model "
+        "tokenizer.model); default: implied by the other flags",
     )
     group.add_argument("--vocab-file", help="GPT-2 vocab.json")
     group.add_argument("--merge-file", help="GPT-2 merges.txt")
     group.add_argument(
-        "--tokenizer-model", help="tokenizer.json (or its directory), or a tiktoken encoding name"
+        "--tokenizer-model",
+        help="tokenizer.json (or its directory), a SentencePiece tokenizer.model, or a tiktoken encoding name",
     )
     group.add_argument(
         "--tokenizer-library",
-        choices=("megatron", "huggingface"),
-        help="NeMo's preprocessing flag: megatron (--tokenizer-type is Megatron's) or huggingface "
-        "(--tokenizer-type, or --tokenizer-model, is a tokenizer.json or its directory)",
+        choices=("megatron", "huggingface", "sentencepiece"),
+        help="NeMo's preprocessing flag: megatron (--tokenizer-type is Megatron's), huggingface "
+        "(--tokenizer-type, or --tokenizer-model, is a tokenizer.json or its directory) or "
+        "sentencepiece (--tokenizer-model tokenizer.model, encoded as GPTSentencePieceTokenizer)",
     )
 
 
 def tokenizer_type(args: argparse.Namespace) -> str | None:
     """The given --tokenizer-type, else what the other flags imply (vocab file: GPT-2 BPE;
     an existing --tokenizer-model path: Hugging Face; any other model name: tiktoken). NeMo's
-    `--tokenizer-library huggingface --tokenizer-type PATH` is the Hugging Face tokenizer at PATH."""
+    `--tokenizer-library huggingface --tokenizer-type PATH` is the Hugging Face tokenizer at PATH;
+    NeMo's `--tokenizer-library sentencepiece` ignores --tokenizer-type and encodes the model's ids
+    alone, ending a document with its eos: GPTSentencePieceTokenizer."""
+    if getattr(args, "tokenizer_library", None) == "sentencepiece":
+        return "GPTSentencePieceTokenizer"
     if getattr(args, "tokenizer_library", None) == "huggingface":
         if not args.tokenizer_model and args.tokenizer_type not in (None, "HuggingFaceTokenizer"):
             args.tokenizer_model, args.tokenizer_type = args.tokenizer_type, None

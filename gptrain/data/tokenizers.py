@@ -5,7 +5,8 @@ times faster than HF `tokenizers`: the byte-level vocab maps one to one onto tik
 byte ranks whenever merge results have increasing ids in merge order (true for GPT-2 and
 its derivatives); otherwise the exact HF `tokenizers` BPE is used. Like Megatron (whose
 GPT2BPETokenizer is HF's fast GPT-2 tokenizer), a literal "<|endoftext|>" in the text
-becomes the single end-of-document id.
+becomes the single end-of-document id. A SentencePiece `tokenizer.model` is read by the
+`sentencepiece` package (an optional dependency, imported only when one is built).
 """
 
 from __future__ import annotations
@@ -39,7 +40,16 @@ TYPE_ALIASES = {
     "autotokenizer": "huggingface",
     "tiktokenizer": "tiktoken",
     "tiktoken": "tiktoken",
+    "sentencepiecetokenizer": "sentencepiece",
+    "gptsentencepiecetokenizer": "gptsentencepiece",
+    "gptsentencepiece": "gptsentencepiece",
+    "llama2tokenizer": "llama2",
+    "llama2": "llama2",
 }
+SENTENCEPIECE_KINDS = ("sentencepiece", "gptsentencepiece", "llama2")
+# Megatron's SentencePieceTokenizer adds these (those the model lacks get the next ids), then the
+# model's pad, bos and eos pieces (named so when the model has none).
+MEGATRON_SP_SPECIALS = ("<CLS>", "<SEP>", "<EOD>", "<MASK>")
 
 
 class Tokenizer(Protocol):
@@ -158,6 +168,131 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model encoded as one of Megatron's three wrappers of it encodes.
+
+    GPTSentencePieceTokenizer: the model's ids alone, EOD its eos. Llama2Tokenizer: its bos first,
+    EOD its eos. SentencePieceTokenizer: Megatron's added special tokens (`specials`, some past the
+    model's pieces, so in vocab_size), a literal one in the text becoming its id, EOD `<EOD>`.
+    """
+
+    def __init__(
+        self,
+        processor: Any,
+        source: str,
+        eod: int | None,
+        vocab_size: int,
+        bos: int | None = None,
+        specials: dict[str, int] | None = None,
+    ) -> None:
+        self.processor = processor
+        self.source = source
+        self._eod = eod
+        self.vocab_size = vocab_size
+        self._bos = bos
+        self._specials = specials or {}
+        self._names = {token_id: token for token, token_id in self._specials.items()}
+        # leftmost special first and, at one position, the first added: Megatron's search order
+        self._split = re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
+
+    @property
+    def eod(self) -> int:
+        if self._eod is None:
+            raise DataError(
+                f"{self.source}: the SentencePiece model has no end-of-sentence piece (eos_id=-1) to "
+                "end documents; train it with an eos piece, or use SentencePieceTokenizer (adds <EOD>)"
+            )
+        return self._eod
+
+    def encode(self, text: str) -> list[int]:
+        if self._split is None:
+            ids = self.processor.encode(text)
+        else:
+            ids, start = [], 0
+            for match in self._split.finditer(text):
+                ids += self.processor.encode(text[start : match.start()])
+                ids.append(self._specials[match.group()])
+                start = match.end()
+            ids += self.processor.encode(text[start:])
+        return ids if self._bos is None else [self._bos, *ids]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids = self.encode_batch(list(texts))
+        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
+        tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        return tokens, lengths
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """As Megatron's detokenize: a special token stands apart, a space either side of it."""
+        ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise DataError(f"token id {bad} is not in this tokenizer's vocabulary (wrong tokenizer?)")
+        text, start = "", 0
+        for position, token_id in enumerate(ids):
+            if token_id in self._names:
+                text += f"{self.processor.decode(ids[start:position])} {self._names[token_id]} "
+                start = position + 1
+        return text + self.processor.decode(ids[start:])
+
+
+def load_sentencepiece(model: str, kind: str) -> Tokenizer:
+    """A SentencePiece `tokenizer.model` as Megatron's `kind` wrapper encodes it (cached as load_gpt2_bpe)."""
+    return _load_sentencepiece(model, kind, _stamp(model))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_sentencepiece(model: str, kind: str, *_stamps: object) -> Tokenizer:
+    path = Path(model)
+    if not path.is_file():
+        raise DataError(f"tokenizer model {model} not found (pass --tokenizer-model path/to/tokenizer.model)")
+    try:
+        import sentencepiece
+    except ImportError:
+        raise DataError(
+            f"{model}: SentencePiece tokenizers need the sentencepiece package: pip install sentencepiece"
+        ) from None
+    processor = sentencepiece.SentencePieceProcessor()
+    try:  # from bytes: a path it cannot encode is no concern of the library's
+        processor.LoadFromSerializedProto(path.read_bytes())
+    except (RuntimeError, OSError) as error:  # the library's text names its own source line only
+        reason = error.strerror if isinstance(error, OSError) else "its bytes do not parse as a model"
+        raise DataError(f"{model}: not a SentencePiece tokenizer.model ({reason})") from None
+    pieces = processor.get_piece_size()
+    if pieces == 0:
+        raise DataError(f"{model}: not a SentencePiece model (it holds no pieces)")
+    eos = processor.eos_id() if processor.eos_id() >= 0 else None
+    if kind == "gptsentencepiece":
+        return SentencePieceTokenizer(processor, model, eos, pieces)
+    if kind == "llama2":
+        if processor.bos_id() < 0:
+            raise DataError(
+                f"{model}: the SentencePiece model has no beginning-of-sentence piece (bos_id=-1), which "
+                "Llama2Tokenizer puts before every text; use GPTSentencePieceTokenizer"
+            )
+        return SentencePieceTokenizer(processor, model, eos, pieces, bos=processor.bos_id())
+    vocab, specials = _megatron_specials(processor)
+    return SentencePieceTokenizer(processor, model, specials["<EOD>"], len(vocab), specials=specials)
+
+
+def _megatron_specials(processor: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """Megatron SentencePieceTokenizer's vocabulary and special tokens, in the order it adds them."""
+    count = processor.get_piece_size()
+    vocab = {processor.id_to_piece(i): i for i in range(count)}
+    specials: dict[str, int] = {}
+    named = ((processor.pad_id(), "<PAD>"), (processor.bos_id(), "<BOS>"), (processor.eos_id(), "<EOS>"))
+    for token in (
+        *MEGATRON_SP_SPECIALS,
+        *(processor.id_to_piece(i) if 0 <= i < count else n for i, n in named),
+    ):
+        vocab.setdefault(token, len(vocab))
+        specials[token] = vocab[token]
+    return vocab, specials
 
 
 def _read_vocab(vocab_file: str) -> dict[str, int]:
@@ -360,7 +495,8 @@ def canonical_type(tokenizer_type: str) -> str:
     key = re.sub(r"[^a-z0-9]", "", tokenizer_type.lower())
     if key not in TYPE_ALIASES:
         raise ConfigError(
-            f"unknown --tokenizer-type {tokenizer_type!r}: use GPT2BPETokenizer, HuggingFaceTokenizer or TikTokenizer"
+            f"unknown --tokenizer-type {tokenizer_type!r}: use GPT2BPETokenizer, HuggingFaceTokenizer, "
+            "TikTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or SentencePieceTokenizer"
         )
     return TYPE_ALIASES[key]
 
@@ -371,7 +507,7 @@ def build_tokenizer(
     merge_file: str | None = None,
     model: str | None = None,
 ) -> Tokenizer:
-    """Build a tokenizer by its NeMo/Megatron type name (aliases: gpt2bpe, huggingface, tiktoken)."""
+    """Build a tokenizer by its NeMo/Megatron type name (aliases: gpt2bpe, huggingface, tiktoken, llama2)."""
     kind = canonical_type(tokenizer_type)
     if kind == "gpt2":
         if vocab_file is None and merge_file is None and model and Path(model).is_dir():
@@ -380,10 +516,14 @@ def build_tokenizer(
             raise ConfigError("GPT2BPETokenizer needs --vocab-file vocab.json and --merge-file merges.txt")
         return load_gpt2_bpe(vocab_file, merge_file)
     if not model:
-        example = (
-            "path/to/tokenizer.json" if kind == "huggingface" else "an encoding name such as cl100k_base"
-        )
+        examples = {
+            "huggingface": "path/to/tokenizer.json",
+            "tiktoken": "an encoding name such as cl100k_base",
+        }
+        example = examples.get(kind, "path/to/tokenizer.model")
         raise ConfigError(f"{tokenizer_type} needs --tokenizer-model ({example})")
+    if kind in SENTENCEPIECE_KINDS:
+        return load_sentencepiece(model, kind)
     return load_huggingface(model) if kind == "huggingface" else load_tiktoken(model)
 
 
