@@ -166,3 +166,8 @@ def train_sentencepiece():
 def sp_model(tmp_path_factory) -> str:
     """A 250-piece model with sentencepiece's default specials: <unk> 0, <s> 1, </s> 2, no pad."""
     return _train_sentencepiece(tmp_path_factory.mktemp("spm"))
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_sentences():
+    return sentencepiece_lines

@@ -173,11 +173,16 @@ class ExpManagerConfig:
 @dataclass
 class TokenizerConfig:
     library: str = "megatron"
-    """Tokenizer family (NeMo: `megatron`, `huggingface`, `tiktoken`)."""
-    type: str = "GPT2BPETokenizer"
-    """`GPT2BPETokenizer` (vocab_file + merge_file), `HuggingFaceTokenizer`, `TikTokenizer`."""
+    """Tokenizer family (NeMo: `megatron`, `huggingface`, `tiktoken`, `sentencepiece`: `model` is a
+    SentencePiece tokenizer.model, encoded as GPTSentencePieceTokenizer whatever `type` says)."""
+    type: str | None = "GPT2BPETokenizer"
+    """`GPT2BPETokenizer` (vocab_file + merge_file), `HuggingFaceTokenizer`, `TikTokenizer`, or
+    Megatron's SentencePiece types `GPTSentencePieceTokenizer`, `Llama2Tokenizer`,
+    `SentencePieceTokenizer` (`model` a tokenizer.model; the sentencepiece package). null only
+    with library sentencepiece, as NeMo's configs write it."""
     model: str | None = None
-    """A tokenizer.json path (HuggingFaceTokenizer) or a tiktoken encoding name."""
+    """A tokenizer.json path (HuggingFaceTokenizer), a SentencePiece tokenizer.model, or a tiktoken
+    encoding name."""
     vocab_file: str | None = None
     """GPT-2 BPE vocab.json."""
     merge_file: str | None = None

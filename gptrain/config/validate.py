@@ -14,6 +14,8 @@ from gptrain.data.blend_spec import PER_SPLIT_KEYS
 from gptrain.errors import ConfigError
 
 PRECISIONS = {"32": "32", "32-true": "32", "16": "16", "16-mixed": "16", "bf16": "bf16", "bf16-mixed": "bf16"}
+SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "Llama2Tokenizer", "SentencePieceTokenizer")
+"""Megatron's types of a SentencePiece tokenizer.model (how each encodes: gptrain.data.tokenizers)."""
 CHOICES = {
     "trainer.accelerator": ("auto", "gpu", "cpu"),
     "model.normalization": ("layernorm", "layernorm1p", "rmsnorm"),
@@ -28,7 +30,12 @@ CHOICES = {
     "model.optim.sched.name": ("CosineAnnealing", "LinearAnnealing", "Constant"),
     "model.optim.sched.warmup_style": ("nemo", "megatron"),
     "model.data.data_impl": ("mmap", "mock"),
-    "model.tokenizer.type": ("GPT2BPETokenizer", "HuggingFaceTokenizer", "TikTokenizer"),
+    "model.tokenizer.type": (
+        "GPT2BPETokenizer",
+        "HuggingFaceTokenizer",
+        "TikTokenizer",
+        *SENTENCEPIECE_TYPES,
+    ),
 }
 TOKENIZER_ALIASES = {
     "gpt2bpetokenizer": "GPT2BPETokenizer",
@@ -37,6 +44,7 @@ TOKENIZER_ALIASES = {
     "huggingface": "HuggingFaceTokenizer",
     "tiktokenizer": "TikTokenizer",
     "tiktoken": "TikTokenizer",
+    **{name.lower(): name for name in SENTENCEPIECE_TYPES},
 }
 OPTIMIZER_ALIASES = ("adam", "adamw", "fused_adam", "distributed_fused_adam", "mcore_distributed_optim")
 DISTRIBUTED_OPTIMIZERS = ("distributed_fused_adam", "mcore_distributed_optim")
@@ -102,10 +110,23 @@ def normalize(cfg: TrainingConfig) -> None:
                 f"model.fsdp_sharding_strategy: '{strategy}' is not one of {', '.join(FSDP_STRATEGIES)}"
             )
         cfg.model.data_parallel_sharding = FSDP_STRATEGIES[strategy]
-    cfg.model.tokenizer.type = TOKENIZER_ALIASES.get(
-        cfg.model.tokenizer.type.lower(), cfg.model.tokenizer.type
-    )
+    _tokenizer_type(cfg.model.tokenizer)
     _one_resume_source(cfg)
+
+
+def _tokenizer_type(tokenizer: Any) -> None:
+    """The type's canonical spelling. NeMo's `library: sentencepiece` reads `model` as a SentencePiece
+    model and no type (a preset's GPT2BPETokenizer stays beside it): its ids alone, its eos ending
+    documents, which is GPTSentencePieceTokenizer (one of Megatron's SentencePiece types is kept)."""
+    kind = TOKENIZER_ALIASES.get(str(tokenizer.type).lower(), tokenizer.type)
+    if str(tokenizer.library).lower() == "sentencepiece" and kind not in SENTENCEPIECE_TYPES:
+        kind = "GPTSentencePieceTokenizer"
+    if kind is None:
+        raise ConfigError(
+            f"model.tokenizer.type: null (model.tokenizer.library={tokenizer.library}); name the type, "
+            "e.g. GPT2BPETokenizer (null is for library sentencepiece, as NeMo writes it)"
+        )
+    tokenizer.type = kind
 
 
 def data_parallel_sharding(model: Any) -> str:

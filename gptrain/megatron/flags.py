@@ -67,7 +67,8 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--tokenizer-type": (
         ("model.tokenizer.type",),
         {"GPT2BPETokenizer": "GPT2BPETokenizer", "HuggingFaceTokenizer": "HuggingFaceTokenizer",
-         "TikTokenizer": "TikTokenizer"},
+         "TikTokenizer": "TikTokenizer", "GPTSentencePieceTokenizer": "GPTSentencePieceTokenizer",
+         "Llama2Tokenizer": "Llama2Tokenizer", "SentencePieceTokenizer": "SentencePieceTokenizer"},
     ),  # fmt: skip
     "--tokenizer-model": (("model.tokenizer.model",), str),
     "--data-cache-path": (("model.data.index_mapping_dir",), str),

@@ -80,7 +80,7 @@ def tokenizer_file_keys(cfg: TrainingConfig) -> tuple[str, ...]:
     tok, kind = cfg.model.tokenizer, canonical_type(cfg.model.tokenizer.type)
     if kind == "gpt2" and (tok.vocab_file or tok.merge_file or not tok.model):
         return ("vocab_file", "merge_file")
-    if kind == "huggingface":
+    if kind != "gpt2" and kind != "tiktoken":  # tokenizer.json, or a SentencePiece tokenizer.model
         return ("model",)
     return ()  # a tiktoken encoding name, or GPT-2 files in the directory model.tokenizer.model
 

@@ -42,3 +42,19 @@ def test_a_per_split_data_prefix_is_checked_without_numpy(tmp_path):
     launch += ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
     launch += ["training.model.data.data_prefix={train:[1.0,/data/a],validation:[1.0,/data/b]}"]
     assert run_cli(launch, tmp_path) == ["0"]
+
+
+def test_a_sentencepiece_training_launches_without_importing_sentencepiece(tmp_path, sp_model):
+    """The preflight checks the tokenizer.model is there; reading it is the job's."""
+    code = CODE.replace("('torch', 'numpy')", "('torch', 'numpy', 'sentencepiece')")
+    launch = ["launch", "--dry-run", "cluster_type=slurm", "training.trainer.num_nodes=1"]
+    launch += ["training.model.data.data_impl=mock", "training.trainer.accelerator=cpu"]
+    launch += ["cluster.gpus_per_node=null", "cluster.gres=null", "training.trainer.devices=1"]
+    launch += ["training.model.tokenizer.library=sentencepiece", f"training.model.tokenizer.model={sp_model}"]
+    out = subprocess.run(
+        [sys.executable, "-c", code.format(args=launch)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0"]
+    script = (tmp_path / "results/gpt3_126m/dry-run/gpt3_126m_hydra.yaml").read_text()
+    assert "library: sentencepiece" in script and sp_model in script
