@@ -198,6 +198,13 @@ class SentencePieceTokenizer:
         self._split = re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
 
     @property
+    def bos_id(self) -> int | None:
+        """The model's bos piece (Megatron's added <BOS> for SentencePieceTokenizer), None if none."""
+        if "<BOS>" in self._specials or self.processor.bos_id() < 0:
+            return self._specials.get("<BOS>")
+        return self.processor.bos_id()
+
+    @property
     def eod(self) -> int:
         if self._eod is None:
             raise DataError(

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import torch
 
-from gptrain.data.tokenizers import canonical_type
+from gptrain.data.tokenizers import SENTENCEPIECE_KINDS, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.models.config import GPTConfig
 from gptrain.trained.hf.architectures import CLASS_NAMES, choose_architecture, hf_config_kwargs
@@ -133,9 +133,12 @@ def export_hf(
 
 
 def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO) -> None:
-    """A tiktoken encoding has no transformers tokenizer files to copy: refused before anything is
-    written (verification would only fail at the end), or exported without one under --no-verify.
-    A mock-data run has no tokenizer at all: exported without one, said so (AutoTokenizer would fail)."""
+    """A tiktoken encoding has no transformers tokenizer files to copy, and transformers' tokenizer of
+    a SentencePiece tokenizer.model (LlamaTokenizer, converted to `tokenizers`) encodes otherwise
+    than the sentencepiece library (unknown pieces, the model's whitespace normalization, a literal
+    <s>): both refused before anything is written (verification would only fail at the end), or
+    exported without one under --no-verify. A mock-data run has no tokenizer at all: exported
+    without one, said so (AutoTokenizer would fail)."""
     tok = source.cfg.model.tokenizer
     if source.tokenizer is None:
         data = source.cfg.model.data
@@ -145,12 +148,18 @@ def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO)
             file=stream,
         )
         return
-    if canonical_type(tok.type) != "tiktoken":
+    kind = canonical_type(tok.type)
+    if kind != "tiktoken" and kind not in SENTENCEPIECE_KINDS:
         return
     what = f"model.tokenizer.type={tok.type} (model.tokenizer.model={tok.model})"
     if verify:
+        why = (
+            "a tiktoken encoding"
+            if kind == "tiktoken"
+            else "a SentencePiece model (transformers' tokenizer of it encodes other ids than sentencepiece)"
+        )
         raise ConfigError(
-            f"{what}: export writes no transformers tokenizer for a tiktoken encoding; pass --no-verify "
+            f"{what}: export writes no transformers tokenizer for {why}; pass --no-verify "
             "to export the weights without tokenizer files, or train with GPT2BPETokenizer "
             "(vocab.json + merges.txt) or HuggingFaceTokenizer (tokenizer.json)"
         )

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptrain.data.tokenizers import canonical_type
+from gptrain.data.tokenizers import SENTENCEPIECE_KINDS, canonical_type
 from gptrain.errors import DataError
 
 RECORD = "hf_import.json"
@@ -50,6 +50,8 @@ def special_token_ids(cfg: Any, tokenizer: Any | None, record: dict[str, Any]) -
     if tokenizer is None:
         return {"bos_token_id": None, "eos_token_id": None}
     kind = canonical_type(cfg.model.tokenizer.type)
+    if kind in SENTENCEPIECE_KINDS:  # the model's bos (Megatron's <BOS> if it has none), EOD as eos
+        return {"bos_token_id": tokenizer.bos_id, "eos_token_id": _eod_or_none(tokenizer)}
     if kind != "huggingface":  # GPT-2 BPE (and tiktoken's GPT-style encodings): <|endoftext|> is both
         return {"bos_token_id": tokenizer.eod, "eos_token_id": tokenizer.eod}
     named = _hf_named_tokens(Path(cfg.model.tokenizer.model))
