@@ -6,6 +6,8 @@ import argparse
 import os
 from typing import Any
 
+from gptrain.errors import ConfigError
+
 
 def add_tokenizer_args(parser: argparse.ArgumentParser, title: str = "tokenizer (Megatron flags)") -> None:
     group = parser.add_argument_group(title)
@@ -48,6 +50,11 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
     if args.vocab_file or args.merge_file:
         return "GPT2BPETokenizer"
     if args.tokenizer_model:
+        if args.tokenizer_model.endswith(".model") and os.path.isfile(args.tokenizer_model):
+            raise ConfigError(
+                f"--tokenizer-model {args.tokenizer_model}: a SentencePiece model is encoded as the type "
+                "says; pass --tokenizer-type GPTSentencePieceTokenizer, Llama2Tokenizer or SentencePieceTokenizer"
+            )
         return "HuggingFaceTokenizer" if os.path.exists(args.tokenizer_model) else "TikTokenizer"
     return None
 

@@ -176,6 +176,11 @@ def test_flags_name_the_types(sp_model):
     for kind in SP_TYPES:
         args = parser.parse_args(["--tokenizer-type", kind, "--tokenizer-model", sp_model])
         assert tokenizer_type(args) == kind
+    # no type: read as a tokenizer.json before ("not a Hugging Face tokenizer.json")
+    with pytest.raises(
+        ConfigError, match=f"^--tokenizer-model {sp_model}: a SentencePiece model .* --tokenizer-type"
+    ):
+        tokenizer_type(parser.parse_args(["--tokenizer-model", sp_model]))
 
 
 @pytest.mark.parametrize(("kind", "noted"), [(k, k != "GPTSentencePieceTokenizer") for k in SP_TYPES])
