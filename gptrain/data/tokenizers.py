@@ -272,7 +272,7 @@ def _load_sentencepiece(model: str, kind: str, *_stamps: object) -> Tokenizer:
         raise DataError(f"{model}: not a SentencePiece tokenizer.model ({reason})") from None
     pieces = processor.get_piece_size()
     if pieces == 0:
-        raise DataError(f"{model}: not a SentencePiece model (it holds no pieces)")
+        raise DataError(f"{model}: not a SentencePiece tokenizer.model (it holds no pieces)")
     eos = processor.eos_id() if processor.eos_id() >= 0 else None
     if kind == "gptsentencepiece":
         return SentencePieceTokenizer(processor, model, eos, pieces)
