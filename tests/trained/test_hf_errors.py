@@ -173,3 +173,31 @@ def test_paths_that_safetensors_cannot_take_are_refused_first(tmp_path: Path) ->
             "take UTF-8 paths only; rename it (or link it from a UTF-8 path)"
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run_gpt2"]  # nothing else written
+
+
+def test_a_failed_export_or_import_removes_the_parents_it_made(tmp_path: Path, monkeypatch) -> None:
+    """OUTPUT_DIR's missing parents were made before the work started, so a failure (here a full disk
+    for export, weights another config.json describes for import) left them behind, empty, though
+    the error said nothing was left there."""
+    pytest.importorskip("transformers")
+    import json
+
+    import safetensors.torch
+    from hf_helpers import run_cli, tiny_run
+    from safetensors import SafetensorError
+
+    run, _ = tiny_run("gpt2", tmp_path)
+    hf = tmp_path / "hf"
+    assert run_cli(["export", str(run), "--to", "hf", str(hf), "--no-verify"]) == 0
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, "n_embd": 2 * config["n_embd"]}))
+    with pytest.raises(DataError, match="config.json gives"):
+        run_cli(["import", str(hf), "--output", str(tmp_path / "new" / "deeper" / "imported")])
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(DataError, match="No space left on device"):
+        run_cli(["export", str(run), "--to", "hf", str(tmp_path / "made" / "deeper" / "out")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run_gpt2"]

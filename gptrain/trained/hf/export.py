@@ -167,11 +167,12 @@ def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO)
 
 
 def _check_output(output: Path) -> None:
+    """Refuse a non-empty OUTPUT_DIR; its missing parents are made by atomic_directory, which
+    removes them again when the export fails."""
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise DataError(
             f"{output}: already exists and is not an empty directory; remove it or choose another"
         )
-    output.parent.mkdir(parents=True, exist_ok=True)
 
 
 def _write_configs(directory: Path, source: RunSource, arch: str, dtype: str) -> None:

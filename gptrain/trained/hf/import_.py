@@ -59,8 +59,7 @@ def import_hf(
         raise DataError(
             f"{output}: already exists and is not an empty directory; remove it or choose another"
         )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_directory(output) as staging:
+    with atomic_directory(output) as staging:  # makes the missing parents, and removes them on failure
         tokenizer = import_tokenizer(hf_dir, staging / TOKENIZER_DIR, output / TOKENIZER_DIR)
         if tokenizer is None:
             print(f"gptrain: warning: {hf_dir} has no tokenizer files; the run uses mock data", file=stream)
