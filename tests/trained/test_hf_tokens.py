@@ -70,6 +70,24 @@ def test_import_then_export_keeps_bos_eos_and_every_embedding_row(tmp_path, toke
     assert max_relative_difference(before, after) < FP32_REL
 
 
+def test_a_list_of_end_tokens_exports_beside_a_bare_tokenizer_json(tmp_path) -> None:
+    """Llama 3's config.json gives eos_token_id as a list; with a tokenizer.json that came without a
+    tokenizer_config.json, the export wrote one naming the tokens and stopped with a TypeError
+    traceback on the list. Its eos_token is now the first of them; the configs keep the list."""
+    from transformers import AutoTokenizer
+
+    source = llama_dir(tmp_path / "src", tokenizer=True)
+    (source / "tokenizer_config.json").unlink()
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "eos_token_id": [2, 0]}))
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run"), "--no-verify"]) == 0
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == [2, 0]
+    assert json.loads((tmp_path / "out" / "generation_config.json").read_text())["eos_token_id"] == [2, 0]
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    assert (tokenizer.bos_token, tokenizer.eos_token) == ("<s>", "</s>")
+
+
 def test_gpt2_bpe_run_exports_its_end_of_document_as_bos_and_eos(tmp_path) -> None:
     from hf_helpers import tiny_run
 

@@ -64,13 +64,16 @@ def export_tokenizer(
 def fast_tokenizer_config(tokenizer_json: Path, seq_length: int, token_ids: dict[str, int | None]) -> dict:
     """tokenizer_config.json for a bare tokenizer.json: without one, AutoTokenizer takes the model
     type's class (GPT2Tokenizer for GPT-2), which replaces the file's pre-tokenizer and decoder
-    with GPT-2's byte level and encodes other ids; PreTrainedTokenizerFast loads it as it is."""
+    with GPT-2's byte level and encodes other ids; PreTrainedTokenizerFast loads it as it is.
+    An id given as a list (Llama 3's several end tokens in config.json) names its first token."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_length}
     for name in ("bos", "eos", "pad"):
         token_id = token_ids.get(f"{name}_token_id")
+        if isinstance(token_id, list):
+            token_id = token_id[0] if token_id else None
         token = tokenizer.id_to_token(token_id) if token_id is not None else None
         if token is not None:
             config[f"{name}_token"] = token
