@@ -201,3 +201,27 @@ def test_a_failed_export_or_import_removes_the_parents_it_made(tmp_path: Path, m
     with pytest.raises(DataError, match="No space left on device"):
         run_cli(["export", str(run), "--to", "hf", str(tmp_path / "made" / "deeper" / "out")])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run_gpt2"]
+
+
+@pytest.mark.parametrize("size", ["inf", "nan", "0", "-1"])
+def test_a_shard_size_that_is_no_size_is_one_line(tmp_path: Path, size: str) -> None:
+    """--max-shard-size-gb inf passed the > 0 check and was an OverflowError traceback converting it to bytes."""
+    from hf_helpers import run_cli
+
+    with pytest.raises(ConfigError) as error:
+        run_cli(
+            [
+                "export",
+                str(tmp_path / "run"),
+                "--to",
+                "hf",
+                str(tmp_path / "out"),
+                "--max-shard-size-gb",
+                size,
+            ]
+        )
+    assert str(error.value) == (
+        f"--max-shard-size-gb={float(size)} must be a finite number > 0 "
+        "(a size above the model's writes one file)"
+    )
+    assert not (tmp_path / "out").exists()

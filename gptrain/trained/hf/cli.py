@@ -85,11 +85,16 @@ def removing_partial_output_on_sigterm(
 
 
 def run_export(args: argparse.Namespace) -> int:
+    import math
+
     from gptrain.errors import ConfigError
     from gptrain.trained.hf.export import export_hf
 
-    if not args.max_shard_size_gb > 0:
-        raise ConfigError(f"--max-shard-size-gb={args.max_shard_size_gb} must be > 0")
+    if not (args.max_shard_size_gb > 0 and math.isfinite(args.max_shard_size_gb)):  # inf has no byte count
+        raise ConfigError(
+            f"--max-shard-size-gb={args.max_shard_size_gb} must be a finite number > 0 "
+            "(a size above the model's writes one file)"
+        )
     if not args.no_verify:  # transformers loads the written directory back
         require_utf8_path(args.output, "OUTPUT_DIR")
     report = export_hf(
