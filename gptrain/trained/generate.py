@@ -47,6 +47,7 @@ def run_generate(args: argparse.Namespace) -> int:
         args.max_new_tokens, args.temperature, args.top_k, args.greedy, args.top_p
     )  # before loading
     check_prompt_is_text(args.prompt)
+    check_seed(args.seed)
     run = load_run(args.checkpoint)
     print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)
     prompt_ids = list(run.tokenizer.encode(args.prompt))
@@ -66,6 +67,14 @@ def run_generate(args: argparse.Namespace) -> int:
         new_ids = new_ids[:-1]
     print(args.prompt + continuation_text(run.tokenizer, prompt_ids, new_ids))
     return 0
+
+
+def check_seed(seed: int) -> None:
+    """A seed outside torch's generator range was a ValueError traceback after the model loaded."""
+    from gptrain.errors import ConfigError
+
+    if not -(2**63) <= seed < 2**64:
+        raise ConfigError(f"--seed={seed} must be from -2**63 to 2**64 - 1 (what torch's generator takes)")
 
 
 def check_prompt_is_text(prompt: str) -> None:

@@ -479,6 +479,19 @@ def test_generate_checks_its_sampling_flags_before_loading_a_model(tmp_path: Pat
         run_subcommand(add_generate_parser, argv)
 
 
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
+def test_a_seed_torch_cannot_take_is_refused_before_loading(tmp_path: Path, seed: int) -> None:
+    """--seed 2**64 was a ValueError traceback ("Overflow when unpacking long long") after the load."""
+    from gptrain.trained.generate import add_generate_parser
+
+    argv = ["generate", str(tmp_path / "no-such-run"), "--prompt", "x", "--seed", str(seed)]
+    with pytest.raises(ConfigError) as error:  # not "no such checkpoint"
+        run_subcommand(add_generate_parser, argv)
+    assert (
+        str(error.value) == f"--seed={seed} must be from -2**63 to 2**64 - 1 (what torch's generator takes)"
+    )
+
+
 def test_generate_on_an_import_without_tokenizer_files_says_how_to_give_one(tmp_path, monkeypatch) -> None:
     """It said 'the run trained on mock data without a tokenizer', though the run was imported."""
     import json
