@@ -187,7 +187,23 @@ def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: 
         raise ConfigError(
             f"the run's data has no {request.split} split ({why}); choose another --split or give --data-prefix"
         )
-    return data, batches, f"{request.split} split of the run's data"
+    source = f"{request.split} split of the run's data"
+    if request.batches is not None:
+        _check_split_holds(request.batches, len(data), cfg.model.global_batch_size, source)
+    return data, batches, source
+
+
+def _check_split_holds(batches: int, samples: int, global_batch: int, source: str) -> None:
+    """The train split holds the samples the training read (validation and test are sized by
+    --batches): the loop stops where it ends, so more batches than it holds evaluated fewer, said
+    only in the count."""
+    held = samples // global_batch
+    if batches > held:
+        fewer = f"pass --batches {held} or fewer" if held else "evaluate another split or --data-prefix"
+        raise ConfigError(
+            f"--batches {batches}: the {source} holds {samples} samples, {held} global batches of "
+            f"{global_batch}; {fewer}"
+        )
 
 
 def prefix_data(

@@ -140,6 +140,18 @@ def test_eval_past_the_end_of_the_data_says_it_reads_tokens_again(
     ]
 
 
+def test_more_batches_than_the_train_split_holds_are_refused(run_dir: Path, capsys) -> None:
+    """The train split holds the samples training read (4 steps of 4 here): --split train --batches 6
+    evaluated 4 batches and reported their loss as the answer, the shortfall only in the count."""
+    assert main(["eval", str(run_dir), "--split", "train", "--batches", "6"]) == 2
+    assert capsys.readouterr().err == (
+        "gptrain: error: --batches 6: the train split of the run's data holds 16 samples, 4 global batches"
+        " of 4; pass --batches 4 or fewer\n"
+    )
+    assert main(["eval", str(run_dir), "--split", "train", "--batches", "4"]) == 0
+    assert "in 4 batches of 4 x 16" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "layout", ["model.tensor_model_parallel_size=2", "model.pipeline_model_parallel_size=2"]
 )
