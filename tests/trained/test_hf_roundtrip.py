@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import stat
 from pathlib import Path
@@ -125,6 +126,30 @@ def test_sharded_export_has_an_index_transformers_loads(tmp_path) -> None:
     assert index["metadata"]["total_size"] == report.tensor_bytes
     assert not (tmp_path / "hf" / "model.safetensors").exists()
     assert report.verification is not None and report.verification.relative < FP32_REL
+
+
+def test_streaming_the_weights_unpickles_the_checkpoint_metadata_once(
+    exported, tmp_path, monkeypatch
+) -> None:
+    """DCP's .metadata of a large FSDP checkpoint takes ~50 s to unpickle (gptrain.checkpoint.compat):
+    each layer's read unpickled it again, once per layer plus once for the embeddings."""
+    import torch.distributed.checkpoint as dcp
+
+    from gptrain.trained.hf.export import open_run, write_weights
+
+    arch, run, _, _ = exported
+    source = open_run(run)
+    reads = []
+    original = dcp.FileSystemReader.read_metadata
+
+    def counted(self, *args, **kwargs):
+        reads.append(self.path)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(dcp.FileSystemReader, "read_metadata", counted)
+    (tmp_path / "out").mkdir()
+    write_weights(tmp_path / "out", source, arch, 10**9, io.StringIO())
+    assert len(reads) == 1
 
 
 def test_wrong_semantics_fail_verification(exported, tmp_path) -> None:

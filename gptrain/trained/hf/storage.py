@@ -17,6 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from gptrain.checkpoint import compat
 from gptrain.errors import DataError
 from gptrain.trained.load import unreadable
 
@@ -32,9 +33,11 @@ class CheckpointTensors:
     def __init__(self, step_dir: Path) -> None:
         self.step_dir = step_dir
         try:
-            metadata = dcp.FileSystemReader(str(step_dir)).read_metadata()
+            # read once: every read() hands it to DCP, which would unpickle it again per layer
+            self.metadata = compat.read_metadata(step_dir)
         except (OSError, RuntimeError, ValueError) as error:
             raise DataError(f"{step_dir}: unreadable checkpoint metadata ({error})") from None
+        metadata = self.metadata
         self.meta = {
             key.removeprefix(MODEL): entry
             for key, entry in metadata.state_dict_metadata.items()
@@ -59,7 +62,8 @@ class CheckpointTensors:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*torch.distributed.*")
             try:
-                dcp.load(state, checkpoint_id=str(self.step_dir), no_dist=True)
+                reader = compat.MetadataReader(self.step_dir, self.metadata)
+                dcp.load(state, checkpoint_id=str(self.step_dir), storage_reader=reader, no_dist=True)
             except (Exception, CheckpointException) as error:  # DCP's is a BaseException
                 raise unreadable(self.step_dir, error) from None
         return state["model"]
