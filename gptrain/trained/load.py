@@ -140,15 +140,15 @@ def find_hparams(step_dir: Path) -> Path:
     )
 
 
-def checkpoint_shape(step_dir: Path, key: str) -> tuple[int, ...] | None:
-    """The saved shape of one tensor, read from the checkpoint's metadata only."""
+def checkpoint_shapes(step_dir: Path, *keys: str) -> list[tuple[int, ...] | None]:
+    """The saved shapes of some tensors (None: not saved), from one reading of the checkpoint's
+    metadata (~50 s to unpickle for a large FSDP checkpoint: not once per tensor)."""
     try:
-        metadata = dcp.FileSystemReader(str(step_dir)).read_metadata()
+        metadata = compat.read_metadata(step_dir)
     except (OSError, RuntimeError, ValueError) as error:
         raise DataError(f"{step_dir}: unreadable checkpoint metadata ({error})") from None
-    entry = metadata.state_dict_metadata.get(key)
-    size = getattr(entry, "size", None)
-    return tuple(size) if size is not None else None
+    sizes = [getattr(metadata.state_dict_metadata.get(key), "size", None) for key in keys]
+    return [tuple(size) if size is not None else None for size in sizes]
 
 
 def build_run_tokenizer(cfg: Any, hparams: Path) -> Any | None:
@@ -194,7 +194,7 @@ def open_run(path: str | Path, overrides: Sequence[str] = (), checksums: bool = 
     mock_vocab = is_mock_data(cfg) and cfg.model.data.mock_vocab_size
     tokenizer = None if mock_vocab else build_run_tokenizer(cfg, hparams)
     vocab, _ = padded_vocab_size(cfg, tokenizer)
-    saved = checkpoint_shape(step_dir, EMBEDDING_KEY)
+    saved, positions = checkpoint_shapes(step_dir, EMBEDDING_KEY, POSITIONS_KEY)
     if saved is None:
         raise DataError(
             f"{step_dir}: no '{EMBEDDING_KEY}' in the checkpoint; is it a gptrain training checkpoint?"
@@ -204,7 +204,6 @@ def open_run(path: str | Path, overrides: Sequence[str] = (), checksums: bool = 
             f"{step_dir}: embedding has {saved[0]} rows but {hparams} and its tokenizer give {vocab} tokens; "
             "the tokenizer files changed since training"
         )
-    positions = checkpoint_shape(step_dir, POSITIONS_KEY)
     if positions is not None and positions[0] >= cfg.model.encoder_seq_length:
         # the table as saved: runs before 2026-11-26 had encoder_seq_length rows whatever their
         # hparams.yaml said (its max_position_embeddings was checked, then ignored)

@@ -152,6 +152,25 @@ def test_streaming_the_weights_unpickles_the_checkpoint_metadata_once(
     assert len(reads) == 1
 
 
+def test_opening_a_run_unpickles_the_checkpoint_metadata_once(exported, monkeypatch) -> None:
+    """generate, eval and export open a run by the saved shapes of the embedding and the position
+    table: each was a reading of .metadata of its own (~50 s apiece for a large FSDP checkpoint)."""
+    import torch.distributed.checkpoint as dcp
+
+    from gptrain.trained.load import open_run
+
+    reads = []
+    original = dcp.FileSystemReader.read_metadata
+
+    def counted(self, *args, **kwargs):
+        reads.append(self.path)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(dcp.FileSystemReader, "read_metadata", counted)
+    run = open_run(exported[1])
+    assert len(reads) == 1 and run.saved_rows == 50304
+
+
 def test_wrong_semantics_fail_verification(exported, tmp_path) -> None:
     """The check is sensitive: one changed fact in config.json (GELU flavour, rope base, norm eps)."""
     from gptrain.trained.hf.export import open_run, verify_export
