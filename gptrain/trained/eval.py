@@ -62,8 +62,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from gptrain.trained.evaluate import EvalRequest, evaluate_checkpoint
     from gptrain.utils.overrides import OVERRIDE
 
-    if args.json and Path(args.json).is_dir():  # before the evaluation, not after it
-        raise ConfigError(f"--json {args.json}: is a directory; give a file name")
+    if args.json:  # before the evaluation, not after it
+        check_json_path(args.json)
     prefixes = [item for item in args.data_prefix or [] if not OVERRIDE.match(item)]
     overrides = [item for item in args.data_prefix or [] if OVERRIDE.match(item)]  # after --data-prefix
     request = EvalRequest(
@@ -76,3 +76,15 @@ def run_eval(args: argparse.Namespace) -> int:
     )
     evaluate_checkpoint(request)
     return 0
+
+
+def check_json_path(path: str) -> None:
+    """--json names a file that can be written: one under a file or in a read-only directory
+    failed only after the whole evaluation."""
+    from gptrain.utils.paths import directory_blocker
+
+    if Path(path).is_dir():
+        raise ConfigError(f"--json {path}: is a directory; give a file name")
+    blocker = directory_blocker(Path(path).parent, must_write=True)
+    if blocker is not None:
+        raise ConfigError(f"--json {path}: {blocker}; give a file in a directory that can be written")

@@ -213,6 +213,20 @@ def test_eval_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None
     )
 
 
+def test_a_json_file_that_cannot_be_written_is_refused_before_evaluating(
+    run_dir: Path, tmp_path: Path, capsys
+) -> None:
+    """--json under a file (or a read-only directory) failed only after the whole evaluation."""
+    (tmp_path / "afile").write_text("")
+    assert main(["eval", str(run_dir), "--json", str(tmp_path / "afile" / "eval.json")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing evaluated
+    assert captured.err == (
+        f"gptrain: error: --json {tmp_path / 'afile' / 'eval.json'}: {tmp_path / 'afile'} is not a directory;"
+        " give a file in a directory that can be written\n"
+    )
+
+
 def test_damaged_or_mismatched_checkpoints_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None:
     """A truncated newest shard: a run directory falls back to step_2 saying so, the step directory is
     refused naming the file; a model override the checkpoint does not fit names the tensor."""
