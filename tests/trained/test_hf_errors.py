@@ -225,3 +225,24 @@ def test_a_shard_size_that_is_no_size_is_one_line(tmp_path: Path, size: str) -> 
         "(a size above the model's writes one file)"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_dir_that_cannot_be_made_is_refused_before_reading_the_checkpoint(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """OUTPUT_DIR under a file (or a read-only directory) failed only after the CRC-32 pass over the
+    whole checkpoint, as 'export ... failed (Not a directory)'."""
+    pytest.importorskip("transformers")
+    import gptrain.trained.hf.export as export
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(export, "open_run", never)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(DataError) as error:
+        export.export_hf(tmp_path / "run", tmp_path / "afile" / "out")
+    assert str(error.value) == (
+        f"{tmp_path / 'afile' / 'out'}: {tmp_path / 'afile'} is not a directory; "
+        "choose an OUTPUT_DIR that can be written"
+    )

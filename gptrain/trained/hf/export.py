@@ -27,6 +27,7 @@ from gptrain.trained.hf.tokenizer_files import export_tokenizer
 from gptrain.trained.hf.transformers_api import config_class, require_transformers
 from gptrain.trained.hf.verify import Verification
 from gptrain.utils.atomic import atomic_directory
+from gptrain.utils.paths import directory_blocker
 from gptrain.utils.progress import Progress
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' "5GB"
@@ -102,13 +103,13 @@ def export_hf(
     require_transformers()
     started = time.perf_counter()
     stream = stream or sys.stderr
+    output = Path(output)
+    _check_output(output)  # before the CRC-32 pass over the whole checkpoint
     # the CRC-32s too: the logit check compares two readings of the same weights, and would pass
     # a checkpoint changed on disk since it was written
     source = open_run(path, checksums=True)
     arch = choose_architecture(source.model_config)
     _check_tokenizer_exportable(source, verify, stream)
-    output = Path(output)
-    _check_output(output)
     try:
         with atomic_directory(output) as staging:
             _write_configs(staging, source, arch, dtype)
@@ -173,6 +174,9 @@ def _check_output(output: Path) -> None:
         raise DataError(
             f"{output}: already exists and is not an empty directory; remove it or choose another"
         )
+    blocker = directory_blocker(output.parent, must_write=True)  # the directory is renamed into it
+    if blocker is not None:
+        raise DataError(f"{output}: {blocker}; choose an OUTPUT_DIR that can be written")
 
 
 def _write_configs(directory: Path, source: RunSource, arch: str, dtype: str) -> None:
