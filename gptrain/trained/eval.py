@@ -51,7 +51,7 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="global batches to evaluate (default: trainer.limit_val_batches/limit_test_batches of the run; "
-        "with --data-prefix, one pass over the data)",
+        "with --data-prefix, one pass over the data; --split train holds the batches training read)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
