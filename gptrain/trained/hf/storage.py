@@ -37,10 +37,9 @@ class CheckpointTensors:
             self.metadata = compat.read_metadata(step_dir)
         except (OSError, RuntimeError, ValueError) as error:
             raise DataError(f"{step_dir}: unreadable checkpoint metadata ({error})") from None
-        metadata = self.metadata
         self.meta = {
             key.removeprefix(MODEL): entry
-            for key, entry in metadata.state_dict_metadata.items()
+            for key, entry in self.metadata.state_dict_metadata.items()
             if key.startswith(MODEL) and isinstance(entry, TensorStorageMetadata)
         }
 
