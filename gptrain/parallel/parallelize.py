@@ -22,7 +22,13 @@ from gptrain.models.gpt import separate_projections
 from gptrain.parallel.activation_checkpoint import apply_ac
 from gptrain.parallel.compile import BLOCKS, BLOCKS_AND_LOSS, apply_compile, compile_scope
 from gptrain.parallel.data_parallel import GradAllReduce, apply_ddp, apply_fsdp, mixed_precision_policy
-from gptrain.parallel.float8 import apply_fp8, check_fp8_device, gathers_float8, refresh_float8_scales
+from gptrain.parallel.float8 import (
+    apply_fp8,
+    check_fp8_collectives,
+    check_fp8_device,
+    gathers_float8,
+    refresh_float8_scales,
+)
 from gptrain.parallel.layout import check_layout
 from gptrain.parallel.mesh import World, build_mesh
 from gptrain.parallel.pipeline import build_schedules, embedding_group, is_tied, split_stage, stage_ids
@@ -114,6 +120,7 @@ def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> No
     if m.fp8:  # before TP, which then shards the Float8Linear weights with torchao's float8 styles
         if not m.fp8_emulate:
             check_fp8_device(ctx.device)
+        check_fp8_collectives(m.fp8_recipe, ctx.dims.tp, m.sequence_parallel, ctx.device)
         fsdp = ctx.dims.dp > 1 and bool(ctx.dims.dp_shard)
         gather = gathers_float8(m.fp8_recipe, fsdp, m.fp8_fsdp_all_gather)
         apply_fp8(part, m.fp8_recipe, tp=ctx.dims.tp, fsdp_all_gather=gather, emulate=m.fp8_emulate)

@@ -17,6 +17,7 @@ activations stay identical (gptrain.parallel.rng).
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -420,6 +421,16 @@ def test_fp8_under_tensor_parallelism_matches_one_process(two_process_results: d
     assert abs(result["losses"][0] - reference["losses"][0]) <= 1e-6 * reference["losses"][0]
     assert result["losses"] == pytest.approx(reference["losses"], rel=2e-3)
     assert result["grad_norms"] == pytest.approx(reference["grad_norms"], rel=2e-2)
+
+
+def test_fp8_tensorwise_under_sequence_parallelism_on_the_cpu_is_refused(tmp_path: Path) -> None:
+    """Tensorwise FP8 under sequence parallelism all-gathers float8 tensors, which gloo (the CPU's
+    backend, model.fp8_emulate) has no type for: every rank stopped at the first step with torch's
+    'Invalid scalar type' traceback. It is a one-line config error, before any step."""
+    spec = fp8_spec({"fp8": "tensorwise", "model": TP2_SP})
+    expected = "ConfigError: model.fp8_recipe=tensorwise with model.tensor_model_parallel_size=2 and"
+    with pytest.raises(AssertionError, match=re.escape(expected)):
+        run_layouts([spec], 2, tmp_path)
 
 
 # Both FSDP runs quantize each weight with one scale from its whole-tensor amax (a max: exact) and sum
