@@ -41,19 +41,23 @@ def num_microbatches(model: Any, dp: int) -> int:
     return model.global_batch_size // (model.micro_batch_size * dp)
 
 
-def check_layout(model: Any, world_size: int, devices_per_node: int | None = None) -> ParallelDims:
-    """Validate `cfg.model`'s parallel keys against the world size; return the degrees."""
+# Where a world size comes from: the config (launch preflight, planner), or the processes running.
+CONFIGURED, STARTED = "trainer.num_nodes x trainer.devices", "processes started by torchrun or srun"
+
+
+def check_layout(
+    model: Any, world_size: int, devices_per_node: int | None = None, ranks: str = CONFIGURED
+) -> ParallelDims:
+    """Validate `cfg.model`'s parallel keys against the world size; return the degrees.
+
+    `ranks`: what the world size counts (STARTED inside a training process), for the error."""
     tp, pp = model.tensor_model_parallel_size, model.pipeline_model_parallel_size
     vpp = model.virtual_pipeline_model_parallel_size
     _require(
         tp >= 1 and pp >= 1,
         f"model.tensor_model_parallel_size={tp} and model.pipeline_model_parallel_size={pp} must be >= 1",
     )
-    _require(
-        world_size % (tp * pp) == 0,
-        f"world size {world_size} (trainer.num_nodes x trainer.devices) is not divisible by "
-        f"model.tensor_model_parallel_size x model.pipeline_model_parallel_size = {tp} x {pp}",
-    )
+    _require(world_size % (tp * pp) == 0, _world_message(world_size, tp, pp, ranks))
     dims = ParallelDims(world_size=world_size, tp=tp, pp=pp, vpp=vpp or 1)
     _check_model_split(model, dims)
     _check_sequence_parallel(model, tp)
@@ -61,6 +65,19 @@ def check_layout(model: Any, world_size: int, devices_per_node: int | None = Non
     dp_shard = _check_sharding(model, dims, devices_per_node)
     _check_activation_checkpointing(model, dims)
     return ParallelDims(world_size=world_size, tp=tp, pp=pp, vpp=dims.vpp, dp_shard=dp_shard)
+
+
+def _world_message(world_size: int, tp: int, pp: int, ranks: str) -> str:
+    degrees = f"model.tensor_model_parallel_size x model.pipeline_model_parallel_size = {tp} x {pp}"
+    if (
+        world_size == 1 and ranks == STARTED
+    ):  # `gptrain train` run directly: one process, whatever the config says
+        return (
+            f"{degrees} needs {tp * pp} processes (or a multiple), but this one runs alone (no RANK/WORLD_SIZE "
+            "from torchrun or srun): start one process per device, with gptrain launch or "
+            "python -m gptrain.parallel.torchrun --nproc-per-node=<trainer.devices> -m gptrain ..."
+        )
+    return f"world size {world_size} ({ranks}) is not divisible by {degrees}"
 
 
 def _check_model_split(model: Any, dims: ParallelDims) -> None:

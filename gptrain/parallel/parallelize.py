@@ -29,7 +29,7 @@ from gptrain.parallel.float8 import (
     gathers_float8,
     refresh_float8_scales,
 )
-from gptrain.parallel.layout import check_layout
+from gptrain.parallel.layout import STARTED, check_layout
 from gptrain.parallel.mesh import World, build_mesh
 from gptrain.parallel.pipeline import build_schedules, embedding_group, is_tied, split_stage, stage_ids
 from gptrain.parallel.runtime import ParallelContext, ParallelGPT
@@ -43,7 +43,7 @@ def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device |
     cfg.model.seed) or already initialized (its values are kept). The process group
     must be started when world.world_size > 1.
     """
-    dims = check_layout(cfg.model, world.world_size, cfg.trainer.devices)
+    dims = check_layout(cfg.model, world.world_size, cfg.trainer.devices, STARTED)
     _check_vocab(model, dims.tp)
     meta = any(p.is_meta for p in model.parameters())
     if device is None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptrain.parallel.layout import check_layout
+from gptrain.parallel.layout import STARTED, check_layout
 from gptrain.parallel.mesh import ParallelDims, World
 
 PIPELINE_SEED_STRIDE = 100  # Megatron's _set_random_seed: seed + 100 * pipeline rank
@@ -68,7 +68,7 @@ def model_parallel_ranks(dims: ParallelDims, rank: int) -> tuple[int, int]:
 def rank_dropout_seed(cfg: Any, world: World) -> int:
     """`dropout_seed` of this process under `cfg.model`'s layout (model.seed when it runs alone)."""
     m = cfg.model
-    dims = check_layout(m, world.world_size, cfg.trainer.devices)
+    dims = check_layout(m, world.world_size, cfg.trainer.devices, STARTED)
     pp_rank, tp_rank = model_parallel_ranks(dims, world.rank)
     return dropout_seed(m.seed, pp_rank, tp_rank, dims.tp, bool(m.sequence_parallel))
 

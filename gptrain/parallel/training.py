@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from gptrain.parallel.compile import compile_scope, compiled_loss_fn
-from gptrain.parallel.layout import check_layout
+from gptrain.parallel.layout import STARTED, check_layout
 from gptrain.parallel.mesh import World, device_for
 from gptrain.parallel.parallelize import parallelize
 from gptrain.parallel.runtime import (
@@ -45,7 +45,7 @@ def build_parallel_model(model_cls: Any, model_config: Any, cfg: Any, world: Wor
 
 def data_parallel_rank_size(cfg: Any, world: World) -> tuple[int, int]:
     """(dp_rank, dp_size) of this rank in the mesh (pp, dp, tp), tp fastest."""
-    dims = check_layout(cfg.model, world.world_size, cfg.trainer.devices)
+    dims = check_layout(cfg.model, world.world_size, cfg.trainer.devices, STARTED)
     return (world.rank // dims.tp) % dims.dp, dims.dp
 
 

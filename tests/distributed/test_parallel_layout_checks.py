@@ -6,10 +6,12 @@ import dataclasses
 
 import pytest
 
+from gptrain.config import TrainingConfig
 from gptrain.config.schema import ModelConfig
 from gptrain.errors import ConfigError
 from gptrain.parallel.layout import check_layout, num_microbatches
-from gptrain.parallel.mesh import ParallelDims
+from gptrain.parallel.mesh import ParallelDims, World
+from gptrain.parallel.rng import rank_dropout_seed
 
 
 def model(**overrides: object) -> ModelConfig:
@@ -174,3 +176,21 @@ def test_hybrid_shard_that_does_not_tile_the_nodes_is_rejected() -> None:
             world_size=6,
             devices_per_node=4,
         )
+
+
+def test_a_layout_run_in_one_process_is_told_to_start_one_per_device() -> None:
+    """`gptrain train` of a TP=2 config without torchrun or srun: the error said 'world size 1
+    (trainer.num_nodes x trainer.devices)' of a config with 2 devices, blaming the config. The
+    training process counts the processes started, and says this one runs alone."""
+    cfg = TrainingConfig()
+    cfg.trainer.devices = 2
+    cfg.model = model(tensor_model_parallel_size=2)
+    alone = World(rank=0, world_size=1, local_rank=0, master_addr="127.0.0.1", master_port=29500)
+    with pytest.raises(ConfigError) as error:
+        rank_dropout_seed(cfg, alone)  # the loop's first look at the layout
+    message = str(error.value)
+    assert "= 2 x 1 needs 2 processes" in message and "runs alone" in message
+    assert "trainer.num_nodes x trainer.devices" not in message and "\n" not in message
+    three = dataclasses.replace(alone, world_size=3)
+    with pytest.raises(ConfigError, match=r"world size 3 \(processes started by torchrun or srun\)"):
+        rank_dropout_seed(cfg, three)

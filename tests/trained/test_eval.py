@@ -192,9 +192,7 @@ def test_eval_of_a_tensor_and_pipeline_parallel_run_in_one_process(
     assert result["loss"] == pytest.approx(logged_validation_losses(run_dir)[-1], rel=1e-6)
     assert result["tokens"] == 2 * 4 * SEQ
     assert main(["eval", str(run), "model.tensor_model_parallel_size=2"]) == 2
-    assert "gptrain: error: world size 1 (trainer.num_nodes x trainer.devices) is not divisible by" in (
-        capsys.readouterr().err
-    )
+    assert "= 2 x 1 needs 2 processes (or a multiple), but this one runs alone" in capsys.readouterr().err
 
 
 def test_eval_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None:
