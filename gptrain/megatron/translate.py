@@ -200,6 +200,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _xla_precision(result, env)
     _loss_average(result)
     _recompute(v, given)
+    _sequence_parallel(result)
     _step_batch_schedule(result)
     _layout(v, env)
     _virtual_pipeline(v, given)
@@ -212,6 +213,19 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _wandb(result)
     check_benchmark_mode(result)
     _filled_in(result)
+
+
+def _sequence_parallel(result: Translation) -> None:
+    """Megatron's validate_args turns --sequence-parallel off at tensor parallel size 1 (with a
+    warning) where gptrain's config refuses the pair: a command line that runs there runs here."""
+    if (
+        "--sequence-parallel" in result.given
+        and result.values.get("model.tensor_model_parallel_size", 1) == 1
+    ):
+        result.values["model.sequence_parallel"] = False
+        result.notes.append(
+            "--sequence-parallel (off at --tensor-model-parallel-size 1, as Megatron turns it off)"
+        )
 
 
 def _query_groups(result: Translation) -> None:

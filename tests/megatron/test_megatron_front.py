@@ -115,6 +115,22 @@ def test_dataloader_type_single_is_said_to_change_nothing():
     assert any(note.startswith("--dataloader-type (gptrain reads the samples in") for note in notes)
 
 
+def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
+    """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
+    translation set model.sequence_parallel=true, which the config check then refused."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64 --sequence-parallel"
+    t = translate(shlex.split(flags), ENV)
+    assert load_training_config(None, t.overrides, report_ignored=False).model.sequence_parallel is False
+    assert any(
+        note.startswith("--sequence-parallel (off at --tensor-model-parallel-size 1") for note in t.notes
+    )
+    t = translate(shlex.split(flags + " --tensor-model-parallel-size 2"), ENV)
+    assert t.values["model.sequence_parallel"] is True and not any(
+        "--sequence-parallel" in n for n in t.notes
+    )
+
+
 def test_megatron_defaults_where_flags_are_absent():
     flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     t = translate(shlex.split(flags + " --train-iters 10 --mock-data --vocab-size 64"), {})
