@@ -51,6 +51,9 @@ def run_generate(args: argparse.Namespace) -> int:
     run = load_run(args.checkpoint)
     print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)
     prompt_ids = list(run.tokenizer.encode(args.prompt))
+    window_note = context_window_note(len(prompt_ids), args.max_new_tokens, run.model.config.seq_length)
+    if window_note:
+        print(window_note, file=sys.stderr)
     new_ids = generate(
         run.model,
         prompt_ids,
@@ -89,6 +92,22 @@ def check_prompt_is_text(prompt: str) -> None:
             f"--prompt: {what} (character {position + 1}) is not UTF-8; give the prompt as "
             "UTF-8 text (a terminal or file in another encoding: convert it, e.g. iconv -f latin1)"
         )
+
+
+def context_window_note(prompt_tokens: int, max_new_tokens: int, seq_length: int) -> str | None:
+    """The model sees its last seq_length tokens only: said when the prompt, or the prompt with the
+    continuation, is longer, since the start of the prompt then no longer conditions what follows."""
+    if prompt_tokens > seq_length:
+        return (
+            f"gptrain: note: the prompt is {prompt_tokens} tokens, longer than the model's context of "
+            f"{seq_length}: only its last {seq_length} tokens condition the continuation"
+        )
+    if prompt_tokens + max_new_tokens > seq_length:
+        return (
+            f"gptrain: note: prompt ({prompt_tokens} tokens) + --max-new-tokens {max_new_tokens} exceed the "
+            f"model's context of {seq_length}: past it, each token is conditioned on the last {seq_length} only"
+        )
+    return None
 
 
 def continuation_text(tokenizer, prompt_ids: list[int], new_ids: list[int]) -> str:

@@ -297,6 +297,30 @@ def test_generate_loads_the_trained_weights(tmp_path: Path, capsys: pytest.Captu
         assert capsys.readouterr().out == expected + "\n"
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_generating_past_the_context_says_what_conditions_the_continuation(tmp_path: Path, capsys) -> None:
+    """A prompt longer than the model's context was cut to its last seq_length tokens without a
+    word; the text printed is still the sliding-window continuation of the float reference."""
+    from gptrain.trained.generate import add_generate_parser
+
+    log_dir, model, tokenizer = tiny_run(tmp_path)  # seq_length 16
+    prompt = "The quick brown fox jumps over the lazy dog " * 3
+    assert len(tokenizer.encode(prompt)) > 16
+    argv = ["generate", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "4", "--greedy"]
+    assert run_subcommand(add_generate_parser, argv) == 0
+    out, err = capsys.readouterr()
+    assert out == reference_text(model, tokenizer, prompt, 4) + "\n"
+    assert (
+        f"the prompt is {len(tokenizer.encode(prompt))} tokens, longer than the model's context of 16" in err
+    )
+    argv = ["generate", str(tmp_path / "run"), "--prompt", "The quick", "--max-new-tokens", "20", "--greedy"]
+    assert run_subcommand(add_generate_parser, argv) == 0
+    assert "exceed the model's context of 16" in capsys.readouterr().err
+    argv[-2] = "3"
+    assert run_subcommand(add_generate_parser, argv) == 0
+    assert "note" not in capsys.readouterr().err
+
+
 def test_a_prompt_that_is_not_utf8_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--prompt "caf\xe9"` from a Latin-1 terminal: a tokenizer traceback after the load."""
     from gptrain.cli import main
