@@ -199,6 +199,22 @@ def _check_sharding(model: Any, dims: ParallelDims, devices_per_node: int | None
     return shard
 
 
+def hybrid_shard_node_warning(dims: ParallelDims, devices: int, local_world_size: str | None) -> str | None:
+    """hybrid_shard sizes its shard groups from trainer.devices (so that one machine can stand in for
+    several nodes in tests); when the launcher started another number of processes per node
+    (torchrun's/srun's LOCAL_WORLD_SIZE), the groups span nodes: the numbers are right, the
+    all-gathers cross the slow links. Said once, on rank 0."""
+    if not (dims.dp_shard and dims.dp_shard != dims.dp) or not (local_world_size or "").isdigit():
+        return None
+    if int(local_world_size) == devices:
+        return None
+    return (
+        f"gptrain: warning: model.data_parallel_sharding=hybrid_shard shards over groups of {dims.dp_shard} "
+        f"from trainer.devices={devices}, but {local_world_size} processes run on this node "
+        "(LOCAL_WORLD_SIZE): the shard groups span nodes; set trainer.devices to the processes per node"
+    )
+
+
 def _check_activation_checkpointing(model: Any, dims: ParallelDims) -> None:
     granularity = model.activations_checkpoint_granularity
     method = model.activations_checkpoint_method

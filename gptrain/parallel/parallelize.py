@@ -10,6 +10,8 @@ cuts every shard from the same full tensors).
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import torch
@@ -29,7 +31,7 @@ from gptrain.parallel.float8 import (
     gathers_float8,
     refresh_float8_scales,
 )
-from gptrain.parallel.layout import STARTED, check_layout
+from gptrain.parallel.layout import STARTED, check_layout, hybrid_shard_node_warning
 from gptrain.parallel.mesh import World, build_mesh
 from gptrain.parallel.pipeline import build_schedules, embedding_group, is_tied, split_stage, stage_ids
 from gptrain.parallel.runtime import ParallelContext, ParallelGPT
@@ -44,6 +46,9 @@ def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device |
     must be started when world.world_size > 1.
     """
     dims = check_layout(cfg.model, world.world_size, cfg.trainer.devices, STARTED)
+    warning = hybrid_shard_node_warning(dims, cfg.trainer.devices, os.environ.get("LOCAL_WORLD_SIZE"))
+    if warning and world.rank == 0:
+        print(warning, file=sys.stderr, flush=True)
     _check_vocab(model, dims.tp)
     meta = any(p.is_meta for p in model.parameters())
     if device is None:

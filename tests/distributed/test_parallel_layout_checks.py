@@ -9,7 +9,7 @@ import pytest
 from gptrain.config import TrainingConfig
 from gptrain.config.schema import ModelConfig
 from gptrain.errors import ConfigError
-from gptrain.parallel.layout import check_layout, num_microbatches
+from gptrain.parallel.layout import check_layout, hybrid_shard_node_warning, num_microbatches
 from gptrain.parallel.mesh import ParallelDims, World
 from gptrain.parallel.rng import rank_dropout_seed
 
@@ -164,6 +164,25 @@ def test_layout_errors_name_keys_and_values(overrides: dict, world: int, expecte
         check_layout(model(**overrides), world_size=world)
     assert expected in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_hybrid_shard_groups_that_span_the_started_nodes_are_warned_of() -> None:
+    """Shard groups follow trainer.devices; a launch with another number of processes per node
+    (LOCAL_WORLD_SIZE) made them span nodes without a word."""
+    hybrid = check_layout(
+        model(data_parallel_sharding="hybrid_shard", global_batch_size=32), world_size=16, devices_per_node=8
+    )
+    warning = hybrid_shard_node_warning(hybrid, 8, "4")
+    assert (
+        warning is not None
+        and "groups of 8 from trainer.devices=8, but 4 processes run on this node" in warning
+    )
+    assert hybrid_shard_node_warning(hybrid, 8, "8") is None  # as configured
+    assert hybrid_shard_node_warning(hybrid, 8, None) is None  # not started by torchrun/srun
+    full = check_layout(
+        model(data_parallel_sharding="full_shard", global_batch_size=32), world_size=16, devices_per_node=8
+    )
+    assert hybrid_shard_node_warning(full, 8, "4") is None  # one group over every rank: nothing to span
 
 
 def test_hybrid_shard_that_does_not_tile_the_nodes_is_rejected() -> None:
