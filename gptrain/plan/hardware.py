@@ -9,6 +9,7 @@ Bandwidths are GB/s per GPU in one direction, the figure a ring collective is li
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,7 +120,33 @@ def cluster_profile(name: str) -> dict:
     plan = data.get("plan") or {}
     if not isinstance(plan, dict):
         raise ConfigError(f"{path}: 'plan' must be a mapping (gpu, intra_node_GBps, inter_node_GBps)")
-    return {"gpus_per_node": data.get("gpus_per_node"), **plan}
+    _check_plan_block(plan, path)
+    per_node = data.get("gpus_per_node")
+    if per_node is not None and (isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1):
+        raise ConfigError(f"{path}: gpus_per_node must be a positive integer, got {per_node!r}")
+    return {"gpus_per_node": per_node, **plan}
+
+
+def _check_plan_block(plan: dict, path: Path) -> None:
+    """A misspelt key, an unknown GPU or a link rate that is no positive number is refused naming
+    the file and key: a typo was ignored and a negative rate made the step faster than its compute."""
+    for key, value in plan.items():
+        if value is None and key in ("gpu", "intra_node_GBps", "inter_node_GBps"):
+            continue  # null: the GPU's own figure
+        if key == "gpu":
+            if not isinstance(value, str) or value not in GPUS:
+                raise ConfigError(f"{path}: plan.gpu={value!r} is not known; use one of {', '.join(GPUS)}")
+        elif key in ("intra_node_GBps", "inter_node_GBps"):
+            try:
+                number = math.nan if isinstance(value, bool) else float(value)
+            except (TypeError, ValueError):
+                number = math.nan
+            if not 0 < number < math.inf:  # nan is not > 0
+                raise ConfigError(
+                    f"{path}: plan.{key} must be a positive number of GB/s per GPU, got {value!r}"
+                )
+        else:
+            raise ConfigError(f"{path}: unknown key plan.{key}; known: gpu, inter_node_GBps, intra_node_GBps")
 
 
 def build_cluster(
@@ -128,7 +155,9 @@ def build_cluster(
     """Command-line values win over the profile's; the profile's over the defaults (1 x 8 H100)."""
     defaults = cluster_profile(profile) if profile else {}
     spec = gpu_spec(gpu or defaults.get("gpu") or "h100-80gb")
-    links = {k: float(defaults[k]) for k in ("intra_node_GBps", "inter_node_GBps") if defaults.get(k)}
+    links = {
+        k: float(defaults[k]) for k in ("intra_node_GBps", "inter_node_GBps") if defaults.get(k) is not None
+    }
     spec = dataclasses.replace(spec, **links)
     per_node = gpus_per_node if gpus_per_node is not None else defaults.get("gpus_per_node")
     if per_node is None:

@@ -272,3 +272,56 @@ def test_hybrid_shard_without_replicas_is_not_ranked_beside_its_full_shard_twin(
     labels = [c.layout.label() for c in ranked]
     assert "tp1 pp2 dp8 mbs1 fsdp" in labels and "tp1 pp2 dp8 mbs1 hsdp" not in labels
     assert "tp1 pp1 dp16 mbs1 hsdp" in labels  # 2 replicas of a node's 8 shards: a layout of its own
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "plan:\n  intra_node_GBps: fast\n",
+            "plan.intra_node_GBps must be a positive number of GB/s per GPU, got 'fast'",
+        ),
+        (
+            "plan:\n  inter_node_GBps: -50\n",
+            "plan.inter_node_GBps must be a positive number of GB/s per GPU, got -50",
+        ),
+        (
+            "plan:\n  inter_node_GBps: 0\n",
+            "plan.inter_node_GBps must be a positive number of GB/s per GPU, got 0",
+        ),
+        (
+            "plan:\n  inter_node_Gbps: 25\n",
+            "unknown key plan.inter_node_Gbps; known: gpu, inter_node_GBps, intra_node_GBps",
+        ),
+        (
+            "plan:\n  gpu: [h100]\n",
+            "plan.gpu=['h100'] is not known; use one of h100-80gb, a100-80gb, a100-40gb, cpu",
+        ),
+        (
+            "plan:\n  gpu: h200\n",
+            "plan.gpu='h200' is not known; use one of h100-80gb, a100-80gb, a100-40gb, cpu",
+        ),
+        ("gpus_per_node: eight\n", "gpus_per_node must be a positive integer, got 'eight'"),
+    ],
+)
+def test_a_cluster_files_plan_block_is_checked_naming_the_file_and_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    """A rate that is no number was a traceback, a negative one made the step shorter than its
+    compute, 0 and a misspelt key were ignored, and a bad GPU was blamed on --gpu."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    assert main(["plan", "gpt3/126m", "--nodes", "2", "--cluster", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == f"gptrain: error: {path}: {message}"
+
+
+def test_a_cluster_files_null_plan_values_keep_the_gpus_own(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        "gpus_per_node: 4\nplan:\n  gpu: a100-80gb\n  intra_node_GBps: null\n  inter_node_GBps: 12.5\n"
+    )
+    from gptrain.plan.hardware import build_cluster
+
+    cluster = build_cluster(2, None, None, str(path))
+    assert (cluster.gpus_per_node, cluster.gpu.name) == (4, "a100-80gb")
+    assert (cluster.gpu.intra_node_GBps, cluster.gpu.inter_node_GBps) == (300.0, 12.5)
