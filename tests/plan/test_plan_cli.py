@@ -325,3 +325,20 @@ def test_a_cluster_files_null_plan_values_keep_the_gpus_own(tmp_path: Path) -> N
     cluster = build_cluster(2, None, None, str(path))
     assert (cluster.gpus_per_node, cluster.gpu.name) == (4, "a100-80gb")
     assert (cluster.gpu.intra_node_GBps, cluster.gpu.inter_node_GBps) == (300.0, 12.5)
+
+
+@pytest.mark.parametrize("profile", ["aws_p4d", "aws_p5", "azure_nd_a100_v4"])
+def test_a_shipped_profile_plans_on_the_gpu_its_validation_expects(profile: str) -> None:
+    """The validation thresholds are 60% of the GPU's dense bf16 peak and of its links: the plan
+    of the same cluster must use that GPU (azure_nd_a100_v4 had no plan: block and was planned
+    on H100s, three times the A100's compute)."""
+    from gptrain.plan.hardware import build_cluster
+    from gptrain.validate.thresholds import load_thresholds
+
+    cluster = build_cluster(1, None, None, profile)
+    gpu, thresholds = cluster.gpu, load_thresholds(profile)
+    assert thresholds.matmul_tflops == pytest.approx(0.6 * gpu.bf16_tflops, abs=1)
+    assert thresholds.intra_node_busbw_GBps == pytest.approx(0.6 * gpu.intra_node_GBps, abs=1)
+    # validation compares a node's NICs together, the plan has one NIC's share per GPU
+    node_GBps = gpu.inter_node_GBps * cluster.gpus_per_node
+    assert thresholds.inter_node_busbw_GBps == pytest.approx(0.6 * node_GBps, abs=1)
