@@ -89,7 +89,7 @@ def run_round(
 ) -> list[PairResult]:
     """All pairs of one round at once; every rank creates every group (torch requires it)."""
     groups = [(a, b, pair_ranks(ctx, level, a, b)) for a, b in pairs]
-    handles = [dist.new_group(ranks) for _, _, ranks in groups]
+    handles = [dist.new_group(ranks, timeout=ctx.timeout) for _, _, ranks in groups]
     mine = [i for i, (_, _, ranks) in enumerate(groups) if ctx.rank in ranks]
     result = None
     if mine:

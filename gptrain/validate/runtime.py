@@ -39,6 +39,9 @@ class Context:
     device: torch.device
     backend: str
     nodes: list[str]  # node name of every rank, by rank
+    timeout: timedelta = timedelta(minutes=10)
+    """--timeout: how long a collective waits, also in the groups made later (torch's new_group
+    would otherwise give them its own default, 30 minutes for gloo)."""
 
     @property
     def rank(self) -> int:
@@ -123,7 +126,14 @@ def start(timeout_s: float = 600.0) -> Context:
     )
     me = node_name()
     nodes = gather_objects(me)
-    return Context(world=world, node=me, device=device, backend=backend, nodes=nodes)
+    return Context(
+        world=world,
+        node=me,
+        device=device,
+        backend=backend,
+        nodes=nodes,
+        timeout=timedelta(seconds=timeout_s),
+    )
 
 
 def finish(wait_for_peers: bool = True) -> None:

@@ -118,3 +118,20 @@ def test_a_rank_whose_gpu_fails_leaves_at_once_in_one_line_naming_its_node(tmp_p
         "unspecified launch failure; a GPU or network error there is the node's: leave it out "
         "(--exclude=n2) (GPTRAIN_DEBUG=1 shows where)"
     )
+
+
+def test_a_pair_whose_partner_hangs_gives_up_after_the_timeout(tmp_path):
+    """Rank 1 stops (the test hook sleeps 600 s before its pair's all_reduce). The pair groups
+    were made with torch's default timeout, 30 minutes for gloo, whatever --timeout said: rank 0
+    waited that long. Now it gives up after --timeout 3 s, in one line."""
+    args = ["validate", "pairwise", "--output-dir", str(tmp_path / "r"), *FAST[:-1], "3"]
+    envs = [{"SLURMD_NODENAME": "n1"}, {"SLURMD_NODENAME": "n2", "GPTRAIN_VALIDATE_TEST_DELAY": "1:600"}]
+    procs, logs = start_ranks(["-m", "gptrain", *args], 2, tmp_path, envs)
+    try:
+        code = procs[0].wait(timeout=120)  # start-up, 3 s and the exit; 30 minutes before
+    finally:
+        end(procs)
+    text = logs[0].read_text()
+    assert code == 1 and "Traceback" not in text, text
+    assert "gptrain: error: validate: rank 0 on n1 stopped during pairwise: " in text
+    assert "Timed out" in text
