@@ -306,7 +306,9 @@ def validate(args: argparse.Namespace) -> int:
     except Exception as error:
         if os.environ.get("GPTRAIN_DEBUG"):
             raise
-        print(rank_failure(ctx, stage, error), file=sys.stderr, flush=True)
+        print(
+            rank_failure(ctx, stage, error, hung_peers(ctx, error, args.timeout)), file=sys.stderr, flush=True
+        )
         return 1
     finally:
         finish(wait_for_peers=together)
@@ -314,13 +316,32 @@ def validate(args: argparse.Namespace) -> int:
     return code
 
 
-def rank_failure(ctx: Context, stage: str, error: Exception) -> str:
+def hung_peers(ctx: Context, error: Exception, timeout_s: float) -> str:
+    """For a collective that timed out: the ranks that never came (rank, node, --exclude=), found
+    with the other ranks that timed out; '' for any other error or where they cannot be told."""
+    from gptrain.validate.runtime import HUNG_GRACE_S, is_timeout, unanswered_ranks
+
+    if ctx.size == 1 or not is_timeout(error):
+        return ""
+    missing = unanswered_ranks(ctx, min(timeout_s, HUNG_GRACE_S))
+    if not missing or len(missing) == ctx.size:
+        return ""
+    shown = ", ".join(f"rank {r} on {ctx.nodes[r]}" for r in missing[:8])
+    more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+    nodes = report.compress_hostlist({ctx.nodes[r] for r in missing})
+    return (
+        f"; it waited --timeout {timeout_s:g} s for {shown}{more}, which did not answer (hung or"
+        f" stopped; every other rank timed out too): leave it out (--exclude={nodes})"
+    )
+
+
+def rank_failure(ctx: Context, stage: str, error: Exception, hint: str = "") -> str:
     """One line for a rank that stopped alone (a GPU fallen off the bus, a disk full): who, where,
-    why, and what to do; the launcher then ends the ranks waiting for it."""
+    why, and what to do; the launcher then ends the ranks waiting for it. `hint`: the ranks a
+    timed-out collective waited for."""
     where = f"rank {ctx.rank} on {ctx.node}" + (f" (cuda:{ctx.device.index})" if ctx.is_gpu else "")
     reason = (str(error).strip().splitlines() or [""])[0]
-    hint = ""
-    if any(word in reason for word in ("CUDA", "NCCL", "cuda", "GPU")):
+    if not hint and any(word in reason for word in ("CUDA", "NCCL", "cuda", "GPU")):
         hint = f"; a GPU or network error there is the node's: leave it out (--exclude={ctx.node})"
     return (
         f"gptrain: error: validate: {where} stopped during {stage}: {type(error).__name__}: {reason}{hint}"

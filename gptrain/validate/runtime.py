@@ -28,6 +28,9 @@ from gptrain.utils.ports import slurm_rendezvous_port
 # Test-only hook: "RANK:SECONDS" makes that rank sleep before each collective it times,
 # which is how the tests make one rank (and so its node) slow on purpose.
 DELAY_ENV = "GPTRAIN_VALIDATE_TEST_DELAY"
+TIMED_OUT_KEY = "gptrain/validate/timed-out"  # "0,1,3," : the ranks whose collective timed out
+TIMED_OUT_COUNT_KEY = "gptrain/validate/timed-out-count"
+HUNG_GRACE_S = 30.0  # the most a rank that timed out waits for the others to time out too
 
 
 @dataclass
@@ -183,6 +186,37 @@ def time_per_call(call: Callable[[], Any], ctx: Context, iters: int, warmup: int
         call()
     synchronize(ctx.device)
     return (time.perf_counter() - start_time) / iters  # the CLI requires iters >= 1
+
+
+def is_timeout(error: BaseException) -> bool:
+    """A collective that waited --timeout for a peer (gloo: "Timed out waiting ...ms for recv";
+    NCCL's watchdog: "collective operation timeout")."""
+    text = str(error).lower()
+    return "timed out" in text or "timeout" in text
+
+
+def unanswered_ranks(ctx: Context, grace_s: float) -> list[int] | None:
+    """After a timeout: the ranks that did not time out too, i.e. the ones everyone waited for.
+
+    A collective's timeout names no peer. Every rank that timed out appends its rank to a key of
+    the process group's store (a TCPStore server on rank 0, alive while its threads are) and waits
+    up to `grace_s` for the others; the ranks never heard from are the hung ones. None where the
+    store cannot be reached (rank 0's process gone)."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        store = distributed_c10d._get_default_store()
+        store.set_timeout(timedelta(seconds=max(grace_s, 5.0)))
+        store.append(TIMED_OUT_KEY, f"{ctx.rank},")
+        count = store.add(TIMED_OUT_COUNT_KEY, 1)
+        deadline = time.monotonic() + grace_s
+        while count < ctx.size and time.monotonic() < deadline:
+            time.sleep(0.2)
+            count = store.add(TIMED_OUT_COUNT_KEY, 0)
+        heard = {int(word) for word in store.get(TIMED_OUT_KEY).decode().split(",") if word}
+    except Exception:
+        return None
+    return [rank for rank in range(ctx.size) if rank not in heard]
 
 
 def mean_over_ranks(value: float, ctx: Context, group: Any = None) -> float:

@@ -12,6 +12,7 @@ import torch
 from validate_helpers import FAST, REPO, end, run_ranks, start_ranks
 
 from gptrain.validate.bandwidth import OPS, bus_factor
+from gptrain.validate.runtime import DELAY_ENV
 
 pytestmark = pytest.mark.distributed
 REQUIRED = {"op", "bytes", "in_place", "world_size", "time_us", "algbw_GBps", "busbw_GBps"}
@@ -135,3 +136,26 @@ def test_a_pair_whose_partner_hangs_gives_up_after_the_timeout(tmp_path):
     assert code == 1 and "Traceback" not in text, text
     assert "gptrain: error: validate: rank 0 on n1 stopped during pairwise: " in text
     assert "Timed out" in text
+
+
+def test_a_rank_that_hangs_is_named_with_its_node_by_the_ranks_that_waited(tmp_path):
+    """Rank 2 (node n3) stops before its first timed collective. Ranks 0 and 1 timed out saying
+    only gloo's "Timed out waiting 3000ms for recv" and their own rank and node, so the user left
+    out n1 and n2; now each names rank 2 on n3 and its --exclude."""
+    args = ["validate", "collectives", "--output-dir", str(tmp_path / "r"), *FAST[:-1], "3"]
+    envs = [{"SLURMD_NODENAME": f"n{r + 1}"} for r in range(3)]
+    envs[2][DELAY_ENV] = "2:600"
+    procs, logs = start_ranks(["-m", "gptrain", *args], 3, tmp_path, envs)
+    try:
+        codes = [procs[r].wait(timeout=120) for r in (0, 1)]
+    finally:
+        end(procs)
+    for rank, code in zip((0, 1), codes, strict=True):
+        text = logs[rank].read_text()
+        assert code == 1 and "Traceback" not in text, text
+        line = text.strip().splitlines()[-1]
+        assert line.startswith(
+            f"gptrain: error: validate: rank {rank} on n{rank + 1} stopped during collectives:"
+        )
+        assert "it waited --timeout 3 s for rank 2 on n3, which did not answer" in line, line
+        assert "leave it out (--exclude=n3)" in line and "--exclude=n1" not in line, line
