@@ -75,11 +75,17 @@ def recompute_fraction(work: Workload, layout: Layout) -> float:
     return 0.0
 
 
-def _bandwidth(cluster: Cluster, group: int, stride: int) -> float:
-    """Bytes/s per GPU of a group of `group` ranks `stride` apart in the rank order."""
-    inside = group * stride <= cluster.gpus_per_node
-    gbps = cluster.gpu.intra_node_GBps if inside else cluster.gpu.inter_node_GBps
-    return gbps * 1e9
+def _bandwidth(cluster: Cluster, group: int, stride: int, collective: bool = True) -> float:
+    """Bus bytes/s of a group of `group` ranks `stride` apart in the rank order.
+
+    Across nodes a collective runs one ring per NIC (NCCL), so the group's members on a node send
+    through their NICs together: members per node x one NIC's rate, the busbw nccl-tests measures
+    (about the node's network total for a group of every GPU; `gptrain validate` expects that).
+    A pipeline send goes from one GPU through its own NIC."""
+    if group * stride <= cluster.gpus_per_node:
+        return cluster.gpu.intra_node_GBps * 1e9
+    members_per_node = max(1, cluster.gpus_per_node // stride) if collective else 1
+    return min(cluster.gpu.intra_node_GBps, members_per_node * cluster.gpu.inter_node_GBps) * 1e9
 
 
 def peak_tflops(work: Workload, gpu: GpuSpec) -> float:
@@ -113,7 +119,8 @@ def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: fl
     if layout.pp > 1:
         shard = layout.tp if layout.sequence_parallel else 1
         per_send = tokens * c.hidden_size * act / shard
-        pp_comm = 2 * per_send * m * layout.vpp / _bandwidth(cluster, layout.pp, layout.tp * layout.dp)
+        link = _bandwidth(cluster, layout.pp, layout.tp * layout.dp, collective=False)
+        pp_comm = 2 * per_send * m * layout.vpp / link
     if layout.dp > 1 and layout.sharding == "ddp":
         params = max(rank_parameters(c, layout.tp, layout.pp))
         bw = _bandwidth(cluster, layout.dp, layout.tp)

@@ -342,3 +342,28 @@ def test_a_shipped_profile_plans_on_the_gpu_its_validation_expects(profile: str)
     # validation compares a node's NICs together, the plan has one NIC's share per GPU
     node_GBps = gpu.inter_node_GBps * cluster.gpus_per_node
     assert thresholds.inter_node_busbw_GBps == pytest.approx(0.6 * node_GBps, abs=1)
+
+
+@pytest.mark.parametrize(("tp", "nics"), [(1, 8), (2, 4), (8, 1)])
+def test_a_data_parallel_all_reduce_across_nodes_uses_its_members_nics(tp: int, nics: int) -> None:
+    """aws_p5, 2 nodes x 8 H100 (one 50 GB/s EFA share per GPU): NCCL runs a ring per NIC, so the
+    gradient all-reduce of a DP group with `nics` members per node has their NICs' bus bandwidth
+    (with every GPU in it, the node's 400 GB/s that `gptrain validate --profile aws_p5` expects at
+    least 60% of). The planner ran every group at one NIC's 50 GB/s: DP across nodes cost 8 times
+    what it does, and its layouts ranked below TP/PP ones they beat."""
+    from gptrain.plan.hardware import build_cluster
+    from gptrain.plan.sizes import rank_parameters
+    from gptrain.plan.spec import Layout
+    from gptrain.plan.time import DDP_OVERLAP, estimate_step_time
+    from gptrain.validate.thresholds import load_thresholds
+
+    cluster = build_cluster(2, None, None, "aws_p5")
+    work = workload_from_config(load_training_config("gpt3/126m", []))
+    dp = 16 // tp
+    layout = Layout(tp=tp, dp=dp, micro_batch_size=1, sequence_parallel=tp > 1)
+    params = max(rank_parameters(work.padded(tp), tp, 1))
+    busbw = nics * 50e9
+    expected = 2 * (dp - 1) / dp * 4 * params / busbw * ((1 - DDP_OVERLAP) if tp == 1 else 1)
+    assert estimate_step_time(work, layout, cluster, 0.4).dp_comm == pytest.approx(expected, rel=1e-12)
+    if tp == 1:
+        assert busbw * 0.6 / 1e9 == pytest.approx(load_thresholds("aws_p5").inter_node_busbw_GBps)
