@@ -307,7 +307,9 @@ def validate(args: argparse.Namespace) -> int:
         if os.environ.get("GPTRAIN_DEBUG"):
             raise
         print(
-            rank_failure(ctx, stage, error, hung_peers(ctx, error, args.timeout)), file=sys.stderr, flush=True
+            rank_failure(ctx, stage, error, hung_peers(ctx, error, args.timeout, args.exclude_file)),
+            file=sys.stderr,
+            flush=True,
         )
         return 1
     finally:
@@ -316,9 +318,10 @@ def validate(args: argparse.Namespace) -> int:
     return code
 
 
-def hung_peers(ctx: Context, error: Exception, timeout_s: float) -> str:
+def hung_peers(ctx: Context, error: Exception, timeout_s: float, exclude_file: str | None = None) -> str:
     """For a collective that timed out: the ranks that never came (rank, node, --exclude=), found
-    with the other ranks that timed out; '' for any other error or where they cannot be told."""
+    with the other ranks that timed out; '' for any other error or where they cannot be told.
+    The lowest rank that timed out adds their nodes to --exclude-file, as a failed check would."""
     from gptrain.validate.runtime import HUNG_GRACE_S, is_timeout, unanswered_ranks
 
     if ctx.size == 1 or not is_timeout(error):
@@ -329,9 +332,13 @@ def hung_peers(ctx: Context, error: Exception, timeout_s: float) -> str:
     shown = ", ".join(f"rank {r} on {ctx.nodes[r]}" for r in missing[:8])
     more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
     nodes = report.compress_hostlist({ctx.nodes[r] for r in missing})
+    added = ""
+    if exclude_file and ctx.rank == min(set(range(ctx.size)) - set(missing)):
+        add_to_exclude_file(Path(exclude_file), {ctx.nodes[r] for r in missing})
+        added = f", added to {exclude_file}"
     return (
         f"; it waited --timeout {timeout_s:g} s for {shown}{more}, which did not answer (hung or"
-        f" stopped; every other rank timed out too): leave it out (--exclude={nodes})"
+        f" stopped; every other rank timed out too): leave it out (--exclude={nodes}{added})"
     )
 
 

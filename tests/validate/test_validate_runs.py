@@ -159,3 +159,24 @@ def test_a_rank_that_hangs_is_named_with_its_node_by_the_ranks_that_waited(tmp_p
         )
         assert "it waited --timeout 3 s for rank 2 on n3, which did not answer" in line, line
         assert "leave it out (--exclude=n3)" in line and "--exclude=n1" not in line, line
+
+
+def test_the_node_of_a_rank_that_hangs_goes_to_the_exclude_file(tmp_path):
+    """The launcher's validation stage passes --exclude-file so that the next launch leaves the
+    blamed nodes out; a hung rank's node was named on stderr only, and the next launch could land
+    on it again. The lowest rank that timed out merges it into the file (once)."""
+    exclude = tmp_path / "exclude_nodes.txt"
+    exclude.write_text("n7\n")
+    args = ["validate", "collectives", "--output-dir", str(tmp_path / "r"), *FAST[:-1], "3"]
+    args += ["--exclude-file", str(exclude)]
+    envs = [{"SLURMD_NODENAME": f"n{r + 1}"} for r in range(3)]
+    envs[2][DELAY_ENV] = "2:600"
+    procs, logs = start_ranks(["-m", "gptrain", *args], 3, tmp_path, envs)
+    try:
+        codes = [procs[r].wait(timeout=120) for r in (0, 1)]
+    finally:
+        end(procs)
+    assert codes == [1, 1], logs[0].read_text()
+    assert exclude.read_text() == "n[3,7]\n"
+    assert f"(--exclude=n3, added to {exclude})" in logs[0].read_text()
+    assert "(--exclude=n3)" in logs[1].read_text()
