@@ -60,7 +60,13 @@ def header_lines(plan: Plan) -> list[str]:
     ]
     if plan.requested:
         c = plan.requested
-        verdict = "fits" if c.fits else f"does NOT fit {plan.cluster.gpu.memory_gib:.0f} GiB"
+        gpu = plan.cluster.gpu  # the device less --headroom: 75 GiB does not fit a 79 GiB GPU at 10%
+        usable = f"{gpu.memory_gib * (1 - plan.headroom):.1f} GiB usable"
+        verdict = (
+            "fits"
+            if c.fits
+            else f"does NOT fit the {usable} ({gpu.memory_gib:.0f} GiB less --headroom {plan.headroom:g})"
+        )
         lines.append(f"requested layout {c.layout.label()}: {verdict}; {memory_line(c)}")
         lines.append(f"  estimated step {c.time.total:.3f} s ({_time_parts(c)})")
     if plan.requested_error:

@@ -367,3 +367,15 @@ def test_a_data_parallel_all_reduce_across_nodes_uses_its_members_nics(tp: int, 
     assert estimate_step_time(work, layout, cluster, 0.4).dp_comm == pytest.approx(expected, rel=1e-12)
     if tp == 1:
         assert busbw * 0.6 / 1e9 == pytest.approx(load_thresholds("aws_p5").inter_node_busbw_GBps)
+
+
+def test_a_requested_layout_that_does_not_fit_names_the_usable_memory(tmp_path: Path) -> None:
+    """31 GiB on a 79 GiB H100 with --headroom 0.7: the line said 'does NOT fit 79 GiB' and then
+    '-> 31.11 GiB'; it now names the 23.7 GiB that are usable."""
+    js = tmp_path / "p.json"
+    args = ["plan", "gpt3/126m", "model.micro_batch_size=16", "--nodes", "1", "--headroom", "0.7"]
+    assert main([*args, "--json", str(js)]) == 0
+    line = next(x for x in json.loads(js.read_text())["lines"] if x.startswith("requested layout"))
+    total = float(line.rsplit("-> ", 1)[1].split(" GiB")[0])
+    assert 0.3 * 79.1 < total < 79.1
+    assert "does NOT fit the 23.7 GiB usable (79 GiB less --headroom 0.7); " in line, line
