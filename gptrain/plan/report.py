@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from gptrain.plan.hardware import Cluster
@@ -131,7 +132,20 @@ def print_plan(plan: Plan, console: Console | None = None, with_table: bool = Tr
     for line in header_lines(plan):
         console.print(line, markup=False)
     if with_table:
-        console.print(table(plan))
+        print_wide(console, table(plan))
+
+
+def print_wide(console: Console, renderable: Table) -> None:
+    """The table at its natural width: rich fits a table to the console, 80 columns where the
+    output is a file or a pipe (a Slurm log), and cut the measured table's numbers short
+    ('11,113,5…') and wrapped each layout over several lines."""
+    natural = Measurement.get(console, console.options.update_width(10_000), renderable).maximum
+    width = console.width
+    console.width = max(width, natural)
+    try:
+        console.print(renderable)
+    finally:
+        console.width = width
 
 
 def plan_dict(plan: Plan) -> dict[str, Any]:

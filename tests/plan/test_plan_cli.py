@@ -379,3 +379,31 @@ def test_a_requested_layout_that_does_not_fit_names_the_usable_memory(tmp_path: 
     total = float(line.rsplit("-> ", 1)[1].split(" GiB")[0])
     assert 0.3 * 79.1 < total < 79.1
     assert "does NOT fit the 23.7 GiB usable (79 GiB less --headroom 0.7); " in line, line
+
+
+def test_the_measured_table_keeps_whole_numbers_and_labels_in_a_pipe() -> None:
+    """Printed to a file or pipe (80 columns), the seven-column table after --measure cut
+    tokens/s to '3,642,3…' and wrapped each layout over several lines; it is printed at its
+    natural width."""
+    import io
+    from argparse import Namespace
+
+    from rich.console import Console
+
+    from gptrain.plan.build import build_plan
+    from gptrain.plan.report import print_plan, tokens_per_second
+
+    args = Namespace(
+        preset="gpt3/126m", overrides=[], config_file=None, nodes=1, gpus_per_node=8, gpu=None,
+        cluster=None, mfu=0.4, tokens=3e11, headroom=0.1, vocab_size=None, top=3,
+    )  # fmt: skip
+    plan = build_plan(args)
+    for i, c in enumerate(plan.shown()):
+        c.measured_step_s, c.measured_peak_gib = 0.123 + i, 12.5
+    out = io.StringIO()
+    print_plan(plan, Console(file=out, width=80, highlight=False, soft_wrap=True))
+    text = out.getvalue()
+    assert "…" not in text, text
+    for c in plan.shown():
+        row = next(line for line in text.splitlines() if f" {c.layout.label()} " in line)
+        assert f"{tokens_per_second(plan.work, c):,.0f}" in row and f"{c.measured_step_s:.3f}" in row
