@@ -288,7 +288,15 @@ def validate(args: argparse.Namespace) -> int:
     check_paths_early(args)
     from gptrain.validate.runtime import finish, start
 
-    ctx = start(args.timeout)
+    try:
+        ctx = start(args.timeout)
+    except GptrainError:
+        raise
+    except Exception as error:
+        if os.environ.get("GPTRAIN_DEBUG"):
+            raise
+        print(start_failure(error, args.timeout), file=sys.stderr, flush=True)
+        return 1
     stage, together = "setup", False
     try:
         if ctx.rank == 0:
@@ -316,6 +324,24 @@ def validate(args: argparse.Namespace) -> int:
         finish(wait_for_peers=together)
     sys.stdout.flush()
     return code
+
+
+def start_failure(error: Exception, timeout_s: float) -> str:
+    """One line for a process group that did not form (a rank that never started: its node down
+    or unable to reach the rendezvous), where torch gave a traceback ending in 'Timed out after
+    6 seconds waiting for clients. 2/3 clients joined.'"""
+    from gptrain.validate.runtime import node_name
+
+    world = os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or "?"
+    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    reason = (str(error).strip().splitlines() or [""])[0].rstrip(".")
+    return (
+        f"gptrain: error: validate: rank {rank} on {node_name()} could not start the process group of"
+        f" {world} ranks at {address} within --timeout {timeout_s:g} s: {type(error).__name__}: {reason};"
+        " a rank that never started (its node down) or cannot reach that address keeps every rank"
+        " waiting: see which task failed in srun's or torchrun's output"
+    )
 
 
 def hung_peers(ctx: Context, error: Exception, timeout_s: float, exclude_file: str | None = None) -> str:

@@ -180,3 +180,26 @@ def test_the_node_of_a_rank_that_hangs_goes_to_the_exclude_file(tmp_path):
     assert exclude.read_text() == "n[3,7]\n"
     assert f"(--exclude=n3, added to {exclude})" in logs[0].read_text()
     assert "(--exclude=n3)" in logs[1].read_text()
+
+
+def test_a_rank_that_never_starts_is_one_line_not_a_traceback(tmp_path):
+    """Rank 2 of 3 never starts (its node down): ranks 0 and 1 printed torch's rendezvous
+    traceback ('Timed out after 6 seconds waiting for clients. 2/3 clients joined.'); each now
+    prints one line saying the group did not form and why that happens."""
+    args = ["validate", "collectives", "--output-dir", str(tmp_path / "r"), *FAST[:-1], "3"]
+    envs = [{"SLURMD_NODENAME": f"n{r + 1}"} for r in range(3)]
+    procs, logs = start_ranks(["-m", "gptrain", *args], 3, tmp_path, envs)
+    procs[2].kill()
+    try:
+        codes = [procs[r].wait(timeout=120) for r in (0, 1)]
+    finally:
+        end(procs)
+    for rank, code in zip((0, 1), codes, strict=True):
+        text = logs[rank].read_text()
+        assert code == 1 and "Traceback" not in text, text
+        line = text.strip().splitlines()[-1]
+        assert line.startswith(
+            f"gptrain: error: validate: rank {rank} on n{rank + 1} could not start the process group of 3"
+            " ranks at 127.0.0.1:"
+        ), line
+        assert "within --timeout 3 s: DistStoreError: " in line and "a rank that never started" in line
