@@ -35,11 +35,22 @@ def load_config(args: argparse.Namespace, extra: list[str]) -> tuple[Any, str | 
     return cfg, preset, overrides
 
 
+def check_fp8_hardware(model: Any, cluster: Cluster) -> None:
+    """model.fp8 on a GPU without FP8 tensor cores (A100, a CPU): training refuses it at start
+    (gptrain.parallel.float8.check_fp8_device), so a plan of it would be a plan nobody can run."""
+    if model.fp8 and not model.fp8_emulate and cluster.gpu.fp8_tflops is None:
+        raise ConfigError(
+            f"model.fp8=true needs FP8 tensor cores (Hopper or Ada) and the planned GPU, {cluster.gpu.name},"
+            " has none (training would refuse it): set model.fp8=false, or plan for --gpu h100-80gb"
+        )
+
+
 def build_plan(args: argparse.Namespace) -> Plan:
     probe, preset, _ = load_config(args, [])
     nodes = args.nodes if args.nodes is not None else probe.trainer.num_nodes
     cluster = build_cluster(nodes, args.gpus_per_node, args.gpu, args.cluster)
     cfg, _, _ = load_config(args, cluster_overrides(cluster))
+    check_fp8_hardware(cfg.model, cluster)
     work = workload_from_config(cfg, args.vocab_size)
     if cluster.gpu.name == "cpu":  # CPU's flash kernel has no dropout; CPU dropout keeps its noise
         work = dataclasses.replace(work, device_type="cpu", flash_attention=cfg.model.attention_dropout == 0)

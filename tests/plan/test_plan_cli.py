@@ -407,3 +407,19 @@ def test_the_measured_table_keeps_whole_numbers_and_labels_in_a_pipe() -> None:
     for c in plan.shown():
         row = next(line for line in text.splitlines() if f" {c.layout.label()} " in line)
         assert f"{tokens_per_second(plan.work, c):,.0f}" in row and f"{c.measured_step_s:.3f}" in row
+
+
+@pytest.mark.parametrize("gpu", ["a100-80gb", "cpu"])
+def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_as_training_refuses_it(
+    capsys: pytest.CaptureFixture[str], gpu: str
+) -> None:
+    """model.fp8=true on A100s was planned and ranked, and the winner then stopped at the
+    training's start ('needs FP8 tensor cores'); the plan now says so. fp8_emulate (FP8
+    numerics without FP8 hardware) is still planned."""
+    assert main(["plan", "gpt3/126m", "model.fp8=true", "--gpu", gpu, "--nodes", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"gptrain: error: model.fp8=true needs FP8 tensor cores (Hopper or Ada) and the planned GPU, {gpu},"
+        " has none (training would refuse it): set model.fp8=false, or plan for --gpu h100-80gb"
+    )
+    emulated = ["plan", "gpt3/126m", "model.fp8=true", "model.fp8_emulate=true", "--gpu", gpu, "--nodes", "1"]
+    assert main([*emulated, "--gpus-per-node", "8", "model.micro_batch_size=1"]) == 0
