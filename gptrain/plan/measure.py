@@ -113,8 +113,19 @@ def run_local_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, 
     except subprocess.TimeoutExpired:
         candidate.error = f"timed out after {args.trial_timeout:.0f} s (--trial-timeout)"
         return
-    last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:120]
-    read_results(trial_dir, nproc, candidate, last)
+    read_results(trial_dir, nproc, candidate, trial_failure(done.stderr, done.returncode))
+
+
+ERROR_PREFIX = "gptrain: error: "
+
+
+def trial_failure(stderr: str, returncode: int) -> str:
+    """What a failed trial says: the first rank's `gptrain: error:` line (a config training
+    refuses), else the last line of torchrun's output; the last line alone was torchrun's own
+    log ('E1128 ... failed (exitcode: 2) local_rank: 1 (p'), which hid the reason."""
+    lines = stderr.strip().splitlines()
+    errors = [line.removeprefix(ERROR_PREFIX) for line in lines if line.startswith(ERROR_PREFIX)]
+    return (errors or lines or [f"exit {returncode}"])[0 if errors else -1][:200]
 
 
 def trials_root(args: argparse.Namespace) -> tuple[Path, tempfile.TemporaryDirectory | None]:

@@ -423,3 +423,42 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_as_training_refuses_it
     )
     emulated = ["plan", "gpt3/126m", "model.fp8=true", "model.fp8_emulate=true", "--gpu", gpu, "--nodes", "1"]
     assert main([*emulated, "--gpus-per-node", "8", "model.micro_batch_size=1"]) == 0
+
+
+def test_a_local_trial_that_training_refuses_shows_trainings_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ranks stop with gptrain's one-line error (exit 2, so the trial's JSON has no error of
+    its own): the candidate's error was torchrun's last log line ('E1128 ... failed (exitcode: 2)
+    local_rank: 1 (p'); it is now the reason training gave."""
+    from argparse import Namespace
+
+    from gptrain.plan import measure
+    from gptrain.plan.build import build_plan
+
+    args = Namespace(
+        preset="gpt3/126m", overrides=list(TINY), config_file=None, nodes=1, gpus_per_node=2, gpu=None,
+        cluster=None, mfu=0.4, tokens=3e11, headroom=0.1, vocab_size=None, top=1, steps=2,
+        trial_timeout=60.0,
+    )  # fmt: skip
+    plan = build_plan(args)
+    candidate = plan.shown()[0]
+    reason = "trainer.accelerator=gpu but no CUDA device is visible; use trainer.accelerator=cpu"
+    stderr = (
+        f"gptrain: error: {reason}\ngptrain: error: {reason}\nTraceback (most recent call last):\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "E1128 16:12:14.210000 17200 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+        "(exitcode: 2) local_rank: 1 (pid: 5) of binary: python\n"
+    )
+
+    def fake_run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        measured = tmp_path / "trial" / "measured"
+        measured.mkdir(parents=True, exist_ok=True)
+        for rank in range(2):
+            row = {"rank": rank, "exit_code": 2, "error": None, "step_s": None, "peak_gib": 0.3}
+            (measured / f"rank-{rank}.json").write_text(json.dumps(row))
+        return subprocess.CompletedProcess(command, 1, "", stderr)
+
+    monkeypatch.setattr(measure.subprocess, "run", fake_run)
+    measure.run_local_trial(plan, args, candidate, tmp_path / "trial")
+    assert candidate.error == f"rank 0 exit 2: {reason}"
