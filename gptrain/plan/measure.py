@@ -138,6 +138,22 @@ def trials_root(args: argparse.Namespace) -> tuple[Path, tempfile.TemporaryDirec
     return Path(tmp.name), tmp
 
 
+def check_local_gpus(plan: Plan) -> None:
+    """Local trials need the planned GPUs here: on a machine with fewer, every trial stopped at the
+    training's start, one after another, and the plan measured nothing."""
+    if plan.cluster.gpu.name == "cpu":
+        return
+    import torch
+
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found < plan.cluster.gpus_per_node:
+        raise ConfigError(
+            f"--measure runs its trials here on {plan.cluster.gpus_per_node} {plan.cluster.gpu.name} GPUs"
+            f" and this machine has {found} CUDA GPU(s): use --gpu cpu (CPU processes), a smaller"
+            " --gpus-per-node, or --cluster-type slurm"
+        )
+
+
 def measure_plan(plan: Plan, args: argparse.Namespace) -> Path | None:
     """Measure the shown candidates, re-rank them, write the winner's config; its path or None."""
     slurm = args.cluster_type == "slurm"
@@ -146,6 +162,8 @@ def measure_plan(plan: Plan, args: argparse.Namespace) -> Path | None:
             f"--measure runs its trials on this machine: use --nodes 1 (got {plan.cluster.nodes}), "
             "or --cluster-type slurm to run them as Slurm jobs"
         )
+    if not slurm:
+        check_local_gpus(plan)
     shown = plan.shown()
     root, tmp = trials_root(args)
     try:

@@ -462,3 +462,18 @@ def test_a_local_trial_that_training_refuses_shows_trainings_reason(
     monkeypatch.setattr(measure.subprocess, "run", fake_run)
     measure.run_local_trial(plan, args, candidate, tmp_path / "trial")
     assert candidate.error == f"rank 0 exit 2: {reason}"
+
+
+def test_measure_for_gpus_this_machine_lacks_is_one_line_before_any_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--measure` with the default --gpu h100-80gb on a machine without them ran every trial under
+    torchrun, each stopping at training's start, and wrote nothing; it now stops at once."""
+    import torch
+
+    wanted = torch.cuda.device_count() + 1 if torch.cuda.is_available() else 2
+    args = ["plan", "gpt3/126m", *TINY, "--nodes", "1", "--gpus-per-node", str(wanted), "--top", "1"]
+    assert main([*args, "--measure", "--steps", "2", "--trials-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gptrain: error: --measure runs its trials here on {wanted} h100-80gb GPUs"), err
+    assert "use --gpu cpu" in err and not any(tmp_path.iterdir())
