@@ -38,6 +38,8 @@ def test_every_subcommand_has_help():
 
 def test_a_path_the_file_system_refuses_is_one_line(tmp_path, capsys, monkeypatch):
     """`plan --json DIR` (and eval, plot, import ... onto a directory or a read-only one) was a traceback."""
+    # plan now refuses such a --json before planning; its write stands here for any command's
+    monkeypatch.setattr("gptrain.plan.cli.check_outputs_early", lambda args: None)
     assert main(["plan", "gpt3/126m", "--nodes", "1", "--gpu", "h100-80gb", "--json", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert (

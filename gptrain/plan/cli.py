@@ -125,6 +125,30 @@ def parse_words(args: argparse.Namespace) -> argparse.Namespace:
     return parsed
 
 
+def check_outputs_early(args: argparse.Namespace) -> None:
+    """--json, and --output with --measure, before anything runs: found when they are written, a
+    path that cannot be written cost the trials' results (hours of Slurm jobs)."""
+    from pathlib import Path
+
+    from gptrain.utils.paths import directory_blocker
+
+    outputs = [("--json", args.json)]
+    if args.measure:
+        outputs.append(("--output", args.output or "plan-best.yaml"))
+    for option, value in outputs:
+        if value is None:
+            continue
+        path = Path(value)
+        if path.is_dir():
+            raise ConfigError(f"{option} {path}: is a directory; give a file name")
+        parent = path.parent
+        why = (
+            f"{parent} does not exist" if not parent.is_dir() else directory_blocker(parent, must_write=True)
+        )
+        if why:
+            raise ConfigError(f"{option} {path}: cannot write it ({why}); give a writable path")
+
+
 def run_plan(args: argparse.Namespace) -> int:
     from gptrain.plan.build import build_plan
     from gptrain.plan.report import nothing_fits_line, print_plan, write_json
@@ -143,6 +167,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if not args.trial_timeout > 0:  # also refuses nan
         raise ConfigError(f"--trial-timeout={args.trial_timeout} must be > 0 seconds")
     slurm_time("--trial-time-limit", args.trial_time_limit)  # found here, not by sbatch at each trial
+    check_outputs_early(args)
     plan = build_plan(args)
     if not plan.ranked:  # the sizes and the requested layout's memory, then why nothing fits
         print_plan(plan, with_table=False)

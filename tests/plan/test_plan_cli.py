@@ -477,3 +477,20 @@ def test_measure_for_gpus_this_machine_lacks_is_one_line_before_any_trial(
     err = capsys.readouterr().err
     assert err.startswith(f"gptrain: error: --measure runs its trials here on {wanted} h100-80gb GPUs"), err
     assert "use --gpu cpu" in err and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", ["--json", "--output"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    """With --measure, a --json or --output in a directory that does not exist failed only when
+    written, after every trial had run (hours of Slurm jobs lost); it is refused first."""
+    target = tmp_path / "no-such-dir" / "out.file"
+    args = ["plan", "gpt3/126m", *TINY, "--nodes", "1", "--gpu", "cpu", "--gpus-per-node", "1", "--top", "1"]
+    args += ["--measure", "--steps", "2", "--trials-dir", str(tmp_path / "trials"), option, str(target)]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert err.strip() == (
+        f"gptrain: error: {option} {target}: cannot write it ({target.parent} does not exist); give a writable path"
+    )
+    assert "best" not in out and not (tmp_path / "trials").exists()
