@@ -347,19 +347,20 @@ def start_failure(error: Exception, timeout_s: float) -> str:
 def hung_peers(ctx: Context, error: Exception, timeout_s: float, exclude_file: str | None = None) -> str:
     """For a collective that timed out: the ranks that never came (rank, node, --exclude=), found
     with the other ranks that timed out; '' for any other error or where they cannot be told.
-    The lowest rank that timed out adds their nodes to --exclude-file, as a failed check would."""
+    The first rank that timed out adds their nodes to --exclude-file, as a failed check would."""
     from gptrain.validate.runtime import HUNG_GRACE_S, is_timeout, unanswered_ranks
 
     if ctx.size == 1 or not is_timeout(error):
         return ""
-    missing = unanswered_ranks(ctx, min(timeout_s, HUNG_GRACE_S))
-    if not missing or len(missing) == ctx.size:
+    found = unanswered_ranks(ctx, min(timeout_s, HUNG_GRACE_S))
+    if found is None or not found[0] or len(found[0]) == ctx.size:
         return ""
+    missing, first = found
     shown = ", ".join(f"rank {r} on {ctx.nodes[r]}" for r in missing[:8])
     more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
     nodes = report.compress_hostlist({ctx.nodes[r] for r in missing})
     added = ""
-    if exclude_file and ctx.rank == min(set(range(ctx.size)) - set(missing)):
+    if exclude_file and first:  # the first to wait is the first to leave: it writes before any exit
         add_to_exclude_file(Path(exclude_file), {ctx.nodes[r] for r in missing})
         added = f", added to {exclude_file}"
     return (

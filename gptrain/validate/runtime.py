@@ -195,8 +195,10 @@ def is_timeout(error: BaseException) -> bool:
     return "timed out" in text or "timeout" in text
 
 
-def unanswered_ranks(ctx: Context, grace_s: float) -> list[int] | None:
-    """After a timeout: the ranks that did not time out too, i.e. the ones everyone waited for.
+def unanswered_ranks(ctx: Context, grace_s: float) -> tuple[list[int], bool] | None:
+    """After a timeout: the ranks that did not time out too, i.e. the ones everyone waited for,
+    and whether this rank was the first to time out (its wait ends first, before any rank's exit
+    lets the launcher end the others).
 
     A collective's timeout names no peer. Every rank that timed out appends its rank to a key of
     the process group's store (a TCPStore server on rank 0, alive while its threads are) and waits
@@ -209,6 +211,7 @@ def unanswered_ranks(ctx: Context, grace_s: float) -> list[int] | None:
         store.set_timeout(timedelta(seconds=max(grace_s, 5.0)))
         store.append(TIMED_OUT_KEY, f"{ctx.rank},")
         count = store.add(TIMED_OUT_COUNT_KEY, 1)
+        first = count == 1
         deadline = time.monotonic() + grace_s
         while count < ctx.size and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -216,7 +219,7 @@ def unanswered_ranks(ctx: Context, grace_s: float) -> list[int] | None:
         heard = {int(word) for word in store.get(TIMED_OUT_KEY).decode().split(",") if word}
     except Exception:
         return None
-    return [rank for rank in range(ctx.size) if rank not in heard]
+    return [rank for rank in range(ctx.size) if rank not in heard], first
 
 
 def mean_over_ranks(value: float, ctx: Context, group: Any = None) -> float:

@@ -164,7 +164,7 @@ def test_a_rank_that_hangs_is_named_with_its_node_by_the_ranks_that_waited(tmp_p
 def test_the_node_of_a_rank_that_hangs_goes_to_the_exclude_file(tmp_path):
     """The launcher's validation stage passes --exclude-file so that the next launch leaves the
     blamed nodes out; a hung rank's node was named on stderr only, and the next launch could land
-    on it again. The lowest rank that timed out merges it into the file (once)."""
+    on it again. The first rank that timed out merges it into the file (once)."""
     exclude = tmp_path / "exclude_nodes.txt"
     exclude.write_text("n7\n")
     args = ["validate", "collectives", "--output-dir", str(tmp_path / "r"), *FAST[:-1], "3"]
@@ -178,8 +178,9 @@ def test_the_node_of_a_rank_that_hangs_goes_to_the_exclude_file(tmp_path):
         end(procs)
     assert codes == [1, 1], logs[0].read_text()
     assert exclude.read_text() == "n[3,7]\n"
-    assert f"(--exclude=n3, added to {exclude})" in logs[0].read_text()
-    assert "(--exclude=n3)" in logs[1].read_text()
+    texts = [logs[r].read_text() for r in (0, 1)]
+    assert sum(f"(--exclude=n3, added to {exclude})" in t for t in texts) == 1, texts
+    assert sum("(--exclude=n3)" in t for t in texts) == 1, texts
 
 
 def test_a_rank_that_never_starts_is_one_line_not_a_traceback(tmp_path):
