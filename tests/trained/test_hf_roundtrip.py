@@ -191,6 +191,24 @@ def test_wrong_semantics_fail_verification(exported, tmp_path) -> None:
         verify_export(open_run(run), broken)
 
 
+def test_rope_settings_are_also_where_older_readers_look(exported) -> None:
+    """transformers 4 and serving stacks read config.json's top-level rope_theta (and StableLM's
+    partial_rotary_factor); with only transformers 5's rope_parameters they fell back to their
+    defaults (10000, 0.25) and ran another model without a word."""
+    from transformers import AutoConfig
+
+    arch, _, _, out = exported
+    config = json.loads((out / "config.json").read_text())
+    if arch == "gpt2":
+        assert "rope_theta" not in config and "rope_parameters" not in config
+        return
+    rope = config.pop("rope_parameters")
+    assert config["rope_theta"] == rope["rope_theta"]
+    assert config.get("partial_rotary_factor") == rope.get("partial_rotary_factor")
+    legacy_only = AutoConfig.for_model(**config)  # what a reader of the top-level keys builds
+    assert legacy_only.rope_parameters == rope
+
+
 def test_export_refuses_an_existing_output_and_leaves_no_partial_files(exported, tmp_path) -> None:
     from gptrain.trained.hf.export import export_hf
 
