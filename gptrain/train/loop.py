@@ -192,7 +192,7 @@ def train(cfg: TrainingConfig) -> int:
         set_throughput_reference(session, model_config)
         watch_checkpoint_saves(session)
         train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer, world.local_rank)
-        log_start(session, model, log_dir)
+        log_start(session, model_config, log_dir)
         resume(session, source)
         if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
             write_run_files(log_dir, cfg.to_yaml())
@@ -233,8 +233,12 @@ def set_throughput_reference(s: Session, model_config: object) -> None:
         s.peak_tflops = device_peak_tflops(torch.cuda.get_device_name(s.device), s.cfg.trainer.precision)
 
 
-def log_start(s: Session, model: nn.Module, log_dir: Path) -> None:
-    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+def log_start(s: Session, model_config: object, log_dir: Path) -> None:
+    """The banner. Parameters of the whole model from its config: this rank's modules hold one
+    pipeline stage only (the logging rank's is the last)."""
+    from gptrain.models.flops import count_parameters
+
+    params = count_parameters(model_config)
     s.log(
         f"gptrain: {params:,} parameters | {s.flops_per_iteration:.3e} FLOPs per iteration | "
         f"{s.num_microbatches} microbatches per step | results in {log_dir}"

@@ -98,6 +98,15 @@ def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path, tor
     assert log_values(parallel, loss, rank=3) == pytest.approx(expected[:3], rel=RTOL)
     assert log_values(parallel, val, rank=3) == pytest.approx(expected_val[:1], rel=RTOL)
     assert log_values(parallel, loss, rank=0) == []  # Megatron's print_rank_last
+    # the banner counts the whole model on every rank (it counted the logging stage's part under PP)
+    params = r"gptrain: ([0-9,]+) parameters \|"
+    whole = [
+        int(n.replace(",", ""))
+        for n in re.findall(params, (single / "nemo_log_globalrank-0_localrank-0.txt").read_text())
+    ]
+    for rank in (0, 3):
+        log = (parallel / f"nemo_log_globalrank-{rank}_localrank-{rank}.txt").read_text()
+        assert [int(n.replace(",", "")) for n in re.findall(params, log)] == whole
     # Rank 0's COMPLETE manifest holds every rank's shard with the CRC-32 that rank computed writing it.
     step_3 = parallel / "checkpoints" / "step_3"
     files = json.loads((step_3 / "COMPLETE").read_text())["files"]
