@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,6 +98,16 @@ def fitting_sizes(ctx: Context, args: argparse.Namespace, out: Outcome) -> dict[
 def busbw_threshold(rows: list[dict[str, Any]], limits: Thresholds, ctx: Context, out: Outcome) -> None:
     """The best all_reduce busbw at large sizes (or the largest size run) against the threshold."""
     minimum = limits.busbw_threshold(ctx.multi_node)
+    if minimum is not None and ctx.multi_node:
+        ranks_per_node = max(Counter(ctx.nodes).values())
+        share = limits.partial_node_share(ranks_per_node)
+        if share < 1:
+            minimum *= share
+            say(
+                ctx,
+                f"collectives: {ranks_per_node} rank(s) a node of the profile's {limits.gpus_per_node}: the "
+                f"inter-node busbw threshold is scaled to {minimum:.3g} GB/s (their NICs' share)",
+            )
     reduce = [r for r in rows if r["op"] == "all_reduce"]
     large = [r for r in reduce if r["bytes"] >= limits.large_message_bytes] or [
         max(reduce, key=lambda r: r["bytes"])

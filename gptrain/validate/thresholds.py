@@ -39,11 +39,25 @@ class Thresholds:
     slow_pct: float = DEFAULT_SLOW_PCT
     """a GPU, rank or node this many percent below the median of its peers is flagged."""
     min_busbw_override: float | None = None
+    gpus_per_node: int | None = None
+    """the cluster file's gpus_per_node: the node the inter-node threshold is set for (all its NICs)."""
 
     def busbw_threshold(self, multi_node: bool) -> float | None:
         if self.min_busbw_override is not None:
             return self.min_busbw_override
         return self.inter_node_busbw_GBps if multi_node else self.intra_node_busbw_GBps
+
+    def partial_node_share(self, ranks_per_node: int) -> float:
+        """The share of a node's network that `ranks_per_node` ranks drive: the inter-node threshold is
+        a whole node's (every GPU with its own NICs, as on p5/ND); a validation with fewer ranks a
+        node (`srun -N2 -n2`) moves data through that many GPUs' NICs only. 1 where unknown."""
+        if (
+            self.min_busbw_override is not None
+            or not self.gpus_per_node
+            or ranks_per_node >= self.gpus_per_node
+        ):
+            return 1.0
+        return ranks_per_node / self.gpus_per_node
 
 
 def profile_names() -> list[str]:
@@ -89,16 +103,21 @@ def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) ->
     """Thresholds of `profile` (None: relative checks only), with the CLI override applied."""
     if profile is None:
         return Thresholds(min_busbw_override=min_busbw_GBps)
-    path = _profile_path(profile)
-    block = _block(load_file(path) or {}, path)  # a malformed file: one line naming it
+    path = _profile_path(profile)  # a malformed file below: one line naming it
+    data = load_file(path) or {}
+    block = _block(data, path)
     values = threshold_values(block, f"{path}: ")
-    return Thresholds(profile=str(profile), min_busbw_override=min_busbw_GBps, **values)
+    gpus = data.get("gpus_per_node") if isinstance(data, dict) else None
+    per_node = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else None
+    return Thresholds(
+        profile=str(profile), min_busbw_override=min_busbw_GBps, gpus_per_node=per_node, **values
+    )
 
 
 def threshold_values(block: dict[str, Any], where: str, prefix: str = "validation.") -> dict[str, Any]:
     """The numbers of a thresholds block by field; an unknown key or a value that is no number is
     a ConfigError that starts with `where` and names the key as `<prefix><key>`."""
-    known = {f.name for f in fields(Thresholds)} - {"profile", "min_busbw_override"}
+    known = {f.name for f in fields(Thresholds)} - {"profile", "min_busbw_override", "gpus_per_node"}
     values: dict[str, Any] = {}
     for key, value in block.items():
         if key not in known:

@@ -108,6 +108,30 @@ def test_two_members_are_only_judged_by_the_absolute_threshold():
     assert sorted(verdict.flagged) == ["n1", "n2"]
 
 
+def test_the_inter_node_threshold_is_a_whole_nodes_and_scales_with_the_ranks_a_node(capsys):
+    """aws_p5's 240 GB/s is 8 GPUs' NICs together: `srun -N2 -n2` (one rank a node) failed healthy
+    nodes at about a quarter of it; the threshold now takes the ranks' share of the node's NICs."""
+    from types import SimpleNamespace
+
+    from gptrain.validate.main import Outcome, busbw_threshold
+
+    p5 = load_thresholds("aws_p5")
+    assert p5.gpus_per_node == 8 and p5.busbw_threshold(True) == 240
+    rows = [{"op": "all_reduce", "bytes": 1 << 30, "busbw_GBps": 40.0}]
+    for nodes, threshold, failed in ((["a", "b"], 30.0, False), (["a"] * 8 + ["b"] * 8, 240.0, True)):
+        ctx = SimpleNamespace(rank=0, size=len(nodes), nodes=nodes, multi_node=True)
+        out = Outcome()
+        busbw_threshold(rows, p5, ctx, out)
+        assert out.summary["busbw_threshold_GBps"] == pytest.approx(threshold)
+        assert bool(out.failures) is failed
+    assert "1 rank(s) a node of the profile's 8" in capsys.readouterr().out
+    pinned = load_thresholds("aws_p5", 100.0)  # --min-busbw-GBps is taken as given
+    ctx = SimpleNamespace(rank=0, size=2, nodes=["a", "b"], multi_node=True)
+    out = Outcome()
+    busbw_threshold(rows, pinned, ctx, out)
+    assert out.summary["busbw_threshold_GBps"] == 100.0 and out.failures
+
+
 def test_profiles_load_with_sources_and_bad_ones_say_what_to_do(tmp_path):
     p5 = load_thresholds("aws_p5")
     assert p5.matmul_tflops and p5.copy_GBps and p5.busbw_threshold(True) < p5.busbw_threshold(False)
