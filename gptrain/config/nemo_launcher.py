@@ -171,7 +171,7 @@ def adapt_pile_download(
     numbers = parse_file_numbers(str(section.get("file_numbers")))
     notes: list[str] = []
     run = dict(section.get("run") or _bignlp_run(section, results_dir, notes))
-    for key in ("node_array_size", "array", "bcp_preproc_npernode"):
+    for key in ("array", "bcp_preproc_npernode"):  # node_array_size is kept: tasks at once
         if run.pop(key, None) is not None:
             notes.append(f"data_preparation.run.{key} (one array task per shard)")
     adapted = {

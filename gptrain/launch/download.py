@@ -362,6 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("shard", "all", "blend", "apply-blend"))
     parser.add_argument("--config", required=True, help="resolved stage config (data prep or training)")
     parser.add_argument("--index", type=int, default=None, help="shard index (array task id)")
+    parser.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="array tasks: this one prepares shards index, index + stride, ...",
+    )
     parser.add_argument("--blend", default=None, help="blend file for apply-blend")
     args = parser.parse_args(argv)
     try:
@@ -369,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             apply_blend(Path(args.blend), Path(args.config))
             return 0
         cfg = load_stage_config(args.config)
-        indices = [args.index] if args.action == "shard" else []
+        indices = task_shards(cfg, args.index, args.stride) if args.action == "shard" else []
         if args.action == "all":
             indices = list(range(len(cfg.get("shards") or [])))
         if indices:
@@ -382,6 +388,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gptrain: error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def task_shards(cfg: dict[str, Any], index: int | None, stride: int | None) -> list[int]:
+    """The shards of one array task: its index, or with a stride (more shards than the cluster's
+    MaxArraySize allows tasks) every stride-th shard from it."""
+    if index is None:
+        raise ConfigError("shard: give --index (the array task id)")
+    if stride is None:
+        return [index]
+    return list(range(index, max(len(cfg.get("shards") or []), index + 1), stride))
 
 
 def all_prepared(cfg: dict[str, Any]) -> bool:

@@ -14,11 +14,13 @@ from gptrain.launch.download import parse_shards, tokenizer_downloads
 from gptrain.launch.jobs import cancel_never_starting, refuse_launch_into_live_run
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
 from gptrain.launch.preflight import (
+    DEFAULT_MAX_ARRAY_SIZE,
     check_fresh_start,
     check_tokenizer_files,
     check_training_files,
     check_training_layout,
     check_wandb_key_file,
+    max_array_size,
 )
 from gptrain.launch.script_values import check_arguments
 from gptrain.launch.stages import (
@@ -49,7 +51,14 @@ def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None =
     fetched: dict[str, str] = {}  # tokenizer files the data preparation downloads: {path: URL}
     if "data_preparation" in stages:
         section = plan.configs["data_preparation"]
-        lines.append(f"ok  data_preparation: {len(parse_shards(section.get('shards') or []))} shard(s)")
+        count = len(parse_shards(section.get("shards") or []))
+        job = plan.jobs[stages.index("data_preparation")]
+        spread = (
+            f" over {job.array} array tasks (the cluster's MaxArraySize)"
+            if (job.array or count) < count
+            else ""
+        )
+        lines.append(f"ok  data_preparation: {count} shard(s){spread}")
         fetched = tokenizer_downloads(section)
         lines += _checked(
             lambda: [
@@ -133,6 +142,17 @@ def _cluster_checks(plan: LaunchPlan, dry_run: bool) -> list[str]:
         return [f"skipped  cluster checks: {error}"]
 
 
+def array_limit(resolved: dict, dry_run: bool) -> int:
+    """The cluster's MaxArraySize when a Slurm launch prepares data (asked only then: a controller
+    that does not answer costs seconds); Slurm's default otherwise, as on a dry run away from it."""
+    stages = resolved.get("stages") or []
+    if resolved.get("cluster_type") != "slurm" or "data_preparation" not in stages:
+        return DEFAULT_MAX_ARRAY_SIZE
+    if dry_run and shutil.which("scontrol") is None:
+        return DEFAULT_MAX_ARRAY_SIZE
+    return max_array_size()
+
+
 def summary(plan: LaunchPlan, scripts: list[Path]) -> list[str]:
     """Per stage: the written script and config (the dry run's copies) and the script's key lines."""
     lines = []
@@ -169,7 +189,8 @@ def launch(
     touches the files of a run that is live there (a requeued job re-reads its _hydra.yaml).
     """
     check_arguments(argv)
-    plan = build_plan(compose(argv, root or CONFIG_ROOT, config_name=config_name))
+    composition = compose(argv, root or CONFIG_ROOT, config_name=config_name)
+    plan = build_plan(composition, array_limit(composition.resolved(), dry_run))
     files = render_run_files(plan, [*tree_options(root, config_name), *argv])
     training = validate_training(plan, files)
     check_run_dirs(plan, dry_run)

@@ -44,6 +44,21 @@ def parse_gpus(gres: str | None) -> int:
     return total
 
 
+# Slurm's default MaxArraySize: array task ids 0..1000.
+DEFAULT_MAX_ARRAY_SIZE = 1001
+
+
+def max_array_size(timeout: float = 10.0) -> int:
+    """The cluster's MaxArraySize (sbatch refuses an array task id at or above it), from `scontrol show
+    config`; Slurm's default where scontrol does not answer (the sinfo checks then say why)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return DEFAULT_MAX_ARRAY_SIZE
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)\s*$", out.stdout, re.MULTILINE)
+    return int(match.group(1)) if out.returncode == 0 and match else DEFAULT_MAX_ARRAY_SIZE
+
+
 def query_nodes(timeout: float = 10.0) -> list[Node]:
     try:
         out = subprocess.run(

@@ -45,7 +45,8 @@ class Job:
     cpus_per_task: int | None = None
     all_node_cpus: bool = False  # the task takes every CPU Slurm gives the job on its node (workers: auto)
     gpus: bool = False
-    array: int | None = None  # number of array tasks (one per shard), None: not an array
+    array: int | None = None  # number of array tasks (one per shard, or a stride of them), None: not an array
+    array_throttle: int | None = None  # at most this many array tasks at once (NeMo's node_array_size)
     time_limit: str | None = None
     requeue: bool = False
     setup: list[list[str]] = field(default_factory=list)
@@ -240,7 +241,8 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
         lines.append(directive("cpus-per-task", job.cpus_per_task, job.stage))
     lines.extend(gpu_directives(job, cluster))
     if job.array:
-        lines.append(directive("array", f"0-{job.array - 1}", job.stage))
+        throttle = f"%{job.array_throttle}" if job.array_throttle else ""
+        lines.append(directive("array", f"0-{job.array - 1}{throttle}", job.stage))
     if job.dependency:
         lines.append(directive("dependency", job.dependency, job.stage))
     if job.requeue:

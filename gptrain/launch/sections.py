@@ -185,7 +185,7 @@ RUN: dict[str, Check] = {
 }
 STAGE: dict[str, dict[str, Check]] = {
     "training": {"trainer": mapping, "trainer.num_nodes": count, "trainer.devices": count},
-    "data_preparation": {"workers": workers, "blend": mapping},
+    "data_preparation": {"workers": workers, "blend": mapping, "run.node_array_size": count},
     "validation": {"checks": scalar},
 }
 

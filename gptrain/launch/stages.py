@@ -20,7 +20,7 @@ import yaml
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
 from gptrain.launch.mounts import container_mounts, with_absolute_paths
-from gptrain.launch.preflight import parse_gpus
+from gptrain.launch.preflight import DEFAULT_MAX_ARRAY_SIZE, parse_gpus
 from gptrain.launch.sbatch import Job, Raw, dash_safe, rank_command, render_local, render_slurm
 from gptrain.launch.script_values import check_launch_values
 from gptrain.launch.sections import check_launch_sections
@@ -55,7 +55,9 @@ class LaunchPlan:
         return str(self.resolved["cluster_type"])
 
 
-def build_plan(composition: Composition) -> LaunchPlan:
+def build_plan(composition: Composition, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE) -> LaunchPlan:
+    """`max_array_size`: the cluster's MaxArraySize (preflight.max_array_size), which bounds the data
+    preparation's array."""
     resolved = composition.resolved()
     check_launch_values(resolved)  # before anything is written: no newline reaches a script
     check_launch_sections(resolved, composition.interpolated_roots())  # types of the keys read below
@@ -83,7 +85,8 @@ def build_plan(composition: Composition) -> LaunchPlan:
         top["container_mounts"], plan.mount_dirs = mounts.items, mounts.added
     if "data_preparation" in stages:
         plan.configs["data_preparation"] = resolved["data_preparation"]
-        plan.jobs.append(data_preparation_job(resolved["data_preparation"], cluster, python, local))
+        prep = data_preparation_job(resolved["data_preparation"], cluster, python, local, max_array_size)
+        plan.jobs.append(prep)
     if "validation" in stages:  # after data preparation, right before the training it guards
         add_validation_job(plan, python, local)
     if "training" in stages:
@@ -220,7 +223,15 @@ def tokenizer_workers(value: Any) -> int | str:
     return "auto" if str(value).strip().lower() == "auto" else int(value)
 
 
-def data_preparation_job(section: dict[str, Any], cluster: dict[str, Any], python: str, local: bool) -> Job:
+def data_preparation_job(
+    section: dict[str, Any],
+    cluster: dict[str, Any],
+    python: str,
+    local: bool,
+    max_array_size: int = DEFAULT_MAX_ARRAY_SIZE,
+) -> Job:
+    """One array task per shard; past the cluster's MaxArraySize, task i prepares shards i, i + n, ...
+    of n tasks. data_preparation.run.node_array_size (NeMo's key) caps the tasks running at once."""
     name, run_dir = stage_run(section, "data_preparation")
     shards = section.get("shards") or []
     if not shards:
@@ -238,7 +249,13 @@ def data_preparation_job(section: dict[str, Any], cluster: dict[str, Any], pytho
     if local:
         job.command = [*base, "all", "--config", str(config_path(job))]
     else:
-        job.array = len(shards)
+        if max_array_size < 1:
+            raise LaunchError(
+                "data_preparation: this Slurm cluster allows no job arrays (MaxArraySize=0 in `scontrol show"
+                " config`); prepare the shards with cluster_type=local, or ask its admins for MaxArraySize"
+            )
+        job.array = min(len(shards), max_array_size)
+        job.array_throttle = (section.get("run") or {}).get("node_array_size")
         job.command = [
             *base,
             "shard",
@@ -247,6 +264,8 @@ def data_preparation_job(section: dict[str, Any], cluster: dict[str, Any], pytho
             "--index",
             Raw('"$SLURM_ARRAY_TASK_ID"'),
         ]
+        if job.array < len(shards):
+            job.command += ["--stride", str(job.array)]
     return job
 
 

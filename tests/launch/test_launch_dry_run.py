@@ -351,3 +351,25 @@ def test_text_that_looks_like_an_interpolation_reaches_the_training_as_text(name
     [config] = (tmp_path / "r").glob("*/dry-run/*_hydra.yaml")
     cfg = load_training_config(None, [], config_file=str(config))
     assert cfg.exp_manager.wandb_logger_kwargs.name == name
+
+
+def test_a_slurm_launch_reads_max_array_size_from_scontrol(tmp_path, capsys, monkeypatch):
+    """A cluster whose MaxArraySize is below the shard count: the array fits it (sbatch would refuse
+    the task ids past it), and the preflight line says the shards share the tasks."""
+    monkeypatch.chdir(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/bash\n[ \"$*\" = 'show config' ] || exit 1\n"
+        "printf 'MaxArraySize            = 3\\nMaxJobCount             = 10000\\n'\n"
+    )
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))  # no sinfo: the cluster checks are skipped
+    shards = ",".join(f"http://h/{n}.jsonl" for n in range(5))
+    args = ["launch", "--dry-run", "cluster_type=slurm", f"base_results_dir={tmp_path}/r"]
+    args += ["stages=[data_preparation]", f"data_preparation.shards=[{shards}]"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "ok  data_preparation: 5 shard(s) over 3 array tasks (the cluster's MaxArraySize)" in err
+    [script] = (tmp_path / "r").glob("*/dry-run/*_submission.sh")
+    assert "#SBATCH --array=0-2\n" in script.read_text()

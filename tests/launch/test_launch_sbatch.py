@@ -364,3 +364,31 @@ def test_relative_paths_that_start_with_a_dash_stay_arguments(tmp_path, monkeypa
     Path("-b.yaml").write_text("data_prefix: [1.0, /d/a_text_document]\n")
     assert download.main(setup[setup.index("apply-blend") :]) == 0  # argparse takes it, the blend is applied
     assert "/d/a_text_document" in plan.jobs[2].config_path.read_text()
+
+
+def test_more_shards_than_the_clusters_max_array_size_share_its_array_tasks(tmp_path):
+    """sbatch refuses an array task id at or above MaxArraySize (Slurm's default 1001 refused
+    `--array=0-1499`): past it each task prepares every n-th shard, each shard exactly once;
+    data_preparation.run.node_array_size caps the tasks at once (`%N`), as NeMo's launcher does."""
+    from gptrain.launch.download import task_shards
+
+    shards = [f"http://h/{n:02d}.jsonl.zst" for n in range(10)]
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", f"data_dir={tmp_path}/d", *CPU]
+    args += ["stages=[data_preparation]", f"data_preparation.shards=[{','.join(shards)}]"]
+    args += ["data_preparation.run.node_array_size=3"]
+    (prep,) = write_run_files(build_plan(compose(args), max_array_size=4), args)
+    assert directives(prep.read_text())["--array"] == "0-3%3"
+    srun = next(line for line in prep.read_text().splitlines() if line.startswith("srun "))
+    assert srun.endswith('--index "$SLURM_ARRAY_TASK_ID" --stride 4')
+    cfg = {"shards": shards}
+    done = [shard for task in range(4) for shard in task_shards(cfg, task, 4)]
+    assert sorted(done) == list(range(10)) and task_shards(cfg, 1, 4) == [1, 5, 9]
+    (prep,) = write_run_files(build_plan(compose(args[:-1]), max_array_size=10), args)
+    assert directives(prep.read_text())["--array"] == "0-9" and "--stride" not in prep.read_text()
+
+
+def test_node_array_size_must_be_a_count(tmp_path):
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "stages=[data_preparation]"]
+    args += ["data_preparation.shards=[http://h/a.jsonl]", "data_preparation.run.node_array_size=0"]
+    with pytest.raises(ConfigError, match=r"data_preparation\.run\.node_array_size: expected a whole number"):
+        build_plan(compose(args))

@@ -190,3 +190,19 @@ def test_a_stop_past_max_requeues_tells_status_how_to_resume(workdir, tiny):
     wait_for(job_id, ("FAILED",), timeout=90)
     status = gptrain(["status", "stopped"], workdir).stdout
     assert "FAILED (checkpoint saved but not requeued" in status and "launch again to resume" in status
+
+
+def test_more_shards_than_max_array_size_make_an_array_slurm_accepts(workdir, tiny):
+    """Slurm's default MaxArraySize (1001) refused the `--array=0-1001` of 1002 shards at submission;
+    the launch reads it from `scontrol show config` and the controller accepts the script."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+    limit = int(re.search(r"^MaxArraySize\s*=\s*(\d+)", config.stdout, re.MULTILINE)[1])
+    shards = ",".join(f"file://{workdir}/s{n}.jsonl" for n in range(limit + 1))
+    args = [*tiny, "stages=[data_preparation]", f"data_preparation.shards=[{shards}]"]
+    args += ["data_preparation.workers=1", "data_preparation.run.node_array_size=2"]
+    out = gptrain(["launch", "--dry-run", *args], workdir)
+    assert out.returncode == 0, out.stderr
+    [script] = (workdir / "results/download_shards/dry-run").glob("*_submission.sh")
+    assert f"#SBATCH --array=0-{limit - 1}%2\n" in script.read_text()
+    test = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
+    assert test.returncode == 0 and "to start at" in test.stderr, test.stderr
