@@ -452,10 +452,14 @@ def run(
     if s.state.step >= t.max_steps:
         s.log(f"iteration {s.state.step} is already at trainer.max_steps={t.max_steps}: nothing to do")
         return 0
+    agreement = StopAgreement()
+    with s.watchdog.boundary(s.state.step):  # a rank still starting up is named, not waited on for ever
+        early = agreement.exchange(stop.signalled(), read_now=True)
+    if early is not None:
+        return stop_before_training(s, early)
     batches = microbatches(s, train_data)
     meter = IntervalMeter(start_step=s.state.step)
     times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
-    agreement = StopAgreement()
     runner = StepRunner(s, batches, can_run_ahead(s))
     saved_at = -1
     tested = has_batches(test_data, t.limit_test_batches)  # after the last save, beside its write
@@ -517,6 +521,24 @@ def asked_during(s: Session, agreement: StopAgreement, stop: StopRequest) -> str
     the run can stop right here."""
     with s.watchdog.boundary(s.state.step):
         return agreement.exchange(stop.reason(), read_now=True)
+
+
+def stop_before_training(s: Session, reason: str) -> int:
+    """A stop signalled during start-up, agreed by every rank before the first step: nothing was
+    trained since the checkpoint the run loaded (or since its start), so nothing is saved (a copy of
+    that checkpoint would only cost the time left before the kill). The requeued job starts up the
+    same way again; with checkpoints off a requeue is not asked for, as in stop_for_requeue."""
+    if not s.cfg.exp_manager.create_checkpoint_callback:
+        s.log(
+            f"stopping before the first step: {reason}; nothing trained, exit 0 (not requeued: checkpoints are off)"
+        )
+        return 0
+    start = f"iteration {s.state.step}'s checkpoint" if s.state.step else "no checkpoint"
+    s.log(
+        f"stopping before the first step: {reason}; nothing trained since {start}, nothing saved;"
+        f" exit {EXIT_REQUEUE} to be requeued"
+    )
+    return EXIT_REQUEUE
 
 
 def stop_for_requeue(s: Session, reason: str, saved: bool = False) -> int:

@@ -1,7 +1,9 @@
 """Stop requests: SIGTERM/SIGUSR1 (Slurm's warning signal) and trainer.max_time.
 
 Handlers only set a flag; the loop checks it at the next step boundary, saves a
-checkpoint and exits with EXIT_REQUEUE, so no state is ever saved mid-step.
+checkpoint and exits with EXIT_REQUEUE, so no state is ever saved mid-step. A signal
+during start-up (model build, data indices, checkpoint load) stops the run before its
+first step, with nothing to save (the loop's stop_before_training).
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         del frame
         self.signal_name = signal.Signals(signum).name
+
+    def signalled(self) -> str | None:
+        """Why to stop before the first step: a signal only. trainer.max_time is a budget of steps: one
+        spent in start-up still trains a step, or a start-up longer than it would requeue for ever."""
+        return None if self.signal_name is None else f"received {self.signal_name}"
 
     def reason(self) -> str | None:
         """Why to stop now ('SIGUSR1', 'max_time 00:00:10:00 reached'), or None."""

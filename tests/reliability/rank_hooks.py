@@ -6,6 +6,8 @@ python rank_hooks.py report-index-builds gptrain-args...   each rank prints when
                                                             dataset indices itself
 python rank_hooks.py signal-in-save RANK ITERATION gptrain-args...   that rank gets SIGUSR1 while it
                                                             saves the checkpoint of ITERATION
+python rank_hooks.py signal-in-startup RANK gptrain-args...   that rank gets SIGTERM while it loads
+                                                            the checkpoint (start-up, before step 1)
 """
 
 from __future__ import annotations
@@ -53,6 +55,17 @@ def signal_in_save(signalled_rank: int, iteration: int) -> None:
     loop.save_checkpoint = signalled_while_saving
 
 
+def signal_in_startup(signalled_rank: int) -> None:
+    resume = loop.resume
+
+    def signalled_while_loading(s, *args, **kwargs):
+        if s.world.rank == signalled_rank:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return resume(s, *args, **kwargs)
+
+    loop.resume = signalled_while_loading
+
+
 if __name__ == "__main__":
     hook, args = sys.argv[1], sys.argv[2:]
     if hook == "fail":
@@ -61,6 +74,9 @@ if __name__ == "__main__":
     elif hook == "signal-in-save":
         signal_in_save(int(args[0]), int(args[1]))
         args = args[2:]
+    elif hook == "signal-in-startup":
+        signal_in_startup(int(args[0]))
+        args = args[1:]
     else:
         report_index_builds()
     sys.exit(main(args))

@@ -76,3 +76,19 @@ def test_a_stop_one_rank_gets_during_a_save_ends_every_rank_with_that_checkpoint
     logs = [(tmp_path / "run" / f"nemo_log_globalrank-{r}_localrank-{r}.txt").read_text() for r in (0, 1)]
     assert "stopping at iteration 4: stop requested on another rank" in logs[0]
     assert "stopping at iteration 4: received SIGUSR1" in logs[1]
+
+
+def test_a_stop_one_rank_gets_during_start_up_ends_every_rank_before_a_step(tmp_path):
+    """SIGTERM on rank 1 while it loads the checkpoint: every rank agrees before step 1 and exits 75
+    without training (it trained and saved one step), and saves nothing (no checkpoint to resume
+    is not a reason to write one of step 0)."""
+    ranks = start_ranks(
+        tmp_path / "run", ["trainer.max_steps=4"], program=[*HOOKED, "signal-in-startup", "1"]
+    )
+    outputs = finish_ranks(ranks)
+    assert [rank.returncode for rank in ranks] == [75, 75], outputs
+    assert complete_steps(tmp_path / "run" / "checkpoints") == []
+    logs = [(tmp_path / "run" / f"nemo_log_globalrank-{r}_localrank-{r}.txt").read_text() for r in (0, 1)]
+    for log, reason in zip(logs, ("stop requested on another rank", "received SIGTERM"), strict=True):
+        assert f"stopping before the first step: {reason}; nothing trained since no checkpoint" in log
+        assert "iteration        1/" not in log
