@@ -8,7 +8,8 @@ runs (or is another process now), and under Slurm when it is this same job (a re
 keeps its id) or a job Slurm no longer runs; of two runs that find one stale lock, only the one
 that creates its takeover marker (O_EXCL) replaces it. Anything else is refused in one line
 naming the holder. The lock is removed at the end of the run; a killed run leaves it, and the next run
-takes it over by the rules above.
+takes it over by the rules above. Its writer holds it under flock from the moment it is created, so
+one left empty or garbled (killed between creating and writing it) that nobody holds is removed.
 
 `exp_manager.resume_if_exists=false` into a directory that holds checkpoints would mix two
 runs; it is refused with the choices spelled out, or, with
@@ -18,6 +19,8 @@ directory (never deleted).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -27,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.errors import ConfigError, GptrainError, os_error_text
@@ -121,11 +124,13 @@ def read_holder(path: Path) -> Holder | None:
 
 @dataclass
 class RunLock:
-    """A held lock (or none, on ranks other than 0); `release` removes it if still ours."""
+    """A held lock (or none, on ranks other than 0); `release` removes it if still ours. `handle`: the
+    lock file open under flock for the run's life, how a later run tells a torn lock's holder is gone."""
 
     path: Path | None = None
     holder: Holder | None = None
     notes: list[str] = field(default_factory=list)  # lines for the run's log
+    handle: IO[str] | None = None
 
     def log_notes(self, log: Callable[[str], None]) -> None:
         for note in self.notes:
@@ -135,34 +140,82 @@ class RunLock:
         if self.path is not None and read_holder(self.path) == self.holder:
             self.path.unlink(missing_ok=True)
         self.path = None
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
 
 
-def acquire(directory: Path, me: Holder | None = None) -> RunLock:
+def acquire(directory: Path, me: Holder | None = None, attempts: int = 3) -> RunLock:
     """Take `directory`/gptrain.lock, taking over a stale one; RunLockedError if held."""
     me = me or Holder.current()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
     text = json.dumps(asdict(me)) + "\n"
     try:
-        create_exclusively(path, text)
+        handle = create_exclusively(path, text)
     except FileExistsError:
-        return take_over(path, me, text)
-    return RunLock(path, me)
+        return take_over(path, me, text, attempts)
+    return RunLock(path, me, handle=handle)
 
 
-def create_exclusively(path: Path, text: str) -> None:
-    """Create `path` holding `text` (FileExistsError if it exists). A write that fails (a full disk)
-    removes the file again: left empty, it would read as a live run's lock being written and refuse
-    every later run, the same command once space is freed included."""
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+def create_exclusively(path: Path, text: str) -> IO[str]:
+    """Create `path` holding `text` (FileExistsError if it exists) and return it open under flock,
+    held until closed: a run killed before its text is written (SIGKILL, a full disk) leaves a file
+    no process holds, which the next run removes (discard_torn) instead of refusing to start."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+    out = os.fdopen(fd, "w")
     try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
+        hold(out, path)  # refused: a run that found it empty in this instant holds it, and removes it
+        if not same_file(path, out):  # removed as torn in the instant before the flock
+            raise RunLockedError(f"{path.parent} was taken by another run at the same moment; try again")
     except BaseException:
-        path.unlink(missing_ok=True)
+        out.close()
         raise
+    try:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    except BaseException:  # ours under the flock: a failed write (a full disk) leaves nothing
+        path.unlink(missing_ok=True)
+        out.close()
+        raise
+    return out
+
+
+def hold(handle: IO[str], path: Path) -> None:
+    """flock `handle` for its holder's life; a file system without flock keeps the content rules."""
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise RunLockedError(f"{path}: locked by another run at the same moment; try again") from None
+
+
+def same_file(path: Path, handle: IO[str]) -> bool:
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(handle.fileno()))
+    except FileNotFoundError:
+        return False
+
+
+def discard_torn(path: Path) -> bool:
+    """Remove `path` when it holds no holder (empty or garbled: its writer was killed between
+    creating and writing it) and no process holds its flock; False when it may be live, or when the
+    file system cannot tell (no flock), where the content rules and their one-line refusal apply."""
+    try:  # called a second after it was found unreadable: a live writer fills it within microseconds
+        handle = open(path)  # noqa: SIM115 (held across the checks below)
+    except FileNotFoundError:
+        return True  # gone meanwhile: create it again
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # held by a live process, or no flock here
+        # under its flock the file cannot change hands: only its holder would remove it
+        if not same_file(path, handle) or read_holder(path) is not None:
+            return False
+        path.unlink(missing_ok=True)
+    return True
 
 
 def take_over(path: Path, me: Holder, text: str, attempts: int = 3) -> RunLock:
@@ -170,6 +223,8 @@ def take_over(path: Path, me: Holder, text: str, attempts: int = 3) -> RunLock:
     if other is None:  # just being created by another run, or unreadable: look once more
         time.sleep(1.0)
         other = read_holder(path)
+    if other is None and attempts > 1 and discard_torn(path):  # its writer died writing it
+        return acquire(path.parent, me, attempts - 1)
     reason = stale_reason(other, me) if other is not None else None
     if other is None or reason is None:
         holder = other.describe() if other else "an unreadable lock file"
@@ -187,24 +242,30 @@ def take_over(path: Path, me: Holder, text: str, attempts: int = 3) -> RunLock:
                 raise RunLockedError(f"{path.parent} was taken by another run at the same moment; try again")
         else:
             retry = False
-            replace_lock(path, text, me)
+            handle = replace_lock(path, text, me)
     finally:
         for marker in markers:
             marker.unlink(missing_ok=True)
     if retry:
         return take_over(path, me, text, attempts - 1)
-    return RunLock(path, me, [f"took over the lock {path} of {other.describe()}: {reason}"])
+    return RunLock(path, me, [f"took over the lock {path} of {other.describe()}: {reason}"], handle)
 
 
-def replace_lock(path: Path, text: str, me: Holder) -> None:
-    """Rename a written temporary over the stale lock; one that cannot be written is removed."""
+def replace_lock(path: Path, text: str, me: Holder) -> IO[str]:
+    """Rename a written temporary, held under flock, over the stale lock; one that cannot be written
+    is removed."""
     temporary = path.with_name(f"{LOCK_NAME}.{me.host}.{me.pid}.tmp")
+    handle = open(temporary, "w")  # noqa: SIM115 (held for the run's life)
     try:
-        temporary.write_text(text)
+        hold(handle, temporary)
+        handle.write(text)
+        handle.flush()
         os.replace(temporary, path)
     except BaseException:
+        handle.close()
         temporary.unlink(missing_ok=True)
         raise
+    return handle
 
 
 def takeover_marker(path: Path, stale: Holder) -> Path:
@@ -219,12 +280,14 @@ def claim_takeover(path: Path, stale: Holder, me: Holder, depth: int = 0) -> lis
     taken over by the same rules (a chain of markers, removed once the lock is replaced)."""
     marker = takeover_marker(path, stale)
     try:
-        create_exclusively(marker, json.dumps(asdict(me)) + "\n")
+        create_exclusively(marker, json.dumps(asdict(me)) + "\n").close()
     except FileExistsError:
         taker = read_holder(marker)
         if taker is None:  # being written this instant
             time.sleep(1.0)
             taker = read_holder(marker)
+        if taker is None and depth < 8 and discard_torn(marker):  # its taker died writing it
+            return claim_takeover(path, stale, me, depth + 1)
         if taker is None or depth >= 8 or stale_reason(taker, me) is None:
             who = taker.describe() if taker else "another run"
             raise RunLockedError(

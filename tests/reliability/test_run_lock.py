@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -374,3 +375,46 @@ def test_a_takeover_that_cannot_be_written_leaves_no_marker(tmp_path):
         acquire(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]
     assert "no longer runs" in acquire(tmp_path).notes[0]  # space freed: the takeover goes ahead
+
+
+def killed_while_creating(path: Path) -> None:
+    """What a SIGKILL between the lock's O_EXCL create and its write leaves: an empty file."""
+    code = f"import os, signal; os.open({str(path)!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644); "
+    code += "os.kill(os.getpid(), signal.SIGKILL)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("torn", ["killed", "garbled"])
+def test_a_torn_lock_whose_writer_is_gone_is_removed_and_a_live_ones_refuses(tmp_path, torn):
+    """A run killed between creating its lock and writing it left an empty (or, torn mid-write,
+    garbled) gptrain.lock that refused every later run as "an unreadable lock file" until deleted by
+    hand. Liveness is the lock's flock, held by its run for its life: no holder, no lock."""
+    import fcntl
+
+    path = tmp_path / LOCK_NAME
+    if torn == "killed":
+        killed_while_creating(path)
+    else:
+        path.write_text('{"host": "n1", "pi')
+    lock = acquire(tmp_path)
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    with open(path) as other, pytest.raises(BlockingIOError):  # the run holds it
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    lock.release()
+    path.write_text("")
+    with open(path) as live:  # a live writer's, empty for an instant: held, so never removed
+        fcntl.flock(live.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(RunLockedError, match="an unreadable lock file"):
+            acquire(tmp_path)
+    assert path.read_text() == ""
+
+
+def test_a_torn_takeover_marker_whose_writer_is_gone_is_removed(tmp_path):
+    """The same for the marker of a takeover: its empty file refused every later run."""
+    from gptrain.train.run_lock import takeover_marker
+
+    stale = holder(pid=dead_pid())
+    acquire(tmp_path, stale)
+    killed_while_creating(takeover_marker(tmp_path / LOCK_NAME, stale))
+    assert "no longer runs" in acquire(tmp_path, holder(since="late")).notes[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]
