@@ -47,12 +47,15 @@ def config_file(args: argparse.Namespace) -> str | None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from gptrain.config import load_training_config
-    from gptrain.train.loop import train
+    from gptrain.train.signals import early_stops
 
-    preset, overrides = split_preset(args.preset, list(args.overrides))
-    file = config_file(args)
-    if preset is not None and file is not None:  # the file would win, and the preset go unread
-        raise ConfigError(f"give a preset ({preset}) or a config file ({file}), not both")
-    cfg = load_training_config(preset, overrides, config_file=file)
-    return train(cfg)
+    with early_stops():  # before torch's import: a stop signal from here on stops the run, not kills it
+        from gptrain.config import load_training_config
+        from gptrain.train.loop import train
+
+        preset, overrides = split_preset(args.preset, list(args.overrides))
+        file = config_file(args)
+        if preset is not None and file is not None:  # the file would win, and the preset go unread
+            raise ConfigError(f"give a preset ({preset}) or a config file ({file}), not both")
+        cfg = load_training_config(preset, overrides, config_file=file)
+        return train(cfg)

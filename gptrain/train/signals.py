@@ -11,10 +11,39 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# Stop signals that came before the run's StopRequest was installed (see early_stops).
+_early: list[str] = []
+
+
+def _remember(signum: int, frame: FrameType | None) -> None:
+    del frame
+    _early.append(signal.Signals(signum).name)
+
+
+@contextmanager
+def early_stops() -> Iterator[None]:
+    """From the start of `gptrain train`: a stop signal during its imports (torch takes seconds),
+    config load and process-group start-up is remembered for the StopRequest, which stops before
+    the first step; under the default action it killed the rank (exit 138/143), which the batch
+    script does not requeue. The old handlers come back at the end, unless the run has set the
+    stop signals to be ignored through its shutdown (StopRequest.uninstall(keep_ignoring))."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, _remember) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        _early.clear()
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is _remember:
+                signal.signal(signum, handler)
 
 
 class StopRequest:
@@ -33,6 +62,9 @@ class StopRequest:
             return self
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
+        if _early:  # signalled before this was installed (early_stops)
+            self.signal_name = _early[-1]
+            _early.clear()
         return self
 
     def uninstall(self, keep_ignoring: bool = False) -> None:

@@ -8,6 +8,8 @@ python rank_hooks.py signal-in-save RANK ITERATION gptrain-args...   that rank g
                                                             saves the checkpoint of ITERATION
 python rank_hooks.py signal-in-startup RANK gptrain-args...   that rank gets SIGTERM while it loads
                                                             the checkpoint (start-up, before step 1)
+python rank_hooks.py signal-before-start RANK gptrain-args...   that rank gets SIGUSR1 while it loads
+                                                            its config (before train() installs its handlers)
 """
 
 from __future__ import annotations
@@ -66,6 +68,19 @@ def signal_in_startup(signalled_rank: int) -> None:
     loop.resume = signalled_while_loading
 
 
+def signal_before_start(signalled_rank: int) -> None:
+    import gptrain.config
+
+    load = gptrain.config.load_training_config
+
+    def signalled_while_loading(*args, **kwargs):  # as Slurm's warning signal during the imports
+        if int(os.environ.get("RANK", "0")) == signalled_rank:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return load(*args, **kwargs)
+
+    gptrain.config.load_training_config = signalled_while_loading
+
+
 if __name__ == "__main__":
     hook, args = sys.argv[1], sys.argv[2:]
     if hook == "fail":
@@ -74,6 +89,9 @@ if __name__ == "__main__":
     elif hook == "signal-in-save":
         signal_in_save(int(args[0]), int(args[1]))
         args = args[2:]
+    elif hook == "signal-before-start":
+        signal_before_start(int(args[0]))
+        args = args[1:]
     elif hook == "signal-in-startup":
         signal_in_startup(int(args[0]))
         args = args[1:]

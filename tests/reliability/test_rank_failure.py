@@ -92,3 +92,17 @@ def test_a_stop_one_rank_gets_during_start_up_ends_every_rank_before_a_step(tmp_
     for log, reason in zip(logs, ("stop requested on another rank", "received SIGTERM"), strict=True):
         assert f"stopping before the first step: {reason}; nothing trained since no checkpoint" in log
         assert "iteration        1/" not in log
+
+
+def test_a_stop_signal_before_the_run_installs_its_handlers_is_not_fatal(tmp_path):
+    """SIGUSR1 on rank 1 while `gptrain train` still imports torch and loads its config (Slurm's
+    warning signal to a job that starts up for longer than the time left): the rank died of it
+    (-SIGUSR1, which the batch script does not requeue); now every rank stops before step 1, exit 75."""
+    ranks = start_ranks(
+        tmp_path / "run", ["trainer.max_steps=4"], program=[*HOOKED, "signal-before-start", "1"]
+    )
+    outputs = finish_ranks(ranks)
+    assert [rank.returncode for rank in ranks] == [75, 75], outputs
+    assert complete_steps(tmp_path / "run" / "checkpoints") == []
+    log = (tmp_path / "run" / "nemo_log_globalrank-1_localrank-1.txt").read_text()
+    assert "stopping before the first step: received SIGUSR1; nothing trained since no checkpoint" in log
