@@ -168,21 +168,29 @@ def slurm_state(job_id: str, stage: str | None = None) -> JobState:
 
 
 def asked_slurm_state(job_id: str) -> JobState:
-    out = run_command(["squeue", "-h", "-j", job_id, "-o", "%T|%r"])
+    out = run_command(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%r"])
     if out is not None and out.returncode == 0 and out.stdout.strip():
-        states = [JobState(*line.split("|", 1)) for line in out.stdout.strip().splitlines()]
-        return summarize(states)
-    out = run_command(["scontrol", "show", "job", job_id])
-    if out is not None and out.returncode == 0 and "JobState=" in out.stdout:
-        records = parse_scontrol(out.stdout)
-        return summarize(
-            [JobState(r["JobState"], r.get("Reason", ""), r.get("ExitCode", "")) for r in records]
-        )
+        listed = [line.split("|", 2) for line in out.stdout.strip().splitlines()]
+        # squeue lists an array's live tasks only: one that failed already showed as RUNNING
+        every = scontrol_states(job_id) if any("_" in task for task, *_ in listed) else None
+        return summarize(every or [JobState(*rest) for _, *rest in listed])
+    every = scontrol_states(job_id)
+    if every:
+        return summarize(every)
     out = run_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
     if out is not None and out.returncode == 0 and out.stdout.strip():
         states = [JobState(*(line.split("|") + [""])[:2]) for line in out.stdout.strip().splitlines()]
         return summarize([JobState(s.state, "", s.reason) for s in states])
     return JobState("UNKNOWN", "no longer known to Slurm; no accounting to ask")
+
+
+def scontrol_states(job_id: str) -> list[JobState] | None:
+    """Each task's state (one for a plain job) from `scontrol show job`, or None when it does not answer."""
+    out = run_command(["scontrol", "show", "job", job_id])
+    if out is None or out.returncode != 0 or "JobState=" not in out.stdout:
+        return None
+    records = parse_scontrol(out.stdout)
+    return [JobState(r["JobState"], r.get("Reason", ""), r.get("ExitCode", "")) for r in records]
 
 
 def ended_state(code: int) -> JobState:

@@ -402,7 +402,10 @@ def test_cancel_reaches_the_stages_of_the_launch_that_wait_in_another_run_dir(
             scancelled.append(command[1])
             return subprocess.CompletedProcess(command, 0, "", "")
         if command[0] == "squeue":
-            return subprocess.CompletedProcess(command, 0, states.get(command[3], ""), "")
+            job = command[3]  # squeue -o %i|%T|%r
+            return subprocess.CompletedProcess(
+                command, 0, f"{job}|{states[job]}" if job in states else "", ""
+            )
         return None  # finished and forgotten: scontrol, sacct
 
     monkeypatch.setattr(jobs, "run_command", run_command)

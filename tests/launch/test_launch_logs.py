@@ -146,7 +146,7 @@ def test_follow_returns_for_a_stage_that_waits_on_a_failed_one(tmp_path, capsys,
     )
 
     def squeue(command, timeout=15.0):
-        return subprocess.CompletedProcess(command, 0, "PENDING|DependencyNeverSatisfied\n", "")
+        return subprocess.CompletedProcess(command, 0, "11|PENDING|DependencyNeverSatisfied\n", "")
 
     polls = []
 

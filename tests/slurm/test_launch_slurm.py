@@ -206,3 +206,31 @@ def test_more_shards_than_max_array_size_make_an_array_slurm_accepts(workdir, ti
     assert f"#SBATCH --array=0-{limit - 1}%2\n" in script.read_text()
     test = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60)
     assert test.returncode == 0 and "to start at" in test.stderr, test.stderr
+
+
+def test_status_of_an_array_shows_a_failed_task_while_another_runs(workdir):
+    """squeue lists an array's live tasks only: a data preparation whose task 0 had failed showed
+    RUNNING while task 1 ran, though the training waiting on it could never start."""
+    from gptrain.launch.records import append_record
+
+    script = workdir / "array.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"#SBATCH --array=0-1\n#SBATCH --output={workdir}/log-a_%A_%a.out\n"
+        '[ "$SLURM_ARRAY_TASK_ID" = 0 ] && exit 3\n'
+        f"while [ ! -e {workdir}/done ]; do sleep 0.2; done\n"
+    )
+    run = workdir / "results" / "prep"
+    run.mkdir(parents=True)
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.strip()
+    append_record(run, "submitted", stage="data_preparation", executor="slurm", job_id=job_id, job_name="a")
+    try:
+        wait_for(f"{job_id}_0", ("FAILED",), timeout=60)
+        wait_for(f"{job_id}_1", ("RUNNING",), timeout=60)
+        status = gptrain(["status", str(run)], workdir).stdout
+        assert "ARRAY[1 RUNNING, 1 FAILED] (NonZeroExitCode) exit 3:0" in status, status
+    finally:
+        (workdir / "done").touch()
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
