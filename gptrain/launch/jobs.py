@@ -369,10 +369,17 @@ def log_files(record: dict[str, Any]) -> list[Path]:
     if record.get("executor") == "local":
         return [pattern]
     head, array, tail = pattern.name.rpartition("%A_%a")
-    if array:
-        return sorted(pattern.parent.glob(f"{glob.escape(head)}{job_id}_*{glob.escape(tail)}"))
+    if array:  # in task order: _2 before _10
+        prefix = f"{head}{job_id}_"
+        found = pattern.parent.glob(f"{glob.escape(prefix)}*{glob.escape(tail)}")
+        return sorted(found, key=lambda path: task_order(path.name[len(prefix) : len(path.name) - len(tail)]))
     head, slot, tail = pattern.name.rpartition("%j")
     return [pattern.parent / (f"{head}{job_id}{tail}" if slot else pattern.name)]
+
+
+def task_order(index: str) -> tuple[int, str]:
+    """An array task's log sorted by its task id as a number (anything else after them)."""
+    return (int(index), "") if index.isdigit() else (1 << 62, index)
 
 
 def progress(log: Path, now: float | None = None, running: bool = True) -> str | None:

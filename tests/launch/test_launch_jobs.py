@@ -283,10 +283,12 @@ def test_log_files_fill_only_the_job_id_slot(tmp_path):
     record = {"executor": "slurm", "job_id": "42", "log": f"{run}/log-run%j_%j.out"}
     assert jobs.log_files(record) == [run / "log-run%j_42.out"]
     run.mkdir(parents=True)
-    for task in (0, 1):
+    for task in (0, 1, 10, 2):
         (run / f"log-a[1]%j_42_{task}.out").write_text("")
     array = {"executor": "slurm", "job_id": "42", "log": f"{run}/log-a[1]%j_%A_%a.out"}
-    assert jobs.log_files(array) == [run / "log-a[1]%j_42_0.out", run / "log-a[1]%j_42_1.out"]
+    assert jobs.log_files(array) == [
+        run / f"log-a[1]%j_42_{task}.out" for task in (0, 1, 2, 10)
+    ]  # task order
     local = {"executor": "local", "job_id": "local-7", "pid": 7, "log": f"{run}/log-run%j_7.out"}
     assert jobs.log_files(local) == [run / "log-run%j_7.out"]
 
