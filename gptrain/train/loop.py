@@ -453,7 +453,9 @@ def run(
         s.log(f"iteration {s.state.step} is already at trainer.max_steps={t.max_steps}: nothing to do")
         return 0
     agreement = StopAgreement()
-    with s.watchdog.boundary(s.state.step):  # a rank still starting up is named, not waited on for ever
+    # watched as the first step's (its allowance: ranks end start-up at different times), so a rank
+    # stuck in start-up is named, not waited on until the collective timeout
+    with s.watchdog.boundary(s.state.step + 1):
         early = agreement.exchange(stop.signalled(), read_now=True)
     if early is not None:
         return stop_before_training(s, early)
