@@ -336,8 +336,8 @@ def setup_line(command: list[str], cluster: dict, container: str | None, mounts:
 # Run the step in the background so the batch shell can receive Slurm's warning signal
 # (--signal=B:USR1@N) and forward it; srun passes it on to every rank.
 STEP_LINES = """\
-got_signal=
-forward() { got_signal=$1; echo "gptrain: got SIG$1, forwarding it to the training step" >&2; kill -"$1" "$step" 2>/dev/null; }
+got_signal= last_signal=
+forward() { got_signal=$1; last_signal=$1; echo "gptrain: got SIG$1, forwarding it to the training step" >&2; kill -"$1" "$step" 2>/dev/null; }
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 wait "$step"; status=$?
@@ -352,10 +352,15 @@ while [ -n "$got_signal" ] && [ "$status" -gt 128 ]; do got_signal=; wait "$step
 # time in whole seconds, and a restart within the same second is killed ("credential revoked").
 # `scontrol requeue` is tried 3 times (a busy or failing-over controller times out); if it never
 # succeeds the job ends with the step's code, not 0: Slurm would call a stopped run COMPLETED.
+# A job its user cancelled (scancel: SIGTERM to the batch shell, which the run checkpoints on, the job
+# COMPLETING with Reason=None at once) is not requeued: Slurm took that requeue, and the cancelled run
+# went on. The hard time limit (Reason=TimeLimit) still requeues a run that saved its checkpoint.
 REQUEUE_LINES = """\
 restarts=${SLURM_RESTART_COUNT:-0}
 if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
-  if [ "$restarts" -lt "$max_requeues" ]; then
+  if [ "$last_signal" = TERM ] && scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -qE "JobState=(COMPLETING|CANCELLED) Reason=None( |$)"; then
+    echo "gptrain: the job was cancelled (scancel): not requeueing; launch again to resume" >&2
+  elif [ "$restarts" -lt "$max_requeues" ]; then
     reason="checkpoint saved"; [ "$status" = {exit_hung} ] && reason="a rank hung (see the line above)"
     echo "gptrain: $reason; requeueing (restart $((restarts + 1)) of $max_requeues)" >&2
     setsid bash -c 'for i in $(seq 1 200); do sleep 0.3; if scontrol show job "$1" | grep -q "JobState=PENDING"; then sleep 2; scontrol update JobId="$1" StartTime=now; exit; fi; done' gptrain-nudge "$SLURM_JOB_ID" </dev/null >/dev/null 2>&1 &

@@ -20,11 +20,13 @@ from gptrain.launch.stages import build_plan, write_run_files
 
 STEP = """
 import os, signal, sys, time, pathlib
+mode = sys.argv[1]
+if mode == "wait":  # before the marker, which tells the test to signal
+    for signum in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(signum, lambda *_: sys.exit(75))
 names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 pathlib.Path(sys.argv[-1] + ".started").write_text(" ".join(os.environ[n] for n in names))
-mode = sys.argv[1]
 if mode == "wait":
-    signal.signal(signal.SIGUSR1, lambda *_: sys.exit(75))
     time.sleep(30)
 sys.exit(int(mode))
 """
@@ -57,7 +59,7 @@ def batch(tmp_path):
     ]
     script = write_run_files(build_plan(compose(args)), args)[0]
 
-    def run(mode: str, restarts: int, send_usr1: bool = False) -> tuple[int, str]:
+    def run(mode: str, restarts: int, send_usr1: bool = False, send: int | None = None) -> tuple[int, str]:
         stub(bin_dir / "py", f'exec {sys.executable} {tmp_path / "step.py"} {mode} "$@"\n')
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
         env.update(SLURM_JOB_NODELIST="n1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="1")
@@ -65,9 +67,9 @@ def batch(tmp_path):
         marker = Path(str(next(script.parent.glob("*_hydra.yaml"))) + ".started")
         marker.unlink(missing_ok=True)
         process = subprocess.Popen(["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True)
-        if send_usr1:
+        if send_usr1 or send is not None:
             wait_until(marker.exists)
-            process.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@N does to the batch shell
+            process.send_signal(send or signal.SIGUSR1)  # what --signal=B:USR1@N does to the batch shell
         _, err = process.communicate(timeout=30)
         assert marker.read_text() == "10.0.0.7 20042 0 0 1"  # rendezvous and rank from Slurm's variables
         return process.returncode, err
@@ -140,3 +142,21 @@ def test_a_requeue_slurm_refuses_is_retried_then_ends_the_job_with_the_steps_cod
     code, err = run("75", restarts=0)
     assert code == 0 and "requeue failed" not in err
     assert calls.read_text().splitlines().count("requeue 42") == 1
+
+
+def test_a_job_its_user_cancelled_is_not_requeued(batch):
+    """scancel SIGTERMs the batch shell and the job is COMPLETING; the run checkpoints and exits 75,
+    and the script requeued it: Slurm took that requeue (seen on a real slurmctld), the run went on."""
+    run, calls = batch
+    bin_dir = calls.parent / "bin"
+    original = (bin_dir / "scontrol").read_text().removeprefix("#!/bin/bash\n")
+    cancelled = original.replace("JobState=PENDING", "JobState=COMPLETING Reason=None Dependency=(null)")
+    stub(bin_dir / "scontrol", cancelled)
+    code, err = run("wait", restarts=0, send=signal.SIGTERM)
+    assert code == 75 and "the job was cancelled (scancel): not requeueing; launch again to resume" in err
+    assert "requeue 42" not in calls.read_text().splitlines()
+    code, err = run("wait", restarts=0, send=signal.SIGUSR1)  # the time limit's warning: requeued
+    assert code == 0 and "requeueing (restart 1 of 2)" in err
+    stub(bin_dir / "scontrol", cancelled.replace("Reason=None", "Reason=TimeLimit"))
+    code, err = run("wait", restarts=0, send=signal.SIGTERM)  # the hard time limit, checkpoint saved
+    assert code == 0 and "requeueing (restart 1 of 2)" in err

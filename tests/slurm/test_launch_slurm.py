@@ -234,3 +234,22 @@ def test_status_of_an_array_shows_a_failed_task_while_another_runs(workdir):
     finally:
         (workdir / "done").touch()
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+
+
+def test_a_cancelled_training_is_not_requeued(workdir, tiny):
+    """`gptrain cancel` (scancel) SIGTERMs the job; its run checkpoints and exits 75, and the batch
+    script requeued it: Slurm took the requeue of the CANCELLED job, so the training went on."""
+    steps = ["training.trainer.max_steps=100000", "training.run.name=cancelled"]
+    job_id = launch([*tiny, *steps], workdir)
+    log = workdir / f"results/cancelled/log-t-cancelled_{job_id}.out"
+    deadline = time.monotonic() + 90
+    while not (log.exists() and iterations(log)):
+        assert time.monotonic() < deadline, "training never logged an iteration"
+        time.sleep(0.1)
+    assert gptrain(["cancel", "cancelled"], workdir).stdout.strip() == f"cancelled training job {job_id}"
+    while "step finished with exit code" not in log.read_text():  # the batch script has decided
+        assert time.monotonic() < deadline + 60, log.read_text()[-2000:]
+        time.sleep(0.1)
+    assert "the job was cancelled (scancel): not requeueing" in log.read_text()
+    fields = wait_for(job_id, ("CANCELLED",), timeout=60)
+    assert fields["Restarts"] == "0"
