@@ -39,6 +39,16 @@ def run_megatron(args: argparse.Namespace) -> int:
         return 0
     dry_run = "--dry-run" in flags
     flags = [f for f in flags if f != "--dry-run"]
+    if dry_run:
+        return megatron(flags, dry_run)
+    from gptrain.train.signals import early_stops
+
+    with early_stops():  # as `gptrain train`: a stop signal before the run's handlers stops it, exit 75
+        return megatron(flags, dry_run)
+
+
+def megatron(flags: list[str], dry_run: bool) -> int:
+    """The flags translated, then printed (dry run) or trained."""
     from gptrain.config import load_training_config
     from gptrain.errors import ConfigError
     from gptrain.megatron.translate import translate

@@ -1,6 +1,7 @@
 """`gptrain megatron`: the tutorials' and Megatron's own pretrain_gpt.py flag lists, unchanged."""
 
 import math
+import os
 import shlex
 import subprocess
 import sys
@@ -729,3 +730,22 @@ def test_checkpoints_are_kept_as_megatron_keeps_them():
             None, translate(shlex.split(flags + extra), {}).overrides, report_ignored=False
         )
         assert cfg.exp_manager.checkpoint_callback_params.save_top_k == kept
+
+
+def test_a_stop_signal_while_the_flags_load_stops_before_a_step(tmp_path):
+    """`gptrain megatron` got Slurm's warning signal while it translated the flags and imported torch:
+    the default action killed it (-SIGUSR1, not requeued); now it stops before step 1, exit 75."""
+    code = (
+        "import os, signal, sys, gptrain.config as c; load = c.load_training_config\n"
+        "def signalled(*a, **k):\n    os.kill(os.getpid(), signal.SIGUSR1)\n    return load(*a, **k)\n"
+        "c.load_training_config = signalled\nfrom gptrain.cli import main\nsys.exit(main(sys.argv[1:]))"
+    )
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --global-batch-size 2 --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-iters 0"
+    flags += f" --save {tmp_path / 'run'} --save-interval 2"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code, "megatron", *shlex.split(flags)],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)  # fmt: skip
+    assert out.returncode == 75, out.stderr[-2000:]
+    assert "stopping before the first step: received SIGUSR1" in out.stdout + out.stderr
+    assert not list((tmp_path / "run").glob("checkpoints/step_*"))
