@@ -380,14 +380,32 @@ def main(argv: list[str] | None = None) -> int:
             indices = list(range(len(cfg.get("shards") or [])))
         if indices:
             fetch_tokenizer_files(cfg)
-        for index in indices:
-            prepare_shard(cfg, index)
+        prepare_shards(cfg, indices)
         if args.action != "shard" or all_prepared(cfg):
             print(f"gptrain: blend written to {write_blend(cfg)}", file=sys.stderr)
     except (ConfigError, DataError) as error:
         print(f"gptrain: error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def prepare_shards(cfg: dict[str, Any], indices: list[int]) -> None:
+    """Prepare each shard; a stage of several (an array task past MaxArraySize, the local stage) goes
+    on past one that fails, as array tasks of one shard each do, and fails at the end naming them."""
+    failed = []
+    for index in indices:
+        try:
+            prepare_shard(cfg, index)
+        except (ConfigError, DataError) as error:
+            if len(indices) == 1:
+                raise
+            print(f"gptrain: error: shard {index}: {error}", file=sys.stderr)
+            failed.append(str(index))
+    if failed:
+        raise DataError(
+            f"shard(s) {', '.join(failed)} of this task's {len(indices)} failed (see above); the others are"
+            " prepared, and a relaunch prepares only what is missing"
+        )
 
 
 def task_shards(cfg: dict[str, Any], index: int | None, stride: int | None) -> list[int]:

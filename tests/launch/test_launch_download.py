@@ -145,3 +145,28 @@ def test_apply_blend_rewrites_data_prefix(tmp_path):
         "data_prefix": [2.0, "/p/a", 1.0, "/p/b"],
         "seq_length": 8,
     }
+
+
+def test_a_task_of_several_shards_prepares_the_others_when_one_fails(tmp_path, monkeypatch, capsys):
+    """Past MaxArraySize an array task prepares every n-th shard: a failed one must not leave the
+    task's later shards unprepared (array tasks of one shard each are independent)."""
+    import yaml
+
+    from gptrain.errors import DataError
+    from gptrain.launch import download
+
+    config = tmp_path / "prep.yaml"
+    config.write_text(yaml.safe_dump({"shards": [f"file:///s{n}.jsonl" for n in range(6)]}))
+    prepared = []
+
+    def prepare(cfg, index):
+        if index == 1:
+            raise DataError("s1.jsonl: cannot copy")
+        prepared.append(index)
+
+    monkeypatch.setattr(download, "prepare_shard", prepare)
+    monkeypatch.setattr(download, "fetch_tokenizer_files", lambda cfg: None)
+    assert download.main(["shard", "--config", str(config), "--index", "1", "--stride", "2"]) == 1
+    err = capsys.readouterr().err
+    assert prepared == [3, 5] and "shard 1: s1.jsonl: cannot copy" in err
+    assert "shard(s) 1 of this task's 3 failed" in err
