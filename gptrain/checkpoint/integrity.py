@@ -50,15 +50,32 @@ def manifest(step_dir: Path, checksums: dict[str, str | None] | None = None) -> 
     }
 
 
-def complete_record(step: int, step_dir: Path, checksums: dict[str, str | None] | None = None) -> str:
+def complete_record(
+    step: int,
+    step_dir: Path,
+    checksums: dict[str, str | None] | None = None,
+    tokenizer: dict | None = None,
+) -> str:
     """The text of the COMPLETE marker: the step, the Slurm job that wrote it (a requeue of that job
-    resumes it: gptrain.train.run_lock) and the manifest."""
-    record = {
-        "step": step,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "files": manifest(step_dir, checksums),
-    }
+    resumes it: gptrain.train.run_lock), the tokenizer the model was trained with
+    (gptrain.data.tokenizer_identity; none for mock data) and the manifest."""
+    record: dict = {"step": step, "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+    if tokenizer is not None:
+        record["tokenizer"] = tokenizer
+    record["files"] = manifest(step_dir, checksums)
     return json.dumps(record, indent=1) + "\n"
+
+
+def recorded_tokenizer(step_dir: Path) -> dict | None:
+    """The tokenizer record in a complete checkpoint's COMPLETE marker; None where it has none
+    (saved before gptrain recorded one, or by a run on mock data) or the marker is unreadable
+    (`verify` names that)."""
+    try:
+        record = json.loads((step_dir / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+    entry = record.get("tokenizer") if isinstance(record, dict) else None
+    return entry if isinstance(entry, dict) else None
 
 
 def file_crc32(path: Path, chunk: int = 16 << 20, progress: Progress | None = None) -> str:

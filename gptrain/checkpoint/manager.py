@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -53,6 +53,9 @@ from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.reader import CheckpointReader, is_distributed, root_cause
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
+
+if TYPE_CHECKING:
+    from gptrain.data.tokenizer_identity import TokenizerCheck
 
 # One process without a process group is a supported case here, not a mistake (also
 # raised from the async-save thread, where a local catch_warnings would not reach).
@@ -153,12 +156,13 @@ class CheckpointManager(CheckpointReader):
         vocab_size: int | None = None,
         direct_io: bool | None = None,
         pinned_staging: bool | None = None,
+        tokenizer: TokenizerCheck | None = None,
     ) -> None:
-        """`vocab_size`: as for CheckpointReader. `direct_io`: write shards around the page cache
+        """`vocab_size`, `tokenizer`: as for CheckpointReader (each save records the tokenizer). `direct_io`: write shards around the page cache
         (O_DIRECT); None: where `root` is on a local disk (gptrain.checkpoint.direct_io).
         `pinned_staging`: async saves copy into a kept, pinned host buffer (a CUDA run's); None:
         wherever CUDA is available."""
-        super().__init__(root, rank, vocab_size)
+        super().__init__(root, rank, vocab_size, tokenizer)
         self.keep_last = keep_last if keep_last and keep_last > 0 else None
         self.async_save = async_save
         self.direct_io = takes_direct_io(root) if direct_io is None else direct_io
@@ -375,7 +379,10 @@ class CheckpointManager(CheckpointReader):
         """Rank 0: the manifest into COMPLETE, then `latest`, then pruning. For a background save no
         barrier is needed: DCP's coordinator (rank 0) writes .metadata only after gathering every
         rank's write results, so every rank's files and checksum sidecar are on disk by then."""
-        record = complete_record(report.step, report.path, gathered_checksums(report.path, checksums))
+        tokenizer = self.tokenizer.record if self.tokenizer is not None else None
+        record = complete_record(
+            report.step, report.path, gathered_checksums(report.path, checksums), tokenizer
+        )
         fsync_directory(report.path)  # every file's name durable (.metadata was renamed) before COMPLETE's
         atomic_write_text(report.path / COMPLETE, record)
         atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")

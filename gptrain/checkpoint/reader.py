@@ -15,7 +15,7 @@ import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -33,9 +33,12 @@ from gptrain.checkpoint.directory import (
     rename_aside,
     step_dir_name,
 )
-from gptrain.checkpoint.integrity import complete_steps, verify_share
+from gptrain.checkpoint.integrity import complete_steps, recorded_tokenizer, verify_share
 from gptrain.errors import GptrainError, find_out_of_memory, os_error_text
 from gptrain.utils.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    from gptrain.data.tokenizer_identity import TokenizerCheck
 
 T = TypeVar("T")
 
@@ -47,6 +50,11 @@ class CheckpointDamagedError(CheckpointLoadError):
     def __init__(self, path: Path, problem: str) -> None:
         super().__init__(f"checkpoint {path} is damaged: {problem}; give another one")
         self.problem = problem
+
+
+class TokenizerMismatchError(CheckpointMismatchError):
+    """A checkpoint was trained with another tokenizer than the config's: its ids would mean other
+    tokens (gptrain.data.tokenizer_identity)."""
 
 
 class CheckpointOutOfMemoryError(GptrainError):
@@ -147,12 +155,20 @@ class _Prepared:
 class CheckpointReader:
     """Loads the checkpoints under one root for this rank (the loading half of CheckpointManager)."""
 
-    def __init__(self, root: str | Path, rank: int = 0, vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        rank: int = 0,
+        vocab_size: int | None = None,
+        tokenizer: TokenizerCheck | None = None,
+    ) -> None:
         """`vocab_size` is the tokenizer's: rows of the vocabulary tensors at or past it are padding
-        (see `read_state`)."""
+        (see `read_state`). `tokenizer`: the run's, checked against each checkpoint's record before
+        it is loaded (None: no check, a run on mock data)."""
         self.root = Path(root)
         self.rank = rank
         self.vocab_size = vocab_size
+        self.tokenizer = tokenizer
         self.notes: list[str] = []  # what a load left out (rows the live model has no room for), to log
 
     def newest(self) -> Path | None:
@@ -259,6 +275,7 @@ class CheckpointReader:
             )
         if problem is not None:
             return problem
+        self._check_tokenizer(path)
         rank_file = path / f"rank_{self.rank}.pt"
         try:
             extra = _agreed(path, lambda: read_rank_state(path, self.rank), rank_file)
@@ -269,6 +286,24 @@ class CheckpointReader:
         except _NotLoaded as skipped:
             return str(skipped)
         return extra
+
+    def _check_tokenizer(self, path: Path) -> None:
+        """TokenizerMismatchError on every rank when `path` was trained with another tokenizer than
+        this run's (one that only adds tokens after the recorded ones is a note); the config's fault,
+        not damage, so no older checkpoint is tried."""
+        if self.tokenizer is None:
+            return
+        error, note = self.tokenizer.check(
+            recorded_tokenizer(path),
+            f"checkpoint {path}",
+            "this run's model.tokenizer",
+            "point model.tokenizer at the files it was trained with",
+        )
+        error = _first_on_any_rank(error)
+        if error is not None:
+            raise TokenizerMismatchError(error)
+        if note is not None:
+            self.notes.append(note)
 
     def _prepare(
         self, path: Path, state_fn: Callable[[set[str]], dict[str, Any]], metadata: Metadata | None = None

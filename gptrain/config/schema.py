@@ -150,6 +150,11 @@ class ExpManagerConfig:
     finetune: bool = False
     """gptrain extension (Megatron: --finetune): take only the weights from resume_from_checkpoint;
     iteration and consumed samples start at 0, with a fresh optimizer and schedule."""
+    allow_tokenizer_change: bool = False
+    """gptrain extension: load a checkpoint (resume, resume_from_checkpoint, eval, generate, export)
+    whose recorded tokenizer is not model.tokenizer's, with a warning; false refuses it (its ids
+    would mean other tokens than the trained embeddings). A tokenizer that only adds tokens after
+    the recorded ones loads either way."""
     create_tensorboard_logger: bool = True
     """Write TensorBoard events to explicit_log_dir."""
     create_wandb_logger: bool = False

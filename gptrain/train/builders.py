@@ -245,10 +245,15 @@ def build_scaler(cfg: TrainingConfig) -> LossScaler:
 
 
 def build_checkpoint_manager(
-    cfg: TrainingConfig, world: World, vocab_size: int, device: torch.device | None = None
+    cfg: TrainingConfig,
+    world: World,
+    vocab_size: int,
+    device: torch.device | None = None,
+    tokenizer: Any | None = None,
 ) -> CheckpointManager:
     """Checkpoints in <explicit_log_dir>/checkpoints, keeping the last save_top_k; `vocab_size`
-    (unpadded) tells the padding rows apart when TP changed the padded vocabulary."""
+    (unpadded) tells the padding rows apart when TP changed the padded vocabulary; `tokenizer` is
+    recorded with each save and checked against each checkpoint loaded."""
     params = cfg.exp_manager.checkpoint_callback_params
     root = Path(cfg.exp_manager.explicit_log_dir) / "checkpoints"
     return CheckpointManager(
@@ -259,7 +264,21 @@ def build_checkpoint_manager(
         vocab_size=vocab_size,
         direct_io=params.direct_io,
         pinned_staging=None if device is None else device.type == "cuda",  # a CPU run pins nothing
+        tokenizer=tokenizer_check(cfg, tokenizer),
     )
+
+
+def tokenizer_check(cfg: TrainingConfig, tokenizer: Any | None) -> Any | None:
+    """The run's tokenizer as checkpoints record it (gptrain.data.tokenizer_identity); None without
+    one (mock data)."""
+    if tokenizer is None:
+        return None
+    from gptrain.data.tokenizer_identity import TokenizerCheck
+
+    tok = cfg.model.tokenizer
+    files = [getattr(tok, key) for key in tokenizer_file_keys(cfg)] or [tok.model]
+    source = " + ".join(str(file) for file in files)
+    return TokenizerCheck.of(tokenizer, tok.type, source, cfg.exp_manager.allow_tokenizer_change)
 
 
 def with_parallel_seams(opts: StepOptions, model: nn.Module) -> StepOptions:

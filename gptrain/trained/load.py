@@ -23,7 +23,14 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 
 from gptrain.checkpoint import compat
 from gptrain.checkpoint.directory import LATEST, CheckpointLoadError, step_dir_name
-from gptrain.checkpoint.integrity import STEP_DIR, checksum_progress, complete_steps, is_complete, verify
+from gptrain.checkpoint.integrity import (
+    STEP_DIR,
+    checksum_progress,
+    complete_steps,
+    is_complete,
+    recorded_tokenizer,
+    verify,
+)
 from gptrain.checkpoint.reader import check_fits, root_cause
 from gptrain.errors import DataError
 
@@ -167,6 +174,28 @@ def build_run_tokenizer(cfg: Any, hparams: Path) -> Any | None:
     return build_tokenizer(cfg)
 
 
+def check_run_tokenizer(cfg: Any, tokenizer: Any | None, step_dir: Path, hparams: Path) -> None:
+    """The tokenizer hparams.yaml now gives against the one the checkpoint records: another one
+    (files replaced since training) is refused, as at resume; an extension is a warning (the model
+    never trained its new ids)."""
+    from gptrain.train.builders import tokenizer_check
+
+    check = tokenizer_check(cfg, tokenizer)
+    recorded = recorded_tokenizer(step_dir)
+    if check is None or recorded is None:  # mock data, or a checkpoint from before records
+        return
+    error, note = check.check(
+        recorded,
+        f"checkpoint {step_dir}",
+        f"the model.tokenizer of {hparams}",
+        "restore the files it names, or name the ones the checkpoint was trained with there (eval: as overrides)",
+    )
+    if error is not None:
+        raise DataError(error)
+    if note is not None:
+        print(f"gptrain: warning: {note}", file=sys.stderr)
+
+
 @dataclass
 class RunCheckpoint:
     """A run's checkpoint as the tools on a trained model need it: where, its config, its vocabulary."""
@@ -193,6 +222,7 @@ def open_run(path: str | Path, overrides: Sequence[str] = (), checksums: bool = 
     cfg = load_training_config(config_file=str(hparams), overrides=overrides, report_ignored=False)
     mock_vocab = is_mock_data(cfg) and cfg.model.data.mock_vocab_size
     tokenizer = None if mock_vocab else build_run_tokenizer(cfg, hparams)
+    check_run_tokenizer(cfg, tokenizer, step_dir, hparams)
     vocab, _ = padded_vocab_size(cfg, tokenizer)
     saved, positions = checkpoint_shapes(step_dir, EMBEDDING_KEY, POSITIONS_KEY)
     if saved is None:

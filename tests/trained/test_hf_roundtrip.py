@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 from hf_helpers import (  # noqa: E402
     CLASSES,
     batch,
+    gpt2_files,
     hf_logits,
     max_relative_difference,
     run_cli,
@@ -83,6 +84,13 @@ def test_import_gives_a_run_that_generate_loads_and_export_reproduces(exported, 
     assert run_cli(["import", str(out), "--output", str(run_dir)]) == 0
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_0"
     assert (run_dir / "checkpoints" / "step_0" / "COMPLETE").is_file()
+    # the import records the tokenizer it copied in, as training does: GPT-2's, in any of its forms
+    from gptrain.data.tokenizer_identity import record
+    from gptrain.data.tokenizers import load_gpt2_bpe
+
+    recorded = json.loads((run_dir / "checkpoints" / "step_0" / "COMPLETE").read_text())["tokenizer"]
+    assert recorded["tokens"] == record(load_gpt2_bpe(*gpt2_files()), "", "")["tokens"]
+    assert recorded["source"].startswith(str(run_dir / "tokenizer"))
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o777 & ~current_umask()  # not mkdtemp's 0700
     loaded = load_run(run_dir, torch.device("cpu"))
     ids = batch(GPT2_VOCAB, seed=2)

@@ -69,7 +69,7 @@ def import_hf(
         if verify and tokenizer is not None:  # before the weights: it is the cheap check
             verify_imported_tokenizer(cfg, staging, hf_dir)
         model = build_imported_model(cfg, staging, hf_dir, arch, stream)
-        step_dir = save_weights(model, staging / CHECKPOINTS)
+        step_dir = save_weights(model, staging / CHECKPOINTS, _tokenizer(cfg, staging), cfg)
         del model
         (staging / "hparams.yaml").write_text(cfg.to_yaml())
         write_record(staging, hf_config, hf_dir)
@@ -214,12 +214,16 @@ def _check_shape(directory: Path, name: str, tensor: torch.Tensor, target: torch
         )
 
 
-def save_weights(model: nn.Module, root: Path) -> Path:
-    """A weights-only checkpoint, step 0, written as training writes checkpoints (COMPLETE, latest)."""
+def save_weights(model: nn.Module, root: Path, tokenizer: Any | None = None, cfg: Any | None = None) -> Path:
+    """A weights-only checkpoint, step 0, written as training writes checkpoints (COMPLETE, latest),
+    recording `tokenizer` (named as `cfg` names it) as training does."""
     from gptrain.checkpoint.manager import CheckpointManager
     from gptrain.parallel.state_dict import model_state_dict
+    from gptrain.train.builders import tokenizer_check
 
-    return CheckpointManager(root, keep_last=None).save(0, {"model": model_state_dict(model)}, {})
+    check = tokenizer_check(cfg, tokenizer) if cfg is not None else None
+    manager = CheckpointManager(root, keep_last=None, tokenizer=check)
+    return manager.save(0, {"model": model_state_dict(model)}, {})
 
 
 def verify_imported_tokenizer(cfg: Any, staging: Path, hf_dir: Path) -> None:

@@ -1,0 +1,168 @@
+"""Which tokenizer a checkpoint was trained with, recorded beside it and checked when it is loaded.
+
+A model's embedding row i means the token its tokenizer gives id i. A run resumed (or a model
+evaluated) under another tokenizer whose padded vocabulary happens to be the same size loads
+without complaint, and every id then means something else. The record holds:
+
+  type, source   what the config named (for the message only: a copied file is the same tokenizer)
+  vocab_size     the unpadded vocabulary
+  eod            the end-of-document id (loss masks and attention resets depend on it)
+  tokens         sha256 of the id -> token table, each token spelled as GPT-2's byte-level string
+                 of its bytes (HF's own spelling for other tokenizers), so that GPT-2 given as
+                 vocab.json + merges.txt, as its tokenizer.json or as tiktoken's encoding is one
+                 tokenizer
+  encodes        sha256 of the ids of a fixed text: merges, pre-tokenizer and normalizer
+
+A tokenizer whose first `vocab_size` tokens and end-of-document id are the recorded ones is an
+extension (tokens added at the end, as for a new domain's vocabulary): the trained rows keep their
+meaning, so it loads, said in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gptrain.data.tokenizers import HFTokenizer, TiktokenTokenizer, bytes_to_unicode
+
+PROBE = (
+    "Hello, World! It's 2026: naïve café, Ünïcödé, 日本語のテキスト, Ελληνικά, emoji 🙂👍.\n\n"
+    "  two spaces\ttab\r\nx = [1, 22, 333, 4444];  # code\n<|endoftext|>after the end"
+)
+"""Text whose ids show how a tokenizer encodes: mixed case, digits, accents, CJK, emoji, runs of
+whitespace, code and the end-of-text token."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a tokenizer relates to a recorded one."""
+
+    kind: str
+    """'same', 'extension' or 'different'."""
+    detail: str = ""
+    """What differs (for 'different') or what was added (for 'extension')."""
+
+
+def token_table(tokenizer: Any) -> list[str | None]:
+    """Each id's token (None for an id the vocabulary skips)."""
+    if isinstance(tokenizer, HFTokenizer):
+        return [tokenizer.tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+    if isinstance(tokenizer, TiktokenTokenizer):
+        alphabet = bytes_to_unicode()
+        return [_spelled(_token_bytes(tokenizer, i), alphabet) for i in range(tokenizer.vocab_size)]
+    raise TypeError(f"no token table for {type(tokenizer).__name__}")
+
+
+def _token_bytes(tokenizer: TiktokenTokenizer, index: int) -> bytes | None:
+    table = tokenizer._decode_table
+    if table is not None:
+        return table.get(index)
+    try:
+        return tokenizer.encoding.decode_single_token_bytes(index)
+    except KeyError:  # cl100k_base leaves ids between its ranks and its special tokens unused
+        return None
+
+
+def _spelled(token: bytes | None, alphabet: dict[int, str]) -> str | None:
+    return None if token is None else "".join(alphabet[b] for b in token)
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, ensure_ascii=True).encode("ascii")).hexdigest()
+
+
+def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
+    """The record of `tokenizer` (of config type `kind`, read from `source`) to keep with a checkpoint."""
+    table = token_table(tokenizer)
+    return {
+        "type": kind,
+        "source": source,
+        "vocab_size": len(table),
+        "eod": int(tokenizer.eod),
+        "tokens": _digest(table),
+        "encodes": _digest([int(i) for i in tokenizer.encode(PROBE)]),
+    }
+
+
+def compare(saved: dict[str, Any], live: dict[str, Any], live_table: list[str | None]) -> Verdict:
+    """`live` (with its token table, for the extension check) against the `saved` record."""
+    same_tokens, same_eod = saved.get("tokens") == live["tokens"], saved.get("eod") == live["eod"]
+    if same_tokens and same_eod and saved.get("encodes") == live["encodes"]:
+        return Verdict("same")
+    size = saved.get("vocab_size")
+    if same_tokens and not same_eod:
+        return Verdict("different", f"end-of-document id {live['eod']}, not {saved.get('eod')}")
+    if same_tokens:
+        return Verdict(
+            "different", "the same tokens, but it encodes text otherwise: other merges or pre-tokenizer"
+        )
+    if same_eod and _extends(saved, live_table):
+        return Verdict("extension", f"ids {size}-{live['vocab_size'] - 1} added")
+    if size != live["vocab_size"]:
+        return Verdict("different", f"{live['vocab_size']} tokens, not {size}")
+    return Verdict("different", "the same size, other tokens")
+
+
+def _extends(saved: dict[str, Any], live_table: list[str | None]) -> bool:
+    """Whether the live tokens start with the saved ones and go on past them."""
+    size = saved.get("vocab_size")
+    return (
+        isinstance(size, int)
+        and 0 < size < len(live_table)
+        and _digest(live_table[:size]) == saved.get("tokens")
+    )
+
+
+def describe(entry: dict[str, Any]) -> str:
+    """'HuggingFaceTokenizer /data/tokenizer.json (61 tokens, sha256 1a2b3c4d)'."""
+    return (
+        f"{entry.get('type')} {entry.get('source')} "
+        f"({entry.get('vocab_size')} tokens, sha256 {str(entry.get('tokens'))[:8]})"
+    )
+
+
+@dataclass(frozen=True)
+class TokenizerCheck:
+    """A live tokenizer's record, held to check checkpoints against and to record with new ones."""
+
+    record: dict[str, Any]
+    table: list[str | None]
+    allow_change: bool = False
+    """exp_manager.allow_tokenizer_change: a different tokenizer is a warning, not an error."""
+
+    @classmethod
+    def of(cls, tokenizer: Any, kind: str, source: str, allow_change: bool = False) -> TokenizerCheck:
+        table = token_table(tokenizer)
+        return cls(record(tokenizer, kind, source), table, allow_change)
+
+    def check(
+        self, saved: dict[str, Any] | None, checkpoint: str, whose: str, fix: str
+    ) -> tuple[str | None, str | None]:
+        """(an error, a note to log) for loading `checkpoint`, whose record is `saved`, under this
+        tokenizer (`whose`: 'this run's model.tokenizer'); `fix`: what to do instead."""
+        if saved is None:
+            return (
+                None,
+                f"{checkpoint} records no tokenizer (saved by an earlier gptrain, or without one): {whose} is not checked against it",
+            )
+        verdict = compare(saved, self.record, self.table)
+        if verdict.kind == "same":
+            return None, None
+        live, trained = describe(self.record), describe(saved)
+        if verdict.kind == "extension":
+            return None, (
+                f"{whose} {live} extends the tokenizer {checkpoint} was trained with ({trained}): "
+                f"{verdict.detail}, whose rows start as the checkpoint's padding rows"
+            )
+        text = f"{checkpoint} was trained with tokenizer {trained}, {whose} is {live} ({verdict.detail})"
+        if self.allow_change:
+            return (
+                None,
+                f"{text}; loaded anyway (exp_manager.allow_tokenizer_change=true): its ids now mean other tokens",
+            )
+        return (
+            f"{text}: its ids would mean other tokens than the trained embeddings; {fix}, or set "
+            "exp_manager.allow_tokenizer_change=true to go on with this one"
+        ), None
