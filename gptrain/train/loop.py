@@ -19,10 +19,11 @@ With world size 1 no process group is created.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,6 +38,7 @@ from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_
 from gptrain.parallel.rng import stream_layout, stream_warnings
 from gptrain.train import builders as b
 from gptrain.train.batches import GPTBatchDataset, build_loader, loader_worker_died, raise_if_a_worker_died
+from gptrain.train.data_order import order_record, order_warning
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
 from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
@@ -93,6 +95,8 @@ class Session:
     state: TrainState = field(default_factory=TrainState)
     step_fn: Callable[[list[Batch]], StepResult] | None = None
     watchdog: Watchdog = field(default_factory=lambda: Watchdog(0, 1, 0.0))  # disabled unless given
+    train_split: Sequence[Any] | None = None
+    """The train split's samples, in order (gptrain.train.data_order: its next samples are saved)."""
 
     def __post_init__(self) -> None:
         if self.step_fn is None:
@@ -192,6 +196,7 @@ def train(cfg: TrainingConfig) -> int:
         set_throughput_reference(session, model_config)
         watch_checkpoint_saves(session)
         train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer, world.local_rank)
+        session.train_split = getattr(train_data, "samples", None)
         log_start(session, model_config, log_dir)
         resume(session, source)
         if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
@@ -297,9 +302,22 @@ def resume(s: Session, source: Path | None = None) -> None:
     path, extra = loaded
     log_load_notes(s)
     restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log)
+    warn_if_the_order_changed(s, extra)
     if "optim" not in sections:
         s.log(f"{path} holds model weights only (an import): optimizer, LR schedule and counters start fresh")
     s.log(f"resuming from {path} at iteration {s.state.step}, consumed samples {s.state.consumed_samples}")
+
+
+def warn_if_the_order_changed(s: Session, extra: dict) -> None:
+    """One warning when the train split's order is not the one the checkpoint's run was reading
+    (a larger trainer.max_steps that shuffled it anew, as Megatron does): gptrain.train.data_order."""
+    if s.train_split is None or not s.logging_rank:
+        return
+    t = s.cfg.trainer
+    saved = extra.get("train_order")
+    warning = order_warning(saved, s.train_split, s.state.consumed_samples, t.max_steps, t.train_samples)
+    if warning is not None:
+        s.log(warning)
 
 
 def start_from(s: Session, source: Path) -> None:
@@ -395,7 +413,13 @@ def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
     """`waited_for`: the run waits for this save at once, with nothing to do beside its write
     (CheckpointManager.save)."""
     state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
-    path = s.checkpoints.save(s.state.step, state, rank_state(stream_layout(s.cfg, s.world)), waited_for)
+    extra = rank_state(stream_layout(s.cfg, s.world))
+    if s.train_split is not None:  # the next samples, to tell a changed order at resume
+        t = s.cfg.trainer
+        extra["train_order"] = order_record(
+            s.train_split, s.state.consumed_samples, t.max_steps, t.train_samples
+        )
+    path = s.checkpoints.save(s.state.step, state, extra, waited_for)
     if s.checkpoints.writing:
         s.log(f"saving checkpoint {path.name} in the background")
     return path

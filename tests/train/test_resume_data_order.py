@@ -1,0 +1,49 @@
+"""A resume with a larger trainer.max_steps may shuffle the train split anew (its shuffle spans the
+epochs the run asks for, as Megatron's): the run keeps that order rule and says so, once."""
+
+import numpy as np
+import pytest
+from train_e2e_helpers import log_lines, run_recording, tiny_config
+
+from gptrain.data.gpt_dataset import build_gpt_indices
+from gptrain.data.indexed import IndexedDataset
+from gptrain.data.splits import split_ranges
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+SEQ, BATCH, SEED = 16, 4, 1234
+
+
+def train_order(prefix: str, steps: int) -> np.ndarray:
+    """The train split's samples in order as (document index, sample index) pairs, from Megatron's
+    index arrays built here for `steps` x BATCH samples: the reference the warning must agree with."""
+    indexed = IndexedDataset(prefix)
+    start, stop = split_ranges("90,10,0", len(indexed.sequence_lengths))[0]
+    documents, samples, shuffle = build_gpt_indices(
+        indexed.sequence_lengths, range(start, stop), steps * BATCH, SEQ, SEED
+    )
+    return np.stack([samples[shuffle][:, 0], documents[samples[shuffle][:, 0]]], axis=1)
+
+
+@pytest.mark.parametrize("longer, reshuffled", [(6, False), (40, True)])
+def test_a_resume_that_reshuffles_the_train_split_says_so(
+    tmp_path, monkeypatch, word_corpus, indexed_corpus, longer, reshuffled
+):
+    """4 steps of 4 samples fit in one epoch of the ~100-sample split; 6 steps still do, 40 need two
+    epochs, shuffled together anew."""
+    prefix, _ = word_corpus
+    before, after = train_order(prefix, 4), train_order(prefix, longer)
+    assert (not np.array_equal(before[16:20], after[16:20])) == reshuffled  # the reference
+    log_dir = tmp_path / "run"
+    shape = [*indexed_corpus, f"model.seed={SEED}", "trainer.val_check_interval=1000"]
+    assert run_recording(monkeypatch, tiny_config(log_dir, *shape, "trainer.max_steps=4"))[0] == 0
+    code, losses = run_recording(monkeypatch, tiny_config(log_dir, *shape, f"trainer.max_steps={longer}"))
+    assert code == 0 and min(losses) == 5
+    warnings = [line for line in log_lines(log_dir) if "are not the ones the checkpoint's run" in line]
+    if not reshuffled:
+        assert warnings == []
+        return
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("warning: the train samples from 16 on are not the ones")
+    assert f"trainer.max_steps 4 -> {longer}" in warnings[0]
+    assert "give a run its final trainer.max_steps (or train_samples) from the start" in warnings[0]
