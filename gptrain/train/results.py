@@ -141,11 +141,14 @@ class Scalars:
     def __init__(self, log_dir: Path, enabled: bool) -> None:
         self._writer: Any = None
         self._wandb: Any = None  # a gptrain.train.wandb_logger.WandbRun
+        self._open: Callable[[], Any] | None = None
+        self._log_dir = log_dir
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
             quiet_tensorboard_writer_threads()
-            self._writer = SummaryWriter(log_dir=str(log_dir))
+            # at the first value: a run that fails before it has one leaves no events file without events
+            self._open = lambda: SummaryWriter(log_dir=str(log_dir))
 
     def send_to_wandb(self, run: Any) -> None:
         """From now on, every value also goes to this W&B run (closed with the writer)."""
@@ -173,6 +176,12 @@ class Scalars:
     def _write(self, action: Callable[[Any], object]) -> None:
         """An event written, or, where the file system refuses it (its writer thread failed on a
         full disk), TensorBoard given up for the rest of the run, said once: the run goes on."""
+        if self._writer is None and self._open is not None:
+            opener, self._open = self._open, None
+            try:
+                self._writer = opener()
+            except OSError as error:
+                warn_unwritable(self._log_dir, error, "no TensorBoard events in this run")
         if self._writer is None:
             return
         try:
@@ -184,6 +193,7 @@ class Scalars:
                 writer.close()
 
     def close(self) -> None:
+        self._open = None  # nothing written: no file
         self._write(lambda writer: writer.flush())
         if self._writer is not None:
             with contextlib.suppress(OSError):

@@ -19,6 +19,7 @@ directory (never deleted).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -131,12 +132,20 @@ class RunLock:
     holder: Holder | None = None
     notes: list[str] = field(default_factory=list)  # lines for the run's log
     handle: IO[str] | None = None
+    made: list[Path] = field(default_factory=list)
+    """Directories this run created beside the lock (checkpoints/): removed at its end while empty."""
 
     def log_notes(self, log: Callable[[str], None]) -> None:
         for note in self.notes:
             log(f"gptrain: {note}")
 
     def release(self) -> None:
+        """Give the lock back, and remove the directories the run made and left empty (a run that
+        failed before its first save left an empty checkpoints/ behind)."""
+        for directory in self.made:
+            with contextlib.suppress(OSError):  # not empty (a checkpoint, a user's file): kept
+                directory.rmdir()
+        self.made = []
         if self.path is not None and read_holder(self.path) == self.holder:
             self.path.unlink(missing_ok=True)
         self.path = None
@@ -376,7 +385,7 @@ def claim_run_directory(
                 note = check_fresh_start(log_dir, move_aside)
                 lock.notes += [note] if note else []
             if saves:
-                check_writable(log_dir / "checkpoints")
+                lock.made += check_writable(log_dir / "checkpoints")
         except GptrainError as failure:
             lock.release()
             error = failure
@@ -393,19 +402,25 @@ def claim_run_directory(
     return lock
 
 
-def check_writable(directory: Path) -> None:
+def check_writable(directory: Path) -> list[Path]:
     """Make `directory` and a file in it, removed at once: a read-only checkpoint directory was
-    found at the first save, hours into the run. (A quota that fills later is not found here.)"""
+    found at the first save, hours into the run. (A quota that fills later is not found here.)
+    Returns [directory] when this made it, for `RunLock.release` to remove if the run leaves it empty."""
+    made = [] if directory.exists() else [directory]
     directory.mkdir(parents=True, exist_ok=True)
     probe = directory / f".gptrain-write-check.{os.getpid()}"
     try:
         probe.write_bytes(b"")
     except OSError as failure:
+        for unused in made:
+            with contextlib.suppress(OSError):
+                unused.rmdir()
         raise ConfigError(
             f"{directory}: checkpoints cannot be written there ({os_error_text(failure, directory)}); "
             "fix its permissions, or give the run another exp_manager.explicit_log_dir"
         ) from None
     probe.unlink(missing_ok=True)
+    return made
 
 
 def shared_error(error: GptrainError | None) -> GptrainError | None:
