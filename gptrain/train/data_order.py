@@ -32,31 +32,34 @@ def next_samples(samples: Sequence[Any], consumed: int, count: int = PROBE_SAMPL
     return digest.hexdigest()
 
 
-def order_record(samples: Sequence[Any], consumed: int, max_steps: int, train_samples: int | None) -> dict:
-    """What a checkpoint keeps to tell a changed order at resume: the next samples' digest and what
-    sized the split."""
+SIZING_KEYS = ("max_steps", "train_samples", "val_check_interval", "limit_val_batches")
+"""The trainer keys the split sizes follow (Megatron's formula: gptrain.data.builder.sample_counts)."""
+
+
+def order_record(train: Sequence[Any], valid: Sequence[Any] | None, consumed: int, trainer: Any) -> dict:
+    """What a checkpoint keeps to tell a changed order at resume: digests of the train samples the
+    run reads next and of the first validation samples (validation reads the same first batches
+    every time), and the keys that sized the splits."""
     return {
         "consumed": consumed,
-        "next": next_samples(samples, consumed),
-        "max_steps": max_steps,
-        "train_samples": train_samples,
+        "next": next_samples(train, consumed),
+        "valid": next_samples(valid, 0) if valid is not None else None,
+        **{key: getattr(trainer, key) for key in SIZING_KEYS},
     }
 
 
-def order_warning(
-    saved: dict | None, samples: Sequence[Any], consumed: int, max_steps: int, train_samples: int | None
-) -> str | None:
-    """The warning line when the samples from `consumed` on are not the ones the saved run would have
-    read next; None when they are, or when the checkpoint cannot tell (saved before this record, at
-    the end of its split, or at another position)."""
-    if not isinstance(saved, dict) or saved.get("consumed") != consumed or saved.get("next") is None:
-        return None
-    if next_samples(samples, consumed) == saved["next"]:
-        return None
+def order_warnings(
+    saved: dict | None, train: Sequence[Any], valid: Sequence[Any] | None, consumed: int, trainer: Any
+) -> list[str]:
+    """A warning line for each split whose samples are not the ones the saved run had (the train
+    samples from `consumed` on, the validation samples); none where they are the same, or where the
+    checkpoint cannot tell (saved before this record, at the end of its split)."""
+    if not isinstance(saved, dict):
+        return []
     changed = [
-        f"trainer.{key} {saved.get(key)} -> {now}"
-        for key, now in (("max_steps", max_steps), ("train_samples", train_samples))
-        if saved.get(key) != now
+        f"trainer.{key} {saved.get(key)} -> {getattr(trainer, key)}"
+        for key in SIZING_KEYS
+        if key in saved and saved[key] != getattr(trainer, key)
     ]
     if changed:
         cause = ", ".join(changed)
@@ -64,9 +67,23 @@ def order_warning(
     else:
         cause = "the data settings changed (data_prefix, splits_string, seq_length or seed)"
         remedy = "resume with the data settings the run had to keep its order"
-    return (
-        f"warning: the train samples from {consumed} on are not the ones the checkpoint's run would "
-        f"have read next: {cause}, and the train split's shuffle, which spans the epochs a run asks for "
-        "(as Megatron's), came out in a new order; training goes on in it, so samples already trained "
-        f"on may come again and others be left out this epoch; {remedy}"
-    )
+    warnings = []
+    if saved.get("consumed") == consumed and _differs(saved.get("next"), train, consumed):
+        warnings.append(
+            f"warning: the train samples from {consumed} on are not the ones the checkpoint's run would "
+            f"have read next: {cause}, and the train split's shuffle, which spans the epochs a run asks for "
+            "(as Megatron's), came out in a new order; training goes on in it, so samples already trained "
+            f"on may come again and others be left out this epoch; {remedy}"
+        )
+    if valid is not None and _differs(saved.get("valid"), valid, 0):
+        warnings.append(
+            f"warning: validation now evaluates other samples than the checkpoint's run did: {cause}, and "
+            "the validation split's shuffle, which spans the epochs of every validation a run asks for (as "
+            "Megatron's), came out in a new order; validation losses before and after this resume are not "
+            f"comparable; {remedy}"
+        )
+    return warnings
+
+
+def _differs(saved: str | None, samples: Sequence[Any], start: int) -> bool:
+    return saved is not None and next_samples(samples, start) != saved

@@ -38,7 +38,7 @@ from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_
 from gptrain.parallel.rng import stream_layout, stream_warnings
 from gptrain.train import builders as b
 from gptrain.train.batches import GPTBatchDataset, build_loader, loader_worker_died, raise_if_a_worker_died
-from gptrain.train.data_order import order_record, order_warning
+from gptrain.train.data_order import order_record, order_warnings
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
 from gptrain.train.logline import format_validation_lines
 from gptrain.train.loss_scale import LossScaler
@@ -97,6 +97,8 @@ class Session:
     watchdog: Watchdog = field(default_factory=lambda: Watchdog(0, 1, 0.0))  # disabled unless given
     train_split: Sequence[Any] | None = None
     """The train split's samples, in order (gptrain.train.data_order: its next samples are saved)."""
+    valid_split: Sequence[Any] | None = None
+    """The validation split's samples, in order (its first ones are saved, as train_split's next)."""
 
     def __post_init__(self) -> None:
         if self.step_fn is None:
@@ -197,6 +199,7 @@ def train(cfg: TrainingConfig) -> int:
         watch_checkpoint_saves(session)
         train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer, world.local_rank)
         session.train_split = getattr(train_data, "samples", None)
+        session.valid_split = getattr(valid_data, "samples", None)
         log_start(session, model_config, log_dir)
         resume(session, source)
         if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
@@ -309,14 +312,14 @@ def resume(s: Session, source: Path | None = None) -> None:
 
 
 def warn_if_the_order_changed(s: Session, extra: dict) -> None:
-    """One warning when the train split's order is not the one the checkpoint's run was reading
-    (a larger trainer.max_steps that shuffled it anew, as Megatron does): gptrain.train.data_order."""
+    """A warning for each split whose order is not the one the checkpoint's run had (a larger
+    trainer.max_steps that shuffled it anew, as Megatron does): gptrain.train.data_order."""
     if s.train_split is None or not s.logging_rank:
         return
-    t = s.cfg.trainer
     saved = extra.get("train_order")
-    warning = order_warning(saved, s.train_split, s.state.consumed_samples, t.max_steps, t.train_samples)
-    if warning is not None:
+    for warning in order_warnings(
+        saved, s.train_split, s.valid_split, s.state.consumed_samples, s.cfg.trainer
+    ):
         s.log(warning)
 
 
@@ -415,10 +418,9 @@ def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
     state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
     extra = rank_state(stream_layout(s.cfg, s.world))
     if s.train_split is not None:  # the next samples, to tell a changed order at resume
-        t = s.cfg.trainer
-        extra["train_order"] = order_record(
-            s.train_split, s.state.consumed_samples, t.max_steps, t.train_samples
-        )
+        consumed = s.state.consumed_samples
+        extra["train_order"] = order_record(s.train_split, s.valid_split, consumed, s.cfg.trainer)
+
     path = s.checkpoints.save(s.state.step, state, extra, waited_for)
     if s.checkpoints.writing:
         s.log(f"saving checkpoint {path.name} in the background")

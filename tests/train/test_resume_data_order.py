@@ -47,3 +47,45 @@ def test_a_resume_that_reshuffles_the_train_split_says_so(
     assert warnings[0].startswith("warning: the train samples from 16 on are not the ones")
     assert f"trainer.max_steps 4 -> {longer}" in warnings[0]
     assert "give a run its final trainer.max_steps (or train_samples) from the start" in warnings[0]
+
+
+def test_a_resume_that_reshuffles_the_validation_split_says_so(
+    tmp_path, monkeypatch, word_corpus, indexed_corpus
+):
+    """Validation reads the first batches of its split every time, but the split is sized for every
+    validation of the run (Megatron's formula): 6 steps validating 1 batch every 3 ask for 12 samples
+    of the ~13-sample split, 12 steps for 20, two epochs shuffled anew. The train split (24 or 48 of
+    ~100 samples) keeps its order."""
+    from gptrain.data.builder import sample_counts
+
+    prefix, _ = word_corpus
+    indexed = IndexedDataset(prefix)
+    start, stop = split_ranges("90,10,0", len(indexed.sequence_lengths))[1]
+
+    def first_validation_samples(steps):
+        valid = sample_counts(steps, BATCH, 3, 1)[1]
+        documents, samples, shuffle = build_gpt_indices(
+            indexed.sequence_lengths, range(start, stop), valid, SEQ, SEED
+        )
+        return samples[shuffle[:BATCH], 0], documents[samples[shuffle[:BATCH], 0]]
+
+    assert not all(
+        np.array_equal(a, b)
+        for a, b in zip(first_validation_samples(6), first_validation_samples(12), strict=True)
+    )
+    assert np.array_equal(train_order(prefix, 6)[24:28], train_order(prefix, 12)[24:28])
+    log_dir = tmp_path / "run"
+    shape = [*indexed_corpus, f"model.seed={SEED}", "trainer.val_check_interval=3"]
+    assert run_recording(monkeypatch, tiny_config(log_dir, *shape, "trainer.max_steps=6"))[0] == 0
+    code, losses = run_recording(monkeypatch, tiny_config(log_dir, *shape, "trainer.max_steps=12"))
+    assert code == 0 and min(losses) == 7
+    warnings = [
+        line
+        for line in log_lines(log_dir)
+        if "not the ones the checkpoint's run" in line or "other samples" in line
+    ]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(
+        "warning: validation now evaluates other samples than the checkpoint's run did: "
+    )
+    assert "trainer.max_steps 6 -> 12" in warnings[0] and "are not comparable" in warnings[0]
