@@ -49,8 +49,7 @@ class StepTimes:
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
         path = None
         if world_size > 1:
-            path = log_dir / STEP_TIMES_DIR / f"rank-{rank}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path = log_dir / STEP_TIMES_DIR / f"rank-{rank}.jsonl"  # made at the first line (append)
         return cls(path, rank, node, world_size)
 
     def timed_sync(self, step: int, logged: bool, sync: Callable[[], T]) -> T:
@@ -76,6 +75,8 @@ class StepTimes:
         on this rank alone, far from its next checkpoint."""
         assert self.path is not None
         try:
+            if self.size == 0:  # not at open: a run that fails in its first step leaves no empty folder
+                self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.size >= self.rotate_bytes:
                 os.replace(self.path, self.path.with_name(self.path.name + ".1"))
             with open(self.path, "a") as handle:

@@ -63,3 +63,16 @@ def test_folders_the_run_did_not_make_or_that_hold_files_stay(tmp_path, monkeypa
     assert sorted(p.name for p in (saved / "checkpoints").iterdir()) == ["latest", "step_2"]
     assert any(p.name.startswith("events.out.tfevents.") for p in saved.iterdir())
     assert run_recording(monkeypatch, tiny_config(saved, *MOCK, "trainer.val_check_interval=1000"))[0] == 0
+
+
+def test_the_step_times_folder_of_a_multi_rank_run_is_made_at_its_first_line(tmp_path):
+    """Each rank of a multi-rank run opens its step-times file as the loop starts; the folder made
+    then stayed empty after a run that failed in its first step."""
+    from gptrain.train.step_times import StepTimes
+
+    times = StepTimes.open(tmp_path, rank=1, world_size=2)
+    assert list(tmp_path.iterdir()) == []
+    assert times.timed_sync(1, False, lambda: None) is None  # an iteration without a log line: nothing
+    assert list(tmp_path.iterdir()) == []
+    times.timed_sync(2, True, lambda: None)
+    assert [p.name for p in (tmp_path / "step_times").iterdir()] == ["rank-1.jsonl"]
