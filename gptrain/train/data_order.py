@@ -18,17 +18,23 @@ from typing import Any
 
 import numpy as np
 
+from gptrain.errors import GptrainError
+
 PROBE_SAMPLES = 4
 """Samples compared: a new shuffle leaves four given samples in place with negligible chance."""
 
 
 def next_samples(samples: Sequence[Any], consumed: int, count: int = PROBE_SAMPLES) -> str | None:
-    """sha256 of the tokens of samples[consumed:consumed + count]; None when the split has fewer."""
+    """sha256 of the tokens of samples[consumed:consumed + count]; None when the split has fewer, or
+    they cannot be read (a save must not fail for samples the run may never read)."""
     if consumed + count > len(samples):
         return None
     digest = hashlib.sha256()
-    for index in range(consumed, consumed + count):
-        digest.update(np.ascontiguousarray(samples[index], dtype=np.int64).tobytes())
+    try:
+        for index in range(consumed, consumed + count):
+            digest.update(np.ascontiguousarray(samples[index], dtype=np.int64).tobytes())
+    except (OSError, GptrainError):  # the run reports a bad sample when it reads it
+        return None
     return digest.hexdigest()
 
 

@@ -89,3 +89,25 @@ def test_a_resume_that_reshuffles_the_validation_split_says_so(
         "warning: validation now evaluates other samples than the checkpoint's run did: "
     )
     assert "trainer.max_steps 6 -> 12" in warnings[0] and "are not comparable" in warnings[0]
+
+
+def test_samples_that_cannot_be_read_leave_the_record_out_and_never_fail_a_save():
+    """The digest reads samples the run may never train on (those after its last save): a read
+    error there (a bad sector, a DataError of a damaged sample) must not fail the checkpoint."""
+    from types import SimpleNamespace
+
+    from gptrain.errors import DataError
+    from gptrain.train.data_order import next_samples, order_record
+
+    class Unreadable(list):
+        def __init__(self, error):
+            super().__init__(range(8))
+            self.error = error
+
+        def __getitem__(self, index):
+            raise self.error
+
+    trainer = SimpleNamespace(max_steps=2, train_samples=None, val_check_interval=1, limit_val_batches=1)
+    for error in (OSError(5, "Input/output error"), DataError("sample 3 is damaged")):
+        assert next_samples(Unreadable(error), 2) is None
+        assert order_record(Unreadable(error), None, 2, trainer)["next"] is None
