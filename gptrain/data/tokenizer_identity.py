@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptrain.data.tokenizers import HFTokenizer, TiktokenTokenizer, bytes_to_unicode
+from gptrain.errors import GptrainError
 
 PROBE = (
     "Hello, World! It's 2026: naïve café, Ünïcödé, 日本語のテキスト, Ελληνικά, emoji 🙂👍.\n\n"
@@ -80,10 +81,18 @@ def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
         "type": kind,
         "source": source,
         "vocab_size": len(table),
-        "eod": int(tokenizer.eod),
+        "eod": _eod(tokenizer),
         "tokens": _digest(table),
         "encodes": _digest([int(i) for i in tokenizer.encode(PROBE)]),
     }
+
+
+def _eod(tokenizer: Any) -> int | None:
+    """The end-of-document id; None for a tokenizer.json without one (a run that needs it says so)."""
+    try:
+        return int(tokenizer.eod)
+    except GptrainError:
+        return None
 
 
 def compare(saved: dict[str, Any], live: dict[str, Any], live_table: list[str | None]) -> Verdict:

@@ -257,3 +257,14 @@ def test_gpt2_variants_are_told_apart(tmp_path):
     reordered.write_text("\n".join([*lines[:first], *reversed([line for line in lines[first:] if line])]))
     late = verdict(vocab, str(reordered))
     assert late.kind == "different" and "encodes text otherwise" in late.detail
+
+
+def test_a_tokenizer_without_an_end_of_document_token_is_recorded(tmp_path):
+    """A tokenizer.json with none of the usual end-of-document tokens (and no tokenizer_config.json):
+    its record is taken all the same (eval, generate and export of such a run must not fail on it)."""
+    vocab = {f"w{i}": i for i in range(WORDS)}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    saved = record(load_huggingface(str(tmp_path / "tokenizer.json")), "HuggingFaceTokenizer", "x")
+    assert saved["eod"] is None and saved["vocab_size"] == WORDS
