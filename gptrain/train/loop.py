@@ -313,8 +313,9 @@ def resume(s: Session, source: Path | None = None) -> None:
 
 def warn_if_the_order_changed(s: Session, extra: dict) -> None:
     """A warning for each split whose order is not the one the checkpoint's run had (a larger
-    trainer.max_steps that shuffled it anew, as Megatron does): gptrain.train.data_order."""
-    if s.train_split is None or not s.logging_rank:
+    trainer.max_steps that shuffled it anew, as Megatron does): gptrain.train.data_order. Said by
+    rank 0 (whose rank file every checkpoint has) and by the logging rank (the console's)."""
+    if s.train_split is None or not (s.logging_rank or s.world.rank == 0):
         return
     saved = extra.get("train_order")
     for warning in order_warnings(

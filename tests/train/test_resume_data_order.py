@@ -111,3 +111,31 @@ def test_samples_that_cannot_be_read_leave_the_record_out_and_never_fail_a_save(
     for error in (OSError(5, "Input/output error"), DataError("sample 3 is damaged")):
         assert next_samples(Unreadable(error), 2) is None
         assert order_record(Unreadable(error), None, 2, trainer)["next"] is None
+
+
+def test_rank_0_says_it_when_the_logging_rank_is_another():
+    """Under pipeline parallelism the logging rank is the last stage's, which has no rank file of a
+    checkpoint saved by a smaller world: rank 0's file always exists, and rank 0 says it too."""
+    from types import SimpleNamespace
+
+    from gptrain.train.data_order import order_record
+    from gptrain.train.loop import warn_if_the_order_changed
+
+    trainer = SimpleNamespace(max_steps=4, train_samples=None, val_check_interval=1000, limit_val_batches=1)
+    before = [np.full(SEQ + 1, i) for i in range(32)]
+    saved = order_record(before, None, 8, trainer)
+    lines: list[str] = []
+    session = SimpleNamespace(
+        train_split=before[::-1],  # another order
+        valid_split=None,
+        logging_rank=False,
+        world=SimpleNamespace(rank=0),
+        state=SimpleNamespace(consumed_samples=8),
+        cfg=SimpleNamespace(trainer=SimpleNamespace(**{**vars(trainer), "max_steps": 8})),
+        log=lines.append,
+    )
+    warn_if_the_order_changed(session, {"train_order": saved})
+    assert len(lines) == 1 and "trainer.max_steps 4 -> 8" in lines[0]
+    session.world.rank = 1  # neither rank 0 nor the logging rank: silent
+    warn_if_the_order_changed(session, {"train_order": saved})
+    assert len(lines) == 1
