@@ -33,6 +33,7 @@ from gptrain.checkpoint.integrity import (
 )
 from gptrain.checkpoint.reader import check_fits, root_cause
 from gptrain.errors import DataError
+from gptrain.utils.rank import is_rank_zero
 
 HPARAMS = "hparams.yaml"
 CHECKPOINTS = "checkpoints"
@@ -192,7 +193,7 @@ def check_run_tokenizer(cfg: Any, tokenizer: Any | None, step_dir: Path, hparams
     )
     if error is not None:
         raise DataError(error)
-    if note is not None:
+    if note is not None and is_rank_zero():  # `gptrain eval` under torchrun: once, not once a rank
         print(f"gptrain: warning: {note}", file=sys.stderr)
 
 

@@ -268,3 +268,20 @@ def test_a_tokenizer_without_an_end_of_document_token_is_recorded(tmp_path):
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     saved = record(load_huggingface(str(tmp_path / "tokenizer.json")), "HuggingFaceTokenizer", "x")
     assert saved["eod"] is None and saved["vocab_size"] == WORDS
+
+
+def test_eval_of_a_run_whose_tokenizer_grew_warns_once_per_job(run, monkeypatch, capsys):
+    """The new ids were never trained: a warning, on rank 0 only (eval runs under torchrun)."""
+    from gptrain.trained.load import open_run
+
+    log_dir, overrides = run
+    tokenizer_file = next(o.split("=", 1)[1] for o in overrides if o.startswith("model.tokenizer.model="))
+    word_tokenizer(Path(tokenizer_file), [*ORIGINAL, "new"])
+    monkeypatch.setenv("RANK", "1")
+    open_run(log_dir)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    open_run(log_dir)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("gptrain: warning: the model.tokenizer of ")
+    assert "extends the tokenizer" in err[0] and "ids 61-61 added" in err[0]
