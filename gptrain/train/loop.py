@@ -455,12 +455,26 @@ def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:
             raise_if_a_worker_died(error, it)
             raise
         if len(batch) < count:
-            raise DataError(
-                f"the train split ran out of samples at iteration {iteration} (after {consumed} "
-                "consumed samples): add data or lower trainer.max_steps"
-            )
+            raise DataError(ran_out_of_samples(s.cfg, iteration, consumed))
         consumed += count * per_micro_step
         yield batch
+
+
+def ran_out_of_samples(cfg: TrainingConfig, iteration: int, consumed: int) -> str:
+    """What to do when the train split ends before trainer.max_steps. The split is sized, as Megatron
+    sizes it, for max_steps x global batch: a run resumed with a smaller global batch than it began
+    with has consumed more by now than that allots, and needs trainer.train_samples, not more data."""
+    gbs, max_steps = cfg.model.global_batch_size, cfg.trainer.max_steps
+    text = f"the train split ran out of samples at iteration {iteration} (after {consumed} consumed samples)"
+    if consumed <= (iteration - 1) * gbs:
+        return f"{text}: add data or lower trainer.max_steps"
+    needed = consumed + (max_steps - iteration + 1) * gbs
+    return (
+        f"{text}: earlier iterations ran a larger global batch than model.global_batch_size={gbs} (a resume "
+        f"with a smaller one), while the split is sized for trainer.max_steps x global batch, as Megatron "
+        f"sizes it; set trainer.train_samples={needed} (those consumed plus {max_steps - iteration + 1} "
+        f"iterations of {gbs}) to build it for what the run reads"
+    )
 
 
 def run(

@@ -241,9 +241,11 @@ def test_running_out_of_training_samples_names_the_iteration_left_without_them()
 
     from gptrain.errors import DataError
 
-    model = SimpleNamespace(micro_batch_size=2, seed=0, data=SimpleNamespace(num_workers=0))
+    model = SimpleNamespace(
+        micro_batch_size=2, global_batch_size=4, seed=0, data=SimpleNamespace(num_workers=0)
+    )
     s = SimpleNamespace(
-        cfg=SimpleNamespace(model=model),
+        cfg=SimpleNamespace(model=model, trainer=SimpleNamespace(max_steps=5)),
         state=SimpleNamespace(step=3, consumed_samples=4),
         dp_rank=0,
         dp_size=1,
