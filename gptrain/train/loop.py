@@ -33,7 +33,7 @@ from gptrain.checkpoint.integrity import complete_steps
 from gptrain.checkpoint.manager import CheckpointManager, SaveReport
 from gptrain.checkpoint.reader import saved_sections
 from gptrain.config import TrainingConfig
-from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError, find_out_of_memory
+from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError, error_text, find_out_of_memory
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
 from gptrain.parallel.rng import stream_layout, stream_warnings
 from gptrain.train import builders as b
@@ -213,12 +213,18 @@ def train(cfg: TrainingConfig) -> int:
         failed = False
         return code
     except Exception as error:  # out of memory: one line with the plan's figures, not CUDA's traceback
+        final = error
         if (died := loader_worker_died(error)) is not None:
-            raise died from None
-        oom = find_out_of_memory(error)  # also wrapped, as pipeline schedules re-raise a stage's error
-        if not isinstance(oom, torch.OutOfMemoryError) or isinstance(error, GptrainError):
+            final = died
+        elif isinstance(oom := find_out_of_memory(error), torch.OutOfMemoryError) and not isinstance(
+            error, GptrainError
+        ):  # also wrapped, as pipeline schedules re-raise a stage's error
+            final = out_of_memory(cfg, vocab, world.rank, device_bytes, oom, world.world_size)
+        if isinstance(final, GptrainError):  # the run's log says why it ended, as the console does
+            log.to_file(f"gptrain: error: {error_text(final)}")
+        if final is error:
             raise
-        raise out_of_memory(cfg, vocab, world.rank, device_bytes, oom, world.world_size) from None
+        raise final from None
     finally:
         watchdog.close()
         if failed and session is not None:

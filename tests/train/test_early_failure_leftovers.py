@@ -26,6 +26,8 @@ def test_a_config_error_found_after_the_results_directory_is_made_leaves_no_empt
     with pytest.raises(ConfigError, match="model.tokenizer.vocab_file: .* not found"):
         loop.train(tiny_config(log_dir, *missing_tokenizer(tmp_path)))
     assert sorted(p.name for p in log_dir.iterdir()) == [LOG]
+    lines = (log_dir / LOG).read_text().splitlines()  # the log says why the run ended, as the console does
+    assert len(lines) == 1 and lines[0].startswith("gptrain: error: model.tokenizer.vocab_file: ")
 
 
 def test_a_crash_in_the_first_step_leaves_no_empty_folders(tmp_path, monkeypatch):
