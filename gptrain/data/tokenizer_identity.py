@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gptrain.data.tokenizers import HFTokenizer, TiktokenTokenizer, bytes_to_unicode
+from gptrain.data.tokenizers import HFTokenizer, SentencePieceTokenizer, TiktokenTokenizer, bytes_to_unicode
 from gptrain.errors import GptrainError
 
 PROBE = (
@@ -53,7 +53,16 @@ def token_table(tokenizer: Any) -> list[str | None]:
     if isinstance(tokenizer, TiktokenTokenizer):
         alphabet = bytes_to_unicode()
         return [_spelled(_token_bytes(tokenizer, i), alphabet) for i in range(tokenizer.vocab_size)]
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        return [_piece(tokenizer, i) for i in range(tokenizer.vocab_size)]
     raise TypeError(f"no token table for {type(tokenizer).__name__}")
+
+
+def _piece(tokenizer: SentencePieceTokenizer, index: int) -> str | None:
+    """The model's piece, or the special token Megatron's SentencePieceTokenizer added at that id."""
+    if index in tokenizer._names:
+        return tokenizer._names[index]
+    return tokenizer.processor.id_to_piece(index) if index < tokenizer.processor.get_piece_size() else None
 
 
 def _token_bytes(tokenizer: TiktokenTokenizer, index: int) -> bytes | None:

@@ -108,3 +108,27 @@ def write_documents(sentencepiece_sentences):
         return str(directory / "sp_text_document")
 
     return write
+
+
+def test_the_tokenizer_record_tells_sentencepiece_models_and_types_apart(
+    sp_model, train_sentencepiece, tmp_path
+):
+    """A checkpoint's tokenizer record had no token table for a SentencePiece model, so eval,
+    generate and resume of such a run stopped with a TypeError; another model, or the same model
+    under a wrapper that encodes otherwise (Llama2Tokenizer's bos), must not pass as the same."""
+    from gptrain.data.tokenizer_identity import compare, record, token_table
+    from gptrain.train.builders import build_tokenizer
+
+    def built(model: str, kind: str):
+        overrides = [*MOCK, f"model.tokenizer.type={kind}", f"model.tokenizer.model={model}"]
+        tokenizer = build_tokenizer(load_training_config("gpt3/126m", overrides, report_ignored=False))
+        return record(tokenizer, kind, model), token_table(tokenizer)
+
+    saved, table = built(sp_model, "GPTSentencePieceTokenizer")
+    assert table[:3] == ["<unk>", "<s>", "</s>"] and len(table) == 250
+    assert compare(saved, *built(sp_model, "GPTSentencePieceTokenizer")).kind == "same"
+    assert compare(saved, *built(sp_model, "Llama2Tokenizer")).kind == "different"  # bos first
+    other = train_sentencepiece(tmp_path / "other", vocab_size=200)
+    assert compare(saved, *built(other, "GPTSentencePieceTokenizer")).kind == "different"
+    _, megatron_table = built(sp_model, "SentencePieceTokenizer")  # <CLS> ... added past the pieces
+    assert megatron_table[250:] == ["<CLS>", "<SEP>", "<EOD>", "<MASK>", "<PAD>"]
