@@ -212,9 +212,12 @@ def discard_torn(path: Path) -> bool:
     creating and writing it) and no process holds its flock; False when it may be live, or when the
     file system cannot tell (no flock), where the content rules and their one-line refusal apply."""
     try:  # called a second after it was found unreadable: a live writer fills it within microseconds
-        handle = open(path)  # noqa: SIM115 (held across the checks below)
+        # for writing: over NFS flock is a POSIX lock, and an exclusive one needs a file open for writing
+        handle = open(path, "r+")  # noqa: SIM115 (held across the checks below)
     except FileNotFoundError:
         return True  # gone meanwhile: create it again
+    except OSError:
+        return False  # not ours to write (another user's run): the content rules and their refusal apply
     with handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

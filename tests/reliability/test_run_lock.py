@@ -418,3 +418,26 @@ def test_a_torn_takeover_marker_whose_writer_is_gone_is_removed(tmp_path):
     killed_while_creating(takeover_marker(tmp_path / LOCK_NAME, stale))
     assert "no longer runs" in acquire(tmp_path, holder(since="late")).notes[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]
+
+
+def test_a_torn_lock_is_removed_where_flock_is_nfs_posix_locking(tmp_path, monkeypatch):
+    """Over NFS, Linux's flock is a POSIX lock: an exclusive one needs a file open for writing
+    (flock(2)), so the torn-lock check, which opened the file read-only, was refused there (EBADF)
+    and the torn lock refused every run, on the shared file systems run directories live on."""
+    import errno
+    import fcntl
+
+    from gptrain.train import run_lock
+
+    real = fcntl.flock
+
+    def nfs_flock(fd: int, operation: int) -> None:
+        if operation & fcntl.LOCK_EX and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real(fd, operation)
+
+    monkeypatch.setattr(run_lock.fcntl, "flock", nfs_flock)
+    killed_while_creating(tmp_path / LOCK_NAME)
+    lock = acquire(tmp_path)
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.release()
