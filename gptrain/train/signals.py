@@ -19,6 +19,8 @@ from typing import Any
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # Stop signals that came before the run's StopRequest was installed (see early_stops).
 _early: list[str] = []
+# The handlers early_stops replaced: what a StopRequest that found _remember installed gives back.
+_outer: dict[int, Any] = {}
 
 
 def _remember(signum: int, frame: FrameType | None) -> None:
@@ -37,10 +39,12 @@ def early_stops() -> Iterator[None]:
         yield
         return
     previous = {signum: signal.signal(signum, _remember) for signum in STOP_SIGNALS}
+    _outer.update(previous)
     try:
         yield
     finally:
         _early.clear()
+        _outer.clear()
         for signum, handler in previous.items():
             if signal.getsignal(signum) is _remember:
                 signal.signal(signum, handler)
@@ -75,6 +79,8 @@ class StopRequest:
         SIGTERMs the others. Under the default handler they would die of it during shutdown, and the
         step's status (143) would tell the batch script not to requeue a job that saved its state."""
         for signum, handler in self._previous.items():
+            if handler is _remember:  # early_stops' recorder: after the run a stop signal acts again
+                handler = _outer.get(signum, signal.SIG_DFL)
             signal.signal(signum, signal.SIG_IGN if keep_ignoring else handler)
         self._previous.clear()
 

@@ -72,6 +72,24 @@ def test_stop_request_flags_signals_and_restores_handlers():
     )
 
 
+def test_after_the_run_a_stop_signal_acts_as_before_the_command():
+    """Inside early_stops (the whole command), the run's StopRequest gave back early_stops' recorder
+    when it uninstalled, so through the run's last shutdown a SIGTERM (scancel, torchrun) was
+    recorded and dropped: a rank stuck waiting for its peers outlived it until SIGKILL."""
+    from gptrain.train.signals import early_stops
+
+    previous = signal.getsignal(signal.SIGTERM)
+    with early_stops():
+        stop = StopRequest().install()
+        stop.uninstall()
+        assert signal.getsignal(signal.SIGTERM) is previous  # not the recorder
+        stop = StopRequest().install()
+        stop.uninstall(keep_ignoring=True)  # a requeued run's shutdown ignores them, as before
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        signal.signal(signal.SIGTERM, previous)
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
 def test_preset_slot_holding_an_override_moves_back():
     assert split_preset("a.b=1", ["c=2"]) == (None, ["a.b=1", "c=2"])
     assert split_preset("gpt3/126m", ["c=2"]) == ("gpt3/126m", ["c=2"])
