@@ -157,17 +157,17 @@ class Scalars:
     def add(self, values: dict[str, float | None], step: int) -> None:
         if self._wandb is not None:
             self._wandb.log(values, step)
-        self._write(
-            lambda writer: [writer.add_scalar(t, v, step) for t, v in values.items() if v is not None]
-        )
+        given = {t: v for t, v in values.items() if v is not None}
+        if given:  # no values, no events file (the writer opens the file at its first event)
+            self._write(lambda writer: [writer.add_scalar(t, v, step) for t, v in given.items()])
 
     def add_vs_samples(self, values: dict[str, float | None], samples: int, step: int) -> None:
         """Series whose x axis is consumed samples (Megatron's `... vs samples`) at iteration `step`."""
         if self._wandb is not None:
             self._wandb.log_vs_samples(values, samples, step)
-        self._write(
-            lambda writer: [writer.add_scalar(t, v, samples) for t, v in values.items() if v is not None]
-        )
+        given = {t: v for t, v in values.items() if v is not None}
+        if given:
+            self._write(lambda writer: [writer.add_scalar(t, v, samples) for t, v in given.items()])
 
     def text(self, tag: str, text: str, step: int) -> None:
         """A warning people should see next to the curves (e.g. a damaged checkpoint skipped)."""

@@ -94,3 +94,17 @@ def test_tensorboards_own_writer_thread_failing_prints_no_traceback(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "no more TensorBoard events in this run" in lines[0], done.stderr
     assert "Is a directory" in lines[0]
+
+
+def test_values_that_are_all_none_open_no_events_file(tmp_path):
+    """A step whose values were all None (no validation yet, no loss scale) opened the writer, so a
+    run that failed after it left an events file without events."""
+    scalars = Scalars(tmp_path, enabled=True)
+    scalars.add({"val loss": None}, 1)
+    scalars.add_vs_samples({"val loss vs samples": None}, 8, 1)
+    scalars.close()
+    assert list(tmp_path.rglob("events.out.tfevents.*")) == []
+    scalars = Scalars(tmp_path, enabled=True)
+    scalars.add({"lm loss": 1.0, "val loss": None}, 1)
+    scalars.close()
+    assert len(list(tmp_path.rglob("events.out.tfevents.*"))) == 1

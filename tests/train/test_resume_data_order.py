@@ -108,7 +108,11 @@ def test_samples_that_cannot_be_read_leave_the_record_out_and_never_fail_a_save(
             raise self.error
 
     trainer = SimpleNamespace(max_steps=2, train_samples=None, val_check_interval=1, limit_val_batches=1)
-    for error in (OSError(5, "Input/output error"), DataError("sample 3 is damaged")):
+    for error in (
+        OSError(5, "Input/output error"),
+        DataError("sample 3 is damaged"),
+        ValueError("bad dtype"),
+    ):
         assert next_samples(Unreadable(error), 2) is None
         assert order_record(Unreadable(error), None, 2, trainer)["next"] is None
 
