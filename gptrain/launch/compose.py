@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
@@ -101,12 +101,14 @@ def _unresolved(error: Exception, overrides: dict[str, str]) -> str:
     """Names the key whose interpolation failed, and the override that set it when one did:
     omegaconf's message alone names only the missing key, not where it was read."""
     reason = str(error).splitlines()[0]
+    interpolation = isinstance(error, InterpolationResolutionError | GrammarParseError)
+    what = "cannot resolve the launch config" if interpolation else "the launch config"
     key = getattr(error, "full_key", None)
     if not key:
-        return f"cannot resolve the launch config: {reason}"
+        return f"{what}: {reason}"
     typed = overrides.get(key)
     source = f" (set by override '{printable(typed)}')" if typed else ""
-    return f"cannot resolve the launch config: {key}{source}: {reason}"
+    return f"{what}: {key}{source}: {reason}"
 
 
 def closest(word: str, choices: list[str] | tuple[str, ...]) -> str:
