@@ -141,10 +141,7 @@ def check_outputs_early(args: argparse.Namespace) -> None:
         path = Path(value)
         if path.is_dir():
             raise ConfigError(f"{option} {path}: is a directory; give a file name")
-        parent = path.parent
-        why = (
-            f"{parent} does not exist" if not parent.is_dir() else directory_blocker(parent, must_write=True)
-        )
+        why = directory_blocker(path.parent, must_write=True)  # missing parents are made when written
         if why:
             raise ConfigError(f"{option} {path}: cannot write it ({why}); give a writable path")
 

@@ -483,14 +483,37 @@ def test_measure_for_gpus_this_machine_lacks_is_one_line_before_any_trial(
 def test_an_output_that_cannot_be_written_is_refused_before_any_trial(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
 ) -> None:
-    """With --measure, a --json or --output in a directory that does not exist failed only when
-    written, after every trial had run (hours of Slurm jobs lost); it is refused first."""
-    target = tmp_path / "no-such-dir" / "out.file"
+    """With --measure, a --json or --output that cannot be written (under a file) failed only when
+    written, after every trial had run (hours of Slurm jobs lost); it is refused first. A directory
+    that does not exist yet is made when the file is written, as before."""
+    (tmp_path / "a-file").write_text("")
+    target = tmp_path / "a-file" / "out.file"
     args = ["plan", "gpt3/126m", *TINY, "--nodes", "1", "--gpu", "cpu", "--gpus-per-node", "1", "--top", "1"]
     args += ["--measure", "--steps", "2", "--trials-dir", str(tmp_path / "trials"), option, str(target)]
     assert main(args) == 2
     out, err = capsys.readouterr()
     assert err.strip() == (
-        f"gptrain: error: {option} {target}: cannot write it ({target.parent} does not exist); give a writable path"
+        f"gptrain: error: {option} {target}: cannot write it ({target.parent} is not a directory); give a writable path"
     )
     assert "best" not in out and not (tmp_path / "trials").exists()
+    if option == "--json":  # a directory that does not exist yet is made
+        fresh = tmp_path / "new" / "plan.json"
+        assert (
+            main(
+                [
+                    "plan",
+                    "gpt3/126m",
+                    *TINY,
+                    "--nodes",
+                    "1",
+                    "--gpu",
+                    "cpu",
+                    "--gpus-per-node",
+                    "1",
+                    "--json",
+                    str(fresh),
+                ]
+            )
+            == 0
+        )
+        assert json.loads(fresh.read_text())
