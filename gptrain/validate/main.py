@@ -99,7 +99,7 @@ def busbw_threshold(rows: list[dict[str, Any]], limits: Thresholds, ctx: Context
     """The best all_reduce busbw at large sizes (or the largest size run) against the threshold."""
     minimum = limits.busbw_threshold(ctx.multi_node)
     if minimum is not None and ctx.multi_node:
-        ranks_per_node = max(Counter(ctx.nodes).values())
+        ranks_per_node = min(Counter(ctx.nodes).values())  # a ring goes at its thinnest node's rate
         share = limits.partial_node_share(ranks_per_node)
         if share < 1:
             minimum *= share

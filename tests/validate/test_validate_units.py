@@ -11,7 +11,7 @@ from gptrain.errors import ConfigError
 from gptrain.validate import bandwidth as bw
 from gptrain.validate import report
 from gptrain.validate.pairwise import PairResult, bisection, find_slow, round_robin, schedule
-from gptrain.validate.thresholds import load_thresholds
+from gptrain.validate.thresholds import CLUSTER_DIR, load_thresholds
 
 
 @pytest.mark.parametrize(
@@ -125,11 +125,28 @@ def test_the_inter_node_threshold_is_a_whole_nodes_and_scales_with_the_ranks_a_n
         assert out.summary["busbw_threshold_GBps"] == pytest.approx(threshold)
         assert bool(out.failures) is failed
     assert "1 rank(s) a node of the profile's 8" in capsys.readouterr().out
+    uneven = SimpleNamespace(rank=0, size=3, nodes=["a", "b", "b"], multi_node=True)
+    out = Outcome()
+    busbw_threshold(rows, p5, uneven, out)  # the node with one rank drives one GPU's NICs
+    assert out.summary["busbw_threshold_GBps"] == pytest.approx(30.0)
     pinned = load_thresholds("aws_p5", 100.0)  # --min-busbw-GBps is taken as given
     ctx = SimpleNamespace(rank=0, size=2, nodes=["a", "b"], multi_node=True)
     out = Outcome()
     busbw_threshold(rows, pinned, ctx, out)
     assert out.summary["busbw_threshold_GBps"] == 100.0 and out.failures
+
+
+def test_a_launched_validation_knows_the_node_its_threshold_is_set_for(tmp_path):
+    """The launch stage's job yaml held the thresholds but not the cluster's gpus_per_node, so a
+    launched validation with fewer ranks a node than the profile's held them to the whole node's."""
+    from gptrain.config.yamlio import load_file
+    from gptrain.launch.validation_stage import stage_config
+
+    cluster = load_file(CLUSTER_DIR / "aws_p5.yaml")
+    job = tmp_path / "job_hydra.yaml"
+    job.write_text(json.dumps(stage_config({"checks": "all"}, cluster)))
+    limits = load_thresholds(str(job))
+    assert limits.gpus_per_node == 8 and limits.partial_node_share(4) == 0.5
 
 
 def test_profiles_load_with_sources_and_bad_ones_say_what_to_do(tmp_path):
