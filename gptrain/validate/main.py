@@ -372,8 +372,11 @@ def hung_peers(ctx: Context, error: Exception, timeout_s: float, exclude_file: s
     nodes = report.compress_hostlist({ctx.nodes[r] for r in missing})
     added = ""
     if exclude_file and first:  # the first to wait is the first to leave: it writes before any exit
-        add_to_exclude_file(Path(exclude_file), {ctx.nodes[r] for r in missing})
-        added = f", added to {exclude_file}"
+        try:
+            add_to_exclude_file(Path(exclude_file), {ctx.nodes[r] for r in missing})
+            added = f", added to {exclude_file}"
+        except (OSError, GptrainError) as failure:  # the line about the hang must still come out
+            added = f"; not added to {exclude_file}: {(str(failure).splitlines() or [''])[0]}"
     return (
         f"; it waited --timeout {timeout_s:g} s for {shown}{more}, which did not answer (hung or"
         f" stopped; every other rank timed out too): leave it out (--exclude={nodes}{added})"

@@ -247,3 +247,25 @@ def test_every_node_below_the_threshold_alike_is_the_fabric_not_a_node():
     one_slow = results + [pair("n1", "n4", 40), pair("n2", "n4", 41)]  # n3 slows every pair it is in
     verdict = find_slow("node", one_slow, slow_pct=10, min_busbw=30)
     assert verdict.fabric is None and list(verdict.flagged) == ["n3"]
+
+
+def test_a_hang_line_comes_out_when_the_exclude_file_cannot_be_written(monkeypatch, tmp_path):
+    """The first rank that timed out merges the hung nodes into --exclude-file inside the timeout's
+    handler; a file that failed there (full disk, garbled since the early check) was a traceback
+    in place of the line naming the hung rank."""
+    from types import SimpleNamespace
+
+    from gptrain.validate import main as validate_main
+    from gptrain.validate import runtime
+
+    monkeypatch.setattr(runtime, "is_timeout", lambda error: True)
+    monkeypatch.setattr(runtime, "unanswered_ranks", lambda ctx, wait: ([1], True))
+
+    def full_disk(path, nodes):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(validate_main, "add_to_exclude_file", full_disk)
+    ctx = SimpleNamespace(rank=0, size=2, nodes=["n1", "n2"])
+    line = validate_main.hung_peers(ctx, RuntimeError("timed out"), 5.0, str(tmp_path / "exclude"))
+    assert "rank 1 on n2" in line and "--exclude=n2" in line
+    assert "not added to" in line and "No space left on device" in line
