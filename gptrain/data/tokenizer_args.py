@@ -29,7 +29,7 @@ def add_tokenizer_args(parser: argparse.ArgumentParser, title: str = "tokenizer 
         choices=("megatron", "huggingface", "sentencepiece"),
         help="NeMo's preprocessing flag: megatron (--tokenizer-type is Megatron's), huggingface "
         "(--tokenizer-type, or --tokenizer-model, is a tokenizer.json or its directory) or "
-        "sentencepiece (--tokenizer-model tokenizer.model, encoded as GPTSentencePieceTokenizer)",
+        "sentencepiece (--tokenizer-model tokenizer.model, encoded as GPTSentencePieceTokenizer unless --tokenizer-type names another SentencePiece type)",
     )
 
 
@@ -38,9 +38,15 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
     an existing --tokenizer-model path: Hugging Face; any other model name: tiktoken). NeMo's
     `--tokenizer-library huggingface --tokenizer-type PATH` is the Hugging Face tokenizer at PATH;
     NeMo's `--tokenizer-library sentencepiece` ignores --tokenizer-type and encodes the model's ids
-    alone, ending a document with its eos: GPTSentencePieceTokenizer."""
+    alone, ending a document with its eos: GPTSentencePieceTokenizer; one of Megatron's SentencePiece
+    types given beside it is kept, as the training config keeps it (data and model agree)."""
     if getattr(args, "tokenizer_library", None) == "sentencepiece":
-        return "GPTSentencePieceTokenizer"
+        named = args.tokenizer_type in (
+            "GPTSentencePieceTokenizer",
+            "Llama2Tokenizer",
+            "SentencePieceTokenizer",
+        )
+        return args.tokenizer_type if named else "GPTSentencePieceTokenizer"
     if getattr(args, "tokenizer_library", None) == "huggingface":
         if not args.tokenizer_model and args.tokenizer_type not in (None, "HuggingFaceTokenizer"):
             args.tokenizer_model, args.tokenizer_type = args.tokenizer_type, None

@@ -107,6 +107,18 @@ def test_nemo_sentencepiece_library_is_gpt_sentencepiece(tmp_path, sp_model, wri
     flags = ["--tokenizer-library", "sentencepiece", "--tokenizer-model", sp_model, "--append-eod"]
     written = prepare(tmp_path, write_jsonl, flags, "--workers", "1")
     assert written == MegatronReference(sp_model, "GPTSentencePieceTokenizer").dataset(DOCUMENTS, True)
+    # a Megatron SentencePiece type named beside it is kept, as the training config keeps it: the
+    # data then holds the bos that training's eval and generate put first
+    for name in ("llama", "other"):
+        (tmp_path / name).mkdir()
+    llama = prepare(
+        tmp_path / "llama", write_jsonl, [*flags, "--tokenizer-type", "Llama2Tokenizer"], "--workers", "1"
+    )
+    assert llama == MegatronReference(sp_model, "Llama2Tokenizer").dataset(DOCUMENTS, True)
+    other = prepare(
+        tmp_path / "other", write_jsonl, [*flags, "--tokenizer-type", "GPT2BPETokenizer"], "--workers", "1"
+    )
+    assert other == written  # any other type is ignored, as NeMo ignores it
 
 
 def test_vocabulary_eod_and_decode(sp_model):
