@@ -114,7 +114,8 @@ def compare(saved: dict[str, Any], live: dict[str, Any], live_table: list[str | 
         return Verdict("different", f"end-of-document id {live['eod']}, not {saved.get('eod')}")
     if same_tokens:
         return Verdict(
-            "different", "the same tokens, but it encodes text otherwise: other merges or pre-tokenizer"
+            "different",
+            "the same tokens, but it encodes text otherwise: other merges, pre-tokenizer or a bos put first",
         )
     if same_eod and _extends(saved, live_table):
         return Verdict("extension", f"ids {size}-{live['vocab_size'] - 1} added")
