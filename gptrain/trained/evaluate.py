@@ -190,7 +190,27 @@ def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: 
     source = f"{request.split} split of the run's data"
     if request.batches is not None:
         _check_split_holds(request.batches, len(data), cfg.model.global_batch_size, source)
+    elif request.split == "train":
+        batches = _train_batches_held(batches, len(data), cfg.model.global_batch_size, source)
     return data, batches, source
+
+
+def _train_batches_held(batches: int, samples: int, global_batch: int, source: str) -> int:
+    """The train split's default count (trainer.limit_val_batches), cut to the batches it holds and
+    said: past them the loop stopped early and reported the shorter loss as the asked one."""
+    held = samples // global_batch
+    if held == 0:
+        raise ConfigError(
+            f"the {source} holds {samples} samples, less than one global batch of {global_batch}; "
+            "evaluate another split or --data-prefix"
+        )
+    if held < batches:
+        print(
+            f"gptrain: note: the {source} holds {held} global batches of {global_batch}, fewer than the "
+            f"default {batches} (trainer.limit_val_batches): evaluating {held}",
+            file=sys.stderr,
+        )
+    return min(batches, held)
 
 
 def _check_split_holds(batches: int, samples: int, global_batch: int, source: str) -> None:

@@ -150,6 +150,14 @@ def test_more_batches_than_the_train_split_holds_are_refused(run_dir: Path, caps
     )
     assert main(["eval", str(run_dir), "--split", "train", "--batches", "4"]) == 0
     assert "in 4 batches of 4 x 16" in capsys.readouterr().out
+    # without --batches the default count (limit_val_batches) is cut to what the split holds, said
+    assert main(["eval", str(run_dir), "--split", "train", "trainer.limit_val_batches=6"]) == 0
+    out, err = capsys.readouterr()
+    assert "in 4 batches of 4 x 16" in out
+    assert (
+        "holds 4 global batches of 4, fewer than the default 6 (trainer.limit_val_batches): evaluating 4"
+        in err
+    )
 
 
 @pytest.mark.parametrize(
