@@ -69,6 +69,13 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
 
 
+def flat_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each text's ids back to back, and each text's count: encode_flat from per-text id lists."""
+    lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
+    tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+    return tokens, lengths
+
+
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> character alphabet: printable bytes stand for themselves,
     the others are shifted to code points 256 and up, in byte order."""
@@ -161,10 +168,7 @@ class HFTokenizer:
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=True)]
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids = self.encode_batch(list(texts))
-        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
-        tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
-        return tokens, lengths
+        return flat_ids(self.encode_batch(list(texts)))
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -229,10 +233,7 @@ class SentencePieceTokenizer:
         return [self.encode(text) for text in texts]
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids = self.encode_batch(list(texts))
-        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
-        tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
-        return tokens, lengths
+        return flat_ids(self.encode_batch(list(texts)))
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """As Megatron's detokenize: a special token stands apart, a space either side of it."""
