@@ -440,19 +440,22 @@ class CheckpointManager(CheckpointReader):
 
     def space_warning(self, checkpoint_bytes: int) -> str | None:
         """A warning when the filesystem cannot hold keep_last + 1 checkpoints of this size
-        (the next save is written before the oldest is removed)."""
+        (the next save is written before the oldest is removed). The run's existing checkpoints
+        count as free space only where retention removes them: keeping every one (save_top_k=-1),
+        a resumed run has only the disk's free space for its next two."""
         count = (self.keep_last or 1) + 1
         existing = self.root
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
-        free = shutil.disk_usage(existing).free + sum(
-            step_dir_bytes(self.root / step_dir_name(step)) for step in complete_steps(self.root)
-        )
+        free = shutil.disk_usage(existing).free
+        if self.keep_last:
+            free += sum(step_dir_bytes(self.root / step_dir_name(step)) for step in complete_steps(self.root))
         if free >= count * checkpoint_bytes:
             return None
+        kept = "save_top_k + 1" if self.keep_last else "the next two; save_top_k=-1 removes none"
         return (
             f"{existing} has {free / 1e9:.1f} GB free for checkpoints, but {count} checkpoints of about "
-            f"{checkpoint_bytes / 1e9:.1f} GB (save_top_k + 1) need {count * checkpoint_bytes / 1e9:.1f} GB: "
+            f"{checkpoint_bytes / 1e9:.1f} GB ({kept}) need {count * checkpoint_bytes / 1e9:.1f} GB: "
             "a save will fail when the disk fills; free space or lower save_top_k"
         )
 

@@ -488,3 +488,27 @@ def test_a_full_disk_is_named_as_such(tmp_path, monkeypatch, async_save):
         manager.save(1, {"model": {"w": torch.zeros(256, 256)}}, {})
         manager.wait()
     assert not (tmp_path / "step_1").exists()
+
+
+def test_space_warning_counts_existing_checkpoints_only_where_retention_removes_them(tmp_path, monkeypatch):
+    """save_top_k=-1 (gptrain megatron's default) removes no checkpoint: a resumed run's existing ones
+    were counted as free space, so a disk that holds one more checkpoint, not two, was not warned of."""
+    import shutil as sh
+    from collections import namedtuple
+
+    save_steps(CheckpointManager(tmp_path, keep_last=-1), [1])
+    size = json_bytes(tmp_path / "step_1")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(sh, "disk_usage", lambda path: usage(100 * size, 10 * size, 3 * size // 2))
+    warning = CheckpointManager(tmp_path, keep_last=-1).space_warning(size)
+    assert warning is not None and "save_top_k=-1 removes none" in warning
+    # keeping one, the next save is written beside the existing one, which is then removed: 1.5 fit
+    assert CheckpointManager(tmp_path, keep_last=1).space_warning(size) is None
+
+
+def json_bytes(step_dir) -> int:
+    """A checkpoint's size as its COMPLETE manifest records it, the marker included."""
+    import json
+
+    record = (step_dir / COMPLETE).read_text()
+    return sum(entry["bytes"] for entry in json.loads(record)["files"].values()) + len(record.encode())
