@@ -513,7 +513,8 @@ def run(
     saved_at = -1
     tested = has_batches(test_data, t.limit_test_batches)  # after the last save, beside its write
     staging_prepared = False
-    validate_if_left_due(s, valid_data)
+    with meter.excluded():  # out of the first interval's time, as every validation is out of its own
+        validate_if_left_due(s, valid_data)
     stopping: str | None = None  # agreed while the next step was queued ahead: it finishes first
     while s.state.step < t.max_steps:
         step = s.state.step + 1

@@ -139,6 +139,49 @@ def test_a_stop_on_a_validation_step_leaves_that_validation_to_the_resumed_run(
     assert validation_lines(tmp_path) == validation_lines(full_dir)  # iterations 3 and 6, same losses
 
 
+class ShiftedClock:
+    """time as the meter reads it, moved on by `offset` seconds (a validation's time, without waiting)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.offset = 0.0
+        self._perf_counter = time.perf_counter
+
+    def perf_counter(self) -> float:
+        return self._perf_counter() + self.offset
+
+
+def test_the_validation_a_resumed_run_runs_first_is_not_training_time(tmp_path, monkeypatch):
+    """The validation left due at a stop ran inside the resumed run's first interval, so that iteration
+    line's time per iteration, TFLOP/s and TensorBoard's step timing took in the whole validation; it is
+    left out, as every other validation is (Megatron stops its interval timer around evaluation)."""
+    import re
+
+    from gptrain.train import meter
+
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=3)  # val_check_interval=3
+    assert code == EXIT_REQUEUE
+    clock = ShiftedClock()
+    monkeypatch.setattr(meter, "time", clock)
+    real_evaluate = loop.evaluate
+
+    def evaluate_taking_1000_s(*args):
+        clock.offset += 1000.0
+        return real_evaluate(*args)
+
+    monkeypatch.setattr(loop, "evaluate", evaluate_taking_1000_s)
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    assert code == 0
+    assert "validation of iteration 3 was due when the run stopped: running it first" in log_lines(tmp_path)
+    elapsed_ms = [
+        float(m.group(1))
+        for line in log_lines(tmp_path)
+        if (m := re.search(r"iteration +[4-6]/ +6 \|.*elapsed time per iteration \(ms\): ([0-9.]+)", line))
+    ]
+    assert len(elapsed_ms) == 3 and max(elapsed_ms) < 1000 * 1000.0
+
+
 def test_a_resume_from_a_save_after_its_validation_does_not_validate_again(tmp_path, monkeypatch):
     """Validation comes before the save of the same step, so that checkpoint records it done."""
     every_3 = "exp_manager.checkpoint_callback_params.every_n_train_steps=3"
