@@ -108,6 +108,33 @@ def compare(saved: dict[str, Any], live: dict[str, Any]) -> tuple[str | None, di
     return None, rows
 
 
+def tied_vocabulary(live: dict[str, Any]) -> tuple[str, str] | None:
+    """The embedding and output keys when the live state holds them as one tensor (tied weights):
+    a checkpoint saved untied has two tensors there, and DCP would load both into the one, the
+    later silently winning; the reader loads the output apart and compares."""
+    embedding, output = (f"model.{name}" for name in VOCABULARY_TENSORS)
+    first, second = live.get(embedding), live.get(output)
+    if not (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor)):
+        return None
+    if first.shape != second.shape or local_tensor(first).data_ptr() != local_tensor(second).data_ptr():
+        return None
+    return embedding, output
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor; a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def untied_problem(embedding: str, output: str) -> str:
+    return (
+        f"its {output} is not its {embedding} (saved untied), the config ties them "
+        "(model.share_embeddings_and_output_weights=true)"
+    )
+
+
 def saved_tensors_in(saved: dict[str, Any], sections: set[str]) -> list[str]:
     """The saved tensors of the sections being loaded, sorted (the same list on every rank).
 

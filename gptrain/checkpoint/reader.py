@@ -150,6 +150,8 @@ class _Prepared:
     fit: Fit
     staged: dict[str, torch.Tensor]
     """Buffers for the tensors loaded by rows, in their saved shapes."""
+    untied: str | None = None
+    """After the load on this rank: why the checkpoint's output layer does not fit a tied model."""
 
 
 class CheckpointReader:
@@ -282,6 +284,7 @@ class CheckpointReader:
             prepared = _agreed(path, lambda: self._prepare(path, state_fn))
             agree_fit(path, prepared.saved, prepared.fit)  # collectives only; a mismatch on every rank
             state = _agreed(path, lambda: self._load_prepared(path, prepared))
+            self._refuse_untied(path, prepared)
             _agreed(path, lambda: apply(state))
         except _NotLoaded as skipped:
             return str(skipped)
@@ -326,18 +329,36 @@ class CheckpointReader:
         return _Prepared(metadata, saved, state, fit, staged)
 
     def _load_prepared(self, path: Path, prepared: _Prepared) -> dict[str, Any]:
-        """DCP load into the prepared state (after `agree_fit`); the tensors fitted by rows copied in."""
+        """DCP load into the prepared state (after `agree_fit`); the tensors fitted by rows copied in.
+        A tied model's output layer is loaded into a buffer of its own and compared with the
+        embedding (`prepared.untied` says when they differ; the caller agrees on it)."""
         state, staged = prepared.state, prepared.staged
         flat, paths = compat.flatten(state)
+        tied = compat.tied_vocabulary(flat)
+        apart = torch.empty_like(flat[tied[1]]) if tied and tied[1] not in staged else None
+        if tied and apart is not None:
+            compat.set_at(state, paths[tied[1]], apart)
         for key, tensor in staged.items():
             compat.set_at(state, paths[key], tensor)
         reader = compat.MetadataReader(path, prepared.metadata)
         dcp.load(state, checkpoint_id=str(path), storage_reader=reader)  # in place; `staged` for the resized
+        if tied:
+            embedding, output = staged.get(tied[0], flat[tied[0]]), staged.get(tied[1], apart)
+            if not torch.equal(compat.local_tensor(embedding), compat.local_tensor(output)):
+                prepared.untied = compat.untied_problem(*tied)
+            compat.set_at(state, paths[tied[1]], flat[tied[1]])
         for key, tensor in staged.items():
             compat.copy_common_rows(flat[key], tensor, self.vocab_size if compat.is_vocabulary(key) else None)
             compat.set_at(state, paths[key], flat[key])
             self._note_dropped_rows(key, tensor.shape[0], flat[key].shape[0])
         return state
+
+    @staticmethod
+    def _refuse_untied(path: Path, prepared: _Prepared) -> None:
+        """CheckpointMismatchError on every rank when the load found an untied checkpoint on any."""
+        problem = _first_on_any_rank(prepared.untied)
+        if problem is not None:
+            raise compat.mismatch_error(path, problem)
 
     def _note_dropped_rows(self, key: str, saved: int, live: int) -> None:
         """Rows of a model tensor the live one has no room for (fewer padding rows than an imported
@@ -381,7 +402,9 @@ class CheckpointReader:
         """
         prepared = self._prepare(path, lambda saved: state, metadata)
         agree_fit(path, prepared.saved, prepared.fit)
-        return self._load_prepared(path, prepared)
+        state = self._load_prepared(path, prepared)
+        self._refuse_untied(path, prepared)
+        return state
 
 
 def read_rank_state(path: Path, rank: int) -> dict[str, Any]:

@@ -133,3 +133,24 @@ def test_a_scaler_of_the_other_kind_is_not_loaded(saved, live):
     assert parts == {"model"} and len(lines) == 1 and lines[0].startswith("loss scaler reset: ")
     same = parts_to_load(["model", "scaler"], keys, build_loss_scaler(saved, 8.0, 10, 2), lines.append)
     assert same == {"model", "scaler"} and len(lines) == 1
+
+
+def test_an_untied_checkpoint_is_refused_by_a_tied_model(tmp_path, monkeypatch):
+    """A checkpoint saved untied (an imported StableLM, GPT-3 with share_embeddings=false) holds an
+    output layer and an embedding of its own; a tied model has one tensor for both, and DCP loaded
+    both into it, the later one silently winning, where no optimizer state tells them apart (an
+    import's weights, or finetune). Untying a tied checkpoint loads (both are one)."""
+    untied, tie = tmp_path / "untied", "model.share_embeddings_and_output_weights"
+    assert run_recording(monkeypatch, tiny_config(untied, *SHORT, f"{tie}=false"))[0] == 0
+    start = [f"exp_manager.resume_from_checkpoint={untied}", "exp_manager.finetune=true"]
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"step_2 does not fit the config: its model.output.weight is not its model.tok_embeddings.weight "
+        rf"\(saved untied\), the config ties them \({tie}=true\)",
+    ):
+        run_recording(monkeypatch, tiny_config(tmp_path / "tied", *SHORT, *start, f"{tie}=true"))
+    tied = tmp_path / "tied_run"
+    assert run_recording(monkeypatch, tiny_config(tied, *SHORT))[0] == 0
+    start = [f"exp_manager.resume_from_checkpoint={tied}", "exp_manager.finetune=true"]
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path / "untie", *SHORT, *start, f"{tie}=false"))
+    assert code == 0 and sorted(losses) == [1, 2]
