@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from gptrain.errors import ConfigError
 from gptrain.utils.overrides import split_preset
@@ -58,4 +59,36 @@ def run_train(args: argparse.Namespace) -> int:
         if preset is not None and file is not None:  # the file would win, and the preset go unread
             raise ConfigError(f"give a preset ({preset}) or a config file ({file}), not both")
         cfg = load_training_config(preset, overrides, config_file=file)
+        if file is not None:
+            check_moved_run(Path(file), cfg, overrides)
         return train(cfg)
+
+
+def check_moved_run(file: Path, cfg: Any, overrides: list[str]) -> None:
+    """A run's hparams.yaml (a training's, or `gptrain import`'s) names its run directory as
+    exp_manager.explicit_log_dir. Moved or copied elsewhere, the file still names the old place,
+    where the run would start from scratch (random weights, the old tokenizer paths) while the
+    checkpoints it was meant to continue sit beside the file: refused, saying what to add."""
+    from gptrain.checkpoint.integrity import complete_steps
+    from gptrain.utils.overrides import split_override
+
+    em = cfg.exp_manager
+    keys = {split_override(item, "key=value").key for item in overrides}
+    if "exp_manager.explicit_log_dir" in keys or em.resume_from_checkpoint or not em.resume_if_exists:
+        return
+    here, named = file.resolve().parent, Path(em.explicit_log_dir).resolve()
+    beside = complete_steps(here / "checkpoints")
+    if named == here or not beside or complete_steps(Path(cfg.results_path("checkpoints"))):
+        return
+    moved = [f"exp_manager.explicit_log_dir={here}"]
+    tok = cfg.model.tokenizer
+    for key in ("model", "vocab_file", "merge_file"):  # the run's own tokenizer files moved with it
+        value = getattr(tok, key)
+        if value and Path(value).resolve().is_relative_to(named):
+            moved.append(f"model.tokenizer.{key}={here / Path(value).resolve().relative_to(named)}")
+    raise ConfigError(
+        f"{file}: exp_manager.explicit_log_dir is {named}, not the directory the file is in, which holds "
+        f"checkpoints (step_{beside[-1]}) while {named} has none: training would start from scratch "
+        f"there; the run directory was moved or copied: add {' '.join(moved)} to continue it, or set "
+        "exp_manager.explicit_log_dir to start a new run"
+    )

@@ -1,0 +1,33 @@
+"""A run directory moved (or an import copied elsewhere): its hparams.yaml still names the old
+explicit_log_dir, where training would have started from scratch."""
+
+import shutil
+
+import pytest
+from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
+
+from gptrain.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+SHORT = [*MOCK, "trainer.max_steps=2", "trainer.limit_val_batches=0", "model.num_layers=1"]
+
+
+def test_a_moved_run_is_refused_where_it_would_start_from_scratch(tmp_path, monkeypatch, capsys):
+    old, moved = tmp_path / "old", tmp_path / "moved"
+    assert run_recording(monkeypatch, tiny_config(old, *SHORT))[0] == 0
+    shutil.move(old, moved)
+    config = ["train", "--config-file", str(moved / "hparams.yaml"), "trainer.max_steps=3"]
+    assert main(config) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(
+        f"gptrain: error: {moved / 'hparams.yaml'}: exp_manager.explicit_log_dir is {old}"
+    )
+    assert f"add exp_manager.explicit_log_dir={moved} to continue it" in error
+    assert len(error.splitlines()) == 1
+    assert not old.exists()  # nothing written at the old place
+    assert main([*config, f"exp_manager.explicit_log_dir={moved}"]) == 0
+    assert any(
+        line.startswith("resuming from ") and "step_2 at iteration 2" in line for line in log_lines(moved)
+    )
+    assert main([*config, f"exp_manager.explicit_log_dir={tmp_path / 'new'}"]) == 0  # a config as template
