@@ -57,12 +57,30 @@ def find_checkpoint(path: str | Path) -> Path:
         or newest_complete(given)
         or newest_complete(given / "results" / "checkpoints")
     )
+    if found is None and is_transformers_model(given):
+        raise CheckpointLoadError(transformers_model_text(path))
     if found is None:
         raise CheckpointLoadError(
             f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it, its checkpoints/ or results/checkpoints/ "
             f"({own_only})"
         )
     return found
+
+
+def transformers_model_text(path: str | Path) -> str:
+    """What to do with a transformers model directory given where a gptrain checkpoint goes."""
+    return (
+        f"{path}: a transformers model directory (config.json), not a gptrain checkpoint: import it with "
+        f"`gptrain import {path} --output RUN_DIR` and give RUN_DIR"
+    )
+
+
+def is_transformers_model(directory: Path) -> bool:
+    """What transformers' save_pretrained writes: config.json beside safetensors or .bin weights."""
+    weights = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
+    return (directory / "config.json").is_file() and any(
+        next(directory.glob(pattern), None) for pattern in weights
+    )
 
 
 def directory_bytes(path: Path) -> int:

@@ -22,7 +22,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from gptrain.checkpoint import compat
-from gptrain.checkpoint.directory import LATEST, CheckpointLoadError, step_dir_name
+from gptrain.checkpoint.directory import (
+    LATEST,
+    CheckpointLoadError,
+    is_transformers_model,
+    step_dir_name,
+    transformers_model_text,
+)
 from gptrain.checkpoint.integrity import (
     STEP_DIR,
     checksum_progress,
@@ -81,6 +87,8 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
             )
         return path
     root = checkpoints_dir(path)
+    if root is None and is_transformers_model(path):
+        raise DataError(transformers_model_text(path))
     if root is None:
         raise DataError(
             f"{path}: no checkpoints found; pass a run's results dir, its checkpoints dir or a step dir"

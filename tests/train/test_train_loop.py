@@ -500,6 +500,11 @@ def test_nemos_restore_from_ckpt_goes_on_from_the_iteration_with_the_data_from_i
         (lambda root: root / "model.ckpt", "model.ckpt: is a file; give a run directory"),
         (lambda root: root / "empty", "empty: no complete checkpoint (step_<N>/COMPLETE) in it"),
         (lambda root: root / "torn" / "checkpoints" / "step_3", "step_3: incomplete checkpoint (no COMPLETE"),
+        (
+            lambda root: root / "hf",
+            "hf: a transformers model directory (config.json), not a gptrain checkpoint: import it with "
+            "`gptrain import",
+        ),
     ],
 )
 def test_a_bad_checkpoint_to_start_from_is_one_line_naming_it(tmp_path, capsys, make, message):
@@ -508,6 +513,9 @@ def test_a_bad_checkpoint_to_start_from_is_one_line_naming_it(tmp_path, capsys, 
     (tmp_path / "empty").mkdir()
     (tmp_path / "model.ckpt").write_bytes(b"NeMo")
     (tmp_path / "torn" / "checkpoints" / "step_3").mkdir(parents=True)
+    (tmp_path / "hf").mkdir()  # what transformers' save_pretrained writes
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "hf" / name).write_text("{}")
     source = make(tmp_path)
     overrides = [*TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path / 'run'}"]
     assert main(["train", "gpt3/126m", *overrides, f"exp_manager.resume_from_checkpoint={source}"]) == 2

@@ -246,3 +246,20 @@ def test_an_output_dir_that_cannot_be_made_is_refused_before_reading_the_checkpo
         f"{tmp_path / 'afile' / 'out'}: {tmp_path / 'afile'} is not a directory; "
         "choose an OUTPUT_DIR that can be written"
     )
+
+
+def test_a_transformers_directory_given_as_a_checkpoint_says_to_import_it(tmp_path: Path) -> None:
+    """export, generate and eval named only the run layouts they read; the model to continue from
+    or sample is often a transformers directory, which `gptrain import` turns into a run."""
+    from gptrain.trained.load import resolve_checkpoint
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (hf / name).write_text("{}")
+    with pytest.raises(DataError) as refused:
+        resolve_checkpoint(hf)
+    assert str(refused.value) == (
+        f"{hf}: a transformers model directory (config.json), not a gptrain checkpoint: import it with "
+        f"`gptrain import {hf} --output RUN_DIR` and give RUN_DIR"
+    )
