@@ -124,3 +124,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# One fp32 CPU step on mock data, nothing but the checkpoint written (a run continued from an import).
+TRAIN_ONE_STEP = [
+    "trainer.accelerator=cpu",
+    "trainer.precision=32",
+    "trainer.max_time=null",
+    "trainer.max_steps=1",
+    "trainer.limit_val_batches=0",
+    "trainer.limit_test_batches=0",
+    "model.micro_batch_size=1",
+    "model.global_batch_size=1",
+    "model.data.num_workers=0",
+    "model.data.data_impl=mock",
+    "model.data.data_prefix=null",
+    "model.optim.sched.warmup_steps=0",
+    "exp_manager.create_tensorboard_logger=false",
+]

@@ -376,3 +376,30 @@ def test_a_mock_data_run_exports_without_tokenizer_files_and_says_so(tmp_path, c
     err = capsys.readouterr().err
     assert "model.data.data_impl=mock" in err and "the export has no tokenizer files" in err
     assert not any((tmp_path / "out" / name).exists() for name in ("tokenizer.json", "vocab.json"))
+
+
+@pytest.mark.parametrize("tokenizer", [True, False], ids=["tokenizer", "no-tokenizer"])
+def test_a_run_started_from_an_import_exports_its_bos_eos_and_rows(tmp_path, tokenizer) -> None:
+    """A continued pretraining in a run directory of its own (exp_manager.resume_from_checkpoint=
+    the import) has no hf_import.json: its export wrote the tokenizer's rows only (98 of 160) or no
+    BOS/EOS at all. The record of the run it started from applies."""
+    from hf_helpers import TRAIN_ONE_STEP
+
+    from gptrain.config import load_training_config
+    from gptrain.train import loop
+
+    source = llama_dir(tmp_path / "src", tokenizer)
+    imported, run = tmp_path / "imported", tmp_path / "run"
+    assert run_cli(["import", str(source), "--output", str(imported), "--no-verify"]) == 0
+    overrides = [
+        *TRAIN_ONE_STEP,
+        "model.make_vocab_size_divisible_by=80",  # 160 rows: every imported row kept
+        f"exp_manager.explicit_log_dir={run}",
+        f"exp_manager.resume_from_checkpoint={imported}",
+    ]
+    assert (
+        loop.train(load_training_config(config_file=str(imported / "hparams.yaml"), overrides=overrides)) == 0
+    )
+    assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"]) == (ROWS, 1, 2)

@@ -21,7 +21,7 @@ from gptrain.data.tokenizers import SENTENCEPIECE_KINDS, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.models.config import GPTConfig
 from gptrain.trained.hf.architectures import CLASS_NAMES, choose_architecture, hf_config_kwargs
-from gptrain.trained.hf.record import read_record, special_token_ids
+from gptrain.trained.hf.record import run_record, special_token_ids
 from gptrain.trained.hf.storage import CheckpointTensors, ShardWriter, plan_shards
 from gptrain.trained.hf.tensors import globals_to_hf, hf_global_names, layer_to_hf
 from gptrain.trained.hf.tokenizer_files import export_tokenizer
@@ -70,7 +70,7 @@ def open_run(path: str | Path, checksums: bool = False) -> RunSource:
     from gptrain.trained.load import open_run as open_checkpoint
 
     run = open_checkpoint(path, checksums=checksums)
-    record = read_record(run.hparams.parent)
+    record = run_record(run.hparams.parent, run.cfg.exp_manager.resume_from_checkpoint)
     rows = max(run.vocab, min(int(record.get("vocab_size") or 0), run.saved_rows))
     if int(record.get("vocab_size") or 0) > run.saved_rows:
         print(

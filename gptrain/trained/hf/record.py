@@ -1,7 +1,8 @@
 """What `gptrain import` keeps of the transformers config for `gptrain export` (no torch).
 
 gptrain's config has no place for a model's BOS/EOS ids or for embedding rows beyond its
-tokenizer, so import writes them to `hf_import.json` beside hparams.yaml; export restores them.
+tokenizer, so import writes them to `hf_import.json` beside hparams.yaml; export restores them
+(also for a run started from the import with exp_manager.resume_from_checkpoint).
 Without it (a run gptrain trained), BOS/EOS come from the tokenizer files, and the end-of-document
 id stands for both only for GPT-2 BPE, whose convention that is.
 """
@@ -38,6 +39,40 @@ def read_record(run_dir: Path) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise DataError(f"{path}: expected a JSON object; restore it or delete it")
     return record
+
+
+def run_record(run_dir: Path, started_from: str | None) -> dict[str, Any]:
+    """The import record of the run in `run_dir`, else of the run it started from
+    (exp_manager.resume_from_checkpoint: a run, checkpoints or step directory), followed back
+    through such runs to the import: a continued pretraining in a directory of its own exports
+    the imported model's BOS/EOS and rows too."""
+    seen: set[Path] = set()
+    directory: Path | None = run_dir.resolve()
+    while directory is not None and directory not in seen:
+        seen.add(directory)
+        record = read_record(directory)
+        if record:
+            return record
+        directory = _run_dir_of(started_from) if started_from else None
+        started_from = _started_from(directory) if directory is not None else None
+    return {}
+
+
+def _run_dir_of(checkpoint: str) -> Path | None:
+    """The run directory (the one with hparams.yaml) of a run, checkpoints or step directory."""
+    path = Path(checkpoint)
+    found = next((d for d in (path, path.parent, path.parent.parent) if (d / "hparams.yaml").is_file()), None)
+    return found.resolve() if found is not None else None
+
+
+def _started_from(run_dir: Path) -> str | None:
+    """The exp_manager.resume_from_checkpoint of the run in `run_dir` (None if it names none)."""
+    from gptrain.config.yamlio import load_file
+
+    config = load_file(run_dir / "hparams.yaml")
+    exp_manager = config.get("exp_manager") if isinstance(config, dict) else None
+    value = exp_manager.get("resume_from_checkpoint") if isinstance(exp_manager, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def special_token_ids(cfg: Any, tokenizer: Any | None, record: dict[str, Any]) -> dict[str, Any]:
