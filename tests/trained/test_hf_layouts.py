@@ -121,3 +121,45 @@ def test_training_resumes_from_an_import_with_a_fresh_optimizer(tmp_path: Path) 
     assert loop.train(cfg) == 0
     log = (imported / "nemo_log_globalrank-0_localrank-0.txt").read_text()
     assert "at iteration 2" in log.split("resuming from")[-1]
+
+
+def test_the_first_step_from_an_import_has_the_transformers_models_loss(tmp_path: Path, monkeypatch) -> None:
+    """Import + start of training loses nothing (tied output, grouped queries, biases, rope base,
+    RMSNorm eps): the first step's loss on its batch is transformers' loss of that batch computed
+    in float64. 256 rows: no vocabulary padding (padding rows take part in the softmax). Bound:
+    |d loss| <= 2 max |d logit| (log-sum-exp and the label's logit each move by at most that), and
+    a float32 logit is off by at most ~n u |logit| with dot products of n <= 2 x 48 terms per
+    layer, u = 6e-8 and logits below 10: 2 x 96 x 6e-8 x 10 ~ 1.2e-4."""
+    import torch
+    import transformers
+
+    from gptrain.config import load_training_config
+    from gptrain.train import loop
+    from gptrain.train.builders import _build_datasets
+
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=16, rms_norm_eps=1e-3, tie_word_embeddings=True,
+        attention_bias=True, mlp_bias=True, initializer_range=0.3,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(str(tmp_path / "hf"))
+    assert run_cli(["import", str(tmp_path / "hf"), "--output", str(tmp_path / "imported")]) == 0
+    overrides = [*TRAIN, "trainer.devices=1", "trainer.max_steps=1", "model.micro_batch_size=2"]
+    cfg = load_training_config(config_file=str(tmp_path / "imported" / "hparams.yaml"), overrides=overrides)
+    losses = []
+    real_record = loop.record
+    monkeypatch.setattr(
+        loop, "record", lambda s, result, *a: (losses.append(result.loss), real_record(s, result, *a))
+    )
+    assert loop.train(cfg) == 0
+    train, _, _ = _build_datasets(cfg, 256, None)
+    samples = [train[index] for index in range(cfg.model.global_batch_size)]
+    tokens, labels = (torch.stack([sample[key] for sample in samples]) for key in ("tokens", "labels"))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float64)
+    with torch.no_grad():
+        logits = theirs.eval()(input_ids=tokens).logits
+    expected = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 256), labels.reshape(-1)))
+    assert float(logits.abs().max()) < 10
+    assert abs(losses[0] - expected) < 1.2e-4, (losses[0], expected)
