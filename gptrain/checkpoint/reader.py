@@ -362,7 +362,13 @@ class CheckpointReader:
 
     def _note_dropped_rows(self, key: str, saved: int, live: int) -> None:
         """Rows of a model tensor the live one has no room for (fewer padding rows than an imported
-        model's, a smaller position table): said, since the next checkpoint no longer has them."""
+        model's, a smaller position table): said, since the next checkpoint no longer has them; and
+        positions past the saved table (a larger model.max_position_embeddings), which start untrained."""
+        if key.startswith("model.") and saved < live and not compat.is_vocabulary(key):
+            self.notes.append(
+                f"{key}: the checkpoint has {saved} rows, this run's model {live}; rows {saved}-{live - 1} "
+                "(positions past the saved table) keep their random initialization"
+            )
         if not key.startswith("model.") or saved <= live:
             return
         kind = (

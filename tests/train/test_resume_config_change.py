@@ -109,6 +109,10 @@ def test_a_larger_position_table_than_the_checkpoints_takes_its_rows(run, monkey
     config = tiny_config(run, *SHORT, "model.max_position_embeddings=32", "trainer.max_steps=3")
     code, losses = run_recording(monkeypatch, config)
     assert code == 0 and sorted(losses) == [3]
+    assert (  # positions the checkpoint never trained (an imported GPT-2 taken longer) are said
+        "warning: model.pos_embeddings.weight: the checkpoint has 8 rows, this run's model 32; rows 8-31 "
+        "(positions past the saved table) keep their random initialization" in log_lines(run)
+    )
     hparams = run / "hparams.yaml"
     hparams.write_text(
         hparams.read_text().replace("max_position_embeddings: 32", "max_position_embeddings: 2048")
