@@ -33,8 +33,12 @@ sys.exit(int(mode))
 
 
 def stub(path: Path, text: str) -> None:
-    path.write_text("#!/bin/bash\n" + text)
-    path.chmod(0o755)
+    """Written beside and renamed over: the script's background nudge may still be running the old
+    stub, and writing an executable in use fails (ETXTBSY)."""
+    fresh = path.with_name(f".{path.name}.new")
+    fresh.write_text("#!/bin/bash\n" + text)
+    fresh.chmod(0o755)
+    fresh.replace(path)
 
 
 @pytest.fixture
