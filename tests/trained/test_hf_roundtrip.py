@@ -141,31 +141,19 @@ def test_streaming_the_weights_unpickles_the_checkpoint_metadata_once(
 ) -> None:
     """DCP's .metadata of a large FSDP checkpoint takes ~50 s to unpickle (gptrain.checkpoint.compat):
     each layer's read unpickled it again, once per layer plus once for the embeddings."""
-    import torch.distributed.checkpoint as dcp
-
     from gptrain.trained.hf.export import open_run, write_weights
 
     arch, run, _, _ = exported
     source = open_run(run)
-    reads = []
-    original = dcp.FileSystemReader.read_metadata
-
-    def counted(self, *args, **kwargs):
-        reads.append(self.path)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(dcp.FileSystemReader, "read_metadata", counted)
+    reads = count_metadata_reads(monkeypatch)
     (tmp_path / "out").mkdir()
     write_weights(tmp_path / "out", source, arch, 10**9, io.StringIO())
     assert len(reads) == 1
 
 
-def test_opening_a_run_unpickles_the_checkpoint_metadata_once(exported, monkeypatch) -> None:
-    """generate, eval and export open a run by the saved shapes of the embedding and the position
-    table: each was a reading of .metadata of its own (~50 s apiece for a large FSDP checkpoint)."""
+def count_metadata_reads(monkeypatch) -> list:
+    """The checkpoint paths whose DCP .metadata is read from now on (one entry a read)."""
     import torch.distributed.checkpoint as dcp
-
-    from gptrain.trained.load import open_run
 
     reads = []
     original = dcp.FileSystemReader.read_metadata
@@ -175,6 +163,15 @@ def test_opening_a_run_unpickles_the_checkpoint_metadata_once(exported, monkeypa
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(dcp.FileSystemReader, "read_metadata", counted)
+    return reads
+
+
+def test_opening_a_run_unpickles_the_checkpoint_metadata_once(exported, monkeypatch) -> None:
+    """generate, eval and export open a run by the saved shapes of the embedding and the position
+    table: each was a reading of .metadata of its own (~50 s apiece for a large FSDP checkpoint)."""
+    from gptrain.trained.load import open_run
+
+    reads = count_metadata_reads(monkeypatch)
     run = open_run(exported[1])
     assert len(reads) == 1 and run.saved_rows == 50304
 
