@@ -121,7 +121,7 @@ class IndexCache:
         try:
             arrays = {name: np.load(self.path(f"{name}.npy"), mmap_mode="r") for name in names}
             problem = check(arrays) if check is not None else None
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, EOFError) as error:  # EOFError: numpy's word for an empty .npy
             if isinstance(error, OSError) and is_too_many_open_files(error):
                 raise DataError(too_many_open_files(self.path(f"{names[0]}.npy"), error)) from None
             problem = str(error)

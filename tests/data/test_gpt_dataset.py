@@ -205,6 +205,21 @@ def test_cache_without_description_is_rebuilt(tmp_path):
     assert not again.cache_hit and _digest(again) == _digest(ds)
 
 
+@pytest.mark.parametrize("name", gpt_dataset.INDEX_NAMES)
+@pytest.mark.parametrize("keep", [0, 40, -1])  # nothing, part of the header, all but the last byte
+def test_truncated_cache_array_is_rebuilt(tmp_path, caplog, name, keep):
+    """A cache array cut short (a copy of the cache directory that ran out of space, a file system
+    that lost the end of it) beside its description: an empty one was numpy's EOFError as a traceback."""
+    prefix = write_dataset(tmp_path / "d", [5, 8, 13, 21, 34])
+    ds = GPTDataset(prefix, np.arange(5, dtype=np.int32), 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    array = tmp_path / "c" / f"{ds.digest}-GPTDataset-train-{name}.npy"
+    array.write_bytes(array.read_bytes()[:keep])
+    again = GPTDataset(prefix, np.arange(5, dtype=np.int32), 10, 4, 1, "train", cache_dir=str(tmp_path / "c"))
+    assert not again.cache_hit and _digest(again) == _digest(ds)
+    assert "ignoring unreadable index cache" in caplog.text
+    assert GPTDataset(prefix, np.arange(5), 10, 4, 1, "train", cache_dir=str(tmp_path / "c")).cache_hit
+
+
 def _arrays_copied(name: str) -> list[str]:
     return {"sample and shuffle index": ["sample_index", "shuffle_index"]}.get(name, [name])
 
