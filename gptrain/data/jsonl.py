@@ -95,7 +95,15 @@ def _compression_of(head: bytes) -> str | None:
     for magic, name in _MAGIC.items():
         if head.startswith(magic):
             return name
+    if _starts_with_skippable_frame(head):
+        return "zstd"
     return None
+
+
+def _starts_with_skippable_frame(head: bytes) -> bool:
+    """A zstd skippable frame (magic 0x184D2A50 to 0x184D2A5F, little-endian): pzstd begins every
+    file with one, ahead of the first compressed frame, so that file has no zstd magic up front."""
+    return len(head) >= 4 and 0x50 <= head[0] <= 0x5F and head[1:4] == b"\x2a\x4d\x18"
 
 
 class _PutBack(io.RawIOBase):

@@ -6,6 +6,7 @@ import gzip
 import json
 import lzma
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -166,6 +167,28 @@ def test_compressed_inputs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_d
     ]
     (tmp_path / f"in.jsonl{suffix}").write_bytes(compress(plain))
     argv = ["data", "prepare", "--input", str(tmp_path / f"in.jsonl{suffix}"), "--output-prefix"]
+    assert main([*argv, str(tmp_path / "out"), *gpt2_flags(gpt2_files), "--workers", "1"]) == 0
+    assert outputs(tmp_path / "out") == megatron_dataset(corpus, False)
+
+
+def _skippable_frame(payload: bytes, magic: int = 0x184D2A50) -> bytes:
+    """A zstd skippable frame (RFC 8878 section 3.1.2): magic, payload size, payload."""
+    return struct.pack("<II", magic, len(payload)) + payload
+
+
+@pytest.mark.parametrize("layout", ["pzstd", "seek table"])
+def test_zstd_with_skippable_frames(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, layout):
+    """pzstd puts a skippable frame (the next frame's size) before every frame, so its files do not
+    start with the zstd magic: they were read as text, 'not valid UTF-8' at line 1 (and --skip-bad-lines
+    dropped every document). A seekable file ends with one (its seek table)."""
+    plain = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus]).read_bytes()
+    frames = [zstandard.ZstdCompressor().compress(part) for part in (plain[:100], plain[100:])]
+    if layout == "pzstd":
+        data = b"".join(_skippable_frame(struct.pack("<I", len(frame))) + frame for frame in frames)
+    else:
+        data = b"".join(frames) + _skippable_frame(b"\x00" * 9, 0x184D2A5E)
+    (tmp_path / "in.jsonl.zst").write_bytes(data)
+    argv = ["data", "prepare", "--input", str(tmp_path / "in.jsonl.zst"), "--output-prefix"]
     assert main([*argv, str(tmp_path / "out"), *gpt2_flags(gpt2_files), "--workers", "1"]) == 0
     assert outputs(tmp_path / "out") == megatron_dataset(corpus, False)
 
