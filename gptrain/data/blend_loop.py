@@ -8,12 +8,20 @@ datasets; gptrain.data.blended falls back to its exact numpy path without numba.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import traceback
+from typing import Any
+
 import numpy as np
 
 try:
     import numba
 except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
+
+logger = logging.getLogger(__name__)
 
 
 def _blend(weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,6 +59,38 @@ _compiled = _compile(_blend)
 
 def compiled_blending_indices(weights: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The blending indices from the compiled loop, or None when numba is not available."""
+    global _compiled
     if _compiled is None:
         return None
-    return _compiled(np.ascontiguousarray(weights, dtype=np.float64), int(size))
+    args = (np.ascontiguousarray(weights, dtype=np.float64), int(size))
+    try:
+        return _compiled(*args)
+    except Exception as error:  # whatever unpickling a damaged cache file raises
+        if not _raised_reading_the_cache(error):
+            raise
+        _compiled = _drop_damaged_cache(_compiled, error)
+    return _compiled(*args)
+
+
+def _raised_reading_the_cache(error: BaseException) -> bool:
+    """Whether `error` comes from numba's on-disk cache (numba.core.caching), not from the loop."""
+    suffix = os.path.join("numba", "core", "caching.py")
+    return any(
+        frame.f_code.co_filename.endswith(suffix) for frame, _ in traceback.walk_tb(error.__traceback__)
+    )
+
+
+def _drop_damaged_cache(dispatcher: Any, error: Exception) -> Any:
+    """numba raises (EOFError, UnpicklingError) on a cache file cut short, by a node that crashed
+    after compiling or a full disk, at every later start; it does not recompile. The cache is
+    emptied (numba writes it again on the next compile) and this process compiles without it."""
+    cache = dispatcher._cache
+    logger.warning(
+        "numba's cache of the blending loop in %s is unreadable (%s: %s); compiling it again",
+        cache.cache_path,
+        type(error).__name__,
+        error,
+    )
+    with contextlib.suppress(Exception):  # a read-only cache stays as it is; this run compiles
+        cache.flush()
+    return numba.njit(nogil=True)(_blend)

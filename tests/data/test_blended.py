@@ -91,6 +91,29 @@ def test_the_loop_compiles_where_numba_finds_no_place_for_its_cache():
     assert blend_loop._compile(namespace["double"])(21) == 42
 
 
+@pytest.mark.parametrize("damaged", ["nbi", "nbc"])  # numba's index, or its compiled code
+def test_a_damaged_numba_cache_is_compiled_again(tmp_path, monkeypatch, caplog, damaged):
+    """A numba cache file cut short (a node that crashed after compiling, a full disk) made every
+    later blend stop with numba's EOFError as a traceback: numba does not recompile on it."""
+    numba = pytest.importorskip("numba")
+    from gptrain.data import blend_loop
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    weights = np.asarray(normalize([0.2, 0.5, 0.3]))
+    expected = [np.asarray(column) for column in slow_blend(weights.tolist(), 500)]
+    numba.njit(cache=True)(blend_loop._blend)(weights, 500)  # writes the cache under tmp_path
+    for path in tmp_path.rglob(f"*.{damaged}"):
+        path.write_bytes(b"")
+    monkeypatch.setattr(blend_loop, "_compiled", numba.njit(cache=True)(blend_loop._blend))
+    for _ in range(2):  # the second call uses the loop compiled the first time
+        got = compiled_blending_indices(weights, 500)
+        assert got is not None and all(map(np.array_equal, got, expected))
+    assert caplog.text.count("cache of the blending loop") == 1 and str(tmp_path) in caplog.text
+    fresh = numba.njit(cache=True)(blend_loop._blend)  # the next process: the cache is written again
+    assert all(map(np.array_equal, fresh(weights, 500), expected))
+    assert all(path.stat().st_size for path in tmp_path.rglob("*.nb*"))
+
+
 def test_blended_items_and_locate(tmp_path):
     children = [Numbered(0, 10), Numbered(1, 10)]
     blend = BlendedDataset(children, [1, 3], 8, "train", cache_dir=str(tmp_path))
