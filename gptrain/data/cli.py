@@ -29,7 +29,7 @@ def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         action="extend",  # `--input A --input B` is both files, not only B
         required=True,
-        help="jsonl files or globs (.jsonl, .jsonl.gz, .jsonl.xz, .jsonl.zst); may be repeated",
+        help="jsonl files or globs (.jsonl, .jsonl.gz, .jsonl.xz, .jsonl.zst, .jsonl.bz2); may be repeated",
     )
     parser.add_argument("--output-prefix", required=True, help="outputs are <prefix>_<key>_document.bin/.idx")
     parser.add_argument(

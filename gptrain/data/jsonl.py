@@ -1,4 +1,4 @@
-"""Reading jsonl inputs (plain, .gz, .xz, .zst) as chunks of whole lines.
+"""Reading jsonl inputs (plain, .gz, .xz, .zst, .bz2) as chunks of whole lines.
 
 Workers receive raw bytes of complete lines plus the number of the first line, so
 they can parse in parallel and still report `file:line` for a bad line; chunks are
@@ -7,6 +7,7 @@ numbered in input order and put back in that order by the writer.
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import glob
 import gzip
@@ -24,7 +25,7 @@ from gptrain.errors import DataError
 # Windows tools (PowerShell 5, Notepad) begin UTF-8 text with it; JSON parsers refuse it.
 UTF8_BOM = b"\xef\xbb\xbf"
 # Compression is recognised by content, so a mis-named file still reads.
-_MAGIC = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+_MAGIC = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2"}
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,8 @@ def _blocks(raw: IO[bytes], kind: str | None, size: int) -> Iterator[bytes]:
         opened: contextlib.AbstractContextManager = gzip.GzipFile(fileobj=raw, mode="rb")
     elif kind == "xz":
         opened = lzma.LZMAFile(raw, mode="rb")  # noqa: SIM115 (entered just below)
+    elif kind == "bzip2":  # older corpus dumps (Pushshift's); several streams (pbzip2) read as one
+        opened = bz2.BZ2File(raw, mode="rb")  # noqa: SIM115 (entered just below)
     else:
         opened = contextlib.nullcontext(raw)
     with opened as stream:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
 import lzma
@@ -159,12 +160,22 @@ def test_a_byte_order_mark_starting_a_file_is_no_part_of_its_first_document(
     assert stats.documents == len(corpus) and stats.bad_lines == 0
 
 
-@pytest.mark.parametrize("suffix", [".gz", ".xz", ".zst"])
+def _two_bzip2_streams(data: bytes) -> bytes:
+    """What pbzip2 writes: the input in parts, each its own bzip2 stream, one after the other."""
+    return bz2.compress(data[:100]) + bz2.compress(data[100:])
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".xz", ".zst", ".bz2", ".pbz2"])
 def test_compressed_inputs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, suffix):
+    """A .bz2 input (older dumps, Pushshift's) was read as text: 'not valid UTF-8 (byte 0)' at line 1."""
     plain = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus]).read_bytes()
-    compress = {".gz": gzip.compress, ".xz": lzma.compress, ".zst": zstandard.ZstdCompressor().compress}[
-        suffix
-    ]
+    compress = {
+        ".gz": gzip.compress,
+        ".xz": lzma.compress,
+        ".zst": zstandard.ZstdCompressor().compress,
+        ".bz2": bz2.compress,
+        ".pbz2": _two_bzip2_streams,
+    }[suffix]
     (tmp_path / f"in.jsonl{suffix}").write_bytes(compress(plain))
     argv = ["data", "prepare", "--input", str(tmp_path / f"in.jsonl{suffix}"), "--output-prefix"]
     assert main([*argv, str(tmp_path / "out"), *gpt2_flags(gpt2_files), "--workers", "1"]) == 0
@@ -427,6 +438,8 @@ def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
     (tmp_path / "broken.jsonl.gz").write_bytes(gzip.compress(source.read_bytes() * 50)[:30])
     data = zstandard.ZstdCompressor().compress(source.read_bytes() * 50)
     (tmp_path / "cut.jsonl.zst").write_bytes(data[: len(data) // 2])
+    data = bz2.compress(source.read_bytes() * 50)
+    (tmp_path / "cut.jsonl.bz2").write_bytes(data[: len(data) // 2])
     cases = [
         (["--input", str(tmp_path / "nope.jsonl"), *gpt2_flags(gpt2_files)], "nope.jsonl: no such file"),
         (  # a directory was 'no such file' too
@@ -449,6 +462,10 @@ def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
         (
             ["--input", str(tmp_path / "cut.jsonl.zst"), *gpt2_flags(gpt2_files)],
             "cannot decompress zstd input",
+        ),
+        (
+            ["--input", str(tmp_path / "cut.jsonl.bz2"), *gpt2_flags(gpt2_files)],
+            "cut.jsonl.bz2: cannot decompress bzip2 input",
         ),
         (["--input", str(source), "--tokenizer-type", "HuggingFaceTokenizer"], "needs --tokenizer-model"),
         (["--input", str(source)], "give a tokenizer: --vocab-file/--merge-file"),
