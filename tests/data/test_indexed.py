@@ -17,6 +17,7 @@ from gptrain.data.indexed import (
     optimal_dtype,
 )
 from gptrain.errors import DataError
+from gptrain.utils.signals import Terminated
 
 # Three documents: [5, 6, 7], an empty one, and one split into two sequences [1] + [2, 3].
 DOCS = [([5, 6, 7], [3]), ([], []), ([1, 2, 3], [1, 2])]
@@ -45,6 +46,10 @@ def write_pair(prefix: Path, idx: bytes, bin_: bytes) -> str:
     prefix.with_suffix(".idx").write_bytes(idx)
     prefix.with_suffix(".bin").write_bytes(bin_)
     return str(prefix)
+
+
+def read_pair_bytes(prefix: Path) -> tuple[bytes, bytes]:
+    return prefix.with_suffix(".idx").read_bytes(), prefix.with_suffix(".bin").read_bytes()
 
 
 def test_reads_megatron_file(tmp_path):
@@ -159,6 +164,57 @@ def test_finalize_replaces_old_pair(tmp_path):
     with IndexedDatasetWriter(prefix, np.uint16) as writer:
         writer.add_document(np.array([42]))
     assert IndexedDataset(prefix).get(0).tolist() == [42]
+
+
+@pytest.mark.parametrize("move", range(4))  # the .bin of a, of b, the .idx of a, of b
+@pytest.mark.parametrize("lands", ["before", "after"])  # the rename it interrupts
+@pytest.mark.parametrize("signal", [KeyboardInterrupt, lambda: Terminated(15)])
+def test_an_interruption_while_renaming_leaves_the_new_outputs(tmp_path, monkeypatch, move, lands, signal):
+    """A SIGTERM (a time limit) or Ctrl-C landing among the renames that replace two old datasets
+    (prepare's --json-keys): the cleanup removed the new files after the old indices were gone, so
+    neither dataset was left. The renames now finish first; each output is its new dataset."""
+    old_idx, old_bin = megatron_bytes(DOCS, 8, "H")
+    prefixes = [write_pair(tmp_path / name, old_idx, old_bin) for name in ("a", "b")]
+    writers = [IndexedDatasetWriter(prefix, np.uint16) for prefix in prefixes]
+    for writer, tokens in zip(writers, ([42], [7, 8]), strict=True):
+        writer.add_document(np.array(tokens))
+    original, calls = indexed._move_into_place, []
+
+    def interrupted(temp, path):
+        calls.append(path)
+        if len(calls) == move + 1 and lands == "before":
+            raise signal()
+        original(temp, path)
+        if len(calls) == move + 1:
+            raise signal()
+
+    monkeypatch.setattr(indexed, "_move_into_place", interrupted)
+    with pytest.raises((KeyboardInterrupt, Terminated)):
+        indexed.finalize_together(writers)
+    for writer in writers:
+        writer.abort()  # what leaving the `with` blocks does
+    assert [[s.tolist() for s in IndexedDataset(prefix)[:]] for prefix in prefixes] == [[[42]], [[7, 8]]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "a.idx", "b.bin", "b.idx"]
+
+
+def test_an_old_index_that_cannot_be_removed_leaves_the_old_outputs(tmp_path, monkeypatch):
+    """The first rename step failing (nothing changed yet) still removes the new files."""
+    old = write_pair(tmp_path / "a", *megatron_bytes(DOCS, 8, "H"))
+    writer = IndexedDatasetWriter(old, np.uint16)
+    writer.add_document(np.array([42]))
+    unlink = Path.unlink
+
+    def refused(self, missing_ok=False):
+        if self.name == "a.idx":
+            raise PermissionError(13, "Permission denied", str(self))
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    with pytest.raises(PermissionError):
+        indexed.finalize_together([writer])
+    monkeypatch.undo()
+    assert read_pair_bytes(tmp_path / "a") == megatron_bytes(DOCS, 8, "H")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "a.idx"]
 
 
 def test_add_index_equals_writing_in_order(tmp_path):
