@@ -82,11 +82,12 @@ def _raised_reading_the_cache(error: BaseException) -> bool:
 
 def _drop_damaged_cache(dispatcher: Any, error: Exception) -> Any:
     """numba raises (EOFError, UnpicklingError) on a cache file cut short, by a node that crashed
-    after compiling or a full disk, at every later start; it does not recompile. The cache is
-    emptied (numba writes it again on the next compile) and this process compiles without it."""
+    after compiling or a full disk, at every later start; it does not recompile (nor go on when
+    saving to a full disk fails). The cache is emptied (numba writes it again on the next compile)
+    and this process compiles without it."""
     cache = dispatcher._cache
     logger.warning(
-        "numba's cache of the blending loop in %s is unreadable (%s: %s); compiling it again",
+        "numba's cache of the blending loop in %s cannot be used (%s: %s); compiling it again",
         cache.cache_path,
         type(error).__name__,
         error,

@@ -114,6 +114,25 @@ def test_a_damaged_numba_cache_is_compiled_again(tmp_path, monkeypatch, caplog, 
     assert all(path.stat().st_size for path in tmp_path.rglob("*.nb*"))
 
 
+def test_a_numba_cache_that_cannot_be_saved_is_compiled_without_it(tmp_path, monkeypatch, caplog):
+    """Saving the compiled loop to a full disk was numba's OSError as a traceback at every blend."""
+    numba = pytest.importorskip("numba")
+    from numba.core import caching
+
+    from gptrain.data import blend_loop
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(caching.IndexDataCacheFile, "save", full_disk)
+    monkeypatch.setattr(blend_loop, "_compiled", numba.njit(cache=True)(blend_loop._blend))
+    weights = np.asarray(normalize([0.3, 0.7]))
+    got = compiled_blending_indices(weights, 300)
+    assert got is not None and [column.tolist() for column in got] == list(slow_blend(weights.tolist(), 300))
+    assert "cannot be used (OSError: [Errno 28] No space left on device)" in caplog.text
+
+
 def test_blended_items_and_locate(tmp_path):
     children = [Numbered(0, 10), Numbered(1, 10)]
     blend = BlendedDataset(children, [1, 3], 8, "train", cache_dir=str(tmp_path))
