@@ -24,6 +24,7 @@ from gptrain.errors import DataError
 
 # Windows tools (PowerShell 5, Notepad) begin UTF-8 text with it; JSON parsers refuse it.
 UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # little- and big-endian (UTF-32LE's starts the same)
 # Compression is recognised by content, so a mis-named file still reads.
 _MAGIC = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2"}
 
@@ -184,20 +185,28 @@ def iter_chunks(paths: list[Path], chunk_bytes: int = 1 << 20) -> Iterator[Chunk
             try:
                 source, kind = _sniffed(raw)
                 position = raw.tell if raw.seekable() else lambda: 0  # no ETA through a pipe
-                yield from _file_chunks(path, position, _without_bom(_blocks(source, kind, chunk_bytes)))
+                blocks = _without_bom(_blocks(source, kind, chunk_bytes), path)
+                yield from _file_chunks(path, position, blocks)
             except errors as error:
                 what = f"cannot decompress {kind} input" if kind else "cannot read input"
                 raise DataError(f"{path}: {what} ({error}); check the file is complete") from None
 
 
-def _without_bom(blocks: Iterator[bytes]) -> Iterator[bytes]:
+def _without_bom(blocks: Iterator[bytes], path: Path) -> Iterator[bytes]:
     """The blocks less a byte order mark at the start of the file: it is no part of the first
-    document, and left in, that line was refused as not JSON (or skipped, a document lost)."""
+    document, and left in, that line was refused as not JSON (or skipped, a document lost).
+    UTF-16 text (PowerShell 5's `>` and Out-File write it) is refused whole: each line was 'not
+    valid JSON', and --skip-bad-lines dropped every document of the file."""
     head = b""
     for block in blocks:
         head += block
         if len(head) >= len(UTF8_BOM):
             break
+    if head.startswith(UTF16_BOMS):
+        raise DataError(
+            f"{path}: UTF-16 text (it starts with a UTF-16 byte order mark); jsonl must be UTF-8: "
+            f"convert it (iconv -f UTF-16 -t UTF-8 FILE > FILE.utf8.jsonl)"
+        )
     if head := head.removeprefix(UTF8_BOM):
         yield head
     yield from blocks

@@ -165,6 +165,20 @@ def _two_bzip2_streams(data: bytes) -> bytes:
     return bz2.compress(data[:100]) + bz2.compress(data[100:])
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_utf16_text_is_refused_whole(tmp_path, gpt2_files, capsys, encoding):
+    """UTF-16 jsonl (PowerShell 5's `>` writes it): every line was 'not valid JSON', and with
+    --skip-bad-lines the run succeeded with every document of the file dropped."""
+    source = tmp_path / "ps.jsonl"
+    text = '{"text": "one"}\n{"text": "two"}\n'
+    source.write_bytes(text.encode(encoding) if encoding == "utf-16" else b"\xfe\xff" + text.encode(encoding))
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out" / "o")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1", "--skip-bad-lines"]) == 2
+    err = capsys.readouterr().err
+    assert f"{source}: UTF-16 text" in err and "iconv -f UTF-16 -t UTF-8" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
 @pytest.mark.parametrize("suffix", [".gz", ".xz", ".zst", ".bz2", ".pbz2"])
 def test_compressed_inputs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, suffix):
     """A .bz2 input (older dumps, Pushshift's) was read as text: 'not valid UTF-8 (byte 0)' at line 1."""
