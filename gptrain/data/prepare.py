@@ -285,6 +285,7 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
         tokens, lengths = _encode(state.tokenizer, texts, chunk, key)  # type: ignore[arg-type]
         if state.eod is not None:
             tokens, lengths = _with_eod(tokens, lengths, state.eod, _last_sentences(lengths, sentences))
+        _check_ids_fit(tokens, state, chunk, key)
         all_tokens.append(tokens.astype(state.dtype, copy=False))
         all_lengths.append(lengths)
         all_sentences.append(sentences)
@@ -304,6 +305,22 @@ def _encode(tokenizer: Tokenizer, texts: list[str], chunk: Chunk, key: str) -> t
             f"{chunk.path}:{chunk.first_line}-{last}: the tokenizer cannot encode the {key!r} value of "
             f"a line here ({type(error).__name__}: {error}); find and fix or remove that line"
         ) from None
+
+
+def _check_ids_fit(tokens: np.ndarray, state: _WorkerState, chunk: Chunk, key: str) -> None:
+    """An id past what the token dtype holds would be written wrapped (70000 as 4464 in uint16),
+    silently another token: the dtype follows the tokenizer's vocabulary size (Megatron's rule), and
+    a tokenizer.json may give ids beyond it (added tokens with a gap before them)."""
+    largest = int(tokens.max()) if len(tokens) else 0
+    if largest <= np.iinfo(state.dtype).max:
+        return
+    last = chunk.first_line + max(0, chunk.data.count(b"\n", 0, len(chunk.data) - 1))
+    raise DataError(
+        f"{chunk.path}:{chunk.first_line}-{last}: the tokenizer gives id {largest:,} for the {key!r} value of "
+        f"a line here, past the {state.dtype} tokens its vocabulary size ({state.tokenizer.vocab_size:,}) "
+        "chose (Megatron's rule: uint16 below 65,500 entries); its ids run past its size: fix the "
+        "tokenizer's ids (its added tokens) or use another tokenizer"
+    )
 
 
 def _init_pool_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, skip: bool) -> None:

@@ -432,6 +432,23 @@ def _failing_encode(self, texts):
     raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_id_past_the_token_dtype_is_refused(tmp_path, write_jsonl, workers):
+    """A tokenizer.json whose ids run past its vocabulary size (4 tokens, one of id 70,000) picks
+    uint16 tokens by Megatron's rule; 70,000 was written as 4,464, silently another token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1, "<|endoftext|>": 2, "b": 70000}, "[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "gap.json"))
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a a"}, {"text": "a b a"}])
+    spec = TokenizerSpec("HuggingFaceTokenizer", model=str(tmp_path / "gap.json"))
+    config = PrepareConfig([str(source)], str(tmp_path / "out" / "o"), spec, workers=workers)
+    with pytest.raises(DataError, match=r"in\.jsonl:1-2: the tokenizer gives id 70,000 .* past the uint16"):
+        prepare(config, stream=sys.stdout)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_tokenizer_failure_is_a_data_error(tmp_path, hf_tokenizer_json, write_jsonl, monkeypatch):
     """A backstop: whatever a tokenizer raises on parsed text names the file and lines, no traceback."""
     from gptrain.data.tokenizers import HFTokenizer
