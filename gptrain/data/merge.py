@@ -25,12 +25,23 @@ PROGRESS_SECONDS = 10.0
 
 
 def _expand(path: str) -> list[str]:
-    """A directory stands for every dataset in it, in sorted order (as merge_datasets.py does)."""
+    """A directory stands for every dataset in it, in sorted order (as merge_datasets.py does).
+
+    A prefix whose .bin/.idx exist is that dataset, though a directory has its name too: Megatron
+    keeps its index cache in `<prefix>/cache/`, and such a prefix was 'directory holds no .bin/.idx
+    datasets'. Where that directory holds datasets as well, the user says which is meant."""
     if not os.path.isdir(path):
         return [strip_suffix(path)]
     prefixes = sorted(
         {os.path.join(path, name[:-4]) for name in os.listdir(path) if name.endswith((".bin", ".idx"))}
     )
+    if IndexedDataset.exists(path):
+        if prefixes:
+            raise DataError(
+                f"--input {path}: both the dataset {path}.bin/.idx and a directory of {len(prefixes)} "
+                f"datasets; write {path}.idx for the dataset, or {path}{os.sep} for the directory"
+            )
+        return [path]
     if not prefixes:
         raise DataError(f"--input {path}: directory holds no .bin/.idx datasets")
     return prefixes

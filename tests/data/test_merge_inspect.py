@@ -203,6 +203,22 @@ def test_merge_directory_in_name_order(tmp_path, capsys):
     assert "holds no .bin/.idx datasets" in capsys.readouterr().err
 
 
+def test_a_prefix_beside_a_directory_of_its_name_is_the_dataset(tmp_path, capsys):
+    """Megatron keeps its index cache in <prefix>/cache/GPTDataset_indices: the prefix of a dataset
+    Megatron trained on was taken as that directory, 'holds no .bin/.idx datasets'."""
+    a, b = _write(tmp_path / "a_text_document", np.uint16, [[1, 2]]), _write(tmp_path / "b", np.uint16, [[3]])
+    (tmp_path / "a_text_document" / "cache" / "GPTDataset_indices").mkdir(parents=True)
+    assert main(["data", "merge", "--input", a, b, "--output-prefix", str(tmp_path / "m")]) == 0
+    assert np.fromfile(tmp_path / "m.bin", np.uint16).tolist() == [1, 2, 3]
+    _write(tmp_path / "a_text_document" / "inner", np.uint16, [[9]])  # now also a directory of datasets
+    assert main(["data", "merge", "--input", a, "--output-prefix", str(tmp_path / "n")]) == 2
+    err = capsys.readouterr().err
+    assert f"--input {a}: both the dataset {a}.bin/.idx and a directory of 1 datasets" in err
+    for given, tokens in ((a + ".idx", [1, 2]), (a + "/", [9])):
+        assert main(["data", "merge", "--input", given, "--output-prefix", str(tmp_path / "n")]) == 0
+        assert np.fromfile(tmp_path / "n.bin", np.uint16).tolist() == tokens
+
+
 def _write(prefix: Path, dtype: type, documents: list[list[int]]) -> str:
     with IndexedDatasetWriter(str(prefix), dtype) as writer:
         for tokens in documents:
