@@ -527,17 +527,21 @@ def _take_step(writer: IndexedDatasetWriter, step: str) -> None:
 def _finish_moves(
     writers: Sequence[IndexedDatasetWriter], steps: list[tuple[IndexedDatasetWriter, str]]
 ) -> None:
-    """The remaining steps, each tried once (its failure is the error already raised); an `.idx`
-    only once its own `.bin` is in place, so no index ever stands beside other tokens."""
+    """The remaining steps, each tried once (its failure is the error already raised). A `.bin`
+    moves only where the old index is gone and an `.idx` only once its own `.bin` is in place, so no
+    index ever stands beside other tokens; a writer that moved nothing leaves its old pair whole."""
     for writer, step in steps:
+        if step == "bin" and writer.idx_path.exists():
+            continue  # its old index could not be removed: the old pair stays
         if step == "idx" and writer._temps[0].exists():
             continue  # its .bin did not move
         with contextlib.suppress(BaseException):  # a second Ctrl-C must not cut the finish short
             _take_step(writer, step)
     for writer in writers:
-        writer._done = True  # abort() must not remove what is now the output, or a temporary left
-        for spill in writer._temps[1:3]:
-            spill.unlink(missing_ok=True)
+        writer._done = True  # abort() must not remove what is now the output
+        unmoved = writer._temps[0].exists()  # then the .idx did not move either: both go
+        for temp in writer._temps[1:3] + (writer._temps[::3] if unmoved else []):
+            temp.unlink(missing_ok=True)
 
 
 def _move_into_place(temp: Path, path: Path) -> None:

@@ -217,6 +217,29 @@ def test_an_old_index_that_cannot_be_removed_leaves_the_old_outputs(tmp_path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "a.idx"]
 
 
+def test_an_old_index_that_cannot_be_removed_after_another_keeps_its_old_pair(tmp_path, monkeypatch):
+    """Past the first step the moves finish where they can: a's new pair goes in (its old index is
+    gone), b, whose old index could not be removed, keeps its old pair; no temporary is left."""
+    old = megatron_bytes(DOCS, 8, "H")
+    writers = [IndexedDatasetWriter(write_pair(tmp_path / name, *old), np.uint16) for name in ("a", "b")]
+    for writer in writers:
+        writer.add_document(np.array([42]))
+    unlink = Path.unlink
+
+    def refused(self, missing_ok=False):
+        if self.name == "b.idx":
+            raise PermissionError(13, "Permission denied", str(self))
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    with pytest.raises(PermissionError):
+        indexed.finalize_together(writers)
+    monkeypatch.undo()
+    assert [s.tolist() for s in IndexedDataset(str(tmp_path / "a"))[:]] == [[42]]
+    assert read_pair_bytes(tmp_path / "b") == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "a.idx", "b.bin", "b.idx"]
+
+
 def test_add_index_equals_writing_in_order(tmp_path):
     a = write_pair(tmp_path / "a", *megatron_bytes(DOCS[:2], 8, "H"))
     b = write_pair(tmp_path / "b", *megatron_bytes(DOCS[2:] + DOCS[:1], 8, "H"))
