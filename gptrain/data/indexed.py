@@ -477,8 +477,9 @@ def finalize_together(writers: Sequence[IndexedDatasetWriter]) -> None:
     Every `.idx` is written before any file is renamed, so a failure there (a full disk) leaves
     the old outputs as they were. Then every old `.idx` goes (an old index next to a new `.bin`
     would look finished), every `.bin` is renamed, and every `.idx` last: never a mix of old and
-    new complete datasets. A failure before that removes every temporary file; one during the
-    renames (`_move_all_into_place`) completes them.
+    new complete datasets, unless an old index cannot be removed after another was. A failure
+    before that removes every temporary file; one during the renames (`_move_all_into_place`)
+    completes what it can.
     """
     writers = [writer for writer in writers if not writer._done]
     try:
