@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,6 +68,16 @@ def test_missing_prefix_is_named(tmp_path):
     real = write_dataset(tmp_path / "real", [5, 6, 7])
     with pytest.raises(DataError, match=r"missing\.bin/\.idx not found"):
         build_gpt_datasets([1, real, 1, str(tmp_path / "missing")], "1,0,0", 4, 1, (10, 0, 0))
+
+
+@pytest.mark.parametrize("missing", [".bin", ".idx"])
+def test_half_of_a_pair_names_the_missing_file(tmp_path, missing):
+    """A .bin without its .idx (or the reverse: a copy cut short) said neither was found."""
+    prefix = write_dataset(tmp_path / "d", [5, 6, 7])
+    Path(prefix + missing).unlink()
+    present = ".idx" if missing == ".bin" else ".bin"
+    with pytest.raises(DataError, match=rf"d{missing} not found beside .*d\{present} \(a copy not finished"):
+        build_gpt_datasets([1, prefix], "1,0,0", 4, 1, (10, 0, 0))
 
 
 def test_single_prefix_gives_plain_gpt_datasets(tmp_path):
