@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from gptrain.errors import DataError
 
 __all__ = [
+    "MAX_BLEND_DATASETS",
     "PER_SPLIT_KEYS",
     "is_number",
     "parse_blend",
@@ -20,6 +21,9 @@ __all__ = [
     "text_document_hint",
     "unweighted_list_error",
 ]
+
+# Megatron's blend index names a dataset in an int16: at most 32,766 datasets in one blend.
+MAX_BLEND_DATASETS = 32766
 
 # NeMo's per-split data_prefix keys (Megatron's --train/--valid/--test-data-path), in split order;
 # here, with no imports, so that loading a config (on a login node too) reads them without numpy.
@@ -68,6 +72,12 @@ def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], li
             raise DataError(f"data prefix entry {position + 1}: weight {raw!r} of {prefix} must be positive")
         prefixes.append(str(prefix).strip())
         weights.append(weight)
+    if len(prefixes) > MAX_BLEND_DATASETS:  # said before the datasets are opened and indexed one by one
+        raise DataError(
+            f"data prefix list blends {len(prefixes):,} datasets; a blend holds at most "
+            f"{MAX_BLEND_DATASETS:,} (its index names a dataset in an int16, as Megatron's): merge "
+            "shards first (gptrain data merge)"
+        )
     return prefixes, weights
 
 

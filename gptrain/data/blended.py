@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gptrain.data.blend_loop import compiled_blending_indices
+from gptrain.data.blend_spec import MAX_BLEND_DATASETS
 from gptrain.data.index_cache import IndexCache, describe
 from gptrain.errors import DataError
 
@@ -170,8 +171,10 @@ class BlendedDataset:
         use_cache: bool = True,
         names: Sequence[str] | None = None,
     ) -> None:
-        if len(datasets) != len(weights) or not datasets or len(datasets) >= 32767:
-            raise DataError(f"a blend needs 1 to 32766 datasets with one weight each, got {len(datasets)}")
+        if len(datasets) != len(weights) or not datasets or len(datasets) > MAX_BLEND_DATASETS:
+            raise DataError(
+                f"a blend needs 1 to {MAX_BLEND_DATASETS} datasets with one weight each, got {len(datasets)}"
+            )
         if any(not w > 0 for w in weights):
             raise DataError(f"blend weights must be positive, got {list(weights)}")
         self.datasets = list(datasets)

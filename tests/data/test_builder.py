@@ -80,6 +80,15 @@ def test_half_of_a_pair_names_the_missing_file(tmp_path, missing):
         build_gpt_datasets([1, prefix], "1,0,0", 4, 1, (10, 0, 0))
 
 
+def test_a_blend_past_the_int16_dataset_index_is_refused_before_any_dataset_opens(tmp_path):
+    """32,767 shards were each opened and indexed (minutes to hours) before the blend refused them."""
+    shards = [str(tmp_path / f"missing{i}") for i in range(32767)]  # never opened: none exists
+    blend = [item for shard in shards for item in (1, shard)]
+    with pytest.raises(DataError, match="blends 32,767 datasets; a blend holds at most 32,766"):
+        build_gpt_datasets(blend, "1,0,0", 4, 1, (10, 0, 0))
+    assert parse_blend(blend[:-2])[0] == shards[:-1]
+
+
 def test_single_prefix_gives_plain_gpt_datasets(tmp_path):
     prefix = write_dataset(tmp_path / "d", list(range(1, 41)))
     train, valid, test = build_gpt_datasets(prefix, "90,10,0", 8, 1234, (100, 5, 0), str(tmp_path / "c"))
