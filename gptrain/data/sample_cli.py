@@ -97,8 +97,11 @@ def _verify_sources(dataset: Any) -> None:
 
 
 def run_sample(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from gptrain.data.builder import build_gpt_datasets
     from gptrain.data.gpt_dataset import seed_problem
+    from gptrain.data.summary import check_ids_in_vocabulary
     from gptrain.errors import ConfigError, DataError
 
     counts = parse_num_samples(args.num_samples)
@@ -143,7 +146,10 @@ def run_sample(args: argparse.Namespace) -> int:
         "tokens": tokens,
     }
     if tokenizer is not None:
-        result["text"] = tokenizer.decode([t for t in tokens if t >= 0])
+        ids = np.array([t for t in tokens if t >= 0], dtype=np.int64)
+        where = f"{result.get('prefix', '--mock')}: sample {args.index} of the {args.split} split"
+        check_ids_in_vocabulary(where, ids, int(tokenizer.vocab_size), "sample")
+        result["text"] = tokenizer.decode(ids.tolist())
     json.dump(result, sys.stdout, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0

@@ -73,21 +73,22 @@ def summarize(
         ids = document_tokens(dataset, document, num_tokens)
         peek: dict[str, Any] = {"index": document, "num_tokens": peeked, "ids": ids.tolist()}
         if tokenizer is not None:
-            check_ids_in_vocabulary(dataset.path_prefix, document, ids, int(tokenizer.vocab_size))
+            where = f"{dataset.path_prefix}: document {document}"
+            check_ids_in_vocabulary(where, ids, int(tokenizer.vocab_size), "inspect")
             peek["text"] = tokenizer.decode(ids)
         info["document"] = peek
     return info
 
 
-def check_ids_in_vocabulary(prefix: str, document: int, ids: np.ndarray, vocab_size: int) -> None:
+def check_ids_in_vocabulary(where: str, ids: np.ndarray, vocab_size: int, command: str) -> None:
     """A Hugging Face tokenizer decodes an id it lacks as nothing: the text shown would hide that
-    the data was tokenized with another tokenizer."""
+    the data was tokenized with another tokenizer. `where`: 'prefix: document 3'."""
     foreign = ids[ids >= vocab_size]
     if foreign.size:
         raise DataError(
-            f"{prefix}: document {document} holds token id {int(foreign.max())}, not in the tokenizer's "
-            f"{vocab_size}-token vocabulary: the data was tokenized with another tokenizer; inspect it "
-            "with that one, or without a tokenizer"
+            f"{where} holds token id {int(foreign.max())}, not in the tokenizer's {vocab_size}-token "
+            f"vocabulary: the data was tokenized with another tokenizer; {command} it with that one, "
+            "or without a tokenizer"
         )
 
 

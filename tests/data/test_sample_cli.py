@@ -65,6 +65,18 @@ def test_text_is_decoded_with_the_tokenizer(tmp_path, capsys, gpt2_files, refere
     assert out["tokens"] == ids and out["text"] == text
 
 
+def test_a_tokenizer_that_lacks_the_ids_says_so(tmp_path, corpus_writer, capsys):
+    """A Hugging Face tokenizer decoded the foreign id 5000 as nothing: the sample's text looked
+    right (data inspect already said so)."""
+    overrides = dict(o.split("=", 1) for o in corpus_writer(tmp_path, [np.array([1, 2, 5000, 3, 4])]))
+    prefix, tokenizer = overrides["model.data.data_prefix"], overrides["model.tokenizer.model"]
+    argv = ["data", "sample", "--data-prefix", prefix, "--seq-length", "3", "--splits-string", "1,0,0"]
+    assert main([*argv, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer]) == 2
+    err = capsys.readouterr().err
+    assert f"{prefix}: sample 0 of the train split holds token id 5000, not in the tokenizer's" in err
+    assert "sample it with that one, or without a tokenizer" in err and err.count("\n") == 1
+
+
 def test_only_the_requested_split_is_built(tmp_path, capsys):
     """The default split "969, 30, 1" leaves 4 sequences no valid or test data: train still samples."""
     prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8])
