@@ -140,7 +140,7 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
         tb.TB_GRAD_NORM: meter.last_grad_norm,
         tb.TB_LOSS_SCALE: meter.last_scale,
         tb.TB_STEP_TIME: seconds,
-        tb.TB_CONSUMED_SAMPLES: float(consumed_samples),
+        tb.TB_CONSUMED_SAMPLES: consumed_samples,  # an int: exact in TensorBoard (results.add_scalar)
         tb.TB_TOKENS_PER_SECOND: tokens_per_second(run.global_batch_size * share, run.seq_length, seconds),
         tb.TB_TFLOPS: tflops,
     }
@@ -150,11 +150,11 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
             "lr": meter.last_lr,
             "grad_norm": meter.last_grad_norm,
             "loss_scale": meter.last_scale,
-            "batch_size": float(batch),
+            "batch_size": batch,
             "seconds": seconds,
-            "world_size": float(run.world_size),
-            "step": float(step),
-            "consumed": float(consumed_samples),
+            "world_size": run.world_size,
+            "step": step,
+            "consumed": consumed_samples,
         }
     )
     meter.reset(time.perf_counter())

@@ -134,6 +134,16 @@ def quiet_tensorboard_writer_threads() -> None:
     threading.excepthook = hook
 
 
+def add_scalar(writer: Any, tag: str, value: float, step: int) -> None:
+    """A float as TensorBoard's usual float32; an int as a float64 tensor (new-style scalar), exact
+    up to 2**53: float32 holds integers exactly only up to 2**24, which consumed samples pass within
+    hours (16.8M samples), after which the curve showed rounded counts."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        writer.add_scalar(tag, value, step, new_style=True, double_precision=True)
+    else:
+        writer.add_scalar(tag, value, step)
+
+
 class Scalars:
     """TensorBoard scalars on the logging rank (and the same series to W&B when given a run);
     a no-op elsewhere or when disabled."""
@@ -155,19 +165,21 @@ class Scalars:
         self._wandb = run
 
     def add(self, values: dict[str, float | None], step: int) -> None:
+        """Values at iteration `step`; an int (a count: consumed samples, the step) is kept exact."""
         if self._wandb is not None:
             self._wandb.log(values, step)
-        given = {t: v for t, v in values.items() if v is not None}
-        if given:  # no values, no events file (the writer opens the file at its first event)
-            self._write(lambda writer: [writer.add_scalar(t, v, step) for t, v in given.items()])
+        self._add_scalars(values, step)
 
     def add_vs_samples(self, values: dict[str, float | None], samples: int, step: int) -> None:
         """Series whose x axis is consumed samples (Megatron's `... vs samples`) at iteration `step`."""
         if self._wandb is not None:
             self._wandb.log_vs_samples(values, samples, step)
+        self._add_scalars(values, samples)
+
+    def _add_scalars(self, values: dict[str, float | None], x: int) -> None:
         given = {t: v for t, v in values.items() if v is not None}
-        if given:
-            self._write(lambda writer: [writer.add_scalar(t, v, samples) for t, v in given.items()])
+        if given:  # no values, no events file (the writer opens the file at its first event)
+            self._write(lambda writer: [add_scalar(writer, t, v, x) for t, v in given.items()])
 
     def text(self, tag: str, text: str, step: int) -> None:
         """A warning people should see next to the curves (e.g. a damaged checkpoint skipped)."""

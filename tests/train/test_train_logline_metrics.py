@@ -137,3 +137,38 @@ def test_the_first_line_of_a_process_has_no_eta(monkeypatch):
         clock[0] += 0.5
         meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0)
     assert meter_module.interval_report(meter, 50, 50, shape).line.endswith(" ETA 00:00:25 |")  # 50 x 0.5 s
+
+
+def test_sample_counts_past_2_to_the_24_stay_exact_in_tensorboard(tmp_path, monkeypatch):
+    """float32, TensorBoard's usual scalar, holds integers exactly only up to 2**24 (16.8M samples,
+    passed within hours by any real run): the consumed-samples curves showed rounded counts. Counts
+    are written as float64 and read back exactly, and the `vs samples` x axis is the exact count."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    from gptrain.train import meter as meter_module
+    from gptrain.train.results import Scalars
+    from gptrain.train.step import StepResult
+
+    consumed, step = 2**24 + 3, 2**24 + 1  # neither is a float32
+    shape = meter_module.RunShape(
+        1e12, None, world_size=1, global_batch_size=1, seq_length=8, max_steps=2**25
+    )
+    meter = meter_module.IntervalMeter(start_step=step - 2)
+    meter.add(StepResult(loss=2.5, updated=True), lr=1e-3, scale=1.0, batch=1)
+    report = meter_module.interval_report(meter, step, consumed, shape)
+    scalars = Scalars(tmp_path, enabled=True)
+    scalars.add(report.by_step, step)
+    scalars.add_vs_samples(report.vs_samples, consumed, step)
+    scalars.close()
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0, "scalars": 0}).Reload()
+
+    def exact(tag: str) -> list[tuple[int, float]]:  # as TensorBoard reads either form
+        if tag in events.Tags()["scalars"]:
+            return [(e.step, e.value) for e in events.Scalars(tag)]
+        return [(e.step, make_ndarray(e.tensor_proto).item()) for e in events.Tensors(tag)]
+
+    assert exact("consumed samples") == exact("consumed_samples") == [(step, consumed)]
+    assert exact("global_step") == [(step, step)]
+    assert [(e.step, e.value) for e in events.Scalars("lm loss vs samples")] == [(consumed, 2.5)]
+    assert [e.step for e in events.Scalars("lm loss")] == [step]  # the other series stay float32 scalars
