@@ -16,7 +16,12 @@ from typing import Any
 from gptrain.config import TrainingConfig
 from gptrain.errors import ConfigError
 
-# W&B's own x axis for the series TensorBoard writes against consumed samples (NeMo's tag).
+# The x axis of every series: the iteration, logged as a value (Lightning's name, so NeMo's W&B
+# dashboards plot as before). Not W&B's own step (`_step`), which refuses a step lower than the run's
+# last: a requeued job resuming a W&B run (wandb_logger_kwargs.id and resume) re-logs the iterations
+# between its checkpoint and the stop, and W&B dropped them and every later one up to the old last.
+STEP_AXIS = "trainer/global_step"
+# The x axis of the series TensorBoard writes against consumed samples (NeMo's tag).
 SAMPLES_AXIS = "consumed_samples"
 
 
@@ -55,16 +60,18 @@ def init_kwargs(cfg: TrainingConfig) -> dict[str, Any]:
 class WandbRun:
     """One W&B run, fed the same values as TensorBoard.
 
-    W&B keeps one step axis that only moves forward: values reported late for an earlier
-    iteration (a background checkpoint's cost) land on the newest iteration seen, rather than
-    being dropped. Series TensorBoard plots against consumed samples are plotted here against
-    `consumed_samples`, logged beside them.
+    Every row carries its iteration as STEP_AXIS, the x axis of every series (define_metric), and
+    W&B's own step just counts rows: an iteration logged again after a resume from an earlier
+    checkpoint, or a value reported late for an earlier one (a background checkpoint's cost), is
+    kept at its own iteration. Series TensorBoard plots against consumed samples are plotted here
+    against `consumed_samples`, logged beside them.
     """
 
     def __init__(self, run: Any) -> None:
         self._run = run
-        self._step = 0
         self._sample_series: set[str] = set()
+        run.define_metric(STEP_AXIS)
+        run.define_metric("*", step_metric=STEP_AXIS)
 
     @classmethod
     def start(cls, cfg: TrainingConfig) -> WandbRun:
@@ -83,16 +90,16 @@ class WandbRun:
             ) from None
 
     def log(self, values: dict[str, float | None], step: int) -> None:
-        self._step = max(self._step, step)
+        """One row at iteration `step` (no `step=` to W&B: see STEP_AXIS)."""
         present = {tag: value for tag, value in values.items() if value is not None}
         if present:
-            self._run.log(present, step=self._step)
+            self._run.log({**present, STEP_AXIS: step})
 
     def log_vs_samples(self, values: dict[str, float | None], samples: int, step: int) -> None:
         for tag in values.keys() - self._sample_series:
             self._run.define_metric(tag, step_metric=SAMPLES_AXIS)
             self._sample_series.add(tag)
-        self.log({**values, SAMPLES_AXIS: float(samples)}, step)
+        self.log({**values, SAMPLES_AXIS: samples}, step)
 
     def close(self) -> None:
         """Finish the run (failed, exit code 1, when an exception is on its way out) and wait until W&B's

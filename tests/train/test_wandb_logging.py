@@ -48,6 +48,7 @@ def test_megatron_wandb_flags_log_the_printed_series_offline(tmp_path, capsys, m
     assert list(run.series("learning-rate").values()) == pytest.approx(rates) == [5e-4, 1e-3, 5.5e-4, 1e-4]
     assert sorted(run.series("lm loss validation")) == [2, 4] and sorted(run.series("val_loss")) == [2, 4]
     assert run.metrics["lm loss vs samples"] == "consumed_samples"  # Megatron's x axis for that series
+    assert run.metrics["*"] == "trainer/global_step"  # every other series: the iteration
     by_samples = [
         (row["consumed_samples"], row["lm loss vs samples"])
         for row in run.history
@@ -162,3 +163,92 @@ def test_wandb_failing_to_start_is_one_line_naming_what_to_do(tmp_path, monkeypa
     message = str(error.value)
     assert "\n" not in message and "api_key not configured (no-tty)" in message
     assert "WANDB_MODE=offline" in message and "wandb login" in message
+
+
+class FakeWandb:
+    """The `wandb` module as the loop uses it, with W&B's server-side rule for steps: a resumed run
+    (same id, resume given) goes on from its last step, and a row logged with a lower `step=` than
+    the run's newest is dropped (W&B warns and drops it). Rows are kept per run id across attempts."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[dict]] = {}
+        self.dropped: list[int] = []
+        self.metrics: dict[str, str | None] = {}
+        self.attempt = 0
+
+    def module(self):
+        import importlib.machinery
+        import types
+
+        fake = types.ModuleType("wandb")
+        fake.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+        fake.init = self.init
+        fake.teardown = lambda: None
+        return fake
+
+    def init(self, id, resume=None, **_):
+        self.attempt += 1
+        rows = self.rows.setdefault(id, [])
+        wandb = self
+
+        class Run:
+            floor = rows[-1]["_step"] + 1 if resume and rows else 0  # the next step W&B accepts
+            current: int | None = None
+
+            def log(self, data, step=None):
+                if step is None:
+                    step = self.floor if self.current is None else self.current + 1
+                if step < self.floor:
+                    wandb.dropped.append(step)
+                    return
+                rows.append({"_step": step, "attempt": wandb.attempt, **data})
+                self.current = self.floor = step
+
+            def define_metric(self, name, step_metric=None):
+                wandb.metrics[name] = step_metric
+
+            def finish(self, exit_code=0):
+                pass
+
+        return Run()
+
+
+def test_a_requeued_run_resuming_its_wandb_run_keeps_the_iterations_it_logs_again(tmp_path, monkeypatch):
+    """A job that stops after its last checkpoint logs the iterations after it again once resumed;
+    W&B drops a step lower than its run's newest, so with `id` and `resume` (one W&B run across the
+    requeues) the resumed run's values for those iterations, and everything up to the stop, were
+    lost. The iteration is now an x axis of its own (trainer/global_step, as Lightning's logger)."""
+    wandb = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", wandb.module())
+    kwargs = "exp_manager.wandb_logger_kwargs"
+    shape = [
+        *MOCK,
+        "exp_manager.create_wandb_logger=true",
+        f"{kwargs}.id=run-1",
+        f"{kwargs}.resume=allow",
+        "exp_manager.checkpoint_callback_params.every_n_train_steps=3",
+    ]
+    from gptrain.train import loop
+
+    real_record = loop.record
+
+    def failing_at_6(session, result, *args):  # after iteration 5's line, before 6's
+        if session.state.step == 5:
+            raise RuntimeError("node failure")
+        real_record(session, result, *args)
+
+    monkeypatch.setattr(loop, "record", failing_at_6)
+    with pytest.raises(RuntimeError, match="node failure"):
+        loop.train(tiny_config(tmp_path / "run", *shape))
+    monkeypatch.setattr(loop, "record", real_record)
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path / "run", *shape))  # resumes at 3
+    assert code == 0 and sorted(losses) == [4, 5, 6]
+    assert wandb.dropped == []
+    latest: dict[int, dict] = {}  # the newest row holding the loss, by its iteration
+    for row in wandb.rows["run-1"]:
+        if "lm loss" in row:
+            latest[row.get("trainer/global_step", row["_step"])] = row
+    assert sorted(latest) == [1, 2, 3, 4, 5, 6]
+    assert {step: row["attempt"] for step, row in latest.items()} == {1: 1, 2: 1, 3: 1, 4: 2, 5: 2, 6: 2}
+    assert {step: latest[step]["lm loss"] for step in (4, 5, 6)} == pytest.approx(losses, rel=1e-12)
+    assert wandb.metrics["*"] == "trainer/global_step"

@@ -29,8 +29,8 @@ class OfflineRun:
     """Series name -> the series it is plotted against (define_metric's step_metric)."""
 
     def series(self, name: str) -> dict[int, float]:
-        """{W&B step: value} of one series."""
-        return {row["_step"]: row[name] for row in self.history if name in row}
+        """{iteration: value} of one series (the iteration is logged as trainer/global_step)."""
+        return {row["trainer/global_step"]: row[name] for row in self.history if name in row}
 
     def config(self) -> dict:
         return {item.key: json.loads(item.value_json) for item in self.run.config.update}
@@ -80,7 +80,7 @@ def read_offline_run(directory: Path) -> OfflineRun:
             }
             result.history.append(row)
         elif kind == "metric" and record.metric.step_metric:
-            result.metrics[record.metric.name] = record.metric.step_metric
+            result.metrics[record.metric.name or record.metric.glob_name] = record.metric.step_metric
     return result
 
 
