@@ -15,6 +15,11 @@ Megatron can also count the schedule in samples (`--lr-warmup-samples`, `--lr-de
 and NeMo in a ratio (`warmup_ratio`). With a constant global batch, Megatron's rate at
 iteration i is its formula at i x batch samples, which is our formula with the phase lengths
 divided by the batch: so those become fractional step counts here, and the rates are exact.
+
+A resume with another model.global_batch_size: the checkpoint records the batch its steps count
+in. A schedule in samples goes on from the samples it has seen (Megatron's scheduler counts
+samples), so its step count is rescaled; one in steps (NeMo's) goes on at its step. Either way
+the resume says so in one line.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ class ScheduleSpec:
     warmup_steps: float = 0
     constant_steps: float = 0
     warmup_style: str = "nemo"
+    global_batch_size: int = 0
+    """The batch a step stands for (model.global_batch_size); 0: not known."""
+    counts_samples: bool = False
+    """The lengths were given in samples (decay_samples, warmup_samples), as Megatron's --lr-*-samples."""
 
     def __post_init__(self) -> None:
         if self.warmup_style not in WARMUP_STYLES:
@@ -118,11 +127,37 @@ class LRSchedule:
         self.step = self.step + 1 if fraction == 1.0 else self.step + fraction
 
     def state_dict(self) -> dict[str, float]:
-        return {"step": self.step}
+        state: dict[str, float] = {"step": self.step}
+        if self.spec.global_batch_size:  # the unit of `step`, for a resume with another batch
+            state["global_batch_size"] = self.spec.global_batch_size
+        return state
 
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        step = state["step"]
-        self.step = int(step) if float(step).is_integer() else float(step)
+    def load_state_dict(self, state: dict[str, float]) -> str | None:
+        """Take the saved step; with another global batch than the checkpoint's, a schedule in
+        samples goes on from the same samples (rescaled step). Returns the line saying what changed."""
+        step = _number(state["step"])
+        self.step = step
+        saved, batch = int(state.get("global_batch_size", 0)), self.spec.global_batch_size
+        if not saved or not batch or saved == batch:
+            return None
+        changed = f"learning-rate schedule: model.global_batch_size={batch}, the checkpoint's was {saved}"
+        if self.spec.counts_samples:
+            self.step = _number(step * saved / batch)
+            return (
+                f"{changed}; the schedule counts samples (model.optim.sched.decay_samples/warmup_samples, as"
+                f" Megatron's --lr-*-samples), so it goes on from the {step * saved:g} samples it has seen:"
+                f" step {step:g} of {saved} samples is step {self.step:g} of {batch}"
+            )
+        return (
+            f"{changed}; the schedule counts optimizer steps (NeMo's), so it goes on at step {step:g}, each step"
+            f" now {batch} samples; to follow samples instead, give its lengths in samples"
+            " (model.optim.sched.decay_samples, warmup_samples)"
+        )
+
+
+def _number(value: float) -> float:
+    """An int when whole (the step of a run without ramp-up stays an int, as saved)."""
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
@@ -171,4 +206,6 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
         warmup_steps=warmup,
         constant_steps=constant,
         warmup_style=sched.warmup_style,
+        global_batch_size=batch,
+        counts_samples=sched.decay_samples is not None or sched.warmup_samples is not None,
     )

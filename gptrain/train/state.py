@@ -151,20 +151,19 @@ def checkpoint_state(
     build = {
         "model": lambda: model_state_dict(model),
         "optim": lambda: optimizer_state_dict(model, optimizer, optim_keys),
-        "schedule": schedule.state_dict,
+        "schedule": lambda: _saved_values("schedule", schedule.state_dict(), saved),
         "scaler": scaler.state_dict,
-        "train": lambda: _saved_counters(train, saved),
+        "train": lambda: _saved_values("train", train.state_dict(), saved),
     }
     return {part: build[part]() for part in parts}
 
 
-def _saved_counters(train: TrainState, saved: Collection[str] | None) -> dict[str, int]:
-    """The counters of `train` that a checkpoint with keys `saved` holds (all when None): one written
-    before a counter existed loads, and that counter keeps its default."""
-    counters = train.state_dict()
+def _saved_values(part: str, values: dict[str, Any], saved: Collection[str] | None) -> dict[str, Any]:
+    """The values of `part` that a checkpoint with keys `saved` holds (all when None): one written
+    before a counter (or the schedule's global batch) existed loads, and that value keeps its default."""
     if saved is None:
-        return counters
-    return {key: value for key, value in counters.items() if f"train.{key}" in saved}
+        return values
+    return {key: value for key, value in values.items() if f"{part}.{key}" in saved}
 
 
 def apply_checkpoint_state(
@@ -188,8 +187,8 @@ def apply_checkpoint_state(
         notes = load_optimizer_state_dict(model, optimizer, state["optim"])
         if notes and log is not None:
             log(f"optimizer settings from this run's config, not the checkpoint: {', '.join(notes)}")
-    if "schedule" in state:
-        schedule.load_state_dict(state["schedule"])
+    if "schedule" in state and (note := schedule.load_state_dict(state["schedule"])) and log is not None:
+        log(note)
     if "scaler" in state:
         scaler.load_state_dict(state["scaler"])
     if "train" in state:

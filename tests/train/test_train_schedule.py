@@ -302,3 +302,89 @@ def test_a_zero_constant_steps_beside_constant_ratio_counts_as_absent(tmp_path):
     )
     spec = spec_from_config(load_training_config(config_file=str(path), report_ignored=False))
     assert (spec.max_steps, spec.warmup_steps, spec.constant_steps) == (30, 4, 3)
+
+
+def megatron_cosine_by_samples(samples, lr, min_lr, warmup_samples, decay_samples):
+    """Megatron's OptimizerParamScheduler.get_lr with its step counted in samples (--lr-*-samples)."""
+    if warmup_samples > 0 and samples <= warmup_samples:
+        return lr * samples / warmup_samples
+    if samples > decay_samples:
+        return min_lr
+    ratio = (samples - warmup_samples) / (decay_samples - warmup_samples)
+    return min_lr + 0.5 * (math.cos(math.pi * ratio) + 1.0) * (lr - min_lr)
+
+
+def resumed_with_another_batch(sched: list[str], before: int, after: int, steps: int):
+    """(schedule after `steps` at global batch `before`, resumed at global batch `after`; its line)."""
+    from gptrain.config import load_training_config
+    from gptrain.train.schedule import spec_from_config
+
+    class FakeOptimizer:
+        param_groups = [{"lr": None}]
+
+    def spec(batch):
+        overrides = ["trainer.max_steps=200", f"model.global_batch_size={batch}", "model.micro_batch_size=4"]
+        return spec_from_config(load_training_config("gpt3/126m", [*overrides, *sched]))
+
+    first = LRSchedule(FakeOptimizer(), spec(before))
+    for _ in range(steps):
+        first.advance()
+    resumed = LRSchedule(FakeOptimizer(), spec(after))
+    return resumed, resumed.load_state_dict(first.state_dict())
+
+
+def test_a_schedule_in_samples_resumed_with_another_global_batch_goes_on_from_its_samples():
+    """Megatron's scheduler counts samples: after 30 steps of 8 (240 samples) a resume at 16 a step
+    goes on at 240, 256, 272... samples; it went on at step 30 of 16, 480 samples into the schedule."""
+    sched = [
+        "model.optim.lr=1e-3",
+        "model.optim.sched.min_lr=1e-4",
+        "model.optim.sched.name=CosineAnnealing",
+        "model.optim.sched.warmup_steps=0",
+        "model.optim.sched.warmup_samples=100",
+        "model.optim.sched.decay_samples=1000",
+        "model.optim.sched.constant_steps=0",
+        "model.optim.sched.warmup_style=megatron",
+    ]
+    resumed, line = resumed_with_another_batch(sched, before=8, after=16, steps=30)
+    for k in range(60):  # to past the decay's end
+        expected = megatron_cosine_by_samples(240 + 16 * k, 1e-3, 1e-4, 100, 1000)
+        assert resumed.current_lr() == pytest.approx(expected, rel=1e-12, abs=1e-18)
+        resumed.advance()
+    assert line == (
+        "learning-rate schedule: model.global_batch_size=16, the checkpoint's was 8; the schedule counts "
+        "samples (model.optim.sched.decay_samples/warmup_samples, as Megatron's --lr-*-samples), so it goes "
+        "on from the 240 samples it has seen: step 30 of 8 samples is step 15 of 16"
+    )
+    same, none = resumed_with_another_batch(sched, before=8, after=8, steps=30)
+    assert none is None and same.step == 30 and isinstance(same.step, int)
+
+
+def test_a_schedule_in_steps_resumed_with_another_global_batch_goes_on_at_its_step_and_says_so():
+    """NeMo's scheduler counts optimizer steps, whatever the batch: the resumed rate is the one of
+    the step the checkpoint reached."""
+    sched = ["model.optim.sched.warmup_steps=10", "model.optim.sched.constant_steps=0"]
+    resumed, line = resumed_with_another_batch(sched, before=8, after=16, steps=30)
+    assert resumed.step == 30
+    assert resumed.current_lr() == pytest.approx(nemo_cosine_annealing(30, 6e-4, 6e-5, 10, 0, 200), rel=1e-12)
+    assert line.startswith(
+        "learning-rate schedule: model.global_batch_size=16, the checkpoint's was 8; the schedule counts "
+        "optimizer steps (NeMo's), so it goes on at step 30, each step now 16 samples"
+    )
+
+
+def test_a_checkpoint_from_before_the_schedules_batch_was_saved_loads_its_step():
+    from gptrain.train.state import checkpoint_state
+
+    class FakeOptimizer:
+        param_groups = [{"lr": None}]
+
+    schedule = LRSchedule(FakeOptimizer(), ScheduleSpec("Constant", 1.0, 0.0, 10, global_batch_size=8))
+    assert schedule.state_dict() == {"step": 0, "global_batch_size": 8}
+    from gptrain.train.loss_scale import ConstantLossScaler
+    from gptrain.train.state import TrainState
+
+    parts, saved = ["schedule"], ["schedule.step"]
+    old = checkpoint_state(None, None, schedule, ConstantLossScaler(), TrainState(), parts, saved)
+    assert old == {"schedule": {"step": 0}}
+    assert schedule.load_state_dict({"step": 7}) is None and schedule.step == 7
