@@ -513,7 +513,8 @@ def run(
     saved_at = -1
     tested = has_batches(test_data, t.limit_test_batches)  # after the last save, beside its write
     staging_prepared = False
-    with meter.excluded():  # out of the first interval's time, as every validation is out of its own
+    # out of the first interval's time, as every validation is out of its own
+    with meter.excluded(), times.excluded():
         validate_if_left_due(s, valid_data)
     stopping: str | None = None  # agreed while the next step was queued ahead: it finishes first
     while s.state.step < t.max_steps:
@@ -544,10 +545,11 @@ def run(
         last = s.state.step >= t.max_steps
         validated = validates_at(s, s.state.step) or last
         if validated:  # before the save: the checkpoint records it done
-            with meter.excluded():
+            with meter.excluded(), times.excluded():
                 validate(s, valid_data)
         if saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
-            with meter.excluded():  # not during a non-finite streak: the last good one stays newest
+            # not during a non-finite streak: the last good one stays newest
+            with meter.excluded(), times.excluded():
                 save_checkpoint(s, waited_for=last and not tested)
             saved_at = s.state.step
         took_time = saved_at == s.state.step or (validated and has_batches(valid_data, t.limit_val_batches))

@@ -8,7 +8,9 @@ much earlier this rank got there than the last one: the rank that waits least is
 others wait for. busy = step - wait is what `gptrain status` compares with the median, among
 the lines of the newest step and world size (files of ranks a resumed smaller job lacks stay).
 It sees slowness after the step's last collective (optimizer, host stalls, logging); a GPU
-slow inside the overlapped backward is found by `gptrain validate gpus` instead.
+slow inside the overlapped backward is found by `gptrain validate gpus` instead. Validation and
+checkpoint saves are left out of the step time (`excluded`), as the iteration line leaves them out:
+every rank spends them alike, and in a line they hid a slow rank behind minutes of common time.
 
 A file past ROTATE_BYTES is renamed `rank-<r>.jsonl.1` (replacing the one before) just before the
 next line is written, so each rank keeps at most about twice that (thousands of logged steps of
@@ -21,7 +23,8 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -43,6 +46,7 @@ class StepTimes:
     steps: int = 0
     size: int = 0  # of the file after this process's last write (0 before the first)
     rotate_bytes: int = ROTATE_BYTES
+    excluded_s: float = 0.0  # validation and saves since the last line
 
     @classmethod
     def open(cls, log_dir: Path, rank: int, world_size: int) -> StepTimes:
@@ -52,6 +56,15 @@ class StepTimes:
             path = log_dir / STEP_TIMES_DIR / f"rank-{rank}.jsonl"  # made at the first line (append)
         return cls(path, rank, node, world_size)
 
+    @contextmanager
+    def excluded(self) -> Iterator[None]:
+        """Time spent in the block (a validation, a save) is not step time."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded_s += time.perf_counter() - began
+
     def timed_sync(self, step: int, logged: bool, sync: Callable[[], T]) -> T:
         """Run the step-end agreement; on logged steps record this rank's times."""
         started = time.perf_counter()
@@ -59,13 +72,13 @@ class StepTimes:
         now = time.perf_counter()
         self.steps += 1
         if logged and self.path is not None:
-            step_ms = (now - self.last) / self.steps * 1000
+            step_ms = max(0.0, now - self.last - self.excluded_s) / self.steps * 1000
             line = {"step": step, "rank": self.rank, "world": self.world, "node": self.node}
             line["step_ms"] = round(step_ms, 3)
             line["wait_ms"] = round((now - started) * 1000, 3)
             self.append(json.dumps(line) + "\n")
         if logged:
-            self.last, self.steps = now, 0
+            self.last, self.steps, self.excluded_s = now, 0, 0.0
         return result
 
     def append(self, text: str) -> None:

@@ -638,3 +638,37 @@ def test_the_last_step_and_the_steps_before_a_stop_are_logged(tmp_path, monkeypa
     assert code == 0
     logged = [int(m[1]) for line in log_lines(tmp_path) if (m := re.search(r"iteration +(\d+)/ +6 \|", line))]
     assert logged == [1, 3, 4, 6]  # 3: flushed at the stop; 4: the resumed process's first; 6: the last
+
+
+def test_validation_and_saves_are_not_step_time_in_the_step_times_files(tmp_path, monkeypatch):
+    """The per-rank step-times lines (`gptrain status`'s straggler line) took in every validation and
+    save of their interval, the validation a resumed run runs first included, so a line after one
+    showed common minutes that hid a slow rank; they are left out, as in the iteration line."""
+    import json
+
+    from gptrain.train import meter, step_times
+
+    clock = ShiftedClock()
+    monkeypatch.setattr(meter, "time", clock)
+    monkeypatch.setattr(step_times, "time", clock)
+    real_open, real_evaluate, real_save = loop.StepTimes.open, loop.evaluate, loop.save_checkpoint
+    # a file as rank 0 of two writes it (a world of one writes none)
+    monkeypatch.setattr(loop.StepTimes, "open", lambda log_dir, rank, world: real_open(log_dir, rank, 2))
+
+    def taking_1000_s(real):
+        def slow(*args, **kwargs):
+            clock.offset += 1000.0
+            return real(*args, **kwargs)
+
+        return slow
+
+    monkeypatch.setattr(loop, "evaluate", taking_1000_s(real_evaluate))
+    monkeypatch.setattr(loop, "save_checkpoint", taking_1000_s(real_save))
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=3)  # saves at 2 and 3
+    assert code == EXIT_REQUEUE
+    clock.offset = 0.0  # a new process (the meter and the file take their start from the real clock)
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))  # validates 3 first; saves 4, 6
+    assert code == 0
+    rows = [json.loads(line) for line in (tmp_path / "step_times" / "rank-0.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    assert max(row["step_ms"] for row in rows) < 1000 * 1000.0
