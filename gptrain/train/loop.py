@@ -660,7 +660,7 @@ def record(s: Session, result: StepResult, samples: int | None = None) -> None:
     st.consumed_samples += samples
     if result.updated:
         s.schedule.advance(samples / s.cfg.model.global_batch_size)
-    st.skipped_iterations += int(result.overflow)
+    st.skipped_iterations += int(not result.updated)
     st.nan_iterations += int(result.nonfinite)
     st.consecutive_nonfinite = st.consecutive_nonfinite + 1 if result.nonfinite else 0
 

@@ -52,7 +52,8 @@ class IntervalMeter:
         if batch is not None:
             self.samples += batch
             self.last_batch = batch
-        self.skipped += int(result.overflow)
+        # Megatron's skipped iterations are those that did not update (a nan one is also skipped)
+        self.skipped += int(not result.updated)
         self.nans += int(result.nonfinite)
         # Megatron prints the grad norm of the last iteration, none when it was skipped
         self.last_grad_norm = result.grad_norm if result.updated else None

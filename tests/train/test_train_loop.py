@@ -367,6 +367,9 @@ def test_nan_iterations_are_skipped_counted_and_stop_the_run(tmp_path, monkeypat
     lines = [line for line in log_lines(tmp_path) if "number of nan iterations" in line]
     counts = [line.split("number of nan iterations:")[1].split("|")[0].strip() for line in lines]
     assert counts == ["0", "0", "1", "1", "1"]
+    # not updated, so skipped too: Megatron counts a nan iteration only among the skipped ones
+    skipped = [line.split("number of skipped iterations:")[1].split("|")[0].strip() for line in lines]
+    assert skipped == counts
     assert "lm loss" not in lines[3] and "grad norm" not in lines[3]  # Megatron omits both when skipped
 
 
