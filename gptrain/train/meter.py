@@ -36,11 +36,21 @@ class IntervalMeter:
     samples: int = 0
     last_batch: int | None = None  # global batch of the last step (ramp-up changes it)
     excluded_s: float = 0.0  # checkpoint saves and validation inside the interval
+    eta_origin: tuple[float, int] | None = None  # (time, iteration) of the process's first line
+
+    def eta_seconds(self, now: float, step: int, max_steps: int) -> float | None:
+        """Wall time to max_steps at the pace since the process's first line (its warm-up step
+        left out), validations and saves included: they are part of the time the run takes,
+        though not of the time per iteration."""
+        if self.eta_origin is None or step <= self.eta_origin[1]:
+            return None
+        began, first = self.eta_origin
+        return (max_steps - step) * (now - began) / (step - first)
 
     @contextmanager
     def excluded(self) -> Iterator[None]:
         """Time spent in the block is not training time: Megatron stops its interval timer
-        around saves and evaluation, so the rate, MFU and ETA stay those of the steps."""
+        around saves and evaluation, so the rate and MFU stay those of the steps."""
         began = time.perf_counter()
         try:
             yield
@@ -108,10 +118,12 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
 
     The first line of a process is its first step alone: compilation, allocator and kernel warm-up,
     often hundreds of times a step (25 s against 25 ms on an H100). It gets no ETA rather than one
-    that many times too long.
+    that many times too long; the later lines' ETA counts from it (IntervalMeter.eta_seconds).
     """
     now = time.perf_counter()
-    warming_up = step == meter.start_step + 1
+    eta = meter.eta_seconds(now, step, run.max_steps)
+    if meter.eta_origin is None:
+        meter.eta_origin = (now, step)
     seconds = meter.seconds_per_iteration(now)
     share = meter.batch_share(run.global_batch_size)  # FLOPs and tokens scale with the ramp's batch
     batch = meter.last_batch or run.global_batch_size
@@ -132,9 +144,7 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
             nan_iterations=meter.nans,
         )
     )
-    line += format_suffix(
-        mfu(tflops, run.peak_tflops), None if warming_up else (run.max_steps - step) * seconds
-    )
+    line += format_suffix(mfu(tflops, run.peak_tflops), eta)
     gptrain_tags = {
         tb.TB_LM_LOSS: meter.mean_loss(),
         tb.TB_LEARNING_RATE: meter.last_lr,

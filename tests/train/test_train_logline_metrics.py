@@ -90,7 +90,7 @@ def test_throughput_formula():
 
 def test_saves_and_validation_inside_an_interval_are_not_iteration_time(monkeypatch):
     """Megatron stops its interval timer around checkpoints and evaluation: a save must not
-    make the iteration line report a slow step and a tenfold ETA."""
+    make the iteration line report a slow step (the ETA counts it at its share of the run's time)."""
     from gptrain.train import meter as meter_module
     from gptrain.train.step import StepResult
 
@@ -172,3 +172,31 @@ def test_sample_counts_past_2_to_the_24_stay_exact_in_tensorboard(tmp_path, monk
     assert exact("global_step") == [(step, step)]
     assert [(e.step, e.value) for e in events.Scalars("lm loss vs samples")] == [(consumed, 2.5)]
     assert [e.step for e in events.Scalars("lm loss")] == [step]  # the other series stay float32 scalars
+
+
+def test_the_eta_counts_the_validations_and_saves_the_run_spends_its_time_on(monkeypatch):
+    """The ETA was the steps left times the time per iteration, which leaves validation and saves
+    out (as Megatron's rate does): a run validating for 10 s every 5 steps of 1 s was told a third of
+    the time it took. It is now the steps left at the wall-clock pace since the first line."""
+    from gptrain.train import meter as meter_module
+    from gptrain.train.step import StepResult
+
+    clock = [100.0]
+    monkeypatch.setattr(meter_module.time, "perf_counter", lambda: clock[0])
+    shape = meter_module.RunShape(1e12, None, world_size=1, global_batch_size=1, seq_length=8, max_steps=100)
+    meter = meter_module.IntervalMeter(start_step=40, started=clock[0])
+    clock[0] += 25.0  # the warm-up step
+    meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0)
+    assert "ETA" not in meter_module.interval_report(meter, 41, 41, shape).line
+    lines = []
+    for step in range(42, 52):
+        clock[0] += 1.0
+        meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0)
+        if step % 5 == 0:
+            lines.append(meter_module.interval_report(meter, step, step, shape).line)
+            with meter.excluded():
+                clock[0] += 10.0  # validation
+    # at 45: 4 steps in 4 s; at 50: 9 steps in 9 s + 10 s of validation
+    assert lines[0].endswith(" ETA 00:00:55 |") and "elapsed time per iteration (ms): 1000.0" in lines[0]
+    assert lines[1].endswith(f" ETA 00:01:{int(50 * 19 / 9) - 60:02d} |")  # 50 steps x 19 s / 9
+    assert "elapsed time per iteration (ms): 1000.0" in lines[1]
