@@ -31,6 +31,9 @@ ITERATION = re.compile(
     r"iteration\s+(?P<step>\d+)/\s*(?P<max>\d+) \|.*?"
     r"elapsed time per iteration \(ms\): (?P<ms>[\d.]+) \|(?:.*?lm loss: (?P<loss>[\d.Ee+-]+) \|)?"
 )
+# the training's own ETA at the end of its line (gptrain.train.meter): the wall-clock pace,
+# validations and saves included, which the time per iteration leaves out
+LINE_ETA = re.compile(r" ETA (?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d) \|\s*$")
 
 
 # Slurm states of a job that may still run (or run again, after a requeue).
@@ -384,13 +387,13 @@ def task_order(index: str) -> tuple[int, str]:
 
 def progress(log: Path, now: float | None = None, running: bool = True) -> str | None:
     """'step 120/1000 | loss 3.21 | 812 ms/step | ETA 00:11:54' from the last iteration line."""
-    match, lines = None, 0
+    match, lines, last = None, 0, ""
     try:
         with open(log, errors="replace") as handle:
             for line in handle:
                 found = ITERATION.search(line)
                 if found:
-                    match, lines = found, lines + 1
+                    match, lines, last = found, lines + 1, line
                 elif PROCESS_START.match(line):  # a process (re)starts: a requeue appends to the same log
                     lines = 0
     except OSError:
@@ -403,7 +406,9 @@ def progress(log: Path, now: float | None = None, running: bool = True) -> str |
         parts.append(f"loss {float(match['loss']):.4f}")
     parts.append(f"{ms:.0f} ms/step")
     if running and lines > 1:  # a process's first line is its first step alone (compilation): no ETA from it
-        parts.append(f"ETA {format_duration(max(0, total - step) * ms / 1000)}")
+        own = LINE_ETA.search(last)
+        eta = 3600 * int(own["h"]) + 60 * int(own["m"]) + int(own["s"]) if own else (total - step) * ms / 1000
+        parts.append(f"ETA {format_duration(max(0, eta))}")
     return " | ".join(parts)
 
 

@@ -547,3 +547,14 @@ def test_launcher_log_survives_lines_of_garbage(tmp_path, capsys):
     assert [r["event"] for r in read_records(run)] == ["submitted", "finished"]
     assert main(["status", "--results-dir", str(tmp_path / "results")]) == 0
     assert "r  training  job local-1  COMPLETED" in capsys.readouterr().out
+
+
+def test_the_status_eta_is_the_training_lines_own(tmp_path):
+    """The line's time per iteration leaves validations and saves out; its own ETA (the wall-clock
+    pace since the process's first line) counts them, and `gptrain status` now shows that one."""
+    log = tmp_path / "log.out"
+    with_eta = LINE + " ETA 31:02:03 |"
+    log.write_text(LINE.replace("120/", "119/") + " ETA 31:02:04 |\n" + with_eta + "\n")
+    assert jobs.progress(log) == "step 120/1000 | loss 3.2110 | 812 ms/step | ETA 31:02:03"
+    log.write_text(LINE.replace("120/", "119/") + "\n" + LINE + "\n")  # lines without one (older runs)
+    assert jobs.progress(log).endswith("| ETA 11:54")
