@@ -259,9 +259,11 @@ def log_start(s: Session, model_config: object, log_dir: Path) -> None:
     )
     for warning in schedule_warnings(s.schedule.spec, s.cfg.trainer.max_steps) + stream_warnings(s.cfg.model):
         s.log(f"warning: {warning}")
-    # fp32 weights and AdamW's two moments: 12 bytes a parameter, whatever the layout.
+    # fp32 weights and AdamW's two moments: 12 bytes a parameter, whatever the layout. Said by the
+    # logging rank (the console's: rank 0's own lines go to its file only) and by rank 0.
     saving = s.cfg.exp_manager.create_checkpoint_callback
-    space = s.checkpoints.space_warning(12 * params) if s.world.rank == 0 and saving else None
+    says = s.world.rank == 0 or s.logging_rank
+    space = s.checkpoints.space_warning(12 * params) if says and saving else None
     if space is not None:
         s.log(f"warning: {space}")
 

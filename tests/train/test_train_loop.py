@@ -675,3 +675,29 @@ def test_validation_and_saves_are_not_step_time_in_the_step_times_files(tmp_path
     rows = [json.loads(line) for line in (tmp_path / "step_times" / "rank-0.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
     assert max(row["step_ms"] for row in rows) < 1000 * 1000.0
+
+
+@pytest.mark.parametrize("rank, says", [(0, True), (1, False), (2, True)])
+def test_the_checkpoint_space_warning_reaches_the_console_of_a_multi_rank_run(tmp_path, rank, says):
+    """Only rank 0 checked the disk for the run's checkpoints, and of a run of several ranks only the
+    logging rank (the last) prints to the console: the warning that saves would fill the disk
+    stayed in rank 0's log file. The logging rank says it too."""
+    from types import SimpleNamespace
+
+    from gptrain.parallel.mesh import World
+    from gptrain.train.model_config import build_model_config
+
+    cfg = tiny_config(tmp_path, *MOCK)
+    said: list[str] = []
+    s = SimpleNamespace(
+        cfg=cfg,
+        world=World(rank=rank, world_size=3, local_rank=rank, master_addr="", master_port=0),
+        logging_rank=rank == 2,
+        flops_per_iteration=1.0,
+        num_microbatches=1,
+        schedule=SimpleNamespace(spec=builders.schedule_spec(cfg)),
+        checkpoints=SimpleNamespace(space_warning=lambda size: "the disk is too small"),
+        log=said.append,
+    )
+    loop.log_start(s, build_model_config(cfg, 128), tmp_path)
+    assert ("warning: the disk is too small" in said) == says
