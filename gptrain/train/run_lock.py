@@ -399,7 +399,7 @@ def claim_run_directory(
                 "give a directory this job can create and write"
             )
     if world_size > 1:
-        error = shared_error(error)
+        error, lock.notes = shared_outcome(error, lock.notes)
     if error is not None:
         raise error
     return lock
@@ -426,15 +426,17 @@ def check_writable(directory: Path) -> list[Path]:
     return made
 
 
-def shared_error(error: GptrainError | None) -> GptrainError | None:
-    """Rank 0's outcome on every rank; on refusal the process group is ended (nothing else will run)."""
+def shared_outcome(error: GptrainError | None, notes: list[str]) -> tuple[GptrainError | None, list[str]]:
+    """Rank 0's outcome on every rank, with its notes: every rank logs them, so the logging rank
+    (the last, whose lines reach the console) says them too, not rank 0's log file alone. On
+    refusal the process group is ended (nothing else will run)."""
     import torch.distributed as dist
 
-    message = [None if error is None else (type(error).__name__, str(error))]
+    message = [None if error is None else (type(error).__name__, str(error)), notes]
     dist.broadcast_object_list(message, src=0)
     if message[0] is None:
-        return None
+        return None, list(message[1])
     kinds = {"RunLockedError": RunLockedError, "ConfigError": ConfigError, "EarlierRunError": EarlierRunError}
     dist.destroy_process_group()
     name, text = message[0]
-    return error if error is not None else kinds.get(name, GptrainError)(text)
+    return (error if error is not None else kinds.get(name, GptrainError)(text)), list(message[1])

@@ -441,3 +441,22 @@ def test_a_torn_lock_is_removed_where_flock_is_nfs_posix_locking(tmp_path, monke
     lock = acquire(tmp_path)
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
     lock.release()
+
+
+def test_every_rank_of_a_run_says_what_rank_0_moved_aside(tmp_path):
+    """Rank 0 alone claims the directory, and of a run of several ranks only the last prints to the
+    console: 'moved the earlier run's entries to ...' stayed in rank 0's log file, and the job's
+    output never said where the earlier run went. Rank 0's notes now reach every rank."""
+    from gloo_ranks import run_ranks
+
+    log_dir = tmp_path / "run"
+    (log_dir / "checkpoints" / "step_2").mkdir(parents=True)
+    (log_dir / "checkpoints" / "step_2" / "COMPLETE").write_text("{}")
+    run_ranks(Path(__file__).with_name("run_lock_notes_worker.py"), log_dir, tmp_path)
+    [aside] = tmp_path.glob("run.earlier-*")
+    notes = [json.loads((tmp_path / f"notes-{rank}.json").read_text()) for rank in (0, 1)]
+    assert (
+        notes[0]
+        == notes[1]
+        == [f"exp_manager.move_aside_earlier_run: moved the earlier run's 1 entries to {aside}"]
+    )
