@@ -145,11 +145,11 @@ class LRSchedule:
             self.step = _number(step * saved / batch)
             return (
                 f"{changed}; the schedule counts samples (model.optim.sched.decay_samples/warmup_samples, as"
-                f" Megatron's --lr-*-samples), so it goes on from the {step * saved:g} samples it has seen:"
-                f" step {step:g} of {saved} samples is step {self.step:g} of {batch}"
+                f" Megatron's --lr-*-samples), so it goes on from the {_number(step * saved)} samples it has seen:"
+                f" step {step} of {saved} samples is step {self.step} of {batch}"
             )
         return (
-            f"{changed}; the schedule counts optimizer steps (NeMo's), so it goes on at step {step:g}, each step"
+            f"{changed}; the schedule counts optimizer steps (NeMo's), so it goes on at step {step}, each step"
             f" now {batch} samples; to follow samples instead, give its lengths in samples"
             " (model.optim.sched.decay_samples, warmup_samples)"
         )

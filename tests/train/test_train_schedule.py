@@ -388,3 +388,12 @@ def test_a_checkpoint_from_before_the_schedules_batch_was_saved_loads_its_step()
     old = checkpoint_state(None, None, schedule, ConstantLossScaler(), TrainState(), parts, saved)
     assert old == {"schedule": {"step": 0}}
     assert schedule.load_state_dict({"step": 7}) is None and schedule.step == 7
+
+
+def test_the_resume_line_writes_large_counts_in_full():
+    """A real run's counts (150,000 steps of 1,024): the samples were printed as 1.536e+08."""
+    resumed, line = resumed_with_another_batch(
+        ["model.optim.sched.decay_samples=400000000", "model.optim.sched.warmup_steps=0"], 1024, 2048, 150000
+    )
+    assert resumed.step == 75000
+    assert "from the 153600000 samples it has seen: step 150000 of 1024 samples is step 75000 of 2048" in line
