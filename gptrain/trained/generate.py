@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 
 
 def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +34,16 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         help="sample only from the most likely tokens whose probability adds up to p (nucleus; after --top-k)",
     )
     parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="STRING",
+        help=(
+            "stop once the generated text contains STRING, and print the text before it "
+            "(may be repeated: the first one reached ends it); the end-of-document token always stops"
+        ),
+    )
     parser.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234)")
     parser.set_defaults(func=run_generate)
 
@@ -47,6 +58,7 @@ def run_generate(args: argparse.Namespace) -> int:
         args.max_new_tokens, args.temperature, args.top_k, args.greedy, args.top_p
     )  # before loading
     check_prompt_is_text(args.prompt)
+    check_stop_strings(args.stop)
     check_seed(args.seed)
     run = load_run(args.checkpoint)
     print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)
@@ -65,10 +77,12 @@ def run_generate(args: argparse.Namespace) -> int:
         eod=run.tokenizer.eod,
         generator=torch.Generator().manual_seed(args.seed),
         valid_vocab_size=run.vocab_size,
+        stop=stop_string_reached(run.tokenizer, prompt_ids, args.stop),
     )
     if new_ids and new_ids[-1] == run.tokenizer.eod:
         new_ids = new_ids[:-1]
-    print(args.prompt + continuation_text(run.tokenizer, prompt_ids, new_ids))
+    text = continuation_text(run.tokenizer, prompt_ids, new_ids)
+    print(args.prompt + before_stop_string(text, args.stop))
     return 0
 
 
@@ -78,6 +92,40 @@ def check_seed(seed: int) -> None:
 
     if not -(2**63) <= seed < 2**64:
         raise ConfigError(f"--seed={seed} must be from -2**63 to 2**64 - 1 (what torch's generator takes)")
+
+
+def check_stop_strings(stops: Sequence[str]) -> None:
+    """An empty --stop would end generation before its first token; one that is not UTF-8 could
+    never appear in decoded text."""
+    from gptrain.errors import ConfigError, non_utf8
+
+    for stop in stops:
+        if not stop:
+            raise ConfigError("--stop '': an empty stop string ends every generation at once; give some text")
+        if (bad := non_utf8(stop)) is not None:
+            raise ConfigError(
+                f"--stop: {bad[1]} (character {bad[0] + 1}) is not UTF-8; give the stop string as UTF-8 text"
+            )
+
+
+def stop_string_reached(
+    tokenizer, prompt_ids: list[int], stops: Sequence[str]
+) -> Callable[[list[int]], bool] | None:
+    """Whether the text generated so far contains a stop string. Checked on the decoded text, not
+    on token ids: a string can end inside a token, or span several (none without --stop)."""
+    if not stops:
+        return None
+
+    def reached(new_ids: list[int]) -> bool:
+        text = continuation_text(tokenizer, prompt_ids, new_ids)
+        return any(stop in text for stop in stops)
+
+    return reached
+
+
+def before_stop_string(text: str, stops: Sequence[str]) -> str:
+    """`text` up to the earliest stop string in it (all of it when none is)."""
+    return text[: min((text.find(stop) for stop in stops if stop in text), default=len(text))]
 
 
 def check_prompt_is_text(prompt: str) -> None:

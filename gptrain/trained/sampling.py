@@ -8,6 +8,7 @@ so a seeded generator gives the same tokens whatever device the model is on.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -27,12 +28,14 @@ def generate(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     valid_vocab_size: int | None = None,
+    stop: Callable[[list[int]], bool] | None = None,
 ) -> list[int]:
     """Return the new token ids only (not the prompt); the last one is `eod` if generation stopped on it.
 
     The context is cropped to the model's `config.seq_length` most recent tokens. `generator` must be
     a CPU generator. `valid_vocab_size` (the tokenizer's unpadded size) keeps the padding rows of a
-    padded vocab from ever being sampled.
+    padded vocab from ever being sampled. `stop`, called with the new ids after each token, ends
+    generation when it returns True (a stop string in the decoded text).
     """
     _check_arguments(prompt_ids, max_new_tokens, temperature, top_k, greedy, top_p)
     seq_length = model.config.seq_length
@@ -52,7 +55,7 @@ def generate(
                 )
                 tokens.append(next_id)
                 new_tokens.append(next_id)
-                if eod is not None and next_id == eod:
+                if (eod is not None and next_id == eod) or (stop is not None and stop(new_tokens)):
                     break
     finally:
         model.train(was_training)

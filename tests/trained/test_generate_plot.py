@@ -348,6 +348,59 @@ def test_generate_loads_a_checkpoint_padded_for_tensor_parallelism(tmp_path: Pat
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_stop_strings_end_generation_and_the_text_before_them_is_printed(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """generate stopped only at the end-of-document token or --max-new-tokens; --stop STRING (any
+    number of them) now ends it at the token that completes one in the generated text, printing
+    the text before the earliest. Expected values come from a greedy loop on the in-memory model."""
+    from gptrain.trained import sampling
+    from gptrain.trained.generate import add_generate_parser
+
+    _, model, tokenizer = tiny_run(tmp_path)
+    prompt = "The quick brown fox"
+    prompt_ids = tokenizer.encode(prompt)
+    ids = greedy_ids(model, prompt_ids, 12, tokenizer.vocab_size)
+    new_text = [tokenizer.decode(ids[len(prompt_ids) : len(prompt_ids) + n]) for n in range(13)]
+    continuation = new_text[12]
+    # spans the 5th to 7th new tokens and ends with the 7th's first character; another one after it
+    first = continuation[len(new_text[4]) : len(new_text[6]) + 1]
+    later = continuation[len(new_text[8]) : len(new_text[9])]
+    assert first and later
+    stopped_at = next(n for n in range(13) if first in new_text[n] or later in new_text[n])
+    cut = min(new_text[stopped_at].find(stop) for stop in (first, later) if stop in new_text[stopped_at])
+    assert 0 < stopped_at < 12
+    counts: list[int] = []
+    original = sampling.generate
+
+    def counting(*args, **kwargs):
+        new_ids = original(*args, **kwargs)
+        counts.append(len(new_ids))
+        return new_ids
+
+    monkeypatch.setattr(sampling, "generate", counting)
+    argv = ["generate", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "12", "--greedy"]
+    assert run_subcommand(add_generate_parser, [*argv, "--stop", later, "--stop", first]) == 0
+    assert capsys.readouterr().out == prompt + continuation[:cut] + "\n"
+    assert counts == [stopped_at]
+    assert run_subcommand(add_generate_parser, [*argv, "--stop", "not in it \u2603"]) == 0
+    assert capsys.readouterr().out == prompt + continuation + "\n"
+    assert counts[-1] == 12
+
+
+def test_an_empty_or_non_utf8_stop_string_is_refused_before_loading(tmp_path: Path, capsys) -> None:
+    from gptrain.cli import main
+
+    missing = str(tmp_path / "no_run")  # refused before the checkpoint is looked for
+    assert main(["generate", missing, "--prompt", "a", "--stop", ""]) == 2
+    assert "--stop '': an empty stop string ends every generation at once" in capsys.readouterr().err
+    assert main(["generate", missing, "--prompt", "a", "--stop", "caf\udce9"]) == 2
+    assert capsys.readouterr().err == (
+        "gptrain: error: --stop: byte 0xe9 (character 4) is not UTF-8; give the stop string as UTF-8 text\n"
+    )
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def sentencepiece_style_tokenizer(path: Path) -> Path:
     """A tokenizer.json as Llama's and Mistral's are converted: words as '▁word' pieces, and a
     decoder that drops the space of a text's first piece."""

@@ -172,3 +172,16 @@ def test_tiny_temperatures_pick_the_argmax_instead_of_nan(temperature):
 def test_infinite_temperature_is_refused():
     with pytest.raises(ConfigError, match="must be finite and > 0"):
         generate(tiny_gpt(), [1], 2, temperature=float("inf"))
+
+
+def test_a_stop_condition_ends_generation_after_the_token_that_met_it():
+    model = BigramModel(cycle_table(10), seq_length=8)
+    seen: list[list[int]] = []
+
+    def stop(new_ids: list[int]) -> bool:
+        seen.append(list(new_ids))
+        return new_ids[-1] == 7
+
+    assert generate(model, [5], 20, greedy=True, stop=stop) == [6, 7]
+    assert seen == [[6], [6, 7]]
+    assert generate(model, [5], 20, greedy=True, eod=6, stop=stop) == [6]  # EOD first
