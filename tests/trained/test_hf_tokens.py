@@ -403,3 +403,46 @@ def test_a_run_started_from_an_import_exports_its_bos_eos_and_rows(tmp_path, tok
     assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"]) == (ROWS, 1, 2)
+
+
+CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+TOOLS = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
+
+
+@pytest.mark.parametrize("layout", ["tokenizer_config", "jinja_files", "gpt2_bpe"])
+def test_import_then_export_keeps_the_chat_templates(tmp_path, layout) -> None:
+    """A chat model imported for continued pretraining and exported again lost its chat template:
+    import copied tokenizer_config.json only beside a tokenizer.json (a GPT-2 BPE model's was
+    dropped, and export wrote a fresh one), and neither copied transformers' own files for it
+    (chat_template.jinja, additional_chat_templates/*.jinja). The export's tokenizer renders a
+    conversation as the source's does."""
+    from transformers import AutoTokenizer
+
+    if layout == "gpt2_bpe":
+        source = bpe_model_dir(tmp_path / "src", gpt2_tokenizer_dict(), {"chat_template": CHAT})
+    else:
+        source = llama_dir(tmp_path / "src", tokenizer=True)
+        config = json.loads((source / "tokenizer_config.json").read_text())
+        if layout == "tokenizer_config":
+            config["chat_template"] = [
+                {"name": "default", "template": CHAT},
+                {"name": "tools", "template": TOOLS},
+            ]
+        else:
+            (source / "chat_template.jinja").write_text(CHAT)
+            (source / "additional_chat_templates").mkdir()
+            (source / "additional_chat_templates" / "tools.jinja").write_text(TOOLS)
+        (source / "tokenizer_config.json").write_text(json.dumps(config))
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run")]) == 0
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out")]) == 0
+    expected = {"default": CHAT} if layout == "gpt2_bpe" else {"default": CHAT, "tools": TOOLS}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    for directory in (source, tmp_path / "out"):
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        templates = tokenizer.chat_template
+        assert (templates if isinstance(templates, dict) else {"default": templates}) == expected, directory
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        assert text == "<user>hi<assistant>hello", directory
+        if layout != "gpt2_bpe":
+            text = tokenizer.apply_chat_template(messages, chat_template="tools", tokenize=False)
+            assert text == "[user] hi[assistant] hello", directory

@@ -17,8 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.data.tokenizers import ENDOFTEXT, canonical_type, gpt2_tokenizer_json
+from gptrain.errors import DataError
 
 HF_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
+# transformers' files for chat templates (save_pretrained writes them instead of the config's key)
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
 # what decides a tokenizer.json's ids and decoded text
 ENCODING_KEYS = ("normalizer", "pre_tokenizer", "model", "added_tokens", "post_processor", "decoder")
 
@@ -43,9 +47,11 @@ def export_tokenizer(
             "unk_token": ENDOFTEXT,
             "add_prefix_space": False,
             "model_max_length": seq_length,
+            **inline_chat_template(Path(tok.vocab_file).parent),
         }
         (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-        return ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"]
+        templates = copy_chat_templates(Path(tok.vocab_file).parent, output)
+        return ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", *templates]
     if kind == "huggingface" and tok.model:
         source = Path(tok.model)
         file = source / "tokenizer.json" if source.is_dir() else source
@@ -57,8 +63,35 @@ def export_tokenizer(
             config = fast_tokenizer_config(file, seq_length, token_ids or {})
             (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
             extras.append("tokenizer_config.json")
-        return ["tokenizer.json", *extras]
+        return ["tokenizer.json", *extras, *copy_chat_templates(file.parent, output)]
     return []
+
+
+def copy_chat_templates(source: Path, output: Path) -> list[str]:
+    """Copy `source`'s chat_template.jinja and additional_chat_templates/*.jinja into `output`; the
+    names copied. AutoTokenizer reads these files over tokenizer_config.json's chat_template."""
+    names = [CHAT_TEMPLATE_FILE] if (source / CHAT_TEMPLATE_FILE).is_file() else []
+    named = [p for p in sorted((source / CHAT_TEMPLATE_DIR).glob("*.jinja")) if p.is_file()]
+    if named:
+        (output / CHAT_TEMPLATE_DIR).mkdir(exist_ok=True)
+        names += [f"{CHAT_TEMPLATE_DIR}/{p.name}" for p in named]
+    for name in names:
+        shutil.copyfile(source / name, output / name)
+    return names
+
+
+def inline_chat_template(directory: Path) -> dict[str, Any]:
+    """{"chat_template": ...} of the tokenizer_config.json in `directory` ({} when it has none): what a
+    tokenizer_config.json written anew for GPT-2 BPE keeps of the model's own."""
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DataError(f"{path}: not JSON ({error}); fix it or remove it") from None
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    return {"chat_template": template} if template else {}
 
 
 def fast_tokenizer_config(tokenizer_json: Path, seq_length: int, token_ids: dict[str, int | None]) -> dict:
@@ -93,8 +126,10 @@ def import_tokenizer(hf_dir: Path, run_tokenizer_dir: Path, final_dir: Path) -> 
     has_json = (hf_dir / "tokenizer.json").is_file()
     if has_bpe and (not has_json or is_gpt2_bpe(hf_dir / "tokenizer.json", hf_dir)):
         run_tokenizer_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("vocab.json", "merges.txt"):
-            shutil.copyfile(hf_dir / name, run_tokenizer_dir / name)
+        for name in ("vocab.json", "merges.txt", *HF_EXTRAS):  # the config: its chat template
+            if (hf_dir / name).is_file():
+                shutil.copyfile(hf_dir / name, run_tokenizer_dir / name)
+        copy_chat_templates(hf_dir, run_tokenizer_dir)
         return {
             "type": "GPT2BPETokenizer",
             "vocab_file": str(final_dir / "vocab.json"),
@@ -106,6 +141,7 @@ def import_tokenizer(hf_dir: Path, run_tokenizer_dir: Path, final_dir: Path) -> 
         for name in ("tokenizer.json", *HF_EXTRAS):
             if (hf_dir / name).is_file():
                 shutil.copyfile(hf_dir / name, run_tokenizer_dir / name)
+        copy_chat_templates(hf_dir, run_tokenizer_dir)
         return {
             "type": "HuggingFaceTokenizer",
             "vocab_file": None,
