@@ -339,3 +339,26 @@ def test_imported_padding_rows_never_outscore_the_real_vocabulary() -> None:
     logits = fitted @ hidden
     assert (logits[:96] < 0).all()
     assert (logits[96:].max(dim=0).values <= logits[:96].max(dim=0).values + 1e-5).all()
+
+
+def test_weights_that_are_not_finite_are_refused_naming_the_tensor(tmp_path) -> None:
+    """A checkpoint of a run that diverged: verification said 'logits differ by up to nan ... the
+    conversion is wrong', and --no-verify exported the NaN weights without a word."""
+    from hf_helpers import saved_run
+
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.parallel.state_dict import model_state_dict
+
+    run, model = saved_run(tmp_path / "run", "llama")
+    with torch.no_grad():
+        model.layers["1"].mlp.w2.weight[0, :3] = torch.tensor([float("nan"), float("inf"), float("nan")])
+    CheckpointManager(run / "checkpoints", keep_last=None).save(2, {"model": model_state_dict(model)}, {})
+    for flags in ([], ["--no-verify"]):
+        with pytest.raises(DataError) as error:
+            run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out"), *flags])
+        assert str(error.value) == (
+            f"{run / 'checkpoints' / 'step_2'}: model.layers.1.mlp.down_proj.weight holds 2 NaN and 1 infinite "
+            "weights (the run diverged before this checkpoint?); export an earlier one (pass its step_<N> directory)"
+        )
+        assert not (tmp_path / "out").exists()
+    assert run_cli(["export", str(run / "checkpoints" / "step_1"), "--to", "hf", str(tmp_path / "out")]) == 0

@@ -257,7 +257,15 @@ def write_weights(
 def _in_dtype(
     tensors: dict[str, torch.Tensor], dtype: torch.dtype, step_dir: Path
 ) -> dict[str, torch.Tensor]:
-    """The tensors rounded to `dtype`; float16 refuses values beyond its range (they would be inf)."""
+    """The tensors rounded to `dtype`; float16 refuses values beyond its range (they would be inf).
+    NaN or inf weights (a run that diverged before its checkpoint) are refused in any dtype: the
+    check would call them a wrong conversion, and --no-verify wrote them without a word."""
+    for name, tensor in tensors.items():
+        if tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all()):
+            raise DataError(
+                f"{step_dir}: {name} holds {_not_finite(tensor)} weights (the run diverged before this "
+                "checkpoint?); export an earlier one (pass its step_<N> directory)"
+            )
     if dtype == torch.float16:
         for name, tensor in tensors.items():
             if tensor.device.type != "meta" and bool((tensor.abs() > FLOAT16_MAX).any()):
@@ -266,6 +274,12 @@ def _in_dtype(
                     "export with --dtype bfloat16 or float32"
                 )
     return {name: tensor.to(dtype) for name, tensor in tensors.items()}
+
+
+def _not_finite(tensor: torch.Tensor) -> str:
+    """How many NaN and infinite values `tensor` holds, in words ("3 NaN and 1 infinite")."""
+    counts = [(int(torch.isnan(tensor).sum()), "NaN"), (int(torch.isinf(tensor).sum()), "infinite")]
+    return " and ".join(f"{count} {what}" for count, what in counts if count)
 
 
 def verify_export(source: RunSource, directory: Path, dtype: torch.dtype = torch.float32) -> Verification:
