@@ -313,14 +313,23 @@ def test_narrower_dtype_export_rounds_each_weight_and_is_verified(exported, tmp_
     assert (tmp_path / "narrow" / "model.safetensors").stat().st_size < 0.55 * wide_bytes
 
 
-def test_float16_export_refuses_weights_beyond_its_range(tmp_path) -> None:
+def test_float16_export_refuses_weights_it_would_write_as_inf(tmp_path) -> None:
+    """float16 rounds |x| < 65520 to at most 65504 and anything larger to inf: values in between were
+    refused though they round to a finite weight, and the refusal did not say how large they were."""
     from gptrain.trained.hf.export import _in_dtype
 
-    tensors = {"fine": torch.ones(3), "wide": torch.tensor([1.0, -7.0e4])}
-    with pytest.raises(
-        DataError, match=r"^run/step_3: wide has values beyond float16's range .* --dtype bfloat16"
-    ):
+    edge = torch.tensor([1.0, 65519.0, -65510.0])  # round to 65504: finite, kept
+    assert torch.equal(
+        _in_dtype({"edge": edge}, torch.float16, Path("run/step_3"))["edge"],
+        torch.tensor([1.0, 65504.0, -65504.0], dtype=torch.float16),
+    )
+    tensors = {"fine": torch.ones(3), "wide": torch.tensor([1.0, -65520.0, 3.0e4])}
+    with pytest.raises(DataError) as error:
         _in_dtype(tensors, torch.float16, Path("run/step_3"))
+    assert str(error.value) == (
+        "run/step_3: wide has values up to |x| = 65520, which float16 rounds to inf (its largest finite "
+        "value is 65504); export with --dtype bfloat16 or float32"
+    )
     assert _in_dtype(tensors, torch.bfloat16, Path("run/step_3"))["wide"].dtype == torch.bfloat16
 
 

@@ -34,7 +34,6 @@ from gptrain.utils.progress import Progress
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' "5GB"
 PROMPT = "The meaning of life is"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FLOAT16_MAX = 65504.0
 
 
 @dataclass
@@ -257,7 +256,8 @@ def write_weights(
 def _in_dtype(
     tensors: dict[str, torch.Tensor], dtype: torch.dtype, step_dir: Path
 ) -> dict[str, torch.Tensor]:
-    """The tensors rounded to `dtype`; float16 refuses values beyond its range (they would be inf).
+    """The tensors rounded to `dtype`; a finite weight that rounds to inf (float16: |x| >= 65520) is
+    refused, naming the largest |x|; up to that it rounds to float16's largest, 65504.
     NaN or inf weights (a run that diverged before its checkpoint) are refused in any dtype: the
     check would call them a wrong conversion, and --no-verify wrote them without a word."""
     for name, tensor in tensors.items():
@@ -266,14 +266,17 @@ def _in_dtype(
                 f"{step_dir}: {name} holds {_not_finite(tensor)} weights (the run diverged before this "
                 "checkpoint?); export an earlier one (pass its step_<N> directory)"
             )
-    if dtype == torch.float16:
-        for name, tensor in tensors.items():
-            if tensor.device.type != "meta" and bool((tensor.abs() > FLOAT16_MAX).any()):
-                raise DataError(
-                    f"{step_dir}: {name} has values beyond float16's range (|x| > {FLOAT16_MAX:g}); "
-                    "export with --dtype bfloat16 or float32"
-                )
-    return {name: tensor.to(dtype) for name, tensor in tensors.items()}
+    rounded = {name: tensor.to(dtype) for name, tensor in tensors.items()}
+    for name, tensor in rounded.items():
+        if tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all()):
+            largest = float(tensors[name].abs().max())
+            name_of = str(dtype).removeprefix("torch.")
+            wider = "bfloat16 or float32" if dtype == torch.float16 else "float32"
+            raise DataError(
+                f"{step_dir}: {name} has values up to |x| = {largest:.7g}, which {name_of} rounds to inf "
+                f"(its largest finite value is {torch.finfo(dtype).max:.7g}); export with --dtype {wider}"
+            )
+    return rounded
 
 
 def _not_finite(tensor: torch.Tensor) -> str:
