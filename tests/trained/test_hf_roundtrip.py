@@ -308,7 +308,18 @@ def test_narrower_dtype_export_rounds_each_weight_and_is_verified(exported, tmp_
     for name, tensor in wide.items():
         assert narrow[name].dtype == getattr(torch, dtype), name
         assert torch.equal(narrow[name], tensor.to(getattr(torch, dtype))), name
-    assert json.loads((tmp_path / "narrow" / "config.json").read_text())["dtype"] == dtype
+    config = json.loads((tmp_path / "narrow" / "config.json").read_text())
+    assert config["dtype"] == dtype
+    # transformers 4 and serving stacks read torch_dtype (without it: float32, "pick a 16-bit type")
+    assert config["torch_dtype"] == dtype
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    assert AutoConfig.for_model(**{k: v for k, v in config.items() if k != "dtype"}).dtype == getattr(
+        torch, dtype
+    )
+    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "narrow"), dtype="auto").dtype == getattr(
+        torch, dtype
+    )
     wide_bytes = (full / "model.safetensors").stat().st_size
     assert (tmp_path / "narrow" / "model.safetensors").stat().st_size < 0.55 * wide_bytes
 

@@ -188,21 +188,22 @@ def _write_configs(directory: Path, source: RunSource, arch: str, dtype: str) ->
     config.architectures = [CLASS_NAMES[arch]]
     config.dtype = dtype
     config.save_pretrained(str(directory))
-    _add_legacy_rope_keys(directory / "config.json")
+    _add_legacy_keys(directory / "config.json")
     GenerationConfig(**source.token_ids).save_pretrained(str(directory))
 
 
-def _add_legacy_rope_keys(path: Path) -> None:
-    """transformers 5 writes the rope settings only inside rope_parameters; transformers 4 and
-    serving stacks (vLLM, llama.cpp's converter) read the top-level keys and would fall back to
-    their defaults (theta 10000, StableLM's rotary fraction 0.25) without a word. The directory is
-    still the export's temporary one, so a plain write is safe."""
+def _add_legacy_keys(path: Path) -> None:
+    """transformers 5 writes the rope settings only inside rope_parameters, and the weights' dtype
+    only as `dtype`; transformers 4 and serving stacks (vLLM, llama.cpp's converter) read the
+    top-level rope keys and `torch_dtype`, and would fall back to their defaults (theta 10000,
+    StableLM's rotary fraction 0.25, float32 taken as "pick a 16-bit type") without a word. The
+    directory is still the export's temporary one, so a plain write is safe."""
     config = json.loads(path.read_text())
+    if "dtype" in config:
+        config.setdefault("torch_dtype", config["dtype"])
     rope = config.get("rope_parameters")
-    if not isinstance(rope, dict):
-        return
     for key in ("rope_theta", "partial_rotary_factor"):
-        if key in rope:
+        if isinstance(rope, dict) and key in rope:
             config.setdefault(key, rope[key])
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
