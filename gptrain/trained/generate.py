@@ -41,7 +41,8 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="STRING",
         help=(
             "stop once the generated text contains STRING, and print the text before it "
-            "(may be repeated: the first one reached ends it); the end-of-document token always stops"
+            "(may be repeated: the first one reached ends it); the end-of-document token, and each end "
+            "token an imported model declares (its eos_token_id), always stops"
         ),
     )
     parser.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234)")
@@ -66,6 +67,7 @@ def run_generate(args: argparse.Namespace) -> int:
     window_note = context_window_note(len(prompt_ids), args.max_new_tokens, run.model.config.seq_length)
     if window_note:
         print(window_note, file=sys.stderr)
+    ends = {run.tokenizer.eod, *run.end_ids}
     new_ids = generate(
         run.model,
         prompt_ids,
@@ -74,12 +76,12 @@ def run_generate(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         top_p=args.top_p,
         greedy=args.greedy,
-        eod=run.tokenizer.eod,
+        eod=ends,
         generator=torch.Generator().manual_seed(args.seed),
         valid_vocab_size=run.vocab_size,
         stop=stop_string_reached(run.tokenizer, prompt_ids, args.stop),
     )
-    if new_ids and new_ids[-1] == run.tokenizer.eod:
+    if new_ids and new_ids[-1] in ends:
         new_ids = new_ids[:-1]
     text = continuation_text(run.tokenizer, prompt_ids, new_ids)
     print(args.prompt + before_stop_string(text, args.stop))

@@ -54,6 +54,8 @@ class LoadedRun:
     vocab_size: int
     """Unpadded vocabulary of the tokenizer (padding rows are never sampled)."""
     checkpoint: Path
+    end_ids: frozenset[int] = frozenset()
+    """Ids that end a generation besides the tokenizer's EOD: an imported model's eos_token_id(s)."""
 
 
 def checkpoints_dir(path: Path) -> Path | None:
@@ -306,4 +308,15 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     model = build_model(build_model_config(run.cfg, run.saved_rows), device, run.cfg.model.seed)
     load_weights(model, run.step_dir)
     model.eval()
-    return LoadedRun(model=model, tokenizer=run.tokenizer, vocab_size=run.vocab, checkpoint=run.step_dir)
+    return LoadedRun(model, run.tokenizer, run.vocab, run.step_dir, imported_end_ids(run))
+
+
+def imported_end_ids(run: RunCheckpoint) -> frozenset[int]:
+    """The eos_token_id(s) hf_import.json keeps of an imported model (or of the import a run
+    started from): a chat model's end-of-turn token (Llama 3's <|eot_id|> beside <|end_of_text|>)
+    is often not the tokenizer's end-of-document token."""
+    from gptrain.trained.hf.record import run_record
+
+    eos = run_record(run.hparams.parent, run.cfg.exp_manager.resume_from_checkpoint).get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [eos]
+    return frozenset(i for i in ids if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < run.vocab)

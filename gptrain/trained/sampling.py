@@ -8,7 +8,7 @@ so a seeded generator gives the same tokens whatever device the model is on.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 from torch import nn
@@ -24,13 +24,14 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     greedy: bool = False,
-    eod: int | None = None,
+    eod: int | Collection[int] | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     valid_vocab_size: int | None = None,
     stop: Callable[[list[int]], bool] | None = None,
 ) -> list[int]:
-    """Return the new token ids only (not the prompt); the last one is `eod` if generation stopped on it.
+    """Return the new token ids only (not the prompt); the last one is `eod` (or one of them: an
+    imported model may declare several end tokens) if generation stopped on it.
 
     The context is cropped to the model's `config.seq_length` most recent tokens. `generator` must be
     a CPU generator. `valid_vocab_size` (the tokenizer's unpadded size) keeps the padding rows of a
@@ -43,6 +44,7 @@ def generate(
     was_training = model.training
     model.eval()
     tokens, new_tokens = list(prompt_ids), []
+    ends = {eod} if isinstance(eod, int) else set(eod or ())
     try:
         with torch.no_grad():
             for _ in range(max_new_tokens):
@@ -55,7 +57,7 @@ def generate(
                 )
                 tokens.append(next_id)
                 new_tokens.append(next_id)
-                if (eod is not None and next_id == eod) or (stop is not None and stop(new_tokens)):
+                if next_id in ends or (stop is not None and stop(new_tokens)):
                     break
     finally:
         model.train(was_training)

@@ -446,3 +446,37 @@ def test_import_then_export_keeps_the_chat_templates(tmp_path, layout) -> None:
         if layout != "gpt2_bpe":
             text = tokenizer.apply_chat_template(messages, chat_template="tools", tokenize=False)
             assert text == "[user] hi[assistant] hello", directory
+
+
+def test_generate_on_an_import_stops_at_each_end_token_its_config_declares(tmp_path, capsys) -> None:
+    """A chat model's config.json lists its end tokens (Llama 3 Instruct: <|end_of_text|> and
+    <|eot_id|>), which are often not the tokenizer's end-of-document token: generate ran on past
+    them and printed them. The id is one transformers' greedy continuation reaches (float32,
+    over the tokenizer's 98 rows, as generate samples)."""
+    import transformers
+
+    source = llama_dir(tmp_path / "src", tokenizer=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
+    ids = tokenizer.encode("hi")
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(10):
+            new.append(
+                int(
+                    model(input_ids=torch.tensor([ids + new])).logits[0, -1, : len(SPECIALS + CHARS)].argmax()
+                )
+            )
+    at = next(k for k in range(1, 10) if new[k] not in new[:k] and new[k] != 2)  # a token first reached there
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "eos")]) == 0
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "eos_token_id": [2, new[at]]}))
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "eos_list")]) == 0
+    capsys.readouterr()
+    argv = ["--prompt", "hi", "--greedy", "--max-new-tokens"]
+    assert run_cli(["generate", str(tmp_path / "eos"), *argv, str(at)]) == 0
+    before_end = capsys.readouterr().out
+    assert run_cli(["generate", str(tmp_path / "eos"), *argv, "10"]) == 0
+    assert capsys.readouterr().out != before_end  # only 2 ends it: it ran on
+    assert run_cli(["generate", str(tmp_path / "eos_list"), *argv, "10"]) == 0
+    assert capsys.readouterr().out == before_end

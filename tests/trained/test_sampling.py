@@ -70,6 +70,7 @@ def test_stops_at_eod_and_includes_it():
     model = BigramModel(cycle_table(10), seq_length=8)
     assert generate(model, [5], 20, greedy=True, eod=8) == [6, 7, 8]
     assert generate(model, [5], 2, greedy=True, eod=8) == [6, 7]
+    assert generate(model, [5], 20, greedy=True, eod={9, 7}) == [6, 7]  # several end tokens
 
 
 def test_top_k_samples_only_the_k_best():
