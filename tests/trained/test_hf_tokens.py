@@ -409,6 +409,41 @@ CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
 TOOLS = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
 
 
+def chat_model_dir(directory: Path, layout: str) -> Path:
+    """A tiny model with chat templates: in tokenizer_config.json (a Llama over a 98-token
+    tokenizer.json, or GPT-2 BPE's vocab.json + merges.txt), or as transformers' .jinja files."""
+    if layout == "gpt2_bpe":
+        return bpe_model_dir(directory, gpt2_tokenizer_dict(), {"chat_template": CHAT})
+    source = llama_dir(directory, tokenizer=True)
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    if layout == "tokenizer_config":
+        config["chat_template"] = [
+            {"name": "default", "template": CHAT},
+            {"name": "tools", "template": TOOLS},
+        ]
+    else:
+        (source / "chat_template.jinja").write_text(CHAT)
+        (source / "additional_chat_templates").mkdir()
+        (source / "additional_chat_templates" / "tools.jinja").write_text(TOOLS)
+    (source / "tokenizer_config.json").write_text(json.dumps(config))
+    return source
+
+
+def assert_chat_templates(directory: Path, layout: str) -> None:
+    """AutoTokenizer of `directory` has the templates chat_model_dir gave and renders with them."""
+    from transformers import AutoTokenizer
+
+    expected = {"default": CHAT} if layout == "gpt2_bpe" else {"default": CHAT, "tools": TOOLS}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    templates = tokenizer.chat_template
+    assert (templates if isinstance(templates, dict) else {"default": templates}) == expected, directory
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == "<user>hi<assistant>hello"
+    if layout != "gpt2_bpe":
+        text = tokenizer.apply_chat_template(messages, chat_template="tools", tokenize=False)
+        assert text == "[user] hi[assistant] hello", directory
+
+
 @pytest.mark.parametrize("layout", ["tokenizer_config", "jinja_files", "gpt2_bpe"])
 def test_import_then_export_keeps_the_chat_templates(tmp_path, layout) -> None:
     """A chat model imported for continued pretraining and exported again lost its chat template:
@@ -416,36 +451,41 @@ def test_import_then_export_keeps_the_chat_templates(tmp_path, layout) -> None:
     dropped, and export wrote a fresh one), and neither copied transformers' own files for it
     (chat_template.jinja, additional_chat_templates/*.jinja). The export's tokenizer renders a
     conversation as the source's does."""
-    from transformers import AutoTokenizer
-
-    if layout == "gpt2_bpe":
-        source = bpe_model_dir(tmp_path / "src", gpt2_tokenizer_dict(), {"chat_template": CHAT})
-    else:
-        source = llama_dir(tmp_path / "src", tokenizer=True)
-        config = json.loads((source / "tokenizer_config.json").read_text())
-        if layout == "tokenizer_config":
-            config["chat_template"] = [
-                {"name": "default", "template": CHAT},
-                {"name": "tools", "template": TOOLS},
-            ]
-        else:
-            (source / "chat_template.jinja").write_text(CHAT)
-            (source / "additional_chat_templates").mkdir()
-            (source / "additional_chat_templates" / "tools.jinja").write_text(TOOLS)
-        (source / "tokenizer_config.json").write_text(json.dumps(config))
+    source = chat_model_dir(tmp_path / "src", layout)
+    assert_chat_templates(source, layout)
     assert run_cli(["import", str(source), "--output", str(tmp_path / "run")]) == 0
     assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out")]) == 0
-    expected = {"default": CHAT} if layout == "gpt2_bpe" else {"default": CHAT, "tools": TOOLS}
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    for directory in (source, tmp_path / "out"):
-        tokenizer = AutoTokenizer.from_pretrained(str(directory))
-        templates = tokenizer.chat_template
-        assert (templates if isinstance(templates, dict) else {"default": templates}) == expected, directory
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
-        assert text == "<user>hi<assistant>hello", directory
-        if layout != "gpt2_bpe":
-            text = tokenizer.apply_chat_template(messages, chat_template="tools", tokenize=False)
-            assert text == "[user] hi[assistant] hello", directory
+    assert_chat_templates(tmp_path / "out", layout)
+
+
+@pytest.mark.parametrize("layout", ["jinja_files", "gpt2_bpe"])
+def test_an_earlier_import_takes_its_chat_templates_from_the_source_it_recorded(
+    tmp_path, layout, capsys
+) -> None:
+    """A run imported before import copied chat templates has none in its tokenizer copy; the
+    directory hf_import.json names still has them, and the same tokenizer files: taken from there,
+    said in a note. A source whose tokenizer changed since gives nothing."""
+    source = chat_model_dir(tmp_path / "src", layout)
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run")]) == 0
+    copy = tmp_path / "run" / "tokenizer"  # as an earlier import left it
+    old_copy = ["tokenizer_config.json"] if layout == "gpt2_bpe" else ["chat_template.jinja"]
+    old_copy += ["additional_chat_templates/tools.jinja"] if layout == "jinja_files" else []
+    for name in old_copy:
+        (copy / name).unlink()
+    capsys.readouterr()
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out")]) == 0
+    assert (
+        f"the chat template comes from {source}, the directory the run was imported from"
+        in capsys.readouterr().err
+    )
+    assert_chat_templates(tmp_path / "out", layout)
+    changed = source / ("tokenizer.json" if layout == "jinja_files" else "merges.txt")
+    changed.write_bytes(changed.read_bytes() + b"\n")
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "other")]) == 0
+    assert "the chat template comes from" not in capsys.readouterr().err
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "other")).chat_template is None
 
 
 def test_generate_on_an_import_stops_at_each_end_token_its_config_declares(tmp_path, capsys) -> None:

@@ -24,7 +24,11 @@ from gptrain.trained.hf.architectures import CLASS_NAMES, choose_architecture, h
 from gptrain.trained.hf.record import run_record, special_token_ids
 from gptrain.trained.hf.storage import CheckpointTensors, ShardWriter, plan_shards
 from gptrain.trained.hf.tensors import globals_to_hf, hf_global_names, layer_to_hf
-from gptrain.trained.hf.tokenizer_files import export_tokenizer
+from gptrain.trained.hf.tokenizer_files import (
+    add_source_chat_templates,
+    export_tokenizer,
+    tokenizer_directory,
+)
 from gptrain.trained.hf.transformers_api import config_class, require_transformers
 from gptrain.trained.hf.verify import Verification
 from gptrain.utils.atomic import atomic_directory
@@ -50,6 +54,8 @@ class RunSource:
     """Embedding rows exported (config.json's vocab_size): `vocab`, or an imported model's own count."""
     token_ids: dict[str, int | None]
     """bos_token_id, eos_token_id (and pad_token_id when known) for the configs."""
+    imported_from: str | None = None
+    """The transformers directory hf_import.json names (a run imported, or started from an import)."""
 
 
 @dataclass
@@ -85,6 +91,7 @@ def open_run(path: str | Path, checksums: bool = False) -> RunSource:
         build_model_config(run.cfg, run.saved_rows),
         rows,
         special_token_ids(run.cfg, run.tokenizer, record),
+        record.get("source"),
     )
 
 
@@ -116,6 +123,7 @@ def export_hf(
             # a run on mock data has no tokenizer: the preset's tokenizer paths point at nothing
             if source.tokenizer is not None:
                 export_tokenizer(source.cfg, staging, source.model_config.seq_length, source.token_ids)
+                _add_imported_chat_templates(source, staging, stream)
             tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream, DTYPES[dtype])
             verification = verify_export(source, staging, DTYPES[dtype]) if verify else None
     except Exception as error:  # a full disk, a quota, a read error: said in one line (nothing left behind)
@@ -131,6 +139,19 @@ def export_hf(
     files = sorted(p.name for p in output.iterdir())
     elapsed = time.perf_counter() - started
     return ExportReport(output, CLASS_NAMES[arch], files, tensor_bytes, elapsed, verification)
+
+
+def _add_imported_chat_templates(source: RunSource, staging: Path, stream: TextIO) -> None:
+    """A run imported before import copied chat templates: those of the directory it came from."""
+    directory = tokenizer_directory(source.cfg)
+    if not source.imported_from or directory is None:
+        return
+    if add_source_chat_templates(staging, directory, Path(source.imported_from)):
+        print(
+            f"gptrain: note: the chat template comes from {source.imported_from}, the directory the "
+            "run was imported from (its tokenizer files are the run's)",
+            file=stream,
+        )
 
 
 def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO) -> None:

@@ -67,6 +67,47 @@ def export_tokenizer(
     return []
 
 
+def tokenizer_directory(cfg: Any) -> Path | None:
+    """The directory of the run's tokenizer files (None for mock data and tiktoken)."""
+    tok = cfg.model.tokenizer
+    kind = canonical_type(tok.type)
+    if kind == "gpt2" and tok.vocab_file:
+        return Path(tok.vocab_file).parent
+    if kind == "huggingface" and tok.model:
+        return Path(tok.model) if Path(tok.model).is_dir() else Path(tok.model).parent
+    return None
+
+
+def add_source_chat_templates(output: Path, tokenizer_dir: Path, source: Path) -> bool:
+    """The chat templates of `source`, the directory a run was imported from, added to the export
+    in `output` when the run's tokenizer copy has none (imports before they were copied) and
+    `source` still holds that tokenizer, byte for byte; whether any were added."""
+    if has_chat_template(tokenizer_dir) or not source.is_dir() or not has_chat_template(source):
+        return False
+    names = [
+        name for name in ("tokenizer.json", "vocab.json", "merges.txt") if (tokenizer_dir / name).is_file()
+    ]
+    if not names or any(
+        not (source / name).is_file() or (source / name).read_bytes() != (tokenizer_dir / name).read_bytes()
+        for name in names
+    ):
+        return False
+    copy_chat_templates(source, output)
+    if inline := inline_chat_template(source):
+        path = output / "tokenizer_config.json"
+        config = json.loads(path.read_text(encoding="utf-8"))
+        path.write_text(json.dumps({**config, **inline}, indent=2) + "\n")
+    return True
+
+
+def has_chat_template(directory: Path) -> bool:
+    return bool(
+        inline_chat_template(directory)
+        or (directory / CHAT_TEMPLATE_FILE).is_file()
+        or any((directory / CHAT_TEMPLATE_DIR).glob("*.jinja"))
+    )
+
+
 def copy_chat_templates(source: Path, output: Path) -> list[str]:
     """Copy `source`'s chat_template.jinja and additional_chat_templates/*.jinja into `output`; the
     names copied. AutoTokenizer reads these files over tokenizer_config.json's chat_template."""
