@@ -80,6 +80,7 @@ def run_generate(args: argparse.Namespace) -> int:
         generator=torch.Generator().manual_seed(args.seed),
         valid_vocab_size=run.vocab_size,
         stop=stop_string_reached(run.tokenizer, prompt_ids, args.stop),
+        excluded_ids=undecodable_ids(run.tokenizer, run.vocab_size),
     )
     if new_ids and new_ids[-1] in ends:
         new_ids = new_ids[:-1]
@@ -94,6 +95,25 @@ def check_seed(seed: int) -> None:
 
     if not -(2**63) <= seed < 2**64:
         raise ConfigError(f"--seed={seed} must be from -2**63 to 2**64 - 1 (what torch's generator takes)")
+
+
+def undecodable_ids(tokenizer, vocab_size: int) -> list[int]:
+    """Ids below vocab_size that the tokenizer has no token for. tiktoken's encodings leave gaps
+    between their ordinary and special tokens (cl100k_base: 100256 and 100261-100275) that a model
+    trained with them still scores: one sampled made the decode fail after the whole generation
+    ('token id None is not in this tokenizer's vocabulary'). Other tokenizers number theirs densely."""
+    from gptrain.data.tokenizers import TiktokenTokenizer
+    from gptrain.errors import DataError
+
+    if not isinstance(tokenizer, TiktokenTokenizer):
+        return []
+    holes = []
+    for token_id in range(vocab_size):  # ~0.1 s for 100k ids
+        try:
+            tokenizer.decode([token_id])
+        except DataError:
+            holes.append(token_id)
+    return holes
 
 
 def check_stop_strings(stops: Sequence[str]) -> None:

@@ -29,14 +29,16 @@ def generate(
     generator: torch.Generator | None = None,
     valid_vocab_size: int | None = None,
     stop: Callable[[list[int]], bool] | None = None,
+    excluded_ids: Collection[int] = (),
 ) -> list[int]:
     """Return the new token ids only (not the prompt); the last one is `eod` (or one of them: an
     imported model may declare several end tokens) if generation stopped on it.
 
     The context is cropped to the model's `config.seq_length` most recent tokens. `generator` must be
     a CPU generator. `valid_vocab_size` (the tokenizer's unpadded size) keeps the padding rows of a
-    padded vocab from ever being sampled. `stop`, called with the new ids after each token, ends
-    generation when it returns True (a stop string in the decoded text).
+    padded vocab from ever being sampled, and `excluded_ids` (ids the tokenizer cannot decode) too.
+    `stop`, called with the new ids after each token, ends generation when it returns True (a stop
+    string in the decoded text).
     """
     _check_arguments(prompt_ids, max_new_tokens, temperature, top_k, greedy, top_p)
     seq_length = model.config.seq_length
@@ -45,6 +47,7 @@ def generate(
     model.eval()
     tokens, new_tokens = list(prompt_ids), []
     ends = {eod} if isinstance(eod, int) else set(eod or ())
+    excluded = torch.tensor(sorted(excluded_ids), dtype=torch.long)
     try:
         with torch.no_grad():
             for _ in range(max_new_tokens):
@@ -52,6 +55,7 @@ def generate(
                 logits = model(context)[0, -1].float().cpu()
                 if valid_vocab_size is not None:
                     logits = logits[:valid_vocab_size]
+                logits[excluded] = float("-inf")
                 next_id = next_token(
                     logits, temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator
                 )

@@ -388,6 +388,45 @@ def test_stop_strings_end_generation_and_the_text_before_them_is_printed(
     assert counts[-1] == 12
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_ids_a_tiktoken_encoding_skips_are_never_sampled(tmp_path: Path, capsys, monkeypatch) -> None:
+    """tiktoken's encodings leave ids unassigned between their ordinary and special tokens
+    (cl100k_base: 100256, 100261-100275), rows a model trained with them still scores: one sampled
+    made the decode fail after the whole generation ('token id None is not in this tokenizer's
+    vocabulary'). Here the bytes are ids 0-255, <|endoftext|> is 260, and 256-259 are gaps. The final
+    norm is made to output its bias b whatever the input, so each logit is b . W[id] (tied): a gap
+    scores 10, 'A' 5, the rest about 0; generate takes 'A' every time."""
+    tiktoken = pytest.importorskip("tiktoken")
+    import torch
+
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.parallel.state_dict import model_state_dict
+    from gptrain.trained.generate import add_generate_parser
+
+    encoding = tiktoken.Encoding(
+        "gappy", pat_str=r"\S+|\s+", mergeable_ranks={bytes([i]): i for i in range(256)},
+        special_tokens={"<|endoftext|>": 260},
+    )  # fmt: skip
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: encoding)
+    monkeypatch.setattr(tiktoken, "list_encoding_names", lambda: ["gappy"])
+    tok = ["model.tokenizer.type=TikTokenizer", "model.tokenizer.model=gappy"]
+    log_dir, model, _ = tiny_run(tmp_path, tokenizer_overrides=[*tok, "model.tokenizer.vocab_file=null"])
+    with torch.no_grad():
+        bias = torch.linspace(-1.0, 1.0, 32)
+        model.norm.weight.zero_()
+        model.norm.bias.copy_(bias)
+        model.tok_embeddings.weight[:261] *= 0.01  # logits near 0 for every other id
+        model.tok_embeddings.weight[257] = 10 * bias / bias.dot(bias)  # a gap: logit 10
+        model.tok_embeddings.weight[ord("A")] = 5 * bias / bias.dot(bias)
+        assert model(torch.tensor([[104, 105]]))[0, -1, :261].argmax() == 257
+    CheckpointManager(log_dir / "checkpoints", keep_last=None).save(3, {"model": model_state_dict(model)}, {})
+    argv = ["generate", str(tmp_path / "run"), "--prompt", "hi", "--max-new-tokens", "6"]
+    assert run_subcommand(add_generate_parser, [*argv, "--greedy"]) == 0
+    assert capsys.readouterr().out == "hiAAAAAA\n"
+    assert run_subcommand(add_generate_parser, [*argv, "--temperature", "1e-3"]) == 0
+    assert capsys.readouterr().out == "hiAAAAAA\n"
+
+
 def test_an_empty_or_non_utf8_stop_string_is_refused_before_loading(tmp_path: Path, capsys) -> None:
     from gptrain.cli import main
 

@@ -186,3 +186,10 @@ def test_a_stop_condition_ends_generation_after_the_token_that_met_it():
     assert generate(model, [5], 20, greedy=True, stop=stop) == [6, 7]
     assert seen == [[6], [6, 7]]
     assert generate(model, [5], 20, greedy=True, eod=6, stop=stop) == [6]  # EOD first
+
+
+def test_excluded_ids_are_never_sampled():
+    model = BigramModel(cycle_table(10), seq_length=8)
+    assert generate(model, [5], 5, greedy=True, excluded_ids={7}) == [6, 8, 9, 0, 1]  # 7's runner-up: 8
+    generator = torch.Generator().manual_seed(0)
+    assert 7 not in generate(model, [5], 200, temperature=5.0, excluded_ids={7}, generator=generator)
