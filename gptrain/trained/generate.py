@@ -67,7 +67,7 @@ def run_generate(args: argparse.Namespace) -> int:
     window_note = context_window_note(len(prompt_ids), args.max_new_tokens, run.model.config.seq_length)
     if window_note:
         print(window_note, file=sys.stderr)
-    ends = {run.tokenizer.eod, *run.end_ids}
+    ends = end_ids(run)
     new_ids = generate(
         run.model,
         prompt_ids,
@@ -95,6 +95,25 @@ def check_seed(seed: int) -> None:
 
     if not -(2**63) <= seed < 2**64:
         raise ConfigError(f"--seed={seed} must be from -2**63 to 2**64 - 1 (what torch's generator takes)")
+
+
+def end_ids(run) -> set[int]:
+    """The ids that end a generation: the tokenizer's end-of-document token, when it names one (a
+    bare tokenizer.json may not: generate refused such an import though its config.json gives
+    eos_token_id), and an imported model's eos ids. Said on stderr when there are none."""
+    from gptrain.errors import DataError
+
+    try:
+        ends = {run.tokenizer.eod, *run.end_ids}
+    except DataError:
+        ends = set(run.end_ids)
+    if not ends:
+        print(
+            "gptrain: note: the tokenizer names no end-of-document token and the model no eos_token_id: "
+            "generating --max-new-tokens tokens (or up to a --stop string)",
+            file=sys.stderr,
+        )
+    return ends
 
 
 def undecodable_ids(tokenizer, vocab_size: int) -> list[int]:

@@ -520,3 +520,42 @@ def test_generate_on_an_import_stops_at_each_end_token_its_config_declares(tmp_p
     assert capsys.readouterr().out != before_end  # only 2 ends it: it ran on
     assert run_cli(["generate", str(tmp_path / "eos_list"), *argv, "10"]) == 0
     assert capsys.readouterr().out == before_end
+
+
+def test_generate_on_an_import_whose_tokenizer_names_no_end_token_stops_at_the_models(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """A bare tokenizer.json without any of the usual end tokens (here <end>): generate refused
+    the import ('no end-of-document token found ... put a tokenizer_config.json'), though its
+    config.json names the eos id. It now generates, stopping there; with no end id at all it says
+    so and runs to --max-new-tokens."""
+    import sys
+
+    import transformers
+
+    monkeypatch.setattr(sys.modules[__name__], "SPECIALS", ["<unk>", "<s>", "<end>"])
+    source = llama_dir(tmp_path / "src", tokenizer=True)
+    (source / "tokenizer_config.json").unlink()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
+    ids = transformers.AutoTokenizer.from_pretrained(str(source)).encode("hi")
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(10):
+            logits = model(input_ids=torch.tensor([ids + new])).logits[0, -1, : len(SPECIALS + CHARS)]
+            new.append(int(logits.argmax()))
+    at = next(k for k in range(1, 10) if new[k] not in new[:k])
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "eos_token_id": new[at]}))
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run")]) == 0
+    argv = ["generate", str(tmp_path / "run"), "--prompt", "hi", "--greedy", "--max-new-tokens"]
+    capsys.readouterr()
+    assert run_cli([*argv, str(at)]) == 0
+    before_end = capsys.readouterr().out
+    assert run_cli([*argv, "10"]) == 0
+    assert capsys.readouterr().out == before_end
+    record = tmp_path / "run" / "hf_import.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "eos_token_id": None}))
+    assert run_cli([*argv, "10"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(before_end.removesuffix("\n")) and len(out) > len(before_end)
+    assert "the tokenizer names no end-of-document token and the model no eos_token_id" in err
