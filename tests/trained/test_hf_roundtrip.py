@@ -382,3 +382,44 @@ def test_weights_that_are_not_finite_are_refused_naming_the_tensor(tmp_path) -> 
         )
         assert not (tmp_path / "out").exists()
     assert run_cli(["export", str(run / "checkpoints" / "step_1"), "--to", "hf", str(tmp_path / "out")]) == 0
+
+
+def test_the_export_computes_gptrains_function_to_float64_precision(exported) -> None:
+    """Both models in float64 on the same batch. transformers computes rotary angles in float32
+    whatever the model's dtype (gptrain in float64: they differ by ~1e-7 of the largest logit here),
+    so gptrain is handed transformers' own cos/sin tables; and Llama's RMSNorm rounds to float32
+    inside, so it runs its own formula (with its own epsilon) in float64. What is compared is the
+    mapping alone: an epsilon, a GELU flavour, a head order or a rotary fraction off by any amount shows.
+    Bound: every logit is the end of a few chains of dot products of at most 4 x 48 terms, each
+    rounding by at most n u with u = 1.1e-16, so the two orders of summation agree to about
+    10 x 192 x 1.1e-16 ~ 2e-13 of the largest logit; 1e-12 leaves room."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    arch, _, model, out = exported
+    ours = copy.deepcopy(model).double().eval()
+    theirs = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float64).eval()
+    ids = batch(GPT2_VOCAB)
+    if arch != "gpt2":
+        positions = torch.arange(ids.shape[1])[None]
+        cos, sin = theirs.model.rotary_emb(torch.zeros(1, dtype=torch.float64), positions)
+        assert cos.dtype == torch.float64 and cos.shape[-1] == ours.freqs_cos.shape[-1]
+        ours.freqs_cos, ours.freqs_sin = cos[0], sin[0]
+    for module in theirs.modules():
+        if type(module).__name__ == "LlamaRMSNorm":
+            module.forward = rms_norm_in_float64(module)
+    with torch.no_grad():
+        a, b = ours(ids)[..., :GPT2_VOCAB], theirs(input_ids=ids).logits
+    assert float(a.abs().max()) > 1.0
+    assert max_relative_difference(a, b) < 1e-12
+
+
+def rms_norm_in_float64(norm: torch.nn.Module):
+    """transformers' LlamaRMSNorm formula, without its rounding to float32 in between."""
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        return norm.weight * (hidden * torch.rsqrt(variance + norm.variance_epsilon))
+
+    return forward
