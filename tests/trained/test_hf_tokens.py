@@ -559,3 +559,22 @@ def test_generate_on_an_import_whose_tokenizer_names_no_end_token_stops_at_the_m
     out, err = capsys.readouterr()
     assert out.startswith(before_end.removesuffix("\n")) and len(out) > len(before_end)
     assert "the tokenizer names no end-of-document token and the model no eos_token_id" in err
+
+
+def test_the_import_record_names_its_source_from_any_working_directory(tmp_path, monkeypatch, capsys) -> None:
+    """`gptrain import src --output run` recorded "source": "src" in hf_import.json, relative to
+    where import ran: export from elsewhere looked for the chat templates (and generate's advice
+    pointed) at a src that is not there."""
+    source = chat_model_dir(tmp_path / "src", "jinja_files")
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["import", "src", "--output", "run"]) == 0
+    assert json.loads((tmp_path / "run" / "hf_import.json").read_text())["source"] == str(source)
+    for name in ("chat_template.jinja", "additional_chat_templates/tools.jinja"):  # an earlier import
+        (tmp_path / "run" / "tokenizer" / name).unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", "out"]) == 0
+    assert f"the chat template comes from {source}" in capsys.readouterr().err
+    assert_chat_templates(elsewhere / "out", "jinja_files")

@@ -21,8 +21,9 @@ TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def write_record(directory: Path, hf_config: Any, source: Path) -> None:
-    """The imported model's token ids and embedding rows, as its config.json gives them."""
-    record: dict[str, Any] = {"source": str(source), "vocab_size": int(hf_config.vocab_size)}
+    """The imported model's token ids and embedding rows, as its config.json gives them, and where
+    it came from (absolute: export and generate read it from any working directory)."""
+    record: dict[str, Any] = {"source": str(source.resolve()), "vocab_size": int(hf_config.vocab_size)}
     record.update({key: getattr(hf_config, key, None) for key in TOKEN_KEYS})
     (directory / RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
