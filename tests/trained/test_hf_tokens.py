@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from hf_helpers import hf_logits, max_relative_difference, run_cli, saved_run  # noqa: E402
 
-from gptrain.errors import ConfigError  # noqa: E402
+from gptrain.errors import ConfigError, DataError  # noqa: E402
 
 SPECIALS = ["<unk>", "<s>", "</s>"]
 CHARS = [chr(c) for c in range(32, 127)]  # 3 + 95 = 98 tokens, padded to 128 by gptrain
@@ -578,3 +578,20 @@ def test_the_import_record_names_its_source_from_any_working_directory(tmp_path,
     assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", "out"]) == 0
     assert f"the chat template comes from {source}" in capsys.readouterr().err
     assert_chat_templates(elsewhere / "out", "jinja_files")
+
+
+def test_a_tokenizer_with_more_tokens_than_the_model_has_rows_is_refused_saying_what_to_do(
+    tmp_path, monkeypatch
+) -> None:
+    import sys
+
+    monkeypatch.setattr(sys.modules[__name__], "ROWS", 90)  # 98 tokens
+    source = llama_dir(tmp_path / "src", tokenizer=True)
+    with pytest.raises(DataError) as error:
+        run_cli(["import", str(source), "--output", str(tmp_path / "run")])
+    assert str(error.value) == (
+        f"{source}: the model has 90 embedding rows but its tokenizer has 98 tokens (ids from 90 on have "
+        "no row); resize the embeddings in transformers (model.resize_token_embeddings(98)), save the "
+        "model and import that"
+    )
+    assert not (tmp_path / "run").exists()

@@ -176,7 +176,11 @@ def build_imported_model(cfg: Any, staging: Path, hf_dir: Path, arch: str, strea
 def _check_rows(hf_dir: Path, vocab: int) -> None:
     rows = int(load_config(hf_dir).vocab_size)
     if rows < vocab:
-        raise DataError(f"{hf_dir}: the model has {rows} embedding rows but its tokenizer has {vocab} tokens")
+        raise DataError(
+            f"{hf_dir}: the model has {rows} embedding rows but its tokenizer has {vocab} tokens (ids from "
+            f"{rows} on have no row); resize the embeddings in transformers "
+            f"(model.resize_token_embeddings({vocab})), save the model and import that"
+        )
 
 
 @torch.no_grad()
