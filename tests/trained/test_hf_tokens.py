@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 from hf_helpers import hf_logits, max_relative_difference, run_cli, saved_run  # noqa: E402
 
 from gptrain.errors import ConfigError, DataError  # noqa: E402
+from gptrain.trained.hf.verify import VerificationError  # noqa: E402
 
 SPECIALS = ["<unk>", "<s>", "</s>"]
 CHARS = [chr(c) for c in range(32, 127)]  # 3 + 95 = 98 tokens, padded to 128 by gptrain
@@ -595,3 +596,38 @@ def test_a_tokenizer_with_more_tokens_than_the_model_has_rows_is_refused_saying_
         "model and import that"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_tokens_transformers_adds_from_added_tokens_json_are_not_lost_in_silence(tmp_path) -> None:
+    """A GPT-2 BPE model whose added_tokens.json adds <|im_start|> (id 50257): transformers encodes
+    it as that id, gptrain's GPT2BPETokenizer from vocab.json + merges.txt as pieces; the probe
+    text does not contain it, so the import passed verification and every chat turn marker in
+    prepared data or a prompt became other ids. Refused now, saying how to get a tokenizer.json
+    that holds it; once saved so, the import takes it and encodes the marker as transformers does."""
+    from transformers import AutoTokenizer
+
+    source = bpe_model_dir(tmp_path / "src", gpt2_tokenizer_dict())
+    (source / "tokenizer.json").unlink()
+    (source / "added_tokens.json").write_text(json.dumps({"<|im_start|>": 50257}))
+    with pytest.raises(VerificationError) as error:
+        run_cli(["import", str(source), "--output", str(tmp_path / "run")])
+    assert str(error.value) == (
+        f"{source}: transformers' tokenizer has 1 token(s) beyond the 50257 of vocab.json + merges.txt "
+        "('<|im_start|>', id 50257), added from added_tokens.json or tokenizer_config.json, which gptrain "
+        "does not read; save the tokenizer with transformers (AutoTokenizer.from_pretrained(HF_DIR)"
+        ".save_pretrained(HF_DIR)) so tokenizer.json holds them, and import again"
+    )
+    assert not (tmp_path / "run").exists()
+    AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(source))
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "vocab_size": 50258}))
+    (source / "model.safetensors").unlink()
+    import transformers
+
+    transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**{**config, "vocab_size": 50258})
+    ).save_pretrained(str(source))
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run")]) == 0
+    from gptrain.trained.load import open_run
+
+    assert list(open_run(tmp_path / "run").tokenizer.encode("<|im_start|>hi")) == [50257, 5303]

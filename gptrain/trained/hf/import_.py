@@ -247,7 +247,30 @@ def verify_imported_tokenizer(cfg: Any, staging: Path, hf_dir: Path) -> None:
             "tokenizer.json as it is, or pass --no-verify to import unchecked"
         )
 
-    verify_tokenizer(hf_dir, _tokenizer(cfg, staging), f"gptrain's {tok.type} from {files}", advice)
+    tokenizer = _tokenizer(cfg, staging)
+    verify_tokenizer(hf_dir, tokenizer, f"gptrain's {tok.type} from {files}", advice)
+    _check_added_tokens(hf_dir, tokenizer, files)
+
+
+def _check_added_tokens(hf_dir: Path, tokenizer: Any, files: str) -> None:
+    """transformers adds the tokens of added_tokens.json (and of tokenizer_config.json's
+    added_tokens_decoder) to those of the files gptrain reads: gptrain would encode each as plain
+    text (a chat model's <|im_start|> as pieces) where the model was trained on its id. The probe
+    text of verify_tokenizer cannot know them, so they are looked for by id."""
+    from transformers import AutoTokenizer
+
+    from gptrain.trained.hf.verify import VerificationError
+
+    theirs = AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
+    extra = sorted((i, token) for token, i in theirs.get_vocab().items() if i >= tokenizer.vocab_size)
+    if extra:
+        first_id, first = extra[0]
+        raise VerificationError(
+            f"{hf_dir}: transformers' tokenizer has {len(extra)} token(s) beyond the {tokenizer.vocab_size} of "
+            f"{files} ({first!r}, id {first_id}), added from added_tokens.json or tokenizer_config.json, which "
+            "gptrain does not read; save the tokenizer with transformers (AutoTokenizer.from_pretrained(HF_DIR)"
+            ".save_pretrained(HF_DIR)) so tokenizer.json holds them, and import again"
+        )
 
 
 def _class_rebuilding_pipeline(hf_dir: Path) -> str | None:
