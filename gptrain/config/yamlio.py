@@ -23,9 +23,13 @@ from gptrain.errors import ConfigError
 _INT = re.compile(
     r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$""", re.X
 )
+# The floats OmegaConf's loader reads (NeMo's): YAML 1.1's, which need a dot and a signed exponent,
+# and OmegaConf's additions, which take `1e-4` and `1.5e3`; base-60 floats are left out (see above).
 _FLOAT = re.compile(
-    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
+    r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?
+    |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+    |[-+]?[0-9]+(?:_[0-9]+)*(?:\.[0-9_]*)?[eE][-+]?[0-9]+
+    |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
     re.X,
 )
 
@@ -62,6 +66,27 @@ def _refuse_duplicate_keys(node: yaml.MappingNode) -> None:
                 key_node.start_mark,
             )
         first_line[key_node.value] = line
+
+
+def _number(loader: ConfigLoader, node: yaml.ScalarNode, construct: Any) -> Any:
+    """An int or float, or a one-line error at its line where the text has no digits (`0x_`,
+    `!!float abc`): PyYAML (and OmegaConf with it) would stop with a ValueError traceback."""
+    try:
+        return construct(loader, node)
+    except ValueError:
+        kind = node.tag.rpartition(":")[2]
+        raise yaml.constructor.ConstructorError(
+            None, None, f"'{node.value}' is not a valid {kind}; quote it for text", node.start_mark
+        ) from None
+
+
+ConfigLoader.add_constructor(
+    "tag:yaml.org,2002:int", lambda loader, node: _number(loader, node, yaml.SafeLoader.construct_yaml_int)
+)
+ConfigLoader.add_constructor(
+    "tag:yaml.org,2002:float",
+    lambda loader, node: _number(loader, node, yaml.SafeLoader.construct_yaml_float),
+)
 
 
 ConfigLoader.yaml_implicit_resolvers = {

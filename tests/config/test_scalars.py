@@ -1,0 +1,55 @@
+"""Plain scalars (`0x10`, `1e-4`, `~`, `yes`, `1_000`, `017`, `.inf`) read as NeMo reads them.
+
+In a YAML file the reference is OmegaConf's own loader (NeMo loads its configs with it), except
+base-60 numbers (`10:00:00` stays a string, docs/migrating.md).
+"""
+
+import itertools
+import math
+
+import pytest
+import yaml
+from omegaconf._yaml import get_yaml_loader
+
+from gptrain.config import load_training_config
+from gptrain.config.yamlio import ConfigLoader, load_text
+from gptrain.errors import ConfigError
+
+# every scalar of up to four of these characters: digits, signs, dots, exponents, underscores, prefixes
+ALPHABET = "01_.e-+xbo"
+SCALARS = ["".join(chars) for size in range(1, 5) for chars in itertools.product(ALPHABET, repeat=size)]
+NAMED = ["0x10", "1e-4", "1E+4", "~", "null", "Null", "NULL", "yes", "No", "on", "OFF", "1_000", "017",
+         "0o17", "08", ".inf", "-.Inf", ".NaN", "1.5e3", ".5e3", "1__0e3", "._5", "2024-01-05", "True"]  # fmt: skip
+
+
+def _read(text: str, loader: type) -> tuple[str, object]:
+    try:
+        value = yaml.load(f"k: {text}\n", Loader=loader)["k"]  # noqa: S506 (SafeLoader subclasses)
+    except (yaml.YAMLError, ValueError) as error:
+        return ("error", type(error).__name__)
+    return (type(value).__name__, "nan" if isinstance(value, float) and math.isnan(value) else value)
+
+
+def test_a_file_reads_every_scalar_as_omegaconf_does():
+    omegaconf_loader = get_yaml_loader()
+    differ = {}
+    for text in SCALARS + NAMED:
+        ours, theirs = _read(text, ConfigLoader), _read(text, omegaconf_loader)
+        if ours != theirs and theirs != ("error", "ValueError"):
+            differ[text] = (ours, theirs)
+    assert differ == {}
+
+
+@pytest.mark.parametrize("text", ["0x_", "-0b_", "!!float abc", "!!int 1.5"])
+def test_a_number_without_digits_is_one_line_naming_the_line(text):
+    # OmegaConf's loader (and gptrain's before) stopped with a ValueError traceback
+    with pytest.raises(ConfigError, match=r"^c\.yaml:2: invalid YAML: '.+' is not a valid (int|float)"):
+        load_text(f"a: 1\nb: {text}\n", "c.yaml")
+
+
+def test_a_string_field_takes_what_omegaconf_leaves_a_string(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("run:\n  name: .5e3\n")
+    cfg = load_training_config(config_file=str(path), overrides=["model.data.data_impl=mock",
+                                                                 "model.data.mock_vocab_size=64"])  # fmt: skip
+    assert cfg.run.name == ".5e3"
