@@ -6,6 +6,8 @@ Two surprises of plain YAML are removed here, for config files and `key=value` o
 - `[0.5,${data_dir}/a,0.5,${data_dir}/b]` is not valid YAML (`{` opens a mapping); Hydra's
   override grammar reads it as a list of four items. So do we: a bracketed value is split at
   its top-level commas, and each item is read on its own.
+Override values are otherwise typed as Hydra types them (`0x10` and `no` are text, `TrUe` is true),
+file values as OmegaConf's loader reads them (`0x10` is 16, `no` is false, `1e-4` a float).
 
 Only yaml is imported: this runs in `gptrain launch` on login nodes.
 """
@@ -34,10 +36,15 @@ _FLOAT = re.compile(
 )
 
 
-# Override values that Hydra's grammar reads as the text they are, where YAML would not: with a `#`
-# (YAML drops ` #...` as a comment: `run.name=exp #2` would become `exp`), YAML 1.1's words for
-# booleans (`name=no`), and numbers with a leading zero (`0755`, octal 493 in YAML).
-_HYDRA_STRING = re.compile(r"^(?:.*#.*|(?i:yes|no|on|off|y|n)|[-+]?0[0-9_]+)$")
+# Override values are typed as Hydra's override grammar types them (NeMo's scripts read their
+# command lines with it), not as YAML: a value is an int, float, bool or null only when it is one
+# such token, and is otherwise the text as typed: `0x10`, `0755`, `no`, `exp #2`, `a: b` are text.
+_HYDRA_DIGITS = r"(?:0|[1-9](?:_?[0-9])*)"  # no leading zero; one `_` between digits
+_HYDRA_POINT = rf"(?:{_HYDRA_DIGITS}\.|{_HYDRA_DIGITS}?\.[0-9](?:_?[0-9])*)"
+_HYDRA_INT = re.compile(rf"[-+]?{_HYDRA_DIGITS}")
+_HYDRA_FLOAT = re.compile(
+    rf"[-+]?(?:{_HYDRA_POINT}|(?:{_HYDRA_DIGITS}|{_HYDRA_POINT})[eE][-+]?[0-9](?:_?[0-9])*|(?i:inf|nan))"
+)
 
 
 class ConfigLoader(yaml.SafeLoader):
@@ -159,7 +166,8 @@ def load_file(path: str | Path) -> Any:
 
 
 def parse_value(text: str) -> Any:
-    """One override value: `2`, `null`, `1e-4`, `10:00:00` (a string), `[0.5,${d}/a]` (a list)."""
+    """One override value as Hydra reads it: `2`, `null`, `1e-4`, `10:00:00` (a string), `0x10` (a
+    string: YAML's 16 made `run.name=0x10` a directory `16`), `[0.5,${d}/a]` (a list)."""
     text = text.strip()
     if text == "":
         return ""
@@ -172,12 +180,20 @@ def parse_value(text: str) -> Any:
         mapping = _hydra_mapping(text[1:-1].strip())
         if mapping is not None:
             return mapping
-    if "${" in text or _HYDRA_STRING.match(text):
-        return text
-    try:
-        return yaml.load(text, Loader=ConfigLoader)  # noqa: S506
-    except yaml.YAMLError:
-        return text
+    return _hydra_scalar(text)
+
+
+def _hydra_scalar(text: str) -> Any:
+    """`null` and `true`/`false` in any case, Hydra's ints and floats, else the text."""
+    if text.lower() == "null":
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if _HYDRA_INT.fullmatch(text):
+        return int(text)
+    if _HYDRA_FLOAT.fullmatch(text):
+        return float(text)
+    return text
 
 
 def _hydra_mapping(inner: str) -> dict[str, Any] | None:

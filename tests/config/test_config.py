@@ -116,10 +116,7 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
     "override, message",
     [
         ("model.num_layers=abc", "'model.num_layers' expects int"),
-        (
-            "model.optim.lr=nan",
-            "'model.optim.lr' expects a finite float, got 'nan'",
-        ),  # passed `lr > 0` checks
+        ("model.optim.lr=nan", "'model.optim.lr' expects a finite float, got nan"),  # passed `lr > 0` checks
         ("model.optim.lr=inf", "'model.optim.lr' expects a finite float"),  # trained to NaN losses, exit 0
         ("model.optim.sched.min_lr=-inf", "'model.optim.sched.min_lr' expects a finite float"),
         ("model.optim.lr=1" + "0" * 400, "'model.optim.lr' expects a finite float"),  # OverflowError before

@@ -12,7 +12,7 @@ import yaml
 from omegaconf._yaml import get_yaml_loader
 
 from gptrain.config import load_training_config
-from gptrain.config.yamlio import ConfigLoader, load_text
+from gptrain.config.yamlio import ConfigLoader, load_text, parse_value
 from gptrain.errors import ConfigError
 
 # every scalar of up to four of these characters: digits, signs, dots, exponents, underscores, prefixes
@@ -53,3 +53,26 @@ def test_a_string_field_takes_what_omegaconf_leaves_a_string(tmp_path):
     cfg = load_training_config(config_file=str(path), overrides=["model.data.data_impl=mock",
                                                                  "model.data.mock_vocab_size=64"])  # fmt: skip
     assert cfg.run.name == ".5e3"
+
+
+# (override value, Hydra's reading: hydra/grammar/OverrideLexer.g4 of Hydra 1.1-1.3, which NeMo uses):
+# one INT, FLOAT, BOOL or NULL token is typed, any other value is its text
+HYDRA = [("2", 2), ("-0", 0), ("+5", 5), ("1_000", 1000), ("1__000", "1__000"), ("0x10", "0x10"),
+         ("0b101", "0b101"), ("0o17", "0o17"), ("017", "017"), ("1e-4", 1e-4), ("1e-05", 1e-5), ("1E4", 1e4),
+         (".5", 0.5), ("-.5", -0.5), ("1.", 1.0), ("1_0.5", 10.5), ("-INF", -math.inf), ("NaN", math.nan), (".inf", ".inf"),
+         ("TrUe", True), ("FALSE", False), ("nUll", None), ("NULL", None), ("yes", "yes"), ("Off", "Off"),
+         ("a: b", "a: b"), ("- a", "- a"), ("10:00:00", "10:00:00"), ("2024-01-05", "2024-01-05"),
+         ("[0x10, TRUE]", ["0x10", True])]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "value"), HYDRA)
+def test_an_override_value_reads_as_hydra_reads_it(text, value):
+    read = parse_value(text)
+    assert (read == value or read != read and value != value) and type(read) is type(value)
+
+
+def test_an_override_that_yaml_would_read_as_a_number_keeps_its_text(tmp_path):
+    # before: the run went to <base_results_dir>/16, and `tRUE` was refused for a switch
+    cfg = load_training_config("gpt3/126m", ["run.name=0x10", "base_results_dir=/r", "model.data.mock_dataset=tRUE"],
+                               report_ignored=False)  # fmt: skip
+    assert cfg.run.results_dir == "/r/0x10" and cfg.model.data.mock_dataset is True
