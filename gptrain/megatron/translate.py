@@ -514,6 +514,12 @@ def render(value: Any) -> str:
     from gptrain.config.yamlio import parse_value
 
     text = str(value)
-    if parse_value(text) == text and not any(c in text for c in ",[]{}'\"") and ": " not in text:
+    # a leading `~` quoted: unquoted, an override refuses it as a home directory the shell left
+    if (
+        parse_value(text) == text
+        and not any(c in text for c in ",[]{}'\"")
+        and ": " not in text
+        and text[:1] != "~"
+    ):
         return text
     return "'" + text + "'" if "'" not in text else '"' + text + '"'

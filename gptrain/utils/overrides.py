@@ -51,6 +51,7 @@ def split_override(argument: str, example: str) -> OverrideForm:
         )
     _check_utf8(argument)
     text = form["text"].strip()
+    _refuse_tilde(argument, text)
     return OverrideForm(key, text, prefix.startswith("+"), prefix == "~", has_value, argument)
 
 
@@ -62,6 +63,22 @@ def _check_utf8(argument: str) -> None:
         raise ConfigError(
             f"override '{printable(argument)}': {bad[1]} is not UTF-8, and the config, its copies and the "
             "logs are UTF-8 text; rename the path (or give the value) in UTF-8"
+        )
+
+
+# `~` opening the value or an item of it, outside quotes
+_TILDE = re.compile(r"(?:^|[\[{,:])\s*~")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+
+
+def _refuse_tilde(argument: str, text: str) -> None:
+    """`vocab_file=~/gpt2/vocab.json`: the shell expands `~` only where a word starts (or after the
+    `=` of a plain NAME=), so a dotted key's value keeps it, and no file `~/...` exists on the nodes;
+    nor is it YAML's null (Hydra refuses it, as NeMo does). Quoted (`'~/x'`) it is that text."""
+    if _TILDE.search(_QUOTED.sub("", text)):
+        raise ConfigError(
+            f"override '{printable(argument)}': the shell did not expand this '~' (it does only at the start "
+            "of a word) and it is not null here; write the path in full ($HOME/...), or null"
         )
 
 

@@ -6,6 +6,7 @@ base-60 numbers (`10:00:00` stays a string, docs/migrating.md).
 
 import itertools
 import math
+import re
 
 import pytest
 import yaml
@@ -14,6 +15,8 @@ from omegaconf._yaml import get_yaml_loader
 from gptrain.config import load_training_config
 from gptrain.config.yamlio import ConfigLoader, load_text, parse_value
 from gptrain.errors import ConfigError
+from gptrain.launch.compose import parse_overrides
+from gptrain.megatron.translate import translate
 
 # every scalar of up to four of these characters: digits, signs, dots, exponents, underscores, prefixes
 ALPHABET = "01_.e-+xbo"
@@ -76,3 +79,33 @@ def test_an_override_that_yaml_would_read_as_a_number_keeps_its_text(tmp_path):
     cfg = load_training_config("gpt3/126m", ["run.name=0x10", "base_results_dir=/r", "model.data.mock_dataset=tRUE"],
                                report_ignored=False)  # fmt: skip
     assert cfg.run.results_dir == "/r/0x10" and cfg.model.data.mock_dataset is True
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "model.tokenizer.vocab_file=~/gpt2/vocab.json",
+        "model.kv_channels=~",
+        "model.data.data_prefix=[1,~/d/a]",
+    ],
+)
+def test_a_tilde_the_shell_left_is_one_line_not_a_path_or_null(override):
+    # before: the literal path `~/gpt2/vocab.json`, missing on every node, or YAML's null (Hydra refuses both)
+    with pytest.raises(
+        ConfigError, match=rf"^override '{re.escape(override)}': the shell did not expand this '~'"
+    ):
+        load_training_config("gpt3/126m", [override], report_ignored=False)
+    with pytest.raises(ConfigError, match="write the path in full"):
+        parse_overrides([f"training.{override}"])
+
+
+def test_a_quoted_tilde_is_the_text():
+    cfg = load_training_config("gpt3/126m", ["run.name='~x'"], report_ignored=False)
+    assert cfg.run.name == "~x"
+
+
+def test_megatron_paths_with_a_tilde_stay_literal_as_megatron_takes_them():
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save ~/ckpt"
+    cfg = load_training_config(None, translate(flags.split(), {}).overrides, report_ignored=False)
+    assert cfg.exp_manager.explicit_log_dir == "~/ckpt"
