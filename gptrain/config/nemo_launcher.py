@@ -83,6 +83,12 @@ def prepare_root(
     return notes
 
 
+def is_foreign_group(key: str) -> bool:
+    """An override of a NeMo stage's group gptrain does not run (`conversion=gpt3/convert_gpt3`,
+    `fine_tuning=null`, `conversion.model.tensor_model_parallel_size=2`): ignored, with the note."""
+    return key.split(".", 1)[0] in NEMO_STAGES
+
+
 def finalize(cfg: Any, choices: dict[str, str], stages_known: tuple[str, ...]) -> list[str]:
     """After the overrides: stages from run_* switches, cluster_type, nulls in mounts and env."""
     notes = _stages_from_switches(cfg)

@@ -206,8 +206,11 @@ def compose(
     notes = nemo_launcher.prepare_root(base, root, GROUPS, config_path)  # a NeMo launcher tree works as is
     choices = default_choices(base, config_path)
     overrides = parse_overrides(arguments)
-    dotted = []
+    dotted, foreign = [], []
     for override in overrides:
+        if nemo_launcher.is_foreign_group(override.key):  # `conversion=gpt3/convert_gpt3`, `peft=null`
+            foreign.append(override.typed)
+            continue
         if override.key in GROUPS and override.form.delete:
             raise ConfigError(
                 f"override '{override.typed}': removing the {override.key} group is not supported;"
@@ -218,6 +221,8 @@ def compose(
             choices[override.key] = override.value if isinstance(override.value, str) else override.form.text
         else:
             dotted.append(override)
+    if foreign:
+        notes.append(f"{', '.join(foreign)}: {nemo_launcher.FOREIGN_STAGE_REASON}")
     choices = {**bundled_defaults(root, choices), **choices}
     for group, choice in choices.items():
         base[group] = load_group(group, choice, root)

@@ -15,7 +15,7 @@ from gptrain.config import load_training_config
 from gptrain.config.nemo_launcher import parse_file_numbers
 from gptrain.config.yamlio import parse_value
 from gptrain.errors import ConfigError
-from gptrain.launch.compose import compose
+from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.stages import build_plan, write_run_files
 
 TREES = Path(__file__).parent / "nemo_launcher"
@@ -426,3 +426,19 @@ def test_a_rerun_with_resume_if_exists_false_over_checkpoints_stops_at_launch(tm
     assert "preflight: warning  exp_manager.resume_if_exists=false but" in capsys.readouterr().err
     moved = main([*argv[:1], "--dry-run", *argv[1:], "training.exp_manager.move_aside_earlier_run=true"])
     assert moved == 0 and "resume_if_exists=false but" not in capsys.readouterr().err
+
+
+def test_a_nemo_stages_group_on_the_command_line_is_ignored_with_the_note(tmp_path, capsys):
+    # NeMo's `main.py training=gpt3/5b conversion=gpt3/convert_gpt3 fine_tuning=null`; before: unknown key 'conversion'
+    foreign = [
+        "conversion=gpt3/convert_gpt3",
+        "fine_tuning=null",
+        "conversion.model.tensor_model_parallel_size=2",
+    ]
+    for root, paths in ((conf("24.05"), [f"launcher_scripts_path={tmp_path}"]), (CONFIG_ROOT, [])):
+        resolved = compose([*paths, "training=gpt3/126m", "stages=[training]", *foreign], root).resolved()
+        assert "conversion" not in resolved and "fine_tuning" not in resolved
+        err = capsys.readouterr().err
+        assert (
+            f"{', '.join(foreign)}: gptrain runs data_preparation, validation" in err and err.count("\n") == 1
+        )
