@@ -65,8 +65,14 @@ def _suggest_preset(name: str, presets: list[str]) -> str:
 def register_resolvers() -> None:
     """NeMo's `multiply` and `sum` resolvers: the launcher's presets write
     `ffn_hidden_size: ${multiply:4, ${.hidden_size}}`, NeMo's own megatron_gpt_config.yaml
-    `cpu_offloading_num_layers: ${sum:${.num_layers},-1}`."""
-    resolvers = {"multiply": lambda x, y: x * y, "sum": lambda x, y: x + y}
+    `cpu_offloading_num_layers: ${sum:${.num_layers},-1}`; and the launcher's `divide_ceil` and
+    `divide_floor`, which its conversion and evaluation files use (`nodes: ${divide_ceil:${tp}, 8}`)."""
+    resolvers = {
+        "multiply": lambda x, y: x * y,
+        "sum": lambda x, y: x + y,
+        "divide_ceil": lambda x, y: int(math.ceil(x / y)),
+        "divide_floor": lambda x, y: int(math.floor(x / y)),
+    }
     for name, function in resolvers.items():
         if not OmegaConf.has_resolver(name):
             with warnings.catch_warnings():  # omegaconf 2.4 renames the function; both spellings work

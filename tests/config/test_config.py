@@ -7,6 +7,7 @@ import yaml
 
 from gptrain.config import all_keys, list_presets, load_training_config
 from gptrain.errors import ConfigError
+from gptrain.launch.compose import compose
 
 NEMO_SHAPES = {  # layers, hidden, heads from the NeMo launcher's GPT-3 family
     "gpt3/126m": (12, 768, 12),
@@ -59,6 +60,16 @@ def test_overrides_are_typed_and_interpolations_follow():
     assert cfg.run.results_dir == "/tmp/r/my run"
     assert cfg.exp_manager.explicit_log_dir == "/tmp/r/my run/results"
     assert cfg.model.ffn_hidden_size == 4 * 768
+
+
+def test_the_nemo_launchers_divide_resolvers_resolve_in_train_and_launch(tmp_path):
+    # NeMo's main.py registers divide_ceil and divide_floor beside multiply; before: Unsupported interpolation type
+    cfg = load_training_config("gpt3/126m", ["model.num_layers=${divide_ceil:23,2}",
+                                             "model.num_attention_heads=${divide_floor:25,2}"])  # fmt: skip
+    assert (cfg.model.num_layers, cfg.model.num_attention_heads) == (12, 12)
+    composed = compose(["training.trainer.num_nodes=${divide_ceil:${training.model.tensor_model_parallel_size},8}",
+                        f"base_results_dir={tmp_path}"])  # fmt: skip
+    assert composed.resolved()["training"]["trainer"]["num_nodes"] == 1
 
 
 def test_unknown_key_suggests_closest():
