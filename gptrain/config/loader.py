@@ -102,7 +102,7 @@ def load_training_config(
     given = dict(given or {})  # dotted key -> the override that set it: its errors name the command line
     for override in overrides:
         given[_apply_override(root, override)] = override
-    data = _resolve(root, source)
+    data = _resolve(root, source, given)
     ignored: list[str] = []
     cfg = _build(TrainingConfig, data, "", ignored, source, given)
     cfg.ignored_keys = ignored
@@ -212,7 +212,8 @@ def _restore_defaults(root: DictConfig) -> None:
     _set_run_dir_defaults(root)
 
 
-def _resolve(root: DictConfig, source: str) -> dict[str, Any]:
+def _resolve(root: DictConfig, source: str, given: dict[str, str]) -> dict[str, Any]:
+    """The training section, resolved; an error names the override that set the key, else the file."""
     node = root.get("training")
     if node is None:
         return {}
@@ -222,12 +223,14 @@ def _resolve(root: DictConfig, source: str) -> dict[str, Any]:
         training = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as error:  # NeMo's `data_prefix: ???`: the user must give it
         key = str(getattr(error, "full_key", "") or "?").removeprefix("training.")
-        raise ConfigError(
-            f"{source}: '{key}' is ??? (mandatory) in the file: give it, e.g. {key}=..."
-        ) from None
+        where = f"{_where(key, source, given)}: '{key}' is ???" + (
+            "" if key in given else " (mandatory) in the file"
+        )
+        raise ConfigError(f"{where}: give it, e.g. {key}=...") from None
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or "?"
-        raise ConfigError(f"{source}: cannot resolve '{key}': {str(error).splitlines()[0]}") from None
+        where = _where(str(key).removeprefix("training."), source, given)
+        raise ConfigError(f"{where}: cannot resolve '{key}': {str(error).splitlines()[0]}") from None
     assert isinstance(training, dict)
     return training
 

@@ -72,6 +72,24 @@ def test_the_nemo_launchers_divide_resolvers_resolve_in_train_and_launch(tmp_pat
     assert composed.resolved()["training"]["trainer"]["num_nodes"] == 1
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("run.name=${oc.env:GPTRAIN_TEST_UNSET}", "cannot resolve 'training.run.name': .*GPTRAIN_TEST_UNSET"),
+        (
+            "model.num_layers=${model.nope}",
+            "cannot resolve 'training.model.num_layers': .*'model.nope' not found",
+        ),
+        ("model.num_layers=???", r"'model.num_layers' is \?\?\?: give it"),
+    ],
+)
+def test_an_override_that_cannot_resolve_is_named_not_the_preset(override, message, monkeypatch):
+    # before: "<...>/gpt3/126m.yaml: cannot resolve ...", sending the user to a file they did not edit
+    monkeypatch.delenv("GPTRAIN_TEST_UNSET", raising=False)
+    with pytest.raises(ConfigError, match=rf"^override '{re.escape(override)}': {message}"):
+        load_training_config("gpt3/126m", [override])
+
+
 def test_unknown_key_suggests_closest():
     with pytest.raises(
         ConfigError, match=r"unknown key 'model.hiden_size'.*did you mean 'model.hidden_size'"
