@@ -26,7 +26,7 @@ from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
 from gptrain.config.yamlio import as_switch, load_file, load_text, parse_value
 from gptrain.errors import ConfigError
-from gptrain.utils.overrides import delete_key, split_override
+from gptrain.utils.overrides import HYDRA_SETTINGS_REASON, delete_key, is_hydra_setting, split_override
 from gptrain.utils.rank import is_rank_zero
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "training"
@@ -100,8 +100,14 @@ def load_training_config(
     source = origin or str(config_file or (preset_path(preset) if preset else "<defaults>"))
     root = _compose_root(preset, config_file, config_text)
     given = dict(given or {})  # dotted key -> the override that set it: its errors name the command line
+    hydra_settings = []
     for override in overrides:
+        if is_hydra_setting(split_override(override, "trainer.max_steps=100").key):
+            hydra_settings.append(override)
+            continue
         given[_apply_override(root, override)] = override
+    if report_ignored and hydra_settings and is_rank_zero():
+        print(f"gptrain: ignoring {', '.join(hydra_settings)}: {HYDRA_SETTINGS_REASON}", file=sys.stderr)
     data = _resolve(root, source, given)
     ignored: list[str] = []
     cfg = _build(TrainingConfig, data, "", ignored, source, given)

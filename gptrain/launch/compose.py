@@ -27,7 +27,13 @@ from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
 from gptrain.config.yamlio import load_file, parse_value
 from gptrain.errors import ConfigError, printable
-from gptrain.utils.overrides import OverrideForm, delete_key, split_override
+from gptrain.utils.overrides import (
+    HYDRA_SETTINGS_REASON,
+    OverrideForm,
+    delete_key,
+    is_hydra_setting,
+    split_override,
+)
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 GROUPS = ("cluster", "data_preparation", "validation", "training")
@@ -206,10 +212,13 @@ def compose(
     notes = nemo_launcher.prepare_root(base, root, GROUPS, config_path)  # a NeMo launcher tree works as is
     choices = default_choices(base, config_path)
     overrides = parse_overrides(arguments)
-    dotted, foreign = [], []
+    dotted, foreign, hydra_settings = [], [], []
     for override in overrides:
         if nemo_launcher.is_foreign_group(override.key):  # `conversion=gpt3/convert_gpt3`, `peft=null`
             foreign.append(override.typed)
+            continue
+        if is_hydra_setting(override.key):  # `hydra.run.dir=.`
+            hydra_settings.append(override.typed)
             continue
         if override.key in GROUPS and override.form.delete:
             raise ConfigError(
@@ -223,6 +232,8 @@ def compose(
             dotted.append(override)
     if foreign:
         notes.append(f"{', '.join(foreign)}: {nemo_launcher.FOREIGN_STAGE_REASON}")
+    if hydra_settings:
+        notes.append(f"{', '.join(hydra_settings)}: {HYDRA_SETTINGS_REASON}")
     choices = {**bundled_defaults(root, choices), **choices}
     for group, choice in choices.items():
         base[group] = load_group(group, choice, root)

@@ -33,6 +33,15 @@ class OverrideForm:
     argument: str = ""  # the whole word as typed, for messages that name it
 
 
+HYDRA_SETTINGS_REASON = "Hydra's own settings (gptrain reads configs without Hydra)"
+
+
+def is_hydra_setting(key: str) -> bool:
+    """`hydra.run.dir=.`, `hydra/job_logging=disabled`: settings of Hydra itself, which NeMo's scripts
+    take and which mean nothing here (a config file's `hydra:` section is dropped, too)."""
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
 def split_preset(preset: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
     """argparse puts a leading override (`key=value`, `~key`) into the preset slot; move it back."""
     if preset is not None and ("=" in preset or OVERRIDE.match(preset)):

@@ -442,3 +442,14 @@ def test_a_nemo_stages_group_on_the_command_line_is_ignored_with_the_note(tmp_pa
         assert (
             f"{', '.join(foreign)}: gptrain runs data_preparation, validation" in err and err.count("\n") == 1
         )
+
+
+def test_hydras_own_settings_on_the_command_line_are_ignored_with_a_note(tmp_path, capsys):
+    # NeMo's scripts run under Hydra, which takes these; before: unknown key 'hydra.run.dir' ... prefix with +
+    settings = ["hydra.run.dir=.", "hydra/job_logging=disabled"]
+    cfg = load_training_config("gpt3/126m", [*settings, "trainer.max_steps=3"])
+    assert cfg.trainer.max_steps == 3
+    assert f"ignoring {', '.join(settings)}: Hydra's own settings" in capsys.readouterr().err
+    resolved = compose([*settings, "training=gpt3/126m", f"base_results_dir={tmp_path}"]).resolved()
+    assert "hydra" not in resolved and "hydra/job_logging" not in resolved
+    assert f"{', '.join(settings)}: Hydra's own settings" in capsys.readouterr().err
