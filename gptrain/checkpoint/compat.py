@@ -26,6 +26,7 @@ from gptrain.errors import ConfigError
 # Parameters with one row per (padded) vocabulary entry, as gptrain's model names them; their
 # optimizer moments are saved flattened as optim.state.<name>.<moment> (gptrain.parallel.state_dict).
 VOCABULARY_TENSORS = ("tok_embeddings.weight", "output.weight")
+EMBEDDING, OUTPUT = (f"model.{name}" for name in VOCABULARY_TENSORS)
 POSITION_TENSORS = ("pos_embeddings.weight",)  # rows past the saved ones keep their initial values
 
 
@@ -164,6 +165,14 @@ def set_at(state: dict[str, Any], path: tuple, value: Any) -> None:
     for part in path[:-1]:
         node = node[part]
     node[path[-1]] = value
+
+
+def drop_at(state: dict[str, Any], path: tuple) -> None:
+    """Remove the value `set_at` put at `path`."""
+    node: Any = state
+    for part in path[:-1]:
+        node = node[part]
+    del node[path[-1]]
 
 
 @torch.no_grad()

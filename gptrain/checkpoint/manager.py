@@ -157,12 +157,13 @@ class CheckpointManager(CheckpointReader):
         direct_io: bool | None = None,
         pinned_staging: bool | None = None,
         tokenizer: TokenizerCheck | None = None,
+        tied: bool = False,
     ) -> None:
-        """`vocab_size`, `tokenizer`: as for CheckpointReader (each save records the tokenizer). `direct_io`: write shards around the page cache
+        """`vocab_size`, `tokenizer`, `tied`: as for CheckpointReader (each save records the tokenizer). `direct_io`: write shards around the page cache
         (O_DIRECT); None: where `root` is on a local disk (gptrain.checkpoint.direct_io).
         `pinned_staging`: async saves copy into a kept, pinned host buffer (a CUDA run's); None:
         wherever CUDA is available."""
-        super().__init__(root, rank, vocab_size, tokenizer)
+        super().__init__(root, rank, vocab_size, tokenizer, tied)
         self.keep_last = keep_last if keep_last and keep_last > 0 else None
         self.async_save = async_save
         self.direct_io = takes_direct_io(root) if direct_io is None else direct_io

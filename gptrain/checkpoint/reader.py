@@ -163,14 +163,19 @@ class CheckpointReader:
         rank: int = 0,
         vocab_size: int | None = None,
         tokenizer: TokenizerCheck | None = None,
+        tied: bool = False,
     ) -> None:
         """`vocab_size` is the tokenizer's: rows of the vocabulary tensors at or past it are padding
         (see `read_state`). `tokenizer`: the run's, checked against each checkpoint's record before
-        it is loaded (None: no check, a run on mock data)."""
+        it is loaded (None: no check, a run on mock data). `tied`: the model ties its embedding and
+        output layer (model.share_embeddings_and_output_weights); under pipeline parallelism the
+        last stage holds the output layer's copy alone, and only this tells it to check the
+        checkpoint's embedding against its output layer."""
         self.root = Path(root)
         self.rank = rank
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
+        self.tied = tied
         self.notes: list[str] = []  # what a load left out (rows the live model has no room for), to log
 
     def newest(self) -> Path | None:
@@ -340,8 +345,15 @@ class CheckpointReader:
             compat.set_at(state, paths[tied[1]], apart)
         for key, tensor in staged.items():
             compat.set_at(state, paths[key], tensor)
+        embedding = self._saved_embedding_beside_output(prepared, flat, paths)
         reader = compat.MetadataReader(path, prepared.metadata)
         dcp.load(state, checkpoint_id=str(path), storage_reader=reader)  # in place; `staged` for the resized
+        if embedding is not None:
+            at, tensor = embedding
+            output = staged.get(compat.OUTPUT, flat[compat.OUTPUT])
+            if not torch.equal(compat.local_tensor(tensor), compat.local_tensor(output)):
+                prepared.untied = compat.untied_problem(compat.EMBEDDING, compat.OUTPUT)
+            compat.drop_at(state, at)
         if tied:
             embedding, output = staged.get(tied[0], flat[tied[0]]), staged.get(tied[1], apart)
             if not torch.equal(compat.local_tensor(embedding), compat.local_tensor(output)):
@@ -352,6 +364,26 @@ class CheckpointReader:
             compat.set_at(state, paths[key], flat[key])
             self._note_dropped_rows(key, tensor.shape[0], flat[key].shape[0])
         return state
+
+    def _saved_embedding_beside_output(
+        self, prepared: _Prepared, flat: dict[str, Any], paths: dict[str, tuple]
+    ) -> tuple[tuple, torch.Tensor] | None:
+        """On the last pipeline stage of a tied model (its output layer without the embedding), a
+        buffer for the checkpoint's embedding, put into the state beside the output layer: loaded
+        with it, then compared (`_load_prepared`). None elsewhere: a tied model in one stage
+        compares its one tensor (`compat.tied_vocabulary`), the other stages hold no output layer."""
+        output, embedding = compat.OUTPUT, compat.EMBEDDING
+        if not self.tied or output not in flat or embedding in flat or embedding not in prepared.saved:
+            return None
+        like = prepared.staged.get(output, flat[output])
+        saved_shape = tuple(prepared.saved[embedding].size)
+        if saved_shape != tuple(prepared.saved[output].size):
+            prepared.untied = compat.untied_problem(embedding, output)  # not even one shape: not tied
+            return None
+        at = (*paths[output][:-1], embedding.removeprefix("model."))
+        buffer = torch.empty_like(like)
+        compat.set_at(prepared.state, at, buffer)
+        return at, buffer
 
     @staticmethod
     def _refuse_untied(path: Path, prepared: _Prepared) -> None:

@@ -265,6 +265,7 @@ def build_checkpoint_manager(
         direct_io=params.direct_io,
         pinned_staging=None if device is None else device.type == "cuda",  # a CPU run pins nothing
         tokenizer=tokenizer_check(cfg, tokenizer),
+        tied=cfg.model.share_embeddings_and_output_weights,
     )
 
 

@@ -1,0 +1,68 @@
+"""One gloo rank for tests/checkpoint/test_tied_pipeline_load.py: a tied model split over two
+pipeline stages, as gptrain lays it out (rank 0, the first stage, holds model.tok_embeddings.weight;
+rank 1, the last, model.output.weight, its synchronised copy). Saves a checkpoint with both
+tensors as KIND says (tied: equal, untied: different), loads it into that tied layout with
+TIED_READER (1: the reader told the model is tied, 0: not) and writes the result or the error to
+OUT/rank_<r>.json. Arguments: ROOT OUT KIND TIED_READER [SAVED_ROWS]."""
+
+import datetime
+import json
+import os
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.errors import GptrainError
+
+HIDDEN = 3
+
+
+def table(rows: int, offset: float) -> torch.Tensor:
+    return torch.arange(rows * HIDDEN, dtype=torch.float32).reshape(rows, HIDDEN) + offset
+
+
+def stage_state(rank: int, embedding: torch.Tensor, output: torch.Tensor) -> dict:
+    name = "tok_embeddings.weight" if rank == 0 else "output.weight"
+    return {"model": {name: embedding if rank == 0 else output}}
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    root, out, kind, tied = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+    saved_rows = int(sys.argv[5]) if len(sys.argv) > 5 else 8
+    rank = dist.get_rank()
+    embedding = table(saved_rows, 0.0)
+    output = embedding.clone() if kind == "tied" else table(saved_rows, 0.5)
+    CheckpointManager(root, keep_last=None, rank=rank).save(2, stage_state(rank, embedding, output), {})
+    live = stage_state(rank, torch.zeros(8, HIDDEN), torch.zeros(8, HIDDEN))
+    reader = CheckpointManager(root, keep_last=None, rank=rank, vocab_size=6, tied=tied)
+    try:
+        reader.load_verified(root / "step_2", lambda saved: live, lambda _: None)
+        (weight,) = live["model"].values()
+        result = {"loaded": weight.tolist()}
+    except GptrainError as error:
+        result = {"error": f"{type(error).__name__}: {error}"}
+    (out / f"rank_{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    code = 1
+    try:
+        code = main()
+    except BaseException:
+        traceback.print_exc()
+    finally:  # /work/shared/torch-distributed-cpu.md: gloo may abort at interpreter exit otherwise
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
