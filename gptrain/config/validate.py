@@ -6,6 +6,7 @@ gptrain.parallel.layout; these run on the config alone.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -140,19 +141,26 @@ def data_parallel_sharding(model: Any) -> str:
 
 def _one_resume_source(cfg: TrainingConfig) -> None:
     """NeMo spells the checkpoint to start from exp_manager.resume_from_checkpoint,
-    model.resume_from_checkpoint or (megatron_gpt_config.yaml) model.restore_from_ckpt."""
+    model.resume_from_checkpoint or (megatron_gpt_config.yaml) model.restore_from_ckpt.
+    Made absolute against the working directory it was given in: hparams.yaml records it, and a
+    requeued job, `gptrain export` or a moved run's check read it from other directories."""
     em = cfg.exp_manager
     spellings = {
         "exp_manager.resume_from_checkpoint": em.resume_from_checkpoint,
         "model.resume_from_checkpoint": cfg.model.resume_from_checkpoint,
         "model.restore_from_ckpt": cfg.model.restore_from_ckpt,
     }
-    given = {key: path for key, path in spellings.items() if path is not None}
+    given = {key: os.path.abspath(path) for key, path in spellings.items() if path}
     if len(set(given.values())) > 1:
         shown = " and ".join(f"{key} ({path})" for key, path in given.items())
         raise ConfigError(f"{shown} differ: give one of them")
-    if given:
+    if given:  # each spelling as absolute as the one used, so that hparams.yaml agrees with itself
         em.resume_from_checkpoint = next(iter(given.values()))
+        cfg.model.resume_from_checkpoint = (
+            em.resume_from_checkpoint if cfg.model.resume_from_checkpoint else None
+        )
+        if cfg.model.restore_from_ckpt:
+            cfg.model.restore_from_ckpt = em.resume_from_checkpoint
     if cfg.model.restore_from_ckpt is not None:  # NeMo's continue_training: consumed samples from 0
         em.load_data_position = False
 

@@ -64,6 +64,14 @@ def run_train(args: argparse.Namespace) -> int:
         return train(cfg)
 
 
+# The spellings of the checkpoint to start from (gptrain.config.validate).
+START_FROM = {
+    "exp_manager.resume_from_checkpoint",
+    "model.resume_from_checkpoint",
+    "model.restore_from_ckpt",
+}
+
+
 def check_moved_run(file: Path, cfg: Any, overrides: list[str]) -> None:
     """A run's hparams.yaml (a training's, or `gptrain import`'s) names its run directory as
     exp_manager.explicit_log_dir. Moved or copied elsewhere, the file still names the old place,
@@ -74,8 +82,8 @@ def check_moved_run(file: Path, cfg: Any, overrides: list[str]) -> None:
 
     em = cfg.exp_manager
     keys = {split_override(item, "key=value").key for item in overrides}
-    if "exp_manager.explicit_log_dir" in keys or em.resume_from_checkpoint or not em.resume_if_exists:
-        return
+    if "exp_manager.explicit_log_dir" in keys or keys & START_FROM or not em.resume_if_exists:
+        return  # a checkpoint to start from given now is a choice; one the file records is not
     here, named = file.resolve().parent, Path(em.explicit_log_dir).resolve()
     beside = complete_steps(here / "checkpoints")
     if named == here or not beside or complete_steps(Path(cfg.results_path("checkpoints"))):

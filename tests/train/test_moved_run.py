@@ -31,3 +31,29 @@ def test_a_moved_run_is_refused_where_it_would_start_from_scratch(tmp_path, monk
         line.startswith("resuming from ") and "step_2 at iteration 2" in line for line in log_lines(moved)
     )
     assert main([*config, f"exp_manager.explicit_log_dir={tmp_path / 'new'}"]) == 0  # a config as template
+
+
+def test_a_moved_run_that_started_from_another_checkpoint_is_refused(tmp_path, monkeypatch, capsys):
+    """A run started from another run's checkpoint (resume_from_checkpoint, relative as typed)
+    records that path in its hparams.yaml. Moved, it went back to that starting point at its old
+    place, its own checkpoints ignored. Only a resume_from_checkpoint given on the command line
+    is a choice that overrides the moved-run check."""
+    monkeypatch.chdir(tmp_path)
+    source, old, moved = tmp_path / "source", tmp_path / "old", tmp_path / "moved"
+    assert run_recording(monkeypatch, tiny_config(source, *SHORT))[0] == 0
+    start = ["exp_manager.resume_from_checkpoint=source", "trainer.max_steps=4"]
+    assert run_recording(monkeypatch, tiny_config(old, *SHORT, *start))[0] == 0
+    shutil.move(old, moved)
+    monkeypatch.chdir(moved)  # the recorded path no longer names anything from here, as typed
+    config = ["train", "--config-file", str(moved / "hparams.yaml"), "trainer.max_steps=5"]
+    assert main(config) == 2
+    error = capsys.readouterr().err.strip()
+    assert f"exp_manager.explicit_log_dir is {old}" in error and len(error.splitlines()) == 1
+    assert f"add exp_manager.explicit_log_dir={moved} to continue it" in error
+    assert not old.exists()
+    assert main([*config, f"exp_manager.resume_from_checkpoint={source}"]) == 0  # a choice made now
+    assert any(line.startswith(f"starting from {source}/checkpoints/step_2") for line in log_lines(old))
+    assert main([*config, f"exp_manager.explicit_log_dir={moved}"]) == 0
+    assert any(
+        line.startswith("resuming from ") and "step_4 at iteration 4" in line for line in log_lines(moved)
+    )
