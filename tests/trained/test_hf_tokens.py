@@ -631,3 +631,34 @@ def test_tokens_transformers_adds_from_added_tokens_json_are_not_lost_in_silence
     from gptrain.trained.load import open_run
 
     assert list(open_run(tmp_path / "run").tokenizer.encode("<|im_start|>hi")) == [50257, 5303]
+
+
+def test_relative_paths_of_an_import_and_a_run_started_from_it_are_recorded_absolute(
+    tmp_path, monkeypatch
+) -> None:
+    """`gptrain import src --output imported` and a run started from `imported`, both typed relative:
+    hf_import.json recorded `src` and hparams.yaml `imported`, which an export (or a prompt's
+    no-tokenizer hint) from another directory resolved against its own working directory, finding
+    no import record (the tokenizer's rows only, no BOS/EOS)."""
+    from hf_helpers import TRAIN_ONE_STEP
+
+    from gptrain.config import load_training_config
+    from gptrain.train import loop
+    from gptrain.trained.hf.record import read_record
+
+    monkeypatch.chdir(tmp_path)
+    llama_dir(tmp_path / "src", True)
+    assert run_cli(["import", "src", "--output", "imported", "--no-verify"]) == 0
+    assert read_record(tmp_path / "imported")["source"] == str(tmp_path / "src")
+    overrides = [
+        *TRAIN_ONE_STEP,
+        "model.make_vocab_size_divisible_by=80",  # 160 rows: every imported row kept
+        f"exp_manager.explicit_log_dir={tmp_path / 'run'}",
+        "exp_manager.resume_from_checkpoint=imported",
+    ]
+    cfg = load_training_config(config_file="imported/hparams.yaml", overrides=overrides)
+    assert loop.train(cfg) == 0
+    monkeypatch.chdir(tmp_path / "run")
+    assert run_cli(["export", ".", "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"]) == (ROWS, 1, 2)

@@ -10,22 +10,24 @@ id stands for both only for GPT-2 BPE, whose convention that is.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from gptrain.data.tokenizers import SENTENCEPIECE_KINDS, canonical_type
 from gptrain.errors import DataError
+from gptrain.utils.atomic import atomic_write_text
 
 RECORD = "hf_import.json"
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def write_record(directory: Path, hf_config: Any, source: Path) -> None:
-    """The imported model's token ids and embedding rows, as its config.json gives them, and where
-    it came from (absolute: export and generate read it from any working directory)."""
-    record: dict[str, Any] = {"source": str(source.resolve()), "vocab_size": int(hf_config.vocab_size)}
+    """The imported model's token ids and embedding rows, as its config.json gives them; `source`
+    absolute, as it was given here (the record is read from other working directories)."""
+    record: dict[str, Any] = {"source": os.path.abspath(source), "vocab_size": int(hf_config.vocab_size)}
     record.update({key: getattr(hf_config, key, None) for key in TOKEN_KEYS})
-    (directory / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    atomic_write_text(directory / RECORD, json.dumps(record, indent=2) + "\n")
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:
