@@ -448,7 +448,13 @@ class CheckpointManager(CheckpointReader):
         existing = self.root
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
-        free = shutil.disk_usage(existing).free
+        free = disk_free = shutil.disk_usage(existing).free
+        if disk_free < checkpoint_bytes:  # old checkpoints go only once the next one is complete
+            return (
+                f"{existing} has {disk_free / 1e9:.1f} GB free, but the next checkpoint needs about "
+                f"{checkpoint_bytes / 1e9:.1f} GB before retention removes an older one: the save will "
+                "fail when the disk fills; free space"
+            )
         if self.keep_last:
             free += sum(step_dir_bytes(self.root / step_dir_name(step)) for step in complete_steps(self.root))
         if free >= count * checkpoint_bytes:

@@ -512,3 +512,22 @@ def json_bytes(step_dir) -> int:
 
     record = (step_dir / COMPLETE).read_text()
     return sum(entry["bytes"] for entry in json.loads(record)["files"].values()) + len(record.encode())
+
+
+def test_space_warning_when_the_next_save_does_not_fit_beside_more_checkpoints_than_kept(
+    tmp_path, monkeypatch
+):
+    """A run resumed with a lower save_top_k (3 checkpoints, 1 kept): all 3 were counted as free
+    space, but the next save is written before retention removes any, so a disk with room for half
+    a checkpoint was not warned of."""
+    import shutil as sh
+    from collections import namedtuple
+
+    save_steps(CheckpointManager(tmp_path, keep_last=5), [1, 2, 3])
+    size = json_bytes(tmp_path / "step_1")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(sh, "disk_usage", lambda path: usage(100 * size, 10 * size, size // 2))
+    warning = CheckpointManager(tmp_path, keep_last=1).space_warning(size)
+    assert warning is not None and warning.startswith(f"{tmp_path} has ") and "free space" in warning
+    monkeypatch.setattr(sh, "disk_usage", lambda path: usage(100 * size, 10 * size, 3 * size // 2))
+    assert CheckpointManager(tmp_path, keep_last=1).space_warning(size) is None
