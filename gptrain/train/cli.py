@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -94,9 +95,27 @@ def check_moved_run(file: Path, cfg: Any, overrides: list[str]) -> None:
         value = getattr(tok, key)
         if value and Path(value).resolve().is_relative_to(named):
             moved.append(f"model.tokenizer.{key}={here / Path(value).resolve().relative_to(named)}")
+    started = started_in(here, em.explicit_log_dir)
+    if started is not None:  # not moved: run from another directory than the one it was started in
+        raise ConfigError(
+            f"{file}: exp_manager.explicit_log_dir is {em.explicit_log_dir}, relative to the directory the "
+            f"run was started in ({started}); from here it names {named}, which has no checkpoints: "
+            f"training would start from scratch there; run from {started} to continue the run (its other "
+            f"relative paths are {started}'s too), or add {' '.join(moved)}"
+        )
     raise ConfigError(
         f"{file}: exp_manager.explicit_log_dir is {named}, not the directory the file is in, which holds "
         f"checkpoints (step_{beside[-1]}) while {named} has none: training would start from scratch "
         f"there; the run directory was moved or copied: add {' '.join(moved)} to continue it, or set "
         "exp_manager.explicit_log_dir to start a new run"
     )
+
+
+def started_in(run_dir: Path, recorded: str) -> Path | None:
+    """The directory a run was started in, when its hparams.yaml records its run directory
+    `run_dir` by the relative path `recorded` (None for an absolute one, or one that does not end
+    `run_dir`'s path: moved)."""
+    parts = Path(os.path.normpath(recorded)).parts
+    if Path(recorded).is_absolute() or ".." in parts or run_dir.parts[-len(parts) :] != parts:
+        return None
+    return Path(*run_dir.parts[: -len(parts)])

@@ -57,3 +57,32 @@ def test_a_moved_run_that_started_from_another_checkpoint_is_refused(tmp_path, m
     assert any(
         line.startswith("resuming from ") and "step_4 at iteration 4" in line for line in log_lines(moved)
     )
+
+
+def test_a_run_with_a_relative_log_dir_given_from_another_directory_is_told_where_it_started(
+    tmp_path, monkeypatch, capsys
+):
+    """A run started in `start` with explicit_log_dir=runs/a, continued from another directory: it
+    was not moved, but the refusal said it was, and named the relative path resolved from here as
+    the file's value. It now says where the run was started, to run from there."""
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(start)
+    assert run_recording(monkeypatch, tiny_config("runs/a", *SHORT))[0] == 0
+    run = start / "runs" / "a"
+    monkeypatch.chdir(elsewhere)
+    config = ["train", "--config-file", str(run / "hparams.yaml"), "trainer.max_steps=3"]
+    assert main(config) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(
+        f"gptrain: error: {run / 'hparams.yaml'}: exp_manager.explicit_log_dir is runs/a, relative to the "
+        f"directory the run was started in ({start}); from here it names {elsewhere / 'runs' / 'a'}"
+    )
+    assert f"run from {start} to continue the run" in error and len(error.splitlines()) == 1
+    assert "moved" not in error and not (elsewhere / "runs").exists()
+    monkeypatch.chdir(start)
+    assert main(config) == 0
+    assert any(
+        line.startswith("resuming from ") and "step_2 at iteration 2" in line for line in log_lines(run)
+    )
