@@ -274,6 +274,14 @@ def load_weights(model: nn.Module, step_dir: Path) -> None:
 
 
 def unreadable(step_dir: Path, error: BaseException) -> CheckpointLoadError:
+    """A checkpoint that stopped loading half way: damaged, or (its COMPLETE marker gone, which
+    retention unlinks first) removed by its run's retention while it was read."""
+    if not is_complete(step_dir):
+        return CheckpointLoadError(
+            f"checkpoint {step_dir} was removed while it was read (its COMPLETE marker is gone: a run "
+            "still training removes its older checkpoints as it saves, keeping "
+            "exp_manager.checkpoint_callback_params.save_top_k); run again to take the newest"
+        )
     return CheckpointLoadError(
         f"checkpoint {step_dir} does not load ({root_cause(error)}); it may be damaged: "
         f"`gptrain checkpoint verify {step_dir.parent}` checks every file's CRC-32"

@@ -649,3 +649,31 @@ def test_a_log_too_large_to_read_is_named_not_skipped_in_silence(tmp_path: Path,
     metrics = curves.read_logs(tmp_path)
     assert metrics.series(LOSS) == ([1], [5.0])  # the small log only (the huge one logs iteration 2)
     assert f"skipping {tmp_path / 'huge.out'}: over" in capsys.readouterr().err
+
+
+def test_a_checkpoint_removed_by_retention_while_it_loads_is_named_so(tmp_path: Path, monkeypatch) -> None:
+    """generate/eval/export on a run still training: with save_top_k=1 its next save removes the
+    checkpoint being read (COMPLETE first, then the files). The failed read was reported as
+    damage ('it may be damaged: gptrain checkpoint verify'); it now says the run removed it."""
+    from gptrain.checkpoint import compat
+    from gptrain.checkpoint.directory import CheckpointLoadError
+    from gptrain.trained import load
+
+    log_dir, _, _ = tiny_run(tmp_path)
+    step_dir = log_dir / "checkpoints" / "step_2"
+    read_metadata, reads = compat.read_metadata, []
+
+    def pruned_after_the_metadata(path):
+        metadata = read_metadata(path)
+        reads.append(path)
+        if len(reads) == 2:  # open_run read the shapes; load_weights reads it again, then the data
+            (step_dir / "COMPLETE").unlink()
+            for shard in step_dir.glob("*.distcp"):
+                shard.unlink()
+        return metadata
+
+    monkeypatch.setattr(compat, "read_metadata", pruned_after_the_metadata)
+    with pytest.raises(CheckpointLoadError) as error:
+        load.load_run(log_dir)
+    assert str(error.value).startswith(f"checkpoint {step_dir} was removed while it was read")
+    assert "save_top_k" in str(error.value) and "damaged" not in str(error.value)
