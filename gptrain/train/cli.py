@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +79,7 @@ def check_moved_run(file: Path, cfg: Any, overrides: list[str]) -> None:
     checkpoints it was meant to continue sit beside the file: refused, saying what to add."""
     from gptrain.checkpoint.integrity import complete_steps
     from gptrain.utils.overrides import split_override
+    from gptrain.utils.paths import started_in
 
     em = cfg.exp_manager
     keys = {split_override(item, "key=value").key for item in overrides}
@@ -109,13 +109,3 @@ def check_moved_run(file: Path, cfg: Any, overrides: list[str]) -> None:
         f"there; the run directory was moved or copied: add {' '.join(moved)} to continue it, or set "
         "exp_manager.explicit_log_dir to start a new run"
     )
-
-
-def started_in(run_dir: Path, recorded: str) -> Path | None:
-    """The directory a run was started in, when its hparams.yaml records its run directory
-    `run_dir` by the relative path `recorded` (None for an absolute one, or one that does not end
-    `run_dir`'s path: moved)."""
-    parts = Path(os.path.normpath(recorded)).parts
-    if Path(recorded).is_absolute() or ".." in parts or run_dir.parts[-len(parts) :] != parts:
-        return None
-    return Path(*run_dir.parts[: -len(parts)])

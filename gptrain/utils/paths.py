@@ -1,4 +1,5 @@
-"""Whether a directory can be made and written, asked before anything is started or written."""
+"""Whether a directory can be made and written, asked before anything is started or written; where
+a run was started, from the relative paths its hparams.yaml records."""
 
 from __future__ import annotations
 
@@ -23,3 +24,13 @@ def directory_blocker(path: str | os.PathLike[str], must_write: bool = False) ->
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
     return None
+
+
+def started_in(run_dir: Path, recorded: str) -> Path | None:
+    """The directory a run was started in, when its hparams.yaml records its run directory
+    `run_dir` (absolute) by the relative path `recorded`; None for an absolute one, or one that
+    does not end `run_dir`'s path (the run was moved)."""
+    parts = Path(os.path.normpath(recorded)).parts
+    if Path(recorded).is_absolute() or ".." in parts or run_dir.parts[-len(parts) :] != parts:
+        return None
+    return Path(*run_dir.parts[: -len(parts)])

@@ -662,3 +662,39 @@ def test_relative_paths_of_an_import_and_a_run_started_from_it_are_recorded_abso
     assert run_cli(["export", ".", "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"]) == (ROWS, 1, 2)
+
+
+def test_a_run_that_recorded_its_start_relative_exports_the_import_record_from_anywhere(
+    tmp_path, monkeypatch
+) -> None:
+    """A run written before start paths were recorded absolute: its hparams.yaml says
+    explicit_log_dir=run and resume_from_checkpoint=imported, both relative to where it was
+    started. The export from another directory resolved `imported` there and found no import
+    record (98 rows, no BOS/EOS); it is now taken from the directory the run was started in."""
+    from hf_helpers import TRAIN_ONE_STEP
+
+    from gptrain.config import load_training_config
+    from gptrain.config.yamlio import load_file
+    from gptrain.train import loop
+
+    source = llama_dir(tmp_path / "src", True)
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "imported"), "--no-verify"]) == 0
+    monkeypatch.chdir(tmp_path)
+    overrides = [
+        *TRAIN_ONE_STEP,
+        "model.make_vocab_size_divisible_by=80",  # 160 rows: every imported row kept
+        "exp_manager.explicit_log_dir=run",
+        "exp_manager.resume_from_checkpoint=imported",
+    ]
+    assert loop.train(load_training_config(config_file="imported/hparams.yaml", overrides=overrides)) == 0
+    hparams = tmp_path / "run" / "hparams.yaml"
+    recorded = f"resume_from_checkpoint: {tmp_path / 'imported'}\n"
+    text = hparams.read_text()
+    assert load_file(hparams)["exp_manager"]["explicit_log_dir"] == "run" and recorded in text
+    hparams.write_text(text.replace(recorded, "resume_from_checkpoint: imported\n"))  # as before 2026-11-28
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", "out", "--no-verify"]) == 0
+    exported = json.loads((elsewhere / "out" / "config.json").read_text())
+    assert (exported["vocab_size"], exported["bos_token_id"], exported["eos_token_id"]) == (ROWS, 1, 2)

@@ -75,7 +75,7 @@ def open_run(path: str | Path, checksums: bool = False) -> RunSource:
     from gptrain.trained.load import open_run as open_checkpoint
 
     run = open_checkpoint(path, checksums=checksums)
-    record = run_record(run.hparams.parent, run.cfg.exp_manager.resume_from_checkpoint)
+    record = run_record(run.hparams.parent)
     rows = max(run.vocab, min(int(record.get("vocab_size") or 0), run.saved_rows))
     if int(record.get("vocab_size") or 0) > run.saved_rows:
         print(

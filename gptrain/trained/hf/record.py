@@ -44,7 +44,7 @@ def read_record(run_dir: Path) -> dict[str, Any]:
     return record
 
 
-def run_record(run_dir: Path, started_from: str | None) -> dict[str, Any]:
+def run_record(run_dir: Path) -> dict[str, Any]:
     """The import record of the run in `run_dir`, else of the run it started from
     (exp_manager.resume_from_checkpoint: a run, checkpoints or step directory), followed back
     through such runs to the import: a continued pretraining in a directory of its own exports
@@ -56,26 +56,41 @@ def run_record(run_dir: Path, started_from: str | None) -> dict[str, Any]:
         record = read_record(directory)
         if record:
             return record
+        started_from = _started_from(directory)
         directory = _run_dir_of(started_from) if started_from else None
-        started_from = _started_from(directory) if directory is not None else None
     return {}
 
 
-def _run_dir_of(checkpoint: str) -> Path | None:
+def _run_dir_of(checkpoint: Path) -> Path | None:
     """The run directory (the one with hparams.yaml) of a run, checkpoints or step directory."""
-    path = Path(checkpoint)
-    found = next((d for d in (path, path.parent, path.parent.parent) if (d / "hparams.yaml").is_file()), None)
+    found = next(
+        (
+            d
+            for d in (checkpoint, checkpoint.parent, checkpoint.parent.parent)
+            if (d / "hparams.yaml").is_file()
+        ),
+        None,
+    )
     return found.resolve() if found is not None else None
 
 
-def _started_from(run_dir: Path) -> str | None:
-    """The exp_manager.resume_from_checkpoint of the run in `run_dir` (None if it names none)."""
+def _started_from(run_dir: Path) -> Path | None:
+    """The exp_manager.resume_from_checkpoint of the run in `run_dir` (None if it names none), as
+    its hparams.yaml records it. Recorded absolute since 2026-11-28; a relative one (earlier runs)
+    is taken from the directory the run was started in, where its explicit_log_dir is relative
+    too (else from the working directory, the only guess left)."""
     from gptrain.config.yamlio import load_file
+    from gptrain.utils.paths import started_in
 
     config = load_file(run_dir / "hparams.yaml")
     exp_manager = config.get("exp_manager") if isinstance(config, dict) else None
-    value = exp_manager.get("resume_from_checkpoint") if isinstance(exp_manager, dict) else None
-    return value if isinstance(value, str) else None
+    if not isinstance(exp_manager, dict):
+        return None
+    value, log_dir = exp_manager.get("resume_from_checkpoint"), exp_manager.get("explicit_log_dir")
+    if not isinstance(value, str) or not value:
+        return None
+    started = started_in(run_dir, log_dir) if isinstance(log_dir, str) and log_dir else None
+    return Path(value) if started is None else started / value
 
 
 def special_token_ids(cfg: Any, tokenizer: Any | None, record: dict[str, Any]) -> dict[str, Any]:
