@@ -24,6 +24,16 @@ class CheckpointLoadError(GptrainError):
     """No complete checkpoint of the run verifies and loads."""
 
 
+def removed_while_read(step_dir: Path) -> CheckpointLoadError:
+    """A checkpoint whose COMPLETE marker went while it was read: retention, which unlinks the
+    marker first, removed it (its run is still training), not damage."""
+    return CheckpointLoadError(
+        f"checkpoint {step_dir} was removed while it was read (its {COMPLETE} marker is gone: a run still "
+        "training removes its older checkpoints as it saves, keeping "
+        "exp_manager.checkpoint_callback_params.save_top_k); run again to take the newest"
+    )
+
+
 def step_dir_name(step: int) -> str:
     return f"step_{step}"
 

@@ -30,10 +30,11 @@ from gptrain.checkpoint.directory import (
     LATEST,
     CheckpointLoadError,
     newest_complete,
+    removed_while_read,
     rename_aside,
     step_dir_name,
 )
-from gptrain.checkpoint.integrity import complete_steps, recorded_tokenizer, verify_share
+from gptrain.checkpoint.integrity import complete_steps, is_complete, recorded_tokenizer, verify_share
 from gptrain.errors import GptrainError, find_out_of_memory, os_error_text
 from gptrain.utils.atomic import atomic_write_text
 
@@ -253,6 +254,10 @@ class CheckpointReader:
         CheckpointDamagedError naming it (CheckpointMismatchError when it does not fit the config);
         returns this rank's extra state. `state_fn` as for `load_newest_good`."""
         loaded = self._verify_and_load(path, state_fn, apply)
+        if not isinstance(loaded, dict) and _first_on_any_rank(None if is_complete(path) else "removed"):
+            raise removed_while_read(
+                path
+            )  # another run's retention (eval, or a start from a run in progress)
         if not isinstance(loaded, dict):
             raise CheckpointDamagedError(path, loaded)
         return loaded

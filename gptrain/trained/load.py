@@ -26,6 +26,7 @@ from gptrain.checkpoint.directory import (
     LATEST,
     CheckpointLoadError,
     is_transformers_model,
+    removed_while_read,
     step_dir_name,
     transformers_model_text,
 )
@@ -277,11 +278,7 @@ def unreadable(step_dir: Path, error: BaseException) -> CheckpointLoadError:
     """A checkpoint that stopped loading half way: damaged, or (its COMPLETE marker gone, which
     retention unlinks first) removed by its run's retention while it was read."""
     if not is_complete(step_dir):
-        return CheckpointLoadError(
-            f"checkpoint {step_dir} was removed while it was read (its COMPLETE marker is gone: a run "
-            "still training removes its older checkpoints as it saves, keeping "
-            "exp_manager.checkpoint_callback_params.save_top_k); run again to take the newest"
-        )
+        return removed_while_read(step_dir)
     return CheckpointLoadError(
         f"checkpoint {step_dir} does not load ({root_cause(error)}); it may be damaged: "
         f"`gptrain checkpoint verify {step_dir.parent}` checks every file's CRC-32"

@@ -1,3 +1,4 @@
+import json
 import sys
 
 import pytest
@@ -531,3 +532,41 @@ def test_space_warning_when_the_next_save_does_not_fit_beside_more_checkpoints_t
     assert warning is not None and warning.startswith(f"{tmp_path} has ") and "free space" in warning
     monkeypatch.setattr(sh, "disk_usage", lambda path: usage(100 * size, 10 * size, 3 * size // 2))
     assert CheckpointManager(tmp_path, keep_last=1).space_warning(size) is None
+
+
+def test_a_checkpoint_its_run_removes_while_another_loads_it_is_named_so(tmp_path, monkeypatch):
+    """`gptrain eval` (or a start from another run's checkpoint) while that run trains on: its next
+    save's retention unlinks COMPLETE, then the files. The failed read said the checkpoint was
+    damaged; it now says it was removed while read. One that is still complete stays damaged."""
+    from gptrain.checkpoint import compat
+    from gptrain.checkpoint.directory import CheckpointLoadError
+    from gptrain.checkpoint.reader import CheckpointDamagedError
+
+    save_steps(CheckpointManager(tmp_path, keep_last=None), [2])
+    step_dir, read_metadata = tmp_path / "step_2", compat.read_metadata
+
+    def pruned_after_reading(path):
+        metadata = read_metadata(path)
+        (step_dir / COMPLETE).unlink()
+        for shard in step_dir.glob("*.distcp"):
+            shard.unlink()
+        return metadata
+
+    monkeypatch.setattr(compat, "read_metadata", pruned_after_reading)
+    reader = CheckpointManager(tmp_path, keep_last=None)
+    with pytest.raises(
+        CheckpointLoadError, match=f"^checkpoint {step_dir} was removed while it was read"
+    ) as error:
+        reader.load_verified(step_dir, lambda saved: state_for(0.0), lambda state: None)
+    assert not isinstance(error.value, CheckpointDamagedError) and "save_top_k" in str(error.value)
+
+    save_steps(CheckpointManager(tmp_path, keep_last=None), [4])
+    monkeypatch.setattr(compat, "read_metadata", read_metadata)
+    for shard in (tmp_path / "step_4").glob("*.distcp"):  # same size, bytes that do not unpickle
+        shard.write_bytes(b"X" * shard.stat().st_size)
+    files = json.loads((tmp_path / "step_4" / COMPLETE).read_text())
+    for entry in files["files"].values():
+        entry["crc32"] = None  # as before CRC-32s were recorded: only the load finds the damage
+    (tmp_path / "step_4" / COMPLETE).write_text(json.dumps(files))
+    with pytest.raises(CheckpointDamagedError, match="step_4 is damaged"):
+        reader.load_verified(tmp_path / "step_4", lambda saved: state_for(0.0), lambda state: None)
