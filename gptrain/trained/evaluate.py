@@ -61,6 +61,7 @@ def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
         init_distributed(world, cfg.trainer.resolved_accelerator())
     failed = True
     try:
+        run = rank_0s_checkpoint(run, overrides, world)
         device = b.select_device(cfg, world)
         run, model, iteration = load_sound_checkpoint(run, request, overrides, world, device)
         cfg, step_dir = run.cfg, run.step_dir
@@ -99,7 +100,7 @@ def load_sound_checkpoint(
                     f"{run.step_dir.parent}: every complete checkpoint is damaged (newest: {passed_over[0]}); "
                     "`gptrain checkpoint verify` lists them"
                 ) from None
-            run = open_run(older, overrides)
+            run = rank_0s_checkpoint(open_run(older, overrides), overrides, world)
     if passed_over and world.rank == 0:
         print(
             f"gptrain: warning: using {run.step_dir.name}, the newest checkpoint that verifies; damaged: "
@@ -107,6 +108,19 @@ def load_sound_checkpoint(
             file=sys.stderr,
         )
     return run, model, iteration
+
+
+def rank_0s_checkpoint(run: RunCheckpoint, overrides: list[str], world: World) -> RunCheckpoint:
+    """The checkpoint rank 0 found, on every rank. Each rank lists the run's checkpoints itself,
+    and a node's stale view of a run still saving lacks its newest: ranks evaluating different
+    checkpoints would mix two models' losses, silently."""
+    if world.world_size == 1:
+        return run
+    import torch.distributed as dist
+
+    chosen: list[Any] = [str(run.step_dir)]
+    dist.broadcast_object_list(chosen, src=0)
+    return run if Path(chosen[0]) == run.step_dir else open_run(chosen[0], overrides)
 
 
 def build_and_load(run: RunCheckpoint, world: World, device: torch.device) -> tuple[torch.nn.Module, int]:

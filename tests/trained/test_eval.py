@@ -313,3 +313,14 @@ def test_export_of_a_run_with_a_damaged_newest_checkpoint_takes_the_previous(
     assert err.count("\n") == 1 and err.startswith(
         f"gptrain: error: checkpoint {step} is damaged: {shard} has CRC-32"
     )
+
+
+@pytest.mark.distributed
+def test_every_rank_evaluates_the_checkpoint_rank_0_finds(run_dir: Path, tmp_path: Path) -> None:
+    """Rank 1's listing lacks step_4 (a node's stale view of a run still saving): each rank took
+    its own newest, rank 0 step_4 and rank 1 step_2, and the data-parallel loss mixed two models'
+    batches, silently. Every rank now evaluates the step rank 0 found."""
+    import gloo_ranks
+
+    gloo_ranks.run_ranks(Path(__file__).with_name("eval_ranks_worker.py"), run_dir, tmp_path)
+    assert [(tmp_path / f"rank_{rank}.txt").read_text() for rank in range(2)] == ["step_4", "step_4"]
