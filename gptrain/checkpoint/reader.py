@@ -202,7 +202,7 @@ class CheckpointReader:
             path = self.root / step_dir_name(step)
             loaded = self._verify_and_load(path, state_fn, apply)
             if isinstance(loaded, dict):
-                self._move_aside_damaged(damaged, path, warn)
+                self._move_aside_damaged(damaged, warn)
                 self._point_latest_at(path)
                 return path, loaded
             problem = loaded
@@ -228,11 +228,11 @@ class CheckpointReader:
         with contextlib.suppress(OSError):  # a read-only run directory still resumes
             atomic_write_text(self.root / LATEST, resumed.name + "\n")
 
-    def _move_aside_damaged(self, damaged: list[Path], resumed: Path, warn: Callable[[str], None]) -> None:
-        """Rank 0 renames the checkpoints a resume passed over out of the step_<N> names, and points
-        `latest` at the one it resumed: resume and retention then see only the good ones (left as
-        step_<N>, the newest-numbered damaged one would outlive the run's new saves). The damaged data
-        is kept, not deleted, for a look at what happened."""
+    def _move_aside_damaged(self, damaged: list[Path], warn: Callable[[str], None]) -> None:
+        """Rank 0 renames the checkpoints a resume passed over out of the step_<N> names: resume and
+        retention then see only the good ones (left as step_<N>, the newest-numbered damaged one
+        would outlive the run's new saves); `_point_latest_at` then points `latest` at the one it
+        resumed. The damaged data is kept, not deleted, for a look at what happened."""
         if self.rank != 0 or not damaged:
             return
         for path in damaged:
@@ -242,7 +242,6 @@ class CheckpointReader:
                 warn(f"could not move the damaged checkpoint {path} aside ({error}); move it by hand")
                 continue
             warn(f"moved the damaged checkpoint {path.name} aside to {aside} (kept for inspection)")
-        atomic_write_text(self.root / LATEST, resumed.name + "\n")
 
     def load_verified(
         self,

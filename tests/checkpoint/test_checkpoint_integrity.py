@@ -372,3 +372,32 @@ def test_resume_from_checkpoint_takes_a_run_directory(tmp_path):
     save(manager, 1)
     save(manager, 2)
     assert find_checkpoint(tmp_path) == tmp_path / "results" / "checkpoints" / "step_2"
+
+
+def test_resume_past_a_damaged_checkpoint_on_a_full_disk_still_resumes(tmp_path, monkeypatch):
+    """Rank 0 rewrote `latest` after moving a damaged checkpoint aside without the guard its other
+    write of `latest` has: on a full disk (ENOSPC) the resume died with an OSError on rank 0 alone,
+    after loading step_2, while the other ranks went on to their first collective. `latest` is
+    informational (resume reads the COMPLETE markers): the resume now goes on."""
+    import errno
+
+    from gptrain.checkpoint import reader
+
+    save(CheckpointManager(tmp_path, keep_last=2), 2)
+    save(CheckpointManager(tmp_path, keep_last=2), 4)
+    truncate_shard(tmp_path / "step_4")
+    written = reader.atomic_write_text
+
+    def full_disk(path, text):
+        if path.name == "latest":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        written(path, text)
+
+    monkeypatch.setattr(reader, "atomic_write_text", full_disk)
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    warnings = []
+    path, _ = CheckpointManager(tmp_path, keep_last=1).load_newest_good(
+        template, lambda s: None, warnings.append
+    )
+    assert path == tmp_path / "step_2" and len(list(tmp_path.glob("step_4.damaged-*"))) == 1
+    assert (tmp_path / "latest").read_text() == "step_4\n"  # left as it was
