@@ -107,6 +107,30 @@ def _steps_of_rank_0(root: Path) -> list[int]:
     return found[0]
 
 
+def rank_0s(compute: Callable[[], T]) -> T:
+    """`compute()` as rank 0 finds it (its value, or its GptrainError raised), on every rank. Each
+    rank's view of a shared directory may lag (NFS attribute caching after a requeue): ranks
+    choosing a checkpoint from their own views would load different ones, in lock step."""
+    if not is_distributed():
+        return compute()
+    found: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            found = [(True, compute())]
+        except GptrainError as error:
+            found = [(False, (type(error), str(error)))]
+    dist.broadcast_object_list(found, src=0)
+    succeeded, value = found[0]
+    if succeeded:
+        return value
+    kind, text = value
+    try:
+        error = kind(text)
+    except TypeError:  # an error built from other arguments than its text
+        error = GptrainError(text)
+    raise error
+
+
 class _NotLoaded(Exception):
     """A step of loading a checkpoint failed on some rank: every rank skips the checkpoint."""
 

@@ -31,7 +31,7 @@ from torch import nn
 from gptrain.checkpoint.directory import find_checkpoint
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.checkpoint.manager import CheckpointManager, SaveReport
-from gptrain.checkpoint.reader import saved_sections
+from gptrain.checkpoint.reader import rank_0s, saved_sections
 from gptrain.config import TrainingConfig
 from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError, error_text, find_out_of_memory
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
@@ -269,13 +269,15 @@ def log_start(s: Session, model_config: object, log_dir: Path) -> None:
 
 
 def checkpoint_to_start_from(cfg: TrainingConfig) -> Path | None:
-    """exp_manager.resume_from_checkpoint's checkpoint, while this run has none of its own to resume."""
+    """exp_manager.resume_from_checkpoint's checkpoint, while this run has none of its own to resume;
+    as rank 0 finds both (a node's stale listing must not have its ranks load another checkpoint)."""
     em = cfg.exp_manager
     if not em.resume_from_checkpoint:
         return None
-    if em.resume_if_exists and complete_steps(Path(cfg.results_path("checkpoints"))):
+    own, source = Path(cfg.results_path("checkpoints")), em.resume_from_checkpoint
+    if em.resume_if_exists and rank_0s(lambda: complete_steps(own)):
         return None  # a requeued job continues its own run, not the one it started from
-    return find_checkpoint(em.resume_from_checkpoint)
+    return rank_0s(lambda: find_checkpoint(source))
 
 
 def resume(s: Session, source: Path | None = None) -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import gloo_ranks
 import pytest
+import torch
 
 WORKER = Path(__file__).with_name("rank_load_worker.py")
 
@@ -76,3 +77,24 @@ def test_every_rank_loads_the_steps_rank_0_lists(tmp_path):
     for rank, result in enumerate(results(tmp_path)):
         assert result["resumed"] == "step_6" and result["w"] == [6.0] * 4 and result["ranks"] == 2, result
         assert result["extra"] == {"step": 6, "rank": rank} and result["warnings"] == []
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("mode", ["own", "source"])
+def test_every_rank_starts_from_the_checkpoint_rank_0_finds(tmp_path, mode):
+    """A run started from another run's checkpoint decides on every rank whether it has checkpoints
+    of its own, and which of the source's is newest. Rank 1's stale listing (own: none of the run's
+    own; source: not the source's newest) had it load another checkpoint than rank 0 in lock step
+    (the source's step_2 against its own step_1, or the source's step_2 against its step_4)."""
+    from gptrain.checkpoint.manager import CheckpointManager
+
+    run, source = tmp_path / "run", tmp_path / "source"
+    for root, steps in (
+        (source / "checkpoints", [2, 4]),
+        (run / "checkpoints", [1] if mode == "own" else []),
+    ):
+        for step in steps:
+            CheckpointManager(root, keep_last=None).save(step, {"model": {"w": torch.zeros(2)}}, {})
+    gloo_ranks.run_ranks(WORKER.with_name("start_from_worker.py"), run, source, tmp_path, mode)
+    expected = "None" if mode == "own" else str(source / "checkpoints" / "step_4")
+    assert [(tmp_path / f"rank_{rank}.txt").read_text() for rank in range(2)] == [expected, expected]

@@ -1,0 +1,52 @@
+"""One gloo rank for tests/checkpoint/test_checkpoint_ranks.py: which checkpoint a run started from
+another run's (exp_manager.resume_from_checkpoint) loads, when rank 1's listings lag (a node's
+stale view after a requeue). MODE own: rank 1 sees none of the run's own checkpoints. source: rank
+1 does not see the source run's newest. Writes the answer to OUT/rank_<r>.txt. Arguments: RUN
+SOURCE OUT MODE."""
+
+import datetime
+import os
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+import torch.distributed as dist
+
+from gptrain.checkpoint import directory
+from gptrain.config import load_training_config
+from gptrain.train import loop
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    run, source, out, mode = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+    if dist.get_rank() == 1 and mode == "own":
+        loop.complete_steps = lambda root: []
+    if dist.get_rank() == 1 and mode == "source":
+        steps = directory.complete_steps
+        directory.complete_steps = lambda root: steps(root)[:-1]
+    overrides = [
+        f"exp_manager.explicit_log_dir={run}",
+        f"exp_manager.resume_from_checkpoint={source}",
+        "exp_manager.resume_if_exists=true",
+    ]
+    start = loop.checkpoint_to_start_from(load_training_config("gpt3/126m", overrides))
+    (out / f"rank_{dist.get_rank()}.txt").write_text(str(start))
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    code = 1
+    try:
+        code = main()
+    except BaseException:
+        traceback.print_exc()
+    finally:  # /work/shared/torch-distributed-cpu.md: gloo may abort at interpreter exit otherwise
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
