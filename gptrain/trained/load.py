@@ -322,6 +322,6 @@ def imported_end_ids(run: RunCheckpoint) -> frozenset[int]:
     is often not the tokenizer's end-of-document token."""
     from gptrain.trained.hf.record import run_record
 
-    eos = run_record(run.hparams.parent, run.cfg.exp_manager.resume_from_checkpoint).get("eos_token_id")
+    eos = run_record(run.hparams.parent).get("eos_token_id")
     ids = eos if isinstance(eos, list) else [eos]
     return frozenset(i for i in ids if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < run.vocab)
