@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Writes <base_results_dir>/<run.name>/ with the resolved config, the scripts and logs. "
             "cluster_type=local runs each stage here, in order (training under torchrun --standalone, "
             "one node) and returns the exit status of the first that fails: 75 means the training "
-            "saved a checkpoint and stopped; launch again with the same arguments to resume. "
+            "stopped to be resumed (a checkpoint saved, or a stop during start-up that saved nothing: "
+            "the line before says which); launch again with the same arguments. "
             "cluster_type=slurm submits with sbatch and returns 0."
         ),
     )

@@ -36,6 +36,15 @@ ITERATION = re.compile(
 LINE_ETA = re.compile(r" ETA (?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d) \|\s*$")
 
 
+# The training's line for a stop signal during start-up (gptrain.train.loop.stop_before_training),
+# and for a stop that saved a checkpoint (stop_for_requeue); both exit 75.
+STOPPED_EARLY = re.compile(
+    r"stopping before the first step: (?P<why>.*?); nothing trained since "
+    r"(?:no checkpoint|iteration (?P<step>\d+)'s checkpoint)"
+)
+STOPPED_SAVED = re.compile(r"stopping at iteration \d+: ")
+
+
 # Slurm states of a job that may still run (or run again, after a requeue).
 ACTIVE_STATES = (
     "PENDING",
@@ -76,6 +85,54 @@ class JobState:
         if self.exit_code and self.exit_code not in ("0:0", "0"):
             text += f" exit {self.exit_code}"
         return text
+
+
+@dataclass
+class EarlyStop:
+    """A training that exited 75 for a stop signal during its start-up: it saved nothing."""
+
+    why: str  # 'received SIGUSR1'
+    step: int | None  # the checkpoint it had loaded; None: there is none, the next start is a fresh one
+
+    def describe(self) -> str:
+        if self.step is None:
+            return f"{self.why} during start-up: stopped before step 1, no checkpoint exists"
+        return (
+            f"{self.why} during start-up: nothing trained or saved since iteration {self.step}'s checkpoint"
+        )
+
+    @property
+    def then(self) -> str:
+        """What a relaunch (or a requeue) does."""
+        return "start it afresh" if self.step is None else f"resume from iteration {self.step}"
+
+
+def early_stop(log: Path) -> EarlyStop | None:
+    """The log's last stop, when it came before the first step (a requeue appends to the same log:
+    an earlier attempt's stop is superseded by a later one's)."""
+    found = None
+    try:
+        with open(log, errors="replace") as handle:
+            for line in handle:
+                if "stopping " not in line:
+                    continue
+                match = STOPPED_EARLY.search(line)
+                if match:
+                    step = int(match["step"]) if match["step"] else None
+                    found = EarlyStop(match["why"], step)
+                elif STOPPED_SAVED.search(line):
+                    found = None
+    except OSError:
+        return None
+    return found
+
+
+def early_stop_of(record: dict[str, Any] | None) -> EarlyStop | None:
+    """The early stop in a training record's log, if that is how it last stopped."""
+    if not record or record.get("stage") != "training":
+        return None
+    logs = log_files(record)
+    return early_stop(logs[-1]) if logs else None
 
 
 def run_dirs(base: Path) -> list[Path]:
@@ -158,16 +215,21 @@ STOPPED_WITH_CHECKPOINT = {
 }
 
 
-def explain_stop(state: JobState) -> JobState:
-    """A FAILED job with exit 75 or 76 stopped with a checkpoint to resume from: say so, as for local runs."""
-    why = STOPPED_WITH_CHECKPOINT.get(state.exit_code.split(":")[0]) if state.state == "FAILED" else None
+def explain_stop(state: JobState, record: dict[str, Any] | None = None) -> JobState:
+    """A FAILED job with exit 75 or 76 stopped with a checkpoint to resume from: say so, as for local
+    runs; a 75 for a stop during start-up (the record's log says) saved nothing: say that instead."""
+    code = state.exit_code.split(":")[0]
+    why = STOPPED_WITH_CHECKPOINT.get(code) if state.state == "FAILED" else None
+    early = early_stop_of(record) if why and code == str(EXIT_REQUEUE) else None
+    if early:
+        why = f"{early.describe()}; not requeued: max_requeues reached or the requeue failed; launch again to {early.then}"
     return JobState(state.state, why, state.exit_code) if why else state
 
 
-def slurm_state(job_id: str, stage: str | None = None) -> JobState:
+def slurm_state(job_id: str, stage: str | None = None, record: dict[str, Any] | None = None) -> JobState:
     """The job's state; a training's exit 75/76 explained (another stage's 75 is EX_TEMPFAIL's)."""
     state = asked_slurm_state(job_id)
-    return explain_stop(state) if stage == "training" else state
+    return explain_stop(state, record) if stage == "training" else state
 
 
 def asked_slurm_state(job_id: str) -> JobState:
@@ -196,10 +258,13 @@ def scontrol_states(job_id: str) -> list[JobState] | None:
     return [JobState(r["JobState"], r.get("Reason", ""), r.get("ExitCode", "")) for r in records]
 
 
-def ended_state(code: int) -> JobState:
-    """A local job's state from its exit code: 75 and 76 stopped with a checkpoint to resume from."""
+def ended_state(code: int, early: EarlyStop | None = None) -> JobState:
+    """A local job's state from its exit code: 75 and 76 stopped with a checkpoint to resume from,
+    except a 75 for a stop during start-up (`early`), which saved nothing."""
     if code == 0:
         return JobState("COMPLETED")
+    if code == EXIT_REQUEUE and early:
+        return JobState("INTERRUPTED", f"{early.describe()}; launch the same command again to {early.then}")
     if code == EXIT_REQUEUE:
         return JobState("INTERRUPTED", "checkpoint saved; launch the same command again to resume")
     if code == EXIT_HUNG:
@@ -212,7 +277,8 @@ def ended_state(code: int) -> JobState:
 def local_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobState:
     for other in records:
         if other.get("event") == "finished" and other.get("job_id") == record["job_id"]:
-            return ended_state(int(other.get("exit_code", 1)))
+            code = int(other.get("exit_code", 1))
+            return ended_state(code, early_stop_of(record) if code == EXIT_REQUEUE else None)
     gone = JobState("UNKNOWN", "process gone without a recorded exit")
     try:
         pid = int(record["pid"])
@@ -232,7 +298,7 @@ def local_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobSta
 def job_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobState:
     if record.get("executor") == "local":
         return local_state(record, records)
-    return slurm_state(str(record["job_id"]), record.get("stage"))
+    return slurm_state(str(record["job_id"]), record.get("stage"), record)
 
 
 def queued_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:

@@ -343,7 +343,8 @@ trap 'forward TERM' TERM
 wait "$step"; status=$?
 while [ -n "$got_signal" ] && [ "$status" -gt 128 ]; do got_signal=; wait "$step"; status=$?; done"""
 
-# Exit 75 (gptrain.errors.EXIT_REQUEUE): a checkpoint was saved, requeue up to max_requeues.
+# Exit 75 (gptrain.errors.EXIT_REQUEUE): a checkpoint was saved (or a stop signal came during start-up,
+# with nothing to save), requeue up to max_requeues.
 # Exit 76 (EXIT_HUNG): the hang watchdog ended a stuck step; requeue the same way, so the job
 # resumes from the last complete checkpoint (on other nodes, where Slurm allows it).
 # A requeued job waits ~2 min (BeginTime) unless its StartTime is reset once it is PENDING
@@ -361,7 +362,7 @@ if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
   if [ "$last_signal" = TERM ] && scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -qE "JobState=(COMPLETING|CANCELLED) Reason=None( |$)"; then
     echo "gptrain: the job was cancelled (scancel): not requeueing; launch again to resume" >&2
   elif [ "$restarts" -lt "$max_requeues" ]; then
-    reason="checkpoint saved"; [ "$status" = {exit_hung} ] && reason="a rank hung (see the line above)"
+    reason="the run stopped to be requeued (its line above says what it saved)"; [ "$status" = {exit_hung} ] && reason="a rank hung (see the line above)"
     echo "gptrain: $reason; requeueing (restart $((restarts + 1)) of $max_requeues)" >&2
     setsid bash -c 'for i in $(seq 1 200); do sleep 0.3; if scontrol show job "$1" | grep -q "JobState=PENDING"; then sleep 2; scontrol update JobId="$1" StartTime=now; exit; fi; done' gptrain-nudge "$SLURM_JOB_ID" </dev/null >/dev/null 2>&1 &
     for try in 1 2 3; do
@@ -370,7 +371,7 @@ if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
       scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -qE "JobState=(PENDING|REQUEUE)" && exit 0
       [ "$try" = 3 ] || sleep 5
     done
-    echo "gptrain: scontrol requeue failed; the checkpoint is saved: launch again to resume" >&2
+    echo "gptrain: scontrol requeue failed: launch again to resume" >&2
   else
     echo "gptrain: exit $status but max_requeues=$max_requeues reached; not requeueing" >&2
   fi

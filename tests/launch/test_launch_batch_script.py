@@ -138,7 +138,7 @@ def test_a_requeue_slurm_refuses_is_retried_then_ends_the_job_with_the_steps_cod
     refused = original.replace("esac\n", "  requeue*) exit 1 ;;\nesac\n")
     stub(bin_dir / "scontrol", refused.replace("JobState=PENDING", "JobState=RUNNING"))
     code, err = run("75", restarts=0)
-    assert code == 75 and "scontrol requeue failed; the checkpoint is saved: launch again to resume" in err
+    assert code == 75 and "scontrol requeue failed: launch again to resume" in err
     assert calls.read_text().splitlines().count("requeue 42") == 3
     # the controller took the requeue but its reply timed out: queued again, not a failure
     calls.write_text("")

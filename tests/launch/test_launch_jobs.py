@@ -63,6 +63,62 @@ def test_a_local_job_stopped_with_a_checkpoint_is_not_called_failed(code, descri
     assert state.describe() == described and not state.active
 
 
+# gptrain.train.loop's lines for a stop during start-up (fresh, and resumed from iteration 2) and a saved stop
+EARLY_FRESH = (
+    "stopping before the first step: received SIGTERM; nothing trained since no checkpoint, nothing saved;"
+    " exit 75 to be requeued"
+)
+EARLY_RESUMED = EARLY_FRESH.replace("no checkpoint", "iteration 2's checkpoint").replace("SIGTERM", "SIGUSR1")
+SAVED = "stopping at iteration 5: received SIGUSR1; exit 75 to be requeued"
+
+
+@pytest.mark.parametrize(
+    ("log", "described"),
+    [
+        (
+            [EARLY_FRESH],
+            "INTERRUPTED (received SIGTERM during start-up: stopped before step 1, no checkpoint exists;"
+            " launch the same command again to start it afresh)",
+        ),
+        (
+            [LINE, SAVED, EARLY_RESUMED],
+            "INTERRUPTED (received SIGUSR1 during start-up: nothing trained or saved since iteration 2's"
+            " checkpoint; launch the same command again to resume from iteration 2)",
+        ),
+        (
+            [EARLY_FRESH, LINE, SAVED],
+            "INTERRUPTED (checkpoint saved; launch the same command again to resume)",
+        ),
+    ],
+)
+def test_a_stop_during_start_up_is_not_called_a_saved_checkpoint(tmp_path, log, described):
+    """A stop signal before step 1 of a fresh run exits 75 with nothing saved: status said
+    'checkpoint saved; launch again to resume' of a run that has no checkpoint. The log's last stop
+    line decides (a requeue or relaunch appends to the same log)."""
+    (tmp_path / "log.out").write_text("\n".join(log) + "\n")
+    record = {"event": "submitted", "stage": "training", "executor": "local", "job_id": "local-1", "pid": 0}
+    record["log"] = str(tmp_path / "log.out")
+    state = jobs.job_state(record, [record, {"event": "finished", "job_id": "local-1", "exit_code": 75}])
+    assert state.describe() == described
+
+
+def test_a_slurm_job_stopped_during_start_up_and_not_requeued_says_it_has_no_checkpoint(
+    tmp_path, monkeypatch
+):
+    log = tmp_path / "log-r_7.out"
+    log.write_text(f"gptrain: job 7 on n1, stage training\n{EARLY_FRESH}\n")
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="7",
+                  log=str(tmp_path / "log-r_%j.out"), dependency=None)  # fmt: skip
+    scontrol = "JobId=7 JobName=r\n   JobState=FAILED Reason=NonZeroExitCode ExitCode=75:0\n"
+    monkeypatch.setattr(jobs, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
+        command, 0, scontrol if command[0] == "scontrol" else "", ""))  # fmt: skip
+    assert jobs.status_lines(tmp_path) == [
+        f"{tmp_path.name}  training  job 7  FAILED (received SIGTERM during start-up: stopped before step 1,"
+        " no checkpoint exists; not requeued: max_requeues reached or the requeue failed; launch again to"
+        " start it afresh) exit 75:0"
+    ]
+
+
 def test_parse_scontrol_and_gres():
     text = "JobId=5 JobName=a b\n   JobState=PENDING Reason=DependencyNeverSatisfied Dependency=afterok:4(failed)\n"
     [record] = jobs.parse_scontrol(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -208,6 +209,33 @@ def test_a_stop_to_resume_says_how_to_resume(resume, tmp_path, capsys):
     )
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"gptrain: training saved a checkpoint and stopped (exit 75); launch again with {how} to resume"
+    )
+
+
+@pytest.mark.parametrize(
+    ("since", "then"),
+    [
+        ("no checkpoint", "stopped before step 1, no checkpoint exists; launch again with the same arguments"
+         " to start it afresh"),
+        ("iteration 2's checkpoint", "nothing trained or saved since iteration 2's checkpoint; launch again"
+         " with the same arguments and training.exp_manager.resume_if_exists=true to resume from iteration 2"),
+    ],
+)  # fmt: skip
+def test_a_stop_during_start_up_does_not_claim_a_checkpoint(since, then, tmp_path, capsys):
+    """A SIGTERM (kill, timeout) while the training started up (a fresh run) exits 75 with nothing saved;
+    the launcher said it 'saved a checkpoint and stopped' and told the user to resume."""
+    from gptrain.launch.executors.local import run
+    from gptrain.launch.sbatch import Job
+    from gptrain.launch.stages import LaunchPlan
+
+    job = Job("training", "r", "r", tmp_path, [])
+    line = f"stopping before the first step: received SIGTERM; nothing trained since {since}, nothing saved;"
+    job.script_path.write_text(f"echo {shlex.quote(line + ' exit 75 to be requeued')}\nexit 75\n")
+    configs = {"training": {"exp_manager": {"resume_if_exists": False}}}
+    plan = LaunchPlan({"cluster_type": "local"}, {}, {}, jobs=[job], configs=configs)
+    assert run(plan, echo=False) == 75
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"gptrain: training stopped (exit 75), received SIGTERM during start-up: {then}"
     )
 
 

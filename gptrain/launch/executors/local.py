@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from gptrain.errors import EXIT_REQUEUE, os_error_text
+from gptrain.launch.jobs import early_stop
 from gptrain.launch.records import append_record, process_start_time
 from gptrain.launch.sbatch import Job
 from gptrain.launch.stages import LaunchPlan
@@ -59,7 +60,7 @@ def follow_job(job: Job, process: subprocess.Popen, echo: bool, after: str | Non
 
     The record names the job it ran after (`dependency`, as a Slurm record does), which is how
     `gptrain logs --launch N` tells one launch from the next."""
-    log = job.run_dir / f"log-{job.job_name}_{process.pid}.out"
+    log = job_log(job, f"local-{process.pid}")
     fields = {"stage": job.stage, "executor": "local", "job_id": f"local-{process.pid}", "pid": process.pid}
     started = process_start_time(process.pid)
     if started is not None:  # status/cancel check it: a reused pid is another process
@@ -86,6 +87,11 @@ def follow_job(job: Job, process: subprocess.Popen, echo: bool, after: str | Non
         except OSError as error:  # the stage's exit status matters more (75: launch again to resume)
             warn(error, job.run_dir, "its exit is not recorded there")
     return code
+
+
+def job_log(job: Job, job_id: str) -> Path:
+    """The log a local job tees its output into: log-<job name>_<pid>.out."""
+    return job.run_dir / f"log-{job.job_name}_{job_id.removeprefix('local-')}.out"
 
 
 def resume_override(plan: LaunchPlan) -> str:
@@ -139,6 +145,15 @@ def run(plan: LaunchPlan, echo: bool = True) -> int:
     for job in plan.jobs:
         print(f"gptrain: running {job.stage} locally: {job.script_path}", file=sys.stderr, flush=True)
         code, after = run_job(job, echo, after)
+        early = early_stop(job_log(job, after)) if code == EXIT_REQUEUE and job.stage == "training" else None
+        if early:  # a stop signal during start-up: nothing saved, maybe no checkpoint at all
+            print(
+                f"gptrain: {job.stage} stopped (exit {code}), {early.describe()};"
+                f" launch again with the same arguments{resume_override(plan) if early.step else ''}"
+                f" to {early.then}",
+                file=sys.stderr,
+            )
+            return code
         if code == EXIT_REQUEUE:
             print(
                 f"gptrain: {job.stage} saved a checkpoint and stopped (exit {code});"
