@@ -51,7 +51,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="h100-80gb, a100-80gb, a100-40gb or cpu (default: the cluster profile's, or h100-80gb)",
     )
     parser.add_argument(
-        "--cluster", default=None, help="cluster profile (configs/cluster/NAME.yaml) for defaults"
+        "--cluster",
+        default=None,
+        help="cluster profile for defaults: a bundled NAME (configs/cluster/NAME.yaml) or a cluster file, .yaml optional",
     )
     parser.add_argument(
         "--mfu", type=float, default=DEFAULT_MFU, help="model FLOPs utilisation assumed (default %(default)s)"
@@ -122,7 +124,22 @@ def parse_words(args: argparse.Namespace) -> argparse.Namespace:
     parsed = inner.parse_intermixed_args(args.words, namespace=argparse.Namespace(**vars(args)))
     words = list(parsed.positionals)
     parsed.preset, parsed.overrides = split_preset(words[0] if words else None, words[1:])
+    for word in parsed.overrides:
+        check_not_a_group_choice(word)
     return parsed
+
+
+# The launcher's group choices (`gptrain launch training=gpt3/126m cluster=bcm`) as plan takes them.
+GROUP_OPTIONS = {"cluster": "--cluster {}", "training": "the preset as the first word: gptrain plan {}"}
+
+
+def check_not_a_group_choice(word: str) -> None:
+    """`cluster=bcm` copied from a launch command line was 'unknown key cluster': say what plan takes."""
+    key, sep, value = word.partition("=")
+    if sep and key in GROUP_OPTIONS:
+        raise ConfigError(
+            f"override '{word}' chooses a launcher group; gptrain plan takes {GROUP_OPTIONS[key].format(value)}"
+        )
 
 
 def check_outputs_early(args: argparse.Namespace) -> None:

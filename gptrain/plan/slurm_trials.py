@@ -26,7 +26,7 @@ from gptrain.launch.preflight import check_cluster, query_nodes
 from gptrain.launch.sbatch import Job, render_slurm
 from gptrain.launch.script_values import check_value
 from gptrain.launch.sections import check_cluster_section
-from gptrain.plan.hardware import CLUSTER_DIR
+from gptrain.plan.hardware import cluster_profile_path
 from gptrain.plan.measure import read_results, trial_args, trial_env, write_trial_config
 from gptrain.plan.rank import Candidate
 from gptrain.plan.report import Plan
@@ -39,8 +39,8 @@ def slurm_profile(name: str | None) -> dict[str, Any]:
     """The cluster profile's Slurm keys (partition, account, gres, srun_args, env_vars, ...)."""
     if name is None:
         return {}
-    path = Path(name) if name.endswith((".yaml", ".yml")) else CLUSTER_DIR / f"{name}.yaml"
-    data = yaml.safe_load(path.read_text()) or {}  # build_cluster has already checked it exists
+    path = cluster_profile_path(name)
+    data = yaml.safe_load(path.read_text()) or {}  # build_cluster has already read it
     if not isinstance(data, dict):
         raise ConfigError(f"--cluster {name}: {path} must be a mapping of cluster keys")
     try:  # as `gptrain launch` checks a cluster file: the trial scripts are rendered from it

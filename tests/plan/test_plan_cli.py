@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from plan_helpers import TINY
 
 from gptrain.cli import main
@@ -517,3 +518,46 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_trial(
             == 0
         )
         assert json.loads(fresh.read_text())
+
+
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        ("conf/cluster/site", "conf/cluster/site.yaml"),  # the launcher's cluster=<name>: no .yaml
+        ("conf/cluster/site.yaml", "conf/cluster/site.yaml"),
+        ("aws_p4d.yaml", "BUNDLED/aws_p4d.yaml"),  # a bundled profile named with its suffix
+        ("cluster=aws_p4d", "BUNDLED/aws_p4d.yaml"),  # NeMo's group choice, as typed for `launch`
+    ],
+)
+def test_cluster_is_found_as_the_launcher_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, used: str
+) -> None:
+    """A cluster file of one's own given without .yaml (as `gptrain launch cluster=...` names it) was
+    looked up as configs/cluster/conf/cluster/site.yaml inside the package: 'no such profile'."""
+    from gptrain.plan.hardware import CLUSTER_DIR, cluster_profile_path
+
+    (tmp_path / "conf" / "cluster").mkdir(parents=True)
+    (tmp_path / "conf" / "cluster" / "site.yaml").write_text("gpus_per_node: 4\nplan:\n  gpu: a100-40gb\n")
+    monkeypatch.chdir(tmp_path)
+    expected = Path(used.replace("BUNDLED", str(CLUSTER_DIR)))
+    assert cluster_profile_path(given).resolve() == expected.resolve()
+    assert main(["plan", "gpt3/126m", "--nodes", "1", "--cluster", given, "--json", "p.json"]) == 0
+    cluster = json.loads((tmp_path / "p.json").read_text())["cluster"]
+    profile = yaml.safe_load(expected.read_text())
+    assert cluster["gpus_per_node"] == profile["gpus_per_node"]
+
+
+def test_a_missing_cluster_file_or_a_launch_group_choice_is_one_line_saying_what_plan_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "gpt3/126m", "--cluster", "conf/cluster/nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gptrain: error: --cluster conf/cluster/nope: no file conf/cluster/nope.yaml;")
+    assert "give a bundled profile (aws_p4d, " in err and "configs/cluster/conf" not in err
+    assert main(["plan", "gpt3/126m", "--cluster", "bcmx"]) == 2
+    assert "no file bcmx.yaml and no bundled profile of that name" in capsys.readouterr().err
+    assert main(["plan", "gpt3/126m", "cluster=bcm"]) == 2  # was: unknown key 'cluster'
+    assert capsys.readouterr().err.strip() == (
+        "gptrain: error: override 'cluster=bcm' chooses a launcher group; gptrain plan takes --cluster bcm"
+    )
