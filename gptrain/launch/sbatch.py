@@ -356,10 +356,18 @@ while [ -n "$got_signal" ] && [ "$status" -gt 128 ]; do got_signal=; wait "$step
 # A job its user cancelled (scancel: SIGTERM to the batch shell, which the run checkpoints on, the job
 # COMPLETING with Reason=None at once) is not requeued: Slurm took that requeue, and the cancelled run
 # went on. The hard time limit (Reason=TimeLimit) still requeues a run that saved its checkpoint.
+# A job Slurm requeued itself (PreemptMode=REQUEUE: the SIGTERM of the preemption comes after the
+# requeue, the job then PENDING|COMPLETING, shown as COMPLETING with Reason=None too) is told from a
+# cancelled one by its Restarts, which the requeue raised past this run's SLURM_RESTART_COUNT: it
+# will run again, and a second requeue is neither needed nor taken (the job is pending).
 REQUEUE_LINES = """\
 restarts=${SLURM_RESTART_COUNT:-0}
 if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
-  if [ "$last_signal" = TERM ] && scontrol show job "$SLURM_JOB_ID" 2>/dev/null | grep -qE "JobState=(COMPLETING|CANCELLED) Reason=None( |$)"; then
+  job_info=; [ "$last_signal" = TERM ] && job_info=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null)
+  slurm_restarts=$(sed -n 's/.*[[:space:]]Restarts=\\([0-9][0-9]*\\).*/\\1/p' <<< "$job_info" | head -n 1)
+  if [ -n "$slurm_restarts" ] && [ "$slurm_restarts" -gt "$restarts" ]; then
+    echo "gptrain: Slurm requeued the job itself (preemption): it resumes when it starts again" >&2
+  elif grep -qE "JobState=(COMPLETING|CANCELLED) Reason=None( |$)" <<< "$job_info"; then
     echo "gptrain: the job was cancelled (scancel): not requeueing; launch again to resume" >&2
   elif [ "$restarts" -lt "$max_requeues" ]; then
     reason="the run stopped to be requeued (its line above says what it saved)"; [ "$status" = {exit_hung} ] && reason="a rank hung (see the line above)"

@@ -148,6 +148,41 @@ def test_a_requeue_slurm_refuses_is_retried_then_ends_the_job_with_the_steps_cod
     assert calls.read_text().splitlines().count("requeue 42") == 1
 
 
+# `scontrol show job` of a job COMPLETING with Reason=None (as Slurm 23-25 print it); Restarts=N
+SHOW_JOB = """JobId=42 JobName=gptrain-r
+   UserId=u(1000) GroupId=u(1000) MCS_label=N/A
+   Priority=1 Nice=0 Account=(null) QOS=normal
+   JobState=COMPLETING Reason=None Dependency=(null)
+   Requeue=1 Restarts={restarts} BatchFlag=1 Reboot=0 ExitCode=0:0
+   RunTime=00:01:10 TimeLimit=01:00:00 TimeMin=N/A
+"""
+
+
+@pytest.mark.parametrize(("restarts", "slurm_restarts", "said"), [
+    (0, 1, "gptrain: Slurm requeued the job itself (preemption): it resumes when it starts again"),
+    (3, 4, "gptrain: Slurm requeued the job itself (preemption): it resumes when it starts again"),
+    (1, 1, "gptrain: the job was cancelled (scancel): not requeueing; launch again to resume"),
+])  # fmt: skip
+def test_a_job_slurm_requeued_on_preemption_is_not_called_cancelled(batch, restarts, slurm_restarts, said):
+    """PreemptMode=REQUEUE: slurmctld requeues the job (PENDING|COMPLETING, which scontrol shows as
+    COMPLETING, Reason unchanged: None), then slurmd SIGTERMs the batch shell. The run saved and
+    exited 75 and the script told the user it was cancelled and to launch again, though Slurm runs
+    it again by itself; the requeue Slurm did raised Restarts past the job's SLURM_RESTART_COUNT,
+    which a scancel does not (the last case: a job requeued once before, then cancelled)."""
+    run, calls = batch
+    bin_dir = calls.parent / "bin"
+    original = (bin_dir / "scontrol").read_text().removeprefix("#!/bin/bash\n")
+    shown = SHOW_JOB.format(restarts=slurm_restarts)
+    stub(
+        bin_dir / "scontrol",
+        original.replace('echo "JobId=42 JobState=PENDING"', f"cat <<'OUT'\n{shown}OUT\n"),
+    )
+    code, err = run("wait", restarts=restarts, send=signal.SIGTERM)
+    assert code == 75 and said in err.splitlines()
+    assert "requeue 42" not in calls.read_text().splitlines()  # the job is queued already (or cancelled)
+    assert "requeueing" not in err.replace("not requeueing", "")
+
+
 def test_a_job_its_user_cancelled_is_not_requeued(batch):
     """scancel SIGTERMs the batch shell and the job is COMPLETING; the run checkpoints and exits 75,
     and the script requeued it: Slurm took that requeue (seen on a real slurmctld), the run went on."""
