@@ -71,7 +71,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     for name, text in (
         ("status", "state of launched runs (squeue/scontrol/sacct or pid) with training progress"),
-        ("cancel", "cancel every stage of a launched run"),
+        (
+            "cancel",
+            "cancel every stage of a launched run, and the data preparation its launch submitted"
+            " (another run dir) unless another job waits on it",
+        ),
         ("logs", "print (or follow) the logs of a launched run"),
     ):
         parser = subparsers.add_parser(

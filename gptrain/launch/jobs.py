@@ -518,7 +518,55 @@ def cancel(run_dir: Path) -> list[str]:
             cancelled.add(str(record["job_id"]))
         lines.append(f"cancelled {record.get('stage')} job {record.get('job_id')}")
     lines += cancel_waiting_stages(run_dir, {str(r.get("job_id")) for r in latest}, cancelled)
+    lines += cancel_stage_waited_on(latest, cancelled)
     return lines or ["nothing to cancel"]
+
+
+def cancel_stage_waited_on(latest: list[dict[str, Any]], cancelled: set[str]) -> list[str]:
+    """The stage of the same launch in another run dir that a job cancelled here waited on (the data
+    preparation, `dependency_dir`), still queued or running, would go on for hours for a training
+    that no longer comes: cancel it too, unless some other pending job still waits on it."""
+    lines = []
+    for record in latest:
+        after, where = str(record.get("dependency")), record.get("dependency_dir")
+        if str(record.get("job_id")) not in cancelled or not where or after in cancelled:
+            continue
+        upstream = next(
+            (
+                r
+                for r in read_records(Path(where))
+                if r.get("event") == "submitted" and str(r.get("job_id")) == after
+            ),
+            None,
+        )
+        state = slurm_state(after) if upstream else None
+        if upstream is None or state is None or not state.active:
+            continue
+        what = f"{upstream.get('stage')} job {after} of {where}"
+        others = jobs_waiting_on(after, cancelled)
+        if others is None:
+            lines.append(f"left {what} {state.describe()}: squeue did not say which jobs wait on it")
+        elif others:
+            lines.append(f"left {what} {state.describe()}: job {', '.join(others)} waits on it too")
+        else:
+            scancel(after)
+            cancelled.add(after)
+            lines.append(f"cancelled {what}, which no other job waited on")
+    return lines
+
+
+def jobs_waiting_on(job_id: str, besides: set[str]) -> list[str] | None:
+    """Pending jobs (anyone's) whose dependency names `job_id`, other than `besides`; None when squeue
+    does not answer. `%E` reads like 'afterok:10(unfulfilled),afterany:11_*(unfulfilled)'."""
+    out = run_command(["squeue", "-h", "-t", "PENDING", "-o", "%i|%E"])
+    if out is None or out.returncode != 0:
+        return None
+    found = []
+    for line in out.stdout.splitlines():
+        job, _, dependency = line.strip().partition("|")
+        if job and job.split("_")[0] not in besides and job_id in re.findall(r":(\d+)", dependency):
+            found.append(job)
+    return found
 
 
 # What scancel says of a job that ended (or left the controller's memory) before it was cancelled.

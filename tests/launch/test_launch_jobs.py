@@ -614,3 +614,54 @@ def test_the_status_eta_is_the_training_lines_own(tmp_path):
     assert jobs.progress(log) == "step 120/1000 | loss 3.2110 | 812 ms/step | ETA 31:02:03"
     log.write_text(LINE.replace("120/", "119/") + "\n" + LINE + "\n")  # lines without one (older runs)
     assert jobs.progress(log).endswith("| ETA 11:54")
+
+
+@pytest.mark.parametrize(
+    ("pending", "prep_cancelled", "said"),
+    [
+        ("", True, "cancelled data_preparation job 101 of {prep}, which no other job waited on"),
+        # another launch's (or anyone's) job waits on the same preparation: it keeps it
+        ("55|afterok:101_*(unfulfilled)\n", False, "left data_preparation job 101 of {prep} RUNNING: job 55 waits on it too"),
+    ],
+)  # fmt: skip
+def test_cancel_of_a_training_cancels_the_data_preparation_it_alone_waited_on(
+    tmp_path, monkeypatch, pending, prep_cancelled, said
+):
+    """`gptrain cancel <training run>` cancelled the training and left the data preparation its
+    launch had submitted (another run dir) downloading and tokenizing for hours, for nothing."""
+    from gptrain.launch.compose import compose
+    from gptrain.launch.executors.slurm import submit
+    from gptrain.launch.stages import build_plan, write_run_files
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (tmp_path / "pending").write_text(pending)
+    for name, body in (
+        ("sbatch", 'n=$(grep -c sbatch "$CALLS" 2>/dev/null); echo "sbatch $*" >> "$CALLS"; echo $((101 + n))\n'),
+        ("scancel", 'echo "scancel $*" >> "$CALLS"\n'),
+        ("scontrol", "exit 1\n"),  # no such job (for an array's other tasks): squeue's answer stands
+        # squeue -j ID: the preparation runs (an array task), the training waits; -t PENDING: dependencies
+        ("squeue", 'case "$*" in *"-t PENDING"*) cat "$PENDING_FILE" ;; *"-j 101"*) echo "101_0|RUNNING|None" ;;'
+         ' *"-j 102"*) echo "102|PENDING|Dependency" ;; esac\n'),
+    ):  # fmt: skip
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setenv("PENDING_FILE", str(tmp_path / "pending"))
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "cluster_type=slurm",
+        "stages=[data_preparation,training]",
+        "data_preparation.shards=[http://h/a]",
+    ]
+    args += [f"base_results_dir={tmp_path}/r"]
+    plan = build_plan(compose(args))
+    write_run_files(plan, args)
+    assert submit(plan) == ["101", "102"]
+    prep, train = (job.run_dir for job in plan.jobs)
+    assert prep != train
+    lines = jobs.cancel(train)
+    assert lines == ["cancelled training job 102", said.format(prep=prep)]
+    scancelled = [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
+    assert scancelled == ["scancel 102", "scancel 101"] if prep_cancelled else ["scancel 102"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 from gptrain.errors import LaunchError
 from gptrain.launch.preflight import check_cluster, query_nodes
@@ -39,8 +40,14 @@ def sbatch(job: Job, dependency: str | None) -> str:
     return out.stdout.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
 
 
-def record_submission(job: Job, job_id: str, dependency: str | None) -> None:
-    """The run directory's launcher.log line that `gptrain status/logs/cancel` read."""
+def record_submission(
+    job: Job, job_id: str, dependency: str | None, dependency_dir: Path | None = None
+) -> None:
+    """The run directory's launcher.log line that `gptrain status/logs/cancel` read; `dependency_dir`:
+    the run dir of the job it waits for where that is another (`gptrain cancel` of this run reaches it)."""
+    fields = (
+        {"dependency_dir": str(dependency_dir)} if dependency_dir and dependency_dir != job.run_dir else {}
+    )
     append_record(
         job.run_dir,
         "submitted",
@@ -52,6 +59,7 @@ def record_submission(job: Job, job_id: str, dependency: str | None) -> None:
         config=str(job.config_path),
         log=str(job.log_pattern()).replace("%%", "%"),
         dependency=dependency,
+        **fields,
     )
 
 
@@ -82,7 +90,7 @@ def submit(plan: LaunchPlan) -> list[str]:
             job_id = sbatch(job, previous)
         except LaunchError as error:
             raise LaunchError(f"{error}{withdraw(plan.jobs, ids)}") from None
-        record_submission(job, job_id, previous)
+        record_submission(job, job_id, previous, previous_dir)
         if previous and previous_dir != job.run_dir:  # `gptrain cancel` of that run reaches this job
             append_record(
                 previous_dir, "waited_on_by", after=previous, job_id=job_id, waiting_dir=str(job.run_dir)
