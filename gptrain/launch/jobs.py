@@ -45,7 +45,10 @@ STOPPED_EARLY = re.compile(
 STOPPED_SAVED = re.compile(r"stopping at iteration \d+: ")
 
 
-# Slurm states of a job that may still run (or run again, after a requeue).
+# Slurm states of a job that may still run (or run again, after a requeue). squeue and scontrol name
+# a state flag before the base state: a running job is SIGNALING while a SIGSTOP/SIGCONT is on its way
+# (suspension, gang scheduling, a preemption's grace), a requeued one EXPEDITING (Slurm 25.11) or
+# REQUEUE_HOLD/SPECIAL_EXIT/RESV_DEL_HOLD (held), a finished one STAGE_OUT until its burst buffer is out.
 ACTIVE_STATES = (
     "PENDING",
     "RUNNING",
@@ -55,6 +58,11 @@ ACTIVE_STATES = (
     "SUSPENDED",
     "RESIZING",
     "STOPPED",
+    "SIGNALING",
+    "EXPEDITING",
+    "SPECIAL_EXIT",
+    "RESV_DEL_HOLD",
+    "STAGE_OUT",
 )
 
 # The reason of a job pending on a stage that failed (afterok): it stays PENDING and never starts.

@@ -665,3 +665,24 @@ def test_cancel_of_a_training_cancels_the_data_preparation_it_alone_waited_on(
     assert lines == ["cancelled training job 102", said.format(prep=prep)]
     scancelled = [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
     assert scancelled == ["scancel 102", "scancel 101"] if prep_cancelled else ["scancel 102"]
+
+
+@pytest.mark.parametrize("state", ["SIGNALING", "EXPEDITING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"])
+def test_a_job_squeue_shows_by_a_state_flag_is_still_live(tmp_path, monkeypatch, state):
+    """squeue names a flag before the base state (Slurm's job_state_string): a running job being
+    suspended or gang-scheduled is SIGNALING, a requeued one EXPEDITING (25.11). They were taken
+    for ended: `gptrain cancel` said 'nothing to cancel' of a running job, and a relaunch went ahead
+    over it."""
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="100", log="x")
+    scancelled = []
+
+    def run_command(command, timeout=15.0):
+        if command[0] == "scancel":
+            scancelled.append(command[1])
+        out = f"100|{state}|None\n" if command[0] == "squeue" else ""
+        return subprocess.CompletedProcess(command, 0, out, "")
+
+    monkeypatch.setattr(jobs, "run_command", run_command)
+    with pytest.raises(LaunchError, match=f"job 100 \\(training\\) of this run is {state}"):
+        jobs.refuse_launch_into_live_run([tmp_path])
+    assert jobs.cancel(tmp_path) == ["cancelled training job 100"] and scancelled == ["100"]
