@@ -1,5 +1,6 @@
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -686,3 +687,36 @@ def test_a_job_squeue_shows_by_a_state_flag_is_still_live(tmp_path, monkeypatch,
     with pytest.raises(LaunchError, match=f"job 100 \\(training\\) of this run is {state}"):
         jobs.refuse_launch_into_live_run([tmp_path])
     assert jobs.cancel(tmp_path) == ["cancelled training job 100"] and scancelled == ["100"]
+
+
+@pytest.mark.parametrize(
+    ("said", "keys"),
+    [
+        ("Invalid partition name specified", "cluster.partition"),
+        ("Invalid account or account/partition combination specified", "cluster.account and cluster.partition"),
+        ("Requested time limit is invalid (missing or exceeds some limit)",
+         "training.run.time_limit (at most the partition's MaxTime)"),
+        ("Invalid generic resource (gres) specification", "cluster.gres"),
+        ("Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)",
+         "cluster.qos and cluster.account, or ask for fewer nodes or less training.run.time_limit"),
+        ("Node count specification invalid", "training.trainer.num_nodes and cluster.nodelist"),
+    ],
+)  # fmt: skip
+def test_an_sbatch_refusal_names_the_keys_to_fix(tmp_path, monkeypatch, said, keys):
+    """sbatch's refusal came through as Slurm's words only ('Invalid partition name specified'),
+    leaving the user to find which of the launch's keys set it."""
+    from gptrain.launch.executors.slurm import sbatch
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f"#!/bin/bash\necho {shlex.quote('sbatch: error: Batch job submission failed: ' + said)} >&2\nexit 1\n"
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    job = Job("training", "r", "gptrain-r", tmp_path, [])
+    with pytest.raises(LaunchError) as error:
+        sbatch(job, None)
+    assert str(error.value) == (
+        f"sbatch refused {job.script_path}: sbatch: error: Batch job submission failed: {said}; check {keys}"
+    )

@@ -24,6 +24,46 @@ def preflight_cluster(plan: LaunchPlan) -> list[str]:
     return [check_cluster(job, plan.cluster, nodes) for job in plan.jobs]
 
 
+# Slurm's reasons for refusing a job (slurm_strerror's text, which sbatch prints after "Batch job
+# submission failed: ") and the keys that set what each names: the error line ends naming them.
+SBATCH_REFUSALS = (
+    ("Invalid partition name", "cluster.partition"),
+    ("not permitted to use this partition", "cluster.partition"),
+    ("Required partition not available", "cluster.partition (it is inactive or drained)"),
+    ("Invalid account", "cluster.account and cluster.partition"),
+    ("Invalid qos", "cluster.qos"),
+    ("Requested time limit is invalid", "{stage}.run.time_limit (at most the partition's MaxTime)"),
+    ("Invalid time specified", "{stage}.run.time_limit"),
+    ("reservation", "cluster.reservation"),
+    ("Invalid feature specification", "cluster.constraint"),
+    ("Invalid generic resource", "cluster.gres"),
+    ("Invalid GRES specification", "cluster.gres"),
+    ("Invalid node name", "cluster.nodelist and cluster.exclude"),
+    ("Memory required by task", "cluster.mem"),
+    ("Node count specification invalid", "{nodes} and cluster.nodelist"),
+    ("More processors requested than permitted", "{stage}'s tasks and CPUs per node"),
+    (
+        "Requested node configuration is not available",
+        "cluster.gres, cluster.gpus_per_node, cluster.constraint, cluster.mem and the tasks per node",
+    ),
+    (
+        "accounting/QOS policy",
+        "cluster.qos and cluster.account, or ask for fewer nodes or less {stage}.run.time_limit",
+    ),
+    ("Invalid job array specification", "data_preparation's shards (the cluster's MaxArraySize)"),
+    ("Job dependency problem", "{stage}.run.dependency"),
+)
+
+
+def refusal_keys(message: str, job: Job) -> str:
+    """'; check KEYS' for a refusal Slurm names a reason for, else ''."""
+    nodes = "training.trainer.num_nodes" if job.stage == "training" else f"{job.stage}'s nodes"
+    for reason, keys in SBATCH_REFUSALS:
+        if reason.lower() in message.lower():
+            return f"; check {keys.format(stage=job.stage, nodes=nodes)}"
+    return ""
+
+
 def sbatch(job: Job, dependency: str | None) -> str:
     command = ["sbatch", "--parsable"]
     if dependency:  # on the command line it replaces the script's --dependency: keep both (AND)
@@ -36,7 +76,7 @@ def sbatch(job: Job, dependency: str | None) -> str:
         raise LaunchError(f"sbatch did not run ({error}); is Slurm installed here?") from None
     if out.returncode != 0:
         message = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
-        raise LaunchError(f"sbatch refused {job.script_path}: {message}")
+        raise LaunchError(f"sbatch refused {job.script_path}: {message}{refusal_keys(message, job)}")
     return out.stdout.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
 
 
