@@ -720,3 +720,57 @@ def test_an_sbatch_refusal_names_the_keys_to_fix(tmp_path, monkeypatch, said, ke
     assert str(error.value) == (
         f"sbatch refused {job.script_path}: sbatch: error: Batch job submission failed: {said}; check {keys}"
     )
+
+
+@pytest.mark.parametrize(
+    ("printed", "job_id"),
+    [
+        ("101", "101"),
+        ("101;cluster-a", "101"),  # a federation or multi-cluster site
+        ("site notice: GPUs are billed by the hour\n101", "101"),  # a site's sbatch wrapper
+        ("Submitted batch job 101", "101"),  # a wrapper that drops --parsable
+    ],
+)
+def test_the_job_id_is_read_from_what_sbatch_prints(tmp_path, monkeypatch, printed, job_id):
+    """A site's sbatch wrapper printing a line before the id made the whole text the 'job id': the
+    next stage was submitted with --dependency=afterok:<that text>, and status asked squeue of it."""
+    from gptrain.launch.compose import compose
+    from gptrain.launch.executors.slurm import submit
+    from gptrain.launch.stages import build_plan, write_run_files
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/bash\necho "sbatch $*" >> "$CALLS"\necho {shlex.quote(printed)}\n'
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "cluster_type=slurm",
+        "stages=[data_preparation,training]",
+        "data_preparation.shards=[http://h/a]",
+    ]
+    plan = build_plan(compose([*args, f"base_results_dir={tmp_path}/r"]))
+    write_run_files(plan, args)
+    assert submit(plan) == [job_id, job_id]
+    assert f"--dependency=afterok:{job_id},singleton " in calls.read_text().splitlines()[1]
+    assert [r["job_id"] for r in read_records(plan.jobs[-1].run_dir)] == [job_id]
+
+
+def test_sbatch_printing_no_job_id_is_one_line_saying_where_to_look(tmp_path, monkeypatch):
+    from gptrain.launch.executors.slurm import sbatch
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/bash\necho 'queued, thank you'\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    job = Job("training", "r", "gptrain-r", tmp_path, [])
+    with pytest.raises(LaunchError) as error:
+        sbatch(job, None)
+    assert str(error.value) == (
+        f"sbatch accepted {job.script_path} but printed no job id (it printed: queued, thank you); its job may"
+        " be queued: look for job name 'gptrain-r' in squeue"
+    )

@@ -7,6 +7,7 @@ DependencyNeverSatisfied, which `gptrain status` reports.
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
@@ -77,7 +78,28 @@ def sbatch(job: Job, dependency: str | None) -> str:
     if out.returncode != 0:
         message = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
         raise LaunchError(f"sbatch refused {job.script_path}: {message}{refusal_keys(message, job)}")
-    return out.stdout.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
+    return job_id_from(out.stdout, job)
+
+
+# sbatch --parsable's line: "<id>" or "<id>;<cluster>"; a site's wrapper may print lines around it,
+# or (ignoring --parsable) Slurm's "Submitted batch job <id>".
+PARSABLE = re.compile(r"^(\d+)(?:;\S+)?$")
+SUBMITTED = re.compile(r"\bSubmitted batch job (\d+)\b")
+
+
+def job_id_from(stdout: str, job: Job) -> str:
+    """The job id sbatch printed; a one-line error when there is none (the job may be queued all
+    the same: nothing after it is submitted, and the user is told where to look)."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    for line in reversed(lines):
+        found = PARSABLE.match(line) or SUBMITTED.search(line)
+        if found:
+            return found.group(1)
+    shown = " | ".join(lines)[:200] or "nothing"
+    raise LaunchError(
+        f"sbatch accepted {job.script_path} but printed no job id (it printed: {shown}); its job may be"
+        f" queued: look for job name {job.job_name!r} in squeue"
+    )
 
 
 def record_submission(
