@@ -97,7 +97,21 @@ def build_plan(composition: Composition, max_array_size: int = DEFAULT_MAX_ARRAY
     if not local:
         for job in plan.jobs:
             check_one_gpu_per_task(job, cluster)
+        for before, job in zip(plan.jobs, plan.jobs[1:], strict=False):
+            check_dependency_joins(job, before)
     return plan
+
+
+def check_dependency_joins(job: Job, before: Job) -> None:
+    """A later stage's run.dependency is joined to the afterok on the stage before it with ',' (all of
+    them); Slurm refuses a list mixing ',' with '?' (any of them), which sbatch said only once the
+    earlier stages were queued."""
+    if job.dependency and "?" in str(job.dependency):
+        raise ConfigError(
+            f"{job.stage}.run.dependency={job.dependency!r}: '?' (any of) cannot be joined to the afterok on"
+            f" the {before.stage} stage this launch adds (Slurm takes one kind of separator in a"
+            f" dependency); use ',' (all of), or launch the {job.stage} stage on its own (stages=[{job.stage}])"
+        )
 
 
 def training_blend(resolved: dict[str, Any], stages: list[str], notes: list[str]) -> str | None:

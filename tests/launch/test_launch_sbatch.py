@@ -392,3 +392,26 @@ def test_node_array_size_must_be_a_count(tmp_path):
     args += ["data_preparation.shards=[http://h/a.jsonl]", "data_preparation.run.node_array_size=0"]
     with pytest.raises(ConfigError, match=r"data_preparation\.run\.node_array_size: expected a whole number"):
         build_plan(compose(args))
+
+
+def test_a_dependency_of_any_of_is_refused_before_a_stage_is_queued(tmp_path, monkeypatch):
+    """The training's `afterok:<data preparation>` is joined to run.dependency with ','; a '?' in it
+    made sbatch refuse the training once the data preparation was already queued."""
+    monkeypatch.chdir(tmp_path)
+    args = [
+        *CPU,
+        "cluster_type=slurm",
+        "stages=[data_preparation,training]",
+        "data_preparation.shards=[http://h/a]",
+    ]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args, "training.run.dependency=afterany:55?afterok:56"]))
+    assert str(error.value) == (
+        "training.run.dependency='afterany:55?afterok:56': '?' (any of) cannot be joined to the afterok on the"
+        " data_preparation stage this launch adds (Slurm takes one kind of separator in a dependency); use ','"
+        " (all of), or launch the training stage on its own (stages=[training])"
+    )
+    build_plan(compose([*args, "training.run.dependency=afterany:55,singleton"]))  # all of: joins
+    build_plan(
+        compose([*CPU, "cluster_type=slurm", "training.run.dependency=afterany:55?afterok:56"])
+    )  # alone
