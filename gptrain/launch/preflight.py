@@ -155,7 +155,17 @@ def partition_fit(job: Job, cluster: dict[str, Any], nodes: list[Node], wanted: 
             f"{job.stage}: {gpus} GPUs per node requested but nodes of '{wanted}' have {have} (gres);"
             " for CPU nodes set cluster.gpus_per_node=null cluster.gres=null training.trainer.accelerator=cpu"
         )
-    return f"ok  {job.stage}: partition {wanted}, {job.nodes}/{len(usable)} nodes, {needed}/{cpus} CPUs, {gpus}/{have} GPUs per node"
+    fitting = [n for n in usable if n.cpus >= needed and n.gpus >= gpus]
+    # a partition of mixed nodes: the largest alone is not enough (a constraint may pick the fitting ones)
+    if len(fitting) < job.nodes and not cluster.get("constraint"):
+        raise LaunchError(
+            f"{job.stage}: {job.nodes} node(s) of {needed} CPUs and {gpus} GPUs requested but partition"
+            f" '{wanted}' has {len(fitting)} such (of {len(usable)} usable); Slurm would refuse it or queue it"
+            " forever: lower training.trainer.num_nodes or the GPUs/tasks per node, or pick another"
+            " cluster.partition"
+        )
+    count = len(usable) if cluster.get("constraint") else len(fitting)
+    return f"ok  {job.stage}: partition {wanted}, {job.nodes}/{count} nodes, {needed}/{cpus} CPUs, {gpus}/{have} GPUs per node"
 
 
 def prefixes_of(data_prefix: Any) -> list[str]:

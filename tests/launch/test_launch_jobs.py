@@ -774,3 +774,29 @@ def test_sbatch_printing_no_job_id_is_one_line_saying_where_to_look(tmp_path, mo
         f"sbatch accepted {job.script_path} but printed no job id (it printed: queued, thank you); its job may"
         " be queued: look for job name 'gptrain-r' in squeue"
     )
+
+
+def test_a_partition_of_mixed_nodes_fits_only_as_many_nodes_as_are_large_enough():
+    """The preflight held the request against the largest node: 4 nodes of 8 GPUs were 'ok' in a
+    partition with two such nodes and six of 4 GPUs, which Slurm refuses or queues forever."""
+    mixed = [Node(f"big{i}", "gpu", True, 64, 8, "idle") for i in range(2)]
+    mixed += [Node(f"small{i}", "gpu", True, 64, 4, "idle") for i in range(6)]
+    job = Job("training", "r", "r", None, [], nodes=4, tasks_per_node=8, gpus=True)
+    with pytest.raises(LaunchError) as error:
+        check_cluster(job, {"gres": "gpu:8"}, mixed)
+    assert str(error.value) == (
+        "training: 4 node(s) of 8 CPUs and 8 GPUs requested but partition 'gpu' has 2 such (of 8 usable);"
+        " Slurm would refuse it or queue it forever: lower training.trainer.num_nodes or the GPUs/tasks per"
+        " node, or pick another cluster.partition"
+    )
+    two = Job("training", "r", "r", None, [], nodes=2, tasks_per_node=8, gpus=True)
+    assert check_cluster(two, {"gres": "gpu:8"}, mixed) == (
+        "ok  training: partition gpu, 2/2 nodes, 8/64 CPUs, 8/8 GPUs per node"
+    )
+    # mixed CPUs too: 3 nodes of 16 CPU tasks where only two nodes have 16 CPUs
+    cpus = [Node("a", "cpu", True, 16, 0, "idle"), Node("b", "cpu", True, 16, 0, "mixed")]
+    cpus.append(Node("c", "cpu", True, 4, 0, "idle"))
+    with pytest.raises(LaunchError, match="has 2 such \\(of 3 usable\\)"):
+        check_cluster(Job("training", "r", "r", None, [], nodes=3, tasks_per_node=16), {}, cpus)
+    # a constraint (node features the preflight does not read) may pick the large nodes: left to Slurm
+    assert "4/8 nodes" in check_cluster(job, {"gres": "gpu:8", "constraint": "h100"}, mixed)
