@@ -115,17 +115,17 @@ def check_validation_section(section: dict[str, Any], cluster: dict[str, Any]) -
         )
 
 
-def read_exclude_file(path: str | None) -> str | None:
+def read_exclude_file(path: str | None, key: str = "validation.exclude_file") -> str | None:
     """The host list a failed validation left for later launches, or None; one that is a directory
-    or does not parse is a ConfigError naming validation.exclude_file."""
+    or does not parse is a ConfigError naming `key` (the key or flag that gave it)."""
     if not path or not Path(path).exists():
         return None
     if Path(path).is_dir():
         raise ConfigError(
-            f"validation.exclude_file {path}: is a directory; give a file name (the nodes a failed"
+            f"{key} {path}: is a directory; give a file name (the nodes a failed"
             " validation blames go there, one Slurm host list)"
         )
-    return read_hostlist_file(Path(path), "validation.exclude_file") or None
+    return read_hostlist_file(Path(path), key) or None
 
 
 def apply_exclude_file(cluster: dict[str, Any], validation: dict[str, Any] | None) -> str | None:

@@ -161,6 +161,25 @@ def check_outputs_early(args: argparse.Namespace) -> None:
         why = directory_blocker(path.parent, must_write=True)  # missing parents are made when written
         if why:
             raise ConfigError(f"{option} {path}: cannot write it ({why}); give a writable path")
+    if args.measure:
+        check_trial_inputs_early(args)
+
+
+def check_trial_inputs_early(args: argparse.Namespace) -> None:
+    """--trials-dir and, for Slurm trials, --exclude-file: found only once the first trial started,
+    as an error about the trial's own directory or about the launcher's validation.exclude_file."""
+    from gptrain.utils.paths import directory_blocker
+
+    trials = args.trials_dir or ("plan-trials" if args.cluster_type == "slurm" else None)
+    why = directory_blocker(trials, must_write=True) if trials else None
+    if why:
+        raise ConfigError(
+            f"--trials-dir {trials}: cannot make the trials there ({why}); give a writable directory"
+        )
+    if args.cluster_type == "slurm":
+        from gptrain.launch.validation_stage import read_exclude_file
+
+        read_exclude_file(args.exclude_file, "--exclude-file")
 
 
 def run_plan(args: argparse.Namespace) -> int:

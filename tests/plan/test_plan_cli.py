@@ -561,3 +561,39 @@ def test_a_missing_cluster_file_or_a_launch_group_choice_is_one_line_saying_what
     assert capsys.readouterr().err.strip() == (
         "gptrain: error: override 'cluster=bcm' chooses a launcher group; gptrain plan takes --cluster bcm"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu", "cpu", "--nodes", "1", "--trials-dir", "afile"],
+         "--trials-dir afile: cannot make the trials there (afile is not a directory); give a writable directory"),
+        (["--cluster-type", "slurm", "--trials-dir", "afile/t"],
+         "--trials-dir afile/t: cannot make the trials there (afile is not a directory); give a writable directory"),
+        (["--cluster-type", "slurm", "--exclude-file", "adir"],
+         "--exclude-file adir: is a directory; give a file name (the nodes a failed validation blames go there,"
+         " one Slurm host list)"),
+        (["--cluster-type", "slurm", "--exclude-file", "bad"],
+         "--exclude-file bad: cannot parse host list item 'n[1-' (Slurm's form: n[1-3,7],gpu-[01-04]); fix the"
+         " file or delete it"),
+    ],
+)  # fmt: skip
+def test_measure_checks_its_trial_paths_before_any_trial(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
+) -> None:
+    """A --trials-dir under a file failed inside the first trial ('...: Not a directory (GPTRAIN_DEBUG=1
+    shows where)'), and a bad --exclude-file was blamed on the launcher's validation.exclude_file once
+    the first Slurm trial was being rendered."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "bad").write_text("n[1-\n")
+    trials: list[str] = []
+    monkeypatch.setattr("gptrain.plan.measure.measure_plan", lambda plan, a: trials.append("ran"))
+    assert main(["plan", "gpt3/126m", "--measure", *args]) == 2
+    assert capsys.readouterr().err.strip() == f"gptrain: error: {message}"
+    assert trials == []
