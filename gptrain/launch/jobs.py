@@ -25,8 +25,9 @@ from gptrain.launch.records import LAUNCHER_LOG, process_start_time, read_record
 from gptrain.launch.stragglers import stragglers_for
 from gptrain.utils.progress import format_duration
 
-# the training process's first line (gptrain.train.loop): each requeue of a job prints it again
-PROCESS_START = re.compile(r"^gptrain: [\d,]+ parameters \|")
+# the training process's first line (gptrain.train.loop): each requeue of a job prints it again;
+# `srun --label` (cluster.srun_args, as the Megatron tutorial's srun -l) puts the task id before it
+PROCESS_START = re.compile(r"^(?:\s*\d+: )?gptrain: [\d,]+ parameters \|")
 ITERATION = re.compile(
     r"iteration\s+(?P<step>\d+)/\s*(?P<max>\d+) \|.*?"
     r"elapsed time per iteration \(ms\): (?P<ms>[\d.]+) \|(?:.*?lm loss: (?P<loss>[\d.Ee+-]+) \|)?"

@@ -48,6 +48,18 @@ def test_a_requeued_jobs_first_line_gives_no_eta_and_an_ended_job_none(tmp_path)
     assert jobs.progress(log, running=False) == "step 120/1000 | loss 3.2110 | 812 ms/step"
 
 
+@pytest.mark.parametrize("label", ["0: ", " 0: ", "12: "])
+def test_a_requeue_is_seen_in_a_log_that_srun_labels(tmp_path, label):
+    """With `srun --label` in cluster.srun_args (the Megatron tutorial's srun -l) every line starts
+    with its task id: the restarted process's banner went unseen, and its compilation step gave the ETA."""
+    log = tmp_path / "log.out"
+    banner = "gptrain: 124,082,688 parameters | 6.306e+12 FLOPs per iteration | 1 microbatches per step"
+    first = LINE.replace("120/", "121/").replace("(ms): 812.0", "(ms): 25000.0")
+    lines = [banner, LINE.replace("120/", "119/"), LINE, banner, first]
+    log.write_text("".join(f"{label}{line}\n" for line in lines))
+    assert jobs.progress(log) == "step 121/1000 | loss 3.2110 | 25000 ms/step"
+
+
 @pytest.mark.parametrize(
     ("code", "described"),
     [
