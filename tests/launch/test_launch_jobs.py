@@ -812,3 +812,50 @@ def test_a_partition_of_mixed_nodes_fits_only_as_many_nodes_as_are_large_enough(
         check_cluster(Job("training", "r", "r", None, [], nodes=3, tasks_per_node=16), {}, cpus)
     # a constraint (node features the preflight does not read) may pick the large nodes: left to Slurm
     assert "4/8 nodes" in check_cluster(job, {"gres": "gpu:8", "constraint": "h100"}, mixed)
+
+
+@pytest.mark.parametrize(
+    ("tail", "described"),
+    [
+        (["gptrain: step finished with exit code 0"],
+         "COMPLETED (Slurm no longer knows the job; from its log)"),
+        ([SAVED, "gptrain: exit 75 but max_requeues=0 reached; not requeueing",
+          "gptrain: step finished with exit code 75"],
+         "FAILED (checkpoint saved but not requeued: max_requeues reached or the requeue failed; launch again"
+         " to resume) exit 75:0"),
+        ([SAVED, "gptrain: the job was cancelled (scancel): not requeueing; launch again to resume",
+          "gptrain: step finished with exit code 75"],
+         "CANCELLED (Slurm no longer knows the job; from its log: cancelled, launch again to resume) exit 75:0"),
+        (["Traceback (most recent call last):", "gptrain: step finished with exit code 1"],
+         "FAILED (Slurm no longer knows the job; from its log) exit 1:0"),
+        ([], "UNKNOWN (no longer known to Slurm; no accounting to ask)"),  # killed, or still running
+    ],
+)  # fmt: skip
+def test_a_training_slurm_forgot_without_accounting_ends_as_its_log_says(
+    tmp_path, monkeypatch, tail, described
+):
+    """Past MinJobAge (300 s by default) scontrol no longer knows a job, and without slurmdbd (a plain
+    ParallelCluster) sacct cannot say either: every ended training was 'UNKNOWN'. The batch script's
+    last line says how it ended."""
+    log = tmp_path / "log-r_7.out"
+    log.write_text("\n".join(["gptrain: job 7 on n1, stage training", LINE, *tail]) + "\n")
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="7",
+                  log=str(tmp_path / "log-r_%j.out"), dependency=None)  # fmt: skip
+
+    def run_command(command, timeout=15.0):
+        if command[0] == "squeue":
+            return subprocess.CompletedProcess(
+                command, 1, "", "slurm_load_jobs error: Invalid job id specified"
+            )
+        if command[0] == "scontrol":
+            return subprocess.CompletedProcess(
+                command, 1, "", "slurm_load_jobs error: Invalid job id specified"
+            )
+        return subprocess.CompletedProcess(
+            command, 1, "", "sacct: error: Slurm accounting storage is disabled"
+        )
+
+    monkeypatch.setattr(jobs, "run_command", run_command)
+    [line] = jobs.status_lines(tmp_path)
+    assert line.startswith(f"{tmp_path.name}  training  job 7  {described}  | step 120/1000")
+    assert jobs.cancel(tmp_path) == ["nothing to cancel"]
