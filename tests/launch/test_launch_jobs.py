@@ -859,3 +859,21 @@ def test_a_training_slurm_forgot_without_accounting_ends_as_its_log_says(
     [line] = jobs.status_lines(tmp_path)
     assert line.startswith(f"{tmp_path.name}  training  job 7  {described}  | step 120/1000")
     assert jobs.cancel(tmp_path) == ["nothing to cancel"]
+
+
+def test_an_sbatch_that_never_answers_says_its_job_may_be_queued(tmp_path, monkeypatch):
+    """A controller that took the job and then went quiet: the line said 'is Slurm installed here?',
+    and a relaunch queued the same stage twice."""
+    from gptrain.launch.executors import slurm
+
+    def timed_out(command, **kwargs):
+        raise subprocess.TimeoutExpired(command, kwargs.get("timeout"))
+
+    monkeypatch.setattr(slurm.subprocess, "run", timed_out)
+    job = Job("training", "r", "gptrain-r", tmp_path, [])
+    with pytest.raises(LaunchError) as error:
+        slurm.sbatch(job, None)
+    assert str(error.value) == (
+        f"sbatch gave no answer in 60 s for {job.script_path} (a busy or failing-over controller); its job may"
+        " be queued all the same: look for job name 'gptrain-r' in squeue before launching again"
+    )

@@ -65,6 +65,9 @@ def refusal_keys(message: str, job: Job) -> str:
     return ""
 
 
+SBATCH_TIMEOUT_S = 60
+
+
 def sbatch(job: Job, dependency: str | None) -> str:
     command = ["sbatch", "--parsable"]
     if dependency:  # on the command line it replaces the script's --dependency: keep both (AND)
@@ -72,8 +75,14 @@ def sbatch(job: Job, dependency: str | None) -> str:
         command.append(f"--dependency=afterok:{dependency}{extra}")
     command.append(str(job.script_path))
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as error:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=SBATCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # the controller may have taken the job before it went quiet
+        raise LaunchError(
+            f"sbatch gave no answer in {SBATCH_TIMEOUT_S} s for {job.script_path} (a busy or failing-over"
+            f" controller); its job may be queued all the same: look for job name {job.job_name!r} in squeue"
+            " before launching again"
+        ) from None
+    except OSError as error:
         raise LaunchError(f"sbatch did not run ({error}); is Slurm installed here?") from None
     if out.returncode != 0:
         message = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
