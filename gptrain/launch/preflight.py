@@ -21,7 +21,9 @@ from gptrain.utils.hostlist import expand_hostlist
 if TYPE_CHECKING:
     from gptrain.config import TrainingConfig
 
-UNUSABLE_STATES = ("down", "drain", "fail", "maint", "unknown", "not_responding")
+# sinfo %T states of nodes that take no new job (a prefix: draining, failing, down~); INVAL is a node
+# that registered with less than slurm.conf says (Slurm 21.08+), which Slurm does not schedule on.
+UNUSABLE_STATES = ("down", "drain", "fail", "maint", "unknown", "not_responding", "inval")
 
 
 @dataclass

@@ -877,3 +877,11 @@ def test_an_sbatch_that_never_answers_says_its_job_may_be_queued(tmp_path, monke
         f"sbatch gave no answer in 60 s for {job.script_path} (a busy or failing-over controller); its job may"
         " be queued all the same: look for job name 'gptrain-r' in squeue before launching again"
     )
+
+
+def test_a_node_that_registered_invalid_is_not_counted_usable():
+    """sinfo says `inval` of a node that registered with fewer CPUs, GPUs or memory than slurm.conf
+    gives it (Slurm 21.08+): Slurm schedules nothing there, but the preflight counted it."""
+    cluster = nodes(count=1) + nodes(state="inval")[1:]
+    with pytest.raises(LaunchError, match="2 node\\(s\\) requested but partition 'debug' has 1 usable"):
+        check_cluster(Job("training", "r", "r", None, [], nodes=2, tasks_per_node=2), {}, cluster)
