@@ -276,14 +276,34 @@ def check_signal_fits_time_limit(job: Job, signal_seconds: int) -> None:
         )
 
 
+def gres_gpus(gres: object) -> int | None:
+    """GPUs per node a --gres value asks for ('gpu:8', 'gpu:a100:8,nvme:1' -> 8; 'gpu' -> 1, as Slurm
+    reads it), or None where it asks for none."""
+    text = re.sub(r"\([^)]*\)", "", str(gres or ""))  # sinfo's '(S:0-1)' socket note
+    gpus = [item.strip().split(":") for item in text.split(",") if item.strip().split(":")[0] == "gpu"]
+    if not gpus:
+        return None
+    return int(gpus[0][-1]) if len(gpus[0]) > 1 and gpus[0][-1].isdigit() else 1
+
+
 def gpu_directives(job: Job, cluster: dict) -> list[str]:
+    """--gres and --gpus-per-node; where both ask for GPUs, --gres only (NeMo's bcm.yaml sets both):
+    Slurm 26.05 refuses the two together ('mutually exclusive'), and every version reads --gres."""
     if not job.gpus:
         return []
     lines = []
+    per_node, via_gres = cluster.get("gpus_per_node"), gres_gpus(cluster.get("gres"))
+    if per_node and via_gres is not None:
+        if via_gres != int(per_node):
+            raise ConfigError(
+                f"cluster.gres={cluster['gres']} asks for {via_gres} GPUs per node and cluster.gpus_per_node"
+                f" for {per_node}; give one of them (the other null)"
+            )
+        per_node = None
     if cluster.get("gres"):
         lines.append(directive("gres", cluster["gres"], job.stage))
-    if cluster.get("gpus_per_node"):
-        lines.append(directive("gpus-per-node", cluster["gpus_per_node"], job.stage))
+    if per_node:
+        lines.append(directive("gpus-per-node", per_node, job.stage))
     if cluster.get("gpus_per_task"):
         lines.append(directive("gpus-per-task", cluster["gpus_per_task"], job.stage))
     return lines

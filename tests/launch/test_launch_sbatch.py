@@ -149,7 +149,7 @@ def test_gpu_and_container_options(tmp_path):
     [path] = write_run_files(plan, args)
     script = path.read_text()
     found = directives(script)
-    assert found["--gres"] == "gpu:8" and found["--gpus-per-node"] == "8" and found["--mem"] == "0"
+    assert found["--gres"] == "gpu:8" and "--gpus-per-node" not in found and found["--mem"] == "0"
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     words = shlex.split(srun.removesuffix(" &"))
     assert "--container-image=nvcr.io/nvidia/pytorch:24.01" in words
@@ -415,3 +415,36 @@ def test_a_dependency_of_any_of_is_refused_before_a_stage_is_queued(tmp_path, mo
     build_plan(
         compose([*CPU, "cluster_type=slurm", "training.run.dependency=afterany:55?afterok:56"])
     )  # alone
+
+
+@pytest.mark.parametrize(
+    ("cluster", "expected"),
+    [
+        # bcm.yaml's (and NeMo's): both ask for 8 GPUs per node
+        ([], {"--gres": "gpu:8"}),
+        (["cluster.gres=gpu:h100:8"], {"--gres": "gpu:h100:8"}),
+        (["cluster.gres=null"], {"--gpus-per-node": "8"}),
+        (["cluster.gpus_per_node=null"], {"--gres": "gpu:8"}),
+        (["cluster.gres=nvme:1"], {"--gres": "nvme:1", "--gpus-per-node": "8"}),  # no GPU in the gres
+    ],
+)
+def test_gpus_per_node_are_asked_for_once(tmp_path, monkeypatch, cluster, expected):
+    """Slurm 26.05 made --gres=gpu:N and --gpus-per-node mutually exclusive ('sbatch: fatal:
+    --gpus-per-node and --gres=gpu are mutually exclusive.'), and the bundled bcm.yaml, like NeMo's,
+    sets both: every GPU launch was refused there. One request goes to sbatch now."""
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *cluster]
+    [path] = write_run_files(build_plan(compose(args)), args)
+    found = directives(path.read_text())
+    assert {key: found[key] for key in ("--gres", "--gpus-per-node") if key in found} == expected
+
+
+def test_a_gres_and_gpus_per_node_that_disagree_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", "cluster.gres=gpu:a100:4"]
+    with pytest.raises(ConfigError) as error:
+        write_run_files(build_plan(compose(args)), args)
+    assert str(error.value) == (
+        "cluster.gres=gpu:a100:4 asks for 4 GPUs per node and cluster.gpus_per_node for 8; give one of them"
+        " (the other null)"
+    )
