@@ -52,11 +52,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--emulate", action="store_true", help="torchao's emulated float8 (no FP8 hardware)")
     parser.add_argument("--recipe", default="tensorwise", choices=["tensorwise", "rowwise"])
     parser.add_argument("--no-control", action="store_true", help="skip the baseline with the next seed")
+    parser.add_argument(
+        "--corpus-mb",
+        type=float,
+        default=24.0,
+        help="MiB of text in the corpus built under --data where it is missing (default 24; a smaller "
+        "one for a dry run: bench/gpu_suite.sh with GPU_SUITE_TINY=1)",
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value for every run")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides may come before options, as in train_step.py
 
 
-def ensure_data(data: Path) -> None:
+def ensure_data(data: Path, corpus_mb: float = 24.0) -> None:
     """The quickstart's corpus and BPE files under `data`, also under the names gpt3/* presets read."""
     prefix = data / "corpus_text_document"
     data.mkdir(parents=True, exist_ok=True)
@@ -68,7 +75,7 @@ def ensure_data(data: Path) -> None:
         shutil.copy(bpe / "vocab.bpe", data / "merges.txt")
         corpus = data / "corpus.jsonl"
         if not corpus.exists():
-            gptrain(["-m", "gptrain.quickstart.corpus", str(corpus), "--max-mb", "24"])
+            gptrain(["-m", "gptrain.quickstart.corpus", str(corpus), "--max-mb", str(corpus_mb)])
         gptrain(
             [
                 "-m",
@@ -178,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.data = args.data.resolve()
     seed = preset_seed(args) + 1  # the control's; also refuses a bad override before any work
-    ensure_data(args.data)
+    ensure_data(args.data, args.corpus_mb)
     fp8_keys = ["model.fp8=true", f"model.fp8_recipe={args.recipe}"]
     fp8_keys += ["model.fp8_emulate=true"] if args.emulate else []
     fp8_label = f"fp8_{args.recipe}" + ("_emulated" if args.emulate else "")

@@ -285,3 +285,12 @@ def test_train_step_and_profile_step_refuse_zero_timed_steps(capsys):
         with pytest.raises(SystemExit) as exit_info:
             profile_step.profile_steps(bad)
         assert exit_info.value.code == 2 and "--profile-steps" in capsys.readouterr().err
+
+
+def test_fp8_curve_takes_options_after_overrides():
+    """As gpu_suite.sh's dry run gives them (GPU_SUITE_TINY=1 appends options after the overrides)."""
+    args = load("fp8_curve").parse_args(
+        ["--out", "o", "model.compile=true", "--steps", "2", "--corpus-mb", "1", "model.num_layers=1"]
+    )
+    assert args.overrides == ["model.compile=true", "model.num_layers=1"]
+    assert (args.steps, args.corpus_mb) == (2, 1.0)
