@@ -34,6 +34,7 @@ from gptrain.checkpoint.manager import CheckpointManager, SaveReport
 from gptrain.checkpoint.reader import rank_0s, saved_sections
 from gptrain.config import TrainingConfig
 from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError, error_text, find_out_of_memory
+from gptrain.parallel.layout import STARTED, check_layout
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
 from gptrain.parallel.rng import stream_layout, stream_warnings
 from gptrain.train import builders as b
@@ -125,6 +126,9 @@ def train(cfg: TrainingConfig) -> int:
     """Train as configured; 0 at max_steps, EXIT_REQUEUE after a signal or max_time checkpoint."""
     require_wandb(cfg)  # on every rank, before any of them starts
     world = world_from_env()
+    # A layout the started processes cannot hold is one line before any rendezvous: with a peer
+    # that never joins, the process group would wait for it instead.
+    check_layout(cfg.model, world.world_size, cfg.trainer.devices, STARTED)
     if world.world_size > 1:
         # collectives outlive the hang watchdog, so that it, not an opaque timeout, names a stuck rank
         timeout = collective_timeout_minutes(cfg.trainer.hang_timeout_minutes)

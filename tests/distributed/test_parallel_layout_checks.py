@@ -213,3 +213,38 @@ def test_a_layout_run_in_one_process_is_told_to_start_one_per_device() -> None:
     three = dataclasses.replace(alone, world_size=3)
     with pytest.raises(ConfigError, match=r"world size 3 \(processes started by torchrun or srun\)"):
         rank_dropout_seed(cfg, three)
+
+
+def test_a_bad_layout_is_refused_before_the_process_group_starts(monkeypatch, tmp_path) -> None:
+    """`gptrain train` under torchrun or srun started its process group (a rendezvous every rank
+    waits in) before it looked at the layout: a peer that never joined left the others waiting
+    there instead of saying what is wrong. The layout is now refused first, nothing started or
+    written."""
+    from gptrain.config import load_training_config
+    from gptrain.train import loop
+
+    run_dir = tmp_path / "run"
+    cfg = load_training_config(
+        "gpt3/126m",
+        [
+            "trainer.devices=3",
+            "model.tensor_model_parallel_size=2",
+            f"exp_manager.explicit_log_dir={run_dir}",
+        ],
+    )
+    for key, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "3",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }.items():
+        monkeypatch.setenv(key, value)
+
+    def rendezvous(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the process group started before the layout was checked")
+
+    monkeypatch.setattr(loop, "init_distributed", rendezvous)
+    with pytest.raises(ConfigError) as error:
+        loop.train(cfg)
+    assert "world size 3 (processes started by torchrun or srun) is not divisible" in str(error.value)
+    assert not run_dir.exists()

@@ -376,7 +376,12 @@ def test_collectives_outlive_the_watchdogs_first_step_allowance(hang_minutes, mo
 
     monkeypatch.setattr(loop, "world_from_env", lambda: World(0, 2, 0, "127.0.0.1", 0))
     monkeypatch.setattr(loop, "init_distributed", init_distributed)
-    cfg = load_training_config("quickstart/cpu", [f"trainer.hang_timeout_minutes={hang_minutes}"])
+    overrides = [
+        f"trainer.hang_timeout_minutes={hang_minutes}",
+        "trainer.devices=2",
+        "model.global_batch_size=8",
+    ]
+    cfg = load_training_config("quickstart/cpu", overrides)  # a layout two ranks can hold
     with pytest.raises(KeyboardInterrupt):
         loop.train(cfg)
     assert given == [watchdog.collective_timeout_minutes(hang_minutes)]
