@@ -22,6 +22,7 @@ from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.checkpoint.reader import CheckpointDamagedError
 from gptrain.config import TrainingConfig
 from gptrain.errors import ConfigError, DataError
+from gptrain.parallel.layout import STARTED, check_layout
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
 from gptrain.parallel.state_dict import load_model_state_dict, model_state_dict
 from gptrain.train import builders as b
@@ -57,6 +58,7 @@ def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
     overrides = request.overrides if world.world_size > 1 else [*ONE_PROCESS, *request.overrides]
     run = open_run(request.checkpoint, overrides)
     cfg = run.cfg
+    check_layout(cfg.model, world.world_size, cfg.trainer.devices, STARTED)  # before any rendezvous
     if world.world_size > 1:
         init_distributed(world, cfg.trainer.resolved_accelerator())
     failed = True

@@ -16,6 +16,7 @@ import torch
 from gptrain.cli import main
 from gptrain.config import load_training_config
 from gptrain.data.indexed import IndexedDatasetWriter
+from gptrain.errors import ConfigError
 from gptrain.train import loop
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -324,3 +325,28 @@ def test_every_rank_evaluates_the_checkpoint_rank_0_finds(run_dir: Path, tmp_pat
 
     gloo_ranks.run_ranks(Path(__file__).with_name("eval_ranks_worker.py"), run_dir, tmp_path)
     assert [(tmp_path / f"rank_{rank}.txt").read_text() for rank in range(2)] == ["step_4", "step_4"]
+
+
+def test_eval_refuses_a_bad_layout_before_the_process_group_starts(run_dir: Path, monkeypatch) -> None:
+    """`gptrain eval` under torchrun or srun with layout overrides the started processes cannot hold
+    joined the process group's rendezvous first (a peer that never came left the others waiting
+    there); the layout is now refused before it, in one line."""
+    from gptrain.trained import evaluate
+
+    for key, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "3",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1",
+    }.items():
+        monkeypatch.setenv(key, value)
+
+    def rendezvous(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the process group started before the layout was checked")
+
+    monkeypatch.setattr(evaluate, "init_distributed", rendezvous)
+    request = evaluate.EvalRequest(
+        str(run_dir), overrides=["model.tensor_model_parallel_size=2", "trainer.devices=3"]
+    )
+    with pytest.raises(ConfigError, match=r"world size 3 \(processes started by torchrun or srun\)"):
+        evaluate.evaluate_checkpoint(request)
