@@ -86,6 +86,19 @@ def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device |
     return ParallelGPT(parts, ctx)
 
 
+def check_parallel_choices(cfg: Any) -> None:
+    """The layout's checks that depend on this torch or on the device type (check_layout, which
+    imports no torch, has the rest), for the loop to run before any process group starts;
+    `parallelize` runs them again where it applies each choice."""
+    m = cfg.model
+    tp = m.tensor_model_parallel_size
+    if m.fp8:
+        device = torch.device("cuda" if cfg.trainer.resolved_accelerator() == "gpu" else "cpu")
+        check_fp8_collectives(m.fp8_recipe, tp, m.sequence_parallel, device)
+    if m.compile:
+        check_compile_under_tp_recompute(tp, m.activations_checkpoint_granularity)
+
+
 def _check_vocab(model: nn.Module, tp: int) -> None:
     vocab = model.tok_embeddings.num_embeddings
     if vocab % tp:

@@ -36,6 +36,7 @@ from gptrain.config import TrainingConfig
 from gptrain.errors import EXIT_REQUEUE, DataError, GptrainError, error_text, find_out_of_memory
 from gptrain.parallel.layout import STARTED, check_layout
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
+from gptrain.parallel.parallelize import check_parallel_choices
 from gptrain.parallel.rng import stream_layout, stream_warnings
 from gptrain.train import builders as b
 from gptrain.train.batches import GPTBatchDataset, build_loader, loader_worker_died, raise_if_a_worker_died
@@ -129,6 +130,7 @@ def train(cfg: TrainingConfig) -> int:
     # A layout the started processes cannot hold is one line before any rendezvous: with a peer
     # that never joins, the process group would wait for it instead.
     check_layout(cfg.model, world.world_size, cfg.trainer.devices, STARTED)
+    check_parallel_choices(cfg)
     if world.world_size > 1:
         # collectives outlive the hang watchdog, so that it, not an opaque timeout, names a stuck rank
         timeout = collective_timeout_minutes(cfg.trainer.hang_timeout_minutes)

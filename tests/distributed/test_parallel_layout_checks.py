@@ -215,29 +215,15 @@ def test_a_layout_run_in_one_process_is_told_to_start_one_per_device() -> None:
         rank_dropout_seed(cfg, three)
 
 
-def test_a_bad_layout_is_refused_before_the_process_group_starts(monkeypatch, tmp_path) -> None:
-    """`gptrain train` under torchrun or srun started its process group (a rendezvous every rank
-    waits in) before it looked at the layout: a peer that never joined left the others waiting
-    there instead of saying what is wrong. The layout is now refused first, nothing started or
-    written."""
+def train_before_any_rendezvous(monkeypatch, run_dir, world_size: int, overrides: list[str]) -> str:
+    """`gptrain train`'s error as rank 0 of `world_size` processes, with a process group that fails
+    the test if it is started; nothing may be written into `run_dir` either."""
     from gptrain.config import load_training_config
     from gptrain.train import loop
 
-    run_dir = tmp_path / "run"
-    cfg = load_training_config(
-        "gpt3/126m",
-        [
-            "trainer.devices=3",
-            "model.tensor_model_parallel_size=2",
-            f"exp_manager.explicit_log_dir={run_dir}",
-        ],
-    )
-    for key, value in {
-        "RANK": "0",
-        "WORLD_SIZE": "3",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "1",
-    }.items():
+    cfg = load_training_config("gpt3/126m", [*overrides, f"exp_manager.explicit_log_dir={run_dir}"])
+    env = {"RANK": "0", "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
 
     def rendezvous(*args: object, **kwargs: object) -> None:
@@ -246,5 +232,34 @@ def test_a_bad_layout_is_refused_before_the_process_group_starts(monkeypatch, tm
     monkeypatch.setattr(loop, "init_distributed", rendezvous)
     with pytest.raises(ConfigError) as error:
         loop.train(cfg)
-    assert "world size 3 (processes started by torchrun or srun) is not divisible" in str(error.value)
     assert not run_dir.exists()
+    return str(error.value)
+
+
+def test_a_bad_layout_is_refused_before_the_process_group_starts(monkeypatch, tmp_path) -> None:
+    """`gptrain train` under torchrun or srun started its process group (a rendezvous every rank
+    waits in) before it looked at the layout: a peer that never joined left the others waiting
+    there instead of saying what is wrong. The layout is now refused first, nothing started or
+    written."""
+    overrides = ["trainer.devices=3", "model.tensor_model_parallel_size=2"]
+    message = train_before_any_rendezvous(monkeypatch, tmp_path / "run", 3, overrides)
+    assert "world size 3 (processes started by torchrun or srun) is not divisible" in message
+
+
+def test_a_layout_this_backend_cannot_run_is_refused_before_the_process_group_starts(
+    monkeypatch, tmp_path
+) -> None:
+    """The layout choices that depend on the device or on torch (here tensorwise FP8 under sequence
+    parallelism on the CPU, whose gloo cannot all-gather float8) were refused only inside
+    parallelize: after the rendezvous, with the model already built. Now before either."""
+    overrides = [
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "model.tensor_model_parallel_size=2",
+        "model.sequence_parallel=true",
+        "model.fp8=true",
+        "model.fp8_recipe=tensorwise",
+        "model.fp8_emulate=true",
+    ]
+    message = train_before_any_rendezvous(monkeypatch, tmp_path / "run", 2, overrides)
+    assert "model.fp8_recipe=tensorwise with model.tensor_model_parallel_size=2" in message
