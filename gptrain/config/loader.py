@@ -112,10 +112,12 @@ def load_training_config(
     ignored: list[str] = []
     cfg = _build(TrainingConfig, data, "", ignored, source, given)
     cfg.ignored_keys = ignored
-    normalize(cfg)
+    notes = normalize(cfg)
     validate(cfg)
     if report_ignored and ignored and is_rank_zero():
         print(f"gptrain: ignoring NeMo keys ({ignored_summary(ignored)})", file=sys.stderr)
+    for note in notes if report_ignored and is_rank_zero() else []:
+        print(f"gptrain: note: {note}", file=sys.stderr)
     return cfg
 
 

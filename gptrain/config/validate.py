@@ -89,8 +89,9 @@ def get(cfg: TrainingConfig, dotted: str):
     return value
 
 
-def normalize(cfg: TrainingConfig) -> None:
-    """Map NeMo's alternative spellings onto gptrain's canonical values."""
+def normalize(cfg: TrainingConfig) -> list[str]:
+    """Map NeMo's alternative spellings onto gptrain's canonical values; the notes say what NeMo
+    itself would have changed."""
     precision = str(cfg.trainer.precision)
     if precision not in PRECISIONS:
         raise ConfigError(f"trainer.precision: '{precision}' is not one of 32, 16, bf16")
@@ -113,6 +114,18 @@ def normalize(cfg: TrainingConfig) -> None:
         cfg.model.data_parallel_sharding = FSDP_STRATEGIES[strategy]
     _tokenizer_type(cfg.model.tokenizer)
     _one_resume_source(cfg)
+    return _sequence_parallel_needs_tp(cfg.model)
+
+
+def _sequence_parallel_needs_tp(model: Any) -> list[str]:
+    """NeMo turns sequence parallelism off at TP 1 (and says so), so a preset with it on keeps
+    working when TP is overridden to 1; refusing would reject a NeMo command line."""
+    if not (model.sequence_parallel and model.tensor_model_parallel_size == 1):
+        return []
+    model.sequence_parallel = False
+    return [
+        "model.sequence_parallel=true needs model.tensor_model_parallel_size > 1; turned off, as NeMo does"
+    ]
 
 
 def _tokenizer_type(tokenizer: Any) -> None:

@@ -400,3 +400,17 @@ def test_save_top_k_minus_one_keeps_every_checkpoint_and_zero_is_refused():
     for bad in (0, -2):
         with pytest.raises(ConfigError, match=rf"^{key}: must be at least 1, or -1 to keep every checkpoint"):
             load_training_config("gpt3/126m", [f"{key}={bad}"], report_ignored=False)
+
+
+def test_sequence_parallel_at_tensor_parallel_size_1_is_turned_off_as_nemo_does(capsys) -> None:
+    """The 20b preset runs TP 2 with sequence parallelism; a NeMo user overriding TP to 1 on it got
+    a refusal ('needs model.tensor_model_parallel_size > 1') that NeMo, which turns it off with a
+    log line, never gave. TP 2 keeps it on, without the note."""
+    cfg = load_training_config("gpt3/20b", ["model.tensor_model_parallel_size=1"])
+    assert cfg.model.sequence_parallel is False
+    assert "model.sequence_parallel=true needs model.tensor_model_parallel_size > 1; turned off" in (
+        capsys.readouterr().err
+    )
+    cfg = load_training_config("gpt3/20b", ["model.tensor_model_parallel_size=2"])
+    assert cfg.model.sequence_parallel is True
+    assert "sequence_parallel" not in capsys.readouterr().err
