@@ -193,7 +193,9 @@ class CheckpointManager(CheckpointReader):
         in_background = self.async_save and not (waited_for and _in_host_memory(state))
         path = self.root / step_dir_name(step)
         if self.rank == 0 and path.exists():
-            shutil.rmtree(path)  # a torn or superseded save of the same step
+            # a torn or superseded save of the same step: no longer a checkpoint before any file goes
+            (path / COMPLETE).unlink(missing_ok=True)
+            shutil.rmtree(path)
         _barrier()
         try:
             path.mkdir(parents=True, exist_ok=True)

@@ -570,3 +570,24 @@ def test_a_checkpoint_its_run_removes_while_another_loads_it_is_named_so(tmp_pat
     (tmp_path / "step_4" / COMPLETE).write_text(json.dumps(files))
     with pytest.raises(CheckpointDamagedError, match="step_4 is damaged"):
         reader.load_verified(tmp_path / "step_4", lambda saved: state_for(0.0), lambda state: None)
+
+
+def test_a_save_over_the_same_step_killed_while_it_removes_the_old_one_leaves_no_complete_marker(
+    tmp_path, monkeypatch
+):
+    """A requeued run saving again the step it already holds removes the old directory first; a
+    kill midway left a COMPLETE marker over a directory missing some of its files (only resume's
+    verification caught it). The marker goes first now, as retention's does."""
+    import gptrain.checkpoint.manager as manager_module
+
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    path = manager.save(5, state_for(5.0), {"rng": torch.tensor([5])})
+
+    def killed_after_one_file(directory, *args, **kwargs):
+        next(p for p in sorted(directory.iterdir()) if p.name != COMPLETE).unlink()
+        raise KeyboardInterrupt  # the job killed mid-removal
+
+    monkeypatch.setattr(manager_module.shutil, "rmtree", killed_after_one_file)
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(5, state_for(6.0), {"rng": torch.tensor([6])})
+    assert not is_complete(path)
