@@ -89,9 +89,31 @@ def optional_paths(resolved: dict[str, Any], stage: str) -> list[tuple[str, str]
         paths.append((model_key, parent(model)))
     if stage == "validation" and lookup(resolved, "validation.exclude_failed"):  # the job adds to it
         paths.append(("validation.exclude_file", parent(lookup(resolved, "validation.exclude_file"))))
+    if stage == "training":
+        paths += resume_sources(resolved)
     if stage == "training" and "data_preparation" not in (resolved.get("stages") or []):  # else: the blend's
         key = "training.model.data.data_prefix"
         paths += [(key, parent(prefix)) for prefix in prefixes_of(lookup(resolved, key))]
+    return paths
+
+
+RESUME_KEYS = (
+    "training.exp_manager.resume_from_checkpoint",
+    "training.model.resume_from_checkpoint",
+    "training.model.restore_from_ckpt",
+)
+
+
+def resume_sources(resolved: dict[str, Any]) -> list[tuple[str, str]]:
+    """The checkpoint a training starts from (any of NeMo's spellings), where it exists here: a
+    path outside the results directories was not mounted, so the job found nothing there. One that
+    does not exist is not mounted (pyxis needs the source; creating it would hide the typo), and
+    the training then names it."""
+    paths = []
+    for key in RESUME_KEYS:
+        value = lookup(resolved, key)
+        if isinstance(value, str) and value and os.path.isdir(value):
+            paths.append((key, value))
     return paths
 
 
@@ -106,7 +128,7 @@ def with_absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
         value = lookup(resolved, key)
         if isinstance(value, str) and value and not os.path.isabs(value):
             set_at(resolved, key, os.path.abspath(value))
-    for key in ("training.model.tokenizer.model", "data_preparation.tokenizer.model"):
+    for key in ("training.model.tokenizer.model", "data_preparation.tokenizer.model", *RESUME_KEYS):
         value = lookup(resolved, key)  # a relative one may be a name (cl100k_base): only a path here
         if isinstance(value, str) and not os.path.isabs(value) and os.path.exists(value):
             set_at(resolved, key, os.path.abspath(value))

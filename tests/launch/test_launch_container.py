@@ -267,3 +267,31 @@ def test_relative_paths_reach_a_container_job_absolute(tmp_path, monkeypatch, co
     else:
         assert data["data_prefix"] == [0.3, "data/a_text_document", 0.7, "/abs/b_text_document"]
         assert tok["vocab_file"] == "gpt2/vocab.json" and data["index_mapping_dir"] == "cache"
+
+
+def test_a_checkpoint_to_start_from_outside_the_results_is_mounted_and_absolute(tmp_path, monkeypatch):
+    """exp_manager.resume_from_checkpoint on another filesystem (a pretrained run to continue) was
+    neither mounted nor made absolute: inside the container the job found nothing there. A path
+    that does not exist is not mounted (the training names it)."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fsx/pretrained/checkpoints").mkdir(parents=True)
+    args = ["cluster_type=slurm", "container=img", f"base_results_dir={tmp_path}/r", f"data_dir={tmp_path}/d"]
+    args += [
+        "stages=[training]",
+        *CPU,
+        "training.exp_manager.resume_from_checkpoint=fsx/pretrained/checkpoints",
+    ]
+    plan = build_plan(compose(args))
+    script = write_run_files(plan, args)[0]
+    srun = next(x for x in script.read_text().splitlines() if x.startswith("srun "))
+    mounts = next(w for w in step_words(srun) if w.startswith("--container-mounts="))
+    source = f"{tmp_path}/fsx/pretrained/checkpoints"
+    assert f"{source}:{source}" in mounts.split("=", 1)[1].split(",")
+    written = yaml.safe_load(config_path(plan.jobs[0]).read_text())
+    assert written["exp_manager"]["resume_from_checkpoint"] == source
+    missing = ["training.exp_manager.resume_from_checkpoint=/nowhere/ckpt"]
+    plan = build_plan(compose([*args[:-1], *missing]))
+    script = write_run_files(plan, [*args[:-1], *missing])[0]
+    assert "/nowhere" not in next(x for x in script.read_text().splitlines() if x.startswith("srun "))
