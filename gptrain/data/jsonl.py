@@ -134,8 +134,9 @@ def _sniffed(raw: io.BufferedReader) -> tuple[IO[bytes], str | None]:
     return io.BufferedReader(_PutBack(head, raw)), _compression_of(head)
 
 
-def _zstd_blocks(raw: IO[bytes], size: int) -> Iterator[bytes]:
-    """Decompress frame after frame; unlike zstandard's stream reader, a cut-off frame is an error."""
+def zstd_blocks(raw: IO[bytes], size: int) -> Iterator[bytes]:
+    """Decompress frame after frame; unlike zstandard's stream reader, a cut-off frame is an error
+    (the download stage extracts with it too: a cut-off archive must not pass for a whole one)."""
     import zstandard
 
     context = zstandard.ZstdDecompressor()
@@ -155,7 +156,7 @@ def _zstd_blocks(raw: IO[bytes], size: int) -> Iterator[bytes]:
 def _blocks(raw: IO[bytes], kind: str | None, size: int) -> Iterator[bytes]:
     """Decompressed bytes of a file, in blocks of about `size`."""
     if kind == "zstd":
-        yield from _zstd_blocks(raw, max(1, size // 4))  # text compresses about 4x
+        yield from zstd_blocks(raw, max(1, size // 4))  # text compresses about 4x
         return
     if kind == "gzip":
         opened: contextlib.AbstractContextManager = gzip.GzipFile(fileobj=raw, mode="rb")

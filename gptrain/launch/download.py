@@ -27,7 +27,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
@@ -35,11 +35,15 @@ from typing import IO, Any
 
 import yaml
 
+from gptrain.data.jsonl import zstd_blocks
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.atomic import atomic_write_text, temporary_sibling
 
 CHUNK = 1 << 20
-EXTRACTORS: dict[str, Callable[[Path], IO[bytes]]] = {".gz": gzip.GzipFile, ".xz": lzma.LZMAFile}
+EXTRACTORS: dict[str, Callable[[IO[bytes]], IO[bytes]]] = {
+    ".gz": lambda raw: gzip.GzipFile(fileobj=raw),
+    ".xz": lzma.LZMAFile,
+}
 TEXT_SUFFIXES = (".jsonl", ".json", ".txt")
 IDX_MAGIC = b"MMIDIDX\x00\x00"
 
@@ -173,28 +177,40 @@ def download(
     return dest
 
 
-def open_compressed(path: Path) -> IO[bytes]:
-    if path.suffix == ".zst":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
-    return EXTRACTORS[path.suffix](path)
+def decompressed_blocks(path: Path) -> Iterator[bytes]:
+    """The archive's content block by block; an archive cut short raises EOFError at its end
+    (zstandard's stream reader just stopped there, so a cut-off .zst extracted as a short file)."""
+    with open(path, "rb") as raw:
+        if path.suffix == ".zst":
+            yield from zstd_blocks(raw, CHUNK)
+            return
+        with EXTRACTORS[path.suffix](raw) as source:
+            while block := source.read(CHUNK):
+                yield block
 
 
 def extract(path: Path, keep: bool = False) -> Path:
-    """Decompress .zst/.xz/.gz next to the archive (atomically); other files are returned as is."""
+    """Decompress .zst/.xz/.gz next to the archive (atomically); other files are returned as is.
+    The archive is removed (unless `keep`) only once it has decompressed whole."""
     target = path.with_name(strip_compression(path.name))
     if target == path:
         return path
     if not target.exists():
         tmp = temporary_sibling(target)
         try:
-            with open_compressed(path) as source, open(tmp, "wb") as out:
-                shutil.copyfileobj(source, out, CHUNK)
+            with open(tmp, "wb") as out:
+                for block in decompressed_blocks(path):
+                    out.write(block)
             tmp.replace(target)
+        except EOFError:
+            raise DataError(
+                f"{path}: the archive ends too soon (cut short: an interrupted download or copy);"
+                " nothing was extracted and the archive is kept: delete it to download it again"
+            ) from None
         except Exception as error:
+            raise DataError(f"{path}: cannot decompress: {error}; the archive is kept") from None
+        finally:
             tmp.unlink(missing_ok=True)
-            raise DataError(f"{path}: cannot decompress: {error}") from None
     if not keep:
         path.unlink(missing_ok=True)
     return target

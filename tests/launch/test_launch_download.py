@@ -2,6 +2,7 @@ import gzip
 import hashlib
 import http.server
 import lzma
+import random
 import struct
 import threading
 
@@ -104,6 +105,28 @@ def test_extract(tmp_path, suffix, compress):
     archive.write_bytes(compress(PAYLOAD))
     out = extract(archive)
     assert out == tmp_path / "s.jsonl" and out.read_bytes() == PAYLOAD and not archive.exists()
+
+
+@pytest.mark.parametrize(
+    ("suffix", "compress"),
+    [
+        (".zst", lambda b: zstandard.ZstdCompressor().compress(b)),
+        (".zst", lambda b: b"".join(zstandard.ZstdCompressor().compress(h) for h in (b[:99], b[99:]))),
+        (".xz", lzma.compress),
+        (".gz", gzip.compress),
+    ],
+)
+def test_a_cut_off_archive_is_refused_and_kept(tmp_path, suffix, compress):
+    """A .zst cut short extracted as a short file with no error, and the archive was deleted."""
+    content = random.Random(0).randbytes(3 << 20)  # several reads of the archive
+    whole = compress(content)
+    archive = tmp_path / f"s.jsonl{suffix}"
+    archive.write_bytes(whole[: len(whole) * 3 // 4])
+    with pytest.raises(DataError, match="ends too soon.*archive is kept"):
+        extract(archive)
+    assert [p.name for p in tmp_path.iterdir()] == [archive.name]
+    archive.write_bytes(whole)  # and the whole archive of several frames extracts entire
+    assert extract(archive).read_bytes() == content and not archive.exists()
 
 
 def test_shard_names_and_validation():
