@@ -127,19 +127,31 @@ class GPTBatchDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         sample = torch.from_numpy(np.asarray(self.samples[index], dtype=np.int64))
-        if self.vocab_rows is not None and sample.numel() and int(sample.max()) >= self.vocab_rows:
-            raise DataError(
-                f"{self.source}: sample {index} holds token id {int(sample.max())}, but the model's "
-                f"vocabulary has {self.vocab_rows} rows: the data was tokenized with another, larger "
-                "tokenizer than the run's model.tokenizer; train with the tokenizer `gptrain data "
-                "prepare` used, or prepare the data again with this one"
-            )
+        if self.vocab_rows is not None and sample.numel():
+            self._check_ids(index, sample)
         tokens, labels = sample[:-1], sample[1:]
         loss_mask = torch.ones(tokens.shape, dtype=torch.float32)
         if self.eod_mask_loss:
             # Megatron masks the positions whose *input* is EOD.
             loss_mask[tokens == self.eod] = 0.0
         return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask}
+
+    def _check_ids(self, index: int, sample: torch.Tensor) -> None:
+        """An id the embedding has no row for fails here in one line, not as an index error deep in
+        the model (a device-side assert on a GPU)."""
+        low, high = (int(v) for v in torch.aminmax(sample))
+        if low < 0:
+            raise DataError(
+                f"{self.source}: sample {index} holds token id {low}, and no token id is negative: a "
+                "dataset's .bin is damaged, or its .idx names a signed token dtype the tokens were not written in (a foreign or corrupt .idx); prepare the data again"
+            )
+        if high >= self.vocab_rows:
+            raise DataError(
+                f"{self.source}: sample {index} holds token id {high}, but the model's "
+                f"vocabulary has {self.vocab_rows} rows: the data was tokenized with another, larger "
+                "tokenizer than the run's model.tokenizer; train with the tokenizer `gptrain data "
+                "prepare` used, or prepare the data again with this one"
+            )
 
 
 class ResumableMicroBatchSampler(Sampler[list[int]]):

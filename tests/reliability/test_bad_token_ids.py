@@ -4,6 +4,7 @@ index error inside the model (a CUDA device assert on a GPU), and never a hang a
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,3 +50,20 @@ def test_eval_names_token_ids_beyond_the_vocabulary(tmp_path, corpus_writer, cap
     assert main(["eval", str(tmp_path / "run"), "--data-prefix", prefix]) == 2
     err = capsys.readouterr().err
     assert f"--data-prefix {prefix}: sample" in err and "token id 5000" in err
+
+
+def test_training_names_a_negative_token_id(tmp_path, corpus_writer, capsys):
+    """A .idx whose dtype code says int16 over uint16 tokens (a damaged or foreign .idx): id 65535
+    reads as -1, which only the upper bound was checked against, so the embedding failed deep in
+    the model (a device-side assert on a GPU)."""
+    overrides = corpus_writer(tmp_path / "data", [np.array([1, 2, 65535, 4] * 6) for _ in range(40)])
+    prefix = next(o for o in overrides if o.startswith("model.data.data_prefix=")).split("=", 1)[1]
+    idx = Path(f"{prefix}.idx")
+    header = bytearray(idx.read_bytes())
+    assert header[17] == 8  # uint16: the dtype code follows the 9-byte magic and the u64 version
+    header[17] = 3  # int16
+    idx.write_bytes(bytes(header))
+    assert main(train_args(tmp_path / "run", *overrides)) == 2
+    err = capsys.readouterr().err
+    assert "model.data.data_prefix: sample" in err and "token id -1" in err and "negative" in err
+    assert "Traceback" not in err
