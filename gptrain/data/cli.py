@@ -54,7 +54,9 @@ def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
         help="documents between progress lines (default 10000; at most 1/s, at least every 30 s)",
     )
     parser.add_argument(
-        "--skip-bad-lines", action="store_true", help="skip and count bad lines instead of stopping"
+        "--skip-bad-lines",
+        action="store_true",
+        help="skip and count bad lines instead of stopping (a run with no good line at all still fails)",
     )
     _add_megatron_runtime_flags(parser)
     parser.set_defaults(func=_run_prepare)

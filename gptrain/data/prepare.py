@@ -426,6 +426,7 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             chunks = _tracked_chunks(paths, sizes, config.chunk_bytes, progress)
             results = stack.enter_context(contextlib.closing(_results(chunks, config)))
             _consume(results, writers, stats, progress, config.log_interval)
+            _refuse_all_lines_bad(stats, config)
             stats.sequences = {key: w.num_sequences for key, w in zip(config.json_keys, writers, strict=True)}
             finalize_together(writers)  # all outputs new, or (on error) all as they were
     except OSError as error:  # reading errors are DataErrors already, but for opening an input
@@ -438,6 +439,19 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
         IndexedDataset(prefix).verify()
     stats.seconds = progress.elapsed
     return stats
+
+
+def _refuse_all_lines_bad(stats: PrepareStats, config: PrepareConfig) -> None:
+    """--skip-bad-lines over an input none of whose lines is usable (the wrong --json-keys, a file
+    that is not jsonl) made an empty dataset and exited 0; a training on it failed much later."""
+    if stats.bad_lines and not stats.documents:
+        where = f"--input {config.inputs[0]}" if len(config.inputs) == 1 else f"{len(config.inputs)} inputs"
+        raise DataError(
+            f"{where}: all {stats.bad_lines:,} lines were bad (--skip-bad-lines skipped every one), so "
+            f"nothing was written; check that the records hold the --json-keys "
+            f"({', '.join(config.json_keys)}) as strings, or run without --skip-bad-lines to see the "
+            "first line's problem"
+        )
 
 
 def _refuse_outputs_among_inputs(paths: list[Path], prefixes: list[str]) -> None:

@@ -658,3 +658,17 @@ def test_an_input_that_cannot_be_opened_is_named_as_the_input(tmp_path, gpt2_fil
     with pytest.raises(DataError) as error:
         prepare(config, stream=sys.stdout)
     assert str(error.value) == f"--input {source}: cannot read (Permission denied)"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_skip_bad_lines_refuses_an_input_of_only_bad_lines(tmp_path, gpt2_files, capsys, workers):
+    """Every line bad (here: the wrong --json-keys) exited 0 with an empty dataset."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(json.dumps({"content": f"doc {n}"}).encode() + b"\n" for n in range(5)))
+    out = tmp_path / "out"
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(out / "o"), "--skip-bad-lines"]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", str(workers)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"--input {source}: all 5 lines were bad" in err and "--json-keys (text)" in err
+    assert not out.exists() or list(out.iterdir()) == []
