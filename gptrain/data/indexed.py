@@ -30,6 +30,7 @@ MAGIC = b"MMIDIDX\x00\x00"
 # The index of Megatron's lazy and cached formats (--dataset-impl lazy|cached), gone from Megatron in 2023.
 LEGACY_MAGIC = b"TNTIDX\x00\x00"
 VERSION = 1
+MAX_SEQUENCE_LENGTH = 2**31 - 1  # the .idx stores sequence lengths as int32
 HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, S, D: 34 bytes, no padding
 HEADER_SIZE = HEADER.size
 
@@ -314,6 +315,8 @@ class IndexedDatasetWriter:
         seq_lengths = np.asarray(lengths, dtype=np.int64)
         if int(seq_lengths.sum()) != len(tokens):
             raise ValueError(f"sequence lengths sum to {int(seq_lengths.sum())}, document has {len(tokens)}")
+        if len(seq_lengths) and int(seq_lengths.max()) > MAX_SEQUENCE_LENGTH:
+            self._refuse_long_text(self.num_documents, int(seq_lengths.max()))
         self._write_tokens(tokens)
         self._lengths.write(seq_lengths.astype(np.int32).tobytes())
         self.num_sequences += len(seq_lengths)
@@ -334,6 +337,11 @@ class IndexedDatasetWriter:
             raise ValueError(
                 f"sentences per document sum to {int(np.sum(sentences))}, got {len(lengths)} texts"
             )
+        if len(lengths) and int(lengths.max()) > MAX_SEQUENCE_LENGTH:
+            text = int(np.argmax(lengths > MAX_SEQUENCE_LENGTH))
+            ends = None if sentences is None else np.cumsum(sentences)
+            document = text if ends is None else int(np.searchsorted(ends, text, side="right"))
+            self._refuse_long_text(self.num_documents + document, int(lengths[text]))
         nonempty = lengths > 0
         self._write_tokens(tokens)
         self._lengths.write(lengths[nonempty].astype(np.int32).tobytes())
@@ -346,6 +354,15 @@ class IndexedDatasetWriter:
         self.num_sequences += int(kept[-1]) if len(kept) else 0
         self.num_documents += len(kept)
         return per_document
+
+    def _refuse_long_text(self, document: int, length: int) -> None:
+        """The .idx records each sequence's length as an int32: a longer one was written wrapped
+        (negative), and verify() then called the whole output corrupt."""
+        raise DataError(
+            f"{self.bin_path}: document {document:,} (from 0) has a text of {length:,} tokens, more than "
+            f"the {MAX_SEQUENCE_LENGTH:,} a Megatron .idx records for one sequence (int32 lengths); split "
+            "that text into smaller documents"
+        )
 
     def _write_tokens(self, tokens: np.ndarray) -> None:
         if tokens.dtype != self.dtype:

@@ -129,6 +129,25 @@ def test_add_documents_of_sentences(tmp_path):
     bad.abort()
 
 
+@pytest.mark.parametrize("sentences", [False, True])
+def test_a_text_past_the_int32_length_is_refused_naming_its_document(tmp_path, sentences):
+    """The .idx holds int32 sequence lengths: 2**31 tokens were written as -2**31, and only verify()
+    at the end said the output was corrupt. A zero-stride view: 2**31 tokens without the memory."""
+    huge = 2**31
+    with IndexedDatasetWriter(str(tmp_path / "w"), np.uint8) as writer:
+        writer.add_documents(np.array([1, 2], np.uint8), np.array([2]))  # document 0
+        tokens = np.broadcast_to(np.uint8(7), (3 + huge,))
+        with pytest.raises(DataError, match="document 2 \\(from 0\\) has a text of 2,147,483,648 tokens"):
+            if sentences:  # documents 1 and 2 of two texts each; the long one is document 2's first
+                writer.add_documents(tokens, np.array([1, 1, huge, 1]), np.array([2, 2]))
+            else:  # documents 1, 2, 3
+                writer.add_documents(tokens, np.array([2, huge, 1]))
+        with pytest.raises(DataError, match="document 1 \\(from 0\\) has a text of 2,147,483,648"):
+            writer.add_document(np.broadcast_to(np.uint8(7), (huge + 1,)), [1, huge])
+        writer.add_document(np.array([3], np.uint8))
+    assert IndexedDataset(str(tmp_path / "w")).document_indices.tolist() == [0, 1, 2]
+
+
 def test_empty_dataset(tmp_path):
     IndexedDatasetWriter(str(tmp_path / "e"), np.uint16).finalize()
     assert (tmp_path / "e.idx").stat().st_size == 34 + 8
