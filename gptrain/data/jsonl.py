@@ -186,7 +186,7 @@ def iter_chunks(paths: list[Path], chunk_bytes: int = 1 << 20) -> Iterator[Chunk
             try:
                 source, kind = _sniffed(raw)
                 position = raw.tell if raw.seekable() else lambda: 0  # no ETA through a pipe
-                blocks = _without_bom(_blocks(source, kind, chunk_bytes), path)
+                blocks = _universal_newlines(_without_bom(_blocks(source, kind, chunk_bytes), path))
                 yield from _file_chunks(path, position, blocks)
             except errors as error:
                 what = f"cannot decompress {kind} input" if kind else "cannot read input"
@@ -211,6 +211,24 @@ def _without_bom(blocks: Iterator[bytes], path: Path) -> Iterator[bytes]:
     if head := head.removeprefix(UTF8_BOM):
         yield head
     yield from blocks
+
+
+def _universal_newlines(blocks: Iterator[bytes]) -> Iterator[bytes]:
+    """The blocks with every line end as LF: preprocess_data.py reads its input in text mode, where
+    a lone CR (old Mac files) ends a line as LF and CRLF do, so a file of CR lines is many documents
+    to Megatron (and was one unreadable line here). A raw CR is never inside a JSON string, so no
+    text changes. A block's last CR waits for the next block, which may begin with its CRLF's LF."""
+    held = b""
+    for block in blocks:
+        block, held = held + block if held else block, b""
+        if b"\r" not in block:
+            yield block
+            continue
+        if block.endswith(b"\r"):
+            block, held = block[:-1], b"\r"
+        yield block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    if held:
+        yield b"\n"
 
 
 def _file_chunks(path: Path, position: Callable[[], int], blocks: Iterator[bytes]) -> Iterator[Chunk]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
 import json
 import lzma
 import os
@@ -158,6 +159,44 @@ def test_a_byte_order_mark_starting_a_file_is_no_part_of_its_first_document(
     stats = prepare(config, stream=sys.stdout)
     assert outputs(tmp_path / "out") == megatron_dataset(corpus, False)
     assert stats.documents == len(corpus) and stats.bad_lines == 0
+
+
+def _python_text_mode_documents(data: bytes) -> list[str]:
+    """The documents preprocess_data.py reads: its input in text mode (universal newlines)."""
+    with io.TextIOWrapper(io.BytesIO(data), encoding="utf-8") as lines:
+        return [json.loads(line)["text"] for line in lines]
+
+
+@pytest.mark.parametrize(
+    ("compress", "chunk_bytes", "workers"), [(None, 1, 1), (None, 7, 2), (gzip.compress, 64, 2)]
+)
+def test_cr_and_crlf_end_lines_as_in_megatron(
+    tmp_path, gpt2_files, corpus, megatron_dataset, compress, chunk_bytes, workers
+):
+    """A file of old-Mac CR line ends was one line here (not valid JSON, or with --skip-bad-lines
+    every document dropped), while Megatron's text-mode read splits it; CRLF split across blocks
+    must stay one line end. A CR inside a text is escaped by JSON, so texts keep theirs."""
+    ends = [b"\r", b"\r\n", b"\n"]
+    data = b"".join(json.dumps({"text": t}).encode() + ends[n % 3] for n, t in enumerate(corpus))
+    data = data[:-1]  # the last line without its end
+    source = tmp_path / "mac.jsonl"
+    source.write_bytes(compress(data) if compress else data)
+    spec = TokenizerSpec("GPT2BPETokenizer", *gpt2_files)
+    config = PrepareConfig(
+        [str(source)], str(tmp_path / "out"), spec, workers=workers, chunk_bytes=chunk_bytes
+    )
+    stats = prepare(config, stream=sys.stdout)
+    assert _python_text_mode_documents(data) == corpus
+    assert outputs(tmp_path / "out") == megatron_dataset(corpus, False)
+    assert stats.documents == len(corpus) and stats.bad_lines == 0
+
+
+def test_a_bad_line_after_cr_line_ends_is_named_by_its_line_number(tmp_path, gpt2_files):
+    source = tmp_path / "mac.jsonl"
+    source.write_bytes(b'{"text": "a"}\r{"text": "b"}\r\n\r{bad\r{"text": "c"}\r')
+    config = PrepareConfig([str(source)], str(tmp_path / "o"), TokenizerSpec("GPT2BPETokenizer", *gpt2_files))
+    with pytest.raises(DataError, match=f"^{source}:3: "):  # the empty line 3, as an editor counts
+        prepare(config, stream=sys.stdout)
 
 
 def _two_bzip2_streams(data: bytes) -> bytes:
