@@ -104,11 +104,18 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
     try:
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as error:
-        if error.code == 416 and offset:  # nothing left to send: the part is complete
-            return
+        if error.code == 416 and offset:  # nothing left to send: complete, or more than the file has
+            if range_start_and_total(error.headers.get("Content-Range"))[1] == offset:
+                return
+            part.unlink()  # larger than the file (it changed), or its size unknown: never trusted
+            return fetch_once(url, part, timeout)
         raise
     with response:
         status = getattr(response, "status", 200)
+        start = range_start_and_total(response.headers.get("Content-Range"))[0] if status == 206 else None
+        if start is not None and start != offset:
+            part.unlink()  # bytes from elsewhere in the file: appended, they would corrupt it
+            raise ConnectionError(f"asked for bytes from {offset}, the server sent others; starting over")
         mode = "ab" if offset and status == 206 else "wb"  # a server without Range support resends all
         expected = response.headers.get("Content-Length")
         written = 0
@@ -118,6 +125,17 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
                 written += len(chunk)
         if expected is not None and written != int(expected):
             raise ConnectionError(f"short read: {written} of {expected} bytes")
+
+
+def range_start_and_total(content_range: str | None) -> tuple[int | None, int | None]:
+    """(first byte, file size) of a Content-Range header (`bytes 100-199/1000`, `bytes */1000`);
+    None for what it does not say."""
+    unit, _, spec = (content_range or "").strip().partition(" ")
+    if unit.lower() != "bytes" or "/" not in spec:
+        return None, None
+    span, _, total = spec.partition("/")
+    first = span.split("-", 1)[0]
+    return (int(first) if first.isdigit() else None), (int(total) if total.isdigit() else None)
 
 
 def file_digest(path: Path, algorithm: str) -> str:

@@ -27,8 +27,9 @@ PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
 class Server:
     """Serves `files` on 127.0.0.1 with Range support; `flaky` paths die halfway the first time."""
 
-    def __init__(self, files: dict[str, bytes], flaky: tuple[str, ...] = ()):
+    def __init__(self, files: dict[str, bytes], flaky: tuple[str, ...] = (), from_zero: bool = False):
         self.files, self.flaky, self.requests = files, set(flaky), []
+        self.from_zero = from_zero  # a broken server: 206 answers that start at byte 0 whatever was asked
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -44,7 +45,16 @@ class Server:
                 start = (
                     int(self.headers["Range"].split("=")[1].rstrip("-")) if self.headers.get("Range") else 0
                 )
-                self.send_response(206 if start else 200)
+                if start >= len(data) and start:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(data)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                ranged, start = bool(start), 0 if server.from_zero else start
+                self.send_response(206 if ranged else 200)
+                if ranged:
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.send_header("Content-Length", str(len(data) - start))
                 self.end_headers()
                 if self.path in server.flaky:
@@ -75,6 +85,31 @@ def test_interrupted_download_resumes_with_range(tmp_path):
     assert dest.read_bytes() == PAYLOAD
     assert server.requests == [("/a.bin", None), ("/a.bin", f"bytes={len(PAYLOAD) // 2}-")]
     assert not (tmp_path / "a.bin.part").exists()
+
+
+def test_a_complete_part_is_renamed_without_fetching_it_again(tmp_path):
+    (tmp_path / "a.bin.part").write_bytes(PAYLOAD)
+    with Server({"/a.bin": PAYLOAD}) as server:
+        assert download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=1).read_bytes() == PAYLOAD
+    assert server.requests == [("/a.bin", f"bytes={len(PAYLOAD)}-")]
+
+
+def test_a_part_larger_than_the_file_is_fetched_again(tmp_path):
+    """The server's 416 ('nothing there') was taken for 'complete': a part larger than the file (the
+    file changed since, or the part is another's) became the download, unchecked without a checksum."""
+    (tmp_path / "a.bin.part").write_bytes(b"x" * (len(PAYLOAD) + 10))
+    with Server({"/a.bin": PAYLOAD}) as server:
+        assert download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=1).read_bytes() == PAYLOAD
+    assert server.requests == [("/a.bin", f"bytes={len(PAYLOAD) + 10}-"), ("/a.bin", None)]
+
+
+def test_a_resume_the_server_answers_from_another_byte_starts_over(tmp_path):
+    """A 206 whose Content-Range starts elsewhere than asked was appended to the part: a corrupt file."""
+    (tmp_path / "a.bin.part").write_bytes(PAYLOAD[:1000])
+    with Server({"/a.bin": PAYLOAD}, from_zero=True) as server:
+        dest = download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=2, backoff=0)
+    assert dest.read_bytes() == PAYLOAD and not (tmp_path / "a.bin.part").exists()
+    assert server.requests == [("/a.bin", "bytes=1000-"), ("/a.bin", None)]
 
 
 def test_checksum_mismatch_deletes_the_download(tmp_path):
