@@ -37,9 +37,11 @@ import yaml
 
 from gptrain.data.jsonl import zstd_blocks
 from gptrain.errors import ConfigError, DataError
-from gptrain.utils.atomic import atomic_write_text, temporary_sibling
+from gptrain.utils.atomic import atomic_write_text, hold, remove_stale_temporaries, temporary_sibling
+from gptrain.utils.signals import terminate_as_exception
 
 CHUNK = 1 << 20
+STALE_TEMPORARY_S = 3600.0  # an older unheld temporary is a dead writer's (as data prepare's)
 EXTRACTORS: dict[str, Callable[[IO[bytes]], IO[bytes]]] = {
     ".gz": lambda raw: gzip.GzipFile(fileobj=raw),
     ".xz": lzma.LZMAFile,
@@ -214,9 +216,11 @@ def extract(path: Path, keep: bool = False) -> Path:
     if target == path:
         return path
     if not target.exists():
+        remove_stale_extractions(target)
         tmp = temporary_sibling(target)
         try:
-            with open(tmp, "wb") as out:
+            with terminate_as_exception(), open(tmp, "wb") as out:  # a time limit's SIGTERM: cleaned up
+                hold(out)
                 for block in decompressed_blocks(path):
                     out.write(block)
             tmp.replace(target)
@@ -232,6 +236,18 @@ def extract(path: Path, keep: bool = False) -> Path:
     if not keep:
         path.unlink(missing_ok=True)
     return target
+
+
+def remove_stale_extractions(target: Path) -> None:
+    """An extraction killed by SIGKILL (an OOM kill, KillWait past a time limit) left its temporary
+    file, as large as the shard, and every relaunch that was killed another."""
+    removed, _ = remove_stale_temporaries(target, STALE_TEMPORARY_S)
+    if removed:
+        size = sum(bytes_ for _, bytes_ in removed) / 1e9
+        print(
+            f"gptrain: removed {len(removed)} unfinished extraction(s) of {target} ({size:.1f} GB)",
+            file=sys.stderr,
+        )
 
 
 def tokenize_command(cfg: dict[str, Any], source: Path, prefix: Path, python: str) -> list[str]:

@@ -2,9 +2,13 @@ import gzip
 import hashlib
 import http.server
 import lzma
+import os
 import random
 import struct
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 import yaml
@@ -162,6 +166,47 @@ def test_a_cut_off_archive_is_refused_and_kept(tmp_path, suffix, compress):
     assert [p.name for p in tmp_path.iterdir()] == [archive.name]
     archive.write_bytes(whole)  # and the whole archive of several frames extracts entire
     assert extract(archive).read_bytes() == content and not archive.exists()
+
+
+TERMINATED_MIDWAY = """
+import os, signal, sys
+from pathlib import Path
+from gptrain.launch import download
+
+def blocks(path):
+    yield b"a" * 1000
+    os.kill(os.getpid(), signal.SIGTERM)  # a time limit, halfway through the extraction
+    yield b"b" * 1000
+
+download.decompressed_blocks = blocks
+download.extract(Path(sys.argv[1]))
+"""
+
+
+def test_an_extraction_ended_by_sigterm_leaves_no_temporary(tmp_path):
+    """SIGTERM (a Slurm time limit) killed the extraction with its temporary file, as large as the
+    shard, left behind; every relaunch cut short so left another."""
+    archive = tmp_path / "s.jsonl.gz"
+    archive.write_bytes(gzip.compress(PAYLOAD))
+    done = subprocess.run(
+        [sys.executable, "-c", TERMINATED_MIDWAY, str(archive)], capture_output=True, timeout=60
+    )
+    assert done.returncode == 143, done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [archive.name]
+
+
+def test_an_extraction_killed_earlier_is_cleaned_up(tmp_path, capsys):
+    """SIGKILL leaves the temporary: the next extraction of that shard removes it once it is an
+    hour old (a younger one may be a running extraction's, on another node)."""
+    archive = tmp_path / "s.jsonl.gz"
+    archive.write_bytes(gzip.compress(PAYLOAD))
+    old, young = tmp_path / ".s.jsonl.abcd1234.tmp", tmp_path / ".s.jsonl.efgh5678.tmp"
+    old.write_bytes(b"x" * 5000)
+    young.write_bytes(b"y")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert extract(archive).read_bytes() == PAYLOAD
+    assert sorted(p.name for p in tmp_path.iterdir()) == [young.name, "s.jsonl"]
+    assert "removed 1 unfinished extraction(s) of" in capsys.readouterr().err
 
 
 def test_shard_names_and_validation():
