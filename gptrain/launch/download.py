@@ -357,10 +357,16 @@ def count_tokens(prefix: Path) -> int:
     with open(path, "rb") as handle:
         if handle.read(9) != IDX_MAGIC:
             raise DataError(f"{path}: not a Megatron .idx file (bad magic)")
-        _version, _dtype, count = struct.unpack("<QBQ", handle.read(17))
-        handle.read(8)  # document count
-        lengths = array.array("i")
-        lengths.fromfile(handle, count)
+        try:
+            _version, _dtype, count = struct.unpack("<QBQ", handle.read(17))
+            handle.read(8)  # document count
+            lengths = array.array("i")
+            lengths.fromfile(handle, count)
+        except (struct.error, EOFError):
+            raise DataError(
+                f"{path}: ends before its sequence lengths do (a copy cut short?); remove {prefix}.bin/.idx "
+                "and run the stage again to prepare that shard anew"
+            ) from None
     if sys.byteorder != "little":
         lengths.byteswap()
     return sum(lengths)

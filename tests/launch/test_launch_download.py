@@ -239,6 +239,16 @@ def test_blend_weights_from_token_counts(tmp_path):
         blend_prefixes({**cfg, "shards": ["http://h/c.jsonl"]})
 
 
+@pytest.mark.parametrize("keep", [20, 34 + 4])  # inside the header; inside the lengths
+def test_a_cut_off_index_is_one_line_naming_it(tmp_path, keep):
+    """A shard's .idx cut short (a copy into output_dir interrupted) ended the blend step in a traceback."""
+    write_idx(tmp_path / "a_text_document", [3, 4, 5])
+    idx = tmp_path / "a_text_document.idx"
+    idx.write_bytes(idx.read_bytes()[:keep])
+    with pytest.raises(DataError, match=f"^{idx}: ends before its sequence lengths do"):
+        count_tokens(tmp_path / "a_text_document")
+
+
 def test_apply_blend_rewrites_data_prefix(tmp_path):
     blend, config = tmp_path / "blend.yaml", tmp_path / "t.yaml"
     blend.write_text(yaml.safe_dump({"data_prefix": [2.0, "/p/a", 1.0, "/p/b"]}))
