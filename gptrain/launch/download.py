@@ -84,6 +84,7 @@ def parse_shards(entries: list[Any]) -> list[Shard]:
         if isinstance(entry, str):
             shard = Shard(entry)
         elif isinstance(entry, dict) and "url" in entry:
+            refuse_unknown_shard_keys(i, entry)
             shard = Shard(str(entry["url"]), entry.get("sha256"), entry.get("md5"))
         else:
             raise ConfigError(f"data_preparation.shards[{i}]: expected a URL or a mapping with 'url'")
@@ -97,6 +98,20 @@ def parse_shards(entries: list[Any]) -> list[Shard]:
         if stems.count(stem) > 1:
             raise ConfigError(f"data_preparation.shards: two shards would both write '{stem}'; rename one")
     return shards
+
+
+SHARD_KEYS = ("url", "sha256", "md5")
+
+
+def refuse_unknown_shard_keys(i: int, entry: dict[str, Any]) -> None:
+    """A checksum under another key (`sha1`, `checksum`, `sha-256`) was ignored: the shard was
+    downloaded unchecked while the config looked checked."""
+    unknown = [str(key) for key in entry if key not in SHARD_KEYS]
+    if unknown:
+        raise ConfigError(
+            f"data_preparation.shards[{i}]: unknown key(s) {', '.join(map(repr, unknown))}; a shard takes "
+            f"{', '.join(SHARD_KEYS)} (the checksum as sha256 or md5)"
+        )
 
 
 def fetch_once(url: str, part: Path, timeout: float) -> None:

@@ -218,6 +218,15 @@ def test_shard_names_and_validation():
         parse_shards(["http://h/a.jsonl.zst", "http://g/a.jsonl.gz"])
 
 
+def test_a_checksum_under_an_unknown_key_is_refused():
+    """`sha1:` or `checksum:` was ignored: the shard was downloaded unchecked."""
+    for key in ("sha1", "checksum", "sha-256"):
+        with pytest.raises(
+            ConfigError, match=f"shards\\[1\\]: unknown key\\(s\\) '{key}'; a shard takes url"
+        ):
+            parse_shards(["http://h/a.jsonl", {"url": "http://h/b.jsonl", key: "ab" * 16}])
+
+
 def write_idx(prefix, lengths):
     """A Megatron .idx written by hand from the documented layout (version 1, int32 lengths)."""
     header = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(lengths), len(lengths) + 1)
