@@ -85,7 +85,7 @@ def parse_shards(entries: list[Any]) -> list[Shard]:
             shard = Shard(entry)
         elif isinstance(entry, dict) and "url" in entry:
             refuse_unknown_shard_keys(i, entry)
-            shard = Shard(str(entry["url"]), entry.get("sha256"), entry.get("md5"))
+            shard = Shard(str(entry["url"]), checksum(i, entry, "sha256"), checksum(i, entry, "md5"))
         else:
             raise ConfigError(f"data_preparation.shards[{i}]: expected a URL or a mapping with 'url'")
         if not shard.url.startswith(("http://", "https://", "file://")):
@@ -112,6 +112,24 @@ def refuse_unknown_shard_keys(i: int, entry: dict[str, Any]) -> None:
             f"data_preparation.shards[{i}]: unknown key(s) {', '.join(map(repr, unknown))}; a shard takes "
             f"{', '.join(SHARD_KEYS)} (the checksum as sha256 or md5)"
         )
+
+
+DIGEST_HEX_DIGITS = {"sha256": 64, "md5": 32}
+
+
+def checksum(i: int, entry: dict[str, Any], algorithm: str) -> str | None:
+    """A shard's checksum in lower case; one that cannot be a digest (a typo, a truncated copy) is
+    refused before the download, which it would otherwise have deleted as a mismatch."""
+    value = entry.get(algorithm)
+    if value is None:
+        return None
+    text, digits = str(value).strip().lower(), DIGEST_HEX_DIGITS[algorithm]
+    if len(text) != digits or any(c not in "0123456789abcdef" for c in text):
+        raise ConfigError(
+            f"data_preparation.shards[{i}].{algorithm}: '{value}' is not a {algorithm} ({digits} hex digits);"
+            " copy the whole checksum, or leave the key out"
+        )
+    return text
 
 
 def fetch_once(url: str, part: Path, timeout: float) -> None:

@@ -210,12 +210,22 @@ def test_an_extraction_killed_earlier_is_cleaned_up(tmp_path, capsys):
 
 
 def test_shard_names_and_validation():
-    shard = parse_shards([{"url": "https://h/x/pile_00.jsonl.zst?sig=1", "sha256": "ab"}])[0]
-    assert (shard.filename, shard.stem, shard.sha256) == ("pile_00.jsonl.zst", "pile_00", "ab")
+    shard = parse_shards([{"url": "https://h/x/pile_00.jsonl.zst?sig=1", "sha256": "ab" * 32}])[0]
+    assert (shard.filename, shard.stem, shard.sha256) == ("pile_00.jsonl.zst", "pile_00", "ab" * 32)
     with pytest.raises(ConfigError, match="not an http"):
         parse_shards(["ftp://h/a.jsonl"])
     with pytest.raises(ConfigError, match="both write 'a'"):
         parse_shards(["http://h/a.jsonl.zst", "http://g/a.jsonl.gz"])
+
+
+def test_a_checksum_that_is_no_digest_is_refused_before_downloading():
+    """A truncated or mistyped checksum (the config's own example, `9f86d081...`) failed only after
+    the whole download, which the mismatch then deleted; every retry downloaded it again."""
+    good = hashlib.sha256(PAYLOAD).hexdigest()
+    assert parse_shards([{"url": "http://h/a.jsonl", "sha256": f" {good.upper()} "}])[0].sha256 == good
+    for key, value in (("sha256", "9f86d081..."), ("sha256", good[:-1]), ("md5", "g" * 32), ("md5", good)):
+        with pytest.raises(ConfigError, match=f"shards\\[0\\].{key}: '.*' is not a {key}"):
+            parse_shards([{"url": "http://h/a.jsonl", key: value}])
 
 
 def test_a_checksum_under_an_unknown_key_is_refused():
