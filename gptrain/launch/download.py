@@ -346,12 +346,19 @@ def fetch_tokenizer_files(cfg: dict[str, Any]) -> None:
     """Fetch the tokenizer files that are missing and have a URL (NeMo's download_vocab_url and
     download_merges_url). Every array task may do it at once: each writes its own part file and
     renames it into place, so a reader sees a whole file or none."""
-    retries, backoff = int(cfg.get("retries", 5)), float(cfg.get("backoff_seconds", 2.0))
     for path, url in tokenizer_downloads(cfg).items():
         dest = Path(path)
         if not dest.exists():
             part = dest.with_name(f"{dest.name}.{os.getpid()}.part")
-            download(Shard(url), dest, retries, backoff, float(cfg.get("timeout_seconds", 60)), part=part)
+            download(Shard(url), dest, *retry_settings(cfg), part=part)
+
+
+def retry_settings(cfg: dict[str, Any]) -> tuple[int, float, float]:
+    """(retries, backoff_seconds, timeout_seconds), checked at launch (gptrain.launch.sections);
+    null, which the launch lets through, is the default, as the stage's config file's comments say."""
+    values = [cfg.get(key) for key in ("retries", "backoff_seconds", "timeout_seconds")]
+    retries, backoff, timeout = (d if v is None else v for v, d in zip(values, (5, 2.0, 60.0), strict=True))
+    return int(retries), float(backoff), float(timeout)
 
 
 def output_prefix(cfg: dict[str, Any], shard: Shard) -> Path:
@@ -373,8 +380,7 @@ def prepare_shard(cfg: dict[str, Any], index: int, python: str = sys.executable)
     raw = Path(cfg["download_dir"]) / raw_name
     plain = raw.with_name(strip_compression(raw_name))
     if not plain.exists() or plain == raw:
-        retries, backoff = int(cfg.get("retries", 5)), float(cfg.get("backoff_seconds", 2.0))
-        raw = download(shard, raw, retries, backoff, float(cfg.get("timeout_seconds", 60)))
+        raw = download(shard, raw, *retry_settings(cfg))
         plain = extract(raw, keep=bool(cfg.get("keep_compressed"))) if cfg.get("extract", True) else raw
     prefix.parent.mkdir(parents=True, exist_ok=True)
     command = tokenize_command(cfg, plain, tokenize_prefix(cfg, shard), python)

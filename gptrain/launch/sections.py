@@ -11,6 +11,7 @@ expects; a single string where a list is expected is a one-item list.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +56,27 @@ def non_negative(key: str, value: Any) -> int | None:
 def signal_seconds(key: str, value: Any) -> int | None:
     """Seconds of warning before the time limit; 0 or less leaves no time to checkpoint."""
     return _integer(key, value, 1, MAX_SIGNAL_SECONDS)
+
+
+def _seconds(key: str, value: Any, zero_allowed: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{key}: expected a number of seconds, got {_type_name(value)}")
+    if value < 0 or (value == 0 and not zero_allowed):
+        bound = "0 or more seconds" if zero_allowed else "more than 0 seconds"
+        raise ConfigError(f"{key}: expected {bound}, got {value}")
+    return value
+
+
+def seconds(key: str, value: Any) -> float | None:
+    """A wait, 0 or more seconds (None: the default applies)."""
+    return _seconds(key, value, zero_allowed=True)
+
+
+def timeout_seconds(key: str, value: Any) -> float | None:
+    """A time limit of more than 0 seconds (a socket timeout of 0 fails every read at once)."""
+    return _seconds(key, value, zero_allowed=False)
 
 
 def mapping(key: str, value: Any) -> dict[str, Any] | None:
@@ -185,7 +207,14 @@ RUN: dict[str, Check] = {
 }
 STAGE: dict[str, dict[str, Check]] = {
     "training": {"trainer": mapping, "trainer.num_nodes": count, "trainer.devices": count},
-    "data_preparation": {"workers": workers, "blend": mapping, "run.node_array_size": count},
+    "data_preparation": {
+        "workers": workers,
+        "blend": mapping,
+        "run.node_array_size": count,
+        "retries": non_negative,  # attempts; 0 makes one, as 1 does
+        "backoff_seconds": seconds,
+        "timeout_seconds": timeout_seconds,
+    },
     "validation": {"checks": scalar},
 }
 

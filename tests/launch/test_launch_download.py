@@ -22,6 +22,7 @@ from gptrain.launch.download import (
     count_tokens,
     download,
     extract,
+    fetch_tokenizer_files,
     parse_shards,
 )
 
@@ -114,6 +115,15 @@ def test_a_resume_the_server_answers_from_another_byte_starts_over(tmp_path):
         dest = download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=2, backoff=0)
     assert dest.read_bytes() == PAYLOAD and not (tmp_path / "a.bin.part").exists()
     assert server.requests == [("/a.bin", "bytes=1000-"), ("/a.bin", None)]
+
+
+def test_null_retry_settings_are_the_defaults(tmp_path):
+    """`retries: null` (the launch lets null through as 'the default') failed in the job: int(None)."""
+    (tmp_path / "src.json").write_bytes(PAYLOAD)
+    tokenizer = {"vocab_file": str(tmp_path / "vocab.json"), "vocab_url": f"file://{tmp_path}/src.json"}
+    cfg = {"retries": None, "backoff_seconds": None, "timeout_seconds": None, "tokenizer": tokenizer}
+    fetch_tokenizer_files(cfg)
+    assert (tmp_path / "vocab.json").read_bytes() == PAYLOAD
 
 
 def test_checksum_mismatch_deletes_the_download(tmp_path):

@@ -28,6 +28,11 @@ def srun_words(script: str) -> list[str]:
         ("training.trainer.devices=0", "training.trainer.devices", "1 or more"),
         ("training.trainer=5", "training.trainer", "a mapping"),
         ("data_preparation.workers=x", "data_preparation.workers", "a whole number"),
+        ("data_preparation.retries=five", "data_preparation.retries", "a whole number"),
+        ("data_preparation.backoff_seconds=soon", "data_preparation.backoff_seconds", "a number of seconds"),
+        ("data_preparation.backoff_seconds=-1", "data_preparation.backoff_seconds", "0 or more seconds"),
+        ("data_preparation.timeout_seconds=0", "data_preparation.timeout_seconds", "more than 0 seconds"),
+        ("data_preparation.timeout_seconds=.inf", "data_preparation.timeout_seconds", "a number of seconds"),
         (
             "+cluster.partitoin=gpu",
             "cluster.partitoin: unknown cluster key",
