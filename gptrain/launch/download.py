@@ -345,12 +345,18 @@ def tokenizer_downloads(cfg: dict[str, Any]) -> dict[str, str]:
 def fetch_tokenizer_files(cfg: dict[str, Any]) -> None:
     """Fetch the tokenizer files that are missing and have a URL (NeMo's download_vocab_url and
     download_merges_url). Every array task may do it at once: each writes its own part file and
-    renames it into place, so a reader sees a whole file or none."""
+    renames it into place, so a reader sees a whole file or none. The part's name is made by
+    O_EXCL creation: a process id (the name before) repeats across nodes, and two tasks of one
+    id on one shared folder wrote the same part, one resuming the other's bytes."""
     for path, url in tokenizer_downloads(cfg).items():
         dest = Path(path)
         if not dest.exists():
-            part = dest.with_name(f"{dest.name}.{os.getpid()}.part")
-            download(Shard(url), dest, *retry_settings(cfg), part=part)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            part = temporary_sibling(dest)
+            try:
+                download(Shard(url), dest, *retry_settings(cfg), part=part)
+            finally:
+                part.unlink(missing_ok=True)  # a failed attempt's: not resumed, since no other run finds it
 
 
 def retry_settings(cfg: dict[str, Any]) -> tuple[int, float, float]:

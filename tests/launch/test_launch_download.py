@@ -126,6 +126,24 @@ def test_null_retry_settings_are_the_defaults(tmp_path):
     assert (tmp_path / "vocab.json").read_bytes() == PAYLOAD
 
 
+def test_a_tokenizer_file_is_not_resumed_from_another_tasks_part(tmp_path):
+    """Array tasks on several nodes fetch the tokenizer files into one shared folder, each under
+    `<name>.<pid>.part`: a task with this one's process id on another node was writing there, and
+    this one resumed from its bytes (here 'junk'), making a corrupt vocab.json."""
+    (tmp_path / f"vocab.json.{os.getpid()}.part").write_bytes(b"junk")
+    with Server({"/vocab.json": PAYLOAD}) as server:
+        tokenizer = {"vocab_file": str(tmp_path / "vocab.json"), "vocab_url": server.url + "/vocab.json"}
+        fetch_tokenizer_files({"tokenizer": tokenizer, "retries": 1})
+    assert (tmp_path / "vocab.json").read_bytes() == PAYLOAD
+
+
+def test_a_failed_tokenizer_download_leaves_no_part(tmp_path):
+    with Server({}) as server, pytest.raises(DataError, match="HTTP 404"):
+        tokenizer = {"vocab_file": str(tmp_path / "vocab.json"), "vocab_url": server.url + "/vocab.json"}
+        fetch_tokenizer_files({"tokenizer": tokenizer, "retries": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_checksum_mismatch_deletes_the_download(tmp_path):
     with Server({"/a.bin": PAYLOAD}) as server, pytest.raises(DataError, match="md5 mismatch"):
         download(Shard(server.url + "/a.bin", md5="0" * 32), tmp_path / "a.bin", retries=1, backoff=0)
