@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import array
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import lzma
@@ -203,31 +205,54 @@ def download(
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = part or dest.with_name(dest.name + ".part")
-    if shard.url.startswith("file://"):
-        source = urllib.request.url2pathname(shard.url[len("file://") :])
-        try:
-            shutil.copyfile(source, part)
-        except OSError as error:
-            raise DataError(f"{shard.url}: cannot copy: {error.strerror}; check the path") from None
-    else:
-        for attempt in range(1, max(1, retries) + 1):
+    with writing_alone(part):
+        if shard.url.startswith("file://"):
+            source = urllib.request.url2pathname(shard.url[len("file://") :])
             try:
-                fetch_once(shard.url, part, timeout)
-                break
-            except (urllib.error.URLError, HTTPException, OSError) as error:
-                if isinstance(error, urllib.error.HTTPError) and 400 <= error.code < 500:
-                    raise DataError(f"{shard.url}: HTTP {error.code} {error.reason}; check the URL") from None
-                if attempt >= retries:
-                    raise DataError(f"{shard.url}: failed after {attempt} attempts: {error}") from None
-                wait = backoff * 2 ** (attempt - 1)
-                print(
-                    f"gptrain: {shard.url}: {error}; retry {attempt}/{retries - 1} in {wait:.1f}s",
-                    file=sys.stderr,
-                )
-                time.sleep(wait)
-    verify(part, shard)
-    part.rename(dest)
+                shutil.copyfile(source, part)
+            except OSError as error:
+                raise DataError(f"{shard.url}: cannot copy: {error.strerror}; check the path") from None
+        else:
+            fetch_with_retries(shard.url, part, retries, backoff, timeout)
+        verify(part, shard)
+        part.rename(dest)
     return dest
+
+
+@contextlib.contextmanager
+def writing_alone(part: Path) -> Iterator[None]:
+    """Hold `part` (flock) while it is written: a second launch's task on the same shard (the first
+    launch's still running) resumed from the other's bytes as both wrote, a corrupt download."""
+    try:
+        lock = open(part, "ab")  # noqa: SIM115 (closed below)
+    except OSError as error:
+        raise DataError(f"{part}: cannot write ({error.strerror}); check the download folder") from None
+    with lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataError(
+                f"{part}: another task is downloading this shard (an earlier launch's, still running?);"
+                " let it finish or cancel it, then launch again"
+            ) from None
+        except OSError:  # a file system without flock: unguarded, as before
+            pass
+        yield
+
+
+def fetch_with_retries(url: str, part: Path, retries: int, backoff: float, timeout: float) -> None:
+    for attempt in range(1, max(1, retries) + 1):
+        try:
+            fetch_once(url, part, timeout)
+            return
+        except (urllib.error.URLError, HTTPException, OSError) as error:
+            if isinstance(error, urllib.error.HTTPError) and 400 <= error.code < 500:
+                raise DataError(f"{url}: HTTP {error.code} {error.reason}; check the URL") from None
+            if attempt >= retries:
+                raise DataError(f"{url}: failed after {attempt} attempts: {error}") from None
+            wait = backoff * 2 ** (attempt - 1)
+            print(f"gptrain: {url}: {error}; retry {attempt}/{retries - 1} in {wait:.1f}s", file=sys.stderr)
+            time.sleep(wait)
 
 
 def decompressed_blocks(path: Path) -> Iterator[bytes]:

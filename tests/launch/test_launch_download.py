@@ -1,3 +1,4 @@
+import fcntl
 import gzip
 import hashlib
 import http.server
@@ -142,6 +143,20 @@ def test_a_failed_tokenizer_download_leaves_no_part(tmp_path):
         tokenizer = {"vocab_file": str(tmp_path / "vocab.json"), "vocab_url": server.url + "/vocab.json"}
         fetch_tokenizer_files({"tokenizer": tokenizer, "retries": 1})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_shard_another_task_is_downloading_is_left_to_it(tmp_path):
+    """Two launches' tasks on one shard: the second resumed from the bytes the first was still
+    writing, both appending to one part, a corrupt download."""
+    part = tmp_path / "a.bin.part"
+    part.write_bytes(PAYLOAD[:1000])
+    with open(part, "ab") as other, Server({"/a.bin": PAYLOAD}) as server:
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # the running task's hold
+        with pytest.raises(DataError, match="another task is downloading this shard"):
+            download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=1)
+    assert server.requests == [] and part.read_bytes() == PAYLOAD[:1000]
+    with Server({"/a.bin": PAYLOAD}) as server:  # once it is gone, the part is resumed
+        assert download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=1).read_bytes() == PAYLOAD
 
 
 def test_checksum_mismatch_deletes_the_download(tmp_path):
