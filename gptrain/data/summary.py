@@ -82,7 +82,13 @@ def summarize(
 
 def check_ids_in_vocabulary(where: str, ids: np.ndarray, vocab_size: int, command: str) -> None:
     """A Hugging Face tokenizer decodes an id it lacks as nothing: the text shown would hide that
-    the data was tokenized with another tokenizer. `where`: 'prefix: document 3'."""
+    the data was tokenized with another tokenizer. `where`: 'prefix: document 3'. A negative id
+    (a signed token dtype over unsigned tokens) made its decode raise OverflowError, a traceback."""
+    if ids.size and int(ids.min()) < 0:
+        raise DataError(
+            f"{where} holds token id {int(ids.min())}, and no token id is negative: the .bin is damaged, "
+            "or the .idx names a signed token dtype the tokens were not written in; prepare the data again"
+        )
     foreign = ids[ids >= vocab_size]
     if foreign.size:
         raise DataError(

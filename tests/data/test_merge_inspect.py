@@ -159,6 +159,22 @@ def test_inspect_with_a_tokenizer_that_lacks_the_ids_says_so(tmp_path, corpus_wr
     assert f"{prefix}: document 0 holds token id 5000, not in the tokenizer's 61-token vocabulary" in err
 
 
+def test_inspect_with_a_tokenizer_names_a_negative_id(tmp_path, corpus_writer, capsys):
+    """A .idx whose dtype code says int16 over uint16 tokens: 65535 reads as -1, which the
+    tokenizer's decode refused with an OverflowError traceback."""
+    overrides = dict(o.split("=", 1) for o in corpus_writer(tmp_path, [np.array([1, 2, 65535, 3])]))
+    prefix, tokenizer = overrides["model.data.data_prefix"], overrides["model.tokenizer.model"]
+    idx = bytearray(Path(f"{prefix}.idx").read_bytes())
+    assert idx[17] == 8  # uint16, after the 9-byte magic and the u64 version
+    idx[17] = 3  # int16
+    Path(f"{prefix}.idx").write_bytes(bytes(idx))
+    argv = ["data", "inspect", prefix, "--tokenizer-type", "HuggingFaceTokenizer"]
+    assert main([*argv, "--tokenizer-model", tokenizer]) == 2
+    err = capsys.readouterr().err
+    assert f"{prefix}: document 0 holds token id -1, and no token id is negative" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
 def overwrite(path: str, offset: int, value: int) -> None:
     with open(path, "r+b") as handle:
         handle.seek(offset)
