@@ -38,7 +38,7 @@ from typing import IO, Any
 import yaml
 
 from gptrain.data.jsonl import zstd_blocks
-from gptrain.errors import ConfigError, DataError
+from gptrain.errors import ConfigError, DataError, GptrainError, os_error_text
 from gptrain.utils.atomic import atomic_write_text, hold, remove_stale_temporaries, temporary_sibling
 from gptrain.utils.signals import terminate_as_exception
 
@@ -509,8 +509,11 @@ def main(argv: list[str] | None = None) -> int:
         prepare_shards(cfg, indices)
         if args.action != "shard" or all_prepared(cfg):
             print(f"gptrain: blend written to {write_blend(cfg)}", file=sys.stderr)
-    except (ConfigError, DataError) as error:
+    except GptrainError as error:
         print(f"gptrain: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # a tokenizer folder or the blend's that cannot be made or written
+        print(f"gptrain: error: {os_error_text(error, args.config)}", file=sys.stderr)
         return 1
     return 0
 
@@ -521,7 +524,7 @@ def prepare_shards(cfg: dict[str, Any], indices: list[int]) -> None:
     failed = []
     for index in indices:
         try:
-            prepare_shard(cfg, index)
+            prepare_shard_or_say_why(cfg, index)
         except (ConfigError, DataError) as error:
             if len(indices) == 1:
                 raise
@@ -532,6 +535,15 @@ def prepare_shards(cfg: dict[str, Any], indices: list[int]) -> None:
             f"shard(s) {', '.join(failed)} of this task's {len(indices)} failed (see above); the others are"
             " prepared, and a relaunch prepares only what is missing"
         )
+
+
+def prepare_shard_or_say_why(cfg: dict[str, Any], index: int) -> Path:
+    """`prepare_shard`, a folder it cannot make or write (permissions, a file in the way, a full
+    disk) said in one line naming it, where it was a traceback on every array task."""
+    try:
+        return prepare_shard(cfg, index)
+    except OSError as error:
+        raise DataError(f"shard {index}: {os_error_text(error, cfg.get('download_dir'))}") from None
 
 
 def task_shards(cfg: dict[str, Any], index: int | None, stride: int | None) -> list[int]:

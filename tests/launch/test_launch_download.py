@@ -24,6 +24,7 @@ from gptrain.launch.download import (
     download,
     extract,
     fetch_tokenizer_files,
+    main,
     parse_shards,
 )
 
@@ -345,3 +346,27 @@ def test_a_task_of_several_shards_prepares_the_others_when_one_fails(tmp_path, m
     err = capsys.readouterr().err
     assert prepared == [3, 5] and "shard 1: s1.jsonl: cannot copy" in err
     assert "shard(s) 1 of this task's 3 failed" in err
+
+
+def test_a_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    """A download_dir under a file (or without write permission) was a traceback on every task."""
+    (tmp_path / "data").write_text("a file where a folder should be")
+    (tmp_path / "src.jsonl").write_text('{"text": "a"}\n')
+    stage = {"shards": [f"file://{tmp_path}/src.jsonl"], "download_dir": str(tmp_path / "data" / "raw")}
+    stage |= {"output_dir": str(tmp_path / "out"), "blend": {"file": str(tmp_path / "blend.yaml")}}
+    (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
+    assert main(["shard", "--config", str(tmp_path / "stage.yaml"), "--index", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err == f"gptrain: error: shard 0: {tmp_path / 'data' / 'raw'}: Not a directory\n"
+
+
+def test_a_tokenizer_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    (tmp_path / "bpe").write_text("a file where a folder should be")
+    tokenizer = {"vocab_file": str(tmp_path / "bpe" / "vocab.json"), "vocab_url": "http://h/vocab.json"}
+    stage = {"shards": ["http://h/a.jsonl"], "download_dir": str(tmp_path), "tokenizer": tokenizer}
+    (tmp_path / "stage.yaml").write_text(yaml.safe_dump(stage))
+    assert main(["shard", "--config", str(tmp_path / "stage.yaml"), "--index", "0"]) == 1
+    assert (
+        capsys.readouterr().err
+        == f"gptrain: error: {tmp_path / 'bpe'}: is a file, where a directory is needed\n"
+    )
