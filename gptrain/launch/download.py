@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import bz2
 import contextlib
 import fcntl
 import gzip
@@ -47,6 +48,7 @@ STALE_TEMPORARY_S = 3600.0  # an older unheld temporary is a dead writer's (as d
 EXTRACTORS: dict[str, Callable[[IO[bytes]], IO[bytes]]] = {
     ".gz": lambda raw: gzip.GzipFile(fileobj=raw),
     ".xz": lzma.LZMAFile,
+    ".bz2": bz2.BZ2File,  # pbzip2's multi-stream files too
 }
 TEXT_SUFFIXES = (".jsonl", ".json", ".txt")
 IDX_MAGIC = b"MMIDIDX\x00\x00"
@@ -268,7 +270,7 @@ def decompressed_blocks(path: Path) -> Iterator[bytes]:
 
 
 def extract(path: Path, keep: bool = False) -> Path:
-    """Decompress .zst/.xz/.gz next to the archive (atomically); other files are returned as is.
+    """Decompress .zst/.xz/.gz/.bz2 next to the archive (atomically); other files are returned as is.
     The archive is removed (unless `keep`) only once it has decompressed whole."""
     target = path.with_name(strip_compression(path.name))
     if target == path:

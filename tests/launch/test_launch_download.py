@@ -1,3 +1,4 @@
+import bz2
 import fcntl
 import gzip
 import hashlib
@@ -181,6 +182,8 @@ def test_missing_file_and_retries_give_up(tmp_path):
         (".zst", lambda b: zstandard.ZstdCompressor().compress(b)),
         (".xz", lzma.compress),
         (".gz", gzip.compress),
+        (".bz2", bz2.compress),  # a shard was named s.jsonl.bz2_text_document, unlike the others
+        (".bz2", lambda b: bz2.compress(b[:99]) + bz2.compress(b[99:])),  # pbzip2's streams
     ],
 )
 def test_extract(tmp_path, suffix, compress):
@@ -197,6 +200,7 @@ def test_extract(tmp_path, suffix, compress):
         (".zst", lambda b: b"".join(zstandard.ZstdCompressor().compress(h) for h in (b[:99], b[99:]))),
         (".xz", lzma.compress),
         (".gz", gzip.compress),
+        (".bz2", bz2.compress),
     ],
 )
 def test_a_cut_off_archive_is_refused_and_kept(tmp_path, suffix, compress):
