@@ -137,7 +137,8 @@ def train(cfg: TrainingConfig) -> int:
         init_distributed(world, cfg.trainer.resolved_accelerator(), timeout)
     log_dir = Path(cfg.exp_manager.explicit_log_dir)
     em = cfg.exp_manager  # one run per directory, claimed before anything is written into it
-    own = None if em.resume_if_exists else requeued_own_checkpoint(log_dir)
+    # as rank 0 sees it: a rank whose stale listing lacks the checkpoint would not resume
+    own = None if em.resume_if_exists else rank_0s(lambda: requeued_own_checkpoint(log_dir))
     if own is not None:  # the job that wrote it, requeued: the same run, which resumes
         em.resume_if_exists = True
     run_lock = claim_run_directory(
@@ -281,7 +282,7 @@ def checkpoint_to_start_from(cfg: TrainingConfig) -> Path | None:
     if not em.resume_from_checkpoint:
         return None
     own, source = Path(cfg.results_path("checkpoints")), em.resume_from_checkpoint
-    if em.resume_if_exists and rank_0s(lambda: complete_steps(own)):
+    if rank_0s(lambda: bool(em.resume_if_exists and complete_steps(own))):  # one collective on every rank
         return None  # a requeued job continues its own run, not the one it started from
     return rank_0s(lambda: find_checkpoint(source))
 

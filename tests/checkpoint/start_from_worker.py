@@ -1,7 +1,8 @@
 """One gloo rank for tests/checkpoint/test_checkpoint_ranks.py: which checkpoint a run started from
 another run's (exp_manager.resume_from_checkpoint) loads, when rank 1's listings lag (a node's
 stale view after a requeue). MODE own: rank 1 sees none of the run's own checkpoints. source: rank
-1 does not see the source run's newest. Writes the answer to OUT/rank_<r>.txt. Arguments: RUN
+1 does not see the source run's newest. requeued: only rank 0 found the requeued job's own
+checkpoint, so only its exp_manager.resume_if_exists became true. Writes the answer to OUT/rank_<r>.txt. Arguments: RUN
 SOURCE OUT MODE."""
 
 import datetime
@@ -30,7 +31,7 @@ def main() -> int:
     overrides = [
         f"exp_manager.explicit_log_dir={run}",
         f"exp_manager.resume_from_checkpoint={source}",
-        "exp_manager.resume_if_exists=true",
+        f"exp_manager.resume_if_exists={str(mode != 'requeued' or dist.get_rank() == 0).lower()}",
     ]
     start = loop.checkpoint_to_start_from(load_training_config("gpt3/126m", overrides))
     (out / f"rank_{dist.get_rank()}.txt").write_text(str(start))

@@ -80,21 +80,23 @@ def test_every_rank_loads_the_steps_rank_0_lists(tmp_path):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("mode", ["own", "source"])
+@pytest.mark.parametrize("mode", ["own", "source", "requeued"])
 def test_every_rank_starts_from_the_checkpoint_rank_0_finds(tmp_path, mode):
     """A run started from another run's checkpoint decides on every rank whether it has checkpoints
     of its own, and which of the source's is newest. Rank 1's stale listing (own: none of the run's
     own; source: not the source's newest) had it load another checkpoint than rank 0 in lock step
-    (the source's step_2 against its own step_1, or the source's step_2 against its step_4)."""
+    (the source's step_2 against its own step_1, or the source's step_2 against its step_4).
+    requeued: rank 1 skipped the broadcast of whether the run has its own, so its next one paired
+    with rank 0's first and took the list of steps for a checkpoint path."""
     from gptrain.checkpoint.manager import CheckpointManager
 
     run, source = tmp_path / "run", tmp_path / "source"
     for root, steps in (
         (source / "checkpoints", [2, 4]),
-        (run / "checkpoints", [1] if mode == "own" else []),
+        (run / "checkpoints", [1] if mode in ("own", "requeued") else []),
     ):
         for step in steps:
             CheckpointManager(root, keep_last=None).save(step, {"model": {"w": torch.zeros(2)}}, {})
     gloo_ranks.run_ranks(WORKER.with_name("start_from_worker.py"), run, source, tmp_path, mode)
-    expected = "None" if mode == "own" else str(source / "checkpoints" / "step_4")
+    expected = "None" if mode in ("own", "requeued") else str(source / "checkpoints" / "step_4")
     assert [(tmp_path / f"rank_{rank}.txt").read_text() for rank in range(2)] == [expected, expected]
