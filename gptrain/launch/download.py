@@ -146,14 +146,15 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
         if error.code == 416 and offset:  # nothing left to send: complete, or more than the file has
             if range_start_and_total(error.headers.get("Content-Range"))[1] == offset:
                 return
-            part.unlink()  # larger than the file (it changed), or its size unknown: never trusted
+            os.truncate(part, 0)  # larger than the file (it changed), or its size unknown: never trusted
+            # (cut in place: the lock writing_alone holds is on this file, an unlinked one frees the name)
             return fetch_once(url, part, timeout)
         raise
     with response:
         status = getattr(response, "status", 200)
         start = range_start_and_total(response.headers.get("Content-Range"))[0] if status == 206 else None
         if start is not None and start != offset:
-            part.unlink()  # bytes from elsewhere in the file: appended, they would corrupt it
+            os.truncate(part, 0)  # bytes from elsewhere in the file: appended, they would corrupt it
             raise ConnectionError(f"asked for bytes from {offset}, the server sent others; starting over")
         mode = "ab" if offset and status == 206 else "wb"  # a server without Range support resends all
         expected = response.headers.get("Content-Length")

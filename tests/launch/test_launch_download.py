@@ -1,4 +1,5 @@
 import bz2
+import contextlib
 import fcntl
 import gzip
 import hashlib
@@ -24,9 +25,11 @@ from gptrain.launch.download import (
     count_tokens,
     download,
     extract,
+    fetch_once,
     fetch_tokenizer_files,
     main,
     parse_shards,
+    writing_alone,
 )
 
 PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
@@ -118,6 +121,19 @@ def test_a_resume_the_server_answers_from_another_byte_starts_over(tmp_path):
         dest = download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=2, backoff=0)
     assert dest.read_bytes() == PAYLOAD and not (tmp_path / "a.bin.part").exists()
     assert server.requests == [("/a.bin", "bytes=1000-"), ("/a.bin", None)]
+
+
+@pytest.mark.parametrize("from_zero", [False, True])
+def test_a_part_started_over_stays_locked_against_a_second_task(tmp_path, from_zero):
+    """Starting a part over unlinked it while its lock stayed on the old file: a second task on the
+    shard then took a lock on the new one and both wrote it. It is cut to nothing in place now."""
+    part = tmp_path / "a.bin.part"
+    part.write_bytes(b"x" * (len(PAYLOAD) + 10) if not from_zero else PAYLOAD[:1000])
+    with Server({"/a.bin": PAYLOAD}, from_zero=from_zero) as server, writing_alone(part):
+        with contextlib.suppress(ConnectionError):  # the 206 from byte 0: this attempt gives up
+            fetch_once(server.url + "/a.bin", part, timeout=5)
+        with pytest.raises(DataError, match="another task is downloading"), writing_alone(part):
+            pass
 
 
 def test_null_retry_settings_are_the_defaults(tmp_path):
