@@ -59,6 +59,17 @@ def parse_num_samples(text: str) -> tuple[int, int, int]:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
+def without_padding(tokens: list[int]) -> list[int]:
+    """The sample's ids less the padding after its last document (PAD_TOKEN_ID, only ever at the
+    end): any other negative id is the data's, and is named, not dropped from the text."""
+    from gptrain.data.gpt_dataset import PAD_TOKEN_ID
+
+    end = len(tokens)
+    while end and tokens[end - 1] == PAD_TOKEN_ID:
+        end -= 1
+    return tokens[:end]
+
+
 def _provenance(dataset: Any, index: int) -> dict[str, Any]:
     """Where sample `index` comes from, down to documents and offsets."""
     from gptrain.data.blended import BlendedDataset
@@ -146,7 +157,7 @@ def run_sample(args: argparse.Namespace) -> int:
         "tokens": tokens,
     }
     if tokenizer is not None:
-        ids = np.array([t for t in tokens if t >= 0], dtype=np.int64)
+        ids = np.array(without_padding(tokens), dtype=np.int64)
         where = f"{result.get('prefix', '--mock')}: sample {args.index} of the {args.split} split"
         check_ids_in_vocabulary(where, ids, int(tokenizer.vocab_size), "sample")
         result["text"] = tokenizer.decode(ids.tolist())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 from gpt_data_helpers import load_fixture, write_dataset
@@ -75,6 +76,22 @@ def test_a_tokenizer_that_lacks_the_ids_says_so(tmp_path, corpus_writer, capsys)
     err = capsys.readouterr().err
     assert f"{prefix}: sample 0 of the train split holds token id 5000, not in the tokenizer's" in err
     assert "sample it with that one, or without a tokenizer" in err and err.count("\n") == 1
+
+
+def test_a_negative_id_in_a_sample_is_named_not_dropped(tmp_path, corpus_writer, capsys):
+    """A .idx whose dtype code says int16 over uint16 tokens: 65534 reads as -2, and the sample's
+    text was printed with it dropped (only the padding after the last document is left out)."""
+    overrides = dict(o.split("=", 1) for o in corpus_writer(tmp_path, [np.array([1, 2, 65534, 3, 4])]))
+    prefix, tokenizer = overrides["model.data.data_prefix"], overrides["model.tokenizer.model"]
+    idx = bytearray(Path(f"{prefix}.idx").read_bytes())
+    assert idx[17] == 8  # uint16, after the 9-byte magic and the u64 version
+    idx[17] = 3  # int16
+    Path(f"{prefix}.idx").write_bytes(bytes(idx))
+    argv = ["data", "sample", "--data-prefix", prefix, "--seq-length", "3", "--splits-string", "1,0,0"]
+    assert main([*argv, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer]) == 2
+    err = capsys.readouterr().err
+    assert f"{prefix}: sample 0 of the train split holds token id -2, and no token id is negative" in err
+    assert err.count("\n") == 1
 
 
 def test_only_the_requested_split_is_built(tmp_path, capsys):
