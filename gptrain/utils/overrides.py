@@ -60,7 +60,8 @@ def split_override(argument: str, example: str) -> OverrideForm:
         )
     _check_utf8(argument)
     text = form["text"].strip()
-    _refuse_tilde(argument, text)
+    if not is_hydra_setting(key):  # ignored whatever its value
+        _refuse_tilde(argument, text)
     return OverrideForm(key, text, prefix.startswith("+"), prefix == "~", has_value, argument)
 
 
@@ -75,8 +76,8 @@ def _check_utf8(argument: str) -> None:
         )
 
 
-# `~` opening the value or an item of it, outside quotes
-_TILDE = re.compile(r"(?:^|[\[{,:])\s*~")
+# `~` opening the value, an item of it or a value inside braces (`{a: ~}`), outside quotes
+_TILDE = re.compile(r"(?:^|[\[{,])\s*~|\{[^{}]*:\s*~")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 
 

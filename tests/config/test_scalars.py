@@ -99,6 +99,17 @@ def test_a_tilde_the_shell_left_is_one_line_not_a_path_or_null(override):
         parse_overrides([f"training.{override}"])
 
 
+def test_a_tilde_after_a_colon_outside_braces_is_text_and_hydras_own_settings_are_ignored(capsys):
+    """`host:~/x` is no mapping (only `{key: ~}` is), and `hydra.run.dir=~/x` is Hydra's own
+    setting, ignored with the others: both were refused as a '~' the shell left."""
+    cfg = load_training_config("gpt3/126m", ["run.name=a:~b"], report_ignored=False)
+    assert cfg.run.name == "a:~b"
+    load_training_config("gpt3/126m", ["hydra.run.dir=~/x"])
+    assert "ignoring hydra.run.dir=~/x" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="the shell did not expand this '~'"):
+        load_training_config("gpt3/126m", ["+model.extra={a: ~}"], report_ignored=False)
+
+
 def test_a_quoted_tilde_is_the_text():
     cfg = load_training_config("gpt3/126m", ["run.name='~x'"], report_ignored=False)
     assert cfg.run.name == "~x"
