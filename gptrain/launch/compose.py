@@ -114,7 +114,20 @@ def _unresolved(error: Exception, overrides: dict[str, str]) -> str:
         return f"{what}: {reason}"
     typed = overrides.get(key)
     source = f" (set by override '{printable(typed)}')" if typed else ""
-    return f"{what}: {key}{source}: {reason}"
+    return f"{what}: {key}{source}: {reason}{_environment_hint(reason)}"
+
+
+def _environment_hint(reason: str) -> str:
+    """`${HOME}` in a config is an interpolation of a config key, not the shell's variable: say how
+    to write the environment variable, where the missing key is spelled like one."""
+    missing = re.match(r"Interpolation key '([A-Z_][A-Z0-9_]*)' not found", reason)
+    if not missing:
+        return ""
+    name = missing[1]
+    return (
+        f"; for the environment variable write ${{oc.env:{name}}} (read at launch) or ${name}"
+        " (left to the job's shell)"
+    )
 
 
 def closest(word: str, choices: list[str] | tuple[str, ...]) -> str:

@@ -329,3 +329,17 @@ def test_an_interpolation_that_cannot_resolve_names_its_key_and_override(monkeyp
         ConfigError, match=r"training.model.optim.lr \(set by override .*'training.model.nosuch' not found"
     ):
         compose(["training.model.optim.lr=${training.model.nosuch}"]).resolved()
+
+
+def test_a_shell_variable_written_as_an_interpolation_says_how_to_write_it():
+    """`${HOME}` in env_vars is an interpolation of a config key: the error named the missing key
+    'HOME' and nothing more, and the user was left to guess."""
+    with pytest.raises(ConfigError) as raised:
+        compose(["cluster_type=slurm", 'env_vars={B: "${HOME}/x"}']).section("env_vars")
+    assert str(raised.value).endswith(
+        "Interpolation key 'HOME' not found; for the environment variable write ${oc.env:HOME} (read at"
+        " launch) or $HOME (left to the job's shell)"
+    )
+    with pytest.raises(ConfigError) as raised:  # a config key's name: no such hint
+        compose(["cluster_type=slurm", 'env_vars={B: "${nokey}/x"}']).section("env_vars")
+    assert str(raised.value).endswith("Interpolation key 'nokey' not found")
