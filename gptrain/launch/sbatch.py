@@ -380,8 +380,12 @@ while [ -n "$got_signal" ] && [ "$status" -gt 128 ]; do got_signal=; wait "$step
 # requeue, the job then PENDING|COMPLETING, shown as COMPLETING with Reason=None too) is told from a
 # cancelled one by its Restarts, which the requeue raised past this run's SLURM_RESTART_COUNT: it
 # will run again, and a second requeue is neither needed nor taken (the job is pending).
+REQUEUE_RECORD = "requeues.txt"  # in the run directory: gptrain's own requeues per job id
 REQUEUE_LINES = """\
 restarts=${SLURM_RESTART_COUNT:-0}
+# gptrain's own requeues of this job (Slurm's restart count also counts its preemptions, which
+# would spend max_requeues): "JOBID N" lines in the run directory
+requeued=$(sed -n "s/^$SLURM_JOB_ID \\([0-9][0-9]*\\)$/\\1/p" "$requeue_file" 2>/dev/null | tail -n 1); requeued=${requeued:-0}
 if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
   job_info=; [ "$last_signal" = TERM ] && job_info=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null)
   slurm_restarts=$(sed -n 's/.*[[:space:]]Restarts=\\([0-9][0-9]*\\).*/\\1/p' <<< "$job_info" | head -n 1)
@@ -389,9 +393,10 @@ if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
     echo "gptrain: Slurm requeued the job itself (preemption): it resumes when it starts again" >&2
   elif grep -qE "JobState=(COMPLETING|CANCELLED) Reason=None( |$)" <<< "$job_info"; then
     echo "gptrain: the job was cancelled (scancel): not requeueing; launch again to resume" >&2
-  elif [ "$restarts" -lt "$max_requeues" ]; then
+  elif [ "$requeued" -lt "$max_requeues" ]; then
     reason="the run stopped to be requeued (its line above says what it saved)"; [ "$status" = {exit_hung} ] && reason="a rank hung (see the line above)"
-    echo "gptrain: $reason; requeueing (restart $((restarts + 1)) of $max_requeues)" >&2
+    echo "gptrain: $reason; requeueing (restart $((requeued + 1)) of $max_requeues)" >&2
+    echo "$SLURM_JOB_ID $((requeued + 1))" >> "$requeue_file"
     setsid bash -c 'for i in $(seq 1 200); do sleep 0.3; if scontrol show job "$1" | grep -q "JobState=PENDING"; then sleep 2; scontrol update JobId="$1" StartTime=now; exit; fi; done' gptrain-nudge "$SLURM_JOB_ID" </dev/null >/dev/null 2>&1 &
     for try in 1 2 3; do
       scontrol requeue "$SLURM_JOB_ID" && exit 0
@@ -434,7 +439,8 @@ def render_slurm(job: Job, cluster: dict, top: dict) -> str:
     if job.stage == "validation":  # its ranks rendezvous as the training's do
         lines.append(f"{srun} {quote_command(job.command)}")
         return "\n".join(lines) + "\n"
-    lines += [f"max_requeues={int(cluster.get('max_requeues') or 0)}", ""]
+    lines += [f"max_requeues={int(cluster.get('max_requeues') or 0)}"]
+    lines += [f"requeue_file={quote(str(Path(job.run_dir) / REQUEUE_RECORD), 'run directory')}", ""]
     lines.append(f"{srun} {quote_command(job.command)} &")
     lines += [
         "step=$!",

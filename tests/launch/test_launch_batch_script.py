@@ -63,8 +63,17 @@ def batch(tmp_path):
     ]
     script = write_run_files(build_plan(compose(args)), args)[0]
 
-    def run(mode: str, restarts: int, send_usr1: bool = False, send: int | None = None) -> tuple[int, str]:
+    def run(
+        mode: str,
+        restarts: int,
+        send_usr1: bool = False,
+        send: int | None = None,
+        requeued: int | None = None,
+    ) -> tuple[int, str]:
+        """`restarts`: Slurm's count; `requeued`: gptrain's own requeues of the job (default: all)."""
         stub(bin_dir / "py", f'exec {sys.executable} {tmp_path / "step.py"} {mode} "$@"\n')
+        record = script.parent / "requeues.txt"
+        record.write_text(f"7 9\n42 {restarts if requeued is None else requeued}\n")  # job 7: another job's
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42"}
         env.update(SLURM_JOB_NODELIST="n1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="1")
         env.update(SLURM_NTASKS_PER_NODE="1", SLURM_RESTART_COUNT=str(restarts))
@@ -111,6 +120,17 @@ def test_max_requeues_reached_keeps_the_exit_code(batch, mode):
     code, err = run(mode, restarts=2)
     assert code == int(mode) and "max_requeues=2 reached" in err
     assert "requeue" not in calls.read_text()
+
+
+def test_requeues_slurm_made_on_preemption_do_not_spend_max_requeues(batch):
+    """Slurm's restart count counts its own requeues (preemptions) too: after two preemptions a
+    run with max_requeues 2 stopped for good at its first time limit. gptrain counts its own."""
+    run, calls = batch
+    code, err = run("75", restarts=2, requeued=0)
+    assert code == 0 and "requeueing (restart 1 of 2)" in err
+    assert "requeue 42" in calls.read_text().splitlines()
+    record = next(calls.parent.rglob("requeues.txt"))
+    assert record.read_text().splitlines()[-1] == "42 1"
 
 
 @pytest.mark.parametrize("mode", ["0", "3"])
