@@ -24,7 +24,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key, refused_value
 from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
-from gptrain.config.yamlio import as_switch, load_file, load_text, parse_value
+from gptrain.config.yamlio import as_int, as_switch, load_file, load_text, parse_value
 from gptrain.errors import ConfigError
 from gptrain.utils.overrides import HYDRA_SETTINGS_REASON, delete_key, is_hydra_setting, split_override
 from gptrain.utils.rank import is_rank_zero
@@ -355,9 +355,10 @@ def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:
         converted = _convert(value, option)
         if converted is not _NO:
             return converted
-    if int in options and _is_whole(value):  # 1e23 or 100000000000000000000000: a whole number, too big
+    whole = _whole(value)
+    if int in options and whole is not None:  # 1e23 or 100000000000000000000000: a whole number, too big
         raise ConfigError(
-            f"{source}: '{dotted}' is {int(value)}, past the 64-bit integers that numpy and torch hold "
+            f"{source}: '{dotted}' is {whole}, past the 64-bit integers that numpy and torch hold "
             f"(at most {INT64_MAX:,}); give a smaller value"
         )
     expected = " or ".join(
@@ -374,10 +375,12 @@ _NO = object()
 INT64_MAX = 2**63 - 1
 
 
-def _is_whole(value: Any) -> bool:
-    return (isinstance(value, int) and not isinstance(value, bool)) or (
-        isinstance(value, float) and value.is_integer()
-    )
+def _whole(value: Any) -> int | None:
+    """The int of an int field's value: an int, text of one (OmegaConf's rule, `${oc.env:N}`), or a
+    whole float (`1e3`, which OmegaConf refuses; gptrain took it before). None: not a whole number."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return as_int(value)
 
 
 def _convert(value: Any, option: Any) -> Any:
@@ -392,9 +395,8 @@ def _convert(value: Any, option: Any) -> Any:
         switch = as_switch(value)
         return _NO if switch is None else switch
     if option is int:
-        if not _is_whole(value) or not -INT64_MAX - 1 <= int(value) <= INT64_MAX:
-            return _NO
-        return int(value)
+        whole = _whole(value)
+        return whole if whole is not None and -INT64_MAX - 1 <= whole <= INT64_MAX else _NO
     if option is float:  # finite only: nan passes every `x > 0` check, inf trains to NaN losses
         if isinstance(value, bool):
             return _NO

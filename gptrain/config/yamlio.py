@@ -228,6 +228,20 @@ def split_top_level(text: str) -> list[str]:
     return [item.strip() for item in items]
 
 
+def as_int(value: Any) -> int | None:
+    """An int, or text that is one (`"2"`, `" 2"`, `"1_000"`), as OmegaConf's typed configs read an
+    int field (NeMo's): `${oc.env:NODES}` resolves to text. `"2.5"`, `"0x10"` and a bool are not.
+    None: no int."""
+    if type(value) is int:
+        return value
+    if type(value) is str:
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
+
+
 def as_switch(value: Any) -> bool | None:
     """A switch as NeMo's typed configs read it: true/false, or the integers 1/0 (NeMo's mlperf
     presets write `resume_if_exists: 0`; OmegaConf takes them for a bool field). None: no switch."""

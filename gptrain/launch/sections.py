@@ -34,10 +34,15 @@ def _type_name(value: Any) -> str:
 
 
 def _integer(key: str, value: Any, low: int, high: int | None = None) -> int | None:
+    """An int, or text that is one (`${oc.env:NODES}` resolves to text), as the training loader reads it."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    from gptrain.config.yamlio import as_int  # the config package loads omegaconf: not at start-up
+
+    number = as_int(value)
+    if number is None:
         raise ConfigError(f"{key}: expected a whole number, got {_type_name(value)}")
+    value = number
     if value < low or (high is not None and value > high):
         bound = f"from {low} to {high}" if high is not None else f"{low} or more"
         raise ConfigError(f"{key}: expected a whole number {bound}, got {value}")

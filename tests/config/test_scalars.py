@@ -11,9 +11,11 @@ import re
 import pytest
 import yaml
 from omegaconf._yaml import get_yaml_loader
+from omegaconf.errors import ValidationError
+from omegaconf.nodes import IntegerNode
 
 from gptrain.config import load_training_config
-from gptrain.config.yamlio import ConfigLoader, load_text, parse_value
+from gptrain.config.yamlio import ConfigLoader, as_int, load_text, parse_value
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import parse_overrides
 from gptrain.megatron.translate import translate
@@ -120,3 +122,36 @@ def test_megatron_paths_with_a_tilde_stay_literal_as_megatron_takes_them():
     flags += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save ~/ckpt"
     cfg = load_training_config(None, translate(flags.split(), {}).overrides, report_ignored=False)
     assert cfg.exp_manager.explicit_log_dir == "~/ckpt"
+
+
+def _omegaconf_field(node: type, value: object) -> object:
+    """What OmegaConf's typed config (NeMo's exp_manager, a structured config's field) makes of `value`."""
+    try:
+        return node(value)._value()
+    except ValidationError:
+        return "error"
+
+
+TEXTS = SCALARS + NAMED + [" 2", "2 ", "٣", "+0", "-0", "2.5", "2.0", "", "1" * 5000]
+
+
+def test_an_int_field_takes_the_text_omegaconf_reads_as_an_int():
+    differ = {}
+    for text in TEXTS:
+        ours = as_int(text)
+        theirs = _omegaconf_field(IntegerNode, text)
+        if (ours if ours is not None else "error") != theirs:
+            differ[text] = (ours, theirs)
+    assert differ == {}
+
+
+def test_a_number_from_the_environment_fills_an_int_field(monkeypatch):
+    # before: "'trainer.max_steps' expects int, got '7'" (${oc.env:...} always resolves to text)
+    monkeypatch.setenv("STEPS", "7")
+    monkeypatch.delenv("NO_SUCH_VARIABLE", raising=False)
+    for override, steps in (("${oc.env:STEPS}", 7), ("${oc.env:NO_SUCH_VARIABLE,100}", 100)):
+        cfg = load_training_config("gpt3/126m", [f"trainer.max_steps={override}"], report_ignored=False)
+        assert cfg.trainer.max_steps == steps and type(cfg.trainer.max_steps) is int
+    monkeypatch.setenv("STEPS", "2.5")  # OmegaConf refuses it for an int field: so do we, in one line
+    with pytest.raises(ConfigError, match=r"^override '.+': 'trainer.max_steps' expects int, got '2.5'$"):
+        load_training_config("gpt3/126m", ["trainer.max_steps=${oc.env:STEPS}"], report_ignored=False)

@@ -105,6 +105,19 @@ def test_nemos_0_and_1_are_a_launch_switchs_false_and_true(tmp_path):
         build_plan(compose([*args, "cluster.exclusive=2"]))
 
 
+def test_a_count_from_the_environment_is_the_number_it_reads(tmp_path, monkeypatch):
+    """`training.trainer.num_nodes=${oc.env:NODES}` was "expected a whole number, got '2' (str)":
+    the environment's text is a number where OmegaConf's typed configs (and the training loader) read one."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU]
+    args += ["training.trainer.num_nodes=${oc.env:NODES}", "cluster.max_requeues=${oc.env:REQUEUES,3}"]
+    monkeypatch.setenv("NODES", "2")
+    [script] = write_run_files(build_plan(compose(args)), args)
+    assert directives(script.read_text())["--nodes"] == "2"
+    monkeypatch.setenv("NODES", "2.5")
+    with pytest.raises(ConfigError, match=r"^training.trainer.num_nodes: expected a whole number, got '2.5'"):
+        build_plan(compose(args))
+
+
 def test_comma_separated_mounts_reach_pyxis_as_written(tmp_path):
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "container=img", *CPU]
     args += ["container_mounts='/a:/a,/b:/b'"]
