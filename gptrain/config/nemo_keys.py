@@ -258,7 +258,7 @@ def refused_value(dotted: str, value: object) -> str | None:
 
 
 def _same(value: object, ok: object) -> bool:
-    """Equal as NeMo reads it: a switch's 0/1 is its false/true, 1 is 1.0; a string is no switch."""
+    """Equal as NeMo reads it: a switch as OmegaConf reads one (0/1, `no`/`yes`), 1 is 1.0."""
     if isinstance(ok, bool):
         return as_switch(value) is ok
     if isinstance(value, bool):

@@ -228,6 +228,19 @@ def split_top_level(text: str) -> list[str]:
     return [item.strip() for item in items]
 
 
+# OmegaConf's words for a bool field's text (nodes.BooleanNode), besides an integer's text.
+SWITCH_WORDS = {
+    "yes": True,
+    "y": True,
+    "on": True,
+    "true": True,
+    "no": False,
+    "n": False,
+    "off": False,
+    "false": False,
+}
+
+
 def as_int(value: Any) -> int | None:
     """An int, or text that is one (`"2"`, `" 2"`, `"1_000"`), as OmegaConf's typed configs read an
     int field (NeMo's): `${oc.env:NODES}` resolves to text. `"2.5"`, `"0x10"` and a bool are not.
@@ -243,10 +256,15 @@ def as_int(value: Any) -> int | None:
 
 
 def as_switch(value: Any) -> bool | None:
-    """A switch as NeMo's typed configs read it: true/false, or the integers 1/0 (NeMo's mlperf
-    presets write `resume_if_exists: 0`; OmegaConf takes them for a bool field). None: no switch."""
+    """A switch as OmegaConf reads one for a typed bool field (NeMo's exp_manager): a bool, an
+    integer (0 is false: NeMo's mlperf presets write `resume_if_exists: 0`), or text of either, or
+    yes/no, on/off, y/n, true/false in any case (an override's `yes`, which Hydra leaves text, or
+    `${oc.env:X}`). None: no switch (`0.0`, `maybe`)."""
     if isinstance(value, bool):
         return value
-    if type(value) is int and value in (0, 1):
-        return bool(value)
+    number = as_int(value)
+    if number is not None:
+        return number != 0
+    if isinstance(value, str) and value.lower() in SWITCH_WORDS:
+        return SWITCH_WORDS[value.lower()]
     return None

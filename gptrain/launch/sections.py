@@ -98,7 +98,7 @@ def scalar(key: str, value: Any) -> Any:
 
 
 def boolean(key: str, value: Any) -> bool | None:
-    """true/false, or NeMo's 1/0 (`cluster.exclusive=1`)."""
+    """true/false as OmegaConf reads a bool field: also 1/0 (`cluster.exclusive=1`), yes/no, on/off."""
     if value is None:
         return None
     from gptrain.config.yamlio import as_switch  # the config package loads omegaconf: not at start-up

@@ -262,9 +262,18 @@ def test_nemos_0_and_1_for_a_switch_are_false_and_true(tmp_path):
     assert cfg.exp_manager.resume_if_exists is False
     assert cfg.exp_manager.create_checkpoint_callback is False
     assert cfg.exp_manager.create_wandb_logger is True
-    for value in ("2", "-1", "0.0", "'no'"):  # anything else is still refused in one line
+    for value in ("0.0", "maybe", "''"):  # what OmegaConf refuses for a bool field: one line
         with pytest.raises(ConfigError, match=r"'exp_manager.resume_if_exists' expects bool, got"):
             load_training_config("gpt3/126m", [f"exp_manager.resume_if_exists={value}"])
+
+
+@pytest.mark.parametrize(("value", "switch"), [("yes", True), ("On", True), ("y", True), ("'no'", False),
+                                                ("OFF", False), ("n", False), ("2", True), ("'0'", False)])  # fmt: skip
+def test_a_switch_takes_the_words_nemos_typed_exp_manager_takes(value, switch):
+    """Hydra leaves `yes`/`on` text, which NeMo's typed exp_manager (OmegaConf) reads as true;
+    gptrain refused them ("expects bool, got 'yes'")."""
+    cfg = load_training_config("gpt3/126m", [f"exp_manager.resume_if_exists={value}"], report_ignored=False)
+    assert cfg.exp_manager.resume_if_exists is switch
 
 
 def test_launcher_style_file_with_training_section(tmp_path):

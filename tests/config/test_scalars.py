@@ -12,10 +12,10 @@ import pytest
 import yaml
 from omegaconf._yaml import get_yaml_loader
 from omegaconf.errors import ValidationError
-from omegaconf.nodes import IntegerNode
+from omegaconf.nodes import BooleanNode, IntegerNode
 
 from gptrain.config import load_training_config
-from gptrain.config.yamlio import ConfigLoader, as_int, load_text, parse_value
+from gptrain.config.yamlio import ConfigLoader, as_int, as_switch, load_text, parse_value
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import parse_overrides
 from gptrain.megatron.translate import translate
@@ -155,3 +155,14 @@ def test_a_number_from_the_environment_fills_an_int_field(monkeypatch):
     monkeypatch.setenv("STEPS", "2.5")  # OmegaConf refuses it for an int field: so do we, in one line
     with pytest.raises(ConfigError, match=r"^override '.+': 'trainer.max_steps' expects int, got '2.5'$"):
         load_training_config("gpt3/126m", ["trainer.max_steps=${oc.env:STEPS}"], report_ignored=False)
+
+
+def test_a_bool_field_takes_what_omegaconf_reads_as_a_bool():
+    differ = {}
+    words = ["yes", "Y", "oN", "TRUE", "no", "n", "OFF", "False", " yes", "t", "f", "1.0", "nope"]
+    for value in [*TEXTS, *words, 0, 1, 2, -1, 0.0, 1.0, True, False, [1]]:
+        ours = as_switch(value)
+        theirs = _omegaconf_field(BooleanNode, value)
+        if (ours if ours is not None else "error") != theirs:
+            differ[repr(value)] = (ours, theirs)
+    assert differ == {}

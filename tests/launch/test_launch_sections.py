@@ -94,15 +94,15 @@ def test_a_string_is_a_one_item_list_for_mounts_and_srun_args(tmp_path):
     assert not [w for w in words if w in ("-", "m", "p", "i")]  # not iterated as characters
 
 
-def test_nemos_0_and_1_are_a_launch_switchs_false_and_true(tmp_path):
-    """`cluster.exclusive=1` was "expected true or false, got 1 (int)", where a training switch
-    took NeMo's 0/1; 2 is still refused."""
+def test_a_launch_switch_takes_what_a_training_switch_takes(tmp_path):
+    """`cluster.exclusive=1` was "expected true or false, got 1 (int)", and `cluster.exclusive=no`
+    "got 'no' (str)", where a training switch takes them (as OmegaConf reads a bool)."""
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU]
-    for value, exclusive in (("1", True), ("0", False)):
+    for value, exclusive in (("1", True), ("0", False), ("yes", True), ("no", False), ("Off", False)):
         [script] = write_run_files(build_plan(compose([*args, f"cluster.exclusive={value}"])), args)
         assert ("--exclusive" in directives(script.read_text())) is exclusive
-    with pytest.raises(ConfigError, match=r"^cluster.exclusive: expected true or false, got 2"):
-        build_plan(compose([*args, "cluster.exclusive=2"]))
+    with pytest.raises(ConfigError, match=r"^cluster.exclusive: expected true or false, got 0.5"):
+        build_plan(compose([*args, "cluster.exclusive=0.5"]))
 
 
 def test_a_count_from_the_environment_is_the_number_it_reads(tmp_path, monkeypatch):

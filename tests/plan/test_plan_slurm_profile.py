@@ -46,7 +46,7 @@ def test_a_profile_renders_its_trials_as_launch_would(tmp_path):
     [
         ({"partitoin": "gpu"}, "cluster.partitoin: unknown cluster key; did you mean 'cluster.partition'?"),
         ({"srun_args": [1, 2]}, "cluster.srun_args: expected a string or a list of strings"),
-        ({"exclusive": "false"}, "cluster.exclusive: expected true or false, got 'false' (str)"),
+        ({"exclusive": "maybe"}, "cluster.exclusive: expected true or false, got 'maybe' (str)"),
         ({"account": "a\nb"}, "cluster.account: the value 'a\\nb' contains a newline"),
         ({"max_requeues": -1}, "cluster.max_requeues: expected a whole number 0 or more"),
     ],
