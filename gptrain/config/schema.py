@@ -164,6 +164,9 @@ class ExpManagerConfig:
     move_aside_earlier_run: bool = False
     """gptrain extension: with resume_if_exists=false and checkpoints in explicit_log_dir, move the
     earlier run's files to `<explicit_log_dir>.earlier-<time>` (never deleted) instead of refusing."""
+    max_time_per_run: str | None = None
+    """NeMo's wall-clock limit per job `DD:HH:MM:SS`: sets trainer.max_time (gptrain's is per job too),
+    over trainer.max_time where both are set, as in NeMo."""
     create_checkpoint_callback: bool = True
     """Save checkpoints (checkpoint_callback_params). false, as NeMo's benchmark scripts set it (and
     Megatron without --save): none at all, not even on a stop signal or max_time, where the run

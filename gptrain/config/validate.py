@@ -114,6 +114,7 @@ def normalize(cfg: TrainingConfig) -> list[str]:
         cfg.model.data_parallel_sharding = FSDP_STRATEGIES[strategy]
     _tokenizer_type(cfg.model.tokenizer)
     _one_resume_source(cfg)
+    _max_time_per_run(cfg)
     return _sequence_parallel_needs_tp(cfg.model)
 
 
@@ -250,6 +251,25 @@ def _check_model(cfg: TrainingConfig) -> None:
             raise ConfigError(f"{key}: must be in [0, 1), got {get(cfg, key)}")
 
 
+def _check_max_time(value: Any, key: str) -> None:
+    """DD:HH:MM:SS (or its last parts), none negative: 00:00:-1:00 read as 59 minutes."""
+    parts = str(value).split(":")
+    try:
+        if any(float(part) < 0 for part in parts) or len(parts) > 4:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{key}: '{value}' is not DD:HH:MM:SS") from None
+
+
+def _max_time_per_run(cfg: TrainingConfig) -> None:
+    """NeMo's exp_manager.max_time_per_run is a limit per job (a StatelessTimer), which is what
+    trainer.max_time is in gptrain; as in NeMo, it wins where both are set."""
+    per_run = cfg.exp_manager.max_time_per_run
+    if per_run is not None:
+        _check_max_time(per_run, "exp_manager.max_time_per_run")
+        cfg.trainer.max_time = per_run
+
+
 def _check_batches(cfg: TrainingConfig) -> None:
     model = cfg.model
     if model.global_batch_size % model.micro_batch_size:
@@ -258,13 +278,7 @@ def _check_batches(cfg: TrainingConfig) -> None:
             f"model.micro_batch_size ({model.micro_batch_size})"
         )
     if cfg.trainer.max_time is not None:
-        parts = str(cfg.trainer.max_time).split(":")
-        try:
-            cfg.trainer.max_time_seconds()
-            if any(float(part) < 0 for part in parts) or len(parts) > 4:  # 00:00:-1:00 read as 59 minutes
-                raise ValueError
-        except ValueError:
-            raise ConfigError(f"trainer.max_time: '{cfg.trainer.max_time}' is not DD:HH:MM:SS") from None
+        _check_max_time(cfg.trainer.max_time, "trainer.max_time")
     optim = model.optim
     if len(optim.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in optim.betas) or not optim.eps > 0:
         raise ConfigError(

@@ -423,3 +423,18 @@ def test_sequence_parallel_at_tensor_parallel_size_1_is_turned_off_as_nemo_does(
     cfg = load_training_config("gpt3/20b", ["model.tensor_model_parallel_size=2"])
     assert cfg.model.sequence_parallel is True
     assert "sequence_parallel" not in capsys.readouterr().err
+
+
+def test_nemos_max_time_per_run_is_the_per_job_time_limit():
+    """NeMo's exp_manager.max_time_per_run (a limit per job, replacing trainer.max_time where both are
+    set) was "unknown key 'exp_manager.max_time_per_run'"."""
+    cfg = load_training_config(
+        "gpt3/126m", ["+exp_manager.max_time_per_run=00:03:55:00"], report_ignored=False
+    )
+    assert cfg.trainer.max_time == "00:03:55:00" and cfg.trainer.max_time_seconds() == 3 * 3600 + 55 * 60
+    both = ["trainer.max_time=00:01:00:00", "exp_manager.max_time_per_run=00:00:30:00"]
+    assert load_training_config("gpt3/126m", both, report_ignored=False).trainer.max_time == "00:00:30:00"
+    with pytest.raises(
+        ConfigError, match=r"^exp_manager.max_time_per_run: '00:00:-1:00' is not DD:HH:MM:SS$"
+    ):
+        load_training_config("gpt3/126m", ["exp_manager.max_time_per_run=00:00:-1:00"], report_ignored=False)
