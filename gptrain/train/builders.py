@@ -335,6 +335,18 @@ def build_datasets(
     return built
 
 
+def batch_eod(tokenizer: Any | None, eod_mask_loss: bool) -> int | None:
+    """The end-of-document id the batches use: only model.data.eod_mask_loss reads it (Megatron's
+    GPT dataset needs it for that and for reset_attention_mask/position_ids, which gptrain refuses),
+    so an imported tokenizer.json without one trains and evaluates, as generate and export take it."""
+    if tokenizer is None or not eod_mask_loss:
+        return None
+    try:
+        return int(tokenizer.eod)
+    except DataError as error:
+        raise DataError(f"model.data.eod_mask_loss needs an end-of-document token: {error}") from None
+
+
 def build_turn(rank: int, local_rank: int) -> int:
     """0 for rank 0, 1 for the first rank of every other node, 2 for the rest (build_datasets)."""
     if rank == 0:
@@ -376,7 +388,7 @@ def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> t
             "trainer.limit_test_batches x model.global_batch_size",
         ),
     )
-    eod = getattr(tokenizer, "eod", None)
+    eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
     source = "model.data.data_prefix"
     wrapped = [

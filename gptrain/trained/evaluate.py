@@ -276,7 +276,7 @@ def prefix_data(
         skip_unused=True,
         asked_by=("--batches",) * 3,
     )
-    eod = getattr(tokenizer, "eod", None)
+    eod = b.batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = b.padded_vocab_size(cfg, tokenizer)[1]
     source = f"--data-prefix {' '.join(entries)}"
     return GPTBatchDataset(valid, eod, m.data.eod_mask_loss, rows, source), batches, " ".join(entries)

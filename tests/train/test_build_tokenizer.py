@@ -33,3 +33,38 @@ def test_a_missing_huggingface_tokenizer_is_named_by_its_key(tmp_path):
     hf = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tmp_path}/tokenizer.json"]
     with pytest.raises(ConfigError, match=r"^model.tokenizer.model: .*/tokenizer.json not found"):
         build_tokenizer(training(*hf))
+
+
+def _tokenizer_without_end_token(directory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(
+        models.WordLevel({f"w{i}": i for i in range(32)} | {"<unk>": 32}, unk_token="<unk>")
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return str(directory / "tokenizer.json")
+
+
+def test_a_tokenizer_without_an_end_token_trains_unless_eod_mask_loss_needs_one(tmp_path):
+    """An imported tokenizer.json without an end token: generate and export took it, while training
+    (even on mock data) stopped with "no end-of-document token found"; only eod_mask_loss reads it."""
+    from gptrain.errors import DataError
+    from gptrain.train.builders import _build_datasets
+
+    hf = [
+        "model.tokenizer.type=huggingface",
+        f"model.tokenizer.model={_tokenizer_without_end_token(tmp_path)}",
+    ]
+    small = ["model.micro_batch_size=1", "model.global_batch_size=1", "trainer.max_steps=2", "model.data.seq_length=8",
+             "model.encoder_seq_length=8", "model.max_position_embeddings=8", "trainer.limit_val_batches=0",
+             "trainer.limit_test_batches=0"]  # fmt: skip
+    cfg = training(*hf, *small)
+    tokenizer = build_tokenizer(cfg)
+    train, _, _ = _build_datasets(cfg, tokenizer.vocab_size, tokenizer)
+    assert train[0]["tokens"].shape == (8,) and bool(train[0]["loss_mask"].all())
+    masked = training(*hf, *small, "model.data.eod_mask_loss=true")
+    with pytest.raises(
+        DataError, match=r"^model.data.eod_mask_loss needs an end-of-document token: .+tokenizer"
+    ):
+        _build_datasets(masked, tokenizer.vocab_size, tokenizer)
