@@ -172,7 +172,7 @@ def parse_value(text: str) -> Any:
     if text == "":
         return ""
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
+        return _unquote(text)
     if text.startswith("[") and text.endswith("]"):
         inner = text[1:-1].strip()
         return [parse_value(item) for item in split_top_level(inner)] if inner else []
@@ -181,6 +181,19 @@ def parse_value(text: str) -> Any:
         if mapping is not None:
             return mapping
     return _hydra_scalar(text)
+
+
+def _unquote(text: str) -> str:
+    """A quoted value's text, unescaped as Hydra does (`'It\\'s'` is It's, `'C:\\\\'` is C:\\): each
+    run of backslashes before its quote (an escaped inner quote, or the closing one) is halved; any
+    other backslash is itself (`'a\\b'` is a\\b)."""
+    quote, body = text[0], text[1:]  # the closing quote kept: backslashes before it are halved too
+    parts, position = [], 0
+    for match in re.finditer(rf"\\+{quote}", body):
+        parts += [body[position : match.start()], body[match.start() + 1 : match.end() : 2]]
+        position = match.end()
+    parts.append(body[position:-1])
+    return "".join(parts)
 
 
 def _hydra_scalar(text: str) -> Any:
@@ -211,9 +224,12 @@ def _hydra_mapping(inner: str) -> dict[str, Any] | None:
 
 def split_top_level(text: str) -> list[str]:
     """Split at commas outside brackets, braces (`${...}`) and quotes."""
-    items, depth, quote, start = [], 0, "", 0
+    items, depth, quote, start, escaped = [], 0, "", 0, False
     for position, char in enumerate(text):
-        if quote:
+        if escaped:
+            escaped = False
+        elif quote:
+            escaped = char == "\\"  # `\\'` inside quotes does not end them
             quote = "" if char == quote else quote
         elif char in "'\"":
             quote = char

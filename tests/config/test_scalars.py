@@ -70,6 +70,13 @@ HYDRA = [("2", 2), ("-0", 0), ("+5", 5), ("1_000", 1000), ("1__000", "1__000"), 
          ("[0x10, TRUE]", ["0x10", True])]  # fmt: skip
 
 
+# Quoted values, Hydra 1.2+ (OverrideLexer.g4's QUOTED_VALUE examples, overrides_visitor._unescape_quoted_string):
+# backslashes before the value's own quote are halved (before: kept, so 'It\'s' was It\'s), others are text
+HYDRA += [(r"'It\'s'", "It's"), (r'"say \"hi\""', 'say "hi"'), (r"'C:\\'", "C:\\"), (r"'a\b'", r"a\b"),
+          (r'"abc\\\"def\\\'ghi\\\\"', r"abc\"def\\\'ghi\\"), (r'"it\'s"', r"it\'s"), ("''", ""),
+          (r"[a,'b\',c',d]", ["a", "b',c", "d"])]  # fmt: skip
+
+
 @pytest.mark.parametrize(("text", "value"), HYDRA)
 def test_an_override_value_reads_as_hydra_reads_it(text, value):
     read = parse_value(text)
