@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -23,6 +24,10 @@ from gptrain.validate.thresholds import Thresholds
 
 MATMUL_N = 8192
 COPY_BYTES = 1 << 30
+# dcgmi diag's suites (DCGM's dcgmi-diag reference): how long each usually takes, and how long
+# dcgmi is given (about four times that) before the node is failed as stuck
+DCGM_USUAL = {1: "seconds", 2: "about 2 minutes", 3: "about 15 to 30 minutes", 4: "an hour or more"}
+DCGM_LIMIT_S = {1: 600.0, 2: 1200.0, 3: 7200.0, 4: 4 * 3600.0}
 
 
 def seconds_per_call(call: Callable[[], Any], device: torch.device, iters: int, warmup: int) -> float:
@@ -51,18 +56,35 @@ def copy_GBps(device: torch.device, iters: int, warmup: int, nbytes: int = COPY_
     return 2 * nbytes / seconds / 1e9
 
 
-def dcgm_diag(level: int, timeout_s: float = 7200.0) -> dict[str, Any]:
+def dcgm_limit_s(level: int) -> float:
+    """Seconds `dcgmi diag -r level` may run (0 for level 0: not run)."""
+    return DCGM_LIMIT_S.get(level, 0.0)
+
+
+def dcgm_diag(level: int, timeout_s: float | None = None) -> dict[str, Any]:
     """`dcgmi diag -r level` on this node: passed, the failing lines, the tail of its output."""
     if level <= 0:
         return {"ran": False, "reason": "--dcgm-level 0"}
     if shutil.which("dcgmi") is None:
         return {"ran": False, "reason": "dcgmi not installed"}
+    limit = dcgm_limit_s(level) if timeout_s is None else timeout_s
     try:
         out = subprocess.run(
-            ["dcgmi", "diag", "-r", str(level)], capture_output=True, text=True, timeout=timeout_s
+            ["dcgmi", "diag", "-r", str(level)], capture_output=True, text=True, timeout=limit
         )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return {"ran": True, "passed": False, "failures": [f"dcgmi diag did not finish: {error}"], "tail": ""}
+    except subprocess.TimeoutExpired as error:
+        tail = (
+            error.output.decode(errors="replace") if isinstance(error.output, bytes) else error.output or ""
+        )
+        why = (
+            f"dcgmi diag -r {level} did not finish in {limit:g} s (level {level} usually takes"
+            f" {DCGM_USUAL[level]}): DCGM or a GPU of this node is stuck; run `dcgmi diag -r {level}`"
+            " there by hand, or pass a lower --dcgm-level"
+        )
+        return {"ran": True, "passed": False, "failures": [why], "tail": tail[-4000:]}
+    except OSError as error:
+        why = f"dcgmi diag -r {level} could not be started: {error}"
+        return {"ran": True, "passed": False, "failures": [why], "tail": ""}
     text = out.stdout + out.stderr
     failures = [line.strip(" |") for line in text.splitlines() if "fail" in line.lower()]
     return {
@@ -146,7 +168,22 @@ def gpus_expected(limits: Thresholds, asked: bool, env: Mapping[str, str] = os.e
 
 
 def run_gpus(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> list[dict[str, Any]] | None:
-    """Every rank's record (rank 0 gets them all), or None on a machine without a CUDA GPU."""
+    """Every rank's record (rank 0 gets them all), or None on a machine without a CUDA GPU.
+
+    The records are gathered in a group that waits --timeout plus dcgmi's own limit: the ranks
+    that do not run dcgmi wait there for those that do (a level 3 takes longer than the default
+    --timeout, and they would have named the node running it as hung)."""
     if not ctx.is_gpu:
         return None
-    return gather_objects(check_local_gpu(ctx, iters, warmup, dcgm_level))
+    group = None
+    if dcgm_level > 0:
+        import torch.distributed as dist
+
+        group = dist.new_group(timeout=ctx.timeout + timedelta(seconds=dcgm_limit_s(dcgm_level)))
+        if ctx.rank == 0 and dcgm_level >= 3:
+            print(
+                f"gpus: dcgmi diag -r {dcgm_level} on each node: it usually takes {DCGM_USUAL[dcgm_level]}"
+                f" (given up after {dcgm_limit_s(dcgm_level):g} s)",
+                flush=True,
+            )
+    return gather_objects(check_local_gpu(ctx, iters, warmup, dcgm_level), group=group)

@@ -291,3 +291,37 @@ def test_a_gpu_whose_nvml_health_was_not_read_does_not_just_say_ok(monkeypatch, 
     main.check_gpus(ctx, args, Thresholds(), main.Outcome())
     line = capsys.readouterr().out.strip()
     assert line.endswith("GB/s copy: ok (NVML health not checked: " + info["error"] + ")")
+
+
+@pytest.mark.parametrize(
+    "level, limit, usual",
+    [
+        (1, 600.0, "seconds"),
+        (2, 1200.0, "about 2 minutes"),
+        (3, 7200.0, "about 15 to 30 minutes"),
+        (4, 14400.0, "an hour or more"),
+    ],
+)
+def test_dcgmi_is_given_the_time_its_level_takes_and_a_timeout_says_so(monkeypatch, level, limit, usual):
+    """dcgmi diag was given 7200 s at every level, and a level that ran out said only
+    "dcgmi diag did not finish: Command '[...]' timed out after 7200.0 seconds"."""
+    import subprocess
+
+    from gptrain.validate import gpus
+
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: "/usr/bin/dcgmi")
+    given = []
+
+    def stuck(command, **kwargs):
+        given.append(kwargs["timeout"])
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"], output="| Deployment | Pass |\n")
+
+    monkeypatch.setattr(gpus.subprocess, "run", stuck)
+    result = gpus.dcgm_diag(level)
+    assert given == [limit] and result["ran"] and result["passed"] is False
+    assert result["failures"] == [
+        f"dcgmi diag -r {level} did not finish in {limit:g} s (level {level} usually takes "
+        f"{usual}): DCGM or a GPU of this node is stuck; run `dcgmi diag -r {level}` "
+        "there by hand, or pass a lower --dcgm-level"
+    ]
+    assert result["tail"] == "| Deployment | Pass |\n"

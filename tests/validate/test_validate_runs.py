@@ -209,3 +209,22 @@ def test_a_rank_that_never_starts_is_one_line_not_a_traceback(tmp_path):
             " ranks at 127.0.0.1:"
         ), line
         assert "within --timeout 3 s: DistStoreError: " in line and "a rank that never started" in line
+
+
+def test_ranks_wait_past_the_timeout_for_a_node_running_dcgmi(tmp_path):
+    """dcgmi diag runs on one rank a node while the others wait in the gather of the GPU records.
+    They waited --timeout only (600 s by default, less than a level 3 takes), then named the rank
+    running dcgmi as hung; now they wait --timeout plus dcgmi's own limit for its level."""
+    worker = str(REPO / "tests" / "validate" / "slow_gpu_check_worker.py")
+    args = ["validate", "gpus", "--output-dir", str(tmp_path / "r"), *FAST[:-1], "2", "--dcgm-level", "1"]
+    envs = [{"SLURMD_NODENAME": f"n{r + 1}", "GPTRAIN_TEST_GPU_CHECK_S": "5"} for r in range(2)]
+    procs, logs = start_ranks([worker, *args], 2, tmp_path, envs)
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        end(procs)
+    texts = [log.read_text() for log in logs]
+    assert codes == [0, 0], texts
+    assert "validation passed" in texts[0] and "stopped during gpus" not in texts[1], texts
+    records = json.loads((tmp_path / "r" / "gpus.json").read_text())["gpus"]
+    assert [r["rank"] for r in records] == [0, 1]
