@@ -148,6 +148,8 @@ def check_pairwise(ctx: Context, args: argparse.Namespace, limits: Thresholds, o
             )
         ]
         floor = limits.busbw_threshold(True) if level == "node" else None
+        if floor is not None:  # a node pair crosses the NICs of its ranks' GPUs only, as in collectives
+            floor *= limits.partial_node_share(min(Counter(ctx.nodes).values()))
         verdict = pw.find_slow(level, results, limits.slow_pct, floor)
         if verdict.fabric:
             out.failures.append(f"pairwise: {verdict.fabric}")

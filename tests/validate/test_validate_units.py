@@ -136,6 +136,42 @@ def test_the_inter_node_threshold_is_a_whole_nodes_and_scales_with_the_ranks_a_n
     assert out.summary["busbw_threshold_GBps"] == 100.0 and out.failures
 
 
+def test_node_pairs_are_judged_by_the_share_of_the_node_their_ranks_drive(monkeypatch, tmp_path):
+    """`srun -N2 -n2` on p5: collectives held the node pair to one GPU's share of the 240 GB/s
+    (30 GB/s), but pairwise held it to the whole 240 and blamed both healthy nodes."""
+    import argparse
+    from types import SimpleNamespace
+
+    from gptrain.validate import pairwise
+    from gptrain.validate.main import Outcome, check_pairwise
+
+    p5 = load_thresholds("aws_p5")
+    monkeypatch.setattr(pairwise, "node_rounds", lambda ctx, most, rounds: [[("a", "b")]])
+    monkeypatch.setattr(pairwise, "rank_rounds", lambda ctx, most, rounds: [])
+    measured = {"a": 40.0}
+
+    def run_round(ctx, level, pairs, nbytes, iters, warmup):
+        return [pairwise.PairResult("node", "a", "b", [0, 1], nbytes, 1.0, measured["a"])]
+
+    monkeypatch.setattr(pairwise, "run_round", run_round)
+    args = argparse.Namespace(pair_bytes=None, max_all_pairs=16, iters=1, warmup=0, output_dir=str(tmp_path))
+    for nodes, busbw, failed in (
+        (["a", "b"], 40.0, False),
+        (["a", "b"], 20.0, True),
+        (["a"] * 8 + ["b"] * 8, 40.0, True),
+    ):
+        measured["a"] = busbw
+        ctx = SimpleNamespace(rank=0, size=len(nodes), nodes=nodes, is_gpu=True)
+        out = Outcome()
+        check_pairwise(ctx, args, p5, out)
+        assert bool(out.failures) is failed, out.failures
+        if failed:
+            threshold = "30" if len(nodes) == 2 else "240"
+            assert out.failures[0] == (
+                f"pairwise: node a: best pair {busbw:.3g} GB/s is below the threshold {threshold} GB/s"
+            )
+
+
 def test_a_launched_validation_knows_the_node_its_threshold_is_set_for(tmp_path):
     """The launch stage's job yaml held the thresholds but not the cluster's gpus_per_node, so a
     launched validation with fewer ranks a node than the profile's held them to the whole node's."""
