@@ -70,12 +70,18 @@ def check_sizes_early(args: argparse.Namespace) -> None:
 def check_collectives(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
     from gptrain.validate.collectives import sweep
 
-    rows = [r.as_dict() for r in sweep(ctx, fitting_sizes(ctx, args, out), args.iters, args.warmup)]
+    directory = Path(args.output_dir)
+    rows: list[dict[str, Any]] = []
+
+    def keep(row: Any) -> None:  # a sweep that stops (a hang, a lost GPU) leaves the rows it measured
+        rows.append(row.as_dict())
+        report.write_json(directory / "collectives.json", rows)
+
+    sizes = fitting_sizes(ctx, args, out)
+    sweep(ctx, sizes, args.iters, args.warmup, on_row=keep if ctx.rank == 0 else None)
     if ctx.rank != 0:
         return
     print(report.table(rows), flush=True)
-    directory = Path(args.output_dir)
-    report.write_json(directory / "collectives.json", rows)
     report.plot_busbw(directory / "collectives.png", rows)
     wrong = [r for r in rows if r["wrong"]]
     for r in wrong:

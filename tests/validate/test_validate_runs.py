@@ -121,6 +121,27 @@ def test_a_rank_whose_gpu_fails_leaves_at_once_in_one_line_naming_its_node(tmp_p
     )
 
 
+def test_a_sweep_that_stops_leaves_the_rows_it_measured(tmp_path):
+    """Rank 1's GPU fails at the third measurement of the sweep (rank 0 then waits --timeout for
+    it): collectives.json was written only after the whole sweep, so the two rows measured, the
+    bandwidth up to the failure, were lost with it."""
+    worker = str(REPO / "tests" / "validate" / "stopping_sweep_worker.py")
+    out = tmp_path / "r"
+    args = ["validate", "collectives", "--output-dir", str(out), *FAST[:-1], "3"]
+    procs, logs = start_ranks(
+        [worker, *args], 2, tmp_path, [{"SLURMD_NODENAME": f"n{r + 1}"} for r in range(2)]
+    )
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        end(procs)
+    assert codes == [1, 1], [log.read_text() for log in logs]
+    rows = json.loads((out / "collectives.json").read_text())
+    assert [(r["op"], r["bytes"]) for r in rows] == [("all_reduce", 8), ("all_reduce", 16)]
+    assert all(r["world_size"] == 2 and r["wrong"] == 0 and r["time_us"] > 0 for r in rows)
+    assert not (out / "validation.json").exists()
+
+
 def test_a_pair_whose_partner_hangs_gives_up_after_the_timeout(tmp_path):
     """Rank 1 stops (the test hook sleeps 600 s before its pair's all_reduce). The pair groups
     were made with torch's default timeout, 30 minutes for gloo, whatever --timeout said: rank 0
