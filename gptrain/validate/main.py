@@ -333,11 +333,12 @@ def validate(args: argparse.Namespace) -> int:
     except Exception as error:
         if os.environ.get("GPTRAIN_DEBUG"):
             raise
-        print(
-            rank_failure(ctx, stage, error, hung_peers(ctx, error, args.timeout, args.exclude_file)),
-            file=sys.stderr,
-            flush=True,
-        )
+        hint, listed = hung_peers(ctx, error, args.timeout, args.exclude_file)
+        print(rank_failure(ctx, stage, error, hint), file=sys.stderr, flush=True)
+        if listed:
+            from gptrain.validate.runtime import hang_reported
+
+            hang_reported(ctx)  # the others' lines too, before any exit lets the launcher end them
         return 1
     finally:
         finish(wait_for_peers=together)
@@ -363,23 +364,28 @@ def start_failure(error: Exception, timeout_s: float) -> str:
     )
 
 
-def hung_peers(ctx: Context, error: Exception, timeout_s: float, exclude_file: str | None = None) -> str:
+def hung_peers(
+    ctx: Context, error: Exception, timeout_s: float, exclude_file: str | None = None
+) -> tuple[str, bool]:
     """For a collective that timed out: the ranks that never came (rank, node, --exclude=), found
-    with the other ranks that timed out; '' for any other error or where they cannot be told.
+    with the other ranks that timed out ('' for any other error or where they cannot be told), and
+    whether this rank is on their list (it then waits for their lines before leaving).
     The first rank that timed out adds their nodes to --exclude-file, as a failed check would."""
     from gptrain.validate.runtime import HUNG_GRACE_S, is_timeout, unanswered_ranks
 
     if ctx.size == 1 or not is_timeout(error):
-        return ""
+        return "", False
     found = unanswered_ranks(ctx, min(timeout_s, HUNG_GRACE_S))
-    if found is None or not found[0] or len(found[0]) == ctx.size:
-        return ""
+    if found is None:
+        return "", False
+    if not found[0]:  # every rank timed out: none to name
+        return "", True
     missing, first = found
     shown = ", ".join(f"rank {r} on {ctx.nodes[r]}" for r in missing[:8])
     more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
     nodes = report.compress_hostlist({ctx.nodes[r] for r in missing})
     added = ""
-    if exclude_file and first:  # the first to wait is the first to leave: it writes before any exit
+    if exclude_file and first:  # once, before any rank's exit
         try:
             add_to_exclude_file(Path(exclude_file), {ctx.nodes[r] for r in missing})
             added = f", added to {exclude_file}"
@@ -388,7 +394,7 @@ def hung_peers(ctx: Context, error: Exception, timeout_s: float, exclude_file: s
     return (
         f"; it waited --timeout {timeout_s:g} s for {shown}{more}, which did not answer (hung or"
         f" stopped; every other rank timed out too): leave it out (--exclude={nodes}{added})"
-    )
+    ), True
 
 
 def rank_failure(ctx: Context, stage: str, error: Exception, hint: str = "") -> str:

@@ -30,7 +30,11 @@ from gptrain.utils.ports import slurm_rendezvous_port
 DELAY_ENV = "GPTRAIN_VALIDATE_TEST_DELAY"
 TIMED_OUT_KEY = "gptrain/validate/timed-out"  # "0,1,3," : the ranks whose collective timed out
 TIMED_OUT_COUNT_KEY = "gptrain/validate/timed-out-count"
+TIMED_OUT_FINAL_KEY = "gptrain/validate/timed-out-final"  # the list as the first rank done waiting read it
+REPORTED_KEY = "gptrain/validate/timed-out-reported"  # how many of them have printed their line
+LEFT_KEY = "gptrain/validate/timed-out-left"  # how many of those other than rank 0 are done with the store
 HUNG_GRACE_S = 30.0  # the most a rank that timed out waits for the others to time out too
+REPORTED_WAIT_S = 10.0  # the most it then waits for them to print theirs (each has the list by then)
 
 
 @dataclass
@@ -195,15 +199,22 @@ def is_timeout(error: BaseException) -> bool:
     return "timed out" in text or "timeout" in text
 
 
+def _heard(text: bytes | str) -> set[int]:
+    words = text.decode() if isinstance(text, bytes) else text
+    return {int(word) for word in words.split(",") if word}
+
+
 def unanswered_ranks(ctx: Context, grace_s: float) -> tuple[list[int], bool] | None:
     """After a timeout: the ranks that did not time out too, i.e. the ones everyone waited for,
-    and whether this rank was the first to time out (its wait ends first, before any rank's exit
-    lets the launcher end the others).
+    and whether this rank was the first to time out.
 
     A collective's timeout names no peer. Every rank that timed out appends its rank to a key of
     the process group's store (a TCPStore server on rank 0, alive while its threads are) and waits
-    up to `grace_s` for the others; the ranks never heard from are the hung ones. None where the
-    store cannot be reached (rank 0's process gone)."""
+    up to `grace_s` for the others; the ranks never heard from are the hung ones. The first rank
+    whose wait ends fixes the list (compare-and-set) and ends the others' wait: every rank names
+    the same ranks, a late one too. The caller prints its line, then calls `hang_reported`, which
+    keeps each of them (rank 0, the store's host, above all) until all have theirs. None where
+    the store cannot be reached (rank 0's process gone)."""
     try:
         from torch.distributed import distributed_c10d
 
@@ -213,13 +224,42 @@ def unanswered_ranks(ctx: Context, grace_s: float) -> tuple[list[int], bool] | N
         count = store.add(TIMED_OUT_COUNT_KEY, 1)
         first = count == 1
         deadline = time.monotonic() + grace_s
-        while count < ctx.size and time.monotonic() < deadline:
+        while count < ctx.size and time.monotonic() < deadline and not store.check([TIMED_OUT_FINAL_KEY]):
             time.sleep(0.2)
             count = store.add(TIMED_OUT_COUNT_KEY, 0)
-        heard = {int(word) for word in store.get(TIMED_OUT_KEY).decode().split(",") if word}
+        final = store.compare_set(TIMED_OUT_FINAL_KEY, "", store.get(TIMED_OUT_KEY).decode())
+        heard = _heard(final) | {ctx.rank}  # a rank later than the list names the others it lists
     except Exception:
         return None
     return [rank for rank in range(ctx.size) if rank not in heard], first
+
+
+def hang_reported(ctx: Context, wait_s: float = REPORTED_WAIT_S) -> None:
+    """After `unanswered_ranks` and this rank's line: count it as said, and wait (at most `wait_s`)
+    until every rank that timed out has said its own. Rank 0 hosts the store the others read the
+    list from, and the first exit lets the launcher (torchrun, srun --kill-on-bad-exit) end the
+    ranks still waiting: whoever left first cost the others their line. Rank 0 leaves last, once
+    the others are done with its store (a client that finds the store gone prints torch's warning
+    and a C++ stack under the line)."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        store = distributed_c10d._get_default_store()
+        done = store.add(REPORTED_KEY, 1)
+        deadline = time.monotonic() + wait_s
+        while done < len(_heard(store.get(TIMED_OUT_KEY))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            done = store.add(REPORTED_KEY, 0)
+        if ctx.rank != 0:
+            store.add(LEFT_KEY, 1)  # its last word to the store
+            return
+        deadline += 5.0
+        while (
+            store.add(LEFT_KEY, 0) < len(_heard(store.get(TIMED_OUT_KEY))) - 1 and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+    except Exception:  # the store gone (rank 0's process ended): nothing to wait for
+        return
 
 
 def mean_over_ranks(value: float, ctx: Context, group: Any = None) -> float:

@@ -159,32 +159,60 @@ def test_a_pair_whose_partner_hangs_gives_up_after_the_timeout(tmp_path):
     assert "Timed out" in text
 
 
-def test_a_rank_that_hangs_is_named_with_its_node_by_the_ranks_that_waited(tmp_path):
+@pytest.mark.parametrize("late_s", [0, 1.5], ids=["together", "rank-1-late"])
+def test_a_rank_that_hangs_is_named_with_its_node_by_every_rank_that_waited(tmp_path, late_s):
     """Rank 2 (node n3) stops before its first timed collective. Ranks 0 and 1 timed out saying
     only gloo's "Timed out waiting 3000ms for recv" and their own rank and node, so the user left
-    out n1 and n2; now each names rank 2 on n3 and its --exclude."""
+    out n1 and n2; now each names rank 2 on n3 and its --exclude. Rank 0 hosts the store the
+    names are found in: it left as soon as it had its own answer, and a rank that timed out later
+    (here rank 1, entering the collective `late_s` after rank 0) lost the store and named no one."""
     args = ["validate", "collectives", "--output-dir", str(tmp_path / "r"), *FAST[:-1], "3"]
     envs = [{"SLURMD_NODENAME": f"n{r + 1}"} for r in range(3)]
     envs[2][DELAY_ENV] = "2:600"
+    if late_s:
+        envs[1][DELAY_ENV] = f"1:{late_s}"
     procs, logs = start_ranks(["-m", "gptrain", *args], 3, tmp_path, envs)
     try:
         codes = [procs[r].wait(timeout=120) for r in (0, 1)]
     finally:
         end(procs)
-    named = 0
     for rank, code in zip((0, 1), codes, strict=True):
         text = logs[rank].read_text()
         assert code == 1 and "Traceback" not in text, text
-        line = text.strip().splitlines()[-1]
+        line = text.strip().splitlines()[-1]  # last: no warning from a store left too early after it
         assert line.startswith(
             f"gptrain: error: validate: rank {rank} on n{rank + 1} stopped during collectives:"
-        )
-        assert "--exclude=n1" not in line and "--exclude=n2" not in line, line
-        if "it waited --timeout 3 s for rank 2 on n3, which did not answer" in line:
-            assert "leave it out (--exclude=n3)" in line, line
-            named += 1
-    # best effort on the later rank: the first to leave may take the store (rank 0's) with it
-    assert named >= 1
+        ), text
+        assert "it waited --timeout 3 s for rank 2 on n3, which did not answer" in line, line
+        assert "leave it out (--exclude=n3)" in line and "--exclude=n1" not in line, line
+        assert "--exclude=n2" not in line, line
+
+
+def test_under_torchrun_every_rank_that_waited_names_the_hung_one(tmp_path):
+    """torchrun ends every rank once one exits with an error: each rank that waited for the hung
+    one stays until all of them have printed their line, then they leave."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
+    env.update({"SLURMD_NODENAME": "n1", DELAY_ENV: "2:600"})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
+    command += [
+        "-m",
+        "gptrain",
+        "validate",
+        "collectives",
+        "--output-dir",
+        str(tmp_path / "r"),
+        *FAST[:-1],
+        "3",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=150)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("gptrain: error: validate: rank ")]
+    assert sorted(line.split(" on ")[0] for line in lines) == [
+        "gptrain: error: validate: rank 0",
+        "gptrain: error: validate: rank 1",
+    ], done.stderr
+    for line in lines:
+        assert "it waited --timeout 3 s for rank 2 on n1, which did not answer" in line, line
 
 
 def test_the_node_of_a_rank_that_hangs_goes_to_the_exclude_file(tmp_path):

@@ -302,6 +302,7 @@ def test_a_hang_line_comes_out_when_the_exclude_file_cannot_be_written(monkeypat
 
     monkeypatch.setattr(validate_main, "add_to_exclude_file", full_disk)
     ctx = SimpleNamespace(rank=0, size=2, nodes=["n1", "n2"])
-    line = validate_main.hung_peers(ctx, RuntimeError("timed out"), 5.0, str(tmp_path / "exclude"))
+    line, listed = validate_main.hung_peers(ctx, RuntimeError("timed out"), 5.0, str(tmp_path / "exclude"))
+    assert listed
     assert "rank 1 on n2" in line and "--exclude=n2" in line
     assert "not added to" in line and "No space left on device" in line
