@@ -142,6 +142,26 @@ def test_a_sweep_that_stops_leaves_the_rows_it_measured(tmp_path):
     assert not (out / "validation.json").exists()
 
 
+def test_pairs_that_stop_leave_the_node_pairs_measured_before(tmp_path):
+    """Ranks 0 and 1 on n1, rank 2 on n2: the node pair n1-n2 runs, then rank 1's GPU fails in its
+    pair with rank 0. pairwise.json was written after both levels only, and the node pairs, the
+    ones that find a slow node, were lost with the failure."""
+    worker = str(REPO / "tests" / "validate" / "stopping_pairs_worker.py")
+    out = tmp_path / "r"
+    args = ["validate", "pairwise", "--output-dir", str(out), *FAST[:-1], "3"]
+    envs = [{"SLURMD_NODENAME": node} for node in ("n1", "n1", "n2")]
+    procs, logs = start_ranks([worker, *args], 3, tmp_path, envs)
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        end(procs)
+    assert codes == [1, 1, 1], [log.read_text() for log in logs]
+    data = json.loads((out / "pairwise.json").read_text())
+    assert list(data) == ["node"] and [p["ranks"] for p in data["node"]["pairs"]] == [[0, 1, 2]]
+    assert data["node"]["pairs"][0]["busbw_GBps"] > 0
+    assert not (out / "validation.json").exists()
+
+
 def test_a_pair_whose_partner_hangs_gives_up_after_the_timeout(tmp_path):
     """Rank 1 stops (the test hook sleeps 600 s before its pair's all_reduce). The pair groups
     were made with torch's default timeout, 30 minutes for gloo, whatever --timeout said: rank 0
