@@ -370,29 +370,34 @@ def hung_peers(
     """For a collective that timed out: the ranks that never came (rank, node, --exclude=), found
     with the other ranks that timed out ('' for any other error or where they cannot be told), and
     whether this rank is on their list (it then waits for their lines before leaving).
-    The first rank that timed out adds their nodes to --exclude-file, as a failed check would."""
-    from gptrain.validate.runtime import HUNG_GRACE_S, is_timeout, unanswered_ranks
+    One of the ranks that timed out adds their nodes to --exclude-file, as a failed check would."""
+    from gptrain.validate.runtime import HUNG_GRACE_S, is_peer_gone, is_timeout, unanswered_ranks
 
-    if ctx.size == 1 or not is_timeout(error):
+    timed_out = is_timeout(error)
+    if ctx.size == 1 or not (timed_out or is_peer_gone(error)):
         return "", False
-    found = unanswered_ranks(ctx, min(timeout_s, HUNG_GRACE_S))
+    grace = min(timeout_s, HUNG_GRACE_S)
+    found = unanswered_ranks(
+        ctx, grace, None if timed_out else 2 * grace + 5.0
+    )  # its cutter fixes it in grace
     if found is None:
         return "", False
     if not found[0]:  # every rank timed out: none to name
         return "", True
-    missing, first = found
+    missing, writer = found
     shown = ", ".join(f"rank {r} on {ctx.nodes[r]}" for r in missing[:8])
     more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
     nodes = report.compress_hostlist({ctx.nodes[r] for r in missing})
     added = ""
-    if exclude_file and first:  # once, before any rank's exit
+    if exclude_file and writer:  # once, before any rank's exit
         try:
             add_to_exclude_file(Path(exclude_file), {ctx.nodes[r] for r in missing})
             added = f", added to {exclude_file}"
         except (OSError, GptrainError) as failure:  # the line about the hang must still come out
             added = f"; not added to {exclude_file}: {(str(failure).splitlines() or [''])[0]}"
     return (
-        f"; it waited --timeout {timeout_s:g} s for {shown}{more}, which did not answer (hung or"
+        f"; {'it' if timed_out else 'its peers'} waited --timeout {timeout_s:g} s for {shown}{more},"
+        " which did not answer (hung or"
         f" stopped; every other rank timed out too): leave it out (--exclude={nodes}{added})"
     ), True
 

@@ -33,6 +33,9 @@ TIMED_OUT_COUNT_KEY = "gptrain/validate/timed-out-count"
 TIMED_OUT_FINAL_KEY = "gptrain/validate/timed-out-final"  # the list as the first rank done waiting read it
 REPORTED_KEY = "gptrain/validate/timed-out-reported"  # how many of them have printed their line
 LEFT_KEY = "gptrain/validate/timed-out-left"  # how many of those other than rank 0 are done with the store
+TIMED_OUT_WRITER_KEY = "gptrain/validate/timed-out-writer"  # the first to take 1 writes --exclude-file
+TIMED_OUT_OWN_KEY = "gptrain/validate/timed-out-own"  # how many of them timed out themselves (not cut off)
+CUT_OFF_QUIET_S = 5.0  # a rank cut off by a peer gives up after this when no rank has timed out (a crash)
 HUNG_GRACE_S = 30.0  # the most a rank that timed out waits for the others to time out too
 REPORTED_WAIT_S = 10.0  # the most it then waits for them to print theirs (each has the list by then)
 
@@ -199,14 +202,26 @@ def is_timeout(error: BaseException) -> bool:
     return "timed out" in text or "timeout" in text
 
 
+def is_peer_gone(error: BaseException) -> bool:
+    """A collective ended by a peer that closed its connection (gloo: "Connection closed by peer"),
+    as the first rank to time out waiting for a hung one does: its neighbours see this, not their
+    own timeout."""
+    text = str(error).lower()
+    return any(
+        words in text for words in ("connection closed by peer", "connection reset by peer", "broken pipe")
+    )
+
+
 def _heard(text: bytes | str) -> set[int]:
     words = text.decode() if isinstance(text, bytes) else text
     return {int(word) for word in words.split(",") if word}
 
 
-def unanswered_ranks(ctx: Context, grace_s: float) -> tuple[list[int], bool] | None:
+def unanswered_ranks(
+    ctx: Context, grace_s: float, cut_off_s: float | None = None
+) -> tuple[list[int], bool] | None:
     """After a timeout: the ranks that did not time out too, i.e. the ones everyone waited for,
-    and whether this rank was the first to time out.
+    and whether this rank is the one of them to write them down (the first to have the list).
 
     A collective's timeout names no peer. Every rank that timed out appends its rank to a key of
     the process group's store (a TCPStore server on rank 0, alive while its threads are) and waits
@@ -214,7 +229,13 @@ def unanswered_ranks(ctx: Context, grace_s: float) -> tuple[list[int], bool] | N
     whose wait ends fixes the list (compare-and-set) and ends the others' wait: every rank names
     the same ranks, a late one too. The caller prints its line, then calls `hang_reported`, which
     keeps each of them (rank 0, the store's host, above all) until all have theirs. None where
-    the store cannot be reached (rank 0's process gone)."""
+    the store cannot be reached (rank 0's process gone).
+
+    `cut_off_s`: this rank's collective ended because a peer closed its connection, before its own
+    timeout: it joins the list but leaves fixing it to a rank that timed out, and waits for that up
+    to `cut_off_s` (a peer that timed out fixes it within its grace; after a peer's crash the
+    others still wait out --timeout, and a list fixed now would name them all); none by then, or
+    no rank timed out within CUT_OFF_QUIET_S (a crash): none named."""
     try:
         from torch.distributed import distributed_c10d
 
@@ -222,16 +243,24 @@ def unanswered_ranks(ctx: Context, grace_s: float) -> tuple[list[int], bool] | N
         store.set_timeout(timedelta(seconds=max(grace_s, 5.0)))
         store.append(TIMED_OUT_KEY, f"{ctx.rank},")
         count = store.add(TIMED_OUT_COUNT_KEY, 1)
-        first = count == 1
-        deadline = time.monotonic() + grace_s
+        if cut_off_s is None:
+            store.add(TIMED_OUT_OWN_KEY, 1)
+        start = time.monotonic()
+        deadline = start + (grace_s if cut_off_s is None else cut_off_s)
         while count < ctx.size and time.monotonic() < deadline and not store.check([TIMED_OUT_FINAL_KEY]):
+            quiet = cut_off_s is not None and time.monotonic() > start + CUT_OFF_QUIET_S
+            if quiet and not store.add(TIMED_OUT_OWN_KEY, 0):  # no rank timed out: its cutter crashed
+                break
             time.sleep(0.2)
             count = store.add(TIMED_OUT_COUNT_KEY, 0)
+        if cut_off_s is not None and count < ctx.size and not store.check([TIMED_OUT_FINAL_KEY]):
+            return [], False
         final = store.compare_set(TIMED_OUT_FINAL_KEY, "", store.get(TIMED_OUT_KEY).decode())
         heard = _heard(final) | {ctx.rank}  # a rank later than the list names the others it lists
+        writer = store.add(TIMED_OUT_WRITER_KEY, 1) == 1
     except Exception:
         return None
-    return [rank for rank in range(ctx.size) if rank not in heard], first
+    return [rank for rank in range(ctx.size) if rank not in heard], writer
 
 
 def hang_reported(ctx: Context, wait_s: float = REPORTED_WAIT_S) -> None:

@@ -295,7 +295,7 @@ def test_a_hang_line_comes_out_when_the_exclude_file_cannot_be_written(monkeypat
     from gptrain.validate import runtime
 
     monkeypatch.setattr(runtime, "is_timeout", lambda error: True)
-    monkeypatch.setattr(runtime, "unanswered_ranks", lambda ctx, wait: ([1], True))
+    monkeypatch.setattr(runtime, "unanswered_ranks", lambda ctx, wait, cut_off_s=None: ([1], True))
 
     def full_disk(path, nodes):
         raise OSError(28, "No space left on device")
@@ -306,3 +306,28 @@ def test_a_hang_line_comes_out_when_the_exclude_file_cannot_be_written(monkeypat
     assert listed
     assert "rank 1 on n2" in line and "--exclude=n2" in line
     assert "not added to" in line and "No space left on device" in line
+
+
+def test_a_rank_cut_off_by_a_peer_does_not_fix_the_list_of_hung_ranks(monkeypatch):
+    """A rank whose collective ended with "Connection closed by peer" joins the list of the ranks
+    that waited, but leaves fixing it to one that timed out: after a crash, its neighbours are cut
+    off at once while the other ranks still wait out --timeout, and a list fixed then would name
+    every one of those healthy ranks."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    from gptrain.validate import runtime
+
+    store = dist.HashStore()
+    monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: store)
+    assert runtime.is_peer_gone(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:9387"))
+    assert not runtime.is_peer_gone(RuntimeError("Timed out waiting 3000ms for recv operation to complete"))
+    monkeypatch.setattr(runtime, "CUT_OFF_QUIET_S", 0.3)  # no rank timed out by then: a crash
+    cut_off = runtime.unanswered_ranks(SimpleNamespace(rank=1, size=4), 0.2, cut_off_s=600.0)
+    assert cut_off == ([], False) and not store.check([runtime.TIMED_OUT_FINAL_KEY])  # names no one
+    timed_out = runtime.unanswered_ranks(SimpleNamespace(rank=3, size=4), 0.2)
+    assert timed_out == ([0, 2], True)  # rank 1 was heard from; rank 3 writes --exclude-file
+    late = runtime.unanswered_ranks(SimpleNamespace(rank=0, size=4), 0.2, cut_off_s=5.0)
+    assert late == ([2], False)  # the list as fixed, less itself
