@@ -16,6 +16,12 @@ from gptrain.validate.runtime import DELAY_ENV
 
 pytestmark = pytest.mark.distributed
 REQUIRED = {"op", "bytes", "in_place", "world_size", "time_us", "algbw_GBps", "busbw_GBps"}
+# ranks that start together: --timeout 3 is also the rendezvous's wait for them (see the worker)
+SYNCED = str(REPO / "tests" / "validate" / "synced_start_worker.py")
+
+
+def synced(envs: list[dict[str, str]], tmp_path) -> list[dict[str, str]]:
+    return [{**env, "GPTRAIN_TEST_START_DIR": str(tmp_path / "start")} for env in envs]
 
 
 def test_two_ranks_write_every_report_and_fail_a_missed_threshold(tmp_path):
@@ -193,7 +199,7 @@ def test_a_rank_that_hangs_is_named_with_its_node_by_every_rank_that_waited(tmp_
     envs[2][DELAY_ENV] = "2:600"
     if late:
         envs[int(late[0])][DELAY_ENV] = late
-    procs, logs = start_ranks(["-m", "gptrain", *args], 3, tmp_path, envs)
+    procs, logs = start_ranks([SYNCED, *args], 3, tmp_path, synced(envs, tmp_path))
     try:
         codes = [procs[r].wait(timeout=120) for r in (0, 1)]
     finally:
@@ -219,18 +225,9 @@ def test_under_torchrun_every_rank_that_waited_names_the_hung_one(tmp_path):
     """torchrun ends every rank once one exits with an error: each rank that waited for the hung
     one stays until all of them have printed their line, then they leave."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
-    env.update({"SLURMD_NODENAME": "n1", DELAY_ENV: "2:600"})
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
-    command += [
-        "-m",
-        "gptrain",
-        "validate",
-        "collectives",
-        "--output-dir",
-        str(tmp_path / "r"),
-        *FAST[:-1],
-        "3",
-    ]
+    env.update({"SLURMD_NODENAME": "n1", DELAY_ENV: "2:600", "GPTRAIN_TEST_START_DIR": str(tmp_path / "s")})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", SYNCED]
+    command += ["validate", "collectives", "--output-dir", str(tmp_path / "r"), *FAST[:-1], "3"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=150)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.startswith("gptrain: error: validate: rank ")]
@@ -252,7 +249,7 @@ def test_the_node_of_a_rank_that_hangs_goes_to_the_exclude_file(tmp_path):
     args += ["--exclude-file", str(exclude)]
     envs = [{"SLURMD_NODENAME": f"n{r + 1}"} for r in range(3)]
     envs[2][DELAY_ENV] = "2:600"
-    procs, logs = start_ranks(["-m", "gptrain", *args], 3, tmp_path, envs)
+    procs, logs = start_ranks([SYNCED, *args], 3, tmp_path, synced(envs, tmp_path))
     try:
         codes = [procs[r].wait(timeout=120) for r in (0, 1)]
     finally:
