@@ -314,7 +314,7 @@ def validate(args: argparse.Namespace) -> int:
     except Exception as error:
         if os.environ.get("GPTRAIN_DEBUG"):
             raise
-        print(start_failure(error, args.timeout), file=sys.stderr, flush=True)
+        error_line(start_failure(error, args.timeout))
         return 1
     stage, together = "setup", False
     try:
@@ -334,7 +334,7 @@ def validate(args: argparse.Namespace) -> int:
         if os.environ.get("GPTRAIN_DEBUG"):
             raise
         hint, listed = hung_peers(ctx, error, args.timeout, args.exclude_file)
-        print(rank_failure(ctx, stage, error, hint), file=sys.stderr, flush=True)
+        error_line(rank_failure(ctx, stage, error, hint))
         if listed:
             from gptrain.validate.runtime import hang_reported
 
@@ -344,6 +344,14 @@ def validate(args: argparse.Namespace) -> int:
         finish(wait_for_peers=together)
     sys.stdout.flush()
     return code
+
+
+def error_line(line: str) -> None:
+    """`line` and its newline in one write: the ranks that waited for a hung one print theirs at the
+    same moment into the launcher's one stderr, and print's two writes (unbuffered, as under
+    PYTHONUNBUFFERED=1) let another rank's line in before the newline."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def start_failure(error: Exception, timeout_s: float) -> str:

@@ -331,3 +331,37 @@ def test_a_rank_cut_off_by_a_peer_does_not_fix_the_list_of_hung_ranks(monkeypatc
     assert timed_out == ([0, 2], True)  # rank 1 was heard from; rank 3 writes --exclude-file
     late = runtime.unanswered_ranks(SimpleNamespace(rank=0, size=4), 0.2, cut_off_s=5.0)
     assert late == ([2], False)  # the list as fixed, less itself
+
+
+def test_a_ranks_error_line_is_one_write_with_its_newline(monkeypatch):
+    """Under torchrun the ranks that waited for a hung one print their lines at the same moment
+    into one stderr; print wrote the line and its newline apart (unbuffered, PYTHONUNBUFFERED=1),
+    and another rank's line came in between: two lines glued into one."""
+    import argparse
+
+    from gptrain.validate import main as validate_main
+    from gptrain.validate import runtime
+
+    writes = []
+
+    class Recording:
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    def no_group(timeout_s):
+        raise RuntimeError("Timed out after 4 seconds waiting for clients. 1/3 clients joined.")
+
+    monkeypatch.setattr(runtime, "start", no_group)
+    monkeypatch.setattr(validate_main.sys, "stderr", Recording())
+    monkeypatch.delenv("GPTRAIN_DEBUG", raising=False)
+    args = argparse.Namespace(
+        profile=None, min_busbw_GBps=None, check="gpus", output_dir="/tmp", exclude_file=None, timeout=3.0
+    )
+    assert validate_main.validate(args) == 1
+    [line] = writes
+    assert line.startswith("gptrain: error: validate: rank ") and line.endswith(" output\n")
+    assert "could not start the process group" in line and line.count("\n") == 1
