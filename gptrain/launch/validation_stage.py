@@ -108,10 +108,31 @@ def check_validation_section(section: dict[str, Any], cluster: dict[str, Any]) -
                 f"{section['max_bytes']!r}; lower min_bytes or raise max_bytes"
             ) from None
     threshold_values(dict(cluster.get("validation") or {}), "", prefix="cluster.validation.")
+    check_time_for_dcgmi(section, parsed.get("dcgm_level"))
     if section.get("exclude_failed") and not section.get("exclude_file"):
         raise ConfigError(
             "validation.exclude_failed=true needs validation.exclude_file: the file the blamed nodes"
             " go to (e.g. ${base_results_dir}/exclude_nodes.txt)"
+        )
+
+
+# The least a `dcgmi diag -r LEVEL` takes (NVIDIA's figures; gptrain.validate.gpus has its limits)
+DCGM_LEAST_S = {3: 15 * 60, 4: 60 * 60}
+
+
+def check_time_for_dcgmi(section: dict[str, Any], level: int | None) -> None:
+    """A validation job whose time limit ends before its dcgmi level usually does: Slurm would kill
+    it midway, and the training waiting on it (afterok) would never start."""
+    from gptrain.launch.sections import slurm_time_seconds
+
+    least = DCGM_LEAST_S.get(4 if (level or 0) > 4 else level or 0)
+    time_limit = (section.get("run") or {}).get("time_limit")
+    limit = slurm_time_seconds(time_limit)
+    if least and limit is not None and limit <= least:
+        raise ConfigError(
+            f"validation.dcgm_level={level} usually takes {least // 60} minutes or more, and"
+            f" validation.run.time_limit={time_limit} ends the job by then (the training waiting on it"
+            " would never start): give a longer time limit or a lower dcgm_level"
         )
 
 

@@ -135,6 +135,12 @@ def test_local_validation_failure_stops_the_training_and_keeps_reports_in_the_ru
             "validation.exclude_failed=true needs validation.exclude_file: the file the blamed nodes go to"
             " (e.g. ${base_results_dir}/exclude_nodes.txt)",
         ),
+        (  # the default 30 minutes: Slurm killed the job inside dcgmi, and the training never started
+            ["validation.dcgm_level=4"],
+            "validation.dcgm_level=4 usually takes 60 minutes or more, and validation.run.time_limit=00:30:00"
+            " ends the job by then (the training waiting on it would never start): give a longer time limit"
+            " or a lower dcgm_level",
+        ),
     ],
 )
 def test_a_value_the_validation_job_would_refuse_stops_the_launch(
@@ -181,3 +187,11 @@ def test_an_exclude_file_that_does_not_parse_is_named(make, message, tmp_path, c
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"gptrain: error: validation.exclude_file {tmp_path}/ex: {message}"
     )
+
+
+def test_a_time_limit_that_covers_the_dcgmi_level_launches(tmp_path, capsys, monkeypatch):
+    from gptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    overrides = ["validation.dcgm_level=3", "validation.run.time_limit=01:00:00"]
+    assert main(["launch", "--dry-run", "stages=[validation,training]", *CPU, *overrides]) == 0
