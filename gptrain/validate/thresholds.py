@@ -75,6 +75,10 @@ def _profile_path(profile: str) -> Path:
         if not path.is_file():
             raise ConfigError(f"--profile {profile}: no such file")
         return path
+    if "/" in profile:  # a path the launcher's way, .yaml left off (cluster=conf/cluster/site)
+        own = next((p for p in (Path(f"{profile}.yaml"), Path(f"{profile}.yml")) if p.is_file()), None)
+        if own is not None:
+            return own
     named = CLUSTER_DIR / f"{profile}.yaml"
     if not named.is_file():
         raise ConfigError(

@@ -365,3 +365,15 @@ def test_a_ranks_error_line_is_one_write_with_its_newline(monkeypatch):
     [line] = writes
     assert line.startswith("gptrain: error: validate: rank ") and line.endswith(" output\n")
     assert "could not start the process group" in line and line.count("\n") == 1
+
+
+def test_a_cluster_file_given_without_its_yaml_is_found_as_the_launcher_names_it(tmp_path, monkeypatch):
+    """`--profile conf/cluster/site` (NeMo's cluster=<name> leaves .yaml off) was looked up as a
+    bundled profile's name: 'unknown cluster profile'. A bare name stays a bundled profile."""
+    site = tmp_path / "conf" / "cluster" / "site.yaml"
+    site.parent.mkdir(parents=True)
+    site.write_text("validation:\n  thresholds:\n    copy_GBps: 7\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_thresholds("conf/cluster/site").copy_GBps == 7
+    (tmp_path / "aws_p5.yaml").write_text("validation:\n  thresholds:\n    copy_GBps: 7\n")
+    assert load_thresholds("aws_p5").copy_GBps != 7
