@@ -23,7 +23,7 @@ from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.executors.slurm import record_submission, sbatch
 from gptrain.launch.jobs import JobState, run_command, slurm_state
 from gptrain.launch.preflight import check_cluster, query_nodes
-from gptrain.launch.sbatch import Job, render_slurm
+from gptrain.launch.sbatch import Job, gres_gpus, render_slurm
 from gptrain.launch.script_values import check_value
 from gptrain.launch.sections import check_cluster_section
 from gptrain.plan.hardware import cluster_profile_path
@@ -49,6 +49,22 @@ def slurm_profile(name: str | None) -> dict[str, Any]:
     except ConfigError as error:
         raise ConfigError(f"--cluster {name}: {error}") from None
     return data
+
+
+def trial_profile(profile: dict[str, Any], gpus_per_node: int) -> dict[str, Any]:
+    """The profile asking for the plan's GPUs per node: a profile written for whole nodes
+    (`gres: gpu:8`, `gpus_per_node: 8`) would hold 8 GPUs for a 4-GPU trial, or find no node."""
+    profile = dict(profile)
+    if profile.get("gpus_per_node"):
+        profile["gpus_per_node"] = gpus_per_node
+    if gres_gpus(profile.get("gres")) is not None:
+        items = [item.strip() for item in str(profile["gres"]).split(",")]
+        gpu = next(i for i, item in enumerate(items) if item.split(":")[0] == "gpu")
+        parts = items[gpu].split(":")
+        parts = parts[:-1] if len(parts) > 1 and parts[-1].isdigit() else parts  # gpu[:type][:count]
+        items[gpu] = ":".join([*parts, str(gpus_per_node)])
+        profile["gres"] = ",".join(items)
+    return profile
 
 
 def trial_job(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_dir: Path) -> Job:
@@ -97,7 +113,7 @@ def wait_for_job(job_id: str, timeout_s: float) -> JobState:
 def run_slurm_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_dir: Path) -> None:
     from gptrain.launch.validation_stage import apply_exclude_file
 
-    profile = slurm_profile(args.cluster)
+    profile = trial_profile(slurm_profile(args.cluster), plan.cluster.gpus_per_node)
     apply_exclude_file(profile, {"exclude_file": args.exclude_file})  # nodes a validation blamed
     job = trial_job(plan, args, candidate, trial_dir)
     try:

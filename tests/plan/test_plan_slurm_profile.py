@@ -58,3 +58,58 @@ def test_a_bad_profile_is_one_line_naming_the_file_and_key(tmp_path, profile, na
         slurm_profile(str(path))
     message = str(error.value)
     assert message.startswith(f"--cluster {path}: {named}") and "\n" not in message
+
+
+def measured_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gres: str, per_node: int | None) -> str:
+    """The batch script `--measure --cluster-type slurm --gpus-per-node 4` submits for the top
+    candidate, on a partition of 4-GPU nodes (sinfo, sbatch and the job's state stubbed)."""
+    from argparse import Namespace
+
+    from plan_helpers import TINY
+
+    from gptrain.launch.jobs import JobState
+    from gptrain.launch.preflight import Node
+    from gptrain.plan import slurm_trials
+    from gptrain.plan.build import build_plan
+
+    path = tmp_path / "site.yaml"
+    profile = {"gres": gres, "gpus_per_node": per_node, "exclusive": True, "plan": {"gpu": "a100-80gb"}}
+    path.write_text(yaml.safe_dump(profile))
+    args = Namespace(
+        preset="gpt3/126m", overrides=list(TINY), config_file=None, nodes=1, gpus_per_node=4, gpu=None,
+        cluster=str(path), mfu=0.4, tokens=3e11, headroom=0.1, vocab_size=None, top=1, steps=2,
+        trial_timeout=60.0, trial_time_limit="0:10:00", exclude_file=str(tmp_path / "none.txt"),
+    )  # fmt: skip
+    plan = build_plan(args)
+    scripts = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(slurm_trials, "query_nodes", lambda: [Node("n1", "gpu", True, 64, 4, "idle")])
+    monkeypatch.setattr(
+        slurm_trials, "sbatch", lambda job, _: scripts.append(job.script_path.read_text()) or "7"
+    )
+    monkeypatch.setattr(slurm_trials, "record_submission", lambda *_: None)
+    monkeypatch.setattr(slurm_trials, "wait_for_job", lambda *_: JobState("COMPLETED", ""))
+    candidate = plan.shown()[0]
+    slurm_trials.run_slurm_trial(plan, args, candidate, tmp_path / "trial")
+    assert scripts, candidate.error
+    return scripts[0]
+
+
+@pytest.mark.parametrize(
+    ("gres", "per_node", "asked"),
+    [
+        ("gpu:8", 8, "gpu:4"),
+        ("gpu:a100:8,nvme:1", None, "gpu:a100:4,nvme:1"),
+        ("gpu:a100:8", 8, "gpu:a100:4"),
+    ],
+)
+def test_a_trial_asks_for_the_plans_gpus_per_node_not_the_profiles(
+    tmp_path, monkeypatch, gres, per_node, asked
+):
+    """A profile for whole 8-GPU nodes (`gres: gpu:8`, as the bundled ones) held all 8 GPUs for
+    a `--gpus-per-node 4` trial, and on 4-GPU nodes the trial was refused before it was submitted
+    ('8 GPUs per node requested but nodes of ... have 4'); the gres count is now the plan's."""
+    lines = measured_script(tmp_path, monkeypatch, gres, per_node).splitlines()
+    assert [line for line in lines if "gres" in line or "gpus-per-node" in line] == [
+        f"#SBATCH --gres={asked}"
+    ]
