@@ -69,9 +69,12 @@ def _divisors(n: int) -> list[int]:
 def layout_grid(work: Workload, cluster: Cluster) -> Iterator[Layout]:
     """Every combination of the knobs worth trying (validity is checked afterwards)."""
     world, layers = cluster.world_size, work.model.num_layers
-    for tp in _powers_of_two(min(cluster.gpus_per_node, world)):
+    # TP inside a node, as Megatron places it: any divisor of the node's GPUs (a 6-GPU node's 3 and 6;
+    # a power of two that does not divide it, 4 of 6, would straddle two nodes)
+    for tp in _divisors(cluster.gpus_per_node):
         for pp in (p for p in _divisors(layers) if world % (tp * p) == 0):
             dp = world // (tp * pp)
+            sp = tp > 1 and work.model.seq_length % tp == 0  # sequence parallel splits the sequence
             vpps = [1] + ([v for v in (2, 4) if layers % (pp * v) == 0] if pp > 1 else [])
             shardings = ["ddp"] + (["full_shard"] if dp > 1 else [])
             shardings += ["shard_grad_op"] if dp > 1 and pp == 1 else []  # under PP: full_shard's code
@@ -80,7 +83,7 @@ def layout_grid(work: Workload, cluster: Cluster) -> Iterator[Layout]:
                 for mbs in _powers_of_two(min(MAX_MICRO_BATCH, max(1, work.global_batch_size // dp))):
                     for sharding in shardings:
                         for recompute in RECOMPUTE_CHOICES:
-                            yield Layout(tp, pp, dp, vpp, mbs, tp > 1, sharding, 0, recompute)
+                            yield Layout(tp, pp, dp, vpp, mbs, sp, sharding, 0, recompute)
 
 
 def checked(layout: Layout, model_cfg: Any, cluster: Cluster) -> Layout | None:

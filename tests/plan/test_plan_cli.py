@@ -215,10 +215,10 @@ def test_nothing_fits_is_one_line_naming_what_to_change(
 
 
 def test_no_valid_layout_at_all_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """3 GPUs, a global batch of 2: TP 3 is not a power of two, DP 3 does not divide the batch,
-    PP 3 would get 2 micro batches."""
+    """5 GPUs, a global batch of 2: TP 5 divides neither the 96 heads nor the 12288 hidden size,
+    PP 5 not the 96 layers, and DP 5 not the batch."""
     args = ["plan", "gpt3/175b", "model.global_batch_size=2", "model.micro_batch_size=1"]
-    assert main([*args, "--nodes", "1", "--gpus-per-node", "3"]) == 2
+    assert main([*args, "--nodes", "1", "--gpus-per-node", "5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "passes gptrain's layout checks" in err, err
 
@@ -597,3 +597,20 @@ def test_measure_checks_its_trial_paths_before_any_trial(
     assert main(["plan", "gpt3/126m", "--measure", *args]) == 2
     assert capsys.readouterr().err.strip() == f"gptrain: error: {message}"
     assert trials == []
+
+
+def test_a_six_gpu_node_plans_every_tensor_parallel_size_that_divides_it() -> None:
+    """TP sizes were powers of two up to the node's GPUs: on 6-GPU nodes a 12-head model never got
+    TP 3 or 6 (which training takes: 12 heads, 768 hidden and 3072 FFN divide by both), and got
+    TP 4, whose groups straddle two nodes; now every divisor of the node's GPUs is planned (without
+    sequence parallel where it does not divide the 2048-token sequence)."""
+    import dataclasses
+
+    from gptrain.parallel.layout import check_layout
+
+    cfg = load_training_config("gpt3/126m", ["trainer.num_nodes=2", "trainer.devices=6"])
+    gpu = GpuSpec("test", 80, 1.0, None, 1.0, 1.0, "test")
+    ranked = rank_layouts(workload_from_config(cfg), cfg.model, Cluster(2, 6, gpu), 0.5, 0.0)
+    assert {c.layout.tp for c in ranked} == {1, 2, 3, 6}
+    for tp in (3, 6):  # training takes both
+        check_layout(dataclasses.replace(cfg.model, tensor_model_parallel_size=tp), 12, 6)
