@@ -3,7 +3,8 @@
 Bandwidths are GB/s per GPU in one direction, the figure a ring collective is limited by
 (a datasheet's "900 GB/s NVLink" counts both directions). A cluster profile
 (configs/cluster/<name>.yaml) may carry a `plan:` block with `gpu`, `intra_node_GBps` and
-`inter_node_GBps`; its `gpus_per_node` is the default for --gpus-per-node.
+`inter_node_GBps`; its `gpus_per_node` (else its gres's GPU count) is the default for
+--gpus-per-node.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
+from gptrain.launch.sbatch import gres_gpus
 
 CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
 
@@ -131,7 +133,8 @@ def cluster_profile_path(name: str) -> Path:
 
 
 def cluster_profile(name: str) -> dict:
-    """`gpus_per_node` and the `plan:` block of configs/cluster/<name>.yaml (or a path)."""
+    """`gpus_per_node` (else its gres's GPU count) and the `plan:` block of configs/cluster/<name>.yaml
+    (or a path)."""
     path = cluster_profile_path(name)
     data = load_file(path) or {}  # a malformed or non-UTF-8 file: one line naming it
     if not isinstance(data, dict):
@@ -143,6 +146,8 @@ def cluster_profile(name: str) -> dict:
     per_node = data.get("gpus_per_node")
     if per_node is not None and (isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1):
         raise ConfigError(f"{path}: gpus_per_node must be a positive integer, got {per_node!r}")
+    if per_node is None:  # a profile asking for its GPUs by gres only (gpu:4, gpu:a100:4), as Slurm reads it
+        per_node = gres_gpus(data.get("gres")) or None
     return {"gpus_per_node": per_node, **plan}
 
 

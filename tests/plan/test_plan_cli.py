@@ -614,3 +614,21 @@ def test_a_six_gpu_node_plans_every_tensor_parallel_size_that_divides_it() -> No
     assert {c.layout.tp for c in ranked} == {1, 2, 3, 6}
     for tp in (3, 6):  # training takes both
         check_layout(dataclasses.replace(cfg.model, tensor_model_parallel_size=tp), 12, 6)
+
+
+@pytest.mark.parametrize("gres", ["gpu:4", "gpu:a100:4,nvme:1"])
+def test_a_profile_asking_for_gpus_by_gres_only_plans_that_many_per_node(tmp_path: Path, gres: str) -> None:
+    """A cluster file with `gres: gpu:4` and no gpus_per_node (the launcher's jobs ask for 4 GPUs a
+    node) was planned for 8 GPUs a node, the default: layouts with TP 8 and twice the data
+    parallelism its jobs get; the gres count is now the default for --gpus-per-node."""
+    profile = tmp_path / "site.yaml"
+    profile.write_text(yaml.safe_dump({"gres": gres, "gpus_per_node": None, "plan": {"gpu": "a100-80gb"}}))
+    js = tmp_path / "p.json"
+    assert main(["plan", "gpt3/126m", "--cluster", str(profile), "--nodes", "2", "--json", str(js)]) == 0
+    plan = json.loads(js.read_text())
+    assert plan["cluster"]["gpus_per_node"] == 4
+    assert {c["layout"].split()[0] for c in plan["candidates"]} <= {"tp1", "tp2", "tp4"}
+    assert (
+        main(["plan", "gpt3/126m", "--cluster", str(profile), "--gpus-per-node", "2", "--json", str(js)]) == 0
+    )
+    assert json.loads(js.read_text())["cluster"]["gpus_per_node"] == 2  # the command line still wins
