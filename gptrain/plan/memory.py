@@ -372,10 +372,10 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
     logits = logits_bytes_per_token(layout, c, work, scope) * layout.micro_batch_size * c.seq_length
     if scope == WHOLE:  # the output layer's 16-bit weight gradient, made while that buffer lives
         logits += _dtypes(work).act * c.vocab_size / layout.tp * c.hidden_size
-    transient = _transient(work, layout, c, rank, params, shard)
+    transient = _transient(work, layout, c, rank, params)
     rebuild = rebuild_bytes(work, layout, rank, scope)
     if rebuild:
-        rebuild += transient - _copies_freed_before_rebuild(work, layout, c, rank, shard)
+        rebuild += transient - _copies_freed_before_rebuild(work, layout, c, rank)
     return MemoryEstimate(
         weights=WEIGHT_BYTES * params / shard,
         gradients=GRAD_BYTES * params / (1 if unsharded_gradients(layout) else shard),
@@ -390,11 +390,12 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
     )
 
 
-def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: int, shard: int) -> float:
+def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: int) -> float:
     """Copies that live through a forward/backward besides the persistent state."""
     act = _dtypes(work).act
-    # FSDP2: blocks all-gathered one ahead (2 unsharded; all under shard_grad_op), the root stays gathered
-    if shard > 1:
+    # FSDP2: blocks all-gathered one ahead (2 unsharded; all under shard_grad_op), the root stays gathered;
+    # also over a shard group of one (hybrid_shard with TP filling the node), where torch copies them
+    if _sharded(layout):
         block = rank_parameters(c, layout.tp, layout.pp)[rank] - root_parameters(c, layout, rank)
         per_block = block / max(1, c.num_layers // layout.pp)
         float8 = float8_gathered_weights(work, c, layout)  # gathered in 1 byte instead of `act`
@@ -413,14 +414,12 @@ def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: 
     return copies
 
 
-def _copies_freed_before_rebuild(
-    work: Workload, layout: Layout, c: GPTConfig, rank: int, shard: int
-) -> float:
+def _copies_freed_before_rebuild(work: Workload, layout: Layout, c: GPTConfig, rank: int) -> float:
     """Autocast's 16-bit weight copies (in `_transient`) that are not live while a checkpointed
     block is rebuilt: autocast's cache holds every copy until the forward's autocast region ends,
     but a checkpointed block saves none of its own, and the output layer's is freed with the head;
     the rebuilt block casts its weights again."""
-    if not work.mixed or (shard > 1 and work.bf16):  # no copies; FSDP bf16 gathers in bf16 already
+    if not work.mixed or (_sharded(layout) and work.bf16):  # no copies; FSDP bf16 gathers in bf16 already
         return 0.0
     per_block = sum(i * o for i, o in _block_linear_shapes(c, layout.tp) if not fp8_linear(work, i, o))
     return 2.0 * (_matmul_weights(work, c, layout, rank) - per_block)

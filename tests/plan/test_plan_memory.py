@@ -351,3 +351,23 @@ def test_shard_grad_op_moves_one_weight_gather_per_step() -> None:
     layout = Layout(sharding="full_shard", **fields)
     assert grad_op == pytest.approx(fsdp_step_bytes(work, layout, (1, 1), 1)[0] / 1e9, rel=1e-12)
     assert full == pytest.approx(fsdp_step_bytes(work, layout, (2, 1), 1)[0] / 1e9, rel=1e-12)
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16"])
+def test_hybrid_shard_over_shard_groups_of_one_still_gathers_its_blocks(precision: str) -> None:
+    """hybrid_shard where TP fills the node (or one GPU a node) shards over groups of one rank:
+    torch's FSDP2 still copies each block's parameters into unsharded ones in its param_dtype
+    (`FSDPParamGroup.wait_for_unshard`, world_size == 1) and frees them after the forward, as
+    over any shard group. The planner took it for a replicated model: no copies in fp32 (0 bytes),
+    every linear's autocast copy in bf16. The gathered blocks do not depend on the group's size, so
+    the working copies are full_shard's on two ranks; by hand for the tiny model's 2 blocks of
+    12,704 parameters and its 5,184-parameter root (the 128 x 32 padded embedding, 32 x 32
+    positions, the final norm): 2 gathered blocks, the root, and one block's gradient reduced."""
+    work = workload(precision)
+    hybrid = estimate_rank(work, Layout(micro_batch_size=2, dp=2, sharding="hybrid_shard", dp_shard=1), 0)
+    full = estimate_rank(work, Layout(micro_batch_size=2, dp=2, sharding="full_shard", dp_shard=2), 0)
+    gather = 2 if precision == "bf16" else 4
+    block, root = 12 * 32 * 32 + 13 * 32, 128 * 32 + 32 * 32 + 2 * 32
+    assert sum(p.numel() for p in build(work).layers["0"].parameters()) == block
+    assert hybrid.transient == full.transient == 2 * gather * block + gather * root + (gather + 4) * block
+    assert hybrid.weights == 4 * (2 * block + root)  # replicated: nothing sharded
