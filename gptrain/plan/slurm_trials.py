@@ -51,11 +51,13 @@ def slurm_profile(name: str | None) -> dict[str, Any]:
     return data
 
 
-def trial_profile(profile: dict[str, Any], gpus_per_node: int) -> dict[str, Any]:
+def trial_profile(profile: dict[str, Any], gpus_per_node: int, gpus: bool = True) -> dict[str, Any]:
     """The profile asking for the plan's GPUs per node: a profile written for whole nodes
-    (`gres: gpu:8`, `gpus_per_node: 8`) would hold 8 GPUs for a 4-GPU trial, or find no node."""
+    (`gres: gpu:8`, `gpus_per_node: 8`) would hold 8 GPUs for a 4-GPU trial, or find no node;
+    one asking for none (no --cluster) would get a GPU plan's trial no GPU at all."""
     profile = dict(profile)
-    if profile.get("gpus_per_node"):
+    asks = profile.get("gpus_per_node") or gres_gpus(profile.get("gres")) or profile.get("gpus_per_task")
+    if profile.get("gpus_per_node") or (gpus and not asks):
         profile["gpus_per_node"] = gpus_per_node
     if gres_gpus(profile.get("gres")) is not None:
         items = [item.strip() for item in str(profile["gres"]).split(",")]
@@ -113,7 +115,8 @@ def wait_for_job(job_id: str, timeout_s: float) -> JobState:
 def run_slurm_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_dir: Path) -> None:
     from gptrain.launch.validation_stage import apply_exclude_file
 
-    profile = trial_profile(slurm_profile(args.cluster), plan.cluster.gpus_per_node)
+    gpus = plan.cluster.gpu.name != "cpu"
+    profile = trial_profile(slurm_profile(args.cluster), plan.cluster.gpus_per_node, gpus)
     apply_exclude_file(profile, {"exclude_file": args.exclude_file})  # nodes a validation blamed
     job = trial_job(plan, args, candidate, trial_dir)
     try:

@@ -60,9 +60,9 @@ def test_a_bad_profile_is_one_line_naming_the_file_and_key(tmp_path, profile, na
     assert message.startswith(f"--cluster {path}: {named}") and "\n" not in message
 
 
-def measured_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gres: str, per_node: int | None) -> str:
-    """The batch script `--measure --cluster-type slurm --gpus-per-node 4` submits for the top
-    candidate, on a partition of 4-GPU nodes (sinfo, sbatch and the job's state stubbed)."""
+def measured_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: dict | None) -> str:
+    """The batch script `--measure --cluster-type slurm --gpus-per-node 4 [--cluster FILE]` submits
+    for the top candidate, on a partition of 4-GPU nodes (sinfo, sbatch and the job's state stubbed)."""
     from argparse import Namespace
 
     from plan_helpers import TINY
@@ -73,11 +73,10 @@ def measured_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gres: str, 
     from gptrain.plan.build import build_plan
 
     path = tmp_path / "site.yaml"
-    profile = {"gres": gres, "gpus_per_node": per_node, "exclusive": True, "plan": {"gpu": "a100-80gb"}}
     path.write_text(yaml.safe_dump(profile))
     args = Namespace(
         preset="gpt3/126m", overrides=list(TINY), config_file=None, nodes=1, gpus_per_node=4, gpu=None,
-        cluster=str(path), mfu=0.4, tokens=3e11, headroom=0.1, vocab_size=None, top=1, steps=2,
+        cluster=None if profile is None else str(path), mfu=0.4, tokens=3e11, headroom=0.1, vocab_size=None, top=1, steps=2,
         trial_timeout=60.0, trial_time_limit="0:10:00", exclude_file=str(tmp_path / "none.txt"),
     )  # fmt: skip
     plan = build_plan(args)
@@ -109,7 +108,19 @@ def test_a_trial_asks_for_the_plans_gpus_per_node_not_the_profiles(
     """A profile for whole 8-GPU nodes (`gres: gpu:8`, as the bundled ones) held all 8 GPUs for
     a `--gpus-per-node 4` trial, and on 4-GPU nodes the trial was refused before it was submitted
     ('8 GPUs per node requested but nodes of ... have 4'); the gres count is now the plan's."""
-    lines = measured_script(tmp_path, monkeypatch, gres, per_node).splitlines()
+    profile = {"gres": gres, "gpus_per_node": per_node, "exclusive": True, "plan": {"gpu": "a100-80gb"}}
+    lines = measured_script(tmp_path, monkeypatch, profile).splitlines()
     assert [line for line in lines if "gres" in line or "gpus-per-node" in line] == [
         f"#SBATCH --gres={asked}"
+    ]
+
+
+@pytest.mark.parametrize("profile", [None, {"gres": None, "gpus_per_node": None}])
+def test_a_gpu_trial_asks_for_its_gpus_where_the_profile_asks_for_none(tmp_path, monkeypatch, profile):
+    """Without --cluster (or with a profile that names no GPUs) a plan for 4 H100s a node rendered
+    its trials with no GPU request: Slurm gave the job no GPU and every rank stopped at training's
+    start ('no CUDA device is visible'); the trial now asks for the plan's GPUs per node."""
+    lines = measured_script(tmp_path, monkeypatch, profile).splitlines()
+    assert [line for line in lines if "gres" in line or "gpus-per-node" in line] == [
+        "#SBATCH --gpus-per-node=4"
     ]
