@@ -63,6 +63,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
     except ConfigError as exc:
         error = str(exc)
     ranked = rank_layouts(work, cfg.model, cluster, args.mfu, args.headroom)
+    for candidate in ranked:  # the requested layout's row in the ranking (--json's `requested`)
+        candidate.requested = requested is not None and candidate.layout == requested.layout
     name = preset or str(args.config_file)
     plan = Plan(name, work, cluster, args.mfu, args.tokens, requested, error, ranked, args.top)
     plan.headroom = args.headroom

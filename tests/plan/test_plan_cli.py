@@ -632,3 +632,19 @@ def test_a_profile_asking_for_gpus_by_gres_only_plans_that_many_per_node(tmp_pat
         main(["plan", "gpt3/126m", "--cluster", str(profile), "--gpus-per-node", "2", "--json", str(js)]) == 0
     )
     assert json.loads(js.read_text())["cluster"]["gpus_per_node"] == 2  # the command line still wins
+
+
+def test_the_requested_layouts_row_in_the_ranking_says_so(tmp_path: Path) -> None:
+    """--json's candidates each carry `requested`, but it was false on every one, the requested
+    layout's own row included; that row (the same label as `requested`) now says true."""
+    js = tmp_path / "p.json"
+    layout = [
+        "model.tensor_model_parallel_size=2",
+        "model.sequence_parallel=true",
+        "model.micro_batch_size=2",
+    ]
+    assert main(["plan", "gpt3/126m", *layout, "--nodes", "1", "--top", "1000", "--json", str(js)]) == 0
+    plan = json.loads(js.read_text())
+    assert plan["requested"]["layout"] == "tp2 pp1 dp4 mbs2 sp zero2"
+    rows = [c["layout"] for c in plan["candidates"] if c["requested"]]
+    assert rows == [plan["requested"]["layout"]]
