@@ -162,6 +162,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "requested_error": plan.requested_error,
         "candidates": [c.to_dict() for c in plan.shown()],
         "valid_layouts_that_fit": len(plan.ranked),
+        "smallest": plan.smallest.to_dict() if plan.smallest else None,  # nothing fits: the error's layout
     }
 
 

@@ -648,3 +648,21 @@ def test_the_requested_layouts_row_in_the_ranking_says_so(tmp_path: Path) -> Non
     assert plan["requested"]["layout"] == "tp2 pp1 dp4 mbs2 sp zero2"
     rows = [c["layout"] for c in plan["candidates"] if c["requested"]]
     assert rows == [plan["requested"]["layout"]]
+
+
+def test_when_nothing_fits_the_json_names_the_smallest_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The error line names the layout that needs the least memory and its GiB per GPU; the JSON
+    written beside it had no candidates and no such layout, so a script reading it could not say
+    how far the job was from fitting. It is now `smallest` (null when something fits)."""
+    js = tmp_path / "p.json"
+    assert main(["plan", "gpt3/175b", "--nodes", "1", "--json", str(js)]) == 2
+    err = capsys.readouterr().err
+    smallest = json.loads(js.read_text())["smallest"]
+    assert (
+        f"the smallest, {smallest['layout']}, needs {smallest['memory_gib']['total']:.1f} GiB per GPU" in err
+    )
+    assert not smallest["fits"] and smallest["overrides"]
+    assert main(["plan", "gpt3/126m", "--nodes", "1", "--json", str(js)]) == 0
+    assert json.loads(js.read_text())["smallest"] is None
