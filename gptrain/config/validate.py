@@ -6,6 +6,7 @@ gptrain.parallel.layout; these run on the config alone.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -252,10 +253,11 @@ def _check_model(cfg: TrainingConfig) -> None:
 
 
 def _check_max_time(value: Any, key: str) -> None:
-    """DD:HH:MM:SS (or its last parts), none negative: 00:00:-1:00 read as 59 minutes."""
+    """DD:HH:MM:SS (or its last parts), none negative (00:00:-1:00 read as 59 minutes) and each
+    finite (00:00:nan:00 never compared as reached: no limit)."""
     parts = str(value).split(":")
     try:
-        if any(float(part) < 0 for part in parts) or len(parts) > 4:
+        if any(not 0 <= float(part) < math.inf for part in parts) or len(parts) > 4:
             raise ValueError
     except ValueError:
         raise ConfigError(f"{key}: '{value}' is not DD:HH:MM:SS") from None

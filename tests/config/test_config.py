@@ -150,6 +150,8 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
         ("model.optim.sched.min_lr=-inf", "'model.optim.sched.min_lr' expects a finite float"),
         ("model.optim.lr=1" + "0" * 400, "'model.optim.lr' expects a finite float"),  # OverflowError before
         ("trainer.max_time=00:00:-1:00", "trainer.max_time: '00:00:-1:00' is not DD:HH:MM:SS"),  # was 59 min
+        ("trainer.max_time=00:00:nan:00", "trainer.max_time: '00:00:nan:00' is not DD:HH:MM:SS"),  # never hit
+        ("trainer.max_time=inf", "trainer.max_time: 'inf' is not DD:HH:MM:SS"),
         ("trainer.precision=8", "trainer.precision: '8'"),
         ("model.num_attention_heads=7", "divisible by model.num_attention_heads"),
         ("model.global_batch_size=10", "divisible by model.micro_batch_size"),
