@@ -4,25 +4,28 @@ Without it, a rank that stops (a dead data mount, a deadlock, a lost GPU) leaves
 waiting in a collective until torch's timeout (10-30 minutes) ends them with an opaque NCCL/gloo
 error that names nobody. The training loop only notes, in memory, which step it is in; the
 watchdog thread publishes that heartbeat to the process group's key-value store (one TCPStore
-server on rank 0 for the whole job) when it changed, at most every `sync_s` (the timeout / 20, at
-most 5 s: beats a few seconds old are fresh for a timeout of minutes), the ranks spread over that
-interval, so the training thread never waits on the store and rank 0's server sees ~0.4 calls a
-second per rank. When a rank has been inside one step, or its end (the log line and the stop
-agreement's exchange), for `trainer.hang_timeout_minutes` (FIRST_STEP_FACTOR times that for its
-first step, which may compile, build NCCL communicators or read caches: a bad node at start or
-after a requeue is caught too), the first such rank (the store's counter decides) reads every
-rank's heartbeat in one `multi_get`: the ranks that never entered the step are the stuck ones,
-or, when the others finished it, those still inside. It posts one line naming them (rank, host,
-pid, last progress) to the store; the other ranks read it (those that timed out too wait for it,
-the others see it at their next sync), every rank prints it, and once all have acknowledged (or
-GRACE_SECONDS after the line was posted) each exits with EXIT_HUNG (76), which the rendered batch
-script requeues; the requeued run resumes from the last complete checkpoint.
+server on rank 0 for the whole job) every `sync_s` (the timeout / 20, at most 5 s: beats a few
+seconds old are fresh for a timeout of minutes), the ranks spread over that interval, so the
+training thread never waits on the store and rank 0's server sees ~0.4 calls a second per rank.
+When a rank has been inside one step, or its end (the log line and the stop agreement's
+exchange), for `trainer.hang_timeout_minutes` (FIRST_STEP_FACTOR times that for its first step,
+which may compile, build NCCL communicators or read caches: a bad node at start or after a
+requeue is caught too), the first such rank (the store's counter decides) reads every rank's
+heartbeat in one `multi_get`: a rank whose beat has not been written for half that wait is gone
+(SIGKILL, a lost node: NCCL waits for it until the process group's timeout); otherwise the ranks
+that never entered the step are the stuck ones, or, when the others finished it, those still
+inside. It posts one line naming them (rank, host, pid, last progress) to the store; the other
+ranks read it (those that timed out too wait for it, the others see it at their next sync), every
+rank prints it, and once all have acknowledged (or GRACE_SECONDS after the line was posted) each
+exits with EXIT_HUNG (76), which the rendered batch script requeues; the requeued run resumes
+from the last complete checkpoint.
 
 Only the step is watched: checkpoint saves and validation may legitimately take long.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -111,8 +114,6 @@ class Watchdog:
         self._iteration = 0
         self._steps_done = 0
         self._beat: dict[str, Any] | None = None  # this rank's progress, as the store should show it
-        self._version = 0  # bumped by the loop at each change of _beat
-        self._published = 0  # the version last written to the store (by the watchdog thread only)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -174,19 +175,17 @@ class Watchdog:
                 self._since = None
                 self._steps_done += 1
             self._beat = beat
-            self._version += 1
 
     def publish(self) -> None:
-        """Write this rank's heartbeat to the store if it changed since the last write."""
+        """Write this rank's heartbeat to the store, with the time it was written ("seen"): at every
+        sync, changed or not, so that a rank whose process died (SIGKILL, a lost node) falls silent,
+        which a live rank waiting in a collective never does (its progress does not change either)."""
         with self._lock:
-            beat, version = self._beat, self._version
-        if self.store is None or beat is None or version == self._published:
+            beat = self._beat
+        if self.store is None or beat is None:
             return
-        try:
-            self.store.set(beat_key(self.rank), json.dumps(beat))
-            self._published = version
-        except Exception:  # store gone (rank 0 ended): this rank's own timeout still applies
-            pass
+        with contextlib.suppress(Exception):  # store gone (rank 0 ended): this rank's own timeout applies
+            self.store.set(beat_key(self.rank), json.dumps({**beat, "seen": time.time()}))
 
     def watch(self) -> None:
         """The thread: publish progress, end the job when a peer reported a hang or a step is overdue."""
@@ -235,8 +234,8 @@ class Watchdog:
             pass
         return self.diagnose(iteration)
 
-    def read_beats(self) -> dict[int, dict[str, Any]]:
-        """Every rank's heartbeat: two store calls when all ranks have one."""
+    def read_beats(self) -> dict[int, dict[str, Any]] | None:
+        """Every rank's heartbeat: two store calls when all ranks have one; None: the store is gone."""
         if self.store is None:
             return {}
         keys = [beat_key(rank) for rank in range(self.world_size)]
@@ -247,7 +246,14 @@ class Watchdog:
             values = self.store.multi_get([keys[rank] for rank in ranks]) if ranks else []
             return {rank: json.loads(value) for rank, value in zip(ranks, values, strict=True)}
         except Exception:
-            return {}
+            return None
+
+    def silent(self, beats: dict[int, dict[str, Any]]) -> list[int]:
+        """Ranks not heard from for half the time this rank waited (and 3 syncs, 2 s at least): a live
+        rank writes its beat every sync, so these are dead, lost with their node, or frozen."""
+        after = max(self._budget / 2, 3 * self.sync_s, 2.0)
+        now = time.time()
+        return [r for r, b in beats.items() if r != self.rank and now - float(b.get("seen", now)) > after]
 
     def diagnose(self, iteration: int) -> str:
         """One line: which ranks never entered `iteration` while the others wait inside it."""
@@ -255,6 +261,18 @@ class Watchdog:
         if self.store is None:
             return f"hang: rank {self.rank} on host {self.host} (pid {self.pid}) made no progress in iteration {iteration} for {waited}"
         beats = self.read_beats()
+        if beats is None:  # the store's server is rank 0's: it ended, its node with it perhaps
+            return (
+                f"hang: rank {self.rank} on host {self.host} made no progress in iteration {iteration} for"
+                f" {waited} and cannot reach the job's store, which rank 0 serves: rank 0 is most likely gone"
+                " (its process died or its node was lost)"
+            )
+        if silent := self.silent(beats):
+            named = "; ".join(describe(r, beats[r]) for r in silent)
+            return (
+                f"hang: {named}: not heard from since (its process died, its node was lost, or it is frozen),"
+                f" while rank {self.rank} waited in iteration {iteration} for {waited}"
+            )
         waiting = [r for r, b in beats.items() if b["iteration"] == iteration and b["phase"] == "in"]
         past = [r for r, b in beats.items() if _past(b, iteration)]
         stuck = [r for r in range(self.world_size) if r not in waiting and r not in past]

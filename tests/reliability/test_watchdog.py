@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import socket
 import threading
@@ -195,6 +196,44 @@ def test_a_hang_inside_the_step_on_every_rank_says_so():
         for thread in [watch(zero), watch(one)]:
             thread.join(timeout=15)
     assert exits == [EXIT_HUNG, EXIT_HUNG] and "all 2 ranks are inside iteration 2" in zero.fired
+
+
+def gone_or_waiting(silent_s: float) -> str:
+    """Rank 0's diagnosis after 10 minutes in iteration 5, where rank 1's beat (also inside 5) was last
+    written `silent_s` ago."""
+    store, now = FakeStore(), time.time()
+    zero = Watchdog(0, 2, 600.0, store, exit_fn=lambda code: None, out=io.StringIO())
+    beat = {"host": "n2", "pid": 42, "iteration": 5, "phase": "in", "time": now - 700, "seen": now - silent_s}
+    store.data[watchdog.beat_key(1)] = json.dumps(beat).encode()
+    with zero.step(4), zero.step(5):
+        zero.publish()
+        return zero.diagnose(5)
+
+
+def test_a_rank_that_died_inside_the_step_is_named_not_called_a_stuck_collective():
+    """A rank SIGKILLed (the OOM killer) or lost with its node inside a step: NCCL's peers wait for it
+    in the collective. Its last beat says "inside iteration 5" like theirs, so the line said every
+    rank was in a stuck collective and named nobody; a live rank's beat is rewritten every sync."""
+    message = gone_or_waiting(silent_s=650)
+    assert message.startswith("hang: rank 1 on host n2 (pid 42), last seen inside iteration 5"), message
+    assert "not heard from since (its process died, its node was lost, or it is frozen)" in message
+    assert "while rank 0 waited in iteration 5" in message
+    assert "all 2 ranks are inside iteration 5" in gone_or_waiting(silent_s=4)  # alive, waiting too
+
+
+def test_a_store_gone_with_rank_0_names_rank_0_not_every_rank():
+    """The beats are on rank 0's store: with rank 0 dead none can be read, and the line named every
+    rank (this one included) as stuck with no heartbeat."""
+
+    class GoneStore(FakeStore):
+        def check(self, keys):
+            raise RuntimeError("Connection reset by peer")
+
+    one = Watchdog(1, 2, 600.0, GoneStore(), exit_fn=lambda code: None, out=io.StringIO())
+    with one.step(4), one.step(5):
+        message = one.diagnose(5)
+    assert "cannot reach the job's store, which rank 0 serves: rank 0 is most likely gone" in message
+    assert "rank 1 (no heartbeat)" not in message
 
 
 def test_a_training_step_makes_no_store_call_and_beats_are_rate_limited():
