@@ -255,6 +255,28 @@ class Watchdog:
         now = time.time()
         return [r for r, b in beats.items() if r != self.rank and now - float(b.get("seen", now)) > after]
 
+    def gone_peers(self, timeout_s: float = 10.0) -> str | None:
+        """The ranks known to be gone, for a collective that lost a peer: rank 0 when its store cannot
+        be read, else those on this host whose pid is no longer there (another host's cannot be asked).
+        The store is read from a thread given `timeout_s`: a lost node's connection may never reset."""
+        read: list[dict[int, dict[str, Any]] | None] = []
+        reader = threading.Thread(target=lambda: read.append(self.read_beats()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if not read:
+            return None
+        beats = read[0]
+        if beats is None:
+            return "rank 0 (the job's store, which its process serves, cannot be reached)"
+        here = {r: b for r, b in sorted(beats.items()) if r != self.rank and b["host"] == self.host}
+        for _ in range(30):  # a killed process closes its sockets before it is gone: give it 3 s
+            if gone := [describe(r, b) for r, b in here.items() if not _alive(int(b["pid"]))]:
+                return "; ".join(gone)
+            if not here:
+                break
+            time.sleep(0.1)
+        return None
+
     def diagnose(self, iteration: int) -> str:
         """One line: which ranks never entered `iteration` while the others wait inside it."""
         waited = f"{self.timeout_s:.0f} s (trainer.hang_timeout_minutes)"
@@ -330,6 +352,21 @@ class Watchdog:
             self.store.set(ALL_ACKED_KEY, "1")
         else:
             self.store.wait([ALL_ACKED_KEY], timedelta(seconds=GRACE_SECONDS))
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` of this host runs: not gone, nor a zombie its launcher has yet to reap."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: there
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):  # no /proc (macOS)
+        return True
 
 
 def _past(beat: dict[str, Any], iteration: int) -> bool:

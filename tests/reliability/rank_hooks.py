@@ -2,6 +2,8 @@
 
 python rank_hooks.py fail RANK ITERATION gptrain-args...   that rank raises a rank-local error
                                                             (as a CUDA OOM would) after ITERATION
+python rank_hooks.py kill RANK ITERATION gptrain-args...   that rank SIGKILLs itself after ITERATION
+                                                            (as the out-of-memory killer would)
 python rank_hooks.py report-index-builds gptrain-args...   each rank prints when it builds
                                                             dataset indices itself
 python rank_hooks.py signal-in-save RANK ITERATION gptrain-args...   that rank gets SIGUSR1 while it
@@ -33,6 +35,18 @@ def fail_after(failing_rank: int, failing_iteration: int) -> None:
             raise RuntimeError(f"rank-local failure injected on rank {failing_rank}")
 
     loop.record = record_then_fail
+
+
+def kill_after(killed_rank: int, iteration: int) -> None:
+    record = loop.record
+
+    def record_then_die(s, result, samples=None):
+        record(s, result, samples)
+        if s.world.rank == killed_rank and s.state.step == iteration:
+            s.watchdog.publish()  # its heartbeat, as a run minutes old always has one in the store
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    loop.record = record_then_die
 
 
 def report_index_builds() -> None:
@@ -85,6 +99,9 @@ if __name__ == "__main__":
     hook, args = sys.argv[1], sys.argv[2:]
     if hook == "fail":
         fail_after(int(args[0]), int(args[1]))
+        args = args[2:]
+    elif hook == "kill":
+        kill_after(int(args[0]), int(args[1]))
         args = args[2:]
     elif hook == "signal-in-save":
         signal_in_save(int(args[0]), int(args[1]))

@@ -31,6 +31,27 @@ def test_a_rank_local_error_ends_every_rank_promptly_and_is_printed(tmp_path):
     assert "rank-local failure injected on rank 1" in outputs[1][1]
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_rank_killed_mid_run_is_named_by_the_other_in_one_line(tmp_path, killed):
+    """SIGKILL (the out-of-memory killer) of one rank: the other's collective fails at once on gloo,
+    and it printed the backend's traceback naming a socket address, not the rank that died."""
+    overrides = ["trainer.max_steps=50", "trainer.hang_timeout_minutes=0.5"]
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "kill", str(killed), "3"])
+    outputs = finish_ranks(ranks)
+    survivor = 1 - killed
+    err = outputs[survivor][1]
+    assert ranks[killed].returncode == -9 and ranks[survivor].returncode == 2, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    line = next(x for x in err.splitlines() if "a collective lost its peer" in x)
+    named = f"rank {killed} on host" if killed else "rank 0 (the job's store"
+    assert line.startswith(f"gptrain: error: rank {survivor}: ") and named in line, line
+    assert (
+        f"resumes from the last complete checkpoint ({tmp_path / 'run' / 'checkpoints' / 'step_2'})" in line
+    )
+
+
 def test_a_background_save_of_a_finished_step_completes_when_a_later_step_fails(tmp_path, monkeypatch):
     record = loop.record
 
