@@ -114,7 +114,7 @@ class Layout:
         return out
 
     def label(self) -> str:
-        """Short name for tables: tp2 pp2 v2 dp4 mbs1 sp fsdp ac=sel."""
+        """Short name for tables: tp2 pp2 v2 dp4 mbs1 sp fsdp ac=sele (full, sele)."""
         parts = [f"tp{self.tp}", f"pp{self.pp}"] + ([f"v{self.vpp}"] if self.vpp > 1 else [])
         parts += [f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
         parts += ["sp"] if self.sequence_parallel else []
