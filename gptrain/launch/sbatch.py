@@ -396,7 +396,11 @@ if [ "$status" = {exit_requeue} ] || [ "$status" = {exit_hung} ]; then
   elif [ "$requeued" -lt "$max_requeues" ]; then
     reason="the run stopped to be requeued (its line above says what it saved)"; [ "$status" = {exit_hung} ] && reason="a rank hung (see the line above)"
     echo "gptrain: $reason; requeueing (restart $((requeued + 1)) of $max_requeues)" >&2
-    echo "$SLURM_JOB_ID $((requeued + 1))" >> "$requeue_file"
+    if ! echo "$SLURM_JOB_ID $((requeued + 1))" >> "$requeue_file"; then
+      echo "gptrain: cannot record the requeue in $requeue_file (read-only, full?): not requeueing, as max_requeues could not hold; launch again to resume" >&2
+      echo "gptrain: step finished with exit code $status" >&2
+      exit "$status"
+    fi
     setsid bash -c 'for i in $(seq 1 200); do sleep 0.3; if scontrol show job "$1" | grep -q "JobState=PENDING"; then sleep 2; scontrol update JobId="$1" StartTime=now; exit; fi; done' gptrain-nudge "$SLURM_JOB_ID" </dev/null >/dev/null 2>&1 &
     for try in 1 2 3; do
       scontrol requeue "$SLURM_JOB_ID" && exit 0

@@ -133,6 +133,24 @@ def test_requeues_slurm_made_on_preemption_do_not_spend_max_requeues(batch):
     assert record.read_text().splitlines()[-1] == "42 1"
 
 
+def test_a_requeue_that_cannot_be_recorded_is_not_made(batch, monkeypatch):
+    """An unwritable requeues.txt (read-only run dir, quota) read as 0 requeues every time: the job
+    requeued for ever. It now ends with the step's code and says why."""
+    run, calls = batch
+    original = Path.write_text
+
+    def record_as_a_directory(path, text, *args, **kwargs):
+        if path.name != "requeues.txt":
+            return original(path, text, *args, **kwargs)
+        path.mkdir(exist_ok=True)  # the append then fails, as on a read-only directory
+        return 0
+
+    monkeypatch.setattr(Path, "write_text", record_as_a_directory)
+    code, err = run("75", restarts=0)
+    assert code == 75 and "cannot record the requeue" in err
+    assert "requeue" not in calls.read_text().replace("cannot record the requeue", "")
+
+
 @pytest.mark.parametrize("mode", ["0", "3"])
 def test_finished_or_failed_runs_are_never_requeued(batch, mode):
     run, calls = batch
