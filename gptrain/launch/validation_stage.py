@@ -70,6 +70,8 @@ def validation_job(
     )
     job.gpus = trainer.get("accelerator", "auto") != "cpu"
     job.time_limit = (section.get("run") or {}).get("time_limit")
+    if job.gpus and check in ("gpus", "all"):  # where dcgmi runs
+        check_time_for_dcgmi(section, int(section.get("dcgm_level") or 0))
     job.workdir = str(Path.cwd())
     config = job.config_path
     args = ["-m", "gptrain", "validate", check, "--output-dir", str(run_dir / VALIDATION_DIR)]
@@ -108,7 +110,6 @@ def check_validation_section(section: dict[str, Any], cluster: dict[str, Any]) -
                 f"{section['max_bytes']!r}; lower min_bytes or raise max_bytes"
             ) from None
     threshold_values(dict(cluster.get("validation") or {}), "", prefix="cluster.validation.")
-    check_time_for_dcgmi(section, parsed.get("dcgm_level"))
     if section.get("exclude_failed") and not section.get("exclude_file"):
         raise ConfigError(
             "validation.exclude_failed=true needs validation.exclude_file: the file the blamed nodes"
@@ -116,21 +117,22 @@ def check_validation_section(section: dict[str, Any], cluster: dict[str, Any]) -
         )
 
 
-# The least a `dcgmi diag -r LEVEL` takes (NVIDIA's figures; gptrain.validate.gpus has its limits)
-DCGM_LEAST_S = {3: 15 * 60, 4: 60 * 60}
+# What a `dcgmi diag -r LEVEL` may take (NVIDIA's figures: level 3 15 to 30 minutes, level 4 an
+# hour or more; gptrain.validate.gpus has its limits)
+DCGM_LEAST_S = {3: 30 * 60, 4: 60 * 60}
 
 
-def check_time_for_dcgmi(section: dict[str, Any], level: int | None) -> None:
+def check_time_for_dcgmi(section: dict[str, Any], level: int) -> None:
     """A validation job whose time limit ends before its dcgmi level usually does: Slurm would kill
     it midway, and the training waiting on it (afterok) would never start."""
     from gptrain.launch.sections import slurm_time_seconds
 
-    least = DCGM_LEAST_S.get(4 if (level or 0) > 4 else level or 0)
+    least = DCGM_LEAST_S.get(min(level, 4))
     time_limit = (section.get("run") or {}).get("time_limit")
     limit = slurm_time_seconds(time_limit)
     if least and limit is not None and limit <= least:
         raise ConfigError(
-            f"validation.dcgm_level={level} usually takes {least // 60} minutes or more, and"
+            f"validation.dcgm_level={level} may take {least // 60} minutes or more, and"
             f" validation.run.time_limit={time_limit} ends the job by then (the training waiting on it"
             " would never start): give a longer time limit or a lower dcgm_level"
         )

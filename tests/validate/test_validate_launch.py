@@ -11,6 +11,8 @@ import pytest
 import yaml
 from validate_helpers import REPO
 
+from gptrain.errors import ConfigError
+
 CPU = ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
 CPU += [
     "training.model.data.data_impl=mock",
@@ -135,12 +137,6 @@ def test_local_validation_failure_stops_the_training_and_keeps_reports_in_the_ru
             "validation.exclude_failed=true needs validation.exclude_file: the file the blamed nodes go to"
             " (e.g. ${base_results_dir}/exclude_nodes.txt)",
         ),
-        (  # the default 30 minutes: Slurm killed the job inside dcgmi, and the training never started
-            ["validation.dcgm_level=4"],
-            "validation.dcgm_level=4 usually takes 60 minutes or more, and validation.run.time_limit=00:30:00"
-            " ends the job by then (the training waiting on it would never start): give a longer time limit"
-            " or a lower dcgm_level",
-        ),
     ],
 )
 def test_a_value_the_validation_job_would_refuse_stops_the_launch(
@@ -189,9 +185,33 @@ def test_an_exclude_file_that_does_not_parse_is_named(make, message, tmp_path, c
     )
 
 
-def test_a_time_limit_that_covers_the_dcgmi_level_launches(tmp_path, capsys, monkeypatch):
-    from gptrain.cli import main
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        ([], True),  # the default 30 minutes: Slurm killed the job inside dcgmi; the training never started
+        (["validation.run.time_limit=02:00:00"], False),
+        (["validation.checks=collectives"], False),  # dcgmi runs in the gpus check only
+    ],
+)
+def test_a_gpu_validation_job_must_have_time_for_its_dcgmi_level(overrides, refused):
+    from gptrain.launch.validation_stage import validation_job
 
-    monkeypatch.chdir(tmp_path)
-    overrides = ["validation.dcgm_level=3", "validation.run.time_limit=01:00:00"]
-    assert main(["launch", "--dry-run", "stages=[validation,training]", *CPU, *overrides]) == 0
+    section = {"dcgm_level": 4, "run": {"time_limit": "00:30:00"}}
+    for override in overrides:
+        key, value = override.removeprefix("validation.").split("=")
+        if key == "run.time_limit":
+            section["run"] = {"time_limit": value}
+        else:
+            section[key] = value
+    training = {"trainer": {"devices": 8, "num_nodes": 2, "accelerator": "gpu"}}
+    make = lambda: validation_job(section, training, {}, "python", False, ("r", Path("/tmp/r")))  # noqa: E731
+    if not refused:
+        assert make().gpus
+        return
+    with pytest.raises(ConfigError) as raised:
+        make()
+    assert str(raised.value) == (
+        "validation.dcgm_level=4 may take 60 minutes or more, and validation.run.time_limit=00:30:00 ends"
+        " the job by then (the training waiting on it would never start): give a longer time limit or a"
+        " lower dcgm_level"
+    )
