@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+from synced_start import wait_for_every_rank
+
 from gptrain.cli import main
 from gptrain.validate import gpus, runtime
 
@@ -28,4 +30,5 @@ def record(ctx, iters, warmup, dcgm_level):
 if __name__ == "__main__":
     runtime.Context.is_gpu = property(lambda self: True)
     gpus.check_local_gpu = record
+    wait_for_every_rank()
     sys.exit(main(sys.argv[1:]))

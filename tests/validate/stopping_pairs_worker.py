@@ -5,6 +5,8 @@ node pairs ran)."""
 import os
 import sys
 
+from synced_start import wait_for_every_rank
+
 from gptrain.cli import main
 from gptrain.validate import pairwise
 
@@ -20,4 +22,5 @@ def lost_gpu_in_a_rank_pair(ctx, level, *args, **kwargs):
 if __name__ == "__main__":
     if os.environ["RANK"] == "1":
         pairwise.run_round = lost_gpu_in_a_rank_pair
+    wait_for_every_rank()
     sys.exit(main(sys.argv[1:]))

@@ -4,6 +4,8 @@ third measurement of the collectives sweep raises the CUDA error of a GPU fallen
 import os
 import sys
 
+from synced_start import wait_for_every_rank
+
 from gptrain.cli import main
 from gptrain.validate import collectives
 
@@ -22,4 +24,5 @@ def lost_gpu_on_the_third(*args, **kwargs):
 if __name__ == "__main__":
     if os.environ["RANK"] == "1":
         collectives.measure = lost_gpu_on_the_third
+    wait_for_every_rank()
     sys.exit(main(sys.argv[1:]))

@@ -134,9 +134,8 @@ def test_a_sweep_that_stops_leaves_the_rows_it_measured(tmp_path):
     worker = str(REPO / "tests" / "validate" / "stopping_sweep_worker.py")
     out = tmp_path / "r"
     args = ["validate", "collectives", "--output-dir", str(out), *FAST[:-1], "3"]
-    procs, logs = start_ranks(
-        [worker, *args], 2, tmp_path, [{"SLURMD_NODENAME": f"n{r + 1}"} for r in range(2)]
-    )
+    envs = synced([{"SLURMD_NODENAME": f"n{r + 1}"} for r in range(2)], tmp_path)
+    procs, logs = start_ranks([worker, *args], 2, tmp_path, envs)
     try:
         codes = [p.wait(timeout=120) for p in procs]
     finally:
@@ -155,7 +154,7 @@ def test_pairs_that_stop_leave_the_node_pairs_measured_before(tmp_path):
     worker = str(REPO / "tests" / "validate" / "stopping_pairs_worker.py")
     out = tmp_path / "r"
     args = ["validate", "pairwise", "--output-dir", str(out), *FAST[:-1], "3"]
-    envs = [{"SLURMD_NODENAME": node} for node in ("n1", "n1", "n2")]
+    envs = synced([{"SLURMD_NODENAME": node} for node in ("n1", "n1", "n2")], tmp_path)
     procs, logs = start_ranks([worker, *args], 3, tmp_path, envs)
     try:
         codes = [p.wait(timeout=120) for p in procs]
@@ -290,7 +289,9 @@ def test_ranks_wait_past_the_timeout_for_a_node_running_dcgmi(tmp_path):
     running dcgmi as hung; now they wait --timeout plus dcgmi's own limit for its level."""
     worker = str(REPO / "tests" / "validate" / "slow_gpu_check_worker.py")
     args = ["validate", "gpus", "--output-dir", str(tmp_path / "r"), *FAST[:-1], "2", "--dcgm-level", "1"]
-    envs = [{"SLURMD_NODENAME": f"n{r + 1}", "GPTRAIN_TEST_GPU_CHECK_S": "5"} for r in range(2)]
+    envs = synced(
+        [{"SLURMD_NODENAME": f"n{r + 1}", "GPTRAIN_TEST_GPU_CHECK_S": "5"} for r in range(2)], tmp_path
+    )
     procs, logs = start_ranks([worker, *args], 2, tmp_path, envs)
     try:
         codes = [p.wait(timeout=120) for p in procs]
