@@ -108,7 +108,7 @@ def _steps_of_rank_0(root: Path) -> list[int]:
 
 
 def rank_0s(compute: Callable[[], T]) -> T:
-    """`compute()` as rank 0 finds it (its value, or its GptrainError raised), on every rank. Each
+    """`compute()` as rank 0 finds it (its value, or its error raised), on every rank. Each
     rank's view of a shared directory may lag (NFS attribute caching after a requeue): ranks
     choosing a checkpoint from their own views would load different ones, in lock step."""
     if not is_distributed():
@@ -119,6 +119,8 @@ def rank_0s(compute: Callable[[], T]) -> T:
             found = [(True, compute())]
         except GptrainError as error:
             found = [(False, (type(error), str(error)))]
+        except Exception as error:  # an OSError reading the directory: every rank stops, none waits
+            found = [(False, (GptrainError, f"rank 0 could not read the checkpoints: {error}"))]
     dist.broadcast_object_list(found, src=0)
     succeeded, value = found[0]
     if succeeded:

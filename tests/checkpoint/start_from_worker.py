@@ -2,7 +2,8 @@
 another run's (exp_manager.resume_from_checkpoint) loads, when rank 1's listings lag (a node's
 stale view after a requeue). MODE own: rank 1 sees none of the run's own checkpoints. source: rank
 1 does not see the source run's newest. requeued: only rank 0 found the requeued job's own
-checkpoint, so only its exp_manager.resume_if_exists became true. Writes the answer to OUT/rank_<r>.txt. Arguments: RUN
+checkpoint, so only its exp_manager.resume_if_exists became true. unreadable: rank 0 cannot list
+the run's checkpoints. Writes the answer to OUT/rank_<r>.txt. Arguments: RUN
 SOURCE OUT MODE."""
 
 import datetime
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 from gptrain.checkpoint import directory
 from gptrain.config import load_training_config
+from gptrain.errors import GptrainError
 from gptrain.train import loop
 
 
@@ -25,6 +27,12 @@ def main() -> int:
     run, source, out, mode = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     if dist.get_rank() == 1 and mode == "own":
         loop.complete_steps = lambda root: []
+    if dist.get_rank() == 0 and mode == "unreadable":
+
+        def unreadable(root):
+            raise PermissionError(13, "Permission denied", str(root))
+
+        loop.complete_steps = unreadable
     if dist.get_rank() == 1 and mode == "source":
         steps = directory.complete_steps
         directory.complete_steps = lambda root: steps(root)[:-1]
@@ -33,7 +41,10 @@ def main() -> int:
         f"exp_manager.resume_from_checkpoint={source}",
         f"exp_manager.resume_if_exists={str(mode != 'requeued' or dist.get_rank() == 0).lower()}",
     ]
-    start = loop.checkpoint_to_start_from(load_training_config("gpt3/126m", overrides))
+    try:
+        start = loop.checkpoint_to_start_from(load_training_config("gpt3/126m", overrides))
+    except GptrainError as error:
+        start = f"error: {error}"
     (out / f"rank_{dist.get_rank()}.txt").write_text(str(start))
     dist.barrier()
     return 0

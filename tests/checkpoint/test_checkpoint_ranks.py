@@ -100,3 +100,16 @@ def test_every_rank_starts_from_the_checkpoint_rank_0_finds(tmp_path, mode):
     gloo_ranks.run_ranks(WORKER.with_name("start_from_worker.py"), run, source, tmp_path, mode)
     expected = "None" if mode in ("own", "requeued") else str(source / "checkpoints" / "step_4")
     assert [(tmp_path / f"rank_{rank}.txt").read_text() for rank in range(2)] == [expected, expected]
+
+
+def test_a_checkpoint_directory_rank_0_cannot_read_stops_every_rank(tmp_path):
+    """rank_0s forwarded only gptrain's errors: a PermissionError on rank 0 left the other ranks in
+    the broadcast until the collective timeout. Every rank now stops with rank 0's reason."""
+    run, source = tmp_path / "run", tmp_path / "source"
+    from gptrain.checkpoint.manager import CheckpointManager
+
+    CheckpointManager(source / "checkpoints", keep_last=None).save(2, {"model": {"w": torch.zeros(2)}}, {})
+    gloo_ranks.run_ranks(WORKER.with_name("start_from_worker.py"), run, source, tmp_path, "unreadable")
+    answers = [(tmp_path / f"rank_{rank}.txt").read_text() for rank in range(2)]
+    assert answers[0] == answers[1] and answers[0].startswith("error: rank 0 could not read the checkpoints")
+    assert "Permission denied" in answers[0]
