@@ -39,6 +39,7 @@ def trial_overrides(plan: Plan, candidate: Candidate, steps: int, log_dir: Path)
         f"trainer.max_steps={steps}",
         "model.rampup_batch_size=null",  # timed at the full global batch, as the run trains most steps
         "trainer.max_time=null",
+        "exp_manager.max_time_per_run=null",  # NeMo's, which would set trainer.max_time again
         "trainer.log_every_n_steps=1",
         f"trainer.val_check_interval={steps}",
         "trainer.limit_val_batches=0",
