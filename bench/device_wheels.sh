@@ -3,7 +3,7 @@
 # reaches PyPI) into device-wheels/ at the repository root; gpu_suite.sh installs them there.
 #   bash bench/device_wheels.sh [PYTHON_VERSION] [NAME==VERSION ...]
 # PYTHON_VERSION: the device's Python, major.minor (default 3.12: the lent H200 image's python3 is
-# 3.12.3 with torch 2.11.0+cu130, per /work/.library/device/KINDS.md; on the device,
+# 3.12.3 with torch 2.11.0+cu130 as last seen; on the device,
 # `python3 -c 'import sys, torch; print(sys.version, torch.__version__)'` says). Extra NAME==VERSION
 # arguments are downloaded too (e.g. transformers==5.24.0 for export tests: the image has 5.17).
 #
