@@ -9,14 +9,13 @@ for step_6. list: rank 1's listing of the checkpoints lacks step_6 (a node's sta
 
 import datetime
 import json
-import os
 import sys
-import traceback
 import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from gloo_worker import run_as_rank
 
 from gptrain.checkpoint import compat
 from gptrain.checkpoint import reader as checkpoint_reader
@@ -110,14 +109,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = 1
-    try:
-        code = main()
-    except BaseException:
-        traceback.print_exc()
-    finally:  # /work/shared/torch-distributed-cpu.md: gloo may abort at interpreter exit otherwise
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    run_as_rank(main)

@@ -7,13 +7,12 @@ the run's checkpoints. Writes the answer to OUT/rank_<r>.txt. Arguments: RUN
 SOURCE OUT MODE."""
 
 import datetime
-import os
 import sys
-import traceback
 import warnings
 from pathlib import Path
 
 import torch.distributed as dist
+from gloo_worker import run_as_rank
 
 from gptrain.checkpoint import directory
 from gptrain.config import load_training_config
@@ -51,14 +50,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = 1
-    try:
-        code = main()
-    except BaseException:
-        traceback.print_exc()
-    finally:  # /work/shared/torch-distributed-cpu.md: gloo may abort at interpreter exit otherwise
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    run_as_rank(main)

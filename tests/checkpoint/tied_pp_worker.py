@@ -7,14 +7,13 @@ OUT/rank_<r>.json. Arguments: ROOT OUT KIND TIED_READER [SAVED_ROWS]."""
 
 import datetime
 import json
-import os
 import sys
-import traceback
 import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from gloo_worker import run_as_rank
 
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.errors import GptrainError
@@ -55,14 +54,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    code = 1
-    try:
-        code = main()
-    except BaseException:
-        traceback.print_exc()
-    finally:  # /work/shared/torch-distributed-cpu.md: gloo may abort at interpreter exit otherwise
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    run_as_rank(main)
