@@ -223,6 +223,7 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
     "model.restore_from_path": ((None,), "starting from the weights of a .nemo file"),
     "model.reset_lr": ((False,), "the LR schedule restarted at the resumed checkpoint's step"),
     "model.optim.sched.last_epoch": ((-1,), "a schedule started at another step than the run's"),
+    "trainer.accumulate_grad_batches": ((1,), "Lightning's gradient accumulation over global batches"),
 }
 
 # What to do instead, added to the refusal of a value in NO_OP_VALUES where gptrain has a way.
@@ -239,6 +240,10 @@ INSTEAD: dict[str, str] = {
         "model.optim.sched.max_steps=<steps left> for reset_lr_steps"
     ),
     "model.optim.sched.last_epoch": "a resumed run takes the schedule's step from its checkpoint",
+    "trainer.accumulate_grad_batches": (
+        "NeMo refuses it too: a step already accumulates model.global_batch_size / (model.micro_batch_size"
+        " x data-parallel size) micro-batches, so raise model.global_batch_size to accumulate more"
+    ),
 }
 
 

@@ -127,6 +127,8 @@ def test_nemo_key_is_ignored_and_reported_once(capsys):
         ("model.fp32_residual_connection=0", True),  # NeMo reads 0 as false
         ("model.fp32_residual_connection=1", False),
         ("model.layernorm_zero_centered_gamma=true", True),  # layernorm1p: the same function
+        ("trainer.accumulate_grad_batches=1", True),  # the launcher's configs carry it
+        ("trainer.accumulate_grad_batches=4", False),  # NeMo raises; ignored, it trained a 4x smaller batch
     ],
 )
 def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, accepted, capsys):
