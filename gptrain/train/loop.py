@@ -52,7 +52,7 @@ from gptrain.train.rampup import BatchRamp
 from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, RunLog, Scalars, write_run_files
 from gptrain.train.run_lock import claim_run_directory, requeued_own_checkpoint
 from gptrain.train.schedule import LRSchedule
-from gptrain.train.schedule_checks import schedule_warnings
+from gptrain.train.schedule_checks import run_schedule_warnings
 from gptrain.train.signals import StopRequest
 from gptrain.train.state import (
     PARTS,
@@ -285,7 +285,7 @@ def log_start(s: Session, model_config: object, log_dir: Path) -> None:
         f"gptrain: {params:,} parameters | {s.flops_per_iteration:.3e} FLOPs per iteration | "
         f"{s.num_microbatches} microbatches per step | results in {log_dir}"
     )
-    for warning in schedule_warnings(s.schedule.spec, s.cfg.trainer.max_steps) + stream_warnings(s.cfg.model):
+    for warning in run_schedule_warnings(s.cfg, s.schedule.spec) + stream_warnings(s.cfg.model):
         s.log(f"warning: {warning}")
     # fp32 weights and AdamW's two moments: 12 bytes a parameter, whatever the layout. Said by the
     # logging rank (the console's: rank 0's own lines go to its file only) and by rank 0.

@@ -11,6 +11,7 @@ micro_batch_size x data-parallel size.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gptrain.errors import ConfigError
@@ -62,6 +63,14 @@ class BatchRamp:
             consumed += self.at(consumed)
             done += 1
         return consumed + (iterations - done) * self.global_batch_size
+
+    def iterations_to_consume(self, samples: float) -> int:
+        """The fewest iterations that consume at least `samples` samples (the ramp's smaller batches first)."""
+        done = consumed = 0
+        while consumed < samples and self.start is not None and consumed <= self.samples:
+            consumed += self.at(consumed)
+            done += 1
+        return done + max(0, math.ceil((samples - consumed) / self.global_batch_size))
 
     def iterations_for(self, train_samples: int) -> int:
         """Megatron's iteration count for --train-samples under this ramp (a partial last batch dropped)."""

@@ -1,51 +1,103 @@
 """Warnings, at start, for a learning-rate schedule that cannot happen as written.
 
 A preset's warmup (e.g. gpt3/126m's 636 steps) longer than a short test run means the rate
-never reaches `model.optim.lr`, and a schedule length (`model.optim.sched.max_steps`) other
-than the run's length stops the decay early or leaves most of the run at min_lr. None of this
-is wrong for every purpose, so these are warnings, not errors; min_lr above lr is an error
-(ScheduleSpec refuses it).
+never reaches `model.optim.lr`, and a schedule length (`model.optim.sched.max_steps`,
+`decay_samples`) other than the run's length stops the decay early or leaves most of the run at
+min_lr. None of this is wrong for every purpose, so these are warnings, not errors; min_lr above
+lr is an error (ScheduleSpec refuses it).
+
+The schedule counts steps of the full global batch: a batch-size ramp-up's smaller batches move it
+by their share (Megatron counts it in samples), so where it stands at an iteration is the samples
+consumed by then over the full batch, not the iteration itself.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from gptrain.train.rampup import BatchRamp
 from gptrain.train.schedule import ScheduleSpec, lr_at
+
+if TYPE_CHECKING:
+    from gptrain.config.schema import TrainingConfig
 
 # The run may spend this fraction of its steps at min_lr after the schedule ended before we warn.
 LONG_TAIL = 0.1
 
 
-def schedule_warnings(spec: ScheduleSpec, run_steps: int) -> list[str]:
-    """One line per problem of `spec` for a run of `run_steps` optimizer steps (trainer.max_steps)."""
+def run_schedule_warnings(cfg: TrainingConfig, spec: ScheduleSpec) -> list[str]:
+    """schedule_warnings for the run `cfg` configures: its ramp-up and the key that set the length."""
+    m, sched = cfg.model, cfg.model.optim.sched
+    ramp = BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, 1)
+    if sched.decay_samples is not None:
+        length = f"model.optim.sched.decay_samples={sched.decay_samples}, a schedule of {_steps(spec.max_steps)} steps"
+    elif sched.max_steps is None:
+        length = f"model.optim.sched.max_steps=null, a schedule of {_steps(spec.max_steps)} steps"
+    else:
+        length = None
+    return schedule_warnings(spec, cfg.trainer.max_steps, ramp, length)
+
+
+def schedule_warnings(
+    spec: ScheduleSpec, run_steps: int, ramp: BatchRamp | None = None, length: str | None = None
+) -> list[str]:
+    """One line per problem of `spec` for a run of `run_steps` optimizer steps (trainer.max_steps)
+    under `ramp`; `length` names the setting that gave the schedule's length (None:
+    model.optim.sched.max_steps)."""
     if run_steps <= 0:
         return []
+    ramp = ramp or BatchRamp(spec.global_batch_size or 1)
     warnings = []
-    last = run_steps - 1  # the rate of the run's last step
-    if spec.warmup_steps >= run_steps:
+    last = schedule_position(ramp, run_steps - 1)  # where the run's last step takes its rate
+    if spec.warmup_steps > last:
         warnings.append(
-            f"model.optim.sched.warmup_steps={spec.warmup_steps} is not shorter than trainer.max_steps="
+            f"model.optim.sched.warmup_steps={_steps(spec.warmup_steps)} is not shorter than trainer.max_steps="
             f"{run_steps}: the learning rate never reaches model.optim.lr={spec.lr:g} (at most"
             f" {lr_at(last, spec):.3g}); lower warmup_steps or raise trainer.max_steps"
         )
-    if spec.name == "Constant":  # no decay to check
+    if spec.name == "Constant" or spec.warmup_steps > last:  # no decay to check, or none reached
         return warnings
-    if spec.warmup_steps < run_steps and spec.warmup_steps + spec.constant_steps >= spec.max_steps:
+    if spec.warmup_steps + spec.constant_steps >= spec.max_steps:
         warnings.append(
-            f"model.optim.sched.warmup_steps + constant_steps = {spec.warmup_steps + spec.constant_steps}"
-            f" leaves no decay in a schedule of {spec.max_steps} steps: the rate drops from"
+            f"model.optim.sched.warmup_steps + constant_steps = {_steps(spec.warmup_steps + spec.constant_steps)}"
+            f" leaves no decay in a schedule of {_steps(spec.max_steps)} steps: the rate drops from"
             f" {spec.lr:g} to min_lr={spec.min_lr:g} at once after warmup"
         )
-    if spec.max_steps > run_steps and spec.warmup_steps < run_steps:
-        warnings.append(
-            f"the decay ends after the run: model.optim.sched.max_steps={spec.max_steps} >"
-            f" trainer.max_steps={run_steps}, so the last rate is {lr_at(last, spec):.3g}, not"
-            f" min_lr={spec.min_lr:g}; set model.optim.sched.max_steps=null to follow the run"
-        )
-    tail = run_steps - spec.max_steps
+    schedule = length or f"model.optim.sched.max_steps={_steps(spec.max_steps)}"
+    return warnings + _length_warnings(spec, run_steps, ramp, schedule)
+
+
+def _length_warnings(spec: ScheduleSpec, run_steps: int, ramp: BatchRamp, schedule: str) -> list[str]:
+    """The decay ending after the run, or long before it. A schedule in samples, or one under a
+    ramp-up, follows the run when its length is the samples the run consumes."""
+    end = schedule_position(ramp, run_steps)
+    run = f"trainer.max_steps={run_steps}"
+    if ramp.start is not None:
+        run += f" (with its ramp-up's smaller batches, {_steps(end)} steps of the full batch)"
+    if ramp.start is not None or "decay_samples" in schedule:
+        follow = f"set model.optim.sched.decay_samples={ramp.samples_for(run_steps)} (the samples the run consumes)"
+    else:
+        follow = "set model.optim.sched.max_steps=null"
+    if spec.max_steps - end >= 1:  # less is the partial last batch a run in samples leaves out
+        last_rate = lr_at(schedule_position(ramp, run_steps - 1), spec)
+        return [
+            f"the decay ends after the run: {schedule} > {run}, so the last rate is {last_rate:.3g}, not"
+            f" min_lr={spec.min_lr:g}; {follow} to follow the run"
+        ]
+    tail = run_steps - ramp.iterations_to_consume(spec.max_steps * ramp.global_batch_size)
     if tail > LONG_TAIL * run_steps:
-        warnings.append(
-            f"the decay ends long before the run: model.optim.sched.max_steps={spec.max_steps} <"
-            f" trainer.max_steps={run_steps}, so the last {tail} steps run at min_lr={spec.min_lr:g};"
-            " set model.optim.sched.max_steps=null to follow the run"
-        )
-    return warnings
+        return [
+            f"the decay ends long before the run: {schedule} < {run}, so the last {tail} steps run at"
+            f" min_lr={spec.min_lr:g}; {follow} to follow the run"
+        ]
+    return []
+
+
+def schedule_position(ramp: BatchRamp, iterations: int) -> float:
+    """Steps of the full global batch the schedule has moved after `iterations` updates."""
+    return ramp.samples_for(iterations) / ramp.global_batch_size
+
+
+def _steps(value: float) -> str:
+    """A step count as written: whole ones as integers, a fraction (a length in samples) to 2 places."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"

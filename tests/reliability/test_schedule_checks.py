@@ -9,6 +9,7 @@ from gptrain.cli import main
 from gptrain.config import load_training_config
 from gptrain.errors import ConfigError
 from gptrain.train.builders import schedule_spec
+from gptrain.train.rampup import BatchRamp
 from gptrain.train.schedule import ScheduleSpec, lr_at
 from gptrain.train.schedule_checks import schedule_warnings
 
@@ -65,3 +66,82 @@ def test_the_warning_is_in_the_run_log(tmp_path, capsys):
     assert "warning: model.optim.sched.warmup_steps=10 is not shorter than trainer.max_steps=2" in out
     log = (tmp_path / "nemo_log_globalrank-0_localrank-0.txt").read_text()
     assert "warmup_steps=10 is not shorter" in log
+
+
+def megatron_config(*flags: str):
+    """The config `gptrain megatron` trains for Megatron flags (a tiny mock-data model)."""
+    import shlex
+
+    from gptrain.megatron.translate import translate
+
+    base = (
+        "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 8"
+        " --mock-data --vocab-size 64 --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine --global-batch-size 64"
+    )
+    return load_training_config(None, translate(shlex.split(base + " " + " ".join(flags)), {}).overrides)
+
+
+def megatron_iterations_at_min_lr(start, increment, ramp_samples, batch, train_samples, decay_samples):
+    """Megatron's own count, written from its rules: the iterations of --train-samples under
+    --rampup-batch-size (the partial last batch dropped) whose rate is min_lr, i.e. that start with at
+    least --lr-decay-samples consumed (its scheduler counts samples)."""
+    per_increment = ramp_samples / ((batch - start) // increment)
+    consumed, starts = 0, []
+    while True:
+        size = batch if consumed > ramp_samples else start + int(consumed / per_increment) * increment
+        if consumed + size > train_samples and consumed > ramp_samples:
+            break
+        starts.append(consumed)
+        consumed += size
+    return len(starts), sum(1 for s in starts if s >= decay_samples)
+
+
+def test_a_ramp_up_schedule_in_samples_warns_in_megatrons_counts():
+    """Megatron's GPT-3 recipe shape: the decay ends before the train samples, under a ramp-up. Before,
+    the warning counted the ramp's iterations as full batches (28,702 steps at min_lr for Megatron's
+    175B run, 12,714 in fact) and said to set model.optim.sched.max_steps=null, which it was."""
+    cfg = megatron_config(
+        "--train-samples 40000 --lr-decay-samples 30000 --lr-warmup-samples 640 --rampup-batch-size 8 8 4096"
+    )
+    iterations, at_min_lr = megatron_iterations_at_min_lr(8, 8, 4096, 64, 40000, 30000)
+    assert cfg.trainer.max_steps == iterations
+    [warning] = schedule_warnings_of(cfg)
+    assert f"the last {at_min_lr} steps run at min_lr" in warning
+    assert "model.optim.sched.decay_samples=30000" in warning and "max_steps=null" not in warning
+    consumed = BatchRamp.from_config([8, 8, 4096], 64, 1).samples_for(iterations)
+    assert f"set model.optim.sched.decay_samples={consumed} (the samples the run consumes)" in warning
+
+
+def test_a_ramp_up_run_whose_schedule_ends_with_it_gives_no_warning(tmp_path, capsys):
+    """A schedule in samples as long as the run's samples: before, the ramp's smaller iterations read
+    as a run longer than its schedule ('the last 2.0 steps run at min_lr')."""
+    ramp = BatchRamp.from_config([2, 2, 8], 4, 1)
+    assert ramp.samples_for(10) == 32  # four batches of 2, then six of 4
+    ramped = ["model.global_batch_size=4", "model.rampup_batch_size=[2,2,8]", "trainer.max_steps=10"]
+    assert main(train_args(tmp_path, *ramped, "model.optim.sched.decay_samples=32")) == 0
+    out = capsys.readouterr().out
+    assert "iteration       10/      10" in out and "warning: the decay" not in out
+    # the same run with its schedule 16 samples short is warned of: the last 4 iterations at min_lr
+    assert main(train_args(tmp_path / "short", *ramped, "model.optim.sched.decay_samples=16")) == 0
+    assert "so the last 4 steps run at min_lr" in capsys.readouterr().out
+
+
+def test_a_ramp_up_leaving_the_decay_unfinished_is_said_in_full_batches():
+    cfg = load_training_config(
+        "gpt3/126m",
+        ["trainer.max_steps=20", "model.global_batch_size=8", "model.micro_batch_size=2"]
+        + ["model.optim.sched.warmup_steps=1", "model.optim.sched.constant_steps=0"]
+        + ["model.rampup_batch_size=[2,2,96]"],
+    )
+    [warning] = schedule_warnings_of(cfg)
+    ramp = BatchRamp.from_config([2, 2, 96], 8, 1)
+    assert ramp.samples_for(20) == 48  # 20 iterations of the ramp: 6 full batches of the 20 steps
+    assert "the decay ends after the run" in warning and "6 steps of the full batch" in warning
+    assert f"the last rate is {lr_at(ramp.samples_for(19) / 8, schedule_spec(cfg)):.3g}" in warning
+    assert "set model.optim.sched.decay_samples=48" in warning
+
+
+def schedule_warnings_of(cfg) -> list[str]:
+    from gptrain.train.schedule_checks import run_schedule_warnings
+
+    return run_schedule_warnings(cfg, schedule_spec(cfg))
