@@ -56,7 +56,7 @@ def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--skip-bad-lines",
         action="store_true",
-        help="skip and count bad lines instead of stopping (a run with no good line at all still fails)",
+        help="skip and count bad lines instead of stopping (an input file with no good line at all still fails)",
     )
     _add_megatron_runtime_flags(parser)
     parser.set_defaults(func=_run_prepare)

@@ -58,6 +58,8 @@ class PrepareStats:
     empty_documents: dict[str, int] = field(default_factory=dict)  # per json key
     sequences: dict[str, int] = field(default_factory=dict)  # per json key: what a split divides
     bad_lines: int = 0
+    documents_per_input: dict[str, int] = field(default_factory=dict)  # input file -> documents
+    bad_lines_per_input: dict[str, int] = field(default_factory=dict)  # input file -> lines skipped
     tokens: int = 0
     input_bytes: int = 0
     seconds: float = 0.0
@@ -90,6 +92,7 @@ class ChunkResult:
     documents: int
     bad_lines: int
     nbytes: int
+    path: str  # the input file the chunk's lines come from
     error: str | None = None
 
 
@@ -278,7 +281,7 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     assert state is not None, "worker state not initialised"
     parsed = _parse(chunk, state)
     if parsed.error is not None:
-        return ChunkResult([], [], [], 0, parsed.bad_lines, len(chunk.data), parsed.error)
+        return ChunkResult([], [], [], 0, parsed.bad_lines, len(chunk.data), chunk.path, parsed.error)
     all_tokens, all_lengths, all_sentences = [], [], []
     for key, values in zip(state.keys, parsed.values, strict=True):
         texts, sentences = _sentences(values) if parsed.has_lists else (values, None)
@@ -290,7 +293,9 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
         all_lengths.append(lengths)
         all_sentences.append(sentences)
     documents = len(parsed.values[0])
-    return ChunkResult(all_tokens, all_lengths, all_sentences, documents, parsed.bad_lines, len(chunk.data))
+    return ChunkResult(
+        all_tokens, all_lengths, all_sentences, documents, parsed.bad_lines, len(chunk.data), chunk.path
+    )
 
 
 def _encode(tokenizer: Tokenizer, texts: list[str], chunk: Chunk, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -426,7 +431,7 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             chunks = _tracked_chunks(paths, sizes, config.chunk_bytes, progress)
             results = stack.enter_context(contextlib.closing(_results(chunks, config)))
             _consume(results, writers, stats, progress, config.log_interval)
-            _refuse_all_lines_bad(stats, config)
+            _refuse_inputs_of_only_bad_lines(stats, config)
             stats.sequences = {key: w.num_sequences for key, w in zip(config.json_keys, writers, strict=True)}
             finalize_together(writers)  # all outputs new, or (on error) all as they were
     except OSError as error:  # reading errors are DataErrors already, but for opening an input
@@ -441,17 +446,25 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
     return stats
 
 
-def _refuse_all_lines_bad(stats: PrepareStats, config: PrepareConfig) -> None:
+def _refuse_inputs_of_only_bad_lines(stats: PrepareStats, config: PrepareConfig) -> None:
     """--skip-bad-lines over an input none of whose lines is usable (the wrong --json-keys, a file
-    that is not jsonl) made an empty dataset and exited 0; a training on it failed much later."""
-    if stats.bad_lines and not stats.documents:
-        where = f"--input {config.inputs[0]}" if len(config.inputs) == 1 else f"{len(config.inputs)} inputs"
-        raise DataError(
-            f"{where}: all {stats.bad_lines:,} lines were bad (--skip-bad-lines skipped every one), so "
-            f"nothing was written; check that the records hold the --json-keys "
-            f"({', '.join(config.json_keys)}) as strings, or run without --skip-bad-lines to see the "
-            "first line's problem"
-        )
+    that is not jsonl) exited 0 with that file's documents missing (or an empty dataset, with one
+    input), and nobody noticed until the training or much later. An empty file skips no line."""
+    only_bad = [
+        (path, lines)
+        for path, lines in stats.bad_lines_per_input.items()
+        if lines and not stats.documents_per_input.get(path)
+    ]
+    if not only_bad:
+        return
+    path, lines = only_bad[0]
+    others = f" (so were those of {len(only_bad) - 1:,} more inputs)" if len(only_bad) > 1 else ""
+    raise DataError(
+        f"--input {path}: all {lines:,} lines were bad{others}; --skip-bad-lines skipped every one, so "
+        f"the file would add no document and nothing was written; check that its records hold the "
+        f"--json-keys ({', '.join(config.json_keys)}) as strings, run without --skip-bad-lines to see "
+        "the first line's problem, or leave the file out"
+    )
 
 
 def _refuse_outputs_among_inputs(paths: list[Path], prefixes: list[str]) -> None:
@@ -496,6 +509,7 @@ def _consume(
             stats.tokens += len(tokens)
         stats.documents += result.documents
         stats.bad_lines += result.bad_lines
+        _count_per_input(stats, result)
         stats.input_bytes += result.nbytes
         progress.chunk_written()
         progress.update(result.documents, result.nbytes)
@@ -505,3 +519,12 @@ def _consume(
         if (stats.documents >= next_report and (last_line is None or since >= 1.0)) or since >= 30.0:
             print(progress.line(), file=progress.stream, flush=True)
             next_report, last_line = stats.documents + log_interval, now
+
+
+def _count_per_input(stats: PrepareStats, result: ChunkResult) -> None:
+    """Documents and skipped lines per input file, to find a file --skip-bad-lines emptied."""
+    for counts, n in (
+        (stats.documents_per_input, result.documents),
+        (stats.bad_lines_per_input, result.bad_lines),
+    ):
+        counts[result.path] = counts.get(result.path, 0) + n

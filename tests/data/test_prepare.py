@@ -711,3 +711,26 @@ def test_skip_bad_lines_refuses_an_input_of_only_bad_lines(tmp_path, gpt2_files,
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"--input {source}: all 5 lines were bad" in err and "--json-keys (text)" in err
     assert not out.exists() or list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_skip_bad_lines_refuses_one_input_of_only_bad_lines_among_good_ones(
+    tmp_path, gpt2_files, capsys, write_jsonl, workers
+):
+    """With several inputs, a file whose every line was bad (another corpus's field name) exited 0:
+    the dataset silently lacked all of that file's documents."""
+    good = write_jsonl(tmp_path / "a.jsonl", [{"text": f"doc {n}"} for n in range(3)])
+    wrong_key = write_jsonl(tmp_path / "b.jsonl", [{"content": f"doc {n}"} for n in range(4)])
+    mixed = tmp_path / "c.jsonl"  # some bad lines, some documents: skipped as asked
+    mixed.write_bytes(b'{"text": "kept"}\n{bad\n')
+    out = tmp_path / "out"
+    inputs = ["--input", str(good), str(wrong_key), str(mixed), "--output-prefix", str(out / "o")]
+    argv = ["data", "prepare", *inputs, "--skip-bad-lines", *gpt2_flags(gpt2_files)]
+    assert main([*argv, "--workers", str(workers)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"--input {wrong_key}: all 4 lines were bad;" in err and "--json-keys (text)" in err
+    assert not out.exists() or list(out.iterdir()) == []
+    argv.remove(str(wrong_key))
+    assert main([*argv, "--workers", str(workers)]) == 0
+    assert "prepared 4 documents (0 empty, 1 bad lines skipped)" in capsys.readouterr().out
