@@ -2,7 +2,8 @@
 
 Downloads go to `<name>.part` and are renamed only when complete and verified, so a
 killed job never leaves a file that looks finished; a retry continues a partial file with
-an HTTP Range request. Every step is skipped when its output exists, so a rerun or a
+an HTTP Range request, guarded by If-Range with the validator (ETag or Last-Modified) its first
+bytes came with, kept in `<name>.part.validator`. Every step is skipped when its output exists, so a rerun or a
 requeued array task only does what is missing.
 
 The blend (`blend.file`) lists `data_prefix: [w1, prefix1, w2, prefix2, ...]`; with
@@ -137,9 +138,18 @@ def checksum(i: int, entry: dict[str, Any], algorithm: str) -> str | None:
 
 
 def fetch_once(url: str, part: Path, timeout: float) -> None:
-    """One attempt: continue `part` from its current size (Range) or start it over."""
+    """One attempt: continue `part` from its current size (Range) or start it over.
+
+    A resume carries If-Range with the validator the part's first bytes came with, so a file
+    replaced upstream since is sent whole (200) instead of its tail being stitched onto the old
+    file's head; a 206 whose validator is not the recorded one (a server that ignores If-Range)
+    starts the part over."""
     offset = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"Range": f"bytes={offset}-"} if offset else {})
+    validator = recorded_validator(part) if offset else None
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    if validator is not None:
+        headers["If-Range"] = validator
+    request = urllib.request.Request(url, headers=headers)
     try:
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as error:
@@ -156,7 +166,13 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
         if start is not None and start != offset:
             os.truncate(part, 0)  # bytes from elsewhere in the file: appended, they would corrupt it
             raise ConnectionError(f"asked for bytes from {offset}, the server sent others; starting over")
+        sent_validator = response_validator(response.headers)
+        if status == 206 and validator is not None and sent_validator not in (None, validator):
+            os.truncate(part, 0)  # the tail of another version of the file: appended, a corrupt file
+            raise ConnectionError("the file changed on the server since the download began; starting over")
         mode = "ab" if offset and status == 206 else "wb"  # a server without Range support resends all
+        if mode == "wb":
+            record_validator(part, sent_validator)  # before the bytes: a part never outlives its validator
         expected = response.headers.get("Content-Length")
         written = 0
         with open(part, mode) as out:
@@ -165,6 +181,39 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
                 written += len(chunk)
         if expected is not None and written != int(expected):
             raise ConnectionError(f"short read: {written} of {expected} bytes")
+
+
+def response_validator(headers: Any) -> str | None:
+    """What identifies this version of the file for If-Range: a strong ETag, else Last-Modified
+    (If-Range must not carry a weak ETag, RFC 9110 13.1.5); None when the server gives neither."""
+    etag = (headers.get("ETag") or "").strip()
+    if etag and not etag.startswith("W/"):
+        return etag
+    return (headers.get("Last-Modified") or "").strip() or None
+
+
+def validator_file(part: Path) -> Path:
+    """Beside the part, so a resume by a later job (a requeue, a relaunch) checks it too."""
+    return part.with_name(part.name + ".validator")
+
+
+def recorded_validator(part: Path) -> str | None:
+    try:
+        return validator_file(part).read_text().strip() or None
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+
+
+def record_validator(part: Path, validator: str | None) -> None:
+    if validator is None:
+        validator_file(part).unlink(missing_ok=True)
+    else:
+        atomic_write_text(validator_file(part), validator + "\n")
+
+
+def remove_part(part: Path) -> None:
+    part.unlink(missing_ok=True)
+    validator_file(part).unlink(missing_ok=True)
 
 
 def range_start_and_total(content_range: str | None) -> tuple[int | None, int | None]:
@@ -188,7 +237,7 @@ def verify(path: Path, shard: Shard) -> None:
         if expected:
             actual = file_digest(path, algorithm)
             if actual != str(expected).lower():
-                path.unlink(missing_ok=True)
+                remove_part(path)
                 raise DataError(
                     f"{shard.url}: {algorithm} mismatch (expected {expected}, got {actual});"
                     " the download was deleted: check the URL and the checksum in data_preparation.shards"
@@ -219,6 +268,7 @@ def download(
             fetch_with_retries(shard.url, part, retries, backoff, timeout)
         verify(part, shard)
         part.rename(dest)
+        validator_file(part).unlink(missing_ok=True)
     return dest
 
 
@@ -384,7 +434,7 @@ def fetch_tokenizer_files(cfg: dict[str, Any]) -> None:
             try:
                 download(Shard(url), dest, *retry_settings(cfg), part=part)
             finally:
-                part.unlink(missing_ok=True)  # a failed attempt's: not resumed, since no other run finds it
+                remove_part(part)  # a failed attempt's: not resumed, since no other run finds it
 
 
 def retry_settings(cfg: dict[str, Any]) -> tuple[int, float, float]:

@@ -29,6 +29,7 @@ from gptrain.launch.download import (
     fetch_tokenizer_files,
     main,
     parse_shards,
+    response_validator,
     writing_alone,
 )
 
@@ -38,9 +39,19 @@ PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
 class Server:
     """Serves `files` on 127.0.0.1 with Range support; `flaky` paths die halfway the first time."""
 
-    def __init__(self, files: dict[str, bytes], flaky: tuple[str, ...] = (), from_zero: bool = False):
+    def __init__(
+        self,
+        files: dict[str, bytes],
+        flaky: tuple[str, ...] = (),
+        from_zero: bool = False,
+        replaced: dict[str, bytes] | None = None,
+        if_range: bool = True,
+    ):
         self.files, self.flaky, self.requests = files, set(flaky), []
         self.from_zero = from_zero  # a broken server: 206 answers that start at byte 0 whatever was asked
+        self.replaced = replaced or {}  # a flaky path's file is replaced by this once it has died
+        self.if_range = if_range  # False: If-Range is ignored (the Range is served whatever it says)
+        self.if_ranges: list[str | None] = []
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -56,6 +67,10 @@ class Server:
                 start = (
                     int(self.headers["Range"].split("=")[1].rstrip("-")) if self.headers.get("Range") else 0
                 )
+                etag = f'"{hashlib.sha256(data).hexdigest()[:16]}"'
+                server.if_ranges.append(self.headers.get("If-Range"))
+                if server.if_range and self.headers.get("If-Range") not in (None, etag):
+                    start = 0  # another version of the file: the whole of it, as RFC 9110 says
                 if start >= len(data) and start:
                     self.send_response(416)
                     self.send_header("Content-Range", f"bytes */{len(data)}")
@@ -67,9 +82,12 @@ class Server:
                 if ranged:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.send_header("Content-Length", str(len(data) - start))
+                self.send_header("ETag", etag)
                 self.end_headers()
                 if self.path in server.flaky:
                     server.flaky.discard(self.path)
+                    if self.path in server.replaced:
+                        server.files[self.path] = server.replaced[self.path]
                     self.wfile.write(data[start : len(data) // 2])
                     self.wfile.flush()
                     self.close_connection = True
@@ -96,6 +114,56 @@ def test_interrupted_download_resumes_with_range(tmp_path):
     assert dest.read_bytes() == PAYLOAD
     assert server.requests == [("/a.bin", None), ("/a.bin", f"bytes={len(PAYLOAD) // 2}-")]
     assert not (tmp_path / "a.bin.part").exists()
+
+
+def test_a_resume_carries_if_range_with_the_first_responses_etag(tmp_path):
+    etag = f'"{hashlib.sha256(PAYLOAD).hexdigest()[:16]}"'
+    with Server({"/a.bin": PAYLOAD}, flaky=("/a.bin",)) as server:
+        dest = download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=3, backoff=0)
+    assert dest.read_bytes() == PAYLOAD and server.if_ranges == [None, etag]
+    assert sorted(tmp_path.iterdir()) == [dest]  # no part, no validator left
+
+
+@pytest.mark.parametrize("if_range", [True, False])
+def test_a_file_replaced_upstream_between_attempts_is_not_stitched(tmp_path, if_range):
+    """A resume asked for the rest by Range alone: the new version's tail was appended to the old
+    version's head, a corrupt shard (undetected without a checksum). If-Range now makes the server
+    send the new file whole; a server that ignores If-Range is caught by its 206's ETag."""
+    new = bytes(reversed(PAYLOAD))
+    files, replaced = {"/a.bin": PAYLOAD}, {"/a.bin": new}
+    with Server(files, flaky=("/a.bin",), replaced=replaced, if_range=if_range) as server:
+        dest = download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=3, backoff=0)
+    assert dest.read_bytes() == new
+    assert sorted(tmp_path.iterdir()) == [dest]
+
+
+@pytest.mark.parametrize(
+    "headers, validator",
+    [
+        ({"ETag": '"abc"', "Last-Modified": "Tue, 01 Sep 2026 10:00:00 GMT"}, '"abc"'),
+        (
+            {"ETag": 'W/"abc"', "Last-Modified": "Tue, 01 Sep 2026 10:00:00 GMT"},
+            "Tue, 01 Sep 2026 10:00:00 GMT",
+        ),
+        ({"ETag": 'W/"abc"'}, None),
+        ({}, None),
+    ],
+)
+def test_if_range_takes_a_strong_etag_else_last_modified(headers, validator):
+    """If-Range must not carry a weak ETag (RFC 9110 13.1.5): a server would never match it."""
+    assert response_validator(headers) == validator
+
+
+def test_a_resume_by_a_later_job_checks_the_validator_too(tmp_path):
+    """The part of a killed job, resumed by the next one: its validator is kept beside it."""
+    new = bytes(reversed(PAYLOAD))
+    with Server({"/a.bin": PAYLOAD}, flaky=("/a.bin",)) as server:
+        with pytest.raises(DataError, match="failed after 1 attempts"):
+            download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=1)
+        assert (tmp_path / "a.bin.part").stat().st_size == len(PAYLOAD) // 2
+        server.files["/a.bin"] = new
+        dest = download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=1)
+    assert dest.read_bytes() == new and server.requests[-1] == ("/a.bin", f"bytes={len(PAYLOAD) // 2}-")
 
 
 def test_a_complete_part_is_renamed_without_fetching_it_again(tmp_path):
