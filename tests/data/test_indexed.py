@@ -454,3 +454,25 @@ def test_a_live_writers_temporaries_are_kept_however_old(tmp_path, capsys):
         (tmp_path / "out_text_document.bin").read_bytes(),
         (tmp_path / "out_text_document.idx").read_bytes(),
     )
+
+
+@pytest.mark.parametrize(("code", "fmt"), [(7, "f"), (6, "d")], ids=["float32", "float64"])
+def test_float_tokens_read_as_megatron_reads_them(tmp_path, code, fmt):
+    """Megatron's dtype table has float64 (6) and float32 (7); its GPTDataset turns the sample into
+    ids with torch's .long(), which truncates toward zero. The samples here are those of a dataset
+    of the truncated ids, and inspect shows the stored values as they are."""
+    from gptrain.data.gpt_dataset import GPTDataset
+    from gptrain.data.summary import summarize
+
+    floats = [([5.75, 6.0, 7.5], [3]), ([], []), ([1.0, 2.25, 3.0, 0.5, 9.75], [1, 4])]
+    truncated = [([int(t) for t in tokens], lengths) for tokens, lengths in floats]
+    as_floats = IndexedDataset(write_pair(tmp_path / "f", *megatron_bytes(floats, code, fmt)))
+    as_ints = IndexedDataset(write_pair(tmp_path / "i", *megatron_bytes(truncated, 8, "H")))
+    assert as_floats.dtype == DTYPE_CODES[code] and as_floats.get(2).tolist() == [2.25, 3.0, 0.5, 9.75]
+    samples = [
+        GPTDataset(source, range(3), 7, 2, 1234, "train", use_cache=False) for source in (as_floats, as_ints)
+    ]
+    assert len(samples[0]) == len(samples[1]) == 7  # two epochs of 8 tokens
+    for k in range(7):
+        assert samples[0][k].dtype == np.int64 and samples[0][k].tolist() == samples[1][k].tolist()
+    assert summarize(str(tmp_path / "f"), document=2)["document"]["ids"][:2] == [1.0, 2.25]
