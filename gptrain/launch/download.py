@@ -501,12 +501,31 @@ def blend_prefixes(cfg: dict[str, Any]) -> list[float | str]:
     if mode not in ("tokens", "equal"):
         raise ConfigError(f"data_preparation.blend.weights must be 'tokens' or 'equal', got '{mode}'")
     result: list[float | str] = []
+    empty: list[Path] = []
     for shard in parse_shards(cfg.get("shards") or []):
         prefix = output_prefix(cfg, shard)
         if not Path(f"{prefix}.idx").exists():
             raise DataError(f"{prefix}.idx missing: shard {shard.url} is not prepared yet")
-        result += [float(count_tokens(prefix)) if mode == "tokens" else 1.0, str(prefix)]
+        tokens = count_tokens(prefix)
+        if not tokens:
+            empty.append(prefix)
+            continue
+        result += [float(tokens) if mode == "tokens" else 1.0, str(prefix)]
+    leave_out_empty_shards(empty, any_left=bool(result), json_key=json_key(cfg))
     return result
+
+
+def leave_out_empty_shards(empty: list[Path], any_left: bool, json_key: str) -> None:
+    """A shard of no tokens (an empty file, every text empty) went into the blend with weight 0
+    (`weights: tokens`), which training refuses as it starts, or 1 (`equal`), a dataset it cannot
+    draw one sample from. Such a shard is left out, and named; a blend of nothing is an error."""
+    if empty and not any_left:
+        raise DataError(
+            f"every shard holds no tokens ({empty[0]}.idx and the others); check that the shards' "
+            f"records hold their text under data_preparation.json_key ({json_key!r})"
+        )
+    for prefix in empty:
+        print(f"gptrain: warning: {prefix}: holds no tokens; left out of the blend", file=sys.stderr)
 
 
 def write_blend(cfg: dict[str, Any]) -> Path:

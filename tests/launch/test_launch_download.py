@@ -458,3 +458,19 @@ def test_a_tokenizer_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
         capsys.readouterr().err
         == f"gptrain: error: {tmp_path / 'bpe'}: is a file, where a directory is needed\n"
     )
+
+
+def test_a_shard_of_no_tokens_is_left_out_of_the_blend(tmp_path, capsys):
+    """An empty shard got weight 0.0 (tokens) or 1.0 (equal) in the blend: training refused the
+    first as it started and could draw no sample from the second."""
+    write_idx(tmp_path / "a_text_document", [3, 4, 5])
+    write_idx(tmp_path / "b_text_document", [])
+    cfg = {"shards": ["http://h/a.jsonl", "http://h/b.jsonl"], "output_dir": str(tmp_path)}
+    a, b = str(tmp_path / "a_text_document"), str(tmp_path / "b_text_document")
+    assert blend_prefixes({**cfg, "blend": {"weights": "tokens"}}) == [12.0, a]
+    assert blend_prefixes({**cfg, "blend": {"weights": "equal"}}) == [1.0, a]
+    assert (
+        capsys.readouterr().err.count(f"gptrain: warning: {b}: holds no tokens; left out of the blend") == 2
+    )
+    with pytest.raises(DataError, match=r"every shard holds no tokens .*json_key \('text'\)"):
+        blend_prefixes({**cfg, "shards": ["http://h/b.jsonl"], "blend": {"weights": "tokens"}})
