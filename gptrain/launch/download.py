@@ -171,11 +171,11 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
             os.truncate(part, 0)  # the tail of another version of the file: appended, a corrupt file
             raise ConnectionError("the file changed on the server since the download began; starting over")
         mode = "ab" if offset and status == 206 else "wb"  # a server without Range support resends all
-        if mode == "wb":
-            record_validator(part, sent_validator)  # before the bytes: a part never outlives its validator
         expected = response.headers.get("Content-Length")
         written = 0
         with open(part, mode) as out:
+            if mode == "wb":  # the old bytes cut first: none ever lies under the new file's validator
+                record_validator(part, sent_validator)
             while chunk := response.read(CHUNK):
                 out.write(chunk)
                 written += len(chunk)

@@ -474,3 +474,27 @@ def test_a_shard_of_no_tokens_is_left_out_of_the_blend(tmp_path, capsys):
     )
     with pytest.raises(DataError, match=r"every shard holds no tokens .*json_key \('text'\)"):
         blend_prefixes({**cfg, "shards": ["http://h/b.jsonl"], "blend": {"weights": "tokens"}})
+
+
+def test_a_part_never_holds_old_bytes_under_the_new_files_validator(tmp_path, monkeypatch):
+    """Starting a part over recorded the new version's validator before the old bytes were cut: a
+    job killed in between left old bytes that the next resume's If-Range vouched for as new."""
+    from gptrain.launch import download as download_module
+
+    new = bytes(reversed(PAYLOAD))
+    part = tmp_path / "a.bin.part"
+    record = download_module.record_validator
+
+    def killed_after_recording(*args):
+        record(*args)
+        raise KeyboardInterrupt  # SIGKILL/SIGTERM right after the validator is written
+
+    with Server({"/a.bin": PAYLOAD}, flaky=("/a.bin",)) as server:
+        with pytest.raises(DataError, match="failed after 1 attempts"):
+            download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=1)
+        old_validator = download_module.recorded_validator(part)
+        server.files["/a.bin"] = new
+        monkeypatch.setattr(download_module, "record_validator", killed_after_recording)
+        with pytest.raises(KeyboardInterrupt):
+            fetch_once(server.url + "/a.bin", part, timeout=5)
+    assert part.stat().st_size == 0 or download_module.recorded_validator(part) == old_validator
