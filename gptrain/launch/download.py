@@ -148,7 +148,7 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
     validator = recorded_validator(part) if offset else None
     headers = {"Range": f"bytes={offset}-"} if offset else {}
     if validator is not None:
-        headers["If-Range"] = validator
+        headers["If-Range"] = validator[1]
     request = urllib.request.Request(url, headers=headers)
     try:
         response = urllib.request.urlopen(request, timeout=timeout)
@@ -166,8 +166,7 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
         if start is not None and start != offset:
             os.truncate(part, 0)  # bytes from elsewhere in the file: appended, they would corrupt it
             raise ConnectionError(f"asked for bytes from {offset}, the server sent others; starting over")
-        sent_validator = response_validator(response.headers)
-        if status == 206 and validator is not None and sent_validator not in (None, validator):
+        if status == 206 and validator is not None and another_version(validator, response.headers):
             os.truncate(part, 0)  # the tail of another version of the file: appended, a corrupt file
             raise ConnectionError("the file changed on the server since the download began; starting over")
         mode = "ab" if offset and status == 206 else "wb"  # a server without Range support resends all
@@ -175,7 +174,7 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
         written = 0
         with open(part, mode) as out:
             if mode == "wb":  # the old bytes cut first: none ever lies under the new file's validator
-                record_validator(part, sent_validator)
+                record_validator(part, response_validator(response.headers))
             while chunk := response.read(CHUNK):
                 out.write(chunk)
                 written += len(chunk)
@@ -183,13 +182,26 @@ def fetch_once(url: str, part: Path, timeout: float) -> None:
             raise ConnectionError(f"short read: {written} of {expected} bytes")
 
 
-def response_validator(headers: Any) -> str | None:
+Validator = tuple[str, str]  # (header, value): ("ETag", '"5f3a"') or ("Last-Modified", an HTTP date)
+VALIDATOR_HEADERS = ("ETag", "Last-Modified")
+
+
+def response_validator(headers: Any) -> Validator | None:
     """What identifies this version of the file for If-Range: a strong ETag, else Last-Modified
     (If-Range must not carry a weak ETag, RFC 9110 13.1.5); None when the server gives neither."""
     etag = (headers.get("ETag") or "").strip()
     if etag and not etag.startswith("W/"):
-        return etag
-    return (headers.get("Last-Modified") or "").strip() or None
+        return "ETag", etag
+    modified = (headers.get("Last-Modified") or "").strip()
+    return ("Last-Modified", modified) if modified else None
+
+
+def another_version(validator: Validator, headers: Any) -> bool:
+    """A 206's own header of the recorded kind names another version. Only that kind is compared: a
+    server may leave the ETag out of a 206 (or send an unquoted one), which is no change of file."""
+    header, value = validator
+    sent = (headers.get(header) or "").strip()
+    return bool(sent) and sent != value
 
 
 def validator_file(part: Path) -> Path:
@@ -197,18 +209,20 @@ def validator_file(part: Path) -> Path:
     return part.with_name(part.name + ".validator")
 
 
-def recorded_validator(part: Path) -> str | None:
+def recorded_validator(part: Path) -> Validator | None:
+    """The validator as `record_validator` wrote it (`ETag: "5f3a"`), or None (none, or unreadable)."""
     try:
-        return validator_file(part).read_text().strip() or None
+        header, _, value = validator_file(part).read_text().strip().partition(": ")
     except (FileNotFoundError, UnicodeDecodeError):
         return None
+    return (header, value.strip()) if header in VALIDATOR_HEADERS and value.strip() else None
 
 
-def record_validator(part: Path, validator: str | None) -> None:
+def record_validator(part: Path, validator: Validator | None) -> None:
     if validator is None:
         validator_file(part).unlink(missing_ok=True)
     else:
-        atomic_write_text(validator_file(part), validator + "\n")
+        atomic_write_text(validator_file(part), f"{validator[0]}: {validator[1]}\n")
 
 
 def remove_part(part: Path) -> None:

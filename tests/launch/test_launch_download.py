@@ -46,12 +46,14 @@ class Server:
         from_zero: bool = False,
         replaced: dict[str, bytes] | None = None,
         if_range: bool = True,
+        etag_on_206: bool = True,
     ):
         self.files, self.flaky, self.requests = files, set(flaky), []
         self.from_zero = from_zero  # a broken server: 206 answers that start at byte 0 whatever was asked
         self.replaced = replaced or {}  # a flaky path's file is replaced by this once it has died
         self.if_range = if_range  # False: If-Range is ignored (the Range is served whatever it says)
         self.if_ranges: list[str | None] = []
+        self.etag_on_206 = etag_on_206  # False: a 206 carries Last-Modified, not the ETag of the 200
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -82,7 +84,9 @@ class Server:
                 if ranged:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.send_header("Content-Length", str(len(data) - start))
-                self.send_header("ETag", etag)
+                if server.etag_on_206 or not ranged:
+                    self.send_header("ETag", etag)
+                self.send_header("Last-Modified", "Tue, 01 Sep 2026 10:00:00 GMT")
                 self.end_headers()
                 if self.path in server.flaky:
                     server.flaky.discard(self.path)
@@ -140,10 +144,10 @@ def test_a_file_replaced_upstream_between_attempts_is_not_stitched(tmp_path, if_
 @pytest.mark.parametrize(
     "headers, validator",
     [
-        ({"ETag": '"abc"', "Last-Modified": "Tue, 01 Sep 2026 10:00:00 GMT"}, '"abc"'),
+        ({"ETag": '"abc"', "Last-Modified": "Tue, 01 Sep 2026 10:00:00 GMT"}, ("ETag", '"abc"')),
         (
             {"ETag": 'W/"abc"', "Last-Modified": "Tue, 01 Sep 2026 10:00:00 GMT"},
-            "Tue, 01 Sep 2026 10:00:00 GMT",
+            ("Last-Modified", "Tue, 01 Sep 2026 10:00:00 GMT"),
         ),
         ({"ETag": 'W/"abc"'}, None),
         ({}, None),
@@ -152,6 +156,15 @@ def test_a_file_replaced_upstream_between_attempts_is_not_stitched(tmp_path, if_
 def test_if_range_takes_a_strong_etag_else_last_modified(headers, validator):
     """If-Range must not carry a weak ETag (RFC 9110 13.1.5): a server would never match it."""
     assert response_validator(headers) == validator
+
+
+def test_a_206_without_the_etag_is_no_change_of_file(tmp_path):
+    """The ETag of the 200 was compared with the Last-Modified of a 206 that left the ETag out: every
+    resume started over (and failed once the retries were spent)."""
+    with Server({"/a.bin": PAYLOAD}, flaky=("/a.bin",), etag_on_206=False) as server:
+        dest = download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=2, backoff=0)
+    assert dest.read_bytes() == PAYLOAD
+    assert server.requests == [("/a.bin", None), ("/a.bin", f"bytes={len(PAYLOAD) // 2}-")]
 
 
 def test_a_resume_by_a_later_job_checks_the_validator_too(tmp_path):
