@@ -63,6 +63,7 @@ def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None 
         raise DataError("--input: give at least one dataset prefix to merge")
     prefixes = [prefix for p in inputs for prefix in _expand(p)]
     output_prefix = strip_suffix(output_prefix)
+    _refuse_a_directory_as_output(output_prefix)
     for prefix in prefixes:
         if Path(prefix).resolve() == Path(output_prefix).resolve():
             raise DataError(f"--output-prefix {output_prefix} is also an input; choose a new name")
@@ -80,6 +81,17 @@ def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None 
         raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None
     IndexedDataset(output_prefix).verify()  # reads only the .idx, ~1/1000 of the copied bytes
     return MergeResult(len(prefixes), writer.num_documents, writer.num_tokens, writer.path_prefix)
+
+
+def _refuse_a_directory_as_output(output_prefix: str) -> None:
+    """A prefix that names a directory (`out/`, `.`) wrote the hidden files out/.bin and out/.idx,
+    which `ls` does not show: the merge seemed to have written nothing."""
+    if os.path.basename(output_prefix) in ("", ".", ".."):
+        example = os.path.join(output_prefix, "merged")
+        raise DataError(
+            f"--output-prefix {output_prefix}: names a directory, not a dataset; add the dataset's name "
+            f"(--output-prefix {example} writes {example}.bin/.idx)"
+        )
 
 
 def _refuse_repeated_inputs(prefixes: list[str]) -> None:

@@ -106,6 +106,19 @@ def test_merge_errors(tmp_path, capsys):
     assert "m.bin: cannot create the output" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("output", ["out/", "out/.", "out/.bin", "."])
+def test_merge_refuses_an_output_prefix_that_names_a_directory(tmp_path, capsys, monkeypatch, output):
+    """`--output-prefix out/` wrote the hidden files out/.bin and out/.idx: the merge looked empty."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    with IndexedDatasetWriter(str(tmp_path / "small"), np.uint16) as writer:
+        writer.add_document(np.array([1, 2]))
+    assert main(["data", "merge", "--input", str(tmp_path / "small"), "--output-prefix", output]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "names a directory, not a dataset" in err and "merged.bin/.idx" in err
+    assert list((tmp_path / "out").iterdir()) == [] and sorted(p.name for p in tmp_path.glob(".*")) == []
+
+
 @pytest.fixture
 def known_dataset(tmp_path, gpt2) -> str:
     """Document token counts 0, 2, 3, 5, 10 (the 5 split into two sequences)."""
