@@ -447,9 +447,9 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
 
 
 def _refuse_inputs_of_only_bad_lines(stats: PrepareStats, config: PrepareConfig) -> None:
-    """--skip-bad-lines over an input none of whose lines is usable (the wrong --json-keys, a file
-    that is not jsonl) exited 0 with that file's documents missing (or an empty dataset, with one
-    input), and nobody noticed until the training or much later. An empty file skips no line."""
+    """An input none of whose lines --skip-bad-lines found usable (the wrong --json-keys, a file that
+    is not jsonl) adds no document: beside other inputs, the run exited 0 without that file, and
+    nobody noticed. Refused per file; an empty file skips no line, so it is not refused."""
     only_bad = [
         (path, lines)
         for path, lines in stats.bad_lines_per_input.items()
