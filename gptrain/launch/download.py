@@ -307,19 +307,38 @@ def writing_alone(part: Path) -> Iterator[None]:
         yield
 
 
+# Client errors that mean "later", not "wrong": request timeout, too early, too many requests (a
+# hub rate-limiting the array tasks that all download at once). Retried like a server's error.
+TRANSIENT_HTTP_CODES = (408, 425, 429)
+MAX_RETRY_AFTER_S = 600.0
+
+
 def fetch_with_retries(url: str, part: Path, retries: int, backoff: float, timeout: float) -> None:
     for attempt in range(1, max(1, retries) + 1):
         try:
             fetch_once(url, part, timeout)
             return
         except (urllib.error.URLError, HTTPException, OSError) as error:
-            if isinstance(error, urllib.error.HTTPError) and 400 <= error.code < 500:
+            if isinstance(error, urllib.error.HTTPError) and is_permanent(error.code):
                 raise DataError(f"{url}: HTTP {error.code} {error.reason}; check the URL") from None
             if attempt >= retries:
                 raise DataError(f"{url}: failed after {attempt} attempts: {error}") from None
-            wait = backoff * 2 ** (attempt - 1)
+            wait = max(backoff * 2 ** (attempt - 1), retry_after(error))
             print(f"gptrain: {url}: {error}; retry {attempt}/{retries - 1} in {wait:.1f}s", file=sys.stderr)
             time.sleep(wait)
+
+
+def is_permanent(code: int) -> bool:
+    """A 4xx other than the transient ones: the same request would fail again."""
+    return 400 <= code < 500 and code not in TRANSIENT_HTTP_CODES
+
+
+def retry_after(error: BaseException) -> float:
+    """The seconds a 429's or 503's Retry-After asks for (its delay form; 0 for a date or none),
+    at most MAX_RETRY_AFTER_S: retrying sooner only earns another refusal."""
+    headers = error.headers if isinstance(error, urllib.error.HTTPError) else None
+    value = ((headers.get("Retry-After") if headers is not None else None) or "").strip()
+    return min(float(value), MAX_RETRY_AFTER_S) if value.isdigit() else 0.0
 
 
 def decompressed_blocks(path: Path) -> Iterator[bytes]:

@@ -47,6 +47,7 @@ class Server:
         replaced: dict[str, bytes] | None = None,
         if_range: bool = True,
         etag_on_206: bool = True,
+        throttled: int = 0,
     ):
         self.files, self.flaky, self.requests = files, set(flaky), []
         self.from_zero = from_zero  # a broken server: 206 answers that start at byte 0 whatever was asked
@@ -54,6 +55,7 @@ class Server:
         self.if_range = if_range  # False: If-Range is ignored (the Range is served whatever it says)
         self.if_ranges: list[str | None] = []
         self.etag_on_206 = etag_on_206  # False: a 206 carries Last-Modified, not the ETag of the 200
+        self.throttled = throttled  # the first requests answered 429 Too Many Requests (Retry-After: 3)
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -63,6 +65,13 @@ class Server:
             def do_GET(self):
                 server.requests.append((self.path, self.headers.get("Range")))
                 data = server.files.get(self.path)
+                if server.throttled:
+                    server.throttled -= 1
+                    self.send_response(429)
+                    self.send_header("Retry-After", "3")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if data is None:
                     self.send_error(404)
                     return
@@ -262,6 +271,18 @@ def test_checksum_mismatch_deletes_the_download(tmp_path):
     with Server({"/a.bin": PAYLOAD}) as server, pytest.raises(DataError, match="md5 mismatch"):
         download(Shard(server.url + "/a.bin", md5="0" * 32), tmp_path / "a.bin", retries=1, backoff=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rate_limited_download_waits_as_asked_and_retries(tmp_path, monkeypatch):
+    """HTTP 429 (a hub rate-limiting many array tasks) failed the task at once: 'check the URL'."""
+    from gptrain.launch import download as download_module
+
+    waits = []
+    monkeypatch.setattr(download_module.time, "sleep", waits.append)
+    with Server({"/a.bin": PAYLOAD}, throttled=2) as server:
+        dest = download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=3, backoff=0.5)
+    assert dest.read_bytes() == PAYLOAD and len(server.requests) == 3
+    assert waits == [3.0, 3.0]  # Retry-After, longer than the backoff's 0.5 and 1.0
 
 
 def test_missing_file_and_retries_give_up(tmp_path):
