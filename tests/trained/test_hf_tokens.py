@@ -22,8 +22,9 @@ ROWS = 160  # embedding rows beyond the tokenizer's (as Phi-2 and Qwen2 are shap
 FP32_REL = 1e-5
 
 
-def llama_dir(directory: Path, tokenizer: bool) -> Path:
-    """A tiny Llama with bos=1, eos=2, 160 embedding rows and (maybe) a 98-token tokenizer."""
+def llama_dir(directory: Path, tokenizer: bool, dtype: torch.dtype = torch.float32) -> Path:
+    """A tiny Llama with bos=1, eos=2, 160 embedding rows and (maybe) a 98-token tokenizer, its
+    weights stored in `dtype`."""
     import transformers
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
@@ -52,7 +53,7 @@ def llama_dir(directory: Path, tokenizer: bool) -> Path:
         initializer_range=0.3,
     )
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(str(directory))
+    transformers.LlamaForCausalLM(config).to(dtype).save_pretrained(str(directory))
     return directory
 
 
@@ -69,6 +70,31 @@ def test_import_then_export_keeps_bos_eos_and_every_embedding_row(tmp_path, toke
     before, after = hf_logits(source, ids), hf_logits(tmp_path / "out", ids)
     assert before.shape == after.shape == (2, 16, ROWS)
     assert max_relative_difference(before, after) < FP32_REL
+
+
+def test_an_imported_bfloat16_model_exports_in_bfloat16_unless_asked_otherwise(tmp_path, capsys) -> None:
+    """Export wrote float32 whatever the import stored: a bfloat16 model imported and exported again
+    was twice its size. The import records the dtype of the weights; export writes that by default."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    source = llama_dir(tmp_path / "src", tokenizer=True, dtype=torch.bfloat16)
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out")]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["dtype"] == config["torch_dtype"] == "bfloat16"
+    assert f"writing bfloat16 weights, as {source} stores them" in capsys.readouterr().err
+    before, after = load_file(source / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert all(
+        after[name].dtype == torch.bfloat16 and torch.equal(before[name], after[name]) for name in before
+    )
+
+    argv = ["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "wide"), "--dtype", "float32"]
+    assert run_cli(argv) == 0
+    with safe_open(str(tmp_path / "wide" / "model.safetensors"), "pt") as weights:
+        assert {weights.get_slice(name).get_dtype() for name in weights.keys()} == {"F32"}  # noqa: SIM118
 
 
 def test_a_list_of_end_tokens_exports_beside_a_bare_tokenizer_json(tmp_path) -> None:

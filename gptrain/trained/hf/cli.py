@@ -38,8 +38,11 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
-        default="float32",
-        help="dtype of the written weights (default float32, as trained; bfloat16 halves the size)",
+        default=None,
+        help=(
+            "dtype of the written weights (default: float32, as trained; for a model imported from "
+            "Hugging Face, or a run started from one, the dtype it was stored in); bfloat16 halves the size"
+        ),
     )
     parser.add_argument(
         "--max-shard-size-gb", type=float, default=5.0, help="largest safetensors file in GB (default 5)"

@@ -56,6 +56,8 @@ class RunSource:
     """bos_token_id, eos_token_id (and pad_token_id when known) for the configs."""
     imported_from: str | None = None
     """The transformers directory hf_import.json names (a run imported, or started from an import)."""
+    imported_dtype: str | None = None
+    """The dtype that directory stores its weights in (hf_import.json), which export keeps by default."""
 
 
 @dataclass
@@ -92,6 +94,7 @@ def open_run(path: str | Path, checksums: bool = False) -> RunSource:
         rows,
         special_token_ids(run.cfg, run.tokenizer, record),
         record.get("source"),
+        _recorded_dtype(record),
     )
 
 
@@ -101,11 +104,12 @@ def export_hf(
     verify: bool = True,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     stream: TextIO | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
 ) -> ExportReport:
     """Write the transformers directory `output` with weights in `dtype` (float32, bfloat16 or
-    float16; the checkpoint's float32 weights rounded to nearest); verified unless `verify` is False."""
-    if dtype not in DTYPES:
+    float16; the checkpoint's float32 weights rounded to nearest; None: see `default_dtype`);
+    verified unless `verify` is False."""
+    if dtype is not None and dtype not in DTYPES:
         raise DataError(f"export dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     require_transformers()
     started = time.perf_counter()
@@ -115,6 +119,7 @@ def export_hf(
     # the CRC-32s too: the logit check compares two readings of the same weights, and would pass
     # a checkpoint changed on disk since it was written
     source = open_run(path, checksums=True)
+    dtype = dtype or default_dtype(source, stream)
     arch = choose_architecture(source.model_config)
     _check_tokenizer_exportable(source, verify, stream)
     try:
@@ -139,6 +144,25 @@ def export_hf(
     files = sorted(p.name for p in output.iterdir())
     elapsed = time.perf_counter() - started
     return ExportReport(output, CLASS_NAMES[arch], files, tensor_bytes, elapsed, verification)
+
+
+def _recorded_dtype(record: dict[str, Any]) -> str | None:
+    """The dtype hf_import.json gives the imported weights, when export can write it."""
+    dtype = record.get("dtype")
+    return dtype if isinstance(dtype, str) and dtype in DTYPES else None
+
+
+def default_dtype(source: RunSource, stream: TextIO) -> str:
+    """The dtype an imported model stored its weights in (a run started from an import too): a
+    bfloat16 model exported again in float32 was twice its size; float32, as trained, otherwise."""
+    if source.imported_dtype is None or source.imported_dtype == "float32":
+        return "float32"
+    print(
+        f"gptrain: note: writing {source.imported_dtype} weights, as {source.imported_from} stores them "
+        "(--dtype float32 writes the checkpoint's float32 weights unrounded)",
+        file=stream,
+    )
+    return source.imported_dtype
 
 
 def _add_imported_chat_templates(source: RunSource, staging: Path, stream: TextIO) -> None:

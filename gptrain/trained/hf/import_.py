@@ -31,6 +31,8 @@ from gptrain.utils.progress import Progress
 
 TOKENIZER_DIR = "tokenizer"
 CHECKPOINTS = "checkpoints"
+# safetensors' names of the dtypes `gptrain export --dtype` writes
+STORED_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
 @dataclass
@@ -72,7 +74,7 @@ def import_hf(
         step_dir = save_weights(model, staging / CHECKPOINTS, _tokenizer(cfg, staging), cfg)
         del model
         (staging / "hparams.yaml").write_text(cfg.to_yaml())
-        write_record(staging, hf_config, hf_dir)
+        write_record(staging, hf_config, hf_dir, stored_dtype(hf_dir, arch))
         verification = verify_import(cfg, staging, step_dir, hf_dir) if verify else None
     elapsed = time.perf_counter() - started
     checkpoint = output / CHECKPOINTS / step_dir.name
@@ -206,6 +208,13 @@ def fill_weights(
             _check_shape(weights.directory, f"layer {index} {name}", tensor, target)
             target.copy_(tensor)
         progress.update(1)
+
+
+def stored_dtype(hf_dir: Path, arch: str) -> str | None:
+    """The dtype of the token embedding as `hf_dir` stores it ("bfloat16"), which export keeps;
+    None for one export cannot write (float64, an 8-bit type): export then writes float32."""
+    name = hf_global_names(arch)["tok_embeddings.weight"]
+    return STORED_DTYPES.get(SafetensorsTensors(hf_dir).stored_dtype(name))
 
 
 def _check_shape(directory: Path, name: str, tensor: torch.Tensor, target: torch.Tensor) -> None:

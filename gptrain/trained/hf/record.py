@@ -22,10 +22,15 @@ RECORD = "hf_import.json"
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
-def write_record(directory: Path, hf_config: Any, source: Path) -> None:
-    """The imported model's token ids and embedding rows, as its config.json gives them; `source`
-    absolute, as it was given here (the record is read from other working directories)."""
-    record: dict[str, Any] = {"source": os.path.abspath(source), "vocab_size": int(hf_config.vocab_size)}
+def write_record(directory: Path, hf_config: Any, source: Path, dtype: str | None = None) -> None:
+    """The imported model's token ids and embedding rows, as its config.json gives them, and the
+    `dtype` its weights are stored in (export writes that by default); `source` absolute, as it
+    was given here (the record is read from other working directories)."""
+    record: dict[str, Any] = {
+        "source": os.path.abspath(source),
+        "vocab_size": int(hf_config.vocab_size),
+        "dtype": dtype,
+    }
     record.update({key: getattr(hf_config, key, None) for key in TOKEN_KEYS})
     atomic_write_text(directory / RECORD, json.dumps(record, indent=2) + "\n")
 

@@ -163,7 +163,16 @@ class SafetensorsTensors:
         return None
 
     def read(self, name: str) -> torch.Tensor:
+        key = self._key(name)
+        return self.handles[self.where[key]].get_tensor(key)
+
+    def stored_dtype(self, name: str) -> str:
+        """The dtype tensor `name` is stored in, as safetensors names it ("BF16", "F32"), unread."""
+        key = self._key(name)
+        return self.handles[self.where[key]].get_slice(key).get_dtype()
+
+    def _key(self, name: str) -> str:
         key = self._resolve(name)
         if key is None:
             raise DataError(f"{self.directory}: the weights have no tensor {name}")
-        return self.handles[self.where[key]].get_tensor(key)
+        return key
