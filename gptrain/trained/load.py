@@ -312,8 +312,27 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(build_model_config(run.cfg, run.saved_rows), device, run.cfg.model.seed)
     load_weights(model, run.step_dir)
+    check_finite_weights(model, run.step_dir)
     model.eval()
     return LoadedRun(model, run.tokenizer, run.vocab, run.step_dir, imported_end_ids(run))
+
+
+def check_finite_weights(model: nn.Module, step_dir: Path) -> None:
+    """Refuse weights that are NaN or infinite (a run that diverged before this checkpoint): a
+    greedy generation took the argmax of NaN logits and printed id 0's text over and over, and a
+    sampled one stopped with torch's "probability tensor contains either inf, nan" traceback."""
+    for name, weight in model.named_parameters():
+        if not bool(torch.isfinite(weight).all()):
+            raise DataError(
+                f"{step_dir}: {name} holds {not_finite_text(weight)} weights (the run diverged before this "
+                "checkpoint?); use an earlier one (pass its step_<N> directory)"
+            )
+
+
+def not_finite_text(tensor: torch.Tensor) -> str:
+    """How many NaN and infinite values `tensor` holds, in words ("3 NaN and 1 infinite")."""
+    counts = [(int(torch.isnan(tensor).sum()), "NaN"), (int(torch.isinf(tensor).sum()), "infinite")]
+    return " and ".join(f"{count} {what}" for count, what in counts if count)
 
 
 def imported_end_ids(run: RunCheckpoint) -> frozenset[int]:

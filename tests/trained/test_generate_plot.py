@@ -586,6 +586,38 @@ def test_generate_passes_over_a_checkpoint_whose_bytes_changed(tmp_path: Path, c
     assert "step_4" in capsys.readouterr().err  # passed over, said; step_2 generated
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_generate_from_a_diverged_checkpoint_is_one_line_naming_the_tensor(tmp_path: Path, capsys) -> None:
+    """Weights that are NaN (a run that diverged before its checkpoint): --greedy printed the prompt
+    followed by "!!!!" (the argmax of NaN logits is id 0), and sampling stopped with torch's
+    "probability tensor contains either inf, nan" traceback."""
+    import torch
+
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.cli import main
+    from gptrain.parallel.state_dict import model_state_dict
+
+    log_dir, model, _ = tiny_run(tmp_path)
+    with torch.no_grad():
+        model.layers["1"].mlp.w2.weight[0, :3] = torch.tensor([float("nan"), float("inf"), float("nan")])
+    CheckpointManager(log_dir / "checkpoints", keep_last=None).save(3, {"model": model_state_dict(model)}, {})
+    step_3 = log_dir / "checkpoints" / "step_3"
+    for flags in (["--greedy"], []):
+        capsys.readouterr()
+        assert (
+            main(["generate", str(tmp_path / "run"), "--prompt", "Hello", "--max-new-tokens", "4", *flags])
+            == 2
+        )
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.splitlines()[-1] == (
+            f"gptrain: error: {step_3}: layers.1.mlp.w2.weight holds 2 NaN and 1 infinite weights (the run "
+            "diverged before this checkpoint?); use an earlier one (pass its step_<N> directory)"
+        )
+    argv = ["generate", str(log_dir / "checkpoints" / "step_2"), "--prompt", "Hello", "--max-new-tokens", "4"]
+    assert main([*argv, "--greedy"]) == 0
+
+
 def test_generate_checks_its_sampling_flags_before_loading_a_model(tmp_path: Path) -> None:
     """--top-k 0 was refused only after the (possibly large) model had loaded."""
     from gptrain.trained.generate import add_generate_parser

@@ -31,6 +31,7 @@ from gptrain.trained.hf.tokenizer_files import (
 )
 from gptrain.trained.hf.transformers_api import config_class, require_transformers
 from gptrain.trained.hf.verify import Verification
+from gptrain.trained.load import not_finite_text
 from gptrain.utils.atomic import atomic_directory
 from gptrain.utils.paths import directory_blocker
 from gptrain.utils.progress import Progress
@@ -309,7 +310,7 @@ def _in_dtype(
     for name, tensor in tensors.items():
         if tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all()):
             raise DataError(
-                f"{step_dir}: {name} holds {_not_finite(tensor)} weights (the run diverged before this "
+                f"{step_dir}: {name} holds {not_finite_text(tensor)} weights (the run diverged before this "
                 "checkpoint?); export an earlier one (pass its step_<N> directory)"
             )
     rounded = {name: tensor.to(dtype) for name, tensor in tensors.items()}
@@ -323,12 +324,6 @@ def _in_dtype(
                 f"(its largest finite value is {torch.finfo(dtype).max:.7g}); export with --dtype {wider}"
             )
     return rounded
-
-
-def _not_finite(tensor: torch.Tensor) -> str:
-    """How many NaN and infinite values `tensor` holds, in words ("3 NaN and 1 infinite")."""
-    counts = [(int(torch.isnan(tensor).sum()), "NaN"), (int(torch.isinf(tensor).sum()), "infinite")]
-    return " and ".join(f"{count} {what}" for count, what in counts if count)
 
 
 def verify_export(source: RunSource, directory: Path, dtype: torch.dtype = torch.float32) -> Verification:
