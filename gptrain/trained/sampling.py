@@ -79,17 +79,17 @@ def next_token(
 ) -> int:
     """Pick one id from 1-D logits: argmax if greedy, else sample softmax(logits / T) over the top k,
     then over the fewest most likely ids whose probability reaches top_p (the order Hugging Face
-    applies them in)."""
+    applies them in). top_k=0 and top_p=0 turn their filter off, as in Megatron and NeMo."""
     if greedy:
         return int(torch.argmax(logits))
     # Shift by the max before dividing, in float64: a tiny temperature then sends the others to
     # -inf (probability 0) instead of every logit to +-inf (inf - inf = nan in the softmax).
     shifted = logits.double()
     scaled = (shifted - shifted.max()) / temperature
-    if top_k is not None and top_k < scaled.numel():
+    if top_k and top_k < scaled.numel():
         kth_largest = torch.topk(scaled, top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
-    if top_p is not None and top_p < 1:
+    if top_p and top_p < 1:
         scaled = _keep_nucleus(scaled, top_p)
     probs = torch.softmax(scaled, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
@@ -127,7 +127,7 @@ def check_sampling(
         raise ConfigError(
             f"temperature={temperature} must be finite and > 0 (--temperature), or use --greedy"
         )
-    if top_k is not None and top_k < 1:
-        raise ConfigError(f"top_k={top_k} must be >= 1 (--top-k)")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ConfigError(f"top_p={top_p} must be in (0, 1] (--top-p; 1 keeps every token)")
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"top_k={top_k} must be >= 0 (--top-k; 0 keeps every token)")
+    if top_p is not None and not 0 <= top_p <= 1:
+        raise ConfigError(f"top_p={top_p} must be in [0, 1] (--top-p; 0 or 1 keeps every token)")

@@ -619,11 +619,11 @@ def test_generate_from_a_diverged_checkpoint_is_one_line_naming_the_tensor(tmp_p
 
 
 def test_generate_checks_its_sampling_flags_before_loading_a_model(tmp_path: Path) -> None:
-    """--top-k 0 was refused only after the (possibly large) model had loaded."""
+    """--top-k -1 was refused only after the (possibly large) model had loaded."""
     from gptrain.trained.generate import add_generate_parser
 
-    argv = ["generate", str(tmp_path / "no-such-run"), "--prompt", "x", "--top-k", "0"]
-    with pytest.raises(ConfigError, match=r"top_k=0 must be >= 1"):  # not "no such checkpoint"
+    argv = ["generate", str(tmp_path / "no-such-run"), "--prompt", "x", "--top-k", "-1"]
+    with pytest.raises(ConfigError, match=r"top_k=-1 must be >= 0"):  # not "no such checkpoint"
         run_subcommand(add_generate_parser, argv)
 
 

@@ -148,8 +148,8 @@ def test_valid_vocab_size_never_samples_padding():
         (dict(prompt_ids=[]), "prompt"),
         (dict(max_new_tokens=-1), "max_new_tokens"),
         (dict(temperature=0.0), "temperature"),
-        (dict(top_k=0), "top_k"),
-        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_p=-0.1), "top_p"),
         (dict(top_p=1.5), "top_p"),
     ],
 )
@@ -158,6 +158,18 @@ def test_bad_arguments_raise_config_error(kwargs, key):
     arguments = {"prompt_ids": [1], "max_new_tokens": 3, **kwargs}
     with pytest.raises(ConfigError, match=key):
         generate(model, **arguments)
+
+
+@pytest.mark.parametrize("off", [dict(top_k=0), dict(top_p=0.0), dict(top_k=0, top_p=0.0)])
+def test_zero_turns_top_k_and_top_p_off_as_in_megatron(off):
+    """Megatron's and NeMo's 0 means "no filter"; it was refused, so their settings failed here."""
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 0.0])
+    filtered = [
+        next_token(logits, 1.0, generator=torch.Generator().manual_seed(s), **off) for s in range(200)
+    ]
+    unfiltered = [next_token(logits, 1.0, generator=torch.Generator().manual_seed(s)) for s in range(200)]
+    assert filtered == unfiltered
+    assert len(set(filtered)) == 5  # every id is still drawn (a top-1 filter would draw only id 0)
 
 
 @pytest.mark.parametrize("temperature", [1e-38, 1e-300, 5e-324])
