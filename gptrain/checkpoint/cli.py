@@ -7,7 +7,14 @@ import time
 from pathlib import Path
 
 from gptrain.checkpoint.directory import SET_ASIDE, size_text
-from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, checksum_progress, manifest_bytes, verify
+from gptrain.checkpoint.integrity import (
+    COMPLETE,
+    STEP_DIR,
+    checksum_progress,
+    has_manifest,
+    manifest_bytes,
+    verify,
+)
 from gptrain.errors import ConfigError, os_error_text
 
 
@@ -19,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify_parser = actions.add_parser(
         "verify",
         help="check every checkpoint's files against the manifest in its COMPLETE marker",
-        description="Exit 0 when the newest complete checkpoint verifies (the one a resume loads), 1 otherwise.",
+        description="Exit 0 when the newest complete checkpoint verifies (the one a resume loads), 1 otherwise; "
+        "one saved before checkpoints carried a manifest is said to be unchecked, and counts as sound.",
     )
     verify_parser.add_argument(
         "run",
@@ -55,6 +63,12 @@ def steps_to_verify(run: Path) -> tuple[Path, list[Path]]:
     return root, [path for _, path in reversed(steps)]
 
 
+_BEFORE_MANIFESTS = (
+    f"its {COMPLETE} marker is from before gptrain recorded each file's size and CRC-32: nothing to "
+    "compare; a resume loads it unchecked"
+)
+
+
 def run_verify(args: argparse.Namespace) -> int:
     root, steps = steps_to_verify(args.run)
     newest_complete_ok = None
@@ -69,7 +83,9 @@ def run_verify(args: argparse.Namespace) -> int:
             problem = verify(path, checksums=not args.sizes_only, progress=progress)
         except OSError as error:  # permissions or the mount, not damage: said, and the listing goes on
             verdict, problem = "UNREADABLE", os_error_text(error, path)
-        if problem is None:
+        if problem is None and not has_manifest(path):
+            print(f"{path.name}: not checked ({_BEFORE_MANIFESTS})")
+        elif problem is None:
             print(f"{path.name}: ok ({_checked(path, time.perf_counter() - started, args.sizes_only)})")
         else:
             print(f"{path.name}: {verdict}: {problem}")

@@ -141,7 +141,7 @@ def verify(
 
 def _manifest_files(step_dir: Path) -> tuple[dict | None, str | None]:
     """(the manifest's {name: entry}, None), or (None, what is wrong; None for a checkpoint written
-    before manifests existed, which has nothing to compare)."""
+    before manifests existed, which has nothing to compare: `_is_from_before_manifests`)."""
     marker = step_dir / COMPLETE
     if not marker.is_file():
         return None, f"{step_dir.name} has no {COMPLETE} marker (a save that did not finish)"
@@ -149,10 +149,31 @@ def _manifest_files(step_dir: Path) -> tuple[dict | None, str | None]:
         record = json.loads(marker.read_text())
     except (OSError, ValueError) as error:
         return None, f"{marker} is unreadable ({error})"
+    if _is_from_before_manifests(record):
+        return None, None
     files = record.get("files") if isinstance(record, dict) else None
-    if files is not None and not _is_manifest(files):
+    if not _is_manifest(files):
         return None, f"{marker} holds no valid manifest of the step's files (edited or overwritten)"
     return files, None
+
+
+LEGACY_KEYS = frozenset({"step"})
+"""All a COMPLETE marker held before manifests (2026-11-23); every later one has "files"."""
+
+
+def _is_from_before_manifests(record: object) -> bool:
+    """A marker as gptrain wrote it before manifests. Any other without "files" (a changed key, a value
+    that is not an object) lost its manifest: taken as legacy, it would load with nothing checked."""
+    return isinstance(record, dict) and "files" not in record and set(record) <= LEGACY_KEYS
+
+
+def has_manifest(step_dir: Path) -> bool:
+    """Whether `verify` has anything to compare: False for a marker from before manifests (and for
+    one that is not a marker at all, which `verify` names)."""
+    try:
+        return not _is_from_before_manifests(json.loads((step_dir / COMPLETE).read_text()))
+    except (OSError, ValueError):
+        return True
 
 
 def _is_manifest(files: object) -> bool:

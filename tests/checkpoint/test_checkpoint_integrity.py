@@ -80,6 +80,48 @@ def test_a_marker_whose_manifest_is_not_one_is_damage_named_in_one_line(tmp_path
     assert loaded == tmp_path / "step_1" and warnings[0].startswith("checkpoint step_2 is damaged")
 
 
+@pytest.mark.parametrize(
+    "record",
+    [{"step": 2, "slurm_job_id": None, "filez": {}}, [2], "step_2"],
+    ids=["manifest-key-changed", "a-list", "a-string"],
+)
+def test_a_marker_that_lost_its_manifest_is_damage_not_a_checkpoint_from_before_manifests(
+    tmp_path, capsys, record
+):
+    """Such a marker was taken for one from before manifests: `checkpoint verify` said "ok" and a
+    resume loaded it with nothing checked (one changed letter of "files" in COMPLETE was enough)."""
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    save(manager, 1)
+    path = save(manager, 2)
+    flip_a_byte(next(path.glob("*.distcp")))
+    (path / "COMPLETE").write_text(json.dumps(record))
+    problem = f"{path / 'COMPLETE'} holds no valid manifest of the step's files (edited or overwritten)"
+    assert verify(path, checksums=True) == problem
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == f"step_2: DAMAGED: {problem}"
+    warnings = []
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    loaded, _ = manager.load_newest_good(template, lambda state: None, warnings.append)
+    assert loaded.name.startswith("step_1") and warnings[0].startswith("checkpoint step_2 is damaged")
+
+
+def test_a_checkpoint_from_before_manifests_loads_and_verify_says_it_is_unchecked(tmp_path, capsys):
+    """Its marker is `{"step": N}` (before 2026-11-23): nothing to compare, so verify no longer says
+    "ok (0.0 MB read ...)" as if it had read it; a resume still loads it."""
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    path = save(manager, 2)
+    (path / "COMPLETE").write_text(json.dumps({"step": 2}) + "\n")
+    assert verify(path, checksums=True) is None
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "step_2: not checked (its COMPLETE marker is from before gptrain recorded each file's size and "
+        "CRC-32: nothing to compare; a resume loads it unchecked)"
+    ]
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    loaded, _ = manager.load_newest_good(template, lambda state: None, [].append)
+    assert loaded == path
+
+
 def test_a_changed_byte_is_found_by_the_checksum(tmp_path):
     path = save(CheckpointManager(tmp_path, keep_last=2), 1)
     shard = next(path.glob("*.distcp"))
