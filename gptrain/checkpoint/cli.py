@@ -69,9 +69,16 @@ _BEFORE_MANIFESTS = (
 )
 
 
+_REMOVED_WHILE_READ = (
+    f"removed while it was read (its {COMPLETE} marker is gone: a run still saving removes its older "
+    "checkpoints, keeping exp_manager.checkpoint_callback_params.save_top_k); not damage"
+)
+
+
 def run_verify(args: argparse.Namespace) -> int:
     root, steps = steps_to_verify(args.run)
     newest_complete_ok = None
+    removed = False
     for path in steps:
         if not (path / COMPLETE).is_file():
             print(f"{path.name}: incomplete (no {COMPLETE}): never loaded")
@@ -83,6 +90,10 @@ def run_verify(args: argparse.Namespace) -> int:
             problem = verify(path, checksums=not args.sizes_only, progress=progress)
         except OSError as error:  # permissions or the mount, not damage: said, and the listing goes on
             verdict, problem = "UNREADABLE", os_error_text(error, path)
+        if problem is not None and not (path / COMPLETE).is_file():  # retention took it mid-read
+            print(f"{path.name}: {_REMOVED_WHILE_READ}")
+            removed = True
+            continue
         if problem is None and not has_manifest(path):
             print(f"{path.name}: not checked ({_BEFORE_MANIFESTS})")
         elif problem is None:
@@ -94,7 +105,10 @@ def run_verify(args: argparse.Namespace) -> int:
     for path in sorted(p for p in root.iterdir() if SET_ASIDE.match(p.name)):
         print(f"{path.name}: set aside by a resume as damaged (never loaded or pruned; delete it when done)")
     if newest_complete_ok is None:
-        print(f"{root}: no complete checkpoint")
+        gone = (
+            " left (those listed were removed while read): run again to check the newest" if removed else ""
+        )
+        print(f"{root}: no complete checkpoint{gone}")
         return 1
     return 0 if newest_complete_ok else 1
 

@@ -297,6 +297,35 @@ def test_checkpoint_verify_takes_one_step_directory(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("step_2: DAMAGED: ")
 
 
+def test_checkpoint_verify_of_a_live_run_does_not_call_a_checkpoint_its_retention_removed_damaged(
+    tmp_path, capsys, monkeypatch
+):
+    """Verifying a run that is still saving (minutes of CRC reads per large checkpoint): its retention
+    removed the oldest checkpoint while verify read it, which verify called DAMAGED (a file missing)."""
+    from gptrain.checkpoint import integrity
+
+    manager = CheckpointManager(tmp_path / "checkpoints", keep_last=2)
+    save(manager, 1)
+    save(manager, 2)
+    real_crc32 = integrity.file_crc32
+
+    def crc32_while_the_run_saves(path, *args, **kwargs):
+        if path.parent.name == "step_1" and not (tmp_path / "checkpoints" / "step_3").exists():
+            save(manager, 3)  # keeps step_2 and step_3: step_1 loses its marker, then its files
+            manager.close()
+        return real_crc32(path, *args, **kwargs)
+
+    monkeypatch.setattr(integrity, "file_crc32", crc32_while_the_run_saves)
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("step_2: ok (")
+    assert out[1] == (
+        "step_1: removed while it was read (its COMPLETE marker is gone: a run still saving removes its "
+        "older checkpoints, keeping exp_manager.checkpoint_callback_params.save_top_k); not damage"
+    )
+    assert len(out) == 2
+
+
 def test_checkpoint_verify_names_a_missing_directory(tmp_path, capsys):
     assert main(["checkpoint", "verify", str(tmp_path / "nothere")]) == 2
     assert "nothere: no such directory; pass a run directory" in capsys.readouterr().err
