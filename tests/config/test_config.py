@@ -111,6 +111,24 @@ def test_nemo_key_is_ignored_and_reported_once(capsys):
     assert err.count("ignoring NeMo keys") == 1 and "model.megatron_amp_O2" in err
 
 
+def test_monitor_and_mode_are_reported_as_retention_that_keeps_the_newest(capsys):
+    """NeMo keeps the save_top_k best checkpoints by `monitor` and `mode`; gptrain the newest. They were
+    reported as ".nemo checkpoint handling", which left a NeMo user expecting the best ones kept."""
+    load_training_config(
+        "gpt3/126m",
+        [
+            "exp_manager.checkpoint_callback_params.monitor=val_loss",
+            "exp_manager.checkpoint_callback_params.mode=min",
+        ],
+    )
+    err = capsys.readouterr().err
+    assert (
+        "choosing checkpoints by a monitored metric (gptrain's save_top_k keeps the newest checkpoints, not "
+        "NeMo's best by val_loss): exp_manager.checkpoint_callback_params.monitor, "
+        "exp_manager.checkpoint_callback_params.mode"
+    ) in err
+
+
 @pytest.mark.parametrize(
     ("override", "accepted"),
     [
