@@ -228,8 +228,8 @@ class CheckpointReader:
             path = self.root / step_dir_name(step)
             loaded = self._verify_and_load(path, state_fn, apply)
             if isinstance(loaded, dict):
+                self._point_latest_at(path)  # first: a kill among the renames leaves `latest` sound
                 self._move_aside_damaged(damaged, warn)
-                self._point_latest_at(path)
                 return path, loaded
             problem = loaded
             problems.append(problem)
@@ -257,8 +257,9 @@ class CheckpointReader:
     def _move_aside_damaged(self, damaged: list[Path], warn: Callable[[str], None]) -> None:
         """Rank 0 renames the checkpoints a resume passed over out of the step_<N> names: resume and
         retention then see only the good ones (left as step_<N>, the newest-numbered damaged one
-        would outlive the run's new saves); `_point_latest_at` then points `latest` at the one it
-        resumed. The damaged data is kept, not deleted, for a look at what happened."""
+        would outlive the run's new saves); `_point_latest_at` has pointed `latest` at the one it
+        resumed, so it never names a renamed one. The damaged data is kept, not deleted, for a look
+        at what happened."""
         if self.rank != 0 or not damaged:
             return
         for path in damaged:

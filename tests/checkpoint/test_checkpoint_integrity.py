@@ -435,6 +435,32 @@ def test_a_resume_points_latest_at_the_checkpoint_it_loaded(tmp_path, monkeypatc
     assert latest.read_text() == "step_6\n"
 
 
+def test_a_resume_killed_while_moving_damaged_checkpoints_aside_leaves_latest_naming_a_complete_one(
+    tmp_path, monkeypatch
+):
+    """`latest` was pointed at the resumed checkpoint after the damaged ones were renamed: a kill among
+    the renames left it naming step_4, a directory no longer there (a Megatron user's script reading
+    it as the tracker file found nothing). Now `latest` moves first."""
+    from gptrain.checkpoint import reader as reader_module
+
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    for step in (2, 4):
+        save(manager, step)
+    truncate_shard(tmp_path / "step_4")
+    real_rename_aside = reader_module.rename_aside
+
+    def rename_then_killed(path, why):
+        real_rename_aside(path, why)
+        raise KeyboardInterrupt  # as SIGKILL would end it: nothing after the rename runs
+
+    monkeypatch.setattr(reader_module, "rename_aside", rename_then_killed)
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    with pytest.raises(KeyboardInterrupt):
+        manager.load_newest_good(template, lambda state: None, [].append)
+    latest = (tmp_path / "latest").read_text().strip()
+    assert latest == "step_2" and (tmp_path / latest / "COMPLETE").is_file()
+
+
 def test_resume_from_checkpoint_takes_a_run_directory(tmp_path):
     """`exp_manager.resume_from_checkpoint=results/<run.name>`, the run directory eval and export take."""
     from gptrain.checkpoint.directory import find_checkpoint
