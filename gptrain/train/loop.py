@@ -52,7 +52,7 @@ from gptrain.train.rampup import BatchRamp
 from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, RunLog, Scalars, write_run_files
 from gptrain.train.run_lock import claim_run_directory, requeued_own_checkpoint
 from gptrain.train.schedule import LRSchedule
-from gptrain.train.schedule_checks import run_schedule_warnings
+from gptrain.train.schedule_checks import resumed_schedule_change, run_schedule_warnings
 from gptrain.train.signals import StopRequest
 from gptrain.train.state import (
     PARTS,
@@ -342,6 +342,7 @@ def resume(s: Session, source: Path | None = None) -> None:
         return
     path, extra = loaded
     log_load_notes(s)
+    log_schedule_change(s)
     restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log)
     warn_if_the_order_changed(s, extra)
     if "optim" not in sections:
@@ -381,6 +382,8 @@ def start_from(s: Session, source: Path) -> None:
         lambda st: apply_checkpoint_state(st, s.model, s.optimizer, s.schedule, s.scaler, s.state, s.log),
     )
     log_load_notes(s)
+    if "schedule" in loaded:
+        log_schedule_change(s)
     if em.load_rng and not em.finetune and restore_rng_state(extra, stream_layout(s.cfg, s.world), s.log):
         loaded.add("rng")
     restart_data = not em.load_data_position and "train" in loaded
@@ -399,6 +402,14 @@ def log_load_notes(s: Session) -> None:
     notes, s.checkpoints.notes = s.checkpoints.notes, []
     for note in dict.fromkeys(notes):  # the same tensor's rows for each checkpoint tried: said once
         s.log(f"warning: {note}")
+
+
+def log_schedule_change(s: Session) -> None:
+    """The schedule settings the config changed since the checkpoint, and the rate before and after:
+    a jump of the learning rate at a resume is never silent (schedule_checks.resumed_schedule_change)."""
+    line = resumed_schedule_change(s.cfg, s.schedule, s.state.step + 1)
+    if line is not None:
+        s.log(line)
 
 
 def report_damaged_checkpoint(s: Session, warning: str) -> None:

@@ -20,12 +20,16 @@ A resume with another model.global_batch_size: the checkpoint records the batch 
 in. A schedule in samples goes on from the samples it has seen (Megatron's scheduler counts
 samples), so its step count is rescaled; one in steps (NeMo's) goes on at its step. Either way
 the resume says so in one line.
+
+A checkpoint also records the schedule's settings (`RECORDED`), so a resume whose config changed
+them (a larger trainer.max_steps stretches the decay) can say so, with the rate before and after:
+Megatron refuses such a change unless told which to take; here the config's applies, as in NeMo.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError
@@ -104,13 +108,20 @@ def lr_at(step: int, spec: ScheduleSpec) -> float:
     return spec.min_lr + coeff * (spec.lr - spec.min_lr)
 
 
+# The ScheduleSpec fields a checkpoint records beside the step (global_batch_size: see state_dict).
+RECORDED = ("name", "lr", "min_lr", "max_steps", "warmup_steps", "constant_steps", "warmup_style")
+
+
 class LRSchedule:
-    """Sets the rate of every param group before each step; `step` is its whole state."""
+    """Sets the rate of every param group before each step; `step` is its whole state (the
+    settings saved beside it only tell a resume what changed)."""
 
     def __init__(self, optimizer: Any, spec: ScheduleSpec) -> None:
         self.optimizer = optimizer
         self.spec = spec
         self.step = 0
+        self.resumed: tuple[ScheduleSpec, float] | None = None
+        """The loaded checkpoint's schedule and step, where it recorded its settings."""
 
     def current_lr(self) -> float:
         return lr_at(self.step, self.spec)
@@ -126,17 +137,18 @@ class LRSchedule:
         """One optimizer step; a batch-size ramp-up step of a fraction of the full batch moves less."""
         self.step = self.step + 1 if fraction == 1.0 else self.step + fraction
 
-    def state_dict(self) -> dict[str, float]:
-        state: dict[str, float] = {"step": self.step}
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"step": self.step}
         if self.spec.global_batch_size:  # the unit of `step`, for a resume with another batch
             state["global_batch_size"] = self.spec.global_batch_size
-        return state
+        return state | {key: getattr(self.spec, key) for key in RECORDED}
 
-    def load_state_dict(self, state: dict[str, float]) -> str | None:
+    def load_state_dict(self, state: dict[str, Any]) -> str | None:
         """Take the saved step; with another global batch than the checkpoint's, a schedule in
         samples goes on from the same samples (rescaled step). Returns the line saying what changed."""
         step = _number(state["step"])
         self.step = step
+        self.resumed = (_recorded_spec(state), step) if all(key in state for key in RECORDED) else None
         saved, batch = int(state.get("global_batch_size", 0)), self.spec.global_batch_size
         if not saved or not batch or saved == batch:
             return None
@@ -153,6 +165,12 @@ class LRSchedule:
             f" now {batch} samples; to follow samples instead, give its lengths in samples"
             " (model.optim.sched.decay_samples, warmup_samples)"
         )
+
+
+def _recorded_spec(state: dict[str, Any]) -> ScheduleSpec:
+    """The schedule a checkpoint's state_dict records (its lengths in steps of its own batch)."""
+    known = {f.name for f in fields(ScheduleSpec)}
+    return ScheduleSpec(**{key: value for key, value in state.items() if key in known})
 
 
 def _number(value: float) -> float:

@@ -13,10 +13,12 @@ consumed by then over the full batch, not the iteration itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from gptrain.train.rampup import BatchRamp
-from gptrain.train.schedule import ScheduleSpec, lr_at
+from gptrain.train.schedule import LRSchedule, ScheduleSpec, lr_at
 
 if TYPE_CHECKING:
     from gptrain.config.schema import TrainingConfig
@@ -101,3 +103,73 @@ def schedule_position(ramp: BatchRamp, iterations: int) -> float:
 def _steps(value: float) -> str:
     """A step count as written: whole ones as integers, a fraction (a length in samples) to 2 places."""
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
+
+
+def resumed_schedule_change(cfg: TrainingConfig, schedule: LRSchedule, iteration: int) -> str | None:
+    """One line naming each schedule setting this run's config changed since the checkpoint `schedule`
+    was loaded from (old -> new), and the learning rate of the coming `iteration` by each schedule:
+    a raised trainer.max_steps stretches the decay, and the rate jumps. None when nothing changed,
+    or the checkpoint (from before they were recorded) holds no settings."""
+    if schedule.resumed is None:
+        return None
+    old, saved_step = schedule.resumed
+    changes = [
+        f"{key} {shown(before)} -> {shown(after)}"
+        for key, before, after, shown in _recorded_settings(cfg, old, schedule.spec)
+        if not _same(before, after)
+    ]
+    if not changes:
+        return None
+    return (
+        f"learning-rate schedule changed since the checkpoint (this run's config applies): {', '.join(changes)};"
+        f" learning rate of iteration {iteration}: {lr_at(saved_step, old):.6E} by the checkpoint's schedule,"
+        f" {lr_at(schedule.step, schedule.spec):.6E} now (set them back to go on with the checkpoint's)"
+    )
+
+
+Setting = tuple[str, Any, Any, Callable[[Any], str]]
+
+
+def _recorded_settings(cfg: TrainingConfig, old: ScheduleSpec, new: ScheduleSpec) -> list[Setting]:
+    """(the key that sets it in `cfg`, the checkpoint's value, this run's, how to show one) for each
+    setting a checkpoint records; a length set in samples (decay_samples, warmup_samples) is
+    compared in samples, as Megatron counts it."""
+    sched = cfg.model.optim.sched
+    if sched.decay_samples is not None:
+        length = "model.optim.sched.decay_samples"
+    else:
+        length = "model.optim.sched.max_steps" if sched.max_steps else "trainer.max_steps"
+    warmup = "model.optim.sched.warmup_steps"
+    for key in ("warmup_samples", "warmup_fraction", "warmup_ratio"):
+        if getattr(sched, key) is not None:
+            warmup = (
+                "model.optim.sched.warmup_samples"
+                if key == "warmup_samples"
+                else f"warmup steps (model.optim.sched.{key})"
+            )
+    constant = "model.optim.sched.constant_steps"
+    if sched.constant_ratio is not None:
+        constant = "constant steps (model.optim.sched.constant_ratio)"
+
+    def length_of(field: str, key: str) -> Setting:
+        before, after = getattr(old, field), getattr(new, field)
+        if key.endswith("_samples") and old.global_batch_size:
+            before, after = before * old.global_batch_size, after * new.global_batch_size
+        return key, before, after, _steps
+
+    return [
+        ("model.optim.sched.name", old.name, new.name, str),
+        ("model.optim.lr", old.lr, new.lr, "{:g}".format),
+        ("model.optim.sched.min_lr", old.min_lr, new.min_lr, "{:g}".format),
+        length_of("max_steps", length),
+        length_of("warmup_steps", warmup),
+        length_of("constant_steps", constant),
+        ("model.optim.sched.warmup_style", old.warmup_style, new.warmup_style, str),
+    ]
+
+
+def _same(before: Any, after: Any) -> bool:
+    """Equal, or for numbers equal up to rounding (a length in samples goes through steps)."""
+    if isinstance(before, str) or isinstance(after, str):
+        return before == after
+    return math.isclose(before, after, rel_tol=1e-9, abs_tol=1e-12)

@@ -74,7 +74,7 @@ def test_ramp_steps_move_the_learning_rate_schedule_by_their_share_of_the_batch(
     for share in (0.25, 0.25, 0.5):  # three ramp steps of 2, 2 and 4 samples out of 8
         schedule.advance(share)
     assert schedule.step == 1.0 and schedule.apply() == pytest.approx(0.25)
-    assert schedule.state_dict() == {"step": 1.0}
+    assert schedule.state_dict()["step"] == 1.0
 
 
 def test_samples_for_counts_the_ramps_smaller_batches_then_full_ones():
