@@ -49,7 +49,15 @@ from gptrain.train.meter import IntervalMeter, RunShape, interval_report
 from gptrain.train.metrics import evaluation_scalars
 from gptrain.train.overlap import StepRunner, can_run_ahead
 from gptrain.train.rampup import BatchRamp
-from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, RunLog, Scalars, write_run_files
+from gptrain.train.results import (
+    TB_TEST_LOSS,
+    TB_VAL_LOSS,
+    RunLog,
+    Scalars,
+    record_test_done,
+    tested_at,
+    write_run_files,
+)
 from gptrain.train.run_lock import claim_run_directory, requeued_own_checkpoint
 from gptrain.train.schedule import LRSchedule
 from gptrain.train.schedule_checks import resumed_schedule_change, run_schedule_warnings
@@ -536,12 +544,11 @@ def run(
     """Iterate to trainer.max_steps; at each step boundary log, check, validate, checkpoint.
 
     At the end: validation, the final checkpoint, the test split (beside a background write of
-    that checkpoint, which the run then waits for).
+    that checkpoint, which the run then waits for). Resumed at max_steps: finish_at_max_steps.
     """
     t = s.cfg.trainer
     if s.state.step >= t.max_steps:
-        s.log(f"iteration {s.state.step} is already at trainer.max_steps={t.max_steps}: nothing to do")
-        return 0
+        return finish_at_max_steps(s, test_data)
     agreement = StopAgreement()
     # watched as the first step's (its allowance: ranks end start-up at different times), so a rank
     # stuck in start-up is named, not waited on until the collective timeout
@@ -603,9 +610,35 @@ def run(
     em = s.cfg.exp_manager
     if saved_at != s.state.step and em.create_checkpoint_callback and em.checkpoint_callback_params.save_last:
         save_checkpoint(s, waited_for=not tested)
-    evaluate_split(s, test_data, t.limit_test_batches, " on test set", TB_TEST_LOSS)
-    s.checkpoints.wait()  # a background write of the last save went on during the test split
+    evaluate_test_split(s, test_data)
     return 0
+
+
+def finish_at_max_steps(s: Session, test_data: GPTBatchDataset | None) -> int:
+    """A run resumed at trainer.max_steps trains nothing, but evaluates the test split when the run
+    that saved its checkpoint stopped before that (preempted, killed or failed right after its last
+    save): the record of the test split done (results.record_test_done) does not name this iteration.
+    As rank 0 reads it: every rank must evaluate, or none."""
+    step, t = s.state.step, s.cfg.trainer
+    recorded = rank_0s(lambda: tested_at(Path(s.cfg.exp_manager.explicit_log_dir)))
+    if recorded == step or not has_batches(test_data, t.limit_test_batches):
+        s.log(f"iteration {step} is already at trainer.max_steps={t.max_steps}: nothing to do")
+        return 0
+    s.log(
+        f"iteration {step} is already at trainer.max_steps={t.max_steps}: evaluating the test split,"
+        " which the run stopped before"
+    )
+    evaluate_test_split(s, test_data)
+    return 0
+
+
+def evaluate_test_split(s: Session, data: GPTBatchDataset | None) -> None:
+    """The test split at the end of the run (beside a background write of its last save, which is
+    waited for), then recorded done, so a resume at max_steps does not evaluate it again."""
+    evaluate_split(s, data, s.cfg.trainer.limit_test_batches, " on test set", TB_TEST_LOSS)
+    s.checkpoints.wait()
+    if s.world.rank == 0 and has_batches(data, s.cfg.trainer.limit_test_batches):
+        record_test_done(Path(s.cfg.exp_manager.explicit_log_dir), s.state.step)
 
 
 def asked_during(s: Session, agreement: StopAgreement, stop: StopRequest) -> str | None:

@@ -2,7 +2,9 @@
 
 Everything of a run goes into `exp_manager.explicit_log_dir`:
 hparams.yaml, cmd-args.log, git-info.log, nemo_log_globalrank-<r>_localrank-<l>.txt
-(one per rank), events.out.tfevents.* and checkpoints/.
+(one per rank), events.out.tfevents.* and checkpoints/; gptrain adds test_split_done.txt, the
+iteration whose test split was evaluated (a run stopped after its last save and before its test
+split evaluates it when resumed).
 """
 
 from __future__ import annotations
@@ -63,6 +65,27 @@ def write_run_files(log_dir: Path, resolved_yaml: str, argv: list[str] | None = 
     command = shlex.join(sys.argv if argv is None else argv) + "\n"  # a non-UTF-8 path: its own bytes
     atomic_write_bytes(log_dir / "cmd-args.log", command.encode("utf-8", "surrogateescape"))
     atomic_write_text(log_dir / "git-info.log", git_info(Path.cwd()))
+
+
+TEST_DONE = "test_split_done.txt"
+
+
+def record_test_done(log_dir: Path, iteration: int) -> None:
+    """Record that the test split was evaluated at `iteration` (atomic; rank 0). A file the file
+    system refuses is said in one line: the run is done, a resume only evaluates the split again."""
+    path = log_dir / TEST_DONE
+    try:
+        atomic_write_text(path, f"{iteration}\n")
+    except OSError as error:
+        warn_unwritable(path, error, "a resume at trainer.max_steps evaluates the test split again")
+
+
+def tested_at(log_dir: Path) -> int | None:
+    """The iteration `record_test_done` recorded (None: none, or unreadable)."""
+    try:
+        return int((log_dir / TEST_DONE).read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 class RunLog:

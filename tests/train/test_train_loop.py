@@ -12,6 +12,7 @@ from train_e2e_helpers import MOCK, TINY, log_lines, run_recording, tiny_config
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.train import builders, loop
+from gptrain.train.results import TB_TEST_LOSS, TEST_DONE
 from gptrain.train.step import StepOptions, masked_lm_loss
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -137,6 +138,53 @@ def test_a_stop_on_a_validation_step_leaves_that_validation_to_the_resumed_run(
     assert code == 0
     assert "validation of iteration 3 was due when the run stopped: running it first" in log_lines(tmp_path)
     assert validation_lines(tmp_path) == validation_lines(full_dir)  # iterations 3 and 6, same losses
+
+
+class Preempted(Exception):
+    """The job ended (a preemption, a time limit's SIGKILL) right after the last save."""
+
+
+def test_a_run_stopped_before_its_test_split_evaluates_it_when_resumed(uninterrupted, tmp_path, monkeypatch):
+    """The run saved step_6 (max_steps) and ended before its test split ran: resuming at max_steps said
+    'nothing to do', and the test split was never evaluated. Now the resume evaluates it, without
+    training, to the uninterrupted run's loss; a second resume has nothing to do."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    full_dir, _, _ = uninterrupted
+    real_evaluate_split = loop.evaluate_split
+
+    def preempted_at_the_test_split(s, data, batches, where, tag):
+        if tag == TB_TEST_LOSS:
+            raise Preempted
+        return real_evaluate_split(s, data, batches, where, tag)
+
+    monkeypatch.setattr(loop, "evaluate_split", preempted_at_the_test_split)
+    with pytest.raises(Preempted):
+        run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    monkeypatch.undo()
+    assert complete_steps(tmp_path / "checkpoints")[-1] == 6
+    assert lines_on_test_set(tmp_path) == [] and lines_on_test_set(full_dir) != []
+    assert run_recording(monkeypatch, tiny_config(tmp_path, *MOCK)) == (0, {})  # nothing trained
+    assert (
+        "iteration 6 is already at trainer.max_steps=6: evaluating the test split, which the run stopped before"
+        in log_lines(tmp_path)
+    )
+    assert lines_on_test_set(tmp_path) == lines_on_test_set(full_dir)  # the same loss, bit for bit
+    test_losses = EventAccumulator(str(tmp_path)).Reload().Scalars(TB_TEST_LOSS)
+    assert [(e.step, e.value) for e in test_losses] == [
+        (e.step, e.value) for e in EventAccumulator(str(full_dir)).Reload().Scalars(TB_TEST_LOSS)
+    ]
+    assert run_recording(monkeypatch, tiny_config(tmp_path, *MOCK)) == (0, {})
+    assert "already at trainer.max_steps=6: nothing to do" in log_lines(tmp_path)[-1]
+    assert len(lines_on_test_set(tmp_path)) == 1
+    assert not list(tmp_path.glob(".*.tmp"))  # the record of the test split done was written whole
+    (tmp_path / TEST_DONE).write_text("4\n")  # tested at an earlier max_steps, stopped before this one's
+    assert run_recording(monkeypatch, tiny_config(tmp_path, *MOCK)) == (0, {})
+    assert len(lines_on_test_set(tmp_path)) == 2 and (tmp_path / TEST_DONE).read_text() == "6\n"
+
+
+def lines_on_test_set(log_dir: Path) -> list[str]:
+    return [line for line in log_lines(log_dir) if " on test set |" in line]
 
 
 class ShiftedClock:
