@@ -7,6 +7,7 @@ import pytest
 from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
 
 from gptrain.config import load_training_config
+from gptrain.errors import EXIT_REQUEUE
 from gptrain.train.schedule import LRSchedule, ScheduleSpec, spec_from_config
 from gptrain.train.schedule_checks import resumed_schedule_change
 
@@ -58,12 +59,14 @@ def test_a_resume_with_a_larger_max_steps_names_the_change_and_the_jump(tmp_path
 
 
 def test_a_resume_whose_schedule_is_unchanged_says_nothing(tmp_path, monkeypatch):
-    """trainer.max_steps raised, but the schedule's length is model.optim.sched.max_steps in both runs."""
+    """A requeue with the same config; then trainer.max_steps raised, but the schedule's length is
+    model.optim.sched.max_steps in both runs."""
     run, fixed = tmp_path / "run", "model.optim.sched.max_steps=2"
+    assert run_recording(monkeypatch, tiny_config(run, *SHORT, fixed), signal_at=1)[0] == EXIT_REQUEUE
     assert run_recording(monkeypatch, tiny_config(run, *SHORT, fixed))[0] == 0
     code, losses = run_recording(monkeypatch, tiny_config(run, *SHORT, fixed, "trainer.max_steps=3"))
     assert code == 0 and sorted(losses) == [3]
-    assert any(line.startswith("resuming from ") for line in log_lines(run))
+    assert sum(line.startswith("resuming from ") for line in log_lines(run)) == 2
     assert changed_lines(run) == []
 
 
