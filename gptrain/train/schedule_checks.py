@@ -9,6 +9,9 @@ lr is an error (ScheduleSpec refuses it).
 The schedule counts steps of the full global batch: a batch-size ramp-up's smaller batches move it
 by their share (Megatron counts it in samples), so where it stands at an iteration is the samples
 consumed by then over the full batch, not the iteration itself.
+
+At a resume, `resumed_schedule_change` is the line for a schedule the config changed since the
+checkpoint (its settings are recorded there): not wrong either, but a jump of the rate is never silent.
 """
 
 from __future__ import annotations
