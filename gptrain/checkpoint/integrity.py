@@ -55,13 +55,17 @@ def complete_record(
     step_dir: Path,
     checksums: dict[str, str | None] | None = None,
     tokenizer: dict | None = None,
+    architecture: dict | None = None,
 ) -> str:
     """The text of the COMPLETE marker: the step, the Slurm job that wrote it (a requeue of that job
     resumes it: gptrain.train.run_lock), the tokenizer the model was trained with
-    (gptrain.data.tokenizer_identity; none for mock data) and the manifest."""
+    (gptrain.data.tokenizer_identity; none for mock data), the architecture settings
+    (gptrain.checkpoint.architecture) and the manifest."""
     record: dict = {"step": step, "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
     if tokenizer is not None:
         record["tokenizer"] = tokenizer
+    if architecture is not None:
+        record["architecture"] = architecture
     record["files"] = manifest(step_dir, checksums)
     return json.dumps(record, indent=1) + "\n"
 
@@ -70,11 +74,22 @@ def recorded_tokenizer(step_dir: Path) -> dict | None:
     """The tokenizer record in a complete checkpoint's COMPLETE marker; None where it has none
     (saved before gptrain recorded one, or by a run on mock data) or the marker is unreadable
     (`verify` names that)."""
+    return _recorded(step_dir, "tokenizer")
+
+
+def recorded_architecture(step_dir: Path) -> dict | None:
+    """The architecture record in a complete checkpoint's COMPLETE marker; None where it has none
+    (saved before gptrain recorded one, or by a writer without a model config) or the marker is
+    unreadable."""
+    return _recorded(step_dir, "architecture")
+
+
+def _recorded(step_dir: Path, key: str) -> dict | None:
     try:
         record = json.loads((step_dir / COMPLETE).read_text())
     except (OSError, ValueError):
         return None
-    entry = record.get("tokenizer") if isinstance(record, dict) else None
+    entry = record.get(key) if isinstance(record, dict) else None
     return entry if isinstance(entry, dict) else None
 
 

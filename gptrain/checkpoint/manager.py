@@ -158,12 +158,14 @@ class CheckpointManager(CheckpointReader):
         pinned_staging: bool | None = None,
         tokenizer: TokenizerCheck | None = None,
         tied: bool = False,
+        architecture: dict[str, Any] | None = None,
     ) -> None:
-        """`vocab_size`, `tokenizer`, `tied`: as for CheckpointReader (each save records the tokenizer). `direct_io`: write shards around the page cache
+        """`vocab_size`, `tokenizer`, `tied`, `architecture`: as for CheckpointReader (each save records
+        the tokenizer and the architecture). `direct_io`: write shards around the page cache
         (O_DIRECT); None: where `root` is on a local disk (gptrain.checkpoint.direct_io).
         `pinned_staging`: async saves copy into a kept, pinned host buffer (a CUDA run's); None:
         wherever CUDA is available."""
-        super().__init__(root, rank, vocab_size, tokenizer, tied)
+        super().__init__(root, rank, vocab_size, tokenizer, tied, architecture)
         self.keep_last = keep_last if keep_last and keep_last > 0 else None
         self.async_save = async_save
         self.direct_io = takes_direct_io(root) if direct_io is None else direct_io
@@ -384,7 +386,7 @@ class CheckpointManager(CheckpointReader):
         rank's write results, so every rank's files and checksum sidecar are on disk by then."""
         tokenizer = self.tokenizer.record if self.tokenizer is not None else None
         record = complete_record(
-            report.step, report.path, gathered_checksums(report.path, checksums), tokenizer
+            report.step, report.path, gathered_checksums(report.path, checksums), tokenizer, self.architecture
         )
         fsync_directory(report.path)  # every file's name durable (.metadata was renamed) before COMPLETE's
         atomic_write_text(report.path / COMPLETE, record)

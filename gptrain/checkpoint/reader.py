@@ -23,6 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 
+from gptrain.checkpoint import architecture as arch
 from gptrain.checkpoint import compat
 from gptrain.checkpoint.compat import CheckpointMismatchError
 from gptrain.checkpoint.directory import (
@@ -34,7 +35,13 @@ from gptrain.checkpoint.directory import (
     rename_aside,
     step_dir_name,
 )
-from gptrain.checkpoint.integrity import complete_steps, is_complete, recorded_tokenizer, verify_share
+from gptrain.checkpoint.integrity import (
+    complete_steps,
+    is_complete,
+    recorded_architecture,
+    recorded_tokenizer,
+    verify_share,
+)
 from gptrain.errors import GptrainError, find_out_of_memory, os_error_text
 from gptrain.utils.atomic import atomic_write_text
 
@@ -56,6 +63,11 @@ class CheckpointDamagedError(CheckpointLoadError):
 class TokenizerMismatchError(CheckpointMismatchError):
     """A checkpoint was trained with another tokenizer than the config's: its ids would mean other
     tokens (gptrain.data.tokenizer_identity)."""
+
+
+class ArchitectureChangedError(CheckpointMismatchError):
+    """A run resumed its own checkpoint with architecture settings that change what the model computes
+    but not the tensors' shapes (gptrain.checkpoint.architecture)."""
 
 
 class CheckpointOutOfMemoryError(GptrainError):
@@ -191,18 +203,22 @@ class CheckpointReader:
         vocab_size: int | None = None,
         tokenizer: TokenizerCheck | None = None,
         tied: bool = False,
+        architecture: dict[str, Any] | None = None,
     ) -> None:
         """`vocab_size` is the tokenizer's: rows of the vocabulary tensors at or past it are padding
         (see `read_state`). `tokenizer`: the run's, checked against each checkpoint's record before
         it is loaded (None: no check, a run on mock data). `tied`: the model ties its embedding and
         output layer (model.share_embeddings_and_output_weights); under pipeline parallelism the
         last stage holds the output layer's copy alone, and only this tells it to check the
-        checkpoint's embedding against its output layer."""
+        checkpoint's embedding against its output layer. `architecture`: the run's settings as
+        gptrain.checkpoint.architecture records them; a resume refuses a checkpoint recorded with
+        others, a start from another run's checkpoint notes them (None: no check)."""
         self.root = Path(root)
         self.rank = rank
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
         self.tied = tied
+        self.architecture = architecture
         self.notes: list[str] = []  # what a load left out (rows the live model has no room for), to log
 
     def newest(self) -> Path | None:
@@ -226,7 +242,7 @@ class CheckpointReader:
         problems, damaged = [], []
         for step in reversed(_steps_of_rank_0(self.root)):
             path = self.root / step_dir_name(step)
-            loaded = self._verify_and_load(path, state_fn, apply)
+            loaded = self._verify_and_load(path, state_fn, apply, own_run=True)
             if isinstance(loaded, dict):
                 self._point_latest_at(path)  # first: a kill among the renames leaves `latest` sound
                 self._move_aside_damaged(damaged, warn)
@@ -293,8 +309,10 @@ class CheckpointReader:
         path: Path,
         state_fn: Callable[[set[str]], dict[str, Any]],
         apply: Callable[[dict[str, Any]], None],
+        own_run: bool = False,
     ) -> dict[str, Any] | str:
         """This rank's extra state, or what is wrong with `path` (the same verdict on every rank).
+        `own_run`: a resume of this run's checkpoint, which refuses changed architecture settings.
 
         Each step that can fail on one rank alone (reading its rank file, reading `.metadata` and
         building the state, reading the data, applying it) is agreed before the next collective: a
@@ -319,6 +337,7 @@ class CheckpointReader:
             extra = _agreed(path, lambda: read_rank_state(path, self.rank), rank_file)
             prepared = _agreed(path, lambda: self._prepare(path, state_fn))
             agree_fit(path, prepared.saved, prepared.fit)  # collectives only; a mismatch on every rank
+            self._check_architecture(path, own_run)  # what shapes cannot tell, before any data is read
             state = _agreed(path, lambda: self._load_prepared(path, prepared))
             self._refuse_untied(path, prepared)
             _agreed(path, lambda: apply(state))
@@ -343,6 +362,23 @@ class CheckpointReader:
             raise TokenizerMismatchError(error)
         if note is not None:
             self.notes.append(note)
+
+    def _check_architecture(self, path: Path, own_run: bool) -> None:
+        """ArchitectureChangedError on every rank when this run's own checkpoint `path` was saved with
+        other architecture settings (a resume goes on training the same model); a note when another
+        run's checkpoint is started from (a new run may change them on purpose, such as the rope base
+        for longer sequences). Checkpoints saved before the record load unchecked."""
+        if self.architecture is None:
+            return
+        found = arch.changes(recorded_architecture(path), self.architecture)
+        problem = _first_on_any_rank(arch.mismatch_text(path, found) if found else None)
+        if problem is not None and own_run:
+            raise ArchitectureChangedError(problem)
+        if found:
+            self.notes.append(
+                f"{path} was trained with other model settings ({'; '.join(found)}): loaded as asked, "
+                "into a model that computes something else with these weights"
+            )
 
     def _prepare(
         self, path: Path, state_fn: Callable[[set[str]], dict[str, Any]], metadata: Metadata | None = None

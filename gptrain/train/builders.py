@@ -17,9 +17,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gptrain.checkpoint import architecture
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.config import TrainingConfig
 from gptrain.errors import ConfigError, DataError
+from gptrain.models.config import GPTConfig
 from gptrain.parallel.float8 import refresh_scales_after_step
 from gptrain.parallel.mesh import World, cuda_index
 from gptrain.train.batches import GPTBatchDataset
@@ -250,10 +252,12 @@ def build_checkpoint_manager(
     vocab_size: int,
     device: torch.device | None = None,
     tokenizer: Any | None = None,
+    model_config: GPTConfig | None = None,
 ) -> CheckpointManager:
     """Checkpoints in <explicit_log_dir>/checkpoints, keeping the last save_top_k; `vocab_size`
-    (unpadded) tells the padding rows apart when TP changed the padded vocabulary; `tokenizer` is
-    recorded with each save and checked against each checkpoint loaded."""
+    (unpadded) tells the padding rows apart when TP changed the padded vocabulary; `tokenizer` and
+    `model_config`'s architecture settings are recorded with each save and checked against each
+    checkpoint loaded."""
     params = cfg.exp_manager.checkpoint_callback_params
     root = Path(cfg.exp_manager.explicit_log_dir) / "checkpoints"
     return CheckpointManager(
@@ -266,6 +270,7 @@ def build_checkpoint_manager(
         pinned_staging=None if device is None else device.type == "cuda",  # a CPU run pins nothing
         tokenizer=tokenizer_check(cfg, tokenizer),
         tied=cfg.model.share_embeddings_and_output_weights,
+        architecture=architecture.record(model_config) if model_config is not None else None,
     )
 
 

@@ -202,7 +202,7 @@ def train(cfg: TrainingConfig) -> int:
             schedule=LRSchedule(optimizer, b.schedule_spec(cfg)),
             scaler=b.build_scaler(cfg),
             step_opts=b.with_parallel_seams(b.build_step_options(cfg, dp_size), model),
-            checkpoints=b.build_checkpoint_manager(cfg, world, vocab, device, tokenizer),
+            checkpoints=b.build_checkpoint_manager(cfg, world, vocab, device, tokenizer, model_config),
             log=log,
             scalars=scalars,
             dp_rank=dp_rank,

@@ -1,12 +1,15 @@
 """Resuming with a config the checkpoint does not fit: refused in one line (the run's hparams.yaml
 kept), or for a precision change, loaded with the loss scaler started afresh."""
 
+import json
+
 import pytest
 import torch
 import yaml
 from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
 
 from gptrain.checkpoint.compat import CheckpointMismatchError
+from gptrain.checkpoint.reader import ArchitectureChangedError
 from gptrain.train.loss_scale import build_loss_scaler
 from gptrain.train.state import parts_to_load
 
@@ -158,3 +161,66 @@ def test_an_untied_checkpoint_is_refused_by_a_tied_model(tmp_path, monkeypatch):
     start = [f"exp_manager.resume_from_checkpoint={tied}", "exp_manager.finetune=true"]
     code, losses = run_recording(monkeypatch, tiny_config(tmp_path / "untie", *SHORT, *start, f"{tie}=false"))
     assert code == 0 and sorted(losses) == [1, 2]
+
+
+def test_resume_with_other_heads_of_the_same_shapes_is_refused_naming_each_key(run, monkeypatch):
+    """4 heads of 4 in place of 2 heads of 8 (and GELU's tanh form) give every tensor its shape: the
+    shape check passes, and the weights would train another function. The COMPLETE marker records
+    the settings; a resume that changes them stops in one line, the run's hparams.yaml kept."""
+    before = (run / "hparams.yaml").read_text()
+    config = tiny_config(
+        run, *SHORT, "model.num_attention_heads=4", "model.openai_gelu=true", "trainer.max_steps=3"
+    )
+    with pytest.raises(ArchitectureChangedError) as refused:
+        run_recording(monkeypatch, config)
+    text = str(refused.value)
+    assert "\n" not in text and "step_2 was trained with other model settings" in text
+    for change in (
+        "model.num_attention_heads 2 -> 4",
+        "model.kv_channels 8 -> 4",
+        "model.openai_gelu False -> True",
+    ):
+        assert change in text
+    assert "set the old values" in text and "start a new run directory" in text
+    assert (run / "hparams.yaml").read_text() == before
+    assert not any("damaged" in line for line in log_lines(run))
+
+
+def test_resume_with_settings_a_run_may_change_goes_on(run, monkeypatch):
+    """Dropout, learning rate, batch sizes and max_steps are not architecture: as Megatron, they apply."""
+    config = tiny_config(
+        run,
+        *SHORT,
+        "model.hidden_dropout=0.0",
+        "model.attention_dropout=0.0",
+        "model.optim.lr=1e-3",
+        "model.normalization=layernorm1p",  # NeMo's spelling of the same function
+        "trainer.max_steps=3",
+    )
+    code, losses = run_recording(monkeypatch, config)
+    assert code == 0 and sorted(losses) == [3]
+
+
+def test_a_checkpoint_saved_before_the_record_resumes_unchecked(run, monkeypatch):
+    marker = run / "checkpoints" / "step_2" / "COMPLETE"
+    record = json.loads(marker.read_text())
+    assert record["architecture"]["model.num_attention_heads"] == 2
+    del record["architecture"]
+    marker.write_text(json.dumps(record))
+    config = tiny_config(run, *SHORT, "model.num_attention_heads=4", "trainer.max_steps=3")
+    code, losses = run_recording(monkeypatch, config)
+    assert code == 0 and sorted(losses) == [3]
+
+
+def test_a_start_from_another_runs_checkpoint_with_other_settings_loads_with_a_warning(
+    run, tmp_path, monkeypatch
+):
+    """A new run from another's checkpoint may change the model on purpose (the rope base for longer
+    sequences): said, not refused."""
+    new = tmp_path / "new"
+    start = [f"exp_manager.resume_from_checkpoint={run}", "exp_manager.finetune=true"]
+    config = tiny_config(new, *SHORT, *start, "model.openai_gelu=true")
+    code, losses = run_recording(monkeypatch, config)
+    assert code == 0
+    warnings = [line for line in log_lines(new) if "other model settings" in line]
+    assert len(warnings) == 1 and "model.openai_gelu False -> True" in warnings[0]
