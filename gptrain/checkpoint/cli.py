@@ -1,4 +1,6 @@
-"""`gptrain checkpoint verify RUN`: every checkpoint of a run against its manifest, sizes and CRC-32s (no torch)."""
+"""`gptrain checkpoint verify RUN`: every checkpoint of a run against its manifest, sizes and CRC-32s;
+`gptrain checkpoint rewind RUN --to step_N`: go back to an earlier checkpoint (gptrain.checkpoint.rewind).
+Neither imports torch."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import argparse
 import time
 from pathlib import Path
 
-from gptrain.checkpoint.directory import SET_ASIDE, size_text
+from gptrain.checkpoint.directory import REWOUND_ASIDE, SET_ASIDE, size_text
 from gptrain.checkpoint.integrity import (
     COMPLETE,
     STEP_DIR,
@@ -20,7 +22,9 @@ from gptrain.errors import ConfigError, os_error_text
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "checkpoint", help="verify a run's checkpoints", description="Verify a run's checkpoints."
+        "checkpoint",
+        help="verify a run's checkpoints, or rewind it to an earlier one",
+        description="Verify a run's checkpoints, or rewind it to an earlier one.",
     )
     actions = parser.add_subparsers(dest="action", required=True)
     verify_parser = actions.add_parser(
@@ -38,6 +42,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sizes-only", action="store_true", help="skip the CRC-32 of each file (no data read)"
     )
     verify_parser.set_defaults(func=run_verify)
+    rewind_parser = actions.add_parser(
+        "rewind",
+        help="go back to an earlier checkpoint: the next resume continues from it",
+        description="Check that the checkpoint given to --to verifies, point `latest` at it and rename every newer "
+        "complete checkpoint to step_<M>.rewound-<time> (kept, never loaded or pruned). The next resume "
+        "continues from it, with its data position and LR schedule. Refused while the run is live.",
+    )
+    rewind_parser.add_argument(
+        "run", type=Path, help="a run directory, its results/ or its checkpoints/ directory"
+    )
+    rewind_parser.add_argument(
+        "--to", required=True, metavar="step_N", help="the checkpoint to go back to: step_<N> or <N>"
+    )
+    rewind_parser.set_defaults(func=run_rewind)
 
 
 def checkpoint_root(run: Path) -> Path:
@@ -104,6 +122,10 @@ def run_verify(args: argparse.Namespace) -> int:
             newest_complete_ok = problem is None
     for path in sorted(p for p in root.iterdir() if SET_ASIDE.match(p.name)):
         print(f"{path.name}: set aside by a resume as damaged (never loaded or pruned; delete it when done)")
+    for path in sorted(p for p in root.iterdir() if REWOUND_ASIDE.match(p.name)):
+        print(
+            f"{path.name}: set aside by `gptrain checkpoint rewind` (never loaded or pruned; delete it when done)"
+        )
     if newest_complete_ok is None:
         gone = (
             " left (those listed were removed while read): run again to check the newest" if removed else ""
@@ -111,6 +133,24 @@ def run_verify(args: argparse.Namespace) -> int:
         print(f"{root}: no complete checkpoint{gone}")
         return 1
     return 0 if newest_complete_ok else 1
+
+
+def run_rewind(args: argparse.Namespace) -> int:
+    from gptrain.checkpoint.rewind import rewind, target_step
+
+    step = target_step(args.to)
+    root = checkpoint_root(args.run)
+    moved = rewind(root, step)
+    what = (
+        f"{len(moved)} newer checkpoint{'s' if len(moved) != 1 else ''} moved aside"
+        if moved
+        else "nothing newer"
+    )
+    print(
+        f"{root}: rewound to step_{step} ({what}); the next resume continues from iteration {step} with its "
+        "data position and LR schedule"
+    )
+    return 0
 
 
 def _checked(path: Path, seconds: float, sizes_only: bool) -> str:

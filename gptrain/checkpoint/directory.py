@@ -3,6 +3,8 @@
 step_<N>/            one checkpoint (complete once it holds COMPLETE: gptrain.checkpoint.integrity)
 latest               'step_<N>', rewritten atomically after COMPLETE
 step_<N>.damaged-<time>/  a checkpoint resume passed over, renamed by rank 0 (kept, never pruned)
+step_<N>.rewound-<time>/  a checkpoint newer than the one `gptrain checkpoint rewind` went back to
+                          (kept, never loaded or pruned)
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ LATEST = "latest"
 DAMAGED = "damaged"
 SET_ASIDE = re.compile(rf"^step_\d+\.{DAMAGED}-")
 """A checkpoint a resume passed over, renamed by `rename_aside(path, DAMAGED)`."""
+REWOUND = "rewound"
+REWOUND_ASIDE = re.compile(rf"^step_\d+\.{REWOUND}-")
+"""A checkpoint a rewind moved out of the step_<N> names (gptrain.checkpoint.rewind)."""
 
 
 class CheckpointLoadError(GptrainError):

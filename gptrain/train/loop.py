@@ -327,11 +327,7 @@ def resume(s: Session, source: Path | None = None) -> None:
         s.log(f"exp_manager.resume_if_exists=false: starting from scratch (checkpoints go to {root})")
         return
     if s.cfg.exp_manager.resume_from_checkpoint:  # see checkpoint_to_start_from: the run has its own
-        s.log(
-            f"exp_manager.resume_from_checkpoint={s.cfg.exp_manager.resume_from_checkpoint} not used: this "
-            f"run has checkpoints of its own in {root} and resumes them (a requeued job continues itself); "
-            "to start from that checkpoint, give the run a new directory"
-        )
+        s.log(unused_start_from_text(s.cfg.exp_manager.resume_from_checkpoint, root))
     sections: set[str] = set()  # of the checkpoint state_to_load was last asked for: the one loaded
 
     def state_to_load(saved: Collection[str]) -> dict:  # only the parts saved: see checkpoint_state
@@ -356,6 +352,18 @@ def resume(s: Session, source: Path | None = None) -> None:
     if "optim" not in sections:
         s.log(f"{path} holds model weights only (an import): optimizer, LR schedule and counters start fresh")
     s.log(f"resuming from {path} at iteration {s.state.step}, consumed samples {s.state.consumed_samples}")
+
+
+def unused_start_from_text(source: str, root: Path) -> str:
+    """Why exp_manager.resume_from_checkpoint is not loaded by a run with checkpoints of its own; for
+    one of the run's own older checkpoints (Megatron's habit of going back after a loss spike), how."""
+    text = (
+        f"exp_manager.resume_from_checkpoint={source} not used: this run has checkpoints of its own in "
+        f"{root} and resumes the newest (a requeued job continues itself); "
+    )
+    if Path(source).resolve().parent == root.resolve():
+        return text + f"to go back to it, `gptrain checkpoint rewind {root.parent} --to {Path(source).name}`"
+    return text + "to start from that checkpoint, give the run a new directory"
 
 
 def warn_if_the_order_changed(s: Session, extra: dict) -> None:

@@ -1,0 +1,143 @@
+"""`gptrain checkpoint rewind RUN --to step_N`: back to an earlier checkpoint of the same run, the newer
+ones kept aside, a resume then going on from step_N bit for bit."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptrain.checkpoint.integrity import complete_steps, verify
+from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.cli import main
+from gptrain.train.run_lock import acquire
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def run_with_checkpoints(run: Path, steps: list[int]) -> Path:
+    """A run directory whose checkpoints/ holds complete step_<N> for each of `steps`."""
+    manager = CheckpointManager(run / "checkpoints", keep_last=None)
+    for step in steps:
+        manager.save(step, {"model": {"w": torch.full((8, 8), float(step))}}, {})
+    manager.close()
+    return run / "checkpoints"
+
+
+def aside(root: Path) -> list[str]:
+    return sorted(p.name.split(".")[0] for p in root.iterdir() if ".rewound-" in p.name)
+
+
+def test_rewind_moves_the_newer_checkpoints_aside_and_points_latest(tmp_path, capsys):
+    root = run_with_checkpoints(tmp_path, [2, 4, 6, 8])
+    assert main(["checkpoint", "rewind", str(tmp_path), "--to", "step_4"]) == 0
+    assert complete_steps(root) == [2, 4]
+    assert (root / "latest").read_text().strip() == "step_4"
+    assert aside(root) == ["step_6", "step_8"]
+    for moved in root.glob("step_*.rewound-*"):
+        assert verify(moved, checksums=True) is None  # kept whole, never deleted
+    out = capsys.readouterr().out
+    assert "moved step_8 aside to step_8.rewound-" in out and "moved step_6 aside" in out
+    assert "rewound to step_4 (2 newer checkpoints moved aside)" in out
+    assert "step_6.rewound-" in out and "set aside" not in out
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if "rewound-" in line]
+    assert len(listed) == 2 and all("set aside by `gptrain checkpoint rewind`" in line for line in listed)
+
+
+def test_retention_ignores_rewound_checkpoints(tmp_path):
+    root = run_with_checkpoints(tmp_path, [2, 4, 6])
+    assert main(["checkpoint", "rewind", str(root), "--to", "2"]) == 0
+    manager = CheckpointManager(root, keep_last=1)  # save_top_k=1
+    manager.save(4, {"model": {"w": torch.zeros(8, 8)}}, {})
+    manager.close()
+    assert complete_steps(root) == [4] and aside(root) == ["step_4", "step_6"]
+
+
+def test_a_live_run_an_unknown_step_or_a_damaged_one_is_refused_and_nothing_moves(tmp_path, capsys):
+    root = run_with_checkpoints(tmp_path, [2, 4, 6])
+    lock = acquire(tmp_path)  # a live run: this process holds the lock
+    try:
+        assert main(["checkpoint", "rewind", str(tmp_path), "--to", "step_4"]) == 2
+    finally:
+        lock.release()
+    err = capsys.readouterr().err
+    assert "is in use by a live run (pid" in err and "stop it" in err and len(err.splitlines()) == 1
+    assert main(["checkpoint", "rewind", str(tmp_path), "--to", "step_3"]) == 2
+    err = capsys.readouterr().err
+    assert "step_3 is not a complete checkpoint of this run (complete: step_2, step_4, step_6)" in err
+    shard = next((root / "step_4").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert main(["checkpoint", "rewind", str(tmp_path), "--to", "step_4"]) == 2
+    err = capsys.readouterr().err
+    assert "step_4 is damaged" in err and "nothing was rewound" in err
+    assert complete_steps(root) == [2, 4, 6] and (root / "latest").read_text().strip() == "step_6"
+    assert not (tmp_path / "gptrain.lock").exists()
+
+
+def test_a_rewind_cut_short_leaves_a_sound_newest_checkpoint_and_the_same_command_finishes(
+    tmp_path, monkeypatch, capsys
+):
+    """`latest` moves first and the newest goes first: killed between two renames, the newest complete
+    checkpoint is a sound one, and `latest` never names a moved one."""
+    root = run_with_checkpoints(tmp_path, [2, 4, 6, 8])
+    renames = []
+    real_rename = Path.rename
+
+    def rename_once(path, target):
+        if renames:
+            raise OSError(28, "No space left on device")
+        renames.append(path.name)
+        return real_rename(path, target)
+
+    monkeypatch.setattr(Path, "rename", rename_once)
+    assert main(["checkpoint", "rewind", str(tmp_path), "--to", "step_4"]) == 2
+    assert "run the same command again" in capsys.readouterr().err
+    assert renames == ["step_8"] and complete_steps(root) == [2, 4, 6]
+    assert (root / "latest").read_text().strip() == "step_4"
+    assert verify(root / "step_6", checksums=True) is None
+    monkeypatch.setattr(Path, "rename", real_rename)
+    assert main(["checkpoint", "rewind", str(tmp_path), "--to", "step_4"]) == 0
+    assert complete_steps(root) == [2, 4] and aside(root) == ["step_6", "step_8"]
+
+
+def test_rewind_imports_no_torch(tmp_path):
+    run_with_checkpoints(tmp_path, [2, 4])
+    code = (
+        "import sys; from gptrain.cli import main; "
+        f"code = main(['checkpoint', 'rewind', {str(tmp_path)!r}, '--to', 'step_2']); "
+        "print(code, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-2:] == ["0", "False"], out.stdout + out.stderr
+
+
+def test_resume_after_a_rewind_repeats_the_uninterrupted_steps_bit_for_bit(tmp_path, monkeypatch):
+    """Train to 6 saving every 2, rewind to 4, resume: steps 5 and 6 have the uninterrupted run's
+    losses exactly (the data position and the LR schedule of step 4)."""
+    keep_all = [
+        *MOCK,
+        "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
+        "exp_manager.checkpoint_callback_params.save_top_k=-1",
+    ]
+    code, full = run_recording(monkeypatch, tiny_config(tmp_path, *keep_all))
+    assert code == 0 and sorted(full) == [1, 2, 3, 4, 5, 6]
+    step_4 = tmp_path / "checkpoints" / "step_4"
+    megatron_habit = tiny_config(tmp_path, *keep_all, f"exp_manager.resume_from_checkpoint={step_4}")
+    assert run_recording(monkeypatch, megatron_habit) == (0, {})  # resumes step_6, and says how to go back
+    hint = f"to go back to it, `gptrain checkpoint rewind {tmp_path} --to step_4`"
+    assert any(line.endswith(hint) for line in log_lines(tmp_path))
+    assert main(["checkpoint", "rewind", str(tmp_path), "--to", "step_4"]) == 0
+    code, again = run_recording(monkeypatch, tiny_config(tmp_path, *keep_all))
+    assert code == 0 and sorted(again) == [5, 6]
+    assert again[5] == full[5] and again[6] == full[6]  # bit for bit, not approx
+    assert any(
+        line.startswith("resuming from ") and "step_4 at iteration 4" in line for line in log_lines(tmp_path)
+    )
+    assert complete_steps(tmp_path / "checkpoints") == [2, 4, 6]
