@@ -48,7 +48,7 @@ def changes(saved: dict[str, Any] | None, live: dict[str, Any] | None) -> list[s
     if not isinstance(saved, dict) or live is None:
         return []
     return [
-        f"{key} {saved[key]} -> {value}"
+        f"{key} {_text(saved[key])} -> {_text(value)}"
         for key, value in live.items()
         if key in saved and not _same(saved[key], value)
     ]
@@ -57,6 +57,11 @@ def changes(saved: dict[str, Any] | None, live: dict[str, Any] | None) -> list[s
 def _same(saved: Any, live: Any) -> bool:
     """Equal as JSON keeps them: 1 and 1.0 are one value, true and 1 are not."""
     return saved == live and isinstance(saved, bool) == isinstance(live, bool)
+
+
+def _text(value: Any) -> str:
+    """A value as a config override spells it (true, not True)."""
+    return "true" if value is True else "false" if value is False else "null" if value is None else str(value)
 
 
 def mismatch_text(path: object, found: list[str]) -> str:

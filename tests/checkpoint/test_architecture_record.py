@@ -32,5 +32,5 @@ def test_settings_a_resume_may_change_are_not_recorded():
 def test_a_key_one_record_lacks_is_not_compared_and_a_bool_is_not_a_number():
     saved = record(config())
     assert changes(None, saved) == [] and changes({"model.num_layers": 1}, saved) == []
-    assert changes({"model.bias": 1}, {"model.bias": True}) == ["model.bias 1 -> True"]
+    assert changes({"model.bias": 1}, {"model.bias": True}) == ["model.bias 1 -> true"]
     assert changes({"model.rotary_percentage": 1}, {"model.rotary_percentage": 1.0}) == []

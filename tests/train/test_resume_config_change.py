@@ -178,7 +178,7 @@ def test_resume_with_other_heads_of_the_same_shapes_is_refused_naming_each_key(r
     for change in (
         "model.num_attention_heads 2 -> 4",
         "model.kv_channels 8 -> 4",
-        "model.openai_gelu False -> True",
+        "model.openai_gelu false -> true",
     ):
         assert change in text
     assert "set the old values" in text and "start a new run directory" in text
@@ -223,4 +223,4 @@ def test_a_start_from_another_runs_checkpoint_with_other_settings_loads_with_a_w
     code, losses = run_recording(monkeypatch, config)
     assert code == 0
     warnings = [line for line in log_lines(new) if "other model settings" in line]
-    assert len(warnings) == 1 and "model.openai_gelu False -> True" in warnings[0]
+    assert len(warnings) == 1 and "model.openai_gelu false -> true" in warnings[0]
