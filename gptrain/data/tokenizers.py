@@ -150,7 +150,9 @@ class HFTokenizer:
         self.tokenizer = tokenizer
         self._eod = eod
         self.source = source
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        # the highest id + 1, not the count: a tokenizer.json may leave ids unassigned (a vocab
+        # numbered with gaps), and every id it emits needs an embedding row
+        self.vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     @property
     def eod(self) -> int:
@@ -426,7 +428,8 @@ def _load_gpt2_bpe(vocab_file: str, merge_file: str, backend: str, *_stamps: obj
             special_tokens={ENDOFTEXT: eod},
         )
         decode_table = {token_id: alphabet.to_bytes(token) for token, token_id in vocab.items()}
-        return TiktokenTokenizer(encoding, eod, len(vocab), frozenset({ENDOFTEXT}), decode_table)
+        vocab_size = max(vocab.values()) + 1  # vocab.json may skip ids, as tokenizer.json may
+        return TiktokenTokenizer(encoding, eod, vocab_size, frozenset({ENDOFTEXT}), decode_table)
     if backend == "tiktoken":
         raise DataError(f"{vocab_file}: ids do not follow the merge order of {merge_file}; use backend 'hf'")
     return HFTokenizer(_hf_gpt2(vocab, merges), eod, vocab_file)

@@ -122,22 +122,14 @@ def end_ids(run) -> set[int]:
 
 
 def undecodable_ids(tokenizer, vocab_size: int) -> list[int]:
-    """Ids below vocab_size that the tokenizer has no token for. tiktoken's encodings leave gaps
-    between their ordinary and special tokens (cl100k_base: 100256 and 100261-100275) that a model
-    trained with them still scores: one sampled made the decode fail after the whole generation
-    ('token id None is not in this tokenizer's vocabulary'). Other tokenizers number theirs densely."""
-    from gptrain.data.tokenizers import TiktokenTokenizer
-    from gptrain.errors import DataError
+    """Ids below vocab_size that the tokenizer has no token for, which a model trained with it still
+    scores. tiktoken's encodings leave gaps between their ordinary and special tokens (cl100k_base:
+    100256 and 100261-100275): one sampled made the decode fail after the whole generation ('token
+    id None is not in this tokenizer's vocabulary'). A tokenizer.json (or vocab.json) may number its
+    tokens with gaps too: those ids decoded to nothing."""
+    from gptrain.data.tokenizer_identity import token_table
 
-    if not isinstance(tokenizer, TiktokenTokenizer):
-        return []
-    holes = []
-    for token_id in range(vocab_size):  # ~0.1 s for 100k ids
-        try:
-            tokenizer.decode([token_id])
-        except DataError:
-            holes.append(token_id)
-    return holes
+    return [token_id for token_id, token in enumerate(token_table(tokenizer)[:vocab_size]) if token is None]
 
 
 def check_stop_strings(stops: Sequence[str]) -> None:

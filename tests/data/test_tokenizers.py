@@ -17,6 +17,7 @@ from gptrain.data.tokenizers import (
     build_tokenizer,
     bytes_to_unicode,
     canonical_type,
+    gpt2_tokenizer_json,
     load_gpt2_bpe,
 )
 from gptrain.errors import ConfigError, DataError
@@ -111,6 +112,27 @@ def test_small_vocab_backends(tmp_path, ids_follow_merges):
     assert tok.encode("abc ab<|endoftext|>") == [abc, ord(" "), ab, 258]
     assert tok.encode("abc") == [abc] and tok.encode("xab") == [ord("x"), ab]
     assert tok.vocab_size == 259 and tok.decode(tok.encode("cab abc")) == "cab abc"
+
+
+@pytest.mark.parametrize("ids_follow_merges", [True, False])
+def test_a_vocabulary_numbered_with_gaps_is_sized_by_its_highest_id(tmp_path, ids_follow_merges):
+    """<|endoftext|> at 300 after ids 0-257: 259 tokens, but id 300 is emitted. vocab_size counted
+    the tokens (259), so the model was built with too few rows for the ids the data holds."""
+    from tokenizers import Tokenizer
+
+    vocab = {**small_vocab(ids_follow_merges), "<|endoftext|>": 300}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\nab c\n", encoding="utf-8")
+    bpe = build_tokenizer("gpt2bpe", model=str(tmp_path))
+    assert isinstance(bpe, TiktokenTokenizer if ids_follow_merges else HFTokenizer)
+    assert bpe.encode("ab<|endoftext|>") == [256 if ids_follow_merges else 257, 300]
+    assert bpe.vocab_size == 301
+    Tokenizer.from_str(gpt2_tokenizer_json(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))).save(
+        str(tmp_path / "tokenizer.json")
+    )
+    tokenizer_json = build_tokenizer("HuggingFaceTokenizer", model=str(tmp_path / "tokenizer.json"))
+    assert tokenizer_json.encode("ab<|endoftext|>")[-1] == tokenizer_json.eod == 300
+    assert tokenizer_json.vocab_size == 301
 
 
 def test_huggingface_tokenizer_json(hf_gpt2, gpt2, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import struct
@@ -425,6 +426,47 @@ def test_ids_a_tiktoken_encoding_skips_are_never_sampled(tmp_path: Path, capsys,
     assert capsys.readouterr().out == "hiAAAAAA\n"
     assert run_subcommand(add_generate_parser, [*argv, "--temperature", "1e-3"]) == 0
     assert capsys.readouterr().out == "hiAAAAAA\n"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_ids_a_tokenizer_json_skips_are_never_sampled_and_its_last_id_is(tmp_path: Path, capsys) -> None:
+    """A tokenizer.json numbered with gaps: the bytes are ids 0-255 and <|endoftext|> is 300. Its
+    size was the count of its tokens (257), so id 256, which no token has, was sampled (decoding to
+    nothing) and <|endoftext|> never could be. As in the tiktoken test above, each logit is b . W[id]:
+    the gaps 256 and 280 score 10, 'A' 5; then <|endoftext|> 7, which ends the generation."""
+    import torch
+
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.data.tokenizers import bytes_to_unicode, gpt2_tokenizer_json
+    from gptrain.parallel.state_dict import model_state_dict
+    from gptrain.trained.generate import add_generate_parser
+
+    vocab = {char: n for n, char in enumerate(bytes_to_unicode().values())}
+    (tmp_path / "vocab.json").write_text(json.dumps({**vocab, "<|endoftext|>": 300}), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    tokenizer_json = tmp_path / "tokenizer.json"
+    tokenizer_json.write_text(gpt2_tokenizer_json(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt")))
+    tok = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tokenizer_json}"]
+    tok += ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
+    log_dir, model, _ = tiny_run(tmp_path, tokenizer_overrides=tok)
+    bias = torch.linspace(-1.0, 1.0, 32)
+    with torch.no_grad():
+        model.norm.weight.zero_()
+        model.norm.bias.copy_(bias)
+        model.tok_embeddings.weight[:301] *= 0.01  # logits near 0 for every other id
+        for gap in (256, 280):
+            model.tok_embeddings.weight[gap] = 10 * bias / bias.dot(bias)
+        model.tok_embeddings.weight[ord("A")] = 5 * bias / bias.dot(bias)
+    manager = CheckpointManager(log_dir / "checkpoints", keep_last=None)
+    manager.save(3, {"model": model_state_dict(model)}, {})
+    argv = ["generate", str(tmp_path / "run"), "--prompt", "hi", "--max-new-tokens", "6"]
+    assert run_subcommand(add_generate_parser, [*argv, "--greedy"]) == 0
+    assert capsys.readouterr().out == "hiAAAAAA\n"
+    with torch.no_grad():
+        model.tok_embeddings.weight[300] = 7 * bias / bias.dot(bias)
+    manager.save(4, {"model": model_state_dict(model)}, {})
+    assert run_subcommand(add_generate_parser, [*argv, "--greedy"]) == 0
+    assert capsys.readouterr().out == "hi\n"
 
 
 def test_an_empty_or_non_utf8_stop_string_is_refused_before_loading(tmp_path: Path, capsys) -> None:
