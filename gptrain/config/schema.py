@@ -305,7 +305,8 @@ class ModelConfig:
     encoder_seq_length: int = 2048
     """Sequence length of the model."""
     max_position_embeddings: int | None = None
-    """Rows of the learned position table (at least encoder_seq_length); null: encoder_seq_length."""
+    """Rows of the learned position table (at least encoder_seq_length); with rope, the context the
+    model is declared for (export, generate); null: encoder_seq_length."""
     num_layers: int = 12
     """Transformer layers."""
     hidden_size: int = 768

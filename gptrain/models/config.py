@@ -65,7 +65,9 @@ class GPTConfig:
     """Init output projections (wo, w2) with std / sqrt(2 * num_layers), as Megatron."""
     max_position_embeddings: int | None = None
     """Rows of the learned position table (Megatron's --max-position-embeddings, at least
-    seq_length: a run may go on at a longer sequence from the same checkpoint); None: seq_length."""
+    seq_length: a run may go on at a longer sequence from the same checkpoint); with rope, the
+    context the model is declared for (export's max_position_embeddings, generate's window).
+    None: seq_length."""
 
     def __post_init__(self) -> None:
         self._check_sizes()
@@ -96,11 +98,17 @@ class GPTConfig:
         return self.activation in ("swiglu", "fast-swiglu")
 
     @property
+    def max_positions(self) -> int:
+        """The longest sequence the model is declared for: max_position_embeddings where it is above
+        the training length seq_length (an imported model trained on shorter samples than its context)."""
+        return max(self.seq_length, self.max_position_embeddings or 0)
+
+    @property
     def position_rows(self) -> int:
         """Rows of the learned position table (0 without one)."""
         if self.position_embedding_type != "learned_absolute":
             return 0
-        return max(self.seq_length, self.max_position_embeddings or 0)
+        return self.max_positions
 
     @property
     def rotary_dim(self) -> int:

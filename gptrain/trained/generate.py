@@ -15,7 +15,9 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Load the newest complete checkpoint of a run (CHECKPOINT: the run directory, its results/ "
             "or checkpoints/ directory, or one step_N dir), rebuild the model from the run's hparams.yaml, "
-            "and continue PROMPT with its tokenizer."
+            "and continue PROMPT with its tokenizer. The model sees the last tokens of its context: "
+            "model.max_position_embeddings for a rope model (an imported model's whole context), "
+            "model.encoder_seq_length for a learned position table."
         ),
     )
     parser.add_argument(

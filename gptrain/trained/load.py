@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -310,11 +310,22 @@ def load_run(path: str | Path, device: torch.device | None = None) -> LoadedRun:
     if run.tokenizer is None:
         raise DataError(no_tokenizer_text(run.hparams))
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build_model(build_model_config(run.cfg, run.saved_rows), device, run.cfg.model.seed)
+    config = generation_config(build_model_config(run.cfg, run.saved_rows))
+    model = build_model(config, device, run.cfg.model.seed)
     load_weights(model, run.step_dir)
     check_finite_weights(model, run.step_dir)
     model.eval()
     return LoadedRun(model, run.tokenizer, run.vocab, run.step_dir, imported_end_ids(run))
+
+
+def generation_config(config: Any) -> Any:
+    """`config` with the longest context generation may use as its seq_length: for rope, the
+    model's max_position_embeddings where it is above the training length (an import trains on
+    samples shorter than the model's context: `gptrain import --seq-length`); a learned position
+    table's rows past the training length may never have been trained, so it keeps that."""
+    if config.position_embedding_type != "rope":
+        return config
+    return replace(config, seq_length=config.max_positions)
 
 
 def check_finite_weights(model: nn.Module, step_dir: Path) -> None:

@@ -22,9 +22,11 @@ ROWS = 160  # embedding rows beyond the tokenizer's (as Phi-2 and Qwen2 are shap
 FP32_REL = 1e-5
 
 
-def llama_dir(directory: Path, tokenizer: bool, dtype: torch.dtype = torch.float32) -> Path:
-    """A tiny Llama with bos=1, eos=2, 160 embedding rows and (maybe) a 98-token tokenizer, its
-    weights stored in `dtype`."""
+def llama_dir(
+    directory: Path, tokenizer: bool, dtype: torch.dtype = torch.float32, context: int = 16
+) -> Path:
+    """A tiny Llama with bos=1, eos=2, 160 embedding rows, max_position_embeddings `context` and
+    (maybe) a 98-token tokenizer, its weights stored in `dtype`."""
     import transformers
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
@@ -46,7 +48,7 @@ def llama_dir(directory: Path, tokenizer: bool, dtype: torch.dtype = torch.float
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=16,
+        max_position_embeddings=context,
         bos_token_id=1,
         eos_token_id=2,
         tie_word_embeddings=False,
@@ -70,6 +72,96 @@ def test_import_then_export_keeps_bos_eos_and_every_embedding_row(tmp_path, toke
     before, after = hf_logits(source, ids), hf_logits(tmp_path / "out", ids)
     assert before.shape == after.shape == (2, 16, ROWS)
     assert max_relative_difference(before, after) < FP32_REL
+
+
+def test_a_long_context_imports_with_shorter_samples_and_exports_its_context_again(tmp_path, capsys) -> None:
+    """A Llama of max_position_embeddings 8192 (CodeLlama's is 16384, Yi-200K's 200000) became a run
+    training and evaluating on samples of 8192 tokens at the preset's batch, and two keys had to be
+    overridden to change that. The samples are now 4096 tokens (said, naming --seq-length), or
+    --seq-length's; the context stays the model's: export writes it back, generate uses all of it."""
+    from gptrain.config import load_training_config
+    from gptrain.trained.load import load_run
+
+    source = llama_dir(tmp_path / "src", tokenizer=True, context=8192)
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run")]) == 0
+    assert (
+        capsys.readouterr().err.count(
+            "gptrain: note: the run trains and evaluates on samples of 4096 tokens, not the model's whole context "
+            "of 8192 (max_position_embeddings, kept as model.max_position_embeddings); --seq-length N chooses "
+            "another length\n"
+        )
+        == 1
+    )
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "short"), "--seq-length", "64"]) == 0
+    assert "gptrain: note: the run trains" not in capsys.readouterr().err
+    for run, samples in (("run", 4096), ("short", 64)):
+        m = load_training_config(config_file=str(tmp_path / run / "hparams.yaml"), report_ignored=False).model
+        assert (m.encoder_seq_length, m.data.seq_length, m.max_position_embeddings) == (
+            samples,
+            samples,
+            8192,
+        )
+        assert load_run(tmp_path / run, torch.device("cpu")).model.config.seq_length == 8192
+    assert run_cli(["export", str(tmp_path / "short"), "--to", "hf", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["max_position_embeddings"] == 8192
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_seq_length_beyond_the_models_context_is_refused_naming_it(tmp_path, arch) -> None:
+    if arch == "llama":
+        source, key = llama_dir(tmp_path / "src", tokenizer=False, context=32), "max_position_embeddings"
+    else:
+        source, key = gpt2_dir(tmp_path / "src", context=32), "n_positions"
+    for length in ("33", "0"):
+        with pytest.raises(ConfigError) as error:
+            run_cli(["import", str(source), "--output", str(tmp_path / "run"), "--seq-length", length])
+        assert str(error.value) == (
+            f"--seq-length {length}: must be from 1 to the model's context, 32 ({key} in {source / 'config.json'})"
+        )
+        assert not (tmp_path / "run").exists()
+
+
+def gpt2_dir(directory: Path, context: int) -> Path:
+    """A tiny GPT-2 with n_positions `context` and GPT-2's vocab.json + merges.txt."""
+    import shutil
+
+    from hf_helpers import gpt2_files
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=context, vocab_size=50257)
+    GPT2LMHeadModel(config).save_pretrained(str(directory))
+    vocab, merges = gpt2_files()
+    shutil.copyfile(vocab, directory / "vocab.json")
+    shutil.copyfile(merges, directory / "merges.txt")
+    return directory
+
+
+def test_a_learned_position_table_imports_whole_under_shorter_samples(tmp_path, capsys) -> None:
+    """GPT-2's n_positions is its position table: all 8192 rows are imported and exported again
+    (config and tokenizer_config give 8192) while the run's samples are 4096 tokens; generate keeps
+    to those (the rows past them may be untrained in a run gptrain trained)."""
+    from safetensors.torch import load_file
+
+    from gptrain.config import load_training_config
+    from gptrain.trained.load import load_run
+
+    source = gpt2_dir(tmp_path / "src", context=8192)
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run")]) == 0
+    assert (
+        "samples of 4096 tokens, not the model's whole context of 8192 (n_positions"
+        in capsys.readouterr().err
+    )
+    m = load_training_config(config_file=str(tmp_path / "run" / "hparams.yaml"), report_ignored=False).model
+    assert (m.encoder_seq_length, m.data.seq_length, m.max_position_embeddings) == (4096, 4096, 8192)
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["n_positions"] == 8192
+    assert json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["model_max_length"] == 8192
+    positions = [
+        load_file(d / "model.safetensors")["transformer.wpe.weight"] for d in (source, tmp_path / "out")
+    ]
+    assert positions[0].shape == (8192, 32) and torch.equal(positions[0], positions[1])
+    assert load_run(tmp_path / "run", torch.device("cpu")).model.config.seq_length == 4096
 
 
 def test_an_imported_bfloat16_model_exports_in_bfloat16_unless_asked_otherwise(tmp_path, capsys) -> None:

@@ -20,6 +20,9 @@ CLASS_NAMES = {GPT2: "GPT2LMHeadModel", STABLELM: "StableLmForCausalLM", LLAMA: 
 # transformers' GPT-2 activations gptrain has: the erf GELU, and its tanh approximation (openai_gelu)
 GPT2_GELUS = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
 BASE_PRESETS = {GPT2: "gpt3/126m", STABLELM: "gpt3/400m_improved", LLAMA: "gpt3/400m_improved"}
+# The default sample length of an imported run: a model's whole context (16384 for CodeLlama,
+# 200000 for Yi-200K) as samples, at the preset's global batch of 256, is memory nobody asked for.
+DEFAULT_SEQ_LENGTH_CAP = 4096
 
 
 def choose_architecture(config: GPTConfig) -> str:
@@ -108,7 +111,7 @@ def hf_config_kwargs(
         "num_key_value_heads": config.query_groups,
         "hidden_act": "silu",
         # model.max_position_embeddings where it is above the training length, as GPT-2's n_positions
-        "max_position_embeddings": max(config.seq_length, config.max_position_embeddings or 0),
+        "max_position_embeddings": config.max_positions,
         "attention_dropout": config.attention_dropout,
         "initializer_range": config.init_method_std,
         **tokens,
@@ -151,7 +154,9 @@ def architecture_of(hf_config: Any, source: str) -> str:
 
 
 def model_overrides(hf_config: Any, arch: str, source: str) -> dict[str, Any]:
-    """The `model.*` training-config values that rebuild the transformers model in gptrain."""
+    """The `model.*` training-config values that rebuild the transformers model in gptrain, its
+    context as model.max_position_embeddings (the length of the samples it trains on is the
+    importer's choice: model.encoder_seq_length)."""
     if arch == GPT2:
         return _gpt2_overrides(hf_config, source)
     return _rope_overrides(hf_config, arch, source)
@@ -178,7 +183,6 @@ def _gpt2_overrides(c: Any, source: str) -> dict[str, Any]:
         "num_query_groups": None,
         "kv_channels": None,
         "ffn_hidden_size": c.n_inner if c.n_inner is not None else 4 * c.n_embd,
-        "encoder_seq_length": c.n_positions,
         "max_position_embeddings": c.n_positions,
         "position_embedding_type": "learned_absolute",
         "activation": "gelu",
@@ -211,7 +215,6 @@ def _rope_overrides(c: Any, arch: str, source: str) -> dict[str, Any]:
         "num_query_groups": c.num_key_value_heads,
         "kv_channels": head_dim if head_dim * c.num_attention_heads != c.hidden_size else None,
         "ffn_hidden_size": c.intermediate_size,
-        "encoder_seq_length": c.max_position_embeddings,
         "max_position_embeddings": c.max_position_embeddings,
         "position_embedding_type": "rope",
         "rotary_base": int(theta),

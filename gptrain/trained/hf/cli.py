@@ -51,6 +51,8 @@ def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_import_parser(subparsers: argparse._SubParsersAction) -> None:
+    from gptrain.trained.hf.architectures import DEFAULT_SEQ_LENGTH_CAP  # no torch
+
     parser = subparsers.add_parser(
         "import",
         help="import a Hugging Face model as a gptrain run",
@@ -66,6 +68,17 @@ def add_import_parser(subparsers: argparse._SubParsersAction) -> None:
         "hf_dir", metavar="HF_DIR", help="transformers model directory (config.json, safetensors)"
     )
     parser.add_argument("--output", required=True, metavar="RUN_DIR", help="new (or empty) run directory")
+    parser.add_argument(
+        "--seq-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help=(
+            "tokens per training and eval sample of the run (model.encoder_seq_length and "
+            "model.data.seq_length), at most the model's context, which is kept as "
+            f"model.max_position_embeddings (default: that context, at most {DEFAULT_SEQ_LENGTH_CAP})"
+        ),
+    )
     parser.add_argument(
         "--no-verify",
         action="store_true",
@@ -121,7 +134,9 @@ def run_import(args: argparse.Namespace) -> int:
     require_utf8_path(args.hf_dir, "HF_DIR")
     require_utf8_path(args.output, "--output")
 
-    report = import_hf(args.hf_dir, args.output, verify=not args.no_verify, stream=sys.stderr)
+    report = import_hf(
+        args.hf_dir, args.output, verify=not args.no_verify, stream=sys.stderr, seq_length=args.seq_length
+    )
     check = report.verification.describe() if report.verification else "not verified (--no-verify)"
     print(
         f"gptrain: imported {report.class_name} into {report.output} ({report.checkpoint.name}, "

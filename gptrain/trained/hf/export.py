@@ -128,7 +128,7 @@ def export_hf(
             _write_configs(staging, source, arch, dtype)
             # a run on mock data has no tokenizer: the preset's tokenizer paths point at nothing
             if source.tokenizer is not None:
-                export_tokenizer(source.cfg, staging, source.model_config.seq_length, source.token_ids)
+                export_tokenizer(source.cfg, staging, source.model_config.max_positions, source.token_ids)
                 _add_imported_chat_templates(source, staging, stream)
             tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream, DTYPES[dtype])
             verification = verify_export(source, staging, DTYPES[dtype]) if verify else None

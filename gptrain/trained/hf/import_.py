@@ -4,7 +4,10 @@ The run directory is what training would have left: `hparams.yaml` (a preset wit
 shape, the copied tokenizer and this directory as `exp_manager.explicit_log_dir`) and
 `checkpoints/step_0` written by the CheckpointManager (COMPLETE, `latest`). The checkpoint holds
 model weights only: training resumes from it with a fresh optimizer, LR schedule and counters.
-Everything is built in a temporary sibling and renamed into place once verified.
+Everything is built in a temporary sibling and renamed into place once verified. The model's
+context (config.json's max_position_embeddings, GPT-2's n_positions) is kept as
+model.max_position_embeddings; the run's samples are --seq-length tokens, by default that context
+up to DEFAULT_SEQ_LENGTH_CAP.
 """
 
 from __future__ import annotations
@@ -18,8 +21,15 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from gptrain.errors import DataError
-from gptrain.trained.hf.architectures import BASE_PRESETS, CLASS_NAMES, architecture_of, model_overrides
+from gptrain.errors import ConfigError, DataError
+from gptrain.trained.hf.architectures import (
+    BASE_PRESETS,
+    CLASS_NAMES,
+    DEFAULT_SEQ_LENGTH_CAP,
+    GPT2,
+    architecture_of,
+    model_overrides,
+)
 from gptrain.trained.hf.record import write_record
 from gptrain.trained.hf.storage import SafetensorsTensors
 from gptrain.trained.hf.tensors import globals_from_hf, hf_global_names, layer_from_hf
@@ -45,9 +55,14 @@ class ImportReport:
 
 
 def import_hf(
-    hf_dir: str | Path, output: str | Path, verify: bool = True, stream: TextIO | None = None
+    hf_dir: str | Path,
+    output: str | Path,
+    verify: bool = True,
+    stream: TextIO | None = None,
+    seq_length: int | None = None,
 ) -> ImportReport:
-    """Write the run directory `output` from `hf_dir`; verified unless `verify` is False."""
+    """Write the run directory `output` from `hf_dir`; verified unless `verify` is False; its
+    training and eval samples `seq_length` tokens long (None: see `sample_length`)."""
     require_transformers()
     started = time.perf_counter()
     stream = stream or sys.stderr
@@ -57,6 +72,7 @@ def import_hf(
     hf_config = load_config(hf_dir)
     arch = architecture_of(hf_config, str(hf_dir / "config.json"))
     overrides = model_overrides(hf_config, arch, str(hf_dir / "config.json"))
+    seq_length = sample_length(seq_length, overrides["max_position_embeddings"], arch, hf_dir, stream)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise DataError(
             f"{output}: already exists and is not an empty directory; remove it or choose another"
@@ -67,7 +83,7 @@ def import_hf(
             print(f"gptrain: warning: {hf_dir} has no tokenizer files; the run uses mock data", file=stream)
         else:
             check_source_tokenizer(hf_dir, tokenizer)
-        cfg = training_config(arch, overrides, tokenizer, int(hf_config.vocab_size), output)
+        cfg = training_config(arch, overrides, seq_length, tokenizer, int(hf_config.vocab_size), output)
         if verify and tokenizer is not None:  # before the weights: it is the cheap check
             verify_imported_tokenizer(cfg, staging, hf_dir)
         model = build_imported_model(cfg, staging, hf_dir, arch, stream)
@@ -81,10 +97,38 @@ def import_hf(
     return ImportReport(output, CLASS_NAMES[arch], checkpoint, elapsed, verification)
 
 
+def sample_length(asked: int | None, context: int, arch: str, hf_dir: Path, stream: TextIO) -> int:
+    """The run's training and eval sample length: `asked` (--seq-length), at most the model's
+    `context`; without it the context, capped at DEFAULT_SEQ_LENGTH_CAP, saying so when it is."""
+    key = "n_positions" if arch == GPT2 else "max_position_embeddings"
+    if asked is not None:
+        if not 1 <= asked <= context:
+            raise ConfigError(
+                f"--seq-length {asked}: must be from 1 to the model's context, {context} ({key} in "
+                f"{hf_dir / 'config.json'})"
+            )
+        return asked
+    if context <= DEFAULT_SEQ_LENGTH_CAP:
+        return context
+    print(
+        f"gptrain: note: the run trains and evaluates on samples of {DEFAULT_SEQ_LENGTH_CAP} tokens, not the "
+        f"model's whole context of {context} ({key}, kept as model.max_position_embeddings); "
+        "--seq-length N chooses another length",
+        file=stream,
+    )
+    return DEFAULT_SEQ_LENGTH_CAP
+
+
 def training_config(
-    arch: str, model: dict[str, Any], tokenizer: dict[str, Any] | None, hf_vocab: int, output: Path
+    arch: str,
+    model: dict[str, Any],
+    seq_length: int,
+    tokenizer: dict[str, Any] | None,
+    hf_vocab: int,
+    output: Path,
 ) -> Any:
-    """The base preset with the imported shape and tokenizer, one process, results in `output`."""
+    """The base preset with the imported shape and tokenizer, samples of `seq_length` tokens, one
+    process, results in `output`."""
     from gptrain.config import load_training_config
 
     values: dict[str, Any] = {f"model.{key}": value for key, value in model.items()}
@@ -95,7 +139,8 @@ def training_config(
             "trainer.devices": 1,
             "model.tensor_model_parallel_size": 1,
             "model.pipeline_model_parallel_size": 1,
-            "model.data.seq_length": model["encoder_seq_length"],
+            "model.encoder_seq_length": seq_length,
+            "model.data.seq_length": seq_length,
             "exp_manager.explicit_log_dir": str(output),
             "exp_manager.resume_if_exists": True,
         }

@@ -28,11 +28,13 @@ ENCODING_KEYS = ("normalizer", "pre_tokenizer", "model", "added_tokens", "post_p
 
 
 def export_tokenizer(
-    cfg: Any, output: Path, seq_length: int, token_ids: dict[str, int | None] | None = None
+    cfg: Any, output: Path, context: int, token_ids: dict[str, int | None] | None = None
 ) -> list[str]:
     """Copy the run's tokenizer files into `output`; the names written (empty for mock data/tiktoken).
-    `token_ids`: the configs' bos/eos/pad ids, declared in a tokenizer_config.json written for a
-    tokenizer.json that comes without one."""
+    `context`: the model's longest sequence, a written tokenizer_config.json's model_max_length (an
+    imported model's context, not its shorter training samples). `token_ids`: the configs'
+    bos/eos/pad ids, declared in a tokenizer_config.json written for a tokenizer.json that comes
+    without one."""
     tok = cfg.model.tokenizer
     kind = canonical_type(tok.type)
     if kind == "gpt2" and tok.vocab_file and tok.merge_file:
@@ -46,7 +48,7 @@ def export_tokenizer(
             "eos_token": ENDOFTEXT,
             "unk_token": ENDOFTEXT,
             "add_prefix_space": False,
-            "model_max_length": seq_length,
+            "model_max_length": context,
             **inline_chat_template(Path(tok.vocab_file).parent),
         }
         (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -60,7 +62,7 @@ def export_tokenizer(
         for name in extras:
             shutil.copyfile(file.parent / name, output / name)
         if "tokenizer_config.json" not in extras:
-            config = fast_tokenizer_config(file, seq_length, token_ids or {})
+            config = fast_tokenizer_config(file, context, token_ids or {})
             (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
             extras.append("tokenizer_config.json")
         return ["tokenizer.json", *extras, *copy_chat_templates(file.parent, output)]
@@ -135,7 +137,7 @@ def inline_chat_template(directory: Path) -> dict[str, Any]:
     return {"chat_template": template} if template else {}
 
 
-def fast_tokenizer_config(tokenizer_json: Path, seq_length: int, token_ids: dict[str, int | None]) -> dict:
+def fast_tokenizer_config(tokenizer_json: Path, context: int, token_ids: dict[str, int | None]) -> dict:
     """tokenizer_config.json for a bare tokenizer.json: without one, AutoTokenizer takes the model
     type's class (GPT2Tokenizer for GPT-2), which replaces the file's pre-tokenizer and decoder
     with GPT-2's byte level and encodes other ids; PreTrainedTokenizerFast loads it as it is.
@@ -143,7 +145,7 @@ def fast_tokenizer_config(tokenizer_json: Path, seq_length: int, token_ids: dict
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
-    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": seq_length}
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": context}
     for name in ("bos", "eos", "pad"):
         token_id = token_ids.get(f"{name}_token_id")
         if isinstance(token_id, list):
