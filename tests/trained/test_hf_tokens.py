@@ -121,6 +121,18 @@ def test_a_seq_length_beyond_the_models_context_is_refused_naming_it(tmp_path, a
         assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_an_import_with_short_samples_is_verified_over_the_models_context(tmp_path, capsys, arch) -> None:
+    """With --seq-length 2 the check compared transformers' logits at 2 positions and one greedy
+    token: a conversion wrong past the first positions (rope, the position table) passed. It now
+    compares the model over its context (64 here) and 12 greedy tokens, as without --seq-length."""
+    source = (
+        llama_dir(tmp_path / "src", True, context=64) if arch == "llama" else gpt2_dir(tmp_path / "src", 64)
+    )
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run"), "--seq-length", "2"]) == 0
+    assert "; greedy continuation of 12 tokens identical" in capsys.readouterr().out
+
+
 def gpt2_dir(directory: Path, context: int) -> Path:
     """A tiny GPT-2 with n_positions `context` and GPT-2's vocab.json + merges.txt."""
     import shutil

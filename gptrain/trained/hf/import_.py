@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -348,7 +348,8 @@ def _class_rebuilding_pipeline(hf_dir: Path) -> str | None:
 
 
 def verify_import(cfg: Any, staging: Path, step_dir: Path, hf_dir: Path) -> Verification:
-    """gptrain's model loaded from the written checkpoint against transformers' model of `hf_dir`."""
+    """gptrain's model loaded from the written checkpoint against transformers' model of `hf_dir`,
+    over the model's context: the run's samples (--seq-length) may be far shorter."""
     from gptrain.train.builders import build_model, build_model_config, padded_vocab_size
     from gptrain.trained.hf.transformers_api import load_model
     from gptrain.trained.hf.verify import verify_models
@@ -358,8 +359,10 @@ def verify_import(cfg: Any, staging: Path, step_dir: Path, hf_dir: Path) -> Veri
     vocab, padded = padded_vocab_size(cfg, tokenizer)
     rows = int(load_config(hf_dir).vocab_size)
     vocab = min(vocab, rows)
-    ours = build_model(build_model_config(cfg, max(padded, rows)), torch.device("cpu"), seed=0)
+    config = build_model_config(cfg, max(padded, rows))
+    config = replace(config, seq_length=config.max_positions)
+    ours = build_model(config, torch.device("cpu"), seed=0)
     load_weights(ours, step_dir)
     theirs = load_model(hf_dir)
     prompt = list(tokenizer.encode("The meaning of life is")) if tokenizer is not None else [0, 1, 2]
-    return verify_models(ours, theirs, vocab, cfg.model.encoder_seq_length, prompt, f"import of {hf_dir}")
+    return verify_models(ours, theirs, vocab, config.seq_length, prompt, f"import of {hf_dir}")
