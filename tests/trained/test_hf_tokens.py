@@ -133,6 +133,20 @@ def test_an_import_with_short_samples_is_verified_over_the_models_context(tmp_pa
     assert "; greedy continuation of 12 tokens identical" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_an_export_of_a_run_with_short_samples_is_verified_over_the_models_context(
+    tmp_path, capsys, arch
+) -> None:
+    """The export of that run compared 2 positions and one greedy token; now 64 and 12."""
+    source = (
+        llama_dir(tmp_path / "src", True, context=64) if arch == "llama" else gpt2_dir(tmp_path / "src", 64)
+    )
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run"), "--seq-length", "2"]) == 0
+    capsys.readouterr()
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out")]) == 0
+    assert "; greedy continuation of 12 tokens identical" in capsys.readouterr().out
+
+
 def gpt2_dir(directory: Path, context: int) -> Path:
     """A tiny GPT-2 with n_positions `context` and GPT-2's vocab.json + merges.txt."""
     import shutil

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -327,7 +327,8 @@ def _in_dtype(
 
 
 def verify_export(source: RunSource, directory: Path, dtype: torch.dtype = torch.float32) -> Verification:
-    """The written directory, loaded by transformers, against gptrain's model of the checkpoint.
+    """The written directory, loaded by transformers, against gptrain's model of the checkpoint,
+    over the model's context (the run's samples may be shorter: `gptrain import --seq-length`).
 
     For a bfloat16/float16 export gptrain's weights are rounded the same way first, so the check
     is as strict as for float32 (it tests the mapping, not the rounding); what the rounding
@@ -337,12 +338,12 @@ def verify_export(source: RunSource, directory: Path, dtype: torch.dtype = torch
     from gptrain.trained.hf.verify import rounding_effect, verify_models, verify_tokenizer
     from gptrain.trained.load import load_weights
 
-    ours = build_model(source.model_config, torch.device("cpu"), seed=0)
+    config = replace(source.model_config, seq_length=source.model_config.max_positions)
+    ours = build_model(config, torch.device("cpu"), seed=0)
     load_weights(ours, source.step_dir)
-    rounding = rounding_effect(ours, dtype, source.vocab, source.model_config.seq_length)
+    rounding = rounding_effect(ours, dtype, source.vocab, config.seq_length)
     theirs = load_model(directory)
     prompt = list(source.tokenizer.encode(PROMPT)) if source.tokenizer is not None else [0, 1, 2]
-    config = source.model_config
     result = verify_models(
         ours, theirs, source.vocab, config.seq_length, prompt, f"export of {source.step_dir}"
     )
