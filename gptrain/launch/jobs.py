@@ -237,26 +237,39 @@ def explain_stop(state: JobState, record: dict[str, Any] | None = None) -> JobSt
 
 def slurm_state(job_id: str, stage: str | None = None, record: dict[str, Any] | None = None) -> JobState:
     """The job's state; a training's exit 75/76 explained (another stage's 75 is EX_TEMPFAIL's). A
-    training Slurm has forgotten (past MinJobAge, without accounting) ended as its log says."""
+    job Slurm has forgotten (past MinJobAge, without accounting) ended as its log says."""
     state = asked_slurm_state(job_id)
-    if state.state == "UNKNOWN" and stage == "training" and record:
+    if state.state == "UNKNOWN" and record:
         state = ended_by_log(record) or state
     return explain_stop(state, record) if stage == "training" else state
 
 
-# The training batch script's last lines (sbatch.REQUEUE_LINES): the job's end as it saw it.
+# Each stage's batch script's last lines (sbatch.REQUEUE_LINES, FINISH_LINES): the job's end as it saw it.
 STEP_FINISHED = re.compile(r"gptrain: step finished with exit code (\d+)")
 CANCEL_SEEN = "gptrain: the job was cancelled (scancel)"
+FORGOTTEN = "Slurm no longer knows the job; from its log"
 
 
 def ended_by_log(record: dict[str, Any]) -> JobState | None:
-    """How a training job ended by its batch script's last line, or None (no such line: still
-    running when Slurm was asked, or killed before it). A requeue appends to the same log and prints
-    none: only the job's last attempt does."""
+    """How a job ended by its batch script's last line (an array: each task's log), or None where a
+    log has no such line (still running when Slurm was asked, or killed before it) or a task's log
+    is missing."""
     logs = log_files(record)
+    if not logs or len(logs) < int(record.get("array") or 1):
+        return None
+    states = [log_ending(log) for log in logs]
+    if None in states:
+        return None
+    state = summarize(states)
+    return state if state.reason else JobState(state.state, FORGOTTEN, state.exit_code)
+
+
+def log_ending(log: Path) -> JobState | None:
+    """The end one batch script's log records, or None. A requeue appends to the same log and prints
+    no such line: only the job's last attempt does."""
     code, cancelled = None, False
     try:
-        with open(logs[-1], errors="replace") as handle:
+        with open(log, errors="replace") as handle:
             for line in handle:
                 if "gptrain: " not in line:
                     continue
@@ -264,14 +277,13 @@ def ended_by_log(record: dict[str, Any]) -> JobState | None:
                 found = STEP_FINISHED.search(line)
                 if found:
                     code = int(found.group(1))
-    except (OSError, IndexError):
+    except OSError:
         return None
     if code is None:
         return None
-    known = "Slurm no longer knows the job; from its log"
     if cancelled:
-        return JobState("CANCELLED", f"{known}: cancelled, launch again to resume", f"{code}:0")
-    return JobState("COMPLETED" if code == 0 else "FAILED", known, f"{code}:0")
+        return JobState("CANCELLED", f"{FORGOTTEN}: cancelled, launch again to resume", f"{code}:0")
+    return JobState("COMPLETED" if code == 0 else "FAILED", FORGOTTEN, f"{code}:0")
 
 
 def asked_slurm_state(job_id: str) -> JobState:

@@ -3,7 +3,8 @@
 `gptrain status/cancel/logs` read it back, so a run is found by its directory alone.
 Events: `submitted` (slurm job id, or local pid and the process's start time, script, log
 pattern, and `dependency`: the job of this launch's stage before it, which tells launches into
-one run dir apart, with `dependency_dir` where that job's run dir is another), `finished` (local runs: exit code) and `waited_on_by` (Slurm: the job of the
+one run dir apart, with `dependency_dir` where that job's run dir is another, and `array`, an array's
+task count), `finished` (local runs: exit code) and `waited_on_by` (Slurm: the job of the
 launch's next stage, in another run dir, that waits for job `after` of this one, and its `waiting_dir`).
 """
 

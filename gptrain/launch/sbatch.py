@@ -418,6 +418,15 @@ exit "$status"
 """
 
 
+# The end of a stage other than the training, as the training's REQUEUE_LINES end: its exit code in
+# its log (each array task's own), from which `gptrain status` tells how it ended once Slurm has
+# forgotten the job (past MinJobAge, without accounting). A cancel or the time limit kills the batch
+# shell first: no line, and the state stays unknown.
+FINISH_LINES = "\n".join(
+    ["status=$?", 'echo "gptrain: step finished with exit code $status" >&2', 'exit "$status"']
+)
+
+
 def header(job: Job, where: str) -> list[str]:
     return [
         "#!/bin/bash",
@@ -435,13 +444,13 @@ def render_slurm(job: Job, cluster: dict, top: dict) -> str:
     lines += [setup_line(command, cluster, container, mounts) for command in job.setup]
     srun = srun_prefix(job, cluster, container, mounts)
     if job.stage not in ("training", "validation"):
-        lines.append(f"{srun} {quote_command(job.command)}")
+        lines += [f"{srun} {quote_command(job.command)}", FINISH_LINES]
         return "\n".join(lines) + "\n"
     meeting = rendezvous(top.get("env_vars"), ranks=job.stage == "training")
     lines += ["", *meeting.lines, ""]
     srun = " ".join(part for part in (srun, meeting.wrapper) if part)
     if job.stage == "validation":  # its ranks rendezvous as the training's do
-        lines.append(f"{srun} {quote_command(job.command)}")
+        lines += [f"{srun} {quote_command(job.command)}", FINISH_LINES]
         return "\n".join(lines) + "\n"
     lines += [f"max_requeues={int(cluster.get('max_requeues') or 0)}"]
     lines += [f"requeue_file={quote(str(Path(job.run_dir) / REQUEUE_RECORD), 'run directory')}", ""]

@@ -885,3 +885,77 @@ def test_a_node_that_registered_invalid_is_not_counted_usable():
     cluster = nodes(count=1) + nodes(state="inval")[1:]
     with pytest.raises(LaunchError, match="2 node\\(s\\) requested but partition 'debug' has 1 usable"):
         check_cluster(Job("training", "r", "r", None, [], nodes=2, tasks_per_node=2), {}, cluster)
+
+
+def forgotten_by_slurm(command, timeout=15.0):
+    """squeue and scontrol past MinJobAge, and sacct without slurmdbd: none knows the job."""
+    return subprocess.CompletedProcess(command, 1, "", "Invalid job id specified")
+
+
+@pytest.mark.parametrize(
+    ("task_codes", "described"),
+    [
+        ({"0": 0, "1": 0}, "ARRAY[2 COMPLETED] (Slurm no longer knows the job; from its log)"),
+        ({"0": 0, "1": 3}, "ARRAY[1 COMPLETED, 1 FAILED] (Slurm no longer knows the job; from its log) exit 3:0"),
+        ({"0": 0}, "UNKNOWN (no longer known to Slurm; no accounting to ask)"),  # task 1 never ran
+    ],
+)  # fmt: skip
+def test_a_data_preparation_slurm_forgot_without_accounting_ends_as_its_tasks_logs_say(
+    tmp_path, monkeypatch, task_codes, described
+):
+    """Past MinJobAge without slurmdbd, only the training's end was read from its log: a finished
+    data preparation (or validation) stayed UNKNOWN. Each stage's script now ends with the line."""
+    from gptrain.launch.compose import compose
+    from gptrain.launch.executors.slurm import submit
+    from gptrain.launch.stages import build_plan, write_run_files
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (
+        ("sbatch", "echo 101\n"),
+        ("srun", 'exit "$(cat "$CODES/$SLURM_ARRAY_TASK_ID")"\n'),  # the task's step, by its code
+    ):
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "cluster_type=slurm",
+        "stages=[data_preparation]",
+        "data_preparation.shards=[http://h/a,http://h/b]",
+    ]
+    args += [f"base_results_dir={tmp_path}/r"]
+    plan = build_plan(compose(args))
+    [script] = write_run_files(plan, args)
+    assert submit(plan) == ["101"]
+    [job] = plan.jobs
+    codes = tmp_path / "codes"
+    codes.mkdir()
+    for task, code in task_codes.items():  # each task's batch shell, its output where sbatch puts it
+        (codes / task).write_text(str(code))
+        env = {**os.environ, "CODES": str(codes), "SLURM_JOB_ID": "101", "SLURM_JOB_NODELIST": "n1"}
+        env["SLURM_ARRAY_TASK_ID"] = task
+        with open(job.run_dir / f"log-{job.job_name}_101_{task}.out", "w") as log:
+            done = subprocess.run(["bash", str(script)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        assert done.returncode == code
+    monkeypatch.setattr(jobs, "run_command", forgotten_by_slurm)
+    [line] = jobs.status_lines(job.run_dir)
+    assert line == f"{job.run_dir.name}  data_preparation  job 101  {described}"
+
+
+def test_every_stage_script_ends_with_the_line_status_reads(tmp_path, monkeypatch):
+    """The validation's (and data preparation's) log said nothing of how it ended: once Slurm forgot
+    the job, status had nothing to go by."""
+    from gptrain.launch.compose import compose
+    from gptrain.launch.stages import build_plan, write_run_files
+
+    monkeypatch.chdir(tmp_path)
+    args = [
+        f"base_results_dir={tmp_path}",
+        "cluster_type=slurm",
+        "stages=[data_preparation,validation,training]",
+    ]
+    args += ["data_preparation.shards=[http://h/a]"]
+    for script in write_run_files(build_plan(compose(args)), args):
+        ending = script.read_text().rstrip().splitlines()[-2:]
+        assert ending == ['echo "gptrain: step finished with exit code $status" >&2', 'exit "$status"']

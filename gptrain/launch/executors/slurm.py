@@ -115,10 +115,13 @@ def record_submission(
     job: Job, job_id: str, dependency: str | None, dependency_dir: Path | None = None
 ) -> None:
     """The run directory's launcher.log line that `gptrain status/logs/cancel` read; `dependency_dir`:
-    the run dir of the job it waits for where that is another (`gptrain cancel` of this run reaches it)."""
-    fields = (
+    the run dir of the job it waits for where that is another (`gptrain cancel` of this run reaches it);
+    `array`: an array's task count (status counts their logs once Slurm has forgotten the job)."""
+    fields: dict[str, object] = (
         {"dependency_dir": str(dependency_dir)} if dependency_dir and dependency_dir != job.run_dir else {}
     )
+    if job.array:
+        fields["array"] = job.array
     append_record(
         job.run_dir,
         "submitted",
