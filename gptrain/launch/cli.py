@@ -160,7 +160,7 @@ def print_logs(header: str | None, records: list[dict[str, Any]]) -> None:
 
     if header:
         print(header)
-    for path in (p for record in records for p in jobs.log_files(record) if p.exists()):
+    for path in (p for record in records for p in jobs.output_files(record) if p.exists()):
         text = path.read_text(errors="replace")
         sys.stdout.write(text + ("\n" if header and text and not text.endswith("\n") else ""))
     sys.stdout.flush()
@@ -175,7 +175,7 @@ def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
         return not any(jobs.job_state(r, records).may_run for r in submitted)
 
     def paths() -> list[Path]:
-        return [p for r in submitted for p in jobs.log_files(r)]
+        return [p for r in submitted for p in jobs.output_files(r)]
 
     jobs.follow(paths, done)
     records = read_records(run_dir)

@@ -265,18 +265,19 @@ def ended_by_log(record: dict[str, Any]) -> JobState | None:
 
 
 def log_ending(log: Path) -> JobState | None:
-    """The end one batch script's log records, or None. A requeue appends to the same log and prints
-    no such line: only the job's last attempt does."""
+    """The end one batch script's log records (its stderr file, where it has one), or None. A
+    requeue appends to the same log and prints no such line: only the job's last attempt does."""
     code, cancelled = None, False
     try:
-        with open(log, errors="replace") as handle:
-            for line in handle:
-                if "gptrain: " not in line:
-                    continue
-                cancelled = cancelled or CANCEL_SEEN in line
-                found = STEP_FINISHED.search(line)
-                if found:
-                    code = int(found.group(1))
+        for path in (log, *(err for err in stderr_logs(log) if err.exists())):
+            with open(path, errors="replace") as handle:
+                for line in handle:
+                    if "gptrain: " not in line:
+                        continue
+                    cancelled = cancelled or CANCEL_SEEN in line
+                    found = STEP_FINISHED.search(line)
+                    if found:
+                        code = int(found.group(1))
     except OSError:
         return None
     if code is None:
@@ -498,6 +499,19 @@ def log_files(record: dict[str, Any]) -> list[Path]:
         return sorted(found, key=lambda path: task_order(path.name[len(prefix) : len(path.name) - len(tail)]))
     head, slot, tail = pattern.name.rpartition("%j")
     return [pattern.parent / (f"{head}{job_id}{tail}" if slot else pattern.name)]
+
+
+def stderr_logs(log: Path) -> list[Path]:
+    """Where the job's stderr goes with cluster.stderr_to_stdout=false: log-<job>_<id>.err beside its
+    .out (the batch script's own lines, a traceback, the training's one-line error); [] for a log
+    that is no .out."""
+    return [log.with_suffix(".err")] if log.suffix == ".out" else []
+
+
+def output_files(record: dict[str, Any]) -> list[Path]:
+    """Every file a record's job writes its output to: each log, then its stderr file (which exists
+    only with cluster.stderr_to_stdout=false)."""
+    return [path for log in log_files(record) for path in (log, *stderr_logs(log))]
 
 
 def task_order(index: str) -> tuple[int, str]:

@@ -159,3 +159,27 @@ def test_follow_returns_for_a_stage_that_waits_on_a_failed_one(tmp_path, capsys,
     assert main(["logs", str(tmp_path), "-f"]) == 0
     err = capsys.readouterr().err
     assert "training job 11 waits on job 10, which failed: it never starts; gptrain cancel it" in err
+
+
+def test_with_stderr_apart_logs_and_status_read_the_err_file_too(tmp_path, capsys, monkeypatch):
+    """cluster.stderr_to_stdout=false sends stderr to log-<job>_<id>.err: `gptrain logs` showed the
+    .out alone (no traceback, no one-line error), and status of a job Slurm had forgotten found no
+    exit line there, so an ended training was UNKNOWN."""
+    import subprocess
+
+    run = tmp_path / "results" / "r"
+    run.mkdir(parents=True)
+    append_record(run, "submitted", stage="training", executor="slurm", job_id="7",
+                  log=str(run / "log-r_%j.out"), dependency=None)  # fmt: skip
+    (run / "log-r_7.out").write_text("iteration 1\n")
+    (run / "log-r_7.err").write_text(
+        "gptrain: error: no such file\ngptrain: step finished with exit code 2\n"
+    )
+    assert logs(capsys, run) == (0, "iteration 1\ngptrain: error: no such file\ngptrain: step finished with exit code 2\n", "")  # fmt: skip
+
+    def forgotten(command, timeout=15.0):  # squeue, scontrol past MinJobAge; sacct without slurmdbd
+        return subprocess.CompletedProcess(command, 1, "", "Invalid job id specified")
+
+    monkeypatch.setattr(jobs, "run_command", forgotten)
+    [line] = jobs.status_lines(run)
+    assert line == "r  training  job 7  FAILED (Slurm no longer knows the job; from its log) exit 2:0"
