@@ -69,6 +69,9 @@ ACTIVE_STATES = (
 # The reason of a job pending on a stage that failed (afterok): it stays PENDING and never starts.
 NEVER_SATISFIED = "DependencyNeverSatisfied"
 
+# The reason of a job whose state Slurm could not be asked for (controller down, squeue timed out).
+NO_ANSWER = "Slurm did not answer"
+
 
 @dataclass
 class JobState:
@@ -86,6 +89,11 @@ class JobState:
         """Active and able to start: a job pending on a failed stage stays PENDING for ever, so
         nothing (a relaunch, `gptrain logs -f`) should wait for it."""
         return self.active and self.reason != NEVER_SATISFIED
+
+    @property
+    def unanswered(self) -> bool:
+        """Slurm could not be asked: the job may still be queued or running."""
+        return self.state == "UNKNOWN" and self.reason.startswith(NO_ANSWER)
 
     def describe(self) -> str:
         text = self.state
@@ -297,11 +305,25 @@ def asked_slurm_state(job_id: str) -> JobState:
     every = scontrol_states(job_id)
     if every:
         return summarize(every)
-    out = run_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
-    if out is not None and out.returncode == 0 and out.stdout.strip():
-        states = [JobState(*(line.split("|") + [""])[:2]) for line in out.stdout.strip().splitlines()]
+    silence = squeue_silence(out)
+    accounted = run_command(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
+    if accounted is not None and accounted.returncode == 0 and accounted.stdout.strip():
+        lines = accounted.stdout.strip().splitlines()
+        states = [JobState(*(line.split("|") + [""])[:2]) for line in lines]
         return summarize([JobState(s.state, "", s.reason) for s in states])
+    if silence:
+        return JobState("UNKNOWN", f"{NO_ANSWER}: {silence}")
     return JobState("UNKNOWN", "no longer known to Slurm; no accounting to ask")
+
+
+def squeue_silence(out: subprocess.CompletedProcess | None) -> str | None:
+    """Why squeue said nothing of a job (it did not run or timed out, or could not reach the
+    controller), or None where it answered: a job it does not list is one Slurm has forgotten."""
+    if out is None:
+        return "squeue did not run or gave no answer"
+    if out.returncode == 0 or "invalid job id" in out.stderr.lower():
+        return None
+    return out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"squeue exited {out.returncode}"
 
 
 def scontrol_states(job_id: str) -> list[JobState] | None:
@@ -573,7 +595,8 @@ def cancel(run_dir: Path) -> list[str]:
     records = read_records(run_dir)
     latest = latest_jobs(run_dir)
     for record in latest:
-        if not job_state(record, records).active:
+        state = job_state(record, records)
+        if not (state.active or state.unanswered):  # unanswered: scancel says why it cannot either
             continue
         if record.get("executor") == "local":
             try:

@@ -959,3 +959,27 @@ def test_every_stage_script_ends_with_the_line_status_reads(tmp_path, monkeypatc
     for script in write_run_files(build_plan(compose(args)), args):
         ending = script.read_text().rstrip().splitlines()[-2:]
         assert ending == ['echo "gptrain: step finished with exit code $status" >&2', 'exit "$status"']
+
+
+def test_a_controller_that_does_not_answer_is_not_taken_for_jobs_that_ended(tmp_path, monkeypatch):
+    """squeue failing to reach the controller read as 'no longer known to Slurm', and `gptrain
+    cancel` said 'nothing to cancel' and cancelled nothing while the training went on running."""
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="7",
+                  log=str(tmp_path / "log-r_%j.out"), dependency=None)  # fmt: skip
+    down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+
+    def run_command(command, timeout=15.0):
+        if command[0] == "sacct":
+            return subprocess.CompletedProcess(
+                command, 1, "", "sacct: error: Slurm accounting storage is disabled"
+            )
+        if command[0] == "scancel":
+            text = "scancel: error: Kill job error on job id 7: Unable to contact slurm controller (connect failure)"
+            return subprocess.CompletedProcess(command, 1, "", text)
+        return subprocess.CompletedProcess(command, 1, "", down)
+
+    monkeypatch.setattr(jobs, "run_command", run_command)
+    [line] = jobs.status_lines(tmp_path)
+    assert line == f"{tmp_path.name}  training  job 7  UNKNOWN (Slurm did not answer: {down})"
+    with pytest.raises(LaunchError, match=r"^scancel 7 failed: .*Unable to contact slurm controller"):
+        jobs.cancel(tmp_path)
