@@ -11,6 +11,7 @@ import glob
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -381,13 +382,19 @@ def job_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobState
 def queued_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
     """The jobs of the latest launch in this dir (those `gptrain cancel` acts on) that are queued or
     running. Slurm's are asked of squeue in one call: a job it does not list is over (sacct can
-    keep a vanished job RUNNING)."""
+    keep a vanished job RUNNING). A squeue here that does not answer is an error: its jobs may run."""
     records = read_records(run_dir)
     latest = [r for r in latest_jobs(run_dir) if r.get("job_id")]
     queued = [(r, job_state(r, records)) for r in latest if r.get("executor") == "local"]
     slurm = {str(r["job_id"]): r for r in latest if r.get("executor") != "local"}
     if slurm:
         out = run_command(["squeue", "-h", "-j", ",".join(slurm), "-o", "%i|%T|%r"])
+        silence = squeue_silence(out)
+        if silence and shutil.which("squeue"):  # no squeue at all: a run dir from another cluster
+            raise LaunchError(
+                f"{run_dir}: cannot tell whether Slurm job {', '.join(slurm)} of this run is still queued"
+                f" or running ({silence}); launch again once Slurm answers"
+            )
         listed: dict[str, list[JobState]] = {}
         for line in out.stdout.splitlines() if out is not None and out.returncode == 0 else []:
             job, _, rest = line.strip().partition("|")

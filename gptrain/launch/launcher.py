@@ -200,10 +200,10 @@ def launch(
     if dry_run:
         try:
             refuse_launch_into_live_run(run_dirs)
+            for line in cancel_never_starting(run_dirs, dry_run=True):
+                print(f"dry run: {line}", file=sys.stderr)
         except LaunchError as error:
             print(f"dry run: the launch itself would be refused: {error}", file=sys.stderr)
-        for line in cancel_never_starting(run_dirs, dry_run=True):
-            print(f"dry run: {line}", file=sys.stderr)
         scripts = write_files(files, dry_run=True)
         print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan, scripts)))
         return 0

@@ -1,6 +1,7 @@
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -983,3 +984,29 @@ def test_a_controller_that_does_not_answer_is_not_taken_for_jobs_that_ended(tmp_
     assert line == f"{tmp_path.name}  training  job 7  UNKNOWN (Slurm did not answer: {down})"
     with pytest.raises(LaunchError, match=r"^scancel 7 failed: .*Unable to contact slurm controller"):
         jobs.cancel(tmp_path)
+
+
+@pytest.mark.parametrize("squeue_here", [True, False])
+def test_a_launch_into_a_run_whose_jobs_slurm_cannot_be_asked_about_is_refused(
+    tmp_path, monkeypatch, squeue_here
+):
+    """squeue failing (a controller down or timing out) read as 'no live job': the launch rewrote the
+    config and scripts a running training re-reads at its requeue. Without squeue at all (a run dir
+    from another cluster) there is nothing to ask, as before."""
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="100")
+    down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+
+    def run_command(command, timeout=15.0):
+        return subprocess.CompletedProcess(command, 1, "", down) if squeue_here else None
+
+    monkeypatch.setattr(jobs, "run_command", run_command)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}" if squeue_here else None)
+    if not squeue_here:
+        jobs.refuse_launch_into_live_run([tmp_path])
+        return
+    with pytest.raises(LaunchError) as error:
+        jobs.refuse_launch_into_live_run([tmp_path])
+    assert str(error.value) == (
+        f"{tmp_path}: cannot tell whether Slurm job 100 of this run is still queued or running ({down});"
+        " launch again once Slurm answers"
+    )
