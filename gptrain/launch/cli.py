@@ -161,8 +161,9 @@ def print_logs(header: str | None, records: list[dict[str, Any]]) -> None:
     if header:
         print(header)
     for path in (p for record in records for p in jobs.output_files(record) if p.exists()):
-        text = path.read_text(errors="replace")
-        sys.stdout.write(text + ("\n" if header and text and not text.endswith("\n") else ""))
+        _, last = jobs.print_text(path)
+        if header and last not in ("", "\n"):
+            sys.stdout.write("\n")
     sys.stdout.flush()
 
 

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -733,11 +734,24 @@ def _print_new_text(paths: list[Path], offsets: dict[Path, int]) -> bool:
     grew = False
     for path in paths:
         if path.exists():
-            with open(path, errors="replace") as handle:
-                handle.seek(offsets.get(path, 0))
-                text = handle.read()
-                offsets[path] = handle.tell()
-            if text:
-                grew = True
-                print(text, end="", flush=True)
+            offsets[path], last = print_text(path, offsets.get(path, 0))
+            grew = grew or bool(last)
     return grew
+
+
+# How much of a log `gptrain logs` holds at once: a job of many ranks (NCCL_DEBUG=INFO, a warning
+# per rank per step) writes gigabytes, more memory than a login node gives one command.
+PRINT_CHUNK = 1 << 20
+
+
+def print_text(path: Path, offset: int = 0) -> tuple[int, str]:
+    """Print the file from `offset` on, a piece at a time; return the offset reached and the last
+    character printed ('' where there was nothing new)."""
+    last = ""
+    with open(path, errors="replace") as handle:
+        handle.seek(offset)
+        for piece in iter(lambda: handle.read(PRINT_CHUNK), ""):
+            sys.stdout.write(piece)
+            last = piece[-1]
+        sys.stdout.flush()
+        return handle.tell(), last

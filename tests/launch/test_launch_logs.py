@@ -183,3 +183,31 @@ def test_with_stderr_apart_logs_and_status_read_the_err_file_too(tmp_path, capsy
     monkeypatch.setattr(jobs, "run_command", forgotten)
     [line] = jobs.status_lines(run)
     assert line == "r  training  job 7  FAILED (Slurm no longer knows the job; from its log) exit 2:0"
+
+
+def test_a_log_larger_than_the_memory_given_is_printed_whole(tmp_path):
+    """`gptrain logs` read each log whole into memory: a job of many ranks writes gigabytes, and on a
+    login node that limits a command's memory it died of a MemoryError. It prints a piece at a time."""
+    import resource
+    import subprocess
+    import sys
+
+    run = tmp_path / "r"
+    run.mkdir()
+    log = run / "log-r_7.out"
+    size = 128 << 20  # a sparse file: no disk used; its text (NUL bytes) twice over passes the limit
+    with open(log, "wb") as handle:
+        handle.truncate(size - 5)
+        handle.seek(size - 5)
+        handle.write(b"last\n")
+    append_record(run, "submitted", stage="training", executor="local", job_id="local-7", pid=7, log=str(log))
+    code = "import sys; from gptrain.cli import main; sys.exit(main(['logs', sys.argv[1]]))"
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (224 << 20, 224 << 20))
+
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(run)], capture_output=True, preexec_fn=limit_memory, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()[-300:]
+    assert len(done.stdout) == size and done.stdout.endswith(b"\x00last\n")
