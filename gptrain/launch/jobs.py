@@ -506,13 +506,35 @@ def logs_to_show(
     def kept(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [r for r in records if stage in (None, r.get("stage"))]
 
+    chosen: list[tuple[str | None, list[dict[str, Any]]]]
     if every:
         found = launches(run_dir)
         shown = [(n, kept(records)) for n, records in enumerate(found, 1)]
-        return [(launch_header(n, len(found), records), records) for n, records in shown if records]
-    if number is None:
-        return [(None, kept(latest_jobs(run_dir)))]
-    return [(None, kept(launch_number(launches(run_dir), number, run_dir)))]
+        chosen = [(launch_header(n, len(found), records), records) for n, records in shown if records]
+    elif number is None:
+        chosen = [(None, kept(latest_jobs(run_dir)))]
+    else:
+        chosen = [(None, kept(launch_number(launches(run_dir), number, run_dir)))]
+    if stage and latest_jobs(run_dir) and not any(records for _, records in chosen):
+        raise LaunchError(missing_stage(run_dir, stage, number))
+    return chosen
+
+
+def missing_stage(run_dir: Path, stage: str, number: int | None) -> str:
+    """The line for `--stage S` where the launches asked for have no such job: a data preparation
+    runs in a run dir of its own, which the stage of its launch that waited on it names."""
+    where = f"launch {number} of {run_dir}" if number is not None else str(run_dir)
+    upstream = [
+        str(r["dependency_dir"])
+        for r in read_records(run_dir)
+        if r.get("event") == "submitted" and r.get("dependency_dir")
+    ]
+    elsewhere = (
+        f"; this run's data preparation ran in {upstream[-1]}: gptrain logs {shlex.quote(upstream[-1])}"
+        if upstream and stage == "data_preparation"
+        else ""
+    )
+    return f"--stage {stage}: no {stage} job in {where}{elsewhere}"
 
 
 def log_files(record: dict[str, Any]) -> list[Path]:

@@ -211,3 +211,23 @@ def test_a_log_larger_than_the_memory_given_is_printed_whole(tmp_path):
     )
     assert done.returncode == 0, done.stderr.decode()[-300:]
     assert len(done.stdout) == size and done.stdout.endswith(b"\x00last\n")
+
+
+def test_a_stage_the_run_has_no_job_of_is_a_one_line_error_saying_where_it_ran(tmp_path, capsys):
+    """`gptrain logs RUN --stage data_preparation` on a training's run printed nothing and exited 0,
+    as if the job had written nothing: its data preparation ran in a run dir of its own."""
+    prep, train = tmp_path / "download_shards", tmp_path / "r"
+    prep.mkdir(), train.mkdir()
+    append_record(train, "submitted", stage="training", executor="slurm", job_id="11",
+                  log=str(train / "log-r_%j.out"), dependency="10", dependency_dir=str(prep))  # fmt: skip
+    assert logs(capsys, train, "--stage", "data_preparation") == (
+        2,
+        "",
+        f"gptrain: error: --stage data_preparation: no data_preparation job in {train}; this run's data"
+        f" preparation ran in {prep}: gptrain logs {prep}\n",
+    )
+    code, _, err = logs(capsys, train, "--stage", "validation", "--launch", "1")
+    assert (code, err) == (
+        2,
+        f"gptrain: error: --stage validation: no validation job in launch 1 of {train}\n",
+    )
