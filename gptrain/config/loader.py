@@ -24,7 +24,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key, refused_value
 from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
-from gptrain.config.yamlio import as_int, as_switch, load_file, load_text, parse_value
+from gptrain.config.yamlio import as_int, as_switch, load_file, load_text, override_value
 from gptrain.errors import ConfigError
 from gptrain.utils.overrides import HYDRA_SETTINGS_REASON, delete_key, is_hydra_setting, split_override
 from gptrain.utils.rank import is_rank_zero
@@ -197,7 +197,7 @@ def _apply_override(root: DictConfig, override: str) -> str:
         if not form.delete:  # `~key` may remove a key gptrain does not know (a newer NeMo file's)
             _check_known_key(key, f"override '{override}'")
         path = f"training.{key}"
-    value = parse_value(form.text)
+    value = override_value(form)
     if form.delete and key == "run.name":  # its default would put any preset's run in gpt3_126m's directory
         raise ConfigError(
             f"override '{override}': a run needs a name (its results directory); set run.name=NAME"

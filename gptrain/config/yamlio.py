@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, printable
+from gptrain.utils.overrides import QUOTED, OverrideForm
 
 _INT = re.compile(
     r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$""", re.X
@@ -171,8 +172,14 @@ def parse_value(text: str) -> Any:
     text = text.strip()
     if text == "":
         return ""
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+    if QUOTED.fullmatch(text):
         return _unquote(text)
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        raise ConfigError(
+            f"{text} is not one quoted value: inside quotes a backslash escapes the quote after it, so write"
+            f" \\{text[0]} for a quote in the value and double a backslash before the closing quote"
+            f" ({text[0]}C:\\\\{text[0]} is C:\\), as Hydra's override grammar reads it"
+        )
     if text.startswith("[") and text.endswith("]"):
         inner = text[1:-1].strip()
         return [parse_value(item) for item in split_top_level(inner)] if inner else []
@@ -181,6 +188,14 @@ def parse_value(text: str) -> Any:
         if mapping is not None:
             return mapping
     return _hydra_scalar(text)
+
+
+def override_value(form: OverrideForm) -> Any:
+    """The value of a `key=value` override (parse_value); an error names the override as typed."""
+    try:
+        return parse_value(form.text)
+    except ConfigError as error:
+        raise ConfigError(f"override '{printable(form.argument)}': {error}") from None
 
 
 def _unquote(text: str) -> str:

@@ -25,7 +25,7 @@ from omegaconf.errors import GrammarParseError, InterpolationResolutionError, Om
 
 from gptrain.config import nemo_launcher
 from gptrain.config.loader import register_resolvers
-from gptrain.config.yamlio import load_file, parse_value
+from gptrain.config.yamlio import load_file, override_value
 from gptrain.errors import ConfigError, printable
 from gptrain.utils.overrides import (
     HYDRA_SETTINGS_REASON,
@@ -148,7 +148,7 @@ def parse_overrides(arguments: list[str]) -> list[Override]:
     overrides = []
     for argument in arguments:
         form = split_override(argument, "training.trainer.num_nodes=2")
-        value = parse_value(form.text)
+        value = override_value(form)
         overrides.append(Override(form, value))
     return overrides
 

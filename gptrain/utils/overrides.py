@@ -78,14 +78,16 @@ def _check_utf8(argument: str) -> None:
 
 # `~` opening the value, an item of it or a value inside braces (`{a: ~}`), outside quotes
 _TILDE = re.compile(r"(?:^|[\[{,])\s*~|\{[^{}]*:\s*~")
-_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+# A quoted value as Hydra's override grammar reads one: a backslash escapes the character after it
+# (`'It\'s'`, `'C:\\'`), so a quote after an odd number of backslashes does not close the value.
+QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
 
 
 def _refuse_tilde(argument: str, text: str) -> None:
     """`vocab_file=~/gpt2/vocab.json`: the shell expands `~` only where a word starts (or after the
     `=` of a plain NAME=), so a dotted key's value keeps it, and no file `~/...` exists on the nodes;
     nor is it YAML's null (Hydra refuses it, as NeMo does). Quoted (`'~/x'`) it is that text."""
-    if _TILDE.search(_QUOTED.sub("", text)):
+    if _TILDE.search(QUOTED.sub("", text)):
         raise ConfigError(
             f"override '{printable(argument)}': the shell did not expand this '~' (it does only at the start "
             "of a word) and it is not null here; write the path in full ($HOME/...), or null"

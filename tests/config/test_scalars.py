@@ -10,6 +10,7 @@ import re
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from omegaconf._yaml import get_yaml_loader
 from omegaconf.errors import ValidationError
 from omegaconf.nodes import BooleanNode, IntegerNode
@@ -82,6 +83,36 @@ HYDRA += [(r"'It\'s'", "It's"), (r'"say \"hi\""', 'say "hi"'), (r"'C:\\'", "C:\\
 def test_an_override_value_reads_as_hydra_reads_it(text, value):
     read = parse_value(text)
     assert (read == value or read != read and value != value) and type(read) is type(value)
+
+
+@pytest.mark.parametrize("value", [r"'a\'", r'"a\"', r"'C:\dir\'", "'a'b'", r"[x,'b\']"])
+def test_a_quoted_override_whose_closing_quote_is_escaped_is_refused_as_hydra_refuses_it(value):
+    """Hydra's QUOTED_VALUE ends only at a quote after an even number of backslashes: `'a\'` has no
+    end, and Hydra refuses it. gptrain read it as `a'` (a path with a quote in it), in train and launch."""
+    override = f"run.name={value}"
+    with pytest.raises(ConfigError, match=rf"^override '{re.escape(override)}': .+ is not one quoted value"):
+        load_training_config("gpt3/126m", [override], report_ignored=False)
+    with pytest.raises(
+        ConfigError, match=rf"^override 'training.{re.escape(override)}': .+ is not one quoted"
+    ):
+        parse_overrides([f"training.{override}"])
+
+
+def test_a_backslash_in_single_quotes_reads_as_omegaconf_reads_it_in_a_file_and_hydra_on_the_command_line():
+    """In a YAML file `'a\'` is a and a backslash (single quotes escape nothing, OmegaConf's loader
+    agrees); on the command line a backslash escapes the quote, `'a\\'` is that value."""
+    assert load_text("k: 'a\\'\n", "f.yaml")["k"] == OmegaConf.create("k: 'a\\'\n")["k"] == "a\\"
+    assert parse_value(r"'a\\'") == "a\\"
+
+
+def test_a_tilde_inside_quotes_after_an_escaped_quote_is_text():
+    """`['x\',~/y']` is one quoted item, x',~/y: the `~` check stopped its quotes at the escaped one,
+    and refused the `~` as one the shell had left."""
+    override = r"model.data.data_prefix=['x\',~/y']"
+    cfg = load_training_config("gpt3/126m", [override], report_ignored=False)
+    assert cfg.model.data.data_prefix == ["x',~/y"]
+    [parsed] = parse_overrides([f"training.{override}"])
+    assert parsed.value == ["x',~/y"]
 
 
 def test_an_override_that_yaml_would_read_as_a_number_keeps_its_text(tmp_path):
