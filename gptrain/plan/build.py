@@ -7,10 +7,11 @@ import dataclasses
 from typing import Any
 
 from gptrain.errors import ConfigError
-from gptrain.plan.hardware import Cluster, build_cluster
+from gptrain.plan.hardware import Cluster, build_cluster, cluster_profile
 from gptrain.plan.rank import evaluate, least_memory, rank_layouts
 from gptrain.plan.report import Plan
 from gptrain.plan.spec import layout_from_config, workload_from_config
+from gptrain.utils.overrides import split_override
 
 
 def cluster_overrides(cluster: Cluster) -> list[str]:
@@ -45,10 +46,55 @@ def check_fp8_hardware(model: Any, cluster: Cluster) -> None:
         )
 
 
+def typed_keys(overrides: list[str]) -> set[str]:
+    """The training keys the command line sets (`trainer.devices=4`, `training.trainer.devices=4`)."""
+    forms = (split_override(override, "trainer.max_steps=100") for override in overrides)
+    return {form.key.removeprefix("training.") for form in forms if not form.delete}
+
+
+def flag_or_config(flag: str, given: int | None, key: str, configured: int, typed: set[str]) -> int:
+    """The command-line option where given, else the config's key (what a launch of it would run);
+    the option and the same key typed as an override with another value are one line, not a pick."""
+    if given is not None and key in typed and given != configured:
+        raise ConfigError(
+            f"{flag} {given} and the override {key}={configured} ask for different worlds; give one of them"
+        )
+    return given if given is not None else configured
+
+
+def planned_cluster(args: argparse.Namespace, probe: Any) -> Cluster:
+    """Nodes and GPUs per node as a launch of the config runs them: --nodes and --gpus-per-node where
+    given, else the config's trainer.num_nodes and trainer.devices (overrides included), within a
+    --cluster profile's GPUs per node (the launcher runs one rank per GPU)."""
+    typed = typed_keys(args.overrides)
+    nodes = flag_or_config("--nodes", args.nodes, "trainer.num_nodes", probe.trainer.num_nodes, typed)
+    per_node = flag_or_config(
+        "--gpus-per-node", args.gpus_per_node, "trainer.devices", probe.trainer.devices, typed
+    )
+    if args.gpus_per_node is None and args.cluster:
+        per_node = devices_within_profile(per_node, args.cluster, "trainer.devices" in typed)
+    return build_cluster(nodes, per_node, args.gpu, args.cluster)
+
+
+def devices_within_profile(devices: int, profile: str, typed: bool) -> int:
+    """trainer.devices, or the profile's GPUs per node where it has fewer: a preset's 8 planned for
+    the 4-GPU nodes the profile names; typed on the command line, that many ranks per node are asked
+    for, and the launcher would refuse them, so that is one line."""
+    gpus = cluster_profile(profile).get("gpus_per_node")
+    if gpus is None or devices <= gpus:
+        return devices
+    if typed:
+        raise ConfigError(
+            f"trainer.devices={devices} ranks per node, but --cluster {profile} gives {gpus} GPUs per node"
+            " (the launcher runs one rank per GPU); lower trainer.devices, or plan another node with"
+            " --gpus-per-node"
+        )
+    return gpus
+
+
 def build_plan(args: argparse.Namespace) -> Plan:
     probe, preset, _ = load_config(args, [])
-    nodes = args.nodes if args.nodes is not None else probe.trainer.num_nodes
-    cluster = build_cluster(nodes, args.gpus_per_node, args.gpu, args.cluster)
+    cluster = planned_cluster(args, probe)
     cfg, _, _ = load_config(args, cluster_overrides(cluster))
     check_fp8_hardware(cfg.model, cluster)
     work = workload_from_config(cfg, args.vocab_size)

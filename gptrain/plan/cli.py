@@ -43,7 +43,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--gpus-per-node",
         type=int,
         default=None,
-        help="default: the cluster profile's (gpus_per_node, else its gres), or 8 (1 with --gpu cpu)",
+        help="default: trainer.devices, at most the cluster profile's (gpus_per_node, else its gres)",
     )
     parser.add_argument(
         "--gpu",

@@ -666,3 +666,56 @@ def test_when_nothing_fits_the_json_names_the_smallest_layout(
     assert not smallest["fits"] and smallest["overrides"]
     assert main(["plan", "gpt3/126m", "--nodes", "1", "--json", str(js)]) == 0
     assert json.loads(js.read_text())["smallest"] is None
+
+
+def test_plan_plans_the_configs_devices_as_launch_runs_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan gpt3/126m trainer.devices=4` planned 8 GPUs a node (the default) and set trainer.devices=8
+    in its config: the override was dropped without a word, and a launch of that config runs 4 a node.
+    --gpus-per-node still wins; the same key typed with another value is one line, not a pick."""
+    from gptrain.config.loader import preset_path
+
+    js = tmp_path / "p.json"
+
+    def per_node(*args: str) -> int:
+        assert main(["plan", *args, "--nodes", "1", "--json", str(js)]) == 0
+        return json.loads(js.read_text())["cluster"]["gpus_per_node"]
+
+    own = tmp_path / "own.yaml"
+    own.write_text(preset_path("gpt3/126m").read_text().replace("  devices: 8\n", "  devices: 2\n"))
+    assert per_node("gpt3/126m", "trainer.devices=4") == 4
+    assert per_node("--config-file", str(own)) == 2
+    assert per_node("--config-file", str(own), "--gpus-per-node", "8") == 8
+    assert per_node("gpt3/126m", "trainer.devices=8", "--gpus-per-node", "8") == 8
+    capsys.readouterr()
+    assert main(["plan", "gpt3/126m", "trainer.devices=4", "--gpus-per-node", "8"]) == 2
+    assert main(["plan", "gpt3/126m", "training.trainer.num_nodes=2", "--nodes", "4"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gptrain: error: --gpus-per-node 8 and the override trainer.devices=4 ask for different worlds;"
+        " give one of them",
+        "gptrain: error: --nodes 4 and the override trainer.num_nodes=2 ask for different worlds; give one of them",
+    ]
+
+
+def test_a_cluster_profile_bounds_the_configs_devices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A profile of 4-GPU nodes: the preset's 8 ranks a node are planned as 4 (the nodes it names), fewer
+    are planned as asked; 8 typed on the command line is refused in one line, as the launcher refuses it."""
+    profile = tmp_path / "site.yaml"
+    profile.write_text(yaml.safe_dump({"gpus_per_node": 4, "plan": {"gpu": "a100-80gb"}}))
+    js = tmp_path / "p.json"
+    for devices, planned in ((None, 4), (2, 2)):
+        typed = [f"trainer.devices={devices}"] if devices else []
+        assert (
+            main(["plan", "gpt3/126m", *typed, "--cluster", str(profile), "--nodes", "1", "--json", str(js)])
+            == 0
+        )
+        assert json.loads(js.read_text())["cluster"]["gpus_per_node"] == planned
+    capsys.readouterr()
+    assert main(["plan", "gpt3/126m", "trainer.devices=8", "--cluster", str(profile), "--nodes", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"gptrain: error: trainer.devices=8 ranks per node, but --cluster {profile} gives 4 GPUs per node"
+        " (the launcher runs one rank per GPU); lower trainer.devices, or plan another node with --gpus-per-node"
+    )
