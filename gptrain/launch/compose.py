@@ -182,7 +182,19 @@ def group_file(group: str, choice: str, root: Path = CONFIG_ROOT) -> Path:
             return path
     choices = sorted({name for base in roots for name in group_choices(group, base)})
     where = " or ".join(str(base / group) for base in roots)
-    raise ConfigError(f"no {group} config '{choice}' in {where}{closest(choice, choices)}")
+    raise ConfigError(f"no {group} config '{choice}' in {where}{choice_hint(choice, choices)}")
+
+
+def choice_hint(choice: str, choices: list[str]) -> str:
+    """Hydra lists a group's options when a choice is none of them; here on one line: the nearest by
+    its file name (`gpt3/126` -> gpt3/126m, not `gpt3/nope` -> gpt3/5b), then every option (those
+    of the choice's folder, `gpt3/`, where that folder has any)."""
+    folder, _, name = choice.rpartition("/")
+    shown = [c for c in choices if folder and c.startswith(f"{folder}/")] or choices
+    by_name = {c.rpartition("/")[2]: c for c in reversed(shown)}
+    near = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.5)
+    meant = f"did you mean '{by_name[near[0]]}'? " if near else ""
+    return f" ({meant}valid: {', '.join(shown)})" if shown else ""
 
 
 def load_group(group: str, choice: str, root: Path = CONFIG_ROOT) -> dict[str, Any]:

@@ -157,6 +157,25 @@ def test_every_shipped_launch_config_composes():
     assert azure["NCCL_IB_PCI_RELAXED_ORDERING"] == 1 and azure["NCCL_TOPO_FILE"].endswith("ndv4-topo.xml")
 
 
+def test_a_group_choice_that_does_not_exist_lists_the_available_ones(conf):
+    """Hydra lists a group's options; the error offered one near name (`gpt3/nope` -> 'gpt3/5b'), or
+    the first 12 of a NeMo tree's many, as if they were all."""
+    presets = ", ".join(name for name in group_choices("training") if name.startswith("gpt3/"))
+    with pytest.raises(ConfigError) as error:
+        compose(["training=gpt3/nope"])
+    assert str(error.value).endswith(f"/configs/training (valid: {presets})")
+    with pytest.raises(ConfigError) as error:
+        compose(["training=gpt3/126"])
+    assert str(error.value).endswith(f"/configs/training (did you mean 'gpt3/126m'? valid: {presets})")
+    sites = sorted(f"site{number:02}" for number in range(15))
+    for site in sites:
+        (conf / "cluster" / f"{site}.yaml").write_text("partition: gpu\n")
+    with pytest.raises(ConfigError) as error:
+        compose(["cluster=zzz"], root=conf)
+    listed = str(error.value).partition(" (valid: ")[2].removesuffix(")").split(", ")
+    assert listed == sorted(["aws_p4d", "aws_p5", "azure_nd_a100_v4", "bcm", *sites])
+
+
 def test_closest_lists_choices_when_nothing_is_near():
     assert closest("zzz", ["alpha", "beta"]) == " (valid: alpha, beta)"
     assert os.path.isabs(compose(["data_dir=rel"]).resolved()["data_dir"])
