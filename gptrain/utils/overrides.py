@@ -61,8 +61,20 @@ def split_override(argument: str, example: str) -> OverrideForm:
     _check_utf8(argument)
     text = form["text"].strip()
     if not is_hydra_setting(key):  # ignored whatever its value
+        _refuse_package(argument, key)
         _refuse_tilde(argument, text)
     return OverrideForm(key, text, prefix.startswith("+"), prefix == "~", has_value, argument)
+
+
+def _refuse_package(argument: str, key: str) -> None:
+    """`+training@foo=gpt3/126m` is Hydra's group@package form, which composes a group's file at
+    another place; gptrain composes each group at its own, and the launcher kept `training@foo`
+    as a new top-level key that nothing reads (the run trained the default preset)."""
+    if "@" in key:
+        raise ConfigError(
+            f"override '{printable(argument)}': Hydra's group@package form is not supported (each group is"
+            " composed at its own key); choose a group's file with GROUP=NAME, set a key with key.sub=value"
+        )
 
 
 def _check_utf8(argument: str) -> None:

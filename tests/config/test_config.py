@@ -463,3 +463,15 @@ def test_nemos_max_time_per_run_is_the_per_job_time_limit():
         ConfigError, match=r"^exp_manager.max_time_per_run: '00:00:-1:00' is not DD:HH:MM:SS$"
     ):
         load_training_config("gpt3/126m", ["exp_manager.max_time_per_run=00:00:-1:00"], report_ignored=False)
+
+
+@pytest.mark.parametrize("override", ["+training@foo=gpt3/5b", "training@foo=gpt3/5b", "training.model@x=1"])
+def test_hydras_group_at_package_form_is_one_line_not_a_key_nothing_reads(override):
+    """`+training@foo=gpt3/5b` (Hydra: the group's file composed at `foo`) became a top-level key
+    `training@foo` of the launch config that nothing reads: the run trained the default preset."""
+    message = rf"^override '{re.escape(override)}': Hydra's group@package form is not supported"
+    with pytest.raises(ConfigError, match=message):
+        compose([override])
+    train_override = override.removeprefix("+").removeprefix("training.")
+    with pytest.raises(ConfigError, match=rf"^override '{re.escape(train_override)}': Hydra's group@package"):
+        load_training_config("gpt3/126m", [train_override], report_ignored=False)
