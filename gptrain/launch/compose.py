@@ -68,6 +68,7 @@ class Composition:
     choices: dict[str, str] = field(default_factory=dict)
     config_root: Path = CONFIG_ROOT
     overrides: dict[str, str] = field(default_factory=dict)  # dotted key -> `key=value` as typed
+    files: dict[str, str] = field(default_factory=dict)  # top-level key -> the file it was written in
 
     def training_overrides(self) -> dict[str, str]:
         """The overrides of `training.*` keys, by their key within the training config."""
@@ -78,14 +79,14 @@ class Composition:
         }
 
     def resolved(self) -> dict[str, Any]:
-        return _to_container(self.cfg, resolve=True, overrides=self.overrides)
+        return _to_container(self.cfg, resolve=True, overrides=self.overrides, files=self.files)
 
     def interpolated_roots(self) -> set[str]:
         """The top-level keys some interpolation reads (`${my_root}/data` -> my_root)."""
         return set(INTERPOLATION_ROOT.findall(OmegaConf.to_yaml(self.cfg)))
 
     def section(self, group: str) -> dict[str, Any]:
-        return _to_container(self.cfg[group], resolve=True, overrides=self.overrides)
+        return _to_container(self.cfg[group], resolve=True, overrides=self.overrides, files=self.files)
 
     def origin(self, group: str) -> str | None:
         """The group file the section's values came from, as errors about them name it:
@@ -96,25 +97,46 @@ class Composition:
         return f"{group}={choice} ({group_file(group, choice, self.config_root)})"
 
 
-def _to_container(node: Any, resolve: bool, overrides: dict[str, str] | None = None) -> Any:
+def _to_container(
+    node: Any, resolve: bool, overrides: dict[str, str] | None = None, files: dict[str, str] | None = None
+) -> Any:
     try:
         return OmegaConf.to_container(node, resolve=resolve)
     except Exception as error:  # omegaconf raises many types; all mean a bad interpolation
-        raise ConfigError(_unresolved(error, overrides or {})) from None
+        raise ConfigError(_unresolved(error, overrides or {}, files or {})) from None
 
 
-def _unresolved(error: Exception, overrides: dict[str, str]) -> str:
-    """Names the key whose interpolation failed, and the override that set it when one did:
-    omegaconf's message alone names only the missing key, not where it was read."""
+def source_files(choices: dict[str, str], root: Path, config_path: Path) -> dict[str, str]:
+    """Where each top-level key was written: its group's file (`training=gpt3/5b (<path>)`), else
+    the root config (key "")."""
+    groups = {
+        group: f"{group}={choice} ({group_file(group, choice, root)})" for group, choice in choices.items()
+    }
+    return {"": str(config_path), **groups}
+
+
+def _unresolved(error: Exception, overrides: dict[str, str], files: dict[str, str]) -> str:
+    """Names the key whose interpolation failed, and the override that set it when one did, else
+    the file it was written in: omegaconf's message alone names only the missing key."""
     reason = str(error).splitlines()[0]
     interpolation = isinstance(error, InterpolationResolutionError | GrammarParseError)
     what = "cannot resolve the launch config" if interpolation else "the launch config"
     key = getattr(error, "full_key", None)
     if not key:
         return f"{what}: {reason}"
-    typed = overrides.get(key)
-    source = f" (set by override '{printable(typed)}')" if typed else ""
+    typed = _setting_override(str(key), overrides)
+    written = files.get(str(key).split(".")[0], files.get(""))
+    source = f" (set by override '{printable(typed)}')" if typed else f" (in {written})" if written else ""
     return f"{what}: {key}{source}: {reason}{_environment_hint(reason)}"
+
+
+def _setting_override(key: str, overrides: dict[str, str]) -> str | None:
+    """The override that set `key`, or a mapping above it (`env_vars={B: ...}` sets env_vars.B)."""
+    parts = key.split(".")
+    for depth in range(len(parts), 0, -1):
+        if typed := overrides.get(".".join(parts[:depth])):
+            return typed
+    return None
 
 
 def _environment_hint(reason: str) -> str:
@@ -273,6 +295,7 @@ def compose(
     for override in dotted:
         apply_override(cfg, override)
     given = {o.key: o.typed for o in dotted if not o.form.delete}
+    files = source_files(choices, root, config_path)
     try:  # these read values, so a bad interpolation (`${oc.env:UNSET}`) first fails here
         notes += nemo_launcher.finalize(cfg, choices, STAGES)
         absolutize_paths(cfg)
@@ -283,9 +306,9 @@ def compose(
         check_stages(cfg, root / f"{config_name}.yaml")
     except OmegaConfBaseException as error:
         if not getattr(error, "full_key", None):  # `cfg.get` errors name no key; resolving all does
-            _to_container(cfg, resolve=True, overrides=given)
-        raise ConfigError(_unresolved(error, given)) from None
-    return Composition(cfg, choices, root, given)
+            _to_container(cfg, resolve=True, overrides=given, files=files)
+        raise ConfigError(_unresolved(error, given, files)) from None
+    return Composition(cfg, choices, root, given, files)
 
 
 def bundled_defaults(root: Path, choices: dict[str, str]) -> dict[str, str]:

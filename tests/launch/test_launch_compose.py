@@ -350,6 +350,27 @@ def test_an_interpolation_that_cannot_resolve_names_its_key_and_override(monkeyp
         compose(["training.model.optim.lr=${training.model.nosuch}"]).resolved()
 
 
+def test_an_interpolation_that_cannot_resolve_names_the_file_or_override_that_wrote_it(conf):
+    """A missing key read from a group file or config.yaml named the key alone, not the file (as
+    `gptrain train` names its config file); set inside an override's mapping, not that override."""
+    preset = conf / "training/gpt3/126m.yaml"
+    preset.write_text(preset.read_text().replace("  max_steps: ", "  max_steps: ${.nosuch} #"))
+    with pytest.raises(ConfigError) as raised:
+        compose(["training=gpt3/126m"], root=conf).resolved()
+    assert str(raised.value).startswith(
+        f"cannot resolve the launch config: training.trainer.max_steps (in training=gpt3/126m ({preset})):"
+    )
+    preset.write_text(preset.read_text().replace("${.nosuch} #", ""))
+    with (conf / "config.yaml").open("a") as config:
+        config.write("my_root: ${nosuch_root}\n")
+    with pytest.raises(
+        ConfigError, match=rf"^cannot resolve the launch config: my_root \(in {conf}/config.yaml\)"
+    ):
+        compose([], root=conf).resolved()
+    with pytest.raises(ConfigError, match=r"env_vars.B \(set by override 'env_vars={B: \$\{nokey\}}'\)"):
+        compose(["env_vars={B: ${nokey}}"]).section("env_vars")
+
+
 def test_a_shell_variable_written_as_an_interpolation_says_how_to_write_it():
     """`${HOME}` in env_vars is an interpolation of a config key: the error named the missing key
     'HOME' and nothing more, and the user was left to guess."""
