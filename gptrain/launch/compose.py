@@ -378,7 +378,10 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
                 f"unknown key '{override.key}': no '{part}' in {where}{closest(part, keys)};"
                 " prefix with + to add a new key"
             )
-        if not present or not isinstance(node[part], DictConfig | ListConfig):
+        # an interpolation there is replaced, not read: `${oc.env:UNSET}` is why one overrides it
+        if not present or OmegaConf.is_interpolation(node, part):
+            break
+        if not isinstance(node[part], DictConfig | ListConfig):
             break
         node = node[part]
     if parts[0] == "training" and len(parts) > 1 and not override.form.add:

@@ -371,6 +371,16 @@ def test_an_interpolation_that_cannot_resolve_names_the_file_or_override_that_wr
         compose(["env_vars={B: ${nokey}}"]).section("env_vars")
 
 
+def test_a_key_whose_interpolation_cannot_resolve_can_be_overridden(conf, monkeypatch):
+    """`partition: ${oc.env:PARTITION}` in a cluster file with PARTITION unset: overriding it
+    (`cluster.partition=gpu`, the reason to type it) was an omegaconf traceback, as the old value
+    was read to see whether it was a mapping."""
+    monkeypatch.delenv("GPTRAIN_TEST_UNSET", raising=False)
+    bcm = conf / "cluster/bcm.yaml"
+    bcm.write_text(bcm.read_text().replace("partition: null", "partition: ${oc.env:GPTRAIN_TEST_UNSET}"))
+    assert compose(["cluster.partition=gpu"], root=conf).section("cluster")["partition"] == "gpu"
+
+
 def test_a_shell_variable_written_as_an_interpolation_says_how_to_write_it():
     """`${HOME}` in env_vars is an interpolation of a config key: the error named the missing key
     'HOME' and nothing more, and the user was left to guess."""
