@@ -299,6 +299,8 @@ def _build(
     values = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
+        if "." in str(key):
+            raise ConfigError(f"{_where(dotted, source, given)}: {_dotted_key_hint(str(key), section)}")
         if key not in names:
             if is_ignored_nemo_key(dotted):
                 refused = refused_value(dotted, value)
@@ -316,6 +318,17 @@ def _build(
             value = _lightning_count(dotted, value, _where(dotted, source, given))
             values[key] = _coerce(value, kind, dotted, _where(dotted, source, given))
     return cls(**values)
+
+
+def _dotted_key_hint(key: str, section: str) -> str:
+    """`trainer.max_steps: 5` in a YAML file is one key whose name has a dot (OmegaConf reads it so,
+    and NeMo would not see it); the refusal said "unknown key 'trainer.max_steps'; did you mean
+    'trainer.max_steps'?"."""
+    first, _, rest = key.partition(".")
+    return (
+        f"'{key}' in {section} is one key with a dot in its name (YAML nests keys only by indentation);"
+        f" write it nested: '{first}:' and under it '{rest}:'"
+    )
 
 
 # Trainer keys that NeMo's PyTorch Lightning reads as a fraction when given a float in (0, 1]

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from gptrain.config import all_keys, list_presets, load_training_config
 from gptrain.errors import ConfigError
@@ -102,6 +103,29 @@ def test_unknown_key_in_file_names_file(tmp_path):
     path.write_text(yaml.safe_dump({"trainer": {"max_step": 3}}))
     with pytest.raises(ConfigError, match=r"c.yaml: unknown key 'trainer.max_step'.*trainer.max_steps"):
         load_training_config(config_file=str(path))
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "section"),
+    [
+        ("trainer.max_steps: 5\n", "trainer.max_steps", "the top level"),
+        ("model:\n  optim.lr: 0.1\n", "optim.lr", "model"),
+    ],
+)
+def test_a_key_with_a_dot_in_a_file_says_to_nest_it(tmp_path, text, key, section):
+    """OmegaConf reads `trainer.max_steps: 5` as one key named so (NeMo would not see it); the refusal
+    said "unknown key 'trainer.max_steps'; did you mean 'trainer.max_steps'?"."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    loaded = OmegaConf.load(path)  # the reference: one key, not nested
+    assert key in (loaded if section == "the top level" else loaded[section])
+    first, _, rest = key.partition(".")
+    with pytest.raises(ConfigError) as error:
+        load_training_config(config_file=str(path))
+    assert str(error.value) == (
+        f"{path}: '{key}' in {section} is one key with a dot in its name (YAML nests keys only by"
+        f" indentation); write it nested: '{first}:' and under it '{rest}:'"
+    )
 
 
 def test_nemo_key_is_ignored_and_reported_once(capsys):
