@@ -98,6 +98,22 @@ def test_unknown_key_suggests_closest():
         load_training_config("gpt3/126m", ["model.hiden_size=10"])
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.optim={name: adamw, lr: abc}", "'model.optim.lr' expects a finite float, got 'abc'"),
+        ("trainer={max_steps: abc}", "'trainer.max_steps' expects int, got 'abc'"),
+        ("model.data={data_prefix: ???}", "'model.data.data_prefix' is ???: give it"),
+    ],
+)
+def test_a_bad_value_inside_a_mapping_override_is_blamed_on_that_override(override, message):
+    """The value came from the command line's mapping, but the error named the preset file, which
+    does not hold it (a key set by its own override was named right)."""
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [override], report_ignored=False)
+    assert str(error.value).startswith(f"override '{override}': {message}")
+
+
 def test_unknown_key_in_file_names_file(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump({"trainer": {"max_step": 3}}))
