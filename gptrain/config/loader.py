@@ -26,7 +26,13 @@ from gptrain.config.schema import TrainingConfig
 from gptrain.config.validate import normalize, validate
 from gptrain.config.yamlio import as_int, as_switch, load_file, load_text, override_value
 from gptrain.errors import ConfigError
-from gptrain.utils.overrides import HYDRA_SETTINGS_REASON, delete_key, is_hydra_setting, split_override
+from gptrain.utils.overrides import (
+    HYDRA_SETTINGS_REASON,
+    delete_key,
+    is_hydra_setting,
+    setting_override,
+    split_override,
+)
 from gptrain.utils.rank import is_rank_zero
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "training"
@@ -232,7 +238,7 @@ def _resolve(root: DictConfig, source: str, given: dict[str, str]) -> dict[str, 
     except MissingMandatoryValue as error:  # NeMo's `data_prefix: ???`: the user must give it
         key = str(getattr(error, "full_key", "") or "?").removeprefix("training.")
         where = f"{_where(key, source, given)}: '{key}' is ???" + (
-            "" if _setting_override(key, given) else " (mandatory) in the file"
+            "" if setting_override(key, given) else " (mandatory) in the file"
         )
         raise ConfigError(f"{where}: give it, e.g. {key}=...") from None
     except OmegaConfBaseException as error:
@@ -359,18 +365,8 @@ def _lightning_count(dotted: str, value: Any, where: str) -> Any:
 
 def _where(dotted: str, source: str, given: dict[str, str]) -> str:
     """What set `dotted`: its command-line override, else the config file."""
-    setter = _setting_override(dotted, given)
+    setter = setting_override(dotted, given)
     return f"override '{setter}'" if setter else source
-
-
-def _setting_override(dotted: str, given: dict[str, str]) -> str | None:
-    """The override of `dotted`, or of a mapping above it: `model.optim={lr: abc}` set model.optim.lr
-    (its error named the preset file, which has no such value)."""
-    parts = dotted.split(".")
-    for depth in range(len(parts), 0, -1):
-        if setter := given.get(".".join(parts[:depth])):
-            return setter
-    return None
 
 
 def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:

@@ -32,6 +32,7 @@ from gptrain.utils.overrides import (
     OverrideForm,
     delete_key,
     is_hydra_setting,
+    setting_override,
     split_override,
 )
 
@@ -124,19 +125,10 @@ def _unresolved(error: Exception, overrides: dict[str, str], files: dict[str, st
     key = getattr(error, "full_key", None)
     if not key:
         return f"{what}: {reason}"
-    typed = _setting_override(str(key), overrides)
+    typed = setting_override(str(key), overrides)
     written = files.get(str(key).split(".")[0], files.get(""))
     source = f" (set by override '{printable(typed)}')" if typed else f" (in {written})" if written else ""
     return f"{what}: {key}{source}: {reason}{_environment_hint(reason)}"
-
-
-def _setting_override(key: str, overrides: dict[str, str]) -> str | None:
-    """The override that set `key`, or a mapping above it (`env_vars={B: ...}` sets env_vars.B)."""
-    parts = key.split(".")
-    for depth in range(len(parts), 0, -1):
-        if typed := overrides.get(".".join(parts[:depth])):
-            return typed
-    return None
 
 
 def _environment_hint(reason: str) -> str:

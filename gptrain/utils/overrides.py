@@ -127,3 +127,13 @@ def delete_key(cfg: Any, key: str, form: OverrideForm, expected: Any) -> None:
                 " leave out '=value' to delete the key whatever it holds"
             )
     del parent[leaf]
+
+
+def setting_override(dotted: str, given: dict[str, str]) -> str | None:
+    """The override (as typed) that set `dotted`, or a mapping above it: `model.optim={lr: abc}` set
+    model.optim.lr, `env_vars={B: x}` env_vars.B; None when the value came from a file."""
+    parts = dotted.split(".")
+    for depth in range(len(parts), 0, -1):
+        if setter := given.get(".".join(parts[:depth])):
+            return setter
+    return None
