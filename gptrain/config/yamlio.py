@@ -48,7 +48,13 @@ _HYDRA_FLOAT = re.compile(
 )
 
 
-class ConfigLoader(yaml.SafeLoader):
+# OmegaConf parses with libyaml's CSafeLoader where PyYAML has it, which takes a tab between a value
+# and its comment (`max_steps: 5\t# c`) or after a colon; the pure-Python parser refuses both, and
+# refused NeMo files that NeMo reads.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class ConfigLoader(_SAFE_LOADER):  # type: ignore[misc,valid-type]
     """SafeLoader without YAML 1.1's sexagesimal numbers; `1e-4` is a float (as in OmegaConf), and
     a key given twice in one mapping is an error (as in OmegaConf), not silently the last one."""
 
@@ -117,11 +123,21 @@ def load_text(text: str, where: str) -> Any:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(
-            f"{where}{line}: invalid YAML: {getattr(error, 'problem', None) or error}"
-        ) from None
+        problem = str(getattr(error, "problem", None) or error)
+        hint = "" if "tab" in problem else _tab_hint(text, mark)
+        raise ConfigError(f"{where}{line}: invalid YAML: {problem}{hint}") from None
     check_not_recursive(data, where)
     return data
+
+
+def _tab_hint(text: str, mark: Any) -> str:
+    """libyaml's refusal of a tab that indents a line names no tab ("found character that cannot
+    start any token"): say so where the line is indented with one."""
+    lines = text.splitlines()
+    if mark is None or mark.line >= len(lines):
+        return ""
+    indent = lines[mark.line][: len(lines[mark.line]) - len(lines[mark.line].lstrip())]
+    return "; the line is indented with a tab: YAML indents with spaces" if "\t" in indent else ""
 
 
 def check_not_recursive(data: Any, where: str) -> None:

@@ -47,6 +47,22 @@ def test_a_file_reads_every_scalar_as_omegaconf_does():
     assert differ == {}
 
 
+@pytest.mark.parametrize(
+    "text", ["k:\n  a: 5\t# note\n", "k:\n  a:\t5\n", "k: [1,\t2]\n", "k:\n\ta: 5\n", "k:\n  a: 5\n\t\n"]
+)
+def test_tabs_read_as_omegaconfs_loader_reads_them(text):
+    """OmegaConf parses with libyaml, which takes a tab after a colon or before a comment; the pure-Python
+    parser refused both ("found character '\\t' that cannot start any token"), refusing NeMo's files."""
+    try:
+        theirs = yaml.load(text, Loader=get_yaml_loader())  # noqa: S506 (OmegaConf's SafeLoader)
+    except yaml.YAMLError:
+        with pytest.raises(ConfigError, match=r"^c\.yaml:[23]: invalid YAML: .*tab") as error:
+            load_text(text, "c.yaml")
+        assert "\n" not in str(error.value)
+        return
+    assert load_text(text, "c.yaml") == theirs
+
+
 @pytest.mark.parametrize("text", ["0x_", "-0b_", "!!float abc", "!!int 1.5"])
 def test_a_number_without_digits_is_one_line_naming_the_line(text):
     # OmegaConf's loader (and gptrain's before) stopped with a ValueError traceback
