@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gptrain.config.schema import TrainingConfig
 
 HELP = """usage: gptrain megatron [--dry-run] [pretrain_gpt.py flags ...]
 
@@ -47,6 +51,20 @@ def run_megatron(args: argparse.Namespace) -> int:
         return megatron(flags, dry_run)
 
 
+def check_layout_ahead(cfg: TrainingConfig) -> None:
+    """The layout checks the run makes at start (gptrain.parallel.layout, no torch), made by the dry
+    run, before a job waits in the queue for them: on the world of torchrun's or srun's environment
+    where the dry run has one, else on one data-parallel rank (a login node's dry run: the layers,
+    heads and widths that must split over tensor and pipeline ranks)."""
+    from gptrain.parallel.layout import check_layout
+
+    m, devices = cfg.model, cfg.trainer.devices
+    world = cfg.trainer.num_nodes * devices
+    if world == 1:
+        world = devices = m.tensor_model_parallel_size * m.pipeline_model_parallel_size
+    check_layout(m, world, devices)
+
+
 def megatron(flags: list[str], dry_run: bool) -> int:
     """The flags translated, then printed (dry run) or trained."""
     from gptrain.config import load_training_config
@@ -60,6 +78,8 @@ def megatron(flags: list[str], dry_run: bool) -> int:
         print(f"gptrain megatron: accepted without effect: {', '.join(translation.notes)}", file=sys.stderr)
     try:
         cfg = load_training_config(None, translation.overrides, report_ignored=rank0)
+        if dry_run:
+            check_layout_ahead(cfg)
     except ConfigError as error:  # the flags typed, not the gptrain keys they became
         raise ConfigError(translation.in_flags(str(error))) from None
     if dry_run:

@@ -104,10 +104,13 @@ def _check_model_split(model: Any, dims: ParallelDims) -> None:
             f"model.virtual_pipeline_model_parallel_size={vpp} needs model.pipeline_model_parallel_size > 1 (it is {pp})",
         )
     chunks = pp * (vpp or 1)
+    split = (
+        f"model.pipeline_model_parallel_size={pp}"
+        if vpp is None
+        else f"model.pipeline_model_parallel_size x model.virtual_pipeline_model_parallel_size = {pp} x {vpp}"
+    )
     _require(
-        model.num_layers % chunks == 0,
-        f"model.num_layers={model.num_layers} is not divisible by model.pipeline_model_parallel_size x "
-        f"model.virtual_pipeline_model_parallel_size = {pp} x {vpp or 1}",
+        model.num_layers % chunks == 0, f"model.num_layers={model.num_layers} is not divisible by {split}"
     )
 
 

@@ -312,6 +312,38 @@ def test_a_config_check_names_the_flags_typed(flags, message, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"gptrain: error: {message}"
 
 
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        # the tutorial's 3.6B row on its sbatch's default layout (TP 8, PP 4): Megatron asserts at start
+        (
+            "--num-layers 30 --hidden-size 3072",
+            "--num-layers=30 is not divisible by --pipeline-model-parallel-size=4",
+        ),
+        (
+            "--hidden-size 3072 --num-attention-heads 12",
+            "--num-attention-heads=12 is not divisible by --tensor-model-parallel-size=8",
+        ),
+    ],
+)
+def test_dry_run_checks_the_layout_the_run_would_refuse(shape, message, capsys, monkeypatch):
+    """The dry run printed these layouts as fine; the job refused them at start, after its queue wait.
+    Without torchrun's or srun's environment (a login node) it checks them on one data-parallel rank."""
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "SLURM_NTASKS",
+        "SLURM_NTASKS_PER_NODE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["megatron", "--dry-run", *AWS_SBATCH]) == 0  # the tutorial's own layout
+    capsys.readouterr()
+    assert main(["megatron", "--dry-run", *AWS_SBATCH, *shape.split()]) == 2  # a later flag wins
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"gptrain: error: {message}"
+
+
 def test_dry_run_prints_overrides_and_yaml_without_torch(tmp_path):
     code = (
         "import sys; from gptrain.cli import main; code = main(sys.argv[1:]);"
