@@ -133,7 +133,8 @@ SHARDING_LINES = {
 
 def megatron_start_lines(cfg: TrainingConfig, vocab: int, model_config: Any, dp_size: int = 1) -> list[str]:
     """Megatron's padding line and its parameter line for every (tensor, pipeline) rank; with 2+
-    data-parallel ranks, what they share (NeMo's distributed optimizer names choose a sharding)."""
+    data-parallel ranks, what they share (NeMo's distributed optimizer names choose a sharding);
+    then Megatron's datasets target sizes."""
     from gptrain.plan.sizes import megatron_parameter_lines, padded_vocab_line
 
     m = cfg.model
@@ -143,7 +144,7 @@ def megatron_start_lines(cfg: TrainingConfig, vocab: int, model_config: Any, dp_
     )
     if dp_size > 1:
         lines.append(f" > data parallel over {dp_size} ranks: {SHARDING_LINES[m.data_parallel_sharding]}")
-    return lines
+    return lines + dataset_size_lines(cfg)
 
 
 def log_memory(log: Any, device: torch.device, step: int) -> None:
@@ -359,8 +360,10 @@ def build_turn(rank: int, local_rank: int) -> int:
     return 1 if local_rank == 0 else 2
 
 
-def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> tuple[Any, Any, Any]:
-    from gptrain.data.builder import build_gpt_datasets, sample_counts
+def dataset_target_sizes(cfg: TrainingConfig) -> tuple[int, int, int]:
+    """The samples the train, validation and test splits are built for (Megatron's
+    train_val_test_num_samples; a split of 0 is not built)."""
+    from gptrain.data.builder import sample_counts
 
     m, t = cfg.model, cfg.trainer
     train_samples = t.train_samples
@@ -375,12 +378,30 @@ def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> t
         train_samples=train_samples,
     )
     test_n = t.limit_test_batches * m.global_batch_size  # NeMo sizes the test split by limit_test_batches
+    return train_n, valid_n, test_n
+
+
+def dataset_size_lines(cfg: TrainingConfig) -> list[str]:
+    """Megatron's lines of the splits' target sizes, which its users compare between runs."""
+    train, valid, test = dataset_target_sizes(cfg)
+    return [
+        " > datasets target sizes (minimum size):",
+        f"    train:      {train}",
+        f"    validation: {valid}",
+        f"    test:       {test}",
+    ]
+
+
+def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> tuple[Any, Any, Any]:
+    from gptrain.data.builder import build_gpt_datasets
+
+    m, t = cfg.model, cfg.trainer
     train, valid, test = build_gpt_datasets(
         m.data.data_prefix,
         m.data.splits_string,
         m.data.seq_length,
         m.seed,
-        (train_n, valid_n, test_n),
+        dataset_target_sizes(cfg),
         cache_dir=m.data.index_mapping_dir,
         mock=is_mock_data(cfg),
         vocab_size=vocab,

@@ -80,6 +80,21 @@ def test_aws_sbatch_flags_translate_with_sample_schedules():
         assert lr_at(iteration, spec) == pytest.approx(expected, rel=1e-12, abs=1e-18), iteration
 
 
+def test_the_tutorials_datasets_target_sizes_are_printed_as_megatron_printed_them():
+    """megatron-gpt-pretraining-on-slurm-aws.md's log shows Megatron's target sizes of the three
+    splits; gptrain built splits of those sizes without printing them."""
+    from gptrain.train.builders import dataset_size_lines
+
+    cfg = load_training_config(None, translate(AWS_SBATCH, ENV).overrides, report_ignored=False)
+    # validation: (508626 // 1000 + 1) evaluations x 40 batches x 288; test: 40 x 288
+    assert dataset_size_lines(cfg) == [
+        " > datasets target sizes (minimum size):",
+        "    train:      146484375",
+        "    validation: 5863680",
+        "    test:       11520",
+    ]
+
+
 def test_train_samples_size_the_train_split_under_a_batch_ramp():
     """Megatron builds the train indices for --train-samples, not iterations x global batch: under a
     ramp-up the two differ (here 54 x 64 = 3,456 against 2,000), and with them the epochs and shuffle."""
