@@ -179,7 +179,12 @@ LEGACY_KEYS = frozenset({"step"})
 def _is_from_before_manifests(record: object) -> bool:
     """A marker as gptrain wrote it before manifests. Any other without "files" (a changed key, a value
     that is not an object) lost its manifest: taken as legacy, it would load with nothing checked."""
-    return isinstance(record, dict) and "files" not in record and set(record) <= LEGACY_KEYS
+    return (
+        isinstance(record, dict)
+        and set(record) == LEGACY_KEYS
+        and isinstance(record["step"], int)
+        and not isinstance(record["step"], bool)
+    )
 
 
 def has_manifest(step_dir: Path) -> bool:

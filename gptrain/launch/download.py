@@ -201,7 +201,15 @@ def another_version(validator: Validator, headers: Any) -> bool:
     server may leave the ETag out of a 206 (or send an unquoted one), which is no change of file."""
     header, value = validator
     sent = (headers.get(header) or "").strip()
+    if header == "ETag":
+        return bool(sent) and _opaque_tag(sent) != _opaque_tag(value)
     return bool(sent) and sent != value
+
+
+def _opaque_tag(etag: str) -> str:
+    """The ETag less its weak mark and quotes: a CDN that weakens ("W/") or unquotes the tag it
+    passes on still names the same version (RFC 9110's weak comparison)."""
+    return etag.removeprefix("W/").strip('"')
 
 
 def validator_file(part: Path) -> Path:

@@ -82,8 +82,8 @@ def test_a_marker_whose_manifest_is_not_one_is_damage_named_in_one_line(tmp_path
 
 @pytest.mark.parametrize(
     "record",
-    [{"step": 2, "slurm_job_id": None, "filez": {}}, [2], "step_2"],
-    ids=["manifest-key-changed", "a-list", "a-string"],
+    [{"step": 2, "slurm_job_id": None, "filez": {}}, [2], "step_2", {}, {"step": "2"}],
+    ids=["manifest-key-changed", "a-list", "a-string", "emptied", "step-not-a-number"],
 )
 def test_a_marker_that_lost_its_manifest_is_damage_not_a_checkpoint_from_before_manifests(
     tmp_path, capsys, record

@@ -20,6 +20,7 @@ import zstandard
 from gptrain.errors import ConfigError, DataError
 from gptrain.launch.download import (
     Shard,
+    another_version,
     apply_blend,
     blend_prefixes,
     count_tokens,
@@ -174,6 +175,14 @@ def test_a_206_without_the_etag_is_no_change_of_file(tmp_path):
         dest = download(Shard(server.url + "/a.bin"), tmp_path / "a.bin", retries=2, backoff=0)
     assert dest.read_bytes() == PAYLOAD
     assert server.requests == [("/a.bin", None), ("/a.bin", f"bytes={len(PAYLOAD) // 2}-")]
+
+
+@pytest.mark.parametrize("sent", ['"abc"', "abc", 'W/"abc"'])
+def test_a_206_whose_etag_is_weakened_or_unquoted_is_the_same_file(sent):
+    """A CDN that weakens or unquotes the ETag it passes on names the same version (weak comparison,
+    RFC 9110 8.8.3.2): such a 206 was taken for another file, and every resume started over."""
+    assert not another_version(("ETag", '"abc"'), {"ETag": sent})
+    assert another_version(("ETag", '"abc"'), {"ETag": 'W/"abd"'})
 
 
 def test_a_resume_by_a_later_job_checks_the_validator_too(tmp_path):
