@@ -33,6 +33,19 @@ def outside_any_job():
         yield
 
 
+@pytest.fixture(autouse=True)
+def stop_signals_as_before():
+    """A run stopped for a requeue ignores SIGTERM/SIGUSR1 until its process exits (its command is
+    over); run in-process by a test, the test's process gets its own handlers back after the test."""
+    import signal
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for signum, handler in before.items():
+        if handler is not None:  # None: a handler not installed from Python, left as it is
+            signal.signal(signum, handler)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread_per_module():
     """The test machine has 2 shared cores: extra intra-op threads only add contention.

@@ -247,8 +247,9 @@ def train(cfg: TrainingConfig) -> int:
         if failed and session is not None:
             finish_saves_after_failure(session)
         run_lock.release()
-        # ranks of a run stopped for a requeue exit 75, not of the SIGTERM srun sends when one has
-        stop.uninstall(keep_ignoring=requeue and world.world_size > 1)
+        # a run stopped for a requeue exits 75, not of a SIGTERM during its shutdown (srun's when
+        # another rank has exited, Slurm's at the time limit after its warning signal)
+        stop.uninstall(keep_ignoring=requeue)
         scalars.close()
         log.close()
         if world.world_size > 1:

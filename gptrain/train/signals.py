@@ -76,8 +76,10 @@ class StopRequest:
 
         A run stopped for a requeue has its checkpoint and exits EXIT_REQUEUE; its ranks do not all
         exit at once, and `srun --kill-on-bad-exit` counts the first one's 75 as a bad exit and
-        SIGTERMs the others. Under the default handler they would die of it during shutdown, and the
-        step's status (143) would tell the batch script not to requeue a job that saved its state."""
+        SIGTERMs the others; a single rank stopped by Slurm's warning signal gets the time limit's
+        SIGTERM while it shuts down. Under the default handler it would die of it, and the step's
+        status (143) would tell the batch script not to requeue a job that saved its state. The
+        signals stay ignored until the process exits: its command is over."""
         for signum, handler in self._previous.items():
             if handler is _remember:  # early_stops' recorder: after the run a stop signal acts again
                 handler = _outer.get(signum, signal.SIG_DFL)

@@ -138,6 +138,44 @@ def test_stop_signal_from_outside_checkpoints_and_exits_75(tmp_path, signum, to_
     assert len(steps) == 1 and steps[0] >= 2
 
 
+# Runs `gptrain train` in a process whose shutdown, after the run's stop line, gets SIGTERM twice:
+# while the run closes its TensorBoard writer and again after the command has returned.
+SIGTERM_DURING_SHUTDOWN = """
+import os, signal, sys
+from gptrain.cli import main
+from gptrain.train import loop
+
+close = loop.Scalars.close
+
+def close_under_sigterm(self):
+    os.kill(os.getpid(), signal.SIGTERM)
+    close(self)
+
+loop.Scalars.close = close_under_sigterm
+code = main(sys.argv[1:])
+os.kill(os.getpid(), signal.SIGTERM)
+sys.exit(code)
+"""
+
+
+def test_a_sigterm_after_the_stop_checkpoint_still_exits_75(tmp_path):
+    """Slurm SIGTERMs the whole step at the time limit, also after its --signal warning stopped the
+    run: a single rank got it during its shutdown, with its checkpoint complete, and died of it (143),
+    which the batch script does not requeue."""
+    overrides = [*TINY, *MOCK, "trainer.max_time=00:00:00:00", f"exp_manager.explicit_log_dir={tmp_path}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGTERM_DURING_SHUTDOWN, "train", "gpt3/126m", *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == EXIT_REQUEUE, proc.stderr
+    assert "stopping at iteration 1: trainer.max_time reached" in proc.stdout
+    assert complete_steps(tmp_path / "checkpoints") == [1]
+
+
 def test_a_stop_signal_during_start_up_trains_no_step_and_saves_nothing(tmp_path, capsys, monkeypatch):
     """SIGUSR1 while the checkpoint loads (start-up): the run stopped only after training a step and
     saving it; now it exits 75 before step 1, its checkpoint the one it loaded."""
