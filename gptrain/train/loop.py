@@ -559,6 +559,12 @@ def run(
     if s.state.step >= t.max_steps:
         return finish_at_max_steps(s, test_data)
     agreement = StopAgreement()
+    meter = IntervalMeter(start_step=s.state.step)
+    times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
+    # out of the first interval's time, as every validation is out of its own; before the agreement,
+    # so that a stop asked during it (the resumed run's longest work) ends the run before a step
+    with meter.excluded(), times.excluded():
+        validate_if_left_due(s, valid_data)
     # watched as the first step's (its allowance: ranks end start-up at different times), so a rank
     # stuck in start-up is named, not waited on until the collective timeout
     with s.watchdog.boundary(s.state.step + 1):
@@ -566,15 +572,10 @@ def run(
     if early is not None:
         return stop_before_training(s, early)
     batches = microbatches(s, train_data)
-    meter = IntervalMeter(start_step=s.state.step)
-    times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
     runner = StepRunner(s, batches, can_run_ahead(s))
     saved_at = -1
     tested = has_batches(test_data, t.limit_test_batches)  # after the last save, beside its write
     staging_prepared = False
-    # out of the first interval's time, as every validation is out of its own
-    with meter.excluded(), times.excluded():
-        validate_if_left_due(s, valid_data)
     stopping: str | None = None  # agreed while the next step was queued ahead: it finishes first
     while s.state.step < t.max_steps:
         step = s.state.step + 1

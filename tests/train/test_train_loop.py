@@ -140,6 +140,28 @@ def test_a_stop_on_a_validation_step_leaves_that_validation_to_the_resumed_run(
     assert validation_lines(tmp_path) == validation_lines(full_dir)  # iterations 3 and 6, same losses
 
 
+def test_a_stop_during_the_validation_a_resume_runs_first_exits_before_a_step(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """The resumed run validates iteration 3 first (its stop came before that validation); Slurm's
+    warning signal landing in that validation was agreed only at the end of step 4, which the run
+    trained and saved in the time left before the kill. Now it exits 75 at once, nothing trained or
+    saved: the requeued run validates iteration 3 again and goes on."""
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=3)  # val_check_interval=3
+    assert code == EXIT_REQUEUE and complete_steps(tmp_path / "checkpoints")[-1] == 3
+    signal_during(monkeypatch, loop, "validate", at_step=3)
+    code, trained = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    monkeypatch.undo()
+    assert code == EXIT_REQUEUE and trained == {}
+    assert complete_steps(tmp_path / "checkpoints")[-1] == 3
+    assert "stopping before the first step: received SIGUSR1" in log_lines(tmp_path)[-1]
+    code, trained = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    assert code == 0 and sorted(trained) == [4, 5, 6]
+    assert validation_lines(tmp_path)[-1] == validation_lines(uninterrupted[0])[-1]  # iteration 6
+    for step in trained:
+        assert trained[step] == uninterrupted[2][step], step
+
+
 class Preempted(Exception):
     """The job ended (a preemption, a time limit's SIGKILL) right after the last save."""
 
