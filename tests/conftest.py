@@ -33,15 +33,21 @@ def outside_any_job():
         yield
 
 
-@pytest.fixture(autouse=True)
-def stop_signals_as_before():
-    """A run stopped for a requeue ignores SIGTERM/SIGUSR1 until its process exits (its command is
-    over); run in-process by a test, the test's process gets its own handlers back after the test."""
+@pytest.fixture(scope="session")
+def stop_signal_handlers_of_the_session():
     import signal
 
-    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+    return {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_as_before(stop_signal_handlers_of_the_session):
+    """A run stopped for a requeue ignores SIGTERM/SIGUSR1 until its process exits (its command is
+    over); run in-process by a test (or a fixture), the suite gets its own handlers back after it."""
+    import signal
+
     yield
-    for signum, handler in before.items():
+    for signum, handler in stop_signal_handlers_of_the_session.items():
         if handler is not None:  # None: a handler not installed from Python, left as it is
             signal.signal(signum, handler)
 
