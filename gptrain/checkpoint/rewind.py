@@ -24,8 +24,8 @@ STEP = re.compile(r"^(?:step_)?(\d+)$")
 
 
 def target_step(text: str) -> int:
-    """The step `--to` names: 'step_4' or '4'."""
-    match = STEP.match(text.strip())
+    """The step `--to` names: 'step_4' or '4', or a step directory's path (what tab completion gives)."""
+    match = STEP.match(Path(text.strip()).name)
     if match is None:
         raise ConfigError(
             f"--to {text}: give a checkpoint as step_<N> or <N> (gptrain checkpoint verify RUN lists them)"

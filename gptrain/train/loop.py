@@ -19,6 +19,7 @@ With world size 1 no process group is created.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -54,6 +55,7 @@ from gptrain.train.results import (
     TB_VAL_LOSS,
     RunLog,
     Scalars,
+    forget_test_done,
     record_test_done,
     tested_at,
     write_run_files,
@@ -363,7 +365,8 @@ def unused_start_from_text(source: str, root: Path) -> str:
         f"{root} and resumes the newest (a requeued job continues itself); "
     )
     if Path(source).resolve().parent == root.resolve():
-        return text + f"to go back to it, `gptrain checkpoint rewind {root.parent} --to {Path(source).name}`"
+        command = shlex.join(["gptrain", "checkpoint", "rewind", str(root.parent), "--to", Path(source).name])
+        return text + f"to go back to it, `{command}`"
     return text + "to start from that checkpoint, give the run a new directory"
 
 
@@ -571,6 +574,8 @@ def run(
         early = agreement.exchange(stop.signalled(), read_now=True)
     if early is not None:
         return stop_before_training(s, early)
+    if s.world.rank == 0:
+        forget_test_done(Path(s.cfg.exp_manager.explicit_log_dir))
     batches = microbatches(s, train_data)
     runner = StepRunner(s, batches, can_run_ahead(s))
     saved_at = -1

@@ -80,6 +80,17 @@ def record_test_done(log_dir: Path, iteration: int) -> None:
         warn_unwritable(path, error, "a resume at trainer.max_steps evaluates the test split again")
 
 
+def forget_test_done(log_dir: Path) -> None:
+    """A run about to train makes the record stale: the checkpoint it names may be replaced (a
+    rewind, a fresh start in an old directory), and its step may be reached again by other weights
+    whose test split a stop before it would then skip for good. Rank 0, before the first step."""
+    path = log_dir / TEST_DONE
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as error:
+        warn_unwritable(path, error, "a resume at trainer.max_steps may skip the test split")
+
+
 def tested_at(log_dir: Path) -> int | None:
     """The iteration `record_test_done` recorded (None: none, or unreadable)."""
     try:

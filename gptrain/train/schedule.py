@@ -148,7 +148,8 @@ class LRSchedule:
         samples goes on from the same samples (rescaled step). Returns the line saying what changed."""
         step = _number(state["step"])
         self.step = step
-        self.resumed = (_recorded_spec(state), step) if all(key in state for key in RECORDED) else None
+        recorded = _recorded_spec(state)
+        self.resumed = (recorded, step) if recorded is not None else None
         saved, batch = int(state.get("global_batch_size", 0)), self.spec.global_batch_size
         if not saved or not batch or saved == batch:
             return None
@@ -167,10 +168,18 @@ class LRSchedule:
         )
 
 
-def _recorded_spec(state: dict[str, Any]) -> ScheduleSpec:
-    """The schedule a checkpoint's state_dict records (its lengths in steps of its own batch)."""
+def _recorded_spec(state: dict[str, Any]) -> ScheduleSpec | None:
+    """The schedule a checkpoint's state_dict records (its lengths in steps of its own batch); None
+    for one from before the record, or one this version cannot rebuild (another version's schedule
+    names): the comparison is only a note, and an error here would fail the load of a sound
+    checkpoint, which the resume then takes for damaged."""
+    if not all(key in state for key in RECORDED):
+        return None
     known = {f.name for f in fields(ScheduleSpec)}
-    return ScheduleSpec(**{key: value for key, value in state.items() if key in known})
+    try:
+        return ScheduleSpec(**{key: value for key, value in state.items() if key in known})
+    except (ConfigError, TypeError, ValueError):
+        return None
 
 
 def _number(value: float) -> float:

@@ -141,3 +141,55 @@ def test_resume_after_a_rewind_repeats_the_uninterrupted_steps_bit_for_bit(tmp_p
         line.startswith("resuming from ") and "step_4 at iteration 4" in line for line in log_lines(tmp_path)
     )
     assert complete_steps(tmp_path / "checkpoints") == [2, 4, 6]
+
+
+class Preempted(Exception):
+    """The job ended right after the last save, before the test split."""
+
+
+def test_a_rewound_run_stopped_before_its_test_split_evaluates_it_when_resumed(tmp_path, monkeypatch):
+    """The first trajectory's record of its test split at step 6 outlived the rewind: the second
+    trajectory, stopped between its own step_6 save and its test split, was then never tested (a
+    resume at max_steps said 'nothing to do'). A run that trains now forgets the record first."""
+    from gptrain.train import loop
+    from gptrain.train.results import TB_TEST_LOSS, TEST_DONE
+
+    keep = [*MOCK, "exp_manager.checkpoint_callback_params.every_n_train_steps=2"]
+    keep += ["exp_manager.checkpoint_callback_params.save_top_k=-1"]
+    assert run_recording(monkeypatch, tiny_config(tmp_path, *keep))[0] == 0
+    assert (tmp_path / TEST_DONE).read_text() == "6\n"
+    assert main(["checkpoint", "rewind", str(tmp_path), "--to", "step_4"]) == 0
+    real_evaluate_split = loop.evaluate_split
+
+    def preempted_at_the_test_split(s, data, batches, where, tag):
+        if tag == TB_TEST_LOSS:
+            raise Preempted
+        return real_evaluate_split(s, data, batches, where, tag)
+
+    monkeypatch.setattr(loop, "evaluate_split", preempted_at_the_test_split)
+    with pytest.raises(Preempted):
+        run_recording(monkeypatch, tiny_config(tmp_path, *keep, "model.optim.lr=0.01"))
+    monkeypatch.undo()
+    assert not (tmp_path / TEST_DONE).exists()
+    tested_before = sum(" on test set |" in line for line in log_lines(tmp_path))
+    assert run_recording(monkeypatch, tiny_config(tmp_path, *keep, "model.optim.lr=0.01")) == (0, {})
+    assert any(
+        "evaluating the test split, which the run stopped before" in line for line in log_lines(tmp_path)
+    )
+    assert sum(" on test set |" in line for line in log_lines(tmp_path)) == tested_before + 1
+    assert (tmp_path / TEST_DONE).read_text() == "6\n"
+
+
+def test_the_rewind_hint_quotes_a_run_directory_with_spaces_and_to_takes_a_step_path(tmp_path):
+    """The hint's command was pasted unquoted (a run dir with a space broke it), and `--to` refused the
+    step directory's path that tab completion gives."""
+    import shlex
+
+    from gptrain.checkpoint.rewind import target_step
+    from gptrain.train.loop import unused_start_from_text
+
+    run = tmp_path / "my run; x"
+    root = run_with_checkpoints(run, [2, 4])
+    command = unused_start_from_text(str(root / "step_2"), root).rpartition("`gptrain")[2].rstrip("`")
+    assert shlex.split("gptrain" + command) == ["gptrain", "checkpoint", "rewind", str(run), "--to", "step_2"]
+    assert target_step(f"{root}/step_2/") == 2 and target_step("step_2") == 2 and target_step("4") == 4
