@@ -269,7 +269,7 @@ def check_launch_sections(resolved: dict[str, Any], roots: set[str] = frozenset(
 def check_cluster_section(cluster: dict[str, Any]) -> None:
     """A cluster file's keys: spelling and types (normalized in place). `gptrain plan --measure
     --cluster-type slurm` renders its trial jobs from one too."""
-    _check_unknown_cluster_keys(cluster)
+    check_unknown_cluster_keys(cluster)
     _check_keys(cluster, "cluster.", CLUSTER)
 
 
@@ -277,9 +277,10 @@ def check_cluster_section(cluster: dict[str, Any]) -> None:
 CLUSTER_OTHER_KEYS = ("plan",)
 
 
-def _check_unknown_cluster_keys(cluster: dict[str, Any]) -> None:
+def check_unknown_cluster_keys(cluster: dict[str, Any]) -> None:
     """A misspelt cluster key (`partitoin`) would send the job to the default partition unseen; a
-    run_* switch there (as one tutorial edits bcm.yaml) selects nothing."""
+    run_* switch there (as one tutorial edits bcm.yaml) selects nothing. `gptrain validate --profile`
+    checks a cluster file's keys with it too."""
     known = [*CLUSTER, *CLUSTER_OTHER_KEYS]
     for key in cluster:
         if key in known:

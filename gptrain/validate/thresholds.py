@@ -93,6 +93,7 @@ def _block(data: Any, path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: expected a YAML mapping")
     if isinstance(data.get("thresholds"), dict):  # a validation stage's resolved config
         return data["thresholds"]
+    check_cluster_keys(data, path)
     block = data.get("validation", {})
     if isinstance(block, dict) and isinstance(block.get("thresholds"), dict):
         block = block["thresholds"]
@@ -101,6 +102,21 @@ def _block(data: Any, path: Path) -> dict[str, Any]:
     if not isinstance(block, dict):
         raise ConfigError(f"{path}: 'validation' must be a mapping of thresholds")
     return block
+
+
+def check_cluster_keys(data: dict[str, Any], path: Path) -> None:
+    """A cluster file's top-level keys, as the launcher checks them: a threshold written beside
+    `validation:` instead of under it, or a misspelt `validation:`, was ignored, and the check ran
+    with no threshold at all (every node passed)."""
+    from gptrain.launch.sections import check_unknown_cluster_keys
+
+    for key in data:
+        if key in threshold_keys():
+            raise ConfigError(f"{path}: {key} is a threshold; put it under validation: (validation.{key})")
+    try:
+        check_unknown_cluster_keys(data)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
 
 
 def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) -> Thresholds:
@@ -121,7 +137,7 @@ def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) ->
 def threshold_values(block: dict[str, Any], where: str, prefix: str = "validation.") -> dict[str, Any]:
     """The numbers of a thresholds block by field; an unknown key or a value that is no number is
     a ConfigError that starts with `where` and names the key as `<prefix><key>`."""
-    known = {f.name for f in fields(Thresholds)} - {"profile", "min_busbw_override", "gpus_per_node"}
+    known = threshold_keys()
     values: dict[str, Any] = {}
     for key, value in block.items():
         if key not in known:
@@ -138,6 +154,11 @@ def threshold_values(block: dict[str, Any], where: str, prefix: str = "validatio
         if out_of_range:
             raise ConfigError(f"{where}{prefix}{key} must be {out_of_range}, got {value!r}")
     return values
+
+
+def threshold_keys() -> set[str]:
+    """The keys of a thresholds block: the fields of Thresholds a profile sets."""
+    return {f.name for f in fields(Thresholds)} - {"profile", "min_busbw_override", "gpus_per_node"}
 
 
 def _out_of_range(key: str, value: float) -> str | None:

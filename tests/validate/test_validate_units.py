@@ -232,6 +232,35 @@ def test_a_threshold_that_would_turn_its_check_off_is_refused(tmp_path, line, me
     assert str(error.value) == f"{profile}: {message}"
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # the thresholds written flat, as the --profile help's "a YAML path" invites
+        (
+            "inter_node_busbw_GBps: 240\n",
+            "inter_node_busbw_GBps is a threshold; put it under validation: (validation.inter_node_busbw_GBps)",
+        ),
+        (
+            "gpus_per_node: 8\nvalidaton:\n  inter_node_busbw_GBps: 240\n",
+            "cluster.validaton: unknown cluster key; did you mean 'cluster.validation'?",
+        ),
+    ],
+)
+def test_a_cluster_file_whose_thresholds_are_not_under_validation_is_refused(tmp_path, text, message):
+    """Thresholds beside `validation:`, or under a misspelt one, were ignored: the profile loaded
+    with no threshold at all, so a cluster far below its rates passed."""
+    profile = tmp_path / "site.yaml"
+    profile.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_thresholds(str(profile))
+    assert str(error.value) == f"{profile}: {message}"
+
+
+def test_every_bundled_cluster_file_passes_the_key_check():
+    for path in sorted(CLUSTER_DIR.glob("*.yaml")):
+        assert load_thresholds(str(path)).slow_pct == 10
+
+
 def test_table_has_nccl_tests_columns_and_na_for_missing_placements():
     rows = [
         dict(
