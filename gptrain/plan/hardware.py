@@ -111,6 +111,8 @@ def gpu_spec(name: str) -> GpuSpec:
 
 
 YAML_SUFFIXES = (".yaml", ".yml")
+PLAN_KEYS = ("gpu", "intra_node_GBps", "inter_node_GBps")
+"""The keys of a cluster file's `plan:` block."""
 
 
 def cluster_profile_path(name: str) -> Path:
@@ -139,6 +141,7 @@ def cluster_profile(name: str) -> dict:
     data = load_file(path) or {}  # a malformed or non-UTF-8 file: one line naming it
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping (a cluster config)")
+    _check_cluster_keys(data, path)
     plan = data.get("plan") or {}
     if not isinstance(plan, dict):
         raise ConfigError(f"{path}: 'plan' must be a mapping (gpu, intra_node_GBps, inter_node_GBps)")
@@ -151,11 +154,26 @@ def cluster_profile(name: str) -> dict:
     return {"gpus_per_node": per_node, **plan}
 
 
+def _check_cluster_keys(data: dict, path: Path) -> None:
+    """The file's top-level keys, as the launcher checks them: a plan key beside `plan:` instead of
+    under it, a misspelt `plan:` or `gpus_per_node:` was ignored, and the plan was made for the
+    default GPU (an H100) or 8 GPUs a node."""
+    from gptrain.launch.sections import check_unknown_cluster_keys
+
+    for key in data:
+        if key in PLAN_KEYS:
+            raise ConfigError(f"{path}: {key} belongs to the plan block; put it under plan: (plan.{key})")
+    try:
+        check_unknown_cluster_keys(data)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+
+
 def _check_plan_block(plan: dict, path: Path) -> None:
     """A misspelt key, an unknown GPU or a link rate that is no positive number is refused naming
     the file and key: a typo was ignored and a negative rate made the step faster than its compute."""
     for key, value in plan.items():
-        if value is None and key in ("gpu", "intra_node_GBps", "inter_node_GBps"):
+        if value is None and key in PLAN_KEYS:
             continue  # null: the GPU's own figure
         if key == "gpu":
             if not isinstance(value, str) or value not in GPUS:

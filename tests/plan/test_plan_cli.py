@@ -316,6 +316,31 @@ def test_a_cluster_files_plan_block_is_checked_naming_the_file_and_key(
     assert capsys.readouterr().err.strip() == f"gptrain: error: {path}: {message}"
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "gpus_per_node: 4\nplna:\n  gpu: a100-40gb\n",
+            "cluster.plna: unknown cluster key; did you mean 'cluster.plan'?",
+        ),
+        (
+            "gpus_per_nod: 4\n",
+            "cluster.gpus_per_nod: unknown cluster key; did you mean 'cluster.gpus_per_node'?",
+        ),
+        ("gpu: a100-40gb\n", "gpu belongs to the plan block; put it under plan: (plan.gpu)"),
+    ],
+)
+def test_a_cluster_files_misplaced_or_misspelt_keys_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    """A misspelt plan: or gpus_per_node:, or a plan key beside plan: instead of under it, was
+    ignored: the run was planned on 8 H100s a node, not the cluster's 4 A100s."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    assert main(["plan", "gpt3/126m", "--nodes", "2", "--cluster", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == f"gptrain: error: {path}: {message}"
+
+
 def test_a_cluster_files_null_plan_values_keep_the_gpus_own(tmp_path: Path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(
