@@ -46,6 +46,20 @@ def element_count(op: str, nbytes: int, world_size: int) -> int:
     return count
 
 
+def distinct_messages(op: str, sizes: list[int], world_size: int) -> list[int]:
+    """`sizes` less those whose message, once rounded to whole elements (and n equal chunks), an
+    earlier size already sends: on 512 ranks all_gather's 8 B to 2 KiB are all one 2 KiB message,
+    which was measured nine times (the table kept one row, the JSON and the plot all nine)."""
+    seen: set[int] = set()
+    kept = []
+    for nbytes in sizes:
+        count = element_count(op, nbytes, world_size)
+        if count not in seen:
+            seen.add(count)
+            kept.append(nbytes)
+    return kept
+
+
 def size_sweep(min_bytes: int, max_bytes: int) -> list[int]:
     """min, 2 min, 4 min, ... up to max (nccl-tests -f 2); max is included when not a power step."""
     if min_bytes <= 0 or max_bytes < min_bytes:

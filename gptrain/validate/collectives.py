@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from gptrain.validate.bandwidth import algbw_GBps, busbw_GBps, element_count
+from gptrain.validate.bandwidth import algbw_GBps, busbw_GBps, distinct_messages, element_count
 from gptrain.validate.runtime import Context, mean_over_ranks, time_per_call
 
 PLACEMENTS = {
@@ -161,10 +161,11 @@ def sweep(
     warmup: int,
     on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
-    """Every op x its sizes x placement; `on_row` sees each row as it is measured (rank 0 prints)."""
+    """Every op x its distinct messages x placement; `on_row` sees each row as it is measured
+    (rank 0 prints)."""
     rows = []
     for op, op_sizes in sizes.items():
-        for nbytes in op_sizes:
+        for nbytes in distinct_messages(op, op_sizes, ctx.size):
             for in_place in PLACEMENTS[op]:
                 row = measure(op, nbytes, in_place, ctx, iters, warmup)
                 rows.append(row)

@@ -49,6 +49,22 @@ def test_two_ranks_write_every_report_and_fail_a_missed_threshold(tmp_path):
     assert gpus["gpus"] == [] if not torch.cuda.is_available() else gpus["gpus"]
 
 
+def test_sizes_that_round_to_one_message_are_measured_once(tmp_path):
+    """On 3 ranks all_gather's 8 B and 16 B are both one 12 B message (3 elements, one a rank):
+    it was measured twice, written twice to the JSON, and the table showed one of the two."""
+    out = tmp_path / "report"
+    args = ["collectives", "--output-dir", str(out), "--max-bytes", "64", "--iters", "1", "--warmup", "0"]
+    codes, logs = run_ranks([*args, "--timeout", "60"], 3, tmp_path)
+    assert codes == [0, 0, 0], logs[0]
+    rows = json.loads((out / "collectives.json").read_text())
+    keys = [(r["op"], r["bytes"], r["in_place"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    gathered = sorted(r["bytes"] for r in rows if r["op"] == "all_gather" and not r["in_place"])
+    assert gathered == [12, 24, 60]  # 8 and 16 B -> 3 elements, 32 B -> 6, 64 B -> 15
+    table_lines = [line for line in logs[0].splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert len(table_lines) == len({(op, size) for op, size, _ in keys})
+
+
 def test_torchrun_two_processes_pass_when_thresholds_hold(tmp_path):
     out = tmp_path / "report"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
