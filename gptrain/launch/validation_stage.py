@@ -34,11 +34,13 @@ OPTIONS = {
 
 def stage_config(section: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
     """What the job's `<name>_hydra.yaml` holds: the stage's keys, the cluster's thresholds and its
-    gpus_per_node (the node the inter-node threshold is set for: fewer ranks a node scale it)."""
+    GPUs a node (the node the inter-node threshold is set for: fewer ranks a node scale it)."""
+    from gptrain.validate.thresholds import node_gpus
+
     return {
         **section,
         "thresholds": dict(cluster.get("validation") or {}),
-        "gpus_per_node": cluster.get("gpus_per_node"),
+        "gpus_per_node": node_gpus(cluster),
     }
 
 

@@ -40,7 +40,8 @@ class Thresholds:
     """a GPU, rank or node this many percent below the median of its peers is flagged."""
     min_busbw_override: float | None = None
     gpus_per_node: int | None = None
-    """the cluster file's gpus_per_node: the node the inter-node threshold is set for (all its NICs)."""
+    """the cluster file's gpus_per_node (else its gres's): the node the inter-node threshold is set
+    for (all its NICs)."""
 
     def busbw_threshold(self, multi_node: bool) -> float | None:
         if self.min_busbw_override is not None:
@@ -127,11 +128,21 @@ def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) ->
     data = load_file(path) or {}
     block = _block(data, path)
     values = threshold_values(block, f"{path}: ")
-    gpus = data.get("gpus_per_node") if isinstance(data, dict) else None
-    per_node = gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else None
     return Thresholds(
-        profile=str(profile), min_busbw_override=min_busbw_GBps, gpus_per_node=per_node, **values
+        profile=str(profile), min_busbw_override=min_busbw_GBps, gpus_per_node=node_gpus(data), **values
     )
+
+
+def node_gpus(cluster: dict[str, Any]) -> int | None:
+    """The GPUs of one node of a cluster file (or of a stage config that carries them): its
+    gpus_per_node, else the count its gres asks for (gpu:8 with gpus_per_node null, as its jobs ask
+    for GPUs); None where neither says."""
+    from gptrain.launch.sbatch import gres_gpus
+
+    gpus = cluster.get("gpus_per_node")
+    if gpus is None:
+        return gres_gpus(cluster.get("gres"))
+    return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else None
 
 
 def threshold_values(block: dict[str, Any], where: str, prefix: str = "validation.") -> dict[str, Any]:

@@ -185,6 +185,23 @@ def test_a_launched_validation_knows_the_node_its_threshold_is_set_for(tmp_path)
     assert limits.gpus_per_node == 8 and limits.partial_node_share(4) == 0.5
 
 
+def test_a_cluster_file_asking_for_gpus_by_gres_sets_the_node_its_threshold_is_for(tmp_path):
+    """A cluster file with gres: gpu:8 and gpus_per_node: null (how a site asks by gres only) gave
+    no node size, so `srun -N2 -n2` held two GPUs' NICs to the whole node's 240 GB/s and failed
+    healthy nodes; launched, the stage's yaml carried the null on."""
+    from gptrain.launch.validation_stage import stage_config
+
+    site = tmp_path / "site.yaml"
+    site.write_text("gpus_per_node: null\ngres: gpu:h100:8\nvalidation:\n  inter_node_busbw_GBps: 240\n")
+    assert load_thresholds(str(site)).partial_node_share(2) == 0.25
+    cluster = {"gpus_per_node": None, "gres": "gpu:8", "validation": {"inter_node_busbw_GBps": 240}}
+    job = tmp_path / "job_hydra.yaml"
+    job.write_text(json.dumps(stage_config({"checks": "all"}, cluster)))
+    assert load_thresholds(str(job)).partial_node_share(2) == 0.25
+    site.write_text("gpus_per_node: null\ngres: null\nvalidation:\n  inter_node_busbw_GBps: 240\n")
+    assert load_thresholds(str(site)).partial_node_share(2) == 1.0  # a CPU cluster: no node size
+
+
 def test_profiles_load_with_sources_and_bad_ones_say_what_to_do(tmp_path):
     p5 = load_thresholds("aws_p5")
     assert p5.matmul_tflops and p5.copy_GBps and p5.busbw_threshold(True) < p5.busbw_threshold(False)
