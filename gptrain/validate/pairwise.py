@@ -141,32 +141,32 @@ def find_slow(
 ) -> Verdict:
     """Score each member by its best pair; flag those far below the median or all below min.
 
-    When three or more members are all below `min_busbw` and none far below the others, the fabric
-    is slow (EFA or InfiniBand not in use, a wrong NCCL transport), not a node: the verdict says so
-    and flags no member, since excluding every node would block every later launch."""
+    When three or more members are all below `min_busbw`, the fabric is slow (EFA or InfiniBand not
+    in use, a wrong NCCL transport), not a node: the verdict says so and flags only the members far
+    below the others, since excluding every node would block every later launch (one member far
+    below the median flagged every other member by the threshold: all of them were excluded)."""
     scores: dict[str, float] = {}
     for pair in results:
         for member in (pair.a, pair.b):
             scores[member] = max(scores.get(member, 0.0), pair.busbw_GBps)
     median = statistics.median(scores.values()) if scores else 0.0
-    flagged = {}
-    for member, score in scores.items():
-        if len(scores) > 2 and score < median * (1 - slow_pct / 100):
-            flagged[member] = (
-                f"best pair {score:.3g} GB/s is {100 * (1 - score / median):.0f}% below the median {median:.3g} GB/s"
-            )
-        elif min_busbw is not None and score < min_busbw:
-            flagged[member] = f"best pair {score:.3g} GB/s is below the threshold {min_busbw:.3g} GB/s"
-    if (
-        len(scores) > 2
-        and flagged
-        and len(flagged) == len(scores)
-        and all("threshold" in w for w in flagged.values())
-    ):
+    slow = {
+        member: f"best pair {score:.3g} GB/s is {100 * (1 - score / median):.0f}% below the median {median:.3g} GB/s"
+        for member, score in scores.items()
+        if len(scores) > 2 and score < median * (1 - slow_pct / 100)
+    }
+    if min_busbw is None:
+        return Verdict(level, scores, median, slow)
+    below = {
+        member: f"best pair {score:.3g} GB/s is below the threshold {min_busbw:.3g} GB/s"
+        for member, score in scores.items()
+        if member not in slow and score < min_busbw
+    }
+    if len(scores) > 2 and all(score < min_busbw for score in scores.values()):
         best = max(scores.values())
         fabric = (
-            f"every {level} pair is below the threshold {min_busbw:.3g} GB/s alike (best {best:.3g} GB/s): "
+            f"every {level} pair is below the threshold {min_busbw:.3g} GB/s (best {best:.3g} GB/s): "
             "the fabric, not a node; check that NCCL uses the fast network (NCCL_DEBUG=INFO)"
         )
-        return Verdict(level, scores, median, {}, fabric)
-    return Verdict(level, scores, median, flagged)
+        return Verdict(level, scores, median, slow, fabric)
+    return Verdict(level, scores, median, {**slow, **below})

@@ -331,6 +331,19 @@ def test_every_node_below_the_threshold_alike_is_the_fabric_not_a_node():
     assert verdict.fabric is None and list(verdict.flagged) == ["n3"]
 
 
+def test_a_slow_fabric_with_one_node_slower_still_excludes_only_that_node():
+    """Every pair below the threshold (TCP instead of EFA) and one node far below the others: the
+    others were flagged by the threshold and every node went to the exclude file, which the fabric
+    verdict is there to prevent; now the fabric is named and only the slower node flagged."""
+    results = [pair("n1", "n2", 5), pair("n1", "n3", 2), pair("n2", "n3", 1.9), pair("n1", "n4", 5.2)]
+    results += [pair("n2", "n4", 5.1), pair("n3", "n4", 2.1)]
+    verdict = find_slow("node", results, slow_pct=10, min_busbw=30)
+    assert verdict.fabric is not None and verdict.fabric.startswith(
+        "every node pair is below the threshold 30"
+    )
+    assert list(verdict.flagged) == ["n3"] and "below the median" in verdict.flagged["n3"]
+
+
 def test_a_hang_line_comes_out_when_the_exclude_file_cannot_be_written(monkeypatch, tmp_path):
     """The first rank that timed out merges the hung nodes into --exclude-file inside the timeout's
     handler; a file that failed there (full disk, garbled since the early check) was a traceback
