@@ -68,6 +68,7 @@ def test_round_robin_meets_every_pair_once(n):
     for r in rounds:  # nobody plays twice in a round
         seen = [m for p in r for m in p]
         assert len(seen) == len(set(seen))
+    assert len(rounds) == (n if n % 2 else n - 1)  # odd: one member sits out each round
 
 
 def test_bisection_pairs_halves_with_new_partners():
