@@ -46,6 +46,13 @@ def element_count(op: str, nbytes: int, world_size: int) -> int:
     return count
 
 
+def call_count(op: str, count: int, world_size: int) -> int:
+    """The count nccl-tests prints for a message of `count` elements: the NCCL call's own count
+    argument, one rank's chunk for the chunked ops (all_gather's sendcount, reduce_scatter's
+    recvcount, all_to_all's count per peer), the whole buffer for the others."""
+    return count // world_size if op in CHUNKED else count
+
+
 def distinct_messages(op: str, sizes: list[int], world_size: int) -> list[int]:
     """`sizes` less those whose message, once rounded to whole elements (and n equal chunks), an
     earlier size already sends: on 512 ranks all_gather's 8 B to 2 KiB are all one 2 KiB message,

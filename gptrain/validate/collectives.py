@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from gptrain.validate.bandwidth import algbw_GBps, busbw_GBps, distinct_messages, element_count
+from gptrain.validate.bandwidth import (
+    algbw_GBps,
+    busbw_GBps,
+    call_count,
+    distinct_messages,
+    element_count,
+)
 from gptrain.validate.runtime import Context, mean_over_ranks, time_per_call
 
 PLACEMENTS = {
@@ -36,7 +42,9 @@ class Row:
 
     op: str
     bytes: int
+    """the whole message (all_gather's gathered output), nccl-tests' size"""
     count: int
+    """the call's count: elements per rank for the chunked ops, as nccl-tests prints it"""
     dtype: str
     redop: str
     root: int
@@ -139,7 +147,7 @@ def measure(op: str, nbytes: int, in_place: bool, ctx: Context, iters: int, warm
     return Row(
         op=op,
         bytes=size,
-        count=count,
+        count=call_count(op, count, ctx.size),
         dtype="float",
         redop=REDOP.get(op, "none"),
         root=0 if op == "broadcast" else -1,

@@ -65,6 +65,23 @@ def test_sizes_that_round_to_one_message_are_measured_once(tmp_path):
     assert len(table_lines) == len({(op, size) for op, size, _ in keys})
 
 
+def test_count_is_the_calls_count_per_rank_as_nccl_tests_prints_it(tmp_path):
+    """nccl-tests prints the size of the whole message and the count of the NCCL call: for
+    all_gather, reduce_scatter and all_to_all one rank's chunk. The count printed and written was
+    the whole message's, n times nccl-tests' on n ranks."""
+    out = tmp_path / "report"
+    args = ["collectives", "--output-dir", str(out), "--max-bytes", "64", "--iters", "1", "--warmup", "0"]
+    codes, logs = run_ranks([*args, "--timeout", "60"], 2, tmp_path)
+    assert codes == [0, 0], logs[0]
+    rows = json.loads((out / "collectives.json").read_text())
+    for r in rows:
+        per_rank = r["op"] in ("all_gather", "reduce_scatter", "all_to_all")
+        assert r["count"] * 4 * (2 if per_rank else 1) == r["bytes"], r
+    lines = [line.split() for line in logs[0].splitlines() if line[:1] == " " and line.split()[0].isdigit()]
+    assert ["64", "8", "float", "none"] in [line[:4] for line in lines]  # all_gather's 64 B, 8 a rank
+    assert ["64", "16", "float", "sum"] in [line[:4] for line in lines]  # all_reduce's 64 B
+
+
 def test_torchrun_two_processes_pass_when_thresholds_hold(tmp_path):
     out = tmp_path / "report"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(REPO)}
