@@ -254,7 +254,7 @@ def conclude(ctx: Context, args: argparse.Namespace, out: Outcome) -> int:
             if args.exclude_file:
                 add_to_exclude_file(Path(args.exclude_file), out.bad_nodes)
         elif out.failures:
-            print("no single node is to blame; run `gptrain validate pairwise` across the nodes to find it")
+            print(no_node_to_blame(args.check))
         print("validation passed" if code == 0 else "validation FAILED", flush=True)
         summary = {"passed": code == 0, "failures": out.failures, "exclude": exclude, **out.summary}
         summary.update({"world_size": ctx.size, "nodes": sorted(set(ctx.nodes)), "check": args.check})
@@ -264,6 +264,14 @@ def conclude(ctx: Context, args: argparse.Namespace, out: Outcome) -> int:
     decision = [code]
     dist.broadcast_object_list(decision, src=0)
     return int(decision[0])
+
+
+def no_node_to_blame(check: str) -> str:
+    """What to do when checks failed and named no node: find it with pairwise, unless pairwise
+    just ran (check all) and found none slower than its peers (a slow fabric, said above)."""
+    if check in ("pairwise", "all"):
+        return "no single node is to blame: pairwise found none slower than its peers (see the lines above)"
+    return "no single node is to blame; run `gptrain validate pairwise` across the nodes to find it"
 
 
 def add_to_exclude_file(path: Path, nodes: set[str]) -> None:

@@ -345,6 +345,41 @@ def test_a_slow_fabric_with_one_node_slower_still_excludes_only_that_node():
     assert list(verdict.flagged) == ["n3"] and "below the median" in verdict.flagged["n3"]
 
 
+@pytest.mark.parametrize(
+    ("check", "advice"),
+    [
+        (
+            "collectives",
+            "no single node is to blame; run `gptrain validate pairwise` across the nodes to find it",
+        ),
+        (
+            "all",
+            "no single node is to blame: pairwise found none slower than its peers (see the lines above)",
+        ),
+    ],
+)
+def test_a_failure_blaming_no_node_says_to_run_pairwise_only_where_it_did_not_run(
+    monkeypatch, tmp_path, capsys, check, advice
+):
+    """A slow fabric under `validate all`: the collectives and pairwise failed, pairwise named the
+    fabric and no node, and the verdict still said to run pairwise, which had just run."""
+    import argparse
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from gptrain.validate import main as validate_main
+
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, src: None)
+    ctx = SimpleNamespace(rank=0, size=3, nodes=["n1", "n2", "n3"])
+    args = argparse.Namespace(check=check, exclude_file=None, output_dir=str(tmp_path))
+    out = validate_main.Outcome(
+        failures=["collectives: all_reduce busbw 5 GB/s is below the threshold 240 GB/s"]
+    )
+    assert validate_main.conclude(ctx, args, out) == 1
+    assert advice in capsys.readouterr().out.splitlines()
+
+
 def test_a_hang_line_comes_out_when_the_exclude_file_cannot_be_written(monkeypatch, tmp_path):
     """The first rank that timed out merges the hung nodes into --exclude-file inside the timeout's
     handler; a file that failed there (full disk, garbled since the early check) was a traceback
