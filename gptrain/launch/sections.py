@@ -277,10 +277,24 @@ def check_cluster_section(cluster: dict[str, Any]) -> None:
 CLUSTER_OTHER_KEYS = ("plan",)
 
 
+def check_cluster_file_keys(cluster: dict[str, Any], path: object, block: str, block_keys: set[str]) -> None:
+    """The top-level keys of a cluster file that a command reads one block of (`gptrain validate
+    --profile` its validation:, `gptrain plan --cluster` its plan:): a key of that block written
+    beside it instead of under it, or a misspelt key, was ignored; one line naming file and key."""
+    for key in cluster:
+        if key in block_keys:
+            raise ConfigError(
+                f"{path}: {key} is a key of the {block} block; put it under {block}: ({block}.{key})"
+            )
+    try:
+        check_unknown_cluster_keys(cluster)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+
+
 def check_unknown_cluster_keys(cluster: dict[str, Any]) -> None:
     """A misspelt cluster key (`partitoin`) would send the job to the default partition unseen; a
-    run_* switch there (as one tutorial edits bcm.yaml) selects nothing. `gptrain validate --profile`
-    checks a cluster file's keys with it too."""
+    run_* switch there (as one tutorial edits bcm.yaml) selects nothing."""
     known = [*CLUSTER, *CLUSTER_OTHER_KEYS]
     for key in cluster:
         if key in known:

@@ -17,6 +17,7 @@ from pathlib import Path
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
 from gptrain.launch.sbatch import gres_gpus
+from gptrain.launch.sections import check_cluster_file_keys
 
 CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
 
@@ -141,7 +142,8 @@ def cluster_profile(name: str) -> dict:
     data = load_file(path) or {}  # a malformed or non-UTF-8 file: one line naming it
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping (a cluster config)")
-    _check_cluster_keys(data, path)
+    # a misspelt plan: or gpus_per_node: planned for the default 8 H100s a node
+    check_cluster_file_keys(data, path, "plan", set(PLAN_KEYS))
     plan = data.get("plan") or {}
     if not isinstance(plan, dict):
         raise ConfigError(f"{path}: 'plan' must be a mapping (gpu, intra_node_GBps, inter_node_GBps)")
@@ -152,21 +154,6 @@ def cluster_profile(name: str) -> dict:
     if per_node is None:  # a profile asking for its GPUs by gres only (gpu:4, gpu:a100:4), as Slurm reads it
         per_node = gres_gpus(data.get("gres")) or None
     return {"gpus_per_node": per_node, **plan}
-
-
-def _check_cluster_keys(data: dict, path: Path) -> None:
-    """The file's top-level keys, as the launcher checks them: a plan key beside `plan:` instead of
-    under it, a misspelt `plan:` or `gpus_per_node:` was ignored, and the plan was made for the
-    default GPU (an H100) or 8 GPUs a node."""
-    from gptrain.launch.sections import check_unknown_cluster_keys
-
-    for key in data:
-        if key in PLAN_KEYS:
-            raise ConfigError(f"{path}: {key} belongs to the plan block; put it under plan: (plan.{key})")
-    try:
-        check_unknown_cluster_keys(data)
-    except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
 
 
 def _check_plan_block(plan: dict, path: Path) -> None:

@@ -1,9 +1,10 @@
 """Which node (or GPU) is slow: all_reduce between pairs, then the member whose best pair is slow.
 
 Nodes: every pair of nodes in rounds (a round-robin tournament: each round pairs every node
-once, so N nodes take N-1 rounds, N when N is odd: one sits out each round), or, above `max_all_pairs` nodes, a few rounds of a
-bisection (the first half of the nodes against the second, the halves rotated each round;
-an odd node out replaces a rotating first-half node from the second round on).
+once, so N nodes take N-1 rounds, N when N is odd: one sits out each round), or, above
+`max_all_pairs` nodes, a few rounds of a bisection (the first half of the nodes against the
+second, the halves rotated each round; an odd node out replaces a rotating first-half node
+from the second round on).
 A pair's all_reduce runs on all ranks of both nodes, so it crosses every NIC of the pair.
 Ranks: the same, between the ranks of each node, on all nodes at once (the per-GPU straggler).
 

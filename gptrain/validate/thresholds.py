@@ -15,6 +15,7 @@ from typing import Any
 
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
+from gptrain.launch.sections import check_cluster_file_keys
 
 CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
 DEFAULT_SLOW_PCT = 10.0
@@ -94,7 +95,8 @@ def _block(data: Any, path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: expected a YAML mapping")
     if isinstance(data.get("thresholds"), dict):  # a validation stage's resolved config
         return data["thresholds"]
-    check_cluster_keys(data, path)
+    # a threshold beside validation: or a misspelt validation: left the profile without thresholds
+    check_cluster_file_keys(data, path, "validation", threshold_keys())
     block = data.get("validation", {})
     if isinstance(block, dict) and isinstance(block.get("thresholds"), dict):
         block = block["thresholds"]
@@ -103,21 +105,6 @@ def _block(data: Any, path: Path) -> dict[str, Any]:
     if not isinstance(block, dict):
         raise ConfigError(f"{path}: 'validation' must be a mapping of thresholds")
     return block
-
-
-def check_cluster_keys(data: dict[str, Any], path: Path) -> None:
-    """A cluster file's top-level keys, as the launcher checks them: a threshold written beside
-    `validation:` instead of under it, or a misspelt `validation:`, was ignored, and the check ran
-    with no threshold at all (every node passed)."""
-    from gptrain.launch.sections import check_unknown_cluster_keys
-
-    for key in data:
-        if key in threshold_keys():
-            raise ConfigError(f"{path}: {key} is a threshold; put it under validation: (validation.{key})")
-    try:
-        check_unknown_cluster_keys(data)
-    except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
 
 
 def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) -> Thresholds:

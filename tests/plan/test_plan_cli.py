@@ -327,7 +327,7 @@ def test_a_cluster_files_plan_block_is_checked_naming_the_file_and_key(
             "gpus_per_nod: 4\n",
             "cluster.gpus_per_nod: unknown cluster key; did you mean 'cluster.gpus_per_node'?",
         ),
-        ("gpu: a100-40gb\n", "gpu belongs to the plan block; put it under plan: (plan.gpu)"),
+        ("gpu: a100-40gb\n", "gpu is a key of the plan block; put it under plan: (plan.gpu)"),
     ],
 )
 def test_a_cluster_files_misplaced_or_misspelt_keys_are_refused(

@@ -256,7 +256,8 @@ def test_a_threshold_that_would_turn_its_check_off_is_refused(tmp_path, line, me
         # the thresholds written flat, as the --profile help's "a YAML path" invites
         (
             "inter_node_busbw_GBps: 240\n",
-            "inter_node_busbw_GBps is a threshold; put it under validation: (validation.inter_node_busbw_GBps)",
+            "inter_node_busbw_GBps is a key of the validation block; put it under validation:"
+            " (validation.inter_node_busbw_GBps)",
         ),
         (
             "gpus_per_node: 8\nvalidaton:\n  inter_node_busbw_GBps: 240\n",
