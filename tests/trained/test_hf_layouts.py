@@ -163,3 +163,27 @@ def test_the_first_step_from_an_import_has_the_transformers_models_loss(tmp_path
     expected = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 256), labels.reshape(-1)))
     assert float(logits.abs().max()) < 10
     assert abs(losses[0] - expected) < 1.2e-4, (losses[0], expected)
+
+
+def test_a_run_in_an_imports_directory_with_another_rope_base_is_refused(tmp_path: Path) -> None:
+    """The import's step_0 recorded no architecture: a run resumed in its directory with another rope
+    base (every tensor's shape the same) trained another function from the imported weights, unchecked."""
+    import torch
+    import transformers
+
+    from gptrain.checkpoint.reader import ArchitectureChangedError
+    from gptrain.config import load_training_config
+    from gptrain.train import loop
+
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=16, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(str(tmp_path / "hf"))
+    assert run_cli(["import", str(tmp_path / "hf"), "--output", str(tmp_path / "imported")]) == 0
+    overrides = [*TRAIN, "trainer.devices=1", "trainer.max_steps=1", "model.micro_batch_size=2"]
+    hparams = str(tmp_path / "imported" / "hparams.yaml")
+    cfg = load_training_config(config_file=hparams, overrides=[*overrides, "model.rotary_base=500"])
+    with pytest.raises(ArchitectureChangedError, match=r"model\.rotary_base 10000(\.0)? -> 500"):
+        loop.train(cfg)

@@ -274,13 +274,17 @@ def _check_shape(directory: Path, name: str, tensor: torch.Tensor, target: torch
 
 def save_weights(model: nn.Module, root: Path, tokenizer: Any | None = None, cfg: Any | None = None) -> Path:
     """A weights-only checkpoint, step 0, written as training writes checkpoints (COMPLETE, latest),
-    recording `tokenizer` (named as `cfg` names it) as training does."""
+    recording `tokenizer` (named as `cfg` names it) and the architecture as training does, so a run
+    resumed in the import's directory with other heads or activation is refused as any run is."""
+    from gptrain.checkpoint import architecture
     from gptrain.checkpoint.manager import CheckpointManager
     from gptrain.parallel.state_dict import model_state_dict
     from gptrain.train.builders import tokenizer_check
 
     check = tokenizer_check(cfg, tokenizer) if cfg is not None else None
-    manager = CheckpointManager(root, keep_last=None, tokenizer=check)
+    manager = CheckpointManager(
+        root, keep_last=None, tokenizer=check, architecture=architecture.record(model.config)
+    )
     return manager.save(0, {"model": model_state_dict(model)}, {})
 
 
