@@ -171,3 +171,27 @@ def test_the_output_prefix_given_as_data_path_names_the_prefix_meant(tmp_path, c
         f"gptrain: error: data prefix {given}: {given}.bin/.idx not found; did you mean {prefix}?"
         " (preprocess_data.py and gptrain data prepare name their output <--output-prefix>_text_document)"
     )
+
+
+def test_a_sample_schedule_under_a_ramp_is_not_warned_of(tmp_path, capsys, monkeypatch):
+    """Megatron's 175B sbatch shape: --rampup-batch-size with --train-samples and no --lr-decay-samples
+    decays over exactly the samples trained, in Megatron and here (the ramp's steps move the schedule
+    by their share). Its 7 iterations move the schedule 40 / 8 = 5 steps of a 5.25-step decay (42
+    samples: the last partial batch dropped, as Megatron drops it), so the decay ends within the last
+    step. Before, the check compared the decay with the 7 iterations and warned that the last 1.75
+    steps ran at min_lr."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    flags = [*TINY[: TINY.index("--global-batch-size")], "--global-batch-size", "8", "--lr", "1e-3"]
+    flags += shlex.split(
+        "--rampup-batch-size 4 4 16 --train-samples 42 --lr-decay-style cosine --log-interval 1"
+    )
+    flags += shlex.split("--eval-iters 0 --mock-data --vocab-size 128 --num-workers 0")
+    assert main(["megatron", *flags]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "iteration        7/       7 | consumed samples:           40 |" in out
+    assert "warning: the decay" not in out
+    # the schedule's last rate is a fraction of a step above min_lr, as Megatron's (40 of 42 samples)
+    last = float(re.findall(r"learning rate: ([0-9.E+-]+)", out)[-1])
+    assert last == pytest.approx(0.5 * (1 + np.cos(np.pi * 40 / 42)) * 1e-3, rel=1e-6)

@@ -45,6 +45,15 @@ def test_decay_ending_after_the_run_or_long_before_it():
     assert schedule_warnings(spec(max_steps=950), 1000) == []  # a short tail is fine
 
 
+def test_a_decay_ending_within_the_last_step_is_the_runs():
+    """The AWS tutorial's --train-samples 146484375 at batch 288 without --lr-decay-samples: Megatron
+    decays over the samples, 508626.3 steps, and trains 508626. Before: "the decay ends after the
+    run ... the last rate is 6e-06, not min_lr=6e-06"."""
+    assert schedule_warnings(spec(max_steps=146484375 / 288), 508626) == []
+    [after] = schedule_warnings(spec(max_steps=508627), 508626)  # a whole step more: said
+    assert "decay ends after the run" in after
+
+
 def test_sensible_and_constant_schedules_give_no_warning():
     assert schedule_warnings(spec(warmup_steps=100, constant_steps=100), 1000) == []
     assert schedule_warnings(spec(name="Constant", warmup_steps=100), 1000) == []
@@ -145,3 +154,22 @@ def schedule_warnings_of(cfg) -> list[str]:
     from gptrain.train.schedule_checks import run_schedule_warnings
 
     return run_schedule_warnings(cfg, schedule_spec(cfg))
+
+
+def test_a_ramp_under_a_schedule_of_the_runs_length_is_told_the_samples_that_end_it():
+    """A ramp-up's steps move the schedule by their share of the batch, so a schedule as long as the
+    run (sched.max_steps null) ends after it; the advice must not be max_steps=null, which it already
+    is. 200 steps of 128 samples, then 800 of 256: 230,400 samples, 900 steps of the full batch."""
+    base = ["trainer.max_steps=1000", "model.global_batch_size=256", "model.micro_batch_size=1"]
+    base += ["model.rampup_batch_size=[128,128,25600]", "model.optim.sched.warmup_steps=10"]
+    base += ["model.optim.sched.constant_steps=0"]
+    cfg = load_training_config("gpt3/126m", base)
+    assert BatchRamp.from_config([128, 128, 25600], 256, 1).samples_for(1000) == 200 * 128 + 800 * 256
+    [after] = schedule_warnings_of(cfg)
+    assert after.startswith("the decay ends after the run: model.optim.sched.max_steps=null")
+    assert "900 steps of the full batch" in after
+    assert after.endswith(
+        "set model.optim.sched.decay_samples=230400 (the samples the run consumes) to follow the run"
+    )
+    followed = load_training_config("gpt3/126m", [*base, "model.optim.sched.decay_samples=230400"])
+    assert schedule_warnings_of(followed) == []
