@@ -10,6 +10,9 @@ The schedule counts steps of the full global batch: a batch-size ramp-up's small
 by their share (Megatron counts it in samples), so where it stands at an iteration is the samples
 consumed by then over the full batch, not the iteration itself.
 
+Each warning names the settings as the user gave them (ScheduleNames): the key that set a length
+(decay_samples, warmup_samples, ...), or under `gptrain megatron` the flags.
+
 At a resume, `resumed_schedule_change` is the line for a schedule the config changed since the
 checkpoint (its settings are recorded there): not wrong either, but a jump of the rate is never silent.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from gptrain.train.rampup import BatchRamp
@@ -30,70 +34,133 @@ if TYPE_CHECKING:
 LONG_TAIL = 0.1
 
 
-def run_schedule_warnings(cfg: TrainingConfig, spec: ScheduleSpec) -> list[str]:
-    """schedule_warnings for the run `cfg` configures: its ramp-up and the key that set the length."""
-    m, sched = cfg.model, cfg.model.optim.sched
-    ramp = BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, 1)
+@dataclass(frozen=True)
+class ScheduleNames:
+    """The settings the start warnings name, as the user gave them: advice about a key the run does
+    not use changes nothing. `run`, `decay` and `warmup` are a setting with its value (and its steps
+    where it counts samples); `follow_run` says how to make the decay end with the run. The config's
+    keys by default (names_in_config); `gptrain megatron` names its flags (Translation.schedule_names)."""
+
+    run: str
+    decay: str
+    warmup: str
+    follow_run: str
+    run_key: str = "trainer.max_steps"
+    warmup_key: str = "model.optim.sched.warmup_steps"
+    lr: str = "model.optim.lr="
+    min_lr: str = "min_lr="
+    unit: str = "steps"
+
+
+def run_schedule_warnings(
+    cfg: TrainingConfig, spec: ScheduleSpec, names: ScheduleNames | None = None
+) -> list[str]:
+    """schedule_warnings for the run `cfg` configures: its ramp-up, and its settings named by `names`
+    (names_in_config without it)."""
+    ramp = config_ramp(cfg)
+    return schedule_warnings(spec, cfg.trainer.max_steps, ramp, names or names_in_config(cfg, spec))
+
+
+def config_ramp(cfg: TrainingConfig) -> BatchRamp:
+    """The ramp's batch sizes (their split into micro-batches is checked with the layout)."""
+    m = cfg.model
+    return BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, 1)
+
+
+def names_in_steps(spec: ScheduleSpec, run_steps: int, ramp: BatchRamp) -> ScheduleNames:
+    """The names of a schedule given in steps (model.optim.sched.max_steps, warmup_steps)."""
+    return ScheduleNames(
+        run=f"trainer.max_steps={run_steps}",
+        decay=f"model.optim.sched.max_steps={shown_steps(spec.max_steps)}",
+        warmup=f"model.optim.sched.warmup_steps={shown_steps(spec.warmup_steps)}",
+        follow_run=_follow_in_samples(ramp, run_steps)
+        if ramp.start is not None
+        else "set model.optim.sched.max_steps=null to follow the run",
+    )
+
+
+def names_in_config(cfg: TrainingConfig, spec: ScheduleSpec) -> ScheduleNames:
+    """The names of `cfg`'s schedule: the key that set its length (decay_samples, or a null max_steps:
+    trainer.max_steps) and its warmup (warmup_samples, _fraction, _ratio), with their steps."""
+    sched, prefix = cfg.model.optim.sched, "model.optim.sched."
+    run_steps, ramp = cfg.trainer.max_steps, config_ramp(cfg)
+    names = names_in_steps(spec, run_steps, ramp)
     if sched.decay_samples is not None:
-        length = f"model.optim.sched.decay_samples={sched.decay_samples}, a schedule of {_steps(spec.max_steps)} steps"
+        decay = (
+            f"{prefix}decay_samples={sched.decay_samples} (a schedule of {shown_steps(spec.max_steps)} steps)"
+        )
+        names = replace(names, decay=decay, follow_run=_follow_in_samples(ramp, run_steps))
     elif sched.max_steps is None:
-        length = f"model.optim.sched.max_steps=null, a schedule of {_steps(spec.max_steps)} steps"
-    else:
-        length = None
-    return schedule_warnings(spec, cfg.trainer.max_steps, ramp, length)
+        decay = (
+            f"{prefix}max_steps=null (a schedule of trainer.max_steps, {shown_steps(spec.max_steps)} steps)"
+        )
+        names = replace(names, decay=decay)
+    warmup_key = next((key for key in WARMUP_KEYS if getattr(sched, key) is not None), None)
+    if warmup_key is not None:
+        value = getattr(sched, warmup_key)
+        warmup = f"{prefix}{warmup_key}={value} ({shown_steps(spec.warmup_steps)} steps)"
+        names = replace(names, warmup=warmup, warmup_key=prefix + warmup_key)
+    return names
+
+
+# The keys that set the warmup other than in steps (spec_from_config takes one of them).
+WARMUP_KEYS = ("warmup_samples", "warmup_fraction", "warmup_ratio")
+
+
+def _follow_in_samples(ramp: BatchRamp, run_steps: int) -> str:
+    """A length in samples follows the run, whatever its ramp-up, when it is the samples it consumes."""
+    samples = ramp.samples_for(run_steps)
+    return f"set model.optim.sched.decay_samples={samples} (the samples the run consumes) to follow the run"
 
 
 def schedule_warnings(
-    spec: ScheduleSpec, run_steps: int, ramp: BatchRamp | None = None, length: str | None = None
+    spec: ScheduleSpec, run_steps: int, ramp: BatchRamp | None = None, names: ScheduleNames | None = None
 ) -> list[str]:
     """One line per problem of `spec` for a run of `run_steps` optimizer steps (trainer.max_steps)
-    under `ramp`; `length` names the setting that gave the schedule's length (None:
-    model.optim.sched.max_steps)."""
+    under `ramp`, its settings named by `names` (names_in_steps without it)."""
     if run_steps <= 0:
         return []
     ramp = ramp or BatchRamp(spec.global_batch_size or 1)
+    n = names or names_in_steps(spec, run_steps, ramp)
     warnings = []
     last = schedule_position(ramp, run_steps - 1)  # where the run's last step takes its rate
     if spec.warmup_steps > last:
         warnings.append(
-            f"model.optim.sched.warmup_steps={_steps(spec.warmup_steps)} is not shorter than trainer.max_steps="
-            f"{run_steps}: the learning rate never reaches model.optim.lr={spec.lr:g} (at most"
-            f" {lr_at(last, spec):.3g}); lower warmup_steps or raise trainer.max_steps"
+            f"{n.warmup} is not shorter than {n.run}: the learning rate never reaches {n.lr}{spec.lr:g}"
+            f" (at most {lr_at(last, spec):.3g}); lower {n.warmup_key} or raise {n.run_key}"
         )
     if spec.name == "Constant" or spec.warmup_steps > last:  # no decay to check, or none reached
         return warnings
     if spec.warmup_steps + spec.constant_steps >= spec.max_steps:
-        warnings.append(
-            f"model.optim.sched.warmup_steps + constant_steps = {_steps(spec.warmup_steps + spec.constant_steps)}"
-            f" leaves no decay in a schedule of {_steps(spec.max_steps)} steps: the rate drops from"
-            f" {spec.lr:g} to min_lr={spec.min_lr:g} at once after warmup"
+        constant = (
+            f" + model.optim.sched.constant_steps={shown_steps(spec.constant_steps)}"
+            if spec.constant_steps
+            else ""
         )
-    schedule = length or f"model.optim.sched.max_steps={_steps(spec.max_steps)}"
-    return warnings + _length_warnings(spec, run_steps, ramp, schedule)
+        warnings.append(
+            f"{n.warmup}{constant} leaves no decay in {n.decay}: the rate drops from"
+            f" {spec.lr:g} to {n.min_lr}{spec.min_lr:g} at once after warmup"
+        )
+    return warnings + _length_warnings(spec, run_steps, ramp, n)
 
 
-def _length_warnings(spec: ScheduleSpec, run_steps: int, ramp: BatchRamp, schedule: str) -> list[str]:
-    """The decay ending after the run, or long before it. A schedule in samples, or one under a
-    ramp-up, follows the run when its length is the samples the run consumes."""
+def _length_warnings(spec: ScheduleSpec, run_steps: int, ramp: BatchRamp, n: ScheduleNames) -> list[str]:
+    """The decay ending after the run, or long before it, counted where the schedule stands."""
     end = schedule_position(ramp, run_steps)
-    run = f"trainer.max_steps={run_steps}"
+    run = n.run
     if ramp.start is not None:
-        run += f" (with its ramp-up's smaller batches, {_steps(end)} steps of the full batch)"
-    if ramp.start is not None or "decay_samples" in schedule:
-        follow = f"set model.optim.sched.decay_samples={ramp.samples_for(run_steps)} (the samples the run consumes)"
-    else:
-        follow = "set model.optim.sched.max_steps=null"
+        run += f", {shown_steps(end)} {n.unit} of the full batch under its ramp-up's smaller ones"
     if spec.max_steps - end >= 1:  # less is the partial last batch a run in samples leaves out
         last_rate = lr_at(schedule_position(ramp, run_steps - 1), spec)
         return [
-            f"the decay ends after the run: {schedule} > {run}, so the last rate is {last_rate:.3g}, not"
-            f" min_lr={spec.min_lr:g}; {follow} to follow the run"
+            f"the decay ends after the run: {n.decay} > {run}, so the last rate is {last_rate:.3g}, not"
+            f" {n.min_lr}{spec.min_lr:g}; {n.follow_run}"
         ]
     tail = run_steps - ramp.iterations_to_consume(spec.max_steps * ramp.global_batch_size)
     if tail > LONG_TAIL * run_steps:
         return [
-            f"the decay ends long before the run: {schedule} < {run}, so the last {tail} steps run at"
-            f" min_lr={spec.min_lr:g}; {follow} to follow the run"
+            f"the decay ends long before the run: {n.decay} < {run}, so the last {tail} {n.unit} run at"
+            f" {n.min_lr}{spec.min_lr:g}; {n.follow_run}"
         ]
     return []
 
@@ -103,7 +170,7 @@ def schedule_position(ramp: BatchRamp, iterations: int) -> float:
     return ramp.samples_for(iterations) / ramp.global_batch_size
 
 
-def _steps(value: float) -> str:
+def shown_steps(value: float) -> str:
     """A step count as written: whole ones as integers, a fraction (a length in samples) to 2 places."""
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
 
@@ -158,7 +225,7 @@ def _recorded_settings(cfg: TrainingConfig, old: ScheduleSpec, new: ScheduleSpec
         before, after = getattr(old, field), getattr(new, field)
         if key.endswith("_samples") and old.global_batch_size:
             before, after = before * old.global_batch_size, after * new.global_batch_size
-        return key, before, after, _steps
+        return key, before, after, shown_steps
 
     return [
         ("model.optim.sched.name", old.name, new.name, str),

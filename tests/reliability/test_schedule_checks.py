@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from reliability_helpers import train_args
+from reliability_helpers import TINY, train_args
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
@@ -173,3 +173,44 @@ def test_a_ramp_under_a_schedule_of_the_runs_length_is_told_the_samples_that_end
     )
     followed = load_training_config("gpt3/126m", [*base, "model.optim.sched.decay_samples=230400"])
     assert schedule_warnings_of(followed) == []
+
+
+def test_a_decay_in_samples_is_named_by_its_key_with_advice_that_works(tmp_path, capsys):
+    """A schedule given in samples (decay_samples, as `gptrain megatron` writes --lr-decay-samples) is
+    named by that key with its steps, and the advice, followed, ends the decay with the run."""
+    overrides = ["trainer.max_steps=10", "model.optim.sched.decay_samples=8"]
+    assert main(train_args(tmp_path, *overrides)) == 0
+    assert (
+        "warning: the decay ends long before the run: model.optim.sched.decay_samples=8 (a schedule of 4"
+        " steps) < trainer.max_steps=10, so the last 6 steps run at min_lr=6e-05; set"
+        " model.optim.sched.decay_samples=20 (the samples the run consumes) to follow the run\n"
+    ) in capsys.readouterr().out
+    followed = load_training_config("gpt3/126m", [*TINY, *overrides, "model.optim.sched.decay_samples=20"])
+    assert schedule_warnings_of(followed) == []
+
+
+def test_a_warmup_in_samples_or_a_ratio_is_named_by_its_key():
+    """Before, a warmup of 51200 samples at batch 256 was 'model.optim.sched.warmup_steps=200', a key
+    the config does not set, and the advice was to lower warmup_steps, which changed nothing."""
+    cfg = load_training_config(
+        "gpt3/126m",
+        [
+            "trainer.max_steps=100",
+            "model.optim.sched.warmup_steps=0",
+            "model.optim.sched.warmup_samples=51200",
+        ],
+    )
+    [warning] = schedule_warnings_of(cfg)
+    assert warning.startswith(
+        "model.optim.sched.warmup_samples=51200 (200 steps) is not shorter than trainer.max_steps=100:"
+    )
+    assert warning.endswith("lower model.optim.sched.warmup_samples or raise trainer.max_steps")
+    ratio = ["model.optim.sched.warmup_steps=null", "model.optim.sched.warmup_ratio=0.7"]
+    cfg = load_training_config(
+        "gpt3/126m", ["trainer.max_steps=1000", *ratio, "model.optim.sched.constant_steps=400"]
+    )
+    [warning] = schedule_warnings_of(cfg)
+    assert warning.startswith(
+        "model.optim.sched.warmup_ratio=0.7 (700 steps) + model.optim.sched.constant_steps=400 leaves no decay in"
+        " model.optim.sched.max_steps=null (a schedule of trainer.max_steps, 1000 steps):"
+    )
