@@ -14,7 +14,7 @@ import difflib
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptrain.data.blend_spec import is_number
 from gptrain.errors import ConfigError
@@ -29,6 +29,11 @@ from gptrain.megatron.flags import (
     VALUE,
 )
 from gptrain.train.rampup import BatchRamp
+from gptrain.train.schedule_checks import ScheduleNames, config_ramp, shown_steps
+
+if TYPE_CHECKING:
+    from gptrain.config.schema import TrainingConfig
+    from gptrain.train.schedule import ScheduleSpec
 
 # Megatron-LM's argument defaults (megatron/training/arguments.py) where gptrain's differ (for
 # --lr and, since core 0.16, --eval-interval Megatron has none: FILLED_IN).
@@ -64,6 +69,8 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
     "model.layernorm_epsilon": 1e-5,
     "model.seed": 1234,
 }
+# The flags that set the warmup; Megatron's default is --lr-warmup-iters 0.
+WARMUP_FLAGS = ("--lr-warmup-samples", "--lr-warmup-fraction", "--lr-warmup-iters")
 REQUIRED = ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length", "--micro-batch-size")
 # Flags without which Megatron stops, or stops since core 0.16 (February 2026: no --eval-interval
 # default, and `train_iters // None` fails as the datasets are sized): the value gptrain takes instead.
@@ -98,6 +105,45 @@ class Translation:
                     flags[key] = flag
         pattern = "|".join(re.escape(key) for key in sorted(flags, key=len, reverse=True))
         return re.sub(rf"(?<![\w.])({pattern})(?!\w|\.\w)", lambda m: flags[m.group(1)], message)
+
+    def schedule_names(self, cfg: TrainingConfig, spec: ScheduleSpec) -> ScheduleNames:
+        """The start warnings' names for the flags given (a count in samples with its iterations), and
+        Megatron's way to decay over the whole run: no --lr-decay-* flag, in samples under a ramp-up."""
+        run_flag = "--train-samples" if "--train-samples" in self.given else "--train-iters"
+        decay_flag = next(
+            (flag for flag in ("--lr-decay-samples", "--lr-decay-iters") if flag in self.given), None
+        )
+        warmup_flag = next((flag for flag in WARMUP_FLAGS if flag in self.given), "--lr-warmup-iters")
+        ramp = config_ramp(cfg)
+        if decay_flag is not None and (ramp.start is None or run_flag == "--train-samples"):
+            follow = f"drop {decay_flag} to decay over the whole run, as Megatron does without it"
+        else:  # a ramp-up moves an iterations schedule by each batch's share: Megatron's counts samples
+            without = f" and no {decay_flag}" if decay_flag else ""
+            samples = ramp.samples_for(cfg.trainer.max_steps)
+            follow = (
+                f"give --train-samples {samples} (the samples the run consumes) in place of --train-iters"
+                f"{without} to decay over the whole run, as Megatron's ramp-up needs"
+            )
+        decay = f"the decay over {self._named(run_flag, spec.max_steps)}"  # Megatron's without a flag
+        if decay_flag is not None:
+            decay = self._named(decay_flag, spec.max_steps)
+        return ScheduleNames(
+            run=self._named(run_flag, cfg.trainer.max_steps),
+            decay=decay,
+            warmup=self._named(warmup_flag, spec.warmup_steps),
+            follow_run=follow,
+            run_key=run_flag,
+            warmup_key=warmup_flag,
+            lr="--lr ",
+            min_lr="--min-lr ",
+            unit="iterations",
+        )
+
+    def _named(self, flag: str, iterations: float) -> str:
+        """`--flag value` as given (Megatron's default 0 where absent), with its `iterations` where the
+        flag counts otherwise (samples, a fraction)."""
+        shown = f"{flag} {self.given.get(flag, ['0'])[0]}"
+        return shown if flag.endswith("-iters") else f"{shown} ({shown_steps(iterations)} iterations)"
 
 
 def translate(argv: list[str], env: dict[str, str] | None = None) -> Translation:

@@ -61,8 +61,13 @@ from gptrain.train.results import (
     write_run_files,
 )
 from gptrain.train.run_lock import claim_run_directory, requeued_own_checkpoint
-from gptrain.train.schedule import LRSchedule
-from gptrain.train.schedule_checks import resumed_schedule_change, run_schedule_warnings
+from gptrain.train.schedule import LRSchedule, ScheduleSpec
+from gptrain.train.schedule_checks import (
+    ScheduleNames,
+    names_in_config,
+    resumed_schedule_change,
+    run_schedule_warnings,
+)
 from gptrain.train.signals import StopRequest
 from gptrain.train.state import (
     PARTS,
@@ -133,8 +138,13 @@ class Session:
         return ramp.at(self.state.consumed_samples)
 
 
-def train(cfg: TrainingConfig) -> int:
-    """Train as configured; 0 at max_steps, EXIT_REQUEUE after a signal or max_time checkpoint."""
+# Names the schedule's settings in the start warnings as the user gave them (ScheduleNames).
+ScheduleNaming = Callable[[TrainingConfig, ScheduleSpec], ScheduleNames]
+
+
+def train(cfg: TrainingConfig, schedule_names: ScheduleNaming = names_in_config) -> int:
+    """Train as configured; 0 at max_steps, EXIT_REQUEUE after a signal or max_time checkpoint.
+    `schedule_names`: `gptrain megatron` names its flags in the start warnings, not the config's keys."""
     require_wandb(cfg)  # on every rank, before any of them starts
     world = world_from_env()
     # A layout the started processes cannot hold is one line before any rendezvous: with a peer
@@ -217,7 +227,7 @@ def train(cfg: TrainingConfig) -> int:
         train_data, valid_data, test_data = b.build_datasets(cfg, vocab, tokenizer, world.local_rank)
         session.train_split = getattr(train_data, "samples", None)
         session.valid_split = getattr(valid_data, "samples", None)
-        log_start(session, model_config, log_dir)
+        log_start(session, model_config, log_dir, schedule_names)
         resume(session, source)
         if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
             write_run_files(log_dir, cfg.to_yaml())
@@ -286,7 +296,9 @@ def set_throughput_reference(s: Session, model_config: object) -> None:
         s.peak_tflops = device_peak_tflops(torch.cuda.get_device_name(s.device), s.cfg.trainer.precision)
 
 
-def log_start(s: Session, model_config: object, log_dir: Path) -> None:
+def log_start(
+    s: Session, model_config: object, log_dir: Path, schedule_names: ScheduleNaming = names_in_config
+) -> None:
     """The banner. Parameters of the whole model from its config: this rank's modules hold one
     pipeline stage only (the logging rank's is the last)."""
     from gptrain.models.flops import count_parameters
@@ -296,7 +308,8 @@ def log_start(s: Session, model_config: object, log_dir: Path) -> None:
         f"gptrain: {params:,} parameters | {s.flops_per_iteration:.3e} FLOPs per iteration | "
         f"{s.num_microbatches} microbatches per step | results in {log_dir}"
     )
-    for warning in run_schedule_warnings(s.cfg, s.schedule.spec) + stream_warnings(s.cfg.model):
+    names = schedule_names(s.cfg, s.schedule.spec)
+    for warning in run_schedule_warnings(s.cfg, s.schedule.spec, names) + stream_warnings(s.cfg.model):
         s.log(f"warning: {warning}")
     # fp32 weights and AdamW's two moments: 12 bytes a parameter, whatever the layout. Said by the
     # logging rank (the console's: rank 0's own lines go to its file only) and by rank 0.

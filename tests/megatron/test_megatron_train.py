@@ -10,6 +10,10 @@ import pytest
 from test_megatron_front import AWS_SBATCH, MEGATRON_175B, TRAINIUM
 
 from gptrain.cli import main
+from gptrain.config import load_training_config
+from gptrain.megatron.translate import translate
+from gptrain.train.builders import schedule_spec
+from gptrain.train.schedule_checks import run_schedule_warnings
 
 TINY = shlex.split(
     "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2"
@@ -195,3 +199,60 @@ def test_a_sample_schedule_under_a_ramp_is_not_warned_of(tmp_path, capsys, monke
     # the schedule's last rate is a fraction of a step above min_lr, as Megatron's (40 of 42 samples)
     last = float(re.findall(r"learning rate: ([0-9.E+-]+)", out)[-1])
     assert last == pytest.approx(0.5 * (1 + np.cos(np.pi * 40 / 42)) * 1e-3, rel=1e-6)
+
+
+def test_a_schedule_warning_names_the_flags_given(tmp_path, capsys, monkeypatch):
+    """Every Megatron example decays over less than the run (the GPT-3 recipe): the start warning
+    named gptrain keys the command line never gave and advised model.optim.sched.max_steps=null, which
+    `gptrain megatron` cannot take. It now names the flags, and Megatron's way: leave the length out."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    flags = [*TINY, "--train-iters", "8", "--eval-iters", "0", "--mock-data", "--vocab-size", "128"]
+    assert main(["megatron", *flags, "--num-workers", "0"]) == 0, capsys.readouterr().err
+    assert (
+        "warning: the decay ends long before the run: --lr-decay-iters 4 < --train-iters 8, so the last 4"
+        " iterations run at --min-lr 0.0001; drop --lr-decay-iters to decay over the whole run, as Megatron"
+        " does without it\n"
+    ) in capsys.readouterr().out
+    at = TINY.index("--lr-decay-iters")
+    assert schedule_warnings_for([*TINY[:at], *TINY[at + 2 :], "--train-iters", "8"]) == []  # the advice
+
+
+def schedule_warnings_for(flags: list[str]) -> list[str]:
+    """The start warnings `gptrain megatron` gives for `flags` (a mock-data run), named by the flags."""
+    translation = translate([*flags, "--mock-data", "--vocab-size", "128"], {})
+    cfg = load_training_config(None, translation.overrides, report_ignored=False)
+    spec = schedule_spec(cfg)
+    return run_schedule_warnings(cfg, spec, translation.schedule_names(cfg, spec))
+
+
+def test_a_schedule_in_samples_is_named_by_its_flags_with_their_iterations():
+    """The GPT-3 recipe's shape: --lr-decay-samples short of --train-samples under a ramp-up; and a
+    ramp-up under --train-iters, whose schedule of full batches the ramp's smaller ones never finish,
+    is told Megatron's way (a ramp-up trains by samples). Each advice, followed, is not warned of."""
+    model = TINY[: TINY.index("--global-batch-size")] + ["--global-batch-size", "64", "--lr", "1e-3"]
+    model += shlex.split("--min-lr 1e-4 --lr-decay-style cosine --rampup-batch-size 8 8 4096")
+    warmup = ["--lr-warmup-samples", "640"]
+    [short] = schedule_warnings_for(
+        [*model, *warmup, "--train-samples", "40000", "--lr-decay-samples", "30000"]
+    )
+    # 30000 / 64 iterations of the full batch; 751 iterations of the ramp, 39952 samples, 624.25 full ones
+    assert short.startswith(
+        "the decay ends long before the run: --lr-decay-samples 30000 (468.75 iterations) < --train-samples"
+        " 40000 (751 iterations), 624.25 iterations of the full batch under its ramp-up's smaller ones,"
+    )
+    assert short.endswith(
+        "; drop --lr-decay-samples to decay over the whole run, as Megatron does without it"
+    )
+    assert schedule_warnings_for([*model, *warmup, "--train-samples", "40000"]) == []
+    [after] = schedule_warnings_for([*model, "--train-iters", "100"])
+    assert after.startswith(
+        "the decay ends after the run: the decay over --train-iters 100 > --train-iters 100, 15.75 iterations"
+        " of the full batch under its ramp-up's smaller ones, so the last rate is"
+    )
+    assert after.endswith(
+        "; give --train-samples 1008 (the samples the run consumes) in place of --train-iters to decay over"
+        " the whole run, as Megatron's ramp-up needs"
+    )
+    assert schedule_warnings_for([*model, "--train-samples", "1008"]) == []
