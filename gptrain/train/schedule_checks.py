@@ -45,6 +45,8 @@ class ScheduleNames:
     decay: str
     warmup: str
     follow_run: str
+    constant: str = ""
+    """` + model.optim.sched.constant_steps=N` where the schedule holds min_lr for N steps, else empty."""
     run_key: str = "trainer.max_steps"
     warmup_key: str = "model.optim.sched.warmup_steps"
     lr: str = "model.optim.lr="
@@ -73,6 +75,9 @@ def names_in_steps(spec: ScheduleSpec, run_steps: int, ramp: BatchRamp) -> Sched
         run=f"trainer.max_steps={run_steps}",
         decay=f"model.optim.sched.max_steps={shown_steps(spec.max_steps)}",
         warmup=f"model.optim.sched.warmup_steps={shown_steps(spec.warmup_steps)}",
+        constant=f" + model.optim.sched.constant_steps={shown_steps(spec.constant_steps)}"
+        if spec.constant_steps
+        else "",
         follow_run=_follow_in_samples(ramp, run_steps)
         if ramp.start is not None
         else "set model.optim.sched.max_steps=null to follow the run",
@@ -100,6 +105,11 @@ def names_in_config(cfg: TrainingConfig, spec: ScheduleSpec) -> ScheduleNames:
         value = getattr(sched, warmup_key)
         warmup = f"{prefix}{warmup_key}={value} ({shown_steps(spec.warmup_steps)} steps)"
         names = replace(names, warmup=warmup, warmup_key=prefix + warmup_key)
+    if sched.constant_ratio is not None and spec.constant_steps:
+        constant = (
+            f" + {prefix}constant_ratio={sched.constant_ratio} ({shown_steps(spec.constant_steps)} steps)"
+        )
+        names = replace(names, constant=constant)
     return names
 
 
@@ -132,13 +142,8 @@ def schedule_warnings(
     if spec.name == "Constant" or spec.warmup_steps > last:  # no decay to check, or none reached
         return warnings
     if spec.warmup_steps + spec.constant_steps >= spec.max_steps:
-        constant = (
-            f" + model.optim.sched.constant_steps={shown_steps(spec.constant_steps)}"
-            if spec.constant_steps
-            else ""
-        )
         warnings.append(
-            f"{n.warmup}{constant} leaves no decay in {n.decay}: the rate drops from"
+            f"{n.warmup}{n.constant} leaves no decay in {n.decay}: the rate drops from"
             f" {spec.lr:g} to {n.min_lr}{spec.min_lr:g} at once after warmup"
         )
     return warnings + _length_warnings(spec, run_steps, ramp, n)

@@ -214,3 +214,16 @@ def test_a_warmup_in_samples_or_a_ratio_is_named_by_its_key():
         "model.optim.sched.warmup_ratio=0.7 (700 steps) + model.optim.sched.constant_steps=400 leaves no decay in"
         " model.optim.sched.max_steps=null (a schedule of trainer.max_steps, 1000 steps):"
     )
+
+
+def test_a_constant_phase_set_by_a_ratio_is_named_by_its_key():
+    """Before, NeMo's constant_ratio=0.5 was named model.optim.sched.constant_steps (its 500 steps), a
+    key the config leaves null."""
+    sched = ["model.optim.sched.warmup_steps=600", "model.optim.sched.constant_steps=null"]
+    cfg = load_training_config(
+        "gpt3/126m", ["trainer.max_steps=1000", *sched, "model.optim.sched.constant_ratio=0.5"]
+    )
+    [warning] = schedule_warnings_of(cfg)
+    assert warning.startswith(
+        "model.optim.sched.warmup_steps=600 + model.optim.sched.constant_ratio=0.5 (500 steps) leaves no decay"
+    )
