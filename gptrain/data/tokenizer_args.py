@@ -61,8 +61,23 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
                 f"--tokenizer-model {args.tokenizer_model}: a SentencePiece model is encoded as the type "
                 "says; pass --tokenizer-type GPTSentencePieceTokenizer, Llama2Tokenizer or SentencePieceTokenizer"
             )
-        return "HuggingFaceTokenizer" if os.path.exists(args.tokenizer_model) else "TikTokenizer"
+        if os.path.exists(args.tokenizer_model):
+            return "HuggingFaceTokenizer"
+        if _names_a_file(args.tokenizer_model):
+            raise ConfigError(
+                f"--tokenizer-model {args.tokenizer_model}: no such file or directory; give an existing "
+                "tokenizer.json (or its directory), a SentencePiece tokenizer.model, or a tiktoken "
+                "encoding name such as cl100k_base"
+            )
+        return "TikTokenizer"
     return None
+
+
+def _names_a_file(model: str) -> bool:
+    """Whether --tokenizer-model is a path rather than a name: tiktoken's encoding names hold no
+    directory or extension, so a missing `data/tokenizer.json` is a wrong path, not an unknown
+    encoding."""
+    return os.sep in model or "/" in model or os.path.splitext(model)[1] != ""
 
 
 def tokenizer_from_args(args: argparse.Namespace) -> Any | None:

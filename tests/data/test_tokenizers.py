@@ -214,3 +214,23 @@ def test_nemo_tokenizer_library_flags_name_the_same_tokenizers(hf_gpt2, gpt2_fil
     megatron = ["--tokenizer-library", "megatron", "--tokenizer-type", "GPT2BPETokenizer"]
     args = parser.parse_args([*megatron, "--vocab-file", str(vocab), "--merge-file", str(merges)])
     assert tokenizer_type(args) == "GPT2BPETokenizer"
+
+
+@pytest.mark.parametrize("model", ["tokenizer.json", "data/tokenizer.json", "my dir/tok"])
+def test_a_missing_tokenizer_model_path_is_named_as_a_path(tmp_path, capsys, monkeypatch, model):
+    """`--tokenizer-model data/tokenizer.json` with a typo in the path said "unknown tiktoken
+    encoding 'data/tokenizer.json'" (a path that is not there was taken for an encoding's name)."""
+    from gptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"text": "hello"}\n')
+    argv = ["data", "prepare", "--input", "in.jsonl", "--output-prefix", "out", "--tokenizer-model", model]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"gptrain: error: --tokenizer-model {model}: no such file or directory; give an existing "
+        "tokenizer.json (or its directory), a SentencePiece tokenizer.model, or a tiktoken encoding "
+        "name such as cl100k_base\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+    assert main([*argv[:-1], "cl100k_bse"]) == 2  # a name stays a name
+    assert "unknown tiktoken encoding 'cl100k_bse'" in capsys.readouterr().err
