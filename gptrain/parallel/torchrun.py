@@ -28,11 +28,12 @@ TORCHRUN_SIGNALS = "SIGINT,SIGQUIT"
 PASSED_ON = (2, EXIT_REQUEUE, EXIT_HUNG)
 
 
-def worker_pids() -> list[int]:
-    """This process's children (torchrun's workers), from /proc (empty where there is none)."""
+def worker_pids(parent: int | str = "self") -> list[int]:
+    """The children of `parent` (this process: torchrun's workers), from /proc (empty where there
+    is none)."""
     pids: list[int] = []
     with contextlib.suppress(OSError):
-        for task in Path("/proc/self/task").iterdir():
+        for task in Path(f"/proc/{parent}/task").iterdir():
             with contextlib.suppress(OSError, ValueError):
                 pids += [int(pid) for pid in (task / "children").read_text().split()]
     return pids

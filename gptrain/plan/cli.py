@@ -209,8 +209,10 @@ def run_plan(args: argparse.Namespace) -> int:
         raise ConfigError(nothing_fits_line(plan))
     if args.measure:
         from gptrain.plan.measure import measure_plan
+        from gptrain.utils.signals import terminate_as_exception
 
-        measure_plan(plan, args)
+        with terminate_as_exception():  # SIGTERM ends the running trial and removes the temporary trials
+            measure_plan(plan, args)
     print_plan(plan)
     if args.json:
         write_json(plan, args.json)

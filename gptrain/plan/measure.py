@@ -14,8 +14,10 @@ training YAML for `gptrain train --config-file FILE`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -110,11 +112,45 @@ def run_local_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, 
     command = rank_command(sys.executable, trial_args(trial_dir, config), nproc, local=True)
     env = {**os.environ, **trial_env()}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.trial_timeout)
+        done = run_trial_command(command, env, args.trial_timeout)
     except subprocess.TimeoutExpired:
         candidate.error = f"timed out after {args.trial_timeout:.0f} s (--trial-timeout)"
         return
     read_results(trial_dir, nproc, candidate, trial_failure(done.stderr, done.returncode))
+
+
+def run_trial_command(command: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Run a local trial's torchrun; past `timeout` (TimeoutExpired), on Ctrl-C or on SIGTERM to
+    the planner, end it with every rank (`end_trial`) before the error goes on."""
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except BaseException:
+            end_trial(process)
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def end_trial(process: subprocess.Popen) -> None:
+    """Kill torchrun and its ranks. torch starts each rank in a session of its own, so killing
+    torchrun alone (as subprocess.run does) left the ranks running: on the cores or GPUs the next
+    trial measured, after the planner had exited. torchrun is stopped first, so it starts no rank
+    between the listing and the kill."""
+    from gptrain.parallel.torchrun import worker_pids
+
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGSTOP)
+    ranks = worker_pids(process.pid)
+    process.kill()
+    for rank in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(rank) == rank:  # its own group: with what it started (DataLoader workers)
+                os.killpg(rank, signal.SIGKILL)
+            else:
+                os.kill(rank, signal.SIGKILL)
+    process.wait()
 
 
 ERROR_PREFIX = "gptrain: error: "

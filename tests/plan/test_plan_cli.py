@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -477,7 +479,7 @@ def test_a_local_trial_that_training_refuses_shows_trainings_reason(
         "(exitcode: 2) local_rank: 1 (pid: 5) of binary: python\n"
     )
 
-    def fake_run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+    def fake_run(command: list[str], *args: object) -> subprocess.CompletedProcess:
         measured = tmp_path / "trial" / "measured"
         measured.mkdir(parents=True, exist_ok=True)
         for rank in range(2):
@@ -485,9 +487,105 @@ def test_a_local_trial_that_training_refuses_shows_trainings_reason(
             (measured / f"rank-{rank}.json").write_text(json.dumps(row))
         return subprocess.CompletedProcess(command, 1, "", stderr)
 
-    monkeypatch.setattr(measure.subprocess, "run", fake_run)
+    monkeypatch.setattr(measure, "run_trial_command", fake_run)
     measure.run_local_trial(plan, args, candidate, tmp_path / "trial")
     assert candidate.error == f"rank 0 exit 2: {reason}"
+
+
+# torchrun as torch starts ranks: each in a session of its own; the rank records its pid, then sleeps
+FAKE_TORCHRUN = """
+import os, subprocess, sys
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+with open(sys.argv[1] + ".tmp", "w") as file:
+    file.write(str(rank.pid))
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+rank.wait()
+"""
+
+MEASURE_WITH_FAKE_TORCHRUN = """
+import sys
+from gptrain.cli import main
+from gptrain.plan import measure
+measure.rank_command = lambda python, args, nproc, local: [sys.executable, {fake!r}, {pid_file!r}]
+sys.exit(main({argv!r}))
+"""
+
+
+def is_running(pid: int) -> bool:
+    """Whether `pid` is alive, not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_until_ended(pid: int, seconds: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while is_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not is_running(pid)
+
+
+def measure_argv(tmp_path: Path, *options: str) -> list[str]:
+    return ["plan", "gpt3/126m", *TINY, "--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "1", "--top", "1",
+            "--measure", "--output", str(tmp_path / "best.yaml"), *options]  # fmt: skip
+
+
+def test_a_local_trial_past_its_timeout_ends_with_its_ranks(tmp_path: Path, monkeypatch, capsys) -> None:
+    """--trial-timeout killed torchrun only: the ranks, each in a session of its own, ran on (and
+    the next trial was timed beside them)."""
+    from gptrain.plan import measure
+
+    (tmp_path / "fake_torchrun.py").write_text(FAKE_TORCHRUN)
+    pid_file = tmp_path / "rank.pid"
+    fake = [sys.executable, str(tmp_path / "fake_torchrun.py"), str(pid_file)]
+    monkeypatch.setattr(measure, "rank_command", lambda python, args, nproc, local: fake)
+    assert main(measure_argv(tmp_path, "--trial-timeout", "3")) == 0
+    assert "timed out after 3 s (--trial-timeout)" in capsys.readouterr().out
+    rank = int(pid_file.read_text())
+    try:
+        assert wait_until_ended(rank), "the timed-out trial's rank is still running"
+    finally:
+        if is_running(rank):
+            os.kill(rank, signal.SIGKILL)
+
+
+def test_sigterm_to_plan_measure_ends_the_trial_and_removes_its_temporary_directory(tmp_path: Path) -> None:
+    """SIGTERM (timeout, kill, a Slurm job's end) ended the planner at once: the running trial's
+    torchrun and ranks went on alone and the temporary trials directory stayed."""
+    (tmp_path / "fake_torchrun.py").write_text(FAKE_TORCHRUN)
+    pid_file, temp = tmp_path / "rank.pid", tmp_path / "tmp"
+    temp.mkdir()
+    code = MEASURE_WITH_FAKE_TORCHRUN.format(
+        fake=str(tmp_path / "fake_torchrun.py"), pid_file=str(pid_file), argv=measure_argv(tmp_path)
+    )
+    env = {**os.environ, "TMPDIR": str(temp)}
+    planner = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, env=env)
+    rank = None
+    try:
+        assert wait_until_created(pid_file, planner)
+        rank = int(pid_file.read_text())
+        planner.send_signal(signal.SIGTERM)
+        _, stderr = planner.communicate(timeout=60)
+        assert planner.returncode == 128 + signal.SIGTERM
+        assert stderr.splitlines()[-1] == "gptrain: terminated by SIGTERM"
+        assert wait_until_ended(rank), "the trial's rank outlived the planner"
+        assert list(temp.iterdir()) == []
+    finally:
+        planner.kill()
+        if rank is not None and is_running(rank):
+            os.kill(rank, signal.SIGKILL)
+
+
+def wait_until_created(path: Path, process: subprocess.Popen, seconds: float = 120.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not path.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.exists()
 
 
 def test_measure_for_gpus_this_machine_lacks_is_one_line_before_any_trial(
