@@ -100,15 +100,21 @@ def submit_trial(job: Job, profile: dict[str, Any]) -> str:
 
 
 def wait_for_job(job_id: str, timeout_s: float) -> JobState:
-    """Poll the launcher's job state until the job is no longer queued or running."""
+    """Poll the launcher's job state until the job is no longer queued or running. A job past
+    `timeout_s`, or still queued or running when the planner stops (Ctrl-C, SIGTERM), is cancelled:
+    left alone, it held its nodes for --trial-time-limit after the planner had exited."""
     deadline = time.monotonic() + timeout_s
-    state = slurm_state(job_id)
-    while state.active:
-        if time.monotonic() > deadline:
-            run_command(["scancel", job_id])
-            return JobState("TIMEOUT", f"cancelled by gptrain plan after {timeout_s:.0f} s")
-        time.sleep(POLL_S)
+    try:
         state = slurm_state(job_id)
+        while state.active:
+            if time.monotonic() > deadline:
+                run_command(["scancel", job_id])
+                return JobState("TIMEOUT", f"cancelled by gptrain plan after {timeout_s:.0f} s")
+            time.sleep(POLL_S)
+            state = slurm_state(job_id)
+    except BaseException:
+        run_command(["scancel", job_id])
+        raise
     return state
 
 

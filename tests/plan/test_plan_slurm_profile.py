@@ -124,3 +124,23 @@ def test_a_gpu_trial_asks_for_its_gpus_where_the_profile_asks_for_none(tmp_path,
     assert [line for line in lines if "gres" in line or "gpus-per-node" in line] == [
         "#SBATCH --gpus-per-node=4"
     ]
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])  # Ctrl-C; SIGTERM (Terminated)
+def test_a_trial_job_is_cancelled_when_the_planner_stops_while_it_runs(monkeypatch, stop):
+    """Ctrl-C or SIGTERM to `plan --measure --cluster-type slurm` while a trial ran left the job
+    running (holding its nodes up to --trial-time-limit) after the planner had exited."""
+    from gptrain.launch.jobs import JobState
+    from gptrain.plan import slurm_trials
+
+    commands = []
+    monkeypatch.setattr(slurm_trials, "slurm_state", lambda job_id: JobState("RUNNING", ""))
+    monkeypatch.setattr(slurm_trials, "run_command", lambda command, *_: commands.append(command))
+
+    def stopped(seconds: float) -> None:
+        raise stop()
+
+    monkeypatch.setattr(slurm_trials.time, "sleep", stopped)
+    with pytest.raises(stop):
+        slurm_trials.wait_for_job("42", timeout_s=600)
+    assert commands == [["scancel", "42"]]
