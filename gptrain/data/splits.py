@@ -27,11 +27,10 @@ def parse_split_string(splits_string: str | None) -> list[float]:
     "98 2 0" and "98/2" all parse; more than three numbers is an error.
     """
     text = LEGACY_DEFAULT_SPLIT if splits_string is None else splits_string
-    stray = sorted(set(re.sub(r"[0-9.,/\s]", "", text)))
+    stray = next((item for item in re.split(r"[,/\s]+", text) if re.search(r"[^0-9.]", item)), None)
     if stray:  # "nan,2,0" or "-1,2,0" would lose a sign or a word and mean other weights
         raise ConfigError(
-            f"split string {text!r}: {''.join(stray)!r} is not part of a weight; give non-negative numbers "
-            "like '98,2,0'"
+            f"split string {text!r}: {stray!r} is not a weight; give non-negative numbers like '98,2,0'"
         )
     try:
         values = [float(match) for match in _NUMBER.findall(text)]

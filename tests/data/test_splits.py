@@ -31,6 +31,28 @@ def test_bad_split_strings_are_config_errors(bad):
         parse_split_string(bad)
 
 
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        ("nan,2,0", "nan"),
+        ("inf,2,0", "inf"),
+        ("98,-1,1", "-1"),
+        ("98,2,1e-3", "1e-3"),
+        ("a, b", "a"),
+        ("98/2x", "2x"),
+    ],
+)
+def test_a_word_that_is_no_weight_is_quoted_as_written(bad, named):
+    """'inf,2,0' said "'fin' is not part of a weight" (the sorted set of stray letters), 'nan,2,0'
+    "'an'": the item is now quoted as the user wrote it."""
+    with pytest.raises(ConfigError) as error:
+        parse_split_string(bad)
+    assert (
+        str(error.value)
+        == f"split string {bad!r}: {named!r} is not a weight; give non-negative numbers like '98,2,0'"
+    )
+
+
 def test_empty_interval_is_no_split():
     assert split_bookends([1.0, 0.0, 0.0]) == [(0.0, 1.0), None, None]
     assert split_bookends([0.5, 0.0, 0.5]) == [(0.0, 0.5), None, (0.5, 1.0)]
