@@ -509,15 +509,26 @@ def logs_to_show(
     chosen: list[tuple[str | None, list[dict[str, Any]]]]
     if every:
         found = launches(run_dir)
+        if not found:
+            raise LaunchError(nothing_launched(run_dir))
         shown = [(n, kept(records)) for n, records in enumerate(found, 1)]
         chosen = [(launch_header(n, len(found), records), records) for n, records in shown if records]
     elif number is None:
-        chosen = [(None, kept(latest_jobs(run_dir)))]
-    else:
+        latest = latest_jobs(run_dir)
+        if not latest:
+            raise LaunchError(nothing_launched(run_dir))
+        chosen = [(None, kept(latest))]
+    else:  # launch_number refuses a run dir with no launch itself
         chosen = [(None, kept(launch_number(launches(run_dir), number, run_dir)))]
-    if stage and latest_jobs(run_dir) and not any(records for _, records in chosen):
+    if stage and not any(records for _, records in chosen):
         raise LaunchError(missing_stage(run_dir, stage, number))
     return chosen
+
+
+def nothing_launched(run_dir: Path) -> str:
+    """Why `gptrain logs` has no log to show (a launch that stopped before it submitted a job):
+    said, where printing nothing read as an empty log."""
+    return f"{run_dir}: nothing launched yet ({LAUNCHER_LOG} records no job), so there is no log to show"
 
 
 def missing_stage(run_dir: Path, stage: str, number: int | None) -> str:

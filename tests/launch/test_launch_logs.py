@@ -72,6 +72,17 @@ def test_a_launch_that_does_not_exist_is_a_one_line_error_naming_the_range(run, 
     assert err.count("\n") == 1 and f"--launch {number}" in err and "1..3" in err and "-3..-1" in err
 
 
+@pytest.mark.parametrize("options", [[], ["--all"], ["-f"], ["--stage", "training"]])
+def test_a_run_dir_with_no_job_yet_is_a_one_line_error_not_an_empty_log(tmp_path, capsys, options):
+    """A run dir whose launch stopped before it submitted a job (its launcher.log records none):
+    `gptrain logs` printed an empty line and exited 0, as if the job had logged nothing."""
+    run = tmp_path / "results" / "r"
+    run.mkdir(parents=True)
+    (run / "launcher.log").write_text("")
+    said = f"gptrain: error: {run}: nothing launched yet (launcher.log records no job), so there is no log to show\n"
+    assert logs(capsys, run, *options) == (2, "", said)
+
+
 def test_slurm_launches_are_told_apart_by_their_dependency(tmp_path):
     """A stage submitted after another of the same launch names its job; a requeue adds no record."""
     slurm = {"executor": "slurm", "log": f"{tmp_path}/log-r_%j.out"}
