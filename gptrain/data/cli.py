@@ -17,6 +17,17 @@ def _default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def usable_workers(asked: int) -> int:
+    """--workers, at most the CPUs this process may run on: tokenizing is CPU-bound, so more only
+    take memory, and the pool forks them all at once (a typo's --workers 99999 hung the machine)."""
+    cpus = _default_workers()
+    if asked <= cpus:
+        return asked
+    print(f"note: --workers {asked} is more than the {cpus} CPUs this process may run on; using {cpus}",
+          file=sys.stderr)  # fmt: skip
+    return cpus
+
+
 def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "prepare",
@@ -45,7 +56,7 @@ def _add_prepare(subparsers: argparse._SubParsersAction) -> None:
         "--workers",
         type=int,
         default=_default_workers(),
-        help="tokenizing processes (default: every CPU this process may run on, here %(default)s)",
+        help="tokenizing processes (default and most: every CPU this process may run on, here %(default)s)",
     )
     parser.add_argument(
         "--log-interval",
@@ -161,7 +172,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         tokenizer=spec,
         json_keys=tuple(args.json_keys or ["text"]),
         append_eod=args.append_eod,
-        workers=args.workers,
+        workers=usable_workers(args.workers),
         log_interval=args.log_interval,
         skip_bad_lines=args.skip_bad_lines,
     )

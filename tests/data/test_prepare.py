@@ -74,6 +74,31 @@ def test_cli_keys_files_and_globs(tmp_path, gpt2_files, corpus, write_jsonl, meg
     assert "docs/s" in out.err and "MB/s" in out.err and "ETA" in out.err
 
 
+def test_more_workers_than_cpus_are_cut_to_the_cpus(
+    tmp_path, gpt2_files, corpus, write_jsonl, monkeypatch, capsys
+):
+    """`--workers 100000` (a typo) forked that many processes at once and hung the machine; the
+    count is now the CPUs this process may run on, with a note."""
+    import gptrain.data.cli as data_cli
+    import gptrain.data.prepare as data_prepare
+
+    real_prepare, asked = data_prepare.prepare, []
+
+    def prepare_with_few_workers(config):
+        asked.append(config.workers)
+        assert config.workers <= 2, "would fork every one of them"
+        return real_prepare(config)
+
+    monkeypatch.setattr(data_cli, "_default_workers", lambda: 2)
+    monkeypatch.setattr(data_prepare, "prepare", prepare_with_few_workers)
+    write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in corpus])
+    argv = ["data", "prepare", "--input", str(tmp_path / "a.jsonl"), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "100000"]) == 0
+    assert asked == [2]
+    note = "note: --workers 100000 is more than the 2 CPUs this process may run on; using 2\n"
+    assert capsys.readouterr().err.startswith(note)
+
+
 def test_repeated_input_flags_add_up(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset):
     """`--input A --input B` tokenizes both files in that order; argparse kept only B (A's
     documents were dropped without a word)."""
