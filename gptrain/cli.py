@@ -13,7 +13,7 @@ import os
 import sys
 
 from gptrain import __version__
-from gptrain.errors import GptrainError, error_text, os_error_text
+from gptrain.errors import ConfigError, GptrainError, error_text, os_error_text
 from gptrain.utils.limits import raise_open_file_limit
 from gptrain.utils.overrides import OVERRIDE
 from gptrain.utils.signals import Terminated, recording_interrupts
@@ -61,6 +61,28 @@ def interrupted() -> int:
     return 130
 
 
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command `args` ran: `data prepare`'s, not the top level's."""
+    while True:
+        commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, commands[0].dest, None) if commands else None
+        if chosen is None:
+            return parser
+        parser = commands[0].choices[chosen]
+
+
+def refuse_empty_option_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An option given an empty value (`--json=`, `--output-dir "$DIR"` with DIR unset) is an
+    error naming it: read as absent, it fell back to its default (no JSON written, reports in the
+    current directory, the default cluster) and the command succeeded."""
+    for action in parser._actions:
+        if action.option_strings and action.default != "" and getattr(args, action.dest, None) == "":
+            option = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
+            wanted = action.metavar or action.dest.upper()
+            also = "" if action.required else f" or leave {option} out"
+            raise ConfigError(f"{option}: empty value; give {wanted}{also}")
+
+
 def run_command(argv: list[str] | None) -> int:
     """Parse `argv` and run its handler; the errors a user can cause become one line."""
     parser = build_parser()
@@ -75,6 +97,7 @@ def run_command(argv: list[str] | None) -> int:
         return 2
     raise_open_file_limit()  # a blend of hundreds of shards holds thousands of open files
     try:
+        refuse_empty_option_values(command_parser(parser, args), args)
         return int(handler(args) or 0)
     except GptrainError as error:
         print(f"gptrain: error: {error_text(error)}", file=sys.stderr)

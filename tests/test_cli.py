@@ -76,3 +76,25 @@ def test_hydra_override_forms_are_overrides_wherever_they_stand(tmp_path, monkey
         7,
         0.0,
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["eval", "run", "--json="], "--json: empty value; give FILE or leave --json out"),
+        (["plot", "run", "--output", ""], "--output: empty value; give DIR or leave --output out"),
+        (["status", "--results-dir="], "--results-dir: empty value; give RESULTS_DIR or leave --results-dir out"),
+        (["train", "gpt3/126m", "--config-file="], "--config-file: empty value; give CONFIG_FILE or leave --config-file out"),
+        (["validate", "gpus", "--output-dir="], "--output-dir: empty value; give OUTPUT_DIR"),
+        (["plan", "gpt3/126m", "--cluster="], "--cluster: empty value; give CLUSTER or leave --cluster out"),
+        (["plan", "--cluster=", "gpt3/126m"], "--cluster: empty value; give CLUSTER or leave --cluster out"),
+    ],
+)  # fmt: skip
+def test_an_option_given_an_empty_value_is_refused_by_name(tmp_path, capsys, monkeypatch, argv, said):
+    """`--json=$OUT` with OUT unset read as no --json: eval wrote nothing and exited 0; likewise
+    validate's reports went to the current directory, plan planned for the default cluster, status
+    looked in the current directory, and train trained the preset without the config file."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"gptrain: error: {said}\n"
+    assert list(tmp_path.iterdir()) == []

@@ -122,6 +122,9 @@ def parse_words(args: argparse.Namespace) -> argparse.Namespace:
     add_options(inner)
     inner.add_argument("positionals", nargs="*")
     parsed = inner.parse_intermixed_args(args.words, namespace=argparse.Namespace(**vars(args)))
+    from gptrain.cli import refuse_empty_option_values
+
+    refuse_empty_option_values(inner, parsed)  # the options after the preset are parsed only here
     words = list(parsed.positionals)
     parsed.preset, parsed.overrides = split_preset(words[0] if words else None, words[1:])
     for word in parsed.overrides:
