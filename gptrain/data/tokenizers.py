@@ -251,6 +251,18 @@ class SentencePieceTokenizer:
         return text + self.processor.decode(ids[start:])
 
 
+def missing_tokenizer_file(path: str, in_directory: str | None = None) -> str | None:
+    """Why a tokenizer cannot read `path` ('<path> not found', '<path> is a directory ...'), or None;
+    a directory holding `in_directory` will do. A directory was said to be "not found"."""
+    if Path(path).is_dir():
+        if in_directory is None:
+            return f"{path} is a directory, not a file"
+        if not (Path(path) / in_directory).is_file():
+            return f"{path} is a directory with no {in_directory} in it"
+        return None
+    return None if Path(path).is_file() else f"{path} not found"
+
+
 def load_sentencepiece(model: str, kind: str) -> Tokenizer:
     """A SentencePiece `tokenizer.model` as Megatron's `kind` wrapper encodes it (cached as load_gpt2_bpe)."""
     return _load_sentencepiece(model, kind, _stamp(model))
@@ -259,8 +271,8 @@ def load_sentencepiece(model: str, kind: str) -> Tokenizer:
 @functools.lru_cache(maxsize=4)
 def _load_sentencepiece(model: str, kind: str, *_stamps: object) -> Tokenizer:
     path = Path(model)
-    if not path.is_file():
-        raise DataError(f"tokenizer model {model} not found (pass --tokenizer-model path/to/tokenizer.model)")
+    if (problem := missing_tokenizer_file(model)) is not None:
+        raise DataError(f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.model)")
     try:
         import sentencepiece
     except ImportError:
@@ -307,8 +319,8 @@ def _megatron_specials(processor: Any) -> tuple[dict[str, int], dict[str, int]]:
 
 def _read_vocab(vocab_file: str) -> dict[str, int]:
     path = Path(vocab_file)
-    if not path.is_file():
-        raise DataError(f"vocab file {vocab_file} not found (pass --vocab-file path/to/vocab.json)")
+    if (problem := missing_tokenizer_file(vocab_file)) is not None:
+        raise DataError(f"vocab file {problem} (pass --vocab-file path/to/vocab.json)")
     try:
         vocab = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
@@ -321,8 +333,8 @@ def _read_vocab(vocab_file: str) -> dict[str, int]:
 def _read_merges(merge_file: str) -> tuple[list[tuple[str, str]], list[int]]:
     """The merges in priority order, and the line number of each (for error messages)."""
     path = Path(merge_file)
-    if not path.is_file():
-        raise DataError(f"merge file {merge_file} not found (pass --merge-file path/to/merges.txt)")
+    if (problem := missing_tokenizer_file(merge_file)) is not None:
+        raise DataError(f"merge file {problem} (pass --merge-file path/to/merges.txt)")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
@@ -467,8 +479,8 @@ def load_huggingface(model: str) -> Tokenizer:
     """A `tokenizer.json` file (or a directory holding one, plus tokenizer_config.json)."""
     path = Path(model)
     file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        raise DataError(f"tokenizer model {model} not found (pass --tokenizer-model path/to/tokenizer.json)")
+    if (problem := missing_tokenizer_file(model, "tokenizer.json")) is not None:
+        raise DataError(f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.json)")
     from tokenizers import Tokenizer
 
     try:

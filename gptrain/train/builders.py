@@ -88,12 +88,18 @@ def tokenizer_file_keys(cfg: TrainingConfig) -> tuple[str, ...]:
 
 
 def check_tokenizer_files(cfg: TrainingConfig) -> None:
-    """A missing tokenizer file, named by its config key (the tokenizer module names data-CLI flags)."""
+    """A missing tokenizer file, or a directory given for one, named by its config key (the
+    tokenizer module names data-CLI flags)."""
+    from gptrain.data.tokenizers import canonical_type, missing_tokenizer_file
+
     tok = cfg.model.tokenizer
+    in_directory = "tokenizer.json" if canonical_type(tok.type) == "huggingface" else None
     for key in tokenizer_file_keys(cfg):
         value = getattr(tok, key)
-        if not value or not Path(value).exists():
-            found = f"{value} not found" if value else "not set"
+        found = (
+            missing_tokenizer_file(value, in_directory if key == "model" else None) if value else "not set"
+        )
+        if found is not None:
             raise ConfigError(
                 f"model.tokenizer.{key}: {found} (model.tokenizer.type={tok.type}); point it at the file,"
                 " or for mock data without tokenizer files set model.data.mock_vocab_size"

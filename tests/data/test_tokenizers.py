@@ -234,3 +234,26 @@ def test_a_missing_tokenizer_model_path_is_named_as_a_path(tmp_path, capsys, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
     assert main([*argv[:-1], "cl100k_bse"]) == 2  # a name stays a name
     assert "unknown tiktoken encoding 'cl100k_bse'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--tokenizer-model", "{d}"],
+         "tokenizer model {d} is a directory with no tokenizer.json in it (pass --tokenizer-model path/to/tokenizer.json)"),
+        (["--vocab-file", "{d}", "--merge-file", "{d}"],
+         "vocab file {d} is a directory, not a file (pass --vocab-file path/to/vocab.json)"),
+    ],
+)  # fmt: skip
+def test_a_directory_given_to_the_data_cli_for_a_tokenizer_file_is_said_to_be_one(
+    tmp_path, capsys, flags, said
+):
+    """`data prepare --tokenizer-model DIR` (no tokenizer.json in it) said the directory was not found."""
+    from gptrain.cli import main
+
+    (tmp_path / "in.jsonl").write_text('{"text": "a"}\n')
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    argv = ["data", "prepare", "--input", str(tmp_path / "in.jsonl"), "--output-prefix", str(tmp_path / "o")]
+    assert main([*argv, *(f.format(d=tokenizer) for f in flags)]) == 2
+    assert capsys.readouterr().err == f"gptrain: error: {said.format(d=tokenizer)}\n"

@@ -35,6 +35,26 @@ def test_a_missing_huggingface_tokenizer_is_named_by_its_key(tmp_path):
         build_tokenizer(training(*hf))
 
 
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["model.tokenizer.type=HuggingFaceTokenizer", "model.tokenizer.model={d}"],
+         "model.tokenizer.model: {d} is a directory with no tokenizer.json in it"),
+        (["model.tokenizer.vocab_file={d}", "model.tokenizer.merge_file={d}"],
+         "model.tokenizer.vocab_file: {d} is a directory, not a file"),
+        (["model.tokenizer.type=GPTSentencePieceTokenizer", "model.tokenizer.model={d}"],
+         "model.tokenizer.model: {d} is a directory, not a file"),
+    ],
+)  # fmt: skip
+def test_a_directory_given_for_a_tokenizer_file_is_named_by_its_key(tmp_path, overrides, said):
+    """A directory passed the existence check, and the loader then said "tokenizer model DIR not
+    found (pass --tokenizer-model ...)": a path that is there, and a flag training does not have."""
+    with pytest.raises(ConfigError) as error:
+        build_tokenizer(training(*(o.format(d=tmp_path) for o in overrides)))
+    assert str(error.value).startswith(said.format(d=tmp_path) + " (model.tokenizer.type=")
+    assert "--" not in str(error.value)
+
+
 def _tokenizer_without_end_token(directory):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
