@@ -168,6 +168,8 @@ def read_config_text(path: str | Path) -> str:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory; give the YAML file in it") from None
     except UnicodeDecodeError as error:
         raise ConfigError(
             f"{path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset {error.start});"

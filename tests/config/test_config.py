@@ -403,6 +403,17 @@ def test_an_unreadable_config_file_is_one_line_naming_it(content, message, tmp_p
         load_training_config(config_file=str(path))
 
 
+def test_a_directory_given_as_the_config_file_is_said_to_be_one(tmp_path, capsys):
+    """`gptrain train --config-file runs/x` (the run dir, not its hparams.yaml) said "cannot read
+    config runs/x: Is a directory", the OS's words without what to give instead."""
+    from gptrain.cli import main
+
+    assert main(["train", "--config-file", str(tmp_path)]) == 2
+    assert (
+        capsys.readouterr().err == f"gptrain: error: {tmp_path}: is a directory; give the YAML file in it\n"
+    )
+
+
 def test_a_shared_alias_is_not_recursion(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("trainer: &t {max_steps: 7}\nexp_manager: {name: x}\nother: *t\n")
