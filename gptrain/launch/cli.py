@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gptrain.errors import LaunchError
+
 # gptrain.launch.compose.STAGES, here without its imports (this parser loads on every command)
 STAGE_NAMES = ("data_preparation", "validation", "training")
 
@@ -123,6 +125,10 @@ def run_status(args: argparse.Namespace) -> int:
 
     base = Path(args.results_dir)
     dirs = [jobs.find_run(args.run, base)] if args.run else jobs.run_dirs(base)
+    if not dirs and base.exists() and not base.is_dir():  # "no launched runs in FILE" read as an answer
+        raise LaunchError(
+            f"--results-dir {base}: is a file; give the base_results_dir of a launch (a directory)"
+        )
     if not dirs:
         print(f"no launched runs in {base.resolve()}")
         return 0

@@ -325,6 +325,21 @@ def test_status_of_a_directory_that_no_launch_wrote_says_so(tmp_path, capsys):
         jobs.find_run("gone", tmp_path / "results")
 
 
+def test_status_with_a_file_for_results_dir_is_an_error_not_no_runs(tmp_path, capsys):
+    """`gptrain status --results-dir results.tar` said "no launched runs in .../results.tar" and
+    exited 0, as if the launches were gone."""
+    from gptrain.cli import main
+
+    (tmp_path / "results.tar").write_text("x")
+    assert main(["status", "--results-dir", str(tmp_path / "results.tar")]) == 2
+    said = f"--results-dir {tmp_path / 'results.tar'}: is a file; give the base_results_dir of a launch (a directory)"
+    assert capsys.readouterr() == ("", f"gptrain: error: {said}\n")
+    assert (
+        main(["status", "--results-dir", str(tmp_path / "none")]) == 0
+    )  # nothing launched yet: not an error
+    assert capsys.readouterr().out == f"no launched runs in {tmp_path / 'none'}\n"
+
+
 def test_a_run_name_that_is_also_a_directory_here_still_gets_the_nearest_run(tmp_path, monkeypatch):
     """`gptrain status gpt3_126` from a directory holding a `gpt3_126/` of its own: the path is
     explained, and the launched run the user most likely meant is named."""
