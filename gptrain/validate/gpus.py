@@ -7,6 +7,7 @@ read plus the bytes written (2 x size per copy), as memory-bandwidth figures usu
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import statistics
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from gptrain.validate import nvml
+from gptrain.validate.report import compress_hostlist
 from gptrain.validate.runtime import Context, gather_objects, synchronize
 from gptrain.validate.thresholds import Thresholds
 
@@ -150,6 +152,64 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
             flags.append("dcgmi diag failed: " + "; ".join(dcgm.get("failures") or ["see gpus.json"]))
         r["flags"] = flags
     return records
+
+
+XID_ACTIONS = {
+    "fail": "fails the node: drain it, reset or service the GPU",
+    "warn": "needs attention (the node does not fail)",
+    "info": "usually the application's, not the GPU's",
+}
+XID_ORDER = {"fail": 0, "warn": 1, "info": 2}
+
+
+@dataclasses.dataclass
+class XidFinding:
+    """One Xid of one GPU of a node since boot, classified by nvml.XID_CLASSES."""
+
+    node: str
+    pci: str
+    gpu: int | None  # NVML's index (nvidia-smi's); None for a GPU NVML could not read
+    xid: int
+    count: int
+    severity: str
+    meaning: str
+    last: str  # the last such line's text after the Xid
+
+    def line(self) -> str:
+        gpu = f"GPU {self.gpu}" if self.gpu is not None else "GPU (index unknown)"
+        return (
+            f"{self.node} {gpu} PCI {self.pci}: Xid {self.xid} ({self.count} since boot): {self.meaning};"
+            f" {XID_ACTIONS[self.severity]}"
+        )
+
+
+def xid_findings(records: list[dict[str, Any]]) -> tuple[list[XidFinding], dict[str, str]]:
+    """Every node's Xids classified, failing ones first, and the nodes whose dmesg could not be
+    read with why (one rank a node reads it: the others' records have no `xid`)."""
+    findings, unread = [], {}
+    for r in records:
+        xid = r.get("xid")
+        if xid is None:
+            continue
+        if not xid.get("readable"):
+            unread[r["node"]] = xid.get("reason") or "no reason given"
+            continue
+        for e in xid["events"]:
+            severity, meaning = nvml.xid_class(e["xid"])
+            findings.append(
+                XidFinding(r["node"], e["pci"], e["gpu"], e["xid"], e["count"], severity, meaning, e["last"])
+            )
+    findings.sort(key=lambda f: (XID_ORDER[f.severity], f.node, f.pci, f.xid))
+    return findings, unread
+
+
+def xid_unread_line(unread: dict[str, str]) -> str:
+    """One line for every node whose Xids were not read: not a failure, but not a clean bill."""
+    reasons = "; ".join(sorted(set(unread.values())))
+    hint = ""
+    if "not permitted" in reasons or "denied" in reasons:
+        hint = ": run validate as root, or allow users to read it (sysctl kernel.dmesg_restrict=0)"
+    return f"gpus: Xid errors not checked on {compress_hostlist(unread)}: dmesg unreadable ({reasons}){hint}"
 
 
 def gpus_expected(limits: Thresholds, asked: bool, env: Mapping[str, str] = os.environ) -> str | None:

@@ -7,6 +7,7 @@ is one line, exit 2, before any process group starts (and without torch's import
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections import Counter
@@ -206,7 +207,24 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
         for flag in r["flags"]:
             out.failures.append(f"gpus: rank {r['rank']} on {r['node']}: {flag}")
             out.bad_nodes.add(r["node"])
-    report.write_json(path, {"gpus": records})
+    xids = report_xids(records, out)
+    report.write_json(path, {"gpus": records, **xids})
+
+
+def report_xids(records: list[dict[str, Any]], out: Outcome) -> dict[str, Any]:
+    """Print each node's Xids since boot; a hardware one (nvml.XID_CLASSES) fails its node. What
+    goes into gpus.json: the findings and the nodes whose dmesg could not be read."""
+    from gptrain.validate.gpus import xid_findings, xid_unread_line
+
+    findings, unread = xid_findings(records)
+    for finding in findings:
+        print(f"gpus: {finding.line()}")
+        if finding.severity == "fail":
+            out.failures.append(f"gpus: {finding.line()}")
+            out.bad_nodes.add(finding.node)
+    if unread:
+        print(xid_unread_line(unread))
+    return {"xid": [dataclasses.asdict(f) for f in findings], "xid_unread": unread}
 
 
 def no_gpu(ctx: Context, expected: str | None, path: Path, out: Outcome, check: str = "gpus") -> None:

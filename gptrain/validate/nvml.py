@@ -4,6 +4,7 @@ Every field is read in its own try: virtual machines and some GPUs do not suppor
 them (NVLink on PCIe cards, row remapping before Ampere, ECC counters under vGPU), and an
 unsupported field is recorded as null with the reason, never as a failure. A read that fails
 because the GPU itself is broken (lost, needing a reset, a corrupted infoROM) is a fault instead.
+The node's Xid lines (from dmesg) are read here too, with the table that classifies them.
 """
 
 from __future__ import annotations
@@ -267,18 +268,99 @@ def health_problems(info: dict[str, Any]) -> list[str]:
     return problems
 
 
-XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
+# Xid classes from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors/, the catalogue's
+# immediate-action buckets): `fail` where NVIDIA's action is a GPU reset or service (the node is
+# drained), `warn` where it is to watch or reset when convenient, `info` where the application
+# caused it. Documented, with the source, in docs/validation.md.
+XID_CLASSES: dict[int, tuple[str, str]] = {
+    13: ("info", "graphics engine exception, usually the application's (a bad instruction or index)"),
+    31: ("info", "GPU memory page fault, usually the application's illegal address"),
+    43: ("info", "GPU stopped processing: the channel of a faulting application was reset"),
+    45: ("info", "preemptive cleanup of a channel after an earlier error or a killed process"),
+    48: ("fail", "double-bit (uncorrectable) ECC error"),
+    63: ("warn", "ECC page retirement or row remapping recorded: applied at the next GPU reset"),
+    64: ("fail", "ECC page retirement or row remapping failed"),
+    74: ("fail", "NVLink error"),
+    79: ("fail", "the GPU has fallen off the bus"),
+    92: ("warn", "high single-bit ECC error rate"),
+    94: ("warn", "contained ECC error: the application using the memory was stopped"),
+    95: ("fail", "uncontained ECC error: every application on the GPU was affected"),
+    119: ("fail", "GSP RPC timeout: the GPU's system processor stopped answering"),
+    120: ("fail", "GSP error: the GPU's system processor reported an error"),
+}
+UNLISTED_XID = ("warn", "not in gptrain's table: see NVIDIA's Xid catalogue")
 
 
-def xid_events() -> dict[str, Any]:
-    """Xid lines of the kernel log (dmesg needs privileges on many systems: then 'unreadable')."""
+def xid_class(xid: int) -> tuple[str, str]:
+    """(fail | warn | info, what it means) for an Xid; one not in the table needs a look."""
+    return XID_CLASSES.get(xid, UNLISTED_XID)
+
+
+# "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."; older drivers print
+# no "PCI:" prefix
+XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]+:[0-9a-fA-F]+:[0-9a-fA-F]+)(?:\.[0-7])?\): (\d+),? ?(.*)"
+)
+
+
+def pci_key(bus_id: str) -> str:
+    """domain:bus:device in lower-case hex, four/two/two digits: dmesg's 0000:3b:00 and NVML's
+    00000000:3B:00.0 name the same GPU."""
+    domain, bus, device = bus_id.split(".")[0].split(":")[-3:]
+    return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(device, 16):02x}"
+
+
+def indices_by_pci(nv: Any) -> dict[str, int]:
+    """NVML's index (nvidia-smi's) of every GPU it can read, by PCI address; a GPU it cannot
+    (lost) is left out, and its Xids are named by PCI address alone."""
+    found = {}
+    for index in range(int(nv.nvmlDeviceGetCount())):
+        try:
+            bus_id = _text(nv.nvmlDeviceGetPciInfo(nv.nvmlDeviceGetHandleByIndex(index)).busId)
+        except Exception:
+            continue
+        found[pci_key(bus_id)] = index
+    return found
+
+
+def node_gpu_indices() -> dict[str, int]:
+    """indices_by_pci of this node, or none where NVML cannot be used."""
+    try:
+        return indices_by_pci(load())
+    except Exception:
+        return {}
+
+
+def parse_xids(text: str, indices: dict[str, int]) -> list[dict[str, Any]]:
+    """The Xid lines of a kernel log, one entry per GPU and Xid: how many, the last line's text
+    (an Xid 13 can repeat thousands of times), and the GPU's NVML index where known."""
+    events: dict[tuple[str, int], dict[str, Any]] = {}
+    for match in XID.finditer(text):
+        pci, xid = pci_key(match[1]), int(match[2])
+        event = events.setdefault(
+            (pci, xid), {"pci": pci, "gpu": indices.get(pci), "xid": xid, "count": 0, "last": ""}
+        )
+        event["count"] += 1
+        event["last"] = match[3].strip()[:200]
+    return list(events.values())
+
+
+def read_kernel_log() -> tuple[str | None, str]:
+    """dmesg's text, or None and why it could not be read (it needs privileges on many systems)."""
     if shutil.which("dmesg") is None:
-        return {"readable": False, "reason": "no dmesg"}
+        return None, "no dmesg"
     try:
         out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired) as error:
-        return {"readable": False, "reason": str(error)}
+        return None, str(error)
     if out.returncode != 0:
-        return {"readable": False, "reason": out.stderr.strip()[:200] or f"exit {out.returncode}"}
-    events = [{"pci": m[1], "xid": int(m[2])} for m in XID.finditer(out.stdout)]
-    return {"readable": True, "events": events}
+        return None, out.stderr.strip()[:200] or f"dmesg exit {out.returncode}"
+    return out.stdout, ""
+
+
+def xid_events() -> dict[str, Any]:
+    """This node's Xids since boot (dmesg holds no older ones), or 'unreadable' and why."""
+    text, reason = read_kernel_log()
+    if text is None:
+        return {"readable": False, "reason": reason}
+    return {"readable": True, "events": parse_xids(text, node_gpu_indices())}

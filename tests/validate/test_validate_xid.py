@@ -1,0 +1,184 @@
+"""Xid errors from a recorded kernel log: read per GPU, named by NVML's index, classified; a
+hardware Xid fails its node, which is then listed for exclusion like any failing node."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import types
+
+import pytest
+
+from gptrain.validate import gpus, nvml
+from gptrain.validate import main as validate_main
+from gptrain.validate.thresholds import Thresholds
+
+# A node's dmesg: a GPU fallen off the bus (which NVML then cannot read), an application's
+# out-of-range access twice on another GPU, a warning in an older driver's format (no "PCI:")
+DMESG = """\
+[   12.345678] nvidia 0000:18:00.0: enabling device (0000 -> 0002)
+[ 5107.644336] NVRM: GPU at PCI:0000:3b:00: GPU-0b11d014-1685-04bd-26ed-5fc0bc1c44ae
+[ 5107.644340] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+[ 6000.100000] NVRM: Xid (PCI:0000:18:00): 13, pid=1234, name=python, Graphics SM Warp Exception
+[ 6000.200000] NVRM: Xid (PCI:0000:18:00): 13, pid=1234, name=python, Graphics Exception: ESR 0x51
+[ 7000.000000] NVRM: Xid (0000:db:00): 92, High single-bit ECC error rate
+"""
+
+
+def lost(*_):
+    import pynvml
+
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+
+def fake_nvml(bus_ids):
+    """A driver whose GPU of NVML index i sits at bus_ids[i] (None: lost, unreadable)."""
+
+    def pci_info(handle):
+        if bus_ids[handle] is None:
+            lost()
+        return types.SimpleNamespace(busId=bus_ids[handle].encode())
+
+    return types.SimpleNamespace(
+        nvmlDeviceGetCount=lambda: len(bus_ids),
+        nvmlDeviceGetHandleByIndex=lambda index: index,
+        nvmlDeviceGetPciInfo=pci_info,
+    )
+
+
+NODE_GPUS = ["00000000:18:00.0", "00000000:2A:00.0", "00000000:DB:00.0", None]  # GPU 3 (3b) lost
+
+
+def test_xid_lines_are_counted_per_gpu_and_named_by_nvml_index():
+    indices = nvml.indices_by_pci(fake_nvml(NODE_GPUS))
+    assert indices == {"0000:18:00": 0, "0000:2a:00": 1, "0000:db:00": 2}
+    assert nvml.parse_xids(DMESG, indices) == [
+        {
+            "pci": "0000:3b:00",
+            "gpu": None,
+            "xid": 79,
+            "count": 1,
+            "last": "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        },
+        {
+            "pci": "0000:18:00",
+            "gpu": 0,
+            "xid": 13,
+            "count": 2,
+            "last": "pid=1234, name=python, Graphics Exception: ESR 0x51",
+        },
+        {"pci": "0000:db:00", "gpu": 2, "xid": 92, "count": 1, "last": "High single-bit ECC error rate"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "xids, severity",
+    [
+        ([48, 64, 74, 79, 95, 119, 120], "fail"),
+        ([63, 92, 94, 1000], "warn"),
+        ([13, 31, 43, 45], "info"),
+    ],
+)
+def test_xids_are_classed_as_hardware_attention_or_the_application(xids, severity):
+    assert [nvml.xid_class(x)[0] for x in xids] == [severity] * len(xids)
+    assert nvml.xid_class(79)[1] == "the GPU has fallen off the bus"
+    assert "NVIDIA's Xid catalogue" in nvml.xid_class(1000)[1]
+
+
+def node_dmesg(monkeypatch, text, returncode=0, stderr=""):
+    """This node's dmesg answers `text` (or fails with `stderr`); NVML sees NODE_GPUS."""
+    monkeypatch.setattr(nvml.shutil, "which", lambda name: "/usr/bin/dmesg")
+    monkeypatch.setattr(
+        nvml.subprocess,
+        "run",
+        lambda *a, **k: types.SimpleNamespace(returncode=returncode, stdout=text, stderr=stderr),
+    )
+    monkeypatch.setattr(nvml, "load", lambda: fake_nvml(NODE_GPUS))
+
+
+def gpu_record(rank, node, xid=None):
+    record = {
+        "rank": rank,
+        "node": node,
+        "cuda_index": rank % 2,
+        "name": "NVIDIA H100",
+        "matmul_bf16_tflops": 800,
+        "copy_GBps": 3000,
+        "problems": [],
+        "nvml": {},
+    }
+    if xid is not None:  # local rank 0 reads the node's dmesg
+        record["xid"] = xid
+    return record
+
+
+def run_check_gpus(monkeypatch, tmp_path, records, exclude_file=None):
+    """check_gpus then the verdict on rank 0 of `records`' world: the outcome and the exit code."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(gpus, "run_gpus", lambda *a: records)
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, src: None)
+    nodes = [r["node"] for r in records]
+    ctx = types.SimpleNamespace(rank=0, size=len(records), nodes=nodes)
+    args = argparse.Namespace(
+        iters=1, warmup=0, dcgm_level=0, output_dir=str(tmp_path), check="gpus", exclude_file=exclude_file
+    )
+    out = validate_main.Outcome()
+    validate_main.check_gpus(ctx, args, Thresholds(), out)
+    return out, validate_main.conclude(ctx, args, out)
+
+
+def test_a_hardware_xid_fails_its_node_which_is_written_to_the_exclude_file(monkeypatch, tmp_path, capsys):
+    """Xids were recorded in gpus.json and never judged: a node whose GPU had fallen off the bus
+    passed validation."""
+    node_dmesg(monkeypatch, DMESG)
+    bad = nvml.xid_events()
+    node_dmesg(monkeypatch, "[ 1.0] nvidia: loading out-of-tree module\n")
+    clean = nvml.xid_events()
+    records = [gpu_record(0, "gpu01", bad), gpu_record(1, "gpu01"), gpu_record(2, "gpu02", clean)]
+    exclude = tmp_path / "exclude.txt"
+    out, code = run_check_gpus(monkeypatch, tmp_path, records, str(exclude))
+    failure = (
+        "gpus: gpu01 GPU (index unknown) PCI 0000:3b:00: Xid 79 (1 since boot): the GPU has fallen off"
+        " the bus; fails the node: drain it, reset or service the GPU"
+    )
+    assert code == 1 and out.failures == [failure] and out.bad_nodes == {"gpu01"}
+    assert exclude.read_text() == "gpu01\n"
+    printed = capsys.readouterr().out.splitlines()
+    assert failure in printed and f"FAILED {failure}" in printed and "--exclude=gpu01" in printed
+    assert (
+        "gpus: gpu01 GPU 2 PCI 0000:db:00: Xid 92 (1 since boot): high single-bit ECC error rate;"
+        " needs attention (the node does not fail)"
+    ) in printed
+    assert any(
+        line.startswith("gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 13 (2 since boot): graphics engine exception")
+        and line.endswith("usually the application's, not the GPU's")
+        for line in printed
+    )
+    saved = json.loads((tmp_path / "gpus.json").read_text())
+    assert [(x["node"], x["gpu"], x["xid"], x["severity"]) for x in saved["xid"]] == [
+        ("gpu01", None, 79, "fail"),
+        ("gpu01", 2, 92, "warn"),
+        ("gpu01", 0, 13, "info"),
+    ]
+
+
+def test_warning_and_application_xids_do_not_fail_the_node(monkeypatch, tmp_path):
+    node_dmesg(monkeypatch, "\n".join(line for line in DMESG.splitlines() if ": 79," not in line))
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
+    assert code == 0 and out.failures == [] and out.bad_nodes == set()
+
+
+def test_an_unreadable_dmesg_is_said_once_for_all_nodes_and_fails_none(monkeypatch, tmp_path, capsys):
+    denied = "dmesg: read kernel buffer failed: Operation not permitted"
+    node_dmesg(monkeypatch, "", returncode=1, stderr=denied + "\n")
+    unread = nvml.xid_events()
+    assert unread == {"readable": False, "reason": denied}
+    records = [gpu_record(r, f"gpu0{r // 2 + 1}", unread if r % 2 == 0 else None) for r in range(6)]
+    out, code = run_check_gpus(monkeypatch, tmp_path, records)
+    assert code == 0 and out.failures == []
+    notes = [line for line in capsys.readouterr().out.splitlines() if "Xid" in line]
+    assert notes == [
+        f"gpus: Xid errors not checked on gpu[01-03]: dmesg unreadable ({denied}): run validate as root,"
+        " or allow users to read it (sysctl kernel.dmesg_restrict=0)"
+    ]
