@@ -350,7 +350,8 @@ def read_kernel_log() -> tuple[str | None, str]:
     if shutil.which("dmesg") is None:
         return None, "no dmesg"
     try:
-        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=15)
+        # busybox's dmesg prints the kernel's bytes as they came: a line not in UTF-8 is still read
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, errors="replace", timeout=15)
     except (OSError, subprocess.TimeoutExpired) as error:
         return None, str(error)
     if out.returncode != 0:

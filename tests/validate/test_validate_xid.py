@@ -182,3 +182,19 @@ def test_an_unreadable_dmesg_is_said_once_for_all_nodes_and_fails_none(monkeypat
         f"gpus: Xid errors not checked on gpu[01-03]: dmesg unreadable ({denied}): run validate as root,"
         " or allow users to read it (sysctl kernel.dmesg_restrict=0)"
     ]
+
+
+def test_a_kernel_log_with_bytes_that_are_not_utf8_is_still_read(monkeypatch, tmp_path):
+    """busybox's dmesg (util-linux's escapes them) passes the kernel's bytes through: one that was
+    not UTF-8 stopped the rank reading them, and the validation, with a UnicodeDecodeError."""
+    fake = tmp_path / "dmesg"
+    fake.write_bytes(
+        b"#!/bin/sh\nprintf 'usb 1-1: Product: \\377\\376\\nNVRM: Xid (PCI:0000:18:00): 48, DBE\\n'\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(nvml, "load", lambda: fake_nvml(NODE_GPUS))
+    assert nvml.xid_events() == {
+        "readable": True,
+        "events": [{"pci": "0000:18:00", "gpu": 0, "xid": 48, "count": 1, "last": "DBE"}],
+    }
