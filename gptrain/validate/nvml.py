@@ -268,10 +268,10 @@ def health_problems(info: dict[str, Any]) -> list[str]:
     return problems
 
 
-# Xid classes from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors/, the catalogue's
-# immediate-action buckets): `fail` where NVIDIA's action is a GPU reset or service (the node is
-# drained), `warn` where it is to watch or reset when convenient, `info` where the application
-# caused it. Documented, with the source, in docs/validation.md.
+# Xid classes from NVIDIA's Xid documentation and catalogue (docs.nvidia.com/deploy/xid-errors/):
+# `fail` where its remedy is a GPU reset or service (the node is drained), `warn` for memory
+# errors corrected, contained or repaired at the next reset, `info` where the application caused it.
+# Documented, with the source, in docs/validation.md.
 XID_CLASSES: dict[int, tuple[str, str]] = {
     13: ("info", "graphics engine exception, usually the application's (a bad instruction or index)"),
     31: ("info", "GPU memory page fault, usually the application's illegal address"),
