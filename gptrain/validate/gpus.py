@@ -112,7 +112,8 @@ def nvml_health(cuda_uuid: str | None, index: int) -> tuple[dict[str, Any], list
 
 
 def check_local_gpu(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> dict[str, Any]:
-    """This rank's GPU: identity, NVML health, measured rates; DCGM on one rank per node."""
+    """This rank's GPU: identity, NVML health, measured rates; DCGM on one rank per node, once
+    every rank has measured."""
     index = ctx.device.index or 0
     props = torch.cuda.get_device_properties(index)
     uuid = getattr(props, "uuid", None)  # 8-4-4-4-12 hex, NVML's name without its GPU-/MIG- prefix
@@ -121,6 +122,10 @@ def check_local_gpu(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> d
     record["matmul_bf16_tflops"] = matmul_tflops(ctx.device, iters, warmup)
     record["copy_GBps"] = copy_GBps(ctx.device, iters, warmup)
     torch.cuda.empty_cache()
+    if dcgm_level > 0:
+        import torch.distributed as dist
+
+        dist.barrier()  # dcgmi diag -r 2 and up loads every GPU of its node: not while one is timed
     if ctx.world.local_rank == 0:
         record["dcgm"] = dcgm_diag(dcgm_level)
         record["xid"] = nvml.xid_events()

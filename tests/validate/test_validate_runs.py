@@ -316,6 +316,27 @@ def test_a_rank_that_never_starts_is_one_line_not_a_traceback(tmp_path):
         assert "within --timeout 3 s: DistStoreError: " in line and "a rank that never started" in line
 
 
+def test_dcgmi_starts_once_every_gpu_of_its_node_is_measured(tmp_path):
+    """dcgmi diag ran as soon as the node's first rank had timed its own GPU: a level 2 or more
+    loads every GPU of the node, and the ranks still timing theirs measured it (and were flagged
+    slow). dcgmi now waits for every rank's measurements."""
+    worker = str(REPO / "tests" / "validate" / "dcgm_overlap_worker.py")
+    times = tmp_path / "times"
+    times.mkdir()
+    args = ["validate", "gpus", "--output-dir", str(tmp_path / "r"), *FAST, "--dcgm-level", "2"]
+    env = {"SLURMD_NODENAME": "n1", "GPTRAIN_TEST_TIMES_DIR": str(times), "GPTRAIN_TEST_MATMUL_S": "3"}
+    procs, logs = start_ranks([worker, *args], 2, tmp_path, synced([env, env], tmp_path))
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        end(procs)
+    texts = [log.read_text() for log in logs]
+    assert codes == [0, 0], texts
+    dcgm_start = json.loads((times / "dcgm0.json").read_text())[0]
+    matmul_end = json.loads((times / "matmul1.json").read_text())[1]
+    assert dcgm_start >= matmul_end
+
+
 def test_ranks_wait_past_the_timeout_for_a_node_running_dcgmi(tmp_path):
     """dcgmi diag runs on one rank a node while the others wait in the gather of the GPU records.
     They waited --timeout only (600 s by default, less than a level 3 takes), then named the rank
