@@ -345,8 +345,13 @@ def adapt_nemo_data_preparation(cfg: DictConfig) -> list[str]:
     return notes
 
 
+# Mappings whose keys are the user's own (variable names, sbatch options): a new one needs no `+`.
+FREE_FORM_MAPPINGS = ("env_vars", "additional_parameters")
+
+
 def apply_override(cfg: DictConfig, override: Override) -> None:
-    """Set a dotted key; a key that does not exist is an error unless `+`, in `env_vars`, or in `training`.
+    """Set a dotted key; a key that does not exist is an error unless `+`, in a FREE_FORM_MAPPINGS
+    mapping (`env_vars`, `cluster.additional_parameters`), or in `training`.
 
     Training keys are checked by the training config loader, which knows the full schema
     (a preset file lists only some of the keys gptrain accepts).
@@ -362,7 +367,7 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
     node: Any = cfg
     for depth, part in enumerate(parts):
         present = isinstance(node, DictConfig) and part in node
-        free_form = depth > 0 and parts[depth - 1] == "env_vars"
+        free_form = depth > 0 and parts[depth - 1] in FREE_FORM_MAPPINGS
         if not present and not override.form.add and not free_form and parts[0] != "training":
             where = ".".join(parts[:depth]) or "the top level"
             keys = [str(k) for k in node] if isinstance(node, DictConfig) else []

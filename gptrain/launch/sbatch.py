@@ -21,7 +21,7 @@ from pathlib import Path
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, ConfigError
 from gptrain.launch.rendezvous import rendezvous
 from gptrain.launch.script_values import CONTROL, describe
-from gptrain.launch.sections import ENV_NAME, slurm_time_seconds
+from gptrain.launch.sections import ENV_NAME, sbatch_option, slurm_time_seconds
 
 # Seconds of warning (USR1) before the time limit when cluster.signal_seconds is null.
 DEFAULT_SIGNAL_SECONDS = 300
@@ -197,13 +197,14 @@ DIRECTIVE_KEYS = {
 }
 
 
-def directive(option: str, value: object = None, stage: str = "training") -> str:
-    """One #SBATCH line. A backslash is refused: sbatch reads it as an escape in #SBATCH lines."""
+def directive(option: str, value: object = None, stage: str = "training", keys: str | None = None) -> str:
+    """One #SBATCH line. A backslash is refused: sbatch reads it as an escape in #SBATCH lines.
+    `keys`: the config key the value comes from, where DIRECTIVE_KEYS does not know it."""
     if value is None:
         return f"#SBATCH --{option}"
     text = str(value)
     if "\\" in text:
-        keys = DIRECTIVE_KEYS.get(option, "the config").format(stage=stage)
+        keys = keys or DIRECTIVE_KEYS.get(option, "the config").format(stage=stage)
         raise ConfigError(
             f"{keys}: the value {text!r} reaches '#SBATCH --{option}' and contains a backslash,"
             " which sbatch reads as an escape character; remove it"
@@ -251,6 +252,19 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
         check_signal_fits_time_limit(job, seconds)
         lines.append(directive("signal", f"B:USR1@{seconds}"))
         lines.append(directive("requeue"))
+    return lines + additional_directives(cluster, job.stage)
+
+
+def additional_directives(cluster: dict, stage: str) -> list[str]:
+    """cluster.additional_parameters (checked in sections: none of the options above), as submitit
+    renders them: `mail_type: END` is `--mail-type=END`, true a bare flag, null no line; quoted."""
+    lines = []
+    for key, value in (cluster.get("additional_parameters") or {}).items():
+        if value is not None:
+            flag_value = None if value is True else value
+            lines.append(
+                directive(sbatch_option(key), flag_value, stage, f"cluster.additional_parameters.{key}")
+            )
     return lines
 
 

@@ -169,6 +169,108 @@ def env_vars(key: str, value: Any) -> dict[str, Any] | None:
     return value
 
 
+# sbatch options gptrain renders itself, and the key that sets each: one from
+# cluster.additional_parameters would override or contradict it (sbatch takes the last one given).
+SBATCH_OWNED = {
+    "job-name": "cluster.job_name_prefix or <stage>.run.name",
+    "nodes": "training.trainer.num_nodes",
+    "ntasks": "training.trainer.num_nodes and training.trainer.devices",
+    "ntasks-per-node": "training.trainer.devices",
+    "output": "base_results_dir or <stage>.run.results_dir",
+    "error": "cluster.stderr_to_stdout",
+    "chdir": "the current directory (launch from another one)",
+    "partition": "cluster.partition",
+    "account": "cluster.account",
+    "qos": "cluster.qos",
+    "reservation": "cluster.reservation",
+    "constraint": "cluster.constraint",
+    "nodelist": "cluster.nodelist",
+    "exclude": "cluster.exclude",
+    "time": "<stage>.run.time_limit",
+    "mem": "cluster.mem",
+    "exclusive": "cluster.exclusive",
+    "cpus-per-task": "data_preparation.workers",
+    "gres": "cluster.gres",
+    "gpus": "cluster.gpus_per_node",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "gpus-per-task": "cluster.gpus_per_task",
+    "array": "data_preparation.run.node_array_size",
+    "dependency": "<stage>.run.dependency",
+    "signal": "cluster.signal_seconds",
+    "requeue": "cluster.max_requeues",
+    "no-requeue": "cluster.max_requeues",
+}
+# sbatch options no key sets, which gptrain renders or submits with itself: why each must stay as is.
+SBATCH_RESERVED = {
+    "open-mode": "logs are appended, so a requeued run continues its log",
+    "parsable": "gptrain submits with it and reads the job id from sbatch's reply",
+    "wait": "gptrain launch would wait for the job to end",
+    "test-only": "no job would be queued",
+    "wrap": "the stage's script is the job",
+}
+# sbatch's options with --mem (cluster.mem), which it refuses together ("mutually exclusive").
+SBATCH_MEM_OPTIONS = ("mem-per-cpu", "mem-per-gpu")
+SBATCH_OPTION_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def sbatch_option(key: object) -> str:
+    """The sbatch option of a cluster.additional_parameters key, as submitit writes it: `mail_type`
+    -> `mail-type`."""
+    return str(key).replace("_", "-")
+
+
+def owned_option(option: str) -> str | None:
+    """The option gptrain renders that `option` is, or abbreviates (sbatch's getopt takes a unique
+    prefix: `--part` is `--partition`); None for any other."""
+    if option in SBATCH_OWNED or option in SBATCH_RESERVED:
+        return option
+    return next((owned for owned in [*SBATCH_OWNED, *SBATCH_RESERVED] if owned.startswith(option)), None)
+
+
+def reserved_reason(option: str) -> str:
+    return f" ({SBATCH_RESERVED[option]})" if option in SBATCH_RESERVED else ""
+
+
+def additional_parameters(key: str, value: Any) -> dict[str, Any] | None:
+    """Extra #SBATCH options (NeMo/submitit's additional_parameters): option names that are not
+    gptrain's own, each a single value (true: a bare flag, null: left out)."""
+    options: dict[str, str] = {}
+    for name, item in (mapping(key, value) or {}).items():
+        where = f"{key}.{name}"
+        if not SBATCH_OPTION_KEY.match(str(name)):
+            raise ConfigError(
+                f"{where}: not an sbatch option name; give the long option without dashes"
+                " (letters, digits, _ or -, e.g. mail_type for --mail-type)"
+            )
+        option = sbatch_option(name)
+        if option in options:
+            raise ConfigError(
+                f"{where}: --{option} is given twice (also as {key}.{options[option]}); keep one"
+            )
+        options[option] = str(name)
+        owned = owned_option(option)
+        if owned:
+            spelt = f"--{owned}" if owned == option else f"--{owned} (which --{option} abbreviates)"
+            fix = f"use {SBATCH_OWNED[owned]} instead" if owned in SBATCH_OWNED else "leave it out"
+            raise ConfigError(f"{where}: gptrain renders {spelt} itself; {fix}{reserved_reason(owned)}")
+        if item is False or isinstance(item, dict | list):
+            raise ConfigError(
+                f"{where}: expected one value, true (a bare --{option}) or null (left out), got {_type_name(item)}"
+            )
+    return value
+
+
+def check_memory_options(cluster: dict[str, Any]) -> None:
+    """--mem-per-cpu/--mem-per-gpu with cluster.mem's --mem: sbatch refuses the job ('mutually exclusive')."""
+    extra = cluster.get("additional_parameters") or {}
+    for name, item in extra.items():
+        if sbatch_option(name) in SBATCH_MEM_OPTIONS and item is not None and cluster.get("mem") is not None:
+            raise ConfigError(
+                f"cluster.additional_parameters.{name}: sbatch refuses it together with --mem, which"
+                f" cluster.mem={cluster['mem']} renders; set cluster.mem=null to use it"
+            )
+
+
 def workers(key: str, value: Any) -> Any:
     """A process count, or `auto` (every CPU the task is given)."""
     return value if str(value).strip().lower() == "auto" else count(key, value)
@@ -202,6 +304,7 @@ CLUSTER: dict[str, Check] = {
     "signal_seconds": signal_seconds,
     "max_requeues": non_negative,
     "env_vars": env_vars,
+    "additional_parameters": additional_parameters,
     "validation": mapping,
 }
 RUN: dict[str, Check] = {
@@ -271,6 +374,7 @@ def check_cluster_section(cluster: dict[str, Any]) -> None:
     --cluster-type slurm` renders its trial jobs from one too."""
     check_unknown_cluster_keys(cluster)
     _check_keys(cluster, "cluster.", CLUSTER)
+    check_memory_options(cluster)
 
 
 # Read from a cluster file besides the keys above: `gptrain plan`'s hardware profile.

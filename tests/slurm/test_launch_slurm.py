@@ -253,3 +253,17 @@ def test_a_cancelled_training_is_not_requeued(workdir, tiny):
     assert "the job was cancelled (scancel): not requeueing" in log.read_text()
     fields = wait_for(job_id, ("CANCELLED",), timeout=60)
     assert fields["Restarts"] == "0"
+
+
+def test_additional_parameters_reach_sbatch_as_written(workdir, tiny):
+    """cluster.additional_parameters: Slurm reads each quoted #SBATCH line back as the value given
+    (spaces, quotes, `;`, `$()` included); `hold: true` is a bare flag, so the job waits (cancelled
+    at teardown) and nothing of the comment runs."""
+    comment = """ablation 3; $(touch x) "q" 'it's'"""
+    args = [*tiny, "training.run.name=extras", f"cluster.additional_parameters.comment={comment}"]
+    job_id = launch([*args, "cluster.additional_parameters.hold=true"], workdir)
+    out = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%k|%r"], capture_output=True, text=True, timeout=30
+    )
+    assert out.stdout.strip() == f"{comment}|JobHeldUser", out.stdout + out.stderr
+    assert not (workdir / "x").exists()

@@ -53,6 +53,14 @@ SBATCH_REFUSALS = (
     ),
     ("Invalid job array specification", "data_preparation's shards (the cluster's MaxArraySize)"),
     ("Job dependency problem", "{stage}.run.dependency"),
+    # sbatch's own reading of an #SBATCH line: only cluster.additional_parameters passes options unchecked
+    ("unrecognized option", "cluster.additional_parameters (an option this sbatch does not know)"),
+    (
+        "an argument",
+        "cluster.additional_parameters (true for a bare flag, a value for an option that takes one)",
+    ),
+    ("mutually exclusive", "cluster.additional_parameters against the other cluster keys"),
+    ("Invalid --", "cluster.additional_parameters"),
 )
 
 
@@ -85,9 +93,17 @@ def sbatch(job: Job, dependency: str | None) -> str:
     except OSError as error:
         raise LaunchError(f"sbatch did not run ({error}); is Slurm installed here?") from None
     if out.returncode != 0:
-        message = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
+        message = sbatch_error_line(out.stderr) or f"exit {out.returncode}"
         raise LaunchError(f"sbatch refused {job.script_path}: {message}{refusal_keys(message, job)}")
     return job_id_from(out.stdout, job)
+
+
+def sbatch_error_line(stderr: str) -> str:
+    """sbatch's last line of complaint: not the 'Try "sbatch --help"' it prints after an option it
+    cannot read (`unrecognized option '--x'`), which says nothing of what was wrong."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith('Try "sbatch --help"')]
+    return said[-1] if said else ""
 
 
 # sbatch --parsable's line: "<id>" or "<id>;<cluster>"; a site's wrapper may print lines around it,

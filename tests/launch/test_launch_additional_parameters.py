@@ -1,0 +1,190 @@
+"""cluster.additional_parameters: sbatch options outside gptrain's cluster keys (NeMo/submitit's
+additional_parameters), rendered quoted into every stage's script; gptrain's own options refused."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from gptrain.errors import ConfigError, LaunchError
+from gptrain.launch.compose import compose
+from gptrain.launch.sbatch import Job
+from gptrain.launch.stages import build_plan, write_run_files
+
+CPU = ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
+NASTY = """ablation 3; $(touch x) `touch y` "q" 'it's'"""
+PREP = [
+    "stages=[data_preparation,training]",
+    "data_dir=d",
+    "data_preparation.shards=[file:///a.jsonl,file:///b.jsonl]",
+]
+
+
+def sbatch_lines(script: str) -> list[tuple[str, str | None]]:
+    """(option, value) of each #SBATCH line, read the way sbatch reads them (shell-like quoting)."""
+    found = []
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            [word] = shlex.split(line[len("#SBATCH ") :])
+            option, equals, value = word.partition("=")
+            found.append((option, value if equals else None))
+    return found
+
+
+def launch_files(tmp_path, monkeypatch, *overrides: str, stages: list[str] = ()) -> list:
+    monkeypatch.chdir(tmp_path)
+    args = [*CPU, "cluster_type=slurm", f"base_results_dir={tmp_path}/r", *stages, *overrides]
+    return write_run_files(build_plan(compose(args)), args)
+
+
+def test_extra_options_reach_every_stages_script_quoted(tmp_path, monkeypatch):
+    """`--mail-type`, `--comment`, ... could not be given at all (an unknown cluster key)."""
+    scripts = launch_files(
+        tmp_path,
+        monkeypatch,
+        "cluster.additional_parameters.mail_type=END,FAIL",
+        "cluster.additional_parameters.mail-user=me@example.com",
+        f"cluster.additional_parameters.comment={NASTY}",
+        "cluster.additional_parameters.hold=true",
+        "cluster.additional_parameters.wckey=null",
+        "cluster.additional_parameters.nice=10",
+        stages=PREP,
+    )
+    assert len(scripts) == 2
+    for script in scripts:
+        lines = sbatch_lines(script.read_text())
+        assert lines[-5:] == [
+            ("--mail-type", "END,FAIL"),
+            ("--mail-user", "me@example.com"),
+            ("--comment", NASTY),
+            ("--hold", None),
+            ("--nice", "10"),
+        ]
+        assert not any(option == "--wckey" for option, _ in lines)
+        result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_a_yaml_mapping_in_the_cluster_file_is_rendered_in_order(tmp_path, monkeypatch):
+    [script] = launch_files(
+        tmp_path,
+        monkeypatch,
+        "cluster.additional_parameters={comment: a b, begin: now+1hour, requeue_x: true}",
+    )
+    assert sbatch_lines(script.read_text())[-3:] == [
+        ("--comment", "a b"),
+        ("--begin", "now+1hour"),
+        ("--requeue-x", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("nodes", "gptrain renders --nodes itself; use training.trainer.num_nodes instead"),
+        ("ntasks_per_node", "gptrain renders --ntasks-per-node itself; use training.trainer.devices instead"),
+        ("output", "gptrain renders --output itself; use base_results_dir or <stage>.run.results_dir"),
+        ("error", "gptrain renders --error itself; use cluster.stderr_to_stdout instead"),
+        ("job_name", "gptrain renders --job-name itself; use cluster.job_name_prefix or <stage>.run.name"),
+        ("dependency", "gptrain renders --dependency itself; use <stage>.run.dependency instead"),
+        ("array", "gptrain renders --array itself; use data_preparation.run.node_array_size instead"),
+        ("signal", "gptrain renders --signal itself; use cluster.signal_seconds instead"),
+        ("requeue", "gptrain renders --requeue itself; use cluster.max_requeues instead"),
+        ("partition", "gptrain renders --partition itself; use cluster.partition instead"),
+        ("time", "gptrain renders --time itself; use <stage>.run.time_limit instead"),
+        ("gpus_per_node", "gptrain renders --gpus-per-node itself; use cluster.gpus_per_node instead"),
+        ("part", "gptrain renders --partition (which --part abbreviates) itself; use cluster.partition"),
+        ("parsable", "gptrain renders --parsable itself; leave it out (gptrain submits with it and reads"),
+        ("open_mode", "gptrain renders --open-mode itself; leave it out (logs are appended, so a requeued"),
+    ],
+)
+def test_options_gptrain_renders_itself_are_refused_naming_the_key_to_use(tmp_path, monkeypatch, key, says):
+    """A second --nodes or --output would override gptrain's (sbatch takes the last one)."""
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, f"cluster.additional_parameters.{key}=1")
+    message = str(error.value)
+    assert message.startswith(f"cluster.additional_parameters.{key}: ") and says in message
+    assert "\n" not in message and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b", "a\x1bb"])
+def test_control_characters_are_refused_naming_the_key(tmp_path, monkeypatch, value):
+    """A newline inside quotes still ends the #SBATCH line: the rest would be a line of the batch shell."""
+    with pytest.raises(ConfigError) as error:
+        launch_files(
+            tmp_path, monkeypatch, f"cluster.additional_parameters.comment=x{value}#SBATCH --nodes=99"
+        )
+    message = str(error.value)
+    assert message.startswith("cluster.additional_parameters.comment: ") and "\n" not in message
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        (
+            "cluster.additional_parameters.comment=false",
+            "expected one value, true (a bare --comment) or null",
+        ),
+        ("cluster.additional_parameters.comment=[a,b]", "expected one value"),
+        ("cluster.additional_parameters={'mail type': END}", "not an sbatch option name"),
+        ("cluster.additional_parameters={'-x': 1}", "not an sbatch option name"),
+        ("cluster.additional_parameters={mail_type: END, mail-type: ALL}", "--mail-type is given twice"),
+        ("cluster.additional_parameters.comment=a\\b", "backslash"),
+        ("cluster.additional_parameters.mem_per_cpu=4G", "set cluster.mem=null to use it"),
+        ("cluster.additional_parameters=[mail_type]", "expected a mapping"),
+    ],
+)
+def test_values_sbatch_cannot_take_are_refused_in_one_line(tmp_path, monkeypatch, override, says):
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, override)
+    assert "cluster.additional_parameters" in str(error.value) and says in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_mem_per_cpu_is_rendered_when_cluster_mem_is_null(tmp_path, monkeypatch):
+    """sbatch refuses --mem with --mem-per-cpu; with cluster.mem=null only the latter is rendered."""
+    [script] = launch_files(
+        tmp_path, monkeypatch, "cluster.mem=null", "cluster.additional_parameters.mem_per_cpu=4G"
+    )
+    lines = sbatch_lines(script.read_text())
+    assert ("--mem-per-cpu", "4G") in lines and not any(option == "--mem" for option, _ in lines)
+
+
+@pytest.mark.parametrize(
+    ("stderr", "said"),
+    [
+        (
+            "sbatch: unrecognized option '--mail-typo=END'\nTry \"sbatch --help\" for more information",
+            "sbatch: unrecognized option '--mail-typo=END'; check cluster.additional_parameters (an option"
+            " this sbatch does not know)",
+        ),
+        (
+            "sbatch: option '--hold' doesn't allow an argument\nTry \"sbatch --help\" for more information",
+            "sbatch: option '--hold' doesn't allow an argument; check cluster.additional_parameters (true for"
+            " a bare flag, a value for an option that takes one)",
+        ),
+        (
+            "sbatch: error: Invalid --mail-type specification",
+            "sbatch: error: Invalid --mail-type specification; check cluster.additional_parameters",
+        ),
+    ],
+)
+def test_an_option_sbatch_cannot_read_is_named_in_one_line(tmp_path, monkeypatch, stderr, said):
+    """sbatch's last line after an unknown option is 'Try "sbatch --help"...': that was all the
+    launch said, not which option it could not read."""
+    from gptrain.launch.executors.slurm import sbatch
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/bash\necho {shlex.quote(stderr)} >&2\nexit 255\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    job = Job("training", "r", "gptrain-r", tmp_path, [])
+    with pytest.raises(LaunchError) as error:
+        sbatch(job, None)
+    assert str(error.value) == f"sbatch refused {job.script_path}: {said}"
