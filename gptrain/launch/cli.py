@@ -160,15 +160,19 @@ def run_logs(args: argparse.Namespace) -> int:
 
 
 def print_logs(header: str | None, records: list[dict[str, Any]]) -> None:
-    """The records' log files, under `header` if any; there each ends in a newline, so the next
+    """The records' log files, under `header` if any; several (stages, array tasks, a .err) each
+    under a line naming its job and file, one as it is. Each then ends in a newline, so the next
     header starts a line of its own."""
     from gptrain.launch import jobs
 
     if header:
         print(header)
-    for path in (p for record in records for p in jobs.output_files(record) if p.exists()):
+    files = [(r, p) for r in records for p in jobs.output_files(r) if p.exists()]
+    for record, path in files:
+        if len(files) > 1:
+            print(jobs.log_header(record, path))
         _, last = jobs.print_text(path)
-        if header and last not in ("", "\n"):
+        if (header or len(files) > 1) and last not in ("", "\n"):
             sys.stdout.write("\n")
     sys.stdout.flush()
 
@@ -184,7 +188,11 @@ def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
     def paths() -> list[Path]:
         return [p for r in submitted for p in jobs.output_files(r)]
 
-    jobs.follow(paths, done)
+    def header(path: Path) -> str:
+        record = next(r for r in submitted if path in jobs.output_files(r))
+        return jobs.log_header(record, path)
+
+    jobs.follow(paths, done, header=header)
     records = read_records(run_dir)
     for record in submitted:
         if jobs.job_state(record, records).reason == jobs.NEVER_SATISFIED:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -564,6 +564,16 @@ def log_files(record: dict[str, Any]) -> list[Path]:
     return [pattern.parent / (f"{head}{job_id}{tail}" if slot else pattern.name)]
 
 
+def log_header(record: dict[str, Any], path: Path) -> str:
+    """'==> training job 1234: <path> <==', the line `gptrain logs` prints before each of several logs
+    (as `tail` does); an array task's job as Slurm writes it: 1234_5."""
+    job = str(record.get("job_id", "?"))
+    head, array, _ = Path(str(record.get("log", ""))).name.rpartition("%A_%a")
+    if array and path.stem.startswith(f"{head}{job}_"):
+        job = path.stem[len(head) :]
+    return f"==> {record.get('stage', '?')} job {job}: {path} <=="
+
+
 def stderr_logs(log: Path) -> list[Path]:
     """Where the job's stderr goes with cluster.stderr_to_stdout=false: log-<job>_<id>.err beside its
     .out (the batch script's own lines, a traceback, the training's one-line error); [] for a log
@@ -744,16 +754,22 @@ def cancel_waiting_stages(run_dir: Path, job_ids: set[str], cancelled: set[str])
     return lines
 
 
-def follow(paths: Callable[[], list[Path]], is_done: Callable[[], bool], poll: float = 0.5) -> None:
-    """Print new lines of the files `paths()` names (array tasks appear late) until `is_done()`.
+def follow(
+    paths: Callable[[], list[Path]],
+    is_done: Callable[[], bool],
+    poll: float = 0.5,
+    header: Callable[[Path], str] | None = None,
+) -> None:
+    """Print new lines of the files `paths()` names (array tasks appear late) until `is_done()`;
+    with several files, `header(path)`'s line before text from a file other than the last one's.
 
     The job's state (a squeue per job) is asked only when a read found nothing new, so a chatty
     log does not poll the controller in a loop; once it says done, one more read prints what the
     job wrote just before it ended."""
-    offsets: dict[Path, int] = {}
+    followed = _Followed(header=header)
     finished = False
     while True:
-        if _print_new_text(paths(), offsets):
+        if _print_new_text(paths(), followed):
             continue
         if finished:
             return
@@ -762,13 +778,31 @@ def follow(paths: Callable[[], list[Path]], is_done: Callable[[], bool], poll: f
             time.sleep(poll)
 
 
-def _print_new_text(paths: list[Path], offsets: dict[Path, int]) -> bool:
+@dataclass
+class _Followed:
+    """Where `follow` is: the offset reached in each file, and the file and character it printed last."""
+
+    header: Callable[[Path], str] | None = None
+    offsets: dict[Path, int] = field(default_factory=dict)
+    last_path: Path | None = None
+    last_char: str = ""
+
+
+def _print_new_text(paths: list[Path], followed: _Followed) -> bool:
     """Print what each file gained since its offset; whether any did."""
     grew = False
     for path in paths:
-        if path.exists():
-            offsets[path], last = print_text(path, offsets.get(path, 0))
-            grew = grew or bool(last)
+        offset = followed.offsets.get(path, 0)
+        if not path.exists() or path.stat().st_size <= offset:
+            continue
+        switched = path != followed.last_path and (followed.last_path is not None or len(paths) > 1)
+        if followed.header and switched:
+            newline = "\n" if followed.last_char not in ("", "\n") else ""
+            sys.stdout.write(f"{newline}{followed.header(path)}\n")
+        followed.offsets[path], last = print_text(path, offset)
+        if last:
+            followed.last_path, followed.last_char = path, last
+            grew = True
     return grew
 
 

@@ -42,22 +42,36 @@ def logs(capsys: pytest.CaptureFixture[str], run: Path, *options: str) -> tuple[
     return code, out, err
 
 
+def labelled(run: Path, *logs: tuple[str, str, str]) -> str:
+    """Several logs as `gptrain logs` prints them: each (stage, job id, text) under its header."""
+    text = ""
+    for stage, job, body in logs:
+        text += f"==> {stage} job local-{job}: {run}/log-{stage}_{job}.out <==\n{body}"
+    return text
+
+
 def test_each_launch_is_reachable_and_the_default_is_the_latest(run, capsys):
-    assert logs(capsys, run) == (0, "v3\nt3\n", "")  # unchanged: the latest job of each stage
-    for option, text in (("1", "v1\nt1\n"), ("2", "v2\n"), ("3", "v3\nt3\n"), ("-1", "v3\nt3\n")):
+    latest = labelled(run, ("validation", "300", "v3\n"), ("training", "301", "t3\n"))
+    assert logs(capsys, run) == (0, latest, "")  # the latest job of each stage
+    first = labelled(run, ("validation", "100", "v1\n"), ("training", "101", "t1\n"))
+    for option, text in (("1", first), ("2", "v2\n"), ("3", latest), ("-1", latest)):
         assert logs(capsys, run, "--launch", option) == (0, text, ""), option
     assert logs(capsys, run, "--launch", "-3", "--stage", "training") == (0, "t1\n", "")
 
 
 def test_all_prints_each_launch_under_a_header(run, capsys):
     code, out, _ = logs(capsys, run, "--all")
-    headers = [line for line in out.splitlines() if line.startswith("==> ")]
+    headers = [line for line in out.splitlines() if line.startswith("==> launch ")]
     assert code == 0 and len(headers) == 3
     assert headers[0].startswith("==> launch 1 of 3, ")
     assert headers[0].endswith(": validation job local-100, training job local-101 <==")
     assert headers[1].endswith(": validation job local-200 <==")
-    assert out.split("\n", 1)[1].startswith("v1\nt1\n==> launch 2 of 3")
-    assert out.endswith("training job local-301 <==\nv3\nt3\n")
+    first = labelled(run, ("validation", "100", "v1\n"), ("training", "101", "t1\n"))
+    assert out.split("\n", 1)[1].startswith(first + "==> launch 2 of 3")
+    assert out.endswith(
+        "training job local-301 <==\n"
+        + labelled(run, ("validation", "300", "v3\n"), ("training", "301", "t3\n"))
+    )
     _, out, _ = logs(capsys, run, "--all", "--stage", "training")  # launch 2 had no training
     assert [line[:16] for line in out.splitlines() if line.startswith("==> ")] == [
         "==> launch 1 of ",
@@ -186,7 +200,11 @@ def test_with_stderr_apart_logs_and_status_read_the_err_file_too(tmp_path, capsy
     (run / "log-r_7.err").write_text(
         "gptrain: error: no such file\ngptrain: step finished with exit code 2\n"
     )
-    assert logs(capsys, run) == (0, "iteration 1\ngptrain: error: no such file\ngptrain: step finished with exit code 2\n", "")  # fmt: skip
+    out = "iteration 1\ngptrain: error: no such file\ngptrain: step finished with exit code 2\n"
+    out = f"==> training job 7: {run}/log-r_7.out <==\n" + out.replace(
+        "gptrain: error", f"==> training job 7: {run}/log-r_7.err <==\ngptrain: error", 1
+    )
+    assert logs(capsys, run) == (0, out, "")
 
     def forgotten(command, timeout=15.0):  # squeue, scontrol past MinJobAge; sacct without slurmdbd
         return subprocess.CompletedProcess(command, 1, "", "Invalid job id specified")
@@ -242,3 +260,44 @@ def test_a_stage_the_run_has_no_job_of_is_a_one_line_error_saying_where_it_ran(t
         2,
         f"gptrain: error: --stage validation: no validation job in launch 1 of {train}\n",
     )
+
+
+def test_several_logs_are_told_apart_by_a_header_naming_stage_job_and_file(tmp_path, capsys):
+    """The latest job of each stage, and every array task, ran together with nothing between them:
+    a preparation task's last line ran into the next task's first, and into the training's log."""
+    run = tmp_path / "r"
+    run.mkdir()
+    slurm = {"executor": "slurm", "dependency": None}
+    append_record(run, "submitted", stage="data_preparation", job_id="12", array=2,
+                  log=str(run / "log-p_%A_%a.out"), **slurm)  # fmt: skip
+    append_record(run, "submitted", stage="training", job_id="13", log=str(run / "log-t_%j.out"), **slurm)
+    (run / "log-p_12_0.out").write_text("shard 0 done")  # no newline at its end (a killed task)
+    (run / "log-p_12_1.out").write_text("shard 1 done\n")
+    (run / "log-t_13.out").write_text("iteration 1\n")
+    assert logs(capsys, run) == (
+        0,
+        f"==> data_preparation job 12_0: {run}/log-p_12_0.out <==\nshard 0 done\n"
+        f"==> data_preparation job 12_1: {run}/log-p_12_1.out <==\nshard 1 done\n"
+        f"==> training job 13: {run}/log-t_13.out <==\niteration 1\n",
+        "",
+    )
+    assert logs(capsys, run, "--stage", "training") == (0, "iteration 1\n", "")  # one log: as it is
+
+
+def test_follow_names_the_log_it_switches_to(tmp_path, capsys):
+    """-f of several logs: a header each time the text comes from another file than the last."""
+    one, two = tmp_path / "log-r_1_0.out", tmp_path / "log-r_1_1.out"
+    one.write_text("a")
+    writes = iter([(two, "b\n"), (two, "c\n"), (one, "d\n")])
+
+    def is_done() -> bool:
+        step = next(writes, None)
+        if step:
+            with open(step[0], "a") as handle:
+                handle.write(step[1])
+        return step is None
+
+    jobs.follow(
+        lambda: [p for p in (one, two) if p.exists()], is_done, poll=0, header=lambda p: f"== {p.name}"
+    )
+    assert capsys.readouterr().out == "a\n== log-r_1_1.out\nb\nc\n== log-r_1_0.out\nd\n"
