@@ -42,6 +42,7 @@ SBATCH_KEYS = {
     "cluster.gres": "--gres",
     "training.run.time_limit": "--time",
     "training.run.dependency": "--dependency",
+    "cluster.additional_parameters.comment": "--comment",
 }
 PATH_KEYS = ("base_results_dir", "training.run.name", "cluster.job_name_prefix")
 OTHER_KEYS = (
@@ -187,6 +188,8 @@ def check_arrival(key: str, text: str, script: Path, plan, log: Path, stubs: Pat
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(KEYS), text=TEXT)
 @example(key="cluster.account", text="\x85")  # a line break to str.splitlines, not to bash
+@example(key="cluster.additional_parameters.comment", text="a b;$(owned)`owned`'\"\nowned")
+@example(key="cluster.additional_parameters.comment", text="x; $(owned) 'q' \"q\"")
 @example(key="env_vars.GPTRAIN_V", text="$SLURM_JOB_ID:$_{IFS}$(owned)$_")  # expands only a name
 @example(key="env_vars.GPTRAIN_V", text="\\$SLURM_JOB_ID\\\\$_\\")  # `\\$` is `$`
 def test_no_value_reaching_a_script_is_executed(stubs, key, text):
