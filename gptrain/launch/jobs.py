@@ -791,11 +791,12 @@ class _Followed:
 def _print_new_text(paths: list[Path], followed: _Followed) -> bool:
     """Print what each file gained since its offset; whether any did."""
     grew = False
-    for path in paths:
+    existing = [path for path in paths if path.exists()]  # a .err stderr_to_stdout never writes is none
+    for path in existing:
         offset = followed.offsets.get(path, 0)
-        if not path.exists() or path.stat().st_size <= offset:
+        if path.stat().st_size <= offset:
             continue
-        switched = path != followed.last_path and (followed.last_path is not None or len(paths) > 1)
+        switched = path != followed.last_path and (followed.last_path is not None or len(existing) > 1)
         if followed.header and switched:
             newline = "\n" if followed.last_char not in ("", "\n") else ""
             sys.stdout.write(f"{newline}{followed.header(path)}\n")

@@ -301,3 +301,10 @@ def test_follow_names_the_log_it_switches_to(tmp_path, capsys):
         lambda: [p for p in (one, two) if p.exists()], is_done, poll=0, header=lambda p: f"== {p.name}"
     )
     assert capsys.readouterr().out == "a\n== log-r_1_1.out\nb\nc\n== log-r_1_0.out\nd\n"
+
+
+def test_follow_of_one_log_prints_it_as_it_is(run, capsys):
+    """Its .err, which stderr_to_stdout (the default) never writes, is no second log: no header."""
+    assert logs(capsys, run, "--launch", "2", "-f") == (0, "v2\n", "")
+    latest = labelled(run, ("validation", "300", "v3\n"), ("training", "301", "t3\n"))
+    assert logs(capsys, run, "-f") == (0, latest, "")
