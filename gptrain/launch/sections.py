@@ -189,7 +189,7 @@ SBATCH_OWNED = {
     "time": "<stage>.run.time_limit",
     "mem": "cluster.mem",
     "exclusive": "cluster.exclusive",
-    "cpus-per-task": "data_preparation.workers",
+    "cpus-per-task": "data_preparation.workers (the training stage has no such key)",
     "gres": "cluster.gres",
     "gpus": "cluster.gpus_per_node",
     "gpus-per-node": "cluster.gpus_per_node",
