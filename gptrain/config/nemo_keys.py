@@ -25,6 +25,11 @@ _DATA = "NeMo dataloader options (gptrain's dataset and sampler are Megatron's; 
 _NOT_IMPL = "not implemented in gptrain"
 _MLPERF = "MLPerf-only keys (the MLPerf configs are not supported)"
 _NAME = "NeMo's experiment name (gptrain names a run by run.name)"
+_VERSION = (
+    "NeMo's versioned log subdirectories, which NeMo too leaves out when explicit_log_dir is set "
+    "(gptrain's run directory is always explicit_log_dir)"
+)
+_EARLY_STOP = "NeMo's early stopping on a monitored metric (gptrain trains to trainer.max_steps or max_time)"
 
 _REASONS: dict[str, tuple[str, ...]] = {
     _FUSION: (
@@ -111,6 +116,7 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "exp_manager.checkpoint_callback_params.model_parallel_size",
         "exp_manager.checkpoint_callback_params.save_last_n_optim_states",
         "exp_manager.checkpoint_callback_params.save_nemo_on_train_end",
+        "exp_manager.checkpoint_callback_params.train_time_interval",
         "exp_manager.exp_dir",
         "exp_manager.name",
         "exp_manager.resume_ignore_no_checkpoint",
@@ -188,12 +194,15 @@ _REASONS: dict[str, tuple[str, ...]] = {
     ),
     _MLPERF: ("restore_from_path", "model.optim.sched.max_steps_for_lr_sched"),
     _NAME: ("name",),
+    _VERSION: ("exp_manager.use_datetime_version", "exp_manager.version"),
+    _EARLY_STOP: ("exp_manager.create_early_stopping_callback",),
 }
 
 # Whole sub-trees that gptrain ignores; the sub-tree's own name is ignored too.
 _PREFIX_REASONS: dict[str, str] = {
     "exp_manager.neptune_logger_kwargs.": _LOGGERS,
     "exp_manager.step_timing_kwargs.": _LOGGERS,
+    "exp_manager.early_stopping_callback_params.": _EARLY_STOP,  # read only under the refused switch
     "model.megatron_timer_kwargs.": _LOGGERS,
     "model.nsys_profile.": _LOGGERS,
     "model.ub_tp_comm_overlap_cfg.": _OVERLAP,
@@ -230,6 +239,11 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
     "model.reset_lr": ((False,), "the LR schedule restarted at the resumed checkpoint's step"),
     "model.optim.sched.last_epoch": ((-1,), "a schedule started at another step than the run's"),
     "trainer.accumulate_grad_batches": ((1,), "Lightning's gradient accumulation over global batches"),
+    "exp_manager.create_early_stopping_callback": ((False,), "stopping when val_loss stops improving"),
+    "exp_manager.checkpoint_callback_params.train_time_interval": (
+        (None,),
+        "a checkpoint every interval of wall-clock time",
+    ),
 }
 
 # What to do instead, added to the refusal of a value in NO_OP_VALUES where gptrain has a way.
@@ -246,6 +260,13 @@ INSTEAD: dict[str, str] = {
         "model.optim.sched.max_steps=<steps left> for reset_lr_steps"
     ),
     "model.optim.sched.last_epoch": "a resumed run takes the schedule's step from its checkpoint",
+    "exp_manager.create_early_stopping_callback": (
+        "gptrain trains to trainer.max_steps, or until trainer.max_time"
+    ),
+    "exp_manager.checkpoint_callback_params.train_time_interval": (
+        "gptrain saves every checkpoint_callback_params.every_n_train_steps steps, and at trainer.max_time or "
+        "a stop signal (SIGTERM, SIGUSR1) before the job's time runs out: set every_n_train_steps"
+    ),
     "trainer.accumulate_grad_batches": (
         "NeMo refuses it too: a step already accumulates model.global_batch_size / (model.micro_batch_size"
         " x data-parallel size) micro-batches, so raise model.global_batch_size to accumulate more"

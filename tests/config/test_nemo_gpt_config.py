@@ -78,6 +78,8 @@ REFUSED = {
     "model.data.data_cache_generation_only=true": "gptrain builds the caches at the start of training",
     "model.drop_layers=[0]": "layers left out of the model",
     "model.scale_positional_embedding=true": "rope frequency scaling",
+    "exp_manager.create_early_stopping_callback=true": "gptrain trains to trainer.max_steps",
+    "exp_manager.checkpoint_callback_params.train_time_interval=01:00:00": "set every_n_train_steps",
 }
 
 
@@ -89,6 +91,28 @@ def test_a_value_gptrain_cannot_honour_is_refused_in_one_line_naming_the_key(ove
     message = str(error.value)
     assert message.startswith(f"override '{override}': '{key}: ") and "\n" not in message
     assert "which gptrain does not implement" in message and REFUSED[override] in message
+
+
+# NeMo's ExpManagerConfig keys as its examples carry them (the values are NeMo's defaults, but for
+# use_datetime_version and version, which NeMo too ignores under an explicit_log_dir).
+NEMO_EXP_MANAGER_DEFAULTS = [
+    "exp_manager.version=null",
+    "exp_manager.version=v2",
+    "exp_manager.use_datetime_version=true",
+    "exp_manager.use_datetime_version=false",
+    "exp_manager.create_early_stopping_callback=false",
+    "exp_manager.early_stopping_callback_params.patience=10",
+    "exp_manager.checkpoint_callback_params.train_time_interval=null",
+]
+
+
+@pytest.mark.parametrize("override", NEMO_EXP_MANAGER_DEFAULTS)
+def test_nemo_exp_manager_keys_of_its_examples_load_and_are_reported_ignored(override):
+    """Before, each was refused as an unknown key, so a config copied from NeMo's examples did not load."""
+    cfg = load(override)
+    key = override.split("=")[0]
+    assert any(f"{key}.".startswith(f"{ignored}.") for ignored in cfg.ignored_keys)  # or its sub-tree
+    assert cfg.exp_manager.explicit_log_dir == "results/gpt3_126m/results"  # no version subdirectory
 
 
 @pytest.mark.parametrize("override", ["model.reset_lr=true", "model.drop_layers=[1]"])
