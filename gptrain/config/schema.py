@@ -156,7 +156,11 @@ class ExpManagerConfig:
     would mean other tokens than the trained embeddings). A tokenizer that only adds tokens after
     the recorded ones loads either way."""
     create_tensorboard_logger: bool = True
-    """Write TensorBoard events to explicit_log_dir."""
+    """Write TensorBoard events (to tensorboard_dir, else explicit_log_dir)."""
+    tensorboard_dir: str | None = None
+    """gptrain extension (Megatron: --tensorboard-dir; NeMo has no key for it): the directory the
+    TensorBoard events go to; null: explicit_log_dir. A relative path is made absolute against the
+    working directory it is given in, as Megatron's writer resolves it (hparams.yaml records it)."""
     create_wandb_logger: bool = False
     """Send the TensorBoard series to Weights & Biases too, from the logging rank (needs
     `pip install 'gptrain[wandb]'`; WANDB_MODE=offline or wandb_logger_kwargs.offline without network)."""
@@ -176,6 +180,11 @@ class ExpManagerConfig:
     @property
     def async_save(self) -> bool:
         return self.checkpoint_callback_params.async_save
+
+    @property
+    def events_dir(self) -> str:
+        """Where the run's TensorBoard events go."""
+        return self.tensorboard_dir or self.explicit_log_dir
 
 
 @dataclass

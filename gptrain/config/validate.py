@@ -115,6 +115,8 @@ def normalize(cfg: TrainingConfig) -> list[str]:
         cfg.model.data_parallel_sharding = FSDP_STRATEGIES[strategy]
     _tokenizer_type(cfg.model.tokenizer)
     _one_resume_source(cfg)
+    if cfg.exp_manager.tensorboard_dir:  # hparams.yaml, a requeued job and `gptrain plot` read it elsewhere
+        cfg.exp_manager.tensorboard_dir = os.path.abspath(cfg.exp_manager.tensorboard_dir)
     _max_time_per_run(cfg)
     return _sequence_parallel_needs_tp(cfg.model)
 

@@ -437,7 +437,8 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
 
 def _directories(result: Translation) -> None:
     """--save is the run directory (checkpoints in <save>/checkpoints). A --load that differs from it
-    is where the run starts from until it has a checkpoint of its own; then a restart resumes that."""
+    is where the run starts from until it has a checkpoint of its own; then a restart resumes that.
+    --tensorboard-dir is where the TensorBoard events go."""
     v, given = result.values, result.given
     save = _directory(given, "--save")
     load = _directory(given, "--load")
@@ -455,8 +456,8 @@ def _directories(result: Translation) -> None:
     for flag in ("--finetune", "--no-load-optim", "--no-load-rng"):
         if flag in given and not elsewhere:
             result.notes.append(f"{flag} (applies to a --load that differs from --save)")
-    if board and run_dir and os.path.abspath(board) != os.path.abspath(run_dir):
-        result.notes.append(f"--tensorboard-dir (TensorBoard events go to {run_dir})")
+    if board:  # Megatron's writer puts its events there, and nothing else
+        v["exp_manager.tensorboard_dir"] = board
 
 
 def _directory(given: dict[str, list[str]], flag: str) -> str | None:

@@ -177,7 +177,7 @@ def train(cfg: TrainingConfig, schedule_names: ScheduleNaming = names_in_config)
     logging_rank = b.is_logging_rank(cfg, world)
     log = RunLog(log_dir, world.rank, world.local_rank, echo=logging_rank)
     run_lock.log_notes(log)
-    scalars = Scalars(log_dir, enabled=logging_rank and cfg.exp_manager.create_tensorboard_logger)
+    scalars = Scalars(Path(em.events_dir), enabled=logging_rank and em.create_tensorboard_logger)
     stop = StopRequest(cfg.trainer.max_time_seconds()).install()
     watchdog = Watchdog.start(cfg.trainer.hang_timeout_minutes, world.rank, world.world_size)
     watchdog.note = log.to_file  # the hang line in the run's own log, beside stderr

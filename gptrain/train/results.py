@@ -2,7 +2,8 @@
 
 Everything of a run goes into `exp_manager.explicit_log_dir`:
 hparams.yaml, cmd-args.log, git-info.log, nemo_log_globalrank-<r>_localrank-<l>.txt
-(one per rank), events.out.tfevents.* and checkpoints/; gptrain adds test_split_done.txt, the
+(one per rank), events.out.tfevents.* (in exp_manager.tensorboard_dir where set, as Megatron's
+--tensorboard-dir) and checkpoints/; gptrain adds test_split_done.txt, the
 iteration whose test split was evaluated (a run stopped after its last save and before its test
 split evaluates it when resumed).
 """

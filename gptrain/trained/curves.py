@@ -157,12 +157,28 @@ def _normalise_tag(tag: str) -> str:
     return re.sub(r"[-_/ ]+", " ", tag.lower()).strip()
 
 
+def recorded_events_dir(run_dir: Path) -> Path | None:
+    """The exp_manager.tensorboard_dir (Megatron's --tensorboard-dir) the run's hparams.yaml records,
+    where its events went instead of the run directory; None where it records none."""
+    import yaml
+
+    try:
+        hparams = yaml.safe_load((run_dir / "hparams.yaml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    exp_manager = hparams.get("exp_manager") if isinstance(hparams, dict) else None
+    board = exp_manager.get("tensorboard_dir") if isinstance(exp_manager, dict) else None
+    return Path(run_dir, board) if isinstance(board, str) and board else None
+
+
 def read_tensorboard(run_dir: Path) -> RunMetrics:
-    """The same series from TensorBoard event files (for runs whose text logs are gone)."""
+    """The same series from TensorBoard event files (for runs whose text logs are gone): those
+    in the tensorboard_dir its hparams.yaml records, else those under the run directory."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     parts = []
-    for path in find_files(run_dir, lambda name: name.startswith("events.out.tfevents")):
+    events_dir = recorded_events_dir(run_dir) or run_dir
+    for path in find_files(events_dir, lambda name: name.startswith("events.out.tfevents")):
         accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
         accumulator.Reload()
         part = RunMetrics()  # one events file per process: an attempt of the run

@@ -166,7 +166,7 @@ def test_megatron_175b_example_translates_with_its_batch_ramp():
     assert spec.warmup_steps == pytest.approx(430) and spec.max_steps == 430000
     assert lr_at(215, spec) == pytest.approx(6e-5 / 2)
     assert cfg.exp_manager.explicit_log_dir == "/ck" and cfg.exp_manager.resume_if_exists
-    assert "--tensorboard-dir (TensorBoard events go to /ck)" in t.notes and "--attention-backend" in t.notes
+    assert cfg.exp_manager.tensorboard_dir == "/tb" and "--attention-backend" in t.notes
 
 
 def test_layers_per_virtual_stage_give_the_interleaved_schedule():
@@ -635,7 +635,7 @@ def test_trainium_flags_save_where_save_xser_says():
     em = cfg.exp_manager
     assert em.explicit_log_dir == "32_layer_chkpt_16" and em.create_checkpoint_callback
     assert em.checkpoint_callback_params.every_n_train_steps == 2000 and not em.resume_if_exists
-    assert "--tensorboard-dir (TensorBoard events go to 32_layer_chkpt_16)" in t.notes
+    assert em.tensorboard_dir == os.path.abspath("tb_gpt3_32layer_bf16")  # the tutorial's --logdir
     assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.max_steps) == (16, 32, 143051)
     resumed = translate([*TRAINIUM, "--load-xser", "32_layer_chkpt_16"], {"WORLD_SIZE": "512"})
     em = load_training_config(None, resumed.overrides, report_ignored=False).exp_manager

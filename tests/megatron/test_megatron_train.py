@@ -58,6 +58,27 @@ def test_tiny_run_prints_the_rate_after_the_scheduler_step(tmp_path, capsys, mon
     assert [e.step for e in events.Scalars("learning-rate vs samples")] == [4, 8, 12, 16]
 
 
+def test_tensorboard_dir_gets_the_events_and_plot_finds_them_there(tmp_path, capsys, monkeypatch):
+    """Before, the events went into --save and --tensorboard-dir was only reported, so the Trainium
+    tutorial's `tensorboard --logdir ./tb_...` showed nothing. Now they go to --tensorboard-dir, a
+    relative one against the working directory as Megatron's writer resolves it."""
+    from gptrain.trained.curves import LOSS, read_tensorboard
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0", "--save", "run"]
+    assert main(["megatron", *flags, "--tensorboard-dir", "./tb my run"]) == 0, capsys.readouterr().err
+    board = tmp_path / "tb my run"
+    assert [p.name.startswith("events.out.tfevents.") for p in board.iterdir()] == [True]
+    assert not list((tmp_path / "run").rglob("events.out.tfevents.*"))
+    assert (tmp_path / "run" / "checkpoints").is_dir()  # the rest of the run stays under --save
+    losses = re.findall(r"lm loss: ([0-9.E+-]+)", capsys.readouterr().out)
+    steps, values = read_tensorboard(tmp_path / "run").series(LOSS)  # `gptrain plot run` without logs
+    # the line prints 7 significant digits (rounding <= 5e-7 relative), the event a float32 (6e-8)
+    assert steps == [1, 2, 3, 4] and values == pytest.approx([float(x) for x in losses], rel=6e-7)
+
+
 def test_small_dataset_with_no_test_batches_does_not_build_the_test_split(
     tmp_path, capsys, monkeypatch, word_corpus
 ):
