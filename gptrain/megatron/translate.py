@@ -438,19 +438,22 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
 def _directories(result: Translation) -> None:
     """--save is the run directory (checkpoints in <save>/checkpoints). A --load that differs from it
     is where the run starts from until it has a checkpoint of its own; then a restart resumes that.
+    A --load without --save is only read, as Megatron reads it: the run starts from it every time
+    and its logs go to the run directory of a run without --save, not into the loaded run's.
     --tensorboard-dir is where the TensorBoard events go."""
     v, given = result.values, result.given
     save = _directory(given, "--save")
     load = _directory(given, "--load")
     board = (given.get("--tensorboard-dir") or [None])[0]
-    run_dir = save or load or board
+    run_dir = save or board
     if run_dir:
         v["exp_manager.explicit_log_dir"] = run_dir
-    v["exp_manager.resume_if_exists"] = bool(load)
+    v["exp_manager.resume_if_exists"] = bool(save and load)
     if not save:  # Megatron saves only under --save
         v["exp_manager.create_checkpoint_callback"] = False
-        result.notes.append("no --save (no checkpoints are written, as in Megatron)")
-    elsewhere = bool(save and load and os.path.abspath(save) != os.path.abspath(load))
+        written = f"; {load} is read, not written" if load else ""
+        result.notes.append(f"no --save (no checkpoints are written, as in Megatron{written})")
+    elsewhere = bool(load and not (save and os.path.abspath(save) == os.path.abspath(load)))
     if elsewhere:
         v["exp_manager.resume_from_checkpoint"] = load
     for flag in ("--finetune", "--no-load-optim", "--no-load-rng"):

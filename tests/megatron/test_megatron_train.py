@@ -149,6 +149,26 @@ def test_the_tutorial_and_example_flag_lists_train_on_cpu(example, tmp_path, cap
     assert (tmp_path / "run" / "checkpoints" / "step_4" / "COMPLETE").is_file()
 
 
+def test_load_without_save_reads_the_run_and_writes_nothing_into_it(tmp_path, capsys, monkeypatch):
+    """Megatron reads --load and, without --save, writes nothing. Before, gptrain made --load the run
+    directory: the loaded run's hparams.yaml was overwritten and this run's logs were added to it."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0"]
+    run_a = tmp_path / "a"
+    assert main(["megatron", *flags, "--train-iters", "2", "--save", str(run_a)]) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in run_a.rglob("*") if p.is_file()}
+    assert main(["megatron", *flags, "--load", str(run_a)]) == 0
+    out = capsys.readouterr().out
+    assert f"starting from {run_a}/checkpoints/step_2 (exp_manager.resume_from_checkpoint;" in out
+    assert re.findall(r"iteration +(\d+)/ +4 \|", out) == ["3", "4"]
+    assert {p: p.read_bytes() for p in run_a.rglob("*") if p.is_file()} == before
+    logs = tmp_path / "results" / "megatron" / "results"  # the run directory of a run without --save
+    assert (logs / "hparams.yaml").is_file() and not (logs / "checkpoints").exists()
+
+
 def test_load_from_one_run_save_into_another(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
