@@ -577,14 +577,14 @@ def run(
     agreement = StopAgreement()
     meter = IntervalMeter(start_step=s.state.step)
     times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
-    # out of the first interval's time, as every validation is out of its own; before the agreement,
-    # so that a stop asked during it (the resumed run's longest work) ends the run before a step
+    early = agree_before_training(s, agreement, stop)
+    if early is not None:  # asked during start-up: not worth a validation the requeued run repeats
+        return stop_before_training(s, early)
+    # out of the first interval's time, as every validation is out of its own; agreed again after
+    # it, so that a stop asked during it (the resumed run's longest work) ends the run before a step
     with meter.excluded(), times.excluded():
-        validate_if_left_due(s, valid_data)
-    # watched as the first step's (its allowance: ranks end start-up at different times), so a rank
-    # stuck in start-up is named, not waited on until the collective timeout
-    with s.watchdog.boundary(s.state.step + 1):
-        early = agreement.exchange(stop.signalled(), read_now=True)
+        validated = validate_if_left_due(s, valid_data)
+    early = agree_before_training(s, agreement, stop) if validated else None
     if early is not None:
         return stop_before_training(s, early)
     if s.world.rank == 0:
@@ -800,14 +800,25 @@ def validate(s: Session, data: GPTBatchDataset | None) -> None:
     s.state.validated_at = s.state.step
 
 
-def validate_if_left_due(s: Session, data: GPTBatchDataset | None) -> None:
+def agree_before_training(s: Session, agreement: StopAgreement, stop: StopRequest) -> str | None:
+    """Whether every rank stops before the first step. Watched as the first step's boundary (its
+    allowance: ranks end start-up at different times), so a rank stuck in start-up is named, not
+    waited on until the collective timeout."""
+    with s.watchdog.boundary(s.state.step + 1):
+        return agreement.exchange(stop.signalled(), read_now=True)
+
+
+def validate_if_left_due(s: Session, data: GPTBatchDataset | None) -> bool:
     """The validation of the step a run resumes at, when that run stopped before running it: a stop
-    (SIGTERM, time limit) saves at once, before a validation due at the same step."""
+    (SIGTERM, time limit) saves at once, before a validation due at the same step. Whether it ran
+    (the same answer on every rank)."""
     step = s.state.step
     if step > 0 and validates_at(s, step) and s.state.validated_at != step:
         if has_batches(data, s.cfg.trainer.limit_val_batches):
             s.log(f"validation of iteration {step} was due when the run stopped: running it first")
         validate(s, data)
+        return True
+    return False
 
 
 def has_batches(data: GPTBatchDataset | None, batches: int) -> bool:

@@ -162,6 +162,32 @@ def test_a_stop_during_the_validation_a_resume_runs_first_exits_before_a_step(
         assert trained[step] == uninterrupted[2][step], step
 
 
+def test_a_stop_during_start_up_exits_before_the_validation_a_resume_owes(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """Slurm's warning signal landing in the checkpoint load of a resume that owes a validation: the
+    run ran that whole validation (minutes, at scale, past the signal's grace time) before exiting
+    75, and the requeued run ran it again (two points for iteration 3). Now it exits before it."""
+    import os
+    import signal
+
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=3)  # val_check_interval=3
+    assert code == EXIT_REQUEUE and validation_lines(tmp_path) == []
+    real_resume = loop.resume
+
+    def signalled_while_loading(s, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return real_resume(s, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "resume", signalled_while_loading)
+    code, trained = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    monkeypatch.undo()
+    assert code == EXIT_REQUEUE and trained == {} and validation_lines(tmp_path) == []
+    code, trained = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
+    assert code == 0 and sorted(trained) == [4, 5, 6]
+    assert validation_lines(tmp_path) == validation_lines(uninterrupted[0])  # each iteration's once
+
+
 class Preempted(Exception):
     """The job ended (a preemption, a time limit's SIGKILL) right after the last save."""
 
