@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.executors.slurm import record_submission, sbatch
 from gptrain.launch.jobs import JobState, run_command, slurm_state
@@ -40,7 +39,7 @@ def slurm_profile(name: str | None) -> dict[str, Any]:
     if name is None:
         return {}
     path = cluster_profile_path(name)
-    data = yaml.safe_load(path.read_text()) or {}  # build_cluster has already read it
+    data = load_file(path) or {}  # as build_cluster read it (libyaml where PyYAML has it)
     if not isinstance(data, dict):
         raise ConfigError(f"--cluster {name}: {path} must be a mapping of cluster keys")
     try:  # as `gptrain launch` checks a cluster file: the trial scripts are rendered from it

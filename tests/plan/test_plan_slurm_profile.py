@@ -41,6 +41,14 @@ def test_a_profile_renders_its_trials_as_launch_would(tmp_path):
     assert "#SBATCH --exclusive" not in script.splitlines()
 
 
+def test_a_profile_with_a_tab_before_a_comment_reads_as_the_plan_read_it(tmp_path):
+    """`cluster_profile` reads the file with libyaml, as OmegaConf does (a tab before a comment is
+    fine); the trial scripts' second read used PyYAML's pure parser, which raised its ScannerError."""
+    path = tmp_path / "site.yaml"
+    path.write_text("partition: gpu\t# the GPU queue\nplan:\n  gpu: cpu\n")
+    assert slurm_profile(str(path))["partition"] == "gpu"
+
+
 @pytest.mark.parametrize(
     ("profile", "named"),
     [
