@@ -321,7 +321,7 @@ def _build(
         if dataclasses.is_dataclass(kind):
             values[key] = _build(kind, value, f"{dotted}.", ignored, source, given)
         else:
-            value = _lightning_count(dotted, value, _where(dotted, source, given))
+            _refuse_lightning_fraction(dotted, value, _where(dotted, source, given))
             values[key] = _coerce(value, kind, dotted, _where(dotted, source, given))
     return cls(**values)
 
@@ -346,21 +346,14 @@ LIGHTNING_FRACTIONS = {
 }
 
 
-def _lightning_count(dotted: str, value: Any, where: str) -> Any:
-    """The count of a key NeMo reads as a fraction when it is a float: 1.0 there is "all" to NeMo,
-    and would be 1 here, so it is refused; 0.0 is none in both readings (NeMo's way to turn
-    validation off, `limit_val_batches=0.0`), so it is 0, not a float in an int key."""
-    if dotted not in LIGHTNING_FRACTIONS or not isinstance(value, float):
-        return value
-    if value == 0.0:
-        return 0
-    if 0.0 < value <= 1.0:
+def _refuse_lightning_fraction(dotted: str, value: Any, where: str) -> None:
+    """1.0 there is "all" to NeMo, and would be 1 here: refused, where before it was read as 1."""
+    if dotted in LIGHTNING_FRACTIONS and isinstance(value, float) and 0.0 < value <= 1.0:
         fraction, unit = LIGHTNING_FRACTIONS[dotted]
         raise ConfigError(
             f"{where}: '{dotted}' {value} is a fraction {fraction} in NeMo and PyTorch Lightning;"
             f" gptrain counts {unit}: give a whole number"
         )
-    return value
 
 
 def _where(dotted: str, source: str, given: dict[str, str]) -> str:
@@ -382,8 +375,8 @@ def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:
         converted = _convert(value, option)
         if converted is not _NO:
             return converted
-    whole = as_int(value)
-    if int in options and whole is not None:  # 100000000000000000000000: a whole number, too big
+    whole = _whole(value)
+    if int in options and whole is not None:  # 1e23 or 100000000000000000000000: a whole number, too big
         raise ConfigError(
             f"{source}: '{dotted}' is {whole}, past the 64-bit integers that numpy and torch hold "
             f"(at most {INT64_MAX:,}); give a smaller value"
@@ -393,22 +386,21 @@ def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:
         for o in options
         if o is not type(None)
     )
-    raise ConfigError(
-        f"{source}: '{dotted}' expects {expected}, got {value!r}{_float_for_int_hint(value, options)}"
-    )
-
-
-def _float_for_int_hint(value: Any, options: tuple[Any, ...]) -> str:
-    """`trainer.max_steps=2.0` or `1e3`: say how to write it, since the number itself looks right."""
-    if int not in options or not isinstance(value, float) or not value.is_integer():
-        return ""
-    return f" (a float); write the whole number without a decimal point or exponent ({int(value)}), as OmegaConf requires"
+    raise ConfigError(f"{source}: '{dotted}' expects {expected}, got {value!r}")
 
 
 _NO = object()
 
 # Every int of the config ends up in numpy or torch (sizes, counts, seeds), whose integers are int64.
 INT64_MAX = 2**63 - 1
+
+
+def _whole(value: Any) -> int | None:
+    """The int of an int field's value: an int, text of one (OmegaConf's rule, `${oc.env:N}`), or a
+    whole float (`1e3`, which OmegaConf refuses; gptrain took it before). None: not a whole number."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return as_int(value)
 
 
 def _convert(value: Any, option: Any) -> Any:
@@ -422,8 +414,8 @@ def _convert(value: Any, option: Any) -> Any:
     if option is bool:
         switch = as_switch(value)
         return _NO if switch is None else switch
-    if option is int:  # a float is refused, whole or not (`2.0`), as OmegaConf's typed configs do
-        whole = as_int(value)
+    if option is int:
+        whole = _whole(value)
         return whole if whole is not None and -INT64_MAX - 1 <= whole <= INT64_MAX else _NO
     if option is float:  # finite only: nan passes every `x > 0` check, inf trains to NaN losses
         if isinstance(value, bool):

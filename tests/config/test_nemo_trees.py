@@ -290,7 +290,7 @@ def test_a_lightning_fraction_is_refused_not_read_as_a_count(override, what):
         f"override '{override}': '{key}' {value} is a fraction {what} in NeMo and PyTorch Lightning;"
         f" gptrain counts {'steps' if 'interval' in key else 'global batches'}: give a whole number"
     )
-    whole = load_training_config("gpt3/126m", [f"{key}=2"], report_ignored=False)  # a count
+    whole = load_training_config("gpt3/126m", [f"{key}=2.0"], report_ignored=False)  # not a fraction
     assert getattr(whole.trainer, key.split(".")[1]) == 2
 
 
