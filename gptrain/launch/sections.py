@@ -34,12 +34,15 @@ def _type_name(value: Any) -> str:
 
 
 def _integer(key: str, value: Any, low: int, high: int | None = None) -> int | None:
-    """An int, or text that is one (`${oc.env:NODES}` resolves to text), as the training loader reads it."""
+    """An int, text that is one (`${oc.env:NODES}` resolves to text) or a whole float (`2.0`, `1e3`:
+    a NeMo config's DictConfig passes it to Lightning, which counts with it), as the training
+    loader reads it; kept as the int, so a script never renders `--nodes=2.0`."""
     if value is None:
         return None
     from gptrain.config.yamlio import as_int  # the config package loads omegaconf: not at start-up
 
-    number = as_int(value)
+    whole_float = isinstance(value, float) and value.is_integer()
+    number = int(value) if whole_float else as_int(value)
     if number is None:
         raise ConfigError(f"{key}: expected a whole number, got {_type_name(value)}")
     value = number

@@ -220,3 +220,26 @@ def test_a_bool_field_takes_what_omegaconf_reads_as_a_bool():
         if (ours if ours is not None else "error") != theirs:
             differ[repr(value)] = (ours, theirs)
     assert differ == {}
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "count"),
+    [
+        ("trainer.max_steps=1e3", "max_steps", 1000),
+        ("trainer.max_steps=2.0", "max_steps", 2),
+        ("trainer.limit_val_batches=32.0", "limit_val_batches", 32),  # Lightning: a whole float > 1 counts
+        ("trainer.limit_val_batches=0.0", "limit_val_batches", 0),
+    ],
+)
+def test_a_whole_float_in_an_int_field_is_its_whole_number_in_train_and_launch(override, key, count):
+    """NeMo's configs are untyped DictConfigs that hand `2.0` to Lightning, which counts with it, and a
+    launch before 2026-11-28 wrote `max_steps: 1000.0` into the run's config, which its requeue reads
+    again: refusing the float broke both. The launcher keeps the int, so no script says `--nodes=2.0`."""
+    from gptrain.launch.sections import count as launch_count
+
+    cfg = load_training_config("gpt3/126m", [override], report_ignored=False)
+    assert getattr(cfg.trainer, key) == count and type(getattr(cfg.trainer, key)) is int
+    kept = launch_count("training.trainer.devices", 2.0)
+    assert kept == 2 and type(kept) is int
+    with pytest.raises(ConfigError, match=r"expected a whole number, got 2\.5"):
+        launch_count("training.trainer.devices", 2.5)
