@@ -138,8 +138,8 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_rewind(args: argparse.Namespace) -> int:
     from gptrain.checkpoint.rewind import rewind, target_step
 
-    step = target_step(args.to)
     root = checkpoint_root(args.run)
+    step = target_step(args.to, root)
     moved = rewind(root, step)
     what = (
         f"{len(moved)} newer checkpoint{'s' if len(moved) != 1 else ''} moved aside"

@@ -23,12 +23,18 @@ from gptrain.utils.atomic import atomic_write_text, fsync_directory
 STEP = re.compile(r"^(?:step_)?(\d+)$")
 
 
-def target_step(text: str) -> int:
-    """The step `--to` names: 'step_4' or '4', or a step directory's path (what tab completion gives)."""
-    match = STEP.match(Path(text.strip()).name)
+def target_step(text: str, root: Path | None = None) -> int:
+    """The step `--to` names: 'step_4' or '4', or a step directory's path (what tab completion gives),
+    which must be one of `root`'s: another run's step_4 would rewind this run to its own step_4."""
+    path = Path(text.strip())
+    match = STEP.match(path.name)
     if match is None:
         raise ConfigError(
             f"--to {text}: give a checkpoint as step_<N> or <N> (gptrain checkpoint verify RUN lists them)"
+        )
+    if root is not None and len(path.parts) > 1 and path.resolve().parent != root.resolve():
+        raise ConfigError(
+            f"--to {text}: not a checkpoint of {root}; a rewind goes back within one run (give step_<N>)"
         )
     return int(match.group(1))
 

@@ -192,4 +192,8 @@ def test_the_rewind_hint_quotes_a_run_directory_with_spaces_and_to_takes_a_step_
     root = run_with_checkpoints(run, [2, 4])
     command = unused_start_from_text(str(root / "step_2"), root).rpartition("`gptrain")[2].rstrip("`")
     assert shlex.split("gptrain" + command) == ["gptrain", "checkpoint", "rewind", str(run), "--to", "step_2"]
-    assert target_step(f"{root}/step_2/") == 2 and target_step("step_2") == 2 and target_step("4") == 4
+    assert target_step(f"{root}/step_2/", root) == 2 and target_step("step_2", root) == 2
+    assert target_step("4", root) == 4
+    other = run_with_checkpoints(tmp_path / "other", [2])
+    assert main(["checkpoint", "rewind", str(run), "--to", str(other / "step_2")]) == 2
+    assert complete_steps(root) == [2, 4]  # another run's step_2 did not rewind this one to its own
