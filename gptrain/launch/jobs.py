@@ -88,9 +88,10 @@ class JobState:
 
     @property
     def may_run(self) -> bool:
-        """Active and able to start: a job pending on a failed stage stays PENDING for ever, so
-        nothing (a relaunch, `gptrain logs -f`) should wait for it."""
-        return self.active and self.reason != NEVER_SATISFIED
+        """Active and able to start, or perhaps so (Slurm did not answer: `gptrain logs -f` keeps
+        following). A job pending on a failed stage stays PENDING for ever, so nothing (a
+        relaunch, `gptrain logs -f`) should wait for it."""
+        return (self.active and self.reason != NEVER_SATISFIED) or self.unanswered
 
     @property
     def unanswered(self) -> bool:

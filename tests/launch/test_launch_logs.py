@@ -308,3 +308,38 @@ def test_follow_of_one_log_prints_it_as_it_is(run, capsys):
     assert logs(capsys, run, "--launch", "2", "-f") == (0, "v2\n", "")
     latest = labelled(run, ("validation", "300", "v3\n"), ("training", "301", "t3\n"))
     assert logs(capsys, run, "-f") == (0, latest, "")
+
+
+def test_follow_goes_on_while_slurm_does_not_answer(tmp_path, capsys, monkeypatch):
+    """`gptrain logs -f` of a running job stopped at squeue's first timeout: a job Slurm did not
+    answer about was taken for one that could not run, so it exited 0 at once, silently, and
+    missed what the job wrote after. It keeps following until Slurm says the job ended."""
+    import subprocess
+
+    log = tmp_path / "log-r_7.out"
+    log.write_text("iteration 1\n")
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="7",
+                  log=str(tmp_path / "log-r_%j.out"), dependency=None)  # fmt: skip
+    down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+    controller = {"up": False}
+
+    def run_command(command, timeout=15.0):
+        if not controller["up"]:
+            return subprocess.CompletedProcess(command, 1, "", down)
+        if command[0] == "squeue":  # past the job's end: squeue lists it no more
+            return subprocess.CompletedProcess(command, 0, "", "")
+        return subprocess.CompletedProcess(command, 0, "JobId=7 JobState=COMPLETED ExitCode=0:0\n", "")
+
+    def sleep(seconds: float) -> None:  # the job goes on writing; then Slurm answers again
+        assert not controller["up"], "still following a job Slurm says has ended"
+        with open(log, "a") as handle:
+            handle.write("iteration 2\ngptrain: step finished with exit code 0\n")
+        controller["up"] = True
+
+    monkeypatch.setattr(jobs, "run_command", run_command)
+    monkeypatch.setattr(jobs.time, "sleep", sleep)
+    assert logs(capsys, tmp_path, "-f") == (
+        0,
+        "iteration 1\niteration 2\ngptrain: step finished with exit code 0\n",
+        "",
+    )
