@@ -250,9 +250,27 @@ def slurm_state(job_id: str, stage: str | None = None, record: dict[str, Any] | 
     """The job's state; a training's exit 75/76 explained (another stage's 75 is EX_TEMPFAIL's). A
     job Slurm has forgotten (past MinJobAge, without accounting) ended as its log says."""
     state = asked_slurm_state(job_id)
-    if state.state == "UNKNOWN" and record:
+    if state.unanswered and record:
+        state = with_log_ending(state, record)
+    elif state.state == "UNKNOWN" and record:
         state = ended_by_log(record) or state
     return explain_stop(state, record) if stage == "training" else state
+
+
+def with_log_ending(state: JobState, record: dict[str, Any]) -> JobState:
+    """A job Slurm did not answer about, with how its log says the last attempt ended beside it: the
+    log does not settle the state, as a job preempted and requeued is queued again after its exit line."""
+    ended = ended_by_log(record)
+    return JobState(state.state, f"{state.reason}; {log_ending_text(ended)}") if ended else state
+
+
+def log_ending_text(ended: JobState) -> str:
+    """'its log's last attempt ended with exit code 75', from `ended_by_log`'s state."""
+    if ended.state.startswith("ARRAY["):
+        return f"its tasks' logs say their last attempts ended: {ended.state[len('ARRAY[') : -1]}"
+    if ended.state == "CANCELLED":
+        return "its log's last attempt was cancelled"
+    return f"its log's last attempt ended with exit code {ended.exit_code.split(':')[0]}"
 
 
 # Each stage's batch script's last lines (sbatch.REQUEUE_LINES, FINISH_LINES): the job's end as it saw it.

@@ -1025,3 +1025,56 @@ def test_a_launch_into_a_run_whose_jobs_slurm_cannot_be_asked_about_is_refused(
         f"{tmp_path}: cannot tell whether Slurm job 100 of this run is still queued or running ({down});"
         " launch again once Slurm answers"
     )
+
+
+@pytest.mark.parametrize(
+    ("tail", "ending"),
+    [
+        ([SAVED, "gptrain: Slurm requeued the job itself (preemption): it resumes when it starts again",
+          "gptrain: step finished with exit code 75"], "its log's last attempt ended with exit code 75"),
+        (["gptrain: step finished with exit code 0"], "its log's last attempt ended with exit code 0"),
+        ([SAVED, "gptrain: the job was cancelled (scancel): not requeueing; launch again to resume",
+          "gptrain: step finished with exit code 75"], "its log's last attempt was cancelled"),
+    ],
+)  # fmt: skip
+def test_a_log_that_ended_does_not_settle_a_job_slurm_did_not_answer_about(
+    tmp_path, monkeypatch, tail, ending
+):
+    """A training Slurm preempted and requeued is PENDING again with its last attempt's exit line in
+    its log: with squeue not answering, status read that line ('FAILED (checkpoint saved but not
+    requeued ...)' or 'Slurm no longer knows the job') and cancel skipped the queued job ('nothing
+    to cancel'). The state stays 'Slurm did not answer', the log's ending beside it, and cancel
+    scancels the job."""
+    (tmp_path / "log-r_7.out").write_text("\n".join(["gptrain: job 7 on n1, stage training", *tail]) + "\n")
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="7",
+                  log=str(tmp_path / "log-r_%j.out"), dependency=None)  # fmt: skip
+    down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+    cancelled = []
+
+    def run_command(command, timeout=15.0):
+        if command[0] == "scancel":  # the controller is back
+            cancelled.append(command[1])
+            return subprocess.CompletedProcess(command, 0, "", "")
+        return subprocess.CompletedProcess(command, 1, "", down)
+
+    monkeypatch.setattr(jobs, "run_command", run_command)
+    [line] = jobs.status_lines(tmp_path)
+    assert line == f"{tmp_path.name}  training  job 7  UNKNOWN (Slurm did not answer: {down}; {ending})"
+    assert jobs.cancel(tmp_path) == ["cancelled training job 7"]
+    assert cancelled == ["7"]
+
+
+def test_an_array_slurm_did_not_answer_about_says_how_its_tasks_logs_end(tmp_path, monkeypatch):
+    """As for one job: the tasks' exit lines are said beside 'Slurm did not answer', not taken for its state."""
+    for task, code in (("0", 0), ("1", 3)):
+        (tmp_path / f"log-p_101_{task}.out").write_text(f"gptrain: step finished with exit code {code}\n")
+    append_record(tmp_path, "submitted", stage="data_preparation", executor="slurm", job_id="101",
+                  array=2, log=str(tmp_path / "log-p_%A_%a.out"), dependency=None)  # fmt: skip
+    down = "squeue: error: Socket timed out on send/recv operation"
+    monkeypatch.setattr(
+        jobs, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(command, 1, "", down)
+    )
+    assert jobs.status_lines(tmp_path) == [
+        f"{tmp_path.name}  data_preparation  job 101  UNKNOWN (Slurm did not answer: {down};"
+        " its tasks' logs say their last attempts ended: 1 COMPLETED, 1 FAILED)"
+    ]
