@@ -74,6 +74,10 @@ NEVER_SATISFIED = "DependencyNeverSatisfied"
 # The reason of a job whose state Slurm could not be asked for (controller down, squeue timed out).
 NO_ANSWER = "Slurm did not answer"
 
+# The reason of a Slurm job looked at from a machine without Slurm's commands (a run dir seen from
+# outside the cluster): nothing here can ask about it or cancel it.
+NO_SLURM_HERE = "no Slurm commands on this machine: run gptrain status/cancel on the cluster"
+
 
 @dataclass
 class JobState:
@@ -97,6 +101,11 @@ class JobState:
     def unanswered(self) -> bool:
         """Slurm could not be asked: the job may still be queued or running."""
         return self.state == "UNKNOWN" and self.reason.startswith(NO_ANSWER)
+
+    @property
+    def slurm_absent(self) -> bool:
+        """Slurm's commands are not on this machine: nothing here can ask about the job or cancel it."""
+        return self.state == "UNKNOWN" and self.reason.startswith(NO_SLURM_HERE)
 
     def describe(self) -> str:
         text = self.state
@@ -250,7 +259,7 @@ def slurm_state(job_id: str, stage: str | None = None, record: dict[str, Any] | 
     """The job's state; a training's exit 75/76 explained (another stage's 75 is EX_TEMPFAIL's). A
     job Slurm has forgotten (past MinJobAge, without accounting) ended as its log says."""
     state = asked_slurm_state(job_id)
-    if state.unanswered and record:
+    if record and (state.unanswered or state.slurm_absent):
         state = with_log_ending(state, record)
     elif state.state == "UNKNOWN" and record:
         state = ended_by_log(record) or state
@@ -258,8 +267,9 @@ def slurm_state(job_id: str, stage: str | None = None, record: dict[str, Any] | 
 
 
 def with_log_ending(state: JobState, record: dict[str, Any]) -> JobState:
-    """A job Slurm did not answer about, with how its log says the last attempt ended beside it: the
-    log does not settle the state, as a job preempted and requeued is queued again after its exit line."""
+    """A job Slurm did not answer about (or could not be asked about here), with how its log says the
+    last attempt ended beside it: the log does not settle the state, as a job preempted and requeued
+    is queued again after its exit line."""
     ended = ended_by_log(record)
     return JobState(state.state, f"{state.reason}; {log_ending_text(ended)}") if ended else state
 
@@ -333,8 +343,14 @@ def asked_slurm_state(job_id: str) -> JobState:
         states = [JobState(*(line.split("|") + [""])[:2]) for line in lines]
         return summarize([JobState(s.state, "", s.reason) for s in states])
     if silence:
-        return JobState("UNKNOWN", f"{NO_ANSWER}: {silence}")
+        return JobState("UNKNOWN", f"{NO_ANSWER}: {silence}" if slurm_commands_here() else NO_SLURM_HERE)
     return JobState("UNKNOWN", "no longer known to Slurm; no accounting to ask")
+
+
+def slurm_commands_here() -> bool:
+    """Whether this machine has Slurm's commands: without squeue (a run dir looked at from outside
+    the cluster) its failing says nothing of the controller, and there is nothing here to ask."""
+    return shutil.which("squeue") is not None
 
 
 def squeue_silence(out: subprocess.CompletedProcess | None) -> str | None:
@@ -410,7 +426,7 @@ def queued_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
     if slurm:
         out = run_command(["squeue", "-h", "-j", ",".join(slurm), "-o", "%i|%T|%r"])
         silence = squeue_silence(out)
-        if silence and shutil.which("squeue"):  # no squeue at all: a run dir from another cluster
+        if silence and slurm_commands_here():  # no squeue at all: a run dir from another cluster
             raise LaunchError(
                 f"{run_dir}: cannot tell whether Slurm job {', '.join(slurm)} of this run is still queued"
                 f" or running ({silence}); launch again once Slurm answers"
@@ -666,6 +682,8 @@ def cancel(run_dir: Path) -> list[str]:
     latest = latest_jobs(run_dir)
     for record in latest:
         state = job_state(record, records)
+        if state.slurm_absent:
+            raise LaunchError(f"{run_dir}: {NO_SLURM_HERE}")
         if not (state.active or state.unanswered):  # unanswered: scancel says why it cannot either
             continue
         if record.get("executor") == "local":

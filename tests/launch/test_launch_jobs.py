@@ -994,6 +994,9 @@ def test_a_controller_that_does_not_answer_is_not_taken_for_jobs_that_ended(tmp_
             return subprocess.CompletedProcess(command, 1, "", text)
         return subprocess.CompletedProcess(command, 1, "", down)
 
+    monkeypatch.setattr(
+        shutil, "which", lambda name: f"/usr/bin/{name}"
+    )  # Slurm is here: squeue failing is its silence
     monkeypatch.setattr(jobs, "run_command", run_command)
     [line] = jobs.status_lines(tmp_path)
     assert line == f"{tmp_path.name}  training  job 7  UNKNOWN (Slurm did not answer: {down})"
@@ -1057,6 +1060,9 @@ def test_a_log_that_ended_does_not_settle_a_job_slurm_did_not_answer_about(
             return subprocess.CompletedProcess(command, 0, "", "")
         return subprocess.CompletedProcess(command, 1, "", down)
 
+    monkeypatch.setattr(
+        shutil, "which", lambda name: f"/usr/bin/{name}"
+    )  # Slurm is here: squeue failing is its silence
     monkeypatch.setattr(jobs, "run_command", run_command)
     [line] = jobs.status_lines(tmp_path)
     assert line == f"{tmp_path.name}  training  job 7  UNKNOWN (Slurm did not answer: {down}; {ending})"
@@ -1072,9 +1078,50 @@ def test_an_array_slurm_did_not_answer_about_says_how_its_tasks_logs_end(tmp_pat
                   array=2, log=str(tmp_path / "log-p_%A_%a.out"), dependency=None)  # fmt: skip
     down = "squeue: error: Socket timed out on send/recv operation"
     monkeypatch.setattr(
+        shutil, "which", lambda name: f"/usr/bin/{name}"
+    )  # Slurm is here: squeue failing is its silence
+    monkeypatch.setattr(
         jobs, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(command, 1, "", down)
     )
     assert jobs.status_lines(tmp_path) == [
         f"{tmp_path.name}  data_preparation  job 101  UNKNOWN (Slurm did not answer: {down};"
         " its tasks' logs say their last attempts ended: 1 COMPLETED, 1 FAILED)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("tail", "ending"),
+    [
+        ([], ""),
+        (["gptrain: step finished with exit code 0"], "; its log's last attempt ended with exit code 0"),
+    ],
+)
+def test_status_and_cancel_without_slurm_here_say_so(tmp_path, monkeypatch, capsys, tail, ending):
+    """A Slurm run dir looked at from a machine without Slurm (no squeue on PATH): status said
+    'Slurm did not answer: squeue did not run', and cancel failed with 'scancel 4242 failed: no
+    scancel', where a launch's check of the same run dir knows there is nothing here to ask."""
+    from gptrain.cli import main
+
+    (tmp_path / "log-train_4242.out").write_text(
+        "\n".join(["gptrain: job 4242 on n1, stage training", *tail]) + "\n"
+    )
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="4242",
+                  log=str(tmp_path / "log-train_%j.out"), dependency=None)  # fmt: skip
+    asked = []
+
+    def nothing_to_run(command, timeout=15.0):  # run_command of a command not on PATH
+        asked.append(command[0])
+        return None
+
+    monkeypatch.setattr(
+        shutil, "which", lambda name: f"/usr/bin/{name}"
+    )  # Slurm is here: squeue failing is its silence
+    monkeypatch.setattr(jobs, "run_command", nothing_to_run)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    no_slurm = "no Slurm commands on this machine: run gptrain status/cancel on the cluster"
+    assert main(["status", str(tmp_path)]) == 0
+    assert capsys.readouterr() == (f"{tmp_path.name}  training  job 4242  UNKNOWN ({no_slurm}{ending})\n", "")
+    assert main(["cancel", str(tmp_path)]) == 2
+    assert capsys.readouterr() == ("", f"gptrain: error: {tmp_path}: {no_slurm}\n")
+    assert "scancel" not in asked
+    assert jobs.queued_jobs(tmp_path) == []  # the launch's check: nothing to ask here, as before

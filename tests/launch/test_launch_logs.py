@@ -314,6 +314,7 @@ def test_follow_goes_on_while_slurm_does_not_answer(tmp_path, capsys, monkeypatc
     """`gptrain logs -f` of a running job stopped at squeue's first timeout: a job Slurm did not
     answer about was taken for one that could not run, so it exited 0 at once, silently, and
     missed what the job wrote after. It keeps following until Slurm says the job ended."""
+    import shutil
     import subprocess
 
     log = tmp_path / "log-r_7.out"
@@ -336,6 +337,9 @@ def test_follow_goes_on_while_slurm_does_not_answer(tmp_path, capsys, monkeypatc
             handle.write("iteration 2\ngptrain: step finished with exit code 0\n")
         controller["up"] = True
 
+    monkeypatch.setattr(
+        shutil, "which", lambda name: f"/usr/bin/{name}"
+    )  # Slurm is here: squeue failing is its silence
     monkeypatch.setattr(jobs, "run_command", run_command)
     monkeypatch.setattr(jobs.time, "sleep", sleep)
     assert logs(capsys, tmp_path, "-f") == (
