@@ -76,6 +76,8 @@ def refuse_empty_option_values(parser: argparse.ArgumentParser, args: argparse.N
     error naming it: read as absent, it fell back to its default (no JSON written, reports in the
     current directory, the default cluster) and the command succeeded."""
     for action in parser._actions:
+        if getattr(action, "empty_means_none", False):  # `--exclude-file ''`: read no file
+            continue
         if action.option_strings and action.default != "" and getattr(args, action.dest, None) == "":
             option = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
             wanted = action.metavar or action.dest.upper()

@@ -98,3 +98,11 @@ def test_an_option_given_an_empty_value_is_refused_by_name(tmp_path, capsys, mon
     assert main(argv) == 2
     assert capsys.readouterr().err == f"gptrain: error: {said}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_exclude_file_still_turns_plans_default_off(tmp_path, capsys, monkeypatch):
+    """`plan --exclude-file ''` read no exclude file (the default is gptrain launch's); the refusal of
+    empty values turned it into an error whose advice, leaving the option out, brings the file back."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "gpt3/126m", "--exclude-file", ""]) == 0
+    assert "empty value" not in capsys.readouterr().err

@@ -32,7 +32,7 @@ def target_step(text: str, root: Path | None = None) -> int:
         raise ConfigError(
             f"--to {text}: give a checkpoint as step_<N> or <N> (gptrain checkpoint verify RUN lists them)"
         )
-    if root is not None and len(path.parts) > 1 and path.resolve().parent != root.resolve():
+    if root is not None and len(path.parts) > 1 and path.absolute().parent.resolve() != root.resolve():
         raise ConfigError(
             f"--to {text}: not a checkpoint of {root}; a rewind goes back within one run (give step_<N>)"
         )

@@ -101,13 +101,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="--measure: seconds a trial may take (with Slurm, queueing included; then cancelled); "
         "default %(default)g",
     )
-    parser.add_argument(
+    exclude_file = parser.add_argument(
         "--exclude-file",
         default="results/exclude_nodes.txt",
         metavar="FILE",
         help="--measure with Slurm: nodes a failed `gptrain validate` blamed, kept out of the trials "
-        "(default %(default)s, gptrain launch's; a missing file excludes nothing)",
+        "(default %(default)s, gptrain launch's; a missing file excludes nothing; '' reads none)",
     )
+    exclude_file.empty_means_none = True  # type: ignore[attr-defined]  # read by refuse_empty_option_values
     parser.add_argument(
         "--trial-time-limit",
         default="00:30:00",

@@ -287,6 +287,7 @@ XID_CLASSES: dict[int, tuple[str, str]] = {
     95: ("fail", "uncontained ECC error: every application on the GPU was affected"),
     119: ("fail", "GSP RPC timeout: the GPU's system processor stopped answering"),
     120: ("fail", "GSP error: the GPU's system processor reported an error"),
+    154: ("fail", "the driver set a recovery action (GPU reset, node reboot or drain) for this GPU"),
 }
 UNLISTED_XID = ("warn", "not in gptrain's table: see NVIDIA's Xid catalogue")
 

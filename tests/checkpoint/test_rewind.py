@@ -197,3 +197,5 @@ def test_the_rewind_hint_quotes_a_run_directory_with_spaces_and_to_takes_a_step_
     other = run_with_checkpoints(tmp_path / "other", [2])
     assert main(["checkpoint", "rewind", str(run), "--to", str(other / "step_2")]) == 2
     assert complete_steps(root) == [2, 4]  # another run's step_2 did not rewind this one to its own
+    (root / "step_6").symlink_to(other / "step_2", target_is_directory=True)  # a step kept on other storage
+    assert target_step(str(root / "step_6"), root) == 6  # its own step, though the link leads elsewhere

@@ -172,6 +172,14 @@ def test_mem_per_cpu_is_rendered_when_cluster_mem_is_null(tmp_path, monkeypatch)
             "sbatch: error: Invalid --mail-type specification",
             "sbatch: error: Invalid --mail-type specification; check cluster.additional_parameters",
         ),
+        (  # an option gptrain renders from its own key (cluster.mem=16Gi): that key, not the extras
+            "sbatch: error: Invalid --mem specification",
+            "sbatch: error: Invalid --mem specification; check cluster.mem",
+        ),
+        (
+            "sbatch: error: Invalid --time specification",
+            "sbatch: error: Invalid --time specification; check training.run.time_limit",
+        ),
     ],
 )
 def test_an_option_sbatch_cannot_read_is_named_in_one_line(tmp_path, monkeypatch, stderr, said):

@@ -74,7 +74,7 @@ def test_xid_lines_are_counted_per_gpu_and_named_by_nvml_index():
 @pytest.mark.parametrize(
     "xids, severity",
     [
-        ([48, 64, 74, 79, 95, 119, 120], "fail"),
+        ([48, 64, 74, 79, 95, 119, 120, 154], "fail"),
         ([63, 92, 94, 1000], "warn"),
         ([13, 31, 43, 45], "info"),
     ],

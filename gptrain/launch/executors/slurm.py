@@ -60,13 +60,20 @@ SBATCH_REFUSALS = (
         "cluster.additional_parameters (true for a bare flag, a value for an option that takes one)",
     ),
     ("mutually exclusive", "cluster.additional_parameters against the other cluster keys"),
-    ("Invalid --", "cluster.additional_parameters"),
 )
+INVALID_OPTION = re.compile(r"Invalid --([\w-]+)")
 
 
 def refusal_keys(message: str, job: Job) -> str:
-    """'; check KEYS' for a refusal Slurm names a reason for, else ''."""
+    """'; check KEYS' for a refusal Slurm names a reason for, else ''. sbatch's "Invalid --<option>"
+    names the key that renders that option (`cluster.mem=16Gi`), or else the additional parameters."""
     nodes = "training.trainer.num_nodes" if job.stage == "training" else f"{job.stage}'s nodes"
+    invalid = INVALID_OPTION.search(message)
+    if invalid:
+        from gptrain.launch.sections import SBATCH_OWNED
+
+        keys = SBATCH_OWNED.get(invalid.group(1), "cluster.additional_parameters")
+        return f"; check {keys.replace('<stage>', job.stage)}"
     for reason, keys in SBATCH_REFUSALS:
         if reason.lower() in message.lower():
             return f"; check {keys.format(stage=job.stage, nodes=nodes)}"
