@@ -211,6 +211,16 @@ SBATCH_RESERVED = {
     "test-only": "no job would be queued",
     "wrap": "the stage's script is the job",
 }
+# sbatch options no key sets that would break the job: why, and what to use instead.
+SBATCH_REFUSED = {
+    # --export=NONE (or a list) sets SLURM_EXPORT_ENV, which the srun in the batch script inherits:
+    # the ranks would start without the script's exports (env_vars, MASTER_ADDR/MASTER_PORT) or PATH.
+    "export": (
+        "the srun in the batch script inherits it, so the ranks would start without env_vars,"
+        " the rendezvous variables or PATH",
+        "use env_vars or cluster.env_vars instead",
+    ),
+}
 # sbatch's options with --mem (cluster.mem), which it refuses together ("mutually exclusive").
 SBATCH_MEM_OPTIONS = ("mem-per-cpu", "mem-per-gpu")
 SBATCH_OPTION_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -223,11 +233,12 @@ def sbatch_option(key: object) -> str:
 
 
 def owned_option(option: str) -> str | None:
-    """The option gptrain renders that `option` is, or abbreviates (sbatch's getopt takes a unique
-    prefix: `--part` is `--partition`); None for any other."""
-    if option in SBATCH_OWNED or option in SBATCH_RESERVED:
+    """The option gptrain renders or refuses that `option` is, or abbreviates (sbatch's getopt takes
+    a unique prefix: `--part` is `--partition`); None for any other."""
+    known = [*SBATCH_OWNED, *SBATCH_RESERVED, *SBATCH_REFUSED]
+    if option in known:
         return option
-    return next((owned for owned in [*SBATCH_OWNED, *SBATCH_RESERVED] if owned.startswith(option)), None)
+    return next((owned for owned in known if owned.startswith(option)), None)
 
 
 def reserved_reason(option: str) -> str:
@@ -252,8 +263,11 @@ def additional_parameters(key: str, value: Any) -> dict[str, Any] | None:
             )
         options[option] = str(name)
         owned = owned_option(option)
+        spelt = f"--{owned}" if owned == option else f"--{owned} (which --{option} abbreviates)"
+        if owned in SBATCH_REFUSED:
+            why, fix = SBATCH_REFUSED[owned]
+            raise ConfigError(f"{where}: {spelt} is refused: {why}; {fix}")
         if owned:
-            spelt = f"--{owned}" if owned == option else f"--{owned} (which --{option} abbreviates)"
             fix = f"use {SBATCH_OWNED[owned]} instead" if owned in SBATCH_OWNED else "leave it out"
             raise ConfigError(f"{where}: gptrain renders {spelt} itself; {fix}{reserved_reason(owned)}")
         if item is False or isinstance(item, dict | list):

@@ -111,6 +111,20 @@ def test_options_gptrain_renders_itself_are_refused_naming_the_key_to_use(tmp_pa
     assert "\n" not in message and not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    ("key", "spelt"), [("export", "--export"), ("expo", "--export (which --expo abbreviates)")]
+)
+def test_export_is_refused_naming_env_vars(tmp_path, monkeypatch, key, spelt):
+    """--export=NONE sets SLURM_EXPORT_ENV, which the srun inside the batch script inherits: the
+    ranks would lose env_vars, MASTER_ADDR/MASTER_PORT and PATH."""
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, f"cluster.additional_parameters.{key}=NONE")
+    message = str(error.value)
+    assert message.startswith(f"cluster.additional_parameters.{key}: {spelt} is refused: ")
+    assert message.endswith("; use env_vars or cluster.env_vars instead")
+    assert "\n" not in message and not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b", "a\x1bb"])
 def test_control_characters_are_refused_naming_the_key(tmp_path, monkeypatch, value):
     """A newline inside quotes still ends the #SBATCH line: the rest would be a line of the batch shell."""
