@@ -137,20 +137,28 @@ def end_trial(process: subprocess.Popen) -> None:
     """Kill torchrun and its ranks. torch starts each rank in a session of its own, so killing
     torchrun alone (as subprocess.run does) left the ranks running: on the cores or GPUs the next
     trial measured, after the planner had exited. torchrun is stopped first, so it starts no rank
-    between the listing and the kill."""
+    between the listing and the kill, and killed last: while it lives, a rank that already ended
+    stays its unreaped child, so the rank's pid cannot be another process's by the time it is
+    signalled. A torchrun already reaped (its pid free for reuse) is not signalled at all."""
     from gptrain.parallel.torchrun import worker_pids
 
+    if process.returncode is not None:
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(process.pid, signal.SIGSTOP)
-    ranks = worker_pids(process.pid)
+    for rank in worker_pids(process.pid):
+        kill_rank(rank)
     process.kill()
-    for rank in ranks:
-        with contextlib.suppress(ProcessLookupError):
-            if os.getpgid(rank) == rank:  # its own group: with what it started (DataLoader workers)
-                os.killpg(rank, signal.SIGKILL)
-            else:
-                os.kill(rank, signal.SIGKILL)
     process.wait()
+
+
+def kill_rank(rank: int) -> None:
+    """SIGKILL to the rank and, where it leads its own group, to what it started (DataLoader workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(rank) == rank:
+            os.killpg(rank, signal.SIGKILL)
+        else:
+            os.kill(rank, signal.SIGKILL)
 
 
 ERROR_PREFIX = "gptrain: error: "

@@ -842,3 +842,59 @@ def test_a_cluster_profile_bounds_the_configs_devices(
         f"gptrain: error: trainer.devices=8 ranks per node, but --cluster {profile} gives 4 GPUs per node"
         " (the launcher runs one rank per GPU); lower trainer.devices, or plan another node with --gpus-per-node"
     )
+
+
+def record_signals(monkeypatch) -> list[tuple[str, int, int]]:
+    """Every os.kill/os.killpg from here on, in order, as (call, pid, signal); each still sent."""
+    sent: list[tuple[str, int, int]] = []
+    real_kill, real_killpg = os.kill, os.killpg
+
+    def kill(pid: int, signum: int) -> None:
+        sent.append(("kill", pid, signum))
+        real_kill(pid, signum)
+
+    def killpg(group: int, signum: int) -> None:
+        sent.append(("killpg", group, signum))
+        real_killpg(group, signum)
+
+    monkeypatch.setattr(os, "kill", kill)
+    monkeypatch.setattr(os, "killpg", killpg)
+    return sent
+
+
+def test_ending_a_trial_kills_its_ranks_before_torchrun(tmp_path: Path, monkeypatch) -> None:
+    """torchrun was killed before its ranks: once it died, a rank that had already exited was
+    reaped by init and its pid could be another process's by the time it was signalled."""
+    from gptrain.plan.measure import end_trial
+
+    (tmp_path / "fake_torchrun.py").write_text(FAKE_TORCHRUN)
+    pid_file = tmp_path / "rank.pid"
+    torchrun = subprocess.Popen([sys.executable, str(tmp_path / "fake_torchrun.py"), str(pid_file)])
+    rank = None
+    try:
+        assert wait_until_created(pid_file, torchrun, 60)
+        rank = int(pid_file.read_text())
+        sent = record_signals(monkeypatch)
+        end_trial(torchrun)
+        monkeypatch.undo()
+        assert sent == [
+            ("kill", torchrun.pid, signal.SIGSTOP),
+            ("killpg", rank, signal.SIGKILL),
+            ("kill", torchrun.pid, signal.SIGKILL),
+        ]
+        assert torchrun.returncode == -signal.SIGKILL and wait_until_ended(rank)
+    finally:
+        torchrun.kill()
+        if rank is not None and is_running(rank):
+            os.kill(rank, signal.SIGKILL)
+
+
+def test_ending_a_trial_whose_torchrun_was_reaped_signals_nothing(monkeypatch) -> None:
+    """A reaped torchrun's pid is free for reuse: os.kill(pid, SIGSTOP) could stop another process."""
+    from gptrain.plan.measure import end_trial
+
+    torchrun = subprocess.Popen([sys.executable, "-c", "pass"])
+    torchrun.wait()
+    sent = record_signals(monkeypatch)
+    end_trial(torchrun)
+    assert sent == [] and torchrun.returncode == 0
