@@ -181,9 +181,14 @@ def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
     from gptrain.launch import jobs
     from gptrain.launch.records import read_records
 
-    def done() -> bool:
+    def done() -> bool | None:
+        """True once every job ended; None when Slurm did not answer about one that may run."""
         records = read_records(run_dir)
-        return not any(jobs.job_state(r, records).may_run for r in submitted)
+        for record in submitted:
+            state = jobs.job_state(record, records)
+            if state.may_run:
+                return None if state.unanswered else False
+        return True
 
     def paths() -> list[Path]:
         return [p for r in submitted for p in jobs.output_files(r)]

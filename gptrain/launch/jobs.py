@@ -791,26 +791,44 @@ def cancel_waiting_stages(run_dir: Path, job_ids: set[str], cancelled: set[str])
     return lines
 
 
+# While Slurm does not answer, `follow` asks it again after twice as many quiet reads each time,
+# up to this many (30 s at the default 0.5 s): a controller that is down is not asked (squeue,
+# scontrol, sacct) every half second for as long as the user follows; the log is still read.
+MAX_QUIET_READS_BETWEEN_ASKS = 60
+SLURM_SILENT = "gptrain: Slurm did not answer: still following; Ctrl-C to stop"
+SLURM_BACK = "gptrain: Slurm answers again"
+
+
 def follow(
     paths: Callable[[], list[Path]],
-    is_done: Callable[[], bool],
+    is_done: Callable[[], bool | None],
     poll: float = 0.5,
     header: Callable[[Path], str] | None = None,
 ) -> None:
     """Print new lines of the files `paths()` names (array tasks appear late) until `is_done()`;
     with several files, `header(path)`'s line before text from a file other than the last one's.
+    `is_done()` is True once the jobs ended, False while they may run, None when Slurm did not
+    answer (they may run: following goes on, asking less and less often, and says so on stderr).
 
     The job's state (a squeue per job) is asked only when a read found nothing new, so a chatty
     log does not poll the controller in a loop; once it says done, one more read prints what the
     job wrote just before it ended."""
     followed = _Followed(header=header)
-    finished = False
+    finished, silent = False, False
+    reads_between_asks, quiet_reads = 1, 0
     while True:
         if _print_new_text(paths(), followed):
             continue
         if finished:
             return
-        finished = is_done()
+        quiet_reads += 1
+        if quiet_reads >= reads_between_asks:
+            done, quiet_reads = is_done(), 0
+            finished = bool(done)
+            if (done is None) != silent:
+                silent = done is None
+                print(SLURM_SILENT if silent else SLURM_BACK, file=sys.stderr, flush=True)
+            reads_between_asks = min(2 * reads_between_asks, MAX_QUIET_READS_BETWEEN_ASKS) if silent else 1
         if not finished:
             time.sleep(poll)
 

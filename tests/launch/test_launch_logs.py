@@ -322,7 +322,7 @@ def test_follow_goes_on_while_slurm_does_not_answer(tmp_path, capsys, monkeypatc
     append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="7",
                   log=str(tmp_path / "log-r_%j.out"), dependency=None)  # fmt: skip
     down = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
-    controller = {"up": False}
+    controller = {"up": False, "sleeps since": 0}
 
     def run_command(command, timeout=15.0):
         if not controller["up"]:
@@ -332,7 +332,10 @@ def test_follow_goes_on_while_slurm_does_not_answer(tmp_path, capsys, monkeypatc
         return subprocess.CompletedProcess(command, 0, "JobId=7 JobState=COMPLETED ExitCode=0:0\n", "")
 
     def sleep(seconds: float) -> None:  # the job goes on writing; then Slurm answers again
-        assert not controller["up"], "still following a job Slurm says has ended"
+        if controller["up"]:  # Slurm is asked again within a read or two (it was silent once)
+            controller["sleeps since"] += 1
+            assert controller["sleeps since"] < 2, "still following a job Slurm says has ended"
+            return
         with open(log, "a") as handle:
             handle.write("iteration 2\ngptrain: step finished with exit code 0\n")
         controller["up"] = True
@@ -345,5 +348,35 @@ def test_follow_goes_on_while_slurm_does_not_answer(tmp_path, capsys, monkeypatc
     assert logs(capsys, tmp_path, "-f") == (
         0,
         "iteration 1\niteration 2\ngptrain: step finished with exit code 0\n",
-        "",
+        f"{jobs.SLURM_SILENT}\n{jobs.SLURM_BACK}\n",
     )
+
+
+def test_follow_asks_a_silent_slurm_less_often_and_says_so_once(tmp_path, capsys, monkeypatch):
+    """While Slurm did not answer, `gptrain logs -f` asked squeue, scontrol and sacct every 0.5 s for
+    ever and said nothing. It asks after twice as many quiet reads each time (up to 60: 30 s), reads
+    the log every 0.5 s all along, and says once on stderr that Slurm went silent and once that it
+    answers again."""
+    log = tmp_path / "log.out"
+    log.write_text("")
+    answers = [None] * 10 + [False, False, None, None, True]
+    sleeps, gaps, written = [], [], []
+
+    def is_done() -> bool | None:
+        gaps.append(len(sleeps) - sum(gaps))
+        return answers[len(gaps) - 1]
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) % 10 == 0:  # the job goes on writing while Slurm is silent
+            written.append(f"line {len(sleeps)}\n")
+            with open(log, "a") as handle:
+                handle.write(written[-1])
+
+    monkeypatch.setattr(jobs.time, "sleep", sleep)
+    jobs.follow(lambda: [log], is_done)
+    assert gaps == [0, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60, 1, 1, 2, 4]
+    assert set(sleeps) == {0.5}
+    out, err = capsys.readouterr()
+    assert out == "".join(written)
+    assert err == f"{jobs.SLURM_SILENT}\n{jobs.SLURM_BACK}\n" * 2
