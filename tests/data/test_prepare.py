@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zstandard
 
@@ -496,18 +497,41 @@ def _failing_encode(self, texts):
     raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_an_id_past_the_token_dtype_is_refused(tmp_path, write_jsonl, workers):
-    """A tokenizer.json whose ids run past its vocabulary size (4 tokens, one of id 70,000) picks
-    uint16 tokens by Megatron's rule; 70,000 was written as 4,464, silently another token."""
+def _gapped_tokenizer(tmp_path: Path) -> TokenizerSpec:
+    """4 tokens, one of id 70,000: a tokenizer.json whose ids run past its count."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     tokenizer = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1, "<|endoftext|>": 2, "b": 70000}, "[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(tmp_path / "gap.json"))
+    return TokenizerSpec("HuggingFaceTokenizer", model=str(tmp_path / "gap.json"))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_vocabulary_numbered_with_gaps_gets_a_dtype_that_holds_its_highest_id(
+    tmp_path, write_jsonl, workers
+):
+    """Its size is the highest id + 1 (70,001): int32 tokens, 70,000 written as itself (by the count
+    of its tokens, 4, Megatron's rule picked uint16 and 70,000 became 4,464, silently another token)."""
+    from gptrain.data.indexed import IndexedDataset
+
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a a"}, {"text": "a b a"}])
-    spec = TokenizerSpec("HuggingFaceTokenizer", model=str(tmp_path / "gap.json"))
-    config = PrepareConfig([str(source)], str(tmp_path / "out" / "o"), spec, workers=workers)
+    config = PrepareConfig(
+        [str(source)], str(tmp_path / "out" / "o"), _gapped_tokenizer(tmp_path), workers=workers
+    )
+    prepare(config, stream=sys.stdout)
+    dataset = IndexedDataset(str(tmp_path / "out" / "o_text_document"))
+    assert dataset.dtype == np.int32 and [list(dataset[i]) for i in range(2)] == [[0, 0], [0, 70000, 0]]
+
+
+def test_an_id_past_the_token_dtype_is_refused(tmp_path, write_jsonl, monkeypatch):
+    """The backstop where a tokenizer's ids still run past the dtype its size chose: refused naming
+    the lines, never written wrapped."""
+    import gptrain.data.prepare as prepare_module
+
+    monkeypatch.setattr(prepare_module, "optimal_dtype", lambda vocab_size: np.dtype(np.uint16))
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a a"}, {"text": "a b a"}])
+    config = PrepareConfig([str(source)], str(tmp_path / "out" / "o"), _gapped_tokenizer(tmp_path), workers=1)
     with pytest.raises(DataError, match=r"in\.jsonl:1-2: the tokenizer gives id 70,000 .* past the uint16"):
         prepare(config, stream=sys.stdout)
     assert list((tmp_path / "out").iterdir()) == []
