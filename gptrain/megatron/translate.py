@@ -439,13 +439,14 @@ def _directories(result: Translation) -> None:
     """--save is the run directory (checkpoints in <save>/checkpoints). A --load that differs from it
     is where the run starts from until it has a checkpoint of its own; then a restart resumes that.
     A --load without --save is only read, as Megatron reads it: the run starts from it every time
-    and its logs go to the run directory of a run without --save, not into the loaded run's.
-    --tensorboard-dir is where the TensorBoard events go."""
+    and its logs go to the run directory of a run without --save, not into the loaded run's (nor
+    into a --tensorboard-dir that is the loaded run). --tensorboard-dir is where the TensorBoard
+    events go."""
     v, given = result.values, result.given
     save = _directory(given, "--save")
     load = _directory(given, "--load")
     board = (given.get("--tensorboard-dir") or [None])[0]
-    run_dir = save or board
+    run_dir = save or (board if not (board and load and _same_directory(board, load)) else None)
     if run_dir:
         v["exp_manager.explicit_log_dir"] = run_dir
     v["exp_manager.resume_if_exists"] = bool(save and load)
@@ -461,6 +462,11 @@ def _directories(result: Translation) -> None:
             result.notes.append(f"{flag} (applies to a --load that differs from --save)")
     if board:  # Megatron's writer puts its events there, and nothing else
         v["exp_manager.tensorboard_dir"] = board
+
+
+def _same_directory(one: str, other: str) -> bool:
+    """The same directory however spelled (relative, trailing slash, through a symlink)."""
+    return os.path.realpath(one) == os.path.realpath(other)
 
 
 def _directory(given: dict[str, list[str]], flag: str) -> str | None:

@@ -169,6 +169,28 @@ def test_load_without_save_reads_the_run_and_writes_nothing_into_it(tmp_path, ca
     assert (logs / "hparams.yaml").is_file() and not (logs / "checkpoints").exists()
 
 
+def test_load_without_save_into_its_own_tensorboard_dir_leaves_the_loaded_run_as_it_was(
+    tmp_path, capsys, monkeypatch
+):
+    """--tensorboard-dir X --load X without --save: only the events go to X, as Megatron writes them.
+    Before, X became the run directory again and its hparams.yaml and logs were overwritten."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0"]
+    run_a = tmp_path / "a"
+    assert main(["megatron", *flags, "--train-iters", "2", "--save", str(run_a)]) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in run_a.rglob("*") if p.is_file()}
+    assert main(["megatron", *flags, "--load", f"{run_a}/", "--tensorboard-dir", str(run_a)]) == 0
+    assert re.findall(r"iteration +(\d+)/ +4 \|", capsys.readouterr().out) == ["3", "4"]
+    after = {p: p.read_bytes() for p in run_a.rglob("*") if p.is_file()}
+    assert {p: after[p] for p in before} == before
+    assert all(p.name.startswith("events.out.tfevents.") for p in set(after) - set(before))
+    logs = tmp_path / "results" / "megatron" / "results"
+    assert (logs / "hparams.yaml").is_file() and not (logs / "checkpoints").exists()
+
+
 def test_load_from_one_run_save_into_another(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
