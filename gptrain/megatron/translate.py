@@ -137,7 +137,25 @@ class Translation:
             lr="--lr ",
             min_lr="--min-lr ",
             unit="iterations",
+            settings=self._schedule_flags(run_flag),
         )
+
+    def _schedule_flags(self, run_flag: str) -> dict[str, str]:
+        """The flag that sets each schedule key (its --lr-decay-samples: --train-samples without it),
+        for the line at a resume."""
+        sched = "model.optim.sched."
+        decay_samples = "--lr-decay-samples" if "--lr-decay-samples" in self.given else "--train-samples"
+        return {
+            "trainer.max_steps": run_flag,
+            "model.optim.lr": "--lr",
+            f"{sched}min_lr": "--min-lr",
+            f"{sched}name": "--lr-decay-style",
+            f"{sched}max_steps": "--lr-decay-iters",
+            f"{sched}decay_samples": decay_samples,
+            f"{sched}warmup_steps": "--lr-warmup-iters",
+            f"{sched}warmup_samples": "--lr-warmup-samples",
+            f"{sched}warmup_fraction": "--lr-warmup-fraction",
+        }
 
     def _named(self, flag: str, iterations: float) -> str:
         """`--flag value` as given (Megatron's default 0 where absent), with its `iterations` where the

@@ -89,6 +89,10 @@ class TrainingDivergedError(GptrainError):
     """The loss stayed non-finite for trainer.max_consecutive_nonfinite iterations."""
 
 
+# Names the schedule's settings as the user gave them, at the start and at a resume (ScheduleNames).
+ScheduleNaming = Callable[[TrainingConfig, ScheduleSpec], ScheduleNames]
+
+
 @dataclass
 class Session:
     """The live pieces of one run (built by `train`, used by the loop functions)."""
@@ -116,6 +120,8 @@ class Session:
     """The train split's samples, in order (gptrain.train.data_order: its next samples are saved)."""
     valid_split: Sequence[Any] | None = None
     """The validation split's samples, in order (its first ones are saved, as train_split's next)."""
+    schedule_names: ScheduleNaming = names_in_config
+    """`gptrain megatron` names its flags: in the start warnings and the line at a resume."""
 
     def __post_init__(self) -> None:
         if self.step_fn is None:
@@ -136,10 +142,6 @@ class Session:
             m.rampup_batch_size, m.global_batch_size, m.micro_batch_size * self.dp_size
         )
         return ramp.at(self.state.consumed_samples)
-
-
-# Names the schedule's settings in the start warnings as the user gave them (ScheduleNames).
-ScheduleNaming = Callable[[TrainingConfig, ScheduleSpec], ScheduleNames]
 
 
 def train(cfg: TrainingConfig, schedule_names: ScheduleNaming = names_in_config) -> int:
@@ -221,6 +223,7 @@ def train(cfg: TrainingConfig, schedule_names: ScheduleNaming = names_in_config)
             dp_size=dp_size,
             logging_rank=logging_rank,
             watchdog=watchdog,
+            schedule_names=schedule_names,
         )
         set_throughput_reference(session, model_config)
         watch_checkpoint_saves(session)
@@ -440,7 +443,8 @@ def log_load_notes(s: Session) -> None:
 def log_schedule_change(s: Session) -> None:
     """The schedule settings the config changed since the checkpoint, and the rate before and after:
     a jump of the learning rate at a resume is never silent (schedule_checks.resumed_schedule_change)."""
-    line = resumed_schedule_change(s.cfg, s.schedule, s.state.step + 1)
+    names = s.schedule_names(s.cfg, s.schedule.spec)
+    line = resumed_schedule_change(s.cfg, s.schedule, s.state.step + 1, names)
     if line is not None:
         s.log(line)
 

@@ -20,8 +20,8 @@ checkpoint (its settings are recorded there): not wrong either, but a jump of th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gptrain.train.rampup import BatchRamp
@@ -52,6 +52,9 @@ class ScheduleNames:
     lr: str = "model.optim.lr="
     min_lr: str = "min_lr="
     unit: str = "steps"
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """The name of each schedule key the user set otherwise (`trainer.max_steps` -> `--train-iters`),
+    for the line at a resume; a key not in it is named as it is."""
 
 
 def run_schedule_warnings(
@@ -180,17 +183,21 @@ def shown_steps(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
 
 
-def resumed_schedule_change(cfg: TrainingConfig, schedule: LRSchedule, iteration: int) -> str | None:
+def resumed_schedule_change(
+    cfg: TrainingConfig, schedule: LRSchedule, iteration: int, names: ScheduleNames | None = None
+) -> str | None:
     """One line naming each schedule setting this run's config changed since the checkpoint `schedule`
     was loaded from (old -> new), and the learning rate of the coming `iteration` by each schedule:
     a raised trainer.max_steps stretches the decay, and the rate jumps. None when nothing changed,
-    or the checkpoint (from before they were recorded) holds no settings."""
+    or the checkpoint (from before they were recorded) holds no settings. The settings are named by
+    `names.settings` (the flags under `gptrain megatron`), else by the config's keys."""
     if schedule.resumed is None:
         return None
     old, saved_step = schedule.resumed
+    settings = names.settings if names is not None else {}
     changes = [
         f"{key} {shown(before)} -> {shown(after)}"
-        for key, before, after, shown in _recorded_settings(cfg, old, schedule.spec)
+        for key, before, after, shown in _recorded_settings(cfg, old, schedule.spec, settings)
         if not _same(before, after)
     ]
     if not changes:
@@ -205,41 +212,45 @@ def resumed_schedule_change(cfg: TrainingConfig, schedule: LRSchedule, iteration
 Setting = tuple[str, Any, Any, Callable[[Any], str]]
 
 
-def _recorded_settings(cfg: TrainingConfig, old: ScheduleSpec, new: ScheduleSpec) -> list[Setting]:
-    """(the key that sets it in `cfg`, the checkpoint's value, this run's, how to show one) for each
-    setting a checkpoint records; a length set in samples (decay_samples, warmup_samples) is
-    compared in samples, as Megatron counts it."""
-    sched = cfg.model.optim.sched
-    if sched.decay_samples is not None:
-        length = "model.optim.sched.decay_samples"
-    else:
-        length = "model.optim.sched.max_steps" if sched.max_steps else "trainer.max_steps"
-    warmup = "model.optim.sched.warmup_steps"
-    for key in ("warmup_samples", "warmup_fraction", "warmup_ratio"):
-        if getattr(sched, key) is not None:
-            warmup = (
-                "model.optim.sched.warmup_samples"
-                if key == "warmup_samples"
-                else f"warmup steps (model.optim.sched.{key})"
-            )
-    constant = "model.optim.sched.constant_steps"
-    if sched.constant_ratio is not None:
-        constant = "constant steps (model.optim.sched.constant_ratio)"
+def _recorded_settings(
+    cfg: TrainingConfig, old: ScheduleSpec, new: ScheduleSpec, settings: Mapping[str, str]
+) -> list[Setting]:
+    """(the name of what sets it in `cfg`, the checkpoint's value, this run's, how to show one) for
+    each setting a checkpoint records, a key named by `settings` where it has a name there; a length
+    set in samples (decay_samples, warmup_samples) is compared in samples, as Megatron counts it."""
+    sched, prefix = cfg.model.optim.sched, "model.optim.sched."
 
-    def length_of(field: str, key: str) -> Setting:
-        before, after = getattr(old, field), getattr(new, field)
-        if key.endswith("_samples") and old.global_batch_size:
+    def name(key: str) -> str:
+        return settings.get(key, key)
+
+    if sched.decay_samples is not None:
+        length = f"{prefix}decay_samples"
+    else:
+        length = f"{prefix}max_steps" if sched.max_steps else "trainer.max_steps"
+    warmup_key = next(
+        (key for key in reversed(WARMUP_KEYS) if getattr(sched, key) is not None), "warmup_steps"
+    )
+    warmup = name(prefix + warmup_key)
+    if warmup_key in ("warmup_fraction", "warmup_ratio"):  # the steps they make are compared
+        warmup = f"warmup steps ({warmup})"
+    constant = name(f"{prefix}constant_steps")
+    if sched.constant_ratio is not None:
+        constant = f"constant steps ({name(prefix + 'constant_ratio')})"
+
+    def length_of(attribute: str, key: str, in_samples: bool) -> Setting:
+        before, after = getattr(old, attribute), getattr(new, attribute)
+        if in_samples and old.global_batch_size:
             before, after = before * old.global_batch_size, after * new.global_batch_size
         return key, before, after, shown_steps
 
     return [
-        ("model.optim.sched.name", old.name, new.name, str),
-        ("model.optim.lr", old.lr, new.lr, "{:g}".format),
-        ("model.optim.sched.min_lr", old.min_lr, new.min_lr, "{:g}".format),
-        length_of("max_steps", length),
-        length_of("warmup_steps", warmup),
-        length_of("constant_steps", constant),
-        ("model.optim.sched.warmup_style", old.warmup_style, new.warmup_style, str),
+        (name(f"{prefix}name"), old.name, new.name, str),
+        (name("model.optim.lr"), old.lr, new.lr, "{:g}".format),
+        (name(f"{prefix}min_lr"), old.min_lr, new.min_lr, "{:g}".format),
+        length_of("max_steps", name(length), length.endswith("_samples")),
+        length_of("warmup_steps", warmup, warmup_key == "warmup_samples"),
+        length_of("constant_steps", constant, False),
+        (name(f"{prefix}warmup_style"), old.warmup_style, new.warmup_style, str),
     ]
 
 

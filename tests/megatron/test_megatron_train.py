@@ -13,7 +13,8 @@ from gptrain.cli import main
 from gptrain.config import load_training_config
 from gptrain.megatron.translate import translate
 from gptrain.train.builders import schedule_spec
-from gptrain.train.schedule_checks import run_schedule_warnings
+from gptrain.train.schedule import LRSchedule
+from gptrain.train.schedule_checks import resumed_schedule_change, run_schedule_warnings
 
 TINY = shlex.split(
     "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2"
@@ -319,3 +320,46 @@ def test_a_schedule_in_samples_is_named_by_its_flags_with_their_iterations():
         " the whole run, as Megatron's ramp-up needs"
     )
     assert schedule_warnings_for([*model, "--train-samples", "1008"]) == []
+
+
+def test_a_resume_with_a_changed_schedule_names_the_flags(tmp_path, capsys, monkeypatch):
+    """The line at a resume names the flags the user typed, as the start warnings do; before, it
+    named gptrain's keys (trainer.max_steps 2 -> 4, model.optim.lr ...), which no flag spells."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    at = TINY.index("--lr-decay-iters")  # the decay follows --train-iters
+    flags = [*TINY[:at], *TINY[at + 2 :], "--mock-data", "--vocab-size", "128", "--num-workers", "0"]
+    run = str(tmp_path / "run")
+    assert main(["megatron", *flags, "--train-iters", "2", "--save", run]) == 0
+    capsys.readouterr()
+    resumed = [*flags, "--train-iters", "4", "--lr", "2e-3", "--save", run, "--load", run]
+    assert main(["megatron", *resumed]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if "schedule changed" in line]
+    assert "config applies): --lr 0.001 -> 0.002, --train-iters 2 -> 4; learning rate of iteration 3:" in line
+
+
+def test_a_changed_schedule_in_samples_is_named_by_the_flags_in_samples():
+    """--train-samples sets the decay where no --lr-decay-samples is given; each is named in samples."""
+    model = [*TINY[: TINY.index("--train-iters")], "--lr", "1e-3", "--min-lr", "1e-4"]
+
+    def resume_line(saved: str, now: str) -> str | None:
+        old, new = (schedule_of(shlex.split(flags)) for flags in (saved, now))
+        schedule = LRSchedule(None, new[1].spec)
+        schedule.load_state_dict(old[1].state_dict())
+        return resumed_schedule_change(new[0], schedule, 3, new[2])
+
+    def schedule_of(flags: list[str]) -> tuple:
+        translation = translate([*model, *flags, "--mock-data", "--vocab-size", "128"], {})
+        cfg = load_training_config(None, translation.overrides, report_ignored=False)
+        spec = schedule_spec(cfg)
+        return cfg, LRSchedule(None, spec), translation.schedule_names(cfg, spec)
+
+    line = resume_line("--train-samples 16", "--train-samples 32")
+    assert line is not None and "config applies): --train-samples 16 -> 32;" in line
+    line = resume_line("--train-samples 32 --lr-decay-samples 16", "--train-samples 32 --lr-decay-samples 24")
+    assert line is not None and "config applies): --lr-decay-samples 16 -> 24;" in line
+    line = resume_line(
+        "--train-samples 32 --lr-warmup-fraction 0.25", "--train-samples 32 --lr-warmup-fraction 0.5"
+    )
+    assert line is not None and "warmup steps (--lr-warmup-fraction) 2 -> 4;" in line
