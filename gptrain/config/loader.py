@@ -115,10 +115,11 @@ def load_training_config(
     if report_ignored and hydra_settings and is_rank_zero():
         print(f"gptrain: ignoring {', '.join(hydra_settings)}: {HYDRA_SETTINGS_REASON}", file=sys.stderr)
     data = _resolve(root, source, given)
+    legacy = _method_without_granularity(data)
     ignored: list[str] = []
     cfg = _build(TrainingConfig, data, "", ignored, source, given)
     cfg.ignored_keys = ignored
-    notes = normalize(cfg)
+    notes = legacy + normalize(cfg)
     validate(cfg)
     if report_ignored and ignored and is_rank_zero():
         print(f"gptrain: ignoring NeMo keys ({ignored_summary(ignored)})", file=sys.stderr)
@@ -247,6 +248,24 @@ def _resolve(root: DictConfig, source: str, given: dict[str, str]) -> dict[str, 
         raise ConfigError(f"{where}: cannot resolve '{key}': {str(error).splitlines()[0]}") from None
     assert isinstance(training, dict)
     return training
+
+
+def _method_without_granularity(data: dict[str, Any]) -> list[str]:
+    """NeMo up to 1.10 (bignlp 22.x) had no model.activations_checkpoint_granularity: a method alone
+    recomputed full layers. Such a config keeps that meaning (full), said in a note; a config that
+    gives the granularity, null included, keeps its own."""
+    model = data.get("model")
+    if not isinstance(model, dict) or "activations_checkpoint_granularity" in model:
+        return []
+    method = model.get("activations_checkpoint_method")
+    if method is None:
+        return []
+    model["activations_checkpoint_granularity"] = "full"
+    return [
+        f"model.activations_checkpoint_method={method} without model.activations_checkpoint_granularity "
+        "(NeMo <= 1.10's config, where the method alone recomputes full layers): full recompute; "
+        "set model.activations_checkpoint_granularity=null for none"
+    ]
 
 
 def all_keys(cls: type = TrainingConfig, prefix: str = "") -> list[str]:

@@ -523,3 +523,44 @@ def test_hydras_group_at_package_form_is_one_line_not_a_key_nothing_reads(overri
     train_override = override.removeprefix("+").removeprefix("training.")
     with pytest.raises(ConfigError, match=rf"^override '{re.escape(train_override)}': Hydra's group@package"):
         load_training_config("gpt3/126m", [train_override], report_ignored=False)
+
+
+OLD_NEMO_RECOMPUTE = (
+    "model:\n  data:\n    data_impl: mock\n    mock_vocab_size: 128\n"
+    "  activations_checkpoint_method: block\n  activations_checkpoint_num_layers: 2\n"
+)
+
+
+def test_a_recompute_method_without_the_granularity_key_is_full_recompute_as_in_old_nemo(tmp_path, capsys):
+    """NeMo <= 1.10 (bignlp 22.x) had no activations_checkpoint_granularity: the method alone
+    recomputed full layers. Before, gptrain read the absent key as null and recomputed nothing."""
+    path = tmp_path / "old_nemo.yaml"
+    path.write_text(OLD_NEMO_RECOMPUTE)
+    model = load_training_config(config_file=str(path)).model
+    assert (model.activations_checkpoint_granularity, model.activations_checkpoint_method) == (
+        "full",
+        "block",
+    )
+    assert model.activations_checkpoint_num_layers == 2
+    [note] = [line for line in capsys.readouterr().err.splitlines() if "granularity" in line]
+    assert note.startswith(
+        "gptrain: note: model.activations_checkpoint_method=block without model.activations_checkpoint_granularity"
+    )
+    assert note.endswith("full recompute; set model.activations_checkpoint_granularity=null for none")
+
+
+@pytest.mark.parametrize("granularity", ["null", "selective"])
+def test_a_granularity_given_beside_the_method_keeps_its_meaning(granularity, tmp_path, capsys):
+    path = tmp_path / "nemo.yaml"
+    path.write_text(OLD_NEMO_RECOMPUTE + f"  activations_checkpoint_granularity: {granularity}\n")
+    as_file = load_training_config(config_file=str(path)).model.activations_checkpoint_granularity
+    given = f"model.activations_checkpoint_granularity={granularity}"
+    typed = load_training_config(config_file=str(tmp_path / "nemo.yaml"), overrides=[given])
+    preset = load_training_config("gpt3/126m", ["model.activations_checkpoint_method=uniform"])
+    assert (
+        as_file
+        == typed.model.activations_checkpoint_granularity
+        == (None if granularity == "null" else granularity)
+    )
+    assert preset.model.activations_checkpoint_granularity is None  # the preset gives it: null
+    assert "granularity" not in capsys.readouterr().err
