@@ -88,11 +88,18 @@ def raise_if_a_worker_died(error: BaseException, iterator: object) -> None:
     died = loader_worker_died(error, wait_s=2.0)
     if died is None:
         return
+    shut_down_workers(iterator)
+    raise died from None
+
+
+def shut_down_workers(iterator: object) -> None:
+    """End the worker processes of a DataLoader iterator now (what its __del__ would do), if it has any."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(
+            Exception
+        ):  # nor hide the error being raised, nor keep other loaders' workers
             shutdown()
-    raise died from None
 
 
 def _chain(error: BaseException) -> Iterator[BaseException]:
@@ -240,9 +247,5 @@ def _track_workers(loader: DataLoader) -> None:
 
 def _shut_down_workers() -> None:
     for loader in list(_LOADERS_WITH_WORKERS):
-        iterator = getattr(loader, "_iterator", None)  # a persistent_workers loader keeps its iterator
-        shutdown = getattr(iterator, "_shutdown_workers", None)  # what the iterator's __del__ calls
-        if shutdown is not None:
-            with contextlib.suppress(Exception):  # one loader's failure must not keep the others' workers
-                shutdown()
+        shut_down_workers(getattr(loader, "_iterator", None))  # a persistent_workers loader keeps it
     _LOADERS_WITH_WORKERS.clear()

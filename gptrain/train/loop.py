@@ -40,7 +40,13 @@ from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_
 from gptrain.parallel.parallelize import check_parallel_choices
 from gptrain.parallel.rng import stream_layout, stream_warnings
 from gptrain.train import builders as b
-from gptrain.train.batches import GPTBatchDataset, build_loader, loader_worker_died, raise_if_a_worker_died
+from gptrain.train.batches import (
+    GPTBatchDataset,
+    build_loader,
+    loader_worker_died,
+    raise_if_a_worker_died,
+    shut_down_workers,
+)
 from gptrain.train.data_order import order_record, order_warnings
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
 from gptrain.train.logline import format_validation_lines
@@ -539,6 +545,13 @@ def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:
             batch = [mb for _, mb in zip(range(count), it, strict=False)]
         except (RuntimeError, ConnectionError, EOFError) as error:  # asked while `it` knows its workers
             raise_if_a_worker_died(error, it)
+            raise
+        except KeyboardInterrupt:
+            # A SIGINT to this process alone (`kill -INT <pid>`) during a receive left a worker handing over
+            # a batch's shared memory on a connection this process closed as it exited: the worker printed
+            # a traceback, cut off by its shutdown, after "gptrain: interrupted". Its workers end now,
+            # while the interrupted receive still holds that connection open.
+            shut_down_workers(it)
             raise
         if len(batch) < count:
             raise DataError(ran_out_of_samples(s.cfg, iteration, consumed))

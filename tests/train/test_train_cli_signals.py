@@ -201,3 +201,39 @@ def test_a_stop_signal_during_start_up_trains_no_step_and_saves_nothing(tmp_path
         in out
     )
     assert " iteration        3/" not in out
+
+
+# Runs `gptrain train` in a process that SIGINTs itself (only itself, as `kill -INT <pid>` does) while
+# it receives a batch's shared memory from a DataLoader worker: in the handshake of that connection.
+SIGINT_DURING_A_BATCH_RECEIVE = """
+import os, signal, sys
+import multiprocessing.connection as connection
+from gptrain.cli import main
+
+answer_challenge = connection.answer_challenge
+
+def interrupted_while_answering(*args):
+    connection.answer_challenge = answer_challenge
+    os.kill(os.getpid(), signal.SIGINT)
+    return answer_challenge(*args)
+
+connection.answer_challenge = interrupted_while_answering
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_sigint_to_the_main_process_mid_batch_is_one_line_and_130(tmp_path):
+    """The worker handing the batch over waited on the connection the interrupted receive held, and
+    printed a cut-off traceback from multiprocessing's resource_sharer when this process closed it on
+    exit, after "gptrain: interrupted". A terminal's Ctrl-C interrupts the workers too, and was clean."""
+    overrides = [*TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path}", "model.data.num_workers=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGINT_DURING_A_BATCH_RECEIVE, "train", "gpt3/126m", *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "gptrain: interrupted\n"
