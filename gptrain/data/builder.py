@@ -170,7 +170,39 @@ def build_gpt_datasets(
     `skip_unused`: a split asked for 0 samples is not built (training with limit_test_batches=0
     must not fail because a small dataset's test split holds no whole sequence).
     `only_split` ("train", "valid" or "test"): build that split alone, the others are None.
-    `asked_by` names, per split, what the user set to ask for its samples (for the error)."""
+    `asked_by` names, per split, what the user set to ask for its samples (for the errors)."""
+    try:
+        return _build_splits(
+            data_prefix, splits_string, seq_length, seed, num_samples, cache_dir, mock, vocab_size,
+            skip_unused, only_split, asked_by,
+        )  # fmt: skip
+    except MemoryError as error:  # numpy's "Unable to allocate 1.42 PiB ...": a count too large for this host
+        raise ConfigError(_out_of_memory_text(error, num_samples, seq_length, asked_by, only_split)) from None
+
+
+def _out_of_memory_text(
+    error: MemoryError,
+    num_samples: Sequence[int],
+    seq_length: int,
+    asked_by: Sequence[str],
+    only_split: str | None,
+) -> str:
+    """The line for index arrays this host cannot hold, naming what asked for the largest split built:
+    the generic "out of memory: ask for less" left the user to guess which flag or key that was."""
+    built = [s for s in zip(SPLIT_NAMES, num_samples, asked_by, strict=True) if only_split in (None, s[0])]
+    name, count, source = max(built, key=lambda split: split[1])
+    reason = (str(error).splitlines() or ["no detail"])[0]
+    return (
+        f"{source}: out of memory building the sample indices of the {name} split, {count:,} samples of "
+        f"{seq_length} tokens ({reason}); ask for fewer"
+    )
+
+
+def _build_splits(
+    data_prefix: DataPrefix, splits_string: str | None, seq_length: int, seed: int,
+    num_samples: tuple[int, int, int], cache_dir: str | None, mock: bool, vocab_size: int | None,
+    skip_unused: bool, only_split: str | None, asked_by: Sequence[str],
+) -> tuple[Dataset | None, Dataset | None, Dataset | None]:  # fmt: skip
     if only_split not in (None, *SPLIT_NAMES):
         raise ConfigError(f"only_split must be one of {', '.join(SPLIT_NAMES)}, got {only_split!r}")
     if len(num_samples) != 3 or any(n is None or n < 0 for n in num_samples):
@@ -185,7 +217,9 @@ def build_gpt_datasets(
                  else None for name, n in zip(SPLIT_NAMES, num_samples, strict=True)]  # fmt: skip
         return mocks[0], mocks[1], mocks[2]
     if isinstance(data_prefix, Mapping):
-        return _per_split(data_prefix, seq_length, seed, num_samples, cache_dir, skip_unused, only_split)
+        return _per_split(
+            data_prefix, seq_length, seed, num_samples, cache_dir, skip_unused, only_split, asked_by
+        )
     prefixes, weights = parse_blend(data_prefix)
     _check_prefixes(prefixes)
     if weights is None:
@@ -201,6 +235,7 @@ def build_gpt_datasets(
 def _per_split(
     data_prefix: Mapping[str, str | Sequence[str | float] | None], seq_length: int, seed: int,
     num_samples: tuple[int, int, int], cache_dir: str | None, skip_unused: bool, only_split: str | None,
+    asked_by: Sequence[str],
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:  # fmt: skip
     """Each split built from its own datasets, every document of them in that split."""
     unknown = sorted(str(key) for key in data_prefix if key not in PER_SPLIT_KEYS)
@@ -219,7 +254,7 @@ def _per_split(
         whole = ",".join("100" if i == position else "0" for i in range(len(SPLIT_NAMES)))
         counts = tuple(count if i == position else 0 for i in range(len(SPLIT_NAMES)))
         built = build_gpt_datasets(
-            _lone_prefix(spec), whole, seq_length, seed, counts, cache_dir, only_split=name
+            _lone_prefix(spec), whole, seq_length, seed, counts, cache_dir, only_split=name, asked_by=asked_by
         )
         datasets.append(built[position])
     return datasets[0], datasets[1], datasets[2]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -311,9 +312,14 @@ def schedule_spec(cfg: TrainingConfig) -> ScheduleSpec:
 
 
 def build_datasets(
-    cfg: TrainingConfig, vocab: int, tokenizer: Any | None, local_rank: int | None = None
+    cfg: TrainingConfig,
+    vocab: int,
+    tokenizer: Any | None,
+    local_rank: int | None = None,
+    asked_by: Sequence[str] | None = None,
 ) -> tuple[Any, Any, Any]:
     """(train, valid, test) GPTBatchDatasets with Megatron's sample counts; valid/test may be None.
+    `asked_by`: what set each split's count, for an error about it (default: the config's keys).
 
     With a process group the ranks build in three turns (`build_turn`), each loading what the
     turns before wrote to the index cache: rank 0 first, then one rank per node (`local_rank` 0;
@@ -323,7 +329,7 @@ def build_datasets(
     copied to local NVMe) once per node, never by all of a node's ranks at once.
     """
     if not (dist.is_available() and dist.is_initialized()):
-        return _build_datasets(cfg, vocab, tokenizer)
+        return _build_datasets(cfg, vocab, tokenizer, asked_by)
     if local_rank is None:
         from gptrain.parallel.mesh import world_from_env
 
@@ -334,7 +340,7 @@ def build_datasets(
         failure: Exception | None = None
         if turn == mine:
             try:
-                built = _build_datasets(cfg, vocab, tokenizer)
+                built = _build_datasets(cfg, vocab, tokenizer, asked_by)
             except Exception as error:  # told to the other ranks, then raised here
                 failure = error
         verdicts: list[str | None] = [None] * dist.get_world_size()
@@ -398,10 +404,23 @@ def dataset_size_lines(cfg: TrainingConfig) -> list[str]:
     ]
 
 
-def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> tuple[Any, Any, Any]:
+def split_sizes_asked_by(cfg: TrainingConfig) -> tuple[str, str, str]:
+    """The keys that size the train, validation and test splits (dataset_target_sizes), as errors name them."""
+    return (
+        "trainer.max_steps x model.global_batch_size"
+        if cfg.trainer.train_samples is None
+        else "trainer.train_samples",
+        "trainer.limit_val_batches x validations (trainer.max_steps / trainer.val_check_interval + 1)",
+        "trainer.limit_test_batches x model.global_batch_size",
+    )
+
+
+def _build_datasets(
+    cfg: TrainingConfig, vocab: int, tokenizer: Any | None, asked_by: Sequence[str] | None = None
+) -> tuple[Any, Any, Any]:
     from gptrain.data.builder import build_gpt_datasets
 
-    m, t = cfg.model, cfg.trainer
+    m = cfg.model
     train, valid, test = build_gpt_datasets(
         m.data.data_prefix,
         m.data.splits_string,
@@ -412,13 +431,7 @@ def _build_datasets(cfg: TrainingConfig, vocab: int, tokenizer: Any | None) -> t
         mock=is_mock_data(cfg),
         vocab_size=vocab,
         skip_unused=True,  # limit_val/test_batches=0: that split is not built at all
-        asked_by=(
-            "trainer.max_steps x model.global_batch_size"
-            if t.train_samples is None
-            else "trainer.train_samples",
-            "trainer.limit_val_batches x validations (trainer.max_steps / trainer.val_check_interval + 1)",
-            "trainer.limit_test_batches x model.global_batch_size",
-        ),
+        asked_by=asked_by or split_sizes_asked_by(cfg),
     )
     eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]

@@ -191,7 +191,7 @@ def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: 
     if batches < 1:
         key = "limit_test_batches" if request.split == "test" else "limit_val_batches"
         raise ConfigError(f"the run has trainer.{key}=0 (no {request.split} batches); pass --batches N")
-    train, valid, test = b.build_datasets(cfg, vocab, tokenizer)
+    train, valid, test = b.build_datasets(cfg, vocab, tokenizer, asked_by=_asked_by(cfg, request))
     data = {"train": train, "validation": valid, "test": test}[request.split]
     if data is None or len(data) == 0:
         per_split = isinstance(cfg.model.data.data_prefix, Mapping)
@@ -209,6 +209,17 @@ def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: 
     elif request.split == "train":
         batches = _train_batches_held(batches, len(data), cfg.model.global_batch_size, source)
     return data, batches, source
+
+
+def _asked_by(cfg: TrainingConfig, request: EvalRequest) -> list[str]:
+    """What sized each split, for an error about its size: --batches, set as trainer.limit_val_batches
+    or limit_test_batches, sizes the split it evaluates; the train split is built as the run built it."""
+    keys = list(b.split_sizes_asked_by(cfg))
+    if request.batches is not None and request.split == "validation":
+        keys[1] = keys[1].replace("trainer.limit_val_batches", "--batches")
+    if request.batches is not None and request.split == "test":
+        keys[2] = keys[2].replace("trainer.limit_test_batches", "--batches")
+    return keys
 
 
 def _train_batches_held(batches: int, samples: int, global_batch: int, source: str) -> int:

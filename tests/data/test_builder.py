@@ -261,6 +261,26 @@ def test_a_split_past_what_its_indices_can_address_is_refused_naming_what_asked(
         build_gpt_datasets("unused", None, 8, 3, (tokens // 8 + 1, 0, 0), mock=True, vocab_size=100)
 
 
+def test_a_split_too_large_for_memory_names_what_asked_for_it(tmp_path):
+    """Under the 2**58 tokens the indices address, 10**15 samples still need petabytes: numpy's
+    MemoryError reached the CLI as "out of memory: ask for less", naming no key. A per-split data
+    prefix (its own build of each split) names the split's key too."""
+    prefix = write_dataset(tmp_path / "d", list(range(1, 41)))
+    asked = ("steps", "validations", "tests")
+    cache = str(tmp_path / "c")
+    expected = (
+        r"^steps: out of memory building the sample indices of the train split, 1,000,000,000,000,000 "
+        r"samples of 8 tokens \(Unable to allocate .*\); ask for fewer$"
+    )
+    with pytest.raises(ConfigError, match=expected):
+        build_gpt_datasets(prefix, "90,10,0", 8, 1, (10**15, 5, 0), cache, asked_by=asked)
+    per_split = {"train": prefix, "validation": prefix}
+    with pytest.raises(
+        ConfigError, match=r"^validations: out of memory building the sample indices of the valid"
+    ):
+        build_gpt_datasets(per_split, None, 8, 1, (20, 10**15, 0), cache, asked_by=asked)
+
+
 def test_builder_does_not_import_torch():
     code = "import sys, gptrain.data.builder; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

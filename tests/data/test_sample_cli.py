@@ -138,6 +138,37 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert "--num-samples" in capsys.readouterr().err
 
 
+def test_more_samples_than_this_host_can_index_name_the_flag(tmp_path, capsys):
+    """10**15 samples of 8 tokens is past any host's memory (its epochs' document order alone takes
+    1.42 PiB) yet under what the indices can address: it was "out of memory (...): ask for less",
+    which named no flag."""
+    prefix = write_dataset(tmp_path / "d", list(range(1, 41)))
+    huge = "1000000000000000"
+    args = [
+        "data",
+        "sample",
+        "--data-prefix",
+        prefix,
+        "--seq-length",
+        "8",
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
+    assert main([*args, "--num-samples", f"{huge},0,0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "gptrain: error: --num-samples: out of memory building the sample indices of the train split, "
+        "1,000,000,000,000,000 samples of 8 tokens (Unable to allocate "
+    )
+    assert err.endswith("); ask for fewer\n")
+    # the split built is the one named, not a larger one left unbuilt
+    assert (
+        main([*args, "--num-samples", f"0,{huge},1{huge}", "--split", "valid", "--splits-string", "1,1,1"])
+        == 2
+    )
+    assert "sample indices of the valid split, 1,000,000,000,000,000 samples" in capsys.readouterr().err
+
+
 def test_seed_outside_randomstate_range_is_refused(tmp_path, capsys):
     """numpy's RandomState (Megatron's shuffle) takes 0 to 2**32 - 1: refused, not taken modulo."""
     prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8] * 10)

@@ -18,6 +18,7 @@ from gptrain.config import load_training_config
 from gptrain.data.indexed import IndexedDatasetWriter
 from gptrain.errors import ConfigError
 from gptrain.train import loop
+from gptrain.trained.evaluate import EvalRequest, eval_data
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -217,6 +218,35 @@ def test_eval_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None
     assert capsys.readouterr().err.strip() == (  # it asked for 'a different split string', which no flag sets
         f"gptrain: error: --data-prefix {tmp_path}/one_token: holds 1 token(s); evaluation needs at least 2"
         " (an input and the token after it): give a dataset with text in it"
+    )
+
+
+def test_more_batches_than_this_host_can_index_name_the_flag(run_dir: Path, tmp_path: Path, capsys) -> None:
+    """--batches 10**14 is within what the sample indices can address, not what memory holds: it was
+    "out of memory (Unable to allocate ...): ask for less", naming neither --batches nor the split."""
+    huge = "100000000000000"
+    write_one_document(tmp_path / "held_out", np.arange(8 * SEQ + 1, dtype=np.uint16) % VOCAB)
+    assert main(["eval", str(run_dir), "--batches", huge, "--data-prefix", str(tmp_path / "held_out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "gptrain: error: --batches: out of memory building the sample indices of the valid split, "
+        "400,000,000,000,000 samples of 16 tokens"
+    )
+    # the run's validation split (of 2 documents here), which --batches sizes for each of its validations
+    writer = IndexedDatasetWriter(str(tmp_path / "two"), np.uint16)
+    for document in range(2):
+        writer.add_document(np.arange(8 * SEQ + 1, dtype=np.uint16) % VOCAB + document)
+    writer.finalize()
+    data = [f"model.data.data_prefix={tmp_path / 'two'}", "model.data.data_impl=mmap"]
+    data += [f"model.data.index_mapping_dir={tmp_path / 'cache'}", "model.data.splits_string=50,50,0"]
+    cfg = load_training_config(
+        config_file=str(run_dir / "hparams.yaml"), overrides=data, report_ignored=False
+    )
+    with pytest.raises(ConfigError) as refused:
+        eval_data(cfg, EvalRequest(str(run_dir), batches=int(huge)), VOCAB, None)
+    assert str(refused.value).startswith(
+        "--batches x validations (trainer.max_steps / trainer.val_check_interval + 1): out of memory "
+        "building the sample indices of the valid split, 1,200,000,000,000,000 samples of 16 tokens"
     )
 
 
