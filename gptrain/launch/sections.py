@@ -221,6 +221,13 @@ SBATCH_REFUSED = {
         "use env_vars or cluster.env_vars instead",
     ),
 }
+
+
+def keeps_the_environment(option: str, value: Any) -> bool:
+    """`export: ALL` (or `ALL,NAME=value`): Slurm's default, the whole environment kept, harmless."""
+    return option == "export" and str(value).split(",")[0].strip().upper() == "ALL"
+
+
 # sbatch's options with --mem (cluster.mem), which it refuses together ("mutually exclusive").
 SBATCH_MEM_OPTIONS = ("mem-per-cpu", "mem-per-gpu")
 SBATCH_OPTION_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -265,8 +272,10 @@ def additional_parameters(key: str, value: Any) -> dict[str, Any] | None:
         owned = owned_option(option)
         spelt = f"--{owned}" if owned == option else f"--{owned} (which --{option} abbreviates)"
         if owned in SBATCH_REFUSED:
-            why, fix = SBATCH_REFUSED[owned]
-            raise ConfigError(f"{where}: {spelt} is refused: {why}; {fix}")
+            if not keeps_the_environment(owned, item):
+                why, fix = SBATCH_REFUSED[owned]
+                raise ConfigError(f"{where}: {spelt} is refused: {why}; {fix}")
+            owned = None  # passed as given
         if owned:
             fix = f"use {SBATCH_OWNED[owned]} instead" if owned in SBATCH_OWNED else "leave it out"
             raise ConfigError(f"{where}: gptrain renders {spelt} itself; {fix}{reserved_reason(owned)}")

@@ -125,6 +125,14 @@ def test_export_is_refused_naming_env_vars(tmp_path, monkeypatch, key, spelt):
     assert "\n" not in message and not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("value", ["ALL", "all,NCCL_DEBUG=INFO"])
+def test_export_all_keeps_the_environment_and_is_passed(tmp_path, monkeypatch, value):
+    """Slurm's default, the whole environment kept: a cluster file that set it launched before the
+    refusal of --export=NONE, and was refused with it."""
+    [script] = launch_files(tmp_path, monkeypatch, f"cluster.additional_parameters.export='{value}'")
+    assert ("--export", value) in sbatch_lines(script.read_text())
+
+
 @pytest.mark.parametrize("value", ["a\nb", "a\rb", "a\x00b", "a\x1bb"])
 def test_control_characters_are_refused_naming_the_key(tmp_path, monkeypatch, value):
     """A newline inside quotes still ends the #SBATCH line: the rest would be a line of the batch shell."""
