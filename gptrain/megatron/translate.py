@@ -82,6 +82,8 @@ FILLED_IN: dict[str, str] = {
     ),
 }
 
+DECAY_STYLES = VALUE["--lr-decay-style"][1]  # Megatron's word -> gptrain's schedule name
+
 
 @dataclass
 class Translation:
@@ -138,6 +140,7 @@ class Translation:
             min_lr="--min-lr ",
             unit="iterations",
             settings=self._schedule_flags(run_flag),
+            values={"model.optim.sched.name": {name: style for style, name in DECAY_STYLES.items()}},
         )
 
     def _schedule_flags(self, run_flag: str) -> dict[str, str]:

@@ -55,6 +55,9 @@ class ScheduleNames:
     settings: Mapping[str, str] = field(default_factory=dict)
     """The name of each schedule key the user set otherwise (`trainer.max_steps` -> `--train-iters`),
     for the line at a resume; a key not in it is named as it is."""
+    values: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """How the user spells a key's values where that differs (`--lr-decay-style`: CosineAnnealing is
+    `cosine`), for the same line."""
 
 
 def run_schedule_warnings(
@@ -195,9 +198,10 @@ def resumed_schedule_change(
         return None
     old, saved_step = schedule.resumed
     settings = names.settings if names is not None else {}
+    values = names.values if names is not None else {}
     changes = [
         f"{key} {shown(before)} -> {shown(after)}"
-        for key, before, after, shown in _recorded_settings(cfg, old, schedule.spec, settings)
+        for key, before, after, shown in _recorded_settings(cfg, old, schedule.spec, settings, values)
         if not _same(before, after)
     ]
     if not changes:
@@ -213,7 +217,11 @@ Setting = tuple[str, Any, Any, Callable[[Any], str]]
 
 
 def _recorded_settings(
-    cfg: TrainingConfig, old: ScheduleSpec, new: ScheduleSpec, settings: Mapping[str, str]
+    cfg: TrainingConfig,
+    old: ScheduleSpec,
+    new: ScheduleSpec,
+    settings: Mapping[str, str],
+    values: Mapping[str, Mapping[str, str]] = {},  # noqa: B006  (read only)
 ) -> list[Setting]:
     """(the name of what sets it in `cfg`, the checkpoint's value, this run's, how to show one) for
     each setting a checkpoint records, a key named by `settings` where it has a name there; a length
@@ -244,7 +252,7 @@ def _recorded_settings(
         return key, before, after, shown_steps
 
     return [
-        (name(f"{prefix}name"), old.name, new.name, str),
+        (name(f"{prefix}name"), old.name, new.name, lambda v: values.get(f"{prefix}name", {}).get(v, str(v))),
         (name("model.optim.lr"), old.lr, new.lr, "{:g}".format),
         (name(f"{prefix}min_lr"), old.min_lr, new.min_lr, "{:g}".format),
         length_of("max_steps", name(length), length.endswith("_samples")),

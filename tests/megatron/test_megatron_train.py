@@ -363,3 +363,7 @@ def test_a_changed_schedule_in_samples_is_named_by_the_flags_in_samples():
         "--train-samples 32 --lr-warmup-fraction 0.25", "--train-samples 32 --lr-warmup-fraction 0.5"
     )
     assert line is not None and "warmup steps (--lr-warmup-fraction) 2 -> 4;" in line
+    line = resume_line(
+        "--train-samples 32 --lr-decay-style cosine", "--train-samples 32 --lr-decay-style linear"
+    )
+    assert line is not None and "config applies): --lr-decay-style cosine -> linear;" in line  # its words
