@@ -14,6 +14,7 @@ import difflib
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptrain.data.blend_spec import is_number
@@ -467,7 +468,7 @@ def _directories(result: Translation) -> None:
     save = _directory(given, "--save")
     load = _directory(given, "--load")
     board = (given.get("--tensorboard-dir") or [None])[0]
-    run_dir = save or (board if not (board and load and _same_directory(board, load)) else None)
+    run_dir = save or (board if not (board and load and _holds(board, load)) else None)
     if run_dir:
         v["exp_manager.explicit_log_dir"] = run_dir
     v["exp_manager.resume_if_exists"] = bool(save and load)
@@ -485,9 +486,10 @@ def _directories(result: Translation) -> None:
         v["exp_manager.tensorboard_dir"] = board
 
 
-def _same_directory(one: str, other: str) -> bool:
-    """The same directory however spelled (relative, trailing slash, through a symlink)."""
-    return os.path.realpath(one) == os.path.realpath(other)
+def _holds(board: str, load: str) -> bool:
+    """Whether `load` is the run directory `board` or a directory inside it (its checkpoints/, a
+    step_N), however spelled (relative, trailing slash, through a symlink)."""
+    return Path(os.path.realpath(load)).is_relative_to(os.path.realpath(board))
 
 
 def _directory(given: dict[str, list[str]], flag: str) -> str | None:

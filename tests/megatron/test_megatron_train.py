@@ -170,8 +170,9 @@ def test_load_without_save_reads_the_run_and_writes_nothing_into_it(tmp_path, ca
     assert (logs / "hparams.yaml").is_file() and not (logs / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("loaded", ["{run}/", "{run}/checkpoints"])
 def test_load_without_save_into_its_own_tensorboard_dir_leaves_the_loaded_run_as_it_was(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, loaded
 ):
     """--tensorboard-dir X --load X without --save: only the events go to X, as Megatron writes them.
     Before, X became the run directory again and its hparams.yaml and logs were overwritten."""
@@ -183,7 +184,8 @@ def test_load_without_save_into_its_own_tensorboard_dir_leaves_the_loaded_run_as
     assert main(["megatron", *flags, "--train-iters", "2", "--save", str(run_a)]) == 0
     capsys.readouterr()
     before = {p: p.read_bytes() for p in run_a.rglob("*") if p.is_file()}
-    assert main(["megatron", *flags, "--load", f"{run_a}/", "--tensorboard-dir", str(run_a)]) == 0
+    load = loaded.format(run=run_a)  # the run, or its checkpoints/ (refused: 'add --load a')
+    assert main(["megatron", *flags, "--load", load, "--tensorboard-dir", str(run_a)]) == 0
     assert re.findall(r"iteration +(\d+)/ +4 \|", capsys.readouterr().out) == ["3", "4"]
     after = {p: p.read_bytes() for p in run_a.rglob("*") if p.is_file()}
     assert {p: after[p] for p in before} == before

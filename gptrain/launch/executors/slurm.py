@@ -61,7 +61,7 @@ SBATCH_REFUSALS = (
     ),
     ("mutually exclusive", "cluster.additional_parameters against the other cluster keys"),
 )
-INVALID_OPTION = re.compile(r"Invalid --([\w-]+)")
+INVALID_OPTION = re.compile(r"Invalid --([\w-]+)", re.IGNORECASE)
 
 
 def refusal_keys(message: str, job: Job) -> str:
