@@ -20,7 +20,7 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank = dist.get_rank()
 
 
-def recording_build(cfg, vocab, tokenizer):
+def recording_build(cfg, vocab, tokenizer, asked_by=None):
     done = sorted(int(path.name.split("_")[1]) for path in out.glob("done_*"))
     (out / f"entered_{rank}.json").write_text(json.dumps(done))
     time.sleep(0.5)
