@@ -14,7 +14,14 @@ from gptrain.cli import main
 from gptrain.train.run_lock import acquire
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config  # noqa: E402
+from train_e2e_helpers import (  # noqa: E402
+    MOCK,
+    Preempted,
+    log_lines,
+    preempted_at_the_test_split,
+    run_recording,
+    tiny_config,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -143,30 +150,18 @@ def test_resume_after_a_rewind_repeats_the_uninterrupted_steps_bit_for_bit(tmp_p
     assert complete_steps(tmp_path / "checkpoints") == [2, 4, 6]
 
 
-class Preempted(Exception):
-    """The job ended right after the last save, before the test split."""
-
-
 def test_a_rewound_run_stopped_before_its_test_split_evaluates_it_when_resumed(tmp_path, monkeypatch):
     """The first trajectory's record of its test split at step 6 outlived the rewind: the second
     trajectory, stopped between its own step_6 save and its test split, was then never tested (a
     resume at max_steps said 'nothing to do'). A run that trains now forgets the record first."""
-    from gptrain.train import loop
-    from gptrain.train.results import TB_TEST_LOSS, TEST_DONE
+    from gptrain.train.results import TEST_DONE
 
     keep = [*MOCK, "exp_manager.checkpoint_callback_params.every_n_train_steps=2"]
     keep += ["exp_manager.checkpoint_callback_params.save_top_k=-1"]
     assert run_recording(monkeypatch, tiny_config(tmp_path, *keep))[0] == 0
     assert (tmp_path / TEST_DONE).read_text() == "6\n"
     assert main(["checkpoint", "rewind", str(tmp_path), "--to", "step_4"]) == 0
-    real_evaluate_split = loop.evaluate_split
-
-    def preempted_at_the_test_split(s, data, batches, where, tag):
-        if tag == TB_TEST_LOSS:
-            raise Preempted
-        return real_evaluate_split(s, data, batches, where, tag)
-
-    monkeypatch.setattr(loop, "evaluate_split", preempted_at_the_test_split)
+    preempted_at_the_test_split(monkeypatch)
     with pytest.raises(Preempted):
         run_recording(monkeypatch, tiny_config(tmp_path, *keep, "model.optim.lr=0.01"))
     monkeypatch.undo()

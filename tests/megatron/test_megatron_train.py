@@ -23,10 +23,15 @@ TINY = shlex.split(
 )
 
 
-def test_tiny_run_prints_the_rate_after_the_scheduler_step(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def one_process_in(directory, monkeypatch) -> None:
+    """Run from `directory` as one process: no torchrun or Slurm rank variables of the test's own."""
+    monkeypatch.chdir(directory)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
+
+
+def test_tiny_run_prints_the_rate_after_the_scheduler_step(tmp_path, capsys, monkeypatch):
+    one_process_in(tmp_path, monkeypatch)
     flags = [*TINY, "--mock-data", "--vocab-size", "128", "--save", str(tmp_path / "run")]
     assert main(["megatron", *flags]) == 0
     out = capsys.readouterr().out
@@ -65,9 +70,7 @@ def test_tensorboard_dir_gets_the_events_and_plot_finds_them_there(tmp_path, cap
     relative one against the working directory as Megatron's writer resolves it."""
     from gptrain.trained.curves import LOSS, read_tensorboard
 
-    monkeypatch.chdir(tmp_path)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    one_process_in(tmp_path, monkeypatch)
     flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0", "--save", "run"]
     assert main(["megatron", *flags, "--tensorboard-dir", "./tb my run"]) == 0, capsys.readouterr().err
     board = tmp_path / "tb my run"
@@ -115,9 +118,7 @@ TINY_SHAPE = shlex.split(
 
 @pytest.mark.parametrize("example", ["aws_sbatch", "megatron_175b", "trainium"])
 def test_the_tutorial_and_example_flag_lists_train_on_cpu(example, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    one_process_in(tmp_path, monkeypatch)
     prefix, vocab, merges = write_gpt2_corpus(tmp_path)
     data = ["--data-path", prefix, "--vocab-file", vocab, "--merge-file", merges]
     if example == "trainium":  # --split 100,0,0: no validation; checkpoints where --save-xser says
@@ -153,9 +154,7 @@ def test_the_tutorial_and_example_flag_lists_train_on_cpu(example, tmp_path, cap
 def test_load_without_save_reads_the_run_and_writes_nothing_into_it(tmp_path, capsys, monkeypatch):
     """Megatron reads --load and, without --save, writes nothing. Before, gptrain made --load the run
     directory: the loaded run's hparams.yaml was overwritten and this run's logs were added to it."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    one_process_in(tmp_path, monkeypatch)
     flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0"]
     run_a = tmp_path / "a"
     assert main(["megatron", *flags, "--train-iters", "2", "--save", str(run_a)]) == 0
@@ -176,9 +175,7 @@ def test_load_without_save_into_its_own_tensorboard_dir_leaves_the_loaded_run_as
 ):
     """--tensorboard-dir X --load X without --save: only the events go to X, as Megatron writes them.
     Before, X became the run directory again and its hparams.yaml and logs were overwritten."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    one_process_in(tmp_path, monkeypatch)
     flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0"]
     run_a = tmp_path / "a"
     assert main(["megatron", *flags, "--train-iters", "2", "--save", str(run_a)]) == 0
@@ -195,9 +192,7 @@ def test_load_without_save_into_its_own_tensorboard_dir_leaves_the_loaded_run_as
 
 
 def test_load_from_one_run_save_into_another(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    one_process_in(tmp_path, monkeypatch)
     flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0"]
     run_a, run_b = str(tmp_path / "a"), str(tmp_path / "b")
     assert main(["megatron", *flags, "--train-iters", "2", "--save", run_a]) == 0
@@ -214,9 +209,7 @@ def test_load_from_one_run_save_into_another(tmp_path, capsys, monkeypatch):
 def test_rerunning_into_a_save_directory_says_to_add_load(tmp_path, capsys, monkeypatch):
     """Megatron without --load starts over into --save; gptrain never overwrites a run's checkpoints
     and says so in Megatron's flags (the generic error named exp_manager keys this front refuses)."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    one_process_in(tmp_path, monkeypatch)
     flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0", "--train-iters", "2"]
     run = str(tmp_path / "a")
     assert main(["megatron", *flags, "--save", run]) == 0
@@ -230,9 +223,7 @@ def test_rerunning_into_a_save_directory_says_to_add_load(tmp_path, capsys, monk
 def test_the_output_prefix_given_as_data_path_names_the_prefix_meant(tmp_path, capsys, monkeypatch):
     """The tutorial's preprocess_data.py --output-prefix /fsx/my-gpt2 writes my-gpt2_text_document;
     --data-path /fsx/my-gpt2 said "run gptrain data prepare first", which had been done."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    one_process_in(tmp_path, monkeypatch)
     prefix, vocab, merges = write_gpt2_corpus(tmp_path)
     given = prefix.removesuffix("_text_document")
     flags = [*TINY, "--data-path", given, "--vocab-file", vocab, "--merge-file", merges, "--num-workers", "0"]
@@ -250,9 +241,7 @@ def test_a_sample_schedule_under_a_ramp_is_not_warned_of(tmp_path, capsys, monke
     samples: the last partial batch dropped, as Megatron drops it), so the decay ends within the last
     step. Before, the check compared the decay with the 7 iterations and warned that the last 1.75
     steps ran at min_lr."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    one_process_in(tmp_path, monkeypatch)
     flags = [*TINY[: TINY.index("--global-batch-size")], "--global-batch-size", "8", "--lr", "1e-3"]
     flags += shlex.split(
         "--rampup-batch-size 4 4 16 --train-samples 42 --lr-decay-style cosine --log-interval 1"
@@ -271,9 +260,7 @@ def test_a_schedule_warning_names_the_flags_given(tmp_path, capsys, monkeypatch)
     """Every Megatron example decays over less than the run (the GPT-3 recipe): the start warning
     named gptrain keys the command line never gave and advised model.optim.sched.max_steps=null, which
     `gptrain megatron` cannot take. It now names the flags, and Megatron's way: leave the length out."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    one_process_in(tmp_path, monkeypatch)
     flags = [*TINY, "--train-iters", "8", "--eval-iters", "0", "--mock-data", "--vocab-size", "128"]
     assert main(["megatron", *flags, "--num-workers", "0"]) == 0, capsys.readouterr().err
     assert (
@@ -327,9 +314,7 @@ def test_a_schedule_in_samples_is_named_by_its_flags_with_their_iterations():
 def test_a_resume_with_a_changed_schedule_names_the_flags(tmp_path, capsys, monkeypatch):
     """The line at a resume names the flags the user typed, as the start warnings do; before, it
     named gptrain's keys (trainer.max_steps 2 -> 4, model.optim.lr ...), which no flag spells."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(name, raising=False)
+    one_process_in(tmp_path, monkeypatch)
     at = TINY.index("--lr-decay-iters")  # the decay follows --train-iters
     flags = [*TINY[:at], *TINY[at + 2 :], "--mock-data", "--vocab-size", "128", "--num-workers", "0"]
     run = str(tmp_path / "run")

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from train_e2e_helpers import MOCK, TINY, log_lines, run_recording, tiny_config
+from train_e2e_helpers import (
+    MOCK,
+    TINY,
+    Preempted,
+    log_lines,
+    preempted_at_the_test_split,
+    run_recording,
+    tiny_config,
+)
 
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.errors import EXIT_REQUEUE
@@ -188,10 +196,6 @@ def test_a_stop_during_start_up_exits_before_the_validation_a_resume_owes(
     assert validation_lines(tmp_path) == validation_lines(uninterrupted[0])  # each iteration's once
 
 
-class Preempted(Exception):
-    """The job ended (a preemption, a time limit's SIGKILL) right after the last save."""
-
-
 def test_a_run_stopped_before_its_test_split_evaluates_it_when_resumed(uninterrupted, tmp_path, monkeypatch):
     """The run saved step_6 (max_steps) and ended before its test split ran: resuming at max_steps said
     'nothing to do', and the test split was never evaluated. Now the resume evaluates it, without
@@ -199,14 +203,7 @@ def test_a_run_stopped_before_its_test_split_evaluates_it_when_resumed(uninterru
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     full_dir, _, _ = uninterrupted
-    real_evaluate_split = loop.evaluate_split
-
-    def preempted_at_the_test_split(s, data, batches, where, tag):
-        if tag == TB_TEST_LOSS:
-            raise Preempted
-        return real_evaluate_split(s, data, batches, where, tag)
-
-    monkeypatch.setattr(loop, "evaluate_split", preempted_at_the_test_split)
+    preempted_at_the_test_split(monkeypatch)
     with pytest.raises(Preempted):
         run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
     monkeypatch.undo()

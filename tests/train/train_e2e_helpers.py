@@ -85,3 +85,21 @@ def record_runs_ahead(set_attribute=setattr) -> list[int]:
 
     set_attribute(overlap.StepRunner, "next", recording_next)
     return ahead
+
+
+class Preempted(Exception):
+    """The job ended (a preemption, a time limit's SIGKILL) right after the last save."""
+
+
+def preempted_at_the_test_split(monkeypatch) -> None:
+    """Runs end with Preempted where their test split would start (after the last save)."""
+    from gptrain.train.results import TB_TEST_LOSS
+
+    real_evaluate_split = loop.evaluate_split
+
+    def evaluate_split(s, data, batches, where, tag):
+        if tag == TB_TEST_LOSS:
+            raise Preempted
+        return real_evaluate_split(s, data, batches, where, tag)
+
+    monkeypatch.setattr(loop, "evaluate_split", evaluate_split)
