@@ -142,16 +142,28 @@ def threshold_values(block: dict[str, Any], where: str, prefix: str = "validatio
             raise ConfigError(f"{where}unknown key {prefix}{key}; known: {', '.join(sorted(known))}")
         if value is None:
             continue
-        try:
-            values[key] = float(value)
-            if key == "large_message_bytes" and math.isfinite(values[key]):  # int(.inf) would overflow
-                values[key] = int(values[key])
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"{where}{prefix}{key} must be a number, got {value!r}") from None
+        values[key] = _number(key, value, f"{where}{prefix}{key}")
         out_of_range = _out_of_range(key, values[key])
         if out_of_range:
             raise ConfigError(f"{where}{prefix}{key} must be {out_of_range}, got {value!r}")
     return values
+
+
+def _number(key: str, value: Any, name: str) -> float:
+    """A threshold's value as a number; `true` is no rate (YAML's yes/on read as 1.0 set a 1 GB/s
+    floor, or flagged GPUs 1% below the median), and a message size is a whole number of bytes."""
+    not_a_number = ConfigError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, bool):
+        raise not_a_number
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise not_a_number from None
+    if key == "large_message_bytes" and math.isfinite(number):  # int(.inf) would overflow
+        if not number.is_integer():
+            raise ConfigError(f"{name} must be a whole number of bytes, got {value!r}")
+        return int(number)
+    return number
 
 
 def threshold_keys() -> set[str]:

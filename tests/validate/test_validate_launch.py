@@ -128,6 +128,10 @@ def test_local_validation_failure_stops_the_training_and_keeps_reports_in_the_ru
         ),
         (["cluster.validation.slow_pct=abc"], "cluster.validation.slow_pct must be a number, got 'abc'"),
         (
+            ["cluster.validation.matmul_tflops=true"],
+            "cluster.validation.matmul_tflops must be a number, got True",
+        ),
+        (
             ["+cluster.validation.slowpct=5"],
             "unknown key cluster.validation.slowpct; known: copy_GBps, inter_node_busbw_GBps, "
             "intra_node_busbw_GBps, large_message_bytes, matmul_tflops, slow_pct",

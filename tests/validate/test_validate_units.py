@@ -251,6 +251,34 @@ def test_a_threshold_that_would_turn_its_check_off_is_refused(tmp_path, line, me
 
 
 @pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # YAML's true/yes/on read as 1.0: a 1 TFLOP/s floor nothing misses, GPUs flagged 1% below the median
+        ("matmul_tflops: true", "validation.matmul_tflops must be a number, got True"),
+        ("slow_pct: yes", "validation.slow_pct must be a number, got True"),
+        ("intra_node_busbw_GBps: on", "validation.intra_node_busbw_GBps must be a number, got True"),
+        # int() cut 1.5 GiB written as 1610612736.5 bytes to a size nobody wrote
+        (
+            "large_message_bytes: 1610612736.5",
+            "validation.large_message_bytes must be a whole number of bytes, got 1610612736.5",
+        ),
+    ],
+)
+def test_a_threshold_of_the_wrong_type_is_refused(tmp_path, line, message):
+    profile = tmp_path / "c.yaml"
+    profile.write_text(f"validation:\n  {line}\n")
+    with pytest.raises(ConfigError) as error:
+        load_thresholds(str(profile))
+    assert str(error.value) == f"{profile}: {message}"
+
+
+def test_a_whole_message_size_written_as_a_float_is_read_as_bytes(tmp_path):
+    profile = tmp_path / "c.yaml"
+    profile.write_text("validation:\n  large_message_bytes: 1.0e9\n")
+    assert load_thresholds(str(profile)).large_message_bytes == 1_000_000_000
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         # the thresholds written flat, as the --profile help's "a YAML path" invites
