@@ -51,19 +51,37 @@ def _expand_ranges(ranges: str, item: str) -> list[str]:
     return names
 
 
+HOST_NAME = re.compile(r"[A-Za-z0-9._-]+")
+"""What a node's name is made of; a comment or a space-separated pair is not one."""
+
+
 def read_hostlist_file(path: Path, name: str) -> str:
     """The Slurm host list an exclude file holds (its lines joined with commas; "" when empty),
-    checked: an unreadable file or one that does not parse is a ConfigError naming `name` (the key
-    or flag that gave the file) and the file. `gptrain validate` writes such files, the launcher
-    reads them into cluster.exclude."""
+    checked line by line: an unreadable file, or a line that does not parse or names no host (a
+    `# comment`, hosts separated by spaces), is a ConfigError naming `name` (the key or flag that
+    gave the file), the file and the line. `gptrain validate` writes such files, the launcher reads
+    them into cluster.exclude (a comment reached `#SBATCH --exclude` as a node name)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or "not UTF-8 text"
         raise ConfigError(f"{name} {path}: cannot read it ({reason}); fix the file or delete it") from None
-    text = ",".join(line.strip() for line in lines if line.strip())
+    for number, line in enumerate(lines, 1):
+        problem = _not_a_host_list(line.strip())
+        if problem:
+            raise ConfigError(f"{name} {path}:{number}: {problem}; fix the file or delete it")
+    return ",".join(line.strip() for line in lines if line.strip())
+
+
+def _not_a_host_list(line: str) -> str | None:
+    """Why one line of an exclude file is not a Slurm host list, or None (a blank line is none)."""
     try:
-        expand_hostlist(text)
+        hosts = expand_hostlist(line)
     except LaunchError as error:
-        raise ConfigError(f"{name} {path}: {error}; fix the file or delete it") from None
-    return text
+        return str(error)
+    odd = next((host for host in hosts if not HOST_NAME.fullmatch(host)), None)
+    if odd is not None:
+        return (
+            f"{odd!r} is not a host name (one Slurm host list a line, n[1-3,7],gpu07; no comments, no spaces)"
+        )
+    return None

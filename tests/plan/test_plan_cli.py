@@ -697,7 +697,7 @@ def test_a_missing_cluster_file_or_a_launch_group_choice_is_one_line_saying_what
          "--exclude-file adir: is a directory; give a file name (the nodes a failed validation blames go there,"
          " one Slurm host list)"),
         (["--cluster-type", "slurm", "--exclude-file", "bad"],
-         "--exclude-file bad: cannot parse host list item 'n[1-' (Slurm's form: n[1-3,7],gpu-[01-04]); fix the"
+         "--exclude-file bad:1: cannot parse host list item 'n[1-' (Slurm's form: n[1-3,7],gpu-[01-04]); fix the"
          " file or delete it"),
     ],
 )  # fmt: skip

@@ -171,8 +171,14 @@ def test_usage_errors_are_one_line_exit_2_without_importing_torch(tmp_path, args
         (
             lambda tmp: (tmp / "ex.txt").write_text("node[1-\n"),
             ["--exclude-file", "{tmp}/ex.txt"],
-            "--exclude-file {tmp}/ex.txt: cannot parse host list item 'node[1-' (Slurm's form: "
+            "--exclude-file {tmp}/ex.txt:1: cannot parse host list item 'node[1-' (Slurm's form: "
             "n[1-3,7],gpu-[01-04]); fix the file or delete it",
+        ),
+        (  # a comment was read as a host name, and merged back into the file as one
+            lambda tmp: (tmp / "ex.txt").write_text("n1\n\n# drained by ops\n"),
+            ["--exclude-file", "{tmp}/ex.txt"],
+            "--exclude-file {tmp}/ex.txt:3: '# drained by ops' is not a host name (one Slurm host list a "
+            "line, n[1-3,7],gpu07; no comments, no spaces); fix the file or delete it",
         ),
         (
             lambda tmp: (tmp / "profiles").mkdir(),

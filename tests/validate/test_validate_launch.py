@@ -161,11 +161,16 @@ def test_a_value_the_validation_job_would_refuse_stops_the_launch(
     [
         (
             lambda path: path.write_text("node[1-\n"),
-            "cannot parse host list item 'node[1-' (Slurm's form: n[1-3,7],gpu-[01-04]); fix the file or delete it",
+            ":1: cannot parse host list item 'node[1-' (Slurm's form: n[1-3,7],gpu-[01-04]); fix the file or delete it",
+        ),
+        (  # the comment reached the jobs as a node name: #SBATCH --exclude='n5,# n5 has a bad NIC'
+            lambda path: path.write_text("n5\n# n5 has a bad NIC\n"),
+            ":2: '# n5 has a bad NIC' is not a host name (one Slurm host list a line, n[1-3,7],gpu07;"
+            " no comments, no spaces); fix the file or delete it",
         ),
         (
             lambda path: path.mkdir(),
-            "is a directory; give a file name (the nodes a failed validation blames go there, one Slurm host list)",
+            ": is a directory; give a file name (the nodes a failed validation blames go there, one Slurm host list)",
         ),
     ],
 )
@@ -185,7 +190,7 @@ def test_an_exclude_file_that_does_not_parse_is_named(make, message, tmp_path, c
     ]
     assert main(args) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"gptrain: error: validation.exclude_file {tmp_path}/ex: {message}"
+        f"gptrain: error: validation.exclude_file {tmp_path}/ex{message}"
     )
 
 

@@ -59,6 +59,15 @@ def test_hostlist_is_slurm_syntax():
     assert sorted(expand_hostlist(report.compress_hostlist(hosts))) == sorted(hosts)
 
 
+def test_an_exclude_file_with_blank_lines_and_repeated_hosts_merges_into_one_host_list(tmp_path):
+    from gptrain.validate.main import add_to_exclude_file
+
+    path = tmp_path / "exclude_nodes.txt"
+    path.write_text("n2\n\n   \nn2\nn[1-2]\n")
+    add_to_exclude_file(path, {"n3", "n1"})
+    assert path.read_text() == "n[1-3]\n"
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 7, 8])
 def test_round_robin_meets_every_pair_once(n):
     members = [f"n{i}" for i in range(n)]
