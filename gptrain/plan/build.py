@@ -92,6 +92,21 @@ def devices_within_profile(devices: int, profile: str, typed: bool) -> int:
     return gpus
 
 
+def world_source(args: argparse.Namespace, cluster: Cluster, configured_devices: int) -> str:
+    """Where the planned nodes and devices a node come from, for the plan's first line: a preset's
+    8 x 8 planned on a laptop with --gpu cpu read as the planner's own default, not the config's."""
+    nodes = "--nodes" if args.nodes is not None else "the config's trainer.num_nodes"
+    if args.gpus_per_node is not None:
+        per_node = "--gpus-per-node"
+    elif cluster.gpus_per_node < configured_devices:
+        per_node = f"--cluster {args.cluster}'s GPUs per node"
+    else:
+        per_node = "trainer.devices" if args.nodes is None else "the config's trainer.devices"
+    if args.nodes is not None and args.gpus_per_node is not None:
+        return f"{nodes} x {per_node}"
+    return f"{nodes} x {per_node}; --nodes and --gpus-per-node plan another world"
+
+
 def build_plan(args: argparse.Namespace) -> Plan:
     probe, preset, _ = load_config(args, [])
     cluster = planned_cluster(args, probe)
@@ -114,6 +129,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
     name = preset or str(args.config_file)
     plan = Plan(name, work, cluster, args.mfu, args.tokens, requested, error, ranked, args.top)
     plan.headroom = args.headroom
+    plan.world_from = world_source(args, cluster, probe.trainer.devices)
     if not ranked:  # for the error line: how far the smallest layout is from fitting
         plan.smallest = least_memory(work, cfg.model, cluster, args.mfu, args.headroom)
     return plan

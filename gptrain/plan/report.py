@@ -38,6 +38,8 @@ class Plan:
     """--headroom: the fraction of GPU memory kept free."""
     smallest: Candidate | None = None
     """When nothing fits: the valid layout that needs the least memory."""
+    world_from: str = ""
+    """Where nodes x devices a node came from (the config's trainer keys, the options, the profile)."""
 
     def shown(self) -> list[Candidate]:
         return self.ranked[: self.top]
@@ -53,7 +55,8 @@ def header_lines(plan: Plan) -> list[str]:
     of_peak = "" if plan.work.mixed else " of the fp32 peak"
     lines = [
         f"{plan.name}: {sizes.parameters:,} parameters, {sizes.flops_per_token / 1e9:.2f} GFLOPs per token "
-        f"(Megatron's formula); {plan.cluster.nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}",
+        f"(Megatron's formula); {plan.cluster.nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}"
+        + (f" ({plan.world_from})" if plan.world_from else ""),
         padded_vocab_line(plan.work.vocab_size, model.vocab_size),
         *megatron_parameter_lines(model, tp, pp),
         f"at MFU {plan.mfu:.2f}{of_peak}: {sizes.tokens_per_second(gpus, peak, plan.mfu):,.0f} tokens/s, "

@@ -898,3 +898,35 @@ def test_ending_a_trial_whose_torchrun_was_reaped_signals_nothing(monkeypatch) -
     sent = record_signals(monkeypatch)
     end_trial(torchrun)
     assert sent == [] and torchrun.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "world"),
+    [
+        # on a CPU-only laptop: the preset's 8 nodes of 8, which looked like the planner's own default
+        (
+            ["--gpu", "cpu"],
+            "8 x 8 cpu (the config's trainer.num_nodes x trainer.devices; --nodes and --gpus-per-node plan"
+            " another world)",
+        ),
+        (
+            ["--gpu", "cpu", "--nodes", "1"],
+            "1 x 8 cpu (--nodes x the config's trainer.devices; --nodes and --gpus-per-node plan another world)",
+        ),
+        (["--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "2"], "1 x 2 cpu (--nodes x --gpus-per-node)"),
+        (
+            ["--cluster", "{site}", "--nodes", "1"],
+            "1 x 4 h100-80gb (--nodes x --cluster {site}'s GPUs per node; --nodes and --gpus-per-node plan"
+            " another world)",
+        ),
+    ],
+)
+def test_the_first_line_says_where_the_planned_world_comes_from(
+    tmp_path: Path, args: list[str], world: str
+) -> None:
+    site = tmp_path / "site.yaml"
+    site.write_text("gpus_per_node: 4\n")
+    js = tmp_path / "p.json"
+    assert main(["plan", "gpt3/126m", *(a.format(site=site) for a in args), "--json", str(js)]) == 0
+    first = json.loads(js.read_text())["lines"][0]
+    assert first.endswith(f"(Megatron's formula); {world.format(site=site)}")
