@@ -371,3 +371,106 @@ def test_hybrid_shard_over_shard_groups_of_one_still_gathers_its_blocks(precisio
     assert sum(p.numel() for p in build(work).layers["0"].parameters()) == block
     assert hybrid.transient == full.transient == 2 * gather * block + gather * root + (gather + 4) * block
     assert hybrid.weights == 4 * (2 * block + root)  # replicated: nothing sharded
+
+
+# GPT-3 shapes (Brown et al. 2020, Table 2.1): layers, hidden, heads; sequence 2048, GPT-2's 50257 tokens.
+GPT3_SHAPES = {"126m": (12, 768, 12), "1.3b": (24, 2048, 16), "175b": (96, 12288, 96)}
+
+
+def gpt3(name: str, precision: str = "bf16") -> Workload:
+    layers, hidden, heads = GPT3_SHAPES[name]
+    model = GPTConfig(
+        vocab_size=50257, seq_length=2048, num_layers=layers, hidden_size=hidden, num_attention_heads=heads
+    )
+    return Workload(model=model, make_vocab_size_divisible_by=128, global_batch_size=512, precision=precision)
+
+
+def megatron_rank_parameters(layers: int, h: int, s: int, vocab: int, tp: int, pp: int, stage: int) -> int:
+    """Parameters of one (TP, PP) rank of a GPT-3 model written out from Megatron's layers: per block
+    12h^2/t weights, the column-parallel biases (qkv 3h, fc1 4h) /t, the row-parallel ones (proj, fc2)
+    and both LayerNorms (2h each) whole; the first stage the word (padded, /t) and position
+    embeddings, the last the final LayerNorm and, under a pipeline, its copy of the tied word
+    embedding."""
+    padded = -(-vocab // (128 * tp)) * 128 * tp
+    count = layers // pp * (12 * h * h // tp + 7 * h // tp + 2 * h + 4 * h)
+    if stage == 0:
+        count += padded // tp * h + s * h
+    if stage == pp - 1:
+        count += 2 * h + (padded // tp * h if pp > 1 else 0)
+    return count
+
+
+@pytest.mark.parametrize("name", list(GPT3_SHAPES))
+@pytest.mark.parametrize(
+    ("tp", "pp", "dp", "sharding", "shard"),
+    [
+        (1, 1, 8, "ddp", 1),
+        (8, 1, 1, "ddp", 1),
+        (2, 4, 1, "ddp", 1),
+        (4, 2, 8, "full_shard", 8),  # FSDP / ZeRO-3: weights, gradients and moments over the shard group
+        (1, 1, 16, "hybrid_shard", 8),  # sharded inside a node of 8, replicated across 2
+        (1, 1, 8, "shard_grad_op", 8),  # ZeRO-2 as gptrain runs it (FSDP2 without reshard after forward)
+        (2, 4, 4, "full_shard", 4),  # under a pipeline the gradients accumulate whole
+    ],
+)
+def test_state_bytes_of_gpt3_shapes_match_megatrons_counts(name, tp, pp, dp, sharding, shard) -> None:
+    """fp32 weights (4 B), fp32 gradients (4 B) and AdamW's two fp32 moments (8 B) per parameter of
+    the fullest rank, from an independent count; FSDP shards them over its group, except the
+    gradients under a pipeline (reduce-scattered once per step, whole until then)."""
+    work = gpt3(name)
+    layers, h, _ = GPT3_SHAPES[name]
+    layout = Layout(tp=tp, pp=pp, dp=dp, sharding=sharding, dp_shard=shard if sharding != "ddp" else 0)
+    for stage in range(pp):
+        params = megatron_rank_parameters(layers, h, 2048, 50257, tp, pp, stage)
+        est = estimate_rank(work, layout, stage)
+        assert est.weights == 4 * params / shard
+        assert est.optimizer == 8 * params / shard
+        assert est.gradients == 4 * params / (1 if pp > 1 else shard)
+
+
+def test_gpt3_175b_on_one_rank_is_megatrons_175b() -> None:
+    """The count itself: GPT-3 175B is 174.6e9 parameters with the vocabulary padded to 50304."""
+    est = estimate_rank(gpt3("175b"), Layout(), 0)
+    assert est.weights / 4 == megatron_rank_parameters(96, 12288, 2048, 50257, 1, 1, 0) == 174_604_836_864
+
+
+def gpt3_16bit(name: str, **choices) -> Workload:
+    """GPT-3 as Korthikanti et al. 2022 count it: 16-bit activations, dropout 0.1, f = 4h, on CUDA."""
+    return dataclasses.replace(gpt3(name), device_type="cuda", **choices)
+
+
+@pytest.mark.parametrize("name", list(GPT3_SHAPES))
+def test_a_compiled_block_is_korthikantis_34sbh_plus_fp32_norm_inputs_and_flash_statistics(name) -> None:
+    """Korthikanti et al. 2022 (Table 2, no parallelism): sbh(34 + 5as/h) bytes a layer; flash
+    attention keeps no s x s term but its log-sum-exp (4 B a head and token). gptrain's norms keep
+    fp32 inputs (the residual stream of fp32 master weights), 2h more each, and 1/rms (4 B each)."""
+    layers, h, heads = GPT3_SHAPES[name]
+    work = gpt3_16bit(name, compile=True)
+    per_token = layer_bytes_per_token(work, Layout(micro_batch_size=1))
+    assert per_token == 34 * h + 4 * h + 2 * 4 + 4 * heads
+
+
+@pytest.mark.parametrize("name", list(GPT3_SHAPES))
+def test_an_eager_block_under_tp_is_korthikantis_baseline_plus_what_gptrain_keeps_in_fp32(name) -> None:
+    """Korthikanti's tensor-parallel baseline, sbh(10 + 24/t + 5as/(ht)), with the s x s softmax,
+    its 1-byte dropout mask and dropout output (the math path, no flash). gptrain keeps 4h more for
+    the fp32 norm inputs, 4h for k's and v's own casts of the norm output (eager autocast casts once
+    per linear; q, k and v are separate linears under TP), and the norms' mean and rstd (16 B)."""
+    layers, h, heads = GPT3_SHAPES[name]
+    s, t = 2048, 8
+    work = gpt3_16bit(name, flash_attention=False)
+    per_token = layer_bytes_per_token(work, Layout(tp=t, micro_batch_size=1))
+    korthikanti = 10 * h + 24 * h / t + 5 * heads * s / t
+    assert per_token == pytest.approx(korthikanti + 4 * h + 4 * h + 16, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", list(GPT3_SHAPES))
+def test_full_recompute_keeps_each_blocks_input_twice_korthikantis_2sbh(name) -> None:
+    """Full recompute keeps a block's input alone: Korthikanti's 2sbh a layer in 16 bits, 4sbh in
+    gptrain's fp32 residual stream (under sequence parallelism, 1/t of it)."""
+    layers, h, _ = GPT3_SHAPES[name]
+    work = gpt3_16bit(name)
+    for tp, sp in ((1, False), (8, True)):
+        layout = Layout(tp=tp, sequence_parallel=sp, micro_batch_size=2, recompute="full")
+        blocks = activation_bytes(work, layout, 0)["blocks"]
+        assert blocks == layers * 4 * h / (tp if sp else 1) * 2 * 2048
