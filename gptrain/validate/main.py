@@ -84,10 +84,20 @@ def check_collectives(ctx: Context, args: argparse.Namespace, limits: Thresholds
         return
     print(report.table(rows), flush=True)
     report.plot_busbw(directory / "collectives.png", rows)
-    wrong = [r for r in rows if r["wrong"]]
-    for r in wrong:
-        out.failures.append(f"collectives: {r['op']} at {r['bytes']} B gave {r['wrong']} wrong element(s)")
+    out.failures.extend(wrong_result_lines(rows))
     busbw_threshold(rows, limits, ctx, out)
+
+
+def wrong_result_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A failure for each call whose output had wrong elements (nccl-tests' #wrong), naming its
+    placement as the table's columns do: all_gather and reduce_scatter run both, and two lines
+    alike could not say which of them was wrong."""
+    return [
+        f"collectives: {r['op']} ({'in-place' if r['in_place'] else 'out-of-place'}) at {r['bytes']} B"
+        f" gave {r['wrong']} wrong element(s)"
+        for r in rows
+        if r["wrong"]
+    ]
 
 
 def fitting_sizes(ctx: Context, args: argparse.Namespace, out: Outcome) -> dict[str, list[int]]:

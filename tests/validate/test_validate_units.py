@@ -510,3 +510,20 @@ def test_a_cluster_file_given_without_its_yaml_is_found_as_the_launcher_names_it
     assert load_thresholds("conf/cluster/site").copy_GBps == 7
     (tmp_path / "aws_p5.yaml").write_text("validation:\n  thresholds:\n    copy_GBps: 7\n")
     assert load_thresholds("aws_p5").copy_GBps != 7
+
+
+def test_a_wrong_result_fails_naming_its_placement():
+    """nccl-tests' #wrong: any wrong element fails the check. all_gather runs out of place and in
+    place; each failure said 'all_gather at 1024 B', and two such lines could not say which."""
+    from gptrain.validate.main import wrong_result_lines
+
+    row = {"op": "all_gather", "bytes": 1024}
+    rows = [
+        row | {"in_place": False, "wrong": 3},
+        row | {"in_place": True, "wrong": 256},
+        {"op": "all_reduce", "bytes": 1024, "in_place": True, "wrong": 0},
+    ]
+    assert wrong_result_lines(rows) == [
+        "collectives: all_gather (out-of-place) at 1024 B gave 3 wrong element(s)",
+        "collectives: all_gather (in-place) at 1024 B gave 256 wrong element(s)",
+    ]
