@@ -116,20 +116,29 @@ def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) ->
     block = _block(data, path)
     values = threshold_values(block, f"{path}: ")
     return Thresholds(
-        profile=str(profile), min_busbw_override=min_busbw_GBps, gpus_per_node=node_gpus(data), **values
+        profile=str(profile),
+        min_busbw_override=min_busbw_GBps,
+        gpus_per_node=node_gpus(data, f"{path}: "),
+        **values,
     )
 
 
-def node_gpus(cluster: dict[str, Any]) -> int | None:
+def node_gpus(cluster: dict[str, Any], where: str = "") -> int | None:
     """The GPUs of one node of a cluster file (or of a stage config that carries them): its
-    gpus_per_node, else the count its gres asks for (gpu:8 with gpus_per_node null, as its jobs ask
-    for GPUs); None where neither says."""
+    gpus_per_node, read as the launcher reads it (`"8"` is 8), else the count its gres asks for
+    (gpu:8 with gpus_per_node null, as its jobs ask for GPUs); None where neither says (or 0: no
+    GPUs asked for). A value the launcher refuses is a ConfigError starting with `where`: read as
+    none, it left the inter-node threshold a whole node's for `srun -N2 -n2`, failing both nodes."""
     from gptrain.launch.sbatch import gres_gpus
+    from gptrain.launch.sections import non_negative
 
-    gpus = cluster.get("gpus_per_node")
+    try:
+        gpus = non_negative("gpus_per_node", cluster.get("gpus_per_node"))
+    except ConfigError as error:
+        raise ConfigError(f"{where}{error}") from None
     if gpus is None:
         return gres_gpus(cluster.get("gres"))
-    return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0 else None
+    return gpus or None
 
 
 def threshold_values(block: dict[str, Any], where: str, prefix: str = "validation.") -> dict[str, Any]:

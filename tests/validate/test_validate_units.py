@@ -212,6 +212,20 @@ def test_a_cluster_file_asking_for_gpus_by_gres_sets_the_node_its_threshold_is_f
     assert load_thresholds(str(site)).partial_node_share(2) == 1.0  # a CPU cluster: no node size
 
 
+def test_a_cluster_files_gpus_per_node_is_read_as_the_launcher_reads_it(tmp_path):
+    """gpus_per_node: "8" (text, which the launcher reads as 8) or a value it refuses was taken for no
+    node size: `srun -N2 -n2` was held to the whole node's 240 GB/s and both healthy nodes failed."""
+    site = tmp_path / "site.yaml"
+    site.write_text('gpus_per_node: "8"\nvalidation:\n  inter_node_busbw_GBps: 240\n')
+    assert load_thresholds(str(site)).partial_node_share(2) == 0.25
+    for value, shown in (("eight", "'eight' (str)"), ("true", "True (bool)"), ("-8", "-8")):
+        site.write_text(f"gpus_per_node: {value}\nvalidation:\n  inter_node_busbw_GBps: 240\n")
+        with pytest.raises(ConfigError) as error:
+            load_thresholds(str(site))
+        assert str(error.value).startswith(f"{site}: gpus_per_node: expected a whole number")
+        assert str(error.value).endswith(f"got {shown}")
+
+
 def test_profiles_load_with_sources_and_bad_ones_say_what_to_do(tmp_path):
     p5 = load_thresholds("aws_p5")
     assert p5.matmul_tflops and p5.copy_GBps and p5.busbw_threshold(True) < p5.busbw_threshold(False)
