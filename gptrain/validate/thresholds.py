@@ -99,6 +99,12 @@ def _block(data: Any, path: Path) -> dict[str, Any]:
     check_cluster_file_keys(data, path, "validation", threshold_keys())
     block = data.get("validation", {})
     if isinstance(block, dict) and isinstance(block.get("thresholds"), dict):
+        beside = sorted(str(key) for key in block if key != "thresholds")
+        if beside:  # read from validation.thresholds alone, a threshold beside it was dropped unseen
+            raise ConfigError(
+                f"{path}: validation.{beside[0]} is beside validation.thresholds, where the thresholds are"
+                f" read from then; move it under thresholds (validation.thresholds.{beside[0]})"
+            )
         block = block["thresholds"]
     if block is None:
         return {}

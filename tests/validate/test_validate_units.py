@@ -326,6 +326,21 @@ def test_a_cluster_file_whose_thresholds_are_not_under_validation_is_refused(tmp
     assert str(error.value) == f"{profile}: {message}"
 
 
+def test_a_threshold_beside_a_thresholds_block_is_refused(tmp_path):
+    """validation: {thresholds: {...}, slow_pct: 5}: the thresholds were read from the inner block
+    alone, and the slow_pct beside it was dropped without a word (10% applied)."""
+    profile = tmp_path / "site.yaml"
+    profile.write_text("validation:\n  thresholds:\n    copy_GBps: 5\n  slow_pct: 5\n")
+    with pytest.raises(ConfigError) as error:
+        load_thresholds(str(profile))
+    assert str(error.value) == (
+        f"{profile}: validation.slow_pct is beside validation.thresholds, where the thresholds are read"
+        " from then; move it under thresholds (validation.thresholds.slow_pct)"
+    )
+    profile.write_text("validation:\n  thresholds:\n    copy_GBps: 5\n    slow_pct: 5\n")
+    assert load_thresholds(str(profile)).slow_pct == 5
+
+
 def test_every_bundled_cluster_file_passes_the_key_check():
     for path in sorted(CLUSTER_DIR.glob("*.yaml")):
         assert load_thresholds(str(path)).slow_pct == 10
