@@ -73,7 +73,25 @@ def planned_cluster(args: argparse.Namespace, probe: Any) -> Cluster:
     )
     if args.gpus_per_node is None and args.cluster:
         per_node = devices_within_profile(per_node, args.cluster, "trainer.devices" in typed)
-    return build_cluster(nodes, per_node, args.gpu, args.cluster)
+    return build_cluster(
+        nodes, per_node, planned_gpu(args.gpu, probe.trainer.accelerator, typed), args.cluster
+    )
+
+
+def planned_gpu(given: str | None, accelerator: str, typed: set[str]) -> str | None:
+    """--gpu where given, else `cpu` for a config of trainer.accelerator=cpu (what a launch of it runs:
+    it was planned on H100s and a --measure winner was written with accelerator=gpu), else None (the
+    profile's GPU, or the default); --gpu and a typed accelerator that disagree are one line."""
+    wants_cpu = {"cpu": True, "gpu": False}.get(accelerator)  # None for auto: whatever the machine has
+    typed_other = "trainer.accelerator" in typed and wants_cpu is not None and wants_cpu != (given == "cpu")
+    if given is not None and typed_other:
+        raise ConfigError(
+            f"--gpu {given} and the override trainer.accelerator={accelerator} ask for different devices;"
+            " give one of them"
+        )
+    if given is None and accelerator == "cpu":
+        return "cpu"
+    return given
 
 
 def devices_within_profile(devices: int, profile: str, typed: bool) -> int:

@@ -930,3 +930,37 @@ def test_the_first_line_says_where_the_planned_world_comes_from(
     assert main(["plan", "gpt3/126m", *(a.format(site=site) for a in args), "--json", str(js)]) == 0
     first = json.loads(js.read_text())["lines"][0]
     assert first.endswith(f"(Megatron's formula); {world.format(site=site)}")
+
+
+def test_a_config_that_trains_on_cpus_is_planned_on_cpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """trainer.accelerator=cpu was planned on 8 H100s a node, and --measure's winner was written with
+    trainer.accelerator=gpu: the config's device is planned, as its nodes and devices are; --gpu wins,
+    and --gpu and the same key typed with another device are one line."""
+    from gptrain.config.loader import preset_path
+
+    js = tmp_path / "p.json"
+
+    def gpu(*args: str) -> str:
+        assert main(["plan", *args, "--nodes", "1", "--json", str(js)]) == 0
+        return json.loads(js.read_text())["cluster"]["gpu"]["name"]
+
+    own = tmp_path / "own.yaml"
+    own.write_text(
+        preset_path("gpt3/126m").read_text().replace("  accelerator: auto\n", "  accelerator: cpu\n")
+    )
+    assert gpu("gpt3/126m", "trainer.accelerator=cpu") == "cpu"
+    assert gpu("--config-file", str(own)) == "cpu"
+    assert gpu("--config-file", str(own), "--gpu", "a100-80gb") == "a100-80gb"
+    assert gpu("gpt3/126m", "trainer.accelerator=auto", "--gpu", "cpu") == "cpu"
+    assert gpu("gpt3/126m") == "h100-80gb"
+    capsys.readouterr()
+    assert main(["plan", "gpt3/126m", "trainer.accelerator=cpu", "--gpu", "h100-80gb"]) == 2
+    assert main(["plan", "gpt3/126m", "training.trainer.accelerator=gpu", "--gpu", "cpu"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gptrain: error: --gpu h100-80gb and the override trainer.accelerator=cpu ask for different devices;"
+        " give one of them",
+        "gptrain: error: --gpu cpu and the override trainer.accelerator=gpu ask for different devices;"
+        " give one of them",
+    ]
