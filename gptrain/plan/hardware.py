@@ -16,8 +16,8 @@ from pathlib import Path
 
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
-from gptrain.launch.sbatch import gres_gpus
 from gptrain.launch.sections import check_cluster_file_keys
+from gptrain.validate.thresholds import node_gpus
 
 CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
 
@@ -148,12 +148,8 @@ def cluster_profile(name: str) -> dict:
     if not isinstance(plan, dict):
         raise ConfigError(f"{path}: 'plan' must be a mapping (gpu, intra_node_GBps, inter_node_GBps)")
     _check_plan_block(plan, path)
-    per_node = data.get("gpus_per_node")
-    if per_node is not None and (isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1):
-        raise ConfigError(f"{path}: gpus_per_node must be a positive integer, got {per_node!r}")
-    if per_node is None:  # a profile asking for its GPUs by gres only (gpu:4, gpu:a100:4), as Slurm reads it
-        per_node = gres_gpus(data.get("gres")) or None
-    return {"gpus_per_node": per_node, **plan}
+    # read as the launcher and `gptrain validate` read it ("4" is 4; null: its gres's count, gpu:a100:4)
+    return {"gpus_per_node": node_gpus(data, f"{path}: "), **plan}
 
 
 def _check_plan_block(plan: dict, path: Path) -> None:

@@ -304,7 +304,7 @@ def test_hybrid_shard_without_replicas_is_not_ranked_beside_its_full_shard_twin(
             "plan:\n  gpu: h200\n",
             "plan.gpu='h200' is not known; use one of h100-80gb, a100-80gb, a100-40gb, cpu",
         ),
-        ("gpus_per_node: eight\n", "gpus_per_node must be a positive integer, got 'eight'"),
+        ("gpus_per_node: eight\n", "gpus_per_node: expected a whole number, got 'eight' (str)"),
     ],
 )
 def test_a_cluster_files_plan_block_is_checked_naming_the_file_and_key(
@@ -755,6 +755,17 @@ def test_a_profile_asking_for_gpus_by_gres_only_plans_that_many_per_node(tmp_pat
         main(["plan", "gpt3/126m", "--cluster", str(profile), "--gpus-per-node", "2", "--json", str(js)]) == 0
     )
     assert json.loads(js.read_text())["cluster"]["gpus_per_node"] == 2  # the command line still wins
+
+
+def test_a_profiles_gpus_per_node_is_read_as_the_launcher_reads_it(tmp_path: Path) -> None:
+    """gpus_per_node: "4" (text; the launcher asks for 4 GPUs a node) was refused as no positive
+    integer, and 0 (the launcher asks for none: its gres's count) too; both now plan what a launch gets."""
+    profile = tmp_path / "site.yaml"
+    js = tmp_path / "p.json"
+    for text in ('gpus_per_node: "4"\n', "gpus_per_node: 0\ngres: gpu:4\n"):
+        profile.write_text(text)
+        assert main(["plan", "gpt3/126m", "--cluster", str(profile), "--nodes", "2", "--json", str(js)]) == 0
+        assert json.loads(js.read_text())["cluster"]["gpus_per_node"] == 4
 
 
 def test_the_requested_layouts_row_in_the_ranking_says_so(tmp_path: Path) -> None:

@@ -218,6 +218,8 @@ def test_a_cluster_files_gpus_per_node_is_read_as_the_launcher_reads_it(tmp_path
     site = tmp_path / "site.yaml"
     site.write_text('gpus_per_node: "8"\nvalidation:\n  inter_node_busbw_GBps: 240\n')
     assert load_thresholds(str(site)).partial_node_share(2) == 0.25
+    site.write_text("gpus_per_node: 0\ngres: gpu:8\nvalidation:\n  inter_node_busbw_GBps: 240\n")
+    assert load_thresholds(str(site)).partial_node_share(2) == 0.25  # 0 asks for none: the gres's 8
     for value, shown in (("eight", "'eight' (str)"), ("true", "True (bool)"), ("-8", "-8")):
         site.write_text(f"gpus_per_node: {value}\nvalidation:\n  inter_node_busbw_GBps: 240\n")
         with pytest.raises(ConfigError) as error:
