@@ -349,7 +349,7 @@ def resume(s: Session, source: Path | None = None) -> None:
         start_from(s, source)
         return
     if not s.cfg.exp_manager.resume_if_exists:
-        s.log(f"exp_manager.resume_if_exists=false: starting from scratch (checkpoints go to {root})")
+        s.log(f"exp_manager.resume_if_exists=false: starting from scratch ({where_checkpoints_go(s)})")
         return
     if s.cfg.exp_manager.resume_from_checkpoint:  # see checkpoint_to_start_from: the run has its own
         s.log(unused_start_from_text(s.cfg.exp_manager.resume_from_checkpoint, root))
@@ -435,8 +435,16 @@ def start_from(s: Session, source: Path) -> None:
         f"starting from {source} (exp_manager.resume_from_checkpoint; loaded {', '.join(sorted(loaded))}) "
         f"at iteration {s.state.step}, consumed samples {s.state.consumed_samples}"
         + (" (the data from its first sample: exp_manager.load_data_position=false)" if restart_data else "")
-        + f"; this run's checkpoints go to {s.checkpoints.root}"
+        + f"; {where_checkpoints_go(s)}"
     )
+
+
+def where_checkpoints_go(s: Session) -> str:
+    """The start line's word on saving: a run with checkpoints off (`gptrain megatron` without
+    --save) must not name a directory it never writes."""
+    if not s.cfg.exp_manager.create_checkpoint_callback:
+        return "no checkpoints are saved: exp_manager.create_checkpoint_callback=false"
+    return f"this run's checkpoints go to {s.checkpoints.root}"
 
 
 def log_load_notes(s: Session) -> None:

@@ -163,10 +163,22 @@ def test_load_without_save_reads_the_run_and_writes_nothing_into_it(tmp_path, ca
     assert main(["megatron", *flags, "--load", str(run_a)]) == 0
     out = capsys.readouterr().out
     assert f"starting from {run_a}/checkpoints/step_2 (exp_manager.resume_from_checkpoint;" in out
+    assert "; no checkpoints are saved: " in out and "checkpoints go to" not in out
     assert re.findall(r"iteration +(\d+)/ +4 \|", out) == ["3", "4"]
     assert {p: p.read_bytes() for p in run_a.rglob("*") if p.is_file()} == before
     logs = tmp_path / "results" / "megatron" / "results"  # the run directory of a run without --save
     assert (logs / "hparams.yaml").is_file() and not (logs / "checkpoints").exists()
+
+
+def test_a_run_without_save_says_it_saves_no_checkpoints(tmp_path, capsys, monkeypatch):
+    """Megatron without --save saves nothing. Before, the start line still named a checkpoints
+    directory (`checkpoints go to results/megatron/results/checkpoints`) that the run never wrote."""
+    one_process_in(tmp_path, monkeypatch)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0", "--train-iters", "2"]
+    assert main(["megatron", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "starting from scratch (no checkpoints are saved: " in out and "checkpoints go to" not in out
+    assert not (tmp_path / "results" / "megatron" / "results" / "checkpoints").exists()
 
 
 @pytest.mark.parametrize("loaded", ["{run}/", "{run}/checkpoints"])
