@@ -129,6 +129,7 @@ NO_EFFECT: dict[str, int] = {
     "--tensorboard-log-interval": 1, "--tensorboard-queue-size": 1, "--distributed-backend": 1,
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
     "--calculate-per-token-loss": 0, "--min-loss-scale": 1, "--tp-comm-overlap": 0, "--tp-comm-overlap-cfg": 1,
+    "--override-opt_param-scheduler": 0, "--override-opt-param-scheduler": 0,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -138,6 +139,11 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--calculate-per-token-loss": "gptrain's loss is always the per-token mean over the global batch",
     "--min-loss-scale": "gptrain's dynamic fp16 loss scale never falls below 1, Megatron's default",
     "--dataloader-type": "gptrain reads the samples in the dataset's own shuffled order, as Megatron's single does",
+    **dict.fromkeys(
+        ("--override-opt_param-scheduler", "--override-opt-param-scheduler"),
+        "a resume always takes the flags' learning-rate schedule, as this flag asks; a change from the "
+        "checkpoint's is said in one line",
+    ),
 }
 
 # NO_EFFECT flags whose other values gptrain cannot honour: flag -> (values accepted, why others are refused).
@@ -167,6 +173,12 @@ REFUSED: dict[str, str] = {
     "--num-experts": "mixture of experts is not implemented",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
     "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported",
+    **dict.fromkeys(
+        ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
+        "taking the learning-rate schedule from the checkpoint is not implemented (a resume takes the flags' "
+        "schedule, as with --override-opt-param-scheduler); give the schedule flags the checkpoint was "
+        "trained with and drop this flag",
+    ),
     "--exit-interval": "stopping at every multiple of N iterations is not implemented; for a short run give "
     "--train-iters N (and --lr-decay-iters to keep the schedule), or stop by time with --exit-duration-in-mins",
 }

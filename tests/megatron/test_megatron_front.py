@@ -131,6 +131,31 @@ def test_dataloader_type_single_is_said_to_change_nothing():
     assert any(note.startswith("--dataloader-type (gptrain reads the samples in") for note in notes)
 
 
+@pytest.mark.parametrize("flag", ["--override-opt_param-scheduler", "--override-opt-param-scheduler"])
+def test_override_of_the_schedule_is_what_a_resume_does_and_is_said_to_change_nothing(flag):
+    """Megatron's scripts that resume with a changed schedule pass --override-opt_param-scheduler;
+    gptrain's resume always takes the flags' schedule. Before, the flag was refused as unknown."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    t = translate(shlex.split(f"{flags} --train-iters 4 --mock-data --vocab-size 64 {flag}"), ENV)
+    assert any(note.startswith(f"{flag} (a resume always takes the flags' learning-rate") for note in t.notes)
+    assert (
+        t.values == translate(shlex.split(f"{flags} --train-iters 4 --mock-data --vocab-size 64"), ENV).values
+    )
+
+
+@pytest.mark.parametrize(
+    "flag", ["--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"]
+)
+def test_the_checkpoints_schedule_over_the_flags_is_refused_saying_why(flag, capsys):
+    """It asks for the checkpoint's schedule where the flags differ, which gptrain does not do: refused
+    saying so. Before, it was refused as 'not a pretrain_gpt.py flag gptrain knows'."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} --train-iters 4 --mock-data {flag}")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gptrain: error: {flag}: taking the learning-rate schedule from the checkpoint")
+    assert "\n" not in err
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
