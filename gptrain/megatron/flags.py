@@ -129,7 +129,7 @@ NO_EFFECT: dict[str, int] = {
     "--tensorboard-log-interval": 1, "--tensorboard-queue-size": 1, "--distributed-backend": 1,
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
     "--calculate-per-token-loss": 0, "--min-loss-scale": 1, "--tp-comm-overlap": 0, "--tp-comm-overlap-cfg": 1,
-    "--override-opt_param-scheduler": 0, "--override-opt-param-scheduler": 0,
+    "--override-opt_param-scheduler": 0, "--override-opt-param-scheduler": 0, "--optimizer": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -139,6 +139,7 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--calculate-per-token-loss": "gptrain's loss is always the per-token mean over the global batch",
     "--min-loss-scale": "gptrain's dynamic fp16 loss scale never falls below 1, Megatron's default",
     "--dataloader-type": "gptrain reads the samples in the dataset's own shuffled order, as Megatron's single does",
+    "--optimizer": "Megatron's adam is AdamW, which gptrain runs",
     **dict.fromkeys(
         ("--override-opt_param-scheduler", "--override-opt-param-scheduler"),
         "a resume always takes the flags' learning-rate schedule, as this flag asks; a change from the "
@@ -157,6 +158,10 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     "--min-loss-scale": (
         ("1", "1.0"),
         "other floors of the fp16 loss scale are not implemented; drop the flag",
+    ),
+    "--optimizer": (
+        ("adam",),
+        "gptrain trains with AdamW only, Megatron's adam (its default): drop the flag or give adam",
     ),
     "--dataloader-type": (
         ("single",),

@@ -156,6 +156,21 @@ def test_the_checkpoints_schedule_over_the_flags_is_refused_saying_why(flag, cap
     assert "\n" not in err
 
 
+def test_optimizer_adam_is_gptrains_adamw_and_another_optimizer_is_refused(capsys):
+    """Megatron's --optimizer adam (its default) is AdamW, which gptrain runs; before, the flag was
+    refused as unknown. sgd (or muon, ...) would change training: refused by name."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64"
+    t = translate(shlex.split(f"{flags} --optimizer adam"), ENV)
+    assert any(note.startswith("--optimizer (Megatron's adam is AdamW") for note in t.notes)
+    assert t.values == translate(shlex.split(flags), ENV).values
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} --optimizer sgd")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gptrain: error: --optimizer sgd: gptrain trains with AdamW only, Megatron's adam (its default): "
+        "drop the flag or give adam"
+    )
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
