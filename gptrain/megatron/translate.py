@@ -430,8 +430,31 @@ def _virtual_pipeline(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     v["model.virtual_pipeline_model_parallel_size"] = layers // pp // per_chunk
 
 
+# The warmup flags in iterations and in samples, and the key each sets.
+WARMUP_COUNTS = {
+    "--lr-warmup-iters": "model.optim.sched.warmup_steps",
+    "--lr-warmup-samples": "model.optim.sched.warmup_samples",
+}
+
+
+def _zero_warmups_dropped(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+    """Megatron asserts that the warmup flag of the other kind than the run's (and, beside
+    --lr-warmup-fraction, of either kind) is 0, its default, not that it is absent: given as 0 it is
+    taken as absent (`--train-samples ... --lr-warmup-iters 0` runs, as in Megatron)."""
+    kind = "-samples" if "--train-samples" in given else "-iters"
+    for flag, key in WARMUP_COUNTS.items():
+        other = not flag.endswith(kind) or "--lr-warmup-fraction" in given
+        if flag in given and other and _convert(flag, given[flag][0], int) == 0:
+            del given[flag]
+            if key in MEGATRON_DEFAULTS:
+                v[key] = MEGATRON_DEFAULTS[key]
+            else:
+                v.pop(key, None)
+
+
 def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """--train-iters or --train-samples (exclusive, as in Megatron); the checkpoint interval."""
+    _zero_warmups_dropped(v, given)
     if "--train-samples" in given:
         if "--train-iters" in given:
             raise ConfigError("--train-iters and --train-samples: give only one (Megatron refuses both too)")

@@ -171,6 +171,28 @@ def test_optimizer_adam_is_gptrains_adamw_and_another_optimizer_is_refused(capsy
     )
 
 
+@pytest.mark.parametrize(
+    ("run", "zero"),
+    [
+        ("--train-samples 40 --lr-warmup-samples 8", "--lr-warmup-iters 0"),
+        ("--train-iters 10 --lr-warmup-iters 2", "--lr-warmup-samples 0"),
+        ("--train-iters 10 --lr-warmup-fraction 0.2", "--lr-warmup-iters 0"),
+        ("--train-samples 40 --lr-warmup-fraction 0.2", "--lr-warmup-samples 0"),
+    ],
+)
+def test_a_zero_warmup_of_the_other_kind_is_megatrons_default_not_a_conflict(run, zero):
+    """Megatron asserts the other kind's warmup is 0 (its default), so scripts that give it as 0 run
+    there; before, gptrain refused them ('--train-samples goes with ...-samples, not *-iters')."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --global-batch-size 4 --mock-data --vocab-size 64 --lr 1e-3"
+    with_zero = translate(shlex.split(f"{flags} {run} {zero}"), ENV)
+    assert with_zero.values == translate(shlex.split(f"{flags} {run}"), ENV).values
+    spec = spec_from_config(load_training_config(None, with_zero.overrides, report_ignored=False))
+    assert lr_at(1, spec) == pytest.approx(1e-3 / 2)  # each warmup lasts two iterations of 4 samples
+    with pytest.raises(ConfigError, match="--lr-warmup|goes with"):  # another value stays refused
+        translate(shlex.split(f"{flags} {run} {zero[:-1]}3"), ENV)
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
