@@ -19,6 +19,14 @@ from typing import Any
 
 Converter = Callable[[str], Any] | dict[str, Any]
 
+
+def exit_duration_as_max_time(minutes: str) -> str | None:
+    """--exit-duration-in-mins as trainer.max_time; 0 is no limit, as Megatron tests the value for
+    truth (a max_time of 0 would stop after the first step)."""
+    whole = int(minutes)
+    return None if whole == 0 else f"00:00:{whole:02d}:00"
+
+
 VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--num-layers": (("model.num_layers",), int),
     "--hidden-size": (("model.hidden_size",), int),
@@ -83,7 +91,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--activations-checkpoint-method": (("model.activations_checkpoint_method",), {"uniform": "uniform", "block": "block"}),
     "--activations-checkpoint-num-layers": (("model.activations_checkpoint_num_layers",), int),
     "--checkpoint-num-layers": (("model.activations_checkpoint_num_layers",), int),  # before August 2021
-    "--exit-duration-in-mins": (("trainer.max_time",), lambda m: f"00:00:{int(m):02d}:00"),
+    "--exit-duration-in-mins": (("trainer.max_time",), exit_duration_as_max_time),
     "--vocab-size": (("model.data.mock_vocab_size",), int),
 }  # fmt: skip
 

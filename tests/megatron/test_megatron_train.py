@@ -181,6 +181,17 @@ def test_a_run_without_save_says_it_saves_no_checkpoints(tmp_path, capsys, monke
     assert not (tmp_path / "results" / "megatron" / "results" / "checkpoints").exists()
 
 
+def test_exit_duration_of_zero_minutes_is_no_limit_as_in_megatron(tmp_path, capsys, monkeypatch):
+    """Megatron tests --exit-duration-in-mins for truth: 0 sets no limit. Before, it became
+    trainer.max_time 00:00:00:00, and the run stopped after its first iteration (exit 75 with --save,
+    so a requeued job trained one iteration per start)."""
+    one_process_in(tmp_path, monkeypatch)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0", "--eval-iters", "0"]
+    assert main(["megatron", *flags, "--exit-duration-in-mins", "0", "--save", "run"]) == 0
+    assert re.findall(r"iteration +(\d+)/ +4 \|", capsys.readouterr().out) == ["1", "2", "3", "4"]
+    assert (tmp_path / "run" / "checkpoints" / "step_4" / "COMPLETE").is_file()
+
+
 @pytest.mark.parametrize("loaded", ["{run}/", "{run}/checkpoints"])
 def test_load_without_save_into_its_own_tensorboard_dir_leaves_the_loaded_run_as_it_was(
     tmp_path, capsys, monkeypatch, loaded
