@@ -138,6 +138,7 @@ NO_EFFECT: dict[str, int] = {
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
     "--calculate-per-token-loss": 0, "--min-loss-scale": 1, "--tp-comm-overlap": 0, "--tp-comm-overlap-cfg": 1,
     "--override-opt_param-scheduler": 0, "--override-opt-param-scheduler": 0, "--optimizer": 1,
+    "--exit-interval": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -148,6 +149,7 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--min-loss-scale": "gptrain's dynamic fp16 loss scale never falls below 1, Megatron's default",
     "--dataloader-type": "gptrain reads the samples in the dataset's own shuffled order, as Megatron's single does",
     "--optimizer": "Megatron's adam is AdamW, which gptrain runs",
+    "--exit-interval": "0 sets no exit interval in Megatron, which tests the value for truth",
     **dict.fromkeys(
         ("--override-opt_param-scheduler", "--override-opt-param-scheduler"),
         "a resume always takes the flags' learning-rate schedule, as this flag asks; a change from the "
@@ -166,6 +168,11 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     "--min-loss-scale": (
         ("1", "1.0"),
         "other floors of the fp16 loss scale are not implemented; drop the flag",
+    ),
+    "--exit-interval": (
+        ("0",),
+        "stopping at every multiple of N iterations is not implemented; for a short run give --train-iters N "
+        "(and --lr-decay-iters to keep the schedule), or stop by time with --exit-duration-in-mins",
     ),
     "--optimizer": (
         ("adam",),
@@ -192,8 +199,6 @@ REFUSED: dict[str, str] = {
         "schedule, as with --override-opt-param-scheduler); give the schedule flags the checkpoint was "
         "trained with and drop this flag",
     ),
-    "--exit-interval": "stopping at every multiple of N iterations is not implemented; for a short run give "
-    "--train-iters N (and --lr-decay-iters to keep the schedule), or stop by time with --exit-duration-in-mins",
 }
 
 # Flags with several values or that combine with others (translate.py handles them): flag -> number

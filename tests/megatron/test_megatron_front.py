@@ -193,6 +193,16 @@ def test_a_zero_warmup_of_the_other_kind_is_megatrons_default_not_a_conflict(run
         translate(shlex.split(f"{flags} {run} {zero[:-1]}3"), ENV)
 
 
+def test_exit_interval_zero_is_megatrons_no_interval():
+    """Megatron tests --exit-interval for truth: 0 (a script's `${EXIT_INTERVAL:-0}`) sets none.
+    Before, gptrain refused the flag whatever its value; another value stays refused."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64"
+    t = translate(shlex.split(f"{flags} --exit-interval 0"), ENV)
+    assert t.values == translate(shlex.split(flags), ENV).values
+    assert "--exit-interval (0 sets no exit interval in Megatron, which tests the value for truth)" in t.notes
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
@@ -352,7 +362,7 @@ def test_bad_blend_files_are_one_line_naming_flag_and_file(tmp_path, monkeypatch
         ("--split 90,5,3,2", "--split 90,5,3,2: split string '90,5,3,2' has 4 numbers"),
         (
             "--exit-interval 100",
-            "--exit-interval: stopping at every multiple of N iterations is not implemented",
+            "--exit-interval 100: stopping at every multiple of N iterations is not implemented",
         ),
         ("--loss-scale 1024", "--loss-scale: a static fp16 loss scale is not implemented"),
         ("--fp16 --bf16", "--fp16 and --bf16: give one of them"),  # the last one won
