@@ -150,6 +150,8 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--dataloader-type": "gptrain reads the samples in the dataset's own shuffled order, as Megatron's single does",
     "--optimizer": "Megatron's adam is AdamW, which gptrain runs",
     "--exit-interval": "0 sets no exit interval in Megatron, which tests the value for truth",
+    "--no-save-optim": "gptrain's checkpoints always hold the optimizer state, so that a resume goes on exactly",
+    "--no-save-rng": "gptrain's checkpoints always hold the random states, so that a resume goes on exactly",
     **dict.fromkeys(
         ("--override-opt_param-scheduler", "--override-opt-param-scheduler"),
         "a resume always takes the flags' learning-rate schedule, as this flag asks; a change from the "

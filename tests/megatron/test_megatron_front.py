@@ -203,6 +203,23 @@ def test_exit_interval_zero_is_megatrons_no_interval():
     assert "--exit-interval (0 sets no exit interval in Megatron, which tests the value for truth)" in t.notes
 
 
+def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
+    """--no-save-optim makes Megatron's checkpoints smaller; gptrain's keep the state. Before, the
+    notice listed it among speed, kernel and log switches, as if it had been done."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    notes = translate(
+        shlex.split(f"{flags} --train-iters 4 --mock-data --no-save-optim --no-save-rng"), ENV
+    ).notes
+    assert (
+        "--no-save-optim (gptrain's checkpoints always hold the optimizer state, so that a resume goes on exactly)"
+        in notes
+    )
+    assert (
+        "--no-save-rng (gptrain's checkpoints always hold the random states, so that a resume goes on exactly)"
+        in notes
+    )
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
