@@ -132,6 +132,7 @@ def _per_split_paths(given: dict[str, list[str]]) -> dict[str, Any]:
 def data_prefix(values: list[str], flag: str = "--data-path") -> Any:
     """`--data-path p` or `--data-path w1 p1 w2 p2 ...` -> a prefix or a flat blend list."""
     if len(values) == 1:
+        _refuse_a_quoted_blend(values[0], flag)
         return values[0]
     if (
         len(values) % 2 == 0
@@ -147,3 +148,14 @@ def data_prefix(values: list[str], flag: str = "--data-path") -> Any:
         shown = " ".join(values[:6]) + (f" ... ({len(values)} words)" if len(values) > 6 else "")
         raise ConfigError(f"{flag} {shown}: give one prefix, or pairs 'WEIGHT PREFIX ...'")
     return [float(x) if i % 2 == 0 else x for i, x in enumerate(values)]
+
+
+def _refuse_a_quoted_blend(value: str, flag: str) -> None:
+    """A blend in one word (a script's "$DATA_PATH", quoted) would be read as one prefix, as Megatron
+    reads it, and fail as a missing file advising `gptrain data prepare`: named here instead."""
+    words = value.split()
+    if len(words) > 1 and len(words) % 2 == 0 and all(is_number(w) for w in words[0::2]):
+        raise ConfigError(
+            f"{flag} '{value}': a blend given as one word (quoted, as \"$DATA_PATH\" is) is one prefix to "
+            "Megatron and to gptrain; give its weights and prefixes as separate words (unquoted $DATA_PATH)"
+        )

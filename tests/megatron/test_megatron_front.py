@@ -329,6 +329,8 @@ def test_blends_from_files_are_read_as_megatron_reads_them(tmp_path):
         ("--data-args-path F --split 98,2,0", "0.3 a b", "F holds: data prefix list .* is Megatron's unweighted form"),
         ("--per-split-data-args-path F", '{"train": "t", "valid": ["a", "b"], "test": null}', r"F: valid is: data prefix list \['a', 'b'\] is Megatron's unweighted form.*'1 a 1 b'"),
         ("--data-path a b", None, "--data-path: data prefix list .* unweighted form"),
+        # a script's quoted "$DATA_PATH": one word, which would fail as a missing prefix file
+        ("--data-path '0.5 /d/a 0.5 /d/b'", None, "--data-path '0.5 /d/a 0.5 /d/b': a blend given as one word"),
         ("--data-path a 0.3 b 0.7", None, r"--data-path a 0.3 b 0.7: the weights go before the prefixes"),
         ("--data-args-path F --split 1 --data-path a", "a", "--data-path and --data-args-path: give one"),
         ("--data-args-path F --split 1 --train-data-path a", "a", "--data-args-path and --train-data-path: give one blend"),
