@@ -8,6 +8,7 @@ import io
 import json
 import lzma
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -524,17 +525,31 @@ def test_a_vocabulary_numbered_with_gaps_gets_a_dtype_that_holds_its_highest_id(
     assert dataset.dtype == np.int32 and [list(dataset[i]) for i in range(2)] == [[0, 0], [0, 70000, 0]]
 
 
-def test_an_id_past_the_token_dtype_is_refused(tmp_path, write_jsonl, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_id_past_the_token_dtype_is_refused(tmp_path, write_jsonl, monkeypatch, workers):
     """The backstop where a tokenizer's ids still run past the dtype its size chose: refused naming
-    the lines, never written wrapped."""
+    the lines, never written wrapped. With workers the refusal comes from a worker process, after
+    earlier chunks were written: nothing is left, and an older output of the prefix stays whole."""
     import gptrain.data.prepare as prepare_module
 
     monkeypatch.setattr(prepare_module, "optimal_dtype", lambda vocab_size: np.dtype(np.uint16))
-    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a a"}, {"text": "a b a"}])
-    config = PrepareConfig([str(source)], str(tmp_path / "out" / "o"), _gapped_tokenizer(tmp_path), workers=1)
-    with pytest.raises(DataError, match=r"in\.jsonl:1-2: the tokenizer gives id 70,000 .* past the uint16"):
+    spec = _gapped_tokenizer(tmp_path)
+    old = write_jsonl(tmp_path / "old.jsonl", [{"text": "a"}])
+    prepare(PrepareConfig([str(old)], str(tmp_path / "out" / "o"), spec, workers=1), stream=sys.stdout)
+    before = outputs(tmp_path / "out" / "o")
+    records = [{"text": "a a"}] * 60 + [{"text": "a b a"}] + [{"text": "a"}] * 20
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    config = PrepareConfig([str(source)], str(tmp_path / "out" / "o"), spec, workers=workers, chunk_bytes=64)
+    message = r"in\.jsonl:(\d+)-(\d+): the tokenizer gives id 70,000 .* past the uint16"
+    with pytest.raises(DataError, match=message) as caught:
         prepare(config, stream=sys.stdout)
-    assert list((tmp_path / "out").iterdir()) == []
+    first, last = map(int, re.search(message, str(caught.value)).groups())
+    assert first <= 61 <= last < 81, "the lines named hold the line of id 70,000"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "o_text_document.bin",
+        "o_text_document.idx",
+    ]
+    assert outputs(tmp_path / "out" / "o") == before
 
 
 def test_tokenizer_failure_is_a_data_error(tmp_path, hf_tokenizer_json, write_jsonl, monkeypatch):
