@@ -7,10 +7,9 @@ sample` command must start fast.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 
-from gptrain.data.blend_spec import PER_SPLIT_KEYS, parse_blend, strip_suffix
+from gptrain.data.blend_spec import PER_SPLIT_KEYS, parse_blend
 from gptrain.data.blended import BlendedDataset, normalize
 from gptrain.data.gpt_dataset import GPTDataset
 from gptrain.data.mock import MockGPTDataset
@@ -78,29 +77,12 @@ def _check_index_sizes(num_samples: Sequence[int], seq_length: int, asked_by: Se
 
 
 def _check_prefixes(prefixes: list[str]) -> None:
-    from gptrain.data.blend_spec import text_document_hint
-    from gptrain.data.indexed import IndexedDataset
+    """Every prefix of a blend named before any is opened and indexed."""
+    from gptrain.data.indexed import pair_problem
 
     for prefix in prefixes:
-        if IndexedDataset.exists(prefix):
-            continue
-        _refuse_half_a_pair(prefix)
-        hint = text_document_hint(prefix)
-        advice = f"; {hint}" if hint else " (run `gptrain data prepare` first)"
-        raise DataError(f"data prefix {prefix}: {prefix}.bin/.idx not found{advice}")
-
-
-def _refuse_half_a_pair(prefix: str) -> None:
-    """One file of the pair there and not the other (a copy still running or cut short, a file
-    removed) was 'not found (run gptrain data prepare first)', as if neither were."""
-    base = strip_suffix(prefix)
-    present = [suffix for suffix in (".bin", ".idx") if os.path.isfile(base + suffix)]
-    if len(present) == 1:
-        missing = ".idx" if present == [".bin"] else ".bin"
-        raise DataError(
-            f"data prefix {prefix}: {base}{missing} not found beside {base}{present[0]} (a copy not "
-            "finished, or a file removed); copy it as well, or prepare the dataset again"
-        )
+        if (problem := pair_problem(prefix)) is not None:
+            raise DataError(f"data prefix {prefix}: {problem}")
 
 
 def _single_prefix_splits(

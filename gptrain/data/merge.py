@@ -99,8 +99,8 @@ def _refuse_repeated_inputs(prefixes: list[str]) -> None:
     seen: dict[tuple[int, int], str] = {}
     for prefix in prefixes:
         index = Path(prefix + ".idx")
-        if not index.is_file():
-            continue  # named as missing by the checks that follow
+        if not os.path.isfile(index):  # False too where a directory may not be searched (EACCES)
+            continue  # named as missing, or unreachable, by the checks that follow
         identity = file_identity(index)
         if identity in seen:
             first = seen[identity]

@@ -79,7 +79,7 @@ def test_merge_errors(tmp_path, capsys):
     out = tmp_path / "out"
     cases = [
         (["small", "wide"], "wide.idx: tokens are int32, " + f"{tmp_path / 'small.idx'} holds uint16"),
-        (["small", "missing"], "missing.idx: no such file"),
+        (["small", "missing"], "missing.bin/.idx not found; check the path"),
     ]
     for names, message in cases:
         argv = [
@@ -156,7 +156,7 @@ def test_inspect_errors(known_dataset, tmp_path, capsys):
     assert main(["data", "inspect", known_dataset, "--document", "5"]) == 2
     assert "--document 5: the dataset has 5 documents" in capsys.readouterr().err
     assert main(["data", "inspect", str(tmp_path / "nothing")]) == 2
-    assert "nothing.idx: no such file" in capsys.readouterr().err
+    assert "nothing.bin/.idx not found; check the path" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse names the option (was: exit 0, the document left out)
         main(["data", "inspect", known_dataset, "--num-tokens", "-5"])
     assert "argument --num-tokens: invalid non_negative value: '-5'" in capsys.readouterr().err
