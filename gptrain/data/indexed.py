@@ -53,6 +53,8 @@ _COPY_BLOCK = 16 << 20
 # Sequences checked per step by IndexedDataset.verify: ~24 bytes each, so ~100 MB of memory.
 _VERIFY_CHUNK = 1 << 22
 _CORRUPT = "; the index is corrupt: re-create it (gptrain data prepare or merge)"
+# A file cut short (a copy or a transfer that did not finish) or another dataset's: often whole elsewhere.
+_RECOPY = "; copy the .bin and .idx again, together, or re-create them (gptrain data prepare or merge)"
 
 
 def code_for_dtype(dtype: np.dtype | type) -> int:
@@ -194,7 +196,7 @@ class IndexedDataset:
     def _read_header(self) -> tuple[int, int, int]:
         size = len(self._index)
         if size < HEADER_SIZE:
-            raise DataError(f"{self.idx_path}: truncated ({size} bytes, header needs {HEADER_SIZE})")
+            raise DataError(f"{self.idx_path}: truncated ({size} bytes, header needs {HEADER_SIZE}){_RECOPY}")
         magic, version, code, count, doc_count = HEADER.unpack(bytes(self._index[:HEADER_SIZE]))
         if magic.startswith(LEGACY_MAGIC):
             raise DataError(
@@ -202,11 +204,18 @@ class IndexedDataset:
                 "Megatron stopped reading in 2023; re-create the dataset from its text with gptrain data prepare"
             )
         if magic != MAGIC:
-            raise DataError(f"{self.idx_path}: not a Megatron index (bad magic {magic!r})")
+            raise DataError(
+                f"{self.idx_path}: not a Megatron index (bad magic {magic!r}); give the prefix of a .bin/.idx "
+                "pair written by Megatron's preprocess_data.py or gptrain data prepare"
+            )
         if version != VERSION:
-            raise DataError(f"{self.idx_path}: unsupported index version {version} (expected 1)")
+            raise DataError(
+                f"{self.idx_path}: unsupported index version {version} (Megatron's format has only 1){_CORRUPT}"
+            )
         if code not in DTYPE_CODES:
-            raise DataError(f"{self.idx_path}: unknown token dtype code {code}")
+            raise DataError(
+                f"{self.idx_path}: unknown token dtype code {code} (Megatron's are 1 to 8){_CORRUPT}"
+            )
         expected = HEADER_SIZE + 12 * count + 8 * doc_count
         if size == expected + count and count:
             raise DataError(
@@ -215,10 +224,10 @@ class IndexedDataset:
         if size != expected:
             raise DataError(
                 f"{self.idx_path}: size {size} bytes, expected {expected} for {count} sequences and "
-                f"{doc_count} document indices (truncated or corrupt: re-create it)"
+                f"{doc_count} document indices (truncated, or corrupt){_RECOPY}"
             )
         if doc_count < 1:
-            raise DataError(f"{self.idx_path}: empty document index (needs at least the leading 0)")
+            raise DataError(f"{self.idx_path}: empty document index (needs at least the leading 0){_CORRUPT}")
         return code, count, doc_count
 
     def _validate(self, count: int) -> None:
@@ -226,7 +235,7 @@ class IndexedDataset:
         if self._doc_indices[0] != 0 or self._doc_indices[-1] != count:
             raise DataError(
                 f"{self.idx_path}: document indices run from {self._doc_indices[0]} to "
-                f"{self._doc_indices[-1]}, expected 0 to the sequence count {count}"
+                f"{self._doc_indices[-1]}, expected 0 to the sequence count {count}{_CORRUPT}"
             )
         end = 0
         if count:
@@ -236,9 +245,10 @@ class IndexedDataset:
                 )
             end = int(self._pointers[-1]) + int(self._lengths[-1]) * self._dtype.itemsize
         if len(self._bin) != end:
+            which = "cut short" if len(self._bin) < end else "the .bin of another dataset"
             raise DataError(
                 f"{self.bin_path}: size {len(self._bin)} bytes, expected {end} (where the last sequence "
-                f"of the .idx ends, in {self._dtype} tokens); the .bin does not belong to this .idx"
+                f"of the .idx ends, in {self._dtype} tokens): {which}, or beside a damaged .idx{_RECOPY}"
             )
 
     def verify(self) -> None:
