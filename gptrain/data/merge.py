@@ -33,7 +33,7 @@ def _expand(path: str) -> list[str]:
     if not os.path.isdir(path):
         return [strip_suffix(path)]
     prefixes = sorted(
-        {os.path.join(path, name[:-4]) for name in os.listdir(path) if name.endswith((".bin", ".idx"))}
+        {os.path.join(path, name[:-4]) for name in _listing(path) if name.endswith((".bin", ".idx"))}
     )
     if IndexedDataset.exists(path):
         if prefixes:
@@ -45,6 +45,17 @@ def _expand(path: str) -> list[str]:
     if not prefixes:
         raise DataError(f"--input {path}: directory holds no .bin/.idx datasets")
     return prefixes
+
+
+def _listing(directory: str) -> list[str]:
+    """The names in an input directory; one this user may not read was a bare 'Permission denied'."""
+    try:
+        return os.listdir(directory)
+    except OSError as error:
+        raise DataError(
+            f"--input {directory}: the directory cannot be listed ({error.strerror or error}); check its "
+            "permissions, or give the prefixes of its datasets"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -310,3 +310,28 @@ def test_document_lengths_in_passes_equal_the_whole_corpus_formula(tmp_path, mon
     expected = ends[dataset.document_indices[1:]] - ends[dataset.document_indices[:-1]]
     monkeypatch.setattr(summary, "DOCUMENTS_PER_PASS", per_pass)
     assert summary.document_lengths(dataset).tolist() == expected.tolist()
+
+
+def test_an_input_directory_that_cannot_be_listed_is_named_with_what_to_do(tmp_path, capsys, monkeypatch):
+    """Was 'gptrain: error: <dir>: Permission denied (GPTRAIN_DEBUG=1 shows where)'. Root may list any
+    directory, so the refusal of a shared file system's permissions is stood in for."""
+    import errno
+    import os
+
+    parts = tmp_path / "parts"
+    _write(parts / "p1", np.uint16, [[1, 2]])
+    real_listdir = os.listdir
+
+    def listdir(path="."):
+        if os.fspath(path) == str(parts):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    assert main(["data", "merge", "--input", str(parts), "--output-prefix", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"gptrain: error: --input {parts}: the directory cannot be listed (Permission denied); check its "
+        "permissions, or give the prefixes of its datasets\n"
+    )
+    assert not (tmp_path / "m.bin").exists() and not (tmp_path / "m.idx").exists()
