@@ -118,6 +118,10 @@ def run_sample(args: argparse.Namespace) -> int:
     counts = parse_num_samples(args.num_samples)
     if (problem := seed_problem(args.seed)) is not None:
         raise ConfigError(f"--seed {problem}")
+    if args.seq_length < 2:
+        raise ConfigError(f"--seq-length {args.seq_length}: a sample needs at least 2 tokens; give 2 or more")
+    if args.vocab_size is not None and args.vocab_size < 1:
+        raise ConfigError(f"--vocab-size {args.vocab_size}: the mock tokens' vocabulary needs 1 id or more")
     if not args.mock and not args.data_prefix:
         raise ConfigError("give --data-prefix PREFIX (or 'W1 P1 W2 P2 ...'), or --mock --vocab-size V")
     split = SPLITS.index(args.split)

@@ -138,6 +138,42 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert "--num-samples" in capsys.readouterr().err
 
 
+def test_a_sample_length_or_mock_vocabulary_out_of_range_names_its_flag(tmp_path, capsys):
+    """Were 'seq_length must be at least 2, got 0' and 'mock data needs length >= 0, seq_length >= 1,
+    vocab_size >= 1; got 5, 4, -5': no flag named."""
+    prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8] * 10)
+    argv = ["data", "sample", "--data-prefix", prefix, "--cache-dir", str(tmp_path / "c")]
+    for length in ("1", "0", "-3"):
+        assert main([*argv, "--seq-length", length]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err
+            == f"gptrain: error: --seq-length {length}: a sample needs at least 2 tokens; give 2 or more\n"
+        )
+    for vocab in ("0", "-5"):
+        assert (
+            main(
+                [
+                    "data",
+                    "sample",
+                    "--mock",
+                    "--vocab-size",
+                    vocab,
+                    "--seq-length",
+                    "4",
+                    "--num-samples",
+                    "5,0,0",
+                ]
+            )
+            == 2
+        )
+        err = capsys.readouterr().err
+        assert (
+            err == f"gptrain: error: --vocab-size {vocab}: the mock tokens' vocabulary needs 1 id or more\n"
+        )
+    assert _sample(capsys, *argv[2:], "--seq-length", "2", "--splits-string", "1,0,0")["seq_length"] == 2
+
+
 def test_more_samples_than_this_host_can_index_name_the_flag(tmp_path, capsys):
     """10**15 samples of 8 tokens is past any host's memory (its epochs' document order alone takes
     1.42 PiB) yet under what the indices can address: it was "out of memory (...): ask for less",
