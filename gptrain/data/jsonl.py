@@ -52,16 +52,31 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
         else:
             paths.append(Path(pattern))
     for path in paths:
-        if path.is_dir():
-            raise DataError(
-                f"--input {path}: is a directory; pass its files (e.g. --input '{path}/*.jsonl', quoted)"
-            )
-        if not path.exists():
-            raise DataError(f"--input {path}: no such file")
-        if not (path.is_file() or is_pipe(path)):
-            raise DataError(f"--input {path}: not a file or a pipe; pass jsonl files")
+        _check_input(path)
     _refuse_repeated_files(paths)
     return paths
+
+
+def _check_input(path: Path) -> None:
+    """A readable kind of input: a file or a pipe. A directory above it that this user may not search
+    (EACCES) was a bare '<file>: Permission denied', the --input and what to do unsaid."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise DataError(f"--input {path}: no such file") from None
+    except OSError as error:
+        advice = "check the file system"
+        if isinstance(error, PermissionError):
+            advice = f"check the permissions of {path.parent} and the directories above it"
+        raise DataError(
+            f"--input {path}: cannot be looked up ({error.strerror or error}); {advice}"
+        ) from None
+    if stat.S_ISDIR(mode):
+        raise DataError(
+            f"--input {path}: is a directory; pass its files (e.g. --input '{path}/*.jsonl', quoted)"
+        )
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise DataError(f"--input {path}: not a file or a pipe; pass jsonl files")
 
 
 def is_pipe(path: Path) -> bool:

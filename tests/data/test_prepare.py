@@ -798,3 +798,28 @@ def test_skip_bad_lines_refuses_one_input_of_only_bad_lines_among_good_ones(
     argv.remove(str(wrong_key))
     assert main([*argv, "--workers", str(workers)]) == 0
     assert "prepared 4 documents (0 empty, 1 bad lines skipped)" in capsys.readouterr().out
+
+
+def test_an_input_in_a_directory_that_may_not_be_searched_is_named_with_what_to_do(
+    tmp_path, gpt2_files, capsys, write_jsonl, monkeypatch
+):
+    """Was 'gptrain: error: <file>: Permission denied (GPTRAIN_DEBUG=1 shows where)': no --input, no
+    advice. Root may search any directory, so the refusal of a shared file system is stood in for."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    source = write_jsonl(locked / "in.jsonl", [{"text": "x"}])
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out" / "o")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"gptrain: error: --input {source}: cannot be looked up (Permission denied); check the permissions "
+        f"of {locked} and the directories above it\n"
+    )
+    assert not (tmp_path / "out").exists()
