@@ -472,7 +472,7 @@ def _refuse_outputs_among_inputs(paths: list[Path], prefixes: list[str]) -> None
     as jsonl, then replaced by the new dataset."""
     inputs = {file_identity(path): path for path in paths}
     for output in (Path(prefix + suffix) for prefix in prefixes for suffix in (".bin", ".idx")):
-        if output.exists() and (path := inputs.get(file_identity(output))) is not None:
+        if os.path.exists(output) and (path := inputs.get(file_identity(output))) is not None:
             raise DataError(
                 f"--input {path} is the output {output} of this --output-prefix; "
                 "choose another --output-prefix or leave the file out of --input"

@@ -823,3 +823,33 @@ def test_an_input_in_a_directory_that_may_not_be_searched_is_named_with_what_to_
         f"of {locked} and the directories above it\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_prefix_in_a_directory_that_may_not_be_searched_is_the_output_refused(
+    tmp_path, gpt2_files, capsys, write_jsonl, monkeypatch
+):
+    """The check that no output is also an input asked pathlib whether the output exists, which
+    raised: 'gptrain: error: <out>.bin: Permission denied (GPTRAIN_DEBUG=1 shows where)'. Now the
+    writer's line, naming the output. Root may search any directory: the refusal is stood in for."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    real_stat, real_open = os.stat, os.open
+
+    def refused(real):
+        def call(path, *args, **kwargs):
+            if os.fspath(path).startswith(str(locked) + os.sep):
+                raise PermissionError(13, "Permission denied", os.fspath(path))
+            return real(path, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(os, "stat", refused(real_stat))
+    monkeypatch.setattr(os, "open", refused(real_open))
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(locked / "o")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gptrain: error: {locked}/o_text_document.bin: cannot create the output (")
+    assert err.endswith(": Permission denied)\n") and err.count("\n") == 1
+    monkeypatch.undo()
+    assert list(locked.iterdir()) == []
