@@ -116,7 +116,8 @@ class IndexCache:
         `check` says what is wrong with arrays that load but do not fit together (or None):
         a half-copied cache directory can hold well-formed .npy files of another build.
         """
-        if not self.path("description.txt").is_file():
+        # os.path, not pathlib: False where the directory may not be searched (save() then says so)
+        if not os.path.isfile(self.path("description.txt")):
             return None
         try:
             arrays = {name: np.load(self.path(f"{name}.npy"), mmap_mode="r") for name in names}
