@@ -61,8 +61,10 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
                 f"--tokenizer-model {args.tokenizer_model}: a SentencePiece model is encoded as the type "
                 "says; pass --tokenizer-type GPTSentencePieceTokenizer, Llama2Tokenizer or SentencePieceTokenizer"
             )
-        if os.path.exists(args.tokenizer_model):
-            return "HuggingFaceTokenizer"
+        from gptrain.data.tokenizers import unreachable
+
+        if os.path.exists(args.tokenizer_model) or unreachable(args.tokenizer_model):
+            return "HuggingFaceTokenizer"  # its loader names a path it cannot look up
         if _names_a_file(args.tokenizer_model):
             raise ConfigError(
                 f"--tokenizer-model {args.tokenizer_model}: no such file or directory; give an existing "

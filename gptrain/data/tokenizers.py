@@ -254,13 +254,30 @@ class SentencePieceTokenizer:
 def missing_tokenizer_file(path: str, in_directory: str | None = None) -> str | None:
     """Why a tokenizer cannot read `path` ('<path> not found', '<path> is a directory ...'), or None;
     a directory holding `in_directory` will do. A directory was said to be "not found"."""
-    if Path(path).is_dir():
+    if (problem := unreachable(path)) is not None:
+        return problem
+    if os.path.isdir(path):
         if in_directory is None:
             return f"{path} is a directory, not a file"
-        if not (Path(path) / in_directory).is_file():
+        if not os.path.isfile(os.path.join(path, in_directory)):
             return f"{path} is a directory with no {in_directory} in it"
         return None
-    return None if Path(path).is_file() else f"{path} not found"
+    return None if os.path.isfile(path) else f"{path} not found"
+
+
+def unreachable(path: str) -> str | None:
+    """Why `path` cannot even be looked up, or None (also where it is not there): a directory above
+    it that this user may not search (EACCES), which pathlib raised as a bare PermissionError."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        advice = "check the file system"
+        if isinstance(error, PermissionError):
+            advice = "check the permissions of the directories above it"
+        return f"{path} cannot be looked up ({error.strerror or error}); {advice}"
+    return None
 
 
 def load_sentencepiece(model: str, kind: str) -> Tokenizer:
@@ -477,10 +494,10 @@ def _eos_from_config(directory: Path) -> str | None:
 
 def load_huggingface(model: str) -> Tokenizer:
     """A `tokenizer.json` file (or a directory holding one, plus tokenizer_config.json)."""
-    path = Path(model)
-    file = path / "tokenizer.json" if path.is_dir() else path
     if (problem := missing_tokenizer_file(model, "tokenizer.json")) is not None:
         raise DataError(f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.json)")
+    path = Path(model)
+    file = path / "tokenizer.json" if path.is_dir() else path
     from tokenizers import Tokenizer
 
     try:

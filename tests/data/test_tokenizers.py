@@ -257,3 +257,52 @@ def test_a_directory_given_to_the_data_cli_for_a_tokenizer_file_is_said_to_be_on
     argv = ["data", "prepare", "--input", str(tmp_path / "in.jsonl"), "--output-prefix", str(tmp_path / "o")]
     assert main([*argv, *(f.format(d=tokenizer) for f in flags)]) == 2
     assert capsys.readouterr().err == f"gptrain: error: {said.format(d=tokenizer)}\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (
+            ["--vocab-file", "{locked}/vocab.json", "--merge-file", "{merges}"],
+            "vocab file {locked}/vocab.json",
+        ),
+        (
+            ["--vocab-file", "{vocab}", "--merge-file", "{locked}/merges.txt"],
+            "merge file {locked}/merges.txt",
+        ),
+        (["--tokenizer-model", "{locked}/tokenizer.json"], "tokenizer model {locked}/tokenizer.json"),
+        (["--tokenizer-model", "{locked}"], "tokenizer model {locked}"),
+    ],
+)
+def test_a_tokenizer_file_in_a_directory_that_may_not_be_searched_says_so(
+    tmp_path, capsys, monkeypatch, gpt2_files, flags, said
+):
+    """Were a bare '<file>: Permission denied (GPTRAIN_DEBUG=1 shows where)' (pathlib raised) and,
+    for --tokenizer-model, 'no such file or directory'. Root may search any directory: the
+    refusal of a shared file system's permissions is stood in for."""
+    import errno
+    import os
+
+    from gptrain.cli import main
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    with IndexedDatasetWriter(str(tmp_path / "ds"), np.uint16) as writer:
+        writer.add_document(np.array([1, 2]))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    names = {"locked": locked, "vocab": gpt2_files[0], "merges": gpt2_files[1]}
+    assert main(["data", "inspect", str(tmp_path / "ds"), *(flag.format(**names) for flag in flags)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"gptrain: error: {said.format(**names)} cannot be looked up (Permission denied); check the "
+        "permissions of the directories above it (pass --"
+    )
+    assert err.count("\n") == 1
