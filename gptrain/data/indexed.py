@@ -145,10 +145,19 @@ def _no_pair_problem(base: str) -> str:
             f"{base}: a file, not the prefix of a .bin/.idx pair; give the prefix ({_PREFIX_EXAMPLE}), "
             "or, for jsonl, make the pair first with gptrain data prepare"
         )
-    hint = text_document_hint(base)
+    hint = text_document_hint(base) or _home_hint(base)
     return f"{base}.bin/.idx not found; " + (
         hint or "check the path, or make the pair with gptrain data prepare"
     )
+
+
+def _home_hint(base: str) -> str:
+    """A leading ~ is the shell's to expand, and nothing expands it in a config file or a quoted
+    argument: the question that says so where the expanded prefix names a pair. Else ''."""
+    home = os.path.expanduser(base)
+    if home == base or not IndexedDataset.exists(home):
+        return ""
+    return f"did you mean {home}? (~ is expanded by a shell, not in a config file or a quoted argument)"
 
 
 def _directory_problem(directory: str) -> str:

@@ -88,6 +88,12 @@ def make_case(tmp_path: Path, case: str) -> tuple[str, str]:
     if case == "the output prefix of prepare":
         write(d / "out_text_document")
         return str(d / "out"), f"did you mean {d / 'out_text_document'}?"
+    if case == "a home directory no shell expanded":
+        write(d / "home" / "data" / "ds")
+        return (
+            "~/data/ds",
+            f"~/data/ds.bin/.idx not found; did you mean {d / 'home' / 'data' / 'ds'}? (~ is expanded",
+        )
     if case == "permission denied":
         prefix = write(d / "locked" / "ds")
         return (
@@ -107,6 +113,7 @@ CASES = [
     "truncated header",
     "the jsonl",
     "the output prefix of prepare",
+    "a home directory no shell expanded",
     "permission denied",
 ]
 
@@ -129,6 +136,7 @@ def test_a_prefix_of_no_pair_is_one_line_naming_it_and_what_to_do(
     tmp_path, capsys, monkeypatch, command, case
 ):
     write(tmp_path / "good")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     prefix, message = make_case(tmp_path, case)
     if case == "permission denied":
         lock(monkeypatch, tmp_path / "locked")
