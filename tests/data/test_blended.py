@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 from gpt_data_helpers import slow_blend
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gptrain.data.blend_loop import compiled_blending_indices
 from gptrain.data.blended import BlendedDataset, blending_indices, normalize, numpy_blending_indices
@@ -200,3 +202,20 @@ def test_the_blend_is_counted_per_dataset_without_widening_the_whole_index():
     tracemalloc.stop()
     assert np.array_equal(counted, np.bincount(index, minlength=7))
     assert peak < len(index)  # well under a byte a sample; bincount alone takes 8
+
+
+_WEIGHTS = st.one_of(
+    st.integers(1, 10).map(float), st.floats(1e-6, 1e3), st.sampled_from([1e-9, 0.1, 1.0, 3.0])
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_WEIGHTS, min_size=1, max_size=12), st.integers(0, 3000))
+def test_blend_order_is_the_greedy_rule_for_drawn_weights(weights, size):
+    """Ties (equal or integer weights), weights a billion times apart, and every size up to a few
+    thousand: both implementations give the rule's order, step by step."""
+    w = normalize(weights)
+    chosen, within = slow_blend(w, size)
+    for implementation in (blending_indices, numpy_blending_indices):
+        dataset_index, sample_index = implementation(w, size)
+        assert dataset_index.tolist() == chosen and sample_index.tolist() == within
