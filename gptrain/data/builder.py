@@ -78,7 +78,7 @@ def _check_index_sizes(num_samples: Sequence[int], seq_length: int, asked_by: Se
 
 def _check_prefixes(prefixes: list[str]) -> None:
     """Every prefix of a blend named before any is opened and indexed."""
-    from gptrain.data.indexed import pair_problem
+    from gptrain.data.pair_check import pair_problem
 
     for prefix in prefixes:
         if (problem := pair_problem(prefix)) is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import stat
 import struct
 import sys
 from collections.abc import Callable, Sequence
@@ -22,7 +21,8 @@ from typing import IO
 
 import numpy as np
 
-from gptrain.data.blend_spec import strip_suffix, text_document_hint
+from gptrain.data.blend_spec import strip_suffix
+from gptrain.data.pair_check import pair_problem
 from gptrain.errors import DataError, os_error_text
 from gptrain.utils.atomic import hold, plain_file_mode, remove_stale_temporaries, temporary_sibling
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
@@ -84,101 +84,6 @@ def _map_file(path: Path) -> np.ndarray:
         raise DataError(
             f"{path}: cannot be read ({error.strerror or error}); check its permissions and file system"
         ) from None
-
-
-_PREFIX_EXAMPLE = "data/corpus_text_document for data/corpus_text_document.bin/.idx"
-
-
-def pair_problem(path_prefix: str) -> str | None:
-    """Why `path_prefix` names no Megatron .bin/.idx pair, in one line that says what to do; None
-    where both are files. Every command that opens a dataset says the same (inspect, merge, sample,
-    training): only the builder used to tell half a pair, a directory or an unreachable file from
-    a prefix that is not there."""
-    base = strip_suffix(str(path_prefix))
-    kinds = {}
-    for suffix in (".bin", ".idx"):
-        path = Path(base + suffix)
-        try:
-            kinds[suffix] = _kind(path)
-        except OSError as error:  # EACCES: a directory above it that this user may not search
-            advice = "check the file system"
-            if isinstance(error, PermissionError):
-                advice = f"check the permissions of {path.parent} and the directories above it"
-            return f"{path}: cannot be looked up ({error.strerror or error}); {advice}"
-    for suffix, kind in kinds.items():
-        if kind == "directory":
-            return (
-                f"{base}{suffix}: is a directory, not a Megatron {suffix} file; pass the prefix of a "
-                f".bin/.idx pair ({_PREFIX_EXAMPLE})"
-            )
-        if kind == "other":
-            return f"{base}{suffix}: not a regular file (a pipe or a device); a Megatron {suffix} file is one"
-    present = [suffix for suffix, kind in kinds.items() if kind == "file"]
-    if len(present) == 2:
-        return None
-    if present:
-        missing = ".idx" if present == [".bin"] else ".bin"
-        return (
-            f"{base}{missing} not found beside {base}{present[0]} (a copy not finished, or a file "
-            "removed); copy it as well, or prepare the dataset again"
-        )
-    return _no_pair_problem(base)
-
-
-def _kind(path: Path) -> str:
-    """'file', 'directory', 'other' or 'missing'; an error other than a missing path is raised."""
-    try:
-        mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return "missing"
-    if stat.S_ISREG(mode):
-        return "file"
-    return "directory" if stat.S_ISDIR(mode) else "other"
-
-
-def _no_pair_problem(base: str) -> str:
-    """Neither file is there: the prefix may name a directory of datasets or a file (the jsonl)."""
-    if os.path.isdir(base):
-        return _directory_problem(base)
-    if os.path.isfile(base):
-        return (
-            f"{base}: a file, not the prefix of a .bin/.idx pair; give the prefix ({_PREFIX_EXAMPLE}), "
-            "or, for jsonl, make the pair first with gptrain data prepare"
-        )
-    hint = text_document_hint(base) or _home_hint(base)
-    return f"{base}.bin/.idx not found; " + (
-        hint or "check the path, or make the pair with gptrain data prepare"
-    )
-
-
-def _home_hint(base: str) -> str:
-    """A leading ~ is the shell's to expand, and nothing expands it in a config file or a quoted
-    argument: the question that says so where the expanded prefix names a pair. Else ''."""
-    home = os.path.expanduser(base)
-    if home == base or not IndexedDataset.exists(home):
-        return ""
-    return f"did you mean {home}? (~ is expanded by a shell, not in a config file or a quoted argument)"
-
-
-def _directory_problem(directory: str) -> str:
-    """A directory given as a prefix (Megatron's tools take directories in some places): name a
-    dataset in it, or say that it holds none."""
-    try:
-        names = set(os.listdir(directory))
-    except OSError as error:
-        return (
-            f"{directory}: a directory, not a dataset prefix (it cannot be listed: {error.strerror or error});"
-            f" pass the prefix of a .bin/.idx pair ({_PREFIX_EXAMPLE})"
-        )
-    prefixes = sorted(name[:-4] for name in names if name.endswith(".idx") and name[:-4] + ".bin" in names)
-    if not prefixes:
-        return (
-            f"{directory}: a directory, not a dataset prefix, and it holds no .bin/.idx pair; pass the "
-            f"prefix of a pair ({_PREFIX_EXAMPLE})"
-        )
-    more = f" (one of its {len(prefixes)} datasets)" if len(prefixes) > 1 else ""
-    example = os.path.join(directory, prefixes[0])
-    return f"{directory}: a directory, not a dataset prefix; name a dataset in it by its prefix, e.g. {example}{more}"
 
 
 class IndexedDataset:

@@ -1,0 +1,106 @@
+"""Whether a dataset prefix names a Megatron .bin/.idx pair, and if not, why, in one line that says
+what to do. Standard library only: every command that opens a dataset asks it (through
+IndexedDataset and the builder), and a login-node check can ask it without numpy.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from gptrain.data.blend_spec import strip_suffix, text_document_hint
+
+_PREFIX_EXAMPLE = "data/corpus_text_document for data/corpus_text_document.bin/.idx"
+
+
+def pair_problem(path_prefix: str) -> str | None:
+    """Why `path_prefix` names no Megatron .bin/.idx pair, in one line that says what to do; None
+    where both are files. Every command that opens a dataset says the same (inspect, merge, sample,
+    training): only the builder used to tell half a pair, a directory or an unreachable file from
+    a prefix that is not there."""
+    base = strip_suffix(str(path_prefix))
+    kinds = {}
+    for suffix in (".bin", ".idx"):
+        path = Path(base + suffix)
+        try:
+            kinds[suffix] = _kind(path)
+        except OSError as error:  # EACCES: a directory above it that this user may not search
+            advice = "check the file system"
+            if isinstance(error, PermissionError):
+                advice = f"check the permissions of {path.parent} and the directories above it"
+            return f"{path}: cannot be looked up ({error.strerror or error}); {advice}"
+    for suffix, kind in kinds.items():
+        if kind == "directory":
+            return (
+                f"{base}{suffix}: is a directory, not a Megatron {suffix} file; pass the prefix of a "
+                f".bin/.idx pair ({_PREFIX_EXAMPLE})"
+            )
+        if kind == "other":
+            return f"{base}{suffix}: not a regular file (a pipe or a device); a Megatron {suffix} file is one"
+    present = [suffix for suffix, kind in kinds.items() if kind == "file"]
+    if len(present) == 2:
+        return None
+    if present:
+        missing = ".idx" if present == [".bin"] else ".bin"
+        return (
+            f"{base}{missing} not found beside {base}{present[0]} (a copy not finished, or a file "
+            "removed); copy it as well, or prepare the dataset again"
+        )
+    return _no_pair_problem(base)
+
+
+def _kind(path: Path) -> str:
+    """'file', 'directory', 'other' or 'missing'; an error other than a missing path is raised."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "directory" if stat.S_ISDIR(mode) else "other"
+
+
+def _no_pair_problem(base: str) -> str:
+    """Neither file is there: the prefix may name a directory of datasets or a file (the jsonl)."""
+    if os.path.isdir(base):
+        return _directory_problem(base)
+    if os.path.isfile(base):
+        return (
+            f"{base}: a file, not the prefix of a .bin/.idx pair; give the prefix ({_PREFIX_EXAMPLE}), "
+            "or, for jsonl, make the pair first with gptrain data prepare"
+        )
+    hint = text_document_hint(base) or _home_hint(base)
+    return f"{base}.bin/.idx not found; " + (
+        hint or "check the path, or make the pair with gptrain data prepare"
+    )
+
+
+def _home_hint(base: str) -> str:
+    """A leading ~ is the shell's to expand, and nothing expands it in a config file or a quoted
+    argument: the question that says so where the expanded prefix names a pair. Else ''."""
+    home = os.path.expanduser(base)
+    if home == base or not all(os.path.isfile(home + suffix) for suffix in (".bin", ".idx")):
+        return ""
+    return f"did you mean {home}? (~ is expanded by a shell, not in a config file or a quoted argument)"
+
+
+def _directory_problem(directory: str) -> str:
+    """A directory given as a prefix (Megatron's tools take directories in some places): name a
+    dataset in it, or say that it holds none."""
+    try:
+        names = set(os.listdir(directory))
+    except OSError as error:
+        return (
+            f"{directory}: a directory, not a dataset prefix (it cannot be listed: {error.strerror or error});"
+            f" pass the prefix of a .bin/.idx pair ({_PREFIX_EXAMPLE})"
+        )
+    prefixes = sorted(name[:-4] for name in names if name.endswith(".idx") and name[:-4] + ".bin" in names)
+    if not prefixes:
+        return (
+            f"{directory}: a directory, not a dataset prefix, and it holds no .bin/.idx pair; pass the "
+            f"prefix of a pair ({_PREFIX_EXAMPLE})"
+        )
+    more = f" (one of its {len(prefixes)} datasets)" if len(prefixes) > 1 else ""
+    example = os.path.join(directory, prefixes[0])
+    return f"{directory}: a directory, not a dataset prefix; name a dataset in it by its prefix, e.g. {example}{more}"
