@@ -7,6 +7,7 @@ import yaml
 from gptrain.config.loader import DROPPED_TOP_KEYS, all_keys
 from gptrain.config.nemo_keys import IGNORED_NEMO_KEYS, IGNORED_NEMO_PREFIXES
 from gptrain.megatron.flags import NO_EFFECT, REFUSED, SPECIAL, SWITCH, VALUE
+from gptrain.megatron.translate import MEGATRON_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "migrating.md").read_text()
@@ -15,6 +16,17 @@ DOC = (ROOT / "docs" / "migrating.md").read_text()
 def test_every_megatron_flag_is_in_the_table():
     for flag in [*VALUE, *SWITCH, *NO_EFFECT, *REFUSED, *SPECIAL]:
         assert f"| `{flag}`" in DOC, flag
+
+
+def test_the_defaults_table_is_megatron_defaults_as_gptrain_megatron_applies_them():
+    """The table a user reads to learn what an absent flag means: every default, with its value, and
+    no row the code does not apply (save_top_k=-1, Megatron keeping every checkpoint, was missing)."""
+    header = "| gptrain key | Megatron default |\n|---|---|\n"
+    rows = DOC.split(header, 1)[1].split("\n\n", 1)[0].splitlines()
+    documented = {row.split("`")[1]: row.split("|")[2].strip() for row in rows}
+    assert sorted(documented) == sorted(MEGATRON_DEFAULTS)
+    for key, value in MEGATRON_DEFAULTS.items():
+        assert documented[key].startswith(f"`{value}`"), (key, documented[key])
 
 
 def test_every_nemo_key_of_gptrain_and_of_the_upstream_126m_files_is_in_the_table():
