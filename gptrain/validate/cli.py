@@ -101,7 +101,8 @@ def common_options() -> argparse.ArgumentParser:
     parent.add_argument(
         "--profile",
         default=None,
-        help="cluster profile with thresholds: aws_p4d, aws_p5, azure_nd_a100_v4 or a YAML path",
+        help="cluster profile with thresholds: aws_p4d, aws_p5, azure_nd_a100_v4, bcm (relative checks only; "
+        "configs/cluster/NAME.yaml) or a YAML path",
     )
     parent.add_argument(
         "--min-busbw-GBps",

@@ -41,6 +41,16 @@ def test_help_does_not_import_torch():
         assert option in help_text
 
 
+def test_profile_help_names_every_bundled_profile():
+    """--profile's help listed three of the four profiles --profile takes (bcm was left out)."""
+    from gptrain.validate.cli import common_options
+    from gptrain.validate.thresholds import profile_names
+
+    profile = next(a for a in common_options()._actions if "--profile" in a.option_strings)
+    for name in profile_names():
+        assert name in profile.help, name
+
+
 def test_unknown_profile_is_one_line_and_starts_no_process_group(tmp_path):
     out = subprocess.run(
         [
