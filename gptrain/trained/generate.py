@@ -32,13 +32,13 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         "--top-k",
         type=int,
         default=None,
-        help="sample only from the k most likely tokens (0: off, as in Megatron)",
+        help="sample only from the k most likely tokens (0: off, as in Megatron; default off)",
     )
     parser.add_argument(
         "--top-p",
         type=float,
         default=None,
-        help="sample only from the most likely tokens whose probability adds up to p (nucleus; after --top-k; 0 or 1: off)",
+        help="sample only from the most likely tokens whose probability adds up to p (nucleus; after --top-k; 0 or 1: off; default off)",
     )
     parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
     parser.add_argument(

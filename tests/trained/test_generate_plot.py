@@ -660,6 +660,18 @@ def test_generate_from_a_diverged_checkpoint_is_one_line_naming_the_tensor(tmp_p
     assert main([*argv, "--greedy"]) == 0
 
 
+def test_generate_help_gives_the_default_of_every_number_it_takes() -> None:
+    """--top-k and --top-p said what 0 means but not what their absence does (off)."""
+    from gptrain.trained.generate import add_generate_parser
+
+    commands = argparse.ArgumentParser().add_subparsers()
+    add_generate_parser(commands)
+    numbers = [a for a in commands.choices["generate"]._actions if a.type in (int, float)]
+    assert {o for a in numbers for o in a.option_strings} >= {"--top-k", "--top-p", "--temperature"}
+    for action in numbers:
+        assert "default" in action.help, action.option_strings
+
+
 def test_generate_checks_its_sampling_flags_before_loading_a_model(tmp_path: Path) -> None:
     """--top-k -1 was refused only after the (possibly large) model had loaded."""
     from gptrain.trained.generate import add_generate_parser
