@@ -39,7 +39,8 @@ def add_sample_parser(subparsers: argparse._SubParsersAction) -> None:
         "--num-samples",
         default="0,0,0",
         metavar="TRAIN,VALID,TEST",
-        help="samples requested per split, as training requests them (0: one epoch; default 0,0,0)",
+        help="samples requested per split, as training requests them (0: one epoch of one prefix; mock data and "
+        "blends need a count; default 0,0,0)",
     )
     parser.add_argument("--split", choices=SPLITS, default="train", help="which split (default train)")
     parser.add_argument("--index", type=int, default=0, help="sample number in the split (default 0)")

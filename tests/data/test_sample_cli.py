@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from gpt_data_helpers import load_fixture, write_dataset
 
 from gptrain.cli import main
@@ -117,6 +118,14 @@ def test_mock_sample(capsys):
         "3",
     )
     assert out["tokens"] == MockGPTDataset(10, 8, 100, seed=1234)[3].tolist() and out["mock"] is True
+
+
+def test_num_samples_help_says_what_needs_a_count(capsys):
+    """The help gave 0 as one epoch without a word on the mock data and blends that refuse it."""
+    with pytest.raises(SystemExit):
+        main(["data", "sample", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "mock data and blends need a count" in help_text
 
 
 def test_errors_are_one_line(tmp_path, capsys):
