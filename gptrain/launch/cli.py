@@ -121,10 +121,11 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from gptrain.launch import jobs
+    from gptrain.launch.run_dirs import find_run, run_dirs
+    from gptrain.launch.status import status_lines
 
     base = Path(args.results_dir)
-    dirs = [jobs.find_run(args.run, base)] if args.run else jobs.run_dirs(base)
+    dirs = [find_run(args.run, base)] if args.run else run_dirs(base)
     if not dirs and base.exists() and not base.is_dir():  # "no launched runs in FILE" read as an answer
         raise LaunchError(
             f"--results-dir {base}: is a file; give the base_results_dir of a launch (a directory)"
@@ -133,22 +134,24 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"no launched runs in {base.resolve()}")
         return 0
     for run_dir in dirs:
-        print("\n".join(jobs.status_lines(run_dir)))
+        print("\n".join(status_lines(run_dir)))
     return 0
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    from gptrain.launch import jobs
+    from gptrain.launch.cancelling import cancel
+    from gptrain.launch.run_dirs import find_run
 
-    print("\n".join(jobs.cancel(jobs.find_run(args.run, Path(args.results_dir)))))
+    print("\n".join(cancel(find_run(args.run, Path(args.results_dir)))))
     return 0
 
 
 def run_logs(args: argparse.Namespace) -> int:
-    from gptrain.launch import jobs
+    from gptrain.launch.job_logs import logs_to_show
+    from gptrain.launch.run_dirs import find_run
 
-    run_dir = jobs.find_run(args.run, Path(args.results_dir))
-    shown = jobs.logs_to_show(run_dir, args.launch, args.all, args.stage)
+    run_dir = find_run(args.run, Path(args.results_dir))
+    shown = logs_to_show(run_dir, args.launch, args.all, args.stage)
     followed = shown[-1:] if args.follow else []  # --all -f: the earlier launches printed, the last followed
     for header, records in shown[: len(shown) - len(followed)]:
         print_logs(header, records)
@@ -163,44 +166,48 @@ def print_logs(header: str | None, records: list[dict[str, Any]]) -> None:
     """The records' log files, under `header` if any; several (stages, array tasks, a .err) each
     under a line naming its job and file, one as it is. Each then ends in a newline, so the next
     header starts a line of its own."""
-    from gptrain.launch import jobs
+    from gptrain.launch.job_logs import log_header, print_text
+    from gptrain.launch.run_dirs import output_files
 
     if header:
         print(header)
-    files = [(r, p) for r in records for p in jobs.output_files(r) if p.exists()]
+    files = [(r, p) for r in records for p in output_files(r) if p.exists()]
     for record, path in files:
         if len(files) > 1:
-            print(jobs.log_header(record, path))
-        _, last = jobs.print_text(path)
+            print(log_header(record, path))
+        _, last = print_text(path)
         if (header or len(files) > 1) and last not in ("", "\n"):
             sys.stdout.write("\n")
     sys.stdout.flush()
 
 
 def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
-    from gptrain.launch import jobs
+    from gptrain.launch.job_logs import follow, log_header
+    from gptrain.launch.job_states import NEVER_SATISFIED
+    from gptrain.launch.record_state import job_state
     from gptrain.launch.records import read_records
+    from gptrain.launch.run_dirs import output_files
 
     def done() -> bool | None:
         """True once every job ended; None when Slurm did not answer about one that may run."""
         records = read_records(run_dir)
         for record in submitted:
-            state = jobs.job_state(record, records)
+            state = job_state(record, records)
             if state.may_run:
                 return None if state.unanswered else False
         return True
 
     def paths() -> list[Path]:
-        return [p for r in submitted for p in jobs.output_files(r)]
+        return [p for r in submitted for p in output_files(r)]
 
     def header(path: Path) -> str:
-        record = next(r for r in submitted if path in jobs.output_files(r))
-        return jobs.log_header(record, path)
+        record = next(r for r in submitted if path in output_files(r))
+        return log_header(record, path)
 
-    jobs.follow(paths, done, header=header)
+    follow(paths, done, header=header)
     records = read_records(run_dir)
     for record in submitted:
-        if jobs.job_state(record, records).reason == jobs.NEVER_SATISFIED:
+        if job_state(record, records).reason == NEVER_SATISFIED:
             print(
                 f"gptrain: {record.get('stage')} job {record.get('job_id')} waits on job"
                 f" {record.get('dependency')}, which failed: it never starts; gptrain cancel it",

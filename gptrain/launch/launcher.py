@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from gptrain.errors import ConfigError, GptrainError, LaunchError
 from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import parse_shards, tokenizer_downloads
-from gptrain.launch.jobs import cancel_never_starting, refuse_launch_into_live_run
+from gptrain.launch.live_jobs import cancel_never_starting, refuse_launch_into_live_run
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
 from gptrain.launch.preflight import (
     DEFAULT_MAX_ARRAY_SIZE,

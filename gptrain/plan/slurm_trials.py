@@ -20,11 +20,13 @@ from typing import Any
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.executors.slurm import record_submission, sbatch
-from gptrain.launch.jobs import JobState, run_command, slurm_state
+from gptrain.launch.job_states import JobState
 from gptrain.launch.preflight import check_cluster, query_nodes
+from gptrain.launch.record_state import slurm_state
 from gptrain.launch.sbatch import Job, gres_gpus, render_slurm
 from gptrain.launch.script_values import check_value
 from gptrain.launch.sections import check_cluster_section
+from gptrain.launch.slurm_queries import run_command
 from gptrain.plan.hardware import cluster_profile_path
 from gptrain.plan.measure import read_results, trial_args, trial_env, write_trial_config
 from gptrain.plan.rank import Candidate

@@ -9,7 +9,7 @@ import pytest
 
 from gptrain.config import load_training_config
 from gptrain.errors import ConfigError, LaunchError
-from gptrain.launch import jobs
+from gptrain.launch import cancelling, job_states, live_jobs, record_state, run_dirs, slurm_queries, status
 from gptrain.launch.preflight import Node, check_cluster, check_training_files, parse_gpus
 from gptrain.launch.records import append_record, read_records
 from gptrain.launch.sbatch import Job
@@ -28,12 +28,12 @@ def test_progress_from_the_last_megatron_line(tmp_path):
         "noise\n" + LINE.replace("120/", "119/") + "\n" + LINE + "\nvalidation loss at iteration 120\n"
     )
     # ETA = (1000 - 120) steps * 0.812 s = 714.56 s = 11:54
-    assert jobs.progress(log) == "step 120/1000 | loss 3.2110 | 812 ms/step | ETA 11:54"
+    assert status.progress(log) == "step 120/1000 | loss 3.2110 | 812 ms/step | ETA 11:54"
     log.write_text("no iterations yet\n")
-    assert jobs.progress(log) is None
+    assert status.progress(log) is None
     # the job's first line is its first step alone (compilation included): no ETA from it yet
     log.write_text(LINE.replace("(ms): 812.0", "(ms): 25000.0") + "\n")
-    assert jobs.progress(log) == "step 120/1000 | loss 3.2110 | 25000 ms/step"
+    assert status.progress(log) == "step 120/1000 | loss 3.2110 | 25000 ms/step"
 
 
 def test_a_requeued_jobs_first_line_gives_no_eta_and_an_ended_job_none(tmp_path):
@@ -43,10 +43,10 @@ def test_a_requeued_jobs_first_line_gives_no_eta_and_an_ended_job_none(tmp_path)
     banner = "gptrain: 124,082,688 parameters | 6.306e+12 FLOPs per iteration | 1 microbatches per step\n"
     first = LINE.replace("120/", "121/").replace("(ms): 812.0", "(ms): 25000.0")
     log.write_text(banner + LINE.replace("120/", "119/") + "\n" + LINE + "\n" + banner + first + "\n")
-    assert jobs.progress(log) == "step 121/1000 | loss 3.2110 | 25000 ms/step"
+    assert status.progress(log) == "step 121/1000 | loss 3.2110 | 25000 ms/step"
     log.write_text(banner + LINE.replace("120/", "119/") + "\n" + LINE + "\n")
-    assert jobs.progress(log).endswith("| ETA 11:54")
-    assert jobs.progress(log, running=False) == "step 120/1000 | loss 3.2110 | 812 ms/step"
+    assert status.progress(log).endswith("| ETA 11:54")
+    assert status.progress(log, running=False) == "step 120/1000 | loss 3.2110 | 812 ms/step"
 
 
 @pytest.mark.parametrize("label", ["0: ", " 0: ", "12: "])
@@ -58,7 +58,7 @@ def test_a_requeue_is_seen_in_a_log_that_srun_labels(tmp_path, label):
     first = LINE.replace("120/", "121/").replace("(ms): 812.0", "(ms): 25000.0")
     lines = [banner, LINE.replace("120/", "119/"), LINE, banner, first]
     log.write_text("".join(f"{label}{line}\n" for line in lines))
-    assert jobs.progress(log) == "step 121/1000 | loss 3.2110 | 25000 ms/step"
+    assert status.progress(log) == "step 121/1000 | loss 3.2110 | 25000 ms/step"
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,9 @@ def test_a_requeue_is_seen_in_a_log_that_srun_labels(tmp_path, label):
 )
 def test_a_local_job_stopped_with_a_checkpoint_is_not_called_failed(code, described):
     record = {"event": "submitted", "executor": "local", "job_id": "local-1", "pid": 0}
-    state = jobs.job_state(record, [record, {"event": "finished", "job_id": "local-1", "exit_code": code}])
+    state = record_state.job_state(
+        record, [record, {"event": "finished", "job_id": "local-1", "exit_code": code}]
+    )
     assert state.describe() == described and not state.active
 
 
@@ -112,7 +114,9 @@ def test_a_stop_during_start_up_is_not_called_a_saved_checkpoint(tmp_path, log, 
     (tmp_path / "log.out").write_text("\n".join(log) + "\n")
     record = {"event": "submitted", "stage": "training", "executor": "local", "job_id": "local-1", "pid": 0}
     record["log"] = str(tmp_path / "log.out")
-    state = jobs.job_state(record, [record, {"event": "finished", "job_id": "local-1", "exit_code": 75}])
+    state = record_state.job_state(
+        record, [record, {"event": "finished", "job_id": "local-1", "exit_code": 75}]
+    )
     assert state.describe() == described
 
 
@@ -124,9 +128,9 @@ def test_a_slurm_job_stopped_during_start_up_and_not_requeued_says_it_has_no_che
     append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="7",
                   log=str(tmp_path / "log-r_%j.out"), dependency=None)  # fmt: skip
     scontrol = "JobId=7 JobName=r\n   JobState=FAILED Reason=NonZeroExitCode ExitCode=75:0\n"
-    monkeypatch.setattr(jobs, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
+    monkeypatch.setattr(slurm_queries, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
         command, 0, scontrol if command[0] == "scontrol" else "", ""))  # fmt: skip
-    assert jobs.status_lines(tmp_path) == [
+    assert status.status_lines(tmp_path) == [
         f"{tmp_path.name}  training  job 7  FAILED (received SIGTERM during start-up: stopped before step 1,"
         " no checkpoint exists; not requeued: max_requeues reached or the requeue failed; launch again to"
         " start it afresh) exit 75:0"
@@ -135,7 +139,7 @@ def test_a_slurm_job_stopped_during_start_up_and_not_requeued_says_it_has_no_che
 
 def test_parse_scontrol_and_gres():
     text = "JobId=5 JobName=a b\n   JobState=PENDING Reason=DependencyNeverSatisfied Dependency=afterok:4(failed)\n"
-    [record] = jobs.parse_scontrol(text)
+    [record] = slurm_queries.parse_scontrol(text)
     assert record["JobState"] == "PENDING" and record["Reason"] == "DependencyNeverSatisfied"
     assert [parse_gpus(g) for g in ("gpu:8", "gpu:a100:4(S:0-1)", "gpu:2,shard:8", "(null)", None)] == [
         8,
@@ -290,19 +294,19 @@ def test_local_run_status_and_find(tmp_path):
             pid=sleeper.pid,
             log=str(log),
         )
-        assert jobs.find_run("my_run", tmp_path / "results") == run
-        [line] = jobs.status_lines(run)
+        assert run_dirs.find_run("my_run", tmp_path / "results") == run
+        [line] = status.status_lines(run)
         assert "training  job local-1  RUNNING" in line and "step 120/1000" in line
-        assert jobs.cancel(run) == ["cancelled training job local-1"]
+        assert cancelling.cancel(run) == ["cancelled training job local-1"]
         assert sleeper.wait(10) != 0
         append_record(run, "finished", job_id="local-1", exit_code=-15)
-        assert "FAILED exit -15" in jobs.status_lines(run)[0]
+        assert "FAILED exit -15" in status.status_lines(run)[0]
     finally:
         sleeper.kill()
     assert read_records(run)[0]["pid"] == sleeper.pid
     assert "start_time" not in read_records(run)[0]  # a record of an older launch: the pid is trusted
     with pytest.raises(LaunchError, match="did you mean 'my_run'"):
-        jobs.find_run("my_rn", tmp_path / "results")
+        run_dirs.find_run("my_rn", tmp_path / "results")
 
 
 def test_status_of_a_directory_that_no_launch_wrote_says_so(tmp_path, capsys):
@@ -322,7 +326,7 @@ def test_status_of_a_directory_that_no_launch_wrote_says_so(tmp_path, capsys):
     assert main(["logs", str(tmp_path / "notes.txt"), *base]) == 2
     assert "notes.txt: not a run directory" in capsys.readouterr().err
     with pytest.raises(LaunchError, match="no launched run 'gone' in"):  # a name: looked up in the results
-        jobs.find_run("gone", tmp_path / "results")
+        run_dirs.find_run("gone", tmp_path / "results")
 
 
 def test_status_with_a_file_for_results_dir_is_an_error_not_no_runs(tmp_path, capsys):
@@ -348,7 +352,7 @@ def test_a_run_name_that_is_also_a_directory_here_still_gets_the_nearest_run(tmp
     (tmp_path / "gpt3_126").mkdir()
     monkeypatch.chdir(tmp_path)
     with pytest.raises(LaunchError) as error:
-        jobs.find_run("gpt3_126", tmp_path / "results")
+        run_dirs.find_run("gpt3_126", tmp_path / "results")
     assert "gpt3_126: no launcher.log here or below" in str(error.value)
     assert str(error.value).endswith(f"; of the runs in {tmp_path / 'results'} (did you mean 'gpt3_126m'?)")
 
@@ -366,16 +370,16 @@ def test_log_files_fill_only_the_job_id_slot(tmp_path):
     """A run named `run%j` keeps its name; the id goes into the pattern's last %j (or %A_%a)."""
     run = tmp_path / "b%j" / "run%j"
     record = {"executor": "slurm", "job_id": "42", "log": f"{run}/log-run%j_%j.out"}
-    assert jobs.log_files(record) == [run / "log-run%j_42.out"]
+    assert run_dirs.log_files(record) == [run / "log-run%j_42.out"]
     run.mkdir(parents=True)
     for task in (0, 1, 10, 2):
         (run / f"log-a[1]%j_42_{task}.out").write_text("")
     array = {"executor": "slurm", "job_id": "42", "log": f"{run}/log-a[1]%j_%A_%a.out"}
-    assert jobs.log_files(array) == [
+    assert run_dirs.log_files(array) == [
         run / f"log-a[1]%j_42_{task}.out" for task in (0, 1, 2, 10)
     ]  # task order
     local = {"executor": "local", "job_id": "local-7", "pid": 7, "log": f"{run}/log-run%j_7.out"}
-    assert jobs.log_files(local) == [run / "log-run%j_7.out"]
+    assert run_dirs.log_files(local) == [run / "log-run%j_7.out"]
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
@@ -389,15 +393,15 @@ def test_a_reused_pid_is_neither_running_nor_cancelled(tmp_path):
         assert isinstance(started, int) and started == process_start_time(other.pid)
         fields = {"stage": "training", "executor": "local", "job_id": "local-9", "pid": other.pid, "log": "x"}
         append_record(tmp_path, "submitted", **fields, start_time=started - 1)  # the launcher's, long gone
-        [line] = jobs.status_lines(tmp_path)
+        [line] = status.status_lines(tmp_path)
         assert "UNKNOWN (process gone without a recorded exit" in line and "another process" in line
-        assert jobs.cancel(tmp_path) == ["nothing to cancel"]
+        assert cancelling.cancel(tmp_path) == ["nothing to cancel"]
         assert other.poll() is None  # not signalled
         append_record(tmp_path, "submitted", **fields, start_time=started)  # this very process: running
-        assert "RUNNING" in jobs.status_lines(tmp_path)[0]
+        assert "RUNNING" in status.status_lines(tmp_path)[0]
         append_record(tmp_path, "submitted", **fields)  # an older record without a start time: as before
-        assert "RUNNING" in jobs.status_lines(tmp_path)[0]
-        assert jobs.cancel(tmp_path) == ["cancelled training job local-9"]
+        assert "RUNNING" in status.status_lines(tmp_path)[0]
+        assert cancelling.cancel(tmp_path) == ["cancelled training job local-9"]
         assert other.wait(10) == -15
     finally:
         other.kill()
@@ -406,13 +410,13 @@ def test_a_reused_pid_is_neither_running_nor_cancelled(tmp_path):
 def test_a_local_job_that_ends_just_before_its_cancel_is_said_not_a_traceback(tmp_path, monkeypatch):
     """The process ended between the state check and the signal: ProcessLookupError came out."""
     append_record(tmp_path, "submitted", stage="training", executor="local", job_id="local-5", pid=5, log="x")
-    monkeypatch.setattr(jobs, "job_state", lambda record, records: jobs.JobState("RUNNING"))
+    monkeypatch.setattr(cancelling, "job_state", lambda record, records: job_states.JobState("RUNNING"))
 
     def ended(pid, sig):
         raise ProcessLookupError(3, "No such process")
 
-    monkeypatch.setattr(jobs.os, "kill", ended)
-    assert jobs.cancel(tmp_path) == ["training job local-5 had already ended"]
+    monkeypatch.setattr(cancelling.os, "kill", ended)
+    assert cancelling.cancel(tmp_path) == ["training job local-5 had already ended"]
 
 
 def test_logs_stage_names_are_the_launchers_stages():
@@ -447,15 +451,15 @@ def test_a_live_slurm_job_of_the_latest_launch_holds_the_run_asked_in_one_squeue
         calls.append(command)
         return subprocess.CompletedProcess(command, 0, squeue_out, "")
 
-    monkeypatch.setattr(jobs, "run_command", run_command)
-    found = jobs.live_jobs(tmp_path)
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    found = live_jobs.live_jobs(tmp_path)
     assert [r["job_id"] for r, _ in found] == (["100"] if live else [])
     assert calls == [["squeue", "-h", "-j", "100", "-o", "%i|%T|%r"]]
     if live:
         with pytest.raises(LaunchError, match=r"job 100 \(training\) of this run is (RUNNING|.*RUNNING)"):
-            jobs.refuse_launch_into_live_run([tmp_path])
+            live_jobs.refuse_launch_into_live_run([tmp_path])
     else:
-        jobs.refuse_launch_into_live_run([tmp_path])
+        live_jobs.refuse_launch_into_live_run([tmp_path])
 
 
 @pytest.mark.parametrize(
@@ -495,8 +499,8 @@ def test_cancel_reaches_the_stages_of_the_launch_that_wait_in_another_run_dir(
             )
         return None  # finished and forgotten: scontrol, sacct
 
-    monkeypatch.setattr(jobs, "run_command", run_command)
-    lines = jobs.cancel(prep)
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    lines = cancelling.cancel(prep)
     assert scancelled == cancelled
     assert lines == (
         ["cancelled data_preparation job 10"] * ("10" in cancelled)
@@ -526,8 +530,8 @@ def test_a_relaunch_cancels_the_jobs_of_the_previous_launch_that_never_start(tmp
             scancelled.append(command[1])
         return subprocess.CompletedProcess(command, 0, squeue if command[0] == "squeue" else "", "")
 
-    monkeypatch.setattr(jobs, "run_command", run_command)
-    lines = jobs.cancel_never_starting([tmp_path], dry_run=dry_run)
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    lines = live_jobs.cancel_never_starting([tmp_path], dry_run=dry_run)
     assert scancelled == ([] if dry_run else ["12"])
     verb = "would cancel" if dry_run else "cancelled"
     assert lines == [f"{verb} training job 12 of the previous launch: it waited on job 11, which failed"]
@@ -540,12 +544,12 @@ def test_scancel_of_a_job_that_ended_meanwhile_is_no_error(monkeypatch):
     said = {"13": "scancel: error: Kill job error on job id 13: Job/step already completing or completed",
             "14": "scancel: error: Kill job error on job id 14: Invalid job id specified",
             "15": "scancel: error: Kill job error on job id 15: Access/permission denied"}  # fmt: skip
-    monkeypatch.setattr(jobs, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
+    monkeypatch.setattr(slurm_queries, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
         command, 1, "", said[command[1]]))  # fmt: skip
-    jobs.scancel("13")
-    jobs.scancel("14")
+    slurm_queries.scancel("13")
+    slurm_queries.scancel("14")
     with pytest.raises(LaunchError, match="^scancel 15 failed: .*permission denied"):
-        jobs.scancel("15")
+        slurm_queries.scancel("15")
 
 
 @pytest.mark.parametrize(
@@ -567,12 +571,13 @@ def test_a_slurm_job_stopped_with_a_checkpoint_and_not_requeued_says_how_to_resu
     def run_command(command, timeout=15.0):
         return subprocess.CompletedProcess(command, 0, scontrol if command[0] == "scontrol" else "", "")
 
-    monkeypatch.setattr(jobs, "run_command", run_command)
-    state = jobs.slurm_state("7", "training")
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    state = record_state.slurm_state("7", "training")
     assert state.describe().startswith(described) and state.describe().endswith(f"exit {exit_code}")
     # another stage's 75 is EX_TEMPFAIL's (a data preparation's), not a checkpoint to resume from
     assert (
-        jobs.slurm_state("7", "data_preparation").describe() == f"FAILED (NonZeroExitCode) exit {exit_code}"
+        record_state.slurm_state("7", "data_preparation").describe()
+        == f"FAILED (NonZeroExitCode) exit {exit_code}"
     )
 
 
@@ -640,9 +645,9 @@ def test_the_status_eta_is_the_training_lines_own(tmp_path):
     log = tmp_path / "log.out"
     with_eta = LINE + " ETA 31:02:03 |"
     log.write_text(LINE.replace("120/", "119/") + " ETA 31:02:04 |\n" + with_eta + "\n")
-    assert jobs.progress(log) == "step 120/1000 | loss 3.2110 | 812 ms/step | ETA 31:02:03"
+    assert status.progress(log) == "step 120/1000 | loss 3.2110 | 812 ms/step | ETA 31:02:03"
     log.write_text(LINE.replace("120/", "119/") + "\n" + LINE + "\n")  # lines without one (older runs)
-    assert jobs.progress(log).endswith("| ETA 11:54")
+    assert status.progress(log).endswith("| ETA 11:54")
 
 
 @pytest.mark.parametrize(
@@ -690,7 +695,7 @@ def test_cancel_of_a_training_cancels_the_data_preparation_it_alone_waited_on(
     assert submit(plan) == ["101", "102"]
     prep, train = (job.run_dir for job in plan.jobs)
     assert prep != train
-    lines = jobs.cancel(train)
+    lines = cancelling.cancel(train)
     assert lines == ["cancelled training job 102", said.format(prep=prep)]
     scancelled = [line for line in calls.read_text().splitlines() if line.startswith("scancel")]
     assert scancelled == ["scancel 102", "scancel 101"] if prep_cancelled else ["scancel 102"]
@@ -711,10 +716,10 @@ def test_a_job_squeue_shows_by_a_state_flag_is_still_live(tmp_path, monkeypatch,
         out = f"100|{state}|None\n" if command[0] == "squeue" else ""
         return subprocess.CompletedProcess(command, 0, out, "")
 
-    monkeypatch.setattr(jobs, "run_command", run_command)
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
     with pytest.raises(LaunchError, match=f"job 100 \\(training\\) of this run is {state}"):
-        jobs.refuse_launch_into_live_run([tmp_path])
-    assert jobs.cancel(tmp_path) == ["cancelled training job 100"] and scancelled == ["100"]
+        live_jobs.refuse_launch_into_live_run([tmp_path])
+    assert cancelling.cancel(tmp_path) == ["cancelled training job 100"] and scancelled == ["100"]
 
 
 @pytest.mark.parametrize(
@@ -871,10 +876,10 @@ def test_a_training_slurm_forgot_without_accounting_ends_as_its_log_says(
             command, 1, "", "sacct: error: Slurm accounting storage is disabled"
         )
 
-    monkeypatch.setattr(jobs, "run_command", run_command)
-    [line] = jobs.status_lines(tmp_path)
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    [line] = status.status_lines(tmp_path)
     assert line.startswith(f"{tmp_path.name}  training  job 7  {described}  | step 120/1000")
-    assert jobs.cancel(tmp_path) == ["nothing to cancel"]
+    assert cancelling.cancel(tmp_path) == ["nothing to cancel"]
 
 
 def test_an_sbatch_that_never_answers_says_its_job_may_be_queued(tmp_path, monkeypatch):
@@ -954,8 +959,8 @@ def test_a_data_preparation_slurm_forgot_without_accounting_ends_as_its_tasks_lo
         with open(job.run_dir / f"log-{job.job_name}_101_{task}.out", "w") as log:
             done = subprocess.run(["bash", str(script)], env=env, stdout=log, stderr=subprocess.STDOUT)
         assert done.returncode == code
-    monkeypatch.setattr(jobs, "run_command", forgotten_by_slurm)
-    [line] = jobs.status_lines(job.run_dir)
+    monkeypatch.setattr(slurm_queries, "run_command", forgotten_by_slurm)
+    [line] = status.status_lines(job.run_dir)
     assert line == f"{job.run_dir.name}  data_preparation  job 101  {described}"
 
 
@@ -997,11 +1002,11 @@ def test_a_controller_that_does_not_answer_is_not_taken_for_jobs_that_ended(tmp_
     monkeypatch.setattr(
         shutil, "which", lambda name: f"/usr/bin/{name}"
     )  # Slurm is here: squeue failing is its silence
-    monkeypatch.setattr(jobs, "run_command", run_command)
-    [line] = jobs.status_lines(tmp_path)
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    [line] = status.status_lines(tmp_path)
     assert line == f"{tmp_path.name}  training  job 7  UNKNOWN (Slurm did not answer: {down})"
     with pytest.raises(LaunchError, match=r"^scancel 7 failed: .*Unable to contact slurm controller"):
-        jobs.cancel(tmp_path)
+        cancelling.cancel(tmp_path)
 
 
 @pytest.mark.parametrize("squeue_here", [True, False])
@@ -1017,13 +1022,13 @@ def test_a_launch_into_a_run_whose_jobs_slurm_cannot_be_asked_about_is_refused(
     def run_command(command, timeout=15.0):
         return subprocess.CompletedProcess(command, 1, "", down) if squeue_here else None
 
-    monkeypatch.setattr(jobs, "run_command", run_command)
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}" if squeue_here else None)
     if not squeue_here:
-        jobs.refuse_launch_into_live_run([tmp_path])
+        live_jobs.refuse_launch_into_live_run([tmp_path])
         return
     with pytest.raises(LaunchError) as error:
-        jobs.refuse_launch_into_live_run([tmp_path])
+        live_jobs.refuse_launch_into_live_run([tmp_path])
     assert str(error.value) == (
         f"{tmp_path}: cannot tell whether Slurm job 100 of this run is still queued or running ({down});"
         " launch again once Slurm answers"
@@ -1063,10 +1068,10 @@ def test_a_log_that_ended_does_not_settle_a_job_slurm_did_not_answer_about(
     monkeypatch.setattr(
         shutil, "which", lambda name: f"/usr/bin/{name}"
     )  # Slurm is here: squeue failing is its silence
-    monkeypatch.setattr(jobs, "run_command", run_command)
-    [line] = jobs.status_lines(tmp_path)
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    [line] = status.status_lines(tmp_path)
     assert line == f"{tmp_path.name}  training  job 7  UNKNOWN (Slurm did not answer: {down}; {ending})"
-    assert jobs.cancel(tmp_path) == ["cancelled training job 7"]
+    assert cancelling.cancel(tmp_path) == ["cancelled training job 7"]
     assert cancelled == ["7"]
 
 
@@ -1081,9 +1086,11 @@ def test_an_array_slurm_did_not_answer_about_says_how_its_tasks_logs_end(tmp_pat
         shutil, "which", lambda name: f"/usr/bin/{name}"
     )  # Slurm is here: squeue failing is its silence
     monkeypatch.setattr(
-        jobs, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(command, 1, "", down)
+        slurm_queries,
+        "run_command",
+        lambda command, timeout=15.0: subprocess.CompletedProcess(command, 1, "", down),
     )
-    assert jobs.status_lines(tmp_path) == [
+    assert status.status_lines(tmp_path) == [
         f"{tmp_path.name}  data_preparation  job 101  UNKNOWN (Slurm did not answer: {down};"
         " its tasks' logs say their last attempts ended: 1 COMPLETED, 1 FAILED)"
     ]
@@ -1116,7 +1123,7 @@ def test_status_and_cancel_without_slurm_here_say_so(tmp_path, monkeypatch, caps
     monkeypatch.setattr(
         shutil, "which", lambda name: f"/usr/bin/{name}"
     )  # Slurm is here: squeue failing is its silence
-    monkeypatch.setattr(jobs, "run_command", nothing_to_run)
+    monkeypatch.setattr(slurm_queries, "run_command", nothing_to_run)
     monkeypatch.setattr(shutil, "which", lambda name: None)
     no_slurm = "no Slurm commands on this machine: run gptrain status/cancel on the cluster"
     assert main(["status", str(tmp_path)]) == 0
@@ -1124,4 +1131,4 @@ def test_status_and_cancel_without_slurm_here_say_so(tmp_path, monkeypatch, caps
     assert main(["cancel", str(tmp_path)]) == 2
     assert capsys.readouterr() == ("", f"gptrain: error: {tmp_path}: {no_slurm}\n")
     assert "scancel" not in asked
-    assert jobs.queued_jobs(tmp_path) == []  # the launch's check: nothing to ask here, as before
+    assert live_jobs.queued_jobs(tmp_path) == []  # the launch's check: nothing to ask here, as before

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from gptrain.cli import main
-from gptrain.launch import jobs
+from gptrain.launch import job_logs, run_dirs, slurm_queries, status
 from gptrain.launch.records import append_record
 from gptrain.launch.sbatch import Job
 
@@ -104,7 +104,7 @@ def test_slurm_launches_are_told_apart_by_their_dependency(tmp_path):
     append_record(tmp_path, "submitted", stage="training", job_id="11", dependency="10", **slurm)
     # the next launch's data preparation writes to its own run dir: training waits for its job 15
     append_record(tmp_path, "submitted", stage="training", job_id="16", dependency="15", **slurm)
-    assert [[r["job_id"] for r in launch] for launch in jobs.launches(tmp_path)] == [["10", "11"], ["16"]]
+    assert [[r["job_id"] for r in launch] for launch in run_dirs.launches(tmp_path)] == [["10", "11"], ["16"]]
 
 
 def test_a_local_launch_records_the_stage_each_stage_ran_after(tmp_path):
@@ -119,7 +119,7 @@ def test_a_local_launch_records_the_stage_each_stage_ran_after(tmp_path):
 
     for stages in (["validation", "training"], ["validation"], ["training"]):
         assert run(plan(*stages), echo=False) == 0
-    launches = [[r["stage"] for r in launch] for launch in jobs.launches(tmp_path)]
+    launches = [[r["stage"] for r in launch] for launch in run_dirs.launches(tmp_path)]
     assert launches == [["validation", "training"], ["validation"], ["training"]]
 
 
@@ -134,7 +134,7 @@ def test_follow_prints_what_a_job_wrote_just_before_it_ended(tmp_path, capsys):
                 handle.write("gptrain: step finished with exit code 0\n")
         return True
 
-    jobs.follow(lambda: [log], ends_after_writing, poll=0)
+    job_logs.follow(lambda: [log], ends_after_writing, poll=0)
     assert capsys.readouterr().out.endswith("gptrain: step finished with exit code 0\n")
 
 
@@ -155,7 +155,7 @@ def test_follow_asks_for_the_jobs_state_only_when_its_log_is_quiet(tmp_path, cap
         asked.append(1)
         return len(asked) > 1
 
-    jobs.follow(paths, is_done, poll=0)
+    job_logs.follow(paths, is_done, poll=0)
     assert capsys.readouterr().out == "iteration line\n" * 500
     assert len(asked) == 2  # once when the log went quiet (running), once more (done)
 
@@ -179,8 +179,8 @@ def test_follow_returns_for_a_stage_that_waits_on_a_failed_one(tmp_path, capsys,
         polls.append(seconds)
         assert len(polls) < 20, "still following a job that never starts"
 
-    monkeypatch.setattr(jobs, "run_command", squeue)
-    monkeypatch.setattr(jobs.time, "sleep", sleep)
+    monkeypatch.setattr(slurm_queries, "run_command", squeue)
+    monkeypatch.setattr(job_logs.time, "sleep", sleep)
     assert main(["logs", str(tmp_path), "-f"]) == 0
     err = capsys.readouterr().err
     assert "training job 11 waits on job 10, which failed: it never starts; gptrain cancel it" in err
@@ -209,8 +209,8 @@ def test_with_stderr_apart_logs_and_status_read_the_err_file_too(tmp_path, capsy
     def forgotten(command, timeout=15.0):  # squeue, scontrol past MinJobAge; sacct without slurmdbd
         return subprocess.CompletedProcess(command, 1, "", "Invalid job id specified")
 
-    monkeypatch.setattr(jobs, "run_command", forgotten)
-    [line] = jobs.status_lines(run)
+    monkeypatch.setattr(slurm_queries, "run_command", forgotten)
+    [line] = status.status_lines(run)
     assert line == "r  training  job 7  FAILED (Slurm no longer knows the job; from its log) exit 2:0"
 
 
@@ -297,7 +297,7 @@ def test_follow_names_the_log_it_switches_to(tmp_path, capsys):
                 handle.write(step[1])
         return step is None
 
-    jobs.follow(
+    job_logs.follow(
         lambda: [p for p in (one, two) if p.exists()], is_done, poll=0, header=lambda p: f"== {p.name}"
     )
     assert capsys.readouterr().out == "a\n== log-r_1_1.out\nb\nc\n== log-r_1_0.out\nd\n"
@@ -343,12 +343,12 @@ def test_follow_goes_on_while_slurm_does_not_answer(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(
         shutil, "which", lambda name: f"/usr/bin/{name}"
     )  # Slurm is here: squeue failing is its silence
-    monkeypatch.setattr(jobs, "run_command", run_command)
-    monkeypatch.setattr(jobs.time, "sleep", sleep)
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    monkeypatch.setattr(job_logs.time, "sleep", sleep)
     assert logs(capsys, tmp_path, "-f") == (
         0,
         "iteration 1\niteration 2\ngptrain: step finished with exit code 0\n",
-        f"{jobs.SLURM_SILENT}\n{jobs.SLURM_BACK}\n",
+        f"{job_logs.SLURM_SILENT}\n{job_logs.SLURM_BACK}\n",
     )
 
 
@@ -373,10 +373,10 @@ def test_follow_asks_a_silent_slurm_less_often_and_says_so_once(tmp_path, capsys
             with open(log, "a") as handle:
                 handle.write(written[-1])
 
-    monkeypatch.setattr(jobs.time, "sleep", sleep)
-    jobs.follow(lambda: [log], is_done)
+    monkeypatch.setattr(job_logs.time, "sleep", sleep)
+    job_logs.follow(lambda: [log], is_done)
     assert gaps == [0, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60, 1, 1, 2, 4]
     assert set(sleeps) == {0.5}
     out, err = capsys.readouterr()
     assert out == "".join(written)
-    assert err == f"{jobs.SLURM_SILENT}\n{jobs.SLURM_BACK}\n" * 2
+    assert err == f"{job_logs.SLURM_SILENT}\n{job_logs.SLURM_BACK}\n" * 2

@@ -75,7 +75,7 @@ def measured_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: di
 
     from plan_helpers import TINY
 
-    from gptrain.launch.jobs import JobState
+    from gptrain.launch.job_states import JobState
     from gptrain.launch.preflight import Node
     from gptrain.plan import slurm_trials
     from gptrain.plan.build import build_plan
@@ -138,7 +138,7 @@ def test_a_gpu_trial_asks_for_its_gpus_where_the_profile_asks_for_none(tmp_path,
 def test_a_trial_job_is_cancelled_when_the_planner_stops_while_it_runs(monkeypatch, stop):
     """Ctrl-C or SIGTERM to `plan --measure --cluster-type slurm` while a trial ran left the job
     running (holding its nodes up to --trial-time-limit) after the planner had exited."""
-    from gptrain.launch.jobs import JobState
+    from gptrain.launch.job_states import JobState
     from gptrain.plan import slurm_trials
 
     commands = []

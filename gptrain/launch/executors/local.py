@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from gptrain.errors import EXIT_REQUEUE, os_error_text
-from gptrain.launch.jobs import early_stop
+from gptrain.launch.log_endings import early_stop
 from gptrain.launch.records import append_record, process_start_time
 from gptrain.launch.sbatch import Job
 from gptrain.launch.stages import LaunchPlan

@@ -1,0 +1,71 @@
+"""A launch's look at the previous launch into its run directory: refused while a job of it may still
+run, and its jobs that never start (pending on a failed stage) cancelled."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from gptrain.errors import LaunchError
+from gptrain.launch.job_states import NEVER_SATISFIED, JobState, summarize
+from gptrain.launch.record_state import job_state
+from gptrain.launch.records import read_records
+from gptrain.launch.run_dirs import latest_jobs
+from gptrain.launch.slurm_queries import scancel, slurm_commands_here, squeue_tasks
+
+
+def queued_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
+    """The jobs of the latest launch in this dir (those `gptrain cancel` acts on) that are queued or
+    running. Slurm's are asked of squeue in one call: a job it does not list is over (sacct can
+    keep a vanished job RUNNING). A squeue here that does not answer is an error: its jobs may run."""
+    records = read_records(run_dir)
+    latest = [r for r in latest_jobs(run_dir) if r.get("job_id")]
+    queued = [(r, job_state(r, records)) for r in latest if r.get("executor") == "local"]
+    slurm = {str(r["job_id"]): r for r in latest if r.get("executor") != "local"}
+    if slurm:
+        listed, silence = squeue_tasks(list(slurm))
+        if silence and slurm_commands_here():  # no squeue at all: a run dir from another cluster
+            raise LaunchError(
+                f"{run_dir}: cannot tell whether Slurm job {', '.join(slurm)} of this run is still queued"
+                f" or running ({silence}); launch again once Slurm answers"
+            )
+        queued += [(slurm[job], summarize(states)) for job, states in listed.items() if job in slurm]
+    return [(r, state) for r, state in queued if state.active]
+
+
+def live_jobs(run_dir: Path) -> list[tuple[dict[str, Any], JobState]]:
+    """The queued jobs of the latest launch that may still run: one pending on a failed stage
+    (DependencyNeverSatisfied) never runs, so it does not hold the run."""
+    return [(r, state) for r, state in queued_jobs(run_dir) if state.may_run]
+
+
+def cancel_never_starting(run_dirs: list[Path], dry_run: bool = False) -> list[str]:
+    """A relaunch supersedes the latest launch's jobs that wait on a failed stage: they would stay
+    PENDING for ever, and `gptrain status`/`cancel` then see only the new launch. Cancel them."""
+    lines = []
+    for run_dir in run_dirs:
+        for record, state in queued_jobs(run_dir):
+            if state.reason != NEVER_SATISFIED or record.get("executor") == "local":
+                continue
+            if not dry_run:
+                scancel(str(record["job_id"]))
+            lines.append(
+                f"{'would cancel' if dry_run else 'cancelled'} {record.get('stage')} job {record['job_id']}"
+                f" of the previous launch: it waited on job {record.get('dependency')}, which failed"
+            )
+    return lines
+
+
+def refuse_launch_into_live_run(run_dirs: list[Path]) -> None:
+    """A launch rewrites the run's config and scripts, which a live job re-reads at its requeue
+    (and `status`/`cancel` would then see only the new launch): refuse while one is queued or runs."""
+    for run_dir in run_dirs:
+        live = live_jobs(run_dir)
+        if live:
+            record, state = live[-1]
+            raise LaunchError(
+                f"{run_dir}: job {record['job_id']} ({record.get('stage', '?')}) of this run is "
+                f"{state.describe()}; wait for it, `gptrain cancel {shlex.quote(str(run_dir))}`, or launch under another "
+                "training.run.name"
+            )

@@ -1,0 +1,75 @@
+"""`gptrain status`: each stage's job state, with a one-line progress summary of a training."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gptrain.launch.job_states import NEVER_SATISFIED
+from gptrain.launch.record_state import job_state
+from gptrain.launch.records import read_records
+from gptrain.launch.run_dirs import latest_jobs, log_files
+from gptrain.launch.stragglers import stragglers_for
+from gptrain.utils.progress import format_duration
+
+# the training process's first line (gptrain.train.loop): each requeue of a job prints it again;
+# `srun --label` (cluster.srun_args, as the Megatron tutorial's srun -l) puts the task id before it
+PROCESS_START = re.compile(r"^(?:\s*\d+: )?gptrain: [\d,]+ parameters \|")
+
+
+ITERATION = re.compile(
+    r"iteration\s+(?P<step>\d+)/\s*(?P<max>\d+) \|.*?"
+    r"elapsed time per iteration \(ms\): (?P<ms>[\d.]+) \|(?:.*?lm loss: (?P<loss>[\d.Ee+-]+) \|)?"
+)
+
+
+# the training's own ETA at the end of its line (gptrain.train.meter): the wall-clock pace,
+# validations and saves included, which the time per iteration leaves out
+LINE_ETA = re.compile(r" ETA (?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d) \|\s*$")
+
+
+def progress(log: Path, now: float | None = None, running: bool = True) -> str | None:
+    """'step 120/1000 | loss 3.21 | 812 ms/step | ETA 00:11:54' from the last iteration line."""
+    match, lines, last = None, 0, ""
+    try:
+        with open(log, errors="replace") as handle:
+            for line in handle:
+                found = ITERATION.search(line)
+                if found:
+                    match, lines, last = found, lines + 1, line
+                elif PROCESS_START.match(line):  # a process (re)starts: a requeue appends to the same log
+                    lines = 0
+    except OSError:
+        return None
+    if match is None:
+        return None
+    step, total, ms = int(match["step"]), int(match["max"]), float(match["ms"])
+    parts = [f"step {step}/{total}"]
+    if match["loss"]:
+        parts.append(f"loss {float(match['loss']):.4f}")
+    parts.append(f"{ms:.0f} ms/step")
+    if running and lines > 1:  # a process's first line is its first step alone (compilation): no ETA from it
+        own = LINE_ETA.search(last)
+        eta = 3600 * int(own["h"]) + 60 * int(own["m"]) + int(own["s"]) if own else (total - step) * ms / 1000
+        parts.append(f"ETA {format_duration(max(0, eta))}")
+    return " | ".join(parts)
+
+
+def status_lines(run_dir: Path) -> list[str]:
+    records = read_records(run_dir)
+    lines = []
+    for record in latest_jobs(run_dir):
+        state = job_state(record, records)
+        line = f"{run_dir.name}  {record.get('stage')}  job {record.get('job_id')}  {state.describe()}"
+        if state.reason == NEVER_SATISFIED:
+            line += f": the stage it waits for (job {record.get('dependency')}) failed; gptrain cancel it"
+        logs = log_files(record)
+        summary = (
+            progress(logs[-1], running=state.active) if logs and record.get("stage") == "training" else None
+        )
+        if summary:
+            line += f"  | {summary}"
+        lines.append(line)
+        if record.get("stage") == "training":
+            lines += [f"  {text}" for text in [stragglers_for(record)] if text]
+    return lines or [f"{run_dir.name}  nothing launched yet"]
