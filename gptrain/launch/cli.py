@@ -184,6 +184,7 @@ def print_logs(header: str | None, records: list[dict[str, Any]]) -> None:
 def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
     from gptrain.launch.job_logs import follow, log_header
     from gptrain.launch.job_states import NEVER_SATISFIED
+    from gptrain.launch.log_endings import ended_for_good
     from gptrain.launch.record_state import job_state
     from gptrain.launch.records import read_records
     from gptrain.launch.run_dirs import output_files
@@ -197,6 +198,10 @@ def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
                 return None if state.unanswered else False
         return True
 
+    def ended_by_log() -> bool:
+        """While Slurm does not answer: every job's log ends as a job that is over ends."""
+        return all(ended_for_good(record) for record in submitted)
+
     def paths() -> list[Path]:
         return [p for r in submitted for p in output_files(r)]
 
@@ -204,7 +209,7 @@ def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
         record = next(r for r in submitted if path in output_files(r))
         return log_header(record, path)
 
-    follow(paths, done, header=header)
+    follow(paths, done, header=header, log_says_ended=ended_by_log)
     records = read_records(run_dir)
     for record in submitted:
         if job_state(record, records).reason == NEVER_SATISFIED:

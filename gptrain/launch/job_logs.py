@@ -105,6 +105,7 @@ SLURM_SILENT = "gptrain: Slurm did not answer: still following; Ctrl-C to stop"
 
 
 SLURM_BACK = "gptrain: Slurm answers again"
+LOG_ENDED = "gptrain: the log ends with the job's exit line: stopped following (Slurm still does not answer)"
 
 
 def follow(
@@ -112,11 +113,14 @@ def follow(
     is_done: Callable[[], bool | None],
     poll: float = 0.5,
     header: Callable[[Path], str] | None = None,
+    log_says_ended: Callable[[], bool] | None = None,
 ) -> None:
     """Print new lines of the files `paths()` names (array tasks appear late) until `is_done()`;
     with several files, `header(path)`'s line before text from a file other than the last one's.
     `is_done()` is True once the jobs ended, False while they may run, None when Slurm did not
     answer (they may run: following goes on, asking less and less often, and says so on stderr).
+    While it does not answer, a log that `log_says_ended()` (the exit line of a job that is over)
+    has Slurm asked again at once, and then ends the following if it still does not answer.
 
     The job's state (a squeue per job) is asked only when a read found nothing new, so a chatty
     log does not poll the controller in a loop; once it says done, one more read prints what the
@@ -130,12 +134,15 @@ def follow(
         if finished:
             return
         quiet_reads += 1
-        if quiet_reads >= reads_between_asks:
+        log_ended = silent and log_says_ended is not None and log_says_ended()
+        if quiet_reads >= reads_between_asks or log_ended:
             done, quiet_reads = is_done(), 0
-            finished = bool(done)
+            finished = bool(done) or (done is None and log_ended)
             if (done is None) != silent:
                 silent = done is None
                 print(SLURM_SILENT if silent else SLURM_BACK, file=sys.stderr, flush=True)
+            elif finished and silent:
+                print(LOG_ENDED, file=sys.stderr, flush=True)
             reads_between_asks = min(2 * reads_between_asks, MAX_QUIET_READS_BETWEEN_ASKS) if silent else 1
         if not finished:
             time.sleep(poll)

@@ -81,12 +81,13 @@ def log_ending_text(ended: JobState) -> str:
 
 # Each stage's batch script's last lines (sbatch.REQUEUE_LINES, FINISH_LINES): the job's end as it saw it.
 STEP_FINISHED = re.compile(r"gptrain: step finished with exit code (\d+)")
-
-
 CANCEL_SEEN = "gptrain: the job was cancelled (scancel)"
-
-
 FORGOTTEN = "Slurm no longer knows the job; from its log"
+# The line just before the exit line of a job Slurm requeued itself (a preemption): it runs again,
+# appending to the same log after that exit line.
+REQUEUED_BY_SLURM = "gptrain: Slurm requeued the job itself"
+# How much of a log's end `ends_with_exit_line` reads: its last two lines, whatever the log's size.
+TAIL_BYTES = 8192
 
 
 def ended_by_log(record: dict[str, Any]) -> JobState | None:
@@ -124,3 +125,34 @@ def log_ending(log: Path) -> JobState | None:
     if cancelled:
         return JobState("CANCELLED", f"{FORGOTTEN}: cancelled, launch again to resume", f"{code}:0")
     return JobState("COMPLETED" if code == 0 else "FAILED", FORGOTTEN, f"{code}:0")
+
+
+def ended_for_good(record: dict[str, Any]) -> bool:
+    """Whether the job's log (an array: every task's) ends as a job that is over ends: with its batch
+    script's exit line, the last thing the job writes, not just after Slurm requeued it (a preempted
+    job runs again). What `gptrain logs -f` goes by while Slurm does not answer."""
+    logs = log_files(record)
+    if not logs or len(logs) < int(record.get("array") or 1):
+        return False
+    return all(ends_with_exit_line(log) for log in logs)
+
+
+def ends_with_exit_line(log: Path) -> bool:
+    """Whether the batch script's lines (in the stderr file, where the job has one) end with its exit
+    line and no requeue by Slurm before it; a requeued job's next attempt writes after it."""
+    lines = last_lines(next((err for err in stderr_logs(log) if err.exists()), log), 2)
+    if not lines or not STEP_FINISHED.match(lines[-1]):
+        return False
+    return len(lines) < 2 or REQUEUED_BY_SLURM not in lines[-2]
+
+
+def last_lines(path: Path, count: int) -> list[str]:
+    """The file's last `count` non-blank lines, from its last TAIL_BYTES only (a log can hold
+    gigabytes, and `logs -f` asks every 0.5 s); [] for a file that cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, 2) - TAIL_BYTES))
+            tail = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in tail.splitlines() if line.strip()][-count:]

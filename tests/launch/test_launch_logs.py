@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -380,3 +381,88 @@ def test_follow_asks_a_silent_slurm_less_often_and_says_so_once(tmp_path, capsys
     out, err = capsys.readouterr()
     assert out == "".join(written)
     assert err == f"{job_logs.SLURM_SILENT}\n{job_logs.SLURM_BACK}\n" * 2
+
+
+SLURM_DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+
+
+def slurm_down(monkeypatch: pytest.MonkeyPatch, sleep: Callable[[float], None]) -> list[str]:
+    """Slurm installed here and its controller down for good; the commands asked of it."""
+    import shutil
+    import subprocess
+
+    asked = []
+
+    def run_command(command, timeout=15.0):
+        asked.append(command[0])
+        return subprocess.CompletedProcess(command, 1, "", SLURM_DOWN)
+
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    monkeypatch.setattr(job_logs.time, "sleep", sleep)
+    return asked
+
+
+def never_more_than(polls: int) -> Callable[[float], None]:
+    sleeps = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        assert len(sleeps) < polls, "still following a job whose log says it ended"
+
+    return sleep
+
+
+@pytest.mark.parametrize(
+    ("files", "array"),
+    [
+        ({"log-r_7.out": "iteration 9\ngptrain: step finished with exit code 0\n"}, None),
+        ({"log-r_7.out": "iteration 9\n", "log-r_7.err": "gptrain: step finished with exit code 1\n"}, None),
+        ({"log-r_7_0.out": "gptrain: step finished with exit code 0\n",
+          "log-r_7_1.out": "gptrain: step finished with exit code 3\n"}, 2),
+    ],
+)  # fmt: skip
+def test_follow_stops_at_the_exit_line_while_slurm_does_not_answer(
+    tmp_path, capsys, monkeypatch, files, array
+):
+    """`gptrain logs -f` went on following for ever while the controller was down, though the log
+    already ended with the batch script's exit line, the last thing a job writes (its .err with
+    cluster.stderr_to_stdout=false; an array: every task's). It asks Slurm once more, then stops."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    pattern = "log-r_%A_%a.out" if array else "log-r_%j.out"
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="7",
+                  log=str(tmp_path / pattern), dependency=None, **({"array": array} if array else {}))  # fmt: skip
+    asked = slurm_down(monkeypatch, never_more_than(20))
+    code, out, err = logs(capsys, tmp_path, "-f")
+    assert (code, err) == (0, f"{job_logs.SLURM_SILENT}\n{job_logs.LOG_ENDED}\n")
+    assert all(text in out for text in files.values())
+    # when it went silent, once more when the log had ended, and the check for a job that never starts
+    assert asked.count("squeue") == 3
+
+
+def test_follow_goes_on_past_the_exit_line_of_a_job_slurm_requeued(tmp_path, capsys, monkeypatch):
+    """A preempted job's batch script writes its exit line after saying Slurm requeued it: the job
+    runs again, appending to the same log, so following goes on to the next attempt's exit line."""
+    log = tmp_path / "log-r_7.out"
+    log.write_text(
+        "gptrain: job 7 on n1, stage training\niteration 9\n"
+        "gptrain: Slurm requeued the job itself (preemption): it resumes when it starts again\n"
+        "gptrain: step finished with exit code 75\n"
+    )
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="7",
+                  log=str(tmp_path / "log-r_%j.out"), dependency=None)  # fmt: skip
+    again = "gptrain: job 7 on n2, stage training\niteration 10\ngptrain: step finished with exit code 0\n"
+    sleeps = []
+
+    def sleep(seconds: float) -> None:  # the next attempt starts a few reads later
+        sleeps.append(seconds)
+        assert len(sleeps) < 40, "still following a job whose log says it ended"
+        if len(sleeps) == 5:
+            with open(log, "a") as handle:
+                handle.write(again)
+
+    slurm_down(monkeypatch, sleep)
+    code, out, err = logs(capsys, tmp_path, "-f")
+    assert (code, err) == (0, f"{job_logs.SLURM_SILENT}\n{job_logs.LOG_ENDED}\n")
+    assert out.endswith(again)
