@@ -15,6 +15,7 @@ from gptrain.launch.live_jobs import cancel_never_starting, refuse_launch_into_l
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
 from gptrain.launch.preflight import (
     DEFAULT_MAX_ARRAY_SIZE,
+    check_export_file,
     check_fresh_start,
     check_tokenizer_files,
     check_training_files,
@@ -76,6 +77,7 @@ def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None =
     lines += _checked(lambda: check_mount_dirs(plan.mount_dirs), dry_run)
     lines += launch_notes(plan, stages)
     if plan.cluster_type == "slurm":
+        lines += _checked(lambda: check_export_file(plan.cluster), dry_run)
         if dry_run and shutil.which("sinfo") is None:
             lines.append("skipped  cluster checks: no sinfo here")
         else:

@@ -269,6 +269,40 @@ def check_wandb_key_file(key_file: Any, cfg: TrainingConfig | None) -> list[str]
     return [f"ok  wandb_api_key_file: {path} holds a key"]
 
 
+# sbatch's --export-file, which cluster.additional_parameters may give (sbatch takes a unique prefix).
+EXPORT_FILE = "export-file"
+
+
+def check_export_file(cluster: dict[str, Any]) -> list[str]:
+    """cluster.additional_parameters.export_file (sbatch's --export-file): sbatch reads the file when
+    gptrain submits, from this directory; one it cannot open refused the job only then, after the
+    run files were written. A descriptor number names nothing there: gptrain's sbatch has none open."""
+    lines = []
+    for name, value in (cluster.get("additional_parameters") or {}).items():
+        option = str(name).replace("_", "-")
+        if value is None or not (option.startswith("export-") and EXPORT_FILE.startswith(option)):
+            continue
+        key = f"cluster.additional_parameters.{name}"
+        advice = (
+            "give the path of a file of NAME=value entries (NUL-separated) that sbatch can read from here"
+        )
+        if value is True:
+            raise LaunchError(f"{key}: --{EXPORT_FILE} takes a file; {advice}")
+        path = Path(str(value))
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as error:
+            descriptor = (
+                " (a file descriptor: gptrain runs sbatch itself, with none open)"
+                if str(value).isdigit()
+                else ""
+            )
+            raise LaunchError(f"{key}: {path}: {error.strerror}{descriptor}; {advice}") from None
+        lines.append(f"ok  {key}: {path} can be read")
+    return lines
+
+
 def check_training_layout(cfg: TrainingConfig) -> list[str]:
     """The parallel layout on trainer.num_nodes x trainer.devices ranks and the learning-rate
     schedule, checked as the job will check them (gptrain.parallel.layout, gptrain.train.schedule;

@@ -218,3 +218,50 @@ def test_an_option_sbatch_cannot_read_is_named_in_one_line(tmp_path, monkeypatch
     with pytest.raises(LaunchError) as error:
         sbatch(job, None)
     assert str(error.value) == f"sbatch refused {job.script_path}: {said}"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("export_file", "missing.env", "missing.env: No such file or directory"),
+        ("export-fil", "missing.env", "missing.env: No such file or directory"),  # sbatch's abbreviation
+        ("export_file", "7", "7: No such file or directory (a file descriptor: gptrain runs sbatch itself"),
+        ("export_file", ".", ".: Is a directory"),
+        ("export_file", "true", "--export-file takes a file"),
+    ],
+)
+def test_an_export_file_sbatch_cannot_read_stops_the_launch(tmp_path, monkeypatch, capsys, name, value, says):
+    """sbatch reads --export-file when gptrain submits: a file it cannot open passed unchecked, and
+    sbatch refused the job ('Could not open user environment file') after the run files were
+    written. It is checked like the other files a launch reads: one line naming the key, nothing
+    written (a warning under --dry-run)."""
+    from gptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no sinfo here: the file check alone decides
+    args = ["launch", *CPU, "cluster_type=slurm", "training.model.data.data_impl=mock"]
+    args += ["training.model.data.mock_vocab_size=64", f"base_results_dir={tmp_path}/r"]
+    args.append(f"cluster.additional_parameters.{name}={value}")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gptrain: error: cluster.additional_parameters.{name}: {says}") and "\n" not in err
+    assert not (tmp_path / "r").exists()
+    assert main(["launch", "--dry-run", *args[1:]]) == 0
+    assert f"preflight: warning  cluster.additional_parameters.{name}: {says}" in capsys.readouterr().err
+
+
+def test_an_export_file_sbatch_can_read_is_passed(tmp_path, monkeypatch, capsys):
+    from gptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    (tmp_path / "nccl.env").write_bytes(b"NCCL_DEBUG=INFO\0FI_PROVIDER=efa\0")
+    args = ["launch", "--dry-run", *CPU, "cluster_type=slurm", "training.model.data.data_impl=mock"]
+    args += ["training.model.data.mock_vocab_size=64", f"base_results_dir={tmp_path}/r"]
+    assert main([*args, "cluster.additional_parameters.export_file=nccl.env"]) == 0
+    assert (
+        "preflight: ok  cluster.additional_parameters.export_file: nccl.env can be read"
+        in capsys.readouterr().err
+    )
+    [script] = (tmp_path / "r").glob("*/dry-run/*_submission.sh")
+    assert ("--export-file", "nccl.env") in sbatch_lines(script.read_text())
