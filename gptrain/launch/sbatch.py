@@ -21,7 +21,7 @@ from pathlib import Path
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, ConfigError
 from gptrain.launch.rendezvous import rendezvous
 from gptrain.launch.script_values import CONTROL, describe
-from gptrain.launch.sections import ENV_NAME, sbatch_option, slurm_time_seconds
+from gptrain.launch.sections import ENV_NAME, SBATCH_OWNED, sbatch_option, slurm_time_seconds
 
 # Seconds of warning (USR1) before the time limit when cluster.signal_seconds is null.
 DEFAULT_SIGNAL_SECONDS = 300
@@ -177,23 +177,18 @@ def wandb_key_lines(key_file: object) -> list[str]:
     return [f'export WANDB_API_KEY="$({first_line})"']
 
 
-# The config keys behind each #SBATCH option whose value comes from a config, for error messages.
+# The #SBATCH options whose value is the config key that sets them (sections.SBATCH_OWNED).
+VALUE_OF_THE_OWNING_KEY = (
+    "job-name", "chdir", "partition", "account", "qos", "reservation", "constraint", "nodelist",
+    "time", "mem", "gres", "dependency",
+)  # fmt: skip
+# The config keys behind each #SBATCH option whose value comes from a config, for error messages;
+# the log paths' and the excluded nodes' values come from more keys than the one that sets them.
 DIRECTIVE_KEYS = {
-    "job-name": "cluster.job_name_prefix or {stage}.run.name",
+    **{option: SBATCH_OWNED[option].replace("<stage>", "{stage}") for option in VALUE_OF_THE_OWNING_KEY},
     "output": "base_results_dir, {stage}.run.results_dir or {stage}.run.name",
     "error": "base_results_dir, {stage}.run.results_dir or {stage}.run.name",
-    "chdir": "the current directory (launch from another one)",
-    "partition": "cluster.partition",
-    "account": "cluster.account",
-    "qos": "cluster.qos",
-    "reservation": "cluster.reservation",
-    "constraint": "cluster.constraint",
-    "nodelist": "cluster.nodelist",
     "exclude": "cluster.exclude or validation.exclude_file",
-    "time": "{stage}.run.time_limit",
-    "mem": "cluster.mem",
-    "gres": "cluster.gres",
-    "dependency": "{stage}.run.dependency",
 }
 
 
