@@ -342,8 +342,34 @@ def srun_options(cluster: dict, container: str | None, mounts: list[str]) -> lis
         if mounts:
             parts.append(f"--container-mounts={quote(','.join(mounts), 'container_mounts')}")
     else:  # pyxis options make srun fail where there is no container
-        args = [a for a in args if not a.startswith(("--container", "--no-container"))]
+        args = without_pyxis_options(args)
     return parts + [quote(a, "cluster.srun_args") for a in args]
+
+
+# pyxis's options that take a value, which an sbatch script's srun line often gives as the next
+# word (`--container-mounts /fsx`).
+PYXIS_VALUE_OPTIONS = (
+    "--container-image",
+    "--container-mounts",
+    "--container-workdir",
+    "--container-name",
+    "--container-save",
+    "--container-env",
+)
+
+
+def without_pyxis_options(args: list[str]) -> list[str]:
+    """srun arguments less pyxis's options, each with its value where that is the next word: left
+    behind, the value would be the first word srun does not know, which it runs as the command."""
+    kept, value_next = [], False
+    for arg in args:
+        if value_next:
+            value_next = False
+        elif arg.startswith(("--container", "--no-container")):
+            value_next = arg in PYXIS_VALUE_OPTIONS
+        else:
+            kept.append(arg)
+    return kept
 
 
 def setup_line(command: list[str], cluster: dict, container: str | None, mounts: list[str]) -> str:

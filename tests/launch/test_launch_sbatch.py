@@ -448,3 +448,15 @@ def test_a_gres_and_gpus_per_node_that_disagree_are_refused(tmp_path, monkeypatc
         "cluster.gres=gpu:a100:4 asks for 4 GPUs per node and cluster.gpus_per_node for 8; give one of them"
         " (the other null)"
     )
+
+
+def test_pyxis_options_given_as_two_words_are_dropped_with_their_value(tmp_path):
+    """Without a container, srun_args' pyxis options are dropped (srun fails on them); one given as
+    an sbatch script's srun line often has it, `--container-mounts /fsx`, left its value behind,
+    and srun ran `/fsx` as the command. The value goes with its option; other options stay."""
+    srun_args = "[-l,--container-mounts,/fsx,--container-workdir,/w,--no-container-mount-home,--mpi,pmix]"
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, f"cluster.srun_args={srun_args}"]
+    [path] = write_run_files(build_plan(compose(args)), args)
+    srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
+    words = shlex.split(srun.removesuffix(" &"))
+    assert words[words.index("-l") : words.index("bash")] == ["-l", "--mpi", "pmix"]
