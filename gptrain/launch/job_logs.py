@@ -99,11 +99,7 @@ def log_header(record: dict[str, Any], path: Path) -> str:
 # up to this many (30 s at the default 0.5 s): a controller that is down is not asked (squeue,
 # scontrol, sacct) every half second for as long as the user follows; the log is still read.
 MAX_QUIET_READS_BETWEEN_ASKS = 60
-
-
 SLURM_SILENT = "gptrain: Slurm did not answer: still following; Ctrl-C to stop"
-
-
 SLURM_BACK = "gptrain: Slurm answers again"
 LOG_ENDED = "gptrain: the log ends with the job's exit line: stopped following (Slurm still does not answer)"
 

@@ -17,8 +17,6 @@ STOPPED_EARLY = re.compile(
     r"stopping before the first step: (?P<why>.*?); nothing trained since "
     r"(?:no checkpoint|iteration (?P<step>\d+)'s checkpoint)"
 )
-
-
 STOPPED_SAVED = re.compile(r"stopping at iteration \d+: ")
 
 

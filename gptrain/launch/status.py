@@ -15,8 +15,6 @@ from gptrain.utils.progress import format_duration
 # the training process's first line (gptrain.train.loop): each requeue of a job prints it again;
 # `srun --label` (cluster.srun_args, as the Megatron tutorial's srun -l) puts the task id before it
 PROCESS_START = re.compile(r"^(?:\s*\d+: )?gptrain: [\d,]+ parameters \|")
-
-
 ITERATION = re.compile(
     r"iteration\s+(?P<step>\d+)/\s*(?P<max>\d+) \|.*?"
     r"elapsed time per iteration \(ms\): (?P<ms>[\d.]+) \|(?:.*?lm loss: (?P<loss>[\d.Ee+-]+) \|)?"
