@@ -14,6 +14,10 @@ from typing import Any
 
 import yaml
 
+PER_SPLIT_KEYS = ("train", "validation", "test")
+"""The keys of data_prefix's per-split form (NeMo's; Megatron's --train/--valid/--test-data-path), in
+split order. The config names them; the dataset builder reads the splits in this order."""
+
 
 @dataclass
 class RunConfig:
@@ -256,7 +260,8 @@ class DataConfig:
     data_impl: str = "mmap"
     """`mmap` reads Megatron .bin/.idx datasets; `mock` generates random tokens (benchmarks)."""
     data_prefix: Any = None
-    """One dataset prefix, or a blend `[w1, prefix1, w2, prefix2, ...]`."""
+    """One dataset prefix, or a blend `[w1, prefix1, w2, prefix2, ...]`, or per split
+    `{train: ..., validation: ..., test: ...}` (each a prefix or a blend; all of its documents in that split)."""
     splits_string: str = "99990,8,2"
     """Train, validation, test split of the documents (Megatron's `--split`)."""
     seq_length: int = 2048

@@ -11,8 +11,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from gptrain.config.schema import TrainingConfig
-from gptrain.data.blend_spec import PER_SPLIT_KEYS
+from gptrain.config.schema import PER_SPLIT_KEYS, TrainingConfig
 from gptrain.errors import ConfigError
 
 PRECISIONS = {"32": "32", "32-true": "32", "16": "16", "16-mixed": "16", "bf16": "bf16", "bf16-mixed": "bf16"}

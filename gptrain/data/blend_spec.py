@@ -14,7 +14,6 @@ from gptrain.errors import DataError
 
 __all__ = [
     "MAX_BLEND_DATASETS",
-    "PER_SPLIT_KEYS",
     "is_number",
     "parse_blend",
     "strip_suffix",
@@ -24,10 +23,6 @@ __all__ = [
 
 # Megatron's blend index names a dataset in an int16: at most 32,766 datasets in one blend.
 MAX_BLEND_DATASETS = 32766
-
-# NeMo's per-split data_prefix keys (Megatron's --train/--valid/--test-data-path), in split order;
-# here, with no imports, so that loading a config (on a login node too) reads them without numpy.
-PER_SPLIT_KEYS = ("train", "validation", "test")
 
 
 def strip_suffix(path_prefix: str) -> str:

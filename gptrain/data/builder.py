@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from gptrain.data.blend_spec import PER_SPLIT_KEYS, parse_blend
+from gptrain.config.schema import PER_SPLIT_KEYS
+from gptrain.data.blend_spec import parse_blend
 from gptrain.data.blended import BlendedDataset, normalize
 from gptrain.data.gpt_dataset import GPTDataset
 from gptrain.data.mock import MockGPTDataset
