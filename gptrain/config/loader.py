@@ -30,6 +30,7 @@ from gptrain.utils.overrides import (
     HYDRA_SETTINGS_REASON,
     delete_key,
     is_hydra_setting,
+    set_key,
     setting_override,
     split_override,
 )
@@ -214,7 +215,7 @@ def _apply_override(root: DictConfig, override: str) -> str:
         _restore_defaults(root)  # the key takes its default: gptrain's run directory, not none
         return key
     try:
-        OmegaConf.update(root, path, value, merge=False, force_add=True)
+        set_key(root, path, value)
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override}': {str(error).splitlines()[0]}") from None
     return key

@@ -32,6 +32,7 @@ from gptrain.utils.overrides import (
     OverrideForm,
     delete_key,
     is_hydra_setting,
+    set_key,
     setting_override,
     split_override,
 )
@@ -384,7 +385,7 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
     if parts[0] == "training" and len(parts) > 1 and not override.form.add:
         check_training_key(".".join(parts[1:]), override.key)
     try:
-        OmegaConf.update(cfg, override.key, override.value, merge=False, force_add=True)
+        set_key(cfg, override.key, override.value)
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override.typed}': {str(error).splitlines()[0]}") from None
 

@@ -4,7 +4,7 @@
 `~key=value`, which must match the value there) deletes one, so that the key takes its default.
 gptrain is lenient where Hydra is strict: `+` on a key that exists sets it, as `++` does.
 
-Nothing heavy is imported at the top (omegaconf only to delete a key): `gptrain/cli.py` reads
+Nothing heavy is imported at the top (omegaconf only to set or delete a key): `gptrain/cli.py` reads
 `OVERRIDE` before any command runs, and `gptrain launch` runs on login nodes.
 """
 
@@ -104,6 +104,26 @@ def _refuse_tilde(argument: str, text: str) -> None:
             f"override '{printable(argument)}': the shell did not expand this '~' (it does only at the start "
             "of a word) and it is not null here; write the path in full ($HOME/...), or null"
         )
+
+
+def set_key(cfg: Any, key: str, value: Any) -> None:
+    """Set dotted `key` in the OmegaConf mapping `cfg` as Hydra applies an override: a mapping given
+    for a mapping is merged into it (`trainer={max_steps: 5}` keeps the file's other trainer keys),
+    anything else replaces what is there. Replacing the whole section dropped the preset's other keys
+    to gptrain's defaults without a word (`model.optim={lr: 1e-3}` lost warmup_steps and min_lr)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, throw_on_resolution_failure=False) if parent_key else cfg
+    merge = (
+        isinstance(value, dict)
+        and isinstance(parent, DictConfig)
+        and leaf in parent
+        and not OmegaConf.is_interpolation(parent, leaf)
+        and not OmegaConf.is_missing(parent, leaf)
+        and isinstance(parent[leaf], DictConfig)
+    )
+    OmegaConf.update(cfg, key, value, merge=merge, force_add=True)
 
 
 def delete_key(cfg: Any, key: str, form: OverrideForm, expected: Any) -> None:

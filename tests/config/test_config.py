@@ -103,7 +103,7 @@ def test_unknown_key_suggests_closest():
     [
         ("model.optim={name: adamw, lr: abc}", "'model.optim.lr' expects a finite float, got 'abc'"),
         ("trainer={max_steps: abc}", "'trainer.max_steps' expects int, got 'abc'"),
-        ("model.data={data_prefix: ???}", "'model.data.data_prefix' is ???: give it"),
+        ("model.data={seq_length: abc}", "'model.data.seq_length' expects int, got 'abc'"),
     ],
 )
 def test_a_bad_value_inside_a_mapping_override_is_blamed_on_that_override(override, message):
@@ -445,6 +445,37 @@ def test_hydras_dict_override_needs_no_space_after_the_colon():
         "validation": [0.5, "/d/b", 0.5, "/d/c"],
         "test": "s3://bucket/t",
     }
+
+
+def test_a_mapping_override_merges_into_the_section_as_hydra_does():
+    """`model.optim={lr: 1e-3}` replaced the whole section: the preset's warmup_steps, constant_steps
+    and min_lr fell to gptrain's defaults (0) without a word, and `trainer={max_steps: 5}` put an
+    8-node preset on one device. Hydra merges a mapping given for a mapping."""
+    preset = load_training_config("gpt3/126m", report_ignored=False)
+    cfg = load_training_config(
+        "gpt3/126m", ["model.optim={lr: 1e-3}", "trainer={max_steps: 5}", "trainer={}"], report_ignored=False
+    )
+    assert cfg.model.optim.lr == 1e-3 and cfg.trainer.max_steps == 5
+    assert cfg.model.optim.sched == preset.model.optim.sched and cfg.model.optim.sched.min_lr == 6e-5
+    assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.max_time) == (8, 8, "00:23:30:00")
+
+
+def test_a_mapping_override_replaces_a_list_and_a_list_a_mapping():
+    """What is not a mapping given for a mapping is set, as Hydra sets it: a blend after a per-split
+    data prefix, a per-split one after a blend; a second per-split mapping merges into the first."""
+    per_split = "model.data.data_prefix={train: /d/a, validation: /d/b}"
+    cfg = load_training_config(
+        "gpt3/126m", [per_split, "model.data.data_prefix=[1,/d/c]"], report_ignored=False
+    )
+    assert cfg.model.data.data_prefix == [1, "/d/c"]
+    cfg = load_training_config(
+        "gpt3/126m", ["model.data.data_prefix=[1,/d/c]", per_split], report_ignored=False
+    )
+    assert cfg.model.data.data_prefix == {"train": "/d/a", "validation": "/d/b"}
+    cfg = load_training_config(
+        "gpt3/126m", [per_split, "model.data.data_prefix={train: /d/c}"], report_ignored=False
+    )
+    assert cfg.model.data.data_prefix == {"train": "/d/c", "validation": "/d/b"}
 
 
 def test_a_key_given_twice_in_a_file_is_one_line_naming_the_file_and_both_lines(tmp_path):

@@ -87,6 +87,21 @@ def test_plus_adds_a_key_and_bad_values_fail():
         compose(["training.trainer.num_nodes"])
 
 
+def test_a_mapping_override_merges_into_the_group_files_mapping():
+    """`training.trainer={max_steps: 5}` replaced the training's whole trainer section (the preset's
+    nodes, devices and max_time gone), and `cluster.env_vars={A: b}` the cluster's interconnect
+    variables; Hydra, and so the NeMo launcher, merges a mapping given for a mapping."""
+    resolved = compose(
+        ["training=gpt3/5b", "cluster=aws_p5", "training.trainer={max_steps: 5}", "cluster.env_vars={A: b}"]
+    ).resolved()
+    trainer = resolved["training"]["trainer"]
+    assert trainer["max_steps"] == 5 and trainer["num_nodes"] > 1 and trainer["max_time"]
+    assert (
+        resolved["cluster"]["env_vars"]["FI_PROVIDER"] == "efa"
+        and resolved["cluster"]["env_vars"]["A"] == "b"
+    )
+
+
 def test_hydras_delete_and_force_add_forms():
     """`~key` (Hydra's delete: the key takes its default) and `++key=value` were refused as
     "not key=value"; a delete of what is not there, or of another value, is one line."""
