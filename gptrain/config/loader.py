@@ -315,6 +315,7 @@ def _build(
     given = given or {}
     section = prefix.rstrip(".") or "the top level"
     if data is None:
+        _refuse_null_section(section, given)
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(
@@ -344,6 +345,18 @@ def _build(
             _refuse_lightning_fraction(dotted, value, _where(dotted, source, given))
             values[key] = _coerce(value, kind, dotted, _where(dotted, source, given))
     return cls(**values)
+
+
+def _refuse_null_section(section: str, given: dict[str, str]) -> None:
+    """`trainer=null` on the command line: read as an empty section, it put every key of it back to
+    gptrain's defaults (an 8-node preset on one device) without a word; NeMo stops on it. A file's
+    empty section (`trainer:` with nothing under it) is still read as one with no keys."""
+    if section in given:
+        typed = given[section].partition("=")[0].lstrip("+")  # `training.trainer` under gptrain launch
+        raise ConfigError(
+            f"override '{given[section]}': '{section}' is a section of keys, not a value; set its keys "
+            f"({typed}.<key>=...), or delete it (~{typed}) for gptrain's defaults"
+        )
 
 
 def _dotted_key_hint(key: str, section: str) -> str:

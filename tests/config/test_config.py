@@ -460,6 +460,24 @@ def test_a_mapping_override_merges_into_the_section_as_hydra_does():
     assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.max_time) == (8, 8, "00:23:30:00")
 
 
+@pytest.mark.parametrize("override", ["trainer=null", "model.optim=null", "training.exp_manager=null"])
+def test_a_section_set_to_null_on_the_command_line_is_refused(override):
+    """It was read as an empty section: every key of it went back to gptrain's defaults without a
+    word (`trainer=null` put the 8-node preset on one device)."""
+    section = override.removeprefix("training.").partition("=")[0]
+    with pytest.raises(ConfigError, match=rf"^override '{re.escape(override)}': '{section}' is a section"):
+        load_training_config("gpt3/126m", [override], report_ignored=False)
+
+
+def test_an_empty_section_in_a_file_is_a_section_of_no_keys(tmp_path):
+    data = "  data:\n    data_impl: mock\n    mock_vocab_size: 64\n"
+    (tmp_path / "empty.yaml").write_text(f"model:\n{data}")
+    (tmp_path / "sections.yaml").write_text(f"trainer:\nmodel:\n  optim:\n{data}")
+    defaults = load_training_config(config_file=str(tmp_path / "empty.yaml"), report_ignored=False)
+    cfg = load_training_config(config_file=str(tmp_path / "sections.yaml"), report_ignored=False)
+    assert (cfg.trainer, cfg.model.optim) == (defaults.trainer, defaults.model.optim)
+
+
 def test_a_mapping_override_replaces_a_list_and_a_list_a_mapping():
     """What is not a mapping given for a mapping is set, as Hydra sets it: a blend after a per-split
     data prefix, a per-split one after a blend; a second per-split mapping merges into the first."""
