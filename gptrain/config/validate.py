@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -304,6 +305,11 @@ def _check_data(cfg: TrainingConfig) -> None:
         )
     if data.data_impl == "mmap" and isinstance(data.data_prefix, Mapping):
         _check_per_split_prefix(data.data_prefix)
+    elif data.data_impl == "mmap":  # checked before the job waits in the queue, not when it builds its data
+        try:
+            split_weights(data.splits_string)
+        except ConfigError as error:
+            raise ConfigError(f"model.data.splits_string: {error}") from None
     has_tokenizer = tokenizer.model or (tokenizer.vocab_file and tokenizer.merge_file)
     if data.data_impl == "mock" and not has_tokenizer and not data.mock_vocab_size:
         raise ConfigError(
@@ -324,3 +330,33 @@ def _check_per_split_prefix(data_prefix: Mapping) -> None:
             "model.data.data_prefix.train: no training data in the per-split data prefix; give a prefix "
             "or [weight, prefix, ...]"
         )
+
+
+SPLIT_SEPARATORS = re.compile(r"[,/\s]+")
+SPLIT_NUMBER = re.compile(r"[.0-9]+")
+SPLITS = 3  # train, valid, test
+
+
+def split_weights(text: str) -> list[float]:
+    """The train/valid/test weights of a split string ("98,2,0"), three of them, not normalised.
+
+    Like Megatron, every run of digits and dots counts as a number, so "98,2,0", "98 2 0" and
+    "98/2" all parse. Without numpy, so that `gptrain launch` refuses a bad one on the login node
+    (the job found it once it had waited in the queue); gptrain.data.splits normalises them."""
+    stray = next((item for item in SPLIT_SEPARATORS.split(text) if re.search(r"[^0-9.]", item)), None)
+    if stray:  # "nan,2,0" or "-1,2,0" would lose a sign or a word and mean other weights
+        raise ConfigError(
+            f"split string {text!r}: {stray!r} is not a weight; give non-negative numbers like '98,2,0'"
+        )
+    try:
+        values = [float(match) for match in SPLIT_NUMBER.findall(text)]
+    except ValueError as error:
+        raise ConfigError(f"split string {text!r}: {error}; write it like '98,2,0'") from None
+    if len(values) > SPLITS:
+        raise ConfigError(
+            f"split string {text!r} has {len(values)} numbers; give at most 3 (train,valid,test)"
+        )
+    values += [0.0] * (SPLITS - len(values))
+    if sum(values) <= 0:
+        raise ConfigError(f"split string {text!r} sums to 0; give positive weights like '98,2,0'")
+    return values

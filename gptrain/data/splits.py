@@ -6,44 +6,22 @@ run resumed across the two systems would train on validation data.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
-from gptrain.errors import ConfigError
+from gptrain.config.validate import split_weights
 
 SPLIT_NAMES = ("train", "valid", "test")
 
 # Megatron's default when --data-path is given without --split.
 LEGACY_DEFAULT_SPLIT = "969, 30, 1"
 
-_NUMBER = re.compile(r"[.0-9]+")
-
 
 def parse_split_string(splits_string: str | None) -> list[float]:
-    """Weights of train/valid/test normalised to sum 1 (missing entries are 0).
-
-    Like Megatron, every run of digits and dots counts as a number, so "98,2,0",
-    "98 2 0" and "98/2" all parse; more than three numbers is an error.
-    """
+    """Weights of train/valid/test normalised to sum 1 (missing entries are 0); the string is read
+    and checked by gptrain.config.validate.split_weights, which the config's check shares."""
     text = LEGACY_DEFAULT_SPLIT if splits_string is None else splits_string
-    stray = next((item for item in re.split(r"[,/\s]+", text) if re.search(r"[^0-9.]", item)), None)
-    if stray:  # "nan,2,0" or "-1,2,0" would lose a sign or a word and mean other weights
-        raise ConfigError(
-            f"split string {text!r}: {stray!r} is not a weight; give non-negative numbers like '98,2,0'"
-        )
-    try:
-        values = [float(match) for match in _NUMBER.findall(text)]
-    except ValueError as error:
-        raise ConfigError(f"split string {text!r}: {error}; write it like '98,2,0'") from error
-    if len(values) > len(SPLIT_NAMES):
-        raise ConfigError(
-            f"split string {text!r} has {len(values)} numbers; give at most 3 (train,valid,test)"
-        )
-    values += [0.0] * (len(SPLIT_NAMES) - len(values))
+    values = split_weights(text)
     total = float(np.sum(np.array(values, dtype=np.float64)))
-    if total <= 0:
-        raise ConfigError(f"split string {text!r} sums to 0; give positive weights like '98,2,0'")
     return (np.array(values, dtype=np.float64) / total).tolist()
 
 

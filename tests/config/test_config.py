@@ -236,6 +236,16 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
         ("noequals", "override 'noequals' is not key=value (e.g. trainer.max_steps=100"),
         ("model.data.data_prefix={train: /d/a, valid: /d/b}", "model.data.data_prefix.valid: not a split"),
         ("model.data.data_prefix={validation: /d/b}", "model.data.data_prefix.train: no training data"),
+        # found only when the job built its datasets, after its wait in the queue
+        (
+            "model.data.splits_string=98,2,x",
+            "model.data.splits_string: split string '98,2,x': 'x' is not a weight",
+        ),
+        ("model.data.splits_string=", "model.data.splits_string: split string '' sums to 0"),
+        (
+            "model.data.splits_string=1,1,1,1",
+            "model.data.splits_string: split string '1,1,1,1' has 4 numbers",
+        ),
     ],
 )
 def test_bad_values_name_the_key(override, message):
