@@ -105,14 +105,15 @@ def load_training_config(
     """
     register_resolvers()
     source = origin or str(config_file or (preset_path(preset) if preset else "<defaults>"))
-    root = _compose_root(preset, config_file, config_text)
     given = dict(given or {})  # dotted key -> the override that set it: its errors name the command line
+    root = _compose_root(preset, config_file, config_text, given)
     hydra_settings = []
     for override in overrides:
         if is_hydra_setting(split_override(override, "trainer.max_steps=100").key):
             hydra_settings.append(override)
             continue
         given[_apply_override(root, override)] = override
+    _set_run_dir_defaults(root, given)  # `exp_manager.explicit_log_dir=null`: NeMo's "choose", as in a file
     if report_ignored and hydra_settings and is_rank_zero():
         print(f"gptrain: ignoring {', '.join(hydra_settings)}: {HYDRA_SETTINGS_REASON}", file=sys.stderr)
     data = _resolve(root, source, given)
@@ -143,7 +144,12 @@ def _load_yaml(path: str | Path, text: str | None = None) -> DictConfig:
     return loaded
 
 
-def _compose_root(preset: str | None, config_file: str | None, config_text: str | None = None) -> DictConfig:
+def _compose_root(
+    preset: str | None,
+    config_file: str | None,
+    config_text: str | None = None,
+    given: dict[str, str] | None = None,
+) -> DictConfig:
     """Root = {base_results_dir, data_dir, training: <preset or file>}; a launcher file already has it."""
     training = _load_yaml(config_file, config_text) if config_file else None
     if training is None and preset:
@@ -155,7 +161,7 @@ def _compose_root(preset: str | None, config_file: str | None, config_text: str 
     else:
         root = OmegaConf.create({**ROOT_DEFAULTS, "training": training if training is not None else {}})
         _alias_own_root(root)
-    _set_run_dir_defaults(root)
+    _set_run_dir_defaults(root, given)
     return root
 
 
@@ -170,17 +176,25 @@ def _alias_own_root(root: DictConfig) -> None:
             root[key] = f"${{training.{key}}}"
 
 
-def _set_run_dir_defaults(root: DictConfig) -> None:
+def _set_run_dir_defaults(root: DictConfig, given: typing.Mapping[str, str] | None = None) -> None:
+    """The run's name and directories where the config lacks them or has null (`given`: what the
+    command line set, whose `run.name=null` or `exp_manager=null` is refused where it is read,
+    not filled in: gpt3_126m's name, or every other key of the section at its default)."""
+    given = given or {}
     if not isinstance(root.get("training"), DictConfig):
         return
     for section, values in RUN_DIR_DEFAULTS.items():
         node = root.training.get(section)
+        if node is None and section in given:
+            continue
         if node is None:
             root.training[section] = {}
             node = root.training[section]
         if not isinstance(node, DictConfig):
             continue
         for key, value in values.items():
+            if key == "name" and f"{section}.{key}" in given:
+                continue
             # null as absent: NeMo's megatron_gpt_config.yaml writes `explicit_log_dir: null` for "choose"
             if key not in node or _is_null(node, key):
                 node[key] = value

@@ -488,6 +488,32 @@ def test_an_empty_section_in_a_file_is_a_section_of_no_keys(tmp_path):
     assert (cfg.trainer, cfg.model.optim) == (defaults.trainer, defaults.model.optim)
 
 
+def test_a_run_directory_set_to_null_on_the_command_line_is_gptrains_as_in_a_file():
+    """NeMo's own default, `explicit_log_dir: null`, was taken from a file but refused as an override
+    ('must not be null'), and `gptrain launch` took it as an override."""
+    cfg = load_training_config(
+        "gpt3/126m",
+        ["run.name=x", "run.results_dir=null", "exp_manager.explicit_log_dir=null"],
+        report_ignored=False,
+    )
+    assert (cfg.run.results_dir, cfg.exp_manager.explicit_log_dir) == ("results/x", "results/x/results")
+    with pytest.raises(ConfigError, match=r"^override 'run.name=null': 'run.name' must not be null"):
+        load_training_config("gpt3/126m", ["run.name=null"], report_ignored=False)
+
+
+def test_a_section_set_to_null_by_a_launch_is_refused_too():
+    """The launcher writes `exp_manager: null` into the training's config file: its run-directory
+    default filled the section in, and every other exp_manager key took gptrain's default."""
+    text = (
+        "run:\n  name: x\nexp_manager: null\nmodel:\n  data:\n    data_impl: mock\n    mock_vocab_size: 64\n"
+    )
+    given = {"exp_manager": "training.exp_manager=null"}
+    with pytest.raises(
+        ConfigError, match=r"^override 'training.exp_manager=null': 'exp_manager' is a section"
+    ):
+        load_training_config(config_file="t.yaml", config_text=text, given=given, report_ignored=False)
+
+
 def test_a_mapping_override_replaces_a_list_and_a_list_a_mapping():
     """What is not a mapping given for a mapping is set, as Hydra sets it: a blend after a per-split
     data prefix, a per-split one after a blend; a second per-split mapping merges into the first."""
