@@ -206,9 +206,25 @@ def validate(cfg: TrainingConfig) -> None:
         value = get(cfg, key)
         if value is not None and not value >= 0:
             raise ConfigError(f"{key}: must be 0 or more, got {value}")
+    _check_run_directories(cfg)
     _check_model(cfg)
     _check_batches(cfg)
     _check_data(cfg)
+
+
+RUN_DIRECTORIES = {
+    "run.name": "a run needs a name (its results directory); set run.name=NAME",
+    "run.results_dir": "give a directory, or null for ${base_results_dir}/${run.name}",
+    "exp_manager.explicit_log_dir": "give a directory, or null for ${run.results_dir}/results",
+}
+
+
+def _check_run_directories(cfg: TrainingConfig) -> None:
+    """An empty name or directory (`run.name=$NAME` with NAME unset) made the run directory the
+    results directory itself, or the current directory, shared with every other run."""
+    for key, what in RUN_DIRECTORIES.items():
+        if not str(get(cfg, key)).strip():
+            raise ConfigError(f"{key}: empty (an unset shell variable?); {what}")
 
 
 # numpy's RandomState, which draws the data shuffles (as in Megatron), takes seeds in [0, 2**32);

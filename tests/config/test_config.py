@@ -488,6 +488,14 @@ def test_an_empty_section_in_a_file_is_a_section_of_no_keys(tmp_path):
     assert (cfg.trainer, cfg.model.optim) == (defaults.trainer, defaults.model.optim)
 
 
+@pytest.mark.parametrize("key", ["run.name", "run.results_dir", "exp_manager.explicit_log_dir"])
+def test_an_empty_run_name_or_directory_is_refused(key):
+    """`run.name=$NAME` with NAME unset made the run's directory base_results_dir itself; an empty
+    explicit_log_dir wrote the run into the current directory."""
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: empty \(an unset shell variable\?\)"):
+        load_training_config("gpt3/126m", [f"{key}="], report_ignored=False)
+
+
 def test_a_run_directory_set_to_null_on_the_command_line_is_gptrains_as_in_a_file():
     """NeMo's own default, `explicit_log_dir: null`, was taken from a file but refused as an override
     ('must not be null'), and `gptrain launch` took it as an override."""
