@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import sys
 import types
 import typing
@@ -260,9 +261,20 @@ def _resolve(root: DictConfig, source: str, given: dict[str, str]) -> dict[str, 
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or "?"
         where = _where(str(key).removeprefix("training."), source, given)
-        raise ConfigError(f"{where}: cannot resolve '{key}': {str(error).splitlines()[0]}") from None
+        reason = str(error).splitlines()[0]
+        raise ConfigError(f"{where}: cannot resolve '{key}': {reason}{environment_hint(reason)}") from None
     assert isinstance(training, dict)
     return training
+
+
+def environment_hint(reason: str) -> str:
+    """What to write where an interpolation could not read an environment variable (OmegaConf's
+    message names the variable only), or spelled one as a config key (`${NODES}`)."""
+    if unset := re.search(r"Environment variable '([^']+)' not found", reason):
+        return f"; set {unset[1]}, or give a default: ${{oc.env:{unset[1]},DEFAULT}}"
+    if missing := re.match(r"Interpolation key '([A-Z_][A-Z0-9_]*)' not found", reason):
+        return f"; for the environment variable write ${{oc.env:{missing[1]}}}"
+    return ""
 
 
 def _method_without_granularity(data: dict[str, Any]) -> list[str]:

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from gptrain.config import nemo_launcher
-from gptrain.config.loader import register_resolvers
+from gptrain.config.loader import environment_hint, register_resolvers
 from gptrain.config.yamlio import load_file, override_value
 from gptrain.errors import ConfigError, printable
 from gptrain.utils.overrides import (
@@ -137,7 +137,7 @@ def _environment_hint(reason: str) -> str:
     to write the environment variable, where the missing key is spelled like one."""
     missing = re.match(r"Interpolation key '([A-Z_][A-Z0-9_]*)' not found", reason)
     if not missing:
-        return ""
+        return environment_hint(reason)  # an unset ${oc.env:NAME}: set it or give a default
     name = missing[1]
     return (
         f"; for the environment variable write ${{oc.env:{name}}} (read at launch) or ${name}"

@@ -91,6 +91,24 @@ def test_an_override_that_cannot_resolve_is_named_not_the_preset(override, messa
         load_training_config("gpt3/126m", [override])
 
 
+@pytest.mark.parametrize(
+    ("override", "hint"),
+    [
+        ("run.name=${oc.env:GPTRAIN_TEST_UNSET}", "; set GPTRAIN_TEST_UNSET, or give a default: "
+         "${oc.env:GPTRAIN_TEST_UNSET,DEFAULT}"),
+        ("trainer.num_nodes=${GPTRAIN_TEST_UNSET}", "; for the environment variable write ${oc.env:GPTRAIN_TEST_UNSET}"),
+    ],
+)  # fmt: skip
+def test_an_environment_variable_that_cannot_be_read_says_what_to_write(override, hint, monkeypatch):
+    """OmegaConf's message named the variable, and not what to do about it."""
+    monkeypatch.delenv("GPTRAIN_TEST_UNSET", raising=False)
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [override], report_ignored=False)
+    assert str(error.value).startswith(f"override '{override}': cannot resolve") and str(
+        error.value
+    ).endswith(hint)
+
+
 def test_unknown_key_suggests_closest():
     with pytest.raises(
         ConfigError, match=r"unknown key 'model.hiden_size'.*did you mean 'model.hidden_size'"

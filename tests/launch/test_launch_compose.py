@@ -357,8 +357,11 @@ def test_an_interpolation_that_cannot_resolve_names_its_key_and_override(monkeyp
     typed = "base_results_dir=${oc.env:GPTRAIN_TEST_UNSET}"
     with pytest.raises(
         ConfigError, match=r"^cannot resolve the launch config: base_results_dir \(set by override "
-    ):
+    ) as error:
         compose([typed])
+    assert str(error.value).endswith(
+        "; set GPTRAIN_TEST_UNSET, or give a default: ${oc.env:GPTRAIN_TEST_UNSET,DEFAULT}"
+    )
     with pytest.raises(
         ConfigError, match=r"training.model.optim.lr \(set by override .*'training.model.nosuch' not found"
     ):
