@@ -17,11 +17,12 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, ConfigError
 from gptrain.launch.rendezvous import rendezvous
 from gptrain.launch.script_values import CONTROL, describe
-from gptrain.launch.sections import ENV_NAME, SBATCH_OWNED, sbatch_option, slurm_time_seconds
+from gptrain.launch.sections import ENV_NAME, SBATCH_OWNED, non_negative, sbatch_option, slurm_time_seconds
 
 # Seconds of warning (USR1) before the time limit when cluster.signal_seconds is null.
 DEFAULT_SIGNAL_SECONDS = 300
@@ -509,3 +510,18 @@ def render_local(job: Job, top: dict) -> str:
         lines.append(quote_command(command))
     lines.append(f"exec {quote_command(job.command)}")
     return "\n".join(lines) + "\n"
+
+
+def node_gpus(cluster: dict[str, Any], where: str = "") -> int | None:
+    """The GPUs of one node of a cluster file (or of a stage config that carries them): its
+    gpus_per_node, read as the launcher reads it (`"8"` is 8), else (null or 0) the count its gres
+    asks for (gpu:8, as its jobs ask for GPUs); None where neither says. A value the launcher
+    refuses is a ConfigError starting with `where`: read as none, it left the inter-node threshold a
+    whole node's for `srun -N2 -n2`, failing both nodes."""
+    try:
+        gpus = non_negative("gpus_per_node", cluster.get("gpus_per_node"))
+    except ConfigError as error:
+        raise ConfigError(f"{where}{error}") from None
+    if not gpus:  # null or 0 (no --gpus-per-node asked for): the GPUs its gres asks for
+        return gres_gpus(cluster.get("gres")) or None
+    return gpus

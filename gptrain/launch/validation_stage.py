@@ -35,7 +35,7 @@ OPTIONS = {
 def stage_config(section: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
     """What the job's `<name>_hydra.yaml` holds: the stage's keys, the cluster's thresholds and its
     GPUs a node (the node the inter-node threshold is set for: fewer ranks a node scale it)."""
-    from gptrain.validate.thresholds import node_gpus
+    from gptrain.launch.sbatch import node_gpus
 
     return {
         **section,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
+from gptrain.launch.sbatch import node_gpus
 from gptrain.launch.sections import check_cluster_file_keys
-from gptrain.validate.thresholds import node_gpus
 
 CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
+from gptrain.launch.sbatch import node_gpus
 from gptrain.launch.sections import check_cluster_file_keys
 
 CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
@@ -127,24 +128,6 @@ def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) ->
         gpus_per_node=node_gpus(data, f"{path}: "),
         **values,
     )
-
-
-def node_gpus(cluster: dict[str, Any], where: str = "") -> int | None:
-    """The GPUs of one node of a cluster file (or of a stage config that carries them): its
-    gpus_per_node, read as the launcher reads it (`"8"` is 8), else (null or 0) the count its gres
-    asks for (gpu:8, as its jobs ask for GPUs); None where neither says. A value the launcher
-    refuses is a ConfigError starting with `where`: read as none, it left the inter-node threshold a
-    whole node's for `srun -N2 -n2`, failing both nodes."""
-    from gptrain.launch.sbatch import gres_gpus
-    from gptrain.launch.sections import non_negative
-
-    try:
-        gpus = non_negative("gpus_per_node", cluster.get("gpus_per_node"))
-    except ConfigError as error:
-        raise ConfigError(f"{where}{error}") from None
-    if not gpus:  # null or 0 (no --gpus-per-node asked for): the GPUs its gres asks for
-        return gres_gpus(cluster.get("gres")) or None
-    return gpus
 
 
 def threshold_values(block: dict[str, Any], where: str, prefix: str = "validation.") -> dict[str, Any]:
