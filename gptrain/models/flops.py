@@ -89,14 +89,18 @@ def megatron_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> f
 
 # Dense (no sparsity) peak tensor TFLOP/s per GPU from the vendors' datasheets. Patterns are matched
 # case-insensitively against torch.cuda.get_device_name(); the first match wins, so the more specific
-# names come first ("H100 PCIe" before "H100", "A100" before "A10").
+# names come first ("H100 PCIe" before "H100", "A100" before "A10", "GB200" before "B200": the
+# Grace-Blackwell GPU runs at a higher power limit than the HGX B200, with higher peaks).
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "GH200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
+    "H200 NVL": {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0},
     "H200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
     "H100 PCIe": {"bf16": 756.5, "fp16": 756.5, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.2},
     "H100 NVL": {"bf16": 835.5, "fp16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0},
     "H100": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
+    "H800 PCIe": {"bf16": 756.5, "fp16": 756.5, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.2},
     "H800": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
+    "GB200": {"bf16": 2500.0, "fp16": 2500.0, "fp8": 5000.0, "tf32": 1250.0, "fp32": 80.0},  # before "B200"
     "B200": {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0, "tf32": 1125.0, "fp32": 75.0},
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "A800": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},

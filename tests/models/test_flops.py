@@ -158,6 +158,12 @@ def test_flops_reject_bad_batch():
         ("NVIDIA H100 80GB HBM3", "torch.bfloat16", 989.4),
         ("NVIDIA H100 PCIe", "bf16", 756.5),
         ("NVIDIA H200", "16-mixed", 989.4),
+        ("NVIDIA H200 NVL", "bf16", 835.5),  # the H100 NVL's peak, not the SXM H200's
+        ("NVIDIA H800", "bf16", 989.4),
+        ("NVIDIA H800 PCIe", "bf16", 756.5),  # the H100 PCIe's tensor cores, not the SXM's
+        ("NVIDIA B200", "bf16", 2250.0),
+        ("NVIDIA GB200", "bf16", 2500.0),  # not the HGX B200's 2250
+        ("NVIDIA GB200", "fp8", 5000.0),
         ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
         ("NVIDIA A100 80GB PCIe", "fp16", 312.0),
         ("NVIDIA A100-SXM4-40GB", "32", 19.5),
