@@ -9,7 +9,7 @@ Four kinds of flag:
 - REFUSED: flags whose meaning gptrain cannot reproduce; refused by name in one line.
 Anything else is unknown and refused. Flags that combine with others (`--data-path`,
 `--adam-beta1/2`, `--train-samples`, `--save/--load`, `--wandb-*`, `--group-query-attention`
-with `--num-query-groups`) are handled in translate.py.
+with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`) are handled in translate.py.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--eval-iters": (("trainer.limit_val_batches", "trainer.limit_test_batches"), int),
     "--eval-interval": (("trainer.val_check_interval",), int),
     "--save-interval": (("exp_manager.checkpoint_callback_params.every_n_train_steps",), int),
+    # Megatron's other name for --save-interval (persistent checkpoints, beside its non-persistent ones)
+    "--persistent-save-interval": (("exp_manager.checkpoint_callback_params.every_n_train_steps",), int),
     "--split": (("model.data.splits_string",), str),
     "--vocab-file": (("model.tokenizer.vocab_file",), str),
     "--merge-file": (("model.tokenizer.merge_file",), str),
@@ -118,8 +120,8 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--async-save": {"exp_manager.checkpoint_callback_params.async_save": True},
 }
 
-# flag -> number of values it takes; these change speed, kernels or logs only.
-NO_EFFECT: dict[str, int] = {
+# flag -> number of values it takes (None: one or more); these change speed, kernels or logs only.
+NO_EFFECT: dict[str, int | None] = {
     "--use-flash-attn": 0, "--use-mcore-models": 0, "--no-masked-softmax-fusion": 0,
     "--no-bias-gelu-fusion": 0, "--no-bias-dropout-fusion": 0, "--no-gradient-accumulation-fusion": 0,
     "--no-async-tensor-model-parallel-allreduce": 0, "--overlap-grad-reduce": 0, "--overlap-param-gather": 0,
@@ -138,7 +140,11 @@ NO_EFFECT: dict[str, int] = {
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
     "--calculate-per-token-loss": 0, "--min-loss-scale": 1, "--tp-comm-overlap": 0, "--tp-comm-overlap-cfg": 1,
     "--override-opt_param-scheduler": 0, "--override-opt-param-scheduler": 0, "--optimizer": 1,
-    "--exit-interval": 1,
+    "--exit-interval": 1, "--use-legacy-models": 0, "--cross-entropy-loss-fusion": 0,
+    "--cross-entropy-fusion-impl": 1, "--no-rope-fusion": 0, "--no-create-attention-mask-in-dataloader": 0,
+    "--no-mmap-bin-files": 0, "--profile": 0, "--profile-step-start": 1, "--profile-step-end": 1,
+    "--profile-ranks": None, "--use-pytorch-profiler": 0, "--record-memory-history": 0,
+    "--memory-snapshot-path": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -152,6 +158,21 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--exit-interval": "0 sets no exit interval in Megatron, which tests the value for truth",
     "--no-save-optim": "gptrain's checkpoints always hold the optimizer state, so that a resume goes on exactly",
     "--no-save-rng": "gptrain's checkpoints always hold the random states, so that a resume goes on exactly",
+    "--use-legacy-models": "Megatron's older code for the same model",
+    "--no-create-attention-mask-in-dataloader": "gptrain's attention is causal without a mask tensor",
+    "--no-mmap-bin-files": "the same tokens, read through mmap",
+    **dict.fromkeys(
+        (
+            "--profile",
+            "--profile-step-start",
+            "--profile-step-end",
+            "--profile-ranks",
+            "--use-pytorch-profiler",
+            "--record-memory-history",
+            "--memory-snapshot-path",
+        ),
+        "gptrain starts no profiler and no cudaProfilerApi range: profile the whole run",
+    ),
     **dict.fromkeys(
         ("--override-opt_param-scheduler", "--override-opt-param-scheduler"),
         "a resume always takes the flags' learning-rate schedule, as this flag asks; a change from the "
@@ -213,5 +234,5 @@ SPECIAL: dict[str, int | None] = {
     "--tensorboard-dir": 1, "--rampup-batch-size": 3, "--wandb-project": 1, "--wandb-exp-name": 1,
     "--wandb-save-dir": 1, "--wandb-entity": 1, "--num-layers-per-virtual-pipeline-stage": 1,
     "--group-query-attention": 0, "--num-query-groups": 1, "--recompute-activations": 0,
-    "--checkpoint-activations": 0, "--step-batch-size-schedule": None,
+    "--checkpoint-activations": 0, "--step-batch-size-schedule": None, "--grad-reduce-in-bf16": 0,
 }  # fmt: skip

@@ -266,6 +266,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
         raise ConfigError("--fp16 and --bf16: give one of them")
     _xla_precision(result, env)
+    _grad_reduce_in_bf16(result)
     _loss_average(result)
     _recompute(v, given)
     _sequence_parallel(result)
@@ -325,6 +326,21 @@ def _xla_precision(result: Translation, env: dict[str, str]) -> None:
             "XLA_USE_BF16=1 in the environment (torch-xla's bf16 on Trainium; gptrain reads the precision "
             "from the flags: fp32 here, add --bf16 for bf16 mixed precision)"
         )
+
+
+def _grad_reduce_in_bf16(result: Translation) -> None:
+    """Megatron reads --grad-reduce-in-bf16 only with --bf16, where it accumulates and reduces the
+    gradients in bf16 instead of fp32. gptrain's are fp32 (fp32 weights under autocast; FSDP's
+    reduce_dtype), so the flag would change the gradients' rounding: refused with --bf16."""
+    if "--grad-reduce-in-bf16" not in result.given:
+        return
+    if "--bf16" in result.given:
+        raise ConfigError(
+            "--grad-reduce-in-bf16: gptrain accumulates and all-reduces gradients in fp32, as Megatron does "
+            "with --bf16 alone; in bf16 they would be rounded to 8 significant bits, which is not implemented: "
+            "drop the flag"
+        )
+    result.notes.append("--grad-reduce-in-bf16 (Megatron reads it only with --bf16)")
 
 
 def _loss_average(result: Translation) -> None:
@@ -476,7 +492,7 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         raise ConfigError("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples: give only one")
     if "model.optim.sched.warmup_samples" in v or "model.optim.sched.warmup_fraction" in v:
         v["model.optim.sched.warmup_steps"] = 0
-    if "--save-interval" not in given:  # Megatron saves only at the end without it
+    if not {"--save-interval", "--persistent-save-interval"} & given.keys():  # Megatron saves only at the end
         v["exp_manager.checkpoint_callback_params.every_n_train_steps"] = v["trainer.max_steps"]
 
 

@@ -220,6 +220,78 @@ def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
     )
 
 
+# Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh's switches (its mock-data branch, the
+# profiler flags of its logging arguments), and those of the same family in Megatron's other scripts
+EXAMPLE_SWITCHES = (
+    "--use-legacy-models --cross-entropy-loss-fusion --cross-entropy-fusion-impl native --no-rope-fusion"
+    " --no-create-attention-mask-in-dataloader --no-mmap-bin-files --profile --profile-step-start 4"
+    " --profile-step-end 6 --profile-ranks 0 3 --use-pytorch-profiler --record-memory-history"
+    " --memory-snapshot-path /tmp/snapshot.pickle"
+)
+
+
+def test_implementation_switches_of_megatrons_examples_are_accepted_and_said_once():
+    """Before, each stopped the run as 'not a pretrain_gpt.py flag gptrain knows'; none changes the math."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2"
+    plain = translate(shlex.split(base), {})
+    t = translate(shlex.split(f"{base} {EXAMPLE_SWITCHES}"), {})
+    assert t.values == plain.values
+    profiler = "gptrain starts no profiler and no cudaProfilerApi range: profile the whole run"
+    assert t.notes == [
+        "--use-legacy-models (Megatron's older code for the same model)",
+        "--cross-entropy-loss-fusion",
+        "--cross-entropy-fusion-impl",
+        "--no-rope-fusion",
+        "--no-create-attention-mask-in-dataloader (gptrain's attention is causal without a mask tensor)",
+        "--no-mmap-bin-files (the same tokens, read through mmap)",
+        *(
+            f"{flag} ({profiler})"
+            for flag in (
+                "--profile",
+                "--profile-step-start",
+                "--profile-step-end",
+                "--profile-ranks",
+                "--use-pytorch-profiler",
+                "--record-memory-history",
+                "--memory-snapshot-path",
+            )
+        ),  # fmt: skip
+        "no --save (no checkpoints are written, as in Megatron)",
+    ]
+
+
+def test_persistent_save_interval_is_megatrons_other_name_for_the_save_interval():
+    """Megatron's --save-interval and --persistent-save-interval set one argument; before, the second
+    was refused as unknown."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 40 --mock-data --vocab-size 64 --save /ck"
+    for flag in ("--save-interval", "--persistent-save-interval"):
+        t = translate(shlex.split(f"{base} {flag} 7"), {})
+        cfg = load_training_config(None, t.overrides, report_ignored=False)
+        assert cfg.exp_manager.checkpoint_callback_params.every_n_train_steps == 7
+
+
+def test_gradients_reduced_in_bf16_are_refused_where_megatron_reads_the_flag(capsys):
+    """Megatron reads --grad-reduce-in-bf16 only with --bf16, and then rounds the gradients to bf16;
+    gptrain's stay fp32 (FSDP's reduce dtype, fp32 weights under autocast for DDP). Before, the flag
+    of Megatron's llama3 example was refused as unknown; with --bf16 it is refused saying why."""
+    import torch
+
+    from gptrain.parallel.data_parallel import mixed_precision_policy
+
+    assert mixed_precision_policy("bf16").reduce_dtype == torch.float32  # what the refusal says
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --grad-reduce-in-bf16"
+    t = translate(shlex.split(base), {})
+    assert "--grad-reduce-in-bf16 (Megatron reads it only with --bf16)" in t.notes
+    assert main(["megatron", "--dry-run", *shlex.split(base), "--bf16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "--grad-reduce-in-bf16: gptrain accumulates and all-reduces gradients in fp32" in err
+    assert err.endswith("drop the flag")
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
