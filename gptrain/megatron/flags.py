@@ -9,7 +9,8 @@ Four kinds of flag:
 - REFUSED: flags whose meaning gptrain cannot reproduce; refused by name in one line.
 Anything else is unknown and refused. Flags that combine with others (`--data-path`,
 `--adam-beta1/2`, `--train-samples`, `--save/--load`, `--wandb-*`, `--group-query-attention`
-with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`) are handled in translate.py.
+with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-lr` with `--lr`) are
+handled in translate.py.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ NO_EFFECT: dict[str, int | None] = {
     "--cross-entropy-fusion-impl": 1, "--no-rope-fusion": 0, "--no-create-attention-mask-in-dataloader": 0,
     "--no-mmap-bin-files": 0, "--profile": 0, "--profile-step-start": 1, "--profile-step-end": 1,
     "--profile-ranks": None, "--use-pytorch-profiler": 0, "--record-memory-history": 0,
-    "--memory-snapshot-path": 1,
+    "--memory-snapshot-path": 1, "--apply-layernorm-1p": 0,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -159,6 +160,8 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--no-save-optim": "gptrain's checkpoints always hold the optimizer state, so that a resume goes on exactly",
     "--no-save-rng": "gptrain's checkpoints always hold the random states, so that a resume goes on exactly",
     "--use-legacy-models": "Megatron's older code for the same model",
+    "--apply-layernorm-1p": "norm weights kept as gamma - 1 train as gptrain's gamma: the same forward and "
+    "updates, as neither decays norm weights",
     "--no-create-attention-mask-in-dataloader": "gptrain's attention is causal without a mask tensor",
     "--no-mmap-bin-files": "the same tokens, read through mmap",
     **dict.fromkeys(
@@ -235,4 +238,5 @@ SPECIAL: dict[str, int | None] = {
     "--wandb-save-dir": 1, "--wandb-entity": 1, "--num-layers-per-virtual-pipeline-stage": 1,
     "--group-query-attention": 0, "--num-query-groups": 1, "--recompute-activations": 0,
     "--checkpoint-activations": 0, "--step-batch-size-schedule": None, "--grad-reduce-in-bf16": 0,
+    "--decoupled-lr": 1, "--decoupled-min-lr": 1,
 }  # fmt: skip

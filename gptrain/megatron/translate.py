@@ -267,6 +267,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
         raise ConfigError("--fp16 and --bf16: give one of them")
     _xla_precision(result, env)
     _grad_reduce_in_bf16(result)
+    _decoupled_lr(result)
     _loss_average(result)
     _recompute(v, given)
     _sequence_parallel(result)
@@ -341,6 +342,29 @@ def _grad_reduce_in_bf16(result: Translation) -> None:
             "drop the flag"
         )
     result.notes.append("--grad-reduce-in-bf16 (Megatron reads it only with --bf16)")
+
+
+def _decoupled_lr(result: Translation) -> None:
+    """Megatron's --decoupled-lr (and --decoupled-min-lr, read only beside it) give the embedding and
+    output layers a schedule of their own; gptrain has one for every weight, so only the values of
+    --lr and --min-lr are taken, and any other is refused saying what it would change."""
+    given, v = result.given, result.values
+    if "--decoupled-lr" not in given:
+        if "--decoupled-min-lr" in given:
+            result.notes.append("--decoupled-min-lr (Megatron reads it only with --decoupled-lr)")
+        return
+    lr, min_lr = v["model.optim.lr"], v["model.optim.sched.min_lr"]
+    peak = _convert("--decoupled-lr", given["--decoupled-lr"][0], float)
+    floor = _convert("--decoupled-min-lr", (given.get("--decoupled-min-lr") or [str(min_lr)])[0], float)
+    if (peak, floor) != (lr, min_lr):
+        raise ConfigError(
+            f"--decoupled-lr {peak} (--decoupled-min-lr {floor}): a learning rate of their own for the "
+            f"embedding and output layers, where the other weights take --lr {lr} (--min-lr {min_lr}), is "
+            "not implemented; drop --decoupled-lr and --decoupled-min-lr to train them at --lr"
+        )
+    result.notes.append("--decoupled-lr (the same as --lr and --min-lr)")
+    if "--decoupled-min-lr" in given:
+        result.notes.append("--decoupled-min-lr (the same as --min-lr)")
 
 
 def _loss_average(result: Translation) -> None:

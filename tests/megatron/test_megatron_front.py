@@ -292,6 +292,76 @@ def test_gradients_reduced_in_bf16_are_refused_where_megatron_reads_the_flag(cap
     assert err.endswith("drop the flag")
 
 
+def test_zero_centred_norm_weights_are_accepted_as_training_the_same_model():
+    """--apply-layernorm-1p (Megatron's llama3 example) keeps norm weights as gamma - 1 and applies
+    1 + weight. Before, refused as unknown; it is said to change nothing, which holds while norm
+    weights are not decayed: checked in float64 through gptrain's AdamW parameter groups, where three
+    steps leave gamma = 1 + w up to float64 rounding (the two differ only by the stored offset)."""
+    import torch
+    from torch import nn
+
+    from gptrain.train.optim import param_groups
+
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64"
+    t = translate(shlex.split(f"{base} --apply-layernorm-1p"), {})
+    assert t.values == translate(shlex.split(base), {}).values
+    assert any(note.startswith("--apply-layernorm-1p (norm weights kept as gamma - 1") for note in t.notes)
+
+    class Block(nn.Module):
+        def __init__(self, zero_centred: bool) -> None:
+            super().__init__()
+            self.zero_centred = zero_centred
+            self.norm = nn.RMSNorm(8, eps=1e-5, dtype=torch.float64)
+            (nn.init.zeros_ if zero_centred else nn.init.ones_)(self.norm.weight)
+            self.proj = nn.Linear(8, 8, bias=False, dtype=torch.float64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            gain = 1 + self.norm.weight if self.zero_centred else self.norm.weight
+            return self.proj(torch.nn.functional.rms_norm(x, (8,), gain, 1e-5))
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, dtype=torch.float64, generator=generator)
+    target = torch.randn(4, 8, dtype=torch.float64, generator=generator)
+    models = [Block(zero_centred) for zero_centred in (False, True)]
+    models[1].proj.load_state_dict(models[0].proj.state_dict())
+    optimizers = [torch.optim.AdamW(param_groups(m, 0.1), lr=0.05) for m in models]
+    for _ in range(3):
+        for model, optimizer in zip(models, optimizers, strict=True):
+            optimizer.zero_grad()
+            ((model(x) - target) ** 2).mean().backward()
+            optimizer.step()
+    gamma, centred = models[0].norm.weight.detach(), models[1].norm.weight.detach()
+    assert (gamma - 1).abs().max() > 0.05  # the gains trained
+    torch.testing.assert_close(gamma, 1 + centred, rtol=0, atol=1e-14)
+    torch.testing.assert_close(models[0].proj.weight, models[1].proj.weight, rtol=0, atol=1e-14)
+
+
+def test_a_learning_rate_of_its_own_for_embeddings_is_refused_saying_so(capsys):
+    """--decoupled-lr/--decoupled-min-lr (Megatron's llama3 example) set the embedding and output
+    layers' peak and floor apart from --lr/--min-lr. Before, refused as unknown flags; now values
+    equal to --lr/--min-lr are taken, and others refused saying what they would change."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1.5e-4 --min-lr 1e-5"
+    same = translate(shlex.split(f"{base} --decoupled-lr 0.00015 --decoupled-min-lr 1.0e-5"), {})
+    assert same.values == translate(shlex.split(base), {}).values
+    assert same.notes[:2] == [
+        "--decoupled-lr (the same as --lr and --min-lr)",
+        "--decoupled-min-lr (the same as --min-lr)",
+    ]
+    alone = translate(shlex.split(f"{base} --decoupled-min-lr 4.5e-5"), {})
+    assert "--decoupled-min-lr (Megatron reads it only with --decoupled-lr)" in alone.notes
+    for extra in (
+        "--decoupled-lr 5.0e-4 --decoupled-min-lr 4.5e-5",
+        "--decoupled-lr 1.5e-4 --decoupled-min-lr 0",
+    ):
+        assert main(["megatron", "--dry-run", *shlex.split(f"{base} {extra}")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0
+        assert "a learning rate of their own for the embedding and output layers" in err
+        assert "where the other weights take --lr 0.00015 (--min-lr 1e-05), is not implemented" in err
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
