@@ -79,7 +79,8 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
         ("model.tokenizer.type",),
         {"GPT2BPETokenizer": "GPT2BPETokenizer", "HuggingFaceTokenizer": "HuggingFaceTokenizer",
          "TikTokenizer": "TikTokenizer", "GPTSentencePieceTokenizer": "GPTSentencePieceTokenizer",
-         "Llama2Tokenizer": "Llama2Tokenizer", "SentencePieceTokenizer": "SentencePieceTokenizer"},
+         "Llama2Tokenizer": "Llama2Tokenizer", "SentencePieceTokenizer": "SentencePieceTokenizer",
+         "NullTokenizer": "NullTokenizer"},  # mock data only (translate.py)
     ),  # fmt: skip
     "--tokenizer-model": (("model.tokenizer.model",), str),
     "--data-cache-path": (("model.data.index_mapping_dir",), str),

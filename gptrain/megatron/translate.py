@@ -261,6 +261,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     betas = [_convert(flag, given.get(flag, [default])[0], float) for flag, default in BETA_DEFAULTS]
     v["model.optim.betas"] = betas
     data_paths.apply(v, given)
+    _null_tokenizer(result)
     _query_groups(result)
     _swiglu_width(v, given)
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
@@ -296,6 +297,29 @@ def _sequence_parallel(result: Translation) -> None:
         result.notes.append(
             "--sequence-parallel (off at --tensor-model-parallel-size 1, as Megatron turns it off)"
         )
+
+
+def _null_tokenizer(result: Translation) -> None:
+    """Megatron's NullTokenizer (its mock-data benchmarks) has --vocab-size ids, the last one the end of
+    document (since core 0.18; up to 0.17 it added that one: --vocab-size + 1), padded as any
+    vocabulary. gptrain's mock data without a tokenizer is that vocabulary; real data needs the
+    tokenizer it was prepared with."""
+    v, given = result.values, result.given
+    if v.get("model.tokenizer.type") != "NullTokenizer":
+        return
+    if "--vocab-size" not in given:
+        raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size, as in Megatron")
+    if v.get("model.data.data_impl") != "mock":
+        raise ConfigError(
+            "--tokenizer-type NullTokenizer: gptrain reads a dataset with the tokenizer it was prepared with "
+            "(its vocabulary and end-of-document id); give that --tokenizer-type, or --mock-data without "
+            "--data-path"
+        )
+    v["model.tokenizer.type"] = MEGATRON_DEFAULTS["model.tokenizer.type"]  # read by no tokenizer
+    result.notes.append(
+        f"--tokenizer-type NullTokenizer (a vocabulary of --vocab-size {v['model.data.mock_vocab_size']} ids, "
+        "as Megatron's since core 0.18; up to core 0.17 it added one, the end of document)"
+    )
 
 
 def _query_groups(result: Translation) -> None:

@@ -362,6 +362,45 @@ def test_a_learning_rate_of_its_own_for_embeddings_is_refused_saying_so(capsys):
         assert "where the other weights take --lr 0.00015 (--min-lr 1e-05), is not implemented" in err
 
 
+@pytest.mark.parametrize(
+    ("vocab", "tp", "padded"),
+    # Megatron's rule: ceil(N / (128 x TP)) x 128 x TP rows, N = --vocab-size (core 0.18 on)
+    [(128256, 1, 128256), (128256, 2, 128256), (128257, 1, 128384), (50257, 1, 50304), (50257, 4, 50688)],
+)
+def test_null_tokenizer_of_mock_benchmarks_is_a_vocabulary_of_vocab_size_ids(vocab, tp, padded):
+    """Megatron's llama3 example benchmarks with --mock-data --tokenizer-type NullTokenizer --vocab-size
+    128256; before, NullTokenizer was refused as an unsupported --tokenizer-type."""
+    from gptrain.train.builders import build_tokenizer, padded_vocab_size
+
+    flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1"
+    flags += f" --train-iters 4 --mock-data --tokenizer-type NullTokenizer --vocab-size {vocab}"
+    flags += f" --tensor-model-parallel-size {tp}"
+    t = translate(shlex.split(flags), {"WORLD_SIZE": str(tp)})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert build_tokenizer(cfg) is None
+    assert padded_vocab_size(cfg, None) == (vocab, padded)
+    assert padded == math.ceil(vocab / (128 * tp)) * 128 * tp
+    assert f"--tokenizer-type NullTokenizer (a vocabulary of --vocab-size {vocab} ids" in " ".join(t.notes)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--mock-data", "--tokenizer-type NullTokenizer needs --vocab-size, as in Megatron"),
+        (
+            "--data-path /d/x_text_document --vocab-size 128256",
+            "--tokenizer-type NullTokenizer: gptrain reads a dataset with the tokenizer it was prepared with",
+        ),
+    ],
+)
+def test_null_tokenizer_without_its_vocabulary_or_with_a_dataset_is_one_line(flags, message, capsys):
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --tokenizer-type NullTokenizer"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{base} {flags}")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
