@@ -165,16 +165,8 @@ NO_EFFECT_WHY: dict[str, str] = {
     "updates, as neither decays norm weights",
     "--no-create-attention-mask-in-dataloader": "gptrain's attention is causal without a mask tensor",
     "--no-mmap-bin-files": "the same tokens, read through mmap",
-    **dict.fromkeys(
-        (
-            "--profile",
-            "--profile-step-start",
-            "--profile-step-end",
-            "--profile-ranks",
-            "--use-pytorch-profiler",
-            "--record-memory-history",
-            "--memory-snapshot-path",
-        ),
+    **dict.fromkeys(  # the reason once; the flags that only set these up (steps, ranks, paths) go without
+        ("--profile", "--use-pytorch-profiler", "--record-memory-history"),
         "gptrain starts no profiler and no cudaProfilerApi range: profile the whole run",
     ),
     **dict.fromkeys(

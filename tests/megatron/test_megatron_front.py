@@ -245,18 +245,13 @@ def test_implementation_switches_of_megatrons_examples_are_accepted_and_said_onc
         "--no-rope-fusion",
         "--no-create-attention-mask-in-dataloader (gptrain's attention is causal without a mask tensor)",
         "--no-mmap-bin-files (the same tokens, read through mmap)",
-        *(
-            f"{flag} ({profiler})"
-            for flag in (
-                "--profile",
-                "--profile-step-start",
-                "--profile-step-end",
-                "--profile-ranks",
-                "--use-pytorch-profiler",
-                "--record-memory-history",
-                "--memory-snapshot-path",
-            )
-        ),  # fmt: skip
+        f"--profile ({profiler})",
+        "--profile-step-start",
+        "--profile-step-end",
+        "--profile-ranks",
+        f"--use-pytorch-profiler ({profiler})",
+        f"--record-memory-history ({profiler})",
+        "--memory-snapshot-path",
         "no --save (no checkpoints are written, as in Megatron)",
     ]
 
