@@ -146,7 +146,8 @@ NO_EFFECT: dict[str, int | None] = {
     "--cross-entropy-fusion-impl": 1, "--no-rope-fusion": 0, "--no-create-attention-mask-in-dataloader": 0,
     "--no-mmap-bin-files": 0, "--profile": 0, "--profile-step-start": 1, "--profile-step-end": 1,
     "--profile-ranks": None, "--use-pytorch-profiler": 0, "--record-memory-history": 0,
-    "--memory-snapshot-path": 1, "--apply-layernorm-1p": 0,
+    "--memory-snapshot-path": 1, "--apply-layernorm-1p": 0, "--context-parallel-size": 1,
+    "--expert-model-parallel-size": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -158,6 +159,8 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--dataloader-type": "gptrain reads the samples in the dataset's own shuffled order, as Megatron's single does",
     "--optimizer": "Megatron's adam is AdamW, which gptrain runs",
     "--exit-interval": "0 sets no exit interval in Megatron, which tests the value for truth",
+    "--context-parallel-size": "1 is Megatron's default, no context parallelism",
+    "--expert-model-parallel-size": "1 is Megatron's default, no expert parallelism",
     "--no-save-optim": "gptrain's checkpoints always hold the optimizer state, so that a resume goes on exactly",
     "--no-save-rng": "gptrain's checkpoints always hold the random states, so that a resume goes on exactly",
     "--use-legacy-models": "Megatron's older code for the same model",
@@ -193,6 +196,8 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
         "stopping at every multiple of N iterations is not implemented; for a short run give --train-iters N "
         "(and --lr-decay-iters to keep the schedule), or stop by time with --exit-duration-in-mins",
     ),
+    "--context-parallel-size": (("1",), "context parallelism is not implemented"),
+    "--expert-model-parallel-size": (("1",), "mixture of experts is not implemented"),
     "--optimizer": (
         ("adam",),
         "gptrain trains with AdamW only, Megatron's adam (its default): drop the flag or give adam",
@@ -207,8 +212,6 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
 REFUSED: dict[str, str] = {
     "--loss-scale": "a static fp16 loss scale is not implemented; gptrain scales dynamically (--initial-loss-scale, "
     "--loss-scale-window, --hysteresis as Megatron reads them): drop the flag",
-    "--context-parallel-size": "context parallelism is not implemented",
-    "--expert-model-parallel-size": "mixture of experts is not implemented",
     "--num-experts": "mixture of experts is not implemented",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
     "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported",

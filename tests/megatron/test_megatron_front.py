@@ -203,6 +203,26 @@ def test_exit_interval_zero_is_megatrons_no_interval():
     assert "--exit-interval (0 sets no exit interval in Megatron, which tests the value for truth)" in t.notes
 
 
+@pytest.mark.parametrize(
+    ("flag", "refusal"),
+    [
+        ("--context-parallel-size", "context parallelism is not implemented"),
+        ("--expert-model-parallel-size", "mixture of experts is not implemented"),
+    ],
+)
+def test_a_parallel_size_of_one_is_megatrons_default_not_a_refusal(flag, refusal, capsys):
+    """Megatron's llama3 example passes --context-parallel-size $CP_SIZE with CP_SIZE=1, its default;
+    before, gptrain refused the flag whatever its value. Another value stays refused, by value."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64"
+    t = translate(shlex.split(f"{base} {flag} 1"), ENV)
+    assert t.values == translate(shlex.split(base), ENV).values
+    assert any(note.startswith(f"{flag} (1 is Megatron's default") for note in t.notes)
+    assert main(["megatron", "--dry-run", *shlex.split(f"{base} {flag} 2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{flag} 2: {refusal}" in err
+
+
 def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
     """--no-save-optim makes Megatron's checkpoints smaller; gptrain's keep the state. Before, the
     notice listed it among speed, kernel and log switches, as if it had been done."""
