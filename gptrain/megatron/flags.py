@@ -163,6 +163,8 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--expert-model-parallel-size": "1 is Megatron's default, no expert parallelism",
     "--no-save-optim": "gptrain's checkpoints always hold the optimizer state, so that a resume goes on exactly",
     "--no-save-rng": "gptrain's checkpoints always hold the random states, so that a resume goes on exactly",
+    "--tensorboard-log-interval": "TensorBoard and W&B get the printed line's values, every --log-interval "
+    "iterations, the loss its mean over them",
     "--use-legacy-models": "Megatron's older code for the same model",
     "--apply-layernorm-1p": "norm weights kept as gamma - 1 train as gptrain's gamma: the same forward and "
     "updates, as neither decays norm weights",
