@@ -9,8 +9,8 @@ Four kinds of flag:
 - REFUSED: flags whose meaning gptrain cannot reproduce; refused by name in one line.
 Anything else is unknown and refused. Flags that combine with others (`--data-path`,
 `--adam-beta1/2`, `--train-samples`, `--save/--load`, `--wandb-*`, `--group-query-attention`
-with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-lr` with `--lr`) are
-handled in translate.py.
+with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-lr` with `--lr`, `--tiktoken-pattern` with
+`--tokenizer-type`) are handled in translate.py.
 """
 
 from __future__ import annotations
@@ -236,5 +236,5 @@ SPECIAL: dict[str, int | None] = {
     "--wandb-save-dir": 1, "--wandb-entity": 1, "--num-layers-per-virtual-pipeline-stage": 1,
     "--group-query-attention": 0, "--num-query-groups": 1, "--recompute-activations": 0,
     "--checkpoint-activations": 0, "--step-batch-size-schedule": None, "--grad-reduce-in-bf16": 0,
-    "--decoupled-lr": 1, "--decoupled-min-lr": 1,
+    "--decoupled-lr": 1, "--decoupled-min-lr": 1, "--tiktoken-pattern": 1,
 }  # fmt: skip

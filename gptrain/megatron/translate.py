@@ -263,6 +263,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     data_paths.apply(v, given)
     _null_tokenizer(result)
     _tokenizers_vocabulary(result)
+    _tiktoken_pattern(result)
     _query_groups(result)
     _swiglu_width(v, given)
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
@@ -340,6 +341,21 @@ def _tokenizers_vocabulary(result: Translation) -> None:
         result.notes.append(
             f"--vocab-size (Megatron reads it only with NullTokenizer and TikTokenizer: the vocabulary is {kind}'s)"
         )
+
+
+def _tiktoken_pattern(result: Translation) -> None:
+    """Megatron reads --tiktoken-pattern only for its TikTokenizer (a tiktoken vocabulary file split by
+    pattern v1 or v2): with another tokenizer, as in its llama3 example's mock-data branch, it changes
+    nothing. gptrain's TikTokenizer is a named tiktoken encoding, whose pattern is its own."""
+    if "--tiktoken-pattern" not in result.given:
+        return
+    kind = _tokenizer_type(result.given)
+    if kind == "TikTokenizer":
+        raise ConfigError(
+            "--tiktoken-pattern: gptrain's TikTokenizer is a named tiktoken encoding (--tokenizer-model "
+            "cl100k_base), which splits text by its own pattern; drop the flag"
+        )
+    result.notes.append(f"--tiktoken-pattern (Megatron reads it only for TikTokenizer, not {kind})")
 
 
 def _query_groups(result: Translation) -> None:

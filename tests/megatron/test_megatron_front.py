@@ -440,6 +440,24 @@ def test_vocab_size_beside_a_tokenizers_files_leaves_the_tokenizers_vocabulary()
         assert build_tokenizer(cfg) is None and padded_vocab_size(cfg, None) == (1000, 1024)
 
 
+def test_tiktoken_pattern_beside_another_tokenizer_changes_nothing(capsys):
+    """Megatron's llama3 example gives --tiktoken-pattern v2 beside NullTokenizer, and Megatron reads it
+    only for TikTokenizer; before, gptrain refused it as unknown. With TikTokenizer (gptrain's: a named
+    encoding, its own pattern) it is refused saying so."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --tokenizer-type NullTokenizer"
+    t = translate(shlex.split(f"{base} --tiktoken-pattern v2"), {})
+    assert t.values == translate(shlex.split(base), {}).values
+    assert "--tiktoken-pattern (Megatron reads it only for TikTokenizer, not NullTokenizer)" in t.notes
+    tiktoken = base.replace("NullTokenizer", "TikTokenizer --tokenizer-model cl100k_base")
+    assert main(["megatron", "--dry-run", *shlex.split(f"{tiktoken} --tiktoken-pattern v2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.count("\n") == 0
+        and "--tiktoken-pattern: gptrain's TikTokenizer is a named tiktoken encoding" in err
+    )
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
