@@ -217,6 +217,9 @@ REFUSED: dict[str, str] = {
     "--num-experts": "mixture of experts is not implemented",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
     "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported",
+    "--non-persistent-save-interval": "non-persistent checkpoints (each replacing the one before, for a restart "
+    "after a failure) are not implemented; gptrain saves every --save-interval and on SIGTERM/SIGUSR1: drop the "
+    "flag, or give its interval to --save-interval",
     **dict.fromkeys(
         ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
         "taking the learning-rate schedule from the checkpoint is not implemented (a resume takes the flags' "

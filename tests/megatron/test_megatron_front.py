@@ -622,6 +622,11 @@ def test_bad_blend_files_are_one_line_naming_flag_and_file(tmp_path, monkeypatch
             "--exit-interval 100: stopping at every multiple of N iterations is not implemented",
         ),
         ("--loss-scale 1024", "--loss-scale: a static fp16 loss scale is not implemented"),
+        (  # before, "not a pretrain_gpt.py flag gptrain knows"
+            "--non-persistent-save-interval 50",
+            "--non-persistent-save-interval: non-persistent checkpoints (each replacing the one before, for a "
+            "restart after a failure) are not implemented",
+        ),
         ("--fp16 --bf16", "--fp16 and --bf16: give one of them"),  # the last one won
         ("--min-loss-scale 2", "--min-loss-scale 2: other floors of the fp16 loss scale are not implemented"),
     ],
