@@ -28,6 +28,13 @@ def exit_duration_as_max_time(minutes: str) -> str | None:
     return None if whole == 0 else f"00:00:{whole:02d}:00"
 
 
+def split_without_quotes(split: str) -> str:
+    """--split as Megatron reads it (its numbers only): the quotes an unquoted array expansion leaves in
+    the word (`"--split '99,1,0'"` in Megatron's llama3 example arrives as `'99,1,0'`) are dropped."""
+    quoted = len(split) >= 2 and split[0] == split[-1] and split[0] in "'\""
+    return split[1:-1] if quoted else split
+
+
 VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--num-layers": (("model.num_layers",), int),
     "--hidden-size": (("model.hidden_size",), int),
@@ -72,7 +79,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--save-interval": (("exp_manager.checkpoint_callback_params.every_n_train_steps",), int),
     # Megatron's other name for --save-interval (persistent checkpoints, beside its non-persistent ones)
     "--persistent-save-interval": (("exp_manager.checkpoint_callback_params.every_n_train_steps",), int),
-    "--split": (("model.data.splits_string",), str),
+    "--split": (("model.data.splits_string",), split_without_quotes),
     "--vocab-file": (("model.tokenizer.vocab_file",), str),
     "--merge-file": (("model.tokenizer.merge_file",), str),
     "--tokenizer-type": (

@@ -458,6 +458,25 @@ def test_tiktoken_pattern_beside_another_tokenizer_changes_nothing(capsys):
     )
 
 
+def test_a_split_in_the_quotes_of_an_unquoted_array_expansion_is_its_numbers():
+    """Megatron's llama3 example has DATA_ARGS_LIST+=("--split '99,1,0'") expanded unquoted: the
+    value arrives with its quotes, which Megatron, reading the numbers only, ignores. Before, gptrain
+    refused it: "'99" is not a weight."""
+    from gptrain.data.splits import parse_split_string
+
+    words = subprocess.run(
+        ["bash", "-c", """ARGS=("--split '99,1,0'"); printf '%s\\n' ${ARGS[@]}"""],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert words == ["--split", "'99,1,0'"]
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --data-path /d/x_text_document"
+    t = translate([*shlex.split(base), *words], {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert parse_split_string(cfg.model.data.splits_string) == pytest.approx([0.99, 0.01, 0.0], abs=1e-15)
+    assert t.values == translate(shlex.split(f"{base} --split 99,1,0"), {}).values
+
+
 def test_sequence_parallel_at_tensor_parallel_size_one_is_turned_off_as_megatron_does():
     """Megatron's validate_args turns --sequence-parallel off at TP 1 with a warning; the
     translation set model.sequence_parallel=true, which the config check then refused."""
