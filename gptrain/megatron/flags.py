@@ -154,7 +154,7 @@ NO_EFFECT: dict[str, int | None] = {
     "--no-mmap-bin-files": 0, "--profile": 0, "--profile-step-start": 1, "--profile-step-end": 1,
     "--profile-ranks": None, "--use-pytorch-profiler": 0, "--record-memory-history": 0,
     "--memory-snapshot-path": 1, "--apply-layernorm-1p": 0, "--context-parallel-size": 1,
-    "--expert-model-parallel-size": 1,
+    "--expert-model-parallel-size": 1, "--no-bias-swiglu-fusion": 0, "--no-gradient-reduce-div-fusion": 0,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).

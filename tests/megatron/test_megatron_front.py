@@ -246,7 +246,7 @@ EXAMPLE_SWITCHES = (
     "--use-legacy-models --cross-entropy-loss-fusion --cross-entropy-fusion-impl native --no-rope-fusion"
     " --no-create-attention-mask-in-dataloader --no-mmap-bin-files --profile --profile-step-start 4"
     " --profile-step-end 6 --profile-ranks 0 3 --use-pytorch-profiler --record-memory-history"
-    " --memory-snapshot-path /tmp/snapshot.pickle"
+    " --memory-snapshot-path /tmp/snapshot.pickle --no-bias-swiglu-fusion --no-gradient-reduce-div-fusion"
 )
 
 
@@ -272,6 +272,8 @@ def test_implementation_switches_of_megatrons_examples_are_accepted_and_said_onc
         f"--use-pytorch-profiler ({profiler})",
         f"--record-memory-history ({profiler})",
         "--memory-snapshot-path",
+        "--no-bias-swiglu-fusion",
+        "--no-gradient-reduce-div-fusion",
         "no --save (no checkpoints are written, as in Megatron)",
     ]
 
