@@ -178,20 +178,21 @@ def test_opening_a_run_unpickles_the_checkpoint_metadata_once(exported, monkeypa
 
 def test_wrong_semantics_fail_verification(exported, tmp_path) -> None:
     """The check is sensitive: one changed fact in config.json (GELU flavour, rope base, norm eps)."""
-    from gptrain.trained.hf.export import open_run, verify_export
+    from gptrain.trained.hf.export import HELD_CONFIG, open_run, verify_export
     from gptrain.trained.hf.verify import VerificationError
 
     arch, run, _, out = exported
-    broken = tmp_path / "broken"
+    broken = tmp_path / "broken"  # as export's staging directory: config.json not yet under its name
     broken.mkdir()
     for path in out.iterdir():
         (broken / path.name).write_bytes(path.read_bytes())
     config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").unlink()
     if arch == "gpt2":
         config["activation_function"] = "gelu_new"  # GPT-2's tanh approximation instead of erf
     else:
         config["rope_parameters"]["rope_theta"] *= 2
-    (broken / "config.json").write_text(json.dumps(config))
+    (broken / HELD_CONFIG).write_text(json.dumps(config))
     with pytest.raises(VerificationError, match=r"logits differ by up to [0-9.e+-]+"):
         verify_export(open_run(run), broken)
 
@@ -224,6 +225,64 @@ def test_export_refuses_an_existing_output_and_leaves_no_partial_files(exported,
         export_hf(run, tmp_path / "taken")
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["x"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_an_export_killed_outright_leaves_nothing_transformers_loads(exported, tmp_path, monkeypatch) -> None:
+    """SIGKILL (the OOM killer while verification holds two models, a lost node) runs no cleanup:
+    the staging directory stays as the kill found it. It held config.json beside a complete
+    model.safetensors, which transformers loaded, unverified; config.json now comes last."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from gptrain.trained.hf import export
+
+    _, run, _, _ = exported
+    left = tmp_path / "left_by_a_kill"
+    verify = export.verify_export
+
+    def killed_while_verifying(source, directory, *args):
+        shutil.copytree(directory, left)
+        return verify(source, directory, *args)
+
+    monkeypatch.setattr(export, "verify_export", killed_while_verifying)
+    export.export_hf(run, tmp_path / "out")
+    assert (left / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match="config.json"):
+        AutoModelForCausalLM.from_pretrained(str(left), local_files_only=True)
+    assert export.HELD_CONFIG not in {p.name for p in (tmp_path / "out").iterdir()}
+    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), local_files_only=True) is not None
+
+
+def test_an_import_killed_outright_leaves_no_run_gptrain_opens(tmp_path, monkeypatch) -> None:
+    """The same for import: its staging directory held hparams.yaml beside a COMPLETE step_0, a run
+    that generate, eval, export and training opened, unverified; hparams.yaml now comes last."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gptrain.errors import GptrainError
+    from gptrain.trained.hf import import_
+    from gptrain.trained.load import open_run
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=16,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(str(tmp_path / "hf"))
+    left = tmp_path / "left_by_a_kill"
+    verify = import_.verify_import
+
+    def killed_while_verifying(cfg, staging, *args):
+        shutil.copytree(staging, left)
+        return verify(cfg, staging, *args)
+
+    monkeypatch.setattr(import_, "verify_import", killed_while_verifying)
+    import_.import_hf(tmp_path / "hf", tmp_path / "imported")
+    assert (left / "checkpoints" / "step_0" / "COMPLETE").exists()
+    with pytest.raises(GptrainError, match="no hparams.yaml"):
+        open_run(left)
+    assert open_run(tmp_path / "imported").step_dir.name == "step_0"
 
 
 def test_an_export_of_a_checkpoint_changed_on_disk_is_refused(exported, tmp_path) -> None:

@@ -4,6 +4,7 @@ Weights stream from the DCP checkpoint one layer at a time (whatever layout save
 safetensors shards, so memory holds one layer plus one unwritten shard, never the model twice.
 Everything is written into a temporary sibling of OUTPUT_DIR, verified against the gptrain
 model, and renamed into place only then: OUTPUT_DIR either holds a verified model or nothing.
+config.json is the last file written, so a staging directory left by a SIGKILL never loads.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from gptrain.utils.progress import Progress
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' "5GB"
 PROMPT = "The meaning of life is"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CONFIG = "config.json"
+HELD_CONFIG = "config.json.unverified"  # a name transformers never reads
 
 
 @dataclass
@@ -132,6 +135,7 @@ def export_hf(
                 _add_imported_chat_templates(source, staging, stream)
             tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream, DTYPES[dtype])
             verification = verify_export(source, staging, DTYPES[dtype]) if verify else None
+            release_config(staging)
     except Exception as error:  # a full disk, a quota, a read error: said in one line (nothing left behind)
         if not isinstance(error, OSError) and type(error).__name__ != "SafetensorError":
             raise
@@ -226,7 +230,8 @@ def _check_output(output: Path) -> None:
 
 
 def _write_configs(directory: Path, source: RunSource, arch: str, dtype: str) -> None:
-    """config.json (with the dtype the weights are written in) and generation_config.json."""
+    """config.json (with the dtype the weights are written in), held as HELD_CONFIG until
+    `release_config`, and generation_config.json."""
     from transformers import GenerationConfig
 
     kwargs = hf_config_kwargs(source.model_config, arch, source.rows, source.token_ids)
@@ -234,8 +239,16 @@ def _write_configs(directory: Path, source: RunSource, arch: str, dtype: str) ->
     config.architectures = [CLASS_NAMES[arch]]
     config.dtype = dtype
     config.save_pretrained(str(directory))
-    _add_legacy_keys(directory / "config.json")
+    (directory / CONFIG).rename(directory / HELD_CONFIG)
+    _add_legacy_keys(directory / HELD_CONFIG)
     GenerationConfig(**source.token_ids).save_pretrained(str(directory))
+
+
+def release_config(directory: Path) -> None:
+    """config.json under its own name, the export's last step before the directory's rename: the
+    staging directory an export killed outright (SIGKILL, the OOM killer, a node lost) leaves
+    behind holds no config.json, so transformers loads nothing unverified or half-written from it."""
+    (directory / HELD_CONFIG).rename(directory / CONFIG)
 
 
 def _add_legacy_keys(path: Path) -> None:
@@ -342,7 +355,7 @@ def verify_export(source: RunSource, directory: Path, dtype: torch.dtype = torch
     ours = build_model(config, torch.device("cpu"), seed=0)
     load_weights(ours, source.step_dir)
     rounding = rounding_effect(ours, dtype, source.vocab, config.seq_length)
-    theirs = load_model(directory)
+    theirs = load_model(directory, directory / HELD_CONFIG)
     prompt = list(source.tokenizer.encode(PROMPT)) if source.tokenizer is not None else [0, 1, 2]
     result = verify_models(
         ours, theirs, source.vocab, config.seq_length, prompt, f"export of {source.step_dir}"

@@ -89,9 +89,11 @@ def import_hf(
         model = build_imported_model(cfg, staging, hf_dir, arch, stream)
         step_dir = save_weights(model, staging / CHECKPOINTS, _tokenizer(cfg, staging), cfg)
         del model
-        (staging / "hparams.yaml").write_text(cfg.to_yaml())
         write_record(staging, hf_config, hf_dir, stored_dtype(hf_dir, arch))
         verification = verify_import(cfg, staging, step_dir, hf_dir) if verify else None
+        # last: without it gptrain opens no run, so the staging directory an import killed outright
+        # (SIGKILL, the OOM killer) leaves behind is never trained on, evaluated or exported unverified
+        (staging / "hparams.yaml").write_text(cfg.to_yaml())
     elapsed = time.perf_counter() - started
     checkpoint = output / CHECKPOINTS / step_dir.name
     return ImportReport(output, CLASS_NAMES[arch], checkpoint, elapsed, verification)

@@ -53,12 +53,16 @@ def load_config(directory: Path) -> Any:
         raise DataError(f"{directory}/config.json: transformers cannot read it ({message})") from None
 
 
-def load_model(directory: Path) -> Any:
-    """The causal LM of a local directory in float32 on the CPU, eval mode."""
+def load_model(directory: Path, config_file: Path | None = None) -> Any:
+    """The causal LM of a local directory in float32 on the CPU, eval mode; its config read from
+    `config_file` when given (an export's config.json before it takes that name), else config.json."""
     import torch
 
     transformers = require_transformers()
+    config = None
+    if config_file is not None:
+        config = transformers.AutoConfig.from_pretrained(str(config_file), local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(directory), dtype=torch.float32, local_files_only=True
+        str(directory), config=config, dtype=torch.float32, local_files_only=True
     )
     return model.eval()
