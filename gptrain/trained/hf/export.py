@@ -118,7 +118,7 @@ def export_hf(
     require_transformers()
     started = time.perf_counter()
     stream = stream or sys.stderr
-    output = Path(output)
+    output = Path(output).resolve()  # "." (an empty working directory) names no sibling to stage in
     _check_output(output)  # before the CRC-32 pass over the whole checkpoint
     # the CRC-32s too: the logit check compares two readings of the same weights, and would pass
     # a checkpoint changed on disk since it was written
