@@ -300,6 +300,38 @@ def test_an_export_into_the_empty_directory_it_is_run_in(tmp_path, monkeypatch) 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "run"]
 
 
+@pytest.mark.parametrize(
+    ("saved", "edited", "named"),
+    [
+        (
+            "hidden_size: 32",
+            "hidden_size: 64",
+            "model.tok_embeddings.weight: the checkpoint has shape [50304, 32]",
+        ),
+        ("num_layers: 2", "num_layers: 1", "model.layers.1."),
+    ],
+    ids=["wider", "fewer-layers"],
+)
+def test_an_unverified_export_of_a_checkpoint_its_hparams_do_not_describe_is_refused(
+    tmp_path, saved: str, edited: str, named: str
+) -> None:
+    """--no-verify skips the logit check, not the shapes: an hparams.yaml of another width wrote a
+    config.json transformers refuses to load beside the checkpoint's weights, and one of fewer layers
+    exported the model without its last layer, both with exit 0."""
+    from hf_helpers import saved_run
+
+    from gptrain.checkpoint.reader import CheckpointMismatchError
+
+    run, _ = saved_run(tmp_path / "run", "llama")
+    hparams = run / "hparams.yaml"
+    assert saved in hparams.read_text()
+    hparams.write_text(hparams.read_text().replace(saved, edited))
+    with pytest.raises(CheckpointMismatchError, match="does not fit the config") as error:
+        run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out"), "--no-verify"])
+    assert named in str(error.value) and "\n" not in str(error.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 def test_an_export_of_a_checkpoint_changed_on_disk_is_refused(exported, tmp_path) -> None:
     """The logit check compares two readings of the same weights: a byte changed since the save
     would pass it. The CRC-32s recorded at the save are read first."""

@@ -18,6 +18,8 @@ from typing import Any, TextIO
 
 import torch
 
+from gptrain.checkpoint.compat import saved_metadata
+from gptrain.checkpoint.reader import check_fits
 from gptrain.data.tokenizers import SENTENCEPIECE_KINDS, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.models.config import GPTConfig
@@ -278,6 +280,9 @@ def write_weights(
     """Stream the checkpoint into safetensors shards a layer at a time, in `dtype`; the bytes written."""
     reader = CheckpointTensors(source.step_dir)
     config = source.model_config
+    check_fits(
+        source.step_dir, {"model": meta_state(config)}, saved_metadata(source.step_dir, reader.metadata)
+    )
     tied = config.share_embeddings_and_output_weights
     global_keys = [key for key in hf_global_names(arch) if key in reader.meta]
 
@@ -311,6 +316,18 @@ def write_weights(
         progress.update(1, sum(t.numel() * t.element_size() for t in layer.values()))
     writer.finish()
     return writer.total_size
+
+
+def meta_state(config: GPTConfig) -> dict[str, torch.Tensor]:
+    """The model state `config` describes, shapes only. The checkpoint must fit it before a tensor
+    is written: under --no-verify an hparams.yaml of another width wrote a config.json transformers
+    refuses to load beside the weights, and one of fewer layers left the others out, exit 0."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from gptrain.models.gpt import GPT
+
+    with torch.device("meta"):
+        return get_model_state_dict(GPT(config))
 
 
 def _in_dtype(
