@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from gptrain.checkpoint import compat
+from gptrain.checkpoint.compat import CheckpointMismatchError
 from gptrain.checkpoint.directory import (
     LATEST,
     CheckpointLoadError,
@@ -35,6 +36,7 @@ from gptrain.checkpoint.integrity import (
     checksum_progress,
     complete_steps,
     is_complete,
+    recorded_architecture,
     recorded_tokenizer,
     verify,
 )
@@ -208,6 +210,29 @@ def check_run_tokenizer(cfg: Any, tokenizer: Any | None, step_dir: Path, hparams
         print(f"gptrain: warning: {note}", file=sys.stderr)
 
 
+def check_run_architecture(
+    cfg: Any, step_dir: Path, hparams: Path, overrides: Sequence[str], rows: int
+) -> None:
+    """The architecture settings hparams.yaml now gives against those the checkpoint records (what
+    no tensor's shape shows: rope base, norm epsilon, activation, heads of another width). A
+    difference would load the weights into a model that computes something else, and export's
+    verification, comparing two models built from the same settings, would pass it: refused, as a
+    resume refuses it, unless overrides changed those settings on purpose (`gptrain eval`)."""
+    from gptrain.checkpoint import architecture
+    from gptrain.train.builders import build_model_config
+
+    found = architecture.changes(
+        recorded_architecture(step_dir), architecture.record(build_model_config(cfg, rows))
+    )
+    asked = {item.split("=", 1)[0].lstrip("+~") for item in overrides}
+    if all(change.split(" ", 1)[0] in asked for change in found):
+        return
+    raise CheckpointMismatchError(
+        f"checkpoint {step_dir} was trained with other model settings than {hparams} gives ({'; '.join(found)}): "
+        "the weights would load into a model that computes something else; set the old values there"
+    )
+
+
 @dataclass
 class RunCheckpoint:
     """A run's checkpoint as the tools on a trained model need it: where, its config, its vocabulary."""
@@ -250,6 +275,7 @@ def open_run(path: str | Path, overrides: Sequence[str] = (), checksums: bool = 
         # the table as saved: runs before 2026-11-26 had encoder_seq_length rows whatever their
         # hparams.yaml said (its max_position_embeddings was checked, then ignored)
         cfg.model.max_position_embeddings = positions[0]
+    check_run_architecture(cfg, step_dir, hparams, overrides, saved[0])
     return RunCheckpoint(step_dir, hparams, cfg, tokenizer, vocab, saved[0])
 
 

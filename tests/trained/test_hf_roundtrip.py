@@ -332,6 +332,39 @@ def test_an_unverified_export_of_a_checkpoint_its_hparams_do_not_describe_is_ref
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+def test_a_checkpoint_trained_with_other_settings_than_its_hparams_give_is_refused(tmp_path) -> None:
+    """hparams.yaml with another rope base than the checkpoint recorded (hand-edited, or a default
+    changed since): every shape fits, and verification compares two models built from the same
+    settings, so the export passed, verified, computing another function than the trained model
+    (generate too). An override that changes it on purpose (eval) loads."""
+    from hf_helpers import saved_run
+
+    from gptrain.checkpoint import architecture
+    from gptrain.checkpoint.compat import CheckpointMismatchError
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.parallel.state_dict import model_state_dict
+    from gptrain.trained.load import open_run
+
+    run, model = saved_run(tmp_path / "run", "llama")
+    recorded = architecture.record(model.config)
+    CheckpointManager(run / "checkpoints", keep_last=None, architecture=recorded).save(
+        2, {"model": model_state_dict(model)}, {}
+    )
+    hparams = run / "hparams.yaml"
+    assert "rotary_base: 500000" in hparams.read_text()
+    hparams.write_text(hparams.read_text().replace("rotary_base: 500000", "rotary_base: 10000"))
+    for argv in (
+        ["export", str(run), "--to", "hf", str(tmp_path / "out")],
+        ["generate", str(run), "--prompt", "a"],
+    ):
+        with pytest.raises(
+            CheckpointMismatchError, match=r"\(model\.rotary_base 500000(\.0)? -> 10000(\.0)?\)"
+        ):
+            run_cli(argv)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert open_run(run, ["model.rotary_base=10000"]).step_dir.name == "step_2"
+
+
 def test_an_export_of_a_checkpoint_changed_on_disk_is_refused(exported, tmp_path) -> None:
     """The logit check compares two readings of the same weights: a byte changed since the save
     would pass it. The CRC-32s recorded at the save are read first."""
