@@ -111,6 +111,11 @@ DAMAGE_ERRNOS = frozenset(
 )
 
 
+def _is_damage(error: OSError) -> bool:
+    """A read error that says the checkpoint's data is gone (DAMAGE_ERRNOS, or the file missing)."""
+    return isinstance(error, FileNotFoundError) or error.errno in DAMAGE_ERRNOS
+
+
 def checksum_progress(step_dir: Path, label: str) -> Progress:
     """Progress lines (every 2 s: files, MB/s, ETA) for reading `step_dir`'s CRC-32s: minutes for a
     large checkpoint."""
@@ -162,7 +167,11 @@ def _manifest_files(step_dir: Path) -> tuple[dict | None, str | None]:
         return None, f"{step_dir.name} has no {COMPLETE} marker (a save that did not finish)"
     try:
         record = json.loads(marker.read_text())
-    except (OSError, ValueError) as error:
+    except OSError as error:
+        if not _is_damage(error):
+            raise  # permissions, a stale handle, too many open files: not the checkpoint's fault
+        return None, f"{marker} is unreadable ({error})"
+    except ValueError as error:
         return None, f"{marker} is unreadable ({error})"
     if _is_from_before_manifests(record):
         return None, None
@@ -223,7 +232,7 @@ def _check_file(
     except FileNotFoundError:
         return f"{path} is missing"
     except OSError as error:  # a bad sector or a failing disk: damage, so the one before loads
-        if error.errno not in DAMAGE_ERRNOS:
+        if not _is_damage(error):
             raise  # permissions, a stale handle, too many open files: not the checkpoint's fault
         return f"{path} is unreadable ({error.strerror or error})"
     return None
@@ -232,7 +241,10 @@ def _check_file(
 def manifest_bytes(step_dir: Path) -> int | None:
     """The size of a complete checkpoint from its manifest, COMPLETE included (one read, no listing),
     or None when it has no readable manifest."""
-    expected, _ = _manifest_files(step_dir)
+    try:
+        expected, _ = _manifest_files(step_dir)
+    except OSError:  # a marker this process may not read: sized by listing, as one without a manifest
+        return None
     if expected is None:
         return None
     sizes = (entry if isinstance(entry, int) else entry.get("bytes") or 0 for entry in expected.values())

@@ -207,6 +207,38 @@ def test_a_permission_or_mount_error_stops_the_resume_instead_of_passing_a_good_
     assert (tmp_path / "step_2" / "COMPLETE").is_file() and complete_steps(tmp_path) == [1, 2]
 
 
+@pytest.mark.parametrize("code", ["EACCES", "ESTALE"])
+def test_a_complete_marker_the_reader_may_not_read_is_not_damage(tmp_path, monkeypatch, capsys, code):
+    """The COMPLETE marker read with EACCES (a run directory's permissions) or ESTALE (an NFS handle after
+    a requeue on another node) was called unreadable damage: the resume passed over the newest good
+    checkpoint, renamed it step_2.damaged-* and resumed from step_1, and verify called it DAMAGED. As for
+    a shard, the resume now stops in one line and nothing moves; verify says UNREADABLE."""
+    import errno
+    import os
+
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    for step in (1, 2):
+        save(manager, step)
+    manager.close()
+    marker, read_text = tmp_path / "step_2" / "COMPLETE", Path.read_text
+
+    def refused(path, *args, **kwargs):
+        if path == marker:
+            number = getattr(errno, code)
+            raise OSError(number, os.strerror(number), str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", refused)
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    with pytest.raises(CheckpointLoadError, match="could not be read on some rank .*not damage") as error:
+        CheckpointManager(tmp_path, keep_last=3).load_newest_good(template, lambda state: None, pytest.fail)
+    assert str(marker) in str(error.value) and "\n" not in str(error.value)
+    assert complete_steps(tmp_path) == [1, 2] and not list(tmp_path.glob("*.damaged-*"))
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"step_2: UNREADABLE: {marker}: ") and "DAMAGED" not in first
+
+
 def test_resume_past_a_damaged_checkpoint_moves_it_aside_so_retention_keeps_the_good_ones(tmp_path, capsys):
     """Left as step_4, the damaged checkpoint counted as the newest for save_top_k: the next save and
     the one resumed from were deleted, and the requeue after found nothing that loads."""
