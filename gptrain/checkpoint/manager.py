@@ -429,12 +429,13 @@ class CheckpointManager(CheckpointReader):
         self._pruning.start()
 
     def _doomed(self, saved: int) -> list[int]:
-        """The steps `_prune` removes (see there)."""
+        """The steps `_prune` removes (see there). A file under a step's name is no save of the run's: it is
+        left alone (unlinking its COMPLETE failed with ENOTDIR, and with it every save of a later step)."""
         steps = [step for step in complete_steps(self.root) if step <= saved]
         doomed = steps[: -self.keep_last] if self.keep_last else []
         for entry in self.root.iterdir():
             match = STEP_DIR.match(entry.name)
-            if match and not is_complete(entry) and int(match.group(1)) < saved:
+            if match and entry.is_dir() and not is_complete(entry) and int(match.group(1)) < saved:
                 doomed.append(int(match.group(1)))
         return doomed
 

@@ -71,6 +71,21 @@ def test_incomplete_checkpoint_is_ignored(tmp_path):
     assert complete_steps(tmp_path) == [2, 8]
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_file_named_like_a_step_is_left_alone_and_saves_go_on(tmp_path, async_save):
+    """A stray file step_1 (a note, a copy gone wrong) was taken for a torn save older than the next one:
+    retention unlinked step_1/COMPLETE, ENOTDIR, and every save of the run failed with 'free space or
+    fix permissions'. It is no checkpoint: saves and retention go on and leave it as it is."""
+    (tmp_path / "step_1").write_text("not a checkpoint\n")
+    manager = CheckpointManager(tmp_path, keep_last=2, async_save=async_save)
+    for step in (2, 3, 4):
+        manager.save(step, state_for(float(step)), {})
+        manager.wait()
+    manager.close()
+    assert complete_steps(tmp_path) == [3, 4] and (tmp_path / LATEST).read_text() == "step_4\n"
+    assert (tmp_path / "step_1").read_text() == "not a checkpoint\n"
+
+
 def test_marker_written_after_data(tmp_path, monkeypatch):
     """The latest marker must never point at a checkpoint whose data is not yet complete."""
     import torch.distributed.checkpoint as dcp
