@@ -475,7 +475,8 @@ class CheckpointManager(CheckpointReader):
         """On a run's way out by an exception: let a background save be written and marked complete if
         that takes at most `timeout_s` (its state is that of a finished step), else leave it, as a
         crash would (unmarked, unless rank 0's marking finishes before the process ends). Never
-        raises over the error on its way out; returns a line to log when the save was given up."""
+        raises over the error on its way out; returns a line to log when the save was given up, or was
+        marked complete but `latest` or pruning then failed."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
@@ -487,6 +488,9 @@ class CheckpointManager(CheckpointReader):
             if self.on_saved is not None:
                 self.on_saved(pending.report)
         except BaseException as error:  # a timeout, DCP's CheckpointException, a dead peer
+            if not isinstance(error, TimeoutError) and is_complete(pending.report.path):
+                # marked complete, then `latest` or pruning failed: resume takes it, as `wait` says
+                return str(self._update_failed(pending.report.path, error))
             reason = "still writing" if isinstance(error, TimeoutError) else root_cause(error)
             return (
                 f"checkpoint {pending.report.path.name} left incomplete ({reason}); "

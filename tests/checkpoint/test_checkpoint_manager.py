@@ -416,6 +416,28 @@ def test_a_failure_after_the_marker_keeps_the_complete_checkpoint(tmp_path, monk
     assert torch.equal(target["model"]["w"], torch.full((3, 2), 2.0))
 
 
+def test_a_run_failing_after_a_background_save_was_marked_does_not_call_it_incomplete(tmp_path, monkeypatch):
+    """A run failing by an exception while its background save's `latest` could not be written (COMPLETE
+    was): the run's last line said the checkpoint was 'left incomplete' and that resume takes an older
+    one, while resume takes this one. It says what `wait` says of it: saved, `latest` not updated."""
+    from gptrain.checkpoint import manager as manager_module
+
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True)
+    real = manager_module.atomic_write_text
+
+    def quota_on_latest(path, text):
+        if path.name == LATEST:
+            raise OSError(122, "Disk quota exceeded")
+        real(path, text)
+
+    monkeypatch.setattr(manager_module, "atomic_write_text", quota_on_latest)
+    manager.save(2, state_for(2.0), {})
+    note = manager.finish_after_failure(timeout_s=120)
+    assert note.startswith(f"checkpoint {tmp_path / 'step_2'} was saved, but updating ") and "\n" not in note
+    assert "Disk quota exceeded" in note and "incomplete" not in note
+    assert newest_complete(tmp_path) == tmp_path / "step_2"
+
+
 @pytest.mark.parametrize(
     ("version", "one_save"),
     [
