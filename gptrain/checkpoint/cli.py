@@ -5,6 +5,7 @@ Neither imports torch."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from pathlib import Path
 
@@ -58,11 +59,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rewind_parser.set_defaults(func=run_rewind)
 
 
-def checkpoint_root(run: Path) -> Path:
-    """RUN/checkpoints, RUN/results/checkpoints or RUN itself, whichever holds step directories."""
+VERIFY_TAKES = "a run directory, its checkpoints/ or a step_<N> directory"
+REWIND_TAKES = "a run directory or its checkpoints/ (the checkpoint to go back to is --to's)"
+
+
+def checkpoint_root(run: Path, takes: str = VERIFY_TAKES) -> Path:
+    """RUN/checkpoints, RUN/results/checkpoints or RUN itself, whichever holds step directories.
+    `takes`: what the command takes, said when `run` is no directory."""
     if not run.is_dir():
         what = "no such directory" if not run.exists() else "not a directory"
-        raise ConfigError(f"{run}: {what}; pass a run directory, its checkpoints/ or a step_<N> directory")
+        raise ConfigError(f"{run}: {what}; pass {takes}")
     for candidate in (run / "checkpoints", run / "results" / "checkpoints", run):
         if candidate.is_dir() and any(STEP_DIR.match(p.name) for p in candidate.iterdir()):
             return candidate
@@ -138,7 +144,7 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_rewind(args: argparse.Namespace) -> int:
     from gptrain.checkpoint.rewind import rewind, target_step
 
-    root = checkpoint_root(args.run)
+    root = rewind_root(args.run)
     step = target_step(args.to, root)
     moved = rewind(root, step)
     what = (
@@ -151,6 +157,16 @@ def run_rewind(args: argparse.Namespace) -> int:
         "data position and LR schedule"
     )
     return 0
+
+
+def rewind_root(run: Path) -> Path:
+    """The checkpoints directory a rewind works in. A step directory given for RUN (what verify takes)
+    was searched for step directories inside it and refused as holding none: it is named as one
+    checkpoint, with the command that goes back to it."""
+    if STEP_DIR.match(run.name) and run.is_dir():
+        command = shlex.join(["gptrain", "checkpoint", "rewind", str(run.parent), "--to", run.name])
+        raise ConfigError(f"{run}: one checkpoint, where rewind takes its run; to go back to it, `{command}`")
+    return checkpoint_root(run, REWIND_TAKES)
 
 
 def _checked(path: Path, seconds: float, sizes_only: bool) -> str:

@@ -114,6 +114,28 @@ def test_a_rewind_cut_short_leaves_a_sound_newest_checkpoint_and_the_same_comman
     assert complete_steps(root) == [2, 4] and aside(root) == ["step_6", "step_8"]
 
 
+def test_a_step_directory_or_a_file_given_for_the_run_is_one_line_saying_what_rewind_takes(tmp_path, capsys):
+    """`rewind RUN/checkpoints/step_4` (verify takes a step directory) said no step directories were found
+    in it, and a file was told to pass a step directory, which rewind refuses; both name what it takes."""
+    import shlex
+
+    root = run_with_checkpoints(tmp_path / "my run", [2, 4, 6])
+    assert main(["checkpoint", "rewind", str(root / "step_4"), "--to", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gptrain: error: {root / 'step_4'}: one checkpoint, where rewind takes its run")
+    command = shlex.split(err.rpartition("`gptrain")[2].rstrip("`"))
+    assert command == ["checkpoint", "rewind", str(root), "--to", "step_4"] and len(err.splitlines()) == 1
+    assert main(["checkpoint", "rewind", *command[2:]]) == 0
+    assert complete_steps(root) == [2, 4]
+    capsys.readouterr()
+    (tmp_path / "notes").write_text("")
+    assert main(["checkpoint", "rewind", str(tmp_path / "notes"), "--to", "4"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "not a directory; pass a run directory or its checkpoints/" in err and "step_<N> directory" not in err
+    )
+
+
 def test_rewind_imports_no_torch(tmp_path):
     run_with_checkpoints(tmp_path, [2, 4])
     code = (
