@@ -16,10 +16,9 @@ from pathlib import Path
 
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
+from gptrain.launch.cluster_profiles import cluster_profile_path
 from gptrain.launch.sbatch import node_gpus
 from gptrain.launch.sections import check_cluster_file_keys
-
-CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
 
 
 @dataclass(frozen=True)
@@ -111,34 +110,14 @@ def gpu_spec(name: str) -> GpuSpec:
         raise ConfigError(f"--gpu {name!r} is not known; use one of {', '.join(GPUS)}") from None
 
 
-YAML_SUFFIXES = (".yaml", ".yml")
 PLAN_KEYS = ("gpu", "intra_node_GBps", "inter_node_GBps")
 """The keys of a cluster file's `plan:` block."""
-
-
-def cluster_profile_path(name: str) -> Path:
-    """--cluster's file: a bundled profile by name (`bcm`, `bcm.yaml`, NeMo's `cluster=bcm`) or a file
-    of one's own, its .yaml optional as in the launcher's cluster=<name> (`conf/cluster/site`)."""
-    name = name.removeprefix("cluster=")
-    given = Path(name)
-    own = [given] if given.suffix in YAML_SUFFIXES else [*(Path(f"{name}{s}") for s in YAML_SUFFIXES), given]
-    bundled = [CLUSTER_DIR / f"{given.stem if given.suffix in YAML_SUFFIXES else name}.yaml"]
-    bundled = bundled if given.name == name and name not in ("", ".", "..") else []  # a bare name only
-    # a path ending in .yaml is the user's file first; a bare name the bundled profile first
-    for path in (own + bundled) if given.suffix in YAML_SUFFIXES else (bundled + own):
-        if path.is_file():
-            return path
-    known = ", ".join(sorted(p.stem for p in CLUSTER_DIR.glob("*.yaml")))
-    raise ConfigError(
-        f"--cluster {name}: no file {own[0]}{' and no bundled profile of that name' if bundled else ''};"
-        f" give a bundled profile ({known}) or the path of a cluster file"
-    )
 
 
 def cluster_profile(name: str) -> dict:
     """`gpus_per_node` (else its gres's GPU count) and the `plan:` block of configs/cluster/<name>.yaml
     (or a path)."""
-    path = cluster_profile_path(name)
+    path = cluster_profile_path(name, "--cluster")
     data = load_file(path) or {}  # a malformed or non-UTF-8 file: one line naming it
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping (a cluster config)")

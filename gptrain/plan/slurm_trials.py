@@ -19,6 +19,7 @@ from typing import Any
 
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError, LaunchError
+from gptrain.launch.cluster_profiles import cluster_profile_path
 from gptrain.launch.executors.slurm import record_submission, sbatch
 from gptrain.launch.job_states import JobState
 from gptrain.launch.preflight import check_cluster, query_nodes
@@ -27,7 +28,6 @@ from gptrain.launch.sbatch import Job, gres_gpus, render_slurm
 from gptrain.launch.script_values import check_value
 from gptrain.launch.sections import check_cluster_section
 from gptrain.launch.slurm_queries import run_command
-from gptrain.plan.hardware import cluster_profile_path
 from gptrain.plan.measure import read_results, trial_args, trial_env, write_trial_config
 from gptrain.plan.rank import Candidate
 from gptrain.plan.report import Plan
@@ -40,7 +40,7 @@ def slurm_profile(name: str | None) -> dict[str, Any]:
     """The cluster profile's Slurm keys (partition, account, gres, srun_args, env_vars, ...)."""
     if name is None:
         return {}
-    path = cluster_profile_path(name)
+    path = cluster_profile_path(name, "--cluster")
     data = load_file(path) or {}  # as build_cluster read it (libyaml where PyYAML has it)
     if not isinstance(data, dict):
         raise ConfigError(f"--cluster {name}: {path} must be a mapping of cluster keys")

@@ -1,7 +1,8 @@
 """Expected rates of a cluster profile: the `validation:` block of configs/cluster/<name>.yaml.
 
-A profile is a cluster file name (`aws_p5`), a path to such a file, or a launch stage's
-resolved config (which carries the block under `validation.thresholds`). Every number in the
+A profile is a cluster file name (`aws_p5`, `aws_p5.yaml`, `cluster=aws_p5`), a path to such a file,
+or a launch stage's resolved config (which carries the block under `validation.thresholds`). The
+cluster files are named here for `gptrain plan --cluster` too (cluster_profile_path). Every number in the
 shipped files names its public source in a comment; `--min-busbw-GBps` overrides the
 large-message bus bandwidth threshold.
 """
@@ -15,10 +16,10 @@ from typing import Any
 
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
+from gptrain.launch.cluster_profiles import cluster_profile_path
 from gptrain.launch.sbatch import node_gpus
 from gptrain.launch.sections import check_cluster_file_keys
 
-CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
 DEFAULT_SLOW_PCT = 10.0
 DEFAULT_LARGE_BYTES = 1 << 30
 
@@ -63,33 +64,6 @@ class Thresholds:
         return ranks_per_node / self.gpus_per_node
 
 
-def profile_names() -> list[str]:
-    return sorted(p.stem for p in CLUSTER_DIR.glob("*.yaml"))
-
-
-def _profile_path(profile: str) -> Path:
-    path = Path(profile)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if path.is_dir():
-            raise ConfigError(
-                f"--profile {profile}: is a directory; give a cluster file (YAML) or a profile name"
-                f" ({', '.join(profile_names())})"
-            )
-        if not path.is_file():
-            raise ConfigError(f"--profile {profile}: no such file")
-        return path
-    if "/" in profile:  # a path the launcher's way, .yaml left off (cluster=conf/cluster/site)
-        own = next((p for p in (Path(f"{profile}.yaml"), Path(f"{profile}.yml")) if p.is_file()), None)
-        if own is not None:
-            return own
-    named = CLUSTER_DIR / f"{profile}.yaml"
-    if not named.is_file():
-        raise ConfigError(
-            f"--profile {profile}: unknown cluster profile; known: {', '.join(profile_names())}"
-        )
-    return named
-
-
 def _block(data: Any, path: Path) -> dict[str, Any]:
     """The thresholds block of a cluster file or of a validation stage's resolved config."""
     if not isinstance(data, dict):
@@ -118,7 +92,7 @@ def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) ->
     """Thresholds of `profile` (None: relative checks only), with the CLI override applied."""
     if profile is None:
         return Thresholds(min_busbw_override=min_busbw_GBps)
-    path = _profile_path(profile)  # a malformed file below: one line naming it
+    path = cluster_profile_path(profile)  # a malformed file below: one line naming it
     data = load_file(path) or {}
     block = _block(data, path)
     values = threshold_values(block, f"{path}: ")

@@ -657,7 +657,7 @@ def test_cluster_is_found_as_the_launcher_names_it(
 ) -> None:
     """A cluster file of one's own given without .yaml (as `gptrain launch cluster=...` names it) was
     looked up as configs/cluster/conf/cluster/site.yaml inside the package: 'no such profile'."""
-    from gptrain.plan.hardware import CLUSTER_DIR, cluster_profile_path
+    from gptrain.launch.cluster_profiles import CLUSTER_DIR, cluster_profile_path
 
     (tmp_path / "conf" / "cluster").mkdir(parents=True)
     (tmp_path / "conf" / "cluster" / "site.yaml").write_text("gpus_per_node: 4\nplan:\n  gpu: a100-40gb\n")

@@ -43,8 +43,8 @@ def test_help_does_not_import_torch():
 
 def test_profile_help_names_every_bundled_profile():
     """--profile's help listed three of the four profiles --profile takes (bcm was left out)."""
+    from gptrain.launch.cluster_profiles import profile_names
     from gptrain.validate.cli import common_options
-    from gptrain.validate.thresholds import profile_names
 
     profile = next(a for a in common_options()._actions if "--profile" in a.option_strings)
     for name in profile_names():
@@ -71,7 +71,8 @@ def test_unknown_profile_is_one_line_and_starts_no_process_group(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "gptrain: error: --profile aws_p9: unknown cluster profile; known: aws_p4d, aws_p5, azure_nd_a100_v4, bcm"
+        "gptrain: error: --profile aws_p9: no file aws_p9.yaml and no bundled profile of that name; give a bundled"
+        " profile (aws_p4d, aws_p5, azure_nd_a100_v4, bcm) or the path of a cluster file"
     ]
     bad_size = subprocess.run(
         [
@@ -137,7 +138,8 @@ print(code, 'torch' in sys.modules, 'torch.distributed' in sys.modules)
     [
         (
             ["gpus", "--profile", "aws_p9"],
-            "gptrain: error: --profile aws_p9: unknown cluster profile; known: aws_p4d, aws_p5, azure_nd_a100_v4, bcm",
+            "gptrain: error: --profile aws_p9: no file aws_p9.yaml and no bundled profile of that name; give a bundled"
+            " profile (aws_p4d, aws_p5, azure_nd_a100_v4, bcm) or the path of a cluster file",
         ),
         (
             ["collectives", "--min-bytes", "1M", "--max-bytes", "4K"],

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 from gptrain.errors import ConfigError
+from gptrain.launch.cluster_profiles import CLUSTER_DIR
 from gptrain.validate import bandwidth as bw
 from gptrain.validate import report
 from gptrain.validate.pairwise import PairResult, bisection, find_slow, round_robin, schedule
-from gptrain.validate.thresholds import CLUSTER_DIR, load_thresholds
+from gptrain.validate.thresholds import load_thresholds
 
 
 @pytest.mark.parametrize(
@@ -233,7 +237,7 @@ def test_profiles_load_with_sources_and_bad_ones_say_what_to_do(tmp_path):
     assert p5.matmul_tflops and p5.copy_GBps and p5.busbw_threshold(True) < p5.busbw_threshold(False)
     assert load_thresholds("aws_p5", 12.5).busbw_threshold(True) == 12.5
     assert load_thresholds(None).busbw_threshold(False) is None
-    with pytest.raises(ConfigError, match="unknown cluster profile.*aws_p5"):
+    with pytest.raises(ConfigError, match="no bundled profile of that name; give a bundled profile.*aws_p5"):
         load_thresholds("aws_p6")
     bad = tmp_path / "c.yaml"
     bad.write_text("validation:\n  matmul_tflop: 3\n")
@@ -541,6 +545,52 @@ def test_a_cluster_file_given_without_its_yaml_is_found_as_the_launcher_names_it
     assert load_thresholds("conf/cluster/site").copy_GBps == 7
     (tmp_path / "aws_p5.yaml").write_text("validation:\n  thresholds:\n    copy_GBps: 7\n")
     assert load_thresholds("aws_p5").copy_GBps != 7
+
+
+@pytest.mark.parametrize("given", ["aws_p5.yaml", "cluster=aws_p5", "aws_p5"])
+def test_profile_is_named_as_plan_cluster_names_it(tmp_path, monkeypatch, given):
+    """`--profile aws_p5.yaml` and `--profile cluster=aws_p5` were 'no such file' and 'unknown cluster
+    profile' while `plan --cluster` took both: two resolvers. Both commands now resolve alike."""
+    from gptrain.plan.hardware import cluster_profile
+
+    monkeypatch.chdir(tmp_path)
+    assert load_thresholds(given).copy_GBps == load_thresholds(str(CLUSTER_DIR / "aws_p5.yaml")).copy_GBps
+    assert cluster_profile(given)["gpus_per_node"] == 8
+
+
+def test_an_unknown_profile_is_the_same_line_for_validate_and_plan(tmp_path, monkeypatch):
+    from gptrain.plan.hardware import cluster_profile
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as validate_error:
+        load_thresholds("aws_p9.yaml")
+    with pytest.raises(ConfigError) as plan_error:
+        cluster_profile("aws_p9.yaml")
+    said = (
+        "{} aws_p9.yaml: no file aws_p9.yaml and no bundled profile of that name; give a bundled profile ({})"
+    )
+    known = "aws_p4d, aws_p5, azure_nd_a100_v4, bcm"
+    assert str(validate_error.value) == said.format("--profile", known) + " or the path of a cluster file"
+    assert str(plan_error.value) == said.format("--cluster", known) + " or the path of a cluster file"
+
+
+def test_a_profile_under_a_directory_that_cannot_be_searched_is_one_line(tmp_path, monkeypatch):
+    """Path.is_file raises PermissionError (Python 3.11) where a directory above cannot be searched."""
+    locked = tmp_path / "locked"
+    real_stat = Path.stat
+
+    def stat(self, *args, **kwargs):
+        if str(self).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    with pytest.raises(ConfigError) as error:
+        load_thresholds(str(locked / "site.yaml"))
+    assert str(error.value) == (
+        f"--profile {locked}/site.yaml: {locked}/site.yaml cannot be looked up (Permission denied); check the"
+        f" permissions of {locked} and the directories above it"
+    )
 
 
 def test_a_wrong_result_fails_naming_its_placement():
