@@ -161,6 +161,7 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
 
 XID_ACTIONS = {
     "fail": "fails the node: drain it, reset or service the GPU",
+    "fail SXid": "fails the node: drain it, reboot it (GPUs and NVSwitches reset) or service the NVSwitch",
     "warn": "needs attention (the node does not fail)",
     "info": "usually the application's, not the GPU's",
 }
@@ -169,23 +170,31 @@ XID_ORDER = {"fail": 0, "warn": 1, "info": 2}
 
 @dataclasses.dataclass
 class XidFinding:
-    """One Xid of one GPU of a node since boot, classified by nvml.XID_CLASSES."""
+    """One Xid of one GPU (or SXid of one NVSwitch) of a node since boot, classified by
+    nvml.XID_CLASSES (nvml.sxid_class)."""
 
     node: str
     pci: str
-    gpu: int | None  # NVML's index (nvidia-smi's); None for a GPU NVML could not read
+    gpu: int | None  # NVML's index (nvidia-smi's); None for a GPU NVML could not read, or an NVSwitch
     xid: int
     count: int
     severity: str
     meaning: str
     last: str  # the last such line's text after the Xid
+    kind: str = "Xid"  # or "SXid": an NVSwitch's, which the whole node's GPUs talk through
+    nvswitch: int | None = None  # an SXid's switch instance (nvidia-nvswitch3 -> 3)
 
     def line(self) -> str:
-        gpu = f"GPU {self.gpu}" if self.gpu is not None else "GPU (index unknown)"
+        action = XID_ACTIONS.get(f"{self.severity} {self.kind}") or XID_ACTIONS[self.severity]
         return (
-            f"{self.node} {gpu} PCI {self.pci}: Xid {self.xid} ({self.count} since boot): {self.meaning};"
-            f" {XID_ACTIONS[self.severity]}"
+            f"{self.node} {self._device()} PCI {self.pci}: {self.kind} {self.xid} ({self.count} since boot):"
+            f" {self.meaning}; {action}"
         )
+
+    def _device(self) -> str:
+        if self.kind == "SXid":
+            return f"NVSwitch {self.nvswitch}" if self.nvswitch is not None else "NVSwitch"
+        return f"GPU {self.gpu}" if self.gpu is not None else "GPU (index unknown)"
 
 
 def xid_findings(records: list[dict[str, Any]]) -> tuple[list[XidFinding], dict[str, str]]:
@@ -199,13 +208,31 @@ def xid_findings(records: list[dict[str, Any]]) -> tuple[list[XidFinding], dict[
         if not xid.get("readable"):
             unread[r["node"]] = xid.get("reason") or "no reason given"
             continue
-        for e in xid["events"]:
-            severity, meaning = nvml.xid_class(e["xid"])
-            findings.append(
-                XidFinding(r["node"], e["pci"], e["gpu"], e["xid"], e["count"], severity, meaning, e["last"])
-            )
-    findings.sort(key=lambda f: (XID_ORDER[f.severity], f.node, f.pci, f.xid))
+        findings.extend(_finding(r["node"], e) for e in xid["events"])
+    findings.sort(key=lambda f: (XID_ORDER[f.severity], f.node, f.pci, f.kind, f.xid))
     return findings, unread
+
+
+def _finding(node: str, event: dict[str, Any]) -> XidFinding:
+    """One event of a node's kernel log (nvml.parse_xids, nvml.parse_sxids), classified."""
+    if event.get("kind") == "SXid":
+        severity, meaning = nvml.sxid_class(event["fatal"], event["last"])
+        return XidFinding(
+            node,
+            event["pci"],
+            None,
+            event["xid"],
+            event["count"],
+            severity,
+            meaning,
+            event["last"],
+            kind="SXid",
+            nvswitch=event["nvswitch"],
+        )
+    severity, meaning = nvml.xid_class(event["xid"])
+    return XidFinding(
+        node, event["pci"], event["gpu"], event["xid"], event["count"], severity, meaning, event["last"]
+    )
 
 
 def xid_unread_line(unread: dict[str, str]) -> str:

@@ -4,7 +4,8 @@ Every field is read in its own try: virtual machines and some GPUs do not suppor
 them (NVLink on PCIe cards, row remapping before Ampere, ECC counters under vGPU), and an
 unsupported field is recorded as null with the reason, never as a failure. A read that fails
 because the GPU itself is broken (lost, needing a reset, a corrupted infoROM) is a fault instead.
-The node's Xid lines (from dmesg) are read here too, with the table that classifies them.
+The node's Xid lines and NVSwitch SXid lines (from dmesg) are read here too, with the table that
+classifies them.
 """
 
 from __future__ import annotations
@@ -346,6 +347,49 @@ def parse_xids(text: str, indices: dict[str, int]) -> list[dict[str, Any]]:
     return list(events.values())
 
 
+# "nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal, Link 32 LTSSM Fault Up" opens an NVSwitch
+# error (NVIDIA's Fabric Manager user guide, "NVSwitch SXid errors"); the lines after it repeat the
+# number with "Severity 1 Engine instance ..." and "Data {...}", and are the same event.
+SXID = re.compile(
+    r"(?:nvidia-nvswitch(\d+): )?SXid \((?:PCI:)?([0-9a-fA-F]+:[0-9a-fA-F]+:[0-9a-fA-F]+)(?:\.[0-7])?\): "
+    r"(\d+), (Fatal|Non-fatal), ?(.*)"
+)
+
+
+def parse_sxids(text: str) -> list[dict[str, Any]]:
+    """The NVSwitch SXid events of a kernel log, one entry per switch, SXid and fatality: how many
+    (an event's follow-up lines are not counted) and the last one's text. An NVSwitch is no GPU:
+    `gpu` is None and `nvswitch` its driver instance (nvidia-nvswitch3 -> 3) where the line names it."""
+    events: dict[tuple[str, int, bool], dict[str, Any]] = {}
+    for match in SXID.finditer(text):
+        pci, sxid, fatal = pci_key(match[2]), int(match[3]), match[4] == "Fatal"
+        switch = None if match[1] is None else int(match[1])
+        event = events.setdefault(
+            (pci, sxid, fatal),
+            {
+                "kind": "SXid",
+                "pci": pci,
+                "gpu": None,
+                "nvswitch": switch,
+                "xid": sxid,
+                "fatal": fatal,
+                "count": 0,
+            },
+        )
+        event["count"] += 1
+        event["last"] = match[5].strip()[:200]
+    return list(events.values())
+
+
+def sxid_class(fatal: bool, text: str) -> tuple[str, str]:
+    """(fail | warn, what it means) for an NVSwitch SXid: a fatal one stops the NVLink fabric, and
+    with it NCCL across every GPU of the node, until the node is reset; a non-fatal one is logged
+    and the fabric carries on."""
+    if fatal:
+        return "fail", f"fatal NVSwitch error, the node's NVLink fabric stops: {text}"
+    return "warn", f"non-fatal NVSwitch error: {text}"
+
+
 def read_kernel_log() -> tuple[str | None, str]:
     """dmesg's text, or None and why it could not be read (it needs privileges on many systems)."""
     if shutil.which("dmesg") is None:
@@ -361,8 +405,9 @@ def read_kernel_log() -> tuple[str | None, str]:
 
 
 def xid_events() -> dict[str, Any]:
-    """This node's Xids since boot (dmesg holds no older ones), or 'unreadable' and why."""
+    """This node's Xids and NVSwitch SXids since boot (dmesg holds no older ones), or 'unreadable'
+    and why."""
     text, reason = read_kernel_log()
     if text is None:
         return {"readable": False, "reason": reason}
-    return {"readable": True, "events": parse_xids(text, node_gpu_indices())}
+    return {"readable": True, "events": parse_xids(text, node_gpu_indices()) + parse_sxids(text)}

@@ -198,3 +198,69 @@ def test_a_kernel_log_with_bytes_that_are_not_utf8_is_still_read(monkeypatch, tm
         "readable": True,
         "events": [{"pci": "0000:18:00", "gpu": 0, "xid": 48, "count": 1, "last": "DBE"}],
     }
+
+
+# An NVSwitch's fatal link error, its two follow-up lines, and a non-fatal error on another switch
+SXID_DMESG = """\
+[ 1108.858286] nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal, Link 32 LTSSM Fault Up
+[ 1108.858290] nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Severity 1 Engine instance 32 Sub-engine instance 00
+[ 1108.858295] nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Data {0x00000000, 0x00000000, 0x00000000}
+[ 2000.000000] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Non-fatal, Link 04 RX Short Error Rate
+[ 2000.000010] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Severity 0 Engine instance 04 Sub-engine instance 00
+[ 2000.000020] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Data {0x00000004, 0x00000004, 0x00000000}
+[ 2100.000000] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Non-fatal, Link 05 RX Short Error Rate
+"""
+
+
+def test_nvswitch_sxids_are_counted_once_per_event_and_named_by_their_switch():
+    assert nvml.parse_sxids(SXID_DMESG) == [
+        {
+            "kind": "SXid",
+            "pci": "0000:86:00",
+            "gpu": None,
+            "nvswitch": 3,
+            "xid": 20034,
+            "fatal": True,
+            "count": 1,
+            "last": "Link 32 LTSSM Fault Up",
+        },
+        {
+            "kind": "SXid",
+            "pci": "0000:06:00",
+            "gpu": None,
+            "nvswitch": 1,
+            "xid": 20009,
+            "fatal": False,
+            "count": 2,
+            "last": "Link 05 RX Short Error Rate",
+        },
+    ]
+    assert nvml.parse_xids(SXID_DMESG, {}) == []  # no NVRM: Xid line among them
+
+
+def test_a_fatal_nvswitch_sxid_fails_its_node_and_a_non_fatal_one_warns(monkeypatch, tmp_path, capsys):
+    """SXids were not read at all: a node whose NVSwitch had stopped its NVLink fabric (NCCL across
+    its GPUs hangs or fails) passed validation."""
+    node_dmesg(monkeypatch, SXID_DMESG)
+    records = [gpu_record(0, "gpu01", nvml.xid_events())]
+    node_dmesg(monkeypatch, "\n".join(line for line in SXID_DMESG.splitlines() if "nvswitch1" in line))
+    records.append(gpu_record(1, "gpu02", nvml.xid_events()))
+    out, code = run_check_gpus(monkeypatch, tmp_path, records)
+    failure = (
+        "gpus: gpu01 NVSwitch 3 PCI 0000:86:00: SXid 20034 (1 since boot): fatal NVSwitch error, the node's"
+        " NVLink fabric stops: Link 32 LTSSM Fault Up; fails the node: drain it, reboot it (GPUs and"
+        " NVSwitches reset) or service the NVSwitch"
+    )
+    assert code == 1 and out.failures == [failure] and out.bad_nodes == {"gpu01"}
+    printed = capsys.readouterr().out.splitlines()
+    warning = (
+        "gpus: gpu02 NVSwitch 1 PCI 0000:06:00: SXid 20009 (2 since boot): non-fatal NVSwitch error: Link 05"
+        " RX Short Error Rate; needs attention (the node does not fail)"
+    )
+    assert failure in printed and warning in printed and "--exclude=gpu01" in printed
+    saved = json.loads((tmp_path / "gpus.json").read_text())["xid"]
+    assert [(x["node"], x["kind"], x["nvswitch"], x["xid"], x["severity"]) for x in saved] == [
+        ("gpu01", "SXid", 3, 20034, "fail"),
+        ("gpu01", "SXid", 1, 20009, "warn"),
+        ("gpu02", "SXid", 1, 20009, "warn"),
+    ]
