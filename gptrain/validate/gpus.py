@@ -229,7 +229,7 @@ def _finding(node: str, event: dict[str, Any]) -> XidFinding:
             kind="SXid",
             nvswitch=event["nvswitch"],
         )
-    severity, meaning = nvml.xid_class(event["xid"])
+    severity, meaning = nvml.xid_class(event["xid"], event["last"])
     return XidFinding(
         node, event["pci"], event["gpu"], event["xid"], event["count"], severity, meaning, event["last"]
     )

@@ -291,11 +291,34 @@ XID_CLASSES: dict[int, tuple[str, str]] = {
     154: ("fail", "the driver set a recovery action (GPU reset, node reboot or drain) for this GPU"),
 }
 UNLISTED_XID = ("warn", "not in gptrain's table: see NVIDIA's Xid catalogue")
+RECOVERY_ACTION_XID = 154
+
+# Xid 154 names the action it changed to: "GPU recovery action changed from 0x0 (None) to 0x1 (GPU
+# Reset Required)" (NVIDIA's Xid catalogue; NVML's nvmlDeviceGpuRecoveryAction_t numbers them).
+RECOVERY_ACTION = re.compile(
+    r"recovery action changed from \S+ \([^)]*\) to (0x[0-9a-fA-F]+|\d+) \(([^)]*)\)"
+)
 
 
-def xid_class(xid: int) -> tuple[str, str]:
-    """(fail | warn | info, what it means) for an Xid; one not in the table needs a look."""
+def xid_class(xid: int, text: str = "") -> tuple[str, str]:
+    """(fail | warn | info, what it means) for an Xid whose (last) line says `text`; one not in the
+    table needs a look."""
+    if xid == RECOVERY_ACTION_XID:
+        return recovery_action_class(text)
     return XID_CLASSES.get(xid, UNLISTED_XID)
+
+
+def recovery_action_class(text: str) -> tuple[str, str]:
+    """Xid 154 judged by the action it changed to: the driver logs it beside other Xids, and back
+    to `0x0 (None)` when no action is needed any more (the GPU can be used by a new process). Any
+    other action (GPU reset, node reboot, drain P2P, drain and reset) fails; a line that names none
+    is taken as the worst, as before."""
+    match = RECOVERY_ACTION.search(text)
+    if match is None:
+        return XID_CLASSES[RECOVERY_ACTION_XID]
+    if int(match[1], 16) == 0:  # "0x0" or "0"
+        return "info", "the driver's recovery action for this GPU is None: no action needed"
+    return "fail", f"the driver set this GPU's recovery action to {match[2] or match[1]}"
 
 
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."; older drivers print

@@ -264,3 +264,54 @@ def test_a_fatal_nvswitch_sxid_fails_its_node_and_a_non_fatal_one_warns(monkeypa
         ("gpu01", "SXid", 1, 20009, "warn"),
         ("gpu02", "SXid", 1, 20009, "warn"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("changed", "severity", "meaning"),
+    [
+        (
+            "0x0 (None) to 0x1 (GPU Reset Required)",
+            "fail",
+            "the driver set this GPU's recovery action to GPU Reset Required",
+        ),
+        (
+            "0x0 (None) to 0x2 (Node Reboot Required)",
+            "fail",
+            "the driver set this GPU's recovery action to Node Reboot Required",
+        ),
+        (
+            "0x0 (None) to 0x4 (Drain and Reset)",
+            "fail",
+            "the driver set this GPU's recovery action to Drain and Reset",
+        ),
+        (
+            "0x1 (GPU Reset Required) to 0x0 (None)",
+            "info",
+            "the driver's recovery action for this GPU is None: no action needed",
+        ),
+    ],
+)
+def test_xid_154_is_judged_by_the_recovery_action_it_names(changed, severity, meaning):
+    """Xid 154 failed the node whatever action it named, `0x0 (None)` (no action needed) too."""
+    line = f"NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from {changed}\n"
+    [event] = nvml.parse_xids(line, {"0000:18:00": 0})
+    assert nvml.xid_class(event["xid"], event["last"]) == (severity, meaning)
+
+
+def test_the_last_recovery_action_of_a_gpu_decides_and_none_does_not_fail_the_node(monkeypatch, tmp_path):
+    log = (
+        "[ 10.0] NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)\n"
+        "[ 90.0] NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)\n"
+    )
+    node_dmesg(monkeypatch, log)
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
+    assert code == 0 and out.failures == [] and out.bad_nodes == set()
+    [saved] = json.loads((tmp_path / "gpus.json").read_text())["xid"]
+    assert (saved["xid"], saved["count"], saved["severity"]) == (154, 2, "info")
+    node_dmesg(monkeypatch, log.splitlines()[0])
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
+    assert code == 1 and out.bad_nodes == {"gpu01"}
+    assert out.failures == [
+        "gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 154 (1 since boot): the driver set this GPU's recovery action to"
+        " GPU Reset Required; fails the node: drain it, reset or service the GPU"
+    ]
