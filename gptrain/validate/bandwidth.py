@@ -94,4 +94,6 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"not a size: {text!r} (e.g. 8, 64K, 1M, 8G)") from None
     if not math.isfinite(number) or number <= 0:
         raise ValueError(f"size must be a positive finite number of bytes: {text!r}")
+    if not (number * scale).is_integer():  # int() cut 0.5 to no bytes, 1.5 to 1: a size nobody wrote
+        raise ValueError(f"size must be a whole number of bytes: {text!r}")
     return int(number * scale)

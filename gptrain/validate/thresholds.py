@@ -19,6 +19,7 @@ from gptrain.errors import ConfigError
 from gptrain.launch.cluster_profiles import cluster_profile_path
 from gptrain.launch.sbatch import node_gpus
 from gptrain.launch.sections import check_cluster_file_keys
+from gptrain.validate.bandwidth import parse_bytes
 
 DEFAULT_SLOW_PCT = 10.0
 DEFAULT_LARGE_BYTES = 1 << 30
@@ -123,19 +124,26 @@ def threshold_values(block: dict[str, Any], where: str, prefix: str = "validatio
 
 def _number(key: str, value: Any, name: str) -> float:
     """A threshold's value as a number; `true` is no rate (YAML's yes/on read as 1.0 set a 1 GB/s
-    floor, or flagged GPUs 1% below the median), and a message size is a whole number of bytes."""
+    floor, or flagged GPUs 1% below the median), and a message size is read as the CLI's size
+    options read theirs (`1GiB`, `512M`, a whole number of bytes)."""
     not_a_number = ConfigError(f"{name} must be a number, got {value!r}")
     if isinstance(value, bool):
         raise not_a_number
+    if key == "large_message_bytes":
+        return _size(value, name)
     try:
-        number = float(value)
+        return float(value)
     except (TypeError, ValueError, OverflowError):
         raise not_a_number from None
-    if key == "large_message_bytes" and math.isfinite(number):  # int(.inf) would overflow
-        if not number.is_integer():
-            raise ConfigError(f"{name} must be a whole number of bytes, got {value!r}")
-        return int(number)
-    return number
+
+
+def _size(value: Any, name: str) -> int:
+    """A message size as `--max-bytes` reads it, with its error after the key's name."""
+    text = value if isinstance(value, str) else repr(value)  # YAML's 1.0e9 -> '1000000000.0', .inf -> 'inf'
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise ConfigError(f"{name}: {error}") from None
 
 
 def threshold_keys() -> set[str]:

@@ -103,6 +103,8 @@ def test_unknown_profile_is_one_line_and_starts_no_process_group(tmp_path):
         ("--min-bytes", "inf", "size must be a positive finite number of bytes: 'inf'"),
         ("--min-bytes", "1e400", "size must be a positive finite number of bytes: '1e400'"),
         ("--max-bytes", "nan", "size must be a positive finite number of bytes: 'nan'"),
+        # int() made 0.5 no bytes at all, and 1.5 one byte
+        ("--min-bytes", "0.5", "size must be a whole number of bytes: '0.5'"),
         # not argparse's "invalid _at_least_one value", which names a function of ours
         ("--iters", "x", "argument --iters: not a whole number: 'x'"),
         ("--warmup", "-1", "argument --warmup: must be >= 0, got -1"),

@@ -253,7 +253,10 @@ def test_profiles_load_with_sources_and_bad_ones_say_what_to_do(tmp_path):
     [
         ("slow_pct: -5", "validation.slow_pct must be a percentage between 0 and 100, got -5"),
         ("slow_pct: 100", "validation.slow_pct must be a percentage between 0 and 100, got 100"),
-        ("large_message_bytes: 0", "validation.large_message_bytes must be a positive finite number, got 0"),
+        (
+            "large_message_bytes: 0",
+            "validation.large_message_bytes: size must be a positive finite number of bytes: '0'",
+        ),
         ("matmul_tflops: .nan", "validation.matmul_tflops must be a positive finite number, got nan"),
         ("copy_GBps: -1", "validation.copy_GBps must be a positive finite number, got -1"),
         # infinite: every node failed and excluded, Infinity (no JSON) in validation.json
@@ -265,7 +268,7 @@ def test_profiles_load_with_sources_and_bad_ones_say_what_to_do(tmp_path):
         # int(inf) raised OverflowError: a traceback instead of this line
         (
             "large_message_bytes: .inf",
-            "validation.large_message_bytes must be a positive finite number, got inf",
+            "validation.large_message_bytes: size must be a positive finite number of bytes: 'inf'",
         ),
     ],
 )
@@ -289,7 +292,7 @@ def test_a_threshold_that_would_turn_its_check_off_is_refused(tmp_path, line, me
         # int() cut 1.5 GiB written as 1610612736.5 bytes to a size nobody wrote
         (
             "large_message_bytes: 1610612736.5",
-            "validation.large_message_bytes must be a whole number of bytes, got 1610612736.5",
+            "validation.large_message_bytes: size must be a whole number of bytes: '1610612736.5'",
         ),
     ],
 )
@@ -305,6 +308,28 @@ def test_a_whole_message_size_written_as_a_float_is_read_as_bytes(tmp_path):
     profile = tmp_path / "c.yaml"
     profile.write_text("validation:\n  large_message_bytes: 1.0e9\n")
     assert load_thresholds(str(profile)).large_message_bytes == 1_000_000_000
+
+
+@pytest.mark.parametrize(("written", "size"), [("1GiB", 1 << 30), ("512M", 512 << 20), ("1.5G", 3 << 29)])
+def test_a_message_size_is_read_as_the_cli_reads_sizes(tmp_path, written, size):
+    """`large_message_bytes: 1GiB` was 'must be a number' while `--max-bytes 1GiB` was taken."""
+    profile = tmp_path / "c.yaml"
+    profile.write_text(f"validation:\n  large_message_bytes: {written}\n")
+    assert load_thresholds(str(profile)).large_message_bytes == size == bw.parse_bytes(written)
+
+
+def test_a_message_size_that_is_none_is_the_cli_options_error_after_its_key(tmp_path, capsys):
+    from gptrain.cli import build_parser
+
+    profile = tmp_path / "c.yaml"
+    profile.write_text("validation:\n  large_message_bytes: huge\n")
+    with pytest.raises(ConfigError) as error:
+        load_thresholds(str(profile))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["validate", "collectives", "--output-dir", "x", "--max-bytes", "huge"])
+    said = "not a size: 'huge' (e.g. 8, 64K, 1M, 8G)"
+    assert str(error.value) == f"{profile}: validation.large_message_bytes: {said}"
+    assert capsys.readouterr().err.strip().endswith(f"argument --max-bytes: {said}")
 
 
 @pytest.mark.parametrize(
