@@ -198,6 +198,17 @@ def check_blends(data_prefix: Any) -> None:
             raise ConfigError(f"{key}: {error}") from None
 
 
+def check_data_prefixes(prefixes: list[str]) -> None:
+    """Each prefix names a .bin/.idx pair (x.bin is the prefix x, as the job reads it), or the line
+    every data command and the job give: Path.is_file raised PermissionError (a traceback) under a
+    directory this user may not search, and told half a pair or a directory from a missing one."""
+    from gptrain.data.pair_check import pair_problem  # standard library only, no numpy
+
+    for prefix in prefixes:
+        if (problem := pair_problem(prefix)) is not None:
+            raise LaunchError(f"training.model.data.data_prefix: {problem}")
+
+
 def check_training_files(
     cfg: TrainingConfig, prepared_by_stage: bool, fetched: dict[str, str] | None = None
 ) -> list[str]:
@@ -212,18 +223,8 @@ def check_training_files(
     if data.is_mock():
         lines.append("ok  training: mock data, no data files needed")
     elif not prepared_by_stage:
-        from gptrain.data.blend_spec import strip_suffix, text_document_hint
-
         check_blends(data.data_prefix)
-        for prefix in map(strip_suffix, prefixes_of(data.data_prefix)):  # x.bin: as the job reads it
-            missing = [s for s in (".bin", ".idx") if not Path(prefix + s).is_file()]
-            if missing:
-                advice = text_document_hint(prefix) or (
-                    "prepare the data (gptrain data prepare) or add stages=[data_preparation,training]"
-                )
-                raise LaunchError(
-                    f"training.model.data.data_prefix: {prefix}{'/'.join(missing)} not found; {advice}"
-                )
+        check_data_prefixes(prefixes_of(data.data_prefix))
         lines.append(f"ok  training: {len(prefixes_of(data.data_prefix))} data prefix(es) found")
     if not data.builds_tokenizer():
         lines.append("ok  training: model.data.mock_vocab_size set, no tokenizer files needed")

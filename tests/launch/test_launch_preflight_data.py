@@ -1,0 +1,88 @@
+"""The launch preflight's data prefixes are told as every data command and the job tell them."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from gptrain.cli import main
+from gptrain.config import load_training_config
+from gptrain.data.pair_check import pair_problem
+from gptrain.errors import LaunchError
+from gptrain.launch.preflight import check_training_files
+
+
+def lock(monkeypatch, directory) -> None:
+    """A directory this user may not search (root may search any, so the refusal is stood in for)."""
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(directory) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+
+
+def training(prefix: str):
+    overrides = [f"model.data.data_prefix=[1.0,{prefix}]", "model.tokenizer.vocab_file=null"]
+    overrides += [
+        "model.tokenizer.merge_file=null",
+        "model.tokenizer.library=tiktoken",
+        "model.tokenizer.model=gpt2",
+    ]
+    return load_training_config("gpt3/126m", overrides=overrides, report_ignored=False)
+
+
+def test_a_prefix_under_a_directory_that_cannot_be_searched_is_the_data_commands_line(
+    tmp_path, monkeypatch, capsys
+):
+    """Path.is_file raised PermissionError (Python 3.11) under a directory the user may not search: a
+    traceback from `gptrain launch` where `gptrain data inspect` says one line."""
+    prefix = str(tmp_path / "locked" / "ds")
+    cfg = training(prefix)
+    lock(monkeypatch, tmp_path / "locked")
+    said = (
+        f"{prefix}.bin: cannot be looked up (Permission denied); check the permissions of {tmp_path / 'locked'}"
+        " and the directories above it"
+    )
+    assert pair_problem(prefix) == said
+    with pytest.raises(LaunchError) as error:
+        check_training_files(cfg, prepared_by_stage=False)
+    assert str(error.value) == f"training.model.data.data_prefix: {said}"
+    assert main(["data", "inspect", prefix]) == 2
+    assert said in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    launch = ["launch", "--dry-run", "cluster_type=local", "training.trainer.accelerator=cpu"]
+    launch += ["training.trainer.devices=1", "training.trainer.num_nodes=1"]
+    launch += [f"training.model.data.data_prefix=[1.0,{prefix}]", "training.model.tokenizer.vocab_file=null"]
+    launch += ["training.model.tokenizer.merge_file=null", "training.model.tokenizer.library=tiktoken"]
+    launch += ["training.model.tokenizer.model=gpt2"]
+    assert main(launch) == 0  # a dry run renders anyway, the failed check said as a warning
+    said_by_launch = capsys.readouterr()
+    out = said_by_launch.out + said_by_launch.err
+    assert (
+        "Traceback" not in out
+        and f"warning  training.model.data.data_prefix: {said} (a real launch stops here)" in out
+    )
+
+
+@pytest.mark.parametrize("made", ["a directory", "half a pair"])
+def test_a_prefix_that_names_no_pair_is_told_as_the_job_tells_it(tmp_path, made):
+    """The preflight said '<x>.bin/.idx not found' of a directory given as a prefix, where the job (and
+    every data command) names a dataset in it or the missing half."""
+    prefix = tmp_path / "data"
+    if made == "a directory":
+        prefix.mkdir()
+        (prefix / "a_text_document.bin").write_bytes(b"")
+        (prefix / "a_text_document.idx").write_bytes(b"")
+    else:
+        (tmp_path / "data.bin").write_bytes(b"")
+    with pytest.raises(LaunchError) as error:
+        check_training_files(training(str(prefix)), prepared_by_stage=False)
+    assert str(error.value) == f"training.model.data.data_prefix: {pair_problem(str(prefix))}"
+    assert (
+        "a directory, not a dataset prefix" if made == "a directory" else "data.idx not found beside"
+    ) in str(error.value)
