@@ -7,7 +7,9 @@ job waited in the queue. Both are cheap to check on the login node.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -334,7 +336,7 @@ def check_tokenizer_files(
     for key in ("vocab_file", "merge_file", "model"):
         value = tokenizer.get(key)
         if value and ("/" in str(value) or str(value).endswith((".json", ".txt", ".model"))):
-            if Path(str(value)).is_file():
+            if _is_file(str(value), f"{where}.{key}"):
                 found.append(key)
             elif str(value) in urls:
                 to_fetch.append(f"{key} from {urls[str(value)]}")
@@ -342,3 +344,19 @@ def check_tokenizer_files(
                 raise LaunchError(f"{where}.{key}: {value} not found")
     line = f"ok  {where}: {', '.join(found) or 'no files'} present"
     return line + (f"; data_preparation fetches {', '.join(to_fetch)}" if to_fetch else "")
+
+
+def _is_file(path: str, name: str) -> bool:
+    """Whether `path` is a file; one under a directory this user may not search is a LaunchError
+    naming `name` (Path.is_file raised PermissionError there: a traceback, even under --dry-run)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in it, as is_file
+        return False
+    except OSError as error:
+        advice = "check the file system"
+        if isinstance(error, PermissionError):
+            advice = "check the permissions of the directories above it"
+        raise LaunchError(
+            f"{name}: {path} cannot be looked up ({error.strerror or error}); {advice}"
+        ) from None

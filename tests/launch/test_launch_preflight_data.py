@@ -1,4 +1,5 @@
-"""The launch preflight's data prefixes are told as every data command and the job tell them."""
+"""The launch preflight's data prefixes are told as every data command and the job tell them, and a
+file it cannot look up is one line."""
 
 from __future__ import annotations
 
@@ -86,3 +87,31 @@ def test_a_prefix_that_names_no_pair_is_told_as_the_job_tells_it(tmp_path, made)
     assert (
         "a directory, not a dataset prefix" if made == "a directory" else "data.idx not found beside"
     ) in str(error.value)
+
+
+def test_a_tokenizer_file_under_a_directory_that_cannot_be_searched_is_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    """Path.is_file raised PermissionError: a traceback from `gptrain launch`, --dry-run too."""
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"ds{suffix}").write_bytes(b"")
+    vocab = tmp_path / "locked" / "vocab.json"
+    lock(monkeypatch, tmp_path / "locked")
+    overrides = [f"model.data.data_prefix=[1.0,{tmp_path}/ds]", f"model.tokenizer.vocab_file={vocab}"]
+    cfg = load_training_config(
+        "gpt3/126m", overrides=[*overrides, "model.tokenizer.merge_file=null"], report_ignored=False
+    )
+    said = (
+        f"training.model.tokenizer.vocab_file: {vocab} cannot be looked up (Permission denied); check the"
+        " permissions of the directories above it"
+    )
+    with pytest.raises(LaunchError) as error:
+        check_training_files(cfg, prepared_by_stage=False)
+    assert str(error.value) == said
+    monkeypatch.chdir(tmp_path)
+    launch = ["launch", "--dry-run", "cluster_type=local", "training.trainer.accelerator=cpu"]
+    launch += ["training.trainer.devices=1", "training.trainer.num_nodes=1"]
+    launch += [f"training.{o}" for o in overrides] + ["training.model.tokenizer.merge_file=null"]
+    assert main(launch) == 0
+    out = "".join(capsys.readouterr())
+    assert "Traceback" not in out and f"warning  {said} (a real launch stops here)" in out
