@@ -33,7 +33,7 @@ from gptrain.train.step import (
 )
 
 if TYPE_CHECKING:
-    from gptrain.train.loop import Session
+    from gptrain.train.session import Session
 
 Queued = tuple[float | torch.Tensor, int | torch.Tensor]  # (mean loss, tokens) of a forward/backward
 

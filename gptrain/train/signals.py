@@ -3,7 +3,7 @@
 Handlers only set a flag; the loop checks it at the next step boundary, saves a
 checkpoint and exits with EXIT_REQUEUE, so no state is ever saved mid-step. A signal
 during start-up (model build, data indices, checkpoint load) stops the run before its
-first step, with nothing to save (the loop's stop_before_training).
+first step, with nothing to save (gptrain.train.stopping.stop_before_training).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from gloo_worker import run_as_rank
 from gptrain.checkpoint import directory
 from gptrain.config import load_training_config
 from gptrain.errors import GptrainError
-from gptrain.train import loop
+from gptrain.train import resuming
 
 
 def main() -> int:
@@ -25,13 +25,13 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     run, source, out, mode = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     if dist.get_rank() == 1 and mode == "own":
-        loop.complete_steps = lambda root: []
+        resuming.complete_steps = lambda root: []
     if dist.get_rank() == 0 and mode == "unreadable":
 
         def unreadable(root):
             raise PermissionError(13, "Permission denied", str(root))
 
-        loop.complete_steps = unreadable
+        resuming.complete_steps = unreadable
     if dist.get_rank() == 1 and mode == "source":
         steps = directory.complete_steps
         directory.complete_steps = lambda root: steps(root)[:-1]
@@ -41,7 +41,7 @@ def main() -> int:
         f"exp_manager.resume_if_exists={str(mode != 'requeued' or dist.get_rank() == 0).lower()}",
     ]
     try:
-        start = loop.checkpoint_to_start_from(load_training_config("gpt3/126m", overrides))
+        start = resuming.checkpoint_to_start_from(load_training_config("gpt3/126m", overrides))
     except GptrainError as error:
         start = f"error: {error}"
     (out / f"rank_{dist.get_rank()}.txt").write_text(str(start))

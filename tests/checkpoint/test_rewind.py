@@ -203,7 +203,7 @@ def test_the_rewind_hint_quotes_a_run_directory_with_spaces_and_to_takes_a_step_
     import shlex
 
     from gptrain.checkpoint.rewind import target_step
-    from gptrain.train.loop import unused_start_from_text
+    from gptrain.train.resuming import unused_start_from_text
 
     run = tmp_path / "my run; x"
     root = run_with_checkpoints(run, [2, 4])

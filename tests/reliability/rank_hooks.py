@@ -23,22 +23,22 @@ import time
 
 from gptrain.cli import main
 from gptrain.data import gpt_dataset
-from gptrain.train import loop
+from gptrain.train import resuming, saving, step_loop
 
 
 def fail_after(failing_rank: int, failing_iteration: int) -> None:
-    record = loop.record
+    record = step_loop.record
 
     def record_then_fail(s, result, samples=None):
         record(s, result, samples)
         if s.world.rank == failing_rank and s.state.step == failing_iteration:
             raise RuntimeError(f"rank-local failure injected on rank {failing_rank}")
 
-    loop.record = record_then_fail
+    step_loop.record = record_then_fail
 
 
 def kill_after(killed_rank: int, iteration: int) -> None:
-    record = loop.record
+    record = step_loop.record
 
     def record_then_die(s, result, samples=None):
         record(s, result, samples)
@@ -46,7 +46,7 @@ def kill_after(killed_rank: int, iteration: int) -> None:
             s.watchdog.publish()  # its heartbeat, as a run minutes old always has one in the store
             os.kill(os.getpid(), signal.SIGKILL)
 
-    loop.record = record_then_die
+    step_loop.record = record_then_die
 
 
 def report_index_builds() -> None:
@@ -61,25 +61,25 @@ def report_index_builds() -> None:
 
 
 def signal_in_save(signalled_rank: int, iteration: int) -> None:
-    save = loop.save_checkpoint
+    save = saving.save_checkpoint
 
     def signalled_while_saving(s, *args, **kwargs):
         if s.world.rank == signalled_rank and s.state.step == iteration:
             os.kill(os.getpid(), signal.SIGUSR1)
         return save(s, *args, **kwargs)
 
-    loop.save_checkpoint = signalled_while_saving
+    saving.save_checkpoint = signalled_while_saving
 
 
 def signal_in_startup(signalled_rank: int) -> None:
-    resume = loop.resume
+    resume = resuming.resume
 
     def signalled_while_loading(s, *args, **kwargs):
         if s.world.rank == signalled_rank:
             os.kill(os.getpid(), signal.SIGTERM)
         return resume(s, *args, **kwargs)
 
-    loop.resume = signalled_while_loading
+    resuming.resume = signalled_while_loading
 
 
 def signal_before_start(signalled_rank: int) -> None:

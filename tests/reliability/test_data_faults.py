@@ -12,7 +12,7 @@ import pytest
 from reliability_helpers import train_args
 
 from gptrain.cli import main
-from gptrain.train import loop
+from gptrain.train import step_loop
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -45,7 +45,7 @@ def own_children() -> list[int]:
 def test_a_loader_worker_killed_by_the_oom_killer_is_one_line(tmp_path, capsys, monkeypatch, indexed_corpus):
     """The kernel's OOM killer takes a DataLoader worker (SIGKILL): torch's RuntimeError and the broken
     connection beneath it were printed as two tracebacks of some 60 lines, exit 1."""
-    real_record = loop.record
+    real_record = step_loop.record
 
     def record_then_kill_the_workers(s, result, *args):
         real_record(s, result, *args)
@@ -54,7 +54,7 @@ def test_a_loader_worker_killed_by_the_oom_killer_is_one_line(tmp_path, capsys, 
                 os.kill(pid, signal.SIGKILL)
             time.sleep(0.5)  # the SIGCHLD reaches the loader before its next batch
 
-    monkeypatch.setattr(loop, "record", record_then_kill_the_workers)
+    monkeypatch.setattr(step_loop, "record", record_then_kill_the_workers)
     args = train_args(tmp_path / "run", *indexed_corpus, "trainer.max_steps=6", "model.data.num_workers=1")
     assert main(args) == 2
     err = capsys.readouterr().err

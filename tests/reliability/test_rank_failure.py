@@ -15,7 +15,7 @@ from reliability_helpers import TINY, finish_ranks, start_ranks
 
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.config import load_training_config
-from gptrain.train import loop
+from gptrain.train import loop, step_loop
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -53,14 +53,14 @@ def test_a_rank_killed_mid_run_is_named_by_the_other_in_one_line(tmp_path, kille
 
 
 def test_a_background_save_of_a_finished_step_completes_when_a_later_step_fails(tmp_path, monkeypatch):
-    record = loop.record
+    record = step_loop.record
 
     def record_then_fail(s, result, samples=None):
         record(s, result, samples)
         if s.state.step == 3:
             raise RuntimeError("injected failure at iteration 3")
 
-    monkeypatch.setattr(loop, "record", record_then_fail)
+    monkeypatch.setattr(step_loop, "record", record_then_fail)
     overrides = [
         *TINY,
         f"exp_manager.explicit_log_dir={tmp_path}",

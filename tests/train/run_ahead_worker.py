@@ -15,14 +15,14 @@ from pathlib import Path
 
 from train_e2e_helpers import MOCK, RUN_AHEAD_SHAPE, record_runs_ahead, tiny_config
 
-from gptrain.train import builders, loop
+from gptrain.train import builders, loop, step_loop
 
 
 def main() -> None:
     out, log_dir, run_ahead, stop_at = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     layout = sys.argv[5:] or ["model.data_parallel_sharding=ddp"]
     rank = int(os.environ["RANK"])
-    real_build, real_record = builders.build_optimizer, loop.record
+    real_build, real_record = builders.build_optimizer, step_loop.record
     losses, ahead = {}, record_runs_ahead()
 
     def recording(session, result, *args):
@@ -32,7 +32,7 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGUSR1)
 
     builders.build_optimizer = lambda *args: real_build(*args[:-1], "cuda")
-    loop.record = recording
+    step_loop.record = recording
     cfg = tiny_config(
         Path(log_dir),
         *MOCK,

@@ -5,7 +5,7 @@ import pytest
 from train_e2e_helpers import MOCK, run_recording, tiny_config
 
 from gptrain.errors import ConfigError
-from gptrain.train import loop
+from gptrain.train import loop, step_loop
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -36,7 +36,7 @@ def test_a_crash_in_the_first_step_leaves_no_empty_folders(tmp_path, monkeypatch
     def crash(*args):
         raise RuntimeError("a crash in the first step")
 
-    monkeypatch.setattr(loop, "record", crash)
+    monkeypatch.setattr(step_loop, "record", crash)
     with pytest.raises(RuntimeError, match="a crash in the first step"):
         loop.train(tiny_config(log_dir, *MOCK))
     left = sorted(p.name for p in log_dir.iterdir())
@@ -57,11 +57,11 @@ def test_folders_the_run_did_not_make_or_that_hold_files_stay(tmp_path, monkeypa
             raise RuntimeError("a crash at step 3")
         real_record(session, result, *args)
 
-    real_record = loop.record
-    monkeypatch.setattr(loop, "record", crash_at_3)
+    real_record = step_loop.record
+    monkeypatch.setattr(step_loop, "record", crash_at_3)
     with pytest.raises(RuntimeError, match="a crash at step 3"):
         loop.train(tiny_config(saved, *MOCK, "trainer.val_check_interval=1000"))
-    monkeypatch.setattr(loop, "record", real_record)
+    monkeypatch.setattr(step_loop, "record", real_record)
     assert sorted(p.name for p in (saved / "checkpoints").iterdir()) == ["latest", "step_2"]
     assert any(p.name.startswith("events.out.tfevents.") for p in saved.iterdir())
     assert run_recording(monkeypatch, tiny_config(saved, *MOCK, "trainer.val_check_interval=1000"))[0] == 0

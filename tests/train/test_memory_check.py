@@ -8,7 +8,7 @@ from train_e2e_helpers import MOCK, TINY
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
-from gptrain.train import loop
+from gptrain.train import step_loop
 from gptrain.train.memory_check import GIB, estimate_gib, out_of_memory, start_warning
 
 GPT2_VOCAB = 50257
@@ -78,7 +78,7 @@ def test_an_out_of_memory_error_during_training_ends_the_run_in_one_line(
         except torch.OutOfMemoryError as error:
             raise RuntimeError("[Stage 1] failed to run backward stage") from error
 
-    monkeypatch.setattr(loop, "run", run_out_of_memory)
+    monkeypatch.setattr(step_loop, "run", run_out_of_memory)
     assert main(["train", "gpt3/126m", *TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(

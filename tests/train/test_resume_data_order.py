@@ -123,7 +123,7 @@ def test_rank_0_says_it_when_the_logging_rank_is_another():
     from types import SimpleNamespace
 
     from gptrain.train.data_order import order_record
-    from gptrain.train.loop import warn_if_the_order_changed
+    from gptrain.train.resuming import warn_if_the_order_changed
 
     trainer = SimpleNamespace(max_steps=4, train_samples=None, val_check_interval=1000, limit_val_batches=1)
     before = [np.full(SEQ + 1, i) for i in range(32)]

@@ -34,7 +34,7 @@ def test_a_resume_with_a_smaller_global_batch_names_the_train_samples_it_needs(t
 
 def test_a_split_too_small_for_max_steps_still_asks_for_data(tmp_path, monkeypatch):
     from gptrain.config import load_training_config
-    from gptrain.train.loop import ran_out_of_samples
+    from gptrain.train.step_loop import ran_out_of_samples
 
     cfg = load_training_config("gpt3/126m", ["trainer.max_steps=10", "model.global_batch_size=4"])
     assert ran_out_of_samples(cfg, 7, 24).endswith(

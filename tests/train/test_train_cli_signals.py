@@ -179,20 +179,20 @@ def test_a_sigterm_after_the_stop_checkpoint_still_exits_75(tmp_path):
 def test_a_stop_signal_during_start_up_trains_no_step_and_saves_nothing(tmp_path, capsys, monkeypatch):
     """SIGUSR1 while the checkpoint loads (start-up): the run stopped only after training a step and
     saving it; now it exits 75 before step 1, its checkpoint the one it loaded."""
-    from gptrain.train import loop
+    from gptrain.train import resuming
 
     args = ["train", "gpt3/126m", *TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path}"]
     args += ["exp_manager.checkpoint_callback_params.every_n_train_steps=2"]
     assert main([*args, "trainer.max_steps=2"]) == 0
     assert complete_steps(tmp_path / "checkpoints") == [2]
     capsys.readouterr()
-    resume = loop.resume
+    resume = resuming.resume
 
     def signalled_while_loading(s, *a, **k):
         os.kill(os.getpid(), signal.SIGUSR1)
         return resume(s, *a, **k)
 
-    monkeypatch.setattr(loop, "resume", signalled_while_loading)
+    monkeypatch.setattr(resuming, "resume", signalled_while_loading)
     assert main([*args, "trainer.max_steps=4"]) == EXIT_REQUEUE
     assert complete_steps(tmp_path / "checkpoints") == [2]
     out = capsys.readouterr().out

@@ -19,7 +19,7 @@ from train_e2e_helpers import (
 
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.errors import EXIT_REQUEUE
-from gptrain.train import builders, loop
+from gptrain.train import builders, eval_splits, loop, results, resuming, saving, step_loop
 from gptrain.train.results import TB_TEST_LOSS, TEST_DONE
 from gptrain.train.step import StepOptions, masked_lm_loss
 
@@ -54,13 +54,13 @@ def test_full_run_exits_zero_with_final_checkpoint(uninterrupted):
 @pytest.mark.parametrize("async_save", ["false", "true"])
 def test_resume_after_sigusr1_is_bit_exact(uninterrupted, tmp_path, monkeypatch, async_save):
     full_dir, _, full_losses = uninterrupted
-    saving = f"exp_manager.checkpoint_callback_params.async_save={async_save}"
-    code, first = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, saving), signal_at=3)
+    async_saving = f"exp_manager.checkpoint_callback_params.async_save={async_save}"
+    code, first = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, async_saving), signal_at=3)
     assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]
     assert complete_steps(tmp_path / "checkpoints")[-1] == 3
     started, _ = saves_logged(tmp_path)  # the save before the stop is written in place on CPU
     assert started == (["step_2"] if async_save == "true" else [])
-    code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, saving))
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, async_saving))
     assert code == 0 and sorted(second) == [4, 5, 6]
     for step in range(1, 7):
         assert (first | second)[step] == full_losses[step], step  # bit for bit, not approx
@@ -95,14 +95,14 @@ def test_a_stop_asked_during_a_save_exits_after_that_save(uninterrupted, tmp_pat
     in the time Slurm's warning signal leaves before the kill (for a large model, a second save of
     minutes). Now it exits 75 once the save it was in is written, and resumes from it bit-exactly."""
     full_dir, _, full_losses = uninterrupted
-    saving = f"exp_manager.checkpoint_callback_params.async_save={async_save}"
-    signal_during(monkeypatch, loop, "save_checkpoint", at_step=4)
-    code, first = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, saving))
+    async_saving = f"exp_manager.checkpoint_callback_params.async_save={async_save}"
+    signal_during(monkeypatch, saving, "save_checkpoint", at_step=4)
+    code, first = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, async_saving))
     monkeypatch.undo()
     assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3, 4]
     assert complete_steps(tmp_path / "checkpoints") == [2, 4]
     assert "stopping at iteration 4: received SIGUSR1" in log_lines(tmp_path)[-1]
-    code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, saving))
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, async_saving))
     assert code == 0 and sorted(second) == [5, 6]
     for step in range(1, 7):
         assert (first | second)[step] == full_losses[step], step
@@ -114,7 +114,7 @@ def test_a_stop_asked_during_a_validation_saves_at_that_step(uninterrupted, tmp_
     """Validation at iteration 3 (val_check_interval=3; no save due there): the stop saves at 3, with
     its validation done, instead of after one more step."""
     full_dir, _, full_losses = uninterrupted
-    signal_during(monkeypatch, loop, "validate", at_step=3)
+    signal_during(monkeypatch, eval_splits, "validate", at_step=3)
     code, first = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
     monkeypatch.undo()
     assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]
@@ -157,7 +157,7 @@ def test_a_stop_during_the_validation_a_resume_runs_first_exits_before_a_step(
     saved: the requeued run validates iteration 3 again and goes on."""
     code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=3)  # val_check_interval=3
     assert code == EXIT_REQUEUE and complete_steps(tmp_path / "checkpoints")[-1] == 3
-    signal_during(monkeypatch, loop, "validate", at_step=3)
+    signal_during(monkeypatch, eval_splits, "validate", at_step=3)
     code, trained = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
     monkeypatch.undo()
     assert code == EXIT_REQUEUE and trained == {}
@@ -181,13 +181,13 @@ def test_a_stop_during_start_up_exits_before_the_validation_a_resume_owes(
 
     code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=3)  # val_check_interval=3
     assert code == EXIT_REQUEUE and validation_lines(tmp_path) == []
-    real_resume = loop.resume
+    real_resume = resuming.resume
 
     def signalled_while_loading(s, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGUSR1)
         return real_resume(s, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "resume", signalled_while_loading)
+    monkeypatch.setattr(resuming, "resume", signalled_while_loading)
     code, trained = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
     monkeypatch.undo()
     assert code == EXIT_REQUEUE and trained == {} and validation_lines(tmp_path) == []
@@ -257,13 +257,13 @@ def test_the_validation_a_resumed_run_runs_first_is_not_training_time(tmp_path, 
     assert code == EXIT_REQUEUE
     clock = ShiftedClock()
     monkeypatch.setattr(meter, "time", clock)
-    real_evaluate = loop.evaluate
+    real_evaluate = eval_splits.evaluate
 
     def evaluate_taking_1000_s(*args):
         clock.offset += 1000.0
         return real_evaluate(*args)
 
-    monkeypatch.setattr(loop, "evaluate", evaluate_taking_1000_s)
+    monkeypatch.setattr(eval_splits, "evaluate", evaluate_taking_1000_s)
     code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
     assert code == 0
     assert "validation of iteration 3 was due when the run stopped: running it first" in log_lines(tmp_path)
@@ -354,14 +354,14 @@ def test_the_test_split_is_evaluated_beside_the_last_background_write(tmp_path, 
     """With validation and a test split after it, the last save goes to the background too, and
     the run waits for it only after the test split."""
     pending_at_test = []
-    real_evaluate_split = loop.evaluate_split
+    real_evaluate_split = eval_splits.evaluate_split
 
     def recording(s, data, batches, where, tag):
-        if tag == loop.TB_TEST_LOSS:
+        if tag == results.TB_TEST_LOSS:
             pending_at_test.append(s.checkpoints.writing)
         real_evaluate_split(s, data, batches, where, tag)
 
-    monkeypatch.setattr(loop, "evaluate_split", recording)
+    monkeypatch.setattr(eval_splits, "evaluate_split", recording)
     code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, ASYNC))
     assert code == 0 and pending_at_test == [True]
     assert any("on test set" in line for line in log_lines(tmp_path))
@@ -388,7 +388,7 @@ def test_running_out_of_training_samples_names_the_iteration_left_without_them()
         device=torch.device("cpu"),
         current_global_batch=lambda: 4,
     )
-    batches = loop.microbatches(s, [{"tokens": torch.tensor([i])} for i in range(10)])
+    batches = step_loop.microbatches(s, [{"tokens": torch.tensor([i])} for i in range(10)])
     assert [mb["tokens"].tolist() for mb in next(batches)] == [[[4], [5]], [[6], [7]]]
     with pytest.raises(DataError, match=r"^the train split ran out of samples at iteration 5 \(after 8 "):
         next(batches)
@@ -452,7 +452,7 @@ def test_nan_iterations_are_skipped_counted_and_stop_the_run(tmp_path, monkeypat
     )
     cfg = tiny_config(tmp_path, *MOCK, "trainer.max_consecutive_nonfinite=3", "trainer.max_steps=20")
     with pytest.raises(
-        loop.TrainingDivergedError, match=r"3 iterations in a row \(last at iteration 5\)"
+        step_loop.TrainingDivergedError, match=r"3 iterations in a row \(last at iteration 5\)"
     ) as info:
         run_recording(monkeypatch, cfg)
     assert f"last good checkpoint: {tmp_path / 'checkpoints' / 'step_2'};" in str(info.value)
@@ -493,7 +493,7 @@ def files_of(directory):
 def spy_on_start_from(monkeypatch):
     """What the run holds right after loading another run's checkpoint."""
     seen = {}
-    real = loop.start_from
+    real = resuming.start_from
 
     def spying(s, source):
         real(s, source)
@@ -501,7 +501,7 @@ def spy_on_start_from(monkeypatch):
         seen["weights"] = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
         seen["optimizer_state"] = len(s.optimizer.state)
 
-    monkeypatch.setattr(loop, "start_from", spying)
+    monkeypatch.setattr(resuming, "start_from", spying)
     return seen
 
 
@@ -628,19 +628,19 @@ def test_async_checkpoint_staging_is_prepared_once_after_the_first_updating_step
     from gptrain.train.step import StepResult
 
     prepared = []
-    monkeypatch.setattr(loop, "checkpoint_state", lambda *parts: {"state": len(prepared)})
+    monkeypatch.setattr(saving, "checkpoint_state", lambda *parts: {"state": len(prepared)})
     s = SimpleNamespace(
         checkpoints=SimpleNamespace(async_save=True, prepare_staging=prepared.append),
         device=torch.device("cuda"),
         model=torch.nn.Linear(2, 2), optimizer=None, schedule=None, scaler=None, state=None,
     )  # fmt: skip
-    assert not loop.prepare_checkpoint_staging(s, StepResult(loss=float("nan"), nonfinite=True))
+    assert not saving.prepare_checkpoint_staging(s, StepResult(loss=float("nan"), nonfinite=True))
     assert prepared == []  # no optimizer state yet: building its state dict would create one
-    assert loop.prepare_checkpoint_staging(s, StepResult(loss=2.0, updated=True))
+    assert saving.prepare_checkpoint_staging(s, StepResult(loss=2.0, updated=True))
     assert prepared == [{"state": 0}]
     for async_save, device in ((False, "cuda"), (True, "cpu")):
         s.checkpoints.async_save, s.device = async_save, torch.device(device)
-        assert loop.prepare_checkpoint_staging(s, StepResult(loss=2.0, updated=True))
+        assert saving.prepare_checkpoint_staging(s, StepResult(loss=2.0, updated=True))
     assert len(prepared) == 1
 
 
@@ -747,9 +747,13 @@ def test_validation_and_saves_are_not_step_time_in_the_step_times_files(tmp_path
     clock = ShiftedClock()
     monkeypatch.setattr(meter, "time", clock)
     monkeypatch.setattr(step_times, "time", clock)
-    real_open, real_evaluate, real_save = loop.StepTimes.open, loop.evaluate, loop.save_checkpoint
+    real_open, real_evaluate, real_save = (
+        step_loop.StepTimes.open,
+        eval_splits.evaluate,
+        saving.save_checkpoint,
+    )
     # a file as rank 0 of two writes it (a world of one writes none)
-    monkeypatch.setattr(loop.StepTimes, "open", lambda log_dir, rank, world: real_open(log_dir, rank, 2))
+    monkeypatch.setattr(step_loop.StepTimes, "open", lambda log_dir, rank, world: real_open(log_dir, rank, 2))
 
     def taking_1000_s(real):
         def slow(*args, **kwargs):
@@ -758,8 +762,8 @@ def test_validation_and_saves_are_not_step_time_in_the_step_times_files(tmp_path
 
         return slow
 
-    monkeypatch.setattr(loop, "evaluate", taking_1000_s(real_evaluate))
-    monkeypatch.setattr(loop, "save_checkpoint", taking_1000_s(real_save))
+    monkeypatch.setattr(eval_splits, "evaluate", taking_1000_s(real_evaluate))
+    monkeypatch.setattr(saving, "save_checkpoint", taking_1000_s(real_save))
     code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=3)  # saves at 2 and 3
     assert code == EXIT_REQUEUE
     clock.offset = 0.0  # a new process (the meter and the file take their start from the real clock)

@@ -228,19 +228,19 @@ def test_a_requeued_run_resuming_its_wandb_run_keeps_the_iterations_it_logs_agai
         f"{kwargs}.resume=allow",
         "exp_manager.checkpoint_callback_params.every_n_train_steps=3",
     ]
-    from gptrain.train import loop
+    from gptrain.train import loop, step_loop
 
-    real_record = loop.record
+    real_record = step_loop.record
 
     def failing_at_6(session, result, *args):  # after iteration 5's line, before 6's
         if session.state.step == 5:
             raise RuntimeError("node failure")
         real_record(session, result, *args)
 
-    monkeypatch.setattr(loop, "record", failing_at_6)
+    monkeypatch.setattr(step_loop, "record", failing_at_6)
     with pytest.raises(RuntimeError, match="node failure"):
         loop.train(tiny_config(tmp_path / "run", *shape))
-    monkeypatch.setattr(loop, "record", real_record)
+    monkeypatch.setattr(step_loop, "record", real_record)
     code, losses = run_recording(monkeypatch, tiny_config(tmp_path / "run", *shape))  # resumes at 3
     assert code == 0 and sorted(losses) == [4, 5, 6]
     assert wandb.dropped == []

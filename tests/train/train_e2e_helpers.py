@@ -5,7 +5,7 @@ import signal
 from pathlib import Path
 
 from gptrain.config import load_training_config
-from gptrain.train import loop
+from gptrain.train import eval_splits, loop, step_loop
 
 TINY = [
     "trainer.accelerator=cpu",
@@ -51,7 +51,7 @@ def tiny_config(log_dir: Path, *overrides: str):
 def run_recording(monkeypatch, cfg, signal_at: int | None = None) -> tuple[int, dict[int, float]]:
     """train(cfg) -> (exit code, {iteration: loss}); optionally SIGUSR1 ourselves during `signal_at`."""
     losses: dict[int, float] = {}
-    real_record = loop.record
+    real_record = step_loop.record
 
     def recording(session, result, *args):
         real_record(session, result, *args)
@@ -59,9 +59,9 @@ def run_recording(monkeypatch, cfg, signal_at: int | None = None) -> tuple[int, 
         if session.state.step == signal_at:
             os.kill(os.getpid(), signal.SIGUSR1)
 
-    monkeypatch.setattr(loop, "record", recording)
+    monkeypatch.setattr(step_loop, "record", recording)
     code = loop.train(cfg)
-    monkeypatch.setattr(loop, "record", real_record)
+    monkeypatch.setattr(step_loop, "record", real_record)
     return code, losses
 
 
@@ -95,11 +95,11 @@ def preempted_at_the_test_split(monkeypatch) -> None:
     """Runs end with Preempted where their test split would start (after the last save)."""
     from gptrain.train.results import TB_TEST_LOSS
 
-    real_evaluate_split = loop.evaluate_split
+    real_evaluate_split = eval_splits.evaluate_split
 
     def evaluate_split(s, data, batches, where, tag):
         if tag == TB_TEST_LOSS:
             raise Preempted
         return real_evaluate_split(s, data, batches, where, tag)
 
-    monkeypatch.setattr(loop, "evaluate_split", evaluate_split)
+    monkeypatch.setattr(eval_splits, "evaluate_split", evaluate_split)

@@ -134,7 +134,7 @@ def test_the_first_step_from_an_import_has_the_transformers_models_loss(tmp_path
     import transformers
 
     from gptrain.config import load_training_config
-    from gptrain.train import loop
+    from gptrain.train import loop, step_loop
     from gptrain.train.builders import _build_datasets
 
     config = transformers.LlamaConfig(
@@ -149,9 +149,9 @@ def test_the_first_step_from_an_import_has_the_transformers_models_loss(tmp_path
     overrides = [*TRAIN, "trainer.devices=1", "trainer.max_steps=1", "model.micro_batch_size=2"]
     cfg = load_training_config(config_file=str(tmp_path / "imported" / "hparams.yaml"), overrides=overrides)
     losses = []
-    real_record = loop.record
+    real_record = step_loop.record
     monkeypatch.setattr(
-        loop, "record", lambda s, result, *a: (losses.append(result.loss), real_record(s, result, *a))
+        step_loop, "record", lambda s, result, *a: (losses.append(result.loss), real_record(s, result, *a))
     )
     assert loop.train(cfg) == 0
     train, _, _ = _build_datasets(cfg, 256, None)

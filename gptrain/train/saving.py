@@ -1,0 +1,78 @@
+"""The run's checkpoint saves: when they are due, what they hold, their reports, and the
+background write a failed run still finishes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gptrain.checkpoint.manager import SaveReport
+from gptrain.parallel.rng import stream_layout
+from gptrain.train.data_order import order_record
+from gptrain.train.session import Session
+from gptrain.train.state import checkpoint_state, rank_state
+from gptrain.train.step import StepResult
+
+
+def saves_at(s: Session, step: int) -> bool:
+    """A checkpoint is due after `step` (exp_manager.checkpoint_callback_params.every_n_train_steps)."""
+    every = s.cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
+    return s.cfg.exp_manager.create_checkpoint_callback and bool(every) and step % every == 0
+
+
+def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
+    """`waited_for`: the run waits for this save at once, with nothing to do beside its write
+    (CheckpointManager.save)."""
+    state = checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state)
+    extra = rank_state(stream_layout(s.cfg, s.world))
+    if s.train_split is not None:  # the next samples, to tell a changed order at resume
+        consumed = s.state.consumed_samples
+        extra["train_order"] = order_record(s.train_split, s.valid_split, consumed, s.cfg.trainer)
+
+    path = s.checkpoints.save(s.state.step, state, extra, waited_for)
+    if s.checkpoints.writing:
+        s.log(f"saving checkpoint {path.name} in the background")
+    return path
+
+
+def watch_checkpoint_saves(s: Session) -> None:
+    """Report each save's stall when it is written; a background save's staging copy must be
+    finished before the optimizer changes the weights it copies."""
+    s.checkpoints.on_saved = lambda report: report_save(s, report)
+    s.optimizer.register_step_pre_hook(lambda *_: s.checkpoints.wait_for_staging())
+
+
+def prepare_checkpoint_staging(s: Session, result: StepResult) -> bool:
+    """Have the pinned staging buffer of async saves allocated in the background while training
+    goes on, so the first save does not stall for it. Waits for a step that updated (the
+    optimizer state exists then, and building its state dict changes nothing); True when done
+    or not needed."""
+    if not s.checkpoints.async_save or s.device.type != "cuda":
+        return True
+    if not result.updated:
+        return False
+    s.checkpoints.prepare_staging(checkpoint_state(s.model, s.optimizer, s.schedule, s.scaler, s.state))
+    return True
+
+
+def report_save(s: Session, report: SaveReport) -> None:
+    """The size only on the logging rank: finding it elsewhere is work for a number no one reads."""
+    s.log(report.describe(size=s.logging_rank))
+    if not s.logging_rank:
+        return
+    s.scalars.add(
+        {
+            "checkpoint/stall_ms": 1000 * report.stall_s,
+            "checkpoint/write_s": report.write_s,
+            "checkpoint/size_GB": report.bytes / 1e9,
+        },
+        report.step,
+    )
+
+
+def finish_saves_after_failure(s: Session) -> None:
+    """A background save of a finished step still counts when the run fails after it: give
+    it the hang timeout (at least a minute) to finish writing, then leave."""
+    timeout_s = max(60.0, 60.0 * s.cfg.trainer.hang_timeout_minutes)
+    note = s.checkpoints.finish_after_failure(timeout_s)
+    if note is not None:
+        s.log(note)

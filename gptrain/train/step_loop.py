@@ -1,0 +1,232 @@
+"""The step loop: iterate to trainer.max_steps; at each step boundary log, check, validate,
+checkpoint, and stop where every rank agreed to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from gptrain.config import TrainingConfig
+from gptrain.errors import DataError, GptrainError
+from gptrain.train import eval_splits, saving, stopping
+from gptrain.train.batches import GPTBatchDataset, build_loader, raise_if_a_worker_died, shut_down_workers
+from gptrain.train.meter import IntervalMeter, RunShape, interval_report
+from gptrain.train.overlap import StepRunner, can_run_ahead
+from gptrain.train.results import forget_test_done
+from gptrain.train.session import Session
+from gptrain.train.signals import StopRequest
+from gptrain.train.step import Batch, StepResult
+from gptrain.train.step_times import StepTimes
+from gptrain.train.stop_agreement import StopAgreement
+
+
+class TrainingDivergedError(GptrainError):
+    """The loss stayed non-finite for trainer.max_consecutive_nonfinite iterations."""
+
+
+def run(
+    s: Session,
+    train_data: GPTBatchDataset,
+    valid_data: GPTBatchDataset | None,
+    test_data: GPTBatchDataset | None,
+    stop: StopRequest,
+) -> int:
+    """Iterate to trainer.max_steps; at each step boundary log, check, validate, checkpoint.
+
+    At the end: validation, the final checkpoint, the test split (beside a background write of
+    that checkpoint, which the run then waits for). Resumed at max_steps: finish_at_max_steps.
+    """
+    t = s.cfg.trainer
+    if s.state.step >= t.max_steps:
+        return eval_splits.finish_at_max_steps(s, test_data)
+    agreement = StopAgreement()
+    meter = IntervalMeter(start_step=s.state.step)
+    times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
+    early = stopping.agree_before_training(s, agreement, stop)
+    if early is not None:  # asked during start-up: not worth a validation the requeued run repeats
+        return stopping.stop_before_training(s, early)
+    # out of the first interval's time, as every validation is out of its own; agreed again after
+    # it, so that a stop asked during it (the resumed run's longest work) ends the run before a step
+    with meter.excluded(), times.excluded():
+        validated = eval_splits.validate_if_left_due(s, valid_data)
+    early = stopping.agree_before_training(s, agreement, stop) if validated else None
+    if early is not None:
+        return stopping.stop_before_training(s, early)
+    if s.world.rank == 0:
+        forget_test_done(Path(s.cfg.exp_manager.explicit_log_dir))
+    batches = microbatches(s, train_data)
+    runner = StepRunner(s, batches, can_run_ahead(s))
+    saved_at = -1
+    tested = eval_splits.has_batches(test_data, t.limit_test_batches)  # after the last save, beside its write
+    staging_prepared = False
+    agreed_stop: str | None = None  # agreed while the next step was queued ahead: it finishes first
+    while s.state.step < t.max_steps:
+        step = s.state.step + 1
+        # the first step, every log_every_n_steps, and the last: `status` and the curves end where the run did
+        logged = step == meter.start_step + 1 or step % t.log_every_n_steps == 0 or step >= t.max_steps
+        with s.watchdog.step(step):
+            result, samples = runner.next(agreed_stop is None and quiet_boundary(s, step, logged))
+        record(s, result, samples)
+        if not staging_prepared:
+            staging_prepared = saving.prepare_checkpoint_staging(s, result)
+        s.checkpoints.poll()
+        # Megatron prints the rate after the scheduler step: the one the next iteration uses
+        meter.add(result, s.schedule.current_lr(), s.scaler.scale, samples)
+        with s.watchdog.boundary(step):  # a log write on a hung mount holds every rank in the exchange
+            if logged:
+                log_interval(s, meter)
+            check_finite(s, result)
+            reason = times.timed_sync(
+                s.state.step, logged, partial(agreement.exchange, stop.reason(), logged)
+            )
+        agreed_stop = agreed_stop or reason
+        # at max_steps: finish normally; with a step queued ahead: stop after it
+        if agreed_stop is not None and s.state.step < t.max_steps and not runner.ahead:
+            if meter.iterations:  # the steps since the last line: their losses are not lost with the stop
+                log_interval(s, meter)
+            return stopping.stop_for_requeue(s, agreed_stop)
+        last = s.state.step >= t.max_steps
+        validated = eval_splits.validates_at(s, s.state.step) or last
+        if validated:  # before the save: the checkpoint records it done
+            with meter.excluded(), times.excluded():
+                eval_splits.validate(s, valid_data)
+        if saving.saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
+            # not during a non-finite streak: the last good one stays newest
+            with meter.excluded(), times.excluded():
+                saving.save_checkpoint(s, waited_for=last and not tested)
+            saved_at = s.state.step
+        took_time = saved_at == s.state.step or (
+            validated and eval_splits.has_batches(valid_data, t.limit_val_batches)
+        )
+        if took_time and not last and (late := stopping.asked_during(s, agreement, stop)) is not None:
+            if meter.iterations:
+                log_interval(s, meter)
+            return stopping.stop_for_requeue(s, late, saved=saved_at == s.state.step)
+    em = s.cfg.exp_manager
+    if saved_at != s.state.step and em.create_checkpoint_callback and em.checkpoint_callback_params.save_last:
+        saving.save_checkpoint(s, waited_for=not tested)
+    eval_splits.evaluate_test_split(s, test_data)
+    return 0
+
+
+def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:
+    """The micro-batches of each global batch for this rank, from consumed_samples on. Counts its
+    own iterations and samples: under trainer.run_ahead a batch is drawn before the step before it
+    is recorded."""
+    m = s.cfg.model
+    loader = build_loader(
+        data,
+        s.state.consumed_samples,
+        m.micro_batch_size,
+        s.dp_rank,
+        s.dp_size,
+        num_workers=m.data.num_workers,
+        seed=m.seed,
+        pin_memory=s.device.type == "cuda",
+    )
+    it = iter(loader)
+    per_micro_step = m.micro_batch_size * s.dp_size
+    iteration, consumed = s.state.step, s.state.consumed_samples
+    while True:
+        iteration += 1
+        count = s.current_global_batch() // per_micro_step
+        try:
+            batch = [mb for _, mb in zip(range(count), it, strict=False)]
+        except (RuntimeError, ConnectionError, EOFError) as error:  # asked while `it` knows its workers
+            raise_if_a_worker_died(error, it)
+            raise
+        except KeyboardInterrupt:
+            # A SIGINT to this process alone (`kill -INT <pid>`) during a receive left a worker handing over
+            # a batch's shared memory on a connection this process closed as it exited: the worker printed
+            # a traceback, cut off by its shutdown, after "gptrain: interrupted". Its workers end now,
+            # while the interrupted receive still holds that connection open.
+            shut_down_workers(it)
+            raise
+        if len(batch) < count:
+            raise DataError(ran_out_of_samples(s.cfg, iteration, consumed))
+        consumed += count * per_micro_step
+        yield batch
+
+
+def ran_out_of_samples(cfg: TrainingConfig, iteration: int, consumed: int) -> str:
+    """What to do when the train split ends before trainer.max_steps. The split is sized, as Megatron
+    sizes it, for max_steps x global batch: a run resumed with a smaller global batch than it began
+    with has consumed more by now than that allots, and needs trainer.train_samples, not more data."""
+    gbs, max_steps = cfg.model.global_batch_size, cfg.trainer.max_steps
+    text = f"the train split ran out of samples at iteration {iteration} (after {consumed} consumed samples)"
+    if consumed <= (iteration - 1) * gbs:
+        return f"{text}: add data or lower trainer.max_steps"
+    needed = consumed + (max_steps - iteration + 1) * gbs
+    return (
+        f"{text}: earlier iterations ran a larger global batch than model.global_batch_size={gbs} (a resume "
+        f"with a smaller one), while the split is sized for trainer.max_steps x global batch, as Megatron "
+        f"sizes it; set trainer.train_samples={needed} (those consumed plus {max_steps - iteration + 1} "
+        f"iterations of {gbs}) to build it for what the run reads"
+    )
+
+
+def quiet_boundary(s: Session, step: int, logged: bool) -> bool:
+    """Whether nothing after `step` needs the run's state exactly there (no log line, checkpoint,
+    validation or end), so the next step may be queued before this one is read (StepRunner)."""
+    return not (
+        logged
+        or step >= s.cfg.trainer.max_steps
+        or saving.saves_at(s, step)
+        or eval_splits.validates_at(s, step)
+    )
+
+
+def log_interval(s: Session, meter: IntervalMeter) -> None:
+    """Print the iteration line (logging rank) and write the interval's dashboard scalars."""
+    if s.device.type == "cuda":
+        torch.cuda.synchronize(s.device)  # the interval's time must include its queued work
+    m = s.cfg.model
+    shape = RunShape(
+        flops_per_iteration=s.flops_per_iteration,
+        peak_tflops=s.peak_tflops,
+        world_size=s.world.world_size,
+        global_batch_size=m.global_batch_size,
+        seq_length=m.data.seq_length,
+        max_steps=s.cfg.trainer.max_steps,
+    )
+    report = interval_report(meter, s.state.step, s.state.consumed_samples, shape)
+    if s.logging_rank:
+        s.log(report.line)
+    s.scalars.add(report.by_step, s.state.step)
+    s.scalars.add_vs_samples(report.vs_samples, s.state.consumed_samples, s.state.step)
+
+
+def record(s: Session, result: StepResult, samples: int | None = None) -> None:
+    """Advance counters; samples are consumed even by skipped iterations (as Megatron).
+
+    The schedule advances by the step's share of a full global batch: Megatron counts its learning
+    rate in samples, so a ramp-up step of half the batch moves the schedule half a step.
+    """
+    st = s.state
+    samples = s.cfg.model.global_batch_size if samples is None else samples
+    st.step += 1
+    st.consumed_samples += samples
+    if result.updated:
+        s.schedule.advance(samples / s.cfg.model.global_batch_size)
+    st.skipped_iterations += int(not result.updated)
+    st.nan_iterations += int(result.nonfinite)
+    st.consecutive_nonfinite = st.consecutive_nonfinite + 1 if result.nonfinite else 0
+
+
+def check_finite(s: Session, result: StepResult) -> None:
+    """Stop the run after trainer.max_consecutive_nonfinite non-finite iterations in a row."""
+    limit = s.cfg.trainer.max_consecutive_nonfinite
+    if not result.nonfinite or s.state.consecutive_nonfinite < limit:
+        return
+    s.checkpoints.wait()  # a background save of a finite step is still the last good one
+    last = s.checkpoints.newest()
+    message = (
+        f"loss or gradients not finite for {s.state.consecutive_nonfinite} iterations in a row "
+        f"(last at iteration {s.state.step}); last good checkpoint: {last or 'none'}; "
+        "lower model.optim.lr or raise trainer.max_consecutive_nonfinite"
+    )
+    s.log(message)
+    raise TrainingDivergedError(message)

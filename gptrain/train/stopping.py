@@ -1,0 +1,64 @@
+"""Stopping early (a signal, trainer.max_time): every rank agrees where, saves there and exits
+to be requeued, or stops before the first step with nothing to save."""
+
+from __future__ import annotations
+
+from gptrain.errors import EXIT_REQUEUE
+from gptrain.train import eval_splits, saving
+from gptrain.train.session import Session
+from gptrain.train.signals import StopRequest
+from gptrain.train.stop_agreement import StopAgreement
+
+
+def agree_before_training(s: Session, agreement: StopAgreement, stop: StopRequest) -> str | None:
+    """Whether every rank stops before the first step. Watched as the first step's boundary (its
+    allowance: ranks end start-up at different times), so a rank stuck in start-up is named, not
+    waited on until the collective timeout."""
+    with s.watchdog.boundary(s.state.step + 1):
+        return agreement.exchange(stop.signalled(), read_now=True)
+
+
+def asked_during(s: Session, agreement: StopAgreement, stop: StopRequest) -> str | None:
+    """A stop asked for while this step's save or validation ran, agreed by every rank now (they all
+    saved or validated at this step). Slurm's warning signal most likely lands in the longest work
+    of a step: left to the next step's end, it cost one more step and a second save in the time
+    before the kill. No step is ever queued ahead of a save or validation (trainer.run_ahead), so
+    the run can stop right here."""
+    with s.watchdog.boundary(s.state.step):
+        return agreement.exchange(stop.reason(), read_now=True)
+
+
+def stop_before_training(s: Session, reason: str) -> int:
+    """A stop signalled during start-up, agreed by every rank before the first step: nothing was
+    trained since the checkpoint the run loaded (or since its start), so nothing is saved (a copy of
+    that checkpoint would only cost the time left before the kill). The requeued job starts up the
+    same way again; with checkpoints off a requeue is not asked for, as in stop_for_requeue."""
+    if not s.cfg.exp_manager.create_checkpoint_callback:
+        s.log(
+            f"stopping before the first step: {reason}; nothing trained, exit 0 (not requeued: checkpoints are off)"
+        )
+        return 0
+    start = f"iteration {s.state.step}'s checkpoint" if s.state.step else "no checkpoint"
+    s.log(
+        f"stopping before the first step: {reason}; nothing trained since {start}, nothing saved;"
+        f" exit {EXIT_REQUEUE} to be requeued"
+    )
+    return EXIT_REQUEUE
+
+
+def stop_for_requeue(s: Session, reason: str, saved: bool = False) -> int:
+    """Checkpoint where every rank agreed to stop, wait for it, and exit to be requeued. `saved`:
+    this step's checkpoint is saved already (it may still be writing in the background)."""
+    if not s.cfg.exp_manager.create_checkpoint_callback:  # a requeue would start the run over
+        s.log(
+            f"stopping at iteration {s.state.step}: {reason}; checkpoints are off "
+            "(exp_manager.create_checkpoint_callback=false): nothing saved, exit 0 (not requeued)"
+        )
+        return 0
+    if not saved:
+        saving.save_checkpoint(s, waited_for=True)
+    s.checkpoints.wait()
+    due = eval_splits.validates_at(s, s.state.step) and s.state.validated_at != s.state.step
+    left = "; its validation runs first when the run resumes" if due else ""
+    s.log(f"stopping at iteration {s.state.step}: {reason}{left}; exit {EXIT_REQUEUE} to be requeued")
+    return EXIT_REQUEUE
