@@ -146,7 +146,8 @@ def train(cfg: TrainingConfig, schedule_names: ScheduleNaming = names_in_config)
             write_run_files(log_dir, cfg.to_yaml())
         for line in b.megatron_start_lines(cfg, vocab, model_config, dp_size):
             session.log(line)
-        code = step_loop.run(session, train_data, valid_data, test_data, stop)
+        with stop.holding_interrupts(enabled=world.world_size == 1):
+            code = step_loop.run(session, train_data, valid_data, test_data, stop)
         requeue = code == EXIT_REQUEUE
         session.checkpoints.close()  # old checkpoints are removed in the background: let that finish
         b.log_memory(session.log, device, session.state.step)

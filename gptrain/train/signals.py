@@ -4,6 +4,9 @@ Handlers only set a flag; the loop checks it at the next step boundary, saves a
 checkpoint and exits with EXIT_REQUEUE, so no state is ever saved mid-step. A signal
 during start-up (model build, data indices, checkpoint load) stops the run before its
 first step, with nothing to save (gptrain.train.stopping.stop_before_training).
+
+Ctrl-C (SIGINT) ends a run as it ends any command (exit 130, nothing saved); on one process it is
+held to the end of the step it lands in (StopRequest.holding_interrupts).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class StopRequest:
         self.start = time.monotonic() if start is None else start
         self.max_time_seconds = max_time_seconds
         self.signal_name: str | None = None
+        self.interrupted = False  # a Ctrl-C held by holding_interrupts
         self._previous: dict[int, Any] = {}
 
     def install(self) -> StopRequest:
@@ -86,6 +90,35 @@ class StopRequest:
             signal.signal(signum, signal.SIG_IGN if keep_ignoring else handler)
         self._previous.clear()
 
+    @contextmanager
+    def holding_interrupts(self, enabled: bool = True) -> Iterator[None]:
+        """Inside, a first Ctrl-C (SIGINT) only sets `interrupted`, for the step loop to end the run at
+        the end of its step, or the block's end at the latest; a second one acts at once.
+
+        Raised wherever the main thread was, KeyboardInterrupt could land inside TensorBoard's writer,
+        between its queue taking an event and waking the writer thread: the run's last flush then
+        waited out that thread's two-minute timer. Not `enabled` (several ranks, which must stop at
+        the same step), off the main thread, or with SIGINT ignored or not Python's, nothing changes."""
+        on_main_thread = threading.current_thread() is threading.main_thread()
+        outer = signal.getsignal(signal.SIGINT) if on_main_thread else None
+        if not enabled or outer is None or outer is signal.SIG_IGN:
+            yield
+            return
+
+        def hold(signum: int, frame: FrameType | None) -> None:
+            del signum, frame
+            self.interrupted = True
+            signal.signal(signal.SIGINT, outer)  # a second Ctrl-C: at once
+
+        signal.signal(signal.SIGINT, hold)
+        try:
+            yield
+        finally:
+            if signal.getsignal(signal.SIGINT) is hold:
+                signal.signal(signal.SIGINT, outer)
+        if self.interrupted:  # held through the work after the last step (final save, test split)
+            raise KeyboardInterrupt
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         del frame
         self.signal_name = signal.Signals(signum).name
@@ -105,13 +138,15 @@ class StopRequest:
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader worker_init_fn: stop signals are the main process's to act on.
+    """DataLoader worker_init_fn: stop signals, and Ctrl-C, are the main process's to act on.
 
     Slurm signals every process of a job step (scancel, preemption, `--signal`) and torchrun
     its whole process group. torch's workers die on a SIGTERM that is not from their parent,
-    which would crash the step the main process is about to checkpoint. Ignored here, a worker
-    still ends when the main process shuts the loader down or exits (torch watches the parent).
+    which would crash the step the main process is about to checkpoint. A terminal's Ctrl-C
+    reaches the workers too, and one that ended a worker failed the batch a run holding it
+    (StopRequest.holding_interrupts) was receiving. Ignored here, a worker still ends when the
+    main process shuts the loader down or exits (torch watches the parent).
     """
     del worker_id
-    for signum in STOP_SIGNALS:
+    for signum in (*STOP_SIGNALS, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)

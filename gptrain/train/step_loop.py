@@ -64,6 +64,7 @@ def run(
     staging_prepared = False
     agreed_stop: str | None = None  # agreed while the next step was queued ahead: it finishes first
     while s.state.step < t.max_steps:
+        end_if_interrupted(s, stop)
         step = s.state.step + 1
         # the first step, every log_every_n_steps, and the last: `status` and the curves end where the run did
         logged = step == meter.start_step + 1 or step % t.log_every_n_steps == 0 or step >= t.max_steps
@@ -110,6 +111,19 @@ def run(
         saving.save_checkpoint(s, waited_for=not tested)
     eval_splits.evaluate_test_split(s, test_data)
     return 0
+
+
+def end_if_interrupted(s: Session, stop: StopRequest) -> None:
+    """A Ctrl-C held since the last step's end (StopRequest.holding_interrupts) ends the run here, as
+    Ctrl-C ends any command: `gptrain: interrupted`, exit 130, nothing saved."""
+    if not stop.interrupted:
+        return
+    newest = s.checkpoints.newest()
+    s.log(
+        f"interrupted (SIGINT) after iteration {s.state.step}: nothing saved, the newest checkpoint is "
+        f"{newest or 'none'} (SIGUSR1 or SIGTERM save before stopping)"
+    )
+    raise KeyboardInterrupt
 
 
 def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:

@@ -237,3 +237,98 @@ def test_a_sigint_to_the_main_process_mid_batch_is_one_line_and_130(tmp_path):
     )
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr == "gptrain: interrupted\n"
+
+
+def test_a_ctrl_c_while_tensorboard_takes_an_event_ends_the_run_at_the_end_of_its_step(
+    tmp_path, capsys, monkeypatch
+):
+    """Ctrl-C raised KeyboardInterrupt wherever the run was: inside TensorBoard's writer, between its
+    queue taking an event and waking the writer thread, the run's last flush waited out that thread's
+    two-minute timer (about one `kill -INT` in 35). On one process the first Ctrl-C is now held to the
+    end of its step: the event is written whole, and the run ends as Ctrl-C ends any command."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from gptrain.train.results import Scalars
+
+    add_scalars, first = Scalars._add_scalars, {}
+
+    def interrupted_while_adding(self, values, x):
+        monkeypatch.setattr(Scalars, "_add_scalars", add_scalars)  # the first values only
+        first.update(values=dict(values), x=x)
+        os.kill(os.getpid(), signal.SIGINT)
+        add_scalars(self, values, x)
+
+    monkeypatch.setattr(Scalars, "_add_scalars", interrupted_while_adding)
+    assert main(["train", "gpt3/126m", *TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path}"]) == 130
+    assert capsys.readouterr().err == "gptrain: interrupted\n"
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0, "scalars": 0}).Reload()
+    written = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    written |= {tag: [e.step for e in events.Tensors(tag)] for tag in events.Tags()["tensors"]}
+    assert first["x"] == 1 and first["values"]
+    assert all(written.get(tag) == [1] for tag, value in first["values"].items() if value is not None)
+    log = (tmp_path / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+    assert "interrupted (SIGINT) after iteration 1: nothing saved, the newest checkpoint is none" in log
+    assert " iteration        2/" not in log and complete_steps(tmp_path / "checkpoints") == []
+
+
+def test_a_second_ctrl_c_ends_the_run_at_once(tmp_path, capsys, monkeypatch):
+    """Held to the end of the step, Ctrl-C still has its way out: a second one acts where it lands."""
+    from gptrain.train import step_loop
+
+    record, reached = step_loop.record, []
+
+    def interrupted_twice(s, result, *args):
+        if s.state.step == 1:  # recording iteration 2
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        reached.append(s.state.step + 1)
+        record(s, result, *args)
+
+    monkeypatch.setattr(step_loop, "record", interrupted_twice)
+    assert main(["train", "gpt3/126m", *TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path}"]) == 130
+    assert capsys.readouterr().err == "gptrain: interrupted\n"
+    assert reached == [1]
+    assert "interrupted (SIGINT)" not in (tmp_path / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+
+
+# Runs `gptrain train` in its own process group, whose DataLoader worker sends Ctrl-C's SIGINT to the
+# whole group (as a terminal does) while it reads the first batch the main process waits for. The
+# worker takes SIGINT as a worker started afresh does (spawn; forkserver, Python 3.14's default), with
+# Python's own handler, not the one a fork copied from the main process, unless its worker_init_fn
+# chose to ignore it.
+CTRL_C_TO_THE_GROUP_DURING_A_BATCH = """
+import os, signal, sys
+import torch.utils.data
+from gptrain.cli import main
+from gptrain.data import mock
+
+getitem = mock.MockGPTDataset.__getitem__
+
+def interrupting_the_group(self, index):
+    if torch.utils.data.get_worker_info() is not None and not os.environ.get("INTERRUPTED"):
+        os.environ["INTERRUPTED"] = "1"
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.killpg(os.getpgid(0), signal.SIGINT)
+    return getitem(self, index)
+
+mock.MockGPTDataset.__getitem__ = interrupting_the_group
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_terminals_ctrl_c_during_a_batch_ends_the_run_after_that_step(tmp_path):
+    """A terminal's Ctrl-C reaches the DataLoader workers too: one that died of it failed the batch
+    the main process, holding its own Ctrl-C to the end of the step, was waiting for."""
+    overrides = [*TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path}", "model.data.num_workers=1"]
+    proc = subprocess.run(
+        [sys.executable, "-c", CTRL_C_TO_THE_GROUP_DURING_A_BATCH, "train", "gpt3/126m", *overrides],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=120,
+        start_new_session=True,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "gptrain: interrupted\n"
+    assert "interrupted (SIGINT) after iteration 1: nothing saved" in proc.stdout
