@@ -49,7 +49,8 @@ class TrainerConfig:
     under a batch-size ramp-up, and in the epochs and shuffle that follow from the count).
     max_steps still ends the run; `gptrain megatron` sets both."""
     max_time: str | None = None
-    """Wall-clock limit `DD:HH:MM:SS`: checkpoint and exit for a requeue when reached."""
+    """Wall-clock limit `DD:HH:MM:SS` per job: checkpoint and exit for a requeue when reached; null: none
+    (zero is refused: each job would train one step)."""
     log_every_n_steps: int = 10
     """Print Megatron's iteration line every N steps (and on the first)."""
     val_check_interval: int = 2000

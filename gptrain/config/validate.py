@@ -271,14 +271,21 @@ def _check_model(cfg: TrainingConfig) -> None:
 
 
 def _check_max_time(value: Any, key: str) -> None:
-    """DD:HH:MM:SS (or its last parts), none negative (00:00:-1:00 read as 59 minutes) and each
-    finite (00:00:nan:00 never compared as reached: no limit)."""
+    """DD:HH:MM:SS (or its last parts), none negative (00:00:-1:00 read as 59 minutes), each finite
+    (00:00:nan:00 never compared as reached: no limit), and not zero: every job stopped after one
+    step to be requeued, until cluster.max_requeues was spent (Slurm's --time=0 and Megatron's
+    --exit-duration-in-mins 0 mean no limit; Lightning's max_time 0 stops after one step)."""
     parts = str(value).split(":")
     try:
         if any(not 0 <= float(part) < math.inf for part in parts) or len(parts) > 4:
             raise ValueError
     except ValueError:
         raise ConfigError(f"{key}: '{value}' is not DD:HH:MM:SS") from None
+    if not any(float(part) for part in parts):
+        raise ConfigError(
+            f"{key}: '{value}' leaves no time to train: each job would stop after one step to be "
+            "requeued; give the time a job may train (DD:HH:MM:SS), or null for no limit"
+        )
 
 
 def _max_time_per_run(cfg: TrainingConfig) -> None:

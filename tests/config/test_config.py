@@ -230,6 +230,10 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
         ("trainer.max_time=00:00:-1:00", "trainer.max_time: '00:00:-1:00' is not DD:HH:MM:SS"),  # was 59 min
         ("trainer.max_time=00:00:nan:00", "trainer.max_time: '00:00:nan:00' is not DD:HH:MM:SS"),  # never hit
         ("trainer.max_time=inf", "trainer.max_time: 'inf' is not DD:HH:MM:SS"),
+        # each job trained one step, saved and exited 75 to be requeued, until max_requeues was spent
+        ("trainer.max_time=00:00:00:00", "trainer.max_time: '00:00:00:00' leaves no time to train"),
+        ("trainer.max_time=0", "trainer.max_time: '0' leaves no time to train"),
+        ("exp_manager.max_time_per_run=0:0", "exp_manager.max_time_per_run: '0:0' leaves no time to train"),
         ("trainer.precision=8", "trainer.precision: '8'"),
         ("model.num_attention_heads=7", "divisible by model.num_attention_heads"),
         ("model.global_batch_size=10", "divisible by model.micro_batch_size"),

@@ -212,7 +212,7 @@ def test_a_requeued_job_resumes_its_own_checkpoints_even_with_resume_if_exists_f
     fresh = ["trainer.max_steps=4", "exp_manager.resume_if_exists=false"]
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    assert main(train_args(log_dir, *fresh, "trainer.max_time=00:00:00:00")) == EXIT_REQUEUE
+    assert main(train_args(log_dir, *fresh, "trainer.max_time=00:00:00:00.001")) == EXIT_REQUEUE
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # what Slurm sets in the requeued job
     assert main(train_args(log_dir, *fresh)) == 0
     log = (log_dir / "nemo_log_globalrank-0_localrank-0.txt").read_text()
@@ -232,7 +232,7 @@ def test_a_requeued_job_finds_its_own_checkpoint_by_complete_when_latest_was_not
     fresh = ["trainer.max_steps=4", "exp_manager.resume_if_exists=false"]
     monkeypatch.setenv("SLURM_JOB_ID", "4444")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    assert main(train_args(log_dir, *fresh, "trainer.max_time=00:00:00:00")) == EXIT_REQUEUE
+    assert main(train_args(log_dir, *fresh, "trainer.max_time=00:00:00:00.001")) == EXIT_REQUEUE
     (log_dir / "checkpoints" / "latest").unlink()  # as if killed before it was written
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     assert main(train_args(log_dir, *fresh, "exp_manager.move_aside_earlier_run=true")) == 0
@@ -280,7 +280,7 @@ def test_a_requeue_after_its_first_attempt_died_in_its_first_save_starts_over_in
     fresh = ["exp_manager.resume_if_exists=false", "exp_manager.move_aside_earlier_run=true"]
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    assert main(train_args(log_dir, *fresh, "trainer.max_time=00:00:00:00")) == EXIT_REQUEUE
+    assert main(train_args(log_dir, *fresh, "trainer.max_time=00:00:00:00.001")) == EXIT_REQUEUE
     (log_dir / "checkpoints" / "step_1" / "COMPLETE").unlink()  # killed before the marker
     (log_dir / "checkpoints" / "latest").unlink()
     log = log_dir / "nemo_log_globalrank-0_localrank-0.txt"

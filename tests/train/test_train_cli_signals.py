@@ -47,7 +47,7 @@ def test_max_time_checkpoints_and_exits_for_requeue(tmp_path, capsys):
         "gpt3/126m",
         *TINY,
         *MOCK,
-        "trainer.max_time=00:00:00:00",
+        "trainer.max_time=00:00:00:00.001",
         f"exp_manager.explicit_log_dir={tmp_path}",
     ]
     assert main(args) == EXIT_REQUEUE
@@ -162,7 +162,7 @@ def test_a_sigterm_after_the_stop_checkpoint_still_exits_75(tmp_path):
     """Slurm SIGTERMs the whole step at the time limit, also after its --signal warning stopped the
     run: a single rank got it during its shutdown, with its checkpoint complete, and died of it (143),
     which the batch script does not requeue."""
-    overrides = [*TINY, *MOCK, "trainer.max_time=00:00:00:00", f"exp_manager.explicit_log_dir={tmp_path}"]
+    overrides = [*TINY, *MOCK, "trainer.max_time=00:00:00:00.001", f"exp_manager.explicit_log_dir={tmp_path}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", SIGTERM_DURING_SHUTDOWN, "train", "gpt3/126m", *overrides],

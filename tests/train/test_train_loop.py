@@ -470,8 +470,8 @@ def test_resume_on_indexed_dataset_is_bit_exact(tmp_path, monkeypatch, indexed_c
     data = indexed_corpus
     code, full = run_recording(monkeypatch, tiny_config(tmp_path / "full", *data))
     assert code == 0 and sorted(full) == [1, 2, 3, 4, 5, 6]
-    first_cfg = tiny_config(tmp_path / "split", *data, "trainer.max_time=00:00:00:00")
-    code, first = run_recording(monkeypatch, first_cfg)  # max_time 0: stops after iteration 1
+    first_cfg = tiny_config(tmp_path / "split", *data, "trainer.max_time=00:00:00:00.001")
+    code, first = run_recording(monkeypatch, first_cfg)  # a millisecond: stops after iteration 1
     assert code == EXIT_REQUEUE and sorted(first) == [1]
     code, second = run_recording(monkeypatch, tiny_config(tmp_path / "split", *data))
     assert code == 0 and sorted(second) == [2, 3, 4, 5, 6]
