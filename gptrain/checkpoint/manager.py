@@ -34,7 +34,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,7 @@ from gptrain.checkpoint.directory import LATEST, size_text, step_dir_bytes, step
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_record, complete_steps, is_complete
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.reader import CheckpointReader, is_distributed, root_cause
+from gptrain.checkpoint.retention import Ranked, Removal, recorded_metric, removals
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
 
@@ -112,6 +113,8 @@ class SaveReport:
     """Part of the stall spent waiting for the previous save, still writing when this one began."""
     known_bytes: int | None = None
     """Set by rank 0 from the manifest it wrote; elsewhere `bytes` finds it on first use."""
+    removed: list[Removal] = field(default_factory=list)
+    """Set by rank 0: the checkpoints retention removed after this save, each with its reason."""
 
     @property
     def bytes(self) -> int:
@@ -129,6 +132,8 @@ class SaveReport:
             line += f", written in the background in {self.write_s:.1f} s"
         if self.waited_for_previous_s > 0:
             line += f" (waited {self.waited_for_previous_s:.1f} s for the previous save to finish writing)"
+        for removal in self.removed:
+            line += f"; removed {step_dir_name(removal.step)} ({removal.reason})"
         return line
 
 
@@ -159,14 +164,20 @@ class CheckpointManager(CheckpointReader):
         tokenizer: TokenizerCheck | None = None,
         tied: bool = False,
         architecture: dict[str, Any] | None = None,
+        monitor: str | None = None,
+        mode: str = "min",
     ) -> None:
         """`vocab_size`, `tokenizer`, `tied`, `architecture`: as for CheckpointReader (each save records
-        the tokenizer and the architecture). `direct_io`: write shards around the page cache
+        the tokenizer and the architecture). `keep_last`: save_top_k; `monitor`, `mode`: keep the
+        `keep_last` best by the metric each COMPLETE records, and the newest (gptrain.checkpoint.retention);
+        without `monitor`, the `keep_last` newest. `direct_io`: write shards around the page cache
         (O_DIRECT); None: where `root` is on a local disk (gptrain.checkpoint.direct_io).
         `pinned_staging`: async saves copy into a kept, pinned host buffer (a CUDA run's); None:
         wherever CUDA is available."""
         super().__init__(root, rank, vocab_size, tokenizer, tied, architecture)
         self.keep_last = keep_last if keep_last and keep_last > 0 else None
+        self.monitor = monitor
+        self.mode = mode
         self.async_save = async_save
         self.direct_io = takes_direct_io(root) if direct_io is None else direct_io
         self.pinned_staging = torch.cuda.is_available() if pinned_staging is None else pinned_staging
@@ -392,7 +403,7 @@ class CheckpointManager(CheckpointReader):
         atomic_write_text(report.path / COMPLETE, record)
         atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
         report.known_bytes = _recorded_bytes(record)
-        self._prune(report.step)
+        report.removed = self._prune(report.step)
 
     def _write_failed(self, path: Path, error: BaseException) -> CheckpointWriteError:
         """Remove the partial step directory; earlier checkpoints and `latest` stay as they were."""
@@ -409,9 +420,10 @@ class CheckpointManager(CheckpointReader):
             f"resume finds it by its {COMPLETE} marker: free space or fix permissions under {self.root}"
         )
 
-    def _prune(self, saved: int) -> None:
-        """Keep the newest `keep_last` complete checkpoints up to `saved`, the one just marked complete,
-        and drop torn ones older than it. A step newer than `saved` is one this run did not resume
+    def _prune(self, saved: int) -> list[Removal]:
+        """Keep the `keep_last` best (by `monitor`, else the newest) complete checkpoints up to `saved`,
+        the one just marked complete and always kept, and drop torn ones older than it; returns the
+        complete ones removed, for the save's log line. A step newer than `saved` is one this run did not resume
         from (damaged, and not moved aside): counting it would delete the good ones, so it is left
         alone until the run passes it.
 
@@ -419,7 +431,9 @@ class CheckpointManager(CheckpointReader):
         crash mid-removal leaves a torn directory the next prune takes), and are removed in a
         background thread: at 1024 ranks a step directory is ~3,000 unlinks, which every rank
         would otherwise wait for in the next collective."""
-        doomed = [self.root / step_dir_name(step) for step in self._doomed(saved)]
+        removed = self._removals(saved)
+        doomed = [self.root / step_dir_name(step) for step in self._torn_before(saved)]
+        doomed += [self.root / step_dir_name(removal.step) for removal in removed]
         for path in doomed:
             (path / COMPLETE).unlink(missing_ok=True)
         self._wait_for_pruning()
@@ -427,12 +441,26 @@ class CheckpointManager(CheckpointReader):
             target=_remove_all, args=(doomed,), name="gptrain-prune", daemon=True
         )
         self._pruning.start()
+        return removed
 
-    def _doomed(self, saved: int) -> list[int]:
-        """The steps `_prune` removes (see there). A file under a step's name is no save of the run's: it is
-        left alone (unlinking its COMPLETE failed with ENOTDIR, and with it every save of a later step)."""
+    def _removals(self, saved: int) -> list[Removal]:
+        """The complete checkpoints up to `saved` that retention removes, each with its reason."""
+        if not self.keep_last:
+            return []
         steps = [step for step in complete_steps(self.root) if step <= saved]
-        doomed = steps[: -self.keep_last] if self.keep_last else []
+        ranked = [Ranked(step, self._metric(step)) for step in steps]
+        return removals(ranked, self.keep_last, self.mode, self.monitor)
+
+    def _metric(self, step: int) -> float | None:
+        if self.monitor is None:
+            return None
+        return recorded_metric(self.root / step_dir_name(step), self.monitor)
+
+    def _torn_before(self, saved: int) -> list[int]:
+        """Steps older than `saved` whose save died half way. A file under a step's name is no save of the
+        run's: it is left alone (unlinking its COMPLETE failed with ENOTDIR, and with it every save of a
+        later step)."""
+        doomed = []
         for entry in self.root.iterdir():
             match = STEP_DIR.match(entry.name)
             if match and entry.is_dir() and not is_complete(entry) and int(match.group(1)) < saved:
@@ -448,8 +476,9 @@ class CheckpointManager(CheckpointReader):
         """A warning when the filesystem cannot hold keep_last + 1 checkpoints of this size
         (the next save is written before the oldest is removed). The run's existing checkpoints
         count as free space only where retention removes them: keeping every one (save_top_k=-1),
-        a resumed run has only the disk's free space for its next two."""
-        count = (self.keep_last or 1) + 1
+        a resumed run has only the disk's free space for its next two. Ranked by a metric, the newest
+        may be none of the best: keep_last + 2."""
+        count = (self.keep_last or 1) + self._beyond_top_k()
         existing = self.root
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
@@ -464,12 +493,21 @@ class CheckpointManager(CheckpointReader):
             free += sum(step_dir_bytes(self.root / step_dir_name(step)) for step in complete_steps(self.root))
         if free >= count * checkpoint_bytes:
             return None
-        kept = "save_top_k + 1" if self.keep_last else "the next two; save_top_k=-1 removes none"
+        kept = (
+            f"save_top_k + {self._beyond_top_k()}"
+            if self.keep_last
+            else "the next two; save_top_k=-1 removes none"
+        )
         return (
             f"{existing} has {free / 1e9:.1f} GB free for checkpoints, but {count} checkpoints of about "
             f"{checkpoint_bytes / 1e9:.1f} GB ({kept}) need {count * checkpoint_bytes / 1e9:.1f} GB: "
             "a save will fail when the disk fills; free space or lower save_top_k"
         )
+
+    def _beyond_top_k(self) -> int:
+        """Checkpoints on disk beyond the top k just before a save is pruned: the one being written, and
+        where a metric ranks them the newest before it, which may be none of the best."""
+        return 2 if self.monitor and self.keep_last else 1
 
     def finish_after_failure(self, timeout_s: float) -> str | None:
         """On a run's way out by an exception: let a background save be written and marked complete if

@@ -49,6 +49,8 @@ def test_full_run_exits_zero_with_final_checkpoint(uninterrupted):
     assert all(math.isfinite(v) for v in losses.values())
     assert complete_steps(log_dir / "checkpoints") == [4, 6]  # save_top_k=2
     assert (log_dir / "checkpoints" / "latest").read_text().strip() == "step_6"
+    saved = [line for line in log_lines(log_dir) if line.startswith("saved checkpoint step_6 ")]
+    assert saved and saved[0].endswith("; removed step_2 (not among the 2 newest)")
 
 
 @pytest.mark.parametrize("async_save", ["false", "true"])

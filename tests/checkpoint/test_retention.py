@@ -1,0 +1,168 @@
+"""Retention as Lightning's ModelCheckpoint: the save_top_k best by the monitored metric, plus the newest."""
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gptrain.checkpoint.manager as manager_module
+from gptrain.checkpoint.integrity import COMPLETE, complete_steps
+from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.checkpoint.retention import Ranked, recorded_metric, removals
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def expected_kept(checkpoints: list[Ranked], top_k: int, mode: str) -> set[int]:
+    """The reference: newest first, then a stable sort by value (so a tie keeps the newer first);
+    numbers, then no metric, then NaN; the top_k of that order and the newest."""
+    by_recency = sorted(checkpoints, key=lambda c: c.step, reverse=True)
+    numbers = [c for c in by_recency if c.metric is not None and not math.isnan(c.metric)]
+    numbers = sorted(numbers, key=lambda c: c.metric, reverse=mode == "max")
+    missing = [c for c in by_recency if c.metric is None]
+    nans = [c for c in by_recency if c.metric is not None and math.isnan(c.metric)]
+    order = numbers + missing + nans
+    return {c.step for c in order[:top_k]} | {by_recency[0].step}
+
+
+metrics = st.one_of(
+    st.none(), st.just(math.nan), st.sampled_from([2.5, 3.0, 3.12]), st.floats(-10, 10), st.just(math.inf)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(metrics, min_size=1, max_size=12),
+    top_k=st.integers(0, 6),
+    mode=st.sampled_from(["min", "max"]),
+)
+def test_removals_keep_the_top_k_best_and_the_newest(values, top_k, mode):
+    checkpoints = [Ranked(100 * (i + 1), value) for i, value in enumerate(values)]
+    removed = removals(checkpoints, top_k, mode, "val_loss")
+    kept = {c.step for c in checkpoints} - {r.step for r in removed}
+    assert kept == expected_kept(checkpoints, top_k, mode)
+    assert [r.step for r in removed] == sorted(r.step for r in removed)
+
+
+def test_minus_one_keeps_every_checkpoint_and_no_monitor_keeps_the_newest():
+    checkpoints = [Ranked(step, float(step)) for step in (1, 2, 3, 4)]
+    assert removals(checkpoints, -1, "min", "val_loss") == []
+    assert [r.step for r in removals(checkpoints, 2, "min", None)] == [1, 2]
+    assert removals(checkpoints, 2, "min", None)[0].reason == "not among the 2 newest"
+
+
+def test_each_removal_says_why():
+    checkpoints = [
+        Ranked(400, 3.12),
+        Ranked(500, None),
+        Ranked(600, math.nan),
+        Ranked(700, 2.0),
+        Ranked(800, 9.0),
+    ]
+    reasons = {r.step: r.reason for r in removals(checkpoints, 1, "min", "val_loss")}
+    assert reasons == {
+        400: "val_loss 3.12, not among the 1 best",
+        500: "no val_loss recorded, not among the 1 best",
+        600: "val_loss nan, not among the 1 best",
+    }
+    only_newest = removals(checkpoints, 0, "min", "val_loss")
+    assert [r.step for r in only_newest] == [400, 500, 600, 700]
+    assert only_newest[0].reason == "val_loss 3.12, save_top_k=0 keeps only the newest"
+
+
+@pytest.fixture
+def recorded_losses(monkeypatch):
+    """What the loop's recording (a follow-up) writes: each save's val_loss in its COMPLETE marker."""
+    losses: dict[int, float] = {}
+    record = manager_module.complete_record
+
+    def with_metric(step, *args, **kwargs):
+        text = record(step, *args, **kwargs)
+        if step not in losses:
+            return text
+        marker = json.loads(text)
+        marker["metrics"] = {"val_loss": losses[step]}
+        return json.dumps(marker, indent=1) + "\n"
+
+    monkeypatch.setattr(manager_module, "complete_record", with_metric)
+    return losses
+
+
+def save(manager, step):
+    manager.save(step, {"model": {"w": torch.full((2,), float(step))}}, {"rng": torch.tensor([step])})
+
+
+def test_a_run_keeps_its_best_checkpoints_by_val_loss_and_its_newest(tmp_path, recorded_losses):
+    recorded_losses.update({1: 3.0, 2: 2.5, 3: 2.8, 4: math.nan, 5: 2.6, 6: 2.9})
+    lines = []
+    manager = CheckpointManager(
+        tmp_path, keep_last=2, monitor="val_loss", mode="min", on_saved=lambda r: lines.append(r.describe())
+    )
+    for step in range(1, 7):
+        save(manager, step)
+    manager.close()
+    checkpoints = [Ranked(step, loss) for step, loss in recorded_losses.items()]
+    assert set(complete_steps(tmp_path)) == expected_kept(checkpoints, 2, "min") == {2, 5, 6}
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_2", "step_5", "step_6"]
+    assert recorded_metric(tmp_path / "step_2", "val_loss") == 2.5
+    assert lines[2].endswith("; removed step_1 (val_loss 3, not among the 2 best)")
+    assert lines[4].endswith(
+        "; removed step_3 (val_loss 2.8, not among the 2 best); removed step_4 (val_loss nan, not among the 2 best)"
+    )
+    assert "removed" not in lines[3] + lines[5]
+
+
+def test_mode_max_keeps_the_highest(tmp_path, recorded_losses):
+    recorded_losses.update({1: 0.9, 2: 0.1, 3: 0.5})
+    manager = CheckpointManager(tmp_path, keep_last=1, monitor="val_loss", mode="max")
+    for step in (1, 2, 3):
+        save(manager, step)
+    manager.close()
+    assert complete_steps(tmp_path) == [1, 3]
+
+
+def test_a_resumed_run_ranks_the_checkpoints_saved_before_it(tmp_path, recorded_losses):
+    """Checkpoints of an earlier attempt count by their recorded metric; one from before metrics were
+    recorded ranks after every one with a metric; moved-aside directories never count or go."""
+    save(CheckpointManager(tmp_path, keep_last=-1), 1)  # no metric: as saved before today
+    recorded_losses.update({2: 1.0, 3: 1.5})
+    first = CheckpointManager(tmp_path, keep_last=-1, monitor="val_loss")
+    for step in (2, 3):
+        save(first, step)
+    first.close()
+    aside = tmp_path / "step_2.damaged-20261129T010000"
+    (tmp_path / "step_2").rename(aside)
+    rewound = tmp_path / "step_9.rewound-20261129T010000"
+    rewound.mkdir()
+    (rewound / COMPLETE).write_text(json.dumps({"step": 9, "metrics": {"val_loss": 0.1}}))
+
+    recorded_losses.update({4: 3.0, 5: 5.0})
+    resumed = CheckpointManager(tmp_path, keep_last=1, monitor="val_loss")
+    save(resumed, 4)
+    save(resumed, 5)
+    resumed.close()
+    assert complete_steps(tmp_path) == [3, 5]  # 3 the best (1.5; 1 has none, 2 moved aside), 5 the newest
+    assert aside.is_dir() and rewound.is_dir()
+
+
+@pytest.mark.parametrize(
+    "text", ["not json", '{"step": 1}', '{"metrics": {"val_loss": "2.5"}}', '{"metrics": {"val_loss": true}}']
+)
+def test_a_marker_without_a_readable_number_has_no_metric(tmp_path, text):
+    (tmp_path / COMPLETE).write_text(text)
+    assert recorded_metric(tmp_path, "val_loss") is None
+
+
+def test_space_warning_counts_the_newest_beside_the_best_when_ranking_by_a_metric(tmp_path, monkeypatch):
+    """Ranked by val_loss the newest may be none of the 2 best: with the next save, 4 on disk."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100e9, 50e9, 35e9))
+    assert CheckpointManager(tmp_path, keep_last=2).space_warning(10_000_000_000) is None
+    warning = CheckpointManager(tmp_path, keep_last=2, monitor="val_loss").space_warning(10_000_000_000)
+    assert "4 checkpoints of about 10.0 GB (save_top_k + 2) need 40.0 GB" in warning
