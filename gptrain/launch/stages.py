@@ -68,8 +68,7 @@ def build_plan(composition: Composition, max_array_size: int = DEFAULT_MAX_ARRAY
     in_container = bool(resolved.get("container")) and resolved["cluster_type"] != "local"
     python = str(resolved.get("python") or ("python" if in_container else sys.executable))
     cluster = dict(resolved.get("cluster") or {})
-    env = {**(cluster.get("env_vars") or {}), **(resolved.get("env_vars") or {})}
-    top = {**resolved, "env_vars": env}
+    top = {**resolved, "env_vars": job_environment(cluster.get("env_vars"), resolved.get("env_vars"))}
     apply_exclude_file(cluster, resolved.get("validation"))  # nodes a failed validation blamed
     plan = LaunchPlan(
         resolved,
@@ -100,6 +99,16 @@ def build_plan(composition: Composition, max_array_size: int = DEFAULT_MAX_ARRAY
         for before, job in zip(plan.jobs, plan.jobs[1:], strict=False):
             check_dependency_joins(job, before)
     return plan
+
+
+def job_environment(profile: dict[str, Any] | None, given: dict[str, Any] | None) -> dict[str, Any]:
+    """cluster.env_vars, then the top-level env_vars over it. A null there is "not set by this file",
+    as NeMo renders nothing for one: its config.yaml ships NCCL_TOPO_FILE, NCCL_IB_TIMEOUT, ... as
+    null, which must not wipe the profile's interconnect settings. Removing a profile's variable is
+    `cluster.env_vars.NAME=null` (or `~cluster.env_vars.NAME`)."""
+    env = dict(profile or {})
+    env.update({name: value for name, value in (given or {}).items() if value is not None})
+    return env
 
 
 def check_dependency_joins(job: Job, before: Job) -> None:

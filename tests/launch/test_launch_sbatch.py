@@ -460,3 +460,37 @@ def test_pyxis_options_given_as_two_words_are_dropped_with_their_value(tmp_path)
     srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
     words = shlex.split(srun.removesuffix(" &"))
     assert words[words.index("-l") : words.index("bash")] == ["-l", "--mpi", "pmix"]
+
+
+def exported(script: str) -> dict[str, str]:
+    """The `export NAME=value` lines of a script, with their value as bash reads it."""
+    found = {}
+    for line in script.splitlines():
+        if line.startswith("export "):
+            name, _, value = line[len("export ") :].partition("=")
+            found[name] = "".join(shlex.split(value))
+    return found
+
+
+def test_a_null_in_env_vars_keeps_the_cluster_profiles_value(tmp_path):
+    """NeMo's config.yaml ships NCCL_TOPO_FILE, NCCL_IB_TIMEOUT, ... as null (NeMo renders nothing for
+    them); with the Azure profile, those nulls wiped its interconnect settings from the job. A null
+    is now "not set here"; the profile's variable is removed in the cluster's own key."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "cluster=azure_nd_a100_v4"]
+    nemo_nulls = [
+        "+env_vars.NCCL_TOPO_FILE=null",
+        "+env_vars.NCCL_IB_TIMEOUT=null",
+        "+env_vars.NCCL_DEBUG=null",
+    ]
+    [path] = write_run_files(build_plan(compose([*args, *nemo_nulls, "+env_vars.NCCL_PROTO=null"])), args)
+    env = exported(path.read_text())
+    assert env["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv4-topo.xml" and env["NCCL_IB_TIMEOUT"] == "22"
+    assert env["NCCL_DEBUG"] == "WARN" and "NCCL_PROTO" not in env
+    removed = [
+        "cluster.env_vars.NCCL_TOPO_FILE=null",
+        "~cluster.env_vars.NCCL_IB_TIMEOUT",
+        "env_vars.NCCL_DEBUG=INFO",
+    ]
+    [path] = write_run_files(build_plan(compose([*args, *nemo_nulls, *removed])), args)
+    env = exported(path.read_text())
+    assert "NCCL_TOPO_FILE" not in env and "NCCL_IB_TIMEOUT" not in env and env["NCCL_DEBUG"] == "INFO"
