@@ -202,6 +202,10 @@ def test_mem_per_cpu_is_rendered_when_cluster_mem_is_null(tmp_path, monkeypatch)
             "sbatch: error: Invalid --time specification",
             "sbatch: error: Invalid --time specification; check training.run.time_limit",
         ),
+        (  # --exclude's nodes: cluster.exclude and those a failed validation blamed
+            "sbatch: error: Invalid --exclude specification",
+            "sbatch: error: Invalid --exclude specification; check cluster.exclude or validation.exclude_file",
+        ),
     ],
 )
 def test_an_option_sbatch_cannot_read_is_named_in_one_line(tmp_path, monkeypatch, stderr, said):

@@ -733,6 +733,7 @@ def test_a_job_squeue_shows_by_a_state_flag_is_still_live(tmp_path, monkeypatch,
         ("Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)",
          "cluster.qos and cluster.account, or ask for fewer nodes or less training.run.time_limit"),
         ("Node count specification invalid", "training.trainer.num_nodes and cluster.nodelist"),
+        ("Invalid node name specified", "cluster.nodelist, cluster.exclude and validation.exclude_file"),
     ],
 )  # fmt: skip
 def test_an_sbatch_refusal_names_the_keys_to_fix(tmp_path, monkeypatch, said, keys):

@@ -16,7 +16,7 @@ from pathlib import Path
 from gptrain.errors import LaunchError
 from gptrain.launch.preflight import check_cluster, query_nodes
 from gptrain.launch.records import append_record
-from gptrain.launch.sbatch import Job
+from gptrain.launch.sbatch import DIRECTIVE_KEYS, Job
 from gptrain.launch.stages import LaunchPlan
 
 
@@ -39,7 +39,7 @@ SBATCH_REFUSALS = (
     ("Invalid feature specification", "cluster.constraint"),
     ("Invalid generic resource", "cluster.gres"),
     ("Invalid GRES specification", "cluster.gres"),
-    ("Invalid node name", "cluster.nodelist and cluster.exclude"),
+    ("Invalid node name", "cluster.nodelist, cluster.exclude and validation.exclude_file"),
     ("Memory required by task", "cluster.mem"),
     ("Node count specification invalid", "{nodes} and cluster.nodelist"),
     ("More processors requested than permitted", "{stage}'s tasks and CPUs per node"),
@@ -66,14 +66,16 @@ INVALID_OPTION = re.compile(r"Invalid --([\w-]+)", re.IGNORECASE)
 
 def refusal_keys(message: str, job: Job) -> str:
     """'; check KEYS' for a refusal Slurm names a reason for, else ''. sbatch's "Invalid --<option>"
-    names the key that renders that option (`cluster.mem=16Gi`), or else the additional parameters."""
+    names the keys whose values make that option (`cluster.mem=16Gi`; --exclude's nodes come from
+    cluster.exclude and validation.exclude_file), or else the additional parameters."""
     nodes = "training.trainer.num_nodes" if job.stage == "training" else f"{job.stage}'s nodes"
     invalid = INVALID_OPTION.search(message)
     if invalid:
         from gptrain.launch.sections import SBATCH_OWNED
 
-        keys = SBATCH_OWNED.get(invalid.group(1), "cluster.additional_parameters")
-        return f"; check {keys.replace('<stage>', job.stage)}"
+        option = invalid.group(1)
+        owner = SBATCH_OWNED.get(option, "cluster.additional_parameters").replace("<stage>", "{stage}")
+        return f"; check {DIRECTIVE_KEYS.get(option, owner).format(stage=job.stage)}"
     for reason, keys in SBATCH_REFUSALS:
         if reason.lower() in message.lower():
             return f"; check {keys.format(stage=job.stage, nodes=nodes)}"
