@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -113,7 +114,7 @@ def boolean(key: str, value: Any) -> bool | None:
 
 
 def words(key: str, value: Any) -> list[str] | None:
-    """A list of strings; one string is a one-item list (`cluster.srun_args=--mpi=pmix`)."""
+    """A list of strings; one string is a one-item list (`container_mounts=/data:/data`)."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -123,6 +124,21 @@ def words(key: str, value: Any) -> list[str] | None:
     raise ConfigError(
         f"{key}: expected a string or a list of strings (e.g. {key}=[a,b]), got {_type_name(value)}"
     )
+
+
+def command_words(key: str, value: Any) -> list[str] | None:
+    """srun's options: a list, one word each, or one string read as a shell reads it, as it stands on
+    a hand-written srun line (`--mpi=pmix --label`; quote a value with a space). Kept whole, such a
+    string reached srun as one word, which srun cannot read."""
+    if not isinstance(value, str):
+        return words(key, value)
+    try:
+        return shlex.split(value)
+    except ValueError as error:  # an unclosed quote
+        raise ConfigError(
+            f"{key}: {value!r} cannot be split into options ({error}); close the quote, or give a list"
+            f" ({key}=[a,b])"
+        ) from None
 
 
 def slurm_time(key: str, value: Any) -> Any:
@@ -326,7 +342,7 @@ CLUSTER: dict[str, Check] = {
     "stderr_to_stdout": boolean,
     "gpus_per_node": non_negative,
     "gpus_per_task": non_negative,
-    "srun_args": words,
+    "srun_args": command_words,
     "signal_seconds": signal_seconds,
     "max_requeues": non_negative,
     "env_vars": env_vars,

@@ -494,3 +494,20 @@ def test_a_null_in_env_vars_keeps_the_cluster_profiles_value(tmp_path):
     [path] = write_run_files(build_plan(compose([*args, *nemo_nulls, *removed])), args)
     env = exported(path.read_text())
     assert "NCCL_TOPO_FILE" not in env and "NCCL_IB_TIMEOUT" not in env and env["NCCL_DEBUG"] == "INFO"
+
+
+def test_srun_args_given_as_one_string_are_split_into_options(tmp_path):
+    """`cluster.srun_args: "--mpi=pmix -l"` (an srun line's options copied whole) reached srun as one
+    word, `'--mpi=pmix -l'`, which srun cannot read. A string is split as a shell splits it."""
+    srun_args = "cluster.srun_args=--mpi=pmix -l --comment='run 3'"
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, srun_args]
+    [path] = write_run_files(build_plan(compose(args)), args)
+    srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
+    words = shlex.split(srun.removesuffix(" &"))
+    assert words[words.index("--mpi=pmix") : words.index("bash")] == ["--mpi=pmix", "-l", "--comment=run 3"]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args[:-1], "cluster.srun_args=--comment='run 3"]))
+    assert str(error.value) == (
+        'cluster.srun_args: "--comment=\'run 3" cannot be split into options (No closing quotation);'
+        " close the quote, or give a list (cluster.srun_args=[a,b])"
+    )
