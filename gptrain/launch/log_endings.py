@@ -6,10 +6,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptrain.launch.job_states import JobState, summarize
 from gptrain.launch.run_dirs import log_files, stderr_logs
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # The training's line for a stop signal during start-up (gptrain.train.loop.stop_before_training),
 # and for a stop that saved a checkpoint (stop_for_requeue); both exit 75.
@@ -42,22 +45,17 @@ class EarlyStop:
 
 def early_stop(log: Path) -> EarlyStop | None:
     """The log's last stop, when it came before the first step (a requeue appends to the same log:
-    an earlier attempt's stop is superseded by a later one's)."""
-    found = None
+    an earlier attempt's stop is superseded by a later one's). Read from the end: the stop is near it."""
     try:
-        with open(log, errors="replace") as handle:
-            for line in handle:
-                if "stopping " not in line:
-                    continue
-                match = STOPPED_EARLY.search(line)
-                if match:
-                    step = int(match["step"]) if match["step"] else None
-                    found = EarlyStop(match["why"], step)
-                elif STOPPED_SAVED.search(line):
-                    found = None
+        for line in lines_from_the_end(log, holding=("stopping ",)):
+            match = STOPPED_EARLY.search(line)
+            if match:
+                return EarlyStop(match["why"], int(match["step"]) if match["step"] else None)
+            if STOPPED_SAVED.search(line):
+                return None
     except OSError:
         return None
-    return found
+    return None
 
 
 def early_stop_of(record: dict[str, Any] | None) -> EarlyStop | None:
@@ -108,14 +106,7 @@ def log_ending(log: Path) -> JobState | None:
     code, cancelled = None, False
     try:
         for path in (log, *(err for err in stderr_logs(log) if err.exists())):
-            with open(path, errors="replace") as handle:
-                for line in handle:
-                    if "gptrain: " not in line:
-                        continue
-                    cancelled = cancelled or CANCEL_SEEN in line
-                    found = STEP_FINISHED.search(line)
-                    if found:
-                        code = int(found.group(1))
+            code, cancelled = last_exit_line(path) or (code, cancelled)
     except OSError:
         return None
     if code is None:
@@ -123,6 +114,19 @@ def log_ending(log: Path) -> JobState | None:
     if cancelled:
         return JobState("CANCELLED", f"{FORGOTTEN}: cancelled, launch again to resume", f"{code}:0")
     return JobState("COMPLETED" if code == 0 else "FAILED", FORGOTTEN, f"{code}:0")
+
+
+def last_exit_line(path: Path) -> tuple[int, bool] | None:
+    """The exit code on the file's last exit line, and whether the batch script's line just before it
+    says the job was cancelled; None where the file has no exit line. Read from the end."""
+    code = None
+    for line in lines_from_the_end(path, holding=("gptrain: ",)):
+        if code is not None:  # the script's line before its exit line
+            return code, CANCEL_SEEN in line
+        found = STEP_FINISHED.search(line)
+        if found:
+            code = int(found.group(1))
+    return None if code is None else (code, False)
 
 
 def ended_for_good(record: dict[str, Any]) -> bool:
@@ -154,3 +158,34 @@ def last_lines(path: Path, count: int) -> list[str]:
     except OSError:
         return []
     return [line.strip() for line in tail.splitlines() if line.strip()][-count:]
+
+
+LINES_BLOCK = 1 << 20
+LINE_BREAK = re.compile(rb"\r\n|\r|\n")  # as a text-mode file splits lines
+
+
+def lines_from_the_end(path: Path, holding: tuple[str, ...] = (), block: int = LINES_BLOCK) -> Iterator[str]:
+    """The file's lines, last first, read a block at a time from its end: a week's log with
+    NCCL_DEBUG=INFO holds gigabytes, and status wants its last few lines of one kind. `holding`:
+    only lines with one of these in them, and a block without any is skipped unsplit (a log that
+    lacks them is read at the disk's pace). OSError as open raises it."""
+    needles = [text.encode() for text in holding]
+    with open(path, "rb") as handle:
+        position, rest = handle.seek(0, 2), b""
+        while position > 0:
+            start = max(0, position - block)
+            handle.seek(start)
+            data = handle.read(position - start) + rest
+            position = start
+            if needles and not any(needle in data for needle in needles):
+                first_break = LINE_BREAK.search(data)
+                rest = data[: first_break.start()] if first_break else data
+                continue
+            # a \r\n cut by the block boundary is read as two breaks: one empty line more
+            lines = LINE_BREAK.split(data)
+            rest = lines[0]  # the block before may hold the start of that line
+            for line in reversed(lines[1:]):
+                if not needles or any(needle in line for needle in needles):
+                    yield line.decode(errors="replace")
+        if rest and (not needles or any(needle in rest for needle in needles)):
+            yield rest.decode(errors="replace")

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from gptrain.launch.job_states import NEVER_SATISFIED
+from gptrain.launch.log_endings import lines_from_the_end
 from gptrain.launch.record_state import job_state
 from gptrain.launch.records import read_records
 from gptrain.launch.run_dirs import latest_jobs, log_files
@@ -28,15 +29,8 @@ LINE_ETA = re.compile(r" ETA (?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d) \|\s*$")
 
 def progress(log: Path, now: float | None = None, running: bool = True) -> str | None:
     """'step 120/1000 | loss 3.21 | 812 ms/step | ETA 00:11:54' from the last iteration line."""
-    match, lines, last = None, 0, ""
     try:
-        with open(log, errors="replace") as handle:
-            for line in handle:
-                found = ITERATION.search(line)
-                if found:
-                    match, lines, last = found, lines + 1, line
-                elif PROCESS_START.match(line):  # a process (re)starts: a requeue appends to the same log
-                    lines = 0
+        match, lines, last = last_iteration(log)
     except OSError:
         return None
     if match is None:
@@ -51,6 +45,26 @@ def progress(log: Path, now: float | None = None, running: bool = True) -> str |
         eta = 3600 * int(own["h"]) + 60 * int(own["m"]) + int(own["s"]) if own else (total - step) * ms / 1000
         parts.append(f"ETA {format_duration(max(0, eta))}")
     return " | ".join(parts)
+
+
+def last_iteration(log: Path) -> tuple[re.Match[str] | None, int, str]:
+    """The log's last iteration line (its match and text), and how many lines of the process that
+    wrote it there are, counted up to 2 (0: a process started after it, a requeue appending to the
+    same log). Read from the end, which that line is near."""
+    match, last, restarted = None, "", False
+    for line in lines_from_the_end(log, holding=("iteration", "gptrain: ")):  # ITERATION's, PROCESS_START's
+        found = ITERATION.search(line)
+        if found and match is not None:
+            return match, 2, last
+        if found:
+            match, last = found, line
+            if restarted:
+                return match, 0, last
+        elif PROCESS_START.match(line):
+            if match is not None:
+                return match, 1, last
+            restarted = True
+    return match, 0 if match is None else 1, last
 
 
 def status_lines(run_dir: Path) -> list[str]:

@@ -1133,3 +1133,79 @@ def test_status_and_cancel_without_slurm_here_say_so(tmp_path, monkeypatch, caps
     assert capsys.readouterr() == ("", f"gptrain: error: {tmp_path}: {no_slurm}\n")
     assert "scancel" not in asked
     assert live_jobs.queued_jobs(tmp_path) == []  # the launch's check: nothing to ask here, as before
+
+
+NCCL_INFO = "n1:1234:1301 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n"
+
+
+class CountedReads:
+    """An open file that adds what is read from it to `counted`."""
+
+    def __init__(self, handle, counted: list[int]):
+        self.handle, self.counted = handle, counted
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()
+
+    def __iter__(self):
+        for line in self.handle:
+            self.counted.append(len(line))
+            yield line
+
+    def read(self, *args):
+        data = self.handle.read(*args)
+        self.counted.append(len(data))
+        return data
+
+    def seek(self, *args):
+        return self.handle.seek(*args)
+
+
+def test_status_reads_a_long_log_from_its_end(tmp_path, monkeypatch):
+    """A week-long run with NCCL_DEBUG=INFO writes gigabytes of log, and status read all of it for
+    the progress line, the exit line and the stop line, each time. Now it reads from the end, back
+    to what it needs: here 48 MiB of NCCL lines between the start and the last lines stay unread."""
+    from gptrain.launch import log_endings
+
+    counted: list[int] = []
+
+    def counted_open(path, *args, **kwargs):
+        return CountedReads(open(path, *args, **kwargs), counted)
+
+    for module in (status, log_endings):
+        monkeypatch.setattr(module, "open", counted_open, raising=False)
+    banner = "gptrain: 124,082,688 parameters | 6.306e+12 FLOPs per iteration | 1 microbatches per step\n"
+    log = tmp_path / "log-r_7.out"
+    with open(log, "w") as handle:
+        handle.write(f"gptrain: job 7 on n1, stage training\n{banner}{LINE.replace('120/', '1/')}\n")
+        handle.write(NCCL_INFO * (48 * 2**20 // len(NCCL_INFO)))
+        handle.write(f"{LINE.replace('120/', '119/')}\n{NCCL_INFO}{LINE}\n{NCCL_INFO * 100}{SAVED}\n")
+        handle.write("gptrain: the job was cancelled (scancel): not requeueing; launch again to resume\n")
+        handle.write("gptrain: step finished with exit code 75\n")
+    assert status.progress(log) == "step 120/1000 | loss 3.2110 | 812 ms/step | ETA 11:54"
+    record = {"stage": "training", "executor": "slurm", "job_id": "7", "log": str(tmp_path / "log-r_%j.out")}
+    assert log_endings.ended_by_log(record).describe() == (
+        "CANCELLED (Slurm no longer knows the job; from its log: cancelled, launch again to resume) exit 75:0"
+    )
+    assert log_endings.early_stop_of(record) is None  # the last stop saved a checkpoint
+    assert (
+        sum(counted) < 6 * 2**20
+    )  # the three reads together: an eighth of the log (old: three times all of it)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 1 << 20])
+def test_lines_from_the_end_are_the_files_lines_reversed(tmp_path, block):
+    """Whatever the block boundaries cut: a CRLF, a character of several bytes, a last line without
+    its line break. Blank lines aside (a cut CRLF reads as two breaks), as a text-mode file reads them."""
+    from gptrain.launch.log_endings import lines_from_the_end
+
+    text = "first\r\nsecond é line\rthird\n\nfifth ✓\r\nlast, unended"
+    path = tmp_path / "log.out"
+    path.write_bytes(text.encode())
+    read = [line for line in lines_from_the_end(path, block=block) if line]
+    with open(path, errors="replace") as handle:
+        assert read == [line.rstrip("\n") for line in reversed(list(handle)) if line != "\n"]
+    assert list(lines_from_the_end(path, holding=("line", "✓"), block=block)) == ["fifth ✓", "second é line"]
