@@ -147,17 +147,32 @@ def _check_batch(model: Any, dims: ParallelDims) -> None:
         )
     if dims.vpp > 1:
         _require(
-            n % dims.pp == 0,
-            f"interleaved pipeline needs the microbatches per step ({n}) to be a multiple of "
-            f"model.pipeline_model_parallel_size={dims.pp}: change model.global_batch_size={gbs}",
+            n % interleaved_rounds(n, dims.pp) == 0,
+            f"{_interleaved_message(n, dims.pp)}: change model.global_batch_size={gbs}",
         )
+
+
+def interleaved_rounds(microbatches: int, pp: int) -> int:
+    """Rounds torch's ScheduleInterleaved1F1B runs a step's micro-batches in: max(1, n // pp), each
+    round taking the same count through every chunk before the next (Megatron's
+    microbatch_group_size_per_vp_stage). n needs to be a multiple of the rounds, not of pp."""
+    return max(1, microbatches // pp)
+
+
+def _interleaved_message(n: int, pp: int) -> str:
+    rounds = interleaved_rounds(n, pp)
+    return (
+        f"the interleaved pipeline (model.virtual_pipeline_model_parallel_size) runs {n} microbatches in "
+        f"{rounds} equal rounds (torch's schedule: microbatches // model.pipeline_model_parallel_size={pp}), "
+        f"and {n} is not a multiple of {rounds} (any multiple of {pp} is)"
+    )
 
 
 def _check_ramp_microbatches(model: Any, dims: ParallelDims) -> None:
     """Every ramp batch splits into micro-batches over the DP ranks (gptrain.train.rampup's own key
     checks, run here so that a layout the planner picks is one training takes); under a pipeline,
     each also fills it as the full batch must: at least one micro-batch per stage, and
-    (interleaved) a multiple of the stages."""
+    (interleaved) a count torch's schedule splits into equal rounds."""
     from gptrain.train.rampup import BatchRamp  # no torch
 
     ramp = getattr(model, "rampup_batch_size", None)
@@ -173,11 +188,15 @@ def _check_ramp_microbatches(model: Any, dims: ParallelDims) -> None:
         f"microbatches (micro batch {model.micro_batch_size} x DP {dims.dp}), fewer than "
         f"model.pipeline_model_parallel_size={dims.pp}: start the ramp at {per_step * dims.pp} or more",
     )
-    if dims.vpp > 1:
+    if dims.vpp == 1:
+        return
+    for batch in range(start, model.global_batch_size, increment):
+        n = batch // per_step
         _require(
-            start % (per_step * dims.pp) == 0 and increment % (per_step * dims.pp) == 0,
-            f"model.rampup_batch_size={list(ramp)}: the interleaved pipeline needs every ramp batch to be a "
-            f"multiple of micro batch x DP x pipeline stages = {per_step * dims.pp}",
+            n % interleaved_rounds(n, dims.pp) == 0,
+            f"model.rampup_batch_size={list(ramp)}: the ramp batch {batch} gives {n} microbatches (micro batch "
+            f"{model.micro_batch_size} x DP {dims.dp}); {_interleaved_message(n, dims.pp)}: change the start "
+            "or the increment",
         )
 
 

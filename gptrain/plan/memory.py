@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gptrain.models.config import GPTConfig
-from gptrain.parallel.layout import BLOCKS_AND_LOSS, WHOLE
+from gptrain.parallel.layout import BLOCKS_AND_LOSS, WHOLE, interleaved_rounds
 from gptrain.parallel.layout import compile_scope as parallel_compile_scope
 from gptrain.parallel.mesh import ParallelDims
 from gptrain.plan.sizes import rank_parameters
@@ -257,14 +257,17 @@ def logits_bytes_per_token(
 
 def in_flight(layout: Layout, microbatches: int, rank: int) -> float:
     """Micro batches whose activations pipeline rank `rank` holds at its peak, in units of
-    (layers per rank): 1F1B keeps pp - rank; interleaved keeps Megatron's warmup count of
-    chunks, (v - 1) pp + 2 (pp - 1 - rank) + 1, each 1/v of the rank's layers."""
+    (layers per rank): 1F1B keeps pp - rank; interleaved keeps the warmup count of chunks,
+    (v - 1) g + 2 (pp - 1 - rank) + 1, each 1/v of the rank's layers, where g, the micro batches a
+    round takes through the chunks, is pp (Megatron's) when pp divides them, more when not
+    (torch's schedule: gptrain.parallel.layout.interleaved_rounds)."""
     pp, v = layout.pp, layout.vpp
     if pp == 1:
         return 1.0
     if v == 1:
         return float(min(pp - rank, microbatches))
-    chunks = min((v - 1) * pp + 2 * (pp - 1 - rank) + 1, microbatches * v)
+    per_round = microbatches // interleaved_rounds(microbatches, pp)
+    chunks = min((v - 1) * per_round + 2 * (pp - 1 - rank) + 1, microbatches * v)
     return chunks / v
 
 

@@ -101,11 +101,13 @@ def test_mesh_puts_tp_innermost_and_pp_outermost() -> None:
             {
                 "pipeline_model_parallel_size": 2,
                 "virtual_pipeline_model_parallel_size": 2,
-                "global_batch_size": 3,
+                "global_batch_size": 5,
                 "micro_batch_size": 1,
             },
             2,
-            "multiple of model.pipeline_model_parallel_size=2",
+            "runs 5 microbatches in 2 equal rounds (torch's schedule: microbatches // "
+            "model.pipeline_model_parallel_size=2), and 5 is not a multiple of 2 (any multiple of 2 is): "
+            "change model.global_batch_size=5",
         ),
         (
             {"data_parallel_sharding": "zero1"},
@@ -149,13 +151,13 @@ def test_mesh_puts_tp_innermost_and_pp_outermost() -> None:
             {
                 "pipeline_model_parallel_size": 2,
                 "virtual_pipeline_model_parallel_size": 2,
-                "rampup_batch_size": [2, 1, 100],
+                "rampup_batch_size": [2, 3, 100],
                 "micro_batch_size": 1,
-                "global_batch_size": 4,
+                "global_batch_size": 8,
             },
             2,
-            "the interleaved pipeline needs every ramp batch to be a multiple of micro batch x DP x "
-            "pipeline stages = 2",
+            "model.rampup_batch_size=[2, 3, 100]: the ramp batch 5 gives 5 microbatches (micro batch 1 x DP 1); "
+            "the interleaved pipeline",
         ),
     ],
 )
@@ -164,6 +166,28 @@ def test_layout_errors_name_keys_and_values(overrides: dict, world: int, expecte
         check_layout(model(**overrides), world_size=world)
     assert expected in str(error.value)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("pp", "microbatches"), [(2, 3), (4, 6), (4, 10), (4, 7)])
+def test_interleaved_pipeline_takes_microbatches_torch_splits_into_equal_rounds(
+    pp: int, microbatches: int
+) -> None:
+    """The interleaved pipeline refused any micro-batch count that is no multiple of PP (3 with PP=2);
+    torch's ScheduleInterleaved1F1B runs n in n // PP equal rounds, so only an n those do not divide
+    (5 with PP=2: tested above) is refused. The first ramp batch follows the same rule."""
+    layout = model(
+        num_layers=4 * pp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=2,
+        micro_batch_size=1,
+        global_batch_size=microbatches,
+    )
+    dims = check_layout(layout, world_size=pp)
+    assert (dims.pp, dims.vpp, num_microbatches(layout, dims.dp)) == (pp, 2, microbatches)
+    ramped = dataclasses.replace(
+        layout, global_batch_size=4 * pp, rampup_batch_size=[microbatches, 4 * pp - microbatches, 100]
+    )
+    assert check_layout(ramped, world_size=pp).vpp == 2
 
 
 def test_hybrid_shard_groups_that_span_the_started_nodes_are_warned_of() -> None:

@@ -407,6 +407,17 @@ def test_fsdp_under_a_pipeline_gathers_and_reduce_scatters_once_per_step(tmp_pat
     assert (result["gathers"], reduce_scatters) == (units, units), result
 
 
+def test_interleaved_pipeline_with_microbatches_that_pp_does_not_divide(tmp_path: Path) -> None:
+    """PP2 x 2 virtual stages over 3 micro-batches a step (one round of 3 through each chunk in
+    torch's ScheduleInterleaved1F1B): refused as no multiple of PP before; it trains as one process
+    does, evaluation (3 micro-batches through the same stages) included."""
+    steps, batch = 4, {"mbs": 1, "gbs": 3}
+    spec = {"steps": steps, **batch, "model": {**PP2, "virtual_pipeline_model_parallel_size": 2}}
+    (result,) = run_layouts([spec], 2, tmp_path)
+    reference = run_in_process({"steps": steps, **batch})
+    check_layout_result(result, reference, "pp2_interleaved_3_microbatches")
+
+
 @pytest.mark.parametrize("name", list(FP8_RUNS))
 def test_fp8_under_tensor_parallelism_matches_one_process(two_process_results: dict, name: str) -> None:
     """The first forward sees the same float8 values as one process (tensorwise scales are taken

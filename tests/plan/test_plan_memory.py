@@ -474,3 +474,24 @@ def test_full_recompute_keeps_each_blocks_input_twice_korthikantis_2sbh(name) ->
         layout = Layout(tp=tp, sequence_parallel=sp, micro_batch_size=2, recompute="full")
         blocks = activation_bytes(work, layout, 0)["blocks"]
         assert blocks == layers * 4 * h / (tp if sp else 1) * 2 * 2048
+
+
+@pytest.mark.parametrize(
+    ("pp", "vpp", "microbatches"), [(2, 2, 4), (2, 2, 3), (4, 2, 10), (4, 3, 6), (4, 2, 7)]
+)
+def test_interleaved_micro_batches_in_flight_follow_torchs_warmup(
+    pp: int, vpp: int, microbatches: int
+) -> None:
+    """Chunks a rank holds at its peak: the forwards torch's ScheduleInterleaved1F1B runs before its
+    first backward, plus the one its first 1F1B step adds. Over micro batches that PP does not
+    divide (now taken), a round takes more than PP of them, and Megatron's count, (v - 1) pp + ...,
+    fell short."""
+    from torch.distributed.pipelining.schedules import _get_warmup_ops
+
+    from gptrain.plan.memory import in_flight
+
+    per_round = microbatches // max(1, microbatches // pp)
+    for rank in range(pp):
+        warmup = _get_warmup_ops(rank, vpp, per_round, pp, microbatches)
+        expected = min(warmup + 1, microbatches * vpp) / vpp
+        assert in_flight(Layout(pp=pp, vpp=vpp), microbatches, rank) == expected, rank
