@@ -118,7 +118,7 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     if cfg.exp_manager.tensorboard_dir:  # hparams.yaml, a requeued job and `gptrain plot` read it elsewhere
         cfg.exp_manager.tensorboard_dir = os.path.abspath(cfg.exp_manager.tensorboard_dir)
     _max_time_per_run(cfg)
-    return _sequence_parallel_needs_tp(cfg.model)
+    return _sequence_parallel_needs_tp(cfg.model) + _block_recompute_past_the_chunk(cfg.model)
 
 
 def _sequence_parallel_needs_tp(model: Any) -> list[str]:
@@ -129,6 +129,22 @@ def _sequence_parallel_needs_tp(model: Any) -> list[str]:
     model.sequence_parallel = False
     return [
         "model.sequence_parallel=true needs model.tensor_model_parallel_size > 1; turned off, as NeMo does"
+    ]
+
+
+def _block_recompute_past_the_chunk(model: Any) -> list[str]:
+    """Full recompute by block of more layers than a pipeline chunk holds recomputes all of them, as
+    in Megatron (gptrain.parallel.activation_checkpoint takes the first N of each chunk); said, since
+    the number no longer says what runs."""
+    count, chunks = model.activations_checkpoint_num_layers, model.pipeline_model_parallel_size
+    chunks *= model.virtual_pipeline_model_parallel_size or 1
+    if model.activations_checkpoint_granularity != "full" or model.activations_checkpoint_method != "block":
+        return []
+    if count is None or chunks < 1 or model.num_layers % chunks or count <= model.num_layers // chunks:
+        return []
+    return [
+        f"model.activations_checkpoint_num_layers={count} is more than the {model.num_layers // chunks} layers "
+        "of a pipeline chunk: every layer of each chunk is recomputed, as Megatron does"
     ]
 
 

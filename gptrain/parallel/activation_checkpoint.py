@@ -3,7 +3,8 @@
 - full / uniform: every block recomputes its forward in the backward. (Megatron
   checkpoints groups of `num_layers` blocks; per-block checkpointing stores slightly
   more, one block input per block, and recomputes the same amount.)
-- full / block: only the first `num_layers` blocks of each stage/chunk are recomputed.
+- full / block: only the first `num_layers` blocks of each stage/chunk are recomputed (all of
+  them when `num_layers` is more than a chunk holds, as in Megatron).
 - selective: the outputs of the matrix multiplications are stored, and everything else
   (the attention core, as Megatron's selective recompute does, and the cheap elementwise work:
   norms, activation function, dropout, residual sums, casts) is recomputed from them.

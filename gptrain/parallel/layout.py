@@ -63,7 +63,7 @@ def check_layout(
     _check_sequence_parallel(model, tp)
     _check_batch(model, dims)
     dp_shard = _check_sharding(model, dims, devices_per_node)
-    _check_activation_checkpointing(model, dims)
+    _check_activation_checkpointing(model)
     return ParallelDims(world_size=world_size, tp=tp, pp=pp, vpp=dims.vpp, dp_shard=dp_shard)
 
 
@@ -237,7 +237,7 @@ def hybrid_shard_node_warning(dims: ParallelDims, devices: int, local_world_size
     )
 
 
-def _check_activation_checkpointing(model: Any, dims: ParallelDims) -> None:
+def _check_activation_checkpointing(model: Any) -> None:
     granularity = model.activations_checkpoint_granularity
     method = model.activations_checkpoint_method
     count = model.activations_checkpoint_num_layers
@@ -254,9 +254,3 @@ def _check_activation_checkpointing(model: Any, dims: ParallelDims) -> None:
         f"model.activations_checkpoint_method={method!r} must be uniform or block with granularity full",
     )
     _require(count is None or count >= 0, f"model.activations_checkpoint_num_layers={count} must be >= 0")
-    per_chunk = model.num_layers // (dims.pp * dims.vpp)
-    if method == "block" and count is not None:
-        _require(
-            count <= per_chunk,
-            f"model.activations_checkpoint_num_layers={count} exceeds the {per_chunk} layers per pipeline chunk",
-        )

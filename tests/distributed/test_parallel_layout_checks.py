@@ -125,16 +125,6 @@ def test_mesh_puts_tp_innermost_and_pp_outermost() -> None:
             "model.activations_checkpoint_method=None must be uniform or block",
         ),
         (
-            {
-                "activations_checkpoint_granularity": "full",
-                "activations_checkpoint_method": "block",
-                "activations_checkpoint_num_layers": 5,
-                "pipeline_model_parallel_size": 2,
-            },
-            2,
-            "exceeds the 4 layers per pipeline chunk",
-        ),
-        (
             {"tensor_model_parallel_size": 2, "ffn_hidden_size": 33, "num_attention_heads": 2},
             2,
             "model.ffn_hidden_size=33 is not divisible",

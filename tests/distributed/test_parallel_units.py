@@ -122,6 +122,50 @@ def test_activation_checkpointing_recomputes_and_keeps_gradients(
         torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-7)
 
 
+def test_block_recompute_of_more_layers_than_a_chunk_holds_recomputes_the_whole_chunk(capsys) -> None:
+    """`activations_checkpoint_method: block` with `activations_checkpoint_num_layers` above the
+    layers of a pipeline chunk (5 of 2 under PP2 x 2 virtual stages) was refused; Megatron
+    recomputes every layer of the chunk. It is taken, said once at load, and a chunk recomputes all
+    its blocks with the gradients of no recompute (float64: the same ops rerun, bit for bit)."""
+    from gptrain.config import load_training_config
+    from gptrain.parallel.layout import check_layout
+
+    overrides = [
+        "trainer.devices=2",
+        "model.num_layers=8",
+        "model.pipeline_model_parallel_size=2",
+        "model.virtual_pipeline_model_parallel_size=2",
+        "model.activations_checkpoint_granularity=full",
+        "model.activations_checkpoint_method=block",
+        "model.activations_checkpoint_num_layers=5",
+    ]
+    cfg = load_training_config("gpt3/126m", overrides)
+    note = "model.activations_checkpoint_num_layers=5 is more than the 2 layers of a pipeline chunk"
+    assert note in capsys.readouterr().err
+    assert check_layout(cfg.model, world_size=2).vpp == 2
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        chunk = split_stage(tiny_gpt(layers=8), 2, 4)  # layers 4 and 5: a middle chunk
+        hidden = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(2))
+        plain = [p.grad for p in _chunk_gradients(chunk, hidden)]
+        wrapped = apply_ac(copy.deepcopy(chunk), "full", "block", 5)
+        assert [type(block).__name__ for block in wrapped.layers.values()] == ["CheckpointWrapper"] * 2
+        recomputed = [p.grad for p in _chunk_gradients(wrapped, hidden)]
+    finally:
+        torch.set_default_dtype(previous)
+    assert len(plain) == len(recomputed) == 2 * len(list(chunk.layers["4"].parameters()))
+    for expected, actual in zip(plain, recomputed, strict=True):
+        assert torch.equal(actual, expected)
+
+
+def _chunk_gradients(chunk: GPT, hidden: torch.Tensor) -> list[torch.nn.Parameter]:
+    """The parameters of `chunk` after one backward of a sum of squares of its output."""
+    hidden = hidden.clone().requires_grad_(True)
+    chunk(hidden).square().sum().backward()
+    return list(chunk.parameters())
+
+
 @pytest.mark.parametrize("fields", [{"position_embedding_type": "rope"}, {"num_query_groups": 1}])
 def test_selective_checkpointing_saves_no_copy_of_fused_weights_or_projections(monkeypatch, fields) -> None:
     """Under autocast q/k/v (and w1/w3) run as one GEMM over their concatenated fp32 weights, and v
