@@ -139,13 +139,13 @@ def _check_batch(model: Any, dims: ParallelDims) -> None:
     )
     n = num_microbatches(model, dp)
     _check_ramp_microbatches(model, dims)
-    if dims.pp > 1:
+    if dims.vpp > 1:  # a plain pipeline runs fewer micro-batches than stages (gptrain.parallel.pipeline)
         _require(
             n >= dims.pp,
             f"{n} microbatches per step (model.global_batch_size={gbs} / (micro batch {mbs} x DP {dp})) is fewer "
-            f"than model.pipeline_model_parallel_size={dims.pp}: raise the global batch",
+            f"than model.pipeline_model_parallel_size={dims.pp}, which the interleaved pipeline "
+            "(model.virtual_pipeline_model_parallel_size) needs, as in Megatron: raise the global batch",
         )
-    if dims.vpp > 1:
         _require(
             n % interleaved_rounds(n, dims.pp) == 0,
             f"{_interleaved_message(n, dims.pp)}: change model.global_batch_size={gbs}",
@@ -170,15 +170,15 @@ def _interleaved_message(n: int, pp: int) -> str:
 
 def _check_ramp_microbatches(model: Any, dims: ParallelDims) -> None:
     """Every ramp batch splits into micro-batches over the DP ranks (gptrain.train.rampup's own key
-    checks, run here so that a layout the planner picks is one training takes); under a pipeline,
-    each also fills it as the full batch must: at least one micro-batch per stage, and
-    (interleaved) a count torch's schedule splits into equal rounds."""
+    checks, run here so that a layout the planner picks is one training takes); under an
+    interleaved pipeline, each also fills it as the full batch must: at least one micro-batch per
+    stage, in a count torch's schedule splits into equal rounds."""
     from gptrain.train.rampup import BatchRamp  # no torch
 
     ramp = getattr(model, "rampup_batch_size", None)
     if ramp:
         BatchRamp.from_config(list(ramp), model.global_batch_size, model.micro_batch_size * dims.dp)
-    if dims.pp == 1 or not ramp or len(ramp) != 3:
+    if dims.vpp == 1 or not ramp or len(ramp) != 3:
         return
     start, increment = ramp[0], ramp[1]
     per_step = model.micro_batch_size * dims.dp
@@ -186,10 +186,9 @@ def _check_ramp_microbatches(model: Any, dims: ParallelDims) -> None:
         start >= per_step * dims.pp,
         f"model.rampup_batch_size={list(ramp)}: the first ramp batch {start} gives {start // per_step} "
         f"microbatches (micro batch {model.micro_batch_size} x DP {dims.dp}), fewer than "
-        f"model.pipeline_model_parallel_size={dims.pp}: start the ramp at {per_step * dims.pp} or more",
+        f"model.pipeline_model_parallel_size={dims.pp}, which the interleaved pipeline needs, as in Megatron: "
+        f"start the ramp at {per_step * dims.pp} or more",
     )
-    if dims.vpp == 1:
-        return
     for batch in range(start, model.global_batch_size, increment):
         n = batch // per_step
         _require(

@@ -135,7 +135,8 @@ def build_schedules(
     device: torch.device,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> PipelineSchedules:
-    """1F1B with one stage per rank, interleaved 1F1B with several.
+    """1F1B with one stage per rank (GPipe over fewer micro-batches than stages), interleaved 1F1B
+    with several.
 
     Gradients are not scaled by the schedule: `loss_fn` already divides by the number
     of loss tokens in the global batch: the per-token mean (see gptrain.train.step).
@@ -153,8 +154,13 @@ def build_schedules(
 def _schedule(
     stages: list, num_microbatches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ) -> PipelineScheduleSingle | PipelineScheduleMulti:
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+    if len(stages) == 1 and num_microbatches < stages[0].num_stages:
+        # torch's 1F1B refuses fewer micro-batches than stages, which Megatron's runs: its first
+        # stages then run every forward before a backward anyway, and no rank holds more than
+        # num_stages - 1 micro-batches, fewer than the first stage's 1F1B peak.
+        return ScheduleGPipe(stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
     if len(stages) == 1:
         return Schedule1F1B(stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
     return ScheduleInterleaved1F1B(stages, num_microbatches, loss_fn=loss_fn, scale_grads=False)

@@ -257,15 +257,15 @@ def logits_bytes_per_token(
 
 def in_flight(layout: Layout, microbatches: int, rank: int) -> float:
     """Micro batches whose activations pipeline rank `rank` holds at its peak, in units of
-    (layers per rank): 1F1B keeps pp - rank; interleaved keeps the warmup count of chunks,
-    (v - 1) g + 2 (pp - 1 - rank) + 1, each 1/v of the rank's layers, where g, the micro batches a
-    round takes through the chunks, is pp (Megatron's) when pp divides them, more when not
-    (torch's schedule: gptrain.parallel.layout.interleaved_rounds)."""
+    (layers per rank): 1F1B keeps pp - rank (GPipe, over m < pp micro batches, all m); interleaved
+    keeps the warmup count of chunks, (v - 1) g + 2 (pp - 1 - rank) + 1, each 1/v of the rank's
+    layers, where g, the micro batches a round takes through the chunks, is pp (Megatron's) when pp
+    divides them, more when not (torch's schedule: gptrain.parallel.layout.interleaved_rounds)."""
     pp, v = layout.pp, layout.vpp
     if pp == 1:
         return 1.0
-    if v == 1:
-        return float(min(pp - rank, microbatches))
+    if v == 1:  # fewer micro batches than stages: GPipe (gptrain.parallel.pipeline), all of them
+        return float(microbatches if microbatches < pp else pp - rank)
     per_round = microbatches // interleaved_rounds(microbatches, pp)
     chunks = min((v - 1) * per_round + 2 * (pp - 1 - rank) + 1, microbatches * v)
     return chunks / v

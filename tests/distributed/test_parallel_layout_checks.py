@@ -93,9 +93,15 @@ def test_mesh_puts_tp_innermost_and_pp_outermost() -> None:
             "model.encoder_seq_length=33 is not divisible by model.tensor_model_parallel_size=2",
         ),
         (
-            {"pipeline_model_parallel_size": 4, "global_batch_size": 2, "micro_batch_size": 1},
-            4,
-            "2 microbatches per step",
+            {
+                "pipeline_model_parallel_size": 2,
+                "virtual_pipeline_model_parallel_size": 2,
+                "global_batch_size": 1,
+                "micro_batch_size": 1,
+            },
+            2,
+            "1 microbatches per step (model.global_batch_size=1 / (micro batch 1 x DP 1)) is fewer than "
+            "model.pipeline_model_parallel_size=2, which the interleaved pipeline",
         ),
         (
             {
@@ -132,10 +138,16 @@ def test_mesh_puts_tp_innermost_and_pp_outermost() -> None:
         ({"tensor_model_parallel_size": 0}, 2, "must be >= 1"),
         # every ramp step must fill the pipeline as the full batch must
         (
-            {"pipeline_model_parallel_size": 2, "rampup_batch_size": [1, 1, 100], "micro_batch_size": 1},
+            {
+                "pipeline_model_parallel_size": 2,
+                "virtual_pipeline_model_parallel_size": 2,
+                "rampup_batch_size": [1, 1, 100],
+                "micro_batch_size": 1,
+            },
             2,
             "the first ramp batch 1 gives 1 microbatches (micro batch 1 x DP 1), fewer than "
-            "model.pipeline_model_parallel_size=2: start the ramp at 2 or more",
+            "model.pipeline_model_parallel_size=2, which the interleaved pipeline needs, as in Megatron: "
+            "start the ramp at 2 or more",
         ),
         (
             {
@@ -178,6 +190,16 @@ def test_interleaved_pipeline_takes_microbatches_torch_splits_into_equal_rounds(
         layout, global_batch_size=4 * pp, rampup_batch_size=[microbatches, 4 * pp - microbatches, 100]
     )
     assert check_layout(ramped, world_size=pp).vpp == 2
+
+
+def test_a_pipeline_takes_fewer_microbatches_than_stages_as_megatron_does() -> None:
+    """PP4 over 2 micro-batches a step, and a ramp starting at 1, were refused (Megatron's GPT-3 175B
+    example, PP16 with a ramp from 16, starts at 16 / DP micro-batches): torch's 1F1B needs one per
+    stage, so gptrain.parallel.pipeline runs GPipe for them."""
+    few = model(pipeline_model_parallel_size=4, global_batch_size=2, micro_batch_size=1)
+    assert num_microbatches(few, check_layout(few, world_size=4).dp) == 2
+    ramp = model(pipeline_model_parallel_size=4, micro_batch_size=1, rampup_batch_size=[1, 1, 100])
+    assert check_layout(ramp, world_size=4).pp == 4
 
 
 def test_hybrid_shard_groups_that_span_the_started_nodes_are_warned_of() -> None:

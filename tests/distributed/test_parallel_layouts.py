@@ -418,6 +418,14 @@ def test_interleaved_pipeline_with_microbatches_that_pp_does_not_divide(tmp_path
     check_layout_result(result, reference, "pp2_interleaved_3_microbatches")
 
 
+def test_pipeline_over_fewer_microbatches_than_stages(tmp_path: Path) -> None:
+    """PP2 over one micro-batch a step, as Megatron's 1F1B runs it (torch's 1F1B refuses it, so
+    GPipe runs): refused before; it trains as one process does."""
+    steps, batch = 4, {"mbs": 4, "gbs": 4}
+    (result,) = run_layouts([{"steps": steps, **batch, "model": PP2}], 2, tmp_path)
+    check_layout_result(result, run_in_process({"steps": steps, **batch}), "pp2_1_microbatch")
+
+
 @pytest.mark.parametrize("name", list(FP8_RUNS))
 def test_fp8_under_tensor_parallelism_matches_one_process(two_process_results: dict, name: str) -> None:
     """The first forward sees the same float8 values as one process (tensorwise scales are taken

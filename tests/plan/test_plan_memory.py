@@ -495,3 +495,11 @@ def test_interleaved_micro_batches_in_flight_follow_torchs_warmup(
         warmup = _get_warmup_ops(rank, vpp, per_round, pp, microbatches)
         expected = min(warmup + 1, microbatches * vpp) / vpp
         assert in_flight(Layout(pp=pp, vpp=vpp), microbatches, rank) == expected, rank
+
+
+def test_a_pipeline_over_fewer_micro_batches_than_stages_holds_them_all_on_every_rank() -> None:
+    """GPipe (gptrain.parallel.pipeline) runs every forward before a backward on every rank."""
+    from gptrain.plan.memory import in_flight
+
+    assert [in_flight(Layout(pp=4), 2, rank) for rank in range(4)] == [2.0] * 4
+    assert [in_flight(Layout(pp=4), 8, rank) for rank in range(4)] == [4.0, 3.0, 2.0, 1.0]
