@@ -218,6 +218,9 @@ class SchedConfig:
     warmup_steps: int | None = 0
     """Steps of linear warmup to optim.lr (see warmup_style for where it starts); null is 0, as
     NeMo reads it (NeMo configs write null next to warmup_ratio)."""
+    warmup_init_lr: float = 0.0
+    """gptrain extension, Megatron's --lr-warmup-init: the rate the linear warmup starts from,
+    init + (lr - init) x step / warmup_steps; not with NeMo's CosineAnnealing warmup (warmup_style)."""
     constant_steps: int | None = 0
     """Steps held at min_lr at the end of the schedule; null is 0, as NeMo reads it."""
     constant_ratio: float | None = None

@@ -53,6 +53,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--lr-warmup-samples": (("model.optim.sched.warmup_samples",), int),
     "--lr-decay-samples": (("model.optim.sched.decay_samples",), int),
     "--lr-warmup-fraction": (("model.optim.sched.warmup_fraction",), float),
+    "--lr-warmup-init": (("model.optim.sched.warmup_init_lr",), float),
     "--lr-decay-style": (
         ("model.optim.sched.name",),
         {"cosine": "CosineAnnealing", "linear": "LinearAnnealing", "constant": "Constant"},

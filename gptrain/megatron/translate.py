@@ -159,6 +159,7 @@ class Translation:
             f"{sched}warmup_steps": "--lr-warmup-iters",
             f"{sched}warmup_samples": "--lr-warmup-samples",
             f"{sched}warmup_fraction": "--lr-warmup-fraction",
+            f"{sched}warmup_init_lr": "--lr-warmup-init",
         }
 
     def _named(self, flag: str, iterations: float) -> str:

@@ -51,6 +51,9 @@ class ScheduleSpec:
     max_steps: float
     warmup_steps: float = 0
     constant_steps: float = 0
+    warmup_init_lr: float = 0.0
+    """The rate the linear warmup starts from (Megatron's --lr-warmup-init); NeMo's CosineAnnealing
+    warmup (nemo_warmup) has none."""
     warmup_style: str = "nemo"
     global_batch_size: int = 0
     """The batch a step stands for (model.global_batch_size); 0: not known."""
@@ -73,6 +76,16 @@ class ScheduleSpec:
             )
         if self.warmup_steps < 0 or self.constant_steps < 0:
             raise ConfigError("model.optim.sched.warmup_steps and constant_steps must be >= 0")
+        if self.warmup_init_lr < 0:
+            raise ConfigError(
+                f"model.optim.sched.warmup_init_lr={self.warmup_init_lr} is negative; give a rate >= 0"
+            )
+        if self.warmup_init_lr and self.nemo_warmup:
+            raise ConfigError(
+                f"model.optim.sched.warmup_init_lr={self.warmup_init_lr}: NeMo's CosineAnnealing warmup without"
+                " constant_steps starts at lr / (warmup_steps + 1), not at a rate of its own; set"
+                " model.optim.sched.warmup_style=megatron to warm up from warmup_init_lr"
+            )
 
     @property
     def decay_steps(self) -> float:
@@ -88,15 +101,16 @@ class ScheduleSpec:
 def lr_at(step: int, spec: ScheduleSpec) -> float:
     """Learning rate for optimizer step `step` (0-based).
 
-    Linear warmup to lr over warmup_steps (from 0, or from lr / (warmup + 1) as NeMo's
-    CosineAnnealing without constant steps), then decay from lr to min_lr over decay_steps
-    (cosine or linear), then min_lr for the constant_steps and beyond; Constant holds lr after
-    its warmup.
+    Linear warmup to lr over warmup_steps (from warmup_init_lr, 0 by default, as Megatron's; or
+    from lr / (warmup + 1) as NeMo's CosineAnnealing without constant steps), then decay from lr
+    to min_lr over decay_steps (cosine or linear), then min_lr for the constant_steps and beyond;
+    Constant holds lr after its warmup.
     """
     if spec.warmup_steps > 0 and step <= spec.warmup_steps:
         if spec.nemo_warmup:
             return spec.lr * (step + 1) / (spec.warmup_steps + 1)
-        return spec.lr * step / spec.warmup_steps
+        init = spec.warmup_init_lr
+        return init + (spec.lr - init) * step / spec.warmup_steps
     if spec.name == "Constant":  # after the warmup, as Megatron's 'constant' decay style
         return spec.lr
     progress = step - spec.warmup_steps
@@ -109,7 +123,18 @@ def lr_at(step: int, spec: ScheduleSpec) -> float:
 
 
 # The ScheduleSpec fields a checkpoint records beside the step (global_batch_size: see state_dict).
-RECORDED = ("name", "lr", "min_lr", "max_steps", "warmup_steps", "constant_steps", "warmup_style")
+RECORDED = (
+    "name",
+    "lr",
+    "min_lr",
+    "max_steps",
+    "warmup_steps",
+    "constant_steps",
+    "warmup_style",
+    "warmup_init_lr",
+)
+# Those a checkpoint from before them lacks, and the value such a checkpoint trained with.
+RECORDED_LATER = {"warmup_init_lr": 0.0}
 
 
 class LRSchedule:
@@ -173,11 +198,11 @@ def _recorded_spec(state: dict[str, Any]) -> ScheduleSpec | None:
     for one from before the record, or one this version cannot rebuild (another version's schedule
     names): the comparison is only a note, and an error here would fail the load of a sound
     checkpoint, which the resume then takes for damaged."""
-    if not all(key in state for key in RECORDED):
+    if not all(key in state for key in RECORDED if key not in RECORDED_LATER):
         return None
     known = {f.name for f in fields(ScheduleSpec)}
     try:
-        return ScheduleSpec(**{key: value for key, value in state.items() if key in known})
+        return ScheduleSpec(**RECORDED_LATER | {key: value for key, value in state.items() if key in known})
     except (ConfigError, TypeError, ValueError):
         return None
 
@@ -232,6 +257,7 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
         max_steps=length,
         warmup_steps=warmup,
         constant_steps=constant,
+        warmup_init_lr=sched.warmup_init_lr,
         warmup_style=sched.warmup_style,
         global_batch_size=batch,
         counts_samples=sched.decay_samples is not None or sched.warmup_samples is not None,

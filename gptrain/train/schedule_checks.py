@@ -259,6 +259,7 @@ def _recorded_settings(
         length_of("warmup_steps", warmup, warmup_key == "warmup_samples"),
         length_of("constant_steps", constant, False),
         (name(f"{prefix}warmup_style"), old.warmup_style, new.warmup_style, str),
+        (name(f"{prefix}warmup_init_lr"), old.warmup_init_lr, new.warmup_init_lr, "{:g}".format),
     ]
 
 

@@ -139,3 +139,22 @@ def test_a_recorded_schedule_this_version_cannot_rebuild_resumes_without_the_not
     assert schedule.load_state_dict(state) is None
     assert schedule.step == 6 and schedule.resumed is None
     assert resumed_schedule_change(config(), schedule, 7) is None
+
+
+def test_a_changed_warmup_start_is_named_and_an_older_checkpoint_is_read_as_from_0():
+    """warmup_init_lr is recorded with the other settings; a checkpoint saved before it was recorded
+    warmed up from 0, and its other settings are still compared."""
+    base = [
+        "trainer.max_steps=100",
+        "model.optim.sched.warmup_steps=10",
+        "model.optim.sched.warmup_style=megatron",
+    ]
+    started = [*base, "model.optim.sched.warmup_init_lr=1e-5"]
+    line = resumed_schedule_change(config(*started), resumed(config(*base), config(*started), 5), 6)
+    assert line is not None and "model.optim.sched.warmup_init_lr 0 -> 1e-05;" in line
+    saved = LRSchedule(None, spec_from_config(config(*base)))
+    saved.step = 5
+    older = {k: v for k, v in saved.state_dict().items() if k != "warmup_init_lr"}
+    schedule = LRSchedule(None, spec_from_config(config(*started)))
+    schedule.load_state_dict(older)
+    assert schedule.resumed is not None and schedule.resumed[0].warmup_init_lr == 0.0

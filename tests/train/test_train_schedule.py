@@ -398,3 +398,54 @@ def test_the_resume_line_writes_large_counts_in_full():
     )
     assert resumed.step == 75000
     assert "from the 153600000 samples it has seen: step 150000 of 1024 samples is step 75000 of 2048" in line
+
+
+def megatron_warmup_from_init(step, lr, init_lr, warmup, min_lr, decay):
+    """Megatron's OptimizerParamScheduler.get_lr with --lr-warmup-init (linear decay), in float64."""
+    if warmup > 0 and step <= warmup:
+        return init_lr + (lr - init_lr) * float(step) / float(warmup)
+    if step > decay:
+        return min_lr
+    return lr - (lr - min_lr) * (step - warmup) / (decay - warmup)
+
+
+@pytest.mark.parametrize(
+    "warmup_flags, batch, warmup",
+    [("--train-iters 40 --lr-warmup-iters 8", 1, 8), ("--train-samples 160 --lr-warmup-samples 32", 4, 32)],
+)
+def test_lr_warmup_init_starts_the_warmup_at_its_rate_as_megatron(warmup_flags, batch, warmup):
+    """--lr-warmup-init 1e-5 (Megatron: the warmup climbs from it, not from 0), in iterations and in
+    samples: the rate at every iteration is Megatron's formula at that iteration's count (samples
+    count the iteration x 4). Both sides are float64 of a few operations: within a few ulp."""
+    from gptrain.config import load_training_config
+    from gptrain.megatron.translate import translate
+    from gptrain.train.schedule import spec_from_config
+
+    flags = (
+        "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4"
+        " --global-batch-size 4 --mock-data --vocab-size 64 --lr 3e-4 --min-lr 3e-5 --lr-decay-style linear"
+        f" --lr-warmup-init 1e-5 {warmup_flags}"
+    )
+    cfg = load_training_config(None, translate(shlex.split(flags), {}).overrides, report_ignored=False)
+    assert cfg.model.optim.sched.warmup_init_lr == 1e-5
+    spec = spec_from_config(cfg)
+    decay = 40 * batch
+    for iteration in (0, 1, 3, 4, 7, 8, 9, 20, 39, 40):
+        expected = megatron_warmup_from_init(iteration * batch, 3e-4, 1e-5, warmup, 3e-5, decay)
+        assert lr_at(iteration, spec) == pytest.approx(expected, rel=1e-14, abs=0)
+    assert lr_at(0, spec) == 1e-5
+
+
+def test_warmup_init_lr_is_refused_where_nemos_warmup_has_no_start_rate():
+    from gptrain.config import load_training_config
+    from gptrain.train.schedule import spec_from_config
+
+    overrides = ["model.optim.sched.warmup_steps=4", "model.optim.sched.constant_steps=0"]
+    cfg = load_training_config("gpt3/126m", [*overrides, "model.optim.sched.warmup_init_lr=1e-5"])
+    with pytest.raises(
+        ConfigError,
+        match="warmup_init_lr=1e-05: NeMo's CosineAnnealing warmup .*set model.optim.sched.warmup_style=megatron",
+    ):
+        spec_from_config(cfg)
+    with pytest.raises(ConfigError, match="warmup_init_lr=-1.0 is negative"):
+        ScheduleSpec("LinearAnnealing", lr=1.0, min_lr=0.0, max_steps=10, warmup_init_lr=-1.0)
