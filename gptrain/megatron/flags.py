@@ -10,7 +10,7 @@ Four kinds of flag:
 Anything else is unknown and refused. Flags that combine with others (`--data-path`,
 `--adam-beta1/2`, `--train-samples`, `--save/--load`, `--wandb-*`, `--group-query-attention`
 with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-lr` with `--lr`, `--tiktoken-pattern` with
-`--tokenizer-type`) are handled in translate.py.
+`--tokenizer-type`, `--data-parallel-sharding-strategy` with `--use-megatron-fsdp`) are handled in translate.py.
 """
 
 from __future__ import annotations
@@ -156,6 +156,8 @@ NO_EFFECT: dict[str, int | None] = {
     "--profile-ranks": None, "--use-pytorch-profiler": 0, "--record-memory-history": 0,
     "--memory-snapshot-path": 1, "--apply-layernorm-1p": 0, "--context-parallel-size": 1,
     "--expert-model-parallel-size": 1, "--no-bias-swiglu-fusion": 0, "--no-gradient-reduce-div-fusion": 0,
+    "--init-model-with-meta-device": 0, "--use-precision-aware-optimizer": 0, "--main-grads-dtype": 1,
+    "--main-params-dtype": 1, "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -178,6 +180,12 @@ NO_EFFECT_WHY: dict[str, str] = {
     "updates, as neither decays norm weights",
     "--no-create-attention-mask-in-dataloader": "gptrain's attention is causal without a mask tensor",
     "--no-mmap-bin-files": "the same tokens, read through mmap",
+    "--use-precision-aware-optimizer": "with its dtypes at fp32, Megatron's default, Transformer Engine's "
+    "fused Adam updates as gptrain's AdamW does",
+    **dict.fromkeys(
+        ("--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"),
+        "fp32, Megatron's default and gptrain's",
+    ),
     **dict.fromkeys(  # the reason once; the flags that only set these up (steps, ranks, paths) go without
         ("--profile", "--use-pytorch-profiler", "--record-memory-history"),
         "gptrain starts no profiler and no cudaProfilerApi range: profile the whole run",
@@ -208,6 +216,13 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "--context-parallel-size": (("1",), "context parallelism is not implemented"),
     "--expert-model-parallel-size": (("1",), "mixture of experts is not implemented"),
+    **dict.fromkeys(
+        ("--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"),
+        (
+            ("fp32",),
+            "gptrain keeps gradients, fp32 weights and AdamW's state in fp32; drop the flag or give fp32",
+        ),
+    ),
     "--optimizer": (
         ("adam",),
         "gptrain trains with AdamW only, Megatron's adam (its default): drop the flag or give adam",
@@ -248,4 +263,5 @@ SPECIAL: dict[str, int | None] = {
     "--group-query-attention": 0, "--num-query-groups": 1, "--recompute-activations": 0,
     "--checkpoint-activations": 0, "--step-batch-size-schedule": None, "--grad-reduce-in-bf16": 0,
     "--decoupled-lr": 1, "--decoupled-min-lr": 1, "--tiktoken-pattern": 1,
+    "--use-megatron-fsdp": 0, "--data-parallel-sharding-strategy": 1, "--use-torch-fsdp2": 0,
 }  # fmt: skip

@@ -271,6 +271,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
         raise ConfigError("--fp16 and --bf16: give one of them")
     _xla_precision(result, env)
     _grad_reduce_in_bf16(result)
+    _data_parallel_sharding(result)
     _decoupled_lr(result)
     _loss_average(result)
     _recompute(v, given)
@@ -403,6 +404,47 @@ def _grad_reduce_in_bf16(result: Translation) -> None:
             "drop the flag"
         )
     result.notes.append("--grad-reduce-in-bf16 (Megatron reads it only with --bf16)")
+
+
+# Megatron-FSDP's --data-parallel-sharding-strategy -> model.data_parallel_sharding: optim (ZeRO-1, whole
+# gradients) has no equal in gptrain; its nearest is ZeRO-2, as for --use-distributed-optimizer.
+MEGATRON_FSDP_SHARDING = {
+    "no_shard": "ddp",
+    "optim": "shard_grad_op",
+    "optim_grads": "shard_grad_op",
+    "optim_grads_params": "full_shard",
+}
+MEGATRON_FSDP_DEFAULT = "optim_grads_params"  # since April 2026; no_shard before
+
+
+def _data_parallel_sharding(result: Translation) -> None:
+    """Megatron-FSDP (--use-megatron-fsdp) shards by --data-parallel-sharding-strategy, which Megatron
+    reads only beside it, over --use-distributed-optimizer (Megatron-FSDP runs that optimizer itself);
+    --use-torch-fsdp2 is PyTorch's fully_shard, gptrain's full_shard, refused beside either, as Megatron
+    refuses it."""
+    v, given, flag = result.values, result.given, "--data-parallel-sharding-strategy"
+    strategy = (given.get(flag) or [MEGATRON_FSDP_DEFAULT])[0]
+    sharding = _convert(flag, strategy, MEGATRON_FSDP_SHARDING)
+    if "--use-torch-fsdp2" in given:
+        for other in ("--use-megatron-fsdp", "--use-distributed-optimizer"):
+            if other in given:
+                raise ConfigError(f"--use-torch-fsdp2 and {other}: give one (Megatron refuses the pair)")
+        v["model.data_parallel_sharding"] = "full_shard"
+    if "--use-megatron-fsdp" not in given:
+        if flag in given:
+            result.notes.append(f"{flag} (Megatron reads it only with --use-megatron-fsdp)")
+        return
+    v["model.data_parallel_sharding"] = sharding
+    if flag not in given:
+        result.notes.append(
+            f"no {flag} ({MEGATRON_FSDP_DEFAULT}, Megatron-FSDP's default since April 2026, as full_shard; "
+            "no_shard before: give it for that)"
+        )
+    elif strategy == "optim":
+        result.notes.append(
+            f"{flag} optim (Megatron's ZeRO-1 keeps whole gradients; gptrain's nearest, shard_grad_op, shards "
+            "them too, as for --use-distributed-optimizer)"
+        )
 
 
 def _decoupled_lr(result: Translation) -> None:

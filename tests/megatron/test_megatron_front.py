@@ -871,6 +871,75 @@ def test_use_distributed_optimizer_shards_gradients_and_optimizer_state_only():
         assert cfg.model.data_parallel_sharding == expected
 
 
+@pytest.mark.parametrize(
+    "flags, sharding, note",
+    [
+        (" --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params", "full_shard", None),
+        (" --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads", "shard_grad_op", None),
+        (
+            " --use-distributed-optimizer --use-megatron-fsdp --data-parallel-sharding-strategy no_shard",
+            "ddp",
+            None,
+        ),
+        (
+            " --use-megatron-fsdp --data-parallel-sharding-strategy optim",
+            "shard_grad_op",
+            "optim (Megatron's ZeRO-1",
+        ),
+        (
+            " --use-megatron-fsdp --init-model-with-meta-device",
+            "full_shard",
+            "no --data-parallel-sharding-strategy",
+        ),
+        (
+            " --data-parallel-sharding-strategy optim_grads",
+            "ddp",
+            "(Megatron reads it only with --use-megatron-fsdp)",
+        ),
+        (" --use-torch-fsdp2 --use-precision-aware-optimizer --main-params-dtype fp32", "full_shard", None),
+    ],
+)
+def test_megatron_fsdp_and_torch_fsdp2_shard_data_parallel_as_their_strategy(flags, sharding, note):
+    """Megatron-FSDP's strategies and Torch-FSDP2 were refused as unknown flags; each is now the sharding
+    that keeps the same state whole or sharded (optim, ZeRO-1, has none: the nearest, said)."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    t = translate(shlex.split(base + " --train-iters 4 --mock-data --vocab-size 64" + flags), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert cfg.model.data_parallel_sharding == sharding
+    if note is not None:
+        assert any(note in line for line in t.notes), t.notes
+
+
+@pytest.mark.parametrize(
+    "flags, refusal",
+    [
+        (
+            " --use-torch-fsdp2 --use-distributed-optimizer",
+            "--use-torch-fsdp2 and --use-distributed-optimizer: give one (Megatron refuses the pair)",
+        ),
+        (
+            " --use-megatron-fsdp --data-parallel-sharding-strategy full",
+            "--data-parallel-sharding-strategy full:",
+        ),
+        (" --use-precision-aware-optimizer --exp-avg-dtype bf16", "--exp-avg-dtype bf16: gptrain keeps"),
+    ],
+)
+def test_fsdp_flags_gptrain_cannot_honour_are_one_line(flags, refusal, capsys):
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    assert (
+        main(
+            [
+                "megatron",
+                "--dry-run",
+                *shlex.split(base + " --train-iters 4 --mock-data --vocab-size 64" + flags),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and refusal in err, err
+
+
 def test_openai_gelu_is_the_tanh_gelu_of_the_model():
     from gptrain.train.model_config import build_model_config
 
