@@ -65,7 +65,7 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
 
         if os.path.exists(args.tokenizer_model) or unreachable(args.tokenizer_model):
             return "HuggingFaceTokenizer"  # its loader names a path it cannot look up
-        if _names_a_file(args.tokenizer_model):
+        if names_a_file(args.tokenizer_model):
             raise ConfigError(
                 f"--tokenizer-model {args.tokenizer_model}: no such file or directory; give an existing "
                 "tokenizer.json (or its directory), a SentencePiece tokenizer.model, or a tiktoken "
@@ -75,7 +75,7 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _names_a_file(model: str) -> bool:
+def names_a_file(model: str) -> bool:
     """Whether --tokenizer-model is a path rather than a name: tiktoken's encoding names hold no
     directory or extension, so a missing `data/tokenizer.json` is a wrong path, not an unknown
     encoding."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptrain.data.blend_spec import is_number
+from gptrain.data.tokenizer_args import names_a_file
 from gptrain.errors import ConfigError
 from gptrain.megatron import batch_schedule, data_paths
 from gptrain.megatron.flags import (
@@ -348,10 +349,19 @@ def _tokenizers_vocabulary(result: Translation) -> None:
 def _tiktoken_pattern(result: Translation) -> None:
     """Megatron reads --tiktoken-pattern only for its TikTokenizer (a tiktoken vocabulary file split by
     pattern v1 or v2): with another tokenizer, as in its llama3 example's mock-data branch, it changes
-    nothing. gptrain's TikTokenizer is a named tiktoken encoding, whose pattern is its own."""
+    nothing. gptrain's TikTokenizer is a named tiktoken encoding, whose pattern is its own; a
+    vocabulary file is refused first, as dropping the pattern would not make it readable."""
+    kind = _tokenizer_type(result.given)
+    model = result.values.get("model.tokenizer.model")
+    if kind == "TikTokenizer" and model and names_a_file(model):
+        raise ConfigError(
+            f"--tokenizer-model {model}: Megatron's TikTokenizer reads a tiktoken vocabulary file (its ids "
+            "after 1000 special tokens, split by --tiktoken-pattern), which gptrain does not read; gptrain's "
+            "TikTokenizer is a named encoding (--tokenizer-model cl100k_base) with other ids: prepare the data "
+            "again with gptrain data prepare and a tokenizer gptrain reads, and give that one here"
+        )
     if "--tiktoken-pattern" not in result.given:
         return
-    kind = _tokenizer_type(result.given)
     if kind == "TikTokenizer":
         raise ConfigError(
             "--tiktoken-pattern: gptrain's TikTokenizer is a named tiktoken encoding (--tokenizer-model "

@@ -442,6 +442,26 @@ def test_vocab_size_beside_a_tokenizers_files_leaves_the_tokenizers_vocabulary()
         assert build_tokenizer(cfg) is None and padded_vocab_size(cfg, None) == (1000, 1024)
 
 
+@pytest.mark.parametrize("pattern", ["", " --tiktoken-pattern v2"])
+def test_megatrons_tiktokenizer_vocabulary_file_is_refused_naming_what_to_do(pattern, capsys):
+    """Megatron's TikTokenizer reads --tokenizer-model as a vocabulary file; before, the pattern was
+    refused saying "drop the flag", and once dropped the run queued and failed at start on an unknown
+    encoding name. The file is now refused in one line, with or without the pattern, before the job."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --data-path /d/t_text_document --tokenizer-type TikTokenizer"
+    flags = f"{base} --tokenizer-model /models/tekken/tokenizer.json{pattern}"
+    assert main(["megatron", "--dry-run", *shlex.split(flags)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert (
+        "--tokenizer-model /models/tekken/tokenizer.json: Megatron's TikTokenizer reads a tiktoken vocabulary"
+        in err
+    )
+    assert err.endswith(
+        "prepare the data again with gptrain data prepare and a tokenizer gptrain reads, and give that one here"
+    )
+
+
 def test_tiktoken_pattern_beside_another_tokenizer_changes_nothing(capsys):
     """Megatron's llama3 example gives --tiktoken-pattern v2 beside NullTokenizer, and Megatron reads it
     only for TikTokenizer; before, gptrain refused it as unknown. With TikTokenizer (gptrain's: a named
