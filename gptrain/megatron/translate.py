@@ -271,6 +271,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
         raise ConfigError("--fp16 and --bf16: give one of them")
     _xla_precision(result, env)
+    _fp16_gradients(result)
     _grad_reduce_in_bf16(result)
     _data_parallel_sharding(result)
     _decoupled_lr(result)
@@ -398,6 +399,18 @@ def _xla_precision(result: Translation, env: dict[str, str]) -> None:
         result.notes.append(
             "XLA_USE_BF16=1 in the environment (torch-xla's bf16 on Trainium; gptrain reads the precision "
             "from the flags: fp32 here, add --bf16 for bf16 mixed precision)"
+        )
+
+
+def _fp16_gradients(result: Translation) -> None:
+    """Megatron's --fp16 keeps the gradients in fp16, accumulated and all-reduced, unless
+    --accumulate-allreduce-grads-in-fp32 is given; gptrain's are always fp32 (fp32 weights under
+    autocast), so their rounding differs: said."""
+    given = result.given
+    if "--fp16" in given and "--accumulate-allreduce-grads-in-fp32" not in given:
+        result.notes.append(
+            "--fp16 (gptrain accumulates and all-reduces gradients in fp32, as Megatron does with "
+            "--accumulate-allreduce-grads-in-fp32; Megatron's --fp16 alone keeps them in fp16)"
         )
 
 

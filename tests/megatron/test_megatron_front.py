@@ -309,6 +309,28 @@ def test_gradients_reduced_in_bf16_are_refused_where_megatron_reads_the_flag(cap
     assert err.endswith("drop the flag")
 
 
+def test_fp16_says_gradients_are_reduced_in_fp32_where_megatron_keeps_them_in_fp16():
+    """Megatron's --fp16 alone accumulates and all-reduces gradients in fp16; gptrain's fp16 runs keep
+    fp32 weights (FSDP: no param or reduce dtype), so their gradients are fp32. Before, nothing said so."""
+    import torch
+
+    from gptrain.parallel.data_parallel import mixed_precision_policy
+
+    policy = mixed_precision_policy("16")
+    assert policy.param_dtype in (None, torch.float32) and policy.reduce_dtype in (None, torch.float32)
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --fp16"
+    said = (
+        "--fp16 (gptrain accumulates and all-reduces gradients in fp32, as Megatron does with "
+        "--accumulate-allreduce-grads-in-fp32; Megatron's --fp16 alone keeps them in fp16)"
+    )
+    assert said in translate(shlex.split(base), {}).notes
+    assert said not in translate(shlex.split(f"{base} --accumulate-allreduce-grads-in-fp32"), {}).notes
+    assert not any(
+        note.startswith("--fp16") for note in translate(shlex.split(f"{base[:-7]} --bf16"), {}).notes
+    )
+
+
 def test_zero_centred_norm_weights_are_accepted_as_training_the_same_model():
     """--apply-layernorm-1p (Megatron's llama3 example) keeps norm weights as gamma - 1 and applies
     1 + weight. Before, refused as unknown; it is said to change nothing, which holds while norm
@@ -1142,7 +1164,10 @@ def test_megatron_2021_example_with_data_impl_and_checkpoint_activations():
     assert (m.activations_checkpoint_granularity, m.activations_checkpoint_method) == ("full", "uniform")
     assert m.activations_checkpoint_num_layers == 1  # Megatron's --recompute-num-layers default
     assert m.data.data_impl == "mmap" and m.data.data_prefix == "/d/c_text_document"
-    assert t.notes == ["--data-impl (gptrain reads Megatron's mmap format)", "--distributed-backend"]
+    assert t.notes[:2] == ["--data-impl (gptrain reads Megatron's mmap format)", "--distributed-backend"]
+    assert len(t.notes) == 3 and t.notes[2].startswith(
+        "--fp16 (gptrain accumulates and all-reduces gradients in fp32"
+    )
 
 
 @pytest.mark.parametrize(
