@@ -158,6 +158,7 @@ NO_EFFECT: dict[str, int | None] = {
     "--expert-model-parallel-size": 1, "--no-bias-swiglu-fusion": 0, "--no-gradient-reduce-div-fusion": 0,
     "--init-model-with-meta-device": 0, "--use-precision-aware-optimizer": 0, "--main-grads-dtype": 1,
     "--main-params-dtype": 1, "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1,
+    "--no-check-for-nan-in-loss-and-grad": 0,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -180,6 +181,9 @@ NO_EFFECT_WHY: dict[str, str] = {
     "updates, as neither decays norm weights",
     "--no-create-attention-mask-in-dataloader": "gptrain's attention is causal without a mask tensor",
     "--no-mmap-bin-files": "the same tokens, read through mmap",
+    "--no-check-for-nan-in-loss-and-grad": "gptrain never applies an iteration whose loss or gradients are "
+    "not finite: it skips it (a nan iteration in the log line) and stops after trainer.max_consecutive_nonfinite "
+    "(5) in a row, with the flag or without",
     "--use-precision-aware-optimizer": "with its dtypes at fp32, Megatron's default, Transformer Engine's "
     "fused Adam updates as gptrain's AdamW does",
     **dict.fromkeys(

@@ -331,6 +331,24 @@ def test_fp16_says_gradients_are_reduced_in_fp32_where_megatron_keeps_them_in_fp
     )
 
 
+def test_no_nan_check_is_accepted_saying_what_gptrain_does_on_a_non_finite_step():
+    """Megatron's examples pass --no-check-for-nan-in-loss-and-grad, refused before as unknown; gptrain
+    skips a non-finite iteration and stops after max_consecutive_nonfinite in a row either way."""
+    from gptrain.config.schema import TrainerConfig
+
+    assert TrainerConfig().max_consecutive_nonfinite == 5  # the number the note gives
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --bf16"
+    plain = translate(shlex.split(base), {})
+    t = translate(shlex.split(f"{base} --no-check-for-nan-in-loss-and-grad"), {})
+    assert t.values == plain.values
+    assert t.notes[0] == (
+        "--no-check-for-nan-in-loss-and-grad (gptrain never applies an iteration whose loss or gradients are "
+        "not finite: it skips it (a nan iteration in the log line) and stops after "
+        "trainer.max_consecutive_nonfinite (5) in a row, with the flag or without)"
+    )
+
+
 def test_zero_centred_norm_weights_are_accepted_as_training_the_same_model():
     """--apply-layernorm-1p (Megatron's llama3 example) keeps norm weights as gamma - 1 and applies
     1 + weight. Before, refused as unknown; it is said to change nothing, which holds while norm
