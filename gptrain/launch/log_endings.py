@@ -14,7 +14,7 @@ from gptrain.launch.run_dirs import log_files, stderr_logs
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-# The training's line for a stop signal during start-up (gptrain.train.loop.stop_before_training),
+# The training's line for a stop signal during start-up (gptrain.train.stopping.stop_before_training),
 # and for a stop that saved a checkpoint (stop_for_requeue); both exit 75.
 STOPPED_EARLY = re.compile(
     r"stopping before the first step: (?P<why>.*?); nothing trained since "
