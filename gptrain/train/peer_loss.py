@@ -14,13 +14,19 @@ PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "remote pr
 def lost_a_peer(error: Exception, world: World, watchdog: Watchdog, s: Session | None) -> GptrainError | None:
     """A collective that failed because another rank ended (SIGKILL from the out-of-memory killer, a
     crash): one line naming the rank where it can be found, instead of the backend's traceback
-    naming a socket address."""
+    naming a socket address.
+
+    It exits 2, not a requeued 75/76: srun reports its tasks' highest status, so a requeued code here
+    would requeue a job whose other rank failed for good (a config error's 2, a crash's 1) until
+    cluster.max_requeues is spent; a rank killed by a signal (137) outranks any code anyway. The
+    rank that ended decides, and the line says to launch again."""
     if world.world_size < 2 or not any(marker in str(error) for marker in PEER_GONE):
         return None
     where = f" at iteration {s.state.step + 1}" if s is not None else " during start-up"
     gone = watchdog.gone_peers() or "another rank (its own output, or the launcher's, says which and why)"
     newest = s.checkpoints.newest() if s is not None else None
     return GptrainError(
-        f"rank {world.rank}: a collective lost its peer{where}: {gone} ended; the same command resumes "
-        f"from the last complete checkpoint ({newest or 'none yet: it starts over'})"
+        f"rank {world.rank}: a collective lost its peer{where}: {gone} ended; exit 2, not requeued (the "
+        "rank that ended says why); launch the same command again to resume from the last complete "
+        f"checkpoint ({newest or 'none yet: it starts over'})"
     )

@@ -48,7 +48,8 @@ def test_a_rank_killed_mid_run_is_named_by_the_other_in_one_line(tmp_path, kille
     named = f"rank {killed} on host" if killed else "rank 0 (the job's store"
     assert line.startswith(f"gptrain: error: rank {survivor}: ") and named in line, line
     assert (
-        f"resumes from the last complete checkpoint ({tmp_path / 'run' / 'checkpoints' / 'step_2'})" in line
+        f"not requeued (the rank that ended says why); launch the same command again to resume from the "
+        f"last complete checkpoint ({tmp_path / 'run' / 'checkpoints' / 'step_2'})" in line
     )
 
 
