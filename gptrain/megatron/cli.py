@@ -92,7 +92,7 @@ def megatron(flags: list[str], dry_run: bool) -> int:
     from gptrain.train.run_lock import EarlierRunError
 
     try:
-        return train(cfg, translation.schedule_names)
+        return train(cfg, translation.schedule_names, process_exits=True)
     except EarlierRunError:  # worded for Megatron's flags: --load is how Megatron resumes
         raise ConfigError(
             f"{cfg.exp_manager.explicit_log_dir} holds checkpoints of an earlier run: add --load "

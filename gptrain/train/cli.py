@@ -61,7 +61,7 @@ def run_train(args: argparse.Namespace) -> int:
         cfg = load_training_config(preset, overrides, config_file=file)
         if file is not None:
             check_moved_run(Path(file), cfg, overrides)
-        return train(cfg)
+        return train(cfg, process_exits=True)
 
 
 # The spellings of the checkpoint to start from (gptrain.config.validate).

@@ -52,9 +52,13 @@ from gptrain.train.wandb_logger import WandbRun, require_wandb
 from gptrain.train.watchdog import Watchdog, collective_timeout_minutes
 
 
-def train(cfg: TrainingConfig, schedule_names: ScheduleNaming = names_in_config) -> int:
+def train(
+    cfg: TrainingConfig, schedule_names: ScheduleNaming = names_in_config, *, process_exits: bool = False
+) -> int:
     """Train as configured; 0 at max_steps, EXIT_REQUEUE after a signal or max_time checkpoint.
-    `schedule_names`: `gptrain megatron` names its flags in the start warnings, not the config's keys."""
+    `schedule_names`: `gptrain megatron` names its flags in the start warnings, not the config's keys.
+    `process_exits`: the process exits when this returns (the CLI, a rank), so after a stop for a
+    requeue SIGTERM/SIGUSR1 stay ignored to the end; otherwise the caller gets its handlers back."""
     require_wandb(cfg)  # on every rank, before any of them starts
     world = world_from_env()
     # A layout the started processes cannot hold is one line before any rendezvous: with a peer
@@ -180,6 +184,8 @@ def train(cfg: TrainingConfig, schedule_names: ScheduleNaming = names_in_config)
         log.close()
         if world.world_size > 1:
             shutdown(wait_for_peers=not failed)  # peers may be stuck in a collective: do not wait
+        if not process_exits:  # a caller that goes on: the shutdown the signals were ignored for is over
+            stop.stop_ignoring()
 
 
 def set_throughput_reference(s: Session, model_config: object) -> None:

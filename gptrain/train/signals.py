@@ -62,6 +62,7 @@ class StopRequest:
         self.signal_name: str | None = None
         self.interrupted = False  # a Ctrl-C held by holding_interrupts
         self._previous: dict[int, Any] = {}
+        self._ignored: dict[int, Any] = {}  # the handlers uninstall(keep_ignoring=True) set aside
 
     def install(self) -> StopRequest:
         """Install the handlers; `uninstall` restores the old ones. Off the main thread
@@ -83,12 +84,24 @@ class StopRequest:
         SIGTERMs the others; a single rank stopped by Slurm's warning signal gets the time limit's
         SIGTERM while it shuts down. Under the default handler it would die of it, and the step's
         status (143) would tell the batch script not to requeue a job that saved its state. The
-        signals stay ignored until the process exits: its command is over."""
+        signals stay ignored until the process exits (its command is over), or until
+        `stop_ignoring` gives a caller that goes on its handlers back."""
         for signum, handler in self._previous.items():
             if handler is _remember:  # early_stops' recorder: after the run a stop signal acts again
                 handler = _outer.get(signum, signal.SIG_DFL)
+            if keep_ignoring:
+                self._ignored[signum] = handler
             signal.signal(signum, signal.SIG_IGN if keep_ignoring else handler)
         self._previous.clear()
+
+    def stop_ignoring(self) -> None:
+        """The handlers from before the run again, after `uninstall(keep_ignoring=True)`: for a caller
+        that goes on after the run (a notebook, a test process), where an ignored SIGTERM would
+        outlive the shutdown it was for. Left ignored where someone set them since."""
+        for signum, handler in self._ignored.items():
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                signal.signal(signum, handler)
+        self._ignored.clear()
 
     @contextmanager
     def holding_interrupts(self, enabled: bool = True) -> Iterator[None]:

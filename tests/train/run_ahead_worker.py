@@ -41,7 +41,7 @@ def main() -> None:
         f"trainer.run_ahead={run_ahead}",
         *layout,
     )
-    code = loop.train(cfg)
+    code = loop.train(cfg, process_exits=True)  # a rank, as the CLI runs it
     ignored = signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     out.mkdir(parents=True, exist_ok=True)
     result = {"code": code, "losses": losses, "ahead": ahead, "sigterm_ignored": ignored}

@@ -75,6 +75,25 @@ def test_resume_after_sigusr1_is_bit_exact(uninterrupted, tmp_path, monkeypatch,
     assert all(torch.equal(resumed[k], full[k]) for k in full)
 
 
+def test_a_caller_gets_its_stop_handlers_back_after_a_requeue_stop(tmp_path, monkeypatch):
+    """train() called in-process (a notebook, a test): after a stop for a requeue, SIGTERM and SIGUSR1
+    stayed ignored for the rest of the caller's life, which was meant for a rank's shutdown only."""
+    import signal
+
+    def caller_handler(signum, frame):
+        del signum, frame
+
+    previous = {signum: signal.signal(signum, caller_handler) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=1)
+        after = {signum: signal.getsignal(signum) for signum in previous}
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert code == EXIT_REQUEUE
+    assert after == {signal.SIGTERM: caller_handler, signal.SIGUSR1: caller_handler}
+
+
 def signal_during(monkeypatch, owner, name: str, at_step: int) -> None:
     """SIGUSR1 to this process while `owner.name` runs at iteration `at_step` (as Slurm's warning
     signal lands in whatever the run is doing: a long save or validation most likely)."""
