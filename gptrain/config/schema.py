@@ -51,6 +51,10 @@ class TrainerConfig:
     max_time: str | None = None
     """Wall-clock limit `DD:HH:MM:SS` per job: checkpoint and exit for a requeue when reached; null: none
     (zero is refused: each job would train one step)."""
+    exit_interval: int | None = None
+    """gptrain extension, Megatron's --exit-interval: at every multiple of N steps before max_steps,
+    save a checkpoint (when checkpoints are on) and exit 0, with no validation or test split beyond
+    those due there; the schedule still runs to max_steps, and the same command resumes. null: none."""
     log_every_n_steps: int = 10
     """Print Megatron's iteration line every N steps (and on the first)."""
     val_check_interval: int = 2000

@@ -214,6 +214,11 @@ def validate(cfg: TrainingConfig) -> None:
             f"exp_manager.checkpoint_callback_params.save_top_k: must be at least 1, or -1 to keep every "
             f"checkpoint, got {top_k}"
         )
+    exit_interval = cfg.trainer.exit_interval
+    if exit_interval is not None and (isinstance(exit_interval, bool) or exit_interval < 1):
+        raise ConfigError(
+            f"trainer.exit_interval: must be at least 1, or null for no exit interval, got {exit_interval}"
+        )
     if cfg.trainer.train_samples is not None and cfg.trainer.train_samples < 1:
         raise ConfigError(
             f"trainer.train_samples: must be at least 1 or null, got {cfg.trainer.train_samples}"

@@ -28,6 +28,11 @@ def exit_duration_as_max_time(minutes: str) -> str | None:
     return None if whole == 0 else f"00:00:{whole:02d}:00"
 
 
+def exit_interval_or_none(iterations: str) -> int | None:
+    """--exit-interval as trainer.exit_interval; 0 is none, as Megatron tests the value for truth."""
+    return int(iterations) or None
+
+
 def split_without_quotes(split: str) -> str:
     """--split as Megatron reads it (its numbers only): the quotes an unquoted array expansion leaves in
     the word (`"--split '99,1,0'"` in Megatron's llama3 example arrives as `'99,1,0'`) are dropped."""
@@ -104,6 +109,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--activations-checkpoint-num-layers": (("model.activations_checkpoint_num_layers",), int),
     "--checkpoint-num-layers": (("model.activations_checkpoint_num_layers",), int),  # before August 2021
     "--exit-duration-in-mins": (("trainer.max_time",), exit_duration_as_max_time),
+    "--exit-interval": (("trainer.exit_interval",), exit_interval_or_none),
     "--vocab-size": (("model.data.mock_vocab_size",), int),
 }  # fmt: skip
 
@@ -150,7 +156,7 @@ NO_EFFECT: dict[str, int | None] = {
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
     "--calculate-per-token-loss": 0, "--min-loss-scale": 1, "--tp-comm-overlap": 0, "--tp-comm-overlap-cfg": 1,
     "--override-opt_param-scheduler": 0, "--override-opt-param-scheduler": 0, "--optimizer": 1,
-    "--exit-interval": 1, "--use-legacy-models": 0, "--cross-entropy-loss-fusion": 0,
+    "--use-legacy-models": 0, "--cross-entropy-loss-fusion": 0,
     "--cross-entropy-fusion-impl": 1, "--no-rope-fusion": 0, "--no-create-attention-mask-in-dataloader": 0,
     "--no-mmap-bin-files": 0, "--profile": 0, "--profile-step-start": 1, "--profile-step-end": 1,
     "--profile-ranks": None, "--use-pytorch-profiler": 0, "--record-memory-history": 0,
@@ -169,7 +175,6 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--min-loss-scale": "gptrain's dynamic fp16 loss scale never falls below 1, Megatron's default",
     "--dataloader-type": "gptrain reads the samples in the dataset's own shuffled order, as Megatron's single does",
     "--optimizer": "Megatron's adam is AdamW, which gptrain runs",
-    "--exit-interval": "0 sets no exit interval in Megatron, which tests the value for truth",
     "--context-parallel-size": "1 is Megatron's default, no context parallelism",
     "--expert-model-parallel-size": "1 is Megatron's default, no expert parallelism",
     "--no-save-optim": "gptrain's checkpoints always hold the optimizer state, so that a resume goes on exactly",
@@ -212,11 +217,6 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
     "--min-loss-scale": (
         ("1", "1.0"),
         "other floors of the fp16 loss scale are not implemented; drop the flag",
-    ),
-    "--exit-interval": (
-        ("0",),
-        "stopping at every multiple of N iterations is not implemented; for a short run give --train-iters N "
-        "(and --lr-decay-iters to keep the schedule), or stop by time with --exit-duration-in-mins",
     ),
     "--context-parallel-size": (("1",), "context parallelism is not implemented"),
     "--expert-model-parallel-size": (("1",), "mixture of experts is not implemented"),

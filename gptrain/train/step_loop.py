@@ -106,6 +106,10 @@ def run(
             if meter.iterations:
                 log_interval(s, meter)
             return stopping.stop_for_requeue(s, late, saved=saved_at == s.state.step)
+        if stopping.exits_at(s, s.state.step):
+            if meter.iterations:
+                log_interval(s, meter)
+            return stopping.exit_at_interval(s, saved=saved_at == s.state.step)
     em = s.cfg.exp_manager
     if saved_at != s.state.step and em.create_checkpoint_callback and em.checkpoint_callback_params.save_last:
         saving.save_checkpoint(s, waited_for=not tested)
@@ -188,6 +192,7 @@ def quiet_boundary(s: Session, step: int, logged: bool) -> bool:
     return not (
         logged
         or step >= s.cfg.trainer.max_steps
+        or stopping.exits_at(s, step)
         or saving.saves_at(s, step)
         or eval_splits.validates_at(s, step)
     )

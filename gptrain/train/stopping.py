@@ -1,5 +1,6 @@
 """Stopping early (a signal, trainer.max_time): every rank agrees where, saves there and exits
-to be requeued, or stops before the first step with nothing to save."""
+to be requeued, or stops before the first step with nothing to save. trainer.exit_interval ends a
+run at a step every rank knows alike, with exit 0."""
 
 from __future__ import annotations
 
@@ -62,3 +63,25 @@ def stop_for_requeue(s: Session, reason: str, saved: bool = False) -> int:
     left = "; its validation runs first when the run resumes" if due else ""
     s.log(f"stopping at iteration {s.state.step}: {reason}{left}; exit {EXIT_REQUEUE} to be requeued")
     return EXIT_REQUEUE
+
+
+def exits_at(s: Session, step: int) -> bool:
+    """trainer.exit_interval (Megatron's --exit-interval) ends the run after `step`; at max_steps the
+    run ends as usual instead (its validation, final save and test split)."""
+    every = s.cfg.trainer.exit_interval
+    return bool(every) and step % every == 0 and step < s.cfg.trainer.max_steps
+
+
+def exit_at_interval(s: Session, saved: bool) -> int:
+    """Save (unless this step's checkpoint is saved already, or checkpoints are off), wait for the
+    write and exit 0, as Megatron does at its exit interval: not requeued, the same command resumes."""
+    saves = s.cfg.exp_manager.create_checkpoint_callback
+    if saves and not saved:
+        saving.save_checkpoint(s, waited_for=True)
+    s.checkpoints.wait()
+    kept = "; the same command resumes from its checkpoint" if saves else " (checkpoints are off)"
+    s.log(
+        f"exiting at iteration {s.state.step}: trainer.exit_interval={s.cfg.trainer.exit_interval}"
+        f"{kept}; exit 0"
+    )
+    return 0

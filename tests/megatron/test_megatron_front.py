@@ -193,14 +193,15 @@ def test_a_zero_warmup_of_the_other_kind_is_megatrons_default_not_a_conflict(run
         translate(shlex.split(f"{flags} {run} {zero[:-1]}3"), ENV)
 
 
-def test_exit_interval_zero_is_megatrons_no_interval():
+def test_exit_interval_is_trainer_exit_interval_and_zero_is_none():
     """Megatron tests --exit-interval for truth: 0 (a script's `${EXIT_INTERVAL:-0}`) sets none.
-    Before, gptrain refused the flag whatever its value; another value stays refused."""
+    Before, any other value was refused: stopping at every multiple of N iterations was not implemented."""
     flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     flags += " --train-iters 4 --mock-data --vocab-size 64"
-    t = translate(shlex.split(f"{flags} --exit-interval 0"), ENV)
-    assert t.values == translate(shlex.split(flags), ENV).values
-    assert "--exit-interval (0 sets no exit interval in Megatron, which tests the value for truth)" in t.notes
+    assert translate(shlex.split(f"{flags} --exit-interval 0"), ENV).values["trainer.exit_interval"] is None
+    t = translate(shlex.split(f"{flags} --exit-interval 2"), ENV)
+    assert t.values["trainer.exit_interval"] == 2
+    assert load_training_config(None, t.overrides, report_ignored=False).trainer.exit_interval == 2
 
 
 @pytest.mark.parametrize(
@@ -698,10 +699,7 @@ def test_bad_blend_files_are_one_line_naming_flag_and_file(tmp_path, monkeypatch
             "--dataloader-type cyclic: gptrain reads the samples in the dataset's own",
         ),
         ("--split 90,5,3,2", "--split 90,5,3,2: split string '90,5,3,2' has 4 numbers"),
-        (
-            "--exit-interval 100",
-            "--exit-interval 100: stopping at every multiple of N iterations is not implemented",
-        ),
+        ("--exit-interval x", "--exit-interval x: expects a whole number"),
         ("--loss-scale 1024", "--loss-scale: a static fp16 loss scale is not implemented"),
         (  # before, "not a pretrain_gpt.py flag gptrain knows"
             "--non-persistent-save-interval 50",

@@ -94,6 +94,38 @@ def test_a_caller_gets_its_stop_handlers_back_after_a_requeue_stop(tmp_path, mon
     assert after == {signal.SIGTERM: caller_handler, signal.SIGUSR1: caller_handler}
 
 
+def test_exit_interval_saves_exits_zero_and_the_resume_is_bit_exact(uninterrupted, tmp_path, monkeypatch):
+    """trainer.exit_interval (Megatron's --exit-interval): at iteration 5, not a save step, the run
+    saves and exits 0 without validating; the same command then trains on to max_steps, step 6's loss
+    and the final weights bit for bit the uninterrupted run's (the schedule still runs to max_steps)."""
+    full_dir, _, full_losses = uninterrupted
+    cfg = tiny_config(tmp_path, *MOCK, "trainer.exit_interval=5")
+    code, first = run_recording(monkeypatch, cfg)
+    assert code == 0 and sorted(first) == [1, 2, 3, 4, 5]
+    assert complete_steps(tmp_path / "checkpoints") == [4, 5]
+    lines = log_lines(tmp_path)
+    assert lines[-1] == (
+        "exiting at iteration 5: trainer.exit_interval=5; the same command resumes from its checkpoint; exit 0"
+    )
+    assert sum("validation loss" in line for line in lines) == 1  # at iteration 3 only
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, "trainer.exit_interval=5"))
+    assert code == 0 and sorted(second) == [6]
+    for step in range(1, 7):
+        assert (first | second)[step] == full_losses[step], step  # bit for bit, not approx
+    resumed, full = final_weights(tmp_path, 6), final_weights(full_dir, 6)
+    assert all(torch.equal(resumed[k], full[k]) for k in full)
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_an_exit_interval_below_one_is_refused_naming_the_key(tmp_path, value):
+    from gptrain.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=f"trainer.exit_interval: must be at least 1, or null .* got {value}"
+    ):
+        tiny_config(tmp_path, *MOCK, f"trainer.exit_interval={value}")
+
+
 def signal_during(monkeypatch, owner, name: str, at_step: int) -> None:
     """SIGUSR1 to this process while `owner.name` runs at iteration `at_step` (as Slurm's warning
     signal lands in whatever the run is doing: a long save or validation most likely)."""
