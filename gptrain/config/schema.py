@@ -57,6 +57,11 @@ class TrainerConfig:
     those due there; the schedule still runs to max_steps, and the same command resumes. null: none."""
     log_every_n_steps: int = 10
     """Print Megatron's iteration line every N steps (and on the first)."""
+    tensorboard_log_interval: int | None = None
+    """gptrain extension, Megatron's --tensorboard-log-interval: TensorBoard and W&B get every N-th
+    iteration's own loss, learning rate, grad norm and loss scale (timing stays with the printed
+    line). null, or equal to log_every_n_steps: the printed line's values, the loss its mean over
+    the interval. Each point costs host time for its writes (1: every step's), no device sync."""
     val_check_interval: int = 2000
     """Validate every N steps (and at the end)."""
     limit_val_batches: int = 50

@@ -214,6 +214,12 @@ def validate(cfg: TrainingConfig) -> None:
             f"exp_manager.checkpoint_callback_params.save_top_k: must be at least 1, or -1 to keep every "
             f"checkpoint, got {top_k}"
         )
+    tb_every = cfg.trainer.tensorboard_log_interval
+    if tb_every is not None and (isinstance(tb_every, bool) or tb_every < 1):
+        raise ConfigError(
+            "trainer.tensorboard_log_interval: must be at least 1, or null for trainer.log_every_n_steps's "
+            f"interval, got {tb_every}"
+        )
     exit_interval = cfg.trainer.exit_interval
     if exit_interval is not None and (isinstance(exit_interval, bool) or exit_interval < 1):
         raise ConfigError(

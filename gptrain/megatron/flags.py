@@ -110,6 +110,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--checkpoint-num-layers": (("model.activations_checkpoint_num_layers",), int),  # before August 2021
     "--exit-duration-in-mins": (("trainer.max_time",), exit_duration_as_max_time),
     "--exit-interval": (("trainer.exit_interval",), exit_interval_or_none),
+    "--tensorboard-log-interval": (("trainer.tensorboard_log_interval",), int),
     "--vocab-size": (("model.data.mock_vocab_size",), int),
 }  # fmt: skip
 
@@ -152,7 +153,7 @@ NO_EFFECT: dict[str, int | None] = {
     "--log-learning-rate-to-tensorboard": 0, "--log-loss-scale-to-tensorboard": 0,
     "--no-save-optim": 0, "--no-save-rng": 0,
     "--transformer-impl": 1, "--attention-backend": 1, "--DDP-impl": 1, "--timing-log-level": 1,
-    "--tensorboard-log-interval": 1, "--tensorboard-queue-size": 1, "--distributed-backend": 1,
+    "--tensorboard-queue-size": 1, "--distributed-backend": 1,
     "--distributed-timeout-minutes": 1, "--ckpt-format": 1, "--dataloader-type": 1,
     "--calculate-per-token-loss": 0, "--min-loss-scale": 1, "--tp-comm-overlap": 0, "--tp-comm-overlap-cfg": 1,
     "--override-opt_param-scheduler": 0, "--override-opt-param-scheduler": 0, "--optimizer": 1,
@@ -179,8 +180,6 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--expert-model-parallel-size": "1 is Megatron's default, no expert parallelism",
     "--no-save-optim": "gptrain's checkpoints always hold the optimizer state, so that a resume goes on exactly",
     "--no-save-rng": "gptrain's checkpoints always hold the random states, so that a resume goes on exactly",
-    "--tensorboard-log-interval": "TensorBoard and W&B get the printed line's values, every --log-interval "
-    "iterations, the loss its mean over them",
     "--use-legacy-models": "Megatron's older code for the same model",
     "--apply-layernorm-1p": "norm weights kept as gamma - 1 train as gptrain's gamma: the same forward and "
     "updates, as neither decays norm weights",

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 
 from gptrain.train import results as tb
 from gptrain.train.logline import IterationLog, format_iteration_line, format_suffix
-from gptrain.train.metrics import dashboard_scalars, mfu, tflops_per_gpu, tokens_per_second
+from gptrain.train.metrics import (
+    MEGATRON_TAGS,
+    NEMO_TAGS,
+    dashboard_scalars,
+    mfu,
+    tflops_per_gpu,
+    tokens_per_second,
+)
 from gptrain.train.step import StepResult
 
 
@@ -170,3 +177,45 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
     )
     meter.reset(time.perf_counter())
     return IntervalReport(line=line, by_step={**gptrain_tags, **by_step}, vs_samples=by_samples)
+
+
+# The tags an interval's timing sets: a printed line's only, also where each iteration's own values
+# go to the dashboards (iteration_scalars).
+TIMING_TAGS = frozenset(
+    {tb.TB_STEP_TIME, tb.TB_TOKENS_PER_SECOND, tb.TB_TFLOPS, MEGATRON_TAGS["seconds"], NEMO_TAGS["seconds"]}
+)
+
+
+def timing_only(by_step: dict[str, float | None]) -> dict[str, float | None]:
+    """An interval's timing scalars, without its mean loss and last rates (iteration_scalars has those)."""
+    return {tag: value for tag, value in by_step.items() if tag in TIMING_TAGS}
+
+
+def iteration_scalars(
+    result: StepResult, lr: float, scale: float, batch: int, step: int, consumed_samples: int, world_size: int
+) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """(by iteration, by consumed samples): one iteration's own values, as Megatron writes them every
+    --tensorboard-log-interval iterations (trainer.tensorboard_log_interval): its loss, not a mean, and
+    no timing, which an interval measures. A skipped iteration has no loss or grad norm, as in the line."""
+    loss = result.loss if result.updated else None
+    grad_norm = result.grad_norm if result.updated else None
+    gptrain_tags = {
+        tb.TB_LM_LOSS: loss,
+        tb.TB_LEARNING_RATE: lr,
+        tb.TB_GRAD_NORM: grad_norm,
+        tb.TB_LOSS_SCALE: scale,
+        tb.TB_CONSUMED_SAMPLES: consumed_samples,
+    }
+    by_step, by_samples = dashboard_scalars(
+        {
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "loss_scale": scale,
+            "batch_size": batch,
+            "world_size": world_size,
+            "step": step,
+            "consumed": consumed_samples,
+        }
+    )
+    return {**gptrain_tags, **by_step}, by_samples

@@ -13,7 +13,7 @@ from gptrain.config import TrainingConfig
 from gptrain.errors import DataError, GptrainError
 from gptrain.train import eval_splits, saving, stopping
 from gptrain.train.batches import GPTBatchDataset, build_loader, raise_if_a_worker_died, shut_down_workers
-from gptrain.train.meter import IntervalMeter, RunShape, interval_report
+from gptrain.train.meter import IntervalMeter, RunShape, interval_report, iteration_scalars, timing_only
 from gptrain.train.overlap import StepRunner, can_run_ahead
 from gptrain.train.results import forget_test_done
 from gptrain.train.session import Session
@@ -76,6 +76,8 @@ def run(
         s.checkpoints.poll()
         # Megatron prints the rate after the scheduler step: the one the next iteration uses
         meter.add(result, s.schedule.current_lr(), s.scaler.scale, samples)
+        if (every := scalars_every(s)) is not None and step % every == 0:
+            write_iteration_scalars(s, result, samples)
         with s.watchdog.boundary(step):  # a log write on a hung mount holds every rank in the exchange
             if logged:
                 log_interval(s, meter)
@@ -214,8 +216,37 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
     report = interval_report(meter, s.state.step, s.state.consumed_samples, shape)
     if s.logging_rank:
         s.log(report.line)
+    if scalars_every(s) is not None:  # the values went to the dashboards by iteration: the timing only
+        s.scalars.add(timing_only(report.by_step), s.state.step)
+        return
     s.scalars.add(report.by_step, s.state.step)
     s.scalars.add_vs_samples(report.vs_samples, s.state.consumed_samples, s.state.step)
+
+
+def scalars_every(s: Session) -> int | None:
+    """trainer.tensorboard_log_interval where it is not the printed line's interval: TensorBoard and W&B
+    then get every such iteration's own values. None: the printed line's values, the loss its mean
+    over the interval (the default, and an interval given equal to log_every_n_steps)."""
+    t = s.cfg.trainer
+    every = t.tensorboard_log_interval
+    return None if every is None or every == t.log_every_n_steps else every
+
+
+def write_iteration_scalars(s: Session, result: StepResult, samples: int) -> None:
+    """This iteration's own values to the dashboards. The host holds them already (every step's loss
+    and grad norm are read once, trainer.run_ahead or not): no device sync, only the writes."""
+    st = s.state
+    by_step, vs_samples = iteration_scalars(
+        result,
+        s.schedule.current_lr(),
+        s.scaler.scale,
+        samples,
+        st.step,
+        st.consumed_samples,
+        s.world.world_size,
+    )
+    s.scalars.add(by_step, st.step)
+    s.scalars.add_vs_samples(vs_samples, st.consumed_samples, st.step)
 
 
 def record(s: Session, result: StepResult, samples: int | None = None) -> None:

@@ -126,6 +126,39 @@ def test_an_exit_interval_below_one_is_refused_naming_the_key(tmp_path, value):
         tiny_config(tmp_path, *MOCK, f"trainer.exit_interval={value}")
 
 
+def test_tensorboard_log_interval_writes_every_nth_iterations_own_values(tmp_path, monkeypatch):
+    """trainer.tensorboard_log_interval=2 with lines every 3 iterations: the dashboards get iterations
+    2, 4 and 6, each with its own loss (the recorded one, as float32 keeps it) against its step and
+    its consumed samples; the timing stays with the printed lines (1, 3, 6). Before, there was no
+    such key: every point was a printed line's, the loss its mean over the interval."""
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    overrides = ["trainer.log_every_n_steps=3", "trainer.tensorboard_log_interval=2"]
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *overrides))
+    assert code == 0
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0}).Reload()
+
+    def series(tag):
+        return [(e.step, e.value) for e in events.Scalars(tag)]
+
+    own = [(step, float(np.float32(losses[step]))) for step in (2, 4, 6)]
+    assert series("lm loss") == series("reduced_train_loss") == own
+    assert series("lm loss vs samples") == [(4 * step, loss) for step, loss in own]  # global batch 4
+    assert [step for step, _ in series("iteration-time")] == [1, 3, 6]
+    assert [step for step, _ in series("learning-rate")] == [2, 4, 6]
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_tensorboard_log_interval_below_one_is_refused_naming_the_key(tmp_path, value):
+    from gptrain.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=f"trainer.tensorboard_log_interval: must be at least 1, .* got {value}"
+    ):
+        tiny_config(tmp_path, *MOCK, f"trainer.tensorboard_log_interval={value}")
+
+
 def signal_during(monkeypatch, owner, name: str, at_step: int) -> None:
     """SIGUSR1 to this process while `owner.name` runs at iteration `at_step` (as Slurm's warning
     signal lands in whatever the run is doing: a long save or validation most likely)."""
