@@ -5,7 +5,7 @@ run the steps, and shut down (a failure said in one line). Its parts live beside
   step_loop     the steps to trainer.max_steps (run)
   eval_splits   validation and the test split
   saving        checkpoint saves and their reports
-  stopping      stopping early for a requeue, at a step every rank agreed on
+  stopping      stopping early for a requeue, at a step every rank agreed on; trainer.exit_interval
   peer_loss     a collective that lost its peer, in one line
 
 Seams for parallel layouts (gptrain/parallel plugs in here without touching the model):
