@@ -11,6 +11,7 @@ held to the end of the step it lands in (StopRequest.holding_interrupts).
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -20,6 +21,9 @@ from types import FrameType
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+INTERRUPT_HELD = (
+    "gptrain: Ctrl-C: ending the run after this step, nothing saved; Ctrl-C again to end it now\n"
+)
 # Stop signals that came before the run's StopRequest was installed (see early_stops).
 _early: list[str] = []
 # The handlers early_stops replaced: what a StopRequest that found _remember installed gives back.
@@ -122,6 +126,10 @@ class StopRequest:
             del signum, frame
             self.interrupted = True
             signal.signal(signal.SIGINT, outer)  # a second Ctrl-C: at once
+            # said at once (a validation or a save may come before the step's end): a silent first
+            # Ctrl-C reads as ignored. os.write, not print: the main thread may be inside a write
+            # to stderr, and a buffered write re-entered from a handler raises.
+            os.write(2, INTERRUPT_HELD.encode())
 
         signal.signal(signal.SIGINT, hold)
         try:

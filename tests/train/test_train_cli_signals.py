@@ -14,7 +14,7 @@ from gptrain.checkpoint.integrity import complete_steps
 from gptrain.cli import main
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.train.cli import split_preset
-from gptrain.train.signals import StopRequest
+from gptrain.train.signals import INTERRUPT_HELD, StopRequest
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -236,11 +236,11 @@ def test_a_sigint_to_the_main_process_mid_batch_is_one_line_and_130(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 130, proc.stderr
-    assert proc.stderr == "gptrain: interrupted\n"
+    assert proc.stderr == INTERRUPT_HELD + "gptrain: interrupted\n"
 
 
 def test_a_ctrl_c_while_tensorboard_takes_an_event_ends_the_run_at_the_end_of_its_step(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capfd, monkeypatch
 ):
     """Ctrl-C raised KeyboardInterrupt wherever the run was: inside TensorBoard's writer, between its
     queue taking an event and waking the writer thread, the run's last flush waited out that thread's
@@ -260,7 +260,7 @@ def test_a_ctrl_c_while_tensorboard_takes_an_event_ends_the_run_at_the_end_of_it
 
     monkeypatch.setattr(Scalars, "_add_scalars", interrupted_while_adding)
     assert main(["train", "gpt3/126m", *TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path}"]) == 130
-    assert capsys.readouterr().err == "gptrain: interrupted\n"
+    assert capfd.readouterr().err == INTERRUPT_HELD + "gptrain: interrupted\n"  # said when held
     events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0, "scalars": 0}).Reload()
     written = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     written |= {tag: [e.step for e in events.Tensors(tag)] for tag in events.Tags()["tensors"]}
@@ -271,7 +271,7 @@ def test_a_ctrl_c_while_tensorboard_takes_an_event_ends_the_run_at_the_end_of_it
     assert " iteration        2/" not in log and complete_steps(tmp_path / "checkpoints") == []
 
 
-def test_a_second_ctrl_c_ends_the_run_at_once(tmp_path, capsys, monkeypatch):
+def test_a_second_ctrl_c_ends_the_run_at_once(tmp_path, capfd, monkeypatch):
     """Held to the end of the step, Ctrl-C still has its way out: a second one acts where it lands."""
     from gptrain.train import step_loop
 
@@ -286,7 +286,7 @@ def test_a_second_ctrl_c_ends_the_run_at_once(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(step_loop, "record", interrupted_twice)
     assert main(["train", "gpt3/126m", *TINY, *MOCK, f"exp_manager.explicit_log_dir={tmp_path}"]) == 130
-    assert capsys.readouterr().err == "gptrain: interrupted\n"
+    assert capfd.readouterr().err == INTERRUPT_HELD + "gptrain: interrupted\n"
     assert reached == [1]
     assert "interrupted (SIGINT)" not in (tmp_path / "nemo_log_globalrank-0_localrank-0.txt").read_text()
 
@@ -330,5 +330,5 @@ def test_a_terminals_ctrl_c_during_a_batch_ends_the_run_after_that_step(tmp_path
         start_new_session=True,
     )
     assert proc.returncode == 130, proc.stderr
-    assert proc.stderr == "gptrain: interrupted\n"
+    assert proc.stderr == INTERRUPT_HELD + "gptrain: interrupted\n"
     assert "interrupted (SIGINT) after iteration 1: nothing saved" in proc.stdout
