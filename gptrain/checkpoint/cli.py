@@ -16,6 +16,7 @@ from gptrain.checkpoint.integrity import (
     checksum_progress,
     has_manifest,
     manifest_bytes,
+    misnamed,
     verify,
 )
 from gptrain.errors import ConfigError, os_error_text
@@ -111,7 +112,11 @@ def run_verify(args: argparse.Namespace) -> int:
         progress = None if args.sizes_only else checksum_progress(path, f"{path.name}: reading")
         verdict = "DAMAGED"
         try:
-            problem = verify(path, checksums=not args.sizes_only, progress=progress)
+            problem = misnamed(path)
+            if problem is not None:
+                verdict = "MISMATCH"
+            else:
+                problem = verify(path, checksums=not args.sizes_only, progress=progress)
         except OSError as error:  # permissions or the mount, not damage: said, and the listing goes on
             verdict, problem = "UNREADABLE", os_error_text(error, path)
         if problem is not None and not (path / COMPLETE).is_file():  # retention took it mid-read

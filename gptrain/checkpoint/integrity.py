@@ -85,12 +85,32 @@ def recorded_architecture(step_dir: Path) -> dict | None:
 
 
 def _recorded(step_dir: Path, key: str) -> dict | None:
+    entry = _marker_record(step_dir).get(key)
+    return entry if isinstance(entry, dict) else None
+
+
+def _marker_record(step_dir: Path) -> dict:
+    """The COMPLETE marker's record; {} where it is unreadable or no object (`verify` names that)."""
     try:
         record = json.loads((step_dir / COMPLETE).read_text())
     except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def misnamed(step_dir: Path) -> str | None:
+    """Why a complete step directory holds another iteration than its name says (one copied or renamed
+    by hand: `step_6` holding step 4 would resume as iteration 4 under the name step_6, and retention
+    and `latest` would go by the name); None when the two agree or the marker records no step."""
+    match = STEP_DIR.match(step_dir.name)
+    recorded = _marker_record(step_dir).get("step")
+    if match is None or type(recorded) is not int or recorded == int(match.group(1)):
         return None
-    entry = record.get(key) if isinstance(record, dict) else None
-    return entry if isinstance(entry, dict) else None
+    return (
+        f"{step_dir.name} holds the checkpoint of iteration {recorded} (its {COMPLETE} marker says step "
+        f"{recorded}): copied or renamed by hand; rename it to step_{recorded}, or move it out of "
+        f"{step_dir.parent}"
+    )
 
 
 def file_crc32(path: Path, chunk: int = 16 << 20, progress: Progress | None = None) -> str:

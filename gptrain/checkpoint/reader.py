@@ -38,6 +38,7 @@ from gptrain.checkpoint.directory import (
 from gptrain.checkpoint.integrity import (
     complete_steps,
     is_complete,
+    misnamed,
     recorded_architecture,
     recorded_tokenizer,
     verify_share,
@@ -93,6 +94,7 @@ def _every_rank(value: T) -> list[T]:
 
 
 UNREADABLE = "unreadable: "  # a rank's verdict that stops every rank (see _verify_and_load)
+REFUSED = "refused: "  # a sound checkpoint that must not load: every rank stops, nothing is renamed
 
 
 def _first_on_any_rank(problem: str | None) -> str | None:
@@ -143,6 +145,14 @@ def rank_0s(compute: Callable[[], T]) -> T:
     except TypeError:  # an error built from other arguments than its text
         error = GptrainError(text)
     raise error
+
+
+def _refusal(path: Path) -> str | None:
+    """Why `path` must not be loaded whatever its files hold (REFUSED and the reason), told to every
+    rank with the verdicts of their shares: a step directory named for another iteration than its
+    marker records is a copy by hand, not damage to pass over and set aside."""
+    problem = misnamed(path)
+    return REFUSED + problem if problem is not None else None
 
 
 class _NotLoaded(Exception):
@@ -320,7 +330,7 @@ class CheckpointReader:
         check_fits would take its failure for a config mismatch) or wait until the group timed out.
         """
         try:
-            own = verify_share(path, self.rank, _world_size())
+            own = _refusal(path) or verify_share(path, self.rank, _world_size())
         except OSError as error:  # on this rank alone: told to the others in the gather, all stop
             own = UNREADABLE + os_error_text(error, path)
         problem = _first_on_any_rank(own)
@@ -328,6 +338,10 @@ class CheckpointReader:
             raise CheckpointLoadError(
                 f"checkpoint {path} could not be read on some rank ({problem.removeprefix(UNREADABLE)}): "
                 "not damage, so it is not passed over; fix the file system or the permissions and resume"
+            )
+        if problem is not None and problem.startswith(REFUSED):
+            raise CheckpointLoadError(
+                f"checkpoint {path} is not loaded: {problem.removeprefix(REFUSED)} (nothing was renamed)"
             )
         if problem is not None:
             return problem

@@ -530,3 +530,26 @@ def test_resume_past_a_damaged_checkpoint_on_a_full_disk_still_resumes(tmp_path,
     )
     assert path == tmp_path / "step_2" and len(list(tmp_path.glob("step_4.damaged-*"))) == 1
     assert (tmp_path / "latest").read_text() == "step_4\n"  # left as it was
+
+
+def test_a_step_directory_named_for_another_iteration_is_a_mismatch_and_never_resumed(tmp_path, capsys):
+    """A hand copy: step_6 holds step 4's checkpoint. Every file matches its manifest, so it verified as
+    ok and resumed as iteration 4 under the name step_6; verify now says the mismatch and a resume
+    refuses it in one line, renaming nothing (it is not damage to pass over)."""
+    import shutil
+
+    root = tmp_path / "checkpoints"
+    manager = CheckpointManager(root, keep_last=3)
+    save(manager, 2)
+    save(manager, 4)
+    shutil.copytree(root / "step_4", root / "step_6")
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("step_6: MISMATCH: step_6 holds the checkpoint of iteration 4 ")
+    assert "rename it to step_4" in first
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    warnings, applied = [], []
+    with pytest.raises(CheckpointLoadError, match="step_6 is not loaded: step_6 holds the checkpoint of iteration 4") as error:  # fmt: skip
+        manager.load_newest_good(template, applied.append, warnings.append)
+    assert "\n" not in str(error.value) and applied == [] and warnings == []
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2", "step_4", "step_6"]
