@@ -50,7 +50,7 @@ from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, size_text, step_dir_bytes, step_dir_name
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_record, complete_steps, is_complete
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
-from gptrain.checkpoint.reader import CheckpointReader, is_distributed, root_cause
+from gptrain.checkpoint.reader import CheckpointReader, first_on_any_rank, is_distributed, root_cause
 from gptrain.checkpoint.retention import Ranked, Removal, recorded_metric, removals
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
@@ -205,11 +205,9 @@ class CheckpointManager(CheckpointReader):
         waited = self._wait_for_previous()
         in_background = self.async_save and not (waited_for and _in_host_memory(state))
         path = self.root / step_dir_name(step)
-        if self.rank == 0 and path.exists():
-            # a torn or superseded save of the same step: no longer a checkpoint before any file goes
-            (path / COMPLETE).unlink(missing_ok=True)
-            shutil.rmtree(path)
-        _barrier()
+        problem = first_on_any_rank(self._clear_step_dir(path) if self.rank == 0 else None)  # a barrier
+        if problem is not None:  # every rank learns it, none waits for rank 0 in a collective
+            raise CheckpointWriteError(problem)
         try:
             path.mkdir(parents=True, exist_ok=True)
             self._writer = ChecksummingWriter(path, background=in_background, direct_io=self.direct_io)
@@ -231,6 +229,26 @@ class CheckpointManager(CheckpointReader):
         elapsed = time.perf_counter() - started
         self._finish(SaveReport(step, path, elapsed, elapsed, False, waited))
         return path
+
+    def _clear_step_dir(self, path: Path) -> str | None:
+        """Rank 0 removes a torn or superseded save of the same step (no longer a checkpoint before any
+        file goes); what stops the save when `path` cannot take it (one line, told to every rank)."""
+        if not path.is_dir() and (path.exists() or path.is_symlink()):
+            return (
+                f"checkpoint {path} cannot be saved: a file of that name is in the way; move it out of "
+                f"{self.root}, then run the same command again (it resumes from the newest complete checkpoint)"
+            )
+        if not path.exists():
+            return None
+        try:
+            (path / COMPLETE).unlink(missing_ok=True)
+            shutil.rmtree(path)
+        except OSError as error:
+            return (
+                f"checkpoint {path} cannot be saved: an earlier save of that step could not be removed "
+                f"({root_cause(error)}); fix permissions under {self.root} or remove it, then run again"
+            )
+        return None
 
     def _start_background_save(
         self, step: int, path: Path, state: dict[str, Any], started: float, waited: float

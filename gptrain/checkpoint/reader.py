@@ -97,7 +97,7 @@ UNREADABLE = "unreadable: "  # a rank's verdict that stops every rank (see _veri
 REFUSED = "refused: "  # a sound checkpoint that must not load: every rank stops, nothing is renamed
 
 
-def _first_on_any_rank(problem: str | None) -> str | None:
+def first_on_any_rank(problem: str | None) -> str | None:
     """Every rank's verdict on a checkpoint, so that all ranks skip (or load) the same one."""
     return next((v for v in _every_rank(problem) if v is not None), None)
 
@@ -306,7 +306,7 @@ class CheckpointReader:
         CheckpointDamagedError naming it (CheckpointMismatchError when it does not fit the config);
         returns this rank's extra state. `state_fn` as for `load_newest_good`."""
         loaded = self._verify_and_load(path, state_fn, apply)
-        if not isinstance(loaded, dict) and _first_on_any_rank(None if is_complete(path) else "removed"):
+        if not isinstance(loaded, dict) and first_on_any_rank(None if is_complete(path) else "removed"):
             raise removed_while_read(
                 path
             )  # another run's retention (eval, or a start from a run in progress)
@@ -333,7 +333,7 @@ class CheckpointReader:
             own = _refusal(path) or verify_share(path, self.rank, _world_size())
         except OSError as error:  # on this rank alone: told to the others in the gather, all stop
             own = UNREADABLE + os_error_text(error, path)
-        problem = _first_on_any_rank(own)
+        problem = first_on_any_rank(own)
         if problem is not None and problem.startswith(UNREADABLE):
             raise CheckpointLoadError(
                 f"checkpoint {path} could not be read on some rank ({problem.removeprefix(UNREADABLE)}): "
@@ -371,7 +371,7 @@ class CheckpointReader:
             "this run's model.tokenizer",
             "point model.tokenizer at the files it was trained with",
         )
-        error = _first_on_any_rank(error)
+        error = first_on_any_rank(error)
         if error is not None:
             raise TokenizerMismatchError(error)
         if note is not None:
@@ -385,7 +385,7 @@ class CheckpointReader:
         if self.architecture is None:
             return
         found = arch.changes(recorded_architecture(path), self.architecture)
-        problem = _first_on_any_rank(arch.mismatch_text(path, found) if found else None)
+        problem = first_on_any_rank(arch.mismatch_text(path, found) if found else None)
         if problem is not None and own_run:
             raise ArchitectureChangedError(problem)
         if found:
@@ -469,7 +469,7 @@ class CheckpointReader:
     @staticmethod
     def _refuse_untied(path: Path, prepared: _Prepared) -> None:
         """CheckpointMismatchError on every rank when the load found an untied checkpoint on any."""
-        problem = _first_on_any_rank(prepared.untied)
+        problem = first_on_any_rank(prepared.untied)
         if problem is not None:
             raise compat.mismatch_error(path, problem)
 
@@ -609,7 +609,7 @@ def agree_fit(path: Path, saved: dict[str, Any], fit: Fit) -> dict[str, torch.Si
     """The collective part of `check_fits`: CheckpointMismatchError on every rank when `fit` fails on
     any, or some saved tensor is held by no rank; else the shapes of `fit.rows`. Nothing here can
     fail on one rank alone, so it needs no agreement."""
-    problem = _first_on_any_rank(fit.problem)
+    problem = first_on_any_rank(fit.problem)
     if problem is None:
         held = functools.reduce(operator.or_, _every_rank(fit.held), 0)
         unheld = next((key for index, key in enumerate(fit.tensors) if not held >> index & 1), None)

@@ -5,7 +5,8 @@ meet the other rank in one all_reduce (the first collective of training) and wri
 
 MODE damaged (default): rank 0 damages rank 1's file of step_6 and of step_4. meta: rank 1 cannot
 read step_6's .metadata (one node's I/O error). oom: rank 1 runs out of memory building the state
-for step_6. list: rank 1's listing of the checkpoints lacks step_6 (a node's stale view)."""
+for step_6. list: rank 1's listing of the checkpoints lacks step_6 (a node's stale view). file: no
+resume; a plain file named step_8 is in the way of the next save, which every rank tries."""
 
 import datetime
 import json
@@ -88,6 +89,20 @@ def resume(root: Path, out: Path, mode: str) -> None:
     (out / f"rank_{manager.rank}.json").write_text(json.dumps({**result, "ranks": ranks.item()}))
 
 
+def save_over_a_file(manager: CheckpointManager, root: Path, out: Path) -> None:
+    """Rank 0 puts a file where step_8 goes; every rank saves step_8 and writes the error it got."""
+    if manager.rank == 0:
+        (root / "step_8").write_text("notes\n")
+    dist.barrier()
+    try:
+        manager.save(8, state(8.0), {"step": 8, "rank": manager.rank})
+        result = {"error": None}
+    except GptrainError as error:
+        result = {"error": f"{type(error).__name__}: {error}"}
+    dist.barrier()  # every rank is still in step with the others
+    (out / f"rank_{manager.rank}.json").write_text(json.dumps(result))
+
+
 def main() -> int:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -100,6 +115,9 @@ def main() -> int:
         first_run.save(step, state(float(step)), {"step": step, "rank": rank})
     if rank == 0 and mode == "damaged":
         damage(root)
+    if mode == "file":
+        save_over_a_file(first_run, root, out)
+        return 0
     if rank == 1:
         fail_on_rank_1(mode)
     dist.barrier()

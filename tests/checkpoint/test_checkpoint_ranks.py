@@ -113,3 +113,19 @@ def test_a_checkpoint_directory_rank_0_cannot_read_stops_every_rank(tmp_path):
     answers = [(tmp_path / f"rank_{rank}.txt").read_text() for rank in range(2)]
     assert answers[0] == answers[1] and answers[0].startswith("error: rank 0 could not read the checkpoints")
     assert "Permission denied" in answers[0]
+
+
+@pytest.mark.distributed
+def test_a_file_named_as_the_step_being_saved_stops_every_rank_in_one_line(tmp_path):
+    """A plain file checkpoints/step_8 where step 8 is saved: rank 0 failed with
+    "step_8/COMPLETE: Not a directory" before the barrier rank 1 then waited in. Every rank now gets one
+    line saying what to do, and the file is left as it was."""
+    root = tmp_path / "checkpoints"
+    run_ranks(root, tmp_path, "file")
+    for result in results(tmp_path):
+        assert result["error"] == (
+            f"CheckpointWriteError: checkpoint {root / 'step_8'} cannot be saved: a file of that name is in "
+            f"the way; move it out of {root}, then run the same command again (it resumes from the newest "
+            "complete checkpoint)"
+        )
+    assert (root / "step_8").read_text() == "notes\n" and (root / "latest").read_text() == "step_6\n"
