@@ -17,6 +17,7 @@ from gptrain.checkpoint.integrity import (
     has_manifest,
     manifest_bytes,
     misnamed,
+    newer_format,
     verify,
 )
 from gptrain.errors import ConfigError, os_error_text
@@ -112,8 +113,9 @@ def run_verify(args: argparse.Namespace) -> int:
         progress = None if args.sizes_only else checksum_progress(path, f"{path.name}: reading")
         verdict = "DAMAGED"
         try:
-            problem = misnamed(path)
-            if problem is not None:
+            if (problem := newer_format(path)) is not None:
+                verdict = "NEWER FORMAT"
+            elif (problem := misnamed(path)) is not None:
                 verdict = "MISMATCH"
             else:
                 problem = verify(path, checksums=not args.sizes_only, progress=progress)

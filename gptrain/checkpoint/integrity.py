@@ -17,11 +17,16 @@ import os
 import re
 from pathlib import Path
 
+from gptrain import __version__
 from gptrain.checkpoint.crc32 import crc32
 from gptrain.utils.progress import Progress
 
 COMPLETE = "COMPLETE"
 STEP_DIR = re.compile(r"^step_(\d+)$")
+CHECKPOINT_FORMAT = 1
+"""The layout of a step directory and its COMPLETE marker, recorded in each marker: raise it with any
+change an older gptrain would misread, which then refuses such a checkpoint in one line (it would call
+it damaged, set it aside and resume an older one)."""
 
 
 def is_complete(path: Path) -> bool:
@@ -56,12 +61,15 @@ def complete_record(
     checksums: dict[str, str | None] | None = None,
     tokenizer: dict | None = None,
     architecture: dict | None = None,
+    torch_version: str | None = None,
 ) -> str:
-    """The text of the COMPLETE marker: the step, the Slurm job that wrote it (a requeue of that job
-    resumes it: gptrain.train.run_lock), the tokenizer the model was trained with
-    (gptrain.data.tokenizer_identity; none for mock data), the architecture settings
+    """The text of the COMPLETE marker: the step, the format, the gptrain and torch that wrote it (an
+    older one refuses what it cannot read: `newer_format`, `recorded_torch`), the Slurm job that wrote
+    it (a requeue of that job resumes it: gptrain.train.run_lock), the tokenizer the model was trained
+    with (gptrain.data.tokenizer_identity; none for mock data), the architecture settings
     (gptrain.checkpoint.architecture) and the manifest."""
-    record: dict = {"step": step, "slurm_job_id": os.environ.get("SLURM_JOB_ID")}
+    record: dict = {"step": step, "format": CHECKPOINT_FORMAT, "gptrain": __version__, "torch": torch_version}
+    record["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")
     if tokenizer is not None:
         record["tokenizer"] = tokenizer
     if architecture is not None:
@@ -96,6 +104,27 @@ def _marker_record(step_dir: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def newer_format(step_dir: Path) -> str | None:
+    """Why a checkpoint saved in a newer format than this gptrain reads is not loaded (its manifest may
+    not be one this gptrain knows: not damage); None for this format, an older one, or none recorded."""
+    record = _marker_record(step_dir)
+    written = record.get("format")
+    if type(written) is not int or written <= CHECKPOINT_FORMAT:
+        return None
+    return (
+        f"{step_dir.name} was saved in checkpoint format {written} by gptrain {record.get('gptrain')} with "
+        f"torch {record.get('torch')}; this gptrain {__version__} reads format {CHECKPOINT_FORMAT} and older: "
+        "load it with a gptrain at least as new as the one that saved it"
+    )
+
+
+def recorded_torch(step_dir: Path) -> str | None:
+    """The torch version that saved a checkpoint, from its COMPLETE marker; None for a marker from
+    before the record."""
+    version = _marker_record(step_dir).get("torch")
+    return version if isinstance(version, str) else None
 
 
 def misnamed(step_dir: Path) -> str | None:

@@ -415,7 +415,12 @@ class CheckpointManager(CheckpointReader):
         rank's write results, so every rank's files and checksum sidecar are on disk by then."""
         tokenizer = self.tokenizer.record if self.tokenizer is not None else None
         record = complete_record(
-            report.step, report.path, gathered_checksums(report.path, checksums), tokenizer, self.architecture
+            report.step,
+            report.path,
+            gathered_checksums(report.path, checksums),
+            tokenizer,
+            self.architecture,
+            torch.__version__,
         )
         fsync_directory(report.path)  # every file's name durable (.metadata was renamed) before COMPLETE's
         atomic_write_text(report.path / COMPLETE, record)

@@ -39,8 +39,10 @@ from gptrain.checkpoint.integrity import (
     complete_steps,
     is_complete,
     misnamed,
+    newer_format,
     recorded_architecture,
     recorded_tokenizer,
+    recorded_torch,
     verify_share,
 )
 from gptrain.errors import GptrainError, find_out_of_memory, os_error_text
@@ -149,10 +151,36 @@ def rank_0s(compute: Callable[[], T]) -> T:
 
 def _refusal(path: Path) -> str | None:
     """Why `path` must not be loaded whatever its files hold (REFUSED and the reason), told to every
-    rank with the verdicts of their shares: a step directory named for another iteration than its
-    marker records is a copy by hand, not damage to pass over and set aside."""
-    problem = misnamed(path)
+    rank with the verdicts of their shares: one saved in a newer format than this gptrain reads, or a
+    step directory named for another iteration than its marker records (a copy by hand), is not damage
+    to pass over and set aside."""
+    problem = newer_format(path) or misnamed(path)
     return REFUSED + problem if problem is not None else None
+
+
+class CheckpointFromNewerTorchError(CheckpointLoadError):
+    """A checkpoint whose files all match its manifest, but whose `.metadata` this torch cannot unpickle:
+    a newer torch wrote it, not damage (agreed by `_agreed`: every rank refuses it, nothing is renamed)."""
+
+
+def read_verified_metadata(path: Path) -> Metadata:
+    """`.metadata` of a checkpoint whose files matched their manifest (`verify_share`). One that does not
+    unpickle though its CRC-32 matched was written by another torch: CheckpointFromNewerTorchError naming
+    both versions where the marker records the one that saved it (a marker from before the record: the
+    error as it is, so the checkpoint is passed over as damaged, as before)."""
+    try:
+        return compat.read_metadata(path)
+    except (OSError, MemoryError):
+        raise  # the disk or the host: judged by `_agreed` as before
+    except Exception as error:
+        saved_with = recorded_torch(path)
+        if saved_with is None:
+            raise
+        raise CheckpointFromNewerTorchError(
+            f"checkpoint {path}: its .metadata does not load with torch {torch.__version__} "
+            f"({root_cause(error)}), though every file matches its manifest: it was saved with torch "
+            f"{saved_with}; load it with torch {saved_with} or newer (nothing was renamed)"
+        ) from error
 
 
 class _NotLoaded(Exception):
@@ -165,16 +193,22 @@ def _agreed(path: Path, step: Callable[[], T], what: Path | None = None) -> T:
 
     Safe only if `step` holds no collective after work that can fail on one rank alone: that rank
     would meet the others' collective with this one's. Running out of memory is not damage:
-    CheckpointOutOfMemoryError on every rank, naming the first rank it happened on."""
+    CheckpointOutOfMemoryError on every rank, naming the first rank it happened on; nor is a `.metadata`
+    from a newer torch (CheckpointFromNewerTorchError, on every rank)."""
     value, failure = None, None
     try:
         value = step()
     except CheckpointMismatchError:
         raise  # the config's fault, raised on every rank alike (check_fits): no fallback
+    except CheckpointFromNewerTorchError as error:  # not damage: every rank refuses it below
+        failure = (False, str(error), str(what or path), True)
     except (Exception, CheckpointException) as error:  # DCP's is a BaseException
         out_of_memory = find_out_of_memory(error) is not None
-        failure = (out_of_memory, root_cause(error), str(what or path))  # the failing rank's `what`
+        failure = (out_of_memory, root_cause(error), str(what or path), False)  # the failing rank's `what`
     failures = _every_rank(failure)
+    refused = next((found[1] for found in failures if found is not None and found[3]), None)
+    if refused is not None:
+        raise CheckpointFromNewerTorchError(refused)
     for rank, found in enumerate(failures):
         if found is not None and found[0]:
             raise CheckpointOutOfMemoryError(
@@ -349,7 +383,7 @@ class CheckpointReader:
         rank_file = path / f"rank_{self.rank}.pt"
         try:
             extra = _agreed(path, lambda: read_rank_state(path, self.rank), rank_file)
-            prepared = _agreed(path, lambda: self._prepare(path, state_fn))
+            prepared = _agreed(path, lambda: self._prepare(path, state_fn, read_verified_metadata(path)))
             agree_fit(path, prepared.saved, prepared.fit)  # collectives only; a mismatch on every rank
             self._check_architecture(path, own_run)  # what shapes cannot tell, before any data is read
             state = _agreed(path, lambda: self._load_prepared(path, prepared))

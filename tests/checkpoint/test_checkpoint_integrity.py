@@ -1,6 +1,7 @@
 """Damaged checkpoints: named by the manifest, skipped at resume (loudly), checked by `checkpoint verify`."""
 
 import json
+import re
 import sys
 import zlib
 from pathlib import Path
@@ -553,3 +554,45 @@ def test_a_step_directory_named_for_another_iteration_is_a_mismatch_and_never_re
         manager.load_newest_good(template, applied.append, warnings.append)
     assert "\n" not in str(error.value) and applied == [] and warnings == []
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2", "step_4", "step_6"]
+
+
+def test_a_checkpoint_from_a_newer_gptrain_or_torch_is_refused_in_one_line_not_set_aside(tmp_path, capsys):
+    """COMPLETE records the checkpoint format and the torch that saved it. A newer format (a manifest this
+    gptrain does not know), or a .metadata this torch cannot unpickle while its CRC-32 matches, was called
+    damaged: set aside as step_4.damaged-*, and the run went back to step_2. Both are now one line naming
+    the step and the versions, nothing renamed; a marker from before the record is judged as before."""
+    root = tmp_path / "checkpoints"
+    manager = CheckpointManager(root, keep_last=3)
+    save(manager, 2)
+    save(manager, 4)
+    marker = root / "step_4" / "COMPLETE"
+    record = json.loads(marker.read_text())
+    assert (record["format"], record["torch"]) == (1, torch.__version__)
+    template = lambda sections: {"model": {"w": torch.zeros(64, 64)}}  # noqa: E731
+    warnings, applied = [], []
+    names = ["latest", "step_2", "step_4"]
+
+    marker.write_text(json.dumps({**record, "format": 2, "files": [{"name": ".metadata"}]}))
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.startswith(
+        "step_4: NEWER FORMAT: step_4 was saved in checkpoint format 2 "
+    )
+    with pytest.raises(CheckpointLoadError, match="step_4 was saved in checkpoint format 2 .*reads format 1 and older: load it with a gptrain at least as new") as error:  # fmt: skip
+        manager.load_newest_good(template, applied.append, warnings.append)
+    assert "\n" not in str(error.value) and (applied, warnings) == ([], [])
+    assert sorted(p.name for p in root.iterdir()) == names
+
+    # a pickle of a class this torch does not have, as a newer torch's .metadata may hold
+    future = b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadataFromTheFuture\nq\x00)\x81q\x01."
+    (root / "step_4" / ".metadata").write_bytes(future)
+    record["files"][".metadata"] = {"bytes": len(future), "crc32": f"{zlib.crc32(future):08x}"}
+    marker.write_text(json.dumps({**record, "torch": "9.9.0"}))
+    with pytest.raises(CheckpointLoadError, match=rf"step_4: its \.metadata does not load with torch {re.escape(torch.__version__)} \(AttributeError: .*saved with torch 9\.9\.0; load it with torch 9\.9\.0 or newer") as error:  # fmt: skip
+        manager.load_newest_good(template, applied.append, warnings.append)
+    assert "\n" not in str(error.value) and (applied, warnings) == ([], [])
+    assert sorted(p.name for p in root.iterdir()) == names
+
+    del record["format"], record["torch"], record["gptrain"]  # as saved before the record: damage
+    marker.write_text(json.dumps(record))
+    path, _ = manager.load_newest_good(template, applied.append, warnings.append)
+    assert path.name == "step_2" and warnings[0].startswith("checkpoint step_4 is damaged: ")
