@@ -165,3 +165,19 @@ def test_a_written_file_and_a_dataset_follow_the_umask_as_a_plain_write_would(tm
     plain = mode(tmp_path / "plain")
     assert plain == 0o666 & ~umask
     assert [mode(tmp_path / name) for name in ("hparams.yaml", "corpus.bin", "corpus.idx")] == [plain] * 3
+
+
+def test_a_directory_being_filled_is_never_removed_as_a_dead_writers(tmp_path) -> None:
+    """atomic_directory holds an flock on its staging directory while it is filled, so the sweep of a
+    later export or import leaves it, however old it looks; once the holder is gone it is removed."""
+    with atomic_directory(tmp_path / "out") as staging:
+        os.utime(staging, (0, 0))
+        assert atomic.remove_stale_temporary_directories(tmp_path / "out", 0) == [] and staging.is_dir()
+        (staging / "weights").write_bytes(b"x" * 10)
+    assert (tmp_path / "out" / "weights").is_file()
+    left = tmp_path / ".out.abcdefgh.tmp"
+    left.mkdir()
+    (left / "weights").write_bytes(b"x" * 10)
+    os.utime(left, (0, 0))
+    assert atomic.remove_stale_temporary_directories(tmp_path / "out", 3600) == [(left, 10)]
+    assert not left.exists()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_steps, is_complete, manifest_bytes
 from gptrain.errors import GptrainError
+from gptrain.utils.atomic import STALE_TEMPORARY_S, remove_stale_temporaries
 
 LATEST = "latest"
 DAMAGED = "damaged"
@@ -118,6 +119,16 @@ def step_dir_bytes(path: Path) -> int:
         return 0
     from_manifest = manifest_bytes(path)
     return from_manifest if from_manifest is not None else directory_bytes(path)
+
+
+def remove_unfinished_latest(root: Path) -> str | None:
+    """Remove the temporaries of `latest` that a run killed while writing it left (`.latest.*.tmp`,
+    unheld and an hour old: rank 0 writes it in milliseconds); the line to log, or None."""
+    removed, _ = remove_stale_temporaries(root / LATEST, STALE_TEMPORARY_S)
+    if not removed:
+        return None
+    names = ", ".join(temp.name for temp, _ in removed)
+    return f"gptrain: removed {names} from {root}: left unfinished by a run killed while writing {LATEST}"
 
 
 def rename_aside(path: Path, why: str) -> Path:

@@ -29,6 +29,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 import warnings
@@ -47,7 +48,13 @@ from torch.distributed.tensor import DTensor
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
 from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.direct_io import takes_direct_io
-from gptrain.checkpoint.directory import LATEST, size_text, step_dir_bytes, step_dir_name
+from gptrain.checkpoint.directory import (
+    LATEST,
+    remove_unfinished_latest,
+    size_text,
+    step_dir_bytes,
+    step_dir_name,
+)
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_record, complete_steps, is_complete
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.reader import CheckpointReader, first_on_any_rank, is_distributed, root_cause
@@ -424,6 +431,8 @@ class CheckpointManager(CheckpointReader):
         )
         fsync_directory(report.path)  # every file's name durable (.metadata was renamed) before COMPLETE's
         atomic_write_text(report.path / COMPLETE, record)
+        if (removed := remove_unfinished_latest(self.root)) is not None:
+            print(removed, file=sys.stderr)
         atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
         report.known_bytes = _recorded_bytes(record)
         report.removed = self._prune(report.step)

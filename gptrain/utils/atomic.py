@@ -62,13 +62,64 @@ def hold(handle: IO) -> None:
 
 
 def held_by_a_writer(temp: Path) -> bool:
-    """Whether a live writer holds `temp` (see `hold`); True too where that cannot be told."""
+    """Whether a live writer holds `temp`, a file or a directory (see `hold`, `atomic_directory`);
+    True too where that cannot be told."""
     try:
-        with open(temp, "rb") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        descriptor = os.open(temp, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(descriptor)
     except OSError:  # held (EWOULDBLOCK), or no flock here (ENOLCK, ENOSYS): not ours to remove
         return True
     return False
+
+
+def remove_stale_temporary_directories(
+    path: str | os.PathLike[str], older_than_s: float
+) -> list[tuple[Path, int]]:
+    """Remove the temporary sibling directories of `path` (`atomic_directory`'s names) that no live
+    writer holds and untouched for `older_than_s`: an export or import killed by SIGKILL left them, as
+    large as the model. The age bound keeps a live writer's where its lock cannot be seen (a
+    filesystem whose flock is local to each host). Returns the removed ones as (path, bytes)."""
+    path = Path(path)
+    cutoff = time.time() - older_than_s
+    removed = []
+    for temp in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp"):
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            stat = temp.lstat()
+            if not temp.is_dir() or temp.is_symlink() or stat.st_mtime >= cutoff or held_by_a_writer(temp):
+                continue
+            size = _tree_bytes(temp)
+            shutil.rmtree(temp)
+            removed.append((temp, size))
+    return removed
+
+
+STALE_TEMPORARY_S = 3600.0
+"""An unheld temporary untouched this long is a dead writer's (as data prepare's and download's)."""
+
+
+def remove_unfinished_directories(path: str | os.PathLike[str], stream: IO[str]) -> None:
+    """Before writing `path` with `atomic_directory`, remove what killed writers of it left (see
+    `remove_stale_temporary_directories`), said in one line on `stream`."""
+    removed = remove_stale_temporary_directories(path, STALE_TEMPORARY_S)
+    if removed:
+        size = sum(nbytes for _, nbytes in removed) / 1e9
+        names = ", ".join(temp.name for temp, _ in removed)
+        print(
+            f"gptrain: removed {names} beside {path} ({size:.1f} GB): left unfinished by a killed export or import",
+            file=stream,
+        )
+
+
+def _tree_bytes(directory: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(directory):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
 
 
 @contextlib.contextmanager
@@ -208,6 +259,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     except OSError as error:  # the parent refuses a new directory: said of the directory asked for
         error.filename = str(path)
         raise
+    held = _hold_directory(staging)  # a later export or import never removes it as a dead one's
     try:
         yield staging
         open_to_umask(staging)
@@ -224,3 +276,21 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         if len(error.args) == 1 and isinstance(error.args[0], str):  # a message naming the staging
             error.args = (error.args[0].replace(str(staging), str(path)),)  # directory names `path`
         raise
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _hold_directory(directory: Path) -> int | None:
+    """An open descriptor of `directory` holding an exclusive flock (released when it is closed or the
+    process dies): `remove_stale_temporary_directories` leaves it. None where flock is refused."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(descriptor)
+        return None
+    return descriptor

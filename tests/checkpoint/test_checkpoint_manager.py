@@ -628,3 +628,28 @@ def test_a_save_over_the_same_step_killed_while_it_removes_the_old_one_leaves_no
     with pytest.raises(KeyboardInterrupt):
         manager.save(5, state_for(6.0), {"rng": torch.tensor([6])})
     assert not is_complete(path)
+
+
+def test_a_save_removes_the_latest_temporaries_a_killed_run_left(tmp_path, capsys):
+    """A kill while `latest` was written left `.latest.XXXXXXXX.tmp` in checkpoints/, which nothing removed.
+    The next save removes those untouched for an hour (rank 0 writes `latest` in milliseconds) and says
+    so; a younger one, and another file's temporary, stay."""
+    import os
+    import time
+
+    tmp_path.mkdir(exist_ok=True)
+    old, young, other = (
+        tmp_path / name for name in (".latest.a1b2c3d4.tmp", ".latest.e5f6g7h8.tmp", ".notes.a1b2c3d4.tmp")
+    )
+    for path in (old, young, other):
+        path.write_text("step_")
+    two_hours_ago = time.time() - 7200
+    for path in (old, other):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    save_steps(CheckpointManager(tmp_path, keep_last=3), [1])
+    assert not old.exists() and young.exists() and other.exists()
+    assert (tmp_path / LATEST).read_text() == "step_1\n"
+    assert (
+        f"gptrain: removed .latest.a1b2c3d4.tmp from {tmp_path}: left unfinished by a run killed while writing latest\n"
+        in capsys.readouterr().err
+    )

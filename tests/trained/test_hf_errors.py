@@ -263,3 +263,46 @@ def test_a_transformers_directory_given_as_a_checkpoint_says_to_import_it(tmp_pa
         f"{hf}: a transformers model directory (config.json), not a gptrain checkpoint: import it with "
         f"`gptrain import {hf} --output RUN_DIR` and give RUN_DIR"
     )
+
+
+@pytest.mark.parametrize("command", ["export", "import"])
+def test_export_and_import_remove_what_a_killed_one_left_never_a_live_ones(
+    tmp_path: Path, command: str
+) -> None:
+    """A SIGKILLed export or import left its model-sized `.NAME.XXXXXXXX.tmp` staging directory, which
+    nothing removed. The next one of that output removes those no live writer holds (atomic_directory
+    keeps an flock on its own) and untouched for an hour, with a line; a live or younger one stays."""
+    pytest.importorskip("transformers")
+    import fcntl
+    import io
+    import os
+    import time
+
+    from gptrain.errors import GptrainError
+    from gptrain.trained.hf.export import export_hf
+    from gptrain.trained.hf.import_ import import_hf
+
+    output = tmp_path / "out"
+    dead, live, young = (tmp_path / f".out.{tag}.tmp" for tag in ("dead1234", "live5678", "young901"))
+    (dead / "sub").mkdir(parents=True)
+    (dead / "sub" / "model.safetensors").write_bytes(b"x" * 2_000_000)
+    live.mkdir()
+    young.mkdir()
+    two_hours_ago = time.time() - 7200
+    for directory in (dead, live):
+        os.utime(directory, (two_hours_ago, two_hours_ago))
+    holder = os.open(live, os.O_RDONLY)  # as the live export's atomic_directory holds its staging
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    stream = io.StringIO()
+    try:
+        with pytest.raises(GptrainError):  # nothing to export or import: the removal came first
+            if command == "export":
+                export_hf(tmp_path / "no-run", output, stream=stream)
+            else:
+                import_hf(tmp_path / "no-model", output, stream=stream)
+    finally:
+        os.close(holder)
+    assert not dead.exists() and live.is_dir() and young.is_dir()
+    assert stream.getvalue() == (
+        f"gptrain: removed .out.dead1234.tmp beside {output} (0.0 GB): left unfinished by a killed export or import\n"
+    )

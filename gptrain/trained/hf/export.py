@@ -35,7 +35,7 @@ from gptrain.trained.hf.tokenizer_files import (
 from gptrain.trained.hf.transformers_api import config_class, require_transformers
 from gptrain.trained.hf.verify import Verification
 from gptrain.trained.load import not_finite_text
-from gptrain.utils.atomic import atomic_directory
+from gptrain.utils.atomic import atomic_directory, remove_unfinished_directories
 from gptrain.utils.paths import directory_blocker
 from gptrain.utils.progress import Progress
 
@@ -121,6 +121,7 @@ def export_hf(
     started = time.perf_counter()
     stream = stream or sys.stderr
     output = Path(output).resolve()  # "." (an empty working directory) names no sibling to stage in
+    remove_unfinished_directories(output, stream)
     _check_output(output)  # before the CRC-32 pass over the whole checkpoint
     # the CRC-32s too: the logit check compares two readings of the same weights, and would pass
     # a checkpoint changed on disk since it was written

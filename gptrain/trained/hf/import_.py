@@ -36,7 +36,7 @@ from gptrain.trained.hf.tensors import globals_from_hf, hf_global_names, layer_f
 from gptrain.trained.hf.tokenizer_files import import_tokenizer
 from gptrain.trained.hf.transformers_api import load_config, require_transformers
 from gptrain.trained.hf.verify import Verification
-from gptrain.utils.atomic import atomic_directory
+from gptrain.utils.atomic import atomic_directory, remove_unfinished_directories
 from gptrain.utils.progress import Progress
 
 TOKENIZER_DIR = "tokenizer"
@@ -67,6 +67,7 @@ def import_hf(
     started = time.perf_counter()
     stream = stream or sys.stderr
     hf_dir, output = Path(hf_dir), Path(output).resolve()
+    remove_unfinished_directories(output, stream)
     if not hf_dir.is_dir():
         raise DataError(f"{hf_dir}: not a directory; pass a transformers model directory")
     hf_config = load_config(hf_dir)
