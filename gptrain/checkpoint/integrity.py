@@ -106,6 +106,12 @@ def _marker_record(step_dir: Path) -> dict:
     return record if isinstance(record, dict) else {}
 
 
+def refusal(step_dir: Path) -> str | None:
+    """Why a complete checkpoint is not loaded (nor rewound to) whatever its files hold, not damage to
+    pass over: saved in a newer format (`newer_format`), or named for another iteration (`misnamed`)."""
+    return newer_format(step_dir) or misnamed(step_dir)
+
+
 def newer_format(step_dir: Path) -> str | None:
     """Why a checkpoint saved in a newer format than this gptrain reads is not loaded (its manifest may
     not be one this gptrain knows: not damage); None for this format, an older one, or none recorded."""

@@ -38,11 +38,10 @@ from gptrain.checkpoint.directory import (
 from gptrain.checkpoint.integrity import (
     complete_steps,
     is_complete,
-    misnamed,
-    newer_format,
     recorded_architecture,
     recorded_tokenizer,
     recorded_torch,
+    refusal,
     verify_share,
 )
 from gptrain.errors import GptrainError, find_out_of_memory, os_error_text
@@ -154,7 +153,7 @@ def _refusal(path: Path) -> str | None:
     rank with the verdicts of their shares: one saved in a newer format than this gptrain reads, or a
     step directory named for another iteration than its marker records (a copy by hand), is not damage
     to pass over and set aside."""
-    problem = newer_format(path) or misnamed(path)
+    problem = refusal(path)
     return REFUSED + problem if problem is not None else None
 
 

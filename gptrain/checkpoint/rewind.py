@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gptrain.checkpoint.directory import LATEST, REWOUND, CheckpointLoadError, rename_aside, step_dir_name
-from gptrain.checkpoint.integrity import checksum_progress, complete_steps, has_manifest, verify
+from gptrain.checkpoint.integrity import checksum_progress, complete_steps, has_manifest, refusal, verify
 from gptrain.errors import ConfigError, GptrainError, os_error_text
 from gptrain.train.run_lock import LOCK_NAME, RunLockedError, acquire, read_holder
 from gptrain.utils.atomic import atomic_write_text, fsync_directory
@@ -96,6 +96,9 @@ def check_target(root: Path, step: int, say: Callable[[str], None]) -> None:
     """step_<step> against its manifest, sizes and CRC-32s (as a resume checks it); a one-line error,
     nothing moved, when it does not verify."""
     path = root / step_dir_name(step)
+    refused = refusal(path)
+    if refused is not None:
+        raise CheckpointLoadError(f"{path} is not rewound to: {refused}; nothing was rewound")
     problem = verify(path, checksums=True, progress=checksum_progress(path, f"{path.name}: reading"))
     if problem is not None:
         raise CheckpointLoadError(

@@ -38,6 +38,7 @@ from gptrain.checkpoint.integrity import (
     is_complete,
     recorded_architecture,
     recorded_tokenizer,
+    refusal,
     verify,
 )
 from gptrain.checkpoint.reader import check_fits, root_cause
@@ -144,7 +145,12 @@ def _newest_that_verifies(root: Path, candidates: list[Path], checksums: bool = 
 
 
 def _verify(step_dir: Path, checksums: bool) -> str | None:
-    """verify(); reading every file's CRC-32 shows its progress (minutes for a large checkpoint)."""
+    """verify(); reading every file's CRC-32 shows its progress (minutes for a large checkpoint). A
+    checkpoint that is not to be loaded whatever its files hold (`refusal`: a newer format, a step
+    directory named for another iteration) is a one-line CheckpointLoadError, not damage to pass over."""
+    refused = refusal(step_dir)
+    if refused is not None:
+        raise CheckpointLoadError(f"checkpoint {step_dir} is not loaded: {refused}")
     if not checksums:
         return verify(step_dir)
     progress = checksum_progress(step_dir, f"checking the CRC-32s of {step_dir.name}")

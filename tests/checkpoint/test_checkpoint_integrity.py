@@ -596,3 +596,31 @@ def test_a_checkpoint_from_a_newer_gptrain_or_torch_is_refused_in_one_line_not_s
     marker.write_text(json.dumps(record))
     path, _ = manager.load_newest_good(template, applied.append, warnings.append)
     assert path.name == "step_2" and warnings[0].startswith("checkpoint step_4 is damaged: ")
+
+
+def test_eval_export_and_rewind_refuse_a_misnamed_or_newer_format_checkpoint_too(tmp_path, capsys):
+    """Eval, generate and export (gptrain.trained.load) and rewind check a checkpoint by its manifest
+    alone: a hand copy step_8 holding step 2 was taken as the run's newest, and a rewind went back to a
+    checkpoint of a newer format. Both are the resume's one-line refusal now, nothing moved."""
+    import shutil
+
+    from gptrain.trained.load import resolve_checkpoint
+
+    root = tmp_path / "checkpoints"
+    manager = CheckpointManager(root, keep_last=None)
+    for step in (2, 4, 6):
+        save(manager, step)
+    shutil.copytree(root / "step_2", root / "step_8")
+    for given in (tmp_path, root / "step_8"):
+        with pytest.raises(CheckpointLoadError, match=r"step_8 is not loaded: step_8 holds the checkpoint of iteration 2 "):  # fmt: skip
+            resolve_checkpoint(given)
+    shutil.rmtree(root / "step_8")
+    marker = root / "step_4" / "COMPLETE"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "format": 2}))
+    assert main(["checkpoint", "rewind", str(tmp_path), "--to", "step_4"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "step_4 is not rewound to: step_4 was saved in checkpoint format 2 " in err
+        and len(err.splitlines()) == 1
+    )
+    assert complete_steps(root) == [2, 4, 6] and (root / "latest").read_text() == "step_6\n"
