@@ -6,10 +6,9 @@ IndexedDataset and the builder), and a login-node check can ask it without numpy
 from __future__ import annotations
 
 import os
-import stat
-from pathlib import Path
 
 from gptrain.data.blend_spec import strip_suffix, text_document_hint
+from gptrain.utils.paths import look_up
 
 _PREFIX_EXAMPLE = "data/corpus_text_document for data/corpus_text_document.bin/.idx"
 
@@ -22,14 +21,10 @@ def pair_problem(path_prefix: str) -> str | None:
     base = strip_suffix(str(path_prefix))
     kinds = {}
     for suffix in (".bin", ".idx"):
-        path = Path(base + suffix)
-        try:
-            kinds[suffix] = _kind(path)
-        except OSError as error:  # EACCES: a directory above it that this user may not search
-            advice = "check the file system"
-            if isinstance(error, PermissionError):
-                advice = f"check the permissions of {path.parent} and the directories above it"
-            return f"{path}: cannot be looked up ({error.strerror or error}); {advice}"
+        found = look_up(base + suffix)
+        if found.kind == "unreachable":
+            return f"{base}{suffix}: {found.why}"
+        kinds[suffix] = found.kind
     for suffix, kind in kinds.items():
         if kind == "directory":
             return (
@@ -48,17 +43,6 @@ def pair_problem(path_prefix: str) -> str | None:
             "removed); copy it as well, or prepare the dataset again"
         )
     return _no_pair_problem(base)
-
-
-def _kind(path: Path) -> str:
-    """'file', 'directory', 'other' or 'missing'; an error other than a missing path is raised."""
-    try:
-        mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return "missing"
-    if stat.S_ISREG(mode):
-        return "file"
-    return "directory" if stat.S_ISDIR(mode) else "other"
 
 
 def _no_pair_problem(base: str) -> str:

@@ -100,6 +100,12 @@ def make_case(tmp_path: Path, case: str) -> tuple[str, str]:
             prefix,
             f"{prefix}.bin: cannot be looked up (Permission denied); check the permissions of {d / 'locked'}",
         )
+    if case == "permission denied further up":  # the directory that refused, not the one holding it
+        prefix = write(d / "locked" / "sub" / "ds")
+        return (
+            prefix,
+            f"{prefix}.bin: cannot be looked up (Permission denied); check the permissions of {d / 'locked'} and",
+        )
     raise AssertionError(case)
 
 
@@ -115,6 +121,7 @@ CASES = [
     "the output prefix of prepare",
     "a home directory no shell expanded",
     "permission denied",
+    "permission denied further up",
 ]
 
 
@@ -138,7 +145,7 @@ def test_a_prefix_of_no_pair_is_one_line_naming_it_and_what_to_do(
     write(tmp_path / "good")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     prefix, message = make_case(tmp_path, case)
-    if case == "permission denied":
+    if case.startswith("permission denied"):
         lock(monkeypatch, tmp_path / "locked")
     err = one_line_error(commands(prefix, tmp_path)[command], capsys)
     assert message in err
