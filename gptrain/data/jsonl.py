@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gptrain.errors import DataError
+from gptrain.utils.paths import look_up
 
 # Windows tools (PowerShell 5, Notepad) begin UTF-8 text with it; JSON parsers refuse it.
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -60,22 +61,16 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
 def _check_input(path: Path) -> None:
     """A readable kind of input: a file or a pipe. A directory above it that this user may not search
     (EACCES) was a bare '<file>: Permission denied', the --input and what to do unsaid."""
-    try:
-        mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        raise DataError(f"--input {path}: no such file") from None
-    except OSError as error:
-        advice = "check the file system"
-        if isinstance(error, PermissionError):
-            advice = f"check the permissions of {path.parent} and the directories above it"
-        raise DataError(
-            f"--input {path}: cannot be looked up ({error.strerror or error}); {advice}"
-        ) from None
-    if stat.S_ISDIR(mode):
+    found = look_up(path)
+    if found.kind == "missing":
+        raise DataError(f"--input {path}: no such file")
+    if found.kind == "unreachable":
+        raise DataError(f"--input {path}: {found.why}")
+    if found.kind == "directory":
         raise DataError(
             f"--input {path}: is a directory; pass its files (e.g. --input '{path}/*.jsonl', quoted)"
         )
-    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+    if not (found.kind == "file" or stat.S_ISFIFO(found.mode)):
         raise DataError(f"--input {path}: not a file or a pipe; pass jsonl files")
 
 

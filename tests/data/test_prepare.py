@@ -825,6 +825,30 @@ def test_an_input_in_a_directory_that_may_not_be_searched_is_named_with_what_to_
     assert not (tmp_path / "out").exists()
 
 
+def test_an_input_deeper_under_a_directory_that_may_not_be_searched_names_that_directory(
+    tmp_path, gpt2_files, capsys, write_jsonl, monkeypatch
+):
+    """Named the directory holding the file, which may be searched as far as anyone knows, not the
+    one that refused the lookup."""
+    locked = tmp_path / "locked"
+    (locked / "sub").mkdir(parents=True)
+    source = write_jsonl(locked / "sub" / "in.jsonl", [{"text": "x"}])
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out" / "o")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"gptrain: error: --input {source}: cannot be looked up (Permission denied); check the permissions "
+        f"of {locked} and the directories above it\n"
+    )
+
+
 def test_an_output_prefix_in_a_directory_that_may_not_be_searched_is_the_output_refused(
     tmp_path, gpt2_files, capsys, write_jsonl, monkeypatch
 ):
