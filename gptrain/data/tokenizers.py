@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gptrain.errors import ConfigError, DataError
+from gptrain.utils.paths import look_up
 
 ENDOFTEXT = "<|endoftext|>"
 # GPT-2's pre-tokenizer split; the possessive form is equivalent and faster in tiktoken.
@@ -253,31 +254,26 @@ class SentencePieceTokenizer:
 
 def missing_tokenizer_file(path: str, in_directory: str | None = None) -> str | None:
     """Why a tokenizer cannot read `path` ('<path> not found', '<path> is a directory ...'), or None;
-    a directory holding `in_directory` will do. A directory was said to be "not found"."""
-    if (problem := unreachable(path)) is not None:
-        return problem
-    if os.path.isdir(path):
+    a directory holding `in_directory` will do. A directory was said to be "not found", and one the
+    user may not search to have no `in_directory` in it."""
+    found = look_up(path)
+    if found.kind == "unreachable":
+        return f"{path} {found.why}"
+    if found.kind == "directory":
         if in_directory is None:
             return f"{path} is a directory, not a file"
-        if not os.path.isfile(os.path.join(path, in_directory)):
-            return f"{path} is a directory with no {in_directory} in it"
-        return None
-    return None if os.path.isfile(path) else f"{path} not found"
+        inner = look_up(os.path.join(path, in_directory))
+        if inner.kind == "unreachable":
+            return f"{os.path.join(path, in_directory)} {inner.why}"
+        return None if inner.kind == "file" else f"{path} is a directory with no {in_directory} in it"
+    return None if found.kind == "file" else f"{path} not found"
 
 
 def unreachable(path: str) -> str | None:
     """Why `path` cannot even be looked up, or None (also where it is not there): a directory above
     it that this user may not search (EACCES), which pathlib raised as a bare PermissionError."""
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as error:
-        advice = "check the file system"
-        if isinstance(error, PermissionError):
-            advice = "check the permissions of the directories above it"
-        return f"{path} cannot be looked up ({error.strerror or error}); {advice}"
-    return None
+    found = look_up(path)
+    return f"{path} {found.why}" if found.kind == "unreachable" else None
 
 
 def load_sentencepiece(model: str, kind: str) -> Tokenizer:

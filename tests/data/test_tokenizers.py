@@ -303,6 +303,35 @@ def test_a_tokenizer_file_in_a_directory_that_may_not_be_searched_says_so(
     err = capsys.readouterr().err
     assert err.startswith(
         f"gptrain: error: {said.format(**names)} cannot be looked up (Permission denied); check the "
-        "permissions of the directories above it (pass --"
-    )
+        f"permissions of {tmp_path} and the directories above it (pass --"
+    )  # {locked} itself cannot be looked up here: its parent is the directory that refused
     assert err.count("\n") == 1
+
+
+def test_a_tokenizer_directory_that_may_not_be_searched_is_not_said_to_lack_the_file(
+    tmp_path, capsys, monkeypatch
+):
+    """Was '<dir> is a directory with no tokenizer.json in it' where the user may not search <dir>."""
+    import errno
+    import os
+
+    from gptrain.cli import main
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    with IndexedDatasetWriter(str(tmp_path / "ds"), np.uint16) as writer:
+        writer.add_document(np.array([1, 2]))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    assert main(["data", "inspect", str(tmp_path / "ds"), "--tokenizer-model", str(locked)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"gptrain: error: tokenizer model {locked}/tokenizer.json cannot be looked up (Permission denied);"
+        f" check the permissions of {locked} and the directories above it (pass --"
+    )
