@@ -5,10 +5,10 @@ Standard library only: both commands run on login nodes without torch."""
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 
 from gptrain.errors import ConfigError
+from gptrain.utils.paths import look_up
 
 CLUSTER_DIR = Path(__file__).resolve().parent.parent / "configs" / "cluster"
 
@@ -48,15 +48,7 @@ def cluster_profile_path(name: str, option: str = "--profile") -> Path:
 def _is_file(path: Path, option: str, name: str) -> bool | None:
     """Whether `path` is a file (None: a directory); a directory above it that this user may not
     search is one line (Path.is_file raises PermissionError there)."""
-    try:
-        mode = path.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    except OSError as error:  # EACCES: a directory above it that this user may not search
-        advice = "check the file system"
-        if isinstance(error, PermissionError):
-            advice = f"check the permissions of {path.parent} and the directories above it"
-        raise ConfigError(
-            f"{option} {name}: {path} cannot be looked up ({error.strerror or error}); {advice}"
-        ) from None
-    return None if stat.S_ISDIR(mode) else stat.S_ISREG(mode)
+    found = look_up(path)
+    if found.kind == "unreachable":
+        raise ConfigError(f"{option} {name}: {path} {found.why}")
+    return None if found.kind == "directory" else found.kind == "file"

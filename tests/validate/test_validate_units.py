@@ -618,6 +618,25 @@ def test_a_profile_under_a_directory_that_cannot_be_searched_is_one_line(tmp_pat
     )
 
 
+def test_a_profile_deeper_under_a_directory_that_cannot_be_searched_names_that_directory(
+    tmp_path, monkeypatch
+):
+    """Named the directory holding the file (locked/sub), not the one that refused the lookup."""
+    locked = tmp_path / "locked"
+    (locked / "sub").mkdir(parents=True)
+    real_stat = Path.stat
+
+    def stat(self, *args, **kwargs):
+        if str(self).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    with pytest.raises(ConfigError) as error:
+        load_thresholds(str(locked / "sub" / "site.yaml"))
+    assert str(error.value).endswith(f"check the permissions of {locked} and the directories above it")
+
+
 def test_a_wrong_result_fails_naming_its_placement():
     """nccl-tests' #wrong: any wrong element fails the check. all_gather runs out of place and in
     place; each failure said 'all_gather at 1024 B', and two such lines could not say which."""
