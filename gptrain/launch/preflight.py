@@ -7,9 +7,7 @@ job waited in the queue. Both are cheap to check on the login node.
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +17,7 @@ from gptrain.errors import ConfigError, DataError, LaunchError
 from gptrain.launch.compose import closest
 from gptrain.launch.sbatch import Job
 from gptrain.utils.hostlist import expand_hostlist
+from gptrain.utils.paths import look_up
 
 if TYPE_CHECKING:
     from gptrain.config import TrainingConfig
@@ -349,14 +348,7 @@ def check_tokenizer_files(
 def _is_file(path: str, name: str) -> bool:
     """Whether `path` is a file; one under a directory this user may not search is a LaunchError
     naming `name` (Path.is_file raised PermissionError there: a traceback, even under --dry-run)."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in it, as is_file
-        return False
-    except OSError as error:
-        advice = "check the file system"
-        if isinstance(error, PermissionError):
-            advice = "check the permissions of the directories above it"
-        raise LaunchError(
-            f"{name}: {path} cannot be looked up ({error.strerror or error}); {advice}"
-        ) from None
+    found = look_up(path)
+    if found.kind == "unreachable":
+        raise LaunchError(f"{name}: {path} {found.why}")
+    return found.kind == "file"

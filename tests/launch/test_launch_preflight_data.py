@@ -103,7 +103,7 @@ def test_a_tokenizer_file_under_a_directory_that_cannot_be_searched_is_one_line(
     )
     said = (
         f"training.model.tokenizer.vocab_file: {vocab} cannot be looked up (Permission denied); check the"
-        " permissions of the directories above it"
+        f" permissions of {tmp_path / 'locked'} and the directories above it"
     )
     with pytest.raises(LaunchError) as error:
         check_training_files(cfg, prepared_by_stage=False)
