@@ -36,6 +36,7 @@ from gptrain.utils.overrides import (
     setting_override,
     split_override,
 )
+from gptrain.utils.paths import look_up
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 GROUPS = ("cluster", "data_preparation", "validation", "training")
@@ -193,7 +194,10 @@ def group_file(group: str, choice: str, root: Path = CONFIG_ROOT) -> Path:
     roots = search_roots(root)
     for base in roots:
         path = base / group / f"{choice}.yaml"
-        if path.is_file():
+        found = look_up(path)
+        if found.kind == "unreachable":
+            raise ConfigError(f"{group}={choice}: {path} {found.why}")
+        if found.kind == "file":
             return path
     choices = sorted({name for base in roots for name in group_choices(group, base)})
     where = " or ".join(str(base / group) for base in roots)
@@ -231,6 +235,26 @@ def default_choices(root_config: dict[str, Any], path: Path) -> dict[str, str]:
     return choices
 
 
+def launcher_config(root: Path, config_name: str) -> Path:
+    """<root>/<config_name>.yaml, or a ConfigError naming --config-dir and what to do: Path.is_dir
+    raised PermissionError (a traceback) where a directory on the way may not be searched."""
+    config_path = root / f"{config_name.removesuffix('.yaml')}.yaml"
+    found = look_up(root)
+    if found.kind == "unreachable":
+        raise ConfigError(f"--config-dir {root}: {found.why}")
+    if found.kind != "directory":
+        what = "no such directory" if found.kind == "missing" else "is not a directory"
+        raise ConfigError(
+            f"--config-dir {root}: {what}; give the conf directory that holds {config_path.name}"
+        )
+    found = look_up(config_path)
+    if found.kind == "unreachable":
+        raise ConfigError(f"--config-dir {root}: {config_path} {found.why}")
+    if found.kind != "file":
+        raise ConfigError(f"{config_path}: no such launcher config; give the conf directory that holds it")
+    return config_path
+
+
 def compose(
     arguments: list[str], root: Path = CONFIG_ROOT, now: float | None = None, config_name: str = "config"
 ) -> Composition:
@@ -239,14 +263,7 @@ def compose(
     `root` is gptrain's bundled configs or a user's tree (NeMo's `launcher_scripts/conf` works as is).
     """
     register_resolvers()
-    if not root.is_dir():
-        what = "is not a directory" if root.exists() else "no such directory"
-        raise ConfigError(
-            f"--config-dir {root}: {what}; give the conf directory that holds {config_name.removesuffix('.yaml')}.yaml"
-        )
-    config_path = root / f"{config_name.removesuffix('.yaml')}.yaml"
-    if not config_path.is_file():
-        raise ConfigError(f"{config_path}: no such launcher config; give the conf directory that holds it")
+    config_path = launcher_config(root, config_name)
     base = load_yaml(config_path)
     base.pop("hydra", None)
     notes = nemo_launcher.prepare_root(base, root, GROUPS, config_path)  # a NeMo launcher tree works as is

@@ -326,6 +326,41 @@ def test_a_config_dir_that_is_missing_or_a_file_says_so(tmp_path):
         compose([], tmp_path / "file", config_name="c.yaml")
 
 
+def refuse_under(monkeypatch, directory: Path) -> None:
+    """Stat fails with EACCES below `directory`, as where the user may not search it (root may
+    search any directory, so the refusal is stood in for)."""
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(directory) + os.sep):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+
+
+@pytest.mark.parametrize("locked", ["above the conf directory", "the conf directory", "a group directory"])
+def test_a_config_tree_that_may_not_be_searched_is_one_line_naming_the_directory(
+    tmp_path, monkeypatch, locked
+):
+    """Path.is_dir and is_file raised PermissionError (Python 3.11): a traceback from `gptrain launch`."""
+    conf = tmp_path / "site" / "conf"
+    (conf / "training").mkdir(parents=True)
+    (conf / "config.yaml").write_text("defaults:\n  - training: mine\n")
+    (conf / "training" / "mine.yaml").write_text("{}\n")
+    refused = {"above the conf directory": tmp_path / "site", "the conf directory": conf}
+    refused = refused.get(locked, conf / "training")
+    refuse_under(monkeypatch, refused)
+    with pytest.raises(ConfigError) as error:
+        compose([], conf)
+    said = f"check the permissions of {refused} and the directories above it"
+    assert str(error.value).endswith(said) and "\n" not in str(error.value)
+    lookup = {"above the conf directory": f"--config-dir {conf}: cannot be looked up"}
+    lookup["the conf directory"] = f"--config-dir {conf}: {conf}/config.yaml cannot be looked up"
+    lookup["a group directory"] = f"training=mine: {conf}/training/mine.yaml cannot be looked up"
+    assert str(error.value).startswith(lookup[locked])
+
+
 def test_two_launches_that_chose_one_unique_directory_do_not_share_it(tmp_path, monkeypatch):
     """unique_output checked that the directory did not exist when composing, and created it only
     when writing: two launches started together (a sweep run in the background) chose the same name
