@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gptrain.utils.paths import look_up
+from gptrain.utils.paths import directory_blocker, look_up
 
 
 def refuse_under(monkeypatch, directory: Path, code: int = errno.EACCES) -> None:
@@ -67,4 +67,18 @@ def test_another_refusal_says_to_check_the_file_system(tmp_path, monkeypatch) ->
     assert (found.kind, found.why) == (
         "unreachable",
         f"cannot be looked up ({os.strerror(errno.EIO)}); check the file system",
+    )
+
+
+def test_a_directory_under_one_that_may_not_be_searched_is_a_blocker_not_a_traceback(
+    tmp_path, monkeypatch
+) -> None:
+    """Path.exists raised PermissionError there (Python 3.11): launch's run directories, validate's
+    --output-dir and export's output were a traceback, --dry-run too."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    refuse_under(monkeypatch, locked)
+    assert directory_blocker(locked / "runs" / "r1", must_write=True) == (
+        f"{locked}/runs/r1 cannot be looked up (Permission denied); check the permissions of {locked}"
+        " and the directories above it"
     )

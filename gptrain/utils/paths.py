@@ -65,12 +65,16 @@ def unsearchable_directory(path: Path) -> Path:
 def directory_blocker(path: str | os.PathLike[str], must_write: bool = False) -> str | None:
     """Why `path` cannot be made a directory (the nearest existing ancestor is a file, read-only
     or not writable), or None. With `must_write`, an existing directory must be writable too.
-    It creates nothing, so a dry run can ask; root may still fail where it looks writable (/proc)."""
+    It creates nothing, so a dry run can ask; root may still fail where it looks writable (/proc).
+    Path.exists raised PermissionError under a directory this user may not search: a traceback."""
     target = Path(path)
-    existing = target
-    while not existing.exists() and existing != existing.parent:
+    existing, found = target, look_up(target)
+    while found.kind == "missing" and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir():
+        found = look_up(existing)
+    if found.kind == "unreachable":
+        return f"{existing} {found.why}"
+    if found.kind != "directory":
         return f"{existing} is not a directory"
     if existing == target and not must_write:
         return None
