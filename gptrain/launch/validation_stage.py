@@ -17,6 +17,7 @@ from typing import Any
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.sbatch import Job, dash_safe, rank_command
 from gptrain.utils.hostlist import read_hostlist_file
+from gptrain.utils.paths import look_up
 
 VALIDATION_DIR = "validation"
 CHECKS = ("collectives", "pairwise", "gpus", "all")
@@ -142,10 +143,14 @@ def check_time_for_dcgmi(section: dict[str, Any], level: int) -> None:
 
 def read_exclude_file(path: str | None, key: str = "validation.exclude_file") -> str | None:
     """The host list a failed validation left for later launches, or None; one that is a directory
-    or does not parse is a ConfigError naming `key` (the key or flag that gave it)."""
-    if not path or not Path(path).exists():
+    or does not parse is a ConfigError naming `key` (the key or flag that gave it), as is one under
+    a directory this user may not search (Path.exists raised PermissionError there: a traceback)."""
+    found = look_up(path) if path else None
+    if found is None or found.kind == "missing":
         return None
-    if Path(path).is_dir():
+    if found.kind == "unreachable":
+        raise ConfigError(f"{key} {path}: {found.why}")
+    if found.kind == "directory":
         raise ConfigError(
             f"{key} {path}: is a directory; give a file name (the nodes a failed"
             " validation blames go there, one Slurm host list)"
