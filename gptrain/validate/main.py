@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError, GptrainError
 from gptrain.utils.atomic import atomic_write_text
-from gptrain.utils.paths import directory_blocker
+from gptrain.utils.paths import directory_blocker, look_up
 from gptrain.validate import report
 from gptrain.validate.bandwidth import size_sweep
 from gptrain.validate.thresholds import Thresholds, load_thresholds
@@ -319,7 +319,10 @@ def check_paths_early(args: argparse.Namespace) -> None:
         )
     if args.exclude_file:
         path = Path(args.exclude_file)
-        if path.is_dir():
+        found = look_up(path)  # Path.is_dir raised PermissionError where it may not be looked up
+        if found.kind == "unreachable":
+            raise ConfigError(f"--exclude-file {path}: {found.why}")
+        if found.kind == "directory":
             raise ConfigError(f"--exclude-file {path}: is a directory; give a file name (one host list line)")
         why = directory_blocker(path.parent, must_write=True)
         if why:

@@ -652,3 +652,28 @@ def test_a_wrong_result_fails_naming_its_placement():
         "collectives: all_gather (out-of-place) at 1024 B gave 3 wrong element(s)",
         "collectives: all_gather (in-place) at 1024 B gave 256 wrong element(s)",
     ]
+
+
+def test_an_exclude_file_under_a_directory_that_cannot_be_searched_is_one_line(tmp_path, monkeypatch):
+    """Path.is_dir raised PermissionError (Python 3.11) before the sweep: a traceback, not a line."""
+    import argparse
+
+    from gptrain.validate.main import check_paths_early
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    args = argparse.Namespace(output_dir=str(tmp_path / "v"), exclude_file=str(locked / "ex"))
+    with pytest.raises(ConfigError) as error:
+        check_paths_early(args)
+    assert str(error.value) == (
+        f"--exclude-file {locked}/ex: cannot be looked up (Permission denied); check the permissions of"
+        f" {locked} and the directories above it"
+    )
