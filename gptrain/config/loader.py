@@ -35,6 +35,7 @@ from gptrain.utils.overrides import (
     setting_override,
     split_override,
 )
+from gptrain.utils.paths import look_up
 from gptrain.utils.rank import is_rank_zero
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "training"
@@ -54,9 +55,14 @@ def list_presets() -> list[str]:
 
 
 def preset_path(name: str) -> Path:
-    """The file of a preset name, or the name itself when it is a YAML file path."""
-    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
-        return Path(name)
+    """The file of a preset name, or the name itself when it is a YAML file path (one under a
+    directory this user may not search is a ConfigError: Path.is_file raised PermissionError)."""
+    if name.endswith((".yaml", ".yml")):
+        found = look_up(name)
+        if found.kind == "unreachable":
+            raise ConfigError(f"{name}: {found.why}")
+        if found.kind == "file":
+            return Path(name)
     path = PRESET_DIR / f"{name}.yaml"
     if path.is_file():
         return path

@@ -679,3 +679,27 @@ def test_a_granularity_given_beside_the_method_keeps_its_meaning(granularity, tm
     )
     assert preset.model.activations_checkpoint_granularity is None  # the preset gives it: null
     assert "granularity" not in capsys.readouterr().err
+
+
+def test_a_training_yaml_under_a_directory_that_may_not_be_searched_is_one_line(tmp_path, monkeypatch):
+    """`gptrain train locked/mine.yaml`: Path.is_file raised PermissionError (Python 3.11), a
+    traceback. Root may search any directory, so the refusal is stood in for."""
+    import errno
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    with pytest.raises(ConfigError) as error:
+        load_training_config(str(locked / "mine.yaml"))
+    assert str(error.value) == (
+        f"{locked}/mine.yaml: cannot be looked up (Permission denied); check the permissions of {locked}"
+        " and the directories above it"
+    )
