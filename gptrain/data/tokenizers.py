@@ -537,6 +537,17 @@ def canonical_type(tokenizer_type: str) -> str:
     return TYPE_ALIASES[key]
 
 
+def _is_directory(model: str) -> bool:
+    """Whether --tokenizer-model names a directory (of a GPT-2 vocab.json and merges.txt); one the
+    user may not look up is a DataError (Path.is_dir raised PermissionError there)."""
+    found = look_up(model)
+    if found.kind == "unreachable":
+        raise DataError(
+            f"tokenizer model {model} {found.why} (pass --vocab-file and --merge-file, or their directory)"
+        )
+    return found.kind == "directory"
+
+
 def build_tokenizer(
     tokenizer_type: str,
     vocab_file: str | None = None,
@@ -546,7 +557,7 @@ def build_tokenizer(
     """Build a tokenizer by its NeMo/Megatron type name (aliases: gpt2bpe, huggingface, tiktoken, llama2)."""
     kind = canonical_type(tokenizer_type)
     if kind == "gpt2":
-        if vocab_file is None and merge_file is None and model and Path(model).is_dir():
+        if vocab_file is None and merge_file is None and model and _is_directory(model):
             vocab_file, merge_file = str(Path(model) / "vocab.json"), str(Path(model) / "merges.txt")
         if not vocab_file or not merge_file:
             raise ConfigError("GPT2BPETokenizer needs --vocab-file vocab.json and --merge-file merges.txt")

@@ -335,3 +335,34 @@ def test_a_tokenizer_directory_that_may_not_be_searched_is_not_said_to_lack_the_
         f"gptrain: error: tokenizer model {locked}/tokenizer.json cannot be looked up (Permission denied);"
         f" check the permissions of {locked} and the directories above it (pass --"
     )
+
+
+def test_a_gpt2_tokenizer_directory_that_may_not_be_looked_up_is_one_line(tmp_path, capsys, monkeypatch):
+    """--tokenizer-type GPT2BPETokenizer --tokenizer-model <dir>: Path.is_dir raised PermissionError,
+    said as a bare '<dir>: Permission denied', where a directory above <dir> may not be searched."""
+    import errno
+    import os
+
+    from gptrain.cli import main
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    with IndexedDatasetWriter(str(tmp_path / "ds"), np.uint16) as writer:
+        writer.add_document(np.array([1, 2]))
+    locked = tmp_path / "locked"
+    (locked / "gpt2").mkdir(parents=True)
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    flags = ["--tokenizer-type", "GPT2BPETokenizer", "--tokenizer-model", str(locked / "gpt2")]
+    assert main(["data", "inspect", str(tmp_path / "ds"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"gptrain: error: tokenizer model {locked}/gpt2 cannot be looked up (Permission denied); check the"
+        f" permissions of {locked} and the directories above it (pass --"
+    )
+    assert err.count("\n") == 1
