@@ -152,7 +152,7 @@ def check_outputs_early(args: argparse.Namespace) -> None:
     path that cannot be written cost the trials' results (hours of Slurm jobs)."""
     from pathlib import Path
 
-    from gptrain.utils.paths import directory_blocker
+    from gptrain.utils.paths import directory_blocker, look_up
 
     outputs = [("--json", args.json)]
     if args.measure:
@@ -161,7 +161,10 @@ def check_outputs_early(args: argparse.Namespace) -> None:
         if value is None:
             continue
         path = Path(value)
-        if path.is_dir():
+        found = look_up(path)  # Path.is_dir raised PermissionError where it may not be looked up
+        if found.kind == "unreachable":
+            raise ConfigError(f"{option} {path}: {found.why}")
+        if found.kind == "directory":
             raise ConfigError(f"{option} {path}: is a directory; give a file name")
         why = directory_blocker(path.parent, must_write=True)  # missing parents are made when written
         if why:
