@@ -70,11 +70,11 @@ def test_another_refusal_says_to_check_the_file_system(tmp_path, monkeypatch) ->
     )
 
 
-def test_a_directory_under_one_that_may_not_be_searched_is_a_blocker_not_a_traceback(
+def test_a_directory_under_one_that_may_not_be_searched_is_a_blocker_not_an_error(
     tmp_path, monkeypatch
 ) -> None:
     """Path.exists raised PermissionError there (Python 3.11): launch's run directories, validate's
-    --output-dir and export's output were a traceback, --dry-run too."""
+    --output-dir and export's output were a bare '<path>: Permission denied', --dry-run too."""
     locked = tmp_path / "locked"
     locked.mkdir()
     refuse_under(monkeypatch, locked)

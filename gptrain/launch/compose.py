@@ -237,7 +237,8 @@ def default_choices(root_config: dict[str, Any], path: Path) -> dict[str, str]:
 
 def launcher_config(root: Path, config_name: str) -> Path:
     """<root>/<config_name>.yaml, or a ConfigError naming --config-dir and what to do: Path.is_dir
-    raised PermissionError (a traceback) where a directory on the way may not be searched."""
+    raised PermissionError where a directory on the way may not be searched, said as a bare
+    '<path>: Permission denied' naming no flag."""
     config_path = root / f"{config_name.removesuffix('.yaml')}.yaml"
     found = look_up(root)
     if found.kind == "unreachable":

@@ -144,7 +144,8 @@ def check_time_for_dcgmi(section: dict[str, Any], level: int) -> None:
 def read_exclude_file(path: str | None, key: str = "validation.exclude_file") -> str | None:
     """The host list a failed validation left for later launches, or None; one that is a directory
     or does not parse is a ConfigError naming `key` (the key or flag that gave it), as is one under
-    a directory this user may not search (Path.exists raised PermissionError there: a traceback)."""
+    a directory this user may not search (Path.exists raised PermissionError there, said as a bare
+    '<path>: Permission denied')."""
     found = look_up(path) if path else None
     if found is None or found.kind == "missing":
         return None

@@ -24,8 +24,8 @@ class Lookup:
 
 def look_up(path: str | os.PathLike[str]) -> Lookup:
     """Stat `path` once and say what it is. Path.is_file and exists raise PermissionError (Python
-    3.11) under a directory this user may not search, a traceback wherever a caller did not catch
-    it; each caller wording that apart said it differently. Through Path.stat, as those do."""
+    3.11) under a directory this user may not search, said as a bare '<path>: Permission denied'
+    wherever a caller did not catch it; each caller wording that apart said it differently. Through Path.stat, as those do."""
     try:
         mode = Path(path).stat().st_mode
     except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL, as is_file
@@ -66,7 +66,7 @@ def directory_blocker(path: str | os.PathLike[str], must_write: bool = False) ->
     """Why `path` cannot be made a directory (the nearest existing ancestor is a file, read-only
     or not writable), or None. With `must_write`, an existing directory must be writable too.
     It creates nothing, so a dry run can ask; root may still fail where it looks writable (/proc).
-    Path.exists raised PermissionError under a directory this user may not search: a traceback."""
+    Path.exists raised PermissionError under a directory this user may not search (a bare line)."""
     target = Path(path)
     existing, found = target, look_up(target)
     while found.kind == "missing" and existing != existing.parent:

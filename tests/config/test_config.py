@@ -682,8 +682,8 @@ def test_a_granularity_given_beside_the_method_keeps_its_meaning(granularity, tm
 
 
 def test_a_training_yaml_under_a_directory_that_may_not_be_searched_is_one_line(tmp_path, monkeypatch):
-    """`gptrain train locked/mine.yaml`: Path.is_file raised PermissionError (Python 3.11), a
-    traceback. Root may search any directory, so the refusal is stood in for."""
+    """`gptrain train locked/mine.yaml`: Path.is_file raised PermissionError (Python 3.11), said
+    as a bare '<path>: Permission denied'. Root may search any directory, so the refusal is stood in for."""
     import errno
     import os
 

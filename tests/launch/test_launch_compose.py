@@ -343,7 +343,7 @@ def refuse_under(monkeypatch, directory: Path) -> None:
 def test_a_config_tree_that_may_not_be_searched_is_one_line_naming_the_directory(
     tmp_path, monkeypatch, locked
 ):
-    """Path.is_dir and is_file raised PermissionError (Python 3.11): a traceback from `gptrain launch`."""
+    """Path.is_dir and is_file raised PermissionError (Python 3.11): a bare '<path>: Permission denied'."""
     conf = tmp_path / "site" / "conf"
     (conf / "training").mkdir(parents=True)
     (conf / "config.yaml").write_text("defaults:\n  - training: mine\n")

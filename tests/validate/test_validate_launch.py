@@ -197,8 +197,8 @@ def test_an_exclude_file_that_does_not_parse_is_named(make, message, tmp_path, c
 def test_an_exclude_file_under_a_directory_that_may_not_be_searched_is_one_line(
     tmp_path, capsys, monkeypatch
 ):
-    """Path.exists raised PermissionError (Python 3.11): a traceback from `gptrain launch`, --dry-run
-    too. Root may search any directory, so the refusal is stood in for."""
+    """Path.exists raised PermissionError (Python 3.11): a bare '<path>: Permission denied' from
+    `gptrain launch`, no key named. Root may search any directory, so the refusal is stood in for."""
     import errno
     import os
 

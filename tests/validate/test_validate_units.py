@@ -655,7 +655,7 @@ def test_a_wrong_result_fails_naming_its_placement():
 
 
 def test_an_exclude_file_under_a_directory_that_cannot_be_searched_is_one_line(tmp_path, monkeypatch):
-    """Path.is_dir raised PermissionError (Python 3.11) before the sweep: a traceback, not a line."""
+    """Path.is_dir raised PermissionError (Python 3.11) before the sweep: a bare '<path>: Permission denied'."""
     import argparse
 
     from gptrain.validate.main import check_paths_early
