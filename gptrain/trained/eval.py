@@ -81,9 +81,12 @@ def run_eval(args: argparse.Namespace) -> int:
 def check_json_path(path: str) -> None:
     """--json names a file that can be written: one under a file or in a read-only directory
     failed only after the whole evaluation."""
-    from gptrain.utils.paths import directory_blocker
+    from gptrain.utils.paths import directory_blocker, look_up
 
-    if Path(path).is_dir():
+    found = look_up(path)  # Path.is_dir raised PermissionError where it may not be looked up
+    if found.kind == "unreachable":
+        raise ConfigError(f"--json {path}: {found.why}")
+    if found.kind == "directory":
         raise ConfigError(f"--json {path}: is a directory; give a file name")
     blocker = directory_blocker(Path(path).parent, must_write=True)
     if blocker is not None:
