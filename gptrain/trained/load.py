@@ -43,6 +43,7 @@ from gptrain.checkpoint.integrity import (
 )
 from gptrain.checkpoint.reader import check_fits, root_cause
 from gptrain.errors import DataError
+from gptrain.utils.paths import look_up
 from gptrain.utils.rank import is_rank_zero
 
 HPARAMS = "hparams.yaml"
@@ -78,7 +79,10 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
     of the checkpoint; an older one is taken, saying so on stderr, when the newest is damaged). A
     one-line error when the step directory given, or every one, is damaged."""
     path = Path(path)
-    if not path.exists():
+    found = look_up(path)  # Path.exists raised PermissionError where it may not be looked up
+    if found.kind == "unreachable":
+        raise DataError(f"{path}: {found.why}")
+    if found.kind == "missing":
         raise DataError(f"{path}: no such checkpoint or run directory")
     if is_step_dir(path):
         if not is_complete(path):

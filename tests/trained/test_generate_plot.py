@@ -579,6 +579,33 @@ def test_generate_uses_newest_complete_checkpoint(tmp_path: Path) -> None:
         resolve_checkpoint(tmp_path / "missing")
 
 
+def test_a_checkpoint_under_a_directory_that_may_not_be_searched_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """eval, generate, export: Path.exists raised PermissionError (Python 3.11), a bare
+    '<path>: Permission denied'. Root may search any directory, so the refusal is stood in for."""
+    import errno
+
+    from gptrain.trained.load import resolve_checkpoint
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    with pytest.raises(DataError) as error:
+        resolve_checkpoint(locked / "run")
+    assert str(error.value) == (
+        f"{locked}/run: cannot be looked up (Permission denied); check the permissions of {locked} and the"
+        " directories above it"
+    )
+
+
 def test_parser_reads_what_the_training_loop_prints() -> None:
     from gptrain.train.logline import (
         IterationLog,
