@@ -190,7 +190,12 @@ def build_run_tokenizer(cfg: Any, hparams: Path) -> Any | None:
     tok = cfg.model.tokenizer
     for key in tokenizer_file_keys(cfg):
         value = getattr(tok, key)
-        if value and not Path(value).exists():
+        if not value:
+            continue
+        found = look_up(value)  # Path.exists raised PermissionError where it may not be looked up
+        if found.kind == "unreachable":
+            raise DataError(f"{hparams}: model.tokenizer.{key}={value} {found.why}")
+        if found.kind == "missing":
             raise DataError(
                 f"{hparams}: model.tokenizer.{key}={value} not found; "
                 "run from the directory the training ran in, or restore the file"

@@ -606,6 +606,39 @@ def test_a_checkpoint_under_a_directory_that_may_not_be_searched_is_one_line(
     )
 
 
+def test_a_run_tokenizer_file_under_a_directory_that_may_not_be_searched_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizer file hparams.yaml names: Path.exists raised PermissionError (Python 3.11), a
+    bare '<path>: Permission denied' naming neither hparams.yaml nor the key."""
+    import errno
+
+    from gptrain.config import load_training_config
+    from gptrain.trained.load import build_run_tokenizer
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    cfg = load_training_config(
+        "gpt3/126m",
+        ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={locked}/tokenizer.json"],
+        report_ignored=False,
+    )
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    with pytest.raises(DataError) as error:
+        build_run_tokenizer(cfg, tmp_path / "run" / "hparams.yaml")
+    assert str(error.value) == (
+        f"{tmp_path}/run/hparams.yaml: model.tokenizer.model={locked}/tokenizer.json cannot be looked up"
+        f" (Permission denied); check the permissions of {locked} and the directories above it"
+    )
+
+
 def test_parser_reads_what_the_training_loop_prints() -> None:
     from gptrain.train.logline import (
         IterationLog,
