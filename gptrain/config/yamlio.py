@@ -22,6 +22,7 @@ import yaml
 
 from gptrain.errors import ConfigError, printable
 from gptrain.utils.overrides import QUOTED, OverrideForm
+from gptrain.utils.paths import look_up
 
 _INT = re.compile(
     r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$""", re.X
@@ -176,6 +177,8 @@ def read_config_text(path: str | Path) -> str:
             " save the file as UTF-8"
         ) from None
     except OSError as error:
+        if (found := look_up(path)).kind == "unreachable":  # not the file's own permissions: a directory's
+            raise ConfigError(f"{path}: {found.why}") from None
         raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
 
 

@@ -703,3 +703,39 @@ def test_a_training_yaml_under_a_directory_that_may_not_be_searched_is_one_line(
         f"{locked}/mine.yaml: cannot be looked up (Permission denied); check the permissions of {locked}"
         " and the directories above it"
     )
+
+
+def test_a_config_file_under_a_directory_that_may_not_be_searched_names_that_directory(tmp_path, monkeypatch):
+    """Was 'cannot read config <file>: Permission denied', as if the file's own permissions were
+    wrong. Root may search any directory, so the refusal is stood in for (open and stat alike)."""
+    import errno
+    import os
+    from pathlib import Path
+
+    from gptrain.config.yamlio import read_config_text
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_stat, real_open = os.stat, Path.open
+
+    def refused(path) -> bool:
+        return os.fspath(path).startswith(str(locked) + os.sep)
+
+    def stat(path, *args, **kwargs):
+        if refused(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    def open_(self, *args, **kwargs):
+        if refused(self):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(Path, "open", open_)
+    with pytest.raises(ConfigError) as error:
+        read_config_text(locked / "mine.yaml")
+    assert str(error.value) == (
+        f"{locked}/mine.yaml: cannot be looked up (Permission denied); check the permissions of {locked}"
+        " and the directories above it"
+    )
