@@ -10,21 +10,32 @@ from typing import Any
 from gptrain.errors import LaunchError
 from gptrain.launch.compose import STAGES, closest
 from gptrain.launch.records import LAUNCHER_LOG, read_records
+from gptrain.utils.paths import look_up
 
 
 def run_dirs(base: Path) -> list[Path]:
     """Every directory under `base` holding a launcher.log (unique_output runs are nested)."""
-    if not base.is_dir():
+    if _kind(base) != "directory":
         return []
     return sorted(p.parent for p in base.glob(f"**/{LAUNCHER_LOG}"))
+
+
+def _kind(path: Path) -> str:
+    """What `path` (given to status, logs or cancel, or under one given) is; one the file system
+    refuses to look up is a LaunchError naming the directory to check (Path.is_dir raised
+    PermissionError there, said as a bare '<path>: Permission denied')."""
+    found = look_up(path)
+    if found.kind == "unreachable":
+        raise LaunchError(f"{path}: {found.why}")
+    return found.kind
 
 
 def find_run(run: str, base: Path) -> Path:
     """A run given as a directory or a run name under `base` (newest timestamped dir if nested)."""
     for candidate in (Path(run), base / run):
-        if (candidate / LAUNCHER_LOG).is_file():
+        if _kind(candidate / LAUNCHER_LOG) == "file":
             return candidate
-        nested = run_dirs(candidate) if candidate.is_dir() else []
+        nested = run_dirs(candidate)
         if nested:
             return max(nested, key=lambda p: (p / LAUNCHER_LOG).stat().st_mtime)
     given = Path(run)
