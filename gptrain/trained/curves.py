@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gptrain.errors import DataError
 from gptrain.utils.atomic import atomic_write_bytes
+from gptrain.utils.paths import look_up
 
 LOSS = "lm loss"
 LEARNING_RATE = "learning rate"
@@ -204,7 +205,10 @@ def _tensorboard_series(accumulator) -> dict[tuple[str, bool], dict[int, float]]
 def read_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
     """Metrics of a run: its text logs, else its TensorBoard events."""
     root = Path(run_dir)
-    if not root.is_dir():
+    found = look_up(root)  # Path.is_dir raised PermissionError where it may not be looked up
+    if found.kind == "unreachable":
+        raise DataError(f"{root}: {found.why}")
+    if found.kind != "directory":
         raise DataError(f"{root}: not a directory; pass a run's results directory")
     metrics = read_logs(root)
     if metrics.empty():

@@ -639,6 +639,31 @@ def test_a_run_tokenizer_file_under_a_directory_that_may_not_be_searched_is_one_
     )
 
 
+def test_a_run_to_plot_under_a_directory_that_may_not_be_searched_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gptrain plot`: Path.is_dir raised PermissionError (Python 3.11), a bare '<path>: Permission
+    denied'. Root may search any directory, so the refusal is stood in for."""
+    import errno
+
+    locked = tmp_path / "locked"
+    (locked / "run").mkdir(parents=True)
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    with pytest.raises(DataError) as error:
+        read_run_metrics(locked / "run")
+    assert str(error.value) == (
+        f"{locked}/run: cannot be looked up (Permission denied); check the permissions of {locked} and the"
+        " directories above it"
+    )
+
+
 def test_parser_reads_what_the_training_loop_prints() -> None:
     from gptrain.train.logline import (
         IterationLog,
