@@ -21,6 +21,7 @@ from gptrain.checkpoint.integrity import (
     verify,
 )
 from gptrain.errors import ConfigError, os_error_text
+from gptrain.utils.paths import look_up
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,8 +69,8 @@ REWIND_TAKES = "a run directory or its checkpoints/ (the checkpoint to go back t
 def checkpoint_root(run: Path, takes: str = VERIFY_TAKES) -> Path:
     """RUN/checkpoints, RUN/results/checkpoints or RUN itself, whichever holds step directories.
     `takes`: what the command takes, said when `run` is no directory."""
-    if not run.is_dir():
-        what = "no such directory" if not run.exists() else "not a directory"
+    if (kind := _kind(run)) != "directory":
+        what = "no such directory" if kind == "missing" else "not a directory"
         raise ConfigError(f"{run}: {what}; pass {takes}")
     for candidate in (run / "checkpoints", run / "results" / "checkpoints", run):
         if candidate.is_dir() and any(STEP_DIR.match(p.name) for p in candidate.iterdir()):
@@ -77,10 +78,19 @@ def checkpoint_root(run: Path, takes: str = VERIFY_TAKES) -> Path:
     raise ConfigError(f"{run}: no step_<N> checkpoint directories found here or in checkpoints/")
 
 
+def _kind(run: Path) -> str:
+    """What the RUN given is; one the file system refuses to look up is a ConfigError naming the
+    directory to check (Path.is_dir raised PermissionError there: a bare '<path>: Permission denied')."""
+    found = look_up(run)
+    if found.kind == "unreachable":
+        raise ConfigError(f"{run}: {found.why}")
+    return found.kind
+
+
 def steps_to_verify(run: Path) -> tuple[Path, list[Path]]:
     """(the checkpoints directory, its step directories newest first); a step directory alone when
     `run` is one (generate, eval and export take one too)."""
-    if STEP_DIR.match(run.name) and run.is_dir():
+    if STEP_DIR.match(run.name) and _kind(run) == "directory":
         return run.parent, [run]
     root = checkpoint_root(run)
     steps = sorted(
@@ -170,7 +180,7 @@ def rewind_root(run: Path) -> Path:
     """The checkpoints directory a rewind works in. A step directory given for RUN (what verify takes)
     was searched for step directories inside it and refused as holding none: it is named as one
     checkpoint, with the command that goes back to it."""
-    if STEP_DIR.match(run.name) and run.is_dir():
+    if STEP_DIR.match(run.name) and _kind(run) == "directory":
         command = shlex.join(["gptrain", "checkpoint", "rewind", str(run.parent), "--to", run.name])
         raise ConfigError(f"{run}: one checkpoint, where rewind takes its run; to go back to it, `{command}`")
     return checkpoint_root(run, REWIND_TAKES)

@@ -364,6 +364,35 @@ def test_checkpoint_verify_names_a_missing_directory(tmp_path, capsys):
     assert "nothere: no such directory; pass a run directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["verify", "rewind"])
+def test_checkpoint_commands_under_a_directory_that_may_not_be_searched_are_one_line(
+    tmp_path, capsys, monkeypatch, command
+):
+    """Path.is_dir raised PermissionError (Python 3.11): a bare '<path>: Permission denied'. Root may
+    search any directory, so the refusal is stood in for."""
+    import errno
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    argv = ["checkpoint", command, str(locked / "run" / "step_2")] + (
+        ["--to", "1"] if command == "rewind" else []
+    )
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"gptrain: error: {locked}/run/step_2: cannot be looked up (Permission denied); check the"
+        f" permissions of {locked} and the directories above it\n"
+    )
+
+
 def test_resume_checks_the_crc_of_this_ranks_share(tmp_path):
     """A changed byte of the same size is found before loading: the fallback takes the older one."""
     from gptrain.checkpoint.integrity import verify_share
