@@ -16,6 +16,7 @@ from pathlib import Path
 from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_steps, is_complete, manifest_bytes
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import STALE_TEMPORARY_S, remove_stale_temporaries
+from gptrain.utils.paths import look_up
 
 LATEST = "latest"
 DAMAGED = "damaged"
@@ -56,8 +57,11 @@ def find_checkpoint(path: str | Path) -> Path:
     path when there is nothing complete to load there."""
     given = Path(path)
     own_only = "gptrain reads its own checkpoints, not Megatron's iter_<N>/ or NeMo's .ckpt/.nemo files"
-    if not given.is_dir():
-        what = "is a file" if given.exists() else "does not exist"
+    found = look_up(given)  # Path.is_dir raised PermissionError where it may not be looked up
+    if found.kind == "unreachable":
+        raise CheckpointLoadError(f"{path}: {found.why}")
+    if found.kind != "directory":
+        what = "does not exist" if found.kind == "missing" else "is a file"
         raise CheckpointLoadError(
             f"{path}: {what}; give a run directory, its checkpoints/ or a step_<N>/ ({own_only})"
         )

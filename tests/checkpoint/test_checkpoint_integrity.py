@@ -533,6 +533,34 @@ def test_resume_from_checkpoint_takes_a_run_directory(tmp_path):
     assert find_checkpoint(tmp_path) == tmp_path / "results" / "checkpoints" / "step_2"
 
 
+def test_resume_from_a_checkpoint_under_a_directory_that_may_not_be_searched_is_one_line(
+    tmp_path, monkeypatch
+):
+    """exp_manager.resume_from_checkpoint there: Path.is_dir raised PermissionError (Python 3.11), a
+    bare '<path>: Permission denied' naming nothing to check."""
+    import errno
+    import os
+
+    from gptrain.checkpoint.directory import find_checkpoint
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if os.fspath(path).startswith(str(locked) + os.sep):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    with pytest.raises(CheckpointLoadError) as error:
+        find_checkpoint(locked / "run")
+    assert str(error.value) == (
+        f"{locked}/run: cannot be looked up (Permission denied); check the permissions of {locked} and the"
+        " directories above it"
+    )
+
+
 def test_resume_past_a_damaged_checkpoint_on_a_full_disk_still_resumes(tmp_path, monkeypatch):
     """Rank 0 rewrote `latest` after moving a damaged checkpoint aside without the guard its other
     write of `latest` has: on a full disk (ENOSPC) the resume died with an OSError on rank 0 alone,
