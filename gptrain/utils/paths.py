@@ -23,9 +23,10 @@ class Lookup:
 
 
 def look_up(path: str | os.PathLike[str]) -> Lookup:
-    """Stat `path` once and say what it is. Path.is_file and exists raise PermissionError (Python
-    3.11) under a directory this user may not search, said as a bare '<path>: Permission denied'
-    wherever a caller did not catch it; each caller wording that apart said it differently. Through Path.stat, as those do."""
+    """Stat `path` once (through Path.stat, as Path.is_file does) and say what it is. Path.is_file
+    and exists raise PermissionError (Python 3.11) under a directory this user may not search: a
+    bare '<path>: Permission denied' wherever a caller did not catch it, and each that did worded
+    it apart."""
     try:
         mode = Path(path).stat().st_mode
     except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL, as is_file
