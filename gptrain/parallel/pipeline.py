@@ -159,7 +159,8 @@ def _schedule(
     if len(stages) == 1 and num_microbatches < stages[0].num_stages:
         # torch's 1F1B refuses fewer micro-batches than stages, which Megatron's runs: its first
         # stages then run every forward before a backward anyway, and no rank holds more than
-        # num_stages - 1 micro-batches, fewer than the first stage's 1F1B peak.
+        # num_stages - 1 micro-batches' blocks, fewer than the first stage's 1F1B peak; the last
+        # stage also holds their losses (gptrain.plan.memory counts them).
         return ScheduleGPipe(stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)
     if len(stages) == 1:
         return Schedule1F1B(stages[0], num_microbatches, loss_fn=loss_fn, scale_grads=False)

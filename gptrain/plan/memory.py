@@ -8,6 +8,7 @@ the estimate of a layout is that of its fullest pipeline rank.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from gptrain.models.config import GPTConfig
@@ -255,6 +256,37 @@ def logits_bytes_per_token(
     return 12.0 * v
 
 
+def runs_gpipe(layout: Layout, microbatches: int) -> bool:
+    """A plain pipeline over fewer micro batches than stages runs torch's ScheduleGPipe
+    (gptrain.parallel.pipeline): every forward, and on the last rank every loss, before a backward."""
+    return layout.pp > 1 and layout.vpp == 1 and microbatches < layout.pp
+
+
+def loss_saved_bytes_per_token(
+    layout: Layout, config: GPTConfig, work: Workload | None = None, scope: str = EAGER
+) -> float:
+    """What a pipeline's last rank keeps per token of a micro batch whose loss waits for its
+    backward: the eager loss's fp32 log-softmax output and the stage's output (the logits, kept by
+    torch's PipelineStage until that backward). A pipeline's loss runs eager; a compiled loss is
+    counted at its whole peak, an upper bound."""
+    if scope in (WHOLE, BLOCKS_AND_LOSS):
+        return logits_bytes_per_token(layout, config, work, scope)
+    act = _dtypes(work).act if work is not None else 2
+    return (4.0 + act) * config.vocab_size / layout.tp
+
+
+def waiting_losses(work: Workload, layout: Layout, scope: str) -> float:
+    """On the last rank of a GPipe step, the losses of the other m - 1 micro batches, which wait
+    for their backward while the first one runs its own (and rebuilds its checkpointed blocks)."""
+    m = layout.microbatches(work.global_batch_size)
+    if not runs_gpipe(layout, m):
+        return 0.0
+    c = work.padded(layout.tp)
+    return (
+        (m - 1) * loss_saved_bytes_per_token(layout, c, work, scope) * layout.micro_batch_size * c.seq_length
+    )
+
+
 def in_flight(layout: Layout, microbatches: int, rank: int) -> float:
     """Micro batches whose activations pipeline rank `rank` holds at its peak, in units of
     (layers per rank): 1F1B keeps pp - rank (GPipe, over m < pp micro batches, all m); interleaved
@@ -264,8 +296,8 @@ def in_flight(layout: Layout, microbatches: int, rank: int) -> float:
     pp, v = layout.pp, layout.vpp
     if pp == 1:
         return 1.0
-    if v == 1:  # fewer micro batches than stages: GPipe (gptrain.parallel.pipeline), all of them
-        return float(microbatches if microbatches < pp else pp - rank)
+    if v == 1:
+        return float(microbatches if runs_gpipe(layout, microbatches) else pp - rank)
     per_round = microbatches // interleaved_rounds(microbatches, pp)
     chunks = min((v - 1) * per_round + 2 * (pp - 1 - rank) + 1, microbatches * v)
     return chunks / v
@@ -296,8 +328,9 @@ def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | Non
     parts = {"blocks": flight * (checkpointed * block_input + (layers - checkpointed) * per_layer)}
     if rank == 0:
         parts["embedding"] = min(layout.pp, m) * embedding_bytes_per_token(work, layout, c, scope) * tokens
-    if rank == layout.pp - 1:
-        parts["head"] = head_bytes_per_token(work, layout, c, scope) * tokens
+    if rank == layout.pp - 1:  # GPipe: every micro batch's head waits for its backward
+        heads = m if runs_gpipe(layout, m) else 1
+        parts["head"] = heads * head_bytes_per_token(work, layout, c, scope) * tokens
     if layout.pp > 1 and rank != layout.pp - 1:  # stage outputs kept until their gradient returns
         parts["stage_outputs"] = flight * 4 * c.hidden_size / seq_shard * tokens
     return parts
@@ -307,8 +340,8 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     """Activations live while the backward rebuilds the first checkpointed block of a micro batch
     (full recompute; 0 without a checkpointed block).
 
-    By then the head's saved tensors and the loss are freed, and so are the saved tensors of the
-    chunk's blocks after the checkpointed ones (method block). The rebuilt block keeps what an
+    By then the micro batch's head saved tensors and loss are freed (GPipe's others wait), and so
+    are the saved tensors of the chunk's blocks after the checkpointed ones (method block). The rebuilt block keeps what an
     uncheckpointed one keeps, less its input (the stored one), while its backward holds the
     incoming fp32 residual gradient and the gradient of the down projection's input."""
     c = work.padded(layout.tp)
@@ -324,7 +357,10 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     block_input = 4 * c.hidden_size / seq_shard * tokens
     freed = (layers // layout.vpp - wrapped) * per_layer
     gradients = block_input + _dtypes(work).act * c.ffn_size / layout.tp * tokens
-    stored = sum(parts.values()) - parts.get("head", 0.0) - freed
+    head_of_one = head_bytes_per_token(work, layout, c, scope) * tokens if "head" in parts else 0.0
+    stored = sum(parts.values()) - head_of_one - freed
+    if rank == layout.pp - 1:
+        stored += waiting_losses(work, layout, scope)
     return stored + per_layer - block_input + gradients
 
 
@@ -360,10 +396,28 @@ def _matmul_weights(work: Workload, config: GPTConfig, layout: Layout, rank: int
 
 
 def estimate_memory(work: Workload, layout: Layout, scope: str | None = None) -> MemoryEstimate:
-    """The fullest pipeline rank's peak (the largest total over ranks). `scope` overrides the
-    compile scope the layout implies (bench/plan_memory_gpu.py compares them)."""
-    ranks = (estimate_rank(work, layout, r, scope) for r in range(layout.pp))
+    """The fullest pipeline rank's peak (the largest total over ranks and over the global batches a
+    step trains: a ramp's first ones may run GPipe). `scope` overrides the compile scope the layout
+    implies (bench/plan_memory_gpu.py compares them)."""
+    steps = [dataclasses.replace(work, global_batch_size=batch) for batch in step_batches(work, layout)]
+    ranks = (estimate_rank(step, layout, r, scope) for step in steps for r in range(layout.pp))
     return max(ranks, key=lambda e: e.total)
+
+
+def step_batches(work: Workload, layout: Layout) -> list[int]:
+    """The global batches whose steps hold different memory under `layout`: the full one and,
+    under a pipeline, those of a batch ramp (model.rampup_batch_size) with other in-flight
+    counts: each with fewer micro batches than stages (GPipe), any under an interleaved one."""
+    batches = [work.global_batch_size]
+    if layout.pp == 1:
+        return batches  # fewer micro batches only end gradient accumulation: less memory
+    seen = {layout.microbatches(work.global_batch_size)}
+    for batch in work.ramp_batches:
+        m = layout.microbatches(batch)
+        if m >= 1 and m not in seen and (layout.vpp > 1 or runs_gpipe(layout, m)):
+            seen.add(m)
+            batches.append(batch)
+    return batches
 
 
 def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None = None) -> MemoryEstimate:
@@ -372,9 +426,11 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
     shard = layout.dp_shard if layout.sharding != "ddp" and layout.dp > 1 else 1
     scope = scope or compile_scope(work, layout)
     acts = activation_bytes(work, layout, rank, scope)
-    logits = logits_bytes_per_token(layout, c, work, scope) * layout.micro_batch_size * c.seq_length
+    tokens = layout.micro_batch_size * c.seq_length
+    logits = logits_bytes_per_token(layout, c, work, scope) * tokens
     if scope == WHOLE:  # the output layer's 16-bit weight gradient, made while that buffer lives
         logits += _dtypes(work).act * c.vocab_size / layout.tp * c.hidden_size
+    logits += waiting_losses(work, layout, scope)
     transient = _transient(work, layout, c, rank, params)
     rebuild = rebuild_bytes(work, layout, rank, scope)
     if rebuild:

@@ -34,6 +34,8 @@ class Workload:
     global_batch_size: int
     precision: str
     """trainer.precision as configured (bf16, 16, 32, ...)."""
+    ramp_batches: tuple[int, ...] = ()
+    """The smaller global batches a model.rampup_batch_size ramp trains before global_batch_size."""
     compile: bool = False
     flash_attention: bool = True
     """SDPA's flash/memory-efficient kernels (no s x s scores kept); false on CPU with dropout."""
@@ -150,10 +152,19 @@ def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
         make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
         global_batch_size=m.global_batch_size,
         precision=str(cfg.trainer.precision),
+        ramp_batches=ramp_batches(m.rampup_batch_size, m.global_batch_size),
         compile=bool(m.compile),
         fp8=bool(m.fp8),
         fp8_fsdp_gather=bool(m.fp8) and m.fp8_recipe == "tensorwise" and bool(m.fp8_fsdp_all_gather),
     )
+
+
+def ramp_batches(ramp: Any, global_batch_size: int) -> tuple[int, ...]:
+    """The batches of model.rampup_batch_size [start, increment, samples] below the full one
+    (gptrain.train.rampup checks the key when the layout is)."""
+    if not ramp or len(ramp) != 3 or ramp[1] <= 0:
+        return ()
+    return tuple(range(ramp[0], global_batch_size, ramp[1]))
 
 
 def layout_from_config(

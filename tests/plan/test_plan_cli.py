@@ -66,6 +66,15 @@ def test_plan_model_config_is_the_one_train_builds() -> None:
     assert (config.num_layers, config.hidden_size, config.seq_length) == (12, 768, 2048)
 
 
+def test_plan_workload_carries_the_batch_ramp() -> None:
+    """The memory estimate takes a ramp's smaller batches (gptrain.plan.memory.step_batches)."""
+    cfg = load_training_config(
+        "gpt3/126m", ["model.global_batch_size=64", "model.rampup_batch_size=[16,16,100]"]
+    )
+    assert workload_from_config(cfg).ramp_batches == (16, 32, 48)
+    assert workload_from_config(load_training_config("gpt3/126m", [])).ramp_batches == ()
+
+
 def test_ranking_hand_checkable() -> None:
     """Two GPUs, a model whose replica does not fit one: only TP2 or PP2 remain; fast links make
     TP2 win (PP2 pays a bubble of (pp - 1) / microbatches), slow links make PP2 win."""

@@ -503,3 +503,82 @@ def test_a_pipeline_over_fewer_micro_batches_than_stages_holds_them_all_on_every
 
     assert [in_flight(Layout(pp=4), 2, rank) for rank in range(4)] == [2.0] * 4
     assert [in_flight(Layout(pp=4), 8, rank) for rank in range(4)] == [4.0, 3.0, 2.0, 1.0]
+
+
+def waiting_last_stage_bytes(work: Workload, microbatches: int, precision_dtype) -> int:
+    """What the last stage keeps for `microbatches` micro batches whose backward has not started,
+    measured: the storages the final norm, the output layer and the loss save (saved-tensor hooks)
+    and the logits each micro batch's stage output holds (torch's PipelineStage keeps it until
+    that backward); the fp32 stage input (the last block's output) is saved by the norm."""
+    from gptrain.train.step import lm_loss_sum
+
+    model = build(work).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    weight = tuple(model.output.weight.shape)
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        weight_copy = tuple(t.shape) in (weight, weight[::-1])  # autocast's 16-bit output weight
+        if storage.data_ptr() not in params and t.dtype != torch.int64 and t.dim() > 0 and not weight_copy:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    graphs = []
+    for _ in range(microbatches):
+        hidden = torch.randn(2, 32, work.model.hidden_size, requires_grad=True)
+        labels = torch.randint(0, work.vocab_size, (2, 32))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=precision_dtype, enabled=precision_dtype is not None):
+                logits = model.output(model.norm(hidden))
+            loss = lm_loss_sum(logits, labels, torch.ones(2, 32))
+        graphs.append((logits, loss))
+        kept[logits.untyped_storage().data_ptr()] = logits.untyped_storage().nbytes()
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16"])
+def test_gpipe_counts_every_micro_batchs_head_and_loss_on_the_last_rank(precision: str) -> None:
+    """Torch's ScheduleGPipe (PP4 over m = 2 or 3 micro batches) runs every micro batch's loss before
+    the first backward, so the last rank holds m heads and losses; the estimate counted one. Each
+    micro batch beyond the first adds what the measured head and loss of one keep."""
+    dtype = torch.bfloat16 if precision == "bf16" else None
+    per_microbatch = waiting_last_stage_bytes(
+        workload(precision, num_layers=4), 2, dtype
+    ) - waiting_last_stage_bytes(workload(precision, num_layers=4), 1, dtype)
+    assert per_microbatch > 0
+
+    def last_rank(m: int) -> float:
+        work = dataclasses.replace(workload(precision, num_layers=4), global_batch_size=2 * m)
+        est = estimate_rank(work, Layout(pp=4, micro_batch_size=2), 3)
+        return est.parts["head"] + est.logits
+
+    for m in (2, 3):
+        assert last_rank(m) - last_rank(1) == (m - 1) * per_microbatch, m
+    assert last_rank(4) == last_rank(1)  # 1F1B: one at a time
+    # full recompute: the others' heads and losses still wait while the first rebuilds its blocks
+    layout = Layout(pp=4, micro_batch_size=2, recompute="full")
+    one, three = (
+        estimate_rank(
+            dataclasses.replace(workload(precision, num_layers=4), global_batch_size=2 * m), layout, 3
+        )
+        for m in (1, 3)
+    )
+    assert three.rebuild - one.rebuild == three.activations + three.logits - one.activations - one.logits
+
+
+def test_a_batch_ramp_through_gpipe_steps_is_estimated_at_its_fullest_step() -> None:
+    """A ramp from 1 micro batch to 8 under PP4 runs GPipe over 1, 2 and 3 (the last rank holds all
+    their losses); the estimate was that of the full batch's 1F1B steps alone."""
+    from gptrain.plan.memory import estimate_memory
+
+    base = workload(vocab_size=4096, num_layers=4)
+    full = dataclasses.replace(base, global_batch_size=8)
+    ramped = dataclasses.replace(full, ramp_batches=(1, 2, 3, 4, 5, 6, 7))
+    layout = Layout(pp=4, micro_batch_size=1, dp=1)
+    each = {
+        b: estimate_memory(dataclasses.replace(base, global_batch_size=b), layout).total for b in range(1, 9)
+    }
+    assert max(each.values()) == each[3] > each[8]  # 3 losses of 4096 logits outweigh rank 0's 4 blocks
+    assert estimate_memory(ramped, layout).total == each[3]
+    assert estimate_memory(full, layout).total == each[8]
