@@ -419,11 +419,13 @@ def test_interleaved_pipeline_with_microbatches_that_pp_does_not_divide(tmp_path
 
 
 def test_pipeline_over_fewer_microbatches_than_stages(tmp_path: Path) -> None:
-    """PP2 over one micro-batch a step, as Megatron's 1F1B runs it (torch's 1F1B refuses it, so
-    GPipe runs): refused before; it trains as one process does."""
-    steps, batch = 4, {"mbs": 4, "gbs": 4}
-    (result,) = run_layouts([{"steps": steps, **batch, "model": PP2}], 2, tmp_path)
-    check_layout_result(result, run_in_process({"steps": steps, **batch}), "pp2_1_microbatch")
+    """PP4 over two micro-batches a step, as Megatron's 1F1B runs it (torch's 1F1B refuses it, so
+    GPipe runs): refused before; it trains as one process does. Two micro-batches, not one, so that
+    a gradient divided by their count (the schedule's scale_grads) moves the grad norm 2x."""
+    steps, batch = 3, {"mbs": 1, "gbs": 2}
+    spec = {"steps": steps, **batch, "model": {"pipeline_model_parallel_size": 4}}
+    (result,) = run_layouts([spec], 4, tmp_path)
+    check_layout_result(result, run_in_process({"steps": steps, **batch}), "pp4_2_microbatches")
 
 
 @pytest.mark.parametrize("name", list(FP8_RUNS))
