@@ -11,6 +11,7 @@ held to the end of the step it lands in (StopRequest.holding_interrupts).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -21,9 +22,7 @@ from types import FrameType
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-INTERRUPT_HELD = (
-    "gptrain: Ctrl-C: ending the run after this step, nothing saved; Ctrl-C again to end it now\n"
-)
+INTERRUPT_HELD = "gptrain: Ctrl-C: ending the run after this step; Ctrl-C again to end it now\n"
 # Stop signals that came before the run's StopRequest was installed (see early_stops).
 _early: list[str] = []
 # The handlers early_stops replaced: what a StopRequest that found _remember installed gives back.
@@ -129,7 +128,8 @@ class StopRequest:
             # said at once (a validation or a save may come before the step's end): a silent first
             # Ctrl-C reads as ignored. os.write, not print: the main thread may be inside a write
             # to stderr, and a buffered write re-entered from a handler raises.
-            os.write(2, INTERRUPT_HELD.encode())
+            with contextlib.suppress(OSError):  # a notice only: stderr may be a pipe whose tee died
+                os.write(2, INTERRUPT_HELD.encode())  # of the same Ctrl-C; raising here is mid-step
 
         signal.signal(signal.SIGINT, hold)
         try:

@@ -271,6 +271,25 @@ def test_a_ctrl_c_while_tensorboard_takes_an_event_ends_the_run_at_the_end_of_it
     assert " iteration        2/" not in log and complete_steps(tmp_path / "checkpoints") == []
 
 
+def test_a_held_ctrl_c_whose_notice_cannot_be_written_is_still_held():
+    """`gptrain train ... 2>&1 | tee log` and Ctrl-C: the terminal's SIGINT ends tee at once, and the
+    handler's notice met a pipe with no reader. Its BrokenPipeError came out of the handler wherever
+    the main thread was (mid-step), what holding the Ctrl-C is for; the notice is dropped instead."""
+    stop = StopRequest()
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # tee has gone
+    saved = os.dup(2)
+    try:
+        os.dup2(write_end, 2)
+        with pytest.raises(KeyboardInterrupt), stop.holding_interrupts():
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stop.interrupted  # the step went on past the handler
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(write_end)
+
+
 def test_a_second_ctrl_c_ends_the_run_at_once(tmp_path, capfd, monkeypatch):
     """Held to the end of the step, Ctrl-C still has its way out: a second one acts where it lands."""
     from gptrain.train import step_loop
