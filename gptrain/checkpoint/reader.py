@@ -166,20 +166,32 @@ def read_verified_metadata(path: Path) -> Metadata:
     """`.metadata` of a checkpoint whose files matched their manifest (`verify_share`). One that does not
     unpickle though its CRC-32 matched was written by another torch: CheckpointFromNewerTorchError naming
     both versions where the marker records the one that saved it (a marker from before the record: the
-    error as it is, so the checkpoint is passed over as damaged, as before)."""
+    error as it is, so the checkpoint is passed over as damaged, as before; so is one saved by this
+    torch or an older one, where no newer torch would read it)."""
     try:
         return compat.read_metadata(path)
     except (OSError, MemoryError):
         raise  # the disk or the host: judged by `_agreed` as before
     except Exception as error:
         saved_with = recorded_torch(path)
-        if saved_with is None:
-            raise
+        if saved_with is None or not _newer_than_this_torch(saved_with):
+            raise  # no newer torch to ask for: a read gone wrong, judged as damage as before
         raise CheckpointFromNewerTorchError(
             f"checkpoint {path}: its .metadata does not load with torch {torch.__version__} "
             f"({root_cause(error)}), though every file matches its manifest: it was saved with torch "
             f"{saved_with}; load it with torch {saved_with} or newer (nothing was renamed)"
         ) from error
+
+
+def _newer_than_this_torch(version: str) -> bool:
+    """Whether `version` (a marker's record) is a newer torch than this one; a version that does not
+    parse is taken as newer (the refusal names it; nothing is renamed)."""
+    from torch.torch_version import TorchVersion
+
+    try:
+        return TorchVersion(torch.__version__) < version
+    except Exception:  # packaging's InvalidVersion: not a version this torch can order
+        return True
 
 
 class _NotLoaded(Exception):

@@ -649,6 +649,17 @@ def test_a_checkpoint_from_a_newer_gptrain_or_torch_is_refused_in_one_line_not_s
     assert "\n" not in str(error.value) and (applied, warnings) == ([], [])
     assert sorted(p.name for p in root.iterdir()) == names
 
+    # saved by this very torch (or an older one): no newer torch to ask for, so what it was before,
+    # damage (a read that went wrong on the way, on one rank): passed over, as a marker before the record
+    for saved_with in (torch.__version__, "2.0.0"):
+        marker.write_text(json.dumps({**record, "torch": saved_with}))
+        path, _ = manager.load_newest_good(template, applied.append, warnings.append)
+        assert path.name == "step_2" and warnings[0].startswith("checkpoint step_4 is damaged: ")
+        warnings.clear()
+        for aside in root.glob("step_4.damaged-*"):
+            aside.rename(root / "step_4")
+        (root / "latest").write_text("step_4\n")
+
     del record["format"], record["torch"], record["gptrain"]  # as saved before the record: damage
     marker.write_text(json.dumps(record))
     path, _ = manager.load_newest_good(template, applied.append, warnings.append)
