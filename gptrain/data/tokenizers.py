@@ -507,13 +507,24 @@ def load_huggingface(model: str) -> Tokenizer:
     return HFTokenizer(tokenizer, eod, str(file))
 
 
+def _not_an_encoding(name: str, known: str) -> str:
+    """Why `name` is no tiktoken encoding: Megatron's TikTokenizer reads a vocabulary file, so a
+    path there is a file on disk, which gptrain's tiktoken type (encoding names only) never reads."""
+    if look_up(name).kind in ("missing", "unreachable"):
+        return f"unknown tiktoken encoding {name!r} for --tokenizer-model (known: {known})"
+    return (
+        f"tokenizer model {name} is a path, but gptrain's TikTokenizer takes a tiktoken encoding name "
+        f"({known}) and does not read Megatron's tiktoken vocabulary files; for a Hugging Face "
+        "tokenizer.json use HuggingFaceTokenizer"
+    )
+
+
 def load_tiktoken(name: str) -> Tokenizer:
     """A named tiktoken encoding (e.g. cl100k_base); needs network or TIKTOKEN_CACHE_DIR."""
     import tiktoken
 
     if name not in tiktoken.list_encoding_names():
-        known = ", ".join(tiktoken.list_encoding_names())
-        raise DataError(f"unknown tiktoken encoding {name!r} for --tokenizer-model (known: {known})")
+        raise DataError(_not_an_encoding(name, ", ".join(tiktoken.list_encoding_names())))
     try:
         encoding = tiktoken.get_encoding(name)
     except Exception as error:

@@ -366,3 +366,27 @@ def test_a_gpt2_tokenizer_directory_that_may_not_be_looked_up_is_one_line(tmp_pa
         f" permissions of {locked} and the directories above it (pass --"
     )
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("given", ["file", "directory"])
+def test_tiktoken_given_megatrons_vocabulary_file_says_names_only(tmp_path, capsys, monkeypatch, given):
+    """Megatron's TikTokenizer reads a vocabulary file; given one (or its directory) here it said
+    "unknown tiktoken encoding '<path>'", as if the path were a misspelt encoding name."""
+    import tiktoken
+
+    from gptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"text": "hello"}\n')
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "tokenizer.tiktoken").write_text("IQ== 0\n")
+    model = "vocab/tokenizer.tiktoken" if given == "file" else "vocab"
+    flags = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", model]
+    assert main(["data", "prepare", "--input", "in.jsonl", "--output-prefix", "out", *flags]) == 2
+    known = ", ".join(tiktoken.list_encoding_names())
+    assert capsys.readouterr().err == (
+        f"gptrain: error: tokenizer model {model} is a path, but gptrain's TikTokenizer takes a tiktoken "
+        f"encoding name ({known}) and does not read Megatron's tiktoken vocabulary files; for a Hugging "
+        "Face tokenizer.json use HuggingFaceTokenizer\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "vocab"]
