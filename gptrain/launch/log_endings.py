@@ -21,6 +21,11 @@ STOPPED_EARLY = re.compile(
     r"(?:no checkpoint|iteration (?P<step>\d+)'s checkpoint)"
 )
 STOPPED_SAVED = re.compile(r"stopping at iteration \d+: ")
+# The training's line for its stop at trainer.exit_interval (gptrain.train.stopping.exit_at_interval),
+# which exits 0 as Megatron's --exit-interval does: not the end of the training.
+EXITED_AT_INTERVAL = re.compile(
+    r"exiting at iteration (?P<step>\d+): trainer\.exit_interval=\d+(?P<saved>; the same command resumes)?"
+)
 
 
 @dataclass
@@ -64,6 +69,25 @@ def early_stop_of(record: dict[str, Any] | None) -> EarlyStop | None:
         return None
     logs = log_files(record)
     return early_stop(logs[-1]) if logs else None
+
+
+def interval_exit_of(record: dict[str, Any] | None) -> str | None:
+    """What status says of a training that exited 0 at trainer.exit_interval, or None where its log's
+    last training line is another (it ran to max_steps): exit 0 there is no finished run."""
+    if not record or record.get("stage") != "training" or not (logs := log_files(record)):
+        return None
+    try:  # read from the end: the exit line is the last training line, no iteration line after it
+        found = next(lines_from_the_end(logs[-1], holding=("iteration",)), "")
+    except OSError:
+        return None
+    match = EXITED_AT_INTERVAL.search(found)
+    if match is None:
+        return None
+    then = "continue from its checkpoint" if match["saved"] else "start afresh (checkpoints are off)"
+    return (
+        f"stopped at its exit interval at iteration {match['step']}, not finished; "
+        f"launch the same command again to {then}"
+    )
 
 
 def log_ending_text(ended: JobState) -> str:

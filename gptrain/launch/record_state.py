@@ -8,7 +8,13 @@ from typing import Any
 
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE
 from gptrain.launch.job_states import JobState
-from gptrain.launch.log_endings import EarlyStop, early_stop_of, ended_by_log, log_ending_text
+from gptrain.launch.log_endings import (
+    EarlyStop,
+    early_stop_of,
+    ended_by_log,
+    interval_exit_of,
+    log_ending_text,
+)
 from gptrain.launch.records import process_start_time
 from gptrain.launch.slurm_queries import asked_slurm_state
 
@@ -22,7 +28,11 @@ STOPPED_WITH_CHECKPOINT = {
 
 def explain_stop(state: JobState, record: dict[str, Any] | None = None) -> JobState:
     """A FAILED job with exit 75 or 76 stopped with a checkpoint to resume from: say so, as for local
-    runs; a 75 for a stop during start-up (the record's log says) saved nothing: say that instead."""
+    runs; a 75 for a stop during start-up (the record's log says) saved nothing: say that instead.
+    A COMPLETED one that exited at trainer.exit_interval is not finished: say so."""
+    if state.state == "COMPLETED" and (stop := interval_exit_of(record)):
+        said = state.reason not in ("", "None", "(null)")  # Slurm's Reason=None says nothing
+        return JobState(state.state, f"{state.reason}; {stop}" if said else stop, state.exit_code)
     code = state.exit_code.split(":")[0]
     why = STOPPED_WITH_CHECKPOINT.get(code) if state.state == "FAILED" else None
     early = early_stop_of(record) if why and code == str(EXIT_REQUEUE) else None
@@ -50,11 +60,12 @@ def with_log_ending(state: JobState, record: dict[str, Any]) -> JobState:
     return JobState(state.state, f"{state.reason}; {log_ending_text(ended)}") if ended else state
 
 
-def ended_state(code: int, early: EarlyStop | None = None) -> JobState:
+def ended_state(code: int, early: EarlyStop | None = None, interval_exit: str | None = None) -> JobState:
     """A local job's state from its exit code: 75 and 76 stopped with a checkpoint to resume from,
-    except a 75 for a stop during start-up (`early`), which saved nothing."""
+    except a 75 for a stop during start-up (`early`), which saved nothing; a 0 at
+    trainer.exit_interval (`interval_exit`, what to say of it) is no finished run."""
     if code == 0:
-        return JobState("COMPLETED")
+        return JobState("COMPLETED", interval_exit or "")
     if code == EXIT_REQUEUE and early:
         return JobState("INTERRUPTED", f"{early.describe()}; launch the same command again to {early.then}")
     if code == EXIT_REQUEUE:
@@ -70,7 +81,8 @@ def local_state(record: dict[str, Any], records: list[dict[str, Any]]) -> JobSta
     for other in records:
         if other.get("event") == "finished" and other.get("job_id") == record["job_id"]:
             code = int(other.get("exit_code", 1))
-            return ended_state(code, early_stop_of(record) if code == EXIT_REQUEUE else None)
+            early = early_stop_of(record) if code == EXIT_REQUEUE else None
+            return ended_state(code, early, interval_exit_of(record) if code == 0 else None)
     gone = JobState("UNKNOWN", "process gone without a recorded exit")
     try:
         pid = int(record["pid"])

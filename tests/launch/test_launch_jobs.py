@@ -137,6 +137,58 @@ def test_a_slurm_job_stopped_during_start_up_and_not_requeued_says_it_has_no_che
     ]
 
 
+# gptrain.train.stopping.exit_at_interval's line: exit 0 at trainer.exit_interval, before max_steps
+AT_INTERVAL = "exiting at iteration 120: trainer.exit_interval=120; the same command resumes from its checkpoint; exit 0"
+CONTINUES = "stopped at its exit interval at iteration 120, not finished; launch the same command again to continue from its checkpoint"
+
+
+@pytest.mark.parametrize(
+    ("tail", "said"),
+    [
+        ([AT_INTERVAL], f" ({CONTINUES})"),
+        ([AT_INTERVAL.replace("; the same command resumes from its checkpoint", " (checkpoints are off)")],
+         " (stopped at its exit interval at iteration 120, not finished; launch the same command again to"
+         " start afresh (checkpoints are off))"),
+        ([AT_INTERVAL, LINE.replace("120/", "121/")], ""),  # an exit line of an attempt before the last
+        ([], ""),  # ran to max_steps
+    ],
+)  # fmt: skip
+def test_a_local_run_that_exited_at_its_exit_interval_is_not_called_finished(tmp_path, tail, said):
+    """trainer.exit_interval exits 0 before max_steps, as Megatron's --exit-interval: status called
+    the run a bare COMPLETED, as if it had trained to the end."""
+    (tmp_path / "log.out").write_text(
+        "\n".join([LINE, *tail, "gptrain: step finished with exit code 0"]) + "\n"
+    )
+    record = {"event": "submitted", "stage": "training", "executor": "local", "job_id": "local-1", "pid": 0}
+    record["log"] = str(tmp_path / "log.out")
+    state = record_state.job_state(
+        record, [record, {"event": "finished", "job_id": "local-1", "exit_code": 0}]
+    )
+    assert state.describe() == f"COMPLETED{said}"
+
+
+@pytest.mark.parametrize(
+    ("scontrol", "said"),
+    [
+        ("JobId=7 JobName=r\n   JobState=COMPLETED Reason=None ExitCode=0:0\n", CONTINUES),
+        ("", f"Slurm no longer knows the job; from its log; {CONTINUES}"),
+    ],
+)
+def test_a_slurm_job_that_exited_at_its_exit_interval_is_not_called_finished(
+    tmp_path, monkeypatch, scontrol, said
+):
+    log = tmp_path / "log-r_7.out"
+    log.write_text(
+        f"gptrain: job 7 on n1, stage training\n{LINE}\n{AT_INTERVAL}\ngptrain: step finished with exit code 0\n"
+    )
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id="7",
+                  log=str(tmp_path / "log-r_%j.out"), dependency=None)  # fmt: skip
+    monkeypatch.setattr(slurm_queries, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
+        command, 0, scontrol if command[0] == "scontrol" else "", ""))  # fmt: skip
+    line = status.status_lines(tmp_path)[0]
+    assert line.startswith(f"{tmp_path.name}  training  job 7  COMPLETED ({said})  | step 120/1000")
+
+
 def test_parse_scontrol_and_gres():
     text = "JobId=5 JobName=a b\n   JobState=PENDING Reason=DependencyNeverSatisfied Dependency=afterok:4(failed)\n"
     [record] = slurm_queries.parse_scontrol(text)
