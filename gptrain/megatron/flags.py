@@ -206,19 +206,20 @@ NO_EFFECT_WHY: dict[str, str] = {
 }
 
 # NO_EFFECT flags whose other values gptrain cannot honour: flag -> (values accepted, why others are refused).
-NO_EFFECT_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
+# The values are of the type Megatron's argparse reads the flag as (int, float, else str): 01 is 1.
+NO_EFFECT_CHOICES: dict[str, tuple[tuple[Any, ...], str]] = {
     "--data-impl": (
         ("mmap", "infer"),
         "gptrain reads Megatron's mmap format only (lazy and cached are gone from Megatron too); "
         "drop the flag or give mmap",
     ),
-    "--empty-unused-memory-level": (("0", "1", "2"), "give 0, 1 or 2 (Megatron's levels)"),
+    "--empty-unused-memory-level": ((0, 1, 2), "give 0, 1 or 2 (Megatron's levels)"),
     "--min-loss-scale": (
-        ("1", "1.0"),
+        (1.0,),
         "other floors of the fp16 loss scale are not implemented; drop the flag",
     ),
-    "--context-parallel-size": (("1",), "context parallelism is not implemented"),
-    "--expert-model-parallel-size": (("1",), "mixture of experts is not implemented"),
+    "--context-parallel-size": ((1,), "context parallelism is not implemented"),
+    "--expert-model-parallel-size": ((1,), "mixture of experts is not implemented"),
     **dict.fromkeys(
         ("--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"),
         (

@@ -215,13 +215,20 @@ def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
     elif flag in NO_EFFECT:
         _expect(flag, values, NO_EFFECT[flag])
         accepted, why = NO_EFFECT_CHOICES.get(flag, (None, ""))
-        if accepted is not None and values[0] not in accepted:
+        if accepted is not None and not _is_accepted(flag, values[0], accepted):
             raise ConfigError(f"{flag} {values[0]}: {why}")
         result.notes.append(f"{flag} ({NO_EFFECT_WHY[flag]})" if flag in NO_EFFECT_WHY else flag)
     else:
         raise ConfigError(
             f"{flag}: not a pretrain_gpt.py flag gptrain knows{_flag_meant(flag)}; remove it or see docs/migrating.md"
         )
+
+
+def _is_accepted(flag: str, text: str, accepted: tuple[Any, ...]) -> bool:
+    """Whether `text` is one of `accepted` as Megatron's argparse reads it, in their type: int('01')
+    is 1, so `--context-parallel-size 01` is Megatron's default too."""
+    kind = type(accepted[0])
+    return (text if kind is str else _convert(flag, text, kind)) in accepted
 
 
 def _flag_meant(flag: str) -> str:

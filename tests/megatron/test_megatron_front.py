@@ -205,6 +205,27 @@ def test_exit_interval_is_trainer_exit_interval_and_zero_is_none():
 
 
 @pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--context-parallel-size", "01"),
+        ("--expert-model-parallel-size", "01"),
+        ("--empty-unused-memory-level", "02"),
+        ("--min-loss-scale", "1e0"),
+    ],
+)
+def test_a_no_effect_value_is_compared_as_megatron_reads_it(flag, value):
+    """Megatron's argparse reads these flags as int (or float): int('01') is 1, its default, which
+    gptrain refused as a text other than '1'."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64"
+    t = translate(shlex.split(f"{base} {flag} {value}"), ENV)
+    assert t.values == translate(shlex.split(base), ENV).values
+    assert any(note.startswith(flag) for note in t.notes)
+    with pytest.raises(ConfigError, match=f"^{flag} x: expects a"):
+        translate(shlex.split(f"{base} {flag} x"), ENV)
+
+
+@pytest.mark.parametrize(
     ("flag", "refusal"),
     [
         ("--context-parallel-size", "context parallelism is not implemented"),
