@@ -298,6 +298,8 @@ RECOVERY_ACTION_XID = 154
 RECOVERY_ACTION = re.compile(
     r"recovery action changed from \S+ \([^)]*\) to (0x[0-9a-fA-F]+|\d+) \(([^)]*)\)"
 )
+# The actions NVML documents besides None: 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.
+DOCUMENTED_RECOVERY_ACTIONS = range(1, 5)
 
 
 def xid_class(xid: int, text: str = "") -> tuple[str, str]:
@@ -310,15 +312,21 @@ def xid_class(xid: int, text: str = "") -> tuple[str, str]:
 
 def recovery_action_class(text: str) -> tuple[str, str]:
     """Xid 154 judged by the action it changed to: the driver logs it beside other Xids, and back
-    to `0x0 (None)` when no action is needed any more (the GPU can be used by a new process). Any
-    other action (GPU reset, node reboot, drain P2P, drain and reset) fails; a line that names none
-    is taken as the worst, as before."""
+    to `0x0 (None)` when no action is needed any more (the GPU can be used by a new process). The
+    documented actions (GPU reset, node reboot, drain P2P, drain and reset) fail; one a newer driver
+    added needs a look, not a drained node; a line that names none is taken as the worst, as before."""
     match = RECOVERY_ACTION.search(text)
     if match is None:
         return XID_CLASSES[RECOVERY_ACTION_XID]
-    if int(match[1], 16) == 0:  # "0x0" or "0"
+    action, named = int(match[1], 16), match[2] or match[1]
+    if action == 0:  # "0x0" or "0"
         return "info", "the driver's recovery action for this GPU is None: no action needed"
-    return "fail", f"the driver set this GPU's recovery action to {match[2] or match[1]}"
+    if action not in DOCUMENTED_RECOVERY_ACTIONS:
+        return "warn", (
+            f"the driver set this GPU's recovery action to {named} ({match[1]}), one gptrain does not know: "
+            "see NVIDIA's Xid catalogue"
+        )
+    return "fail", f"the driver set this GPU's recovery action to {named}"
 
 
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."; older drivers print

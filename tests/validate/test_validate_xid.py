@@ -289,6 +289,12 @@ def test_a_fatal_nvswitch_sxid_fails_its_node_and_a_non_fatal_one_warns(monkeypa
             "info",
             "the driver's recovery action for this GPU is None: no action needed",
         ),
+        (  # an action newer than NVML's documented five: it failed the node, unknown as it is
+            "0x0 (None) to 0x5 (Reset Fabric Required)",
+            "warn",
+            "the driver set this GPU's recovery action to Reset Fabric Required (0x5), one gptrain does not"
+            " know: see NVIDIA's Xid catalogue",
+        ),
     ],
 )
 def test_xid_154_is_judged_by_the_recovery_action_it_names(changed, severity, meaning):
@@ -315,3 +321,19 @@ def test_the_last_recovery_action_of_a_gpu_decides_and_none_does_not_fail_the_no
         "gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 154 (1 since boot): the driver set this GPU's recovery action to"
         " GPU Reset Required; fails the node: drain it, reset or service the GPU"
     ]
+
+
+def test_an_unknown_recovery_action_warns_naming_it_and_does_not_fail_the_node(monkeypatch, tmp_path, capsys):
+    """A recovery action newer than NVML's documented five failed the node as a GPU reset would."""
+    node_dmesg(
+        monkeypatch,
+        "[ 10.0] NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x7 (Fabric"
+        " Check Required)\n",
+    )
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
+    assert code == 0 and out.failures == [] and out.bad_nodes == set()
+    assert (
+        "gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 154 (1 since boot): the driver set this GPU's recovery action to"
+        " Fabric Check Required (0x7), one gptrain does not know: see NVIDIA's Xid catalogue; needs attention"
+        " (the node does not fail)"
+    ) in capsys.readouterr().out.splitlines()
