@@ -53,3 +53,12 @@ def test_every_nemo_key_of_gptrain_and_of_the_upstream_126m_files_is_in_the_tabl
                 continue
             documented = f"| `{key}` |" in DOC or any(f"{key}.".startswith(p) for p in IGNORED_NEMO_PREFIXES)
             assert documented, (path, key)
+
+
+def test_each_value_flags_row_names_the_key_the_flag_sets():
+    """The --log-interval row said trainer.exit_interval (a row of the NeMo-key table, put in the
+    flag table), telling users their log interval would stop the run; the flag sets
+    trainer.log_every_n_steps."""
+    for flag, (keys, _) in VALUE.items():
+        row = next(line for line in DOC.splitlines() if line.startswith(f"| `{flag}`"))
+        assert any(f"`{key}`" in row.split("|")[2] for key in keys), (flag, keys, row)
