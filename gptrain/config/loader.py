@@ -119,7 +119,8 @@ def load_training_config(
         if is_hydra_setting(split_override(override, "trainer.max_steps=100").key):
             hydra_settings.append(override)
             continue
-        given[_apply_override(root, override)] = override
+        for key in _apply_override(root, override):
+            given[key] = override
     _set_run_dir_defaults(root, given)  # `exp_manager.explicit_log_dir=null`: NeMo's "choose", as in a file
     if report_ignored and hydra_settings and is_rank_zero():
         print(f"gptrain: ignoring {', '.join(hydra_settings)}: {HYDRA_SETTINGS_REASON}", file=sys.stderr)
@@ -214,9 +215,10 @@ def _is_null(node: DictConfig, key: str) -> bool:
     return node[key] is None
 
 
-def _apply_override(root: DictConfig, override: str) -> str:
+def _apply_override(root: DictConfig, override: str) -> list[str]:
     """Set `key.sub=value` (or Hydra's `+key=value`, `++key=value`), or delete `~key`, in `root`;
-    returns the dotted key under `training` (or the root key)."""
+    returns the dotted keys it set under `training` (or the root key): a mapping merged into a
+    section sets the keys it gives, not the section (see set_key)."""
     form = split_override(override, "trainer.max_steps=100")
     key = form.key
     if key in ROOT_DEFAULTS:
@@ -234,12 +236,12 @@ def _apply_override(root: DictConfig, override: str) -> str:
     if form.delete:
         delete_key(root, path, form, value)
         _restore_defaults(root)  # the key takes its default: gptrain's run directory, not none
-        return key
+        return [key]
     try:
-        set_key(root, path, value)
+        keys = set_key(root, path, value)
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override}': {str(error).splitlines()[0]}") from None
-    return key
+    return keys if path == key else [dotted.removeprefix("training.") for dotted in keys]
 
 
 def _restore_defaults(root: DictConfig) -> None:

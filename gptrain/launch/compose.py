@@ -303,9 +303,9 @@ def compose(
             f"the composed config ({', '.join(f'{g}={c}' for g, c in choices.items())}): "
             f"{str(error).splitlines()[0]}"
         ) from None
+    given: dict[str, str] = {}  # dotted key -> the override that set it, for errors to name it
     for override in dotted:
-        apply_override(cfg, override)
-    given = {o.key: o.typed for o in dotted if not o.form.delete}
+        given.update(dict.fromkeys(apply_override(cfg, override), override.typed))
     files = source_files(choices, root, config_path)
     try:  # these read values, so a bad interpolation (`${oc.env:UNSET}`) first fails here
         notes += nemo_launcher.finalize(cfg, choices, STAGES)
@@ -368,9 +368,10 @@ def adapt_nemo_data_preparation(cfg: DictConfig) -> list[str]:
 FREE_FORM_MAPPINGS = ("env_vars", "additional_parameters")
 
 
-def apply_override(cfg: DictConfig, override: Override) -> None:
+def apply_override(cfg: DictConfig, override: Override) -> list[str]:
     """Set a dotted key; a key that does not exist is an error unless `+`, in a FREE_FORM_MAPPINGS
-    mapping (`env_vars`, `cluster.additional_parameters`), or in `training`.
+    mapping (`env_vars`, `cluster.additional_parameters`), or in `training`. Returns the dotted keys
+    it set (none for `~key`): each key of a mapping merged into a section, not the section.
 
     Training keys are checked by the training config loader, which knows the full schema
     (a preset file lists only some of the keys gptrain accepts).
@@ -381,7 +382,7 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
                 f"override '{override.typed}': a run needs a name (its results directory); set it"
             )
         delete_key(cfg, override.key, override.form, override.value)
-        return
+        return []
     parts = override.key.split(".")
     node: Any = cfg
     for depth, part in enumerate(parts):
@@ -403,7 +404,7 @@ def apply_override(cfg: DictConfig, override: Override) -> None:
     if parts[0] == "training" and len(parts) > 1 and not override.form.add:
         check_training_key(".".join(parts[1:]), override.key)
     try:
-        set_key(cfg, override.key, override.value)
+        return set_key(cfg, override.key, override.value)
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override.typed}': {str(error).splitlines()[0]}") from None
 

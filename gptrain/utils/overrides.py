@@ -106,11 +106,15 @@ def _refuse_tilde(argument: str, text: str) -> None:
         )
 
 
-def set_key(cfg: Any, key: str, value: Any) -> None:
+def set_key(cfg: Any, key: str, value: Any) -> list[str]:
     """Set dotted `key` in the OmegaConf mapping `cfg` as Hydra applies an override: a mapping given
     for a mapping is merged into it (`trainer={max_steps: 5}` keeps the file's other trainer keys),
     anything else replaces what is there. Replacing the whole section dropped the preset's other keys
-    to gptrain's defaults without a word (`model.optim={lr: 1e-3}` lost warmup_steps and min_lr)."""
+    to gptrain's defaults without a word (`model.optim={lr: 1e-3}` lost warmup_steps and min_lr).
+
+    Returns the dotted keys the override set, for errors to name it: `key` when it replaced what was
+    there, each key of the mapping it merged (`trainer.devices`) otherwise, so that an error in a key
+    the file set (`trainer.max_steps: abc`) names the file, not the override."""
     from omegaconf import DictConfig, OmegaConf
 
     parent_key, _, leaf = key.rpartition(".")
@@ -124,6 +128,17 @@ def set_key(cfg: Any, key: str, value: Any) -> None:
         and isinstance(parent[leaf], DictConfig)
     )
     OmegaConf.update(cfg, key, value, merge=merge, force_add=True)
+    return merged_keys(key, value) if merge else [key]
+
+
+def merged_keys(key: str, mapping: dict[Any, Any]) -> list[str]:
+    """The dotted keys under `key` that merging `mapping` sets: each value that is not a mapping
+    (`model={optim: {lr: 1}}` sets model.optim.lr; `model={optim: null}` sets model.optim)."""
+    keys = []
+    for name, value in mapping.items():
+        dotted = f"{key}.{name}"
+        keys.extend(merged_keys(dotted, value) if isinstance(value, dict) else [dotted])
+    return keys
 
 
 def delete_key(cfg: Any, key: str, form: OverrideForm, expected: Any) -> None:

@@ -122,6 +122,7 @@ def test_unknown_key_suggests_closest():
         ("model.optim={name: adamw, lr: abc}", "'model.optim.lr' expects a finite float, got 'abc'"),
         ("trainer={max_steps: abc}", "'trainer.max_steps' expects int, got 'abc'"),
         ("model.data={seq_length: abc}", "'model.data.seq_length' expects int, got 'abc'"),
+        ("model={data: {seq_length: abc}}", "'model.data.seq_length' expects int, got 'abc'"),
     ],
 )
 def test_a_bad_value_inside_a_mapping_override_is_blamed_on_that_override(override, message):
@@ -130,6 +131,29 @@ def test_a_bad_value_inside_a_mapping_override_is_blamed_on_that_override(overri
     with pytest.raises(ConfigError) as error:
         load_training_config("gpt3/126m", [override], report_ignored=False)
     assert str(error.value).startswith(f"override '{override}': {message}")
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "problem"),
+    [
+        ("trainer={devices: 1}", "trainer.max_steps", "expects int, got 'abc'"),
+        ("model={optim: {lr: 2e-3}}", "model.optim.sched.warmup_steps", "expects int, got 'xyz'"),
+        ("model.data={seq_length: 64}", "model.data.data_prefix", "is ??? (mandatory) in the file: give it"),
+    ],
+)
+def test_a_mapping_override_is_not_blamed_for_the_keys_the_file_set(tmp_path, override, key, problem):
+    """A mapping merged into a section claimed the whole section: `trainer={devices: 1}` was named
+    for the file's `max_steps: abc`, which no override set."""
+    path = tmp_path / "bad.yaml"
+    bad = {
+        "trainer.max_steps": "abc",
+        "model.optim.sched.warmup_steps": "xyz",
+        "model.data.data_prefix": "???",
+    }
+    path.write_text(yaml.safe_dump(OmegaConf.to_container(OmegaConf.from_dotlist([f"{key}={bad[key]}"]))))
+    with pytest.raises(ConfigError) as error:
+        load_training_config(config_file=str(path), overrides=[override], report_ignored=False)
+    assert str(error.value).startswith(f"{path}: '{key}' {problem}")
 
 
 def test_unknown_key_in_file_names_file(tmp_path):

@@ -313,6 +313,24 @@ def test_a_bad_value_in_the_training_group_file_names_that_file(conf):
     assert "_hydra.yaml" not in message and "\n" not in message
 
 
+def test_a_mapping_override_of_a_launch_is_not_blamed_for_the_group_files_keys(conf, monkeypatch):
+    """`training.trainer={devices: 1}` claimed the whole trainer section: the group file's bad
+    max_steps, and its unreadable results_dir, were blamed on that override."""
+    from gptrain.launch.stages import build_plan, render_run_files, validate_training
+
+    monkeypatch.delenv("GPTRAIN_TEST_UNSET", raising=False)
+    preset = (conf / "training/gpt3/126m.yaml").read_text()
+    (conf / "training/gpt3/bad.yaml").write_text(preset.replace("max_steps: 600000", "max_steps: abc"))
+    unset = "results_dir: ${oc.env:GPTRAIN_TEST_UNSET}"
+    (conf / "training/gpt3/unset.yaml").write_text(preset.replace("results_dir: ${base_results_dir}", unset))
+    args = ["cluster_type=slurm", "training=gpt3/bad", "training.trainer={devices: 1}"]
+    plan = build_plan(compose(args, root=conf))
+    with pytest.raises(ConfigError, match=r"^training=gpt3/bad \(.*/bad.yaml\): 'trainer.max_steps' expects"):
+        validate_training(plan, render_run_files(plan, args))
+    with pytest.raises(ConfigError, match=r"training.run.results_dir \(in training=gpt3/unset \("):
+        compose(["training=gpt3/unset", "training.run={name: x}"], root=conf).resolved()
+
+
 def test_a_config_dir_that_is_missing_or_a_file_says_so(tmp_path):
     """Both were '<dir>/config.yaml: no such launcher config', as if only the file were missing."""
     with pytest.raises(
