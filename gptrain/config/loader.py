@@ -382,15 +382,23 @@ def _build(
 
 
 def _refuse_null_section(section: str, given: dict[str, str]) -> None:
-    """`trainer=null` on the command line: read as an empty section, it put every key of it back to
-    gptrain's defaults (an 8-node preset on one device) without a word; NeMo stops on it. A file's
-    empty section (`trainer:` with nothing under it) is still read as one with no keys."""
+    """`trainer=null` (or `model={optim: null}`) on the command line: read as an empty section, it put
+    every key of it back to gptrain's defaults (an 8-node preset on one device) without a word; NeMo
+    stops on it. A file's empty section (`trainer:` with nothing under it) is still read as one with
+    no keys."""
     if section in given:
-        typed = given[section].partition("=")[0].lstrip("+")  # `training.trainer` under gptrain launch
+        typed = _as_typed(section, given[section])
         raise ConfigError(
             f"override '{given[section]}': '{section}' is a section of keys, not a value; set its keys "
             f"({typed}.<key>=...), or delete it (~{typed}) for gptrain's defaults"
         )
+
+
+def _as_typed(dotted: str, override: str) -> str:
+    """`dotted` (a key under `training`) as `override` spells its keys: `training.trainer` under
+    gptrain launch, whose `training.model={optim: null}` set model.optim."""
+    typed = override.partition("=")[0].lstrip("+")
+    return f"training.{dotted}" if typed == "training" or typed.startswith("training.") else dotted
 
 
 def _dotted_key_hint(key: str, section: str) -> str:

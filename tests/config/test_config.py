@@ -525,6 +525,22 @@ def test_a_section_set_to_null_on_the_command_line_is_refused(override):
         load_training_config("gpt3/126m", [override], report_ignored=False)
 
 
+@pytest.mark.parametrize(
+    ("override", "section"),
+    [("model={optim: null}", "model.optim"), ("model={optim: {sched: null}}", "model.optim.sched")],
+)
+def test_a_null_section_inside_a_mapping_override_is_refused(override, section):
+    """`model={optim: null}` was merged in as an empty section: the optimizer and its schedule went
+    back to gptrain's defaults (no warmup, min_lr 0) without a word, where `model.optim=null` is
+    refused."""
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [override], report_ignored=False)
+    assert str(error.value) == (
+        f"override '{override}': '{section}' is a section of keys, not a value; set its keys "
+        f"({section}.<key>=...), or delete it (~{section}) for gptrain's defaults"
+    )
+
+
 def test_an_empty_section_in_a_file_is_a_section_of_no_keys(tmp_path):
     data = "  data:\n    data_impl: mock\n    mock_vocab_size: 64\n"
     (tmp_path / "empty.yaml").write_text(f"model:\n{data}")
@@ -553,6 +569,9 @@ def test_a_run_directory_set_to_null_on_the_command_line_is_gptrains_as_in_a_fil
     assert (cfg.run.results_dir, cfg.exp_manager.explicit_log_dir) == ("results/x", "results/x/results")
     with pytest.raises(ConfigError, match=r"^override 'run.name=null': 'run.name' must not be null"):
         load_training_config("gpt3/126m", ["run.name=null"], report_ignored=False)
+    # inside a mapping it was filled in with gpt3_126m's name (and so its directory)
+    with pytest.raises(ConfigError, match=r"^override 'run=\{name: null\}': 'run.name' must not be null"):
+        load_training_config("gpt3/126m", ["run={name: null}"], report_ignored=False)
 
 
 def test_a_section_set_to_null_by_a_launch_is_refused_too():

@@ -331,6 +331,29 @@ def test_a_mapping_override_of_a_launch_is_not_blamed_for_the_group_files_keys(c
         compose(["training=gpt3/unset", "training.run={name: x}"], root=conf).resolved()
 
 
+@pytest.mark.parametrize(
+    ("override", "section"),
+    [
+        ("training.model={optim: null}", "model.optim"),
+        ("training={model: {optim: {sched: null}}}", "model.optim.sched"),
+        ("training.model.optim=null", "model.optim"),
+    ],
+)
+def test_a_null_section_inside_a_launchs_mapping_override_is_refused(override, section):
+    """`training={model: {optim: {sched: null}}}` was merged in, and the job trained with gptrain's
+    default schedule (no warmup); `training.model.optim=null` was refused."""
+    from gptrain.launch.stages import build_plan, render_run_files, validate_training
+
+    args = ["cluster_type=slurm", override]
+    plan = build_plan(compose(args))
+    with pytest.raises(ConfigError) as error:
+        validate_training(plan, render_run_files(plan, args))
+    assert str(error.value) == (
+        f"override '{override}': '{section}' is a section of keys, not a value; set its keys "
+        f"(training.{section}.<key>=...), or delete it (~training.{section}) for gptrain's defaults"
+    )
+
+
 def test_a_config_dir_that_is_missing_or_a_file_says_so(tmp_path):
     """Both were '<dir>/config.yaml: no such launcher config', as if only the file were missing."""
     with pytest.raises(
