@@ -72,13 +72,21 @@ POSITIVE = (
     "model.data.seq_length",
 )
 
-# 0 is meaningful (no clipping, no decay, loading in the main process); a negative value is not:
-# a negative clip would flip every gradient and train uphill.
+# 0 is meaningful (no clipping, no decay, loading in the main process, no warmup); a negative value
+# is not: a negative clip would flip every gradient and train uphill, and a negative warmup was
+# refused only by the job, at its start (min_lr is checked with lr, in _check_model).
 NON_NEGATIVE = (
     "trainer.gradient_clip_val",
     "trainer.limit_val_batches",
     "trainer.limit_test_batches",
     "model.optim.weight_decay",
+    "model.optim.sched.warmup_steps",
+    "model.optim.sched.warmup_ratio",
+    "model.optim.sched.warmup_samples",
+    "model.optim.sched.warmup_fraction",
+    "model.optim.sched.warmup_init_lr",
+    "model.optim.sched.constant_steps",
+    "model.optim.sched.constant_ratio",
     "model.data.num_workers",
 )
 
