@@ -6,12 +6,13 @@ import argparse
 import dataclasses
 from typing import Any
 
+from gptrain.config.yamlio import override_value
 from gptrain.errors import ConfigError
 from gptrain.plan.hardware import Cluster, build_cluster, cluster_profile
 from gptrain.plan.rank import evaluate, least_memory, rank_layouts
 from gptrain.plan.report import Plan
 from gptrain.plan.spec import layout_from_config, workload_from_config
-from gptrain.utils.overrides import split_override
+from gptrain.utils.overrides import merged_keys, split_override
 
 
 def cluster_overrides(cluster: Cluster) -> list[str]:
@@ -47,9 +48,18 @@ def check_fp8_hardware(model: Any, cluster: Cluster) -> None:
 
 
 def typed_keys(overrides: list[str]) -> set[str]:
-    """The training keys the command line sets (`trainer.devices=4`, `training.trainer.devices=4`)."""
-    forms = (split_override(override, "trainer.max_steps=100") for override in overrides)
-    return {form.key.removeprefix("training.") for form in forms if not form.delete}
+    """The training keys the command line sets (`trainer.devices=4`, `training.trainer.devices=4`),
+    each key of a mapping too (`trainer={devices: 4}` sets trainer.devices, the section keeping its
+    other keys)."""
+    keys: set[str] = set()
+    for override in overrides:
+        form = split_override(override, "trainer.max_steps=100")
+        if form.delete:
+            continue
+        value = override_value(form)
+        dotted = merged_keys(form.key, value) if isinstance(value, dict) else [form.key]
+        keys.update(key.removeprefix("training.") for key in dotted)
+    return keys
 
 
 def flag_or_config(flag: str, given: int | None, key: str, configured: int, typed: set[str]) -> int:

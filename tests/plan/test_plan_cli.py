@@ -834,10 +834,14 @@ def test_plan_plans_the_configs_devices_as_launch_runs_them(
     capsys.readouterr()
     assert main(["plan", "gpt3/126m", "trainer.devices=4", "--gpus-per-node", "8"]) == 2
     assert main(["plan", "gpt3/126m", "training.trainer.num_nodes=2", "--nodes", "4"]) == 2
+    # a mapping sets its keys as typed ones: --gpus-per-node won over it without a word
+    assert main(["plan", "gpt3/126m", "trainer={devices: 4}", "--gpus-per-node", "8"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "gptrain: error: --gpus-per-node 8 and the override trainer.devices=4 ask for different worlds;"
         " give one of them",
         "gptrain: error: --nodes 4 and the override trainer.num_nodes=2 ask for different worlds; give one of them",
+        "gptrain: error: --gpus-per-node 8 and the override trainer.devices=4 ask for different worlds;"
+        " give one of them",
     ]
 
 
