@@ -62,18 +62,23 @@ def complete_record(
     tokenizer: dict | None = None,
     architecture: dict | None = None,
     torch_version: str | None = None,
+    metrics: dict[str, float] | None = None,
 ) -> str:
     """The text of the COMPLETE marker: the step, the format, the gptrain and torch that wrote it (an
     older one refuses what it cannot read: `newer_format`, `recorded_torch`), the Slurm job that wrote
     it (a requeue of that job resumes it: gptrain.train.run_lock), the tokenizer the model was trained
     with (gptrain.data.tokenizer_identity; none for mock data), the architecture settings
-    (gptrain.checkpoint.architecture) and the manifest."""
+    (gptrain.checkpoint.architecture), the metrics retention ranks by (gptrain.checkpoint.retention:
+    the validation loss of this step; json writes a NaN as NaN, which its reader takes back) and the
+    manifest."""
     record: dict = {"step": step, "format": CHECKPOINT_FORMAT, "gptrain": __version__, "torch": torch_version}
     record["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")
     if tokenizer is not None:
         record["tokenizer"] = tokenizer
     if architecture is not None:
         record["architecture"] = architecture
+    if metrics:
+        record["metrics"] = metrics
     record["files"] = manifest(step_dir, checksums)
     return json.dumps(record, indent=1) + "\n"
 

@@ -122,6 +122,8 @@ class SaveReport:
     """Set by rank 0 from the manifest it wrote; elsewhere `bytes` finds it on first use."""
     removed: list[Removal] = field(default_factory=list)
     """Set by rank 0: the checkpoints retention removed after this save, each with its reason."""
+    metrics: dict[str, float] | None = None
+    """What COMPLETE records for retention to rank by (the validation loss of this step), or None."""
 
     @property
     def bytes(self) -> int:
@@ -198,9 +200,15 @@ class CheckpointManager(CheckpointReader):
         self._plan_key = new_key()
 
     def save(
-        self, step: int, state: dict[str, Any], rank_state: dict[str, Any], waited_for: bool = False
+        self,
+        step: int,
+        state: dict[str, Any],
+        rank_state: dict[str, Any],
+        waited_for: bool = False,
+        metrics: dict[str, float] | None = None,
     ) -> Path:
-        """Write `state` (DCP, shared by all ranks) and `rank_state` (torch.save, per rank).
+        """Write `state` (DCP, shared by all ranks) and `rank_state` (torch.save, per rank);
+        `metrics` (the validation loss of this step) goes into COMPLETE, for retention to rank by.
 
         `waited_for`: the caller waits for this save at once, with nothing to run beside its write
         (a run's last save with no evaluation after it, or the one before a stop). A state in host
@@ -223,7 +231,9 @@ class CheckpointManager(CheckpointReader):
             self._writer.checksums[rank_file.name] = write_rank_state(rank_file, rank_state)
             if in_background:
                 self.wait_for_preparation()  # the buffer being pinned ahead is the one this save fills
-                self._start_background_save(step, path, state, started, waited)
+                self._start_background_save(
+                    SaveReport(step, path, 0.0, 0.0, True, waited, metrics=metrics), state, started
+                )
                 return path
             dcp.save(
                 state,
@@ -234,7 +244,7 @@ class CheckpointManager(CheckpointReader):
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             raise self._write_failed(path, error) from error
         elapsed = time.perf_counter() - started
-        self._finish(SaveReport(step, path, elapsed, elapsed, False, waited))
+        self._finish(SaveReport(step, path, elapsed, elapsed, False, waited, metrics=metrics))
         return path
 
     def _clear_step_dir(self, path: Path) -> str | None:
@@ -257,12 +267,11 @@ class CheckpointManager(CheckpointReader):
             )
         return None
 
-    def _start_background_save(
-        self, step: int, path: Path, state: dict[str, Any], started: float, waited: float
-    ) -> None:
+    def _start_background_save(self, report: SaveReport, state: dict[str, Any], started: float) -> None:
+        """`report`: this save's, its stall set here once the write has started."""
         response = dcp.async_save(
             state,
-            checkpoint_id=str(path),
+            checkpoint_id=str(report.path),
             storage_writer=self._writer,
             async_stager=self._staging(),
             process_group=self._group,
@@ -270,7 +279,7 @@ class CheckpointManager(CheckpointReader):
         )
         staging = getattr(response, "staging_completion", None)
         upload = getattr(response, "upload_completion", response)
-        report = SaveReport(step, path, time.perf_counter() - started, 0.0, True, waited)
+        report.stall_s = time.perf_counter() - started
         self._pending = _Pending(report, self._marked_when_written(upload, report, started), staging)
 
     def _marked_when_written(self, upload: Future, report: SaveReport, started: float) -> Future:
@@ -428,6 +437,7 @@ class CheckpointManager(CheckpointReader):
             tokenizer,
             self.architecture,
             torch.__version__,
+            report.metrics,
         )
         fsync_directory(report.path)  # every file's name durable (.metadata was renamed) before COMPLETE's
         atomic_write_text(report.path / COMPLETE, record)

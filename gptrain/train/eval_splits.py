@@ -33,10 +33,13 @@ def evaluate(s: Session, data: GPTBatchDataset, num_batches: int) -> float:
     return evaluate_loss(setup, data, num_batches).loss
 
 
-def evaluate_split(s: Session, data: GPTBatchDataset | None, batches: int, where: str, tag: str) -> None:
-    """Evaluate, print Megatron's block on the logging rank, send the loss to TensorBoard."""
+def evaluate_split(
+    s: Session, data: GPTBatchDataset | None, batches: int, where: str, tag: str
+) -> float | None:
+    """Evaluate, print Megatron's block on the logging rank, send the loss to TensorBoard; the loss
+    (every rank has it), or None when there was nothing to evaluate."""
     if not has_batches(data, batches):
-        return
+        return None
     loss = evaluate(s, data, batches)
     if s.logging_rank:
         for line in format_validation_lines(s.state.step, loss, where):
@@ -49,11 +52,14 @@ def evaluate_split(s: Session, data: GPTBatchDataset | None, batches: int, where
         s.state.consumed_samples,
         s.state.step,
     )
+    return loss
 
 
 def validate(s: Session, data: GPTBatchDataset | None) -> None:
-    """Megatron's validation block (skipped in benchmark mode, limit_val_batches=0)."""
-    evaluate_split(s, data, s.cfg.trainer.limit_val_batches, "", TB_VAL_LOSS)
+    """Megatron's validation block (skipped in benchmark mode, limit_val_batches=0); its loss is kept
+    for this step's save to record."""
+    loss = evaluate_split(s, data, s.cfg.trainer.limit_val_batches, "", TB_VAL_LOSS)
+    s.validation = None if loss is None else (s.state.step, loss)
     s.state.validated_at = s.state.step
 
 

@@ -28,10 +28,19 @@ def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
         consumed = s.state.consumed_samples
         extra["train_order"] = order_record(s.train_split, s.valid_split, consumed, s.cfg.trainer)
 
-    path = s.checkpoints.save(s.state.step, state, extra, waited_for)
+    path = s.checkpoints.save(s.state.step, state, extra, waited_for, metrics=validation_metrics(s))
     if s.checkpoints.writing:
         s.log(f"saving checkpoint {path.name} in the background")
     return path
+
+
+def validation_metrics(s: Session) -> dict[str, float] | None:
+    """The validation loss for this save's COMPLETE, only when the validation ran at this same step:
+    a save on a stop, or at a step without validation, records none (retention ranks it below those
+    that do, instead of by an older step's loss)."""
+    if s.validation is None or s.validation[0] != s.state.step:
+        return None
+    return {"val_loss": s.validation[1]}
 
 
 def watch_checkpoint_saves(s: Session) -> None:

@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gptrain.checkpoint.manager as manager_module
 from gptrain.checkpoint.integrity import COMPLETE, complete_steps
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.checkpoint.retention import Ranked, recorded_metric, removals
@@ -74,25 +73,17 @@ def test_each_removal_says_why():
 
 
 @pytest.fixture
-def recorded_losses(monkeypatch):
-    """What the loop's recording (a follow-up) writes: each save's val_loss in its COMPLETE marker."""
-    losses: dict[int, float] = {}
-    record = manager_module.complete_record
-
-    def with_metric(step, *args, **kwargs):
-        text = record(step, *args, **kwargs)
-        if step not in losses:
-            return text
-        marker = json.loads(text)
-        marker["metrics"] = {"val_loss": losses[step]}
-        return json.dumps(marker, indent=1) + "\n"
-
-    monkeypatch.setattr(manager_module, "complete_record", with_metric)
-    return losses
+def recorded_losses():
+    """Each save's val_loss, which `save` hands to the manager for its COMPLETE marker."""
+    return {}
 
 
-def save(manager, step):
-    manager.save(step, {"model": {"w": torch.full((2,), float(step))}}, {"rng": torch.tensor([step])})
+def save(manager, step, losses=None):
+    """A save recording `losses[step]` as its val_loss (none where `losses` has no entry for it)."""
+    metrics = {"val_loss": losses[step]} if losses and step in losses else None
+    manager.save(
+        step, {"model": {"w": torch.full((2,), float(step))}}, {"rng": torch.tensor([step])}, metrics=metrics
+    )
 
 
 def test_a_run_keeps_its_best_checkpoints_by_val_loss_and_its_newest(tmp_path, recorded_losses):
@@ -102,7 +93,7 @@ def test_a_run_keeps_its_best_checkpoints_by_val_loss_and_its_newest(tmp_path, r
         tmp_path, keep_last=2, monitor="val_loss", mode="min", on_saved=lambda r: lines.append(r.describe())
     )
     for step in range(1, 7):
-        save(manager, step)
+        save(manager, step, recorded_losses)
     manager.close()
     checkpoints = [Ranked(step, loss) for step, loss in recorded_losses.items()]
     assert set(complete_steps(tmp_path)) == expected_kept(checkpoints, 2, "min") == {2, 5, 6}
@@ -119,7 +110,7 @@ def test_mode_max_keeps_the_highest(tmp_path, recorded_losses):
     recorded_losses.update({1: 0.9, 2: 0.1, 3: 0.5})
     manager = CheckpointManager(tmp_path, keep_last=1, monitor="val_loss", mode="max")
     for step in (1, 2, 3):
-        save(manager, step)
+        save(manager, step, recorded_losses)
     manager.close()
     assert complete_steps(tmp_path) == [1, 3]
 
@@ -127,11 +118,11 @@ def test_mode_max_keeps_the_highest(tmp_path, recorded_losses):
 def test_a_resumed_run_ranks_the_checkpoints_saved_before_it(tmp_path, recorded_losses):
     """Checkpoints of an earlier attempt count by their recorded metric; one from before metrics were
     recorded ranks after every one with a metric; moved-aside directories never count or go."""
-    save(CheckpointManager(tmp_path, keep_last=-1), 1)  # no metric: as saved before today
+    save(CheckpointManager(tmp_path, keep_last=-1), 1, recorded_losses)  # no metric: as saved before today
     recorded_losses.update({2: 1.0, 3: 1.5})
     first = CheckpointManager(tmp_path, keep_last=-1, monitor="val_loss")
     for step in (2, 3):
-        save(first, step)
+        save(first, step, recorded_losses)
     first.close()
     aside = tmp_path / "step_2.damaged-20261129T010000"
     (tmp_path / "step_2").rename(aside)
@@ -141,11 +132,26 @@ def test_a_resumed_run_ranks_the_checkpoints_saved_before_it(tmp_path, recorded_
 
     recorded_losses.update({4: 3.0, 5: 5.0})
     resumed = CheckpointManager(tmp_path, keep_last=1, monitor="val_loss")
-    save(resumed, 4)
-    save(resumed, 5)
+    save(resumed, 4, recorded_losses)
+    save(resumed, 5, recorded_losses)
     resumed.close()
     assert complete_steps(tmp_path) == [3, 5]  # 3 the best (1.5; 1 has none, 2 moved aside), 5 the newest
     assert aside.is_dir() and rewound.is_dir()
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_save_records_its_metrics_and_a_nan_reads_back_as_nan(tmp_path, async_save):
+    """COMPLETE keeps what the save was given (json writes NaN as NaN, and reads it back); a save
+    given none records none, as one from before metrics were recorded."""
+    manager = CheckpointManager(tmp_path, keep_last=-1, async_save=async_save, pinned_staging=False)
+    save(manager, 1, {1: 2.75})
+    save(manager, 2, {2: math.nan})
+    save(manager, 3)
+    manager.close()
+    assert json.loads((tmp_path / "step_1" / COMPLETE).read_text())["metrics"] == {"val_loss": 2.75}
+    assert recorded_metric(tmp_path / "step_1", "val_loss") == 2.75
+    assert math.isnan(recorded_metric(tmp_path / "step_2", "val_loss"))
+    assert "metrics" not in json.loads((tmp_path / "step_3" / COMPLETE).read_text())
 
 
 @pytest.mark.parametrize(
