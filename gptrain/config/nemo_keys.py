@@ -15,10 +15,6 @@ _OVERLAP = "communication tuning and overlap (torch.distributed buckets and over
 _FP8 = "Transformer Engine's FP8 recipe settings (model.fp8 runs torchao's float8 with dynamic scaling: model.fp8_recipe=tensorwise or rowwise)"
 _LIGHTNING = "PyTorch Lightning trainer switches (gptrain has its own loop)"
 _CKPT = ".nemo checkpoint handling (gptrain writes DCP checkpoints to explicit_log_dir/checkpoints)"
-_RETENTION = (
-    "choosing checkpoints by a monitored metric (gptrain's save_top_k keeps the newest checkpoints, "
-    "not NeMo's best by val_loss)"
-)
 _LOGGERS = "loggers and profilers other than TensorBoard and Weights & Biases"
 _WANDB_MODEL = "uploading checkpoints to W&B (gptrain keeps them in explicit_log_dir/checkpoints)"
 _DATA = "NeMo dataloader options (gptrain's dataset and sampler are Megatron's; these do not apply)"
@@ -132,10 +128,6 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "model.dist_ckpt_torch_dist_multiproc",
         "model.fsdp_sharded_checkpoint",
         "model.restore_from_path",
-    ),
-    _RETENTION: (
-        "exp_manager.checkpoint_callback_params.mode",
-        "exp_manager.checkpoint_callback_params.monitor",
     ),
     _LOGGERS: (
         "exp_manager.create_neptune_logger",

@@ -101,7 +101,15 @@ class CheckpointCallbackParams:
     every_n_train_steps: int = 2000
     """Save a checkpoint every N steps (and at the end, on max_time and on SIGTERM/SIGUSR1)."""
     save_top_k: int = 10
-    """Keep the last K complete checkpoints; older ones are deleted."""
+    """Keep K complete checkpoints, and always the newest: the K best by `monitor`, or without one the K
+    newest; the others are deleted (-1 keeps every one)."""
+    monitor: str | None = None
+    """The metric the kept checkpoints are the best by: val_loss (the validation loss each save at a
+    validated step records), or null to keep the newest. NeMo's default is val_loss; gptrain's
+    presets leave it null, so their retention stays the K newest (a NeMo config setting
+    `monitor: val_loss` keeps the best)."""
+    mode: str = "min"
+    """Best by `monitor`: min (lowest, for a loss) or max."""
     save_last: bool = True
     """Save a checkpoint when training ends (false: only on the interval; a stop for a requeue
     always saves)."""

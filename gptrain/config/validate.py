@@ -29,6 +29,7 @@ CHOICES = {
     "model.compile_mode": ("default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"),
     "model.fp8_recipe": ("tensorwise", "rowwise"),
     "model.optim.name": ("adamw",),
+    "exp_manager.checkpoint_callback_params.mode": ("min", "max"),
     "model.optim.sched.name": ("CosineAnnealing", "LinearAnnealing", "Constant"),
     "model.optim.sched.warmup_style": ("nemo", "megatron"),
     "model.data.data_impl": ("mmap", "mock"),
@@ -206,6 +207,20 @@ def _one_resume_source(cfg: TrainingConfig) -> None:
         em.load_data_position = False
 
 
+MONITORED = ("val_loss",)
+"""The metrics a save records in its COMPLETE marker, which retention can rank by."""
+
+
+def check_monitor(monitor: object) -> None:
+    """Lightning fails a save whose monitored metric was never logged; here a name no save records
+    would rank no checkpoint, silently keeping the newest: refused at load instead."""
+    if monitor is not None and monitor not in MONITORED:
+        raise ConfigError(
+            f"exp_manager.checkpoint_callback_params.monitor: '{monitor}' is not recorded with a checkpoint; "
+            "use val_loss to keep the best by validation loss, or null to keep the newest"
+        )
+
+
 def validate(cfg: TrainingConfig) -> None:
     """Raise ConfigError for the first value that cannot work, naming its key."""
     for key, choices in CHOICES.items():
@@ -222,6 +237,7 @@ def validate(cfg: TrainingConfig) -> None:
             f"exp_manager.checkpoint_callback_params.save_top_k: must be at least 1, or -1 to keep every "
             f"checkpoint, got {top_k}"
         )
+    check_monitor(cfg.exp_manager.checkpoint_callback_params.monitor)
     tb_every = cfg.trainer.tensorboard_log_interval
     if tb_every is not None and (isinstance(tb_every, bool) or tb_every < 1):
         raise ConfigError(

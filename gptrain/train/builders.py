@@ -262,7 +262,8 @@ def build_checkpoint_manager(
     tokenizer: Any | None = None,
     model_config: GPTConfig | None = None,
 ) -> CheckpointManager:
-    """Checkpoints in <explicit_log_dir>/checkpoints, keeping the last save_top_k; `vocab_size`
+    """Checkpoints in <explicit_log_dir>/checkpoints, keeping save_top_k (the best by monitor, or the
+    newest) and the newest; `vocab_size`
     (unpadded) tells the padding rows apart when TP changed the padded vocabulary; `tokenizer` and
     `model_config`'s architecture settings are recorded with each save and checked against each
     checkpoint loaded."""
@@ -279,6 +280,8 @@ def build_checkpoint_manager(
         tokenizer=tokenizer_check(cfg, tokenizer),
         tied=cfg.model.share_embeddings_and_output_weights,
         architecture=architecture.record(model_config) if model_config is not None else None,
+        monitor=params.monitor,
+        mode=params.mode,
     )
 
 

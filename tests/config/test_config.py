@@ -193,22 +193,41 @@ def test_nemo_key_is_ignored_and_reported_once(capsys):
     assert err.count("ignoring NeMo keys") == 1 and "model.megatron_amp_O2" in err
 
 
-def test_monitor_and_mode_are_reported_as_retention_that_keeps_the_newest(capsys):
-    """NeMo keeps the save_top_k best checkpoints by `monitor` and `mode`; gptrain the newest. They were
-    reported as ".nemo checkpoint handling", which left a NeMo user expecting the best ones kept."""
-    load_training_config(
+def test_monitor_and_mode_are_taken_and_a_preset_keeps_the_newest(capsys):
+    """NeMo keeps the save_top_k best checkpoints by `monitor` and `mode`: they were ignored (reported
+    at load), so a NeMo config's `monitor: val_loss` kept the newest. gptrain's presets set no monitor
+    (NeMo's default, val_loss, would change their retention): they keep the newest, as before."""
+    params = load_training_config("gpt3/126m").exp_manager.checkpoint_callback_params
+    assert (params.monitor, params.mode) == (None, "min")
+    params = load_training_config(
         "gpt3/126m",
         [
             "exp_manager.checkpoint_callback_params.monitor=val_loss",
-            "exp_manager.checkpoint_callback_params.mode=min",
+            "exp_manager.checkpoint_callback_params.mode=max",
         ],
-    )
-    err = capsys.readouterr().err
-    assert (
-        "choosing checkpoints by a monitored metric (gptrain's save_top_k keeps the newest checkpoints, not "
-        "NeMo's best by val_loss): exp_manager.checkpoint_callback_params.monitor, "
-        "exp_manager.checkpoint_callback_params.mode"
-    ) in err
+    ).exp_manager.checkpoint_callback_params
+    assert (params.monitor, params.mode) == ("val_loss", "max")
+    assert "checkpoint_callback_params.m" not in capsys.readouterr().err  # neither reported as ignored
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "exp_manager.checkpoint_callback_params.monitor=val_acc",
+            "exp_manager.checkpoint_callback_params.monitor: 'val_acc' is not recorded with a checkpoint; "
+            "use val_loss to keep the best by validation loss, or null to keep the newest",
+        ),
+        (
+            "exp_manager.checkpoint_callback_params.mode=lowest",
+            "exp_manager.checkpoint_callback_params.mode: 'lowest' is not one of min, max",
+        ),
+    ],
+)
+def test_a_monitor_no_save_records_or_an_unknown_mode_is_one_line_naming_the_key(override, message):
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [override])
+    assert str(error.value) == message
 
 
 @pytest.mark.parametrize(

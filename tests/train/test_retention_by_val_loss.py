@@ -1,11 +1,12 @@
-"""A run's saves record the validation loss of their step."""
+"""A run's saves record the validation loss of their step, and retention by val_loss keeps the best."""
 
 import json
+import math
 
 import pytest
-from train_e2e_helpers import MOCK, run_recording, tiny_config
+from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
 
-from gptrain.checkpoint.integrity import COMPLETE
+from gptrain.checkpoint.integrity import COMPLETE, complete_steps
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.train import eval_splits
 from gptrain.train.results import TB_VAL_LOSS
@@ -57,3 +58,50 @@ def test_a_save_on_a_stop_records_no_val_loss(tmp_path, monkeypatch):
     assert code == 0 and sorted(losses) == [3, 6]
     assert recorded_metrics(tmp_path, 3) is None and recorded_metrics(tmp_path, 4) is None
     assert recorded_metrics(tmp_path, 6) == {"val_loss": losses[6]}
+
+
+BY_VAL_LOSS = [
+    "trainer.val_check_interval=1",
+    "trainer.limit_test_batches=0",
+    "exp_manager.checkpoint_callback_params.every_n_train_steps=1",
+    "exp_manager.checkpoint_callback_params.monitor=val_loss",
+    "exp_manager.checkpoint_callback_params.mode=min",
+]
+
+
+def scripted_validation(monkeypatch, losses: dict[int, float]) -> None:
+    """Each validation's loss is `losses[iteration]` instead of the model's."""
+    monkeypatch.setattr(eval_splits, "evaluate", lambda s, data, num_batches: losses[s.state.step])
+
+
+def best_and_newest(losses: dict[int, float], top_k: int) -> list[int]:
+    """The reference: the top_k lowest (NaN after every number, the newer first on a tie), and the newest."""
+    ranked = sorted(losses, key=lambda step: (math.isnan(losses[step]), losses[step], -step))
+    return sorted(set(ranked[:top_k]) | {max(losses)})
+
+
+def test_a_run_by_val_loss_keeps_its_best_checkpoints_and_its_newest(tmp_path, monkeypatch):
+    losses = {1: 3.0, 2: 2.5, 3: 2.8, 4: math.nan, 5: 2.6, 6: 2.9}
+    scripted_validation(monkeypatch, losses)
+    cfg = tiny_config(tmp_path, *MOCK, *BY_VAL_LOSS, "exp_manager.checkpoint_callback_params.save_top_k=2")
+    code, _ = run_recording(monkeypatch, cfg)
+    assert code == 0
+    assert complete_steps(tmp_path / "checkpoints") == best_and_newest(losses, 2) == [2, 5, 6]
+    saved = [line for line in log_lines(tmp_path) if line.startswith("saved checkpoint step_5 ")]
+    assert saved and saved[0].endswith(
+        "; removed step_3 (val_loss 2.8, not among the 2 best); removed step_4 (val_loss nan, not among the 2 best)"
+    )
+
+
+def test_a_resumed_run_ranks_the_checkpoints_saved_before_it_by_their_val_loss(tmp_path, monkeypatch):
+    """The first attempt ends at 3 (trainer.exit_interval) keeping step_1 (the best) and step_3 (the
+    newest); the resumed one keeps step_1 over its own, worse, checkpoints, by the loss its COMPLETE
+    recorded."""
+    losses = {1: 1.0, 2: 3.0, 3: 2.0, 4: 4.0, 5: 5.0, 6: 6.0}
+    scripted_validation(monkeypatch, losses)
+    cfg = [*MOCK, *BY_VAL_LOSS, "exp_manager.checkpoint_callback_params.save_top_k=1"]
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *cfg, "trainer.exit_interval=3"))
+    assert code == 0 and complete_steps(tmp_path / "checkpoints") == [1, 3]
+    code, trained = run_recording(monkeypatch, tiny_config(tmp_path, *cfg))
+    assert code == 0 and sorted(trained) == [4, 5, 6]
+    assert complete_steps(tmp_path / "checkpoints") == best_and_newest(losses, 1) == [1, 6]
