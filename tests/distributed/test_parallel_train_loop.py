@@ -113,6 +113,10 @@ def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path, tor
     shards = sorted(p.name for p in step_3.glob("*.distcp"))
     assert len(shards) == 4 and all(files[name]["crc32"] for name in shards)
     assert verify(step_3, checksums=True) is None
+    # Rank 0 (the first stage) records the validation loss that the last stage computed and printed:
+    # printed to 7 significant digits, within 5e-7 of it
+    recorded = json.loads((step_3 / "COMPLETE").read_text())["metrics"]["val_loss"]
+    assert recorded == pytest.approx(log_values(parallel, val, rank=3)[0], rel=1e-6)
 
     assert train_in_process(parallel, 6) == 0  # resumes the TP x PP checkpoint of step 3 in one process
     assert "resuming from" in (parallel / "nemo_log_globalrank-0_localrank-0.txt").read_text()
