@@ -210,12 +210,14 @@ def log_start(
         f"{s.num_microbatches} microbatches per step | results in {log_dir}"
     )
     names = schedule_names(s.cfg, s.schedule.spec)
-    for warning in run_schedule_warnings(s.cfg, s.schedule.spec, names) + stream_warnings(s.cfg.model):
+    warnings = run_schedule_warnings(s.cfg, s.schedule.spec, names) + stream_warnings(s.cfg.model)
+    retention = saving.retention_warning(s.cfg)
+    for warning in warnings + ([retention] if retention else []):
         s.log(f"warning: {warning}")
     # fp32 weights and AdamW's two moments: 12 bytes a parameter, whatever the layout. Said by the
     # logging rank (the console's: rank 0's own lines go to its file only) and by rank 0.
-    saving = s.cfg.exp_manager.create_checkpoint_callback
+    checkpointing = s.cfg.exp_manager.create_checkpoint_callback
     says = s.world.rank == 0 or s.logging_rank
-    space = s.checkpoints.space_warning(12 * params) if says and saving else None
+    space = s.checkpoints.space_warning(12 * params) if says and checkpointing else None
     if space is not None:
         s.log(f"warning: {space}")

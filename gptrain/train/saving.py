@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gptrain.checkpoint.manager import SaveReport
+from gptrain.config import TrainingConfig
 from gptrain.parallel.rng import stream_layout
 from gptrain.train.data_order import order_record
 from gptrain.train.session import Session
@@ -41,6 +42,30 @@ def validation_metrics(s: Session) -> dict[str, float] | None:
     if s.validation is None or s.validation[0] != s.state.step:
         return None
     return {"val_loss": s.validation[1]}
+
+
+def retention_warning(cfg: TrainingConfig) -> str | None:
+    """Retention by val_loss ranks only the saves made at a validated step (validation_metrics): say so
+    at the start when few or none of them are (NeMo saves at each validation; gptrain on its interval)."""
+    em, t = cfg.exp_manager, cfg.trainer
+    params = em.checkpoint_callback_params
+    if not em.create_checkpoint_callback or params.monitor is None or params.save_top_k < 1:
+        return None
+    key = "exp_manager.checkpoint_callback_params"
+    if not t.val_check_interval or t.limit_val_batches < 1:
+        return (
+            f"{key}.monitor={params.monitor}, but no validation runs (trainer.val_check_interval="
+            f"{t.val_check_interval}, trainer.limit_val_batches={t.limit_val_batches}): no save records it,"
+            f" so the newest {params.save_top_k} are kept"
+        )
+    every = params.every_n_train_steps
+    if every and every % t.val_check_interval:
+        return (
+            f"{key}.every_n_train_steps={every} is not a multiple of trainer.val_check_interval="
+            f"{t.val_check_interval}: the saves between validations record no {params.monitor} and rank below"
+            f" every save that does (monitor={params.monitor}); make it a multiple to rank them all"
+        )
+    return None
 
 
 def watch_checkpoint_saves(s: Session) -> None:

@@ -8,7 +8,7 @@ from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
 
 from gptrain.checkpoint.integrity import COMPLETE, complete_steps
 from gptrain.errors import EXIT_REQUEUE
-from gptrain.train import eval_splits
+from gptrain.train import eval_splits, loop, saving
 from gptrain.train.results import TB_VAL_LOSS
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -105,3 +105,33 @@ def test_a_resumed_run_ranks_the_checkpoints_saved_before_it_by_their_val_loss(t
     code, trained = run_recording(monkeypatch, tiny_config(tmp_path, *cfg))
     assert code == 0 and sorted(trained) == [4, 5, 6]
     assert complete_steps(tmp_path / "checkpoints") == best_and_newest(losses, 1) == [1, 6]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warning"),
+    [
+        (
+            ["trainer.val_check_interval=3", "exp_manager.checkpoint_callback_params.every_n_train_steps=2"],
+            "warning: exp_manager.checkpoint_callback_params.every_n_train_steps=2 is not a multiple of "
+            "trainer.val_check_interval=3: the saves between validations record no val_loss and rank below "
+            "every save that does (monitor=val_loss); make it a multiple to rank them all",
+        ),
+        (
+            ["trainer.limit_val_batches=0"],
+            "warning: exp_manager.checkpoint_callback_params.monitor=val_loss, but no validation runs "
+            "(trainer.val_check_interval=1, trainer.limit_val_batches=0): no save records it, so the newest "
+            "2 are kept",
+        ),
+    ],
+)
+def test_a_run_by_val_loss_whose_saves_miss_validation_says_so_at_the_start(tmp_path, overrides, warning):
+    """NeMo saves at each validation; gptrain on its own interval, where a save without validation
+    records no val_loss: without the line, such a run quietly keeps its newest instead of its best."""
+    cfg = tiny_config(tmp_path, *MOCK, *BY_VAL_LOSS, "trainer.max_steps=1", *overrides)
+    assert loop.train(cfg) == 0
+    assert warning in log_lines(tmp_path)
+    quiet = tiny_config(tmp_path / "quiet", *MOCK, *BY_VAL_LOSS)  # saves at every validation
+    assert (
+        saving.retention_warning(quiet) is None
+        and saving.retention_warning(tiny_config(tmp_path, *MOCK)) is None
+    )
