@@ -263,10 +263,9 @@ def build_checkpoint_manager(
     model_config: GPTConfig | None = None,
 ) -> CheckpointManager:
     """Checkpoints in <explicit_log_dir>/checkpoints, keeping save_top_k (the best by monitor, or the
-    newest) and the newest; `vocab_size`
-    (unpadded) tells the padding rows apart when TP changed the padded vocabulary; `tokenizer` and
-    `model_config`'s architecture settings are recorded with each save and checked against each
-    checkpoint loaded."""
+    newest) and the newest; `vocab_size` (unpadded) tells the padding rows apart when TP changed the
+    padded vocabulary; `tokenizer` and `model_config`'s architecture settings are recorded with each
+    save and checked against each checkpoint loaded."""
     params = cfg.exp_manager.checkpoint_callback_params
     root = Path(cfg.exp_manager.explicit_log_dir) / "checkpoints"
     return CheckpointManager(
