@@ -188,28 +188,67 @@ LINES_BLOCK = 1 << 20
 LINE_BREAK = re.compile(rb"\r\n|\r|\n")  # as a text-mode file splits lines
 
 
+class LineEnd:
+    """The end of a line whose start lies before what has been read. Its chunks are kept apart and
+    joined once: a stretch without a line break (a crashed NFS client's NULs) was copied and searched
+    again for every block put before it, minutes for a few hundred MB. Whether it holds a needle is
+    known from each chunk and its seam with the chunk after it."""
+
+    def __init__(self, needles: list[bytes]):
+        self.needles = needles
+        self.seam = max((len(needle) for needle in needles), default=1) - 1
+        self.chunks: list[bytes] = []  # last first
+        self.head = b""  # the first `seam` bytes, where a needle may begin in the chunk before
+        self.holding = not needles
+
+    def put_before(self, chunk: bytes) -> None:
+        if not self.holding:
+            across = chunk[max(0, len(chunk) - self.seam) :] + self.head if self.seam else b""
+            self.holding = any(needle in chunk or needle in across for needle in self.needles)
+        self.chunks.append(chunk)
+        self.head = (chunk[: self.seam] + self.head)[: self.seam]
+
+    def text(self) -> str:
+        return b"".join(reversed(self.chunks)).decode(errors="replace")
+
+
+def first_and_last_pieces(data: bytes) -> list[bytes]:
+    """What comes before the block's first line break and after its last one ([data] without one):
+    in a block without a needle the lines between them are not wanted."""
+    first = LINE_BREAK.search(data)
+    if not first:
+        return [data]
+    return [data[: first.start()], data[max(data.rfind(b"\n"), data.rfind(b"\r")) + 1 :]]
+
+
 def lines_from_the_end(path: Path, holding: tuple[str, ...] = (), block: int = LINES_BLOCK) -> Iterator[str]:
     """The file's lines, last first, read a block at a time from its end: a week's log with
     NCCL_DEBUG=INFO holds gigabytes, and status wants its last few lines of one kind. `holding`:
     only lines with one of these in them, and a block without any is skipped unsplit (a log that
-    lacks them is read at the disk's pace). OSError as open raises it."""
+    lacks them is read at the disk's pace). Each byte is read and searched about once, however long
+    its line. OSError as open raises it."""
     needles = [text.encode() for text in holding]
     with open(path, "rb") as handle:
-        position, rest = handle.seek(0, 2), b""
+        position, end = handle.seek(0, 2), LineEnd(needles)
         while position > 0:
             start = max(0, position - block)
             handle.seek(start)
-            data = handle.read(position - start) + rest
+            data = handle.read(position - start)
             position = start
             if needles and not any(needle in data for needle in needles):
-                first_break = LINE_BREAK.search(data)
-                rest = data[: first_break.start()] if first_break else data
+                pieces = first_and_last_pieces(data)  # a needle may still cross a seam
+            else:  # a \r\n cut by the block boundary is read as two breaks: one empty line more
+                pieces = LINE_BREAK.split(data)
+            end.put_before(pieces[-1])
+            if len(pieces) == 1:
                 continue
-            # a \r\n cut by the block boundary is read as two breaks: one empty line more
-            lines = LINE_BREAK.split(data)
-            rest = lines[0]  # the block before may hold the start of that line
-            for line in reversed(lines[1:]):
+            if end.holding:
+                yield end.text()
+            for line in reversed(pieces[1:-1]):
                 if not needles or any(needle in line for needle in needles):
                     yield line.decode(errors="replace")
-        if rest and (not needles or any(needle in rest for needle in needles)):
-            yield rest.decode(errors="replace")
+            end = LineEnd(needles)  # the block before may hold the start of that line
+            end.put_before(pieces[0])
+        last = end.text()
+        if last and end.holding:
+            yield last

@@ -1287,3 +1287,63 @@ def test_lines_from_the_end_are_the_files_lines_reversed(tmp_path, block):
     with open(path, errors="replace") as handle:
         assert read == [line.rstrip("\n") for line in reversed(list(handle)) if line != "\n"]
     assert list(lines_from_the_end(path, holding=("line", "✓"), block=block)) == ["fifth ✓", "second é line"]
+
+
+class CountedBytes(bytes):
+    """Bytes that add to `counted` what each search, slice or join of them goes through."""
+
+    counted: list[int] = []
+
+    def made(self, data: bytes) -> "CountedBytes":
+        self.counted.append(len(data))
+        return CountedBytes(data)
+
+    def __add__(self, other):
+        return self.made(bytes(self) + bytes(other))
+
+    def __radd__(self, other):
+        return self.made(bytes(other) + bytes(self))
+
+    def __getitem__(self, index):
+        return self.made(bytes(self)[index]) if isinstance(index, slice) else bytes(self)[index]
+
+    def __contains__(self, needle):
+        self.counted.append(len(self))
+        return bytes.__contains__(self, needle)
+
+
+def test_lines_from_the_end_go_through_a_long_unbroken_stretch_once(tmp_path, monkeypatch):
+    """After an NFS client crash a log can end in hundreds of MB of NULs without a line break: each
+    block was put before the stretch read so far, and that copied and searched again, minutes for
+    256 MB. Now each block is gone through a few times, whatever its line's length; the exit line
+    before the stretch and a needle across a block boundary are still found."""
+    from gptrain.launch import log_endings
+
+    class CountedFile:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def read(self, *args):
+            return CountedBytes(self.handle.read(*args))
+
+        def seek(self, *args):
+            return self.handle.seek(*args)
+
+    def counted_open(path, *args, **kwargs):
+        return CountedFile(open(path, *args, **kwargs))
+
+    monkeypatch.setattr(CountedBytes, "counted", [])
+    monkeypatch.setattr(log_endings, "open", counted_open, raising=False)
+    block, size = 4096, 2**20
+    log = tmp_path / "job_7.out"
+    exit_line, across = b"gptrain: step finished with exit code 0\n", b"gptrain: " + b"\0" * (block - 4)
+    log.write_bytes(exit_line + b"\0" * size + across)  # the last block boundary cuts `across`'s needle
+    lines = list(log_endings.lines_from_the_end(log, holding=("gptrain: ",), block=block))
+    assert lines == [("\0" * size + across.decode()), exit_line.decode().strip()]
+    assert sum(CountedBytes.counted) < 4 * size  # about once (old: 261 times)
