@@ -167,7 +167,7 @@ def ends_with_exit_line(log: Path) -> bool:
     """Whether the batch script's lines (in the stderr file, where the job has one) end with its exit
     line and no requeue by Slurm before it; a requeued job's next attempt writes after it."""
     lines = last_lines(next((err for err in stderr_logs(log) if err.exists()), log), 2)
-    if not lines or not STEP_FINISHED.match(lines[-1]):
+    if not lines or not STEP_FINISHED.search(lines[-1]):  # as last_exit_line: after a cut line too
         return False
     return len(lines) < 2 or REQUEUED_BY_SLURM not in lines[-2]
 

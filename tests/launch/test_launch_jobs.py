@@ -1347,3 +1347,15 @@ def test_lines_from_the_end_go_through_a_long_unbroken_stretch_once(tmp_path, mo
     lines = list(log_endings.lines_from_the_end(log, holding=("gptrain: ",), block=block))
     assert lines == [("\0" * size + across.decode()), exit_line.decode().strip()]
     assert sum(CountedBytes.counted) < 4 * size  # about once (old: 261 times)
+
+
+def test_an_exit_line_after_a_cut_line_ends_the_log_for_status_and_follow(tmp_path):
+    """A rank killed mid-line (OOM, SIGKILL) leaves no line break, and the batch script's exit line
+    joins its partial line: status read the job's end there, while `logs -f` (ends_with_exit_line,
+    matching at the line's start) kept following a job that was over. Both read it now."""
+    from gptrain.launch.log_endings import ends_with_exit_line, log_ending
+
+    log = tmp_path / "job_7.out"
+    log.write_text("iteration 5/10 | loss 3.2 | some partial outpgptrain: step finished with exit code 137\n")
+    assert log_ending(log).exit_code == "137:0"
+    assert ends_with_exit_line(log)
