@@ -232,20 +232,36 @@ def check_run_architecture(
     no tensor's shape shows: rope base, norm epsilon, activation, heads of another width). A
     difference would load the weights into a model that computes something else, and export's
     verification, comparing two models built from the same settings, would pass it: refused, as a
-    resume refuses it, unless overrides changed those settings on purpose (`gptrain eval`)."""
+    resume refuses it, unless overrides changed those settings on purpose (`gptrain eval`), which
+    includes the settings they move in turn (more heads: narrower ones)."""
+    from gptrain.checkpoint import architecture
+
+    saved, live = recorded_architecture(step_dir), architecture_of(cfg, rows)
+    given = architecture_of(load_hparams(hparams), rows) if overrides else live
+    asked = {item.split("=", 1)[0].lstrip("+~") for item in overrides}
+    asked |= {change.split(" ", 1)[0] for change in architecture.changes(given, live)}
+    found = [change for change in architecture.changes(saved, given) if change.split(" ", 1)[0] not in asked]
+    if found:
+        raise CheckpointMismatchError(
+            f"checkpoint {step_dir} was trained with other model settings than {hparams} gives "
+            f"({'; '.join(found)}): the weights would load into a model that computes something else; "
+            "set the old values there"
+        )
+
+
+def architecture_of(cfg: Any, rows: int) -> dict[str, Any]:
+    """The architecture record of the model `cfg` builds."""
     from gptrain.checkpoint import architecture
     from gptrain.train.builders import build_model_config
 
-    found = architecture.changes(
-        recorded_architecture(step_dir), architecture.record(build_model_config(cfg, rows))
-    )
-    asked = {item.split("=", 1)[0].lstrip("+~") for item in overrides}
-    if all(change.split(" ", 1)[0] in asked for change in found):
-        return
-    raise CheckpointMismatchError(
-        f"checkpoint {step_dir} was trained with other model settings than {hparams} gives ({'; '.join(found)}): "
-        "the weights would load into a model that computes something else; set the old values there"
-    )
+    return architecture.record(build_model_config(cfg, rows))
+
+
+def load_hparams(hparams: Path) -> Any:
+    """The run's config as its hparams.yaml gives it, without the command's overrides."""
+    from gptrain.config import load_training_config
+
+    return load_training_config(config_file=str(hparams), report_ignored=False)
 
 
 @dataclass

@@ -365,6 +365,32 @@ def test_a_checkpoint_trained_with_other_settings_than_its_hparams_give_is_refus
     assert open_run(run, ["model.rotary_base=10000"]).step_dir.name == "step_2"
 
 
+def test_an_override_changes_the_settings_it_moves_and_only_hparams_differences_are_refused(tmp_path) -> None:
+    """`gptrain eval RUN model.num_attention_heads=8` was refused: the heads' width and the query
+    groups (null: one per head) moved with it, and only the typed key counted as asked. Those load
+    now; a difference of hparams.yaml from the checkpoint stays refused, and alone in the line."""
+    from hf_helpers import saved_run
+
+    from gptrain.checkpoint import architecture
+    from gptrain.checkpoint.compat import CheckpointMismatchError
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.parallel.state_dict import model_state_dict
+    from gptrain.trained.load import open_run
+
+    run, model = saved_run(tmp_path / "run", "gpt2")
+    CheckpointManager(
+        run / "checkpoints", keep_last=None, architecture=architecture.record(model.config)
+    ).save(2, {"model": model_state_dict(model)}, {})
+    assert open_run(run, ["model.num_attention_heads=8"]).cfg.model.num_attention_heads == 8
+    hparams = run / "hparams.yaml"
+    assert "layernorm_epsilon: 0.001" in hparams.read_text()
+    hparams.write_text(hparams.read_text().replace("layernorm_epsilon: 0.001", "layernorm_epsilon: 0.002"))
+    with pytest.raises(CheckpointMismatchError) as refused:
+        open_run(run, ["model.num_attention_heads=8"])
+    assert "(model.layernorm_epsilon 0.001 -> 0.002): " in str(refused.value)
+    assert str(refused.value).endswith("set the old values there")
+
+
 def test_an_export_of_a_checkpoint_changed_on_disk_is_refused(exported, tmp_path) -> None:
     """The logit check compares two readings of the same weights: a byte changed since the save
     would pass it. The CRC-32s recorded at the save are read first."""
