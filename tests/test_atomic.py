@@ -181,3 +181,20 @@ def test_a_directory_being_filled_is_never_removed_as_a_dead_writers(tmp_path) -
     os.utime(left, (0, 0))
     assert atomic.remove_stale_temporary_directories(tmp_path / "out", 3600) == [(left, 10)]
     assert not left.exists()
+
+
+def test_the_working_directory_is_refused_not_replaced(tmp_path, monkeypatch) -> None:
+    """An empty working directory as the output (an import's --output .) was removed and the staging
+    directory renamed onto its name: the shell sat in a removed directory. Refused; same inode."""
+    from gptrain.errors import DataError
+
+    here = tmp_path / "here"
+    here.mkdir()
+    before = os.stat(here)
+    monkeypatch.chdir(here)
+    for given in (here, Path(".")):
+        refused = pytest.raises(DataError, match="is the working directory, which the output would replace")
+        with refused, atomic_directory(given) as staging:
+            (staging / "hparams.yaml").write_text("")
+        assert os.stat(here).st_ino == before.st_ino and os.stat(".").st_ino == before.st_ino
+        assert os.listdir(tmp_path) == ["here"] and os.listdir(here) == []

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from gptrain.errors import GptrainError, printable
+from gptrain.errors import DataError, GptrainError, printable
 
 PROC_STATUS = Path("/proc/self/status")  # Linux: has a "Umask:" row
 
@@ -236,6 +236,19 @@ def open_to_umask(directory: Path) -> None:
     os.chmod(directory, dir_mode)
 
 
+def refuse_working_directory(path: str | os.PathLike[str]) -> None:
+    """`atomic_directory` replaces an empty `path` with its staging directory: the working directory
+    (`gptrain export RUN --to hf .` in a new empty one) would be removed under the shell, which then
+    sees nothing there until it enters it again. Filled entry by entry instead, a kill would leave a
+    half-written one: refused, before any work, asking for a name."""
+    with contextlib.suppress(OSError):  # absent: nothing is replaced
+        if os.path.samefile(path, os.curdir):
+            raise DataError(
+                f"{printable(os.fspath(path))}: is the working directory, which the output would replace "
+                "(the shell would be left in a removed directory); give a new directory's name, such as ./model"
+            )
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary sibling directory to fill; renamed onto `path` (absent or empty) on success,
@@ -244,6 +257,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     and names are on disk before the rename, and the rename before this returns (a node that
     crashes after an export leaves no complete-looking directory of empty files)."""
     path = Path(path)
+    refuse_working_directory(path)
     made = []  # the parents this call created, outermost first (another process's are not its to remove)
     for parent in reversed(path.parents):
         try:

@@ -248,6 +248,35 @@ def test_an_output_dir_that_cannot_be_made_is_refused_before_reading_the_checkpo
     )
 
 
+def test_an_export_into_the_empty_working_directory_is_refused_before_reading_the_checkpoint(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`gptrain export RUN --to hf .` in a new empty directory replaced it with the staging directory:
+    the shell was left in a removed one, which listed nothing until entered again. Refused, the
+    directory untouched."""
+    pytest.importorskip("transformers")
+    import os
+
+    import gptrain.trained.hf.export as export
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(export, "open_run", never)
+    here = tmp_path / "here"
+    here.mkdir()
+    before = os.stat(here)
+    monkeypatch.chdir(here)
+    with pytest.raises(DataError) as error:
+        export.export_hf(tmp_path / "run", ".")
+    assert str(error.value) == (
+        f"{here}: is the working directory, which the output would replace (the shell would be left in a "
+        "removed directory); give a new directory's name, such as ./model"
+    )
+    assert (os.stat(".").st_ino, os.stat(here).st_ino) == (before.st_ino, before.st_ino)
+    assert os.listdir(tmp_path) == ["here"] and os.listdir(here) == []
+
+
 def test_a_transformers_directory_given_as_a_checkpoint_says_to_import_it(tmp_path: Path) -> None:
     """export, generate and eval named only the run layouts they read; the model to continue from
     or sample is often a transformers directory, which `gptrain import` turns into a run."""

@@ -35,7 +35,7 @@ from gptrain.trained.hf.tokenizer_files import (
 from gptrain.trained.hf.transformers_api import config_class, require_transformers
 from gptrain.trained.hf.verify import Verification
 from gptrain.trained.load import not_finite_text
-from gptrain.utils.atomic import atomic_directory, remove_unfinished_directories
+from gptrain.utils.atomic import atomic_directory, refuse_working_directory, remove_unfinished_directories
 from gptrain.utils.paths import directory_blocker
 from gptrain.utils.progress import Progress
 
@@ -120,7 +120,7 @@ def export_hf(
     require_transformers()
     started = time.perf_counter()
     stream = stream or sys.stderr
-    output = Path(output).resolve()  # "." (an empty working directory) names no sibling to stage in
+    output = Path(output).resolve()  # "out/." names no sibling to stage in
     remove_unfinished_directories(output, stream)
     _check_output(output)  # before the CRC-32 pass over the whole checkpoint
     # the CRC-32s too: the logit check compares two readings of the same weights, and would pass
@@ -227,6 +227,7 @@ def _check_output(output: Path) -> None:
         raise DataError(
             f"{output}: already exists and is not an empty directory; remove it or choose another"
         )
+    refuse_working_directory(output)  # as atomic_directory does, but before the CRC-32 pass
     blocker = directory_blocker(output.parent, must_write=True)  # the directory is renamed into it
     if blocker is not None:
         raise DataError(f"{output}: {blocker}; choose an OUTPUT_DIR that can be written")
