@@ -133,12 +133,27 @@ def command_words(key: str, value: Any) -> list[str] | None:
     if not isinstance(value, str):
         return words(key, value)
     try:
-        return shlex.split(value)
+        split = shlex.split(value)
     except ValueError as error:  # an unclosed quote
         raise ConfigError(
             f"{key}: {value!r} cannot be split into options ({error}); close the quote, or give a list"
             f" ({key}=[a,b])"
         ) from None
+    check_each_word_is_an_option(key, value, split)
+    return split
+
+
+def check_each_word_is_an_option(key: str, value: str, split: list[str]) -> None:
+    """A word of a split srun_args string that is no option must be the value of the option just
+    before it (`--mpi pmix`): one more would be srun's command (`--container-mounts=/lustre/My
+    Data:/data` unquoted runs `Data:/data` on every node, and only after the queue wait)."""
+    for before, word in zip([None, *split[:-1]], split, strict=True):
+        if not word.startswith("-") and (before is None or not before.startswith("-") or "=" in before):
+            raise ConfigError(
+                f"{key}: {value!r} splits into {word!r}, which is neither an option nor the value of the"
+                f" option before it (srun would run it as the command); quote a value with a space, or give"
+                f" a list ({key}=[a,b])"
+            )
 
 
 def slurm_time(key: str, value: Any) -> Any:

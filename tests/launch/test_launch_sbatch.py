@@ -511,3 +511,30 @@ def test_srun_args_given_as_one_string_are_split_into_options(tmp_path):
         'cluster.srun_args: "--comment=\'run 3" cannot be split into options (No closing quotation);'
         " close the quote, or give a list (cluster.srun_args=[a,b])"
     )
+
+
+@pytest.mark.parametrize(
+    "given, stray",
+    [
+        ("--container-mounts=/lustre/My Data:/data", "Data:/data"),  # a path with a space, unquoted
+        ("--container-mounts /lustre/My Data:/data", "Data:/data"),
+        ("pmix --label", "pmix"),
+    ],
+)
+def test_a_word_of_srun_args_srun_would_run_as_its_command_is_refused(tmp_path, given, stray):
+    """A split srun_args string whose word is neither an option nor the value of the option before
+    it reached srun as its command, run on every node once the job left the queue. Refused naming
+    the key; an option's value after a space stays one (`--mpi pmix`)."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args, f"cluster.srun_args={given}"]))
+    assert str(error.value) == (
+        f"cluster.srun_args: {given!r} splits into {stray!r}, which is neither an option nor the value of"
+        " the option before it (srun would run it as the command); quote a value with a space, or give a"
+        " list (cluster.srun_args=[a,b])"
+    )
+    ok = "cluster.srun_args=--mpi pmix -l --container-mounts '/lustre/My Data:/data'"
+    [path] = write_run_files(build_plan(compose([*args, ok])), [*args, ok])
+    srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
+    words = shlex.split(srun.removesuffix(" &"))
+    assert words[words.index("--mpi") : words.index("bash")] == ["--mpi", "pmix", "-l"]
