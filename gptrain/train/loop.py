@@ -173,19 +173,21 @@ def train(
             raise
         raise final from None
     finally:
-        watchdog.close()
-        if failed and session is not None:
-            saving.finish_saves_after_failure(session)
-        run_lock.release()
-        # a run stopped for a requeue exits 75, not of a SIGTERM during its shutdown (srun's when
-        # another rank has exited, Slurm's at the time limit after its warning signal)
-        stop.uninstall(keep_ignoring=requeue)
-        scalars.close()
-        log.close()
-        if world.world_size > 1:
-            shutdown(wait_for_peers=not failed)  # peers may be stuck in a collective: do not wait
-        if not process_exits:  # a caller that goes on: the shutdown the signals were ignored for is over
-            stop.stop_ignoring()
+        try:
+            watchdog.close()
+            if failed and session is not None:
+                saving.finish_saves_after_failure(session)
+            run_lock.release()
+            # a run stopped for a requeue exits 75, not of a SIGTERM during its shutdown (srun's when
+            # another rank has exited, Slurm's at the time limit after its warning signal)
+            stop.uninstall(keep_ignoring=requeue)
+            scalars.close()
+            log.close()
+            if world.world_size > 1:
+                shutdown(wait_for_peers=not failed)  # peers may be stuck in a collective: do not wait
+        finally:  # also when a close above raised: a caller that goes on must not keep them ignored
+            if not process_exits:  # the shutdown the signals were ignored for is over
+                stop.stop_ignoring()
 
 
 def set_throughput_reference(s: Session, model_config: object) -> None:

@@ -94,6 +94,29 @@ def test_a_caller_gets_its_stop_handlers_back_after_a_requeue_stop(tmp_path, mon
     assert after == {signal.SIGTERM: caller_handler, signal.SIGUSR1: caller_handler}
 
 
+def test_a_caller_gets_its_stop_handlers_back_when_closing_the_run_log_fails(tmp_path, monkeypatch):
+    """The handlers were given back after the run's closes: one that raised (the log's file system
+    full at its last write) left SIGTERM and SIGUSR1 ignored for the rest of the caller's life."""
+    import signal
+
+    def caller_handler(signum, frame):
+        del signum, frame
+
+    def failing_close(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(loop.RunLog, "close", failing_close)
+    previous = {signum: signal.signal(signum, caller_handler) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        with pytest.raises(OSError, match="No space left on device"):
+            run_recording(monkeypatch, tiny_config(tmp_path, *MOCK), signal_at=1)
+        after = {signum: signal.getsignal(signum) for signum in previous}
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert after == {signal.SIGTERM: caller_handler, signal.SIGUSR1: caller_handler}
+
+
 def test_exit_interval_saves_exits_zero_and_the_resume_is_bit_exact(uninterrupted, tmp_path, monkeypatch):
     """trainer.exit_interval (Megatron's --exit-interval): at iteration 5, not a save step, the run
     saves and exits 0 without validating; the same command then trains on to max_steps, step 6's loss
