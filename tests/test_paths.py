@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from gptrain.utils.paths import directory_blocker, look_up
+from gptrain.utils.paths import Lookup, directory_blocker, look_up
 
 
 def refuse_under(monkeypatch, directory: Path, code: int = errno.EACCES) -> None:
@@ -52,6 +55,62 @@ def test_a_path_under_an_unsearchable_directory_names_that_directory(tmp_path, m
             f"cannot be looked up (Permission denied); check the permissions of {locked} and the"
             " directories above it"
         )
+
+
+def test_a_path_through_a_link_names_the_directory_that_refused_where_it_points(
+    tmp_path, monkeypatch
+) -> None:
+    """`pub/link` -> `secret/dir`, `secret` not searchable: a stat through the link refuses at the
+    link, and the walk with stat named its parent `pub`, which the user may search."""
+    secret, pub = tmp_path / "secret", tmp_path / "pub"
+    (secret / "dir").mkdir(parents=True)
+    pub.mkdir()
+    os.symlink(secret / "dir", pub / "link")
+    real_stat = os.stat
+
+    def stat_(path, *args, follow_symlinks=True, **kwargs):
+        name = os.fspath(path)
+        through_link = follow_symlinks and (name == str(pub / "link") or name.startswith(f"{pub}/link/"))
+        if name.startswith(f"{secret}/") or through_link:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+        return real_stat(path, *args, follow_symlinks=follow_symlinks, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat_)
+    expected = (
+        f"cannot be looked up (Permission denied); check the permissions of {secret} (reached through"
+        f" the link {pub}/link) and the directories above it"
+    )
+    assert look_up(pub / "link" / "cfg.yaml") == look_up(pub / "link") == Lookup("unreachable", why=expected)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to drop its override"
+)
+def test_a_link_into_a_directory_another_user_owns_names_that_directory(tmp_path) -> None:
+    """The same with real permissions: root without CAP_DAC_OVERRIDE/READ_SEARCH may not search
+    `secret`, nobody's and 0700."""
+    secret, pub = tmp_path / "secret", tmp_path / "pub"
+    (secret / "dir").mkdir(parents=True)
+    pub.mkdir()
+    os.chown(secret, 65534, 65534)
+    secret.chmod(0o700)
+    os.symlink(secret / "dir", pub / "link")
+    code = "import sys; from gptrain.utils.paths import look_up; print(look_up(sys.argv[1]).why)"
+
+    def shown(path: str) -> str:
+        drop = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+        run = subprocess.run(
+            [*drop, sys.executable, "-c", code, path], cwd=pub, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    expected = (
+        "cannot be looked up (Permission denied); check the permissions of {} (reached through the link {})"
+        " and the directories above it"
+    )
+    assert shown(f"{pub}/link/cfg.yaml") == expected.format(secret, f"{pub}/link")
+    assert shown("../pub/./link/cfg.yaml") == expected.format(secret, "../pub/link")  # relative: as given
 
 
 def test_a_symbolic_link_loop_says_to_check_the_links(tmp_path) -> None:

@@ -42,7 +42,9 @@ def _unreachable_why(path: Path, error: OSError) -> str:
     """'cannot be looked up (<strerror>); <what to check>', to follow the path as each caller
     names it (after its key or flag)."""
     if isinstance(error, PermissionError):
-        advice = f"check the permissions of {unsearchable_directory(path)} and the directories above it"
+        directory, link = unsearchable_directory(path)
+        through = f" (reached through the link {link})" if link is not None else ""
+        advice = f"check the permissions of {directory}{through} and the directories above it"
     elif error.errno == errno.ELOOP:
         advice = "check the symbolic links on its way (one may point at itself)"
     else:
@@ -50,17 +52,43 @@ def _unreachable_why(path: Path, error: OSError) -> str:
     return f"cannot be looked up ({error.strerror or error}); {advice}"
 
 
-def unsearchable_directory(path: Path) -> Path:
-    """The directory that refused the lookup of `path`: the deepest one above it that can itself be
-    looked up (its parent, unless one further up refuses too)."""
-    for ancestor in reversed(path.parents[:-1]):  # from the top down; the top one (/ or .) is given
+MAX_LINK_HOPS = 40
+"""Symbolic links followed in one lookup before giving up, as Linux's limit (ELOOP)."""
+
+
+def unsearchable_directory(path: Path) -> tuple[Path, Path | None]:
+    """The directory that refused the lookup of `path`, and the first symbolic link on the way to
+    it (None if none). Each name is looked up without following it (a stat through a link refuses
+    at the link, naming its searchable parent), and a link's target is walked in its place, so
+    `~/data` -> `/lustre/proj/x` names the /lustre directory that refused. `path`'s parent where
+    no refusal is found (the permissions changed since)."""
+    directory = Path(path.anchor) if path.is_absolute() else Path()
+    names, first_link, hops = list(path.parts[1:] if path.is_absolute() else path.parts), None, 0
+    while names:
+        name = names.pop(0)
+        entry = directory / name
         try:
-            ancestor.stat()
+            mode = os.stat(entry, follow_symlinks=False).st_mode  # lstat, through os.stat as Path.stat
         except PermissionError:
-            return ancestor.parent
+            return directory, first_link
         except OSError:
             break
-    return path.parent
+        if stat.S_ISLNK(mode):
+            hops += 1
+            if hops > MAX_LINK_HOPS:  # a loop: ELOOP, which the caller tells apart
+                break
+            try:
+                target = Path(os.readlink(entry))
+            except OSError:
+                break
+            first_link = entry if first_link is None else first_link
+            names = list(target.parts[1:] if target.is_absolute() else target.parts) + names
+            directory = Path(target.anchor) if target.is_absolute() else directory
+        elif name == "..":
+            directory = directory / ".." if directory.name in ("", "..") else directory.parent
+        elif name != ".":
+            directory = entry
+    return path.parent, None
 
 
 def directory_blocker(path: str | os.PathLike[str], must_write: bool = False) -> str | None:
