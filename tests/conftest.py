@@ -67,6 +67,25 @@ def one_torch_thread_per_module():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def flock_as_nfs(monkeypatch):
+    """flock as Linux's NFS client makes it, a POSIX lock: an exclusive one needs a descriptor open for
+    writing, a shared one for reading (EBADF otherwise), and a directory's is never open for writing."""
+    import errno
+    import fcntl
+
+    real_flock = fcntl.flock
+
+    def flock(descriptor: int, operation: int) -> None:
+        access = fcntl.fcntl(descriptor, fcntl.F_GETFL) & os.O_ACCMODE
+        needs = os.O_WRONLY if operation & fcntl.LOCK_EX else os.O_RDONLY
+        if access not in (needs, os.O_RDWR):
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        real_flock(descriptor, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
 def write_word_corpus(directory, documents, words: int = 60) -> tuple[str, str]:
     """(prefix, tokenizer.json): `documents` (arrays of ids 1..words, EOD 0 appended to each) as a
     Megatron .bin/.idx corpus under `directory`, and the word-level HF tokenizer of w0..w{words-1}."""

@@ -198,3 +198,61 @@ def test_the_working_directory_is_refused_not_replaced(tmp_path, monkeypatch) ->
             (staging / "hparams.yaml").write_text("")
         assert os.stat(here).st_ino == before.st_ino and os.stat(".").st_ino == before.st_ino
         assert os.listdir(tmp_path) == ["here"] and os.listdir(here) == []
+
+
+def left_by_a_killed_writer(tmp_path: Path, nbytes: int) -> Path:
+    """The staging directory of `out` a SIGKILLed atomic_directory left, lock file and all, an hour
+    old and more."""
+    left = tmp_path / ".out.abcdefgh.tmp"
+    left.mkdir()
+    (left / atomic.WRITER_LOCK).touch()
+    (left / "weights").write_bytes(b"x" * nbytes)
+    os.utime(left, (0, 0))
+    return left
+
+
+def test_on_nfs_a_dead_writers_staging_directory_is_removed_and_a_live_ones_kept(
+    tmp_path, monkeypatch
+) -> None:
+    """The writer locked the directory itself, which NFS refuses (EBADF), and the sweep, unable to
+    tell, kept every staging directory there: a killed export's stayed, as large as the model."""
+    with atomic_directory(tmp_path / "out") as staging:
+        os.utime(staging, (0, 0))
+        assert atomic.remove_stale_temporary_directories(tmp_path / "out", 0) == [] and staging.is_dir()
+        (staging / "weights").write_bytes(b"x" * 10)
+    assert sorted(os.listdir(tmp_path / "out")) == ["weights"]  # the lock file is not part of the output
+    left = left_by_a_killed_writer(tmp_path, 10)
+    assert atomic.remove_stale_temporary_directories(tmp_path / "out", 3600) == [(left, 10)]
+    assert not left.exists()
+
+
+def test_on_nfs_a_dead_writers_temporary_file_is_removed_and_a_live_ones_kept(tmp_path, flock_as_nfs) -> None:
+    """The sweep asked for an exclusive lock on a read-only descriptor, which NFS refuses (EBADF): it
+    kept every temporary there, a killed run's checkpoints/.latest.*.tmp and a killed prepare's too."""
+    target = tmp_path / "corpus.bin"
+    live = atomic.temporary_sibling(target)
+    with open(live, "wb") as handle:
+        atomic.hold(handle)
+        handle.write(b"x" * 7)
+        handle.flush()
+        os.utime(live, (0, 0))
+        assert atomic.remove_stale_temporaries(target, 3600) == ([], [(live, 7)])
+    assert atomic.remove_stale_temporaries(target, 3600) == ([(live, 7)], [])
+    assert not live.exists()
+
+
+def test_where_no_locks_are_taken_the_age_alone_decides(tmp_path, monkeypatch) -> None:
+    """ENOLCK (a file system mounted without locks): a dead writer's old staging directory is removed,
+    a live writer's younger one kept; the sweep kept both, forever."""
+    import errno
+    import fcntl
+
+    def flock(descriptor: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    left = left_by_a_killed_writer(tmp_path, 3)
+    with atomic_directory(tmp_path / "out") as staging:
+        assert atomic.remove_stale_temporary_directories(tmp_path / "out", 3600) == [(left, 3)]
+        assert staging.is_dir()
+    assert list((tmp_path / "out").iterdir()) == []

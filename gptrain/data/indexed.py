@@ -302,7 +302,8 @@ class IndexedDatasetWriter:
         self._bin: IO[bytes] = open(self._temps[0], "wb")  # noqa: SIM115 (closed in finalize/abort)
         self._lengths: IO[bytes] = open(self._temps[1], "w+b")  # noqa: SIM115
         self._docs: IO[bytes] = open(self._temps[2], "w+b")  # noqa: SIM115
-        self._index_hold: IO[bytes] = open(self._temps[3], "rb")  # noqa: SIM115 (the .idx's, written last)
+        # the .idx's, written last; open for writing, as `hold`'s lock needs on NFS
+        self._index_hold: IO[bytes] = open(self._temps[3], "r+b")  # noqa: SIM115
         for handle in (self._bin, self._lengths, self._docs, self._index_hold):
             hold(handle)  # not stale to another write of this output, however long this one runs
         self._docs.write(np.zeros(1, np.int64).tobytes())

@@ -54,24 +54,36 @@ def remove_stale_temporaries(
 
 
 def hold(handle: IO) -> None:
-    """Mark an open temporary file as a live writer's (an exclusive flock, released when the last
-    descriptor of it closes, so also when the process dies): `remove_stale_temporaries` leaves it
-    whatever its age (a job suspended for hours, a long stretch with nothing to write)."""
-    with contextlib.suppress(OSError):  # a filesystem without flock: its temporaries are never removed
+    """Mark a temporary file, open for writing, as a live writer's (an exclusive flock, released when
+    the last descriptor of it closes, so also when the process dies): `remove_stale_temporaries`
+    leaves it whatever its age (a job suspended for hours, a long stretch with nothing to write).
+    Open for writing: NFS makes flock a POSIX lock, and an exclusive one needs that (EBADF)."""
+    with contextlib.suppress(OSError):  # a file system without locks: the age bound alone keeps it
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def held_by_a_writer(temp: Path) -> bool:
-    """Whether a live writer holds `temp`, a file or a directory (see `hold`, `atomic_directory`);
-    True too where that cannot be told."""
+NO_LOCKS = frozenset({errno.ENOLCK, errno.EBADF, errno.EOPNOTSUPP, errno.ENOSYS})
+"""What flock raises where the file system takes no locks of that kind at all."""
+
+
+def held_by_a_writer(lock: Path) -> bool:
+    """Whether a live writer holds `lock` (a temporary file, see `hold`; a staging directory's
+    WRITER_LOCK, see `hold_directory`): a shared flock on a read-only descriptor is refused while it
+    does (as NFS's POSIX locks allow too: an exclusive one would need write access). False where no
+    file is there, or the file system takes no locks (ENOLCK, EBADF, EOPNOTSUPP): the callers' age
+    bound alone tells a dead writer's there. True wherever else it cannot be told (another user's)."""
     try:
-        descriptor = os.open(temp, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        finally:
-            os.close(descriptor)
-    except OSError:  # held (EWOULDBLOCK), or no flock here (ENOLCK, ENOSYS): not ours to remove
+        descriptor = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    except OSError:
         return True
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as error:  # held: EWOULDBLOCK
+        return error.errno not in NO_LOCKS
+    finally:
+        os.close(descriptor)
     return False
 
 
@@ -81,14 +93,17 @@ def remove_stale_temporary_directories(
     """Remove the temporary sibling directories of `path` (`atomic_directory`'s names) that no live
     writer holds and untouched for `older_than_s`: an export or import killed by SIGKILL left them, as
     large as the model. The age bound keeps a live writer's where its lock cannot be seen (a
-    filesystem whose flock is local to each host). Returns the removed ones as (path, bytes)."""
+    file system without locks, or whose flock is local to each host). Returns the removed ones as
+    (path, bytes)."""
     path = Path(path)
     cutoff = time.time() - older_than_s
     removed = []
     for temp in path.parent.glob(f".{glob.escape(path.name)}.{'?' * 8}.tmp"):
         with contextlib.suppress(OSError):  # gone already, or not ours to remove
             stat = temp.lstat()
-            if not temp.is_dir() or temp.is_symlink() or stat.st_mtime >= cutoff or held_by_a_writer(temp):
+            if not temp.is_dir() or temp.is_symlink() or stat.st_mtime >= cutoff:
+                continue
+            if held_by_a_writer(temp / WRITER_LOCK):
                 continue
             size = _tree_bytes(temp)
             shutil.rmtree(temp)
@@ -273,9 +288,11 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     except OSError as error:  # the parent refuses a new directory: said of the directory asked for
         error.filename = str(path)
         raise
-    held = _hold_directory(staging)  # a later export or import never removes it as a dead one's
+    lock = hold_directory(staging)  # a later export or import never removes it as a dead one's
     try:
         yield staging
+        release_directory(staging, lock)  # before the tree is synced: not part of the output
+        lock = None
         open_to_umask(staging)
         sync_tree(staging)
         if path.exists():
@@ -283,6 +300,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         staging.rename(path)
         fsync_directory(path.parent)
     except BaseException as error:
+        release_directory(staging, lock)  # closed first: NFS keeps an open file's removed name
         shutil.rmtree(staging, ignore_errors=True)
         for parent in reversed(made):  # the directories made for it, innermost first, if still empty
             with contextlib.suppress(OSError):
@@ -290,21 +308,35 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         if len(error.args) == 1 and isinstance(error.args[0], str):  # a message naming the staging
             error.args = (error.args[0].replace(str(staging), str(path)),)  # directory names `path`
         raise
-    finally:
-        if held is not None:
-            os.close(held)
 
 
-def _hold_directory(directory: Path) -> int | None:
-    """An open descriptor of `directory` holding an exclusive flock (released when it is closed or the
-    process dies): `remove_stale_temporary_directories` leaves it. None where flock is refused."""
+WRITER_LOCK = ".gptrain-writer.lock"
+"""The file in a staging directory that its writer holds locked. Not the directory itself: NFS makes
+flock a POSIX lock, and an exclusive one needs a descriptor open for writing, which a directory's
+never is (EBADF), so no staging directory there was ever held."""
+
+
+def hold_directory(directory: Path) -> int | None:
+    """Create `directory`/WRITER_LOCK and hold an exclusive flock on it, open for reading and writing
+    (released when it is closed or the process dies): `remove_stale_temporary_directories` leaves
+    `directory` while it is held. The open descriptor, or None where it cannot be locked."""
+    lock = directory / WRITER_LOCK
     try:
-        descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError:
         return None
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        os.close(descriptor)
+        release_directory(directory, descriptor)
         return None
     return descriptor
+
+
+def release_directory(directory: Path, descriptor: int | None) -> None:
+    """Undo `hold_directory`: close its descriptor, then remove its file (closed first, as NFS renames
+    an open file it is asked to remove to a .nfs name, which would stay in the directory)."""
+    if descriptor is not None:
+        os.close(descriptor)
+    with contextlib.suppress(OSError):
+        (directory / WRITER_LOCK).unlink()

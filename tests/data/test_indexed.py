@@ -427,14 +427,19 @@ def test_a_killed_writers_temporaries_are_removed_by_the_next_write_of_that_outp
     assert "1 temporary file (0.5 kB)" in err[1] and str(recent.parent) in err[1] and "delete" in err[1]
 
 
-def test_a_live_writers_temporaries_are_kept_however_old(tmp_path, capsys):
+@pytest.mark.parametrize("nfs", [False, True], ids=["local", "nfs"])
+def test_a_live_writers_temporaries_are_kept_however_old(tmp_path, capsys, nfs, request):
     """The cleanup above judged a temporary by its age alone: a live writer's `.idx` temporary
     (created at its start, written at its end) is as old as the run, and its `.bin` one goes
     untouched while the job is suspended; a second write of the output deleted them, and the first
     one's finish then removed the old `.idx` and failed, leaving the earlier dataset without its
-    index. A live writer holds its temporaries (flock): kept at any age, and the old outputs stay."""
+    index. A live writer holds its temporaries (flock): kept at any age, and the old outputs stay.
+    On NFS too, where the `.idx` one, held open read-only, could not be locked exclusively."""
     import os
     import time
+
+    if nfs:
+        request.getfixturevalue("flock_as_nfs")
 
     prefix = tmp_path / "out_text_document"
     with IndexedDatasetWriter(str(prefix), np.uint16) as old:

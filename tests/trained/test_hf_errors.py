@@ -300,9 +300,9 @@ def test_export_and_import_remove_what_a_killed_one_left_never_a_live_ones(
 ) -> None:
     """A SIGKILLed export or import left its model-sized `.NAME.XXXXXXXX.tmp` staging directory, which
     nothing removed. The next one of that output removes those no live writer holds (atomic_directory
-    keeps an flock on its own) and untouched for an hour, with a line; a live or younger one stays."""
+    keeps a lock file in its own locked) and untouched for an hour, with a line; a live or younger one
+    stays."""
     pytest.importorskip("transformers")
-    import fcntl
     import io
     import os
     import time
@@ -310,6 +310,7 @@ def test_export_and_import_remove_what_a_killed_one_left_never_a_live_ones(
     from gptrain.errors import GptrainError
     from gptrain.trained.hf.export import export_hf
     from gptrain.trained.hf.import_ import import_hf
+    from gptrain.utils.atomic import hold_directory, release_directory
 
     output = tmp_path / "out"
     dead, live, young = (tmp_path / f".out.{tag}.tmp" for tag in ("dead1234", "live5678", "young901"))
@@ -320,8 +321,7 @@ def test_export_and_import_remove_what_a_killed_one_left_never_a_live_ones(
     two_hours_ago = time.time() - 7200
     for directory in (dead, live):
         os.utime(directory, (two_hours_ago, two_hours_ago))
-    holder = os.open(live, os.O_RDONLY)  # as the live export's atomic_directory holds its staging
-    fcntl.flock(holder, fcntl.LOCK_EX)
+    holder = hold_directory(live)  # as the live export's atomic_directory holds its staging
     stream = io.StringIO()
     try:
         with pytest.raises(GptrainError):  # nothing to export or import: the removal came first
@@ -330,7 +330,7 @@ def test_export_and_import_remove_what_a_killed_one_left_never_a_live_ones(
             else:
                 import_hf(tmp_path / "no-model", output, stream=stream)
     finally:
-        os.close(holder)
+        release_directory(live, holder)
     assert not dead.exists() and live.is_dir() and young.is_dir()
     assert stream.getvalue() == (
         f"gptrain: removed .out.dead1234.tmp beside {output} (0.0 GB): left unfinished by a killed export or import\n"
