@@ -184,13 +184,14 @@ def read_verified_metadata(path: Path) -> Metadata:
 
 
 def _newer_than_this_torch(version: str) -> bool:
-    """Whether `version` (a marker's record) is a newer torch than this one; a version that does not
-    parse is taken as newer (the refusal names it; nothing is renamed)."""
+    """Whether `version` (a marker's record) is a newer torch release than this one, builds aside
+    (`2.13.0+cu128` is this `2.13.0+cpu`'s release: local labels compare as text, "cpu" < "cu128");
+    a version that does not parse is taken as newer (the refusal names it; nothing is renamed)."""
     from torch.torch_version import TorchVersion
 
     try:
-        return TorchVersion(torch.__version__) < version
-    except Exception:  # packaging's InvalidVersion: not a version this torch can order
+        return TorchVersion(str(torch.__version__).partition("+")[0]) < version.partition("+")[0]
+    except Exception:  # packaging's InvalidVersion (torch's vendored copy): not a version to order
         return True
 
 

@@ -651,7 +651,8 @@ def test_a_checkpoint_from_a_newer_gptrain_or_torch_is_refused_in_one_line_not_s
 
     # saved by this very torch (or an older one): no newer torch to ask for, so what it was before,
     # damage (a read that went wrong on the way, on one rank): passed over, as a marker before the record
-    for saved_with in (torch.__version__, "2.0.0"):
+    release = torch.__version__.split("+")[0]
+    for saved_with in (torch.__version__, "2.0.0", f"{release}+cu128", f"{release}+zzz"):  # other builds
         marker.write_text(json.dumps({**record, "torch": saved_with}))
         path, _ = manager.load_newest_good(template, applied.append, warnings.append)
         assert path.name == "step_2" and warnings[0].startswith("checkpoint step_4 is damaged: ")
