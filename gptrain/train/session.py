@@ -53,10 +53,10 @@ class Session:
     valid_split: Sequence[Any] | None = None
     """The validation split's samples, in order (its first ones are saved, as train_split's next)."""
     schedule_names: ScheduleNaming = names_in_config
+    """`gptrain megatron` names its flags: in the start warnings and the line at a resume."""
     validation: tuple[int, float] | None = None
     """(iteration, loss) of this process's last validation: a save at that iteration records the loss
     in its COMPLETE, for retention by val_loss (gptrain.checkpoint.retention)."""
-    """`gptrain megatron` names its flags: in the start warnings and the line at a resume."""
 
     def __post_init__(self) -> None:
         if self.step_fn is None:
