@@ -83,6 +83,30 @@ def complete_record(
     return json.dumps(record, indent=1) + "\n"
 
 
+def with_metrics(text: str, step: int, metrics: dict[str, float]) -> str | None:
+    """The COMPLETE marker `text` with `metrics` added where complete_record puts them, every other byte
+    as it was (the manifest included: `verify` and the marker's meaning are unchanged); None where the
+    marker is not step `step`'s as complete_record wrote it, or records metrics already. For the loss
+    of a validation a stop left to the resumed run (gptrain.train.saving.record_left_due_validation)."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    if (
+        not isinstance(record, dict)
+        or record.get("step") != step
+        or "metrics" in record
+        or "files" not in record
+    ):
+        return None
+    if json.dumps(record, indent=1) + "\n" != text:  # edited by hand, or by another writer: left alone
+        return None
+    updated = {key: value for key, value in record.items() if key != "files"}
+    updated["metrics"] = metrics
+    updated["files"] = record["files"]
+    return json.dumps(updated, indent=1) + "\n"
+
+
 def recorded_tokenizer(step_dir: Path) -> dict | None:
     """The tokenizer record in a complete checkpoint's COMPLETE marker; None where it has none
     (saved before gptrain recorded one, or by a run on mock data) or the marker is unreadable

@@ -55,7 +55,14 @@ from gptrain.checkpoint.directory import (
     step_dir_bytes,
     step_dir_name,
 )
-from gptrain.checkpoint.integrity import COMPLETE, STEP_DIR, complete_record, complete_steps, is_complete
+from gptrain.checkpoint.integrity import (
+    COMPLETE,
+    STEP_DIR,
+    complete_record,
+    complete_steps,
+    is_complete,
+    with_metrics,
+)
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.reader import CheckpointReader, first_on_any_rank, is_distributed, root_cause
 from gptrain.checkpoint.retention import Ranked, Removal, recorded_metric, removals
@@ -446,6 +453,23 @@ class CheckpointManager(CheckpointReader):
         atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
         report.known_bytes = _recorded_bytes(record)
         report.removed = self._prune(report.step)
+
+    def record_metrics_of_resumed(self, step: int, metrics: dict[str, float]) -> Path | None:
+        """Rank 0 adds `metrics` to the COMPLETE of the checkpoint this run resumed from, when that is
+        step `step`'s and records none: a stop saves before the validation due at its step, which the
+        resumed run runs first, with no save at that step after it. Unrecorded, retention would rank
+        that checkpoint below every one with a metric, and remove it however good its loss. The marker
+        is replaced atomically (fsync'd, renamed, the directory fsync'd): COMPLETE stays written last,
+        and the manifest in it unchanged. Returns the step directory written, None where nothing was."""
+        resumed = self.resumed
+        if self.rank != 0 or resumed is None or resumed.name != step_dir_name(step):
+            return None
+        marker = resumed / COMPLETE
+        updated = with_metrics(marker.read_text(), step, metrics)
+        if updated is None:
+            return None
+        atomic_write_text(marker, updated)
+        return resumed
 
     def _write_failed(self, path: Path, error: BaseException) -> CheckpointWriteError:
         """Remove the partial step directory; earlier checkpoints and `latest` stay as they were."""

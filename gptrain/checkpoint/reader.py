@@ -276,6 +276,7 @@ class CheckpointReader:
         self.tied = tied
         self.architecture = architecture
         self.notes: list[str] = []  # what a load left out (rows the live model has no room for), to log
+        self.resumed: Path | None = None  # the run's own checkpoint load_newest_good loaded
 
     def newest(self) -> Path | None:
         return newest_complete(self.root)
@@ -302,6 +303,7 @@ class CheckpointReader:
             if isinstance(loaded, dict):
                 self._point_latest_at(path)  # first: a kill among the renames leaves `latest` sound
                 self._move_aside_damaged(damaged, warn)
+                self.resumed = path
                 return path, loaded
             problem = loaded
             problems.append(problem)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gptrain.checkpoint.reader import rank_0s
+from gptrain.train import saving
 from gptrain.train.batches import GPTBatchDataset
 from gptrain.train.evaluation import EvalSetup, evaluate_loss
 from gptrain.train.logline import format_validation_lines
@@ -65,13 +66,15 @@ def validate(s: Session, data: GPTBatchDataset | None) -> None:
 
 def validate_if_left_due(s: Session, data: GPTBatchDataset | None) -> bool:
     """The validation of the step a run resumes at, when that run stopped before running it: a stop
-    (SIGTERM, time limit) saves at once, before a validation due at the same step. Whether it ran
-    (the same answer on every rank)."""
+    (SIGTERM, time limit) saves at once, before a validation due at the same step; its loss goes into
+    that checkpoint's COMPLETE (saving.record_left_due_validation). Whether it ran (the same answer on
+    every rank)."""
     step = s.state.step
     if step > 0 and validates_at(s, step) and s.state.validated_at != step:
         if has_batches(data, s.cfg.trainer.limit_val_batches):
             s.log(f"validation of iteration {step} was due when the run stopped: running it first")
         validate(s, data)
+        saving.record_left_due_validation(s)
         return True
     return False
 

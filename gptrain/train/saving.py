@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gptrain.checkpoint.manager import SaveReport
+from gptrain.checkpoint.reader import root_cause
 from gptrain.config import TrainingConfig
 from gptrain.parallel.rng import stream_layout
 from gptrain.train.data_order import order_record
@@ -37,11 +38,33 @@ def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
 
 def validation_metrics(s: Session) -> dict[str, float] | None:
     """The validation loss for this save's COMPLETE, only when the validation ran at this same step:
-    a save on a stop, or at a step without validation, records none (retention ranks it below those
-    that do, instead of by an older step's loss)."""
+    a save at a step without validation records none (retention ranks it below those that do, instead
+    of by an older step's loss); a save on a stop gets its loss from the resumed run
+    (record_left_due_validation)."""
     if s.validation is None or s.validation[0] != s.state.step:
         return None
     return {"val_loss": s.validation[1]}
+
+
+def record_left_due_validation(s: Session) -> None:
+    """The loss of the validation a stop left due (eval_splits.validate_if_left_due) into the COMPLETE
+    of the checkpoint the stop saved and this run resumed from (rank 0 alone, no collective): no save
+    at that step follows it to record it. A marker that cannot be rewritten costs only the ranking."""
+    metrics = validation_metrics(s)
+    if metrics is None:
+        return
+    try:
+        recorded = s.checkpoints.record_metrics_of_resumed(s.state.step, metrics)
+    except OSError as error:
+        s.log(
+            f"warning: the validation loss of iteration {s.state.step} could not be recorded in its "
+            f"checkpoint ({root_cause(error)}): retention ranks it below every checkpoint with a loss"
+        )
+        return
+    if recorded is not None:
+        s.log(
+            f"recorded val_loss {metrics['val_loss']:.4g} of iteration {s.state.step} in {recorded.name}'s COMPLETE"
+        )
 
 
 def retention_warning(cfg: TrainingConfig) -> str | None:

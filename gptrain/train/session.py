@@ -56,7 +56,8 @@ class Session:
     """`gptrain megatron` names its flags: in the start warnings and the line at a resume."""
     validation: tuple[int, float] | None = None
     """(iteration, loss) of this process's last validation: a save at that iteration records the loss
-    in its COMPLETE, for retention by val_loss (gptrain.checkpoint.retention)."""
+    in its COMPLETE (or, for a validation a stop left due, the checkpoint resumed from does), for
+    retention by val_loss (gptrain.checkpoint.retention)."""
 
     def __post_init__(self) -> None:
         if self.step_fn is None:

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptrain.checkpoint.integrity import COMPLETE, complete_steps
+from gptrain.checkpoint.integrity import COMPLETE, complete_steps, verify
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.checkpoint.retention import Ranked, recorded_metric, removals
 
@@ -152,6 +152,48 @@ def test_a_save_records_its_metrics_and_a_nan_reads_back_as_nan(tmp_path, async_
     assert recorded_metric(tmp_path / "step_1", "val_loss") == 2.75
     assert math.isnan(recorded_metric(tmp_path / "step_2", "val_loss"))
     assert "metrics" not in json.loads((tmp_path / "step_3" / COMPLETE).read_text())
+
+
+def resume(root, rank=0):
+    """A manager that resumed the newest checkpoint under `root`, as a run's resume does."""
+    manager = CheckpointManager(root, keep_last=-1, rank=rank)
+    manager.load_newest_good(lambda saved: {"model": {"w": torch.zeros(2)}}, lambda state: None, print)
+    return manager
+
+
+def test_the_loss_a_stop_left_due_goes_only_into_the_resumed_checkpoint_without_one(tmp_path):
+    """The resumed run records the validation of its first iteration in the COMPLETE of the checkpoint
+    it resumed from, if that is the same iteration's and records none; every other marker, and a marker
+    not as gptrain wrote it, stays as it was, and only rank 0 writes."""
+    save(CheckpointManager(tmp_path, keep_last=-1), 1, {1: 2.0})
+    save(CheckpointManager(tmp_path, keep_last=-1), 2)  # a stop's save, before its validation
+    markers = {step: (tmp_path / f"step_{step}" / COMPLETE).read_text() for step in (1, 2)}
+    loss = {"val_loss": 0.5}
+
+    started = CheckpointManager(tmp_path, keep_last=-1)  # resumed nothing (a start, or from another run)
+    assert started.record_metrics_of_resumed(2, loss) is None
+    assert resume(tmp_path, rank=1).record_metrics_of_resumed(2, loss) is None
+    assert resume(tmp_path).record_metrics_of_resumed(3, loss) is None  # another iteration's validation
+    assert {step: (tmp_path / f"step_{step}" / COMPLETE).read_text() for step in (1, 2)} == markers
+
+    edited = json.dumps(json.loads(markers[2]), indent=2)  # reformatted by hand: left alone
+    (tmp_path / "step_2" / COMPLETE).write_text(edited)
+    assert resume(tmp_path).record_metrics_of_resumed(2, loss) is None
+    assert (tmp_path / "step_2" / COMPLETE).read_text() == edited
+    (tmp_path / "step_2" / COMPLETE).write_text(markers[2])
+
+    assert resume(tmp_path).record_metrics_of_resumed(2, loss) == tmp_path / "step_2"
+    assert (
+        recorded_metric(tmp_path / "step_2", "val_loss") == 0.5
+        and verify(tmp_path / "step_2", checksums=True) is None
+    )
+    assert resume(tmp_path).record_metrics_of_resumed(2, {"val_loss": 0.1}) is None  # recorded already
+    assert recorded_metric(tmp_path / "step_2", "val_loss") == 0.5
+    assert not list(tmp_path.glob("step_2/*.tmp"))
+
+    (tmp_path / "step_2" / COMPLETE).unlink()  # step_1, with a loss of its own, is resumed now
+    assert resume(tmp_path).record_metrics_of_resumed(1, loss) is None
+    assert (tmp_path / "step_1" / COMPLETE).read_text() == markers[1]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import math
 import pytest
 from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
 
-from gptrain.checkpoint.integrity import COMPLETE, complete_steps
+from gptrain.checkpoint.integrity import COMPLETE, complete_steps, verify
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.train import eval_splits, loop, saving
 from gptrain.train.results import TB_VAL_LOSS
@@ -48,18 +48,6 @@ def test_a_save_at_a_validated_step_records_its_val_loss(tmp_path, monkeypatch, 
     assert recorded_metrics(tmp_path, 2) is None and recorded_metrics(tmp_path, 4) is None
 
 
-def test_a_save_on_a_stop_records_no_val_loss(tmp_path, monkeypatch):
-    """A stop at 3 saves before the validation due at 3, which the resumed run runs first: neither the
-    stop's save nor the next one (at 4) records an older step's loss."""
-    losses = validation_losses(monkeypatch)
-    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, KEEP_ALL), signal_at=3)
-    assert code == EXIT_REQUEUE and losses == {} and recorded_metrics(tmp_path, 3) is None
-    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, KEEP_ALL))
-    assert code == 0 and sorted(losses) == [3, 6]
-    assert recorded_metrics(tmp_path, 3) is None and recorded_metrics(tmp_path, 4) is None
-    assert recorded_metrics(tmp_path, 6) == {"val_loss": losses[6]}
-
-
 BY_VAL_LOSS = [
     "trainer.val_check_interval=1",
     "trainer.limit_test_batches=0",
@@ -67,6 +55,27 @@ BY_VAL_LOSS = [
     "exp_manager.checkpoint_callback_params.monitor=val_loss",
     "exp_manager.checkpoint_callback_params.mode=min",
 ]
+
+
+def test_a_resumed_run_records_the_val_loss_its_stop_left_due_and_retention_keeps_it(tmp_path, monkeypatch):
+    """A stop at 3 saves before the validation due at 3 (step_3 records no loss); the resumed run
+    runs it first and records its loss, the best, in step_3's COMPLETE: retention keeps step_3, where
+    it ranked below every checkpoint with a loss and was removed at the next save."""
+    losses = {1: 3.0, 2: 2.9, 3: 1.0, 4: 2.0, 5: 2.5, 6: 2.7}
+    scripted_validation(monkeypatch, losses)
+    cfg = [*MOCK, *BY_VAL_LOSS, "exp_manager.checkpoint_callback_params.save_top_k=1"]
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *cfg), signal_at=3)
+    marker = tmp_path / "checkpoints" / "step_3" / COMPLETE
+    assert code == EXIT_REQUEUE and recorded_metrics(tmp_path, 3) is None
+    saved_by_the_stop = marker.read_text()
+    code, trained = run_recording(monkeypatch, tiny_config(tmp_path, *cfg))
+    assert code == 0 and sorted(trained) == [4, 5, 6]
+    assert recorded_metrics(tmp_path, 3) == {"val_loss": 1.0}
+    assert complete_steps(tmp_path / "checkpoints") == best_and_newest(losses, 1) == [3, 6]
+    metrics = ' "metrics": {\n  "val_loss": 1.0\n },\n "files": {'
+    assert marker.read_text().replace(metrics, ' "files": {') == saved_by_the_stop  # the rest byte for byte
+    assert verify(marker.parent, checksums=True) is None
+    assert "recorded val_loss 1 of iteration 3 in step_3's COMPLETE" in "\n".join(log_lines(tmp_path))
 
 
 def scripted_validation(monkeypatch, losses: dict[int, float]) -> None:
