@@ -86,6 +86,40 @@ def flock_as_nfs(monkeypatch):
     monkeypatch.setattr(fcntl, "flock", flock)
 
 
+@pytest.fixture
+def refuse_search(monkeypatch):
+    """refuse_search(directory): from then on every path below `directory` fails to stat with `code`
+    (EACCES: PermissionError), as where this user may not search it; root may search any directory, so
+    the refusal is stood in for. os.stat is what Path.stat, exists, is_dir and os.path ask, whatever
+    follow_symlinks= says; `also` names more calls taking the path first, e.g. (os, "open")."""
+    import errno
+
+    def refuse(directory, code: int = errno.EACCES, also=()) -> None:
+        below = str(directory) + os.sep
+
+        def refusing(real):
+            def call(path, *args, **kwargs):
+                if not isinstance(path, int) and os.fsdecode(path).startswith(below):
+                    raise OSError(code, os.strerror(code), os.fsdecode(path))
+                return real(path, *args, **kwargs)
+
+            return call
+
+        for owner, name in [(os, "stat"), *also]:
+            monkeypatch.setattr(owner, name, refusing(getattr(owner, name)))
+
+    return refuse
+
+
+@pytest.fixture
+def unsearchable_dir(tmp_path, refuse_search):
+    """tmp_path/locked, made, with every path below it refused as `refuse_search` does."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    refuse_search(locked)
+    return locked
+
+
 def write_word_corpus(directory, documents, words: int = 60) -> tuple[str, str]:
     """(prefix, tokenizer.json): `documents` (arrays of ids 1..words, EOD 0 appended to each) as a
     Megatron .bin/.idx corpus under `directory`, and the word-level HF tokenizer of w0..w{words-1}."""

@@ -366,23 +366,11 @@ def test_checkpoint_verify_names_a_missing_directory(tmp_path, capsys):
 
 @pytest.mark.parametrize("command", ["verify", "rewind"])
 def test_checkpoint_commands_under_a_directory_that_may_not_be_searched_are_one_line(
-    tmp_path, capsys, monkeypatch, command
+    unsearchable_dir, capsys, command
 ):
     """Path.is_dir raised PermissionError (Python 3.11): a bare '<path>: Permission denied'. Root may
     search any directory, so the refusal is stood in for."""
-    import errno
-    import os
-
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
     argv = ["checkpoint", command, str(locked / "run" / "step_2")] + (
         ["--to", "1"] if command == "rewind" else []
     )
@@ -534,25 +522,13 @@ def test_resume_from_checkpoint_takes_a_run_directory(tmp_path):
 
 
 def test_resume_from_a_checkpoint_under_a_directory_that_may_not_be_searched_is_one_line(
-    tmp_path, monkeypatch
+    unsearchable_dir,
 ):
     """exp_manager.resume_from_checkpoint there: Path.is_dir raised PermissionError (Python 3.11), a
     bare '<path>: Permission denied' naming nothing to check."""
-    import errno
-    import os
-
     from gptrain.checkpoint.directory import find_checkpoint
 
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
     with pytest.raises(CheckpointLoadError) as error:
         find_checkpoint(locked / "run")
     assert str(error.value) == (

@@ -752,22 +752,10 @@ def test_a_granularity_given_beside_the_method_keeps_its_meaning(granularity, tm
     assert "granularity" not in capsys.readouterr().err
 
 
-def test_a_training_yaml_under_a_directory_that_may_not_be_searched_is_one_line(tmp_path, monkeypatch):
+def test_a_training_yaml_under_a_directory_that_may_not_be_searched_is_one_line(unsearchable_dir):
     """`gptrain train locked/mine.yaml`: Path.is_file raised PermissionError (Python 3.11), said
     as a bare '<path>: Permission denied'. Root may search any directory, so the refusal is stood in for."""
-    import errno
-    import os
-
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
     with pytest.raises(ConfigError) as error:
         load_training_config(str(locked / "mine.yaml"))
     assert str(error.value) == (
@@ -776,34 +764,18 @@ def test_a_training_yaml_under_a_directory_that_may_not_be_searched_is_one_line(
     )
 
 
-def test_a_config_file_under_a_directory_that_may_not_be_searched_names_that_directory(tmp_path, monkeypatch):
+def test_a_config_file_under_a_directory_that_may_not_be_searched_names_that_directory(
+    tmp_path, refuse_search
+):
     """Was 'cannot read config <file>: Permission denied', as if the file's own permissions were
     wrong. Root may search any directory, so the refusal is stood in for (open and stat alike)."""
-    import errno
-    import os
     from pathlib import Path
 
     from gptrain.config.yamlio import read_config_text
 
     locked = tmp_path / "locked"
     locked.mkdir()
-    real_stat, real_open = os.stat, Path.open
-
-    def refused(path) -> bool:
-        return os.fspath(path).startswith(str(locked) + os.sep)
-
-    def stat(path, *args, **kwargs):
-        if refused(path):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    def open_(self, *args, **kwargs):
-        if refused(self):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
-        return real_open(self, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
-    monkeypatch.setattr(Path, "open", open_)
+    refuse_search(locked, also=[(Path, "open")])
     with pytest.raises(ConfigError) as error:
         read_config_text(locked / "mine.yaml")
     assert str(error.value) == (

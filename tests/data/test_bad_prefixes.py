@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
@@ -125,28 +124,16 @@ CASES = [
 ]
 
 
-def lock(monkeypatch, directory: Path) -> None:
-    """A directory this user may not search (root may search any, so the refusal is stood in for)."""
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(directory) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
-
-
 @pytest.mark.parametrize("command", ["inspect", "sample", "merge"])
 @pytest.mark.parametrize("case", CASES)
 def test_a_prefix_of_no_pair_is_one_line_naming_it_and_what_to_do(
-    tmp_path, capsys, monkeypatch, command, case
+    tmp_path, capsys, monkeypatch, refuse_search, command, case
 ):
     write(tmp_path / "good")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     prefix, message = make_case(tmp_path, case)
     if case.startswith("permission denied"):
-        lock(monkeypatch, tmp_path / "locked")
+        refuse_search(tmp_path / "locked")
     err = one_line_error(commands(prefix, tmp_path)[command], capsys)
     assert message in err
     assert not (tmp_path / "m.bin").exists() and not (tmp_path / "m.idx").exists()

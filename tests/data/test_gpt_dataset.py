@@ -438,29 +438,17 @@ def test_cache_key_of_many_documents_needs_little_memory():
         assert indices == [int(ids[0]), many, expected]
 
 
-def test_a_cache_dir_in_a_directory_that_may_not_be_searched_is_the_cache_refused(tmp_path, monkeypatch):
+def test_a_cache_dir_in_a_directory_that_may_not_be_searched_is_the_cache_refused(tmp_path, refuse_search):
     """Looking for a cached description asked pathlib, which raised PermissionError: a bare
     '<cache>/...-description.txt: Permission denied' from the command line. Now the line of any
     cache directory this job cannot write, naming the keys to change. Root may search any directory:
     the refusal is stood in for."""
-    import errno
     import os
 
     prefix = write_dataset(tmp_path / "d", [5, 8, 13])
     locked = tmp_path / "locked"
     locked.mkdir()
-    real_stat, real_mkdir = os.stat, os.mkdir
-
-    def refused(real):
-        def call(path, *args, **kwargs):
-            if os.fspath(path).startswith(str(locked) + os.sep):
-                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-            return real(path, *args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(os, "stat", refused(real_stat))
-    monkeypatch.setattr(os, "mkdir", refused(real_mkdir))
+    refuse_search(locked, also=[(os, "mkdir")])
     with pytest.raises(
         DataError, match=r"cannot write dataset index cache in .*locked/cache \(.*Permission denied\)"
     ):

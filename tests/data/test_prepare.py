@@ -801,21 +801,14 @@ def test_skip_bad_lines_refuses_one_input_of_only_bad_lines_among_good_ones(
 
 
 def test_an_input_in_a_directory_that_may_not_be_searched_is_named_with_what_to_do(
-    tmp_path, gpt2_files, capsys, write_jsonl, monkeypatch
+    tmp_path, gpt2_files, capsys, write_jsonl, refuse_search
 ):
     """Was 'gptrain: error: <file>: Permission denied (GPTRAIN_DEBUG=1 shows where)': no --input, no
     advice. Root may search any directory, so the refusal of a shared file system is stood in for."""
     locked = tmp_path / "locked"
     locked.mkdir()
     source = write_jsonl(locked / "in.jsonl", [{"text": "x"}])
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(13, "Permission denied", os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    refuse_search(locked)
     argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out" / "o")]
     assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
     assert capsys.readouterr().err == (
@@ -826,21 +819,14 @@ def test_an_input_in_a_directory_that_may_not_be_searched_is_named_with_what_to_
 
 
 def test_an_input_deeper_under_a_directory_that_may_not_be_searched_names_that_directory(
-    tmp_path, gpt2_files, capsys, write_jsonl, monkeypatch
+    tmp_path, gpt2_files, capsys, write_jsonl, refuse_search
 ):
     """Named the directory holding the file, which may be searched as far as anyone knows, not the
     one that refused the lookup."""
     locked = tmp_path / "locked"
     (locked / "sub").mkdir(parents=True)
     source = write_jsonl(locked / "sub" / "in.jsonl", [{"text": "x"}])
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(13, "Permission denied", os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    refuse_search(locked)
     argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out" / "o")]
     assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
     assert capsys.readouterr().err == (
@@ -850,7 +836,7 @@ def test_an_input_deeper_under_a_directory_that_may_not_be_searched_names_that_d
 
 
 def test_an_output_prefix_in_a_directory_that_may_not_be_searched_is_the_output_refused(
-    tmp_path, gpt2_files, capsys, write_jsonl, monkeypatch
+    tmp_path, gpt2_files, capsys, write_jsonl, monkeypatch, refuse_search
 ):
     """The check that no output is also an input asked pathlib whether the output exists, which
     raised: 'gptrain: error: <out>.bin: Permission denied (GPTRAIN_DEBUG=1 shows where)'. Now the
@@ -858,18 +844,7 @@ def test_an_output_prefix_in_a_directory_that_may_not_be_searched_is_the_output_
     locked = tmp_path / "locked"
     locked.mkdir()
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
-    real_stat, real_open = os.stat, os.open
-
-    def refused(real):
-        def call(path, *args, **kwargs):
-            if os.fspath(path).startswith(str(locked) + os.sep):
-                raise PermissionError(13, "Permission denied", os.fspath(path))
-            return real(path, *args, **kwargs)
-
-        return call
-
-    monkeypatch.setattr(os, "stat", refused(real_stat))
-    monkeypatch.setattr(os, "open", refused(real_open))
+    refuse_search(locked, also=[(os, "open")])
     argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(locked / "o")]
     assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
     err = capsys.readouterr().err

@@ -275,31 +275,22 @@ def test_a_directory_given_to_the_data_cli_for_a_tokenizer_file_is_said_to_be_on
     ],
 )
 def test_a_tokenizer_file_in_a_directory_that_may_not_be_searched_says_so(
-    tmp_path, capsys, monkeypatch, gpt2_files, flags, said
+    tmp_path, tmp_path_factory, capsys, refuse_search, gpt2_files, flags, said
 ):
     """Were a bare '<file>: Permission denied (GPTRAIN_DEBUG=1 shows where)' (pathlib raised) and,
     for --tokenizer-model, 'no such file or directory'. Root may search any directory: the
     refusal of a shared file system's permissions is stood in for."""
-    import errno
-    import os
-
     from gptrain.cli import main
     from gptrain.data.indexed import IndexedDatasetWriter
 
-    with IndexedDatasetWriter(str(tmp_path / "ds"), np.uint16) as writer:
+    ds = str(tmp_path_factory.mktemp("readable") / "ds")  # outside tmp_path, which refuses
+    with IndexedDatasetWriter(ds, np.uint16) as writer:
         writer.add_document(np.array([1, 2]))
     locked = tmp_path / "locked"
     locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked)):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    refuse_search(tmp_path)
     names = {"locked": locked, "vocab": gpt2_files[0], "merges": gpt2_files[1]}
-    assert main(["data", "inspect", str(tmp_path / "ds"), *(flag.format(**names) for flag in flags)]) == 2
+    assert main(["data", "inspect", ds, *(flag.format(**names) for flag in flags)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(
         f"gptrain: error: {said.format(**names)} cannot be looked up (Permission denied); check the "
@@ -309,27 +300,15 @@ def test_a_tokenizer_file_in_a_directory_that_may_not_be_searched_says_so(
 
 
 def test_a_tokenizer_directory_that_may_not_be_searched_is_not_said_to_lack_the_file(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, unsearchable_dir
 ):
     """Was '<dir> is a directory with no tokenizer.json in it' where the user may not search <dir>."""
-    import errno
-    import os
-
     from gptrain.cli import main
     from gptrain.data.indexed import IndexedDatasetWriter
 
     with IndexedDatasetWriter(str(tmp_path / "ds"), np.uint16) as writer:
         writer.add_document(np.array([1, 2]))
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
     assert main(["data", "inspect", str(tmp_path / "ds"), "--tokenizer-model", str(locked)]) == 2
     assert capsys.readouterr().err.startswith(
         f"gptrain: error: tokenizer model {locked}/tokenizer.json cannot be looked up (Permission denied);"
@@ -337,27 +316,16 @@ def test_a_tokenizer_directory_that_may_not_be_searched_is_not_said_to_lack_the_
     )
 
 
-def test_a_gpt2_tokenizer_directory_that_may_not_be_looked_up_is_one_line(tmp_path, capsys, monkeypatch):
+def test_a_gpt2_tokenizer_directory_that_may_not_be_looked_up_is_one_line(tmp_path, capsys, unsearchable_dir):
     """--tokenizer-type GPT2BPETokenizer --tokenizer-model <dir>: Path.is_dir raised PermissionError,
     said as a bare '<dir>: Permission denied', where a directory above <dir> may not be searched."""
-    import errno
-    import os
-
     from gptrain.cli import main
     from gptrain.data.indexed import IndexedDatasetWriter
 
     with IndexedDatasetWriter(str(tmp_path / "ds"), np.uint16) as writer:
         writer.add_document(np.array([1, 2]))
-    locked = tmp_path / "locked"
-    (locked / "gpt2").mkdir(parents=True)
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
+    (locked / "gpt2").mkdir()
     flags = ["--tokenizer-type", "GPT2BPETokenizer", "--tokenizer-model", str(locked / "gpt2")]
     assert main(["data", "inspect", str(tmp_path / "ds"), *flags]) == 2
     err = capsys.readouterr().err

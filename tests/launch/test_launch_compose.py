@@ -367,22 +367,9 @@ def test_a_config_dir_that_is_missing_or_a_file_says_so(tmp_path):
         compose([], tmp_path / "file", config_name="c.yaml")
 
 
-def refuse_under(monkeypatch, directory: Path) -> None:
-    """Stat fails with EACCES below `directory`, as where the user may not search it (root may
-    search any directory, so the refusal is stood in for)."""
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(directory) + os.sep):
-            raise PermissionError(13, "Permission denied", os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
-
-
 @pytest.mark.parametrize("locked", ["above the conf directory", "the conf directory", "a group directory"])
 def test_a_config_tree_that_may_not_be_searched_is_one_line_naming_the_directory(
-    tmp_path, monkeypatch, locked
+    tmp_path, refuse_search, locked
 ):
     """Path.is_dir and is_file raised PermissionError (Python 3.11): a bare '<path>: Permission denied'."""
     conf = tmp_path / "site" / "conf"
@@ -391,7 +378,7 @@ def test_a_config_tree_that_may_not_be_searched_is_one_line_naming_the_directory
     (conf / "training" / "mine.yaml").write_text("{}\n")
     refused = {"above the conf directory": tmp_path / "site", "the conf directory": conf}
     refused = refused.get(locked, conf / "training")
-    refuse_under(monkeypatch, refused)
+    refuse_search(refused)
     with pytest.raises(ConfigError) as error:
         compose([], conf)
     said = f"check the permissions of {refused} and the directories above it"

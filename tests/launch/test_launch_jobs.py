@@ -396,25 +396,12 @@ def test_status_with_a_file_for_results_dir_is_an_error_not_no_runs(tmp_path, ca
     assert capsys.readouterr().out == f"no launched runs in {tmp_path / 'none'}\n"
 
 
-def test_status_and_logs_under_a_directory_that_may_not_be_searched_are_one_line(
-    tmp_path, capsys, monkeypatch
-):
+def test_status_and_logs_under_a_directory_that_may_not_be_searched_are_one_line(unsearchable_dir, capsys):
     """Path.is_dir raised PermissionError (Python 3.11): a bare '<path>: Permission denied'. Root may
     search any directory, so the refusal is stood in for."""
-    import errno
-
     from gptrain.cli import main
 
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
     why = f"cannot be looked up (Permission denied); check the permissions of {locked} and the directories above it"
     assert main(["status", "--results-dir", str(locked / "results")]) == 2
     assert capsys.readouterr() == ("", f"gptrain: error: {locked}/results: {why}\n")

@@ -3,9 +3,6 @@ file it cannot look up is one line."""
 
 from __future__ import annotations
 
-import errno
-import os
-
 import pytest
 
 from gptrain.cli import main
@@ -13,18 +10,6 @@ from gptrain.config import load_training_config
 from gptrain.data.pair_check import pair_problem
 from gptrain.errors import LaunchError
 from gptrain.launch.preflight import check_training_files
-
-
-def lock(monkeypatch, directory) -> None:
-    """A directory this user may not search (root may search any, so the refusal is stood in for)."""
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(directory) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
 
 
 def training(prefix: str):
@@ -38,13 +23,13 @@ def training(prefix: str):
 
 
 def test_a_prefix_under_a_directory_that_cannot_be_searched_is_the_data_commands_line(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, refuse_search
 ):
     """Path.is_file raised PermissionError (Python 3.11) under a directory the user may not search: a
     traceback from `gptrain launch` where `gptrain data inspect` says one line."""
     prefix = str(tmp_path / "locked" / "ds")
     cfg = training(prefix)
-    lock(monkeypatch, tmp_path / "locked")
+    refuse_search(tmp_path / "locked")
     said = (
         f"{prefix}.bin: cannot be looked up (Permission denied); check the permissions of {tmp_path / 'locked'}"
         " and the directories above it"
@@ -90,13 +75,13 @@ def test_a_prefix_that_names_no_pair_is_told_as_the_job_tells_it(tmp_path, made)
 
 
 def test_a_tokenizer_file_under_a_directory_that_cannot_be_searched_is_one_line(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capsys, refuse_search
 ):
     """Path.is_file raised PermissionError: a traceback from `gptrain launch`, --dry-run too."""
     for suffix in (".bin", ".idx"):
         (tmp_path / f"ds{suffix}").write_bytes(b"")
     vocab = tmp_path / "locked" / "vocab.json"
-    lock(monkeypatch, tmp_path / "locked")
+    refuse_search(tmp_path / "locked")
     overrides = [f"model.data.data_prefix=[1.0,{tmp_path}/ds]", f"model.tokenizer.vocab_file={vocab}"]
     cfg = load_training_config(
         "gpt3/126m", overrides=[*overrides, "model.tokenizer.merge_file=null"], report_ignored=False

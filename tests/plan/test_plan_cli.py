@@ -991,23 +991,12 @@ def test_a_config_that_trains_on_cpus_is_planned_on_cpus(
 
 
 def test_a_json_path_under_a_directory_that_may_not_be_searched_is_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    unsearchable_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Path.is_dir raised PermissionError (Python 3.11) under a directory the user may not search,
     said as a bare '<path>: Permission denied', no flag and nothing to do. Root may search any
     directory, so the refusal is stood in for."""
-    import errno
-
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
     assert main(["plan", "gpt3/126m", "--json", str(locked / "p.json")]) == 2
     assert capsys.readouterr().err == (
         f"gptrain: error: --json {locked}/p.json: cannot be looked up (Permission denied); check the"

@@ -265,22 +265,11 @@ def test_a_json_file_that_cannot_be_written_is_refused_before_evaluating(
 
 
 def test_a_json_file_under_a_directory_that_may_not_be_searched_is_refused_before_evaluating(
-    tmp_path: Path, capsys, monkeypatch
+    tmp_path: Path, capsys, unsearchable_dir: Path
 ) -> None:
     """Path.is_dir raised PermissionError (Python 3.11): a bare '<path>: Permission denied', no flag.
     Root may search any directory, so the refusal is stood in for."""
-    import errno
-
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
     assert main(["eval", str(tmp_path / "run"), "--json", str(locked / "eval.json")]) == 2
     assert capsys.readouterr().err == (
         f"gptrain: error: --json {locked}/eval.json: cannot be looked up (Permission denied); check the"

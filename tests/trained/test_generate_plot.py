@@ -579,25 +579,12 @@ def test_generate_uses_newest_complete_checkpoint(tmp_path: Path) -> None:
         resolve_checkpoint(tmp_path / "missing")
 
 
-def test_a_checkpoint_under_a_directory_that_may_not_be_searched_is_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_checkpoint_under_a_directory_that_may_not_be_searched_is_one_line(unsearchable_dir: Path) -> None:
     """eval, generate, export: Path.exists raised PermissionError (Python 3.11), a bare
     '<path>: Permission denied'. Root may search any directory, so the refusal is stood in for."""
-    import errno
-
     from gptrain.trained.load import resolve_checkpoint
 
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
     with pytest.raises(DataError) as error:
         resolve_checkpoint(locked / "run")
     assert str(error.value) == (
@@ -607,12 +594,10 @@ def test_a_checkpoint_under_a_directory_that_may_not_be_searched_is_one_line(
 
 
 def test_a_run_tokenizer_file_under_a_directory_that_may_not_be_searched_is_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, refuse_search
 ) -> None:
     """The tokenizer file hparams.yaml names: Path.exists raised PermissionError (Python 3.11), a
     bare '<path>: Permission denied' naming neither hparams.yaml nor the key."""
-    import errno
-
     from gptrain.config import load_training_config
     from gptrain.trained.load import build_run_tokenizer
 
@@ -623,14 +608,7 @@ def test_a_run_tokenizer_file_under_a_directory_that_may_not_be_searched_is_one_
         ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={locked}/tokenizer.json"],
         report_ignored=False,
     )
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    refuse_search(locked)
     with pytest.raises(DataError) as error:
         build_run_tokenizer(cfg, tmp_path / "run" / "hparams.yaml")
     assert str(error.value) == (
@@ -639,23 +617,11 @@ def test_a_run_tokenizer_file_under_a_directory_that_may_not_be_searched_is_one_
     )
 
 
-def test_a_run_to_plot_under_a_directory_that_may_not_be_searched_is_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_run_to_plot_under_a_directory_that_may_not_be_searched_is_one_line(unsearchable_dir: Path) -> None:
     """`gptrain plot`: Path.is_dir raised PermissionError (Python 3.11), a bare '<path>: Permission
     denied'. Root may search any directory, so the refusal is stood in for."""
-    import errno
-
-    locked = tmp_path / "locked"
-    (locked / "run").mkdir(parents=True)
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
+    (locked / "run").mkdir()
     with pytest.raises(DataError) as error:
         read_run_metrics(locked / "run")
     assert str(error.value) == (

@@ -195,26 +195,14 @@ def test_an_exclude_file_that_does_not_parse_is_named(make, message, tmp_path, c
 
 
 def test_an_exclude_file_under_a_directory_that_may_not_be_searched_is_one_line(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, unsearchable_dir
 ):
     """Path.exists raised PermissionError (Python 3.11): a bare '<path>: Permission denied' from
     `gptrain launch`, no key named. Root may search any directory, so the refusal is stood in for."""
-    import errno
-    import os
-
     from gptrain.cli import main
 
     monkeypatch.chdir(tmp_path)
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
     args = ["launch", "--dry-run", "stages=[validation,training]", *CPU]
     assert main([*args, f"validation.exclude_file={locked}/ex"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import errno
 import itertools
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -599,17 +596,9 @@ def test_an_unknown_profile_is_the_same_line_for_validate_and_plan(tmp_path, mon
     assert str(plan_error.value) == said.format("--cluster", known) + " or the path of a cluster file"
 
 
-def test_a_profile_under_a_directory_that_cannot_be_searched_is_one_line(tmp_path, monkeypatch):
+def test_a_profile_under_a_directory_that_cannot_be_searched_is_one_line(unsearchable_dir):
     """Path.is_file raises PermissionError (Python 3.11) where a directory above cannot be searched."""
-    locked = tmp_path / "locked"
-    real_stat = Path.stat
-
-    def stat(self, *args, **kwargs):
-        if str(self).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
-        return real_stat(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "stat", stat)
+    locked = unsearchable_dir
     with pytest.raises(ConfigError) as error:
         load_thresholds(str(locked / "site.yaml"))
     assert str(error.value) == (
@@ -618,20 +607,10 @@ def test_a_profile_under_a_directory_that_cannot_be_searched_is_one_line(tmp_pat
     )
 
 
-def test_a_profile_deeper_under_a_directory_that_cannot_be_searched_names_that_directory(
-    tmp_path, monkeypatch
-):
+def test_a_profile_deeper_under_a_directory_that_cannot_be_searched_names_that_directory(unsearchable_dir):
     """Named the directory holding the file (locked/sub), not the one that refused the lookup."""
-    locked = tmp_path / "locked"
-    (locked / "sub").mkdir(parents=True)
-    real_stat = Path.stat
-
-    def stat(self, *args, **kwargs):
-        if str(self).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
-        return real_stat(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "stat", stat)
+    locked = unsearchable_dir
+    (locked / "sub").mkdir()
     with pytest.raises(ConfigError) as error:
         load_thresholds(str(locked / "sub" / "site.yaml"))
     assert str(error.value).endswith(f"check the permissions of {locked} and the directories above it")
@@ -654,22 +633,13 @@ def test_a_wrong_result_fails_naming_its_placement():
     ]
 
 
-def test_an_exclude_file_under_a_directory_that_cannot_be_searched_is_one_line(tmp_path, monkeypatch):
+def test_an_exclude_file_under_a_directory_that_cannot_be_searched_is_one_line(tmp_path, unsearchable_dir):
     """Path.is_dir raised PermissionError (Python 3.11) before the sweep: a bare '<path>: Permission denied'."""
     import argparse
 
     from gptrain.validate.main import check_paths_early
 
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_stat = os.stat
-
-    def stat(path, *args, **kwargs):
-        if os.fspath(path).startswith(str(locked) + os.sep):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_stat(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "stat", stat)
+    locked = unsearchable_dir
     args = argparse.Namespace(output_dir=str(tmp_path / "v"), exclude_file=str(locked / "ex"))
     with pytest.raises(ConfigError) as error:
         check_paths_early(args)
