@@ -388,15 +388,10 @@ def test_async_marking_failure_is_raised_on_wait_and_leaves_no_checkpoint(tmp_pa
     assert complete_steps(tmp_path) == [1] and (tmp_path / LATEST).read_text().strip() == "step_1"
 
 
-@pytest.mark.parametrize("async_save", [False, True])
-def test_a_failure_after_the_marker_keeps_the_complete_checkpoint(tmp_path, monkeypatch, async_save):
-    """`latest` (or pruning) failing after COMPLETE was written: the checkpoint is sound and stays."""
+def refuse_latest_over_quota(monkeypatch) -> None:
+    """From then on every write of `latest` fails as over a disk quota (EDQUOT); the steps' own files don't."""
     from gptrain.checkpoint import manager as manager_module
-    from gptrain.checkpoint.manager import CheckpointWriteError
 
-    manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save)
-    manager.save(1, state_for(1.0), {})
-    manager.wait()
     real = manager_module.atomic_write_text
 
     def quota_on_latest(path, text):
@@ -405,6 +400,17 @@ def test_a_failure_after_the_marker_keeps_the_complete_checkpoint(tmp_path, monk
         real(path, text)
 
     monkeypatch.setattr(manager_module, "atomic_write_text", quota_on_latest)
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_failure_after_the_marker_keeps_the_complete_checkpoint(tmp_path, monkeypatch, async_save):
+    """`latest` (or pruning) failing after COMPLETE was written: the checkpoint is sound and stays."""
+    from gptrain.checkpoint.manager import CheckpointWriteError
+
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save)
+    manager.save(1, state_for(1.0), {})
+    manager.wait()
+    refuse_latest_over_quota(monkeypatch)
     with pytest.raises(CheckpointWriteError) as failure:
         manager.save(2, state_for(2.0), {})
         manager.wait()
@@ -420,17 +426,8 @@ def test_a_run_failing_after_a_background_save_was_marked_does_not_call_it_incom
     """A run failing by an exception while its background save's `latest` could not be written (COMPLETE
     was): the run's last line said the checkpoint was 'left incomplete' and that resume takes an older
     one, while resume takes this one. It says what `wait` says of it: saved, `latest` not updated."""
-    from gptrain.checkpoint import manager as manager_module
-
     manager = CheckpointManager(tmp_path, keep_last=3, async_save=True)
-    real = manager_module.atomic_write_text
-
-    def quota_on_latest(path, text):
-        if path.name == LATEST:
-            raise OSError(122, "Disk quota exceeded")
-        real(path, text)
-
-    monkeypatch.setattr(manager_module, "atomic_write_text", quota_on_latest)
+    refuse_latest_over_quota(monkeypatch)
     manager.save(2, state_for(2.0), {})
     note = manager.finish_after_failure(timeout_s=120)
     assert note.startswith(f"checkpoint {tmp_path / 'step_2'} was saved, but updating ") and "\n" not in note
