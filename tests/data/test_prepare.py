@@ -800,14 +800,17 @@ def test_skip_bad_lines_refuses_one_input_of_only_bad_lines_among_good_ones(
     assert "prepared 4 documents (0 empty, 1 bad lines skipped)" in capsys.readouterr().out
 
 
-def test_an_input_in_a_directory_that_may_not_be_searched_is_named_with_what_to_do(
-    tmp_path, gpt2_files, capsys, write_jsonl, refuse_search
+@pytest.mark.parametrize("holder", [".", "sub"], ids=["in it", "deeper under it"])
+def test_an_input_under_a_directory_that_may_not_be_searched_names_that_directory(
+    tmp_path, gpt2_files, capsys, write_jsonl, refuse_search, holder
 ):
     """Was 'gptrain: error: <file>: Permission denied (GPTRAIN_DEBUG=1 shows where)': no --input, no
-    advice. Root may search any directory, so the refusal of a shared file system is stood in for."""
+    advice; then, deeper under it, named the directory holding the file, which may be searched as far
+    as anyone knows, not the one that refused the lookup. Root may search any directory, so the
+    refusal of a shared file system is stood in for."""
     locked = tmp_path / "locked"
-    locked.mkdir()
-    source = write_jsonl(locked / "in.jsonl", [{"text": "x"}])
+    (locked / holder).mkdir(parents=True, exist_ok=True)
+    source = write_jsonl(locked / holder / "in.jsonl", [{"text": "x"}])
     refuse_search(locked)
     argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out" / "o")]
     assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
@@ -816,23 +819,6 @@ def test_an_input_in_a_directory_that_may_not_be_searched_is_named_with_what_to_
         f"of {locked} and the directories above it\n"
     )
     assert not (tmp_path / "out").exists()
-
-
-def test_an_input_deeper_under_a_directory_that_may_not_be_searched_names_that_directory(
-    tmp_path, gpt2_files, capsys, write_jsonl, refuse_search
-):
-    """Named the directory holding the file, which may be searched as far as anyone knows, not the
-    one that refused the lookup."""
-    locked = tmp_path / "locked"
-    (locked / "sub").mkdir(parents=True)
-    source = write_jsonl(locked / "sub" / "in.jsonl", [{"text": "x"}])
-    refuse_search(locked)
-    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out" / "o")]
-    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
-    assert capsys.readouterr().err == (
-        f"gptrain: error: --input {source}: cannot be looked up (Permission denied); check the permissions "
-        f"of {locked} and the directories above it\n"
-    )
 
 
 def test_an_output_prefix_in_a_directory_that_may_not_be_searched_is_the_output_refused(
