@@ -58,7 +58,7 @@ def test_hydra_override_forms_are_overrides_wherever_they_stand(tmp_path, monkey
     from gptrain.cli import main
 
     seen = {}
-    monkeypatch.setattr(loop, "train", lambda cfg: seen.setdefault("cfg", cfg) and 0)
+    monkeypatch.setattr(loop, "train", lambda cfg, **kwargs: seen.setdefault("cfg", cfg) and 0)
     run = tmp_path / "run.yaml"
     run.write_text(
         f"exp_manager:\n  explicit_log_dir: {tmp_path / 'out'}\n"
