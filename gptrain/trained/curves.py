@@ -26,7 +26,9 @@ LEARNING_RATE = "learning rate"
 STEP_TIME = "elapsed time per iteration (ms)"
 THROUGHPUT = "throughput per GPU (TFLOP/s/GPU)"
 
-_ITERATION = re.compile(r"\biteration\s+(\d+)/\s*\d+\s*\|(.*)$")
+# The last iteration marker of a line: a line torn by a kill (a full disk, SIGKILL) has the resumed
+# attempt's first line appended to it, and only that one is whole.
+_ITERATION = re.compile(r".*\biteration\s+(\d+)/\s*\d+\s*\|(.*)$")
 _VALIDATION = re.compile(r"\bvalidation loss at iteration (\d+)(?: on (\w+) set)?\s*\|(.*)$")
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 SKIP_DIRS = frozenset({"checkpoints", "plots", "__pycache__"})
@@ -76,8 +78,10 @@ class RunMetrics:
 
 
 def _fields(text: str) -> Iterable[tuple[str, float]]:
-    """`name: value` pairs of a `|`-separated Megatron line; non-numeric values are skipped."""
-    for part in text.split("|"):
+    """`name: value` pairs of a `|`-separated Megatron line; non-numeric values are skipped, and so is
+    the text after the last `|`: every field of a whole line ends in one, so that is the field a line
+    was torn in (a run still writing, or killed mid-line), its number perhaps cut short (`3.3E-0`)."""
+    for part in text.split("|")[:-1]:
         name, sep, value = part.partition(": ")
         if not sep:
             continue
@@ -91,7 +95,7 @@ def parse_log_lines(lines: Iterable[str], metrics: RunMetrics | None = None) -> 
     """Add the numbers of Megatron iteration and validation lines in `lines` to `metrics`."""
     metrics = metrics if metrics is not None else RunMetrics()
     for line in lines:
-        if match := _ITERATION.search(line):
+        if match := _ITERATION.match(line):  # anchored: the leading .* scans a line once
             step = int(match.group(1))
             if metrics.last_step is not None and step < metrics.last_step:  # equal: a line read twice
                 metrics.resume_at(step)

@@ -79,6 +79,31 @@ def test_parser_extracts_megatron_numbers() -> None:
     assert "lm loss PPL" not in metrics.valid
 
 
+def test_a_torn_last_line_gives_no_number_cut_short(tmp_path: Path) -> None:
+    """A log read while the run writes it (or left by a kill mid-line) ends inside a field:
+    `learning rate: 3.000000E-0` of 3.0E-05 was read as 3.0 (a spike 10^5 high in the curve). Only
+    fields a `|` ends are read; a torn line the resumed attempt's first line was appended to gives
+    that line's numbers, each at its own iteration."""
+    whole = [megatron_iteration_line(it, 20, 9.0 - it, 1e-5 * it, 100.0, 1.0) for it in range(1, 4)]
+    torn = whole[2][: whole[2].index("learning rate: ") + len("learning rate: 3.000000E-0")]
+    log = tmp_path / "slurm-1.out"
+    log.write_text("\n".join([*whole[:2], torn]))  # no newline: the line is still being written
+    metrics = read_run_metrics(tmp_path)
+    assert metrics.train[LEARNING_RATE] == {1: pytest.approx(1e-5), 2: pytest.approx(2e-5)}
+    assert metrics.train["consumed samples"] == {1: 8, 2: 16, 3: 24}  # whole fields of the torn line
+    assert metrics.series(LOSS) == ([1, 2], [8.0, 7.0])
+    # killed there; the requeued attempt resumes from step 1 and appends its lines to the same log
+    resumed = [megatron_iteration_line(it, 20, 5.0 - it, 1e-5 * it, 100.0, 1.0) for it in (2, 3)]
+    log.write_text("\n".join([*whole[:2], torn + resumed[0], resumed[1]]) + "\n")
+    metrics = read_run_metrics(tmp_path)
+    assert metrics.series(LOSS) == ([1, 2, 3], [8.0, 3.0, 2.0])
+    assert metrics.train[LEARNING_RATE] == {
+        1: pytest.approx(1e-5),
+        2: pytest.approx(2e-5),
+        3: pytest.approx(3e-5),
+    }
+
+
 def test_resumed_run_later_values_win(tmp_path: Path) -> None:
     first = [megatron_iteration_line(it, 20, 9.0, 1e-4, 100.0, 1.0) for it in range(1, 16)]
     second = [megatron_iteration_line(it, 20, 5.0, 1e-4, 100.0, 1.0) for it in range(11, 21)]
