@@ -206,6 +206,21 @@ def _tensorboard_series(accumulator) -> dict[tuple[str, bool], dict[int, float]]
     return found
 
 
+def refuse_several_runs(root: Path) -> None:
+    """A directory above several runs (results/ holding gpt3_126m and gpt3_350m) is refused: every
+    file under it is taken for an attempt of one run, so one run's curves replaced the others' (or
+    were spliced into them from the iteration the other began at), with nothing said. A run is a
+    directory with an hparams.yaml, which gptrain and NeMo write into every run directory."""
+    runs = sorted(path.parent for path in find_files(root, lambda name: name == "hparams.yaml"))
+    if len(runs) > 1:
+        names = ", ".join(str(run.relative_to(root)) for run in runs[:3])
+        more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""
+        raise DataError(
+            f"{root}: holds {len(runs)} runs ({names}{more}), whose curves would be drawn as one run's; "
+            "pass one run's directory"
+        )
+
+
 def read_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
     """Metrics of a run: its text logs, else its TensorBoard events."""
     root = Path(run_dir)
@@ -214,6 +229,7 @@ def read_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
         raise DataError(f"{root}: {found.why}")
     if found.kind != "directory":
         raise DataError(f"{root}: not a directory; pass a run's results directory")
+    refuse_several_runs(root)
     metrics = read_logs(root)
     if metrics.empty():
         metrics = read_tensorboard(root)

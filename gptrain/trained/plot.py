@@ -16,7 +16,11 @@ def add_plot_parser(subparsers: argparse._SubParsersAction) -> None:
             "TensorBoard events when there are none) and write loss.png and curves.png."
         ),
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's results directory (or any parent)")
+    parser.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="the run's results directory (or a directory above it that holds no other run)",
+    )
     parser.add_argument("--output", metavar="DIR", help="where to write the PNGs (default: RUN_DIR/plots)")
     parser.set_defaults(func=run_plot)
 

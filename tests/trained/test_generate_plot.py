@@ -212,6 +212,26 @@ def test_plot_reads_tensorboard_when_no_logs(tmp_path: Path) -> None:
     assert len(write_plots(metrics, tmp_path / "plots")) == 2
 
 
+def test_a_directory_above_several_runs_is_refused_naming_them(tmp_path: Path) -> None:
+    """`gptrain plot results` over two runs took every log under it for attempts of one run: the
+    second run, starting at iteration 1 too, replaced the first with nothing said. One run under a
+    parent (the launcher's results/<name>, its logs beside results/hparams.yaml) is plotted."""
+    for name, loss in (("gpt3_126m", 9.0), ("gpt3_350m", 5.0)):
+        run = tmp_path / name / "results"
+        run.mkdir(parents=True)
+        (run / "hparams.yaml").write_text("run:\n  name: x\n")
+        lines = [megatron_iteration_line(it, 20, loss, 1e-4, 100.0, 1.0) for it in range(1, 4)]
+        (run / "nemo_log_globalrank-0_localrank-0.txt").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as error:
+        read_run_metrics(tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path}: holds 2 runs (gpt3_126m/results, gpt3_350m/results), whose curves would be drawn as one"
+        " run's; pass one run's directory"
+    )
+    assert read_run_metrics(tmp_path / "gpt3_126m").series(LOSS) == ([1, 2, 3], [9.0] * 3)
+    assert read_run_metrics(tmp_path / "gpt3_350m" / "results").series(LOSS) == ([1, 2, 3], [5.0] * 3)
+
+
 def test_plot_without_logs_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("nothing here\n")
     with pytest.raises(DataError, match="no Megatron iteration lines"):
