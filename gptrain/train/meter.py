@@ -18,6 +18,7 @@ from gptrain.train.logline import IterationLog, format_iteration_line, format_su
 from gptrain.train.metrics import (
     MEGATRON_TAGS,
     NEMO_TAGS,
+    TIMING_KEYS,
     dashboard_scalars,
     mfu,
     tflops_per_gpu,
@@ -170,6 +171,7 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
             "loss_scale": meter.last_scale,
             "batch_size": batch,
             "seconds": seconds,
+            "tflops": tflops,
             "world_size": run.world_size,
             "step": step,
             "consumed": consumed_samples,
@@ -182,7 +184,8 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
 # The tags an interval's timing sets: a printed line's only, also where each iteration's own values
 # go to the dashboards (iteration_scalars).
 TIMING_TAGS = frozenset(
-    {tb.TB_STEP_TIME, tb.TB_TOKENS_PER_SECOND, tb.TB_TFLOPS, MEGATRON_TAGS["seconds"], NEMO_TAGS["seconds"]}
+    {tb.TB_STEP_TIME, tb.TB_TOKENS_PER_SECOND, tb.TB_TFLOPS, NEMO_TAGS["seconds"]}
+    | {MEGATRON_TAGS[key] for key in TIMING_KEYS}
 )
 
 

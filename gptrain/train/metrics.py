@@ -38,8 +38,11 @@ MEGATRON_TAGS = {
     "loss_scale": "loss-scale",
     "batch_size": "batch-size",
     "seconds": "iteration-time",
+    "tflops": "throughput",  # TFLOP/s/GPU; Megatron writes it beside iteration-time (--log-throughput)
     "world_size": "world-size",
 }
+# Megatron's tags of an interval's timing: by iteration only, no `vs samples` series.
+TIMING_KEYS = frozenset({"seconds", "tflops"})
 NEMO_TAGS = {
     "loss": "reduced_train_loss",
     "lr": "lr",
@@ -63,7 +66,7 @@ def dashboard_scalars(
     by_samples: dict[str, float | None] = {}
     for key, tag in MEGATRON_TAGS.items():
         by_step[tag] = values.get(key)
-        if key != "seconds":
+        if key not in TIMING_KEYS:
             by_samples[f"{tag} vs samples"] = values.get(key)
     for key, tag in NEMO_TAGS.items():
         by_step[tag] = values.get(key)

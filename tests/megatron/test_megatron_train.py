@@ -43,7 +43,15 @@ def test_tiny_run_prints_the_rate_after_the_scheduler_step(tmp_path, capsys, mon
 
     events = EventAccumulator(str(tmp_path / "run")).Reload()
     tags = set(events.Tags()["scalars"]) | set(events.Tags()["tensors"])  # counts: float64 tensors
-    megatron = {"lm loss", "learning-rate", "grad-norm", "loss-scale", "batch-size", "iteration-time"}
+    megatron = {
+        "lm loss",
+        "learning-rate",
+        "grad-norm",
+        "loss-scale",
+        "batch-size",
+        "iteration-time",
+        "throughput",
+    }
     megatron |= {
         "learning-rate vs samples",
         "lm loss vs samples",

@@ -200,3 +200,26 @@ def test_the_eta_counts_the_validations_and_saves_the_run_spends_its_time_on(mon
     assert lines[0].endswith(" ETA 00:00:55 |") and "elapsed time per iteration (ms): 1000.0" in lines[0]
     assert lines[1].endswith(f" ETA 00:01:{int(50 * 19 / 9) - 60:02d} |")  # 50 steps x 19 s / 9
     assert "elapsed time per iteration (ms): 1000.0" in lines[1]
+
+
+def test_megatrons_throughput_tag_is_the_lines_tflops_per_gpu(monkeypatch):
+    """Megatron writes `throughput` (TFLOP/s/GPU, the line's number) beside `iteration-time`, by
+    iteration only; gptrain wrote `iteration-time` but not it, so a Megatron dashboard's throughput
+    panel stayed empty. 6e12 FLOPs a step, 2 s a step on 3 ranks: 1 TFLOP/s/GPU."""
+    from gptrain.train import meter as meter_module
+    from gptrain.train.step import StepResult
+
+    clock = [100.0]
+    monkeypatch.setattr(meter_module.time, "perf_counter", lambda: clock[0])
+    shape = meter_module.RunShape(6e12, None, world_size=3, global_batch_size=4, seq_length=8, max_steps=10)
+    meter = meter_module.IntervalMeter(started=clock[0])
+    for _ in range(2):
+        clock[0] += 2.0
+        meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0, batch=4)
+    report = meter_module.interval_report(meter, 2, 8, shape)
+    assert "throughput per GPU (TFLOP/s/GPU): 1.0 |" in report.line
+    assert report.by_step["throughput"] == pytest.approx(1.0)
+    assert report.by_step["iteration-time"] == pytest.approx(2.0)
+    assert not any(tag.startswith(("throughput", "iteration-time")) for tag in report.vs_samples)
+    # with trainer.tensorboard_log_interval the timing series stay with the line: this one too
+    assert meter_module.timing_only(report.by_step)["throughput"] == pytest.approx(1.0)
