@@ -183,15 +183,36 @@ def build_corpus(
     return CorpusStats(len(documents), sum(len(d.text.encode()) for d in documents), len(labels), path)
 
 
+def mebibytes(text: str) -> float:
+    """--max-mb: a positive number (nan was a traceback, 0 or below a corpus of one document)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of MiB, e.g. 8")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m gptrain.quickstart.corpus OUTPUT.jsonl [--max-mb N]`."""
     import argparse
+    import sys
+
+    from gptrain.errors import os_error_text
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("output", help="jsonl file to write")
-    parser.add_argument("--max-mb", type=float, default=8.0, help="stop after this many MiB of text")
+    parser.add_argument("--max-mb", type=mebibytes, default=8.0, help="stop after this many MiB of text")
     args = parser.parse_args(argv)
-    stats = build_corpus(args.output, max_bytes=int(args.max_mb * 2**20))
+    try:
+        stats = build_corpus(args.output, max_bytes=int(args.max_mb * 2**20))
+    except OSError as error:  # an output that is a directory, a full or read-only disk: one line
+        print(f"corpus: error: {os_error_text(error, args.output)}", file=sys.stderr)
+        return 2
     print(
         f"corpus: {stats.documents:,} documents, {stats.bytes / 2**20:.1f} MiB from {stats.sources} sources"
     )

@@ -7,11 +7,14 @@ import textwrap
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from gptrain.quickstart.corpus import (
     build_corpus,
     clean_text,
     docstrings_of,
     looks_like_english,
+    main,
     package_root,
 )
 
@@ -102,3 +105,18 @@ def test_stdlib_corpus_is_real_english_and_bounded(tmp_path: Path) -> None:
     total = sum(words.values())
     assert words["the"] / total > 0.03 and words["of"] / total > 0.01  # English function words
     assert all(isinstance(row["text"], str) and row["text"].strip() for row in rows)
+
+
+def test_bad_output_or_size_is_one_line_and_writes_nothing(tmp_path: Path, capsys) -> None:
+    """An output that is a directory was a traceback, so was --max-mb nan; --max-mb 0 or below wrote a
+    corpus of one document, which then trained on next to nothing."""
+    assert main([str(tmp_path), "--max-mb", "0.01"]) == 2
+    assert capsys.readouterr().err == f"corpus: error: {tmp_path}: is a directory; give a file name\n"
+    for size in ("nan", "0", "-1", "inf", "lots"):
+        with pytest.raises(SystemExit) as exited:
+            main([str(tmp_path / "c.jsonl"), "--max-mb", size])
+        assert exited.value.code == 2
+        assert (
+            f"argument --max-mb: '{size}': give a positive number of MiB, e.g. 8" in capsys.readouterr().err
+        )
+    assert list(tmp_path.iterdir()) == []
