@@ -111,26 +111,38 @@ def parse_log_lines(lines: Iterable[str], metrics: RunMetrics | None = None) -> 
 
 
 def find_files(run_dir: Path, predicate) -> list[Path]:
-    """Files under `run_dir` (not in checkpoint dirs) matching `predicate`, oldest first."""
+    """Files under `run_dir` (not in checkpoint dirs) matching `predicate`, oldest first. A name
+    that names no file (a link whose target is gone: W&B's wandb/debug.log once `wandb sync --clean`
+    removed its run; a file a running job removed since the listing) is passed over: it has no curves,
+    and one stopped the plot of the whole run."""
     found = []
     for directory, dirs, files in os.walk(run_dir):
         dirs[:] = sorted(name for name in dirs if name not in SKIP_DIRS)
-        found += [Path(directory, name) for name in files if predicate(name)]
-    return sorted(found, key=lambda path: (path.stat().st_mtime, str(path)))
+        for path in (Path(directory, name) for name in files if predicate(name)):
+            try:
+                found.append((path.stat().st_mtime, str(path), path))
+            except FileNotFoundError:
+                continue
+    return [path for *_, path in sorted(found)]
 
 
 def read_logs(run_dir: Path) -> RunMetrics:
     parts = []
     for path in find_files(run_dir, lambda name: name.endswith(LOG_SUFFIXES)):
-        if path.stat().st_size > MAX_LOG_BYTES:  # e.g. a Slurm .out filled by NCCL_DEBUG=INFO
-            print(
-                f"gptrain: skipping {path}: over {MAX_LOG_BYTES:,} bytes, not read for curves",
-                file=sys.stderr,
-            )
+        try:
+            parts += read_log(path)
+        except FileNotFoundError:  # removed since it was listed (see find_files)
             continue
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            parts.append(parse_log_lines(handle))
     return merge_attempts(parts)
+
+
+def read_log(path: Path) -> list[RunMetrics]:
+    """The numbers of one log file; none from one too large to read."""
+    if path.stat().st_size > MAX_LOG_BYTES:  # e.g. a Slurm .out filled by NCCL_DEBUG=INFO
+        print(f"gptrain: skipping {path}: over {MAX_LOG_BYTES:,} bytes, not read for curves", file=sys.stderr)
+        return []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return [parse_log_lines(handle)]
 
 
 def merge_attempts(parts: list[RunMetrics]) -> RunMetrics:

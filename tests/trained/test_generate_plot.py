@@ -232,6 +232,17 @@ def test_a_directory_above_several_runs_is_refused_naming_them(tmp_path: Path) -
     assert read_run_metrics(tmp_path / "gpt3_350m" / "results").series(LOSS) == ([1, 2, 3], [5.0] * 3)
 
 
+def test_a_log_name_that_names_no_file_is_passed_over(tmp_path: Path) -> None:
+    """W&B's wandb/debug.log is a link into its run's directory, which `wandb sync --clean` removes:
+    the dangling link stopped `gptrain plot` with "No such file or directory", curves and all."""
+    (tmp_path / "slurm-1.out").write_text("\n".join(synthetic_log(5)) + "\n")
+    (tmp_path / "wandb").mkdir()
+    (tmp_path / "wandb" / "debug.log").symlink_to(
+        tmp_path / "wandb" / "run-20261129_020000-abc" / "debug.log"
+    )
+    assert read_run_metrics(tmp_path).series(LOSS)[0] == [1, 2, 3, 4, 5]
+
+
 def test_plot_without_logs_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("nothing here\n")
     with pytest.raises(DataError, match="no Megatron iteration lines"):
