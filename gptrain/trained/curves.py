@@ -222,8 +222,11 @@ def refuse_several_runs(root: Path) -> None:
     """A directory above several runs (results/ holding gpt3_126m and gpt3_350m) is refused: every
     file under it is taken for an attempt of one run, so one run's curves replaced the others' (or
     were spliced into them from the iteration the other began at), with nothing said. A run is a
-    directory with an hparams.yaml, which gptrain and NeMo write into every run directory."""
-    runs = sorted(path.parent for path in find_files(root, lambda name: name == "hparams.yaml"))
+    directory with an hparams.yaml, which gptrain and NeMo write into every run directory; one inside
+    another is an attempt of the outer run (NeMo's exp_manager moves a resumed run's files, its
+    hparams.yaml too, into run_<N>/ of the run directory)."""
+    found = {path.parent for path in find_files(root, lambda name: name == "hparams.yaml")}
+    runs = sorted(run for run in found if not found.intersection(run.parents))
     if len(runs) > 1:
         names = ", ".join(str(run.relative_to(root)) for run in runs[:3])
         more = f" and {len(runs) - 3} more" if len(runs) > 3 else ""

@@ -232,6 +232,20 @@ def test_a_directory_above_several_runs_is_refused_naming_them(tmp_path: Path) -
     assert read_run_metrics(tmp_path / "gpt3_350m" / "results").series(LOSS) == ([1, 2, 3], [5.0] * 3)
 
 
+def test_a_resumed_nemo_run_with_its_attempts_in_run_n_is_one_run(tmp_path: Path) -> None:
+    """NeMo's exp_manager moves a resumed run's files (hparams.yaml and its logs) into run_<N>/ of the
+    run directory: three hparams.yaml, one run. The several-runs refusal called it three runs."""
+    run = tmp_path / "megatron_gpt"
+    for attempt, (where, first) in enumerate(((run / "run_0", 1), (run / "run_1", 4), (run, 7))):
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "hparams.yaml").write_text("run:\n  name: x\n")
+        lines = [
+            megatron_iteration_line(it, 9, 5.0 - attempt, 1e-4, 100.0, 1.0) for it in range(first, first + 3)
+        ]
+        (where / "nemo_log_globalrank-0_localrank-0.txt").write_text("\n".join(lines) + "\n")
+    assert read_run_metrics(run).series(LOSS) == (list(range(1, 10)), [5.0] * 3 + [4.0] * 3 + [3.0] * 3)
+
+
 def test_a_log_name_that_names_no_file_is_passed_over(tmp_path: Path) -> None:
     """W&B's wandb/debug.log is a link into its run's directory, which `wandb sync --clean` removes:
     the dangling link stopped `gptrain plot` with "No such file or directory", curves and all."""
