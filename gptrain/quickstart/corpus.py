@@ -192,7 +192,7 @@ def mebibytes(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and int(value * 2**20) >= 1):  # 1e-9 MiB is 0 bytes: one document
         raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of MiB, e.g. 8")
     return value
 

@@ -112,7 +112,7 @@ def test_bad_output_or_size_is_one_line_and_writes_nothing(tmp_path: Path, capsy
     corpus of one document, which then trained on next to nothing."""
     assert main([str(tmp_path), "--max-mb", "0.01"]) == 2
     assert capsys.readouterr().err == f"corpus: error: {tmp_path}: is a directory; give a file name\n"
-    for size in ("nan", "0", "-1", "inf", "lots"):
+    for size in ("nan", "0", "-1", "inf", "lots", "1e-9"):  # 1e-9 MiB: 0 bytes
         with pytest.raises(SystemExit) as exited:
             main([str(tmp_path / "c.jsonl"), "--max-mb", size])
         assert exited.value.code == 2
