@@ -285,21 +285,6 @@ def test_an_import_killed_outright_leaves_no_run_gptrain_opens(tmp_path, monkeyp
     assert open_run(tmp_path / "imported").step_dir.name == "step_0"
 
 
-def test_an_export_into_the_empty_directory_it_is_run_in(tmp_path, monkeypatch) -> None:
-    """`gptrain export RUN --to hf .` from an empty directory: "." has no name to make a sibling
-    staging directory of, so the staging directory went inside it and the final rename failed,
-    after the whole export, as "export to . failed (Invalid argument) ... free space"."""
-    from hf_helpers import saved_run
-    from transformers import AutoModelForCausalLM
-
-    run, _ = saved_run(tmp_path / "run", "llama")
-    (tmp_path / "here").mkdir()
-    monkeypatch.chdir(tmp_path / "here")
-    assert run_cli(["export", str(run), "--to", "hf", ".", "--no-verify"]) == 0
-    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "here"), local_files_only=True) is not None
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "run"]
-
-
 @pytest.mark.parametrize(
     ("saved", "edited", "named"),
     [
