@@ -71,6 +71,15 @@ def without_padding(tokens: list[int]) -> list[int]:
     return tokens[:end]
 
 
+def documents_of_sequences(document_indices: Any, sequences: list[int]) -> list[int]:
+    """The .idx document each sequence belongs to (the numbers `data inspect --document` takes):
+    a document of several sentences holds several sequences, an empty one none."""
+    import numpy as np
+
+    found = np.searchsorted(document_indices, np.asarray(sequences, dtype=np.int64), side="right") - 1
+    return [int(d) for d in found]
+
+
 def _provenance(dataset: Any, index: int) -> dict[str, Any]:
     """Where sample `index` comes from, down to documents and offsets."""
     from gptrain.data.blended import BlendedDataset
@@ -86,12 +95,14 @@ def _provenance(dataset: Any, index: int) -> dict[str, Any]:
         }
     if isinstance(dataset, GPTDataset):
         where = dataset.locate(index)
+        sequences = where.documents  # Megatron's "document index" holds sequence ids
         return {
             "prefix": dataset.dataset.path_prefix,
             "unshuffled_sample": where.sample,
-            "documents": where.documents,
-            "first_document_offset": where.first_offset,
-            "last_document_tokens": where.last_length,
+            "sequences": sequences,
+            "documents": documents_of_sequences(dataset.dataset.document_indices, sequences),
+            "first_sequence_offset": where.first_offset,
+            "last_sequence_tokens": where.last_length,
         }
     return {"mock": True, "seed": dataset.seed}
 

@@ -30,8 +30,8 @@ def test_single_prefix_sample_is_megatrons(tmp_path, capsys):
     assert out["num_samples"] == expected["len"] and out["prefix"] == prefix
     assert out["unshuffled_sample"] == expected["shuffle_index"][5]
     first_row = expected["sample_index"][out["unshuffled_sample"]]
-    assert out["documents"][0] == expected["document_index"][first_row[0]]
-    assert out["first_document_offset"] == first_row[1]
+    assert out["sequences"][0] == expected["document_index"][first_row[0]]
+    assert out["first_sequence_offset"] == first_row[1]
     assert "text" not in out
     out = _sample(capsys, *args, "--num-samples", "200,20,5", "--split", "valid", "--index", "17")
     assert out["tokens"] == spec["splits"]["valid"]["samples"]["17"]
@@ -50,6 +50,28 @@ def test_blend_sample_is_megatrons(tmp_path, capsys):
     assert out["dataset_sample"] == expected["dataset_sample_index_head"][17]
     assert out["blend_weight"] == [0.3, 0.7][out["blend_dataset"]]
     assert sorted((tmp_path / "c").iterdir())  # the cache went where it was told
+
+
+def test_documents_are_the_idx_documents_and_sequences_megatrons_ids(tmp_path, capsys):
+    """A sample's "documents" were the sequence ids of Megatron's document index: with documents of
+    several sentences (or an empty one) they named other documents than `data inspect --document`
+    shows. Now "sequences" are those ids and "documents" the .idx documents that hold them."""
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    sentences = [[3, 4], [], [5], [2, 2, 6], [7]]  # sequence lengths per document; document 1 empty
+    owner, token = [], 0
+    with IndexedDatasetWriter(str(tmp_path / "s"), np.uint16) as writer:
+        for document, lengths in enumerate(sentences):
+            owner += [document] * len(lengths)
+            writer.add_document(np.arange(token, token + sum(lengths)), lengths)
+            token += sum(lengths)
+    argv = ["--data-prefix", str(tmp_path / "s"), "--seq-length", "4", "--splits-string", "1,0,0"]
+    spanned = set()
+    for index in range(_sample(capsys, *argv)["num_samples"]):
+        out = _sample(capsys, *argv, "--index", str(index))
+        assert out["documents"] == [owner[s] for s in out["sequences"]]
+        spanned.update(zip(out["sequences"], out["documents"], strict=True))
+    assert {s for s, d in spanned if s != d}  # the two numberings differ in this data
 
 
 def test_text_is_decoded_with_the_tokenizer(tmp_path, capsys, gpt2_files, reference_encode):
