@@ -538,7 +538,6 @@ def test_a_run_started_from_an_import_exports_its_bos_eos_and_rows(tmp_path, tok
     assert run_cli(["import", str(source), "--output", str(imported), "--no-verify"]) == 0
     overrides = [
         *TRAIN_ONE_STEP,
-        "model.make_vocab_size_divisible_by=80",  # 160 rows: every imported row kept
         f"exp_manager.explicit_log_dir={run}",
         f"exp_manager.resume_from_checkpoint={imported}",
     ]
@@ -548,6 +547,38 @@ def test_a_run_started_from_an_import_exports_its_bos_eos_and_rows(tmp_path, tok
     assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"]) == (ROWS, 1, 2)
+
+
+def test_training_resumed_in_an_import_keeps_every_embedding_row(tmp_path, capsys) -> None:
+    """98 tokens padded by the preset's 128 are 128 rows: a run resumed from an import of 160 rows
+    (Phi-2: 51200 for 50295 tokens, padded to 50304) dropped rows 128-159 with a warning, and its
+    export had 128. The import now sets model.make_vocab_size_divisible_by=80 (the smallest divisor
+    of 160 that pads 98 to it), saying so. One AdamW step moves a weight by at most lr (its first
+    update is lr x m/sqrt(v), |m/sqrt(v)| <= 1) plus lr x weight_decay x |w|: the rows are the
+    source's within that and float32's rounding of the result (half an ulp, 2**-24 x |w|)."""
+    from hf_helpers import TRAIN_ONE_STEP
+    from safetensors.torch import load_file
+
+    from gptrain.config import load_training_config
+    from gptrain.train import loop
+
+    source, imported = llama_dir(tmp_path / "src", tokenizer=True), tmp_path / "imported"
+    assert run_cli(["import", str(source), "--output", str(imported), "--no-verify"]) == 0
+    said = capsys.readouterr().err
+    cfg = load_training_config(config_file=str(imported / "hparams.yaml"), overrides=TRAIN_ONE_STEP)
+    assert loop.train(cfg) == 0
+    assert "are not loaded" not in (imported / "nemo_log_globalrank-0_localrank-0.txt").read_text()
+    assert run_cli(["export", str(imported), "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == ROWS
+    name = "model.embed_tokens.weight"
+    before = load_file(source / "model.safetensors")[name].double()
+    after = load_file(tmp_path / "out" / "model.safetensors")[name].double()
+    assert after.shape == (ROWS, 32)
+    optim = cfg.model.optim
+    largest = float(before.abs().max())
+    bound = optim.lr * (1 + optim.weight_decay * largest) + 2**-24 * largest
+    assert float((after[98:] - before[98:]).abs().max()) <= bound
+    assert "keeps them all with model.make_vocab_size_divisible_by=80 (the preset's 128 pads to 128" in said
 
 
 CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"

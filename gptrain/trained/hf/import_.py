@@ -80,11 +80,16 @@ def import_hf(
         )
     with atomic_directory(output) as staging:  # makes the missing parents, and removes them on failure
         tokenizer = import_tokenizer(hf_dir, staging / TOKENIZER_DIR, output / TOKENIZER_DIR)
+        rows = int(hf_config.vocab_size)
         if tokenizer is None:
             print(f"gptrain: warning: {hf_dir} has no tokenizer files; the run uses mock data", file=stream)
         else:
-            check_source_tokenizer(hf_dir, tokenizer)
-        cfg = training_config(arch, overrides, seq_length, tokenizer, int(hf_config.vocab_size), output)
+            tokens = int(check_source_tokenizer(hf_dir, tokenizer).vocab_size)
+            _check_rows(hf_dir, tokens, rows)
+        cfg = training_config(arch, overrides, seq_length, tokenizer, rows, output)
+        if tokenizer is not None and (multiple := row_keeping_multiple(cfg, tokens, rows, hf_dir, stream)):
+            overrides["make_vocab_size_divisible_by"] = multiple
+            cfg = training_config(arch, overrides, seq_length, tokenizer, rows, output)
         if verify and tokenizer is not None:  # before the weights: it is the cheap check
             verify_imported_tokenizer(cfg, staging, hf_dir)
         model = build_imported_model(cfg, staging, hf_dir, arch, stream)
@@ -156,6 +161,28 @@ def training_config(
     return load_training_config(BASE_PRESETS[arch], overrides, report_ignored=False)
 
 
+def row_keeping_multiple(cfg: Any, tokens: int, rows: int, hf_dir: Path, stream: TextIO) -> int | None:
+    """A model.make_vocab_size_divisible_by that pads the tokenizer's `tokens` to the model's `rows`
+    where `cfg`'s pads them to fewer (Phi-2: 51200 rows for 50295 tokens, which 128 pads to 50304;
+    a run resumed from the import dropped the rest); None where `cfg`'s holds every row. The smallest
+    divisor of `rows` that pads `tokens` to exactly `rows` (1024 for Phi-2): under TP the padding, a
+    multiple of it, still holds every row."""
+    from gptrain.models.flops import pad_vocab_size
+
+    preset = cfg.model.make_vocab_size_divisible_by
+    padded = pad_vocab_size(tokens, preset)
+    if padded >= rows:
+        return None
+    multiple = next(d for d in range(rows - tokens + 1, rows + 1) if rows % d == 0)
+    print(
+        f"gptrain: note: {hf_dir} has {rows} embedding rows for its tokenizer's {tokens} tokens; the run "
+        f"keeps them all with model.make_vocab_size_divisible_by={multiple} (the preset's {preset} pads "
+        f"to {padded} rows: a run with it drops the others)",
+        file=stream,
+    )
+    return multiple
+
+
 def _yaml_value(value: Any) -> str:
     if value is None:
         return "null"
@@ -180,7 +207,7 @@ def _tokenizer(cfg: Any, staging: Path) -> Any | None:
     return build_tokenizer(tok.type, staged(tok.vocab_file), staged(tok.merge_file), staged(tok.model))
 
 
-def check_source_tokenizer(hf_dir: Path, tokenizer: dict[str, Any]) -> None:
+def check_source_tokenizer(hf_dir: Path, tokenizer: dict[str, Any]) -> Any:
     """Build the tokenizer `import_tokenizer` chose from `hf_dir`'s own files: a damaged one is then
     named there, where the user can fix it, not in the copy a failed import removes."""
     from gptrain.data.tokenizers import build_tokenizer
@@ -188,7 +215,7 @@ def check_source_tokenizer(hf_dir: Path, tokenizer: dict[str, Any]) -> None:
     def source(value: str | None, name: str) -> str | None:
         return str(hf_dir / name) if value else None
 
-    build_tokenizer(
+    return build_tokenizer(
         tokenizer["type"],
         source(tokenizer["vocab_file"], "vocab.json"),
         source(tokenizer["merge_file"], "merges.txt"),
@@ -201,10 +228,7 @@ def build_imported_model(cfg: Any, staging: Path, hf_dir: Path, arch: str, strea
     from gptrain.models.gpt import GPT
     from gptrain.train.builders import build_model_config, padded_vocab_size
 
-    tokenizer = _tokenizer(cfg, staging)
-    vocab, padded = padded_vocab_size(cfg, tokenizer)
-    if tokenizer is not None:
-        _check_rows(hf_dir, vocab)
+    _, padded = padded_vocab_size(cfg, _tokenizer(cfg, staging))
     # rows the tokenizer never emits (Phi-2, Qwen2 shape theirs so) are kept for export to restore
     config = build_model_config(cfg, max(padded, int(load_config(hf_dir).vocab_size)))
     with torch.device("meta"):
@@ -223,8 +247,8 @@ def build_imported_model(cfg: Any, staging: Path, hf_dir: Path, arch: str, strea
     return model
 
 
-def _check_rows(hf_dir: Path, vocab: int) -> None:
-    rows = int(load_config(hf_dir).vocab_size)
+def _check_rows(hf_dir: Path, vocab: int, rows: int) -> None:
+    """Every token of the tokenizer needs an embedding row."""
     if rows < vocab:
         raise DataError(
             f"{hf_dir}: the model has {rows} embedding rows but its tokenizer has {vocab} tokens (ids from "
