@@ -773,6 +773,35 @@ def test_a_tokenizer_with_more_tokens_than_the_model_has_rows_is_refused_saying_
     assert not (tmp_path / "run").exists()
 
 
+def test_a_tokenizer_that_fills_under_half_the_rows_is_refused_naming_both_sizes(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """A 98-token tokenizer beside a model of 256 rows (a 1000-token one beside a 50k model) imported
+    as if it were the model's: transformers reads the same files, so no check saw it. Padding
+    explains a few rows past the tokenizer, or up to a multiple of 128: 196 rows (twice 98) import,
+    256 are refused, and imported under --no-verify with the same words as a warning."""
+    import sys
+
+    monkeypatch.setattr(sys.modules[__name__], "ROWS", 256)
+    source = llama_dir(tmp_path / "src", tokenizer=True)
+    with pytest.raises(DataError) as error:
+        run_cli(["import", str(source), "--output", str(tmp_path / "run")])
+    problem = (
+        f"{source}: the model has 256 embedding rows but its tokenizer only 98 tokens, fewer than half, "
+        "which no vocabulary padding explains; the tokenizer files are likely another model's"
+    )
+    assert str(error.value) == (
+        f"{problem}: put the model's own tokenizer in {source}, or pass --no-verify to import it anyway"
+    )
+    assert not (tmp_path / "run").exists()
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run"), "--no-verify"]) == 0
+    assert f"gptrain: warning: {problem} (imported anyway: --no-verify)\n" in capsys.readouterr().err
+    monkeypatch.setattr(sys.modules[__name__], "ROWS", 196)
+    source = llama_dir(tmp_path / "twice", tokenizer=True)
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run196")]) == 0
+    assert "likely another model's" not in capsys.readouterr().err
+
+
 def test_tokens_transformers_adds_from_added_tokens_json_are_not_lost_in_silence(tmp_path) -> None:
     """A GPT-2 BPE model whose added_tokens.json adds <|im_start|> (id 50257): transformers encodes
     it as that id, gptrain's GPT2BPETokenizer from vocab.json + merges.txt as pieces; the probe

@@ -82,7 +82,8 @@ def add_import_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--no-verify",
         action="store_true",
-        help="skip the checks of logits, greedy continuation and tokenizer",
+        help="skip the checks of logits, greedy continuation and tokenizer (a tokenizer that fills "
+        "under half of the model's embedding rows is then a warning)",
     )
     parser.set_defaults(func=removing_partial_output_on_sigterm(run_import))
 

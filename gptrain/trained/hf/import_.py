@@ -86,6 +86,7 @@ def import_hf(
         else:
             tokens = int(check_source_tokenizer(hf_dir, tokenizer).vocab_size)
             _check_rows(hf_dir, tokens, rows)
+            check_tokenizer_fills_rows(hf_dir, tokens, rows, verify, stream)
         cfg = training_config(arch, overrides, seq_length, tokenizer, rows, output)
         if tokenizer is not None and (multiple := row_keeping_multiple(cfg, tokens, rows, hf_dir, stream)):
             overrides["make_vocab_size_divisible_by"] = multiple
@@ -255,6 +256,28 @@ def _check_rows(hf_dir: Path, vocab: int, rows: int) -> None:
             f"{rows} on have no row); resize the embeddings in transformers "
             f"(model.resize_token_embeddings({vocab})), save the model and import that"
         )
+
+
+def check_tokenizer_fills_rows(hf_dir: Path, tokens: int, rows: int, verify: bool, stream: TextIO) -> None:
+    """Rows past the tokenizer are padding: a few percent (Phi-2: 51200 for 50295 tokens), or up to
+    Megatron's default multiple of 128 for a small vocabulary. A tokenizer that fills under half of
+    the rows beyond that (1000 tokens for a 50257-row model) is most likely another model's, which
+    the tokenizer checks cannot see (transformers reads the same files): refused, or under
+    --no-verify a warning."""
+    from gptrain.models.flops import pad_vocab_size
+
+    if rows <= max(2 * tokens, pad_vocab_size(tokens, 128)):
+        return
+    problem = (
+        f"{hf_dir}: the model has {rows} embedding rows but its tokenizer only {tokens} tokens, fewer than "
+        "half, which no vocabulary padding explains; the tokenizer files are likely another model's"
+    )
+    if not verify:
+        print(f"gptrain: warning: {problem} (imported anyway: --no-verify)", file=stream)
+        return
+    raise DataError(
+        f"{problem}: put the model's own tokenizer in {hf_dir}, or pass --no-verify to import it anyway"
+    )
 
 
 @torch.no_grad()
