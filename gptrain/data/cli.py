@@ -91,6 +91,7 @@ def _add_megatron_runtime_flags(parser: argparse.ArgumentParser) -> None:
         help="keep the input order across partitions; gptrain always does",
     )
     group.add_argument("--split-sentences", action="store_true", help=argparse.SUPPRESS)
+    # how --split-sentences splits (NLTK's punkt): Megatron reads neither without it
     group.add_argument("--keep-newlines", action="store_true", help=argparse.SUPPRESS)
     group.add_argument("--lang", help=argparse.SUPPRESS)
 
@@ -106,10 +107,10 @@ def _check_megatron_runtime_flags(args: argparse.Namespace) -> None:
     for flag, value in (("--chunk-size", args.chunk_size), ("--partitions", args.partitions)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be at least 1")
-    if args.split_sentences or args.keep_newlines or args.lang is not None:
+    if args.split_sentences:
         raise ConfigError(
-            "--split-sentences/--keep-newlines/--lang split documents into sentences (BERT's "
-            "<prefix>_<key>_sentence files); GPT pretraining reads whole documents: drop them"
+            "--split-sentences splits documents into sentences (BERT's <prefix>_<key>_sentence files); "
+            "GPT pretraining reads whole documents: drop it (and --keep-newlines/--lang, which tune it)"
         )
 
 

@@ -158,6 +158,24 @@ def test_megatron_command_line_runs_unchanged(tmp_path, gpt2_files, corpus, writ
 
 
 @pytest.mark.parametrize(
+    "flags", [["--keep-newlines"], ["--lang", "english"], ["--keep-newlines", "--lang", "de"]]
+)
+def test_sentence_splitting_options_without_split_sentences_change_nothing(
+    tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset, capsys, flags
+):
+    """--keep-newlines and --lang tune how --split-sentences splits; preprocess_data.py reads
+    neither without it (its IdentitySplitter), so such a command line writes Megatron's documents.
+    gptrain refused them, saying they split documents into sentences."""
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus])
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, *gpt2_flags(gpt2_files), *flags, "--append-eod", "--workers", "1"]) == 0
+    assert outputs(tmp_path / "out") == megatron_dataset(corpus, True)
+    assert main([*argv, *gpt2_flags(gpt2_files), *flags, "--split-sentences", "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--split-sentences splits documents into sentences" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
     ("keep_sequential", "differs"), [(False, "in another order"), (True, "1,000,000 lines")]
 )
 def test_partitions_say_how_megatrons_document_order_would_differ(
@@ -613,7 +631,7 @@ def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
         ),
         (
             ["--input", str(source), "--split-sentences", *gpt2_flags(gpt2_files)],
-            "GPT pretraining reads whole documents: drop them",
+            "GPT pretraining reads whole documents: drop it",
         ),
         (
             ["--input", str(source), "--partitions", "0", *gpt2_flags(gpt2_files)],
