@@ -114,20 +114,16 @@ def _check_megatron_runtime_flags(args: argparse.Namespace) -> None:
         )
 
 
-def partition_order_notice(partitions: int, keep_sequential: bool) -> str:
+def partition_order_notice(partitions: int) -> str:
     """What --partitions N>1 changes against Megatron: the order of the documents, which the GPT
-    dataset's shuffle and so every sample follow (the documents themselves are the same bytes)."""
-    if keep_sequential:
-        how, differs = (
-            "in blocks of 1,000,000 lines",
-            "another order once the input has more than 1,000,000 lines",
-        )
-    else:
-        how, differs = "line by line", "another order"
+    dataset's shuffle and so every sample follow (the documents themselves are the same bytes).
+    Not with --keep-sequential-samples: Megatron then cuts the input into N runs of consecutive
+    lines (ceil(lines / N) each) and merges them in order, the input's order, as gptrain writes."""
     return (
         f"note: --partitions {partitions}: gptrain writes the documents in input order; Megatron's "
-        f"preprocess_data.py deals the input's lines to the {partitions} partitions {how} and merges them "
-        f"partition after partition: the same documents in {differs} (and the samples follow the order)"
+        f"preprocess_data.py deals the input's lines to the {partitions} partitions line by line and merges "
+        "them partition after partition: the same documents in another order (and the samples follow the "
+        "order; --keep-sequential-samples keeps the input's)"
     )
 
 
@@ -159,8 +155,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.log_interval < 1:
         raise ConfigError("--workers and --log-interval must be at least 1")
     _check_megatron_runtime_flags(args)
-    if args.partitions is not None and args.partitions > 1:
-        print(partition_order_notice(args.partitions, args.keep_sequential_samples), file=sys.stderr)
+    if args.partitions is not None and args.partitions > 1 and not args.keep_sequential_samples:
+        print(partition_order_notice(args.partitions), file=sys.stderr)
     kind = tokenizer_type(args)
     if kind is None:
         raise ConfigError("give a tokenizer: --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model")
