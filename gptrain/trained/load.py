@@ -42,7 +42,7 @@ from gptrain.checkpoint.integrity import (
     verify,
 )
 from gptrain.checkpoint.reader import check_fits, root_cause
-from gptrain.errors import DataError
+from gptrain.errors import DataError, GptrainError
 from gptrain.utils.paths import look_up
 from gptrain.utils.rank import is_rank_zero
 
@@ -228,25 +228,49 @@ def check_run_tokenizer(cfg: Any, tokenizer: Any | None, step_dir: Path, hparams
 def check_run_architecture(
     cfg: Any, step_dir: Path, hparams: Path, overrides: Sequence[str], rows: int
 ) -> None:
-    """The architecture settings hparams.yaml now gives against those the checkpoint records (what
-    no tensor's shape shows: rope base, norm epsilon, activation, heads of another width). A
-    difference would load the weights into a model that computes something else, and export's
-    verification, comparing two models built from the same settings, would pass it: refused, as a
-    resume refuses it, unless overrides changed those settings on purpose (`gptrain eval`), which
-    includes the settings they move in turn (more heads: narrower ones)."""
+    """The architecture settings the command builds (`cfg`: hparams.yaml under `overrides`) against
+    those the checkpoint records (what no tensor's shape shows: rope base, norm epsilon, activation,
+    heads of another width). A difference would load the weights into a model that computes something
+    else, and export's verification, comparing two models built from the same settings, would pass
+    it: refused, as a resume refuses it, unless overrides changed those settings on purpose (`gptrain
+    eval`), which includes the settings they move in turn (more heads: narrower ones)."""
     from gptrain.checkpoint import architecture
 
     saved, live = recorded_architecture(step_dir), architecture_of(cfg, rows)
-    given = architecture_of(load_hparams(hparams), rows) if overrides else live
-    asked = {item.split("=", 1)[0].lstrip("+~") for item in overrides}
+    given = hparams_architecture(hparams, overrides, live, rows) if overrides else live
+    asked = {override_key(item) for item in overrides}
     asked |= {change.split(" ", 1)[0] for change in architecture.changes(given, live)}
-    found = [change for change in architecture.changes(saved, given) if change.split(" ", 1)[0] not in asked]
+    found = [change for change in architecture.changes(saved, live) if change.split(" ", 1)[0] not in asked]
     if found:
         raise CheckpointMismatchError(
             f"checkpoint {step_dir} was trained with other model settings than {hparams} gives "
             f"({'; '.join(found)}): the weights would load into a model that computes something else; "
             "set the old values there"
         )
+
+
+def override_key(override: str) -> str:
+    """The dotted key of `key=value`, `+key=value`, `~key`, as the training config names it."""
+    return override.split("=", 1)[0].lstrip("+~").removeprefix("training.")
+
+
+def hparams_architecture(
+    hparams: Path, overrides: Sequence[str], live: dict[str, Any], rows: int
+) -> dict[str, Any]:
+    """The architecture hparams.yaml gives, read under the command's overrides but those of the
+    architecture (`live`'s keys, or a section holding them): the others may be what makes it load
+    (a key this gptrain no longer knows, deleted with `~key`). Where hparams.yaml's own architecture
+    does not build, the overrides mend it: `live`, so only the keys they name count as asked."""
+
+    def names_architecture(override: str) -> bool:
+        key = override_key(override)
+        return any(setting == key or setting.startswith(f"{key}.") for setting in live)
+
+    kept = [override for override in overrides if not names_architecture(override)]
+    try:
+        return architecture_of(load_hparams(hparams, kept), rows)
+    except GptrainError:
+        return live
 
 
 def architecture_of(cfg: Any, rows: int) -> dict[str, Any]:
@@ -257,11 +281,11 @@ def architecture_of(cfg: Any, rows: int) -> dict[str, Any]:
     return architecture.record(build_model_config(cfg, rows))
 
 
-def load_hparams(hparams: Path) -> Any:
-    """The run's config as its hparams.yaml gives it, without the command's overrides."""
+def load_hparams(hparams: Path, overrides: Sequence[str] = ()) -> Any:
+    """The run's config as its hparams.yaml gives it under `overrides`."""
     from gptrain.config import load_training_config
 
-    return load_training_config(config_file=str(hparams), report_ignored=False)
+    return load_training_config(config_file=str(hparams), overrides=overrides, report_ignored=False)
 
 
 @dataclass

@@ -376,6 +376,45 @@ def test_an_override_changes_the_settings_it_moves_and_only_hparams_differences_
     assert str(refused.value).endswith("set the old values there")
 
 
+def test_the_check_reads_hparams_under_the_overrides_that_make_it_load(tmp_path) -> None:
+    """`gptrain eval RUN ~model.retired_option` (a key this gptrain no longer knows) loaded the run's
+    config, then the architecture check read hparams.yaml again without the overrides and stopped
+    with 'unknown key'. It now reads it under every override but the architecture ones: those still
+    count as asked with what they move, and hparams.yaml's own differences are still refused. Where
+    hparams.yaml's architecture itself does not load (6 heads do not divide 32), the override that
+    mends it is what the command builds, and the checkpoint's."""
+    from hf_helpers import saved_run
+
+    from gptrain.checkpoint import architecture
+    from gptrain.checkpoint.compat import CheckpointMismatchError
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.parallel.state_dict import model_state_dict
+    from gptrain.trained.load import open_run
+
+    run, model = saved_run(tmp_path / "run", "gpt2")
+    CheckpointManager(
+        run / "checkpoints", keep_last=None, architecture=architecture.record(model.config)
+    ).save(2, {"model": model_state_dict(model)}, {})
+    hparams = run / "hparams.yaml"
+    text = hparams.read_text()
+    hparams.write_text(text.replace("model:\n", "model:\n  retired_option: 1\n", 1))
+    assert open_run(run, ["~model.retired_option"]).cfg.model.num_attention_heads == 4
+    assert (
+        open_run(run, ["~model.retired_option", "model.num_attention_heads=8"]).cfg.model.num_attention_heads
+        == 8
+    )
+    edited = text.replace("model:\n", "model:\n  retired_option: 1\n", 1).replace(
+        "layernorm_epsilon: 0.001", "layernorm_epsilon: 0.002"
+    )
+    hparams.write_text(edited)
+    with pytest.raises(CheckpointMismatchError, match=r"\(model\.layernorm_epsilon 0\.001 -> 0\.002\): "):
+        open_run(run, ["~model.retired_option"])
+
+    assert "num_attention_heads: 4\n" in text
+    hparams.write_text(text.replace("num_attention_heads: 4\n", "num_attention_heads: 6\n"))
+    assert open_run(run, ["model.num_attention_heads=4"]).cfg.model.num_attention_heads == 4
+
+
 def test_an_export_of_a_checkpoint_changed_on_disk_is_refused(exported, tmp_path) -> None:
     """The logit check compares two readings of the same weights: a byte changed since the save
     would pass it. The CRC-32s recorded at the save are read first."""
