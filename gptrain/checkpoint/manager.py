@@ -184,14 +184,15 @@ class CheckpointManager(CheckpointReader):
         mode: str = "min",
     ) -> None:
         """`vocab_size`, `tokenizer`, `tied`, `architecture`: as for CheckpointReader (each save records
-        the tokenizer and the architecture). `keep_last`: save_top_k; `monitor`, `mode`: keep the
-        `keep_last` best by the metric each COMPLETE records, and the newest (gptrain.checkpoint.retention);
-        without `monitor`, the `keep_last` newest. `direct_io`: write shards around the page cache
+        the tokenizer and the architecture). `keep_last`: save_top_k (None or negative: keep every
+        one; 0: only the newest); `monitor`, `mode`: keep the `keep_last` best by the metric each
+        COMPLETE records, and the newest (gptrain.checkpoint.retention); without `monitor`, the
+        `keep_last` newest. `direct_io`: write shards around the page cache
         (O_DIRECT); None: where `root` is on a local disk (gptrain.checkpoint.direct_io).
         `pinned_staging`: async saves copy into a kept, pinned host buffer (a CUDA run's); None:
         wherever CUDA is available."""
         super().__init__(root, rank, vocab_size, tokenizer, tied, architecture)
-        self.keep_last = keep_last if keep_last and keep_last > 0 else None
+        self.keep_last = keep_last if keep_last is not None and keep_last >= 0 else None
         self.monitor = monitor
         self.mode = mode
         self.async_save = async_save
@@ -511,7 +512,7 @@ class CheckpointManager(CheckpointReader):
 
     def _removals(self, saved: int) -> list[Removal]:
         """The complete checkpoints up to `saved` that retention removes, each with its reason."""
-        if not self.keep_last:
+        if self.keep_last is None:
             return []
         steps = [step for step in complete_steps(self.root) if step <= saved]
         ranked = [Ranked(step, self._metric(step)) for step in steps]
@@ -539,12 +540,12 @@ class CheckpointManager(CheckpointReader):
             self._pruning = None
 
     def space_warning(self, checkpoint_bytes: int) -> str | None:
-        """A warning when the filesystem cannot hold keep_last + 1 checkpoints of this size
-        (the next save is written before the oldest is removed). The run's existing checkpoints
+        """A warning when the filesystem cannot hold keep_last + 1 checkpoints of this size (2 where
+        keep_last is 0: the next save is written before the oldest is removed). The run's existing checkpoints
         count as free space only where retention removes them: keeping every one (save_top_k=-1),
         a resumed run has only the disk's free space for its next two. Ranked by a metric, the newest
         may be none of the best: keep_last + 2."""
-        count = (self.keep_last or 1) + self._beyond_top_k()
+        count = self._on_disk_at_prune()
         existing = self.root
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
@@ -555,25 +556,30 @@ class CheckpointManager(CheckpointReader):
                 f"{checkpoint_bytes / 1e9:.1f} GB before retention removes an older one: the save will "
                 "fail when the disk fills; free space"
             )
-        if self.keep_last:
+        if self.keep_last is not None:
             free += sum(step_dir_bytes(self.root / step_dir_name(step)) for step in complete_steps(self.root))
         if free >= count * checkpoint_bytes:
             return None
-        kept = (
-            f"save_top_k + {self._beyond_top_k()}"
-            if self.keep_last
-            else "the next two; save_top_k=-1 removes none"
-        )
+        if self.keep_last is None:
+            kept = "the next two; save_top_k=-1 removes none"
+        elif self.keep_last == 0:
+            kept = "the newest and the next; save_top_k=0 keeps only the newest"
+        else:
+            kept = f"save_top_k + {count - self.keep_last}"
+        remedy = "free space" if self.keep_last == 0 else "free space or lower save_top_k"
         return (
             f"{existing} has {free / 1e9:.1f} GB free for checkpoints, but {count} checkpoints of about "
             f"{checkpoint_bytes / 1e9:.1f} GB ({kept}) need {count * checkpoint_bytes / 1e9:.1f} GB: "
-            "a save will fail when the disk fills; free space or lower save_top_k"
+            f"a save will fail when the disk fills; {remedy}"
         )
 
-    def _beyond_top_k(self) -> int:
-        """Checkpoints on disk beyond the top k just before a save is pruned: the one being written, and
-        where a metric ranks them the newest before it, which may be none of the best."""
-        return 2 if self.monitor and self.keep_last else 1
+    def _on_disk_at_prune(self) -> int:
+        """Checkpoints on disk just before a save is pruned: the kept ones and the one being written,
+        and where a metric ranks them the newest before it, which may be none of the best. Keeping
+        every one (the next two must fit in the free space) or only the newest (save_top_k=0): two."""
+        if not self.keep_last:
+            return 2
+        return self.keep_last + (2 if self.monitor else 1)
 
     def finish_after_failure(self, timeout_s: float) -> str | None:
         """On a run's way out by an exception: let a background save be written and marked complete if

@@ -81,7 +81,7 @@ def removals(checkpoints: list[Ranked], top_k: int | None, mode: str, monitor: s
 
 def _why(checkpoint: Ranked, top_k: int, monitor: str | None) -> str:
     if monitor is None:
-        return f"not among the {top_k} newest"
+        return f"not among the {top_k} newest" if top_k else "save_top_k=0 keeps only the newest"
     best = f"not among the {top_k} best" if top_k else "save_top_k=0 keeps only the newest"
     if checkpoint.metric is None:
         return f"no {monitor} recorded, {best}"

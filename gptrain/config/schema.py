@@ -102,7 +102,8 @@ class CheckpointCallbackParams:
     """Save a checkpoint every N steps (and at the end, on max_time and on SIGTERM/SIGUSR1)."""
     save_top_k: int = 10
     """Keep K complete checkpoints, and always the newest: the K best by `monitor`, or without one the K
-    newest; the others are deleted (-1 keeps every one)."""
+    newest; the others are deleted (-1 keeps every one; 0 only the newest, Lightning's last.ckpt, and
+    needs save_last: Lightning saves nothing with both off)."""
     monitor: str | None = None
     """The metric the kept checkpoints are the best by: val_loss (the validation loss each save at a
     validated step records), or null to keep the newest. NeMo's default is val_loss; gptrain's

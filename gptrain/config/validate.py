@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gptrain.config.schema import PER_SPLIT_KEYS, TrainingConfig
+from gptrain.config.schema import PER_SPLIT_KEYS, ExpManagerConfig, TrainingConfig
 from gptrain.errors import ConfigError
 
 PRECISIONS = {"32": "32", "32-true": "32", "16": "16", "16-mixed": "16", "bf16": "bf16", "bf16-mixed": "bf16"}
@@ -221,6 +221,26 @@ def check_monitor(monitor: object) -> None:
         )
 
 
+def check_retention(em: ExpManagerConfig) -> None:
+    """save_top_k as PyTorch Lightning's ModelCheckpoint takes it: -1 keeps every checkpoint (as
+    Megatron does), 0 no best ones, only `last` (save_last, which NeMo's launcher sets): here the
+    newest alone, which a requeue resumes from. 0 with save_last=false saves nothing in Lightning;
+    a run that keeps no checkpoint cannot be requeued, so it is refused, naming both ways out."""
+    key = "exp_manager.checkpoint_callback_params"
+    params = em.checkpoint_callback_params
+    if params.save_top_k < -1:
+        raise ConfigError(
+            f"{key}.save_top_k: must be 0 or more (0 keeps only the newest), or -1 to keep every "
+            f"checkpoint, got {params.save_top_k}"
+        )
+    if params.save_top_k == 0 and not params.save_last and em.create_checkpoint_callback:
+        raise ConfigError(
+            f"{key}.save_top_k: 0 with save_last=false keeps no checkpoint (PyTorch Lightning saves none), "
+            f"so a stopped run could not resume; set {key}.save_last=true to keep only the newest, or "
+            "exp_manager.create_checkpoint_callback=false to save none"
+        )
+
+
 def validate(cfg: TrainingConfig) -> None:
     """Raise ConfigError for the first value that cannot work, naming its key."""
     for key, choices in CHOICES.items():
@@ -231,12 +251,7 @@ def validate(cfg: TrainingConfig) -> None:
     for key in POSITIVE:
         if get(cfg, key) < 1:
             raise ConfigError(f"{key}: must be at least 1, got {get(cfg, key)}")
-    top_k = cfg.exp_manager.checkpoint_callback_params.save_top_k
-    if top_k < 1 and top_k != -1:  # -1: keep every checkpoint, as PyTorch Lightning (and Megatron) do
-        raise ConfigError(
-            f"exp_manager.checkpoint_callback_params.save_top_k: must be at least 1, or -1 to keep every "
-            f"checkpoint, got {top_k}"
-        )
+    check_retention(cfg.exp_manager)
     check_monitor(cfg.exp_manager.checkpoint_callback_params.monitor)
     tb_every = cfg.trainer.tensorboard_log_interval
     if tb_every is not None and (isinstance(tb_every, bool) or tb_every < 1):

@@ -117,8 +117,9 @@ def test_async_save_snapshots_state_and_marks_on_wait(tmp_path):
     assert torch.equal(target["model"]["w"], torch.full((3, 2), 3.0))
 
 
-@pytest.mark.parametrize("keep", [0, None])
-def test_zero_or_none_keep_means_keep_all(tmp_path, keep):
+@pytest.mark.parametrize("keep", [-1, None])
+def test_minus_one_or_none_keep_means_keep_all(tmp_path, keep):
+    """save_top_k=-1 keeps every checkpoint (0 keeps only the newest: tests/checkpoint/test_retention.py)."""
     manager = CheckpointManager(tmp_path, keep_last=keep)
     save_steps(manager, [1, 2])
     assert complete_steps(tmp_path) == [1, 2]

@@ -72,6 +72,14 @@ def test_each_removal_says_why():
     assert only_newest[0].reason == "val_loss 3.12, save_top_k=0 keeps only the newest"
 
 
+def test_top_k_zero_without_a_monitor_keeps_only_the_newest_saying_so():
+    removed = removals([Ranked(step, None) for step in (1, 2, 3)], 0, "min", None)
+    assert [(r.step, r.reason) for r in removed] == [
+        (1, "save_top_k=0 keeps only the newest"),
+        (2, "save_top_k=0 keeps only the newest"),
+    ]
+
+
 @pytest.fixture
 def recorded_losses():
     """Each save's val_loss, which `save` hands to the manager for its COMPLETE marker."""
@@ -152,6 +160,45 @@ def test_a_save_records_its_metrics_and_a_nan_reads_back_as_nan(tmp_path, async_
     assert recorded_metric(tmp_path / "step_1", "val_loss") == 2.75
     assert math.isnan(recorded_metric(tmp_path / "step_2", "val_loss"))
     assert "metrics" not in json.loads((tmp_path / "step_3" / COMPLETE).read_text())
+
+
+@pytest.mark.parametrize("monitor", [None, "val_loss"])
+def test_save_top_k_zero_keeps_only_the_newest_checkpoint_and_a_resume_finds_it(
+    tmp_path, recorded_losses, monitor
+):
+    """NeMo's save_top_k=0 (Lightning: no best checkpoint, only last.ckpt): the manager took 0 as 'keep
+    every one'. Each save now removes the ones before it, however good their loss, an earlier attempt's
+    too, and the run resumes from the one it keeps."""
+    recorded_losses.update({1: 1.0, 2: 5.0, 3: 9.0})
+    save(CheckpointManager(tmp_path, keep_last=-1), 1, recorded_losses)  # an attempt that kept every one
+    lines = []
+    manager = CheckpointManager(
+        tmp_path, keep_last=0, monitor=monitor, on_saved=lambda r: lines.append(r.describe())
+    )
+    save(manager, 2, recorded_losses)
+    assert complete_steps(tmp_path) == [2]
+    save(manager, 3, recorded_losses)
+    manager.close()
+    assert complete_steps(tmp_path) == [3]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_3"]
+    kept = "save_top_k=0 keeps only the newest"
+    assert lines[1].endswith(f"; removed step_2 ({'val_loss 5, ' if monitor else ''}{kept})")
+    assert resume(tmp_path).resumed == tmp_path / "step_3"
+
+
+def test_space_warning_under_save_top_k_zero_counts_the_newest_and_the_next(tmp_path, monkeypatch):
+    """Keeping only the newest, the next save is written beside it before it goes: two checkpoints."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100e9, 50e9, 25e9))
+    assert CheckpointManager(tmp_path, keep_last=0, monitor="val_loss").space_warning(10_000_000_000) is None
+    warning = CheckpointManager(tmp_path, keep_last=0).space_warning(15_000_000_000)
+    assert warning.endswith(
+        "2 checkpoints of about 15.0 GB (the newest and the next; save_top_k=0 keeps only the newest) need "
+        "30.0 GB: a save will fail when the disk fills; free space"
+    )
 
 
 def resume(root, rank=0):

@@ -659,15 +659,30 @@ def test_the_64_bit_integers_are_accepted_to_their_ends():
         load_training_config("gpt3/126m", [f"model.num_layers={-(2**63)}"])
 
 
-def test_save_top_k_minus_one_keeps_every_checkpoint_and_zero_is_refused():
-    """-1 is PyTorch Lightning's (and NeMo's) 'keep every checkpoint', as Megatron keeps them; 0 or
-    another negative keeps nothing sensible and is refused naming the key."""
+def test_save_top_k_minus_one_keeps_every_checkpoint_and_zero_keeps_the_newest():
+    """-1 is PyTorch Lightning's (and NeMo's) 'keep every checkpoint', as Megatron keeps them. 0 (no
+    best ones, only Lightning's last.ckpt, which NeMo's launcher saves) was refused, so a NeMo config
+    with it did not run: it keeps the newest now. With save_last=false Lightning saves nothing, which a
+    requeued run cannot resume from: refused naming both ways out; another negative is refused."""
     key = "exp_manager.checkpoint_callback_params.save_top_k"
     cfg = load_training_config("gpt3/126m", [f"{key}=-1"], report_ignored=False)
     assert cfg.exp_manager.checkpoint_callback_params.save_top_k == -1
-    for bad in (0, -2):
-        with pytest.raises(ConfigError, match=rf"^{key}: must be at least 1, or -1 to keep every checkpoint"):
-            load_training_config("gpt3/126m", [f"{key}={bad}"], report_ignored=False)
+    cfg = load_training_config("gpt3/126m", [f"{key}=0"], report_ignored=False)
+    assert cfg.exp_manager.checkpoint_callback_params.save_top_k == 0
+    with pytest.raises(ConfigError, match=rf"^{key}: must be 0 or more \(0 keeps only the newest\), or -1"):
+        load_training_config("gpt3/126m", [f"{key}=-2"], report_ignored=False)
+    no_last = [f"{key}=0", "exp_manager.checkpoint_callback_params.save_last=false"]
+    with pytest.raises(ConfigError) as refused:
+        load_training_config("gpt3/126m", no_last, report_ignored=False)
+    assert str(refused.value) == (
+        f"{key}: 0 with save_last=false keeps no checkpoint (PyTorch Lightning saves none), so a stopped "
+        "run could not resume; set exp_manager.checkpoint_callback_params.save_last=true to keep only the "
+        "newest, or exp_manager.create_checkpoint_callback=false to save none"
+    )
+    cfg = load_training_config(
+        "gpt3/126m", [*no_last, "exp_manager.create_checkpoint_callback=false"], report_ignored=False
+    )
+    assert cfg.exp_manager.create_checkpoint_callback is False
 
 
 def test_sequence_parallel_at_tensor_parallel_size_1_is_turned_off_as_nemo_does(capsys) -> None:
