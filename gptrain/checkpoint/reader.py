@@ -575,11 +575,17 @@ class CheckpointReader:
 
 
 def read_rank_state(path: Path, rank: int) -> dict[str, Any]:
-    """This rank's extra state of a checkpoint ({} when it has none: an import, or a larger world)."""
-    rank_file = path / f"rank_{rank}.pt"
-    if not rank_file.is_file():
+    """This rank's extra state of a checkpoint ({} when it has none: an import). A rank of a larger
+    world than saved it reads rank 0's: its run-wide records (the data order a resume compares) are
+    every rank's, and the last rank, which prints the console's lines, is a new one whenever the
+    world grows. The random streams in it record the layout that saved them, which a rank of another
+    world size does not restore, and says so (gptrain.train.state.restore_rng_state)."""
+    own, rank_0 = path / f"rank_{rank}.pt", path / "rank_0.pt"
+    if own.is_file():
+        return torch.load(own, map_location="cpu", weights_only=False)
+    if rank == 0 or not rank_0.is_file():
         return {}
-    return torch.load(rank_file, map_location="cpu", weights_only=False)
+    return torch.load(rank_0, map_location="cpu", weights_only=False)
 
 
 def saved_sections(saved_keys: Iterable[str]) -> set[str]:

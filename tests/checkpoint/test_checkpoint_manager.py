@@ -34,6 +34,39 @@ def test_save_load_round_trip_with_rank_state(tmp_path):
     assert torch.equal(extra["rng"], torch.tensor([1, 2, 3]))
 
 
+def test_a_rank_of_a_larger_world_than_saved_reads_rank_0s_records(tmp_path):
+    """A world grown between requeues (2 ranks to 4, the same TP and PP): ranks 2 and 3 have no rank
+    file and got nothing, and the last rank prints the console's lines, so the data order changed
+    since the checkpoint (a longer trainer.max_steps) and the random streams not restored were said
+    only in rank 0's log file. They read rank 0's file now, whose streams record the world that saved
+    them: the new ranks refuse them as the others do, saying so. A rank with a file reads its own."""
+    from gptrain.train.state import rank_state, restore_rng_state
+
+    saved_layout = {
+        "world_size": 2,
+        "tensor_model_parallel_size": 1,
+        "pipeline_model_parallel_size": 1,
+        "sequence_parallel": False,
+    }
+    order = {"consumed": 16, "max_steps": 6}
+    step_dir = CheckpointManager(tmp_path, keep_last=1).save(
+        4, state_for(4.0), {**rank_state(saved_layout), "train_order": order}
+    )
+    torch.save({"own": 1}, step_dir / "rank_1.pt")
+
+    def extra_of(rank):
+        return CheckpointManager(tmp_path, keep_last=1, rank=rank).load(
+            step_dir, state_for(0.0), lambda s: None
+        )
+
+    assert extra_of(1) == {"own": 1}
+    extra = extra_of(3)
+    assert extra["train_order"] == order
+    lines = []
+    assert not restore_rng_state(extra, {**saved_layout, "world_size": 4}, lines.append)
+    assert lines[0].startswith("random streams not restored: saved under 2 ranks, TP 1, PP 1")
+
+
 def test_retention_keeps_last_k_complete(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=2)
     save_steps(manager, [1, 2, 3, 4])
