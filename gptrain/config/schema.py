@@ -320,6 +320,20 @@ class ModelConfig:
     """Pipeline-parallel degree (layers split over ranks)."""
     virtual_pipeline_model_parallel_size: int | None = None
     """Model chunks per pipeline rank for the interleaved 1F1B schedule."""
+    num_layers_in_first_pipeline_stage: int | None = None
+    """Transformer layers of the first pipeline stage (NeMo 2's key, Megatron's
+    --decoder-first-pipeline-num-layers): a stage that also holds the embedding may take fewer.
+    The layers the first and last stage leave are split evenly over the stages between; with
+    virtual stages each rank's layers split evenly over its chunks. null: an equal share."""
+    num_layers_in_last_pipeline_stage: int | None = None
+    """Transformer layers of the last pipeline stage, which also holds the output layer and loss
+    (Megatron's --decoder-last-pipeline-num-layers); null: as the first key says."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Count the embedding as one layer in an even pipeline split: the first stage builds one layer
+    fewer (Megatron's --account-for-embedding-in-pipeline-split; not with the two keys above)."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Count the output layer and loss as one layer in an even pipeline split: the last stage
+    builds one layer fewer (Megatron's --account-for-loss-in-pipeline-split)."""
     sequence_parallel: bool = False
     """Shard norms and dropout along the sequence over the tensor-parallel ranks."""
     data_parallel_sharding: str | None = None

@@ -151,6 +151,10 @@ def _block_recompute_past_the_chunk(model: Any) -> list[str]:
         return []
     if count is None or chunks < 1 or model.num_layers % chunks or count <= model.num_layers // chunks:
         return []
+    if model.num_layers_in_first_pipeline_stage or model.num_layers_in_last_pipeline_stage:
+        return []  # chunks of several sizes: the note's one count would be wrong for some
+    if model.account_for_embedding_in_pipeline_split or model.account_for_loss_in_pipeline_split:
+        return []
     return [
         f"model.activations_checkpoint_num_layers={count} is more than the {model.num_layers // chunks} layers "
         "of a pipeline chunk: every layer of each chunk is recomputed, as Megatron does"

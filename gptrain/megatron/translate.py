@@ -587,12 +587,26 @@ def _layout(v: dict[str, Any], env: dict[str, str]) -> None:
         v["model.global_batch_size"] = v["model.micro_batch_size"] * max(1, world // model_parallel)
 
 
+UNEVEN_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+
+
 def _virtual_pipeline(v: dict[str, Any], given: dict[str, list[str]]) -> None:
-    """--num-layers-per-virtual-pipeline-stage N: Megatron's interleaved schedule with
-    (num_layers / pipeline stages) / N model chunks per rank."""
-    flag = "--num-layers-per-virtual-pipeline-stage"
+    """--num-virtual-stages-per-pipeline-rank N: Megatron's interleaved schedule with N model chunks
+    per rank; --num-layers-per-virtual-pipeline-stage N: with (num_layers / pipeline stages) / N,
+    which Megatron refuses under an uneven split (the stages hold different numbers of layers)."""
+    flag, chunks_flag = "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank"
+    if flag in given and chunks_flag in given:
+        raise ConfigError(f"{flag} and {chunks_flag}: give one of them, as Megatron asserts")
+    if chunks_flag in given:
+        v["model.virtual_pipeline_model_parallel_size"] = _convert(chunks_flag, given[chunks_flag][0], int)
     if flag not in given:
         return
+    uneven = [name for name in UNEVEN_FLAGS if name in given]
+    if uneven:
+        raise ConfigError(
+            f"{flag} with {' and '.join(uneven)}: give the chunks per rank with {chunks_flag} instead, "
+            "as Megatron asserts under an uneven pipeline split"
+        )
     per_chunk = _convert(flag, given[flag][0], int)
     layers, pp = v["model.num_layers"], v.get("model.pipeline_model_parallel_size", 1)
     if per_chunk < 1 or pp < 2 or layers % pp or (layers // pp) % per_chunk:

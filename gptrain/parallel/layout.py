@@ -103,15 +103,128 @@ def _check_model_split(model: Any, dims: ParallelDims) -> None:
             pp > 1 or vpp == 1,
             f"model.virtual_pipeline_model_parallel_size={vpp} needs model.pipeline_model_parallel_size > 1 (it is {pp})",
         )
-    chunks = pp * (vpp or 1)
-    split = (
-        f"model.pipeline_model_parallel_size={pp}"
-        if vpp is None
-        else f"model.pipeline_model_parallel_size x model.virtual_pipeline_model_parallel_size = {pp} x {vpp}"
-    )
+    stage_layer_counts(model, pp, vpp or 1)
+
+
+FIRST, LAST = "model.num_layers_in_first_pipeline_stage", "model.num_layers_in_last_pipeline_stage"
+EMBEDDING, LOSS = "model.account_for_embedding_in_pipeline_split", "model.account_for_loss_in_pipeline_split"
+
+
+def stage_layer_counts(model: Any, pp: int, vpp: int = 1) -> list[int]:
+    """Transformer layers of each pipeline stage, in stage order (pipeline rank r's chunk v is stage
+    v x pp + r, and the stages hold consecutive layers in that order), as Megatron splits them:
+    an equal share each; or the first/last stage's count as given and the rest split evenly over the
+    stages between; or the embedding and/or loss counted as one layer of the first/last stage.
+    Every count is checked here, naming the keys, as every caller (training, the launcher's preflight,
+    the planner) depends on the same split."""
+    first, last = model.num_layers_in_first_pipeline_stage, model.num_layers_in_last_pipeline_stage
+    embedding = bool(model.account_for_embedding_in_pipeline_split)
+    loss = bool(model.account_for_loss_in_pipeline_split)
+    if first is None and last is None:
+        counts = _even_counts(model.num_layers, pp, vpp, embedding, loss)
+    else:
+        counts = _uneven_counts(model.num_layers, pp, vpp, first, last, embedding or loss)
+    if 0 in counts:
+        raise ConfigError(
+            f"{_split_name(pp, vpp)} with {_uneven_keys(first, last, embedding, loss)} leaves pipeline stage "
+            f"{counts.index(0)} without transformer layers (layers per stage: {counts}); a stage must hold "
+            "at least one: use fewer stages or more layers"
+        )
+    return counts
+
+
+def pipeline_rank_layers(counts: list[int], pp: int) -> list[int]:
+    """Transformer layers held by each pipeline rank: the sum of its chunks (stages r, r + pp, ...)."""
+    return [sum(counts[rank::pp]) for rank in range(pp)]
+
+
+def stage_layer_ranges(counts: list[int]) -> list[range]:
+    """Each stage's global layer indices (consecutive in stage order), the names its blocks keep."""
+    ranges, start = [], 0
+    for count in counts:
+        ranges.append(range(start, start + count))
+        start += count
+    return ranges
+
+
+def _split_name(pp: int, vpp: int) -> str:
+    if vpp == 1:
+        return f"model.pipeline_model_parallel_size={pp}"
+    return f"model.pipeline_model_parallel_size x model.virtual_pipeline_model_parallel_size = {pp} x {vpp}"
+
+
+def _uneven_keys(first: int | None, last: int | None, embedding: bool, loss: bool) -> str:
+    given = [f"{FIRST}={first}"] if first is not None else []
+    given += [f"{LAST}={last}"] if last is not None else []
+    given += [f"{EMBEDDING}=true"] if embedding else []
+    given += [f"{LOSS}=true"] if loss else []
+    return " and ".join(given)
+
+
+def _even_counts(num_layers: int, pp: int, vpp: int, embedding: bool, loss: bool) -> list[int]:
+    """An equal share per stage of the layers, counting the embedding and loss as one layer each when
+    asked (Megatron's --account-for-embedding/loss-in-pipeline-split): the first/last stage then
+    builds one layer fewer."""
+    chunks = pp * vpp
+    total = num_layers + embedding + loss
+    if embedding or loss:
+        counted = " + ".join(["model.num_layers"] + ["1 (embedding)"] * embedding + ["1 (loss)"] * loss)
+        _require(
+            total % chunks == 0,
+            f"{counted} = {total} is not divisible by {_split_name(pp, vpp)} ({_uneven_keys(None, None, embedding, loss)})",
+        )
+    else:
+        _require(
+            total % chunks == 0, f"model.num_layers={num_layers} is not divisible by {_split_name(pp, vpp)}"
+        )
+    counts = [total // chunks] * chunks
+    counts[0] -= embedding
+    counts[-1] -= loss
+    return counts
+
+
+def _uneven_counts(
+    num_layers: int, pp: int, vpp: int, first: int | None, last: int | None, accounted: bool
+) -> list[int]:
+    """The first/last stage's layers as given, the rest split evenly over the stages between; with
+    virtual stages, each rank's layers split evenly over its chunks (Megatron's rules)."""
+    keys = _uneven_keys(first, last, False, False)
+    _require(pp > 1, f"{keys} needs model.pipeline_model_parallel_size > 1 (it is {pp}): drop it")
+    for key, value in ((FIRST, first), (LAST, last)):
+        _require(value is None or value >= 1, f"{key}={value} must be >= 1 or null")
     _require(
-        model.num_layers % chunks == 0, f"model.num_layers={model.num_layers} is not divisible by {split}"
+        not accounted,
+        f"{keys} cannot be combined with {EMBEDDING} or {LOSS} (Megatron refuses the pair): count the "
+        "embedding and loss into the first/last stage's layers yourself, or drop one of them",
     )
+    middle = pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    _require(rest >= 0, f"{keys} together hold more than model.num_layers={num_layers}")
+    if middle == 0:
+        _require(
+            rest == 0,
+            f"{keys} must add up to model.num_layers={num_layers}: with model.pipeline_model_parallel_size={pp} "
+            "the first and last stage are every stage",
+        )
+    else:
+        _require(
+            rest % middle == 0,
+            f"the {rest} layers left by {keys} (model.num_layers={num_layers}) do not split evenly over the "
+            f"other {middle} of model.pipeline_model_parallel_size={pp} stages, as Megatron requires",
+        )
+    share = rest // middle if middle else 0
+    per_rank = [share] * pp
+    if first is not None:
+        per_rank[0] = first
+    if last is not None:
+        per_rank[-1] = last
+    for rank, layers in enumerate(per_rank):
+        _require(
+            layers % vpp == 0,
+            f"pipeline rank {rank}'s {layers} layers ({keys}) are not divisible by "
+            f"model.virtual_pipeline_model_parallel_size={vpp}: each rank's chunks hold equal shares, as in Megatron",
+        )
+    return [per_rank[rank] // vpp for _ in range(vpp) for rank in range(pp)]
 
 
 def _check_sequence_parallel(model: Any, tp: int) -> None:

@@ -31,7 +31,13 @@ from gptrain.parallel.float8 import (
     gathers_float8,
     refresh_float8_scales,
 )
-from gptrain.parallel.layout import STARTED, check_layout, hybrid_shard_node_warning
+from gptrain.parallel.layout import (
+    STARTED,
+    check_layout,
+    hybrid_shard_node_warning,
+    stage_layer_counts,
+    stage_layer_ranges,
+)
 from gptrain.parallel.mesh import World, build_mesh
 from gptrain.parallel.pipeline import build_schedules, embedding_group, is_tied, split_stage, stage_ids
 from gptrain.parallel.runtime import ParallelContext, ParallelGPT
@@ -61,7 +67,7 @@ def parallelize(model: nn.Module, cfg: Any, world: World, device: torch.device |
     else:
         ctx.mesh = build_mesh(dims, device.type)
         _set_ranks(ctx)
-        parts = _split(model, ctx)
+        parts = _split(model, cfg.model, ctx)
     for part in parts:
         if dims.pp > 1:
             separate_projections(part)  # micro-batches in flight would each keep a fused weight
@@ -120,12 +126,16 @@ def _set_ranks(ctx: ParallelContext) -> None:
     ctx.has_last_stage = dims.pp * dims.vpp - 1 in stages
 
 
-def _split(model: nn.Module, ctx: ParallelContext) -> list[nn.Module]:
+def _split(model: nn.Module, model_cfg: Any, ctx: ParallelContext) -> list[nn.Module]:
     dims = ctx.dims
     if dims.pp == 1:
         return [model]
     num_stages = dims.pp * dims.vpp
-    return [split_stage(model, stage, num_stages) for stage in stage_ids(ctx.pp_rank, dims.pp, dims.vpp)]
+    ranges = stage_layer_ranges(stage_layer_counts(model_cfg, dims.pp, dims.vpp))
+    return [
+        split_stage(model, stage, num_stages, ranges[stage])
+        for stage in stage_ids(ctx.pp_rank, dims.pp, dims.vpp)
+    ]
 
 
 def _apply_model_parallel(part: nn.Module, cfg: Any, ctx: ParallelContext) -> None:

@@ -2,8 +2,9 @@
 
 A stage is a copy of the (meta) model with the layers of other stages deleted from the
 `layers` ModuleDict, so parameter names stay those of the whole model and checkpoints
-reload under any layout. The first stage keeps the token/position embeddings, the
-last keeps the final norm and output.
+reload under any layout, an uneven split too. The first stage keeps the token/position
+embeddings, the last keeps the final norm and output; how many layers each holds is
+gptrain.parallel.layout.stage_layer_counts (Megatron's rules).
 
 Tied embeddings: when the first and last stage live on different ranks, the output
 projection becomes its own parameter, initialised to the same values as the embedding;
@@ -34,16 +35,11 @@ def stage_ids(pp_rank: int, pp: int, vpp: int) -> list[int]:
     return [pp_rank + chunk * pp for chunk in range(vpp)]
 
 
-def layer_range(stage: int, num_stages: int, num_layers: int) -> range:
-    """The contiguous layers of `stage`, an equal share each."""
-    per_stage = num_layers // num_stages
-    return range(stage * per_stage, (stage + 1) * per_stage)
-
-
-def split_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
-    """A copy of `model` holding only what `stage` computes (names unchanged)."""
+def split_stage(model: nn.Module, stage: int, num_stages: int, layers: range) -> nn.Module:
+    """A copy of `model` holding only what `stage` computes: its `layers` (global indices, from
+    gptrain.parallel.layout.stage_layer_ranges), names unchanged."""
     part = copy.deepcopy(model)
-    keep = {str(i) for i in layer_range(stage, num_stages, len(model.layers))}
+    keep = {str(i) for i in layers}
     for name in list(part.layers.keys()):
         if name not in keep:
             del part.layers[name]

@@ -318,7 +318,7 @@ def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | Non
     c = work.padded(layout.tp)
     tokens = layout.micro_batch_size * c.seq_length
     m = layout.microbatches(work.global_batch_size)
-    layers = c.num_layers // layout.pp
+    layers = layout.rank_layers(c.num_layers)[rank]
     flight = in_flight(layout, m, rank)
     scope = scope or compile_scope(work, layout)
     per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
@@ -345,7 +345,7 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     uncheckpointed one keeps, less its input (the stored one), while its backward holds the
     incoming fp32 residual gradient and the gradient of the down projection's input."""
     c = work.padded(layout.tp)
-    layers = c.num_layers // layout.pp
+    layers = layout.rank_layers(c.num_layers)[rank]
     wrapped = checkpointed_layers(layout, layers) // layout.vpp  # of each chunk
     if wrapped == 0:
         return 0.0
@@ -389,7 +389,7 @@ def _matmul_weights(work: Workload, config: GPTConfig, layout: Layout, rank: int
     h, t = config.hidden_size, layout.tp
     shapes = _block_linear_shapes(config, t)
     block = sum(i * o for i, o in shapes if not fp8_linear(work, i, o))
-    total = config.num_layers // layout.pp * block
+    total = layout.rank_layers(config.num_layers)[rank] * block
     if rank == layout.pp - 1:
         total += config.vocab_size // t * h  # the output layer (the tied embedding, cast for the matmul)
     return total
@@ -422,7 +422,7 @@ def step_batches(work: Workload, layout: Layout) -> list[int]:
 
 def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None = None) -> MemoryEstimate:
     c = work.padded(layout.tp)
-    params = rank_parameters(c, layout.tp, layout.pp)[rank]
+    params = rank_parameters(c, layout.tp, layout.pp, layout.rank_layers(c.num_layers))[rank]
     shard = layout.dp_shard if layout.sharding != "ddp" and layout.dp > 1 else 1
     scope = scope or compile_scope(work, layout)
     acts = activation_bytes(work, layout, rank, scope)
@@ -455,14 +455,14 @@ def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: 
     # FSDP2: blocks all-gathered one ahead (2 unsharded; all under shard_grad_op), the root stays gathered;
     # also over a shard group of one (hybrid_shard with TP filling the node), where torch copies them
     if _sharded(layout):
-        block = rank_parameters(c, layout.tp, layout.pp)[rank] - root_parameters(c, layout, rank)
-        per_block = block / max(1, c.num_layers // layout.pp)
+        layers = layout.rank_layers(c.num_layers)[rank]
+        per_block = (params - root_parameters(c, layout, rank)) / max(1, layers)
         float8 = float8_gathered_weights(work, c, layout)  # gathered in 1 byte instead of `act`
         # bf16 gathers in bf16 (FSDP's param_dtype); fp16 and fp32 gather the fp32 parameters
         gather = act if work.bf16 else 4
         gathered_block = gather * (per_block - float8) + float8
         root = root_parameters(c, layout, rank)
-        gathered = c.num_layers // layout.pp if gathered_through_the_step(layout) else 2
+        gathered = layers if gathered_through_the_step(layout) else 2
         total = gathered * gathered_block + gather * root + (gather + 4) * max(per_block, root)
         if work.mixed and not work.bf16:  # fp16: autocast's 16-bit copy of every gathered
             total += 2 * _matmul_weights(work, c, layout, rank)  # weight lives until its backward

@@ -15,7 +15,7 @@ from typing import Any
 from gptrain.errors import ConfigError
 from gptrain.plan.hardware import Cluster
 from gptrain.plan.memory import GIB, MemoryEstimate, estimate_memory, fits
-from gptrain.plan.spec import Layout, Workload
+from gptrain.plan.spec import SPLIT_KEYS, Layout, Workload
 from gptrain.plan.time import StepTime, estimate_step_time
 
 MAX_MICRO_BATCH = 16
@@ -104,6 +104,7 @@ def checked(layout: Layout, model_cfg: Any, cluster: Cluster) -> Layout | None:
         activations_checkpoint_granularity=layout.recompute,
         activations_checkpoint_method="uniform" if layout.recompute == "full" else None,
         activations_checkpoint_num_layers=None,
+        **{key: getattr(layout, key) for key in SPLIT_KEYS},  # the grid's layouts split evenly
     )
     try:
         dims = check_layout(candidate, cluster.world_size, cluster.gpus_per_node)

@@ -50,6 +50,7 @@ def header_lines(plan: Plan) -> list[str]:
     layout = plan.requested.layout if plan.requested else None
     tp, pp = (layout.tp, layout.pp) if layout else (1, 1)
     model = plan.work.padded(tp)
+    rank_layers = layout.rank_layers(model.num_layers) if layout else None
     sizes = model_sizes(model, plan.work.global_batch_size)
     gpus, peak = plan.cluster.world_size, peak_tflops(plan.work, plan.cluster.gpu)
     of_peak = "" if plan.work.mixed else " of the fp32 peak"
@@ -58,7 +59,7 @@ def header_lines(plan: Plan) -> list[str]:
         f"(Megatron's formula); {plan.cluster.nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}"
         + (f" ({plan.world_from})" if plan.world_from else ""),
         padded_vocab_line(plan.work.vocab_size, model.vocab_size),
-        *megatron_parameter_lines(model, tp, pp),
+        *megatron_parameter_lines(model, tp, pp, rank_layers),
         f"at MFU {plan.mfu:.2f}{of_peak}: {sizes.tokens_per_second(gpus, peak, plan.mfu):,.0f} tokens/s, "
         f"{sizes.days_for(plan.tokens, gpus, peak, plan.mfu):.1f} days for {plan.tokens:.3g} tokens",
     ]

@@ -39,17 +39,23 @@ def layer_parameters_on_rank(config: GPTConfig, tp: int) -> int:
     return 2 * _norm(config) + column + row + biases
 
 
-def rank_parameters(config: GPTConfig, tp: int = 1, pp: int = 1) -> list[int]:
+def rank_parameters(
+    config: GPTConfig, tp: int = 1, pp: int = 1, rank_layers: list[int] | None = None
+) -> list[int]:
     """Parameters on each pipeline rank p (the same for every TP rank t). `config.vocab_size` is
-    the padded vocabulary, which must divide by tp (Megatron pads it to a multiple of TP)."""
+    the padded vocabulary, which must divide by tp (Megatron pads it to a multiple of TP).
+    `rank_layers`: the transformer layers of each pipeline rank under an uneven split
+    (gptrain.parallel.layout.pipeline_rank_layers); None: an equal share each."""
     if config.vocab_size % tp:
         raise ConfigError(f"padded vocabulary {config.vocab_size} is not divisible by TP={tp}")
-    if config.num_layers % pp:
-        raise ConfigError(f"model.num_layers={config.num_layers} is not divisible by PP={pp}")
+    if rank_layers is None:
+        if config.num_layers % pp:
+            raise ConfigError(f"model.num_layers={config.num_layers} is not divisible by PP={pp}")
+        rank_layers = [config.num_layers // pp] * pp
     h = config.hidden_size
     vocab_rows = config.vocab_size // tp * h
     positions = config.position_rows * h
-    per_rank = [config.num_layers // pp * layer_parameters_on_rank(config, tp)] * pp
+    per_rank = [layers * layer_parameters_on_rank(config, tp) for layers in rank_layers]
     per_rank[0] += vocab_rows + positions
     per_rank[-1] += _norm(config)
     if not config.share_embeddings_and_output_weights or pp > 1:
@@ -57,9 +63,11 @@ def rank_parameters(config: GPTConfig, tp: int = 1, pp: int = 1) -> list[int]:
     return per_rank
 
 
-def megatron_parameter_lines(config: GPTConfig, tp: int = 1, pp: int = 1) -> list[str]:
+def megatron_parameter_lines(
+    config: GPTConfig, tp: int = 1, pp: int = 1, rank_layers: list[int] | None = None
+) -> list[str]:
     """Megatron's start-of-run lines, one per (tensor, pipeline) rank, pipeline-major."""
-    counts = rank_parameters(config, tp, pp)
+    counts = rank_parameters(config, tp, pp, rank_layers)
     return [
         f" > number of parameters on (tensor, pipeline) model parallel rank ({t}, {p}): {counts[p]}"
         for p in range(pp)

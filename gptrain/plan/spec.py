@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from gptrain.config.validate import data_parallel_sharding
@@ -19,6 +20,14 @@ from gptrain.train.model_config import build_model_config
 # Vocabulary sizes of the tokenizers the presets name, so planning needs no tokenizer files.
 KNOWN_VOCAB = {"GPT2BPETokenizer": 50257, "gpt2": 50257, "r50k_base": 50257, "cl100k_base": 100277}
 
+
+SPLIT_KEYS = (
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+)
+"""The model keys of an uneven pipeline split, which a Layout carries as they are."""
 
 SHARDING_LABELS = {"ddp": [], "shard_grad_op": ["zero2"], "full_shard": ["fsdp"], "hybrid_shard": ["hsdp"]}
 """model.data_parallel_sharding as a layout's label shows it (ddp shows nothing)."""
@@ -87,10 +96,23 @@ class Layout:
     """model.activations_checkpoint_granularity: None, 'selective' or 'full'."""
     recompute_num_layers: int | None = None
     """With full + method block: the first N blocks of each pipeline chunk are checkpointed."""
+    num_layers_in_first_pipeline_stage: int | None = None
+    """The model keys of an uneven pipeline split (gptrain.parallel.layout.stage_layer_counts); the
+    planner's own layouts split evenly, a config's requested layout keeps its split."""
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
+
+    def rank_layers(self, num_layers: int) -> list[int]:
+        """Transformer layers of each pipeline rank: an equal share, or the uneven split asked for."""
+        from gptrain.parallel.layout import pipeline_rank_layers, stage_layer_counts
+
+        split = SimpleNamespace(num_layers=num_layers, **{key: getattr(self, key) for key in SPLIT_KEYS})
+        return pipeline_rank_layers(stage_layer_counts(split, self.pp, self.vpp), self.pp)
 
     def microbatches(self, global_batch_size: int) -> int:
         return global_batch_size // (self.micro_batch_size * self.dp)
@@ -106,6 +128,8 @@ class Layout:
             f"model.data_parallel_sharding={self.sharding}",
             "model.fsdp=false",  # NeMo's switch, when a config sets it, would override the sharding above
             f"model.activations_checkpoint_granularity={self.recompute or 'null'}",
+            # the config's own uneven split would otherwise stay, on another pipeline size
+            *(f"model.{key}={_override_value(getattr(self, key))}" for key in SPLIT_KEYS),
         ]
         if self.recompute == "full":
             method = "block" if self.recompute_num_layers is not None else "uniform"
@@ -130,6 +154,10 @@ class Layout:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _override_value(value: Any) -> str:
+    return "null" if value is None else str(value).lower()
 
 
 def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
@@ -189,6 +217,7 @@ def layout_from_config(
         dp_shard=dims.dp_shard,
         recompute=m.activations_checkpoint_granularity,
         recompute_num_layers=m.activations_checkpoint_num_layers if block else None,
+        **{key: getattr(m, key) for key in SPLIT_KEYS},
     )
 
 

@@ -65,7 +65,7 @@ class StepTime:
 def recompute_fraction(work: Workload, layout: Layout) -> float:
     """Extra FLOPs of activation recomputation, as a fraction of the model FLOPs (fwd = 1/3)."""
     if layout.recompute == "full":
-        layers = work.model.num_layers // (layout.pp * layout.vpp)
+        layers = max(layout.rank_layers(work.model.num_layers)) // layout.vpp  # the fullest rank's chunk
         done = layers if layout.recompute_num_layers is None else min(layers, layout.recompute_num_layers)
         return done / layers / 3.0
     if layout.recompute == "selective":  # the attention core's forward: 2 s q L FLOPs per token
@@ -106,7 +106,8 @@ def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: fl
         sizes.flops_per_iteration * (1 + recompute_fraction(work, layout)) / (layout.world_size * peak * mfu)
     )
     m = layout.microbatches(work.global_batch_size)
-    launch = LAUNCH_S_PER_LAYER * m * c.num_layers / layout.pp
+    most_layers = max(layout.rank_layers(c.num_layers))  # the fullest pipeline rank sets the pace
+    launch = LAUNCH_S_PER_LAYER * m * most_layers
     bubble = (compute + launch) * (layout.pp - 1) / (layout.vpp * m)
     act = 2 if work.mixed else 4
     tokens = layout.micro_batch_size * c.seq_length
@@ -114,15 +115,14 @@ def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: fl
     if layout.tp > 1:
         calls = 4 + (2 if layout.recompute == "full" else 0)
         per_call = 2 * (layout.tp - 1) / layout.tp * tokens * c.hidden_size * act
-        layers = c.num_layers // layout.pp
-        tp_comm = calls * per_call * layers * m / _bandwidth(cluster, layout.tp, 1)
+        tp_comm = calls * per_call * most_layers * m / _bandwidth(cluster, layout.tp, 1)
     if layout.pp > 1:
         shard = layout.tp if layout.sequence_parallel else 1
         per_send = tokens * c.hidden_size * act / shard
         link = _bandwidth(cluster, layout.pp, layout.tp * layout.dp, collective=False)
         pp_comm = 2 * per_send * m * layout.vpp / link
     if layout.dp > 1 and layout.sharding == "ddp":
-        params = max(rank_parameters(c, layout.tp, layout.pp))
+        params = max(rank_parameters(c, layout.tp, layout.pp, layout.rank_layers(c.num_layers)))
         bw = _bandwidth(cluster, layout.dp, layout.tp)
         dp_comm = 2 * (layout.dp - 1) / layout.dp * params * 4 / bw
         if layout.tp == 1 and layout.pp == 1:
@@ -136,10 +136,11 @@ def fsdp_seconds(work: Workload, layout: Layout, cluster: Cluster, c: GPTConfig)
     """FSDP's traffic in one step on the fullest pipeline rank: the gathers and reduce-scatters
     inside the shard group (a node under hybrid_shard) as often as gptrain runs them, and
     hybrid_shard's all-reduce of the gradient shards across the replicas."""
-    per_rank = rank_parameters(c, layout.tp, layout.pp)
+    layers = layout.rank_layers(c.num_layers)
+    per_rank = rank_parameters(c, layout.tp, layout.pp, layers)
     rank = per_rank.index(max(per_rank))
     params, root = per_rank[rank], root_parameters(c, layout, rank)
-    float8 = float8_gathered_weights(work, c, layout) * c.num_layers // layout.pp
+    float8 = float8_gathered_weights(work, c, layout) * layers[rank]
     gather = 2 if work.bf16 else 4  # FSDP's param_dtype: bf16, else the fp32 parameters themselves
     blocks = gather * (params - root - float8) + float8  # float8-gathered weights move 1 byte
     m = layout.microbatches(work.global_batch_size)

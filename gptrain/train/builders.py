@@ -142,13 +142,16 @@ def megatron_start_lines(cfg: TrainingConfig, vocab: int, model_config: Any, dp_
     """Megatron's padding line and its parameter line for every (tensor, pipeline) rank; with 2+
     data-parallel ranks, what they share (NeMo's distributed optimizer names choose a sharding);
     then Megatron's datasets target sizes."""
+    from gptrain.parallel.layout import pipeline_rank_layers, stage_layer_counts
     from gptrain.plan.sizes import megatron_parameter_lines, padded_vocab_line
 
     m = cfg.model
     lines = [padded_vocab_line(vocab, model_config.vocab_size)]
-    lines += megatron_parameter_lines(
-        model_config, m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    pp = m.pipeline_model_parallel_size
+    rank_layers = pipeline_rank_layers(
+        stage_layer_counts(m, pp, m.virtual_pipeline_model_parallel_size or 1), pp
     )
+    lines += megatron_parameter_lines(model_config, m.tensor_model_parallel_size, pp, rank_layers)
     if dp_size > 1:
         lines.append(f" > data parallel over {dp_size} ranks: {SHARDING_LINES[m.data_parallel_sharding]}")
     return lines + dataset_size_lines(cfg)

@@ -38,6 +38,8 @@ ONE_PROCESS = [
     "model.tensor_model_parallel_size=1",
     "model.pipeline_model_parallel_size=1",
     "model.virtual_pipeline_model_parallel_size=null",
+    "model.num_layers_in_first_pipeline_stage=null",  # an uneven split needs the stages it splits
+    "model.num_layers_in_last_pipeline_stage=null",
     "model.sequence_parallel=false",
 ]
 

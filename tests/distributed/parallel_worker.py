@@ -178,12 +178,23 @@ def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
     loss_sum, tokens = eval_loss_sum(model, held_out, "32")
     fp8_linears = sum(type(m).__name__ == "Float8Linear" for part in model.parts for m in part.modules())
     return {
+        "stage_layers": every_ranks_layers(model),
         "losses": losses,
         "grad_norms": norms,
         "eval_loss": [float(loss_sum / tokens)],
         "fp8_linears": fp8_linears,
         "float8_gathered": sum(is_float8_gathered(p) for p in model.parameters()),
     }
+
+
+def every_ranks_layers(model: ParallelGPT) -> list[list[list[int]]]:
+    """The global layer indices each rank's pipeline chunks hold, by rank (the split the run used)."""
+    mine = [[int(name) for name in part.layers] for part in model.parts]
+    if not dist.is_initialized():
+        return [mine]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return everyone
 
 
 def in_pipeline_metadata_inference() -> bool:

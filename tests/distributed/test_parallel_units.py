@@ -22,8 +22,9 @@ from gptrain.models.gpt import GPT
 from gptrain.parallel import data_parallel
 from gptrain.parallel.activation_checkpoint import apply_ac, blocks_to_checkpoint
 from gptrain.parallel.grad_norm import clip_grads, global_grad_norm
+from gptrain.parallel.layout import stage_layer_ranges
 from gptrain.parallel.mesh import ParallelDims, World
-from gptrain.parallel.pipeline import is_tied, layer_range, split_stage, stage_ids
+from gptrain.parallel.pipeline import is_tied, split_stage, stage_ids
 from gptrain.parallel.rng import dropout_seed, model_parallel_ranks, rank_dropout_seed, stream_warnings
 
 
@@ -48,12 +49,12 @@ def tokens() -> torch.Tensor:
 def test_stage_ids_interleave_chunks_over_ranks() -> None:
     assert stage_ids(0, 2, 2) == [0, 2]
     assert stage_ids(1, 4, 3) == [1, 5, 9]
-    assert list(layer_range(2, 4, 8)) == [4, 5]
+    assert list(stage_layer_ranges([2, 2, 2, 2])[2]) == [4, 5]
 
 
 def test_stages_keep_names_and_chain_to_the_full_forward() -> None:
     model = tiny_gpt()
-    stages = [split_stage(model, s, 4) for s in range(4)]
+    stages = [split_stage(model, s, 4, range(s, s + 1)) for s in range(4)]
     assert [list(s.layers.keys()) for s in stages] == [["0"], ["1"], ["2"], ["3"]]
     assert stages[0].tok_embeddings is not None and stages[0].output is None
     assert (
@@ -146,7 +147,7 @@ def test_block_recompute_of_more_layers_than_a_chunk_holds_recomputes_the_whole_
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        chunk = split_stage(tiny_gpt(layers=8), 2, 4)  # layers 4 and 5: a middle chunk
+        chunk = split_stage(tiny_gpt(layers=8), 2, 4, range(4, 6))  # a middle chunk
         hidden = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(2))
         plain = [p.grad for p in _chunk_gradients(chunk, hidden)]
         wrapped = apply_ac(copy.deepcopy(chunk), "full", "block", 5)

@@ -108,7 +108,8 @@ def test_counts_match_gptrains_real_split(fields: dict, tp: int, pp: int) -> Non
         model = GPT(config)
     counts = []
     for stage in range(pp):
-        part = split_stage(model, stage, pp)
+        share = config.num_layers // pp
+        part = split_stage(model, stage, pp, range(stage * share, (stage + 1) * share))
         styles = dict(top_plan(part, False, True))
         for key, block in part.layers.items():
             styles |= {f"layers.{key}.{name}": s for name, s in block_plan(block, False).items()}

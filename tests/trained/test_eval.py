@@ -205,6 +205,27 @@ def test_eval_of_a_tensor_and_pipeline_parallel_run_in_one_process(
     assert "= 2 x 1 needs 2 processes (or a multiple), but this one runs alone" in capsys.readouterr().err
 
 
+def test_eval_of_an_uneven_pipeline_run_in_one_process(run_dir: Path, tmp_path: Path) -> None:
+    """A run trained with Megatron's uneven split keys: one process drops them with PP (they need
+    PP > 1 and would be refused), and the loss is the run's."""
+    import shutil
+
+    from gptrain.config import load_training_config
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    layout = [
+        "model.pipeline_model_parallel_size=2",
+        "model.num_layers_in_first_pipeline_stage=1",
+        "model.num_layers_in_last_pipeline_stage=1",
+        "trainer.devices=2",
+    ]
+    cfg = load_training_config(config_file=str(run / "hparams.yaml"), overrides=layout, report_ignored=False)
+    (run / "hparams.yaml").write_text(cfg.to_yaml())
+    result = eval_json(tmp_path, str(run))
+    assert result["loss"] == pytest.approx(logged_validation_losses(run_dir)[-1], rel=1e-6)
+
+
 def test_eval_errors_are_one_line(run_dir: Path, tmp_path: Path, capsys) -> None:
     assert main(["eval", str(run_dir), "--split", "test"]) == 2
     assert "trainer.limit_test_batches=0 (no test batches); pass --batches N" in capsys.readouterr().err

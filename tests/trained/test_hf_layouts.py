@@ -57,8 +57,17 @@ def torchrun_train(log_dir: Path, arch: str, layout: list[str]) -> None:
     [
         ("stablelm", ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]),
         ("llama", ["model.pipeline_model_parallel_size=2"]),  # tied output: a copy on the last stage
+        # Megatron's uneven split: layer 0 on the first stage, layers 1 and 2 on the last
+        (
+            "llama",
+            [
+                "model.pipeline_model_parallel_size=2",
+                "model.num_layers=3",
+                "model.num_layers_in_first_pipeline_stage=1",
+            ],
+        ),
     ],
-    ids=["tp2", "pp2"],
+    ids=["tp2", "pp2", "pp2_uneven"],
 )
 def test_export_of_a_parallel_checkpoint_is_verified(
     tmp_path: Path, arch: str, layout: list[str], capsys

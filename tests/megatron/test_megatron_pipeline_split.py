@@ -1,0 +1,75 @@
+"""Megatron's uneven pipeline split flags map onto NeMo 2's model keys, and the combinations
+Megatron asserts against are refused in one line."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from gptrain.config import load_training_config
+from gptrain.errors import ConfigError
+from gptrain.megatron.translate import translate
+from gptrain.parallel.layout import check_layout, stage_layer_counts
+
+BASE = "--num-layers 14 --hidden-size 64 --num-attention-heads 8 --seq-length 16 --micro-batch-size 1"
+BASE += " --global-batch-size 16 --train-iters 4 --mock-data --vocab-size 64 --pipeline-model-parallel-size 4"
+ENV = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
+
+
+def model_of(flags: str):  # noqa: ANN201
+    t = translate(shlex.split(f"{BASE} {flags}"), ENV)
+    return load_training_config(None, t.overrides, report_ignored=False).model
+
+
+def test_first_and_last_stage_layers_become_nemos_keys_and_split_the_rest_evenly() -> None:
+    m = model_of("--decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 4")
+    assert (m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage) == (2, 4)
+    check_layout(m, world_size=4)
+    assert stage_layer_counts(m, 4) == [2, 4, 4, 4]  # (14 - 2 - 4) / 2 middle stages
+
+
+def test_embedding_and_loss_counted_as_layers_become_switches() -> None:
+    m = model_of(
+        "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --num-layers 10"
+    )
+    assert m.account_for_embedding_in_pipeline_split and m.account_for_loss_in_pipeline_split
+    assert stage_layer_counts(m, 4) == [2, 3, 3, 2]  # (10 + 2) / 4, less one on the first and last
+
+
+def test_virtual_stages_per_rank_give_the_interleaved_schedule_under_an_uneven_split() -> None:
+    m = model_of(
+        "--num-layers 12 --decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 2 "
+        "--num-virtual-stages-per-pipeline-rank 2"
+    )
+    assert m.virtual_pipeline_model_parallel_size == 2
+    assert stage_layer_counts(m, 4, 2) == [1, 2, 2, 1, 1, 2, 2, 1]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            "--decoder-first-pipeline-num-layers 2 --num-layers-per-virtual-pipeline-stage 1",
+            "--num-layers-per-virtual-pipeline-stage with --decoder-first-pipeline-num-layers: give the "
+            "chunks per rank with --num-virtual-stages-per-pipeline-rank instead",
+        ),
+        (
+            "--num-layers 16 --num-layers-per-virtual-pipeline-stage 2 --num-virtual-stages-per-pipeline-rank 2",
+            "--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank: give one of them",
+        ),
+        (
+            "--decoder-last-pipeline-num-layers x",
+            "--decoder-last-pipeline-num-layers x: expects a whole number",
+        ),
+    ],
+)
+def test_combinations_megatron_asserts_against_are_one_line(flags: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        translate(shlex.split(f"{BASE} {flags}"), ENV)
+
+
+def test_a_split_megatron_refuses_is_refused_naming_the_keys() -> None:
+    m = model_of("--decoder-first-pipeline-num-layers 3")  # 11 layers left for 3 stages
+    with pytest.raises(ConfigError, match="the 11 layers left by model.num_layers_in_first_pipeline_stage=3"):
+        check_layout(m, world_size=4)
