@@ -101,14 +101,20 @@ class Translation:
 
     def in_flags(self, message: str) -> str:
         """`message` (a check of the loaded config) with each gptrain key named by the flag that
-        sets it, the one given where two do: `--hidden-size (8192)`, not `model.hidden_size (8192)`."""
+        sets it, the one given where two do: `--hidden-size (8192)`, not `model.hidden_size (8192)`;
+        a key a given switch set, with the value it set, by the switch alone."""
         flags: dict[str, str] = {}
         for flag, (keys, _) in VALUE.items():
             for key in keys:
                 if key not in flags or flag in self.given:
                     flags[key] = flag
         pattern = "|".join(re.escape(key) for key in sorted(flags, key=len, reverse=True))
-        return re.sub(rf"(?<![\w.])({pattern})(?!\w|\.\w)", lambda m: flags[m.group(1)], message)
+        message = re.sub(rf"(?<![\w.])({pattern})(?!\w|\.\w)", lambda m: flags[m.group(1)], message)
+        for flag in (name for name in self.given if name in SWITCH):
+            for key, value in SWITCH[flag].items():
+                named = rf"(?<![\w.]){re.escape(key)}(={re.escape(render(value))})?(?![\w=]|\.\w)"
+                message = re.sub(named, flag, message)
+        return message
 
     def schedule_names(self, cfg: TrainingConfig, spec: ScheduleSpec) -> ScheduleNames:
         """The start warnings' names for the flags given (a count in samples with its iterations), and

@@ -123,7 +123,9 @@ def stage_layer_counts(model: Any, pp: int, vpp: int = 1) -> list[int]:
     if first is None and last is None:
         counts = _even_counts(model.num_layers, pp, vpp, embedding, loss)
     else:
-        counts = _uneven_counts(model.num_layers, pp, vpp, first, last, embedding or loss)
+        counts = _uneven_counts(
+            model.num_layers, pp, vpp, first, last, _uneven_keys(None, None, embedding, loss)
+        )
     if 0 in counts:
         raise ConfigError(
             f"{_split_name(pp, vpp)} with {_uneven_keys(first, last, embedding, loss)} leaves pipeline stage "
@@ -184,18 +186,19 @@ def _even_counts(num_layers: int, pp: int, vpp: int, embedding: bool, loss: bool
 
 
 def _uneven_counts(
-    num_layers: int, pp: int, vpp: int, first: int | None, last: int | None, accounted: bool
+    num_layers: int, pp: int, vpp: int, first: int | None, last: int | None, accounted: str
 ) -> list[int]:
     """The first/last stage's layers as given, the rest split evenly over the stages between; with
-    virtual stages, each rank's layers split evenly over its chunks (Megatron's rules)."""
+    virtual stages, each rank's layers split evenly over its chunks (Megatron's rules). `accounted`:
+    the account_for_*_in_pipeline_split keys set, which Megatron refuses beside these."""
     keys = _uneven_keys(first, last, False, False)
     _require(pp > 1, f"{keys} needs model.pipeline_model_parallel_size > 1 (it is {pp}): drop it")
     for key, value in ((FIRST, first), (LAST, last)):
         _require(value is None or value >= 1, f"{key}={value} must be >= 1 or null")
     _require(
         not accounted,
-        f"{keys} cannot be combined with {EMBEDDING} or {LOSS} (Megatron refuses the pair): count the "
-        "embedding and loss into the first/last stage's layers yourself, or drop one of them",
+        f"{keys} cannot be combined with {accounted} (Megatron refuses the pair): count the embedding "
+        "or loss into the first/last stage's layers yourself, or drop one of them",
     )
     middle = pp - (first is not None) - (last is not None)
     rest = num_layers - (first or 0) - (last or 0)

@@ -7,6 +7,7 @@ import shlex
 
 import pytest
 
+from gptrain.cli import main
 from gptrain.config import load_training_config
 from gptrain.errors import ConfigError
 from gptrain.megatron.translate import translate
@@ -73,3 +74,28 @@ def test_a_split_megatron_refuses_is_refused_naming_the_keys() -> None:
     m = model_of("--decoder-first-pipeline-num-layers 3")  # 11 layers left for 3 stages
     with pytest.raises(ConfigError, match="the 11 layers left by model.num_layers_in_first_pipeline_stage=3"):
         check_layout(m, world_size=4)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            "--account-for-embedding-in-pipeline-split",
+            "--num-layers + 1 (embedding) = 15 is not divisible by --pipeline-model-parallel-size=4 "
+            "(--account-for-embedding-in-pipeline-split)",
+        ),
+        (
+            "--decoder-last-pipeline-num-layers 2 --account-for-loss-in-pipeline-split",
+            "--decoder-last-pipeline-num-layers=2 cannot be combined with --account-for-loss-in-pipeline-split "
+            "(Megatron refuses the pair)",
+        ),
+    ],
+)
+def test_a_refused_split_names_the_flags_typed(
+    flags: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The layout check names gptrain's keys; to a flag list it names the flags, switches too
+    (`--account-for-embedding-in-pipeline-split`, not `model.account_for_..._split=true`)."""
+    argv = [*shlex.split(BASE), "--lr", "1e-4", *shlex.split(flags)]
+    assert main(["megatron", "--dry-run", *argv]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"gptrain: error: {message}")
