@@ -221,12 +221,26 @@ class TokenizerConfig:
     `SentencePieceTokenizer` (`model` a tokenizer.model; the sentencepiece package). null only
     with library sentencepiece, as NeMo's configs write it."""
     model: str | None = None
-    """A tokenizer.json path (HuggingFaceTokenizer), a SentencePiece tokenizer.model, or a tiktoken
-    encoding name."""
+    """A tokenizer.json path (HuggingFaceTokenizer), a SentencePiece tokenizer.model, or for
+    TikTokenizer Megatron's tiktoken vocabulary file (a .json list of rank, token_bytes, token_str)
+    or a tiktoken encoding name (cl100k_base)."""
     vocab_file: str | None = None
     """GPT-2 BPE vocab.json."""
     merge_file: str | None = None
     """GPT-2 BPE merges.txt."""
+    vocab_size: int | None = None
+    """TikTokenizer with a vocabulary file (Megatron's --vocab-size): the ids, special tokens first,
+    then the file's first ranks; null is 131072 (2**17), Megatron's default."""
+    tiktoken_pattern: str | None = None
+    """TikTokenizer with a vocabulary file: Megatron's pre-tokenizer split `v1` or `v2` (null: v2,
+    Megatron's default)."""
+    tiktoken_num_special_tokens: int = 1000
+    """TikTokenizer with a vocabulary file: the ids before the file's ranks, each a special token
+    (`special_tokens`, then <SPECIAL_i> fillers), as Megatron's --tiktoken-num-special-tokens."""
+    special_tokens: list[str] | None = None
+    """TikTokenizer with a vocabulary file: Megatron's --tokenizer-special-tokens, ids 0, 1, ...;
+    must hold <unk> <s> </s> <mask> <pad> <cls> <sep> (null: those, in that order); </s> ends
+    documents."""
 
 
 @dataclass

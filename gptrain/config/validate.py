@@ -39,6 +39,7 @@ CHOICES = {
         "TikTokenizer",
         *SENTENCEPIECE_TYPES,
     ),
+    "model.tokenizer.tiktoken_pattern": (None, "v1", "v2"),
 }
 TOKENIZER_ALIASES = {
     "gpt2bpetokenizer": "GPT2BPETokenizer",
@@ -403,10 +404,30 @@ def _check_data(cfg: TrainingConfig) -> None:
             split_weights(data.splits_string)
         except ConfigError as error:
             raise ConfigError(f"model.data.splits_string: {error}") from None
+    _check_tiktoken_settings(tokenizer)
     has_tokenizer = tokenizer.model or (tokenizer.vocab_file and tokenizer.merge_file)
     if data.data_impl == "mock" and not has_tokenizer and not data.mock_vocab_size:
         raise ConfigError(
             "model.data.mock_vocab_size: set it (e.g. 50257) or give model.tokenizer files for mock data"
+        )
+
+
+def _check_tiktoken_settings(tokenizer: Any) -> None:
+    """The TikTokenizer settings' types, checked on the login node (their relations, which Megatron
+    asserts, where the vocabulary file is read: gptrain.data.tiktoken_file)."""
+    size, count, specials = (
+        tokenizer.vocab_size,
+        tokenizer.tiktoken_num_special_tokens,
+        tokenizer.special_tokens,
+    )
+    if size is not None and (isinstance(size, bool) or size < 1):
+        raise ConfigError(f"model.tokenizer.vocab_size: must be at least 1, or null for 131072, got {size}")
+    if isinstance(count, bool) or count < 0:
+        raise ConfigError(f"model.tokenizer.tiktoken_num_special_tokens: must be 0 or more, got {count}")
+    if specials is not None and not all(isinstance(token, str) and token for token in specials):
+        raise ConfigError(
+            f"model.tokenizer.special_tokens: expected a list of token names such as [<unk>, <s>, </s>, ...], "
+            f"got {specials}"
         )
 
 

@@ -6,7 +6,12 @@ import argparse
 import os
 import sys
 
-from gptrain.data.tokenizer_args import add_tokenizer_args, tokenizer_from_args, tokenizer_type
+from gptrain.data.tokenizer_args import (
+    add_tokenizer_args,
+    tiktoken_options,
+    tokenizer_from_args,
+    tokenizer_type,
+)
 from gptrain.utils.signals import terminate_as_exception
 
 
@@ -162,7 +167,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
         raise ConfigError("give a tokenizer: --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model")
     if (notice := sentencepiece_version_notice(kind)) is not None:
         print(notice, file=sys.stderr)
-    spec = TokenizerSpec(kind, args.vocab_file, args.merge_file, args.tokenizer_model)
+    spec = TokenizerSpec(kind, args.vocab_file, args.merge_file, args.tokenizer_model, tiktoken_options(args))
     config = PrepareConfig(
         inputs=args.input,
         output_prefix=args.output_prefix,

@@ -47,7 +47,7 @@ def add_sample_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cache-dir", help="index cache directory (default <prefix dir>/cache/...)")
     parser.add_argument("--mock", action="store_true", help="random tokens instead of data files")
     parser.add_argument("--vocab-size", type=int, help="vocabulary of the mock tokens")
-    add_tokenizer_args(parser, "tokenizer (optional: adds the decoded text)")
+    add_tokenizer_args(parser, "tokenizer (optional: adds the decoded text)", vocab_size=False)
     parser.set_defaults(func=run_sample)
 
 

@@ -9,20 +9,51 @@ from typing import Any
 from gptrain.errors import ConfigError
 
 
-def add_tokenizer_args(parser: argparse.ArgumentParser, title: str = "tokenizer (Megatron flags)") -> None:
+def add_tokenizer_args(
+    parser: argparse.ArgumentParser, title: str = "tokenizer (Megatron flags)", vocab_size: bool = True
+) -> None:
+    """The tokenizer flags; `vocab_size` False where the command has its own --vocab-size (data
+    sample's mock vocabulary, which a TikTokenizer vocabulary file then reads as its own)."""
     group = parser.add_argument_group(title)
     group.add_argument(
         "--tokenizer-type",
         help="GPT2BPETokenizer (--vocab-file, --merge-file), HuggingFaceTokenizer (--tokenizer-model "
-        "tokenizer.json), TikTokenizer (--tokenizer-model encoding name, e.g. cl100k_base), or "
+        "tokenizer.json), TikTokenizer (--tokenizer-model Megatron's tiktoken vocabulary .json, or an "
+        "encoding name, e.g. cl100k_base), or "
         "GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer (--tokenizer-model "
         "tokenizer.model); default: implied by the other flags",
     )
-    group.add_argument("--vocab-file", help="GPT-2 vocab.json")
+    # --vocab: older preprocess_data.py scripts' abbreviation, which --vocab-size made ambiguous
+    group.add_argument("--vocab-file", "--vocab", dest="vocab_file", help="GPT-2 vocab.json")
     group.add_argument("--merge-file", help="GPT-2 merges.txt")
     group.add_argument(
         "--tokenizer-model",
-        help="tokenizer.json (or its directory), a SentencePiece tokenizer.model, or a tiktoken encoding name",
+        help="tokenizer.json (or its directory), a SentencePiece tokenizer.model, or for TikTokenizer "
+        "Megatron's tiktoken vocabulary .json or a tiktoken encoding name",
+    )
+    group.add_argument(
+        "--tiktoken-pattern",
+        choices=("v1", "v2"),
+        help="TikTokenizer vocabulary file: the split (default v2)",
+    )
+    if vocab_size:
+        group.add_argument(
+            "--vocab-size",
+            type=int,
+            help="TikTokenizer vocabulary file: ids, special tokens included (default 131072, Megatron's)",
+        )
+    group.add_argument(
+        "--tiktoken-num-special-tokens",
+        type=int,
+        default=1000,
+        help="TikTokenizer vocabulary file: special token ids before the file's ranks (default 1000)",
+    )
+    group.add_argument(
+        "--tokenizer-special-tokens",
+        "--tiktoken-special-tokens",  # Megatron's older name
+        nargs="+",
+        dest="tokenizer_special_tokens",
+        help="TikTokenizer vocabulary file: ids 0, 1, ...; must hold <unk> <s> </s> <mask> <pad> <cls> <sep>",
     )
     group.add_argument(
         "--tokenizer-library",
@@ -89,4 +120,19 @@ def tokenizer_from_args(args: argparse.Namespace) -> Any | None:
         return None
     from gptrain.data.tokenizers import build_tokenizer
 
-    return build_tokenizer(kind, args.vocab_file, args.merge_file, args.tokenizer_model)
+    return build_tokenizer(
+        kind, args.vocab_file, args.merge_file, args.tokenizer_model, tiktoken_options(args)
+    )
+
+
+def tiktoken_options(args: argparse.Namespace) -> Any:
+    """Megatron's TikTokenizer flags, read with its tiktoken vocabulary file."""
+    from gptrain.data.tiktoken_file import TiktokenFileOptions
+
+    specials = args.tokenizer_special_tokens
+    return TiktokenFileOptions(
+        args.tiktoken_pattern,
+        args.vocab_size,
+        args.tiktoken_num_special_tokens,
+        tuple(specials) if specials is not None else None,
+    )

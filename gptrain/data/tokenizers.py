@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gptrain.data.tiktoken_file import TiktokenFileOptions, is_vocabulary_file, load_tiktoken_file
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.paths import look_up
 
@@ -93,7 +94,8 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 class TiktokenTokenizer:
-    """A tiktoken encoding; `decode_table` covers vocab entries tiktoken cannot hold."""
+    """A tiktoken encoding; `decode_table` covers vocab entries tiktoken cannot hold; `bos_id` a
+    beginning-of-sequence token distinct from EOD (Megatron's TikTokenizer's <s>), else None."""
 
     def __init__(
         self,
@@ -102,12 +104,14 @@ class TiktokenTokenizer:
         vocab_size: int,
         allowed_special: frozenset[str],
         decode_table: dict[int, bytes] | None = None,
+        bos_id: int | None = None,
     ) -> None:
         self.encoding = encoding
         self._eod = eod
         self.vocab_size = vocab_size
         self._special = allowed_special
         self._decode_table = decode_table
+        self.bos_id = bos_id
 
     @property
     def eod(self) -> int:
@@ -508,14 +512,13 @@ def load_huggingface(model: str) -> Tokenizer:
 
 
 def _not_an_encoding(name: str, known: str) -> str:
-    """Why `name` is no tiktoken encoding: Megatron's TikTokenizer reads a vocabulary file, so a
-    path there is a file on disk, which gptrain's tiktoken type (encoding names only) never reads."""
+    """Why `name` is no tiktoken encoding: a directory there is neither an encoding nor Megatron's
+    vocabulary file (which is_vocabulary_file sends to its own reader)."""
     if look_up(name).kind in ("missing", "unreachable"):
         return f"unknown tiktoken encoding {name!r} for --tokenizer-model (known: {known})"
     return (
-        f"tokenizer model {name} is a path, but gptrain's TikTokenizer takes a tiktoken encoding name "
-        f"({known}) and does not read Megatron's tiktoken vocabulary files; for a Hugging Face "
-        "tokenizer.json use HuggingFaceTokenizer"
+        f"tokenizer model {name} is a directory; TikTokenizer takes Megatron's tiktoken vocabulary file "
+        f"(path/to/tokenizer.json) or a tiktoken encoding name ({known})"
     )
 
 
@@ -564,8 +567,10 @@ def build_tokenizer(
     vocab_file: str | None = None,
     merge_file: str | None = None,
     model: str | None = None,
+    tiktoken: TiktokenFileOptions | None = None,
 ) -> Tokenizer:
-    """Build a tokenizer by its NeMo/Megatron type name (aliases: gpt2bpe, huggingface, tiktoken, llama2)."""
+    """Build a tokenizer by its NeMo/Megatron type name (aliases: gpt2bpe, huggingface, tiktoken, llama2);
+    `tiktoken` is read only for TikTokenizer with a vocabulary file (Megatron's)."""
     kind = canonical_type(tokenizer_type)
     if kind == "gpt2":
         if vocab_file is None and merge_file is None and model and _is_directory(model):
@@ -576,13 +581,22 @@ def build_tokenizer(
     if not model:
         examples = {
             "huggingface": "path/to/tokenizer.json",
-            "tiktoken": "an encoding name such as cl100k_base",
+            "tiktoken": "Megatron's tiktoken vocabulary path/to/tokenizer.json, or an encoding name such as cl100k_base",
         }
         example = examples.get(kind, "path/to/tokenizer.model")
         raise ConfigError(f"{tokenizer_type} needs --tokenizer-model ({example})")
     if kind in SENTENCEPIECE_KINDS:
         return load_sentencepiece(model, kind)
-    return load_huggingface(model) if kind == "huggingface" else load_tiktoken(model)
+    if kind == "huggingface":
+        return load_huggingface(model)
+    if is_vocabulary_file(model):
+        return load_tiktoken_file(model, tiktoken)
+    if tiktoken is not None and (given := tiktoken.settings_given()):
+        raise ConfigError(
+            f"{', '.join(given)}: read only with Megatron's tiktoken vocabulary file; the tiktoken encoding "
+            f"{model!r} has its own split, vocabulary and special tokens: drop the setting"
+        )
+    return load_tiktoken(model)
 
 
 @dataclass(frozen=True)
@@ -593,6 +607,9 @@ class TokenizerSpec:
     vocab_file: str | None = None
     merge_file: str | None = None
     model: str | None = None
+    tiktoken: TiktokenFileOptions | None = None
 
     def build(self) -> Tokenizer:
-        return build_tokenizer(self.tokenizer_type, self.vocab_file, self.merge_file, self.model)
+        return build_tokenizer(
+            self.tokenizer_type, self.vocab_file, self.merge_file, self.model, self.tiktoken
+        )

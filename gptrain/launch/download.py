@@ -423,10 +423,26 @@ def tokenize_command(cfg: dict[str, Any], source: Path, prefix: Path, python: st
     ):
         if tokenizer.get(key):
             command += [flag, str(tokenizer[key])]
+    command += tiktoken_flags(tokenizer)
     command += ["--json-keys", json_key(cfg)]
     if cfg.get("append_eod", True):
         command.append("--append-eod")
     return command + ["--workers", str(worker_count(cfg.get("workers")))]
+
+
+def tiktoken_flags(tokenizer: dict[str, Any]) -> list[str]:
+    """The TikTokenizer settings of a Megatron tiktoken vocabulary file, as data prepare's flags."""
+    flags = []
+    for key, flag in (
+        ("vocab_size", "--vocab-size"),
+        ("tiktoken_pattern", "--tiktoken-pattern"),
+        ("tiktoken_num_special_tokens", "--tiktoken-num-special-tokens"),
+    ):
+        if tokenizer.get(key) is not None:
+            flags.append(f"{flag}={tokenizer[key]}")
+    if tokenizer.get("special_tokens"):
+        flags += ["--tokenizer-special-tokens", *(str(token) for token in tokenizer["special_tokens"])]
+    return flags
 
 
 def worker_count(value: Any) -> int:

@@ -9,8 +9,9 @@ Four kinds of flag:
 - REFUSED: flags whose meaning gptrain cannot reproduce; refused by name in one line.
 Anything else is unknown and refused. Flags that combine with others (`--data-path`,
 `--adam-beta1/2`, `--train-samples`, `--save/--load`, `--wandb-*`, `--group-query-attention`
-with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-lr` with `--lr`, `--tiktoken-pattern` with
-`--tokenizer-type`, `--data-parallel-sharding-strategy` with `--use-megatron-fsdp`) are handled in translate.py.
+with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-lr` with `--lr`,
+`--tiktoken-*` and `--tokenizer-special-tokens` with `--tokenizer-type`,
+`--data-parallel-sharding-strategy` with `--use-megatron-fsdp`) are handled in translate.py.
 """
 
 from __future__ import annotations
@@ -272,5 +273,6 @@ SPECIAL: dict[str, int | None] = {
     "--group-query-attention": 0, "--num-query-groups": 1, "--recompute-activations": 0,
     "--checkpoint-activations": 0, "--step-batch-size-schedule": None, "--grad-reduce-in-bf16": 0,
     "--decoupled-lr": 1, "--decoupled-min-lr": 1, "--tiktoken-pattern": 1,
+    "--tiktoken-num-special-tokens": 1, "--tokenizer-special-tokens": None, "--tiktoken-special-tokens": None,
     "--use-megatron-fsdp": 0, "--data-parallel-sharding-strategy": 1, "--use-torch-fsdp2": 0,
 }  # fmt: skip

@@ -278,7 +278,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     data_paths.apply(v, given)
     _null_tokenizer(result)
     _tokenizers_vocabulary(result)
-    _tiktoken_pattern(result)
+    _tiktoken(result)
     _query_groups(result)
     _swiglu_width(v, given)
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
@@ -360,28 +360,54 @@ def _tokenizers_vocabulary(result: Translation) -> None:
         )
 
 
-def _tiktoken_pattern(result: Translation) -> None:
-    """Megatron reads --tiktoken-pattern only for its TikTokenizer (a tiktoken vocabulary file split by
-    pattern v1 or v2): with another tokenizer, as in its llama3 example's mock-data branch, it changes
-    nothing. gptrain's TikTokenizer is a named tiktoken encoding, whose pattern is its own; a
-    vocabulary file is refused first, as dropping the pattern would not make it readable."""
-    kind = _tokenizer_type(result.given)
-    model = result.values.get("model.tokenizer.model")
-    if kind == "TikTokenizer" and model and names_a_file(model):
-        raise ConfigError(
-            f"--tokenizer-model {model}: Megatron's TikTokenizer reads a tiktoken vocabulary file (its ids "
-            "after 1000 special tokens, split by --tiktoken-pattern), which gptrain does not read; gptrain's "
-            "TikTokenizer is a named encoding (--tokenizer-model cl100k_base) with other ids: prepare the data "
-            "again with gptrain data prepare and a tokenizer gptrain reads, and give that one here"
-        )
-    if "--tiktoken-pattern" not in result.given:
+# Megatron's TikTokenizer flags (the last its older name of --tokenizer-special-tokens)
+TIKTOKEN_FLAGS = (
+    "--tiktoken-pattern",
+    "--tiktoken-num-special-tokens",
+    "--tokenizer-special-tokens",
+    "--tiktoken-special-tokens",
+)
+
+
+def _tiktoken(result: Translation) -> None:
+    """Megatron's TikTokenizer reads a tiktoken vocabulary file with --tiktoken-pattern,
+    --vocab-size, --tiktoken-num-special-tokens and --tokenizer-special-tokens (or its older name
+    --tiktoken-special-tokens, which Megatron reads only where the newer one is absent); with another
+    tokenizer the TikTokenizer flags change nothing (as in Megatron's llama3 example's mock-data
+    branch), but its special tokens are added to it, which gptrain does not do. gptrain's
+    TikTokenizer also takes a tiktoken encoding name (cl100k_base), whose split is its own."""
+    v, given = result.values, result.given
+    kind = _tokenizer_type(given)
+    model = v.get("model.tokenizer.model")
+    specials = [flag for flag in ("--tokenizer-special-tokens", "--tiktoken-special-tokens") if flag in given]
+    if kind != "TikTokenizer":
+        if "--tokenizer-special-tokens" in given:
+            raise ConfigError(
+                f"--tokenizer-special-tokens: Megatron adds them to {kind}'s vocabulary, which gptrain does "
+                "not; prepare the data with a tokenizer that holds them, or drop the flag"
+            )
+        for flag in TIKTOKEN_FLAGS:
+            if flag in given:
+                result.notes.append(f"{flag} (Megatron reads it only for TikTokenizer, not {kind})")
         return
-    if kind == "TikTokenizer":
-        raise ConfigError(
-            "--tiktoken-pattern: gptrain's TikTokenizer is a named tiktoken encoding (--tokenizer-model "
-            "cl100k_base), which splits text by its own pattern; drop the flag"
+    if model and not names_a_file(model) and not os.path.isfile(model):  # an encoding name
+        if named := [flag for flag in TIKTOKEN_FLAGS if flag in given]:
+            raise ConfigError(
+                f"{', '.join(named)}: --tokenizer-model {model} is a tiktoken encoding name, with its own "
+                "split, vocabulary and special tokens; drop the flag, or give Megatron's tiktoken vocabulary file"
+            )
+        return
+    if "--tiktoken-pattern" in given:
+        v["model.tokenizer.tiktoken_pattern"] = _convert(
+            "--tiktoken-pattern", given["--tiktoken-pattern"][0], {"v1": "v1", "v2": "v2"}
         )
-    result.notes.append(f"--tiktoken-pattern (Megatron reads it only for TikTokenizer, not {kind})")
+    if "--tiktoken-num-special-tokens" in given:
+        count = _convert("--tiktoken-num-special-tokens", given["--tiktoken-num-special-tokens"][0], int)
+        v["model.tokenizer.tiktoken_num_special_tokens"] = count
+    if specials:
+        v["model.tokenizer.special_tokens"] = list(given[specials[0]])
+    if "--vocab-size" in given:  # the tokenizer's vocabulary, with mock data too
+        v["model.tokenizer.vocab_size"] = v.pop("model.data.mock_vocab_size")
 
 
 def _query_groups(result: Translation) -> None:

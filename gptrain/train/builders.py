@@ -72,18 +72,37 @@ def build_tokenizer(cfg: TrainingConfig) -> Any | None:
     from gptrain.data.tokenizers import build_tokenizer as build
 
     check_tokenizer_files(cfg)
-    return build(tok.type, vocab_file=tok.vocab_file, merge_file=tok.merge_file, model=tok.model)
+    return build(
+        tok.type,
+        vocab_file=tok.vocab_file,
+        merge_file=tok.merge_file,
+        model=tok.model,
+        tiktoken=tiktoken_options(tok),
+    )
+
+
+def tiktoken_options(tok: Any) -> Any:
+    """model.tokenizer's TikTokenizer settings, read with Megatron's tiktoken vocabulary file."""
+    from gptrain.data.tiktoken_file import TiktokenFileOptions
+
+    specials = tuple(tok.special_tokens) if tok.special_tokens is not None else None
+    return TiktokenFileOptions(
+        tok.tiktoken_pattern, tok.vocab_size, tok.tiktoken_num_special_tokens, specials
+    )
 
 
 def tokenizer_file_keys(cfg: TrainingConfig) -> tuple[str, ...]:
     """The model.tokenizer keys naming files the tokenizer type reads: a preset's GPT-2 vocab_file
     and merge_file stay in the config of a run with another type, which never reads them."""
+    from gptrain.data.tiktoken_file import is_vocabulary_file
     from gptrain.data.tokenizers import canonical_type
 
     tok, kind = cfg.model.tokenizer, canonical_type(cfg.model.tokenizer.type)
     if kind == "gpt2" and (tok.vocab_file or tok.merge_file or not tok.model):
         return ("vocab_file", "merge_file")
     if kind != "gpt2" and kind != "tiktoken":  # tokenizer.json, or a SentencePiece tokenizer.model
+        return ("model",)
+    if kind == "tiktoken" and tok.model and is_vocabulary_file(tok.model):  # Megatron's
         return ("model",)
     return ()  # a tiktoken encoding name, or GPT-2 files in the directory model.tokenizer.model
 

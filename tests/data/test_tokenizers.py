@@ -337,9 +337,11 @@ def test_a_gpt2_tokenizer_directory_that_may_not_be_looked_up_is_one_line(tmp_pa
 
 
 @pytest.mark.parametrize("given", ["file", "directory"])
-def test_tiktoken_given_megatrons_vocabulary_file_says_names_only(tmp_path, capsys, monkeypatch, given):
-    """Megatron's TikTokenizer reads a vocabulary file; given one (or its directory) here it said
-    "unknown tiktoken encoding '<path>'", as if the path were a misspelt encoding name."""
+def test_tiktoken_given_a_file_that_is_no_megatron_vocabulary_says_what_it_reads(
+    tmp_path, capsys, monkeypatch, given
+):
+    """Megatron's TikTokenizer reads a .json vocabulary; given a .tiktoken file (or a directory) here it
+    said "unknown tiktoken encoding '<path>'", as if the path were a misspelt encoding name."""
     import tiktoken
 
     from gptrain.cli import main
@@ -352,9 +354,11 @@ def test_tiktoken_given_megatrons_vocabulary_file_says_names_only(tmp_path, caps
     flags = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", model]
     assert main(["data", "prepare", "--input", "in.jsonl", "--output-prefix", "out", *flags]) == 2
     known = ", ".join(tiktoken.list_encoding_names())
-    assert capsys.readouterr().err == (
-        f"gptrain: error: tokenizer model {model} is a path, but gptrain's TikTokenizer takes a tiktoken "
-        f"encoding name ({known}) and does not read Megatron's tiktoken vocabulary files; for a Hugging "
-        "Face tokenizer.json use HuggingFaceTokenizer\n"
-    )
+    said = {
+        "file": f"{model}: Megatron's TikTokenizer reads a .json vocabulary (a JSON list of rank, token_bytes, "
+        "token_str); for one of tiktoken's encodings give its name, e.g. cl100k_base",
+        "directory": f"tokenizer model {model} is a directory; TikTokenizer takes Megatron's tiktoken "
+        f"vocabulary file (path/to/tokenizer.json) or a tiktoken encoding name ({known})",
+    }[given]
+    assert capsys.readouterr().err == f"gptrain: error: {said}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "vocab"]

@@ -541,3 +541,27 @@ def test_a_part_never_holds_old_bytes_under_the_new_files_validator(tmp_path, mo
         with pytest.raises(KeyboardInterrupt):
             fetch_once(server.url + "/a.bin", part, timeout=5)
     assert part.stat().st_size == 0 or download_module.recorded_validator(part) == old_validator
+
+
+def test_the_tokenize_step_passes_megatrons_tiktoken_settings(tmp_path):
+    """data_preparation.tokenizer's TikTokenizer settings reach `data prepare` as its flags; before,
+    they were dropped and the shards tokenized with Megatron's defaults."""
+    from pathlib import Path
+
+    from gptrain.cli import build_parser
+    from gptrain.data.tiktoken_file import TiktokenFileOptions
+    from gptrain.data.tokenizer_args import tiktoken_options
+    from gptrain.launch.download import tokenize_command
+
+    specials = ["</s>", "<unk>", "<s>", "<mask>", "<pad>", "<cls>", "<sep>"]
+    tokenizer = {"type": "TikTokenizer", "model": "/v/tokenizer.json", "vocab_size": 1263}
+    tokenizer |= {"tiktoken_pattern": "v1", "tiktoken_num_special_tokens": 10, "special_tokens": specials}
+    command = tokenize_command({"tokenizer": tokenizer}, Path("in.jsonl"), Path("out"), "python")
+    args = build_parser().parse_args(command[3:])
+    assert tiktoken_options(args) == TiktokenFileOptions("v1", 1263, 10, tuple(specials))
+    plain = tokenize_command(
+        {"tokenizer": {"type": "TikTokenizer", "model": "cl100k_base"}}, Path("i"), Path("o"), "p"
+    )
+    assert tiktoken_options(build_parser().parse_args(plain[3:])) == TiktokenFileOptions(
+        None, None, 1000, None
+    )

@@ -504,41 +504,61 @@ def test_vocab_size_beside_a_tokenizers_files_leaves_the_tokenizers_vocabulary()
         assert build_tokenizer(cfg) is None and padded_vocab_size(cfg, None) == (1000, 1024)
 
 
-@pytest.mark.parametrize("pattern", ["", " --tiktoken-pattern v2"])
-def test_megatrons_tiktokenizer_vocabulary_file_is_refused_naming_what_to_do(pattern, capsys):
-    """Megatron's TikTokenizer reads --tokenizer-model as a vocabulary file; before, the pattern was
-    refused saying "drop the flag", and once dropped the run queued and failed at start on an unknown
-    encoding name. The file is now refused in one line, with or without the pattern, before the job."""
+def test_megatrons_tiktokenizer_flags_set_the_tokenizer_keys(tmp_path):
+    """Megatron's TikTokenizer reads --tokenizer-model as a vocabulary file, with --tiktoken-pattern,
+    --vocab-size, --tiktoken-num-special-tokens and --tokenizer-special-tokens (its older name
+    --tiktoken-special-tokens where the newer is absent); before, the file was refused."""
+    vocabulary = tmp_path / "tokenizer.json"
+    vocabulary.write_text("[]")
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    base += " --train-iters 4 --data-path /d/t_text_document --tokenizer-type TikTokenizer"
-    flags = f"{base} --tokenizer-model /models/tekken/tokenizer.json{pattern}"
-    assert main(["megatron", "--dry-run", *shlex.split(flags)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0
-    assert (
-        "--tokenizer-model /models/tekken/tokenizer.json: Megatron's TikTokenizer reads a tiktoken vocabulary"
-        in err
+    base += f" --train-iters 4 --data-path /d/t_text_document --tokenizer-type TikTokenizer --tokenizer-model {vocabulary}"
+    t = translate(
+        shlex.split(f"{base} --tiktoken-pattern v1 --vocab-size 2048 --tiktoken-num-special-tokens 8"), {}
     )
-    assert err.endswith(
-        "prepare the data again with gptrain data prepare and a tokenizer gptrain reads, and give that one here"
-    )
+    assert {k: v for k, v in t.values.items() if k.startswith("model.tokenizer.")} == {
+        "model.tokenizer.library": "megatron",
+        "model.tokenizer.type": "TikTokenizer",
+        "model.tokenizer.model": str(vocabulary),
+        "model.tokenizer.tiktoken_pattern": "v1",
+        "model.tokenizer.tiktoken_num_special_tokens": 8,
+        "model.tokenizer.vocab_size": 2048,
+    }
+    assert "model.data.mock_vocab_size" not in t.values
+    specials = "<unk> <s> </s> <mask> <pad> <cls> <sep>"
+    for flags, expected in (
+        (f"--tiktoken-special-tokens {specials} <a>", [*specials.split(), "<a>"]),
+        (f"--tiktoken-special-tokens {specials} <a> --tokenizer-special-tokens {specials}", specials.split()),
+    ):
+        t = translate(shlex.split(f"{base} {flags}"), {})
+        assert t.values["model.tokenizer.special_tokens"] == expected
+    with pytest.raises(ConfigError, match="--tiktoken-pattern v3: not supported; use one of v1, v2"):
+        translate(shlex.split(f"{base} --tiktoken-pattern v3"), {})
 
 
 def test_tiktoken_pattern_beside_another_tokenizer_changes_nothing(capsys):
     """Megatron's llama3 example gives --tiktoken-pattern v2 beside NullTokenizer, and Megatron reads it
-    only for TikTokenizer; before, gptrain refused it as unknown. With TikTokenizer (gptrain's: a named
-    encoding, its own pattern) it is refused saying so."""
+    only for TikTokenizer; before, gptrain refused it as unknown. With TikTokenizer and an encoding
+    name (gptrain's: its own pattern) it is refused saying so; special tokens, which Megatron adds to
+    other tokenizers, are refused there."""
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     base += " --train-iters 4 --mock-data --vocab-size 64 --tokenizer-type NullTokenizer"
-    t = translate(shlex.split(f"{base} --tiktoken-pattern v2"), {})
+    t = translate(shlex.split(f"{base} --tiktoken-pattern v2 --tiktoken-num-special-tokens 10"), {})
     assert t.values == translate(shlex.split(base), {}).values
     assert "--tiktoken-pattern (Megatron reads it only for TikTokenizer, not NullTokenizer)" in t.notes
+    assert (
+        "--tiktoken-num-special-tokens (Megatron reads it only for TikTokenizer, not NullTokenizer)"
+        in t.notes
+    )
+    with pytest.raises(
+        ConfigError, match="--tokenizer-special-tokens: Megatron adds them to NullTokenizer's"
+    ):
+        translate(shlex.split(f"{base} --tokenizer-special-tokens <unk> <s>"), {})
     tiktoken = base.replace("NullTokenizer", "TikTokenizer --tokenizer-model cl100k_base")
     assert main(["megatron", "--dry-run", *shlex.split(f"{tiktoken} --tiktoken-pattern v2")]) == 2
     err = capsys.readouterr().err.strip()
-    assert (
-        err.count("\n") == 0
-        and "--tiktoken-pattern: gptrain's TikTokenizer is a named tiktoken encoding" in err
+    assert err.count("\n") == 0 and (
+        "--tiktoken-pattern: --tokenizer-model cl100k_base is a tiktoken encoding name, with its own "
+        "split, vocabulary and special tokens" in err
     )
 
 

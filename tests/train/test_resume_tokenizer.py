@@ -285,3 +285,50 @@ def test_eval_of_a_run_whose_tokenizer_grew_warns_once_per_job(run, monkeypatch,
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("gptrain: warning: the model.tokenizer of ")
     assert "extends the tokenizer" in err[0] and "ids 61-61 added" in err[0]
+
+
+def test_megatrons_tiktoken_vocabulary_trains_and_resumes(tmp_path, monkeypatch):
+    """Data prepared with Megatron's tiktoken vocabulary file trains with it (1260 ids) and resumes
+    under it; the same file read with other special tokens (other ids) is refused."""
+    import base64
+
+    from gptrain.cli import main
+
+    tokens = [bytes([b]) for b in range(256)] + [b"he", b"ll", b"hell", b"hello"]
+    entries = [
+        {"rank": r, "token_bytes": base64.b64encode(t).decode(), "token_str": ""}
+        for r, t in enumerate(tokens)
+    ]
+    vocabulary = tmp_path / "tokenizer.json"
+    vocabulary.write_text(json.dumps(entries))
+    (tmp_path / "in.jsonl").write_text(
+        "".join(json.dumps({"text": f"hello {i} world"}) + "\n" for i in range(60))
+    )
+    flags = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", str(vocabulary), "--vocab-size", "1260"]
+    prefix = str(tmp_path / "corpus")
+    argv = [
+        "data",
+        "prepare",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output-prefix",
+        prefix,
+        "--append-eod",
+    ]
+    assert main([*argv, *flags, "--workers", "1"]) == 0
+    overrides = [
+        "model.data.data_impl=mmap",
+        f"model.data.data_prefix={prefix}_text_document",
+        "model.data.splits_string=90,10,0",
+        "model.tokenizer.type=TikTokenizer",
+        f"model.tokenizer.model={vocabulary}",
+        "model.tokenizer.vocab_size=1260",
+        "model.tokenizer.vocab_file=null",
+        "model.tokenizer.merge_file=null",
+    ]
+    assert run_recording(monkeypatch, tiny_config(tmp_path / "run", *SHORT, *overrides))[0] == 0
+    resumed = tiny_config(tmp_path / "run", *SHORT, *overrides, "trainer.max_steps=3")
+    assert run_recording(monkeypatch, resumed)[0] == 0
+    other = [*overrides, "model.tokenizer.tiktoken_num_special_tokens=999", "model.tokenizer.vocab_size=1259"]
+    with pytest.raises(TokenizerMismatchError):
+        run_recording(monkeypatch, tiny_config(tmp_path / "run", *SHORT, *other))

@@ -187,10 +187,10 @@ def _add_imported_chat_templates(source: RunSource, staging: Path, stream: TextI
 
 
 def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO) -> None:
-    """A tiktoken encoding has no transformers tokenizer files to copy, and transformers' tokenizer of
-    a SentencePiece tokenizer.model (LlamaTokenizer, converted to `tokenizers`) encodes otherwise
-    than the sentencepiece library (unknown pieces, the model's whitespace normalization, a literal
-    <s>): both refused before anything is written (verification would only fail at the end), or
+    """A tiktoken encoding (or Megatron's tiktoken vocabulary) has no transformers tokenizer files to
+    copy, and transformers' tokenizer of a SentencePiece tokenizer.model (LlamaTokenizer, converted
+    to `tokenizers`) encodes otherwise than the sentencepiece library (unknown pieces, the model's
+    whitespace normalization, a literal <s>): both refused before anything is written (verification would only fail at the end), or
     exported without one under --no-verify. A mock-data run has no tokenizer at all: exported
     without one, said so (AutoTokenizer would fail)."""
     tok = source.cfg.model.tokenizer
@@ -208,7 +208,7 @@ def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO)
     what = f"model.tokenizer.type={tok.type} (model.tokenizer.model={tok.model})"
     if verify:
         why = (
-            "a tiktoken encoding"
+            "a tiktoken encoding or Megatron's tiktoken vocabulary"
             if kind == "tiktoken"
             else "a SentencePiece model (transformers' tokenizer of it encodes other ids than sentencepiece)"
         )

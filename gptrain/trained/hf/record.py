@@ -110,6 +110,8 @@ def special_token_ids(cfg: Any, tokenizer: Any | None, record: dict[str, Any]) -
     kind = canonical_type(cfg.model.tokenizer.type)
     if kind in SENTENCEPIECE_KINDS:  # the model's bos (Megatron's <BOS> if it has none), EOD as eos
         return {"bos_token_id": tokenizer.bos_id, "eos_token_id": _eod_or_none(tokenizer)}
+    if kind == "tiktoken" and tokenizer.bos_id is not None:  # Megatron's vocabulary file: <s>, </s>
+        return {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eod}
     if kind != "huggingface":  # GPT-2 BPE (and tiktoken's GPT-style encodings): <|endoftext|> is both
         return {"bos_token_id": tokenizer.eod, "eos_token_id": tokenizer.eod}
     named = _hf_named_tokens(Path(cfg.model.tokenizer.model))
