@@ -160,6 +160,14 @@ def _override_value(value: Any) -> str:
     return "null" if value is None else str(value).lower()
 
 
+def tiktoken_file_vocabulary(tokenizer: Any) -> int | None:
+    """Megatron's TikTokenizer vocabulary file (a .json, as Megatron requires) has exactly
+    vocab_size ids, 2**17 unless set: known from the config alone."""
+    if tokenizer.type == "TikTokenizer" and str(tokenizer.model).endswith(".json"):
+        return tokenizer.vocab_size or 2**17
+    return None
+
+
 def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
     """Workload of a TrainingConfig; the vocabulary from --vocab-size, mock data or the tokenizer's name."""
     m = cfg.model
@@ -169,7 +177,7 @@ def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
         vocab_size if vocab_size is not None else m.data.mock_vocab_size or KNOWN_VOCAB.get(m.tokenizer.type)
     )
     if m.tokenizer.model and not vocab:
-        vocab = KNOWN_VOCAB.get(str(m.tokenizer.model))
+        vocab = KNOWN_VOCAB.get(str(m.tokenizer.model)) or tiktoken_file_vocabulary(m.tokenizer)
     if not vocab:
         raise ConfigError(
             f"model.tokenizer.type={m.tokenizer.type!r}: vocabulary size unknown to the planner; "

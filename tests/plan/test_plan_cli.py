@@ -15,6 +15,7 @@ from plan_helpers import TINY
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
+from gptrain.errors import ConfigError
 from gptrain.plan.hardware import Cluster, GpuSpec, gpu_spec
 from gptrain.plan.rank import rank_layouts
 from gptrain.plan.spec import model_config, workload_from_config
@@ -1002,3 +1003,19 @@ def test_a_json_path_under_a_directory_that_may_not_be_searched_is_one_line(
         f"gptrain: error: --json {locked}/p.json: cannot be looked up (Permission denied); check the"
         f" permissions of {locked} and the directories above it\n"
     )
+
+
+def test_plan_reads_megatrons_tiktoken_vocabulary_size_from_the_config() -> None:
+    """Megatron's TikTokenizer vocabulary file has exactly vocab_size ids (2**17 unless set); before,
+    the planner said the vocabulary was unknown and asked for --vocab-size."""
+    tiktoken = ["model.tokenizer.type=TikTokenizer", "model.tokenizer.model=/v/tokenizer.json"]
+    tiktoken += ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
+    cfg = load_training_config("gpt3/126m", tiktoken)
+    assert workload_from_config(cfg).model.vocab_size == 131072
+    cfg = load_training_config("gpt3/126m", [*tiktoken, "model.tokenizer.vocab_size=1263"])
+    assert workload_from_config(cfg).model.vocab_size == 1263
+    named = load_training_config(
+        "gpt3/126m", [*tiktoken[:1], "model.tokenizer.model=o200k_base", *tiktoken[2:]]
+    )
+    with pytest.raises(ConfigError, match="vocabulary size unknown to the planner"):
+        workload_from_config(named)
