@@ -6,7 +6,8 @@ tokens first, the given ones (default <unk> <s> </s> <mask> <pad> <cls> <sep>) t
 fillers, and shifts every rank by that count; it keeps the file's first `vocab_size` -
 `num_special_tokens` ranks (vocab_size 2**17 unless --vocab-size), which the file must hold. Text is
 split by pattern v1 or v2 (v2 by default), a literal special token in it is that token's id, and
-</s> ends a document (Megatron core's TikTokenTokenizer, the only one since core 0.16).
+</s> ends a document: Megatron core's TikTokenTokenizer, the default since core 0.15 and the only
+one since 0.17 (the legacy one before it kept a literal special token as text).
 """
 
 from __future__ import annotations

@@ -116,6 +116,22 @@ def test_prepare_writes_megatrons_ids(vocabulary, tmp_path):
     assert data[0].dtype == np.uint16  # Megatron's optimal_dtype: under 65500 ids
 
 
+@pytest.mark.parametrize(("vocab_size", "dtype"), [(65499, np.uint16), (65500, np.int32)])
+def test_the_vocabulary_size_decides_the_token_dtype_as_megatrons(tmp_path, vocab_size, dtype):
+    """Megatron's optimal_dtype: uint16 under 65500 ids, int32 from there (its default 131072 too)."""
+    from gptrain.cli import main
+    from gptrain.data.indexed import IndexedDataset
+
+    tokens = TOKENS + [i.to_bytes(3, "big") for i in range(len(TOKENS), 64500)]  # none reachable by merges
+    path = write_vocabulary(tmp_path / "tokenizer.json", [entry(r, t) for r, t in enumerate(tokens)])
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    argv = ["data", "prepare", "--input", str(tmp_path / "in.jsonl"), "--output-prefix", str(tmp_path / "o")]
+    flags = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", path, "--vocab-size", str(vocab_size)]
+    assert main([*argv, *flags, "--append-eod", "--workers", "1"]) == 0
+    data = IndexedDataset(str(tmp_path / "o_text_document"))
+    assert data[0].dtype == dtype and list(data[0]) == [1000 + HELLO, 2]
+
+
 def test_megatron_flags_and_the_config_build_the_same_tokenizer(vocabulary):
     """pretrain_gpt.py's TikTokenizer flags become model.tokenizer keys that train reads."""
     from gptrain.config import load_training_config
