@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.errors import ConfigError, DataError
+from gptrain.utils.paths import look_up
 
 PATTERNS = {
     "v1": r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
@@ -165,11 +166,14 @@ def read_ranks(path: str, kept: int, shift: int) -> dict[bytes, int]:
 
 
 def _entries(path: str) -> list[Any]:
-    """The file's JSON list, or a DataError saying why it is not one."""
-    from gptrain.data.tokenizers import missing_tokenizer_file
-
-    if (problem := missing_tokenizer_file(path)) is not None:
-        raise DataError(f"tiktoken vocabulary {problem} (pass --tokenizer-model path/to/tokenizer.json)")
+    """The file's JSON list, or a DataError saying why it is not one (without numpy: the launch's
+    preflight reads it on the login node)."""
+    found = look_up(path)
+    if found.kind != "file":
+        why = {"unreachable": found.why, "directory": "is a directory, not a file"}.get(
+            found.kind, "not found"
+        )
+        raise DataError(f"tiktoken vocabulary {path} {why} (pass --tokenizer-model path/to/tokenizer.json)")
     if not path.endswith(".json"):
         raise DataError(
             f"{path}: Megatron's TikTokenizer reads a .json vocabulary (a JSON list of rank, token_bytes, "

@@ -341,8 +341,33 @@ def check_tokenizer_files(
                 to_fetch.append(f"{key} from {urls[str(value)]}")
             else:
                 raise LaunchError(f"{where}.{key}: {value} not found")
+    if "model" in found:
+        check_tiktoken_vocabulary(tokenizer, where)
     line = f"ok  {where}: {', '.join(found) or 'no files'} present"
     return line + (f"; data_preparation fetches {', '.join(to_fetch)}" if to_fetch else "")
+
+
+def check_tiktoken_vocabulary(tokenizer: dict[str, Any], where: str) -> None:
+    """Megatron's TikTokenizer vocabulary file read with its settings as the job reads it (stdlib
+    only), so that a file too short for vocab_size, or a bad entry, is said before the queue."""
+    model = str(tokenizer.get("model"))
+    if tokenizer.get("type") != "TikTokenizer" or not model.endswith(".json"):
+        return
+    from gptrain.data.tiktoken_file import TiktokenFileOptions, read_ranks
+    from gptrain.errors import GptrainError
+
+    specials = tokenizer.get("special_tokens")
+    options = TiktokenFileOptions(
+        tokenizer.get("tiktoken_pattern"),
+        tokenizer.get("vocab_size"),
+        tokenizer.get("tiktoken_num_special_tokens"),
+        tuple(specials) if specials is not None else None,
+    )
+    try:
+        _, vocab_size, count, _ = options.resolved()
+        read_ranks(model, vocab_size - count, count)
+    except GptrainError as error:
+        raise LaunchError(f"{where}: {error}") from None
 
 
 def _is_file(path: str, name: str) -> bool:

@@ -58,3 +58,29 @@ def test_a_sentencepiece_training_launches_without_importing_sentencepiece(tmp_p
     assert out.stdout.split() == ["0"]
     script = (tmp_path / "results/gpt3_126m/dry-run/gpt3_126m_hydra.yaml").read_text()
     assert "library: sentencepiece" in script and sp_model in script
+
+
+def test_a_megatron_tiktoken_vocabulary_is_checked_without_numpy(tmp_path):
+    """The preflight reads Megatron's tiktoken vocabulary file (its size against vocab_size) with the
+    standard library: the tokenizer module, which imports numpy, is the job's."""
+    import base64
+    import json
+
+    entries = [
+        {"rank": b, "token_bytes": base64.b64encode(bytes([b])).decode(), "token_str": ""} for b in range(256)
+    ]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(entries))
+    launch = ["launch", "--dry-run", "cluster_type=slurm", "training.trainer.num_nodes=1"]
+    launch += ["training.model.data.data_impl=mock", "training.trainer.accelerator=cpu"]
+    launch += ["cluster.gpus_per_node=null", "cluster.gres=null", "training.trainer.devices=1"]
+    launch += [
+        "training.model.tokenizer.type=TikTokenizer",
+        f"training.model.tokenizer.model={tmp_path}/tokenizer.json",
+    ]
+    launch += ["training.model.tokenizer.vocab_file=null", "training.model.tokenizer.merge_file=null"]
+    code = CODE.replace("('torch', 'numpy')", "('torch', 'numpy', 'gptrain.data.tiktoken_file')")
+    out = subprocess.run(
+        [sys.executable, "-c", code.format(args=launch)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "gptrain.data.tiktoken_file"]  # read, and nothing heavy imported

@@ -100,3 +100,31 @@ def test_a_tokenizer_file_under_a_directory_that_cannot_be_searched_is_one_line(
     assert main(launch) == 0
     out = "".join(capsys.readouterr())
     assert "Traceback" not in out and f"warning  {said} (a real launch stops here)" in out
+
+
+def test_a_tiktoken_vocabulary_too_short_for_vocab_size_is_said_before_the_queue(tmp_path):
+    """Megatron's TikTokenizer vocabulary file is read with the run's settings on the login node; before,
+    a file holding fewer ranks than vocab_size less the special tokens failed the job as it started."""
+    import base64
+    import json
+
+    vocabulary = tmp_path / "tokenizer.json"
+    entries = [
+        {"rank": b, "token_bytes": base64.b64encode(bytes([b])).decode(), "token_str": ""} for b in range(256)
+    ]
+    vocabulary.write_text(json.dumps(entries))
+    prefix = tmp_path / "ds"
+    (tmp_path / "ds.bin").write_bytes(b"")
+    (tmp_path / "ds.idx").write_bytes(b"")
+    overrides = [f"model.data.data_prefix=[1.0,{prefix}]", "model.tokenizer.vocab_file=null"]
+    overrides += ["model.tokenizer.merge_file=null", "model.tokenizer.type=TikTokenizer"]
+    overrides += [f"model.tokenizer.model={vocabulary}"]
+    fits = load_training_config("gpt3/126m", overrides=[*overrides, "model.tokenizer.vocab_size=1256"])
+    assert "ok  training.model.tokenizer: model present" in check_training_files(fits, prepared_by_stage=True)
+    cfg = load_training_config("gpt3/126m", overrides=[*overrides, "model.tokenizer.vocab_size=1257"])
+    with pytest.raises(LaunchError) as error:
+        check_training_files(cfg, prepared_by_stage=True)
+    assert str(error.value) == (
+        f"training.model.tokenizer: {vocabulary}: holds 256 tokens, but vocabulary size 1257 less 1000 special "
+        "tokens needs 257; set model.tokenizer.vocab_size (--vocab-size) to 1256 or fewer"
+    )
