@@ -492,6 +492,14 @@ def _eos_from_config(directory: Path) -> str | None:
     return eos.get("content") if isinstance(eos, dict) else eos
 
 
+def _megatron_hint(data: bytes) -> str:
+    """What a JSON list given as a tokenizer.json is: Megatron's tiktoken vocabulary, which the
+    type (implied HuggingFaceTokenizer where --tokenizer-type is absent) must name."""
+    if data.lstrip()[:1] != b"[":
+        return ""
+    return "; a JSON list is Megatron's tiktoken vocabulary: pass --tokenizer-type TikTokenizer"
+
+
 def load_huggingface(model: str) -> Tokenizer:
     """A `tokenizer.json` file (or a directory holding one, plus tokenizer_config.json)."""
     if (problem := missing_tokenizer_file(model, "tokenizer.json")) is not None:
@@ -500,10 +508,13 @@ def load_huggingface(model: str) -> Tokenizer:
     file = path / "tokenizer.json" if path.is_dir() else path
     from tokenizers import Tokenizer
 
+    data = file.read_bytes()
     try:
-        tokenizer = Tokenizer.from_buffer(file.read_bytes())  # from_file takes UTF-8 paths only
+        tokenizer = Tokenizer.from_buffer(data)  # from_file takes UTF-8 paths only
     except Exception as error:
-        raise DataError(f"{file}: not a Hugging Face tokenizer.json ({error})") from None
+        raise DataError(
+            f"{file}: not a Hugging Face tokenizer.json ({error}){_megatron_hint(data)}"
+        ) from None
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     eos = _eos_from_config(file.parent)
     candidates = [eos] if eos else [c for c in EOS_CANDIDATES if c in vocab]

@@ -281,3 +281,19 @@ def test_settings_beside_a_tiktoken_encoding_name_are_refused():
         "model.tokenizer.tiktoken_pattern (--tiktoken-pattern): read only with Megatron's tiktoken vocabulary "
         "file; the tiktoken encoding 'cl100k_base' has its own split, vocabulary and special tokens: drop the setting"
     )
+
+
+def test_megatrons_vocabulary_without_the_type_says_which_type_reads_it(vocabulary, tmp_path, capsys):
+    """Without --tokenizer-type an existing --tokenizer-model is a Hugging Face tokenizer.json, which
+    said only that the list was no tokenizer.json; it now names the type that reads it."""
+    from gptrain.cli import main
+
+    (tmp_path / "in.jsonl").write_text('{"text": "hello"}\n')
+    argv = ["data", "prepare", "--input", str(tmp_path / "in.jsonl"), "--output-prefix", str(tmp_path / "o")]
+    assert main([*argv, "--tokenizer-model", vocabulary]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gptrain: error: {vocabulary}: not a Hugging Face tokenizer.json (")
+    assert err.endswith(
+        "; a JSON list is Megatron's tiktoken vocabulary: pass --tokenizer-type TikTokenizer\n"
+    )
+    assert err.count("\n") == 1
