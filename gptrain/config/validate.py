@@ -128,6 +128,7 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     if cfg.exp_manager.tensorboard_dir:  # hparams.yaml, a requeued job and `gptrain plot` read it elsewhere
         cfg.exp_manager.tensorboard_dir = os.path.abspath(cfg.exp_manager.tensorboard_dir)
     _max_time_per_run(cfg)
+    _save_interval(cfg)
     return _sequence_parallel_needs_tp(cfg.model) + _block_recompute_past_the_chunk(cfg.model)
 
 
@@ -210,6 +211,16 @@ def _one_resume_source(cfg: TrainingConfig) -> None:
             cfg.model.restore_from_ckpt = em.resume_from_checkpoint
     if cfg.model.restore_from_ckpt is not None:  # NeMo's continue_training: consumed samples from 0
         em.load_data_position = False
+
+
+def _save_interval(cfg: TrainingConfig) -> None:
+    """`every_n_train_steps: null` is PyTorch Lightning's save at each validation (NeMo's default, with
+    every_n_epochs 1): every trainer.val_check_interval steps, so that each save records its val_loss.
+    Without validation (limit_val_batches=0) Lightning saves none before the end; gptrain still saves
+    on that interval, which a requeued run resumes from."""
+    params = cfg.exp_manager.checkpoint_callback_params
+    if params.every_n_train_steps is None:
+        params.every_n_train_steps = cfg.trainer.val_check_interval
 
 
 MONITORED = ("val_loss",)

@@ -685,6 +685,22 @@ def test_save_top_k_minus_one_keeps_every_checkpoint_and_zero_keeps_the_newest()
     assert cfg.exp_manager.create_checkpoint_callback is False
 
 
+def test_every_n_train_steps_null_is_each_validation_in_a_file_and_an_override(tmp_path):
+    """Lightning's every_n_train_steps=None (NeMo's default) saves at each validation; gptrain said
+    "'exp_manager.checkpoint_callback_params.every_n_train_steps' must not be null"."""
+    key = "exp_manager.checkpoint_callback_params.every_n_train_steps"
+    cfg = load_training_config("gpt3/126m", [f"{key}=null", "trainer.val_check_interval=500"])
+    assert cfg.exp_manager.checkpoint_callback_params.every_n_train_steps == 500
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "model:\n  data:\n    data_impl: mock\n    mock_vocab_size: 100\n"
+        "trainer:\n  val_check_interval: 250\n"
+        "exp_manager:\n  checkpoint_callback_params:\n    every_n_train_steps: null\n"
+    )
+    cfg = load_training_config(config_file=str(path))
+    assert cfg.exp_manager.checkpoint_callback_params.every_n_train_steps == 250
+
+
 def test_sequence_parallel_at_tensor_parallel_size_1_is_turned_off_as_nemo_does(capsys) -> None:
     """The 20b preset runs TP 2 with sequence parallelism; a NeMo user overriding TP to 1 on it got
     a refusal ('needs model.tensor_model_parallel_size > 1') that NeMo, which turns it off with a

@@ -48,6 +48,27 @@ def test_a_save_at_a_validated_step_records_its_val_loss(tmp_path, monkeypatch, 
     assert recorded_metrics(tmp_path, 2) is None and recorded_metrics(tmp_path, 4) is None
 
 
+def test_every_n_train_steps_null_saves_at_each_validation_as_lightning_does(tmp_path, monkeypatch):
+    """NeMo's checkpoint_callback_params without every_n_train_steps (or null) saves at each validation;
+    gptrain refused the null ('must not be null'). Validation every 3 steps of 7, and at the last:
+    saves at 3 and 6 and at the end (save_last), each with the loss of its step."""
+    losses = validation_losses(monkeypatch)
+    cfg = tiny_config(
+        tmp_path,
+        *MOCK,
+        KEEP_ALL,
+        "trainer.max_steps=7",
+        "trainer.limit_test_batches=0",
+        "exp_manager.checkpoint_callback_params.every_n_train_steps=null",
+    )
+    assert cfg.exp_manager.checkpoint_callback_params.every_n_train_steps == 3
+    code, _ = run_recording(monkeypatch, cfg)
+    assert code == 0 and sorted(losses) == [3, 6, 7]
+    assert complete_steps(tmp_path / "checkpoints") == [3, 6, 7]
+    for step in (3, 6, 7):
+        assert recorded_metrics(tmp_path, step) == {"val_loss": losses[step]}
+
+
 BY_VAL_LOSS = [
     "trainer.val_check_interval=1",
     "trainer.limit_test_batches=0",
