@@ -15,6 +15,10 @@ _OVERLAP = "communication tuning and overlap (torch.distributed buckets and over
 _FP8 = "Transformer Engine's FP8 recipe settings (model.fp8 runs torchao's float8 with dynamic scaling: model.fp8_recipe=tensorwise or rowwise)"
 _LIGHTNING = "PyTorch Lightning trainer switches (gptrain has its own loop)"
 _CKPT = ".nemo checkpoint handling (gptrain writes DCP checkpoints to explicit_log_dir/checkpoints)"
+_CKPT_NAMES = (
+    "PyTorch Lightning's checkpoint file names and messages (gptrain names each checkpoint "
+    "checkpoints/step_<N> and logs each save)"
+)
 _LOGGERS = "loggers and profilers other than TensorBoard and Weights & Biases"
 _WANDB_MODEL = "uploading checkpoints to W&B (gptrain keeps them in explicit_log_dir/checkpoints)"
 _DATA = "NeMo dataloader options (gptrain's dataset and sampler are Megatron's; these do not apply)"
@@ -108,10 +112,13 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "exp_manager.checkpoint_callback_params.always_save_nemo",
         "exp_manager.checkpoint_callback_params.dirpath",
         "exp_manager.checkpoint_callback_params.every_n_epochs",
-        "exp_manager.checkpoint_callback_params.filename",
+        "exp_manager.checkpoint_callback_params.filepath",  # NeMo's deprecated dirpath/filename
         "exp_manager.checkpoint_callback_params.model_parallel_size",
+        "exp_manager.checkpoint_callback_params.save_best_model",  # the best weights into the .nemo
         "exp_manager.checkpoint_callback_params.save_last_n_optim_states",
         "exp_manager.checkpoint_callback_params.save_nemo_on_train_end",
+        "exp_manager.checkpoint_callback_params.save_on_train_epoch_end",
+        "exp_manager.checkpoint_callback_params.save_weights_only",
         "exp_manager.checkpoint_callback_params.train_time_interval",
         "exp_manager.exp_dir",
         "exp_manager.name",
@@ -128,6 +135,13 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "model.dist_ckpt_torch_dist_multiproc",
         "model.fsdp_sharded_checkpoint",
         "model.restore_from_path",
+    ),
+    _CKPT_NAMES: (
+        "exp_manager.checkpoint_callback_params.auto_insert_metric_name",
+        "exp_manager.checkpoint_callback_params.filename",
+        "exp_manager.checkpoint_callback_params.postfix",
+        "exp_manager.checkpoint_callback_params.prefix",
+        "exp_manager.checkpoint_callback_params.verbose",
     ),
     _LOGGERS: (
         "exp_manager.create_neptune_logger",
@@ -236,6 +250,14 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
         (None,),
         "a checkpoint every interval of wall-clock time",
     ),
+    "exp_manager.checkpoint_callback_params.save_weights_only": (
+        (False,),
+        "checkpoints of the weights alone (no optimizer state or iteration: PyTorch Lightning cannot resume from them either)",
+    ),
+    "exp_manager.checkpoint_callback_params.save_on_train_epoch_end": (
+        (False, None),
+        "checkpoints at the end of each epoch of the training data instead of at each validation",
+    ),
 }
 
 # What to do instead, added to the refusal of a value in NO_OP_VALUES where gptrain has a way.
@@ -258,6 +280,13 @@ INSTEAD: dict[str, str] = {
     "exp_manager.checkpoint_callback_params.train_time_interval": (
         "gptrain saves every checkpoint_callback_params.every_n_train_steps steps, and at trainer.max_time or "
         "a stop signal (SIGTERM, SIGUSR1) before the job's time runs out: set every_n_train_steps"
+    ),
+    "exp_manager.checkpoint_callback_params.save_weights_only": (
+        "a checkpoint holds the whole training state so that a stopped or requeued run resumes; for the"
+        " weights alone, export the trained run: `gptrain export RUN --to hf OUT`"
+    ),
+    "exp_manager.checkpoint_callback_params.save_on_train_epoch_end": (
+        "gptrain saves every checkpoint_callback_params.every_n_train_steps steps (null: at each validation)"
     ),
     "trainer.accumulate_grad_batches": (
         "NeMo refuses it too: a step already accumulates model.global_batch_size / (model.micro_batch_size"

@@ -80,6 +80,8 @@ REFUSED = {
     "model.scale_positional_embedding=true": "rope frequency scaling",
     "exp_manager.create_early_stopping_callback=true": "gptrain trains to trainer.max_steps",
     "exp_manager.checkpoint_callback_params.train_time_interval=01:00:00": "set every_n_train_steps",
+    "exp_manager.checkpoint_callback_params.save_weights_only=true": "gptrain export RUN --to hf OUT",
+    "exp_manager.checkpoint_callback_params.save_on_train_epoch_end=true": "(null: at each validation)",
 }
 
 
@@ -103,6 +105,15 @@ NEMO_EXP_MANAGER_DEFAULTS = [
     "exp_manager.create_early_stopping_callback=false",
     "exp_manager.early_stopping_callback_params.patience=10",
     "exp_manager.checkpoint_callback_params.train_time_interval=null",
+    "exp_manager.checkpoint_callback_params.save_weights_only=false",
+    "exp_manager.checkpoint_callback_params.save_on_train_epoch_end=false",
+    "exp_manager.checkpoint_callback_params.save_on_train_epoch_end=null",
+    "exp_manager.checkpoint_callback_params.save_best_model=true",
+    "exp_manager.checkpoint_callback_params.filepath=null",
+    "exp_manager.checkpoint_callback_params.verbose=true",
+    "exp_manager.checkpoint_callback_params.auto_insert_metric_name=false",
+    "exp_manager.checkpoint_callback_params.prefix=megatron_gpt",
+    "exp_manager.checkpoint_callback_params.postfix=.nemo",
 ]
 
 
@@ -113,6 +124,22 @@ def test_nemo_exp_manager_keys_of_its_examples_load_and_are_reported_ignored(ove
     key = override.split("=")[0]
     assert any(f"{key}.".startswith(f"{ignored}.") for ignored in cfg.ignored_keys)  # or its sub-tree
     assert cfg.exp_manager.explicit_log_dir == "results/gpt3_126m/results"  # no version subdirectory
+
+
+def test_checkpoint_naming_keys_are_reported_as_naming_on_the_one_line(capsys):
+    """Lightning's ModelCheckpoint keys that only name files or print were unknown keys: the note says
+    that gptrain names its checkpoints step_<N>."""
+    params = "exp_manager.checkpoint_callback_params"
+    load_training_config(
+        "gpt3/126m",
+        [f"{params}.verbose=false", f"{params}.auto_insert_metric_name=false", f"{params}.prefix=x"],
+    )
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (
+        "gptrain: ignoring NeMo keys (PyTorch Lightning's checkpoint file names and messages (gptrain names "
+        f"each checkpoint checkpoints/step_<N> and logs each save): {params}.verbose, "
+        f"{params}.auto_insert_metric_name, {params}.prefix)"
+    )
 
 
 @pytest.mark.parametrize("override", ["model.reset_lr=true", "model.drop_layers=[1]"])
