@@ -364,9 +364,7 @@ def _build(
             raise ConfigError(f"{_where(dotted, source, given)}: {_dotted_key_hint(str(key), section)}")
         if key not in names:
             if is_ignored_nemo_key(dotted):
-                refused = refused_value(dotted, value)
-                if refused:
-                    raise ConfigError(f"{_where(dotted, source, given)}: {refused}")
+                _refuse_unignorable(dotted, value, source, given)
                 ignored.append(dotted)
                 continue
             raise ConfigError(
@@ -379,6 +377,17 @@ def _build(
             _refuse_lightning_fraction(dotted, value, _where(dotted, source, given))
             values[key] = _coerce(value, kind, dotted, _where(dotted, source, given))
     return cls(**values)
+
+
+def _refuse_unignorable(dotted: str, value: Any, source: str, given: dict[str, str]) -> None:
+    """An ignored key holding a value that would change the training (nemo_keys.NO_OP_VALUES), the
+    keys of an ignored sub-tree included (`exp_manager.ema: {enable: true}`)."""
+    refused = refused_value(dotted, value)
+    if refused:
+        raise ConfigError(f"{_where(dotted, source, given)}: {refused}")
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _refuse_unignorable(f"{dotted}.{key}", inner, source, given)
 
 
 def _refuse_null_section(section: str, given: dict[str, str]) -> None:

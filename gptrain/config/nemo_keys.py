@@ -29,6 +29,19 @@ _VERSION = (
     "NeMo's versioned log subdirectories, which NeMo too leaves out when explicit_log_dir is set "
     "(gptrain's run directory is always explicit_log_dir)"
 )
+_PREEMPTION = (
+    "NeMo's preemption callback (gptrain always saves on SIGTERM and SIGUSR1 and exits 75 to be requeued)"
+)
+_RESILIENCY = (
+    "NeMo's straggler detection and fault-tolerance callbacks (gptrain's hang watchdog, "
+    "trainer.hang_timeout_minutes, ends a stuck job with exit 76, which the batch script requeues)"
+)
+_EMA = "NeMo's exponential moving average of the weights (gptrain trains, validates and saves the weights)"
+_RESUME_CHECKS = (
+    "NeMo's resume checks (gptrain resumes the newest complete checkpoint, starts afresh without one, "
+    "and validates on resume only where a stop left a validation undone)"
+)
+_FILES = "NeMo's copies of files into the log directory (gptrain records the composed config in hparams.yaml)"
 _EARLY_STOP = "NeMo's early stopping on a monitored metric (gptrain trains to trainer.max_steps or max_time)"
 
 _REASONS: dict[str, tuple[str, ...]] = {
@@ -122,7 +135,6 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "exp_manager.checkpoint_callback_params.train_time_interval",
         "exp_manager.exp_dir",
         "exp_manager.name",
-        "exp_manager.resume_ignore_no_checkpoint",
         "exp_manager.seconds_to_sleep",
         "model.dist_ckpt_assume_constant_structure",
         "model.dist_ckpt_format",
@@ -144,9 +156,15 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "exp_manager.checkpoint_callback_params.verbose",
     ),
     _LOGGERS: (
+        "exp_manager.create_clearml_logger",
+        "exp_manager.create_dllogger_logger",
+        "exp_manager.create_mlflow_logger",
         "exp_manager.create_neptune_logger",
+        "exp_manager.log_delta_step_timing",
         "exp_manager.log_global_rank_0_only",
+        "exp_manager.log_local_rank_0_only",
         "exp_manager.log_step_timing",
+        "exp_manager.log_tflops_per_sec_per_gpu",  # gptrain's line has Megatron's TFLOP/s/GPU
         "model.enable_megatron_timers",
     ),
     _WANDB_MODEL: ("exp_manager.wandb_logger_kwargs.log_model",),
@@ -202,11 +220,29 @@ _REASONS: dict[str, tuple[str, ...]] = {
     _NAME: ("name",),
     _VERSION: ("exp_manager.use_datetime_version", "exp_manager.version"),
     _EARLY_STOP: ("exp_manager.create_early_stopping_callback",),
+    _PREEMPTION: ("exp_manager.create_preemption_callback",),
+    _RESILIENCY: (
+        "exp_manager.create_fault_tolerance_callback",
+        "exp_manager.create_straggler_detection_callback",
+    ),
+    _RESUME_CHECKS: (
+        "exp_manager.disable_validation_on_resume",
+        "exp_manager.resume_ignore_no_checkpoint",
+        "exp_manager.resume_past_end",
+    ),
+    _FILES: ("exp_manager.files_to_copy",),
 }
 
 # Whole sub-trees that gptrain ignores; the sub-tree's own name is ignored too.
 _PREFIX_REASONS: dict[str, str] = {
     "exp_manager.neptune_logger_kwargs.": _LOGGERS,
+    "exp_manager.clearml_logger_kwargs.": _LOGGERS,
+    "exp_manager.dllogger_logger_kwargs.": _LOGGERS,
+    "exp_manager.mlflow_logger_kwargs.": _LOGGERS,
+    "exp_manager.summary_writer_kwargs.": _LOGGERS,  # TensorBoard writer options; gptrain writes its own
+    "exp_manager.straggler_detection_params.": _RESILIENCY,
+    "exp_manager.fault_tolerance.": _RESILIENCY,
+    "exp_manager.ema.": _EMA,  # read only with ema.enable, refused but as false
     "exp_manager.step_timing_kwargs.": _LOGGERS,
     "exp_manager.early_stopping_callback_params.": _EARLY_STOP,  # read only under the refused switch
     "model.megatron_timer_kwargs.": _LOGGERS,
@@ -246,6 +282,7 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
     "model.optim.sched.last_epoch": ((-1,), "a schedule started at another step than the run's"),
     "trainer.accumulate_grad_batches": ((1,), "Lightning's gradient accumulation over global batches"),
     "exp_manager.create_early_stopping_callback": ((False,), "stopping when val_loss stops improving"),
+    "exp_manager.ema.enable": ((False,), "an exponential moving average of the weights, validated and saved"),
     "exp_manager.checkpoint_callback_params.train_time_interval": (
         (None,),
         "a checkpoint every interval of wall-clock time",

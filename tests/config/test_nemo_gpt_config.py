@@ -82,6 +82,7 @@ REFUSED = {
     "exp_manager.checkpoint_callback_params.train_time_interval=01:00:00": "set every_n_train_steps",
     "exp_manager.checkpoint_callback_params.save_weights_only=true": "gptrain export RUN --to hf OUT",
     "exp_manager.checkpoint_callback_params.save_on_train_epoch_end=true": "(null: at each validation)",
+    "exp_manager.ema.enable=true": "an exponential moving average of the weights",
 }
 
 
@@ -114,6 +115,26 @@ NEMO_EXP_MANAGER_DEFAULTS = [
     "exp_manager.checkpoint_callback_params.auto_insert_metric_name=false",
     "exp_manager.checkpoint_callback_params.prefix=megatron_gpt",
     "exp_manager.checkpoint_callback_params.postfix=.nemo",
+    "exp_manager.resume_past_end=false",
+    "exp_manager.disable_validation_on_resume=true",
+    "exp_manager.create_preemption_callback=true",
+    "exp_manager.files_to_copy=[a.yaml]",
+    "exp_manager.summary_writer_kwargs.flush_secs=30",
+    "exp_manager.create_mlflow_logger=false",
+    "exp_manager.mlflow_logger_kwargs.experiment_name=x",
+    "exp_manager.create_dllogger_logger=false",
+    "exp_manager.dllogger_logger_kwargs.json_file=x.json",
+    "exp_manager.create_clearml_logger=false",
+    "exp_manager.clearml_logger_kwargs.project=x",
+    "exp_manager.log_local_rank_0_only=false",
+    "exp_manager.log_delta_step_timing=false",
+    "exp_manager.log_tflops_per_sec_per_gpu=true",
+    "exp_manager.ema.enable=false",
+    "exp_manager.ema.decay=0.999",
+    "exp_manager.create_straggler_detection_callback=false",
+    "exp_manager.straggler_detection_params.stop_if_detected=false",
+    "exp_manager.create_fault_tolerance_callback=false",
+    "exp_manager.fault_tolerance.max_rank_restarts=0",
 ]
 
 
@@ -140,6 +161,24 @@ def test_checkpoint_naming_keys_are_reported_as_naming_on_the_one_line(capsys):
         f"each checkpoint checkpoints/step_<N> and logs each save): {params}.verbose, "
         f"{params}.auto_insert_metric_name, {params}.prefix)"
     )
+
+
+def test_a_refused_value_inside_an_ignored_section_of_a_file_names_the_file_and_key(tmp_path):
+    """exp_manager.ema is ignored as a whole; its enable: true (EMA weights validated and saved) is
+    refused, as the override is, where the section's keys were not looked at."""
+    text = Path(NEMO_GPT_CONFIG).read_text()
+    path = tmp_path / "megatron_gpt_config.yaml"
+    path.write_text(
+        text.replace("\nexp_manager:\n", "\nexp_manager:\n  ema:\n    enable: true\n    decay: 0.99\n", 1)
+    )
+    with pytest.raises(ConfigError) as error:
+        load_training_config(config_file=str(path), overrides=[DATA], report_ignored=False)
+    assert str(error.value).startswith(
+        f"{path}: 'exp_manager.ema.enable: True' asks for an exponential moving"
+    )
+    path.write_text(text.replace("\nexp_manager:\n", "\nexp_manager:\n  ema:\n    enable: false\n", 1))
+    cfg = load_training_config(config_file=str(path), overrides=[DATA], report_ignored=False)
+    assert "exp_manager.ema" in cfg.ignored_keys
 
 
 @pytest.mark.parametrize("override", ["model.reset_lr=true", "model.drop_layers=[1]"])
