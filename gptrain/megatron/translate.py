@@ -591,9 +591,8 @@ def _step_batch_schedule(result: Translation) -> None:
         result.notes.append(f"--global-batch-size (the last batch of {flag}; Megatron refuses the pair)")
     elif "--train-iters" in given:
         result.notes.append(
-            f"{flag} with --train-iters (the --lr-*-iters schedule counts batches of the last size, {last}, "
-            "as with --rampup-batch-size; Megatron without --global-batch-size counts batches of micro-batch "
-            "x data-parallel size)"
+            f"{flag} with --train-iters (the --lr-*-iters schedule counts batches of the last size, {last}; "
+            "Megatron without --global-batch-size counts batches of micro-batch x data-parallel size)"
         )
     v["model.global_batch_size"] = last
     ramp = batch_schedule.as_ramp(schedule, text)
@@ -691,12 +690,38 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         raise ConfigError("pretrain_gpt.py needs --train-iters or --train-samples")
     elif "--lr-decay-samples" in given or "--lr-warmup-samples" in given:
         raise ConfigError("--train-iters goes with --lr-decay-iters/--lr-warmup-iters, not *-samples")
+    elif "--rampup-batch-size" in given:
+        _refuse_ramp_by_iterations(v, given)
     if "--lr-warmup-fraction" in given and ("--lr-warmup-iters" in given or "--lr-warmup-samples" in given):
         raise ConfigError("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples: give only one")
     if "model.optim.sched.warmup_samples" in v or "model.optim.sched.warmup_fraction" in v:
         v["model.optim.sched.warmup_steps"] = 0
     if not {"--save-interval", "--persistent-save-interval"} & given.keys():  # Megatron saves only at the end
         v["exp_manager.checkpoint_callback_params.every_n_train_steps"] = v["trainer.max_steps"]
+
+
+# The --lr-*-iters flags and their counterparts in samples.
+SAMPLE_FLAGS = {"--lr-decay-iters": "--lr-decay-samples", "--lr-warmup-iters": "--lr-warmup-samples"}
+
+
+def _refuse_ramp_by_iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+    """Megatron ramps the batch only in a run counted in samples: beside --train-iters it asserts
+    'expected no batch-size rampup for iteration-based training' (and since April 2026 ignores the
+    flag). Refused, naming the sample counts that give the same ramp and schedule: the samples the
+    iterations consume, and each --lr-*-iters in batches of the full global batch."""
+    batch, iterations = v["model.global_batch_size"], v["trainer.max_steps"]
+    ramp = BatchRamp.from_config(v["model.rampup_batch_size"], batch, 1)
+    instead = [f"--train-samples {ramp.samples_for(iterations)} in place of --train-iters {iterations}"]
+    for flag, samples_flag in SAMPLE_FLAGS.items():
+        count = _convert(flag, given[flag][0], int) if flag in given else 0
+        if count:
+            instead.append(f"{samples_flag} {count * batch} in place of {flag} {count}")
+    raise ConfigError(
+        "--rampup-batch-size with --train-iters: Megatron ramps the batch only when the run is counted in "
+        "samples (it asserts 'expected no batch-size rampup for iteration-based training'; since April 2026 "
+        f"it ignores the flag); give {', '.join(instead)} for the ramp, or drop --rampup-batch-size for a "
+        "constant batch"
+    )
 
 
 def _directories(result: Translation) -> None:

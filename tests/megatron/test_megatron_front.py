@@ -27,8 +27,9 @@ AWS_SBATCH = shlex.split(
     " --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.006 --fp16"
     " --recompute-activations"
 )
-# Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh (paths filled in)
-MEGATRON_175B = shlex.split(
+# Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh (paths filled in) of 2024 to April 2026: a
+# ramp-up beside --train-iters, which that Megatron refuses (it ramps only a run counted in samples)
+MEGATRON_175B_RAMP = shlex.split(
     "--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048"
     " --max-position-embeddings 2048 --attention-backend auto --micro-batch-size 1 --global-batch-size 1536"
     " --rampup-batch-size 16 16 5859375 --train-iters 500000 --weight-decay 0.1 --adam-beta1 0.9"
@@ -37,6 +38,13 @@ MEGATRON_175B = shlex.split(
     " --pipeline-model-parallel-size 16 --data-path /d/c_text_document --vocab-file /d/v.json"
     " --merge-file /d/m.txt --split 949,50,1 --log-interval 100 --save-interval 10000"
     " --eval-interval 1000 --save /ck --load /ck --eval-iters 10 --tensorboard-dir /tb"
+)
+# the same script since April 2026: a step schedule in place of the ramp, passed as six words
+MEGATRON_175B = shlex.split(
+    shlex.join(MEGATRON_175B_RAMP).replace(
+        "--rampup-batch-size 16 16 5859375",
+        "--step-batch-size-schedule 0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536",
+    )
 )
 # Megatron-LM examples/pretrain_gpt.sh as of 2021 (commit 152aab304d), paths filled in: the old
 # --data-impl and --checkpoint-activations that scripts of that time carry
@@ -611,12 +619,54 @@ def test_megatron_defaults_where_flags_are_absent():
 def test_megatron_175b_example_translates_with_its_batch_ramp():
     t = translate(MEGATRON_175B, ENV)
     cfg = load_training_config(None, t.overrides, report_ignored=False)
-    assert cfg.model.rampup_batch_size == [16, 16, 5859375] and cfg.trainer.max_steps == 500000
+    assert cfg.model.rampup_batch_size == [16, 304, 5859375] and cfg.trainer.max_steps == 500000
     spec = spec_from_config(cfg)
     assert spec.warmup_steps == pytest.approx(430) and spec.max_steps == 430000
     assert lr_at(215, spec) == pytest.approx(6e-5 / 2)
     assert cfg.exp_manager.explicit_log_dir == "/ck" and cfg.exp_manager.resume_if_exists
     assert cfg.exp_manager.tensorboard_dir == "/tb" and "--attention-backend" in t.notes
+
+
+def megatron_ramp_batches(start, increment, ramp_samples, batch):
+    """The global batches of Megatron's --rampup-batch-size, step by step (written from its rule: the
+    batch grows by increment every ramp_samples / ((batch - start) / increment) consumed samples)."""
+    per_increment, consumed = ramp_samples / ((batch - start) // increment), 0
+    while True:
+        size = batch if consumed > ramp_samples else start + int(consumed / per_increment) * increment
+        yield consumed, size
+        consumed += size
+
+
+def test_megatron_175b_example_with_a_ramp_by_iterations_is_refused_with_its_samples(capsys):
+    """Megatron of 2024 to April 2026 asserts 'expected no batch-size rampup for iteration-based
+    training' on its own example; gptrain ran it, ramping by iterations. Refused in one line with the
+    sample counts that give the same run, which then trains Megatron's iterations and rates."""
+    assert main(["megatron", "--dry-run", *MEGATRON_175B_RAMP]) == 2
+    err = capsys.readouterr().err.strip()
+    ramp = megatron_ramp_batches(16, 16, 5859375, 1536)
+    steps = [next(ramp) for _ in range(500001)]  # (consumed before, batch) of each iteration, and after
+    samples = steps[500000][0]
+    assert err.count("\n") == 0 and err.startswith("gptrain: error: --rampup-batch-size with --train-iters:")
+    assert (
+        f"give --train-samples {samples} in place of --train-iters 500000, --lr-decay-samples 660480000 in place"
+        " of --lr-decay-iters 430000 for the ramp, or drop --rampup-batch-size for a constant batch"
+    ) in err
+    advised = [*MEGATRON_175B_RAMP]
+    advised[advised.index("--train-iters") : advised.index("--train-iters") + 2] = [
+        "--train-samples",
+        str(samples),
+    ]
+    advised[advised.index("--lr-decay-iters") : advised.index("--lr-decay-iters") + 2] = [
+        "--lr-decay-samples",
+        "660480000",
+    ]
+    cfg = load_training_config(None, translate(advised, ENV).overrides, report_ignored=False)
+    assert cfg.model.rampup_batch_size == [16, 16, 5859375] and cfg.trainer.max_steps == 500000
+    spec = spec_from_config(cfg)
+    for iteration in (1, 100, 3855, 3856, 19000, 40000, 430000, 500000):
+        consumed = steps[iteration][0]  # the scheduler counts samples; gptrain's step moves by batch shares
+        expected = megatron_lr(consumed, 6e-5, 6e-6, 660480, 660480000, "cosine")
+        assert lr_at(consumed / 1536, spec) == pytest.approx(expected, rel=1e-12), iteration
 
 
 def test_layers_per_virtual_stage_give_the_interleaved_schedule():

@@ -11,6 +11,7 @@ from test_megatron_front import AWS_SBATCH, MEGATRON_175B, TRAINIUM
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
+from gptrain.errors import ConfigError
 from gptrain.megatron.translate import translate
 from gptrain.train.builders import schedule_spec
 from gptrain.train.schedule import LRSchedule
@@ -146,10 +147,9 @@ def test_the_tutorial_and_example_flag_lists_train_on_cpu(example, tmp_path, cap
             *data,
             "--train-iters",
             "4",
-            "--rampup-batch-size",
-            "2",
-            "2",
-            "8",
+            "--step-batch-size-schedule",  # 256 tokens are 8 samples of 32: the ramp [2, 2, 8]
+            "0:2",
+            "256:4",
         ]
         flags += ["--save", run, "--load", run, "--tensorboard-dir", run]
     assert main(["megatron", *flags]) == 0, capsys.readouterr().err
@@ -313,8 +313,9 @@ def schedule_warnings_for(flags: list[str]) -> list[str]:
 
 def test_a_schedule_in_samples_is_named_by_its_flags_with_their_iterations():
     """The GPT-3 recipe's shape: --lr-decay-samples short of --train-samples under a ramp-up; and a
-    ramp-up under --train-iters, whose schedule of full batches the ramp's smaller ones never finish,
-    is told Megatron's way (a ramp-up trains by samples). Each advice, followed, is not warned of."""
+    step schedule's ramp under --train-iters, whose schedule of full batches the ramp's smaller ones
+    never finish, is told Megatron's way (a ramp-up trains by samples; --rampup-batch-size with
+    --train-iters is refused, naming the same count). Each advice, followed, is not warned of."""
     model = TINY[: TINY.index("--global-batch-size")] + ["--global-batch-size", "64", "--lr", "1e-3"]
     model += shlex.split("--min-lr 1e-4 --lr-decay-style cosine --rampup-batch-size 8 8 4096")
     warmup = ["--lr-warmup-samples", "640"]
@@ -330,7 +331,14 @@ def test_a_schedule_in_samples_is_named_by_its_flags_with_their_iterations():
         "; drop --lr-decay-samples to decay over the whole run, as Megatron does without it"
     )
     assert schedule_warnings_for([*model, *warmup, "--train-samples", "40000"]) == []
-    [after] = schedule_warnings_for([*model, "--train-iters", "100"])
+    with pytest.raises(
+        ConfigError, match="give --train-samples 1008 in place of --train-iters 100 for the ramp"
+    ):
+        schedule_warnings_for([*model, "--train-iters", "100"])
+    # the ramp [8, 8, 4096] as a step schedule: its thresholds (tokens of 32 a sample) within a sample of 4096k/7
+    steps = "0:8 18720:16 37440:24 56160:32 74880:40 93600:48 112320:56 131072:64"
+    stepped = [*model[: model.index("--rampup-batch-size")], "--step-batch-size-schedule", *steps.split()]
+    [after] = schedule_warnings_for([*stepped, "--train-iters", "100"])
     assert after.startswith(
         "the decay ends after the run: the decay over --train-iters 100 > --train-iters 100, 15.75 iterations"
         " of the full batch under its ramp-up's smaller ones, so the last rate is"
