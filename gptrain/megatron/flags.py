@@ -11,7 +11,8 @@ Anything else is unknown and refused. Flags that combine with others (`--data-pa
 `--adam-beta1/2`, `--train-samples`, `--save/--load`, `--wandb-*`, `--group-query-attention`
 with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-lr` with `--lr`,
 `--tiktoken-*` and `--tokenizer-special-tokens` with `--tokenizer-type`,
-`--data-parallel-sharding-strategy` with `--use-megatron-fsdp`) are handled in translate.py.
+`--data-parallel-sharding-strategy` with `--use-megatron-fsdp`, `--no-position-embedding` with the
+position embedding type) are handled in translate.py.
 """
 
 from __future__ import annotations
@@ -275,4 +276,5 @@ SPECIAL: dict[str, int | None] = {
     "--decoupled-lr": 1, "--decoupled-min-lr": 1, "--tiktoken-pattern": 1,
     "--tiktoken-num-special-tokens": 1, "--tokenizer-special-tokens": None, "--tiktoken-special-tokens": None,
     "--use-megatron-fsdp": 0, "--data-parallel-sharding-strategy": 1, "--use-torch-fsdp2": 0,
+    "--no-position-embedding": 0,
 }  # fmt: skip

@@ -280,6 +280,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _tokenizers_vocabulary(result)
     _tiktoken(result)
     _query_groups(result)
+    _no_position_embedding(result)
     _swiglu_width(v, given)
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
         raise ConfigError("--fp16 and --bf16: give one of them")
@@ -421,6 +422,21 @@ def _query_groups(result: Translation) -> None:
         result.notes.append(
             "--num-query-groups (Megatron ignores it without --group-query-attention: multi-head attention)"
         )
+
+
+def _no_position_embedding(result: Translation) -> None:
+    """--no-position-embedding drops the learned position table. Beside rope (which has none; Megatron's
+    llama-style scripts give both) it changes nothing; without rope Megatron since July 2023 raises
+    that it is deprecated, and before it trained without any position embedding, which gptrain cannot."""
+    if "--no-position-embedding" not in result.given:
+        return
+    if result.values.get("model.position_embedding_type") != "rope":
+        raise ConfigError(
+            "--no-position-embedding without rope: a model without position embeddings is not implemented "
+            "(Megatron since July 2023 refuses the flag unless --position-embedding-type rope); give "
+            "--position-embedding-type rope for rotary embeddings, or drop the flag for learned absolute ones"
+        )
+    result.notes.append("--no-position-embedding (rope has no learned position table)")
 
 
 def _swiglu_width(v: dict[str, Any], given: dict[str, list[str]]) -> None:
