@@ -171,7 +171,8 @@ NO_EFFECT: dict[str, int | None] = {
     "--expert-model-parallel-size": 1, "--no-bias-swiglu-fusion": 0, "--no-gradient-reduce-div-fusion": 0,
     "--init-model-with-meta-device": 0, "--use-precision-aware-optimizer": 0, "--main-grads-dtype": 1,
     "--main-params-dtype": 1, "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1,
-    "--no-check-for-nan-in-loss-and-grad": 0,
+    "--no-check-for-nan-in-loss-and-grad": 0, "--use-nccl-ub": 0, "--fsdp-double-buffer": 0,
+    "--fsdp-manual-registration": 0, "--logging-level": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).

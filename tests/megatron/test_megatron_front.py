@@ -1092,6 +1092,14 @@ def test_use_distributed_optimizer_shards_gradients_and_optimizer_state_only():
             "(Megatron reads it only with --use-megatron-fsdp)",
         ),
         (" --use-torch-fsdp2 --use-precision-aware-optimizer --main-params-dtype fp32", "full_shard", None),
+        (  # Megatron's examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh: its Megatron-FSDP flags
+            " --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"
+            " --no-gradient-accumulation-fusion --calculate-per-token-loss --init-model-with-meta-device"
+            " --ckpt-format fsdp_dtensor --use-nccl-ub --fsdp-double-buffer --fsdp-manual-registration"
+            " --logging-level 20",
+            "full_shard",
+            "--fsdp-manual-registration",
+        ),
     ],
 )
 def test_megatron_fsdp_and_torch_fsdp2_shard_data_parallel_as_their_strategy(flags, sharding, note):
