@@ -225,7 +225,10 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[Any, ...], str]] = {
         (1.0,),
         "other floors of the fp16 loss scale are not implemented; drop the flag",
     ),
-    "--context-parallel-size": ((1,), "context parallelism is not implemented"),
+    "--context-parallel-size": (
+        (1,),
+        "context parallelism is not implemented: drop the flag (or give 1), and its ranks do data parallelism",
+    ),
     "--expert-model-parallel-size": ((1,), "mixture of experts is not implemented"),
     **dict.fromkeys(
         ("--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"),
@@ -250,7 +253,8 @@ REFUSED: dict[str, str] = {
     "--loss-scale-window, --hysteresis as Megatron reads them): drop the flag",
     "--num-experts": "mixture of experts is not implemented",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
-    "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported",
+    "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported: give the shape flags "
+    "the checkpoint was trained with (--num-layers, --hidden-size, --num-attention-heads, ...) and drop this flag",
     "--non-persistent-save-interval": "non-persistent checkpoints (each replacing the one before, for a restart "
     "after a failure) are not implemented; gptrain saves every --save-interval and on SIGTERM/SIGUSR1: drop the "
     "flag, or give its interval to --save-interval",

@@ -236,7 +236,10 @@ def test_a_no_effect_value_is_compared_as_megatron_reads_it(flag, value):
 @pytest.mark.parametrize(
     ("flag", "refusal"),
     [
-        ("--context-parallel-size", "context parallelism is not implemented"),
+        (
+            "--context-parallel-size",
+            "context parallelism is not implemented: drop the flag (or give 1), and its ranks do data parallelism",
+        ),
         ("--expert-model-parallel-size", "mixture of experts is not implemented"),
     ],
 )
@@ -251,6 +254,19 @@ def test_a_parallel_size_of_one_is_megatrons_default_not_a_refusal(flag, refusal
     assert main(["megatron", "--dry-run", *shlex.split(f"{base} {flag} 2")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"{flag} 2: {refusal}" in err
+
+
+def test_use_checkpoint_args_is_refused_naming_the_flags_to_give(capsys):
+    """The refusal said only that the shape is not read from a checkpoint; it names what to give."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags = f"{base} --train-iters 4 --mock-data --vocab-size 64 --load /ck --use-checkpoint-args"
+    assert main(["megatron", "--dry-run", *shlex.split(flags)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("gptrain: error: --use-checkpoint-args: reading the model")
+    assert err.endswith(
+        "give the shape flags the checkpoint was trained with (--num-layers, --hidden-size,"
+        " --num-attention-heads, ...) and drop this flag"
+    )
 
 
 def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
