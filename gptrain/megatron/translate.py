@@ -291,6 +291,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _decoupled_lr(result)
     _loss_average(result)
     _recompute(v, given)
+    _full_recompute_layers(result)
     _sequence_parallel(result)
     _step_batch_schedule(result)
     _layout(v, env)
@@ -573,6 +574,25 @@ def _recompute(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         v.setdefault("model.activations_checkpoint_num_layers", 1)
     if "--recompute-activations" in given:
         v["model.activations_checkpoint_granularity"] = "selective"
+
+
+def _full_recompute_layers(result: Translation) -> None:
+    """Full recompute needs a method, as Megatron requires; its --recompute-num-layers was 1 unless
+    given up to core 0.15 (block: the first layer of each stage recomputed, not all of them), and
+    core 0.16 refuses full recompute without it: 1 here, said."""
+    v = result.values
+    if v.get("model.activations_checkpoint_granularity") != "full":
+        return
+    if v.get("model.activations_checkpoint_method") is None:
+        raise ConfigError(
+            "--recompute-granularity full needs --recompute-method uniform or block (Megatron refuses it without)"
+        )
+    if "model.activations_checkpoint_num_layers" not in v:
+        v["model.activations_checkpoint_num_layers"] = 1
+        result.notes.append(
+            "no --recompute-num-layers (1, Megatron's default up to core 0.15; core 0.16 refuses full "
+            "recompute without it)"
+        )
 
 
 def _parsed_schedule(v: dict[str, Any], given: dict[str, list[str]]) -> list[tuple[int, int]] | None:
