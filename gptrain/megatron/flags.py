@@ -253,6 +253,8 @@ REFUSED: dict[str, str] = {
     "--loss-scale-window, --hysteresis as Megatron reads them): drop the flag",
     "--num-experts": "mixture of experts is not implemented",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
+    "--skip-train": "evaluation without training is not run by gptrain megatron: `gptrain eval RUN` evaluates "
+    "the newest checkpoint of a run on its validation split (--split test for the test split)",
     "--use-checkpoint-args": "reading the model shape from a checkpoint is not supported: give the shape flags "
     "the checkpoint was trained with (--num-layers, --hidden-size, --num-attention-heads, ...) and drop this flag",
     "--non-persistent-save-interval": "non-persistent checkpoints (each replacing the one before, for a restart "

@@ -269,6 +269,18 @@ def test_use_checkpoint_args_is_refused_naming_the_flags_to_give(capsys):
     )
 
 
+def test_skip_train_is_refused_naming_gptrain_eval(capsys):
+    """Megatron's --skip-train (evaluate a checkpoint, no training) was an unknown flag to remove."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags = f"{base} --train-iters 4 --mock-data --vocab-size 64 --load /ck --skip-train"
+    assert main(["megatron", "--dry-run", *shlex.split(flags)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gptrain: error: --skip-train: evaluation without training is not run by gptrain megatron: `gptrain"
+        " eval RUN` evaluates the newest checkpoint of a run on its validation split (--split test for the"
+        " test split)"
+    )
+
+
 def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
     """--no-save-optim makes Megatron's checkpoints smaller; gptrain's keep the state. Before, the
     notice listed it among speed, kernel and log switches, as if it had been done."""
