@@ -301,6 +301,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
             _convert("--rampup-batch-size", x, int) for x in given["--rampup-batch-size"]
         ]
     _iterations(v, given)
+    _schedule_lengths(v, given)
     _directories(result)
     _wandb(result)
     check_benchmark_mode(result)
@@ -734,6 +735,50 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         v["model.optim.sched.warmup_steps"] = 0
     if not {"--save-interval", "--persistent-save-interval"} & given.keys():  # Megatron saves only at the end
         v["exp_manager.checkpoint_callback_params.every_n_train_steps"] = v["trainer.max_steps"]
+
+
+def _schedule_lengths(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+    """Megatron's scheduler asserts a decay of at least one step, a warmup that ends before the decay
+    does, and a warmup that starts at or below --lr. gptrain would read a decay of 0 as the whole run
+    and train the others as given, so they are refused by their flags, as Megatron refuses them."""
+    decay, decay_named = _decay_length(given)
+    warmup_flag = next((flag for flag in WARMUP_FLAGS if flag in given), None)
+    if warmup_flag is not None and decay > 0:
+        text = given[warmup_flag][0]
+        fraction = warmup_flag == "--lr-warmup-fraction"
+        warmup = _convert(warmup_flag, text, float) * decay if fraction else _convert(warmup_flag, text, int)
+        if warmup >= decay:
+            raise ConfigError(
+                f"{warmup_flag} {text} and the decay over {decay_named}: the warmup must end before the decay "
+                "does, as Megatron asserts; give a shorter warmup or a longer decay"
+            )
+    init, lr = v.get("model.optim.sched.warmup_init_lr"), v["model.optim.lr"]
+    if init is not None and init > lr:
+        raise ConfigError(
+            f"--lr-warmup-init {init} > --lr {lr}: the warmup rises from --lr-warmup-init to --lr, as Megatron "
+            "asserts; give a smaller --lr-warmup-init"
+        )
+
+
+# The run's length flags, the decay flag of the same unit, and the unit's name.
+DECAY_UNITS = {
+    "--train-iters": ("--lr-decay-iters", "iteration"),
+    "--train-samples": ("--lr-decay-samples", "sample"),
+}
+
+
+def _decay_length(given: dict[str, list[str]]) -> tuple[int, str]:
+    """The decay's length in the run's unit and its flag as given (the run's length without one)."""
+    run_flag = "--train-samples" if "--train-samples" in given else "--train-iters"
+    decay_flag, unit = DECAY_UNITS[run_flag]
+    flag = decay_flag if decay_flag in given else run_flag
+    length = _convert(flag, given[flag][0], int)
+    if length <= 0 and flag == decay_flag:  # a run of no steps is the config's to refuse
+        raise ConfigError(
+            f"{flag} {length}: Megatron asserts a decay of at least one {unit}; give its length, or drop "
+            f"{decay_flag} to decay over {run_flag}"
+        )
+    return length, f"{flag} {given[flag][0]}"
 
 
 # The --lr-*-iters flags and their counterparts in samples.

@@ -281,6 +281,46 @@ def test_skip_train_is_refused_naming_gptrain_eval(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (
+            "--train-iters 100 --lr-decay-iters 0",
+            "--lr-decay-iters 0: Megatron asserts a decay of at least one iteration; give its length, or drop"
+            " --lr-decay-iters to decay over --train-iters",
+        ),
+        ("--train-samples 1000 --lr-decay-samples 0", "--lr-decay-samples 0: Megatron asserts a decay of at"),
+        (
+            "--train-iters 100 --lr-warmup-iters 10 --lr-decay-iters 10",
+            "--lr-warmup-iters 10 and the decay over --lr-decay-iters 10: the warmup must end before the decay"
+            " does, as Megatron asserts; give a shorter warmup or a longer decay",
+        ),
+        (
+            "--train-iters 100 --lr-warmup-fraction 1.5",
+            "--lr-warmup-fraction 1.5 and the decay over --train-iters 100:",
+        ),
+        (
+            "--train-samples 1000 --lr-warmup-samples 1000",
+            "--lr-warmup-samples 1000 and the decay over --train-samples",
+        ),
+        (
+            "--train-iters 100 --lr-warmup-init 1e-3",
+            "--lr-warmup-init 0.001 > --lr 0.0001: the warmup rises from --lr-warmup-init to --lr",
+        ),
+    ],
+)
+def test_schedules_megatrons_scheduler_asserts_against_are_refused_by_their_flags(flags, refusal, capsys):
+    """Megatron's scheduler asserts decay > 0, warmup < decay and warmup init <= lr. gptrain took a
+    --lr-decay-iters 0 as a decay over the whole run, and trained the others as given."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --mock-data --vocab-size 64 --lr 1e-4"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{base} {flags}")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"gptrain: error: {refusal}")
+    shorter = translate(shlex.split(f"{base} --train-iters 100 --lr-warmup-iters 9 --lr-decay-iters 10"), {})
+    assert shorter.values["model.optim.sched.warmup_steps"] == 9  # a warmup one step short of the decay runs
+
+
 def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
     """--no-save-optim makes Megatron's checkpoints smaller; gptrain's keep the state. Before, the
     notice listed it among speed, kernel and log switches, as if it had been done."""

@@ -356,6 +356,7 @@ def test_a_resume_with_a_changed_schedule_names_the_flags(tmp_path, capsys, monk
     one_process_in(tmp_path, monkeypatch)
     at = TINY.index("--lr-decay-iters")  # the decay follows --train-iters
     flags = [*TINY[:at], *TINY[at + 2 :], "--mock-data", "--vocab-size", "128", "--num-workers", "0"]
+    flags += ["--lr-warmup-iters", "1"]  # shorter than the decay over 2 iterations, as Megatron asserts
     run = str(tmp_path / "run")
     assert main(["megatron", *flags, "--train-iters", "2", "--save", run]) == 0
     capsys.readouterr()
