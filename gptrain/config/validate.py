@@ -72,6 +72,8 @@ POSITIVE = (
     "model.num_attention_heads",
     "model.make_vocab_size_divisible_by",
     "model.data.seq_length",
+    "model.native_amp_growth_interval",  # the fp16 loss scaler's, which Megatron asserts > 0 too
+    "model.hysteresis",
 )
 
 # 0 is meaningful (no clipping, no decay, loading in the main process, no warmup); a negative value
@@ -288,6 +290,10 @@ def validate(cfg: TrainingConfig) -> None:
         value = get(cfg, key)
         if value is not None and not value >= 0:
             raise ConfigError(f"{key}: must be 0 or more, got {value}")
+    if not cfg.model.native_amp_init_scale > 0:  # a scale of 0 zeroes every fp16 gradient
+        raise ConfigError(
+            f"model.native_amp_init_scale: must be greater than 0, got {cfg.model.native_amp_init_scale}"
+        )
     _check_run_directories(cfg)
     _check_model(cfg)
     _check_batches(cfg)

@@ -321,6 +321,23 @@ def test_schedules_megatrons_scheduler_asserts_against_are_refused_by_their_flag
     assert shorter.values["model.optim.sched.warmup_steps"] == 9  # a warmup one step short of the decay runs
 
 
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        ("--initial-loss-scale 0", "--initial-loss-scale: must be greater than 0, got 0.0"),
+        ("--loss-scale-window 0", "--loss-scale-window: must be at least 1, got 0"),
+        ("--hysteresis 0", "--hysteresis: must be at least 1, got 0"),
+    ],
+)
+def test_loss_scaler_settings_megatron_asserts_positive_are_refused(flags, refusal, capsys):
+    """Megatron's DynamicGradScaler asserts each > 0; gptrain took them, and a scale of 0 zeroed every
+    fp16 gradient (a window of 0 never grew the scale)."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --fp16"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{base} {flags}")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"gptrain: error: {refusal}"
+
+
 def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
     """--no-save-optim makes Megatron's checkpoints smaller; gptrain's keep the state. Before, the
     notice listed it among speed, kernel and log switches, as if it had been done."""
