@@ -719,6 +719,12 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         schedule = _parsed_schedule(v, given)
         if schedule is not None:  # Megatron counts a schedule's last partial batch, not a ramp's
             v["trainer.max_steps"] = batch_schedule.iterations_for(schedule, samples)
+        if v["trainer.max_steps"] < 1:  # the config's check would name --train-iters, which sets max_steps
+            batch = v["model.global_batch_size"]
+            raise ConfigError(
+                f"--train-samples {samples}: less than one global batch of {batch} samples, so no iteration "
+                f"trains (Megatron drops a partial last batch); give at least {batch}"
+            )
         v["trainer.train_samples"] = samples  # the train indices are built for it, as Megatron builds them
         if "--lr-decay-iters" in given or "--lr-warmup-iters" in given:
             raise ConfigError("--train-samples goes with --lr-decay-samples/--lr-warmup-samples, not *-iters")

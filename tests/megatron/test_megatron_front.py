@@ -338,6 +338,19 @@ def test_loss_scaler_settings_megatron_asserts_positive_are_refused(flags, refus
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"gptrain: error: {refusal}"
 
 
+def test_train_samples_short_of_one_batch_is_refused_by_its_own_flag(capsys):
+    """--train-samples 7 with a global batch of 8 is no iteration (Megatron drops the partial batch);
+    the refusal named --train-iters, a flag the command line does not have."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --global-batch-size 8 --mock-data --vocab-size 64"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{base} --train-samples 7")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gptrain: error: --train-samples 7: less than one global batch of 8 samples, so no iteration trains"
+        " (Megatron drops a partial last batch); give at least 8"
+    )
+    assert translate(shlex.split(f"{base} --train-samples 15"), {}).values["trainer.max_steps"] == 1
+
+
 def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
     """--no-save-optim makes Megatron's checkpoints smaller; gptrain's keep the state. Before, the
     notice listed it among speed, kernel and log switches, as if it had been done."""
