@@ -20,13 +20,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gptrain.errors import ConfigError
+
 Converter = Callable[[str], Any] | dict[str, Any]
 
 
 def exit_duration_as_max_time(minutes: str) -> str | None:
     """--exit-duration-in-mins as trainer.max_time; 0 is no limit, as Megatron tests the value for
-    truth (a max_time of 0 would stop after the first step)."""
+    truth (a max_time of 0 would stop after the first step). A negative one (Megatron: stop after the
+    first step) is refused in words, not as the malformed max_time it would make."""
     whole = int(minutes)
+    if whole < 0:
+        raise ConfigError(f"--exit-duration-in-mins {minutes}: give whole minutes, 0 or more (0 is no limit)")
     return None if whole == 0 else f"00:00:{whole:02d}:00"
 
 

@@ -351,6 +351,16 @@ def test_train_samples_short_of_one_batch_is_refused_by_its_own_flag(capsys):
     assert translate(shlex.split(f"{base} --train-samples 15"), {}).values["trainer.max_steps"] == 1
 
 
+def test_a_negative_exit_duration_is_refused_in_minutes(capsys):
+    """It was refused as "'00:00:-5:00' is not DD:HH:MM:SS", a time the user never wrote."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags = f"{base} --train-iters 4 --mock-data --vocab-size 64 --exit-duration-in-mins -5"
+    assert main(["megatron", "--dry-run", *shlex.split(flags)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gptrain: error: --exit-duration-in-mins -5: give whole minutes, 0 or more (0 is no limit)"
+    )
+
+
 def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
     """--no-save-optim makes Megatron's checkpoints smaller; gptrain's keep the state. Before, the
     notice listed it among speed, kernel and log switches, as if it had been done."""
