@@ -107,6 +107,11 @@ def apply(v: dict[str, Any], given: dict[str, list[str]]) -> None:
             )
         v["model.data.data_prefix"] = data_prefix(read_data_args(path), f"{DATA_ARGS} {path} holds")
         v["model.data.data_impl"] = "mmap"
+    elif v.get("model.data.data_impl") != "mock":  # else the config's line would name its own keys
+        raise ConfigError(
+            "pretrain_gpt.py needs data: --data-path PREFIX (or 'WEIGHT PREFIX ...'), --data-args-path FILE, "
+            "--train-data-path (with --valid/test-data-path), or --mock-data for synthetic tokens"
+        )
 
 
 def _per_split_paths(given: dict[str, list[str]]) -> dict[str, Any]:

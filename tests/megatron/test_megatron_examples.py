@@ -134,7 +134,7 @@ def test_equal_token_steps_floored_to_uneven_samples_are_the_ramp_within_one_sam
     gptrain takes the ramp and says so; the batch is Megatron's at every consumed count but the
     one-sample windows before a floored threshold."""
     flags = f"{SMALL} --seq-length {seq_length} --max-position-embeddings {seq_length}".split()
-    t = translate([*flags, "--step-batch-size-schedule", SCHEDULE, "--train-iters", "10"], {})
+    t = translate([*flags, "--step-batch-size-schedule", SCHEDULE, "--train-iters", "10", "--mock-data"], {})
     assert any("each batch step comes at most one sample after Megatron's" in note for note in t.notes)
     schedule = parse_schedule(SCHEDULE, seq_length)
     ramp = BatchRamp.from_config(as_ramp(schedule, SCHEDULE), 1536, 16)

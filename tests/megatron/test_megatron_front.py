@@ -361,6 +361,17 @@ def test_a_negative_exit_duration_is_refused_in_minutes(capsys):
     )
 
 
+def test_no_data_flag_is_refused_naming_megatrons_data_flags(capsys):
+    """Without --data-path or --mock-data the line named gptrain's keys (model.data.data_prefix,
+    model.data.data_impl=mock), which no pretrain_gpt.py flag spells."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} --train-iters 4 --lr 1e-4")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gptrain: error: pretrain_gpt.py needs data: --data-path PREFIX (or 'WEIGHT PREFIX ...'), --data-args-path"
+        " FILE, --train-data-path (with --valid/test-data-path), or --mock-data for synthetic tokens"
+    )
+
+
 def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
     """--no-save-optim makes Megatron's checkpoints smaller; gptrain's keep the state. Before, the
     notice listed it among speed, kernel and log switches, as if it had been done."""
