@@ -184,16 +184,16 @@ def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: 
     if request.data_prefix:
         return prefix_data(cfg, request, vocab, tokenizer)
     t = cfg.trainer
-    if request.split == "validation" and request.batches is not None:
-        t.limit_val_batches = request.batches
-    if request.split == "test" and request.batches is not None:
-        t.limit_test_batches = request.batches
     default = {"validation": t.limit_val_batches, "test": t.limit_test_batches, "train": t.limit_val_batches}
     batches = request.batches or default[request.split]
+    asked_by = _asked_by(cfg, request)  # before --batches raises a limit
+    grown = _split_grown_for(request, cfg)
+    if grown is not None:
+        setattr(t, grown, request.batches)
     if batches < 1:
         key = "limit_test_batches" if request.split == "test" else "limit_val_batches"
         raise ConfigError(f"the run has trainer.{key}=0 (no {request.split} batches); pass --batches N")
-    train, valid, test = b.build_datasets(cfg, vocab, tokenizer, asked_by=_asked_by(cfg, request))
+    train, valid, test = b.build_datasets(cfg, vocab, tokenizer, asked_by=asked_by)
     data = {"train": train, "validation": valid, "test": test}[request.split]
     if data is None or len(data) == 0:
         per_split = isinstance(cfg.model.data.data_prefix, Mapping)
@@ -213,13 +213,29 @@ def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: 
     return data, batches, source
 
 
+def _split_grown_for(request: EvalRequest, cfg: TrainingConfig) -> str | None:
+    """The trainer key (limit_val_batches, limit_test_batches) that --batches must raise for the split
+    it evaluates to hold its batches; None when the run's own split holds them, and is kept.
+
+    Raised only then: the split's size sets its sample order (Megatron's shuffle spans its epochs),
+    so a validation split rebuilt for --batches 1 read other samples than the training validated."""
+    index = {"validation": 1, "test": 2}.get(request.split)
+    if index is None or request.batches is None:
+        return None
+    if request.batches * cfg.model.global_batch_size <= b.dataset_target_sizes(cfg)[index]:
+        return None
+    return ("limit_val_batches", "limit_test_batches")[index - 1]
+
+
 def _asked_by(cfg: TrainingConfig, request: EvalRequest) -> list[str]:
-    """What sized each split, for an error about its size: --batches, set as trainer.limit_val_batches
-    or limit_test_batches, sizes the split it evaluates; the train split is built as the run built it."""
+    """What sized each split, for an error about its size: --batches, where it raised
+    trainer.limit_val_batches or limit_test_batches, sizes the split it evaluates; the train split
+    is built as the run built it."""
     keys = list(b.split_sizes_asked_by(cfg))
-    if request.batches is not None and request.split == "validation":
+    grown = _split_grown_for(request, cfg)
+    if grown == "limit_val_batches":
         keys[1] = keys[1].replace("trainer.limit_val_batches", "--batches")
-    if request.batches is not None and request.split == "test":
+    if grown == "limit_test_batches":
         keys[2] = keys[2].replace("trainer.limit_test_batches", "--batches")
     return keys
 

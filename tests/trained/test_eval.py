@@ -271,6 +271,32 @@ def test_more_batches_than_this_host_can_index_name_the_flag(run_dir: Path, tmp_
     )
 
 
+def test_fewer_batches_than_the_run_validated_are_its_first_validation_batches(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """--batches 1 rebuilt the validation split for 1 batch a validation instead of the run's 2, and
+    the split's size sets its sample order (the shuffle spans its epochs): it evaluated other samples
+    than the training's first validation batch. Up to what the run's split holds, it is kept."""
+    rng = np.random.default_rng(0)
+    writer = IndexedDatasetWriter(str(tmp_path / "docs"), np.uint16)
+    for _ in range(8):
+        writer.add_document(rng.integers(0, VOCAB, size=int(rng.integers(10, 60))).astype(np.uint16))
+    writer.finalize()
+    data = [f"model.data.data_prefix={tmp_path / 'docs'}", "model.data.data_impl=mmap"]
+    data += [f"model.data.index_mapping_dir={tmp_path / 'cache'}", "model.data.splits_string=50,50,0"]
+
+    def first_batch(batches: int | None) -> list[list[int]]:
+        cfg = load_training_config(
+            config_file=str(run_dir / "hparams.yaml"), overrides=data, report_ignored=False
+        )
+        split, count, _ = eval_data(cfg, EvalRequest(str(run_dir), batches=batches), VOCAB, None)
+        assert count == (batches or 2)
+        return [split[i]["tokens"].tolist() for i in range(4)]  # global batch 4
+
+    # the split holds 2 batches x 3 validations (steps 0, 2 and 4): up to 6 keep its order
+    assert first_batch(1) == first_batch(None) == first_batch(6)
+
+
 def test_a_json_file_that_cannot_be_written_is_refused_before_evaluating(
     run_dir: Path, tmp_path: Path, capsys
 ) -> None:
