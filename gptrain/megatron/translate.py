@@ -661,7 +661,8 @@ UNEVEN_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-
 def _virtual_pipeline(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """--num-virtual-stages-per-pipeline-rank N: Megatron's interleaved schedule with N model chunks
     per rank; --num-layers-per-virtual-pipeline-stage N: with (num_layers / pipeline stages) / N,
-    which Megatron refuses under an uneven split (the stages hold different numbers of layers)."""
+    num_layers counting the embedding and loss when switched into the split, as Megatron does;
+    Megatron refuses it under an uneven split (the stages hold different numbers of layers)."""
     flag, chunks_flag = "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank"
     if flag in given and chunks_flag in given:
         raise ConfigError(f"{flag} and {chunks_flag}: give one of them, as Megatron asserts")
@@ -676,13 +677,32 @@ def _virtual_pipeline(v: dict[str, Any], given: dict[str, list[str]]) -> None:
             "as Megatron asserts under an uneven pipeline split"
         )
     per_chunk = _convert(flag, given[flag][0], int)
-    layers, pp = v["model.num_layers"], v.get("model.pipeline_model_parallel_size", 1)
+    layers, counted = _layers_in_pipeline_split(v)
+    pp = v.get("model.pipeline_model_parallel_size", 1)
     if per_chunk < 1 or pp < 2 or layers % pp or (layers // pp) % per_chunk:
         raise ConfigError(
-            f"{flag} {per_chunk}: the {layers} layers per {pp} pipeline stages must split into chunks of "
+            f"{flag} {per_chunk}: the {counted} per {pp} pipeline stages must split into chunks of "
             f"{per_chunk} layers (and --pipeline-model-parallel-size must be at least 2), as Megatron asserts"
         )
     v["model.virtual_pipeline_model_parallel_size"] = layers // pp // per_chunk
+
+
+# The switches that count a non-layer part as one layer of the pipeline split, and what each counts.
+ACCOUNTED_PARTS = {
+    "model.account_for_embedding_in_pipeline_split": "embedding",
+    "model.account_for_loss_in_pipeline_split": "loss",
+}
+
+
+def _layers_in_pipeline_split(v: dict[str, Any]) -> tuple[int, str]:
+    """The layers Megatron splits over the stages, num_layers + 1 for each part counted as a layer
+    (the embedding, the loss), and how to say it: it divides these, not num_layers, into chunks."""
+    layers = v["model.num_layers"]
+    parts = [part for key, part in ACCOUNTED_PARTS.items() if v.get(key)]
+    if not parts:
+        return layers, f"{layers} layers"
+    counted = layers + len(parts)
+    return counted, f"{layers} layers " + " ".join(f"+ 1 ({part})" for part in parts) + f" = {counted}"
 
 
 # The warmup flags in iterations and in samples, and the key each sets.

@@ -99,3 +99,29 @@ def test_a_refused_split_names_the_flags_typed(
     argv = [*shlex.split(BASE), "--lr", "1e-4", *shlex.split(flags)]
     assert main(["megatron", "--dry-run", *argv]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"gptrain: error: {message}")
+
+
+def test_layers_per_virtual_stage_count_the_embedding_and_loss_switched_into_the_split() -> None:
+    """Megatron divides num_layers + 1 per account-for switch: (14 + 2) / 4 stages = 4 layers a
+    rank, 2 chunks of 2; the first and last chunk hold one fewer, as with the chunks flag."""
+    m = model_of(
+        "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+        "--num-layers-per-virtual-pipeline-stage 2"
+    )
+    assert m.virtual_pipeline_model_parallel_size == 2
+    assert stage_layer_counts(m, 4, 2) == [1, 2, 2, 2, 2, 2, 2, 1]
+
+
+def test_layers_per_virtual_stage_refused_naming_the_layers_counted() -> None:
+    """14 + 1 (embedding) = 15 does not split over 4 stages: the line says what was counted."""
+    with pytest.raises(
+        ConfigError,
+        match=r"^--num-layers-per-virtual-pipeline-stage 1: the 14 layers \+ 1 \(embedding\) = 15 per 4 "
+        "pipeline stages must split",
+    ):
+        translate(
+            shlex.split(
+                f"{BASE} --account-for-embedding-in-pipeline-split --num-layers-per-virtual-pipeline-stage 1"
+            ),
+            ENV,
+        )
