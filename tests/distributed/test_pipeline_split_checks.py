@@ -103,6 +103,19 @@ def test_interleaved_chunks_take_consecutive_layers_in_stage_order() -> None:
             3,
             "model.num_layers=8 is not divisible by model.pipeline_model_parallel_size=3",
         ),
+        # the embedding counted as the first stage's only layer leaves it none to build; likewise the loss
+        (
+            {EMBEDDING: True, "num_layers": 7, "pipeline_model_parallel_size": 8},
+            8,
+            f"model.pipeline_model_parallel_size=8 with model.{EMBEDDING}=true leaves pipeline stage 0 without "
+            "transformer layers (layers per stage: [0, 1, 1, 1, 1, 1, 1, 1])",
+        ),
+        (
+            {LOSS: True, "num_layers": 7, "pipeline_model_parallel_size": 8},
+            8,
+            f"model.pipeline_model_parallel_size=8 with model.{LOSS}=true leaves pipeline stage 7 without "
+            "transformer layers (layers per stage: [1, 1, 1, 1, 1, 1, 1, 0])",
+        ),
     ],
 )
 def test_refused_splits_name_the_keys(overrides: dict, world: int, expected: str) -> None:
