@@ -87,6 +87,12 @@ def megatron_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> f
     return token_linear + core_attention
 
 
+def megatron_output_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> float:
+    """The output layer's (logits') share of `megatron_flops_per_iteration`, 6 * tokens * h * vocab:
+    the rest is the transformer layers', equal for each layer."""
+    return 6.0 * global_batch_size * config.seq_length * config.hidden_size * config.vocab_size
+
+
 # Dense (no sparsity) peak tensor TFLOP/s per GPU from the vendors' datasheets. Patterns are matched
 # case-insensitively against torch.cuda.get_device_name(); the first match wins, so the more specific
 # names come first ("H100 PCIe" before "H100", "A100" before "A10", "GB200" before "B200": the

@@ -1,6 +1,8 @@
 """Step time of a layout: compute at an MFU, the pipeline bubble, and communication over bandwidths.
 
-  compute  = model FLOPs per step x (1 + recomputed fraction) / (GPUs x peak x MFU)
+  compute  = the fullest pipeline rank's model FLOPs per step x (1 + recomputed fraction)
+             / (TP x DP GPUs x peak x MFU): its layers' share of the layer FLOPs, and 1/pp of the
+             output layer's (not placed on the last rank); under an even split FLOPs / GPUs
   bubble   = compute x (pp - 1) / (v x microbatches)            (Narayanan et al. 2021, sec. 2.2)
   TP       = per layer and micro batch 4 collectives of b s h activation bytes (2 forward,
              2 backward; all-reduce, or all-gather + reduce-scatter with SP: the same bytes),
@@ -27,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gptrain.models.config import GPTConfig
+from gptrain.models.flops import megatron_output_flops_per_iteration
 from gptrain.plan.hardware import Cluster, GpuSpec
 from gptrain.plan.memory import (
     float8_gathered_weights,
@@ -62,16 +65,30 @@ class StepTime:
         return {k: round(getattr(self, k), 6) for k in keys} | {"total": round(self.total, 6)}
 
 
+def pacing_rank_flops(work: Workload, layout: Layout) -> float:
+    """Model FLOPs of one step on the pipeline rank with the most layers, which every other rank
+    waits for: those layers' share of the layer FLOPs, plus 1/pp of the output layer's, which this
+    model spreads over the ranks rather than placing it on the last one (FLOPs / pp when even)."""
+    c = work.padded(layout.tp)
+    total = model_sizes(c, work.global_batch_size).flops_per_iteration
+    output = megatron_output_flops_per_iteration(c, work.global_batch_size)
+    most_layers = max(layout.rank_layers(c.num_layers))
+    return (total - output) * most_layers / c.num_layers + output / layout.pp
+
+
 def recompute_fraction(work: Workload, layout: Layout) -> float:
-    """Extra FLOPs of activation recomputation, as a fraction of the model FLOPs (fwd = 1/3)."""
+    """Extra FLOPs of activation recomputation on the pacing rank (the one with the most layers),
+    as a fraction of its model FLOPs (fwd = 1/3)."""
+    most_layers = max(layout.rank_layers(work.model.num_layers))
     if layout.recompute == "full":
-        layers = max(layout.rank_layers(work.model.num_layers)) // layout.vpp  # the fullest rank's chunk
+        layers = most_layers // layout.vpp  # the fullest rank's chunk
         done = layers if layout.recompute_num_layers is None else min(layers, layout.recompute_num_layers)
         return done / layers / 3.0
-    if layout.recompute == "selective":  # the attention core's forward: 2 s q L FLOPs per token
+    if layout.recompute == "selective":  # the attention core's forward: 2 s q FLOPs per token and layer
         c = work.model
-        core = 2.0 * c.seq_length * c.num_attention_heads * c.head_dim * c.num_layers
-        return core / model_sizes(work.padded(layout.tp), 1).flops_per_token
+        tokens = work.global_batch_size * c.seq_length
+        core = 2.0 * c.seq_length * c.num_attention_heads * c.head_dim * most_layers * tokens
+        return core / pacing_rank_flops(work, layout)
     return 0.0
 
 
@@ -100,10 +117,12 @@ def peak_tflops(work: Workload, gpu: GpuSpec) -> float:
 
 def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: float) -> StepTime:
     c = work.padded(layout.tp)
-    sizes = model_sizes(c, work.global_batch_size)
     peak = peak_tflops(work, cluster.gpu) * 1e12
+    gpus_per_stage = layout.tp * layout.dp
     compute = (
-        sizes.flops_per_iteration * (1 + recompute_fraction(work, layout)) / (layout.world_size * peak * mfu)
+        pacing_rank_flops(work, layout)
+        * (1 + recompute_fraction(work, layout))
+        / (gpus_per_stage * peak * mfu)
     )
     m = layout.microbatches(work.global_batch_size)
     most_layers = max(layout.rank_layers(c.num_layers))  # the fullest pipeline rank sets the pace

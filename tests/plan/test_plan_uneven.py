@@ -10,9 +10,12 @@ import pytest
 from gptrain.config import load_training_config
 from gptrain.config.schema import ModelConfig
 from gptrain.models.config import GPTConfig
+from gptrain.models.flops import megatron_flops_per_iteration
+from gptrain.plan.hardware import build_cluster
 from gptrain.plan.memory import WEIGHT_BYTES, activation_bytes, estimate_memory, estimate_rank
 from gptrain.plan.sizes import megatron_parameter_lines, rank_parameters
-from gptrain.plan.spec import SPLIT_KEYS, Layout, Workload, layout_from_config
+from gptrain.plan.spec import SPLIT_KEYS, Layout, Workload, layout_from_config, workload_from_config
+from gptrain.plan.time import estimate_step_time
 from tests.plan.plan_helpers import TINY
 
 CONFIG = dict(vocab_size=128, seq_length=16, num_layers=8, hidden_size=16, num_attention_heads=2)
@@ -94,3 +97,44 @@ def test_the_requested_layout_keeps_the_split_and_another_layout_clears_it() -> 
     plain = load_training_config("gpt3/126m", [*split, *even.overrides()])
     assert plain.model.num_layers_in_first_pipeline_stage is None
     assert layout_from_config(plain, world_size=2) == dataclasses.replace(even, dp_shard=0)
+
+
+def gpt3_126m() -> Workload:
+    return workload_from_config(load_training_config("gpt3/126m", []))
+
+
+def gpt3_126m_compute(recompute: str | None, first: int | None) -> float:
+    """The step time's compute term for gpt3/126m at pp=2 x dp=4 on 8 H100s, `first` layers on rank 0."""
+    work = gpt3_126m()
+    layout = Layout(
+        pp=2, dp=4, micro_batch_size=1, recompute=recompute, num_layers_in_first_pipeline_stage=first
+    )
+    return estimate_step_time(work, layout, build_cluster(1, None, None), mfu=0.5).compute
+
+
+@pytest.mark.parametrize(
+    ("first", "most_layers", "recompute"),
+    [(None, 6, None), (2, 10, None), (None, 6, "selective"), (2, 10, "selective")],
+)
+def test_compute_is_that_of_the_rank_with_the_most_layers(
+    first: int | None, most_layers: int, recompute: str | None
+) -> None:
+    """Every rank waits for the fullest one: [2, 10] paces at 10 layers, not the average 6. Hand
+    count per token (Megatron's): 72 h^2 + 6 h s per layer (f = 4h), 6 h V for the logits, spread
+    over the 2 stages; selective recompute adds each of the rank's layers' attention core forward,
+    2 h s. Over the 4 GPUs of a stage at half the bf16 peak. All float64: within rounding."""
+    work = gpt3_126m()
+    c = work.padded(1)
+    h, s, vocab = c.hidden_size, c.seq_length, c.vocab_size
+    assert (c.ffn_size, c.gated_mlp, c.query_groups, vocab) == (4 * h, False, c.num_attention_heads, 50304)
+    per_layer = 72 * h * h + 6 * h * s + (2 * h * s if recompute == "selective" else 0)
+    tokens = work.global_batch_size * s
+    expected = tokens * (most_layers * per_layer + 6 * h * vocab / 2) / (4 * 989.4e12 * 0.5)
+    assert gpt3_126m_compute(recompute, first) == pytest.approx(expected, rel=1e-12)
+
+
+def test_an_even_split_keeps_the_whole_models_flops_over_every_gpu() -> None:
+    """Even: the compute is the model's FLOPs per step over the 8 GPUs, as before the pacing rank."""
+    work = gpt3_126m()
+    flops = megatron_flops_per_iteration(work.padded(1), work.global_batch_size)
+    assert gpt3_126m_compute(None, None) == pytest.approx(flops / (8 * 989.4e12 * 0.5), rel=1e-12)
