@@ -581,6 +581,28 @@ def test_training_resumed_in_an_import_keeps_every_embedding_row(tmp_path, capsy
     assert "keeps them all with model.make_vocab_size_divisible_by=80 (the preset's 128 pads to 128" in said
 
 
+def _preset_cfg(multiple: int = 128):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model=SimpleNamespace(make_vocab_size_divisible_by=multiple))
+
+
+def test_the_row_keeping_multiple_pads_to_every_row_where_the_rows_exceed_the_tokens_by_a_divisor() -> None:
+    """50176 tokens beside 51200 rows: 1024 divides 51200 but pads 50176 (a multiple of it) to 50176,
+    dropping 1024 rows; a search starting at rows - tokens took it. The multiple must pad to exactly
+    51200 at TP 1 and drop no row at TP 2, 4 or 8 (Megatron pads to a multiple of it x TP)."""
+    import io
+
+    from gptrain.models.flops import pad_vocab_size
+    from gptrain.trained.hf.import_ import row_keeping_multiple
+
+    tokens, rows = 50176, 51200
+    multiple = row_keeping_multiple(_preset_cfg(), tokens, rows, Path("model"), io.StringIO())
+    assert pad_vocab_size(tokens, multiple) == rows
+    for tp in (2, 4, 8):
+        assert pad_vocab_size(tokens, multiple, tp) >= rows, tp
+
+
 CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
 TOOLS = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}"
 
