@@ -824,6 +824,18 @@ def test_a_tokenizer_that_fills_under_half_the_rows_is_refused_naming_both_sizes
     assert "likely another model's" not in capsys.readouterr().err
 
 
+def test_a_small_tokenizer_padded_to_128_rows_imports_though_under_half_the_rows() -> None:
+    """Under 64 tokens Megatron's padding to 128 is more than twice the tokenizer: 40 tokens beside
+    128 rows is padding, not another model's tokenizer, and imports; 129 rows is refused."""
+    import io
+
+    from gptrain.trained.hf.import_ import check_tokenizer_fills_rows
+
+    check_tokenizer_fills_rows(Path("model"), 40, 128, True, io.StringIO())
+    with pytest.raises(DataError, match="the model has 129 embedding rows but its tokenizer only 40 tokens"):
+        check_tokenizer_fills_rows(Path("model"), 40, 129, True, io.StringIO())
+
+
 def test_tokens_transformers_adds_from_added_tokens_json_are_not_lost_in_silence(tmp_path) -> None:
     """A GPT-2 BPE model whose added_tokens.json adds <|im_start|> (id 50257): transformers encodes
     it as that id, gptrain's GPT2BPETokenizer from vocab.json + merges.txt as pieces; the probe
