@@ -23,6 +23,7 @@ from gptrain.utils.progress import Progress
 
 COMPLETE = "COMPLETE"
 STEP_DIR = re.compile(r"^step_(\d+)$")
+RANK_FILE = re.compile(r"rank_\d+\.pt")
 CHECKPOINT_FORMAT = 1
 """The layout of a step directory and its COMPLETE marker, recorded in each marker: raise it with any
 change an older gptrain would misread, which then refuses such a checkpoint in one line (it would call
@@ -119,6 +120,16 @@ def recorded_architecture(step_dir: Path) -> dict | None:
     (saved before gptrain recorded one, or by a writer without a model config) or the marker is
     unreadable."""
     return _recorded(step_dir, "architecture")
+
+
+def recorded_world_size(step_dir: Path) -> int | None:
+    """How many ranks saved a complete checkpoint: the rank files its manifest lists (each rank's
+    goes in); None where the marker has no manifest (saved before manifests) or is unreadable."""
+    files = _marker_record(step_dir).get("files")
+    if not isinstance(files, dict):
+        return None
+    ranks = sum(1 for name in files if RANK_FILE.fullmatch(name))
+    return ranks or None
 
 
 def _recorded(step_dir: Path, key: str) -> dict | None:

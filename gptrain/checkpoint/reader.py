@@ -41,6 +41,7 @@ from gptrain.checkpoint.integrity import (
     recorded_architecture,
     recorded_tokenizer,
     recorded_torch,
+    recorded_world_size,
     refusal,
     verify_share,
 )
@@ -394,9 +395,9 @@ class CheckpointReader:
         if problem is not None:
             return problem
         self._check_tokenizer(path)
-        rank_file = path / f"rank_{self.rank}.pt"
         try:
-            extra = _agreed(path, lambda: read_rank_state(path, self.rank), rank_file)
+            rank_file = _agreed(path, lambda: rank_file_read(path, self.rank))  # the one a failure names
+            extra = _agreed(path, lambda: rank_state_from(path, self.rank, rank_file), rank_file)
             prepared = _agreed(path, lambda: self._prepare(path, state_fn, read_verified_metadata(path)))
             agree_fit(path, prepared.saved, prepared.fit)  # collectives only; a mismatch on every rank
             self._check_architecture(path, own_run)  # what shapes cannot tell, before any data is read
@@ -578,14 +579,37 @@ def read_rank_state(path: Path, rank: int) -> dict[str, Any]:
     """This rank's extra state of a checkpoint ({} when it has none: an import). A rank of a larger
     world than saved it reads rank 0's: its run-wide records (the data order a resume compares) are
     every rank's, and the last rank, which prints the console's lines, is a new one whenever the
-    world grows. The random streams in it record the layout that saved them, which a rank of another
-    world size does not restore, and says so (gptrain.train.state.restore_rng_state)."""
-    own, rank_0 = path / f"rank_{rank}.pt", path / "rank_0.pt"
-    if own.is_file():
-        return torch.load(own, map_location="cpu", weights_only=False)
-    if rank == 0 or not rank_0.is_file():
+    world grows. Rank 0's streams are not this rank's (tensor ranks must not share one), so they are
+    left out; its `rng_layout` stays, for gptrain.train.state.restore_rng_state to say they were not
+    restored. A rank of the world that saved it without its own file (damage, or a checkpoint from
+    before manifests) gets nothing, as before rank 0's file was shared."""
+    return rank_state_from(path, rank, rank_file_read(path, rank))
+
+
+def rank_state_from(path: Path, rank: int, source: Path | None) -> dict[str, Any]:
+    """`read_rank_state` from `source`, the file `rank_file_read` found."""
+    if source is None:
         return {}
-    return torch.load(rank_0, map_location="cpu", weights_only=False)
+    state = torch.load(source, map_location="cpu", weights_only=False)
+    if source.name == f"rank_{rank}.pt":
+        return state
+    saved_world = _saved_world_size(path, state)
+    if saved_world is None or rank < saved_world:
+        return {}
+    return {key: value for key, value in state.items() if key != "rng"}
+
+
+def rank_file_read(path: Path, rank: int) -> Path | None:
+    """The rank file `read_rank_state` reads for `rank`: its own, else rank 0's, else none."""
+    return next((file for file in (path / f"rank_{rank}.pt", path / "rank_0.pt") if file.is_file()), None)
+
+
+def _saved_world_size(path: Path, rank_0_state: dict[str, Any]) -> int | None:
+    """How many ranks saved checkpoint `path`: the world its streams record, else its manifest's
+    rank files; None where neither says."""
+    layout = rank_0_state.get("rng_layout")
+    world = layout.get("world_size") if isinstance(layout, dict) else None
+    return world if isinstance(world, int) else recorded_world_size(path)
 
 
 def saved_sections(saved_keys: Iterable[str]) -> set[str]:

@@ -79,14 +79,16 @@ def restore_rng_state(extra: dict[str, Any], layout: dict[str, Any], log: Callab
     that is another stage's or tensor rank's stream, and tensor ranks that must share a stream could
     get different ones. They then keep the streams seeded for this layout. True when restored.
     """
-    if "rng" not in extra:
-        return False
     saved = extra.get("rng_layout")
+    if "rng" not in extra and saved is None:
+        return False
     if not streams_fit(saved, layout):
         log(
             f"random streams not restored: saved under {describe_layout(saved)}, this run has "
             f"{describe_layout(layout)}; dropout draws from the streams seeded for this layout"
         )
+        return False
+    if "rng" not in extra:  # rank 0's file, read by a rank of a larger world (read_rank_state)
         return False
     set_rng_state(extra["rng"])
     return True

@@ -62,9 +62,61 @@ def test_a_rank_of_a_larger_world_than_saved_reads_rank_0s_records(tmp_path):
     assert extra_of(1) == {"own": 1}
     extra = extra_of(3)
     assert extra["train_order"] == order
+    assert "rng" not in extra  # rank 0's streams are never another rank's
     lines = []
     assert not restore_rng_state(extra, {**saved_layout, "world_size": 4}, lines.append)
     assert lines[0].startswith("random streams not restored: saved under 2 ranks, TP 1, PP 1")
+
+
+LAYOUT_OF_2 = {
+    "world_size": 2,
+    "tensor_model_parallel_size": 2,
+    "pipeline_model_parallel_size": 1,
+    "sequence_parallel": False,
+}
+
+
+def test_a_rank_of_the_world_that_saved_without_its_file_does_not_take_rank_0s_streams(tmp_path):
+    """Rank 1 of the 2 (TP 2) that saved the checkpoint, its rank file missing (damage, or a checkpoint
+    from before manifests): it took rank 0's file, and so rank 0's streams, which tensor ranks must
+    not share. It gets no rank state, as before rank files were shared."""
+    from gptrain.train.state import rank_state, restore_rng_state
+
+    step_dir = CheckpointManager(tmp_path, keep_last=1).save(
+        4, state_for(4.0), {**rank_state(LAYOUT_OF_2), "train_order": {"consumed": 16}}
+    )
+    extra = CheckpointManager(tmp_path, keep_last=1, rank=1).load(step_dir, state_for(0.0), lambda s: None)
+    assert extra == {}
+    assert not restore_rng_state(extra, LAYOUT_OF_2, [].append)
+
+
+def test_without_a_recorded_layout_the_manifest_tells_the_world_that_saved(tmp_path):
+    """A rank file without rng_layout (saved before it was recorded): the manifest's rank files are the
+    world that saved it. Saved by one process, rank 1 of a grown world reads rank 0's records; where
+    the marker has no manifest either (before manifests), nothing says the world grew: nothing read."""
+    step_dir = CheckpointManager(tmp_path, keep_last=1).save(
+        4, state_for(4.0), {"rng": torch.tensor([1]), "train_order": {"consumed": 16}}
+    )
+
+    def extra_of_rank_1():
+        return CheckpointManager(tmp_path, keep_last=1, rank=1).load(step_dir, state_for(0.0), lambda s: None)
+
+    assert extra_of_rank_1() == {"train_order": {"consumed": 16}}
+    (step_dir / COMPLETE).write_text(json.dumps({"step": 4}))
+    assert extra_of_rank_1() == {}
+
+
+def test_a_rank_file_of_rank_0_that_does_not_load_is_named_by_a_rank_that_read_it(tmp_path):
+    """Rank 3 of a world grown from one process reads rank 0's file; where that does not load, the
+    verdict named rank_3.pt, which does not exist. It names rank_0.pt, the file read."""
+    from gptrain.checkpoint.reader import CheckpointDamagedError
+
+    step_dir = CheckpointManager(tmp_path, keep_last=1).save(4, state_for(4.0), {"rng": torch.tensor([1])})
+    (step_dir / "rank_0.pt").write_bytes(b"not a torch file")
+    reader = CheckpointManager(tmp_path, keep_last=1, rank=3)
+    with pytest.raises(CheckpointDamagedError) as error:
+        reader.load_verified(step_dir, lambda saved: state_for(0.0), lambda s: None)
+    assert error.value.problem.startswith(f"{step_dir / 'rank_0.pt'} does not load (")
 
 
 def test_retention_keeps_last_k_complete(tmp_path):
