@@ -824,6 +824,56 @@ def test_a_tokenizer_that_fills_under_half_the_rows_is_refused_naming_both_sizes
     assert "likely another model's" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("tokens", "rows", "exactly"),
+    [
+        (50295, 51200, True),  # Phi-2: 1024 kept them at TP 1 and padded to 57344 at TP 8
+        (151646, 151936, True),  # Qwen2
+        (50257, 50257, False),  # GPT-2: the preset's 128 keeps every row
+        (128256, 128256, False),  # Llama-3: likewise
+        (50257, 50306, False),  # 25153 kept them at TP 1 and padded to 100612 at TP 4
+        (50176, 51200, True),
+    ],
+)
+def test_the_imports_multiple_keeps_every_row_within_a_32nd_over_them_at_tp_up_to_8(
+    tokens, rows, exactly
+) -> None:
+    """Training pads the tokenizer to a multiple of make_vocab_size_divisible_by x TP: the import's
+    value must drop no row at any TP, and pad at most rows/32 past them at TP 1, 2, 4, 8 (the bound
+    the import keeps for vocabularies of 32768 rows or more); where the rows factor so, exactly to
+    them at each."""
+    import io
+
+    from gptrain.models.flops import pad_vocab_size
+    from gptrain.trained.hf.import_ import row_keeping_multiple
+
+    multiple = row_keeping_multiple(_preset_cfg(), tokens, rows, Path("model"), io.StringIO()) or 128
+    for tp in (1, 2, 4, 8):
+        padded = pad_vocab_size(tokens, multiple, tp)
+        assert rows <= padded <= rows + rows // 32, (tp, multiple, padded)
+        assert padded == rows or not exactly, (tp, multiple, padded)
+
+
+def test_where_no_multiple_keeps_the_rows_compact_the_preset_stays_and_says_what_keeps_them() -> None:
+    """1000 tokens beside 50257 rows (imported under --no-verify): the one value that pads 1000 to
+    50257, 50257 itself, pads to 402056 rows at TP 8. The preset stays, in one line naming the rows
+    training drops and the value that keeps them, which does (a multiple of 50257 x TP >= 50257)."""
+    import io
+
+    from gptrain.models.flops import pad_vocab_size
+    from gptrain.trained.hf.import_ import row_keeping_multiple
+
+    said = io.StringIO()
+    assert row_keeping_multiple(_preset_cfg(), 1000, 50257, Path("model"), said) is None
+    assert said.getvalue() == (
+        "gptrain: warning: model has 50257 embedding rows for its tokenizer's 1000 tokens; the preset's "
+        "model.make_vocab_size_divisible_by=128 pads to 1024, so training drops rows 1024-50256 (no value "
+        "keeps them without padding over 1/32 past them at TP 8); set "
+        "model.make_vocab_size_divisible_by=50257 to keep them\n"
+    )
+    assert pad_vocab_size(1000, 50257) == 50257
+
+
 def test_a_small_tokenizer_padded_to_128_rows_imports_though_under_half_the_rows() -> None:
     """Under 64 tokens Megatron's padding to 128 is more than twice the tokenizer: 40 tokens beside
     128 rows is padding, not another model's tokenizer, and imports; 129 rows is refused."""

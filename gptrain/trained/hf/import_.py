@@ -162,19 +162,52 @@ def training_config(
     return load_training_config(BASE_PRESETS[arch], overrides, report_ignored=False)
 
 
+TP_SIZES_KEPT_COMPACT = (1, 2, 4, 8)
+"""Tensor-parallel sizes at which the import's make_vocab_size_divisible_by must not pad far past the
+model's rows (training pads to a multiple of it x TP)."""
+
+
 def row_keeping_multiple(cfg: Any, tokens: int, rows: int, hf_dir: Path, stream: TextIO) -> int | None:
-    """A model.make_vocab_size_divisible_by that pads the tokenizer's `tokens` to the model's `rows`
-    where `cfg`'s pads them to fewer (Phi-2: 51200 rows for 50295 tokens, which 128 pads to 50304;
-    a run resumed from the import dropped the rest); None where `cfg`'s holds every row. The smallest
-    divisor of `rows` that pads `tokens` to exactly `rows` (1024 for Phi-2): under TP the padding, a
-    multiple of it, still holds every row."""
+    """A model.make_vocab_size_divisible_by that pads the tokenizer's `tokens` to at least the model's
+    `rows` where `cfg`'s pads them to fewer (Phi-2: 51200 rows for 50295 tokens, which 128 pads to
+    50304; a run resumed from the import dropped the rest); None where `cfg`'s holds every row.
+
+    Training pads to a multiple of it x TP, which is a multiple of it too, so a value that keeps every
+    row at TP 1 keeps them at any TP; but a value fit for TP 1 alone can pad far past the rows under
+    TP (Phi-2's 1024 is 57344 rows at TP 8). So among the divisors of `rows` that pad `tokens` to them
+    and the multiples of the preset that keep every row, the one padding least at TP 8, then 4, 2, 1,
+    within `_padding_bound` at each (Phi-2: 1280, exactly 51200 at each). Where none is within it
+    (1000 tokens beside 50257 rows, under --no-verify) the preset stays, saying which rows training
+    drops and the value that keeps them."""
     from gptrain.models.flops import pad_vocab_size
 
     preset = cfg.model.make_vocab_size_divisible_by
     padded = pad_vocab_size(tokens, preset)
     if padded >= rows:
         return None
-    multiple = next(d for d in range(rows - tokens + 1, rows + 1) if rows % d == 0)
+    fitting = [
+        multiple
+        for multiple in _row_keeping_candidates(tokens, rows, preset)
+        if all(
+            pad_vocab_size(tokens, multiple, tp) <= _padding_bound(rows, preset, tp)
+            for tp in TP_SIZES_KEPT_COMPACT
+        )
+    ]
+    if not fitting:
+        exact = next(d for d in range(rows - tokens + 1, rows + 1) if rows % d == 0)
+        print(
+            f"gptrain: warning: {hf_dir} has {rows} embedding rows for its tokenizer's {tokens} tokens; the "
+            f"preset's model.make_vocab_size_divisible_by={preset} pads to {padded}, so training drops rows "
+            f"{padded}-{rows - 1} (no value keeps them without padding over 1/32 past them at TP 8); set "
+            f"model.make_vocab_size_divisible_by={exact} to keep them",
+            file=stream,
+        )
+        return None
+
+    def padding_from_the_largest_tp(multiple: int) -> tuple[int, ...]:
+        return (*(pad_vocab_size(tokens, multiple, tp) for tp in reversed(TP_SIZES_KEPT_COMPACT)), multiple)
+
+    multiple = min(fitting, key=padding_from_the_largest_tp)
     print(
         f"gptrain: note: {hf_dir} has {rows} embedding rows for its tokenizer's {tokens} tokens; the run "
         f"keeps them all with model.make_vocab_size_divisible_by={multiple} (the preset's {preset} pads "
@@ -182,6 +215,27 @@ def row_keeping_multiple(cfg: Any, tokens: int, rows: int, hf_dir: Path, stream:
         file=stream,
     )
     return multiple
+
+
+def _row_keeping_candidates(tokens: int, rows: int, preset: int) -> set[int]:
+    """Values of make_vocab_size_divisible_by that pad `tokens` to at least `rows`: the divisors of
+    `rows` past rows - tokens (which pad to exactly `rows` at TP 1) and the multiples of `preset`
+    that do (the preset's alignment); none above an eighth of the bound at TP 8, past which it pads."""
+    from gptrain.models.flops import pad_vocab_size
+
+    largest = _padding_bound(rows, preset, max(TP_SIZES_KEPT_COMPACT)) // max(TP_SIZES_KEPT_COMPACT)
+    divisors = {d for d in range(rows - tokens + 1, min(rows, largest) + 1) if rows % d == 0}
+    multiples = {d for d in range(preset, largest + 1, preset) if pad_vocab_size(tokens, d) >= rows}
+    return divisors | multiples
+
+
+def _padding_bound(rows: int, preset: int, tp: int) -> int:
+    """The most rows the import's value may pad to at `tp`: as many as Megatron pads `rows` tokens to
+    with the preset, or 1/32 past `rows` where that is more (every vocabulary of 32768 rows or more:
+    the preset's padding at TP 8 adds under 1024), so at most 1/32 (3.1%) past a real model's rows."""
+    from gptrain.models.flops import pad_vocab_size
+
+    return max(pad_vocab_size(rows, preset, tp), rows + rows // 32)
 
 
 def _yaml_value(value: Any) -> str:
