@@ -38,12 +38,14 @@ def find_run(run: str, base: Path) -> Path:
         nested = run_dirs(candidate)
         if nested:
             return max(nested, key=lambda p: (p / LAUNCHER_LOG).stat().st_mtime)
-    given = Path(run)
+    given, named = Path(run), base / run
     names = sorted({str(p.relative_to(base)).split("/")[0] for p in run_dirs(base)})
     if given.is_file() or (given.is_dir() and given.resolve() != base.resolve()):
         nearby = closest(run, names) if names else ""  # a run name that is also a path here
         also = f"; of the runs in {base}{nearby}" if nearby.startswith(" (did you mean") else ""
         raise LaunchError(f"{run}: {not_launched(given)}{also}")
+    if named.is_dir() and named.resolve() != base.resolve():  # `gptrain train`'s results/<name>, a dry run
+        raise LaunchError(f"{named}: {not_launched(named)}")
     raise LaunchError(
         f"no launched run '{run}' in {base}{closest(run, names)}; pass a run dir or --results-dir"
     )
@@ -54,11 +56,14 @@ def not_launched(path: Path) -> str:
     runs (its launcher.log); a `gptrain train` run's own log is where to look instead."""
     if path.is_file():
         return f"not a run directory; pass the directory `gptrain launch` wrote ({LAUNCHER_LOG} in it)"
+    from gptrain.launch.stages import DRY_RUN_DIR
     from gptrain.train.results import log_file_name  # torch-free
 
     train_log = log_file_name(0, 0)  # rank 0's log of a `gptrain train` run
     logs = [d / train_log for d in (path, path / "results") if (d / train_log).is_file()]
     where = f"; its training log is {logs[0]}" if logs else ""
+    if (path / DRY_RUN_DIR).is_dir():  # where `launch --dry-run` writes its preview
+        where += f"; {DRY_RUN_DIR}/ is a `gptrain launch --dry-run` preview, which submits nothing: launch without --dry-run"
     return (
         f"no {LAUNCHER_LOG} here or below: not a run started by `gptrain launch` (status, logs and "
         f"cancel follow those){where}"

@@ -381,6 +381,30 @@ def test_status_of_a_directory_that_no_launch_wrote_says_so(tmp_path, capsys):
         run_dirs.find_run("gone", tmp_path / "results")
 
 
+def test_a_run_name_under_results_that_no_launch_wrote_is_explained(tmp_path, capsys):
+    """README's `gptrain train gpt3/126m` writes results/gpt3_126m, and `gptrain logs gpt3_126m` said
+    "no launched run 'gpt3_126m' in results; pass a run dir": the run dir passed then said why. A
+    name whose results/<name> is a `gptrain train` run, or only a dry run's preview, says it at once."""
+    from gptrain.cli import main
+
+    results = tmp_path / "results"
+    trained = results / "gpt3_126m" / "results"
+    trained.mkdir(parents=True)
+    (trained / "nemo_log_globalrank-0_localrank-0.txt").write_text(LINE + "\n")
+    (results / "gpt3_5b" / "dry-run").mkdir(parents=True)
+    base = ["--results-dir", str(results)]
+    assert main(["logs", "gpt3_126m", *base]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gptrain: error: {results / 'gpt3_126m'}: no launcher.log here or below")
+    assert err.rstrip().endswith(f"its training log is {trained / 'nemo_log_globalrank-0_localrank-0.txt'}")
+    assert main(["status", "gpt3_5b", *base]) == 2
+    err = capsys.readouterr().err
+    assert f"{results / 'gpt3_5b'}: no launcher.log here or below" in err
+    assert "dry-run/ is a `gptrain launch --dry-run` preview, which submits nothing" in err
+    with pytest.raises(LaunchError, match="no launched run 'gpt3_126' in"):  # no such dir: the names
+        run_dirs.find_run("gpt3_126", results)
+
+
 def test_status_with_a_file_for_results_dir_is_an_error_not_no_runs(tmp_path, capsys):
     """`gptrain status --results-dir results.tar` said "no launched runs in .../results.tar" and
     exited 0, as if the launches were gone."""
