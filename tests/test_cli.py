@@ -36,6 +36,27 @@ def test_every_subcommand_has_help():
         assert sub.format_help(), name
 
 
+def test_optional_overrides_are_never_said_to_be_required(capsys):
+    """`gptrain eval` without its run said 'the following arguments are required: RUN_OR_CHECKPOINT,
+    key=value', as if overrides had to be given: argparse marks a `*` positional without a default
+    as required, and names it whenever an earlier positional is missing."""
+    from gptrain.cli import build_parser
+
+    parser = build_parser()
+    subparsers = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    for name, sub in subparsers[0].choices.items():
+        for action in sub._actions:
+            assert not (action.nargs == "*" and not action.option_strings and action.required), (
+                name,
+                action.dest,
+            )
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval"])
+    assert capsys.readouterr().err.endswith(
+        "error: the following arguments are required: RUN_OR_CHECKPOINT\n"
+    )
+
+
 def test_a_path_the_file_system_refuses_is_one_line(tmp_path, capsys, monkeypatch):
     """`plan --json DIR` (and eval, plot, import ... onto a directory or a read-only one) was a traceback."""
     # plan now refuses such a --json before planning; its write stands here for any command's

@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     launch.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="group choices and dotted overrides"
+        "overrides", nargs="*", default=[], metavar="key=value", help="group choices and dotted overrides"
     )
     launch.add_argument(
         "--dry-run",

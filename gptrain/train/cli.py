@@ -31,7 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--config-name", "-cn", default=None, help="NeMo spelling: the training YAML's name in --config-path"
     )
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    parser.add_argument(
+        "overrides", nargs="*", default=[], metavar="key=value", help="dotted config overrides"
+    )
     parser.set_defaults(func=run_train)
 
 

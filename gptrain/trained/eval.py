@@ -55,7 +55,9 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
         "with --data-prefix, one pass over the data; --split train holds the batches training read)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    parser.add_argument(
+        "overrides", nargs="*", default=[], metavar="key=value", help="dotted config overrides"
+    )
     parser.set_defaults(func=run_eval)
 
 
