@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "words",
         nargs=argparse.REMAINDER,
         metavar="PRESET [key=value ...]",
-        help="preset, then dotted overrides",
+        help="preset (default gpt3/126m, or --config-file), then dotted overrides",
     )
     parser.set_defaults(func=run_plan)
 
