@@ -193,6 +193,7 @@ def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: 
     if batches < 1:
         key = "limit_test_batches" if request.split == "test" else "limit_val_batches"
         raise ConfigError(f"the run has trainer.{key}=0 (no {request.split} batches); pass --batches N")
+    check_run_data_files(cfg)
     train, valid, test = b.build_datasets(cfg, vocab, tokenizer, asked_by=asked_by)
     data = {"train": train, "validation": valid, "test": test}[request.split]
     if data is None or len(data) == 0:
@@ -225,6 +226,28 @@ def _split_grown_for(request: EvalRequest, cfg: TrainingConfig) -> str | None:
     if request.batches * cfg.model.global_batch_size <= b.dataset_target_sizes(cfg)[index]:
         return None
     return ("limit_val_batches", "limit_test_batches")[index - 1]
+
+
+def check_run_data_files(cfg: TrainingConfig) -> None:
+    """Each .bin/.idx pair of the run's data, with eval's other way: an imported run's hparams.yaml
+    names its preset's placeholder data, and the builder's line said only to prepare that."""
+    from gptrain.data.blend_spec import parse_blend
+    from gptrain.data.pair_check import pair_problem
+
+    data = cfg.model.data
+    if data.is_mock():
+        return
+    specs = (
+        [s for s in data.data_prefix.values() if s]
+        if isinstance(data.data_prefix, Mapping)
+        else [data.data_prefix]
+    )
+    for spec in specs:
+        for prefix in parse_blend(spec)[0]:
+            if (problem := pair_problem(prefix)) is not None:
+                raise DataError(
+                    f"the run's model.data.data_prefix: {problem}; or evaluate on another dataset with --data-prefix PREFIX"
+                )
 
 
 def _asked_by(cfg: TrainingConfig, request: EvalRequest) -> list[str]:

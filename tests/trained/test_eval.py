@@ -440,3 +440,21 @@ def test_eval_refuses_a_bad_layout_before_the_process_group_starts(run_dir: Path
     )
     with pytest.raises(ConfigError, match=r"world size 3 \(processes started by torchrun or srun\)"):
         evaluate.evaluate_checkpoint(request)
+
+
+@pytest.mark.parametrize("spec", ["{p}", "[0.5,{p},0.5,{p}]", "{{train: {p}, validation: {p}, test: {p}}}"])
+def test_a_run_whose_data_is_gone_is_told_of_data_prefix(tmp_path: Path, spec: str) -> None:
+    """An imported run's hparams.yaml names its preset's placeholder data: `gptrain eval RUN` said only
+    'data/my-gpt3_00_text_document.bin/.idx not found; ... make the pair with gptrain data prepare',
+    not that --data-prefix evaluates it on a dataset of one's own."""
+    from gptrain.errors import DataError
+
+    gone = tmp_path / "my-gpt3_00_text_document"
+    data = ["model.data.data_impl=mmap", f"model.data.data_prefix={spec.format(p=gone)}"]
+    cfg = load_training_config("gpt3/126m", [*TINY, *data], report_ignored=False)
+    with pytest.raises(DataError) as refused:
+        eval_data(cfg, EvalRequest("run"), VOCAB, None)
+    assert str(refused.value) == (
+        f"the run's model.data.data_prefix: {gone}.bin/.idx not found; check the path, or make the pair with "
+        "gptrain data prepare; or evaluate on another dataset with --data-prefix PREFIX"
+    )
