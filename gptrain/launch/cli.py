@@ -134,8 +134,17 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"no launched runs in {base.resolve()}")
         return 0
     for run_dir in dirs:
-        print("\n".join(status_lines(run_dir)))
+        print("\n".join(status_lines(run_dir, run_label(run_dir, base))))
     return 0
+
+
+def run_label(run_dir: Path, base: Path) -> str:
+    """The run as `gptrain logs` and `cancel` take it back: its path under the results dir (a
+    unique_output launch's `<run.name>/<time>`; its time alone named no run), else its name."""
+    try:
+        return str(run_dir.resolve().relative_to(base.resolve()))
+    except ValueError:  # a run dir given outside the results dir
+        return run_dir.name
 
 
 def run_cancel(args: argparse.Namespace) -> int:

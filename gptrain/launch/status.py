@@ -67,12 +67,14 @@ def last_iteration(log: Path) -> tuple[re.Match[str] | None, int, str]:
     return match, 0 if match is None else 1, last
 
 
-def status_lines(run_dir: Path) -> list[str]:
+def status_lines(run_dir: Path, label: str | None = None) -> list[str]:
+    """One line per stage of the latest launch, each starting with `label` (default: the dir's name)."""
+    label = label or run_dir.name
     records = read_records(run_dir)
     lines = []
     for record in latest_jobs(run_dir):
         state = job_state(record, records)
-        line = f"{run_dir.name}  {record.get('stage')}  job {record.get('job_id')}  {state.describe()}"
+        line = f"{label}  {record.get('stage')}  job {record.get('job_id')}  {state.describe()}"
         if state.reason == NEVER_SATISFIED:
             line += f": the stage it waits for (job {record.get('dependency')}) failed; gptrain cancel it"
         logs = log_files(record)
@@ -84,4 +86,4 @@ def status_lines(run_dir: Path) -> list[str]:
         lines.append(line)
         if record.get("stage") == "training":
             lines += [f"  {text}" for text in [stragglers_for(record)] if text]
-    return lines or [f"{run_dir.name}  nothing launched yet"]
+    return lines or [f"{label}  nothing launched yet"]

@@ -405,6 +405,28 @@ def test_a_run_name_under_results_that_no_launch_wrote_is_explained(tmp_path, ca
         run_dirs.find_run("gpt3_126", results)
 
 
+def test_status_names_a_unique_output_run_as_logs_takes_it(tmp_path, capsys):
+    """unique_output=true launches into results/<run.name>/<time>: `gptrain status` named the run by
+    its time alone, which `gptrain logs` refused ("no launched run '20261129-041536'") and which
+    did not say which model it was."""
+    from gptrain.cli import main
+
+    results = tmp_path / "results"
+    run = results / "gpt3_126m" / "20261129-041536"
+    run.mkdir(parents=True)
+    (run / "log.out").write_text(LINE + "\n")
+    append_record(
+        run, "submitted", stage="training", executor="local", job_id="local-1", log=str(run / "log.out")
+    )
+    append_record(run, "finished", job_id="local-1", exit_code=0)
+    assert main(["status", "--results-dir", str(results)]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("gpt3_126m/20261129-041536  training  job local-1  COMPLETED")
+    label = line.split()[0]
+    assert main(["logs", label, "--results-dir", str(results)]) == 0
+    assert capsys.readouterr().out == LINE + "\n"
+
+
 def test_status_with_a_file_for_results_dir_is_an_error_not_no_runs(tmp_path, capsys):
     """`gptrain status --results-dir results.tar` said "no launched runs in .../results.tar" and
     exited 0, as if the launches were gone."""
