@@ -181,6 +181,9 @@ def print_logs(header: str | None, records: list[dict[str, Any]]) -> None:
     if header:
         print(header)
     files = [(r, p) for r in records for p in output_files(r) if p.exists()]
+    for record in records:
+        if not any(r is record for r, _ in files):
+            say_no_log(record)
     for record, path in files:
         if len(files) > 1:
             print(log_header(record, path))
@@ -188,6 +191,19 @@ def print_logs(header: str | None, records: list[dict[str, Any]]) -> None:
         if (header or len(files) > 1) and last not in ("", "\n"):
             sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def say_no_log(record: dict[str, Any]) -> None:
+    """A job with no log file, on stderr: a stage whose log was missing printed nothing and exit 0,
+    as if the job had logged nothing (a Slurm job not started yet writes none; one may be removed)."""
+    from gptrain.launch.run_dirs import log_files
+
+    where = (log_files(record) or [record.get("log", "?")])[0]  # an array's pattern until a task starts
+    print(
+        f"gptrain: {record.get('stage', '?')} job {record.get('job_id', '?')}: no log at {where}"
+        " (a job not started yet has written none; gptrain status says its state)",
+        file=sys.stderr,
+    )
 
 
 def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:

@@ -263,6 +263,28 @@ def test_a_stage_the_run_has_no_job_of_is_a_one_line_error_saying_where_it_ran(t
     )
 
 
+def test_a_job_without_a_log_file_is_said_not_passed_over(tmp_path, capsys):
+    """`gptrain logs RUN` right after a Slurm submission (the job pending, no log yet), or after a log
+    was removed, printed nothing of that job and exited 0, as if it had logged nothing."""
+    run = tmp_path / "r"
+    run.mkdir()
+    slurm = {"executor": "slurm", "dependency": None}
+    append_record(run, "submitted", stage="validation", job_id="12", log=str(run / "log-v_%j.out"), **slurm)
+    append_record(run, "submitted", stage="training", job_id="13", log=str(run / "log-t_%j.out"), **slurm)
+    (run / "log-v_12.out").write_text("validation passed\n")
+    note = "(a job not started yet has written none; gptrain status says its state)\n"
+    assert logs(capsys, run, "--stage", "training") == (
+        0,
+        "",
+        f"gptrain: training job 13: no log at {run}/log-t_13.out {note}",
+    )
+    assert logs(capsys, run) == (
+        0,
+        "validation passed\n",
+        f"gptrain: training job 13: no log at {run}/log-t_13.out {note}",
+    )
+
+
 def test_several_logs_are_told_apart_by_a_header_naming_stage_job_and_file(tmp_path, capsys):
     """The latest job of each stage, and every array task, ran together with nothing between them:
     a preparation task's last line ran into the next task's first, and into the training's log."""
