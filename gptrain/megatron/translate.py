@@ -814,11 +814,11 @@ SAMPLE_FLAGS = {"--lr-decay-iters": "--lr-decay-samples", "--lr-warmup-iters": "
 def _refuse_ramp_by_iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """Megatron ramps the batch only in a run counted in samples: beside --train-iters it asserts
     'expected no batch-size rampup for iteration-based training' (and since April 2026 ignores the
-    flag). Refused, naming the sample counts of the same run: the samples the iterations consume, and
+    flag). Refused, naming the sample counts of the same run: the --train-samples that trains those iterations, and
     each --lr-*-iters in samples of the full global batch (gptrain's rates under the ramp)."""
     batch, iterations = v["model.global_batch_size"], v["trainer.max_steps"]
     ramp = BatchRamp.from_config(v["model.rampup_batch_size"], batch, 1)
-    instead = [f"--train-samples {ramp.samples_for(iterations)} in place of --train-iters {iterations}"]
+    instead = [f"--train-samples {ramp.train_samples_for(iterations)} in place of --train-iters {iterations}"]
     for flag, samples_flag in SAMPLE_FLAGS.items():
         count = _convert(flag, given[flag][0], int) if flag in given else 0
         if count:

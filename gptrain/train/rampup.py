@@ -64,6 +64,15 @@ class BatchRamp:
             done += 1
         return consumed + (iterations - done) * self.global_batch_size
 
+    def train_samples_for(self, iterations: int) -> int:
+        """The --train-samples that trains exactly `iterations` steps under iterations_for's loop: that
+        loop takes one more step while the samples consumed are within the ramp and the run, so a run
+        ending inside (or at the end of) the ramp asks for one sample less than its steps consume."""
+        consumed = self.samples_for(iterations)
+        if self.start is not None and consumed <= self.samples:
+            return consumed - 1
+        return consumed
+
     def iterations_to_consume(self, samples: float) -> int:
         """The fewest iterations that consume at least `samples` samples (the ramp's smaller batches first)."""
         done = consumed = 0

@@ -2,6 +2,7 @@
 
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -832,6 +833,40 @@ def test_megatron_175b_example_with_a_ramp_by_iterations_is_refused_with_its_sam
         consumed = steps[iteration][0]  # the scheduler counts samples; gptrain's step moves by batch shares
         expected = megatron_lr(consumed, 6e-5, 6e-6, 660480, 660480000, "cosine")
         assert lr_at(consumed / 1536, spec) == pytest.approx(expected, rel=1e-12), iteration
+
+
+def megatron_train_iters(train_samples, start, increment, ramp_samples, batch):
+    """Megatron's update_train_iters under a ramp: iterations while the consumed samples are within
+    both the ramp and the run, then the full batches the rest holds."""
+    iterations = consumed = 0
+    for before, size in megatron_ramp_batches(start, increment, ramp_samples, batch):
+        if before > ramp_samples or before > train_samples:
+            break
+        iterations, consumed = iterations + 1, before + size
+    return iterations + max(0, train_samples - consumed) // batch
+
+
+@pytest.mark.parametrize(
+    "ramp, iterations",
+    [((8, 8, 4096), 100), ((8, 8, 4096), 20), ((16, 16, 1000), 5), ((16, 16, 1000), 100), ((2, 2, 8), 3)],
+)
+def test_the_advised_train_samples_train_the_iterations_asked(ramp, iterations):
+    """The ramp's refusal beside --train-iters N advised the samples N iterations consume, which
+    Megatron's count makes N + 1 iterations when the run ends within the ramp; the advice now trains N,
+    in Megatron's count and in gptrain's."""
+    start, increment, ramp_samples = ramp
+    batch = 64 if start > 2 else 4
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += f" --global-batch-size {batch} --rampup-batch-size {start} {increment} {ramp_samples}"
+    flags += " --mock-data --vocab-size 64"
+    with pytest.raises(ConfigError) as refused:
+        translate(shlex.split(f"{flags} --train-iters {iterations}"), {})
+    samples = int(re.search(r"--train-samples (\d+) in place", str(refused.value)).group(1))
+    assert megatron_train_iters(samples, start, increment, ramp_samples, batch) == iterations
+    assert (
+        translate(shlex.split(f"{flags} --train-samples {samples}"), {}).values["trainer.max_steps"]
+        == iterations
+    )
 
 
 def test_layers_per_virtual_stage_give_the_interleaved_schedule():

@@ -331,8 +331,10 @@ def test_a_schedule_in_samples_is_named_by_its_flags_with_their_iterations():
         "; drop --lr-decay-samples to decay over the whole run, as Megatron does without it"
     )
     assert schedule_warnings_for([*model, *warmup, "--train-samples", "40000"]) == []
+    # 100 iterations of the ramp consume 1008 samples; Megatron's count of --train-samples 1008 takes
+    # one more while the consumed samples are within the ramp, so 1007 trains the 100
     with pytest.raises(
-        ConfigError, match="give --train-samples 1008 in place of --train-iters 100 for the ramp"
+        ConfigError, match="give --train-samples 1007 in place of --train-iters 100 for the ramp"
     ):
         schedule_warnings_for([*model, "--train-iters", "100"])
     # the ramp [8, 8, 4096] as a step schedule: its thresholds (tokens of 32 a sample) within a sample of 4096k/7
@@ -347,7 +349,11 @@ def test_a_schedule_in_samples_is_named_by_its_flags_with_their_iterations():
         "; give --train-samples 1008 (the samples the run consumes) in place of --train-iters to decay over"
         " the whole run, as Megatron's ramp-up needs"
     )
-    assert schedule_warnings_for([*model, "--train-samples", "1008"]) == []
+    assert schedule_warnings_for([*model, "--train-samples", "1007"]) == []
+    advised = [*model, "--train-samples", "1007", "--mock-data", "--vocab-size", "128"]
+    assert translate(advised, {}).values["trainer.max_steps"] == 100
+    followed = [*stepped, "--train-samples", "1008", "--mock-data", "--vocab-size", "128"]
+    assert translate(followed, {}).values["trainer.max_steps"] == 100
 
 
 def test_a_resume_with_a_changed_schedule_names_the_flags(tmp_path, capsys, monkeypatch):
