@@ -814,15 +814,16 @@ SAMPLE_FLAGS = {"--lr-decay-iters": "--lr-decay-samples", "--lr-warmup-iters": "
 def _refuse_ramp_by_iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """Megatron ramps the batch only in a run counted in samples: beside --train-iters it asserts
     'expected no batch-size rampup for iteration-based training' (and since April 2026 ignores the
-    flag). Refused, naming the sample counts of the same run: the --train-samples that trains those iterations, and
-    each --lr-*-iters in samples of the full global batch (gptrain's rates under the ramp)."""
+    flag). Refused, naming the sample counts of the same run: the --train-samples that trains those
+    iterations, and each --lr-*-iters K as the samples the first K iterations of the ramp consume, so
+    the warmup and decay end at the same iterations (K full batches would end them later)."""
     batch, iterations = v["model.global_batch_size"], v["trainer.max_steps"]
     ramp = BatchRamp.from_config(v["model.rampup_batch_size"], batch, 1)
     instead = [f"--train-samples {ramp.train_samples_for(iterations)} in place of --train-iters {iterations}"]
     for flag, samples_flag in SAMPLE_FLAGS.items():
         count = _convert(flag, given[flag][0], int) if flag in given else 0
         if count:
-            instead.append(f"{samples_flag} {count * batch} in place of {flag} {count}")
+            instead.append(f"{samples_flag} {ramp.samples_for(count)} in place of {flag} {count}")
     raise ConfigError(
         "--rampup-batch-size with --train-iters: Megatron ramps the batch only when the run is counted in "
         "samples (it asserts 'expected no batch-size rampup for iteration-based training'; since April 2026 "

