@@ -72,9 +72,10 @@ POSITIVE = (
     "model.num_attention_heads",
     "model.make_vocab_size_divisible_by",
     "model.data.seq_length",
-    "model.native_amp_growth_interval",  # the fp16 loss scaler's, which Megatron asserts > 0 too
-    "model.hysteresis",
 )
+# The fp16 loss scaler's settings, which Megatron's DynamicGradScaler asserts > 0; the scaler exists
+# only with fp16, so Megatron and NeMo take any value beside bf16 or fp32.
+LOSS_SCALER_POSITIVE = ("model.native_amp_growth_interval", "model.hysteresis")
 
 # 0 is meaningful (no clipping, no decay, loading in the main process, no warmup); a negative value
 # is not: a negative clip would flip every gradient and train uphill, and a negative warmup was
@@ -290,14 +291,23 @@ def validate(cfg: TrainingConfig) -> None:
         value = get(cfg, key)
         if value is not None and not value >= 0:
             raise ConfigError(f"{key}: must be 0 or more, got {value}")
-    if not cfg.model.native_amp_init_scale > 0:  # a scale of 0 zeroes every fp16 gradient
-        raise ConfigError(
-            f"model.native_amp_init_scale: must be greater than 0, got {cfg.model.native_amp_init_scale}"
-        )
+    if PRECISIONS.get(str(cfg.trainer.precision)) == "16":
+        _check_loss_scaler(cfg)
     _check_run_directories(cfg)
     _check_model(cfg)
     _check_batches(cfg)
     _check_data(cfg)
+
+
+def _check_loss_scaler(cfg: TrainingConfig) -> None:
+    """The fp16 loss scaler's settings, as Megatron asserts them (a scale of 0 zeroes every gradient)."""
+    for key in LOSS_SCALER_POSITIVE:
+        if get(cfg, key) < 1:
+            raise ConfigError(f"{key}: must be at least 1, got {get(cfg, key)}")
+    if not cfg.model.native_amp_init_scale > 0:
+        raise ConfigError(
+            f"model.native_amp_init_scale: must be greater than 0, got {cfg.model.native_amp_init_scale}"
+        )
 
 
 RUN_DIRECTORIES = {

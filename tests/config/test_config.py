@@ -7,6 +7,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from gptrain.config import all_keys, list_presets, load_training_config
+from gptrain.config.validate import get
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import compose
 
@@ -325,6 +326,25 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_training_config("gpt3/126m", [override])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.hysteresis=0", "model.hysteresis: must be at least 1, got 0"),
+        ("model.native_amp_growth_interval=0", "model.native_amp_growth_interval: must be at least 1, got 0"),
+        ("model.native_amp_init_scale=0", "model.native_amp_init_scale: must be greater than 0, got 0"),
+    ],
+)
+def test_the_loss_scalers_settings_are_checked_only_where_fp16_has_a_scaler(override, message):
+    """Megatron asserts each > 0 in its fp16 scaler, which bf16 and fp32 runs do not have: NeMo takes
+    precision bf16 with model.hysteresis=0; gptrain refused it."""
+    for precision in ("bf16", "bf16-mixed", "32"):
+        cfg = load_training_config("gpt3/126m", [f"trainer.precision={precision}", override])
+        assert str(get(cfg, override.split("=")[0])) in ("0", "0.0")
+    for precision in ("16", "16-mixed"):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_training_config("gpt3/126m", [f"trainer.precision={precision}", override])
 
 
 def test_a_bad_override_is_blamed_on_the_command_line_not_the_preset(tmp_path):

@@ -332,11 +332,14 @@ def test_schedules_megatrons_scheduler_asserts_against_are_refused_by_their_flag
 )
 def test_loss_scaler_settings_megatron_asserts_positive_are_refused(flags, refusal, capsys):
     """Megatron's DynamicGradScaler asserts each > 0; gptrain took them, and a scale of 0 zeroed every
-    fp16 gradient (a window of 0 never grew the scale)."""
+    fp16 gradient (a window of 0 never grew the scale). Without fp16 there is no scaler to refuse them."""
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     base += " --train-iters 4 --mock-data --vocab-size 64 --fp16"
     assert main(["megatron", "--dry-run", *shlex.split(f"{base} {flags}")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"gptrain: error: {refusal}"
+    # the scaler exists only with fp16: beside --bf16 Megatron takes any value, and so does gptrain
+    bf16 = translate(shlex.split(f"{base.replace('--fp16', '--bf16')} {flags}"), {})
+    assert load_training_config(None, bf16.overrides, report_ignored=False).trainer.precision == "bf16"
 
 
 def test_train_samples_short_of_one_batch_is_refused_by_its_own_flag(capsys):
