@@ -578,9 +578,9 @@ def _recompute(v: dict[str, Any], given: dict[str, list[str]]) -> None:
 
 
 def _full_recompute_layers(result: Translation) -> None:
-    """Full recompute needs a method, as Megatron requires; its --recompute-num-layers was 1 unless
-    given up to core 0.15 (block: the first layer of each stage recomputed, not all of them), and
-    core 0.16 refuses full recompute without it: 1 here, said."""
+    """Full recompute needs a method and a layer count, as Megatron requires: --recompute-num-layers
+    has no default since September 2023 (core 0.4), and its TransformerConfig refuses full recompute
+    without it (gptrain would otherwise recompute every layer of a stage)."""
     v = result.values
     if v.get("model.activations_checkpoint_granularity") != "full":
         return
@@ -589,10 +589,9 @@ def _full_recompute_layers(result: Translation) -> None:
             "--recompute-granularity full needs --recompute-method uniform or block (Megatron refuses it without)"
         )
     if "model.activations_checkpoint_num_layers" not in v:
-        v["model.activations_checkpoint_num_layers"] = 1
-        result.notes.append(
-            "no --recompute-num-layers (1, Megatron's default up to core 0.15; core 0.16 refuses full "
-            "recompute without it)"
+        raise ConfigError(
+            "--recompute-granularity full needs --recompute-num-layers N, the layers each uniform group or "
+            "block recomputes (Megatron refuses it without)"
         )
 
 

@@ -1518,22 +1518,17 @@ def test_recompute_flags_combine_as_in_megatron(flags, granularity, method, laye
     assert (*got, m.activations_checkpoint_num_layers) == (granularity, method, layers)
 
 
-def test_full_recompute_without_its_layer_count_takes_megatrons_one(capsys):
-    """Megatron's --recompute-num-layers was 1 unless given (up to core 0.15): with --recompute-method
-    block, the first layer of each stage recomputed. gptrain left it unset and recomputed all 8. Full
-    recompute without a method, which Megatron refuses, is a line naming --recompute-method."""
-    from gptrain.parallel.activation_checkpoint import blocks_to_checkpoint
-
+def test_full_recompute_without_its_layer_count_or_method_is_refused(capsys):
+    """Megatron's --recompute-num-layers has no default since core 0.4 (September 2023), and full
+    recompute without it or without a method is refused; gptrain took 1 layer for it, said in a note
+    that gave that default to core 0.15. Each is now a line naming the missing flag."""
     base = "--num-layers 8 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     flags = f"{base} --train-iters 4 --mock-data --vocab-size 64 --recompute-granularity full"
-    t = translate(shlex.split(f"{flags} --recompute-method block"), {})
-    m = load_training_config(None, t.overrides, report_ignored=False).model
-    assert m.activations_checkpoint_num_layers == 1
-    layers = [str(i) for i in range(8)]
-    assert blocks_to_checkpoint(
-        layers, m.activations_checkpoint_method, m.activations_checkpoint_num_layers
-    ) == ["0"]
-    assert any(note.startswith("no --recompute-num-layers (1, Megatron's default") for note in t.notes)
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} --recompute-method block")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gptrain: error: --recompute-granularity full needs --recompute-num-layers N, the layers each uniform"
+        " group or block recomputes (Megatron refuses it without)"
+    )
     assert main(["megatron", "--dry-run", *shlex.split(flags)]) == 2
     assert capsys.readouterr().err.strip() == (
         "gptrain: error: --recompute-granularity full needs --recompute-method uniform or block (Megatron"
