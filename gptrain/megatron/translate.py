@@ -744,6 +744,8 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
                 f"--train-samples {samples}: less than one global batch of {batch} samples, so no iteration "
                 f"trains (Megatron drops a partial last batch); give at least {batch}"
             )
+        if samples < 1:  # a ramp's first batch trains even from 0, which the config's check would name
+            raise ConfigError(f"--train-samples {samples}: must be at least 1; give the samples to train")
         v["trainer.train_samples"] = samples  # the train indices are built for it, as Megatron builds them
         if "--lr-decay-iters" in given or "--lr-warmup-iters" in given:
             raise ConfigError("--train-samples goes with --lr-decay-samples/--lr-warmup-samples, not *-iters")
@@ -779,6 +781,11 @@ def _schedule_lengths(v: dict[str, Any], given: dict[str, list[str]]) -> None:
             )
     init, lr = v.get("model.optim.sched.warmup_init_lr"), v["model.optim.lr"]
     if init is not None and init > lr:
+        if "--lr" not in given:  # the rate it rises to is gptrain's default, on no command line
+            raise ConfigError(
+                f"--lr-warmup-init {init} is above the default --lr {lr}: the warmup rises from "
+                f"--lr-warmup-init to --lr, as Megatron asserts; give --lr, at least {init}"
+            )
         raise ConfigError(
             f"--lr-warmup-init {init} > --lr {lr}: the warmup rises from --lr-warmup-init to --lr, as Megatron "
             "asserts; give a smaller --lr-warmup-init"

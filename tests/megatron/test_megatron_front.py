@@ -355,6 +355,28 @@ def test_train_samples_short_of_one_batch_is_refused_by_its_own_flag(capsys):
     assert translate(shlex.split(f"{base} --train-samples 15"), {}).values["trainer.max_steps"] == 1
 
 
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (
+            "--train-iters 100 --lr-warmup-init 1e-2",
+            "--lr-warmup-init 0.01 is above the default --lr 0.0006: the warmup rises from --lr-warmup-init to"
+            " --lr, as Megatron asserts; give --lr, at least 0.01",
+        ),
+        (
+            "--global-batch-size 64 --rampup-batch-size 8 8 4096 --train-samples 0",
+            "--train-samples 0: must be at least 1; give the samples to train",
+        ),
+    ],
+)
+def test_a_refusal_names_the_flags_on_the_command_line(flags, refusal, capsys):
+    """--lr-warmup-init above the default rate was refused naming --lr 0.0006, a flag not given, and
+    --train-samples 0 under a ramp (whose first batch trains anyway) named trainer.train_samples."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{base} --mock-data --vocab-size 64 {flags}")]) == 2
+    assert capsys.readouterr().err.strip() == f"gptrain: error: {refusal}"
+
+
 def test_a_negative_exit_duration_is_refused_in_minutes(capsys):
     """It was refused as "'00:00:-5:00' is not DD:HH:MM:SS", a time the user never wrote."""
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
