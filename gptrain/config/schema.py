@@ -98,9 +98,10 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointCallbackParams:
-    every_n_train_steps: int | None = 2000
-    """Save a checkpoint every N steps (and at the end, on max_time and on SIGTERM/SIGUSR1); null:
-    at each validation, every trainer.val_check_interval steps, as PyTorch Lightning saves without it."""
+    every_n_train_steps: int | None = None
+    """Save a checkpoint every N steps (and at the end, on max_time and on SIGTERM/SIGUSR1); null (the
+    default, as NeMo's CallbackParams): at each validation, every trainer.val_check_interval steps, as
+    PyTorch Lightning saves without it. gptrain's presets set it."""
     save_top_k: int = 10
     """Keep K complete checkpoints, and always the newest: the K best by `monitor`, or without one the K
     newest; the others are deleted (-1 keeps every one; 0 only the newest, Lightning's last.ckpt, and

@@ -197,3 +197,16 @@ def test_a_refused_value_in_the_file_names_the_file(override, tmp_path):
 def test_reset_lr_steps_alone_changes_nothing():
     """NeMo reads reset_lr_steps only under reset_lr (refused): alone it is ignored, as in NeMo."""
     assert "model.reset_lr_steps" in load("model.reset_lr_steps=true").ignored_keys
+
+
+def test_a_file_without_every_n_train_steps_saves_at_each_validation_as_nemo_does():
+    """NeMo's CallbackParams default every_n_train_steps to None (save at each validation), and its
+    files leave it out; gptrain saved every 2000 steps instead: a 40-step run saved only at its end."""
+    from types import SimpleNamespace
+
+    from gptrain.train.saving import saves_at
+
+    cfg = load()
+    assert (cfg.trainer.max_steps, cfg.trainer.val_check_interval) == (40, 20)
+    session = SimpleNamespace(cfg=cfg)
+    assert [step for step in range(1, 41) if saves_at(session, step)] == [20, 40]
