@@ -364,7 +364,7 @@ def _build(
             raise ConfigError(f"{_where(dotted, source, given)}: {_dotted_key_hint(str(key), section)}")
         if key not in names:
             if is_ignored_nemo_key(dotted):
-                _refuse_unignorable(dotted, value, source, given)
+                _refuse_unignorable(dotted, value, source, given, data)
                 ignored.append(dotted)
                 continue
             raise ConfigError(
@@ -379,15 +379,15 @@ def _build(
     return cls(**values)
 
 
-def _refuse_unignorable(dotted: str, value: Any, source: str, given: dict[str, str]) -> None:
+def _refuse_unignorable(dotted: str, value: Any, source: str, given: dict[str, str], siblings: dict) -> None:
     """An ignored key holding a value that would change the training (nemo_keys.NO_OP_VALUES), the
-    keys of an ignored sub-tree included (`exp_manager.ema: {enable: true}`)."""
-    refused = refused_value(dotted, value)
+    keys of an ignored sub-tree included (`exp_manager.ema: {enable: true}`); `siblings`: its section."""
+    refused = refused_value(dotted, value, siblings)
     if refused:
         raise ConfigError(f"{_where(dotted, source, given)}: {refused}")
     if isinstance(value, dict):
         for key, inner in value.items():
-            _refuse_unignorable(f"{dotted}.{key}", inner, source, given)
+            _refuse_unignorable(f"{dotted}.{key}", inner, source, given, value)
 
 
 def _refuse_null_section(section: str, given: dict[str, str]) -> None:

@@ -282,13 +282,16 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
     "model.optim.sched.last_epoch": ((-1,), "a schedule started at another step than the run's"),
     "trainer.accumulate_grad_batches": ((1,), "Lightning's gradient accumulation over global batches"),
     "exp_manager.create_early_stopping_callback": ((False,), "stopping when val_loss stops improving"),
-    "exp_manager.ema.enable": ((False,), "an exponential moving average of the weights, validated and saved"),
+    "exp_manager.ema.enable": (
+        (False, None),
+        "an exponential moving average of the weights, validated and saved",
+    ),
     "exp_manager.checkpoint_callback_params.train_time_interval": (
         (None,),
         "a checkpoint every interval of wall-clock time",
     ),
     "exp_manager.checkpoint_callback_params.save_weights_only": (
-        (False,),
+        (False, None),
         "checkpoints of the weights alone (no optimizer state or iteration: PyTorch Lightning cannot resume from them either)",
     ),
     "exp_manager.checkpoint_callback_params.save_on_train_epoch_end": (
@@ -323,7 +326,8 @@ INSTEAD: dict[str, str] = {
         " weights alone, export the trained run: `gptrain export RUN --to hf OUT`"
     ),
     "exp_manager.checkpoint_callback_params.save_on_train_epoch_end": (
-        "gptrain saves every checkpoint_callback_params.every_n_train_steps steps (null: at each validation)"
+        "gptrain saves every checkpoint_callback_params.every_n_train_steps steps (null: at each validation);"
+        " beside a given every_n_train_steps it is taken, as Lightning then saves on those steps whatever it holds"
     ),
     "trainer.accumulate_grad_batches": (
         "NeMo refuses it too: a step already accumulates model.global_batch_size / (model.micro_batch_size"
@@ -332,9 +336,10 @@ INSTEAD: dict[str, str] = {
 }
 
 
-def refused_value(dotted: str, value: object) -> str | None:
-    """Why an ignored key's `value` cannot be ignored (it would change the model or the data), or None."""
-    if dotted not in NO_OP_VALUES:
+def refused_value(dotted: str, value: object, siblings: dict | None = None) -> str | None:
+    """Why an ignored key's `value` cannot be ignored (it would change the model or the data), or None.
+    `siblings`: the keys of its section as given, for a value that is harmless beside one of them."""
+    if dotted not in NO_OP_VALUES or _harmless_beside(dotted, siblings or {}):
         return None
     allowed, change = NO_OP_VALUES[dotted]
     if any(_same(value, ok) for ok in allowed):
@@ -344,6 +349,15 @@ def refused_value(dotted: str, value: object) -> str | None:
     return (
         f"'{dotted}: {value!r}' asks for {change}, which gptrain does not implement; "
         f"set it to {default!r} (NeMo's default) or leave it out{instead}"
+    )
+
+
+def _harmless_beside(dotted: str, siblings: dict) -> bool:
+    """save_on_train_epoch_end only moves Lightning's saves at validation to the epoch's end; with
+    every_n_train_steps set Lightning saves on those steps and none at validation, whatever it holds."""
+    return (
+        dotted == "exp_manager.checkpoint_callback_params.save_on_train_epoch_end"
+        and siblings.get("every_n_train_steps") is not None
     )
 
 

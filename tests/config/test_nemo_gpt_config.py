@@ -107,6 +107,7 @@ NEMO_EXP_MANAGER_DEFAULTS = [
     "exp_manager.early_stopping_callback_params.patience=10",
     "exp_manager.checkpoint_callback_params.train_time_interval=null",
     "exp_manager.checkpoint_callback_params.save_weights_only=false",
+    "exp_manager.checkpoint_callback_params.save_weights_only=null",  # NeMo reads null as false
     "exp_manager.checkpoint_callback_params.save_on_train_epoch_end=false",
     "exp_manager.checkpoint_callback_params.save_on_train_epoch_end=null",
     "exp_manager.checkpoint_callback_params.save_best_model=true",
@@ -130,6 +131,7 @@ NEMO_EXP_MANAGER_DEFAULTS = [
     "exp_manager.log_delta_step_timing=false",
     "exp_manager.log_tflops_per_sec_per_gpu=true",
     "exp_manager.ema.enable=false",
+    "exp_manager.ema.enable=null",
     "exp_manager.ema.decay=0.999",
     "exp_manager.create_straggler_detection_callback=false",
     "exp_manager.straggler_detection_params.stop_if_detected=false",
@@ -145,6 +147,17 @@ def test_nemo_exp_manager_keys_of_its_examples_load_and_are_reported_ignored(ove
     key = override.split("=")[0]
     assert any(f"{key}.".startswith(f"{ignored}.") for ignored in cfg.ignored_keys)  # or its sub-tree
     assert cfg.exp_manager.explicit_log_dir == "results/gpt3_126m/results"  # no version subdirectory
+
+
+def test_save_on_train_epoch_end_is_taken_beside_a_given_every_n_train_steps():
+    """Lightning saves on every_n_train_steps whatever save_on_train_epoch_end holds (it only moves the
+    saves at validation); gptrain refused `true` even beside the interval. Null still refuses it."""
+    epoch_end = "exp_manager.checkpoint_callback_params.save_on_train_epoch_end=true"
+    cfg = load(epoch_end, "exp_manager.checkpoint_callback_params.every_n_train_steps=10")
+    assert cfg.exp_manager.checkpoint_callback_params.every_n_train_steps == 10
+    assert "exp_manager.checkpoint_callback_params.save_on_train_epoch_end" in cfg.ignored_keys
+    with pytest.raises(ConfigError, match="save_on_train_epoch_end: True' asks for checkpoints at the end"):
+        load(epoch_end, "exp_manager.checkpoint_callback_params.every_n_train_steps=null")
 
 
 def test_checkpoint_naming_keys_are_reported_as_naming_on_the_one_line(capsys):
