@@ -119,6 +119,17 @@ def _verify_sources(dataset: Any) -> None:
         dataset.dataset.verify()
 
 
+def _tokenizer_flags(args: argparse.Namespace) -> argparse.Namespace:
+    """The tokenizer's flags: --vocab-size is the mock tokens' vocabulary, which a TikTokenizer
+    vocabulary file reads as its own (Megatron's --vocab-size); any other tokenizer has its own
+    vocabulary, and a tiktoken encoding name refuses a size (it would refuse the mock's)."""
+    from gptrain.data.tiktoken_file import is_vocabulary_file
+
+    if args.tokenizer_model and is_vocabulary_file(args.tokenizer_model):
+        return args
+    return argparse.Namespace(**{**vars(args), "vocab_size": None})
+
+
 def run_sample(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -141,7 +152,7 @@ def run_sample(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--num-samples gives the {args.split} split 0 samples; mock data and blends need a count"
         )
-    tokenizer = tokenizer_from_args(args)
+    tokenizer = tokenizer_from_args(_tokenizer_flags(args))
     prefix = args.data_prefix[0] if args.data_prefix and len(args.data_prefix) == 1 else args.data_prefix
     datasets = build_gpt_datasets(
         prefix,

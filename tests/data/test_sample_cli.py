@@ -142,6 +142,28 @@ def test_mock_sample(capsys):
     assert out["tokens"] == MockGPTDataset(10, 8, 100, seed=1234)[3].tolist() and out["mock"] is True
 
 
+def test_mock_vocabulary_beside_a_tiktoken_encoding_name_is_the_mocks(capsys, monkeypatch):
+    """`--mock --vocab-size 100277 --tokenizer-type TikTokenizer --tokenizer-model cl100k_base` was
+    refused ('--vocab-size: read only with Megatron's tiktoken vocabulary file'): the mock's size was
+    passed to the encoding as its own. The encoding is loaded as it is (stubbed: no network here)."""
+    from types import SimpleNamespace
+
+    from gptrain.data import tokenizers
+
+    loaded = []
+
+    def load_tiktoken(name):
+        loaded.append(name)
+        return SimpleNamespace(vocab_size=100277, decode=lambda ids: " ".join(map(str, ids)))
+
+    monkeypatch.setattr(tokenizers, "load_tiktoken", load_tiktoken)
+    argv = ["--mock", "--vocab-size", "100277", "--seq-length", "8", "--num-samples", "4,0,0"]
+    out = _sample(capsys, *argv, "--tokenizer-type", "TikTokenizer", "--tokenizer-model", "cl100k_base")
+    assert loaded == ["cl100k_base"]
+    assert out["tokens"] == MockGPTDataset(4, 8, 100277, seed=1234)[0].tolist()
+    assert out["text"] == " ".join(map(str, out["tokens"]))
+
+
 def test_num_samples_help_says_what_needs_a_count(capsys):
     """The help gave 0 as one epoch without a word on the mock data and blends that refuse it."""
     with pytest.raises(SystemExit):
