@@ -377,21 +377,22 @@ def _tiktoken(result: Translation) -> None:
     --vocab-size, --tiktoken-num-special-tokens and --tokenizer-special-tokens (or its older name
     --tiktoken-special-tokens, which Megatron reads only where the newer one is absent); with another
     tokenizer the TikTokenizer flags change nothing (as in Megatron's llama3 example's mock-data
-    branch), but its special tokens are added to it, which gptrain does not do. gptrain's
+    branch), but its special tokens are added to it, which gptrain does not do (NullTokenizer, built
+    from --vocab-size alone, ignores them too). gptrain's
     TikTokenizer also takes a tiktoken encoding name (cl100k_base), whose split is its own."""
     v, given = result.values, result.given
     kind = _tokenizer_type(given)
     model = v.get("model.tokenizer.model")
     specials = [flag for flag in ("--tokenizer-special-tokens", "--tiktoken-special-tokens") if flag in given]
     if kind != "TikTokenizer":
-        if "--tokenizer-special-tokens" in given:
+        if "--tokenizer-special-tokens" in given and kind != "NullTokenizer":
             raise ConfigError(
                 f"--tokenizer-special-tokens: Megatron adds them to {kind}'s vocabulary, which gptrain does "
                 "not; prepare the data with a tokenizer that holds them, or drop the flag"
             )
         for flag in TIKTOKEN_FLAGS:
             if flag in given:
-                result.notes.append(f"{flag} (Megatron reads it only for TikTokenizer, not {kind})")
+                result.notes.append(_ignored_tiktoken_flag(flag, kind))
         return
     if model and not names_a_file(model) and not os.path.isfile(model):  # an encoding name
         if named := [flag for flag in TIKTOKEN_FLAGS if flag in given]:
@@ -411,6 +412,13 @@ def _tiktoken(result: Translation) -> None:
         v["model.tokenizer.special_tokens"] = list(given[specials[0]])
     if "--vocab-size" in given:  # the tokenizer's vocabulary, with mock data too
         v["model.tokenizer.vocab_size"] = v.pop("model.data.mock_vocab_size")
+
+
+def _ignored_tiktoken_flag(flag: str, kind: str) -> str:
+    """The note for a TikTokenizer flag beside `kind`, which Megatron builds without it."""
+    if kind == "NullTokenizer" and flag in ("--tokenizer-special-tokens", "--tiktoken-special-tokens"):
+        return f"{flag} (Megatron's NullTokenizer is --vocab-size ids alone: it ignores them)"
+    return f"{flag} (Megatron reads it only for TikTokenizer, not {kind})"
 
 
 def _query_groups(result: Translation) -> None:

@@ -691,8 +691,8 @@ def test_megatrons_tiktokenizer_flags_set_the_tokenizer_keys(tmp_path):
 def test_tiktoken_pattern_beside_another_tokenizer_changes_nothing(capsys):
     """Megatron's llama3 example gives --tiktoken-pattern v2 beside NullTokenizer, and Megatron reads it
     only for TikTokenizer; before, gptrain refused it as unknown. With TikTokenizer and an encoding
-    name (gptrain's: its own pattern) it is refused saying so; special tokens, which Megatron adds to
-    other tokenizers, are refused there."""
+    name (gptrain's: its own pattern) it is refused saying so. Special tokens were refused too, as
+    added to NullTokenizer's vocabulary, where Megatron's NullTokenizer ignores them: noted so."""
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     base += " --train-iters 4 --mock-data --vocab-size 64 --tokenizer-type NullTokenizer"
     t = translate(shlex.split(f"{base} --tiktoken-pattern v2 --tiktoken-num-special-tokens 10"), {})
@@ -702,10 +702,10 @@ def test_tiktoken_pattern_beside_another_tokenizer_changes_nothing(capsys):
         "--tiktoken-num-special-tokens (Megatron reads it only for TikTokenizer, not NullTokenizer)"
         in t.notes
     )
-    with pytest.raises(
-        ConfigError, match="--tokenizer-special-tokens: Megatron adds them to NullTokenizer's"
-    ):
-        translate(shlex.split(f"{base} --tokenizer-special-tokens <unk> <s>"), {})
+    for flag in ("--tokenizer-special-tokens", "--tiktoken-special-tokens"):
+        t = translate(shlex.split(f"{base} {flag} <unk> <s>"), {})
+        assert t.values == translate(shlex.split(base), {}).values
+        assert f"{flag} (Megatron's NullTokenizer is --vocab-size ids alone: it ignores them)" in t.notes
     tiktoken = base.replace("NullTokenizer", "TikTokenizer --tokenizer-model cl100k_base")
     assert main(["megatron", "--dry-run", *shlex.split(f"{tiktoken} --tiktoken-pattern v2")]) == 2
     err = capsys.readouterr().err.strip()
