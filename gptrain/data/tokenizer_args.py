@@ -4,9 +4,40 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any
 
 from gptrain.errors import ConfigError
+
+# --tokenizer-type spellings data prepare accepts (case, `_` and `-` ignored) -> gptrain's kind
+TYPE_ALIASES = {
+    "gpt2bpetokenizer": "gpt2",
+    "gpt2bpe": "gpt2",
+    "gpt2": "gpt2",
+    "huggingfacetokenizer": "huggingface",
+    "huggingface": "huggingface",
+    "hf": "huggingface",
+    "autotokenizer": "huggingface",
+    "tiktokenizer": "tiktoken",
+    "tiktoken": "tiktoken",
+    "sentencepiecetokenizer": "sentencepiece",
+    "gptsentencepiecetokenizer": "gptsentencepiece",
+    "gptsentencepiece": "gptsentencepiece",
+    "llama2tokenizer": "llama2",
+    "llama2": "llama2",
+}
+
+
+def canonical_type(tokenizer_type: str) -> str:
+    """gptrain's name for a tokenizer type as data prepare reads it (any case, `_`/`-` ignored, the
+    aliases above), shared by the launcher's checks (light: no tokenizer import)."""
+    key = re.sub(r"[^a-z0-9]", "", tokenizer_type.lower())
+    if key not in TYPE_ALIASES:
+        raise ConfigError(
+            f"unknown --tokenizer-type {tokenizer_type!r}: use GPT2BPETokenizer, HuggingFaceTokenizer, "
+            "TikTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or SentencePieceTokenizer"
+        )
+    return TYPE_ALIASES[key]
 
 
 def add_tokenizer_args(

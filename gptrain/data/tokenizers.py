@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gptrain.data.tiktoken_file import TiktokenFileOptions, is_vocabulary_file, load_tiktoken_file
+from gptrain.data.tokenizer_args import canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.paths import look_up
 
@@ -32,22 +33,6 @@ ENDOFTEXT = "<|endoftext|>"
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 # End-of-document candidates for a bare tokenizer.json without tokenizer_config.json.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "<|eot_id|>")
-TYPE_ALIASES = {
-    "gpt2bpetokenizer": "gpt2",
-    "gpt2bpe": "gpt2",
-    "gpt2": "gpt2",
-    "huggingfacetokenizer": "huggingface",
-    "huggingface": "huggingface",
-    "hf": "huggingface",
-    "autotokenizer": "huggingface",
-    "tiktokenizer": "tiktoken",
-    "tiktoken": "tiktoken",
-    "sentencepiecetokenizer": "sentencepiece",
-    "gptsentencepiecetokenizer": "gptsentencepiece",
-    "gptsentencepiece": "gptsentencepiece",
-    "llama2tokenizer": "llama2",
-    "llama2": "llama2",
-}
 SENTENCEPIECE_KINDS = ("sentencepiece", "gptsentencepiece", "llama2")
 # Megatron's SentencePieceTokenizer adds these (those the model lacks get the next ids), then the
 # model's pad, bos and eos pieces (named so when the model has none).
@@ -550,16 +535,6 @@ def load_tiktoken(name: str) -> Tokenizer:
     if ENDOFTEXT not in encoding.special_tokens_set:
         raise DataError(f"tiktoken encoding {name!r} has no {ENDOFTEXT} token to end documents")
     return TiktokenTokenizer(encoding, encoding.eot_token, encoding.n_vocab, frozenset({ENDOFTEXT}))
-
-
-def canonical_type(tokenizer_type: str) -> str:
-    key = re.sub(r"[^a-z0-9]", "", tokenizer_type.lower())
-    if key not in TYPE_ALIASES:
-        raise ConfigError(
-            f"unknown --tokenizer-type {tokenizer_type!r}: use GPT2BPETokenizer, HuggingFaceTokenizer, "
-            "TikTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or SentencePieceTokenizer"
-        )
-    return TYPE_ALIASES[key]
 
 
 def _is_directory(model: str) -> bool:

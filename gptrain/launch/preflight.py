@@ -351,7 +351,7 @@ def check_tiktoken_vocabulary(tokenizer: dict[str, Any], where: str) -> None:
     """Megatron's TikTokenizer vocabulary file read with its settings as the job reads it (stdlib
     only), so that a file too short for vocab_size, or a bad entry, is said before the queue."""
     model = str(tokenizer.get("model"))
-    if tokenizer.get("type") != "TikTokenizer" or not model.endswith(".json"):
+    if not _is_tiktoken(tokenizer.get("type")) or not model.endswith(".json"):
         return
     from gptrain.data.tiktoken_file import TiktokenFileOptions, read_ranks
     from gptrain.errors import GptrainError
@@ -367,7 +367,24 @@ def check_tiktoken_vocabulary(tokenizer: dict[str, Any], where: str) -> None:
         _, vocab_size, count, _ = options.resolved()
         read_ranks(model, vocab_size - count, count)
     except GptrainError as error:
-        raise LaunchError(f"{where}: {error}") from None
+        raise LaunchError(f"{where}: {_keys_under(str(error), where)}") from None
+
+
+def _is_tiktoken(kind: object) -> bool:
+    """TikTokenizer by any spelling data prepare and training take (`tiktoken`, `tiktokenizer`); an
+    unknown type is for data prepare or the config to refuse."""
+    from gptrain.data.tokenizer_args import canonical_type
+
+    try:
+        return kind is not None and canonical_type(str(kind)) == "tiktoken"
+    except ConfigError:
+        return False
+
+
+def _keys_under(message: str, where: str) -> str:
+    """The tokenizer's keys named where this config holds them (data_preparation.tokenizer.vocab_size),
+    not under the training config's model.tokenizer, as the reader names them."""
+    return message.replace("model.tokenizer.", f"{where}.")
 
 
 def _is_file(path: str, name: str) -> bool:

@@ -9,7 +9,7 @@ from gptrain.cli import main
 from gptrain.config import load_training_config
 from gptrain.data.pair_check import pair_problem
 from gptrain.errors import LaunchError
-from gptrain.launch.preflight import check_training_files
+from gptrain.launch.preflight import check_tokenizer_files, check_training_files
 
 
 def training(prefix: str):
@@ -126,5 +126,29 @@ def test_a_tiktoken_vocabulary_too_short_for_vocab_size_is_said_before_the_queue
         check_training_files(cfg, prepared_by_stage=True)
     assert str(error.value) == (
         f"training.model.tokenizer: {vocabulary}: holds 256 tokens, but vocabulary size 1257 less 1000 special "
-        "tokens needs 257; set model.tokenizer.vocab_size (--vocab-size) to 1256 or fewer"
+        "tokens needs 257; set training.model.tokenizer.vocab_size (--vocab-size) to 1256 or fewer"
     )
+
+
+@pytest.mark.parametrize("kind", ["TikTokenizer", "tiktoken", "tiktokenizer", "Tik_Tokenizer"])
+def test_the_data_preparation_tiktoken_vocabulary_is_checked_by_any_type_data_prepare_takes(kind, tmp_path):
+    """data prepare takes `type: tiktoken` (and the other spellings) as TikTokenizer; the preflight
+    compared the type to 'TikTokenizer' exactly, so a vocabulary too short for its vocab_size was
+    passed, and the refusal named model.tokenizer.vocab_size, a key of the training config."""
+    import base64
+    import json
+
+    vocabulary = tmp_path / "tokenizer.json"
+    entries = [
+        {"rank": b, "token_bytes": base64.b64encode(bytes([b])).decode(), "token_str": ""} for b in range(256)
+    ]
+    vocabulary.write_text(json.dumps(entries))
+    tokenizer = {"type": kind, "model": str(vocabulary)}
+    with pytest.raises(LaunchError) as error:
+        check_tokenizer_files(tokenizer, "data_preparation.tokenizer")
+    assert str(error.value) == (
+        f"data_preparation.tokenizer: {vocabulary}: holds 256 tokens, but vocabulary size 131072 less 1000 "
+        "special tokens needs 130072; set data_preparation.tokenizer.vocab_size (--vocab-size) to 1256 or fewer"
+    )
+    fits = check_tokenizer_files({**tokenizer, "vocab_size": 1256}, "data_preparation.tokenizer")
+    assert fits == "ok  data_preparation.tokenizer: model present"
