@@ -456,6 +456,34 @@ def _check_tiktoken_settings(tokenizer: Any) -> None:
             f"model.tokenizer.special_tokens: expected a list of token names such as [<unk>, <s>, </s>, ...], "
             f"got {specials}"
         )
+    _refuse_unread_tiktoken_settings(tokenizer)
+
+
+def _refuse_unread_tiktoken_settings(tokenizer: Any) -> None:
+    """vocab_size, tiktoken_pattern, tiktoken_num_special_tokens and special_tokens are read only
+    with Megatron's tiktoken vocabulary file (Megatron reads its flags only for TikTokenizer); beside
+    another tokenizer they were taken silently, beside an encoding name refused only as the job
+    started: refused here, on the login node, naming the key."""
+    from gptrain.data.tiktoken_file import TiktokenFileOptions, is_vocabulary_file
+
+    if tokenizer.type == "TikTokenizer":
+        if not tokenizer.model or is_vocabulary_file(str(tokenizer.model)):
+            return
+        reader = f"the tiktoken encoding {tokenizer.model!r}, which has its own split, vocabulary and special tokens"
+    else:
+        reader = f"{tokenizer.type}, which has its own split and vocabulary"
+    specials = tokenizer.special_tokens
+    options = TiktokenFileOptions(
+        tokenizer.tiktoken_pattern,
+        tokenizer.vocab_size,
+        tokenizer.tiktoken_num_special_tokens,
+        tuple(specials) if specials is not None else None,
+    )
+    if given := options.settings_given():
+        raise ConfigError(
+            f"{', '.join(given)}: read only by TikTokenizer with Megatron's tiktoken vocabulary file, not by "
+            f"{reader}; drop it"
+        )
 
 
 def _check_per_split_prefix(data_prefix: Mapping) -> None:

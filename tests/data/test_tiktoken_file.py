@@ -283,6 +283,40 @@ def test_settings_beside_a_tiktoken_encoding_name_are_refused():
     )
 
 
+NOT_READ = {
+    "model.tokenizer.vocab_size=1000": "model.tokenizer.vocab_size (--vocab-size)",
+    "model.tokenizer.tiktoken_pattern=v1": "model.tokenizer.tiktoken_pattern (--tiktoken-pattern)",
+    "model.tokenizer.tiktoken_num_special_tokens=10": (
+        "model.tokenizer.tiktoken_num_special_tokens (--tiktoken-num-special-tokens)"
+    ),
+    "model.tokenizer.special_tokens=[<unk>]": "model.tokenizer.special_tokens (--tokenizer-special-tokens)",
+}
+READERS = {
+    "GPT2BPETokenizer": [],
+    "HuggingFaceTokenizer": ["model.tokenizer.model=/models/tokenizer.json"],
+    "GPTSentencePieceTokenizer": ["model.tokenizer.model=/models/tokenizer.model"],
+    "TikTokenizer": ["model.tokenizer.model=cl100k_base"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(READERS))
+@pytest.mark.parametrize("setting", sorted(NOT_READ))
+def test_settings_no_tokenizer_reads_are_refused_at_load_naming_the_key(kind, setting):
+    """Beside GPT-2 BPE, Hugging Face or SentencePiece they were taken silently (nothing reads them),
+    and beside an encoding name refused only when the job started building its tokenizer."""
+    from gptrain.config import load_training_config
+
+    overrides = [f"model.tokenizer.type={kind}", *READERS[kind], setting]
+    with pytest.raises(ConfigError) as info:
+        load_training_config("gpt3/126m", overrides, report_ignored=False)
+    said = str(info.value)
+    reader = "the tiktoken encoding 'cl100k_base'" if kind == "TikTokenizer" else kind
+    assert said.startswith(
+        f"{NOT_READ[setting]}: read only by TikTokenizer with Megatron's tiktoken vocabulary file, not by {reader}"
+    )
+    assert said.endswith("; drop it") and "\n" not in said
+
+
 def test_megatrons_vocabulary_without_the_type_says_which_type_reads_it(vocabulary, tmp_path, capsys):
     """Without --tokenizer-type an existing --tokenizer-model is a Hugging Face tokenizer.json, which
     said only that the list was no tokenizer.json; it now names the type that reads it."""
