@@ -247,8 +247,20 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
         seconds = DEFAULT_SIGNAL_SECONDS if seconds is None else int(seconds)
         check_signal_fits_time_limit(job, seconds)
         lines.append(directive("signal", f"B:USR1@{seconds}"))
-        lines.append(directive("requeue"))
+        lines.extend(requeue_directive(cluster))
     return lines + additional_directives(cluster, job.stage)
+
+
+def requeue_directive(cluster: dict) -> list[str]:
+    """--requeue where the script requeues the job itself (cluster.max_requeues of 1 or more: its
+    `scontrol requeue` fails on a job that is not requeueable, as under JobRequeue=0); --no-requeue
+    for 0, which asks for no requeue at all: Slurm's default (JobRequeue=1) would still requeue the
+    job after a node failure or a preemption and start the batch script over. Unset: neither, the
+    site's default, as the NeMo launcher's scripts leave it."""
+    requeues = cluster.get("max_requeues")
+    if requeues is None:
+        return []
+    return [directive("requeue" if int(requeues) > 0 else "no-requeue")]
 
 
 def additional_directives(cluster: dict, stage: str) -> list[str]:

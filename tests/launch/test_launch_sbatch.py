@@ -138,6 +138,27 @@ def test_slurm_training_script(tmp_path, monkeypatch):
     assert (script_path.parent / "launcher_cmd.log").read_text().startswith("gptrain launch ")
 
 
+@pytest.mark.parametrize(
+    "override, asked, not_asked",
+    [
+        ("cluster.max_requeues=0", "--no-requeue", "--requeue"),
+        ("cluster.max_requeues=3", "--requeue", "--no-requeue"),
+    ],
+)
+def test_max_requeues_0_asks_slurm_never_to_requeue_the_job(tmp_path, override, asked, not_asked):
+    """0 rendered --requeue, so a node failure or a preemption requeued a job whose user asked for no
+    requeue (Slurm's own default, JobRequeue=1, would too without --no-requeue). 1 or more keep
+    --requeue, which the script's own `scontrol requeue` needs; unset leaves the site's default."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "training.run.time_limit=01:00:00"]
+    [path] = write_run_files(build_plan(compose([*args, override])), [*args, override])
+    found = directives(path.read_text())
+    assert asked in found and not_asked not in found and found["--signal"] == "B:USR1@300"
+    unset = [*args, "~cluster.max_requeues"]
+    [path] = write_run_files(build_plan(compose(unset)), unset)
+    found = directives(path.read_text())
+    assert "--requeue" not in found and "--no-requeue" not in found and "--signal" in found
+
+
 def test_gpu_and_container_options(tmp_path):
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", "container=nvcr.io/nvidia/pytorch:24.01"]
     args += [
