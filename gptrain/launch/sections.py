@@ -146,14 +146,70 @@ def command_words(key: str, value: Any) -> list[str] | None:
 def check_each_word_is_an_option(key: str, value: str, split: list[str]) -> None:
     """A word of a split srun_args string that is no option must be the value of the option just
     before it (`--mpi pmix`): one more would be srun's command (`--container-mounts=/lustre/My
-    Data:/data` unquoted runs `Data:/data` on every node, and only after the queue wait)."""
+    Data:/data` unquoted runs `Data:/data` on every node, and only after the queue wait), as would a
+    word after an srun option that takes no value (`-l Data`) or has its value already (`-N2 x`)."""
     for before, word in zip([None, *split[:-1]], split, strict=True):
-        if not word.startswith("-") and (before is None or not before.startswith("-") or "=" in before):
+        if word.startswith("-") or (before is not None and takes_the_next_word(before)):
+            continue
+        if before is None or not before.startswith("-") or "=" in before:
             raise ConfigError(
                 f"{key}: {value!r} splits into {word!r}, which is neither an option nor the value of the"
                 f" option before it (srun would run it as the command); quote a value with a space, or give"
                 f" a list ({key}=[a,b])"
             )
+        raise ConfigError(
+            f"{key}: {value!r} splits into {word!r} after {before!r}, which {complete_without_it(before)}:"
+            f" srun would run {word!r} as the command; remove it, or attach an optional value (--nice=5, -I5)"
+        )
+
+
+# srun's short options that take a value (`-N 2`, `-N2`), and those that take none or only an
+# attached one (`-l`, `-I5`), as srun 22.05 parses them (and srun(1) up to 25.x lists them). Any
+# other letter is unknown here: a word after it may be its value.
+SRUN_SHORT_WITH_VALUE = "ABbCcDdeFGiJLMmNnopqrSTtWwx"
+SRUN_SHORT_WITHOUT_VALUE = "EHhklOQsuVvXZ"
+SRUN_SHORT_OPTIONAL_VALUE = "IK"  # -I[secs], -K[0|1]: a value only in the same word
+# srun's long options that take no value, or only an attached one (`--nice=5`: `--nice 5` runs `5`),
+# and pyxis's flags; a word after any other long option may be its value (pyxis's --container-image,
+# options this table does not know).
+SRUN_LONG_WITHOUT_VALUE = frozenset((
+    "bcast", "compress", "contiguous", "debugger-test", "disable-status", "exact", "exclusive",
+    "external-launcher", "help", "hold", "immediate", "kill-on-bad-exit", "label", "multi-prog", "nice",
+    "no-allocate", "no-kill", "oom-kill-step", "overcommit", "overlap", "oversubscribe", "preserve-env",
+    "propagate", "pty", "quiet", "quit-on-interrupt", "reboot", "resv-ports", "send-libs", "spread-job",
+    "test-only", "unbuffered", "usage", "use-min-nodes", "verbose", "version", "whole", "x11",
+    # pyxis
+    "container-mount-home", "no-container-mount-home", "container-remap-root", "no-container-remap-root",
+    "container-writable", "container-readonly", "container-entrypoint", "no-container-entrypoint",
+    "container-entrypoint-log",
+))  # fmt: skip
+
+
+def takes_the_next_word(option: str) -> bool:
+    """Whether srun may read the word after `option` as its value: not after `--` (the command
+    follows), `--name=value`, a flag (bundled ones too: `-lu`), or a short option with its value in
+    the same word (`-N2`); yes after any option the tables above do not know."""
+    if option == "--" or not option.startswith("-") or "=" in option:
+        return False
+    if option.startswith("--"):
+        return option[2:] not in SRUN_LONG_WITHOUT_VALUE
+    for position, letter in enumerate(option[1:], start=2):
+        if letter in SRUN_SHORT_OPTIONAL_VALUE:
+            return False
+        if letter in SRUN_SHORT_WITH_VALUE:
+            return position == len(option)  # `-N` alone: the value is the next word
+        if letter not in SRUN_SHORT_WITHOUT_VALUE:
+            return True
+    return False
+
+
+def complete_without_it(option: str) -> str:
+    """Why the word after `option` is not its value, for the error."""
+    if option == "--":
+        return "ends srun's options"
+    if any(letter in SRUN_SHORT_WITH_VALUE for letter in option[1:]) and not option.startswith("--"):
+        return "has its value already"
+    return "takes no value, or only one in the same word"
 
 
 def slurm_time(key: str, value: Any) -> Any:

@@ -559,3 +559,39 @@ def test_a_word_of_srun_args_srun_would_run_as_its_command_is_refused(tmp_path, 
     srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
     words = shlex.split(srun.removesuffix(" &"))
     assert words[words.index("--mpi") : words.index("bash")] == ["--mpi", "pmix", "-l"]
+
+
+@pytest.mark.parametrize(
+    "given, stray, before, why",
+    [
+        ("-l Data", "Data", "-l", "takes no value, or only one in the same word"),
+        ("--mpi=pmix --label Data", "Data", "--label", "takes no value, or only one in the same word"),
+        (
+            "--no-container-mount-home /fsx",
+            "/fsx",
+            "--no-container-mount-home",
+            "takes no value, or only one in the same word",
+        ),
+        ("-lu x", "x", "-lu", "takes no value, or only one in the same word"),  # bundled flags
+        ("--nice 5", "5", "--nice", "takes no value, or only one in the same word"),  # optional: --nice=5
+        ("-N2 x", "x", "-N2", "has its value already"),
+        ("-- x", "x", "--", "ends srun's options"),
+    ],
+)
+def test_a_word_after_an_srun_option_that_takes_no_value_is_refused(tmp_path, given, stray, before, why):
+    """`-l Data` passed: any word after any option was taken for its value, yet srun's -l takes none
+    and srun ran `Data` as the command on every node, after the queue wait. srun's own options are
+    known (srun 22.05 parses each as this test expects); a word after an unknown one may be its value."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args, f"cluster.srun_args={given}"]))
+    assert str(error.value) == (
+        f"cluster.srun_args: {given!r} splits into {stray!r} after {before!r}, which {why}: srun would run"
+        f" {stray!r} as the command; remove it, or attach an optional value (--nice=5, -I5)"
+    )
+    ok = "cluster.srun_args=-lN 1 -K --nice=5 --container-image img -I5 --mpi pmix --new-option x"
+    [path] = write_run_files(build_plan(compose([*args, ok])), [*args, ok])
+    srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
+    words = shlex.split(srun.removesuffix(" &"))
+    kept = ["-lN", "1", "-K", "--nice=5", "-I5", "--mpi", "pmix", "--new-option", "x"]  # no pyxis: no image
+    assert words[words.index("-lN") : words.index("bash")] == kept
