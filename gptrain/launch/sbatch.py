@@ -228,7 +228,7 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
     ):
         if cluster.get(key):
             lines.append(directive(option, cluster[key], job.stage))
-    if job.time_limit:
+    if job.time_limit not in (None, ""):  # 0 too: Slurm's "no limit", not the partition's DefaultTime
         lines.append(directive("time", job.time_limit, job.stage))
     if cluster.get("mem") is not None:
         lines.append(directive("mem", cluster["mem"], job.stage))

@@ -159,6 +159,23 @@ def test_max_requeues_0_asks_slurm_never_to_requeue_the_job(tmp_path, override, 
     assert "--requeue" not in found and "--no-requeue" not in found and "--signal" in found
 
 
+@pytest.mark.parametrize("time_limit", ["0", "'0'", "00:00:00"])
+def test_a_time_limit_of_0_asks_slurm_for_no_limit(tmp_path, time_limit):
+    """`training.run.time_limit=0` (an int once composed) rendered no --time, so the job got the
+    partition's DefaultTime (often an hour or so) and was killed there; sbatch's --time=0 is no limit."""
+    args = [
+        "cluster_type=slurm",
+        f"base_results_dir={tmp_path}/r",
+        *CPU,
+        f"training.run.time_limit={time_limit}",
+    ]
+    [path] = write_run_files(build_plan(compose(args)), args)
+    assert directives(path.read_text())["--time"] == time_limit.strip("'")
+    args[-1] = "training.run.time_limit=null"
+    [path] = write_run_files(build_plan(compose(args)), args)
+    assert "--time" not in directives(path.read_text())
+
+
 def test_gpu_and_container_options(tmp_path):
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", "container=nvcr.io/nvidia/pytorch:24.01"]
     args += [
