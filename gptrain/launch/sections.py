@@ -467,6 +467,7 @@ def check_launch_sections(resolved: dict[str, Any], roots: set[str] = frozenset(
     cluster = mapping("cluster", resolved.get("cluster"))
     if cluster is not None:
         check_cluster_section(cluster)
+        check_one_container_image(resolved.get("container"), cluster.get("srun_args") or [])
     stages = list(resolved.get("stages") or [])
     needed = set(stages) | ({"training"} if "validation" in stages else set())
     for stage in sorted(needed):
@@ -480,6 +481,23 @@ def check_launch_sections(resolved: dict[str, Any], roots: set[str] = frozenset(
         if run is not None:
             _check_keys(run, f"{stage}.run.", RUN)
         _check_keys(section, f"{stage}.", STAGE.get(stage, {}))
+
+
+def check_one_container_image(container: Any, srun_args: list[str]) -> None:
+    """An image in cluster.srun_args (copied from a tutorial's srun line) beside `container`: pyxis
+    refuses a second, different --container-image ('specified multiple times') as the step starts,
+    after the queue wait; refused here, naming both."""
+    if not container:
+        return  # without a container, srun_args' pyxis options are left out of the job
+    for before, arg in zip(["", *srun_args[:-1]], srun_args, strict=True):
+        image = arg.removeprefix("--container-image=") if arg.startswith("--container-image=") else None
+        image = arg if before == "--container-image" else image
+        if image is not None and image != str(container):
+            raise ConfigError(
+                f"cluster.srun_args: --container-image {image} beside container={container}: pyxis refuses"
+                " a second image when the job starts ('--container-image specified multiple times'); give"
+                " the image as container only"
+            )
 
 
 def check_cluster_section(cluster: dict[str, Any]) -> None:

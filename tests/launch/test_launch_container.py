@@ -297,3 +297,27 @@ def test_a_checkpoint_to_start_from_outside_the_results_is_mounted_and_absolute(
     plan = build_plan(compose([*args[:-1], *missing]))
     script = write_run_files(plan, [*args[:-1], *missing])[0]
     assert "/nowhere" not in next(x for x in script.read_text().splitlines() if x.startswith("srun "))
+
+
+@pytest.mark.parametrize(
+    "srun_args",
+    [
+        "cluster.srun_args=[--container-image=nvcr.io/nvidia/nemo:24.12]",
+        "cluster.srun_args=[-l,--container-image,nvcr.io/nvidia/nemo:24.12]",
+    ],
+)
+def test_a_second_image_in_srun_args_is_refused_before_the_queue_wait(tmp_path, srun_args):
+    """An image in srun_args (a tutorial's srun line copied) beside `container` went to srun as a
+    second --container-image, which pyxis refuses as the step starts ('specified multiple times'):
+    the job failed after its queue wait. The same image twice is what pyxis accepts."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "container=/apps/gptrain.sqsh"]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args, srun_args]))
+    assert str(error.value) == (
+        "cluster.srun_args: --container-image nvcr.io/nvidia/nemo:24.12 beside container=/apps/gptrain.sqsh:"
+        " pyxis refuses a second image when the job starts ('--container-image specified multiple times');"
+        " give the image as container only"
+    )
+    same = "cluster.srun_args=[--container-image=/apps/gptrain.sqsh]"
+    build_plan(compose([*args, same]))
+    build_plan(compose([*args[:-1], "container=null", srun_args]))  # no container: pyxis options left out
