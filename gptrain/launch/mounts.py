@@ -178,6 +178,32 @@ def parse_mount(text: str) -> tuple[str, str]:
     return os.path.normpath(parts[0]), os.path.normpath(parts[1] if len(parts) > 1 else parts[0])
 
 
+# pyxis's mount sources besides paths: a fresh tmpfs, or the removal of an image's mount.
+PYXIS_SPECIAL_SOURCES = ("tmpfs", "umount")
+
+
+def check_pyxis_mount(item: str) -> None:
+    """pyxis's own rules for a `--container-mounts` item (SRC[:DST[:FLAGS]], ',' between several),
+    which it applies only as the job starts, after the queue wait: no empty entry, source or
+    destination; each a path starting with '/' or '.' (`data:/data` or `~/data` is refused there),
+    or the source tmpfs or umount."""
+    for entry in item.split(","):
+        src, colon, rest = entry.partition(":")
+        dst = rest.partition(":")[0] if colon else src
+        if not src or not dst:
+            why = "an empty mount" if not entry else "an empty source or destination"
+        elif not src.startswith(("/", ".")) and src not in PYXIS_SPECIAL_SOURCES:
+            why = f"its source {src!r} is not a path starting with '/' or '.' (nor tmpfs or umount)"
+        elif not dst.startswith(("/", ".")):
+            why = f"its destination {dst!r} is not a path starting with '/' or '.'"
+        else:
+            continue
+        raise ConfigError(
+            f"container_mounts: {item!r}: {why}, which pyxis refuses as the job starts; give"
+            " SRC[:DST[:FLAGS]] with absolute paths (or ./relative ones)"
+        )
+
+
 def is_visible(path: str, mounts: list[tuple[str, str]]) -> bool:
     """Inside a mount's destination already: at `path` in the container, or covered there by a
     mount of something else (which a mount of ours ahead of it could not show)."""
@@ -187,6 +213,8 @@ def is_visible(path: str, mounts: list[tuple[str, str]]) -> bool:
 def container_mounts(resolved: dict[str, Any], config_root: Path) -> Mounts:
     """gptrain's directories (job_dirs, deduplicated) followed by `container_mounts` as given."""
     user = [str(item) for item in resolved.get("container_mounts") or []]
+    for item in user:
+        check_pyxis_mount(item)
     given = [parse_mount(m) for item in user for m in item.split(",") if m]
     ours = job_dirs(resolved, config_root)
     mounts = Mounts()

@@ -321,3 +321,30 @@ def test_a_second_image_in_srun_args_is_refused_before_the_queue_wait(tmp_path, 
     same = "cluster.srun_args=[--container-image=/apps/gptrain.sqsh]"
     build_plan(compose([*args, same]))
     build_plan(compose([*args[:-1], "container=null", srun_args]))  # no container: pyxis options left out
+
+
+@pytest.mark.parametrize(
+    "mount, why",
+    [
+        ("data:/data", "its source 'data' is not a path starting with '/' or '.' (nor tmpfs or umount)"),
+        ("/fsx:fsx", "its destination 'fsx' is not a path starting with '/' or '.'"),
+        ("/fsx:", "an empty source or destination"),
+        ("/fsx,,/apps", "an empty mount"),
+    ],
+)
+def test_a_mount_pyxis_refuses_is_refused_before_the_queue_wait(tmp_path, mount, why):
+    """pyxis checks each --container-mounts entry only as the job starts (`data:/data`: 'mount source
+    must be a relative path, an absolute path, "tmpfs" or "umount"'), so the job failed after its
+    queue wait; its rules are applied at launch. Paths, ./relative ones and tmpfs still pass."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "container=/apps/gptrain.sqsh"]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args, f"container_mounts=['{mount}']"]))
+    assert str(error.value) == (
+        f"container_mounts: {mount!r}: {why}, which pyxis refuses as the job starts; give SRC[:DST[:FLAGS]]"
+        " with absolute paths (or ./relative ones)"
+    )
+    fine = "container_mounts=['/fsx','./data:/data:ro+rprivate','tmpfs:/scratch,/apps:/apps']"
+    [path] = write_run_files(build_plan(compose([*args, fine])), [*args, fine])
+    srun = step_words(next(line for line in path.read_text().splitlines() if line.startswith("srun ")))
+    mounts = next(word for word in srun if word.startswith("--container-mounts="))
+    assert mounts.endswith(",/fsx,./data:/data:ro+rprivate,tmpfs:/scratch,/apps:/apps")
