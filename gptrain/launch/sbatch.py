@@ -373,12 +373,13 @@ PYXIS_VALUE_OPTIONS = (
 
 def without_pyxis_options(args: list[str]) -> list[str]:
     """srun arguments less pyxis's options, each with its value where that is the next word: left
-    behind, the value would be the first word srun does not know, which it runs as the command."""
+    behind, the value would be the first word srun does not know, which it runs as the command.
+    Slurm's own --container (an OCI bundle, no pyxis) stays, with its value."""
     kept, value_next = [], False
     for arg in args:
         if value_next:
             value_next = False
-        elif arg.startswith(("--container", "--no-container")):
+        elif arg.startswith(("--container-", "--no-container-")):
             value_next = arg in PYXIS_VALUE_OPTIONS
         else:
             kept.append(arg)

@@ -500,6 +500,22 @@ def test_pyxis_options_given_as_two_words_are_dropped_with_their_value(tmp_path)
     assert words[words.index("-l") : words.index("bash")] == ["-l", "--mpi", "pmix"]
 
 
+@pytest.mark.parametrize(
+    "given", ["[--container,/oci/bundle,-l]", "'--container /oci/bundle -l'", "[--container=/oci/bundle,-l]"]
+)
+def test_slurms_own_container_option_is_no_pyxis_option_and_stays(tmp_path, given):
+    """srun's --container (an OCI bundle, Slurm's own) was dropped with pyxis's options where
+    `container` is null, its value left behind: srun ran `/oci/bundle` as the command. It stays."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, f"cluster.srun_args={given}"]
+    [path] = write_run_files(build_plan(compose(args)), args)
+    srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
+    words = shlex.split(srun.removesuffix(" &"))
+    kept = words[
+        words.index("--kill-on-bad-exit=1") + 3 : words.index("bash")
+    ]  # after --nodes, --ntasks-per-node
+    assert " ".join(kept).replace("=", " ") == "--container /oci/bundle -l"
+
+
 def exported(script: str) -> dict[str, str]:
     """The `export NAME=value` lines of a script, with their value as bash reads it."""
     found = {}
