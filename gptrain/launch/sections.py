@@ -131,16 +131,56 @@ def command_words(key: str, value: Any) -> list[str] | None:
     a hand-written srun line (`--mpi=pmix --label`; quote a value with a space). Kept whole, such a
     string reached srun as one word, which srun cannot read."""
     if not isinstance(value, str):
-        return words(key, value)
-    try:
-        split = shlex.split(value)
-    except ValueError as error:  # an unclosed quote
-        raise ConfigError(
-            f"{key}: {value!r} cannot be split into options ({error}); close the quote, or give a list"
-            f" ({key}=[a,b])"
-        ) from None
-    check_each_word_is_an_option(key, value, split)
-    return split
+        args = words(key, value)
+    else:
+        try:
+            args = shlex.split(value)
+        except ValueError as error:  # an unclosed quote
+            raise ConfigError(
+                f"{key}: {value!r} cannot be split into options ({error}); close the quote, or give a list"
+                f" ({key}=[a,b])"
+            ) from None
+        check_each_word_is_an_option(key, value, args)
+    check_no_task_layout_option(key, args or [])
+    return args
+
+
+# srun's options for the step's nodes and tasks, which gptrain renders on every srun line itself,
+# and the key behind each.
+SRUN_OWNED = {
+    "nodes": "training.trainer.num_nodes",
+    "ntasks": "training.trainer.num_nodes and training.trainer.devices",
+    "ntasks-per-node": "training.trainer.devices",
+}
+SRUN_OWNED_SHORT = {"N": "nodes", "n": "ntasks"}
+
+
+def check_no_task_layout_option(key: str, args: list[str]) -> None:
+    """srun takes the last of an option given twice, and srun_args come after gptrain's own: `-N 1`
+    (an srun line's options copied whole) ran the training on one node of the allocation, fewer ranks
+    than its config has, found only as it started after the queue wait; a one-task step (the blend,
+    a data preparation task) could run several times at once."""
+    for arg in args:
+        if arg.startswith("--"):
+            option = arg[2:].partition("=")[0]
+        else:
+            option = owned_short_option(arg) if arg.startswith("-") else None
+        if option in SRUN_OWNED:
+            raise ConfigError(
+                f"{key}: {arg!r} sets srun's --{option}, which gptrain renders on each srun line itself;"
+                f" use {SRUN_OWNED[option]} instead"
+            )
+
+
+def owned_short_option(word: str) -> str | None:
+    """The SRUN_OWNED option a short-option word sets (`-N2`, `-lN 2`: nodes); the letters after
+    one that takes a value are its value, not options."""
+    for letter in word[1:]:
+        if letter in SRUN_OWNED_SHORT:
+            return SRUN_OWNED_SHORT[letter]
+        if letter not in SRUN_SHORT_WITHOUT_VALUE:
+            return None  # its value is the rest of the word (or it is unknown here)
+    return None
 
 
 def check_each_word_is_an_option(key: str, value: str, split: list[str]) -> None:

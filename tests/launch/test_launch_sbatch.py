@@ -501,6 +501,31 @@ def test_pyxis_options_given_as_two_words_are_dropped_with_their_value(tmp_path)
 
 
 @pytest.mark.parametrize(
+    "given, word, option, key",
+    [
+        ("-l -N 1", "-N", "nodes", "training.trainer.num_nodes"),
+        ("[-lN2]", "-lN2", "nodes", "training.trainer.num_nodes"),
+        ("--nodes=1 --mpi=pmix", "--nodes=1", "nodes", "training.trainer.num_nodes"),
+        ("[-n,'16']", "-n", "ntasks", "training.trainer.num_nodes and training.trainer.devices"),
+        ("--ntasks-per-node 8", "--ntasks-per-node", "ntasks-per-node", "training.trainer.devices"),
+    ],
+)
+def test_srun_args_that_set_the_steps_nodes_or_tasks_are_refused(tmp_path, given, word, option, key):
+    """srun takes the last of an option given twice, and srun_args follow gptrain's own: `-N 1` (an
+    srun line's options copied whole, as the Azure tutorial's `srun -p ndmv4 -N 1 ...`) ran the
+    training on one node of a two-node job, with fewer ranks than its config, found as it started."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "training.trainer.num_nodes=2"]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args, f"cluster.srun_args={given}"]))
+    assert str(error.value) == (
+        f"cluster.srun_args: {word!r} sets srun's --{option}, which gptrain renders on each srun line itself;"
+        f" use {key} instead"
+    )
+    ok = "cluster.srun_args=[-lJ,step,--comment=-N,--nodelist=n1]"  # a value is no option; --nodelist is not --nodes
+    build_plan(compose([*args, ok]))
+
+
+@pytest.mark.parametrize(
     "given", ["[--container,/oci/bundle,-l]", "'--container /oci/bundle -l'", "[--container=/oci/bundle,-l]"]
 )
 def test_slurms_own_container_option_is_no_pyxis_option_and_stays(tmp_path, given):
@@ -622,9 +647,19 @@ def test_a_word_after_an_srun_option_that_takes_no_value_is_refused(tmp_path, gi
         f"cluster.srun_args: {given!r} splits into {stray!r} after {before!r}, which {why}: srun would run"
         f" {stray!r} as the command; remove it, or attach an optional value (--nice=5, -I5)"
     )
-    ok = "cluster.srun_args=-lN 1 -K --nice=5 --container-image img -I5 --mpi pmix --new-option x"
+    ok = "cluster.srun_args=-lJ step -K --nice=5 --container-image img -I5 --mpi pmix --new-option x"
     [path] = write_run_files(build_plan(compose([*args, ok])), [*args, ok])
     srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
     words = shlex.split(srun.removesuffix(" &"))
-    kept = ["-lN", "1", "-K", "--nice=5", "-I5", "--mpi", "pmix", "--new-option", "x"]  # no pyxis: no image
-    assert words[words.index("-lN") : words.index("bash")] == kept
+    kept = [
+        "-lJ",
+        "step",
+        "-K",
+        "--nice=5",
+        "-I5",
+        "--mpi",
+        "pmix",
+        "--new-option",
+        "x",
+    ]  # no pyxis: no image
+    assert words[words.index("-lJ") : words.index("bash")] == kept

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import compose
 from gptrain.launch.script_values import CONTROL
-from gptrain.launch.sections import SLURM_TIME, SLURM_TIME_WORDS
+from gptrain.launch.sections import SLURM_TIME, SLURM_TIME_WORDS, SRUN_OWNED, owned_short_option
 from gptrain.launch.stages import build_plan, config_path, write_run_files
 
 PAYLOADS = ["$(owned)", "`owned`", ";owned;", "|owned", "&owned&", "&&owned", "\nowned\n", "'", '"', "\\"]
@@ -95,6 +95,9 @@ def expected_refusal(key: str, text: str) -> bool:
         return True
     if key == "training.run.name":
         return not text or "/" in text or text in (".", "..")
+    if key == "cluster.srun_args" and text.startswith("-"):  # the step's nodes or tasks: gptrain's own
+        option = text[2:].partition("=")[0] if text.startswith("--") else owned_short_option(text)
+        return option in SRUN_OWNED
     if key == "training.run.time_limit":
         return bool(text) and not SLURM_TIME.match(text) and text.upper() not in SLURM_TIME_WORDS
     return key == "cluster.job_name_prefix" and "/" in text
@@ -192,6 +195,7 @@ def check_arrival(key: str, text: str, script: Path, plan, log: Path, stubs: Pat
 @example(key="cluster.additional_parameters.comment", text="x; $(owned) 'q' \"q\"")
 @example(key="env_vars.GPTRAIN_V", text="$SLURM_JOB_ID:$_{IFS}$(owned)$_")  # expands only a name
 @example(key="env_vars.GPTRAIN_V", text="\\$SLURM_JOB_ID\\\\$_\\")  # `\\$` is `$`
+@example(key="cluster.srun_args", text="-lN2")  # the step's nodes: refused, gptrain sets them
 def test_no_value_reaching_a_script_is_executed(stubs, key, text):
     if key in PATH_KEYS and key != "training.run.name":
         text = text.replace("/", "_") if key == "base_results_dir" else text
