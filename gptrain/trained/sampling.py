@@ -1,8 +1,9 @@
 """Autoregressive sampling from a GPT: greedy, temperature, top-k and top-p (nucleus).
 
 Deliberately simple (no KV cache: each step reruns the cropped context), since it serves
-`gptrain generate` for checking a checkpoint, not serving. Sampling happens on the CPU in float32
-so a seeded generator gives the same tokens whatever device the model is on.
+`gptrain generate` for checking a checkpoint, not serving. Sampling happens on the CPU, the
+softmax in float64 (a tiny temperature stays finite), so a seeded generator gives the same tokens
+whatever device the model is on.
 """
 
 from __future__ import annotations
