@@ -47,9 +47,11 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="STRING",
         help=(
-            "stop once the generated text contains STRING, and print the text before it "
-            "(may be repeated: the first one reached ends it); the end-of-document token, and each end "
-            "token an imported model declares (its eos_token_id), always stops"
+            "stop once the text ends in STRING, and print the text before it (may be repeated: the first "
+            "one reached ends it); it may start in the prompt (--stop $'\\nQ:' after a prompt ending in a "
+            "newline) but must end in generated text, and the prompt is always printed whole; the "
+            "end-of-document token, and each end token an imported model declares (its eos_token_id), "
+            "always stops"
         ),
     )
     parser.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234)")
@@ -86,13 +88,13 @@ def run_generate(args: argparse.Namespace) -> int:
         eod=ends,
         generator=torch.Generator().manual_seed(args.seed),
         valid_vocab_size=run.vocab_size,
-        stop=stop_string_reached(run.tokenizer, prompt_ids, args.stop),
+        stop=stop_string_reached(run.tokenizer, args.prompt, prompt_ids, args.stop),
         excluded_ids=undecodable_ids(run.tokenizer, run.vocab_size),
     )
     if new_ids and new_ids[-1] in ends:
         new_ids = new_ids[:-1]
     text = continuation_text(run.tokenizer, prompt_ids, new_ids)
-    print(args.prompt + before_stop_string(text, args.stop))
+    print(before_stop_string(args.prompt, text, args.stop))
     return 0
 
 
@@ -149,23 +151,37 @@ def check_stop_strings(stops: Sequence[str]) -> None:
 
 
 def stop_string_reached(
-    tokenizer, prompt_ids: list[int], stops: Sequence[str]
+    tokenizer, prompt: str, prompt_ids: list[int], stops: Sequence[str]
 ) -> Callable[[list[int]], bool] | None:
-    """Whether the text generated so far contains a stop string. Checked on the decoded text, not
-    on token ids: a string can end inside a token, or span several (none without --stop)."""
+    """Whether the prompt and the text generated so far hold a stop string that ends in the
+    generated part. Checked on the decoded text, not on token ids: a string can end inside a token,
+    or span several (none without --stop)."""
     if not stops:
         return None
 
     def reached(new_ids: list[int]) -> bool:
         text = continuation_text(tokenizer, prompt_ids, new_ids)
-        return any(stop in text for stop in stops)
+        return stop_string_start(prompt + text, len(prompt), stops) is not None
 
     return reached
 
 
-def before_stop_string(text: str, stops: Sequence[str]) -> str:
-    """`text` up to the earliest stop string in it (all of it when none is)."""
-    return text[: min((text.find(stop) for stop in stops if stop in text), default=len(text))]
+def stop_string_start(text: str, generated_from: int, stops: Sequence[str]) -> int | None:
+    """Where the earliest stop string that ends past `generated_from` starts in `text` (None: none).
+
+    A match may start in the prompt, as transformers' stop_strings match the end of the whole
+    sequence: a few-shot prompt ending in a newline never stopped on --stop $'\\nQ:' when the model
+    wrote "Q:" first. One that ends inside the prompt is the prompt's own, not a stop."""
+    starts = [text.find(stop, max(0, generated_from - len(stop) + 1)) for stop in stops]
+    return min((start for start in starts if start >= 0), default=None)
+
+
+def before_stop_string(prompt: str, text: str, stops: Sequence[str]) -> str:
+    """The prompt and `text` up to the earliest stop string that ends in `text` (all of it when
+    none does); a match that starts in the prompt cuts no prompt text."""
+    whole = prompt + text
+    start = stop_string_start(whole, len(prompt), stops)
+    return whole if start is None else whole[: max(start, len(prompt))]
 
 
 def check_prompt_is_text(prompt: str) -> None:

@@ -459,6 +459,70 @@ def test_stop_strings_end_generation_and_the_text_before_them_is_printed(
     assert counts[-1] == 12
 
 
+def scripted_model(script: str, vocab: int = 128):
+    """A model whose greedy continuation is `script` (one character a token, ids are code points),
+    whatever the context: the logits of new token k peak at script[k]. `calls` counts its forwards."""
+    import torch
+
+    class Scripted(torch.nn.Module):
+        config = type("Config", (), {"seq_length": 64})()
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))
+            self.prompt_length, self.calls = 0, 0
+
+        def forward(self, context: torch.Tensor) -> torch.Tensor:
+            self.prompt_length = self.prompt_length or context.shape[1]
+            self.calls += 1
+            logits = torch.zeros(1, context.shape[1], vocab)
+            logits[0, -1, ord(script[context.shape[1] - self.prompt_length])] = 1.0
+            return logits
+
+    return Scripted()
+
+
+class CharacterTokenizer:
+    """One token a character, its code point; id 0 ends a document."""
+
+    vocab_size, eod = 128, 0
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_stop_string_may_start_in_the_prompt_but_must_end_in_generated_text(capsys, monkeypatch) -> None:
+    """--stop matched the generated text alone: a few-shot prompt ending in a newline never stopped
+    on --stop $'\\nQ:' when the model wrote "Q:" right after it. Now, as transformers' stop_strings,
+    the match may start in the prompt but must end in generated text, and no prompt text is cut."""
+    from gptrain.trained import generate as generate_module
+    from gptrain.trained import load
+    from gptrain.trained.generate import add_generate_parser
+
+    prompt = "Q: 1+1?\nA: 2\n"
+    script = "Q: 2+2?\nA: 4\nQ: 9"
+
+    def generated(*flags: str) -> tuple[str, int]:
+        model = scripted_model(script)
+        run = load.LoadedRun(model, CharacterTokenizer(), 128, Path("step_1"))
+        monkeypatch.setattr(load, "load_run", lambda path: run)
+        monkeypatch.setattr(generate_module, "undecodable_ids", lambda tokenizer, size: [])
+        argv = ["generate", "run", "--prompt", prompt, "--max-new-tokens", "12", "--greedy", *flags]
+        assert run_subcommand(add_generate_parser, argv) == 0
+        return capsys.readouterr().out, model.calls
+
+    out, tokens = generated("--stop", "\nQ:")
+    assert out == prompt + "\n" and tokens == 2  # the prompt's "\n" + "Q:": stopped, the prompt whole
+    out, tokens = generated("--stop", "A: 2")  # in the prompt only: never a stop
+    assert out == prompt + script[:12] + "\n" and tokens == 12
+    out, tokens = generated("--stop", "?\nA", "--stop", "\nQ: 9")  # the earliest that ends in new text
+    assert out == prompt + "Q: 2+2" + "\n" and tokens == 9
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_ids_a_tiktoken_encoding_skips_are_never_sampled(tmp_path: Path, capsys, monkeypatch) -> None:
     """tiktoken's encodings leave ids unassigned between their ordinary and special tokens
