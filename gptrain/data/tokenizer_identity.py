@@ -157,10 +157,16 @@ class TokenizerCheck:
         return cls(record(tokenizer, kind, source), table, allow_change)
 
     def check(
-        self, saved: dict[str, Any] | None, checkpoint: str, whose: str, fix: str
+        self,
+        saved: dict[str, Any] | None,
+        checkpoint: str,
+        whose: str,
+        fix: str,
+        allow: str = "set exp_manager.allow_tokenizer_change=true",
     ) -> tuple[str | None, str | None]:
         """(an error, a note to log) for loading `checkpoint`, whose record is `saved`, under this
-        tokenizer (`whose`: 'this run's model.tokenizer'); `fix`: what to do instead."""
+        tokenizer (`whose`: 'this run's model.tokenizer'); `fix`: what to do instead; `allow`: how
+        this command is told to load it anyway (a command without overrides: a key in a file)."""
         if saved is None:
             return (
                 None,
@@ -182,6 +188,6 @@ class TokenizerCheck:
                 f"{text}; loaded anyway (exp_manager.allow_tokenizer_change=true): its ids now mean other tokens",
             )
         return (
-            f"{text}: its ids would mean other tokens than the trained embeddings; {fix}, or set "
-            "exp_manager.allow_tokenizer_change=true to go on with this one"
+            f"{text}: its ids would mean other tokens than the trained embeddings; {fix}, or {allow} "
+            "to go on with this one"
         ), None

@@ -203,21 +203,30 @@ def build_run_tokenizer(cfg: Any, hparams: Path) -> Any | None:
     return build_tokenizer(cfg)
 
 
-def check_run_tokenizer(cfg: Any, tokenizer: Any | None, step_dir: Path, hparams: Path) -> None:
+def check_run_tokenizer(
+    cfg: Any, tokenizer: Any | None, step_dir: Path, hparams: Path, takes_overrides: bool = False
+) -> None:
     """The tokenizer hparams.yaml now gives against the one the checkpoint records: another one
     (files replaced since training) is refused, as at resume; an extension is a warning (the model
-    never trained its new ids)."""
+    never trained its new ids). The refusal says what to do where the command is told it: overrides
+    for eval, hparams.yaml's keys for generate and export, which take none."""
     from gptrain.train.builders import tokenizer_check
 
     check = tokenizer_check(cfg, tokenizer)
     recorded = recorded_tokenizer(step_dir)
     if check is None or recorded is None:  # mock data, or a checkpoint from before records
         return
+    if takes_overrides:
+        fix = (
+            "restore the files it names, or name the ones the checkpoint was trained with as "
+            "model.tokenizer overrides"
+        )
+        allow = "pass exp_manager.allow_tokenizer_change=true"
+    else:
+        fix = "restore the files it names, or name the ones the checkpoint was trained with there"
+        allow = "set exp_manager.allow_tokenizer_change: true there"
     error, note = check.check(
-        recorded,
-        f"checkpoint {step_dir}",
-        f"the model.tokenizer of {hparams}",
-        "restore the files it names, or name the ones the checkpoint was trained with there (eval: as overrides)",
+        recorded, f"checkpoint {step_dir}", f"the model.tokenizer of {hparams}", fix, allow
     )
     if error is not None:
         raise DataError(error)
@@ -303,18 +312,21 @@ class RunCheckpoint:
     """Embedding rows in the checkpoint: the padding of the layout that wrote it (it grows with TP)."""
 
 
-def open_run(path: str | Path, overrides: Sequence[str] = (), checksums: bool = False) -> RunCheckpoint:
+def open_run(
+    path: str | Path, overrides: Sequence[str] | None = None, checksums: bool = False
+) -> RunCheckpoint:
     """The newest complete checkpoint under `path` (or that step dir), with its run's config
-    (`checksums`: see resolve_checkpoint)."""
+    (`checksums`: see resolve_checkpoint). `overrides`: the command's key=value overrides (eval);
+    None for a command that takes none (generate, export), whose errors then name hparams.yaml's keys."""
     from gptrain.config import load_training_config
     from gptrain.train.builders import is_mock_data, padded_vocab_size
 
     step_dir = resolve_checkpoint(path, checksums)
     hparams = find_hparams(step_dir)
-    cfg = load_training_config(config_file=str(hparams), overrides=overrides, report_ignored=False)
+    cfg = load_training_config(config_file=str(hparams), overrides=overrides or (), report_ignored=False)
     mock_vocab = is_mock_data(cfg) and cfg.model.data.mock_vocab_size
     tokenizer = None if mock_vocab else build_run_tokenizer(cfg, hparams)
-    check_run_tokenizer(cfg, tokenizer, step_dir, hparams)
+    check_run_tokenizer(cfg, tokenizer, step_dir, hparams, takes_overrides=overrides is not None)
     vocab, _ = padded_vocab_size(cfg, tokenizer)
     saved, positions = checkpoint_shapes(step_dir, EMBEDDING_KEY, POSITIONS_KEY)
     if saved is None:
@@ -330,7 +342,7 @@ def open_run(path: str | Path, overrides: Sequence[str] = (), checksums: bool = 
         # the table as saved: runs before 2026-11-26 had encoder_seq_length rows whatever their
         # hparams.yaml said (its max_position_embeddings was checked, then ignored)
         cfg.model.max_position_embeddings = positions[0]
-    check_run_architecture(cfg, step_dir, hparams, overrides, saved[0])
+    check_run_architecture(cfg, step_dir, hparams, overrides or (), saved[0])
     return RunCheckpoint(step_dir, hparams, cfg, tokenizer, vocab, saved[0])
 
 

