@@ -369,10 +369,18 @@ def report(
 
 def repeats_warning(read: Coverage, batches: int, source: str) -> str:
     """One line: the batches read some tokens more than once (the split is built over several epochs,
-    as for the training's validation, and Megatron's evaluation wraps around the same way)."""
+    as for the training's validation, and Megatron's evaluation wraps around the same way). Fewer
+    tokens than the data holds can repeat too (a blend's small dataset read past its end while a large
+    one is not read through): "read them 0.82 times over" said otherwise."""
     times = read.read_tokens / max(read.data_tokens, 1)
+    if times >= 1:
+        how = f"them {times:.2f} times over ({read.read_tokens:,} tokens, {read.distinct_tokens:,} distinct)"
+    else:
+        how = (
+            f"{read.read_tokens:,} of them, yet only {read.distinct_tokens:,} distinct (a blend's smaller "
+            "dataset, or a split shuffled over several epochs, repeats before all is read)"
+        )
     return (
-        f"gptrain: warning: {source}: {read.data_tokens:,} tokens; {batches} batches read them "
-        f"{times:.2f} times over ({read.read_tokens:,} tokens, {read.distinct_tokens:,} distinct): the loss "
+        f"gptrain: warning: {source}: {read.data_tokens:,} tokens; {batches} batches read {how}: the loss "
         "counts the repeated tokens again"
     )

@@ -85,5 +85,29 @@ def test_a_blend_adds_up_its_datasets(tmp_path) -> None:
     assert read.distinct_tokens == brute_force(blend, 30)
 
 
+def test_the_repeats_warning_of_a_blend_read_less_than_once_says_so(tmp_path) -> None:
+    """A blend whose small dataset wraps while its large one is barely read: fewer tokens read than
+    the data holds, some of them twice. The warning said "read them 0.27 times over"."""
+    from gptrain.trained.evaluate import repeats_warning
+
+    small = numbered_data(tmp_path / "small", LENGTHS)
+    large = numbered_data(tmp_path / "large", [400], start=1000)
+    children = [
+        GPTDataset(small, np.arange(len(LENGTHS)), 30, SEQ, 1, "valid", use_cache=False),
+        GPTDataset(large, np.arange(1), 30, SEQ, 1, "valid", use_cache=False),
+    ]
+    blend = BlendedDataset(children, [0.9, 0.1], 16, "valid", use_cache=False)
+    read = coverage(blend, 16)
+    assert read is not None
+    assert read.read_tokens == 16 * SEQ < read.data_tokens == 77 + 400
+    distinct = brute_force(blend, 16)
+    assert read.distinct_tokens == distinct < read.read_tokens
+    assert repeats_warning(read, 4, "blend") == (
+        f"gptrain: warning: blend: 477 tokens; 4 batches read 128 of them, yet only {distinct} distinct "
+        "(a blend's smaller dataset, or a split shuffled over several epochs, repeats before all is read): "
+        "the loss counts the repeated tokens again"
+    )
+
+
 def test_mock_data_has_no_coverage() -> None:
     assert coverage(MockGPTDataset(10, SEQ, 50), 10) is None
