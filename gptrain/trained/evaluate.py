@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from gptrain.checkpoint.directory import CheckpointLoadError
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.checkpoint.reader import CheckpointDamagedError
 from gptrain.config import TrainingConfig
+from gptrain.config.schema import PER_SPLIT_KEYS
 from gptrain.errors import ConfigError, DataError
 from gptrain.parallel.layout import STARTED, check_layout
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
@@ -29,8 +31,9 @@ from gptrain.train import builders as b
 from gptrain.train.evaluation import EvalResult, EvalSetup, evaluate_loss
 from gptrain.train.state import TrainState
 from gptrain.trained.coverage import Coverage, coverage
-from gptrain.trained.load import RunCheckpoint, is_step_dir, older_checkpoint, open_run
+from gptrain.trained.load import RunCheckpoint, is_step_dir, older_checkpoint, open_run, override_key
 from gptrain.utils.atomic import atomic_write_text
+from gptrain.utils.paths import started_in
 
 # One process evaluates with the whole model whatever layout trained it (as generate and export
 # do); the user's own layout overrides come after these and win.
@@ -71,7 +74,7 @@ def evaluate_checkpoint(request: EvalRequest) -> EvalResult:
         cfg, step_dir = run.cfg, run.step_dir
         dp_rank, dp_size = b.data_parallel_rank_size(cfg, world)
         setup = eval_setup(cfg, model, device, dp_rank, dp_size)
-        data, batches, source = eval_data(cfg, request, run.vocab, run.tokenizer)
+        data, batches, source = eval_data(cfg, request, run.vocab, run.tokenizer, run.hparams)
         result = evaluate_loss(setup, data, batches)
         if b.is_logging_rank(cfg, world):
             read = coverage(data.samples, result.batches * cfg.model.global_batch_size)
@@ -177,12 +180,16 @@ def eval_setup(cfg: TrainingConfig, model: torch.nn.Module, device: torch.device
     )
 
 
-def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: Any) -> tuple[Any, int, str]:
-    """(dataset, global batches, description): a split of the run's data, or --data-prefix."""
+def eval_data(
+    cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: Any, hparams: Path | None = None
+) -> tuple[Any, int, str]:
+    """(dataset, global batches, description): a split of the run's data (relative prefixes of the
+    run's `hparams` from where it was started), or --data-prefix."""
     if request.batches is not None and request.batches < 1:
         raise ConfigError(f"--batches must be at least 1, got {request.batches}")
     if request.data_prefix:
         return prefix_data(cfg, request, vocab, tokenizer)
+    not_found_note = prefixes_from_start(cfg, hparams, request.overrides) if hparams else None
     t = cfg.trainer
     default = {"validation": t.limit_val_batches, "test": t.limit_test_batches, "train": t.limit_val_batches}
     batches = request.batches or default[request.split]
@@ -193,6 +200,8 @@ def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: 
     if batches < 1:
         key = "limit_test_batches" if request.split == "test" else "limit_val_batches"
         raise ConfigError(f"the run has trainer.{key}=0 (no {request.split} batches); pass --batches N")
+    if not_found_note is not None:
+        check_relative_prefixes(cfg, not_found_note)
     check_run_data_files(cfg)
     train, valid, test = b.build_datasets(cfg, vocab, tokenizer, asked_by=asked_by)
     data = {"train": train, "validation": valid, "test": test}[request.split]
@@ -212,6 +221,74 @@ def eval_data(cfg: TrainingConfig, request: EvalRequest, vocab: int, tokenizer: 
     elif request.split == "train":
         batches = _train_batches_held(batches, len(data), cfg.model.global_batch_size, source)
     return data, batches, source
+
+
+NOT_FOUND_NOTE = "relative to the directory the run was started in; run from there or pass --data-prefix"
+
+
+def prefixes_from_start(cfg: TrainingConfig, hparams: Path, overrides: Sequence[str]) -> str | None:
+    """hparams.yaml records model.data.data_prefix as given, relative to the directory the run was
+    started in: `gptrain eval RUN` from anywhere else found none ("check the path"). Where the run's
+    relative explicit_log_dir tells that directory, its relative prefixes are taken from there; else
+    the note for a prefix not found. A data_prefix given as an override is the user's, from here."""
+    if b.is_mock_data(cfg) or any(
+        override_key(item).startswith("model.data.data_prefix") for item in overrides
+    ):
+        return None
+    recorded = cfg.exp_manager.explicit_log_dir
+    started = started_in(hparams.resolve().parent, recorded) if recorded else None
+    if started is None:
+        return NOT_FOUND_NOTE
+    cfg.model.data.data_prefix = _prefixes_under(cfg.model.data.data_prefix, started)
+    return None
+
+
+def _prefixes_under(spec: Any, directory: Path) -> Any:
+    """A data_prefix (one prefix, [weight, prefix, ...], or per split) with its relative prefixes
+    under `directory`; one that does not parse is left for the builder to refuse."""
+    from gptrain.data.blend_spec import parse_blend
+
+    if isinstance(spec, Mapping):
+        return {key: _prefixes_under(value, directory) for key, value in spec.items()}
+    if not spec:
+        return spec
+    try:
+        _, weights = parse_blend(spec)
+    except DataError:
+        return spec
+    entries = [spec] if isinstance(spec, str) else list(spec)
+    for position in range(1, len(entries), 2) if weights else [0]:
+        if _is_relative(prefix := str(entries[position]).strip()):
+            entries[position] = str(directory / prefix)
+    return entries[0] if isinstance(spec, str) else entries
+
+
+def _is_relative(prefix: str) -> bool:
+    """A prefix named from the working directory (~ is refused with its own hint)."""
+    return not os.path.isabs(prefix) and not prefix.startswith("~")
+
+
+def check_relative_prefixes(cfg: TrainingConfig, note: str) -> None:
+    """A relative prefix of the splits the build reads that names no pair, with `note` (where the
+    run was started is not recorded) after the line the builder would give."""
+    from gptrain.data.blend_spec import parse_blend
+    from gptrain.data.pair_check import pair_problem
+
+    spec = cfg.model.data.data_prefix
+    sizes = b.dataset_target_sizes(cfg)
+    per_split = spec.items() if isinstance(spec, Mapping) else [(None, spec)]
+    for key, split_spec in per_split:
+        if key is not None and (key not in PER_SPLIT_KEYS or sizes[PER_SPLIT_KEYS.index(key)] == 0):
+            continue  # a split not built, or a key the builder refuses
+        if not split_spec:
+            continue
+        try:
+            prefixes, _ = parse_blend(split_spec)
+        except DataError:
+            return  # the builder's line
+        for prefix in filter(_is_relative, prefixes):
+            if (problem := pair_problem(prefix)) is not None:
+                raise DataError(f"model.data.data_prefix {prefix}: {problem}; {note}")
 
 
 def _split_grown_for(request: EvalRequest, cfg: TrainingConfig) -> str | None:

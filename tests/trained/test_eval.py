@@ -297,6 +297,66 @@ def test_fewer_batches_than_the_run_validated_are_its_first_validation_batches(
     assert first_batch(1) == first_batch(None) == first_batch(6)
 
 
+def test_a_runs_relative_data_prefix_is_read_from_where_the_run_was_started(
+    run_dir: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """hparams.yaml records a relative model.data.data_prefix as given: `gptrain eval RUN` from
+    another directory said "check the path, or make the pair". A relative explicit_log_dir tells
+    where the run was started, and its prefixes are read from there; without one, the line says
+    what the prefix is relative to."""
+    import shutil
+
+    import yaml
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    started = tmp_path / "project"
+    rng = np.random.default_rng(0)
+    writer = IndexedDatasetWriter(str(started / "data" / "docs"), np.uint16)
+    for _ in range(8):
+        writer.add_document(rng.integers(0, VOCAB, size=int(rng.integers(10, 60))).astype(np.uint16))
+    writer.finalize()
+    tokenizer = Tokenizer(WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    tokenizer.save(str(started / "tokenizer.json"))
+    moved = started / "results" / "run"
+    shutil.copytree(run_dir, moved)
+    hparams = yaml.safe_load((moved / "hparams.yaml").read_text())
+    hparams["model"]["data"] |= {
+        "data_prefix": "data/docs",  # as a run started in `started` records it
+        "data_impl": "mmap",
+        "splits_string": "50,50,0",
+        "index_mapping_dir": str(tmp_path / "cache"),
+    }
+    hparams["model"]["tokenizer"] |= {
+        "library": "huggingface",
+        "type": "HuggingFaceTokenizer",
+        "model": str(started / "tokenizer.json"),
+        "vocab_file": None,
+        "merge_file": None,
+    }
+
+    def evaluated(log_dir: str) -> int | dict:
+        hparams["exp_manager"]["explicit_log_dir"] = log_dir
+        (moved / "hparams.yaml").write_text(yaml.safe_dump(hparams))
+        out = tmp_path / "eval.json"
+        code = main(["eval", str(moved), "--batches", "1", "--json", str(out)])
+        return json.loads(out.read_text()) if code == 0 else code
+
+    monkeypatch.chdir(started)
+    expected = evaluated("results/run")
+    assert isinstance(expected, dict)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert evaluated("results/run") == expected
+    capsys.readouterr()
+    assert evaluated(str(moved)) == 2  # absolute: where it started is not recorded
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "gptrain: error: model.data.data_prefix data/docs: data/docs.bin/.idx not found; check the path, or "
+        "make the pair with gptrain data prepare; relative to the directory the run was started in; run "
+        "from there or pass --data-prefix"
+    )
+
+
 def test_a_json_file_that_cannot_be_written_is_refused_before_evaluating(
     run_dir: Path, tmp_path: Path, capsys
 ) -> None:
