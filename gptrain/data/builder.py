@@ -243,6 +243,36 @@ def _per_split(
     return datasets[0], datasets[1], datasets[2]
 
 
+def built_split_lines(datasets: Sequence[Dataset | None]) -> list[str]:
+    """What each built split holds: its samples and, as Megatron logs them ("total number of
+    epochs"), the passes over its documents they take, so a run that repeats a small corpus says so.
+    `datasets` are (train, valid, test); a split not built and mock data say nothing."""
+    lines: list[str] = []
+    for name, dataset in zip(SPLIT_NAMES, datasets, strict=True):
+        if isinstance(dataset, GPTDataset):
+            lines.append(f" > {name} split: {_gpt_split_text(dataset)}")
+        elif isinstance(dataset, BlendedDataset):
+            lines.append(
+                f" > {name} split: {len(dataset):,} samples blended from {len(dataset.datasets)} datasets"
+            )
+            for weight, child in zip(dataset.weights, dataset.datasets, strict=True):
+                lines.append(f"    weight {weight:.4f}: {_gpt_split_text(child)}")  # type: ignore[arg-type]
+    return lines
+
+
+def _gpt_split_text(dataset: GPTDataset) -> str:
+    epochs = dataset.num_epochs
+    where = (
+        ""
+        if dataset.cache_dir is None
+        else f" {'loaded from' if dataset.cache_hit else 'built in'} {dataset.cache_dir}"
+    )
+    return (
+        f"{len(dataset):,} samples of {dataset.seq_length} tokens, {epochs:,} epoch{'s' if epochs != 1 else ''} "
+        f"of its {len(dataset.indices):,} sequences of {dataset.dataset.path_prefix} (indices{where})"
+    )
+
+
 def _lone_prefix(spec: str | Sequence[str | float]) -> str | Sequence[str | float]:
     """A split's one weighted prefix (`--valid-data-path 1.0 X`) as the prefix alone, as Megatron
     builds it since core 0.7 (April 2024): for the split's own sample count. A one-dataset blend

@@ -369,6 +369,11 @@ class GPTDataset:
     def __len__(self) -> int:
         return int(self.sample_index.shape[0]) - 1
 
+    @property
+    def num_epochs(self) -> int:
+        """Passes over the split's documents that its samples take (Megatron's "total number of epochs")."""
+        return len(self.document_index) // max(1, len(self.indices))
+
     def locate(self, idx: int) -> SampleLocation:
         """The unshuffled sample and the document pieces that make up sample `idx`."""
         if not -len(self) <= idx < len(self):

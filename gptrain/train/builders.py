@@ -439,6 +439,13 @@ def split_sizes_asked_by(cfg: TrainingConfig) -> tuple[str, str, str]:
     )
 
 
+def built_split_lines(datasets: Sequence[Any]) -> list[str]:
+    """Megatron's lines of what the (train, valid, test) GPTBatchDatasets hold: samples, epochs."""
+    from gptrain.data.builder import built_split_lines as lines
+
+    return lines([getattr(dataset, "samples", None) for dataset in datasets])
+
+
 def _build_datasets(
     cfg: TrainingConfig, vocab: int, tokenizer: Any | None, asked_by: Sequence[str] | None = None
 ) -> tuple[Any, Any, Any]:

@@ -150,6 +150,8 @@ def train(
             write_run_files(log_dir, cfg.to_yaml())
         for line in b.megatron_start_lines(cfg, vocab, model_config, dp_size):
             session.log(line)
+        for line in b.built_split_lines((train_data, valid_data, test_data)):
+            session.log(line)
         with stop.holding_interrupts(enabled=world.world_size == 1):
             code = step_loop.run(session, train_data, valid_data, test_data, stop)
         requeue = code == EXIT_REQUEUE

@@ -284,3 +284,22 @@ def test_a_split_too_large_for_memory_names_what_asked_for_it(tmp_path):
 def test_builder_does_not_import_torch():
     code = "import sys, gptrain.data.builder; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_built_split_lines_name_each_blended_dataset_and_its_epochs(tmp_path):
+    """A blend's line counts its samples; each dataset's line its weight, samples and epochs."""
+    from gptrain.data.builder import built_split_lines
+
+    small = write_dataset(tmp_path / "small", [10] * 4)  # 40 tokens an epoch
+    large = write_dataset(tmp_path / "large", [10] * 40)  # 400
+    train, _, _ = build_gpt_datasets([1, small, 3, large], "1,0,0", 8, 1, (40, 0, 0), skip_unused=True)
+    # 10 and 30 samples blended, 11 and 31 asked (Megatron's 0.5% surplus, rounded up): 11 * 8 + 1 tokens
+    # take 3 epochs of small, whose 120 tokens hold (120 - 1) // 8 = 14 samples; 31 * 8 + 1 fit in one
+    # of large: (400 - 1) // 8 = 49
+    assert built_split_lines([train, None, None]) == [
+        " > train split: 40 samples blended from 2 datasets",
+        f"    weight 0.2500: 14 samples of 8 tokens, 3 epochs of its 4 sequences of {small} "
+        f"(indices built in {tmp_path / 'cache' / 'GPTDataset_indices'})",
+        f"    weight 0.7500: 49 samples of 8 tokens, 1 epoch of its 40 sequences of {large} "
+        f"(indices built in {tmp_path / 'cache' / 'GPTDataset_indices'})",
+    ]
