@@ -6,11 +6,13 @@ IndexedDataset and the builder), and a login-node check can ask it without numpy
 from __future__ import annotations
 
 import os
+import re
 
 from gptrain.data.blend_spec import strip_suffix, text_document_hint
 from gptrain.utils.paths import look_up
 
 _PREFIX_EXAMPLE = "data/corpus_text_document for data/corpus_text_document.bin/.idx"
+_VARIABLE = re.compile(r"\$\{?(\w+)")
 
 
 def pair_problem(path_prefix: str) -> str | None:
@@ -54,7 +56,7 @@ def _no_pair_problem(base: str) -> str:
             f"{base}: a file, not the prefix of a .bin/.idx pair; give the prefix ({_PREFIX_EXAMPLE}), "
             "or, for jsonl, make the pair first with gptrain data prepare"
         )
-    hint = text_document_hint(base) or _home_hint(base)
+    hint = text_document_hint(base) or _home_hint(base) or _variable_hint(base)
     return f"{base}.bin/.idx not found; " + (
         hint or "check the path, or make the pair with gptrain data prepare"
     )
@@ -67,6 +69,19 @@ def _home_hint(base: str) -> str:
     if home == base or not all(os.path.isfile(home + suffix) for suffix in (".bin", ".idx")):
         return ""
     return f"did you mean {home}? (~ is expanded by a shell, not in a config file or a quoted argument)"
+
+
+def _variable_hint(base: str) -> str:
+    """Likewise a $VAR or ${VAR} (a prefix in single quotes, or in a YAML file, where OmegaConf
+    reads ${oc.env:VAR}): the question that says so where the expanded prefix names a pair. Else ''."""
+    expanded = os.path.expanduser(os.path.expandvars(base))
+    if expanded == base or not all(os.path.isfile(expanded + suffix) for suffix in (".bin", ".idx")):
+        return ""
+    name = next((n for n in _VARIABLE.findall(base) if n in os.environ), "VAR")
+    return (
+        f"did you mean {expanded}? (${name} is expanded by a shell, not in a config file or a quoted "
+        f"argument; a config can write ${{oc.env:{name}}})"
+    )
 
 
 def _directory_problem(directory: str) -> str:

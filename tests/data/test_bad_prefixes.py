@@ -93,6 +93,14 @@ def make_case(tmp_path: Path, case: str) -> tuple[str, str]:
             "~/data/ds",
             f"~/data/ds.bin/.idx not found; did you mean {d / 'home' / 'data' / 'ds'}? (~ is expanded",
         )
+    if case in ("a variable no shell expanded", "a braced variable no shell expanded"):
+        write(d / "corpora" / "ds")
+        given = "$CORPORA/ds" if case.startswith("a variable") else "${CORPORA}/ds"
+        return (
+            given,
+            f"{given}.bin/.idx not found; did you mean {d / 'corpora' / 'ds'}? ($CORPORA is expanded by a "
+            "shell, not in a config file or a quoted argument; a config can write ${oc.env:CORPORA})",
+        )
     if case == "permission denied":
         prefix = write(d / "locked" / "ds")
         return (
@@ -119,6 +127,8 @@ CASES = [
     "the jsonl",
     "the output prefix of prepare",
     "a home directory no shell expanded",
+    "a variable no shell expanded",
+    "a braced variable no shell expanded",
     "permission denied",
     "permission denied further up",
 ]
@@ -131,6 +141,7 @@ def test_a_prefix_of_no_pair_is_one_line_naming_it_and_what_to_do(
 ):
     write(tmp_path / "good")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CORPORA", str(tmp_path / "corpora"))
     prefix, message = make_case(tmp_path, case)
     if case.startswith("permission denied"):
         refuse_search(tmp_path / "locked")
