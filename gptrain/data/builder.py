@@ -14,7 +14,7 @@ from gptrain.data.blend_spec import parse_blend
 from gptrain.data.blended import BlendedDataset, normalize
 from gptrain.data.gpt_dataset import GPTDataset
 from gptrain.data.mock import MockGPTDataset
-from gptrain.data.splits import SPLIT_NAMES, split_ranges
+from gptrain.data.splits import LEGACY_DEFAULT_SPLIT, SPLIT_NAMES, split_ranges
 from gptrain.errors import ConfigError, DataError
 
 Dataset = GPTDataset | BlendedDataset | MockGPTDataset
@@ -98,12 +98,29 @@ def _single_prefix_splits(
     for name, bounds, count in zip(
         SPLIT_NAMES, split_ranges(splits_string, len(indexed)), num_samples, strict=True
     ):
-        datasets.append(
-            None
-            if bounds is None or (skip_unused and count == 0) or only_split not in (None, name)
-            else GPTDataset(indexed, range(*bounds), count, seq_length, seed, name, cache_dir)
-        )
+        if bounds is None or (skip_unused and count == 0) or only_split not in (None, name):
+            datasets.append(None)
+            continue
+        if bounds[0] == bounds[1]:
+            raise DataError(_no_sequences_text(prefix, len(indexed), name, splits_string))
+        datasets.append(GPTDataset(indexed, range(*bounds), count, seq_length, seed, name, cache_dir))
     return datasets
+
+
+def _no_sequences_text(prefix: str, sequences: int, split: str, splits_string: str | None) -> str:
+    """Why a split that is asked for samples gets none of the dataset's sequences, and what to do:
+    the index build's 'a split of 0 sequences holds 0 tokens' told an empty corpus to change its split
+    string, and a small one neither which split string nor that its share rounds to nothing."""
+    if sequences == 0:
+        return (
+            f"{prefix}: the dataset holds no sequences (an empty corpus); prepare it from documents with text"
+        )
+    text = LEGACY_DEFAULT_SPLIT if splits_string is None else splits_string
+    return (
+        f"{prefix}: the split string {text!r} gives the {split} split 0 of the dataset's {sequences:,} "
+        "sequences (its share, rounded as Megatron rounds it); give that split a larger share, or the "
+        "dataset more documents"
+    )
 
 
 def _blend_splits(

@@ -303,3 +303,28 @@ def test_built_split_lines_name_each_blended_dataset_and_its_epochs(tmp_path):
         f"    weight 0.7500: 49 samples of 8 tokens, 1 epoch of its 40 sequences of {large} "
         f"(indices built in {tmp_path / 'cache' / 'GPTDataset_indices'})",
     ]
+
+
+@pytest.mark.parametrize("blend", [False, True])
+def test_a_split_the_split_string_leaves_without_sequences_names_it(tmp_path, blend):
+    """20 sequences at '98,2,0': the valid split's [round(19.6), round(20)) holds none. The index build
+    said 'a split of 0 sequences holds 0 tokens' without the split string or the sequences' count."""
+    prefix = write_dataset(tmp_path / "small", [30] * 20)
+    spec = [1, prefix] if blend else prefix
+    with pytest.raises(DataError) as info:
+        build_gpt_datasets(spec, "98,2,0", 8, 1, (40, 5, 0), skip_unused=True)
+    assert str(info.value) == (
+        f"{prefix}: the split string '98,2,0' gives the valid split 0 of the dataset's 20 sequences (its "
+        "share, rounded as Megatron rounds it); give that split a larger share, or the dataset more documents"
+    )
+    train, valid, _ = build_gpt_datasets(spec, "90,10,0", 8, 1, (40, 5, 0), skip_unused=True)
+    assert valid is not None and len(valid) >= 5  # [18, 20): two sequences
+
+
+def test_an_empty_dataset_is_named_as_empty_not_as_a_split_string_to_change(tmp_path):
+    prefix = write_dataset(tmp_path / "empty", [])
+    with pytest.raises(DataError) as info:
+        build_gpt_datasets(prefix, "98,2,0", 8, 1, (40, 5, 0))
+    assert str(info.value) == (
+        f"{prefix}: the dataset holds no sequences (an empty corpus); prepare it from documents with text"
+    )

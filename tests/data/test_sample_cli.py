@@ -177,7 +177,9 @@ def test_errors_are_one_line(tmp_path, capsys):
     # The default split "969, 30, 1" leaves 4 sequences no validation data.
     assert main(["data", "sample", "--data-prefix", prefix, "--seq-length", "4", "--split", "valid"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "(valid split): a split of 0 sequences holds 0 tokens" in err
+    assert err.count("\n") == 1 and (
+        f"{prefix}: the split string '969, 30, 1' gives the valid split 0 of the dataset's 4 sequences" in err
+    )
     prefix = write_dataset(tmp_path / "d", [5, 6, 7, 8] * 250)
     assert main(["data", "sample", "--data-prefix", prefix, "--seq-length", "4", "--index", "99999"]) == 2
     err = capsys.readouterr().err
