@@ -269,8 +269,9 @@ def built_split_lines(datasets: Sequence[Dataset | None]) -> list[str]:
         if isinstance(dataset, GPTDataset):
             lines.append(f" > {name} split: {_gpt_split_text(dataset)}")
         elif isinstance(dataset, BlendedDataset):
+            count = len(dataset.datasets)
             lines.append(
-                f" > {name} split: {len(dataset):,} samples blended from {len(dataset.datasets)} datasets"
+                f" > {name} split: {len(dataset):,} samples blended from {count} dataset{'s' if count != 1 else ''}"
             )
             for weight, child in zip(dataset.weights, dataset.datasets, strict=True):
                 lines.append(f"    weight {weight:.4f}: {_gpt_split_text(child)}")  # type: ignore[arg-type]

@@ -303,6 +303,8 @@ def test_built_split_lines_name_each_blended_dataset_and_its_epochs(tmp_path):
         f"    weight 0.7500: 49 samples of 8 tokens, 1 epoch of its 40 sequences of {large} "
         f"(indices built in {tmp_path / 'cache' / 'GPTDataset_indices'})",
     ]
+    lone, _, _ = build_gpt_datasets([1, large], "1,0,0", 8, 1, (40, 0, 0), skip_unused=True)
+    assert built_split_lines([lone, None, None])[0] == " > train split: 40 samples blended from 1 dataset"
 
 
 @pytest.mark.parametrize("blend", [False, True])
