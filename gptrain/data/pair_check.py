@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 
-from gptrain.data.blend_spec import strip_suffix, text_document_hint
+from gptrain.data.blend_spec import is_number, strip_suffix, text_document_hint
 from gptrain.utils.paths import look_up
 
 _PREFIX_EXAMPLE = "data/corpus_text_document for data/corpus_text_document.bin/.idx"
@@ -56,7 +56,7 @@ def _no_pair_problem(base: str) -> str:
             f"{base}: a file, not the prefix of a .bin/.idx pair; give the prefix ({_PREFIX_EXAMPLE}), "
             "or, for jsonl, make the pair first with gptrain data prepare"
         )
-    hint = text_document_hint(base) or _home_hint(base) or _variable_hint(base)
+    hint = text_document_hint(base) or _home_hint(base) or _variable_hint(base) or _blend_string_hint(base)
     return f"{base}.bin/.idx not found; " + (
         hint or "check the path, or make the pair with gptrain data prepare"
     )
@@ -81,6 +81,18 @@ def _variable_hint(base: str) -> str:
     return (
         f"did you mean {expanded}? (${name} is expanded by a shell, not in a config file or a quoted "
         f"argument; a config can write ${{oc.env:{name}}})"
+    )
+
+
+def _blend_string_hint(prefix: str) -> str:
+    """Megatron's `--data-path W1 P1 W2 P2` copied into one string ("$DATA_PATH" quoted, a config's
+    data_prefix: "0.3 a 0.7 b") is one prefix, to Megatron as to gptrain: say how to write the blend."""
+    words = prefix.split()
+    if len(words) < 2 or len(words) % 2 or not all(is_number(word) for word in words[0::2]):
+        return ""
+    return (
+        "a blend written as one string is one prefix, as Megatron reads one word; give its weights and "
+        f"prefixes as separate entries: [{','.join(words)}] in a config, unquoted words on a command line"
     )
 
 

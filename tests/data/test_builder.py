@@ -330,3 +330,21 @@ def test_an_empty_dataset_is_named_as_empty_not_as_a_split_string_to_change(tmp_
     assert str(info.value) == (
         f"{prefix}: the dataset holds no sequences (an empty corpus); prepare it from documents with text"
     )
+
+
+def test_a_blend_written_as_one_string_says_how_to_write_it(tmp_path):
+    """Megatron's DATA_PATH="0.3 a 0.7 b" copied into data_prefix is one prefix (as one word is to
+    Megatron): it was refused as a missing .bin/.idx to make with gptrain data prepare."""
+    a = write_dataset(tmp_path / "a", [30] * 20)
+    b = write_dataset(tmp_path / "b", [30] * 20)
+    with pytest.raises(DataError) as info:
+        build_gpt_datasets(f"0.3 {a} 0.7 {b}", "1,0,0", 8, 1, (10, 0, 0))
+    assert str(info.value).endswith(
+        "a blend written as one string is one prefix, as Megatron reads one word; give its weights and "
+        f"prefixes as separate entries: [0.3,{a},0.7,{b}] in a config, unquoted words on a command line"
+    )
+    spaced = write_dataset(tmp_path / "my data", [30] * 20)  # a prefix with a space is still one prefix
+    train, _, _ = build_gpt_datasets(spaced, "1,0,0", 8, 1, (10, 0, 0))
+    assert len(train) >= 10
+    with pytest.raises(DataError, match="not found; check the path"):
+        build_gpt_datasets(str(tmp_path / "1 a"), "1,0,0", 8, 1, (10, 0, 0))  # one word, no weight
