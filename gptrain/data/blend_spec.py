@@ -43,10 +43,13 @@ def text_document_hint(prefix: str) -> str:
     )
 
 
-def parse_blend(data_prefix: str | Sequence[str | float]) -> tuple[list[str], list[float] | None]:
-    """(prefixes, weights or None) from one prefix or a flat [w1, p1, w2, p2, ...] list."""
-    if isinstance(data_prefix, str):
-        return [data_prefix], None
+def parse_blend(
+    data_prefix: str | float | Sequence[str | float],
+) -> tuple[list[str], list[float] | None]:
+    """(prefixes, weights or None) from one prefix or a flat [w1, p1, w2, p2, ...] list. A number
+    alone is a prefix too (YAML reads `data_prefix: 2024` as an int; Megatron reads the word `2024`)."""
+    if isinstance(data_prefix, (str, int, float)):
+        return [str(data_prefix)], None
     entries = list(data_prefix)
     if len(entries) == 1:
         return [str(entries[0])], None

@@ -348,3 +348,15 @@ def test_a_blend_written_as_one_string_says_how_to_write_it(tmp_path):
     assert len(train) >= 10
     with pytest.raises(DataError, match="not found; check the path"):
         build_gpt_datasets(str(tmp_path / "1 a"), "1,0,0", 8, 1, (10, 0, 0))  # one word, no weight
+
+
+def test_a_prefix_that_yaml_reads_as_a_number_is_a_prefix(tmp_path, monkeypatch):
+    """`data_prefix: 2024` (a dataset named by its year, relative to the working directory) is an int
+    after YAML: it failed with a TypeError traceback ('int' object is not iterable)."""
+    monkeypatch.chdir(tmp_path)
+    write_dataset(tmp_path / "2024", [30] * 20)
+    assert parse_blend(2024) == (["2024"], None)
+    train, _, _ = build_gpt_datasets(2024, "1,0,0", 8, 1, (10, 0, 0))
+    assert train.dataset.path_prefix == "2024" and len(train) >= 10
+    with pytest.raises(DataError, match=r"^data prefix 5: 5\.bin/\.idx not found"):
+        build_gpt_datasets(5, "1,0,0", 8, 1, (10, 0, 0))
