@@ -198,8 +198,8 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--no-create-attention-mask-in-dataloader": "gptrain's attention is causal without a mask tensor",
     "--no-mmap-bin-files": "the same tokens, read through mmap",
     "--no-check-for-nan-in-loss-and-grad": "gptrain never applies an iteration whose loss or gradients are "
-    "not finite: it skips it (a nan iteration in the log line) and stops after trainer.max_consecutive_nonfinite "
-    "(5) in a row, with the flag or without",
+    "not finite (Megatron with this flag applies it under --bf16 or fp32): it skips it (a nan iteration in the log "
+    "line) and stops after trainer.max_consecutive_nonfinite (5) in a row; without the flag, at the first",
     "--use-precision-aware-optimizer": "with its dtypes at fp32, Megatron's default, Transformer Engine's "
     "fused Adam updates as gptrain's AdamW does",
     **dict.fromkeys(

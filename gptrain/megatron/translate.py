@@ -286,6 +286,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
         raise ConfigError("--fp16 and --bf16: give one of them")
     _xla_precision(result, env)
     _fp16_gradients(result)
+    _nan_check(result)
     _grad_reduce_in_bf16(result)
     _data_parallel_sharding(result)
     _decoupled_lr(result)
@@ -465,6 +466,29 @@ def _xla_precision(result: Translation, env: dict[str, str]) -> None:
             "XLA_USE_BF16=1 in the environment (torch-xla's bf16 on Trainium; gptrain reads the precision "
             "from the flags: fp32 here, add --bf16 for bf16 mixed precision)"
         )
+
+
+# How many non-finite iterations in a row stop a run with Megatron's check (its default): the first.
+NAN_CHECK_LIMIT = 1
+
+
+def _nan_check(result: Translation) -> None:
+    """Megatron's --check-for-nan-in-loss-and-grad (on unless --no-check-for-nan-in-loss-and-grad)
+    stops at the first NaN or Inf loss or gradient: trainer.max_consecutive_nonfinite 1. Under --fp16
+    without --loss-scale Megatron turns the check off and its dynamic scaler skips the step, as
+    gptrain's does: gptrain's limit of non-finite losses in a row stays, and a note says so (the
+    default's limit needs none: it is one of the overrides shown)."""
+    given = result.given
+    if "--no-check-for-nan-in-loss-and-grad" in given:
+        return  # its NO_EFFECT note says what gptrain does instead
+    if "--fp16" in given and "--loss-scale" not in given:
+        result.notes.append(
+            "--fp16 with dynamic loss scaling (Megatron turns --check-for-nan-in-loss-and-grad off: an "
+            "overflowing step is skipped by the loss scaler, as in Megatron; a non-finite loss is skipped too and "
+            "trainer.max_consecutive_nonfinite (5) in a row stop the run)"
+        )
+        return
+    result.values["trainer.max_consecutive_nonfinite"] = NAN_CHECK_LIMIT  # shown with the overrides
 
 
 def _fp16_gradients(result: Translation) -> None:

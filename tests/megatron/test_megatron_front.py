@@ -507,21 +507,40 @@ def test_fp16_says_gradients_are_reduced_in_fp32_where_megatron_keeps_them_in_fp
 
 
 def test_no_nan_check_is_accepted_saying_what_gptrain_does_on_a_non_finite_step():
-    """Megatron's examples pass --no-check-for-nan-in-loss-and-grad, refused before as unknown; gptrain
-    skips a non-finite iteration and stops after max_consecutive_nonfinite in a row either way."""
+    """Megatron's examples pass --no-check-for-nan-in-loss-and-grad, refused before as unknown; with it
+    gptrain skips a non-finite iteration (Megatron applies it) and stops after 5 in a row."""
     from gptrain.config.schema import TrainerConfig
 
     assert TrainerConfig().max_consecutive_nonfinite == 5  # the number the note gives
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     base += " --train-iters 4 --mock-data --vocab-size 64 --bf16"
-    plain = translate(shlex.split(base), {})
     t = translate(shlex.split(f"{base} --no-check-for-nan-in-loss-and-grad"), {})
-    assert t.values == plain.values
+    assert "trainer.max_consecutive_nonfinite" not in t.values
     assert t.notes[0] == (
         "--no-check-for-nan-in-loss-and-grad (gptrain never applies an iteration whose loss or gradients are "
-        "not finite: it skips it (a nan iteration in the log line) and stops after "
-        "trainer.max_consecutive_nonfinite (5) in a row, with the flag or without)"
+        "not finite (Megatron with this flag applies it under --bf16 or fp32): it skips it (a nan iteration "
+        "in the log line) and stops after trainer.max_consecutive_nonfinite (5) in a row; without the flag, "
+        "at the first)"
     )
+
+
+@pytest.mark.parametrize(
+    ("precision", "limit"),
+    [("--bf16", 1), ("", 1), ("--fp16", 5), ("--bf16 --no-check-for-nan-in-loss-and-grad", 5)],
+)
+def test_megatrons_nan_check_stops_at_the_first_non_finite_step(precision, limit):
+    """Megatron's --check-for-nan-in-loss-and-grad (its default) stops at the first NaN or Inf loss or
+    gradient; off under --fp16 with dynamic scaling (the scaler skips) and with the --no- flag. Before,
+    every translation kept gptrain's 5 in a row."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += f" --train-iters 4 --mock-data --vocab-size 64 {precision}"
+    t = translate(shlex.split(base), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert cfg.trainer.max_consecutive_nonfinite == limit
+    said = [note for note in t.notes if "nan-in-loss-and-grad" in note]
+    assert len(said) == (limit == 5)  # the limit of 1 is said by its override
+    if precision == "--fp16":
+        assert said[0].startswith("--fp16 with dynamic loss scaling (Megatron turns --check-for-nan")
 
 
 def test_zero_centred_norm_weights_are_accepted_as_training_the_same_model():
@@ -1505,9 +1524,10 @@ def test_megatron_2021_example_with_data_impl_and_checkpoint_activations():
     assert m.activations_checkpoint_num_layers == 1  # Megatron's --recompute-num-layers default
     assert m.data.data_impl == "mmap" and m.data.data_prefix == "/d/c_text_document"
     assert t.notes[:2] == ["--data-impl (gptrain reads Megatron's mmap format)", "--distributed-backend"]
-    assert len(t.notes) == 3 and t.notes[2].startswith(
+    assert len(t.notes) == 4 and t.notes[2].startswith(
         "--fp16 (gptrain accumulates and all-reduces gradients in fp32"
     )
+    assert t.notes[3].startswith("--fp16 with dynamic loss scaling")
 
 
 @pytest.mark.parametrize(
