@@ -302,6 +302,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
             _convert("--rampup-batch-size", x, int) for x in given["--rampup-batch-size"]
         ]
     _iterations(v, given)
+    _no_periodic_saves(result)
     _schedule_lengths(v, given)
     _directories(result)
     _wandb(result)
@@ -794,6 +795,29 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         v["model.optim.sched.warmup_steps"] = 0
     if not {"--save-interval", "--persistent-save-interval"} & given.keys():  # Megatron saves only at the end
         v["exp_manager.checkpoint_callback_params.every_n_train_steps"] = v["trainer.max_steps"]
+
+
+# Megatron's two names for the interval between its (persistent) checkpoints.
+SAVE_INTERVAL_FLAGS = ("--save-interval", "--persistent-save-interval")
+
+
+def _no_periodic_saves(result: Translation) -> None:
+    """A save interval of 0 is no periodic saves in Megatron (it saves when the interval is truthy):
+    gptrain's interval of the whole run, which saves at the end (and on --exit-duration-in-mins and
+    SIGTERM/SIGUSR1), as without the flag. Megatron since July 2025 asserts an interval above 0 beside
+    --save, and before it failed at the end (`iteration % 0`) without saving: said in a note."""
+    v, given = result.values, result.given
+    key = "exp_manager.checkpoint_callback_params.every_n_train_steps"
+    flag = next((flag for flag in reversed(given) if flag in SAVE_INTERVAL_FLAGS), None)
+    if flag is None or v[key] != 0:
+        return
+    v[key] = v["trainer.max_steps"]
+    if _directory(given, "--save"):
+        result.notes.append(
+            f"{flag} 0 (no periodic saves: a checkpoint at the end, on --exit-duration-in-mins and on "
+            "SIGTERM/SIGUSR1 only; Megatron since July 2025 refuses 0 beside --save, and before it stopped at "
+            "the end on a division by zero without saving)"
+        )
 
 
 def _schedule_lengths(v: dict[str, Any], given: dict[str, list[str]]) -> None:

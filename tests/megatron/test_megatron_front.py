@@ -464,6 +464,24 @@ def test_persistent_save_interval_is_megatrons_other_name_for_the_save_interval(
         assert cfg.exp_manager.checkpoint_callback_params.every_n_train_steps == 7
 
 
+@pytest.mark.parametrize("flag", ["--save-interval", "--persistent-save-interval"])
+@pytest.mark.parametrize("save", [" --save /ck", ""])
+def test_a_save_interval_of_0_is_no_periodic_saves_but_the_end_of_run_one(flag, save):
+    """Megatron saves periodically only at a save interval that is not 0; before, gptrain refused 0
+    (every_n_train_steps must be at least 1). Now the run saves at its end only, as without the flag."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += f" --train-iters 40 --mock-data --vocab-size 64{save}"
+    t = translate(shlex.split(f"{base} {flag} 0"), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    params = cfg.exp_manager.checkpoint_callback_params
+    assert params.every_n_train_steps == cfg.trainer.max_steps == 40
+    assert params.save_last
+    without = translate(shlex.split(base), {})
+    assert t.values == without.values
+    said = [note for note in t.notes if note.startswith(f"{flag} 0 (no periodic saves")]
+    assert len(said) == bool(save)
+
+
 def test_gradients_reduced_in_bf16_are_refused_where_megatron_reads_the_flag(capsys):
     """Megatron reads --grad-reduce-in-bf16 only with --bf16, and then rounds the gradients to bf16;
     gptrain's stay fp32 (FSDP's reduce dtype, fp32 weights under autocast for DDP). Before, the flag
