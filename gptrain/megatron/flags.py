@@ -103,7 +103,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
          "TikTokenizer": "TikTokenizer", "GPTSentencePieceTokenizer": "GPTSentencePieceTokenizer",
          "Llama2Tokenizer": "Llama2Tokenizer", "SentencePieceTokenizer": "SentencePieceTokenizer",
          "NullTokenizer": "NullTokenizer"},  # mock data only (translate.py)
-    ),  # fmt: skip
+    ),
     "--tokenizer-model": (("model.tokenizer.model",), str),
     "--data-cache-path": (("model.data.index_mapping_dir",), str),
     "--num-workers": (("model.data.num_workers",), int),
@@ -178,6 +178,16 @@ NO_EFFECT: dict[str, int | None] = {
     "--main-params-dtype": 1, "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1,
     "--no-check-for-nan-in-loss-and-grad": 0, "--use-nccl-ub": 0, "--fsdp-double-buffer": 0,
     "--fsdp-manual-registration": 0, "--logging-level": 1,
+    # Megatron's checkpoint format and how it is saved and loaded (gptrain's own, see NO_EFFECT_WHY)
+    "--use-dist-ckpt": 0, "--dist-ckpt-format": 1, "--auto-detect-ckpt-format": 0,
+    "--ckpt-fully-parallel-save": 0, "--no-ckpt-fully-parallel-save": 0, "--ckpt-fully-parallel-load": 0,
+    "--ckpt-assume-constant-structure": 0,
+    # logs only
+    "--log-world-size-to-tensorboard": 0, "--timing-log-option": 1, "--log-progress": 0, "--log-straggler": 0,
+    "--disable-straggler-on-startup": 0, "--straggler-ctrlr-port": 1, "--straggler-minmax-count": 1,
+    # data-parallel communication
+    "--ddp-bucket-size": 1, "--ddp-num-buckets": 1, "--ddp-pad-buckets-for-high-nccl-busbw": 0,
+    "--ddp-average-in-collective": 0,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -206,6 +216,22 @@ NO_EFFECT_WHY: dict[str, str] = {
         ("--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"),
         "fp32, Megatron's default and gptrain's",
     ),
+    **dict.fromkeys(
+        (
+            "--use-dist-ckpt",
+            "--dist-ckpt-format",
+            "--ckpt-format",
+            "--auto-detect-ckpt-format",
+            "--ckpt-fully-parallel-save",
+            "--no-ckpt-fully-parallel-save",
+            "--ckpt-fully-parallel-load",
+            "--ckpt-assume-constant-structure",
+        ),
+        "gptrain always writes and reads its own sharded checkpoints (torch.distributed.checkpoint), each rank "
+        "its shards in parallel; it does not read Megatron's",
+    ),
+    "--ddp-average-in-collective": "the same mean gradient over the data-parallel ranks, divided after the "
+    "sum rather than before it (rounding aside)",
     **dict.fromkeys(  # the reason once; the flags that only set these up (steps, ranks, paths) go without
         ("--profile", "--use-pytorch-profiler", "--record-memory-history"),
         "gptrain starts no profiler and no cudaProfilerApi range: profile the whole run",

@@ -482,6 +482,55 @@ def test_a_save_interval_of_0_is_no_periodic_saves_but_the_end_of_run_one(flag, 
     assert len(said) == bool(save)
 
 
+CHECKPOINT_FORMAT = (
+    "gptrain always writes and reads its own sharded checkpoints (torch.distributed.checkpoint), each rank "
+    "its shards in parallel; it does not read Megatron's"
+)
+
+
+@pytest.mark.parametrize(
+    ("flag", "values", "why"),
+    [
+        ("--use-dist-ckpt", "", CHECKPOINT_FORMAT),
+        ("--dist-ckpt-format", " torch_dist", CHECKPOINT_FORMAT),
+        ("--ckpt-format", " torch_dist", CHECKPOINT_FORMAT),
+        ("--auto-detect-ckpt-format", "", CHECKPOINT_FORMAT),
+        ("--ckpt-fully-parallel-save", "", CHECKPOINT_FORMAT),
+        ("--no-ckpt-fully-parallel-save", "", CHECKPOINT_FORMAT),
+        ("--ckpt-fully-parallel-load", "", CHECKPOINT_FORMAT),
+        ("--ckpt-assume-constant-structure", "", CHECKPOINT_FORMAT),
+        ("--log-world-size-to-tensorboard", "", None),
+        ("--timing-log-option", " minmax", None),
+        ("--log-progress", "", None),
+        ("--log-straggler", "", None),
+        ("--disable-straggler-on-startup", "", None),
+        ("--straggler-ctrlr-port", " 65535", None),
+        ("--straggler-minmax-count", " 1", None),
+        ("--ddp-bucket-size", " 40000000", None),
+        ("--ddp-num-buckets", " 4", None),
+        ("--ddp-pad-buckets-for-high-nccl-busbw", "", None),
+        (
+            "--ddp-average-in-collective",
+            "",
+            "the same mean gradient over the data-parallel ranks, divided after the sum rather than before it "
+            "(rounding aside)",
+        ),
+    ],
+)
+def test_checkpoint_format_log_and_bucket_flags_of_current_megatron_are_accepted(flag, values, why):
+    """Current Megatron's checkpoint-format, logging and data-parallel bucket flags were refused as
+    unknown; each is accepted with Megatron's arity (a value too many or missing is refused) and said."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64"
+    plain = translate(shlex.split(base), {})
+    t = translate(shlex.split(f"{base} {flag}{values}"), {})
+    assert t.values == plain.values
+    assert t.notes[0] == (f"{flag} ({why})" if why else flag)
+    wrong = " 1 2" if values else " 1"
+    with pytest.raises(ConfigError, match=f"^{flag}: takes "):
+        translate(shlex.split(f"{base} {flag}{wrong}"), {})
+
+
 def test_gradients_reduced_in_bf16_are_refused_where_megatron_reads_the_flag(capsys):
     """Megatron reads --grad-reduce-in-bf16 only with --bf16, and then rounds the gradients to bf16;
     gptrain's stay fp32 (FSDP's reduce dtype, fp32 weights under autocast for DDP). Before, the flag
