@@ -220,8 +220,9 @@ class TokenizerConfig:
     type: str | None = "GPT2BPETokenizer"
     """`GPT2BPETokenizer` (vocab_file + merge_file), `HuggingFaceTokenizer`, `TikTokenizer`, or
     Megatron's SentencePiece types `GPTSentencePieceTokenizer`, `Llama2Tokenizer`,
-    `SentencePieceTokenizer` (`model` a tokenizer.model; the sentencepiece package). null only
-    with library sentencepiece, as NeMo's configs write it."""
+    `SentencePieceTokenizer` (`model` a tokenizer.model; the sentencepiece package), by any spelling
+    data prepare's --tokenizer-type takes (gptrain.utils.tokenizer_types). null only with library
+    sentencepiece, as NeMo's configs write it."""
     model: str | None = None
     """A tokenizer.json path (HuggingFaceTokenizer), a SentencePiece tokenizer.model, or for
     TikTokenizer Megatron's tiktoken vocabulary file (a .json list of rank, token_bytes, token_str)

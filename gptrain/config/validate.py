@@ -14,10 +14,9 @@ from typing import Any
 
 from gptrain.config.schema import PER_SPLIT_KEYS, ExpManagerConfig, TrainingConfig
 from gptrain.errors import ConfigError
+from gptrain.utils.tokenizer_types import MEGATRON_TYPES, SENTENCEPIECE_TYPES, megatron_tokenizer_type
 
 PRECISIONS = {"32": "32", "32-true": "32", "16": "16", "16-mixed": "16", "bf16": "bf16", "bf16-mixed": "bf16"}
-SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "Llama2Tokenizer", "SentencePieceTokenizer")
-"""Megatron's types of a SentencePiece tokenizer.model (how each encodes: gptrain.data.tokenizers)."""
 CHOICES = {
     "trainer.accelerator": ("auto", "gpu", "cpu"),
     "model.normalization": ("layernorm", "layernorm1p", "rmsnorm"),
@@ -33,22 +32,8 @@ CHOICES = {
     "model.optim.sched.name": ("CosineAnnealing", "LinearAnnealing", "Constant"),
     "model.optim.sched.warmup_style": ("nemo", "megatron"),
     "model.data.data_impl": ("mmap", "mock"),
-    "model.tokenizer.type": (
-        "GPT2BPETokenizer",
-        "HuggingFaceTokenizer",
-        "TikTokenizer",
-        *SENTENCEPIECE_TYPES,
-    ),
+    "model.tokenizer.type": MEGATRON_TYPES,
     "model.tokenizer.tiktoken_pattern": (None, "v1", "v2"),
-}
-TOKENIZER_ALIASES = {
-    "gpt2bpetokenizer": "GPT2BPETokenizer",
-    "gpt2bpe": "GPT2BPETokenizer",
-    "huggingfacetokenizer": "HuggingFaceTokenizer",
-    "huggingface": "HuggingFaceTokenizer",
-    "tiktokenizer": "TikTokenizer",
-    "tiktoken": "TikTokenizer",
-    **{name.lower(): name for name in SENTENCEPIECE_TYPES},
 }
 OPTIMIZER_ALIASES = ("adam", "adamw", "fused_adam", "distributed_fused_adam", "mcore_distributed_optim")
 DISTRIBUTED_OPTIMIZERS = ("distributed_fused_adam", "mcore_distributed_optim")
@@ -167,10 +152,10 @@ def _block_recompute_past_the_chunk(model: Any) -> list[str]:
 
 
 def _tokenizer_type(tokenizer: Any) -> None:
-    """The type's canonical spelling. NeMo's `library: sentencepiece` reads `model` as a SentencePiece
+    """The type's canonical spelling (any spelling data prepare takes). NeMo's `library: sentencepiece` reads `model` as a SentencePiece
     model and no type (a preset's GPT2BPETokenizer stays beside it): its ids alone, its eos ending
     documents, which is GPTSentencePieceTokenizer (one of Megatron's SentencePiece types is kept)."""
-    kind = TOKENIZER_ALIASES.get(str(tokenizer.type).lower(), tokenizer.type)
+    kind = megatron_tokenizer_type(tokenizer.type) or tokenizer.type
     if str(tokenizer.library).lower() == "sentencepiece" and kind not in SENTENCEPIECE_TYPES:
         kind = "GPTSentencePieceTokenizer"
     if kind is None:

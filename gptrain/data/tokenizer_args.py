@@ -4,40 +4,32 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from typing import Any
 
 from gptrain.errors import ConfigError
+from gptrain.utils.tokenizer_types import SENTENCEPIECE_TYPES, megatron_tokenizer_type
 
-# --tokenizer-type spellings data prepare accepts (case, `_` and `-` ignored) -> gptrain's kind
-TYPE_ALIASES = {
-    "gpt2bpetokenizer": "gpt2",
-    "gpt2bpe": "gpt2",
-    "gpt2": "gpt2",
-    "huggingfacetokenizer": "huggingface",
-    "huggingface": "huggingface",
-    "hf": "huggingface",
-    "autotokenizer": "huggingface",
-    "tiktokenizer": "tiktoken",
-    "tiktoken": "tiktoken",
-    "sentencepiecetokenizer": "sentencepiece",
-    "gptsentencepiecetokenizer": "gptsentencepiece",
-    "gptsentencepiece": "gptsentencepiece",
-    "llama2tokenizer": "llama2",
-    "llama2": "llama2",
+KINDS = {
+    "GPT2BPETokenizer": "gpt2",
+    "HuggingFaceTokenizer": "huggingface",
+    "TikTokenizer": "tiktoken",
+    "SentencePieceTokenizer": "sentencepiece",
+    "GPTSentencePieceTokenizer": "gptsentencepiece",
+    "Llama2Tokenizer": "llama2",
 }
+"""Megatron's tokenizer type -> gptrain's kind (the loader in gptrain.data.tokenizers)."""
 
 
 def canonical_type(tokenizer_type: str) -> str:
-    """gptrain's name for a tokenizer type as data prepare reads it (any case, `_`/`-` ignored, the
-    aliases above), shared by the launcher's checks (light: no tokenizer import)."""
-    key = re.sub(r"[^a-z0-9]", "", tokenizer_type.lower())
-    if key not in TYPE_ALIASES:
+    """gptrain's kind for a tokenizer type by any spelling the training config takes too
+    (gptrain.utils.tokenizer_types), shared by the launcher's checks (light: no tokenizer import)."""
+    megatron_type = megatron_tokenizer_type(tokenizer_type)
+    if megatron_type is None:
         raise ConfigError(
             f"unknown --tokenizer-type {tokenizer_type!r}: use GPT2BPETokenizer, HuggingFaceTokenizer, "
             "TikTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or SentencePieceTokenizer"
         )
-    return TYPE_ALIASES[key]
+    return KINDS[megatron_type]
 
 
 def add_tokenizer_args(
@@ -101,14 +93,11 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
     `--tokenizer-library huggingface --tokenizer-type PATH` is the Hugging Face tokenizer at PATH;
     NeMo's `--tokenizer-library sentencepiece` ignores --tokenizer-type and encodes the model's ids
     alone, ending a document with its eos: GPTSentencePieceTokenizer; one of Megatron's SentencePiece
-    types given beside it is kept, as the training config keeps it (data and model agree)."""
+    types given beside it, by any spelling, is kept, as the training config keeps it (data and model
+    agree)."""
     if getattr(args, "tokenizer_library", None) == "sentencepiece":
-        named = args.tokenizer_type in (
-            "GPTSentencePieceTokenizer",
-            "Llama2Tokenizer",
-            "SentencePieceTokenizer",
-        )
-        return args.tokenizer_type if named else "GPTSentencePieceTokenizer"
+        named = megatron_tokenizer_type(args.tokenizer_type)
+        return named if named in SENTENCEPIECE_TYPES else "GPTSentencePieceTokenizer"
     if getattr(args, "tokenizer_library", None) == "huggingface":
         if not args.tokenizer_model and args.tokenizer_type not in (None, "HuggingFaceTokenizer"):
             args.tokenizer_model, args.tokenizer_type = args.tokenizer_type, None
