@@ -31,9 +31,15 @@ from gptrain.train import builders as b
 from gptrain.train.evaluation import EvalResult, EvalSetup, evaluate_loss
 from gptrain.train.state import TrainState
 from gptrain.trained.coverage import Coverage, coverage
-from gptrain.trained.load import RunCheckpoint, is_step_dir, older_checkpoint, open_run, override_key
+from gptrain.trained.load import (
+    RunCheckpoint,
+    is_step_dir,
+    older_checkpoint,
+    open_run,
+    override_key,
+    run_started_in,
+)
 from gptrain.utils.atomic import atomic_write_text
-from gptrain.utils.paths import started_in
 
 # One process evaluates with the whole model whatever layout trained it (as generate and export
 # do); the user's own layout overrides come after these and win.
@@ -235,8 +241,7 @@ def prefixes_from_start(cfg: TrainingConfig, hparams: Path, overrides: Sequence[
         override_key(item).startswith("model.data.data_prefix") for item in overrides
     ):
         return None
-    recorded = cfg.exp_manager.explicit_log_dir
-    started = started_in(hparams.resolve().parent, recorded) if recorded else None
+    started = run_started_in(cfg, hparams)
     if started is None:
         return NOT_FOUND_NOTE
     cfg.model.data.data_prefix = _prefixes_under(cfg.model.data.data_prefix, started)

@@ -8,6 +8,7 @@ checkpoints saved by many ranks with any parallel layout.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -43,7 +44,7 @@ from gptrain.checkpoint.integrity import (
 )
 from gptrain.checkpoint.reader import check_fits, root_cause
 from gptrain.errors import DataError, GptrainError
-from gptrain.utils.paths import look_up
+from gptrain.utils.paths import look_up, started_in
 from gptrain.utils.rank import is_rank_zero
 
 HPARAMS = "hparams.yaml"
@@ -182,12 +183,63 @@ def checkpoint_shapes(step_dir: Path, *keys: str) -> list[tuple[int, ...] | None
     return [tuple(size) if size is not None else None for size in sizes]
 
 
-def build_run_tokenizer(cfg: Any, hparams: Path) -> Any | None:
+def run_started_in(cfg: Any, hparams: Path) -> Path | None:
+    """The directory the run of `hparams` was started in, which its relative paths are relative to,
+    where its relative explicit_log_dir tells; None where it does not (absolute, or moved)."""
+    recorded = cfg.exp_manager.explicit_log_dir
+    return started_in(hparams.resolve().parent, recorded) if recorded else None
+
+
+def tokenizer_files_from_start(cfg: Any, hparams: Path, overrides: Sequence[str]) -> dict[str, str]:
+    """hparams.yaml records model.tokenizer's files as given, relative to the directory the run was
+    started in: generate, export and eval from anywhere else found none. Where that directory is
+    known, relative ones are taken from there (a file given as an override is the user's, from
+    here); the keys so moved, with the values hparams.yaml records."""
+    started = run_started_in(cfg, hparams)
+    if started is None:
+        return {}
+    tok, moved = cfg.model.tokenizer, {}
+    for key in tokenizer_path_keys(tok, started):
+        value = getattr(tok, key)
+        if _overridden(f"model.tokenizer.{key}", overrides) or not _is_relative_path(value):
+            continue
+        moved[key] = value
+        setattr(tok, key, str(started / value))
+    return moved
+
+
+def tokenizer_path_keys(tok: Any, started: Path) -> tuple[str, ...]:
+    """The model.tokenizer keys whose values are paths: all three, but a TikTokenizer's model that
+    names one of tiktoken's encodings (no directory or extension, no such file where the run started)."""
+    from gptrain.data.tokenizer_args import canonical_type, names_a_file
+
+    model = tok.model
+    encoding = (
+        canonical_type(str(tok.type)) == "tiktoken"
+        and isinstance(model, str)
+        and not names_a_file(model)
+        and not (started / model).is_file()
+    )
+    return ("vocab_file", "merge_file") if encoding else ("vocab_file", "merge_file", "model")
+
+
+def _overridden(key: str, overrides: Sequence[str]) -> bool:
+    """Whether an override sets `key`, or a section holding it."""
+    return any(key == given or key.startswith(f"{given}.") for given in map(override_key, overrides))
+
+
+def _is_relative_path(value: Any) -> bool:
+    """A path named from the working directory (~ is the home directory's)."""
+    return isinstance(value, str) and bool(value) and not os.path.isabs(value) and not value.startswith("~")
+
+
+def build_run_tokenizer(cfg: Any, hparams: Path, moved: dict[str, str] | None = None) -> Any | None:
     """The tokenizer the run trained with (None for mock data); the files its type reads must still
-    be where hparams.yaml says."""
+    be where hparams.yaml says (`moved`: those tokenizer_files_from_start took from where the run
+    was started)."""
     from gptrain.train.builders import build_tokenizer, tokenizer_file_keys
 
-    tok = cfg.model.tokenizer
+    tok, moved = cfg.model.tokenizer, moved or {}
     for key in tokenizer_file_keys(cfg):
         value = getattr(tok, key)
         if not value:
@@ -195,6 +247,11 @@ def build_run_tokenizer(cfg: Any, hparams: Path) -> Any | None:
         found = look_up(value)  # Path.exists raised PermissionError where it may not be looked up
         if found.kind == "unreachable":
             raise DataError(f"{hparams}: model.tokenizer.{key}={value} {found.why}")
+        if found.kind == "missing" and key in moved:
+            raise DataError(
+                f"{hparams}: model.tokenizer.{key}={moved[key]} not found in the directory the run was "
+                f"started in ({value}); restore the file"
+            )
         if found.kind == "missing":
             raise DataError(
                 f"{hparams}: model.tokenizer.{key}={value} not found; "
@@ -324,8 +381,9 @@ def open_run(
     step_dir = resolve_checkpoint(path, checksums)
     hparams = find_hparams(step_dir)
     cfg = load_training_config(config_file=str(hparams), overrides=overrides or (), report_ignored=False)
+    moved = tokenizer_files_from_start(cfg, hparams, overrides or ())
     mock_vocab = is_mock_data(cfg) and cfg.model.data.mock_vocab_size
-    tokenizer = None if mock_vocab else build_run_tokenizer(cfg, hparams)
+    tokenizer = None if mock_vocab else build_run_tokenizer(cfg, hparams, moved)
     check_run_tokenizer(cfg, tokenizer, step_dir, hparams, takes_overrides=overrides is not None)
     vocab, _ = padded_vocab_size(cfg, tokenizer)
     saved, positions = checkpoint_shapes(step_dir, EMBEDDING_KEY, POSITIONS_KEY)

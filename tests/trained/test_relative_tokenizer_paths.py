@@ -1,0 +1,164 @@
+"""A run's hparams.yaml records model.tokenizer's files as given, relative to the directory the run
+was started in: generate, export and eval from any other directory said "model.tokenizer.vocab_file=
+bpe/vocab.json not found; run from the directory the training ran in". Where the run's relative
+explicit_log_dir tells that directory, they are read from there, as eval reads a relative data_prefix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("transformers")
+
+from hf_helpers import gpt2_files, run_cli, saved_run  # noqa: E402
+
+from gptrain.errors import DataError  # noqa: E402
+from gptrain.trained.load import open_run  # noqa: E402
+
+EVAL_SHAPE = [
+    "trainer.accelerator=cpu",
+    "trainer.precision=32",
+    "trainer.devices=1",
+    "model.micro_batch_size=1",
+    "model.global_batch_size=2",
+    "model.data.data_impl=mock",
+    "model.data.mock_vocab_size=null",  # the tokenizer's vocabulary: its files are read
+    "model.data.data_prefix=null",
+    "model.data.num_workers=0",
+]
+RELATIVE_FILES = {"vocab_file": "bpe/vocab.json", "merge_file": "bpe/merges.txt"}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run started in `project`, as `gptrain train` there records it: its GPT-2 files and its
+    run directory named relative to `project`."""
+    project = tmp_path_factory.mktemp("tokpaths") / "project"
+    (project / "bpe").mkdir(parents=True)
+    for source, name in zip(gpt2_files(), ("vocab.json", "merges.txt"), strict=True):
+        shutil.copyfile(source, project / "bpe" / name)
+    absolute = [f"model.tokenizer.{key}={project / value}" for key, value in RELATIVE_FILES.items()]
+    run, _ = saved_run(project / "results" / "run", "gpt2", *EVAL_SHAPE, *absolute)
+    record(run, "results/run")
+    return project
+
+
+def record(run: Path, log_dir: str) -> None:
+    """hparams.yaml with the relative tokenizer files, and `log_dir` as its explicit_log_dir."""
+    hparams = yaml.safe_load((run / "hparams.yaml").read_text())
+    hparams["model"]["tokenizer"] |= RELATIVE_FILES
+    hparams["exp_manager"]["explicit_log_dir"] = log_dir
+    (run / "hparams.yaml").write_text(yaml.safe_dump(hparams))
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, monkeypatch) -> Path:
+    """Another working directory, with no bpe/ in it."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def generated(run: Path, capsys) -> str:
+    argv = ["generate", str(run), "--prompt", "The meaning of", "--max-new-tokens", "4", "--greedy"]
+    assert run_cli(argv) == 0
+    return capsys.readouterr().out
+
+
+def evaluated(run: Path, directory: Path) -> dict:
+    out = directory / "eval.json"
+    assert run_cli(["eval", str(run), "--batches", "1", "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_generate_reads_the_runs_relative_tokenizer_files_from_where_it_was_started(
+    project: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(project)
+    expected = generated(project / "results" / "run", capsys)
+    assert expected.startswith("The meaning of")
+    monkeypatch.chdir(tmp_path)
+    assert generated(project / "results" / "run", capsys) == expected
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_export_reads_the_runs_relative_tokenizer_files_from_where_it_was_started(
+    project: Path, elsewhere: Path
+) -> None:
+    assert run_cli(["export", str(project / "results" / "run"), "--to", "hf", str(elsewhere / "out")]) == 0
+    assert (elsewhere / "out" / "vocab.json").read_bytes() == (project / "bpe" / "vocab.json").read_bytes()
+    assert (elsewhere / "out" / "merges.txt").read_bytes() == (project / "bpe" / "merges.txt").read_bytes()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_eval_reads_the_runs_relative_tokenizer_files_from_where_it_was_started(
+    project: Path, tmp_path: Path, monkeypatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(project)
+    expected = evaluated(project / "results" / "run", tmp_path / "a")
+    monkeypatch.chdir(tmp_path / "b")
+    assert evaluated(project / "results" / "run", tmp_path / "b") == expected
+    assert torch.isfinite(torch.tensor(expected["loss"]))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_where_the_start_is_not_recorded_the_line_says_where_to_run_from(
+    project: Path, tmp_path: Path, elsewhere: Path
+) -> None:
+    """An absolute explicit_log_dir does not tell where the run was started (a moved run neither)."""
+    run = tmp_path / "copy"
+    shutil.copytree(project / "results" / "run", run)
+    record(run, str(run))
+    for command in (["generate", str(run), "--prompt", "a"], ["export", str(run), "--to", "hf", "out"]):
+        with pytest.raises(DataError) as error:
+            run_cli(command)
+        assert str(error.value) == (
+            f"{run / 'hparams.yaml'}: model.tokenizer.vocab_file=bpe/vocab.json not found; "
+            "run from the directory the training ran in, or restore the file"
+        )
+
+
+def test_a_file_given_as_an_override_is_read_from_here_and_a_missing_one_named(
+    project: Path, elsewhere: Path
+) -> None:
+    run = project / "results" / "run"
+    with pytest.raises(DataError) as error:
+        open_run(run, ["model.tokenizer.vocab_file=bpe/vocab.json"])
+    assert str(error.value) == (
+        f"{run / 'hparams.yaml'}: model.tokenizer.vocab_file=bpe/vocab.json not found; "
+        "run from the directory the training ran in, or restore the file"
+    )
+    (elsewhere / "bpe").mkdir()
+    shutil.copyfile(project / "bpe" / "vocab.json", elsewhere / "bpe" / "vocab.json")
+    opened = open_run(run, ["model.tokenizer.vocab_file=bpe/vocab.json"])
+    assert opened.cfg.model.tokenizer.vocab_file == "bpe/vocab.json"  # from here, as given
+    assert opened.cfg.model.tokenizer.merge_file == str(project / "bpe" / "merges.txt")
+    (project / "bpe" / "merges.txt").rename(project / "merges.kept")
+    try:
+        with pytest.raises(DataError) as error:
+            open_run(run)
+    finally:
+        (project / "merges.kept").rename(project / "bpe" / "merges.txt")
+    assert str(error.value) == (
+        f"{run / 'hparams.yaml'}: model.tokenizer.merge_file=bpe/merges.txt not found in the directory the "
+        f"run was started in ({project / 'bpe' / 'merges.txt'}); restore the file"
+    )
+
+
+def test_a_tiktoken_encoding_name_is_not_a_path(tmp_path: Path) -> None:
+    from gptrain.config import load_training_config
+    from gptrain.trained.load import tokenizer_files_from_start
+
+    overrides = ["model.tokenizer.type=TikTokenizer", "model.tokenizer.model=cl100k_base"]
+    overrides += ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
+    cfg = load_training_config("gpt3/126m", [*overrides, "exp_manager.explicit_log_dir=results/run"])
+    (tmp_path / "results" / "run").mkdir(parents=True)
+    assert tokenizer_files_from_start(cfg, tmp_path / "results" / "run" / "hparams.yaml", []) == {}
+    assert cfg.model.tokenizer.model == "cl100k_base"
