@@ -38,9 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_megatron(args: argparse.Namespace) -> int:
     flags = list(args.flags)
-    if not flags or "--help" in flags or "-h" in flags:
+    if "--help" in flags or "-h" in flags:
         print(HELP, end="")
         return 0
+    if not flags:
+        refuse_no_flags()
     dry_run = "--dry-run" in flags
     flags = [f for f in flags if f != "--dry-run"]
     if dry_run:
@@ -49,6 +51,17 @@ def run_megatron(args: argparse.Namespace) -> int:
 
     with early_stops():  # as `gptrain train`: a stop signal before the run's handlers stops it, exit 75
         return megatron(flags, dry_run)
+
+
+def refuse_no_flags() -> None:
+    """No flags at all is bad usage, exit 2: printing the help with exit 0 let a batch script whose
+    `$FLAGS` came out empty "succeed" without training."""
+    from gptrain.errors import ConfigError
+
+    raise ConfigError(
+        "gptrain megatron got no flags (an empty $FLAGS?): pass pretrain_gpt.py's flags "
+        "(--num-layers 24 ...), or --help for usage"
+    )
 
 
 def check_layout_ahead(cfg: TrainingConfig) -> None:

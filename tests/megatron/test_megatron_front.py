@@ -1710,3 +1710,18 @@ def test_a_stop_signal_while_the_flags_load_stops_before_a_step(tmp_path):
     assert out.returncode == 75, out.stderr[-2000:]
     assert "stopping before the first step: received SIGUSR1" in out.stdout + out.stderr
     assert not list((tmp_path / "run").glob("checkpoints/step_*"))
+
+
+def test_no_flags_is_a_usage_error_and_help_only_on_help(capsys):
+    """`gptrain megatron` with no flags printed the help and exited 0: a batch script whose `$FLAGS`
+    came out empty "succeeded" without training. It is now a one-line usage error, exit 2."""
+    assert main(["megatron"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        "gptrain: error: gptrain megatron got no flags (an empty $FLAGS?): pass pretrain_gpt.py's flags "
+        "(--num-layers 24 ...), or --help for usage"
+    ]
+    for flag in ("--help", "-h"):
+        assert main(["megatron", flag]) == 0
+        assert capsys.readouterr().out.startswith("usage: gptrain megatron [--dry-run]")
