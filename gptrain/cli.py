@@ -40,7 +40,33 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    for group in command_groups(parser):
+        subcommands(group).required = False  # run_command names the choices, where argparse named the dest
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    """The parser's subcommands (`checkpoint`'s verify and rewind), or None for a leaf command."""
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def command_groups(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below `parser` that takes a subcommand (`gptrain data`, `gptrain checkpoint`)."""
+    action = subcommands(parser)
+    groups = []
+    for child in dict.fromkeys(action.choices.values() if action else ()):  # aliases share a parser
+        if subcommands(child):
+            groups += [child, *command_groups(child)]
+    return groups
+
+
+def refuse_a_group_without_its_subcommand(group: argparse.ArgumentParser) -> None:
+    """`gptrain checkpoint` alone: a usage error naming the subcommands, exit 2. argparse said
+    'the following arguments are required: action' (its dest), or CHECK (its metavar)."""
+    choices = ",".join(subcommands(group).choices)
+    group.error(
+        f"the following arguments are required: {{{choices}}} (a subcommand; --help says what each does)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,11 +90,11 @@ def interrupted() -> int:
 def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The parser of the (sub)command `args` ran: `data prepare`'s, not the top level's."""
     while True:
-        commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        chosen = getattr(args, commands[0].dest, None) if commands else None
+        commands = subcommands(parser)
+        chosen = getattr(args, commands.dest, None) if commands else None
         if chosen is None:
             return parser
-        parser = commands[0].choices[chosen]
+        parser = commands.choices[chosen]
 
 
 def refuse_empty_option_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -93,13 +119,16 @@ def run_command(argv: list[str] | None) -> int:
         if not hasattr(args, "overrides") or not all(OVERRIDE.match(item) for item in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
+    chosen = command_parser(parser, args)
+    if chosen is not parser and subcommands(chosen):
+        refuse_a_group_without_its_subcommand(chosen)
     handler = getattr(args, "func", None)
     if handler is None:
         parser.print_help()
         return 2
     raise_open_file_limit()  # a blend of hundreds of shards holds thousands of open files
     try:
-        refuse_empty_option_values(command_parser(parser, args), args)
+        refuse_empty_option_values(chosen, args)
         return int(handler(args) or 0)
     except GptrainError as error:
         print(f"gptrain: error: {error_text(error)}", file=sys.stderr)

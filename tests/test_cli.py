@@ -1,3 +1,4 @@
+import argparse
 import subprocess
 import sys
 
@@ -127,3 +128,36 @@ def test_an_empty_exclude_file_still_turns_plans_default_off(tmp_path, capsys, m
     monkeypatch.chdir(tmp_path)
     assert main(["plan", "gpt3/126m", "--exclude-file", ""]) == 0
     assert "empty value" not in capsys.readouterr().err
+
+
+def group_paths(parser, path=()):
+    """The words that name every command group (a command that takes a subcommand), with its choices."""
+    action = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if action is None:
+        return []
+    found = [(list(path), list(action.choices))] if path else []
+    for name, child in action.choices.items():
+        found += group_paths(child, (*path, name))
+    return found
+
+
+def test_every_command_group_without_its_subcommand_names_the_choices_and_exits_2(capsys):
+    """`gptrain checkpoint` alone said 'the following arguments are required: action' (the parser's
+    dest), `gptrain validate` '... required: CHECK': neither named what to type. Each group now names
+    its subcommands in one usage error, exit 2; `gptrain` alone still prints the help, exit 2."""
+    from gptrain.cli import build_parser
+
+    groups = group_paths(build_parser())
+    assert {" ".join(path) for path, _ in groups} >= {"data", "validate", "checkpoint"}
+    for path, choices in groups:
+        with pytest.raises(SystemExit) as exit_info:
+            main(path)
+        assert exit_info.value.code == 2, path
+        err = capsys.readouterr().err.splitlines()
+        assert err[-1] == (
+            f"gptrain {' '.join(path)}: error: the following arguments are required: "
+            f"{{{','.join(choices)}}} (a subcommand; --help says what each does)"
+        )
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    assert all(command in out for command in build_parser()._subparsers._group_actions[0].choices)

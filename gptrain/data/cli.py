@@ -253,12 +253,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser("data", help="prepare, inspect, merge and sample tokenized datasets")
     data_subparsers = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
-
-    def print_help(_args: argparse.Namespace) -> int:
-        parser.print_help()
-        return 2
-
-    parser.set_defaults(func=print_help)
     _add_prepare(data_subparsers)
     _add_inspect(data_subparsers)
     _add_merge(data_subparsers)
