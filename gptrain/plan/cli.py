@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from gptrain.errors import ConfigError
 from gptrain.launch.sections import slurm_time
@@ -215,13 +216,20 @@ def run_plan(args: argparse.Namespace) -> int:
         if args.json:
             write_json(plan, args.json)
         raise ConfigError(nothing_fits_line(plan))
+    winner = None
     if args.measure:
         from gptrain.plan.measure import measure_plan
         from gptrain.utils.signals import terminate_as_exception
 
         with terminate_as_exception():  # SIGTERM ends the running trial and removes the temporary trials
-            measure_plan(plan, args)
+            winner = measure_plan(plan, args)
     print_plan(plan)
     if args.json:
         write_json(plan, args.json)
+    if args.measure and winner is None:  # `plan --measure && gptrain train --config-file F` must stop here
+        print(
+            "gptrain: plan --measure: no trial ran to the end (the table gives each one's error); nothing written",
+            file=sys.stderr,
+        )
+        return 1
     return 0

@@ -200,7 +200,8 @@ def check_local_gpus(plan: Plan) -> None:
 
 
 def measure_plan(plan: Plan, args: argparse.Namespace) -> Path | None:
-    """Measure the shown candidates, re-rank them, write the winner's config; its path or None."""
+    """Measure the shown candidates, re-rank them, write the winner's config: its path, or None when
+    no trial ran to the end (an earlier winner at that path is then renamed aside)."""
     slurm = args.cluster_type == "slurm"
     if plan.cluster.nodes > 1 and not slurm:
         raise ConfigError(
@@ -209,6 +210,18 @@ def measure_plan(plan: Plan, args: argparse.Namespace) -> Path | None:
         )
     if not slurm:
         check_local_gpus(plan)
+    written = None
+    try:
+        written = measure_and_write_winner(plan, args)
+    finally:  # no winner (every trial failed, Ctrl-C, SIGTERM): an older output is not this plan's
+        if written is None:
+            set_aside_earlier_output(Path(args.output or "plan-best.yaml"))
+    return written
+
+
+def measure_and_write_winner(plan: Plan, args: argparse.Namespace) -> Path | None:
+    """Run the trials of the shown candidates, re-rank them, write the fastest that ran; None if none ran."""
+    slurm = args.cluster_type == "slurm"
     shown = plan.shown()
     root, tmp = trials_root(args)
     try:
@@ -235,6 +248,21 @@ def measure_plan(plan: Plan, args: argparse.Namespace) -> Path | None:
         plan.notes.append("--measure: no trial ran to the end; nothing written")
         return None
     return write_winner(plan, args, winner)
+
+
+def set_aside_earlier_output(path: Path) -> None:
+    """Rename the winner an earlier `plan --measure` wrote to `<name>.stale-<time>`: left in place,
+    `gptrain train --config-file plan-best.yaml` after a plan that measured nothing trained it."""
+    if not path.is_file():
+        return
+    aside = path.with_name(f"{path.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        path.rename(aside)
+    except OSError as error:
+        print(f"plan: {path} is not this plan's winner and could not be renamed ({error.strerror}): delete it",
+              file=sys.stderr)  # fmt: skip
+        return
+    print(f"plan: {path} is not this plan's winner: renamed to {aside}", file=sys.stderr)
 
 
 def write_winner(plan: Plan, args: argparse.Namespace, winner: Candidate) -> Path:

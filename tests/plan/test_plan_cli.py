@@ -17,7 +17,7 @@ from gptrain.cli import main
 from gptrain.config import load_training_config
 from gptrain.errors import ConfigError
 from gptrain.plan.hardware import Cluster, GpuSpec, gpu_spec
-from gptrain.plan.rank import rank_layouts
+from gptrain.plan.rank import Candidate, rank_layouts
 from gptrain.plan.spec import model_config, workload_from_config
 
 CODE = """
@@ -552,14 +552,46 @@ def test_a_local_trial_past_its_timeout_ends_with_its_ranks(tmp_path: Path, monk
     pid_file = tmp_path / "rank.pid"
     fake = [sys.executable, str(tmp_path / "fake_torchrun.py"), str(pid_file)]
     monkeypatch.setattr(measure, "rank_command", lambda python, args, nproc, local: fake)
-    assert main(measure_argv(tmp_path, "--trial-timeout", "3")) == 0
+    assert main(measure_argv(tmp_path, "--trial-timeout", "3")) == 1  # no trial ran to the end
     assert "timed out after 3 s (--trial-timeout)" in capsys.readouterr().out
+    assert not (tmp_path / "best.yaml").exists()
     rank = int(pid_file.read_text())
     try:
         assert wait_until_ended(rank), "the timed-out trial's rank is still running"
     finally:
         if is_running(rank):
             os.kill(rank, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("ending", ["every trial failed", "ctrl-c"])
+def test_a_measure_that_wrote_no_winner_fails_and_sets_an_earlier_winner_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], ending: str
+) -> None:
+    """`plan --measure` whose trials all failed (Slurm unreachable, each one timed out) said 'nothing
+    written' and exited 0, and an earlier run's best.yaml stayed: `plan --measure && gptrain train
+    --config-file best.yaml` trained a stale winner. It now exits 1 (130 on Ctrl-C, as any command),
+    and the earlier file is renamed aside, said on stderr."""
+    from gptrain.plan import measure
+
+    def failed_trial(plan: object, args: object, candidate: Candidate, trial_dir: Path) -> None:
+        if ending == "ctrl-c":
+            raise KeyboardInterrupt
+        candidate.error = "sbatch: error: Slurm controller not responding"
+
+    monkeypatch.setattr(measure, "run_local_trial", failed_trial)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "best.yaml").write_text("# an earlier plan's winner\n")
+    assert main(measure_argv(tmp_path)) == (130 if ending == "ctrl-c" else 1)
+    out, err = capsys.readouterr()
+    assert not (tmp_path / "best.yaml").exists()
+    [aside] = tmp_path.glob("best.yaml.stale-*")
+    assert aside.read_text() == "# an earlier plan's winner\n"
+    assert f"plan: {tmp_path / 'best.yaml'} is not this plan's winner: renamed to {aside}" in err.splitlines()
+    if ending != "ctrl-c":
+        assert "Slurm controller not responding" in out
+        assert err.splitlines()[-1] == (
+            "gptrain: plan --measure: no trial ran to the end (the table gives each one's error); nothing written"
+        )
 
 
 def test_sigterm_to_plan_measure_ends_the_trial_and_removes_its_temporary_directory(tmp_path: Path) -> None:
