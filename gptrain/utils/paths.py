@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,8 +95,8 @@ def unsearchable_directory(path: Path) -> tuple[Path, Path | None]:
 def directory_blocker(path: str | os.PathLike[str], must_write: bool = False) -> str | None:
     """Why `path` cannot be made a directory (the nearest existing ancestor is a file, read-only
     or not writable), or None. With `must_write`, an existing directory must be writable too.
-    It creates nothing, so a dry run can ask; root may still fail where it looks writable (/proc).
-    Path.exists raised PermissionError under a directory this user may not search (a bare line)."""
+    It leaves nothing behind, so a dry run can ask. Path.exists raised PermissionError under a
+    directory this user may not search (a bare line)."""
     target = Path(path)
     existing, found = target, look_up(target)
     while found.kind == "missing" and existing != existing.parent:
@@ -111,7 +112,18 @@ def directory_blocker(path: str | os.PathLike[str], must_write: bool = False) ->
         return f"{existing} is on a read-only file system"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable"
-    return None
+    return create_file_blocker(existing)
+
+
+def create_file_blocker(directory: Path) -> str | None:
+    """Why no file can be created in `directory`, found by creating one (nameless where the file
+    system allows, else removed at once), or None. The permission bits say yes to root everywhere:
+    a directory under /proc or /sys passed os.access and failed when written."""
+    try:
+        with tempfile.TemporaryFile(dir=directory, prefix=".gptrain-write-check-"):
+            return None
+    except OSError as error:
+        return f"no file can be created in {directory}: {error.strerror or error}"
 
 
 def started_in(run_dir: Path, recorded: str) -> Path | None:

@@ -216,3 +216,40 @@ def test_bad_output_exclude_or_profile_path_is_one_line_before_torch(tmp_path, m
     )
     assert out.stdout.split() == ["2", "False", "False"], out.stderr
     assert out.stderr.strip().splitlines() == [f"gptrain: error: {message.format(tmp=tmp_path)}"]
+
+
+def read_only_dir(tmp_path):
+    """A directory this user cannot write, where chmod binds (not for root)."""
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes a mode 0o500 directory")
+    path = tmp_path / "ro"
+    path.mkdir(mode=0o500)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("directory", "blocked"),
+    [
+        (lambda tmp: "/proc", "/proc"),  # root passes its permission bits, and creates nothing there
+        (lambda tmp: str(read_only_dir(tmp)), "{tmp}/ro"),
+    ],
+)
+def test_an_output_dir_no_file_can_be_created_in_is_one_line_before_torch(tmp_path, directory, blocked):
+    """`--output-dir /proc/x` as root passed the up-front check (os.access says yes to root) and
+    failed after torch started, exit 1; the check now creates a file there (or in the nearest
+    existing parent) and says why it cannot, exit 2."""
+    output_dir = f"{directory(tmp_path)}/gptrain-validate-test/v"
+    out = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, "validate", "gpus", "--output-dir", output_dir],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert out.stdout.split() == ["2", "False", "False"], out.stderr
+    prefix = f"gptrain: error: --output-dir {output_dir}: cannot write the reports there ("
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith(prefix) and line.endswith("); give a directory"), line
+    assert blocked.format(tmp=tmp_path) in line
