@@ -115,13 +115,13 @@ def run_command(argv: list[str] | None) -> int:
     """Parse `argv` and run its handler; the errors a user can cause become one line."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    chosen = command_parser(parser, args)
+    if chosen is not parser and subcommands(chosen):  # before the extras: `checkpoint --sizes-only RUN`
+        refuse_a_group_without_its_subcommand(chosen)
     if extra:  # `key=value` overrides may also follow the options (`eval RUN --json F key=value`)
         if not hasattr(args, "overrides") or not all(OVERRIDE.match(item) for item in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
-    chosen = command_parser(parser, args)
-    if chosen is not parser and subcommands(chosen):
-        refuse_a_group_without_its_subcommand(chosen)
     handler = getattr(args, "func", None)
     if handler is None:
         parser.print_help()

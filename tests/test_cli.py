@@ -158,6 +158,13 @@ def test_every_command_group_without_its_subcommand_names_the_choices_and_exits_
             f"gptrain {' '.join(path)}: error: the following arguments are required: "
             f"{{{','.join(choices)}}} (a subcommand; --help says what each does)"
         )
+    with pytest.raises(SystemExit):  # an option of a subcommand is not 'unrecognized' at the top level
+        main(["checkpoint", "--sizes-only"])
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith("gptrain checkpoint: error: the following arguments are required: {verify,rewind}")
+    )
     assert main([]) == 2
     out = capsys.readouterr().out
     assert all(command in out for command in build_parser()._subparsers._group_actions[0].choices)
