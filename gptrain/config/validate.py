@@ -14,7 +14,13 @@ from typing import Any
 
 from gptrain.config.schema import PER_SPLIT_KEYS, ExpManagerConfig, TrainingConfig
 from gptrain.errors import ConfigError
-from gptrain.utils.tokenizer_types import MEGATRON_TYPES, SENTENCEPIECE_TYPES, megatron_tokenizer_type
+from gptrain.utils.tokenizer_types import (
+    MEGATRON_TYPES,
+    SENTENCEPIECE_TYPES,
+    is_tiktoken_vocabulary_file,
+    megatron_tokenizer_type,
+    tiktoken_settings_given,
+)
 
 PRECISIONS = {"32": "32", "32-true": "32", "16": "16", "16-mixed": "16", "bf16": "bf16", "bf16-mixed": "bf16"}
 CHOICES = {
@@ -449,22 +455,19 @@ def _refuse_unread_tiktoken_settings(tokenizer: Any) -> None:
     with Megatron's tiktoken vocabulary file (Megatron reads its flags only for TikTokenizer); beside
     another tokenizer they were taken silently, beside an encoding name refused only as the job
     started: refused here, on the login node, naming the key."""
-    from gptrain.data.tiktoken_file import TiktokenFileOptions, is_vocabulary_file
-
     if tokenizer.type == "TikTokenizer":
-        if not tokenizer.model or is_vocabulary_file(str(tokenizer.model)):
+        if not tokenizer.model or is_tiktoken_vocabulary_file(str(tokenizer.model)):
             return
         reader = f"the tiktoken encoding {tokenizer.model!r}, which has its own split, vocabulary and special tokens"
     else:
         reader = f"{tokenizer.type}, which has its own split and vocabulary"
-    specials = tokenizer.special_tokens
-    options = TiktokenFileOptions(
+    given = tiktoken_settings_given(
         tokenizer.tiktoken_pattern,
         tokenizer.vocab_size,
         tokenizer.tiktoken_num_special_tokens,
-        tuple(specials) if specials is not None else None,
+        tokenizer.special_tokens,
     )
-    if given := options.settings_given():
+    if given:
         raise ConfigError(
             f"{', '.join(given)}: read only by TikTokenizer with Megatron's tiktoken vocabulary file, not by "
             f"{reader}; drop it"

@@ -123,7 +123,7 @@ def _tokenizer_flags(args: argparse.Namespace) -> argparse.Namespace:
     """The tokenizer's flags: --vocab-size is the mock tokens' vocabulary, which a TikTokenizer
     vocabulary file reads as its own (Megatron's --vocab-size); any other tokenizer has its own
     vocabulary, and a tiktoken encoding name refuses a size (it would refuse the mock's)."""
-    from gptrain.data.tiktoken_file import is_vocabulary_file
+    from gptrain.utils.tokenizer_types import is_tiktoken_vocabulary_file as is_vocabulary_file
 
     if args.tokenizer_model and is_vocabulary_file(args.tokenizer_model):
         return args

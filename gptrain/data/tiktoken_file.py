@@ -23,6 +23,12 @@ from typing import Any
 
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.paths import look_up
+from gptrain.utils.tokenizer_types import TIKTOKEN_COUNT_KEY as COUNT_KEY
+from gptrain.utils.tokenizer_types import TIKTOKEN_DEFAULT_NUM_SPECIAL_TOKENS as DEFAULT_NUM_SPECIAL_TOKENS
+from gptrain.utils.tokenizer_types import TIKTOKEN_PATTERN_KEY as PATTERN_KEY
+from gptrain.utils.tokenizer_types import TIKTOKEN_SIZE_KEY as SIZE_KEY
+from gptrain.utils.tokenizer_types import TIKTOKEN_SPECIALS_KEY as SPECIALS_KEY
+from gptrain.utils.tokenizer_types import tiktoken_settings_given
 
 PATTERNS = {
     "v1": r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
@@ -35,16 +41,10 @@ PATTERNS = {
 """Megatron's PATTERN_TIKTOKEN (v1) and PATTERN_TIKTOKEN_V2 pre-tokenizer splits."""
 DEFAULT_PATTERN = "v2"
 DEFAULT_VOCAB_SIZE = 2**17
-DEFAULT_NUM_SPECIAL_TOKENS = 1000
 REQUIRED_SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>")
 END_OF_DOCUMENT = "</s>"
 BEGINNING_OF_SEQUENCE = "<s>"
 ENTRY_KEYS = {"rank", "token_bytes", "token_str"}
-# each setting as the config and Megatron's flags name it, for the messages
-PATTERN_KEY = "model.tokenizer.tiktoken_pattern (--tiktoken-pattern)"
-SIZE_KEY = "model.tokenizer.vocab_size (--vocab-size)"
-COUNT_KEY = "model.tokenizer.tiktoken_num_special_tokens (--tiktoken-num-special-tokens)"
-SPECIALS_KEY = "model.tokenizer.special_tokens (--tokenizer-special-tokens)"
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,9 @@ class TiktokenFileOptions:
     def settings_given(self) -> list[str]:
         """The settings that differ from Megatron's defaults, by name (for a tiktoken encoding name,
         which reads none of them)."""
-        count = self.num_special_tokens not in (None, DEFAULT_NUM_SPECIAL_TOKENS)
-        given = (self.pattern, self.vocab_size, count, self.special_tokens is not None)
-        names = (PATTERN_KEY, SIZE_KEY, COUNT_KEY, SPECIALS_KEY)
-        return [name for name, value in zip(names, given, strict=True) if value]
+        return tiktoken_settings_given(
+            self.pattern, self.vocab_size, self.num_special_tokens, self.special_tokens
+        )
 
     def resolved(self) -> tuple[str, int, int, tuple[str, ...]]:
         """(pattern, vocab_size, num_special_tokens, special tokens with fillers), checked as
@@ -99,14 +98,6 @@ class TiktokenFileOptions:
                 "(<SPECIAL_i> for each id past those given); rename it"
             )
         return pattern, vocab_size, count, specials
-
-
-def is_vocabulary_file(model: str) -> bool:
-    """Whether a TikTokenizer's model names a file (Megatron's vocabulary) rather than one of
-    tiktoken's encoding names, which hold no directory or extension."""
-    from gptrain.data.tokenizer_args import names_a_file
-
-    return names_a_file(model) or os.path.isfile(model)
 
 
 def load_tiktoken_file(path: str, options: TiktokenFileOptions | None = None) -> Any:

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from gptrain.errors import ConfigError
-from gptrain.utils.tokenizer_types import SENTENCEPIECE_TYPES, megatron_tokenizer_type
+from gptrain.utils.tokenizer_types import SENTENCEPIECE_TYPES, megatron_tokenizer_type, names_a_file
 
 KINDS = {
     "GPT2BPETokenizer": "gpt2",
@@ -124,13 +124,6 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
             )
         return "TikTokenizer"
     return None
-
-
-def names_a_file(model: str) -> bool:
-    """Whether --tokenizer-model is a path rather than a name: tiktoken's encoding names hold no
-    directory or extension, so a missing `data/tokenizer.json` is a wrong path, not an unknown
-    encoding."""
-    return os.sep in model or "/" in model or os.path.splitext(model)[1] != ""
 
 
 def tokenizer_from_args(args: argparse.Namespace) -> Any | None:

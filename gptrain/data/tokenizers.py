@@ -23,10 +23,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gptrain.data.tiktoken_file import TiktokenFileOptions, is_vocabulary_file, load_tiktoken_file
+from gptrain.data.tiktoken_file import TiktokenFileOptions, load_tiktoken_file
 from gptrain.data.tokenizer_args import canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.paths import look_up
+from gptrain.utils.tokenizer_types import is_tiktoken_vocabulary_file as is_vocabulary_file
 
 ENDOFTEXT = "<|endoftext|>"
 # GPT-2's pre-tokenizer split; the possessive form is equivalent and faster in tiktoken.

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptrain.data.blend_spec import is_number
-from gptrain.data.tokenizer_args import names_a_file
 from gptrain.errors import ConfigError
 from gptrain.megatron import batch_schedule, data_paths
 from gptrain.megatron.flags import (
@@ -32,6 +31,7 @@ from gptrain.megatron.flags import (
 )
 from gptrain.train.rampup import BatchRamp
 from gptrain.train.schedule_checks import ScheduleNames, config_ramp, shown_steps
+from gptrain.utils.tokenizer_types import names_a_file
 
 if TYPE_CHECKING:
     from gptrain.config.schema import TrainingConfig

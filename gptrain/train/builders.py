@@ -94,8 +94,8 @@ def tiktoken_options(tok: Any) -> Any:
 def tokenizer_file_keys(cfg: TrainingConfig) -> tuple[str, ...]:
     """The model.tokenizer keys naming files the tokenizer type reads: a preset's GPT-2 vocab_file
     and merge_file stay in the config of a run with another type, which never reads them."""
-    from gptrain.data.tiktoken_file import is_vocabulary_file
     from gptrain.data.tokenizers import canonical_type
+    from gptrain.utils.tokenizer_types import is_tiktoken_vocabulary_file as is_vocabulary_file
 
     tok, kind = cfg.model.tokenizer, canonical_type(cfg.model.tokenizer.type)
     if kind == "gpt2" and (tok.vocab_file or tok.merge_file or not tok.model):

@@ -211,7 +211,8 @@ def tokenizer_files_from_start(cfg: Any, hparams: Path, overrides: Sequence[str]
 def tokenizer_path_keys(tok: Any, started: Path) -> tuple[str, ...]:
     """The model.tokenizer keys whose values are paths: all three, but a TikTokenizer's model that
     names one of tiktoken's encodings (no directory or extension, no such file where the run started)."""
-    from gptrain.data.tokenizer_args import canonical_type, names_a_file
+    from gptrain.data.tokenizer_args import canonical_type
+    from gptrain.utils.tokenizer_types import names_a_file
 
     model = tok.model
     encoding = (

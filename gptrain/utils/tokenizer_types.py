@@ -5,6 +5,7 @@ the `data` parsers stay light (no omegaconf, which importing gptrain.config brin
 
 from __future__ import annotations
 
+import os
 import re
 
 SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "Llama2Tokenizer", "SentencePieceTokenizer")
@@ -34,3 +35,37 @@ def megatron_tokenizer_type(spelling: object) -> str | None:
     """Megatron's name for a tokenizer type however it is written (any case, `_` and `-` ignored:
     `Tik_Tokenizer`, `gpt2-bpe`, `llama2`), or None for a type gptrain does not know."""
     return SPELLINGS.get(re.sub(r"[^a-z0-9]", "", str(spelling).lower()))
+
+
+TIKTOKEN_DEFAULT_NUM_SPECIAL_TOKENS = 1000
+"""Megatron's --tiktoken-num-special-tokens default."""
+# each TikTokenizer setting as the config and Megatron's flags name it, for the messages
+TIKTOKEN_PATTERN_KEY = "model.tokenizer.tiktoken_pattern (--tiktoken-pattern)"
+TIKTOKEN_SIZE_KEY = "model.tokenizer.vocab_size (--vocab-size)"
+TIKTOKEN_COUNT_KEY = "model.tokenizer.tiktoken_num_special_tokens (--tiktoken-num-special-tokens)"
+TIKTOKEN_SPECIALS_KEY = "model.tokenizer.special_tokens (--tokenizer-special-tokens)"
+
+
+def names_a_file(model: str) -> bool:
+    """Whether a tokenizer model is a path rather than a name: tiktoken's encoding names hold no
+    directory or extension, so a missing `data/tokenizer.json` is a wrong path, not an unknown
+    encoding."""
+    return os.sep in model or "/" in model or os.path.splitext(model)[1] != ""
+
+
+def is_tiktoken_vocabulary_file(model: str) -> bool:
+    """Whether a TikTokenizer's model names a file (Megatron's vocabulary) rather than one of
+    tiktoken's encoding names."""
+    return names_a_file(model) or os.path.isfile(model)
+
+
+def tiktoken_settings_given(
+    pattern: str | None, vocab_size: int | None, num_special_tokens: int | None, special_tokens: object
+) -> list[str]:
+    """The TikTokenizer settings that differ from Megatron's defaults, by name: read only with
+    Megatron's vocabulary file, so the config refuses them beside anything else (here, below both
+    config and data, which each check them)."""
+    count = num_special_tokens not in (None, TIKTOKEN_DEFAULT_NUM_SPECIAL_TOKENS)
+    given = (pattern, vocab_size, count, special_tokens is not None)
+    names = (TIKTOKEN_PATTERN_KEY, TIKTOKEN_SIZE_KEY, TIKTOKEN_COUNT_KEY, TIKTOKEN_SPECIALS_KEY)
+    return [name for name, value in zip(names, given, strict=True) if value]
