@@ -151,6 +151,7 @@ SRUN_OWNED = {
     "nodes": "training.trainer.num_nodes",
     "ntasks": "training.trainer.num_nodes and training.trainer.devices",
     "ntasks-per-node": "training.trainer.devices",
+    "tasks-per-node": "training.trainer.devices",  # srun's other name of --ntasks-per-node
 }
 SRUN_OWNED_SHORT = {"N": "nodes", "n": "ntasks"}
 
@@ -162,7 +163,7 @@ def check_no_task_layout_option(key: str, args: list[str]) -> None:
     a data preparation task) could run several times at once."""
     for arg in args:
         if arg.startswith("--"):
-            option = arg[2:].partition("=")[0]
+            option = srun_long_option(arg[2:].partition("=")[0])
         else:
             option = owned_short_option(arg) if arg.startswith("-") else None
         if option in SRUN_OWNED:
@@ -213,16 +214,51 @@ SRUN_SHORT_OPTIONAL_VALUE = "IK"  # -I[secs], -K[0|1]: a value only in the same 
 # and pyxis's flags; a word after any other long option may be its value (pyxis's --container-image,
 # options this table does not know).
 SRUN_LONG_WITHOUT_VALUE = frozenset((
-    "bcast", "compress", "contiguous", "debugger-test", "disable-status", "exact", "exclusive",
-    "external-launcher", "help", "hold", "immediate", "kill-on-bad-exit", "label", "multi-prog", "nice",
-    "no-allocate", "no-kill", "oom-kill-step", "overcommit", "overlap", "oversubscribe", "preserve-env",
-    "propagate", "pty", "quiet", "quit-on-interrupt", "reboot", "resv-ports", "send-libs", "spread-job",
-    "test-only", "unbuffered", "usage", "use-min-nodes", "verbose", "version", "whole", "x11",
+    "async", "bcast", "compress", "consolidate-segments", "contiguous", "debugger-test", "disable-status",
+    "exact", "exclusive", "external-launcher", "help", "hold", "immediate", "interactive",
+    "kill-on-bad-exit", "label", "multi-prog", "nice", "no-allocate", "no-kill", "oom-kill-step",
+    "overcommit", "overlap", "oversubscribe", "parsable", "preserve-env", "propagate", "pty", "quiet",
+    "quit-on-interrupt", "reboot", "resv-ports", "send-libs", "spread-job", "spread-segments", "stepmgr",
+    "test-only", "unbuffered", "usage", "use-min-nodes", "verbose", "version", "wait-for-children",
+    "whole", "x11",
     # pyxis
     "container-mount-home", "no-container-mount-home", "container-remap-root", "no-container-remap-root",
     "container-writable", "container-readonly", "container-entrypoint", "no-container-entrypoint",
     "container-entrypoint-log",
 ))  # fmt: skip
+
+
+# Every long option of srun (22.05 to 25.x, slurm_opt.c's and srun's own) and pyxis, to read a prefix
+# against: one left out could make an ambiguous prefix look unique here, so the list errs on the side
+# of more names (older ones srun no longer has stay).
+SRUN_LONG_OPTIONS = SRUN_LONG_WITHOUT_VALUE | frozenset(SRUN_OWNED) | frozenset((
+    "accel-bind", "account", "acctg-freq", "autocomplete", "bb", "bbf", "bcast-exclude", "begin", "chdir",
+    "cluster", "cluster-constraint", "clusters", "comment", "constraint", "container", "container-id", "context",
+    "core-spec", "cores-per-socket", "cpu-bind", "cpu_bind", "cpu-freq", "cpus-per-gpu", "cpus-per-task",
+    "deadline", "delay-boot", "dependency", "distribution", "epilog", "error", "exclude", "export",
+    "extra", "extra-node-info", "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node", "gpus-per-socket",
+    "gpus-per-task", "gres", "gres-flags", "het-group", "hint", "ignore-signals", "input", "jobid", "job-name", "licenses",
+    "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem_bind", "mem-update", "mem-per-cpu", "mem-per-gpu",
+    "mincpus", "mpi", "msg-timeout", "network", "nodefile", "nodelist", "ntasks-per-core",
+    "ntasks-per-gpu", "ntasks-per-socket", "ntasks-per-tres", "open-mode", "output", "pack-group",
+    "partition", "power", "prefer", "priority", "profile", "prolog", "qos", "relative", "reservation",
+    "resources", "runtime", "segment", "signal",
+    "slurmd-debug", "sockets-per-node", "switches", "task-epilog", "task-prolog", "thread-spec", "threads",
+    "threads-per-core", "time", "time-min", "tmp", "treewidth", "tres-bind", "tres-per-task", "uid", "wait", "wckey",
+    # pyxis
+    "container-image", "container-mounts", "container-workdir", "container-name", "container-save",
+    "container-env",
+))  # fmt: skip
+
+
+def srun_long_option(name: str) -> str:
+    """The long option srun reads `--name` as: its getopt takes a unique prefix (`--lab` is --label,
+    `--ntasks-per-n` --ntasks-per-node), so the checks here must too. A full name, an ambiguous
+    prefix (srun refuses it) or an unknown one is returned as given."""
+    if name in SRUN_LONG_OPTIONS:
+        return name
+    matches = [option for option in SRUN_LONG_OPTIONS if name and option.startswith(name)]
+    return matches[0] if len(matches) == 1 else name
 
 
 def takes_the_next_word(option: str) -> bool:
@@ -232,7 +268,7 @@ def takes_the_next_word(option: str) -> bool:
     if option == "--" or not option.startswith("-") or "=" in option:
         return False
     if option.startswith("--"):
-        return option[2:] not in SRUN_LONG_WITHOUT_VALUE
+        return srun_long_option(option[2:]) not in SRUN_LONG_WITHOUT_VALUE
     for position, letter in enumerate(option[1:], start=2):
         if letter in SRUN_SHORT_OPTIONAL_VALUE:
             return False

@@ -526,6 +526,43 @@ def test_srun_args_that_set_the_steps_nodes_or_tasks_are_refused(tmp_path, given
 
 
 @pytest.mark.parametrize(
+    "given, error",
+    [
+        (
+            "--lab Data",
+            "splits into 'Data' after '--lab', which takes no value, or only one in the same word",
+        ),
+        ("[--mpi=pmix,--unbuf,x]", None),  # a list is not split: x is no stray word, and stays
+        ("--ntasks-per-n=4", "'--ntasks-per-n=4' sets srun's --ntasks-per-node"),
+        ("[-l,--ntasks=2]", "'--ntasks=2' sets srun's --ntasks,"),  # a full name, as before
+        ("--tasks 4", "'--tasks' sets srun's --tasks-per-node"),
+    ],
+)
+def test_srun_args_checks_read_a_long_options_unique_prefix_as_srun_does(tmp_path, given, error):
+    """srun reads a unique prefix of a long option as the option (`--lab` is --label): the checks
+    for a word srun would run as its command and for options that set the step's tasks knew full
+    names only, so `--lab Data` and `--ntasks-per-n=4` passed and failed (or ran with another
+    layout) after the queue wait."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU]
+    if error is None:
+        build_plan(compose([*args, f"cluster.srun_args={given}"]))
+        return
+    with pytest.raises(ConfigError) as raised:
+        build_plan(compose([*args, f"cluster.srun_args={given}"]))
+    assert error in str(raised.value)
+
+
+def test_an_ambiguous_srun_option_prefix_is_left_to_srun(tmp_path):
+    """`--nod` could be --nodefile, --nodelist or --nodes, and `--c` many: srun refuses such a
+    prefix itself; the checks take a word after it for its value, as after an option they do not know."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, "cluster.srun_args=--nod 1 --c x"]
+    [path] = write_run_files(build_plan(compose(args)), args)
+    srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
+    words = shlex.split(srun.removesuffix(" &"))
+    assert words[words.index("--nod") : words.index("bash")] == ["--nod", "1", "--c", "x"]
+
+
+@pytest.mark.parametrize(
     "given", ["[--container,/oci/bundle,-l]", "'--container /oci/bundle -l'", "[--container=/oci/bundle,-l]"]
 )
 def test_slurms_own_container_option_is_no_pyxis_option_and_stays(tmp_path, given):
