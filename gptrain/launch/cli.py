@@ -122,6 +122,7 @@ def run_launch(args: argparse.Namespace) -> int:
 
 def run_status(args: argparse.Namespace) -> int:
     from gptrain.launch.run_dirs import find_run, run_dirs
+    from gptrain.launch.slurm_queries import one_slurm_look, silence_note
     from gptrain.launch.status import status_lines
 
     base = Path(args.results_dir)
@@ -133,8 +134,12 @@ def run_status(args: argparse.Namespace) -> int:
     if not dirs:
         print(f"no launched runs in {base.resolve()}")
         return 0
-    for run_dir in dirs:
-        print("\n".join(status_lines(run_dir, run_label(run_dir, base))))
+    with one_slurm_look() as silence:
+        for run_dir in dirs:
+            print("\n".join(status_lines(run_dir, run_label(run_dir, base))), flush=True)
+    note = silence_note(silence)
+    if note:
+        print(note)
     return 0
 
 

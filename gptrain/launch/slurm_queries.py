@@ -7,16 +7,73 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from gptrain.errors import LaunchError
 from gptrain.launch.job_states import NO_ANSWER, NO_SLURM_HERE, JobState, summarize
 
+# How long a Slurm command may take to answer; a controller that is down makes each call wait it out.
+SLURM_TIMEOUT_S = 15.0
 
-def run_command(command: list[str], timeout: float = 15.0) -> subprocess.CompletedProcess | None:
+# What a Slurm command says when it gave up on its daemon (after its own retries, as slow as a timeout).
+UNREACHABLE = re.compile(r"unable to contact|socket timed out|connection refused|persistent connection", re.I)
+
+# The Slurm daemon each command asks: sacct asks slurmdbd, which only the controller feeds (with the
+# controller down it says no more than the records do); the others ask the controller.
+ASKS = {"squeue": "controller", "scontrol": "controller", "scancel": "controller", "sacct": "accounting"}
+
+# Within one_slurm_look(): each daemon that gave no answer, with why; None outside it.
+_silence: dict[str, str] | None = None
+
+
+@contextmanager
+def one_slurm_look() -> Iterator[dict[str, str]]:
+    """One command's questions to Slurm (`gptrain status` over every job of every run): a daemon
+    that gave no answer is not asked again, nor accounting once the controller gave none (each
+    call would wait out its timeout, job by job: minutes for a few jobs with the controller down).
+    Yields the daemons that gave no answer, with why, for the command to say once."""
+    global _silence
+    _silence = {}
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
+        yield _silence
+    finally:
+        _silence = None
+
+
+def run_command(command: list[str], timeout: float | None = None) -> subprocess.CompletedProcess | None:
+    """The command's output, or None where it did not run, timed out, or (within one_slurm_look())
+    asks a daemon that gave no answer earlier."""
+    daemon = ASKS.get(command[0])
+    if _silence and daemon and (daemon in _silence or "controller" in _silence):
         return None
+    timeout = SLURM_TIMEOUT_S if timeout is None else timeout
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except OSError:
+        return None
+    except subprocess.TimeoutExpired:
+        remember_silence(daemon, f"{command[0]} gave no answer in {timeout:g} s")
+        return None
+    if out.returncode != 0 and UNREACHABLE.search(out.stderr):
+        remember_silence(daemon, f"{command[0]}: {out.stderr.strip().splitlines()[-1]}")
+    return out
+
+
+def remember_silence(daemon: str | None, why: str) -> None:
+    if _silence is not None and daemon:
+        _silence.setdefault(daemon, why)
+
+
+def silence_note(silence: dict[str, str]) -> str | None:
+    """The one line that says which of Slurm's daemons gave no answer, and where states came from then."""
+    if not silence:
+        return None
+    whys = "; ".join(silence.values())
+    return (
+        f"note  Slurm did not answer ({whys}): not asked again by this command; the states of its"
+        " jobs come from their logs and launcher records"
+    )
 
 
 def parse_scontrol(text: str) -> list[dict[str, str]]:
@@ -45,8 +102,10 @@ def asked_slurm_state(job_id: str) -> JobState:
         lines = accounted.stdout.strip().splitlines()
         states = [JobState(*(line.split("|") + [""])[:2]) for line in lines]
         return summarize([JobState(s.state, "", s.reason) for s in states])
-    if silence:
-        return JobState("UNKNOWN", f"{NO_ANSWER}: {silence}" if slurm_commands_here() else NO_SLURM_HERE)
+    if silence and not slurm_commands_here():
+        return JobState("UNKNOWN", NO_SLURM_HERE)
+    if silence:  # within one_slurm_look(), its note says why once
+        return JobState("UNKNOWN", NO_ANSWER if _silence else f"{NO_ANSWER}: {silence}")
     return JobState("UNKNOWN", "no longer known to Slurm; no accounting to ask")
 
 

@@ -4,6 +4,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -1392,3 +1393,72 @@ def test_an_exit_line_after_a_cut_line_ends_the_log_for_status_and_follow(tmp_pa
     log.write_text("iteration 5/10 | loss 3.2 | some partial outpgptrain: step finished with exit code 137\n")
     assert log_ending(log).exit_code == "137:0"
     assert ends_with_exit_line(log)
+
+
+def test_status_with_the_controller_down_waits_out_one_timeout_not_one_per_job(tmp_path, monkeypatch, capsys):
+    """With the controller down, `gptrain status` asked squeue, scontrol and sacct job by job, each
+    waiting out its timeout: about 2 minutes for 4 jobs. Slurm is now not asked again once it gave
+    no answer, the command says so once, and each job's state comes from its log and record."""
+    from gptrain.cli import main
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    for name in ("squeue", "scontrol", "sacct"):
+        (bin_dir / name).write_text(f'#!/bin/bash\necho {name} >> "$CALLS"\nexec sleep 30\n')
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setattr(slurm_queries, "SLURM_TIMEOUT_S", 1.0, raising=False)  # 15 s before
+    results = tmp_path / "results"
+    for job in range(1, 5):
+        run = results / f"run{job}"
+        run.mkdir(parents=True)
+        (run / f"log-train_{job}.out").write_text(
+            f"gptrain: job {job} on n1\ngptrain: step finished with exit code 0\n"
+        )
+        append_record(run, "submitted", stage="training", executor="slurm", job_id=str(job),
+                      log=str(run / "log-train_%j.out"), dependency=None)  # fmt: skip
+    started = time.monotonic()
+    assert main(["status", "--results-dir", str(results)]) == 0
+    took = time.monotonic() - started
+    out = capsys.readouterr().out.splitlines()
+    assert calls.read_text().splitlines() == ["squeue"]  # the one question that timed out
+    assert took < 1.0 + 5.0, took  # one timeout and the fakes' start, not 12 of them
+    assert out[:4] == [
+        f"run{job}  training  job {job}  UNKNOWN (Slurm did not answer; its log's last attempt ended with exit code 0)"
+        for job in range(1, 5)
+    ]
+    assert out[4:] == [
+        "note  Slurm did not answer (squeue gave no answer in 1 s): not asked again by this command; the states"
+        " of its jobs come from their logs and launcher records"
+    ]
+
+
+def test_status_with_accounting_down_still_asks_the_controller_for_each_job(tmp_path, monkeypatch, capsys):
+    """slurmdbd not answering (sacct times out) says nothing of the controller: squeue is still asked
+    for every job, and sacct only once."""
+    from gptrain.cli import main
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    for name, body in (
+        ("squeue", 'case "$*" in *"-j 2 "*) echo "2|RUNNING|None" ;; esac'),
+        ("scontrol", "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"),
+        ("sacct", "exec sleep 30"),
+    ):  # fmt: skip
+        (bin_dir / name).write_text(f'#!/bin/bash\necho {name} >> "$CALLS"\n{body}\n')
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    monkeypatch.setattr(slurm_queries, "SLURM_TIMEOUT_S", 1.0)
+    results = tmp_path / "results"
+    for job in (1, 2):
+        run = results / f"run{job}"
+        run.mkdir(parents=True)
+        append_record(run, "submitted", stage="training", executor="slurm", job_id=str(job),
+                      log=str(run / "log-train_%j.out"), dependency=None)  # fmt: skip
+    assert main(["status", "--results-dir", str(results)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert calls.read_text().splitlines() == ["squeue", "scontrol", "sacct", "squeue"]
+    assert out[1] == "run2  training  job 2  RUNNING"
+    assert out[2].startswith("note  Slurm did not answer (sacct gave no answer in 1 s)")
