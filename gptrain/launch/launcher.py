@@ -77,6 +77,9 @@ def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None =
     lines += _checked(lambda: check_mount_dirs(plan.mount_dirs), dry_run)
     lines += launch_notes(plan, stages)
     if plan.cluster_type == "slurm":
+        from gptrain.launch.executors.slurm import sbatch_variables_notes
+
+        lines += sbatch_variables_notes(plan)
         lines += _checked(lambda: check_export_file(plan.cluster), dry_run)
         if dry_run and shutil.which("sinfo") is None:
             lines.append("skipped  cluster checks: no sinfo here")

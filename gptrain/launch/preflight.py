@@ -7,6 +7,7 @@ job waited in the queue. Both are cheap to check on the login node.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from dataclasses import asdict, dataclass
@@ -107,15 +108,14 @@ def check_cluster(job: Job, cluster: dict[str, Any], nodes: list[Node]) -> str:
     partitions (`a,b`, as sbatch takes it: the job starts in whichever can run it first) fits when
     one of them does."""
     partitions = sorted({n.partition for n in nodes})
-    given = cluster.get("partition") or next((n.partition for n in nodes if n.default), None)
+    given, source = partition_asked(cluster)
+    given = given or next((n.partition for n in nodes if n.default), None)
     if given is None:
         raise LaunchError("no default Slurm partition: set cluster.partition")
     wanted = [name.strip() for name in str(given).split(",") if name.strip()]
     for name in wanted:
         if name not in partitions:
-            raise LaunchError(
-                f"partition '{name}' does not exist (cluster.partition){closest(name, partitions)}"
-            )
+            raise LaunchError(f"partition '{name}' does not exist ({source}){closest(name, partitions)}")
     failures = []
     for name in wanted:
         try:
@@ -123,6 +123,14 @@ def check_cluster(job: Job, cluster: dict[str, Any], nodes: list[Node]) -> str:
         except LaunchError as error:
             failures.append(error)
     raise failures[0] if len(failures) == 1 else LaunchError("; ".join(map(str, failures)))
+
+
+def partition_asked(cluster: dict[str, Any]) -> tuple[str | None, str]:
+    """The partition the job is submitted to and where it is set: cluster.partition, else this shell's
+    SBATCH_PARTITION, which sbatch applies where the script names none (None: the default one)."""
+    if cluster.get("partition"):
+        return str(cluster["partition"]), "cluster.partition"
+    return os.environ.get("SBATCH_PARTITION") or None, "SBATCH_PARTITION in this shell"
 
 
 def partition_fit(job: Job, cluster: dict[str, Any], nodes: list[Node], wanted: str) -> str:

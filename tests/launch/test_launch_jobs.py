@@ -1462,3 +1462,56 @@ def test_status_with_accounting_down_still_asks_the_controller_for_each_job(tmp_
     assert calls.read_text().splitlines() == ["squeue", "scontrol", "sacct", "squeue"]
     assert out[1] == "run2  training  job 2  RUNNING"
     assert out[2].startswith("note  Slurm did not answer (sacct gave no answer in 1 s)")
+
+
+def test_sbatch_variables_in_the_shell_do_not_override_the_keys_preflight_checked(tmp_path, monkeypatch):
+    """SBATCH_PARTITION, SBATCH_TIMELIMIT, ... in the user's shell override a script's #SBATCH lines,
+    so the job ran in another partition, with another time limit, than the config and preflight said.
+    gptrain's keys are the launch's command line (which sbatch takes over them): a variable for a
+    line the script has is left out of the sbatch call and said once; the others apply."""
+    from gptrain.launch.compose import compose
+    from gptrain.launch.executors import slurm
+    from gptrain.launch.stages import build_plan, write_run_files
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text('#!/bin/bash\nenv | grep ^SBATCH_ | sort >> "$CALLS"\necho 101\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    for name, value in (
+        ("SBATCH_PARTITION", "debug"),
+        ("SBATCH_TIMELIMIT", "0:10:00"),
+        ("SBATCH_NO_REQUEUE", "1"),
+        ("SBATCH_ACCOUNT", "proj"),
+    ):
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", "cluster.partition=batch", "+cluster.max_requeues=2"]
+    args += ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
+    args += [f"base_results_dir={tmp_path}/r"]
+    plan = build_plan(compose(args))
+    write_run_files(plan, args)
+    slurm.submit(plan)
+    assert calls.read_text().splitlines() == ["SBATCH_ACCOUNT=proj"]  # no key sets --account: it applies
+    assert slurm.sbatch_variables_notes(plan) == [
+        "note  SBATCH_* variables set in this shell: left out of the sbatch calls, as sbatch would take"
+        " them over the #SBATCH lines preflight checked (SBATCH_NO_REQUEUE over cluster.max_requeues;"
+        " SBATCH_PARTITION over cluster.partition; SBATCH_TIMELIMIT over training.run.time_limit): set those"
+        " keys to change them; SBATCH_ACCOUNT applies, as no key of this launch sets its option"
+    ]
+
+
+def test_preflight_checks_the_partition_sbatch_partition_picks_where_no_key_names_one(monkeypatch):
+    """With cluster.partition unset, SBATCH_PARTITION in the shell chooses the job's partition (the
+    script names none), yet preflight checked the cluster's default partition."""
+    cluster = [*nodes(count=1), *[Node(f"g{i}", "big", False, 8, 0, "idle") for i in range(4)]]
+    job = Job("training", "r", "r", None, [], nodes=3, tasks_per_node=2)
+    monkeypatch.setenv("SBATCH_PARTITION", "big")
+    assert check_cluster(job, {}, cluster).startswith("ok  training: partition big, 3/4")
+    assert "partition debug" in check_cluster(Job("t", "r", "r", None, []), {"partition": "debug"}, cluster)
+    monkeypatch.setenv("SBATCH_PARTITION", "bgi")
+    with pytest.raises(
+        LaunchError, match=r"partition 'bgi' does not exist \(SBATCH_PARTITION in this shell\)"
+    ):
+        check_cluster(job, {}, cluster)

@@ -16,13 +16,20 @@ from pathlib import Path
 from gptrain.errors import LaunchError
 from gptrain.launch.preflight import check_cluster, query_nodes
 from gptrain.launch.records import append_record
-from gptrain.launch.sbatch import DIRECTIVE_KEYS, Job
+from gptrain.launch.sbatch import DIRECTIVE_KEYS, Job, sbatch_directives
+from gptrain.launch.sbatch_env import sbatch_environment, sbatch_variables_note
 from gptrain.launch.stages import LaunchPlan
 
 
 def preflight_cluster(plan: LaunchPlan) -> list[str]:
     nodes = query_nodes()
     return [check_cluster(job, plan.cluster, nodes) for job in plan.jobs]
+
+
+def sbatch_variables_notes(plan: LaunchPlan) -> list[str]:
+    """The note on SBATCH_* variables in this shell (sbatch() leaves out those that override a line)."""
+    note = sbatch_variables_note([(job.stage, sbatch_directives(job, plan.cluster)) for job in plan.jobs])
+    return [note] if note else []
 
 
 # Slurm's reasons for refusing a job (slurm_strerror's text, which sbatch prints after "Batch job
@@ -91,8 +98,11 @@ def sbatch(job: Job, dependency: str | None) -> str:
         extra = f",{job.dependency}" if job.dependency else ""
         command.append(f"--dependency=afterok:{dependency}{extra}")
     command.append(str(job.script_path))
+    environment = sbatch_environment(script_lines(job.script_path))
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=SBATCH_TIMEOUT_S)
+        out = subprocess.run(
+            command, capture_output=True, text=True, timeout=SBATCH_TIMEOUT_S, env=environment
+        )
     except subprocess.TimeoutExpired:  # the controller may have taken the job before it went quiet
         raise LaunchError(
             f"sbatch gave no answer in {SBATCH_TIMEOUT_S} s for {job.script_path} (a busy or failing-over"
@@ -105,6 +115,14 @@ def sbatch(job: Job, dependency: str | None) -> str:
         message = sbatch_error_line(out.stderr) or f"exit {out.returncode}"
         raise LaunchError(f"sbatch refused {job.script_path}: {message}{refusal_keys(message, job)}")
     return job_id_from(out.stdout, job)
+
+
+def script_lines(path: Path) -> list[str]:
+    """The written script's lines; none where it cannot be read (sbatch then says why)."""
+    try:
+        return path.read_text(errors="replace").split("\n")
+    except OSError:
+        return []
 
 
 def sbatch_error_line(stderr: str) -> str:

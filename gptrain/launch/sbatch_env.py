@@ -1,0 +1,111 @@
+"""sbatch's input variables (SBATCH_PARTITION, SBATCH_TIMELIMIT, ...) in the launching shell: sbatch
+takes each over the script's #SBATCH line (only its command line beats them), so one left from other
+work changed a job away from what preflight checked. gptrain's keys are the launch's command line: a
+variable for an option the script renders is left out of the sbatch call, said once; one for an
+option it does not render applies, as it does to the user's own sbatch (a site's SBATCH_ACCOUNT)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from gptrain.launch.sections import SBATCH_OWNED, SBATCH_REFUSED, SBATCH_RESERVED, keeps_the_environment
+
+GPU_OPTIONS = ("gres", "gpus", "gpus-per-node")  # Slurm refuses --gres with --gpus-per-node
+MEM_OPTIONS = ("mem", "mem-per-cpu", "mem-per-gpu")  # sbatch: mutually exclusive
+REQUEUE_OPTIONS = ("requeue", "no-requeue")
+# sbatch(1)'s input variables for the options a gptrain script renders or owns, each with the
+# options it would override or contradict.
+SBATCH_VARIABLES: dict[str, tuple[str, ...]] = {
+    "SBATCH_ACCOUNT": ("account",),
+    "SBATCH_ARRAY_INX": ("array",),
+    "SBATCH_CONSTRAINT": ("constraint",),
+    "SBATCH_ERROR": ("error", "output"),  # stderr away from the log `gptrain logs` and status read
+    "SBATCH_EXCLUSIVE": ("exclusive",),
+    "SBATCH_EXPORT": ("export",),
+    "SBATCH_GPUS": GPU_OPTIONS,
+    "SBATCH_GPUS_PER_NODE": GPU_OPTIONS,
+    "SBATCH_GPUS_PER_TASK": ("gpus-per-task",),
+    "SBATCH_GRES": GPU_OPTIONS,
+    "SBATCH_JOB_NAME": ("job-name",),
+    "SBATCH_MEM_PER_CPU": MEM_OPTIONS,
+    "SBATCH_MEM_PER_GPU": MEM_OPTIONS,
+    "SBATCH_MEM_PER_NODE": MEM_OPTIONS,
+    "SBATCH_NO_REQUEUE": REQUEUE_OPTIONS,
+    "SBATCH_OPEN_MODE": ("open-mode",),
+    "SBATCH_OUTPUT": ("output",),
+    "SBATCH_PARTITION": ("partition",),
+    "SBATCH_QOS": ("qos",),
+    "SBATCH_REQUEUE": REQUEUE_OPTIONS,
+    "SBATCH_RESERVATION": ("reservation",),
+    "SBATCH_SIGNAL": ("signal",),
+    "SBATCH_TIMELIMIT": ("time",),
+    "SBATCH_WAIT": ("wait",),
+}
+
+
+def rendered_options(script_lines: list[str]) -> set[str]:
+    """The options of a script's #SBATCH lines."""
+    prefix = "#SBATCH --"
+    return {line[len(prefix) :].split("=", 1)[0] for line in script_lines if line.startswith(prefix)}
+
+
+def overriding_variables(rendered: set[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The SBATCH_* variables set in `environ` that would override an option of the script (or one
+    gptrain owns, --wait, --export), each with that option."""
+    owned = rendered | set(SBATCH_RESERVED) | set(SBATCH_REFUSED)
+    found = {}
+    for name, options in SBATCH_VARIABLES.items():
+        if name not in environ or (
+            name == "SBATCH_EXPORT" and keeps_the_environment("export", environ[name])
+        ):
+            continue
+        hit = next((option for option in options if option in owned), None)
+        if hit:
+            found[name] = hit
+    return found
+
+
+def sbatch_environment(script_lines: list[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment to run sbatch with for this script: without the variables that override it."""
+    environ = os.environ if environ is None else environ
+    left_out = overriding_variables(rendered_options(script_lines), environ)
+    return {name: value for name, value in environ.items() if name not in left_out}
+
+
+def option_keys(option: str, stage: str) -> str:
+    """The config key behind a rendered (or owned) option, for the note."""
+    if option in SBATCH_OWNED:
+        return SBATCH_OWNED[option].replace("<stage>", stage)
+    if option in SBATCH_RESERVED or option in SBATCH_REFUSED:
+        return f"--{option}, which gptrain keeps as it is"
+    return f"cluster.additional_parameters' --{option}"
+
+
+def sbatch_variables_note(
+    scripts: list[tuple[str, list[str]]], environ: Mapping[str, str] | None = None
+) -> str | None:
+    """One line on the SBATCH_* variables set here, for (stage, #SBATCH lines) of each job: those
+    left out of the sbatch calls, with the keys they would override, and those that apply."""
+    environ = os.environ if environ is None else environ
+    overrides: dict[str, list[str]] = {}
+    for stage, lines in scripts:
+        for name, option in overriding_variables(rendered_options(lines), environ).items():
+            keys = overrides.setdefault(name, [])
+            if option_keys(option, stage) not in keys:
+                keys.append(option_keys(option, stage))
+    applying = sorted(name for name in environ if name.startswith("SBATCH_") and name not in overrides)
+    parts = []
+    if overrides:
+        named = "; ".join(f"{name} over {', '.join(keys)}" for name, keys in sorted(overrides.items()))
+        parts.append(
+            f"left out of the sbatch calls, as sbatch would take them over the #SBATCH lines preflight"
+            f" checked ({named}): set those keys to change them"
+        )
+    if applying:
+        one = len(applying) == 1
+        parts.append(
+            f"{', '.join(applying)} {'applies' if one else 'apply'}, as no key of this launch sets"
+            f" {'its option' if one else 'their options'}"
+        )
+    return f"note  SBATCH_* variables set in this shell: {'; '.join(parts)}" if parts else None
