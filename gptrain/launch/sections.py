@@ -208,8 +208,8 @@ def check_each_word_is_an_option(key: str, value: str, split: list[str]) -> None
 # attached one (`-l`, `-I5`), as srun 22.05 parses them (and srun(1) up to 25.x lists them). Any
 # other letter is unknown here: a word after it may be its value.
 SRUN_SHORT_WITH_VALUE = "ABbCcDdeFGiJLMmNnopqrSTtWwx"
-SRUN_SHORT_WITHOUT_VALUE = "EHhklOQsuVvXZ"
-SRUN_SHORT_OPTIONAL_VALUE = "IK"  # -I[secs], -K[0|1]: a value only in the same word
+SRUN_SHORT_WITHOUT_VALUE = "EHhlOQsuVvXZ"
+SRUN_SHORT_OPTIONAL_VALUE = "IKk"  # -I[secs], -K[0|1], -k[off]: a value only in the same word
 # srun's long options that take no value, or only an attached one (`--nice=5`: `--nice 5` runs `5`),
 # and pyxis's flags; a word after any other long option may be its value (pyxis's --container-image,
 # options this table does not know).

@@ -671,6 +671,8 @@ def test_a_word_of_srun_args_srun_would_run_as_its_command_is_refused(tmp_path, 
         ("--nice 5", "5", "--nice", "takes no value, or only one in the same word"),  # optional: --nice=5
         ("-N2 x", "x", "-N2", "has its value already"),
         ("-- x", "x", "--", "ends srun's options"),
+        # -k is --no-kill[=off]: srun 22.05 reads `-kN` as --no-kill=N, so `2` is the command
+        ("-kN 2", "2", "-kN", "has its value already"),
     ],
 )
 def test_a_word_after_an_srun_option_that_takes_no_value_is_refused(tmp_path, given, stray, before, why):
