@@ -62,8 +62,13 @@ def not_launched(path: Path) -> str:
     train_log = log_file_name(0, 0)  # rank 0's log of a `gptrain train` run
     logs = [d / train_log for d in (path, path / "results") if (d / train_log).is_file()]
     where = f"; its training log is {logs[0]}" if logs else ""
-    if (path / DRY_RUN_DIR).is_dir():  # where `launch --dry-run` writes its preview
-        where += f"; {DRY_RUN_DIR}/ is a `gptrain launch --dry-run` preview, which submits nothing: launch without --dry-run"
+    # where `launch --dry-run` writes its preview: <run>/dry-run, or <run>/<time>/dry-run (unique_output)
+    previews = (
+        [path / DRY_RUN_DIR] if (path / DRY_RUN_DIR).is_dir() else sorted(path.glob(f"*/{DRY_RUN_DIR}"))
+    )
+    if previews:
+        preview = previews[-1].relative_to(path)
+        where += f"; {preview}/ is a `gptrain launch --dry-run` preview, which submits nothing: launch without --dry-run"
     return (
         f"no {LAUNCHER_LOG} here or below: not a run started by `gptrain launch` (status, logs and "
         f"cancel follow those){where}"

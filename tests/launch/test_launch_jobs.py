@@ -402,6 +402,10 @@ def test_a_run_name_under_results_that_no_launch_wrote_is_explained(tmp_path, ca
     err = capsys.readouterr().err
     assert f"{results / 'gpt3_5b'}: no launcher.log here or below" in err
     assert "dry-run/ is a `gptrain launch --dry-run` preview, which submits nothing" in err
+    (results / "gpt3_1p3b" / "20261129-041536" / "dry-run").mkdir(parents=True)  # unique_output=true
+    assert main(["status", "gpt3_1p3b", *base]) == 2
+    err = capsys.readouterr().err
+    assert "20261129-041536/dry-run/ is a `gptrain launch --dry-run` preview, which submits nothing" in err
     with pytest.raises(LaunchError, match="no launched run 'gpt3_126' in"):  # no such dir: the names
         run_dirs.find_run("gpt3_126", results)
 
