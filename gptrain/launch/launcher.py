@@ -114,9 +114,11 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
         and saving
         and not plan.cluster.get("max_requeues")
     ):
+        value = plan.cluster.get("max_requeues")
+        given = "unset (Slurm's own requeue is the site's)" if value is None else f"{value} (--no-requeue)"
         notes.append(
-            "note  training: cluster.max_requeues is 0: a stop at the time limit checkpoints and ends the "
-            "job without requeueing it; give +cluster.max_requeues=N to go on by itself"
+            f"note  training: cluster.max_requeues is {given}: a stop at the time limit checkpoints and ends "
+            "the job without requeueing it; give +cluster.max_requeues=N to go on by itself"
         )
     return notes
 

@@ -232,7 +232,12 @@ def test_a_nemo_tree_is_told_about_its_container_and_its_missing_requeues(tmp_pa
     plan = build_plan(compose([*base, "container=nvcr.io/nvidia/nemo:24.12"], conf("24.12")))
     notes = launch_notes(plan, ["training"])
     assert any("looks like NeMo's image, which has no gptrain" in note for note in notes)
-    assert any("cluster.max_requeues is 0" in note and "+cluster.max_requeues=N" in note for note in notes)
+    assert any("cluster.max_requeues is unset (Slurm's own requeue is the site's)" in note for note in notes)
+    assert any("+cluster.max_requeues=N" in note for note in notes)
+    plan = build_plan(compose([*base, "container=null", "+cluster.max_requeues=0"], conf("24.12")))
+    assert any(
+        "cluster.max_requeues is 0 (--no-requeue)" in note for note in launch_notes(plan, ["training"])
+    )
     plan = build_plan(compose([*base, "container=null", "+cluster.max_requeues=3"], conf("24.12")))
     assert launch_notes(plan, ["training"]) == []
 
