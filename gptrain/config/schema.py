@@ -417,11 +417,16 @@ class ModelConfig:
     seed: int = 1234
     """Seed of initialisation, dropout and data shuffling."""
     native_amp_init_scale: float = 2.0**32
-    """Initial loss scale for fp16."""
+    """Initial loss scale for fp16 (with native_amp_static_scale, the scale throughout)."""
     native_amp_growth_interval: int = 1000
     """Steps without overflow before the fp16 loss scale doubles."""
     hysteresis: int = 2
     """Overflowing steps tolerated before the fp16 loss scale is halved."""
+    native_amp_static_scale: bool = False
+    """gptrain extension, Megatron's --loss-scale: fp16 keeps native_amp_init_scale for the whole run,
+    neither growing nor backing off (native_amp_growth_interval and hysteresis unused); an overflowing
+    step is skipped and counts towards trainer.max_consecutive_nonfinite. A resume keeps the configured
+    scale, not the checkpoint's."""
     resume_from_checkpoint: str | None = None
     """NeMo's other spelling of exp_manager.resume_from_checkpoint (give one of the two)."""
     restore_from_ckpt: str | None = None

@@ -291,8 +291,9 @@ def validate(cfg: TrainingConfig) -> None:
 
 
 def _check_loss_scaler(cfg: TrainingConfig) -> None:
-    """The fp16 loss scaler's settings, as Megatron asserts them (a scale of 0 zeroes every gradient)."""
-    for key in LOSS_SCALER_POSITIVE:
+    """The fp16 loss scaler's settings, as Megatron asserts them (a scale of 0 zeroes every gradient);
+    a static scale reads only the scale, as Megatron's ConstantGradScaler does."""
+    for key in () if cfg.model.native_amp_static_scale else LOSS_SCALER_POSITIVE:
         if get(cfg, key) < 1:
             raise ConfigError(f"{key}: must be at least 1, got {get(cfg, key)}")
     if not cfg.model.native_amp_init_scale > 0:

@@ -280,8 +280,6 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 REFUSED: dict[str, str] = {
-    "--loss-scale": "a static fp16 loss scale is not implemented; gptrain scales dynamically (--initial-loss-scale, "
-    "--loss-scale-window, --hysteresis as Megatron reads them): drop the flag",
     "--num-experts": "mixture of experts is not implemented",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
     "--skip-train": "evaluation without training is not run by gptrain megatron: `gptrain eval RUN` evaluates "
@@ -314,5 +312,5 @@ SPECIAL: dict[str, int | None] = {
     "--decoupled-lr": 1, "--decoupled-min-lr": 1, "--tiktoken-pattern": 1,
     "--tiktoken-num-special-tokens": 1, "--tokenizer-special-tokens": None, "--tiktoken-special-tokens": None,
     "--use-megatron-fsdp": 0, "--data-parallel-sharding-strategy": 1, "--use-torch-fsdp2": 0,
-    "--no-position-embedding": 0,
+    "--no-position-embedding": 0, "--loss-scale": 1,
 }  # fmt: skip

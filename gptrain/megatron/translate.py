@@ -286,6 +286,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
         raise ConfigError("--fp16 and --bf16: give one of them")
     _xla_precision(result, env)
     _fp16_gradients(result)
+    _static_loss_scale(result)
     _nan_check(result)
     _grad_reduce_in_bf16(result)
     _data_parallel_sharding(result)
@@ -467,6 +468,28 @@ def _xla_precision(result: Translation, env: dict[str, str]) -> None:
             "XLA_USE_BF16=1 in the environment (torch-xla's bf16 on Trainium; gptrain reads the precision "
             "from the flags: fp32 here, add --bf16 for bf16 mixed precision)"
         )
+
+
+def _static_loss_scale(result: Translation) -> None:
+    """Megatron's --loss-scale V: a constant scale (ConstantGradScaler, over --initial-loss-scale and
+    its dynamic settings), which gptrain keeps under --fp16 only: bf16 gradients need no scale."""
+    given, v = result.given, result.values
+    if "--loss-scale" not in given:
+        return
+    scale = _convert("--loss-scale", given["--loss-scale"][0], float)
+    if not scale > 0:  # Megatron's 0 falls back to dynamic scaling; below it asserts
+        raise ConfigError(
+            f"--loss-scale {given['--loss-scale'][0]}: a static loss scale must be greater than 0; drop the "
+            "flag for dynamic fp16 scaling (--initial-loss-scale, --loss-scale-window, --hysteresis)"
+        )
+    if "--fp16" not in given:
+        result.notes.append(
+            "--loss-scale (gptrain scales fp16 losses only; under --bf16 or fp32 it trains unscaled, where "
+            "Megatron scales a --bf16 loss by it and unscales the gradients: the same steps, rounding aside)"
+        )
+        return
+    v["model.native_amp_init_scale"] = scale
+    v["model.native_amp_static_scale"] = True
 
 
 # How many non-finite iterations in a row stop a run with Megatron's check (its default): the first.

@@ -272,7 +272,11 @@ def build_adamw(cfg: TrainingConfig, model: nn.Module, device: torch.device) -> 
 def build_scaler(cfg: TrainingConfig) -> LossScaler:
     m = cfg.model
     return build_loss_scaler(
-        cfg.trainer.precision, m.native_amp_init_scale, m.native_amp_growth_interval, m.hysteresis
+        cfg.trainer.precision,
+        m.native_amp_init_scale,
+        m.native_amp_growth_interval,
+        m.hysteresis,
+        static=m.native_amp_static_scale,
     )
 
 

@@ -2,7 +2,9 @@
 
 Every overflowing iteration is skipped; the scale backs off only after `hysteresis`
 overflows since the last growth, and grows after `growth_interval` clean iterations.
-With bf16/fp32 a constant scale of 1.0 is used (Megatron prints 1.0 there too).
+With bf16/fp32 a constant scale of 1.0 is used (Megatron prints 1.0 there too); with fp16 and
+model.native_amp_static_scale, the constant model.native_amp_init_scale (Megatron's --loss-scale):
+an overflowing iteration is skipped and the scale stays.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ class DynamicLossScaler:
     def __post_init__(self) -> None:
         if self.hysteresis_tracker < 0:
             self.hysteresis_tracker = self.hysteresis
+
+    def can_back_off(self) -> bool:
+        """Whether an overflow can still lower the scale (it stops at min_scale)."""
+        return self.scale > self.min_scale
 
     def update(self, found_inf: bool) -> None:
         """Call once per iteration with whether the gradients overflowed."""
@@ -56,9 +62,17 @@ class DynamicLossScaler:
 
 @dataclass
 class ConstantLossScaler:
-    """No scaling (fp32, bf16): same interface, never changes."""
+    """A scale that never changes: 1.0 (fp32, bf16: no scaling) or fp16's static scale.
+
+    The configured scale is the run's, as Megatron's ConstantGradScaler keeps --loss-scale over its
+    checkpoint: a resume does not take the saved one (a static scale changed in the config, or the
+    1.0 of a bf16 checkpoint, would otherwise replace it). The scale is still saved, for the record.
+    """
 
     scale: float = 1.0
+
+    def can_back_off(self) -> bool:
+        return False
 
     def update(self, found_inf: bool) -> None:
         del found_inf
@@ -67,15 +81,17 @@ class ConstantLossScaler:
         return {"scale": self.scale}
 
     def load_state_dict(self, state: dict) -> None:
-        self.scale = float(state["scale"])
+        del state
 
 
 LossScaler = DynamicLossScaler | ConstantLossScaler
 
 
 def build_loss_scaler(
-    precision: str, initial_scale: float, growth_interval: int, hysteresis: int
+    precision: str, initial_scale: float, growth_interval: int, hysteresis: int, static: bool = False
 ) -> LossScaler:
+    if precision == "16" and static:
+        return ConstantLossScaler(scale=initial_scale)
     if precision == "16":
         return DynamicLossScaler(scale=initial_scale, growth_interval=growth_interval, hysteresis=hysteresis)
     return ConstantLossScaler()

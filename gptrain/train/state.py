@@ -113,8 +113,9 @@ def parts_to_load(
     """The parts of `wanted` a checkpoint holding `saved_keys` ('scaler.scale', ...) can give.
 
     The loss scaler is left out, and so starts afresh, when the checkpoint's is of the other kind:
-    trainer.precision changed between fp16 (a dynamic scale with its trackers) and bf16/fp32 (a
-    constant 1.0). Neither kind's state means anything to the other.
+    trainer.precision or model.native_amp_static_scale changed between fp16's dynamic scale (with its
+    trackers) and a constant one (bf16/fp32's 1.0, fp16's static scale). Neither kind's state means
+    anything to the other; a constant scaler keeps its configured scale anyway.
     """
     parts = {part for part in wanted if any(key.startswith(f"{part}.") for key in saved_keys)}
     saved_scaler = {key.split(".", 1)[1] for key in saved_keys if key.startswith("scaler.")}
@@ -122,13 +123,16 @@ def parts_to_load(
         parts.discard("scaler")
         log(
             f"loss scaler reset: the checkpoint was saved with {_scaler_kind(saved_scaler)}, this run "
-            f"(trainer.precision changed) uses {_scaler_kind(set(scaler.state_dict()))}"
+            f"(trainer.precision or model.native_amp_static_scale changed) uses "
+            f"{_scaler_kind(set(scaler.state_dict()))}"
         )
     return parts
 
 
 def _scaler_kind(keys: set[str]) -> str:
-    return "a dynamic loss scale (fp16)" if "growth_tracker" in keys else "no loss scaling (bf16/fp32)"
+    if "growth_tracker" in keys:
+        return "a dynamic loss scale (fp16)"
+    return "a constant loss scale (bf16/fp32, or fp16's model.native_amp_static_scale)"
 
 
 def checkpoint_state(

@@ -320,13 +320,13 @@ def step_outcome(
     if not math.isfinite(loss):
         return StepResult(loss=loss, nonfinite=True, tokens=tokens)
     found_inf = not math.isfinite(norm)
-    # an fp16 overflow with the scale already at its floor cannot be backed off: counted as
-    # non-finite too, so a diverged run stops after trainer.max_consecutive_nonfinite, not never
-    at_floor = found_inf and scaler.scale <= getattr(scaler, "min_scale", 0.0)
+    # an fp16 overflow the scaler cannot back off from (a static scale, or a dynamic one at its
+    # floor) is counted as non-finite too, so it stops after trainer.max_consecutive_nonfinite, not never
+    stuck = found_inf and not scaler.can_back_off()
     scaler.update(found_inf)
     if found_inf:
         fp16 = opts.precision == "16"
         return StepResult(
-            loss=loss, grad_norm=norm, overflow=fp16, nonfinite=not fp16 or at_floor, tokens=tokens
+            loss=loss, grad_norm=norm, overflow=fp16, nonfinite=not fp16 or stuck, tokens=tokens
         )
     return StepResult(loss=loss, grad_norm=norm, updated=True, tokens=tokens)

@@ -347,6 +347,20 @@ def test_the_loss_scalers_settings_are_checked_only_where_fp16_has_a_scaler(over
             load_training_config("gpt3/126m", [f"trainer.precision={precision}", override])
 
 
+def test_a_static_fp16_scale_reads_only_the_scale():
+    """Megatron's ConstantGradScaler (--loss-scale) reads no window or hysteresis: with
+    model.native_amp_static_scale they are not checked, the scale still is."""
+    static = ["trainer.precision=16", "model.native_amp_static_scale=true"]
+    cfg = load_training_config(
+        "gpt3/126m", [*static, "model.native_amp_growth_interval=0", "model.hysteresis=0"]
+    )
+    assert cfg.model.native_amp_static_scale
+    with pytest.raises(
+        ConfigError, match=re.escape("model.native_amp_init_scale: must be greater than 0, got 0")
+    ):
+        load_training_config("gpt3/126m", [*static, "model.native_amp_init_scale=0"])
+
+
 def test_a_bad_override_is_blamed_on_the_command_line_not_the_preset(tmp_path):
     """The value came from the command line: naming the preset file sent users to a file that is fine."""
     with pytest.raises(ConfigError) as error:

@@ -593,7 +593,13 @@ def test_no_nan_check_is_accepted_saying_what_gptrain_does_on_a_non_finite_step(
 
 @pytest.mark.parametrize(
     ("precision", "limit"),
-    [("--bf16", 1), ("", 1), ("--fp16", 5), ("--bf16 --no-check-for-nan-in-loss-and-grad", 5)],
+    [
+        ("--bf16", 1),
+        ("", 1),
+        ("--fp16", 5),
+        ("--fp16 --loss-scale 1024", 1),
+        ("--bf16 --no-check-for-nan-in-loss-and-grad", 5),
+    ],
 )
 def test_megatrons_nan_check_stops_at_the_first_non_finite_step(precision, limit):
     """Megatron's --check-for-nan-in-loss-and-grad (its default) stops at the first NaN or Inf loss or
@@ -608,6 +614,31 @@ def test_megatrons_nan_check_stops_at_the_first_non_finite_step(precision, limit
     assert len(said) == (limit == 5)  # the limit of 1 is said by its override
     if precision == "--fp16":
         assert said[0].startswith("--fp16 with dynamic loss scaling (Megatron turns --check-for-nan")
+
+
+def test_a_static_loss_scale_under_fp16_keeps_that_scale_for_the_run():
+    """Megatron's --loss-scale V builds a ConstantGradScaler(V), over --initial-loss-scale and without
+    reading --loss-scale-window or --hysteresis; refused before as not implemented."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --fp16 --initial-loss-scale 8 --loss-scale-window 0"
+    t = translate(shlex.split(f"{base} --loss-scale 1024"), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert cfg.model.native_amp_static_scale and cfg.model.native_amp_init_scale == 1024.0
+    assert cfg.trainer.max_consecutive_nonfinite == 1  # Megatron's NaN check stays on
+    assert not any("loss" in note and "scal" in note for note in t.notes)
+
+
+def test_a_static_loss_scale_beside_bf16_is_said_to_train_unscaled():
+    """Megatron scales a --bf16 loss by --loss-scale too; gptrain's bf16 runs are unscaled: said."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --bf16 --loss-scale 1024"
+    t = translate(shlex.split(base), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert not cfg.model.native_amp_static_scale and cfg.trainer.precision == "bf16"
+    assert [note for note in t.notes if note.startswith("--loss-scale")] == [
+        "--loss-scale (gptrain scales fp16 losses only; under --bf16 or fp32 it trains unscaled, where "
+        "Megatron scales a --bf16 loss by it and unscales the gradients: the same steps, rounding aside)"
+    ]
 
 
 def test_zero_centred_norm_weights_are_accepted_as_training_the_same_model():
@@ -1102,7 +1133,8 @@ def test_bad_blend_files_are_one_line_naming_flag_and_file(tmp_path, monkeypatch
         ),
         ("--split 90,5,3,2", "--split 90,5,3,2: split string '90,5,3,2' has 4 numbers"),
         ("--exit-interval x", "--exit-interval x: expects a whole number"),
-        ("--loss-scale 1024", "--loss-scale: a static fp16 loss scale is not implemented"),
+        ("--fp16 --loss-scale 0", "--loss-scale 0: a static loss scale must be greater than 0"),
+        ("--fp16 --loss-scale x", "--loss-scale x: expects a number"),
         (  # before, "not a pretrain_gpt.py flag gptrain knows"
             "--non-persistent-save-interval 50",
             "--non-persistent-save-interval: non-persistent checkpoints (each replacing the one before, for a "

@@ -62,10 +62,39 @@ def test_resume_as_fp16_resets_the_loss_scaler(run, monkeypatch):
     assert code == 0 and sorted(losses) == [3]
     lines = log_lines(run)
     assert (
-        "loss scaler reset: the checkpoint was saved with no loss scaling (bf16/fp32), this run "
-        "(trainer.precision changed) uses a dynamic loss scale (fp16)"
+        "loss scaler reset: the checkpoint was saved with a constant loss scale (bf16/fp32, or fp16's "
+        "model.native_amp_static_scale), this run (trainer.precision or model.native_amp_static_scale "
+        "changed) uses a dynamic loss scale (fp16)"
     ) in lines
     assert any(line.startswith("resuming from ") and "step_2 at iteration 2" in line for line in lines)
+
+
+def test_resume_with_a_static_fp16_scale_trains_at_the_configured_scale(run, monkeypatch):
+    """Megatron's --loss-scale over a checkpoint (ConstantGradScaler keeps no state): the config's
+    scale, not the 1.0 the fp32 checkpoint saved under the same key."""
+    static = [
+        "trainer.precision=16",
+        "model.native_amp_static_scale=true",
+        "model.native_amp_init_scale=1024",
+    ]
+    code, losses = run_recording(monkeypatch, tiny_config(run, *SHORT, *static, "trainer.max_steps=3"))
+    assert code == 0 and sorted(losses) == [3]
+    lines = log_lines(run)
+    assert not any(line.startswith("loss scaler reset") for line in lines)
+    resumed = [line for line in lines if "iteration        3/" in line]
+    assert len(resumed) == 1 and "| loss scale: 1024.0 |" in resumed[0]
+
+
+@pytest.mark.parametrize("saved_static", [False, True])
+def test_a_static_and_a_dynamic_fp16_scaler_do_not_load_each_other(saved_static):
+    """Switching model.native_amp_static_scale on a resume: the dynamic trackers mean nothing to a
+    static scale, and a static scale's checkpoint holds no trackers for a dynamic one."""
+    saved = build_loss_scaler("16", 8.0, 10, 2, static=saved_static)
+    keys = {"model.w", *(f"scaler.{key}" for key in saved.state_dict())}
+    lines = []
+    live = build_loss_scaler("16", 8.0, 10, 2, static=not saved_static)
+    assert parts_to_load(["model", "scaler"], keys, live, lines.append) == {"model"}
+    assert len(lines) == 1 and "model.native_amp_static_scale changed" in lines[0]
 
 
 def test_resume_with_another_weight_decay_trains_with_it_and_says_so(run, monkeypatch):

@@ -575,6 +575,46 @@ def test_nan_iterations_are_skipped_counted_and_stop_the_run(tmp_path, monkeypat
     assert "lm loss" not in lines[3] and "grad norm" not in lines[3]  # Megatron omits both when skipped
 
 
+def test_overflows_under_a_static_fp16_scale_stop_the_run_and_the_scale_stays(tmp_path, monkeypatch):
+    """model.native_amp_static_scale (Megatron's --loss-scale): each overflowing step is skipped with the
+    scale unchanged, and trainer.max_consecutive_nonfinite of them in a row stop the run in one line.
+    Before, the key did not exist; a scaler that never backs off would have skipped to the end."""
+
+    def overflow_from_step_3(model, batch):
+        loss = masked_lm_loss(model, batch)
+        if not torch.is_grad_enabled():  # validation
+            return loss
+        calls.append(1)
+        if len(calls) <= 2 * 2:  # 2 micro-batches a step
+            return loss
+        weight = next(model.parameters()) * 1.0  # a finite loss whose gradients are infinite
+        weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+        return loss + (weight * 0.0).sum()
+
+    calls: list[int] = []
+    real = builders.build_step_options
+    monkeypatch.setattr(
+        builders,
+        "build_step_options",
+        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": overflow_from_step_3}),
+    )
+    static = [
+        "trainer.precision=16",
+        "model.native_amp_static_scale=true",
+        "model.native_amp_init_scale=1024",
+    ]
+    cfg = tiny_config(tmp_path, *MOCK, *static, "trainer.max_consecutive_nonfinite=3", "trainer.max_steps=20")
+    with pytest.raises(
+        step_loop.TrainingDivergedError, match=r"3 iterations in a row \(last at iteration 5\)"
+    ) as info:
+        run_recording(monkeypatch, cfg)
+    assert "\n" not in str(info.value)
+    lines = [line for line in log_lines(tmp_path) if "number of nan iterations" in line]
+    assert [line.split("loss scale:")[1].split("|")[0].strip() for line in lines] == ["1024.0"] * 5
+    skipped = [line.split("number of skipped iterations:")[1].split("|")[0].strip() for line in lines]
+    assert skipped == ["0", "0", "1", "1", "1"]
+
+
 def test_resume_on_indexed_dataset_is_bit_exact(tmp_path, monkeypatch, indexed_corpus):
     data = indexed_corpus
     code, full = run_recording(monkeypatch, tiny_config(tmp_path / "full", *data))

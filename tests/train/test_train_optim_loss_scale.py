@@ -78,3 +78,22 @@ def test_an_overflow_with_the_scale_at_its_floor_counts_as_non_finite():
     result = step_outcome(floor, options, loss=2.0, tokens=8, norm=float("nan"))
     assert result.overflow and result.nonfinite and not result.updated and floor.scale == 1.0
     assert step_outcome(floor, options, loss=2.0, tokens=8, norm=3.0).updated
+
+
+def test_an_overflow_under_a_static_scale_counts_as_non_finite():
+    """A static scale cannot back off: an overflow is skipped and counted towards
+    trainer.max_consecutive_nonfinite, else a run whose gradients keep overflowing skips forever."""
+    from gptrain.train.step import StepOptions, step_outcome
+
+    static = build_loss_scaler("16", 2.0**12, 1000, 2, static=True)
+    assert isinstance(static, ConstantLossScaler) and static.scale == 2.0**12
+    result = step_outcome(static, StepOptions(precision="16"), loss=2.0, tokens=8, norm=float("inf"))
+    assert result.overflow and result.nonfinite and not result.updated and static.scale == 2.0**12
+
+
+def test_a_constant_scale_keeps_the_configured_value_over_the_checkpoints():
+    """As Megatron's ConstantGradScaler: the config's scale applies on resume, not the saved one (a
+    bf16 checkpoint's 1.0, or the static scale the run had before the config changed it)."""
+    static = build_loss_scaler("16", 2.0**12, 1000, 2, static=True)
+    static.load_state_dict({"scale": 1.0})
+    assert static.scale == 2.0**12 and static.state_dict() == {"scale": 2.0**12}

@@ -238,3 +238,39 @@ def test_the_host_reads_the_step_after_the_update_is_queued(monkeypatch):
         train_step(model, make_optimizer(model), [random_batch(2, 4)], ConstantLossScaler(), CPU, opts)
         # fused AdamW: the update was queued before the one host read; SGD: the read decides first
         assert seen.pop() == updated_before_read
+
+
+def test_a_static_fp16_scale_never_changes_and_an_overflowing_step_leaves_the_weights():
+    """Megatron's --loss-scale (model.native_amp_static_scale): the scale neither backs off on an
+    overflow nor grows (growth_interval 1 and hysteresis 1 would move a dynamic one at every step).
+    float64 weights are left alone by autocast, and scaling by a power of 2 is exact, so each update
+    matches an unscaled float64 SGD step up to the summation order: a few ulps of sums of at most
+    20 token losses, far inside rtol 1e-12."""
+    from gptrain.train.loss_scale import build_loss_scaler
+
+    batch, lr = random_batch(4, 5, seed=6), 0.1
+    model = TinyLM().double()
+    reference = copy.deepcopy(model)
+    scaler = build_loss_scaler("16", 2.0**10, growth_interval=1, hysteresis=1, static=True)
+    opts = StepOptions(precision="16")
+    for step in range(4):
+        before = [p.detach().clone() for p in model.parameters()]
+        hook = (
+            model.proj.weight.register_hook(lambda g: torch.full_like(g, float("inf"))) if step == 1 else None
+        )
+        result = train_step(model, sgd(model, lr), split(batch, 2), scaler, CPU, opts)
+        if hook is not None:
+            hook.remove()
+        assert scaler.scale == 2.0**10, step
+        if step == 1:
+            assert result.overflow and result.nonfinite and not result.updated
+            assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+            continue
+        assert result.updated and not result.overflow
+        reference.zero_grad()
+        reference_loss(reference, batch).backward()
+        with torch.no_grad():
+            for r in reference.parameters():
+                r -= lr * r.grad
+        for p, r in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.detach(), r.detach(), rtol=1e-12, atol=1e-14)
