@@ -407,6 +407,12 @@ def _check_batches(cfg: TrainingConfig) -> None:
             f"model.optim.lr ({model.optim.lr}) must be > 0 and model.optim.sched.min_lr "
             f"({model.optim.sched.min_lr}) between 0 and lr"
         )
+    if model.optim.sched.warmup_init_lr > model.optim.lr:
+        raise ConfigError(
+            f"model.optim.sched.warmup_init_lr ({model.optim.sched.warmup_init_lr}) is above model.optim.lr "
+            f"({model.optim.lr}): the warmup rises from warmup_init_lr to lr, as Megatron asserts; give a "
+            "warmup_init_lr of at most lr"
+        )
 
 
 def _check_data(cfg: TrainingConfig) -> None:

@@ -361,6 +361,24 @@ def test_a_static_fp16_scale_reads_only_the_scale():
         load_training_config("gpt3/126m", [*static, "model.native_amp_init_scale=0"])
 
 
+def test_a_warmup_starting_above_the_peak_rate_is_refused_naming_both_keys(tmp_path):
+    """Megatron asserts --lr-warmup-init <= --lr (gptrain megatron refuses it); a NeMo YAML with
+    warmup_style megatron was taken and its warmup fell from warmup_init_lr down to lr."""
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "model:\n  optim:\n    lr: 1.0e-4\n    sched:\n      warmup_style: megatron\n"
+        "      warmup_init_lr: 1.0e-3\n      warmup_steps: 10\n  data:\n    data_impl: mock\n    mock_vocab_size: 64\n"
+    )
+    refusal = (
+        "model.optim.sched.warmup_init_lr (0.001) is above model.optim.lr (0.0001): the warmup rises from "
+        "warmup_init_lr to lr, as Megatron asserts; give a warmup_init_lr of at most lr"
+    )
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        load_training_config(config_file=str(config))
+    equal = load_training_config(config_file=str(config), overrides=["model.optim.sched.warmup_init_lr=1e-4"])
+    assert equal.model.optim.sched.warmup_init_lr == equal.model.optim.lr
+
+
 def test_a_bad_override_is_blamed_on_the_command_line_not_the_preset(tmp_path):
     """The value came from the command line: naming the preset file sent users to a file that is fine."""
     with pytest.raises(ConfigError) as error:
