@@ -264,8 +264,18 @@ def _prefixes_under(spec: Any, directory: Path) -> Any:
     entries = [spec] if isinstance(spec, str) else list(spec)
     for position in range(1, len(entries), 2) if weights else [0]:
         if _is_relative(prefix := str(entries[position]).strip()):
-            entries[position] = str(directory / prefix)
+            entries[position] = _under_start(prefix, directory)
     return entries[0] if isinstance(spec, str) else entries
+
+
+def _under_start(prefix: str, started: Path) -> str:
+    """`prefix` read from the directory the run was started in; from the working directory where
+    only it holds the pair (a run copied elsewhere under the same path ending, as eval read it
+    before it knew where runs start)."""
+    from gptrain.data.pair_check import pair_problem
+
+    under = str(started / prefix)
+    return prefix if pair_problem(under) is not None and pair_problem(prefix) is None else under
 
 
 def _is_relative(prefix: str) -> bool:

@@ -187,7 +187,8 @@ def run_started_in(cfg: Any, hparams: Path) -> Path | None:
     """The directory the run of `hparams` was started in, which its relative paths are relative to,
     where its relative explicit_log_dir tells; None where it does not (absolute, or moved)."""
     recorded = cfg.exp_manager.explicit_log_dir
-    return started_in(hparams.resolve().parent, recorded) if recorded else None
+    # the path as given: through a symlinked results directory the run was started above the link
+    return started_in(Path(os.path.abspath(hparams)).parent, recorded) if recorded else None
 
 
 def tokenizer_files_from_start(cfg: Any, hparams: Path, overrides: Sequence[str]) -> dict[str, str]:

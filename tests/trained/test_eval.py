@@ -518,3 +518,66 @@ def test_a_run_whose_data_is_gone_is_told_of_data_prefix(tmp_path: Path, spec: s
         f"the run's model.data.data_prefix: {gone}.bin/.idx not found; check the path, or make the pair with "
         "gptrain data prepare; or evaluate on another dataset with --data-prefix PREFIX"
     )
+
+
+def write_pair(prefix: Path) -> None:
+    """A small .bin/.idx pair of random tokens at `prefix`."""
+    rng = np.random.default_rng(0)
+    writer = IndexedDatasetWriter(str(prefix), np.uint16)
+    for _ in range(8):
+        writer.add_document(rng.integers(0, VOCAB, size=int(rng.integers(10, 60))).astype(np.uint16))
+    writer.finalize()
+
+
+def copy_run(run_dir: Path, to: Path, log_dir: str, data_prefix, tokenizer_dir: Path, **data) -> Path:
+    """`run_dir` copied to `to`, its hparams.yaml recording `log_dir` and indexed data `data_prefix`
+    (a word-level tokenizer.json written in `tokenizer_dir`)."""
+    import shutil
+
+    import yaml
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    tokenizer = tokenizer_dir / "tokenizer.json"
+    Tokenizer(WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0")).save(str(tokenizer))
+    shutil.copytree(run_dir, to)
+    hparams = yaml.safe_load((to / "hparams.yaml").read_text())
+    hparams["model"]["data"] |= {
+        "data_prefix": data_prefix,
+        "data_impl": "mmap",
+        "splits_string": "50,50,0",
+        "index_mapping_dir": str(tokenizer_dir / "cache"),
+        **data,
+    }
+    hparams["model"]["tokenizer"] |= {
+        "library": "huggingface",
+        "type": "HuggingFaceTokenizer",
+        "model": str(tokenizer),
+        "vocab_file": None,
+        "merge_file": None,
+    }
+    hparams["exp_manager"]["explicit_log_dir"] = log_dir
+    (to / "hparams.yaml").write_text(yaml.safe_dump(hparams))
+    return to
+
+
+def test_a_run_under_a_symlinked_or_copied_directory_reads_its_data_prefix(
+    run_dir: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The start directory came from the run directory with its symlinks resolved: a results
+    directory linked to scratch (project/results -> /scratch/results) looked for the data under
+    /scratch. And a run copied elsewhere under the same path ending looked only there, where
+    eval before read the data from the working directory."""
+    project, scratch = tmp_path / "project", tmp_path / "scratch" / "results"
+    write_pair(project / "data" / "docs")
+    scratch.mkdir(parents=True)
+    (project / "results").symlink_to(scratch)
+    copy_run(run_dir, project / "results" / "run", "results/run", "data/docs", tmp_path)
+    copy_run(run_dir, tmp_path / "archive" / "run", "run", "data/docs", tmp_path)
+    monkeypatch.chdir(project)
+    assert main(["eval", "results/run", "--batches", "1"]) == 0
+    assert main(["eval", str(tmp_path / "archive" / "run"), "--batches", "1"]) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)  # neither the start directory nor the working one holds it
+    assert main(["eval", str(tmp_path / "archive" / "run"), "--batches", "1"]) == 2
+    assert f"{tmp_path / 'archive' / 'data' / 'docs'}.bin/.idx not found" in capsys.readouterr().err
