@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from gptrain.errors import DataError
 
@@ -16,9 +17,11 @@ __all__ = [
     "MAX_BLEND_DATASETS",
     "is_number",
     "parse_blend",
+    "prefixes_of",
     "strip_suffix",
     "text_document_hint",
     "unweighted_list_error",
+    "with_prefixes",
 ]
 
 # Megatron's blend index names a dataset in an int16: at most 32,766 datasets in one blend.
@@ -77,6 +80,46 @@ def parse_blend(
             "shards first (gptrain data merge)"
         )
     return prefixes, weights
+
+
+def prefixes_of(data_prefix: Any, splits: Collection[str] | None = None) -> list[str]:
+    """The dataset prefixes a data_prefix names (one prefix, a [weight, prefix, ...] blend, or either
+    per split; only the `splits` of a per-split one, where given), numbers as the words Megatron
+    reads. Launch, eval and the checks before them walk the shapes here alone: a walker of their own
+    missed a shape (a number was a TypeError). A blend that does not parse names none, for the
+    builder (or launch's blend check) to refuse in its own words."""
+    if isinstance(data_prefix, Mapping):
+        chosen = [spec for key, spec in data_prefix.items() if splits is None or key in splits]
+        return [prefix for spec in chosen for prefix in prefixes_of(spec)]
+    return [prefix for prefix, _ in _prefix_positions(data_prefix)]
+
+
+def with_prefixes(data_prefix: Any, change: Callable[[str], str]) -> Any:
+    """`data_prefix` in its own shape with each prefix `p` (as prefixes_of reads it) replaced by
+    change(p); weights, and a blend that does not parse, are left as they are."""
+    if isinstance(data_prefix, Mapping):
+        return {key: with_prefixes(spec, change) for key, spec in data_prefix.items()}
+    positions = _prefix_positions(data_prefix)
+    if not positions:
+        return data_prefix
+    if isinstance(data_prefix, (str, int, float)):
+        return change(positions[0][0])
+    entries = list(data_prefix)
+    for prefix, position in positions:
+        entries[position] = change(prefix)
+    return entries
+
+
+def _prefix_positions(spec: Any) -> list[tuple[str, int]]:
+    """(prefix, its index in the blend list) of one split's data_prefix; none where it is empty,
+    a mapping or does not parse."""
+    if spec is None or spec == "" or isinstance(spec, Mapping):
+        return []
+    try:
+        prefixes, weights = parse_blend(spec)
+    except (DataError, TypeError):
+        return []
+    return list(zip(prefixes, range(1, 2 * len(prefixes), 2) if weights else [0], strict=True))
 
 
 def is_number(raw: str | float) -> bool:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gptrain.data.blend_spec import prefixes_of, with_prefixes
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import CONFIG_ROOT
-from gptrain.launch.preflight import prefixes_of
 from gptrain.utils.paths import directory_blocker
 
 # Per stage: the dotted keys (from the top of the config) of the directories its job reads or
@@ -141,16 +141,7 @@ def with_absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
 
 def absolute_prefixes(data_prefix: Any) -> Any:
     """A data_prefix (one, a [weight, prefix, ...] blend, or per split) with absolute prefixes."""
-    if data_prefix is None:
-        return None
-    if isinstance(data_prefix, dict):
-        return {split: absolute_prefixes(spec) for split, spec in data_prefix.items()}
-    if isinstance(data_prefix, str):
-        return os.path.abspath(data_prefix) if data_prefix else data_prefix
-    items = list(data_prefix)
-    if len(items) == 1:
-        return [absolute_prefixes(str(items[0]))]
-    return [absolute_prefixes(str(item)) if i % 2 else item for i, item in enumerate(items)]
+    return with_prefixes(data_prefix, os.path.abspath)
 
 
 def set_at(resolved: dict[str, Any], dotted: str, value: Any) -> None:

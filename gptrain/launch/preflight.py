@@ -179,18 +179,6 @@ def partition_fit(job: Job, cluster: dict[str, Any], nodes: list[Node], wanted: 
     return f"ok  {job.stage}: partition {wanted}, {job.nodes}/{count} nodes, {needed}/{cpus} CPUs, {gpus}/{have} GPUs per node"
 
 
-def prefixes_of(data_prefix: Any) -> list[str]:
-    """The dataset prefixes of a data_prefix: one, a [weight, prefix, ...] list, or per split."""
-    if data_prefix is None:
-        return []
-    if isinstance(data_prefix, dict):
-        return [prefix for spec in data_prefix.values() for prefix in prefixes_of(spec)]
-    if isinstance(data_prefix, str):
-        return [data_prefix]
-    items = list(data_prefix)
-    return [str(p) for p in (items[1::2] if len(items) > 1 else items)]
-
-
 def check_blends(data_prefix: Any) -> None:
     """Each blend of the data_prefix (one, or one per split) read as the job will read it: a
     negative weight, an odd-length list or Megatron's unweighted form fail here, not in the job."""
@@ -233,6 +221,8 @@ def check_training_files(
         lines.append("ok  training: mock data, no data files needed")
     elif not prepared_by_stage:
         check_blends(data.data_prefix)
+        from gptrain.data.blend_spec import prefixes_of
+
         check_data_prefixes(prefixes_of(data.data_prefix))
         lines.append(f"ok  training: {len(prefixes_of(data.data_prefix))} data prefix(es) found")
     if not data.builds_tokenizer():

@@ -130,9 +130,8 @@ def training_blend(resolved: dict[str, Any], stages: list[str], notes: list[str]
     [0.5, my-gpt3_00, 0.5, my-gpt3_01], as NeMo reads it). A data_prefix replaced is said in a note."""
     if "data_preparation" not in stages:
         return None
-    from gptrain.data.blend_spec import strip_suffix
+    from gptrain.data.blend_spec import prefixes_of, strip_suffix
     from gptrain.launch.download import output_prefix, parse_shards
-    from gptrain.launch.preflight import prefixes_of
 
     prep, data = resolved["data_preparation"], resolved["training"].get("model", {}).get("data", {})
     prepared = {

@@ -251,21 +251,9 @@ def prefixes_from_start(cfg: TrainingConfig, hparams: Path, overrides: Sequence[
 def _prefixes_under(spec: Any, directory: Path) -> Any:
     """A data_prefix (one prefix, [weight, prefix, ...], or per split) with its relative prefixes
     under `directory`; one that does not parse is left for the builder to refuse."""
-    from gptrain.data.blend_spec import parse_blend
+    from gptrain.data.blend_spec import with_prefixes
 
-    if isinstance(spec, Mapping):
-        return {key: _prefixes_under(value, directory) for key, value in spec.items()}
-    if not spec:
-        return spec
-    try:
-        _, weights = parse_blend(spec)
-    except DataError:
-        return spec
-    entries = [spec] if isinstance(spec, str) else list(spec)
-    for position in range(1, len(entries), 2) if weights else [0]:
-        if _is_relative(prefix := str(entries[position]).strip()):
-            entries[position] = _under_start(prefix, directory)
-    return entries[0] if isinstance(spec, str) else entries
+    return with_prefixes(spec, lambda prefix: _under_start(prefix, directory) if _is_relative(prefix) else prefix)
 
 
 def _under_start(prefix: str, started: Path) -> str:
@@ -286,24 +274,19 @@ def _is_relative(prefix: str) -> bool:
 def check_relative_prefixes(cfg: TrainingConfig, note: str) -> None:
     """A relative prefix of the splits the build reads that names no pair, with `note` (where the
     run was started is not recorded) after the line the builder would give."""
-    from gptrain.data.blend_spec import parse_blend
+    from gptrain.data.blend_spec import prefixes_of
     from gptrain.data.pair_check import pair_problem
 
-    spec = cfg.model.data.data_prefix
+    for prefix in filter(_is_relative, prefixes_of(cfg.model.data.data_prefix, _built_splits(cfg))):
+        if (problem := pair_problem(prefix)) is not None:
+            raise DataError(f"model.data.data_prefix {prefix}: {problem}; {note}")
+
+
+def _built_splits(cfg: TrainingConfig) -> list[str]:
+    """The per-split data_prefix keys the build reads: the builder skips a split of no samples
+    (the test split under trainer.limit_test_batches=0)."""
     sizes = b.dataset_target_sizes(cfg)
-    per_split = spec.items() if isinstance(spec, Mapping) else [(None, spec)]
-    for key, split_spec in per_split:
-        if key is not None and (key not in PER_SPLIT_KEYS or sizes[PER_SPLIT_KEYS.index(key)] == 0):
-            continue  # a split not built, or a key the builder refuses
-        if not split_spec:
-            continue
-        try:
-            prefixes, _ = parse_blend(split_spec)
-        except DataError:
-            return  # the builder's line
-        for prefix in filter(_is_relative, prefixes):
-            if (problem := pair_problem(prefix)) is not None:
-                raise DataError(f"model.data.data_prefix {prefix}: {problem}; {note}")
+    return [key for key, size in zip(PER_SPLIT_KEYS, sizes, strict=True) if size > 0]
 
 
 def _split_grown_for(request: EvalRequest, cfg: TrainingConfig) -> str | None:
@@ -323,23 +306,17 @@ def _split_grown_for(request: EvalRequest, cfg: TrainingConfig) -> str | None:
 def check_run_data_files(cfg: TrainingConfig) -> None:
     """Each .bin/.idx pair of the run's data, with eval's other way: an imported run's hparams.yaml
     names its preset's placeholder data, and the builder's line said only to prepare that."""
-    from gptrain.data.blend_spec import parse_blend
+    from gptrain.data.blend_spec import prefixes_of
     from gptrain.data.pair_check import pair_problem
 
     data = cfg.model.data
     if data.is_mock():
         return
-    specs = (
-        [s for s in data.data_prefix.values() if s]
-        if isinstance(data.data_prefix, Mapping)
-        else [data.data_prefix]
-    )
-    for spec in specs:
-        for prefix in parse_blend(spec)[0]:
-            if (problem := pair_problem(prefix)) is not None:
-                raise DataError(
-                    f"the run's model.data.data_prefix: {problem}; or evaluate on another dataset with --data-prefix PREFIX"
-                )
+    for prefix in prefixes_of(data.data_prefix):
+        if (problem := pair_problem(prefix)) is not None:
+            raise DataError(
+                f"the run's model.data.data_prefix: {problem}; or evaluate on another dataset with --data-prefix PREFIX"
+            )
 
 
 def _asked_by(cfg: TrainingConfig, request: EvalRequest) -> list[str]:

@@ -360,3 +360,26 @@ def test_a_prefix_that_yaml_reads_as_a_number_is_a_prefix(tmp_path, monkeypatch)
     assert train.dataset.path_prefix == "2024" and len(train) >= 10
     with pytest.raises(DataError, match=r"^data prefix 5: 5\.bin/\.idx not found"):
         build_gpt_datasets(5, "1,0,0", 8, 1, (10, 0, 0))
+
+
+def test_the_prefixes_of_every_data_prefix_shape_numbers_as_their_words():
+    """Launch, eval and their checks walked the data_prefix shapes each their own way, and a number
+    (`data_prefix: 2024`, `{train: 2024}`) was a TypeError in some. One walker reads them all."""
+    from gptrain.data.blend_spec import prefixes_of, with_prefixes
+
+    per_split = {"train": 2024, "validation": [0.5, 7.5, 0.5, "b"], "test": None}
+    assert prefixes_of(2024) == ["2024"] and prefixes_of([2024]) == ["2024"]
+    assert prefixes_of(per_split) == ["2024", "7.5", "b"]
+    assert prefixes_of(per_split, ["train", "test"]) == ["2024"]
+    assert prefixes_of([1, "a", 2]) == prefixes_of("") == prefixes_of(None) == []  # left for the builder
+
+    def under_d(prefix: str) -> str:
+        return f"/d/{prefix}"
+
+    assert with_prefixes(2024, under_d) == "/d/2024" and with_prefixes([2024], under_d) == ["/d/2024"]
+    assert with_prefixes(per_split, under_d) == {
+        "train": "/d/2024",
+        "validation": [0.5, "/d/7.5", 0.5, "/d/b"],
+        "test": None,
+    }
+    assert with_prefixes([1, "a", 2], under_d) == [1, "a", 2]

@@ -152,3 +152,23 @@ def test_the_data_preparation_tiktoken_vocabulary_is_checked_by_any_type_data_pr
     )
     fits = check_tokenizer_files({**tokenizer, "vocab_size": 1256}, "data_preparation.tokenizer")
     assert fits == "ok  data_preparation.tokenizer: model present"
+
+
+@pytest.mark.parametrize("spec", ["2024", "[1.0,2024]", "{train:2024,validation:[1.0,7.5],test:null}"])
+def test_a_data_prefix_yaml_reads_as_a_number_is_a_prefix_to_launch(tmp_path, monkeypatch, capsys, spec):
+    """`training.model.data.data_prefix=2024` (YAML reads an int) ended `gptrain launch --dry-run` in
+    a TypeError traceback from the preflight's and the mounts' walks of the prefixes."""
+    from gptrain.launch.mounts import absolute_prefixes
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_prefixes(2024) == str(tmp_path / "2024")
+    assert absolute_prefixes({"train": 2024, "test": None}) == {"train": str(tmp_path / "2024"), "test": None}
+    launch = ["launch", "--dry-run", "cluster_type=local", "training.trainer.accelerator=cpu"]
+    launch += ["training.trainer.devices=1", "training.trainer.num_nodes=1"]
+    launch += [f"training.model.data.data_prefix={spec}", "training.model.tokenizer.vocab_file=null"]
+    launch += ["training.model.tokenizer.merge_file=null", "training.model.tokenizer.library=tiktoken"]
+    launch += ["training.model.tokenizer.model=gpt2"]
+    assert main(launch) == 0
+    said = capsys.readouterr()
+    assert "Traceback" not in said.out + said.err
+    assert "training.model.data.data_prefix: 2024.bin/.idx not found" in said.out + said.err

@@ -581,3 +581,28 @@ def test_a_run_under_a_symlinked_or_copied_directory_reads_its_data_prefix(
     monkeypatch.chdir(tmp_path)  # neither the start directory nor the working one holds it
     assert main(["eval", str(tmp_path / "archive" / "run"), "--batches", "1"]) == 2
     assert f"{tmp_path / 'archive' / 'data' / 'docs'}.bin/.idx not found" in capsys.readouterr().err
+
+
+def test_a_numeric_data_prefix_is_read_from_where_the_run_was_started(tmp_path: Path) -> None:
+    """`data_prefix: 2024` (YAML reads an int) was a TypeError traceback where eval read the run's
+    relative prefixes from its start directory, alone or in a per-split mapping."""
+    from gptrain.trained.evaluate import prefixes_from_start
+
+    write_pair(tmp_path / "2024")
+    write_pair(tmp_path / "7.5")
+    hparams = tmp_path / "results" / "run" / "hparams.yaml"
+    for spec, expected in [
+        ("2024", str(tmp_path / "2024")),
+        (
+            "{train: 2024, validation: [1.0, 7.5]}",
+            {"train": str(tmp_path / "2024"), "validation": [1.0, str(tmp_path / "7.5")]},
+        ),
+    ]:
+        data = [
+            "model.data.data_impl=mmap",
+            f"model.data.data_prefix={spec}",
+            "exp_manager.explicit_log_dir=results/run",
+        ]
+        cfg = load_training_config("gpt3/126m", [*TINY, *data], report_ignored=False)
+        assert prefixes_from_start(cfg, hparams, []) is None
+        assert cfg.model.data.data_prefix == expected
