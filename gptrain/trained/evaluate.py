@@ -253,7 +253,9 @@ def _prefixes_under(spec: Any, directory: Path) -> Any:
     under `directory`; one that does not parse is left for the builder to refuse."""
     from gptrain.data.blend_spec import with_prefixes
 
-    return with_prefixes(spec, lambda prefix: _under_start(prefix, directory) if _is_relative(prefix) else prefix)
+    return with_prefixes(
+        spec, lambda prefix: _under_start(prefix, directory) if _is_relative(prefix) else prefix
+    )
 
 
 def _under_start(prefix: str, started: Path) -> str:
@@ -304,15 +306,16 @@ def _split_grown_for(request: EvalRequest, cfg: TrainingConfig) -> str | None:
 
 
 def check_run_data_files(cfg: TrainingConfig) -> None:
-    """Each .bin/.idx pair of the run's data, with eval's other way: an imported run's hparams.yaml
-    names its preset's placeholder data, and the builder's line said only to prepare that."""
+    """Each .bin/.idx pair of the splits the build reads, with eval's other way: an imported run's
+    hparams.yaml names its preset's placeholder data, and the builder's line said only to prepare
+    that. A split not built (test under limit_test_batches=0) may name data long gone."""
     from gptrain.data.blend_spec import prefixes_of
     from gptrain.data.pair_check import pair_problem
 
     data = cfg.model.data
     if data.is_mock():
         return
-    for prefix in prefixes_of(data.data_prefix):
+    for prefix in prefixes_of(data.data_prefix, _built_splits(cfg)):
         if (problem := pair_problem(prefix)) is not None:
             raise DataError(
                 f"the run's model.data.data_prefix: {problem}; or evaluate on another dataset with --data-prefix PREFIX"

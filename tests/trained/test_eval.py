@@ -606,3 +606,18 @@ def test_a_numeric_data_prefix_is_read_from_where_the_run_was_started(tmp_path: 
         cfg = load_training_config("gpt3/126m", [*TINY, *data], report_ignored=False)
         assert prefixes_from_start(cfg, hparams, []) is None
         assert cfg.model.data.data_prefix == expected
+
+
+def test_a_split_eval_does_not_build_may_name_data_that_is_gone(run_dir: Path, tmp_path: Path) -> None:
+    """Every entry of a per-split data_prefix was checked, also the test split's that the run never
+    built (trainer.limit_test_batches=0): a run whose unused test data was removed could not be
+    evaluated, where the builder skips that split."""
+    from gptrain.errors import DataError
+
+    write_pair(tmp_path / "docs")
+    spec = f"{{train: {tmp_path / 'docs'}, validation: {tmp_path / 'docs'}, test: {tmp_path / 'gone'}}}"
+    data = ["model.data.data_impl=mmap", f"model.data.data_prefix={spec}"]
+    cfg = load_training_config("gpt3/126m", [*TINY, *data], report_ignored=False)
+    eval_data(cfg, EvalRequest("run", batches=1), VOCAB, None)  # limit_test_batches=0: test not built
+    with pytest.raises(DataError, match=r"the run's model.data.data_prefix: .*gone\.bin/\.idx not found"):
+        eval_data(cfg, EvalRequest("run", split="test", batches=1), VOCAB, None)
