@@ -21,6 +21,7 @@ __all__ = [
     "strip_suffix",
     "text_document_hint",
     "unweighted_list_error",
+    "yaml_number_note",
     "with_prefixes",
 ]
 
@@ -108,6 +109,31 @@ def with_prefixes(data_prefix: Any, change: Callable[[str], str]) -> Any:
     for prefix, position in positions:
         entries[position] = change(prefix)
     return entries
+
+
+def yaml_number_note(data_prefix: Any, prefix: str) -> str:
+    """Where `prefix` (or its last name, made absolute since) is a number's word in `data_prefix`,
+    the note for its not-found line: YAML reads an unquoted 007 as 7 (and 0x10 as 16, 2024_01 as
+    202401, 1.50 as 1.5, 1e3 as 1000.0), so the dataset named is another than the file's. Else ''."""
+    name = os.path.basename(strip_suffix(str(prefix)))
+    if name not in _number_words(data_prefix):
+        return ""
+    return (
+        f"; YAML read this prefix as the number {name} (an unquoted 007 is 7, 0x10 is 16, 2024_01 is "
+        '202401, 1e3 is 1000.0): quote the name as the file has it, e.g. data_prefix: "007"'
+    )
+
+
+def _number_words(data_prefix: Any) -> set[str]:
+    """The words of the prefixes that YAML gave as numbers (not strings) in a data_prefix."""
+    if isinstance(data_prefix, Mapping):
+        return {word for spec in data_prefix.values() for word in _number_words(spec)}
+    entries = [data_prefix] if isinstance(data_prefix, (str, int, float)) else list(data_prefix or [])
+    return {
+        prefix
+        for prefix, position in _prefix_positions(data_prefix)
+        if isinstance(entries[position], (int, float)) and not isinstance(entries[position], bool)
+    }
 
 
 def _prefix_positions(spec: Any) -> list[tuple[str, int]]:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from gptrain.config.schema import PER_SPLIT_KEYS
-from gptrain.data.blend_spec import parse_blend
+from gptrain.data.blend_spec import parse_blend, yaml_number_note
 from gptrain.data.blended import BlendedDataset, normalize
 from gptrain.data.gpt_dataset import GPTDataset
 from gptrain.data.mock import MockGPTDataset
@@ -77,13 +77,13 @@ def _check_index_sizes(num_samples: Sequence[int], seq_length: int, asked_by: Se
             )
 
 
-def _check_prefixes(prefixes: list[str]) -> None:
+def _check_prefixes(prefixes: list[str], data_prefix: DataPrefix) -> None:
     """Every prefix of a blend named before any is opened and indexed."""
     from gptrain.data.pair_check import pair_problem
 
     for prefix in prefixes:
         if (problem := pair_problem(prefix)) is not None:
-            raise DataError(f"data prefix {prefix}: {problem}")
+            raise DataError(f"data prefix {prefix}: {problem}{yaml_number_note(data_prefix, prefix)}")
 
 
 def _single_prefix_splits(
@@ -221,7 +221,7 @@ def _build_splits(
             data_prefix, seq_length, seed, num_samples, cache_dir, skip_unused, only_split, asked_by
         )
     prefixes, weights = parse_blend(data_prefix)
-    _check_prefixes(prefixes)
+    _check_prefixes(prefixes, data_prefix)
     if weights is None:
         datasets: list = _single_prefix_splits(
             prefixes[0], splits_string, seq_length, seed, num_samples, cache_dir, skip_unused, only_split
@@ -296,4 +296,7 @@ def _lone_prefix(spec: str | Sequence[str | float]) -> str | Sequence[str | floa
     builds it since core 0.7 (April 2024): for the split's own sample count. A one-dataset blend
     would build 0.5% more, which can take one more epoch and then shuffles every sample otherwise."""
     prefixes, weights = parse_blend(spec)
-    return prefixes[0] if weights is not None and len(prefixes) == 1 else spec
+    if weights is None or len(prefixes) != 1:
+        return spec
+    given = list(spec)[1]
+    return given if isinstance(given, (int, float)) else prefixes[0]  # a number: its line says YAML's

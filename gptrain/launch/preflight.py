@@ -195,15 +195,17 @@ def check_blends(data_prefix: Any) -> None:
             raise ConfigError(f"{key}: {error}") from None
 
 
-def check_data_prefixes(prefixes: list[str]) -> None:
+def check_data_prefixes(data_prefix: Any) -> None:
     """Each prefix names a .bin/.idx pair (x.bin is the prefix x, as the job reads it), or the line
     every data command and the job give: Path.is_file raised PermissionError (a traceback) under a
     directory this user may not search, and told half a pair or a directory from a missing one."""
+    from gptrain.data.blend_spec import prefixes_of, yaml_number_note
     from gptrain.data.pair_check import pair_problem  # standard library only, no numpy
 
-    for prefix in prefixes:
+    for prefix in prefixes_of(data_prefix):
         if (problem := pair_problem(prefix)) is not None:
-            raise LaunchError(f"training.model.data.data_prefix: {problem}")
+            note = yaml_number_note(data_prefix, prefix)
+            raise LaunchError(f"training.model.data.data_prefix: {problem}{note}")
 
 
 def check_training_files(
@@ -223,7 +225,7 @@ def check_training_files(
         check_blends(data.data_prefix)
         from gptrain.data.blend_spec import prefixes_of
 
-        check_data_prefixes(prefixes_of(data.data_prefix))
+        check_data_prefixes(data.data_prefix)
         lines.append(f"ok  training: {len(prefixes_of(data.data_prefix))} data prefix(es) found")
     if not data.builds_tokenizer():
         lines.append("ok  training: model.data.mock_vocab_size set, no tokenizer files needed")

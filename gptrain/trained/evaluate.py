@@ -195,6 +195,7 @@ def eval_data(
         raise ConfigError(f"--batches must be at least 1, got {request.batches}")
     if request.data_prefix:
         return prefix_data(cfg, request, vocab, tokenizer)
+    recorded = cfg.model.data.data_prefix  # its numbers, before relative prefixes are made paths
     not_found_note = prefixes_from_start(cfg, hparams, request.overrides) if hparams else None
     t = cfg.trainer
     default = {"validation": t.limit_val_batches, "test": t.limit_test_batches, "train": t.limit_val_batches}
@@ -208,7 +209,7 @@ def eval_data(
         raise ConfigError(f"the run has trainer.{key}=0 (no {request.split} batches); pass --batches N")
     if not_found_note is not None:
         check_relative_prefixes(cfg, not_found_note)
-    check_run_data_files(cfg)
+    check_run_data_files(cfg, recorded)
     train, valid, test = b.build_datasets(cfg, vocab, tokenizer, asked_by=asked_by)
     data = {"train": train, "validation": valid, "test": test}[request.split]
     if data is None or len(data) == 0:
@@ -276,12 +277,15 @@ def _is_relative(prefix: str) -> bool:
 def check_relative_prefixes(cfg: TrainingConfig, note: str) -> None:
     """A relative prefix of the splits the build reads that names no pair, with `note` (where the
     run was started is not recorded) after the line the builder would give."""
-    from gptrain.data.blend_spec import prefixes_of
+    from gptrain.data.blend_spec import prefixes_of, yaml_number_note
     from gptrain.data.pair_check import pair_problem
 
-    for prefix in filter(_is_relative, prefixes_of(cfg.model.data.data_prefix, _built_splits(cfg))):
+    spec = cfg.model.data.data_prefix
+    for prefix in filter(_is_relative, prefixes_of(spec, _built_splits(cfg))):
         if (problem := pair_problem(prefix)) is not None:
-            raise DataError(f"model.data.data_prefix {prefix}: {problem}; {note}")
+            raise DataError(
+                f"model.data.data_prefix {prefix}: {problem}{yaml_number_note(spec, prefix)}; {note}"
+            )
 
 
 def _built_splits(cfg: TrainingConfig) -> list[str]:
@@ -305,11 +309,12 @@ def _split_grown_for(request: EvalRequest, cfg: TrainingConfig) -> str | None:
     return ("limit_val_batches", "limit_test_batches")[index - 1]
 
 
-def check_run_data_files(cfg: TrainingConfig) -> None:
+def check_run_data_files(cfg: TrainingConfig, recorded: Any = None) -> None:
     """Each .bin/.idx pair of the splits the build reads, with eval's other way: an imported run's
     hparams.yaml names its preset's placeholder data, and the builder's line said only to prepare
-    that. A split not built (test under limit_test_batches=0) may name data long gone."""
-    from gptrain.data.blend_spec import prefixes_of
+    that. A split not built (test under limit_test_batches=0) may name data long gone. `recorded`:
+    the data_prefix hparams.yaml gives, before its relative prefixes were taken from elsewhere."""
+    from gptrain.data.blend_spec import prefixes_of, yaml_number_note
     from gptrain.data.pair_check import pair_problem
 
     data = cfg.model.data
@@ -317,8 +322,10 @@ def check_run_data_files(cfg: TrainingConfig) -> None:
         return
     for prefix in prefixes_of(data.data_prefix, _built_splits(cfg)):
         if (problem := pair_problem(prefix)) is not None:
+            note = yaml_number_note(data.data_prefix if recorded is None else recorded, prefix)
             raise DataError(
-                f"the run's model.data.data_prefix: {problem}; or evaluate on another dataset with --data-prefix PREFIX"
+                f"the run's model.data.data_prefix: {problem}{note}; or evaluate on another dataset with "
+                "--data-prefix PREFIX"
             )
 
 

@@ -383,3 +383,22 @@ def test_the_prefixes_of_every_data_prefix_shape_numbers_as_their_words():
         "test": None,
     }
     assert with_prefixes([1, "a", 2], under_d) == [1, "a", 2]
+
+
+def test_a_prefix_yaml_renamed_as_a_number_says_to_quote_it(tmp_path, monkeypatch):
+    """YAML reads an unquoted `data_prefix: 007` as 7 (0x10 as 16, 2024_01 as 202401): the line said
+    only '7.bin/.idx not found', naming a dataset the user never wrote."""
+    monkeypatch.chdir(tmp_path)
+    note = (
+        "; YAML read this prefix as the number 7 (an unquoted 007 is 7, 0x10 is 16, 2024_01 is 202401, 1e3 "
+        'is 1000.0): quote the name as the file has it, e.g. data_prefix: "007"'
+    )
+    with pytest.raises(DataError) as number:
+        build_gpt_datasets(7, "1,0,0", 8, 1, (10, 0, 0))
+    assert str(number.value).endswith(f"check the path, or make the pair with gptrain data prepare{note}")
+    with pytest.raises(DataError) as blended:
+        build_gpt_datasets({"train": [1.0, 7]}, None, 8, 1, (10, 0, 0))
+    assert str(blended.value).endswith(note)
+    with pytest.raises(DataError) as word:  # a string is the name as written
+        build_gpt_datasets("7", "1,0,0", 8, 1, (10, 0, 0))
+    assert "YAML" not in str(word.value)

@@ -172,3 +172,17 @@ def test_a_data_prefix_yaml_reads_as_a_number_is_a_prefix_to_launch(tmp_path, mo
     said = capsys.readouterr()
     assert "Traceback" not in said.out + said.err
     assert "training.model.data.data_prefix: 2024.bin/.idx not found" in said.out + said.err
+
+
+def test_a_prefix_yaml_renamed_as_a_number_says_to_quote_it_before_the_queue(tmp_path, monkeypatch):
+    """`data_prefix: 2024_01` is the int 202401 after YAML: the preflight said '202401.bin/.idx not
+    found' of a name the user never wrote."""
+    monkeypatch.chdir(tmp_path)
+    cfg = training("x")
+    cfg.model.data.data_prefix = {"train": 202401, "validation": [1.0, "x"]}
+    with pytest.raises(LaunchError) as error:
+        check_training_files(cfg, prepared_by_stage=False)
+    assert str(error.value).endswith(
+        "; YAML read this prefix as the number 202401 (an unquoted 007 is 7, 0x10 is 16, 2024_01 is 202401, "
+        '1e3 is 1000.0): quote the name as the file has it, e.g. data_prefix: "007"'
+    )

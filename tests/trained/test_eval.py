@@ -621,3 +621,24 @@ def test_a_split_eval_does_not_build_may_name_data_that_is_gone(run_dir: Path, t
     eval_data(cfg, EvalRequest("run", batches=1), VOCAB, None)  # limit_test_batches=0: test not built
     with pytest.raises(DataError, match=r"the run's model.data.data_prefix: .*gone\.bin/\.idx not found"):
         eval_data(cfg, EvalRequest("run", split="test", batches=1), VOCAB, None)
+
+
+def test_a_runs_prefix_yaml_renamed_as_a_number_says_to_quote_it(tmp_path: Path, monkeypatch) -> None:
+    """hparams.yaml's unquoted `data_prefix: 1e3` is 1000.0 after YAML, then a path under the run's
+    start directory: eval said '<start>/1000.0.bin/.idx not found', a name the user never wrote."""
+    from gptrain.errors import DataError
+
+    monkeypatch.chdir(tmp_path)
+    hparams = tmp_path / "results" / "run" / "hparams.yaml"
+    data = [
+        "model.data.data_impl=mmap",
+        "model.data.data_prefix=1e3",
+        "exp_manager.explicit_log_dir=results/run",
+    ]
+    cfg = load_training_config("gpt3/126m", [*TINY, *data], report_ignored=False)
+    with pytest.raises(DataError) as refused:
+        eval_data(cfg, EvalRequest("run", batches=1), VOCAB, None, hparams)
+    assert str(refused.value).startswith(
+        f"the run's model.data.data_prefix: {tmp_path / '1000.0'}.bin/.idx not found"
+    )
+    assert "YAML read this prefix as the number 1000.0 (an unquoted 007 is 7" in str(refused.value)
