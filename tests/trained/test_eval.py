@@ -642,3 +642,20 @@ def test_a_runs_prefix_yaml_renamed_as_a_number_says_to_quote_it(tmp_path: Path,
         f"the run's model.data.data_prefix: {tmp_path / '1000.0'}.bin/.idx not found"
     )
     assert "YAML read this prefix as the number 1000.0 (an unquoted 007 is 7" in str(refused.value)
+
+
+def test_a_split_that_does_not_parse_leaves_the_others_checked(tmp_path: Path, monkeypatch) -> None:
+    """The check of the run's relative prefixes stopped at the first split whose blend does not
+    parse: a later split's prefix not found lost the note that it is relative to where the run was
+    started (the builder, which reads the train split first, then said only 'check the path')."""
+    from gptrain.errors import DataError
+    from gptrain.trained.evaluate import NOT_FOUND_NOTE, check_relative_prefixes
+
+    monkeypatch.chdir(tmp_path)
+    spec = "{validation: [1, a, 2], train: data/docs}"
+    data = ["model.data.data_impl=mmap", f"model.data.data_prefix={spec}"]
+    cfg = load_training_config("gpt3/126m", [*TINY, *data], report_ignored=False)
+    with pytest.raises(
+        DataError, match=r"^model.data.data_prefix data/docs: data/docs.bin/.idx not found.*run from there"
+    ):
+        check_relative_prefixes(cfg, NOT_FOUND_NOTE)
