@@ -270,8 +270,9 @@ def _under_start(prefix: str, started: Path) -> str:
 
 
 def _is_relative(prefix: str) -> bool:
-    """A prefix named from the working directory (~ is refused with its own hint)."""
-    return not os.path.isabs(prefix) and not prefix.startswith("~")
+    """A prefix named from the working directory (~ and a leading $VAR, which no shell expanded,
+    are refused with their own hints, which name the path meant)."""
+    return not os.path.isabs(prefix) and not prefix.startswith(("~", "$"))
 
 
 def check_relative_prefixes(cfg: TrainingConfig, note: str) -> None:

@@ -659,3 +659,27 @@ def test_a_split_that_does_not_parse_leaves_the_others_checked(tmp_path: Path, m
         DataError, match=r"^model.data.data_prefix data/docs: data/docs.bin/.idx not found.*run from there"
     ):
         check_relative_prefixes(cfg, NOT_FOUND_NOTE)
+
+
+def test_a_runs_unexpanded_variable_prefix_keeps_its_hint(tmp_path: Path, monkeypatch) -> None:
+    """`data_prefix: $MYDATA/docs` (no shell expands it in a config file) was read as relative to
+    the run's start directory, and the line named <start>/$MYDATA/docs without the hint that names
+    the path meant and ${oc.env:MYDATA}."""
+    from gptrain.errors import DataError
+
+    write_pair(tmp_path / "data" / "docs")
+    monkeypatch.setenv("MYDATA", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    hparams = tmp_path / "results" / "run" / "hparams.yaml"
+    data = [
+        "model.data.data_impl=mmap",
+        "model.data.data_prefix=x",
+        "exp_manager.explicit_log_dir=results/run",
+    ]
+    cfg = load_training_config("gpt3/126m", [*TINY, *data], report_ignored=False)
+    cfg.model.data.data_prefix = "$MYDATA/docs"  # as hparams.yaml records it
+    with pytest.raises(DataError) as refused:
+        eval_data(cfg, EvalRequest("run", batches=1), VOCAB, None, hparams)
+    assert str(refused.value).startswith(
+        f"the run's model.data.data_prefix: $MYDATA/docs.bin/.idx not found; did you mean {tmp_path / 'data' / 'docs'}?"
+    )
