@@ -186,18 +186,13 @@ def test_eval_of_a_tensor_and_pipeline_parallel_run_in_one_process(
 ) -> None:
     """A run whose hparams.yaml says TP=2 x PP=2 (sequence parallel, 4 ranks): one process evaluates
     it with the whole model and gives the training's validation loss; a layout asked for is kept."""
-    import shutil
-
-    run = tmp_path / "run"
-    shutil.copytree(run_dir, run)
     layout = [
         "model.tensor_model_parallel_size=2",
         "model.pipeline_model_parallel_size=2",
         "model.sequence_parallel=true",
         "trainer.devices=4",
     ]
-    cfg = load_training_config(config_file=str(run / "hparams.yaml"), overrides=layout, report_ignored=False)
-    (run / "hparams.yaml").write_text(cfg.to_yaml())
+    run = copy_recorded_under(run_dir, tmp_path, layout)
     result = eval_json(tmp_path, str(run))
     assert result["loss"] == pytest.approx(logged_validation_losses(run_dir)[-1], rel=1e-6)
     assert result["tokens"] == 2 * 4 * SEQ
@@ -208,20 +203,13 @@ def test_eval_of_a_tensor_and_pipeline_parallel_run_in_one_process(
 def test_eval_of_an_uneven_pipeline_run_in_one_process(run_dir: Path, tmp_path: Path) -> None:
     """A run trained with Megatron's uneven split keys: one process drops them with PP (they need
     PP > 1 and would be refused), and the loss is the run's."""
-    import shutil
-
-    from gptrain.config import load_training_config
-
-    run = tmp_path / "run"
-    shutil.copytree(run_dir, run)
     layout = [
         "model.pipeline_model_parallel_size=2",
         "model.num_layers_in_first_pipeline_stage=1",
         "model.num_layers_in_last_pipeline_stage=1",
         "trainer.devices=2",
     ]
-    cfg = load_training_config(config_file=str(run / "hparams.yaml"), overrides=layout, report_ignored=False)
-    (run / "hparams.yaml").write_text(cfg.to_yaml())
+    run = copy_recorded_under(run_dir, tmp_path, layout)
     result = eval_json(tmp_path, str(run))
     assert result["loss"] == pytest.approx(logged_validation_losses(run_dir)[-1], rel=1e-6)
 
@@ -683,3 +671,16 @@ def test_a_runs_unexpanded_variable_prefix_keeps_its_hint(tmp_path: Path, monkey
     assert str(refused.value).startswith(
         f"the run's model.data.data_prefix: $MYDATA/docs.bin/.idx not found; did you mean {tmp_path / 'data' / 'docs'}?"
     )
+
+
+def copy_recorded_under(run_dir: Path, tmp_path: Path, layout: list[str]) -> Path:
+    """A copy of the run whose hparams.yaml records it as trained under `layout`."""
+    import shutil
+
+    from gptrain.config import load_training_config
+
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    cfg = load_training_config(config_file=str(run / "hparams.yaml"), overrides=layout, report_ignored=False)
+    (run / "hparams.yaml").write_text(cfg.to_yaml())
+    return run
