@@ -171,7 +171,23 @@ def check_outputs_early(args: argparse.Namespace) -> None:
         if why:
             raise ConfigError(f"{option} {path}: cannot write it ({why}); give a writable path")
     if args.measure:
+        check_output_is_not_the_input(args)
         check_trial_inputs_early(args)
+
+
+def check_output_is_not_the_input(args: argparse.Namespace) -> None:
+    """`gptrain plan plan-best.yaml --measure` (re-planning from the last winner) wrote the new winner
+    over its own input, or, when nothing ran, renamed the input aside: refuse that --output."""
+    from pathlib import Path
+
+    from gptrain.config.loader import preset_path
+
+    given = args.config_file or (preset_path(args.preset) if args.preset else None)
+    output = Path(args.output or "plan-best.yaml")
+    if given is not None and output.resolve() == Path(given).resolve():
+        raise ConfigError(
+            f"--output {output}: is the plan's input config; give another --output (the winner is written there)"
+        )
 
 
 def check_trial_inputs_early(args: argparse.Namespace) -> None:

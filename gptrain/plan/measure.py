@@ -250,10 +250,15 @@ def measure_and_write_winner(plan: Plan, args: argparse.Namespace) -> Path | Non
     return write_winner(plan, args, winner)
 
 
+WINNER_HEADER = "# gptrain plan --measure: winner "
+
+
 def set_aside_earlier_output(path: Path) -> None:
     """Rename the winner an earlier `plan --measure` wrote to `<name>.stale-<time>`: left in place,
-    `gptrain train --config-file plan-best.yaml` after a plan that measured nothing trained it."""
-    if not path.is_file():
+    `gptrain train --config-file plan-best.yaml` after a plan that measured nothing trained it. A
+    file without write_winner's header is not a winner (the user's config, another run's output):
+    it stays."""
+    if not is_a_written_winner(path):
         return
     aside = path.with_name(f"{path.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
@@ -265,15 +270,22 @@ def set_aside_earlier_output(path: Path) -> None:
     print(f"plan: {path} is not this plan's winner: renamed to {aside}", file=sys.stderr)
 
 
+def is_a_written_winner(path: Path) -> bool:
+    """Whether `path` is a file that starts with the header write_winner writes."""
+    try:
+        with path.open("rb") as file:
+            return file.read(len(WINNER_HEADER)) == WINNER_HEADER.encode()
+    except OSError:  # missing, a directory, unreadable: nothing of an earlier plan to set aside
+        return False
+
+
 def write_winner(plan: Plan, args: argparse.Namespace, winner: Candidate) -> Path:
     """The winner as a full training YAML (the user's config, the cluster and the layout)."""
     from gptrain.plan.build import cluster_overrides, load_config
 
     cfg, _, _ = load_config(args, [*cluster_overrides(plan.cluster), *winner.layout.overrides()])
     path = Path(args.output or "plan-best.yaml")
-    header = (
-        f"# gptrain plan --measure: winner {winner.layout.label()} at {winner.measured_step_s:.3f} s/step\n"
-    )
+    header = f"{WINNER_HEADER}{winner.layout.label()} at {winner.measured_step_s:.3f} s/step\n"
     atomic_write_text(path, header + cfg.to_yaml())
     plan.notes.append(f"winner {winner.layout.label()} written to {path}: gptrain train --config-file {path}")
     plan.notes.append("  or as overrides: " + " ".join(winner.layout.overrides()))

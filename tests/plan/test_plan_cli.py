@@ -580,18 +580,64 @@ def test_a_measure_that_wrote_no_winner_fails_and_sets_an_earlier_winner_aside(
 
     monkeypatch.setattr(measure, "run_local_trial", failed_trial)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "best.yaml").write_text("# an earlier plan's winner\n")
+    earlier = "# gptrain plan --measure: winner tp1 pp1 dp1 at 0.500 s/step\nmodel: {}\n"
+    (tmp_path / "best.yaml").write_text(earlier)
     assert main(measure_argv(tmp_path)) == (130 if ending == "ctrl-c" else 1)
     out, err = capsys.readouterr()
     assert not (tmp_path / "best.yaml").exists()
     [aside] = tmp_path.glob("best.yaml.stale-*")
-    assert aside.read_text() == "# an earlier plan's winner\n"
+    assert aside.read_text() == earlier
     assert f"plan: {tmp_path / 'best.yaml'} is not this plan's winner: renamed to {aside}" in err.splitlines()
     if ending != "ctrl-c":
         assert "Slurm controller not responding" in out
         assert err.splitlines()[-1] == (
             "gptrain: plan --measure: no trial ran to the end (the table gives each one's error); nothing written"
         )
+
+
+def test_a_measure_that_wrote_no_winner_leaves_a_file_that_is_no_winner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failed `plan --measure` renamed whatever was at --output (another run's file, the user's
+    own config) to .stale-<time>; only a file with write_winner's header is set aside now."""
+    from gptrain.plan import measure
+
+    def failed_trial(plan: object, args: object, candidate: Candidate, trial_dir: Path) -> None:
+        candidate.error = "sbatch: error: Slurm controller not responding"
+
+    monkeypatch.setattr(measure, "run_local_trial", failed_trial)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "best.yaml").write_text("model: {}\n")
+    assert main(measure_argv(tmp_path)) == 1
+    assert (tmp_path / "best.yaml").read_text() == "model: {}\n"
+    assert not list(tmp_path.glob("best.yaml.stale-*"))
+    assert "is not this plan's winner" not in capsys.readouterr().err
+
+
+def test_plan_measure_refuses_an_output_that_is_its_input_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gptrain plan plan-best.yaml --measure` (re-planning from the last winner) measured with its
+    input as --output: a winner overwrote it, no winner renamed it away. Refused before any trial."""
+    from gptrain.plan import measure
+
+    def no_trial(*args: object) -> None:
+        raise AssertionError("a trial ran")
+
+    monkeypatch.setattr(measure, "run_local_trial", no_trial)
+    monkeypatch.chdir(tmp_path)
+    from gptrain.config import load_training_config
+
+    text = load_training_config("gpt3/126m").to_yaml()
+    (tmp_path / "plan-best.yaml").write_text(text)
+    for given in (["plan-best.yaml"], ["--config-file", str(tmp_path / "plan-best.yaml")]):
+        argv = ["plan", *given, *TINY, "--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "1", "--measure"]
+        assert main(argv) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            "gptrain: error: --output plan-best.yaml: is the plan's input config; give another --output"
+            " (the winner is written there)"
+        )
+        assert (tmp_path / "plan-best.yaml").read_text() == text
 
 
 def test_sigterm_to_plan_measure_ends_the_trial_and_removes_its_temporary_directory(tmp_path: Path) -> None:
