@@ -204,9 +204,18 @@ def tokenizer_files_from_start(cfg: Any, hparams: Path, overrides: Sequence[str]
         value = getattr(tok, key)
         if _overridden(f"model.tokenizer.{key}", overrides) or not _is_relative_path(value):
             continue
+        if only_here(value, started):
+            continue
         moved[key] = value
         setattr(tok, key, str(started / value))
     return moved
+
+
+def only_here(value: str, started: Path) -> bool:
+    """Whether the working directory holds `value` and the start directory does not: a run copied
+    elsewhere under the same path ending (/backup/results/run) seems started at the copy's root, and
+    its files are where the training ran, read from there as before (eval's data prefixes alike)."""
+    return not (started / value).exists() and Path(value).exists()
 
 
 def tokenizer_path_keys(tok: Any, started: Path) -> tuple[str, ...]:

@@ -125,6 +125,22 @@ def test_where_the_start_is_not_recorded_the_line_says_where_to_run_from(
         )
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_run_copied_under_the_same_path_ending_reads_its_files_from_where_the_training_ran(
+    project: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A run copied to <backup>/results/run seems started at <backup> (its explicit_log_dir is
+    results/run), which holds no bpe/: generate, export and eval from the project directory, which
+    does, failed with 'not found' (they read from here before the start was known). A file missing
+    where the run seems started and present here is read from here, as eval's data prefixes are."""
+    copy = tmp_path / "backup" / "results" / "run"
+    shutil.copytree(project / "results" / "run", copy)
+    monkeypatch.chdir(project)
+    tok = open_run(copy).cfg.model.tokenizer
+    assert (tok.vocab_file, tok.merge_file) == ("bpe/vocab.json", "bpe/merges.txt")
+    assert generated(copy, capsys) == generated(project / "results" / "run", capsys)
+
+
 def test_a_file_given_as_an_override_is_read_from_here_and_a_missing_one_named(
     project: Path, elsewhere: Path
 ) -> None:
