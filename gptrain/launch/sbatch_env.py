@@ -11,37 +11,36 @@ from collections.abc import Mapping
 
 from gptrain.launch.sections import SBATCH_OWNED, SBATCH_REFUSED, SBATCH_RESERVED, keeps_the_environment
 
-GPU_OPTIONS = ("gres", "gpus", "gpus-per-node")  # Slurm refuses --gres with --gpus-per-node
-MEM_OPTIONS = ("mem", "mem-per-cpu", "mem-per-gpu")  # sbatch: mutually exclusive
-REQUEUE_OPTIONS = ("requeue", "no-requeue")
-# sbatch(1)'s input variables for the options a gptrain script renders or owns, each with the
-# options it would override or contradict.
-SBATCH_VARIABLES: dict[str, tuple[str, ...]] = {
-    "SBATCH_ACCOUNT": ("account",),
-    "SBATCH_ARRAY_INX": ("array",),
-    "SBATCH_CONSTRAINT": ("constraint",),
-    "SBATCH_ERROR": ("error", "output"),  # stderr away from the log `gptrain logs` and status read
-    "SBATCH_EXCLUSIVE": ("exclusive",),
-    "SBATCH_EXPORT": ("export",),
-    "SBATCH_GPUS": GPU_OPTIONS,
-    "SBATCH_GPUS_PER_NODE": GPU_OPTIONS,
-    "SBATCH_GPUS_PER_TASK": ("gpus-per-task",),
-    "SBATCH_GRES": GPU_OPTIONS,
-    "SBATCH_JOB_NAME": ("job-name",),
-    "SBATCH_MEM_PER_CPU": MEM_OPTIONS,
-    "SBATCH_MEM_PER_GPU": MEM_OPTIONS,
-    "SBATCH_MEM_PER_NODE": MEM_OPTIONS,
-    "SBATCH_NO_REQUEUE": REQUEUE_OPTIONS,
-    "SBATCH_OPEN_MODE": ("open-mode",),
-    "SBATCH_OUTPUT": ("output",),
-    "SBATCH_PARTITION": ("partition",),
-    "SBATCH_QOS": ("qos",),
-    "SBATCH_REQUEUE": REQUEUE_OPTIONS,
-    "SBATCH_RESERVATION": ("reservation",),
-    "SBATCH_SIGNAL": ("signal",),
-    "SBATCH_TIMELIMIT": ("time",),
-    "SBATCH_WAIT": ("wait",),
+# Options sbatch takes as one request: a variable for one of a group clashes with a line of another.
+RELATED_OPTIONS = (
+    ("gres", "gpus", "gpus-per-node"),  # Slurm refuses --gres with --gpus-per-node
+    ("mem", "mem-per-cpu", "mem-per-gpu"),  # sbatch: mutually exclusive
+    ("cpus-per-task", "cpus-per-gpu"),  # sbatch: mutually exclusive
+    ("requeue", "no-requeue"),
+)
+# One-way clashes: SBATCH_ERROR sends stderr away from the log `gptrain logs` and status read.
+ALSO_OVERRIDES = {"error": ("output",)}
+# sbatch(1)'s input variables not named SBATCH_ and their option's name in capitals (--time: SBATCH_TIMELIMIT).
+VARIABLE_OPTIONS = {
+    "SBATCH_ARRAY_INX": "array",
+    "SBATCH_CPU_FREQ_REQ": "cpu-freq",
+    "SBATCH_MEM_PER_NODE": "mem",
+    "SBATCH_REQ_SWITCH": "switches",
+    "SBATCH_TIMELIMIT": "time",
+    "SBATCH_WAIT4SWITCH": "switches",
 }
+
+
+def variable_option(name: str) -> str:
+    """The sbatch option an SBATCH_* input variable sets (SBATCH_WCKEY: wckey)."""
+    return VARIABLE_OPTIONS.get(name) or name.removeprefix("SBATCH_").lower().replace("_", "-")
+
+
+def clashing_options(option: str) -> tuple[str, ...]:
+    """The options a variable for `option` would override or contradict: itself, those sbatch
+    takes with it as one request, and ALSO_OVERRIDES'."""
+    related = next((group for group in RELATED_OPTIONS if option in group), ())
+    return (option, *(other for other in related if other != option), *ALSO_OVERRIDES.get(option, ()))
 
 
 def rendered_options(script_lines: list[str]) -> set[str]:
@@ -55,12 +54,12 @@ def overriding_variables(rendered: set[str], environ: Mapping[str, str]) -> dict
     gptrain owns, --wait, --export), each with that option."""
     owned = rendered | set(SBATCH_RESERVED) | set(SBATCH_REFUSED)
     found = {}
-    for name, options in SBATCH_VARIABLES.items():
-        if name not in environ or (
+    for name in sorted(environ):
+        if not name.startswith("SBATCH_") or (
             name == "SBATCH_EXPORT" and keeps_the_environment("export", environ[name])
         ):
             continue
-        hit = next((option for option in options if option in owned), None)
+        hit = next((option for option in clashing_options(variable_option(name)) if option in owned), None)
         if hit:
             found[name] = hit
     return found

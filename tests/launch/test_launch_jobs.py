@@ -1506,6 +1506,42 @@ def test_sbatch_variables_in_the_shell_do_not_override_the_keys_preflight_checke
     ]
 
 
+def test_sbatch_variables_clash_with_every_option_the_script_renders(tmp_path, monkeypatch):
+    """Only a fixed table of SBATCH_* variables was left out: SBATCH_WCKEY and SBATCH_DISTRIBUTION
+    overrode the --wckey and --distribution lines cluster.additional_parameters rendered, and
+    SBATCH_CPUS_PER_GPU contradicted a rendered --cpus-per-task (sbatch refuses the two together),
+    while the note said they applied as no key set their options. Every rendered option counts now."""
+    from gptrain.launch.compose import compose
+    from gptrain.launch.executors.slurm import sbatch_directives
+    from gptrain.launch.sbatch_env import sbatch_environment, sbatch_variables_note
+    from gptrain.launch.stages import build_plan
+
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", "training.trainer.accelerator=cpu", "cluster.gpus_per_node=null"]
+    args += ["cluster.gres=null", f"base_results_dir={tmp_path}/r"]
+    args += ["+cluster.additional_parameters={wckey: projA, distribution: block}"]
+    plan = build_plan(compose(args))
+    [job] = plan.jobs
+    lines = sbatch_directives(job, plan.cluster)
+    assert {"#SBATCH --wckey=projA", "#SBATCH --distribution=block"} <= set(lines)
+    preparation = ["#SBATCH --job-name=prep", "#SBATCH --cpus-per-task=4"]  # data_preparation.workers=4
+    environ = {"SBATCH_WCKEY": "other", "SBATCH_DISTRIBUTION": "cyclic", "SBATCH_CPUS_PER_GPU": "8"}
+    environ |= {"SBATCH_HINT": "nomultithread", "PATH": "/bin"}
+    kept = {"SBATCH_HINT": "nomultithread", "PATH": "/bin"}
+    assert sbatch_environment(lines, environ) == kept | {"SBATCH_CPUS_PER_GPU": "8"}
+    assert sbatch_environment(preparation, environ) == kept | {
+        "SBATCH_WCKEY": "other",
+        "SBATCH_DISTRIBUTION": "cyclic",
+    }
+    assert sbatch_variables_note([("training", lines), ("data_preparation", preparation)], environ) == (
+        "note  SBATCH_* variables set in this shell: left out of the sbatch calls, as sbatch would take"
+        " them over the #SBATCH lines preflight checked (SBATCH_CPUS_PER_GPU over"
+        " data_preparation.workers (the training stage has no such key); SBATCH_DISTRIBUTION over"
+        " cluster.additional_parameters' --distribution; SBATCH_WCKEY over cluster.additional_parameters'"
+        " --wckey): set those keys to change them; SBATCH_HINT applies, as no key of this launch sets its option"
+    )
+
+
 def test_preflight_checks_the_partition_sbatch_partition_picks_where_no_key_names_one(monkeypatch):
     """With cluster.partition unset, SBATCH_PARTITION in the shell chooses the job's partition (the
     script names none), yet preflight checked the cluster's default partition."""
