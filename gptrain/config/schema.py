@@ -417,7 +417,7 @@ class ModelConfig:
     seed: int = 1234
     """Seed of initialisation, dropout and data shuffling."""
     native_amp_init_scale: float = 2.0**32
-    """Initial loss scale for fp16 (with native_amp_static_scale, the scale throughout)."""
+    """Initial loss scale for fp16 (with native_amp_static_scale, the scale throughout: at most 2**24)."""
     native_amp_growth_interval: int = 1000
     """Steps without overflow before the fp16 loss scale doubles."""
     hysteresis: int = 2

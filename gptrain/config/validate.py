@@ -290,6 +290,12 @@ def validate(cfg: TrainingConfig) -> None:
     _check_data(cfg)
 
 
+# fp16's largest value is 65504, so a static scale S overflows any gradient above 65504 / S. At
+# 2**24 that is 3.9e-3, about the largest gradient element pretraining sees; the 2**32 default
+# (meant for the dynamic scaler, which halves it in a few steps) overflows any above 1.5e-5, i.e. always.
+MAX_STATIC_LOSS_SCALE = 2**24
+
+
 def _check_loss_scaler(cfg: TrainingConfig) -> None:
     """The fp16 loss scaler's settings, as Megatron asserts them (a scale of 0 zeroes every gradient);
     a static scale reads only the scale, as Megatron's ConstantGradScaler does."""
@@ -299,6 +305,12 @@ def _check_loss_scaler(cfg: TrainingConfig) -> None:
     if not cfg.model.native_amp_init_scale > 0:
         raise ConfigError(
             f"model.native_amp_init_scale: must be greater than 0, got {cfg.model.native_amp_init_scale}"
+        )
+    if cfg.model.native_amp_static_scale and cfg.model.native_amp_init_scale > MAX_STATIC_LOSS_SCALE:
+        raise ConfigError(
+            f"model.native_amp_init_scale: {cfg.model.native_amp_init_scale:g} is too large for "
+            f"model.native_amp_static_scale=true (fp16 overflows on every step); give a scale of at "
+            f"most 2**24 = {MAX_STATIC_LOSS_SCALE}, as Megatron's --loss-scale (2**12 to 2**16 is usual)"
         )
 
 

@@ -276,7 +276,15 @@ def check_finite(s: Session, result: StepResult) -> None:
     message = (
         f"loss or gradients not finite for {s.state.consecutive_nonfinite} iterations in a row "
         f"(last at iteration {s.state.step}); last good checkpoint: {last or 'none'}; "
-        "lower model.optim.lr or raise trainer.max_consecutive_nonfinite"
+        f"{nonfinite_advice(s.cfg)} or raise trainer.max_consecutive_nonfinite"
     )
     s.log(message)
     raise TrainingDivergedError(message)
+
+
+def nonfinite_advice(cfg: TrainingConfig) -> str:
+    """What to lower: under fp16's static scale (Megatron's --loss-scale) the usual cause is a scale
+    whose scaled gradients overflow fp16 on every step, not the learning rate."""
+    if cfg.trainer.precision == "16" and cfg.model.native_amp_static_scale:  # validate.py normalized it
+        return f"lower model.native_amp_init_scale ({cfg.model.native_amp_init_scale:g}) or model.optim.lr"
+    return "lower model.optim.lr"

@@ -350,7 +350,11 @@ def test_the_loss_scalers_settings_are_checked_only_where_fp16_has_a_scaler(over
 def test_a_static_fp16_scale_reads_only_the_scale():
     """Megatron's ConstantGradScaler (--loss-scale) reads no window or hysteresis: with
     model.native_amp_static_scale they are not checked, the scale still is."""
-    static = ["trainer.precision=16", "model.native_amp_static_scale=true"]
+    static = [
+        "trainer.precision=16",
+        "model.native_amp_static_scale=true",
+        "model.native_amp_init_scale=1024",
+    ]
     cfg = load_training_config(
         "gpt3/126m", [*static, "model.native_amp_growth_interval=0", "model.hysteresis=0"]
     )
@@ -359,6 +363,24 @@ def test_a_static_fp16_scale_reads_only_the_scale():
         ConfigError, match=re.escape("model.native_amp_init_scale: must be greater than 0, got 0")
     ):
         load_training_config("gpt3/126m", [*static, "model.native_amp_init_scale=0"])
+
+
+def test_a_static_fp16_scale_above_2_24_is_refused_naming_the_scale():
+    """The 2**32 default is the dynamic scaler's start (it halves in a few steps); kept static, every
+    fp16 backward overflowed and the run stopped after max_consecutive_nonfinite steps advising a
+    lower lr. Megatron's --loss-scale always carries an explicit value."""
+    static = ["trainer.precision=16", "model.native_amp_static_scale=true"]
+    for scale in (None, 2**24 + 1, 2**32):
+        overrides = static if scale is None else [*static, f"model.native_amp_init_scale={scale}"]
+        with pytest.raises(ConfigError) as info:
+            load_training_config("gpt3/126m", overrides)
+        text = str(info.value)
+        assert text.startswith("model.native_amp_init_scale: ") and "2**24 = 16777216" in text
+        assert "\n" not in text
+    cfg = load_training_config("gpt3/126m", [*static, f"model.native_amp_init_scale={2**24}"])
+    assert cfg.model.native_amp_init_scale == 2**24
+    dynamic = load_training_config("gpt3/126m", ["trainer.precision=16"])  # the dynamic scaler's start
+    assert dynamic.model.native_amp_init_scale == 2**32
 
 
 def test_a_warmup_starting_above_the_peak_rate_is_refused_naming_both_keys(tmp_path):

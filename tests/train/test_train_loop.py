@@ -609,6 +609,9 @@ def test_overflows_under_a_static_fp16_scale_stop_the_run_and_the_scale_stays(tm
     ) as info:
         run_recording(monkeypatch, cfg)
     assert "\n" not in str(info.value)
+    assert str(info.value).endswith(  # the scale, not the learning rate, is what overflows fp16 here
+        "; lower model.native_amp_init_scale (1024) or model.optim.lr or raise trainer.max_consecutive_nonfinite"
+    )
     lines = [line for line in log_lines(tmp_path) if "number of nan iterations" in line]
     assert [line.split("loss scale:")[1].split("|")[0].strip() for line in lines] == ["1024.0"] * 5
     skipped = [line.split("number of skipped iterations:")[1].split("|")[0].strip() for line in lines]
