@@ -170,24 +170,29 @@ def check_outputs_early(args: argparse.Namespace) -> None:
         why = directory_blocker(path.parent, must_write=True)  # missing parents are made when written
         if why:
             raise ConfigError(f"{option} {path}: cannot write it ({why}); give a writable path")
+    for option, value in outputs:
+        check_output_is_not_the_input(args, option, value)
     if args.measure:
-        check_output_is_not_the_input(args)
         check_trial_inputs_early(args)
 
 
-def check_output_is_not_the_input(args: argparse.Namespace) -> None:
+OUTPUT_WRITES = {"--output": "the winner is written there", "--json": "the plan's JSON is written there"}
+
+
+def check_output_is_not_the_input(args: argparse.Namespace, option: str, value: str | None) -> None:
     """`gptrain plan plan-best.yaml --measure` (re-planning from the last winner) wrote the new winner
-    over its own input, or, when nothing ran, renamed the input aside: refuse that --output."""
+    over its own input, or, when nothing ran, renamed the input aside; `--json` given the input
+    replaced the config with the plan's JSON: refuse such an output."""
     from pathlib import Path
 
     from gptrain.config.loader import preset_path
 
     given = args.config_file or (preset_path(args.preset) if args.preset else None)
-    output = Path(args.output or "plan-best.yaml")
-    if given is not None and output.resolve() == Path(given).resolve():
-        raise ConfigError(
-            f"--output {output}: is the plan's input config; give another --output (the winner is written there)"
-        )
+    if value is None or given is None or Path(value).resolve() != Path(given).resolve():
+        return
+    raise ConfigError(
+        f"{option} {value}: is the plan's input config; give another {option} ({OUTPUT_WRITES[option]})"
+    )
 
 
 def check_trial_inputs_early(args: argparse.Namespace) -> None:

@@ -640,6 +640,35 @@ def test_plan_measure_refuses_an_output_that_is_its_input_config(
         assert (tmp_path / "plan-best.yaml").read_text() == text
 
 
+def test_plan_refuses_a_json_that_is_its_input_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gptrain plan run.yaml --json run.yaml` (with or without --measure) replaced the user's config
+    with the plan's JSON once the plan (and its trials) ended. Refused before anything runs, as
+    --output is."""
+    from gptrain.plan import measure
+
+    def no_trial(*args: object) -> None:
+        raise AssertionError("a trial ran")
+
+    monkeypatch.setattr(measure, "run_local_trial", no_trial)
+    monkeypatch.chdir(tmp_path)
+    from gptrain.config import load_training_config
+
+    text = load_training_config("gpt3/126m").to_yaml()
+    (tmp_path / "run.yaml").write_text(text)
+    layout = [*TINY, "--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "1"]
+    for given in (["run.yaml"], ["--config-file", str(tmp_path / "run.yaml")]):
+        for measuring in ([], ["--measure", "--output", "best.yaml"]):
+            assert main(["plan", *given, *layout, *measuring, "--json", "./run.yaml"]) == 2
+            assert capsys.readouterr().err.splitlines()[-1] == (
+                "gptrain: error: --json ./run.yaml: is the plan's input config; give another --json"
+                " (the plan's JSON is written there)"
+            )
+            assert (tmp_path / "run.yaml").read_text() == text
+    assert not (tmp_path / "best.yaml").exists()
+
+
 def test_sigterm_to_plan_measure_ends_the_trial_and_removes_its_temporary_directory(tmp_path: Path) -> None:
     """SIGTERM (timeout, kill, a Slurm job's end) ended the planner at once: the running trial's
     torchrun and ranks went on alone and the temporary trials directory stayed."""
