@@ -31,8 +31,19 @@ COMMAND_MODULES = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser; a command group given a word that is none of its subcommands
+    (`gptrain checkpoint --sizes-only RUN`) names them as the bare group does, where argparse said
+    "argument action: invalid choice: 'RUN'" (its dest). Subparsers are made of the same class."""
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        if getattr(action, "names_its_choices", False) and value not in action.choices:
+            refuse_a_group_without_its_subcommand(self, given=str(value))
+        super()._check_value(action, value)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gptrain",
         description="Pretrain GPT models end to end: data, training, parallelism, Slurm launch.",
     )
@@ -42,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(name).register(subparsers)
     for group in command_groups(parser):
         subcommands(group).required = False  # run_command names the choices, where argparse named the dest
+        subcommands(group).names_its_choices = True  # and so does Parser for a word that is none of them
     return parser
 
 
@@ -60,12 +72,15 @@ def command_groups(parser: argparse.ArgumentParser) -> list[argparse.ArgumentPar
     return groups
 
 
-def refuse_a_group_without_its_subcommand(group: argparse.ArgumentParser) -> None:
-    """`gptrain checkpoint` alone: a usage error naming the subcommands, exit 2. argparse said
-    'the following arguments are required: action' (its dest), or CHECK (its metavar)."""
+def refuse_a_group_without_its_subcommand(group: argparse.ArgumentParser, given: str | None = None) -> None:
+    """`gptrain checkpoint` alone, or before a word that is no subcommand: a usage error naming the
+    subcommands, exit 2. argparse said 'the following arguments are required: action' (its dest),
+    or CHECK (its metavar)."""
     choices = ",".join(subcommands(group).choices)
+    instead = "" if given is None else f"; {given!r} is none of them"
     group.error(
-        f"the following arguments are required: {{{choices}}} (a subcommand; --help says what each does)"
+        f"the following arguments are required: {{{choices}}} "
+        f"(a subcommand{instead}; --help says what each does)"
     )
 
 

@@ -141,6 +141,26 @@ def group_paths(parser, path=()):
     return found
 
 
+def test_a_word_in_place_of_a_groups_subcommand_names_the_choices_and_exits_2(capsys):
+    """`gptrain checkpoint --sizes-only RUN` (verify left out) said "argument action: invalid choice:
+    'RUN'", the parser's dest; each group now names its subcommands, as it does when none is given.
+    The top level keeps argparse's "argument COMMAND: invalid choice"."""
+    from gptrain.cli import build_parser
+
+    for path, choices in group_paths(build_parser()):
+        for argv in ([*path, "RUN"], [*path, "--sizes-only", "RUN"]):
+            with pytest.raises(SystemExit) as exit_info:
+                main(argv)
+            assert exit_info.value.code == 2, argv
+            assert capsys.readouterr().err.splitlines()[-1] == (
+                f"gptrain {' '.join(path)}: error: the following arguments are required: "
+                f"{{{','.join(choices)}}} (a subcommand; 'RUN' is none of them; --help says what each does)"
+            )
+    with pytest.raises(SystemExit):
+        main(["RUN"])
+    assert "gptrain: error: argument COMMAND: invalid choice: 'RUN'" in capsys.readouterr().err
+
+
 def test_every_command_group_without_its_subcommand_names_the_choices_and_exits_2(capsys):
     """`gptrain checkpoint` alone said 'the following arguments are required: action' (the parser's
     dest), `gptrain validate` '... required: CHECK': neither named what to type. Each group now names
