@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gptrain.config.validate import MAX_STATIC_LOSS_SCALE
 from gptrain.data.blend_spec import is_number
 from gptrain.errors import ConfigError
 from gptrain.megatron import batch_schedule, data_paths
@@ -488,6 +489,11 @@ def _static_loss_scale(result: Translation) -> None:
             "Megatron scales a --bf16 loss by it and unscales the gradients: the same steps, rounding aside)"
         )
         return
+    if scale > MAX_STATIC_LOSS_SCALE:  # named here: the config's check names --initial-loss-scale's key
+        raise ConfigError(
+            f"--loss-scale {given['--loss-scale'][0]}: fp16 gradients scaled by it overflow on every step; "
+            f"give at most 2**24 = {MAX_STATIC_LOSS_SCALE} (2**12 to 2**16 is usual)"
+        )
     v["model.native_amp_init_scale"] = scale
     v["model.native_amp_static_scale"] = True
 

@@ -1134,6 +1134,11 @@ def test_bad_blend_files_are_one_line_naming_flag_and_file(tmp_path, monkeypatch
         ("--split 90,5,3,2", "--split 90,5,3,2: split string '90,5,3,2' has 4 numbers"),
         ("--exit-interval x", "--exit-interval x: expects a whole number"),
         ("--fp16 --loss-scale 0", "--loss-scale 0: a static loss scale must be greater than 0"),
+        (  # before, "--initial-loss-scale: ... too large", a flag not given
+            "--fp16 --loss-scale 4294967296",
+            "--loss-scale 4294967296: fp16 gradients scaled by it overflow on every step; give at most "
+            "2**24 = 16777216",
+        ),
         ("--fp16 --loss-scale x", "--loss-scale x: expects a number"),
         (  # before, "not a pretrain_gpt.py flag gptrain knows"
             "--non-persistent-save-interval 50",
