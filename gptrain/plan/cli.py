@@ -173,7 +173,19 @@ def check_outputs_early(args: argparse.Namespace) -> None:
     for option, value in outputs:
         check_output_is_not_the_input(args, option, value)
     if args.measure:
+        check_json_is_not_the_winner(args.json, args.output or "plan-best.yaml")
         check_trial_inputs_early(args)
+
+
+def check_json_is_not_the_winner(json: str | None, output: str) -> None:
+    """The plan's JSON is written after the winner: given --output's path, it replaced the winner
+    `gptrain train --config-file` was to read."""
+    from pathlib import Path
+
+    if json is not None and Path(json).resolve() == Path(output).resolve():
+        raise ConfigError(
+            f"--json {json}: is --output's path, where the winner is written; give another --json"
+        )
 
 
 OUTPUT_WRITES = {"--output": "the winner is written there", "--json": "the plan's JSON is written there"}

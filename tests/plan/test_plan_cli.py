@@ -669,6 +669,28 @@ def test_plan_refuses_a_json_that_is_its_input_config(
     assert not (tmp_path / "best.yaml").exists()
 
 
+def test_plan_measure_refuses_a_json_at_the_winners_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan --measure --json plan-best.yaml` wrote the plan's JSON after the winner, over it:
+    `gptrain train --config-file plan-best.yaml` then read the JSON. Refused before any trial."""
+    from gptrain.plan import measure
+
+    def no_trial(*args: object) -> None:
+        raise AssertionError("a trial ran")
+
+    monkeypatch.setattr(measure, "run_local_trial", no_trial)
+    monkeypatch.chdir(tmp_path)
+    layout = [*TINY, "--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "1", "--measure"]
+    for outputs in (["--json", "plan-best.yaml"], ["--json", "./best.yaml", "--output", "best.yaml"]):
+        assert main(["plan", *layout, *outputs]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"gptrain: error: --json {outputs[1]}: is --output's path, where the winner is written; "
+            "give another --json"
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sigterm_to_plan_measure_ends_the_trial_and_removes_its_temporary_directory(tmp_path: Path) -> None:
     """SIGTERM (timeout, kill, a Slurm job's end) ended the planner at once: the running trial's
     torchrun and ranks went on alone and the temporary trials directory stayed."""
