@@ -619,17 +619,7 @@ def test_plan_measure_refuses_an_output_that_is_its_input_config(
 ) -> None:
     """`gptrain plan plan-best.yaml --measure` (re-planning from the last winner) measured with its
     input as --output: a winner overwrote it, no winner renamed it away. Refused before any trial."""
-    from gptrain.plan import measure
-
-    def no_trial(*args: object) -> None:
-        raise AssertionError("a trial ran")
-
-    monkeypatch.setattr(measure, "run_local_trial", no_trial)
-    monkeypatch.chdir(tmp_path)
-    from gptrain.config import load_training_config
-
-    text = load_training_config("gpt3/126m").to_yaml()
-    (tmp_path / "plan-best.yaml").write_text(text)
+    text = input_config_where_no_trial_runs(tmp_path, monkeypatch, "plan-best.yaml")
     for given in (["plan-best.yaml"], ["--config-file", str(tmp_path / "plan-best.yaml")]):
         argv = ["plan", *given, *TINY, "--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "1", "--measure"]
         assert main(argv) == 2
@@ -646,17 +636,7 @@ def test_plan_refuses_a_json_that_is_its_input_config(
     """`gptrain plan run.yaml --json run.yaml` (with or without --measure) replaced the user's config
     with the plan's JSON once the plan (and its trials) ended. Refused before anything runs, as
     --output is."""
-    from gptrain.plan import measure
-
-    def no_trial(*args: object) -> None:
-        raise AssertionError("a trial ran")
-
-    monkeypatch.setattr(measure, "run_local_trial", no_trial)
-    monkeypatch.chdir(tmp_path)
-    from gptrain.config import load_training_config
-
-    text = load_training_config("gpt3/126m").to_yaml()
-    (tmp_path / "run.yaml").write_text(text)
+    text = input_config_where_no_trial_runs(tmp_path, monkeypatch, "run.yaml")
     layout = [*TINY, "--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "1"]
     for given in (["run.yaml"], ["--config-file", str(tmp_path / "run.yaml")]):
         for measuring in ([], ["--measure", "--output", "best.yaml"]):
@@ -1148,3 +1128,19 @@ def test_plan_reads_megatrons_tiktoken_vocabulary_size_from_the_config() -> None
     )
     with pytest.raises(ConfigError, match="vocabulary size unknown to the planner"):
         workload_from_config(named)
+
+
+def input_config_where_no_trial_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> str:
+    """gpt3/126m's config written to tmp_path/`name` (the working directory now), with any local
+    trial failing the test: the refusals under test come before trials. Returns the file's text."""
+    from gptrain.config import load_training_config
+    from gptrain.plan import measure
+
+    def no_trial(*args: object) -> None:
+        raise AssertionError("a trial ran")
+
+    monkeypatch.setattr(measure, "run_local_trial", no_trial)
+    monkeypatch.chdir(tmp_path)
+    text = load_training_config("gpt3/126m").to_yaml()
+    (tmp_path / name).write_text(text)
+    return text
