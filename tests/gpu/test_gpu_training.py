@@ -8,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 
+import gloo_ranks
 import pytest
 import torch
 
@@ -31,6 +32,7 @@ from gptrain.parallel.compile import compiled_loss_fn  # noqa: E402
 from gptrain.train.builders import build_model  # noqa: E402
 from gptrain.train.step import masked_lm_loss  # noqa: E402
 
+STAGING_WORKER = Path(__file__).resolve().parents[1] / "checkpoint" / "staging_buffer_worker.py"
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -131,6 +133,12 @@ def test_async_checkpoint_round_trip_from_gpu(tmp_path):
     target = {"model": {"w": torch.zeros(1024, 1024)}}
     manager.load(tmp_path / "step_5", target, lambda s: None)
     assert torch.equal(target["model"]["w"], expected)
+
+
+def test_a_sharded_cuda_state_is_staged_in_pinned_host_memory_ahead(tmp_path):
+    """The same on one GPU (a one-rank CUDA mesh): pinned twins, prepared ahead, saved and loaded."""
+    gloo_ranks.run_ranks(STAGING_WORKER, tmp_path / "checkpoints", "cuda", world=1)
+    assert (tmp_path / "checkpoints" / "step_5" / "COMPLETE").is_file()
 
 
 def test_fp8_refused_on_a_gpu_without_fp8(monkeypatch):
