@@ -30,6 +30,7 @@ OPTIONS = {
     "pair_bytes": "--pair-bytes",
     "min_busbw_GBps": "--min-busbw-GBps",
     "dcgm_level": "--dcgm-level",
+    "xid_since": "--xid-since",
 }
 
 

@@ -54,6 +54,15 @@ def _dcgm_level(text: str) -> int:
     return value
 
 
+def _xid_since(text: str) -> float | None:
+    from gptrain.validate.kernel_log import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _finite(text: str, unit: str, low: float, inclusive: bool) -> float:
     """A finite number above `low` (or at it, `inclusive`): nan would fail no comparison, so a
     threshold or timeout given as nan would silently be off."""
@@ -86,6 +95,7 @@ OPTION_TYPES: dict[str, Callable[[str], Any]] = {
     "--pair-bytes": _size,
     "--min-busbw-GBps": _bandwidth,
     "--dcgm-level": _dcgm_level,
+    "--xid-since": _xid_since,
 }
 
 
@@ -128,6 +138,14 @@ def common_options() -> argparse.ArgumentParser:
         type=_dcgm_level,
         default=1,
         help="dcgmi diag -r LEVEL (1 to 4) where DCGM is installed; 0: skip (default %(default)s)",
+    )
+    parent.add_argument(
+        "--xid-since",
+        type=_xid_since,
+        default=None,
+        metavar="DURATION",
+        help="judge only the Xids of the last DURATION (30m, 2h, 1d): an older one was followed by a GPU"
+        " reset; default boot (every Xid since boot, or since the NVIDIA driver was last reloaded)",
     )
     parent.add_argument(
         "--expect-gpus",

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from gptrain.validate import nvml
+from gptrain.validate.kernel_log import duration_text
 from gptrain.validate.report import compress_hostlist
 from gptrain.validate.runtime import Context, gather_objects, synchronize
 from gptrain.validate.thresholds import Thresholds
@@ -111,7 +112,9 @@ def nvml_health(cuda_uuid: str | None, index: int) -> tuple[dict[str, Any], list
     return info, nvml.health_problems(info)
 
 
-def check_local_gpu(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> dict[str, Any]:
+def check_local_gpu(
+    ctx: Context, iters: int, warmup: int, dcgm_level: int, xid_since_s: float | None = None
+) -> dict[str, Any]:
     """This rank's GPU: identity, NVML health, measured rates; DCGM on one rank per node, once
     every rank has measured."""
     index = ctx.device.index or 0
@@ -128,7 +131,7 @@ def check_local_gpu(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> d
         dist.barrier()  # dcgmi diag -r 2 and up loads every GPU of its node: not while one is timed
     if ctx.world.local_rank == 0:
         record["dcgm"] = dcgm_diag(dcgm_level)
-        record["xid"] = nvml.xid_events()
+        record["xid"] = nvml.xid_events(xid_since_s)
     return record
 
 
@@ -170,7 +173,7 @@ XID_ORDER = {"fail": 0, "warn": 1, "info": 2}
 
 @dataclasses.dataclass
 class XidFinding:
-    """One Xid of one GPU (or SXid of one NVSwitch) of a node since boot, classified by
+    """One Xid of one GPU (or SXid of one NVSwitch) of a node in its judged span, classified by
     nvml.XID_CLASSES (nvml.sxid_class)."""
 
     node: str
@@ -183,11 +186,12 @@ class XidFinding:
     last: str  # the last such line's text after the Xid
     kind: str = "Xid"  # or "SXid": an NVSwitch's, which the whole node's GPUs talk through
     nvswitch: int | None = None  # an SXid's switch instance (nvidia-nvswitch3 -> 3)
+    span: str = "since boot"  # what `count` covers (kernel_log.Judged.span)
 
     def line(self) -> str:
         action = XID_ACTIONS.get(f"{self.severity} {self.kind}") or XID_ACTIONS[self.severity]
         return (
-            f"{self.node} {self._device()} PCI {self.pci}: {self.kind} {self.xid} ({self.count} since boot):"
+            f"{self.node} {self._device()} PCI {self.pci}: {self.kind} {self.xid} ({self.count} {self.span}):"
             f" {self.meaning}; {action}"
         )
 
@@ -208,7 +212,8 @@ def xid_findings(records: list[dict[str, Any]]) -> tuple[list[XidFinding], dict[
         if not xid.get("readable"):
             unread[r["node"]] = xid.get("reason") or "no reason given"
             continue
-        findings.extend(_finding(r["node"], e) for e in xid["events"])
+        span = xid.get("span") or "since boot"
+        findings.extend(dataclasses.replace(_finding(r["node"], e), span=span) for e in xid["events"])
     findings.sort(key=lambda f: (XID_ORDER[f.severity], f.node, f.pci, f.kind, f.xid))
     return findings, unread
 
@@ -235,6 +240,29 @@ def _finding(node: str, event: dict[str, Any]) -> XidFinding:
     )
 
 
+def xid_left_out_lines(records: list[dict[str, Any]]) -> list[str]:
+    """One line for each node whose kernel log had Xid lines left out (kernel_log.judged_lines),
+    and for one whose lines carried no time to hold against --xid-since."""
+    lines = []
+    for r in records:
+        xid = r.get("xid") or {}
+        parts = []
+        if xid.get("before_driver_load"):
+            parts.append(
+                f"{xid['before_driver_load']} before the NVIDIA driver was last loaded (that resets its GPUs)"
+            )
+        if xid.get("older"):
+            parts.append(f"{xid['older']} older than --xid-since {duration_text(xid['since_s'])}")
+        if parts:
+            lines.append(f"gpus: {r['node']}: Xid line(s) not judged: {', '.join(parts)}")
+        if xid.get("untimed"):
+            lines.append(
+                f"gpus: {r['node']}: {xid['untimed']} Xid line(s) without a timestamp judged whatever their age"
+                " (--xid-since needs the kernel's times: printk.time=1)"
+            )
+    return lines
+
+
 def xid_unread_line(unread: dict[str, str]) -> str:
     """One line for every node whose Xids were not read: not a failure, but not a clean bill."""
     reasons = "; ".join(sorted(set(unread.values())))
@@ -259,7 +287,9 @@ def gpus_expected(limits: Thresholds, asked: bool, env: Mapping[str, str] = os.e
     return None
 
 
-def run_gpus(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> list[dict[str, Any]] | None:
+def run_gpus(
+    ctx: Context, iters: int, warmup: int, dcgm_level: int, xid_since_s: float | None = None
+) -> list[dict[str, Any]] | None:
     """Every rank's record (rank 0 gets them all), or None on a machine without a CUDA GPU.
 
     The records are gathered in a group that waits --timeout plus dcgmi's own limit: the ranks
@@ -278,4 +308,4 @@ def run_gpus(ctx: Context, iters: int, warmup: int, dcgm_level: int) -> list[dic
                 f" (given up after {dcgm_limit_s(dcgm_level):g} s)",
                 flush=True,
             )
-    return gather_objects(check_local_gpu(ctx, iters, warmup, dcgm_level), group=group)
+    return gather_objects(check_local_gpu(ctx, iters, warmup, dcgm_level, xid_since_s), group=group)

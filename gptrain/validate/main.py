@@ -198,7 +198,7 @@ def pair_summary(level: str, results: list[Any], verdict: Any) -> str:
 def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
     from gptrain.validate.gpus import gpus_expected, judge, run_gpus, unread_note
 
-    records = run_gpus(ctx, args.iters, args.warmup, args.dcgm_level)
+    records = run_gpus(ctx, args.iters, args.warmup, args.dcgm_level, args.xid_since)
     if records is None:
         expected = gpus_expected(limits, args.expect_gpus)
         no_gpu(ctx, expected, Path(args.output_dir) / "gpus.json", out, args.check)
@@ -222,9 +222,9 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
 
 
 def report_xids(records: list[dict[str, Any]], out: Outcome) -> dict[str, Any]:
-    """Print each node's Xids since boot; a hardware one (nvml.XID_CLASSES) fails its node. What
+    """Print each node's Xids since boot (or its driver's reload, or --xid-since); a hardware one (nvml.XID_CLASSES) fails its node. What
     goes into gpus.json: the findings and the nodes whose dmesg could not be read."""
-    from gptrain.validate.gpus import xid_findings, xid_unread_line
+    from gptrain.validate.gpus import xid_findings, xid_left_out_lines, xid_unread_line
 
     findings, unread = xid_findings(records)
     for finding in findings:
@@ -232,6 +232,8 @@ def report_xids(records: list[dict[str, Any]], out: Outcome) -> dict[str, Any]:
         if finding.severity == "fail":
             out.failures.append(f"gpus: {finding.line()}")
             out.bad_nodes.add(finding.node)
+    for line in xid_left_out_lines(records):
+        print(line)
     if unread:
         print(xid_unread_line(unread))
     return {"xid": [dataclasses.asdict(f) for f in findings], "xid_unread": unread}

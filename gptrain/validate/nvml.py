@@ -435,10 +435,20 @@ def read_kernel_log() -> tuple[str | None, str]:
     return out.stdout, ""
 
 
-def xid_events() -> dict[str, Any]:
+def is_xid_event(line: str) -> bool:
+    """An Xid line, or an SXid's first one (its follow-up lines name no fatality)."""
+    return bool(XID.search(line) or SXID.search(line))
+
+
+def xid_events(since_s: float | None = None) -> dict[str, Any]:
     """This node's Xids and NVSwitch SXids since boot (dmesg holds no older ones), or 'unreadable'
-    and why."""
+    and why. Those before the driver's last load, or older than `since_s` (--xid-since), are
+    counted and left out (gptrain.validate.kernel_log)."""
+    from gptrain.validate.kernel_log import Clock, judged_lines
+
     text, reason = read_kernel_log()
     if text is None:
         return {"readable": False, "reason": reason}
-    return {"readable": True, "events": parse_xids(text, node_gpu_indices()) + parse_sxids(text)}
+    judged = judged_lines(text, is_xid_event, since_s, Clock.now())
+    events = parse_xids(judged.text, node_gpu_indices()) + parse_sxids(judged.text)
+    return {"readable": True, "events": events, **judged.as_dict()}

@@ -45,6 +45,6 @@ if __name__ == "__main__":
     gpus.matmul_tflops = matmul
     gpus.copy_GBps = lambda device, iters, warmup: 3000.0
     gpus.dcgm_diag = dcgm
-    nvml.xid_events = lambda: {"readable": True, "events": []}
+    nvml.xid_events = lambda since_s=None: {"readable": True, "events": []}
     wait_for_every_rank()
     sys.exit(main(sys.argv[1:]))

@@ -12,7 +12,7 @@ from gptrain.cli import main
 from gptrain.validate import gpus, runtime
 
 
-def record(ctx, iters, warmup, dcgm_level):
+def record(ctx, iters, warmup, dcgm_level, xid_since_s=None):
     if ctx.rank == 0:
         time.sleep(float(os.environ["GPTRAIN_TEST_GPU_CHECK_S"]))
     return {

@@ -287,7 +287,7 @@ def test_a_gpu_whose_nvml_health_was_not_read_does_not_just_say_ok(monkeypatch, 
     rec = dict(record(0, "n1", 800, 3000), cuda_index=0, name="NVIDIA H100", nvml=info)
     monkeypatch.setattr(gpus, "run_gpus", lambda *a: [rec])
     ctx = types.SimpleNamespace(rank=0)
-    args = argparse.Namespace(iters=1, warmup=0, dcgm_level=0, output_dir=str(tmp_path))
+    args = argparse.Namespace(iters=1, warmup=0, dcgm_level=0, xid_since=None, output_dir=str(tmp_path))
     main.check_gpus(ctx, args, Thresholds(), main.Outcome())
     line = capsys.readouterr().out.strip()
     assert line.endswith("GB/s copy: ok (NVML health not checked: " + info["error"] + ")")

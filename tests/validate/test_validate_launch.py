@@ -47,6 +47,7 @@ def test_slurm_render_runs_validation_before_training_with_the_cluster_threshold
         "training.trainer.num_nodes=2",
         "cluster.validation.copy_GBps=1234",
         "cluster.exclude=n9",
+        "validation.xid_since=2h",
         *QUICK,
     ]
     out = launch(args, tmp_path)
@@ -62,7 +63,7 @@ def test_slurm_render_runs_validation_before_training_with_the_cluster_threshold
         f"-m gptrain validate all --output-dir {run}/validation --profile {run}/gpt3_126m_validation_hydra.yaml"
         in srun
     )
-    assert "--max-bytes 4K" in srun and "--exclude-file" not in srun
+    assert "--max-bytes 4K" in srun and "--exclude-file" not in srun and " --xid-since 2h " in srun
     assert srun.rstrip().endswith("--expect-gpus") or " --expect-gpus " in srun  # a GPU job: no GPU fails
     config = yaml.safe_load((dry / "gpt3_126m_validation_hydra.yaml").read_text())
     assert config["thresholds"]["copy_GBps"] == 1234 and config["thresholds"]["inter_node_busbw_GBps"] == 240
@@ -113,6 +114,10 @@ def test_local_validation_failure_stops_the_training_and_keeps_reports_in_the_ru
         (
             ["validation.dcgm_level=9"],
             "validation.dcgm_level=9: must be 0 (skip) to 4 (dcgmi diag -r), got 9",
+        ),
+        (
+            ["validation.xid_since=2w"],
+            "validation.xid_since='2w': must be a duration like 30m, 2h or 1d (or boot), got '2w'",
         ),
         (
             ["validation.max_bytes=lots"],

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import types
 
 import pytest
 
-from gptrain.validate import gpus, nvml
+from gptrain.validate import gpus, kernel_log, nvml
 from gptrain.validate import main as validate_main
 from gptrain.validate.thresholds import Thresholds
 
@@ -112,7 +113,7 @@ def gpu_record(rank, node, xid=None):
     return record
 
 
-def run_check_gpus(monkeypatch, tmp_path, records, exclude_file=None):
+def run_check_gpus(monkeypatch, tmp_path, records, exclude_file=None, xid_since=None):
     """check_gpus then the verdict on rank 0 of `records`' world: the outcome and the exit code."""
     import torch.distributed as dist
 
@@ -121,7 +122,13 @@ def run_check_gpus(monkeypatch, tmp_path, records, exclude_file=None):
     nodes = [r["node"] for r in records]
     ctx = types.SimpleNamespace(rank=0, size=len(records), nodes=nodes)
     args = argparse.Namespace(
-        iters=1, warmup=0, dcgm_level=0, output_dir=str(tmp_path), check="gpus", exclude_file=exclude_file
+        iters=1,
+        warmup=0,
+        dcgm_level=0,
+        xid_since=xid_since,
+        output_dir=str(tmp_path),
+        check="gpus",
+        exclude_file=exclude_file,
     )
     out = validate_main.Outcome()
     validate_main.check_gpus(ctx, args, Thresholds(), out)
@@ -197,6 +204,11 @@ def test_a_kernel_log_with_bytes_that_are_not_utf8_is_still_read(monkeypatch, tm
     assert nvml.xid_events() == {
         "readable": True,
         "events": [{"pci": "0000:18:00", "gpu": 0, "xid": 48, "count": 1, "last": "DBE"}],
+        "span": "since boot",
+        "since_s": None,
+        "before_driver_load": 0,
+        "older": 0,
+        "untimed": 0,
     }
 
 
@@ -337,3 +349,130 @@ def test_an_unknown_recovery_action_warns_naming_it_and_does_not_fail_the_node(m
         " Fabric Check Required (0x7), one gptrain does not know: see NVIDIA's Xid catalogue; needs attention"
         " (the node does not fail)"
     ) in capsys.readouterr().out.splitlines()
+
+
+# A node whose GPU 0 fell off the bus at 10:00, was reset with the driver reloaded (rmmod, nvidia-smi
+# -r, modprobe), and logged only an application's Xid 13 since; read at 14:00 (4 h after boot).
+# uptime (s since boot) of each line, and the read
+RESET_AT_BOOT_S, READ_AT_BOOT_S = 3600.0, 14400.0
+RELOADED = """\
+[    5.100000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024
+[  600.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+[  600.000100] NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error
+[ 3600.000000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024
+[ 9000.000000] NVRM: Xid (PCI:0000:18:00): 13, pid=4321, name=python, Graphics SM Warp Exception
+"""
+
+
+def test_xids_before_the_drivers_last_load_are_not_judged(monkeypatch, tmp_path, capsys):
+    """A GPU reset with the driver reloaded (NVIDIA's reset procedure) left its Xid 79 in dmesg, and
+    the node failed every validation until it was rebooted."""
+    node_dmesg(monkeypatch, RELOADED)
+    xid = nvml.xid_events()
+    assert [(e["xid"], e["count"]) for e in xid["events"]] == [(13, 1)]
+    assert (xid["before_driver_load"], xid["span"]) == (2, "since the NVIDIA driver was reloaded")
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", xid)])
+    assert code == 0 and out.failures == [] and out.bad_nodes == set()
+    printed = capsys.readouterr().out.splitlines()
+    assert (
+        "gpus: gpu01: Xid line(s) not judged: 2 before the NVIDIA driver was last loaded (that resets its GPUs)"
+        in printed
+    )
+    assert any(
+        line.startswith("gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 13 (1 since the NVIDIA driver was reloaded):")
+        for line in printed
+    )
+
+
+def test_a_log_with_one_driver_load_is_judged_since_boot():
+    """The load at boot precedes every Xid: nothing is left out, the counts are 'since boot'."""
+    log = RELOADED.splitlines()
+    text = "\n".join(log[:3]) + "\n"
+    judged = kernel_log.judged_lines(text, nvml.is_xid_event, None, kernel_log.Clock(READ_AT_BOOT_S, 0.0))
+    assert (judged.text, judged.span, judged.before_driver_load) == (text, "since boot", 0)
+
+
+def wall_clock_log(read_at_epoch: float) -> str:
+    """RELOADED's Xid lines as `dmesg -T` prints them (local time), the last line read at read_at_epoch."""
+    lines = []
+    for line in RELOADED.splitlines():
+        seconds, rest = line[1:].split("]", 1)
+        stamp = time.strftime(
+            "%a %b %e %H:%M:%S %Y", time.localtime(read_at_epoch - READ_AT_BOOT_S + float(seconds))
+        )
+        lines.append(f"[{stamp}]{rest}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("form", ["since boot", "dmesg -T"])
+@pytest.mark.parametrize(
+    ("since", "kept", "older"),
+    [("3h", [(13, 1)], 0), ("1h", [], 1), ("90m", [(13, 1)], 0)],
+)
+def test_xid_since_judges_only_the_xids_of_that_window(monkeypatch, form, since, kept, older):
+    """Xid 13 is 5400 s old at the read: inside 3h and 90m (5400 s: the bound is kept), outside 1h;
+    the Xids before the driver's reload are left out whatever the window."""
+    epoch = time.mktime((2026, 11, 29, 14, 0, 0, 0, 0, -1))
+    text = RELOADED if form == "since boot" else wall_clock_log(epoch)
+    monkeypatch.setattr(kernel_log.Clock, "now", classmethod(lambda cls: cls(READ_AT_BOOT_S, epoch)))
+    node_dmesg(monkeypatch, text)
+    xid = nvml.xid_events(kernel_log.parse_duration(since))
+    assert [(e["xid"], e["count"]) for e in xid["events"]] == kept
+    assert (xid["before_driver_load"], xid["older"], xid["untimed"]) == (2, older, 0)
+    assert xid["span"] == f"in the last {since}"
+
+
+def test_an_old_hardware_xid_outside_the_window_does_not_fail_the_node(monkeypatch, tmp_path, capsys):
+    """No driver reload in the log (the GPU reset with nvidia-smi -r): an Xid 48 of four hours ago
+    failed the node forever; with --xid-since 2h it is left out, said in one line, and a recent one
+    on another node still fails."""
+    monkeypatch.setattr(kernel_log.Clock, "now", classmethod(lambda cls: cls(READ_AT_BOOT_S, 0.0)))
+    old = "[   10.000000] NVRM: Xid (PCI:0000:18:00): 48, An uncorrectable double bit error\n"
+    node_dmesg(monkeypatch, old)
+    records = [gpu_record(0, "gpu01", nvml.xid_events(7200.0))]
+    node_dmesg(monkeypatch, old.replace("   10.000000", "14000.000000"))
+    records.append(gpu_record(1, "gpu02", nvml.xid_events(7200.0)))
+    out, code = run_check_gpus(monkeypatch, tmp_path, records, xid_since=7200.0)
+    assert code == 1 and out.bad_nodes == {"gpu02"}
+    assert out.failures == [
+        "gpus: gpu02 GPU 0 PCI 0000:18:00: Xid 48 (1 in the last 2h): double-bit (uncorrectable) ECC error;"
+        " fails the node: drain it, reset or service the GPU"
+    ]
+    assert (
+        "gpus: gpu01: Xid line(s) not judged: 1 older than --xid-since 2h"
+        in capsys.readouterr().out.splitlines()
+    )
+
+
+def test_xid_lines_without_a_time_are_judged_under_a_window_and_said(monkeypatch, tmp_path, capsys):
+    """printk.time=0: no age to hold against --xid-since, so the Xid is judged, and the line says why."""
+    node_dmesg(monkeypatch, "NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n")
+    xid = nvml.xid_events(1800.0)
+    assert ([e["xid"] for e in xid["events"]], xid["untimed"]) == ([79], 1)
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", xid)], xid_since=1800.0)
+    assert code == 1 and out.bad_nodes == {"gpu01"}
+    assert (
+        "gpus: gpu01: 1 Xid line(s) without a timestamp judged whatever their age (--xid-since needs the"
+        " kernel's times: printk.time=1)"
+    ) in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("boot", None), ("30m", 1800.0), ("2h", 7200.0), ("1d", 86400.0), ("900", 900.0), ("1.5h", 5400.0)],
+)
+def test_xid_since_durations(text, seconds):
+    assert kernel_log.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "0", "-2h", "2w", "nan", "infh", "h"])
+def test_a_bad_xid_since_is_one_usage_line(bad, capsys):
+    from gptrain.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "gpus", "--output-dir", "/tmp/x", f"--xid-since={bad}"])
+    assert exit_.value.code == 2
+    assert (
+        f"--xid-since: must be a duration like 30m, 2h or 1d (or boot), got {bad!r}"
+        in capsys.readouterr().err
+    )

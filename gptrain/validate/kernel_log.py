@@ -1,0 +1,119 @@
+"""Which part of a node's kernel log still speaks for its GPUs.
+
+dmesg keeps every Xid since boot, and a GPU reset does not take one out: a node whose GPU was
+reset (or its driver reloaded) hours ago would fail validation until it is rebooted. Two rules
+leave out the lines that no longer speak for the GPUs:
+
+- the lines before the NVIDIA driver's last load: reloading it (rmmod, modprobe; NVIDIA's GPU
+  reset procedure unloads it) resets every GPU of the node;
+- with `--xid-since`, the lines older than that window, as node-problem-detector's Xid plugins do
+  (an Xid counts as current there for two hours). A line without a timestamp is kept.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.104.05  ..." or, for the open kernel
+# modules, "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  ..."
+DRIVER_LOADED = re.compile(r"NVRM: loading NVIDIA UNIX")
+# dmesg's own "[ 5107.644336]" (seconds since boot) and dmesg -T's "[Fri Aug 30 11:43:09 2024]"
+SINCE_BOOT = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]")
+WALL_CLOCK = re.compile(r"^\[([A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d\d:\d\d:\d\d \d{4})\]")
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Clock:
+    """When the log was read: seconds since boot (CLOCK_MONOTONIC: the kernel's timestamps keep
+    close to it, neither counts a suspend; dmesg -T converts with it) and since the epoch."""
+
+    since_boot: float
+    epoch: float
+
+    @classmethod
+    def now(cls) -> Clock:
+        return cls(time.clock_gettime(time.CLOCK_MONOTONIC), time.time())
+
+
+@dataclass
+class Judged:
+    """The lines to judge and how many Xid/SXid lines were left out, and why."""
+
+    text: str
+    span: str = "since boot"  # what the counts of the kept lines cover
+    before_driver_load: int = 0
+    older: int = 0
+    untimed: int = 0  # kept under a window: no timestamp to tell their age
+    since_s: float | None = None  # the window (--xid-since), None: since boot
+
+    def as_dict(self) -> dict[str, float | str | None]:
+        return {
+            "span": self.span,
+            "since_s": self.since_s,
+            "before_driver_load": self.before_driver_load,
+            "older": self.older,
+            "untimed": self.untimed,
+        }
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds of `30m`, `2h`, `1d`, `900s` or `900`; None for `boot` (every line since boot).
+    ValueError saying what is accepted."""
+    value = text.strip().lower()
+    if value == "boot":
+        return None
+    number, unit = (value[:-1], value[-1]) if value[-1:] in DURATION_UNITS else (value, "s")
+    try:
+        seconds = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"must be a duration like 30m, 2h or 1d (or boot), got {text!r}")
+    return seconds
+
+
+def duration_text(seconds: float) -> str:
+    """2h for 7200, 90m for 5400: the largest unit that divides it."""
+    for unit in ("d", "h", "m"):
+        if seconds % DURATION_UNITS[unit] == 0:
+            return f"{seconds / DURATION_UNITS[unit]:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def line_age_s(line: str, clock: Clock) -> float | None:
+    """How long before `clock` the kernel logged `line`, or None where it carries no timestamp."""
+    match = SINCE_BOOT.match(line)
+    if match:
+        return clock.since_boot - float(match[1])
+    match = WALL_CLOCK.match(line)
+    if match:  # dmesg -T prints local time
+        try:
+            return clock.epoch - time.mktime(time.strptime(match[1], "%a %b %d %H:%M:%S %Y"))
+        except ValueError:  # no such date: judged as a line without a time
+            return None
+    return None
+
+
+def judged_lines(text: str, is_event: Callable[[str], bool], since_s: float | None, clock: Clock) -> Judged:
+    """The part of `text` to judge: after the driver's last load and, with `since_s`, in that
+    window. The counts are of the lines `is_event` says open one (an Xid, or an SXid's first line)."""
+    lines = text.splitlines()
+    loads = [i for i, line in enumerate(lines) if DRIVER_LOADED.search(line)]
+    start = loads[-1] if loads else 0  # the load at boot precedes every Xid
+    judged = Judged("", before_driver_load=sum(1 for line in lines[:start] if is_event(line)))
+    if len(loads) > 1 or judged.before_driver_load:
+        judged.span = "since the NVIDIA driver was reloaded"
+    kept = lines[start:]
+    if since_s is not None:
+        judged.since_s = since_s
+        ages = [(line, line_age_s(line, clock)) for line in kept]
+        kept = [line for line, age in ages if age is None or age <= since_s]
+        judged.older = sum(1 for line, age in ages if age is not None and age > since_s and is_event(line))
+        judged.untimed = sum(1 for line, age in ages if age is None and is_event(line))
+        judged.span = f"in the last {duration_text(since_s)}"
+    judged.text = "\n".join(kept) + "\n"
+    return judged
