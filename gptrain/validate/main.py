@@ -114,7 +114,18 @@ def fitting_sizes(ctx: Context, args: argparse.Namespace, out: Outcome) -> dict[
 
 def busbw_threshold(rows: list[dict[str, Any]], limits: Thresholds, ctx: Context, out: Outcome) -> None:
     """The best all_reduce busbw at large sizes (or the largest size run) against the threshold."""
+    reduce = [r for r in rows if r["op"] == "all_reduce"]
+    large = [r for r in reduce if r["bytes"] >= limits.large_message_bytes] or [
+        max(reduce, key=lambda r: r["bytes"])
+    ]
+    best = max(large, key=lambda r: r["busbw_GBps"])
+    out.summary["all_reduce_large_busbw_GBps"] = best["busbw_GBps"]
     minimum = limits.busbw_threshold(ctx.multi_node)
+    if minimum is not None and not limits.holds_at(best["bytes"]):
+        print(
+            f"collectives: busbw threshold not applied: {short_of_large(best['bytes'], limits, '--max-bytes')}"
+        )
+        minimum = None
     if minimum is not None and ctx.multi_node:
         ranks_per_node = min(Counter(ctx.nodes).values())  # a ring goes at its thinnest node's rate
         share = limits.partial_node_share(ranks_per_node)
@@ -125,12 +136,6 @@ def busbw_threshold(rows: list[dict[str, Any]], limits: Thresholds, ctx: Context
                 f"collectives: {ranks_per_node} rank(s) a node of the profile's {limits.gpus_per_node}: the "
                 f"inter-node busbw threshold is scaled to {minimum:.3g} GB/s (their NICs' share)",
             )
-    reduce = [r for r in rows if r["op"] == "all_reduce"]
-    large = [r for r in reduce if r["bytes"] >= limits.large_message_bytes] or [
-        max(reduce, key=lambda r: r["bytes"])
-    ]
-    best = max(large, key=lambda r: r["busbw_GBps"])
-    out.summary["all_reduce_large_busbw_GBps"] = best["busbw_GBps"]
     out.summary["busbw_threshold_GBps"] = minimum
     if minimum is None:
         return
@@ -142,6 +147,17 @@ def busbw_threshold(rows: list[dict[str, Any]], limits: Thresholds, ctx: Context
             f"collectives: all_reduce busbw {best['busbw_GBps']:.3g} GB/s at {best['bytes']} B is below "
             f"the threshold {minimum:.3g} GB/s"
         )
+
+
+def short_of_large(nbytes: int, limits: Thresholds, flag: str) -> str:
+    """Why a profile's busbw threshold does not judge a message of `nbytes` (Thresholds.holds_at):
+    a healthy node measured below it was failed, and excluded."""
+    from gptrain.validate.memory import size_text
+
+    return (
+        f"{size_text(nbytes)} is below the {size_text(limits.large_message_bytes)} the profile's threshold is"
+        f" set for (large_message_bytes); raise {flag}, or give --min-busbw-GBps"
+    )
 
 
 def check_pairwise(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
@@ -165,6 +181,12 @@ def check_pairwise(ctx: Context, args: argparse.Namespace, limits: Thresholds, o
             )
         ]
         floor = limits.busbw_threshold(True) if level == "node" else None
+        if floor is not None and results and not limits.holds_at(node_bytes):
+            say(
+                ctx,
+                f"pairwise: node pairs not held to the busbw threshold: {short_of_large(node_bytes, limits, '--pair-bytes')}",
+            )
+            floor = None
         if floor is not None:  # a node pair crosses the NICs of its ranks' GPUs only, as in collectives
             floor *= limits.partial_node_share(min(Counter(ctx.nodes).values()))
         verdict = pw.find_slow(level, results, limits.slow_pct, floor)

@@ -52,6 +52,12 @@ class Thresholds:
             return self.min_busbw_override
         return self.inter_node_busbw_GBps if multi_node else self.intra_node_busbw_GBps
 
+    def holds_at(self, nbytes: int) -> bool:
+        """Whether the busbw threshold speaks for a message of `nbytes`: a profile's is set for
+        large messages (busbw climbs with the size: 64 MiB on 8 H100s is far below 1 GiB's), and
+        --min-busbw-GBps is taken as given at any size."""
+        return self.min_busbw_override is not None or nbytes >= self.large_message_bytes
+
     def partial_node_share(self, ranks_per_node: int) -> float:
         """The share of a node's network that `ranks_per_node` ranks drive: the inter-node threshold is
         a whole node's (every GPU with its own NICs, as on p5/ND); a validation with fewer ranks a

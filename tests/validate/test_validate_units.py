@@ -647,3 +647,61 @@ def test_an_exclude_file_under_a_directory_that_cannot_be_searched_is_one_line(t
         f"--exclude-file {locked}/ex: cannot be looked up (Permission denied); check the permissions of"
         f" {locked} and the directories above it"
     )
+
+
+def test_a_profile_threshold_does_not_judge_a_sweep_that_stopped_below_large_messages(capsys):
+    """`--profile aws_p5 --max-bytes 256M` on one healthy node: all_reduce at 256 MiB was held to the
+    270 GB/s set for 1 GiB and up, failed, and the node was blamed (and excluded); the threshold is
+    now not applied, in one line. --min-busbw-GBps is still taken as given at any size."""
+    from types import SimpleNamespace
+
+    from gptrain.validate.main import Outcome, busbw_threshold
+
+    node = SimpleNamespace(rank=0, size=8, nodes=["a"] * 8, multi_node=False)
+    small = [{"op": "all_reduce", "bytes": 256 << 20, "busbw_GBps": 200.0}]
+    large = [{"op": "all_reduce", "bytes": 1 << 30, "busbw_GBps": 200.0}]
+    out = Outcome()
+    busbw_threshold(small, load_thresholds("aws_p5"), node, out)
+    assert out.failures == [] and out.summary["busbw_threshold_GBps"] is None
+    assert capsys.readouterr().out.splitlines() == [
+        "collectives: busbw threshold not applied: 256 MiB is below the 1 GiB the profile's threshold is set"
+        " for (large_message_bytes); raise --max-bytes, or give --min-busbw-GBps"
+    ]
+    for rows, limits in ((large, load_thresholds("aws_p5")), (small, load_thresholds("aws_p5", 250.0))):
+        out = Outcome()
+        busbw_threshold(rows, limits, node, out)
+        assert len(out.failures) == 1 and out.failures[0].startswith("collectives: all_reduce busbw 200 GB/s")
+
+
+def test_node_pairs_of_a_small_pair_bytes_are_not_held_to_the_large_message_threshold(
+    monkeypatch, tmp_path, capsys
+):
+    """`--pair-bytes 64M` with a profile: two healthy nodes measured at 64 MiB were both flagged
+    below the threshold set for 1 GiB and up, and excluded."""
+    import argparse
+    from types import SimpleNamespace
+
+    from gptrain.validate import pairwise
+    from gptrain.validate.main import Outcome, check_pairwise
+
+    monkeypatch.setattr(pairwise, "node_rounds", lambda ctx, most, rounds: [[("a", "b")]])
+    monkeypatch.setattr(pairwise, "rank_rounds", lambda ctx, most, rounds: [])
+    monkeypatch.setattr(
+        pairwise,
+        "run_round",
+        lambda ctx, level, pairs, nbytes, iters, warmup: [
+            pairwise.PairResult("node", "a", "b", [0, 1], nbytes, 1.0, 20.0)
+        ],
+    )
+    ctx = SimpleNamespace(rank=0, size=16, nodes=["a"] * 8 + ["b"] * 8, is_gpu=True)
+    for pair_bytes, failed in ((64 << 20, False), (1 << 30, True)):
+        args = argparse.Namespace(
+            pair_bytes=pair_bytes, max_all_pairs=16, iters=1, warmup=0, output_dir=str(tmp_path)
+        )
+        out = Outcome()
+        check_pairwise(ctx, args, load_thresholds("aws_p5"), out)
+        assert bool(out.failures) is failed and (out.bad_nodes == {"a", "b"}) is failed
+    assert (
+        "pairwise: node pairs not held to the busbw threshold: 64 MiB is below the 1 GiB the profile's threshold"
+        " is set for (large_message_bytes); raise --pair-bytes, or give --min-busbw-GBps"
+    ) in capsys.readouterr().out.splitlines()
