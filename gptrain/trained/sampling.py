@@ -1,9 +1,10 @@
 """Autoregressive sampling from a GPT: greedy, temperature, top-k and top-p (nucleus).
 
-Deliberately simple (no KV cache: each step reruns the cropped context), since it serves
-`gptrain generate` for checking a checkpoint, not serving. Sampling happens on the CPU, the
-softmax in float64 (a tiny temperature stays finite), so a seeded generator gives the same tokens
-whatever device the model is on.
+A GPT generates with a key/value cache (`gptrain.models.kv_cache`): each new token costs one
+position's forward while the text fits the model's context; past it the window slides, every
+position moves, and each token costs a forward of the whole window, as without a cache. Sampling
+happens on the CPU, the softmax in float64 (a tiny temperature stays finite), so a seeded generator
+gives the same tokens whatever device the model is on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import torch
 from torch import nn
 
 from gptrain.errors import ConfigError
+from gptrain.models.gpt import GPT
+from gptrain.models.kv_cache import KVCache, forward_cached
 
 
 def generate(
@@ -31,6 +34,7 @@ def generate(
     valid_vocab_size: int | None = None,
     stop: Callable[[list[int]], bool] | None = None,
     excluded_ids: Collection[int] = (),
+    use_cache: bool = True,
 ) -> list[int]:
     """Return the new token ids only (not the prompt); the last one is `eod` (or one of them: an
     imported model may declare several end tokens) if generation stopped on it.
@@ -39,7 +43,8 @@ def generate(
     a CPU generator. `valid_vocab_size` (the tokenizer's unpadded size) keeps the padding rows of a
     padded vocab from ever being sampled, and `excluded_ids` (ids the tokenizer cannot decode) too.
     `stop`, called with the new ids after each token, ends generation when it returns True (a stop
-    string in the decoded text).
+    string in the decoded text). `use_cache=False` reruns the context for every token (the
+    reference the cache is tested against; a model other than a whole GPT always does).
     """
     _check_arguments(prompt_ids, max_new_tokens, temperature, top_k, greedy, top_p)
     seq_length = model.config.seq_length
@@ -49,11 +54,13 @@ def generate(
     tokens, new_tokens = list(prompt_ids), []
     ends = {eod} if isinstance(eod, int) else set(eod or ())
     excluded = torch.tensor(sorted(excluded_ids), dtype=torch.long)
+    cache = None
+    if use_cache and caches(model):
+        cache = KVCache(capacity=min(seq_length, len(tokens) + max_new_tokens))
     try:
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                context = torch.tensor([tokens[-seq_length:]], dtype=torch.long, device=device)
-                logits = model(context)[0, -1].float().cpu()
+                logits = next_logits(model, tokens, cache, device).float().cpu()
                 if valid_vocab_size is not None:
                     logits = logits[:valid_vocab_size]
                 logits[excluded] = float("-inf")
@@ -67,6 +74,24 @@ def generate(
     finally:
         model.train(was_training)
     return new_tokens
+
+
+def caches(model: nn.Module) -> bool:
+    """Whether `model` can generate with a KV cache: a whole GPT (not a test double, nor a stage)."""
+    pieces = (model.tok_embeddings, model.norm, model.output) if isinstance(model, GPT) else (None,)
+    return all(piece is not None for piece in pieces)
+
+
+def next_logits(
+    model: nn.Module, tokens: list[int], cache: KVCache | None, device: torch.device
+) -> torch.Tensor:
+    """The model's 1-D logits for the token after `tokens`: the cache runs the tokens it lacks; past
+    the context (or without a cache), the model runs its last config.seq_length tokens."""
+    seq_length = model.config.seq_length
+    if cache is None or len(tokens) > seq_length:
+        return model(torch.tensor([tokens[-seq_length:]], dtype=torch.long, device=device))[0, -1]
+    new = torch.tensor([tokens[cache.length :]], dtype=torch.long, device=device)
+    return forward_cached(model, new, cache)[0, -1]
 
 
 def next_token(

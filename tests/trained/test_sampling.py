@@ -205,3 +205,43 @@ def test_excluded_ids_are_never_sampled():
     assert generate(model, [5], 5, greedy=True, excluded_ids={7}) == [6, 8, 9, 0, 1]  # 7's runner-up: 8
     generator = torch.Generator().manual_seed(0)
     assert 7 not in generate(model, [5], 200, temperature=5.0, excluded_ids={7}, generator=generator)
+
+
+def float64_gpt(**architecture) -> GPT:
+    config = GPTConfig(
+        vocab_size=50, seq_length=12, num_layers=2, hidden_size=32, num_attention_heads=4, **architecture
+    )
+    model = GPT(config)
+    model.init_weights(torch.Generator().manual_seed(5))
+    return model.double()
+
+
+LLAMA_LIKE = dict(
+    position_embedding_type="rope",
+    normalization="rmsnorm",
+    activation="swiglu",
+    ffn_hidden_size=48,
+    bias=False,
+    num_query_groups=2,
+    share_embeddings_and_output_weights=False,
+)
+
+
+@pytest.mark.parametrize("architecture", [{}, LLAMA_LIKE], ids=["gpt3", "llama_like"])
+def test_the_kv_cache_gives_the_tokens_of_the_full_forward_also_past_the_context(architecture, monkeypatch):
+    """Greedy and seeded sampling pick the same tokens with and without the cache, before and after
+    the window slides (prompt 4 + 20 new tokens > context 12); within the context, the whole model's
+    forward never runs (each token is one cached position)."""
+    model = float64_gpt(**architecture)
+    prompt = [7, 3, 9, 1]
+    for options in (dict(greedy=True), dict(temperature=0.8, top_k=20)):
+        uncached = generate(
+            model, prompt, 20, use_cache=False, generator=torch.Generator().manual_seed(2), **options
+        )
+        cached = generate(model, prompt, 20, generator=torch.Generator().manual_seed(2), **options)
+        assert cached == uncached
+    assert len(set(uncached)) > 3  # sampled text that varies, not a constant loop
+    expected = generate(model, prompt, 8, greedy=True, use_cache=False)
+    monkeypatch.setattr(GPT, "forward", lambda self, tokens: pytest.fail("the whole model ran"))
+    assert generate(model, prompt, 8, greedy=True) == expected
+

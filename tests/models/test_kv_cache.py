@@ -1,0 +1,97 @@
+"""KV cache: cached logits equal the full forward's in float64, for GPT-3-style and llama-like models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptrain.models.config import GPTConfig
+from gptrain.models.gpt import GPT
+from gptrain.models.kv_cache import KVCache, forward_cached
+
+TINY = dict(vocab_size=41, seq_length=24, num_layers=3, hidden_size=32, num_attention_heads=4)
+ARCHITECTURES = {
+    "gpt3": {},  # learned positions, LayerNorm, GELU, biases, tied output
+    "llama_like": dict(
+        position_embedding_type="rope",
+        normalization="rmsnorm",
+        activation="swiglu",
+        ffn_hidden_size=48,
+        bias=False,
+        num_query_groups=2,  # GQA: two query heads per key/value head
+        share_embeddings_and_output_weights=False,
+    ),
+}
+# float64 carries ~16 digits; the cached and full forwards only sum the same products in another
+# order (a 1-row GEMM against a 24-row one, one query's softmax against a masked row), which moves a
+# logit by a few ulps per accumulation (sums of <= 48 terms, 3 layers): 1e-12 of the largest logit
+# leaves a thousandfold margin, while any real slip (a wrong position, mask or key) moves logits
+# by 1e-3 and more at this init.
+RELATIVE_TOLERANCE = 1e-12
+
+
+def float64_model(architecture: str) -> GPT:
+    config = GPTConfig(**TINY, hidden_dropout=0.0, attention_dropout=0.0, **ARCHITECTURES[architecture])
+    model = GPT(config)
+    model.init_weights(torch.Generator().manual_seed(7))
+    return model.double().eval()
+
+
+def sampled(logits: torch.Tensor, generator: torch.Generator) -> int:
+    """A token drawn from the logits (greedy decoding of this random model repeats one token)."""
+    return int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator))
+
+
+def assert_same_logits(cached: torch.Tensor, full: torch.Tensor) -> None:
+    scale = full.abs().max().item()
+    assert cached.dtype == full.dtype == torch.float64
+    assert (cached - full).abs().max().item() <= RELATIVE_TOLERANCE * scale
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_cached_logits_at_every_generated_position_equal_the_full_forward(architecture):
+    model = float64_model(architecture)
+    tokens = [3, 17, 5, 40, 2]
+    cache, generator = KVCache(capacity=24), torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        prefill = forward_cached(model, torch.tensor([tokens]), cache)
+        assert_same_logits(prefill, model(torch.tensor([tokens])))
+        tokens.append(sampled(prefill[0, -1], generator))
+        while len(tokens) < 24:  # feed the newest token; the cache holds the ones before it
+            cached = forward_cached(model, torch.tensor([tokens[-1:]]), cache)[0, -1]
+            full = model(torch.tensor([tokens]))[0, -1]
+            assert_same_logits(cached, full)
+            tokens.append(sampled(full, generator))
+    assert cache.length == 23
+    assert len(set(tokens[5:])) > 5  # no constant loop, which could hide a position slip
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_several_new_positions_at_once_attend_causally_after_the_cached_ones(architecture):
+    """A block of new tokens after cached ones: SDPA's is_causal would align it with the first keys."""
+    model = float64_model(architecture)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]])
+    cache = KVCache(capacity=16)
+    with torch.no_grad():
+        first = forward_cached(model, tokens[:, :4], cache)
+        rest = forward_cached(model, tokens[:, 4:], cache)
+        full = model(tokens)
+    assert_same_logits(torch.cat([first, rest], dim=1), full)
+
+
+def test_positions_past_the_cache_or_the_context_are_refused():
+    model = float64_model("gpt3")
+    with pytest.raises(ValueError, match="exceed the cache"), torch.no_grad():
+        forward_cached(model, torch.zeros(1, 5, dtype=torch.long), KVCache(capacity=4))
+    with pytest.raises(ValueError, match="model's context"), torch.no_grad():
+        forward_cached(model, torch.zeros(1, 25, dtype=torch.long), KVCache(capacity=30))
+
+
+def test_the_cache_holds_the_grouped_keys_only_as_long_as_asked():
+    model = float64_model("llama_like")
+    cache = KVCache(capacity=9)
+    with torch.no_grad():
+        forward_cached(model, torch.tensor([[4, 5, 6]]), cache)
+    assert sorted(cache.keys) == [0, 1, 2]
+    assert cache.keys[0].shape == (1, 2, 9, 8)  # 2 key/value heads of 8, not 4 repeated heads
+    assert cache.length == 3
