@@ -27,12 +27,17 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--prompt", required=True, help="text to continue")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (default 1.0)")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="softmax temperature (default 1.0; 0: greedy, as --greedy)",
+    )
     parser.add_argument(
         "--top-k",
         type=int,
         default=None,
-        help="sample only from the k most likely tokens (0: off, as in Megatron; default off)",
+        help="sample only from the k most likely tokens (0: off, 1: greedy, as in Megatron; default off)",
     )
     parser.add_argument(
         "--top-p",
@@ -40,7 +45,14 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="sample only from the most likely tokens whose probability adds up to p (nucleus; after --top-k; 0 or 1: off; default off)",
     )
-    parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    parser.add_argument(
+        "--greedy",
+        action="store_true",
+        help=(
+            "always take the most likely token (NeMo's greedy: True, Hugging Face's do_sample=False; "
+            "--temperature 0 and --top-k 1 do the same)"
+        ),
+    )
     parser.add_argument(
         "--stop",
         action="append",

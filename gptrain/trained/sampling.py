@@ -103,10 +103,11 @@ def next_token(
     generator: torch.Generator | None = None,
     top_p: float | None = None,
 ) -> int:
-    """Pick one id from 1-D logits: argmax if greedy, else sample softmax(logits / T) over the top k,
-    then over the fewest most likely ids whose probability reaches top_p (the order Hugging Face
-    applies them in). top_k=0 and top_p=0 turn their filter off, as in Megatron and NeMo."""
-    if greedy:
+    """Pick one id from 1-D logits: argmax if greedy (or top_k=1, or temperature 0), else sample
+    softmax(logits / T) over the top k, then over the fewest most likely ids whose probability reaches
+    top_p (the order Hugging Face applies them in). top_k=0 and top_p=0 turn their filter off, as in
+    Megatron and NeMo."""
+    if greedy or top_k == 1 or temperature == 0:  # top_k=1 is Megatron's greedy, T=0 vLLM's and OpenAI's
         return int(torch.argmax(logits))
     # Shift by the max before dividing, in float64: a tiny temperature then sends the others to
     # -inf (probability 0) instead of every logit to +-inf (inf - inf = nan in the softmax).
@@ -149,9 +150,9 @@ def check_sampling(
     """The sampling flags, checked before a model is loaded for them."""
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens} must be >= 0 (--max-new-tokens)")
-    if not greedy and not (temperature > 0 and math.isfinite(temperature)):
+    if not greedy and not (temperature >= 0 and math.isfinite(temperature)):
         raise ConfigError(
-            f"temperature={temperature} must be finite and > 0 (--temperature), or use --greedy"
+            f"temperature={temperature} must be finite and >= 0 (--temperature; 0 is greedy, as --greedy)"
         )
     if top_k is not None and top_k < 0:
         raise ConfigError(f"top_k={top_k} must be >= 0 (--top-k; 0 keeps every token)")

@@ -355,16 +355,12 @@ def test_generate_loads_the_trained_weights(tmp_path: Path, capsys: pytest.Captu
     log_dir, model, tokenizer = tiny_run(tmp_path)
     expected = reference_text(model, tokenizer, "The quick brown fox", 8)
     for target in (tmp_path / "run", log_dir / "checkpoints" / "step_2"):
-        argv = [
-            "generate",
-            str(target),
-            "--prompt",
-            "The quick brown fox",
-            "--max-new-tokens",
-            "8",
-            "--greedy",
-        ]
-        assert run_subcommand(add_generate_parser, argv) == 0
+        argv = ["generate", str(target), "--prompt", "The quick brown fox", "--max-new-tokens", "8"]
+        assert run_subcommand(add_generate_parser, [*argv, "--greedy"]) == 0
+        assert capsys.readouterr().out == expected + "\n"
+    # greedy as Megatron users (--top-k 1) and vLLM/OpenAI users (--temperature 0) ask for it
+    for greedy in (["--top-k", "1", "--temperature", "0.7"], ["--temperature", "0"]):
+        assert run_subcommand(add_generate_parser, [*argv, *greedy]) == 0
         assert capsys.readouterr().out == expected + "\n"
 
 

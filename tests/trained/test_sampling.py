@@ -147,7 +147,7 @@ def test_valid_vocab_size_never_samples_padding():
     [
         (dict(prompt_ids=[]), "prompt"),
         (dict(max_new_tokens=-1), "max_new_tokens"),
-        (dict(temperature=0.0), "temperature"),
+        (dict(temperature=-0.5), "temperature"),
         (dict(top_k=-1), "top_k"),
         (dict(top_p=-0.1), "top_p"),
         (dict(top_p=1.5), "top_p"),
@@ -183,7 +183,7 @@ def test_tiny_temperatures_pick_the_argmax_instead_of_nan(temperature):
 
 
 def test_infinite_temperature_is_refused():
-    with pytest.raises(ConfigError, match="must be finite and > 0"):
+    with pytest.raises(ConfigError, match="must be finite and >= 0"):
         generate(tiny_gpt(), [1], 2, temperature=float("inf"))
 
 
@@ -245,3 +245,19 @@ def test_the_kv_cache_gives_the_tokens_of_the_full_forward_also_past_the_context
     monkeypatch.setattr(GPT, "forward", lambda self, tokens: pytest.fail("the whole model ran"))
     assert generate(model, prompt, 8, greedy=True) == expected
 
+
+def test_temperature_0_and_top_k_1_are_greedy_as_in_vllm_and_megatron():
+    """--temperature 0 was refused ('use --greedy'); Megatron's greedy is top_k=1 (an argmax), which
+    sampled among tied best ids; vLLM and OpenAI read temperature 0 as greedy. Both are now the argmax
+    (the first of tied ids) and draw nothing from the generator."""
+    tied = torch.tensor([1.0, 3.0, 3.0, -2.0])
+    generator = torch.Generator().manual_seed(0)
+    state = generator.get_state()
+    assert {next_token(tied, 1.0, top_k=1, generator=generator) for _ in range(30)} == {1}
+    assert {next_token(tied, 0.0, generator=generator) for _ in range(30)} == {1}
+    assert {next_token(tied, 0.0, top_p=0.9, top_k=3, generator=generator) for _ in range(30)} == {1}
+    assert torch.equal(generator.get_state(), state)
+    model = tiny_gpt()
+    greedy = generate(model, [1, 2], 10, greedy=True)
+    assert generate(model, [1, 2], 10, temperature=0.0, generator=generator) == greedy
+    assert generate(model, [1, 2], 10, temperature=1.5, top_k=1, generator=generator) == greedy
