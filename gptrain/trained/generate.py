@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 
@@ -25,7 +26,25 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="CHECKPOINT",
         help="a run directory (results/<run.name>), its results/ or checkpoints/ directory, or a step_<N> directory",
     )
-    parser.add_argument("--prompt", required=True, help="text to continue")
+    parser.add_argument(
+        "--prompt",
+        action="append",
+        default=[],
+        help="text to continue (may be repeated: one result per prompt, in order)",
+    )
+    parser.add_argument(
+        "--prompt-file",
+        metavar="FILE",
+        help="UTF-8 text file of prompts, one a line (empty lines skipped; after any --prompt; - reads stdin)",
+    )
+    parser.add_argument(
+        "--jsonl",
+        action="store_true",
+        help=(
+            'print one JSON line per prompt: {"prompt", "completion" (the text after the prompt), '
+            '"finish_reason": "stop" (end token or --stop string) or "length" (--max-new-tokens)}'
+        ),
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     parser.add_argument(
         "--temperature",
@@ -66,29 +85,54 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
             "always stops"
         ),
     )
-    parser.add_argument("--seed", type=int, default=1234, help="sampling seed (default 1234)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=1234,
+        help="sampling seed (default 1234); each prompt starts from it, so its text does not depend on the others",
+    )
     parser.set_defaults(func=run_generate)
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    import torch
-
     from gptrain.trained.load import load_run
-    from gptrain.trained.sampling import check_sampling, generate
+    from gptrain.trained.sampling import check_sampling
 
     check_sampling(
         args.max_new_tokens, args.temperature, args.top_k, args.greedy, args.top_p
     )  # before loading
-    check_prompt_is_text(args.prompt)
+    prompts = read_prompts(args.prompt, args.prompt_file)
     check_stop_strings(args.stop)
     check_seed(args.seed)
     run = load_run(args.checkpoint)
     print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)
-    prompt_ids = list(run.tokenizer.encode(args.prompt))
+    ends = end_ids(run)
+    excluded = undecodable_ids(run.tokenizer, run.vocab_size)
+    for number, prompt in enumerate(prompts, 1):
+        label = f"prompt {number}: " if len(prompts) > 1 else ""
+        completion, finish_reason = continue_prompt(run, prompt, args, ends, excluded, label)
+        if args.jsonl:
+            result = {"prompt": prompt, "completion": completion, "finish_reason": finish_reason}
+            print(json.dumps(result, ensure_ascii=False), flush=True)
+        else:
+            print(prompt + completion, flush=True)
+    return 0
+
+
+def continue_prompt(
+    run, prompt: str, args: argparse.Namespace, ends: set[int], excluded: list[int], label: str = ""
+) -> tuple[str, str]:
+    """The text generated after `prompt` (up to the first --stop string) and why it ended: "stop"
+    (an end token or a stop string) or "length". One prompt at a time: with the KV cache each token
+    costs one position, and no padding can change a prompt's result."""
+    import torch
+
+    from gptrain.trained.sampling import generate
+
+    prompt_ids = list(run.tokenizer.encode(prompt))
     window_note = context_window_note(len(prompt_ids), args.max_new_tokens, run.model.config.seq_length)
     if window_note:
-        print(window_note, file=sys.stderr)
-    ends = end_ids(run)
+        print(window_note.replace("gptrain: note: ", f"gptrain: note: {label}", 1), file=sys.stderr)
     new_ids = generate(
         run.model,
         prompt_ids,
@@ -100,14 +144,61 @@ def run_generate(args: argparse.Namespace) -> int:
         eod=ends,
         generator=torch.Generator().manual_seed(args.seed),
         valid_vocab_size=run.vocab_size,
-        stop=stop_string_reached(run.tokenizer, args.prompt, prompt_ids, args.stop),
-        excluded_ids=undecodable_ids(run.tokenizer, run.vocab_size),
+        stop=stop_string_reached(run.tokenizer, prompt, prompt_ids, args.stop),
+        excluded_ids=excluded,
     )
-    if new_ids and new_ids[-1] in ends:
+    ended = bool(new_ids) and new_ids[-1] in ends
+    if ended:
         new_ids = new_ids[:-1]
     text = continuation_text(run.tokenizer, prompt_ids, new_ids)
-    print(before_stop_string(args.prompt, text, args.stop))
-    return 0
+    completion = before_stop_string(prompt, text, args.stop)[len(prompt) :]
+    return completion, "stop" if ended or completion != text else "length"
+
+
+def read_prompts(prompts: Sequence[str], prompt_file: str | None) -> list[str]:
+    """The --prompt texts, then --prompt-file's non-empty lines, each checked to be UTF-8 text."""
+    from gptrain.errors import ConfigError
+
+    for prompt in prompts:
+        check_prompt_is_text(prompt)
+        if not prompt:
+            raise ConfigError("--prompt '': the prompt is empty; give some text to continue")
+    found = list(prompts)
+    if prompt_file is not None:
+        found += prompt_file_lines(prompt_file)
+    if not found:
+        raise ConfigError(
+            "no prompt: give --prompt TEXT (may be repeated) or --prompt-file FILE (one a line)"
+        )
+    return found
+
+
+def prompt_file_lines(path: str) -> list[str]:
+    """The non-empty lines of `path` (stdin for -), CRLF or LF; a byte that is not UTF-8 is named
+    with its line, before the model loads."""
+    from gptrain.errors import ConfigError, non_utf8
+
+    try:
+        if path == "-":
+            text = sys.stdin.buffer.read().decode("utf-8", errors="surrogateescape")
+        else:
+            with open(path, encoding="utf-8", errors="surrogateescape") as file:
+                text = file.read()
+    except OSError as error:
+        raise ConfigError(f"--prompt-file {path}: {error.strerror or error}") from None
+    lines = []
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
+        if (bad := non_utf8(line)) is not None:
+            raise ConfigError(
+                f"--prompt-file {path}: line {number}: {bad[1]} (character {bad[0] + 1}) is not UTF-8; "
+                "convert the file to UTF-8 (e.g. iconv -f latin1)"
+            )
+        if line:
+            lines.append(line)
+    if not lines:
+        raise ConfigError(f"--prompt-file {path}: holds no prompt (one a line, empty lines are skipped)")
+    return lines
 
 
 def check_seed(seed: int) -> None:

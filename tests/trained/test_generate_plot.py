@@ -365,6 +365,72 @@ def test_generate_loads_the_trained_weights(tmp_path: Path, capsys: pytest.Captu
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_several_prompts_give_one_result_each_as_each_alone(tmp_path: Path, capsys) -> None:
+    """generate took one --prompt; --prompt may now be repeated and --prompt-file gives one a line
+    (CRLF, empty lines skipped). Each prompt's text is what it gets alone, with the same seed (sampled,
+    not only greedy), and --jsonl says why each ended."""
+    from gptrain.trained.generate import add_generate_parser
+
+    _, model, tokenizer = tiny_run(tmp_path)
+    run_dir = str(tmp_path / "run")
+    prompts = ["The quick brown fox", "Once upon a time", "Hello, world"]
+    (tmp_path / "prompts.txt").write_bytes(b"Once upon a time\r\n\nHello, world\n")
+    sampling = ["--max-new-tokens", "6", "--temperature", "0.9", "--seed", "11"]
+    alone = []
+    for prompt in prompts:
+        assert run_subcommand(add_generate_parser, ["generate", run_dir, "--prompt", prompt, *sampling]) == 0
+        alone.append(capsys.readouterr().out)
+    argv = ["generate", run_dir, "--prompt", prompts[0], "--prompt-file", str(tmp_path / "prompts.txt")]
+    assert run_subcommand(add_generate_parser, [*argv, *sampling]) == 0
+    assert capsys.readouterr().out == "".join(alone)
+    assert len(set(alone)) == 3 and all(text.startswith(p) for text, p in zip(alone, prompts, strict=True))
+    assert run_subcommand(add_generate_parser, [*argv, "--max-new-tokens", "5", "--greedy", "--jsonl"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines == [
+        {
+            "prompt": p,
+            "completion": reference_text(model, tokenizer, p, 5)[len(p) :],
+            "finish_reason": "length",
+        }
+        for p in prompts
+    ]
+    stop = lines[1]["completion"][2:4]
+    assert (
+        run_subcommand(
+            add_generate_parser, [*argv, "--max-new-tokens", "5", "--greedy", "--jsonl", "--stop", stop]
+        )
+        == 0
+    )
+    second = json.loads(capsys.readouterr().out.splitlines()[1])
+    assert second["finish_reason"] == "stop"
+    assert second["completion"] == lines[1]["completion"][: lines[1]["completion"].find(stop)]
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        (None, "--prompt-file {path}: No such file or directory"),
+        (b"fine\n\ncaf\xe9\n", "--prompt-file {path}: line 3: byte 0xe9 (character 4) is not UTF-8; convert"),
+        (b"\n\r\n", "--prompt-file {path}: holds no prompt (one a line, empty lines are skipped)"),
+    ],
+)
+def test_a_prompt_file_that_gives_no_prompts_is_one_line_before_loading(tmp_path, content, error) -> None:
+    from gptrain.trained.generate import add_generate_parser
+
+    path = tmp_path / "prompts.txt"
+    if content is not None:
+        path.write_bytes(content)
+    argv = ["generate", str(tmp_path / "no-such-run"), "--prompt-file", str(path)]
+    with pytest.raises(ConfigError) as raised:  # not "no such checkpoint"
+        run_subcommand(add_generate_parser, argv)
+    assert str(raised.value).startswith(error.format(path=path))
+    with pytest.raises(ConfigError, match="no prompt: give --prompt TEXT"):
+        run_subcommand(add_generate_parser, ["generate", str(tmp_path / "no-such-run")])
+    with pytest.raises(ConfigError, match="the prompt is empty"):
+        run_subcommand(add_generate_parser, ["generate", str(tmp_path / "no-such-run"), "--prompt", ""])
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_generating_past_the_context_says_what_conditions_the_continuation(tmp_path: Path, capsys) -> None:
     """A prompt longer than the model's context was cut to its last seq_length tokens without a
     word; the text printed is still the sliding-window continuation of the float reference."""
