@@ -1010,3 +1010,32 @@ def test_a_checkpoint_removed_by_retention_while_it_loads_is_named_so(tmp_path: 
         load.load_run(log_dir)
     assert str(error.value).startswith(f"checkpoint {step_dir} was removed while it was read")
     assert "save_top_k" in str(error.value) and "damaged" not in str(error.value)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_edge_cases_no_new_tokens_the_end_token_and_a_repeated_seed(capsys, monkeypatch) -> None:
+    """--max-new-tokens 0 prints the prompt without running the model; the end-of-document token
+    ends the text unprinted ("stop"); a sampled generation repeats with its seed."""
+    from gptrain.trained import generate as generate_module
+    from gptrain.trained import load
+    from gptrain.trained.generate import add_generate_parser
+
+    def generated(script: str, *flags: str) -> tuple[str, int]:
+        model = scripted_model(script)
+        run = load.LoadedRun(model, CharacterTokenizer(), 128, Path("step_1"))
+        monkeypatch.setattr(load, "load_run", lambda path: run)
+        monkeypatch.setattr(generate_module, "undecodable_ids", lambda tokenizer, size: [])
+        assert run_subcommand(add_generate_parser, ["generate", "run", "--prompt", "Hi", *flags]) == 0
+        out, err = capsys.readouterr()
+        assert "note" not in err
+        return out, model.calls
+
+    assert generated("abc", "--max-new-tokens", "0") == ("Hi\n", 0)
+    out, calls = generated("abc", "--max-new-tokens", "0", "--jsonl")
+    assert (json.loads(out), calls) == ({"prompt": "Hi", "completion": "", "finish_reason": "length"}, 0)
+    assert generated("ab\0cd", "--max-new-tokens", "9", "--greedy") == ("Hiab\n", 3)
+    out, _ = generated("ab\0cd", "--max-new-tokens", "9", "--greedy", "--jsonl")
+    assert json.loads(out) == {"prompt": "Hi", "completion": "ab", "finish_reason": "stop"}
+    flags = ("--max-new-tokens", "12", "--temperature", "3", "--seed", "5")
+    first, _ = generated("x" * 12, *flags)
+    assert first == generated("x" * 12, *flags)[0] != generated("x" * 12, *flags[:-1], "6")[0]
