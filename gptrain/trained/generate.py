@@ -303,7 +303,10 @@ def check_prompt_is_text(prompt: str) -> None:
 
 def context_window_note(prompt_tokens: int, max_new_tokens: int, seq_length: int) -> str | None:
     """The model sees its last seq_length tokens only: said when the prompt, or the prompt with the
-    continuation, is longer, since the start of the prompt then no longer conditions what follows."""
+    continuation, is longer, since the start of the prompt then no longer conditions what follows
+    (nothing to say when nothing follows: --max-new-tokens 0)."""
+    if max_new_tokens == 0:
+        return None
     if prompt_tokens > seq_length:
         return (
             f"gptrain: note: the prompt is {prompt_tokens} tokens, longer than the model's context of "

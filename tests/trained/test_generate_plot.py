@@ -1039,3 +1039,13 @@ def test_edge_cases_no_new_tokens_the_end_token_and_a_repeated_seed(capsys, monk
     flags = ("--max-new-tokens", "12", "--temperature", "3", "--seed", "5")
     first, _ = generated("x" * 12, *flags)
     assert first == generated("x" * 12, *flags)[0] != generated("x" * 12, *flags[:-1], "6")[0]
+
+
+def test_no_note_about_the_context_when_nothing_is_generated() -> None:
+    """--max-new-tokens 0 after a prompt longer than the context said that only its last tokens
+    condition "the continuation", of which there is none."""
+    from gptrain.trained.generate import context_window_note
+
+    assert context_window_note(80, 0, 64) is None
+    assert "longer than the model's context of 64" in context_window_note(80, 1, 64)
+    assert "exceed the model's context of 64" in context_window_note(60, 5, 64)
