@@ -107,12 +107,18 @@ class Layout:
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
 
-    def rank_layers(self, num_layers: int) -> list[int]:
-        """Transformer layers of each pipeline rank: an equal share, or the uneven split asked for."""
-        from gptrain.parallel.layout import pipeline_rank_layers, stage_layer_counts
+    def stage_layers(self, num_layers: int) -> list[int]:
+        """Transformer layers of each pipeline stage (rank r's chunk v is stage v x pp + r)."""
+        from gptrain.parallel.layout import stage_layer_counts
 
         split = SimpleNamespace(num_layers=num_layers, **{key: getattr(self, key) for key in SPLIT_KEYS})
-        return pipeline_rank_layers(stage_layer_counts(split, self.pp, self.vpp), self.pp)
+        return stage_layer_counts(split, self.pp, self.vpp)
+
+    def rank_layers(self, num_layers: int) -> list[int]:
+        """Transformer layers of each pipeline rank: an equal share, or the uneven split asked for."""
+        from gptrain.parallel.layout import pipeline_rank_layers
+
+        return pipeline_rank_layers(self.stage_layers(num_layers), self.pp)
 
     def microbatches(self, global_batch_size: int) -> int:
         return global_batch_size // (self.micro_batch_size * self.dp)

@@ -1,9 +1,12 @@
 """Step time of a layout: compute at an MFU, the pipeline bubble, and communication over bandwidths.
 
-  compute  = the fullest pipeline rank's model FLOPs per step x (1 + recomputed fraction)
-             / (TP x DP GPUs x peak x MFU): its layers' share of the layer FLOPs, and 1/pp of the
-             output layer's (not placed on the last rank); under an even split FLOPs / GPUs
-  bubble   = compute x (pp - 1) / (v x microbatches)            (Narayanan et al. 2021, sec. 2.2)
+  compute  = the busiest pipeline rank's model FLOPs per step plus its recomputed FLOPs
+             / (TP x DP GPUs x peak x MFU): each rank its own layers' share of the layer FLOPs, the
+             last rank also the output layer's (logits GEMM; Megatron counts no embedding FLOPs),
+             so an even split paces at the last rank; without a pipeline FLOPs / GPUs
+  bubble   = the other ranks' compute (and launches) / (v x microbatches): 1F1B runs m micro
+             batches at the slowest rank's pace plus one pass through the others, which is
+             (pp - 1) / (v m) of a step when they are equal (Narayanan et al. 2021, sec. 2.2)
   TP       = per layer and micro batch 4 collectives of b s h activation bytes (2 forward,
              2 backward; all-reduce, or all-gather + reduce-scatter with SP: the same bytes),
              each moving 2 (t - 1) / t of its size per GPU (ring), 2 more with full recompute
@@ -65,31 +68,40 @@ class StepTime:
         return {k: round(getattr(self, k), 6) for k in keys} | {"total": round(self.total, 6)}
 
 
-def pacing_rank_flops(work: Workload, layout: Layout) -> float:
-    """Model FLOPs of one step on the pipeline rank with the most layers, which every other rank
-    waits for: those layers' share of the layer FLOPs, plus 1/pp of the output layer's, which this
-    model spreads over the ranks rather than placing it on the last one (FLOPs / pp when even)."""
+def layer_and_output_flops(work: Workload, layout: Layout) -> tuple[float, float]:
+    """Model FLOPs of one step in one transformer layer (every layer costs the same) and in the
+    output layer (logits GEMM), Megatron's formula split in its two parts."""
     c = work.padded(layout.tp)
     total = model_sizes(c, work.global_batch_size).flops_per_iteration
     output = megatron_output_flops_per_iteration(c, work.global_batch_size)
-    most_layers = max(layout.rank_layers(c.num_layers))
-    return (total - output) * most_layers / c.num_layers + output / layout.pp
+    return (total - output) / c.num_layers, output
 
 
-def recompute_fraction(work: Workload, layout: Layout) -> float:
-    """Extra FLOPs of activation recomputation on the pacing rank (the one with the most layers),
-    as a fraction of its model FLOPs (fwd = 1/3)."""
-    most_layers = max(layout.rank_layers(work.model.num_layers))
+def rank_flops(work: Workload, layout: Layout) -> list[float]:
+    """Model FLOPs of one step on each pipeline rank: its own layers', and on the last rank the
+    output layer's, which is all computed there."""
+    per_layer, output = layer_and_output_flops(work, layout)
+    flops = [per_layer * layers for layers in layout.rank_layers(work.model.num_layers)]
+    flops[-1] += output
+    return flops
+
+
+def recomputed_flops(work: Workload, layout: Layout) -> list[float]:
+    """FLOPs each pipeline rank recomputes in one step: full recompute reruns the forward (a third
+    of the model FLOPs) of its checkpointed blocks, all of them, or with method block the first N of
+    each chunk; selective the attention core's forward, 2 s q FLOPs per token and layer. The output
+    layer is never recomputed."""
+    c = work.model
     if layout.recompute == "full":
-        layers = most_layers // layout.vpp  # the fullest rank's chunk
-        done = layers if layout.recompute_num_layers is None else min(layers, layout.recompute_num_layers)
-        return done / layers / 3.0
-    if layout.recompute == "selective":  # the attention core's forward: 2 s q FLOPs per token and layer
-        c = work.model
+        per_layer, _ = layer_and_output_flops(work, layout)
+        n, stages = layout.recompute_num_layers, layout.stage_layers(c.num_layers)
+        done = [min(k, n) if n is not None else k for k in stages]
+        return [per_layer / 3.0 * sum(done[rank :: layout.pp]) for rank in range(layout.pp)]
+    if layout.recompute == "selective":
         tokens = work.global_batch_size * c.seq_length
-        core = 2.0 * c.seq_length * c.num_attention_heads * c.head_dim * most_layers * tokens
-        return core / pacing_rank_flops(work, layout)
-    return 0.0
+        core = 2.0 * c.seq_length * c.num_attention_heads * c.head_dim * tokens
+        return [core * layers for layers in layout.rank_layers(c.num_layers)]
+    return [0.0] * layout.pp
 
 
 def _bandwidth(cluster: Cluster, group: int, stride: int, collective: bool = True) -> float:
@@ -115,19 +127,29 @@ def peak_tflops(work: Workload, gpu: GpuSpec) -> float:
     return gpu.fp32_tflops if gpu.fp32_tflops is not None else gpu.bf16_tflops * 0.5
 
 
-def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: float) -> StepTime:
-    c = work.padded(layout.tp)
+def rank_busy_seconds(
+    work: Workload, layout: Layout, cluster: Cluster, mfu: float
+) -> tuple[list[float], list[float]]:
+    """Each pipeline rank's compute (its model and recomputed FLOPs over the TP x DP GPUs of a
+    stage at peak x MFU) and its kernel launches in one step."""
     peak = peak_tflops(work, cluster.gpu) * 1e12
     gpus_per_stage = layout.tp * layout.dp
-    compute = (
-        pacing_rank_flops(work, layout)
-        * (1 + recompute_fraction(work, layout))
-        / (gpus_per_stage * peak * mfu)
-    )
+    flops = zip(rank_flops(work, layout), recomputed_flops(work, layout), strict=True)
+    compute = [(model + again) / (gpus_per_stage * peak * mfu) for model, again in flops]
     m = layout.microbatches(work.global_batch_size)
-    most_layers = max(layout.rank_layers(c.num_layers))  # the fullest pipeline rank sets the pace
-    launch = LAUNCH_S_PER_LAYER * m * most_layers
-    bubble = (compute + launch) * (layout.pp - 1) / (layout.vpp * m)
+    launch = [LAUNCH_S_PER_LAYER * m * layers for layers in layout.rank_layers(work.model.num_layers)]
+    return compute, launch
+
+
+def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: float) -> StepTime:
+    c = work.padded(layout.tp)
+    computes, launches = rank_busy_seconds(work, layout, cluster, mfu)
+    busy = [compute + launch for compute, launch in zip(computes, launches, strict=True)]
+    slowest = busy.index(max(busy))  # every rank waits for it
+    compute, launch = computes[slowest], launches[slowest]
+    m = layout.microbatches(work.global_batch_size)
+    bubble = (sum(busy) - busy[slowest]) / (layout.vpp * m)
+    most_layers = max(layout.rank_layers(c.num_layers))  # the fullest rank's per-layer collectives
     act = 2 if work.mixed else 4
     tokens = layout.micro_batch_size * c.seq_length
     tp_comm = pp_comm = dp_comm = 0.0

@@ -103,38 +103,79 @@ def gpt3_126m() -> Workload:
     return workload_from_config(load_training_config("gpt3/126m", []))
 
 
-def gpt3_126m_compute(recompute: str | None, first: int | None) -> float:
-    """The step time's compute term for gpt3/126m at pp=2 x dp=4 on 8 H100s, `first` layers on rank 0."""
+def gpt3_126m_time(recompute: str | None = None, first: int | None = None, last: int | None = None):
+    """The step time of gpt3/126m at pp=2 x dp=4, micro batch 1, on 8 H100s at MFU 0.5."""
     work = gpt3_126m()
     layout = Layout(
-        pp=2, dp=4, micro_batch_size=1, recompute=recompute, num_layers_in_first_pipeline_stage=first
+        pp=2,
+        dp=4,
+        micro_batch_size=1,
+        recompute=recompute,
+        num_layers_in_first_pipeline_stage=first,
+        num_layers_in_last_pipeline_stage=last,
     )
-    return estimate_step_time(work, layout, build_cluster(1, None, None), mfu=0.5).compute
+    return estimate_step_time(work, layout, build_cluster(1, None, None), mfu=0.5)
+
+
+# gpt3/126m per token (Megatron's formula, f = 4h, MHA): a layer 72 h^2 + 6 h s = 51,904,512 FLOPs
+# (h 768, s 2048), the output layer 6 h V = 231,800,832 (V 50304), all of it on the last stage;
+# Megatron counts no FLOPs for the embedding (a lookup)
+LAYER, OUTPUT, TOKENS, STAGE_FLOPS = 51_904_512, 231_800_832, 256 * 2048, 4 * 989.4e12 * 0.5
 
 
 @pytest.mark.parametrize(
-    ("first", "most_layers", "recompute"),
-    [(None, 6, None), (2, 10, None), (None, 6, "selective"), (2, 10, "selective")],
+    ("first", "last", "layers", "rank_flops_per_token"),
+    [
+        (None, None, [6, 6], [311_427_072, 543_227_904]),  # the last stage's logits pace
+        (2, None, [2, 10], [103_809_024, 750_845_952]),
+        (None, 3, [9, 3], [467_140_608, 387_514_368]),  # the first stage paces
+    ],
 )
-def test_compute_is_that_of_the_rank_with_the_most_layers(
-    first: int | None, most_layers: int, recompute: str | None
+def test_each_stage_computes_its_own_layers_and_the_last_the_output_layer(
+    first: int | None, last: int | None, layers: list[int], rank_flops_per_token: list[int]
 ) -> None:
-    """Every rank waits for the fullest one: [2, 10] paces at 10 layers, not the average 6. Hand
-    count per token (Megatron's): 72 h^2 + 6 h s per layer (f = 4h), 6 h V for the logits, spread
-    over the 2 stages; selective recompute adds each of the rank's layers' attention core forward,
-    2 h s. Over the 4 GPUs of a stage at half the bf16 peak. All float64: within rounding."""
+    """Every rank waits for the slowest: the compute is the busiest rank's FLOPs over the 4 GPUs of
+    a stage at half the bf16 peak; the bubble is the other ranks' time, once per micro batch (1F1B:
+    m x slowest + the rest, Narayanan et al.'s (pp - 1)/m of a step when the ranks are equal).
+    Counts by hand above; float64 within rounding."""
     work = gpt3_126m()
     c = work.padded(1)
-    h, s, vocab = c.hidden_size, c.seq_length, c.vocab_size
-    assert (c.ffn_size, c.gated_mlp, c.query_groups, vocab) == (4 * h, False, c.num_attention_heads, 50304)
-    per_layer = 72 * h * h + 6 * h * s + (2 * h * s if recompute == "selective" else 0)
-    tokens = work.global_batch_size * s
-    expected = tokens * (most_layers * per_layer + 6 * h * vocab / 2) / (4 * 989.4e12 * 0.5)
-    assert gpt3_126m_compute(recompute, first) == pytest.approx(expected, rel=1e-12)
+    assert (c.hidden_size, c.seq_length, c.vocab_size, c.ffn_size) == (768, 2048, 50304, 3072)
+    assert rank_flops_per_token == [layers[0] * LAYER, layers[1] * LAYER + OUTPUT]
+    time = gpt3_126m_time(first=first, last=last)
+    seconds = [TOKENS * flops / STAGE_FLOPS for flops in rank_flops_per_token]
+    busy = [t + 60e-6 * 64 * n for t, n in zip(seconds, layers, strict=True)]  # 64 micro batches
+    slowest = busy.index(max(busy))
+    assert time.compute == pytest.approx(seconds[slowest], rel=1e-12)
+    assert time.bubble == pytest.approx((sum(busy) - busy[slowest]) / 64, rel=1e-12)
 
 
-def test_an_even_split_keeps_the_whole_models_flops_over_every_gpu() -> None:
-    """Even: the compute is the model's FLOPs per step over the 8 GPUs, as before the pacing rank."""
+def test_lightening_the_last_stage_is_faster_than_an_even_split() -> None:
+    """[9, 3] paces at rank 0's 9 layers, less than [6, 6]'s 6 layers and the logits: Megatron's
+    reason for num_layers_in_last_pipeline_stage; spreading the logits over the stages ranked it slower."""
+    assert gpt3_126m_time(last=3).total < gpt3_126m_time().total
+    assert gpt3_126m_time(first=2).total > gpt3_126m_time().total
+
+
+@pytest.mark.parametrize("first", [None, 2])
+def test_selective_recompute_adds_the_pacing_ranks_attention_core(first: int | None) -> None:
+    """Selective recompute reruns each of the rank's layers' attention core forward, 2 h s per
+    token and layer; the logits are not recomputed. [6, 6] and [2, 10]: the last rank paces."""
+    layers = 6 if first is None else 10
+    flops = TOKENS * (layers * (LAYER + 2 * 768 * 2048) + OUTPUT)
+    assert gpt3_126m_time("selective", first).compute == pytest.approx(flops / STAGE_FLOPS, rel=1e-12)
+
+
+def test_full_recompute_reruns_the_blocks_forward_not_the_output_layer() -> None:
+    """Full recompute adds a third of the blocks' FLOPs (their forward), none of the logits'."""
+    flops = TOKENS * (6 * LAYER * 4 / 3 + OUTPUT)
+    assert gpt3_126m_time("full").compute == pytest.approx(flops / STAGE_FLOPS, rel=1e-12)
+
+
+def test_without_a_pipeline_the_compute_is_the_models_flops_over_every_gpu() -> None:
+    """One stage holds every layer and the logits: the model's FLOPs per step over the 8 GPUs."""
     work = gpt3_126m()
     flops = megatron_flops_per_iteration(work.padded(1), work.global_batch_size)
-    assert gpt3_126m_compute(None, None) == pytest.approx(flops / (8 * 989.4e12 * 0.5), rel=1e-12)
+    time = estimate_step_time(work, Layout(dp=8, micro_batch_size=1), build_cluster(1, None, None), mfu=0.5)
+    assert time.compute == pytest.approx(flops / (8 * 989.4e12 * 0.5), rel=1e-12)
+    assert time.bubble == 0.0
