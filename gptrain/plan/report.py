@@ -14,7 +14,7 @@ from rich.table import Table
 from gptrain.plan.hardware import Cluster
 from gptrain.plan.memory import GIB
 from gptrain.plan.rank import Candidate, memory_line, tokens_per_second
-from gptrain.plan.sizes import megatron_parameter_lines, model_sizes, padded_vocab_line
+from gptrain.plan.sizes import SECONDS_PER_DAY, megatron_parameter_lines, model_sizes, padded_vocab_line
 from gptrain.plan.spec import Workload
 from gptrain.plan.time import peak_tflops
 from gptrain.utils.atomic import atomic_write_text
@@ -52,16 +52,13 @@ def header_lines(plan: Plan) -> list[str]:
     model = plan.work.padded(tp)
     rank_layers = layout.rank_layers(model.num_layers) if layout else None
     sizes = model_sizes(model, plan.work.global_batch_size)
-    gpus, peak = plan.cluster.world_size, peak_tflops(plan.work, plan.cluster.gpu)
-    of_peak = "" if plan.work.mixed else " of the fp32 peak"
     lines = [
         f"{plan.name}: {sizes.parameters:,} parameters, {sizes.flops_per_token / 1e9:.2f} GFLOPs per token "
         f"(Megatron's formula); {plan.cluster.nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}"
         + (f" ({plan.world_from})" if plan.world_from else ""),
         padded_vocab_line(plan.work.vocab_size, model.vocab_size),
         *megatron_parameter_lines(model, tp, pp, rank_layers),
-        f"at MFU {plan.mfu:.2f}{of_peak}: {sizes.tokens_per_second(gpus, peak, plan.mfu):,.0f} tokens/s, "
-        f"{sizes.days_for(plan.tokens, gpus, peak, plan.mfu):.1f} days for {plan.tokens:.3g} tokens",
+        throughput_line(plan),
     ]
     if plan.requested:
         c = plan.requested
@@ -77,6 +74,34 @@ def header_lines(plan: Plan) -> list[str]:
     if plan.requested_error:
         lines.append(f"requested layout is not valid here: {plan.requested_error}")
     return lines + plan.notes
+
+
+def throughput_line(plan: Plan) -> str:
+    """Tokens/s and days at the estimated step of the requested layout (else the fastest that
+    fits): the table's figure, with the model FLOPs utilisation over every GPU that step means
+    (what training's log prints), below --mfu, which is the busiest rank's compute alone. With no
+    layout to time, the ceiling: every GPU computing at --mfu."""
+    work, gpus = plan.work, plan.cluster.world_size
+    peak = peak_tflops(work, plan.cluster.gpu)
+    mfu = f"at MFU {plan.mfu:.2f}{'' if work.mixed else ' of the fp32 peak'}"
+    candidate = plan.requested or (plan.ranked[0] if plan.ranked else None)
+    if candidate is None:
+        sizes = model_sizes(work.padded(1), work.global_batch_size)
+        tokens = sizes.tokens_per_second(gpus, peak, plan.mfu)
+        return f"{mfu} on every GPU, the ceiling: {tokens:,.0f} tokens/s, {_days(plan, tokens)}"
+    step = candidate.time.total
+    tokens = work.global_batch_size * work.model.seq_length / step
+    flops = model_sizes(work.padded(candidate.layout.tp), work.global_batch_size).flops_per_iteration
+    which = "requested" if plan.requested else "fastest"
+    return (
+        f"{mfu} on the busiest rank, {which} layout {candidate.layout.label()}: {tokens:,.0f} tokens/s, "
+        f"{_days(plan, tokens)}; model FLOPs utilisation {flops / (step * gpus * peak * 1e12):.2f} "
+        f"over the {gpus} GPUs"
+    )
+
+
+def _days(plan: Plan, tokens_per_second: float) -> str:
+    return f"{plan.tokens / tokens_per_second / SECONDS_PER_DAY:.1f} days for {plan.tokens:.3g} tokens"
 
 
 def nothing_fits_line(plan: Plan) -> str:

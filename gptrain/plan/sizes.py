@@ -94,9 +94,6 @@ class Sizes:
     def tokens_per_second(self, gpus: int, peak_tflops: float, mfu: float) -> float:
         return gpus * peak_tflops * 1e12 * mfu / self.flops_per_token
 
-    def days_for(self, tokens: float, gpus: int, peak_tflops: float, mfu: float) -> float:
-        return tokens / self.tokens_per_second(gpus, peak_tflops, mfu) / SECONDS_PER_DAY
-
 
 def model_sizes(config: GPTConfig, global_batch_size: int) -> Sizes:
     flops = megatron_flops_per_iteration(config, global_batch_size)

@@ -4,9 +4,12 @@ the fullest stage bounding memory, and the split carried by the requested layout
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
+from gptrain.cli import main
 from gptrain.config import load_training_config
 from gptrain.config.schema import ModelConfig
 from gptrain.models.config import GPTConfig
@@ -179,3 +182,43 @@ def test_without_a_pipeline_the_compute_is_the_models_flops_over_every_gpu() -> 
     time = estimate_step_time(work, Layout(dp=8, micro_batch_size=1), build_cluster(1, None, None), mfu=0.5)
     assert time.compute == pytest.approx(flops / (8 * 989.4e12 * 0.5), rel=1e-12)
     assert time.bubble == 0.0
+
+
+def header_throughput(tmp_path: Path, *overrides: str) -> str:
+    """The plan header's tokens/s line for gpt3/126m on one node of 8 H100s."""
+    js = tmp_path / "plan.json"
+    args = ["plan", "gpt3/126m", *overrides, "--nodes", "1", "--gpus-per-node", "8", "--json", str(js)]
+    assert main([*args, "--top", "1"]) == 0
+    return next(line for line in json.loads(js.read_text())["lines"] if line.startswith("at MFU"))
+
+
+def test_the_header_throughput_is_the_requested_layouts_paced_step(tmp_path: Path) -> None:
+    """The header's tokens/s and days are those of the requested layout's estimated step, the
+    table's figure: [2, 10] on pp=2 is slower than the even split, and the model FLOPs utilisation
+    over the 8 GPUs is what that step means (what training's log prints), below the --mfu of the
+    busiest rank's compute. It used to be 8 GPUs x peak x --mfu whatever the layout."""
+    work = gpt3_126m()
+    flops = megatron_flops_per_iteration(work.padded(1), work.global_batch_size)
+    cluster = build_cluster(1, 8, None)
+    lines = {}
+    for first in (None, 2):
+        split = [f"model.num_layers_in_first_pipeline_stage={first}"] if first else []
+        line = header_throughput(tmp_path, "model.pipeline_model_parallel_size=2", *split)
+        cfg = load_training_config("gpt3/126m", ["model.pipeline_model_parallel_size=2", *split])
+        layout = layout_from_config(cfg, 8, world_size=8)
+        step = estimate_step_time(work, layout, cluster, 0.4).total
+        tokens = 256 * 2048 / step
+        assert line == (
+            f"at MFU 0.40 on the busiest rank, requested layout {layout.label()}: {tokens:,.0f} tokens/s, "
+            f"{3e11 / tokens / 86400:.1f} days for 3e+11 tokens; model FLOPs utilisation "
+            f"{flops / (step * 8 * 989.4e12):.2f} over the 8 GPUs"
+        )
+        lines[first] = tokens
+    assert lines[2] < lines[None]
+
+
+def test_without_a_requested_layout_the_header_is_the_fastest_ones(tmp_path: Path) -> None:
+    """The requested layout is not valid (TP 3 does not divide the heads): the header gives the
+    fastest fitting layout's figures, said as such."""
+    line = header_throughput(tmp_path, "model.tensor_model_parallel_size=3")
+    assert line.startswith("at MFU 0.40 on the busiest rank, fastest layout tp1 pp1 dp8 mbs")
