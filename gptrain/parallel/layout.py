@@ -121,17 +121,14 @@ def stage_layer_counts(model: Any, pp: int, vpp: int = 1) -> list[int]:
     embedding = bool(model.account_for_embedding_in_pipeline_split)
     loss = bool(model.account_for_loss_in_pipeline_split)
     if first is None and last is None:
-        counts = _even_counts(model.num_layers, pp, vpp, embedding, loss)
-    else:
-        counts = _uneven_counts(
-            model.num_layers, pp, vpp, first, last, _uneven_keys(None, None, embedding, loss)
-        )
-    if 0 in counts:
-        raise ConfigError(
-            f"{_split_name(pp, vpp)} with {_uneven_keys(first, last, embedding, loss)} leaves pipeline stage "
-            f"{counts.index(0)} without transformer layers (layers per stage: {counts}); a stage must hold "
-            "at least one: use fewer stages or more layers"
-        )
+        return _even_counts(model.num_layers, pp, vpp, embedding, loss)
+    counts = _uneven_counts(model.num_layers, pp, vpp, first, last, _uneven_keys(None, None, embedding, loss))
+    _require(
+        0 not in counts,
+        f"{_split_name(pp, vpp)} with {_uneven_keys(first, last, embedding, loss)} leaves pipeline stage "
+        f"{counts.index(0) if 0 in counts else 0} without transformer layers (layers per stage: {counts}), "
+        "which Megatron refuses between the first and last stage: use fewer stages or more layers",
+    )
     return counts
 
 

@@ -35,6 +35,11 @@ def model(**overrides: object) -> ModelConfig:
         ({EMBEDDING: True, LOSS: True, "num_layers": 6}, 4, 1, [1, 2, 2, 1]),
         ({EMBEDDING: True, LOSS: True, "num_layers": 6}, 2, 2, [1, 2, 2, 1]),
         ({LOSS: True, "num_layers": 7}, 1, 1, [7]),  # one stage: nothing to account for, as in Megatron
+        # the embedding (loss) counted as the first (last) stage's only layer: Megatron's standalone
+        # embedding (loss) stage, no transformer layer (its get_num_layers_to_build asserts >= 0)
+        ({EMBEDDING: True, "num_layers": 7}, 8, 1, [0, 1, 1, 1, 1, 1, 1, 1]),
+        ({LOSS: True, "num_layers": 7}, 8, 1, [1, 1, 1, 1, 1, 1, 1, 0]),
+        ({EMBEDDING: True, LOSS: True, "num_layers": 6}, 2, 4, [0, 1, 1, 1, 1, 1, 1, 0]),
     ],
 )
 def test_layers_per_stage_follow_megatrons_rules(
@@ -96,25 +101,13 @@ def test_interleaved_chunks_take_consecutive_layers_in_stage_order() -> None:
             {FIRST: 4, LAST: 4, "pipeline_model_parallel_size": 3},
             3,
             f"model.pipeline_model_parallel_size=3 with model.{FIRST}=4 and model.{LAST}=4 leaves pipeline "
-            "stage 1 without transformer layers (layers per stage: [4, 0, 4])",
+            "stage 1 without transformer layers (layers per stage: [4, 0, 4]), which Megatron refuses between "
+            "the first and last stage",
         ),
         (
             {"pipeline_model_parallel_size": 3},
             3,
             "model.num_layers=8 is not divisible by model.pipeline_model_parallel_size=3",
-        ),
-        # the embedding counted as the first stage's only layer leaves it none to build; likewise the loss
-        (
-            {EMBEDDING: True, "num_layers": 7, "pipeline_model_parallel_size": 8},
-            8,
-            f"model.pipeline_model_parallel_size=8 with model.{EMBEDDING}=true leaves pipeline stage 0 without "
-            "transformer layers (layers per stage: [0, 1, 1, 1, 1, 1, 1, 1])",
-        ),
-        (
-            {LOSS: True, "num_layers": 7, "pipeline_model_parallel_size": 8},
-            8,
-            f"model.pipeline_model_parallel_size=8 with model.{LOSS}=true leaves pipeline stage 7 without "
-            "transformer layers (layers per stage: [1, 1, 1, 1, 1, 1, 1, 0])",
         ),
     ],
 )

@@ -31,12 +31,21 @@ TWO_PROCESSES: dict[str, dict[str, Any]] = {
         "num_layers_in_last_pipeline_stage": 4,
         "virtual_pipeline_model_parallel_size": 2,
     },
+    # (6 layers + embedding + loss) / 8 stages = 1: Megatron's standalone embedding stage (rank 0's
+    # first chunk) and loss stage (rank 1's last chunk) hold no transformer layer
+    "pp2_v4_accounted": {
+        "pipeline_model_parallel_size": 2,
+        "virtual_pipeline_model_parallel_size": 4,
+        "account_for_embedding_in_pipeline_split": True,
+        "account_for_loss_in_pipeline_split": True,
+    },
 }
 # rank r's chunks, each as its global layer indices
 SPLITS = {
     "pp2_first2": [[[0, 1]], [[2, 3, 4, 5]]],
     "pp2_last1": [[[0, 1, 2, 3, 4]], [[5]]],
     "pp2_v2_first2_last4": [[[0], [3]], [[1, 2], [4, 5]]],
+    "pp2_v4_accounted": [[[], [1], [3], [5]], [[0], [2], [4], []]],
     # (6 layers + embedding + loss) / 4 stages = 2, less one on the first and last stage
     "pp4_accounted": [[[0]], [[1, 2]], [[3, 4]], [[5]]],
     "pp3_first1_last1": [[[0]], [[1, 2, 3, 4]], [[5]]],
