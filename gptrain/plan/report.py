@@ -96,7 +96,7 @@ def throughput_line(plan: Plan) -> str:
     return (
         f"{mfu} on the busiest rank, {which} layout {candidate.layout.label()}: {tokens:,.0f} tokens/s, "
         f"{_days(plan, tokens)}; model FLOPs utilisation {flops / (step * gpus * peak * 1e12):.2f} "
-        f"over the {gpus} GPUs"
+        f"over {'the GPU' if gpus == 1 else f'the {gpus} GPUs'}"
     )
 
 

@@ -222,3 +222,10 @@ def test_without_a_requested_layout_the_header_is_the_fastest_ones(tmp_path: Pat
     fastest fitting layout's figures, said as such."""
     line = header_throughput(tmp_path, "model.tensor_model_parallel_size=3")
     assert line.startswith("at MFU 0.40 on the busiest rank, fastest layout tp1 pp1 dp8 mbs")
+
+
+def test_the_header_on_one_gpu_names_one_gpu(tmp_path: Path) -> None:
+    js = tmp_path / "plan.json"
+    assert main(["plan", "gpt3/126m", "--nodes", "1", "--gpus-per-node", "1", "--json", str(js)]) == 0
+    line = next(x for x in json.loads(js.read_text())["lines"] if x.startswith("at MFU"))
+    assert line.endswith(" over the GPU")
