@@ -40,6 +40,7 @@ TWO_PROCESSES: dict[str, dict[str, Any]] = {
         "account_for_loss_in_pipeline_split": True,
     },
 }
+SAVED = ("pp2_first2", "pp2_v4_accounted")  # checkpoints loaded into one process below
 # rank r's chunks, each as its global layer indices
 SPLITS = {
     "pp2_first2": [[[0, 1]], [[2, 3, 4, 5]]],
@@ -78,7 +79,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def two_process_results(ckpt: Path) -> dict[str, dict]:
     runs = [
-        spec(model, **({"save_at": SAVE_AT, "save": str(ckpt / name)} if name == "pp2_first2" else {}))
+        spec(model, **({"save_at": SAVE_AT, "save": str(ckpt / name)} if name in SAVED else {}))
         for name, model in TWO_PROCESSES.items()
     ]
     return dict(zip(TWO_PROCESSES, run_layouts(runs, 2, ckpt), strict=True))
@@ -99,11 +100,14 @@ def test_two_stage_uneven_splits_train_as_one_process(
     assert_matches(result, reference, name)
 
 
+@pytest.mark.parametrize("name", SAVED)
 def test_an_uneven_checkpoint_loads_into_one_process(
-    two_process_results: dict, ckpt: Path, reference: dict
+    name: str, two_process_results: dict, ckpt: Path, reference: dict
 ) -> None:
-    resumed = run_in_process(spec({}, start=SAVE_AT, load=str(ckpt / "pp2_first2")))
-    assert_matches(resumed, reference, "pp2_first2 -> single", start=SAVE_AT)
+    """Also from the standalone embedding and loss stages, which save the embedding and the output
+    layer without a block beside them."""
+    resumed = run_in_process(spec({}, start=SAVE_AT, load=str(ckpt / name)))
+    assert_matches(resumed, reference, f"{name} -> single", start=SAVE_AT)
 
 
 def test_three_and_four_stage_splits_and_a_resume_into_another_split(
