@@ -169,10 +169,17 @@ def test_selective_recompute_adds_the_pacing_ranks_attention_core(first: int | N
     assert gpt3_126m_time("selective", first).compute == pytest.approx(flops / STAGE_FLOPS, rel=1e-12)
 
 
-def test_full_recompute_reruns_the_blocks_forward_not_the_output_layer() -> None:
-    """Full recompute adds a third of the blocks' FLOPs (their forward), none of the logits'."""
-    flops = TOKENS * (6 * LAYER * 4 / 3 + OUTPUT)
-    assert gpt3_126m_time("full").compute == pytest.approx(flops / STAGE_FLOPS, rel=1e-12)
+@pytest.mark.parametrize(("blocks", "recomputed"), [(None, 6), (2, 2)])
+def test_full_recompute_reruns_the_blocks_forward_not_the_output_layer(
+    blocks: int | None, recomputed: int
+) -> None:
+    """Full recompute adds a third of the checkpointed blocks' FLOPs (their forward), none of the
+    logits': all 6 of the last rank's blocks (uniform), or the first 2 of its chunk (block, 2)."""
+    work = gpt3_126m()
+    layout = Layout(pp=2, dp=4, micro_batch_size=1, recompute="full", recompute_num_layers=blocks)
+    time = estimate_step_time(work, layout, build_cluster(1, None, None), mfu=0.5)
+    flops = TOKENS * (6 * LAYER + recomputed * LAYER / 3 + OUTPUT)
+    assert time.compute == pytest.approx(flops / STAGE_FLOPS, rel=1e-12)
 
 
 def test_without_a_pipeline_the_compute_is_the_models_flops_over_every_gpu() -> None:
