@@ -101,7 +101,15 @@ def throughput_line(plan: Plan) -> str:
 
 
 def _days(plan: Plan, tokens_per_second: float) -> str:
-    return f"{plan.tokens / tokens_per_second / SECONDS_PER_DAY:.1f} days for {plan.tokens:.3g} tokens"
+    """Days for the token budget; hours or minutes under a day (`0.0 days` hid a short budget)."""
+    days = plan.tokens / tokens_per_second / SECONDS_PER_DAY
+    if days >= 1:
+        took = f"{days:.1f} days"
+    elif days * 24 >= 1:
+        took = f"{days * 24:.1f} hours"
+    else:
+        took = f"{days * 24 * 60:.1f} minutes"
+    return f"{took} for {plan.tokens:.3g} tokens"
 
 
 def nothing_fits_line(plan: Plan) -> str:

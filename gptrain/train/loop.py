@@ -211,7 +211,7 @@ def log_start(
     params = count_parameters(model_config)
     s.log(
         f"gptrain: {params:,} parameters | {s.flops_per_iteration:.3e} FLOPs per iteration | "
-        f"{s.num_microbatches} microbatches per step | results in {log_dir}"
+        f"{s.num_microbatches} microbatch{'' if s.num_microbatches == 1 else 'es'} per step | results in {log_dir}"
     )
     names = schedule_names(s.cfg, s.schedule.spec)
     warnings = run_schedule_warnings(s.cfg, s.schedule.spec, names) + stream_warnings(s.cfg.model)

@@ -1149,3 +1149,18 @@ def input_config_where_no_trial_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     text = load_training_config("gpt3/126m").to_yaml()
     (tmp_path / name).write_text(text)
     return text
+
+
+@pytest.mark.parametrize(
+    ("tokens", "unit", "scale"), [("3e13", "days", 1.0), ("3e11", "hours", 24.0), ("1e9", "minutes", 1440.0)]
+)
+def test_the_header_gives_a_short_budget_in_hours_or_minutes(capsys, tokens, unit, scale) -> None:
+    """`0.0 days` hid a budget of minutes: under a day the header says hours, under an hour minutes,
+    each the tokens over the same tokens/s."""
+    import re
+
+    assert main(["plan", "gpt3/126m", "--tokens", tokens]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if "tokens/s" in line)
+    rate = float(re.search(r": ([\d,]+) tokens/s", header).group(1).replace(",", ""))
+    took = float(re.search(rf", ([\d.]+) {unit} for ", header).group(1))
+    assert took == pytest.approx(float(tokens) / rate / 86400 * scale, abs=0.05)
