@@ -5,7 +5,8 @@ logs and break each other's saves, so global rank 0 takes `<dir>/gptrain.lock` (
 O_EXCL; it records host, pid, process start time and Slurm job id) before anything is
 written. A lock whose holder is gone is taken over: on the same host when its pid no longer
 runs (or is another process now), and under Slurm when it is this same job (a requeued job
-keeps its id) or a job Slurm no longer runs; of two runs that find one stale lock, only the one
+keeps its id; never while its holder runs on this host: another step of the allocation) or a job
+Slurm no longer runs; of two runs that find one stale lock, only the one
 that creates its takeover marker (O_EXCL) replaces it. Anything else is refused in one line
 naming the holder. The lock is removed at the end of the run; a killed run leaves it, and the next run
 takes it over by the rules above. Its writer holds it under flock from the moment it is created, so
@@ -100,16 +101,26 @@ def slurm_job_live(job_id: str) -> bool | None:
     return any(f"JobState={state}" in out.stdout for state in LIVE_JOB_STATES)
 
 
+def runs_here(other: Holder, me: Holder) -> bool:
+    """Whether `other` is a process running on this host now (its pid alive, started when it was)."""
+    if other.host != me.host or not pid_alive(other.pid):
+        return False
+    return not other.start_time or other.start_time == process_start_time(other.pid)
+
+
 def stale_reason(other: Holder, me: Holder) -> str | None:
-    """Why `other`'s lock may be taken over, or None while it may still be running."""
+    """Why `other`'s lock may be taken over, or None while it may still be running. A holder alive on
+    this host is live even in this Slurm job: two steps of one allocation (two `srun gptrain train`, or
+    a `checkpoint rewind` beside a run, in one salloc) share SLURM_JOB_ID, and a requeue kills the job's
+    processes before it runs again."""
+    if runs_here(other, me):
+        return None
     if other.slurm_job_id and other.slurm_job_id == me.slurm_job_id:
         return f"it is this Slurm job ({me.slurm_job_id}) before a requeue"
     if other.host == me.host:
         if not pid_alive(other.pid):
             return f"pid {other.pid} no longer runs on {me.host}"
-        if other.start_time and other.start_time != process_start_time(other.pid):
-            return f"pid {other.pid} on {me.host} is another process now"
-        return None
+        return f"pid {other.pid} on {me.host} is another process now"
     if other.slurm_job_id and slurm_job_live(other.slurm_job_id) is False:
         return f"Slurm job {other.slurm_job_id} is no longer running"
     return None

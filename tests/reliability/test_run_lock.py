@@ -63,6 +63,24 @@ def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_host(tmp_path
     assert "this Slurm job (42)" in lock.notes[0]
 
 
+def test_a_live_run_of_the_same_slurm_job_on_this_host_keeps_its_lock(tmp_path):
+    """Two `srun gptrain train` (or a train and a `checkpoint rewind`) in one salloc share SLURM_JOB_ID:
+    the second took over the live first's lock as a requeue would, and both wrote the directory."""
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        from gptrain.train.run_lock import process_start_time
+
+        first = holder(pid=live.pid, start_time=process_start_time(live.pid), slurm_job_id="42")
+        acquire(tmp_path, first)
+        with pytest.raises(RunLockedError, match=f"pid {live.pid} on host") as error:
+            acquire(tmp_path, holder(slurm_job_id="42"))
+        assert "\n" not in str(error.value)
+    finally:
+        live.kill()
+        live.wait()
+    assert "this Slurm job (42)" in acquire(tmp_path, holder(slurm_job_id="42")).notes[0]  # its requeue
+
+
 def test_another_host_is_refused_unless_slurm_says_its_job_ended(tmp_path, monkeypatch):
     acquire(tmp_path, holder(host="node-a", pid=1, slurm_job_id="41"))
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no scontrol: cannot know, so refuse
