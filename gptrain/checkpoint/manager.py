@@ -44,7 +44,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums
+from gptrain.checkpoint.checksum_writer import SIDECAR_PREFIX, ChecksummingWriter, gathered_checksums
 from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import (
@@ -79,6 +79,34 @@ warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 
 class CheckpointWriteError(GptrainError):
     """A checkpoint could not be written (full disk, file size limit, I/O or permission error)."""
+
+
+class CheckpointNotSharedError(CheckpointWriteError):
+    """Rank 0 cannot see files other ranks wrote into the step directory: the checkpoint root is
+    not one directory every rank shares (node-local storage under the same path on each node)."""
+
+
+def _saving_world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def unseen_files(step_dir: Path, gathered: dict[str, str | None], world_size: int) -> list[str]:
+    """The files of a save that rank 0 cannot find by name: every rank's checksum sidecar (each lists
+    that rank's files, its rank file included) and the files they list. Looked up by name, not in a
+    listing, which a network file system may serve from its cache."""
+    sidecars = [f"{SIDECAR_PREFIX}{rank}.json" for rank in range(world_size)]
+    return [name for name in [*sidecars, *gathered] if not (step_dir / name).is_file()]
+
+
+def not_shared_text(step_dir: Path, unseen: list[str]) -> str:
+    """The one line for a save whose files rank 0 cannot see (CheckpointNotSharedError)."""
+    names = ", ".join(unseen[:3]) + (f" and {len(unseen) - 3} more" if len(unseen) > 3 else "")
+    return (
+        f"checkpoint {step_dir} was not marked complete: rank 0 cannot see files other ranks wrote into "
+        f"it ({names}), so {step_dir.parent} is not one directory every rank shares (node-local "
+        "storage such as /tmp or /raid under the same path on each node); set exp_manager.explicit_log_dir "
+        "(or base_results_dir) to a file system every node mounts"
+    )
 
 
 def _recorded_bytes(record: str) -> int:
@@ -417,16 +445,23 @@ class CheckpointManager(CheckpointReader):
         return time.perf_counter() - started if still_writing else 0.0
 
     def _finish(self, report: SaveReport) -> None:
-        """Mark a synchronous save complete once every rank's files are on disk, and report it."""
+        """Mark a synchronous save complete once every rank's files are on disk, and report it. A save
+        rank 0 cannot see whole stops every rank in the same line (the gather is the second barrier)."""
         _barrier()
+        unshared = None
         if self.rank == 0:
             try:
                 self._mark_complete(report, self._writer.checksums if self._writer else {})
+            except CheckpointNotSharedError as error:
+                unshared = str(error)
             except OSError as error:
                 if is_complete(report.path):
                     raise self._update_failed(report.path, error) from error
                 raise self._write_failed(report.path, error) from error
-        _barrier()
+        unshared = first_on_any_rank(unshared)
+        if unshared is not None:
+            shutil.rmtree(report.path, ignore_errors=True)  # this rank's files of it, wherever they are
+            raise CheckpointNotSharedError(unshared)
         if self.on_saved is not None:
             self.on_saved(report)
 
@@ -435,10 +470,13 @@ class CheckpointManager(CheckpointReader):
         barrier is needed: DCP's coordinator (rank 0) writes .metadata only after gathering every
         rank's write results, so every rank's files and checksum sidecar are on disk by then."""
         tokenizer = self.tokenizer.record if self.tokenizer is not None else None
+        gathered = gathered_checksums(report.path, checksums)
+        if unseen := unseen_files(report.path, gathered, _saving_world_size()):
+            raise CheckpointNotSharedError(not_shared_text(report.path, unseen))
         record = complete_record(
             report.step,
             report.path,
-            gathered_checksums(report.path, checksums),
+            gathered,
             tokenizer,
             self.architecture,
             torch.__version__,
@@ -472,6 +510,8 @@ class CheckpointManager(CheckpointReader):
     def _write_failed(self, path: Path, error: BaseException) -> CheckpointWriteError:
         """Remove the partial step directory; earlier checkpoints and `latest` stay as they were."""
         shutil.rmtree(path, ignore_errors=True)
+        if isinstance(error, CheckpointNotSharedError):  # its line says what to do: no disk to free
+            return CheckpointNotSharedError(str(error))
         return CheckpointWriteError(
             f"checkpoint {path} could not be written ({root_cause(error)}); the partial directory was "
             f"removed and earlier checkpoints are unchanged: free space or fix permissions under {self.root}"

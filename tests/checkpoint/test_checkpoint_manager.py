@@ -736,3 +736,29 @@ def test_a_save_removes_the_latest_temporaries_a_killed_run_left(tmp_path, capsy
         f"gptrain: removed .latest.a1b2c3d4.tmp from {tmp_path}: left unfinished by a run killed while writing latest\n"
         in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_save_whose_other_ranks_files_rank_0_cannot_see_is_never_marked_complete(
+    tmp_path, monkeypatch, async_save
+):
+    """Node-local storage under one path on each node: rank 0 listed only its own node's files and
+    marked a checkpoint of half the shards COMPLETE; the resume then passed over every checkpoint as
+    damaged, or, requeued on other nodes, started over. Here a world of 2 whose rank 1 wrote nowhere
+    rank 0 can see."""
+    from gptrain.checkpoint import manager as manager_module
+    from gptrain.checkpoint.manager import CheckpointNotSharedError
+
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save)
+    manager.save(1, state_for(1.0), {})
+    manager.wait()
+    monkeypatch.setattr(manager_module, "_saving_world_size", lambda: 2)
+    with pytest.raises(CheckpointNotSharedError) as failure:
+        manager.save(2, state_for(2.0), {})
+        manager.wait()
+    message = str(failure.value)
+    assert message.startswith(f"checkpoint {tmp_path / 'step_2'} was not marked complete: rank 0 cannot see")
+    assert "(.checksums.rank1.json)" in message and "\n" not in message
+    assert "exp_manager.explicit_log_dir" in message and "free space" not in message
+    assert not (tmp_path / "step_2").exists()
+    assert complete_steps(tmp_path) == [1] and (tmp_path / LATEST).read_text().strip() == "step_1"
