@@ -629,24 +629,24 @@ class CheckpointManager(CheckpointReader):
             return None
         deadline = time.monotonic() + timeout_s
         try:
-            for future in (pending.staging, pending.written):
-                if future is not None:
-                    future.result(timeout=max(0.0, deadline - time.monotonic()))
-            if self.on_saved is not None:
+            failure = _first_failure((pending.staging, pending.written), deadline)
+            if failure is None and self.on_saved is not None:
                 self.on_saved(pending.report)
-        except BaseException as error:  # a timeout, DCP's CheckpointException, a dead peer
-            if not isinstance(error, TimeoutError) and is_complete(pending.report.path):
-                # marked complete, then `latest` or pruning failed: resume takes it, as `wait` says
-                return str(self._update_failed(pending.report.path, error))
-            reason = "still writing" if isinstance(error, TimeoutError) else root_cause(error)
-            return (
-                f"checkpoint {pending.report.path.name} left incomplete ({reason}); "
-                f"resume uses the newest complete one"
-            )
+        except BaseException as error:  # the timeout, or the report's own failure
+            failure = error
         finally:
             self._release_staging()
             self._wait_for_pruning()
-        return None
+        return None if failure is None else self._given_up_text(pending.report.path, failure)
+
+    def _given_up_text(self, path: Path, error: BaseException) -> str:
+        """finish_after_failure's line for a save that timed out or failed (DCP's CheckpointException,
+        a dead peer)."""
+        if not isinstance(error, TimeoutError) and is_complete(path):
+            # marked complete, then `latest` or pruning failed: resume takes it, as `wait` says
+            return str(self._update_failed(path, error))
+        reason = "still writing" if isinstance(error, TimeoutError) else root_cause(error)
+        return f"checkpoint {path.name} left incomplete ({reason}); resume uses the newest complete one"
 
     def _release_staging(self) -> None:
         self.wait_for_preparation()
@@ -663,6 +663,18 @@ class CheckpointManager(CheckpointReader):
             self._release_staging()
             self._wait_for_pruning()
             forget(self._plan_key)
+
+
+def _first_failure(futures: tuple[Future | None, ...], deadline: float) -> BaseException | None:
+    """The first error of `futures` (waited for up to `deadline`; TimeoutError past it), taken without
+    raising it: raised on a run's way out by an error, it would take that error as its context, which
+    root_cause follows, and the save's line would name the run's error instead of its own."""
+    for future in futures:
+        if future is not None:
+            error = future.exception(timeout=max(0.0, deadline - time.monotonic()))
+            if error is not None:
+                return error
+    return None
 
 
 def _stager_serves_one_save(version: str) -> bool:

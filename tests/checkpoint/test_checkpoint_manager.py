@@ -762,3 +762,31 @@ def test_a_save_whose_other_ranks_files_rank_0_cannot_see_is_never_marked_comple
     assert "exp_manager.explicit_log_dir" in message and "free space" not in message
     assert not (tmp_path / "step_2").exists()
     assert complete_steps(tmp_path) == [1] and (tmp_path / LATEST).read_text().strip() == "step_1"
+
+
+def test_a_background_save_given_up_by_a_failing_run_is_named_by_its_own_cause(tmp_path, monkeypatch):
+    """The save's error was raised inside the run's own failure (the `finally` that gives the save its
+    time), so it took the run's error as its context, and the note named that one: after a lost peer,
+    'left incomplete (GptrainError: rank 0: a collective lost its peer ...)', the line before it again."""
+    from concurrent.futures import Future
+
+    from gptrain.checkpoint import manager as manager_module
+    from gptrain.errors import GptrainError
+
+    def collective_lost_its_peer(*args, **kwargs) -> Future:
+        upload: Future = Future()
+        upload.set_exception(RuntimeError("Connection closed by peer [127.0.0.1]:29500"))
+        return upload
+
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True)
+    monkeypatch.setattr(manager_module.dcp, "async_save", collective_lost_its_peer)
+    manager.save(2, state_for(2.0), {})
+    with pytest.raises(GptrainError):
+        try:
+            raise GptrainError("rank 0: a collective lost its peer at iteration 3")
+        finally:
+            note = manager.finish_after_failure(timeout_s=120)
+    assert note == (
+        "checkpoint step_2 left incomplete (RuntimeError: Connection closed by peer [127.0.0.1]:29500); "
+        "resume uses the newest complete one"
+    )
