@@ -46,7 +46,8 @@ class GPTConfig:
     activation: str = "gelu"
     """'gelu' (exact erf GELU, Megatron's default) or 'swiglu' ('fast-swiglu' as NeMo spells it)."""
     openai_gelu: bool = False
-    """GELU's tanh approximation instead (GPT-2's `gelu_new`; Megatron's --openai-gelu)."""
+    """GELU's tanh approximation instead (GPT-2's `gelu_new`; Megatron's --openai-gelu;
+    exported as `gelu_pytorch_tanh`, the same kernel)."""
     normalization: str = "layernorm"
     """'layernorm' (always with a bias, as Megatron) or 'rmsnorm'."""
     layernorm_epsilon: float = 1e-5

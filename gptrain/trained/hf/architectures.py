@@ -93,8 +93,9 @@ def hf_config_kwargs(
             "n_layer": config.num_layers,
             "n_head": config.num_attention_heads,
             "n_inner": config.ffn_size,
-            # exact erf GELU, or the tanh approximation GPT-2 itself uses ("gelu_new")
-            "activation_function": "gelu_new" if config.openai_gelu else "gelu",
+            # exact erf GELU, or its tanh approximation as the kernel gptrain runs: GPT-2's own
+            # "gelu_new" is the same formula as separate ops, which round apart in bf16/fp16
+            "activation_function": "gelu_pytorch_tanh" if config.openai_gelu else "gelu",
             "resid_pdrop": config.hidden_dropout,
             "embd_pdrop": config.hidden_dropout,
             "attn_pdrop": config.attention_dropout,
