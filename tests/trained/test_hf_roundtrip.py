@@ -227,6 +227,24 @@ def test_export_refuses_an_existing_output_and_leaves_no_partial_files(exported,
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_the_export_names_the_checkpoint_it_exported(tmp_path, capsys) -> None:
+    """A run's newest save killed before its COMPLETE marker: export takes the newest complete one,
+    as it should, but its one line named no step, so nothing told the user that the model in
+    OUTPUT_DIR was step_1's and not the step_3 they saw in the directory (generate names it)."""
+    import shutil
+
+    from hf_helpers import saved_run
+
+    run, _ = saved_run(tmp_path / "run", "gpt2", "model.num_layers=1")
+    checkpoints = run / "checkpoints"
+    shutil.copytree(checkpoints / "step_1", checkpoints / "step_3")
+    (checkpoints / "step_3" / "COMPLETE").unlink()
+    assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0
+    line = capsys.readouterr().out
+    assert f"from {checkpoints / 'step_1'} " in line, line
+    assert "step_3" not in line
+
+
 def test_an_export_killed_outright_leaves_nothing_transformers_loads(exported, tmp_path, monkeypatch) -> None:
     """SIGKILL (the OOM killer while verification holds two models, a lost node) runs no cleanup:
     the staging directory stays as the kill found it. It held config.json beside a complete

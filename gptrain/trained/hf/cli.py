@@ -123,7 +123,8 @@ def run_export(args: argparse.Namespace) -> int:
     )
     check = report.verification.describe() if report.verification else "not verified (--no-verify)"
     print(
-        f"gptrain: exported {report.class_name} ({report.tensor_bytes / 1e6:.1f} MB of weights) to "
+        f"gptrain: exported {report.class_name} from {report.checkpoint} "
+        f"({report.tensor_bytes / 1e6:.1f} MB of weights) to "
         f"{report.output} in {report.seconds:.1f} s; {check}"
     )
     return 0

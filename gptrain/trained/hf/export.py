@@ -70,6 +70,8 @@ class RunSource:
 class ExportReport:
     output: Path
     class_name: str
+    checkpoint: Path
+    """The step directory exported (the newest complete one of a run: a save killed unfinished is not)."""
     files: list[str]
     tensor_bytes: int
     seconds: float
@@ -151,7 +153,9 @@ def export_hf(
         ) from None
     files = sorted(p.name for p in output.iterdir())
     elapsed = time.perf_counter() - started
-    return ExportReport(output, CLASS_NAMES[arch], files, tensor_bytes, elapsed, verification)
+    return ExportReport(
+        output, CLASS_NAMES[arch], source.step_dir, files, tensor_bytes, elapsed, verification
+    )
 
 
 def _recorded_dtype(record: dict[str, Any]) -> str | None:
