@@ -484,6 +484,39 @@ def test_a_bare_tokenizer_json_exports_as_itself_under_the_gpt2_architecture(tmp
     assert loaded.eos_token == "<|endoftext|>" and loaded.model_max_length == 16
 
 
+def test_a_copied_tokenizer_config_declares_the_models_context_not_the_tokenizers_source(tmp_path) -> None:
+    """A run trained with another model's tokenizer directory (Llama 3's says model_max_length 131072)
+    exported that tokenizer_config.json as it was: AutoTokenizer let 131072 tokens through to a GPT-2
+    of 16 positions, and `truncation=True` cut nothing, so the model raised an IndexError. Its other
+    keys (the end token, the class) are the tokenizer's and stay."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    words = {w: i for i, w in enumerate(["<|endoftext|>", "<unk>", *CHARS])}
+    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    source_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|endoftext|>",
+        "model_max_length": 131072,
+    }
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(source_config))
+    hf = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tmp_path / 'tok'}"]
+    nulls = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
+    run, _ = saved_run(tmp_path / "run", "gpt2", *hf, *nulls)
+    assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")]) == 0
+    config = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    assert config == {**source_config, "model_max_length": 16}
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    ids = tokenizer("a long prompt of forty characters, more.", truncation=True, return_tensors="pt")
+    assert ids["input_ids"].shape == (1, 16)
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    assert model(**ids).logits.shape == (1, 16, len(words))
+
+
 def test_a_rope_export_advertises_the_position_table_not_only_the_training_length(tmp_path) -> None:
     run, _ = saved_run(tmp_path / "run_llama", "llama", "model.max_position_embeddings=64")
     assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0

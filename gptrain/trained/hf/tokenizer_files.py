@@ -4,7 +4,8 @@ Export: GPT-2 BPE runs ship their vocab.json + merges.txt, the same as a
 tokenizer.json, and a tokenizer_config.json naming `GPT2Tokenizer` and `<|endoftext|>`; Hugging
 Face tokenizer runs ship their tokenizer.json (and its tokenizer_config.json /
 special_tokens_map.json when present, else a tokenizer_config.json naming
-PreTrainedTokenizerFast and the special tokens). Import copies them into the
+PreTrainedTokenizerFast and the special tokens); every tokenizer_config.json written declares the
+model's context as model_max_length. Import copies them into the
 run directory and returns the `model.tokenizer.*` values that point at the copies: tokenizer.json
 when the model has one, unless it is exactly the GPT-2 BPE of its vocab.json + merges.txt.
 """
@@ -61,12 +62,27 @@ def export_tokenizer(
         extras = [name for name in HF_EXTRAS if (file.parent / name).is_file()]
         for name in extras:
             shutil.copyfile(file.parent / name, output / name)
-        if "tokenizer_config.json" not in extras:
+        if "tokenizer_config.json" in extras:
+            declare_context(file.parent / "tokenizer_config.json", output / "tokenizer_config.json", context)
+        else:
             config = fast_tokenizer_config(file, context, token_ids or {})
             (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
             extras.append("tokenizer_config.json")
         return ["tokenizer.json", *extras, *copy_chat_templates(file.parent, output)]
     return []
+
+
+def declare_context(source: Path, copy: Path, context: int) -> None:
+    """Set the `copy` of tokenizer_config.json `source` to declare the model's context as its
+    model_max_length: the one of the model the tokenizer came from (Llama 3's 131072 beside a GPT-2
+    of 2048 positions) let `truncation=True` pass sequences the position table has no rows for."""
+    try:
+        config = json.loads(source.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DataError(f"{source}: not JSON ({error}); fix it or remove it") from None
+    if isinstance(config, dict) and config.get("model_max_length") != context:
+        config["model_max_length"] = context
+        copy.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def tokenizer_directory(cfg: Any) -> Path | None:
