@@ -1,4 +1,4 @@
-"""Export of checkpoints that training wrote under TP=2 and PP=2, and training resumed from an import."""
+"""Export of checkpoints that training wrote under TP=2, PP=2 and FSDP2, and training resumed from an import."""
 
 from __future__ import annotations
 
@@ -66,8 +66,10 @@ def torchrun_train(log_dir: Path, arch: str, layout: list[str]) -> None:
                 "model.num_layers_in_first_pipeline_stage=1",
             ],
         ),
+        # FSDP2: every weight cut in two along its rows, each rank writing its half
+        ("gpt2", ["model.data_parallel_sharding=full_shard"]),
     ],
-    ids=["tp2", "pp2", "pp2_uneven"],
+    ids=["tp2", "pp2", "pp2_uneven", "fsdp2"],
 )
 def test_export_of_a_parallel_checkpoint_is_verified(
     tmp_path: Path, arch: str, layout: list[str], capsys
