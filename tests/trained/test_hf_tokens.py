@@ -484,13 +484,11 @@ def test_a_bare_tokenizer_json_exports_as_itself_under_the_gpt2_architecture(tmp
     assert loaded.eos_token == "<|endoftext|>" and loaded.model_max_length == 16
 
 
-def test_a_copied_tokenizer_config_declares_the_models_context_not_the_tokenizers_source(tmp_path) -> None:
-    """A run trained with another model's tokenizer directory (Llama 3's says model_max_length 131072)
-    exported that tokenizer_config.json as it was: AutoTokenizer let 131072 tokens through to a GPT-2
-    of 16 positions, and `truncation=True` cut nothing, so the model raised an IndexError. Its other
-    keys (the end token, the class) are the tokenizer's and stay."""
+def chars_tokenizer_run(tmp_path: Path, tokenizer_config: dict) -> tuple[Path, int]:
+    """A GPT-2 run of 16 positions whose HuggingFaceTokenizer directory holds a character-level
+    tokenizer.json (<|endoftext|>, <unk> and 95 characters) and `tokenizer_config`; the run and the
+    tokenizer's size."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     words = {w: i for i, w in enumerate(["<|endoftext|>", "<unk>", *CHARS])}
     tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
@@ -498,15 +496,26 @@ def test_a_copied_tokenizer_config_declares_the_models_context_not_the_tokenizer
     tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
     (tmp_path / "tok").mkdir()
     tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    hf = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tmp_path / 'tok'}"]
+    nulls = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
+    run, _ = saved_run(tmp_path / "run", "gpt2", *hf, *nulls)
+    return run, len(words)
+
+
+def test_a_copied_tokenizer_config_declares_the_models_context_not_the_tokenizers_source(tmp_path) -> None:
+    """A run trained with another model's tokenizer directory (Llama 3's says model_max_length 131072)
+    exported that tokenizer_config.json as it was: AutoTokenizer let 131072 tokens through to a GPT-2
+    of 16 positions, and `truncation=True` cut nothing, so the model raised an IndexError. Its other
+    keys (the end token, the class) are the tokenizer's and stay."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     source_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": "<|endoftext|>",
         "model_max_length": 131072,
     }
-    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(source_config))
-    hf = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tmp_path / 'tok'}"]
-    nulls = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
-    run, _ = saved_run(tmp_path / "run", "gpt2", *hf, *nulls)
+    run, words = chars_tokenizer_run(tmp_path, source_config)
     assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")]) == 0
     config = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
     assert config == {**source_config, "model_max_length": 16}
@@ -514,7 +523,25 @@ def test_a_copied_tokenizer_config_declares_the_models_context_not_the_tokenizer
     ids = tokenizer("a long prompt of forty characters, more.", truncation=True, return_tensors="pt")
     assert ids["input_ids"].shape == (1, 16)
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
-    assert model(**ids).logits.shape == (1, 16, len(words))
+    assert model(**ids).logits.shape == (1, 16, words)
+
+
+def test_an_export_whose_tokenizer_config_adds_tokens_the_run_never_had_is_refused(tmp_path) -> None:
+    """tokenizer_config.json's added_tokens_decoder adds <|im_start|> as id 97 to the 97 tokens of
+    tokenizer.json; gptrain reads tokenizer.json alone, so the run trained on it as 12 characters.
+    The exported AutoTokenizer encoded it as id 97, a row the model lacks (IndexError), and the
+    probe text of the check does not hold it: the export passed. Refused, as import refuses it."""
+    added = {"content": "<|im_start|>", "special": True, "normalized": False}
+    added |= {"lstrip": False, "rstrip": False, "single_word": False}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
+    run, words = chars_tokenizer_run(tmp_path, {**config, "added_tokens_decoder": {"97": added}})
+    assert words == 97
+    with pytest.raises(VerificationError) as error:
+        run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")])
+    message = str(error.value)
+    assert "\n" not in message and "'<|im_start|>', id 97" in message, message
+    assert str(tmp_path / "tok" / "tokenizer_config.json") in message, message
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_rope_export_advertises_the_position_table_not_only_the_training_length(tmp_path) -> None:

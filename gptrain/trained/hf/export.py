@@ -389,4 +389,24 @@ def verify_export(source: RunSource, directory: Path, dtype: torch.dtype = torch
         verify_tokenizer(
             directory, source.tokenizer, what, lambda: "nothing written; --no-verify skips the check"
         )
+        check_added_tokens(source, directory)
     return result
+
+
+def check_added_tokens(source: RunSource, directory: Path) -> None:
+    """The exported AutoTokenizer has no tokens past the run's: a tokenizer_config.json copied with
+    the run's tokenizer.json may add some (added_tokens_decoder), which gptrain never read, so the
+    run trained on their text as pieces and the model has no row (or an untrained one) for them."""
+    from gptrain.trained.hf.verify import VerificationError, tokens_beyond
+
+    extra = tokens_beyond(directory, source.tokenizer.vocab_size)
+    if not extra:
+        return
+    first_id, first = extra[0]
+    where = tokenizer_directory(source.cfg)
+    raise VerificationError(
+        f"{where}: transformers' tokenizer has {len(extra)} token(s) past the {source.tokenizer.vocab_size} "
+        f"the run encoded with ({first!r}, id {first_id}), added by {where}/tokenizer_config.json (or "
+        "special_tokens_map.json), which gptrain does not read: the model trained on them as plain text; "
+        "remove them there and export again (nothing written; --no-verify skips the check)"
+    )

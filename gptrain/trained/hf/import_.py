@@ -418,13 +418,10 @@ def _check_added_tokens(hf_dir: Path, tokenizer: Any, files: str) -> None:
     """transformers adds the tokens of added_tokens.json (and of tokenizer_config.json's
     added_tokens_decoder) to those of the files gptrain reads: gptrain would encode each as plain
     text (a chat model's <|im_start|> as pieces) where the model was trained on its id. The probe
-    text of verify_tokenizer cannot know them, so they are looked for by id."""
-    from transformers import AutoTokenizer
+    text of verify_tokenizer cannot know them (`tokens_beyond`)."""
+    from gptrain.trained.hf.verify import VerificationError, tokens_beyond
 
-    from gptrain.trained.hf.verify import VerificationError
-
-    theirs = AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
-    extra = sorted((i, token) for token, i in theirs.get_vocab().items() if i >= tokenizer.vocab_size)
+    extra = tokens_beyond(hf_dir, tokenizer.vocab_size)
     if extra:
         first_id, first = extra[0]
         raise VerificationError(

@@ -168,3 +168,14 @@ def verify_tokenizer(directory: Path, tokenizer: Any, what: str, advice: Callabl
         f"{directory}: transformers' tokenizer and {what} encode {TOKENIZER_PROBE!r} differently "
         f"(token {at}: transformers {theirs[at : at + 3]}, gptrain {ours[at : at + 3]}); {advice()}"
     )
+
+
+def tokens_beyond(directory: Path, vocab_size: int) -> list[tuple[int, str]]:
+    """(id, token) of the tokens transformers' AutoTokenizer of `directory` has at or past
+    `vocab_size`, sorted: those it adds from added_tokens.json, tokenizer_config.json's
+    added_tokens_decoder or special_tokens_map.json to the files gptrain reads. The probe text of
+    `verify_tokenizer` cannot know them, so they are looked for by id."""
+    from transformers import AutoTokenizer
+
+    theirs = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    return sorted((i, token) for token, i in theirs.get_vocab().items() if i >= vocab_size)
