@@ -104,7 +104,12 @@ def _attention_cached(
     if repeats > 1:  # query head j uses key/value head j // repeats, as Attention.forward
         keys = keys.repeat_interleave(repeats, dim=1)
         values = values.repeat_interleave(repeats, dim=1)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=_causal_mask(cache.length, seq, x.device))
+    if cache.length == 0:  # the prompt: training's causal kernel, no seq x seq mask in memory
+        out = F.scaled_dot_product_attention(q, keys, values, is_causal=seq > 1)
+    else:
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=_causal_mask(cache.length, seq, x.device)
+        )
     return attention.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
