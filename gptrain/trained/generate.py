@@ -180,15 +180,17 @@ def prompt_file_lines(path: str) -> list[str]:
 
     try:
         if path == "-":
-            text = sys.stdin.buffer.read().decode("utf-8", errors="surrogateescape")
+            data = sys.stdin.buffer.read()
         else:
-            with open(path, encoding="utf-8", errors="surrogateescape") as file:
-                text = file.read()
+            with open(path, "rb") as file:
+                data = file.read()
     except OSError as error:
         raise ConfigError(f"--prompt-file {path}: {error.strerror or error}") from None
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(f"--prompt-file {path}: is UTF-16; convert it to UTF-8 (iconv -f utf-16 -t utf-8)")
+    text = data.decode("utf-8-sig", errors="surrogateescape")  # a UTF-8 byte-order mark is no prompt text
     lines = []
-    for number, line in enumerate(text.split("\n"), 1):
-        line = line.removesuffix("\r")
+    for number, line in enumerate(text.replace("\r\n", "\n").replace("\r", "\n").split("\n"), 1):
         if (bad := non_utf8(line)) is not None:
             raise ConfigError(
                 f"--prompt-file {path}: line {number}: {bad[1]} (character {bad[0] + 1}) is not UTF-8; "

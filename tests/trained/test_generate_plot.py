@@ -412,6 +412,7 @@ def test_several_prompts_give_one_result_each_as_each_alone(tmp_path: Path, caps
         (None, "--prompt-file {path}: No such file or directory"),
         (b"fine\n\ncaf\xe9\n", "--prompt-file {path}: line 3: byte 0xe9 (character 4) is not UTF-8; convert"),
         (b"\n\r\n", "--prompt-file {path}: holds no prompt (one a line, empty lines are skipped)"),
+        (b"\xff\xfeh\x00i\x00", "--prompt-file {path}: is UTF-16; convert it to UTF-8 (iconv -f utf-16"),
     ],
 )
 def test_a_prompt_file_that_gives_no_prompts_is_one_line_before_loading(tmp_path, content, error) -> None:
@@ -1049,3 +1050,21 @@ def test_no_note_about_the_context_when_nothing_is_generated() -> None:
     assert context_window_note(80, 0, 64) is None
     assert "longer than the model's context of 64" in context_window_note(80, 1, 64)
     assert "exceed the model's context of 64" in context_window_note(60, 5, 64)
+
+
+def test_a_prompt_file_reads_the_same_from_a_path_and_stdin_without_its_byte_order_mark(
+    tmp_path, monkeypatch
+) -> None:
+    """A UTF-8 byte-order mark (Windows editors write one) went into the first prompt, and a lone CR
+    split lines from a path but not from stdin."""
+    import io
+
+    from gptrain.trained.generate import prompt_file_lines
+
+    data = "\ufeffHello\r\nold mac\rthird\n\nfourth".encode()
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(data)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    expected = ["Hello", "old mac", "third", "fourth"]
+    assert prompt_file_lines(str(path)) == expected
+    assert prompt_file_lines("-") == expected
