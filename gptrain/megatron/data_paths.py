@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptrain.data.blend_spec import is_number, unweighted_list_error
-from gptrain.errors import ConfigError
+from gptrain.data.blend_spec import is_number, parse_blend, unweighted_list_error
+from gptrain.errors import ConfigError, DataError
 
 DATA_ARGS = "--data-args-path"
 PER_SPLIT_DATA_ARGS = "--per-split-data-args-path"
@@ -152,6 +152,10 @@ def data_prefix(values: list[str], flag: str = "--data-path") -> Any:
     if not all(is_number(w) for w in values[0::2]):
         shown = " ".join(values[:6]) + (f" ... ({len(values)} words)" if len(values) > 6 else "")
         raise ConfigError(f"{flag} {shown}: give one prefix, or pairs 'WEIGHT PREFIX ...'")
+    try:  # the weights as the job reads them: a negative or all-zero one fails now, not at its start
+        parse_blend(values)
+    except DataError as error:
+        raise ConfigError(f"{flag}: {error}") from None
     return [float(x) if i % 2 == 0 else x for i, x in enumerate(values)]
 
 

@@ -1762,3 +1762,28 @@ def test_no_flags_is_a_usage_error_and_help_only_on_help(capsys):
     for flag in ("--help", "-h"):
         assert main(["megatron", flag]) == 0
         assert capsys.readouterr().out.startswith("usage: gptrain megatron [--dry-run]")
+
+
+@pytest.mark.parametrize(
+    ("flags", "content", "message"),
+    [
+        ("--data-path -1 a 2 b", None, r"^--data-path: data prefix entry 1: weight '-1' of a must be"),
+        ("--data-path 0 a 0 b", None, r"^--data-path: data prefix entry 1: weight '0' of a must be"),
+        ("--data-path nan a 1 b", None, r"^--data-path: data prefix entry 1: weight 'nan' of a must be"),
+        ("--data-path 1 a inf b", None, r"^--data-path: data prefix entry 3: weight 'inf' of b must be"),
+        ("--train-data-path 1 t --valid-data-path -2 v 1 w", None, r"^--valid-data-path: data prefix entry 1: weight '-2'"),
+        ("--data-args-path F --split 98,2,0", "1 a -1 b", r"^--data-args-path F holds: data prefix entry 3: weight '-1'"),
+        ("--per-split-data-args-path F", '{"train": "1 a", "valid": "0 v 0 w", "test": null}', r"F: valid is: data prefix entry 1: weight '0' of v"),
+    ],
+)  # fmt: skip
+def test_bad_blend_weights_are_refused_as_megatrons_flags_are_read(
+    tmp_path, monkeypatch, flags, content, message
+):
+    """A negative, not finite or all-zero weight passed `gptrain megatron --dry-run` and the flags' reading,
+    to fail only when the job built its data; refused as the flags are read, naming the flag and the weight."""
+    monkeypatch.chdir(tmp_path)
+    if content is not None:
+        (tmp_path / "F").write_text(content)
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    with pytest.raises(ConfigError, match=message):
+        translate(shlex.split(f"{base} --train-iters 4 --lr 1e-4 {flags}"), {})
