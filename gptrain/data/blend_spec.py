@@ -15,6 +15,7 @@ from gptrain.errors import DataError
 
 __all__ = [
     "MAX_BLEND_DATASETS",
+    "check_data_prefix",
     "is_number",
     "parse_blend",
     "prefixes_of",
@@ -81,6 +82,26 @@ def parse_blend(
             "shards first (gptrain data merge)"
         )
     return prefixes, weights
+
+
+def check_data_prefix(data_prefix: Any, key: str = "model.data.data_prefix") -> None:
+    """Each blend of a data_prefix (one, or one per split) read as the datasets' builder reads it, and
+    each prefix's .bin/.idx looked up, in one line naming `key`: a job says so before it starts its
+    process group, run directory, tokenizer and model, not minutes later as it builds its data."""
+    from gptrain.data.pair_check import pair_problem  # it imports this module
+
+    specs = data_prefix.items() if isinstance(data_prefix, Mapping) else [(None, data_prefix)]
+    for split, spec in specs:
+        if spec is None or spec == "" or isinstance(spec, Mapping):  # none, or the builder's to refuse
+            continue
+        where = key if split is None else f"{key}.{split}"
+        try:
+            prefixes, _ = parse_blend(spec)
+        except DataError as error:
+            raise DataError(f"{where}: {error}") from None
+        for prefix in prefixes:
+            if (problem := pair_problem(prefix)) is not None:
+                raise DataError(f"{where}: {problem}{yaml_number_note(data_prefix, prefix)}")
 
 
 def prefixes_of(data_prefix: Any, splits: Collection[str] | None = None) -> list[str]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gptrain.config.schema import TrainingConfig
+    from gptrain.megatron.translate import Translation
 
 HELP = """usage: gptrain megatron [--dry-run] [pretrain_gpt.py flags ...]
 
@@ -78,6 +79,21 @@ def check_layout_ahead(cfg: TrainingConfig) -> None:
     check_layout(m, world, devices)
 
 
+def check_data_paths(cfg: TrainingConfig, translation: Translation) -> None:
+    """The blend and the prefix files as training checks them before it starts, named by the flags
+    given (--data-path, --train-data-path, ...), not the model.data.data_prefix they became."""
+    from gptrain.data.blend_spec import check_data_prefix
+    from gptrain.errors import DataError
+    from gptrain.megatron.data_paths import prefix_in_flags
+
+    if cfg.model.data.is_mock():
+        return
+    try:
+        check_data_prefix(cfg.model.data.data_prefix)
+    except DataError as error:
+        raise DataError(prefix_in_flags(str(error), translation.given)) from None
+
+
 def megatron(flags: list[str], dry_run: bool) -> int:
     """The flags translated, then printed (dry run) or trained."""
     from gptrain.config import load_training_config
@@ -101,6 +117,7 @@ def megatron(flags: list[str], dry_run: bool) -> int:
         print("# resolved config:")
         print(cfg.to_yaml(), end="")
         return 0
+    check_data_paths(cfg, translation)
     from gptrain.train.loop import train
     from gptrain.train.run_lock import EarlierRunError
 

@@ -114,6 +114,26 @@ def apply(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         )
 
 
+KEY = "model.data.data_prefix"
+
+
+def prefix_in_flags(message: str, given: dict[str, list[str]]) -> str:
+    """`message` of a data_prefix check (`model.data.data_prefix[.split]: ...`, the training's
+    check before it starts) with the key named by the flag that set it."""
+    if PER_SPLIT_DATA_ARGS in given:
+        file = f"{PER_SPLIT_DATA_ARGS} {given[PER_SPLIT_DATA_ARGS][0]}"
+        names = {
+            key: f"{file}: {name}"
+            for name, key in zip(PER_SPLIT_FILE_KEYS, PER_SPLIT_PATHS.values(), strict=True)
+        }
+    else:
+        names = {key: flag for flag, key in PER_SPLIT_PATHS.items()}
+    for key, flag in names.items():
+        message = message.replace(f"{KEY}.{key}:", f"{flag}:", 1)
+    whole = f"{DATA_ARGS} {given[DATA_ARGS][0]}" if DATA_ARGS in given else "--data-path"
+    return message.replace(f"{KEY}:", f"{whole}:", 1)
+
+
 def _per_split_paths(given: dict[str, list[str]]) -> dict[str, Any]:
     """{train, validation, test: prefix or blend} from --train/valid/test-data-path or their file."""
     flag = PER_SPLIT_DATA_ARGS

@@ -33,6 +33,7 @@ import torch
 
 from gptrain.checkpoint.reader import rank_0s
 from gptrain.config import TrainingConfig
+from gptrain.data.blend_spec import check_data_prefix
 from gptrain.errors import EXIT_REQUEUE, GptrainError, error_text, find_out_of_memory
 from gptrain.parallel.layout import STARTED, check_layout
 from gptrain.parallel.mesh import init_distributed, shutdown, world_from_env
@@ -65,6 +66,10 @@ def train(
     # that never joins, the process group would wait for it instead.
     check_layout(cfg.model, world.world_size, cfg.trainer.devices, STARTED)
     check_parallel_choices(cfg)
+    if not b.is_mock_data(
+        cfg
+    ):  # a bad blend or a missing prefix is one line now, not after the model is built
+        check_data_prefix(cfg.model.data.data_prefix)
     if world.world_size > 1:
         # collectives outlive the hang watchdog, so that it, not an opaque timeout, names a stuck rank
         timeout = collective_timeout_minutes(cfg.trainer.hang_timeout_minutes)

@@ -1,5 +1,6 @@
 """`gptrain megatron` trains on CPU, and its log lines print the rate as Megatron does."""
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -260,9 +261,35 @@ def test_the_output_prefix_given_as_data_path_names_the_prefix_meant(tmp_path, c
     flags = [*TINY, "--data-path", given, "--vocab-file", vocab, "--merge-file", merges, "--num-workers", "0"]
     assert main(["megatron", *flags]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"gptrain: error: data prefix {given}: {given}.bin/.idx not found; did you mean {prefix}?"
+        f"gptrain: error: --data-path: {given}.bin/.idx not found; did you mean {prefix}?"
         " (preprocess_data.py and gptrain data prepare name their output <--output-prefix>_text_document)"
     )
+
+
+@pytest.mark.parametrize(
+    ("paths", "named"),
+    [
+        (["--valid-data-path", "{d}/gone"], "--valid-data-path: {d}/gone.bin/.idx not found"),
+        (["--per-split-data-args-path", "{d}/split.json"], "--per-split-data-args-path {d}/split.json: test: {d}/gone.bin"),
+    ],
+)  # fmt: skip
+def test_a_missing_per_split_prefix_is_named_by_its_flag_before_training_starts(
+    tmp_path, capsys, monkeypatch, paths, named
+):
+    """Found before the process group and the model (training's check), named by the flag given, not
+    by the model.data.data_prefix.validation key it became."""
+    one_process_in(tmp_path, monkeypatch)
+    prefix, vocab, merges = write_gpt2_corpus(tmp_path)
+    split = {"train": prefix, "valid": prefix, "test": f"{tmp_path}/gone"}
+    (tmp_path / "split.json").write_text(json.dumps(split))
+    given = [word.format(d=tmp_path) for word in paths]
+    if given[0] == "--valid-data-path":
+        given = ["--train-data-path", prefix, *given]
+    flags = [*TINY, *given, "--vocab-file", vocab, "--merge-file", merges, "--num-workers", "0"]
+    assert main(["megatron", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"gptrain: error: {named.format(d=tmp_path)}")
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_a_sample_schedule_under_a_ramp_is_not_warned_of(tmp_path, capsys, monkeypatch):

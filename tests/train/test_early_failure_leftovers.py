@@ -13,6 +13,8 @@ LOG = "nemo_log_globalrank-0_localrank-0.txt"
 
 
 def missing_tokenizer(tmp_path):
+    for suffix in (".bin", ".idx"):  # the data is there (train looks for it first); the tokenizer is not
+        (tmp_path / f"corpus_text_document{suffix}").write_bytes(b"")
     return [
         "model.data.data_impl=mmap",
         f"model.data.data_prefix={tmp_path}/corpus_text_document",

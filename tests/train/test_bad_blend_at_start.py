@@ -1,0 +1,42 @@
+"""`gptrain train` reads the data_prefix before it starts anything: a blend the datasets' builder
+refuses, or a prefix without its .bin/.idx, was found only after the process group, the run
+directory, the tokenizer, the model and its optimizer were set up (minutes on a large model)."""
+
+import pytest
+from train_e2e_helpers import tiny_config
+
+from gptrain.errors import DataError
+from gptrain.train import builders, loop
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [
+        ("[-1,{d}/a,1,{d}/a]", r"^model\.data\.data_prefix: data prefix entry 1: weight -1 of .*/a must be"),
+        ("[1,{d}/a,nan,{d}/a]", r"^model\.data\.data_prefix: data prefix entry 3: weight nan"),
+        ("[1,{d}/a,2]", r"^model\.data\.data_prefix: data prefix list .* unweighted form"),
+        ("[1,{d}/a,x,{d}/a]", r"^model\.data\.data_prefix: data prefix entry 3 \('x'\) is not a weight"),
+        ("[1,{d}/a,1,{d}/gone]", r"^model\.data\.data_prefix: .*/gone\.bin/\.idx not found"),
+        ("{{train: {d}/a, validation: [-2,{d}/a]}}", r"^model\.data\.data_prefix\.validation: data prefix entry 1"),
+        ("{{train: {d}/a, test: {d}/gone}}", r"^model\.data\.data_prefix\.test: .*/gone\.bin/\.idx not found"),
+    ],
+)  # fmt: skip
+def test_a_bad_blend_is_refused_before_the_run_starts_anything(tmp_path, monkeypatch, prefix, message):
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"a{suffix}").write_bytes(b"")
+
+    def too_early(*args, **kwargs):
+        raise AssertionError("the tokenizer was built before the data_prefix was read")
+
+    monkeypatch.setattr(builders, "build_tokenizer", too_early)
+    log_dir = tmp_path / "run"
+    cfg = tiny_config(
+        log_dir,
+        "model.data.data_impl=mmap",
+        f"model.data.data_prefix={prefix.format(d=tmp_path)}",
+    )
+    with pytest.raises(DataError, match=message):
+        loop.train(cfg)
+    assert not log_dir.exists()  # no run directory claimed, no log of a run that never started
