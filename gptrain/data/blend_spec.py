@@ -52,7 +52,9 @@ def parse_blend(
     data_prefix: str | float | Sequence[str | float],
 ) -> tuple[list[str], list[float] | None]:
     """(prefixes, weights or None) from one prefix or a flat [w1, p1, w2, p2, ...] list. A number
-    alone is a prefix too (YAML reads `data_prefix: 2024` as an int; Megatron reads the word `2024`)."""
+    alone is a prefix too (YAML reads `data_prefix: 2024` as an int; Megatron reads the word `2024`).
+    A weight of 0 is taken, as Megatron takes it: the dataset is opened and indexed but asked for no
+    samples (the greedy blend still draws from it on an exact tie of errors, as Megatron's does)."""
     if isinstance(data_prefix, (str, int, float)):
         return [str(data_prefix)], None
     entries = list(data_prefix)
@@ -71,10 +73,15 @@ def parse_blend(
             raise DataError(
                 f"data prefix entry {position + 1} ({raw!r}) is not a weight; write pairs 'WEIGHT PREFIX ...'"
             ) from None
-        if not weight > 0 or not math.isfinite(weight):
-            raise DataError(f"data prefix entry {position + 1}: weight {raw!r} of {prefix} must be positive")
+        if not weight >= 0 or not math.isfinite(weight):
+            raise DataError(
+                f"data prefix entry {position + 1}: weight {raw!r} of {prefix} must be 0 or more (0 leaves "
+                "the dataset out of the mix, as in Megatron)"
+            )
         prefixes.append(str(prefix).strip())
         weights.append(weight)
+    if not sum(weights) > 0:  # Megatron divides by the sum: every weight NaN, and no sample drawn
+        raise DataError(f"data prefix list {entries}: the weights sum to 0; give a dataset a positive weight")
     if len(prefixes) > MAX_BLEND_DATASETS:  # said before the datasets are opened and indexed one by one
         raise DataError(
             f"data prefix list blends {len(prefixes):,} datasets; a blend holds at most "

@@ -313,11 +313,23 @@ def test_preflight_names_the_text_document_prefix_meant(tmp_path):
     [
         (
             "[-1.0,{d}/a]",
-            r"^training\.model\.data\.data_prefix: data prefix entry 1: weight -1\.0 .* must be positive",
+            r"^training\.model\.data\.data_prefix: data prefix entry 1: weight -1\.0 .* must be 0 or more",
+        ),
+        (
+            "[0,{d}/a,0.0,{d}/a]",
+            r"^training\.model\.data\.data_prefix: data prefix list .* the weights sum to 0",
+        ),
+        (
+            "[1,{d}/a,nan,{d}/a]",
+            r"^training\.model\.data\.data_prefix: data prefix entry 3: weight nan of .* must be 0",
         ),
         ("[1.0,{d}/a,2.0]", r"^training\.model\.data\.data_prefix: data prefix list .* unweighted form"),
         ("[{d}/a,{d}/a]", r"^training\.model\.data\.data_prefix: data prefix list .* unweighted form"),
-        ("{{train: [0,{d}/a]}}", r"^training\.model\.data\.data_prefix\.train: data prefix entry 1"),
+        ("{{train: [0,{d}/a]}}", r"^training\.model\.data\.data_prefix\.train: data prefix list .* sum to 0"),
+        (
+            "{{train: {d}/a, validation: [1,{d}/a,-1,{d}/a]}}",
+            r"^training\.model\.data\.data_prefix\.validation: data prefix entry 3",
+        ),
     ],
 )
 def test_preflight_refuses_a_blend_the_job_would_refuse(tmp_path, prefix, message):

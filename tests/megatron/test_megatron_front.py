@@ -1768,12 +1768,12 @@ def test_no_flags_is_a_usage_error_and_help_only_on_help(capsys):
     ("flags", "content", "message"),
     [
         ("--data-path -1 a 2 b", None, r"^--data-path: data prefix entry 1: weight '-1' of a must be"),
-        ("--data-path 0 a 0 b", None, r"^--data-path: data prefix entry 1: weight '0' of a must be"),
+        ("--data-path 0 a 0 b", None, r"^--data-path: data prefix list .* the weights sum to 0"),
         ("--data-path nan a 1 b", None, r"^--data-path: data prefix entry 1: weight 'nan' of a must be"),
         ("--data-path 1 a inf b", None, r"^--data-path: data prefix entry 3: weight 'inf' of b must be"),
         ("--train-data-path 1 t --valid-data-path -2 v 1 w", None, r"^--valid-data-path: data prefix entry 1: weight '-2'"),
         ("--data-args-path F --split 98,2,0", "1 a -1 b", r"^--data-args-path F holds: data prefix entry 3: weight '-1'"),
-        ("--per-split-data-args-path F", '{"train": "1 a", "valid": "0 v 0 w", "test": null}', r"F: valid is: data prefix entry 1: weight '0' of v"),
+        ("--per-split-data-args-path F", '{"train": "1 a", "valid": "0 v 0 w", "test": null}', r"F: valid is: data prefix list .* the weights sum to 0"),
     ],
 )  # fmt: skip
 def test_bad_blend_weights_are_refused_as_megatrons_flags_are_read(
