@@ -221,8 +221,9 @@ def check_training_files(
     lines = []
     if data.is_mock():
         lines.append("ok  training: mock data, no data files needed")
-    elif not prepared_by_stage:
+    else:  # the weights are there before data preparation writes the shards they weigh
         check_blends(data.data_prefix)
+    if not data.is_mock() and not prepared_by_stage:
         from gptrain.data.blend_spec import prefixes_of
 
         check_data_prefixes(data.data_prefix)

@@ -343,6 +343,32 @@ def test_preflight_refuses_a_blend_the_job_would_refuse(tmp_path, prefix, messag
         check_training_files(cfg, prepared_by_stage=False)
 
 
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [
+        ("[-0.7,{d}/my-gpt3_00,0.3,{d}/my-gpt3_01]", r"^training\.model\.data\.data_prefix: data prefix entry 1: weight -0\.7"),
+        ("[0,{d}/my-gpt3_00,0,{d}/my-gpt3_01]", r"^training\.model\.data\.data_prefix: .* the weights sum to 0"),
+    ],
+)  # fmt: skip
+def test_preflight_refuses_a_bad_blend_of_shards_data_preparation_writes(tmp_path, prefix, message):
+    """With stages=[data_preparation,training] a data_prefix naming the prepared shards is read as written,
+    weights and all; the files are not there yet, but the weights are: a negative or all-zero one was
+    left to the training job, after the data preparation had run (hours) and the job waited in the queue."""
+    tokenizer = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null",
+                 "model.tokenizer.library=tiktoken", "model.tokenizer.model=gpt2"]  # fmt: skip
+    cfg = load_training_config(
+        "gpt3/126m", [f"model.data.data_prefix={prefix.format(d=tmp_path)}", *tokenizer], report_ignored=False
+    )
+    with pytest.raises(ConfigError, match=message):
+        check_training_files(cfg, prepared_by_stage=True)
+    good = load_training_config(
+        "gpt3/126m", ["model.data.data_prefix=[0.7,a,0.3,b]", *tokenizer], report_ignored=False
+    )
+    assert check_training_files(good, prepared_by_stage=True) == [
+        "ok  training.model.tokenizer: no files present"
+    ]
+
+
 def test_local_run_status_and_find(tmp_path):
     run = tmp_path / "results" / "my_run"
     run.mkdir(parents=True)
