@@ -292,6 +292,7 @@ class IndexedDatasetWriter:
         self._code = code_for_dtype(self.dtype)
         self.bin_path = Path(self.path_prefix + ".bin")
         self.idx_path = Path(self.path_prefix + ".idx")
+        self._made_directories = _missing_directories(self.bin_path.parent)
         try:
             self.bin_path.parent.mkdir(parents=True, exist_ok=True)
             report_stale_temporaries(self.bin_path)
@@ -443,6 +444,7 @@ class IndexedDatasetWriter:
             handle.close()
         self._done = True
         self._remove_temps()
+        _remove_if_empty(self._made_directories)
 
     def _remove_temps(self) -> None:
         for temp in self._temps:
@@ -458,6 +460,25 @@ class IndexedDatasetWriter:
             self.finalize()
         else:
             self.abort()
+
+
+def _missing_directories(directory: Path) -> list[Path]:
+    """`directory` and its parents that do not exist yet, deepest first: what mkdir(parents=True) makes
+    for an output, and an aborted writer removes again (a failed run left them empty behind)."""
+    missing = []
+    while directory != directory.parent and not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    return missing
+
+
+def _remove_if_empty(directories: list[Path]) -> None:
+    """Remove these directories, deepest first, up to the first that holds something."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
 
 
 STALE_TEMPORARY_S = 3600.0
@@ -513,7 +534,7 @@ def finalize_together(writers: Sequence[IndexedDatasetWriter]) -> None:
             writer._temps[3].stat()
         _move_all_into_place(writers)
     except BaseException:
-        for writer in writers:
+        for writer in reversed(writers):  # the first made the output's directory: it goes last
             writer.abort()
         raise
     for writer in writers:

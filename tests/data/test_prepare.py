@@ -373,7 +373,26 @@ def test_bad_line_stops_and_leaves_nothing(tmp_path, gpt2_files, capsys, line, m
     assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"gptrain: error: {source}:3: {message}")
-    assert list(out_dir.iterdir()) == []  # no .bin/.idx and no temporary files
+    assert not out_dir.exists()  # no .bin/.idx, no temporary files, no directory made for them
+
+
+def test_a_failed_run_removes_the_directories_it_made_and_keeps_the_users(tmp_path, gpt2_files, capsys):
+    """--output-prefix in directories that did not exist: they were made, and left empty after a bad
+    line stopped the run (one for each typo of the path). Those it made go; one that was there stays."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"text": "one"}\n{"text": 2}\n')
+    flags = [*gpt2_flags(gpt2_files), "--workers", "1", "--json-keys", "text", "title"]
+    made = tmp_path / "new" / "deeper"
+    assert main(["data", "prepare", "--input", str(source), "--output-prefix", str(made / "ds"), *flags]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+    mine = tmp_path / "mine"
+    (mine / "notes").mkdir(parents=True)
+    assert (
+        main(["data", "prepare", "--input", str(source), "--output-prefix", str(mine / "x" / "ds"), *flags])
+        == 2
+    )
+    assert sorted(p.name for p in mine.iterdir()) == ["notes"]
+    capsys.readouterr()
 
 
 def test_bad_line_late_in_parallel_run_leaves_nothing(tmp_path, gpt2_files, write_jsonl):
@@ -383,7 +402,7 @@ def test_bad_line_late_in_parallel_run_leaves_nothing(tmp_path, gpt2_files, writ
     config = PrepareConfig([str(source)], str(tmp_path / "out" / "ds"), TokenizerSpec("gpt2bpe", *gpt2_files))
     with pytest.raises(DataError, match=r"in.jsonl:201: not valid JSON"):
         prepare(PrepareConfig(**{**config.__dict__, "workers": 2, "chunk_bytes": 100}), stream=sys.stdout)
-    assert list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("failing_key", ["text", "title"])
@@ -451,7 +470,7 @@ def test_dead_worker_is_an_error_not_a_hang(tmp_path, gpt2_files, write_jsonl, m
     )
     with pytest.raises(DataError, match="worker process died"):
         prepare(config, stream=sys.stdout)
-    assert list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()
 
 
 def test_skip_bad_lines(tmp_path, gpt2_files, capsys, megatron_dataset):
@@ -511,7 +530,7 @@ def test_lone_surrogate_is_a_bad_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"{source}:2: value of 'text' holds a lone surrogate \\ud800 (not valid Unicode)" in err
-    assert list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()
     assert main([*argv, str(tmp_path / "o"), "--skip-bad-lines"]) == 0
     assert "prepared 3 documents (0 empty, 1 bad lines skipped)" in capsys.readouterr().out
     assert outputs(tmp_path / "o") == megatron_dataset(["ok", "fine", "pair \U0001f600 ok"], False)
@@ -587,7 +606,7 @@ def test_tokenizer_failure_is_a_data_error(tmp_path, hf_tokenizer_json, write_js
     for workers in (1, 2):
         with pytest.raises(DataError, match=message):
             prepare(PrepareConfig(**{**config.__dict__, "workers": workers}), stream=sys.stdout)
-        assert list((tmp_path / "out").iterdir()) == []
+        assert not (tmp_path / "out").exists()
 
 
 def test_input_and_tokenizer_errors(tmp_path, gpt2_files, capsys, write_jsonl):
