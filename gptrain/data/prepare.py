@@ -34,7 +34,7 @@ from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_
 from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, is_pipe, iter_chunks
 from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
 from gptrain.errors import ConfigError, DataError
-from gptrain.utils.progress import Progress
+from gptrain.utils.progress import Progress, format_rate
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class PrepareStats:
         return (
             f"prepared {self.documents:,} documents ({empty}, {self.bad_lines:,} bad lines skipped) "
             f"as {sequences}, {self.tokens:,} tokens in {self.seconds:.1f} s "
-            f"({rate:,.0f} docs/s, {mbs:.2f} MB/s) -> {', '.join(p + '.bin/.idx' for p in self.outputs)}"
+            f"({format_rate(rate)} docs/s, {mbs:.2f} MB/s) -> {', '.join(p + '.bin/.idx' for p in self.outputs)}"
         )
 
     @staticmethod

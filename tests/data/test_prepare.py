@@ -880,3 +880,21 @@ def test_an_output_prefix_in_a_directory_that_may_not_be_searched_is_the_output_
     assert err.endswith(": Permission denied)\n") and err.count("\n") == 1
     monkeypatch.undo()
     assert list(locked.iterdir()) == []
+
+
+def test_rates_below_ten_a_second_keep_two_digits():
+    """Two documents of millions of characters took 32 s: the summary said '0 docs/s'."""
+    import io
+
+    from gptrain.data.prepare import PrepareStats
+    from gptrain.utils.progress import Progress
+
+    stats = PrepareStats(
+        documents=2, tokens=7_000_001, input_bytes=2**25, seconds=32.0, outputs=["long_text_document"]
+    )
+    assert "in 32.0 s (0.062 docs/s, 1.00 MB/s)" in stats.summary()
+    assert "(12,500 docs/s," in PrepareStats(documents=400_000, seconds=32.0).summary()
+    progress = Progress("prepare", unit="docs", stream=io.StringIO())
+    progress.start -= 4.0
+    progress.done = 6
+    assert progress.line(progress.start + 4.0) == "prepare: 6 docs | 1.5 docs/s"
