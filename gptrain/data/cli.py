@@ -99,6 +99,22 @@ def _add_megatron_runtime_flags(parser: argparse.ArgumentParser) -> None:
     # how --split-sentences splits (NLTK's punkt): Megatron reads neither without it
     group.add_argument("--keep-newlines", action="store_true", help=argparse.SUPPRESS)
     group.add_argument("--lang", help=argparse.SUPPRESS)
+    # Megatron's timing of worker counts: refused with the reason (_check_megatron_runtime_flags)
+    group.add_argument("--find-optimal-num-workers", action="store_true", help=argparse.SUPPRESS)
+    group.add_argument("--workers-to-check", nargs="+", help=argparse.SUPPRESS)
+    group.add_argument("--max-documents", help=argparse.SUPPRESS)
+    group.add_argument("--performance-dir", help=argparse.SUPPRESS)
+
+
+def _worker_timing_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given of preprocess_data.py's run that times worker counts (Megatron, 2025)."""
+    given = {
+        "--find-optimal-num-workers": args.find_optimal_num_workers,
+        "--workers-to-check": args.workers_to_check,
+        "--max-documents": args.max_documents,
+        "--performance-dir": args.performance_dir,
+    }
+    return [flag for flag, value in given.items() if value]
 
 
 def _check_megatron_runtime_flags(args: argparse.Namespace) -> None:
@@ -112,6 +128,12 @@ def _check_megatron_runtime_flags(args: argparse.Namespace) -> None:
     for flag, value in (("--chunk-size", args.chunk_size), ("--partitions", args.partitions)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} must be at least 1")
+    if benchmark := _worker_timing_flags(args):
+        raise ConfigError(
+            f"{benchmark[0]}: Megatron's timing of worker counts (--find-optimal-num-workers with "
+            "--workers-to-check, --max-documents, --performance-dir) prepares the data once per count; "
+            "gptrain has no such run: drop these flags and give --workers (default: every CPU here)"
+        )
     if args.split_sentences:
         raise ConfigError(
             "--split-sentences splits documents into sentences (BERT's <prefix>_<key>_sentence files); "

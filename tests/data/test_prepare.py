@@ -175,6 +175,30 @@ def test_sentence_splitting_options_without_split_sentences_change_nothing(
     assert "--split-sentences splits documents into sentences" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--find-optimal-num-workers", "--workers-to-check", "8", "16", "--performance-dir", "perf"],
+        ["--max-documents", "1000"],
+        ["--workers-to-check", "4"],
+    ],
+)
+def test_megatrons_worker_benchmark_flags_are_refused_with_the_reason(tmp_path, gpt2_files, capsys, flags):
+    """preprocess_data.py's --find-optimal-num-workers (with --workers-to-check, --max-documents,
+    --performance-dir) prepares the data once per worker count to time them; argparse answered
+    'unrecognized arguments', which did not say that gptrain has no such run or what to do instead."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "one"}\n')
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, *gpt2_flags(gpt2_files), *flags, "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"gptrain: error: {flags[0]}: Megatron's timing of worker counts")
+        and err.count("\n") == 1
+    )
+    assert "--workers" in err and not list(tmp_path.glob("out*"))
+
+
 @pytest.mark.parametrize("keep_sequential", [False, True])
 def test_partitions_say_how_megatrons_document_order_would_differ(
     tmp_path, gpt2_files, corpus, write_jsonl, capsys, keep_sequential
