@@ -75,8 +75,8 @@ def parse_blend(
             ) from None
         if not weight >= 0 or not math.isfinite(weight):
             raise DataError(
-                f"data prefix entry {position + 1}: weight {raw!r} of {prefix} must be 0 or more (0 leaves "
-                "the dataset out of the mix, as in Megatron)"
+                f"data prefix entry {position + 1}: weight {raw!r} of {prefix} must be 0 or more (0 asks "
+                "the dataset for no samples, as in Megatron)"
             )
         prefixes.append(str(prefix).strip())
         weights.append(weight)
