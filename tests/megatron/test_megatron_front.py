@@ -1787,3 +1787,18 @@ def test_bad_blend_weights_are_refused_as_megatrons_flags_are_read(
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     with pytest.raises(ConfigError, match=message):
         translate(shlex.split(f"{base} --train-iters 4 --lr 1e-4 {flags}"), {})
+
+
+def test_a_data_prefix_check_names_the_megatron_flag_that_set_the_key():
+    from gptrain.megatron.data_paths import prefix_in_flags
+
+    line = "model.data.data_prefix: /d/a.bin/.idx not found"
+    assert prefix_in_flags(line, {"--data-path": ["/d/a"]}) == "--data-path: /d/a.bin/.idx not found"
+    assert prefix_in_flags(line, {"--data-args-path": ["F"]}) == "--data-args-path F: /d/a.bin/.idx not found"
+    split = "model.data.data_prefix.validation: data prefix entry 1: weight -1.0 of v must be 0 or more"
+    assert prefix_in_flags(split, {"--train-data-path": ["t"], "--valid-data-path": ["-1", "v"]}).startswith(
+        "--valid-data-path: data prefix entry 1"
+    )
+    assert prefix_in_flags(split, {"--per-split-data-args-path": ["S"]}).startswith(
+        "--per-split-data-args-path S: valid: data prefix entry 1"
+    )
