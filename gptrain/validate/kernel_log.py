@@ -98,14 +98,21 @@ def line_age_s(line: str, clock: Clock) -> float | None:
     return None
 
 
-def judged_lines(text: str, is_event: Callable[[str], bool], since_s: float | None, clock: Clock) -> Judged:
-    """The part of `text` to judge: after the driver's last load and, with `since_s`, in that
-    window. The counts are of the lines `is_event` says open one (an Xid, or an SXid's first line)."""
-    lines = text.splitlines()
+def reload_index(lines: list[str]) -> int:
+    """The index of the driver's last load when the log shows it loaded again after boot, else 0.
+    The boot's one load is no reset: nvidia.ko's init probes the NVSwitches (and logs their SXids)
+    before it prints its load line."""
     loads = [i for i, line in enumerate(lines) if DRIVER_LOADED.search(line)]
-    start = loads[-1] if loads else 0  # the load at boot precedes every Xid
+    return loads[-1] if len(loads) > 1 else 0
+
+
+def judged_lines(text: str, is_event: Callable[[str], bool], since_s: float | None, clock: Clock) -> Judged:
+    """The part of `text` to judge: after the driver's last load where it was reloaded and, with
+    `since_s`, in that window. The counts are of the lines `is_event` says open one (an Xid, or an SXid's first line)."""
+    lines = text.splitlines()
+    start = reload_index(lines)
     judged = Judged("", before_driver_load=sum(1 for line in lines[:start] if is_event(line)))
-    if len(loads) > 1 or judged.before_driver_load:
+    if start:
         judged.span = "since the NVIDIA driver was reloaded"
     kept = lines[start:]
     if since_s is not None:

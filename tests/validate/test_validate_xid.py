@@ -392,6 +392,39 @@ def test_a_log_with_one_driver_load_is_judged_since_boot():
     assert (judged.text, judged.span, judged.before_driver_load) == (text, "since boot", 0)
 
 
+# One boot, one driver load: nvidia.ko's module init brings up the NVSwitch driver, which probes the
+# switches (and logs what they report) before it prints its "NVRM: loading" line.
+SWITCH_INIT_SXID = """\
+[   20.100000] nvidia-nvswitch0: probing 0x22a3, minor 0
+[   20.900000] nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal, Link 32 LTSSM Fault Up
+[   21.400000] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build
+"""
+
+
+def test_an_sxid_of_switch_init_before_the_boots_only_driver_load_is_judged(monkeypatch, tmp_path, capsys):
+    """The boot's one load was taken for a reload: a fatal SXid raised at switch init was left out
+    'before the NVIDIA driver was last loaded', and the node passed with its NVLink fabric stopped."""
+    node_dmesg(monkeypatch, SWITCH_INIT_SXID)
+    xid = nvml.xid_events()
+    assert [(e["kind"], e["xid"]) for e in xid["events"]] == [("SXid", 20034)]
+    assert (xid["before_driver_load"], xid["span"]) == (0, "since boot")
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", xid)])
+    assert code == 1 and out.bad_nodes == {"gpu01"}
+    assert out.failures[0].startswith("gpus: gpu01 NVSwitch 3 PCI 0000:86:00: SXid 20034 (1 since boot):")
+    assert not [line for line in capsys.readouterr().out.splitlines() if "not judged" in line]
+
+
+def test_only_a_reload_sets_the_span_and_leaves_lines_out():
+    """Two loads: what came before the last one is left out and the span says so; one load: nothing
+    is, and the span is the boot's, whatever precedes the load."""
+    clock = kernel_log.Clock(READ_AT_BOOT_S, 0.0)
+    twice = SWITCH_INIT_SXID + RELOADED.splitlines()[3] + "\n"
+    judged = kernel_log.judged_lines(twice, nvml.is_xid_event, None, clock)
+    assert (judged.before_driver_load, judged.span) == (1, "since the NVIDIA driver was reloaded")
+    once = kernel_log.judged_lines(SWITCH_INIT_SXID, nvml.is_xid_event, None, clock)
+    assert (once.text, once.before_driver_load, once.span) == (SWITCH_INIT_SXID, 0, "since boot")
+
+
 def wall_clock_log(read_at_epoch: float) -> str:
     """RELOADED's Xid lines as `dmesg -T` prints them (local time), the last line read at read_at_epoch."""
     lines = []
