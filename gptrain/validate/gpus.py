@@ -213,7 +213,9 @@ def xid_findings(records: list[dict[str, Any]]) -> tuple[list[XidFinding], dict[
             unread[r["node"]] = xid.get("reason") or "no reason given"
             continue
         span = xid.get("span") or "since boot"
-        findings.extend(dataclasses.replace(_finding(r["node"], e), span=span) for e in xid["events"])
+        findings.extend(
+            dataclasses.replace(_finding(r["node"], e), span=e.get("span") or span) for e in xid["events"]
+        )
     findings.sort(key=lambda f: (XID_ORDER[f.severity], f.node, f.pci, f.kind, f.xid))
     return findings, unread
 
@@ -255,6 +257,12 @@ def xid_left_out_lines(records: list[dict[str, Any]]) -> list[str]:
             parts.append(f"{xid['older']} older than --xid-since {duration_text(xid['since_s'])}")
         if parts:
             lines.append(f"gpus: {r['node']}: Xid line(s) not judged: {', '.join(parts)}")
+        if xid.get("kept_across_reload"):
+            lines.append(
+                f"gpus: {r['node']}: {xid['kept_across_reload']} Xid line(s) from before the NVIDIA driver's"
+                " reload judged: a reload does not cure them (Xid 79, 160, 154 'Node Reboot Required': reboot"
+                " the node)"
+            )
         if xid.get("untimed"):
             lines.append(
                 f"gpus: {r['node']}: {xid['untimed']} Xid line(s) without a timestamp judged whatever their age"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.104.05  ..." or, for the open kernel
 # modules, "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  ..."
@@ -46,6 +46,8 @@ class Judged:
     text: str
     span: str = "since boot"  # what the counts of the kept lines cover
     before_driver_load: int = 0
+    kept_across_reload: int = 0  # before the reload, and judged: a reload does not cure them
+    carried: list[str] = field(default_factory=list)  # those lines (after the window)
     older: int = 0
     untimed: int = 0  # kept under a window: no timestamp to tell their age
     since_s: float | None = None  # the window (--xid-since), None: since boot
@@ -55,9 +57,15 @@ class Judged:
             "span": self.span,
             "since_s": self.since_s,
             "before_driver_load": self.before_driver_load,
+            "kept_across_reload": self.kept_across_reload,
             "older": self.older,
             "untimed": self.untimed,
         }
+
+    @property
+    def span_across_reload(self) -> str:
+        """What the counts of the lines kept across the reload cover: the window, or boot."""
+        return "since boot" if self.since_s is None else f"in the last {duration_text(self.since_s)}"
 
 
 def parse_duration(text: str) -> float | None:
@@ -98,6 +106,10 @@ def line_age_s(line: str, clock: Clock) -> float | None:
     return None
 
 
+def count(lines: list[str], is_event: Callable[[str], bool]) -> int:
+    return sum(1 for line in lines if is_event(line))
+
+
 def reload_index(lines: list[str]) -> int:
     """The index of the driver's last load when the log shows it loaded again after boot, else 0.
     The boot's one load is no reset: nvidia.ko's init probes the NVSwitches (and logs their SXids)
@@ -106,21 +118,31 @@ def reload_index(lines: list[str]) -> int:
     return loads[-1] if len(loads) > 1 else 0
 
 
-def judged_lines(text: str, is_event: Callable[[str], bool], since_s: float | None, clock: Clock) -> Judged:
-    """The part of `text` to judge: after the driver's last load where it was reloaded and, with
-    `since_s`, in that window. The counts are of the lines `is_event` says open one (an Xid, or an SXid's first line)."""
+def judged_lines(
+    text: str,
+    is_event: Callable[[str], bool],
+    since_s: float | None,
+    clock: Clock,
+    uncured: Callable[[list[str]], list[int]] = lambda lines: [],
+) -> Judged:
+    """The part of `text` to judge: after the driver's last load where it was reloaded (and the lines
+    before it that `uncured` picks: a reload does not cure them) and, with `since_s`, in that window.
+    The counts are of the lines `is_event` says open one (an Xid, or an SXid's first line)."""
     lines = text.splitlines()
     start = reload_index(lines)
-    judged = Judged("", before_driver_load=sum(1 for line in lines[:start] if is_event(line)))
+    carried = [lines[i] for i in uncured(lines[:start])]
+    judged = Judged("", before_driver_load=count(lines[:start], is_event) - count(carried, is_event))
     if start:
         judged.span = "since the NVIDIA driver was reloaded"
-    kept = lines[start:]
+    kept = carried + lines[start:]
     if since_s is not None:
         judged.since_s = since_s
-        ages = [(line, line_age_s(line, clock)) for line in kept]
-        kept = [line for line, age in ages if age is None or age <= since_s]
-        judged.older = sum(1 for line, age in ages if age is not None and age > since_s and is_event(line))
-        judged.untimed = sum(1 for line, age in ages if age is None and is_event(line))
+        aged = [(line, line_age_s(line, clock)) for line in kept]  # the carried lines first
+        judged.older = count([line for line, age in aged if age is not None and age > since_s], is_event)
+        judged.untimed = count([line for line, age in aged if age is None], is_event)
+        kept = [line for line, age in aged if age is None or age <= since_s]
+        carried = [line for line, age in aged[: len(carried)] if age is None or age <= since_s]
         judged.span = f"in the last {duration_text(since_s)}"
+    judged.carried, judged.kept_across_reload = carried, count(carried, is_event)
     judged.text = "\n".join(kept) + "\n"
     return judged

@@ -302,6 +302,36 @@ RECOVERY_ACTION = re.compile(
 DOCUMENTED_RECOVERY_ACTIONS = range(1, 5)
 
 
+# NVIDIA's Xid catalogue (Resolution Bucket, Immediate Action RESTART_BM: restart the node) for Xid 79
+# (GPU fallen off the bus) and 160 (channel retirement event); Xid 154 names action 0x2, Node Reboot
+# Required. Neither a driver reload nor a GPU reset cures them.
+REBOOT_XIDS = frozenset({79, 160})
+NODE_REBOOT_ACTION = 2
+
+
+def names_node_reboot(text: str) -> bool:
+    """Whether an Xid 154 line's text changes the recovery action to a node reboot."""
+    match = RECOVERY_ACTION.search(text)
+    return match is not None and int(match[1], 16) == NODE_REBOOT_ACTION
+
+
+def lines_a_reload_does_not_cure(lines: list[str]) -> list[int]:
+    """The indices of the Xid lines that still speak for their GPU after the driver is reloaded: a
+    catalogued reboot Xid, and a GPU's last Xid 154 where it asks for a node reboot (a later one
+    back to None says the driver no longer needs it)."""
+    kept, last_action = [], {}
+    for index, line in enumerate(lines):
+        match = XID.search(line)
+        if match is None:
+            continue
+        if int(match[2]) == RECOVERY_ACTION_XID:
+            last_action[pci_key(match[1])] = index
+        elif int(match[2]) in REBOOT_XIDS:
+            kept.append(index)
+    kept += [index for index in last_action.values() if names_node_reboot(lines[index])]
+    return sorted(kept)
+
+
 def xid_class(xid: int, text: str = "") -> tuple[str, str]:
     """(fail | warn | info, what it means) for an Xid whose (last) line says `text`; one not in the
     table needs a look."""
@@ -442,13 +472,17 @@ def is_xid_event(line: str) -> bool:
 
 def xid_events(since_s: float | None = None) -> dict[str, Any]:
     """This node's Xids and NVSwitch SXids since boot (dmesg holds no older ones), or 'unreadable'
-    and why. Those before the driver's last load, or older than `since_s` (--xid-since), are
-    counted and left out (gptrain.validate.kernel_log)."""
+    and why. Those before the driver's reload (but the ones a reload does not cure), or older than
+    `since_s` (--xid-since), are counted and left out (gptrain.validate.kernel_log)."""
     from gptrain.validate.kernel_log import Clock, judged_lines
 
     text, reason = read_kernel_log()
     if text is None:
         return {"readable": False, "reason": reason}
-    judged = judged_lines(text, is_xid_event, since_s, Clock.now())
+    judged = judged_lines(text, is_xid_event, since_s, Clock.now(), lines_a_reload_does_not_cure)
     events = parse_xids(judged.text, node_gpu_indices()) + parse_sxids(judged.text)
+    carried = {(e["pci"], e["xid"]) for e in parse_xids("\n".join(judged.carried), {})}
+    for event in events:  # counted across the reload: the span without it
+        if (event["pci"], event["xid"]) in carried and event.get("kind") != "SXid":
+            event["span"] = judged.span_across_reload
     return {"readable": True, "events": events, **judged.as_dict()}

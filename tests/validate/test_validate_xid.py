@@ -207,6 +207,7 @@ def test_a_kernel_log_with_bytes_that_are_not_utf8_is_still_read(monkeypatch, tm
         "span": "since boot",
         "since_s": None,
         "before_driver_load": 0,
+        "kept_across_reload": 0,
         "older": 0,
         "untimed": 0,
     }
@@ -351,13 +352,14 @@ def test_an_unknown_recovery_action_warns_naming_it_and_does_not_fail_the_node(m
     ) in capsys.readouterr().out.splitlines()
 
 
-# A node whose GPU 0 fell off the bus at 10:00, was reset with the driver reloaded (rmmod, nvidia-smi
-# -r, modprobe), and logged only an application's Xid 13 since; read at 14:00 (4 h after boot).
+# A node whose GPU 0 had an uncorrectable ECC error at 10:00 (a GPU reset cures it), had its driver
+# reloaded (rmmod, modprobe: every GPU reset), and logged only an application's Xid 13 since; read
+# at 14:00 (4 h after boot).
 # uptime (s since boot) of each line, and the read
 RESET_AT_BOOT_S, READ_AT_BOOT_S = 3600.0, 14400.0
 RELOADED = """\
 [    5.100000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024
-[  600.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+[  600.000000] NVRM: Xid (PCI:0000:18:00): 95, pid='<unknown>', name=<unknown>, Uncontained: FBHUB. RST: Yes, D-RST: No
 [  600.000100] NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error
 [ 3600.000000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024
 [ 9000.000000] NVRM: Xid (PCI:0000:18:00): 13, pid=4321, name=python, Graphics SM Warp Exception
@@ -365,7 +367,7 @@ RELOADED = """\
 
 
 def test_xids_before_the_drivers_last_load_are_not_judged(monkeypatch, tmp_path, capsys):
-    """A GPU reset with the driver reloaded (NVIDIA's reset procedure) left its Xid 79 in dmesg, and
+    """A driver reload (which resets every GPU) left its Xids 95 and 48 in dmesg, and
     the node failed every validation until it was rebooted."""
     node_dmesg(monkeypatch, RELOADED)
     xid = nvml.xid_events()
@@ -423,6 +425,68 @@ def test_only_a_reload_sets_the_span_and_leaves_lines_out():
     assert (judged.before_driver_load, judged.span) == (1, "since the NVIDIA driver was reloaded")
     once = kernel_log.judged_lines(SWITCH_INIT_SXID, nvml.is_xid_event, None, clock)
     assert (once.text, once.before_driver_load, once.span) == (SWITCH_INIT_SXID, 0, "since boot")
+
+
+# GPU 0 fell off the bus and its driver asked for a node reboot; GPU 1 (2a) asked for a reboot and
+# then for none; the driver was reloaded, not the node rebooted.
+REBOOT_NEEDED = """\
+[    5.100000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024
+[  600.000000] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
+[  600.000100] NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)
+[  700.000000] NVRM: Xid (PCI:0000:2a:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error
+[  700.000100] NVRM: Xid (PCI:0000:2a:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)
+[  800.000000] NVRM: Xid (PCI:0000:2a:00): 154, GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)
+[ 3600.000000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024
+"""
+
+
+def test_xids_a_driver_reload_does_not_cure_stay_judged(monkeypatch, tmp_path, capsys):
+    """A reload left out Xid 79 (NVIDIA's catalogue: restart the node) and Xid 154 'Node Reboot
+    Required': the node passed with its GPU still off the bus."""
+    node_dmesg(monkeypatch, REBOOT_NEEDED)
+    xid = nvml.xid_events()
+    assert [(e["pci"], e["xid"], e["count"], e.get("span")) for e in xid["events"]] == [
+        ("0000:18:00", 79, 1, "since boot"),
+        ("0000:18:00", 154, 1, "since boot"),
+    ]
+    assert (xid["before_driver_load"], xid["kept_across_reload"]) == (3, 2)
+    assert xid["span"] == "since the NVIDIA driver was reloaded"
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", xid)])
+    assert code == 1 and out.bad_nodes == {"gpu01"}
+    assert [line.split(": ")[2] for line in out.failures] == [
+        "Xid 79 (1 since boot)",
+        "Xid 154 (1 since boot)",
+    ]
+    printed = capsys.readouterr().out.splitlines()
+    assert (
+        "gpus: gpu01: 2 Xid line(s) from before the NVIDIA driver's reload judged: a reload does not cure"
+        " them (Xid 79, 160, 154 'Node Reboot Required': reboot the node)"
+    ) in printed
+
+
+@pytest.mark.parametrize(
+    ("line", "needs_reboot"),
+    [
+        (
+            "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            True,
+        ),
+        ("NVRM: Xid (0000:18:00): 160, pid='<unknown>', name=<unknown>, Channel retirement event", True),
+        (
+            "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+            True,
+        ),
+        (
+            "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+            False,
+        ),
+        ("NVRM: Xid (PCI:0000:18:00): 48, An uncorrectable double bit error", False),
+        ("nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal, Link 32 LTSSM Fault Up", False),
+    ],
+)
+def test_which_xid_lines_a_reload_does_not_cure(line, needs_reboot):
+    """NVIDIA's Xid catalogue gives RESTART_BM (restart the node) for Xids 79 and 160; Xid 154 names its action."""
+    assert nvml.lines_a_reload_does_not_cure([line]) == ([0] if needs_reboot else [])
 
 
 def wall_clock_log(read_at_epoch: float) -> str:
