@@ -1,13 +1,14 @@
 """Which part of a node's kernel log still speaks for its GPUs.
 
-dmesg keeps every Xid since boot, and a GPU reset does not take one out: a node whose GPU was
-reset (or its driver reloaded) hours ago would fail validation until it is rebooted. Two rules
-leave out the lines that no longer speak for the GPUs:
+dmesg keeps every Xid since boot: a node whose GPUs were re-initialised hours ago would fail
+validation until it is rebooted. Two rules leave out the lines that no longer speak for the GPUs:
 
-- the lines before the NVIDIA driver's last load: reloading it (rmmod, modprobe; NVIDIA's GPU
-  reset procedure unloads it) resets every GPU of the node;
-- with `--xid-since`, the lines older than that window, as node-problem-detector's Xid plugins do
-  (an Xid counts as current there for two hours). A line without a timestamp is kept.
+- where the log shows the NVIDIA driver loaded again after boot (rmmod, modprobe), the lines before
+  its last load: the reload re-initialises every GPU of the node (a reboot empties dmesg itself).
+  The lines a reload does not cure stay (nvml.lines_a_reload_does_not_cure);
+- with `--xid-since`, the lines older than that window: a GPU reset with `nvidia-smi -r` (NVIDIA's
+  documented reset) leaves the driver loaded and logs no line of its own, so only an age tells
+  an Xid from before it. A line without a timestamp is kept.
 """
 
 from __future__ import annotations
