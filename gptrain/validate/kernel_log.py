@@ -119,6 +119,13 @@ def reload_index(lines: list[str]) -> int:
     return loads[-1] if len(loads) > 1 else 0
 
 
+def window_binds(reload_line: str, since_s: float, clock: Clock) -> bool:
+    """Whether the window starts after the reload: then it, not the reload, limits what the counts
+    cover (a reload inside the window left out lines the window would have kept)."""
+    age = line_age_s(reload_line, clock)
+    return age is not None and age > since_s
+
+
 def judged_lines(
     text: str,
     is_event: Callable[[str], bool],
@@ -143,7 +150,8 @@ def judged_lines(
         judged.untimed = count([line for line, age in aged if age is None], is_event)
         kept = [line for line, age in aged if age is None or age <= since_s]
         carried = [line for line, age in aged[: len(carried)] if age is None or age <= since_s]
-        judged.span = f"in the last {duration_text(since_s)}"
+        if not start or window_binds(lines[start], since_s, clock):
+            judged.span = f"in the last {duration_text(since_s)}"
     judged.carried, judged.kept_across_reload = carried, count(carried, is_event)
     judged.text = "\n".join(kept) + "\n"
     return judged

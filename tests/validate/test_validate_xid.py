@@ -501,14 +501,23 @@ def wall_clock_log(read_at_epoch: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+RELOAD_SPAN = "since the NVIDIA driver was reloaded"
+
+
 @pytest.mark.parametrize("form", ["since boot", "dmesg -T"])
 @pytest.mark.parametrize(
-    ("since", "kept", "older"),
-    [("3h", [(13, 1)], 0), ("1h", [], 1), ("90m", [(13, 1)], 0)],
+    ("since", "kept", "older", "span"),
+    [
+        ("4h", [(13, 1)], 0, RELOAD_SPAN),
+        ("3h", [(13, 1)], 0, RELOAD_SPAN),
+        ("1h", [], 1, "in the last 1h"),
+        ("90m", [(13, 1)], 0, "in the last 90m"),
+    ],
 )
-def test_xid_since_judges_only_the_xids_of_that_window(monkeypatch, form, since, kept, older):
-    """Xid 13 is 5400 s old at the read: inside 3h and 90m (5400 s: the bound is kept), outside 1h;
-    the Xids before the driver's reload are left out whatever the window."""
+def test_xid_since_judges_only_the_xids_of_that_window(monkeypatch, form, since, kept, older, span):
+    """Xid 13 is 5400 s old at the read: inside 4h, 3h and 90m (5400 s: the bound is kept), outside
+    1h; the Xids before the driver's reload (10800 s ago) are left out whatever the window. The span
+    names the later limit: a 4h window holds the reload, whose Xids it did not count, and was named."""
     epoch = time.mktime((2026, 11, 29, 14, 0, 0, 0, 0, -1))
     text = RELOADED if form == "since boot" else wall_clock_log(epoch)
     monkeypatch.setattr(kernel_log.Clock, "now", classmethod(lambda cls: cls(READ_AT_BOOT_S, epoch)))
@@ -516,7 +525,22 @@ def test_xid_since_judges_only_the_xids_of_that_window(monkeypatch, form, since,
     xid = nvml.xid_events(kernel_log.parse_duration(since))
     assert [(e["xid"], e["count"]) for e in xid["events"]] == kept
     assert (xid["before_driver_load"], xid["older"], xid["untimed"]) == (2, older, 0)
-    assert xid["span"] == f"in the last {since}"
+    assert xid["span"] == span
+
+
+@pytest.mark.parametrize(
+    ("since", "kept", "older"),
+    [("4h", [(79, "in the last 4h"), (154, "in the last 4h")], 0), ("3h", [], 2)],
+)
+def test_xids_kept_across_a_reload_are_held_to_the_window(monkeypatch, since, kept, older):
+    """The reload (3h ago) binds the node's span; the lines kept from before it (600 s after boot,
+    13800 s old) are counted in the window, or left out as older than it, once either way."""
+    monkeypatch.setattr(kernel_log.Clock, "now", classmethod(lambda cls: cls(READ_AT_BOOT_S, 0.0)))
+    node_dmesg(monkeypatch, REBOOT_NEEDED)
+    xid = nvml.xid_events(kernel_log.parse_duration(since))
+    assert [(e["xid"], e["span"]) for e in xid["events"]] == kept
+    assert xid["span"] == RELOAD_SPAN
+    assert (xid["before_driver_load"], xid["kept_across_reload"], xid["older"]) == (3, len(kept), older)
 
 
 def test_an_old_hardware_xid_outside_the_window_does_not_fail_the_node(monkeypatch, tmp_path, capsys):
