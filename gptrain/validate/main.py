@@ -121,6 +121,9 @@ def busbw_threshold(rows: list[dict[str, Any]], limits: Thresholds, ctx: Context
     best = max(large, key=lambda r: r["busbw_GBps"])
     out.summary["all_reduce_large_busbw_GBps"] = best["busbw_GBps"]
     minimum = limits.busbw_threshold(ctx.multi_node)
+    if minimum is not None and ctx.size == 1:  # first: no size or flag would make it apply
+        print("collectives: busbw threshold not applied: a world of 1 moves no data between ranks")
+        minimum = None
     if minimum is not None and not limits.holds_at(best["bytes"]):
         print(
             f"collectives: busbw threshold not applied: {short_of_large(best['bytes'], limits, '--max-bytes')}"
@@ -138,9 +141,6 @@ def busbw_threshold(rows: list[dict[str, Any]], limits: Thresholds, ctx: Context
             )
     out.summary["busbw_threshold_GBps"] = minimum
     if minimum is None:
-        return
-    if ctx.size == 1:
-        print("collectives: busbw threshold not applied: a world of 1 moves no data between ranks")
         return
     if best["busbw_GBps"] < minimum:
         out.failures.append(

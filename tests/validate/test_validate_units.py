@@ -673,6 +673,24 @@ def test_a_profile_threshold_does_not_judge_a_sweep_that_stopped_below_large_mes
         assert len(out.failures) == 1 and out.failures[0].startswith("collectives: all_reduce busbw 200 GB/s")
 
 
+def test_a_world_of_one_is_told_only_that_it_moves_no_data(capsys):
+    """One rank, `--profile aws_p5 --max-bytes 256M`: the line advised raising --max-bytes or giving
+    --min-busbw-GBps, and whoever followed it was then told a world of 1 moves no data."""
+    from types import SimpleNamespace
+
+    from gptrain.validate.main import Outcome, busbw_threshold
+
+    one = SimpleNamespace(rank=0, size=1, nodes=["a"], multi_node=False)
+    for nbytes, override in ((256 << 20, None), (1 << 30, None), (256 << 20, 250.0)):
+        out = Outcome()
+        rows = [{"op": "all_reduce", "bytes": nbytes, "busbw_GBps": 0.0}]
+        busbw_threshold(rows, load_thresholds("aws_p5", override), one, out)
+        assert out.failures == [] and out.summary["busbw_threshold_GBps"] is None
+        assert capsys.readouterr().out.splitlines() == [
+            "collectives: busbw threshold not applied: a world of 1 moves no data between ranks"
+        ]
+
+
 def test_node_pairs_of_a_small_pair_bytes_are_not_held_to_the_large_message_threshold(
     monkeypatch, tmp_path, capsys
 ):
