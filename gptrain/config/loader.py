@@ -19,11 +19,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key, refused_value
-from gptrain.config.schema import TrainingConfig
+from gptrain.config.schema import PER_SPLIT_KEYS, TrainingConfig
 from gptrain.config.validate import normalize, validate
 from gptrain.config.yamlio import as_int, as_switch, load_file, load_text, override_value
 from gptrain.errors import ConfigError
@@ -225,7 +225,9 @@ def _apply_override(root: DictConfig, override: str) -> list[str]:
         path = key
     else:
         key = key.removeprefix("training.")
-        if not form.delete:  # `~key` may remove a key gptrain does not know (a newer NeMo file's)
+        if key.startswith(DATA_PREFIX_SPLIT) and not form.delete:
+            check_one_split(root, key, override)
+        elif not form.delete:  # `~key` may remove a key gptrain does not know (a newer NeMo file's)
             _check_known_key(key, f"override '{override}'")
         path = f"training.{key}"
     value = override_value(form)
@@ -242,6 +244,31 @@ def _apply_override(root: DictConfig, override: str) -> list[str]:
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override}': {str(error).splitlines()[0]}") from None
     return keys if path == key else [dotted.removeprefix("training.") for dotted in keys]
+
+
+DATA_PREFIX_SPLIT = "model.data.data_prefix."
+
+
+def check_one_split(root: DictConfig, key: str, override: str) -> None:
+    """`key` is under `training` in `root` (the launcher's config too). `model.data.data_prefix.validation=...` sets one split of a per-split data prefix, as Hydra
+    does; over a blend, one prefix or none (Hydra refuses it there too) the error shows the whole
+    per-split form to write instead, where it said "unknown key"."""
+    split = key.removeprefix(DATA_PREFIX_SPLIT)
+    if split not in PER_SPLIT_KEYS:
+        raise ConfigError(
+            f"override '{override}': '{split}' is not a split: the per-split form has the keys "
+            f"{', '.join(PER_SPLIT_KEYS)}"
+        )
+    current = OmegaConf.select(root, f"training.{key.rpartition('.')[0]}", throw_on_resolution_failure=False)
+    if isinstance(current, DictConfig):
+        return
+    what = "a blend (a list)" if isinstance(current, ListConfig) else "one prefix" if current else "not set"
+    example = ",".join(f"{name}:[1.0,/path/{name}_text_document]" for name in PER_SPLIT_KEYS)
+    raise ConfigError(
+        f"override '{override}': model.data.data_prefix is {what}, not per split; give every split its "
+        f"data in one override: model.data.data_prefix={{{example}}} (each a prefix or a blend; a split "
+        "left out has no data)"
+    )
 
 
 def _restore_defaults(root: DictConfig) -> None:

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from gptrain.config import nemo_launcher
-from gptrain.config.loader import environment_hint, register_resolvers
+from gptrain.config.loader import DATA_PREFIX_SPLIT, check_one_split, environment_hint, register_resolvers
 from gptrain.config.yamlio import load_file, override_value
 from gptrain.errors import ConfigError, printable
 from gptrain.utils.overrides import (
@@ -402,18 +402,23 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
             break
         node = node[part]
     if parts[0] == "training" and len(parts) > 1 and not override.form.add:
-        check_training_key(".".join(parts[1:]), override.key)
+        check_training_key(cfg, ".".join(parts[1:]), override)
     try:
         return set_key(cfg, override.key, override.value)
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override.typed}': {str(error).splitlines()[0]}") from None
 
 
-def check_training_key(dotted: str, key: str) -> None:
-    """Training keys are checked against the training schema (a preset lists only some)."""
+def check_training_key(cfg: DictConfig, dotted: str, override: Override) -> None:
+    """Training keys are checked against the training schema (a preset lists only some); one split
+    of the data prefix by the loader's rule (`cfg` holds the data prefix it goes into)."""
     from gptrain.config import all_keys
     from gptrain.config.nemo_keys import is_ignored_nemo_key
 
+    key = override.key
+    if dotted.startswith(DATA_PREFIX_SPLIT):
+        check_one_split(cfg, dotted, override.typed)
+        return
     valid = all_keys()
     sections = {k.rsplit(".", 1)[0] for k in valid if "." in k}
     if dotted in valid or dotted in sections or is_ignored_nemo_key(dotted):

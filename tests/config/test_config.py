@@ -887,3 +887,55 @@ def test_a_config_file_under_a_directory_that_may_not_be_searched_names_that_dir
         f"{locked}/mine.yaml: cannot be looked up (Permission denied); check the permissions of {locked}"
         " and the directories above it"
     )
+
+
+def test_one_split_of_a_per_split_data_prefix_is_set_as_hydra_sets_it():
+    """`model.data.data_prefix.validation=...` on a per-split data prefix replaces that split, as Hydra
+    does; it was refused as an unknown key."""
+    per_split = "model.data.data_prefix={train: /d/a, validation: /d/b, test: /d/c}"
+    cfg = load_training_config(
+        "gpt3/126m", [per_split, "model.data.data_prefix.validation=[1.0,/d/v]"], report_ignored=False
+    )
+    assert cfg.model.data.data_prefix == {"train": "/d/a", "validation": [1.0, "/d/v"], "test": "/d/c"}
+
+
+@pytest.mark.parametrize("before", ["[1.0,/d/a]", "/d/a", "null"])
+def test_one_split_of_a_blend_data_prefix_says_how_to_write_the_per_split_form(before):
+    """The preset's data_prefix is a blend (a list): a split cannot be set inside it (Hydra refuses
+    it too); the error said 'unknown key' and nothing of the per-split form."""
+    override = "model.data.data_prefix.validation=[1.0,/d/v]"
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [f"model.data.data_prefix={before}", override])
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"override '{override}': model.data.data_prefix is ")
+    assert (
+        "not per split; give every split its data in one override: model.data.data_prefix={train:" in message
+    )
+    written = message.partition("one override: ")[2].partition(" (")[0]
+    cfg = load_training_config("gpt3/126m", [written], report_ignored=False)  # what it says to write loads
+    assert list(cfg.model.data.data_prefix) == ["train", "validation", "test"]
+
+
+def test_a_sub_key_of_data_prefix_that_is_no_split_names_the_splits():
+    per_split = "model.data.data_prefix={train: /d/a, validation: /d/b}"
+    expected = r"'valid' is not a split: the per-split form has the keys train, validation, test"
+    with pytest.raises(ConfigError, match=expected):
+        load_training_config("gpt3/126m", [per_split, "model.data.data_prefix.valid=/d/v"])
+
+
+def test_one_split_of_data_prefix_in_a_launch_is_set_or_says_how(tmp_path):
+    """The same override under `gptrain launch` (training.model.data.data_prefix.validation=...): it was
+    'unknown key' there too."""
+    per_split = "training.model.data.data_prefix={train:/d/a,validation:/d/b}"
+    composed = compose(
+        [per_split, "training.model.data.data_prefix.validation=/d/v", f"base_results_dir={tmp_path}"]
+    )
+    assert composed.resolved()["training"]["model"]["data"]["data_prefix"] == {
+        "train": "/d/a",
+        "validation": "/d/v",
+    }
+    override = "training.model.data.data_prefix.validation=/d/v"
+    with pytest.raises(
+        ConfigError, match=rf"^override '{re.escape(override)}': model.data.data_prefix is a blend"
+    ):
+        compose([override, f"base_results_dir={tmp_path}"])
