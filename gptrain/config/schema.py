@@ -102,6 +102,11 @@ class CheckpointCallbackParams:
     """Save a checkpoint every N steps (and at the end, on max_time and on SIGTERM/SIGUSR1); null (the
     default, as NeMo's CallbackParams): at each validation, every trainer.val_check_interval steps, as
     PyTorch Lightning saves without it. gptrain's presets set it."""
+    every_n_epochs: int | None = None
+    """PyTorch Lightning's top-k saves at each validation, which it makes only while every_n_train_steps
+    is null and this is null or 1 (a NeMo GPT run is one epoch long, so 2 or more is the same as 0).
+    0: no top-k checkpoints, only Lightning's last one, at each validation and at the end: saved on
+    the same steps, and only the newest is kept (save_top_k counts as 0; needs save_last)."""
     save_top_k: int = 10
     """Keep K complete checkpoints, and always the newest: the K best by `monitor`, or without one the K
     newest; the others are deleted (-1 keeps every one; 0 only the newest, Lightning's last.ckpt, and

@@ -122,8 +122,8 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     if cfg.exp_manager.tensorboard_dir:  # hparams.yaml, a requeued job and `gptrain plot` read it elsewhere
         cfg.exp_manager.tensorboard_dir = os.path.abspath(cfg.exp_manager.tensorboard_dir)
     _max_time_per_run(cfg)
-    _save_interval(cfg)
-    return _sequence_parallel_needs_tp(cfg.model) + _block_recompute_past_the_chunk(cfg.model)
+    notes = _save_interval(cfg)
+    return notes + _sequence_parallel_needs_tp(cfg.model) + _block_recompute_past_the_chunk(cfg.model)
 
 
 def _sequence_parallel_needs_tp(model: Any) -> list[str]:
@@ -207,14 +207,38 @@ def _one_resume_source(cfg: TrainingConfig) -> None:
         em.load_data_position = False
 
 
-def _save_interval(cfg: TrainingConfig) -> None:
+def _save_interval(cfg: TrainingConfig) -> list[str]:
     """`every_n_train_steps: null` is PyTorch Lightning's save at each validation (NeMo's default, with
     every_n_epochs 1): every trainer.val_check_interval steps, so that each save records its val_loss.
     Without validation (limit_val_batches=0) Lightning saves none before the end; gptrain still saves
-    on that interval, which a requeued run resumes from."""
+    on that interval, which a requeued run resumes from. Returns the note of _last_only."""
     params = cfg.exp_manager.checkpoint_callback_params
-    if params.every_n_train_steps is None:
-        params.every_n_train_steps = cfg.trainer.val_check_interval
+    if params.every_n_train_steps is not None:
+        return []
+    params.every_n_train_steps = cfg.trainer.val_check_interval
+    return _last_only(cfg.exp_manager)
+
+
+def _last_only(em: ExpManagerConfig) -> list[str]:
+    """every_n_epochs other than null or 1 beside a null every_n_train_steps: Lightning saves no top-k
+    checkpoint at a validation (a NeMo run's single epoch never reaches a second), only its `last`
+    one, overwritten at each validation (the save still made): the newest alone is kept. Without
+    save_last Lightning saves nothing, which a requeued run could not resume: refused."""
+    params, key = em.checkpoint_callback_params, "exp_manager.checkpoint_callback_params"
+    if params.every_n_epochs in (None, 1) or not em.create_checkpoint_callback:
+        return []
+    given = f"{key}.every_n_epochs={params.every_n_epochs} with every_n_train_steps=null"
+    if not params.save_last:
+        raise ConfigError(
+            f"{given} and save_last=false: PyTorch Lightning saves no checkpoint at all (no top-k at "
+            "validation, no last one); for none set exp_manager.create_checkpoint_callback=false, else "
+            f"set {key}.every_n_train_steps=N or save_last=true"
+        )
+    kept, params.save_top_k = params.save_top_k, 0
+    return [
+        f"{given}: as PyTorch Lightning, only the last checkpoint, saved at each validation (every "
+        f"{params.every_n_train_steps} steps) and at the end; the newest alone is kept (not save_top_k={kept})"
+    ]
 
 
 MONITORED = ("val_loss",)

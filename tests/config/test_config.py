@@ -939,3 +939,42 @@ def test_one_split_of_data_prefix_in_a_launch_is_set_or_says_how(tmp_path):
         ConfigError, match=rf"^override '{re.escape(override)}': model.data.data_prefix is a blend"
     ):
         compose([override, f"base_results_dir={tmp_path}"])
+
+
+CALLBACK = "exp_manager.checkpoint_callback_params"
+
+
+@pytest.mark.parametrize(
+    ("given", "top_k"),
+    [
+        ([f"{CALLBACK}.every_n_epochs=0"], 0),
+        ([f"{CALLBACK}.every_n_epochs=2"], 0),  # a NeMo GPT run is one epoch: never a second
+        ([f"{CALLBACK}.every_n_epochs=1"], 10),
+        ([f"{CALLBACK}.every_n_epochs=null"], 10),
+        ([f"{CALLBACK}.every_n_epochs=0", f"{CALLBACK}.every_n_train_steps=500"], 10),
+        ([f"{CALLBACK}.every_n_epochs=0", "exp_manager.create_checkpoint_callback=false"], 10),
+    ],
+)
+def test_every_n_epochs_beside_a_null_step_interval_keeps_lightnings_last_only(given, top_k, capsys):
+    """every_n_epochs was ignored: 0 beside every_n_train_steps=null kept save_top_k checkpoints, where
+    Lightning saves only its last one at each validation."""
+    cfg = load_training_config("gpt3/126m", [f"{CALLBACK}.every_n_train_steps=null", *given])
+    params = cfg.exp_manager.checkpoint_callback_params
+    assert params.save_top_k == top_k
+    assert params.every_n_train_steps == (500 if f"{CALLBACK}.every_n_train_steps=500" in given else 2000)
+    noted = (
+        "with every_n_train_steps=null: as PyTorch Lightning, only the last checkpoint"
+        in capsys.readouterr().err
+    )
+    assert noted == (top_k == 0)
+
+
+def test_every_n_epochs_0_without_save_last_saves_nothing_in_lightning_and_is_refused():
+    given = [
+        f"{CALLBACK}.every_n_train_steps=null",
+        f"{CALLBACK}.every_n_epochs=0",
+        f"{CALLBACK}.save_last=false",
+    ]
+    with pytest.raises(ConfigError, match=r"^exp_manager.checkpoint_callback_params.every_n_epochs=0 with every_n_"
+                       r"train_steps=null and save_last=false: PyTorch Lightning saves no checkpoint at all"):  # fmt: skip
+        load_training_config("gpt3/126m", given, report_ignored=False)

@@ -69,6 +69,33 @@ def test_every_n_train_steps_null_saves_at_each_validation_as_lightning_does(tmp
         assert recorded_metrics(tmp_path, step) == {"val_loss": losses[step]}
 
 
+def test_every_n_epochs_0_saves_only_lightnings_last_checkpoint_at_each_validation(tmp_path, monkeypatch):
+    """every_n_epochs=0 beside every_n_train_steps=null: Lightning saves no top-k checkpoint, only its
+    last one, at each validation and at the end (NeMo's on_train_end). gptrain ignored every_n_epochs
+    and kept save_top_k of them; now it saves on the same steps and keeps the newest alone."""
+    saved: list[int] = []
+    real_save = saving.save_checkpoint
+
+    def recording_save(s, *args, **kwargs):
+        saved.append(s.state.step)
+        return real_save(s, *args, **kwargs)
+
+    monkeypatch.setattr(saving, "save_checkpoint", recording_save)
+    every = "exp_manager.checkpoint_callback_params"
+    cfg = tiny_config(
+        tmp_path,
+        *MOCK,
+        KEEP_ALL,
+        "trainer.max_steps=7",
+        f"{every}.every_n_train_steps=null",
+        f"{every}.every_n_epochs=0",
+    )
+    assert cfg.exp_manager.checkpoint_callback_params.save_top_k == 0
+    code, _ = run_recording(monkeypatch, cfg)
+    assert code == 0 and sorted(set(saved)) == [3, 6, 7]
+    assert complete_steps(tmp_path / "checkpoints") == [7]
+
+
 BY_VAL_LOSS = [
     "trainer.val_check_interval=1",
     "trainer.limit_test_batches=0",
