@@ -9,7 +9,7 @@ import shlex
 import time
 from pathlib import Path
 
-from gptrain.checkpoint.directory import REWOUND_ASIDE, SET_ASIDE, size_text
+from gptrain.checkpoint.directory import REWOUND_ASIDE, SET_ASIDE, recorded_checkpoints_dir, size_text
 from gptrain.checkpoint.integrity import (
     COMPLETE,
     STEP_DIR,
@@ -72,7 +72,13 @@ def checkpoint_root(run: Path, takes: str = VERIFY_TAKES) -> Path:
     if (kind := _kind(run)) != "directory":
         what = "no such directory" if kind == "missing" else "not a directory"
         raise ConfigError(f"{run}: {what}; pass {takes}")
-    for candidate in (run / "checkpoints", run / "results" / "checkpoints", run):
+    recorded = recorded_checkpoints_dir(run)  # checkpoint_callback_params.dirpath
+    for candidate in (
+        run / "checkpoints",
+        run / "results" / "checkpoints",
+        run,
+        *([recorded] if recorded else []),
+    ):
         if candidate.is_dir() and any(STEP_DIR.match(p.name) for p in candidate.iterdir()):
             return candidate
     raise ConfigError(f"{run}: no step_<N> checkpoint directories found here or in checkpoints/")

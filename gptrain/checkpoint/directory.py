@@ -41,6 +41,36 @@ def removed_while_read(step_dir: Path) -> CheckpointLoadError:
     )
 
 
+def recorded_checkpoints_dir(run_dir: Path) -> Path | None:
+    """The exp_manager.checkpoint_callback_params.dirpath that the hparams.yaml of `run_dir` (or of its
+    results/) records, where the run's checkpoints went instead of its checkpoints/; None where none."""
+    dirpath = _recorded(run_dir / "hparams.yaml", "checkpoint_callback_params", "dirpath")
+    dirpath = dirpath or _recorded(
+        run_dir / "results" / "hparams.yaml", "checkpoint_callback_params", "dirpath"
+    )
+    return Path(dirpath) if dirpath else None
+
+
+def run_dir_of(root: Path) -> Path:
+    """The run directory of the checkpoints directory `root`: the explicit_log_dir of the hparams.yaml
+    training copies into a dirpath outside it, else the directory `root` is in."""
+    recorded = _recorded(root / "hparams.yaml", "explicit_log_dir")
+    return Path(recorded) if recorded else root.parent
+
+
+def _recorded(hparams: Path, *keys: str) -> str | None:
+    """exp_manager.<keys> in an hparams.yaml, when the file and the text value are there."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(hparams.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    for key in ("exp_manager", *keys):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
 def step_dir_name(step: int) -> str:
     return f"step_{step}"
 
@@ -72,10 +102,12 @@ def find_checkpoint(path: str | Path) -> Path:
             )
         return given
     # a run directory (<base_results_dir>/<run.name>, as eval/export take it), its results dir, or checkpoints/
+    recorded = recorded_checkpoints_dir(given)
     found = (
         newest_complete(given / "checkpoints")
         or newest_complete(given)
         or newest_complete(given / "results" / "checkpoints")
+        or (newest_complete(recorded) if recorded else None)
     )
     if found is None and is_transformers_model(given):
         raise CheckpointLoadError(transformers_model_text(path))

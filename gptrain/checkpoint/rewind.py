@@ -14,7 +14,14 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from gptrain.checkpoint.directory import LATEST, REWOUND, CheckpointLoadError, rename_aside, step_dir_name
+from gptrain.checkpoint.directory import (
+    LATEST,
+    REWOUND,
+    CheckpointLoadError,
+    rename_aside,
+    run_dir_of,
+    step_dir_name,
+)
 from gptrain.checkpoint.integrity import checksum_progress, complete_steps, has_manifest, refusal, verify
 from gptrain.errors import ConfigError, GptrainError, os_error_text
 from gptrain.train.run_lock import LOCK_NAME, RunLockedError, acquire, read_holder
@@ -42,7 +49,7 @@ def target_step(text: str, root: Path | None = None) -> int:
 def rewind(root: Path, step: int, say: Callable[[str], None] = print) -> list[Path]:
     """Make step_<step> the newest complete checkpoint under `root` (a run's checkpoints/), holding the
     run's lock; returns where the newer ones went."""
-    run_dir = root.parent
+    run_dir = run_dir_of(root)
     try:
         lock = acquire(run_dir)
     except RunLockedError:

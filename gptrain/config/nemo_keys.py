@@ -14,7 +14,10 @@ _FUSION = "fused kernels and Transformer Engine switches (gptrain uses PyTorch S
 _OVERLAP = "communication tuning and overlap (torch.distributed buckets and overlaps on its own)"
 _FP8 = "Transformer Engine's FP8 recipe settings (model.fp8 runs torchao's float8 with dynamic scaling: model.fp8_recipe=tensorwise or rowwise)"
 _LIGHTNING = "PyTorch Lightning trainer switches (gptrain has its own loop)"
-_CKPT = ".nemo checkpoint handling (gptrain writes DCP checkpoints to explicit_log_dir/checkpoints)"
+_CKPT = (
+    ".nemo checkpoint handling (gptrain writes DCP checkpoints to checkpoint_callback_params.dirpath, "
+    "by default explicit_log_dir/checkpoints)"
+)
 _CKPT_NAMES = (
     "PyTorch Lightning's checkpoint file names and messages (gptrain names each checkpoint "
     "checkpoints/step_<N> and logs each save)"
@@ -123,7 +126,6 @@ _REASONS: dict[str, tuple[str, ...]] = {
     ),
     _CKPT: (
         "exp_manager.checkpoint_callback_params.always_save_nemo",
-        "exp_manager.checkpoint_callback_params.dirpath",
         "exp_manager.checkpoint_callback_params.filepath",  # NeMo's deprecated dirpath/filename
         "exp_manager.checkpoint_callback_params.model_parallel_size",
         "exp_manager.checkpoint_callback_params.save_best_model",  # the best weights into the .nemo

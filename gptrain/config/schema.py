@@ -98,6 +98,11 @@ class TrainerConfig:
 
 @dataclass
 class CheckpointCallbackParams:
+    dirpath: str | None = None
+    """The directory checkpoints are saved to and resumed from (NeMo's, PyTorch Lightning's); null:
+    explicit_log_dir/checkpoints. A relative path is made absolute against the working directory it
+    is given in, as Lightning resolves it; hparams.yaml records it, and a copy of hparams.yaml in it
+    leads eval, export and generate back to the run."""
     every_n_train_steps: int | None = None
     """Save a checkpoint every N steps (and at the end, on max_time and on SIGTERM/SIGUSR1); null (the
     default, as NeMo's CallbackParams): at each validation, every trainer.val_check_interval steps, as
@@ -210,6 +215,11 @@ class ExpManagerConfig:
     @property
     def async_save(self) -> bool:
         return self.checkpoint_callback_params.async_save
+
+    @property
+    def checkpoints_dir(self) -> str:
+        """Where the run's checkpoints go: checkpoint_callback_params.dirpath, else explicit_log_dir/checkpoints."""
+        return self.checkpoint_callback_params.dirpath or os.path.join(self.explicit_log_dir, "checkpoints")
 
     @property
     def events_dir(self) -> str:

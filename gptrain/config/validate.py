@@ -121,6 +121,9 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     _one_resume_source(cfg)
     if cfg.exp_manager.tensorboard_dir:  # hparams.yaml, a requeued job and `gptrain plot` read it elsewhere
         cfg.exp_manager.tensorboard_dir = os.path.abspath(cfg.exp_manager.tensorboard_dir)
+    params = cfg.exp_manager.checkpoint_callback_params
+    if params.dirpath:  # as Lightning's ModelCheckpoint resolves it; hparams.yaml records it for the tools
+        params.dirpath = os.path.abspath(os.path.expanduser(params.dirpath))
     _max_time_per_run(cfg)
     notes = _save_interval(cfg)
     return notes + _sequence_parallel_needs_tp(cfg.model) + _block_recompute_past_the_chunk(cfg.model)

@@ -44,6 +44,7 @@ STAGE_PATHS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "training.run.results_dir",
             "training.exp_manager.explicit_log_dir",
             "training.exp_manager.tensorboard_dir",
+            "training.exp_manager.checkpoint_callback_params.dirpath",
             "training.model.data.index_mapping_dir",
         ),
         ("training.model.tokenizer.vocab_file", "training.model.tokenizer.merge_file"),

@@ -244,10 +244,10 @@ def check_fresh_start(cfg: TrainingConfig) -> list[str]:
         return []
     from gptrain.train.run_lock import earlier_checkpoints, earlier_run_error
 
-    log_dir = Path(em.explicit_log_dir)
-    found = earlier_checkpoints(log_dir)
+    checkpoints = Path(em.checkpoints_dir)
+    found = earlier_checkpoints(checkpoints)
     if found:
-        raise earlier_run_error(log_dir, found)
+        raise earlier_run_error(checkpoints, found)
     return []
 
 

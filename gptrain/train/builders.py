@@ -288,12 +288,12 @@ def build_checkpoint_manager(
     tokenizer: Any | None = None,
     model_config: GPTConfig | None = None,
 ) -> CheckpointManager:
-    """Checkpoints in <explicit_log_dir>/checkpoints, keeping save_top_k (the best by monitor, or the
+    """Checkpoints in exp_manager.checkpoints_dir, keeping save_top_k (the best by monitor, or the
     newest) and the newest; `vocab_size` (unpadded) tells the padding rows apart when TP changed the
     padded vocabulary; `tokenizer` and `model_config`'s architecture settings are recorded with each
     save and checked against each checkpoint loaded."""
     params = cfg.exp_manager.checkpoint_callback_params
-    root = Path(cfg.exp_manager.explicit_log_dir) / "checkpoints"
+    root = Path(cfg.exp_manager.checkpoints_dir)
     return CheckpointManager(
         root,
         params.save_top_k,

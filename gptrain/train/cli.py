@@ -89,7 +89,7 @@ def check_moved_run(file: Path, cfg: Any, overrides: list[str]) -> None:
         return  # a checkpoint to start from given now is a choice; one the file records is not
     here, named = file.resolve().parent, Path(em.explicit_log_dir).resolve()
     beside = complete_steps(here / "checkpoints")
-    if named == here or not beside or complete_steps(Path(cfg.results_path("checkpoints"))):
+    if named == here or not beside or complete_steps(Path(em.checkpoints_dir)):
         return
     moved = [f"exp_manager.explicit_log_dir={here}"]
     tok = cfg.model.tokenizer

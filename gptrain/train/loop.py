@@ -77,7 +77,8 @@ def train(
     log_dir = Path(cfg.exp_manager.explicit_log_dir)
     em = cfg.exp_manager  # one run per directory, claimed before anything is written into it
     # as rank 0 sees it: a rank whose stale listing lacks the checkpoint would not resume
-    own = None if em.resume_if_exists else rank_0s(lambda: requeued_own_checkpoint(log_dir))
+    checkpoints = Path(em.checkpoints_dir)
+    own = None if em.resume_if_exists else rank_0s(lambda: requeued_own_checkpoint(checkpoints))
     if own is not None:  # the job that wrote it, requeued: the same run, which resumes
         em.resume_if_exists = True
     run_lock = claim_run_directory(
@@ -87,6 +88,7 @@ def train(
         em.resume_if_exists,
         em.move_aside_earlier_run,
         saves=em.create_checkpoint_callback,
+        checkpoints=checkpoints,
     )
     if own is not None:
         run_lock.notes.append(
@@ -152,7 +154,7 @@ def train(
         log_start(session, model_config, log_dir, schedule_names)
         resuming.resume(session, source)
         if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
-            write_run_files(log_dir, cfg.to_yaml())
+            write_run_files(log_dir, cfg.to_yaml(), checkpoints=checkpoints)
         for line in b.megatron_start_lines(cfg, vocab, model_config, dp_size):
             session.log(line)
         for line in b.built_split_lines((train_data, valid_data, test_data)):

@@ -59,10 +59,16 @@ def git_info(directory: Path) -> str:
     return f"commit hash: {commit.stdout.strip()}\nmodified tracked files: {changed}\n"
 
 
-def write_run_files(log_dir: Path, resolved_yaml: str, argv: list[str] | None = None) -> None:
-    """hparams.yaml, cmd-args.log, git-info.log (rank 0 only; atomic)."""
+def write_run_files(
+    log_dir: Path, resolved_yaml: str, argv: list[str] | None = None, checkpoints: Path | None = None
+) -> None:
+    """hparams.yaml, cmd-args.log, git-info.log (rank 0 only; atomic). hparams.yaml goes into the
+    `checkpoints` directory too where checkpoint_callback_params.dirpath puts it outside `log_dir`:
+    eval, export and generate given one of its checkpoints rebuild the model from it."""
     log_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(log_dir / "hparams.yaml", resolved_yaml)
+    if checkpoints is not None and checkpoints.is_dir() and checkpoints.resolve().parent != log_dir.resolve():
+        atomic_write_text(checkpoints / "hparams.yaml", resolved_yaml)
     command = shlex.join(sys.argv if argv is None else argv) + "\n"  # a non-UTF-8 path: its own bytes
     atomic_write_bytes(log_dir / "cmd-args.log", command.encode("utf-8", "surrogateescape"))
     atomic_write_text(log_dir / "git-info.log", git_info(Path.cwd()))

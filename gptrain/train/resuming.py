@@ -30,7 +30,7 @@ def checkpoint_to_start_from(cfg: TrainingConfig) -> Path | None:
     em = cfg.exp_manager
     if not em.resume_from_checkpoint:
         return None
-    own, source = Path(cfg.results_path("checkpoints")), em.resume_from_checkpoint
+    own, source = Path(em.checkpoints_dir), em.resume_from_checkpoint
     if rank_0s(lambda: bool(em.resume_if_exists and complete_steps(own))):  # one collective on every rank
         return None  # a requeued job continues its own run, not the one it started from
     return rank_0s(lambda: find_checkpoint(source))

@@ -321,20 +321,21 @@ def claim_takeover(path: Path, stale: Holder, me: Holder, depth: int = 0) -> lis
     return [marker]
 
 
-def earlier_checkpoints(log_dir: Path) -> list[str]:
-    """The complete checkpoints of `log_dir`, oldest first. A torn step_<N>/ (no COMPLETE: a save that
-    died, such as this job's before its requeue) holds nothing to resume, and retention removes it."""
-    return [f"step_{step}" for step in complete_steps(log_dir / "checkpoints")]
+def earlier_checkpoints(checkpoints: Path) -> list[str]:
+    """The complete checkpoints in the run's `checkpoints` directory, oldest first. A torn step_<N>/ (no
+    COMPLETE: a save that died, such as this job's before its requeue) holds nothing to resume, and
+    retention removes it."""
+    return [f"step_{step}" for step in complete_steps(checkpoints)]
 
 
-def requeued_own_checkpoint(log_dir: Path, env: dict[str, str] | os._Environ = os.environ) -> str | None:
+def requeued_own_checkpoint(checkpoints: Path, env: dict[str, str] | os._Environ = os.environ) -> str | None:
     """The newest checkpoint's name when this process is the Slurm job that wrote it, requeued
     (same SLURM_JOB_ID, SLURM_RESTART_COUNT >= 1): the same run, which resumes whatever
     resume_if_exists says, as the requeue exists for. None otherwise."""
     job, restarts = env.get("SLURM_JOB_ID"), env.get("SLURM_RESTART_COUNT", "0")
     if not job or not restarts.isdigit() or int(restarts) < 1:
         return None
-    root = log_dir / "checkpoints"
+    root = checkpoints
     steps = complete_steps(root)  # the COMPLETE markers, as resume reads them: `latest` may lag one
     if not steps:
         return None
@@ -346,31 +347,38 @@ def requeued_own_checkpoint(log_dir: Path, env: dict[str, str] | os._Environ = o
     return newest if isinstance(record, dict) and record.get("slurm_job_id") == job else None
 
 
-def earlier_run_error(log_dir: Path, found: list[str]) -> EarlierRunError:
+def earlier_run_error(checkpoints: Path, found: list[str]) -> EarlierRunError:
     """What a fresh start over `found` checkpoints is told (by the job, and by the launch before it)."""
     return EarlierRunError(
-        f"exp_manager.resume_if_exists=false but {log_dir / 'checkpoints'} holds an earlier run's"
+        f"exp_manager.resume_if_exists=false but {checkpoints} holds an earlier run's"
         f" checkpoints ({', '.join(found[-3:])}): resume it with exp_manager.resume_if_exists=true,"
         " start a new run under another run.name (or exp_manager.explicit_log_dir), or move the"
         " earlier run aside with exp_manager.move_aside_earlier_run=true (nothing is deleted)"
     )
 
 
-def check_fresh_start(log_dir: Path, move_aside: bool) -> str | None:
-    """resume_if_exists=false: refuse a directory with checkpoints, or move its run aside.
+def check_fresh_start(log_dir: Path, move_aside: bool, checkpoints: Path | None = None) -> str | None:
+    """resume_if_exists=false: refuse a directory with checkpoints, or move its run aside (and its
+    `checkpoints` directory, where checkpoint_callback_params.dirpath puts it outside `log_dir`).
 
     Returns a line for the log when files were moved.
     """
-    found = earlier_checkpoints(log_dir)
+    checkpoints = checkpoints or log_dir / "checkpoints"
+    found = earlier_checkpoints(checkpoints)
     if not found:
         return None
     if not move_aside:
-        raise earlier_run_error(log_dir, found)
+        raise earlier_run_error(checkpoints, found)
     aside = aside_directory(log_dir)
     moved = [p for p in log_dir.iterdir() if p.name != LOCK_NAME]
     for path in moved:
         os.rename(path, aside / path.name)
-    return f"exp_manager.move_aside_earlier_run: moved the earlier run's {len(moved)} entries to {aside}"
+    line = f"exp_manager.move_aside_earlier_run: moved the earlier run's {len(moved)} entries to {aside}"
+    if checkpoints.exists():  # outside log_dir, else moved with it
+        elsewhere = aside_directory(checkpoints) / checkpoints.name
+        os.rename(checkpoints, elsewhere)
+        line += f", and its checkpoints to {elsewhere}"
+    return line
 
 
 def aside_directory(log_dir: Path) -> Path:
@@ -387,19 +395,27 @@ def aside_directory(log_dir: Path) -> Path:
 
 
 def claim_run_directory(
-    log_dir: Path, rank: int, world_size: int, resume: bool, move_aside: bool, saves: bool = True
+    log_dir: Path,
+    rank: int,
+    world_size: int,
+    resume: bool,
+    move_aside: bool,
+    saves: bool = True,
+    checkpoints: Path | None = None,
 ) -> RunLock:
     """Rank 0 takes the lock, checks a fresh start and (when the run `saves`) that its checkpoint
-    directory takes files; every rank raises the same error if refused."""
+    directory (`checkpoints`, else log_dir/checkpoints) takes files; every rank raises the same error
+    if refused."""
+    checkpoints = checkpoints or log_dir / "checkpoints"
     lock, error = RunLock(), None
     if rank == 0:
         try:
             lock = acquire(log_dir)
             if not resume:
-                note = check_fresh_start(log_dir, move_aside)
+                note = check_fresh_start(log_dir, move_aside, checkpoints)
                 lock.notes += [note] if note else []
             if saves:
-                lock.made += check_writable(log_dir / "checkpoints")
+                lock.made += check_writable(checkpoints)
         except GptrainError as failure:
             lock.release()
             error = failure
@@ -431,7 +447,8 @@ def check_writable(directory: Path) -> list[Path]:
                 unused.rmdir()
         raise ConfigError(
             f"{directory}: checkpoints cannot be written there ({os_error_text(failure, directory)}); "
-            "fix its permissions, or give the run another exp_manager.explicit_log_dir"
+            "fix its permissions, or give the run another exp_manager.explicit_log_dir "
+            "(or exp_manager.checkpoint_callback_params.dirpath)"
         ) from None
     probe.unlink(missing_ok=True)
     return made

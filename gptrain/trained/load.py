@@ -28,6 +28,7 @@ from gptrain.checkpoint.directory import (
     LATEST,
     CheckpointLoadError,
     is_transformers_model,
+    recorded_checkpoints_dir,
     removed_while_read,
     step_dir_name,
     transformers_model_text,
@@ -65,8 +66,15 @@ class LoadedRun:
 
 
 def checkpoints_dir(path: Path) -> Path | None:
-    """The checkpoint root for a run dir, results dir or checkpoints dir; None when none is found."""
-    for candidate in (path, path / CHECKPOINTS, path / "results" / CHECKPOINTS):
+    """The checkpoint root for a run dir, results dir or checkpoints dir (or the dirpath its hparams.yaml
+    records); None when none is found."""
+    recorded = recorded_checkpoints_dir(path)
+    for candidate in (
+        path,
+        path / CHECKPOINTS,
+        path / "results" / CHECKPOINTS,
+        *([recorded] if recorded else []),
+    ):
         if (candidate / LATEST).is_file() or any(
             STEP_DIR.match(entry.name) for entry in candidate.glob("step_*") if entry.is_dir()
         ):

@@ -188,14 +188,16 @@ def test_a_launch_creates_the_dirs_it_mounts(tmp_path, capsys, monkeypatch):
 
 
 def test_run_and_log_dirs_outside_base_results_dir_are_mounted(tmp_path, monkeypatch):
-    """The job reads <run dir>/<name>_hydra.yaml and writes to explicit_log_dir and tensorboard_dir:
-    wherever they are (before, a tensorboard_dir elsewhere was not mounted: its events stayed in the container)."""
+    """The job reads <run dir>/<name>_hydra.yaml and writes to explicit_log_dir, tensorboard_dir and the
+    checkpoints' dirpath: wherever they are (before, a tensorboard_dir elsewhere was not mounted: its
+    events stayed in the container)."""
     monkeypatch.chdir(tmp_path)
     args = ["cluster_type=slurm", "container=img", f"base_results_dir={tmp_path}/r", f"data_dir={tmp_path}/d"]
     args += [
         f"training.run.results_dir={tmp_path}/scratch/run1",
         f"training.exp_manager.explicit_log_dir={tmp_path}/fsx/ckpt",
         f"training.exp_manager.tensorboard_dir={tmp_path}/tb",
+        f"training.exp_manager.checkpoint_callback_params.dirpath={tmp_path}/lustre/ckpts",
     ]
     args += ["stages=[data_preparation,training]", "data_preparation.shards=[https://h/a.jsonl.zst]", *CPU]
     args += [
@@ -207,7 +209,17 @@ def test_run_and_log_dirs_outside_base_results_dir_are_mounted(tmp_path, monkeyp
         f"training.model.data.index_mapping_dir={tmp_path}/r/idx",
     ]
     plan = build_plan(compose(args))
-    expected = ["r", "d", "prep", "tok", "blends", "scratch/run1", "fsx/ckpt", "tb"]  # r/idx: inside r
+    expected = [
+        "r",
+        "d",
+        "prep",
+        "tok",
+        "blends",
+        "scratch/run1",
+        "fsx/ckpt",
+        "tb",
+        "lustre/ckpts",
+    ]  # r/idx: in r
     for script in write_run_files(plan, args):
         srun = next(x for x in script.read_text().splitlines() if x.startswith("srun "))
         mounts = ",".join(f"{tmp_path}/{name}:{tmp_path}/{name}" for name in expected)

@@ -1,0 +1,60 @@
+"""exp_manager.checkpoint_callback_params.dirpath: where NeMo (PyTorch Lightning) saves and resumes
+checkpoints; it was ignored, and the checkpoints went to explicit_log_dir/checkpoints."""
+
+import os
+
+import pytest
+from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
+
+from gptrain.checkpoint.cli import checkpoint_root
+from gptrain.checkpoint.directory import LATEST, find_checkpoint, run_dir_of
+from gptrain.checkpoint.integrity import complete_steps
+from gptrain.errors import EXIT_REQUEUE
+from gptrain.train.run_lock import EarlierRunError
+from gptrain.trained.load import find_hparams, resolve_checkpoint
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+DIRPATH = "exp_manager.checkpoint_callback_params.dirpath"
+
+
+def test_checkpoints_are_saved_to_and_resumed_from_dirpath(tmp_path, monkeypatch):
+    """A stop at 3 saves into dirpath (given relative: against the working directory, as Lightning
+    resolves it); the same command resumes from it at 3 and finishes there; nothing goes to
+    explicit_log_dir/checkpoints."""
+    log_dir, store = tmp_path / "run", tmp_path / "fsx" / "ckpts"
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny_config(log_dir, *MOCK, f"{DIRPATH}=fsx/ckpts")
+    assert cfg.exp_manager.checkpoint_callback_params.dirpath == str(store)
+    code, first = run_recording(monkeypatch, cfg, signal_at=3)
+    assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]
+    assert complete_steps(store) == [2, 3] and (store / LATEST).read_text().strip() == "step_3"
+    assert not (log_dir / "checkpoints").exists()
+    code, second = run_recording(monkeypatch, tiny_config(log_dir, *MOCK, f"{DIRPATH}={store}"))
+    assert code == 0 and sorted(second) == [4, 5, 6]
+    assert f"resuming from {store / 'step_3'} at iteration 3, consumed samples 12" in log_lines(log_dir)
+    assert complete_steps(store) == [4, 6] and (store / LATEST).read_text().strip() == "step_6"
+    assert not (log_dir / "checkpoints").exists()
+    # the tools given the run directory find the checkpoints, and the run directory from them
+    assert find_checkpoint(log_dir) == store / "step_6"
+    assert resolve_checkpoint(log_dir) == store / "step_6" and checkpoint_root(log_dir) == store
+    assert find_hparams(store / "step_6") == store / "hparams.yaml"
+    assert run_dir_of(store) == log_dir and (store / "hparams.yaml").is_file()
+
+
+def test_a_fresh_start_over_dirpaths_checkpoints_is_refused_naming_dirpath(tmp_path, monkeypatch):
+    store = tmp_path / "ckpts"
+    cfg = tiny_config(tmp_path / "run", *MOCK, f"{DIRPATH}={store}", "trainer.max_steps=2")
+    assert run_recording(monkeypatch, cfg)[0] == 0 and complete_steps(store) == [2]
+    again = tiny_config(tmp_path / "run", *MOCK, f"{DIRPATH}={store}", "exp_manager.resume_if_exists=false")
+    with pytest.raises(EarlierRunError, match=f"resume_if_exists=false but {store} holds an earlier run's"):
+        run_recording(monkeypatch, again)
+    aside = tiny_config(
+        tmp_path / "run", *MOCK, f"{DIRPATH}={store}", "trainer.max_steps=2",
+        "exp_manager.resume_if_exists=false", "exp_manager.move_aside_earlier_run=true",
+    )  # fmt: skip
+    code, losses = run_recording(monkeypatch, aside)
+    assert code == 0 and sorted(losses) == [1, 2]
+    moved = [p for p in os.listdir(tmp_path) if p.startswith("ckpts.earlier-")]
+    assert len(moved) == 1 and complete_steps(tmp_path / moved[0] / "ckpts") == [2]
+    assert complete_steps(store) == [2]  # the new run's own
