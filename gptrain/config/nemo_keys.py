@@ -126,7 +126,6 @@ _REASONS: dict[str, tuple[str, ...]] = {
     ),
     _CKPT: (
         "exp_manager.checkpoint_callback_params.always_save_nemo",
-        "exp_manager.checkpoint_callback_params.filepath",  # NeMo's deprecated dirpath/filename
         "exp_manager.checkpoint_callback_params.model_parallel_size",
         "exp_manager.checkpoint_callback_params.save_best_model",  # the best weights into the .nemo
         "exp_manager.checkpoint_callback_params.save_last_n_optim_states",

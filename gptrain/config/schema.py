@@ -103,6 +103,9 @@ class CheckpointCallbackParams:
     explicit_log_dir/checkpoints. A relative path is made absolute against the working directory it
     is given in, as Lightning resolves it; hparams.yaml records it, and a copy of hparams.yaml in it
     leads eval, export and generate back to the run."""
+    filepath: str | None = None
+    """NeMo's deprecated spelling of dirpath and filename: where dirpath is null, its directory is
+    dirpath, as NeMo's exp_manager reads it (the file name has no use: gptrain names step_<N>)."""
     every_n_train_steps: int | None = None
     """Save a checkpoint every N steps (and at the end, on max_time and on SIGTERM/SIGUSR1); null (the
     default, as NeMo's CallbackParams): at each validation, every trainer.val_check_interval steps, as

@@ -122,6 +122,7 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     if cfg.exp_manager.tensorboard_dir:  # hparams.yaml, a requeued job and `gptrain plot` read it elsewhere
         cfg.exp_manager.tensorboard_dir = os.path.abspath(cfg.exp_manager.tensorboard_dir)
     params = cfg.exp_manager.checkpoint_callback_params
+    params.dirpath = params.dirpath or (os.path.dirname(params.filepath) if params.filepath else None)
     if params.dirpath:  # as Lightning's ModelCheckpoint resolves it; hparams.yaml records it for the tools
         params.dirpath = os.path.abspath(os.path.expanduser(params.dirpath))
     _max_time_per_run(cfg)

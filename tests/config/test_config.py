@@ -978,3 +978,18 @@ def test_every_n_epochs_0_without_save_last_saves_nothing_in_lightning_and_is_re
     with pytest.raises(ConfigError, match=r"^exp_manager.checkpoint_callback_params.every_n_epochs=0 with every_n_"
                        r"train_steps=null and save_last=false: PyTorch Lightning saves no checkpoint at all"):  # fmt: skip
         load_training_config("gpt3/126m", given, report_ignored=False)
+
+
+@pytest.mark.parametrize(
+    ("given", "dirpath"),
+    [
+        ([f"{CALLBACK}.filepath=/fsx/ckpts/megatron_gpt"], "/fsx/ckpts"),
+        ([f"{CALLBACK}.filepath=/fsx/ckpts/megatron_gpt", f"{CALLBACK}.dirpath=/lustre/c"], "/lustre/c"),
+        ([f"{CALLBACK}.filepath=null"], None),
+    ],
+)
+def test_nemos_deprecated_filepath_gives_dirpath_its_directory(given, dirpath):
+    """NeMo's exp_manager reads a non-null filepath (deprecated) as dirpath=<its directory> where dirpath
+    is null; gptrain ignored it, and the checkpoints went elsewhere than the file said."""
+    cfg = load_training_config("gpt3/126m", given, report_ignored=False)
+    assert cfg.exp_manager.checkpoint_callback_params.dirpath == dirpath
