@@ -111,7 +111,6 @@ NEMO_EXP_MANAGER_DEFAULTS = [
     "exp_manager.checkpoint_callback_params.save_on_train_epoch_end=false",
     "exp_manager.checkpoint_callback_params.save_on_train_epoch_end=null",
     "exp_manager.checkpoint_callback_params.save_best_model=true",
-    "exp_manager.checkpoint_callback_params.filepath=null",
     "exp_manager.checkpoint_callback_params.verbose=true",
     "exp_manager.checkpoint_callback_params.auto_insert_metric_name=false",
     "exp_manager.checkpoint_callback_params.prefix=megatron_gpt",
