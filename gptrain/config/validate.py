@@ -161,13 +161,32 @@ def _block_recompute_past_the_chunk(model: Any) -> list[str]:
     ]
 
 
+TOKENIZER_LIBRARIES = ("megatron", "huggingface", "sentencepiece", "tiktoken")
+"""NeMo's model.tokenizer.library values gptrain reads (get_nmt_tokenizer's, less byte-level, regex, tabular)."""
+
+
 def _tokenizer_type(tokenizer: Any) -> None:
     """The type's canonical spelling (any spelling data prepare takes). NeMo's `library: sentencepiece` reads `model` as a SentencePiece
     model and no type (a preset's GPT2BPETokenizer stays beside it): its ids alone, its eos ending
-    documents, which is GPTSentencePieceTokenizer (one of Megatron's SentencePiece types is kept)."""
-    kind = megatron_tokenizer_type(tokenizer.type) or tokenizer.type
-    if str(tokenizer.library).lower() == "sentencepiece" and kind not in SENTENCEPIECE_TYPES:
+    documents, which is GPTSentencePieceTokenizer (one of Megatron's SentencePiece types is kept).
+    `huggingface` with a type no Megatron type names is AutoTokenizer(type): the Hugging Face tokenizer
+    at that path (as data prepare reads it); `tiktoken` reads vocab_file where model is not given."""
+    library, named = str(tokenizer.library).lower(), megatron_tokenizer_type(tokenizer.type)
+    if library not in TOKENIZER_LIBRARIES:
+        raise ConfigError(
+            f"model.tokenizer.library: '{tokenizer.library}' is not one of {', '.join(TOKENIZER_LIBRARIES)}"
+            " (NeMo's byte-level, regex and tabular tokenizers are not implemented)"
+        )
+    kind = named or tokenizer.type
+    if library == "sentencepiece" and kind not in SENTENCEPIECE_TYPES:
         kind = "GPTSentencePieceTokenizer"
+    if library == "huggingface" and named is None and (tokenizer.type or tokenizer.model):
+        kind, tokenizer.model = (
+            "HuggingFaceTokenizer",
+            tokenizer.model or tokenizer.type,
+        )  # AutoTokenizer(type)
+    if library == "tiktoken" and named is None:  # NeMo's TiktokenTokenizer(vocab_file)
+        kind, tokenizer.model = "TikTokenizer", tokenizer.model or tokenizer.vocab_file
     if kind is None:
         raise ConfigError(
             f"model.tokenizer.type: null (model.tokenizer.library={tokenizer.library}); name the type, "

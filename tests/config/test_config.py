@@ -993,3 +993,41 @@ def test_nemos_deprecated_filepath_gives_dirpath_its_directory(given, dirpath):
     is null; gptrain ignored it, and the checkpoints went elsewhere than the file said."""
     cfg = load_training_config("gpt3/126m", given, report_ignored=False)
     assert cfg.exp_manager.checkpoint_callback_params.dirpath == dirpath
+
+
+TOK = "model.tokenizer"
+
+
+@pytest.mark.parametrize(
+    ("given", "kind", "model"),
+    [  # NeMo's get_nmt_tokenizer: huggingface is AutoTokenizer(type), tiktoken reads vocab_file
+        (["library=huggingface", "type=/tok/llama", "model=null"], "HuggingFaceTokenizer", "/tok/llama"),
+        (["library=huggingface", "type=null", "model=/tok/t.json"], "HuggingFaceTokenizer", "/tok/t.json"),
+        (
+            ["library=huggingface", "type=gpt2"],
+            "GPT2BPETokenizer",
+            None,
+        ),  # with the preset's vocab and merges
+        (
+            ["library=tiktoken", "type=null", "vocab_file=/tok/tiktoken.json"],
+            "TikTokenizer",
+            "/tok/tiktoken.json",
+        ),
+        (["library=tiktoken", "type=null", "model=cl100k_base"], "TikTokenizer", "cl100k_base"),
+    ],
+)
+def test_the_tokenizer_library_is_read_as_nemo_reads_it(given, kind, model):
+    """library=huggingface with a tokenizer's path for type, or library=tiktoken with its vocab_file,
+    were refused ('not one of ...', 'name the type')."""
+    tokenizer = load_training_config(
+        "gpt3/126m", [f"{TOK}.{x}" for x in given], report_ignored=False
+    ).model.tokenizer
+    assert (tokenizer.type, tokenizer.model) == (kind, model)
+
+
+@pytest.mark.parametrize("library", ["byte-level", "regex", "tabular", "yttm"])
+def test_a_tokenizer_library_gptrain_does_not_read_is_refused(library):
+    """Any library was taken and the preset's GPT-2 BPE trained instead, silently (byte-level too)."""
+    with pytest.raises(ConfigError, match=rf"^model.tokenizer.library: '{library}' is not one of megatron, "
+                       "huggingface, sentencepiece, tiktoken"):  # fmt: skip
+        load_training_config("gpt3/126m", [f"{TOK}.library={library}"], report_ignored=False)
