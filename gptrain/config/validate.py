@@ -99,7 +99,7 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     itself would have changed."""
     precision = str(cfg.trainer.precision)
     if precision not in PRECISIONS:
-        raise ConfigError(f"trainer.precision: '{precision}' is not one of 32, 16, bf16")
+        raise ConfigError(f"trainer.precision: {_unknown_precision(precision)}")
     cfg.trainer.precision = PRECISIONS[precision]
     optimizer = cfg.model.optim.name.lower()
     if optimizer not in OPTIMIZER_ALIASES:
@@ -128,6 +128,18 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     _max_time_per_run(cfg)
     notes = _save_interval(cfg)
     return notes + _sequence_parallel_needs_tp(cfg.model) + _block_recompute_past_the_chunk(cfg.model)
+
+
+def _unknown_precision(precision: str) -> str:
+    """Why `precision` is refused: Lightning's `16-true`/`bf16-true` keep the weights in that type, with
+    no fp32 master copy, which gptrain's mixed precision always keeps."""
+    half = precision.removesuffix("-true")
+    if precision.endswith("-true") and half in PRECISIONS:
+        return (
+            f"'{precision}' is PyTorch Lightning's {half} weights without fp32 master weights, which gptrain "
+            f"does not implement; use {half} ({half}-mixed): {half} compute over fp32 weights"
+        )
+    return f"'{precision}' is not one of 32, 16, bf16 (also 32-true, 16-mixed, bf16-mixed)"
 
 
 def _sequence_parallel_needs_tp(model: Any) -> list[str]:

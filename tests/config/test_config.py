@@ -1031,3 +1031,20 @@ def test_a_tokenizer_library_gptrain_does_not_read_is_refused(library):
     with pytest.raises(ConfigError, match=rf"^model.tokenizer.library: '{library}' is not one of megatron, "
                        "huggingface, sentencepiece, tiktoken"):  # fmt: skip
         load_training_config("gpt3/126m", [f"{TOK}.library={library}"], report_ignored=False)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("bf16-true", "'bf16-true' is PyTorch Lightning's bf16 weights without fp32 master weights, which gptrain"
+         " does not implement; use bf16 (bf16-mixed): bf16 compute over fp32 weights"),
+        ("16-true", "'16-true' is PyTorch Lightning's 16 weights without fp32 master weights, which gptrain"
+         " does not implement; use 16 (16-mixed): 16 compute over fp32 weights"),
+        ("64", "'64' is not one of 32, 16, bf16 (also 32-true, 16-mixed, bf16-mixed)"),
+    ],
+)  # fmt: skip
+def test_a_precision_gptrain_does_not_train_says_why_and_what_to_use(value, message):
+    """Lightning's *-true precisions were 'not one of 32, 16, bf16', which says nothing of what they ask."""
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [f"trainer.precision={value}"], report_ignored=False)
+    assert str(error.value) == f"trainer.precision: {message}"
