@@ -109,7 +109,8 @@ class CheckpointCallbackParams:
     every_n_train_steps: int | None = None
     """Save a checkpoint every N steps (and at the end, on max_time and on SIGTERM/SIGUSR1); null (the
     default, as NeMo's CallbackParams): at each validation, every trainer.val_check_interval steps, as
-    PyTorch Lightning saves without it. gptrain's presets set it."""
+    PyTorch Lightning saves without it; 0, as Lightning: no saves by step, every_n_epochs then 0 where
+    null (only the last checkpoint, at each validation). gptrain's presets set it."""
     every_n_epochs: int | None = None
     """PyTorch Lightning's top-k saves at each validation, which it makes only while every_n_train_steps
     is null and this is null or 1 (a NeMo GPT run is one epoch long, so 2 or more is the same as 0).
@@ -126,9 +127,9 @@ class CheckpointCallbackParams:
     `monitor: val_loss` keeps the best)."""
     mode: str = "min"
     """Best by `monitor`: min (lowest, for a loss) or max."""
-    save_last: bool = True
+    save_last: bool | str = True
     """Save a checkpoint when training ends (false: only on the interval; a stop for a requeue
-    always saves)."""
+    always saves). Lightning's `link` is true."""
     async_save: bool = False
     """Save checkpoints in a background thread (torch.distributed.checkpoint async_save)."""
     direct_io: bool | None = None

@@ -246,15 +246,32 @@ def _save_interval(cfg: TrainingConfig) -> list[str]:
     """`every_n_train_steps: null` is PyTorch Lightning's save at each validation (NeMo's default, with
     every_n_epochs 1): every trainer.val_check_interval steps, so that each save records its val_loss.
     Without validation (limit_val_batches=0) Lightning saves none before the end; gptrain still saves
-    on that interval, which a requeued run resumes from. Returns the note of _last_only."""
-    params = cfg.exp_manager.checkpoint_callback_params
-    if params.every_n_train_steps is not None:
+    on that interval, which a requeued run resumes from. 0 is Lightning's "no saves by step": null, its
+    every_n_epochs then 0 where not given. Returns the note of _last_only."""
+    params, key = cfg.exp_manager.checkpoint_callback_params, "exp_manager.checkpoint_callback_params"
+    _save_last_link(params, key)
+    if params.every_n_train_steps == 0:
+        given = f"{key}.every_n_train_steps=0" + (
+            f" with every_n_epochs={params.every_n_epochs}" if params.every_n_epochs is not None else ""
+        )
+        params.every_n_epochs = 0 if params.every_n_epochs is None else params.every_n_epochs
+    elif params.every_n_train_steps is None:
+        given = f"{key}.every_n_epochs={params.every_n_epochs} with every_n_train_steps=null"
+    else:
         return []
     params.every_n_train_steps = cfg.trainer.val_check_interval
-    return _last_only(cfg.exp_manager)
+    return _last_only(cfg.exp_manager, given)
 
 
-def _last_only(em: ExpManagerConfig) -> list[str]:
+def _save_last_link(params: Any, key: str) -> None:
+    """Lightning's save_last `link` (last.ckpt a link to the newest checkpoint) saves the last one too."""
+    if isinstance(params.save_last, str):
+        if params.save_last.lower() != "link":
+            raise ConfigError(f"{key}.save_last: '{params.save_last}' is not true, false or link")
+        params.save_last = True
+
+
+def _last_only(em: ExpManagerConfig, given: str) -> list[str]:
     """every_n_epochs other than null or 1 beside a null every_n_train_steps: Lightning saves no top-k
     checkpoint at a validation (a NeMo run's single epoch never reaches a second), only its `last`
     one, overwritten at each validation (the save still made): the newest alone is kept. Without
@@ -262,7 +279,6 @@ def _last_only(em: ExpManagerConfig) -> list[str]:
     params, key = em.checkpoint_callback_params, "exp_manager.checkpoint_callback_params"
     if params.every_n_epochs in (None, 1) or not em.create_checkpoint_callback:
         return []
-    given = f"{key}.every_n_epochs={params.every_n_epochs} with every_n_train_steps=null"
     if not params.save_last:
         raise ConfigError(
             f"{given} and save_last=false: PyTorch Lightning saves no checkpoint at all (no top-k at "

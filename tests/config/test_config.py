@@ -1048,3 +1048,33 @@ def test_a_precision_gptrain_does_not_train_says_why_and_what_to_use(value, mess
     with pytest.raises(ConfigError) as error:
         load_training_config("gpt3/126m", [f"trainer.precision={value}"], report_ignored=False)
     assert str(error.value) == f"trainer.precision: {message}"
+
+
+def test_every_n_train_steps_0_is_lightnings_no_step_saves_the_last_one_at_each_validation(capsys):
+    """Lightning reads every_n_train_steps=0 as no saves by step, and (every_n_epochs then 0) only its
+    last checkpoint at each validation; gptrain refused 0 ('must be at least 1')."""
+    cfg = load_training_config("gpt3/126m", [f"{CALLBACK}.every_n_train_steps=0"])
+    params = cfg.exp_manager.checkpoint_callback_params
+    assert (params.every_n_train_steps, params.save_top_k) == (2000, 0)
+    assert (
+        f"{CALLBACK}.every_n_train_steps=0: as PyTorch Lightning, only the last checkpoint"
+        in capsys.readouterr().err
+    )
+    cfg = load_training_config(
+        "gpt3/126m", [f"{CALLBACK}.every_n_train_steps=0", f"{CALLBACK}.every_n_epochs=1"]
+    )
+    assert (
+        cfg.exp_manager.checkpoint_callback_params.save_top_k == 10
+    )  # top-k at each validation, as Lightning
+
+
+@pytest.mark.parametrize(("value", "kept"), [("link", True), ("true", True), ("false", False)])
+def test_save_last_link_is_lightnings_save_last(value, kept):
+    """Lightning 2.1's save_last='link' (last.ckpt a link to the newest) was refused ('expects bool')."""
+    cfg = load_training_config("gpt3/126m", [f"{CALLBACK}.save_last={value}"], report_ignored=False)
+    assert cfg.exp_manager.checkpoint_callback_params.save_last is kept
+
+
+def test_a_save_last_that_is_no_switch_nor_link_is_refused():
+    with pytest.raises(ConfigError, match=rf"^{CALLBACK}.save_last: 'always' is not true, false or link"):
+        load_training_config("gpt3/126m", [f"{CALLBACK}.save_last=always"], report_ignored=False)
