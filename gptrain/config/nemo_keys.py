@@ -45,6 +45,10 @@ _RESUME_CHECKS = (
     "and validates on resume only where a stop left a validation undone)"
 )
 _FILES = "NeMo's copies of files into the log directory (gptrain records the composed config in hparams.yaml)"
+_FAST_TOKENIZER = (
+    "Hugging Face AutoTokenizer options (gptrain reads tokenizer.json with the tokenizers library: the "
+    "fast tokenizer, and no code of the tokenizer's repository)"
+)
 _EARLY_STOP = "NeMo's early stopping on a monitored metric (gptrain trains to trainer.max_steps or max_time)"
 
 _REASONS: dict[str, tuple[str, ...]] = {
@@ -231,6 +235,7 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "exp_manager.resume_past_end",
     ),
     _FILES: ("exp_manager.files_to_copy",),
+    _FAST_TOKENIZER: ("model.tokenizer.use_fast", "model.tokenizer.trust_remote_code"),
 }
 
 # Whole sub-trees that gptrain ignores; the sub-tree's own name is ignored too.
@@ -282,6 +287,10 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
     "model.optim.sched.last_epoch": ((-1,), "a schedule started at another step than the run's"),
     "trainer.accumulate_grad_batches": ((1,), "Lightning's gradient accumulation over global batches"),
     "exp_manager.create_early_stopping_callback": ((False,), "stopping when val_loss stops improving"),
+    "model.tokenizer.trust_remote_code": (
+        (False, None),
+        "a tokenizer's own Python code from its repository (AutoTokenizer's trust_remote_code)",
+    ),
     "exp_manager.ema.enable": (
         (False, None),
         "an exponential moving average of the weights, validated and saved",
@@ -302,6 +311,7 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
 
 # What to do instead, added to the refusal of a value in NO_OP_VALUES where gptrain has a way.
 INSTEAD: dict[str, str] = {
+    "model.tokenizer.trust_remote_code": "give model.tokenizer.model a tokenizer.json that the tokenizers library reads",
     "model.skip_train": "to validate a run's checkpoint use `gptrain eval RUN`",
     "model.data.data_cache_generation_only": "gptrain builds the caches at the start of training",
     "model.restore_from_path": (

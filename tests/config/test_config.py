@@ -1078,3 +1078,22 @@ def test_save_last_link_is_lightnings_save_last(value, kept):
 def test_a_save_last_that_is_no_switch_nor_link_is_refused():
     with pytest.raises(ConfigError, match=rf"^{CALLBACK}.save_last: 'always' is not true, false or link"):
         load_training_config("gpt3/126m", [f"{CALLBACK}.save_last=always"], report_ignored=False)
+
+
+def test_the_tokenizer_block_of_the_launchers_llama3_and_mistral_files_loads():
+    """`library: huggingface`, `type: <its path>`, `use_fast: true` (the launcher's llama3 and mistral
+    files): use_fast was an unknown key; gptrain reads tokenizer.json with the fast tokenizer."""
+    given = [f"{TOK}.library=huggingface", f"{TOK}.type=/tok/Meta-Llama-3-8B", f"{TOK}.use_fast=true"]
+    cfg = load_training_config("gpt3/126m", given, report_ignored=False)
+    assert (cfg.model.tokenizer.type, cfg.model.tokenizer.model) == (
+        "HuggingFaceTokenizer",
+        "/tok/Meta-Llama-3-8B",
+    )
+    assert f"{TOK}.use_fast" in cfg.ignored_keys
+
+
+def test_trust_remote_code_is_refused_where_it_asks_for_code():
+    load_training_config("gpt3/126m", [f"{TOK}.trust_remote_code=false"], report_ignored=False)
+    with pytest.raises(ConfigError, match=rf"^override '{TOK}.trust_remote_code=true': '{TOK}.trust_remote_code: "
+                       "True' asks for a tokenizer's own Python code"):  # fmt: skip
+        load_training_config("gpt3/126m", [f"{TOK}.trust_remote_code=true"], report_ignored=False)
