@@ -294,3 +294,16 @@ def test_fp8_curve_takes_options_after_overrides():
     )
     assert args.overrides == ["model.compile=true", "model.num_layers=1"]
     assert (args.steps, args.corpus_mb) == (2, 1.0)
+
+
+def test_generate_times_the_cache_against_the_whole_context_with_the_same_tokens(capsys):
+    generate = load("generate")
+    args = ["--layers", "1", "--hidden", "32", "--heads", "2", "--vocab", "97", "--seq-length", "32"]
+    result = generate.main([*args, "--prompt", "8", "--new", "6", "--dtype", "fp64"])
+    assert result["same_tokens"] and result["speedup"] == pytest.approx(
+        result["full_s"] / result["cached_s"], rel=0.01
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert json.loads(lines[-1]) == result and "ms per new token" in lines[0]
+    with pytest.raises(SystemExit):
+        generate.main([*args, "--prompt", "30", "--new", "6"])  # past the context: refused
