@@ -335,3 +335,23 @@ def test_export_and_import_remove_what_a_killed_one_left_never_a_live_ones(
     assert stream.getvalue() == (
         f"gptrain: removed .out.dead1234.tmp beside {output} (0.0 GB): left unfinished by a killed export or import\n"
     )
+
+
+@pytest.mark.parametrize("arch", [LLAMA, STABLELM])
+def test_hidden_act_swish_imports_as_silu_as_transformers_runs_it(arch: str) -> None:
+    """transformers' ACT2FN maps "swish" to the SiLU its "silu" is; the import refused it by name."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from transformers.activations import ACT2FN
+
+    from gptrain.trained.hf.architectures import model_overrides
+
+    probe = torch.linspace(-6.0, 6.0, 97, dtype=torch.float64)
+    assert ACT2FN["swish"](probe).equal(ACT2FN["silu"](probe))  # the premise, in transformers itself
+    kind = transformers.LlamaConfig if arch == LLAMA else transformers.StableLmConfig
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1}
+    swish = model_overrides(kind(hidden_act="swish", **small), arch, "config.json")
+    assert swish == model_overrides(kind(hidden_act="silu", **small), arch, "config.json")
+    assert swish["activation"] == "swiglu"
+    with pytest.raises(DataError, match=r"config.json: hidden_act='gelu' cannot be imported"):
+        model_overrides(kind(hidden_act="gelu", **small), arch, "config.json")

@@ -198,8 +198,13 @@ def _gpt2_overrides(c: Any, source: str) -> dict[str, Any]:
     }
 
 
+# transformers' ACT2FN runs "swish" as the same SiLU as "silu" (older Llama configs write it)
+SILU_NAMES = ("silu", "swish")
+
+
 def _rope_overrides(c: Any, arch: str, source: str) -> dict[str, Any]:
-    _require(source, "hidden_act", c.hidden_act, "silu", "gptrain's gated MLP is SwiGLU")
+    hidden_act = "silu" if c.hidden_act in SILU_NAMES else c.hidden_act
+    _require(source, "hidden_act", hidden_act, "silu", "gptrain's gated MLP is SwiGLU")
     rope = dict(c.rope_parameters or {})
     _require(
         source, "rope_parameters.rope_type", rope.get("rope_type", "default"), "default", "no rope scaling"
