@@ -261,12 +261,14 @@ def _run_merge(args: argparse.Namespace) -> int:
 
     with terminate_as_exception():  # a Slurm time limit or `timeout`: remove the partial output
         merged = merge_datasets(args.input, args.output_prefix)
-    print(
-        f"merged {merged.datasets:,} datasets: {merged.documents:,} documents, "
-        f"{merged.tokens:,} tokens -> {merged.path_prefix}.bin/.idx",
-        file=sys.stdout,
-    )
+    counts = f"{counted(merged.datasets, 'dataset')}: {counted(merged.documents, 'document')}, "
+    print(f"merged {counts}{counted(merged.tokens, 'token')} -> {merged.path_prefix}.bin/.idx")
     return 0
+
+
+def counted(number: int, noun: str) -> str:
+    """`1 dataset`, `2 datasets`: a merge of one dataset is an ordinary case."""
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -335,3 +335,13 @@ def test_an_input_directory_that_cannot_be_listed_is_named_with_what_to_do(tmp_p
         "permissions, or give the prefixes of its datasets\n"
     )
     assert not (tmp_path / "m.bin").exists() and not (tmp_path / "m.idx").exists()
+
+
+def test_merge_of_one_dataset_says_each_count_in_the_singular(tmp_path, capsys):
+    """One dataset of one one-token document printed "merged 1 datasets: 1 documents, 1 tokens"."""
+    with IndexedDatasetWriter(str(tmp_path / "a"), np.uint16) as writer:
+        writer.add_document(np.array([5]))
+    assert (
+        main(["data", "merge", "--input", str(tmp_path / "a"), "--output-prefix", str(tmp_path / "m")]) == 0
+    )
+    assert f"merged 1 dataset: 1 document, 1 token -> {tmp_path / 'm'}.bin/.idx" in capsys.readouterr().out
