@@ -295,9 +295,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         lock = None
         open_to_umask(staging)
         sync_tree(staging)
-        if path.exists():
-            path.rmdir()  # empty: a non-empty directory is never replaced
-        staging.rename(path)
+        _move_into_place(staging, path)
         fsync_directory(path.parent)
     except BaseException as error:
         release_directory(staging, lock)  # closed first: NFS keeps an open file's removed name
@@ -308,6 +306,23 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         if len(error.args) == 1 and isinstance(error.args[0], str):  # a message naming the staging
             error.args = (error.args[0].replace(str(staging), str(path)),)  # directory names `path`
         raise
+
+
+def _move_into_place(staging: Path, path: Path) -> None:
+    """Rename `staging` onto `path`, absent or empty. What another writer put there meanwhile (two
+    exports into one directory at once) is never replaced, and said as such, not as a full disk."""
+    try:
+        if path.exists():
+            path.rmdir()  # empty: a non-empty directory is never replaced
+        staging.rename(path)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise
+        raise DataError(
+            f"{path}: another process wrote it while this one ran (two exports or imports into one "
+            "directory at once?); nothing of this one was left there: keep that output, or remove it "
+            "(or choose another directory) and run again"
+        ) from None
 
 
 WRITER_LOCK = ".gptrain-writer.lock"

@@ -355,3 +355,35 @@ def test_hidden_act_swish_imports_as_silu_as_transformers_runs_it(arch: str) -> 
     assert swish["activation"] == "swiglu"
     with pytest.raises(DataError, match=r"config.json: hidden_act='gelu' cannot be imported"):
         model_overrides(kind(hidden_act="gelu", **small), arch, "config.json")
+
+
+def test_an_export_beaten_to_its_output_by_another_says_so_not_free_space(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Two exports into one OUTPUT_DIR at once: the second found it filled at its rename and said
+    "(Directory not empty); nothing was left there: free space or fix permissions ...". The other's
+    output is kept, this one's staging removed."""
+    pytest.importorskip("transformers")
+    from hf_helpers import run_cli, tiny_run
+
+    import gptrain.trained.hf.export as export
+
+    run, _ = tiny_run("gpt2", tmp_path)
+    out = tmp_path / "out"
+    write_weights = export.write_weights
+
+    def other_export_finishes_first(*args, **kwargs):
+        out.mkdir()
+        (out / "config.json").write_text("{}")  # the other export's, renamed into place meanwhile
+        return write_weights(*args, **kwargs)
+
+    monkeypatch.setattr(export, "write_weights", other_export_finishes_first)
+    with pytest.raises(DataError) as error:
+        run_cli(["export", str(run), "--to", "hf", str(out), "--no-verify"])
+    assert str(error.value) == (
+        f"{out}: another process wrote it while this one ran (two exports or imports into one directory "
+        "at once?); nothing of this one was left there: keep that output, or remove it (or choose another "
+        "directory) and run again"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run_gpt2"]  # no staging directory left
+    assert [p.name for p in out.iterdir()] == ["config.json"]
