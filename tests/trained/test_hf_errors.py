@@ -387,3 +387,38 @@ def test_an_export_beaten_to_its_output_by_another_says_so_not_free_space(
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run_gpt2"]  # no staging directory left
     assert [p.name for p in out.iterdir()] == ["config.json"]
+
+
+def test_an_export_into_the_runs_checkpoint_directory_is_refused_before_reading_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """OUTPUT_DIR run/checkpoints/step_N/hf was written, and retention's removal of step_N (save_top_k)
+    deleted the export with it. Refused for any OUTPUT_DIR in the checkpoint root, named by a run, its
+    checkpoints dir or a step dir, before the checkpoint is read; nothing is written."""
+    pytest.importorskip("transformers")
+    from hf_helpers import tiny_run
+
+    import gptrain.trained.hf.export as export
+
+    run, _ = tiny_run("gpt2", tmp_path)
+    root = run / "checkpoints"
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(export, "open_run", never)
+    before = sorted(str(p) for p in run.rglob("*"))
+    for source, output in (
+        (run, root / "step_3" / "hf"),
+        (root, root / "hf"),
+        (root / "step_3", root / "step_3" / "hf"),
+        (run, root),
+    ):
+        with pytest.raises(DataError) as error:
+            export.export_hf(source, output)
+        assert str(error.value) == (
+            f"{output}: inside the run's checkpoint directory {root}, whose step directories are removed "
+            f"as newer checkpoints replace them (and the export with them); choose an OUTPUT_DIR outside "
+            f"it, e.g. {run / 'hf'}"
+        )
+    assert sorted(str(p) for p in run.rglob("*")) == before

@@ -34,7 +34,7 @@ from gptrain.trained.hf.tokenizer_files import (
 )
 from gptrain.trained.hf.transformers_api import config_class, require_transformers
 from gptrain.trained.hf.verify import Verification
-from gptrain.trained.load import not_finite_text
+from gptrain.trained.load import checkpoints_dir, is_step_dir, not_finite_text
 from gptrain.utils.atomic import atomic_directory, refuse_working_directory, remove_unfinished_directories
 from gptrain.utils.paths import directory_blocker
 from gptrain.utils.progress import Progress
@@ -123,6 +123,7 @@ def export_hf(
     started = time.perf_counter()
     stream = stream or sys.stderr
     output = Path(output).resolve()  # "out/." names no sibling to stage in
+    _refuse_inside_checkpoints(Path(path), output)
     remove_unfinished_directories(output, stream)
     _check_output(output)  # before the CRC-32 pass over the whole checkpoint
     # the CRC-32s too: the logit check compares two readings of the same weights, and would pass
@@ -235,6 +236,19 @@ def _check_output(output: Path) -> None:
     blocker = directory_blocker(output.parent, must_write=True)  # the directory is renamed into it
     if blocker is not None:
         raise DataError(f"{output}: {blocker}; choose an OUTPUT_DIR that can be written")
+
+
+def _refuse_inside_checkpoints(path: Path, output: Path) -> None:
+    """An OUTPUT_DIR in the run's checkpoint root (run/checkpoints/step_N/hf) goes when retention
+    removes step_N, and a directory there is none of the checkpoint tools' business."""
+    root = path.parent if is_step_dir(path) else checkpoints_dir(path)
+    if root is None or not output.is_relative_to(root.resolve()):
+        return
+    raise DataError(
+        f"{output}: inside the run's checkpoint directory {root}, whose step directories are removed as "
+        "newer checkpoints replace them (and the export with them); choose an OUTPUT_DIR outside it, "
+        f"e.g. {root.parent / 'hf'}"
+    )
 
 
 def _write_configs(directory: Path, source: RunSource, arch: str, dtype: str) -> None:
