@@ -8,6 +8,7 @@ import sys
 
 from gptrain.data.tokenizer_args import (
     add_tokenizer_args,
+    megatron_tokenizer_notes,
     tiktoken_options,
     tokenizer_from_args,
     tokenizer_type,
@@ -187,9 +188,14 @@ def _run_prepare(args: argparse.Namespace) -> int:
     kind = tokenizer_type(args)
     if kind is None:
         raise ConfigError("give a tokenizer: --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model")
-    if (notice := sentencepiece_version_notice(kind)) is not None:
+    for note in megatron_tokenizer_notes(args, kind):
+        print(note, file=sys.stderr)
+    if not args.legacy_tokenizer and (notice := sentencepiece_version_notice(kind)) is not None:
         print(notice, file=sys.stderr)
-    spec = TokenizerSpec(kind, args.vocab_file, args.merge_file, args.tokenizer_model, tiktoken_options(args))
+    options = tiktoken_options(args)
+    spec = TokenizerSpec(
+        kind, args.vocab_file, args.merge_file, args.tokenizer_model, options, args.legacy_tokenizer
+    )
     config = PrepareConfig(
         inputs=args.input,
         output_prefix=args.output_prefix,

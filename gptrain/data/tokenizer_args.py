@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 from typing import Any
 
 from gptrain.errors import ConfigError
@@ -78,6 +80,7 @@ def add_tokenizer_args(
         dest="tokenizer_special_tokens",
         help="TikTokenizer vocabulary file: ids 0, 1, ...; must hold <unk> <s> </s> <mask> <pad> <cls> <sep>",
     )
+    _add_megatron_tokenizer_switches(group)
     group.add_argument(
         "--tokenizer-library",
         choices=("megatron", "huggingface", "sentencepiece"),
@@ -85,6 +88,117 @@ def add_tokenizer_args(
         "(--tokenizer-type, or --tokenizer-model, is a tokenizer.json or its directory) or "
         "sentencepiece (--tokenizer-model tokenizer.model, encoded as GPTSentencePieceTokenizer unless --tokenizer-type names another SentencePiece type)",
     )
+
+
+def _add_megatron_tokenizer_switches(group: argparse._ArgumentGroup) -> None:
+    """Megatron's tokenizer flags that gptrain's encoding already follows, or refuses by name
+    (megatron_tokenizer_notes), so that preprocess_data.py command lines run unchanged."""
+    group.add_argument(
+        "--legacy-tokenizer",
+        action="store_true",
+        help="Megatron's older tokenizer system (its default up to core 0.14): GPT2BPETokenizer keeps a "
+        "literal <|endoftext|> in the text as text (the default gives it the end-of-document id)",
+    )
+    for flag in (
+        "--tokenizer-hf-use-fast",
+        "--tokenizer-hf-no-use-fast",
+        "--tokenizer-hf-include-special-tokens",
+        "--tokenizer-hf-no-include-special-tokens",
+        "--trust-remote-code",
+    ):
+        group.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    group.add_argument("--vocab-extra-ids", type=int, help=argparse.SUPPRESS)
+    group.add_argument("--tokenizer-metadata", help=argparse.SUPPRESS)
+
+
+# Megatron's HF tokenizer switches -> why each changes nothing in gptrain's encoding
+ALWAYS_FOLLOWED = {
+    "--tokenizer-hf-use-fast": "gptrain encodes with the fast tokenizer, Megatron's default",
+    "--tokenizer-hf-include-special-tokens": "gptrain adds a tokenizer's own special tokens to a text, "
+    "Megatron's default",
+}
+
+
+def megatron_tokenizer_notes(args: argparse.Namespace, kind: str) -> list[str]:
+    """Notes for Megatron's tokenizer flags given that change nothing for tokenizer type `kind`;
+    a ConfigError for one whose ids gptrain does not reproduce."""
+    if args.tokenizer_metadata is not None:
+        raise ConfigError(
+            f"--tokenizer-metadata {args.tokenizer_metadata}: Megatron's tokenizer metadata file chooses the "
+            "tokenizer's library and class, which gptrain does not read; drop it and give the --tokenizer-type "
+            "(and --tokenizer-model) it names"
+        )
+    kind = canonical_type(kind)
+    given = {flag: why for flag, why in ALWAYS_FOLLOWED.items() if _given(args, flag)}
+    for flag in ("--tokenizer-hf-no-use-fast", "--tokenizer-hf-no-include-special-tokens"):
+        if _given(args, flag):
+            given[flag] = _hf_switch_effect(flag, kind, args.legacy_tokenizer)
+    if args.trust_remote_code:
+        given["--trust-remote-code"] = _remote_code_effect(args, kind)
+    if args.vocab_extra_ids is not None:
+        given["--vocab-extra-ids"] = _extra_ids_effect(args.vocab_extra_ids, kind)
+    if args.legacy_tokenizer and kind == "tiktoken":
+        raise ConfigError(
+            "--legacy-tokenizer: Megatron's legacy TikTokenizer kept a literal special token in the text as "
+            "text and took other default special tokens; gptrain encodes as its current one: drop the flag "
+            "(the ids differ only in texts holding a special token's name)"
+        )
+    return [f"note: {flag}: accepted, no effect: {why}" for flag, why in given.items()]
+
+
+def _given(args: argparse.Namespace, flag: str) -> bool:
+    return bool(getattr(args, flag.lstrip("-").replace("-", "_")))
+
+
+def _hf_switch_effect(flag: str, kind: str, legacy: bool) -> str:
+    """Why --tokenizer-hf-no-use-fast / --tokenizer-hf-no-include-special-tokens change nothing, or
+    a ConfigError where Megatron then encodes otherwise than gptrain."""
+    if legacy:
+        return "Megatron's legacy tokenizers do not read it"
+    if kind not in ("gpt2", "huggingface"):
+        return "Megatron reads it for HuggingFaceTokenizer and GPT2BPETokenizer only"
+    if flag == "--tokenizer-hf-no-use-fast":
+        raise ConfigError(
+            f"{flag}: Megatron then encodes with transformers' slow Python tokenizer, whose ids gptrain "
+            "does not reproduce (it encodes as the fast one, Megatron's default); drop the flag"
+        )
+    if kind == "gpt2":
+        return "GPT-2's tokenizer adds no special token to a text"
+    raise ConfigError(
+        f"{flag}: Megatron then adds none of the tokenizer's special tokens (a bos) to a text; gptrain adds "
+        "them as transformers does, Megatron's default: drop the flag"
+    )
+
+
+def _remote_code_effect(args: argparse.Namespace, kind: str) -> str:
+    """--trust-remote-code changes nothing unless the tokenizer names code of its own (auto_map),
+    which gptrain, reading its tokenizer.json, would not run."""
+    if kind != "huggingface":
+        return "Megatron reads it for Hugging Face tokenizers only"
+    model = args.tokenizer_model or ""
+    config = os.path.join(model if os.path.isdir(model) else os.path.dirname(model), "tokenizer_config.json")
+    try:
+        with open(config, encoding="utf-8") as file:
+            auto_map = json.load(file).get("auto_map")
+    except (OSError, ValueError, AttributeError):
+        auto_map = None
+    if auto_map:
+        raise ConfigError(
+            f"--trust-remote-code: {config} names the tokenizer's own Python code (auto_map), which Megatron "
+            "runs with this flag; gptrain reads tokenizer.json and runs no such code, so the ids may differ"
+        )
+    return "the tokenizer has no code of its own (no auto_map in its tokenizer_config.json)"
+
+
+def _extra_ids_effect(count: int, kind: str) -> str:
+    if count < 0:
+        raise ConfigError(f"--vocab-extra-ids {count}: give 0 or more")
+    if count and kind == "sentencepiece":
+        raise ConfigError(
+            f"--vocab-extra-ids {count}: Megatron's legacy SentencePieceTokenizer adds <extra_id_0> ... as "
+            "tokens (T5's span masking), which gptrain does not; drop the flag"
+        )
+    return "Megatron reads it for BERT's and T5's tokenizers only"
 
 
 def tokenizer_type(args: argparse.Namespace) -> str | None:
@@ -133,8 +247,15 @@ def tokenizer_from_args(args: argparse.Namespace) -> Any | None:
         return None
     from gptrain.data.tokenizers import build_tokenizer
 
+    for note in megatron_tokenizer_notes(args, kind):
+        print(note, file=sys.stderr)
     return build_tokenizer(
-        kind, args.vocab_file, args.merge_file, args.tokenizer_model, tiktoken_options(args)
+        kind,
+        args.vocab_file,
+        args.merge_file,
+        args.tokenizer_model,
+        tiktoken_options(args),
+        args.legacy_tokenizer,
     )
 
 

@@ -4,8 +4,9 @@ GPT-2 BPE (`vocab.json` + `merges.txt`) runs on tiktoken, whose Rust BPE is seve
 times faster than HF `tokenizers`: the byte-level vocab maps one to one onto tiktoken's
 byte ranks whenever merge results have increasing ids in merge order (true for GPT-2 and
 its derivatives); otherwise the exact HF `tokenizers` BPE is used. Like Megatron (whose
-GPT2BPETokenizer is HF's fast GPT-2 tokenizer), a literal "<|endoftext|>" in the text
-becomes the single end-of-document id. A SentencePiece `tokenizer.model` is read by the
+GPT2BPETokenizer is HF's fast GPT-2 tokenizer since core 0.15), a literal "<|endoftext|>" in the
+text becomes the single end-of-document id; with `legacy` (its --legacy-tokenizer, and the default
+up to core 0.14) it stays ordinary text. A SentencePiece `tokenizer.model` is read by the
 `sentencepiece` package (an optional dependency, imported only when one is built).
 """
 
@@ -408,12 +409,14 @@ def _tiktoken_ranks(
     return ranks
 
 
-def load_gpt2_bpe(vocab_file: str, merge_file: str, backend: str = "auto") -> Tokenizer:
+def load_gpt2_bpe(vocab_file: str, merge_file: str, backend: str = "auto", legacy: bool = False) -> Tokenizer:
     """GPT-2 byte-level BPE from vocab.json + merges.txt; backend 'auto', 'tiktoken' or 'hf'.
+    `legacy`: as Megatron's legacy GPT2BPETokenizer (its own BPE, no special tokens), a literal
+    <|endoftext|> in the text is ordinary text, not the end-of-document id.
 
     Cached per process by path and file stamp: tokenizers are read-only once built.
     """
-    return _load_gpt2_bpe(vocab_file, merge_file, backend, _stamp(vocab_file), _stamp(merge_file))
+    return _load_gpt2_bpe(vocab_file, merge_file, backend, legacy, _stamp(vocab_file), _stamp(merge_file))
 
 
 def _stamp(path: str) -> tuple[int, int] | None:
@@ -425,7 +428,9 @@ def _stamp(path: str) -> tuple[int, int] | None:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_gpt2_bpe(vocab_file: str, merge_file: str, backend: str, *_stamps: object) -> Tokenizer:
+def _load_gpt2_bpe(
+    vocab_file: str, merge_file: str, backend: str, legacy: bool, *_stamps: object
+) -> Tokenizer:
     vocab, (merges, numbers) = _read_vocab(vocab_file), _read_merges(merge_file)
     _check_merges(merges, numbers, vocab, merge_file)
     if ENDOFTEXT not in vocab:
@@ -444,20 +449,23 @@ def _load_gpt2_bpe(vocab_file: str, merge_file: str, backend: str, *_stamps: obj
         )
         decode_table = {token_id: alphabet.to_bytes(token) for token, token_id in vocab.items()}
         vocab_size = max(vocab.values()) + 1  # vocab.json may skip ids, as tokenizer.json may
-        return TiktokenTokenizer(encoding, eod, vocab_size, frozenset({ENDOFTEXT}), decode_table)
+        specials = frozenset() if legacy else frozenset({ENDOFTEXT})  # encoded with disallowed_special=()
+        return TiktokenTokenizer(encoding, eod, vocab_size, specials, decode_table)
     if backend == "tiktoken":
         raise DataError(f"{vocab_file}: ids do not follow the merge order of {merge_file}; use backend 'hf'")
-    return HFTokenizer(_hf_gpt2(vocab, merges), eod, vocab_file)
+    return HFTokenizer(_hf_gpt2(vocab, merges, special=not legacy), eod, vocab_file)
 
 
-def _hf_gpt2(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Any:
-    """The tokenizer transformers' GPT2TokenizerFast builds from vocab.json + merges.txt."""
+def _hf_gpt2(vocab: dict[str, int], merges: list[tuple[str, str]], special: bool = True) -> Any:
+    """The tokenizer transformers' GPT2TokenizerFast builds from vocab.json + merges.txt (without
+    `special`, <|endoftext|> only a vocabulary entry, as Megatron's legacy GPT-2 BPE has it)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(ENDOFTEXT, special=True)])
+    if special:
+        tokenizer.add_special_tokens([AddedToken(ENDOFTEXT, special=True)])
     return tokenizer
 
 
@@ -555,16 +563,18 @@ def build_tokenizer(
     merge_file: str | None = None,
     model: str | None = None,
     tiktoken: TiktokenFileOptions | None = None,
+    legacy: bool = False,
 ) -> Tokenizer:
     """Build a tokenizer by its NeMo/Megatron type name (aliases: gpt2bpe, huggingface, tiktoken, llama2);
-    `tiktoken` is read only for TikTokenizer with a vocabulary file (Megatron's)."""
+    `tiktoken` is read only for TikTokenizer with a vocabulary file (Megatron's); `legacy` (Megatron's
+    --legacy-tokenizer) only for GPT-2 BPE, the one type whose legacy ids gptrain's others do not already give."""
     kind = canonical_type(tokenizer_type)
     if kind == "gpt2":
         if vocab_file is None and merge_file is None and model and _is_directory(model):
             vocab_file, merge_file = str(Path(model) / "vocab.json"), str(Path(model) / "merges.txt")
         if not vocab_file or not merge_file:
             raise ConfigError("GPT2BPETokenizer needs --vocab-file vocab.json and --merge-file merges.txt")
-        return load_gpt2_bpe(vocab_file, merge_file)
+        return load_gpt2_bpe(vocab_file, merge_file, legacy=legacy)
     if not model:
         examples = {
             "huggingface": "path/to/tokenizer.json",
@@ -595,8 +605,10 @@ class TokenizerSpec:
     merge_file: str | None = None
     model: str | None = None
     tiktoken: TiktokenFileOptions | None = None
+    legacy: bool = False
+    """Megatron's --legacy-tokenizer: GPT-2 BPE keeps a literal <|endoftext|> as text."""
 
     def build(self) -> Tokenizer:
         return build_tokenizer(
-            self.tokenizer_type, self.vocab_file, self.merge_file, self.model, self.tiktoken
+            self.tokenizer_type, self.vocab_file, self.merge_file, self.model, self.tiktoken, self.legacy
         )

