@@ -188,6 +188,10 @@ NO_EFFECT: dict[str, int | None] = {
     # data-parallel communication
     "--ddp-bucket-size": 1, "--ddp-num-buckets": 1, "--ddp-pad-buckets-for-high-nccl-busbw": 0,
     "--ddp-average-in-collective": 0,
+    # Megatron's shared tokenizer flags (data prepare reads them for the ids; see NO_EFFECT_WHY)
+    "--legacy-tokenizer": 0, "--tokenizer-hf-use-fast": 0, "--tokenizer-hf-no-use-fast": 0,
+    "--tokenizer-hf-include-special-tokens": 0, "--tokenizer-hf-no-include-special-tokens": 0,
+    "--trust-remote-code": 0, "--vocab-extra-ids": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -230,6 +234,20 @@ NO_EFFECT_WHY: dict[str, str] = {
         "gptrain always writes and reads its own sharded checkpoints (torch.distributed.checkpoint), each rank "
         "its shards in parallel; it does not read Megatron's",
     ),
+    "--legacy-tokenizer": "gptrain builds each tokenizer type's vocabulary and end-of-document id as Megatron's "
+    "legacy system does; training reads the prepared data's ids",
+    **dict.fromkeys(
+        (
+            "--tokenizer-hf-use-fast",
+            "--tokenizer-hf-no-use-fast",
+            "--tokenizer-hf-include-special-tokens",
+            "--tokenizer-hf-no-include-special-tokens",
+            "--trust-remote-code",
+            "--vocab-extra-ids",
+        ),
+        "training reads the prepared data's ids; the tokenizer gives its vocabulary size and end-of-document "
+        "id, the same either way",
+    ),
     "--ddp-average-in-collective": "the same mean gradient over the data-parallel ranks, divided after the "
     "sum rather than before it (rounding aside)",
     **dict.fromkeys(  # the reason once; the flags that only set these up (steps, ranks, paths) go without
@@ -268,6 +286,11 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[Any, ...], str]] = {
             "gptrain keeps gradients, fp32 weights and AdamW's state in fp32; drop the flag or give fp32",
         ),
     ),
+    "--vocab-extra-ids": (
+        (0,),
+        "Megatron adds <extra_id_0> ... to the vocabulary of BERT's and T5's tokenizers (and its legacy "
+        "SentencePieceTokenizer), which gptrain does not; drop the flag or give 0",
+    ),
     "--optimizer": (
         ("adam",),
         "gptrain trains with AdamW only, Megatron's adam (its default): drop the flag or give adam",
@@ -280,6 +303,8 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 REFUSED: dict[str, str] = {
+    "--tokenizer-metadata": "Megatron's tokenizer metadata file chooses the tokenizer's library and class, which "
+    "gptrain does not read; drop it and give the --tokenizer-type (and --tokenizer-model) it names",
     "--num-experts": "mixture of experts is not implemented",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
     "--skip-train": "evaluation without training is not run by gptrain megatron: `gptrain eval RUN` evaluates "

@@ -1802,3 +1802,37 @@ def test_a_data_prefix_check_names_the_megatron_flag_that_set_the_key():
     assert prefix_in_flags(split, {"--per-split-data-args-path": ["S"]}).startswith(
         "--per-split-data-args-path S: valid: data prefix entry 1"
     )
+
+
+TOKENIZER_READ_ONLY = "training reads the prepared data's ids; the tokenizer gives its vocabulary size and end-of-document id, the same either way"
+
+
+def test_megatrons_shared_tokenizer_flags_are_accepted_or_refused_saying_why(capsys):
+    """--legacy-tokenizer, --tokenizer-hf-*, --trust-remote-code and --vocab-extra-ids were 'not a
+    pretrain_gpt.py flag gptrain knows'; for training on prepared data they change nothing.
+    --tokenizer-metadata picks the tokenizer itself, and extra ids grow the vocabulary: refused."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64"
+    switches = (
+        "--legacy-tokenizer --tokenizer-hf-use-fast --tokenizer-hf-no-use-fast --tokenizer-hf-include-special-tokens"
+        " --tokenizer-hf-no-include-special-tokens --trust-remote-code --vocab-extra-ids 0"
+    )
+    t = translate(shlex.split(f"{flags} {switches}"), ENV)
+    assert t.values == translate(shlex.split(flags), ENV).values
+    assert [note for note in t.notes if note.endswith(f"({TOKENIZER_READ_ONLY})")] == [
+        f"{flag} ({TOKENIZER_READ_ONLY})" for flag in switches.split()[1:] if flag.startswith("--")
+    ]
+    assert (
+        "--legacy-tokenizer (gptrain builds each tokenizer type's vocabulary and end-of-document id as "
+        "Megatron's legacy system does; training reads the prepared data's ids)"
+    ) in t.notes
+    for extra, refusal in (
+        ("--vocab-extra-ids 100", "--vocab-extra-ids 100: Megatron adds <extra_id_0> ... to the vocabulary of "
+         "BERT's and T5's tokenizers (and its legacy SentencePieceTokenizer), which gptrain does not; drop the "
+         "flag or give 0"),
+        ("--tokenizer-metadata meta.json", "--tokenizer-metadata: Megatron's tokenizer metadata file chooses the "
+         "tokenizer's library and class, which gptrain does not read; drop it and give the --tokenizer-type "
+         "(and --tokenizer-model) it names"),
+    ):  # fmt: skip
+        assert main(["megatron", "--dry-run", *shlex.split(f"{flags} {extra}")]) == 2
+        assert capsys.readouterr().err.strip() == f"gptrain: error: {refusal}"
