@@ -128,8 +128,15 @@ def megatron_tokenizer_notes(args: argparse.Namespace, kind: str) -> list[str]:
             "tokenizer's library and class, which gptrain does not read; drop it and give the --tokenizer-type "
             "(and --tokenizer-model) it names"
         )
-    kind = canonical_type(kind)
+    named, kind = kind, canonical_type(kind)
     given = {flag: why for flag, why in ALWAYS_FOLLOWED.items() if _given(args, flag)}
+    if args.tokenizer_special_tokens is not None and kind != "tiktoken":
+        if not args.legacy_tokenizer:
+            raise ConfigError(
+                f"--tokenizer-special-tokens: Megatron adds them to {named}'s vocabulary, which gptrain does "
+                "not; prepare with a tokenizer that holds them, or drop the flag"
+            )
+        given["--tokenizer-special-tokens"] = "Megatron's legacy tokenizers read it for TikTokenizer only"
     for flag in ("--tokenizer-hf-no-use-fast", "--tokenizer-hf-no-include-special-tokens"):
         if _given(args, flag):
             given[flag] = _hf_switch_effect(flag, kind, args.legacy_tokenizer)

@@ -168,3 +168,22 @@ def test_legacy_tokenizer_is_refused_for_tiktoken_and_quiets_the_sentencepiece_v
         ConfigError, match=r"^--vocab-extra-ids 100: Megatron's legacy SentencePieceTokenizer"
     ):
         megatron_tokenizer_notes(parser.parse_args(["--vocab-extra-ids", "100"]), "SentencePieceTokenizer")
+
+
+def test_special_tokens_beside_a_tokenizer_megatron_adds_them_to_are_refused(
+    tmp_path: Path, gpt2_files: tuple[str, str], capsys
+) -> None:
+    """--tokenizer-special-tokens '<x>' with GPT-2 BPE was read by nothing: Megatron adds <x> to the
+    vocabulary (id 50257, a literal <x> that id), gptrain wrote a < x > b as ordinary BPE."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a<x>b"}\n')
+    vocab, merges = gpt2_files
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
+    assert (
+        main([*argv, "--vocab-file", vocab, "--merge-file", merges, "--tokenizer-special-tokens", "<x>"]) == 2
+    )
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gptrain: error: --tokenizer-special-tokens: Megatron adds them to GPT2BPETokenizer's vocabulary, "
+        "which gptrain does not; prepare with a tokenizer that holds them, or drop the flag"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
