@@ -264,17 +264,13 @@ def _add_merge(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_merge(args: argparse.Namespace) -> int:
     from gptrain.data.merge import merge_datasets
+    from gptrain.utils.progress import counted
 
     with terminate_as_exception():  # a Slurm time limit or `timeout`: remove the partial output
         merged = merge_datasets(args.input, args.output_prefix)
     counts = f"{counted(merged.datasets, 'dataset')}: {counted(merged.documents, 'document')}, "
     print(f"merged {counts}{counted(merged.tokens, 'token')} -> {merged.path_prefix}.bin/.idx")
     return 0
-
-
-def counted(number: int, noun: str) -> str:
-    """`1 dataset`, `2 datasets`: a merge of one dataset is an ordinary case."""
-    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

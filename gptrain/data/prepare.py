@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -34,7 +34,7 @@ from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_
 from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, is_pipe, iter_chunks
 from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
 from gptrain.errors import ConfigError, DataError
-from gptrain.utils.progress import Progress, format_rate
+from gptrain.utils.progress import Progress, counted, format_rate
 
 
 @dataclass(frozen=True)
@@ -68,20 +68,19 @@ class PrepareStats:
     def summary(self) -> str:
         rate = self.documents / max(self.seconds, 1e-9)
         mbs = self.input_bytes / max(self.seconds, 1e-9) / 2**20
-        empty = self._per_key(self.empty_documents, "empty")
-        sequences = self._per_key(self.sequences, "sequences")
+        empty = self._per_key(self.empty_documents, lambda n: f"{n:,} empty")
+        sequences = self._per_key(self.sequences, lambda n: counted(n, "sequence"))
+        documents, bad_lines = counted(self.documents, "document"), counted(self.bad_lines, "bad line")
         return (
-            f"prepared {self.documents:,} documents ({empty}, {self.bad_lines:,} bad lines skipped) "
-            f"as {sequences}, {self.tokens:,} tokens in {self.seconds:.1f} s "
+            f"prepared {documents} ({empty}, {bad_lines} skipped) "
+            f"as {sequences}, {counted(self.tokens, 'token')} in {self.seconds:.1f} s "
             f"({format_rate(rate)} docs/s, {mbs:.2f} MB/s) -> {', '.join(p + '.bin/.idx' for p in self.outputs)}"
         )
 
     @staticmethod
-    def _per_key(counts: dict[str, int], what: str) -> str:
+    def _per_key(counts: dict[str, int], what: Callable[[int], str]) -> str:
         """`3 empty`, or `3 empty text, 1 empty title` with several json keys."""
-        return ", ".join(
-            f"{n:,} {what}" + (f" {key}" if len(counts) > 1 else "") for key, n in counts.items()
-        )
+        return ", ".join(what(n) + (f" {key}" if len(counts) > 1 else "") for key, n in counts.items())
 
 
 @dataclass

@@ -13,6 +13,11 @@ def format_rate(per_second: float) -> str:
     return f"{per_second:,.0f}" if per_second >= 10 else f"{per_second:.2g}"
 
 
+def counted(number: int, noun: str) -> str:
+    """`1 dataset`, `2 datasets`: a run over one file or one document is an ordinary case."""
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)

@@ -345,3 +345,19 @@ def test_merge_of_one_dataset_says_each_count_in_the_singular(tmp_path, capsys):
         main(["data", "merge", "--input", str(tmp_path / "a"), "--output-prefix", str(tmp_path / "m")]) == 0
     )
     assert f"merged 1 dataset: 1 document, 1 token -> {tmp_path / 'm'}.bin/.idx" in capsys.readouterr().out
+
+
+def test_prepare_of_one_document_says_each_count_in_the_singular(tmp_path, capsys, gpt2_files):
+    """One one-token document with one bad line printed 'prepared 1 documents (0 empty, 1 bad lines
+    skipped) as 1 sequences, 1 tokens'."""
+    (tmp_path / "in.jsonl").write_text('{"text": "a"}\nnot json\n')
+    vocab, merges = gpt2_files
+    argv = ["data", "prepare", "--input", str(tmp_path / "in.jsonl"), "--output-prefix", str(tmp_path / "o")]
+    assert (
+        main([*argv, "--vocab-file", vocab, "--merge-file", merges, "--skip-bad-lines", "--workers", "1"])
+        == 0
+    )
+    assert (
+        "prepared 1 document (0 empty, 1 bad line skipped) as 1 sequence, 1 token in "
+        in capsys.readouterr().out
+    )

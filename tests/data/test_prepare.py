@@ -556,7 +556,7 @@ def test_lone_surrogate_is_a_bad_line(
     assert f"{source}:2: value of 'text' holds a lone surrogate \\ud800 (not valid Unicode)" in err
     assert not (tmp_path / "out").exists()
     assert main([*argv, str(tmp_path / "o"), "--skip-bad-lines"]) == 0
-    assert "prepared 3 documents (0 empty, 1 bad lines skipped)" in capsys.readouterr().out
+    assert "prepared 3 documents (0 empty, 1 bad line skipped)" in capsys.readouterr().out
     assert outputs(tmp_path / "o") == megatron_dataset(["ok", "fine", "pair \U0001f600 ok"], False)
 
 
@@ -863,7 +863,7 @@ def test_skip_bad_lines_refuses_one_input_of_only_bad_lines_among_good_ones(
     assert not out.exists() or list(out.iterdir()) == []
     argv.remove(str(wrong_key))
     assert main([*argv, "--workers", str(workers)]) == 0
-    assert "prepared 4 documents (0 empty, 1 bad lines skipped)" in capsys.readouterr().out
+    assert "prepared 4 documents (0 empty, 1 bad line skipped)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("holder", [".", "sub"], ids=["in it", "deeper under it"])
