@@ -181,7 +181,7 @@ def _remote_code_effect(args: argparse.Namespace, kind: str) -> str:
     """--trust-remote-code changes nothing unless the tokenizer names code of its own (auto_map),
     which gptrain, reading its tokenizer.json, would not run."""
     if kind != "huggingface":
-        return "Megatron reads it for Hugging Face tokenizers only"
+        return "this tokenizer has no code of its own to run"
     model = args.tokenizer_model or ""
     config = os.path.join(model if os.path.isdir(model) else os.path.dirname(model), "tokenizer_config.json")
     try:
