@@ -192,7 +192,8 @@ def _remote_code_effect(args: argparse.Namespace, kind: str) -> str:
     if auto_map:
         raise ConfigError(
             f"--trust-remote-code: {config} names the tokenizer's own Python code (auto_map), which Megatron "
-            "runs with this flag; gptrain reads tokenizer.json and runs no such code, so the ids may differ"
+            "runs with this flag; gptrain reads tokenizer.json and runs no such code, so the ids may differ: "
+            "drop the flag only if that tokenizer.json encodes as the code does"
         )
     return "the tokenizer has no code of its own (no auto_map in its tokenizer_config.json)"
 

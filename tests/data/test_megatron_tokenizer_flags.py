@@ -122,7 +122,8 @@ def hf_tokenizer_dir(tmp_path: Path, gpt2_files: tuple[str, str], config: dict) 
             "--trust-remote-code",
             {"auto_map": {"AutoTokenizer": ["tok.MyTokenizer", None]}},
             "--trust-remote-code: {config} names the tokenizer's own Python code (auto_map), which Megatron "
-            "runs with this flag; gptrain reads tokenizer.json and runs no such code, so the ids may differ",
+            "runs with this flag; gptrain reads tokenizer.json and runs no such code, so the ids may differ: "
+            "drop the flag only if that tokenizer.json encodes as the code does",
         ),
         (
             "--tokenizer-hf-no-include-special-tokens",
