@@ -303,6 +303,19 @@ def in_flight(layout: Layout, microbatches: int, rank: int) -> float:
     return chunks / v
 
 
+def rank_chunks(layout: Layout, num_layers: int, rank: int) -> list[int]:
+    """Layers of each chunk of pipeline rank `rank`, in its local order (stages rank, rank + pp, ...)."""
+    return layout.stage_layers(num_layers)[rank :: layout.pp]
+
+
+def checkpointed_blocks(layout: Layout, chunk: int) -> int:
+    """Blocks of a chunk of `chunk` layers that full recompute wraps (gptrain.parallel.activation_checkpoint:
+    all of them, or with method block its first N)."""
+    if layout.recompute != "full":
+        return 0
+    return chunk if layout.recompute_num_layers is None else min(chunk, layout.recompute_num_layers)
+
+
 def checkpointed_layers(layout: Layout, layers: int) -> int:
     """Blocks of a rank's `layers` that full recompute wraps (gptrain.parallel.activation_checkpoint:
     all of them, or with method block the first N of each of the rank's vpp chunks)."""
@@ -337,25 +350,29 @@ def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | Non
 
 
 def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None = None) -> float:
-    """Activations live while the backward rebuilds the first checkpointed block of a micro batch
-    (full recompute; 0 without a checkpointed block).
+    """Activations live while the backward rebuilds the first checkpointed block of a micro batch's
+    chunk, at the largest over the rank's chunks (full recompute; 0 without a checkpointed block).
 
     By then the micro batch's head saved tensors and loss are freed (GPipe's others wait), and so
-    are the saved tensors of the chunk's blocks after the checkpointed ones (method block). The rebuilt block keeps what an
-    uncheckpointed one keeps, less its input (the stored one), while its backward holds the
-    incoming fp32 residual gradient and the gradient of the down projection's input."""
+    are the saved tensors of the chunk's blocks after the checkpointed ones (method block): least
+    in the chunk with the fewest such blocks, which may hold fewer layers than the others (a
+    standalone embedding or loss stage holds none). The rebuilt block keeps what an uncheckpointed
+    one keeps, less its input (the stored one), while its backward holds the incoming fp32
+    residual gradient and the gradient of the down projection's input."""
     c = work.padded(layout.tp)
-    layers = layout.rank_layers(c.num_layers)[rank]
-    wrapped = checkpointed_layers(layout, layers) // layout.vpp  # of each chunk
-    if wrapped == 0:
+    rebuilt = [
+        chunk for chunk in rank_chunks(layout, c.num_layers, rank) if checkpointed_blocks(layout, chunk)
+    ]
+    if not rebuilt:
         return 0.0
+    after_checkpointed = min(chunk - checkpointed_blocks(layout, chunk) for chunk in rebuilt)
     tokens = layout.micro_batch_size * c.seq_length
     scope = scope or compile_scope(work, layout)
     parts = activation_bytes(work, layout, rank, scope)
     per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
     seq_shard = layout.tp if layout.sequence_parallel else 1
     block_input = 4 * c.hidden_size / seq_shard * tokens
-    freed = (layers // layout.vpp - wrapped) * per_layer
+    freed = after_checkpointed * per_layer
     gradients = block_input + _dtypes(work).act * c.ffn_size / layout.tp * tokens
     head_of_one = head_bytes_per_token(work, layout, c, scope) * tokens if "head" in parts else 0.0
     stored = sum(parts.values()) - head_of_one - freed

@@ -164,3 +164,24 @@ def test_full_recompute_by_hand() -> None:
     # the five uncheckpointed blocks have run their backward before the third block is rebuilt
     assert rebuild_bytes(work, first_three, 0) == 3 * block_input + per_layer - block_input + gradients
     assert rebuild_bytes(work, Layout(recompute="full", recompute_num_layers=0), 0) == 0.0
+
+
+@pytest.mark.parametrize("blocks", [None, 1])
+def test_a_rank_with_fewer_layers_than_chunks_still_rebuilds_a_block(blocks: int | None) -> None:
+    """pp 2 x v 5 with the embedding and loss counted as layers: 10 stages of 1 layer, the first and
+    last empty, so each rank's 4 layers sit in 5 chunks. Every non-empty chunk rebuilds its block
+    in the backward; counting 4 // 5 = 0 blocks a chunk dropped that peak (0 bytes)."""
+    c = GPTConfig(vocab_size=1024, seq_length=2048, num_layers=8, hidden_size=1024, num_attention_heads=16)
+    c = GPTConfig(**(c.__dict__ | dict(hidden_dropout=0.0, attention_dropout=0.0)))
+    work = Workload(model=c, make_vocab_size_divisible_by=128, global_batch_size=4, precision="32")
+    tokens, h, f = 2048, 1024, 4096
+    per_layer = (2 * (4 * h + 8) + 8 * h + 12 * h + 4 * h + 64 + 8 * f) * tokens  # as by hand above
+    block_input, gradients = 4 * h * tokens, (4 * h + 4 * f) * tokens
+    split = dict(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    layout = Layout(pp=2, vpp=5, recompute="full", recompute_num_layers=blocks, **split)
+    assert layout.stage_layers(8) == [0] + [1] * 8 + [0]
+    for rank in range(2):
+        parts = activation_bytes(work, layout, rank)
+        head = 0 if rank == 0 else (4 * h + 8 + 4 * h) * tokens  # the one micro batch's head is freed
+        stored = sum(parts.values()) - head
+        assert rebuild_bytes(work, layout, rank) == stored + per_layer - block_input + gradients > 0, rank
