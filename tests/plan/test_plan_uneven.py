@@ -169,14 +169,17 @@ def test_selective_recompute_adds_the_pacing_ranks_attention_core(first: int | N
     assert gpt3_126m_time("selective", first).compute == pytest.approx(flops / STAGE_FLOPS, rel=1e-12)
 
 
-@pytest.mark.parametrize(("blocks", "recomputed"), [(None, 6), (2, 2)])
+@pytest.mark.parametrize(
+    ("vpp", "blocks", "recomputed"), [(1, None, 6), (1, 2, 2), (3, None, 6), (3, 1, 3), (3, 2, 6)]
+)
 def test_full_recompute_reruns_the_blocks_forward_not_the_output_layer(
-    blocks: int | None, recomputed: int
+    vpp: int, blocks: int | None, recomputed: int
 ) -> None:
     """Full recompute adds a third of the checkpointed blocks' FLOPs (their forward), none of the
-    logits': all 6 of the last rank's blocks (uniform), or the first 2 of its chunk (block, 2)."""
+    logits': all 6 of the last rank's blocks (uniform), or the first N of each of its chunks (block):
+    2 of its one chunk; over 3 chunks of 2 layers, 1 of each (3, not min(6, 1)) or both of each."""
     work = gpt3_126m()
-    layout = Layout(pp=2, dp=4, micro_batch_size=1, recompute="full", recompute_num_layers=blocks)
+    layout = Layout(pp=2, vpp=vpp, dp=4, micro_batch_size=1, recompute="full", recompute_num_layers=blocks)
     time = estimate_step_time(work, layout, build_cluster(1, None, None), mfu=0.5)
     flops = TOKENS * (6 * LAYER + recomputed * LAYER / 3 + OUTPUT)
     assert time.compute == pytest.approx(flops / STAGE_FLOPS, rel=1e-12)
