@@ -303,6 +303,42 @@ def in_flight(layout: Layout, microbatches: int, rank: int) -> float:
     return chunks / v
 
 
+def chunks_in_flight(layout: Layout, microbatches: int, rank: int, costs: list[float]) -> list[int]:
+    """Forwards of each of pipeline rank `rank`'s chunks whose backward has not run, at the peak of
+    their summed `costs` (one per chunk), in the order of torch's ScheduleInterleaved1F1B: a warmup
+    of W = min((v - 1) g + 2 (pp - 1 - rank), m v) forwards, chunk (j // g) mod v for the j-th,
+    then 1F1B steps of a forward and then a backward, chunk v - 1 - ((j - W) // g) mod v. Chunks of
+    unequal cost (a standalone embedding or loss stage) peak elsewhere than after the warmup. The
+    held set repeats every g v steps (each step adds and removes a whole cycle's worth), so one
+    cycle of steps gives the peak of any micro-batch count."""
+    v, pp = layout.vpp, layout.pp
+    per_round = microbatches // interleaved_rounds(microbatches, pp)
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), microbatches * v)
+    steady = microbatches * v - warmup
+    held = [0] * v
+    for step in range(warmup):
+        held[(step // per_round) % v] += 1
+    peak = list(held)
+    for step in range(warmup, warmup + min(steady, per_round * v)):
+        held[(step // per_round) % v] += 1
+        if _held_cost(held, costs) > _held_cost(peak, costs):
+            peak = list(held)
+        held[v - 1 - ((step - warmup) // per_round) % v] -= 1
+    return peak
+
+
+def _held_cost(held: list[int] | list[float], costs: list[float]) -> float:
+    return sum(count * cost for count, cost in zip(held, costs, strict=True))
+
+
+def held_chunks(layout: Layout, microbatches: int, rank: int, costs: list[float]) -> list[float]:
+    """Micro batches of each of the rank's chunks held at its peak: interleaved, counted in torch's
+    order (chunks_in_flight); one chunk otherwise, `in_flight` of them."""
+    if layout.vpp == 1:
+        return [in_flight(layout, microbatches, rank)]
+    return [float(count) for count in chunks_in_flight(layout, microbatches, rank, costs)]
+
+
 def rank_chunks(layout: Layout, num_layers: int, rank: int) -> list[int]:
     """Layers of each chunk of pipeline rank `rank`, in its local order (stages rank, rank + pp, ...)."""
     return layout.stage_layers(num_layers)[rank :: layout.pp]
@@ -316,29 +352,20 @@ def checkpointed_blocks(layout: Layout, chunk: int) -> int:
     return chunk if layout.recompute_num_layers is None else min(chunk, layout.recompute_num_layers)
 
 
-def checkpointed_layers(layout: Layout, layers: int) -> int:
-    """Blocks of a rank's `layers` that full recompute wraps (gptrain.parallel.activation_checkpoint:
-    all of them, or with method block the first N of each of the rank's vpp chunks)."""
-    if layout.recompute != "full":
-        return 0
-    if layout.recompute_num_layers is None:
-        return layers
-    return min(layers, layout.recompute_num_layers * layout.vpp)
-
-
 def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | None = None) -> dict[str, float]:
     """Activations saved on pipeline rank `rank` at the start of its backward, by part."""
     c = work.padded(layout.tp)
     tokens = layout.micro_batch_size * c.seq_length
     m = layout.microbatches(work.global_batch_size)
-    layers = layout.rank_layers(c.num_layers)[rank]
     flight = in_flight(layout, m, rank)
     scope = scope or compile_scope(work, layout)
     per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
     seq_shard = layout.tp if layout.sequence_parallel else 1
     block_input = 4 * c.hidden_size / seq_shard * tokens  # what a checkpointed block keeps (fp32 residual)
-    checkpointed = checkpointed_layers(layout, layers)
-    parts = {"blocks": flight * (checkpointed * block_input + (layers - checkpointed) * per_layer)}
+    chunks = rank_chunks(layout, c.num_layers, rank)
+    wrapped = [checkpointed_blocks(layout, chunk) for chunk in chunks]
+    costs = [n * block_input + (chunk - n) * per_layer for chunk, n in zip(chunks, wrapped, strict=True)]
+    parts = {"blocks": _held_cost(held_chunks(layout, m, rank, costs), costs)}
     if rank == 0:
         parts["embedding"] = min(layout.pp, m) * embedding_bytes_per_token(work, layout, c, scope) * tokens
     if rank == layout.pp - 1:  # GPipe: every micro batch's head waits for its backward

@@ -497,6 +497,69 @@ def test_interleaved_micro_batches_in_flight_follow_torchs_warmup(
         assert in_flight(Layout(pp=pp, vpp=vpp), microbatches, rank) == expected, rank
 
 
+STANDALONE = dict(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+
+
+@pytest.mark.parametrize(
+    ("pp", "vpp", "layers", "microbatches", "held"),
+    [
+        (2, 4, 6, 8, [6, 7]),
+        (4, 4, 14, 16, [12, 17, 15, 13]),
+        (2, 13, 24, 256, [24, 25]),
+        (2, 2, 6, 8, [7, 6]),
+    ],
+)
+def test_uneven_chunks_are_held_as_torchs_interleaved_order_runs_them(
+    pp: int, vpp: int, layers: int, microbatches: int, held: list[int]
+) -> None:
+    """The embedding and loss counted as layers leave the first and last chunks a layer short: the
+    last rank's peak falls where its full chunks are in flight, 7 layers on pp 2 x v 4 (1/v of the
+    rank's layers a chunk said 5.25), 13 on pp 4 x v 4, 25 on gpt3/5b's pp 2 x v 13 (23.08).
+    Counts from a replay of torch's own op list for each rank."""
+    work = dataclasses.replace(workload(num_layers=layers), global_batch_size=microbatches)
+    layout = Layout(pp=pp, vpp=vpp, **STANDALONE)
+    per_layer = layer_bytes_per_token(work, layout) * 32
+    assert [activation_bytes(work, layout, rank)["blocks"] / per_layer for rank in range(pp)] == held
+
+
+def torch_interleaved_peak(pp: int, vpp: int, microbatches: int, rank: int, costs: list[float]) -> float:
+    """The peak of the held chunks' costs along torch's own ScheduleInterleaved1F1B op list."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+
+    schedule = object.__new__(ScheduleInterleaved1F1B)
+    schedule.pp_group_size, schedule.n_local_stages, schedule._n_microbatches = pp, vpp, microbatches
+    schedule.number_of_rounds = max(1, microbatches // pp)
+    schedule.microbatches_per_round = microbatches // schedule.number_of_rounds
+    held = peak = 0.0
+    for action in schedule._calculate_single_rank_operations(rank):
+        if action is None:
+            continue
+        cost = costs[action.stage_index // pp]
+        held += cost if action.computation_type == _ComputationType.FORWARD else -cost
+        peak = max(peak, held)
+    return peak
+
+
+@pytest.mark.parametrize(
+    ("pp", "vpp", "microbatches"),
+    [(2, 2, 2), (2, 2, 3), (2, 3, 6), (3, 2, 8), (4, 3, 8), (4, 2, 10), (4, 2, 28), (3, 4, 12)],
+)
+def test_the_peak_of_any_chunk_costs_is_that_of_torchs_op_order(pp: int, vpp: int, microbatches: int) -> None:
+    """Whatever each chunk costs, the held counts peak at the cost torch's order reaches (one cycle
+    of 1F1B steps stands for all of them)."""
+    import random
+
+    from gptrain.plan.memory import chunks_in_flight
+
+    rng = random.Random(pp * 100 + vpp * 10 + microbatches)
+    for _ in range(20):
+        costs = [float(rng.choice([0, 1, 2, 3, 7])) for _ in range(vpp)]
+        for rank in range(pp):
+            held = chunks_in_flight(Layout(pp=pp, vpp=vpp), microbatches, rank, costs)
+            peak = sum(n * cost for n, cost in zip(held, costs, strict=True))
+            assert peak == torch_interleaved_peak(pp, vpp, microbatches, rank, costs), (costs, rank)
+
+
 def test_a_pipeline_over_fewer_micro_batches_than_stages_holds_them_all_on_every_rank() -> None:
     """GPipe (gptrain.parallel.pipeline) runs every forward before a backward on every rank."""
     from gptrain.plan.memory import in_flight
