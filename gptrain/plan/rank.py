@@ -155,9 +155,13 @@ def least_memory(
     return min(candidates, key=lambda c: c.memory.total, default=None)
 
 
+def step_seconds(candidate: Candidate) -> float:
+    """The candidate's step: measured (--measure) when it was, else estimated."""
+    return candidate.measured_step_s or candidate.time.total
+
+
 def tokens_per_second(work: Workload, candidate: Candidate) -> float:
-    step = candidate.measured_step_s or candidate.time.total
-    return work.global_batch_size * work.model.seq_length / step
+    return work.global_batch_size * work.model.seq_length / step_seconds(candidate)
 
 
 def memory_line(candidate: Candidate) -> str:

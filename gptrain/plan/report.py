@@ -13,7 +13,7 @@ from rich.table import Table
 
 from gptrain.plan.hardware import Cluster
 from gptrain.plan.memory import GIB
-from gptrain.plan.rank import Candidate, memory_line, tokens_per_second
+from gptrain.plan.rank import Candidate, memory_line, step_seconds, tokens_per_second
 from gptrain.plan.sizes import SECONDS_PER_DAY, megatron_parameter_lines, model_sizes, padded_vocab_line
 from gptrain.plan.spec import Workload
 from gptrain.plan.time import peak_tflops
@@ -77,27 +77,37 @@ def header_lines(plan: Plan) -> list[str]:
 
 
 def throughput_line(plan: Plan) -> str:
-    """Tokens/s and days at the estimated step of the requested layout (else the fastest that
-    fits): the table's figure, with the model FLOPs utilisation over every GPU that step means
-    (what training's log prints), below --mfu, which is the busiest rank's compute alone. With no
-    layout to time, the ceiling: every GPU computing at --mfu."""
+    """Tokens/s and days at the step of the requested layout (else the fastest that fits): the
+    table's figure for that row (its measured step after --measure, else its estimate), with the
+    model FLOPs utilisation over every GPU that step means (what training's log prints), below
+    --mfu, which is the busiest rank's compute alone. With no layout to time, the ceiling: every
+    GPU computing at --mfu."""
     work, gpus = plan.work, plan.cluster.world_size
     peak = peak_tflops(work, plan.cluster.gpu)
     mfu = f"at MFU {plan.mfu:.2f}{'' if work.mixed else ' of the fp32 peak'}"
-    candidate = plan.requested or (plan.ranked[0] if plan.ranked else None)
+    candidate = _headline_candidate(plan)
     if candidate is None:
         sizes = model_sizes(work.padded(1), work.global_batch_size)
         tokens = sizes.tokens_per_second(gpus, peak, plan.mfu)
         return f"{mfu} on every GPU, the ceiling: {tokens:,.0f} tokens/s, {_days(plan, tokens)}"
-    step = candidate.time.total
-    tokens = work.global_batch_size * work.model.seq_length / step
+    step = step_seconds(candidate)
+    tokens = tokens_per_second(work, candidate)
     flops = model_sizes(work.padded(candidate.layout.tp), work.global_batch_size).flops_per_iteration
     which = "requested" if plan.requested else "fastest"
+    premise = "measured" if candidate.measured_step_s else f"{mfu} on the busiest rank"
     return (
-        f"{mfu} on the busiest rank, {which} layout {candidate.layout.label()}: {tokens:,.0f} tokens/s, "
+        f"{premise}, {which} layout {candidate.layout.label()}: {tokens:,.0f} tokens/s, "
         f"{_days(plan, tokens)}; model FLOPs utilisation {flops / (step * gpus * peak * 1e12):.2f} "
         f"over {'the GPU' if gpus == 1 else f'the {gpus} GPUs'}"
     )
+
+
+def _headline_candidate(plan: Plan) -> Candidate | None:
+    """The requested layout's row of the ranking (measured there after --measure), else the
+    requested layout as estimated (it may not fit), else the first row."""
+    if plan.requested:
+        return next((c for c in plan.ranked if c.requested), plan.requested)
+    return plan.ranked[0] if plan.ranked else None
 
 
 def _days(plan: Plan, tokens_per_second: float) -> str:

@@ -234,6 +234,51 @@ def test_without_a_requested_layout_the_header_is_the_fastest_ones(tmp_path: Pat
     assert line.startswith("at MFU 0.40 on the busiest rank, fastest layout tp1 pp1 dp8 mbs")
 
 
+@pytest.mark.parametrize("requested", [True, False])
+def test_after_measure_the_header_throughput_is_the_measured_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requested: bool
+) -> None:
+    """After --measure the table's tokens/s is the measured step's; the header's figure is that
+    row's (the requested layout's, else the fastest measured), not the estimate it used to keep.
+    The trials are stood in for: every row measures twice its estimate."""
+    import gptrain.plan.measure as measure
+    from gptrain.plan.rank import Candidate
+
+    def measure_every_row(plan, _args):
+        for candidate in plan.ranked:
+            candidate.measured_step_s = 2.0 * candidate.time.total
+        plan.ranked.sort(key=Candidate.sort_key)
+        return plan.ranked[0]
+
+    monkeypatch.setattr(measure, "measure_plan", measure_every_row)
+    # a requested layout the grid holds (its shard_grad_op is full_shard's code under PP: no row)
+    pipeline = ["model.pipeline_model_parallel_size=2", "model.data_parallel_sharding=full_shard"]
+    overrides = pipeline if requested else ["model.tensor_model_parallel_size=3"]
+    js = tmp_path / "plan.json"
+    args = ["plan", "gpt3/126m", *overrides, "--nodes", "1", "--gpus-per-node", "8", "--top", "2"]
+    assert main([*args, "--measure", "--json", str(js)]) == 0
+    out = json.loads(js.read_text())
+    line = next(x for x in out["lines"] if " tokens/s, " in x and " layout " in x)
+    if requested:
+        layout = layout_from_config(load_training_config("gpt3/126m", overrides), 8, world_size=8)
+        step = 2.0 * estimate_step_time(gpt3_126m(), layout, build_cluster(1, 8, None), 0.4).total
+        label, which = layout.label(), "requested"
+    else:
+        step, label, which = (
+            out["candidates"][0]["measured_step_s"],
+            out["candidates"][0]["layout"],
+            "fastest",
+        )
+    tokens = 256 * 2048 / step
+    days = 3e11 / tokens / 86400
+    took = f"{days:.1f} days" if days >= 1 else f"{days * 24:.1f} hours"
+    flops = megatron_flops_per_iteration(gpt3_126m().padded(1), 256)
+    assert line == (
+        f"measured, {which} layout {label}: {tokens:,.0f} tokens/s, {took} for 3e+11 tokens; "
+        f"model FLOPs utilisation {flops / (step * 8 * 989.4e12):.2f} over the 8 GPUs"
+    )
+
+
 def test_the_header_on_one_gpu_names_one_gpu(tmp_path: Path) -> None:
     js = tmp_path / "plan.json"
     assert main(["plan", "gpt3/126m", "--nodes", "1", "--gpus-per-node", "1", "--json", str(js)]) == 0
