@@ -357,22 +357,31 @@ def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | Non
     c = work.padded(layout.tp)
     tokens = layout.micro_batch_size * c.seq_length
     m = layout.microbatches(work.global_batch_size)
-    flight = in_flight(layout, m, rank)
     scope = scope or compile_scope(work, layout)
     per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
     seq_shard = layout.tp if layout.sequence_parallel else 1
     block_input = 4 * c.hidden_size / seq_shard * tokens  # what a checkpointed block keeps (fp32 residual)
     chunks = rank_chunks(layout, c.num_layers, rank)
     wrapped = [checkpointed_blocks(layout, chunk) for chunk in chunks]
-    costs = [n * block_input + (chunk - n) * per_layer for chunk, n in zip(chunks, wrapped, strict=True)]
-    parts = {"blocks": _held_cost(held_chunks(layout, m, rank, costs), costs)}
+    blocks = [n * block_input + (chunk - n) * per_layer for chunk, n in zip(chunks, wrapped, strict=True)]
+    # every chunk's output (fp32 residual stream), which torch's PipelineStage keeps until its
+    # gradient returns; the model's last stage's is the logits, counted with the loss
+    outputs = [block_input if layout.pp > 1 else 0.0] * layout.vpp
+    if rank == layout.pp - 1:
+        outputs[-1] = 0.0
+    embedding = [0.0] * layout.vpp
     if rank == 0:
-        parts["embedding"] = min(layout.pp, m) * embedding_bytes_per_token(work, layout, c, scope) * tokens
+        embedding[0] = embedding_bytes_per_token(work, layout, c, scope) * tokens
+    costs = [sum(chunk) for chunk in zip(blocks, outputs, embedding, strict=True)]
+    held = held_chunks(layout, m, rank, costs)
+    parts = {"blocks": _held_cost(held, blocks)}
+    if rank == 0:
+        parts["embedding"] = _held_cost(held, embedding)
     if rank == layout.pp - 1:  # GPipe: every micro batch's head waits for its backward
         heads = m if runs_gpipe(layout, m) else 1
         parts["head"] = heads * head_bytes_per_token(work, layout, c, scope) * tokens
-    if layout.pp > 1 and rank != layout.pp - 1:  # stage outputs kept until their gradient returns
-        parts["stage_outputs"] = flight * 4 * c.hidden_size / seq_shard * tokens
+    if any(outputs):
+        parts["stage_outputs"] = _held_cost(held, outputs)
     return parts
 
 

@@ -560,6 +560,24 @@ def test_the_peak_of_any_chunk_costs_is_that_of_torchs_op_order(pp: int, vpp: in
             assert peak == torch_interleaved_peak(pp, vpp, microbatches, rank, costs), (costs, rank)
 
 
+def test_every_interleaved_chunk_in_flight_keeps_its_output_and_embedding() -> None:
+    """torch's PipelineStage keeps each forward's output (fwd_cache) until that chunk's backward:
+    one per chunk in flight, not one per v of them, and on the last rank too (all but the model's
+    last stage, whose output is the logits). pp 2 x v 2 over 4 micro batches (rounds of 2): rank 0
+    holds 5 chunks from its first 1F1B step on, at most 4 of them of chunk 0 (its second step:
+    4 embedding dropout masks); rank 1, 3 of chunk 0 (their outputs) and none of its last. They
+    were 2.5, 2 and 0."""
+    work = workload(num_layers=4, hidden_dropout=0.1)
+    layout = Layout(pp=2, vpp=2)
+    tokens, h = 32, 32
+    first, last = activation_bytes(work, layout, 0), activation_bytes(work, layout, 1)
+    per_layer = layer_bytes_per_token(work, layout) * tokens
+    assert (first["blocks"], last["blocks"]) == (5 * per_layer, 3 * per_layer)
+    assert first["stage_outputs"] == 5 * 4 * h * tokens
+    assert first["embedding"] == 4 * 4 * h * tokens  # fp32 scaled noise on CPU
+    assert last["stage_outputs"] == 3 * 4 * h * tokens
+
+
 def test_a_pipeline_over_fewer_micro_batches_than_stages_holds_them_all_on_every_rank() -> None:
     """GPipe (gptrain.parallel.pipeline) runs every forward before a backward on every rank."""
     from gptrain.plan.memory import in_flight
