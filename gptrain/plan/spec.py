@@ -146,11 +146,18 @@ class Layout:
         return out
 
     def label(self) -> str:
-        """Short name for tables: tp2 pp2 v2 dp4 mbs1 sp fsdp ac=sele (full, sele)."""
+        """Short name for tables: tp2 pp2 v2 dp4 mbs1 sp fsdp last=5 ac=sele (full, sele); last=/first=:
+        model.num_layers_in_last/first_pipeline_stage."""
         parts = [f"tp{self.tp}", f"pp{self.pp}"] + ([f"v{self.vpp}"] if self.vpp > 1 else [])
         parts += [f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
         parts += ["sp"] if self.sequence_parallel else []
         parts += SHARDING_LABELS[self.sharding]
+        parts += [f"first={self.num_layers_in_first_pipeline_stage}"] * (
+            self.num_layers_in_first_pipeline_stage is not None
+        )
+        parts += [f"last={self.num_layers_in_last_pipeline_stage}"] * (
+            self.num_layers_in_last_pipeline_stage is not None
+        )
         if self.recompute:
             parts.append(
                 f"ac={self.recompute[:4]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -287,7 +288,8 @@ def test_hybrid_shard_without_replicas_is_not_ranked_beside_its_full_shard_twin(
     ranked = rank_layouts(work, cfg.model, Cluster(2, 8, gpu_spec("h100-80gb")), 0.4, 0.1)
     hybrids = [c.layout for c in ranked if c.layout.sharding == "hybrid_shard"]
     assert hybrids and all(layout.dp_shard < layout.dp for layout in hybrids)
-    labels = [c.layout.label() for c in ranked]
+    # whatever the row's split (a lighter last stage may be faster): the twins are about sharding
+    labels = [dataclasses.replace(c.layout, num_layers_in_last_pipeline_stage=None).label() for c in ranked]
     assert "tp1 pp2 dp8 mbs1 fsdp" in labels and "tp1 pp2 dp8 mbs1 hsdp" not in labels
     assert "tp1 pp1 dp16 mbs1 hsdp" in labels  # 2 replicas of a node's 8 shards: a layout of its own
 

@@ -160,6 +160,30 @@ def test_lightening_the_last_stage_is_faster_than_an_even_split() -> None:
     assert gpt3_126m_time(first=2).total > gpt3_126m_time().total
 
 
+def test_the_ranking_lightens_the_last_stage_where_that_is_faster() -> None:
+    """gpt3/126m on 8 H100s: each pipeline row is the fastest fitting of its layout's even split and
+    its last stage 1 or 2 layers lighter. On pp 2 the logits pace an even [6, 6]; [8, 4] (last=4; on v2
+    last=5 leaves 7 layers to a rank of two chunks) is faster, in its label and
+    overrides. pp 4's 3 layers a stage leave no split gptrain accepts (11 or 10 over 3 stages). One
+    row per layout, as many as before, so --measure's trials stay --top."""
+    from gptrain.plan.rank import evaluate, rank_layouts
+
+    cfg = load_training_config("gpt3/126m", [])
+    work, cluster = workload_from_config(cfg), build_cluster(1, 8, None)
+    ranked = rank_layouts(work, cfg.model, cluster, 0.4, 0.1)
+    assert len(ranked) == 330 == len({c.layout.label() for c in ranked})
+    rows = {c.layout.label(): c for c in ranked}
+    for label in ("tp1 pp2 dp4 mbs4 last=4", "tp1 pp2 v2 dp4 mbs4 fsdp last=4"):
+        row = rows[label]
+        assert row.layout.stage_layers(12)[-1 :: -row.layout.pp] == [4 // row.layout.vpp] * row.layout.vpp
+        assert "model.num_layers_in_last_pipeline_stage=4" in row.layout.overrides()
+        even = evaluate(
+            work, dataclasses.replace(row.layout, num_layers_in_last_pipeline_stage=None), cluster, 0.4, 0.1
+        )
+        assert even.fits and row.time.total < even.time.total
+    assert not [c for c in ranked if c.layout.pp == 4 and c.layout.num_layers_in_last_pipeline_stage]
+
+
 @pytest.mark.parametrize("first", [None, 2])
 def test_selective_recompute_adds_the_pacing_ranks_attention_core(first: int | None) -> None:
     """Selective recompute reruns each of the rank's layers' attention core forward, 2 h s per
@@ -251,8 +275,10 @@ def test_after_measure_the_header_throughput_is_the_measured_step(
         return plan.ranked[0]
 
     monkeypatch.setattr(measure, "measure_plan", measure_every_row)
-    # a requested layout the grid holds (its shard_grad_op is full_shard's code under PP: no row)
+    # a requested layout the ranking holds (its shard_grad_op is full_shard's code under PP: no
+    # row; its even split gives way to this lighter last stage, which is faster)
     pipeline = ["model.pipeline_model_parallel_size=2", "model.data_parallel_sharding=full_shard"]
+    pipeline += ["model.num_layers_in_last_pipeline_stage=4"]
     overrides = pipeline if requested else ["model.tensor_model_parallel_size=3"]
     js = tmp_path / "plan.json"
     args = ["plan", "gpt3/126m", *overrides, "--nodes", "1", "--gpus-per-node", "8", "--top", "2"]
