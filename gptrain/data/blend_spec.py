@@ -49,12 +49,14 @@ def text_document_hint(prefix: str) -> str:
 
 
 def parse_blend(
-    data_prefix: str | float | Sequence[str | float],
+    data_prefix: str | float | Sequence[str | float], *, one_split: bool = False
 ) -> tuple[list[str], list[float] | None]:
     """(prefixes, weights or None) from one prefix or a flat [w1, p1, w2, p2, ...] list. A number
     alone is a prefix too (YAML reads `data_prefix: 2024` as an int; Megatron reads the word `2024`).
-    A weight of 0 is taken, as Megatron takes it: the dataset is opened and indexed but asked for no
-    samples (the greedy blend still draws from it on an exact tie of errors, as Megatron's does)."""
+    Every weight must be positive: Megatron-core's BlendedDataset asserts it (only the legacy
+    blendable_dataset.py took a 0). `one_split`: the spec is one split's own (NeMo's per-split form,
+    --valid-data-path), whose lone `[WEIGHT, PREFIX]` Megatron builds as the plain dataset, its
+    weight unused: any weight of 0 or more is taken there."""
     if isinstance(data_prefix, (str, int, float)):
         return [str(data_prefix)], None
     entries = list(data_prefix)
@@ -64,6 +66,7 @@ def parse_blend(
         raise DataError("data prefix list is empty; give one prefix or pairs 'WEIGHT PREFIX ...'")
     if len(entries) % 2 or not any(is_number(raw) for raw in entries[::2]):
         raise unweighted_list_error(entries)
+    lone = one_split and len(entries) == 2
     prefixes, weights = [], []
     for position in range(0, len(entries), 2):
         raw, prefix = entries[position], entries[position + 1]
@@ -73,15 +76,10 @@ def parse_blend(
             raise DataError(
                 f"data prefix entry {position + 1} ({raw!r}) is not a weight; write pairs 'WEIGHT PREFIX ...'"
             ) from None
-        if not weight >= 0 or not math.isfinite(weight):
-            raise DataError(
-                f"data prefix entry {position + 1}: weight {raw!r} of {prefix} must be 0 or more (0 asks "
-                "the dataset for no samples, as in Megatron)"
-            )
+        if not math.isfinite(weight) or not (weight >= 0 if lone else weight > 0):
+            raise DataError(f"data prefix entry {position + 1}: {_weight_problem(raw, weight, prefix, lone)}")
         prefixes.append(str(prefix).strip())
         weights.append(weight)
-    if not sum(weights) > 0:  # Megatron divides by the sum: every weight NaN, and no sample drawn
-        raise DataError(f"data prefix list {entries}: the weights sum to 0; give a dataset a positive weight")
     if len(prefixes) > MAX_BLEND_DATASETS:  # said before the datasets are opened and indexed one by one
         raise DataError(
             f"data prefix list blends {len(prefixes):,} datasets; a blend holds at most "
@@ -89,6 +87,18 @@ def parse_blend(
             "shards first (gptrain data merge)"
         )
     return prefixes, weights
+
+
+def _weight_problem(raw: str | float, weight: float, prefix: str | float, lone: bool) -> str:
+    """Why a weight is refused, and what to do instead."""
+    if lone:  # a split's one prefix: built alone, its weight unused, yet a negative one is a typo
+        return f"weight {raw!r} of {prefix} must be 0 or more (a split's one prefix is built alone, as in Megatron)"
+    if weight == 0:
+        return (
+            f"weight {raw!r} of {prefix} must be positive: Megatron-core's BlendedDataset refuses a weight "
+            "of 0 too; drop the entry, or give it a positive weight"
+        )
+    return f"weight {raw!r} of {prefix} must be positive"
 
 
 def check_data_prefix(data_prefix: Any, key: str = "model.data.data_prefix") -> None:
@@ -103,7 +113,7 @@ def check_data_prefix(data_prefix: Any, key: str = "model.data.data_prefix") -> 
             continue
         where = key if split is None else f"{key}.{split}"
         try:
-            prefixes, _ = parse_blend(spec)
+            prefixes, _ = parse_blend(spec, one_split=split is not None)
         except DataError as error:
             raise DataError(f"{where}: {error}") from None
         for prefix in prefixes:
@@ -119,7 +129,7 @@ def prefixes_of(data_prefix: Any, splits: Collection[str] | None = None) -> list
     builder (or launch's blend check) to refuse in its own words."""
     if isinstance(data_prefix, Mapping):
         chosen = [spec for key, spec in data_prefix.items() if splits is None or key in splits]
-        return [prefix for spec in chosen for prefix in prefixes_of(spec)]
+        return [prefix for spec in chosen for prefix, _ in _prefix_positions(spec, one_split=True)]
     return [prefix for prefix, _ in _prefix_positions(data_prefix)]
 
 
@@ -127,8 +137,12 @@ def with_prefixes(data_prefix: Any, change: Callable[[str], str]) -> Any:
     """`data_prefix` in its own shape with each prefix `p` (as prefixes_of reads it) replaced by
     change(p); weights, and a blend that does not parse, are left as they are."""
     if isinstance(data_prefix, Mapping):
-        return {key: with_prefixes(spec, change) for key, spec in data_prefix.items()}
-    positions = _prefix_positions(data_prefix)
+        return {key: _with_prefixes(spec, change, one_split=True) for key, spec in data_prefix.items()}
+    return _with_prefixes(data_prefix, change)
+
+
+def _with_prefixes(data_prefix: Any, change: Callable[[str], str], one_split: bool = False) -> Any:
+    positions = _prefix_positions(data_prefix, one_split)
     if not positions:
         return data_prefix
     if isinstance(data_prefix, (str, int, float)):
@@ -152,25 +166,25 @@ def yaml_number_note(data_prefix: Any, prefix: str) -> str:
     )
 
 
-def _number_words(data_prefix: Any) -> set[str]:
+def _number_words(data_prefix: Any, one_split: bool = False) -> set[str]:
     """The words of the prefixes that YAML gave as numbers (not strings) in a data_prefix."""
     if isinstance(data_prefix, Mapping):
-        return {word for spec in data_prefix.values() for word in _number_words(spec)}
+        return {word for spec in data_prefix.values() for word in _number_words(spec, one_split=True)}
     entries = [data_prefix] if isinstance(data_prefix, (str, int, float)) else list(data_prefix or [])
     return {
         prefix
-        for prefix, position in _prefix_positions(data_prefix)
+        for prefix, position in _prefix_positions(data_prefix, one_split)
         if isinstance(entries[position], (int, float)) and not isinstance(entries[position], bool)
     }
 
 
-def _prefix_positions(spec: Any) -> list[tuple[str, int]]:
-    """(prefix, its index in the blend list) of one split's data_prefix; none where it is empty,
-    a mapping or does not parse."""
+def _prefix_positions(spec: Any, one_split: bool = False) -> list[tuple[str, int]]:
+    """(prefix, its index in the blend list) of one data_prefix (`one_split`: a split's own, as
+    parse_blend reads it); none where it is empty, a mapping or does not parse."""
     if spec is None or spec == "" or isinstance(spec, Mapping):
         return []
     try:
-        prefixes, weights = parse_blend(spec)
+        prefixes, weights = parse_blend(spec, one_split=one_split)
     except (DataError, TypeError):
         return []
     return list(zip(prefixes, range(1, 2 * len(prefixes), 2) if weights else [0], strict=True))

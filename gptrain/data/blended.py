@@ -175,8 +175,8 @@ class BlendedDataset:
             raise DataError(
                 f"a blend needs 1 to {MAX_BLEND_DATASETS} datasets with one weight each, got {len(datasets)}"
             )
-        if any(not w >= 0 for w in weights) or not sum(weights) > 0:
-            raise DataError(f"blend weights must be 0 or more, one of them positive, got {list(weights)}")
+        if any(not w > 0 for w in weights):  # Megatron-core's BlendedDataset asserts the same
+            raise DataError(f"blend weights must be positive, got {list(weights)}")
         self.datasets = list(datasets)
         self.names = list(names) if names is not None else [f"dataset {i}" for i in range(len(datasets))]
         self.weights = normalize(weights)

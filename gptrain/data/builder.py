@@ -89,20 +89,16 @@ def _check_prefixes(prefixes: list[str], data_prefix: DataPrefix) -> None:
 def _single_prefix_splits(
     prefix: str, splits_string: str | None, seq_length: int, seed: int, num_samples: Sequence[int | None],
     cache_dir: str | None, skip_unused: bool = False, only_split: str | None = None,
-    split_sizes: Sequence[int | None] | None = None,
 ) -> list[GPTDataset | None]:  # fmt: skip
-    """`split_sizes`: the samples each split asks for, which decide skip_unused (a blend's, where a
-    child of weight 0 is asked for none yet built, as Megatron builds it); num_samples by default."""
     from gptrain.data.indexed import IndexedDataset
 
     indexed = IndexedDataset(prefix)
     datasets: list[GPTDataset | None] = []
-    asked = num_samples if split_sizes is None else split_sizes
     # Ranges, not Megatron's int32 arrays of the same ids: a split of 10^9 documents is 4 GB per rank.
-    for name, bounds, count, wanted in zip(
-        SPLIT_NAMES, split_ranges(splits_string, len(indexed)), num_samples, asked, strict=True
+    for name, bounds, count in zip(
+        SPLIT_NAMES, split_ranges(splits_string, len(indexed)), num_samples, strict=True
     ):
-        if bounds is None or (skip_unused and wanted == 0) or only_split not in (None, name):
+        if bounds is None or (skip_unused and count == 0) or only_split not in (None, name):
             datasets.append(None)
             continue
         if bounds[0] == bounds[1]:
@@ -137,7 +133,7 @@ def _blend_splits(
     requests = samples_per_dataset(weights, num_samples, MID_LEVEL_SURPLUS)
     children = [
         _single_prefix_splits(
-            prefix, splits_string, seq_length, seed, request, cache_dir, skip_unused, only_split, num_samples
+            prefix, splits_string, seq_length, seed, request, cache_dir, skip_unused, only_split
         )
         for prefix, request in zip(prefixes, requests, strict=True)
     ]
@@ -296,10 +292,11 @@ def _gpt_split_text(dataset: GPTDataset) -> str:
 
 
 def _lone_prefix(spec: str | Sequence[str | float]) -> str | Sequence[str | float]:
-    """A split's one weighted prefix (`--valid-data-path 1.0 X`) as the prefix alone, as Megatron
-    builds it since core 0.7 (April 2024): for the split's own sample count. A one-dataset blend
-    would build 0.5% more, which can take one more epoch and then shuffles every sample otherwise."""
-    prefixes, weights = parse_blend(spec)
+    """A split's one weighted prefix (`--valid-data-path 1.0 X`, or `0 X`: the weight is unused) as the
+    prefix alone, as Megatron builds it since core 0.7 (April 2024): for the split's own sample count. A
+    one-dataset blend would build 0.5% more, which can take one more epoch and then shuffles every
+    sample otherwise."""
+    prefixes, weights = parse_blend(spec, one_split=True)
     if weights is None or len(prefixes) != 1:
         return spec
     given = list(spec)[1]

@@ -189,7 +189,7 @@ def check_blends(data_prefix: Any) -> None:
         if spec is None:
             continue
         try:
-            parse_blend(spec)
+            parse_blend(spec, one_split=split is not None)
         except DataError as error:
             key = "training.model.data.data_prefix" + (f".{split}" if split else "")
             raise ConfigError(f"{key}: {error}") from None

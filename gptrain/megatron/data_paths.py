@@ -140,7 +140,9 @@ def _per_split_paths(given: dict[str, list[str]]) -> dict[str, Any]:
     if flag not in given:
         if "--train-data-path" not in given:
             raise ConfigError("--valid-data-path/--test-data-path need --train-data-path too")
-        return {key: data_prefix(given[f], f) for f, key in PER_SPLIT_PATHS.items() if f in given}
+        return {
+            key: data_prefix(given[f], f, one_split=True) for f, key in PER_SPLIT_PATHS.items() if f in given
+        }
     if any(f in given for f in PER_SPLIT_PATHS):
         raise ConfigError(f"{flag} and --train/valid/test-data-path: give the paths one way, not both")
     path = given[flag][0]
@@ -148,14 +150,15 @@ def _per_split_paths(given: dict[str, list[str]]) -> dict[str, Any]:
     if from_file["train"] is None:
         raise ConfigError(f"{flag} {path}: train is null; training needs its data there")
     return {
-        key: data_prefix(words, f"{flag} {path}: {name} is")
+        key: data_prefix(words, f"{flag} {path}: {name} is", one_split=True)
         for (name, words), key in zip(from_file.items(), PER_SPLIT_PATHS.values(), strict=True)
         if words is not None
     }
 
 
-def data_prefix(values: list[str], flag: str = "--data-path") -> Any:
-    """`--data-path p` or `--data-path w1 p1 w2 p2 ...` -> a prefix or a flat blend list."""
+def data_prefix(values: list[str], flag: str = "--data-path", one_split: bool = False) -> Any:
+    """`--data-path p` or `--data-path w1 p1 w2 p2 ...` -> a prefix or a flat blend list.
+    `one_split`: a split's own flag (--valid-data-path), whose lone `W P` is built as P whatever W."""
     if len(values) == 1:
         _refuse_a_quoted_blend(values[0], flag)
         return values[0]
@@ -172,8 +175,8 @@ def data_prefix(values: list[str], flag: str = "--data-path") -> Any:
     if not all(is_number(w) for w in values[0::2]):
         shown = " ".join(values[:6]) + (f" ... ({len(values)} words)" if len(values) > 6 else "")
         raise ConfigError(f"{flag} {shown}: give one prefix, or pairs 'WEIGHT PREFIX ...'")
-    try:  # the weights as the job reads them: a negative or all-zero one fails now, not at its start
-        parse_blend(values)
+    try:  # the weights as the job reads them: a negative or 0 one fails now, not at its start
+        parse_blend(values, one_split=one_split)
     except DataError as error:
         raise ConfigError(f"{flag}: {error}") from None
     return [float(x) if i % 2 == 0 else x for i, x in enumerate(values)]

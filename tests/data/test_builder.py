@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from gpt_data_helpers import load_fixture, slow_blend, write_dataset
+from gpt_data_helpers import load_fixture, write_dataset
 
 from gptrain.data.blended import BlendedDataset
 from gptrain.data.builder import MAX_SPLIT_TOKENS, build_gpt_datasets, parse_blend, sample_counts
@@ -32,38 +33,51 @@ def test_parse_blend():
     assert parse_blend("a/b") == (["a/b"], None)
     assert parse_blend(["a/b"]) == (["a/b"], None)
     assert parse_blend(["30", "a", 70, " b "]) == (["a", "b"], [30.0, 70.0])
-    assert parse_blend(["0", "a", 1, "b"]) == (["a", "b"], [0.0, 1.0])  # Megatron takes a 0 weight
+    assert parse_blend(["0", "v"], one_split=True) == (["v"], [0.0])  # a split's lone prefix: weight unused
 
 
-def test_a_dataset_weighted_0_is_built_and_blended_as_megatron_blends_it(tmp_path):
-    """Megatron takes `--data-path 0 A 1 B 1 C` (a script's way to switch A off): A is opened and indexed,
-    asked for 0 samples, and the greedy rule draws from it only on an exact tie of errors (first index
-    wins: at k=2 the errors are 0, 0, 0). It was refused ('must be positive'); with skip_unused its
-    0-sample request left the whole train split unbuilt."""
-    off = write_dataset(tmp_path / "off", [10] * 8)
-    b = write_dataset(tmp_path / "b", [10] * 40)
-    c = write_dataset(tmp_path / "c", [10] * 40)
-    train, _, _ = build_gpt_datasets(
-        [0, off, 1, b, 1, c], "1,0,0", 8, 1, (100, 0, 0), str(tmp_path / "cache"), skip_unused=True
+def test_a_weight_of_0_is_refused_as_megatron_core_refuses_it(tmp_path):
+    """Megatron-core's BlendedDataset asserts every normalised weight > 0 (since core 0.7, April 2024):
+    `--data-path 0 A 1 B` stops there with an AssertionError. gptrain took it, as the legacy
+    blendable_dataset.py did, and built A for no samples; it is refused in one line, as are a lone `[0, A]`
+    (normalised to NaN in Megatron) and a 0 in a split's blend of two."""
+    off, b = write_dataset(tmp_path / "off", [10] * 8), write_dataset(tmp_path / "b", [10] * 40)
+    refusal = (
+        f"entry 1: weight 0 of {off} must be positive: Megatron-core's BlendedDataset refuses a weight of 0"
     )
-    assert isinstance(train, BlendedDataset) and train.weights == [0.0, 0.5, 0.5] and len(train) == 100
-    assert [child.num_samples for child in train.datasets] == [0, 51, 51]  # ceil(ceil(100 w) * 1.005)
-    chosen, within = slow_blend([0.0, 0.5, 0.5], 100)
-    assert train.dataset_index.tolist() == chosen and train.dataset_sample_index.tolist() == within
-    assert chosen[:4] == [1, 2, 0, 1] and chosen.count(0) == 1
-    assert np.array_equal(train[2], train.datasets[0][0])  # the tie's sample, from the 0-weighted dataset
+    for spec in ([0, off, 1, b], [0, off], {"train": b, "validation": [0, off, 1, b]}):
+        with pytest.raises(DataError, match=re.escape(refusal)):
+            build_gpt_datasets(spec, "1,0,0", 8, 1, (100, 10, 0), str(tmp_path), skip_unused=True)
+
+
+def test_a_splits_lone_weighted_prefix_is_built_whatever_its_weight(tmp_path):
+    """Megatron builds a per-split blend of one prefix as that dataset (`len(prefixes) == 1`), the weight
+    unused: `--valid-data-path 0 V` trains there (normalize's 0/0 is only a warning). It was refused."""
+    train, valid = write_dataset(tmp_path / "t", [10] * 40), write_dataset(tmp_path / "v", [10] * 40)
+    plain = build_gpt_datasets({"train": train, "validation": valid}, None, 8, 1, (20, 10, 0), str(tmp_path))
+    for weight in (0, 0.0, "0", 3):
+        built = build_gpt_datasets(
+            {"train": train, "validation": [weight, valid]}, None, 8, 1, (20, 10, 0), str(tmp_path)
+        )
+        assert isinstance(built[1], GPTDataset) and len(built[1]) == len(plain[1])
+        assert np.array_equal(built[1].sample_index, plain[1].sample_index)
+    with pytest.raises(DataError, match=r"entry 1: weight -1 of .* must be 0 or more \(a split's one prefix"):
+        build_gpt_datasets(
+            {"train": train, "validation": [-1, valid]}, None, 8, 1, (20, 10, 0), str(tmp_path)
+        )
 
 
 @pytest.mark.parametrize(
     ("entries", "message"),
     [
         (["30", "a", "heavy", "b"], r"entry 3 \('heavy'\) is not a weight"),  # a mix: a typo
-        (["30", "a", "-1", "b"], "entry 3: weight '-1' of b must be 0 or more"),
+        (["30", "a", "-1", "b"], r"entry 3: weight '-1' of b must be positive$"),
         (
-            ["0", "a", 0.0, "b"],
-            r"list \['0', 'a', 0.0, 'b'\]: the weights sum to 0; give a dataset a positive",
+            ["30", "a", "0", "b"],
+            r"entry 3: weight '0' of b must be positive: Megatron-core's .* drop the entry",
         ),
-        (["nan", "a", "1", "b"], "entry 1: weight 'nan' of a must be 0 or more"),
+        (["0", "a"], r"entry 1: weight '0' of a must be positive: Megatron-core's"),  # 0/0: NaN in Megatron
+        (["nan", "a", "1", "b"], r"entry 1: weight 'nan' of a must be positive$"),
         ([], "list is empty"),
     ],
 )

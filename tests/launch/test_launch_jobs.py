@@ -313,19 +313,26 @@ def test_preflight_names_the_text_document_prefix_meant(tmp_path):
     [
         (
             "[-1.0,{d}/a]",
-            r"^training\.model\.data\.data_prefix: data prefix entry 1: weight -1\.0 .* must be 0 or more",
+            r"^training\.model\.data\.data_prefix: data prefix entry 1: weight -1\.0 .* must be positive$",
         ),
         (
-            "[0,{d}/a,0.0,{d}/a]",
-            r"^training\.model\.data\.data_prefix: data prefix list .* the weights sum to 0",
+            "[1,{d}/a,0.0,{d}/a]",
+            r"^training\.model\.data\.data_prefix: data prefix entry 3: weight 0\.0 .* must be positive: Megatron-core",
         ),
         (
             "[1,{d}/a,nan,{d}/a]",
-            r"^training\.model\.data\.data_prefix: data prefix entry 3: weight nan of .* must be 0",
+            r"^training\.model\.data\.data_prefix: data prefix entry 3: weight nan of .* must be positive$",
         ),
         ("[1.0,{d}/a,2.0]", r"^training\.model\.data\.data_prefix: data prefix list .* unweighted form"),
         ("[{d}/a,{d}/a]", r"^training\.model\.data\.data_prefix: data prefix list .* unweighted form"),
-        ("{{train: [0,{d}/a]}}", r"^training\.model\.data\.data_prefix\.train: data prefix list .* sum to 0"),
+        (
+            "{{train: [0,{d}/a,1,{d}/a]}}",
+            r"^training\.model\.data\.data_prefix\.train: data prefix entry 1: .* Megatron-core",
+        ),
+        (
+            "{{train: [-1,{d}/a]}}",
+            r"^training\.model\.data\.data_prefix\.train: data prefix entry 1: .* must be 0 or more",
+        ),
         (
             "{{train: {d}/a, validation: [1,{d}/a,-1,{d}/a]}}",
             r"^training\.model\.data\.data_prefix\.validation: data prefix entry 3",
@@ -343,16 +350,28 @@ def test_preflight_refuses_a_blend_the_job_would_refuse(tmp_path, prefix, messag
         check_training_files(cfg, prepared_by_stage=False)
 
 
+def test_preflight_takes_a_splits_lone_prefix_whatever_its_weight(tmp_path):
+    """Megatron builds a split's blend of one prefix as that dataset, its weight unused (`--valid-data-path
+    0 V`); preflight refused the 0 as weights summing to 0, and a 0 in a blend of two is still refused."""
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"a{suffix}").write_bytes(b"")
+    lone = f"model.data.data_prefix={{train: {tmp_path}/a, validation: [0,{tmp_path}/a]}}"
+    tokenizer = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null",
+                 "model.tokenizer.library=tiktoken", "model.tokenizer.model=gpt2"]  # fmt: skip
+    cfg = load_training_config("gpt3/126m", overrides=[lone, *tokenizer], report_ignored=False)
+    assert check_training_files(cfg, prepared_by_stage=False)[0] == "ok  training: 2 data prefix(es) found"
+
+
 @pytest.mark.parametrize(
     ("prefix", "message"),
     [
         ("[-0.7,{d}/my-gpt3_00,0.3,{d}/my-gpt3_01]", r"^training\.model\.data\.data_prefix: data prefix entry 1: weight -0\.7"),
-        ("[0,{d}/my-gpt3_00,0,{d}/my-gpt3_01]", r"^training\.model\.data\.data_prefix: .* the weights sum to 0"),
+        ("[0,{d}/my-gpt3_00,1,{d}/my-gpt3_01]", r"^training\.model\.data\.data_prefix: .* must be positive: Megatron-core"),
     ],
 )  # fmt: skip
 def test_preflight_refuses_a_bad_blend_of_shards_data_preparation_writes(tmp_path, prefix, message):
     """With stages=[data_preparation,training] a data_prefix naming the prepared shards is read as written,
-    weights and all; the files are not there yet, but the weights are: a negative or all-zero one was
+    weights and all; the files are not there yet, but the weights are: a negative or 0 one was
     left to the training job, after the data preparation had run (hours) and the job waited in the queue."""
     tokenizer = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null",
                  "model.tokenizer.library=tiktoken", "model.tokenizer.model=gpt2"]  # fmt: skip

@@ -1768,25 +1768,46 @@ def test_no_flags_is_a_usage_error_and_help_only_on_help(capsys):
     ("flags", "content", "message"),
     [
         ("--data-path -1 a 2 b", None, r"^--data-path: data prefix entry 1: weight '-1' of a must be"),
-        ("--data-path 0 a 0 b", None, r"^--data-path: data prefix list .* the weights sum to 0"),
+        ("--data-path 0 a 1 b", None, r"^--data-path: data prefix entry 1: weight '0' of a must be positive: Megatron-core's BlendedDataset refuses a weight of 0 too; drop the entry, or give it a positive weight$"),
+        ("--data-path 0 a", None, r"^--data-path: data prefix entry 1: weight '0' of a must be positive: Megatron-core"),
         ("--data-path nan a 1 b", None, r"^--data-path: data prefix entry 1: weight 'nan' of a must be"),
         ("--data-path 1 a inf b", None, r"^--data-path: data prefix entry 3: weight 'inf' of b must be"),
         ("--train-data-path 1 t --valid-data-path -2 v 1 w", None, r"^--valid-data-path: data prefix entry 1: weight '-2'"),
         ("--data-args-path F --split 98,2,0", "1 a -1 b", r"^--data-args-path F holds: data prefix entry 3: weight '-1'"),
-        ("--per-split-data-args-path F", '{"train": "1 a", "valid": "0 v 0 w", "test": null}', r"F: valid is: data prefix list .* the weights sum to 0"),
+        ("--train-data-path 1 t --valid-data-path 1 v 0 w", None, r"^--valid-data-path: data prefix entry 3: weight '0' of w must be positive: Megatron-core"),
+        ("--train-data-path 1 t --valid-data-path -1 v", None, r"^--valid-data-path: data prefix entry 1: weight '-1' of v must be 0 or more \(a split's one prefix"),
+        ("--per-split-data-args-path F", '{"train": "1 a", "valid": "0 v 0 w", "test": null}', r"F: valid is: data prefix entry 1: weight '0' of v must be positive: Megatron-core"),
     ],
 )  # fmt: skip
 def test_bad_blend_weights_are_refused_as_megatrons_flags_are_read(
     tmp_path, monkeypatch, flags, content, message
 ):
-    """A negative, not finite or all-zero weight passed `gptrain megatron --dry-run` and the flags' reading,
-    to fail only when the job built its data; refused as the flags are read, naming the flag and the weight."""
+    """A negative, not finite or 0 weight passed `gptrain megatron --dry-run` and the flags' reading, to fail
+    only when the job built its data; refused as the flags are read, naming the flag and the weight (a 0:
+    Megatron-core's BlendedDataset asserts each weight > 0, so a script that switches a dataset off with
+    one fails in Megatron too)."""
     monkeypatch.chdir(tmp_path)
     if content is not None:
         (tmp_path / "F").write_text(content)
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     with pytest.raises(ConfigError, match=message):
         translate(shlex.split(f"{base} --train-iters 4 --lr 1e-4 {flags}"), {})
+
+
+def test_a_splits_lone_weighted_path_is_taken_whatever_its_weight():
+    """Megatron builds `--valid-data-path 0 V` as V alone (a split's blend of one prefix: the weight
+    unused), so a script's 0 there trains; it was refused as weights summing to 0."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags = (
+        f"{base} --train-iters 4 --lr 1e-4 --train-data-path 1 t --valid-data-path 0 v --test-data-path 0.0 s"
+    )
+    t = translate(shlex.split(flags), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert dict(cfg.model.data.data_prefix) == {
+        "train": [1.0, "t"],
+        "validation": [0.0, "v"],
+        "test": [0.0, "s"],
+    }
 
 
 def test_a_data_prefix_check_names_the_megatron_flag_that_set_the_key():

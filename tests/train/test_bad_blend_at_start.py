@@ -16,6 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
     [
         ("[-1,{d}/a,1,{d}/a]", r"^model\.data\.data_prefix: data prefix entry 1: weight -1 of .*/a must be"),
         ("[1,{d}/a,nan,{d}/a]", r"^model\.data\.data_prefix: data prefix entry 3: weight nan"),
+        ("[0,{d}/a,1,{d}/a]", r"^model\.data\.data_prefix: data prefix entry 1: weight 0 of .*/a must be positive: Megatron-core"),
         ("[1,{d}/a,2]", r"^model\.data\.data_prefix: data prefix list .* unweighted form"),
         ("[1,{d}/a,x,{d}/a]", r"^model\.data\.data_prefix: data prefix entry 3 \('x'\) is not a weight"),
         ("[1,{d}/a,1,{d}/gone]", r"^model\.data\.data_prefix: .*/gone\.bin/\.idx not found"),
