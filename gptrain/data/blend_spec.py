@@ -101,10 +101,14 @@ def _weight_problem(raw: str | float, weight: float, prefix: str | float, lone: 
     return f"weight {raw!r} of {prefix} must be positive"
 
 
-def check_data_prefix(data_prefix: Any, key: str = "model.data.data_prefix") -> None:
+def check_data_prefix(
+    data_prefix: Any, key: str = "model.data.data_prefix", splits: Collection[str] | None = None
+) -> None:
     """Each blend of a data_prefix (one, or one per split) read as the datasets' builder reads it, and
     each prefix's .bin/.idx looked up, in one line naming `key`: a job says so before it starts its
-    process group, run directory, tokenizer and model, not minutes later as it builds its data."""
+    process group, run directory, tokenizer and model, not minutes later as it builds its data.
+    `splits`: the per-split keys the job builds (target_sizes.built_split_keys); the files of another
+    split are not looked up, as the builder does not open them (its weights are still read)."""
     from gptrain.data.pair_check import pair_problem  # it imports this module
 
     specs = data_prefix.items() if isinstance(data_prefix, Mapping) else [(None, data_prefix)]
@@ -116,6 +120,8 @@ def check_data_prefix(data_prefix: Any, key: str = "model.data.data_prefix") -> 
             prefixes, _ = parse_blend(spec, one_split=split is not None)
         except DataError as error:
             raise DataError(f"{where}: {error}") from None
+        if split is not None and splits is not None and split not in splits:
+            continue
         for prefix in prefixes:
             if (problem := pair_problem(prefix)) is not None:
                 raise DataError(f"{where}: {problem}{yaml_number_note(data_prefix, prefix)}")

@@ -14,6 +14,7 @@ from gptrain.data.blend_spec import parse_blend, yaml_number_note
 from gptrain.data.blended import BlendedDataset, normalize
 from gptrain.data.gpt_dataset import GPTDataset
 from gptrain.data.mock import MockGPTDataset
+from gptrain.data.split_sizes import sample_counts  # noqa: F401  (its home before; callers import it here)
 from gptrain.data.splits import LEGACY_DEFAULT_SPLIT, SPLIT_NAMES, split_ranges
 from gptrain.errors import ConfigError, DataError
 
@@ -29,31 +30,6 @@ MID_LEVEL_SURPLUS = 0.005
 # epoch) must stay sizes numpy can address (2**63 bytes) and count (len()); past that numpy's
 # ValueError or OverflowError was a traceback. The largest pretraining runs ask for under 2**45.
 MAX_SPLIT_TOKENS = 2**58
-
-
-def sample_counts(
-    train_iters: int,
-    global_batch_size: int,
-    eval_interval: int,
-    eval_iters: int,
-    eval_global_batch_size: int | None = None,
-    *,
-    train_samples: int | None = None,
-    start_eval_at_iter: int | None = None,
-) -> tuple[int, int, int]:
-    """(train, valid, test) samples a run consumes, by Megatron's training.py formula.
-
-    Validation runs at every multiple of eval_interval and once more after training, hence
-    `train_iters // eval_interval + 1` evaluations of eval_iters batches each.
-    """
-    if eval_interval < 1:
-        raise ConfigError(f"eval_interval must be at least 1, got {eval_interval}")
-    eval_batch = eval_global_batch_size or global_batch_size
-    train = train_samples if train_samples else train_iters * global_batch_size
-    evaluations = train_iters // eval_interval + 1
-    if start_eval_at_iter is not None:
-        evaluations = max(0, evaluations - start_eval_at_iter // eval_interval)
-    return train, evaluations * eval_iters * eval_batch, eval_iters * eval_batch
 
 
 def samples_per_dataset(

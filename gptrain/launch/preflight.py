@@ -195,14 +195,15 @@ def check_blends(data_prefix: Any) -> None:
             raise ConfigError(f"{key}: {error}") from None
 
 
-def check_data_prefixes(data_prefix: Any) -> None:
+def check_data_prefixes(data_prefix: Any, splits: list[str] | None = None) -> None:
     """Each prefix names a .bin/.idx pair (x.bin is the prefix x, as the job reads it), or the line
     every data command and the job give: Path.is_file raised PermissionError (a traceback) under a
-    directory this user may not search, and told half a pair or a directory from a missing one."""
+    directory this user may not search, and told half a pair or a directory from a missing one.
+    `splits`: the per-split keys the job builds; another split's prefixes are not opened there."""
     from gptrain.data.blend_spec import prefixes_of, yaml_number_note
     from gptrain.data.pair_check import pair_problem  # standard library only, no numpy
 
-    for prefix in prefixes_of(data_prefix):
+    for prefix in prefixes_of(data_prefix, splits):
         if (problem := pair_problem(prefix)) is not None:
             note = yaml_number_note(data_prefix, prefix)
             raise LaunchError(f"training.model.data.data_prefix: {problem}{note}")
@@ -225,9 +226,11 @@ def check_training_files(
         check_blends(data.data_prefix)
     if not data.is_mock() and not prepared_by_stage:
         from gptrain.data.blend_spec import prefixes_of
+        from gptrain.train.target_sizes import built_split_keys  # no torch, no numpy
 
-        check_data_prefixes(data.data_prefix)
-        lines.append(f"ok  training: {len(prefixes_of(data.data_prefix))} data prefix(es) found")
+        built = built_split_keys(cfg)  # a split asked for no samples is not built: its files unread
+        check_data_prefixes(data.data_prefix, built)
+        lines.append(f"ok  training: {len(prefixes_of(data.data_prefix, built))} data prefix(es) found")
     if not data.builds_tokenizer():
         lines.append("ok  training: model.data.mock_vocab_size set, no tokenizer files needed")
     else:

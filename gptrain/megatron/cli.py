@@ -85,11 +85,12 @@ def check_data_paths(cfg: TrainingConfig, translation: Translation) -> None:
     from gptrain.data.blend_spec import check_data_prefix
     from gptrain.errors import DataError
     from gptrain.megatron.data_paths import prefix_in_flags
+    from gptrain.train.target_sizes import built_split_keys
 
     if cfg.model.data.is_mock():
         return
     try:
-        check_data_prefix(cfg.model.data.data_prefix)
+        check_data_prefix(cfg.model.data.data_prefix, splits=built_split_keys(cfg))
     except DataError as error:
         raise DataError(prefix_in_flags(str(error), translation.given)) from None
 

@@ -32,6 +32,7 @@ from gptrain.train.optim import build_optimizer
 from gptrain.train.rampup import BatchRamp
 from gptrain.train.schedule import ScheduleSpec
 from gptrain.train.step import StepOptions, no_reduce
+from gptrain.train.target_sizes import dataset_target_sizes, split_sizes_asked_by
 
 
 def seed_everything(seed: int) -> None:
@@ -400,27 +401,6 @@ def build_turn(rank: int, local_rank: int) -> int:
     return 1 if local_rank == 0 else 2
 
 
-def dataset_target_sizes(cfg: TrainingConfig) -> tuple[int, int, int]:
-    """The samples the train, validation and test splits are built for (Megatron's
-    train_val_test_num_samples; a split of 0 is not built)."""
-    from gptrain.data.builder import sample_counts
-
-    m, t = cfg.model, cfg.trainer
-    train_samples = t.train_samples
-    if train_samples is not None:  # never fewer than max_steps consume (inside a ramp, Megatron's
-        ramp = BatchRamp.from_config(m.rampup_batch_size, m.global_batch_size, 1)  # count overshoots)
-        train_samples = max(train_samples, ramp.samples_for(t.max_steps))
-    train_n, valid_n, _ = sample_counts(
-        t.max_steps,
-        m.global_batch_size,
-        t.val_check_interval,
-        t.limit_val_batches,
-        train_samples=train_samples,
-    )
-    test_n = t.limit_test_batches * m.global_batch_size  # NeMo sizes the test split by limit_test_batches
-    return train_n, valid_n, test_n
-
-
 def dataset_size_lines(cfg: TrainingConfig) -> list[str]:
     """Megatron's lines of the splits' target sizes, which its users compare between runs."""
     train, valid, test = dataset_target_sizes(cfg)
@@ -430,17 +410,6 @@ def dataset_size_lines(cfg: TrainingConfig) -> list[str]:
         f"    validation: {valid}",
         f"    test:       {test}",
     ]
-
-
-def split_sizes_asked_by(cfg: TrainingConfig) -> tuple[str, str, str]:
-    """The keys that size the train, validation and test splits (dataset_target_sizes), as errors name them."""
-    return (
-        "trainer.max_steps x model.global_batch_size"
-        if cfg.trainer.train_samples is None
-        else "trainer.train_samples",
-        "trainer.limit_val_batches x validations (trainer.max_steps / trainer.val_check_interval + 1)",
-        "trainer.limit_test_batches x model.global_batch_size",
-    )
 
 
 def built_split_lines(datasets: Sequence[Any]) -> list[str]:

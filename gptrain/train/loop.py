@@ -49,6 +49,7 @@ from gptrain.train.schedule import LRSchedule
 from gptrain.train.schedule_checks import names_in_config, run_schedule_warnings
 from gptrain.train.session import ScheduleNaming, Session
 from gptrain.train.signals import StopRequest
+from gptrain.train.target_sizes import built_split_keys
 from gptrain.train.wandb_logger import WandbRun, require_wandb
 from gptrain.train.watchdog import Watchdog, collective_timeout_minutes
 
@@ -69,7 +70,7 @@ def train(
     if not b.is_mock_data(
         cfg
     ):  # a bad blend or a missing prefix is one line now, not after the model is built
-        check_data_prefix(cfg.model.data.data_prefix)
+        check_data_prefix(cfg.model.data.data_prefix, splits=built_split_keys(cfg))
     if world.world_size > 1:
         # collectives outlive the hang watchdog, so that it, not an opaque timeout, names a stuck rank
         timeout = collective_timeout_minutes(cfg.trainer.hang_timeout_minutes)

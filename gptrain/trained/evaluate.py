@@ -22,7 +22,6 @@ from gptrain.checkpoint.directory import CheckpointLoadError
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.checkpoint.reader import CheckpointDamagedError
 from gptrain.config import TrainingConfig
-from gptrain.config.schema import PER_SPLIT_KEYS
 from gptrain.errors import ConfigError, DataError
 from gptrain.parallel.layout import STARTED, check_layout
 from gptrain.parallel.mesh import World, init_distributed, shutdown, world_from_env
@@ -30,6 +29,7 @@ from gptrain.parallel.state_dict import load_model_state_dict, model_state_dict
 from gptrain.train import builders as b
 from gptrain.train.evaluation import EvalResult, EvalSetup, evaluate_loss
 from gptrain.train.state import TrainState
+from gptrain.train.target_sizes import built_split_keys
 from gptrain.trained.coverage import Coverage, coverage
 from gptrain.trained.load import (
     RunCheckpoint,
@@ -292,8 +292,7 @@ def check_relative_prefixes(cfg: TrainingConfig, note: str) -> None:
 def _built_splits(cfg: TrainingConfig) -> list[str]:
     """The per-split data_prefix keys the build reads: the builder skips a split of no samples
     (the test split under trainer.limit_test_batches=0)."""
-    sizes = b.dataset_target_sizes(cfg)
-    return [key for key, size in zip(PER_SPLIT_KEYS, sizes, strict=True) if size > 0]
+    return built_split_keys(cfg)
 
 
 def _split_grown_for(request: EvalRequest, cfg: TrainingConfig) -> str | None:

@@ -350,6 +350,28 @@ def test_preflight_refuses_a_blend_the_job_would_refuse(tmp_path, prefix, messag
         check_training_files(cfg, prepared_by_stage=False)
 
 
+@pytest.mark.parametrize(("limit", "refused"), [(0, False), (2, True)])
+def test_preflight_looks_up_only_the_files_of_splits_the_job_builds(tmp_path, limit, refused):
+    """The job builds no split asked for 0 samples (trainer.limit_test_batches=0) and so never opens its
+    files; preflight looks up the same files the job's own check at start does."""
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"a{suffix}").write_bytes(b"")
+    prefix = f"model.data.data_prefix={{train: {tmp_path}/a, test: {tmp_path}/gone}}"
+    tokenizer = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null",
+                 "model.tokenizer.library=tiktoken", "model.tokenizer.model=gpt2"]  # fmt: skip
+    given = [prefix, f"trainer.limit_test_batches={limit}", *tokenizer]
+    cfg = load_training_config("gpt3/126m", overrides=given, report_ignored=False)
+    if refused:
+        with pytest.raises(
+            LaunchError, match=r"^training\.model\.data\.data_prefix: .*/gone\.bin/\.idx not found"
+        ):
+            check_training_files(cfg, prepared_by_stage=False)
+    else:
+        assert (
+            check_training_files(cfg, prepared_by_stage=False)[0] == "ok  training: 1 data prefix(es) found"
+        )
+
+
 def test_preflight_takes_a_splits_lone_prefix_whatever_its_weight(tmp_path):
     """Megatron builds a split's blend of one prefix as that dataset, its weight unused (`--valid-data-path
     0 V`); preflight refused the 0 as weights summing to 0, and a 0 in a blend of two is still refused."""

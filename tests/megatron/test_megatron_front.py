@@ -1810,6 +1810,27 @@ def test_a_splits_lone_weighted_path_is_taken_whatever_its_weight():
     }
 
 
+@pytest.mark.parametrize(("eval_iters", "refused"), [(0, False), (1, True)])
+def test_a_test_path_of_a_split_never_built_needs_no_files(tmp_path, monkeypatch, eval_iters, refused):
+    """--eval-iters 0 asks the validation and test splits for no samples, so training builds neither and
+    a --test-data-path that is not there trains, as in Megatron; the check at start refused it."""
+    from gptrain.errors import DataError
+    from gptrain.megatron.cli import check_data_paths
+
+    monkeypatch.chdir(tmp_path)
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"a{suffix}").write_bytes(b"")
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags = f"{base} --train-iters 4 --lr 1e-4 --eval-iters {eval_iters} --train-data-path a --test-data-path gone"
+    t = translate(shlex.split(flags), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    if refused:
+        with pytest.raises(DataError, match=r"^--test-data-path: gone\.bin/\.idx not found"):
+            check_data_paths(cfg, t)
+    else:
+        check_data_paths(cfg, t)
+
+
 def test_a_data_prefix_check_names_the_megatron_flag_that_set_the_key():
     from gptrain.megatron.data_paths import prefix_in_flags
 

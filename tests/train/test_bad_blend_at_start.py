@@ -41,3 +41,36 @@ def test_a_bad_blend_is_refused_before_the_run_starts_anything(tmp_path, monkeyp
     with pytest.raises(DataError, match=message):
         loop.train(cfg)
     assert not log_dir.exists()  # no run directory claimed, no log of a run that never started
+
+
+class Started(Exception):
+    """Raised where the run builds its tokenizer: the data_prefix check before it let the run start."""
+
+
+@pytest.mark.parametrize(
+    ("limits", "prefix", "message"),
+    [
+        ("trainer.limit_test_batches=0", "{{train: {d}/a, validation: {d}/a, test: {d}/gone}}", None),
+        ("trainer.limit_val_batches=0", "{{train: {d}/a, validation: {d}/gone}}", None),
+        ("trainer.limit_test_batches=1", "{{train: {d}/a, test: {d}/gone}}", r"^model\.data\.data_prefix\.test: .*/gone\.bin"),
+        ("trainer.limit_test_batches=0", "{{train: {d}/a, test: [1,{d}/gone,0,{d}/gone]}}", r"\.test: data prefix entry 3"),
+    ],
+)  # fmt: skip
+def test_a_split_asked_for_no_samples_needs_no_files(tmp_path, monkeypatch, limits, prefix, message):
+    """Training builds no split asked for 0 samples (limit_test_batches=0), so a per-split prefix of
+    it need not exist, as before the check at start (0e5f920) refused it; its weights are still read."""
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"a{suffix}").write_bytes(b"")
+
+    def started(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(builders, "build_tokenizer", started)
+    cfg = tiny_config(
+        tmp_path / "run",
+        "model.data.data_impl=mmap",
+        limits,
+        f"model.data.data_prefix={prefix.format(d=tmp_path)}",
+    )
+    with pytest.raises(Started if message is None else DataError, match=message):
+        loop.train(cfg)
