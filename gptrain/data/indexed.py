@@ -292,9 +292,8 @@ class IndexedDatasetWriter:
         self._code = code_for_dtype(self.dtype)
         self.bin_path = Path(self.path_prefix + ".bin")
         self.idx_path = Path(self.path_prefix + ".idx")
-        self._made_directories = _missing_directories(self.bin_path.parent)
         try:
-            self.bin_path.parent.mkdir(parents=True, exist_ok=True)
+            self._made_directories = _make_directories(self.bin_path.parent)
             report_stale_temporaries(self.bin_path)
             self._temps = [temporary_sibling(self.bin_path) for _ in range(4)]
         except OSError as error:
@@ -462,23 +461,41 @@ class IndexedDatasetWriter:
             self.abort()
 
 
-def _missing_directories(directory: Path) -> list[Path]:
-    """`directory` and its parents that do not exist yet, deepest first: what mkdir(parents=True) makes
-    for an output, and an aborted writer removes again (a failed run left them empty behind)."""
-    missing = []
-    while directory != directory.parent and not directory.exists():
-        missing.append(directory)
-        directory = directory.parent
-    return missing
+def _make_directories(directory: Path) -> list[Path]:
+    """mkdir -p `directory`, returning the directories this call made, deepest first: those an aborted
+    writer removes again (a failed run left them empty behind). Made is what os.mkdir made, not what
+    looked missing: in `notyet/../prepared` an existing `prepared` is not missing before `notyet` is
+    made, and a parallel run that makes a directory first owns it."""
+    try:
+        return [directory] if _made_here(directory) else []
+    except FileNotFoundError:
+        if directory.parent == directory:
+            raise
+    made = _make_directories(directory.parent)
+    return ([directory] if _made_here(directory) else []) + made
+
+
+def _made_here(directory: Path) -> bool:
+    """os.mkdir(directory): True where it made it, False where a directory is there; FileNotFoundError
+    where a parent is missing, and the OSError of anything else (no permission, a file of that name)."""
+    try:
+        os.mkdir(directory)
+    except FileNotFoundError:
+        raise
+    except OSError:
+        if os.path.isdir(directory):  # EEXIST, or EACCES from a file system that says so first
+            return False
+        raise
+    return True
 
 
 def _remove_if_empty(directories: list[Path]) -> None:
-    """Remove these directories, deepest first, up to the first that holds something."""
+    """Remove each of these directories (deepest first) that is empty; one that holds something stays."""
     for directory in directories:
         try:
             directory.rmdir()
         except OSError:
-            return
+            continue
 
 
 STALE_TEMPORARY_S = 3600.0

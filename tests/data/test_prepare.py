@@ -419,6 +419,41 @@ def test_a_failed_run_removes_the_directories_it_made_and_keeps_the_users(tmp_pa
     capsys.readouterr()
 
 
+def test_a_failed_run_removes_what_it_made_through_dot_dot_and_keeps_what_was_there(
+    tmp_path, gpt2_files, capsys
+):
+    """--output-prefix notyet/../prepared/ds: 'missing' was decided by Path.exists on the path as written,
+    where an existing prepared/ looks missing until notyet/ is made; a failed run then removed the
+    user's prepared/ and left notyet/ behind. What os.mkdir made goes, and only that."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"text": "one"}\n{"text": 2}\n')
+    (tmp_path / "prepared").mkdir()
+    flags = [*gpt2_flags(gpt2_files), "--workers", "1"]
+    output = f"{tmp_path}/notyet/../prepared/ds/x"
+    assert main(["data", "prepare", "--input", str(source), "--output-prefix", output, *flags]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "prepared"]
+    assert list((tmp_path / "prepared").iterdir()) == []
+    capsys.readouterr()
+
+
+def test_an_output_directory_that_may_not_be_made_is_named_with_the_reason(
+    tmp_path, gpt2_files, capsys, write_jsonl, refuse_search
+):
+    """An --output-prefix two levels into a directory this user may not search: asking whether the first
+    level existed raised PermissionError (Python 3.11's Path.exists), the generic 'Permission denied'
+    line; the writer's own line names the output and the directory it could not make."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    refuse_search(locked, also=[(os, "open"), (os, "mkdir")])
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(locked / "sub" / "o")]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"gptrain: error: {locked}/sub/o_text_document.bin: cannot create the output ({locked}/sub: "
+        "Permission denied)\n"
+    )
+
+
 def test_bad_line_late_in_parallel_run_leaves_nothing(tmp_path, gpt2_files, write_jsonl):
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"document {n}"} for n in range(200)])
     with open(source, "ab") as handle:
