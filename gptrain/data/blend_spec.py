@@ -57,6 +57,28 @@ def parse_blend(
     blendable_dataset.py took a 0). `one_split`: the spec is one split's own (NeMo's per-split form,
     --valid-data-path), whose lone `[WEIGHT, PREFIX]` Megatron builds as the plain dataset, its
     weight unused: any weight of 0 or more is taken there."""
+    prefixes, weights = _read_blend(data_prefix)
+    if weights is None:
+        return prefixes, None
+    lone = one_split and len(weights) == 1
+    for number, (prefix, weight) in enumerate(zip(prefixes, weights, strict=True)):
+        if not math.isfinite(weight) or not (weight >= 0 if lone else weight > 0):
+            raw = list(data_prefix)[2 * number]  # type: ignore[arg-type]
+            raise DataError(
+                f"data prefix entry {2 * number + 1}: {_weight_problem(raw, weight, prefix, lone)}"
+            )
+    if len(prefixes) > MAX_BLEND_DATASETS:  # said before the datasets are opened and indexed one by one
+        raise DataError(
+            f"data prefix list blends {len(prefixes):,} datasets; a blend holds at most "
+            f"{MAX_BLEND_DATASETS:,} (its index names a dataset in an int16, as Megatron's): merge "
+            "shards first (gptrain data merge)"
+        )
+    return prefixes, weights
+
+
+def _read_blend(data_prefix: str | float | Sequence[str | float]) -> tuple[list[str], list[float] | None]:
+    """parse_blend's (prefixes, weights) by the list's shape alone, whatever the weights' values: the
+    prefixes a blend names, which launch reads before its weights are judged."""
     if isinstance(data_prefix, (str, int, float)):
         return [str(data_prefix)], None
     entries = list(data_prefix)
@@ -66,26 +88,16 @@ def parse_blend(
         raise DataError("data prefix list is empty; give one prefix or pairs 'WEIGHT PREFIX ...'")
     if len(entries) % 2 or not any(is_number(raw) for raw in entries[::2]):
         raise unweighted_list_error(entries)
-    lone = one_split and len(entries) == 2
     prefixes, weights = [], []
     for position in range(0, len(entries), 2):
         raw, prefix = entries[position], entries[position + 1]
         try:
-            weight = float(raw)
+            weights.append(float(raw))
         except (TypeError, ValueError):
             raise DataError(
                 f"data prefix entry {position + 1} ({raw!r}) is not a weight; write pairs 'WEIGHT PREFIX ...'"
             ) from None
-        if not math.isfinite(weight) or not (weight >= 0 if lone else weight > 0):
-            raise DataError(f"data prefix entry {position + 1}: {_weight_problem(raw, weight, prefix, lone)}")
         prefixes.append(str(prefix).strip())
-        weights.append(weight)
-    if len(prefixes) > MAX_BLEND_DATASETS:  # said before the datasets are opened and indexed one by one
-        raise DataError(
-            f"data prefix list blends {len(prefixes):,} datasets; a blend holds at most "
-            f"{MAX_BLEND_DATASETS:,} (its index names a dataset in an int16, as Megatron's): merge "
-            "shards first (gptrain data merge)"
-        )
     return prefixes, weights
 
 
@@ -131,11 +143,12 @@ def prefixes_of(data_prefix: Any, splits: Collection[str] | None = None) -> list
     """The dataset prefixes a data_prefix names (one prefix, a [weight, prefix, ...] blend, or either
     per split; only the `splits` of a per-split one, where given), numbers as the words Megatron
     reads. Launch, eval and the checks before them walk the shapes here alone: a walker of their own
-    missed a shape (a number was a TypeError). A blend that does not parse names none, for the
-    builder (or launch's blend check) to refuse in its own words."""
+    missed a shape (a number was a TypeError). A blend's prefixes are named whatever its weights (launch
+    reads them before it judges the weights); a list not of a blend's shape names none, for the builder
+    (or launch's blend check) to refuse in its own words."""
     if isinstance(data_prefix, Mapping):
         chosen = [spec for key, spec in data_prefix.items() if splits is None or key in splits]
-        return [prefix for spec in chosen for prefix, _ in _prefix_positions(spec, one_split=True)]
+        return [prefix for spec in chosen for prefix in prefixes_of(spec)]
     return [prefix for prefix, _ in _prefix_positions(data_prefix)]
 
 
@@ -143,12 +156,8 @@ def with_prefixes(data_prefix: Any, change: Callable[[str], str]) -> Any:
     """`data_prefix` in its own shape with each prefix `p` (as prefixes_of reads it) replaced by
     change(p); weights, and a blend that does not parse, are left as they are."""
     if isinstance(data_prefix, Mapping):
-        return {key: _with_prefixes(spec, change, one_split=True) for key, spec in data_prefix.items()}
-    return _with_prefixes(data_prefix, change)
-
-
-def _with_prefixes(data_prefix: Any, change: Callable[[str], str], one_split: bool = False) -> Any:
-    positions = _prefix_positions(data_prefix, one_split)
+        return {key: with_prefixes(spec, change) for key, spec in data_prefix.items()}
+    positions = _prefix_positions(data_prefix)
     if not positions:
         return data_prefix
     if isinstance(data_prefix, (str, int, float)):
@@ -172,25 +181,25 @@ def yaml_number_note(data_prefix: Any, prefix: str) -> str:
     )
 
 
-def _number_words(data_prefix: Any, one_split: bool = False) -> set[str]:
+def _number_words(data_prefix: Any) -> set[str]:
     """The words of the prefixes that YAML gave as numbers (not strings) in a data_prefix."""
     if isinstance(data_prefix, Mapping):
-        return {word for spec in data_prefix.values() for word in _number_words(spec, one_split=True)}
+        return {word for spec in data_prefix.values() for word in _number_words(spec)}
     entries = [data_prefix] if isinstance(data_prefix, (str, int, float)) else list(data_prefix or [])
     return {
         prefix
-        for prefix, position in _prefix_positions(data_prefix, one_split)
+        for prefix, position in _prefix_positions(data_prefix)
         if isinstance(entries[position], (int, float)) and not isinstance(entries[position], bool)
     }
 
 
-def _prefix_positions(spec: Any, one_split: bool = False) -> list[tuple[str, int]]:
-    """(prefix, its index in the blend list) of one data_prefix (`one_split`: a split's own, as
-    parse_blend reads it); none where it is empty, a mapping or does not parse."""
+def _prefix_positions(spec: Any) -> list[tuple[str, int]]:
+    """(prefix, its index in the blend list) of one split's data_prefix, whatever its weights' values;
+    none where it is empty, a mapping or not the shape of a blend."""
     if spec is None or spec == "" or isinstance(spec, Mapping):
         return []
     try:
-        prefixes, weights = parse_blend(spec, one_split=one_split)
+        prefixes, weights = _read_blend(spec)
     except (DataError, TypeError):
         return []
     return list(zip(prefixes, range(1, 2 * len(prefixes), 2) if weights else [0], strict=True))

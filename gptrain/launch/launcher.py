@@ -70,7 +70,10 @@ def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None =
     if training is not None:
         lines += _checked(lambda: check_training_layout(training), dry_run, (LaunchError, ConfigError))
         lines += _checked(
-            lambda: check_training_files(training, "data_preparation" in stages, fetched), dry_run
+            lambda: check_training_files(
+                training, "data_preparation" in stages, fetched, plan.training_blend
+            ),
+            dry_run,
         )
         lines += _checked(lambda: check_wandb_key_file(plan.top.get("wandb_api_key_file"), training), dry_run)
         lines += _checked(lambda: check_fresh_start(training), dry_run, (ConfigError,))

@@ -210,10 +210,14 @@ def check_data_prefixes(data_prefix: Any, splits: list[str] | None = None) -> No
 
 
 def check_training_files(
-    cfg: TrainingConfig, prepared_by_stage: bool, fetched: dict[str, str] | None = None
+    cfg: TrainingConfig,
+    prepared_by_stage: bool,
+    fetched: dict[str, str] | None = None,
+    blend_file: str | None = None,
 ) -> list[str]:
     """Data prefixes (.bin/.idx) and tokenizer files of the loaded training config (`fetched`:
-    tokenizer files the data preparation stage downloads before training starts).
+    tokenizer files the data preparation stage downloads before training starts; `blend_file`: the
+    blend it writes, which the job reads in place of the data_prefix: that one's weights go unread).
 
     Mock data needs no data files; it needs no tokenizer files only with model.data.mock_vocab_size
     (otherwise the job reads them for the vocabulary size: the rule of DataConfig.builds_tokenizer).
@@ -222,7 +226,7 @@ def check_training_files(
     lines = []
     if data.is_mock():
         lines.append("ok  training: mock data, no data files needed")
-    else:  # the weights are there before data preparation writes the shards they weigh
+    elif blend_file is None:  # the weights are there before data preparation writes the shards they weigh
         check_blends(data.data_prefix)
     if not data.is_mock() and not prepared_by_stage:
         from gptrain.data.blend_spec import prefixes_of

@@ -49,6 +49,8 @@ class LaunchPlan:
     training_overrides: dict[str, str] = field(default_factory=dict)  # key in training -> as typed
     training_origin: str | None = None  # the training group file, named by errors about its values
     notes: list[str] = field(default_factory=list)  # preflight lines about what the plan decided
+    # the blend file data preparation writes, which the training reads in place of its data_prefix
+    training_blend: str | None = None
 
     @property
     def cluster_type(self) -> str:
@@ -90,9 +92,9 @@ def build_plan(composition: Composition, max_array_size: int = DEFAULT_MAX_ARRAY
         add_validation_job(plan, python, local)
     if "training" in stages:
         training = resolved["training"]
-        blend = training_blend(resolved, stages, plan.notes)
+        plan.training_blend = training_blend(resolved, stages, plan.notes)
         plan.configs["training"] = training
-        plan.jobs.append(training_job(training, cluster, python, local, blend))
+        plan.jobs.append(training_job(training, cluster, python, local, plan.training_blend))
     if not local:
         for job in plan.jobs:
             check_one_gpu_per_task(job, cluster)

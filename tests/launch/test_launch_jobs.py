@@ -410,6 +410,38 @@ def test_preflight_refuses_a_bad_blend_of_shards_data_preparation_writes(tmp_pat
     ]
 
 
+@pytest.mark.parametrize(
+    ("prefix", "refused"),
+    [
+        ("[0,/old/x,1,/old/y]", False),  # replaced by the blend data_preparation writes: never read
+        ("[0,${data_dir}/tokenized/a_text_document]", True),  # the prepared shard: read as written, weights and all
+    ],
+)  # fmt: skip
+def test_preflight_reads_the_weights_of_the_data_prefix_the_job_reads(
+    tmp_path, monkeypatch, capsys, prefix, refused
+):
+    """With stages=[data_preparation,training] a data_prefix naming other prefixes than the prepared shards
+    is replaced by the blend data preparation writes; preflight still refused its weights (283d507), so a
+    launch was stopped by a data_prefix its job would never read."""
+    from gptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    args = [
+        "launch",
+        "--dry-run",
+        "cluster_type=local",
+        f"data_dir={tmp_path}/d",
+        "stages=[data_preparation,training]",
+    ]
+    args += ["data_preparation.shards=[https://h/a.jsonl.zst]", f"training.model.data.data_prefix={prefix}"]
+    args += ["training.trainer.accelerator=cpu", "training.trainer.devices=1", "training.trainer.num_nodes=1"]
+    assert main(args) == (2 if refused else 0)
+    err = capsys.readouterr().err
+    assert ("training.model.data.data_prefix: data prefix entry 1: weight 0 of" in err) is refused
+    if not refused:
+        assert "note  training: reads the blend data_preparation writes" in err
+
+
 def test_local_run_status_and_find(tmp_path):
     run = tmp_path / "results" / "my_run"
     run.mkdir(parents=True)
