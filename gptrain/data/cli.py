@@ -104,7 +104,6 @@ def _add_megatron_runtime_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--find-optimal-num-workers", action="store_true", help=argparse.SUPPRESS)
     group.add_argument("--workers-to-check", nargs="+", help=argparse.SUPPRESS)
     group.add_argument("--max-documents", help=argparse.SUPPRESS)
-    group.add_argument("--performance-dir", help=argparse.SUPPRESS)
 
 
 def _worker_timing_flags(args: argparse.Namespace) -> list[str]:
@@ -113,7 +112,6 @@ def _worker_timing_flags(args: argparse.Namespace) -> list[str]:
         "--find-optimal-num-workers": args.find_optimal_num_workers,
         "--workers-to-check": args.workers_to_check,
         "--max-documents": args.max_documents,
-        "--performance-dir": args.performance_dir,
     }
     return [flag for flag, value in given.items() if value]
 
@@ -132,7 +130,7 @@ def _check_megatron_runtime_flags(args: argparse.Namespace) -> None:
     if benchmark := _worker_timing_flags(args):
         raise ConfigError(
             f"{benchmark[0]}: Megatron's timing of worker counts (--find-optimal-num-workers with "
-            "--workers-to-check, --max-documents, --performance-dir) prepares the data once per count; "
+            "--workers-to-check and --max-documents) prepares the data once per count; "
             "gptrain has no such run: drop these flags and give --workers (default: every CPU here)"
         )
     if args.split_sentences:
