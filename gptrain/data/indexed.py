@@ -292,12 +292,14 @@ class IndexedDatasetWriter:
         self._code = code_for_dtype(self.dtype)
         self.bin_path = Path(self.path_prefix + ".bin")
         self.idx_path = Path(self.path_prefix + ".idx")
+        self._made_directories: list[Path] = []
         try:
-            self._made_directories = _make_directories(self.bin_path.parent)
+            _make_directories(self.bin_path.parent, self._made_directories)
             report_stale_temporaries(self.bin_path)
             self._temps = [temporary_sibling(self.bin_path) for _ in range(4)]
         except OSError as error:
-            reason = os_error_text(error, self.bin_path.parent)
+            reason = os_error_text(error, self.bin_path.parent)  # before the path it names is unmade
+            _remove_if_empty(self._made_directories)
             raise DataError(f"{self.bin_path}: cannot create the output ({reason})") from None
         self._bin: IO[bytes] = open(self._temps[0], "wb")  # noqa: SIM115 (closed in finalize/abort)
         self._lengths: IO[bytes] = open(self._temps[1], "w+b")  # noqa: SIM115
@@ -461,18 +463,22 @@ class IndexedDatasetWriter:
             self.abort()
 
 
-def _make_directories(directory: Path) -> list[Path]:
-    """mkdir -p `directory`, returning the directories this call made, deepest first: those an aborted
-    writer removes again (a failed run left them empty behind). Made is what os.mkdir made, not what
-    looked missing: in `notyet/../prepared` an existing `prepared` is not missing before `notyet` is
-    made, and a parallel run that makes a directory first owns it."""
+def _make_directories(directory: Path, made: list[Path]) -> None:
+    """mkdir -p `directory`, putting each directory this call made at the front of `made` (deepest
+    first), also where a later level fails: those an aborted writer removes again (a failed run left
+    them empty behind). Made is what os.mkdir made, not what looked missing: in `notyet/../prepared`
+    an existing `prepared` is not missing before `notyet` is made, and a parallel run that makes a
+    directory first owns it."""
     try:
-        return [directory] if _made_here(directory) else []
+        if _made_here(directory):
+            made.insert(0, directory)
+        return
     except FileNotFoundError:
         if directory.parent == directory:
             raise
-    made = _make_directories(directory.parent)
-    return ([directory] if _made_here(directory) else []) + made
+    _make_directories(directory.parent, made)
+    if _made_here(directory):
+        made.insert(0, directory)
 
 
 def _made_here(directory: Path) -> bool:

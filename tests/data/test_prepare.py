@@ -437,6 +437,22 @@ def test_a_failed_run_removes_what_it_made_through_dot_dot_and_keeps_what_was_th
     capsys.readouterr()
 
 
+def test_an_output_that_cannot_be_made_removes_the_directories_made_for_it(tmp_path, gpt2_files, capsys):
+    """--output-prefix notyet/../notes.txt/ds with notes.txt a file: notyet/ was made on the way and left
+    behind when the next level failed, before any writer existed to clean up."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"text": "one"}\n')
+    (tmp_path / "notes.txt").write_text("mine\n")
+    output = f"{tmp_path}/notyet/../notes.txt/ds"
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", output]
+    assert main([*argv, *gpt2_flags(gpt2_files), "--workers", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"gptrain: error: {output}_text_document.bin: cannot create the output ({tmp_path}/notyet/../notes.txt: "
+        "is a file, where a directory is needed)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "notes.txt"]
+
+
 def test_an_output_directory_that_may_not_be_made_is_named_with_the_reason(
     tmp_path, gpt2_files, capsys, write_jsonl, refuse_search
 ):
