@@ -8,7 +8,7 @@ from pathlib import Path
 from gptrain.checkpoint.reader import rank_0s
 from gptrain.train import saving
 from gptrain.train.batches import GPTBatchDataset
-from gptrain.train.evaluation import EvalSetup, evaluate_loss
+from gptrain.train.evaluation import EvalSetup, StopCheck, evaluate_loss
 from gptrain.train.logline import format_validation_lines
 from gptrain.train.metrics import evaluation_scalars
 from gptrain.train.results import TB_TEST_LOSS, TB_VAL_LOSS, record_test_done, tested_at
@@ -20,28 +20,44 @@ def validates_at(s: Session, step: int) -> bool:
     return bool(interval) and step % interval == 0
 
 
+def validation_owed(s: Session, step: int) -> bool:
+    """A validation due at `step` (on its interval, or the run's last) that has not run: a stop came
+    before it, or during it, and saved without it. None is owed where validation is off."""
+    t = s.cfg.trainer
+    due = validates_at(s, step) or step == t.max_steps
+    return step > 0 and due and t.limit_val_batches > 0 and s.state.validated_at != step
+
+
 def has_batches(data: GPTBatchDataset | None, batches: int) -> bool:
     """Whether evaluate_split evaluates anything for this split and limit."""
     return data is not None and batches > 0 and len(data) > 0
 
 
-def evaluate(s: Session, data: GPTBatchDataset, num_batches: int) -> float:
+def evaluate(
+    s: Session, data: GPTBatchDataset, num_batches: int, stop_check: StopCheck | None = None
+) -> float:
     """Token-weighted mean loss over the first `num_batches` global batches of `data`."""
     m = s.cfg.model
     setup = EvalSetup(
         s.model, s.step_opts, s.device, m.micro_batch_size, s.num_microbatches, s.dp_rank, s.dp_size, m.seed
     )
-    return evaluate_loss(setup, data, num_batches).loss
+    return evaluate_loss(setup, data, num_batches, stop_check).loss
 
 
 def evaluate_split(
-    s: Session, data: GPTBatchDataset | None, batches: int, where: str, tag: str
+    s: Session,
+    data: GPTBatchDataset | None,
+    batches: int,
+    where: str,
+    tag: str,
+    stop_check: StopCheck | None = None,
 ) -> float | None:
     """Evaluate, print Megatron's block on the logging rank, send the loss to TensorBoard; the loss
-    (every rank has it), or None when there was nothing to evaluate."""
+    (every rank has it), or None when there was nothing to evaluate. A stop agreed at one of its
+    batches raises EvaluationStopped, with nothing printed or sent."""
     if not has_batches(data, batches):
         return None
-    loss = evaluate(s, data, batches)
+    loss = evaluate(s, data, batches, stop_check)
     if s.logging_rank:
         for line in format_validation_lines(s.state.step, loss, where):
             s.log(line)
@@ -56,51 +72,81 @@ def evaluate_split(
     return loss
 
 
-def validate(s: Session, data: GPTBatchDataset | None) -> None:
+def validate(s: Session, data: GPTBatchDataset | None, stop_check: StopCheck | None = None) -> None:
     """Megatron's validation block (skipped in benchmark mode, limit_val_batches=0); its loss is kept
-    for this step's save to record."""
-    loss = evaluate_split(s, data, s.cfg.trainer.limit_val_batches, "", TB_VAL_LOSS)
+    for this step's save to record. Stopped (EvaluationStopped), it stays owed (validation_owed)."""
+    loss = evaluate_split(s, data, s.cfg.trainer.limit_val_batches, "", TB_VAL_LOSS, stop_check)
     s.validation = None if loss is None else (s.state.step, loss)
     s.state.validated_at = s.state.step
 
 
-def validate_if_left_due(s: Session, data: GPTBatchDataset | None) -> bool:
-    """The validation of the step a run resumes at, when that run stopped before running it: a stop
-    (SIGTERM, time limit) saves at once, before a validation due at the same step; its loss goes into
-    that checkpoint's COMPLETE (saving.record_left_due_validation). Whether it ran (the same answer on
-    every rank)."""
+def validate_if_left_due(
+    s: Session, data: GPTBatchDataset | None, stop_check: StopCheck | None = None
+) -> bool:
+    """The validation of the step a run resumes at, when that run stopped before running it or during
+    it: a stop (SIGTERM, time limit) saves at once, before a validation due at the same step; its loss
+    goes into that checkpoint's COMPLETE (saving.record_left_due_validation). Whether it ran (the same
+    answer on every rank)."""
     step = s.state.step
-    if step > 0 and validates_at(s, step) and s.state.validated_at != step:
+    if validation_owed(s, step):
         if has_batches(data, s.cfg.trainer.limit_val_batches):
             s.log(f"validation of iteration {step} was due when the run stopped: running it first")
-        validate(s, data)
+        validate(s, data, stop_check)
         saving.record_left_due_validation(s)
         return True
     return False
 
 
-def evaluate_test_split(s: Session, data: GPTBatchDataset | None) -> None:
+def evaluate_test_split(
+    s: Session, data: GPTBatchDataset | None, stop_check: StopCheck | None = None
+) -> None:
     """The test split at the end of the run (beside a background write of its last save, which is
-    waited for), then recorded done, so a resume at max_steps does not evaluate it again."""
-    evaluate_split(s, data, s.cfg.trainer.limit_test_batches, " on test set", TB_TEST_LOSS)
+    waited for), then recorded done, so a resume at max_steps does not evaluate it again. Stopped
+    (EvaluationStopped), it is not recorded: the requeued run evaluates it."""
+    evaluate_split(s, data, s.cfg.trainer.limit_test_batches, " on test set", TB_TEST_LOSS, stop_check)
     s.checkpoints.wait()
     if s.world.rank == 0 and has_batches(data, s.cfg.trainer.limit_test_batches):
         record_test_done(Path(s.cfg.exp_manager.explicit_log_dir), s.state.step)
 
 
-def finish_at_max_steps(s: Session, test_data: GPTBatchDataset | None) -> int:
-    """A run resumed at trainer.max_steps trains nothing, but evaluates the test split when the run
-    that saved its checkpoint stopped before that (preempted, killed or failed right after its last
-    save): the record of the test split done (results.record_test_done) does not name this iteration.
-    As rank 0 reads it: every rank must evaluate, or none."""
+def owed_at_max_steps(
+    s: Session, valid_data: GPTBatchDataset | None, test_data: GPTBatchDataset | None
+) -> tuple[bool, bool]:
+    """(validation, test split) that a run resumed at trainer.max_steps still owes: the run that saved
+    its checkpoint stopped before them or during them (a stop signal, a preemption, a kill or a failure
+    right after its last save). The test split is owed unless the record of it done
+    (results.record_test_done) names this iteration, as rank 0 reads it: every rank must evaluate, or
+    none. With that record, nothing is owed (a checkpoint from before `validated_at` would otherwise
+    validate again)."""
     step, t = s.state.step, s.cfg.trainer
-    recorded = rank_0s(lambda: tested_at(Path(s.cfg.exp_manager.explicit_log_dir)))
-    if recorded == step or not has_batches(test_data, t.limit_test_batches):
+    if rank_0s(lambda: tested_at(Path(s.cfg.exp_manager.explicit_log_dir))) == step:
+        return False, False
+    validation = validation_owed(s, step) and has_batches(valid_data, t.limit_val_batches)
+    return validation, has_batches(test_data, t.limit_test_batches)
+
+
+def finish_at_max_steps(
+    s: Session,
+    valid_data: GPTBatchDataset | None,
+    test_data: GPTBatchDataset | None,
+    owed: tuple[bool, bool],
+    stop_check: StopCheck | None = None,
+) -> int:
+    """A run resumed at trainer.max_steps trains nothing, but runs the evaluations it `owed`
+    (owed_at_max_steps), each once; EvaluationStopped where a stop gives them up again."""
+    step, t = s.state.step, s.cfg.trainer
+    validation, test = owed
+    if not (validation or test):
         s.log(f"iteration {step} is already at trainer.max_steps={t.max_steps}: nothing to do")
         return 0
+    what = " and ".join(["its validation"] * validation + ["the test split"] * test)
     s.log(
-        f"iteration {step} is already at trainer.max_steps={t.max_steps}: evaluating the test split,"
+        f"iteration {step} is already at trainer.max_steps={t.max_steps}: evaluating {what},"
         " which the run stopped before"
     )
-    evaluate_test_split(s, test_data)
+    if validation:
+        validate(s, valid_data, stop_check)
+        saving.record_left_due_validation(s)
+    if test:
+        evaluate_test_split(s, test_data, stop_check)
     return 0

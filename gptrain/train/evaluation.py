@@ -8,6 +8,7 @@ of per-token losses, not of per-batch means), reduced over data-parallel ranks i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,19 @@ class EvalSetup:
     seed: int = 0
 
 
+# Asked before each global batch: the reason every rank stops evaluating now, or None to go on.
+StopCheck = Callable[[], "str | None"]
+
+
+class EvaluationStopped(Exception):
+    """An evaluation given up at a global batch boundary for a stop (a signal, trainer.max_time), its
+    loss never reported: the run saves and exits to be requeued, and the requeued run evaluates again."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class EvalResult:
     loss: float
@@ -43,8 +57,13 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate_loss(setup: EvalSetup, data: GPTBatchDataset, num_batches: int) -> EvalResult:
-    """Token-weighted mean loss over the first `num_batches` global batches of `data` (fewer if it ends)."""
+def evaluate_loss(
+    setup: EvalSetup, data: GPTBatchDataset, num_batches: int, stop_check: StopCheck | None = None
+) -> EvalResult:
+    """Token-weighted mean loss over the first `num_batches` global batches of `data` (fewer if it ends).
+    `stop_check`, before each global batch (every rank draws as many): EvaluationStopped when it
+    gives a reason, so that Slurm's warning signal is not spent on a validation or test split that
+    would be killed before its end and the run's checkpoint."""
     loader = build_loader(
         data,
         0,
@@ -59,18 +78,25 @@ def evaluate_loss(setup: EvalSetup, data: GPTBatchDataset, num_batches: int) -> 
     setup.model.eval()
     try:
         if setup.step_opts.eval_fn is not None:  # TP/PP: whole global batches through the layout's forward
-            return _evaluate_parallel(setup, iter(loader), num_batches)
-        return _evaluate_local(setup, iter(loader), num_batches)
+            return _evaluate_parallel(setup, iter(loader), num_batches, stop_check)
+        return _evaluate_local(setup, iter(loader), num_batches, stop_check)
     finally:
         setup.model.train(was_training)
 
 
-def _evaluate_local(setup: EvalSetup, loader, num_batches: int) -> EvalResult:
+def _stop_if_asked(stop_check: StopCheck | None) -> None:
+    if stop_check is not None and (reason := stop_check()) is not None:
+        raise EvaluationStopped(reason)
+
+
+def _evaluate_local(setup: EvalSetup, loader, num_batches: int, stop_check: StopCheck | None) -> EvalResult:
     opts = setup.step_opts
     loss_sum = torch.zeros((), dtype=torch.float64, device=setup.device)
     tokens = torch.zeros((), dtype=torch.float64, device=setup.device)
     seen = 0
     for _, microbatch in zip(range(num_batches * setup.num_microbatches), loader, strict=False):
+        if seen % setup.num_microbatches == 0:
+            _stop_if_asked(stop_check)
         batch = to_device(microbatch, setup.device)
         with autocast(setup.device.type, opts.precision):
             loss_sum += opts.loss_fn(setup.model, batch).double()
@@ -81,10 +107,13 @@ def _evaluate_local(setup: EvalSetup, loader, num_batches: int) -> EvalResult:
     return EvalResult(float(loss.item()), int(total_tokens.item()), -(-seen // setup.num_microbatches))
 
 
-def _evaluate_parallel(setup: EvalSetup, loader, num_batches: int) -> EvalResult:
+def _evaluate_parallel(
+    setup: EvalSetup, loader, num_batches: int, stop_check: StopCheck | None
+) -> EvalResult:
     loss_sum = tokens = 0.0
     batches = 0
     for _ in range(num_batches):
+        _stop_if_asked(stop_check)
         microbatches = [mb for _, mb in zip(range(setup.num_microbatches), loader, strict=False)]
         if len(microbatches) < setup.num_microbatches:
             break

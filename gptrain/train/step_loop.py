@@ -13,6 +13,7 @@ from gptrain.config import TrainingConfig
 from gptrain.errors import DataError, GptrainError
 from gptrain.train import eval_splits, saving, stopping
 from gptrain.train.batches import GPTBatchDataset, build_loader, raise_if_a_worker_died, shut_down_workers
+from gptrain.train.evaluation import EvaluationStopped, StopCheck
 from gptrain.train.meter import IntervalMeter, RunShape, interval_report, iteration_scalars, timing_only
 from gptrain.train.overlap import StepRunner, can_run_ahead
 from gptrain.train.results import forget_test_done
@@ -40,9 +41,10 @@ def run(
     that checkpoint, which the run then waits for). Resumed at max_steps: finish_at_max_steps.
     """
     t = s.cfg.trainer
-    if s.state.step >= t.max_steps:
-        return eval_splits.finish_at_max_steps(s, test_data)
     agreement = StopAgreement()
+    check = stopping.during_evaluation(agreement, stop)
+    if s.state.step >= t.max_steps:
+        return finish_at_max_steps(s, valid_data, test_data, check)
     meter = IntervalMeter(start_step=s.state.step)
     times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
     early = stopping.agree_before_training(s, agreement, stop)
@@ -50,8 +52,11 @@ def run(
         return stopping.stop_before_training(s, early)
     # out of the first interval's time, as every validation is out of its own; agreed again after
     # it, so that a stop asked during it (the resumed run's longest work) ends the run before a step
-    with meter.excluded(), times.excluded():
-        validated = eval_splits.validate_if_left_due(s, valid_data)
+    try:
+        with meter.excluded(), times.excluded():
+            validated = eval_splits.validate_if_left_due(s, valid_data, check)
+    except EvaluationStopped as stopped:
+        return stopping.stop_before_training(s, stopped.reason)
     early = stopping.agree_before_training(s, agreement, stop) if validated else None
     if early is not None:
         return stopping.stop_before_training(s, early)
@@ -86,16 +91,18 @@ def run(
                 s.state.step, logged, partial(agreement.exchange, stop.reason(), logged)
             )
         agreed_stop = agreed_stop or reason
-        # at max_steps: finish normally; with a step queued ahead: stop after it
-        if agreed_stop is not None and s.state.step < t.max_steps and not runner.ahead:
-            if meter.iterations:  # the steps since the last line: their losses are not lost with the stop
-                log_interval(s, meter)
-            return stopping.stop_for_requeue(s, agreed_stop)
         last = s.state.step >= t.max_steps
+        # with a step queued ahead: stop after it. At max_steps too: the final checkpoint first, the
+        # end's validation and test split are left to the requeued run (the time left may not hold them)
+        if agreed_stop is not None and not runner.ahead:
+            return stop_here(s, meter, agreed_stop, test_owed=last and tested)
         validated = eval_splits.validates_at(s, s.state.step) or last
         if validated:  # before the save: the checkpoint records it done
-            with meter.excluded(), times.excluded():
-                eval_splits.validate(s, valid_data)
+            try:
+                with meter.excluded(), times.excluded():
+                    eval_splits.validate(s, valid_data, check)
+            except EvaluationStopped as stopped:  # given up for the stop: it stays owed
+                return stop_here(s, meter, stopped.reason, test_owed=last and tested)
         if saving.saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
             # not during a non-finite streak: the last good one stays newest
             with meter.excluded(), times.excluded():
@@ -104,10 +111,9 @@ def run(
         took_time = saved_at == s.state.step or (
             validated and eval_splits.has_batches(valid_data, t.limit_val_batches)
         )
+        # at max_steps the test split's own stop check, at its first batch, takes a stop asked here
         if took_time and not last and (late := stopping.asked_during(s, agreement, stop)) is not None:
-            if meter.iterations:
-                log_interval(s, meter)
-            return stopping.stop_for_requeue(s, late, saved=saved_at == s.state.step)
+            return stop_here(s, meter, late, saved=saved_at == s.state.step)
         if stopping.exits_at(s, s.state.step):
             if meter.iterations:
                 log_interval(s, meter)
@@ -115,8 +121,34 @@ def run(
     em = s.cfg.exp_manager
     if saved_at != s.state.step and em.create_checkpoint_callback and em.checkpoint_callback_params.save_last:
         saving.save_checkpoint(s, waited_for=not tested)
-    eval_splits.evaluate_test_split(s, test_data)
+        saved_at = s.state.step
+    try:
+        eval_splits.evaluate_test_split(s, test_data, check)
+    except EvaluationStopped as stopped:
+        return stopping.stop_for_requeue(s, stopped.reason, saved=saved_at == s.state.step, test_owed=True)
     return 0
+
+
+def stop_here(
+    s: Session, meter: IntervalMeter, reason: str, saved: bool = False, test_owed: bool = False
+) -> int:
+    """Stop for a requeue at this step, its iterations since the last line logged first (their losses
+    are not lost with the stop)."""
+    if meter.iterations:
+        log_interval(s, meter)
+    return stopping.stop_for_requeue(s, reason, saved=saved, test_owed=test_owed)
+
+
+def finish_at_max_steps(
+    s: Session, valid_data: GPTBatchDataset | None, test_data: GPTBatchDataset | None, check: StopCheck
+) -> int:
+    """A run resumed at trainer.max_steps: the end's evaluations its stop left (eval_splits); a stop
+    during them exits to be requeued again, its checkpoint complete already."""
+    owed = eval_splits.owed_at_max_steps(s, valid_data, test_data)
+    try:
+        return eval_splits.finish_at_max_steps(s, valid_data, test_data, owed, check)
+    except EvaluationStopped as stopped:
+        return stopping.stop_for_requeue(s, stopped.reason, saved=True, test_owed=owed[1])
 
 
 def end_if_interrupted(s: Session, stop: StopRequest) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.train import eval_splits, saving
+from gptrain.train.evaluation import StopCheck
 from gptrain.train.session import Session
 from gptrain.train.signals import StopRequest
 from gptrain.train.stop_agreement import StopAgreement
@@ -29,6 +30,14 @@ def asked_during(s: Session, agreement: StopAgreement, stop: StopRequest) -> str
         return agreement.exchange(stop.reason(), read_now=True)
 
 
+def during_evaluation(agreement: StopAgreement, stop: StopRequest) -> StopCheck:
+    """The stop check of a validation or test split, before each of its global batches: Slurm's warning
+    signal landing in one (at scale, minutes) stops it there, and the run saves and exits 75 instead of
+    evaluating past the kill. Read a batch late on several ranks, as on unlogged steps (StopAgreement):
+    a read at once would wait for each batch's forward before the next is queued."""
+    return lambda: agreement.exchange(stop.reason(), read_now=False)
+
+
 def stop_before_training(s: Session, reason: str) -> int:
     """A stop signalled during start-up, agreed by every rank before the first step: nothing was
     trained since the checkpoint the run loaded (or since its start), so nothing is saved (a copy of
@@ -47,9 +56,10 @@ def stop_before_training(s: Session, reason: str) -> int:
     return EXIT_REQUEUE
 
 
-def stop_for_requeue(s: Session, reason: str, saved: bool = False) -> int:
+def stop_for_requeue(s: Session, reason: str, saved: bool = False, test_owed: bool = False) -> int:
     """Checkpoint where every rank agreed to stop, wait for it, and exit to be requeued. `saved`:
-    this step's checkpoint is saved already (it may still be writing in the background)."""
+    this step's checkpoint is saved already (it may still be writing in the background). `test_owed`:
+    at trainer.max_steps, the test split has not been evaluated (the requeued run does only that)."""
     if not s.cfg.exp_manager.create_checkpoint_callback:  # a requeue would start the run over
         s.log(
             f"stopping at iteration {s.state.step}: {reason}; checkpoints are off "
@@ -59,10 +69,20 @@ def stop_for_requeue(s: Session, reason: str, saved: bool = False) -> int:
     if not saved:
         saving.save_checkpoint(s, waited_for=True)
     s.checkpoints.wait()
-    due = eval_splits.validates_at(s, s.state.step) and s.state.validated_at != s.state.step
-    left = "; its validation runs first when the run resumes" if due else ""
+    left = left_to_the_resumed_run(s, test_owed)
     s.log(f"stopping at iteration {s.state.step}: {reason}{left}; exit {EXIT_REQUEUE} to be requeued")
     return EXIT_REQUEUE
+
+
+def left_to_the_resumed_run(s: Session, test_owed: bool) -> str:
+    """What the stop leaves the requeued run to do before (or, at max_steps, instead of) training."""
+    owed = ["its validation"] if eval_splits.validation_owed(s, s.state.step) else []
+    owed += ["the test split"] if test_owed else []
+    if not owed:
+        return ""
+    if s.state.step < s.cfg.trainer.max_steps:
+        return f"; {' and '.join(owed)} runs first when the run resumes"
+    return f"; trained to trainer.max_steps: the resumed run only evaluates {' and '.join(owed)}"
 
 
 def exits_at(s: Session, step: int) -> bool:

@@ -8,6 +8,8 @@ python rank_hooks.py report-index-builds gptrain-args...   each rank prints when
                                                             dataset indices itself
 python rank_hooks.py signal-in-save RANK ITERATION gptrain-args...   that rank gets SIGUSR1 while it
                                                             saves the checkpoint of ITERATION
+python rank_hooks.py signal-in-test RANK gptrain-args...   that rank gets SIGUSR1 while its first
+                                                            micro-batch of the test split is evaluated
 python rank_hooks.py signal-in-startup RANK gptrain-args...   that rank gets SIGTERM while it loads
                                                             the checkpoint (start-up, before step 1)
 python rank_hooks.py signal-before-start RANK gptrain-args...   that rank gets SIGUSR1 while it loads
@@ -23,7 +25,8 @@ import time
 
 from gptrain.cli import main
 from gptrain.data import gpt_dataset
-from gptrain.train import resuming, saving, step_loop
+from gptrain.train import eval_splits, evaluation, resuming, saving, step_loop
+from gptrain.train.results import TB_TEST_LOSS
 
 
 def fail_after(failing_rank: int, failing_iteration: int) -> None:
@@ -71,6 +74,24 @@ def signal_in_save(signalled_rank: int, iteration: int) -> None:
     saving.save_checkpoint = signalled_while_saving
 
 
+def signal_in_test(signalled_rank: int) -> None:
+    evaluate_split, to_device = eval_splits.evaluate_split, evaluation.to_device
+    testing = {"now": False, "signalled": False}
+
+    def noting_the_test_split(s, data, batches, where, tag, *stop_check):
+        testing["now"] = tag == TB_TEST_LOSS and s.world.rank == signalled_rank
+        return evaluate_split(s, data, batches, where, tag, *stop_check)
+
+    def signalled_while_testing(batch, device):
+        if testing["now"] and not testing["signalled"]:
+            testing["signalled"] = True
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return to_device(batch, device)
+
+    eval_splits.evaluate_split = noting_the_test_split
+    evaluation.to_device = signalled_while_testing
+
+
 def signal_in_startup(signalled_rank: int) -> None:
     resume = resuming.resume
 
@@ -106,6 +127,9 @@ if __name__ == "__main__":
     elif hook == "signal-in-save":
         signal_in_save(int(args[0]), int(args[1]))
         args = args[2:]
+    elif hook == "signal-in-test":
+        signal_in_test(int(args[0]))
+        args = args[1:]
     elif hook == "signal-before-start":
         signal_before_start(int(args[0]))
         args = args[1:]

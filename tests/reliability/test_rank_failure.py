@@ -100,6 +100,28 @@ def test_a_stop_one_rank_gets_during_a_save_ends_every_rank_with_that_checkpoint
     assert "stopping at iteration 4: received SIGUSR1" in logs[1]
 
 
+def test_a_stop_one_rank_gets_inside_the_test_split_ends_every_rank_at_one_batch(tmp_path):
+    """Slurm's warning signal on rank 1 inside the final test split: every rank gives it up at the same
+    global batch (the flag agreed a batch late, as on unlogged steps) and exits 75 with the final
+    checkpoint; the relaunch evaluates only the test split, which it records done."""
+    overrides = ["trainer.limit_test_batches=3"]
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "signal-in-test", "1"])
+    outputs = finish_ranks(ranks)
+    assert [rank.returncode for rank in ranks] == [75, 75], outputs
+    assert complete_steps(tmp_path / "run" / "checkpoints")[-1] == 4
+    logs = [(tmp_path / "run" / f"nemo_log_globalrank-{r}_localrank-{r}.txt").read_text() for r in (0, 1)]
+    left = "; trained to trainer.max_steps: the resumed run only evaluates the test split; exit 75"
+    assert f"stopping at iteration 4: stop requested on another rank{left}" in logs[0]
+    assert f"stopping at iteration 4: received SIGUSR1{left}" in logs[1]
+    assert "on test set" not in logs[0] + logs[1] and not (tmp_path / "run" / "test_split_done.txt").exists()
+    ranks = start_ranks(tmp_path / "run", overrides)
+    outputs = finish_ranks(ranks)
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    logs = [(tmp_path / "run" / f"nemo_log_globalrank-{r}_localrank-{r}.txt").read_text() for r in (0, 1)]
+    assert (logs[0] + logs[1]).count("validation loss at iteration 4 on test set") == 1
+    assert (tmp_path / "run" / "test_split_done.txt").read_text() == "4\n"
+
+
 def test_a_stop_one_rank_gets_during_start_up_ends_every_rank_before_a_step(tmp_path):
     """SIGTERM on rank 1 while it loads the checkpoint: every rank agrees before step 1 and exits 75
     without training (it trained and saved one step), and saves nothing (no checkpoint to resume

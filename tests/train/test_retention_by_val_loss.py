@@ -25,8 +25,8 @@ def validation_losses(monkeypatch) -> dict[int, float]:
     losses: dict[int, float] = {}
     real_evaluate_split = eval_splits.evaluate_split
 
-    def evaluate_split(s, data, batches, where, tag):
-        loss = real_evaluate_split(s, data, batches, where, tag)
+    def evaluate_split(s, data, batches, where, tag, *stop_check):
+        loss = real_evaluate_split(s, data, batches, where, tag, *stop_check)
         if tag == TB_VAL_LOSS:
             losses[s.state.step] = loss
         return loss
@@ -128,7 +128,9 @@ def test_a_resumed_run_records_the_val_loss_its_stop_left_due_and_retention_keep
 
 def scripted_validation(monkeypatch, losses: dict[int, float]) -> None:
     """Each validation's loss is `losses[iteration]` instead of the model's."""
-    monkeypatch.setattr(eval_splits, "evaluate", lambda s, data, num_batches: losses[s.state.step])
+    monkeypatch.setattr(
+        eval_splits, "evaluate", lambda s, data, num_batches, *stop_check: losses[s.state.step]
+    )
 
 
 def best_and_newest(losses: dict[int, float], top_k: int) -> list[int]:

@@ -220,18 +220,19 @@ def test_a_stop_asked_during_a_save_exits_after_that_save(uninterrupted, tmp_pat
 
 
 def test_a_stop_asked_during_a_validation_saves_at_that_step(uninterrupted, tmp_path, monkeypatch):
-    """Validation at iteration 3 (val_check_interval=3; no save due there): the stop saves at 3, with
-    its validation done, instead of after one more step."""
+    """Validation at iteration 3 (val_check_interval=3; no save due there): the stop saves at 3 instead
+    of after one more step. Asked as the validation starts, it is given up before its first batch
+    (test_stop_in_evaluation.py: inside one), and the resumed run runs it first."""
     full_dir, _, full_losses = uninterrupted
     signal_during(monkeypatch, eval_splits, "validate", at_step=3)
     code, first = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
     monkeypatch.undo()
     assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]
     assert complete_steps(tmp_path / "checkpoints")[-1] == 3
-    assert "its validation runs first" not in log_lines(tmp_path)[-1]
+    assert "its validation runs first" in log_lines(tmp_path)[-1] and validation_lines(tmp_path) == []
     code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
     assert code == 0 and sorted(second) == [4, 5, 6]
-    assert "validation of iteration 3 was due" not in "\n".join(log_lines(tmp_path))
+    assert "validation of iteration 3 was due when the run stopped: running it first" in log_lines(tmp_path)
     assert validation_lines(tmp_path) == validation_lines(full_dir)  # 3 and 6, each once
     for step in range(1, 7):
         assert (first | second)[step] == full_losses[step], step
@@ -465,10 +466,10 @@ def test_the_test_split_is_evaluated_beside_the_last_background_write(tmp_path, 
     pending_at_test = []
     real_evaluate_split = eval_splits.evaluate_split
 
-    def recording(s, data, batches, where, tag):
+    def recording(s, data, batches, where, tag, *stop_check):
         if tag == results.TB_TEST_LOSS:
             pending_at_test.append(s.checkpoints.writing)
-        real_evaluate_split(s, data, batches, where, tag)
+        real_evaluate_split(s, data, batches, where, tag, *stop_check)
 
     monkeypatch.setattr(eval_splits, "evaluate_split", recording)
     code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, ASYNC))

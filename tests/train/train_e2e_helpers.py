@@ -97,9 +97,43 @@ def preempted_at_the_test_split(monkeypatch) -> None:
 
     real_evaluate_split = eval_splits.evaluate_split
 
-    def evaluate_split(s, data, batches, where, tag):
+    def evaluate_split(s, data, batches, where, tag, *stop_check):
         if tag == TB_TEST_LOSS:
             raise Preempted
-        return real_evaluate_split(s, data, batches, where, tag)
+        return real_evaluate_split(s, data, batches, where, tag, *stop_check)
 
     monkeypatch.setattr(eval_splits, "evaluate_split", evaluate_split)
+
+
+def signal_inside_evaluation(monkeypatch, tag: str, at_step: int) -> list[int]:
+    """SIGUSR1 to this process once the first micro-batch of the `tag` evaluation (TB_VAL_LOSS: the
+    validation, TB_TEST_LOSS: the test split) at iteration `at_step` has gone through the model, as
+    Slurm's warning signal lands inside a long evaluation. Returns the micro-batches each evaluation
+    of that split took in, in order (signalled or not)."""
+    from gptrain.train import evaluation
+
+    taken: list[int] = []
+    inside = {"signalled": False, "step": None}
+    real_split, real_to_device = eval_splits.evaluate_split, evaluation.to_device
+
+    def evaluate_split(s, data, batches, where, split_tag, *stop_check):
+        if split_tag != tag:
+            return real_split(s, data, batches, where, split_tag, *stop_check)
+        taken.append(0)
+        inside["step"] = s.state.step
+        try:
+            return real_split(s, data, batches, where, split_tag, *stop_check)
+        finally:
+            inside["step"] = None
+
+    def to_device(batch, device):
+        if inside["step"] is not None:
+            taken[-1] += 1
+            if inside["step"] == at_step and not inside["signalled"]:
+                inside["signalled"] = True
+                os.kill(os.getpid(), signal.SIGUSR1)
+        return real_to_device(batch, device)
+
+    monkeypatch.setattr(eval_splits, "evaluate_split", evaluate_split)
+    monkeypatch.setattr(evaluation, "to_device", to_device)
+    return taken
