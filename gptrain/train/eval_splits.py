@@ -57,7 +57,9 @@ def evaluate_split(
     batches raises EvaluationStopped, with nothing printed or sent."""
     if not has_batches(data, batches):
         return None
-    loss = evaluate(s, data, batches, stop_check)
+    split = "test split" if tag == TB_TEST_LOSS else "validation"
+    with s.doing(f"in the {split} of iteration {s.state.step}"):
+        loss = evaluate(s, data, batches, stop_check)
     if s.logging_rank:
         for line in format_validation_lines(s.state.step, loss, where):
             s.log(line)

@@ -153,7 +153,8 @@ def train(
         session.train_split = getattr(train_data, "samples", None)
         session.valid_split = getattr(valid_data, "samples", None)
         log_start(session, model_config, log_dir, schedule_names)
-        resuming.resume(session, source)
+        with session.doing("while loading the checkpoint to start from"):
+            resuming.resume(session, source)
         if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
             write_run_files(log_dir, cfg.to_yaml(), checkpoints=checkpoints)
         for line in b.megatron_start_lines(cfg, vocab, model_config, dp_size):

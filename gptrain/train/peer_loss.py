@@ -22,7 +22,7 @@ def lost_a_peer(error: Exception, world: World, watchdog: Watchdog, s: Session |
     rank that ended decides, and the line says to launch again."""
     if world.world_size < 2 or not any(marker in str(error) for marker in PEER_GONE):
         return None
-    where = f" at iteration {s.state.step + 1}" if s is not None else " during start-up"
+    where = " during start-up" if s is None else f" {s.activity or f'at iteration {s.state.step + 1}'}"
     gone = watchdog.gone_peers() or "another rank (its own output, or the launcher's, says which and why)"
     newest = s.checkpoints.newest() if s is not None else None
     return GptrainError(

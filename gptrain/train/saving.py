@@ -30,7 +30,8 @@ def save_checkpoint(s: Session, waited_for: bool = False) -> Path:
         consumed = s.state.consumed_samples
         extra["train_order"] = order_record(s.train_split, s.valid_split, consumed, s.cfg.trainer)
 
-    path = s.checkpoints.save(s.state.step, state, extra, waited_for, metrics=validation_metrics(s))
+    with s.doing(f"while saving iteration {s.state.step}'s checkpoint"):
+        path = s.checkpoints.save(s.state.step, state, extra, waited_for, metrics=validation_metrics(s))
     if s.checkpoints.writing:
         s.log(f"saving checkpoint {path.name} in the background")
     return path

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,17 @@ class Session:
     """(iteration, loss) of this process's last validation: a save at that iteration records the loss
     in its COMPLETE (or, for a validation a stop left due, the checkpoint resumed from does), for
     retention by val_loss (gptrain.checkpoint.retention)."""
+
+    activity: str | None = None
+    """What the run is in, outside a training step ('while saving iteration 4's checkpoint'), for the
+    line of a collective that fails in it (peer_loss); None: in the step after state.step."""
+
+    @contextmanager
+    def doing(self, what: str) -> Iterator[None]:
+        """`activity` inside the block; left set when the block raises, for the line that reports it."""
+        outer, self.activity = self.activity, what
+        yield
+        self.activity = outer
 
     def __post_init__(self) -> None:
         if self.step_fn is None:

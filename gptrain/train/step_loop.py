@@ -83,7 +83,8 @@ def run(
         meter.add(result, s.schedule.current_lr(), s.scaler.scale, samples)
         if (every := scalars_every(s)) is not None and step % every == 0:
             write_iteration_scalars(s, result, samples)
-        with s.watchdog.boundary(step):  # a log write on a hung mount holds every rank in the exchange
+        # a log write on a hung mount holds every rank in the exchange
+        with s.watchdog.boundary(step), s.doing(f"at the end of iteration {step}"):
             if logged:
                 log_interval(s, meter)
             check_finite(s, result)

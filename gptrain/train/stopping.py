@@ -26,7 +26,7 @@ def asked_during(s: Session, agreement: StopAgreement, stop: StopRequest) -> str
     of a step: left to the next step's end, it cost one more step and a second save in the time
     before the kill. No step is ever queued ahead of a save or validation (trainer.run_ahead), so
     the run can stop right here."""
-    with s.watchdog.boundary(s.state.step):
+    with s.watchdog.boundary(s.state.step), s.doing(f"at the end of iteration {s.state.step}"):
         return agreement.exchange(stop.reason(), read_now=True)
 
 

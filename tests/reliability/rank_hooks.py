@@ -4,6 +4,8 @@ python rank_hooks.py fail RANK ITERATION gptrain-args...   that rank raises a ra
                                                             (as a CUDA OOM would) after ITERATION
 python rank_hooks.py kill RANK ITERATION gptrain-args...   that rank SIGKILLs itself after ITERATION
                                                             (as the out-of-memory killer would)
+python rank_hooks.py kill-in-save RANK ITERATION gptrain-args...   that rank SIGKILLs itself as it
+                                                            starts saving the checkpoint of ITERATION
 python rank_hooks.py report-index-builds gptrain-args...   each rank prints when it builds
                                                             dataset indices itself
 python rank_hooks.py signal-in-save RANK ITERATION gptrain-args...   that rank gets SIGUSR1 while it
@@ -50,6 +52,18 @@ def kill_after(killed_rank: int, iteration: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     step_loop.record = record_then_die
+
+
+def kill_in_save(killed_rank: int, iteration: int) -> None:
+    save = saving.save_checkpoint
+
+    def dying_while_saving(s, *args, **kwargs):
+        if s.world.rank == killed_rank and s.state.step == iteration:
+            s.watchdog.publish()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return save(s, *args, **kwargs)
+
+    saving.save_checkpoint = dying_while_saving
 
 
 def report_index_builds() -> None:
@@ -123,6 +137,9 @@ if __name__ == "__main__":
         args = args[2:]
     elif hook == "kill":
         kill_after(int(args[0]), int(args[1]))
+        args = args[2:]
+    elif hook == "kill-in-save":
+        kill_in_save(int(args[0]), int(args[1]))
         args = args[2:]
     elif hook == "signal-in-save":
         signal_in_save(int(args[0]), int(args[1]))

@@ -53,6 +53,19 @@ def test_a_rank_killed_mid_run_is_named_by_the_other_in_one_line(tmp_path, kille
     )
 
 
+def test_a_rank_killed_during_a_save_is_said_to_have_ended_in_that_save(tmp_path):
+    """The survivor's line said 'at iteration 5' of a peer that died while the ranks saved iteration 4:
+    a step that never started. It names the save."""
+    overrides = ["trainer.max_steps=6", "trainer.hang_timeout_minutes=0.5"]
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "kill-in-save", "1", "4"])
+    outputs = finish_ranks(ranks)
+    err = outputs[0][1]
+    assert ranks[1].returncode == -9 and ranks[0].returncode == 2, err[-3000:]
+    line = next(x for x in err.splitlines() if "a collective lost its peer" in x)
+    assert "rank 0: a collective lost its peer while saving iteration 4's checkpoint: rank 1 on host" in line
+    assert f"last complete checkpoint ({tmp_path / 'run' / 'checkpoints' / 'step_2'})" in line
+
+
 def test_a_background_save_of_a_finished_step_completes_when_a_later_step_fails(tmp_path, monkeypatch):
     record = step_loop.record
 
