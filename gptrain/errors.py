@@ -64,6 +64,11 @@ EXIT_REQUEUE = 75
 # requeued run resumes from the last complete checkpoint. 76 is EX_PROTOCOL.
 EXIT_HUNG = 76
 
+# The seconds by which Slurm's warning signal comes before the job's time limit (cluster.signal_seconds,
+# rendered as --signal=B:USR1@N), exported by the batch script of a requeueable training for the run
+# to warn when a checkpoint save takes longer than that (a stop's save then cannot finish).
+SIGNAL_SECONDS_ENV = "GPTRAIN_SIGNAL_SECONDS"
+
 
 def find_out_of_memory(error: BaseException) -> BaseException | None:
     """The CUDA or host out-of-memory error that `error` is or wraps (a cause: torch's pipeline

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, ConfigError
+from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, SIGNAL_SECONDS_ENV, ConfigError
 from gptrain.launch.rendezvous import rendezvous
 from gptrain.launch.script_values import CONTROL, describe
 from gptrain.launch.sections import ENV_NAME, SBATCH_OWNED, non_negative, sbatch_option, slurm_time_seconds
@@ -243,12 +243,18 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
     if job.dependency:
         lines.append(directive("dependency", job.dependency, job.stage))
     if job.requeue:
-        seconds = cluster.get("signal_seconds")  # checked: 1..65535 or null (the default)
-        seconds = DEFAULT_SIGNAL_SECONDS if seconds is None else int(seconds)
+        seconds = signal_seconds(cluster)
         check_signal_fits_time_limit(job, seconds)
         lines.append(directive("signal", f"B:USR1@{seconds}"))
         lines.extend(requeue_directive(cluster))
     return lines + additional_directives(cluster, job.stage)
+
+
+def signal_seconds(cluster: dict) -> int:
+    """The warning signal's lead before the time limit: cluster.signal_seconds (checked: 1..65535) or
+    the default for null."""
+    seconds = cluster.get("signal_seconds")
+    return DEFAULT_SIGNAL_SECONDS if seconds is None else int(seconds)
 
 
 def requeue_directive(cluster: dict) -> list[str]:
@@ -486,7 +492,10 @@ def header(job: Job, where: str) -> list[str]:
 def render_slurm(job: Job, cluster: dict, top: dict) -> str:
     """The sbatch script of one stage."""
     lines = header(job, "slurm") + sbatch_directives(job, cluster)
-    lines += ["", "set -uo pipefail", "export PYTHONUNBUFFERED=1"] + env_lines(top.get("env_vars"))
+    lines += ["", "set -uo pipefail", "export PYTHONUNBUFFERED=1"]
+    if job.requeue:  # for the run's warning about a save longer than the signal's lead
+        lines.append(f"export {SIGNAL_SECONDS_ENV}={signal_seconds(cluster)}")
+    lines += env_lines(top.get("env_vars"))
     lines += wandb_key_lines(top.get("wandb_api_key_file"))
     lines += [f'echo "gptrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, stage {job.stage}" >&2']
     container, mounts = top.get("container"), list(top.get("container_mounts") or [])

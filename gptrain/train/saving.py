@@ -3,11 +3,14 @@ background write a failed run still finishes."""
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 
 from gptrain.checkpoint.manager import SaveReport
 from gptrain.checkpoint.reader import root_cause
 from gptrain.config import TrainingConfig
+from gptrain.errors import SIGNAL_SECONDS_ENV
 from gptrain.parallel.rng import stream_layout
 from gptrain.train.data_order import order_record
 from gptrain.train.session import Session
@@ -93,10 +96,38 @@ def retention_warning(cfg: TrainingConfig) -> str | None:
 
 
 def watch_checkpoint_saves(s: Session) -> None:
-    """Report each save's stall when it is written; a background save's staging copy must be
-    finished before the optimizer changes the weights it copies."""
-    s.checkpoints.on_saved = lambda report: report_save(s, report)
+    """Report each save's stall when it is written (and, once, a save longer than Slurm's warning
+    lead); a background save's staging copy must be finished before the optimizer changes the
+    weights it copies."""
+    lead, warned = signal_lead_seconds(), []
+
+    def on_saved(report: SaveReport) -> None:
+        report_save(s, report)
+        if lead is not None and report.write_s > lead and not warned:
+            warned.append(report.step)
+            s.log(f"warning: {save_outlasts_signal(report, lead)}")
+
+    s.checkpoints.on_saved = on_saved
     s.optimizer.register_step_pre_hook(lambda *_: s.checkpoints.wait_for_staging())
+
+
+def signal_lead_seconds() -> int | None:
+    """The seconds Slurm's warning signal comes before the time limit, as the batch script of a
+    requeueable training exports them (SIGNAL_SECONDS_ENV); None outside one."""
+    value = os.environ.get(SIGNAL_SECONDS_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def save_outlasts_signal(report: SaveReport, lead: int) -> str:
+    """A stop at the time limit saves once more before its exit: a save longer than the signal's lead
+    is killed unfinished, the job ends TIMEOUT (not requeued) and the steps since the last checkpoint
+    are lost."""
+    return (
+        f"saving {report.path.name} took {report.write_s:.0f} s, longer than the {lead} s by which Slurm's "
+        f"warning signal comes before the time limit (cluster.signal_seconds): a stop there would be killed "
+        f"before its checkpoint is complete and the job not requeued; give cluster.signal_seconds="
+        f"{2 * math.ceil(report.write_s)} or more (twice this save)"
+    )
 
 
 def prepare_checkpoint_staging(s: Session, result: StepResult) -> bool:

@@ -134,6 +134,16 @@ def test_signal_seconds_null_is_the_default_and_a_value_is_honoured(tmp_path):
         assert directives(script.read_text())["--signal"] == expected
 
 
+def test_the_training_learns_the_signal_seconds_from_its_batch_script(tmp_path):
+    """The run warns when a save takes longer than the signal's lead; it had no way to know that lead."""
+    base = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU]
+    for value, expected in (("null", "300"), ("900", "900")):
+        args = [*base, f"cluster.signal_seconds={value}"]
+        [script] = write_run_files(build_plan(compose(args)), args)
+        exports = [line for line in script.read_text().splitlines() if "GPTRAIN_SIGNAL_SECONDS" in line]
+        assert exports == [f"export GPTRAIN_SIGNAL_SECONDS={expected}"]
+
+
 @pytest.mark.parametrize(
     ("value", "seconds"),
     [

@@ -480,6 +480,35 @@ def test_the_test_split_is_evaluated_beside_the_last_background_write(tmp_path, 
     assert complete_steps(tmp_path / "checkpoints") == [4, 6]
 
 
+@pytest.mark.parametrize("lead", [None, "300"])
+def test_a_save_longer_than_the_signal_lead_is_warned_of_once(tmp_path, monkeypatch, lead):
+    """Under the batch script (GPTRAIN_SIGNAL_SECONDS, cluster.signal_seconds), a save longer than the
+    warning signal's lead means a stop at the time limit is killed mid-save: said once, at the first."""
+    taken = {2: 12.0, 4: 400.2, 6: 500.0}  # seconds each save's write is said to take
+    real_report_save = saving.report_save
+
+    def slow_report_save(s, report):
+        report.write_s = taken[report.step]
+        real_report_save(s, report)
+
+    monkeypatch.setattr(saving, "report_save", slow_report_save)
+    if lead is None:
+        monkeypatch.delenv("GPTRAIN_SIGNAL_SECONDS", raising=False)
+    else:
+        monkeypatch.setenv("GPTRAIN_SIGNAL_SECONDS", lead)
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *NO_EVALUATION))
+    assert code == 0
+    warnings = [line for line in log_lines(tmp_path) if "warning signal comes before" in line]
+    if lead is None:
+        assert warnings == []
+        return
+    assert warnings == [
+        "warning: saving step_4 took 400 s, longer than the 300 s by which Slurm's warning signal comes before"
+        " the time limit (cluster.signal_seconds): a stop there would be killed before its checkpoint is"
+        " complete and the job not requeued; give cluster.signal_seconds=802 or more (twice this save)"
+    ]
+
+
 def test_running_out_of_training_samples_names_the_iteration_left_without_them():
     """Named by the batches drawn, not by the steps recorded: under trainer.run_ahead the batch of
     iteration 5 is drawn while iteration 4 is still queued (state.step 3 here)."""
