@@ -151,7 +151,9 @@ def build_plan(args: argparse.Namespace) -> Plan:
         requested.requested = True
     except ConfigError as exc:
         error = str(exc)
-    ranked = rank_layouts(work, cfg.model, cluster, args.mfu, args.headroom)
+    ranked = rank_layouts(
+        work, cfg.model, cluster, args.mfu, args.headroom, requested.layout if requested else None
+    )
     for candidate in ranked:  # the requested layout's row in the ranking (--json's `requested`)
         candidate.requested = requested is not None and candidate.layout == requested.layout
     name = preset or str(args.config_file)

@@ -129,16 +129,22 @@ def evaluate(work: Workload, layout: Layout, cluster: Cluster, mfu: float, headr
 
 
 def valid_candidates(
-    work: Workload, model_cfg: Any, cluster: Cluster, mfu: float, headroom: float
+    work: Workload,
+    model_cfg: Any,
+    cluster: Cluster,
+    mfu: float,
+    headroom: float,
+    requested: Layout | None = None,
 ) -> Iterator[Candidate]:
-    """Every layout gptrain accepts, once each, with its estimates."""
+    """Every layout gptrain accepts, once each, with its estimates; the `requested` layout's own
+    split keeps a row beside a faster split of the same layout (the user asked about that one)."""
     seen: set[Layout] = set()
     for raw in layout_grid(work, cluster):
         layout = checked(raw, model_cfg, cluster)
         if layout is None or layout in seen:
             continue
         seen.add(layout)
-        yield best_split(work, model_cfg, cluster, layout, mfu, headroom)
+        yield from split_rows(work, model_cfg, cluster, layout, mfu, headroom, requested)
 
 
 def lighter_last_stages(layout: Layout, num_layers: int) -> list[Layout]:
@@ -156,25 +162,41 @@ def lighter_last_stages(layout: Layout, num_layers: int) -> list[Layout]:
     ]
 
 
-def best_split(
-    work: Workload, model_cfg: Any, cluster: Cluster, layout: Layout, mfu: float, headroom: float
-) -> Candidate:
+def split_rows(
+    work: Workload,
+    model_cfg: Any,
+    cluster: Cluster,
+    layout: Layout,
+    mfu: float,
+    headroom: float,
+    requested: Layout | None = None,
+) -> list[Candidate]:
     """One row per layout: the fastest of its even split and its lighter last stages that fits
-    (the even split when none does), so the table and --measure's trials stay as many."""
+    (the even split when none does), so the table and --measure's trials stay as many; and the
+    requested split of this layout as a second row where it is not that one."""
     options = [evaluate(work, layout, cluster, mfu, headroom)]
     for lighter in lighter_last_stages(layout, work.model.num_layers):
         valid = checked(lighter, model_cfg, cluster)
         if valid is not None:
             options.append(evaluate(work, valid, cluster, mfu, headroom))
     fitting = [c for c in options if c.fits]
-    return min(fitting, key=lambda c: (c.time.total, c.memory.total), default=options[0])
+    best = min(fitting, key=lambda c: (c.time.total, c.memory.total), default=options[0])
+    asked = [c for c in options if c.layout == requested and c is not best]
+    return [best, *asked]
 
 
 def rank_layouts(
-    work: Workload, model_cfg: Any, cluster: Cluster, mfu: float, headroom: float
+    work: Workload,
+    model_cfg: Any,
+    cluster: Cluster,
+    mfu: float,
+    headroom: float,
+    requested: Layout | None = None,
 ) -> list[Candidate]:
-    """Valid layouts that fit, fastest first (ties: less memory first)."""
-    ranked = [c for c in valid_candidates(work, model_cfg, cluster, mfu, headroom) if c.fits]
+    """Valid layouts that fit, fastest first (ties: less memory first); the `requested` layout
+    keeps its row even where a lighter last stage of it is faster."""
+    candidates = valid_candidates(work, model_cfg, cluster, mfu, headroom, requested)
+    ranked = [c for c in candidates if c.fits]
     ranked.sort(key=lambda c: (c.time.total, c.memory.total))
     return ranked
 
