@@ -286,11 +286,6 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[Any, ...], str]] = {
             "gptrain keeps gradients, fp32 weights and AdamW's state in fp32; drop the flag or give fp32",
         ),
     ),
-    "--vocab-extra-ids": (
-        (0,),
-        "Megatron adds <extra_id_0> ... to the vocabulary of BERT's and T5's tokenizers (and its legacy "
-        "SentencePieceTokenizer), which gptrain does not; drop the flag or give 0",
-    ),
     "--optimizer": (
         ("adam",),
         "gptrain trains with AdamW only, Megatron's adam (its default): drop the flag or give adam",

@@ -279,6 +279,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     data_paths.apply(v, given)
     _null_tokenizer(result)
     _tokenizers_vocabulary(result)
+    _vocab_extra_ids(result)
     _tiktoken(result)
     _query_groups(result)
     _no_position_embedding(result)
@@ -364,6 +365,22 @@ def _tokenizers_vocabulary(result: Translation) -> None:
         del v["model.data.mock_vocab_size"]
         result.notes.append(
             f"--vocab-size (Megatron reads it only with NullTokenizer and TikTokenizer: the vocabulary is {kind}'s)"
+        )
+
+
+def _vocab_extra_ids(result: Translation) -> None:
+    """Megatron passes --vocab-extra-ids to BERT's tokenizers and its legacy SentencePieceTokenizer
+    only (T5's <extra_id_N> span tokens, which grow the vocabulary): with any other type it trains
+    unchanged, as `data prepare` says too; with SentencePieceTokenizer gptrain has no such rows."""
+    if "--vocab-extra-ids" not in result.given:
+        return
+    count = _convert("--vocab-extra-ids", result.given["--vocab-extra-ids"][0], int)
+    if count < 0:
+        raise ConfigError(f"--vocab-extra-ids {count}: give 0 or more")
+    if count and _tokenizer_type(result.given) == "SentencePieceTokenizer":
+        raise ConfigError(
+            f"--vocab-extra-ids {count}: Megatron's legacy SentencePieceTokenizer adds <extra_id_0> ... to "
+            "its vocabulary (T5's span masking), which gptrain does not; drop the flag or give 0"
         )
 
 

@@ -1868,10 +1868,14 @@ def test_megatrons_shared_tokenizer_flags_are_accepted_or_refused_saying_why(cap
         "--legacy-tokenizer (gptrain builds each tokenizer type's vocabulary and end-of-document id as "
         "Megatron's legacy system does; training reads the prepared data's ids)"
     ) in t.notes
+    # Megatron passes extra ids to its legacy SentencePieceTokenizer only (and BERT's): with GPT-2's
+    # or mock data it trains unchanged, as data prepare says (review G: refused with any type)
+    assert translate(shlex.split(f"{flags} --vocab-extra-ids 100"), ENV).values == t.values
     for extra, refusal in (
-        ("--vocab-extra-ids 100", "--vocab-extra-ids 100: Megatron adds <extra_id_0> ... to the vocabulary of "
-         "BERT's and T5's tokenizers (and its legacy SentencePieceTokenizer), which gptrain does not; drop the "
-         "flag or give 0"),
+        ("--vocab-extra-ids 100 --tokenizer-type SentencePieceTokenizer --tokenizer-model sp.model",
+         "--vocab-extra-ids 100: Megatron's legacy SentencePieceTokenizer adds <extra_id_0> ... to its "
+         "vocabulary (T5's span masking), which gptrain does not; drop the flag or give 0"),
+        ("--vocab-extra-ids -1", "--vocab-extra-ids -1: give 0 or more"),
         ("--tokenizer-metadata meta.json", "--tokenizer-metadata: Megatron's tokenizer metadata file chooses the "
          "tokenizer's library and class, which gptrain does not read; drop it and give the --tokenizer-type "
          "(and --tokenizer-model) it names"),
