@@ -2,11 +2,13 @@
 
 Two runs writing into one `exp_manager.explicit_log_dir` interleave their checkpoints and
 logs and break each other's saves, so global rank 0 takes `<dir>/gptrain.lock` (created with
-O_EXCL; it records host, pid, process start time and Slurm job id) before anything is
-written. A lock whose holder is gone is taken over: on the same host when its pid no longer
-runs (or is another process now), and under Slurm when it is this same job (a requeued job
-keeps its id; never while its holder runs on this host: another step of the allocation) or a job
-Slurm no longer runs; of two runs that find one stale lock, only the one
+O_EXCL; it records host, boot, pid, process start time, and Slurm job, step and restart count)
+before anything is written. A lock whose holder is gone is taken over: on the same host when its
+pid no longer runs (or is another process now, or the host has booted since), and under Slurm when
+it is this same job before a requeue (a requeued job keeps its id and counts up
+SLURM_RESTART_COUNT), another step of this job that Slurm says has ended (two steps of one salloc
+share the job id, on any of its nodes), or a job Slurm no longer runs; of two runs that find one
+stale lock, only the one
 that creates its takeover marker (O_EXCL) replaces it. Anything else is refused in one line
 naming the holder. The lock is removed at the end of the run; a killed run leaves it, and the next run
 takes it over by the rules above. Its writer holds it under flock from the moment it is created, so
@@ -52,24 +54,48 @@ class EarlierRunError(ConfigError):
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a lock: enough to tell whether that process still exists."""
+    """Who holds a lock: enough to tell whether that process still exists. The fields after `since`
+    are absent from the lock files of earlier versions (None), which keep the rules they had."""
 
     host: str
     pid: int
     start_time: str | None = None  # /proc/<pid>/stat field 22: tells a reused pid apart
     slurm_job_id: str | None = None
     since: str = ""
+    slurm_step_id: str | None = None  # which srun of the job; none in a batch script or salloc's shell
+    slurm_restart_count: int | None = None  # which attempt of a requeued job (0: the first)
+    boot_id: str | None = None  # a pid and start time of an earlier boot name no process now
 
     @classmethod
     def current(cls) -> Holder:
         pid = os.getpid()
         job = os.environ.get("SLURM_JOB_ID")
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        return cls(socket.gethostname(), pid, process_start_time(pid), job, stamp)
+        step = os.environ.get("SLURM_STEP_ID") if job else None
+        restarts = slurm_restart_count(os.environ) if job else None
+        return cls(socket.gethostname(), pid, process_start_time(pid), job, stamp, step, restarts, boot_id())
+
+    def slurm_name(self) -> str:
+        """`job.step` as Slurm writes it, or the job alone when the holder ran in no step."""
+        step = f".{self.slurm_step_id}" if self.slurm_step_id else ""
+        return f"{self.slurm_job_id}{step}"
 
     def describe(self) -> str:
-        job = f", Slurm job {self.slurm_job_id}" if self.slurm_job_id else ""
+        job = f", Slurm job {self.slurm_name()}" if self.slurm_job_id else ""
         return f"pid {self.pid} on host {self.host}{job}, since {self.since or '?'}"
+
+
+def slurm_restart_count(env: dict[str, str] | os._Environ) -> int:
+    """SLURM_RESTART_COUNT, which Slurm sets only from a job's first requeue on (unset: 0)."""
+    text = env.get("SLURM_RESTART_COUNT", "0")
+    return int(text) if text.isdigit() else 0
+
+
+def boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def process_start_time(pid: int) -> str | None:
@@ -101,26 +127,58 @@ def slurm_job_live(job_id: str) -> bool | None:
     return any(f"JobState={state}" in out.stdout for state in LIVE_JOB_STATES)
 
 
+def slurm_step_live(job_id: str, step_id: str) -> bool | None:
+    """Whether step `job_id.step_id` still runs, as squeue lists the job's steps (an ended step is
+    no longer listed); None when squeue cannot be asked or fails."""
+    command = ["squeue", "--noheader", "--steps", "--jobs", job_id, "--format", "%i"]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return f"{job_id}.{step_id}" in out.stdout.split()
+
+
+def booted_since(other: Holder, me: Holder) -> bool:
+    return bool(other.boot_id and me.boot_id and other.boot_id != me.boot_id)
+
+
 def runs_here(other: Holder, me: Holder) -> bool:
-    """Whether `other` is a process running on this host now (its pid alive, started when it was)."""
-    if other.host != me.host or not pid_alive(other.pid):
+    """Whether `other` is a process running on this host now (its pid alive, started when it was,
+    in this boot)."""
+    if other.host != me.host or booted_since(other, me) or not pid_alive(other.pid):
         return False
     return not other.start_time or other.start_time == process_start_time(other.pid)
 
 
+def requeued_since(other: Holder, me: Holder) -> bool:
+    """Whether `me` is a later attempt of the Slurm job `other` ran in: a requeue kills every process
+    of the job before it runs again. A lock of an earlier version (no restart count) counts as one."""
+    if not other.slurm_job_id or other.slurm_job_id != me.slurm_job_id:
+        return False
+    return other.slurm_restart_count is None or (me.slurm_restart_count or 0) > other.slurm_restart_count
+
+
 def stale_reason(other: Holder, me: Holder) -> str | None:
-    """Why `other`'s lock may be taken over, or None while it may still be running. A holder alive on
-    this host is live even in this Slurm job: two steps of one allocation (two `srun gptrain train`, or
-    a `checkpoint rewind` beside a run, in one salloc) share SLURM_JOB_ID, and a requeue kills the job's
-    processes before it runs again."""
+    """Why `other`'s lock may be taken over, or None while it may still be running. Two steps of one
+    allocation (two `srun gptrain train`, or a `checkpoint rewind` beside a run, in one salloc) share
+    SLURM_JOB_ID and its restart count, on this host or another: only a requeue is this job's
+    predecessor, and another step is stale only once it has ended."""
     if runs_here(other, me):
         return None
-    if other.slurm_job_id and other.slurm_job_id == me.slurm_job_id:
+    if requeued_since(other, me):
         return f"it is this Slurm job ({me.slurm_job_id}) before a requeue"
     if other.host == me.host:
+        if booted_since(other, me):
+            return f"{me.host} has booted since pid {other.pid} took it"
         if not pid_alive(other.pid):
             return f"pid {other.pid} no longer runs on {me.host}"
         return f"pid {other.pid} on {me.host} is another process now"
+    if other.slurm_job_id and other.slurm_job_id == me.slurm_job_id:
+        if other.slurm_step_id and slurm_step_live(other.slurm_job_id, other.slurm_step_id) is False:
+            return f"its step {other.slurm_name()} of this Slurm job has ended"
+        return None
     if other.slurm_job_id and slurm_job_live(other.slurm_job_id) is False:
         return f"Slurm job {other.slurm_job_id} is no longer running"
     return None
@@ -250,7 +308,7 @@ def take_over(path: Path, me: Holder, text: str, attempts: int = 3) -> RunLock:
         return acquire(path.parent, me, attempts - 1)
     reason = stale_reason(other, me) if other is not None else None
     if other is None or reason is None:
-        holder = other.describe() if other else "an unreadable lock file"
+        holder = other.describe() + same_job_hint(other, me) if other else "an unreadable lock file"
         raise RunLockedError(
             f"{path.parent} is in use by another run ({holder}): wait for it to end, or give this run"
             f" another run.name / exp_manager.explicit_log_dir; if that run is gone, delete {path}"
@@ -272,6 +330,13 @@ def take_over(path: Path, me: Holder, text: str, attempts: int = 3) -> RunLock:
     if retry:
         return take_over(path, me, text, attempts - 1)
     return RunLock(path, me, [f"took over the lock {path} of {other.describe()}: {reason}"], handle)
+
+
+def same_job_hint(other: Holder, me: Holder) -> str:
+    """Where to look when the holder is another step of this job on another node."""
+    if other.host == me.host or not other.slurm_job_id or other.slurm_job_id != me.slurm_job_id:
+        return ""
+    return f"; another step of this job: squeue -s -j {other.slurm_job_id} lists those still running"
 
 
 def replace_lock(path: Path, text: str, me: Holder) -> IO[str]:

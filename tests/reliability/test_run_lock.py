@@ -57,10 +57,86 @@ def test_a_reused_pid_is_not_the_holder(tmp_path):
     assert "another process now" in acquire(tmp_path).notes[0]
 
 
-def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_host(tmp_path):
-    acquire(tmp_path, holder(host="node-a", pid=1, slurm_job_id="42"))
-    lock = acquire(tmp_path, holder(host="node-b", slurm_job_id="42"))
-    assert "this Slurm job (42)" in lock.notes[0]
+def slurm_holder(job: str, step: str | None, restarts: int, **changes) -> Holder:
+    """A process of Slurm job `job` (attempt `restarts`), in srun step `step` (None: the batch script)."""
+    return holder(slurm_job_id=job, slurm_step_id=step, slurm_restart_count=restarts, **changes)
+
+
+def fake_squeue(bin_dir: Path, monkeypatch, steps: str | None) -> Path:
+    """An squeue on PATH listing `steps` (None: squeue fails); returns the file its arguments go to."""
+    bin_dir.mkdir(exist_ok=True)
+    asked = bin_dir / "asked"
+    body = f"echo {steps!r}" if steps is not None else "echo 'slurm_load_jobs error: timeout' >&2; exit 1"
+    (bin_dir / "squeue").write_text(f'#!/bin/bash\necho "$@" >> {asked}\n{body}\n')
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return asked
+
+
+def test_a_requeued_slurm_job_takes_over_its_own_lock_from_another_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # a requeue needs no Slurm command
+    acquire(tmp_path, slurm_holder("42", "0", 0, host="node-a", pid=1))
+    lock = acquire(tmp_path, slurm_holder("42", "0", 1, host="node-b"))
+    assert "this Slurm job (42) before a requeue" in lock.notes[0]
+
+
+def test_a_lock_file_of_an_earlier_version_keeps_its_rules(tmp_path, monkeypatch):
+    """Written before steps and restart counts were recorded: the same job is taken as its requeue."""
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    old = {"host": "node-a", "pid": 1, "start_time": "5", "slurm_job_id": "42", "since": "earlier"}
+    (tmp_path / LOCK_NAME).write_text(json.dumps(old) + "\n")
+    lock = acquire(tmp_path, slurm_holder("42", "1", 0, host="node-b"))
+    assert "this Slurm job (42) before a requeue" in lock.notes[0]
+
+
+def test_another_step_of_the_same_slurm_job_on_another_host_keeps_its_lock_while_it_runs(
+    tmp_path, monkeypatch
+):
+    """srun -w node-a gptrain train, then srun -w node-b gptrain checkpoint rewind in one salloc: the
+    second took the live run's lock as its requeue's, and its release then deleted the run's lock."""
+    first = slurm_holder("42", "0", 0, host="node-a", pid=4242, start_time="123")
+    acquire(tmp_path, first)
+    second = slurm_holder("42", "1", 0, host="node-b")
+    asked = fake_squeue(tmp_path / "bin", monkeypatch, "42.0 42.1 42.batch")
+    with pytest.raises(RunLockedError) as error:
+        acquire(tmp_path, second)
+    message = str(error.value)
+    assert "pid 4242 on host node-a, Slurm job 42.0" in message and "squeue -s -j 42" in message
+    assert "\n" not in message
+    assert asked.read_text().split() == ["--noheader", "--steps", "--jobs", "42", "--format", "%i"]
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == 4242
+    fake_squeue(tmp_path / "bin", monkeypatch, None)  # Slurm cannot tell: refused, the lock kept
+    with pytest.raises(RunLockedError, match="node-a, Slurm job 42.0"):
+        acquire(tmp_path, second)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(RunLockedError, match="node-a, Slurm job 42.0"):
+        acquire(tmp_path, second)
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == 4242
+    fake_squeue(tmp_path / "bin", monkeypatch, "42.1 42.batch")  # step 42.0 has ended
+    lock = acquire(tmp_path, second)
+    assert lock.notes[0].endswith("its step 42.0 of this Slurm job has ended")
+    lock.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_same_job_holder_that_ran_in_no_step_is_not_taken_over_from_another_host(tmp_path, monkeypatch):
+    """A batch script's or salloc shell's process has no SLURM_STEP_ID: Slurm cannot say it ended."""
+    acquire(tmp_path, slurm_holder("42", None, 0, host="node-a", pid=4242))
+    fake_squeue(tmp_path / "bin", monkeypatch, "")
+    with pytest.raises(RunLockedError, match=r"pid 4242 on host node-a, Slurm job 42, since"):
+        acquire(tmp_path, slurm_holder("42", "1", 0, host="node-b"))
+
+
+def test_a_holder_of_an_earlier_boot_of_this_host_is_gone(tmp_path):
+    """A pid and start time (clock ticks since boot) can repeat after a reboot; the boot id cannot."""
+    from gptrain.train.run_lock import process_start_time
+
+    here = holder()
+    assert here.boot_id
+    alive = holder(start_time=process_start_time(os.getpid()))
+    acquire(tmp_path, replace(alive, boot_id="an-earlier-boot"))
+    lock = acquire(tmp_path, holder(since="after the reboot"))
+    assert "has booted since" in lock.notes[0]
 
 
 def test_a_live_run_of_the_same_slurm_job_on_this_host_keeps_its_lock(tmp_path):
@@ -70,15 +146,15 @@ def test_a_live_run_of_the_same_slurm_job_on_this_host_keeps_its_lock(tmp_path):
     try:
         from gptrain.train.run_lock import process_start_time
 
-        first = holder(pid=live.pid, start_time=process_start_time(live.pid), slurm_job_id="42")
+        first = slurm_holder("42", "0", 0, pid=live.pid, start_time=process_start_time(live.pid))
         acquire(tmp_path, first)
         with pytest.raises(RunLockedError, match=f"pid {live.pid} on host") as error:
-            acquire(tmp_path, holder(slurm_job_id="42"))
+            acquire(tmp_path, slurm_holder("42", "1", 0))
         assert "\n" not in str(error.value)
     finally:
         live.kill()
         live.wait()
-    assert "this Slurm job (42)" in acquire(tmp_path, holder(slurm_job_id="42")).notes[0]  # its requeue
+    assert "this Slurm job (42)" in acquire(tmp_path, slurm_holder("42", "0", 1)).notes[0]  # its requeue
 
 
 def test_another_host_is_refused_unless_slurm_says_its_job_ended(tmp_path, monkeypatch):
