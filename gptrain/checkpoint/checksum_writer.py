@@ -96,7 +96,7 @@ class ChecksummingWriter(FileSystemWriter):
             future = super().write_data(plan, planner)
             future.wait()  # FileSystemWriter writes synchronously; this only surfaces its errors here
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        atomic_write_text(self.directory / f"{SIDECAR_PREFIX}{rank}.json", json.dumps(self.checksums) + "\n")
+        atomic_write_text(self.directory / sidecar_name(rank), json.dumps(self.checksums) + "\n")
         return future
 
 
@@ -140,10 +140,19 @@ def _zip_record_crc_off() -> Iterator[None]:
         set_crc32_options(before)
 
 
-def gathered_checksums(step_dir: Path, own: dict[str, str | None]) -> dict[str, str | None]:
-    """Every rank's sidecar merged with this rank's own records (rank 0's .metadata among them)."""
+def sidecar_name(rank: int) -> str:
+    return f"{SIDECAR_PREFIX}{rank}.json"
+
+
+def gathered_checksums(step_dir: Path, own: dict[str, str | None], world_size: int) -> dict[str, str | None]:
+    """The sidecars of ranks 0..world_size-1, read by name (a listing may be served from a network file
+    system's cache), merged with this rank's own records (rank 0's .metadata among them). A sidecar
+    not found is left out: the manifest, which looks up every sidecar too, names it."""
     merged: dict[str, str | None] = {}
-    for sidecar in sorted(step_dir.glob(f"{SIDECAR_PREFIX}*.json")):
-        merged.update(json.loads(sidecar.read_text()))
+    for rank in range(world_size):
+        try:
+            merged.update(json.loads((step_dir / sidecar_name(rank)).read_text()))
+        except FileNotFoundError:
+            continue
     merged.update(own)
     return merged

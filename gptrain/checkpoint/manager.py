@@ -44,7 +44,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from gptrain.checkpoint.checksum_writer import SIDECAR_PREFIX, ChecksummingWriter, gathered_checksums
+from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums, sidecar_name
 from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import (
@@ -60,6 +60,7 @@ from gptrain.checkpoint.integrity import (
     complete_record,
     complete_steps,
     is_complete,
+    manifest_by_name,
     with_metrics,
 )
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
@@ -90,12 +91,16 @@ def _saving_world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
-def unseen_files(step_dir: Path, gathered: dict[str, str | None], world_size: int) -> list[str]:
-    """The files of a save that rank 0 cannot find by name: every rank's checksum sidecar (each lists
-    that rank's files, its rank file included) and the files they list. Looked up by name, not in a
-    listing, which a network file system may serve from its cache."""
-    sidecars = [f"{SIDECAR_PREFIX}{rank}.json" for rank in range(world_size)]
-    return [name for name in [*sidecars, *gathered] if not (step_dir / name).is_file()]
+def complete_manifest(
+    step_dir: Path, own: dict[str, str | None], world_size: int
+) -> tuple[dict[str, str | None], dict[str, dict], list[str]]:
+    """(every file's CRC-32, the manifest, the files rank 0 cannot find): every rank's checksum sidecar
+    and the files each lists (its rank file included), looked up by name with one stat a file. A file
+    not found is on storage rank 0 does not share (CheckpointNotSharedError)."""
+    checksums = gathered_checksums(step_dir, own, world_size)
+    names = [sidecar_name(rank) for rank in range(world_size)] + list(checksums)
+    files, unseen = manifest_by_name(step_dir, names, checksums)
+    return checksums, files, unseen
 
 
 def not_shared_text(step_dir: Path, unseen: list[str]) -> str:
@@ -321,7 +326,7 @@ class CheckpointManager(CheckpointReader):
     def _marked_when_written(self, upload: Future, report: SaveReport, started: float) -> Future:
         """Done once the write has ended (its time in `report`) and, on rank 0, the save is marked
         complete (manifest, COMPLETE, latest, pruning), in a thread of its own: the manifest reads
-        every rank's checksum sidecar and lists the step directory (about 3 files per rank), which
+        every rank's checksum sidecar and stats the files they name (about 3 files per rank), which
         must not stall training when a later step polls, and a crash between the write and that
         poll no longer loses a finished checkpoint."""
         marked: Future = Future()
@@ -470,8 +475,8 @@ class CheckpointManager(CheckpointReader):
         barrier is needed: DCP's coordinator (rank 0) writes .metadata only after gathering every
         rank's write results, so every rank's files and checksum sidecar are on disk by then."""
         tokenizer = self.tokenizer.record if self.tokenizer is not None else None
-        gathered = gathered_checksums(report.path, checksums)
-        if unseen := unseen_files(report.path, gathered, _saving_world_size()):
+        gathered, files, unseen = complete_manifest(report.path, checksums, _saving_world_size())
+        if unseen:
             raise CheckpointNotSharedError(not_shared_text(report.path, unseen))
         record = complete_record(
             report.step,
@@ -481,6 +486,7 @@ class CheckpointManager(CheckpointReader):
             self.architecture,
             torch.__version__,
             report.metrics,
+            files=files,
         )
         fsync_directory(report.path)  # every file's name durable (.metadata was renamed) before COMPLETE's
         atomic_write_text(report.path / COMPLETE, record)
