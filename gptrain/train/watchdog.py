@@ -38,6 +38,7 @@ from datetime import timedelta
 from typing import Any, TextIO
 
 from gptrain.errors import EXIT_HUNG
+from gptrain.train.store_link import StoreLink
 
 # Tests only: "<rank>:<iteration>" makes that rank stop, forever, before that iteration (in the
 # first run of a Slurm job only, so that the requeued job runs through).
@@ -73,6 +74,9 @@ def default_store() -> Any | None:
         return distributed_c10d._get_default_store()
     except Exception:  # no process group, or a torch without the helper: report this rank only
         return None
+
+
+STORE_GONE = "rank 0 (the job's store, which its process serves, cannot be reached)"
 
 
 def stop_here_for_tests(rank: int, iteration: int) -> None:
@@ -116,6 +120,8 @@ class Watchdog:
         self._beat: dict[str, Any] | None = None  # this rank's progress, as the store should show it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # looked at before each store call: one on a connection rank 0's end closed prints C++'s stack
+        self.link = StoreLink.find(store) if store is not None else StoreLink()
 
     @classmethod
     def start(cls, timeout_minutes: float, rank: int, world_size: int) -> Watchdog:
@@ -134,6 +140,7 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self.link.close()
 
     @contextmanager
     def step(self, iteration: int) -> Iterator[None]:
@@ -182,7 +189,7 @@ class Watchdog:
         which a live rank waiting in a collective never does (its progress does not change either)."""
         with self._lock:
             beat = self._beat
-        if self.store is None or beat is None:
+        if self.store is None or beat is None or self.link.closed():
             return
         with contextlib.suppress(Exception):  # store gone (rank 0 ended): this rank's own timeout applies
             self.store.set(beat_key(self.rank), json.dumps({**beat, "seen": time.time()}))
@@ -203,7 +210,7 @@ class Watchdog:
                 return
 
     def peer_report(self) -> str | None:
-        if self.store is None:
+        if self.store is None or self.link.closed():
             return None
         try:
             return self.store.get(HANG_KEY).decode() if self.store.check([HANG_KEY]) else None
@@ -223,7 +230,7 @@ class Watchdog:
         On a hang every rank times out within the same second; one diagnosis (two store calls) instead
         of one per rank keeps rank 0's store server from serving world x world reads.
         """
-        if self.store is None:
+        if self.store is None or self.link.closed():
             return self.diagnose(iteration)
         self.publish()  # this rank's own heartbeat, current before anyone reads it
         try:
@@ -238,6 +245,8 @@ class Watchdog:
         """Every rank's heartbeat: two store calls when all ranks have one; None: the store is gone."""
         if self.store is None:
             return {}
+        if self.link.closed():
+            return None
         keys = [beat_key(rank) for rank in range(self.world_size)]
         try:
             ranks = list(range(self.world_size))
@@ -259,6 +268,8 @@ class Watchdog:
         """The ranks known to be gone, for a collective that lost a peer: rank 0 when its store cannot
         be read, else those on this host whose pid is no longer there (another host's cannot be asked).
         The store is read from a thread given `timeout_s`: a lost node's connection may never reset."""
+        if self.link.closed(wait_s=1.0):  # rank 0's end of it may close a moment after the collective's
+            return STORE_GONE
         read: list[dict[int, dict[str, Any]] | None] = []
         reader = threading.Thread(target=lambda: read.append(self.read_beats()), daemon=True)
         reader.start()
@@ -267,7 +278,7 @@ class Watchdog:
             return None
         beats = read[0]
         if beats is None:
-            return "rank 0 (the job's store, which its process serves, cannot be reached)"
+            return STORE_GONE
         here = {r: b for r, b in sorted(beats.items()) if r != self.rank and b["host"] == self.host}
         for _ in range(30):  # a killed process closes its sockets before it is gone: give it 3 s
             if gone := [describe(r, b) for r, b in here.items() if not _alive(int(b["pid"]))]:

@@ -236,6 +236,37 @@ def test_a_store_gone_with_rank_0_names_rank_0_not_every_rank():
     assert "rank 1 (no heartbeat)" not in message
 
 
+def test_a_store_whose_server_is_gone_is_not_called_and_prints_no_cpp_stack(capfd):
+    """With rank 0 dead, the peer's store calls (the watchdog's look for a posted hang, and the lost
+    peer's diagnosis) printed c10d's warning with 20 frames of C++ stack (TCPStore.cpp: recvValue
+    failed ... frame #0 ... frame #19) before gptrain's one line."""
+    import torch.distributed as dist
+
+    from gptrain.train.store_link import store_address
+
+    server = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=10), wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, 2, False, timedelta(seconds=10))
+    store = dist.PrefixStore("default_pg", dist.PrefixStore("0", client))  # as the default group's
+    for rank in (0, 1):
+        beat = {"host": "elsewhere", "pid": rank + 1, "iteration": 4, "phase": "in", "seen": time.time()}
+        store.set(watchdog.beat_key(rank), json.dumps(beat))
+    dog = Watchdog(1, 2, 600.0, store, exit_fn=lambda code: None, out=io.StringIO())
+    assert store_address(store) == ("127.0.0.1", server.port) and dog.link.sock is not None
+    assert not dog.link.closed() and dog.gone_peers() is None  # served: its beats are read
+    assert sorted(dog.read_beats()) == [0, 1] and dog.peer_report() is None
+    del server  # rank 0's process ends: it closes every connection to its store
+    assert dog.link.closed(wait_s=5.0)
+    assert dog.gone_peers() == "rank 0 (the job's store, which its process serves, cannot be reached)"
+    assert dog.peer_report() is None and dog.read_beats() is None
+    assert "rank 0 is most likely gone" in dog.hang_message(5)
+    err = capfd.readouterr().err
+    assert "recvValue failed" not in err and "frame #" not in err, err
+    dog.close()
+    assert (
+        dog.link.sock is None and Watchdog(1, 2, 600.0, FakeStore()).link.sock is None
+    )  # none: called as before
+
+
 def test_a_training_step_makes_no_store_call_and_beats_are_rate_limited():
     """Issue 14 review: two blocking `store.set`s per step, every rank at once on rank 0's server."""
     [dog, _], _, store = dogs(2, 2.0)  # sync_s 0.4 s
