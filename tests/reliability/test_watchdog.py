@@ -450,6 +450,7 @@ def test_collectives_outlive_the_watchdogs_first_step_allowance(hang_minutes, mo
         f"trainer.hang_timeout_minutes={hang_minutes}",
         "trainer.devices=2",
         "model.global_batch_size=8",
+        "model.data.data_impl=mock",  # no corpus: train() checks the data before the process group
     ]
     cfg = load_training_config("quickstart/cpu", overrides)  # a layout two ranks can hold
     with pytest.raises(KeyboardInterrupt):
