@@ -1072,6 +1072,17 @@ def test_blends_from_files_are_read_as_megatron_reads_them(tmp_path):
     }
 
 
+def refused_with_file(tmp_path, monkeypatch, flags: str, content: str | None, message: str) -> None:
+    """`flags` beside a small model are refused with `message`; F in the working directory holds
+    `content` (a blend file the flags name), where given."""
+    monkeypatch.chdir(tmp_path)
+    if content is not None:
+        (tmp_path / "F").write_text(content)
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    with pytest.raises(ConfigError, match=message):
+        translate(shlex.split(f"{base} --train-iters 4 --lr 1e-4 {flags}"), {})
+
+
 @pytest.mark.parametrize(
     ("flags", "content", "message"),
     [
@@ -1098,12 +1109,7 @@ def test_blends_from_files_are_read_as_megatron_reads_them(tmp_path):
     ],
 )  # fmt: skip
 def test_bad_blend_files_are_one_line_naming_flag_and_file(tmp_path, monkeypatch, flags, content, message):
-    monkeypatch.chdir(tmp_path)
-    if content is not None:
-        (tmp_path / "F").write_text(content)
-    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    with pytest.raises(ConfigError, match=message):
-        translate(shlex.split(f"{base} --train-iters 4 --lr 1e-4 {flags}"), {})
+    refused_with_file(tmp_path, monkeypatch, flags, content, message)
 
 
 @pytest.mark.parametrize(
@@ -1786,12 +1792,7 @@ def test_bad_blend_weights_are_refused_as_megatrons_flags_are_read(
     only when the job built its data; refused as the flags are read, naming the flag and the weight (a 0:
     Megatron-core's BlendedDataset asserts each weight > 0, so a script that switches a dataset off with
     one fails in Megatron too)."""
-    monkeypatch.chdir(tmp_path)
-    if content is not None:
-        (tmp_path / "F").write_text(content)
-    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    with pytest.raises(ConfigError, match=message):
-        translate(shlex.split(f"{base} --train-iters 4 --lr 1e-4 {flags}"), {})
+    refused_with_file(tmp_path, monkeypatch, flags, content, message)
 
 
 def test_a_splits_lone_weighted_path_is_taken_whatever_its_weight():

@@ -464,15 +464,9 @@ def test_a_bare_tokenizer_json_exports_as_itself_under_the_gpt2_architecture(tmp
     """Without a tokenizer_config.json AutoTokenizer took GPT2Tokenizer from model_type gpt2, which
     swaps in GPT-2's byte-level pre-tokenizer: the export was refused, and with --no-verify shipped
     a tokenizer that encodes other ids."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import AutoTokenizer
 
-    words = {w: i for i, w in enumerate(["<|endoftext|>", "<unk>", *CHARS])}
-    tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
-    (tmp_path / "tok").mkdir()
-    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    tok = chars_tokenizer(tmp_path / "tok")
     hf = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tmp_path / 'tok'}"]
     nulls = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
     run, _ = saved_run(tmp_path / "run_gpt2", "gpt2", *hf, *nulls)
@@ -484,23 +478,28 @@ def test_a_bare_tokenizer_json_exports_as_itself_under_the_gpt2_architecture(tmp
     assert loaded.eos_token == "<|endoftext|>" and loaded.model_max_length == 16
 
 
-def chars_tokenizer_run(tmp_path: Path, tokenizer_config: dict) -> tuple[Path, int]:
-    """A GPT-2 run of 16 positions whose HuggingFaceTokenizer directory holds a character-level
-    tokenizer.json (<|endoftext|>, <unk> and 95 characters) and `tokenizer_config`; the run and the
-    tokenizer's size."""
+def chars_tokenizer(directory: Path):
+    """A character-level tokenizer.json (<|endoftext|>, <unk> and the CHARS) saved in `directory`."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     words = {w: i for i, w in enumerate(["<|endoftext|>", "<unk>", *CHARS])}
     tok = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
-    (tmp_path / "tok").mkdir()
-    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    return tok
+
+
+def chars_tokenizer_run(tmp_path: Path, tokenizer_config: dict) -> tuple[Path, int]:
+    """A GPT-2 run of 16 positions whose HuggingFaceTokenizer directory holds the character-level
+    tokenizer.json and `tokenizer_config`; the run and the tokenizer's size."""
+    tok = chars_tokenizer(tmp_path / "tok")
     (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     hf = ["model.tokenizer.type=HuggingFaceTokenizer", f"model.tokenizer.model={tmp_path / 'tok'}"]
     nulls = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
     run, _ = saved_run(tmp_path / "run", "gpt2", *hf, *nulls)
-    return run, len(words)
+    return run, tok.get_vocab_size()
 
 
 def test_a_copied_tokenizer_config_declares_the_models_context_not_the_tokenizers_source(tmp_path) -> None:
