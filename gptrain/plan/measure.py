@@ -54,6 +54,8 @@ def trial_overrides(plan: Plan, candidate: Candidate, steps: int, log_dir: Path)
         "exp_manager.create_tensorboard_logger=false",
         f"exp_manager.checkpoint_callback_params.every_n_train_steps={steps * 10}",
         f"exp_manager.explicit_log_dir={log_dir}",
+        "exp_manager.checkpoint_callback_params.dirpath=null",  # saves in the trial's directory, not the
+        "exp_manager.checkpoint_callback_params.filepath=null",  # run's, which a later trial would refuse
     ]
 
 

@@ -1166,3 +1166,29 @@ def test_the_header_gives_a_short_budget_in_hours_or_minutes(capsys, tokens, uni
     rate = float(re.search(r": ([\d,]+) tokens/s", header).group(1).replace(",", ""))
     took = float(re.search(rf", ([\d.]+) {unit} for ", header).group(1))
     assert took == pytest.approx(float(tokens) / rate / 86400 * scale, abs=0.05)
+
+
+@pytest.mark.parametrize("key", ["dirpath", "filepath"])
+def test_a_trial_saves_in_its_own_directory_not_the_users_checkpoint_dirpath(
+    tmp_path: Path, key: str
+) -> None:
+    """A user's checkpoint_callback_params.dirpath (or NeMo's filepath) was inherited by every trial:
+    the first trial saved step_N there, the next was refused as a fresh start over it, and a later
+    real run could resume the trial's checkpoint. Each trial now saves under its own directory."""
+    from argparse import Namespace
+
+    from gptrain.plan import measure
+    from gptrain.plan.build import build_plan
+
+    users = tmp_path / "ckpts"
+    given = f"{users}/model.ckpt" if key == "filepath" else str(users)
+    overrides = [*TINY, f"exp_manager.checkpoint_callback_params.{key}={given}"]
+    args = Namespace(
+        preset="gpt3/126m", overrides=overrides, config_file=None, nodes=1, gpus_per_node=2, gpu=None,
+        cluster=None, mfu=0.4, tokens=3e11, headroom=0.1, vocab_size=None, top=1, steps=2,
+        trial_timeout=60.0,
+    )  # fmt: skip
+    plan = build_plan(args)
+    trial = measure.write_trial_config(plan, args, plan.shown()[0], tmp_path / "trial")
+    cfg = load_training_config(None, [], config_file=str(trial))
+    assert cfg.exp_manager.checkpoints_dir == str(tmp_path / "trial" / "results" / "checkpoints")
