@@ -125,9 +125,23 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     params.dirpath = params.dirpath or (os.path.dirname(params.filepath) if params.filepath else None)
     if params.dirpath:  # as Lightning's ModelCheckpoint resolves it; hparams.yaml records it for the tools
         params.dirpath = os.path.abspath(os.path.expanduser(params.dirpath))
+        _dirpath_apart_from_log_dir(params.dirpath, cfg.exp_manager.explicit_log_dir)
     _max_time_per_run(cfg)
     notes = _save_interval(cfg)
     return notes + _sequence_parallel_needs_tp(cfg.model) + _block_recompute_past_the_chunk(cfg.model)
+
+
+def _dirpath_apart_from_log_dir(dirpath: str, log_dir: str) -> None:
+    """Checkpoints in the log dir itself, or in a directory above it, mix with the run's files: moving
+    an earlier run aside would move the live run's lock too. Inside the log dir is its own directory."""
+    log_dir = os.path.abspath(log_dir)
+    if os.path.commonpath([dirpath, log_dir]) == dirpath:
+        what = "explicit_log_dir" if dirpath == log_dir else f"explicit_log_dir {log_dir} or above it"
+        raise ConfigError(
+            f"exp_manager.checkpoint_callback_params.dirpath={dirpath} is the run's {what}; give the "
+            f"checkpoints a directory of their own (such as {os.path.join(log_dir, 'checkpoints')}, "
+            "or null for that)"
+        )
 
 
 def _unknown_precision(precision: str) -> str:

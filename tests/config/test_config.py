@@ -1,3 +1,4 @@
+import os
 import re
 import subprocess
 import sys
@@ -1097,3 +1098,23 @@ def test_trust_remote_code_is_refused_where_it_asks_for_code():
     with pytest.raises(ConfigError, match=rf"^override '{TOK}.trust_remote_code=true': '{TOK}.trust_remote_code: "
                        "True' asks for a tokenizer's own Python code"):  # fmt: skip
         load_training_config("gpt3/126m", [f"{TOK}.trust_remote_code=true"], report_ignored=False)
+
+
+@pytest.mark.parametrize("where", ["{log}", "{log}/", "{parent}"])
+def test_a_dirpath_that_is_or_holds_the_log_dir_is_refused(tmp_path, where):
+    """Checkpoints saved into the log dir itself (or a directory above it) mix with the run's files:
+    move_aside_earlier_run then moved the live run's lock away with the earlier run's checkpoints."""
+    log = tmp_path / "runs" / "run"
+    dirpath = where.format(log=log, parent=tmp_path / "runs")
+    given = [f"exp_manager.explicit_log_dir={log}", f"{CALLBACK}.dirpath={dirpath}"]
+    with pytest.raises(ConfigError, match=rf"^{CALLBACK}.dirpath={os.path.normpath(dirpath)} is the run's "):
+        load_training_config("gpt3/126m", given, report_ignored=False)
+
+
+@pytest.mark.parametrize("where", ["{log}/ckpts", "{log}-ckpts", "{other}"])
+def test_a_dirpath_inside_or_beside_the_log_dir_is_taken(tmp_path, where):
+    log = tmp_path / "runs" / "run"
+    dirpath = where.format(log=log, other=tmp_path / "ckpts")
+    given = [f"exp_manager.explicit_log_dir={log}", f"{CALLBACK}.dirpath={dirpath}"]
+    cfg = load_training_config("gpt3/126m", given, report_ignored=False)
+    assert cfg.exp_manager.checkpoint_callback_params.dirpath == dirpath
