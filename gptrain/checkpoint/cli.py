@@ -72,15 +72,14 @@ def checkpoint_root(run: Path, takes: str = VERIFY_TAKES) -> Path:
     if (kind := _kind(run)) != "directory":
         what = "no such directory" if kind == "missing" else "not a directory"
         raise ConfigError(f"{run}: {what}; pass {takes}")
-    recorded = recorded_checkpoints_dir(run)  # checkpoint_callback_params.dirpath
-    for candidate in (
-        run / "checkpoints",
-        run / "results" / "checkpoints",
-        run,
-        *([recorded] if recorded else []),
-    ):
+    recorded = recorded_checkpoints_dir(run)  # checkpoint_callback_params.dirpath: the run's, alone
+    for candidate in [recorded] if recorded else [run / "checkpoints", run / "results" / "checkpoints", run]:
         if candidate.is_dir() and any(STEP_DIR.match(p.name) for p in candidate.iterdir()):
             return candidate
+    if recorded:
+        raise ConfigError(
+            f"{run}: no step_<N> checkpoint directories in {recorded}, the dirpath its hparams.yaml records"
+        )
     raise ConfigError(f"{run}: no step_<N> checkpoint directories found here or in checkpoints/")
 
 

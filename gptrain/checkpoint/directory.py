@@ -43,7 +43,8 @@ def removed_while_read(step_dir: Path) -> CheckpointLoadError:
 
 def recorded_checkpoints_dir(run_dir: Path) -> Path | None:
     """The exp_manager.checkpoint_callback_params.dirpath that the hparams.yaml of `run_dir` (or of its
-    results/) records, where the run's checkpoints went instead of its checkpoints/; None where none."""
+    results/) records, where the run's checkpoints went instead of its checkpoints/ (the tools look
+    there only: a checkpoints/ beside it is an earlier run's); None where none."""
     dirpath = _recorded(run_dir / "hparams.yaml", "checkpoint_callback_params", "dirpath")
     dirpath = dirpath or _recorded(
         run_dir / "results" / "hparams.yaml", "checkpoint_callback_params", "dirpath"
@@ -104,13 +105,19 @@ def find_checkpoint(path: str | Path) -> Path:
     # a run directory (<base_results_dir>/<run.name>, as eval/export take it), its results dir, or checkpoints/
     recorded = recorded_checkpoints_dir(given)
     found = (
-        newest_complete(given / "checkpoints")
+        newest_complete(recorded)
+        if recorded  # the run's own, not a checkpoints/ an earlier run left beside it
+        else newest_complete(given / "checkpoints")
         or newest_complete(given)
         or newest_complete(given / "results" / "checkpoints")
-        or (newest_complete(recorded) if recorded else None)
     )
     if found is None and is_transformers_model(given):
         raise CheckpointLoadError(transformers_model_text(path))
+    if found is None and recorded:
+        raise CheckpointLoadError(
+            f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in {recorded}, the "
+            "exp_manager.checkpoint_callback_params.dirpath its hparams.yaml records"
+        )
     if found is None:
         raise CheckpointLoadError(
             f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it, its checkpoints/ or results/checkpoints/ "

@@ -422,6 +422,16 @@ def earlier_run_error(checkpoints: Path, found: list[str]) -> EarlierRunError:
     )
 
 
+def earlier_run_checkpoints(log_dir: Path, checkpoints: Path) -> tuple[Path, list[str]]:
+    """Where an earlier run left complete checkpoints, and their names: the run's `checkpoints`
+    directory, else log_dir/checkpoints (a run before dirpath was set: a fresh start beside it leaves
+    two runs' checkpoints under one run directory)."""
+    for root in dict.fromkeys((checkpoints, log_dir / "checkpoints")):
+        if found := earlier_checkpoints(root):
+            return root, found
+    return checkpoints, []
+
+
 def check_fresh_start(log_dir: Path, move_aside: bool, checkpoints: Path | None = None) -> str | None:
     """resume_if_exists=false: refuse a directory with checkpoints, or move its run aside (and its
     `checkpoints` directory, where checkpoint_callback_params.dirpath puts it outside `log_dir`).
@@ -429,11 +439,11 @@ def check_fresh_start(log_dir: Path, move_aside: bool, checkpoints: Path | None 
     Returns a line for the log when files were moved.
     """
     checkpoints = checkpoints or log_dir / "checkpoints"
-    found = earlier_checkpoints(checkpoints)
+    holder, found = earlier_run_checkpoints(log_dir, checkpoints)
     if not found:
         return None
     if not move_aside:
-        raise earlier_run_error(checkpoints, found)
+        raise earlier_run_error(holder, found)
     aside = aside_directory(log_dir)
     moved = [p for p in log_dir.iterdir() if p.name != LOCK_NAME]
     for path in moved:

@@ -68,13 +68,8 @@ class LoadedRun:
 def checkpoints_dir(path: Path) -> Path | None:
     """The checkpoint root for a run dir, results dir or checkpoints dir (or the dirpath its hparams.yaml
     records); None when none is found."""
-    recorded = recorded_checkpoints_dir(path)
-    for candidate in (
-        path,
-        path / CHECKPOINTS,
-        path / "results" / CHECKPOINTS,
-        *([recorded] if recorded else []),
-    ):
+    recorded = recorded_checkpoints_dir(path)  # the run's, alone: not a checkpoints/ an earlier run left
+    for candidate in [recorded] if recorded else [path, path / CHECKPOINTS, path / "results" / CHECKPOINTS]:
         if (candidate / LATEST).is_file() or any(
             STEP_DIR.match(entry.name) for entry in candidate.glob("step_*") if entry.is_dir()
         ):

@@ -10,6 +10,7 @@ from gptrain.checkpoint.cli import checkpoint_root
 from gptrain.checkpoint.directory import LATEST, find_checkpoint, run_dir_of
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.errors import EXIT_REQUEUE
+from gptrain.launch.preflight import check_fresh_start
 from gptrain.train.run_lock import EarlierRunError
 from gptrain.trained.load import find_hparams, resolve_checkpoint
 
@@ -58,3 +59,27 @@ def test_a_fresh_start_over_dirpaths_checkpoints_is_refused_naming_dirpath(tmp_p
     moved = [p for p in os.listdir(tmp_path) if p.startswith("ckpts.earlier-")]
     assert len(moved) == 1 and complete_steps(tmp_path / moved[0] / "ckpts") == [2]
     assert complete_steps(store) == [2]  # the new run's own
+
+
+def test_a_run_dir_that_records_a_dirpath_leads_only_there_and_a_fresh_start_beside_old_checkpoints_is_refused(
+    tmp_path, monkeypatch
+):
+    """An earlier run without dirpath left run/checkpoints/step_2; a fresh start with a dirpath was
+    admitted beside it, and the tools given the run directory then took the old step_2 over the new
+    run's checkpoints in dirpath. The fresh start is refused naming run/checkpoints; a run that
+    resumes there saves into dirpath, and the tools find only dirpath's checkpoints."""
+    log_dir, store = tmp_path / "run", tmp_path / "ckpts"
+    assert run_recording(monkeypatch, tiny_config(log_dir, *MOCK, "trainer.max_steps=2"))[0] == 0
+    fresh = [*MOCK, f"{DIRPATH}={store}", "trainer.max_steps=4", "exp_manager.resume_if_exists=false"]
+    old = log_dir / "checkpoints"
+    with pytest.raises(EarlierRunError, match=f"resume_if_exists=false but {old} holds an earlier run's"):
+        run_recording(monkeypatch, tiny_config(log_dir, *fresh))
+    with pytest.raises(EarlierRunError, match=f"but {old} holds"):
+        check_fresh_start(tiny_config(log_dir, *fresh))  # the launch says it before the queue wait
+    code, losses = run_recording(
+        monkeypatch, tiny_config(log_dir, *MOCK, f"{DIRPATH}={store}", "trainer.max_steps=4")
+    )
+    assert code == 0 and sorted(losses) == [1, 2, 3, 4] and complete_steps(store) == [2, 4]
+    assert complete_steps(old) == [2]
+    assert find_checkpoint(log_dir) == store / "step_4" and resolve_checkpoint(log_dir) == store / "step_4"
+    assert checkpoint_root(log_dir) == store
