@@ -68,10 +68,21 @@ def write_run_files(
     log_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(log_dir / "hparams.yaml", resolved_yaml)
     if checkpoints is not None and checkpoints.is_dir() and checkpoints.resolve().parent != log_dir.resolve():
-        atomic_write_text(checkpoints / "hparams.yaml", resolved_yaml)
+        atomic_write_text(checkpoints / "hparams.yaml", copy_naming_the_run(resolved_yaml, log_dir))
     command = shlex.join(sys.argv if argv is None else argv) + "\n"  # a non-UTF-8 path: its own bytes
     atomic_write_bytes(log_dir / "cmd-args.log", command.encode("utf-8", "surrogateescape"))
     atomic_write_text(log_dir / "git-info.log", git_info(Path.cwd()))
+
+
+def copy_naming_the_run(resolved_yaml: str, log_dir: Path) -> str:
+    """hparams.yaml as copied into dirpath, with explicit_log_dir absolute (from this working directory,
+    as training took it): the tools given the copy find the run directory, whose own hparams.yaml tells
+    the directory the run's relative paths are relative to, from any working directory."""
+    import yaml
+
+    config = yaml.safe_load(resolved_yaml)
+    config["exp_manager"]["explicit_log_dir"] = str(log_dir.absolute())
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 TEST_DONE = "test_split_done.txt"

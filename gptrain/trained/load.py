@@ -30,6 +30,7 @@ from gptrain.checkpoint.directory import (
     is_transformers_model,
     recorded_checkpoints_dir,
     removed_while_read,
+    run_dir_of,
     step_dir_name,
     transformers_model_text,
 )
@@ -166,13 +167,24 @@ def _verify(step_dir: Path, checksums: bool) -> str | None:
 
 
 def find_hparams(step_dir: Path) -> Path:
-    """The run's hparams.yaml: next to the checkpoints dir (explicit_log_dir) or above it."""
+    """The run's hparams.yaml: next to the checkpoints dir (explicit_log_dir) or above it. The copy in
+    a checkpoint_callback_params.dirpath leads to the run directory's own, where that is there: the
+    one whose place tells where the run's relative paths start."""
     for directory in list(step_dir.parents)[:3]:
         if (directory / HPARAMS).is_file():
-            return directory / HPARAMS
+            return _runs_own_hparams(directory) or directory / HPARAMS
     raise DataError(
         f"{step_dir}: no {HPARAMS} in the run directory above it; it is needed to rebuild the model"
     )
+
+
+def _runs_own_hparams(directory: Path) -> Path | None:
+    """The hparams.yaml of the run whose dirpath `directory` is (its copy records both absolute)."""
+    if recorded_checkpoints_dir(directory) != directory.absolute():
+        return None
+    run_dir = run_dir_of(directory)
+    own = run_dir / HPARAMS
+    return own if run_dir.is_absolute() and run_dir != directory and own.is_file() else None
 
 
 def checkpoint_shapes(step_dir: Path, *keys: str) -> list[tuple[int, ...] | None]:

@@ -9,10 +9,11 @@ from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
 from gptrain.checkpoint.cli import checkpoint_root
 from gptrain.checkpoint.directory import LATEST, find_checkpoint, run_dir_of
 from gptrain.checkpoint.integrity import complete_steps
+from gptrain.config import load_training_config
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.launch.preflight import check_fresh_start
 from gptrain.train.run_lock import EarlierRunError
-from gptrain.trained.load import find_hparams, resolve_checkpoint
+from gptrain.trained.load import find_hparams, resolve_checkpoint, run_started_in
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -39,7 +40,7 @@ def test_checkpoints_are_saved_to_and_resumed_from_dirpath(tmp_path, monkeypatch
     # the tools given the run directory find the checkpoints, and the run directory from them
     assert find_checkpoint(log_dir) == store / "step_6"
     assert resolve_checkpoint(log_dir) == store / "step_6" and checkpoint_root(log_dir) == store
-    assert find_hparams(store / "step_6") == store / "hparams.yaml"
+    assert find_hparams(store / "step_6") == log_dir / "hparams.yaml"  # the run's own, over the copy
     assert run_dir_of(store) == log_dir and (store / "hparams.yaml").is_file()
 
 
@@ -83,3 +84,24 @@ def test_a_run_dir_that_records_a_dirpath_leads_only_there_and_a_fresh_start_bes
     assert complete_steps(old) == [2]
     assert find_checkpoint(log_dir) == store / "step_4" and resolve_checkpoint(log_dir) == store / "step_4"
     assert checkpoint_root(log_dir) == store
+
+
+def test_the_copy_in_dirpath_names_the_run_directory_from_any_working_directory(tmp_path, monkeypatch):
+    """The hparams.yaml copied into dirpath kept a relative explicit_log_dir: `gptrain checkpoint
+    rewind` from another directory locked <cwd>/run (creating it) under a live training, and eval,
+    generate and export read relative tokenizer paths against nothing. The copy names the run
+    directory absolute, and the tools given a checkpoint there read the run's own hparams.yaml, which
+    tells where the run was started."""
+    start, store = tmp_path / "start", tmp_path / "ckpts"
+    start.mkdir()
+    monkeypatch.chdir(start)
+    cfg = tiny_config("run", *MOCK, f"{DIRPATH}={store}", "trainer.max_steps=2")
+    assert cfg.exp_manager.explicit_log_dir == "run" and run_recording(monkeypatch, cfg)[0] == 0
+    monkeypatch.chdir(tmp_path)
+    assert run_dir_of(store) == start / "run"
+    hparams = find_hparams(store / "step_2")
+    assert hparams == start / "run" / "hparams.yaml"
+    assert (
+        run_started_in(load_training_config(config_file=str(hparams), report_ignored=False), hparams) == start
+    )
+    assert not (tmp_path / "run").exists()
