@@ -120,7 +120,7 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     _tokenizer_type(cfg.model.tokenizer)
     _one_resume_source(cfg)
     if cfg.exp_manager.tensorboard_dir:  # hparams.yaml, a requeued job and `gptrain plot` read it elsewhere
-        cfg.exp_manager.tensorboard_dir = os.path.abspath(cfg.exp_manager.tensorboard_dir)
+        cfg.exp_manager.tensorboard_dir = os.path.abspath(os.path.expanduser(cfg.exp_manager.tensorboard_dir))
     params = cfg.exp_manager.checkpoint_callback_params
     params.dirpath = params.dirpath or (os.path.dirname(params.filepath) if params.filepath else None)
     if params.dirpath:  # as Lightning's ModelCheckpoint resolves it; hparams.yaml records it for the tools

@@ -119,6 +119,12 @@ def resume_sources(resolved: dict[str, Any]) -> list[tuple[str, str]]:
     return paths
 
 
+HOME_EXPANDED = (  # the paths training expands ~ in (as Lightning's ModelCheckpoint does dirpath)
+    "training.exp_manager.tensorboard_dir",
+    "training.exp_manager.checkpoint_callback_params.dirpath",
+)
+
+
 def with_absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
     """`resolved` with the relative paths its jobs use (STAGE_PATHS, the data prefixes, a tokenizer
     model file that exists here) made absolute against the launch's working directory. Inside a
@@ -128,8 +134,12 @@ def with_absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
     keys = [key for stage in STAGE_PATHS.values() for group in stage for key in group]
     for key in keys:  # base_results_dir and data_dir: compose.absolutize_paths made them absolute
         value = lookup(resolved, key)
+        if key in HOME_EXPANDED and isinstance(value, str):  # as training reads them: ~ first
+            value = os.path.expanduser(value)
         if isinstance(value, str) and value and not os.path.isabs(value):
-            set_at(resolved, key, os.path.abspath(value))
+            value = os.path.abspath(value)
+        if value != lookup(resolved, key):
+            set_at(resolved, key, value)
     for key in ("training.model.tokenizer.model", "data_preparation.tokenizer.model", *RESUME_KEYS):
         value = lookup(resolved, key)  # a relative one may be a name (cl100k_base): only a path here
         if isinstance(value, str) and not os.path.isabs(value) and os.path.exists(value):

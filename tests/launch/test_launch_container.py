@@ -360,3 +360,30 @@ def test_a_mount_pyxis_refuses_is_refused_before_the_queue_wait(tmp_path, mount,
     srun = step_words(next(line for line in path.read_text().splitlines() if line.startswith("srun ")))
     mounts = next(word for word in srun if word.startswith("--container-mounts="))
     assert mounts.endswith(",/fsx,./data:/data:ro+rprivate,tmpfs:/scratch,/apps:/apps")
+
+
+def test_a_home_relative_dirpath_and_tensorboard_dir_name_the_same_place_in_train_and_launch(
+    tmp_path, monkeypatch
+):
+    """`dirpath: ~/ckpts` in a YAML file: train expanded ~ (<home>/ckpts) but launch made it
+    <cwd>/~/ckpts, and tensorboard_dir=~/tb was <cwd>/~/tb in both. Both commands expand ~ first."""
+    import yaml
+
+    from gptrain.config import load_training_config
+    from gptrain.config.loader import preset_path
+    from gptrain.launch.mounts import with_absolute_paths
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    keys = {"tensorboard_dir": "~/tb", "checkpoint_callback_params": {"dirpath": "~/ckpts"}}
+    launched = with_absolute_paths({"training": {"exp_manager": keys}})["training"]["exp_manager"]
+    assert launched["tensorboard_dir"] == f"{home}/tb"
+    assert launched["checkpoint_callback_params"]["dirpath"] == f"{home}/ckpts"
+    preset = yaml.safe_load(Path(preset_path("gpt3/126m")).read_text())
+    preset["exp_manager"]["tensorboard_dir"] = "~/tb"
+    preset["exp_manager"].setdefault("checkpoint_callback_params", {})["dirpath"] = "~/ckpts"
+    (work / "train.yaml").write_text(yaml.safe_dump(preset))
+    em = load_training_config(config_file="train.yaml", report_ignored=False).exp_manager
+    assert (em.tensorboard_dir, em.checkpoint_callback_params.dirpath) == (f"{home}/tb", f"{home}/ckpts")
