@@ -203,6 +203,8 @@ class RunLock:
     handle: IO[str] | None = None
     made: list[Path] = field(default_factory=list)
     """Directories this run created beside the lock (checkpoints/): removed at its end while empty."""
+    dirpath_lock: RunLock | None = None
+    """The lock in a checkpoint_callback_params.dirpath outside the log dir: one run saves there."""
 
     def log_notes(self, log: Callable[[str], None]) -> None:
         for note in self.notes:
@@ -211,6 +213,9 @@ class RunLock:
     def release(self) -> None:
         """Give the lock back, and remove the directories the run made and left empty (a run that
         failed before its first save left an empty checkpoints/ behind)."""
+        if self.dirpath_lock is not None:  # first: a dirpath this run made is then empty, and removed
+            self.dirpath_lock.release()
+            self.dirpath_lock = None
         for directory in self.made:
             with contextlib.suppress(OSError):  # not empty (a checkpoint, a user's file): kept
                 directory.rmdir()
@@ -449,9 +454,12 @@ def check_fresh_start(log_dir: Path, move_aside: bool, checkpoints: Path | None 
     for path in moved:
         os.rename(path, aside / path.name)
     line = f"exp_manager.move_aside_earlier_run: moved the earlier run's {len(moved)} entries to {aside}"
-    if checkpoints.exists():  # outside log_dir, else moved with it
+    if checkpoints.exists():  # outside log_dir, else moved with it; its lock (this run's) stays
         elsewhere = aside_directory(checkpoints) / checkpoints.name
-        os.rename(checkpoints, elsewhere)
+        elsewhere.mkdir()
+        for path in checkpoints.iterdir():
+            if path.name != LOCK_NAME:
+                os.rename(path, elsewhere / path.name)
         line += f", and its checkpoints to {elsewhere}"
     return line
 
@@ -486,6 +494,9 @@ def claim_run_directory(
     if rank == 0:
         try:
             lock = acquire(log_dir)
+            if not is_within(checkpoints, log_dir):  # two runs' saves in one dirpath: refused as one log dir
+                lock.made += [] if checkpoints.exists() else [checkpoints]
+                lock.dirpath_lock = acquire(checkpoints)
             if not resume:
                 note = check_fresh_start(log_dir, move_aside, checkpoints)
                 lock.notes += [note] if note else []
@@ -505,6 +516,12 @@ def claim_run_directory(
     if error is not None:
         raise error
     return lock
+
+
+def is_within(path: Path, directory: Path) -> bool:
+    """Whether `path` is `directory` or under it (both made absolute, not resolved)."""
+    path, directory = Path(os.path.abspath(path)), Path(os.path.abspath(directory))
+    return path == directory or directory in path.parents
 
 
 def check_writable(directory: Path) -> list[Path]:

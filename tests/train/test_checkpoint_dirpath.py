@@ -12,7 +12,7 @@ from gptrain.checkpoint.integrity import complete_steps
 from gptrain.config import load_training_config
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.launch.preflight import check_fresh_start
-from gptrain.train.run_lock import EarlierRunError
+from gptrain.train.run_lock import LOCK_NAME, EarlierRunError, RunLockedError, claim_run_directory
 from gptrain.trained.load import find_hparams, resolve_checkpoint, run_started_in
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -105,3 +105,24 @@ def test_the_copy_in_dirpath_names_the_run_directory_from_any_working_directory(
         run_started_in(load_training_config(config_file=str(hparams), report_ignored=False), hparams) == start
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_two_runs_with_other_log_dirs_and_one_dirpath_are_not_both_admitted(tmp_path):
+    """Each run locked only its log dir: two runs writing step_N into the same dirpath were both
+    admitted. The dirpath outside the log dir is locked too, for the run's life; a move-aside keeps
+    the lock where it is."""
+    store = tmp_path / "ckpts"
+    first = claim_run_directory(tmp_path / "a", 0, 1, resume=True, move_aside=False, checkpoints=store)
+    with pytest.raises(RunLockedError, match=str(store)):
+        claim_run_directory(tmp_path / "b", 0, 1, resume=True, move_aside=False, checkpoints=store)
+    assert not (tmp_path / "b" / LOCK_NAME).exists()  # the refused run left no lock behind
+    first.release()
+    assert not store.exists()  # made by the run, left empty: removed with the lock
+    second = claim_run_directory(tmp_path / "b", 0, 1, resume=True, move_aside=False, checkpoints=store)
+    (store / "step_2").mkdir()
+    (store / "step_2" / "COMPLETE").touch()
+    second.release()
+    third = claim_run_directory(tmp_path / "c", 0, 1, resume=False, move_aside=True, checkpoints=store)
+    assert (store / LOCK_NAME).is_file() and complete_steps(store) == []
+    third.release()
+    assert not (store / LOCK_NAME).exists()
