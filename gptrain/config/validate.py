@@ -196,7 +196,9 @@ def _tokenizer_type(tokenizer: Any) -> None:
     model and no type (a preset's GPT2BPETokenizer stays beside it): its ids alone, its eos ending
     documents, which is GPTSentencePieceTokenizer (one of Megatron's SentencePiece types is kept).
     `huggingface` with a type no Megatron type names is AutoTokenizer(type): the Hugging Face tokenizer
-    at that path (as data prepare reads it); `tiktoken` reads vocab_file where model is not given."""
+    at that path (as data prepare reads it; model is never read), and a Megatron type other than
+    HuggingFaceTokenizer (a preset's GPT2BPETokenizer) or none is refused; `tiktoken` is TikTokenizer
+    over vocab_file whatever type and model say (model only where vocab_file is null)."""
     library, named = str(tokenizer.library).lower(), megatron_tokenizer_type(tokenizer.type)
     if library not in TOKENIZER_LIBRARIES:
         raise ConfigError(
@@ -206,19 +208,32 @@ def _tokenizer_type(tokenizer: Any) -> None:
     kind = named or tokenizer.type
     if library == "sentencepiece" and kind not in SENTENCEPIECE_TYPES:
         kind = "GPTSentencePieceTokenizer"
-    if library == "huggingface" and named is None and (tokenizer.type or tokenizer.model):
-        kind, tokenizer.model = (
-            "HuggingFaceTokenizer",
-            tokenizer.model or tokenizer.type,
-        )  # AutoTokenizer(type)
-    if library == "tiktoken" and named is None:  # NeMo's TiktokenTokenizer(vocab_file)
-        kind, tokenizer.model = "TikTokenizer", tokenizer.model or tokenizer.vocab_file
+    if library == "huggingface" and named is None:  # AutoTokenizer(type): NeMo never reads model here
+        kind, tokenizer.model = "HuggingFaceTokenizer", _huggingface_type(tokenizer)
+    elif (
+        library == "huggingface" and named != "HuggingFaceTokenizer" and str(tokenizer.type).lower() != "gpt2"
+    ):
+        _huggingface_type(tokenizer)  # a Megatron type (a preset's GPT2BPETokenizer): no tokenizer's name
+    if library == "tiktoken":  # NeMo's TiktokenTokenizer(vocab_file), whatever type and model say
+        kind, tokenizer.model = "TikTokenizer", tokenizer.vocab_file or tokenizer.model
     if kind is None:
         raise ConfigError(
             f"model.tokenizer.type: null (model.tokenizer.library={tokenizer.library}); name the type, "
             "e.g. GPT2BPETokenizer (null is for library sentencepiece, as NeMo writes it)"
         )
     tokenizer.type = kind
+
+
+def _huggingface_type(tokenizer: Any) -> str:
+    """library huggingface's tokenizer: `type`, the path or hub name NeMo gives AutoTokenizer (HF's
+    `gpt2`, or Megatron's HuggingFaceTokenizer over `model`, are taken before this)."""
+    if tokenizer.type and megatron_tokenizer_type(tokenizer.type) is None:
+        return str(tokenizer.type)
+    raise ConfigError(
+        f"model.tokenizer.type: {tokenizer.type} with model.tokenizer.library=huggingface, which reads type "
+        "as the Hugging Face tokenizer's path or hub name (NeMo's AutoTokenizer(type), never model); "
+        "give that path or name, or library megatron for a Megatron type"
+    )
 
 
 def data_parallel_sharding(model: Any) -> str:

@@ -1003,7 +1003,11 @@ TOK = "model.tokenizer"
     ("given", "kind", "model"),
     [  # NeMo's get_nmt_tokenizer: huggingface is AutoTokenizer(type), tiktoken reads vocab_file
         (["library=huggingface", "type=/tok/llama", "model=null"], "HuggingFaceTokenizer", "/tok/llama"),
-        (["library=huggingface", "type=null", "model=/tok/t.json"], "HuggingFaceTokenizer", "/tok/t.json"),
+        (
+            ["library=huggingface", "type=/tok/llama", "model=/tok/sp.model"],
+            "HuggingFaceTokenizer",
+            "/tok/llama",
+        ),
         (
             ["library=huggingface", "type=gpt2"],
             "GPT2BPETokenizer",
@@ -1014,7 +1018,17 @@ TOK = "model.tokenizer"
             "TikTokenizer",
             "/tok/tiktoken.json",
         ),
-        (["library=tiktoken", "type=null", "model=cl100k_base"], "TikTokenizer", "cl100k_base"),
+        (
+            ["library=tiktoken", "type=null", "model=cl100k_base", "vocab_file=null"],
+            "TikTokenizer",
+            "cl100k_base",
+        ),
+        (
+            ["library=tiktoken", "type=null", "model=/tok/a.json", "vocab_file=/tok/b.json"],
+            "TikTokenizer",
+            "/tok/b.json",
+        ),
+        (["library=tiktoken", "vocab_file=/tok/b.json"], "TikTokenizer", "/tok/b.json"),  # the preset's type
     ],
 )
 def test_the_tokenizer_library_is_read_as_nemo_reads_it(given, kind, model):
@@ -1024,6 +1038,25 @@ def test_the_tokenizer_library_is_read_as_nemo_reads_it(given, kind, model):
         "gpt3/126m", [f"{TOK}.{x}" for x in given], report_ignored=False
     ).model.tokenizer
     assert (tokenizer.type, tokenizer.model) == (kind, model)
+
+
+@pytest.mark.parametrize(
+    ("given", "type_"),
+    [
+        (["type=GPT2BPETokenizer"], "GPT2BPETokenizer"),
+        ([], "GPT2BPETokenizer"),  # the preset's
+        (["type=null", "model=/tok/t.json"], "None"),
+        (["type=llama2", "model=/tok/t.model"], "llama2"),
+    ],
+)
+def test_library_huggingface_without_a_tokenizers_path_or_name_in_type_is_refused(given, type_):
+    """NeMo's get_nmt_tokenizer gives AutoTokenizer the type and never reads model: a Megatron type
+    name (a preset's GPT2BPETokenizer) trained Megatron's GPT-2 BPE, and a model was read as the
+    tokenizer, where NeMo fails or reads another."""
+    overrides = [f"{TOK}.library=huggingface", *(f"{TOK}.{x}" for x in given)]
+    with pytest.raises(ConfigError, match=rf"^model.tokenizer.type: {type_} with model.tokenizer.library="
+                       r"huggingface, which reads type as the Hugging Face tokenizer's path or hub name"):  # fmt: skip
+        load_training_config("gpt3/126m", overrides, report_ignored=False)
 
 
 @pytest.mark.parametrize("library", ["byte-level", "regex", "tabular", "yttm"])
