@@ -279,6 +279,11 @@ def _save_interval(cfg: TrainingConfig) -> list[str]:
     every_n_epochs then 0 where not given. Returns the note of _last_only."""
     params, key = cfg.exp_manager.checkpoint_callback_params, "exp_manager.checkpoint_callback_params"
     _save_last_link(params, key)
+    if cfg.exp_manager.create_checkpoint_callback and (params.every_n_epochs or 0) < 0:  # as Lightning
+        raise ConfigError(
+            f"{key}.every_n_epochs={params.every_n_epochs}: must be >= 0 (PyTorch Lightning refuses it); "
+            "give 0 for no saves by epoch, 1 or null for a save at each validation"
+        )
     if params.every_n_train_steps == 0:
         given = f"{key}.every_n_train_steps=0" + (
             f" with every_n_epochs={params.every_n_epochs}" if params.every_n_epochs is not None else ""

@@ -1151,3 +1151,17 @@ def test_a_dirpath_inside_or_beside_the_log_dir_is_taken(tmp_path, where):
     given = [f"exp_manager.explicit_log_dir={log}", f"{CALLBACK}.dirpath={dirpath}"]
     cfg = load_training_config("gpt3/126m", given, report_ignored=False)
     assert cfg.exp_manager.checkpoint_callback_params.dirpath == dirpath
+
+
+@pytest.mark.parametrize("steps", ["null", "100"])
+def test_a_negative_every_n_epochs_is_refused_as_lightning_refuses_it(steps):
+    """Lightning's ModelCheckpoint raises 'Invalid value for every_n_epochs=-1. Must be >= 0'; it
+    was taken (with every_n_train_steps=null: the last checkpoint only, at each validation)."""
+    given = [f"{CALLBACK}.every_n_epochs=-1", f"{CALLBACK}.every_n_train_steps={steps}"]
+    with pytest.raises(ConfigError, match=rf"^{CALLBACK}.every_n_epochs=-1: must be >= 0"):
+        load_training_config("gpt3/126m", given, report_ignored=False)
+    off = [*given, "exp_manager.create_checkpoint_callback=false"]  # no ModelCheckpoint to refuse it
+    assert (
+        load_training_config("gpt3/126m", off, report_ignored=False).exp_manager.create_checkpoint_callback
+        is False
+    )
