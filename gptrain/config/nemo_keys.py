@@ -23,7 +23,10 @@ _CKPT_NAMES = (
     "checkpoints/step_<N> and logs each save)"
 )
 _LOGGERS = "loggers and profilers other than TensorBoard and Weights & Biases"
-_WANDB_MODEL = "uploading checkpoints to W&B (gptrain keeps them in explicit_log_dir/checkpoints)"
+_WANDB_MODEL = (
+    "uploading checkpoints to W&B (gptrain keeps them in checkpoint_callback_params.dirpath, "
+    "by default explicit_log_dir/checkpoints)"
+)
 _DATA = "NeMo dataloader options (gptrain's dataset and sampler are Megatron's; these do not apply)"
 _NOT_IMPL = "not implemented in gptrain"
 _MLPERF = "MLPerf-only keys (the MLPerf configs are not supported)"

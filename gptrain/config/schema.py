@@ -172,7 +172,8 @@ class ExpManagerConfig:
     explicit_log_dir: str = "results/gpt3_126m/results"
     """Where everything of a training run goes (NeMo: `${training.run.results_dir}/results`)."""
     resume_if_exists: bool = True
-    """Resume from the newest complete checkpoint in explicit_log_dir/checkpoints if any."""
+    """Resume from the newest complete checkpoint in the run's checkpoint directory
+    (checkpoint_callback_params.dirpath, else explicit_log_dir/checkpoints) if any."""
     resume_from_checkpoint: str | None = None
     """A checkpoint to start from while explicit_log_dir has none of its own (Megatron: --load with
     another --save): a step directory, a checkpoints/ directory or a run directory (its newest complete
@@ -205,8 +206,10 @@ class ExpManagerConfig:
     `pip install 'gptrain[wandb]'`; WANDB_MODE=offline or wandb_logger_kwargs.offline without network)."""
     wandb_logger_kwargs: WandbLoggerKwargs = field(default_factory=WandbLoggerKwargs)
     move_aside_earlier_run: bool = False
-    """gptrain extension: with resume_if_exists=false and checkpoints in explicit_log_dir, move the
-    earlier run's files to `<explicit_log_dir>.earlier-<time>` (never deleted) instead of refusing."""
+    """gptrain extension: with resume_if_exists=false and an earlier run's checkpoints in
+    checkpoint_callback_params.dirpath or explicit_log_dir/checkpoints, move the earlier run's files to
+    `<explicit_log_dir>.earlier-<time>` and a dirpath's to `<dirpath>.earlier-<time>/` (never deleted)
+    instead of refusing."""
     max_time_per_run: str | None = None
     """NeMo's wall-clock limit per job `DD:HH:MM:SS`: sets trainer.max_time (gptrain's is per job too),
     over trainer.max_time where both are set, as in NeMo."""

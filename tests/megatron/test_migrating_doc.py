@@ -62,3 +62,15 @@ def test_each_value_flags_row_names_the_key_the_flag_sets():
     for flag, (keys, _) in VALUE.items():
         row = next(line for line in DOC.splitlines() if line.startswith(f"| `{flag}`"))
         assert any(f"`{key}`" in row.split("|")[2] for key in keys), (flag, keys, row)
+
+
+def test_the_ignored_checkpoint_keys_rows_say_where_checkpoints_go_as_gptrain_says_it():
+    """The rows said checkpoints go to explicit_log_dir/checkpoints after dirpath was honoured."""
+    from gptrain.config.nemo_keys import _CKPT, _WANDB_MODEL
+
+    rows = [
+        line
+        for line in DOC.splitlines()
+        if "gptrain writes DCP checkpoints" in line or "gptrain keeps them" in line
+    ]
+    assert len(rows) == 20 and all(_CKPT in row or _WANDB_MODEL in row for row in rows)
