@@ -131,6 +131,7 @@ def with_absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
     container the job starts in the image's WORKDIR (pyxis ignores srun's --chdir), where
     `data/corpus_text_document` would name nothing; the same directories are mounted there."""
     resolved = copy.deepcopy(resolved)
+    _filepath_as_dirpath(resolved)
     keys = [key for stage in STAGE_PATHS.values() for group in stage for key in group]
     for key in keys:  # base_results_dir and data_dir: compose.absolutize_paths made them absolute
         value = lookup(resolved, key)
@@ -148,6 +149,15 @@ def with_absolute_paths(resolved: dict[str, Any]) -> dict[str, Any]:
     if lookup(resolved, key) is not None:
         set_at(resolved, key, absolute_prefixes(lookup(resolved, key)))
     return resolved
+
+
+def _filepath_as_dirpath(resolved: dict[str, Any]) -> None:
+    """NeMo's deprecated checkpoint_callback_params.filepath is dirpath=<its directory> where dirpath is
+    null, as training reads it: set here so that it is mounted and made absolute as dirpath is."""
+    key = "training.exp_manager.checkpoint_callback_params"
+    filepath = lookup(resolved, f"{key}.filepath")
+    if isinstance(filepath, str) and filepath and not lookup(resolved, f"{key}.dirpath"):
+        set_at(resolved, f"{key}.dirpath", os.path.dirname(filepath) or ".")
 
 
 def absolute_prefixes(data_prefix: Any) -> Any:

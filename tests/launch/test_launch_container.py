@@ -387,3 +387,23 @@ def test_a_home_relative_dirpath_and_tensorboard_dir_name_the_same_place_in_trai
     (work / "train.yaml").write_text(yaml.safe_dump(preset))
     em = load_training_config(config_file="train.yaml", report_ignored=False).exp_manager
     assert (em.tensorboard_dir, em.checkpoint_callback_params.dirpath) == (f"{home}/tb", f"{home}/ckpts")
+
+
+def test_nemos_filepath_gives_the_mounted_dirpath_as_training_reads_it(tmp_path, monkeypatch):
+    """NeMo's deprecated filepath is dirpath=<its directory> for training, but launch neither mounted
+    that directory nor made a relative one absolute: the job saved inside the container."""
+    from gptrain.launch.mounts import with_absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    given = {"training": {"exp_manager": {"checkpoint_callback_params": {"filepath": "ck/megatron_gpt"}}}}
+    params = with_absolute_paths(given)["training"]["exp_manager"]["checkpoint_callback_params"]
+    assert params["dirpath"] == f"{tmp_path}/ck"
+    args = ["cluster_type=slurm", "container=img", f"base_results_dir={tmp_path}/r", f"data_dir={tmp_path}/d"]
+    args += [
+        "stages=[training]",
+        *CPU,
+        f"training.exp_manager.checkpoint_callback_params.filepath={tmp_path}/lustre/m",
+    ]
+    for script in write_run_files(build_plan(compose(args)), args):
+        srun = next(x for x in script.read_text().splitlines() if x.startswith("srun "))
+        assert f"{tmp_path}/lustre:{tmp_path}/lustre" in next(w for w in step_words(srun) if "mounts" in w)
