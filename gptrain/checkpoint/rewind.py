@@ -18,6 +18,7 @@ from gptrain.checkpoint.directory import (
     LATEST,
     REWOUND,
     CheckpointLoadError,
+    recorded_checkpoints_dir,
     rename_aside,
     run_dir_of,
     step_dir_name,
@@ -50,6 +51,11 @@ def rewind(root: Path, step: int, say: Callable[[str], None] = print) -> list[Pa
     """Make step_<step> the newest complete checkpoint under `root` (a run's checkpoints/), holding the
     run's lock; returns where the newer ones went."""
     run_dir = run_dir_of(root)
+    if not run_dir.is_absolute() and recorded_checkpoints_dir(run_dir) != root.absolute():
+        raise ConfigError(  # a copy written before it recorded the run directory absolute
+            f"{root / 'hparams.yaml'} names the run directory {run_dir} relative to where the run was "
+            "started, which is not here: run the rewind from that directory, or give the run directory"
+        )
     try:
         lock = acquire(run_dir)
     except RunLockedError:

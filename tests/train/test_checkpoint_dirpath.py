@@ -4,13 +4,15 @@ checkpoints; it was ignored, and the checkpoints went to explicit_log_dir/checkp
 import os
 
 import pytest
+import yaml
 from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
 
 from gptrain.checkpoint.cli import checkpoint_root
 from gptrain.checkpoint.directory import LATEST, find_checkpoint, run_dir_of
 from gptrain.checkpoint.integrity import complete_steps
+from gptrain.checkpoint.rewind import rewind
 from gptrain.config import load_training_config
-from gptrain.errors import EXIT_REQUEUE
+from gptrain.errors import EXIT_REQUEUE, ConfigError
 from gptrain.launch.preflight import check_fresh_start
 from gptrain.train.run_lock import LOCK_NAME, EarlierRunError, RunLockedError, claim_run_directory
 from gptrain.trained.load import find_hparams, resolve_checkpoint, run_started_in
@@ -126,3 +128,28 @@ def test_two_runs_with_other_log_dirs_and_one_dirpath_are_not_both_admitted(tmp_
     assert (store / LOCK_NAME).is_file() and complete_steps(store) == []
     third.release()
     assert not (store / LOCK_NAME).exists()
+
+
+def test_a_rewind_through_an_older_copy_with_a_relative_run_directory_is_refused_elsewhere(
+    tmp_path, monkeypatch
+):
+    """A copy written before the run directory was recorded absolute names it relative to where the
+    run started: a rewind from elsewhere locked <cwd>/run (creating it) beside the live run. It is
+    refused there in one line, and taken from the directory the run started in."""
+    start, store = tmp_path / "start", tmp_path / "ckpts"
+    start.mkdir()
+    monkeypatch.chdir(start)
+    cfg = tiny_config("run", *MOCK, f"{DIRPATH}={store}", "trainer.max_steps=4")
+    assert run_recording(monkeypatch, cfg)[0] == 0 and complete_steps(store) == [2, 4]
+    copy = yaml.safe_load((store / "hparams.yaml").read_text())
+    copy["exp_manager"]["explicit_log_dir"] = "run"  # as the copy was written before
+    (store / "hparams.yaml").write_text(yaml.safe_dump(copy))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"names the run directory run relative to where the run was started"
+    ):
+        rewind(store, 2, say=lambda _: None)
+    assert not (tmp_path / "run").exists() and complete_steps(store) == [2, 4]
+    monkeypatch.chdir(start)
+    rewind(store, 2, say=lambda _: None)
+    assert complete_steps(store) == [2]
