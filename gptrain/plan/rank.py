@@ -179,10 +179,27 @@ def split_rows(
         valid = checked(lighter, model_cfg, cluster)
         if valid is not None:
             options.append(evaluate(work, valid, cluster, mfu, headroom))
+    if (
+        requested is not None
+        and unsplit(requested) == layout
+        and requested not in [c.layout for c in options]
+    ):
+        options.append(evaluate(work, requested, cluster, mfu, headroom))  # a split of its own (first=7)
     fitting = [c for c in options if c.fits]
     best = min(fitting, key=lambda c: (c.time.total, c.memory.total), default=options[0])
     asked = [c for c in options if c.layout == requested and c is not best]
     return [best, *asked]
+
+
+def unsplit(layout: Layout) -> Layout:
+    """`layout` split evenly: the grid's layout a split of it belongs to."""
+    defaults = {field.name: field.default for field in dataclasses.fields(Layout) if field.name in SPLIT_KEYS}
+    return dataclasses.replace(layout, **defaults)
+
+
+def layouts_that_fit(ranked: list[Candidate]) -> int:
+    """How many layouts the ranking holds, a requested split's extra row not counted."""
+    return len({unsplit(candidate.layout) for candidate in ranked})
 
 
 def rank_layouts(

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from gptrain.plan.hardware import Cluster
 from gptrain.plan.memory import GIB
-from gptrain.plan.rank import Candidate, memory_line, step_seconds, tokens_per_second
+from gptrain.plan.rank import Candidate, layouts_that_fit, memory_line, step_seconds, tokens_per_second
 from gptrain.plan.sizes import SECONDS_PER_DAY, megatron_parameter_lines, model_sizes, padded_vocab_line
 from gptrain.plan.spec import Workload
 from gptrain.plan.time import peak_tflops
@@ -158,7 +158,7 @@ def _time_parts(c: Candidate) -> str:
 
 def table(plan: Plan) -> Table:
     measured = any(c.measured_step_s is not None or c.error for c in plan.shown())
-    t = Table(title=f"best {len(plan.shown())} of {len(plan.ranked)} layouts that fit")
+    t = Table(title=f"best {len(plan.shown())} of {layouts_that_fit(plan.ranked)} layouts that fit")
     for column in ("#", "layout", "memory GiB", "step s (est.)", "tokens/s"):
         t.add_column(column, justify="left" if column == "layout" else "right")
     if measured:
@@ -208,7 +208,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "requested": plan.requested.to_dict() if plan.requested else None,
         "requested_error": plan.requested_error,
         "candidates": [c.to_dict() for c in plan.shown()],
-        "valid_layouts_that_fit": len(plan.ranked),
+        "valid_layouts_that_fit": layouts_that_fit(plan.ranked),
         "smallest": plan.smallest.to_dict() if plan.smallest else None,  # nothing fits: the error's layout
     }
 

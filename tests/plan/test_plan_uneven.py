@@ -258,7 +258,7 @@ def test_without_a_requested_layout_the_header_is_the_fastest_ones(tmp_path: Pat
     assert line.startswith("at MFU 0.40 on the busiest rank, fastest layout tp1 pp1 dp8 mbs")
 
 
-@pytest.mark.parametrize("requested", ["even", "lighter", None])
+@pytest.mark.parametrize("requested", ["even", "lighter", "first", None])
 def test_after_measure_the_header_throughput_is_the_measured_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requested: str | None
 ) -> None:
@@ -282,11 +282,14 @@ def test_after_measure_the_header_throughput_is_the_measured_step(
     pipeline = ["model.pipeline_model_parallel_size=2", "model.data_parallel_sharding=full_shard"]
     if requested == "lighter":
         pipeline += ["model.num_layers_in_last_pipeline_stage=4"]
+    if requested == "first":  # a split the ranking does not try (review I: it had no row either)
+        pipeline += ["model.num_layers_in_first_pipeline_stage=7"]
     overrides = pipeline if requested else ["model.tensor_model_parallel_size=3"]
     js = tmp_path / "plan.json"
     args = ["plan", "gpt3/126m", *overrides, "--nodes", "1", "--gpus-per-node", "8", "--top", "2"]
     assert main([*args, "--measure", "--json", str(js)]) == 0
     out = json.loads(js.read_text())
+    assert out["valid_layouts_that_fit"] == 330  # a requested split's extra row is no layout more
     line = next(x for x in out["lines"] if " tokens/s, " in x and " layout " in x)
     if requested:
         layout = layout_from_config(load_training_config("gpt3/126m", overrides), 8, world_size=8)
