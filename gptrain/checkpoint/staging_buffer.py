@@ -26,7 +26,13 @@ def host_buffer_like(state: Any, pin_memory: bool) -> Any:
     if isinstance(state, dict):
         return {key: host_buffer_like(value, pin_memory) for key, value in state.items()}
     if isinstance(state, list | tuple):
-        return type(state)(host_buffer_like(value, pin_memory) for value in state)
+        return (
+            [host_buffer_like(value, pin_memory) for value in state]
+            if isinstance(state, list)
+            else (
+                tuple(host_buffer_like(value, pin_memory) for value in state)  # a namedtuple too, as torch's
+            )
+        )
     return state
 
 

@@ -133,6 +133,7 @@ def _tokenizer_flags(args: argparse.Namespace) -> argparse.Namespace:
 def run_sample(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from gptrain.data.blend_spec import parse_blend
     from gptrain.data.builder import build_gpt_datasets
     from gptrain.data.gpt_dataset import seed_problem
     from gptrain.data.summary import check_ids_in_vocabulary
@@ -152,8 +153,13 @@ def run_sample(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--num-samples gives the {args.split} split 0 samples; mock data and blends need a count"
         )
-    tokenizer = tokenizer_from_args(_tokenizer_flags(args))
     prefix = args.data_prefix[0] if args.data_prefix and len(args.data_prefix) == 1 else args.data_prefix
+    if prefix is not None:
+        try:  # a bad weight named by the flag, as train and megatron name theirs, before any index is built
+            parse_blend(prefix)
+        except DataError as error:
+            raise DataError(f"--data-prefix: {error}") from None
+    tokenizer = tokenizer_from_args(_tokenizer_flags(args))
     datasets = build_gpt_datasets(
         prefix,
         args.splits_string,

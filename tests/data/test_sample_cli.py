@@ -191,6 +191,13 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert "need a count" in capsys.readouterr().err
     assert main(["data", "sample", "--seq-length", "4", "--num-samples", "1,2"]) == 2
     assert "--num-samples" in capsys.readouterr().err
+    # a bad weight is named by the flag, as train and megatron name theirs (review I)
+    blend = ["--data-prefix", "0", prefix, "1", prefix, "--seq-length", "4", "--num-samples", "10,0,0"]
+    assert main(["data", "sample", *blend]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "gptrain: error: --data-prefix: data prefix entry 1: weight"
+    )
 
 
 def test_a_sample_length_or_mock_vocabulary_out_of_range_names_its_flag(tmp_path, capsys):
