@@ -25,14 +25,10 @@ def host_buffer_like(state: Any, pin_memory: bool) -> Any:
         return _host_tensor_like(state, pin_memory)
     if isinstance(state, dict):
         return {key: host_buffer_like(value, pin_memory) for key, value in state.items()}
-    if isinstance(state, list | tuple):
-        return (
-            [host_buffer_like(value, pin_memory) for value in state]
-            if isinstance(state, list)
-            else (
-                tuple(host_buffer_like(value, pin_memory) for value in state)  # a namedtuple too, as torch's
-            )
-        )
+    if isinstance(state, list):
+        return [host_buffer_like(value, pin_memory) for value in state]
+    if isinstance(state, tuple):  # a namedtuple too: a plain tuple, as torch's allocator gives
+        return tuple(host_buffer_like(value, pin_memory) for value in state)
     return state
 
 
