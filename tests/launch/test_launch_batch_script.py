@@ -25,7 +25,9 @@ if mode == "wait":  # before the marker, which tells the test to signal
     for signum in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(signum, lambda *_: sys.exit(75))
 names = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
-pathlib.Path(sys.argv[-1] + ".started").write_text(" ".join(os.environ[n] for n in names))
+marker = pathlib.Path(sys.argv[-1] + ".started")  # whole when it appears: the test signals at once
+pathlib.Path(str(marker) + ".tmp").write_text(" ".join(os.environ[n] for n in names))
+os.replace(str(marker) + ".tmp", marker)
 if mode == "wait":
     time.sleep(30)
 sys.exit(int(mode))
