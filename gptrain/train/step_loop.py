@@ -43,8 +43,9 @@ def run(
     t = s.cfg.trainer
     agreement = StopAgreement()
     check = stopping.during_evaluation(agreement, stop)
+    end_check = check if stopping.stops_at_max_steps(s) else None  # the evaluations at max_steps
     if s.state.step >= t.max_steps:
-        return finish_at_max_steps(s, valid_data, test_data, check)
+        return finish_at_max_steps(s, valid_data, test_data, end_check)
     meter = IntervalMeter(start_step=s.state.step)
     times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
     early = stopping.agree_before_training(s, agreement, stop)
@@ -93,15 +94,16 @@ def run(
             )
         agreed_stop = agreed_stop or reason
         last = s.state.step >= t.max_steps
+        stoppable = not last or end_check is not None
         # with a step queued ahead: stop after it. At max_steps too: the final checkpoint first, the
         # end's validation and test split are left to the requeued run (the time left may not hold them)
-        if agreed_stop is not None and not runner.ahead:
+        if agreed_stop is not None and not runner.ahead and stoppable:
             return stop_here(s, meter, agreed_stop, test_owed=last and tested)
         validated = eval_splits.validates_at(s, s.state.step) or last
         if validated:  # before the save: the checkpoint records it done
             try:
                 with meter.excluded(), times.excluded():
-                    eval_splits.validate(s, valid_data, check)
+                    eval_splits.validate(s, valid_data, check if stoppable else None)
             except EvaluationStopped as stopped:  # given up for the stop: it stays owed
                 return stop_here(s, meter, stopped.reason, test_owed=last and tested)
         if saving.saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
@@ -124,7 +126,7 @@ def run(
         saving.save_checkpoint(s, waited_for=not tested)
         saved_at = s.state.step
     try:
-        eval_splits.evaluate_test_split(s, test_data, check)
+        eval_splits.evaluate_test_split(s, test_data, end_check)
     except EvaluationStopped as stopped:
         return stopping.stop_for_requeue(s, stopped.reason, saved=saved_at == s.state.step, test_owed=True)
     return 0
@@ -141,7 +143,10 @@ def stop_here(
 
 
 def finish_at_max_steps(
-    s: Session, valid_data: GPTBatchDataset | None, test_data: GPTBatchDataset | None, check: StopCheck
+    s: Session,
+    valid_data: GPTBatchDataset | None,
+    test_data: GPTBatchDataset | None,
+    check: StopCheck | None,
 ) -> int:
     """A run resumed at trainer.max_steps: the end's evaluations its stop left (eval_splits); a stop
     during them exits to be requeued again, its checkpoint complete already."""

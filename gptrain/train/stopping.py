@@ -38,6 +38,13 @@ def during_evaluation(agreement: StopAgreement, stop: StopRequest) -> StopCheck:
     return lambda: agreement.exchange(stop.reason(), read_now=False)
 
 
+def stops_at_max_steps(s: Session) -> bool:
+    """Whether a stop at trainer.max_steps (in its last step, its validation or the test split) ends
+    the run there for a requeue. With checkpoints off nothing is saved and nothing requeued, so the
+    run ignores it and finishes its evaluations, as it did before stops gave them up."""
+    return s.cfg.exp_manager.create_checkpoint_callback
+
+
 def stop_before_training(s: Session, reason: str) -> int:
     """A stop signalled during start-up, agreed by every rank before the first step: nothing was
     trained since the checkpoint the run loaded (or since its start), so nothing is saved (a copy of

@@ -155,3 +155,26 @@ def test_a_stop_inside_the_final_test_split_exits_75_and_the_resume_evaluates_on
     said = "iteration 6 is already at trainer.max_steps=6: evaluating the test split, which the run stopped before"
     assert log_lines(tmp_path).count(said) == 2  # the two resumed runs
     assert_the_end_as_uninterrupted(tmp_path, full_dir)
+
+
+@pytest.mark.parametrize("where", ["in the last step", "inside its validation", "inside the test split"])
+def test_with_checkpoints_off_a_stop_at_the_last_step_still_runs_the_evaluations(
+    uninterrupted, tmp_path, monkeypatch, where
+):
+    """Nothing is saved and nothing requeued with checkpoints off: giving the evaluations up gained
+    nothing and lost the run's validation and test results (exit 0, the lines never printed)."""
+    full_dir, full_losses = uninterrupted
+    off = config(tmp_path, "exp_manager.create_checkpoint_callback=false")
+    if where == "in the last step":
+        code, losses = run_recording(monkeypatch, off, signal_at=6)
+    else:
+        tag = TB_VAL_LOSS if where == "inside its validation" else TB_TEST_LOSS
+        taken = signal_inside_evaluation(monkeypatch, tag, at_step=6)
+        code, losses = run_recording(monkeypatch, off)
+        assert taken[-1] > MICROBATCHES  # on past its first batch (the lines below: to its end)
+    monkeypatch.undo()
+    assert code == 0 and losses == full_losses
+    assert evaluation_lines(tmp_path) == evaluation_lines(full_dir)
+    for tag in (TB_VAL_LOSS, TB_TEST_LOSS):
+        assert scalars(tmp_path, tag) == scalars(full_dir, tag), tag
+    assert not any(line.startswith("stopping at iteration") for line in log_lines(tmp_path))
