@@ -43,7 +43,7 @@ def run(
     t = s.cfg.trainer
     agreement = StopAgreement()
     check = stopping.during_evaluation(agreement, stop)
-    end_check = check if stopping.stops_at_max_steps(s) else None  # the evaluations at max_steps
+    end_check = check if stopping.stops_at_max_steps(s, valid_data, test_data) else None  # at max_steps
     if s.state.step >= t.max_steps:
         return finish_at_max_steps(s, valid_data, test_data, end_check)
     meter = IntervalMeter(start_step=s.state.step)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gptrain.errors import EXIT_REQUEUE
 from gptrain.train import eval_splits, saving
+from gptrain.train.batches import GPTBatchDataset
 from gptrain.train.evaluation import StopCheck
 from gptrain.train.session import Session
 from gptrain.train.signals import StopRequest
@@ -38,11 +39,19 @@ def during_evaluation(agreement: StopAgreement, stop: StopRequest) -> StopCheck:
     return lambda: agreement.exchange(stop.reason(), read_now=False)
 
 
-def stops_at_max_steps(s: Session) -> bool:
+def stops_at_max_steps(
+    s: Session, valid_data: GPTBatchDataset | None, test_data: GPTBatchDataset | None
+) -> bool:
     """Whether a stop at trainer.max_steps (in its last step, its validation or the test split) ends
-    the run there for a requeue. With checkpoints off nothing is saved and nothing requeued, so the
-    run ignores it and finishes its evaluations, as it did before stops gave them up."""
-    return s.cfg.exp_manager.create_checkpoint_callback
+    the run there for a requeue. Not with checkpoints off: nothing is saved and nothing requeued, so
+    the run finishes its evaluations, as it did before stops gave them up. Nor with no evaluation to
+    leave to the requeued run (limit_val_batches=0 and no test split): it would only find the run
+    finished; the run saves as usual and exits 0."""
+    t = s.cfg.trainer
+    owed = eval_splits.has_batches(valid_data, t.limit_val_batches) or eval_splits.has_batches(
+        test_data, t.limit_test_batches
+    )
+    return s.cfg.exp_manager.create_checkpoint_callback and owed
 
 
 def stop_before_training(s: Session, reason: str) -> int:

@@ -178,3 +178,13 @@ def test_with_checkpoints_off_a_stop_at_the_last_step_still_runs_the_evaluations
     for tag in (TB_VAL_LOSS, TB_TEST_LOSS):
         assert scalars(tmp_path, tag) == scalars(full_dir, tag), tag
     assert not any(line.startswith("stopping at iteration") for line in log_lines(tmp_path))
+
+
+def test_a_stop_at_the_last_step_with_no_evaluation_owed_saves_and_exits_0(tmp_path, monkeypatch):
+    """With no validation and no test split, the requeue it asked for (exit 75) only started a job
+    that found the run finished and said `nothing to do`."""
+    none = ("trainer.limit_val_batches=0", "trainer.limit_test_batches=0")
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *none), signal_at=6)
+    assert code == 0 and sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert complete_steps(tmp_path / "checkpoints")[-1] == 6
+    assert not any(line.startswith("stopping at iteration") for line in log_lines(tmp_path))
