@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gptrain.checkpoint.directory import step_dir_name
 from gptrain.checkpoint.reader import rank_0s
+from gptrain.checkpoint.retention import recorded_metric
 from gptrain.train import saving
 from gptrain.train.batches import GPTBatchDataset
 from gptrain.train.evaluation import EvalSetup, StopCheck, evaluate_loss
@@ -26,6 +28,26 @@ def validation_owed(s: Session, step: int) -> bool:
     t = s.cfg.trainer
     due = validates_at(s, step) or step == t.max_steps
     return step > 0 and due and t.limit_val_batches > 0 and s.state.validated_at != step
+
+
+def validation_recorded(s: Session) -> bool:
+    """Whether the COMPLETE of the checkpoint this run resumed from, at this step, records a validation
+    loss: a run resumed from a stop's checkpoint ran the validation the stop left owed and recorded it
+    there (saving.record_left_due_validation), with no save after it to carry `validated_at`."""
+    resumed = s.checkpoints.resumed
+    return (
+        resumed is not None
+        and resumed.name == step_dir_name(s.state.step)
+        and recorded_metric(resumed, "val_loss") is not None
+    )
+
+
+def adopt_recorded_validation(s: Session) -> None:
+    """The validation owed by the resumed checkpoint's state, which its COMPLETE records done
+    (validation_recorded: an earlier resume of it ran the validation, then stopped again without a
+    save), is not owed: it ran once. Every rank goes by rank 0's reading."""
+    if validation_owed(s, s.state.step) and rank_0s(lambda: validation_recorded(s)):
+        s.state.validated_at = s.state.step
 
 
 def has_batches(data: GPTBatchDataset | None, batches: int) -> bool:

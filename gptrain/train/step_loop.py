@@ -44,6 +44,7 @@ def run(
     agreement = StopAgreement()
     check = stopping.during_evaluation(agreement, stop)
     end_check = check if stopping.stops_at_max_steps(s, valid_data, test_data) else None  # at max_steps
+    eval_splits.adopt_recorded_validation(s)
     if s.state.step >= t.max_steps:
         return finish_at_max_steps(s, valid_data, test_data, end_check)
     meter = IntervalMeter(start_step=s.state.step)
@@ -153,8 +154,9 @@ def finish_at_max_steps(
     owed = eval_splits.owed_at_max_steps(s, valid_data, test_data)
     try:
         return eval_splits.finish_at_max_steps(s, valid_data, test_data, owed, check)
-    except EvaluationStopped as stopped:
-        return stopping.stop_for_requeue(s, stopped.reason, saved=True, test_owed=owed[1])
+    except EvaluationStopped as stopped:  # what is left as the requeued run reads it from the checkpoint
+        left = owed[0] and not eval_splits.validation_recorded(s)
+        return stopping.stop_for_requeue(s, stopped.reason, True, test_owed=owed[1], validation_owed=left)
 
 
 def end_if_interrupted(s: Session, stop: StopRequest) -> None:

@@ -72,10 +72,18 @@ def stop_before_training(s: Session, reason: str) -> int:
     return EXIT_REQUEUE
 
 
-def stop_for_requeue(s: Session, reason: str, saved: bool = False, test_owed: bool = False) -> int:
+def stop_for_requeue(
+    s: Session,
+    reason: str,
+    saved: bool = False,
+    test_owed: bool = False,
+    validation_owed: bool | None = None,
+) -> int:
     """Checkpoint where every rank agreed to stop, wait for it, and exit to be requeued. `saved`:
     this step's checkpoint is saved already (it may still be writing in the background). `test_owed`:
-    at trainer.max_steps, the test split has not been evaluated (the requeued run does only that)."""
+    at trainer.max_steps, the test split has not been evaluated (the requeued run does only that).
+    `validation_owed`: whether the requeued run validates first, where this run validated after
+    loading that checkpoint (None: as this run's state says, which its save records)."""
     if not s.cfg.exp_manager.create_checkpoint_callback:  # a requeue would start the run over
         s.log(
             f"stopping at iteration {s.state.step}: {reason}; checkpoints are off "
@@ -85,14 +93,16 @@ def stop_for_requeue(s: Session, reason: str, saved: bool = False, test_owed: bo
     if not saved:
         saving.save_checkpoint(s, waited_for=True)
     s.checkpoints.wait()
-    left = left_to_the_resumed_run(s, test_owed)
+    if validation_owed is None:
+        validation_owed = eval_splits.validation_owed(s, s.state.step)
+    left = left_to_the_resumed_run(s, validation_owed, test_owed)
     s.log(f"stopping at iteration {s.state.step}: {reason}{left}; exit {EXIT_REQUEUE} to be requeued")
     return EXIT_REQUEUE
 
 
-def left_to_the_resumed_run(s: Session, test_owed: bool) -> str:
+def left_to_the_resumed_run(s: Session, validation_owed: bool, test_owed: bool) -> str:
     """What the stop leaves the requeued run to do before (or, at max_steps, instead of) training."""
-    owed = ["its validation"] if eval_splits.validation_owed(s, s.state.step) else []
+    owed = ["its validation"] if validation_owed else []
     owed += ["the test split"] if test_owed else []
     if not owed:
         return ""

@@ -188,3 +188,68 @@ def test_a_stop_at_the_last_step_with_no_evaluation_owed_saves_and_exits_0(tmp_p
     assert code == 0 and sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert complete_steps(tmp_path / "checkpoints")[-1] == 6
     assert not any(line.startswith("stopping at iteration") for line in log_lines(tmp_path))
+
+
+def test_the_validation_a_resumed_run_ran_before_a_stop_in_the_test_split_is_not_run_again(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """The resumed run at max_steps validated, then stopped inside the test split: its exit kept the
+    checkpoint it loaded, whose state still owed the validation, so the next run validated again
+    (the loss logged twice at iteration 6) while the stop line said it only evaluates the test split."""
+    full_dir, _ = uninterrupted
+    assert run_recording(monkeypatch, config(tmp_path), signal_at=6)[0] == EXIT_REQUEUE
+    signal_inside_evaluation(monkeypatch, TB_TEST_LOSS, at_step=6)
+    assert run_recording(monkeypatch, config(tmp_path)) == (EXIT_REQUEUE, {})
+    monkeypatch.undo()
+    assert log_lines(tmp_path)[-1] == f"{END_LEFT} the test split; exit 75 to be requeued"
+    assert run_recording(monkeypatch, config(tmp_path)) == (0, {})
+    assert (
+        "iteration 6 is already at trainer.max_steps=6: evaluating the test split, which the run stopped before"
+    ) in log_lines(tmp_path)
+    assert_the_end_as_uninterrupted(tmp_path, full_dir)
+
+
+def test_a_stop_after_the_validation_a_resume_ran_first_does_not_leave_it_owed(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """Resumed at iteration 3 (its stop came before the validation), the run validated, then a stop
+    agreed before the first step exited 75 with nothing saved: the checkpoint still owed the
+    validation, and the next run validated iteration 3 a second time."""
+    import os
+    import signal
+
+    from gptrain.train import saving
+
+    full_dir, _ = uninterrupted
+    assert run_recording(monkeypatch, config(tmp_path), signal_at=3)[0] == EXIT_REQUEUE
+    real_record = saving.record_left_due_validation
+
+    def recorded_then_signalled(s):
+        real_record(s)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    monkeypatch.setattr(saving, "record_left_due_validation", recorded_then_signalled)
+    assert run_recording(monkeypatch, config(tmp_path)) == (EXIT_REQUEUE, {})
+    monkeypatch.undo()
+    code, trained = run_recording(monkeypatch, config(tmp_path))
+    assert code == 0 and sorted(trained) == [4, 5, 6]
+    assert evaluation_lines(tmp_path) == evaluation_lines(full_dir)  # iteration 3's once
+    assert scalars(tmp_path, TB_VAL_LOSS) == scalars(full_dir, TB_VAL_LOSS)
+
+
+def test_a_validation_its_checkpoint_could_not_record_is_named_left_in_the_stop_line(tmp_path, monkeypatch):
+    """The stop line said 'only evaluates the test split' from this run's memory, while the resume,
+    reading the checkpoint, validated again: it now says what the checkpoint records."""
+    from gptrain.checkpoint.manager import CheckpointManager
+
+    assert run_recording(monkeypatch, config(tmp_path), signal_at=6)[0] == EXIT_REQUEUE
+
+    def unwritable(self, step, metrics):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(CheckpointManager, "record_metrics_of_resumed", unwritable)
+    signal_inside_evaluation(monkeypatch, TB_TEST_LOSS, at_step=6)
+    assert run_recording(monkeypatch, config(tmp_path)) == (EXIT_REQUEUE, {})
+    monkeypatch.undo()
+    left = f"{END_LEFT} its validation and the test split; exit 75 to be requeued"
+    assert log_lines(tmp_path)[-1] == left
