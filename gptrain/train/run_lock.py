@@ -127,9 +127,21 @@ def slurm_job_live(job_id: str) -> bool | None:
     return any(f"JobState={state}" in out.stdout for state in LIVE_JOB_STATES)
 
 
+def squeue_job_names(job_id: str) -> set[str]:
+    """The names squeue gives job `job_id` in its step ids: the id itself, and for an array task of
+    this job (SLURM_JOB_ID is the task's own id) ARRAYJOB_TASK, as in 1234_5.0. squeue has no field
+    of a step's raw job id (StepId is printed the same way)."""
+    names = {job_id}
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if os.environ.get("SLURM_JOB_ID") == job_id and array and task:
+        names.add(f"{array}_{task}")
+    return names
+
+
 def slurm_step_live(job_id: str, step_id: str) -> bool | None:
     """Whether step `job_id.step_id` still runs, as squeue lists the job's steps (an ended step is
-    no longer listed); None when squeue cannot be asked or fails."""
+    no longer listed); None when squeue cannot be asked or fails, or lists steps under a job name
+    not understood (a heterogeneous job's 1234+0.0): unknown, never read as ended."""
     command = ["squeue", "--noheader", "--steps", "--jobs", job_id, "--format", "%i"]
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=15)
@@ -137,7 +149,13 @@ def slurm_step_live(job_id: str, step_id: str) -> bool | None:
         return None
     if out.returncode != 0:
         return None
-    return f"{job_id}.{step_id}" in out.stdout.split()
+    listed = out.stdout.split()
+    names = squeue_job_names(job_id)
+    if any(f"{name}.{step_id}" in listed for name in names):
+        return True
+    if any(entry.rpartition(".")[0] not in names for entry in listed):
+        return None
+    return False
 
 
 def booted_since(other: Holder, me: Holder) -> bool:

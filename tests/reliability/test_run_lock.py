@@ -119,6 +119,34 @@ def test_another_step_of_the_same_slurm_job_on_another_host_keeps_its_lock_while
     assert not (tmp_path / LOCK_NAME).exists()
 
 
+def test_an_array_tasks_live_step_keeps_its_lock(tmp_path, monkeypatch):
+    """An array task's SLURM_JOB_ID is its own id (1240), but squeue names its steps 1234_5.0: the
+    live step 1240.0 was not found, read as ended, and its lock taken over by another step."""
+    for name, value in {
+        "SLURM_JOB_ID": "1240",
+        "SLURM_ARRAY_JOB_ID": "1234",
+        "SLURM_ARRAY_TASK_ID": "5",
+    }.items():
+        monkeypatch.setenv(name, value)
+    acquire(tmp_path, slurm_holder("1240", "0", 0, host="node-a", pid=4242))
+    second = slurm_holder("1240", "1", 0, host="node-b")
+    fake_squeue(tmp_path / "bin", monkeypatch, "1234_5.0 1234_5.1 1234_5.batch")
+    with pytest.raises(RunLockedError, match="node-a, Slurm job 1240.0"):
+        acquire(tmp_path, second)
+    fake_squeue(tmp_path / "bin", monkeypatch, "1234_5.1 1234_5.batch")  # step 0 has ended
+    assert acquire(tmp_path, second).notes[0].endswith("its step 1240.0 of this Slurm job has ended")
+
+
+def test_steps_listed_in_a_form_not_understood_are_not_read_as_ended(tmp_path, monkeypatch):
+    """A heterogeneous job's steps (1234+0.0): unknown, so the lock is kept, never taken over."""
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+    acquire(tmp_path, slurm_holder("1234", "0", 0, host="node-a", pid=4242))
+    fake_squeue(tmp_path / "bin", monkeypatch, "1234+0.0 1234+0.1")
+    with pytest.raises(RunLockedError, match="node-a, Slurm job 1234.0"):
+        acquire(tmp_path, slurm_holder("1234", "1", 0, host="node-b"))
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == 4242
+
+
 def test_a_same_job_holder_that_ran_in_no_step_is_not_taken_over_from_another_host(tmp_path, monkeypatch):
     """A batch script's or salloc shell's process has no SLURM_STEP_ID: Slurm cannot say it ended."""
     acquire(tmp_path, slurm_holder("42", None, 0, host="node-a", pid=4242))
