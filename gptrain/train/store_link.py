@@ -7,7 +7,9 @@ it raises, and torch offers no scoped way to quiet that log: only TORCH_CPP_LOG_
 process and read at its start. So the watchdog looks first: it finds the store client's socket once
 (the descriptor of this process connected to the store's host and port), keeps a duplicate, and
 peeks at it without blocking. A server that ended closed it (end of file or reset); a live one sends
-nothing unasked. No packet is sent and the store's server sees nothing.
+nothing unasked. No packet is sent and the store's server sees nothing. Under a process-wide
+socket.setdefaulttimeout() nothing is looked for: a socket object made of the duplicate would set
+O_NONBLOCK on the file description it shares with c10d's socket.
 """
 
 from __future__ import annotations
@@ -70,7 +72,11 @@ class StoreLink:
 
 
 def connected_to(fd: int, addresses: set[str], port: int) -> socket.socket | None:
-    """A duplicate of descriptor `fd` when it is a TCP socket connected to one of `addresses` at `port`."""
+    """A duplicate of descriptor `fd` when it is a TCP socket connected to one of `addresses` at `port`.
+    None under a default timeout: Python makes a socket it wraps non-blocking then, and the duplicate
+    shares its file description (its O_NONBLOCK) with `fd`'s owner."""
+    if socket.getdefaulttimeout() is not None:
+        return None
     try:
         if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
             return None

@@ -267,6 +267,28 @@ def test_a_store_whose_server_is_gone_is_not_called_and_prints_no_cpp_stack(capf
     )  # none: called as before
 
 
+def test_looking_for_the_store_socket_never_changes_a_sockets_blocking_mode():
+    """Wrapping a duplicate in a socket object under a process-wide socket.setdefaulttimeout() (any
+    library may set one) set O_NONBLOCK on the open file description it shares with c10d's socket,
+    changing c10d's own store connection under it."""
+    import fcntl
+    import socket
+
+    from gptrain.train.store_link import connected_to
+
+    ours, theirs = socket.socketpair()  # blocking: made before the default timeout is set
+    before = fcntl.fcntl(ours.fileno(), fcntl.F_GETFL)
+    assert not before & os.O_NONBLOCK
+    socket.setdefaulttimeout(30.0)
+    try:
+        assert connected_to(ours.fileno(), {"127.0.0.1"}, 1) is None
+    finally:
+        socket.setdefaulttimeout(None)
+    assert fcntl.fcntl(ours.fileno(), fcntl.F_GETFL) == before
+    ours.close()
+    theirs.close()
+
+
 def test_a_training_step_makes_no_store_call_and_beats_are_rate_limited():
     """Issue 14 review: two blocking `store.set`s per step, every rank at once on rank 0's server."""
     [dog, _], _, store = dogs(2, 2.0)  # sync_s 0.4 s
