@@ -42,11 +42,15 @@ def run(
     """
     t = s.cfg.trainer
     agreement = StopAgreement()
-    check = stopping.during_evaluation(agreement, stop)
+    # with checkpoints off a stop gives no evaluation up: nothing is saved or requeued to finish it
+    checkpoints_on = s.cfg.exp_manager.create_checkpoint_callback
+    check = stopping.during_evaluation(agreement, stop) if checkpoints_on else None
     end_check = check if stopping.stops_at_max_steps(s, valid_data, test_data) else None  # at max_steps
+    # before the first step a signal only: trainer.max_time still trains a step (StopRequest.signalled)
+    start_check = stopping.during_evaluation(agreement, stop, signals_only=True) if checkpoints_on else None
     eval_splits.adopt_recorded_validation(s)
     if s.state.step >= t.max_steps:
-        return finish_at_max_steps(s, valid_data, test_data, end_check)
+        return finish_at_max_steps(s, valid_data, test_data, start_check if end_check else None)
     meter = IntervalMeter(start_step=s.state.step)
     times = StepTimes.open(Path(s.cfg.exp_manager.explicit_log_dir), s.world.rank, s.world.world_size)
     early = stopping.agree_before_training(s, agreement, stop)
@@ -56,7 +60,7 @@ def run(
     # it, so that a stop asked during it (the resumed run's longest work) ends the run before a step
     try:
         with meter.excluded(), times.excluded():
-            validated = eval_splits.validate_if_left_due(s, valid_data, check)
+            validated = eval_splits.validate_if_left_due(s, valid_data, start_check)
     except EvaluationStopped as stopped:
         return stopping.stop_before_training(s, stopped.reason)
     early = stopping.agree_before_training(s, agreement, stop) if validated else None
@@ -99,14 +103,14 @@ def run(
         # with a step queued ahead: stop after it. At max_steps too: the final checkpoint first, the
         # end's validation and test split are left to the requeued run (the time left may not hold them)
         if agreed_stop is not None and not runner.ahead and stoppable:
-            return stop_here(s, meter, agreed_stop, test_owed=last and tested)
+            return stop_here(s, meter, agreed_stop, valid_data, test_owed=last and tested)
         validated = eval_splits.validates_at(s, s.state.step) or last
         if validated:  # before the save: the checkpoint records it done
             try:
                 with meter.excluded(), times.excluded():
                     eval_splits.validate(s, valid_data, check if stoppable else None)
             except EvaluationStopped as stopped:  # given up for the stop: it stays owed
-                return stop_here(s, meter, stopped.reason, test_owed=last and tested)
+                return stop_here(s, meter, stopped.reason, valid_data, test_owed=last and tested)
         if saving.saves_at(s, s.state.step) and s.state.consecutive_nonfinite == 0:
             # not during a non-finite streak: the last good one stays newest
             with meter.excluded(), times.excluded():
@@ -117,7 +121,7 @@ def run(
         )
         # at max_steps the test split's own stop check, at its first batch, takes a stop asked here
         if took_time and not last and (late := stopping.asked_during(s, agreement, stop)) is not None:
-            return stop_here(s, meter, late, saved=saved_at == s.state.step)
+            return stop_here(s, meter, late, valid_data, saved=saved_at == s.state.step)
         if stopping.exits_at(s, s.state.step):
             if meter.iterations:
                 log_interval(s, meter)
@@ -134,13 +138,23 @@ def run(
 
 
 def stop_here(
-    s: Session, meter: IntervalMeter, reason: str, saved: bool = False, test_owed: bool = False
+    s: Session,
+    meter: IntervalMeter,
+    reason: str,
+    valid_data: GPTBatchDataset | None,
+    saved: bool = False,
+    test_owed: bool = False,
 ) -> int:
     """Stop for a requeue at this step, its iterations since the last line logged first (their losses
-    are not lost with the stop)."""
+    are not lost with the stop). The validation is said owed only where there is one to run."""
     if meter.iterations:
         log_interval(s, meter)
-    return stopping.stop_for_requeue(s, reason, saved=saved, test_owed=test_owed)
+    validation_owed = eval_splits.validation_owed(s, s.state.step) and eval_splits.has_batches(
+        valid_data, s.cfg.trainer.limit_val_batches
+    )
+    return stopping.stop_for_requeue(
+        s, reason, saved=saved, test_owed=test_owed, validation_owed=validation_owed
+    )
 
 
 def finish_at_max_steps(

@@ -31,11 +31,15 @@ def asked_during(s: Session, agreement: StopAgreement, stop: StopRequest) -> str
         return agreement.exchange(stop.reason(), read_now=True)
 
 
-def during_evaluation(agreement: StopAgreement, stop: StopRequest) -> StopCheck:
+def during_evaluation(agreement: StopAgreement, stop: StopRequest, signals_only: bool = False) -> StopCheck:
     """The stop check of a validation or test split, before each of its global batches: Slurm's warning
     signal landing in one (at scale, minutes) stops it there, and the run saves and exits 75 instead of
     evaluating past the kill. Read a batch late on several ranks, as on unlogged steps (StopAgreement):
-    a read at once would wait for each batch's forward before the next is queued."""
+    a read at once would wait for each batch's forward before the next is queued. `signals_only`: for
+    the evaluations a resumed run runs before its first step, where trainer.max_time is not yet a
+    reason (a start-up longer than it would requeue for ever without a step)."""
+    if signals_only:
+        return lambda: agreement.exchange(stop.signalled(), read_now=False)
     return lambda: agreement.exchange(stop.reason(), read_now=False)
 
 

@@ -253,3 +253,64 @@ def test_a_validation_its_checkpoint_could_not_record_is_named_left_in_the_stop_
     monkeypatch.undo()
     left = f"{END_LEFT} its validation and the test split; exit 75 to be requeued"
     assert log_lines(tmp_path)[-1] == left
+
+
+def test_with_checkpoints_off_a_stop_inside_a_mid_run_validation_lets_it_finish(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """As at max_steps: nothing is saved or requeued with checkpoints off, so giving iteration 3's
+    validation up only lost its result (review J); the run still stops, after it."""
+    full_dir, _ = uninterrupted
+    signal_inside_evaluation(monkeypatch, TB_VAL_LOSS, at_step=3)
+    code, losses = run_recording(
+        monkeypatch, config(tmp_path, "exp_manager.create_checkpoint_callback=false")
+    )
+    monkeypatch.undo()
+    assert code == 0 and max(losses) == 3
+    at_3 = [line for line in evaluation_lines(full_dir) if "iteration 3 " in line]
+    assert at_3 and [line for line in evaluation_lines(tmp_path) if "iteration 3 " in line] == at_3
+
+
+@pytest.mark.parametrize("stopped_at", [3, 6])
+def test_a_start_up_longer_than_max_time_still_runs_the_owed_evaluations(tmp_path, monkeypatch, stopped_at):
+    """trainer.max_time is a budget of steps: a resumed run whose start-up outlasts it still trains a
+    step (StopRequest.signalled). The evaluations a stop left owed, run before the first step, stopped
+    for max_time at their first batch, so every requeue exited 75 with nothing done (review J)."""
+    import time
+
+    from gptrain.train import resuming
+
+    if stopped_at == 3:
+        signal_inside_evaluation(monkeypatch, TB_VAL_LOSS, at_step=3)
+        code, _ = run_recording(monkeypatch, config(tmp_path))
+    else:
+        code, _ = run_recording(monkeypatch, config(tmp_path), signal_at=6)
+    monkeypatch.undo()
+    assert code == EXIT_REQUEUE
+    real = resuming.resume
+
+    def slow_start(*args, **kwargs):
+        time.sleep(1.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(resuming, "resume", slow_start)
+    code, losses = run_recording(monkeypatch, config(tmp_path, "trainer.max_time=00:00:00:01"))
+    assert [line for line in evaluation_lines(tmp_path) if f"iteration {stopped_at} " in line]
+    if stopped_at == 3:  # the validation, then a step, then the stop max_time asks for
+        assert code == EXIT_REQUEUE and sorted(losses) == [4]
+    else:  # at max_steps: the validation and the test split, then done
+        assert code == 0 and (tmp_path / TEST_DONE).read_text() == "6\n"
+
+
+def test_the_stop_line_leaves_no_validation_to_a_run_without_validation_data(tmp_path, monkeypatch):
+    """limit_val_batches > 0 but no validation data: the stop line said the resumed run evaluates
+    `its validation and the test split`, and that run evaluated the test split only (review J)."""
+    from gptrain.train import loop
+
+    real = loop.b.build_datasets
+    monkeypatch.setattr(
+        loop.b, "build_datasets", lambda *a, **k: (lambda t: (t[0], None, t[2]))(real(*a, **k))
+    )
+    code, _ = run_recording(monkeypatch, config(tmp_path), signal_at=6)
+    assert code == EXIT_REQUEUE
+    assert log_lines(tmp_path)[-1] == f"{END_LEFT} the test split; exit 75 to be requeued"
