@@ -239,6 +239,15 @@ def fault_problem(reason: str, fields: list[str] | None = None) -> str:
     return f"NVML: {reason}{reading}: reset or service the GPU"
 
 
+# What NVML's volatile ECC counter covers (nvmlEccCounterType_t): it is reset each time the driver
+# loads, which on Linux without persistence mode is each time an application opens the GPU. The
+# aggregate counter spans the GPU's life: its past errors are judged by row remapping instead.
+VOLATILE_SPAN = (
+    "since the NVIDIA driver last loaded (NVML's volatile count; without persistence mode the driver"
+    " loads afresh for each application)"
+)
+
+
 def health_problems(info: dict[str, Any]) -> list[str]:
     """What in an NVML record makes the GPU unfit for a long run (empty: healthy)."""
     problems = []
@@ -248,7 +257,7 @@ def health_problems(info: dict[str, Any]) -> list[str]:
     problems += [fault_problem(reason, names) for reason, names in faults.items()]
     ecc_counts, memory = info.get("ecc") or {}, info.get("memory") or {}
     if (ecc_counts.get("uncorrected_volatile") or 0) > 0:
-        problems.append(f"{ecc_counts['uncorrected_volatile']} uncorrected ECC errors since boot")
+        problems.append(f"{ecc_counts['uncorrected_volatile']} uncorrected ECC errors {VOLATILE_SPAN}")
     remap = memory.get("remapped_rows") or {}
     if remap.get("failed"):
         problems.append("row remapping failed (the GPU needs service)")

@@ -325,3 +325,13 @@ def test_dcgmi_is_given_the_time_its_level_takes_and_a_timeout_says_so(monkeypat
         "there by hand, or pass a lower --dcgm-level"
     ]
     assert result["tail"] == "| Deployment | Pass |\n"
+
+
+def test_uncorrected_ecc_errors_are_counted_since_the_driver_loaded_not_since_boot():
+    """The finding read NVML's volatile counter and said 'since boot': NVML resets it each time the
+    driver loads, which without persistence mode is each time an application opens the GPU."""
+    problems = nvml.health_problems({"ecc": {"uncorrected_volatile": 2, "uncorrected_aggregate": 9}})
+    assert problems == [
+        "2 uncorrected ECC errors since the NVIDIA driver last loaded (NVML's volatile count; without"
+        " persistence mode the driver loads afresh for each application)"
+    ]
