@@ -163,7 +163,7 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
 
 
 XID_ACTIONS = {
-    "fail": "fails the node: drain it, reset or service the GPU",
+    "fail": f"fails the node: {nvml.DEFAULT_REMEDY}",
     "fail SXid": "fails the node: drain it, reboot it (GPUs and NVSwitches reset) or service the NVSwitch",
     "warn": "needs attention (the node does not fail)",
     "info": "usually the application's, not the GPU's",
@@ -187,9 +187,12 @@ class XidFinding:
     kind: str = "Xid"  # or "SXid": an NVSwitch's, which the whole node's GPUs talk through
     nvswitch: int | None = None  # an SXid's switch instance (nvidia-nvswitch3 -> 3)
     span: str = "since boot"  # what `count` covers (kernel_log.Judged.span)
+    remedy: str = ""  # a failing Xid's: what its node needs (nvml.xid_remedy)
 
     def line(self) -> str:
         action = XID_ACTIONS.get(f"{self.severity} {self.kind}") or XID_ACTIONS[self.severity]
+        if self.remedy:
+            action = f"fails the node: {self.remedy}"
         return (
             f"{self.node} {self._device()} PCI {self.pci}: {self.kind} {self.xid} ({self.count} {self.span}):"
             f" {self.meaning}; {action}"
@@ -237,8 +240,17 @@ def _finding(node: str, event: dict[str, Any]) -> XidFinding:
             nvswitch=event["nvswitch"],
         )
     severity, meaning = nvml.xid_class(event["xid"], event["last"])
+    remedy = nvml.xid_remedy(event["xid"], event["last"]) if severity == "fail" else ""
     return XidFinding(
-        node, event["pci"], event["gpu"], event["xid"], event["count"], severity, meaning, event["last"]
+        node,
+        event["pci"],
+        event["gpu"],
+        event["xid"],
+        event["count"],
+        severity,
+        meaning,
+        event["last"],
+        remedy=remedy,
     )
 
 

@@ -368,6 +368,36 @@ def recovery_action_class(text: str) -> tuple[str, str]:
     return "fail", f"the driver set this GPU's recovery action to {named}"
 
 
+# What a failing Xid's GPU needs. NVIDIA's Xid catalogue gives Xid 79 RESTART_BM (restart the node:
+# a GPU off the bus answers no reset); Xid 154's action is NVML's recovery action, documented in
+# NVIDIA's GPU memory error management guide ("Error Recovery and Response Flags").
+DEFAULT_REMEDY = "drain it, reset or service the GPU"
+REBOOT_REMEDY = "drain it and reboot it"
+XID_REMEDIES = {
+    79: f"{REBOOT_REMEDY} (a GPU reset cannot reach a GPU off the bus); if it recurs, reseat or service the GPU",
+}
+P2P_DRAIN = "drain it: stop the GPU's peer-to-peer traffic (its processes, UVM persistence mode), then"
+RECOVERY_REMEDIES = {
+    1: "drain it and reset the GPU (nvidia-smi -r, no process on it)",
+    NODE_REBOOT_ACTION: REBOOT_REMEDY,
+    3: f"{P2P_DRAIN} read its recovery action again",
+    4: f"{P2P_DRAIN} reset the GPU",
+}
+UNNAMED_RECOVERY_REMEDY = (
+    "drain it and take the recovery action the driver set for the GPU (NVML's GPU recovery action)"
+)
+
+
+def xid_remedy(xid: int, text: str = "") -> str:
+    """What to do with the node of a failing Xid whose (last) line says `text`."""
+    if xid != RECOVERY_ACTION_XID:
+        return XID_REMEDIES.get(xid, DEFAULT_REMEDY)
+    match = RECOVERY_ACTION.search(text)
+    if match is None:
+        return UNNAMED_RECOVERY_REMEDY
+    return RECOVERY_REMEDIES.get(int(match[1], 16), DEFAULT_REMEDY)
+
+
 # "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus."; older drivers print
 # no "PCI:" prefix
 XID = re.compile(

@@ -147,7 +147,8 @@ def test_a_hardware_xid_fails_its_node_which_is_written_to_the_exclude_file(monk
     out, code = run_check_gpus(monkeypatch, tmp_path, records, str(exclude))
     failure = (
         "gpus: gpu01 GPU (index unknown) PCI 0000:3b:00: Xid 79 (1 since boot): the GPU has fallen off"
-        " the bus; fails the node: drain it, reset or service the GPU"
+        " the bus; fails the node: drain it and reboot it (a GPU reset cannot reach a GPU off the bus); if it"
+        " recurs, reseat or service the GPU"
     )
     assert code == 1 and out.failures == [failure] and out.bad_nodes == {"gpu01"}
     assert exclude.read_text() == "gpu01\n"
@@ -332,7 +333,7 @@ def test_the_last_recovery_action_of_a_gpu_decides_and_none_does_not_fail_the_no
     assert code == 1 and out.bad_nodes == {"gpu01"}
     assert out.failures == [
         "gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 154 (1 since boot): the driver set this GPU's recovery action to"
-        " GPU Reset Required; fails the node: drain it, reset or service the GPU"
+        " GPU Reset Required; fails the node: drain it and reset the GPU (nvidia-smi -r, no process on it)"
     ]
 
 
@@ -597,3 +598,50 @@ def test_a_bad_xid_since_is_one_usage_line(bad, capsys):
         f"--xid-since: must be a duration like 30m, 2h or 1d (or boot), got {bad!r}"
         in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "action"),
+    [
+        (  # NVIDIA's Xid catalogue: RESTART_BM; no GPU reset reaches a GPU off the bus
+            "79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            "drain it and reboot it (a GPU reset cannot reach a GPU off the bus); if it recurs, reseat or"
+            " service the GPU",
+        ),
+        (
+            "154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+            "drain it and reset the GPU (nvidia-smi -r, no process on it)",
+        ),
+        (
+            "154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+            "drain it and reboot it",
+        ),
+        (
+            "154, GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)",
+            "drain it: stop the GPU's peer-to-peer traffic (its processes, UVM persistence mode), then"
+            " read its recovery action again",
+        ),
+        (
+            "154, GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)",
+            "drain it: stop the GPU's peer-to-peer traffic (its processes, UVM persistence mode), then"
+            " reset the GPU",
+        ),
+        (
+            "154, the driver set a recovery action",
+            "drain it and take the recovery action the driver set for the GPU (NVML's GPU recovery action)",
+        ),
+        (
+            "48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error",
+            "drain it, reset or service the GPU",
+        ),
+    ],
+)
+def test_a_failing_xid_says_the_action_its_gpu_needs(monkeypatch, tmp_path, line, action):
+    """Every failing Xid said 'reset or service the GPU': Xid 79 needs the node rebooted (NVIDIA's
+    catalogue: RESTART_BM), and Xid 154 names its action (a node reboot, a P2P drain)."""
+    node_dmesg(monkeypatch, f"[ 10.0] NVRM: Xid (PCI:0000:18:00): {line}\n")
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
+    assert code == 1 and len(out.failures) == 1
+    assert out.failures[0].endswith(f"; fails the node: {action}")
+    [saved] = json.loads((tmp_path / "gpus.json").read_text())["xid"]
+    assert saved["remedy"] == action
