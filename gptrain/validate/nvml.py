@@ -279,7 +279,7 @@ def health_problems(info: dict[str, Any]) -> list[str]:
 
 
 # Xid classes from NVIDIA's Xid documentation and catalogue (docs.nvidia.com/deploy/xid-errors/):
-# `fail` where its remedy is a GPU reset or service (the node is drained), `warn` for memory
+# `fail` where its remedy is a GPU reset, a node reboot or service (the node is drained), `warn` for memory
 # errors corrected, contained or repaired at the next reset, `info` where the application caused it.
 # Documented, with the source, in docs/validation.md.
 XID_CLASSES: dict[int, tuple[str, str]] = {
@@ -298,6 +298,7 @@ XID_CLASSES: dict[int, tuple[str, str]] = {
     119: ("fail", "GSP RPC timeout: the GPU's system processor stopped answering"),
     120: ("fail", "GSP error: the GPU's system processor reported an error"),
     154: ("fail", "the driver set a recovery action (GPU reset, node reboot or drain) for this GPU"),
+    160: ("fail", "channel retirement event: the driver retired one of the GPU's channels"),
 }
 UNLISTED_XID = ("warn", "not in gptrain's table: see NVIDIA's Xid catalogue")
 RECOVERY_ACTION_XID = 154
@@ -369,12 +370,13 @@ def recovery_action_class(text: str) -> tuple[str, str]:
 
 
 # What a failing Xid's GPU needs. NVIDIA's Xid catalogue gives Xid 79 RESTART_BM (restart the node:
-# a GPU off the bus answers no reset); Xid 154's action is NVML's recovery action, documented in
+# a GPU off the bus answers no reset), and Xid 160 RESTART_BM too; Xid 154's action is NVML's recovery action, documented in
 # NVIDIA's GPU memory error management guide ("Error Recovery and Response Flags").
 DEFAULT_REMEDY = "drain it, reset or service the GPU"
 REBOOT_REMEDY = "drain it and reboot it"
 XID_REMEDIES = {
     79: f"{REBOOT_REMEDY} (a GPU reset cannot reach a GPU off the bus); if it recurs, reseat or service the GPU",
+    160: REBOOT_REMEDY,
 }
 P2P_DRAIN = "drain it: stop the GPU's peer-to-peer traffic (its processes, UVM persistence mode), then"
 RECOVERY_REMEDIES = {

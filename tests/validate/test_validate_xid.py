@@ -75,7 +75,7 @@ def test_xid_lines_are_counted_per_gpu_and_named_by_nvml_index():
 @pytest.mark.parametrize(
     "xids, severity",
     [
-        ([48, 64, 74, 79, 95, 119, 120, 154], "fail"),
+        ([48, 64, 74, 79, 95, 119, 120, 154, 160], "fail"),
         ([63, 92, 94, 1000], "warn"),
         ([13, 31, 43, 45], "info"),
     ],
@@ -645,3 +645,15 @@ def test_a_failing_xid_says_the_action_its_gpu_needs(monkeypatch, tmp_path, line
     assert out.failures[0].endswith(f"; fails the node: {action}")
     [saved] = json.loads((tmp_path / "gpus.json").read_text())["xid"]
     assert saved["remedy"] == action
+
+
+def test_xid_160_fails_its_node_which_needs_a_reboot(monkeypatch, tmp_path):
+    """Xid 160 (a channel retirement event) only warned, though NVIDIA's Xid catalogue gives it
+    RESTART_BM, and gptrain already judged it across a driver reload as one only a reboot cures."""
+    node_dmesg(monkeypatch, "[ 10.0] NVRM: Xid (PCI:0000:18:00): 160, Channel Retirement event\n")
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
+    assert code == 1 and out.bad_nodes == {"gpu01"}
+    assert out.failures == [
+        "gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 160 (1 since boot): channel retirement event: the driver"
+        " retired one of the GPU's channels; fails the node: drain it and reboot it"
+    ]
