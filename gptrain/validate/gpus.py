@@ -272,8 +272,8 @@ def xid_left_out_lines(records: list[dict[str, Any]]) -> list[str]:
         if xid.get("kept_across_reload"):
             lines.append(
                 f"gpus: {r['node']}: {xid['kept_across_reload']} Xid line(s) from before the NVIDIA driver's"
-                " reload judged: a reload does not cure them (Xid 79, 160, 154 'Node Reboot Required': reboot"
-                " the node)"
+                " reload judged: a reload does not cure them (Xid 79, 160, 154 'Node Reboot Required' or 'System"
+                " Reboot': reboot the node)"
             )
         if xid.get("untimed"):
             lines.append(

@@ -308,21 +308,22 @@ RECOVERY_ACTION_XID = 154
 RECOVERY_ACTION = re.compile(
     r"recovery action changed from \S+ \([^)]*\) to (0x[0-9a-fA-F]+|\d+) \(([^)]*)\)"
 )
-# The actions NVML documents besides None: 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset.
-DOCUMENTED_RECOVERY_ACTIONS = range(1, 5)
+# The actions NVML documents besides None: 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset;
+# NVML of R610 drivers adds 5 recover IMEX domain, 6 PCIe bus reset, 7 system reboot.
+DOCUMENTED_RECOVERY_ACTIONS = range(1, 8)
 
 
 # NVIDIA's Xid catalogue (Resolution Bucket, Immediate Action RESTART_BM: restart the node) for Xid 79
 # (GPU fallen off the bus) and 160 (channel retirement event); Xid 154 names action 0x2, Node Reboot
-# Required. Neither a driver reload nor a GPU reset cures them.
+# Required, or 0x7, System Reboot. Neither a driver reload nor a GPU reset cures them.
 REBOOT_XIDS = frozenset({79, 160})
-NODE_REBOOT_ACTION = 2
+NODE_REBOOT_ACTION, SYSTEM_REBOOT_ACTION = 2, 7
 
 
 def names_node_reboot(text: str) -> bool:
-    """Whether an Xid 154 line's text changes the recovery action to a node reboot."""
+    """Whether an Xid 154 line's text changes the recovery action to a node or system reboot."""
     match = RECOVERY_ACTION.search(text)
-    return match is not None and int(match[1], 16) == NODE_REBOOT_ACTION
+    return match is not None and int(match[1], 16) in (NODE_REBOOT_ACTION, SYSTEM_REBOOT_ACTION)
 
 
 def lines_a_reload_does_not_cure(lines: list[str]) -> list[int]:
@@ -353,7 +354,8 @@ def xid_class(xid: int, text: str = "") -> tuple[str, str]:
 def recovery_action_class(text: str) -> tuple[str, str]:
     """Xid 154 judged by the action it changed to: the driver logs it beside other Xids, and back
     to `0x0 (None)` when no action is needed any more (the GPU can be used by a new process). The
-    documented actions (GPU reset, node reboot, drain P2P, drain and reset) fail; one a newer driver
+    documented actions (GPU reset, node reboot, drain P2P, drain and reset, and R610's recover IMEX
+    domain, bus reset, system reboot) fail; one a newer driver
     added needs a look, not a drained node; a line that names none is taken as the worst, as before."""
     match = RECOVERY_ACTION.search(text)
     if match is None:
@@ -384,6 +386,9 @@ RECOVERY_REMEDIES = {
     NODE_REBOOT_ACTION: REBOOT_REMEDY,
     3: f"{P2P_DRAIN} read its recovery action again",
     4: f"{P2P_DRAIN} reset the GPU",
+    5: "drain it and recover the IMEX domain of its multi-node NVLink",
+    6: "drain it and reset the GPU's PCIe bus",
+    SYSTEM_REBOOT_ACTION: REBOOT_REMEDY,
 }
 UNNAMED_RECOVERY_REMEDY = (
     "drain it and take the recovery action the driver set for the GPU (NVML's GPU recovery action)"

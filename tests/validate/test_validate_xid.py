@@ -303,11 +303,16 @@ def test_a_fatal_nvswitch_sxid_fails_its_node_and_a_non_fatal_one_warns(monkeypa
             "info",
             "the driver's recovery action for this GPU is None: no action needed",
         ),
-        (  # an action newer than NVML's documented five: it failed the node, unknown as it is
-            "0x0 (None) to 0x5 (Reset Fabric Required)",
+        (  # an action newer than NVML's documented eight: it failed the node, unknown as it is
+            "0x0 (None) to 0x8 (Reset Fabric Required)",
             "warn",
-            "the driver set this GPU's recovery action to Reset Fabric Required (0x5), one gptrain does not"
+            "the driver set this GPU's recovery action to Reset Fabric Required (0x8), one gptrain does not"
             " know: see NVIDIA's Xid catalogue",
+        ),
+        (  # NVML of R610 drivers documents 5, 6 and 7: they warned as unknown
+            "0x0 (None) to 0x7 (System Reboot Required)",
+            "fail",
+            "the driver set this GPU's recovery action to System Reboot Required",
         ),
     ],
 )
@@ -338,17 +343,17 @@ def test_the_last_recovery_action_of_a_gpu_decides_and_none_does_not_fail_the_no
 
 
 def test_an_unknown_recovery_action_warns_naming_it_and_does_not_fail_the_node(monkeypatch, tmp_path, capsys):
-    """A recovery action newer than NVML's documented five failed the node as a GPU reset would."""
+    """A recovery action newer than NVML's documented ones failed the node as a GPU reset would."""
     node_dmesg(
         monkeypatch,
-        "[ 10.0] NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x7 (Fabric"
+        "[ 10.0] NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x8 (Fabric"
         " Check Required)\n",
     )
     out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
     assert code == 0 and out.failures == [] and out.bad_nodes == set()
     assert (
         "gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 154 (1 since boot): the driver set this GPU's recovery action to"
-        " Fabric Check Required (0x7), one gptrain does not know: see NVIDIA's Xid catalogue; needs attention"
+        " Fabric Check Required (0x8), one gptrain does not know: see NVIDIA's Xid catalogue; needs attention"
         " (the node does not fail)"
     ) in capsys.readouterr().out.splitlines()
 
@@ -461,7 +466,7 @@ def test_xids_a_driver_reload_does_not_cure_stay_judged(monkeypatch, tmp_path, c
     printed = capsys.readouterr().out.splitlines()
     assert (
         "gpus: gpu01: 2 Xid line(s) from before the NVIDIA driver's reload judged: a reload does not cure"
-        " them (Xid 79, 160, 154 'Node Reboot Required': reboot the node)"
+        " them (Xid 79, 160, 154 'Node Reboot Required' or 'System Reboot': reboot the node)"
     ) in printed
 
 
@@ -480,6 +485,10 @@ def test_xids_a_driver_reload_does_not_cure_stay_judged(monkeypatch, tmp_path, c
         (
             "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
             False,
+        ),
+        (
+            "NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x0 (None) to 0x7 (System Reboot)",
+            True,
         ),
         ("NVRM: Xid (PCI:0000:18:00): 48, An uncorrectable double bit error", False),
         ("nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal, Link 32 LTSSM Fault Up", False),
@@ -625,6 +634,18 @@ def test_a_bad_xid_since_is_one_usage_line(bad, capsys):
             "154, GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)",
             "drain it: stop the GPU's peer-to-peer traffic (its processes, UVM persistence mode), then"
             " reset the GPU",
+        ),
+        (  # NVML of R610 drivers: 5 Recover IMEX Domain, 6 Bus Reset, 7 System Reboot
+            "154, GPU recovery action changed from 0x0 (None) to 0x5 (Recover IMEX Domain)",
+            "drain it and recover the IMEX domain of its multi-node NVLink",
+        ),
+        (
+            "154, GPU recovery action changed from 0x0 (None) to 0x6 (Bus Reset)",
+            "drain it and reset the GPU's PCIe bus",
+        ),
+        (
+            "154, GPU recovery action changed from 0x0 (None) to 0x7 (System Reboot)",
+            "drain it and reboot it",
         ),
         (
             "154, the driver set a recovery action",
