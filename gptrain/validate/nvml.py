@@ -233,10 +233,30 @@ def gpu_health(nv: Any, h: Any) -> dict[str, Any]:
     return info
 
 
+# What a GPU NVML calls broken needs, by FAULT_CODES' words: a GPU off the bus answers no reset (as
+# for Xid 79, the node is rebooted), a reset does not rewrite a corrupted infoROM.
+FAULT_REMEDIES = {
+    FAULT_CODES[15]: (
+        "drain the node and reboot it (a GPU off the bus answers no reset); if it recurs, reseat or service"
+        " the GPU"
+    ),
+    FAULT_CODES[16]: "reset the GPU (nvidia-smi -r, no process on it)",
+    FAULT_CODES[8]: "drain the node and attach the GPU's external power cables properly",
+    FAULT_CODES[14]: "service the GPU (a reset does not repair its infoROM)",
+}
+
+
+def fault_remedy(reason: str) -> str:
+    """What to do about a GPU whose NVML fault reads `reason` (NVML's words and FAULT_CODES')."""
+    return next(
+        (fix for what, fix in FAULT_REMEDIES.items() if f"({what})" in reason), "reset or service the GPU"
+    )
+
+
 def fault_problem(reason: str, fields: list[str] | None = None) -> str:
     """One line for a broken GPU: NVML's reason, what it was reading, what to do."""
     reading = f" reading {', '.join(fields[:3])}{', ...' if len(fields) > 3 else ''}" if fields else ""
-    return f"NVML: {reason}{reading}: reset or service the GPU"
+    return f"NVML: {reason}{reading}: {fault_remedy(reason)}"
 
 
 # What NVML's volatile ECC counter covers (nvmlEccCounterType_t): it is reset each time the driver

@@ -182,7 +182,7 @@ def test_a_lost_gpu_fails_instead_of_passing_with_its_fields_unsupported():
     assert len(problems) == 1 and problems[0].startswith(
         "NVML: GPU is lost (it has fallen off the bus) reading"
     )
-    assert problems[0].endswith("reset or service the GPU") and "temperature" in info["faults"]
+    assert problems[0].endswith(LOST_REMEDY) and "temperature" in info["faults"]
     assert "temperature" not in info["unsupported"]
 
 
@@ -194,7 +194,8 @@ def test_a_corrupted_inforom_fails_while_unsupported_fields_do_not():
     info = nvml.gpu_health(nv, object())
     assert nvml.health_problems(info) == [
         "NVML: Corrupted infoROM (its infoROM is corrupted) reading ecc_uncorrected_volatile, "
-        "ecc_uncorrected_aggregate, ecc_corrected_volatile, ...: reset or service the GPU"
+        "ecc_uncorrected_aggregate, ecc_corrected_volatile, ...: service the GPU (a reset does not repair its"
+        " infoROM)"
     ]
     assert info["unsupported"]["power"] == "Not Supported" and "power" not in info["faults"]
 
@@ -211,7 +212,7 @@ def test_a_gpu_lost_before_its_handle_is_found_fails_and_is_not_replaced_by_anot
     monkeypatch.setattr(nvml, "load", lambda: nv)
     record, problems = gpus.nvml_health("1234", 0)
     assert record == {"error": "NVMLError_GpuIsLost: GPU is lost"}
-    assert problems == ["NVML: GPU is lost (it has fallen off the bus): reset or service the GPU"]
+    assert problems == [f"NVML: GPU is lost (it has fallen off the bus): {LOST_REMEDY}"]
 
 
 def test_clocks_slowed_are_read_on_a_driver_before_r535():
@@ -335,3 +336,33 @@ def test_uncorrected_ecc_errors_are_counted_since_the_driver_loaded_not_since_bo
         "2 uncorrected ECC errors since the NVIDIA driver last loaded (NVML's volatile count; without"
         " persistence mode the driver loads afresh for each application)"
     ]
+
+
+LOST_REMEDY = "drain the node and reboot it (a GPU off the bus answers no reset); if it recurs, reseat or service the GPU"
+
+
+@pytest.mark.parametrize(
+    ("code_name", "remedy"),
+    [
+        ("NVML_ERROR_GPU_IS_LOST", LOST_REMEDY),
+        ("NVML_ERROR_RESET_REQUIRED", "reset the GPU (nvidia-smi -r, no process on it)"),
+        (
+            "NVML_ERROR_INSUFFICIENT_POWER",
+            "drain the node and attach the GPU's external power cables properly",
+        ),
+        ("NVML_ERROR_CORRUPTED_INFOROM", "service the GPU (a reset does not repair its infoROM)"),
+        ("NVML_ERROR_IRQ_ISSUE", "reset or service the GPU"),
+    ],
+)
+def test_a_broken_gpu_is_told_the_remedy_its_fault_needs(monkeypatch, code_name, remedy):
+    """Every NVML fault said 'reset or service the GPU': a GPU off the bus answers no reset (the node
+    must be rebooted, as for Xid 79), a corrupted infoROM is not repaired by one."""
+    from gptrain.validate import gpus
+
+    nv, _ = fake_nvml(nvmlDeviceGetTemperature=raising(code_name))
+    [problem] = nvml.health_problems(nvml.gpu_health(nv, object()))
+    assert problem.endswith(f" reading temperature: {remedy}")
+    nv, _ = fake_nvml(nvmlDeviceGetHandleByUUID=raising(code_name))
+    monkeypatch.setattr(nvml, "load", lambda: nv)
+    _, problems = gpus.nvml_health("1234", 0)
+    assert len(problems) == 1 and problems[0].endswith(f"): {remedy}")
