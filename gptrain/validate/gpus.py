@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from gptrain.validate import nvml
+from gptrain.validate import nvml, xid_table
 from gptrain.validate.kernel_log import duration_text
 from gptrain.validate.report import compress_hostlist
 from gptrain.validate.runtime import Context, gather_objects, synchronize
@@ -163,7 +163,7 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
 
 
 XID_ACTIONS = {
-    "fail": f"fails the node: {nvml.DEFAULT_REMEDY}",
+    "fail": f"fails the node: {xid_table.DEFAULT_REMEDY}",
     "fail SXid": "fails the node: drain it, reboot it (GPUs and NVSwitches reset) or service the NVSwitch",
     "warn": "needs attention (the node does not fail)",
     "info": "usually the application's, not the GPU's",
@@ -174,7 +174,7 @@ XID_ORDER = {"fail": 0, "warn": 1, "info": 2}
 @dataclasses.dataclass
 class XidFinding:
     """One Xid of one GPU (or SXid of one NVSwitch) of a node in its judged span, classified by
-    nvml.XID_CLASSES (nvml.sxid_class)."""
+    xid_table.XID_CLASSES (xid_table.sxid_class)."""
 
     node: str
     pci: str
@@ -187,7 +187,7 @@ class XidFinding:
     kind: str = "Xid"  # or "SXid": an NVSwitch's, which the whole node's GPUs talk through
     nvswitch: int | None = None  # an SXid's switch instance (nvidia-nvswitch3 -> 3)
     span: str = "since boot"  # what `count` covers (kernel_log.Judged.span)
-    remedy: str = ""  # a failing Xid's: what its node needs (nvml.xid_remedy)
+    remedy: str = ""  # a failing Xid's: what its node needs (xid_table.xid_remedy)
 
     def line(self) -> str:
         action = XID_ACTIONS.get(f"{self.severity} {self.kind}") or XID_ACTIONS[self.severity]
@@ -226,7 +226,7 @@ def xid_findings(records: list[dict[str, Any]]) -> tuple[list[XidFinding], dict[
 def _finding(node: str, event: dict[str, Any]) -> XidFinding:
     """One event of a node's kernel log (nvml.parse_xids, nvml.parse_sxids), classified."""
     if event.get("kind") == "SXid":
-        severity, meaning = nvml.sxid_class(event["fatal"], event["last"])
+        severity, meaning = xid_table.sxid_class(event["fatal"], event["last"])
         return XidFinding(
             node,
             event["pci"],
@@ -239,8 +239,8 @@ def _finding(node: str, event: dict[str, Any]) -> XidFinding:
             kind="SXid",
             nvswitch=event["nvswitch"],
         )
-    severity, meaning = nvml.xid_class(event["xid"], event["last"])
-    remedy = nvml.xid_remedy(event["xid"], event["last"]) if severity == "fail" else ""
+    severity, meaning = xid_table.xid_class(event["xid"], event["last"])
+    remedy = xid_table.xid_remedy(event["xid"], event["last"]) if severity == "fail" else ""
     return XidFinding(
         node,
         event["pci"],

@@ -244,7 +244,7 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
 
 
 def report_xids(records: list[dict[str, Any]], out: Outcome) -> dict[str, Any]:
-    """Print each node's Xids since boot (or its driver's reload, or --xid-since); a hardware one (nvml.XID_CLASSES) fails its node. What
+    """Print each node's Xids since boot (or its driver's reload, or --xid-since); a hardware one (xid_table.XID_CLASSES) fails its node. What
     goes into gpus.json: the findings and the nodes whose dmesg could not be read."""
     from gptrain.validate.gpus import xid_findings, xid_left_out_lines, xid_unread_line
 

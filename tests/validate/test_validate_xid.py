@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from gptrain.validate import gpus, kernel_log, nvml
+from gptrain.validate import gpus, kernel_log, nvml, xid_table
 from gptrain.validate import main as validate_main
 from gptrain.validate.thresholds import Thresholds
 
@@ -81,9 +81,9 @@ def test_xid_lines_are_counted_per_gpu_and_named_by_nvml_index():
     ],
 )
 def test_xids_are_classed_as_hardware_attention_or_the_application(xids, severity):
-    assert [nvml.xid_class(x)[0] for x in xids] == [severity] * len(xids)
-    assert nvml.xid_class(79)[1] == "the GPU has fallen off the bus"
-    assert "NVIDIA's Xid catalogue" in nvml.xid_class(1000)[1]
+    assert [xid_table.xid_class(x)[0] for x in xids] == [severity] * len(xids)
+    assert xid_table.xid_class(79)[1] == "the GPU has fallen off the bus"
+    assert "NVIDIA's Xid catalogue" in xid_table.xid_class(1000)[1]
 
 
 def node_dmesg(monkeypatch, text, returncode=0, stderr=""):
@@ -320,7 +320,7 @@ def test_xid_154_is_judged_by_the_recovery_action_it_names(changed, severity, me
     """Xid 154 failed the node whatever action it named, `0x0 (None)` (no action needed) too."""
     line = f"NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from {changed}\n"
     [event] = nvml.parse_xids(line, {"0000:18:00": 0})
-    assert nvml.xid_class(event["xid"], event["last"]) == (severity, meaning)
+    assert xid_table.xid_class(event["xid"], event["last"]) == (severity, meaning)
 
 
 def test_the_last_recovery_action_of_a_gpu_decides_and_none_does_not_fail_the_node(monkeypatch, tmp_path):
