@@ -6,16 +6,31 @@ from __future__ import annotations
 
 import re
 
+# The NVLink 5 Xids (Blackwell), by the unit the catalogue's mnemonic names (NVLINK_SAW_ERROR, ...)
+NVLINK5_UNITS = {
+    144: "SAW",
+    145: "RLW",
+    146: "TLW",
+    147: "TREX",
+    148: "NVLPW control",
+    149: "NETIR",
+    150: "MSE",
+}
+
 # Xid classes from NVIDIA's Xid documentation and catalogue (docs.nvidia.com/deploy/xid-errors/):
 # `fail` where its remedy is a GPU reset, a node reboot or service (the node is drained), `warn` for memory
 # errors corrected, contained or repaired at the next reset, `info` where the application caused it.
-# Documented, with the source, in docs/validation.md.
+# The catalogue's Resolution Bucket (Immediate Action) as NVIDIA's NVSentinel transcribes it
+# (xiderrorsmapping.csv): RESET_GPU for 46, 62, 109, 110, 136, 140, 143, 155, 156, 158, an NVLink 5
+# workflow for 144 to 150. Documented, with the source, in docs/validation.md.
 XID_CLASSES: dict[int, tuple[str, str]] = {
     13: ("info", "graphics engine exception, usually the application's (a bad instruction or index)"),
     31: ("info", "GPU memory page fault, usually the application's illegal address"),
     43: ("info", "GPU stopped processing: the channel of a faulting application was reset"),
     45: ("info", "preemptive cleanup of a channel after an earlier error or a killed process"),
+    46: ("fail", "GPU timeout error"),
     48: ("fail", "double-bit (uncorrectable) ECC error"),
+    62: ("fail", "internal micro-controller (PMU) halt"),
     63: ("warn", "ECC page retirement or row remapping recorded: applied at the next GPU reset"),
     64: ("fail", "ECC page retirement or row remapping failed"),
     74: ("fail", "NVLink error"),
@@ -23,9 +38,18 @@ XID_CLASSES: dict[int, tuple[str, str]] = {
     92: ("warn", "high single-bit ECC error rate"),
     94: ("warn", "contained ECC error: the application using the memory was stopped"),
     95: ("fail", "uncontained ECC error: every application on the GPU was affected"),
+    109: ("fail", "context switch timeout"),
+    110: ("fail", "security fault error"),
     119: ("fail", "GSP RPC timeout: the GPU's system processor stopped answering"),
     120: ("fail", "GSP error: the GPU's system processor reported an error"),
+    136: ("fail", "NVLink link training (ALI) failed"),
+    140: ("fail", "unrecoverable ECC error escaped containment"),
+    143: ("fail", "GPU initialization error"),
+    **{xid: ("fail", f"NVLink 5 error ({unit})") for xid, unit in NVLINK5_UNITS.items()},
     154: ("fail", "the driver set a recovery action (GPU reset, node reboot or drain) for this GPU"),
+    155: ("fail", "NVLink software-defined error"),
+    156: ("fail", "resource retirement event (NVIDIA's catalogue: reset the GPU)"),
+    158: ("fail", "GPU fatal timeout"),
     160: ("fail", "channel retirement event: the driver retired one of the GPU's channels"),
 }
 UNLISTED_XID = ("warn", "not in gptrain's table: see NVIDIA's Xid catalogue")

@@ -678,3 +678,21 @@ def test_xid_160_fails_its_node_which_needs_a_reboot(monkeypatch, tmp_path):
         "gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 160 (1 since boot): channel retirement event: the driver"
         " retired one of the GPU's channels; fails the node: drain it and reboot it"
     ]
+
+
+# NVIDIA's Xid catalogue, Resolution Bucket (Immediate Action), as NVIDIA's NVSentinel transcribes it
+# (xiderrorsmapping.csv): RESET_GPU for these, the NVLink 5 workflow for 144 to 150.
+CATALOGUE_RESET_GPU = [46, 62, 109, 110, 136, 140, 143, 155, 156, 158]
+CATALOGUE_NVLINK5 = [144, 145, 146, 147, 148, 149, 150]
+
+
+@pytest.mark.parametrize("xid", CATALOGUE_RESET_GPU + CATALOGUE_NVLINK5)
+def test_xids_whose_catalogued_remedy_is_a_gpu_reset_fail_their_node(monkeypatch, tmp_path, xid):
+    """Xids NVIDIA's catalogue answers with a GPU reset (an unrecoverable ECC error that escaped
+    containment, a GPU fatal timeout, an NVLink 5 error) were not in gptrain's table and only warned."""
+    assert xid_table.xid_class(xid)[0] == "fail"
+    assert "not in gptrain's table" not in xid_table.xid_class(xid)[1]
+    node_dmesg(monkeypatch, f"[ 10.0] NVRM: Xid (PCI:0000:18:00): {xid}, pid='<unknown>', name=<unknown>\n")
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
+    assert code == 1 and out.bad_nodes == {"gpu01"}
+    assert out.failures[0].endswith("; fails the node: drain it, reset or service the GPU")
