@@ -90,8 +90,8 @@ def recovery_action_class(text: str) -> tuple[str, str]:
     """Xid 154 judged by the action it changed to: the driver logs it beside other Xids, and back
     to `0x0 (None)` when no action is needed any more (the GPU can be used by a new process). The
     documented actions (GPU reset, node reboot, drain P2P, drain and reset, and R610's recover IMEX
-    domain, bus reset, system reboot) fail; one a newer driver
-    added needs a look, not a drained node; a line that names none is taken as the worst, as before."""
+    domain, bus reset, system reboot) fail; one a newer driver added needs a look, not a drained
+    node; a line that names none is taken as the worst, as before."""
     match = RECOVERY_ACTION.search(text)
     if match is None:
         return XID_CLASSES[RECOVERY_ACTION_XID]
@@ -106,9 +106,9 @@ def recovery_action_class(text: str) -> tuple[str, str]:
     return "fail", f"the driver set this GPU's recovery action to {named}"
 
 
-# What a failing Xid's GPU needs. NVIDIA's Xid catalogue gives Xid 79 RESTART_BM (restart the node:
-# a GPU off the bus answers no reset), and Xid 160 RESTART_BM too; Xid 154's action is NVML's recovery action, documented in
-# NVIDIA's GPU memory error management guide ("Error Recovery and Response Flags").
+# What a failing Xid's GPU needs. NVIDIA's Xid catalogue gives Xids 79 and 160 RESTART_BM (restart
+# the node: a GPU off the bus answers no reset); Xid 154's action is NVML's recovery action,
+# documented in NVIDIA's GPU memory error management guide ("Error Recovery and Response Flags").
 DEFAULT_REMEDY = "drain it, reset or service the GPU"
 REBOOT_REMEDY = "drain it and reboot it"
 XID_REMEDIES = {
