@@ -271,7 +271,11 @@ class TokenizerConfig:
 @dataclass
 class SchedConfig:
     name: str = "CosineAnnealing"
-    """`CosineAnnealing`, `LinearAnnealing` or `Constant`, with linear warmup."""
+    """`CosineAnnealing`, `LinearAnnealing` or `Constant`, with linear warmup; or one of NeMo's
+    `WarmupPolicy`, `WarmupHoldPolicy`, `WarmupAnnealing`, `SquareAnnealing`, `SquareRootAnnealing`,
+    `InverseSquareRootAnnealing`, `PolynomialDecayAnnealing`, `PolynomialHoldDecayAnnealing`,
+    `WarmupHoldAnnealLinear`, `WarmupHoldAnnealOneMinusSquareRoot`, `NoamAnnealing`,
+    `NoamHoldAnnealing` (nemo/core/optim/lr_scheduler.py, the same rates at every step)."""
     warmup_steps: int | None = 0
     """Steps of linear warmup to optim.lr (see warmup_style for where it starts); null is 0, as
     NeMo reads it (NeMo configs write null next to warmup_ratio)."""
@@ -299,6 +303,19 @@ class SchedConfig:
     """Megatron's --lr-decay-samples: schedule length in samples (instead of max_steps)."""
     warmup_fraction: float | None = None
     """Megatron's --lr-warmup-fraction: warmup over this fraction of the schedule length."""
+    hold_steps: int | None = None
+    """NeMo's WarmupHoldPolicy family: steps held at optim.lr after the warmup (null: no hold, and
+    NeMo's hold-relative decays then count from step 0)."""
+    hold_ratio: float | None = None
+    """NeMo: int(hold_ratio x schedule length) hold steps (instead of hold_steps)."""
+    d_model: int | None = None
+    """NoamAnnealing: the rate is scaled by d_model ** -0.5; null is model.hidden_size."""
+    power: float | None = None
+    """PolynomialDecayAnnealing, PolynomialHoldDecayAnnealing: the decay's exponent (null: 1.0)."""
+    cycle: bool | None = None
+    """PolynomialDecayAnnealing, PolynomialHoldDecayAnnealing: NeMo's cycle (null: false)."""
+    decay_rate: float | None = None
+    """NoamHoldAnnealing: the exponent of its decay after the hold (null: 0.5, Noam's)."""
 
 
 @dataclass

@@ -35,7 +35,24 @@ CHOICES = {
     "model.fp8_recipe": ("tensorwise", "rowwise"),
     "model.optim.name": ("adamw",),
     "exp_manager.checkpoint_callback_params.mode": ("min", "max"),
-    "model.optim.sched.name": ("CosineAnnealing", "LinearAnnealing", "Constant"),
+    "model.optim.sched.name": (
+        "CosineAnnealing",
+        "LinearAnnealing",
+        "Constant",
+        # NeMo's others (gptrain.train.nemo_schedules, which config may not import)
+        "WarmupPolicy",
+        "WarmupAnnealing",
+        "SquareAnnealing",
+        "SquareRootAnnealing",
+        "InverseSquareRootAnnealing",
+        "PolynomialDecayAnnealing",
+        "WarmupHoldPolicy",
+        "PolynomialHoldDecayAnnealing",
+        "WarmupHoldAnnealLinear",
+        "WarmupHoldAnnealOneMinusSquareRoot",
+        "NoamHoldAnnealing",
+        "NoamAnnealing",
+    ),
     "model.optim.sched.warmup_style": ("nemo", "megatron"),
     "model.data.data_impl": ("mmap", "mock"),
     "model.tokenizer.type": MEGATRON_TYPES,
@@ -83,8 +100,13 @@ NON_NEGATIVE = (
     "model.optim.sched.warmup_init_lr",
     "model.optim.sched.constant_steps",
     "model.optim.sched.constant_ratio",
+    "model.optim.sched.hold_steps",
+    "model.optim.sched.hold_ratio",
     "model.data.num_workers",
 )
+# NoamAnnealing's width and the decays' exponents: null is the schedule's default, 0 or less is no decay
+# (or a division by zero).
+ABOVE_ZERO_OR_NULL = ("model.optim.sched.d_model", "model.optim.sched.power", "model.optim.sched.decay_rate")
 
 
 def get(cfg: TrainingConfig, dotted: str):
@@ -391,6 +413,10 @@ def validate(cfg: TrainingConfig) -> None:
         value = get(cfg, key)
         if value is not None and not value >= 0:
             raise ConfigError(f"{key}: must be 0 or more, got {value}")
+    for key in ABOVE_ZERO_OR_NULL:
+        value = get(cfg, key)
+        if value is not None and not value > 0:
+            raise ConfigError(f"{key}: must be above 0, or null for the schedule's default, got {value}")
     if PRECISIONS.get(str(cfg.trainer.precision)) == "16":
         _check_loss_scaler(cfg)
     _check_run_directories(cfg)

@@ -33,11 +33,20 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError
+from gptrain.train.nemo_schedules import (
+    HOLD_POLICIES,
+    NEMO_SCHEDULES,
+    NOAM,
+    OWN_KEYS,
+    WARMUP_POLICIES,
+    noam_lr,
+    warmup_policy_lr,
+)
 
 if TYPE_CHECKING:
     from gptrain.config.schema import TrainingConfig
 
-SCHEDULES = ("CosineAnnealing", "LinearAnnealing", "Constant")
+SCHEDULES = ("CosineAnnealing", "LinearAnnealing", "Constant", *NEMO_SCHEDULES)
 WARMUP_STYLES = ("nemo", "megatron")
 
 
@@ -59,6 +68,16 @@ class ScheduleSpec:
     """The batch a step stands for (model.global_batch_size); 0: not known."""
     counts_samples: bool = False
     """The lengths were given in samples (decay_samples, warmup_samples), as Megatron's --lr-*-samples."""
+    hold_steps: float | None = None
+    """NeMo's hold schedules: steps at lr after the warmup; None: no hold (NeMo's hold end is 0)."""
+    d_model: float | None = None
+    """NoamAnnealing's d_model."""
+    power: float | None = None
+    """The polynomial decays' exponent; None: NeMo's 1.0."""
+    cycle: bool | None = None
+    """The polynomial decays' cycle; None: NeMo's False."""
+    decay_rate: float | None = None
+    """NoamHoldAnnealing's exponent; None: NeMo's 0.5."""
 
     def __post_init__(self) -> None:
         if self.warmup_style not in WARMUP_STYLES:
@@ -76,15 +95,51 @@ class ScheduleSpec:
             )
         if self.warmup_steps < 0 or self.constant_steps < 0:
             raise ConfigError("model.optim.sched.warmup_steps and constant_steps must be >= 0")
+        self._check_nemo_keys()
         if self.warmup_init_lr < 0:
             raise ConfigError(
                 f"model.optim.sched.warmup_init_lr={self.warmup_init_lr} is negative; give a rate >= 0"
             )
         if self.warmup_init_lr and self.nemo_warmup:
+            which = "warmup without constant_steps" if self.name == "CosineAnnealing" else "warmup"
             raise ConfigError(
-                f"model.optim.sched.warmup_init_lr={self.warmup_init_lr}: NeMo's CosineAnnealing warmup without"
-                " constant_steps starts at lr / (warmup_steps + 1), not at a rate of its own; set"
+                f"model.optim.sched.warmup_init_lr={self.warmup_init_lr}: NeMo's {self.name} {which}"
+                " starts at lr / (warmup_steps + 1), not at a rate of its own; set"
                 " model.optim.sched.warmup_style=megatron to warm up from warmup_init_lr"
+            )
+
+    def _check_nemo_keys(self) -> None:
+        """The keys of NeMo's other schedules: each only where its schedule takes it (NeMo's
+        constructors refuse the others), with a value it can take."""
+        for key, takers in OWN_KEYS.items():
+            value = getattr(self, key, None)
+            if value is not None and self.name not in takers:
+                raise ConfigError(
+                    f"model.optim.sched.{key}={value}: {self.name} does not take it (NeMo's"
+                    f" {', '.join(takers)} do); remove it or set it to null"
+                )
+        positive = {"d_model": self.d_model, "power": self.power, "decay_rate": self.decay_rate}
+        for key, value in positive.items():
+            if value is not None and not value > 0:
+                raise ConfigError(f"model.optim.sched.{key}={value}: must be above 0")
+        if self.hold_steps is not None and self.hold_steps < 0:
+            raise ConfigError(f"model.optim.sched.hold_steps={self.hold_steps}: must be 0 or more")
+        if self.name in NEMO_SCHEDULES and self.constant_steps:
+            raise ConfigError(
+                f"model.optim.sched.constant_steps={_number(self.constant_steps)}: {self.name} has no constant"
+                " phase (only CosineAnnealing and LinearAnnealing hold min_lr at the end); set it to 0 or null"
+            )
+        if self.name == NOAM and self.d_model is None:
+            raise ConfigError("model.optim.sched.d_model: NoamAnnealing needs it; give the model width")
+        if self.name == NOAM and self.warmup_style == "megatron":
+            raise ConfigError(
+                "model.optim.sched.warmup_style=megatron: NoamAnnealing's warmup is its own"
+                " (lr x d_model ** -0.5 x step x warmup ** -1.5); set warmup_style=nemo"
+            )
+        if self.name == "NoamHoldAnnealing" and not self.warmup_steps:
+            raise ConfigError(
+                "model.optim.sched.warmup_steps: NoamHoldAnnealing needs a warmup (NeMo refuses it without"
+                " one); give warmup_steps or warmup_ratio"
             )
 
     @property
@@ -94,8 +149,24 @@ class ScheduleSpec:
 
     @property
     def nemo_warmup(self) -> bool:
-        """NeMo's CosineAnnealing without constant steps: warmup of WarmupAnnealHoldPolicy."""
-        return self.warmup_style == "nemo" and self.name == "CosineAnnealing" and self.constant_steps == 0
+        """NeMo's warmup from lr / (warmup + 1): CosineAnnealing without constant steps (that of
+        WarmupAnnealHoldPolicy) and NeMo's WarmupPolicy schedules; Noam's is its own."""
+        if self.warmup_style != "nemo":
+            return False
+        cosine = self.name == "CosineAnnealing" and self.constant_steps == 0
+        return cosine or self.name in WARMUP_POLICIES or self.name == NOAM
+
+    @property
+    def decay_power(self) -> float:
+        return 1.0 if self.power is None else self.power
+
+    @property
+    def decay_cycle(self) -> bool:
+        return bool(self.cycle)
+
+    @property
+    def noam_decay_rate(self) -> float:
+        return 0.5 if self.decay_rate is None else self.decay_rate
 
 
 def lr_at(step: int, spec: ScheduleSpec) -> float:
@@ -104,8 +175,12 @@ def lr_at(step: int, spec: ScheduleSpec) -> float:
     Linear warmup to lr over warmup_steps (from warmup_init_lr, 0 by default, as Megatron's; or
     from lr / (warmup + 1) as NeMo's CosineAnnealing without constant steps), then decay from lr
     to min_lr over decay_steps (cosine or linear), then min_lr for the constant_steps and beyond;
-    Constant holds lr after its warmup.
+    Constant holds lr after its warmup. NeMo's other schedules: gptrain.train.nemo_schedules.
     """
+    if spec.name in WARMUP_POLICIES:
+        return warmup_policy_lr(step, spec)
+    if spec.name == NOAM:
+        return noam_lr(step, spec)
     if spec.warmup_steps > 0 and step <= spec.warmup_steps:
         if spec.nemo_warmup:
             return spec.lr * (step + 1) / (spec.warmup_steps + 1)
@@ -133,8 +208,10 @@ RECORDED = (
     "warmup_style",
     "warmup_init_lr",
 )
+# The keys of NeMo's other schedules, recorded where set (a checkpoint of the others is as before).
+RECORDED_WHERE_SET = ("hold_steps", "d_model", "power", "cycle", "decay_rate")
 # Those a checkpoint from before them lacks, and the value such a checkpoint trained with.
-RECORDED_LATER = {"warmup_init_lr": 0.0}
+RECORDED_LATER = {"warmup_init_lr": 0.0} | dict.fromkeys(RECORDED_WHERE_SET)
 
 
 class LRSchedule:
@@ -166,7 +243,10 @@ class LRSchedule:
         state: dict[str, Any] = {"step": self.step}
         if self.spec.global_batch_size:  # the unit of `step`, for a resume with another batch
             state["global_batch_size"] = self.spec.global_batch_size
-        return state | {key: getattr(self.spec, key) for key in RECORDED}
+        state |= {key: getattr(self.spec, key) for key in RECORDED}
+        return state | {
+            key: value for key in RECORDED_WHERE_SET if (value := getattr(self.spec, key)) is not None
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> str | None:
         """Take the saved step; with another global batch than the checkpoint's, a schedule in
@@ -218,7 +298,8 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
     Megatron: `--lr-decay-samples S` is a schedule of S / global_batch_size steps,
     `--lr-warmup-fraction f` warms up over f x the schedule length. NeMo: `warmup_ratio r` warms
     up over int(r x max_steps) steps, `constant_ratio r` holds min_lr for int(r x max_steps) steps.
-    NeMo reads a null warmup_steps or constant_steps as 0 (WarmupAnnealHoldPolicy), so do we.
+    NeMo reads a null warmup_steps or constant_steps as 0 (WarmupAnnealHoldPolicy), so do we;
+    `hold_ratio r` holds int(r x max_steps) steps, and NoamAnnealing's d_model defaults to the model's width.
     """
     optim, sched = cfg.model.optim, cfg.model.optim.sched
     batch = cfg.model.global_batch_size
@@ -261,4 +342,26 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
         warmup_style=sched.warmup_style,
         global_batch_size=batch,
         counts_samples=sched.decay_samples is not None or sched.warmup_samples is not None,
+        hold_steps=_hold_steps(sched, length),
+        d_model=cfg.model.hidden_size if sched.d_model is None and sched.name == NOAM else sched.d_model,
+        power=sched.power,
+        cycle=sched.cycle,
+        decay_rate=sched.decay_rate,
     )
+
+
+def _hold_steps(sched: Any, length: float) -> float | None:
+    """NeMo's hold: hold_steps, or int(hold_ratio x schedule length); not both (NeMo asserts)."""
+    if sched.hold_ratio is None:
+        return sched.hold_steps
+    if sched.hold_steps is not None:
+        raise ConfigError(
+            f"model.optim.sched.hold_steps={sched.hold_steps} and model.optim.sched.hold_ratio="
+            f"{sched.hold_ratio}: give only one"
+        )
+    if sched.name not in HOLD_POLICIES:
+        raise ConfigError(
+            f"model.optim.sched.hold_ratio={sched.hold_ratio}: {sched.name} does not take it (NeMo's"
+            f" {', '.join(HOLD_POLICIES)} do); remove it or set it to null"
+        )
+    return int(sched.hold_ratio * length)

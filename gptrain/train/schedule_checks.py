@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from gptrain.train.nemo_schedules import NOAM, NOT_TO_MIN_LR
 from gptrain.train.rampup import BatchRamp
-from gptrain.train.schedule import LRSchedule, ScheduleSpec, lr_at
+from gptrain.train.schedule import RECORDED_WHERE_SET, LRSchedule, ScheduleSpec, lr_at
 
 if TYPE_CHECKING:
     from gptrain.config.schema import TrainingConfig
@@ -140,12 +141,13 @@ def schedule_warnings(
     n = names or names_in_steps(spec, run_steps, ramp)
     warnings = []
     last = schedule_position(ramp, run_steps - 1)  # where the run's last step takes its rate
-    if spec.warmup_steps > last:
+    if spec.warmup_steps > last and spec.name != NOAM:  # Noam's peak is not lr
         warnings.append(
             f"{n.warmup} is not shorter than {n.run}: the learning rate never reaches {n.lr}{spec.lr:g}"
             f" (at most {lr_at(last, spec):.3g}); lower {n.warmup_key} or raise {n.run_key}"
         )
-    if spec.name == "Constant" or spec.warmup_steps > last:  # no decay to check, or none reached
+    no_length = spec.name in ("Constant", NOAM)  # Noam decays as step ** -0.5 for ever
+    if no_length or spec.warmup_steps > last:  # no decay to check, or none reached
         return warnings
     if spec.warmup_steps + spec.constant_steps >= spec.max_steps:
         warnings.append(
@@ -161,7 +163,8 @@ def _length_warnings(spec: ScheduleSpec, run_steps: int, ramp: BatchRamp, n: Sch
     run = n.run
     if ramp.start is not None:
         run += f", {shown_steps(end)} {n.unit} of the full batch under its ramp-up's smaller ones"
-    if spec.max_steps - end >= 1:  # less is the partial last batch a run in samples leaves out
+    ends_at_min_lr = spec.name not in NOT_TO_MIN_LR
+    if spec.max_steps - end >= 1 and ends_at_min_lr:  # less: the partial last batch a run in samples leaves
         last_rate = lr_at(schedule_position(ramp, run_steps - 1), spec)
         return [
             f"the decay ends after the run: {n.decay} > {run}, so the last rate is {last_rate:.3g}, not"
@@ -260,11 +263,19 @@ def _recorded_settings(
         length_of("constant_steps", constant, False),
         (name(f"{prefix}warmup_style"), old.warmup_style, new.warmup_style, str),
         (name(f"{prefix}warmup_init_lr"), old.warmup_init_lr, new.warmup_init_lr, "{:g}".format),
+        *[(f"{prefix}{key}", getattr(old, key), getattr(new, key), _shown) for key in RECORDED_WHERE_SET],
     ]
+
+
+def _shown(value: Any) -> str:
+    """A recorded setting as the config writes it (null where not set)."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    return f"{value:g}"
 
 
 def _same(before: Any, after: Any) -> bool:
     """Equal, or for numbers equal up to rounding (a length in samples goes through steps)."""
-    if isinstance(before, str) or isinstance(after, str):
+    if not isinstance(before, int | float) or not isinstance(after, int | float):
         return before == after
     return math.isclose(before, after, rel_tol=1e-9, abs_tol=1e-12)
