@@ -268,6 +268,14 @@ class TokenizerConfig:
     documents."""
 
 
+DEFAULT_MIN_LR = {"SquareAnnealing": 1e-5}
+"""NeMo's min_lr where a config leaves it out and it is not 0 (NeMo passes only the keys given)."""
+
+
+def default_min_lr(schedule: str) -> float:
+    return DEFAULT_MIN_LR.get(schedule, 0.0)
+
+
 @dataclass
 class SchedConfig:
     name: str = "CosineAnnealing"
@@ -291,8 +299,9 @@ class SchedConfig:
     """`nemo`: CosineAnnealing with constant_steps 0 warms up as NeMo's, lr x (step + 1) /
     (warmup_steps + 1); every other schedule from 0, lr x step / warmup_steps (as NeMo).
     `megatron` (what `gptrain megatron` sets): from 0 for every schedule, as --lr-warmup-iters."""
-    min_lr: float = 0.0
-    """Learning rate at the end of the decay."""
+    min_lr: float | None = None
+    """Learning rate at the end of the decay; null (or absent) is the schedule's NeMo default,
+    1e-5 for SquareAnnealing and 0 for every other (DEFAULT_MIN_LR)."""
     max_steps: int | None = None
     """Length of the schedule; null means trainer.max_steps."""
     warmup_ratio: float | None = None

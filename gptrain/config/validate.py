@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gptrain.config.schema import PER_SPLIT_KEYS, ExpManagerConfig, TrainingConfig
+from gptrain.config.schema import PER_SPLIT_KEYS, ExpManagerConfig, TrainingConfig, default_min_lr
 from gptrain.errors import ConfigError
 from gptrain.utils.tokenizer_types import (
     MEGATRON_TYPES,
@@ -130,6 +130,8 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     cfg.model.optim.name = "adamw"
     if cfg.model.ffn_hidden_size is None:
         cfg.model.ffn_hidden_size = 4 * cfg.model.hidden_size
+    if cfg.model.optim.sched.min_lr is None:
+        cfg.model.optim.sched.min_lr = default_min_lr(cfg.model.optim.sched.name)
     if cfg.model.data.mock_dataset:
         cfg.model.data.data_impl = "mock"
     if cfg.model.fsdp:

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from gptrain.config.schema import default_min_lr
 from gptrain.errors import ConfigError
 from gptrain.train.nemo_schedules import (
     HOLD_POLICIES,
@@ -334,7 +335,7 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
     return ScheduleSpec(
         name=sched.name,
         lr=optim.lr,
-        min_lr=sched.min_lr,
+        min_lr=default_min_lr(sched.name) if sched.min_lr is None else sched.min_lr,
         max_steps=length,
         warmup_steps=warmup,
         constant_steps=constant,

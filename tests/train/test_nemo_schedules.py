@@ -359,3 +359,22 @@ def test_start_warnings_speak_only_of_a_decay_the_schedule_has():
     assert "the decay ends after the run" in schedule_warnings(spec("SquareAnnealing", 200), 100)[0]
     for name in ("WarmupHoldPolicy", "InverseSquareRootAnnealing"):
         assert "the last 50 steps run at min_lr=0.1" in schedule_warnings(spec(name, 50), 100)[0]
+
+
+def test_a_nemo_yaml_without_min_lr_takes_its_schedules_default(tmp_path):
+    """NeMo passes only the keys the file gives: SquareAnnealing's min_lr defaults to 1e-5 (its
+    class's and SquareAnnealingParams'), every other schedule's to 0; a given min_lr wins."""
+    square = "      name: SquareAnnealing\n      warmup_steps: 2\n      constant_steps: 0\n"
+    cfg = load_training_config(config_file=str(nemo_yaml(tmp_path, square)), report_ignored=False)
+    assert cfg.model.optim.sched.min_lr == 1e-5
+    spec = spec_from_config(cfg)
+    assert spec.min_lr == 1e-5 and lr_at(spec.max_steps, spec) == 1e-5
+    cosine = load_training_config(
+        config_file=str(nemo_yaml(tmp_path, square.replace("SquareAnnealing", "CosineAnnealing"))),
+        report_ignored=False,
+    )
+    assert cosine.model.optim.sched.min_lr == 0.0
+    given = load_training_config(
+        config_file=str(nemo_yaml(tmp_path, square + "      min_lr: 0.0\n")), report_ignored=False
+    )
+    assert given.model.optim.sched.min_lr == 0.0
