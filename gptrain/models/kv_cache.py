@@ -20,7 +20,7 @@ from gptrain.models.gpt import GPT, Attention, TransformerBlock, apply_rope
 class KVCache:
     """Keys and values of the first `length` positions, per layer [batch, kv_heads, capacity, head_dim].
 
-    Keys are stored rotated and before GQA's repeat (a group's heads share them). The tensors are
+    Keys are stored rotated, one per key/value head (a GQA group's query heads share them). The tensors are
     allocated on first use, in the projections' dtype and device, `capacity` positions long: the
     prompt plus the tokens to generate, not the model's whole context (an imported model's 128k
     positions would be gigabytes).
@@ -100,16 +100,14 @@ def _attention_cached(
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     keys, values = cache.extend(layer, k, v)
-    repeats = q.shape[1] // keys.shape[1]
-    if repeats > 1:  # query head j uses key/value head j // repeats, as Attention.forward
-        keys = keys.repeat_interleave(repeats, dim=1)
-        values = values.repeat_interleave(repeats, dim=1)
+    # GQA: query head j reads key/value head j // group (Attention.forward's repeat_interleave)
+    # without a copy of the whole cache per group member at every new token (torch >= 2.5).
+    grouped = {"enable_gqa": True} if q.shape[1] != keys.shape[1] else {}
     if cache.length == 0:  # the prompt: training's causal kernel, no seq x seq mask in memory
-        out = F.scaled_dot_product_attention(q, keys, values, is_causal=seq > 1)
+        out = F.scaled_dot_product_attention(q, keys, values, is_causal=seq > 1, **grouped)
     else:
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=_causal_mask(cache.length, seq, x.device)
-        )
+        mask = _causal_mask(cache.length, seq, x.device)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, **grouped)
     return attention.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

@@ -117,3 +117,23 @@ def test_the_prompt_runs_trainings_causal_kernel_without_a_square_mask(monkeypat
         forward_cached(model, torch.tensor([[9]]), cache)
     layers = TINY["num_layers"]
     assert calls == [(5, True, True)] * layers + [(3, False, False)] * layers + [(1, True, False)] * layers
+
+
+def test_grouped_keys_reach_attention_unrepeated(monkeypatch):
+    """GQA repeated every cached key and value per query head at every new token (a copy of the
+    whole cache, times the group size); SDPA's enable_gqa reads each group's heads in place."""
+    from gptrain.models import kv_cache
+
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
+        calls.append((q.shape[1], k.shape[1], v.shape[1], enable_gqa))
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=enable_gqa)
+
+    monkeypatch.setattr(kv_cache.F, "scaled_dot_product_attention", recording)
+    model, cache = float64_model("llama_like"), KVCache(capacity=16)
+    with torch.no_grad():
+        forward_cached(model, torch.tensor([[1, 2, 3, 4, 5]]), cache)
+        forward_cached(model, torch.tensor([[6, 7]]), cache)
+        forward_cached(model, torch.tensor([[8]]), cache)
+    assert calls == [(4, 2, 2, True)] * (3 * TINY["num_layers"])
