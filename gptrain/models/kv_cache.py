@@ -18,22 +18,25 @@ from gptrain.models.gpt import GPT, Attention, TransformerBlock, apply_rope
 
 @dataclass
 class KVCache:
-    """Keys and values of the first `length` positions, per layer [batch, kv_heads, capacity, head_dim].
+    """Keys and values of the first `length` columns, per layer [batch, kv_heads, capacity, head_dim].
 
-    Keys are stored rotated, one per key/value head (a GQA group's query heads share them). The tensors are
-    allocated on first use, in the projections' dtype and device, `capacity` positions long: the
-    prompt plus the tokens to generate, not the model's whole context (an imported model's 128k
-    positions would be gigabytes).
+    Keys are stored rotated, one per key/value head (a GQA group's query heads share them). The
+    tensors are allocated on first use, in the projections' dtype and device, `capacity` columns
+    long: the prompt plus the tokens to generate, not the model's whole context (an imported model's
+    128k positions would be gigabytes). A batch of prompts of several lengths is padded on the left:
+    row b's tokens start at column pad[b], at position 0, and no query attends to padding.
     """
 
     capacity: int
+    pad: list[int] | None = None
+    """Padding columns before each row's first token (None: every row starts at column 0)."""
     keys: dict[int, torch.Tensor] = field(default_factory=dict)
     values: dict[int, torch.Tensor] = field(default_factory=dict)
     length: int = 0
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v [B, H, S, D] at positions length..length+S-1; the keys and values of all of
-        positions 0..length+S-1."""
+        """Store k, v [B, H, S, D] at columns length..length+S-1; the keys and values of all of
+        columns 0..length+S-1."""
         end = self.length + k.shape[2]
         if layer not in self.keys:
             shape = (*k.shape[:2], self.capacity, k.shape[3])
@@ -43,30 +46,53 @@ class KVCache:
         self.values[layer][:, :, self.length : end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only these rows (in this order): finished generations leave the batch."""
+        for cached in (self.keys, self.values):
+            for layer, tensor in cached.items():
+                cached[layer] = tensor[rows]
+        if self.pad is not None:
+            self.pad = [self.pad[row] for row in rows]
+
+    def padded(self) -> bool:
+        return self.pad is not None and any(self.pad)
+
 
 def forward_cached(model: GPT, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """tokens [B, S] at positions cache.length.. -> logits [B, S, V], the keys and values kept.
+    """tokens [B, S] at columns cache.length.. -> logits [B, S, V], the keys and values kept.
 
-    Same result as `model(all tokens so far)[:, -S:]`; the caller keeps to the model's context
-    (positions below config.seq_length) and to the cache's capacity.
+    Same result as `model(all tokens so far)[:, -S:]` for each row alone (its padding aside); the
+    caller keeps to the model's context (positions below config.seq_length) and to the cache's
+    capacity.
     """
     start, seq = cache.length, tokens.shape[1]
-    if start + seq > min(cache.capacity, model.config.seq_length):
+    last_position = start + seq - 1 - min(cache.pad or [0])
+    if start + seq > cache.capacity or last_position >= model.config.seq_length:
         raise ValueError(
-            f"forward_cached: positions up to {start + seq} exceed the cache ({cache.capacity}) "
-            f"or the model's context ({model.config.seq_length})"
+            f"forward_cached: columns up to {start + seq} exceed the cache ({cache.capacity}) "
+            f"or positions up to {last_position + 1} the model's context ({model.config.seq_length})"
         )
-    positions = torch.arange(start, start + seq, device=tokens.device)
+    positions = _positions(cache, seq, tokens.device)
     h = model.tok_embeddings(tokens)
     if model.pos_embeddings is not None:
         h = h + model.pos_embeddings(positions)
     if model.embedding_dropout is not None:
         h = model.embedding_dropout(h)
     cos, sin = model._rope(positions)
+    visible = _visible_keys(cache, seq, tokens.device)
     for index, block in enumerate(model.layers.values()):
-        h = _block_cached(block, h, cos, sin, cache, index)
+        h = _block_cached(block, h, cos, sin, cache, index, visible)
     cache.length = start + seq
     return model.output(model.norm(h))
+
+
+def _positions(cache: KVCache, seq: int, device: torch.device) -> torch.Tensor:
+    """Positions of the new columns: [S], or [B, S] when rows are padded (padding at position 0)."""
+    columns = torch.arange(cache.length, cache.length + seq, device=device)
+    if not cache.padded():
+        return columns
+    pad = torch.tensor(cache.pad, device=device)
+    return (columns[None, :] - pad[:, None]).clamp(min=0)
 
 
 def _block_cached(
@@ -76,9 +102,11 @@ def _block_cached(
     sin: torch.Tensor | None,
     cache: KVCache,
     layer: int,
+    visible: torch.Tensor | None,
 ) -> torch.Tensor:
     """`TransformerBlock.forward` with cached attention."""
-    attended = _attention_cached(block.attention, block.attention_norm(x), cos, sin, cache, layer)
+    normed = block.attention_norm(x)
+    attended = _attention_cached(block.attention, normed, cos, sin, cache, layer, visible)
     h = x + block.attention_dropout(attended)
     return h + block.mlp_dropout(block.mlp(block.mlp_norm(h)))
 
@@ -90,8 +118,9 @@ def _attention_cached(
     sin: torch.Tensor | None,
     cache: KVCache,
     layer: int,
+    visible: torch.Tensor | None,
 ) -> torch.Tensor:
-    """`Attention.forward` for new positions: their queries over every cached key and their own."""
+    """`Attention.forward` for new columns: their queries over every cached key and their own."""
     batch, seq = x.shape[0], x.shape[1]
     q, k, v = (
         p(x).view(batch, seq, -1, attention.head_dim) for p in (attention.wq, attention.wk, attention.wv)
@@ -103,20 +132,34 @@ def _attention_cached(
     # GQA: query head j reads key/value head j // group (Attention.forward's repeat_interleave)
     # without a copy of the whole cache per group member at every new token (torch >= 2.5).
     grouped = {"enable_gqa": True} if q.shape[1] != keys.shape[1] else {}
-    if cache.length == 0:  # the prompt: training's causal kernel, no seq x seq mask in memory
+    if cache.length == 0 and visible is None:  # the prompt: training's causal kernel, no square mask
         out = F.scaled_dot_product_attention(q, keys, values, is_causal=seq > 1, **grouped)
     else:
-        mask = _causal_mask(cache.length, seq, x.device)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, **grouped)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, **grouped)
     return attention.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
-def _causal_mask(start: int, seq: int, device: torch.device) -> torch.Tensor | None:
-    """Query i (position start + i) sees keys 0..start + i; None where it sees all (one new token).
+def _visible_keys(cache: KVCache, seq: int, device: torch.device) -> torch.Tensor | None:
+    """Which keys each new query sees: [S, keys], or [B, 1, S, keys] for padded rows; None where
+    every query sees every key (one new token, no padding) or SDPA's is_causal does (the prompt).
 
-    Not SDPA's is_causal, which aligns a short query block with the first keys, not the last.
+    Not SDPA's is_causal after cached keys, which aligns a short query block with the first keys,
+    not the last. A padding query sees itself, so its attention stays finite: SDPA kernels do not
+    agree on a row of only masked keys (zeros in torch's math kernel, NaN elsewhere), and NaN values
+    times a zero weight would still reach the real queries.
     """
-    if seq == 1:
-        return None
+    start = cache.length
+    if not cache.padded():
+        if seq == 1 or start == 0:
+            return None
+        return _causal(start, seq, device)
+    keys = torch.arange(start + seq, device=device)
+    queries = torch.arange(start, start + seq, device=device)[:, None]
+    pad = torch.tensor(cache.pad, device=device)[:, None, None, None]
+    return _causal(start, seq, device) & ((keys >= pad) | (keys == queries))
+
+
+def _causal(start: int, seq: int, device: torch.device) -> torch.Tensor:
+    """Query i (column start + i) sees keys 0..start + i."""
     queries = torch.arange(start, start + seq, device=device)
     return torch.arange(start + seq, device=device)[None, :] <= queries[:, None]

@@ -86,6 +86,17 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        metavar="N",
+        help=(
+            "prompts generated together (default 8): one left-padded batch through the KV cache, each "
+            "getting the tokens it gets alone up to rounding (a batch runs other kernel shapes, so in "
+            "float32 or bf16 a near tie may break the other way); 1: one at a time, exactly as alone"
+        ),
+    )
+    parser.add_argument(
         "--seed",
         type=int,
         default=1234,
@@ -104,54 +115,73 @@ def run_generate(args: argparse.Namespace) -> int:
     prompts = read_prompts(args.prompt, args.prompt_file)
     check_stop_strings(args.stop)
     check_seed(args.seed)
+    check_batch_size(args.batch_size)
     run = load_run(args.checkpoint)
     print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)
     ends = end_ids(run)
     excluded = undecodable_ids(run.tokenizer, run.vocab_size)
-    for number, prompt in enumerate(prompts, 1):
-        label = f"prompt {number}: " if len(prompts) > 1 else ""
-        completion, finish_reason = continue_prompt(run, prompt, args, ends, excluded, label)
-        if args.jsonl:
-            result = {"prompt": prompt, "completion": completion, "finish_reason": finish_reason}
-            print(json.dumps(result, ensure_ascii=False), flush=True)
-        else:
-            print(prompt + completion, flush=True)
+    labels = [f"prompt {number}: " if len(prompts) > 1 else "" for number in range(1, len(prompts) + 1)]
+    for first in range(0, len(prompts), args.batch_size):
+        batch = slice(first, first + args.batch_size)
+        results = continue_prompts(run, prompts[batch], args, ends, excluded, labels[batch])
+        for prompt, (completion, finish_reason) in zip(prompts[batch], results, strict=True):
+            if args.jsonl:
+                result = {"prompt": prompt, "completion": completion, "finish_reason": finish_reason}
+                print(json.dumps(result, ensure_ascii=False), flush=True)
+            else:
+                print(prompt + completion, flush=True)
     return 0
 
 
-def continue_prompt(
-    run, prompt: str, args: argparse.Namespace, ends: set[int], excluded: list[int], label: str = ""
-) -> tuple[str, str]:
-    """The text generated after `prompt` (up to the first --stop string) and why it ended: "stop"
-    (an end token or a stop string) or "length". One prompt at a time: with the KV cache each token
-    costs one position, and no padding can change a prompt's result."""
+def check_batch_size(batch_size: int) -> None:
+    from gptrain.errors import ConfigError
+
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size={batch_size} must be at least 1 (1: one prompt at a time)")
+
+
+def continue_prompts(
+    run, prompts: list[str], args: argparse.Namespace, ends: set[int], excluded: list[int], labels: list[str]
+) -> list[tuple[str, str]]:
+    """For each prompt, the text generated after it (up to the first --stop string) and why it
+    ended: "stop" (an end token or a stop string) or "length". The prompts run as one batch, each
+    from --seed with a generator of its own, so its text does not depend on the others."""
     import torch
 
-    from gptrain.trained.sampling import generate
+    from gptrain.trained.sampling import Picker, generate_batch
 
-    prompt_ids = list(run.tokenizer.encode(prompt))
-    window_note = context_window_note(len(prompt_ids), args.max_new_tokens, run.model.config.seq_length)
-    if window_note:
-        print(window_note.replace("gptrain: note: ", f"gptrain: note: {label}", 1), file=sys.stderr)
-    new_ids = generate(
+    prompt_ids = [list(run.tokenizer.encode(prompt)) for prompt in prompts]
+    for ids, label in zip(prompt_ids, labels, strict=True):
+        window_note = context_window_note(len(ids), args.max_new_tokens, run.model.config.seq_length)
+        if window_note:
+            print(window_note.replace("gptrain: note: ", f"gptrain: note: {label}", 1), file=sys.stderr)
+    picker = Picker(args.temperature, args.top_k, args.top_p, args.greedy, run.vocab_size, excluded, ends)
+    new_ids = generate_batch(
         run.model,
         prompt_ids,
         args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        greedy=args.greedy,
-        eod=ends,
-        generator=torch.Generator().manual_seed(args.seed),
-        valid_vocab_size=run.vocab_size,
-        stop=stop_string_reached(run.tokenizer, prompt, prompt_ids, args.stop),
-        excluded_ids=excluded,
+        picker,
+        generators=[torch.Generator().manual_seed(args.seed) for _ in prompts],
+        stops=[
+            stop_string_reached(run.tokenizer, prompt, ids, args.stop)
+            for prompt, ids in zip(prompts, prompt_ids, strict=True)
+        ],
     )
+    return [
+        completion_and_reason(run.tokenizer, prompt, ids, new, ends, args.stop)
+        for prompt, ids, new in zip(prompts, prompt_ids, new_ids, strict=True)
+    ]
+
+
+def completion_and_reason(
+    tokenizer, prompt: str, prompt_ids: list[int], new_ids: list[int], ends: set[int], stops: Sequence[str]
+) -> tuple[str, str]:
+    """The completion printed (without its end token, cut before a stop string) and its finish reason."""
     ended = bool(new_ids) and new_ids[-1] in ends
     if ended:
         new_ids = new_ids[:-1]
-    text = continuation_text(run.tokenizer, prompt_ids, new_ids)
-    completion = before_stop_string(prompt, text, args.stop)[len(prompt) :]
+    text = continuation_text(tokenizer, prompt_ids, new_ids)
+    completion = before_stop_string(prompt, text, stops)[len(prompt) :]
     return completion, "stop" if ended or completion != text else "length"
 
 

@@ -2,7 +2,8 @@
 
 A GPT generates with a key/value cache (`gptrain.models.kv_cache`): each new token costs one
 position's forward while the text fits the model's context; past it the window slides, every
-position moves, and each token costs a forward of the whole window, as without a cache. Sampling
+position moves, and each token costs a forward of the whole window, as without a cache. Several
+prompts run as one left-padded batch (`generate_batch`), each as it would alone. Sampling
 happens on the CPU, the softmax in float64 (a tiny temperature stays finite), so a seeded generator
 gives the same tokens whatever device the model is on.
 """
@@ -10,7 +11,8 @@ gives the same tokens whatever device the model is on.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -18,6 +20,9 @@ from torch import nn
 from gptrain.errors import ConfigError
 from gptrain.models.gpt import GPT
 from gptrain.models.kv_cache import KVCache, forward_cached
+
+PAD_ID = 0
+"""The id left padding holds (any id: no real token attends to it)."""
 
 
 def generate(
@@ -46,34 +51,100 @@ def generate(
     string in the decoded text). `use_cache=False` reruns the context for every token (the
     reference the cache is tested against; a model other than a whole GPT always does).
     """
-    _check_arguments(prompt_ids, max_new_tokens, temperature, top_k, greedy, top_p)
-    seq_length = model.config.seq_length
-    device = next(model.parameters()).device
+    picker = Picker(temperature, top_k, top_p, greedy, valid_vocab_size, excluded_ids, eod)
+    return generate_batch(model, [prompt_ids], max_new_tokens, picker, [generator], [stop], use_cache)[0]
+
+
+def generate_batch(
+    model: nn.Module,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    picker: Picker | None = None,
+    generators: Sequence[torch.Generator | None] | None = None,
+    stops: Sequence[Callable[[list[int]], bool] | None] | None = None,
+    use_cache: bool = True,
+    **sampling,
+) -> list[list[int]]:
+    """`generate` for several prompts at once, each with its own generator and stop condition: the
+    new ids of each, as it gets them alone (up to rounding: a batch runs other GEMM shapes).
+
+    A whole GPT runs the prompts that fit its context as one left-padded batch through the KV cache;
+    a prompt leaves the batch when it ends, or when it outgrows the context and goes on alone with
+    the sliding window. `sampling`: `generate`'s temperature, top_k, top_p, greedy, eod,
+    valid_vocab_size and excluded_ids, when no `picker` is given.
+    """
+    picker = picker or Picker(**sampling)
+    for prompt in prompts:
+        _check_arguments(
+            prompt, max_new_tokens, picker.temperature, picker.top_k, picker.greedy, picker.top_p
+        )
+    rows = [
+        Row(list(prompt), generator, stop, max_new_tokens)
+        for prompt, generator, stop in zip(
+            prompts, generators or [None] * len(prompts), stops or [None] * len(prompts), strict=True
+        )
+    ]
     was_training = model.training
     model.eval()
-    tokens, new_tokens = list(prompt_ids), []
-    ends = {eod} if isinstance(eod, int) else set(eod or ())
-    excluded = torch.tensor(sorted(excluded_ids), dtype=torch.long)
-    cache = None
-    if use_cache and caches(model):
-        cache = KVCache(capacity=min(seq_length, len(tokens) + max_new_tokens))
     try:
         with torch.no_grad():
-            for _ in range(max_new_tokens):
-                logits = next_logits(model, tokens, cache, device).float().cpu()
-                if valid_vocab_size is not None:
-                    logits = logits[:valid_vocab_size]
-                logits[excluded] = float("-inf")
-                next_id = next_token(
-                    logits, temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator
-                )
-                tokens.append(next_id)
-                new_tokens.append(next_id)
-                if next_id in ends or (stop is not None and stop(new_tokens)):
-                    break
+            alone = [row for row in rows if not row.done]
+            if use_cache and caches(model):
+                alone = _generate_cached(model, alone, picker)
+            for row in alone:
+                _generate_uncached(model, row, picker)
     finally:
         model.train(was_training)
-    return new_tokens
+    return [row.new for row in rows]
+
+
+@dataclass
+class Picker:
+    """How the next token is chosen from a row of logits (`next_token`'s settings), and which ends."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    greedy: bool = False
+    valid_vocab_size: int | None = None
+    excluded_ids: Collection[int] = ()
+    eod: int | Collection[int] | None = None
+
+    def __post_init__(self) -> None:
+        self.ends = {self.eod} if isinstance(self.eod, int) else set(self.eod or ())
+        self.excluded = torch.tensor(sorted(self.excluded_ids), dtype=torch.long)
+
+    def take(self, row: Row, logits: torch.Tensor) -> None:
+        """Append the token picked from 1-D CPU float logits to `row`, and end the row where due."""
+        if self.valid_vocab_size is not None:
+            logits = logits[: self.valid_vocab_size]
+        logits[self.excluded] = float("-inf")
+        next_id = next_token(
+            logits, self.temperature, top_k=self.top_k, top_p=self.top_p, greedy=self.greedy,
+            generator=row.generator,
+        )  # fmt: skip
+        row.tokens.append(next_id)
+        row.new.append(next_id)
+        row.done = (
+            next_id in self.ends
+            or (row.stop is not None and row.stop(row.new))
+            or len(row.new) == row.max_new_tokens
+        )
+
+
+@dataclass
+class Row:
+    """One prompt's generation: its tokens so far (prompt and new), its generator and stop test."""
+
+    tokens: list[int]
+    generator: torch.Generator | None
+    stop: Callable[[list[int]], bool] | None
+    max_new_tokens: int
+    new: list[int] = field(default_factory=list)
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.done = self.max_new_tokens == 0
 
 
 def caches(model: nn.Module) -> bool:
@@ -82,16 +153,40 @@ def caches(model: nn.Module) -> bool:
     return all(piece is not None for piece in pieces)
 
 
-def next_logits(
-    model: nn.Module, tokens: list[int], cache: KVCache | None, device: torch.device
-) -> torch.Tensor:
-    """The model's 1-D logits for the token after `tokens`: the cache runs the tokens it lacks; past
-    the context (or without a cache), the model runs its last config.seq_length tokens."""
+def _generate_cached(model: GPT, rows: list[Row], picker: Picker) -> list[Row]:
+    """Run the rows that fit the context as one batch through the KV cache until each ends; return
+    those that outgrow the context (or started past it), to go on alone with the sliding window."""
     seq_length = model.config.seq_length
-    if cache is None or len(tokens) > seq_length:
-        return model(torch.tensor([tokens[-seq_length:]], dtype=torch.long, device=device))[0, -1]
-    new = torch.tensor([tokens[cache.length :]], dtype=torch.long, device=device)
-    return forward_cached(model, new, cache)[0, -1]
+    outgrown = [row for row in rows if len(row.tokens) > seq_length]
+    active = [row for row in rows if len(row.tokens) <= seq_length]
+    if not active:
+        return outgrown
+    device = next(model.parameters()).device
+    longest = max(len(row.tokens) for row in active)
+    pad = [longest - len(row.tokens) for row in active]
+    capacity = min(longest + active[0].max_new_tokens, seq_length + max(pad))
+    cache = KVCache(capacity=capacity, pad=pad)
+    feed = [[PAD_ID] * n + row.tokens for n, row in zip(pad, active, strict=True)]
+    while active:
+        logits = forward_cached(model, torch.tensor(feed, dtype=torch.long, device=device), cache)
+        for row, row_logits in zip(active, logits[:, -1].float().cpu(), strict=True):
+            picker.take(row, row_logits)
+        outgrown += [row for row in active if not row.done and len(row.tokens) > seq_length]
+        going_on = [i for i, row in enumerate(active) if not row.done and len(row.tokens) <= seq_length]
+        if len(going_on) < len(active):
+            cache.keep_rows(going_on)
+            active = [active[i] for i in going_on]
+        feed = [row.tokens[-1:] for row in active]
+    return outgrown
+
+
+def _generate_uncached(model: nn.Module, row: Row, picker: Picker) -> None:
+    """Go on with one row, the model running its last config.seq_length tokens for every token."""
+    seq_length = model.config.seq_length
+    device = next(model.parameters()).device
+    while not row.done:
+        context = torch.tensor([row.tokens[-seq_length:]], dtype=torch.long, device=device)
+        picker.take(row, model(context)[0, -1].float().cpu())
 
 
 def next_token(

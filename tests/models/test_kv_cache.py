@@ -137,3 +137,40 @@ def test_grouped_keys_reach_attention_unrepeated(monkeypatch):
         forward_cached(model, torch.tensor([[6, 7]]), cache)
         forward_cached(model, torch.tensor([[8]]), cache)
     assert calls == [(4, 2, 2, True)] * (3 * TINY["num_layers"])
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_left_padded_rows_give_each_prompt_the_logits_it_gets_alone(architecture):
+    """Prompts of several lengths in one batch, padded on the left: each row's positions start at 0
+    where its tokens start and no row attends to its padding, so its logits (prompt, a block of two
+    new tokens, then one token at a time, after finished rows leave the batch) are the full forward
+    of its tokens alone."""
+    model = float64_model(architecture)
+    rows = [[3, 17, 5, 40, 2, 8], [9], [11, 4, 30]]
+    pad = [6 - len(tokens) for tokens in rows]
+    cache, generator = KVCache(capacity=16, pad=pad), torch.Generator().manual_seed(0)
+
+    def assert_each_alone(logits: torch.Tensor, tokens: list[list[int]], new: int) -> None:
+        for row, own in enumerate(tokens):
+            assert_same_logits(logits[row, -new:], model(torch.tensor([own]))[0, -new:])
+
+    with torch.no_grad():
+        prefill = forward_cached(
+            model, torch.tensor([[0] * n + t for n, t in zip(pad, rows, strict=True)]), cache
+        )
+        for row, tokens in enumerate(rows):
+            assert_same_logits(prefill[row, pad[row] :], model(torch.tensor([tokens]))[0])
+        for row, tokens in enumerate(rows):
+            tokens += [sampled(prefill[row, -1], generator), sampled(prefill[row, -1], generator)]
+        logits = forward_cached(model, torch.tensor([t[-2:] for t in rows]), cache)
+        assert_each_alone(logits, rows, 2)
+        for step in range(8):
+            for row, tokens in enumerate(rows):
+                tokens.append(sampled(logits[row, -1], generator))
+            if step == 3:  # the first row ends: the batch goes on without it
+                cache.keep_rows([1, 2])
+                rows = rows[1:]
+            logits = forward_cached(model, torch.tensor([t[-1:] for t in rows]), cache)
+            assert_each_alone(logits, rows, 1)
+    assert cache.length == 16 and cache.pad == [5, 3]
+    assert len(set(rows[0][1:])) > 5  # no constant loop, which could hide a position slip

@@ -505,14 +505,14 @@ def test_stop_strings_end_generation_and_the_text_before_them_is_printed(
     cut = min(new_text[stopped_at].find(stop) for stop in (first, later) if stop in new_text[stopped_at])
     assert 0 < stopped_at < 12
     counts: list[int] = []
-    original = sampling.generate
+    original = sampling.generate_batch
 
     def counting(*args, **kwargs):
         new_ids = original(*args, **kwargs)
-        counts.append(len(new_ids))
+        counts.extend(len(ids) for ids in new_ids)
         return new_ids
 
-    monkeypatch.setattr(sampling, "generate", counting)
+    monkeypatch.setattr(sampling, "generate_batch", counting)
     argv = ["generate", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "12", "--greedy"]
     assert run_subcommand(add_generate_parser, [*argv, "--stop", later, "--stop", first]) == 0
     assert capsys.readouterr().out == prompt + continuation[:cut] + "\n"
@@ -1068,3 +1068,37 @@ def test_a_prompt_file_reads_the_same_from_a_path_and_stdin_without_its_byte_ord
     expected = ["Hello", "old mac", "third", "fourth"]
     assert prompt_file_lines(str(path)) == expected
     assert prompt_file_lines("-") == expected
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_prompts_run_batch_size_at_a_time_each_printing_what_it_prints_alone(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """Several prompts were generated one at a time; they now run --batch-size at a time (default 8)
+    as one left-padded batch through the KV cache, each printing, in order, its text alone."""
+    from gptrain.models import kv_cache
+    from gptrain.trained import sampling
+    from gptrain.trained.generate import add_generate_parser
+
+    _, model, tokenizer = tiny_run(tmp_path)
+    prompts = ["The quick brown fox", "Once", "Hello, world and all of you", "A"]
+    batches: list[int] = []
+
+    def recording(model, tokens, cache):
+        if cache.length == 0:
+            batches.append(tokens.shape[0])
+        return kv_cache.forward_cached(model, tokens, cache)
+
+    monkeypatch.setattr(sampling, "forward_cached", recording)
+    argv = ["generate", str(tmp_path / "run"), *(a for p in prompts for a in ("--prompt", p))]
+    argv += ["--max-new-tokens", "5", "--greedy"]
+    expected = "".join(reference_text(model, tokenizer, prompt, 5) + "\n" for prompt in prompts)
+    for batch_size, sizes in ((["--batch-size", "3"], [3, 1]), ([], [4]), (["--batch-size", "1"], [1] * 4)):
+        batches.clear()
+        assert run_subcommand(add_generate_parser, [*argv, *batch_size]) == 0
+        assert capsys.readouterr().out == expected
+        assert batches == sizes
+    with pytest.raises(ConfigError, match=r"^--batch-size=0 must be at least 1"):  # before loading
+        run_subcommand(
+            add_generate_parser, ["generate", str(tmp_path / "no-run"), "--prompt", "x", "--batch-size", "0"]
+        )

@@ -261,3 +261,54 @@ def test_temperature_0_and_top_k_1_are_greedy_as_in_vllm_and_megatron():
     greedy = generate(model, [1, 2], 10, greedy=True)
     assert generate(model, [1, 2], 10, temperature=0.0, generator=generator) == greedy
     assert generate(model, [1, 2], 10, temperature=1.5, top_k=1, generator=generator) == greedy
+
+
+@pytest.mark.parametrize("architecture", [{}, LLAMA_LIKE], ids=["gpt3", "llama_like"])
+def test_a_batch_of_prompts_of_several_lengths_gives_each_the_tokens_it_gets_alone(architecture, monkeypatch):
+    """Prompts of 4, 1 and 7 tokens run as one left-padded batch through the KV cache (context 12:
+    the 7-token prompt outgrows it after 6 new tokens, the 4-token one after 9, and each goes on
+    alone with the sliding window); a 14-token prompt, past the context from the start, never
+    joins the batch. Greedy and seeded sampling (a generator per prompt) give each prompt the tokens
+    it gets alone; a row that stops (its stop condition, an end token) leaves the others running."""
+    from gptrain.models import kv_cache
+    from gptrain.trained import sampling
+    from gptrain.trained.sampling import generate_batch
+
+    model = float64_gpt(**architecture)
+    prompts = [[7, 3, 9, 1], [5], [2, 8, 4, 6, 1, 3, 9], [4] * 13 + [1]]
+    batch_sizes: list[int] = []
+
+    def recording(model, tokens, cache):
+        batch_sizes.append(tokens.shape[0])
+        return kv_cache.forward_cached(model, tokens, cache)
+
+    monkeypatch.setattr(sampling, "forward_cached", recording)
+    for options in (dict(greedy=True), dict(temperature=0.8, top_k=20)):
+        alone = [
+            generate(model, p, 10, generator=torch.Generator().manual_seed(i), **options)
+            for i, p in enumerate(prompts)
+        ]
+        generators = [torch.Generator().manual_seed(i) for i in range(len(prompts))]
+        assert generate_batch(model, prompts, 10, generators=generators, **options) == alone
+    assert len({tuple(tokens) for tokens in alone}) == 4 and len(set(alone[1])) > 3  # sampled: varied
+    batch_sizes.clear()
+    stops = [None, lambda new: len(new) == 3, None, None]
+    expected = [alone[0], alone[1][:3], alone[2], alone[3]]
+    generators = [torch.Generator().manual_seed(i) for i in range(len(prompts))]
+    assert (
+        generate_batch(model, prompts, 10, generators=generators, stops=stops, temperature=0.8, top_k=20)
+        == expected
+    )
+    assert batch_sizes == [3] * 3 + [2] * 3 + [1] * 3  # row 1 stops, row 2 outgrows, row 0 outgrows
+    end = alone[0][2]
+    ended = generate_batch(
+        model,
+        prompts,
+        10,
+        generators=[torch.Generator().manual_seed(i) for i in range(len(prompts))],
+        eod=end,
+        temperature=0.8,
+        top_k=20,
+    )
+    for tokens, own in zip(ended, alone, strict=True):
+        assert tokens == (own[: own.index(end) + 1] if end in own else own)
