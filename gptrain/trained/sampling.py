@@ -245,7 +245,7 @@ def check_sampling(
     """The sampling flags, checked before a model is loaded for them."""
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens} must be >= 0 (--max-new-tokens)")
-    if not greedy and not (temperature >= 0 and math.isfinite(temperature)):
+    if not (temperature >= 0 and math.isfinite(temperature)):  # also with --greedy: a typo, not unused
         raise ConfigError(
             f"temperature={temperature} must be finite and >= 0 (--temperature; 0 is greedy, as --greedy)"
         )

@@ -1102,3 +1102,13 @@ def test_prompts_run_batch_size_at_a_time_each_printing_what_it_prints_alone(
         run_subcommand(
             add_generate_parser, ["generate", str(tmp_path / "no-run"), "--prompt", "x", "--batch-size", "0"]
         )
+
+
+def test_a_negative_or_nan_temperature_is_refused_also_with_greedy(tmp_path: Path) -> None:
+    """--greedy --temperature -1 (a typo for 1?) was taken in silence, the temperature unused."""
+    from gptrain.trained.generate import add_generate_parser
+
+    for temperature, shown in (("-1", "-1.0"), ("nan", "nan")):
+        argv = ["generate", str(tmp_path / "no-run"), "--prompt", "x", "--greedy"]
+        with pytest.raises(ConfigError, match=rf"^temperature={shown} must be finite and >= 0"):
+            run_subcommand(add_generate_parser, [*argv, "--temperature", temperature])
