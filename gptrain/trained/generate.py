@@ -30,7 +30,11 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         "--prompt",
         action="append",
         default=[],
-        help="text to continue (may be repeated: one result per prompt, in order)",
+        help=(
+            "text to continue (may be repeated: one result per prompt, in order); an empty prompt, or one "
+            "the tokenizer encodes to no tokens, is refused (as vLLM does, and Megatron's server without "
+            "add_BOS)"
+        ),
     )
     parser.add_argument(
         "--prompt-file",
@@ -120,10 +124,13 @@ def run_generate(args: argparse.Namespace) -> int:
     print(f"gptrain: loaded {run.checkpoint}", file=sys.stderr)
     ends = end_ids(run)
     excluded = undecodable_ids(run.tokenizer, run.vocab_size)
+    prompt_ids = encode_prompts(run.tokenizer, prompts)
     labels = [f"prompt {number}: " if len(prompts) > 1 else "" for number in range(1, len(prompts) + 1)]
     for first in range(0, len(prompts), args.batch_size):
         batch = slice(first, first + args.batch_size)
-        results = continue_prompts(run, prompts[batch], args, ends, excluded, labels[batch])
+        results = continue_prompts(
+            run, prompts[batch], prompt_ids[batch], args, ends, excluded, labels[batch]
+        )
         for prompt, (completion, finish_reason) in zip(prompts[batch], results, strict=True):
             if args.jsonl:
                 result = {"prompt": prompt, "completion": completion, "finish_reason": finish_reason}
@@ -140,8 +147,29 @@ def check_batch_size(batch_size: int) -> None:
         raise ConfigError(f"--batch-size={batch_size} must be at least 1 (1: one prompt at a time)")
 
 
+def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Each prompt's ids; one the tokenizer encodes to nothing is refused before any text is
+    generated (the model has no token to continue from)."""
+    from gptrain.errors import ConfigError
+
+    encoded = [list(tokenizer.encode(prompt)) for prompt in prompts]
+    for number, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True), 1):
+        if not ids:
+            raise ConfigError(
+                f"prompt {number} ({prompt!r}) encodes to no tokens with this run's tokenizer; give text "
+                "it keeps (an empty prompt is refused, as in vLLM)"
+            )
+    return encoded
+
+
 def continue_prompts(
-    run, prompts: list[str], args: argparse.Namespace, ends: set[int], excluded: list[int], labels: list[str]
+    run,
+    prompts: list[str],
+    prompt_ids: list[list[int]],
+    args: argparse.Namespace,
+    ends: set[int],
+    excluded: list[int],
+    labels: list[str],
 ) -> list[tuple[str, str]]:
     """For each prompt, the text generated after it (up to the first --stop string) and why it
     ended: "stop" (an end token or a stop string) or "length". The prompts run as one batch, each
@@ -150,7 +178,6 @@ def continue_prompts(
 
     from gptrain.trained.sampling import Picker, generate_batch
 
-    prompt_ids = [list(run.tokenizer.encode(prompt)) for prompt in prompts]
     for ids, label in zip(prompt_ids, labels, strict=True):
         window_note = context_window_note(len(ids), args.max_new_tokens, run.model.config.seq_length)
         if window_note:

@@ -1104,6 +1104,33 @@ def test_prompts_run_batch_size_at_a_time_each_printing_what_it_prints_alone(
         )
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_prompt_the_tokenizer_encodes_to_nothing_is_one_line_before_any_text(capsys, monkeypatch) -> None:
+    """An empty prompt is refused, as vLLM ("The decoder prompt cannot be empty") and Megatron's
+    server without add_BOS do; a prompt of text the tokenizer drops (spaces here) was refused
+    only when its turn came, after the prompts before it had printed, without saying which."""
+    from gptrain.cli import main
+    from gptrain.trained import generate as generate_module
+    from gptrain.trained import load
+
+    class SpaceDropping(CharacterTokenizer):
+        def encode(self, text: str) -> list[int]:
+            return [ord(c) for c in text if c != " "]
+
+    model = scripted_model("abcdef")
+    run = load.LoadedRun(model, SpaceDropping(), 128, Path("step_1"))
+    monkeypatch.setattr(load, "load_run", lambda path: run)
+    monkeypatch.setattr(generate_module, "undecodable_ids", lambda tokenizer, size: [])
+    argv = ["generate", "run", "--prompt", "Hi", "--prompt", "   ", "--batch-size", "1", "--greedy"]
+    assert main(argv) != 0
+    out, err = capsys.readouterr()
+    assert (out, model.calls) == ("", 0)
+    assert err.splitlines()[-1] == (
+        "gptrain: error: prompt 2 ('   ') encodes to no tokens with this run's tokenizer; give text "
+        "it keeps (an empty prompt is refused, as in vLLM)"
+    )
+
+
 def test_a_negative_or_nan_temperature_is_refused_also_with_greedy(tmp_path: Path) -> None:
     """--greedy --temperature -1 (a typo for 1?) was taken in silence, the temperature unused."""
     from gptrain.trained.generate import add_generate_parser
