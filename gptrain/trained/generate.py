@@ -104,7 +104,10 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         "--seed",
         type=int,
         default=1234,
-        help="sampling seed (default 1234); each prompt starts from it, so its text does not depend on the others",
+        help=(
+            "sampling seed (default 1234); each prompt starts from it with a generator of its own, so its "
+            "text does not depend on the others (up to --batch-size's rounding)"
+        ),
     )
     parser.set_defaults(func=run_generate)
 
