@@ -54,6 +54,28 @@ class KVCache:
         if self.pad is not None:
             self.pad = [self.pad[row] for row in rows]
 
+    def row_cache(self, row: int, length: int) -> KVCache:
+        """A one-row cache for `row`'s `length` tokens, ending at the last column filled so far plus
+        `length` (left padding); once this cache's tensors exist, it writes straight into them."""
+        alone = KVCache(capacity=length)
+        start = self.pad[row] if self.pad is not None else 0
+        for cached, own in ((self.keys, alone.keys), (self.values, alone.values)):
+            for layer, tensor in cached.items():
+                own[layer] = tensor[row : row + 1, :, start : start + length]
+        return alone
+
+    def place(self, row: int, alone: KVCache) -> None:
+        """Allocate this cache's tensors like `alone`'s and copy them into `row` (the first row run).
+
+        Zeros, not empty memory: the padding columns are never written, and a masked key's zero
+        weight times a NaN left in memory would still be NaN."""
+        start = self.pad[row] if self.pad is not None else 0
+        rows = len(self.pad) if self.pad is not None else 1
+        for cached, own in ((self.keys, alone.keys), (self.values, alone.values)):
+            for layer, tensor in own.items():
+                cached[layer] = tensor.new_zeros((rows, tensor.shape[1], self.capacity, tensor.shape[3]))
+                cached[layer][row, :, start : start + alone.length] = tensor[0, :, : alone.length]
+
     def padded(self) -> bool:
         return self.pad is not None and any(self.pad)
 
@@ -84,6 +106,25 @@ def forward_cached(model: GPT, tokens: torch.Tensor, cache: KVCache) -> torch.Te
         h = _block_cached(block, h, cos, sin, cache, index, visible)
     cache.length = start + seq
     return model.output(model.norm(h))
+
+
+def prefill_padded(model: GPT, prompts: list[list[int]], cache: KVCache) -> torch.Tensor:
+    """Run each prompt alone into its row of an empty left-padded cache; the logits [B, V] after each.
+
+    One padded forward would need a [B, 1, S, S] mask, which SDPA turns into floats outside its
+    memory-saving causal kernels (8 prompts of 16k: ~8 GB); alone, each runs training's is_causal.
+    """
+    device = next(model.parameters()).device
+    if len(prompts) == 1 and not cache.padded():  # no copy of a long prompt's keys
+        return forward_cached(model, torch.tensor(prompts, device=device), cache)[:, -1]
+    last = []
+    for row, prompt in enumerate(prompts):
+        alone = cache.row_cache(row, len(prompt))
+        last.append(forward_cached(model, torch.tensor([prompt], device=device), alone)[0, -1])
+        if row == 0:
+            cache.place(row, alone)
+    cache.length = max(len(prompt) for prompt in prompts)
+    return torch.stack(last)
 
 
 def _positions(cache: KVCache, seq: int, device: torch.device) -> torch.Tensor:

@@ -19,10 +19,7 @@ from torch import nn
 
 from gptrain.errors import ConfigError
 from gptrain.models.gpt import GPT
-from gptrain.models.kv_cache import KVCache, forward_cached
-
-PAD_ID = 0
-"""The id left padding holds (any id: no real token attends to it)."""
+from gptrain.models.kv_cache import KVCache, forward_cached, prefill_padded
 
 
 def generate(
@@ -166,17 +163,18 @@ def _generate_cached(model: GPT, rows: list[Row], picker: Picker) -> list[Row]:
     pad = [longest - len(row.tokens) for row in active]
     capacity = min(longest + active[0].max_new_tokens, seq_length + max(pad))
     cache = KVCache(capacity=capacity, pad=pad)
-    feed = [[PAD_ID] * n + row.tokens for n, row in zip(pad, active, strict=True)]
+    logits = prefill_padded(model, [row.tokens for row in active], cache)
     while active:
-        logits = forward_cached(model, torch.tensor(feed, dtype=torch.long, device=device), cache)
-        for row, row_logits in zip(active, logits[:, -1].float().cpu(), strict=True):
+        for row, row_logits in zip(active, logits.float().cpu(), strict=True):
             picker.take(row, row_logits)
         outgrown += [row for row in active if not row.done and len(row.tokens) > seq_length]
         going_on = [i for i, row in enumerate(active) if not row.done and len(row.tokens) <= seq_length]
         if len(going_on) < len(active):
             cache.keep_rows(going_on)
             active = [active[i] for i in going_on]
-        feed = [row.tokens[-1:] for row in active]
+        if active:
+            feed = torch.tensor([row.tokens[-1:] for row in active], dtype=torch.long, device=device)
+            logits = forward_cached(model, feed, cache)[:, -1]
     return outgrown
 
 

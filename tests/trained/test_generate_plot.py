@@ -1084,12 +1084,11 @@ def test_prompts_run_batch_size_at_a_time_each_printing_what_it_prints_alone(
     prompts = ["The quick brown fox", "Once", "Hello, world and all of you", "A"]
     batches: list[int] = []
 
-    def recording(model, tokens, cache):
-        if cache.length == 0:
-            batches.append(tokens.shape[0])
-        return kv_cache.forward_cached(model, tokens, cache)
+    def recording(model, prompts, cache):
+        batches.append(len(prompts))
+        return kv_cache.prefill_padded(model, prompts, cache)
 
-    monkeypatch.setattr(sampling, "forward_cached", recording)
+    monkeypatch.setattr(sampling, "prefill_padded", recording)
     argv = ["generate", str(tmp_path / "run"), *(a for p in prompts for a in ("--prompt", p))]
     argv += ["--max-new-tokens", "5", "--greedy"]
     expected = "".join(reference_text(model, tokenizer, prompt, 5) + "\n" for prompt in prompts)

@@ -299,7 +299,7 @@ def test_a_batch_of_prompts_of_several_lengths_gives_each_the_tokens_it_gets_alo
         generate_batch(model, prompts, 10, generators=generators, stops=stops, temperature=0.8, top_k=20)
         == expected
     )
-    assert batch_sizes == [3] * 3 + [2] * 3 + [1] * 3  # row 1 stops, row 2 outgrows, row 0 outgrows
+    assert batch_sizes == [3] * 2 + [2] * 3 + [1] * 3  # row 1 stops, row 2 outgrows, row 0 outgrows
     end = alone[0][2]
     ended = generate_batch(
         model,
@@ -312,3 +312,42 @@ def test_a_batch_of_prompts_of_several_lengths_gives_each_the_tokens_it_gets_alo
     )
     for tokens, own in zip(ended, alone, strict=True):
         assert tokens == (own[: own.index(end) + 1] if end in own else own)
+
+
+def test_a_padded_batch_prefills_each_prompt_with_the_causal_kernel_not_a_square_mask(monkeypatch):
+    """A left-padded batch's prompt ran with a [batch, 1, prompt, prompt] mask, which SDPA turns into
+    floats outside its memory-saving causal kernels (8 prompts of 16k: ~8 GB). Each prompt now fills
+    its rows of the cache alone, with is_causal as one prompt does; only the one-token steps after
+    it carry a mask, [batch, 1, 1, columns]."""
+    from gptrain.models import kv_cache
+    from gptrain.trained.sampling import generate_batch
+
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, is_causal=False, **grouped):
+        calls.append(
+            (q.shape[0], q.shape[2], None if attn_mask is None else tuple(attn_mask.shape), is_causal)
+        )
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **grouped)
+
+    model = float64_gpt(**LLAMA_LIKE)
+    prompts = [[7, 3, 9, 1], [5], [2, 8, 4]]
+    alone = [generate(model, p, 3, greedy=True) for p in prompts]
+    monkeypatch.setattr(kv_cache.F, "scaled_dot_product_attention", recording)
+    assert generate_batch(model, prompts, 3, greedy=True) == alone
+    layers = model.config.num_layers
+    prefill = [(1, 4, None, True)] * layers + [(1, 1, None, False)] * layers + [(1, 3, None, True)] * layers
+    steps = [(3, 1, (3, 1, 1, 5), False)] * layers + [(3, 1, (3, 1, 1, 6), False)] * layers
+    assert calls == prefill + steps
+
+
+def test_a_padded_batch_never_reads_what_memory_its_padding_columns_held(monkeypatch):
+    """The padding columns of a batch's cache are never written: allocated empty, whatever memory
+    held there (NaN here, as freed memory may) reached every row through its zero attention weight."""
+    from gptrain.trained.sampling import generate_batch
+
+    model = float64_gpt()
+    prompts = [[7, 3, 9, 1], [5], [2, 8, 4, 6, 1, 3, 9], [4]]
+    alone = [generate(model, p, 5, greedy=True) for p in prompts]
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, shape: self.new_full(shape, float("nan")))
+    assert generate_batch(model, prompts, 5, greedy=True) == alone
