@@ -174,3 +174,25 @@ def test_left_padded_rows_give_each_prompt_the_logits_it_gets_alone(architecture
             assert_each_alone(logits, rows, 1)
     assert cache.length == 16 and cache.pad == [5, 3]
     assert len(set(rows[0][1:])) > 5  # no constant loop, which could hide a position slip
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_rows_prefilled_alone_then_stepped_together_get_their_logits_alone(architecture):
+    """What `generate` runs for a batch: each prompt prefilled into its row alone (`prefill_padded`),
+    then one new token per row at a time, padded rows masked: every row's logits are the full
+    forward of its own tokens."""
+    from gptrain.models.kv_cache import prefill_padded
+
+    model = float64_model(architecture)
+    rows = [[3, 17, 5, 40], [9], [11, 4, 30, 2, 8, 1, 6]]
+    cache = KVCache(capacity=17, pad=[7 - len(tokens) for tokens in rows])
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        logits = prefill_padded(model, rows, cache)
+        for _ in range(10):
+            for row, tokens in enumerate(rows):
+                assert_same_logits(logits[row], model(torch.tensor([tokens]))[0, -1])
+                tokens.append(sampled(logits[row], generator))
+            logits = forward_cached(model, torch.tensor([t[-1:] for t in rows]), cache)[:, -1]
+    assert cache.length == 17
+    assert len(set(rows[1][1:])) > 5  # no constant loop, which could hide a position slip
