@@ -176,7 +176,8 @@ def continue_prompts(
 ) -> list[tuple[str, str]]:
     """For each prompt, the text generated after it (up to the first --stop string) and why it
     ended: "stop" (an end token or a stop string) or "length". The prompts run as one batch, each
-    from --seed with a generator of its own, so its text does not depend on the others."""
+    from --seed with a generator of its own, so its text does not depend on the others (up to a
+    batch's rounding)."""
     import torch
 
     from gptrain.trained.sampling import Picker, generate_batch
