@@ -12,7 +12,7 @@ Anything else is unknown and refused. Flags that combine with others (`--data-pa
 with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-lr` with `--lr`,
 `--tiktoken-*` and `--tokenizer-special-tokens` with `--tokenizer-type`,
 `--data-parallel-sharding-strategy` with `--use-megatron-fsdp`, `--no-position-embedding` with the
-position embedding type) are handled in translate.py.
+position embedding type, `--null-tokenizer-*-id` with NullTokenizer) are handled in translate.py.
 """
 
 from __future__ import annotations
@@ -191,7 +191,9 @@ NO_EFFECT: dict[str, int | None] = {
     # Megatron's shared tokenizer flags (data prepare reads them for the ids; see NO_EFFECT_WHY)
     "--legacy-tokenizer": 0, "--tokenizer-hf-use-fast": 0, "--tokenizer-hf-no-use-fast": 0,
     "--tokenizer-hf-include-special-tokens": 0, "--tokenizer-hf-no-include-special-tokens": 0,
-    "--trust-remote-code": 0, "--vocab-extra-ids": 1,
+    "--trust-remote-code": 0, "--vocab-extra-ids": 1, "--tokenizer-sentencepiece-legacy": 0,
+    "--no-tokenizer-sentencepiece-ignore-extra-whitespaces": 0,
+    "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces": 0, "--use-gigatoken": 0, "--chat-template": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -244,10 +246,15 @@ NO_EFFECT_WHY: dict[str, str] = {
             "--tokenizer-hf-no-include-special-tokens",
             "--trust-remote-code",
             "--vocab-extra-ids",
+            "--tokenizer-sentencepiece-legacy",
+            "--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
+            "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces",
+            "--use-gigatoken",
         ),
         "training reads the prepared data's ids; the tokenizer gives its vocabulary size and end-of-document "
         "id, the same either way",
     ),
+    "--chat-template": "Megatron formats conversations with it (SFT, inference), not pretraining data",
     "--ddp-average-in-collective": "the same mean gradient over the data-parallel ranks, divided after the "
     "sum rather than before it (rounding aside)",
     **dict.fromkeys(  # the reason once; the flags that only set these up (steps, ranks, paths) go without
@@ -332,5 +339,5 @@ SPECIAL: dict[str, int | None] = {
     "--decoupled-lr": 1, "--decoupled-min-lr": 1, "--tiktoken-pattern": 1,
     "--tiktoken-num-special-tokens": 1, "--tokenizer-special-tokens": None, "--tiktoken-special-tokens": None,
     "--use-megatron-fsdp": 0, "--data-parallel-sharding-strategy": 1, "--use-torch-fsdp2": 0,
-    "--no-position-embedding": 0, "--loss-scale": 1,
+    "--no-position-embedding": 0, "--loss-scale": 1, "--null-tokenizer-eod-id": 1, "--null-tokenizer-pad-id": 1,
 }  # fmt: skip

@@ -278,6 +278,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     v["model.optim.betas"] = betas
     data_paths.apply(v, given)
     _null_tokenizer(result)
+    _null_tokenizer_ids(result)
     _tokenizers_vocabulary(result)
     _vocab_extra_ids(result)
     _tiktoken(result)
@@ -347,6 +348,24 @@ def _null_tokenizer(result: Translation) -> None:
         f"--tokenizer-type NullTokenizer (a vocabulary of --vocab-size {v['model.data.mock_vocab_size']} ids, "
         "as Megatron's since core 0.18; up to core 0.17 it added one, the end of document)"
     )
+
+
+def _null_tokenizer_ids(result: Translation) -> None:
+    """--null-tokenizer-eod-id and --null-tokenizer-pad-id (core 0.18) set NullTokenizer's ids, which
+    Megatron's mock documents end with and its loss masks; gptrain's mock samples are uniform random
+    ids (NullTokenizer stands for mock data only here), so neither has a token to find."""
+    kind = _tokenizer_type(result.given)
+    for flag, none in (
+        ("--null-tokenizer-eod-id", "documents to end"),
+        ("--null-tokenizer-pad-id", "padding to mask"),
+    ):
+        if flag not in result.given:
+            continue
+        _convert(flag, result.given[flag][0], int)
+        if kind == "NullTokenizer":
+            result.notes.append(f"{flag} (gptrain's mock data is uniform random ids, without {none})")
+        else:
+            result.notes.append(f"{flag} (Megatron reads it only for NullTokenizer, not {kind})")
 
 
 def _tokenizer_type(given: dict[str, list[str]]) -> str:

@@ -1883,3 +1883,42 @@ def test_megatrons_shared_tokenizer_flags_are_accepted_or_refused_saying_why(cap
     ):  # fmt: skip
         assert main(["megatron", "--dry-run", *shlex.split(f"{flags} {extra}")]) == 2
         assert capsys.readouterr().err.strip() == f"gptrain: error: {refusal}"
+
+
+def test_megatrons_newer_tokenizer_flags_are_accepted_or_refused_saying_why(capsys):
+    """--tokenizer-sentencepiece-legacy, --chat-template, --null-tokenizer-eod-id and the other
+    tokenizer flags of Megatron core 0.16 to 0.19 were 'not a pretrain_gpt.py flag gptrain knows'. For
+    training on prepared data they change nothing; the NullTokenizer ids have no documents to end or
+    padding to mask in gptrain's random mock data, and are read for NullTokenizer only."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64"
+    switches = (
+        "--tokenizer-sentencepiece-legacy --no-tokenizer-sentencepiece-ignore-extra-whitespaces"
+        " --disable-tokenizer-sentencepiece-ignore-extra-whitespaces --use-gigatoken"
+    )
+    null = "--null-tokenizer-eod-id 5 --null-tokenizer-pad-id=0"
+    t, base = (
+        translate(shlex.split(f"{flags} {switches} --chat-template '{{{{ m }}}} --x' {null}"), ENV),
+        translate(shlex.split(flags), ENV),
+    )
+    assert t.values == base.values
+    assert [note for note in t.notes if note not in base.notes] == [
+        *(f"{flag} ({TOKENIZER_READ_ONLY})" for flag in switches.split()),
+        "--chat-template (Megatron formats conversations with it (SFT, inference), not pretraining data)",
+        "--null-tokenizer-eod-id (Megatron reads it only for NullTokenizer, not GPT2BPETokenizer)",
+        "--null-tokenizer-pad-id (Megatron reads it only for NullTokenizer, not GPT2BPETokenizer)",
+    ]
+    mock = f"{flags} --tokenizer-type NullTokenizer"
+    t, base = translate(shlex.split(f"{mock} {null}"), ENV), translate(shlex.split(mock), ENV)
+    assert t.values == base.values
+    assert [note for note in t.notes if note not in base.notes] == [
+        "--null-tokenizer-eod-id (gptrain's mock data is uniform random ids, without documents to end)",
+        "--null-tokenizer-pad-id (gptrain's mock data is uniform random ids, without padding to mask)",
+    ]
+    for extra, refusal in (
+        ("--null-tokenizer-eod-id x", "--null-tokenizer-eod-id x: expects a whole number"),
+        ("--null-tokenizer-pad-id", "--null-tokenizer-pad-id: takes 1 value, got none"),
+        ("--chat-template", "--chat-template: takes 1 value, got none"),
+    ):
+        assert main(["megatron", "--dry-run", *shlex.split(f"{mock} {extra}")]) == 2
+        assert capsys.readouterr().err.strip() == f"gptrain: error: {refusal}"
