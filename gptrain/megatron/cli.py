@@ -106,6 +106,8 @@ def megatron(flags: list[str], dry_run: bool) -> int:
     rank0 = is_rank_zero()
     if translation.notes and rank0:
         print(f"gptrain megatron: accepted without effect: {', '.join(translation.notes)}", file=sys.stderr)
+    for notice in translation.notices if rank0 else ():
+        print(f"gptrain megatron: note: {notice}", file=sys.stderr)
     try:
         cfg = load_training_config(None, translation.overrides, report_ignored=rank0)
         if dry_run:

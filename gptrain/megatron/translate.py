@@ -90,10 +90,12 @@ DECAY_STYLES = VALUE["--lr-decay-style"][1]  # Megatron's word -> gptrain's sche
 
 @dataclass
 class Translation:
-    """The overrides for `gptrain train`, and what was accepted without effect (one line)."""
+    """The overrides for `gptrain train`, what was accepted without effect (one line), and what
+    differs from some Megatron versions (a line each)."""
 
     values: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
     given: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -279,6 +281,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     data_paths.apply(v, given)
     _null_tokenizer(result)
     _null_tokenizer_ids(result)
+    _sentencepiece_vocabulary(result)
     _tokenizers_vocabulary(result)
     _vocab_extra_ids(result)
     _tiktoken(result)
@@ -366,6 +369,22 @@ def _null_tokenizer_ids(result: Translation) -> None:
             result.notes.append(f"{flag} (gptrain's mock data is uniform random ids, without {none})")
         else:
             result.notes.append(f"{flag} (Megatron reads it only for NullTokenizer, not {kind})")
+
+
+def _sentencepiece_vocabulary(result: Translation) -> None:
+    """gptrain's SentencePieceTokenizer is Megatron's legacy one, as `data prepare` encodes it (data
+    and model agree). Megatron's tokenizer system of core 0.15 gave the GPT dataset the model's eos as
+    the end of document (the model kept the legacy vocabulary), and from core 0.17, with the legacy
+    system gone, the vocabulary is the model's pieces alone: said, not with --legacy-tokenizer."""
+    if _tokenizer_type(result.given) != "SentencePieceTokenizer" or "--legacy-tokenizer" in result.given:
+        return
+    result.notices.append(
+        "--tokenizer-type SentencePieceTokenizer builds Megatron's legacy vocabulary (the model's pieces, then "
+        "<CLS> <SEP> <EOD> <MASK> and the <PAD>/<BOS>/<EOS> it lacks; <EOD> ends documents), as Megatron-LM up "
+        "to core 0.14 and with --legacy-tokenizer; core 0.15 and 0.16 end documents with the model's eos, and "
+        "from core 0.17 the vocabulary is the model's pieces alone: GPTSentencePieceTokenizer's, give that "
+        "type (and data prepared with it) for them"
+    )
 
 
 def _tokenizer_type(given: dict[str, list[str]]) -> str:

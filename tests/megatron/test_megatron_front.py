@@ -1922,3 +1922,25 @@ def test_megatrons_newer_tokenizer_flags_are_accepted_or_refused_saying_why(caps
     ):
         assert main(["megatron", "--dry-run", *shlex.split(f"{mock} {extra}")]) == 2
         assert capsys.readouterr().err.strip() == f"gptrain: error: {refusal}"
+
+
+SP_VOCABULARY_NOTE = (
+    "gptrain megatron: note: --tokenizer-type SentencePieceTokenizer builds Megatron's legacy vocabulary "
+    "(the model's pieces, then <CLS> <SEP> <EOD> <MASK> and the <PAD>/<BOS>/<EOS> it lacks; <EOD> ends "
+    "documents), as Megatron-LM up to core 0.14 and with --legacy-tokenizer; core 0.15 and 0.16 end "
+    "documents with the model's eos, and from core 0.17 the vocabulary is the model's pieces alone: "
+    "GPTSentencePieceTokenizer's, give that type (and data prepared with it) for them"
+)
+
+
+def test_sentencepiece_tokenizer_says_it_builds_megatrons_legacy_vocabulary(capsys):
+    """--tokenizer-type SentencePieceTokenizer built the legacy system's vocabulary (up to 7 rows more,
+    <EOD> the end of document) without a word, where Megatron core 0.17 on builds the model's pieces
+    alone with its eos ending documents: a run matched against that Megatron silently differed."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --data-path /d/x_text_document --tokenizer-model /m/sp.model --tokenizer-type"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} SentencePieceTokenizer")]) == 0
+    assert SP_VOCABULARY_NOTE in capsys.readouterr().err.splitlines()
+    for same in ("SentencePieceTokenizer --legacy-tokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
+        assert main(["megatron", "--dry-run", *shlex.split(f"{flags} {same}")]) == 0
+        assert " note: " not in capsys.readouterr().err
