@@ -109,8 +109,21 @@ def _add_megatron_tokenizer_switches(group: argparse._ArgumentGroup) -> None:
         group.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     group.add_argument("--vocab-extra-ids", type=int, help=argparse.SUPPRESS)
     group.add_argument("--tokenizer-metadata", help=argparse.SUPPRESS)
+    for flag in (*SENTENCEPIECE_SWITCHES, "--use-gigatoken"):  # Megatron core 0.16 to 0.19
+        group.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    group.add_argument("--chat-template", help=argparse.SUPPRESS)
+    for flag in NULL_TOKENIZER_IDS:
+        group.add_argument(flag, type=int, help=argparse.SUPPRESS)
 
 
+# Megatron's switches of its SentencePiece wrapper (core 0.16 on; the last two one flag, spelt twice)
+SENTENCEPIECE_SWITCHES = (
+    "--tokenizer-sentencepiece-legacy",
+    "--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
+    "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces",
+)
+# Megatron's NullTokenizer ids (core 0.18), a tokenizer data prepare does not take
+NULL_TOKENIZER_IDS = ("--null-tokenizer-eod-id", "--null-tokenizer-pad-id")
 # Megatron's HF tokenizer switches -> why each changes nothing in gptrain's encoding
 ALWAYS_FOLLOWED = {
     "--tokenizer-hf-use-fast": "gptrain encodes with the fast tokenizer, Megatron's default",
@@ -144,6 +157,7 @@ def megatron_tokenizer_notes(args: argparse.Namespace, kind: str) -> list[str]:
         given["--trust-remote-code"] = _remote_code_effect(args, kind)
     if args.vocab_extra_ids is not None:
         given["--vocab-extra-ids"] = _extra_ids_effect(args.vocab_extra_ids, kind)
+    given.update(_newer_flag_effects(args, kind))
     if args.legacy_tokenizer and kind == "tiktoken":
         raise ConfigError(
             "--legacy-tokenizer: Megatron's legacy TikTokenizer kept a literal special token in the text as "
@@ -151,6 +165,47 @@ def megatron_tokenizer_notes(args: argparse.Namespace, kind: str) -> list[str]:
             "(the ids differ only in texts holding a special token's name)"
         )
     return [f"note: {flag}: accepted, no effect: {why}" for flag, why in given.items()]
+
+
+def _newer_flag_effects(args: argparse.Namespace, kind: str) -> dict[str, str]:
+    """Why each tokenizer flag of Megatron core 0.16 to 0.19 given changes nothing for `kind`; a
+    ConfigError for one whose ids gptrain does not reproduce."""
+    given = {
+        flag: _sentencepiece_switch_effect(flag, kind, args)
+        for flag in SENTENCEPIECE_SWITCHES
+        if _given(args, flag)
+    }
+    if args.use_gigatoken:
+        given["--use-gigatoken"] = "Megatron's faster implementation of the same tokenizers"
+    if args.chat_template is not None:
+        given["--chat-template"] = (
+            "Megatron formats conversations with it, not preprocess_data.py's documents"
+        )
+    for flag in NULL_TOKENIZER_IDS:
+        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None:
+            given[flag] = "Megatron reads it for NullTokenizer only"
+    return given
+
+
+def _sentencepiece_switch_effect(flag: str, kind: str, args: argparse.Namespace) -> str:
+    """Megatron's SentencePiece wrapper with `flag`: the legacy switch only splits out the special
+    tokens it adds (refused beside a SentencePiece model); not ignoring extra whitespace keeps, as ids,
+    the runs of spaces the model's normalizer drops (sentencepiece's default): refused where it does."""
+    if args.legacy_tokenizer:
+        return "Megatron's legacy tokenizers do not read it"
+    if kind not in ("sentencepiece", "gptsentencepiece", "llama2"):
+        return "Megatron reads it for SentencePiece tokenizers only"
+    if flag == "--tokenizer-sentencepiece-legacy":
+        return "without --tokenizer-special-tokens (refused here) Megatron's SentencePiece wrapper encodes the same ids"
+    from gptrain.data.tokenizers import drops_runs_of_spaces
+
+    model = args.tokenizer_model
+    if drops_runs_of_spaces(model):
+        raise ConfigError(
+            f"{flag}: Megatron then keeps the runs of spaces {model} drops (its extra-whitespace workaround), "
+            "whose ids gptrain does not reproduce; drop the flag"
+        )
+    return f"{model} keeps runs of spaces, so Megatron encodes the same ids"
 
 
 def _given(args: argparse.Namespace, flag: str) -> bool:

@@ -306,6 +306,13 @@ def _load_sentencepiece(model: str, kind: str, *_stamps: object) -> Tokenizer:
     return SentencePieceTokenizer(processor, model, specials["<EOD>"], len(vocab), specials=specials)
 
 
+def drops_runs_of_spaces(model: str) -> bool:
+    """Whether the SentencePiece model's normalizer folds a run of spaces into one (sentencepiece's
+    default), tested as Megatron's wrapper tests it."""
+    processor = load_sentencepiece(model, "gptsentencepiece").processor  # type: ignore[attr-defined]
+    return bool(processor.encode_as_pieces("x  y") == processor.encode_as_pieces("x y"))
+
+
 def _megatron_specials(processor: Any) -> tuple[dict[str, int], dict[str, int]]:
     """Megatron SentencePieceTokenizer's vocabulary and special tokens, in the order it adds them."""
     count = processor.get_piece_size()

@@ -188,3 +188,75 @@ def test_special_tokens_beside_a_tokenizer_megatron_adds_them_to_are_refused(
         "which gptrain does not; prepare with a tokenizer that holds them, or drop the flag"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+NOT_SENTENCEPIECE = "Megatron reads it for SentencePiece tokenizers only"
+NULL_ONLY = "Megatron reads it for NullTokenizer only"
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        (["--tokenizer-sentencepiece-legacy"], NOT_SENTENCEPIECE),
+        (["--no-tokenizer-sentencepiece-ignore-extra-whitespaces"], NOT_SENTENCEPIECE),
+        (["--disable-tokenizer-sentencepiece-ignore-extra-whitespaces"], NOT_SENTENCEPIECE),
+        (["--use-gigatoken"], "Megatron's faster implementation of the same tokenizers"),
+        (
+            ["--chat-template", "{{ m }}"],
+            "Megatron formats conversations with it, not preprocess_data.py's documents",
+        ),
+        (["--null-tokenizer-eod-id", "5"], NULL_ONLY),
+        (["--null-tokenizer-pad-id", "0"], NULL_ONLY),
+    ],
+)
+def test_megatrons_newer_tokenizer_flags_beside_gpt2_are_accepted_and_said(
+    tmp_path: Path, gpt2_files: tuple[str, str], reference_encode, flags: list[str], why: str, capsys
+) -> None:
+    """Megatron core 0.16 to 0.19's tokenizer flags, which preprocess_data.py takes, were
+    'unrecognized arguments'; beside GPT-2 BPE they change no id."""
+    assert prepare(tmp_path, gpt2_files, *flags) == [t for text in TEXTS for t in reference_encode(text)]
+    assert f"note: {flags[0]}: accepted, no effect: {why}" in capsys.readouterr().err.splitlines()
+
+
+def test_megatrons_sentencepiece_switches_are_said_or_refused_by_what_the_model_does(
+    tmp_path: Path, sp_model: str, train_sentencepiece
+) -> None:
+    """--tokenizer-sentencepiece-legacy changes Megatron's ids only by splitting out the special tokens
+    --tokenizer-special-tokens adds (refused beside a SentencePiece model). Without ignoring extra
+    whitespace Megatron keeps the runs of spaces a model's normalizer drops (sentencepiece's
+    default), whose ids gptrain does not reproduce; a model that keeps them encodes the same."""
+    from gptrain.data.tokenizer_args import add_tokenizer_args, megatron_tokenizer_notes
+
+    parser = argparse.ArgumentParser()
+    add_tokenizer_args(parser)
+    model = ["--tokenizer-model", sp_model]
+    keeps = train_sentencepiece(tmp_path / "keeps", remove_extra_whitespaces=False)
+    for kind in ("GPTSentencePieceTokenizer", "Llama2Tokenizer", "SentencePieceTokenizer"):
+        assert megatron_tokenizer_notes(
+            parser.parse_args([*model, "--tokenizer-sentencepiece-legacy"]), kind
+        ) == [
+            "note: --tokenizer-sentencepiece-legacy: accepted, no effect: without --tokenizer-special-tokens "
+            "(refused here) Megatron's SentencePiece wrapper encodes the same ids"
+        ]
+    for flag in (
+        "--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
+        "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces",
+    ):
+        with pytest.raises(ConfigError) as error:
+            megatron_tokenizer_notes(parser.parse_args([*model, flag]), "GPTSentencePieceTokenizer")
+        assert str(error.value) == (
+            f"{flag}: Megatron then keeps the runs of spaces {sp_model} drops (its extra-whitespace "
+            "workaround), whose ids gptrain does not reproduce; drop the flag"
+        )
+        assert megatron_tokenizer_notes(
+            parser.parse_args(["--tokenizer-model", keeps, flag]), "Llama2Tokenizer"
+        ) == [
+            f"note: {flag}: accepted, no effect: {keeps} keeps runs of spaces, so Megatron encodes the same ids"
+        ]
+    legacy = parser.parse_args(
+        [*model, "--legacy-tokenizer", "--no-tokenizer-sentencepiece-ignore-extra-whitespaces"]
+    )
+    assert megatron_tokenizer_notes(legacy, "SentencePieceTokenizer") == [
+        "note: --no-tokenizer-sentencepiece-ignore-extra-whitespaces: accepted, no effect: Megatron's legacy "
+        "tokenizers do not read it"
+    ]
