@@ -194,6 +194,9 @@ NO_EFFECT: dict[str, int | None] = {
     "--trust-remote-code": 0, "--vocab-extra-ids": 1, "--tokenizer-sentencepiece-legacy": 0,
     "--no-tokenizer-sentencepiece-ignore-extra-whitespaces": 0,
     "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces": 0, "--use-gigatoken": 0, "--chat-template": 1,
+    # Transformer Engine's FP8 settings, read only with --fp8-format (refused)
+    "--fp8-amax-history-len": 1, "--fp8-amax-compute-algo": 1, "--fp8-param-gather": 0, "--fp8-recipe": 1,
+    "--fp8-margin": 1, "--fp8-interval": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -253,6 +256,17 @@ NO_EFFECT_WHY: dict[str, str] = {
         ),
         "training reads the prepared data's ids; the tokenizer gives its vocabulary size and end-of-document "
         "id, the same either way",
+    ),
+    **dict.fromkeys(
+        (
+            "--fp8-amax-history-len",
+            "--fp8-amax-compute-algo",
+            "--fp8-param-gather",
+            "--fp8-recipe",
+            "--fp8-margin",
+            "--fp8-interval",
+        ),
+        "an FP8 setting: without --fp8-format (refused) Megatron trains without FP8 too",
     ),
     "--chat-template": "Megatron formats conversations with it (SFT, inference), not pretraining data",
     "--ddp-average-in-collective": "the same mean gradient over the data-parallel ranks, divided after the "

@@ -1944,3 +1944,29 @@ def test_sentencepiece_tokenizer_says_it_builds_megatrons_legacy_vocabulary(caps
     for same in ("SentencePieceTokenizer --legacy-tokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
         assert main(["megatron", "--dry-run", *shlex.split(f"{flags} {same}")]) == 0
         assert " note: " not in capsys.readouterr().err
+
+
+FP8_SETTINGS = (
+    "--fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather --fp8-recipe delayed"
+    " --fp8-margin 0 --fp8-interval 1"
+)
+
+
+def test_fp8_settings_without_fp8_format_are_accepted_and_with_it_refused_for_fp8(capsys):
+    """Megatron's llama3 FP8 example gives --fp8-format hybrid with --fp8-amax-history-len 1024
+    --fp8-amax-compute-algo max --fp8-param-gather. gptrain refuses --fp8-format saying FP8 is not used;
+    a user who dropped it, as told, was then refused --fp8-amax-history-len as 'not a pretrain_gpt.py
+    flag gptrain knows', where Megatron without --fp8-format trains without FP8 whatever they say."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64 --use-distributed-optimizer"
+    t, base = translate(shlex.split(f"{flags} {FP8_SETTINGS}"), ENV), translate(shlex.split(flags), ENV)
+    assert t.values == base.values
+    why = "an FP8 setting: without --fp8-format (refused) Megatron trains without FP8 too"
+    assert [note for note in t.notes if note not in base.notes] == [
+        f"{flag} ({why})" for flag in FP8_SETTINGS.split() if flag.startswith("--")
+    ]
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} {FP8_SETTINGS} --fp8-format hybrid")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gptrain: error: --fp8-format: FP8 through Transformer Engine is not used; see model.fp8 (torchao) "
+        "with gptrain train"
+    )
