@@ -12,7 +12,8 @@ Anything else is unknown and refused. Flags that combine with others (`--data-pa
 with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-lr` with `--lr`,
 `--tiktoken-*` and `--tokenizer-special-tokens` with `--tokenizer-type`,
 `--data-parallel-sharding-strategy` with `--use-megatron-fsdp`, `--no-position-embedding` with the
-position embedding type, `--null-tokenizer-*-id` with NullTokenizer) are handled in translate.py.
+position embedding type, `--null-tokenizer-*-id` with NullTokenizer, `--add-qkv-bias` with
+`--disable-bias-linear`) are handled in translate.py; any `--moe-*` flag is refused as `--num-experts`.
 """
 
 from __future__ import annotations
@@ -197,6 +198,9 @@ NO_EFFECT: dict[str, int | None] = {
     # Transformer Engine's FP8 settings, read only with --fp8-format (refused)
     "--fp8-amax-history-len": 1, "--fp8-amax-compute-algo": 1, "--fp8-param-gather": 0, "--fp8-recipe": 1,
     "--fp8-margin": 1, "--fp8-interval": 1,
+    # read only with --use-rope-scaling (refused); 1 is no interpolation
+    "--rope-scaling-factor": 1, "--rotary-seq-len-interpolation-factor": 1,
+    "--num-dataset-builder-threads": 1, "--deterministic-mode": 0, "--recompute-modules": None,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -268,6 +272,8 @@ NO_EFFECT_WHY: dict[str, str] = {
         ),
         "an FP8 setting: without --fp8-format (refused) Megatron trains without FP8 too",
     ),
+    "--rope-scaling-factor": "Megatron reads it only with --use-rope-scaling, refused",
+    "--rotary-seq-len-interpolation-factor": "1: no interpolation, Megatron's default",
     "--chat-template": "Megatron formats conversations with it (SFT, inference), not pretraining data",
     "--ddp-average-in-collective": "the same mean gradient over the data-parallel ranks, divided after the "
     "sum rather than before it (rounding aside)",
@@ -291,6 +297,10 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[Any, ...], str]] = {
         "drop the flag or give mmap",
     ),
     "--empty-unused-memory-level": ((0, 1, 2), "give 0, 1 or 2 (Megatron's levels)"),
+    "--rotary-seq-len-interpolation-factor": (
+        (1,),
+        "rope position interpolation is not implemented; drop the flag or give 1",
+    ),
     "--min-loss-scale": (
         (1.0,),
         "other floors of the fp16 loss scale are not implemented; drop the flag",
@@ -322,6 +332,16 @@ REFUSED: dict[str, str] = {
     "--tokenizer-metadata": "Megatron's tokenizer metadata file chooses the tokenizer's library and class, which "
     "gptrain does not read; drop it and give the --tokenizer-type (and --tokenizer-model) it names",
     "--num-experts": "mixture of experts is not implemented",
+    "--expert-tensor-parallel-size": "mixture of experts is not implemented",
+    "--multi-latent-attention": "multi-latent attention is not implemented",
+    "--mtp-num-layers": "multi-token prediction is not implemented",
+    "--qk-layernorm": "a norm on the queries and keys is not implemented",
+    "--rotary-interleaved": "rotary embedding of interleaved pairs (RoFormer's) is not implemented; gptrain rotates "
+    "the first half of each head against the second, Megatron's default",
+    "--use-rope-scaling": "Llama 3.1's rope frequency scaling is not implemented",
+    "--reset-position-ids": "position ids restarting after each end of document are not implemented",
+    "--reset-attention-mask": "attention cut at each end of document is not implemented",
+    "--squared-relu": "the squared ReLU activation is not implemented (gelu, or --swiglu)",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
     "--skip-train": "evaluation without training is not run by gptrain megatron: `gptrain eval RUN` evaluates "
     "the newest checkpoint of a run on its validation split (--split test for the test split)",
@@ -353,5 +373,5 @@ SPECIAL: dict[str, int | None] = {
     "--decoupled-lr": 1, "--decoupled-min-lr": 1, "--tiktoken-pattern": 1,
     "--tiktoken-num-special-tokens": 1, "--tokenizer-special-tokens": None, "--tiktoken-special-tokens": None,
     "--use-megatron-fsdp": 0, "--data-parallel-sharding-strategy": 1, "--use-torch-fsdp2": 0,
-    "--no-position-embedding": 0, "--loss-scale": 1, "--null-tokenizer-eod-id": 1, "--null-tokenizer-pad-id": 1,
+    "--no-position-embedding": 0, "--add-qkv-bias": 0, "--loss-scale": 1, "--null-tokenizer-eod-id": 1, "--null-tokenizer-pad-id": 1,
 }  # fmt: skip

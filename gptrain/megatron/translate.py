@@ -210,6 +210,8 @@ def split_flags(argv: list[str]) -> list[tuple[str, list[str]]]:
 def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
     if flag in REFUSED:
         raise ConfigError(f"{flag}: {REFUSED[flag]}")
+    if flag.startswith("--moe-"):  # the router, dispatcher and loss of Megatron's experts, dozens of them
+        raise ConfigError(f"{flag}: {REFUSED['--num-experts']}")
     if flag in SPECIAL:
         _expect(flag, values, SPECIAL[flag])
         return  # handled in finish(), which sees all flags
@@ -287,6 +289,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _tiktoken(result)
     _query_groups(result)
     _no_position_embedding(result)
+    _qkv_bias(result)
     _swiglu_width(v, given)
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
         raise ConfigError("--fp16 and --bf16: give one of them")
@@ -506,6 +509,21 @@ def _no_position_embedding(result: Translation) -> None:
             "--position-embedding-type rope for rotary embeddings, or drop the flag for learned absolute ones"
         )
     result.notes.append("--no-position-embedding (rope has no learned position table)")
+
+
+def _qkv_bias(result: Translation) -> None:
+    """--add-qkv-bias (Qwen's scripts) gives the query, key and value projections a bias: theirs already
+    beside Megatron's default biased linear layers; alone, with --disable-bias-linear, not implemented."""
+    if "--add-qkv-bias" not in result.given:
+        return
+    if "--disable-bias-linear" in result.given:
+        raise ConfigError(
+            "--add-qkv-bias with --disable-bias-linear: biases on the query, key and value projections alone "
+            "are not implemented (gptrain's linear layers have biases all or none)"
+        )
+    result.notes.append(
+        "--add-qkv-bias (the query, key and value projections have biases already, as every linear layer)"
+    )
 
 
 def _swiglu_width(v: dict[str, Any], given: dict[str, list[str]]) -> None:

@@ -1970,3 +1970,76 @@ def test_fp8_settings_without_fp8_format_are_accepted_and_with_it_refused_for_fp
         "gptrain: error: --fp8-format: FP8 through Transformer Engine is not used; see model.fp8 (torchao) "
         "with gptrain train"
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "refusal"),
+    [
+        ("--qk-layernorm", "--qk-layernorm: a norm on the queries and keys is not implemented"),
+        (
+            "--rotary-interleaved",
+            "--rotary-interleaved: rotary embedding of interleaved pairs (RoFormer's) is not implemented; gptrain "
+            "rotates the first half of each head against the second, Megatron's default",
+        ),
+        ("--use-rope-scaling", "--use-rope-scaling: Llama 3.1's rope frequency scaling is not implemented"),
+        (
+            "--rotary-seq-len-interpolation-factor 4",
+            "--rotary-seq-len-interpolation-factor 4: rope position interpolation is not implemented; drop the "
+            "flag or give 1",
+        ),
+        (
+            "--reset-position-ids",
+            "--reset-position-ids: position ids restarting after each end of document are not implemented",
+        ),
+        (
+            "--reset-attention-mask",
+            "--reset-attention-mask: attention cut at each end of document is not implemented",
+        ),
+        (
+            "--squared-relu",
+            "--squared-relu: the squared ReLU activation is not implemented (gelu, or --swiglu)",
+        ),
+        ("--multi-latent-attention", "--multi-latent-attention: multi-latent attention is not implemented"),
+        ("--mtp-num-layers 1", "--mtp-num-layers: multi-token prediction is not implemented"),
+        ("--moe-router-topk 2 --num-experts 8", "--moe-router-topk: mixture of experts is not implemented"),
+        (
+            "--expert-tensor-parallel-size 1",
+            "--expert-tensor-parallel-size: mixture of experts is not implemented",
+        ),
+        (
+            "--add-qkv-bias --disable-bias-linear",
+            "--add-qkv-bias with --disable-bias-linear: biases on the query, key and value projections alone "
+            "are not implemented (gptrain's linear layers have biases all or none)",
+        ),
+    ],
+)
+def test_model_changing_flags_of_common_scripts_are_refused_saying_why(extra, refusal, capsys):
+    """Each was 'not a pretrain_gpt.py flag gptrain knows; remove it', as if dropping it were harmless,
+    where each changes the model (or its data) that Megatron trains: refused saying what is missing."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} {extra}")]) == 2
+    assert capsys.readouterr().err.strip() == f"gptrain: error: {refusal}"
+
+
+def test_flags_of_common_scripts_that_change_nothing_here_are_accepted_saying_why():
+    """--add-qkv-bias beside biased linear layers (Qwen's scripts give it), --rope-scaling-factor
+    without --use-rope-scaling, an interpolation factor of 1, and speed switches were refused as unknown."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64"
+    extra = (
+        "--add-qkv-bias --rope-scaling-factor 8 --rotary-seq-len-interpolation-factor 1"
+        " --num-dataset-builder-threads 4 --deterministic-mode --recompute-granularity selective"
+        " --recompute-modules core_attn mlp"
+    )
+    base = translate(shlex.split(f"{flags} --recompute-granularity selective"), ENV)
+    t = translate(shlex.split(f"{flags} {extra}"), ENV)
+    assert t.values == base.values
+    assert [note for note in t.notes if note not in base.notes] == [
+        "--rope-scaling-factor (Megatron reads it only with --use-rope-scaling, refused)",
+        "--rotary-seq-len-interpolation-factor (1: no interpolation, Megatron's default)",
+        "--num-dataset-builder-threads",
+        "--deterministic-mode",
+        "--recompute-modules",
+        "--add-qkv-bias (the query, key and value projections have biases already, as every linear layer)",
+    ]
