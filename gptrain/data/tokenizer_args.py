@@ -157,7 +157,7 @@ def megatron_tokenizer_notes(args: argparse.Namespace, kind: str) -> list[str]:
         given["--trust-remote-code"] = _remote_code_effect(args, kind)
     if args.vocab_extra_ids is not None:
         given["--vocab-extra-ids"] = _extra_ids_effect(args.vocab_extra_ids, kind)
-    given.update(_newer_flag_effects(args, kind))
+    given.update(_newer_flag_effects(args, named, kind))
     if args.legacy_tokenizer and kind == "tiktoken":
         raise ConfigError(
             "--legacy-tokenizer: Megatron's legacy TikTokenizer kept a literal special token in the text as "
@@ -167,11 +167,11 @@ def megatron_tokenizer_notes(args: argparse.Namespace, kind: str) -> list[str]:
     return [f"note: {flag}: accepted, no effect: {why}" for flag, why in given.items()]
 
 
-def _newer_flag_effects(args: argparse.Namespace, kind: str) -> dict[str, str]:
-    """Why each tokenizer flag of Megatron core 0.16 to 0.19 given changes nothing for `kind`; a
-    ConfigError for one whose ids gptrain does not reproduce."""
+def _newer_flag_effects(args: argparse.Namespace, named: str, kind: str) -> dict[str, str]:
+    """Why each tokenizer flag of Megatron core 0.16 to 0.19 given changes nothing for `kind` (the type
+    `named` as given); a ConfigError for one whose ids gptrain does not reproduce."""
     given = {
-        flag: _sentencepiece_switch_effect(flag, kind, args)
+        flag: _sentencepiece_switch_effect(flag, named, kind, args)
         for flag in SENTENCEPIECE_SWITCHES
         if _given(args, flag)
     }
@@ -187,7 +187,7 @@ def _newer_flag_effects(args: argparse.Namespace, kind: str) -> dict[str, str]:
     return given
 
 
-def _sentencepiece_switch_effect(flag: str, kind: str, args: argparse.Namespace) -> str:
+def _sentencepiece_switch_effect(flag: str, named: str, kind: str, args: argparse.Namespace) -> str:
     """Megatron's SentencePiece wrapper with `flag`: the legacy switch only splits out the special
     tokens it adds (refused beside a SentencePiece model); not ignoring extra whitespace keeps, as ids,
     the runs of spaces the model's normalizer drops (sentencepiece's default): refused where it does."""
@@ -200,7 +200,7 @@ def _sentencepiece_switch_effect(flag: str, kind: str, args: argparse.Namespace)
     from gptrain.data.tokenizers import drops_runs_of_spaces
 
     model = args.tokenizer_model
-    if drops_runs_of_spaces(model):
+    if drops_runs_of_spaces(named, model):
         raise ConfigError(
             f"{flag}: Megatron then keeps the runs of spaces {model} drops (its extra-whitespace workaround), "
             "whose ids gptrain does not reproduce; drop the flag"

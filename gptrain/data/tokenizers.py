@@ -306,10 +306,10 @@ def _load_sentencepiece(model: str, kind: str, *_stamps: object) -> Tokenizer:
     return SentencePieceTokenizer(processor, model, specials["<EOD>"], len(vocab), specials=specials)
 
 
-def drops_runs_of_spaces(model: str) -> bool:
-    """Whether the SentencePiece model's normalizer folds a run of spaces into one (sentencepiece's
-    default), tested as Megatron's wrapper tests it."""
-    processor = load_sentencepiece(model, "gptsentencepiece").processor  # type: ignore[attr-defined]
+def drops_runs_of_spaces(tokenizer_type: str, model: str | None) -> bool:
+    """Whether the SentencePiece model of `tokenizer_type` folds a run of spaces into one in its
+    normalizer (sentencepiece's default), tested as Megatron's wrapper tests it."""
+    processor = build_tokenizer(tokenizer_type, model=model).processor  # type: ignore[attr-defined]
     return bool(processor.encode_as_pieces("x  y") == processor.encode_as_pieces("x y"))
 
 

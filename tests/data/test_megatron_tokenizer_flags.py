@@ -260,3 +260,27 @@ def test_megatrons_sentencepiece_switches_are_said_or_refused_by_what_the_model_
         "note: --no-tokenizer-sentencepiece-ignore-extra-whitespaces: accepted, no effect: Megatron's legacy "
         "tokenizers do not read it"
     ]
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ([], "Llama2Tokenizer needs --tokenizer-model (path/to/tokenizer.model)"),
+        (["--tokenizer-model", "/nope/sp.model"], "tokenizer model /nope/sp.model not found"),
+    ],
+)
+def test_the_whitespace_switch_without_a_model_is_the_missing_models_line(
+    tmp_path: Path, model: list[str], message: str, capsys
+) -> None:
+    """The model the switch is checked against, absent or missing, ended in a TypeError traceback."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a  b"}\n')
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
+    flags = [
+        "--tokenizer-type",
+        "Llama2Tokenizer",
+        *model,
+        "--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
+    ]
+    assert main([*argv, *flags]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"gptrain: error: {message}")
