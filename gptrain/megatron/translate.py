@@ -287,6 +287,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _tokenizers_vocabulary(result)
     _vocab_extra_ids(result)
     _tiktoken(result)
+    _padded_vocab(result)
     _query_groups(result)
     _no_position_embedding(result)
     _qkv_bias(result)
@@ -474,6 +475,31 @@ def _tiktoken(result: Translation) -> None:
         v["model.tokenizer.special_tokens"] = list(given[specials[0]])
     if "--vocab-size" in given:  # the tokenizer's vocabulary, with mock data too
         v["model.tokenizer.vocab_size"] = v.pop("model.data.mock_vocab_size")
+
+
+def _padded_vocab(result: Translation) -> None:
+    """--padded-vocab-size N (Megatron since August 2025) is the embedding's rows, padding skipped:
+    gptrain's padding to a multiple of --make-vocab-size-divisible-by N/TP x TP, which is N for any
+    vocabulary of up to N ids. Megatron splits the rows over the tensor-parallel ranks."""
+    if "--padded-vocab-size" not in result.given:
+        return
+    v, text = result.values, result.given["--padded-vocab-size"][0]
+    rows, tp = _convert("--padded-vocab-size", text, int), v.get("model.tensor_model_parallel_size", 1)
+    if rows < 1 or rows % tp:
+        raise ConfigError(
+            f"--padded-vocab-size {text}: the embedding's rows split over the {tp} tensor-parallel ranks, as in "
+            "Megatron; give a positive multiple of --tensor-model-parallel-size"
+        )
+    known = v.get("model.data.mock_vocab_size") or v.get("model.tokenizer.vocab_size")
+    if known and known > rows:
+        raise ConfigError(
+            f"--padded-vocab-size {text}: fewer rows than the {known} ids of --vocab-size; give {known} or more"
+        )
+    v["model.make_vocab_size_divisible_by"] = rows // tp
+    result.notes.append(
+        f"--padded-vocab-size ({rows} rows: --make-vocab-size-divisible-by {rows // tp} at TP {tp}, for a "
+        f"vocabulary of up to {rows} ids)"
+    )
 
 
 def _ignored_tiktoken_flag(flag: str, kind: str) -> str:

@@ -2043,3 +2043,31 @@ def test_flags_of_common_scripts_that_change_nothing_here_are_accepted_saying_wh
         "--recompute-modules",
         "--add-qkv-bias (the query, key and value projections have biases already, as every linear layer)",
     ]
+
+
+def test_padded_vocab_size_sets_the_embeddings_rows_as_megatron(capsys):
+    """--padded-vocab-size N (Megatron since August 2025: the model's vocabulary rows, padding skipped)
+    was refused as unknown. N rows are --make-vocab-size-divisible-by N/TP's padding of any vocabulary of
+    up to N ids; N must split over the tensor-parallel ranks, as Megatron's vocabulary-parallel embedding
+    asserts."""
+    from gptrain.train.builders import padded_vocab_size
+
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 50 --tensor-model-parallel-size 2"
+    for extra in ("--padded-vocab-size 96", "--padded-vocab-size 96 --make-vocab-size-divisible-by 8"):
+        t = translate(shlex.split(f"{flags} {extra}"), ENV)
+        cfg = load_training_config(None, t.overrides, report_ignored=False)
+        assert padded_vocab_size(cfg, None) == (50, 96)
+        assert (
+            "--padded-vocab-size (96 rows: --make-vocab-size-divisible-by 48 at TP 2, for a vocabulary of up to 96 ids)"
+            in t.notes
+        )
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} --padded-vocab-size 95")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gptrain: error: --padded-vocab-size 95: the embedding's rows split over the 2 tensor-parallel ranks, "
+        "as in Megatron; give a positive multiple of --tensor-model-parallel-size"
+    )
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} --padded-vocab-size 48")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gptrain: error: --padded-vocab-size 48: fewer rows than the 50 ids of --vocab-size; give 50 or more"
+    )
