@@ -112,6 +112,9 @@ def _add_megatron_tokenizer_switches(group: argparse._ArgumentGroup) -> None:
     for flag in (*SENTENCEPIECE_SWITCHES, "--use-gigatoken"):  # Megatron core 0.16 to 0.19
         group.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     group.add_argument("--chat-template", help=argparse.SUPPRESS)
+    group.add_argument("--padded-vocab-size", type=int, help=argparse.SUPPRESS)
+    for flag in PAD_VOCAB_SWITCHES:
+        group.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in NULL_TOKENIZER_IDS:
         group.add_argument(flag, type=int, help=argparse.SUPPRESS)
 
@@ -122,6 +125,8 @@ SENTENCEPIECE_SWITCHES = (
     "--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
     "--disable-tokenizer-sentencepiece-ignore-extra-whitespaces",
 )
+# Megatron's switch (spelt twice) that leaves the model's vocabulary unpadded, read by training only
+PAD_VOCAB_SWITCHES = ("--no-pad-vocab-size", "--disable-pad-vocab-size")
 # Megatron's NullTokenizer ids (core 0.18), a tokenizer data prepare does not take
 NULL_TOKENIZER_IDS = ("--null-tokenizer-eod-id", "--null-tokenizer-pad-id")
 # Megatron's HF tokenizer switches -> why each changes nothing in gptrain's encoding
@@ -184,6 +189,9 @@ def _newer_flag_effects(args: argparse.Namespace, named: str, kind: str) -> dict
     for flag in NULL_TOKENIZER_IDS:
         if getattr(args, flag.lstrip("-").replace("-", "_")) is not None:
             given[flag] = "Megatron reads it for NullTokenizer only"
+    for flag in ("--padded-vocab-size", *PAD_VOCAB_SWITCHES):
+        if getattr(args, flag.lstrip("-").replace("-", "_")) not in (None, False):
+            given[flag] = "the model's vocabulary rows, not the ids"
     return given
 
 

@@ -192,6 +192,7 @@ def test_special_tokens_beside_a_tokenizer_megatron_adds_them_to_are_refused(
 
 NOT_SENTENCEPIECE = "Megatron reads it for SentencePiece tokenizers only"
 NULL_ONLY = "Megatron reads it for NullTokenizer only"
+MODEL_ROWS = "the model's vocabulary rows, not the ids"
 
 
 @pytest.mark.parametrize(
@@ -207,6 +208,9 @@ NULL_ONLY = "Megatron reads it for NullTokenizer only"
         ),
         (["--null-tokenizer-eod-id", "5"], NULL_ONLY),
         (["--null-tokenizer-pad-id", "0"], NULL_ONLY),
+        (["--padded-vocab-size", "50304"], MODEL_ROWS),
+        (["--no-pad-vocab-size"], MODEL_ROWS),
+        (["--disable-pad-vocab-size"], MODEL_ROWS),
     ],
 )
 def test_megatrons_newer_tokenizer_flags_beside_gpt2_are_accepted_and_said(
