@@ -379,8 +379,11 @@ def _sentencepiece_vocabulary(result: Translation) -> None:
     """gptrain's SentencePieceTokenizer is Megatron's legacy one, as `data prepare` encodes it (data
     and model agree). Megatron's tokenizer system of core 0.15 gave the GPT dataset the model's eos as
     the end of document (the model kept the legacy vocabulary), and from core 0.17, with the legacy
-    system gone, the vocabulary is the model's pieces alone: said, not with --legacy-tokenizer."""
+    system gone, the vocabulary is the model's pieces alone: said where the model is read (not mock
+    data without one), not with --legacy-tokenizer."""
     if _tokenizer_type(result.given) != "SentencePieceTokenizer" or "--legacy-tokenizer" in result.given:
+        return
+    if not result.values.get("model.tokenizer.model"):
         return
     result.notices.append(
         "--tokenizer-type SentencePieceTokenizer builds Megatron's legacy vocabulary (the model's pieces, then "

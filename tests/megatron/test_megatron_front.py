@@ -1944,6 +1944,12 @@ def test_sentencepiece_tokenizer_says_it_builds_megatrons_legacy_vocabulary(caps
     for same in ("SentencePieceTokenizer --legacy-tokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
         assert main(["megatron", "--dry-run", *shlex.split(f"{flags} {same}")]) == 0
         assert " note: " not in capsys.readouterr().err
+    # mock data with --vocab-size and no model builds no tokenizer: nothing to say
+    mock = flags.replace(
+        "--data-path /d/x_text_document --tokenizer-model /m/sp.model", "--mock-data --vocab-size 64"
+    )
+    assert main(["megatron", "--dry-run", *shlex.split(f"{mock} SentencePieceTokenizer")]) == 0
+    assert " note: " not in capsys.readouterr().err
 
 
 FP8_SETTINGS = (
