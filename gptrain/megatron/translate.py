@@ -288,6 +288,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _vocab_extra_ids(result)
     _tiktoken(result)
     _padded_vocab(result)
+    _eod_mask_on_mock_data(result)
     _query_groups(result)
     _no_position_embedding(result)
     _qkv_bias(result)
@@ -503,6 +504,21 @@ def _padded_vocab(result: Translation) -> None:
         f"--padded-vocab-size ({rows} rows: --make-vocab-size-divisible-by {rows // tp} at TP {tp}, for a "
         f"vocabulary of up to {rows} ids)"
     )
+
+
+def _eod_mask_on_mock_data(result: Translation) -> None:
+    """Megatron's mock documents end with the tokenizer's end of document, which --eod-mask-loss takes
+    out of the loss; gptrain's mock samples without a tokenizer (--vocab-size alone, NullTokenizer) are
+    uniform random ids with none to mask: said."""
+    v = result.values
+    if (
+        "--eod-mask-loss" in result.given
+        and v.get("model.data.data_impl") == "mock"
+        and v.get("model.data.mock_vocab_size")
+    ):
+        result.notes.append(
+            "--eod-mask-loss (gptrain's mock data is uniform random ids, without end-of-document tokens to mask)"
+        )
 
 
 def _ignored_tiktoken_flag(flag: str, kind: str) -> str:

@@ -2077,3 +2077,20 @@ def test_padded_vocab_size_sets_the_embeddings_rows_as_megatron(capsys):
     assert capsys.readouterr().err.strip() == (
         "gptrain: error: --padded-vocab-size 48: fewer rows than the 50 ids of --vocab-size; give 50 or more"
     )
+
+
+def test_eod_mask_loss_on_mock_data_without_a_tokenizer_says_it_masks_nothing():
+    """Megatron's mock documents end with NullTokenizer's end of document, which --eod-mask-loss takes out
+    of the loss; gptrain's mock samples (no tokenizer) are uniform random ids with none, so the flag
+    masked nothing without a word."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64 --eod-mask-loss"
+    said = (
+        "--eod-mask-loss (gptrain's mock data is uniform random ids, without end-of-document tokens to mask)"
+    )
+    for extra in ("", " --tokenizer-type NullTokenizer"):
+        t = translate(shlex.split(flags + extra), ENV)
+        assert t.values["model.data.eod_mask_loss"] is True
+        assert said in t.notes
+    with_files = translate(shlex.split(f"{flags} --vocab-file v.json --merge-file m.txt"), ENV)
+    assert said not in with_files.notes  # GPT-2's tokenizer is built: its end of document is masked
