@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from gptrain.validate.xid_table import REBOOT_XIDS, RECOVERY_ACTION_XID, names_node_reboot
+from gptrain.validate.xid_table import REBOOT_XIDS, RECOVERY_ACTION_XID, names_node_reboot, nvlink5_severity
 
 # Throttle reasons that mean the GPU is being slowed against its will (NVML's bit masks).
 BAD_THROTTLE = {
@@ -353,16 +353,18 @@ def node_gpu_indices() -> dict[str, int]:
 
 
 def parse_xids(text: str, indices: dict[str, int]) -> list[dict[str, Any]]:
-    """The Xid lines of a kernel log, one entry per GPU and Xid: how many, the last line's text
-    (an Xid 13 can repeat thousands of times), and the GPU's NVML index where known."""
-    events: dict[tuple[str, int], dict[str, Any]] = {}
+    """The Xid lines of a kernel log, one entry per GPU and Xid (and severity, for an NVLink 5 Xid
+    whose line names it): how many, the last line's text (an Xid 13 can repeat thousands of
+    times), and the GPU's NVML index where known."""
+    events: dict[tuple[str, int, str | None], dict[str, Any]] = {}
     for match in XID.finditer(text):
-        pci, xid = pci_key(match[1]), int(match[2])
+        pci, xid, last = pci_key(match[1]), int(match[2]), match[3].strip()[:200]
         event = events.setdefault(
-            (pci, xid), {"pci": pci, "gpu": indices.get(pci), "xid": xid, "count": 0, "last": ""}
+            (pci, xid, nvlink5_severity(xid, last)),
+            {"pci": pci, "gpu": indices.get(pci), "xid": xid, "count": 0, "last": ""},
         )
         event["count"] += 1
-        event["last"] = match[3].strip()[:200]
+        event["last"] = last
     return list(events.values())
 
 

@@ -16,13 +16,19 @@ NVLINK5_UNITS = {
     149: "NETIR",
     150: "MSE",
 }
+# An NVLink 5 Xid's line names its unit and severity: "145, RLW_REMAP Nonfatal XC0 i0 Link 02 (0x...)".
+# NVIDIA's catalogue answers most non-fatal items with IGNORE (or the action of an Xid 154 beside
+# them) and the fatal ones with RESET_GPU; NVIDIA's NVSentinel recommends no action for Nonfatal and
+# a component reset for Fatal.
+NVLINK5_SEVERITY = re.compile(r"^\s*\S+ (Fatal|Nonfatal|Non-fatal)\b")
 
 # Xid classes from NVIDIA's Xid documentation and catalogue (docs.nvidia.com/deploy/xid-errors/):
 # `fail` where its remedy is a GPU reset, a node reboot or service (the node is drained), `warn` for memory
 # errors corrected, contained or repaired at the next reset, `info` where the application caused it.
 # The catalogue's Resolution Bucket (Immediate Action) as NVIDIA's NVSentinel transcribes it
 # (xiderrorsmapping.csv): RESET_GPU for 46, 62, 109, 110, 136, 140, 143, 155, 156, 158, an NVLink 5
-# workflow for 144 to 150. Documented, with the source, in docs/validation.md.
+# workflow for 144 to 150 (a GPU reset for their fatal items: nvlink5_class). Documented, with the
+# source, in docs/validation.md.
 XID_CLASSES: dict[int, tuple[str, str]] = {
     13: ("info", "graphics engine exception, usually the application's (a bad instruction or index)"),
     31: ("info", "GPU memory page fault, usually the application's illegal address"),
@@ -45,7 +51,7 @@ XID_CLASSES: dict[int, tuple[str, str]] = {
     136: ("fail", "NVLink link training (ALI) failed"),
     140: ("fail", "unrecoverable ECC error escaped containment"),
     143: ("fail", "GPU initialization error"),
-    **{xid: ("fail", f"NVLink 5 error ({unit})") for xid, unit in NVLINK5_UNITS.items()},
+    **{xid: ("fail", f"fatal NVLink 5 error ({unit})") for xid, unit in NVLINK5_UNITS.items()},
     154: ("fail", "the driver set a recovery action (GPU reset, node reboot or drain) for this GPU"),
     155: ("fail", "NVLink software-defined error"),
     156: ("fail", "resource retirement event (NVIDIA's catalogue: reset the GPU)"),
@@ -83,7 +89,35 @@ def xid_class(xid: int, text: str = "") -> tuple[str, str]:
     table needs a look."""
     if xid == RECOVERY_ACTION_XID:
         return recovery_action_class(text)
+    if xid in NVLINK5_UNITS:
+        return nvlink5_class(xid, text)
     return XID_CLASSES.get(xid, UNLISTED_XID)
+
+
+def nvlink5_severity(xid: int, text: str) -> str | None:
+    """`Fatal` or `Nonfatal` for an NVLink 5 Xid line that names it; None for any other line. The
+    parser counts the two apart, so a fatal line followed by non-fatal ones still fails its GPU."""
+    match = NVLINK5_SEVERITY.match(text) if xid in NVLINK5_UNITS else None
+    if match is None:
+        return None
+    return "Fatal" if match[1] == "Fatal" else "Nonfatal"
+
+
+def nvlink5_class(xid: int, text: str) -> tuple[str, str]:
+    """An NVLink 5 Xid fails its node only where its line says `Fatal`; a line that names no
+    severity needs a look, not a drained node."""
+    severity, unit = nvlink5_severity(xid, text), NVLINK5_UNITS[xid]
+    if severity == "Fatal":
+        return XID_CLASSES[xid]
+    if severity == "Nonfatal":
+        return "warn", (
+            f"non-fatal NVLink 5 error ({unit}): the link carries on (an Xid 154 beside it names any action"
+            " the GPU needs)"
+        )
+    return (
+        "warn",
+        f"NVLink 5 error ({unit}) whose line names no severity (Fatal, Nonfatal): see NVIDIA's Xid catalogue",
+    )
 
 
 def recovery_action_class(text: str) -> tuple[str, str]:

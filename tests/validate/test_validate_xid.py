@@ -683,16 +683,74 @@ def test_xid_160_fails_its_node_which_needs_a_reboot(monkeypatch, tmp_path):
 # NVIDIA's Xid catalogue, Resolution Bucket (Immediate Action), as NVIDIA's NVSentinel transcribes it
 # (xiderrorsmapping.csv): RESET_GPU for these, the NVLink 5 workflow for 144 to 150.
 CATALOGUE_RESET_GPU = [46, 62, 109, 110, 136, 140, 143, 155, 156, 158]
+# An NVLink 5 Xid's line names its unit and severity: only a fatal one needs the reset.
 CATALOGUE_NVLINK5 = [144, 145, 146, 147, 148, 149, 150]
+APPLICATION_TEXT = "pid='<unknown>', name=<unknown>"
+NVLINK5_FATAL_TEXT = "SAW_MVB Fatal XC0 i0 Link 03 (0x00000021 0x00000002 0x00000000 0x00000000)"
 
 
-@pytest.mark.parametrize("xid", CATALOGUE_RESET_GPU + CATALOGUE_NVLINK5)
-def test_xids_whose_catalogued_remedy_is_a_gpu_reset_fail_their_node(monkeypatch, tmp_path, xid):
+@pytest.mark.parametrize(
+    ("xid", "text"),
+    [(xid, APPLICATION_TEXT) for xid in CATALOGUE_RESET_GPU]
+    + [(xid, NVLINK5_FATAL_TEXT) for xid in CATALOGUE_NVLINK5],
+)
+def test_xids_whose_catalogued_remedy_is_a_gpu_reset_fail_their_node(monkeypatch, tmp_path, xid, text):
     """Xids NVIDIA's catalogue answers with a GPU reset (an unrecoverable ECC error that escaped
-    containment, a GPU fatal timeout, an NVLink 5 error) were not in gptrain's table and only warned."""
-    assert xid_table.xid_class(xid)[0] == "fail"
-    assert "not in gptrain's table" not in xid_table.xid_class(xid)[1]
-    node_dmesg(monkeypatch, f"[ 10.0] NVRM: Xid (PCI:0000:18:00): {xid}, pid='<unknown>', name=<unknown>\n")
+    containment, a GPU fatal timeout, a fatal NVLink 5 error) were not in gptrain's table and only warned."""
+    assert xid_table.xid_class(xid, text)[0] == "fail"
+    assert "not in gptrain's table" not in xid_table.xid_class(xid, text)[1]
+    node_dmesg(monkeypatch, f"[ 10.0] NVRM: Xid (PCI:0000:18:00): {xid}, {text}\n")
     out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
     assert code == 1 and out.bad_nodes == {"gpu01"}
     assert out.failures[0].endswith("; fails the node: drain it, reset or service the GPU")
+
+
+# NVLink 5 Xids as R570 drivers log them: unit mnemonic, severity word, crossbar, link, IntrInfo
+NVLINK5_FATAL = (
+    "[ 10.0] NVRM: Xid (PCI:0000:18:00): 145, RLW_REMAP Fatal XC1 i0 Link 10 (0x00000082 0x00000040"
+    " 0x00000000 0x00000000 0x00000000 0x00000000)\n"
+)
+NVLINK5_NONFATAL = (
+    "[ 20.0] NVRM: Xid (PCI:0000:18:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 02 (0x00000004 0x00000001"
+    " 0x00000000 0x00000000)\n"
+)
+
+
+def test_an_nvlink5_xid_fails_its_node_only_when_its_line_says_fatal(monkeypatch, tmp_path, capsys):
+    """Xids 144 to 150 failed their node on every line, `Nonfatal` ones too (NVIDIA's catalogue
+    answers most with IGNORE, NVSentinel recommends no action): only a `Fatal` one needs the GPU
+    reset, and a GPU whose fatal line was followed by a non-fatal one still fails."""
+    node_dmesg(monkeypatch, NVLINK5_FATAL + NVLINK5_NONFATAL)
+    records = [gpu_record(0, "gpu01", nvml.xid_events())]
+    node_dmesg(monkeypatch, NVLINK5_NONFATAL + NVLINK5_NONFATAL.replace("145, RLW_REMAP", "144, SAW_MVB"))
+    records.append(gpu_record(1, "gpu02", nvml.xid_events()))
+    out, code = run_check_gpus(monkeypatch, tmp_path, records)
+    assert code == 1 and out.bad_nodes == {"gpu01"}
+    assert out.failures == [
+        "gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 145 (1 since boot): fatal NVLink 5 error (RLW); fails the"
+        " node: drain it, reset or service the GPU"
+    ]
+    assert (
+        "gpus: gpu02 GPU 0 PCI 0000:18:00: Xid 145 (1 since boot): non-fatal NVLink 5 error (RLW): the link"
+        " carries on (an Xid 154 beside it names any action the GPU needs); needs attention (the node does"
+        " not fail)"
+    ) in capsys.readouterr().out.splitlines()
+    saved = json.loads((tmp_path / "gpus.json").read_text())["xid"]
+    assert [(x["node"], x["xid"], x["count"], x["severity"], x["remedy"]) for x in saved] == [
+        ("gpu01", 145, 1, "fail", "drain it, reset or service the GPU"),
+        ("gpu01", 145, 1, "warn", ""),
+        ("gpu02", 144, 1, "warn", ""),
+        ("gpu02", 145, 1, "warn", ""),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "severity"),
+    [
+        ("SAW_MVB Fatal XC0 i0 Link -1 (0x00000021 0x00000002 0x00000000 0x00000000)", "fail"),
+        ("TLW_CTRL Non-fatal XC0 i0 Link 04 (0x00000043 0x00000001)", "warn"),
+        ("pid='<unknown>', name=<unknown>", "warn"),  # no severity word: a look, not a drained node
+    ],
+)
+def test_an_nvlink5_xid_is_judged_by_its_severity_word(text, severity):
+    assert xid_table.xid_class(146, text)[0] == severity
