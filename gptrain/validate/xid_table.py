@@ -26,9 +26,11 @@ NVLINK5_SEVERITY = re.compile(r"^\s*\S+ (Fatal|Nonfatal|Non-fatal)\b")
 # `fail` where its remedy is a GPU reset, a node reboot or service (the node is drained), `warn` for memory
 # errors corrected, contained or repaired at the next reset, `info` where the application caused it.
 # The catalogue's Resolution Bucket (Immediate Action) as NVIDIA's NVSentinel transcribes it
-# (xiderrorsmapping.csv): RESET_GPU for 46, 62, 109, 110, 136, 140, 143, 155, 156, 158, an NVLink 5
-# workflow for 144 to 150 (a GPU reset for their fatal items: nvlink5_class). Documented, with the
-# source, in docs/validation.md.
+# (xiderrorsmapping.csv): RESET_GPU for 46, 62, 109, 110, 136, 140, 143, 155, 156, 158 (IGNORE for 63,
+# which warns), an NVLink 5 workflow for 144 to 150 (a GPU reset for their fatal items: nvlink5_class).
+# Xid 109 warns all the same: NVIDIA's k8s-device-plugin skips it, with 13, 31, 43, 45 and 68, as an
+# application error that leaves the GPU healthy (internal/rm/health.go). Documented, with the source,
+# in docs/validation.md.
 XID_CLASSES: dict[int, tuple[str, str]] = {
     13: ("info", "graphics engine exception, usually the application's (a bad instruction or index)"),
     31: ("info", "GPU memory page fault, usually the application's illegal address"),
@@ -44,7 +46,11 @@ XID_CLASSES: dict[int, tuple[str, str]] = {
     92: ("warn", "high single-bit ECC error rate"),
     94: ("warn", "contained ECC error: the application using the memory was stopped"),
     95: ("fail", "uncontained ECC error: every application on the GPU was affected"),
-    109: ("fail", "context switch timeout"),
+    109: (
+        "warn",
+        "context switch timeout, usually the application's (NVIDIA's k8s-device-plugin: the GPU stays"
+        " healthy); reset the GPU if it recurs",
+    ),
     110: ("fail", "security fault error"),
     119: ("fail", "GSP RPC timeout: the GPU's system processor stopped answering"),
     120: ("fail", "GSP error: the GPU's system processor reported an error"),

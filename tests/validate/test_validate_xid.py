@@ -682,7 +682,7 @@ def test_xid_160_fails_its_node_which_needs_a_reboot(monkeypatch, tmp_path):
 
 # NVIDIA's Xid catalogue, Resolution Bucket (Immediate Action), as NVIDIA's NVSentinel transcribes it
 # (xiderrorsmapping.csv): RESET_GPU for these, the NVLink 5 workflow for 144 to 150.
-CATALOGUE_RESET_GPU = [46, 62, 109, 110, 136, 140, 143, 155, 156, 158]
+CATALOGUE_RESET_GPU = [46, 62, 110, 136, 140, 143, 155, 156, 158]  # 109 warns: below
 # An NVLink 5 Xid's line names its unit and severity: only a fatal one needs the reset.
 CATALOGUE_NVLINK5 = [144, 145, 146, 147, 148, 149, 150]
 APPLICATION_TEXT = "pid='<unknown>', name=<unknown>"
@@ -754,3 +754,22 @@ def test_an_nvlink5_xid_fails_its_node_only_when_its_line_says_fatal(monkeypatch
 )
 def test_an_nvlink5_xid_is_judged_by_its_severity_word(text, severity):
     assert xid_table.xid_class(146, text)[0] == severity
+
+
+def test_xid_109_warns_as_an_application_error_and_does_not_fail_its_node(monkeypatch, tmp_path, capsys):
+    """Xid 109 (context switch timeout) failed its node, though NVIDIA's k8s-device-plugin skips it
+    with 13, 31, 43, 45 and 68 as an application error that leaves the GPU healthy."""
+    node_dmesg(
+        monkeypatch,
+        "[ 10.0] NVRM: Xid (PCI:0000:18:00): 109, pid=2519562, name=python3, Ch 0000000a, errorString CTX"
+        " SWITCH TIMEOUT, Info 0x3c046\n",
+    )
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
+    assert code == 0 and out.failures == [] and out.bad_nodes == set()
+    assert (
+        "gpus: gpu01 GPU 0 PCI 0000:18:00: Xid 109 (1 since boot): context switch timeout, usually the"
+        " application's (NVIDIA's k8s-device-plugin: the GPU stays healthy); reset the GPU if it recurs;"
+        " needs attention (the node does not fail)"
+    ) in capsys.readouterr().out.splitlines()
+    [saved] = json.loads((tmp_path / "gpus.json").read_text())["xid"]
+    assert (saved["xid"], saved["severity"], saved["remedy"]) == (109, "warn", "")
