@@ -72,8 +72,9 @@ RECOVERY_ACTION_XID = 154
 RECOVERY_ACTION = re.compile(
     r"recovery action changed from \S+ \([^)]*\) to (0x[0-9a-fA-F]+|\d+) \(([^)]*)\)"
 )
-# The actions NVML documents besides None: 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset;
-# NVML of R610 drivers adds 5 recover IMEX domain, 6 PCIe bus reset, 7 system reboot.
+# The actions NVML documents besides None (NVML API change log): 1 GPU reset, 2 node reboot, 3 drain
+# P2P from R565 (its GPU recovery action field and event), 4 drain and reset from R570, 5 recover IMEX
+# domain from R595, 6 PCIe bus reset and 7 system reboot from R615.
 DOCUMENTED_RECOVERY_ACTIONS = range(1, 8)
 
 
@@ -129,8 +130,8 @@ def nvlink5_class(xid: int, text: str) -> tuple[str, str]:
 def recovery_action_class(text: str) -> tuple[str, str]:
     """Xid 154 judged by the action it changed to: the driver logs it beside other Xids, and back
     to `0x0 (None)` when no action is needed any more (the GPU can be used by a new process). The
-    documented actions (GPU reset, node reboot, drain P2P, drain and reset, and R610's recover IMEX
-    domain, bus reset, system reboot) fail; one a newer driver added needs a look, not a drained
+    documented actions (GPU reset, node reboot, drain P2P; R570's drain and reset, R595's recover
+    IMEX domain, R615's bus reset and system reboot) fail; one a newer driver added needs a look, not a drained
     node; a line that names none is taken as the worst, as before."""
     match = RECOVERY_ACTION.search(text)
     if match is None:

@@ -309,7 +309,7 @@ def test_a_fatal_nvswitch_sxid_fails_its_node_and_a_non_fatal_one_warns(monkeypa
             "the driver set this GPU's recovery action to Reset Fabric Required (0x8), one gptrain does not"
             " know: see NVIDIA's Xid catalogue",
         ),
-        (  # NVML of R610 drivers documents 5, 6 and 7: they warned as unknown
+        (  # NVML documents 5 (R595), 6 and 7 (R615): they warned as unknown
             "0x0 (None) to 0x7 (System Reboot Required)",
             "fail",
             "the driver set this GPU's recovery action to System Reboot Required",
@@ -635,7 +635,7 @@ def test_a_bad_xid_since_is_one_usage_line(bad, capsys):
             "drain it: stop the GPU's peer-to-peer traffic (its processes, UVM persistence mode), then"
             " reset the GPU",
         ),
-        (  # NVML of R610 drivers: 5 Recover IMEX Domain, 6 Bus Reset, 7 System Reboot
+        (  # NVML of R595 drivers: 5 Recover IMEX Domain; of R615: 6 Bus Reset, 7 System Reboot
             "154, GPU recovery action changed from 0x0 (None) to 0x5 (Recover IMEX Domain)",
             "drain it and recover the IMEX domain of its multi-node NVLink",
         ),
