@@ -164,7 +164,6 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
 
 XID_ACTIONS = {
     "fail": f"fails the node: {xid_table.DEFAULT_REMEDY}",
-    "fail SXid": "fails the node: drain it, reboot it (GPUs and NVSwitches reset) or service the NVSwitch",
     "warn": "needs attention (the node does not fail)",
     "info": "usually the application's, not the GPU's",
 }
@@ -187,10 +186,10 @@ class XidFinding:
     kind: str = "Xid"  # or "SXid": an NVSwitch's, which the whole node's GPUs talk through
     nvswitch: int | None = None  # an SXid's switch instance (nvidia-nvswitch3 -> 3)
     span: str = "since boot"  # what `count` covers (kernel_log.Judged.span)
-    remedy: str = ""  # a failing Xid's: what its node needs (xid_table.xid_remedy)
+    remedy: str = ""  # a failing Xid's or SXid's: what its node needs (xid_table.xid_remedy, SXID_REMEDY)
 
     def line(self) -> str:
-        action = XID_ACTIONS.get(f"{self.severity} {self.kind}") or XID_ACTIONS[self.severity]
+        action = XID_ACTIONS[self.severity]
         if self.remedy:
             action = f"fails the node: {self.remedy}"
         return (
@@ -238,6 +237,7 @@ def _finding(node: str, event: dict[str, Any]) -> XidFinding:
             event["last"],
             kind="SXid",
             nvswitch=event["nvswitch"],
+            remedy=xid_table.SXID_REMEDY if severity == "fail" else "",
         )
     severity, meaning = xid_table.xid_class(event["xid"], event["last"])
     remedy = xid_table.xid_remedy(event["xid"], event["last"]) if severity == "fail" else ""

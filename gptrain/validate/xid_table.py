@@ -181,6 +181,10 @@ def xid_remedy(xid: int, text: str = "") -> str:
     return RECOVERY_REMEDIES.get(int(match[1], 16), DEFAULT_REMEDY)
 
 
+# A fatal SXid's node: the fabric comes back when the node's GPUs and NVSwitches are reset together.
+SXID_REMEDY = "drain it, reboot it (GPUs and NVSwitches reset) or service the NVSwitch"
+
+
 def sxid_class(fatal: bool, text: str) -> tuple[str, str]:
     """(fail | warn, what it means) for an NVSwitch SXid: a fatal one stops the NVLink fabric, and
     with it NCCL across every GPU of the node, until the node is reset; a non-fatal one is logged

@@ -773,3 +773,16 @@ def test_xid_109_warns_as_an_application_error_and_does_not_fail_its_node(monkey
     ) in capsys.readouterr().out.splitlines()
     [saved] = json.loads((tmp_path / "gpus.json").read_text())["xid"]
     assert (saved["xid"], saved["severity"], saved["remedy"]) == (109, "warn", "")
+
+
+def test_a_failing_sxid_records_the_remedy_its_line_gives(monkeypatch, tmp_path):
+    """A fatal SXid's printed line named its remedy, but gpus.json recorded `remedy: ""` for it."""
+    node_dmesg(monkeypatch, SXID_DMESG)
+    out, code = run_check_gpus(monkeypatch, tmp_path, [gpu_record(0, "gpu01", nvml.xid_events())])
+    remedy = "drain it, reboot it (GPUs and NVSwitches reset) or service the NVSwitch"
+    assert code == 1 and out.failures[0].endswith(f"; fails the node: {remedy}")
+    saved = json.loads((tmp_path / "gpus.json").read_text())["xid"]
+    assert [(x["xid"], x["severity"], x["remedy"]) for x in saved] == [
+        (20034, "fail", remedy),
+        (20009, "warn", ""),
+    ]
