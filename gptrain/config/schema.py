@@ -115,7 +115,8 @@ class CheckpointCallbackParams:
     """PyTorch Lightning's top-k saves at each validation, which it makes only while every_n_train_steps
     is null and this is null or 1 (a NeMo GPT run is one epoch long, so 2 or more is the same as 0).
     0: no top-k checkpoints, only Lightning's last one, at each validation and at the end: saved on
-    the same steps, and only the newest is kept (save_top_k counts as 0; needs save_last)."""
+    the same steps, and only the newest is kept (save_top_k counts as 0; needs save_last). 1 or more
+    beside an every_n_train_steps of 1 or more is refused, as Lightning refuses the pair."""
     save_top_k: int = 10
     """Keep K complete checkpoints, and always the newest: the K best by `monitor`, or without one the K
     newest; the others are deleted (-1 keeps every one; 0 only the newest, Lightning's last.ckpt, and

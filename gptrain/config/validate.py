@@ -308,6 +308,8 @@ def _save_interval(cfg: TrainingConfig) -> list[str]:
             f"{key}.every_n_epochs={params.every_n_epochs}: must be >= 0 (PyTorch Lightning refuses it); "
             "give 0 for no saves by epoch, 1 or null for a save at each validation"
         )
+    if cfg.exp_manager.create_checkpoint_callback:
+        _one_save_trigger(params, key)
     if params.every_n_train_steps == 0:
         given = f"{key}.every_n_train_steps=0" + (
             f" with every_n_epochs={params.every_n_epochs}" if params.every_n_epochs is not None else ""
@@ -319,6 +321,19 @@ def _save_interval(cfg: TrainingConfig) -> list[str]:
         return []
     params.every_n_train_steps = cfg.trainer.val_check_interval
     return _last_only(cfg.exp_manager, given)
+
+
+def _one_save_trigger(params: Any, key: str) -> None:
+    """Lightning's ModelCheckpoint takes one trigger: every_n_train_steps and every_n_epochs both
+    above 0 raise its MisconfigurationException (train_time_interval, the third, is refused as not
+    implemented). Here every_n_epochs was dropped without a word."""
+    steps, epochs = params.every_n_train_steps or 0, params.every_n_epochs or 0
+    if steps >= 1 and epochs >= 1:
+        raise ConfigError(
+            f"{key}.every_n_train_steps={steps} and every_n_epochs={epochs}: PyTorch Lightning refuses both "
+            "(they are mutually exclusive); keep every_n_train_steps for a save every N steps and set "
+            "every_n_epochs=null, or set every_n_train_steps=null for a save at each validation"
+        )
 
 
 def _save_last_link(params: Any, key: str) -> None:

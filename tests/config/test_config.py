@@ -1165,3 +1165,21 @@ def test_a_negative_every_n_epochs_is_refused_as_lightning_refuses_it(steps):
         load_training_config("gpt3/126m", off, report_ignored=False).exp_manager.create_checkpoint_callback
         is False
     )
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_every_n_train_steps_beside_every_n_epochs_is_refused_as_lightning_refuses_it(epochs):
+    """Lightning's ModelCheckpoint raises 'Combination of parameters every_n_train_steps=500,
+    every_n_epochs=1 and train_time_interval=None should be mutually exclusive'; both were taken and
+    every_n_epochs silently dropped."""
+    given = [f"{CALLBACK}.every_n_train_steps=500", f"{CALLBACK}.every_n_epochs={epochs}"]
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", given, report_ignored=False)
+    message = str(error.value)
+    assert message.startswith(f"{CALLBACK}.every_n_train_steps=500 and every_n_epochs={epochs}: ")
+    assert "mutually exclusive" in message and "\n" not in message
+    off = [*given, "exp_manager.create_checkpoint_callback=false"]  # no ModelCheckpoint to refuse it
+    assert (
+        load_training_config("gpt3/126m", off, report_ignored=False).exp_manager.create_checkpoint_callback
+        is False
+    )
