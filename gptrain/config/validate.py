@@ -157,13 +157,18 @@ def normalize(cfg: TrainingConfig) -> list[str]:
 
 def _dirpath_apart_from_log_dir(dirpath: str, log_dir: str) -> None:
     """Checkpoints in the log dir itself, or in a directory above it, mix with the run's files: moving
-    an earlier run aside would move the live run's lock too. Inside the log dir is its own directory."""
+    an earlier run aside would move the live run's lock too. Inside the log dir is its own directory.
+    Compared resolved (as Lightning resolves dirpath): a symlink to the log dir is the log dir."""
     log_dir = os.path.abspath(log_dir)
-    if os.path.commonpath([dirpath, log_dir]) == dirpath:
-        what = "explicit_log_dir" if dirpath == log_dir else f"explicit_log_dir {log_dir} or above it"
+    real_dirpath, real_log_dir = os.path.realpath(dirpath), os.path.realpath(log_dir)
+    if os.path.commonpath([real_dirpath, real_log_dir]) == real_dirpath:
+        what = (
+            "explicit_log_dir" if real_dirpath == real_log_dir else f"explicit_log_dir {log_dir} or above it"
+        )
+        through = f" (resolved: {real_dirpath})" if real_dirpath != dirpath else ""
         raise ConfigError(
-            f"exp_manager.checkpoint_callback_params.dirpath={dirpath} is the run's {what}; give the "
-            f"checkpoints a directory of their own (such as {os.path.join(log_dir, 'checkpoints')}, "
+            f"exp_manager.checkpoint_callback_params.dirpath={dirpath} is the run's {what}{through}; give "
+            f"the checkpoints a directory of their own (such as {os.path.join(log_dir, 'checkpoints')}, "
             "or null for that)"
         )
 

@@ -351,7 +351,7 @@ def claim_run_directory(
             lock = acquire(log_dir)
             if not is_within(checkpoints, log_dir):  # two runs' saves in one dirpath: refused as one log dir
                 lock.made += [] if checkpoints.exists() else [checkpoints]
-                lock.dirpath_lock = acquire(checkpoints)
+                lock.dirpath_lock = acquire(Path(os.path.realpath(checkpoints)))  # named as it is
             if not resume:
                 note = check_fresh_start(log_dir, move_aside, checkpoints)
                 lock.notes += [note] if note else []
@@ -374,8 +374,9 @@ def claim_run_directory(
 
 
 def is_within(path: Path, directory: Path) -> bool:
-    """Whether `path` is `directory` or under it (both made absolute, not resolved)."""
-    path, directory = Path(os.path.abspath(path)), Path(os.path.abspath(directory))
+    """Whether `path` is `directory` or under it, both resolved: a dirpath inside the log dir as given
+    but a symlink to another run's dirpath takes a lock of its own."""
+    path, directory = Path(os.path.realpath(path)), Path(os.path.realpath(directory))
     return path == directory or directory in path.parents
 
 

@@ -1183,3 +1183,25 @@ def test_every_n_train_steps_beside_every_n_epochs_is_refused_as_lightning_refus
         load_training_config("gpt3/126m", off, report_ignored=False).exp_manager.create_checkpoint_callback
         is False
     )
+
+
+@pytest.mark.parametrize("link_to", ["log", "parent", "log_dir_link"])
+def test_a_dirpath_that_is_or_holds_the_log_dir_through_a_symlink_is_refused(tmp_path, link_to):
+    """The check compared the paths as given: a dirpath that was a symlink to the log dir (or above
+    it), or a log dir given through a symlink, passed it. Compared resolved, as Lightning resolves
+    dirpath."""
+    log = tmp_path / "runs" / "run"
+    log.mkdir(parents=True)
+    link = tmp_path / "link"
+    if link_to == "log_dir_link":  # the log dir through a symlink, dirpath the real directory
+        link.symlink_to(log)
+        given = [f"exp_manager.explicit_log_dir={link}", f"{CALLBACK}.dirpath={log}"]
+    else:
+        link.symlink_to(log if link_to == "log" else log.parent)
+        given = [f"exp_manager.explicit_log_dir={log}", f"{CALLBACK}.dirpath={link}"]
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", given, report_ignored=False)
+    assert str(error.value).startswith(f"{CALLBACK}.dirpath=") and "is the run's explicit_log_dir" in str(
+        error.value
+    )
+    assert "\n" not in str(error.value)

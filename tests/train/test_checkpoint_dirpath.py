@@ -153,3 +153,25 @@ def test_a_rewind_through_an_older_copy_with_a_relative_run_directory_is_refused
     monkeypatch.chdir(start)
     rewind(store, 2, say=lambda _: None)
     assert complete_steps(store) == [2]
+
+
+def test_a_dirpath_shared_through_a_symlink_inside_the_log_dir_is_locked(tmp_path):
+    """A dirpath inside the log dir as given, but a symlink to another run's dirpath, took no lock of
+    its own (the log dir's lock was taken to cover it): both runs were admitted into one directory."""
+    store = tmp_path / "ckpts"
+    first = claim_run_directory(tmp_path / "a", 0, 1, resume=True, move_aside=False, checkpoints=store)
+    (tmp_path / "b").mkdir()
+    link = tmp_path / "b" / "checkpoints"
+    link.symlink_to(store)
+    with pytest.raises(RunLockedError, match=str(store)):
+        claim_run_directory(tmp_path / "b", 0, 1, resume=True, move_aside=False, checkpoints=link)
+    assert not (tmp_path / "b" / LOCK_NAME).exists()
+    first.release()
+    inside = tmp_path / "c" / "ckpts"  # a symlink outside the log dir into it: covered by its lock
+    inside.mkdir(parents=True)
+    (tmp_path / "c-link").symlink_to(inside)
+    third = claim_run_directory(
+        tmp_path / "c", 0, 1, resume=True, move_aside=False, checkpoints=tmp_path / "c-link"
+    )
+    assert third.dirpath_lock is None and not (inside / LOCK_NAME).exists()
+    third.release()
