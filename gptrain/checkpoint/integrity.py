@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gptrain import __version__
 from gptrain.checkpoint.crc32 import crc32
+from gptrain.checkpoint.dcp_metadata import METADATA, shard_extents
 from gptrain.utils.progress import Progress
 
 COMPLETE = "COMPLETE"
@@ -269,6 +270,29 @@ def verify(
                 return problem
             if progress is not None:
                 progress.update(1)
+    return _check_named_shards(step_dir, expected) if rank == 0 else None
+
+
+def _check_named_shards(step_dir: Path, expected: dict) -> str | None:
+    """Every shard file the checkpoint's `.metadata` names that its manifest does not list: present,
+    and as long as the items `.metadata` places in it. A save to a node-local root before such saves
+    were refused listed rank 0's node's files alone, and verified."""
+    if METADATA not in expected:
+        return None
+    extents = shard_extents(step_dir / METADATA) or {}
+    for name, needed in sorted(extents.items()):
+        if name in expected:  # its size checked against the manifest already
+            continue
+        path = step_dir / name
+        try:
+            actual = path.stat().st_size
+        except FileNotFoundError:
+            return (
+                f"{path} is missing: its {METADATA} names it, its manifest does not (saved where other "
+                "nodes' files never reached this directory, such as a node-local checkpoint root)"
+            )
+        if actual < needed:
+            return f"{path} is {actual} bytes, its {METADATA} places {needed} in it (truncated)"
     return None
 
 

@@ -1,6 +1,7 @@
 """Damaged checkpoints: named by the manifest, skipped at resume (loudly), checked by `checkpoint verify`."""
 
 import json
+import pickle
 import re
 import sys
 import zlib
@@ -669,3 +670,51 @@ def test_eval_export_and_rewind_refuse_a_misnamed_or_newer_format_checkpoint_too
         and len(err.splitlines()) == 1
     )
     assert complete_steps(root) == [2, 4, 6] and (root / "latest").read_text() == "step_6\n"
+
+
+def drop_from_manifest(step_dir: Path, name: str) -> None:
+    """As a save to a node-local root wrote COMPLETE before such saves were refused: the manifest
+    listed the files rank 0's node could see, not another node's shard."""
+    record = json.loads((step_dir / "COMPLETE").read_text())
+    del record["files"][name]
+    (step_dir / "COMPLETE").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def test_a_shard_the_metadata_names_but_the_manifest_does_not_list_is_checked(tmp_path, capsys):
+    """A half-saved checkpoint whose manifest left another node's shard out verified ok: only the
+    manifest's files were checked. The shards DCP's .metadata names are checked too."""
+    path = save(CheckpointManager(tmp_path, keep_last=2), 1)
+    shard = next(path.glob("*.distcp"))
+    size = shard.stat().st_size
+    drop_from_manifest(path, shard.name)
+    assert verify(path) is None and verify(path, checksums=True) is None  # present and whole: sound
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert verify(path) == f"{shard} is 100 bytes, its .metadata places {size} in it (truncated)"
+    shard.unlink()
+    assert verify(path).startswith(f"{shard} is missing: its .metadata names it, its manifest does not")
+    assert verify(path, rank=1, world_size=2) is None  # at resume rank 0's share checks it, once
+    assert main(["checkpoint", "verify", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"step_1: DAMAGED: {shard} is missing" in out and len(out.strip().splitlines()) == 1
+
+
+def test_a_metadata_this_cannot_read_checks_nothing_more_and_runs_nothing(tmp_path):
+    """A .metadata that is no pickle of DCP's Metadata (another format): the manifest's checks
+    alone. One whose pickle names a function to call is never run."""
+    path = save(CheckpointManager(tmp_path, keep_last=2), 1)
+    marker = tmp_path / "ran"
+    for text in (b"not a pickle", pickle.dumps(RunsOnLoad(marker))):
+        (path / ".metadata").write_bytes(text)
+        record = json.loads((path / "COMPLETE").read_text())
+        record["files"][".metadata"] = {"bytes": len(text), "crc32": None}
+        (path / "COMPLETE").write_text(json.dumps(record))
+        assert verify(path, checksums=True) is None
+    assert not marker.exists()
+
+
+class RunsOnLoad:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))

@@ -1,0 +1,80 @@
+"""The shard files a torch.distributed.checkpoint `.metadata` names, and how long each must be, read
+without torch and without running anything the pickle names.
+
+A checkpoint saved to a node-local root before saves were refused there has a manifest of rank 0's
+node's files only; its `.metadata` still names every rank's shard, which is how `verify` finds the
+ones that never reached this directory. Every class the pickle names is read as a stand-in that
+holds what it was built from: nothing is imported, no function the pickle names is called.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+METADATA = ".metadata"
+
+
+class _StandIn:
+    """Any object of the pickle: keeps its arguments and state, runs nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __setitem__(self, key: Any, value: Any) -> None:  # a dict subclass's items
+        self.__dict__.setdefault("items", {})[key] = value
+
+    def append(self, value: Any) -> None:  # a list subclass's items
+        self.__dict__.setdefault("values", []).append(value)
+
+    def extend(self, values: Any) -> None:
+        for value in values:
+            self.append(value)
+
+
+class _StandInUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> type:
+        return type(name, (_StandIn,), {})  # called (a class, a function) or taken as a value: inert
+
+
+def _fields(obj: object) -> dict:
+    """A stand-in's dataclass fields: its state as a dict, or a slotted class's (dict, slots) pair."""
+    state = getattr(obj, "state", None)
+    if isinstance(state, dict):
+        return state
+    if isinstance(state, tuple) and len(state) == 2:
+        return {**(state[0] or {}), **(state[1] or {})}
+    return {}
+
+
+def shard_extents(path: Path) -> dict[str, int] | None:
+    """{shard file name: the bytes its items need (the largest offset + length)}, from the
+    `.metadata` at `path`; None where it is not a metadata this reads (another format, or torn:
+    the manifest's size and CRC-32 name that), so nothing more is checked."""
+    try:
+        with path.open("rb") as handle:
+            metadata = _StandInUnpickler(handle).load()
+    except OSError:
+        raise
+    except Exception:  # noqa: BLE001 (any malformed pickle: not understood, never a traceback)
+        return None
+    storage = _fields(metadata).get("storage_data")
+    if not isinstance(storage, dict):
+        return None
+    extents: dict[str, int] = {}
+    for info in storage.values():
+        fields = _fields(info)
+        name, offset, length = fields.get("relative_path"), fields.get("offset"), fields.get("length")
+        if not _plain_name(name) or type(offset) is not int or type(length) is not int:
+            return None
+        extents[name] = max(extents.get(name, 0), offset + length)
+    return extents
+
+
+def _plain_name(name: object) -> bool:
+    """A file of the step directory itself (DCP's `__<rank>_<n>.distcp`), never a path out of it."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
