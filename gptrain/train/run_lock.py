@@ -349,7 +349,9 @@ def claim_run_directory(
     if rank == 0:
         try:
             lock = acquire(log_dir)
-            if not is_within(checkpoints, log_dir):  # two runs' saves in one dirpath: refused as one log dir
+            outside = not is_within(checkpoints, log_dir)
+            refuse_another_runs_directory(checkpoints, log_dir, lock.holder, outside)
+            if outside:  # two runs' saves in one dirpath: refused as one log dir
                 lock.made += [] if checkpoints.exists() else [checkpoints]
                 lock.dirpath_lock = acquire(Path(os.path.realpath(checkpoints)))  # named as it is
             if not resume:
@@ -371,6 +373,24 @@ def claim_run_directory(
     if error is not None:
         raise error
     return lock
+
+
+def refuse_another_runs_directory(checkpoints: Path, log_dir: Path, me: Holder | None, outside: bool) -> None:
+    """Refuse checkpoints in a directory another live run holds: its log dir or above (a dirpath set
+    to another run's log_dir/checkpoints, which that run never locks), or, for checkpoints inside
+    this run's log dir, a lock another run's dirpath left there. Up to this run's own log dir; a
+    dirpath's own lock is `acquire`'s to judge, and a stale one is no one's."""
+    real, own = Path(os.path.realpath(checkpoints)), Path(os.path.realpath(log_dir))
+    for directory in [real, *real.parents][1 if outside else 0 :]:
+        if directory == own:
+            return
+        other = read_holder(directory / LOCK_NAME)
+        if other is not None and me is not None and stale_reason(other, me) is None:
+            raise RunLockedError(
+                f"{checkpoints}: another run holds {directory} ({other.describe()}), so two runs would save "
+                "there: wait for it to end, or give this run its own exp_manager.checkpoint_callback_params."
+                f"dirpath; if that run is gone, delete {directory / LOCK_NAME}"
+            )
 
 
 def is_within(path: Path, directory: Path) -> bool:

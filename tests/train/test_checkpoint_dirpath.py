@@ -175,3 +175,24 @@ def test_a_dirpath_shared_through_a_symlink_inside_the_log_dir_is_locked(tmp_pat
     )
     assert third.dirpath_lock is None and not (inside / LOCK_NAME).exists()
     third.release()
+
+
+@pytest.mark.parametrize("first", ["owner", "borrower"])
+def test_a_dirpath_inside_another_live_runs_log_dir_is_refused_whichever_starts_first(tmp_path, first):
+    """Run a saves into a/checkpoints (its log dir's lock covers it); run b, given
+    dirpath=a/checkpoints, locked only that directory, which a never locks: both were admitted, and
+    either order saved two runs' step_N into one directory."""
+    owner = lambda: claim_run_directory(tmp_path / "a", 0, 1, resume=True, move_aside=False)  # noqa: E731
+    shared = tmp_path / "a" / "checkpoints"
+    borrower = lambda: claim_run_directory(  # noqa: E731
+        tmp_path / "b", 0, 1, resume=True, move_aside=False, checkpoints=shared
+    )
+    live = (owner if first == "owner" else borrower)()
+    with pytest.raises(RunLockedError) as error:
+        (borrower if first == "owner" else owner)()
+    held = tmp_path / "a" if first == "owner" else shared  # the log dir's lock, or b's dirpath lock
+    assert str(error.value).startswith(f"{shared}: another run holds {held} (pid {os.getpid()}")
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / ("b" if first == "owner" else "a") / LOCK_NAME).exists()  # nothing left behind
+    live.release()
+    (borrower if first == "owner" else owner)().release()  # once the other run has ended
