@@ -403,9 +403,11 @@ def is_within(path: Path, directory: Path) -> bool:
 def check_writable(directory: Path) -> list[Path]:
     """Make `directory` and a file in it, removed at once: a read-only checkpoint directory was
     found at the first save, hours into the run. (A quota that fills later is not found here.)
-    Returns [directory] when this made it, for `RunLock.release` to remove if the run leaves it empty."""
-    made = [] if directory.exists() else [directory]
-    directory.mkdir(parents=True, exist_ok=True)
+    Returns [directory] when this made it, for `RunLock.release` to remove if the run leaves it empty.
+    Made where a symlink leads: one into the log dir dangles once a move-aside took its target."""
+    real = Path(os.path.realpath(directory))
+    made = [] if real.exists() else [real]
+    real.mkdir(parents=True, exist_ok=True)
     probe = directory / f".gptrain-write-check.{os.getpid()}"
     try:
         probe.write_bytes(b"")

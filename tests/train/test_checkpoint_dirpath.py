@@ -196,3 +196,21 @@ def test_a_dirpath_inside_another_live_runs_log_dir_is_refused_whichever_starts_
     assert not (tmp_path / ("b" if first == "owner" else "a") / LOCK_NAME).exists()  # nothing left behind
     live.release()
     (borrower if first == "owner" else owner)().release()  # once the other run has ended
+
+
+def test_a_move_aside_under_a_dirpath_symlinked_into_the_log_dir_makes_the_directory_again(tmp_path):
+    """A dirpath that is a symlink into the log dir: moving the earlier run aside took the link's
+    target with it, and the run then failed making the dangling link a directory ('cannot claim it
+    ... File exists'), the earlier run already moved: every rerun failed the same way."""
+    inside = tmp_path / "run" / "ckpts"
+    (inside / "step_2").mkdir(parents=True)
+    (inside / "step_2" / "COMPLETE").touch()
+    link = tmp_path / "link"
+    link.symlink_to(inside)
+    lock = claim_run_directory(tmp_path / "run", 0, 1, resume=False, move_aside=True, checkpoints=link)
+    assert "moved the earlier run's" in lock.notes[0]
+    assert inside.is_dir() and complete_steps(link) == []  # made again where the link leads
+    (aside,) = tmp_path.glob("run.earlier-*")
+    assert complete_steps(aside / "ckpts") == [2]
+    lock.release()
+    assert not inside.exists() and link.is_symlink()  # made by the run, left empty: removed
