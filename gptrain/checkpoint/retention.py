@@ -20,6 +20,8 @@ from pathlib import Path
 from gptrain.checkpoint.integrity import COMPLETE
 
 MODES = ("min", "max")
+STEP = "step"
+"""The monitor every save has: its iteration (Lightning's `step`, always among its monitor candidates)."""
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,16 @@ class Removal:
 
 
 def recorded_metric(step_dir: Path, monitor: str) -> float | None:
-    """The value of `monitor` in the checkpoint's COMPLETE marker; None where it records none (or the
-    marker cannot be read: retention never fails a save over a marker the resume checks anyway)."""
+    """The value of `monitor` in the checkpoint's COMPLETE marker (`step`: the iteration it records,
+    Lightning's global step); None where it records none (or the marker cannot be read: retention
+    never fails a save over a marker the resume checks anyway)."""
     try:
         record = json.loads((step_dir / COMPLETE).read_text())
     except (OSError, ValueError):
         return None
-    metrics = record.get("metrics") if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return None
+    metrics = {"step": record.get("step")} if monitor == STEP else record.get("metrics")
     value = metrics.get(monitor) if isinstance(metrics, dict) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None

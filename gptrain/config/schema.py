@@ -123,7 +123,8 @@ class CheckpointCallbackParams:
     needs save_last: Lightning saves nothing with both off)."""
     monitor: str | None = None
     """The metric the kept checkpoints are the best by: val_loss (the validation loss each save at a
-    validated step records), or null to keep the newest. NeMo's default is val_loss; gptrain's
+    validated step records), step (the iteration, as Lightning offers it: with mode max the newest),
+    or null to keep the newest. NeMo's default is val_loss; gptrain's
     presets leave it null, so their retention stays the K newest (a NeMo config setting
     `monitor: val_loss` keeps the best)."""
     mode: str = "min"

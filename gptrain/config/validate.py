@@ -370,8 +370,9 @@ def _last_only(em: ExpManagerConfig, given: str) -> list[str]:
     ]
 
 
-MONITORED = ("val_loss",)
-"""The metrics a save records in its COMPLETE marker, which retention can rank by."""
+MONITORED = ("val_loss", "step")
+"""The metrics retention can rank by: val_loss, which a save at a validated step records in its
+COMPLETE marker, and step (the iteration the marker records), which Lightning offers every save."""
 
 
 def check_monitor(monitor: object) -> None:
@@ -380,7 +381,7 @@ def check_monitor(monitor: object) -> None:
     if monitor is not None and monitor not in MONITORED:
         raise ConfigError(
             f"exp_manager.checkpoint_callback_params.monitor: '{monitor}' is not recorded with a checkpoint; "
-            "use val_loss to keep the best by validation loss, or null to keep the newest"
+            "use val_loss to keep the best by validation loss, step (with mode=max) or null to keep the newest"
         )
 
 

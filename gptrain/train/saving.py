@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gptrain.checkpoint.manager import SaveReport
 from gptrain.checkpoint.reader import root_cause
+from gptrain.checkpoint.retention import STEP
 from gptrain.config import TrainingConfig
 from gptrain.errors import SIGNAL_SECONDS_ENV
 from gptrain.parallel.rng import stream_layout
@@ -73,10 +74,11 @@ def record_left_due_validation(s: Session) -> None:
 
 def retention_warning(cfg: TrainingConfig) -> str | None:
     """Retention by val_loss ranks only the saves made at a validated step (validation_metrics): say so
-    at the start when few or none of them are (NeMo saves at each validation; gptrain on its interval)."""
+    at the start when few or none of them are (NeMo saves at each validation; gptrain on its interval).
+    By step every save ranks."""
     em, t = cfg.exp_manager, cfg.trainer
     params = em.checkpoint_callback_params
-    if not em.create_checkpoint_callback or params.monitor is None or params.save_top_k < 1:
+    if not em.create_checkpoint_callback or params.monitor in (None, STEP) or params.save_top_k < 1:
         return None
     key = "exp_manager.checkpoint_callback_params"
     if not t.val_check_interval or t.limit_val_batches < 1:

@@ -261,3 +261,20 @@ def test_space_warning_counts_the_newest_beside_the_best_when_ranking_by_a_metri
     assert CheckpointManager(tmp_path, keep_last=2).space_warning(10_000_000_000) is None
     warning = CheckpointManager(tmp_path, keep_last=2, monitor="val_loss").space_warning(10_000_000_000)
     assert "4 checkpoints of about 10.0 GB (save_top_k + 2) need 40.0 GB" in warning
+
+
+@pytest.mark.parametrize(("mode", "kept"), [("max", [4, 5]), ("min", [1, 2, 5])])
+def test_monitor_step_ranks_by_the_iteration_as_lightning_does(tmp_path, mode, kept):
+    """Lightning's ModelCheckpoint offers `step` to every save (its global step): `monitor: step`
+    with `mode: max` is a NeMo file's way to keep the newest N. It was refused at load."""
+    from gptrain.config import load_training_config
+
+    callback = "exp_manager.checkpoint_callback_params"
+    cfg = load_training_config("gpt3/126m", [f"{callback}.monitor=step", f"{callback}.mode={mode}"])
+    assert cfg.exp_manager.checkpoint_callback_params.monitor == "step"
+    manager = CheckpointManager(tmp_path, keep_last=2, monitor="step", mode=mode)
+    for step in range(1, 6):
+        save(manager, step)  # no val_loss recorded: the step ranks them
+    manager.close()
+    assert recorded_metric(tmp_path / "step_5", "step") == 5.0
+    assert complete_steps(tmp_path) == kept  # min: Lightning's 2 lowest (never replaced), and the newest

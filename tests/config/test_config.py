@@ -218,7 +218,7 @@ def test_monitor_and_mode_are_taken_and_a_preset_keeps_the_newest(capsys):
         (
             "exp_manager.checkpoint_callback_params.monitor=val_acc",
             "exp_manager.checkpoint_callback_params.monitor: 'val_acc' is not recorded with a checkpoint; "
-            "use val_loss to keep the best by validation loss, or null to keep the newest",
+            "use val_loss to keep the best by validation loss, step (with mode=max) or null to keep the newest",
         ),
         (
             "exp_manager.checkpoint_callback_params.mode=lowest",
