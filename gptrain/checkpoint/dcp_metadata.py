@@ -59,7 +59,7 @@ def shard_extents(path: Path) -> dict[str, int] | None:
         with path.open("rb") as handle:
             metadata = _StandInUnpickler(handle).load()
     except OSError:
-        raise
+        raise  # the disk's or the reader's, as every read of `verify`: not a format question
     except Exception:  # noqa: BLE001 (any malformed pickle: not understood, never a traceback)
         return None
     storage = _fields(metadata).get("storage_data")
