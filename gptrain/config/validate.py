@@ -17,6 +17,7 @@ from gptrain.errors import ConfigError
 from gptrain.utils.tokenizer_types import (
     MEGATRON_TYPES,
     SENTENCEPIECE_TYPES,
+    hub_name_advice,
     is_tiktoken_vocabulary_file,
     megatron_tokenizer_type,
     tiktoken_settings_given,
@@ -235,6 +236,8 @@ def _tokenizer_type(tokenizer: Any) -> None:
             " (NeMo's byte-level, regex and tabular tokenizers are not implemented)"
         )
     kind = named or tokenizer.type
+    if library == "megatron" and named is None and kind is not None:
+        _refuse_hub_name(str(kind))
     if library == "sentencepiece" and kind not in SENTENCEPIECE_TYPES:
         kind = "GPTSentencePieceTokenizer"
     if library == "huggingface" and named is None:  # AutoTokenizer(type): NeMo never reads model here
@@ -251,6 +254,16 @@ def _tokenizer_type(tokenizer: Any) -> None:
             "e.g. GPT2BPETokenizer (null is for library sentencepiece, as NeMo writes it)"
         )
     tokenizer.type = kind
+
+
+def _refuse_hub_name(kind: str) -> None:
+    """NeMo's library megatron hands a type it does not know to AutoTokenizer, which downloads it
+    (`gpt2-medium`); gptrain says it does not, rather than only listing its types."""
+    advice = hub_name_advice(kind, "pass model.tokenizer.library=huggingface model.tokenizer.type=DIR")
+    if advice is not None:
+        raise ConfigError(
+            f"model.tokenizer.type: '{kind}' is not one of {', '.join(MEGATRON_TYPES)}; {advice}"
+        )
 
 
 def _huggingface_type(tokenizer: Any) -> str:

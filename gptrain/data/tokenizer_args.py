@@ -9,7 +9,12 @@ import sys
 from typing import Any
 
 from gptrain.errors import ConfigError
-from gptrain.utils.tokenizer_types import SENTENCEPIECE_TYPES, megatron_tokenizer_type, names_a_file
+from gptrain.utils.tokenizer_types import (
+    SENTENCEPIECE_TYPES,
+    hub_name_advice,
+    megatron_tokenizer_type,
+    names_a_file,
+)
 
 KINDS = {
     "GPT2BPETokenizer": "gpt2",
@@ -302,10 +307,14 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
         if os.path.exists(args.tokenizer_model) or unreachable(args.tokenizer_model):
             return "HuggingFaceTokenizer"  # its loader names a path it cannot look up
         if names_a_file(args.tokenizer_model):
+            hub = hub_name_advice(args.tokenizer_model)
             raise ConfigError(
-                f"--tokenizer-model {args.tokenizer_model}: no such file or directory; give an existing "
-                "tokenizer.json (or its directory), a SentencePiece tokenizer.model, or a tiktoken "
-                "encoding name such as cl100k_base"
+                f"--tokenizer-model {args.tokenizer_model}: no such file or directory; "
+                + (
+                    hub
+                    or "give an existing tokenizer.json (or its directory), a SentencePiece "
+                    "tokenizer.model, or a tiktoken encoding name such as cl100k_base"
+                )
             )
         return "TikTokenizer"
     return None

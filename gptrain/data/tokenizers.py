@@ -28,6 +28,7 @@ from gptrain.data.tiktoken_file import TiktokenFileOptions, load_tiktoken_file
 from gptrain.data.tokenizer_args import canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.paths import look_up
+from gptrain.utils.tokenizer_types import hub_name_advice
 from gptrain.utils.tokenizer_types import is_tiktoken_vocabulary_file as is_vocabulary_file
 
 ENDOFTEXT = "<|endoftext|>"
@@ -260,6 +261,12 @@ def missing_tokenizer_file(path: str, in_directory: str | None = None) -> str | 
     return None if found.kind == "file" else f"{path} not found"
 
 
+def _hub_name_line(model: str, pass_as: str = "pass the local directory DIR") -> str | None:
+    """The one line for a --tokenizer-model that is not there and reads as a hub name, or None."""
+    advice = hub_name_advice(model, pass_as)
+    return None if advice is None else f"--tokenizer-model {model} is not a local file or directory; {advice}"
+
+
 def unreachable(path: str) -> str | None:
     """Why `path` cannot even be looked up, or None (also where it is not there): a directory above
     it that this user may not search (EACCES), which pathlib raised as a bare PermissionError."""
@@ -276,7 +283,10 @@ def load_sentencepiece(model: str, kind: str) -> Tokenizer:
 def _load_sentencepiece(model: str, kind: str, *_stamps: object) -> Tokenizer:
     path = Path(model)
     if (problem := missing_tokenizer_file(model)) is not None:
-        raise DataError(f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.model)")
+        raise DataError(
+            _hub_name_line(model, "pass DIR/tokenizer.model")
+            or f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.model)"
+        )
     try:
         import sentencepiece
     except ImportError:
@@ -504,7 +514,10 @@ def _megatron_hint(data: bytes) -> str:
 def load_huggingface(model: str) -> Tokenizer:
     """A `tokenizer.json` file (or a directory holding one, plus tokenizer_config.json)."""
     if (problem := missing_tokenizer_file(model, "tokenizer.json")) is not None:
-        raise DataError(f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.json)")
+        raise DataError(
+            _hub_name_line(model)
+            or f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.json)"
+        )
     path = Path(model)
     file = path / "tokenizer.json" if path.is_dir() else path
     from tokenizers import Tokenizer
@@ -527,7 +540,10 @@ def _not_an_encoding(name: str, known: str) -> str:
     """Why `name` is no tiktoken encoding: a directory there is neither an encoding nor Megatron's
     vocabulary file (which is_vocabulary_file sends to its own reader)."""
     if look_up(name).kind in ("missing", "unreachable"):
-        return f"unknown tiktoken encoding {name!r} for --tokenizer-model (known: {known})"
+        hub = hub_name_advice(name)
+        return f"unknown tiktoken encoding {name!r} for --tokenizer-model (known: {known})" + (
+            f"; {hub}" if hub else ""
+        )
     return (
         f"tokenizer model {name} is a directory; TikTokenizer takes Megatron's tiktoken vocabulary file "
         f"(path/to/tokenizer.json) or a tiktoken encoding name ({known})"

@@ -19,6 +19,7 @@ from gptrain.launch.compose import closest
 from gptrain.launch.sbatch import Job
 from gptrain.utils.hostlist import expand_hostlist
 from gptrain.utils.paths import look_up
+from gptrain.utils.tokenizer_types import hub_name_advice
 
 if TYPE_CHECKING:
     from gptrain.config import TrainingConfig
@@ -346,6 +347,8 @@ def check_tokenizer_files(
                 found.append(key)
             elif str(value) in urls:
                 to_fetch.append(f"{key} from {urls[str(value)]}")
+            elif key == "model" and (advice := hub_name_advice(value)) is not None:
+                raise LaunchError(f"{where}.{key}: {value} is not a local file or directory; {advice}")
             else:
                 raise LaunchError(f"{where}.{key}: {value} not found")
     if "model" in found:

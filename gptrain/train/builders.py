@@ -112,6 +112,7 @@ def check_tokenizer_files(cfg: TrainingConfig) -> None:
     """A missing tokenizer file, or a directory given for one, named by its config key (the
     tokenizer module names data-CLI flags)."""
     from gptrain.data.tokenizers import canonical_type, missing_tokenizer_file
+    from gptrain.utils.tokenizer_types import hub_name_advice
 
     tok = cfg.model.tokenizer
     in_directory = "tokenizer.json" if canonical_type(tok.type) == "huggingface" else None
@@ -120,11 +121,30 @@ def check_tokenizer_files(cfg: TrainingConfig) -> None:
         found = (
             missing_tokenizer_file(value, in_directory if key == "model" else None) if value else "not set"
         )
+        if found is not None and key == "model" and (advice := hub_name_advice(value, _pass_as(tok))):
+            raise ConfigError(f"{_model_key(tok)}: {value} is not a local file or directory; {advice}")
         if found is not None:
             raise ConfigError(
                 f"model.tokenizer.{key}: {found} (model.tokenizer.type={tok.type}); point it at the file,"
                 " or for mock data without tokenizer files set model.data.mock_vocab_size"
             )
+
+
+def _pass_as(tok: Any) -> str:
+    """How a downloaded tokenizer directory is then given: SentencePiece types read its file."""
+    from gptrain.data.tokenizers import SENTENCEPIECE_KINDS, canonical_type
+
+    if canonical_type(tok.type) in SENTENCEPIECE_KINDS:
+        return "pass DIR/tokenizer.model"
+    return "pass the local directory DIR"
+
+
+def _model_key(tok: Any) -> str:
+    """The key the user gave the tokenizer's path in: library huggingface reads it from `type`, as
+    NeMo's AutoTokenizer(type) does (validation moved it to `model`)."""
+    if str(tok.library).lower() == "huggingface":
+        return "model.tokenizer.type (library huggingface's tokenizer path)"
+    return "model.tokenizer.model"
 
 
 def is_mock_data(cfg: TrainingConfig) -> bool:

@@ -69,3 +69,22 @@ def tiktoken_settings_given(
     given = (pattern, vocab_size, count, special_tokens is not None)
     names = (TIKTOKEN_PATTERN_KEY, TIKTOKEN_SIZE_KEY, TIKTOKEN_COUNT_KEY, TIKTOKEN_SPECIALS_KEY)
     return [name for name, value in zip(names, given, strict=True) if value]
+
+
+# a Hugging Face hub repository id: `gpt2-medium` or `owner/name` (letters, digits, `-`, `_`, `.`)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+_TOKENIZER_FILE_SUFFIXES = (".json", ".model", ".txt", ".tiktoken", ".bpe", ".vocab")
+
+
+def hub_name_advice(value: object, pass_as: str = "pass the local directory DIR") -> str | None:
+    """What to do when a tokenizer's path is missing and reads as a Hugging Face hub name
+    (`gpt2-medium`, `meta-llama/Llama-2-7b-hf`), which NeMo's AutoTokenizer downloads: gptrain
+    never downloads, so the user needs the local copy; None for anything else (a missing file's
+    own message says enough)."""
+    text = str(value)
+    if not _HUB_ID.fullmatch(text) or text.endswith(_TOKENIZER_FILE_SUFFIXES) or os.path.exists(text):
+        return None
+    return (
+        f"gptrain does not download tokenizers from the Hugging Face hub: if {text!r} is a hub name, "
+        f"download it (huggingface-cli download {text} --local-dir DIR) and {pass_as}"
+    )

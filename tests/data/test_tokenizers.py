@@ -362,3 +362,30 @@ def test_tiktoken_given_a_file_that_is_no_megatron_vocabulary_says_what_it_reads
     }[given]
     assert capsys.readouterr().err == f"gptrain: error: {said}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "vocab"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "gpt2-medium"],
+         "--tokenizer-model gpt2-medium is not a local file or directory; "),
+        (["--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", "meta-llama/Llama-2-7b-hf"],
+         "--tokenizer-model meta-llama/Llama-2-7b-hf is not a local file or directory; "),
+        (["--tokenizer-model", "meta-llama/Llama-2-7b-hf"],
+         "--tokenizer-model meta-llama/Llama-2-7b-hf: no such file or directory; "),
+        (["--tokenizer-model", "gpt2-medium"], "unknown tiktoken encoding 'gpt2-medium' for --tokenizer-model"),
+    ],
+)  # fmt: skip
+def test_a_hub_name_given_to_prepare_says_gptrain_does_not_download(
+    tmp_path, capsys, monkeypatch, flags, said
+):
+    """A hub name (which NeMo's and Megatron's AutoTokenizer download) was only "not found"."""
+    from gptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"text": "hello"}\n')
+    assert main(["data", "prepare", "--input", "in.jsonl", "--output-prefix", "out", *flags]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"gptrain: error: {said}")
+    assert "gptrain does not download tokenizers from the Hugging Face hub" in err
+    assert f"huggingface-cli download {flags[-1]} --local-dir DIR" in err

@@ -186,3 +186,15 @@ def test_a_prefix_yaml_renamed_as_a_number_says_to_quote_it_before_the_queue(tmp
         "; YAML read this prefix as the number 202401 (an unquoted 007 is 7, 0x10 is 16, 2024_01 is 202401, "
         '1e3 is 1000.0): quote the name as the file has it, e.g. data_prefix: "007"'
     )
+
+
+def test_a_hub_name_as_the_tokenizer_says_gptrain_does_not_download(tmp_path, monkeypatch):
+    """`model: meta-llama/Llama-2-7b-hf` (a hub name NeMo's AutoTokenizer downloads) was "not found"."""
+    monkeypatch.chdir(tmp_path)
+    tokenizer = {"type": "HuggingFaceTokenizer", "model": "meta-llama/Llama-2-7b-hf"}
+    with pytest.raises(LaunchError) as error:
+        check_tokenizer_files(tokenizer, "training.model.tokenizer")
+    assert str(error.value).startswith(
+        "training.model.tokenizer.model: meta-llama/Llama-2-7b-hf is not a local file or directory; "
+        "gptrain does not download tokenizers from the Hugging Face hub"
+    )

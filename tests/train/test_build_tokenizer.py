@@ -88,3 +88,48 @@ def test_a_tokenizer_without_an_end_token_trains_unless_eod_mask_loss_needs_one(
         DataError, match=r"^model.data.eod_mask_loss needs an end-of-document token: .+tokenizer"
     ):
         _build_datasets(masked, tokenizer.vocab_size, tokenizer)
+
+
+HUB = "gptrain does not download tokenizers from the Hugging Face hub: if '{n}' is a hub name, download it (huggingface-cli download {n} --local-dir DIR) and {how}"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "how"),
+    [
+        (["model.tokenizer.library=huggingface", "model.tokenizer.type={n}"],
+         "model.tokenizer.type (library huggingface's tokenizer path)", "pass the local directory DIR"),
+        (["model.tokenizer.type=HuggingFaceTokenizer", "model.tokenizer.model={n}"],
+         "model.tokenizer.model", "pass the local directory DIR"),
+        (["model.tokenizer.type=Llama2Tokenizer", "model.tokenizer.model={n}"],
+         "model.tokenizer.model", "pass DIR/tokenizer.model"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("name", ["gpt2-medium", "meta-llama/Llama-2-7b-hf"])
+def test_a_hub_name_says_gptrain_does_not_download(tmp_path, monkeypatch, overrides, key, how, name):
+    """NeMo's AutoTokenizer downloads a hub name; gptrain said only "gpt2-medium not found ... point
+    it at the file" (under model.tokenizer.model, a key the user of library huggingface never set)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        build_tokenizer(training(*(o.format(n=name) for o in overrides)))
+    hub = HUB.format(n=name, how=how)
+    assert str(error.value) == f"{key}: {name} is not a local file or directory; {hub}"
+
+
+def test_a_hub_name_as_a_megatron_type_says_gptrain_does_not_download():
+    """library megatron hands an unknown type to AutoTokenizer in NeMo (a download)."""
+    with pytest.raises(ConfigError) as error:
+        training("model.tokenizer.type=gpt2-medium")
+    how = "pass model.tokenizer.library=huggingface model.tokenizer.type=DIR"
+    assert str(error.value).startswith("model.tokenizer.type: 'gpt2-medium' is not one of GPT2BPETokenizer, ")
+    assert str(error.value).endswith(f"; {HUB.format(n='gpt2-medium', how=how)}")
+
+
+@pytest.mark.parametrize(
+    "spelling", ["GPT2BPETokenizer", "gpt2", "gpt2-bpe", "HuggingFaceTokenizer", "llama2"]
+)
+def test_the_built_in_type_names_stay_types(spelling):
+    from gptrain.utils.tokenizer_types import megatron_tokenizer_type
+
+    assert training(f"model.tokenizer.type={spelling}").model.tokenizer.type == megatron_tokenizer_type(
+        spelling
+    )
