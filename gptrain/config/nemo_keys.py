@@ -49,8 +49,8 @@ _RESUME_CHECKS = (
 )
 _FILES = "NeMo's copies of files into the log directory (gptrain records the composed config in hparams.yaml)"
 _FAST_TOKENIZER = (
-    "Hugging Face AutoTokenizer options (gptrain reads tokenizer.json with the tokenizers library: the "
-    "fast tokenizer, and no code of the tokenizer's repository)"
+    "Hugging Face AutoTokenizer's remote code (gptrain reads tokenizer.json with the tokenizers library, "
+    "and no code of the tokenizer's repository)"
 )
 _EARLY_STOP = "NeMo's early stopping on a monitored metric (gptrain trains to trainer.max_steps or max_time)"
 
@@ -238,7 +238,7 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "exp_manager.resume_past_end",
     ),
     _FILES: ("exp_manager.files_to_copy",),
-    _FAST_TOKENIZER: ("model.tokenizer.use_fast", "model.tokenizer.trust_remote_code"),
+    _FAST_TOKENIZER: ("model.tokenizer.trust_remote_code",),
 }
 
 # Whole sub-trees that gptrain ignores; the sub-tree's own name is ignored too.

@@ -255,6 +255,11 @@ class TokenizerConfig:
     """GPT-2 BPE vocab.json."""
     merge_file: str | None = None
     """GPT-2 BPE merges.txt."""
+    use_fast: bool | None = None
+    """NeMo's AutoTokenizer switch. gptrain encodes with the fast tokenizer; false is taken where
+    transformers' slow one gives the same ids (GPT2BPETokenizer; a tokenizer.json whose
+    tokenizer_config.json names GPT2Tokenizer or PreTrainedTokenizerFast) and refused elsewhere for
+    HuggingFaceTokenizer (a slow LlamaTokenizer encodes otherwise); other types do not read it."""
     vocab_size: int | None = None
     """TikTokenizer with a vocabulary file (Megatron's --vocab-size): the ids, special tokens first,
     then the file's first ranks; null is 131072 (2**17), Megatron's default."""

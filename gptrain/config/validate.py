@@ -152,7 +152,7 @@ def normalize(cfg: TrainingConfig) -> list[str]:
         params.dirpath = os.path.abspath(os.path.expanduser(params.dirpath))
         _dirpath_apart_from_log_dir(params.dirpath, cfg.exp_manager.explicit_log_dir)
     _max_time_per_run(cfg)
-    notes = _save_interval(cfg)
+    notes = _save_interval(cfg) + _use_fast_notes(cfg.model.tokenizer)
     return notes + _sequence_parallel_needs_tp(cfg.model) + _block_recompute_past_the_chunk(cfg.model)
 
 
@@ -254,6 +254,22 @@ def _tokenizer_type(tokenizer: Any) -> None:
             "e.g. GPT2BPETokenizer (null is for library sentencepiece, as NeMo writes it)"
         )
     tokenizer.type = kind
+
+
+def _use_fast_notes(tokenizer: Any) -> list[str]:
+    """`use_fast: false` (NeMo hands it to transformers' AutoTokenizer) where the slow tokenizer gives
+    the fast one's ids, or is not read; HuggingFaceTokenizer's is checked against the tokenizer's
+    class when it is built (gptrain.train.builders), which needs its files."""
+    if tokenizer.use_fast is None or tokenizer.use_fast or tokenizer.type == "HuggingFaceTokenizer":
+        return []
+    if tokenizer.type == "GPT2BPETokenizer":
+        return [
+            "model.tokenizer.use_fast: false: transformers' slow GPT2Tokenizer gives the same ids as the fast "
+            "one gptrain encodes with (the same byte-level BPE, split and <|endoftext|>)"
+        ]
+    return [
+        f"model.tokenizer.use_fast: false: {tokenizer.type} does not read it (Hugging Face tokenizers only)"
+    ]
 
 
 def _refuse_hub_name(kind: str) -> None:

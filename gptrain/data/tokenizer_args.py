@@ -162,7 +162,7 @@ def megatron_tokenizer_notes(args: argparse.Namespace, kind: str) -> list[str]:
         given["--tokenizer-special-tokens"] = "Megatron's legacy tokenizers read it for TikTokenizer only"
     for flag in ("--tokenizer-hf-no-use-fast", "--tokenizer-hf-no-include-special-tokens"):
         if _given(args, flag):
-            given[flag] = _hf_switch_effect(flag, kind, args.legacy_tokenizer)
+            given[flag] = _hf_switch_effect(flag, kind, args.legacy_tokenizer, args.tokenizer_model)
     if args.trust_remote_code:
         given["--trust-remote-code"] = _remote_code_effect(args, kind)
     if args.vocab_extra_ids is not None:
@@ -225,7 +225,7 @@ def _given(args: argparse.Namespace, flag: str) -> bool:
     return bool(getattr(args, flag.lstrip("-").replace("-", "_")))
 
 
-def _hf_switch_effect(flag: str, kind: str, legacy: bool) -> str:
+def _hf_switch_effect(flag: str, kind: str, legacy: bool, model: str | None) -> str:
     """Why --tokenizer-hf-no-use-fast / --tokenizer-hf-no-include-special-tokens change nothing, or
     a ConfigError where Megatron then encodes otherwise than gptrain."""
     if legacy:
@@ -233,15 +233,27 @@ def _hf_switch_effect(flag: str, kind: str, legacy: bool) -> str:
     if kind not in ("gpt2", "huggingface"):
         return "Megatron reads it for HuggingFaceTokenizer and GPT2BPETokenizer only"
     if flag == "--tokenizer-hf-no-use-fast":
-        raise ConfigError(
-            f"{flag}: Megatron then encodes with transformers' slow Python tokenizer, whose ids gptrain "
-            "does not reproduce (it encodes as the fast one, Megatron's default); drop the flag"
-        )
+        return _slow_tokenizer_effect(flag, kind, model)
     if kind == "gpt2":
         return "GPT-2's tokenizer adds no special token to a text"
     raise ConfigError(
         f"{flag}: Megatron then adds none of the tokenizer's special tokens (a bos) to a text; gptrain adds "
         "them as transformers does, Megatron's default: drop the flag"
+    )
+
+
+def _slow_tokenizer_effect(flag: str, kind: str, model: str | None) -> str:
+    """Megatron then encodes with transformers' slow class: the same ids for GPT-2 (and a tokenizer
+    with no slow class); a ConfigError for another, whose ids may differ from its tokenizer.json's."""
+    from gptrain.data.tokenizers import slow_class_that_differs
+
+    if kind == "gpt2":
+        return "transformers' slow GPT2Tokenizer gives the same ids as the fast one gptrain encodes with"
+    if (slow := slow_class_that_differs(model or "")) is None:
+        return "transformers' slow tokenizer of this tokenizer.json gives the same ids as the fast one"
+    raise ConfigError(
+        f"{flag}: Megatron then encodes with transformers' slow {slow}, whose ids may differ from those of "
+        "the tokenizer.json gptrain encodes with (as the fast one, Megatron's default); drop the flag"
     )
 
 

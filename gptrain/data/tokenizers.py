@@ -503,6 +503,28 @@ def _eos_from_config(directory: Path) -> str | None:
     return eos.get("content") if isinstance(eos, dict) else eos
 
 
+SAME_IDS_SLOW_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizer")
+"""transformers' slow tokenizer classes that encode as the tokenizer.json gptrain reads: GPT-2's
+(the same byte-level BPE, split and <|endoftext|>: checked against transformers 4.46 on GPT-2's
+vocabulary), and PreTrainedTokenizerFast's, which has no slow class (AutoTokenizer loads it fast)."""
+
+
+def slow_class_that_differs(model: str) -> str | None:
+    """The slow class transformers 4's AutoTokenizer(use_fast=False) builds for the tokenizer at
+    `model` (its tokenizer_config.json's tokenizer_class, less "Fast"), when its ids may differ from
+    tokenizer.json's; None when they are the same (transformers 5 ignores use_fast)."""
+    path = Path(model)
+    config = (path if path.is_dir() else path.parent) / "tokenizer_config.json"
+    try:
+        name = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if not isinstance(name, str) or not name:
+        return f"the model type's slow tokenizer ({config} names no tokenizer_class)"
+    slow = name.removesuffix("Fast")
+    return None if slow in SAME_IDS_SLOW_CLASSES else slow
+
+
 def _megatron_hint(data: bytes) -> str:
     """What a JSON list given as a tokenizer.json is: Megatron's tiktoken vocabulary, which the
     type (implied HuggingFaceTokenizer where --tokenizer-type is absent) must name."""

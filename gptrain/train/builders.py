@@ -73,6 +73,7 @@ def build_tokenizer(cfg: TrainingConfig) -> Any | None:
     from gptrain.data.tokenizers import build_tokenizer as build
 
     check_tokenizer_files(cfg)
+    check_use_fast(tok)
     return build(
         tok.type,
         vocab_file=tok.vocab_file,
@@ -80,6 +81,21 @@ def build_tokenizer(cfg: TrainingConfig) -> Any | None:
         model=tok.model,
         tiktoken=tiktoken_options(tok),
     )
+
+
+def check_use_fast(tok: Any) -> None:
+    """`use_fast: false` asks NeMo's AutoTokenizer for transformers' slow class: refused where its
+    ids may differ from the tokenizer.json gptrain encodes with (config validation took the rest)."""
+    from gptrain.data.tokenizers import slow_class_that_differs
+
+    if tok.use_fast is not False or tok.type != "HuggingFaceTokenizer":
+        return
+    if (slow := slow_class_that_differs(tok.model)) is not None:
+        raise ConfigError(
+            f"model.tokenizer.use_fast: false asks for transformers' slow {slow} (as NeMo builds it on "
+            f"transformers 4; 5 ignores use_fast), whose ids may differ from those of {tok.model}'s "
+            "tokenizer.json that gptrain encodes with: set model.tokenizer.use_fast=true for those ids"
+        )
 
 
 def tiktoken_options(tok: Any) -> Any:

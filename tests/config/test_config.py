@@ -1116,14 +1116,25 @@ def test_a_save_last_that_is_no_switch_nor_link_is_refused():
 
 def test_the_tokenizer_block_of_the_launchers_llama3_and_mistral_files_loads():
     """`library: huggingface`, `type: <its path>`, `use_fast: true` (the launcher's llama3 and mistral
-    files): use_fast was an unknown key; gptrain reads tokenizer.json with the fast tokenizer."""
+    files): use_fast was an unknown key; gptrain reads tokenizer.json with the fast tokenizer, as asked."""
     given = [f"{TOK}.library=huggingface", f"{TOK}.type=/tok/Meta-Llama-3-8B", f"{TOK}.use_fast=true"]
     cfg = load_training_config("gpt3/126m", given, report_ignored=False)
     assert (cfg.model.tokenizer.type, cfg.model.tokenizer.model) == (
         "HuggingFaceTokenizer",
         "/tok/Meta-Llama-3-8B",
     )
-    assert f"{TOK}.use_fast" in cfg.ignored_keys
+    assert cfg.model.tokenizer.use_fast is True and f"{TOK}.use_fast" not in cfg.ignored_keys
+
+
+def test_use_fast_false_with_gpt2_bpe_says_the_slow_tokenizer_gives_the_same_ids(capsys):
+    """`use_fast: false` was listed among ignored keys as "the fast tokenizer": read as fast with no
+    word on whether the ids are NeMo's (its slow GPT2Tokenizer's, which are the fast one's)."""
+    cfg = load_training_config("gpt3/126m", [f"{TOK}.use_fast=false"])
+    assert cfg.model.tokenizer.use_fast is False and f"{TOK}.use_fast" not in cfg.ignored_keys
+    assert (
+        "gptrain: note: model.tokenizer.use_fast: false: transformers' slow GPT2Tokenizer gives the same ids "
+        "as the fast one gptrain encodes with (the same byte-level BPE, split and <|endoftext|>)\n"
+    ) in capsys.readouterr().err
 
 
 def test_trust_remote_code_is_refused_where_it_asks_for_code():

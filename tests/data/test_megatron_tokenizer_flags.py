@@ -50,6 +50,7 @@ def test_legacy_tokenizer_keeps_a_literal_endoftext_as_text_as_megatrons_legacy_
         ["--vocab-extra-ids", "0"],
         ["--vocab-extra-ids", "100"],  # read for BERT and T5's tokenizers only
         ["--legacy-tokenizer", "--tokenizer-hf-no-use-fast"],  # the legacy system never reads it
+        ["--tokenizer-hf-no-use-fast"],  # transformers' slow GPT2Tokenizer: the same ids
     ],
 )
 def test_tokenizer_flags_that_change_nothing_for_gpt2_are_accepted_and_said(
@@ -71,11 +72,6 @@ def test_tokenizer_flags_that_change_nothing_for_gpt2_are_accepted_and_said(
             "--tokenizer-metadata meta.json: Megatron's tokenizer metadata file chooses the tokenizer's library "
             "and class, which gptrain does not read; drop it and give the --tokenizer-type (and "
             "--tokenizer-model) it names",
-        ),
-        (
-            ["--tokenizer-hf-no-use-fast"],
-            "--tokenizer-hf-no-use-fast: Megatron then encodes with transformers' slow Python tokenizer, "
-            "whose ids gptrain does not reproduce (it encodes as the fast one, Megatron's default); drop the flag",
         ),
         (
             ["--vocab-extra-ids", "-1"],
@@ -288,3 +284,58 @@ def test_the_whitespace_switch_without_a_model_is_the_missing_models_line(
     ]
     assert main([*argv, *flags]) == 2
     assert capsys.readouterr().err.strip().startswith(f"gptrain: error: {message}")
+
+
+def _tokenizer_dir(directory: Path, tokenizer_class: str) -> Path:
+    """A tiny GPT-2 BPE tokenizer.json (vocab and merges written here) with a tokenizer_config.json
+    naming `tokenizer_class`."""
+    from gptrain.data.tokenizers import bytes_to_unicode, gpt2_tokenizer_json
+
+    alphabet = list(bytes_to_unicode().values())
+    vocab = {char: i for i, char in enumerate(alphabet)} | {"he": 256, "ll": 257, "hell": 258}
+    vocab["<|endoftext|>"] = len(vocab)
+    directory.mkdir()
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "merges.txt").write_text("#version: 0.2\nh e\nl l\nhe ll\n")
+    files = (str(directory / "vocab.json"), str(directory / "merges.txt"))
+    (directory / "tokenizer.json").write_text(gpt2_tokenizer_json(*files))
+    config = {"tokenizer_class": tokenizer_class, "eos_token": "<|endoftext|>"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize(
+    "tokenizer_class", ["GPT2TokenizerFast", "PreTrainedTokenizerFast", "LlamaTokenizerFast"]
+)
+def test_no_use_fast_on_a_tokenizer_json_follows_its_slow_class(
+    tmp_path: Path, tokenizer_class: str, capsys
+) -> None:
+    """--tokenizer-hf-no-use-fast was refused for every tokenizer; transformers' slow GPT2Tokenizer
+    (and PreTrainedTokenizerFast, which has no slow class) give the fast ids, a slow LlamaTokenizer not."""
+    directory = _tokenizer_dir(tmp_path / "tok", tokenizer_class)
+    (tmp_path / "in.jsonl").write_text('{"text": "hello"}\n')
+    argv = [
+        "data",
+        "prepare",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output-prefix",
+        str(tmp_path / "out"),
+    ]
+    argv += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(directory)]
+    code = main([*argv, "--workers", "1", "--tokenizer-hf-no-use-fast"])
+    err = capsys.readouterr().err
+    if tokenizer_class == "LlamaTokenizerFast":
+        assert code == 2
+        assert (
+            err.strip()
+            .splitlines()[-1]
+            .endswith(
+                "--tokenizer-hf-no-use-fast: Megatron then encodes with transformers' slow LlamaTokenizer, whose ids "
+                "may differ from those of the tokenizer.json gptrain encodes with (as the fast one, Megatron's "
+                "default); drop the flag"
+            )
+        )
+    else:
+        assert code == 0
+        assert "note: --tokenizer-hf-no-use-fast: accepted, no effect: transformers' slow tokenizer" in err

@@ -133,3 +133,46 @@ def test_the_built_in_type_names_stay_types(spelling):
     assert training(f"model.tokenizer.type={spelling}").model.tokenizer.type == megatron_tokenizer_type(
         spelling
     )
+
+
+@pytest.mark.parametrize(
+    ("tokenizer_class", "refused"),
+    [("GPT2Tokenizer", None), ("PreTrainedTokenizerFast", None), ("LlamaTokenizerFast", "LlamaTokenizer"),
+     (None, "the model type's slow tokenizer ({d}/tokenizer_config.json names no tokenizer_class)")],
+)  # fmt: skip
+def test_use_fast_false_on_a_tokenizer_json_follows_its_slow_class(tmp_path, tokenizer_class, refused):
+    """`use_fast: false` was an ignored key: a Llama tokenizer trained on tokenizer.json's ids where
+    NeMo (transformers 4) encoded with the slow LlamaTokenizer; GPT-2's slow class gives the same ids."""
+    import json
+
+    from gptrain.data.tokenizers import bytes_to_unicode, gpt2_tokenizer_json
+
+    vocab = {char: i for i, char in enumerate(bytes_to_unicode().values())} | {
+        "he": 256,
+        "<|endoftext|>": 257,
+    }
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\nh e\n")
+    (tmp_path / "tokenizer.json").write_text(
+        gpt2_tokenizer_json(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    )
+    config = {"eos_token": "<|endoftext|>"} | (
+        {"tokenizer_class": tokenizer_class} if tokenizer_class else {}
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    hf = [
+        "model.tokenizer.library=huggingface",
+        f"model.tokenizer.type={tmp_path}",
+        "model.tokenizer.use_fast=false",
+    ]
+    if refused is None:
+        assert build_tokenizer(training(*hf)).encode("hehe") == [256, 256]
+        return
+    with pytest.raises(ConfigError) as error:
+        build_tokenizer(training(*hf))
+    assert str(error.value) == (
+        f"model.tokenizer.use_fast: false asks for transformers' slow {refused.format(d=tmp_path)} (as NeMo builds "
+        f"it on transformers 4; 5 ignores use_fast), whose ids may differ from those of {tmp_path}'s "
+        "tokenizer.json that gptrain encodes with: set model.tokenizer.use_fast=true for those ids"
+    )
+    assert build_tokenizer(training(*hf[:2], "model.tokenizer.use_fast=true")).encode("hehe") == [256, 256]
