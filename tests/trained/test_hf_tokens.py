@@ -242,14 +242,20 @@ def test_gpt2_bpe_run_exports_its_end_of_document_as_bos_and_eos(tmp_path) -> No
     assert (config["vocab_size"], config["bos_token_id"], config["eos_token_id"]) == (50257, 50256, 50256)
 
 
-def tiktoken_run(tmp_path: Path, monkeypatch) -> Path:
-    """A run trained with TikTokenizer r50k_base (offline: GPT-2's own files stand in for it)."""
+def tiktoken_run(tmp_path: Path, monkeypatch, pattern: str | None = None) -> Path:
+    """A run trained with TikTokenizer r50k_base (offline: GPT-2's own files stand in for it);
+    `pattern`: another split than GPT-2's (as cl100k_base has)."""
     import tiktoken
     from hf_helpers import gpt2_files
 
     from gptrain.data.tokenizers import load_gpt2_bpe
 
     encoding = load_gpt2_bpe(*gpt2_files(), backend="tiktoken").encoding
+    if pattern is not None:
+        encoding = tiktoken.Encoding(
+            name="other", pat_str=pattern, mergeable_ranks=encoding._mergeable_ranks,
+            special_tokens=encoding._special_tokens,
+        )  # fmt: skip
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: encoding)
     monkeypatch.setattr(tiktoken, "list_encoding_names", lambda: ["r50k_base"])
     tok = ["model.tokenizer.type=TikTokenizer", "model.tokenizer.model=r50k_base"]
@@ -259,10 +265,30 @@ def tiktoken_run(tmp_path: Path, monkeypatch) -> Path:
     return run
 
 
+def test_a_tiktoken_run_with_gpt2s_split_exports_gpt2s_vocab_and_merges(tmp_path, monkeypatch) -> None:
+    """A run on tiktoken's r50k_base (gpt2) was refused ("export writes no transformers tokenizer");
+    its ranks are GPT-2's vocab.json + merges.txt, rebuilt exactly, and AutoTokenizer gives its ids."""
+    from hf_helpers import gpt2_files
+    from transformers import AutoTokenizer
+
+    from gptrain.data.tokenizers import load_tiktoken
+
+    run = tiktoken_run(tmp_path, monkeypatch)
+    assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")]) == 0
+    out = tmp_path / "out"
+    vocab, merges = gpt2_files()
+    assert json.loads((out / "vocab.json").read_text()) == json.loads(Path(vocab).read_text())
+    assert (out / "merges.txt").read_text().split("\n")[1:] == Path(merges).read_text().split("\n")[1:]
+    theirs = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    text = "Hello world<|endoftext|>  It's 3.14 naïve 日本語 🙂\n\n\tend  "
+    assert list(theirs.encode(text)) == load_tiktoken("r50k_base").encode(text)
+
+
 def test_tiktoken_run_is_refused_before_writing_or_exported_without_tokenizer(
     tmp_path, monkeypatch, capsys
 ) -> None:
-    run = tiktoken_run(tmp_path, monkeypatch)
+    """An encoding with another split than GPT-2's (cl100k_base's) has no vocab.json + merges.txt."""
+    run = tiktoken_run(tmp_path, monkeypatch, pattern=r"\S+|\s+")
     with pytest.raises(ConfigError, match=r"model.tokenizer.type=TikTokenizer .*--no-verify"):
         run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()

@@ -27,6 +27,7 @@ from gptrain.trained.hf.architectures import CLASS_NAMES, choose_architecture, h
 from gptrain.trained.hf.record import run_record, special_token_ids
 from gptrain.trained.hf.storage import CheckpointTensors, ShardWriter, plan_shards
 from gptrain.trained.hf.tensors import globals_to_hf, hf_global_names, layer_to_hf
+from gptrain.trained.hf.tiktoken_bpe import gpt2_bpe_of
 from gptrain.trained.hf.tokenizer_files import (
     add_source_chat_templates,
     export_tokenizer,
@@ -137,7 +138,9 @@ def export_hf(
             _write_configs(staging, source, arch, dtype)
             # a run on mock data has no tokenizer: the preset's tokenizer paths point at nothing
             if source.tokenizer is not None:
-                export_tokenizer(source.cfg, staging, source.model_config.max_positions, source.token_ids)
+                export_tokenizer(
+                    source.cfg, staging, source.model_config.max_positions, source.token_ids, source.tokenizer
+                )
                 _add_imported_chat_templates(source, staging, stream)
             tensor_bytes = write_weights(staging, source, arch, max_shard_bytes, stream, DTYPES[dtype])
             verification = verify_export(source, staging, DTYPES[dtype]) if verify else None
@@ -210,10 +213,13 @@ def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO)
     kind = canonical_type(tok.type)
     if kind != "tiktoken" and kind not in SENTENCEPIECE_KINDS:
         return
+    if kind == "tiktoken" and gpt2_bpe_of(source.tokenizer) is not None:
+        return  # GPT-2's split: exported as GPT-2's vocab.json + merges.txt
     what = f"model.tokenizer.type={tok.type} (model.tokenizer.model={tok.model})"
     if verify:
         why = (
-            "a tiktoken encoding or Megatron's tiktoken vocabulary"
+            "a tiktoken encoding without GPT-2's split (gpt2, r50k_base and p50k_base export as GPT-2's "
+            "vocab.json + merges.txt) or Megatron's tiktoken vocabulary"
             if kind == "tiktoken"
             else "a SentencePiece model (transformers' tokenizer of it encodes other ids than sentencepiece)"
         )

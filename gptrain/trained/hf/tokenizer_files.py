@@ -1,7 +1,8 @@
 """The tokenizer files that travel with a converted model, both directions (no torch).
 
 Export: GPT-2 BPE runs ship their vocab.json + merges.txt, the same as a
-tokenizer.json, and a tokenizer_config.json naming `GPT2Tokenizer` and `<|endoftext|>`; Hugging
+tokenizer.json, and a tokenizer_config.json naming `GPT2Tokenizer` and `<|endoftext|>` (runs on a
+tiktoken encoding with GPT-2's split, gpt2 or r50k_base, ship the same files made from its ranks); Hugging
 Face tokenizer runs ship their tokenizer.json (and its tokenizer_config.json /
 special_tokens_map.json when present, else a tokenizer_config.json naming
 PreTrainedTokenizerFast and the special tokens); every tokenizer_config.json written declares the
@@ -19,6 +20,7 @@ from typing import Any
 
 from gptrain.data.tokenizers import ENDOFTEXT, canonical_type, gpt2_tokenizer_json
 from gptrain.errors import DataError
+from gptrain.trained.hf.tiktoken_bpe import write_gpt2_bpe
 
 HF_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
 # transformers' files for chat templates (save_pretrained writes them instead of the config's key)
@@ -29,9 +31,14 @@ ENCODING_KEYS = ("normalizer", "pre_tokenizer", "model", "added_tokens", "post_p
 
 
 def export_tokenizer(
-    cfg: Any, output: Path, context: int, token_ids: dict[str, int | None] | None = None
+    cfg: Any,
+    output: Path,
+    context: int,
+    token_ids: dict[str, int | None] | None = None,
+    tokenizer: Any | None = None,
 ) -> list[str]:
-    """Copy the run's tokenizer files into `output`; the names written (empty for mock data/tiktoken).
+    """Copy the run's tokenizer files into `output`; the names written (empty for mock data, and
+    for a tiktoken `tokenizer` other than GPT-2's split, which has no files transformers reads).
     `context`: the model's longest sequence, a written tokenizer_config.json's model_max_length (an
     imported model's context, not its shorter training samples). `token_ids`: the configs'
     bos/eos/pad ids, declared in a tokenizer_config.json written for a tokenizer.json that comes
@@ -41,20 +48,9 @@ def export_tokenizer(
     if kind == "gpt2" and tok.vocab_file and tok.merge_file:
         shutil.copyfile(tok.vocab_file, output / "vocab.json")
         shutil.copyfile(tok.merge_file, output / "merges.txt")
-        # tokenizer.json too: transformers' AutoTokenizer then needs no slow-to-fast conversion
-        (output / "tokenizer.json").write_text(gpt2_tokenizer_json(tok.vocab_file, tok.merge_file))
-        config = {
-            "tokenizer_class": "GPT2Tokenizer",
-            "bos_token": ENDOFTEXT,
-            "eos_token": ENDOFTEXT,
-            "unk_token": ENDOFTEXT,
-            "add_prefix_space": False,
-            "model_max_length": context,
-            **inline_chat_template(Path(tok.vocab_file).parent),
-        }
-        (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-        templates = copy_chat_templates(Path(tok.vocab_file).parent, output)
-        return ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", *templates]
+        return _gpt2_files(output, context, Path(tok.vocab_file).parent)
+    if kind == "tiktoken" and tokenizer is not None and write_gpt2_bpe(tokenizer, output):
+        return _gpt2_files(output, context, None)
     if kind == "huggingface" and tok.model:
         source = Path(tok.model)
         file = source / "tokenizer.json" if source.is_dir() else source
@@ -70,6 +66,26 @@ def export_tokenizer(
             extras.append("tokenizer_config.json")
         return ["tokenizer.json", *extras, *copy_chat_templates(file.parent, output)]
     return []
+
+
+def _gpt2_files(output: Path, context: int, source: Path | None) -> list[str]:
+    """tokenizer.json and tokenizer_config.json beside the vocab.json + merges.txt in `output`, the
+    chat templates of `source` (the run's tokenizer directory) copied; the names written."""
+    # tokenizer.json too: transformers' AutoTokenizer then needs no slow-to-fast conversion
+    vocab_file, merge_file = str(output / "vocab.json"), str(output / "merges.txt")
+    (output / "tokenizer.json").write_text(gpt2_tokenizer_json(vocab_file, merge_file))
+    config = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "bos_token": ENDOFTEXT,
+        "eos_token": ENDOFTEXT,
+        "unk_token": ENDOFTEXT,
+        "add_prefix_space": False,
+        "model_max_length": context,
+        **(inline_chat_template(source) if source else {}),
+    }
+    (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    templates = copy_chat_templates(source, output) if source else []
+    return ["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", *templates]
 
 
 def declare_context(source: Path, copy: Path, context: int) -> None:
