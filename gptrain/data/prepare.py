@@ -32,7 +32,8 @@ import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_together, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, is_pipe, iter_chunks
-from gptrain.data.tokenizers import Tokenizer, TokenizerSpec
+from gptrain.data.tokenizer_record import write_tokenizer_record
+from gptrain.data.tokenizers import Tokenizer, TokenizerSpec, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.progress import Progress, counted, format_rate
 
@@ -433,6 +434,7 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             _refuse_inputs_of_only_bad_lines(stats, config)
             stats.sequences = {key: w.num_sequences for key, w in zip(config.json_keys, writers, strict=True)}
             finalize_together(writers)  # all outputs new, or (on error) all as they were
+            _record_tokenizer(stats.outputs, config.tokenizer)
     except OSError as error:  # reading errors are DataErrors already, but for opening an input
         if error.filename is not None and str(error.filename) in {str(path) for path in paths}:
             raise DataError(f"--input {error.filename}: cannot read ({error.strerror or error})") from None
@@ -443,6 +445,14 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
         IndexedDataset(prefix).verify()
     stats.seconds = progress.elapsed
     return stats
+
+
+def _record_tokenizer(prefixes: list[str], spec: TokenizerSpec) -> None:
+    """Each dataset's tokenizer settings beside it (gptrain.data.tokenizer_record): --legacy-tokenizer
+    changes GPT-2 BPE's ids only, so it is recorded as what it did."""
+    legacy = spec.legacy and canonical_type(spec.tokenizer_type) == "gpt2"
+    for prefix in prefixes:
+        write_tokenizer_record(prefix, spec.tokenizer_type, legacy)
 
 
 def _refuse_inputs_of_only_bad_lines(stats: PrepareStats, config: PrepareConfig) -> None:

@@ -148,6 +148,8 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--no-load-rng": {"exp_manager.load_rng": False},
     "--finetune": {"exp_manager.finetune": True},
     "--async-save": {"exp_manager.checkpoint_callback_params.async_save": True},
+    # GPT-2 BPE keeps a literal <|endoftext|> as text; checked against the data's record of it
+    "--legacy-tokenizer": {"model.tokenizer.legacy": True},
 }
 
 # flag -> number of values it takes (None: one or more); these change speed, kernels or logs only.
@@ -191,7 +193,7 @@ NO_EFFECT: dict[str, int | None] = {
     "--ddp-bucket-size": 1, "--ddp-num-buckets": 1, "--ddp-pad-buckets-for-high-nccl-busbw": 0,
     "--ddp-average-in-collective": 0,
     # Megatron's shared tokenizer flags (data prepare reads them for the ids; see NO_EFFECT_WHY)
-    "--legacy-tokenizer": 0, "--tokenizer-hf-use-fast": 0, "--tokenizer-hf-no-use-fast": 0,
+    "--tokenizer-hf-use-fast": 0, "--tokenizer-hf-no-use-fast": 0,
     "--tokenizer-hf-include-special-tokens": 0, "--tokenizer-hf-no-include-special-tokens": 0,
     "--trust-remote-code": 0, "--vocab-extra-ids": 1, "--tokenizer-sentencepiece-legacy": 0,
     "--no-tokenizer-sentencepiece-ignore-extra-whitespaces": 0,
@@ -244,8 +246,6 @@ NO_EFFECT_WHY: dict[str, str] = {
         "gptrain always writes and reads its own sharded checkpoints (torch.distributed.checkpoint), each rank "
         "its shards in parallel; it does not read Megatron's",
     ),
-    "--legacy-tokenizer": "gptrain builds each tokenizer type's vocabulary and end-of-document id as Megatron's "
-    "legacy system does; training reads the prepared data's ids",
     **dict.fromkeys(
         (
             "--tokenizer-hf-use-fast",

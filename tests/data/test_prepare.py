@@ -506,7 +506,9 @@ def test_failure_finishing_any_key_leaves_every_old_output(
     with pytest.raises(DataError, match=r"cannot write .*No space left on device"):
         prepare(PrepareConfig(**{**config.__dict__, "inputs": [str(new)]}), stream=sys.stdout)
     assert {key: outputs(tmp_path / "out" / "o", key) for key in config.json_keys} == before
-    assert len(list((tmp_path / "out").iterdir())) == 4  # no temporary files
+    assert (
+        len(list((tmp_path / "out").iterdir())) == 6
+    )  # no temporary files (each pair and its tokenizer record)
 
 
 def _die(chunk):
@@ -666,6 +668,7 @@ def test_an_id_past_the_token_dtype_is_refused(tmp_path, write_jsonl, monkeypatc
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "o_text_document.bin",
         "o_text_document.idx",
+        "o_text_document.tokenizer.json",
     ]
     assert outputs(tmp_path / "out" / "o") == before
 

@@ -1861,17 +1861,14 @@ def test_megatrons_shared_tokenizer_flags_are_accepted_or_refused_saying_why(cap
         " --tokenizer-hf-no-include-special-tokens --trust-remote-code --vocab-extra-ids 0"
     )
     t = translate(shlex.split(f"{flags} {switches}"), ENV)
-    assert t.values == translate(shlex.split(flags), ENV).values
+    # --legacy-tokenizer is model.tokenizer.legacy, checked against the data's record of it
+    assert t.values == {**translate(shlex.split(flags), ENV).values, "model.tokenizer.legacy": True}
     assert [note for note in t.notes if note.endswith(f"({TOKENIZER_READ_ONLY})")] == [
         f"{flag} ({TOKENIZER_READ_ONLY})" for flag in switches.split()[1:] if flag.startswith("--")
     ]
-    assert (
-        "--legacy-tokenizer (gptrain builds each tokenizer type's vocabulary and end-of-document id as "
-        "Megatron's legacy system does; training reads the prepared data's ids)"
-    ) in t.notes
     # Megatron passes extra ids to its legacy SentencePieceTokenizer only (and BERT's): with GPT-2's
     # or mock data it trains unchanged, as data prepare says (review G: refused with any type)
-    assert translate(shlex.split(f"{flags} --vocab-extra-ids 100"), ENV).values == t.values
+    assert translate(shlex.split(f"{flags} --legacy-tokenizer --vocab-extra-ids 100"), ENV).values == t.values
     for extra, refusal in (
         ("--vocab-extra-ids 100 --tokenizer-type SentencePieceTokenizer --tokenizer-model sp.model",
          "--vocab-extra-ids 100: Megatron's legacy SentencePieceTokenizer adds <extra_id_0> ... to its "
