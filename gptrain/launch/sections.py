@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gptrain.errors import ConfigError
+from gptrain.launch.sbatch_option_names import SBATCH_SHORT_OPTIONS, options_meant
 
 # Environment variable names bash accepts in `export NAME=value`.
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -403,12 +404,31 @@ def sbatch_option(key: object) -> str:
 
 
 def owned_option(option: str) -> str | None:
-    """The option gptrain renders or refuses that `option` is, or abbreviates (sbatch's getopt takes
-    a unique prefix: `--part` is `--partition`); None for any other."""
-    known = [*SBATCH_OWNED, *SBATCH_RESERVED, *SBATCH_REFUSED]
-    if option in known:
-        return option
-    return next((owned for owned in known if owned.startswith(option)), None)
+    """The option gptrain renders or refuses that `option` is (a full name, as options_meant reads
+    it); None for any other."""
+    return option if option in (*SBATCH_OWNED, *SBATCH_RESERVED, *SBATCH_REFUSED) else None
+
+
+def long_option(where: str, option: str) -> tuple[str, str]:
+    """The sbatch option a key renders, as sbatch reads it, and how to name it in an error. A
+    one-letter key renders `--N`, which sbatch refuses: an option gptrain renders itself is named
+    (so its own key is the advice), any other is refused naming its long form. An ambiguous prefix
+    is refused as sbatch would refuse it, when the job is submitted."""
+    if len(option) == 1:
+        meant = SBATCH_SHORT_OPTIONS.get(option)
+        if meant and owned_option(meant):
+            return meant, f"--{meant} (sbatch's -{option})"
+        short = f"-{option} is its short form of --{meant}" if meant else f"it has no -{option} either"
+        fix = f"write the long name, {meant.replace('-', '_')}" if meant else "write the long option's name"
+        raise ConfigError(f"{where}: the key renders --{option}, which sbatch does not read ({short}); {fix}")
+    meant = options_meant(option)
+    if len(meant) > 1:
+        raise ConfigError(
+            f"{where}: --{option} abbreviates several sbatch options ({', '.join('--' + m for m in meant)}),"
+            " and sbatch refuses it as ambiguous; write the full name"
+        )
+    spelt = f"--{meant[0]}" if meant[0] == option else f"--{meant[0]} (which --{option} abbreviates)"
+    return meant[0], spelt
 
 
 def reserved_reason(option: str) -> str:
@@ -426,14 +446,11 @@ def additional_parameters(key: str, value: Any) -> dict[str, Any] | None:
                 f"{where}: not an sbatch option name; give the long option without dashes"
                 " (letters, digits, _ or -, e.g. mail_type for --mail-type)"
             )
-        option = sbatch_option(name)
-        if option in options:
-            raise ConfigError(
-                f"{where}: --{option} is given twice (also as {key}.{options[option]}); keep one"
-            )
+        option, spelt = long_option(where, sbatch_option(name))
+        if option in options:  # sbatch would take the last one, silently
+            raise ConfigError(f"{where}: {spelt} is given twice (also as {key}.{options[option]}); keep one")
         options[option] = str(name)
         owned = owned_option(option)
-        spelt = f"--{owned}" if owned == option else f"--{owned} (which --{option} abbreviates)"
         if owned in SBATCH_REFUSED:
             if not keeps_the_environment(owned, item):
                 why, fix = SBATCH_REFUSED[owned]
@@ -453,7 +470,8 @@ def check_memory_options(cluster: dict[str, Any]) -> None:
     """--mem-per-cpu/--mem-per-gpu with cluster.mem's --mem: sbatch refuses the job ('mutually exclusive')."""
     extra = cluster.get("additional_parameters") or {}
     for name, item in extra.items():
-        if sbatch_option(name) in SBATCH_MEM_OPTIONS and item is not None and cluster.get("mem") is not None:
+        meant = options_meant(sbatch_option(name))  # `mem_per_c` is --mem-per-cpu to sbatch
+        if meant[0] in SBATCH_MEM_OPTIONS and item is not None and cluster.get("mem") is not None:
             raise ConfigError(
                 f"cluster.additional_parameters.{name}: sbatch refuses it together with --mem, which"
                 f" cluster.mem={cluster['mem']} renders; set cluster.mem=null to use it"

@@ -111,9 +111,7 @@ def test_options_gptrain_renders_itself_are_refused_naming_the_key_to_use(tmp_pa
     assert "\n" not in message and not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize(
-    ("key", "spelt"), [("export", "--export"), ("expo", "--export (which --expo abbreviates)")]
-)
+@pytest.mark.parametrize(("key", "spelt"), [("export", "--export")])
 def test_export_is_refused_naming_env_vars(tmp_path, monkeypatch, key, spelt):
     """--export=NONE sets SLURM_EXPORT_ENV, which the srun inside the batch script inherits: the
     ranks would lose env_vars, MASTER_ADDR/MASTER_PORT and PATH."""
@@ -166,6 +164,65 @@ def test_values_sbatch_cannot_take_are_refused_in_one_line(tmp_path, monkeypatch
         launch_files(tmp_path, monkeypatch, override)
     assert "cluster.additional_parameters" in str(error.value) and says in str(error.value)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("N", "gptrain renders --nodes (sbatch's -N) itself; use training.trainer.num_nodes instead"),
+        ("n", "gptrain renders --ntasks (sbatch's -n) itself; use training.trainer.num_nodes and"),
+        ("t", "gptrain renders --time (sbatch's -t) itself; use <stage>.run.time_limit instead"),
+        ("c", "gptrain renders --cpus-per-task (sbatch's -c) itself; use data_preparation.workers"),
+        ("w", "gptrain renders --nodelist (sbatch's -w) itself; use cluster.nodelist instead"),
+        ("L", "renders --L, which sbatch does not read (-L is its short form of --licenses); write the"
+         " long name, licenses"),
+        ("y", "renders --y, which sbatch does not read (it has no -y either); write the long option's name"),
+    ],
+)  # fmt: skip
+def test_a_one_letter_key_is_read_as_sbatchs_short_option(tmp_path, monkeypatch, key, says):
+    """`N: 2` (an srun/sbatch line's -N) rendered `--N=2`, which sbatch refuses only at submission;
+    `n`, `c` and `w` were refused as --nodes, --chdir and --wait, options they do not stand for."""
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, f"cluster.additional_parameters.{key}=2")
+    message = str(error.value)
+    assert message.startswith(f"cluster.additional_parameters.{key}: ") and says in message
+    assert "\n" not in message and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (  # sbatch takes the last of the two, silently
+            ["cluster.additional_parameters={mail_type: END, mail_t: ALL}"],
+            "mail_t: --mail-type (which --mail-t abbreviates) is given twice (also as"
+            " cluster.additional_parameters.mail_type); keep one",
+        ),
+        (  # sbatch refuses --mem-per-cpu with --mem, abbreviated or not
+            ["cluster.mem=0", "cluster.additional_parameters.mem_per_c=4G"],
+            "mem_per_c: sbatch refuses it together with --mem, which cluster.mem=0 renders",
+        ),
+        (
+            ["cluster.additional_parameters.mem_per=4G"],
+            "mem_per: --mem-per abbreviates several sbatch options (--mem-per-cpu, --mem-per-gpu), and"
+            " sbatch refuses it as ambiguous; write the full name",
+        ),
+        (  # --expo is --export or --export-file to sbatch: refused as ambiguous
+            ["cluster.additional_parameters.expo=NONE"],
+            "expo: --expo abbreviates several sbatch options (--export, --export-file)",
+        ),
+    ],
+)
+def test_an_abbreviated_key_is_read_as_the_option_sbatch_takes_it_for(tmp_path, monkeypatch, overrides, says):
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, *overrides)
+    message = str(error.value)
+    assert message.startswith("cluster.additional_parameters.") and says in message
+    assert "\n" not in message and not (tmp_path / "r").exists()
+
+
+def test_a_unique_abbreviation_of_another_option_is_rendered_as_written(tmp_path, monkeypatch):
+    [script] = launch_files(tmp_path, monkeypatch, "cluster.additional_parameters.mail_t=END")
+    assert ("--mail-t", "END") in sbatch_lines(script.read_text())
 
 
 def test_mem_per_cpu_is_rendered_when_cluster_mem_is_null(tmp_path, monkeypatch):

@@ -1,0 +1,48 @@
+"""sbatch's option names, to read a cluster.additional_parameters key the way sbatch will.
+
+sbatch parses `#SBATCH --name=value` with getopt_long: a unique prefix is the option it starts
+(`--mail-t` is --mail-type), an ambiguous one is refused when the job is submitted, and a
+one-letter key renders `--N`, which is no long option at all (-N is --nodes). Reading keys here
+lets the launcher refuse a second --mail-type or a --mem-per-c beside --mem before anything is
+written, instead of sbatch silently taking the last one or refusing the job at submission.
+"""
+
+from __future__ import annotations
+
+# sbatch's long options (its man page, Slurm 22.05 to 25.x); older ones stay, so that a prefix that
+# is ambiguous on some version is never read here as one option.
+SBATCH_LONG_OPTIONS = frozenset((
+    "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "chdir", "cluster-constraint",
+    "clusters", "comment", "constraint", "container", "container-id", "contiguous", "core-spec",
+    "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot",
+    "dependency", "distribution", "error", "exclude", "exclusive", "export", "export-file", "extra",
+    "extra-node-info", "get-user-env", "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node",
+    "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "help", "hint", "hold", "ignore-pbs",
+    "input", "job-name", "kill-on-invalid-dep", "licenses", "mail-type", "mail-user", "mcs-label", "mem",
+    "mem-bind", "mem-per-cpu", "mem-per-gpu", "mincpus", "network", "nice", "no-kill", "no-requeue",
+    "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu", "ntasks-per-node",
+    "ntasks-per-socket", "oom-kill-step", "open-mode", "output", "overcommit", "oversubscribe", "parsable",
+    "partition", "power", "prefer", "priority", "profile", "propagate", "qos", "quiet", "reboot", "requeue",
+    "reservation", "segment", "signal", "sockets-per-node", "spread-job", "switches", "test-only",
+    "thread-spec", "threads-per-core", "time", "time-min", "tmp", "tres-bind", "tres-per-task", "uid",
+    "usage", "use-min-nodes", "verbose", "version", "wait", "wait-all-nodes", "wckey", "wrap",
+))  # fmt: skip
+
+# sbatch's one-letter options and the long option each is.
+SBATCH_SHORT_OPTIONS = {
+    "A": "account", "a": "array", "B": "extra-node-info", "b": "begin", "C": "constraint",
+    "c": "cpus-per-task", "D": "chdir", "d": "dependency", "e": "error", "F": "nodefile", "G": "gpus",
+    "H": "hold", "h": "help", "i": "input", "J": "job-name", "k": "no-kill", "L": "licenses",
+    "M": "clusters", "m": "distribution", "N": "nodes", "n": "ntasks", "O": "overcommit", "o": "output",
+    "p": "partition", "Q": "quiet", "q": "qos", "S": "core-spec", "s": "oversubscribe", "t": "time",
+    "V": "version", "v": "verbose", "W": "wait", "w": "nodelist", "x": "exclude",
+}  # fmt: skip
+
+
+def options_meant(option: str) -> list[str]:
+    """The sbatch options `--option` may be, as getopt_long reads it: itself where it is a full name
+    (or one not known here: sbatch will say), else every option it is a prefix of (one: the option
+    it abbreviates; several: ambiguous, which sbatch refuses)."""
+    if option in SBATCH_LONG_OPTIONS:
+        return [option]
+    return sorted(known for known in SBATCH_LONG_OPTIONS if known.startswith(option)) or [option]
