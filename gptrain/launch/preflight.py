@@ -7,6 +7,7 @@ job waited in the queue. Both are cheap to check on the login node.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gptrain.errors import ConfigError, DataError, LaunchError
 from gptrain.launch.compose import closest
 from gptrain.launch.sbatch import Job
+from gptrain.launch.sections import slurm_time_seconds
 from gptrain.utils.hostlist import expand_hostlist
 from gptrain.utils.paths import look_up
 from gptrain.utils.tokenizer_types import hub_name_advice
@@ -37,6 +39,7 @@ class Node:
     cpus: int
     gpus: int
     state: str
+    max_time: str | None = None  # sinfo's %l, its partition's time limit: "2-00:00:00", "infinite"
 
 
 def parse_gpus(gres: str | None) -> int:
@@ -67,7 +70,7 @@ def max_array_size(timeout: float = 10.0) -> int:
 def query_nodes(timeout: float = 10.0) -> list[Node]:
     try:
         out = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N|%P|%c|%G|%T"], capture_output=True, text=True, timeout=timeout
+            ["sinfo", "-h", "-N", "-o", "%N|%P|%c|%G|%T|%l"], capture_output=True, text=True, timeout=timeout
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         raise LaunchError(
@@ -77,9 +80,11 @@ def query_nodes(timeout: float = 10.0) -> list[Node]:
         raise LaunchError(f"sinfo failed: {out.stderr.strip() or out.returncode}; is slurmctld running?")
     nodes = []
     for line in out.stdout.splitlines():
-        name, partition, cpus, gres, state = line.split("|")
+        name, partition, cpus, gres, state, *max_time = line.split("|")
         default = partition.endswith("*")
-        nodes.append(Node(name, partition.rstrip("*"), default, int(cpus), parse_gpus(gres), state.lower()))
+        node = Node(name, partition.rstrip("*"), default, int(cpus), parse_gpus(gres), state.lower())
+        node.max_time = max_time[0] if max_time else None
+        nodes.append(node)
     return nodes
 
 
@@ -154,6 +159,7 @@ def partition_fit(job: Job, cluster: dict[str, Any], nodes: list[Node], wanted: 
             f"{job.stage}: {job.nodes} node(s) requested but partition '{wanted}' has {len(usable)} usable"
             f"{narrowed}; lower training.trainer.num_nodes or pick another cluster.partition"
         )
+    check_time_limit(job, cluster, wanted, usable[0].max_time if usable else None)
     cpus = max(n.cpus for n in usable)
     needed = job.tasks_per_node * (job.cpus_per_task or 1)
     if needed > cpus:
@@ -178,6 +184,27 @@ def partition_fit(job: Job, cluster: dict[str, Any], nodes: list[Node], wanted: 
         )
     count = len(usable) if cluster.get("constraint") else len(fitting)
     return f"ok  {job.stage}: partition {wanted}, {job.nodes}/{count} nodes, {needed}/{cpus} CPUs, {gpus}/{have} GPUs per node"
+
+
+def check_time_limit(job: Job, cluster: dict[str, Any], partition: str, max_time: str | None) -> None:
+    """A run.time_limit over the partition's MaxTime (0: no limit at all, over any) leaves the job
+    PENDING for ever (PartitionTimeLimit; Slurm refuses it at submission only under EnforcePartLimits),
+    found only after the wait. A QOS may lift the limit (its PartitionTimeLimit flag): with
+    cluster.qos the check is left to Slurm."""
+    if job.time_limit in (None, "") or max_time is None or cluster.get("qos"):
+        return
+    try:
+        allowed, asked = slurm_time_seconds(max_time), slurm_time_seconds(job.time_limit)
+    except ValueError:  # a form this check does not read (sinfo's n/a): left to Slurm
+        return
+    if allowed is None or (asked is not None and math.ceil(asked / 60) * 60 <= allowed):
+        return
+    asks = "asks for no time limit, but" if asked is None else "is longer than"
+    raise LaunchError(
+        f"{job.stage}.run.time_limit={job.time_limit} {asks} partition '{partition}' allows ({max_time},"
+        " its time limit in sinfo): Slurm would leave the job pending for ever (PartitionTimeLimit); give"
+        f" at most {max_time}, or pick another cluster.partition"
+    )
 
 
 def check_blends(data_prefix: Any) -> None:

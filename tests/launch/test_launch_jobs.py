@@ -11,7 +11,7 @@ import pytest
 from gptrain.config import load_training_config
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch import cancelling, job_states, live_jobs, record_state, run_dirs, slurm_queries, status
-from gptrain.launch.preflight import Node, check_cluster, check_training_files, parse_gpus
+from gptrain.launch.preflight import Node, check_cluster, check_training_files, parse_gpus, query_nodes
 from gptrain.launch.records import append_record, read_records
 from gptrain.launch.sbatch import Job
 
@@ -1666,3 +1666,58 @@ def test_preflight_checks_the_partition_sbatch_partition_picks_where_no_key_name
         LaunchError, match=r"partition 'bgi' does not exist \(SBATCH_PARTITION in this shell\)"
     ):
         check_cluster(job, {}, cluster)
+
+
+@pytest.mark.parametrize(
+    ("time_limit", "says"),
+    [
+        ("2-00:01:00", "training.run.time_limit=2-00:01:00 is longer than partition 'debug' allows"),
+        (
+            "2880:01",
+            "training.run.time_limit=2880:01 is longer than",
+        ),  # MM:SS: Slurm rounds up to 2881 minutes
+        (0, "training.run.time_limit=0 asks for no time limit, but partition 'debug' allows"),
+        ("UNLIMITED", "training.run.time_limit=UNLIMITED asks for no time limit, but"),
+    ],
+)
+def test_a_time_limit_over_the_partitions_would_pend_for_ever_and_is_refused(time_limit, says):
+    """sbatch accepts it (EnforcePartLimits=NO, Slurm's default) and the job waits with
+    Reason=PartitionTimeLimit until an administrator raises the limit; `time_limit: 0` too."""
+    limited = [Node(f"n{i}", "debug", True, 2, 0, "idle", "2-00:00:00") for i in range(2)]
+    job = Job("training", "r", "r", None, [], nodes=2, time_limit=time_limit)
+    with pytest.raises(LaunchError) as error:
+        check_cluster(job, {}, limited)
+    assert str(error.value).startswith(says) and str(error.value).endswith(
+        "allows (2-00:00:00, its time limit in sinfo): Slurm would leave the job pending for ever"
+        " (PartitionTimeLimit); give at most 2-00:00:00, or pick another cluster.partition"
+    )
+
+
+@pytest.mark.parametrize(
+    ("time_limit", "max_time", "cluster"),
+    [
+        ("2-00:00:00", "2-00:00:00", {}),  # exactly the limit
+        ("2880:00", "2-00:00:00", {}),
+        (None, "1:00:00", {}),  # no --time: the partition's DefaultTime
+        (0, "infinite", {}),
+        ("3-00:00:00", "n/a", {}),  # a form the check does not read: left to Slurm
+        ("3-00:00:00", "2-00:00:00", {"qos": "long"}),  # a QOS may lift the partition's limit
+        ("3-00:00:00", None, {}),  # an sinfo line without the field
+    ],
+)
+def test_a_time_limit_the_partition_allows_passes(time_limit, max_time, cluster):
+    limited = [Node(f"n{i}", "debug", True, 2, 0, "idle", max_time) for i in range(2)]
+    job = Job("training", "r", "r", None, [], nodes=2, time_limit=time_limit)
+    assert check_cluster(job, cluster, limited).startswith("ok  training: partition debug, 2/2 nodes")
+
+
+def test_the_partitions_time_limit_is_read_from_sinfo(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sinfo = (
+        "#!/bin/bash\n[ \"$4\" = '%N|%P|%c|%G|%T|%l' ] || exit 3\necho 'n1|gpu*|64|gpu:8|idle|2-00:00:00'\n"
+    )
+    (bin_dir / "sinfo").write_text(sinfo)
+    (bin_dir / "sinfo").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert query_nodes() == [Node("n1", "gpu", True, 64, 8, "idle", "2-00:00:00")]
