@@ -181,7 +181,7 @@ def wandb_key_lines(key_file: object) -> list[str]:
 # The #SBATCH options whose value is the config key that sets them (sections.SBATCH_OWNED).
 VALUE_OF_THE_OWNING_KEY = (
     "job-name", "chdir", "partition", "account", "qos", "reservation", "constraint", "nodelist",
-    "time", "mem", "gres", "dependency",
+    "time", "mem", "gres", "dependency", "exclusive",
 )  # fmt: skip
 # The config keys behind each #SBATCH option whose value comes from a config, for error messages;
 # the log paths' and the excluded nodes' values come from more keys than the one that sets them.
@@ -232,8 +232,9 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
         lines.append(directive("time", job.time_limit, job.stage))
     if cluster.get("mem") is not None:
         lines.append(directive("mem", cluster["mem"], job.stage))
-    if cluster.get("exclusive"):
-        lines.append(directive("exclusive"))
+    if cluster.get("exclusive"):  # true: whole nodes; a mode (user, mcs, topo): --exclusive=<mode>
+        mode = cluster["exclusive"]
+        lines.append(directive("exclusive", None if mode is True else mode, job.stage))
     if job.cpus_per_task:
         lines.append(directive("cpus-per-task", job.cpus_per_task, job.stage))
     lines.extend(gpu_directives(job, cluster))

@@ -114,6 +114,25 @@ def boolean(key: str, value: Any) -> bool | None:
     return switch
 
 
+# sbatch's --exclusive=<mode>: nodes shared only with the user's own jobs (user), jobs of the same
+# MCS label (mcs), or within a topology segment (topo, Slurm 24.11+).
+EXCLUSIVE_MODES = ("user", "mcs", "topo")
+
+
+def exclusive(key: str, value: Any) -> bool | str | None:
+    """true/false, or one of sbatch's --exclusive modes, which submitit and the NeMo launcher pass
+    as `--exclusive=user` where the key is text."""
+    if isinstance(value, str) and value.strip().lower() in EXCLUSIVE_MODES:
+        return value.strip().lower()
+    try:
+        return boolean(key, value)
+    except ConfigError:
+        raise ConfigError(
+            f"{key}: expected true, false or an sbatch --exclusive mode ({', '.join(EXCLUSIVE_MODES)}),"
+            f" got {_type_name(value)}"
+        ) from None
+
+
 def words(key: str, value: Any) -> list[str] | None:
     """A list of strings; one string is a one-item list (`container_mounts=/data:/data`)."""
     if value is None:
@@ -503,7 +522,7 @@ CLUSTER: dict[str, Check] = {
     "gres": scalar,
     "mem": scalar,
     "job_name_prefix": scalar,
-    "exclusive": boolean,
+    "exclusive": exclusive,
     "stderr_to_stdout": boolean,
     "gpus_per_node": non_negative,
     "gpus_per_task": non_negative,

@@ -47,7 +47,7 @@ def srun_words(script: str) -> list[str]:
         ("container_mounts={a: b}", "container_mounts", "a string or a list of strings"),
         ("env_vars=5", "env_vars", "a mapping"),
         ("cluster.env_vars=[a]", "cluster.env_vars", "a mapping"),
-        ("cluster.exclusive=maybe", "cluster.exclusive", "true or false"),
+        ("cluster.exclusive=maybe", "cluster.exclusive", "true, false or an sbatch --exclusive mode (user,"),
         ("cluster=5", "no cluster config '5'", ""),
         ("cluster=2024", "no cluster config '2024'", ""),  # a group choice, though YAML reads a number
         ("training.run.time_limit=abc", "training.run.time_limit", "not a Slurm time"),
@@ -101,8 +101,19 @@ def test_a_launch_switch_takes_what_a_training_switch_takes(tmp_path):
     for value, exclusive in (("1", True), ("0", False), ("yes", True), ("no", False), ("Off", False)):
         [script] = write_run_files(build_plan(compose([*args, f"cluster.exclusive={value}"])), args)
         assert ("--exclusive" in directives(script.read_text())) is exclusive
-    with pytest.raises(ConfigError, match=r"^cluster.exclusive: expected true or false, got 0.5"):
+    with pytest.raises(
+        ConfigError, match=r"^cluster.exclusive: expected true, false or an sbatch --exclusive"
+    ):
         build_plan(compose([*args, "cluster.exclusive=0.5"]))
+
+
+@pytest.mark.parametrize(("value", "rendered"), [("user", "user"), ("MCS", "mcs"), ("topo", "topo")])
+def test_exclusive_takes_sbatchs_modes_as_submitit_does(tmp_path, value, rendered):
+    """`exclusive: user` (submitit's and the NeMo launcher's exclusive is a bool or text, rendered
+    --exclusive=user) was refused: "expected true or false"."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, f"cluster.exclusive={value}"]
+    [script] = write_run_files(build_plan(compose(args)), args)
+    assert directives(script.read_text())["--exclusive"] == rendered
 
 
 def test_a_count_from_the_environment_is_the_number_it_reads(tmp_path, monkeypatch):

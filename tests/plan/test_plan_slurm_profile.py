@@ -54,7 +54,10 @@ def test_a_profile_with_a_tab_before_a_comment_reads_as_the_plan_read_it(tmp_pat
     [
         ({"partitoin": "gpu"}, "cluster.partitoin: unknown cluster key; did you mean 'cluster.partition'?"),
         ({"srun_args": [1, 2]}, "cluster.srun_args: expected a string or a list of strings"),
-        ({"exclusive": "maybe"}, "cluster.exclusive: expected true or false, got 'maybe' (str)"),
+        (
+            {"exclusive": "maybe"},
+            "cluster.exclusive: expected true, false or an sbatch --exclusive mode (user, mcs, topo), got 'maybe' (str)",
+        ),
         ({"account": "a\nb"}, "cluster.account: the value 'a\\nb' contains a newline"),
         ({"max_requeues": -1}, "cluster.max_requeues: expected a whole number 0 or more"),
     ],
