@@ -152,6 +152,7 @@ def command_words(key: str, value: Any) -> list[str] | None:
     string reached srun as one word, which srun cannot read."""
     if not isinstance(value, str):
         args = words(key, value)
+        check_one_word_per_item(key, args or [])
     else:
         try:
             args = shlex.split(value)
@@ -202,6 +203,32 @@ def owned_short_option(word: str) -> str | None:
         if letter not in SRUN_SHORT_WITHOUT_VALUE:
             return None  # its value is the rest of the word (or it is unknown here)
     return None
+
+
+def check_one_word_per_item(key: str, args: list[str]) -> None:
+    """A list is srun's words, one per item, as the NeMo launcher's shlex.join renders it: an item
+    holding several options (`--mpi=pmix -l`) reached srun as one it cannot read, found only once the
+    job left the queue. Words that are no option stay: a list may end in a wrapper srun runs
+    (`[--mpi=pmix, nsys, profile]`), as on NeMo's srun line."""
+    for arg in args:
+        try:
+            split = shlex.split(arg)
+        except ValueError:  # an unpaired quote is part of the one word
+            split = [arg]
+        if arg.startswith("-") and any(is_srun_option(word) for word in split[1:]):
+            raise ConfigError(
+                f"{key}: the item {arg!r} reaches srun as one word (a list gives one word per item); give"
+                f" each option its own item, or all of them as one string ({key}='{arg}')"
+            )
+
+
+def is_srun_option(word: str) -> bool:
+    """Whether `word` is one of srun's options (`--label`, `--lab`, `-l`), not a value that starts
+    with a dash (`--comment=ablation -3`)."""
+    if word.startswith("--"):
+        return srun_long_option(word[2:].partition("=")[0]) in SRUN_LONG_OPTIONS
+    known = SRUN_SHORT_WITH_VALUE + SRUN_SHORT_WITHOUT_VALUE + SRUN_SHORT_OPTIONAL_VALUE
+    return len(word) > 1 and word[0] == "-" and word[1] in known
 
 
 def check_each_word_is_an_option(key: str, value: str, split: list[str]) -> None:

@@ -702,3 +702,28 @@ def test_a_word_after_an_srun_option_that_takes_no_value_is_refused(tmp_path, gi
         "x",
     ]  # no pyxis: no image
     assert words[words.index("-lJ") : words.index("bash")] == kept
+
+
+def test_a_list_item_holding_several_srun_options_is_refused(tmp_path):
+    """A list reaches srun one word per item (as NeMo's shlex.join renders it): an item holding two
+    options reached srun as one it cannot read, failing every node after the queue wait."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose([*args, "cluster.srun_args=['--mpi=pmix --label']"]))
+    assert str(error.value) == (
+        "cluster.srun_args: the item '--mpi=pmix --label' reaches srun as one word (a list gives one word"
+        " per item); give each option its own item, or all of them as one string"
+        " (cluster.srun_args='--mpi=pmix --label')"
+    )
+
+
+def test_a_list_of_options_and_their_values_is_rendered_one_word_each(tmp_path):
+    """A value that starts with a dash is no option (`--comment=c -3`), and words after the options
+    stay (a wrapper srun runs, as on NeMo's srun line)."""
+    given = "cluster.srun_args=[--mpi,pmix,-l,--comment,a -b,--comment=c -3,nsys,profile]"
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, given]
+    [path] = write_run_files(build_plan(compose(args)), args)
+    srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
+    words = shlex.split(srun.removesuffix(" &"))
+    kept = ["--mpi", "pmix", "-l", "--comment", "a -b", "--comment=c -3", "nsys", "profile"]
+    assert words[words.index("--mpi") : words.index("bash")] == kept
