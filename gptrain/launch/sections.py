@@ -236,7 +236,7 @@ def check_each_word_is_an_option(key: str, value: str, split: list[str]) -> None
     before it (`--mpi pmix`): one more would be srun's command (`--container-mounts=/lustre/My
     Data:/data` unquoted runs `Data:/data` on every node, and only after the queue wait), as would a
     word after an srun option that takes no value (`-l Data`) or has its value already (`-N2 x`)."""
-    for before, word in zip([None, *split[:-1]], split, strict=True):
+    for before, word in zip([None, *split], split, strict=False):  # each word with the one before it
         if word.startswith("-") or (before is not None and takes_the_next_word(before)):
             continue
         if before is None or not before.startswith("-") or "=" in before:
@@ -629,7 +629,8 @@ def check_one_container_image(container: Any, srun_args: list[str]) -> None:
     after the queue wait; refused here, naming both."""
     if not container:
         return  # without a container, srun_args' pyxis options are left out of the job
-    for before, arg in zip(["", *srun_args[:-1]], srun_args, strict=True):
+    for index, arg in enumerate(srun_args):  # (zip with the words before failed on an empty list)
+        before = srun_args[index - 1] if index else ""
         image = arg.removeprefix("--container-image=") if arg.startswith("--container-image=") else None
         image = arg if before == "--container-image" else image
         if image is not None and image != str(container):

@@ -336,6 +336,19 @@ def test_a_second_image_in_srun_args_is_refused_before_the_queue_wait(tmp_path, 
 
 
 @pytest.mark.parametrize(
+    "srun_args", ["cluster.srun_args=null", "cluster.srun_args=[]", "cluster.srun_args=' '"]
+)
+@pytest.mark.parametrize("container", ["/apps/gptrain.sqsh", "null"])
+def test_no_srun_args_launches_with_or_without_a_container(tmp_path, srun_args, container):
+    """`srun_args: null` (or an empty list) beside a container, and a blank srun_args string with or
+    without one, were a Python traceback (zip() argument 2 is shorter than argument 1)."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", *CPU, f"container={container}"]
+    [script] = write_run_files(build_plan(compose([*args, srun_args])), [*args, srun_args])
+    srun = next(line for line in script.read_text().splitlines() if line.startswith("srun "))
+    assert ("--container-image=/apps/gptrain.sqsh" in srun) is (container != "null")
+
+
+@pytest.mark.parametrize(
     "mount, why",
     [
         ("data:/data", "its source 'data' is not a path starting with '/' or '.' (nor tmpfs or umount)"),
