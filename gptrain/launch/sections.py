@@ -133,6 +133,14 @@ def exclusive(key: str, value: Any) -> bool | str | None:
         ) from None
 
 
+def memory(key: str, value: Any) -> Any:
+    """--mem's value; blank text is no --mem, as a blank partition or account is none (`--mem=''` is
+    refused by sbatch). 0 stays: every node's whole memory."""
+    if isinstance(value, str) and not value.strip():
+        return None
+    return scalar(key, value)
+
+
 def words(key: str, value: Any) -> list[str] | None:
     """A list of strings; one string is a one-item list (`container_mounts=/data:/data`)."""
     if value is None:
@@ -547,7 +555,7 @@ CLUSTER: dict[str, Check] = {
     "nodelist": scalar,
     "exclude": scalar,
     "gres": scalar,
-    "mem": scalar,
+    "mem": memory,
     "job_name_prefix": scalar,
     "exclusive": exclusive,
     "stderr_to_stdout": boolean,

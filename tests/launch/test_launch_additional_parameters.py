@@ -225,10 +225,13 @@ def test_a_unique_abbreviation_of_another_option_is_rendered_as_written(tmp_path
     assert ("--mail-t", "END") in sbatch_lines(script.read_text())
 
 
-def test_mem_per_cpu_is_rendered_when_cluster_mem_is_null(tmp_path, monkeypatch):
-    """sbatch refuses --mem with --mem-per-cpu; with cluster.mem=null only the latter is rendered."""
+@pytest.mark.parametrize("mem", ["null", "''", "' '"])
+def test_mem_per_cpu_is_rendered_when_cluster_mem_is_null(tmp_path, monkeypatch, mem):
+    """sbatch refuses --mem with --mem-per-cpu; with cluster.mem=null only the latter is rendered. A
+    blank cluster.mem is none too, as a blank partition is: it rendered `--mem=''`, which sbatch
+    refuses, and beside mem_per_cpu was refused as a --mem."""
     [script] = launch_files(
-        tmp_path, monkeypatch, "cluster.mem=null", "cluster.additional_parameters.mem_per_cpu=4G"
+        tmp_path, monkeypatch, f"cluster.mem={mem}", "cluster.additional_parameters.mem_per_cpu=4G"
     )
     lines = sbatch_lines(script.read_text())
     assert ("--mem-per-cpu", "4G") in lines and not any(option == "--mem" for option, _ in lines)
