@@ -22,6 +22,7 @@ from gptrain.launch.preflight import (
     check_training_layout,
     check_wandb_key_file,
     max_array_size,
+    requested_gpus_per_node,
 )
 from gptrain.launch.script_values import check_arguments
 from gptrain.launch.stages import (
@@ -123,7 +124,23 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
             f"note  training: cluster.max_requeues is {given}: a stop at the time limit checkpoints and ends "
             "the job without requeueing it; give +cluster.max_requeues=N to go on by itself"
         )
-    return notes
+    return notes + no_gpus_asked_notes(plan)
+
+
+def no_gpus_asked_notes(plan: LaunchPlan) -> list[str]:
+    """A GPU training whose job asks Slurm for no GPU (a cluster file without gres, gpus_per_node=null):
+    where Slurm constrains devices, its ranks see none and fail at start, after the queue wait."""
+    if plan.cluster_type != "slurm":
+        return []
+    jobs = [job for job in plan.jobs if job.stage == "training" and job.gpus]
+    if not jobs or requested_gpus_per_node(jobs[0], plan.cluster):
+        return []
+    return [
+        f"note  training: training.trainer.accelerator is not cpu, but the job asks Slurm for no GPU"
+        f" (cluster.gpus_per_node, cluster.gres and cluster.gpus_per_task are null or 0): where Slurm"
+        f" constrains devices its {jobs[0].tasks_per_node} ranks per node see none; give"
+        f" cluster.gpus_per_node={jobs[0].tasks_per_node} (CPU nodes: training.trainer.accelerator=cpu)"
+    ]
 
 
 def _checked(

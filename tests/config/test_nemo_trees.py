@@ -242,6 +242,32 @@ def test_a_nemo_tree_is_told_about_its_container_and_its_missing_requeues(tmp_pa
     assert launch_notes(plan, ["training"]) == []
 
 
+def test_a_gpu_training_that_asks_slurm_for_no_gpu_is_noted(tmp_path):
+    """NeMo 24.05's bcm.yaml has no gres: with gpus_per_node=null the GPU training's job asked Slurm
+    for no GPU, said nowhere, and where Slurm constrains devices its ranks saw none after the wait."""
+    from gptrain.launch.launcher import launch_notes
+
+    base = [*AZURE_TRAINING, f"launcher_scripts_path={tmp_path}", "stages=[training]", "container=null"]
+    base += ["+cluster.max_requeues=3", "training.trainer.devices=4"]
+    plan = build_plan(compose([*base, "cluster.gpus_per_node=null"], conf("24.05")))
+    assert launch_notes(plan, ["training"]) == [
+        "note  training: training.trainer.accelerator is not cpu, but the job asks Slurm for no GPU"
+        " (cluster.gpus_per_node, cluster.gres and cluster.gpus_per_task are null or 0): where Slurm"
+        " constrains devices its 4 ranks per node see none; give cluster.gpus_per_node=4 (CPU nodes:"
+        " training.trainer.accelerator=cpu)"
+    ]
+    for asked in (["cluster.gpus_per_node=4"], ["cluster.gpus_per_node=null", "cluster.gpus_per_task=1"]):
+        assert launch_notes(build_plan(compose([*base, *asked], conf("24.05"))), ["training"]) == []
+    cpu = ["cluster.gpus_per_node=null", "training.trainer.accelerator=cpu"]
+    assert launch_notes(build_plan(compose([*base, *cpu], conf("24.05"))), ["training"]) == []
+    local = ["cluster.gpus_per_node=null", "cluster_type=local", "training.trainer.num_nodes=1"]
+    assert not [
+        n
+        for n in launch_notes(build_plan(compose([*base, *local], conf("24.05"))), ["training"])
+        if "GPU" in n
+    ]
+
+
 def test_a_preset_and_a_config_file_together_are_refused(tmp_path, capsys):
     """Before, the file won and the preset was never read, without a word."""
     from gptrain.cli import main
