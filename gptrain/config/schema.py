@@ -473,6 +473,10 @@ class ModelConfig:
     """Tie the output projection to the input embedding."""
     make_vocab_size_divisible_by: int = 128
     """Pad the vocabulary to a multiple of this x tensor_model_parallel_size."""
+    padded_vocab_size: int | None = None
+    """Megatron's --padded-vocab-size: the embedding's rows, the same at any tensor_model_parallel_size
+    (a multiple of it), so a resume under another TP keeps them; null pads the vocabulary by
+    make_vocab_size_divisible_by. A tokenizer with more ids is refused at the start."""
     seed: int = 1234
     """Seed of initialisation, dropout and data shuffling."""
     native_amp_init_scale: float = 2.0**32

@@ -629,10 +629,30 @@ def _check_data(cfg: TrainingConfig) -> None:
         except ConfigError as error:
             raise ConfigError(f"model.data.splits_string: {error}") from None
     _check_tiktoken_settings(tokenizer)
+    _check_padded_vocab(cfg)
     has_tokenizer = tokenizer.model or (tokenizer.vocab_file and tokenizer.merge_file)
     if data.data_impl == "mock" and not has_tokenizer and not data.mock_vocab_size:
         raise ConfigError(
             "model.data.mock_vocab_size: set it (e.g. 50257) or give model.tokenizer files for mock data"
+        )
+
+
+def _check_padded_vocab(cfg: TrainingConfig) -> None:
+    """model.padded_vocab_size: a whole number, and no fewer rows than mock data's ids where no tokenizer
+    is read (a tokenizer's are checked where it is built; TP's split in gptrain.parallel.layout)."""
+    rows, data = cfg.model.padded_vocab_size, cfg.model.data
+    if rows is None:
+        return
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ConfigError(
+            "model.padded_vocab_size: must be a whole number of at least 1, or null to pad the vocabulary by "
+            f"model.make_vocab_size_divisible_by, got {rows}"
+        )
+    if not data.builds_tokenizer() and data.mock_vocab_size > rows:  # as gptrain.models.flops.vocab_rows
+        raise ConfigError(
+            f"model.padded_vocab_size={rows}: fewer rows than the {data.mock_vocab_size} ids of "
+            f"model.data.mock_vocab_size; give {data.mock_vocab_size} or more, or null to pad them by "
+            "model.make_vocab_size_divisible_by"
         )
 
 

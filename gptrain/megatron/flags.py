@@ -13,8 +13,7 @@ with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-l
 `--tiktoken-*` and `--tokenizer-special-tokens` with `--tokenizer-type`,
 `--data-parallel-sharding-strategy` with `--use-megatron-fsdp`, `--no-position-embedding` with the
 position embedding type, `--null-tokenizer-*-id` with NullTokenizer, `--add-qkv-bias` with
-`--disable-bias-linear`, `--padded-vocab-size` with the tensor-parallel size) are handled in
-translate.py; any `--moe-*` flag is refused as `--num-experts`.
+`--disable-bias-linear`) are handled in translate.py; any `--moe-*` flag is refused as `--num-experts`.
 """
 
 from __future__ import annotations
@@ -85,6 +84,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--rotary-percent": (("model.rotary_percentage",), float),
     "--rotary-base": (("model.rotary_base",), int),
     "--make-vocab-size-divisible-by": (("model.make_vocab_size_divisible_by",), int),
+    "--padded-vocab-size": (("model.padded_vocab_size",), int),  # Megatron since August 2025
     "--seed": (("model.seed",), int),
     "--tensor-model-parallel-size": (("model.tensor_model_parallel_size",), int),
     "--pipeline-model-parallel-size": (("model.pipeline_model_parallel_size",), int),
@@ -374,6 +374,6 @@ SPECIAL: dict[str, int | None] = {
     "--decoupled-lr": 1, "--decoupled-min-lr": 1, "--tiktoken-pattern": 1,
     "--tiktoken-num-special-tokens": 1, "--tokenizer-special-tokens": None, "--tiktoken-special-tokens": None,
     "--use-megatron-fsdp": 0, "--data-parallel-sharding-strategy": 1, "--use-torch-fsdp2": 0,
-    "--no-position-embedding": 0, "--add-qkv-bias": 0, "--loss-scale": 1, "--padded-vocab-size": 1,
+    "--no-position-embedding": 0, "--add-qkv-bias": 0, "--loss-scale": 1,
     "--null-tokenizer-eod-id": 1, "--null-tokenizer-pad-id": 1,
 }  # fmt: skip

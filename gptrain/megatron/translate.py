@@ -482,28 +482,14 @@ def _tiktoken(result: Translation) -> None:
 
 
 def _padded_vocab(result: Translation) -> None:
-    """--padded-vocab-size N (Megatron since August 2025) is the embedding's rows, padding skipped:
-    gptrain's padding to a multiple of --make-vocab-size-divisible-by N/TP x TP, which is N for any
-    vocabulary of up to N ids. Megatron splits the rows over the tensor-parallel ranks."""
-    if "--padded-vocab-size" not in result.given:
-        return
-    v, text = result.values, result.given["--padded-vocab-size"][0]
-    rows, tp = _convert("--padded-vocab-size", text, int), v.get("model.tensor_model_parallel_size", 1)
-    if rows < 1 or rows % tp:
-        raise ConfigError(
-            f"--padded-vocab-size {text}: the embedding's rows split over the {tp} tensor-parallel ranks, as in "
-            "Megatron; give a positive multiple of --tensor-model-parallel-size"
+    """--padded-vocab-size N (Megatron since August 2025) is the embedding's rows, padding skipped, at
+    any tensor-parallel size: model.padded_vocab_size, recorded as N so that a resume under another TP
+    keeps them (the config and the layout check it against the tokenizer and TP)."""
+    rows = result.values.get("model.padded_vocab_size")
+    if rows is not None:
+        result.notes.append(
+            f"--padded-vocab-size ({rows} embedding rows at any --tensor-model-parallel-size)"
         )
-    known = v.get("model.data.mock_vocab_size") or v.get("model.tokenizer.vocab_size")
-    if known and known > rows:
-        raise ConfigError(
-            f"--padded-vocab-size {text}: fewer rows than the {known} ids of --vocab-size; give {known} or more"
-        )
-    v["model.make_vocab_size_divisible_by"] = rows // tp
-    result.notes.append(
-        f"--padded-vocab-size ({rows} rows: --make-vocab-size-divisible-by {rows // tp} at TP {tp}, for a "
-        f"vocabulary of up to {rows} ids)"
-    )
 
 
 def _eod_mask_on_mock_data(result: Translation) -> None:

@@ -30,6 +30,26 @@ def pad_vocab_size(
     return math.ceil(vocab_size / multiple) * multiple
 
 
+def vocab_rows(
+    vocab_size: int,
+    make_vocab_size_divisible_by: int,
+    tensor_parallel_size: int,
+    padded_vocab_size: int | None,
+    source: str = "the tokenizer",
+) -> int:
+    """The embedding's rows for a vocabulary of `vocab_size` ids (those of `source`): model.padded_vocab_size
+    where set, as Megatron takes --padded-vocab-size whatever the TP (gptrain.parallel.layout checks that
+    TP divides it), else `pad_vocab_size`'s padding. Megatron would index past fewer rows: refused."""
+    if padded_vocab_size is None:
+        return pad_vocab_size(vocab_size, make_vocab_size_divisible_by, tensor_parallel_size)
+    if vocab_size > padded_vocab_size:
+        raise ConfigError(
+            f"model.padded_vocab_size={padded_vocab_size}: fewer rows than the {vocab_size} ids of {source}; "
+            f"give {vocab_size} or more, or null to pad them by model.make_vocab_size_divisible_by"
+        )
+    return padded_vocab_size
+
+
 def _norm_parameters(config: GPTConfig) -> int:
     # LayerNorm always carries a bias (as Megatron), RMSNorm only a weight.
     return config.hidden_size * (2 if config.normalization == "layernorm" else 1)

@@ -97,6 +97,12 @@ def _check_model_split(model: Any, dims: ParallelDims) -> None:
         ffn % tp == 0,
         f"model.ffn_hidden_size={ffn} is not divisible by model.tensor_model_parallel_size={tp}",
     )
+    rows = getattr(model, "padded_vocab_size", None)  # the embedding's rows, split over the TP ranks
+    _require(
+        rows is None or rows % tp == 0,
+        f"model.padded_vocab_size={rows} is not divisible by model.tensor_model_parallel_size={tp}; give a "
+        "multiple of it, or null to pad by model.make_vocab_size_divisible_by",
+    )
     if vpp is not None:
         _require(vpp >= 1, f"model.virtual_pipeline_model_parallel_size={vpp} must be >= 1 or null")
         _require(

@@ -14,7 +14,7 @@ from typing import Any
 from gptrain.config.validate import data_parallel_sharding
 from gptrain.errors import ConfigError
 from gptrain.models.config import GPTConfig
-from gptrain.models.flops import pad_vocab_size
+from gptrain.models.flops import vocab_rows
 from gptrain.train.model_config import build_model_config
 
 # Vocabulary sizes of the tokenizers the presets name, so planning needs no tokenizer files.
@@ -55,13 +55,21 @@ class Workload:
     fp8_fsdp_gather: bool = False
     """Under FSDP those Linears' weights are all-gathered as float8, 1 byte each (tensorwise FP8 with
     model.fp8_fsdp_all_gather; gptrain.parallel.float8.gathers_float8)."""
+    padded_vocab_size: int | None = None
+    """model.padded_vocab_size: the embedding's rows at every TP (null: padded by the multiple)."""
 
     @property
     def vocab_size(self) -> int:
         return self.model.vocab_size
 
     def padded_vocab(self, tp: int) -> int:
-        return pad_vocab_size(self.model.vocab_size, self.make_vocab_size_divisible_by, tp)
+        return vocab_rows(
+            self.model.vocab_size,
+            self.make_vocab_size_divisible_by,
+            tp,
+            self.padded_vocab_size,
+            "the vocabulary",
+        )
 
     def padded(self, tp: int) -> GPTConfig:
         """The model as built under tensor parallel size `tp` (vocabulary padded x TP)."""
@@ -196,7 +204,7 @@ def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
             f"model.tokenizer.type={m.tokenizer.type!r}: vocabulary size unknown to the planner; "
             "pass --vocab-size N (the tokenizer's unpadded size)"
         )
-    return Workload(
+    work = Workload(
         model=model_config(cfg, int(vocab)),
         make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
         global_batch_size=m.global_batch_size,
@@ -205,7 +213,10 @@ def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
         compile=bool(m.compile),
         fp8=bool(m.fp8),
         fp8_fsdp_gather=bool(m.fp8) and m.fp8_recipe == "tensorwise" and bool(m.fp8_fsdp_all_gather),
+        padded_vocab_size=m.padded_vocab_size,
     )
+    work.padded_vocab(1)  # a model.padded_vocab_size below the vocabulary: refused before any estimate
+    return work
 
 
 def ramp_batches(ramp: Any, global_batch_size: int) -> tuple[int, ...]:

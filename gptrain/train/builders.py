@@ -198,19 +198,21 @@ def is_mock_data(cfg: TrainingConfig) -> bool:
 
 
 def padded_vocab_size(cfg: TrainingConfig, tokenizer: Any | None) -> tuple[int, int]:
-    """(unpadded, padded) vocabulary: from the tokenizer, or data.mock_vocab_size with mock data."""
-    from gptrain.models.flops import pad_vocab_size
+    """(unpadded, padded) vocabulary: from the tokenizer, or data.mock_vocab_size with mock data; a
+    model.padded_vocab_size below it is refused here, at the start, before the model is built."""
+    from gptrain.models.flops import vocab_rows
 
     if tokenizer is not None:
-        vocab = int(tokenizer.vocab_size)
+        vocab, source = int(tokenizer.vocab_size), "the tokenizer"
     elif cfg.model.data.mock_vocab_size:
-        vocab = int(cfg.model.data.mock_vocab_size)
+        vocab, source = int(cfg.model.data.mock_vocab_size), "model.data.mock_vocab_size"
     else:
         raise ConfigError("no tokenizer files and no model.data.mock_vocab_size: set one of them")
-    # As Megatron: a multiple of make_vocab_size_divisible_by x TP, so parameter counts and FLOPs
-    # match its logs under any layout.
-    padded = pad_vocab_size(
-        vocab, cfg.model.make_vocab_size_divisible_by, cfg.model.tensor_model_parallel_size
+    # As Megatron: model.padded_vocab_size, else a multiple of make_vocab_size_divisible_by x TP, so
+    # parameter counts and FLOPs match its logs under any layout.
+    m = cfg.model
+    padded = vocab_rows(
+        vocab, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size, m.padded_vocab_size, source
     )
     return vocab, padded
 

@@ -2048,31 +2048,45 @@ def test_flags_of_common_scripts_that_change_nothing_here_are_accepted_saying_wh
     ]
 
 
-def test_padded_vocab_size_sets_the_embeddings_rows_as_megatron(capsys):
-    """--padded-vocab-size N (Megatron since August 2025: the model's vocabulary rows, padding skipped)
-    was refused as unknown. N rows are --make-vocab-size-divisible-by N/TP's padding of any vocabulary of
-    up to N ids; N must split over the tensor-parallel ranks, as Megatron's vocabulary-parallel embedding
-    asserts."""
+def test_padded_vocab_size_is_the_embeddings_rows_at_any_tp_and_refuses_a_larger_tokenizer(capsys):
+    """--padded-vocab-size N became --make-vocab-size-divisible-by N/TP: a GPT-2 tokenizer (50257 ids)
+    with N=32768 trained 65536 rows while the note said N, and the recorded N/TP padded to other row
+    counts under another TP. Now model.padded_vocab_size=N is recorded: N rows at every TP (as
+    Megatron takes it), TP must divide N, and a vocabulary of more than N ids is refused in one line."""
+    from types import SimpleNamespace
+
+    from gptrain.plan.spec import workload_from_config
     from gptrain.train.builders import padded_vocab_size
 
-    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
     flags += " --train-iters 4 --mock-data --vocab-size 50 --tensor-model-parallel-size 2"
     for extra in ("--padded-vocab-size 96", "--padded-vocab-size 96 --make-vocab-size-divisible-by 8"):
         t = translate(shlex.split(f"{flags} {extra}"), ENV)
-        cfg = load_training_config(None, t.overrides, report_ignored=False)
-        assert padded_vocab_size(cfg, None) == (50, 96)
-        assert (
-            "--padded-vocab-size (96 rows: --make-vocab-size-divisible-by 48 at TP 2, for a vocabulary of up to 96 ids)"
-            in t.notes
-        )
-    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} --padded-vocab-size 95")]) == 2
-    assert capsys.readouterr().err.strip() == (
-        "gptrain: error: --padded-vocab-size 95: the embedding's rows split over the 2 tensor-parallel ranks, "
-        "as in Megatron; give a positive multiple of --tensor-model-parallel-size"
+        assert "model.padded_vocab_size=96" in t.overrides
+        for tp in (1, 2, 4):
+            overrides = [*t.overrides, f"model.tensor_model_parallel_size={tp}"]
+            cfg = load_training_config(None, overrides, report_ignored=False)
+            assert padded_vocab_size(cfg, None) == (50, 96)
+            assert workload_from_config(cfg).padded_vocab(tp) == 96
+    gpt2 = translate(
+        shlex.split(f"{flags} --padded-vocab-size 32768 --vocab-file v.json --merge-file m"), ENV
+    )
+    cfg = load_training_config(None, gpt2.overrides, report_ignored=False)
+    with pytest.raises(ConfigError) as error:
+        padded_vocab_size(cfg, SimpleNamespace(vocab_size=50257))
+    assert gpt2.in_flags(str(error.value)) == (
+        "--padded-vocab-size=32768: fewer rows than the 50257 ids of the tokenizer; give 50257 or more, or null "
+        "to pad them by --make-vocab-size-divisible-by"
+    )
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} --padded-vocab-size 97")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gptrain: error: --padded-vocab-size=97 is not divisible by --tensor-model-parallel-size=2; give a "
+        "multiple of it, or null to pad by --make-vocab-size-divisible-by"
     )
     assert main(["megatron", "--dry-run", *shlex.split(f"{flags} --padded-vocab-size 48")]) == 2
-    assert capsys.readouterr().err.strip() == (
-        "gptrain: error: --padded-vocab-size 48: fewer rows than the 50 ids of --vocab-size; give 50 or more"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gptrain: error: --padded-vocab-size=48: fewer rows than the 50 ids of --vocab-size; give 50 or more, "
+        "or null to pad them by --make-vocab-size-divisible-by"
     )
 
 
