@@ -487,8 +487,8 @@ def _padded_vocab(result: Translation) -> None:
     keeps them (the config and the layout check it against the tokenizer and TP)."""
     rows = result.values.get("model.padded_vocab_size")
     if rows is not None:
-        result.notes.append(
-            f"--padded-vocab-size ({rows} embedding rows at any --tensor-model-parallel-size)"
+        result.notices.append(
+            f"--padded-vocab-size {rows}: {rows} embedding rows at any --tensor-model-parallel-size"
         )
 
 

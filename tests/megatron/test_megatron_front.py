@@ -2063,6 +2063,9 @@ def test_padded_vocab_size_is_the_embeddings_rows_at_any_tp_and_refuses_a_larger
     for extra in ("--padded-vocab-size 96", "--padded-vocab-size 96 --make-vocab-size-divisible-by 8"):
         t = translate(shlex.split(f"{flags} {extra}"), ENV)
         assert "model.padded_vocab_size=96" in t.overrides
+        # it sets the rows: a note of its own, not under 'accepted without effect'
+        assert t.notices == ["--padded-vocab-size 96: 96 embedding rows at any --tensor-model-parallel-size"]
+        assert not [note for note in t.notes if "padded" in note]
         for tp in (1, 2, 4):
             overrides = [*t.overrides, f"model.tensor_model_parallel_size={tp}"]
             cfg = load_training_config(None, overrides, report_ignored=False)
