@@ -494,17 +494,20 @@ def _padded_vocab(result: Translation) -> None:
 
 def _eod_mask_on_mock_data(result: Translation) -> None:
     """Megatron's mock documents end with the tokenizer's end of document, which --eod-mask-loss takes
-    out of the loss; gptrain's mock samples without a tokenizer (--vocab-size alone, NullTokenizer) are
-    uniform random ids with none to mask: said."""
+    out of the loss; gptrain's mock samples are uniform random ids, with a tokenizer too: without one
+    (--vocab-size alone, NullTokenizer) there is no end of document to mask, with one only its id
+    where drawn by chance. Said either way."""
     v = result.values
-    if (
-        "--eod-mask-loss" in result.given
-        and v.get("model.data.data_impl") == "mock"
-        and v.get("model.data.mock_vocab_size")
-    ):
-        result.notes.append(
-            "--eod-mask-loss (gptrain's mock data is uniform random ids, without end-of-document tokens to mask)"
+    if "--eod-mask-loss" not in result.given or v.get("model.data.data_impl") != "mock":
+        return
+    if v.get("model.data.mock_vocab_size"):
+        masked = "without end-of-document tokens to mask"
+    else:
+        masked = (
+            "not documents ending with the end of document Megatron's mock data masks: only that id drawn "
+            "by chance is masked"
         )
+    result.notes.append(f"--eod-mask-loss (gptrain's mock data is uniform random ids, {masked})")
 
 
 def _ignored_tiktoken_flag(flag: str, kind: str) -> str:

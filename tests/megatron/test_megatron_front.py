@@ -2093,7 +2093,7 @@ def test_padded_vocab_size_is_the_embeddings_rows_at_any_tp_and_refuses_a_larger
     )
 
 
-def test_eod_mask_loss_on_mock_data_without_a_tokenizer_says_it_masks_nothing():
+def test_eod_mask_loss_on_mock_data_says_what_it_masks():
     """Megatron's mock documents end with NullTokenizer's end of document, which --eod-mask-loss takes out
     of the loss; gptrain's mock samples (no tokenizer) are uniform random ids with none, so the flag
     masked nothing without a word."""
@@ -2106,5 +2106,13 @@ def test_eod_mask_loss_on_mock_data_without_a_tokenizer_says_it_masks_nothing():
         t = translate(shlex.split(flags + extra), ENV)
         assert t.values["model.data.eod_mask_loss"] is True
         assert said in t.notes
+    # with a tokenizer too (review D): Megatron's mock documents end with its end of document, which it
+    # masks; gptrain's mock samples are still uniform random ids, where that id falls only by chance
     with_files = translate(shlex.split(f"{flags} --vocab-file v.json --merge-file m.txt"), ENV)
-    assert said not in with_files.notes  # GPT-2's tokenizer is built: its end of document is masked
+    assert said not in with_files.notes
+    assert (
+        "--eod-mask-loss (gptrain's mock data is uniform random ids, not documents ending with the end of "
+        "document Megatron's mock data masks: only that id drawn by chance is masked)"
+    ) in with_files.notes
+    prepared = translate(shlex.split(flags.replace("--mock-data --vocab-size 64", "--data-path /d/x")), ENV)
+    assert not [note for note in prepared.notes if "mock data" in note]
