@@ -266,13 +266,14 @@ NO_EFFECT_WHY: dict[str, str] = {
         (
             "--fp8-amax-history-len",
             "--fp8-amax-compute-algo",
-            "--fp8-param-gather",
             "--fp8-recipe",
             "--fp8-margin",
             "--fp8-interval",
         ),
         "an FP8 setting: without --fp8-format (refused) Megatron trains without FP8 too",
     ),
+    "--fp8-param-gather": "FP8 weights, with --fp8-format (refused): without it Megatron stops ('fp8_param must be "
+    "used together with fp8 mode'); gptrain keeps the weights in the training precision",
     "--rope-scaling-factor": "Megatron reads it only with --use-rope-scaling, refused",
     "--rotary-seq-len-interpolation-factor": "1: no interpolation, Megatron's default",
     "--chat-template": "Megatron formats conversations with it (SFT, inference), not pretraining data",

@@ -1965,8 +1965,15 @@ def test_fp8_settings_without_fp8_format_are_accepted_and_with_it_refused_for_fp
     t, base = translate(shlex.split(f"{flags} {FP8_SETTINGS}"), ENV), translate(shlex.split(flags), ENV)
     assert t.values == base.values
     why = "an FP8 setting: without --fp8-format (refused) Megatron trains without FP8 too"
+    # --fp8-param-gather is no such setting: Megatron stops on it without --fp8-format (review D)
+    gather = (
+        "FP8 weights, with --fp8-format (refused): without it Megatron stops ('fp8_param must be used together "
+        "with fp8 mode'); gptrain keeps the weights in the training precision"
+    )
     assert [note for note in t.notes if note not in base.notes] == [
-        f"{flag} ({why})" for flag in FP8_SETTINGS.split() if flag.startswith("--")
+        f"{flag} ({gather if flag == '--fp8-param-gather' else why})"
+        for flag in FP8_SETTINGS.split()
+        if flag.startswith("--")
     ]
     assert main(["megatron", "--dry-run", *shlex.split(f"{flags} {FP8_SETTINGS} --fp8-format hybrid")]) == 2
     assert capsys.readouterr().err.strip() == (
