@@ -204,6 +204,8 @@ NO_EFFECT: dict[str, int | None] = {
     # read only with --use-rope-scaling (refused); 1 is no interpolation
     "--rope-scaling-factor": 1, "--rotary-seq-len-interpolation-factor": 1,
     "--num-dataset-builder-threads": 1, "--deterministic-mode": 0, "--recompute-modules": None,
+    # Megatron's defaults of newer model flags (other values refused: NO_EFFECT_CHOICES)
+    "--rope-type": 1, "--softmax-type": 1, "--window-attn-skip-freq": 1,
 }  # fmt: skip
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
@@ -275,6 +277,9 @@ NO_EFFECT_WHY: dict[str, str] = {
     "--fp8-param-gather": "FP8 weights, with --fp8-format (refused): without it Megatron stops ('fp8_param must be "
     "used together with fp8 mode'); gptrain keeps the weights in the training precision",
     "--rope-scaling-factor": "Megatron reads it only with --use-rope-scaling, refused",
+    "--rope-type": "rope: Megatron's rotary embedding of common attention, gptrain's",
+    "--softmax-type": "vanilla: Megatron's default softmax, gptrain's",
+    "--window-attn-skip-freq": "Megatron reads it only with --window-size, refused",
     "--rotary-seq-len-interpolation-factor": "1: no interpolation, Megatron's default",
     "--chat-template": "Megatron formats conversations with it (SFT, inference), not pretraining data",
     "--ddp-average-in-collective": "the same mean gradient over the data-parallel ranks, divided after the "
@@ -323,6 +328,11 @@ NO_EFFECT_CHOICES: dict[str, tuple[tuple[Any, ...], str]] = {
         ("adam",),
         "gptrain trains with AdamW only, Megatron's adam (its default): drop the flag or give adam",
     ),
+    "--rope-type": (("rope",), "YaRN rope scaling is not implemented; drop the flag or give rope"),
+    "--softmax-type": (
+        ("vanilla",),
+        "attention sinks (off-by-one and learnable softmax) are not implemented; drop the flag or give vanilla",
+    ),
     "--dataloader-type": (
         ("single",),
         "gptrain reads the samples in the dataset's own shuffled order (Megatron's single); cyclic's "
@@ -344,6 +354,14 @@ REFUSED: dict[str, str] = {
     "--reset-position-ids": "position ids restarting after each end of document are not implemented",
     "--reset-attention-mask": "attention cut at each end of document is not implemented",
     "--squared-relu": "the squared ReLU activation is not implemented (gelu, or --swiglu)",
+    "--quick-geglu": "the quick-GELU gated activation is not implemented (gelu, or --swiglu)",
+    "--window-size": "sliding-window attention is not implemented (gptrain attends to the whole sequence)",
+    "--qk-l2-norm": "an L2 norm on the queries and keys is not implemented",
+    "--apply-residual-connection-post-layernorm": "the residual taken after the norm is not implemented (gptrain "
+    "adds the block's input, Megatron's default)",
+    "--init-method-xavier-uniform": "Xavier-uniform initialisation is not implemented (gptrain draws the weights "
+    "from a normal of --init-method-std, Megatron's default)",
+    "--no-rope-freq": "layers without rope (Llama 4's NoPE layers) are not implemented",
     "--fp8-format": "FP8 through Transformer Engine is not used; see model.fp8 (torchao) with gptrain train",
     "--skip-train": "evaluation without training is not run by gptrain megatron: `gptrain eval RUN` evaluates "
     "the newest checkpoint of a run on its validation split (--split test for the test split)",

@@ -2032,6 +2032,67 @@ def test_model_changing_flags_of_common_scripts_are_refused_saying_why(extra, re
     assert capsys.readouterr().err.strip() == f"gptrain: error: {refusal}"
 
 
+@pytest.mark.parametrize(
+    ("extra", "refusal"),
+    [
+        (
+            "--rope-type yarn",
+            "--rope-type yarn: YaRN rope scaling is not implemented; drop the flag or give rope",
+        ),
+        (
+            "--window-size 127,0",
+            "--window-size: sliding-window attention is not implemented (gptrain attends to the whole sequence)",
+        ),
+        (
+            "--softmax-type learnable",
+            "--softmax-type learnable: attention sinks (off-by-one and learnable softmax) are not implemented; "
+            "drop the flag or give vanilla",
+        ),
+        ("--qk-l2-norm", "--qk-l2-norm: an L2 norm on the queries and keys is not implemented"),
+        (
+            "--apply-residual-connection-post-layernorm",
+            "--apply-residual-connection-post-layernorm: the residual taken after the norm is not implemented "
+            "(gptrain adds the block's input, Megatron's default)",
+        ),
+        (
+            "--init-method-xavier-uniform",
+            "--init-method-xavier-uniform: Xavier-uniform initialisation is not implemented (gptrain draws the "
+            "weights from a normal of --init-method-std, Megatron's default)",
+        ),
+        (
+            "--no-rope-freq 4",
+            "--no-rope-freq: layers without rope (Llama 4's NoPE layers) are not implemented",
+        ),
+        (
+            "--quick-geglu",
+            "--quick-geglu: the quick-GELU gated activation is not implemented (gelu, or --swiglu)",
+        ),
+    ],
+)
+def test_model_changing_flags_of_newer_scripts_are_refused_saying_why(extra, refusal, capsys):
+    """Review D: each was 'not a pretrain_gpt.py flag gptrain knows; remove it', where each changes the
+    model Megatron trains (gpt-oss's and Llama 4's scripts give them)."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64 --position-embedding-type rope"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} {extra}")]) == 2
+    assert capsys.readouterr().err.strip() == f"gptrain: error: {refusal}"
+
+
+def test_the_defaults_of_newer_model_flags_are_accepted_saying_why():
+    """--rope-type rope (gpt-oss's script) and --softmax-type vanilla are Megatron's defaults, gptrain's
+    model; --window-attn-skip-freq is read only with --window-size. They were refused as unknown."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64 --position-embedding-type rope"
+    extra = "--rope-type rope --softmax-type vanilla --window-attn-skip-freq 2"
+    base, t = translate(shlex.split(flags), ENV), translate(shlex.split(f"{flags} {extra}"), ENV)
+    assert t.values == base.values
+    assert [note for note in t.notes if note not in base.notes] == [
+        "--rope-type (rope: Megatron's rotary embedding of common attention, gptrain's)",
+        "--softmax-type (vanilla: Megatron's default softmax, gptrain's)",
+        "--window-attn-skip-freq (Megatron reads it only with --window-size, refused)",
+    ]
+
+
 def test_flags_of_common_scripts_that_change_nothing_here_are_accepted_saying_why():
     """--add-qkv-bias beside biased linear layers (Qwen's scripts give it), --rope-scaling-factor
     without --use-rope-scaling, an interpolation factor of 1, and speed switches were refused as unknown."""
