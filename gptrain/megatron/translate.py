@@ -288,6 +288,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _vocab_extra_ids(result)
     _tiktoken(result)
     _padded_vocab(result)
+    _no_pad_vocab(result)
     _eod_mask_on_mock_data(result)
     _query_groups(result)
     _no_position_embedding(result)
@@ -490,6 +491,28 @@ def _padded_vocab(result: Translation) -> None:
         result.notices.append(
             f"--padded-vocab-size {rows}: {rows} embedding rows at any --tensor-model-parallel-size"
         )
+
+
+def _no_pad_vocab(result: Translation) -> None:
+    """--no-pad-vocab-size (or --disable-pad-vocab-size; Megatron's tokenizer flags since core 0.18)
+    skips the padding: the vocabulary's own rows, whatever --make-vocab-size-divisible-by says, where
+    --padded-vocab-size does not set them. Under TP they are rounded up to a multiple of it, where
+    Megatron's vocabulary-parallel embedding stops unless TP divides them."""
+    switch = next(
+        (flag for flag in ("--no-pad-vocab-size", "--disable-pad-vocab-size") if flag in result.given), None
+    )
+    if switch is None:
+        return
+    v = result.values
+    if v.get("model.padded_vocab_size") is not None:
+        result.notes.append(f"{switch} (--padded-vocab-size sets the rows)")
+        return
+    v["model.make_vocab_size_divisible_by"] = 1
+    said = f"{switch}: the embedding has the vocabulary's rows, unpadded (--make-vocab-size-divisible-by 1)"
+    tp = v.get("model.tensor_model_parallel_size", 1)
+    if tp > 1:
+        said += f", at --tensor-model-parallel-size {tp} rounded up to a multiple of it (Megatron stops unless it divides them)"
+    result.notices.append(said)
 
 
 def _eod_mask_on_mock_data(result: Translation) -> None:

@@ -2093,6 +2093,37 @@ def test_the_defaults_of_newer_model_flags_are_accepted_saying_why():
     ]
 
 
+@pytest.mark.parametrize("switch", ["--no-pad-vocab-size", "--disable-pad-vocab-size"])
+def test_no_pad_vocab_size_trains_the_vocabularys_own_rows(switch):
+    """Megatron's switch to skip the padding (its tokenizer flags since core 0.18) was 'not a
+    pretrain_gpt.py flag gptrain knows; remove it', which pads 50 ids to 128 rows. Now the vocabulary's
+    rows, padded to a multiple of TP only (where Megatron's embedding needs TP to divide them);
+    --padded-vocab-size, which Megatron takes before it, keeps its rows."""
+    from gptrain.train.builders import padded_vocab_size
+
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data"
+    for extra, tp, rows in (
+        (f"--vocab-size 50 {switch}", 1, 50),
+        (f"--make-vocab-size-divisible-by 64 --vocab-size 50 {switch}", 2, 50),
+        (f"{switch} --make-vocab-size-divisible-by 64 --vocab-size 51", 2, 52),
+    ):
+        t = translate(shlex.split(f"{flags} {extra} --tensor-model-parallel-size {tp}"), ENV)
+        cfg = load_training_config(None, t.overrides, report_ignored=False)
+        assert padded_vocab_size(cfg, None)[1] == rows
+        said = (
+            f"{switch}: the embedding has the vocabulary's rows, unpadded (--make-vocab-size-divisible-by 1)"
+        )
+        if tp > 1:
+            said += f", at --tensor-model-parallel-size {tp} rounded up to a multiple of it (Megatron stops "
+            said += "unless it divides them)"
+        assert t.notices == [said]
+    t = translate(shlex.split(f"{flags} --vocab-size 50 {switch} --padded-vocab-size 64"), ENV)
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert padded_vocab_size(cfg, None)[1] == 64
+    assert f"{switch} (--padded-vocab-size sets the rows)" in t.notes
+
+
 def test_flags_of_common_scripts_that_change_nothing_here_are_accepted_saying_why():
     """--add-qkv-bias beside biased linear layers (Qwen's scripts give it), --rope-scaling-factor
     without --use-rope-scaling, an interpolation factor of 1, and speed switches were refused as unknown."""
