@@ -230,8 +230,9 @@ def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
             raise ConfigError(f"{flag} {values[0]}: {why}")
         result.notes.append(f"{flag} ({NO_EFFECT_WHY[flag]})" if flag in NO_EFFECT_WHY else flag)
     else:
-        raise ConfigError(
-            f"{flag}: not a pretrain_gpt.py flag gptrain knows{_flag_meant(flag)}; remove it or see docs/migrating.md"
+        raise ConfigError(  # not "remove it": what an unknown flag changes, gptrain cannot say
+            f"{flag}: gptrain does not know this flag{_flag_meant(flag)}; check what it changes in Megatron "
+            "before removing it (docs/migrating.md lists the flags gptrain takes)"
         )
 
 

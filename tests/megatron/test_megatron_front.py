@@ -1115,7 +1115,7 @@ def test_bad_blend_files_are_one_line_naming_flag_and_file(tmp_path, monkeypatch
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        ("--num-layerz 2", "--num-layerz: not a pretrain_gpt.py flag"),
+        ("--num-layerz 2", "--num-layerz: gptrain does not know this flag"),
         ("--train-samples 100", "--train-iters and --train-samples: give only one"),
         ("--fp16 yes", "--fp16: takes no value"),
         ("--lr-decay-style wsd", "--lr-decay-style wsd: not supported"),
@@ -1339,8 +1339,10 @@ def test_an_unknown_flag_names_the_flag_meant(flag, meant):
     with pytest.raises(ConfigError) as error:
         translate(shlex.split(f"{base} --train-iters 4 --mock-data --vocab-size 64 {flag} x"), {})
     hint = f" (did you mean {meant}?)" if meant else ""
+    # review D: 'remove it' promised that dropping a flag gptrain does not know is harmless
     assert str(error.value) == (
-        f"{flag}: not a pretrain_gpt.py flag gptrain knows{hint}; remove it or see docs/migrating.md"
+        f"{flag}: gptrain does not know this flag{hint}; check what it changes in Megatron before removing it "
+        "(docs/migrating.md lists the flags gptrain takes)"
     )
 
 
