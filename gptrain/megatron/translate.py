@@ -228,7 +228,9 @@ def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
         accepted, why = NO_EFFECT_CHOICES.get(flag, (None, ""))
         if accepted is not None and not _is_accepted(flag, values[0], accepted):
             raise ConfigError(f"{flag} {values[0]}: {why}")
-        result.notes.append(f"{flag} ({NO_EFFECT_WHY[flag]})" if flag in NO_EFFECT_WHY else flag)
+        note = f"{flag} ({NO_EFFECT_WHY[flag]})" if flag in NO_EFFECT_WHY else flag
+        if note not in result.notes:  # a flag repeated (scripts that join arrays) is listed once
+            result.notes.append(note)
     else:
         raise ConfigError(  # not "remove it": what an unknown flag changes, gptrain cannot say
             f"{flag}: gptrain does not know this flag{_flag_meant(flag)}; check what it changes in Megatron "

@@ -2126,6 +2126,19 @@ def test_no_pad_vocab_size_trains_the_vocabularys_own_rows(switch):
     assert f"{switch} (--padded-vocab-size sets the rows)" in t.notes
 
 
+def test_a_repeated_flag_without_effect_is_listed_once():
+    """Review D: scripts that assemble their flags from arrays repeat some (`--use-flash-attn` twice),
+    and the notice listed each as often as given."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64"
+    repeated = "--use-flash-attn --context-parallel-size 1 --use-flash-attn --context-parallel-size 1"
+    t = translate(shlex.split(f"{flags} {repeated}"), ENV)
+    assert [note for note in t.notes if note.startswith(("--use-flash-attn", "--context-parallel-size"))] == [
+        "--use-flash-attn",
+        "--context-parallel-size (1 is Megatron's default, no context parallelism)",
+    ]
+
+
 def test_flags_of_common_scripts_that_change_nothing_here_are_accepted_saying_why():
     """--add-qkv-bias beside biased linear layers (Qwen's scripts give it), --rope-scaling-factor
     without --use-rope-scaling, an interpolation factor of 1, and speed switches were refused as unknown."""
