@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError, DataError, LaunchError
 from gptrain.launch.compose import closest
+from gptrain.launch.key_types import slurm_time_seconds
 from gptrain.launch.sbatch import Job
-from gptrain.launch.sections import slurm_time_seconds
 from gptrain.utils.hostlist import expand_hostlist
 from gptrain.utils.paths import look_up
 from gptrain.utils.tokenizer_types import hub_name_advice

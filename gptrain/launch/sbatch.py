@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.errors import EXIT_HUNG, EXIT_REQUEUE, SIGNAL_SECONDS_ENV, ConfigError
+from gptrain.launch.additional_parameters import SBATCH_OWNED, sbatch_option
+from gptrain.launch.key_types import ENV_NAME, non_negative, slurm_time_seconds
 from gptrain.launch.rendezvous import rendezvous
 from gptrain.launch.script_values import CONTROL, describe
-from gptrain.launch.sections import ENV_NAME, SBATCH_OWNED, non_negative, sbatch_option, slurm_time_seconds
 
 # Seconds of warning (USR1) before the time limit when cluster.signal_seconds is null.
 DEFAULT_SIGNAL_SECONDS = 300
@@ -178,7 +179,7 @@ def wandb_key_lines(key_file: object) -> list[str]:
     return [f'export WANDB_API_KEY="$({first_line})"']
 
 
-# The #SBATCH options whose value is the config key that sets them (sections.SBATCH_OWNED).
+# The #SBATCH options whose value is the config key that sets them (additional_parameters.SBATCH_OWNED).
 VALUE_OF_THE_OWNING_KEY = (
     "job-name", "chdir", "partition", "account", "qos", "reservation", "constraint", "nodelist",
     "time", "mem", "gres", "dependency", "exclusive",
@@ -271,8 +272,9 @@ def requeue_directive(cluster: dict) -> list[str]:
 
 
 def additional_directives(cluster: dict, stage: str) -> list[str]:
-    """cluster.additional_parameters (checked in sections: none of the options above), as submitit
-    renders them: `mail_type: END` is `--mail-type=END`, true a bare flag, null no line; quoted."""
+    """cluster.additional_parameters (checked in additional_parameters.py: none of the options above),
+    as submitit renders them: `mail_type: END` is `--mail-type=END`, true a bare flag, null no line;
+    quoted."""
     lines = []
     for key, value in (cluster.get("additional_parameters") or {}).items():
         if value is not None:

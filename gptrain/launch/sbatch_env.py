@@ -9,7 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from gptrain.launch.sections import SBATCH_OWNED, SBATCH_REFUSED, SBATCH_RESERVED, keeps_the_environment
+from gptrain.launch.additional_parameters import (
+    SBATCH_OWNED,
+    SBATCH_REFUSED,
+    SBATCH_RESERVED,
+    keeps_the_environment,
+)
 
 # Options sbatch takes as one request: a variable for one of a group clashes with a line of another.
 RELATED_OPTIONS = (

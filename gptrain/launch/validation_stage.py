@@ -129,7 +129,7 @@ DCGM_LEAST_S = {3: 30 * 60, 4: 60 * 60}
 def check_time_for_dcgmi(section: dict[str, Any], level: int) -> None:
     """A validation job whose time limit ends before its dcgmi level usually does: Slurm would kill
     it midway, and the training waiting on it (afterok) would never start."""
-    from gptrain.launch.sections import slurm_time_seconds
+    from gptrain.launch.key_types import slurm_time_seconds
 
     least = DCGM_LEAST_S.get(min(level, 4))
     time_limit = (section.get("run") or {}).get("time_limit")

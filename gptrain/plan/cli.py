@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from gptrain.errors import ConfigError
-from gptrain.launch.sections import slurm_time
+from gptrain.launch.key_types import slurm_time
 from gptrain.utils.overrides import split_preset
 
 DEFAULT_MFU = 0.4

@@ -235,7 +235,7 @@ def test_a_whole_float_in_an_int_field_is_its_whole_number_in_train_and_launch(o
     """NeMo's configs are untyped DictConfigs that hand `2.0` to Lightning, which counts with it, and a
     launch before 2026-11-28 wrote `max_steps: 1000.0` into the run's config, which its requeue reads
     again: refusing the float broke both. The launcher keeps the int, so no script says `--nodes=2.0`."""
-    from gptrain.launch.sections import count as launch_count
+    from gptrain.launch.key_types import count as launch_count
 
     cfg = load_training_config("gpt3/126m", [override], report_ignored=False)
     assert getattr(cfg.trainer, key) == count and type(getattr(cfg.trainer, key)) is int

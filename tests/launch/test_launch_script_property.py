@@ -25,8 +25,9 @@ from omegaconf import OmegaConf
 
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import compose
+from gptrain.launch.key_types import SLURM_TIME, SLURM_TIME_WORDS
 from gptrain.launch.script_values import CONTROL
-from gptrain.launch.sections import SLURM_TIME, SLURM_TIME_WORDS, SRUN_OWNED, owned_short_option
+from gptrain.launch.srun_args import SRUN_OWNED, owned_short_option
 from gptrain.launch.stages import build_plan, config_path, write_run_files
 
 PAYLOADS = ["$(owned)", "`owned`", ";owned;", "|owned", "&owned&", "&&owned", "\nowned\n", "'", '"', "\\"]

@@ -10,7 +10,7 @@ from test_launch_sbatch import CPU, directives
 from gptrain.cli import main
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import compose
-from gptrain.launch.sections import slurm_time_seconds
+from gptrain.launch.key_types import slurm_time_seconds
 from gptrain.launch.stages import build_plan, write_run_files
 
 SHARDS = ["stages=[data_preparation,training]", "data_preparation.shards=[https://h/a.jsonl]"]

@@ -78,7 +78,7 @@ def refusal_keys(message: str, job: Job) -> str:
     nodes = "training.trainer.num_nodes" if job.stage == "training" else f"{job.stage}'s nodes"
     invalid = INVALID_OPTION.search(message)
     if invalid:
-        from gptrain.launch.sections import SBATCH_OWNED
+        from gptrain.launch.additional_parameters import SBATCH_OWNED
 
         option = invalid.group(1)
         owner = SBATCH_OWNED.get(option, "cluster.additional_parameters").replace("<stage>", "{stage}")

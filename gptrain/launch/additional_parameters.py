@@ -1,0 +1,151 @@
+"""cluster.additional_parameters: an #SBATCH option gptrain renders itself, or sbatch refuses, is refused."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gptrain.errors import ConfigError
+from gptrain.launch.key_types import mapping, type_name
+from gptrain.launch.sbatch_option_names import SBATCH_SHORT_OPTIONS, options_meant
+
+# sbatch options gptrain renders itself, and the key that sets each: one from
+# cluster.additional_parameters would override or contradict it (sbatch takes the last one given).
+SBATCH_OWNED = {
+    "job-name": "cluster.job_name_prefix or <stage>.run.name",
+    "nodes": "training.trainer.num_nodes",
+    "ntasks": "training.trainer.num_nodes and training.trainer.devices",
+    "ntasks-per-node": "training.trainer.devices",
+    "output": "base_results_dir or <stage>.run.results_dir",
+    "error": "cluster.stderr_to_stdout",
+    "chdir": "the current directory (launch from another one)",
+    "partition": "cluster.partition",
+    "account": "cluster.account",
+    "qos": "cluster.qos",
+    "reservation": "cluster.reservation",
+    "constraint": "cluster.constraint",
+    "nodelist": "cluster.nodelist",
+    "exclude": "cluster.exclude",
+    "time": "<stage>.run.time_limit",
+    "mem": "cluster.mem",
+    "exclusive": "cluster.exclusive",
+    "cpus-per-task": "data_preparation.workers (the training stage has no such key)",
+    "gres": "cluster.gres",
+    "gpus": "cluster.gpus_per_node",
+    "gpus-per-node": "cluster.gpus_per_node",
+    "gpus-per-task": "cluster.gpus_per_task",
+    "array": "data_preparation.run.node_array_size",
+    "dependency": "<stage>.run.dependency",
+    "signal": "cluster.signal_seconds",
+    "requeue": "cluster.max_requeues",
+    "no-requeue": "cluster.max_requeues",
+}
+# sbatch options no key sets, which gptrain renders or submits with itself: why each must stay as is.
+SBATCH_RESERVED = {
+    "open-mode": "logs are appended, so a requeued run continues its log",
+    "parsable": "gptrain submits with it and reads the job id from sbatch's reply",
+    "wait": "gptrain launch would wait for the job to end",
+    "test-only": "no job would be queued",
+    "wrap": "the stage's script is the job",
+}
+# sbatch options no key sets that would break the job: why, and what to use instead.
+SBATCH_REFUSED = {
+    # --export=NONE (or a list) sets SLURM_EXPORT_ENV, which the srun in the batch script inherits:
+    # the ranks would start without the script's exports (env_vars, MASTER_ADDR/MASTER_PORT) or PATH.
+    "export": (
+        "the srun in the batch script inherits it, so the ranks would start without env_vars,"
+        " the rendezvous variables or PATH",
+        "use env_vars or cluster.env_vars instead",
+    ),
+}
+
+
+def keeps_the_environment(option: str, value: Any) -> bool:
+    """`export: ALL` (or `ALL,NAME=value`): Slurm's default, the whole environment kept, harmless."""
+    return option == "export" and str(value).split(",")[0].strip().upper() == "ALL"
+
+
+# sbatch's options with --mem (cluster.mem), which it refuses together ("mutually exclusive").
+SBATCH_MEM_OPTIONS = ("mem-per-cpu", "mem-per-gpu")
+SBATCH_OPTION_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def sbatch_option(key: object) -> str:
+    """The sbatch option of a cluster.additional_parameters key, as submitit writes it: `mail_type`
+    -> `mail-type`."""
+    return str(key).replace("_", "-")
+
+
+def owned_option(option: str) -> str | None:
+    """The option gptrain renders or refuses that `option` is (a full name, as options_meant reads
+    it); None for any other."""
+    return option if option in (*SBATCH_OWNED, *SBATCH_RESERVED, *SBATCH_REFUSED) else None
+
+
+def long_option(where: str, option: str) -> tuple[str, str]:
+    """The sbatch option a key renders, as sbatch reads it, and how to name it in an error. A
+    one-letter key renders `--N`, which sbatch refuses: an option gptrain renders itself is named
+    (so its own key is the advice), any other is refused naming its long form. An ambiguous prefix
+    is refused as sbatch would refuse it, when the job is submitted."""
+    if len(option) == 1:
+        meant = SBATCH_SHORT_OPTIONS.get(option)
+        if meant and owned_option(meant):
+            return meant, f"--{meant} (sbatch's -{option})"
+        short = f"-{option} is its short form of --{meant}" if meant else f"it has no -{option} either"
+        fix = f"write the long name, {meant.replace('-', '_')}" if meant else "write the long option's name"
+        raise ConfigError(f"{where}: the key renders --{option}, which sbatch does not read ({short}); {fix}")
+    meant = options_meant(option)
+    if len(meant) > 1:
+        raise ConfigError(
+            f"{where}: --{option} abbreviates several sbatch options ({', '.join('--' + m for m in meant)}),"
+            " and sbatch refuses it as ambiguous; write the full name"
+        )
+    spelt = f"--{meant[0]}" if meant[0] == option else f"--{meant[0]} (which --{option} abbreviates)"
+    return meant[0], spelt
+
+
+def reserved_reason(option: str) -> str:
+    return f" ({SBATCH_RESERVED[option]})" if option in SBATCH_RESERVED else ""
+
+
+def additional_parameters(key: str, value: Any) -> dict[str, Any] | None:
+    """Extra #SBATCH options (NeMo/submitit's additional_parameters): option names that are not
+    gptrain's own, each a single value (true: a bare flag, null: left out)."""
+    options: dict[str, str] = {}
+    for name, item in (mapping(key, value) or {}).items():
+        where = f"{key}.{name}"
+        if not SBATCH_OPTION_KEY.match(str(name)):
+            raise ConfigError(
+                f"{where}: not an sbatch option name; give the long option without dashes"
+                " (letters, digits, _ or -, e.g. mail_type for --mail-type)"
+            )
+        option, spelt = long_option(where, sbatch_option(name))
+        if option in options:  # sbatch would take the last one, silently
+            raise ConfigError(f"{where}: {spelt} is given twice (also as {key}.{options[option]}); keep one")
+        options[option] = str(name)
+        owned = owned_option(option)
+        if owned in SBATCH_REFUSED:
+            if not keeps_the_environment(owned, item):
+                why, fix = SBATCH_REFUSED[owned]
+                raise ConfigError(f"{where}: {spelt} is refused: {why}; {fix}")
+            owned = None  # passed as given
+        if owned:
+            fix = f"use {SBATCH_OWNED[owned]} instead" if owned in SBATCH_OWNED else "leave it out"
+            raise ConfigError(f"{where}: gptrain renders {spelt} itself; {fix}{reserved_reason(owned)}")
+        if item is False or isinstance(item, dict | list):
+            raise ConfigError(
+                f"{where}: expected one value, true (a bare --{option}) or null (left out), got {type_name(item)}"
+            )
+    return value
+
+
+def check_memory_options(cluster: dict[str, Any]) -> None:
+    """--mem-per-cpu/--mem-per-gpu with cluster.mem's --mem: sbatch refuses the job ('mutually exclusive')."""
+    extra = cluster.get("additional_parameters") or {}
+    for name, item in extra.items():
+        meant = options_meant(sbatch_option(name))  # `mem_per_c` is --mem-per-cpu to sbatch
+        if meant[0] in SBATCH_MEM_OPTIONS and item is not None and cluster.get("mem") is not None:
+            raise ConfigError(
+                f"cluster.additional_parameters.{name}: sbatch refuses it together with --mem, which"
+                f" cluster.mem={cluster['mem']} renders; set cluster.mem=null to use it"
+            )

@@ -1,0 +1,193 @@
+"""Checks of single launch keys (counts, seconds, Slurm times, env var names); an error names the key."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from gptrain.errors import ConfigError
+
+# Environment variable names bash accepts in `export NAME=value`.
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Slurm's --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (and its words for none).
+SLURM_TIME = re.compile(r"^(?:\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2})$")
+SLURM_TIME_WORDS = ("INFINITE", "UNLIMITED")
+# sbatch --signal takes at most 65535 seconds; 0 would leave no time to save a checkpoint.
+MAX_SIGNAL_SECONDS = 65535
+
+
+def type_name(value: Any) -> str:
+    """A value and its type, for an error: `2.5 (float)`."""
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _integer(key: str, value: Any, low: int, high: int | None = None) -> int | None:
+    """An int, text that is one (`${oc.env:NODES}` resolves to text) or a whole float (`2.0`, `1e3`:
+    a NeMo config's DictConfig passes it to Lightning, which counts with it), as the training
+    loader reads it; kept as the int, so a script never renders `--nodes=2.0`."""
+    if value is None:
+        return None
+    from gptrain.config.yamlio import as_int  # the config package loads omegaconf: not at start-up
+
+    whole_float = isinstance(value, float) and value.is_integer()
+    number = int(value) if whole_float else as_int(value)
+    if number is None:
+        raise ConfigError(f"{key}: expected a whole number, got {type_name(value)}")
+    value = number
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"{low} or more"
+        raise ConfigError(f"{key}: expected a whole number {bound}, got {value}")
+    return value
+
+
+def count(key: str, value: Any) -> int | None:
+    """A whole number >= 1 (None: the default applies)."""
+    return _integer(key, value, 1)
+
+
+def non_negative(key: str, value: Any) -> int | None:
+    return _integer(key, value, 0)
+
+
+def signal_seconds(key: str, value: Any) -> int | None:
+    """Seconds of warning before the time limit; 0 or less leaves no time to checkpoint."""
+    return _integer(key, value, 1, MAX_SIGNAL_SECONDS)
+
+
+def _seconds(key: str, value: Any, zero_allowed: bool) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{key}: expected a number of seconds, got {type_name(value)}")
+    if value < 0 or (value == 0 and not zero_allowed):
+        bound = "0 or more seconds" if zero_allowed else "more than 0 seconds"
+        raise ConfigError(f"{key}: expected {bound}, got {value}")
+    return value
+
+
+def seconds(key: str, value: Any) -> float | None:
+    """A wait, 0 or more seconds (None: the default applies)."""
+    return _seconds(key, value, zero_allowed=True)
+
+
+def timeout_seconds(key: str, value: Any) -> float | None:
+    """A time limit of more than 0 seconds (a socket timeout of 0 fails every read at once)."""
+    return _seconds(key, value, zero_allowed=False)
+
+
+def mapping(key: str, value: Any) -> dict[str, Any] | None:
+    if value is not None and not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping of keys (key.sub=value), got {type_name(value)}")
+    return value
+
+
+def scalar(key: str, value: Any) -> Any:
+    """One value (a name, a path, a number), not a list or a mapping."""
+    if isinstance(value, dict | list):
+        raise ConfigError(f"{key}: expected a single value, got {type_name(value)}")
+    return value
+
+
+def boolean(key: str, value: Any) -> bool | None:
+    """true/false as OmegaConf reads a bool field: also 1/0 (`cluster.exclusive=1`), yes/no, on/off."""
+    if value is None:
+        return None
+    from gptrain.config.yamlio import as_switch  # the config package loads omegaconf: not at start-up
+
+    switch = as_switch(value)
+    if switch is None:
+        raise ConfigError(f"{key}: expected true or false, got {type_name(value)}")
+    return switch
+
+
+# sbatch's --exclusive=<mode>: nodes shared only with the user's own jobs (user), jobs of the same
+# MCS label (mcs), or within a topology segment (topo, Slurm 24.11+).
+EXCLUSIVE_MODES = ("user", "mcs", "topo")
+
+
+def exclusive(key: str, value: Any) -> bool | str | None:
+    """true/false, or one of sbatch's --exclusive modes, which submitit and the NeMo launcher pass
+    as `--exclusive=user` where the key is text."""
+    if isinstance(value, str) and value.strip().lower() in EXCLUSIVE_MODES:
+        return value.strip().lower()
+    try:
+        return boolean(key, value)
+    except ConfigError:
+        raise ConfigError(
+            f"{key}: expected true, false or an sbatch --exclusive mode ({', '.join(EXCLUSIVE_MODES)}),"
+            f" got {type_name(value)}"
+        ) from None
+
+
+def memory(key: str, value: Any) -> Any:
+    """--mem's value; blank text is no --mem, as a blank partition or account is none (`--mem=''` is
+    refused by sbatch). 0 stays: every node's whole memory."""
+    if isinstance(value, str) and not value.strip():
+        return None
+    return scalar(key, value)
+
+
+def words(key: str, value: Any) -> list[str] | None:
+    """A list of strings; one string is a one-item list (`container_mounts=/data:/data`)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return value
+    raise ConfigError(
+        f"{key}: expected a string or a list of strings (e.g. {key}=[a,b]), got {type_name(value)}"
+    )
+
+
+def slurm_time(key: str, value: Any) -> Any:
+    """sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
+    if value in (None, "") or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    if isinstance(value, str) and (SLURM_TIME.match(value) or value.upper() in SLURM_TIME_WORDS):
+        return value
+    raise ConfigError(
+        f"{key}: {value!r} is not a Slurm time; use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+        " (e.g. 04:00:00)"
+    )
+
+
+def slurm_time_seconds(value: Any) -> int | None:
+    """Seconds of a Slurm time (`slurm_time`'s forms; a bare number is minutes); None: no limit
+    (as Slurm reads 0, UNLIMITED and INFINITE)."""
+    seconds = _slurm_time_seconds(value)
+    return seconds or None
+
+
+def _slurm_time_seconds(value: Any) -> int | None:
+    if value in (None, "") or (isinstance(value, str) and value.upper() in SLURM_TIME_WORDS):
+        return None
+    if isinstance(value, int):
+        return 60 * value
+    days, _, clock = value.rpartition("-") if "-" in value else ("", "", value)
+    parts = [int(part) for part in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if len(parts) == 1:  # minutes
+        return 60 * parts[0]
+    if len(parts) == 2:  # MM:SS
+        return 60 * parts[0] + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+def env_vars(key: str, value: Any) -> dict[str, Any] | None:
+    """Names bash can export ([A-Za-z_][A-Za-z0-9_]*), each with one value."""
+    for name, item in (mapping(key, value) or {}).items():
+        if not ENV_NAME.match(str(name)):
+            raise ConfigError(
+                f"{key}.{name}: not a valid environment variable name (letters, digits and _, not first a digit)"
+            )
+        scalar(f"{key}.{name}", item)
+    return value
+
+
+def workers(key: str, value: Any) -> Any:
+    """A process count, or `auto` (every CPU the task is given)."""
+    return value if str(value).strip().lower() == "auto" else count(key, value)
