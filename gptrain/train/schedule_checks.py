@@ -164,8 +164,10 @@ def _length_warnings(spec: ScheduleSpec, run_steps: int, ramp: BatchRamp, n: Sch
     if ramp.start is not None:
         run += f", {shown_steps(end)} {n.unit} of the full batch under its ramp-up's smaller ones"
     ends_at_min_lr = spec.name not in NOT_TO_MIN_LR
-    if spec.max_steps - end >= 1 and ends_at_min_lr:  # less: the partial last batch a run in samples leaves
-        last_rate = lr_at(schedule_position(ramp, run_steps - 1), spec)
+    last_rate = lr_at(schedule_position(ramp, run_steps - 1), spec)
+    # A floor (SquareAnnealing's, a decay from step 0) may reach min_lr before max_steps: nothing is left.
+    unfinished = ends_at_min_lr and last_rate > spec.min_lr
+    if spec.max_steps - end >= 1 and unfinished:  # less: the partial last batch a run in samples leaves
         return [
             f"the decay ends after the run: {n.decay} > {run}, so the last rate is {last_rate:.3g}, not"
             f" {n.min_lr}{spec.min_lr:g}; {n.follow_run}"

@@ -378,3 +378,19 @@ def test_a_nemo_yaml_without_min_lr_takes_its_schedules_default(tmp_path):
         config_file=str(nemo_yaml(tmp_path, square + "      min_lr: 0.0\n")), report_ignored=False
     )
     assert given.model.optim.sched.min_lr == 0.0
+
+
+def test_a_schedule_at_min_lr_by_the_runs_end_is_not_said_to_end_after_the_run():
+    """SquareAnnealing (max_steps 13, warmup 3) is max(((13 - s) / 10) ** 2, 0.05): 0.09 at step 10,
+    the floor 0.05 from step 11; PolynomialHoldDecayAnnealing without a hold decays from step 0 over
+    12 - 2 steps: 0.1 at step 9, min_lr 0 from step 10. A run whose last step is at the floor has
+    nothing left to decay, though the schedule is longer; one a step shorter has."""
+    from gptrain.train.schedule_checks import schedule_warnings
+
+    square = spec_of("SquareAnnealing", 1.0, max_steps=13, min_lr=0.05, warmup_steps=3)
+    assert lr_at(11, square) == 0.05 and lr_at(10, square) == pytest.approx(0.09)
+    poly = spec_of("PolynomialHoldDecayAnnealing", 1.0, max_steps=12, min_lr=0.0, warmup_steps=2)
+    assert lr_at(10, poly) == 0.0 and lr_at(9, poly) == pytest.approx(0.1)
+    assert schedule_warnings(square, 12) == schedule_warnings(poly, 11) == []
+    assert "so the last rate is 0.09, not min_lr=0.05;" in schedule_warnings(square, 11)[0]
+    assert "so the last rate is 0.1, not min_lr=0;" in schedule_warnings(poly, 10)[0]
