@@ -52,6 +52,14 @@ OWN_KEYS = {
     "cycle": POLYNOMIAL,
     "decay_rate": ("NoamHoldAnnealing",),
 }
+# What NeMo's constructors take where a config leaves these keys out (null here).
+OWN_DEFAULTS = {"power": 1.0, "cycle": False, "decay_rate": 0.5}
+
+
+def own_key_value(spec: ScheduleSpec, key: str) -> float | bool | None:
+    """The value of OWN_KEYS' `key` the rates follow: a null is NeMo's default, where it has one."""
+    value = getattr(spec, key)
+    return OWN_DEFAULTS.get(key) if value is None else value
 
 
 def hold_end(spec: ScheduleSpec) -> float:

@@ -38,6 +38,7 @@ from gptrain.train.nemo_schedules import (
     HOLD_POLICIES,
     NEMO_SCHEDULES,
     NOAM,
+    OWN_DEFAULTS,
     OWN_KEYS,
     WARMUP_POLICIES,
     noam_lr,
@@ -159,15 +160,15 @@ class ScheduleSpec:
 
     @property
     def decay_power(self) -> float:
-        return 1.0 if self.power is None else self.power
+        return OWN_DEFAULTS["power"] if self.power is None else self.power
 
     @property
     def decay_cycle(self) -> bool:
-        return bool(self.cycle)
+        return bool(OWN_DEFAULTS["cycle"] if self.cycle is None else self.cycle)
 
     @property
     def noam_decay_rate(self) -> float:
-        return 0.5 if self.decay_rate is None else self.decay_rate
+        return OWN_DEFAULTS["decay_rate"] if self.decay_rate is None else self.decay_rate
 
 
 def lr_at(step: int, spec: ScheduleSpec) -> float:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from gptrain.train.nemo_schedules import NOAM, NOT_TO_MIN_LR
+from gptrain.train.nemo_schedules import NOAM, NOT_TO_MIN_LR, own_key_value
 from gptrain.train.rampup import BatchRamp
 from gptrain.train.schedule import RECORDED_WHERE_SET, LRSchedule, ScheduleSpec, lr_at
 
@@ -230,7 +230,9 @@ def _recorded_settings(
 ) -> list[Setting]:
     """(the name of what sets it in `cfg`, the checkpoint's value, this run's, how to show one) for
     each setting a checkpoint records, a key named by `settings` where it has a name there; a length
-    set in samples (decay_samples, warmup_samples) is compared in samples, as Megatron counts it."""
+    set in samples (decay_samples, warmup_samples) is compared in samples, as Megatron counts it; a key
+    of NeMo's other schedules only where its resolved values differ (a null is NeMo's default: writing
+    out power=1.0 changes no rate)."""
     sched, prefix = cfg.model.optim.sched, "model.optim.sched."
 
     def name(key: str) -> str:
@@ -265,7 +267,11 @@ def _recorded_settings(
         length_of("constant_steps", constant, False),
         (name(f"{prefix}warmup_style"), old.warmup_style, new.warmup_style, str),
         (name(f"{prefix}warmup_init_lr"), old.warmup_init_lr, new.warmup_init_lr, "{:g}".format),
-        *[(f"{prefix}{key}", getattr(old, key), getattr(new, key), _shown) for key in RECORDED_WHERE_SET],
+        *[
+            (f"{prefix}{key}", getattr(old, key), getattr(new, key), _shown)
+            for key in RECORDED_WHERE_SET
+            if not _same(own_key_value(old, key), own_key_value(new, key))
+        ],
     ]
 
 

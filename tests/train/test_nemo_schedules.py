@@ -394,3 +394,38 @@ def test_a_schedule_at_min_lr_by_the_runs_end_is_not_said_to_end_after_the_run()
     assert schedule_warnings(square, 12) == schedule_warnings(poly, 11) == []
     assert "so the last rate is 0.09, not min_lr=0.05;" in schedule_warnings(square, 11)[0]
     assert "so the last rate is 0.1, not min_lr=0;" in schedule_warnings(poly, 10)[0]
+
+
+@pytest.mark.parametrize(
+    "name, unset, explicit, changed",
+    [
+        ("PolynomialDecayAnnealing", [], ["power=1.0", "cycle=false"], ["power=2"]),
+        (
+            "NoamHoldAnnealing",
+            ["warmup_steps=5"],
+            ["warmup_steps=5", "decay_rate=0.5"],
+            ["warmup_steps=5", "decay_rate=1"],
+        ),
+    ],
+)
+def test_a_resume_that_only_writes_out_nemos_default_is_no_change(name, unset, explicit, changed):
+    """A null power, cycle or decay_rate is NeMo's 1.0, false, 0.5: writing it out, either way, changes
+    no rate and is not said; another value is."""
+    from gptrain.train.schedule_checks import resumed_schedule_change
+
+    def config(settings):
+        base = [f"model.optim.sched.name={name}", "model.optim.sched.constant_steps=0"]
+        overrides = [*base, *(f"model.optim.sched.{s}" for s in settings)]
+        return load_training_config("gpt3/126m", overrides, report_ignored=False)
+
+    def resumed(before, after):
+        saved = LRSchedule(None, spec_from_config(config(before)))
+        saved.step = 600
+        schedule = LRSchedule(None, spec_from_config(config(after)))
+        schedule.load_state_dict(saved.state_dict())
+        return resumed_schedule_change(config(after), schedule, 600)
+
+    assert resumed(unset, explicit) is None and resumed(explicit, unset) is None
+    line = resumed(unset, changed)
+    key, value = changed[-1].split("=")
+    assert line is not None and f"model.optim.sched.{key} null -> {value};" in line
