@@ -133,6 +133,11 @@ class ScheduleSpec:
             )
         if self.name == NOAM and self.d_model is None:
             raise ConfigError("model.optim.sched.d_model: NoamAnnealing needs it; give the model width")
+        if self.name == NOAM and self.warmup_init_lr:  # under either style: its warmup is its own
+            raise ConfigError(
+                f"model.optim.sched.warmup_init_lr={self.warmup_init_lr}: NoamAnnealing takes no"
+                " warmup_init_lr; remove it"
+            )
         if self.name == NOAM and self.warmup_style == "megatron":
             raise ConfigError(
                 "model.optim.sched.warmup_style=megatron: NoamAnnealing's warmup is its own"

@@ -429,3 +429,17 @@ def test_a_resume_that_only_writes_out_nemos_default_is_no_change(name, unset, e
     line = resumed(unset, changed)
     key, value = changed[-1].split("=")
     assert line is not None and f"model.optim.sched.{key} null -> {value};" in line
+
+
+@pytest.mark.parametrize("style", ["nemo", "megatron"])
+def test_noam_with_a_warmup_init_lr_is_told_to_remove_it(style):
+    """Noam's warmup is its own under either style: the line says to remove warmup_init_lr, not to
+    set warmup_style=megatron (which Noam refuses in turn)."""
+    overrides = ["model.optim.sched.name=NoamAnnealing", "model.optim.sched.constant_steps=0"]
+    overrides += ["model.optim.sched.warmup_init_lr=1e-6", f"model.optim.sched.warmup_style={style}"]
+    cfg = load_training_config("gpt3/126m", overrides, report_ignored=False)
+    with pytest.raises(ConfigError) as error:
+        spec_from_config(cfg)
+    assert str(error.value) == (
+        "model.optim.sched.warmup_init_lr=1e-06: NoamAnnealing takes no warmup_init_lr; remove it"
+    )
