@@ -132,7 +132,7 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     if cfg.model.ffn_hidden_size is None:
         cfg.model.ffn_hidden_size = 4 * cfg.model.hidden_size
     if cfg.model.optim.sched.min_lr is None:
-        cfg.model.optim.sched.min_lr = default_min_lr(cfg.model.optim.sched.name)
+        cfg.model.optim.sched.min_lr = _schedule_default_min_lr(cfg)
     if cfg.model.data.mock_dataset:
         cfg.model.data.data_impl = "mock"
     if cfg.model.fsdp:
@@ -584,6 +584,19 @@ def _max_time_per_run(cfg: TrainingConfig) -> None:
     if per_run is not None:
         _check_max_time(per_run, "exp_manager.max_time_per_run")
         cfg.trainer.max_time = per_run
+
+
+def _schedule_default_min_lr(cfg: TrainingConfig) -> float:
+    """The NeMo default of a min_lr the config leaves out; one above lr (SquareAnnealing's 1e-5 beside
+    a smaller lr) is refused here, where the line can say the user never wrote it."""
+    name, lr = cfg.model.optim.sched.name, cfg.model.optim.lr
+    min_lr = default_min_lr(name)
+    if 0 < lr < min_lr:
+        raise ConfigError(
+            f"model.optim.sched.min_lr: not set, so {name}'s NeMo default {min_lr:g}, which is above"
+            f" model.optim.lr={lr:g}; set model.optim.sched.min_lr (0 up to lr)"
+        )
+    return min_lr
 
 
 def _check_batches(cfg: TrainingConfig) -> None:

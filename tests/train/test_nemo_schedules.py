@@ -443,3 +443,22 @@ def test_noam_with_a_warmup_init_lr_is_told_to_remove_it(style):
     assert str(error.value) == (
         "model.optim.sched.warmup_init_lr=1e-06: NoamAnnealing takes no warmup_init_lr; remove it"
     )
+
+
+def test_square_annealings_default_min_lr_above_a_small_lr_is_named_as_the_default():
+    """The user set no min_lr: the line names SquareAnnealing's NeMo default and the key to set, not a
+    min_lr of 1e-05 as if they had written it; one they wrote is refused as before."""
+    square = ["model.optim.sched.name=SquareAnnealing", "model.optim.sched.constant_steps=0"]
+    small = [*square, "model.optim.lr=5e-6"]
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [*small, "model.optim.sched.min_lr=null"], report_ignored=False)
+    assert str(error.value) == (
+        "model.optim.sched.min_lr: not set, so SquareAnnealing's NeMo default 1e-05, which is above"
+        " model.optim.lr=5e-06; set model.optim.sched.min_lr (0 up to lr)"
+    )
+    with pytest.raises(ConfigError, match=r"min_lr \(1e-05\) between 0 and lr"):
+        load_training_config("gpt3/126m", [*small, "model.optim.sched.min_lr=1e-5"], report_ignored=False)
+    fits = load_training_config(
+        "gpt3/126m", [*square, "model.optim.lr=1e-5", "model.optim.sched.min_lr=null"]
+    )
+    assert fits.model.optim.sched.min_lr == 1e-5
