@@ -331,11 +331,13 @@ class SchedConfig:
     d_model: int | None = None
     """NoamAnnealing: the rate is scaled by d_model ** -0.5; null is model.hidden_size."""
     power: float | None = None
-    """PolynomialDecayAnnealing, PolynomialHoldDecayAnnealing: the decay's exponent (null: 1.0)."""
+    """PolynomialDecayAnnealing, PolynomialHoldDecayAnnealing: the decay's exponent (null: 1.0; 0
+    holds lr to max_steps, as NeMo)."""
     cycle: bool | None = None
     """PolynomialDecayAnnealing, PolynomialHoldDecayAnnealing: NeMo's cycle (null: false)."""
     decay_rate: float | None = None
-    """NoamHoldAnnealing: the exponent of its decay after the hold (null: 0.5, Noam's)."""
+    """NoamHoldAnnealing: the exponent of its decay after the hold (null: 0.5, Noam's; 0 holds lr to
+    max_steps, as NeMo)."""
 
 
 @dataclass

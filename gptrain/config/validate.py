@@ -103,11 +103,12 @@ NON_NEGATIVE = (
     "model.optim.sched.constant_ratio",
     "model.optim.sched.hold_steps",
     "model.optim.sched.hold_ratio",
+    "model.optim.sched.power",  # the decays' exponents: 0 holds lr to max_steps, as in NeMo (x ** 0 is 1)
+    "model.optim.sched.decay_rate",
     "model.data.num_workers",
 )
-# NoamAnnealing's width and the decays' exponents: null is the schedule's default, 0 or less is no decay
-# (or a division by zero).
-ABOVE_ZERO_OR_NULL = ("model.optim.sched.d_model", "model.optim.sched.power", "model.optim.sched.decay_rate")
+# NoamAnnealing's width: null is the model's, 0 or less a division by zero (d_model ** -0.5).
+ABOVE_ZERO_OR_NULL = ("model.optim.sched.d_model",)
 
 
 def get(cfg: TrainingConfig, dotted: str):

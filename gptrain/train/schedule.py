@@ -120,10 +120,12 @@ class ScheduleSpec:
                     f"model.optim.sched.{key}={value}: {self.name} does not take it (NeMo's"
                     f" {', '.join(takers)} do); remove it or set it to null"
                 )
-        positive = {"d_model": self.d_model, "power": self.power, "decay_rate": self.decay_rate}
-        for key, value in positive.items():
-            if value is not None and not value > 0:
-                raise ConfigError(f"model.optim.sched.{key}={value}: must be above 0")
+        if self.d_model is not None and not self.d_model > 0:  # d_model ** -0.5
+            raise ConfigError(f"model.optim.sched.d_model={self.d_model}: must be above 0")
+        exponents = {"power": self.power, "decay_rate": self.decay_rate}  # 0: lr to max_steps (x ** 0 is 1)
+        for key, value in exponents.items():
+            if value is not None and not value >= 0:  # a negative one divides by 0 at the decay's end
+                raise ConfigError(f"model.optim.sched.{key}={value}: must be 0 or more")
         if self.hold_steps is not None and self.hold_steps < 0:
             raise ConfigError(f"model.optim.sched.hold_steps={self.hold_steps}: must be 0 or more")
         if self.name in NEMO_SCHEDULES and self.constant_steps:

@@ -293,7 +293,7 @@ def test_a_setting_its_schedule_does_not_take_is_one_line_naming_it(overrides, k
     [
         "model.optim.sched.d_model=0",
         "model.optim.sched.power=-1",
-        "model.optim.sched.decay_rate=0",
+        "model.optim.sched.decay_rate=-0.5",
         "model.optim.sched.hold_steps=-2",
         "model.optim.sched.hold_ratio=-0.1",
     ],
@@ -462,3 +462,35 @@ def test_square_annealings_default_min_lr_above_a_small_lr_is_named_as_the_defau
         "gpt3/126m", [*square, "model.optim.lr=1e-5", "model.optim.sched.min_lr=null"]
     )
     assert fits.model.optim.sched.min_lr == 1e-5
+
+
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("PolynomialDecayAnnealing", {"power": 0}),
+        ("PolynomialDecayAnnealing", {"power": 0, "cycle": True}),
+        ("PolynomialHoldDecayAnnealing", {"power": 0}),
+        ("PolynomialHoldDecayAnnealing", {"power": 0, "hold_steps": 3}),
+        ("NoamHoldAnnealing", {"decay_rate": 0}),
+        ("NoamHoldAnnealing", {"decay_rate": 0, "hold_steps": 3}),
+    ],
+)
+def test_an_exponent_of_0_is_taken_and_holds_lr_as_nemo(name, kwargs):
+    """NeMo takes power 0 and decay_rate 0: x ** 0 is 1 for every x, 0 ** 0 at the decay's end (or
+    the hold's) included (math.pow(0.0, 0) == 1.0), so the rate is lr from the warmup's end to
+    max_steps, min_lr past it; a negative exponent stays refused (0 ** -x divides by zero)."""
+    sched = [
+        f"model.optim.sched.name={name}",
+        "model.optim.sched.constant_steps=0",
+        "model.optim.sched.warmup_steps=2",
+    ]
+    sched += [f"model.optim.sched.{key}={value}" for key, value in kwargs.items()]
+    cfg = load_training_config("gpt3/126m", [*sched, "trainer.max_steps=12"], report_ignored=False)
+    key = next(iter(kwargs))
+    assert getattr(spec_from_config(cfg), key) == 0
+    spec = spec_of(name, 1.0, max_steps=12, min_lr=0.1, warmup_steps=2, **kwargs)
+    reference = NemoReference(name, 1.0, max_steps=12, min_lr=0.1, warmup_steps=2, **kwargs)
+    assert rates(spec, range(2, 14)) == [1.0] * 11 + [0.1]
+    assert rates(spec, range(20)) == [reference.lr_at(step) for step in range(20)]
+    with pytest.raises(ConfigError, match=f"^model.optim.sched.{key}: must be 0 or more, got -0.5$"):
+        load_training_config("gpt3/126m", [*sched, f"model.optim.sched.{key}=-0.5"], report_ignored=False)
