@@ -307,9 +307,12 @@ class SchedConfig:
     """NeMo: int(constant_ratio x schedule length) constant steps (instead of a non-zero
     constant_steps: a 0 counts as absent, as warmup_steps' does beside warmup_ratio)."""
     warmup_style: str = "nemo"
-    """`nemo`: CosineAnnealing with constant_steps 0 warms up as NeMo's, lr x (step + 1) /
-    (warmup_steps + 1); every other schedule from 0, lr x step / warmup_steps (as NeMo).
-    `megatron` (what `gptrain megatron` sets): from 0 for every schedule, as --lr-warmup-iters."""
+    """`nemo`: CosineAnnealing with constant_steps 0 and NeMo's WarmupPolicy schedules (all but
+    CosineAnnealing, LinearAnnealing, Constant and NoamAnnealing) warm up as NeMo's, lr x (step + 1) /
+    (warmup_steps + 1); CosineAnnealing with constant steps, LinearAnnealing and Constant linearly
+    from warmup_init_lr (0, as NeMo); NoamAnnealing by its own formula. `megatron` (what `gptrain
+    megatron` sets): linearly from warmup_init_lr for every schedule but NoamAnnealing, which
+    refuses it, as --lr-warmup-iters."""
     min_lr: float | None = None
     """Learning rate at the end of the decay; null (or absent) is the schedule's NeMo default,
     1e-5 for SquareAnnealing and 0 for every other (DEFAULT_MIN_LR)."""

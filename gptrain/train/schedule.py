@@ -8,8 +8,10 @@ Steps count completed optimizer steps: step 0 is the first update, as NeMo's sch
 The warmup follows nemo/core/optim/lr_scheduler.py: NeMo's CosineAnnealing takes Megatron's
 warmup (lr x step / warmup, from 0) only when constant_steps > 0; with constant_steps 0 (the
 `_improved` presets) it takes WarmupAnnealHoldPolicy's, lr x (step + 1) / (warmup + 1), whose first
-step is already lr / (warmup + 1). The decay and the min_lr tail are the same in both branches.
-`warmup_style: megatron` (set by `gptrain megatron`) keeps Megatron's warmup for every schedule.
+step is already lr / (warmup + 1), as do NeMo's WarmupPolicy schedules (nemo_schedules). The decay
+and the min_lr tail are the same in both branches. `warmup_style: megatron` (set by `gptrain
+megatron`) keeps Megatron's warmup for every schedule but NoamAnnealing, whose warmup is its own
+(it refuses megatron and warmup_init_lr).
 
 Megatron can also count the schedule in samples (`--lr-warmup-samples`, `--lr-decay-samples`)
 and NeMo in a ratio (`warmup_ratio`). With a constant global batch, Megatron's rate at
