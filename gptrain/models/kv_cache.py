@@ -117,14 +117,19 @@ def prefill_padded(model: GPT, prompts: list[list[int]], cache: KVCache) -> torc
     device = next(model.parameters()).device
     if len(prompts) == 1 and not cache.padded():  # no copy of a long prompt's keys
         return forward_cached(model, torch.tensor(prompts, device=device), cache)[:, -1]
-    last = []
+    last: torch.Tensor | None = None
     for row, prompt in enumerate(prompts):
         alone = cache.row_cache(row, len(prompt))
-        last.append(forward_cached(model, torch.tensor([prompt], device=device), alone)[0, -1])
+        logits = forward_cached(model, torch.tensor([prompt], device=device), alone)
+        if last is None:  # copied out: a view of the last row kept the row's whole logits alive
+            last = logits.new_empty((len(prompts), logits.shape[-1]))
+        last[row] = logits[0, -1]
+        del logits
         if row == 0:
             cache.place(row, alone)
     cache.length = max(len(prompt) for prompt in prompts)
-    return torch.stack(last)
+    assert last is not None
+    return last
 
 
 def _positions(cache: KVCache, seq: int, device: torch.device) -> torch.Tensor:

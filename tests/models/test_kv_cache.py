@@ -196,3 +196,29 @@ def test_rows_prefilled_alone_then_stepped_together_get_their_logits_alone(archi
             logits = forward_cached(model, torch.tensor([t[-1:] for t in rows]), cache)[:, -1]
     assert cache.length == 17
     assert len(set(rows[1][1:])) > 5  # no constant loop, which could hide a position slip
+
+
+def test_a_padded_prefill_keeps_no_rows_logits_but_its_last(monkeypatch):
+    """`prefill_padded` kept a view of each row's last logits, and with it the row's whole
+    [1, prompt, vocab] logits until all rows had run (8 prompts of 16k at a 50k vocab: 26 GB in
+    float32). While each row runs, the earlier rows' logits still alive hold one vocab row each."""
+    import weakref
+
+    from gptrain.models.kv_cache import prefill_padded
+
+    model = float64_model("gpt3")
+    vocab_row = TINY["vocab_size"] * 8  # bytes of one float64 row of logits
+    outputs: list[weakref.ref] = []
+    held: list[int] = []
+
+    def check_earlier(module, inputs, output):
+        alive = [ref() for ref in outputs]
+        held.append(sum(t.untyped_storage().nbytes() for t in alive if t is not None))
+        outputs.append(weakref.ref(output))
+
+    model.output.register_forward_hook(check_earlier)
+    rows = [[3, 17, 5, 40, 2, 8, 1], [9, 4, 4, 30, 2, 1], [11, 4, 30, 2, 8]]
+    with torch.no_grad():
+        prefill_padded(model, rows, KVCache(capacity=9, pad=[7 - len(tokens) for tokens in rows]))
+    assert len(held) == 3
+    assert all(nbytes <= row * vocab_row for row, nbytes in enumerate(held))
