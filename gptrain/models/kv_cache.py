@@ -80,12 +80,15 @@ class KVCache:
         return self.pad is not None and any(self.pad)
 
 
-def forward_cached(model: GPT, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+def forward_cached(
+    model: GPT, tokens: torch.Tensor, cache: KVCache, *, last_only: bool = False
+) -> torch.Tensor:
     """tokens [B, S] at columns cache.length.. -> logits [B, S, V], the keys and values kept.
 
     Same result as `model(all tokens so far)[:, -S:]` for each row alone (its padding aside); the
     caller keeps to the model's context (positions below config.seq_length) and to the cache's
-    capacity.
+    capacity. `last_only`: logits [B, 1, V] of the last position only (HF's logits_to_keep=1), all
+    generation needs: a prompt's other positions would cost S x V memory and S x hidden x V flops.
     """
     start, seq = cache.length, tokens.shape[1]
     last_position = start + seq - 1 - min(cache.pad or [0])
@@ -105,6 +108,8 @@ def forward_cached(model: GPT, tokens: torch.Tensor, cache: KVCache) -> torch.Te
     for index, block in enumerate(model.layers.values()):
         h = _block_cached(block, h, cos, sin, cache, index, visible)
     cache.length = start + seq
+    if last_only:
+        h = h[:, -1:]
     return model.output(model.norm(h))
 
 
@@ -116,12 +121,12 @@ def prefill_padded(model: GPT, prompts: list[list[int]], cache: KVCache) -> torc
     """
     device = next(model.parameters()).device
     if len(prompts) == 1 and not cache.padded():  # no copy of a long prompt's keys
-        return forward_cached(model, torch.tensor(prompts, device=device), cache)[:, -1]
+        return forward_cached(model, torch.tensor(prompts, device=device), cache, last_only=True)[:, -1]
     last: torch.Tensor | None = None
     for row, prompt in enumerate(prompts):
         alone = cache.row_cache(row, len(prompt))
-        logits = forward_cached(model, torch.tensor([prompt], device=device), alone)
-        if last is None:  # copied out: a view of the last row kept the row's whole logits alive
+        logits = forward_cached(model, torch.tensor([prompt], device=device), alone, last_only=True)
+        if last is None:  # copied out: a view kept its row's logits alive until the last row ran
             last = logits.new_empty((len(prompts), logits.shape[-1]))
         last[row] = logits[0, -1]
         del logits

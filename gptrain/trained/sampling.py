@@ -174,7 +174,7 @@ def _generate_cached(model: GPT, rows: list[Row], picker: Picker) -> list[Row]:
             active = [active[i] for i in going_on]
         if active:
             feed = torch.tensor([row.tokens[-1:] for row in active], dtype=torch.long, device=device)
-            logits = forward_cached(model, feed, cache)[:, -1]
+            logits = forward_cached(model, feed, cache, last_only=True)[:, -1]
     return outgrown
 
 

@@ -222,3 +222,31 @@ def test_a_padded_prefill_keeps_no_rows_logits_but_its_last(monkeypatch):
         prefill_padded(model, rows, KVCache(capacity=9, pad=[7 - len(tokens) for tokens in rows]))
     assert len(held) == 3
     assert all(nbytes <= row * vocab_row for row, nbytes in enumerate(held))
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_generation_scores_only_the_last_position_of_a_prompt(architecture):
+    """The prefill ran the final norm and the output layer on every prompt position (a 16k prompt
+    at a 50k vocab: 3 GB of float32 logits and 16k x hidden x vocab multiply-adds) for the last
+    one's logits only. Generation now scores the last position, as HF's logits_to_keep=1; its
+    logits are the full forward's, and the whole prompt's are still there for who asks."""
+    from gptrain.trained.sampling import generate_batch
+
+    model = float64_model(architecture)
+    scored: list[tuple[int, ...]] = []
+    for module in (model.norm, model.output):
+        module.register_forward_hook(lambda module, inputs, output: scored.append(tuple(inputs[0].shape)))
+    prompts = [[3, 17, 5, 40, 2, 8, 1, 9], [9, 4], [11, 4, 30, 2, 8]]
+    with torch.no_grad():
+        generate_batch(model, prompts, 3, greedy=True)
+        generate_batch(model, prompts[:1], 3, greedy=True)
+    hidden = TINY["hidden_size"]
+    assert scored == [(1, 1, hidden)] * 6 + [(3, 1, hidden)] * 4 + [(1, 1, hidden)] * 6
+    tokens = torch.tensor([prompts[0]])
+    with torch.no_grad():
+        last = forward_cached(model, tokens, KVCache(capacity=8), last_only=True)
+        every = forward_cached(model, tokens, KVCache(capacity=8))
+        full = model(tokens)
+    assert last.shape == (1, 1, TINY["vocab_size"]) and every.shape == full.shape
+    assert_same_logits(last, full[:, -1:])
+    assert_same_logits(every, full)

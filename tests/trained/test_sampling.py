@@ -278,9 +278,9 @@ def test_a_batch_of_prompts_of_several_lengths_gives_each_the_tokens_it_gets_alo
     prompts = [[7, 3, 9, 1], [5], [2, 8, 4, 6, 1, 3, 9], [4] * 13 + [1]]
     batch_sizes: list[int] = []
 
-    def recording(model, tokens, cache):
+    def recording(model, tokens, cache, **options):
         batch_sizes.append(tokens.shape[0])
-        return kv_cache.forward_cached(model, tokens, cache)
+        return kv_cache.forward_cached(model, tokens, cache, **options)
 
     monkeypatch.setattr(sampling, "forward_cached", recording)
     for options in (dict(greedy=True), dict(temperature=0.8, top_k=20)):
