@@ -95,9 +95,12 @@ def add_generate_parser(subparsers: argparse._SubParsersAction) -> None:
         default=8,
         metavar="N",
         help=(
-            "prompts generated together (default 8): one left-padded batch through the KV cache, each "
-            "getting the tokens it gets alone up to rounding (a batch runs other kernel shapes, so in "
-            "float32 or bf16 a near tie may break the other way); 1: one at a time, exactly as alone"
+            "prompts generated together (default 8), in left-padded batches through the KV cache "
+            "grouped by length: a batch closes before its cache would hold over twice the columns its "
+            "prompts need alone (prompt + --max-new-tokens each), so a long prompt among short ones "
+            "runs apart; each gets the tokens it gets alone up to rounding (a batch runs other kernel "
+            "shapes, so in float32 or bf16 a near tie may break the other way); 1: one at a time, "
+            "exactly as alone"
         ),
     )
     parser.add_argument(
@@ -175,7 +178,7 @@ def continue_prompts(
     labels: list[str],
 ) -> list[tuple[str, str]]:
     """For each prompt, the text generated after it (up to the first --stop string) and why it
-    ended: "stop" (an end token or a stop string) or "length". The prompts run as one batch, each
+    ended: "stop" (an end token or a stop string) or "length". The prompts run batched, each
     from --seed with a generator of its own, so its text does not depend on the others (up to a
     batch's rounding)."""
     import torch

@@ -3,7 +3,7 @@
 A GPT generates with a key/value cache (`gptrain.models.kv_cache`): each new token costs one
 position's forward while the text fits the model's context; past it the window slides, every
 position moves, and each token costs a forward of the whole window, as without a cache. Several
-prompts run as one left-padded batch (`generate_batch`), each as it would alone. Sampling
+prompts run in left-padded batches (`generate_batch`), each as it would alone. Sampling
 happens on the CPU, the softmax in float64 (a tiny temperature stays finite), so a seeded generator
 gives the same tokens whatever device the model is on.
 """
@@ -65,8 +65,9 @@ def generate_batch(
     """`generate` for several prompts at once, each with its own generator and stop condition: the
     new ids of each, as it gets them alone (up to rounding: a batch runs other GEMM shapes).
 
-    A whole GPT runs the prompts that fit its context as one left-padded batch through the KV cache;
-    a prompt leaves the batch when it ends, or when it outgrows the context and goes on alone with
+    A whole GPT runs the prompts that fit its context in left-padded batches through the KV cache
+    (`padded_batches`: grouped by length, so padding at most doubles the cache); a prompt leaves
+    its batch when it ends, or when it outgrows the context and goes on alone with
     the sliding window. `sampling`: `generate`'s temperature, top_k, top_p, greedy, eod,
     valid_vocab_size and excluded_ids, when no `picker` is given.
     """
@@ -151,19 +152,55 @@ def caches(model: nn.Module) -> bool:
 
 
 def _generate_cached(model: GPT, rows: list[Row], picker: Picker) -> list[Row]:
-    """Run the rows that fit the context as one batch through the KV cache until each ends; return
-    those that outgrow the context (or started past it), to go on alone with the sliding window."""
+    """Run the rows that fit the context through the KV cache, in padded batches of bounded waste,
+    until each ends; return those that outgrow the context (or started past it), to go on alone
+    with the sliding window."""
     seq_length = model.config.seq_length
     outgrown = [row for row in rows if len(row.tokens) > seq_length]
-    active = [row for row in rows if len(row.tokens) <= seq_length]
-    if not active:
-        return outgrown
+    fitting = [row for row in rows if len(row.tokens) <= seq_length]
+    for batch in padded_batches(fitting, seq_length):
+        outgrown += _generate_padded(model, batch, picker)
+    return outgrown
+
+
+PADDING_WASTE = 2
+"""A padded batch's cache holds at most this many times the columns its rows would hold alone."""
+
+
+def padded_batches(rows: list[Row], seq_length: int) -> list[list[Row]]:
+    """The rows grouped by prompt length (each batch in the rows' order) into batches whose cache
+    holds at most PADDING_WASTE times the columns of their caches alone: every row is padded to
+    the longest, so one long prompt among short ones multiplied its cache by the batch size (one
+    16k prompt with seven short ones: 8 x 16k columns). Each row still gets what it gets alone."""
+    batches: list[list[int]] = []
+    for index in sorted(range(len(rows)), key=lambda index: len(rows[index].tokens)):
+        grown = [rows[member] for member in (batches[-1] if batches else [])] + [rows[index]]
+        alone = sum(_cache_columns([row], seq_length) for row in grown)
+        if len(grown) > 1 and len(grown) * _cache_columns(grown, seq_length) <= PADDING_WASTE * alone:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return [[rows[index] for index in sorted(batch)] for batch in batches]
+
+
+def _cache_columns(rows: list[Row], seq_length: int) -> int:
+    """The columns of a padded batch's cache: its longest prompt plus the tokens to generate, up to
+    where its shortest prompt outgrows the context (and leaves the batch)."""
+    lengths = [len(row.tokens) for row in rows]
+    return min(max(lengths) + rows[0].max_new_tokens, seq_length + max(lengths) - min(lengths))
+
+
+def _generate_padded(model: GPT, rows: list[Row], picker: Picker) -> list[Row]:
+    """Run the rows as one left-padded batch through the KV cache until each ends; return those
+    that outgrow the context."""
+    seq_length = model.config.seq_length
     device = next(model.parameters()).device
-    longest = max(len(row.tokens) for row in active)
-    pad = [longest - len(row.tokens) for row in active]
-    capacity = min(longest + active[0].max_new_tokens, seq_length + max(pad))
-    cache = KVCache(capacity=capacity, pad=pad)
-    logits = prefill_padded(model, [row.tokens for row in active], cache)
+    longest = max(len(row.tokens) for row in rows)
+    cache = KVCache(
+        capacity=_cache_columns(rows, seq_length), pad=[longest - len(row.tokens) for row in rows]
+    )
+    logits = prefill_padded(model, [row.tokens for row in rows], cache)
+    active, outgrown = rows, []
     while active:
         for row, row_logits in zip(active, logits.float().cpu(), strict=True):
             picker.take(row, row_logits)

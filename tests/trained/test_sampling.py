@@ -351,3 +351,34 @@ def test_a_padded_batch_never_reads_what_memory_its_padding_columns_held(monkeyp
     alone = [generate(model, p, 5, greedy=True) for p in prompts]
     monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, shape: self.new_full(shape, float("nan")))
     assert generate_batch(model, prompts, 5, greedy=True) == alone
+
+
+def test_one_long_prompt_among_short_ones_does_not_pad_them_all_to_its_length(monkeypatch):
+    """Every prompt of a batch was padded to the longest: one 30-token prompt with seven of 2
+    tokens made a cache of 8 x 34 columns (4 new tokens), where alone they need 34 + 7 x 6. A batch
+    now closes before its cache would hold over twice the columns its rows need alone, so the seven
+    short prompts run together (7 x 6 columns) and the long one by itself (34); each prompt still
+    gets, in its place, the tokens it gets alone."""
+    from gptrain.models import kv_cache
+    from gptrain.trained import sampling
+    from gptrain.trained.sampling import generate_batch
+
+    config = GPTConfig(vocab_size=50, seq_length=48, num_layers=2, hidden_size=32, num_attention_heads=4)
+    model = GPT(config)
+    model.init_weights(torch.Generator().manual_seed(5))
+    model = model.double()
+    caches: list[tuple[int, int]] = []
+
+    def recording(model, prompts, cache):
+        logits = kv_cache.prefill_padded(model, prompts, cache)
+        rows, heads, columns, head_dim = cache.keys[0].shape
+        assert cache.keys[0].untyped_storage().nbytes() == rows * heads * columns * head_dim * 8
+        caches.append((rows, columns))
+        return logits
+
+    short = [[1 + i, 7] for i in range(7)]
+    prompts = short[:3] + [[(5 * i) % 50 for i in range(30)]] + short[3:]
+    alone = [generate(model, prompt, 4, greedy=True) for prompt in prompts]
+    monkeypatch.setattr(sampling, "prefill_padded", recording)
+    assert generate_batch(model, prompts, 4, greedy=True) == alone
+    assert caches == [(7, 6), (1, 34)]
