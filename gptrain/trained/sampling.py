@@ -42,7 +42,8 @@ def generate(
     imported model may declare several end tokens) if generation stopped on it.
 
     The context is cropped to the model's `config.seq_length` most recent tokens. `generator` must be
-    a CPU generator. `valid_vocab_size` (the tokenizer's unpadded size) keeps the padding rows of a
+    a CPU generator (without one, sampling uses a generator of its own seeded from torch's global
+    one, as `generate_batch` gives each row). `valid_vocab_size` (the tokenizer's unpadded size) keeps the padding rows of a
     padded vocab from ever being sampled, and `excluded_ids` (ids the tokenizer cannot decode) too.
     `stop`, called with the new ids after each token, ends generation when it returns True (a stop
     string in the decoded text). `use_cache=False` reruns the context for every token (the
@@ -62,8 +63,9 @@ def generate_batch(
     use_cache: bool = True,
     **sampling,
 ) -> list[list[int]]:
-    """`generate` for several prompts at once, each with its own generator and stop condition: the
-    new ids of each, as it gets them alone (up to rounding: a batch runs other GEMM shapes).
+    """`generate` for several prompts at once, each with its own generator (`own_generators` where
+    none is given) and stop condition: the new ids of each, as it gets them alone (up to rounding:
+    a batch runs other GEMM shapes).
 
     A whole GPT runs the prompts that fit its context in left-padded batches through the KV cache
     (`padded_batches`: grouped by length, so padding at most doubles the cache); a prompt leaves
@@ -79,7 +81,10 @@ def generate_batch(
     rows = [
         Row(list(prompt), generator, stop, max_new_tokens)
         for prompt, generator, stop in zip(
-            prompts, generators or [None] * len(prompts), stops or [None] * len(prompts), strict=True
+            prompts,
+            own_generators(generators, len(prompts), picker),
+            stops or [None] * len(prompts),
+            strict=True,
         )
     ]
     was_training = model.training
@@ -94,6 +99,23 @@ def generate_batch(
     finally:
         model.train(was_training)
     return [row.new for row in rows]
+
+
+def own_generators(
+    generators: Sequence[torch.Generator | None] | None, count: int, picker: Picker
+) -> list[torch.Generator | None]:
+    """A generator for each row: rows without one all drew from torch's global generator in turn,
+    so a row's tokens depended on the others (how many were still drawing). Each gets its own,
+    seeded from the global one in row order (torch.manual_seed still repeats a call, and the first
+    row gets what it gets alone); greedy rows draw nothing."""
+    given = list(generators) if generators is not None else [None] * count
+    if picker.greedy_only() or all(generator is not None for generator in given):
+        return given
+    seeds = [int(torch.randint(2**62, ())) for _ in range(count)]  # one draw each: the first as alone
+    return [
+        generator if generator is not None else torch.Generator().manual_seed(seed)
+        for generator, seed in zip(given, seeds, strict=True)
+    ]
 
 
 @dataclass
@@ -111,6 +133,10 @@ class Picker:
     def __post_init__(self) -> None:
         self.ends = {self.eod} if isinstance(self.eod, int) else set(self.eod or ())
         self.excluded = torch.tensor(sorted(self.excluded_ids), dtype=torch.long)
+
+    def greedy_only(self) -> bool:
+        """Whether every token is the argmax (no generator is drawn from)."""
+        return is_greedy(self.greedy, self.top_k, self.temperature)
 
     def take(self, row: Row, logits: torch.Tensor) -> None:
         """Append the token picked from 1-D CPU float logits to `row`, and end the row where due."""
@@ -237,7 +263,7 @@ def next_token(
     softmax(logits / T) over the top k, then over the fewest most likely ids whose probability reaches
     top_p (the order Hugging Face applies them in). top_k=0 and top_p=0 turn their filter off, as in
     Megatron and NeMo."""
-    if greedy or top_k == 1 or temperature == 0:  # top_k=1 is Megatron's greedy, T=0 vLLM's and OpenAI's
+    if is_greedy(greedy, top_k, temperature):
         return int(torch.argmax(logits))
     # Shift by the max before dividing, in float64: a tiny temperature then sends the others to
     # -inf (probability 0) instead of every logit to +-inf (inf - inf = nan in the softmax).
@@ -250,6 +276,11 @@ def next_token(
         scaled = _keep_nucleus(scaled, top_p)
     probs = torch.softmax(scaled, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def is_greedy(greedy: bool, top_k: int | None, temperature: float) -> bool:
+    """--greedy, or top_k=1 (Megatron's greedy), or temperature 0 (vLLM's and OpenAI's)."""
+    return greedy or top_k == 1 or temperature == 0
 
 
 def _keep_nucleus(scaled: torch.Tensor, top_p: float) -> torch.Tensor:

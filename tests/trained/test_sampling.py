@@ -382,3 +382,27 @@ def test_one_long_prompt_among_short_ones_does_not_pad_them_all_to_its_length(mo
     monkeypatch.setattr(sampling, "prefill_padded", recording)
     assert generate_batch(model, prompts, 4, greedy=True) == alone
     assert caches == [(7, 6), (1, 34)]
+
+
+def test_rows_without_a_generator_each_sample_from_their_own():
+    """Rows given no generator all drew from torch's global one in turn, so a row's tokens depended
+    on the other rows (how many were still drawing) and a prompt in a batch got other text than
+    alone. Each such row now samples from a generator of its own, seeded from the global one in row
+    order (torch.manual_seed still repeats a call); greedy draws nothing from it."""
+    from gptrain.trained.sampling import generate_batch
+
+    model = float64_gpt()
+    prompts = [[7, 3, 9, 1], [5, 2]]
+    options = dict(temperature=1.0, top_k=30)
+    torch.manual_seed(3)
+    alone = generate(model, prompts[0], 8, **options)
+    torch.manual_seed(3)
+    together = generate_batch(model, prompts, 8, **options)
+    torch.manual_seed(3)
+    first_stops = generate_batch(model, prompts, 8, stops=[lambda new: len(new) == 2, None], **options)
+    assert together[0] == alone and len(set(alone)) > 3  # sampled text that varies
+    assert first_stops == [alone[:2], together[1]]
+    state = torch.get_rng_state()
+    generate_batch(model, prompts, 8, greedy=True)
+    generate_batch(model, prompts, 8, temperature=0.0)
+    assert torch.equal(torch.get_rng_state(), state)
