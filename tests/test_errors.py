@@ -212,5 +212,5 @@ def test_data_prepare_tokenizes_every_repeated_json_key_and_text_by_default(tmp_
     assert sorted(p.name for p in tmp_path.glob("default_*")) == [
         "default_text_document.bin",
         "default_text_document.idx",
-        "default_text_document.tokenizer.json",
+        "default_text_document.tokenizer",
     ]

