@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gptrain.data.tokenizer_args import canonical_type
+from gptrain.errors import ConfigError
 from gptrain.utils.atomic import atomic_write_text
 
 SUFFIX = ".tokenizer"
@@ -56,12 +58,24 @@ def _read(path: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and isinstance(record.get("legacy"), bool) else None
 
 
-def legacy_mismatch(prefixes: list[str], legacy: bool) -> str | None:
+def legacy_mismatch(prefixes: list[str], legacy: bool, tokenizer_type: str) -> str | None:
     """The first prefix whose data was encoded with the other --legacy-tokenizer setting, said as the
-    reason (for the message), or None."""
+    reason (for the message), or None. Compared only where the setting changes ids, GPT-2 BPE on both
+    sides: data of another type is recorded false whatever the flag was, and model.tokenizer.legacy
+    is set whatever the type (so a HuggingFaceTokenizer run with it was refused its own data)."""
+    if not _is_gpt2_bpe(tokenizer_type):
+        return None
     for prefix in prefixes:
         record = read_tokenizer_record(prefix)
-        if record is not None and bool(record.get("legacy")) != legacy:
+        if record is not None and _is_gpt2_bpe(record.get("type")) and record["legacy"] != legacy:
             how = "with" if record.get("legacy") else "without"
             return f"{prefix} was prepared {how} --legacy-tokenizer ({record_path(prefix)})"
     return None
+
+
+def _is_gpt2_bpe(tokenizer_type: object) -> bool:
+    """Whether a type (any spelling the config takes) is GPT-2 BPE; an unknown one is not."""
+    try:
+        return isinstance(tokenizer_type, str) and canonical_type(tokenizer_type) == "gpt2"
+    except ConfigError:
+        return False

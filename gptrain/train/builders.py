@@ -108,7 +108,7 @@ def check_data_tokenizer(cfg: TrainingConfig) -> None:
     from gptrain.data.tokenizer_record import legacy_mismatch
 
     legacy = cfg.model.tokenizer.legacy
-    why = legacy_mismatch(prefixes_of(cfg.model.data.data_prefix), legacy)
+    why = legacy_mismatch(prefixes_of(cfg.model.data.data_prefix), legacy, cfg.model.tokenizer.type)
     if why is None:
         return
     text = (

@@ -427,3 +427,43 @@ def test_legacy_tokenizer_is_recorded_beside_the_data_and_checked_by_training(
     capsys.readouterr()
     check_data_tokenizer(training("legacy", "exp_manager.allow_tokenizer_change=true"))
     assert "gptrain: warning: model.data.data_prefix: " in capsys.readouterr().err
+
+
+def test_legacy_tokenizer_with_another_type_in_both_steps_is_not_refused(tmp_path: Path) -> None:
+    """--legacy-tokenizer changes GPT-2 BPE's ids only, so data of another type is recorded legacy
+    false whatever the flag; model.tokenizer.legacy was compared whatever the type, and a
+    HuggingFaceTokenizer run with the flag in both steps was refused its own data."""
+    from gptrain.config import load_training_config
+    from gptrain.train.builders import check_data_tokenizer
+
+    directory = _tokenizer_dir(tmp_path / "tok", "GPT2TokenizerFast")
+    (tmp_path / "in.jsonl").write_text('{"text": "hello <|endoftext|> world"}\n')
+    argv = [
+        "data",
+        "prepare",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output-prefix",
+        str(tmp_path / "out"),
+    ]
+    argv += [
+        "--workers",
+        "1",
+        "--tokenizer-type",
+        "HuggingFaceTokenizer",
+        "--tokenizer-model",
+        str(directory),
+    ]
+    assert main([*argv, "--legacy-tokenizer"]) == 0
+    for legacy in ("true", "false"):
+        cfg = load_training_config(
+            "gpt3/126m",
+            [
+                f"model.data.data_prefix=[1.0,{tmp_path / 'out_text_document'}]",
+                "model.tokenizer.type=HuggingFaceTokenizer",
+                f"model.tokenizer.model={directory}",
+                f"model.tokenizer.legacy={legacy}",
+            ],
+            report_ignored=False,
+        )
+        check_data_tokenizer(cfg)
