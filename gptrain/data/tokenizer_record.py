@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gptrain.data.blend_spec import strip_suffix
 from gptrain.data.tokenizer_args import canonical_type
 from gptrain.errors import ConfigError
 from gptrain.utils.atomic import atomic_write_text
@@ -65,7 +66,7 @@ def legacy_mismatch(prefixes: list[str], legacy: bool, tokenizer_type: str) -> s
     is set whatever the type (so a HuggingFaceTokenizer run with it was refused its own data)."""
     if not _is_gpt2_bpe(tokenizer_type):
         return None
-    for prefix in prefixes:
+    for prefix in map(strip_suffix, prefixes):  # data_prefix may name X.bin or X.idx for X
         record = read_tokenizer_record(prefix)
         if record is not None and _is_gpt2_bpe(record.get("type")) and record["legacy"] != legacy:
             how = "with" if record.get("legacy") else "without"

@@ -467,3 +467,25 @@ def test_legacy_tokenizer_with_another_type_in_both_steps_is_not_refused(tmp_pat
             report_ignored=False,
         )
         check_data_tokenizer(cfg)
+
+
+@pytest.mark.parametrize("suffix", [".bin", ".idx"])
+def test_a_data_prefix_given_as_its_bin_or_idx_is_checked_against_the_record(
+    tmp_path: Path, gpt2_files: tuple[str, str], suffix: str
+) -> None:
+    """model.data.data_prefix takes X.bin or X.idx for X (the dataset opens as X), but the record
+    was looked for at X.bin.tokenizer: the check passed silently for legacy data."""
+    from gptrain.config import load_training_config
+    from gptrain.train.builders import check_data_tokenizer
+
+    prepare(tmp_path, gpt2_files, "--legacy-tokenizer")
+    vocab, merges = gpt2_files
+    prefix = tmp_path / "out_text_document"
+    overrides = [f"model.data.data_prefix=[1.0,{prefix}{suffix}]", f"model.tokenizer.vocab_file={vocab}"]
+    cfg = load_training_config(
+        "gpt3/126m", [*overrides, f"model.tokenizer.merge_file={merges}"], report_ignored=False
+    )
+    with pytest.raises(
+        ConfigError, match=f"{prefix} was prepared with --legacy-tokenizer \\({prefix}.tokenizer\\)"
+    ):
+        check_data_tokenizer(cfg)
