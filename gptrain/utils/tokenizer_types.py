@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import re
 
+from gptrain.utils.paths import look_up
+
 SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "Llama2Tokenizer", "SentencePieceTokenizer")
 """Megatron's types of a SentencePiece tokenizer.model (how each encodes: gptrain.data.tokenizers)."""
 MEGATRON_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "TikTokenizer", *SENTENCEPIECE_TYPES)
@@ -80,9 +82,13 @@ def hub_name_advice(value: object, pass_as: str = "pass the local directory DIR"
     """What to do when a tokenizer's path is missing and reads as a Hugging Face hub name
     (`gpt2-medium`, `meta-llama/Llama-2-7b-hf`), which NeMo's AutoTokenizer downloads: gptrain
     never downloads, so the user needs the local copy; None for anything else (a missing file's
-    own message says enough)."""
+    own message says enough). Only where the path is missing: one the file system cannot look up (a
+    link loop, a directory above it this user may not search) is a local path, whose own message
+    says why."""
     text = str(value)
-    if not _HUB_ID.fullmatch(text) or text.endswith(_TOKENIZER_FILE_SUFFIXES) or os.path.exists(text):
+    if not _HUB_ID.fullmatch(text) or text.endswith(_TOKENIZER_FILE_SUFFIXES):
+        return None
+    if look_up(text).kind != "missing":
         return None
     return (
         f"gptrain does not download tokenizers from the Hugging Face hub: if {text!r} is a hub name, "

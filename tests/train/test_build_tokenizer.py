@@ -1,5 +1,7 @@
 """The training job names the config key of a missing tokenizer file, not a data-CLI flag."""
 
+import os
+
 import pytest
 
 from gptrain.config import load_training_config
@@ -113,6 +115,27 @@ def test_a_hub_name_says_gptrain_does_not_download(tmp_path, monkeypatch, overri
         build_tokenizer(training(*(o.format(n=name) for o in overrides)))
     hub = HUB.format(n=name, how=how)
     assert str(error.value) == f"{key}: {name} is not a local file or directory; {hub}"
+
+
+def test_a_path_that_cannot_be_looked_up_is_not_called_a_hub_name(tmp_path, monkeypatch, capsys):
+    """The hub advice came wherever os.path.exists was False, so a local path the file system
+    refuses (a link loop; a directory under an unsearchable parent) was called a hub name to
+    download: it now says why the path cannot be looked up, and the advice is for missing paths."""
+    from gptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    os.symlink("gpt2-medium", "gpt2-medium")  # ELOOP, as EACCES cannot be had as root
+    with pytest.raises(ConfigError) as error:
+        build_tokenizer(
+            training("model.tokenizer.type=HuggingFaceTokenizer", "model.tokenizer.model=gpt2-medium")
+        )
+    assert str(error.value).startswith("model.tokenizer.model: gpt2-medium")
+    assert "cannot be looked up" in str(error.value) and "hub" not in str(error.value)
+    (tmp_path / "in.jsonl").write_text('{"text": "hello"}\n')
+    flags = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "gpt2-medium"]
+    assert main(["data", "prepare", "--input", "in.jsonl", "--output-prefix", "out", *flags]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "gpt2-medium cannot be looked up" in err and "hub" not in err
 
 
 def test_a_hub_name_as_a_megatron_type_says_gptrain_does_not_download():
