@@ -262,7 +262,7 @@ class TokenizerConfig:
     use_fast: bool | None = None
     """NeMo's AutoTokenizer switch. gptrain encodes with the fast tokenizer; false is taken where
     transformers' slow one gives the same ids (GPT2BPETokenizer; a tokenizer.json whose
-    tokenizer_config.json names GPT2Tokenizer or PreTrainedTokenizerFast) and refused elsewhere for
+    tokenizer_config.json names GPT2Tokenizer or a ...Fast class, which transformers loads as named) and refused elsewhere for
     HuggingFaceTokenizer (a slow LlamaTokenizer encodes otherwise); other types do not read it."""
     vocab_size: int | None = None
     """TikTokenizer with a vocabulary file (Megatron's --vocab-size): the ids, special tokens first,

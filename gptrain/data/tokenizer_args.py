@@ -250,7 +250,7 @@ def _slow_tokenizer_effect(flag: str, kind: str, model: str | None) -> str:
     if kind == "gpt2":
         return "transformers' slow GPT2Tokenizer gives the same ids as the fast one gptrain encodes with"
     if (slow := slow_class_that_differs(model or "")) is None:
-        return "transformers' slow tokenizer of this tokenizer.json gives the same ids as the fast one"
+        return "the class transformers then loads for this tokenizer.json gives the same ids as the fast one"
     raise ConfigError(
         f"{flag}: Megatron then encodes with transformers' slow {slow}, whose ids may differ from those of "
         "the tokenizer.json gptrain encodes with (as the fast one, Megatron's default); drop the flag"

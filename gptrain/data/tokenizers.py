@@ -511,8 +511,9 @@ vocabulary), and PreTrainedTokenizerFast's, which has no slow class (AutoTokeniz
 
 def slow_class_that_differs(model: str) -> str | None:
     """The slow class transformers 4's AutoTokenizer(use_fast=False) builds for the tokenizer at
-    `model` (its tokenizer_config.json's tokenizer_class, less "Fast"), when its ids may differ from
-    tokenizer.json's; None when they are the same (transformers 5 ignores use_fast)."""
+    `model` (its tokenizer_config.json's tokenizer_class), when its ids may differ from
+    tokenizer.json's; None when they are the same (transformers 5 ignores use_fast). A class named
+    `...Fast` there is loaded as named whatever use_fast says, so it reads the same tokenizer.json."""
     path = Path(model)
     config = (path if path.is_dir() else path.parent) / "tokenizer_config.json"
     try:
@@ -521,8 +522,9 @@ def slow_class_that_differs(model: str) -> str | None:
         name = None
     if not isinstance(name, str) or not name:
         return f"the model type's slow tokenizer ({config} names no tokenizer_class)"
-    slow = name.removesuffix("Fast")
-    return None if slow in SAME_IDS_SLOW_CLASSES else slow
+    if name.endswith("Fast"):
+        return None
+    return None if name in SAME_IDS_SLOW_CLASSES else name
 
 
 def _megatron_hint(data: bytes) -> str:

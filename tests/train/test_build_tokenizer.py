@@ -160,12 +160,15 @@ def test_the_built_in_type_names_stay_types(spelling):
 
 @pytest.mark.parametrize(
     ("tokenizer_class", "refused"),
-    [("GPT2Tokenizer", None), ("PreTrainedTokenizerFast", None), ("LlamaTokenizerFast", "LlamaTokenizer"),
+    [("GPT2Tokenizer", None), ("PreTrainedTokenizerFast", None), ("LlamaTokenizerFast", None),
+     ("LlamaTokenizer", "LlamaTokenizer"),
      (None, "the model type's slow tokenizer ({d}/tokenizer_config.json names no tokenizer_class)")],
 )  # fmt: skip
 def test_use_fast_false_on_a_tokenizer_json_follows_its_slow_class(tmp_path, tokenizer_class, refused):
     """`use_fast: false` was an ignored key: a Llama tokenizer trained on tokenizer.json's ids where
-    NeMo (transformers 4) encoded with the slow LlamaTokenizer; GPT-2's slow class gives the same ids."""
+    NeMo (transformers 4) encoded with the slow LlamaTokenizer; GPT-2's slow class gives the same ids,
+    and a class named ...Fast is loaded as named (transformers 4's AutoTokenizer), so it was refused
+    wrongly (LlamaTokenizerFast)."""
     import json
 
     from gptrain.data.tokenizers import bytes_to_unicode, gpt2_tokenizer_json
