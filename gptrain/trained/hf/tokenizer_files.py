@@ -48,7 +48,7 @@ def export_tokenizer(
     if kind == "gpt2" and tok.vocab_file and tok.merge_file:
         shutil.copyfile(tok.vocab_file, output / "vocab.json")
         shutil.copyfile(tok.merge_file, output / "merges.txt")
-        return _gpt2_files(output, context, Path(tok.vocab_file).parent)
+        return _gpt2_files(output, context, Path(tok.vocab_file).parent, legacy=bool(tok.legacy))
     if kind == "tiktoken" and tokenizer is not None and write_gpt2_bpe(tokenizer, output):
         return _gpt2_files(output, context, None)
     if kind == "huggingface" and tok.model:
@@ -68,9 +68,12 @@ def export_tokenizer(
     return []
 
 
-def _gpt2_files(output: Path, context: int, source: Path | None) -> list[str]:
+def _gpt2_files(output: Path, context: int, source: Path | None, legacy: bool = False) -> list[str]:
     """tokenizer.json and tokenizer_config.json beside the vocab.json + merges.txt in `output`, the
-    chat templates of `source` (the run's tokenizer directory) copied; the names written."""
+    chat templates of `source` (the run's tokenizer directory) copied; the names written. `legacy`
+    (Megatron's --legacy-tokenizer): the run kept a literal <|endoftext|> in text as text, so
+    split_special_tokens tells AutoTokenizer to (its fast classes read it since mid-2024), where it
+    gave 50256."""
     # tokenizer.json too: transformers' AutoTokenizer then needs no slow-to-fast conversion
     vocab_file, merge_file = str(output / "vocab.json"), str(output / "merges.txt")
     (output / "tokenizer.json").write_text(gpt2_tokenizer_json(vocab_file, merge_file))
@@ -81,6 +84,7 @@ def _gpt2_files(output: Path, context: int, source: Path | None) -> list[str]:
         "unk_token": ENDOFTEXT,
         "add_prefix_space": False,
         "model_max_length": context,
+        **({"split_special_tokens": True} if legacy else {}),
         **(inline_chat_template(source) if source else {}),
     }
     (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
