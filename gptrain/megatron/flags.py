@@ -151,6 +151,9 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--async-save": {"exp_manager.checkpoint_callback_params.async_save": True},
     # GPT-2 BPE keeps a literal <|endoftext|> as text; checked against the data's record of it
     "--legacy-tokenizer": {"model.tokenizer.legacy": True},
+    # Megatron's AutoTokenizer then builds transformers' slow class: taken where its ids are the
+    # tokenizer.json's, refused where they may differ (as data prepare does)
+    "--tokenizer-hf-no-use-fast": {"model.tokenizer.use_fast": False},
 }
 
 # flag -> number of values it takes (None: one or more); these change speed, kernels or logs only.
@@ -194,7 +197,7 @@ NO_EFFECT: dict[str, int | None] = {
     "--ddp-bucket-size": 1, "--ddp-num-buckets": 1, "--ddp-pad-buckets-for-high-nccl-busbw": 0,
     "--ddp-average-in-collective": 0,
     # Megatron's shared tokenizer flags (data prepare reads them for the ids; see NO_EFFECT_WHY)
-    "--tokenizer-hf-use-fast": 0, "--tokenizer-hf-no-use-fast": 0,
+    "--tokenizer-hf-use-fast": 0,
     "--tokenizer-hf-include-special-tokens": 0, "--tokenizer-hf-no-include-special-tokens": 0,
     "--trust-remote-code": 0, "--vocab-extra-ids": 1, "--tokenizer-sentencepiece-legacy": 0,
     "--no-tokenizer-sentencepiece-ignore-extra-whitespaces": 0,
@@ -252,7 +255,6 @@ NO_EFFECT_WHY: dict[str, str] = {
     **dict.fromkeys(
         (
             "--tokenizer-hf-use-fast",
-            "--tokenizer-hf-no-use-fast",
             "--tokenizer-hf-include-special-tokens",
             "--tokenizer-hf-no-include-special-tokens",
             "--trust-remote-code",

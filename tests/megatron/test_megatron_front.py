@@ -1863,14 +1863,20 @@ def test_megatrons_shared_tokenizer_flags_are_accepted_or_refused_saying_why(cap
         " --tokenizer-hf-no-include-special-tokens --trust-remote-code --vocab-extra-ids 0"
     )
     t = translate(shlex.split(f"{flags} {switches}"), ENV)
-    # --legacy-tokenizer is model.tokenizer.legacy, checked against the data's record of it
-    assert t.values == {**translate(shlex.split(flags), ENV).values, "model.tokenizer.legacy": True}
+    # --legacy-tokenizer is model.tokenizer.legacy, checked against the data's record of it;
+    # --tokenizer-hf-no-use-fast is use_fast false, refused where the slow class's ids may differ (it
+    # was 'no effect', so a Llama tokenizer Megatron encoded with its slow class trained unchecked)
+    mapped = {"model.tokenizer.legacy": True, "model.tokenizer.use_fast": False}
+    assert t.values == {**translate(shlex.split(flags), ENV).values, **mapped}
     assert [note for note in t.notes if note.endswith(f"({TOKENIZER_READ_ONLY})")] == [
-        f"{flag} ({TOKENIZER_READ_ONLY})" for flag in switches.split()[1:] if flag.startswith("--")
+        f"{flag} ({TOKENIZER_READ_ONLY})"
+        for flag in switches.split()[1:]
+        if flag.startswith("--") and flag != "--tokenizer-hf-no-use-fast"
     ]
     # Megatron passes extra ids to its legacy SentencePieceTokenizer only (and BERT's): with GPT-2's
     # or mock data it trains unchanged, as data prepare says (review G: refused with any type)
-    assert translate(shlex.split(f"{flags} --legacy-tokenizer --vocab-extra-ids 100"), ENV).values == t.values
+    extra_ids = translate(shlex.split(f"{flags} --legacy-tokenizer --vocab-extra-ids 100"), ENV).values
+    assert extra_ids == {key: v for key, v in t.values.items() if key != "model.tokenizer.use_fast"}
     for extra, refusal in (
         ("--vocab-extra-ids 100 --tokenizer-type SentencePieceTokenizer --tokenizer-model sp.model",
          "--vocab-extra-ids 100: Megatron's legacy SentencePieceTokenizer adds <extra_id_0> ... to its "
