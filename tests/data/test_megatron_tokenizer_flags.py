@@ -380,11 +380,11 @@ def test_the_tokenizer_record_leaves_a_directory_megatrons_merge_takes(
         assert main(argv) == 0
     assert megatron_merge_prefixes(shards) == {"s0_text_document", "s1.en_text_document"}
     prefix = str(shards / "s0_text_document")
-    assert legacy_mismatch([prefix], False) == (
+    assert legacy_mismatch([prefix], False, "GPT2BPETokenizer") == (
         f"{prefix} was prepared with --legacy-tokenizer ({prefix}.tokenizer)"
     )
     os.replace(f"{prefix}.tokenizer", f"{prefix}.tokenizer.json")  # as gptrain wrote it before
-    assert legacy_mismatch([prefix], False) == (
+    assert legacy_mismatch([prefix], False, "GPT2BPETokenizer") == (
         f"{prefix} was prepared with --legacy-tokenizer ({prefix}.tokenizer.json)"
     )
     assert main([*argv[:5], str(shards / "s0"), *argv[6:]]) == 0
