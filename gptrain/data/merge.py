@@ -4,6 +4,7 @@ Inputs are prefixes, or directories (every dataset in them, sorted by name, as M
 tool takes them). The result is byte-identical to writing all documents of the inputs, in the order
 given, into one dataset; the `.bin` files are copied in large blocks. Every input is opened and
 verified before the first byte is copied; progress (bytes of all input `.bin` files) goes to stderr.
+The inputs' common tokenizer record (gptrain.data.tokenizer_record) goes with the result.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, strip_suffix
 from gptrain.data.jsonl import file_identity
+from gptrain.data.tokenizer_record import merged_record, remove_tokenizer_record, write_tokenizer_record
 from gptrain.errors import DataError
 from gptrain.utils.progress import Progress
 
@@ -80,6 +82,7 @@ def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None 
             raise DataError(f"--output-prefix {output_prefix} is also an input; choose a new name")
     _refuse_repeated_inputs(prefixes)
     dtype, total_bytes = _check_inputs(prefixes)
+    record = merged_record(prefixes)  # inputs of both --legacy-tokenizer settings refused here
     progress = Progress(
         "merge", "datasets", total_bytes=total_bytes, interval=PROGRESS_SECONDS, stream=stream
     )
@@ -91,7 +94,20 @@ def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None 
     except OSError as error:  # disk full, permissions: the inputs were validated on open
         raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None
     IndexedDataset(output_prefix).verify()  # reads only the .idx, ~1/1000 of the copied bytes
+    _carry_record(output_prefix, record)
     return MergeResult(len(prefixes), writer.num_documents, writer.num_tokens, writer.path_prefix)
+
+
+def _carry_record(output_prefix: str, record: dict | None) -> None:
+    """The inputs' common tokenizer record beside the merged dataset (gptrain.data.tokenizer_record),
+    so training still checks it; where they have none in common, none (an older one removed)."""
+    try:
+        if record is None:
+            remove_tokenizer_record(output_prefix)
+        else:
+            write_tokenizer_record(output_prefix, record["type"], record["legacy"])
+    except OSError as error:
+        raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None
 
 
 def _refuse_a_directory_as_output(output_prefix: str) -> None:

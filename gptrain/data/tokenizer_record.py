@@ -7,8 +7,9 @@ export's tokenizer) otherwise than its data was: training checks it, as it check
 tokenizer (refused, or a warning with exp_manager.allow_tokenizer_change). Megatron reads no such
 file, but its tools/merge_datasets.py takes every file in its --input directory as `<stem><ext>` and
 stops unless `<stem>.bin`/`.idx` exist: the record's stem is the prefix itself for that (the first
-name, `<prefix>.tokenizer.json`, stopped it; still read). A dataset without one (Megatron's,
-gptrain's before it, a merge) is not checked.
+name, `<prefix>.tokenizer.json`, stopped it; still read). `gptrain data merge` carries the record
+its inputs share. A dataset without one (Megatron's, gptrain's before it, a merge of inputs without
+one common record) is not checked.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from gptrain.data.blend_spec import strip_suffix
 from gptrain.data.tokenizer_args import canonical_type
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, DataError
 from gptrain.utils.atomic import atomic_write_text
 
 SUFFIX = ".tokenizer"
@@ -33,6 +34,35 @@ def write_tokenizer_record(prefix: str, kind: str, legacy: bool) -> None:
     atomic_write_text(prefix + SUFFIX, json.dumps(record, indent=2) + "\n")
     if _read(prefix + OLD_SUFFIX) is not None:  # an older record of the data just replaced
         Path(prefix + OLD_SUFFIX).unlink(missing_ok=True)
+
+
+def remove_tokenizer_record(prefix: str) -> None:
+    """Remove the record beside `prefix` (both names): data written there anew without one."""
+    for suffix in (SUFFIX, OLD_SUFFIX):
+        if _read(prefix + suffix) is not None:
+            Path(prefix + suffix).unlink(missing_ok=True)
+
+
+def merged_record(prefixes: list[str]) -> dict[str, Any] | None:
+    """The record a merge of `prefixes` carries: theirs where every input has the same one; None
+    where one has none (Megatron's data: unknown) or the types differ. Inputs prepared with and
+    without --legacy-tokenizer are a DataError: merged, the data has no one setting to check."""
+    records = {prefix: read_tokenizer_record(prefix) for prefix in prefixes}
+    known = {prefix: record for prefix, record in records.items() if record is not None}
+    by_legacy = {
+        record["legacy"]: prefix for prefix, record in known.items() if _is_gpt2_bpe(record.get("type"))
+    }
+    if len(by_legacy) > 1:
+        with_, without = by_legacy[True], by_legacy[False]
+        raise DataError(
+            f"--input {with_} was prepared with --legacy-tokenizer ({record_path(with_)}), {without} "
+            f"without ({record_path(without)}): a literal <|endoftext|> is encoded otherwise in each; "
+            "prepare them with the same setting, then merge"
+        )
+    unique = {json.dumps(record, sort_keys=True) for record in known.values()}
+    if len(known) < len(records) or len(unique) != 1:
+        return None
+    return next(iter(known.values()))
 
 
 def read_tokenizer_record(prefix: str) -> dict[str, Any] | None:

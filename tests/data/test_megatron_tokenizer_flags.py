@@ -493,3 +493,34 @@ def test_a_data_prefix_given_as_its_bin_or_idx_is_checked_against_the_record(
         ConfigError, match=f"{prefix} was prepared with --legacy-tokenizer \\({prefix}.tokenizer\\)"
     ):
         check_data_tokenizer(cfg)
+
+
+def test_data_merge_carries_the_tokenizer_record_its_inputs_share(
+    tmp_path: Path, gpt2_files: tuple[str, str], capsys
+) -> None:
+    """A merge wrote no record, so merged --legacy-tokenizer data trained unchecked: the inputs' common
+    record is carried; inputs of both settings are refused in one line before anything is written;
+    inputs without one common record (Megatron's data) leave the merge without one."""
+    from gptrain.data.tokenizer_record import read_tokenizer_record
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "a<|endoftext|>b"}) + "\n")
+    vocab, merges = gpt2_files
+    for name, flags in (("l0", ["--legacy-tokenizer"]), ("l1", ["--legacy-tokenizer"]), ("n0", [])):
+        argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / name)]
+        assert main([*argv, "--workers", "1", "--vocab-file", vocab, "--merge-file", merges, *flags]) == 0
+    l0, l1, n0 = (str(tmp_path / f"{name}_text_document") for name in ("l0", "l1", "n0"))
+    merged = str(tmp_path / "merged")
+    assert main(["data", "merge", "--input", l0, l1, "--output-prefix", merged]) == 0
+    assert read_tokenizer_record(merged) == {"type": "GPT2BPETokenizer", "legacy": True}
+    capsys.readouterr()
+    assert main(["data", "merge", "--input", l0, n0, "--output-prefix", str(tmp_path / "mixed")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gptrain: error: --input {l0} was prepared with --legacy-tokenizer ({l0}.tokenizer), {n0} without "
+        f"({n0}.tokenizer): a literal <|endoftext|> is encoded otherwise in each; prepare them with the same "
+        "setting, then merge"
+    )
+    assert not list(tmp_path.glob("mixed*"))
+    os.remove(f"{l1}.tokenizer")  # as Megatron's data, or gptrain's before the record
+    assert main(["data", "merge", "--input", l0, l1, "--output-prefix", merged]) == 0
+    assert read_tokenizer_record(merged) is None and not os.path.exists(f"{merged}.tokenizer")
