@@ -110,3 +110,23 @@ def _is_gpt2_bpe(tokenizer_type: object) -> bool:
         return isinstance(tokenizer_type, str) and canonical_type(tokenizer_type) == "gpt2"
     except ConfigError:
         return False
+
+
+def legacy_conflict(
+    prefixes: list[str], legacy: bool, tokenizer_type: str, under: str = ""
+) -> tuple[str, str] | None:
+    """(what differs, what to do) where the data's recorded --legacy-tokenizer is not the run's
+    model.tokenizer.legacy, else None: the words of training and of the launcher's preflight, whose
+    keys are `under` training."""
+    why = legacy_mismatch(prefixes, legacy, tokenizer_type)
+    if why is None:
+        return None
+    text = (
+        f"{under}model.data.data_prefix: {why}, and {under}model.tokenizer.legacy is {str(legacy).lower()}: a "
+        "literal <|endoftext|> in text is encoded otherwise than in the data (generate, eval and export encode text)"
+    )
+    advice = (
+        f"set {under}model.tokenizer.legacy={str(not legacy).lower()} to match the data, or "
+        f"{under}exp_manager.allow_tokenizer_change=true to go on with this one"
+    )
+    return text, advice

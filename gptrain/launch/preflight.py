@@ -237,6 +237,21 @@ def check_data_prefixes(data_prefix: Any, splits: list[str] | None = None) -> No
             raise LaunchError(f"training.model.data.data_prefix: {problem}{note}")
 
 
+def check_recorded_tokenizer(cfg: TrainingConfig, splits: list[str] | None) -> None:
+    """The data's recorded --legacy-tokenizer against training.model.tokenizer.legacy, refused here
+    as the job refuses it as it starts, after the queue wait (the job warns where
+    exp_manager.allow_tokenizer_change lets it go on)."""
+    from gptrain.data.blend_spec import prefixes_of
+    from gptrain.data.tokenizer_record import legacy_conflict
+
+    tok = cfg.model.tokenizer
+    conflict = legacy_conflict(
+        prefixes_of(cfg.model.data.data_prefix, splits), tok.legacy, tok.type, "training."
+    )
+    if conflict is not None and not cfg.exp_manager.allow_tokenizer_change:
+        raise LaunchError(f"{conflict[0]}; {conflict[1]}")
+
+
 def check_training_files(
     cfg: TrainingConfig,
     prepared_by_stage: bool,
@@ -262,6 +277,7 @@ def check_training_files(
 
         built = built_split_keys(cfg)  # a split asked for no samples is not built: its files unread
         check_data_prefixes(data.data_prefix, built)
+        check_recorded_tokenizer(cfg, built)
         lines.append(f"ok  training: {len(prefixes_of(data.data_prefix, built))} data prefix(es) found")
     if not data.builds_tokenizer():
         lines.append("ok  training: model.data.mock_vocab_size set, no tokenizer files needed")

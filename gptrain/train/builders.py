@@ -105,16 +105,13 @@ def check_data_tokenizer(cfg: TrainingConfig) -> None:
     """The data's recorded --legacy-tokenizer against model.tokenizer.legacy, with the policy of a
     checkpoint's tokenizer: refused, or a warning with exp_manager.allow_tokenizer_change."""
     from gptrain.data.blend_spec import prefixes_of
-    from gptrain.data.tokenizer_record import legacy_mismatch
+    from gptrain.data.tokenizer_record import legacy_conflict
 
-    legacy = cfg.model.tokenizer.legacy
-    why = legacy_mismatch(prefixes_of(cfg.model.data.data_prefix), legacy, cfg.model.tokenizer.type)
-    if why is None:
+    tok = cfg.model.tokenizer
+    conflict = legacy_conflict(prefixes_of(cfg.model.data.data_prefix), tok.legacy, tok.type)
+    if conflict is None:
         return
-    text = (
-        f"model.data.data_prefix: {why}, and model.tokenizer.legacy is {str(legacy).lower()}: a literal "
-        "<|endoftext|> in text is encoded otherwise than in the data (generate, eval and export encode text)"
-    )
+    text, advice = conflict
     if cfg.exp_manager.allow_tokenizer_change:
         if is_rank_zero():
             print(
@@ -122,10 +119,7 @@ def check_data_tokenizer(cfg: TrainingConfig) -> None:
                 file=sys.stderr,
             )
         return
-    raise ConfigError(
-        f"{text}; set model.tokenizer.legacy={str(not legacy).lower()} to match the data, or "
-        "exp_manager.allow_tokenizer_change=true to go on with this one"
-    )
+    raise ConfigError(f"{text}; {advice}")
 
 
 def tiktoken_options(tok: Any) -> Any:

