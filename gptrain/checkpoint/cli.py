@@ -43,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a run directory, its results/ or checkpoints/ directory, or one step_<N> directory",
     )
     verify_parser.add_argument(
-        "--sizes-only", action="store_true", help="skip the CRC-32 of each file (no data read)"
+        "--sizes-only",
+        action="store_true",
+        help="skip the CRC-32 of each file but .metadata (read for the shards it names)",
     )
     verify_parser.set_defaults(func=run_verify)
     rewind_parser = actions.add_parser(
@@ -133,7 +135,7 @@ def run_verify(args: argparse.Namespace) -> int:
             elif (problem := misnamed(path)) is not None:
                 verdict = "MISMATCH"
             else:
-                problem = verify(path, checksums=not args.sizes_only, progress=progress)
+                problem = verify(path, checksums=not args.sizes_only, progress=progress, named_shards=True)
         except OSError as error:  # permissions or the mount, not damage: said, and the listing goes on
             verdict, problem = "UNREADABLE", os_error_text(error, path)
         if problem is not None and not (path / COMPLETE).is_file():  # retention took it mid-read
