@@ -9,6 +9,7 @@ holds what it was built from: nothing is imported, no function the pickle names 
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,9 @@ def _fields(obj: object) -> dict:
 
 def shard_extents(path: Path) -> dict[str, int] | None:
     """{shard file name: the bytes its items need (the largest offset + length)}, from the
-    `.metadata` at `path`; None where it is not a metadata this reads (another format, or torn:
-    the manifest's size and CRC-32 name that), so nothing more is checked."""
+    `.metadata` at `path`; None where it is not a metadata this reads (another format, torn, or
+    ill formed: a state of another shape, a name no file of the step directory can have), so
+    nothing more is checked."""
     try:
         with path.open("rb") as handle:
             metadata = _StandInUnpickler(handle).load()
@@ -62,6 +64,13 @@ def shard_extents(path: Path) -> dict[str, int] | None:
         raise  # the disk's or the reader's, as every read of `verify`: not a format question
     except Exception:  # noqa: BLE001 (any malformed pickle: not understood, never a traceback)
         return None
+    try:
+        return _extents(metadata)
+    except Exception:  # noqa: BLE001 (states of shapes DCP never writes: not understood, as above)
+        return None
+
+
+def _extents(metadata: object) -> dict[str, int] | None:
     storage = _fields(metadata).get("storage_data")
     if not isinstance(storage, dict):
         return None
@@ -75,6 +84,16 @@ def shard_extents(path: Path) -> dict[str, int] | None:
     return extents
 
 
+NAME_MAX = 255
+"""The longest file name, in bytes, of Linux's file systems (ext4, xfs, Lustre, GPFS)."""
+
+
 def _plain_name(name: object) -> bool:
-    """A file of the step directory itself (DCP's `__<rank>_<n>.distcp`), never a path out of it."""
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+    """A file of the step directory itself (DCP's `__<rank>_<n>.distcp`), never a path out of it, nor
+    a name no file can have (a NUL byte, longer than NAME_MAX bytes), which stat refuses."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(char in name for char in "/\\\0")
+        and len(os.fsencode(name)) <= NAME_MAX
+    )

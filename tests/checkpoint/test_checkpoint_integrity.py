@@ -753,3 +753,55 @@ def test_a_resume_does_not_parse_the_metadata_for_named_shards_and_verify_does(t
     loaded, _ = manager.load_newest_good(lambda saved: state, lambda extra: None, warnings.append)
     assert loaded.name == "step_1" and warnings[0].startswith("checkpoint step_2 is damaged: ")
     assert parsed == [".metadata"] * 2
+
+
+def rewrite_metadata(step_dir: Path, data: bytes) -> None:
+    """`.metadata` replaced by `data`, the manifest recording its size and CRC-32: a .metadata that
+    passes its own checks, as one DCP wrote wrong would."""
+    (step_dir / ".metadata").write_bytes(data)
+    record = json.loads((step_dir / "COMPLETE").read_text())
+    record["files"][".metadata"] = {"bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+    (step_dir / "COMPLETE").write_text(json.dumps(record))
+
+
+class Shaped:
+    """Pickles as a class with the state given: a stand-in for DCP's dataclasses, well or ill formed."""
+
+    def __init__(self, state):
+        self.shaped = state
+
+    def __reduce__(self):
+        return (Shaped, (None,), self.shaped)
+
+
+def test_a_metadata_with_bad_names_or_shapes_is_not_understood_never_a_traceback(tmp_path, capsys):
+    """A .metadata with a NUL byte in a shard name (stat raised ValueError), a name too long for a file
+    (OSError, read as UNREADABLE) or states of the wrong shape (TypeError) gave a traceback: each is
+    not understood, and `verify` says one line."""
+    from gptrain.checkpoint.dcp_metadata import shard_extents
+
+    path = save(CheckpointManager(tmp_path, keep_last=2), 1)
+    shard = next(path.glob("*.distcp")).name
+    drop_from_manifest(path, shard)
+
+    def metadata(name: object, offset: object = 0, state: object = None) -> bytes:
+        info = Shaped(state if state is not None else {"relative_path": name, "offset": offset, "length": 1})
+        return pickle.dumps(Shaped({"storage_data": {"key": info}}))
+
+    rewrite_metadata(path, metadata(shard))
+    assert shard_extents(path / ".metadata") == {shard: 1}  # well formed: read
+    for bad in (
+        metadata(shard[:-1] + "\x00"),
+        metadata("a" * 256),
+        metadata("é" * 128),  # 256 bytes
+        metadata("sub/" + shard),
+        metadata(shard, state=(["not", "a", "dict"], None)),
+        metadata(shard, state=(None, 7)),
+        pickle.dumps(Shaped((1, 2))),
+        pickle.dumps(Shaped({"storage_data": {"key": Shaped(([("relative_path", shard)], None))}})),
+    ):
+        rewrite_metadata(path, bad)
+        assert shard_extents(path / ".metadata") is None
+        assert main(["checkpoint", "verify", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("step_1: ok (") and len(out.splitlines()) == 1
