@@ -9,8 +9,10 @@ holds what it was built from: nothing is imported, no function the pickle names 
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import pickletools
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,27 @@ class _StandInUnpickler(pickle.Unpickler):
         return type(name, (_StandIn,), {})  # called (a class, a function) or taken as a value: inert
 
 
+MEMO_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+
+
+def _check_bounded(data: bytes) -> None:
+    """Refuse (ValueError) a pickle whose unpickling would take memory the file does not account
+    for: the unpickler sizes its memo by the index a PUT names (4 bytes of LONG_BINPUT 0x4000000
+    took 1 GB), and a read by the length an opcode or a FRAME states (a flipped bit: 22 GB). The
+    pickler numbers its memo in order, so an index past the entries stored so far is not a
+    pickler's; genops refuses a length past the end of `data`, this a FRAME's."""
+    stored = 0
+    for opcode, arg, _ in pickletools.genops(io.BytesIO(data)):
+        if opcode.name in MEMO_PUTS:
+            if type(arg) is not int or not 0 <= arg <= stored:
+                raise ValueError(f"memo index {arg} after {stored} entries")
+            stored = max(stored, arg + 1)
+        elif opcode.name == "MEMOIZE":
+            stored += 1
+        elif opcode.name == "FRAME" and arg > len(data):
+            raise ValueError(f"a frame of {arg} bytes in {len(data)}")
+
+
 def _fields(obj: object) -> dict:
     """A stand-in's dataclass fields: its state as a dict, or a slotted class's (dict, slots) pair."""
     state = getattr(obj, "state", None)
@@ -57,11 +80,10 @@ def shard_extents(path: Path) -> dict[str, int] | None:
     `.metadata` at `path`; None where it is not a metadata this reads (another format, torn, or
     ill formed: a state of another shape, a name no file of the step directory can have), so
     nothing more is checked."""
+    data = path.read_bytes()  # OSError: the disk's or the reader's, as every read of `verify`
     try:
-        with path.open("rb") as handle:
-            metadata = _StandInUnpickler(handle).load()
-    except OSError:
-        raise  # the disk's or the reader's, as every read of `verify`: not a format question
+        _check_bounded(data)
+        metadata = _StandInUnpickler(io.BytesIO(data)).load()
     except Exception:  # noqa: BLE001 (any malformed pickle: not understood, never a traceback)
         return None
     try:

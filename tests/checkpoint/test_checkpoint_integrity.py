@@ -805,3 +805,33 @@ def test_a_metadata_with_bad_names_or_shapes_is_not_understood_never_a_traceback
         assert main(["checkpoint", "verify", str(path)]) == 0
         out = capsys.readouterr().out
         assert out.startswith("step_1: ok (") and len(out.splitlines()) == 1
+
+
+def test_a_metadata_whose_pickle_claims_more_memory_than_its_size_is_refused_before_allocating(tmp_path):
+    """The unpickler sized its memo by the index a PUT names: 12 bytes holding LONG_BINPUT 0x4000000
+    took 1 GB (random bit flips of a real .metadata: 22 GB, killed). A memo index past the entries
+    stored, or a length past the end of the file, is not understood before anything is allocated."""
+    import struct
+    import tracemalloc
+
+    from gptrain.checkpoint.dcp_metadata import shard_extents
+
+    entries = b"\x80\x02}q\x00"  # PROTO 2, EMPTY_DICT, BINPUT 0: a pickler's first memo entry
+    cases = {
+        "memo": b"\x80\x02N" + b"r" + struct.pack("<I", 0x4000000) + b"\x85N0.",  # LONG_BINPUT
+        "memo past the entries stored": entries + b"r" + struct.pack("<I", 2) + b".",
+        "bytes past the end": b"\x80\x04\x8e" + struct.pack("<Q", 1 << 40) + b"\x00.",  # BINBYTES8
+        "frame past the end": b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + b"N.",
+    }
+    assert len(cases["memo"]) == 12
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        tracemalloc.start()
+        try:
+            assert shard_extents(tmp_path / name) is None, name
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20, (name, peak)  # the file is bytes; 1 MB holds the scan many times over
+    (tmp_path / "ok").write_bytes(entries + b"h\x00.")  # BINGET 0 of the entry stored: a pickler's
+    assert shard_extents(tmp_path / "ok") is None  # read, and not a DCP Metadata
