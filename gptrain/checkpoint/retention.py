@@ -90,4 +90,6 @@ def _why(checkpoint: Ranked, top_k: int, monitor: str | None) -> str:
     best = f"not among the {top_k} best" if top_k else "save_top_k=0 keeps only the newest"
     if checkpoint.metric is None:
         return f"no {monitor} recorded, {best}"
+    if monitor == STEP:  # an iteration: 120000, never 1.2e+05
+        return f"{monitor} {checkpoint.metric:.0f}, {best}"
     return f"{monitor} {checkpoint.metric:.4g}, {best}"

@@ -278,3 +278,12 @@ def test_monitor_step_ranks_by_the_iteration_as_lightning_does(tmp_path, mode, k
     manager.close()
     assert recorded_metric(tmp_path / "step_5", "step") == 5.0
     assert complete_steps(tmp_path) == kept  # min: Lightning's 2 lowest (never replaced), and the newest
+
+
+def test_a_removal_by_step_names_the_step_as_an_integer():
+    """`monitor: step` said `step 1.2e+05, not among the 2 best` (the metric's 4 significant digits)."""
+    steps = [Ranked(step, float(step)) for step in (120000, 122000, 124000, 126000)]
+    reasons = [r.reason for r in removals(steps, 2, "max", "step")]
+    assert reasons == ["step 120000, not among the 2 best", "step 122000, not among the 2 best"]
+    reasons = [r.reason for r in removals(steps, 0, "min", "step")]
+    assert reasons[0] == "step 120000, save_top_k=0 keeps only the newest"
