@@ -65,7 +65,7 @@ from gptrain.checkpoint.integrity import (
 )
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.reader import CheckpointReader, first_on_any_rank, is_distributed, root_cause
-from gptrain.checkpoint.retention import Ranked, Removal, recorded_metric, removals
+from gptrain.checkpoint.retention import STEP, Ranked, Removal, recorded_metric, removals
 from gptrain.checkpoint.staging_buffer import host_buffer_like
 from gptrain.errors import GptrainError
 from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
@@ -587,7 +587,7 @@ class CheckpointManager(CheckpointReader):
         keep_last is 0: the next save is written before the oldest is removed). The run's existing checkpoints
         count as free space only where retention removes them: keeping every one (save_top_k=-1),
         a resumed run has only the disk's free space for its next two. Ranked by a metric, the newest
-        may be none of the best: keep_last + 2."""
+        may be none of the best: keep_last + 2 (by step, mode max: + 1)."""
         count = self._on_disk_at_prune()
         existing = self.root
         while not existing.exists() and existing != existing.parent:
@@ -618,11 +618,13 @@ class CheckpointManager(CheckpointReader):
 
     def _on_disk_at_prune(self) -> int:
         """Checkpoints on disk just before a save is pruned: the kept ones and the one being written,
-        and where a metric ranks them the newest before it, which may be none of the best. Keeping
-        every one (the next two must fit in the free space) or only the newest (save_top_k=0): two."""
+        and where a metric ranks them the newest before it, which may be none of the best (by `step`
+        with mode max the newest always is: keep_last + 1). Keeping every one (the next two must fit in
+        the free space) or only the newest (save_top_k=0): two."""
         if not self.keep_last:
             return 2
-        return self.keep_last + (2 if self.monitor else 1)
+        newest_among_best = self.monitor is None or (self.monitor == STEP and self.mode == "max")
+        return self.keep_last + (1 if newest_among_best else 2)
 
     def finish_after_failure(self, timeout_s: float) -> str | None:
         """On a run's way out by an exception: let a background save be written and marked complete if

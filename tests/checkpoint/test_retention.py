@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gptrain.checkpoint.integrity import COMPLETE, complete_steps, verify
 from gptrain.checkpoint.manager import CheckpointManager
-from gptrain.checkpoint.retention import Ranked, recorded_metric, removals
+from gptrain.checkpoint.retention import MODES, Ranked, recorded_metric, removals
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -287,3 +287,21 @@ def test_a_removal_by_step_names_the_step_as_an_integer():
     assert reasons == ["step 120000, not among the 2 best", "step 122000, not among the 2 best"]
     reasons = [r.reason for r in removals(steps, 0, "min", "step")]
     assert reasons[0] == "step 120000, save_top_k=0 keeps only the newest"
+
+
+def test_space_warning_by_step_max_counts_the_newest_among_the_best(tmp_path, monkeypatch):
+    """`monitor: step, mode: max` keeps the newest save_top_k, the newest among them: it counted
+    save_top_k + 2 checkpoints (as a metric whose best may all be older), a warning 10 GB too early."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    free = {"bytes": 35e9}
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(100e9, 50e9, free["bytes"]))
+    by_step = {mode: CheckpointManager(tmp_path, keep_last=2, monitor="step", mode=mode) for mode in MODES}
+    assert by_step["max"].space_warning(10_000_000_000) is None  # 3 x 10 GB fit in 35 GB
+    warning = by_step["min"].space_warning(10_000_000_000)  # the oldest are the best: the newest is extra
+    assert "4 checkpoints of about 10.0 GB (save_top_k + 2) need 40.0 GB" in warning
+    free["bytes"] = 25e9
+    warning = by_step["max"].space_warning(10_000_000_000)
+    assert "3 checkpoints of about 10.0 GB (save_top_k + 1) need 30.0 GB" in warning
