@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gptrain.config.schema import TrainingConfig
-    from gptrain.megatron.translate import Translation
+    from gptrain.megatron.translation import Translation
 
 HELP = """usage: gptrain megatron [--dry-run] [pretrain_gpt.py flags ...]
 

@@ -6,8 +6,8 @@ import yaml
 
 from gptrain.config.loader import DROPPED_TOP_KEYS, all_keys
 from gptrain.config.nemo_keys import IGNORED_NEMO_KEYS, IGNORED_NEMO_PREFIXES
+from gptrain.megatron.defaults import MEGATRON_DEFAULTS
 from gptrain.megatron.flags import NO_EFFECT, REFUSED, SPECIAL, SWITCH, VALUE
-from gptrain.megatron.translate import MEGATRON_DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "migrating.md").read_text()
