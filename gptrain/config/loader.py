@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import sys
@@ -332,6 +333,13 @@ def _method_without_granularity(data: dict[str, Any]) -> list[str]:
 
 def all_keys(cls: type = TrainingConfig, prefix: str = "") -> list[str]:
     """Every dotted key of the schema, for suggestions and docs."""
+    return list(_schema_keys(cls, prefix))
+
+
+@functools.cache
+def _schema_keys(cls: type, prefix: str) -> tuple[str, ...]:
+    """all_keys, worked out once: every override's check asks for it, and get_type_hints over the
+    whole schema made that about 1.5 ms an override (40 ms of a 26-override config's 67)."""
     keys = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -342,7 +350,7 @@ def all_keys(cls: type = TrainingConfig, prefix: str = "") -> list[str]:
             keys.extend(all_keys(hints[f.name], f"{dotted}."))
         else:
             keys.append(dotted)
-    return keys
+    return tuple(keys)
 
 
 def _check_known_key(dotted: str, where: str) -> None:
