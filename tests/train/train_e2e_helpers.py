@@ -17,6 +17,9 @@ TINY = [
     "trainer.log_every_n_steps=1",
     "trainer.val_check_interval=3",
     "trainer.limit_val_batches=1",
+    # the test split's default 50 global batches were ~40% of a tiny run's time; 3 still leave
+    # batches after the first for a stop inside it to give up
+    "trainer.limit_test_batches=3",
     "model.num_layers=2",
     "model.hidden_size=32",
     "model.num_attention_heads=4",
