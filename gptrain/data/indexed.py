@@ -9,12 +9,10 @@ indices are spilled to temporary files, so memory stays flat however large the d
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import struct
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -22,9 +20,11 @@ from typing import IO
 import numpy as np
 
 from gptrain.data.blend_spec import strip_suffix
+from gptrain.data.finalize import finalize_together
 from gptrain.data.pair_check import pair_problem
+from gptrain.data.write_cleanup import _make_directories, _remove_if_empty, report_stale_temporaries
 from gptrain.errors import DataError, os_error_text
-from gptrain.utils.atomic import hold, plain_file_mode, remove_stale_temporaries, temporary_sibling
+from gptrain.utils.atomic import hold, temporary_sibling
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -461,157 +461,3 @@ class IndexedDatasetWriter:
             self.finalize()
         else:
             self.abort()
-
-
-def _make_directories(directory: Path, made: list[Path]) -> None:
-    """mkdir -p `directory`, putting each directory this call made at the front of `made` (deepest
-    first), also where a later level fails: those an aborted writer removes again (a failed run left
-    them empty behind). Made is what os.mkdir made, not what looked missing: in `notyet/../prepared`
-    an existing `prepared` is not missing before `notyet` is made, and a parallel run that makes a
-    directory first owns it."""
-    try:
-        if _made_here(directory):
-            made.insert(0, directory)
-        return
-    except FileNotFoundError:
-        if directory.parent == directory:
-            raise
-    _make_directories(directory.parent, made)
-    if _made_here(directory):
-        made.insert(0, directory)
-
-
-def _made_here(directory: Path) -> bool:
-    """os.mkdir(directory): True where it made it, False where a directory is there; FileNotFoundError
-    where a parent is missing, and the OSError of anything else (no permission, a file of that name)."""
-    try:
-        os.mkdir(directory)
-    except FileNotFoundError:
-        raise
-    except OSError:
-        if os.path.isdir(directory):  # EEXIST, or EACCES from a file system that says so first
-            return False
-        raise
-    return True
-
-
-def _remove_if_empty(directories: list[Path]) -> None:
-    """Remove each of these directories (deepest first) that is empty; one that holds something stays."""
-    for directory in directories:
-        try:
-            directory.rmdir()
-        except OSError:
-            continue
-
-
-STALE_TEMPORARY_S = 3600.0
-"""A writer's temporaries untouched this long are a dead writer's: the .bin's grows as it writes."""
-
-
-def report_stale_temporaries(bin_path: Path) -> None:
-    """Remove what a writer of this output killed by SIGKILL (an OOM kill, KillWait past a Slurm
-    time limit) left, as large as its output: no cleanup ran, and nothing else ever removes it.
-    Recent ones may be a live writer's (another job on the same output): named, not touched."""
-    removed, kept = remove_stale_temporaries(bin_path, STALE_TEMPORARY_S)
-    if removed:
-        print(
-            f"gptrain: removed {_count_files(removed)} beside {bin_path}, left by a write of it that did not finish",
-            file=sys.stderr,
-        )
-    if kept:
-        print(
-            f"gptrain: WARNING: {_count_files(kept)} beside {bin_path} (.{bin_path.name}.*.tmp in "
-            f"{bin_path.parent}) were written in the last hour by another write of it, running or killed: "
-            "delete them if none runs",
-            file=sys.stderr,
-        )
-
-
-def _count_files(files: list[tuple[Path, int]]) -> str:
-    """'2 temporary files (2.0 kB)'."""
-    total = sum(size for _, size in files)
-    amount = next(
-        (f"{total / unit:.1f} {name}" for unit, name in ((1e9, "GB"), (1e6, "MB")) if total >= unit), None
-    )
-    return (
-        f"{len(files)} temporary file{'s' if len(files) != 1 else ''} ({amount or f'{total / 1e3:.1f} kB'})"
-    )
-
-
-def finalize_together(writers: Sequence[IndexedDatasetWriter]) -> None:
-    """Finish several datasets as one (prepare's one per json key), each `.idx` after its `.bin`.
-
-    Every `.idx` is written before any file is renamed, so a failure there (a full disk) leaves
-    the old outputs as they were. Then every old `.idx` goes (an old index next to a new `.bin`
-    would look finished), every `.bin` is renamed, and every `.idx` last: never a mix of old and
-    new complete datasets, unless an old index cannot be removed after another was. A failure
-    before that removes every temporary file; one during the renames (`_move_all_into_place`)
-    completes what it can.
-    """
-    writers = [writer for writer in writers if not writer._done]
-    try:
-        for writer in writers:
-            writer._stage()
-        for writer in writers:  # all there before an old index goes: a failure leaves the old outputs whole
-            writer._temps[0].stat()
-            writer._temps[3].stat()
-        _move_all_into_place(writers)
-    except BaseException:
-        for writer in reversed(writers):  # the first made the output's directory: it goes last
-            writer.abort()
-        raise
-    for writer in writers:
-        writer._done = True
-        writer._remove_temps()
-
-
-def _move_all_into_place(writers: Sequence[IndexedDatasetWriter]) -> None:
-    """Every old `.idx` out, every `.bin` in, every `.idx` last. Once an old index may be gone there
-    is no way back: an interruption there (a time limit's SIGTERM, Ctrl-C), or an error after the
-    first step, finishes what moves it can before it propagates, and the writers are marked done so
-    that nothing removes the new files. The cleanup used to delete them: neither dataset was left."""
-    steps: list[tuple[IndexedDatasetWriter, str]] = [
-        (writer, step) for step in ("unlink", "bin", "idx") for writer in writers
-    ]
-    for number, (writer, step) in enumerate(steps):
-        try:
-            _take_step(writer, step)
-        except BaseException as error:
-            if number == 0 and isinstance(error, OSError):
-                raise  # the first old index is still there: the caller removes the new files
-            _finish_moves(writers, steps[number:])
-            raise
-
-
-def _take_step(writer: IndexedDatasetWriter, step: str) -> None:
-    if step == "unlink":
-        writer.idx_path.unlink(missing_ok=True)
-    elif step == "bin":
-        _move_into_place(writer._temps[0], writer.bin_path)
-    else:
-        _move_into_place(writer._temps[3], writer.idx_path)
-
-
-def _finish_moves(
-    writers: Sequence[IndexedDatasetWriter], steps: list[tuple[IndexedDatasetWriter, str]]
-) -> None:
-    """The remaining steps, each tried once (its failure is the error already raised). A `.bin`
-    moves only where the old index is gone and an `.idx` only once its own `.bin` is in place, so no
-    index ever stands beside other tokens; a writer that moved nothing leaves its old pair whole."""
-    for writer, step in steps:
-        if step == "bin" and writer.idx_path.exists():
-            continue  # its old index could not be removed: the old pair stays
-        if step == "idx" and writer._temps[0].exists():
-            continue  # its .bin did not move
-        with contextlib.suppress(BaseException):  # a second Ctrl-C must not cut the finish short
-            _take_step(writer, step)
-    for writer in writers:
-        writer._done = True  # abort() must not remove what is now the output
-        unmoved = writer._temps[0].exists()  # then the .idx did not move either: both go
-        for temp in writer._temps[1:3] + (writer._temps[::3] if unmoved else []):
-            temp.unlink(missing_ok=True)
-
-
-def _move_into_place(temp: Path, path: Path) -> None:
-    os.chmod(temp, plain_file_mode())
-    os.replace(temp, path)

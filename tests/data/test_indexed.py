@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptrain.data import indexed
+from gptrain.data import finalize, indexed
 from gptrain.data.indexed import (
     DTYPE_CODES,
     IndexedDataset,
@@ -197,7 +197,7 @@ def test_an_interruption_while_renaming_leaves_the_new_outputs(tmp_path, monkeyp
     writers = [IndexedDatasetWriter(prefix, np.uint16) for prefix in prefixes]
     for writer, tokens in zip(writers, ([42], [7, 8]), strict=True):
         writer.add_document(np.array(tokens))
-    original, calls = indexed._move_into_place, []
+    original, calls = finalize._move_into_place, []
 
     def interrupted(temp, path):
         calls.append(path)
@@ -207,9 +207,9 @@ def test_an_interruption_while_renaming_leaves_the_new_outputs(tmp_path, monkeyp
         if len(calls) == move + 1:
             raise signal()
 
-    monkeypatch.setattr(indexed, "_move_into_place", interrupted)
+    monkeypatch.setattr(finalize, "_move_into_place", interrupted)
     with pytest.raises((KeyboardInterrupt, Terminated)):
-        indexed.finalize_together(writers)
+        finalize.finalize_together(writers)
     for writer in writers:
         writer.abort()  # what leaving the `with` blocks does
     assert [[s.tolist() for s in IndexedDataset(prefix)[:]] for prefix in prefixes] == [[[42]], [[7, 8]]]
@@ -230,7 +230,7 @@ def test_an_old_index_that_cannot_be_removed_leaves_the_old_outputs(tmp_path, mo
 
     monkeypatch.setattr(Path, "unlink", refused)
     with pytest.raises(PermissionError):
-        indexed.finalize_together([writer])
+        finalize.finalize_together([writer])
     monkeypatch.undo()
     assert read_pair_bytes(tmp_path / "a") == megatron_bytes(DOCS, 8, "H")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "a.idx"]
@@ -252,7 +252,7 @@ def test_an_old_index_that_cannot_be_removed_after_another_keeps_its_old_pair(tm
 
     monkeypatch.setattr(Path, "unlink", refused)
     with pytest.raises(PermissionError):
-        indexed.finalize_together(writers)
+        finalize.finalize_together(writers)
     monkeypatch.undo()
     assert [s.tolist() for s in IndexedDataset(str(tmp_path / "a"))[:]] == [[42]]
     assert read_pair_bytes(tmp_path / "b") == old
