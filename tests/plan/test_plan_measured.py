@@ -12,7 +12,8 @@ import pytest
 
 from gptrain.config import load_training_config
 from gptrain.parallel.layout import BLOCKS, BLOCKS_AND_LOSS, WHOLE
-from gptrain.plan.memory import EAGER, GIB, compile_scope, estimate_memory
+from gptrain.plan.activations import EAGER, compile_scope
+from gptrain.plan.memory import GIB, estimate_memory
 from gptrain.plan.spec import Layout, layout_from_config, workload_from_config
 
 WIDE = ["model.num_layers=24", "model.hidden_size=2048", "model.num_attention_heads=16"]

@@ -12,7 +12,9 @@ import dataclasses
 import pytest
 
 from gptrain.models.config import GPTConfig
-from gptrain.plan.memory import activation_bytes, estimate_rank, layer_bytes_per_token
+from gptrain.plan.activations import layer_bytes_per_token
+from gptrain.plan.memory import estimate_rank
+from gptrain.plan.rank_activations import activation_bytes
 from gptrain.plan.spec import Layout, Workload
 
 torch = pytest.importorskip("torch")
@@ -488,7 +490,7 @@ def test_interleaved_micro_batches_in_flight_follow_torchs_warmup(
     fell short."""
     from torch.distributed.pipelining.schedules import _get_warmup_ops
 
-    from gptrain.plan.memory import in_flight
+    from gptrain.plan.rank_activations import in_flight
 
     per_round = microbatches // max(1, microbatches // pp)
     for rank in range(pp):
@@ -549,7 +551,7 @@ def test_the_peak_of_any_chunk_costs_is_that_of_torchs_op_order(pp: int, vpp: in
     of 1F1B steps stands for all of them)."""
     import random
 
-    from gptrain.plan.memory import chunks_in_flight
+    from gptrain.plan.rank_activations import chunks_in_flight
 
     rng = random.Random(pp * 100 + vpp * 10 + microbatches)
     for _ in range(20):
@@ -580,7 +582,7 @@ def test_every_interleaved_chunk_in_flight_keeps_its_output_and_embedding() -> N
 
 def test_a_pipeline_over_fewer_micro_batches_than_stages_holds_them_all_on_every_rank() -> None:
     """GPipe (gptrain.parallel.pipeline) runs every forward before a backward on every rank."""
-    from gptrain.plan.memory import in_flight
+    from gptrain.plan.rank_activations import in_flight
 
     assert [in_flight(Layout(pp=4), 2, rank) for rank in range(4)] == [2.0] * 4
     assert [in_flight(Layout(pp=4), 8, rank) for rank in range(4)] == [4.0, 3.0, 2.0, 1.0]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from gptrain.models.config import GPTConfig
-from gptrain.plan.memory import activation_bytes, estimate_rank, rebuild_bytes
+from gptrain.plan.memory import estimate_rank
+from gptrain.plan.rank_activations import activation_bytes, rebuild_bytes
 from gptrain.plan.spec import Layout, Workload
 
 torch = pytest.importorskip("torch")

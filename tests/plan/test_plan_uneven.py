@@ -15,7 +15,8 @@ from gptrain.config.schema import ModelConfig
 from gptrain.models.config import GPTConfig
 from gptrain.models.flops import megatron_flops_per_iteration
 from gptrain.plan.hardware import build_cluster
-from gptrain.plan.memory import WEIGHT_BYTES, activation_bytes, estimate_memory, estimate_rank
+from gptrain.plan.memory import WEIGHT_BYTES, estimate_memory, estimate_rank
+from gptrain.plan.rank_activations import activation_bytes
 from gptrain.plan.sizes import megatron_parameter_lines, rank_parameters
 from gptrain.plan.spec import SPLIT_KEYS, Layout, Workload, layout_from_config, workload_from_config
 from gptrain.plan.time import estimate_step_time
