@@ -9,7 +9,11 @@ Modules, one job each (none imports torch; `measure` starts `gptrain train` in s
   rank_activations.py  what a pipeline rank holds at its peak (micro batches in flight, checkpointed blocks)
   time.py       step time from compute at an MFU, pipeline bubble and communication over bandwidths
   rank.py       every valid layout, ranked under the memory limit; table and JSON
+  build.py      the command's arguments turned into a Plan (config, cluster, requested layout, ranking)
+  report.py     what it prints (a rich table) and writes (JSON)
   measure.py    short trials of the top candidates, re-ranked by what they measure
+  trial.py      one rank of a trial: `gptrain train`, then what it measured as JSON
+  slurm_trials.py  each trial as a Slurm job, through the launcher
   cli.py        the `plan` subcommand
 The formulas and their sources are in docs/planning.md.
 """

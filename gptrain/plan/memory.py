@@ -1,8 +1,9 @@
 """Memory per GPU of a layout: weights, gradients, optimizer state, activations, logits.
 
-The activation model is an inventory of the tensors gptrain's blocks save for the backward
-(docs/planning.md lists it with Korthikanti et al. 2022's Table 2 for comparison); tests/plan
-measures the same inventory with saved-tensor hooks on CPU. Everything is in bytes and per rank;
+Activations come from plan/activations.py (the inventory of the tensors gptrain's blocks save
+for the backward: docs/planning.md lists it with Korthikanti et al. 2022's Table 2; tests/plan
+measures it with saved-tensor hooks on CPU) and plan/rank_activations.py (what a pipeline rank
+holds at its peak). Everything is in bytes and per rank;
 the estimate of a layout is that of its fullest pipeline rank.
 """
 
