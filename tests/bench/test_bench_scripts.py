@@ -308,3 +308,16 @@ def test_generate_times_the_cache_against_the_whole_context_with_the_same_tokens
     assert json.loads(lines[-1]) == result and "ms per new token" in lines[0]
     with pytest.raises(SystemExit):
         generate.main([*args, "--prompt", "30", "--new", "6"])  # past the context: refused
+
+
+def test_generate_times_prompts_batched_against_alone_with_the_same_tokens(capsys):
+    generate = load("generate")
+    args = ["--layers", "1", "--hidden", "32", "--heads", "2", "--vocab", "97", "--seq-length", "32"]
+    result = generate.main([*args, "--prompt", "12", "--new", "5", "--prompts", "4", "--dtype", "fp64"])
+    assert result["same_tokens"] and result["prompts"] == [3, 6, 9, 12]
+    assert result["speedup"] == pytest.approx(
+        result["alone_s"] / result["batched_s"], abs=0.005 + 1e-3 * result["speedup"]
+    )
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == result
+    with pytest.raises(SystemExit):
+        generate.main([*args, "--prompts", "-1"])
