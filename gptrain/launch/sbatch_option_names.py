@@ -9,21 +9,22 @@ written, instead of sbatch silently taking the last one or refusing the job at s
 
 from __future__ import annotations
 
-# sbatch's long options (its man page, Slurm 22.05 to 25.x); older ones stay, so that a prefix that
-# is ambiguous on some version is never read here as one option.
+# sbatch's long options (its option table), those of every version from Slurm 22.05 to 25.05: a prefix
+# that is ambiguous on some version is then never read here as one option.
 SBATCH_LONG_OPTIONS = frozenset((
-    "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "chdir", "cluster-constraint",
-    "clusters", "comment", "constraint", "container", "container-id", "contiguous", "core-spec",
-    "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot",
-    "dependency", "distribution", "error", "exclude", "exclusive", "export", "export-file", "extra",
-    "extra-node-info", "get-user-env", "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-node",
-    "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "help", "hint", "hold", "ignore-pbs",
-    "input", "job-name", "kill-on-invalid-dep", "licenses", "mail-type", "mail-user", "mcs-label", "mem",
-    "mem-bind", "mem-per-cpu", "mem-per-gpu", "mincpus", "network", "nice", "no-kill", "no-requeue",
-    "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core", "ntasks-per-gpu", "ntasks-per-node",
-    "ntasks-per-socket", "oom-kill-step", "open-mode", "output", "overcommit", "oversubscribe", "parsable",
-    "partition", "power", "prefer", "priority", "profile", "propagate", "qos", "quiet", "reboot", "requeue",
-    "reservation", "segment", "signal", "sockets-per-node", "spread-job", "switches", "test-only",
+    "account", "acctg-freq", "array", "autocomplete", "batch", "bb", "bbf", "begin", "chdir", "cluster",
+    "cluster-constraint", "clusters", "comment", "constraint", "container", "container-id", "context",
+    "contiguous", "core-spec", "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task",
+    "deadline", "delay-boot", "dependency", "distribution", "error", "exclude", "exclusive", "export",
+    "export-file", "external", "extra", "extra-node-info", "get-user-env", "gid", "gpu-bind", "gpu-freq",
+    "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "help", "hint",
+    "hold", "ignore-pbs", "input", "job-name", "kill-on-invalid-dep", "licenses", "mail-type",
+    "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu", "mincpus", "network",
+    "nice", "no-kill", "no-requeue", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core",
+    "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "ntasks-per-tres", "oom-kill-step",
+    "open-mode", "output", "overcommit", "oversubscribe", "parsable", "partition", "power", "prefer",
+    "priority", "profile", "propagate", "qos", "quiet", "reboot", "requeue", "reservation", "resv-ports",
+    "segment", "signal", "sockets-per-node", "spread-job", "stepmgr", "switches", "test-only",
     "thread-spec", "threads-per-core", "time", "time-min", "tmp", "tres-bind", "tres-per-task", "uid",
     "usage", "use-min-nodes", "verbose", "version", "wait", "wait-all-nodes", "wckey", "wrap",
 ))  # fmt: skip

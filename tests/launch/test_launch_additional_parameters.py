@@ -210,6 +210,14 @@ def test_a_one_letter_key_is_read_as_sbatchs_short_option(tmp_path, monkeypatch,
             ["cluster.additional_parameters.expo=NONE"],
             "expo: --expo abbreviates several sbatch options (--export, --export-file)",
         ),
+        (  # --resv-ports (Slurm 24.05+): --res is no longer --reservation alone
+            ["cluster.additional_parameters.res=r1"],
+            "res: --res abbreviates several sbatch options (--reservation, --resv-ports)",
+        ),
+        (  # --ntasks-per-t is --ntasks-per-tres, not an option sbatch does not know
+            ["cluster.additional_parameters={ntasks_per_tres: 1, ntasks_per_t: 2}"],
+            "ntasks_per_t: --ntasks-per-tres (which --ntasks-per-t abbreviates) is given twice",
+        ),
     ],
 )
 def test_an_abbreviated_key_is_read_as_the_option_sbatch_takes_it_for(tmp_path, monkeypatch, overrides, says):
@@ -223,6 +231,14 @@ def test_an_abbreviated_key_is_read_as_the_option_sbatch_takes_it_for(tmp_path, 
 def test_a_unique_abbreviation_of_another_option_is_rendered_as_written(tmp_path, monkeypatch):
     [script] = launch_files(tmp_path, monkeypatch, "cluster.additional_parameters.mail_t=END")
     assert ("--mail-t", "END") in sbatch_lines(script.read_text())
+
+
+@pytest.mark.parametrize(("key", "option"), [("cluster", "--cluster"), ("context", "--context")])
+def test_an_options_full_name_is_not_read_as_a_prefix_of_longer_ones(tmp_path, monkeypatch, key, option):
+    """getopt_long takes an exact name before prefixes: --cluster (--clusters' other name) was refused
+    as an abbreviation of --cluster-constraint and --clusters."""
+    [script] = launch_files(tmp_path, monkeypatch, f"cluster.additional_parameters.{key}=c1")
+    assert (option, "c1") in sbatch_lines(script.read_text())
 
 
 @pytest.mark.parametrize("mem", ["null", "''", "' '"])
