@@ -24,10 +24,14 @@ SBATCH_LONG_OPTIONS = frozenset((
     "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "ntasks-per-tres", "oom-kill-step",
     "open-mode", "output", "overcommit", "oversubscribe", "parsable", "partition", "power", "prefer",
     "priority", "profile", "propagate", "qos", "quiet", "reboot", "requeue", "reservation", "resv-ports",
-    "segment", "signal", "sockets-per-node", "spread-job", "stepmgr", "switches", "test-only",
-    "thread-spec", "threads-per-core", "time", "time-min", "tmp", "tres-bind", "tres-per-task", "uid",
-    "usage", "use-min-nodes", "verbose", "version", "wait", "wait-all-nodes", "wckey", "wrap",
+    "segment", "signal", "sockets-per-node", "spread-job", "stepmgr", "switches", "tasks-per-node",
+    "test-only", "thread-spec", "threads-per-core", "time", "time-min", "tmp", "tres-bind",
+    "tres-per-task", "uid", "usage", "use-min-nodes", "verbose", "version", "wait", "wait-all-nodes",
+    "wckey", "wrap",
 ))  # fmt: skip
+
+# sbatch's options that are another name of one above: sbatch sets the same thing from either.
+SBATCH_OPTION_ALIASES = {"tasks-per-node": "ntasks-per-node", "cluster": "clusters"}
 
 # sbatch's one-letter options and the long option each is.
 SBATCH_SHORT_OPTIONS = {
@@ -43,7 +47,11 @@ SBATCH_SHORT_OPTIONS = {
 def options_meant(option: str) -> list[str]:
     """The sbatch options `--option` may be, as getopt_long reads it: itself where it is a full name
     (or one not known here: sbatch will say), else every option it is a prefix of (one: the option
-    it abbreviates; several: ambiguous, which sbatch refuses)."""
+    it abbreviates; several: ambiguous, which sbatch refuses). An alias is read as the option it
+    names (--tasks-per-node is --ntasks-per-node), so that it is checked as that option."""
     if option in SBATCH_LONG_OPTIONS:
-        return [option]
-    return sorted(known for known in SBATCH_LONG_OPTIONS if known.startswith(option)) or [option]
+        return [SBATCH_OPTION_ALIASES.get(option, option)]
+    prefixed = sorted(name for name in SBATCH_LONG_OPTIONS if name.startswith(option))
+    # getopt_long counts two names of one option as one match (no prefix is of --cluster and --clusters alone)
+    meant = {SBATCH_OPTION_ALIASES.get(name, name) for name in prefixed}
+    return list(meant) if len(meant) == 1 else prefixed or [option]

@@ -233,6 +233,26 @@ def test_a_unique_abbreviation_of_another_option_is_rendered_as_written(tmp_path
     assert ("--mail-t", "END") in sbatch_lines(script.read_text())
 
 
+@pytest.mark.parametrize("key", ["tasks_per_node", "tasks_per", "tasks-per-node"])
+def test_another_name_of_an_option_gptrain_renders_is_refused_as_that_option(tmp_path, monkeypatch, key):
+    """sbatch's --tasks-per-node is --ntasks-per-node: it passed unchecked and, rendered after
+    gptrain's, set the tasks per node (sbatch takes the last one)."""
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, f"cluster.additional_parameters.{key}=1")
+    message = str(error.value)
+    assert message.startswith(f"cluster.additional_parameters.{key}: gptrain renders --ntasks-per-node ")
+    assert message.endswith(" itself; use training.trainer.devices instead")
+    assert "\n" not in message and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("both", ["{clusters: a, cluster: b}", "{cluster: a, clusters: b}"])
+def test_two_names_of_one_option_are_refused_as_given_twice(tmp_path, monkeypatch, both):
+    """--cluster sets what --clusters (-M) sets: sbatch took the last of them, silently."""
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, f"cluster.additional_parameters={both}")
+    assert "is given twice (also as cluster.additional_parameters." in str(error.value)
+
+
 @pytest.mark.parametrize(("key", "option"), [("cluster", "--cluster"), ("context", "--context")])
 def test_an_options_full_name_is_not_read_as_a_prefix_of_longer_ones(tmp_path, monkeypatch, key, option):
     """getopt_long takes an exact name before prefixes: --cluster (--clusters' other name) was refused
