@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError, DataError, LaunchError
+from gptrain.launch.additional_parameters import sbatch_option
 from gptrain.launch.compose import closest
 from gptrain.launch.key_types import slurm_time_seconds
 from gptrain.launch.sbatch import Job
+from gptrain.launch.sbatch_option_names import options_meant
 from gptrain.utils.hostlist import expand_hostlist
 from gptrain.utils.paths import look_up
 from gptrain.utils.tokenizer_types import hub_name_advice
@@ -189,22 +191,38 @@ def partition_fit(job: Job, cluster: dict[str, Any], nodes: list[Node], wanted: 
 def check_time_limit(job: Job, cluster: dict[str, Any], partition: str, max_time: str | None) -> None:
     """A run.time_limit over the partition's MaxTime (0: no limit at all, over any) leaves the job
     PENDING for ever (PartitionTimeLimit; Slurm refuses it at submission only under EnforcePartLimits),
-    found only after the wait. A QOS may lift the limit (its PartitionTimeLimit flag): with
-    cluster.qos the check is left to Slurm."""
-    if job.time_limit in (None, "") or max_time is None or cluster.get("qos"):
+    found only after the wait. With a --time-min Slurm may start it with a limit down to that, so the
+    time-min is what must fit (Slurm refuses one over MaxTime at submission). A QOS may lift the
+    limit (its PartitionTimeLimit flag): with cluster.qos the check is left to Slurm."""
+    key, asked_time, outcome = time_checked(job, cluster)
+    if asked_time in (None, "") or max_time is None or cluster.get("qos"):
         return
     try:
-        allowed, asked = slurm_time_seconds(max_time), slurm_time_seconds(job.time_limit)
+        allowed, asked = slurm_time_seconds(max_time), slurm_time_seconds(asked_time)
     except ValueError:  # a form this check does not read (sinfo's n/a): left to Slurm
         return
     if allowed is None or (asked is not None and math.ceil(asked / 60) * 60 <= allowed):
         return
     asks = "asks for no time limit, but" if asked is None else "is longer than"
     raise LaunchError(
-        f"{job.stage}.run.time_limit={job.time_limit} {asks} partition '{partition}' allows ({max_time},"
-        " its time limit in sinfo): Slurm would leave the job pending for ever (PartitionTimeLimit); give"
-        f" at most {max_time}, or pick another cluster.partition"
+        f"{key}={asked_time} {asks} partition '{partition}' allows ({max_time}, its time limit in sinfo):"
+        f" {outcome}; give at most {max_time}, or pick another cluster.partition"
     )
+
+
+def time_checked(job: Job, cluster: dict[str, Any]) -> tuple[str, Any, str]:
+    """The time limit that must fit the partition's MaxTime, its key, and what Slurm does when it
+    does not: cluster.additional_parameters' --time-min (any unique prefix) where given, else the
+    stage's run.time_limit."""
+    for name, value in (cluster.get("additional_parameters") or {}).items():
+        if options_meant(sbatch_option(name)) == ["time-min"] and value is not None and value is not True:
+            time_min = value if isinstance(value, int) else str(value)
+            refused = (
+                "Slurm would refuse the job when it is submitted (a --time-min over the partition's MaxTime)"
+            )
+            return f"cluster.additional_parameters.{name}", time_min, refused
+    pending = "Slurm would leave the job pending for ever (PartitionTimeLimit)"
+    return f"{job.stage}.run.time_limit", job.time_limit, pending
 
 
 def check_blends(data_prefix: Any) -> None:

@@ -1711,6 +1711,36 @@ def test_a_time_limit_the_partition_allows_passes(time_limit, max_time, cluster)
     assert check_cluster(job, cluster, limited).startswith("ok  training: partition debug, 2/2 nodes")
 
 
+@pytest.mark.parametrize("key", ["time_min", "time-min", "time_mi"])
+def test_a_time_limit_over_the_partitions_passes_with_a_time_min_it_allows(key):
+    """With --time-min Slurm starts the job with a limit down to it (backfill): a time_limit over
+    MaxTime was refused though the job runs, cut to at most MaxTime."""
+    limited = [Node(f"n{i}", "debug", True, 2, 0, "idle", "2-00:00:00") for i in range(2)]
+    job = Job("training", "r", "r", None, [], nodes=2, time_limit="3-00:00:00")
+    cluster = {"additional_parameters": {key: "2-00:00:00"}}
+    assert check_cluster(job, cluster, limited).startswith("ok  training: partition debug, 2/2 nodes")
+
+
+@pytest.mark.parametrize(
+    ("time_min", "says"),
+    [
+        ("2-00:01:00", "time_min=2-00:01:00 is longer than partition 'debug' allows"),
+        (0, "time_min=0 asks for no time limit, but partition 'debug' allows"),  # sbatch: 0 is INFINITE
+    ],
+)
+def test_a_time_min_over_the_partitions_time_limit_is_refused_naming_it(time_min, says):
+    """Slurm refuses a --time-min over the partition's MaxTime at submission (whatever time_limit)."""
+    limited = [Node(f"n{i}", "debug", True, 2, 0, "idle", "2-00:00:00") for i in range(2)]
+    job = Job("training", "r", "r", None, [], nodes=2, time_limit="3-00:00:00")
+    with pytest.raises(LaunchError) as error:
+        check_cluster(job, {"additional_parameters": {"time_min": time_min}}, limited)
+    assert str(error.value) == (
+        f"cluster.additional_parameters.{says} (2-00:00:00, its time limit in sinfo): Slurm would refuse"
+        " the job when it is submitted (a --time-min over the partition's MaxTime); give at most"
+        " 2-00:00:00, or pick another cluster.partition"
+    )
+
+
 def test_the_partitions_time_limit_is_read_from_sinfo(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
