@@ -45,12 +45,13 @@ class Node:
 
 
 def parse_gpus(gres: str | None) -> int:
-    """GPUs in a gres string: 'gpu:8', 'gpu:a100:8(S:0-1)', 'gpu:4,shard:8' -> 8, 8, 4; '(null)' -> 0."""
+    """GPUs in a gres string (sinfo's, or a --gres value): 'gpu:8', 'gpu:a100:8(S:0-1)', 'gpu:4,shard:8'
+    -> 8, 8, 4; 'gpu', 'gpu:a100' -> 1 (Slurm's count where none is given); '(null)' -> 0."""
     total = 0
-    for item in (gres or "").split(","):
-        match = re.match(r"gpu(?::[^:(]+)?:(\d+)", item.strip())
-        if match:
-            total += int(match.group(1))
+    for item in re.sub(r"\([^)]*\)", "", str(gres or "")).split(","):  # sinfo's '(S:0-1)' socket note
+        name, *rest = item.strip().split(":")  # name[:type][:count]
+        if name == "gpu":
+            total += int(rest[-1]) if rest and rest[-1].isdigit() else 1
     return total
 
 

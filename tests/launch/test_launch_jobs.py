@@ -235,6 +235,36 @@ def test_preflight_catches_requests_slurm_would_queue_forever():
         check_cluster(gpu_job, {"gres": "gpu:8"}, nodes(gpus=4))
 
 
+@pytest.mark.parametrize(
+    ("gres", "gpus"),
+    [
+        ("gpu", 1),
+        ("gpu:a100", 1),
+        ("gpu,shard:8", 1),
+        ("gpu:a100:4(S:0,2)", 4),
+        ("gpu:0", 0),
+        ("gpumem:8G", 0),
+    ],
+)
+def test_a_gpu_gres_without_a_count_is_one_gpu(gres, gpus):
+    """Slurm reads `--gres=gpu` and `gpu:a100` as one GPU: they were read as none, so the partition
+    check fitted them on CPU nodes and the launch said the job asks Slurm for no GPU."""
+    assert parse_gpus(gres) == gpus
+
+
+def test_a_gpu_gres_without_a_count_is_checked_against_the_partition_and_not_said_to_ask_none(tmp_path):
+    from gptrain.launch.compose import compose
+    from gptrain.launch.launcher import no_gpus_asked_notes
+    from gptrain.launch.stages import build_plan
+
+    gpu_job = Job("training", "r", "r", None, [], tasks_per_node=1, gpus=True)
+    with pytest.raises(LaunchError, match="1 GPUs per node requested but nodes of 'debug' have 0"):
+        check_cluster(gpu_job, {"gres": "gpu:a100"}, nodes())
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "cluster.gpus_per_node=null"]
+    plan = build_plan(compose([*args, "cluster.gres=gpu", "training.trainer.devices=1"]))
+    assert no_gpus_asked_notes(plan) == []
+
+
 def test_a_list_of_partitions_fits_when_one_of_them_does():
     """sbatch -p a,b starts the job in whichever partition can run it first."""
     cluster = [*nodes(count=1), *[Node(f"g{i}", "big", False, 8, 0, "idle") for i in range(4)]]
