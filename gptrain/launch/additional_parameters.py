@@ -7,7 +7,7 @@ from typing import Any
 
 from gptrain.errors import ConfigError
 from gptrain.launch.key_types import mapping, type_name
-from gptrain.launch.sbatch_option_names import SBATCH_SHORT_OPTIONS, options_meant
+from gptrain.launch.sbatch_option_names import SBATCH_OPTION_ALIASES, SBATCH_SHORT_OPTIONS, options_meant
 
 # sbatch options gptrain renders itself, and the key that sets each: one from
 # cluster.additional_parameters would override or contradict it (sbatch takes the last one given).
@@ -100,7 +100,8 @@ def long_option(where: str, option: str) -> tuple[str, str]:
             f"{where}: --{option} abbreviates several sbatch options ({', '.join('--' + m for m in meant)}),"
             " and sbatch refuses it as ambiguous; write the full name"
         )
-    spelt = f"--{meant[0]}" if meant[0] == option else f"--{meant[0]} (which --{option} abbreviates)"
+    how = "is another name of" if option in SBATCH_OPTION_ALIASES else "abbreviates"
+    spelt = f"--{meant[0]}" if meant[0] == option else f"--{meant[0]} (which --{option} {how})"
     return meant[0], spelt
 
 

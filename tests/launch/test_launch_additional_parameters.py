@@ -242,6 +242,8 @@ def test_another_name_of_an_option_gptrain_renders_is_refused_as_that_option(tmp
     message = str(error.value)
     assert message.startswith(f"cluster.additional_parameters.{key}: gptrain renders --ntasks-per-node ")
     assert message.endswith(" itself; use training.trainer.devices instead")
+    how = "abbreviates" if key == "tasks_per" else "is another name of"
+    assert f"(which --{key.replace('_', '-')} {how})" in message
     assert "\n" not in message and not (tmp_path / "r").exists()
 
 
