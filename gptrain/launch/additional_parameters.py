@@ -100,7 +100,10 @@ def long_option(where: str, option: str) -> tuple[str, str]:
             f"{where}: --{option} abbreviates several sbatch options ({', '.join('--' + m for m in meant)}),"
             " and sbatch refuses it as ambiguous; write the full name"
         )
+    alias = [name for name in SBATCH_OPTION_ALIASES if name.startswith(option) and name != option]
     how = "is another name of" if option in SBATCH_OPTION_ALIASES else "abbreviates"
+    if alias and SBATCH_OPTION_ALIASES[alias[0]] == meant[0]:
+        how = f"abbreviates --{alias[0]}, another name of it"
     spelt = f"--{meant[0]}" if meant[0] == option else f"--{meant[0]} (which --{option} {how})"
     return meant[0], spelt
 

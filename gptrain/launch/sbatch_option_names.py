@@ -9,11 +9,12 @@ written, instead of sbatch silently taking the last one or refusing the job at s
 
 from __future__ import annotations
 
-# sbatch's long options (its option table), those of every version from Slurm 22.05 to 25.05: a prefix
+# sbatch's long options (its option table), those of every version from Slurm 22.05 to 26.05: a prefix
 # that is ambiguous on some version is then never read here as one option.
 SBATCH_LONG_OPTIONS = frozenset((
     "account", "acctg-freq", "array", "autocomplete", "batch", "bb", "bbf", "begin", "chdir", "cluster",
-    "cluster-constraint", "clusters", "comment", "constraint", "container", "container-id", "context",
+    "cluster-constraint", "clusters", "comment", "consolidate-segments", "constraint", "container",
+    "container-id", "container-type", "context",
     "contiguous", "core-spec", "cores-per-socket", "cpu-freq", "cpus-per-gpu", "cpus-per-task",
     "deadline", "delay-boot", "dependency", "distribution", "error", "exclude", "exclusive", "export",
     "export-file", "external", "extra", "extra-node-info", "get-user-env", "gid", "gpu-bind", "gpu-freq",
@@ -23,8 +24,8 @@ SBATCH_LONG_OPTIONS = frozenset((
     "nice", "no-kill", "no-requeue", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core",
     "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "ntasks-per-tres", "oom-kill-step",
     "open-mode", "output", "overcommit", "oversubscribe", "parsable", "partition", "power", "prefer",
-    "priority", "profile", "propagate", "qos", "quiet", "reboot", "requeue", "reservation", "resv-ports",
-    "segment", "signal", "sockets-per-node", "spread-job", "stepmgr", "switches", "tasks-per-node",
+    "priority", "profile", "propagate", "qos", "quiet", "reboot", "requeue", "reservation", "resources",
+    "resv-ports", "segment", "signal", "sockets-per-node", "spread-job", "spread-segments", "stepmgr", "switches", "tasks-per-node",
     "test-only", "thread-spec", "threads-per-core", "time", "time-min", "tmp", "tres-bind",
     "tres-per-task", "uid", "usage", "use-min-nodes", "verbose", "version", "wait", "wait-all-nodes",
     "wckey", "wrap",

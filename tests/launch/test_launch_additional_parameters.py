@@ -212,7 +212,11 @@ def test_a_one_letter_key_is_read_as_sbatchs_short_option(tmp_path, monkeypatch,
         ),
         (  # --resv-ports (Slurm 24.05+): --res is no longer --reservation alone
             ["cluster.additional_parameters.res=r1"],
-            "res: --res abbreviates several sbatch options (--reservation, --resv-ports)",
+            "res: --res abbreviates several sbatch options (--reservation, --resources, --resv-ports)",
+        ),
+        (  # --spread-segments (Slurm 25.11+): --spread is no longer --spread-job alone
+            ["cluster.additional_parameters.spread=true"],
+            "spread: --spread abbreviates several sbatch options (--spread-job, --spread-segments)",
         ),
         (  # --ntasks-per-t is --ntasks-per-tres, not an option sbatch does not know
             ["cluster.additional_parameters={ntasks_per_tres: 1, ntasks_per_t: 2}"],
@@ -242,7 +246,7 @@ def test_another_name_of_an_option_gptrain_renders_is_refused_as_that_option(tmp
     message = str(error.value)
     assert message.startswith(f"cluster.additional_parameters.{key}: gptrain renders --ntasks-per-node ")
     assert message.endswith(" itself; use training.trainer.devices instead")
-    how = "abbreviates" if key == "tasks_per" else "is another name of"
+    how = "abbreviates --tasks-per-node, another name of it" if key == "tasks_per" else "is another name of"
     assert f"(which --{key.replace('_', '-')} {how})" in message
     assert "\n" not in message and not (tmp_path / "r").exists()
 
