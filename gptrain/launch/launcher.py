@@ -21,6 +21,7 @@ from gptrain.launch.preflight import (
     check_training_files,
     check_training_layout,
     check_wandb_key_file,
+    gpus_asked_in_additional_parameters,
     max_array_size,
     requested_gpus_per_node,
 )
@@ -134,6 +135,8 @@ def no_gpus_asked_notes(plan: LaunchPlan) -> list[str]:
         return []
     jobs = [job for job in plan.jobs if job.stage == "training" and job.gpus]
     if not jobs or requested_gpus_per_node(jobs[0], plan.cluster):
+        return []
+    if gpus_asked_in_additional_parameters(plan.cluster):
         return []
     return [
         f"note  training: training.trainer.accelerator is not cpu, but the job asks Slurm for no GPU"

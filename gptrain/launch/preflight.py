@@ -20,7 +20,7 @@ from gptrain.launch.additional_parameters import sbatch_option
 from gptrain.launch.compose import closest
 from gptrain.launch.key_types import slurm_time_seconds
 from gptrain.launch.sbatch import Job
-from gptrain.launch.sbatch_option_names import options_meant
+from gptrain.launch.sbatch_option_names import SBATCH_SHORT_OPTIONS, options_meant
 from gptrain.utils.hostlist import expand_hostlist
 from gptrain.utils.paths import look_up
 from gptrain.utils.tokenizer_types import hub_name_advice
@@ -99,6 +99,19 @@ def requested_gpus_per_node(job: Job, cluster: dict[str, Any]) -> int:
         parse_gpus(cluster.get("gres")),
         int(cluster.get("gpus_per_task") or 0) * job.tasks_per_node,
     )
+
+
+def gpus_asked_in_additional_parameters(cluster: dict[str, Any]) -> bool:
+    """Whether an additional_parameters option asks Slurm for GPUs (`gpus_per_socket`, `G`,
+    `tres_per_task: gres/gpu:1`, ...), which gptrain does not count but Slurm allocates."""
+    for key, value in (cluster.get("additional_parameters") or {}).items():
+        option = str(key).replace("_", "-")
+        meant = [SBATCH_SHORT_OPTIONS[option]] if option in SBATCH_SHORT_OPTIONS else options_meant(option)
+        if len(meant) == 1 and value not in (None, False, 0, ""):
+            name = meant[0]
+            if "gpu" in name or (name in ("tres-per-task", "gres") and "gpu" in str(value)):
+                return True
+    return False
 
 
 def hosts_of(value: Any, key: str) -> set[str]:

@@ -1781,3 +1781,29 @@ def test_the_partitions_time_limit_is_read_from_sinfo(tmp_path, monkeypatch):
     (bin_dir / "sinfo").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     assert query_nodes() == [Node("n1", "gpu", True, 64, 8, "idle", "2-00:00:00")]
+
+
+@pytest.mark.parametrize(
+    ("extra", "noted"),
+    [
+        ("cluster.additional_parameters.gpus_per_socket=2", False),
+        ("cluster.additional_parameters.tres_per_task=gres/gpu:1", False),
+        ("cluster.additional_parameters.tres_per_task=cpu:2", True),
+        ("cluster.additional_parameters.comment=gpu", True),
+    ],
+)
+def test_gpus_asked_through_additional_parameters_are_not_said_to_be_none(tmp_path, extra, noted):
+    """A GPU request only in additional_parameters (gpus_per_socket, tres_per_task gres/gpu) was said
+    to ask Slurm for no GPU, advising a second request."""
+    from gptrain.launch.compose import compose
+    from gptrain.launch.launcher import no_gpus_asked_notes
+    from gptrain.launch.stages import build_plan
+
+    args = [
+        "cluster_type=slurm",
+        f"base_results_dir={tmp_path}",
+        "cluster.gpus_per_node=null",
+        "cluster.gres=null",
+    ]
+    plan = build_plan(compose([*args, "training.trainer.devices=4", extra]))
+    assert bool(no_gpus_asked_notes(plan)) is noted
