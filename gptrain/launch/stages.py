@@ -133,7 +133,8 @@ def training_blend(resolved: dict[str, Any], stages: list[str], notes: list[str]
     if "data_preparation" not in stages:
         return None
     from gptrain.data.blend_spec import prefixes_of, strip_suffix
-    from gptrain.launch.download import output_prefix, parse_shards
+    from gptrain.launch.shards import parse_shards
+    from gptrain.launch.tokenize_step import output_prefix
 
     prep, data = resolved["data_preparation"], resolved["training"].get("model", {}).get("data", {})
     prepared = {

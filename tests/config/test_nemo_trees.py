@@ -117,7 +117,8 @@ def test_run_switches_of_the_azure_config_pick_stages(tmp_path):
         [*AZURE_TRAINING, f"launcher_scripts_path={tmp_path}", "+data_preparation.workers=32"], tree
     )
     assert override.resolved()["data_preparation"]["workers"] == 32  # before, dropped without a word
-    from gptrain.launch.download import output_prefix, parse_shards
+    from gptrain.launch.shards import parse_shards
+    from gptrain.launch.tokenize_step import output_prefix
 
     names = [str(output_prefix(prep, s)) for s in parse_shards(prep["shards"])]
     assert names == [f"{tmp_path}/data/my-gpt3_00_text_document", f"{tmp_path}/data/my-gpt3_01_text_document"]

@@ -18,21 +18,17 @@ import yaml
 import zstandard
 
 from gptrain.errors import ConfigError, DataError
-from gptrain.launch.download import (
-    Shard,
+from gptrain.launch.data_blend import apply_blend, blend_prefixes, count_tokens
+from gptrain.launch.download import fetch_tokenizer_files, main
+from gptrain.launch.extraction import extract
+from gptrain.launch.resumable_download import (
     another_version,
-    apply_blend,
-    blend_prefixes,
-    count_tokens,
     download,
-    extract,
     fetch_once,
-    fetch_tokenizer_files,
-    main,
-    parse_shards,
     response_validator,
     writing_alone,
 )
+from gptrain.launch.shards import Shard, parse_shards
 
 PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
 
@@ -284,7 +280,7 @@ def test_checksum_mismatch_deletes_the_download(tmp_path):
 
 def test_a_rate_limited_download_waits_as_asked_and_retries(tmp_path, monkeypatch):
     """HTTP 429 (a hub rate-limiting many array tasks) failed the task at once: 'check the URL'."""
-    from gptrain.launch import download as download_module
+    from gptrain.launch import resumable_download as download_module
 
     waits = []
     monkeypatch.setattr(download_module.time, "sleep", waits.append)
@@ -346,15 +342,15 @@ def test_a_cut_off_archive_is_refused_and_kept(tmp_path, suffix, compress):
 TERMINATED_MIDWAY = """
 import os, signal, sys
 from pathlib import Path
-from gptrain.launch import download
+from gptrain.launch import extraction
 
 def blocks(path):
     yield b"a" * 1000
     os.kill(os.getpid(), signal.SIGTERM)  # a time limit, halfway through the extraction
     yield b"b" * 1000
 
-download.decompressed_blocks = blocks
-download.extract(Path(sys.argv[1]))
+extraction.decompressed_blocks = blocks
+extraction.extract(Path(sys.argv[1]))
 """
 
 
@@ -522,7 +518,7 @@ def test_a_shard_of_no_tokens_is_left_out_of_the_blend(tmp_path, capsys):
 def test_a_part_never_holds_old_bytes_under_the_new_files_validator(tmp_path, monkeypatch):
     """Starting a part over recorded the new version's validator before the old bytes were cut: a
     job killed in between left old bytes that the next resume's If-Range vouched for as new."""
-    from gptrain.launch import download as download_module
+    from gptrain.launch import resumable_download as download_module
 
     new = bytes(reversed(PAYLOAD))
     part = tmp_path / "a.bin.part"
@@ -551,7 +547,7 @@ def test_the_tokenize_step_passes_megatrons_tiktoken_settings(tmp_path):
     from gptrain.cli import build_parser
     from gptrain.data.tiktoken_file import TiktokenFileOptions
     from gptrain.data.tokenizer_args import tiktoken_options
-    from gptrain.launch.download import tokenize_command
+    from gptrain.launch.tokenize_step import tokenize_command
 
     specials = ["</s>", "<unk>", "<s>", "<mask>", "<pad>", "<cls>", "<sep>"]
     tokenizer = {"type": "TikTokenizer", "model": "/v/tokenizer.json", "vocab_size": 1263}

@@ -234,7 +234,7 @@ def test_data_preparation_workers_auto_takes_every_cpu_slurm_gives_the_task(tmp_
     assert "--cpus-per-task" not in directives(prep.read_text())
     srun = next(line for line in prep.read_text().splitlines() if line.startswith("srun "))
     assert '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in srun
-    from gptrain.launch.download import worker_count
+    from gptrain.launch.tokenize_step import worker_count
 
     assert worker_count("auto") == len(os.sched_getaffinity(0)) and worker_count(3) == 3
 

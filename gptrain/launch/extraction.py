@@ -1,0 +1,88 @@
+"""Decompressing a downloaded shard beside it: atomically, a cut-off archive refused and kept."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+from gptrain.data.jsonl import zstd_blocks
+from gptrain.errors import DataError
+from gptrain.utils.atomic import hold, remove_stale_temporaries, temporary_sibling
+from gptrain.utils.signals import terminate_as_exception
+
+CHUNK = 1 << 20
+
+
+STALE_TEMPORARY_S = 3600.0  # an older unheld temporary is a dead writer's (as data prepare's)
+
+
+EXTRACTORS: dict[str, Callable[[IO[bytes]], IO[bytes]]] = {
+    ".gz": lambda raw: gzip.GzipFile(fileobj=raw),
+    ".xz": lzma.LZMAFile,
+    ".bz2": bz2.BZ2File,  # pbzip2's multi-stream files too
+}
+
+
+def strip_compression(name: str) -> str:
+    for suffix in (".zst", *EXTRACTORS):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def decompressed_blocks(path: Path) -> Iterator[bytes]:
+    """The archive's content block by block; an archive cut short raises EOFError at its end
+    (zstandard's stream reader just stopped there, so a cut-off .zst extracted as a short file)."""
+    with open(path, "rb") as raw:
+        if path.suffix == ".zst":
+            yield from zstd_blocks(raw, CHUNK)
+            return
+        with EXTRACTORS[path.suffix](raw) as source:
+            while block := source.read(CHUNK):
+                yield block
+
+
+def extract(path: Path, keep: bool = False) -> Path:
+    """Decompress .zst/.xz/.gz/.bz2 next to the archive (atomically); other files are returned as is.
+    The archive is removed (unless `keep`) only once it has decompressed whole."""
+    target = path.with_name(strip_compression(path.name))
+    if target == path:
+        return path
+    if not target.exists():
+        remove_stale_extractions(target)
+        tmp = temporary_sibling(target)
+        try:
+            with terminate_as_exception(), open(tmp, "wb") as out:  # a time limit's SIGTERM: cleaned up
+                hold(out)
+                for block in decompressed_blocks(path):
+                    out.write(block)
+            tmp.replace(target)
+        except EOFError:
+            raise DataError(
+                f"{path}: the archive ends too soon (cut short: an interrupted download or copy);"
+                " nothing was extracted and the archive is kept: delete it to download it again"
+            ) from None
+        except Exception as error:
+            raise DataError(f"{path}: cannot decompress: {error}; the archive is kept") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+    if not keep:
+        path.unlink(missing_ok=True)
+    return target
+
+
+def remove_stale_extractions(target: Path) -> None:
+    """An extraction killed by SIGKILL (an OOM kill, KillWait past a time limit) left its temporary
+    file, as large as the shard, and every relaunch that was killed another."""
+    removed, _ = remove_stale_temporaries(target, STALE_TEMPORARY_S)
+    if removed:
+        size = sum(bytes_ for _, bytes_ in removed) / 1e9
+        print(
+            f"gptrain: removed {len(removed)} unfinished extraction(s) of {target} ({size:.1f} GB)",
+            file=sys.stderr,
+        )
