@@ -21,7 +21,8 @@ from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
 from gptrain.launch.mounts import container_mounts, with_absolute_paths
 from gptrain.launch.preflight import DEFAULT_MAX_ARRAY_SIZE, parse_gpus
-from gptrain.launch.sbatch import Job, Raw, dash_safe, rank_command, render_local, render_slurm
+from gptrain.launch.sbatch import Job, rank_command, render_local, render_slurm
+from gptrain.launch.script_quoting import Raw, dash_safe
 from gptrain.launch.script_values import check_launch_values
 from gptrain.launch.sections import check_launch_sections
 from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.errors import ConfigError, LaunchError
-from gptrain.launch.sbatch import Job, dash_safe, rank_command
+from gptrain.launch.sbatch import Job, rank_command
+from gptrain.launch.script_quoting import dash_safe
 from gptrain.utils.hostlist import read_hostlist_file
 from gptrain.utils.paths import look_up
 
@@ -37,7 +38,7 @@ OPTIONS = {
 def stage_config(section: dict[str, Any], cluster: dict[str, Any]) -> dict[str, Any]:
     """What the job's `<name>_hydra.yaml` holds: the stage's keys, the cluster's thresholds and its
     GPUs a node (the node the inter-node threshold is set for: fewer ranks a node scale it)."""
-    from gptrain.launch.sbatch import node_gpus
+    from gptrain.launch.sbatch_directives import node_gpus
 
     return {
         **section,

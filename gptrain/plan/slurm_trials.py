@@ -24,7 +24,8 @@ from gptrain.launch.executors.slurm import record_submission, sbatch
 from gptrain.launch.job_states import JobState
 from gptrain.launch.preflight import check_cluster, query_nodes
 from gptrain.launch.record_state import slurm_state
-from gptrain.launch.sbatch import Job, gres_gpus, render_slurm
+from gptrain.launch.sbatch import Job, render_slurm
+from gptrain.launch.sbatch_directives import gres_gpus
 from gptrain.launch.script_values import check_value
 from gptrain.launch.sections import check_cluster_section
 from gptrain.launch.slurm_queries import run_command

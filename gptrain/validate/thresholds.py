@@ -17,7 +17,7 @@ from typing import Any
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
 from gptrain.launch.cluster_profiles import cluster_profile_path
-from gptrain.launch.sbatch import node_gpus
+from gptrain.launch.sbatch_directives import node_gpus
 from gptrain.launch.sections import check_cluster_file_keys
 from gptrain.validate.bandwidth import parse_bytes
 

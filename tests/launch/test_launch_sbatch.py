@@ -10,7 +10,8 @@ import pytest
 
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import compose
-from gptrain.launch.sbatch import Job, Raw, env_lines, render_local
+from gptrain.launch.sbatch import Job, render_local
+from gptrain.launch.script_quoting import Raw, env_lines
 from gptrain.launch.stages import build_plan, write_run_files
 
 NASTY = "a b;touch x"
@@ -305,7 +306,7 @@ def test_ctrl_c_to_local_torchrun_ends_it_with_the_shells_130_not_a_traceback(tm
 
 
 def test_raw_is_not_quoted():
-    from gptrain.launch.sbatch import quote_command
+    from gptrain.launch.script_quoting import quote_command
 
     assert quote_command(["a b", Raw('"$X"')]) == "'a b' \"$X\""
 

@@ -130,7 +130,7 @@ def expanded(text: str, env: dict[str, str]) -> str:
     """An env_vars value as the job sees it: `$NAME` and `${NAME}` expanded (as NeMo's unquoted
     export does; unset: empty), `\\$` a literal `$` (the last of an odd run of backslashes before a
     `$` escapes it; an even run escapes nothing), nothing else."""
-    from gptrain.launch.sbatch import ENV_REFERENCE
+    from gptrain.launch.script_quoting import ENV_REFERENCE
 
     env = {**env, "PYTHONUNBUFFERED": "1"}  # exported by the script before env_vars
     out, i = [], 0

@@ -18,7 +18,8 @@ import pytest
 from gptrain.cli import main
 from gptrain.errors import ConfigError
 from gptrain.launch.compose import CONFIG_ROOT, compose
-from gptrain.launch.sbatch import Job, directive, render_slurm
+from gptrain.launch.sbatch import Job, render_slurm
+from gptrain.launch.sbatch_directives import directive
 from gptrain.launch.script_values import check_value
 from gptrain.launch.stages import build_plan, write_run_files
 

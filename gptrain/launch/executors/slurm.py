@@ -16,7 +16,8 @@ from pathlib import Path
 from gptrain.errors import LaunchError
 from gptrain.launch.preflight import check_cluster, query_nodes
 from gptrain.launch.records import append_record
-from gptrain.launch.sbatch import DIRECTIVE_KEYS, Job, sbatch_directives
+from gptrain.launch.sbatch import Job
+from gptrain.launch.sbatch_directives import DIRECTIVE_KEYS, sbatch_directives
 from gptrain.launch.sbatch_env import sbatch_environment, sbatch_variables_note
 from gptrain.launch.stages import LaunchPlan
 
