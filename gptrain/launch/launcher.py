@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from gptrain.errors import ConfigError, GptrainError, LaunchError
 from gptrain.launch.compose import CONFIG_ROOT, compose
-from gptrain.launch.download import parse_shards, tokenizer_downloads
+from gptrain.launch.download import tokenizer_downloads
 from gptrain.launch.live_jobs import cancel_never_starting, refuse_launch_into_live_run
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
 from gptrain.launch.preflight import (
@@ -26,6 +26,7 @@ from gptrain.launch.preflight import (
     requested_gpus_per_node,
 )
 from gptrain.launch.script_values import check_arguments
+from gptrain.launch.shards import parse_shards
 from gptrain.launch.stages import (
     LaunchPlan,
     build_plan,
