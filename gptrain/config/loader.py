@@ -24,8 +24,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from gptrain.config.nemo_keys import ignored_summary, is_ignored_nemo_key, refused_value
+from gptrain.config.normalize import normalize
 from gptrain.config.schema import PER_SPLIT_KEYS, TrainingConfig
-from gptrain.config.validate import normalize, validate
+from gptrain.config.validate import validate
 from gptrain.config.yamlio import as_int, as_switch, load_file, load_text, override_value
 from gptrain.errors import ConfigError
 from gptrain.utils.overrides import (

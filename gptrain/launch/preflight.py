@@ -392,7 +392,7 @@ def check_training_layout(cfg: TrainingConfig) -> list[str]:
     """The parallel layout on trainer.num_nodes x trainer.devices ranks and the learning-rate
     schedule, checked as the job will check them (gptrain.parallel.layout, gptrain.train.schedule;
     no torch), so an impossible one fails before the queue wait."""
-    from gptrain.config.validate import data_parallel_sharding
+    from gptrain.config.normalize import data_parallel_sharding
     from gptrain.parallel.layout import check_layout
     from gptrain.train.schedule import spec_from_config
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptrain.config.validate import data_parallel_sharding
+from gptrain.config.normalize import data_parallel_sharding
 from gptrain.errors import ConfigError
 from gptrain.parallel.mesh import ParallelDims
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gptrain.config.validate import data_parallel_sharding
+from gptrain.config.normalize import data_parallel_sharding
 from gptrain.errors import ConfigError
 from gptrain.models.gpt import separate_projections
 from gptrain.parallel.activation_checkpoint import apply_ac

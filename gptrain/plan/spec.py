@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from gptrain.config.validate import data_parallel_sharding
+from gptrain.config.normalize import data_parallel_sharding
 from gptrain.errors import ConfigError
 from gptrain.models.config import GPTConfig
 from gptrain.models.flops import vocab_rows

@@ -66,7 +66,7 @@ def run_train(args: argparse.Namespace) -> int:
         return train(cfg, process_exits=True)
 
 
-# The spellings of the checkpoint to start from (gptrain.config.validate).
+# The spellings of the checkpoint to start from (gptrain.config.normalize).
 START_FROM = {
     "exp_manager.resume_from_checkpoint",
     "model.resume_from_checkpoint",

@@ -339,6 +339,6 @@ def check_finite(s: Session, result: StepResult) -> None:
 def nonfinite_advice(cfg: TrainingConfig) -> str:
     """What to lower: under fp16's static scale (Megatron's --loss-scale) the usual cause is a scale
     whose scaled gradients overflow fp16 on every step, not the learning rate."""
-    if cfg.trainer.precision == "16" and cfg.model.native_amp_static_scale:  # validate.py normalized it
+    if cfg.trainer.precision == "16" and cfg.model.native_amp_static_scale:  # normalize.py normalized it
         return f"lower model.native_amp_init_scale ({cfg.model.native_amp_init_scale:g}) or model.optim.lr"
     return "lower model.optim.lr"
