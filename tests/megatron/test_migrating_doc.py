@@ -4,7 +4,8 @@ from pathlib import Path
 
 import yaml
 
-from gptrain.config.loader import DROPPED_TOP_KEYS, all_keys
+from gptrain.config.build import all_keys
+from gptrain.config.loader import DROPPED_TOP_KEYS
 from gptrain.config.nemo_keys import IGNORED_NEMO_KEYS, IGNORED_NEMO_PREFIXES
 from gptrain.megatron.defaults import MEGATRON_DEFAULTS
 from gptrain.megatron.flags import NO_EFFECT, REFUSED, SPECIAL, SWITCH, VALUE
