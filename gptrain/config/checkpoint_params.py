@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gptrain.config.schema import ExpManagerConfig, TrainingConfig
+from gptrain.config.exp_manager_schema import ExpManagerConfig
+from gptrain.config.schema import TrainingConfig
 from gptrain.errors import ConfigError
 
 
