@@ -77,7 +77,7 @@ LOSS_SCALER_POSITIVE = ("model.native_amp_growth_interval", "model.hysteresis")
 
 # 0 is meaningful (no clipping, no decay, loading in the main process, no warmup); a negative value
 # is not: a negative clip would flip every gradient and train uphill, and a negative warmup was
-# refused only by the job, at its start (min_lr is checked with lr, in _check_model).
+# refused only by the job, at its start (min_lr is checked with lr, in _check_batches).
 NON_NEGATIVE = (
     "trainer.gradient_clip_val",
     "trainer.limit_val_batches",
