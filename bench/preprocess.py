@@ -136,7 +136,7 @@ def run_prepare(inputs: list[Path], prefix: Path, workers: int) -> dict:
 def raw_tiktoken(corpus: Path) -> dict:
     """tiktoken alone on the same documents (parsing excluded), 2 threads."""
     sys.path.insert(0, str(REPO))
-    from gptrain.data.tokenizers import load_gpt2_bpe
+    from gptrain.data.gpt2_bpe import load_gpt2_bpe
 
     encoding = load_gpt2_bpe(VOCAB, MERGES).encoding  # type: ignore[attr-defined]
     with open(corpus, encoding="utf-8") as handle:

@@ -33,7 +33,8 @@ import numpy as np
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_together, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, is_pipe, iter_chunks
 from gptrain.data.tokenizer_record import write_tokenizer_record
-from gptrain.data.tokenizers import Tokenizer, TokenizerSpec, canonical_type
+from gptrain.data.tokenizer_wrappers import Tokenizer
+from gptrain.data.tokenizers import TokenizerSpec, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.progress import Progress, counted, format_rate
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from gptrain.data.indexed import IndexedDataset
-from gptrain.data.tokenizers import Tokenizer
+from gptrain.data.tokenizer_wrappers import Tokenizer
 from gptrain.errors import DataError
 
 PERCENTILES = (0, 50, 90, 99, 100)

@@ -115,7 +115,7 @@ def load_tiktoken_file(path: str, options: TiktokenFileOptions | None = None) ->
 def _load(path: str, options: TiktokenFileOptions, _stamp: object) -> Any:
     import tiktoken
 
-    from gptrain.data.tokenizers import TiktokenTokenizer
+    from gptrain.data.tokenizer_wrappers import TiktokenTokenizer
 
     pattern, vocab_size, count, specials = options.resolved()
     ranks = read_ranks(path, vocab_size - count, count)

@@ -245,7 +245,7 @@ def _hf_switch_effect(flag: str, kind: str, legacy: bool, model: str | None) -> 
 def _slow_tokenizer_effect(flag: str, kind: str, model: str | None) -> str:
     """Megatron then encodes with transformers' slow class: the same ids for GPT-2 (and a tokenizer
     with no slow class); a ConfigError for another, whose ids may differ from its tokenizer.json's."""
-    from gptrain.data.tokenizers import slow_class_that_differs
+    from gptrain.data.tokenizer_loaders import slow_class_that_differs
 
     if kind == "gpt2":
         return "transformers' slow GPT2Tokenizer gives the same ids as the fast one gptrain encodes with"
@@ -314,7 +314,7 @@ def tokenizer_type(args: argparse.Namespace) -> str | None:
                 f"--tokenizer-model {args.tokenizer_model}: a SentencePiece model is encoded as the type "
                 "says; pass --tokenizer-type GPTSentencePieceTokenizer, Llama2Tokenizer or SentencePieceTokenizer"
             )
-        from gptrain.data.tokenizers import unreachable
+        from gptrain.data.tokenizer_paths import unreachable
 
         if os.path.exists(args.tokenizer_model) or unreachable(args.tokenizer_model):
             return "HuggingFaceTokenizer"  # its loader names a path it cannot look up

@@ -25,7 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gptrain.data.tokenizers import HFTokenizer, SentencePieceTokenizer, TiktokenTokenizer, bytes_to_unicode
+from gptrain.data.gpt2_bpe import bytes_to_unicode
+from gptrain.data.tokenizer_wrappers import HFTokenizer, SentencePieceTokenizer, TiktokenTokenizer
 from gptrain.errors import GptrainError
 
 PROBE = (

@@ -89,7 +89,7 @@ def build_tokenizer(cfg: TrainingConfig) -> Any | None:
 def check_use_fast(tok: Any) -> None:
     """`use_fast: false` asks NeMo's AutoTokenizer for transformers' slow class: refused where its
     ids may differ from the tokenizer.json gptrain encodes with (config validation took the rest)."""
-    from gptrain.data.tokenizers import slow_class_that_differs
+    from gptrain.data.tokenizer_loaders import slow_class_that_differs
 
     if tok.use_fast is not False or tok.type != "HuggingFaceTokenizer":
         return
@@ -151,7 +151,8 @@ def tokenizer_file_keys(cfg: TrainingConfig) -> tuple[str, ...]:
 def check_tokenizer_files(cfg: TrainingConfig) -> None:
     """A missing tokenizer file, or a directory given for one, named by its config key (the
     tokenizer module names data-CLI flags)."""
-    from gptrain.data.tokenizers import canonical_type, missing_tokenizer_file
+    from gptrain.data.tokenizer_paths import missing_tokenizer_file
+    from gptrain.data.tokenizers import canonical_type
     from gptrain.utils.tokenizer_types import hub_name_advice
 
     tok = cfg.model.tokenizer

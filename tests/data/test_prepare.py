@@ -359,7 +359,7 @@ def test_pipes_are_inputs(tmp_path, gpt2_files, corpus, write_jsonl, megatron_da
 
 def test_huggingface_tokenizer_json(tmp_path, gpt2_files, corpus, write_jsonl, megatron_dataset):
     """The HF path (type implied by --tokenizer-model) gives the same bytes on the GPT-2 vocab."""
-    from gptrain.data.tokenizers import load_gpt2_bpe
+    from gptrain.data.gpt2_bpe import load_gpt2_bpe
 
     load_gpt2_bpe(*gpt2_files, backend="hf").tokenizer.save(str(tmp_path / "tokenizer.json"))
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in corpus])
@@ -586,7 +586,7 @@ def test_lines_only_python_json_reads_are_documents(tmp_path, gpt2_files, capsys
 
 @pytest.fixture
 def hf_tokenizer_json(tmp_path, gpt2_files) -> str:
-    from gptrain.data.tokenizers import load_gpt2_bpe
+    from gptrain.data.gpt2_bpe import load_gpt2_bpe
 
     path = tmp_path / "tokenizer.json"
     load_gpt2_bpe(*gpt2_files, backend="hf").tokenizer.save(str(path))
@@ -675,7 +675,7 @@ def test_an_id_past_the_token_dtype_is_refused(tmp_path, write_jsonl, monkeypatc
 
 def test_tokenizer_failure_is_a_data_error(tmp_path, hf_tokenizer_json, write_jsonl, monkeypatch):
     """A backstop: whatever a tokenizer raises on parsed text names the file and lines, no traceback."""
-    from gptrain.data.tokenizers import HFTokenizer
+    from gptrain.data.tokenizer_wrappers import HFTokenizer
 
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"document {n}"} for n in range(40)])
     monkeypatch.setattr(HFTokenizer, "encode_flat", _failing_encode)

@@ -168,9 +168,9 @@ def test_a_model_without_bos_or_eos(tmp_path, train_sentencepiece):
 
 
 def test_without_the_sentencepiece_package_one_line_says_install_it(sp_model, monkeypatch):
-    from gptrain.data import tokenizers
+    from gptrain.data import tokenizer_loaders
 
-    tokenizers._load_sentencepiece.cache_clear()  # a model built earlier in the session is cached
+    tokenizer_loaders._load_sentencepiece.cache_clear()  # a model built earlier in the session is cached
     monkeypatch.setitem(sys.modules, "sentencepiece", None)
     with pytest.raises(
         DataError, match=f"^{sp_model}: .* need the sentencepiece package: pip install sentencepiece$"

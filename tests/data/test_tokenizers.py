@@ -11,15 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from gptrain.data.tokenizers import (
-    HFTokenizer,
-    TiktokenTokenizer,
-    build_tokenizer,
-    bytes_to_unicode,
-    canonical_type,
-    gpt2_tokenizer_json,
-    load_gpt2_bpe,
-)
+from gptrain.data.gpt2_bpe import bytes_to_unicode, gpt2_tokenizer_json, load_gpt2_bpe
+from gptrain.data.tokenizer_wrappers import HFTokenizer, TiktokenTokenizer
+from gptrain.data.tokenizers import build_tokenizer, canonical_type
 from gptrain.errors import ConfigError, DataError
 
 TRICKY = [

@@ -171,7 +171,7 @@ def test_use_fast_false_on_a_tokenizer_json_follows_its_slow_class(tmp_path, tok
     wrongly (LlamaTokenizerFast)."""
     import json
 
-    from gptrain.data.tokenizers import bytes_to_unicode, gpt2_tokenizer_json
+    from gptrain.data.gpt2_bpe import bytes_to_unicode, gpt2_tokenizer_json
 
     vocab = {char: i for i, char in enumerate(bytes_to_unicode().values())} | {
         "he": 256,

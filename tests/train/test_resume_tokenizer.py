@@ -14,8 +14,9 @@ from tokenizers.pre_tokenizers import Whitespace
 from train_e2e_helpers import log_lines, run_recording, tiny_config
 
 from gptrain.checkpoint.reader import TokenizerMismatchError
+from gptrain.data.gpt2_bpe import gpt2_tokenizer_json, load_gpt2_bpe
 from gptrain.data.tokenizer_identity import compare, record, token_table
-from gptrain.data.tokenizers import gpt2_tokenizer_json, load_gpt2_bpe, load_huggingface
+from gptrain.data.tokenizer_loaders import load_huggingface
 from gptrain.errors import DataError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

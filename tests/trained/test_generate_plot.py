@@ -634,7 +634,7 @@ def test_ids_a_tokenizer_json_skips_are_never_sampled_and_its_last_id_is(tmp_pat
     import torch
 
     from gptrain.checkpoint.manager import CheckpointManager
-    from gptrain.data.tokenizers import bytes_to_unicode, gpt2_tokenizer_json
+    from gptrain.data.gpt2_bpe import bytes_to_unicode, gpt2_tokenizer_json
     from gptrain.parallel.state_dict import model_state_dict
     from gptrain.trained.generate import add_generate_parser
 

@@ -85,8 +85,8 @@ def test_import_gives_a_run_that_generate_loads_and_export_reproduces(exported, 
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_0"
     assert (run_dir / "checkpoints" / "step_0" / "COMPLETE").is_file()
     # the import records the tokenizer it copied in, as training does: GPT-2's, in any of its forms
+    from gptrain.data.gpt2_bpe import load_gpt2_bpe
     from gptrain.data.tokenizer_identity import record
-    from gptrain.data.tokenizers import load_gpt2_bpe
 
     recorded = json.loads((run_dir / "checkpoints" / "step_0" / "COMPLETE").read_text())["tokenizer"]
     assert recorded["tokens"] == record(load_gpt2_bpe(*gpt2_files()), "", "")["tokens"]

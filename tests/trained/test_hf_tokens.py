@@ -248,7 +248,7 @@ def tiktoken_run(tmp_path: Path, monkeypatch, pattern: str | None = None) -> Pat
     import tiktoken
     from hf_helpers import gpt2_files
 
-    from gptrain.data.tokenizers import load_gpt2_bpe
+    from gptrain.data.gpt2_bpe import load_gpt2_bpe
 
     encoding = load_gpt2_bpe(*gpt2_files(), backend="tiktoken").encoding
     if pattern is not None:
@@ -271,7 +271,7 @@ def test_a_tiktoken_run_with_gpt2s_split_exports_gpt2s_vocab_and_merges(tmp_path
     from hf_helpers import gpt2_files
     from transformers import AutoTokenizer
 
-    from gptrain.data.tokenizers import load_tiktoken
+    from gptrain.data.tokenizer_loaders import load_tiktoken
 
     run = tiktoken_run(tmp_path, monkeypatch)
     assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")]) == 0
@@ -353,7 +353,7 @@ def test_sentencepiece_run_is_refused_before_writing_or_exported_without_tokeniz
 def test_without_an_import_record_bos_and_eos_come_from_tokenizer_config(tmp_path) -> None:
     from types import SimpleNamespace
 
-    from gptrain.data.tokenizers import load_huggingface
+    from gptrain.data.tokenizer_loaders import load_huggingface
     from gptrain.trained.hf.record import special_token_ids
 
     source = llama_dir(tmp_path / "src", tokenizer=True)
@@ -378,7 +378,7 @@ def gpt2_tokenizer_dict() -> dict:
     `normalized: true` on <|endoftext|>, "" affixes; what gptrain writes spells these otherwise."""
     from hf_helpers import gpt2_files
 
-    from gptrain.data.tokenizers import gpt2_tokenizer_json
+    from gptrain.data.gpt2_bpe import gpt2_tokenizer_json
 
     tokenizer = json.loads(gpt2_tokenizer_json(*gpt2_files()))
     tokenizer["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import tiktoken
 
-from gptrain.data.tokenizers import GPT2_PATTERN, TiktokenTokenizer
+from gptrain.data.gpt2_bpe import GPT2_PATTERN
+from gptrain.data.tokenizer_wrappers import TiktokenTokenizer
 from gptrain.trained.hf.tiktoken_bpe import _merges, gpt2_bpe_of, write_gpt2_bpe
 
 BYTES = {bytes([b]): b for b in range(256)}

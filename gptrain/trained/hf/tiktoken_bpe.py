@@ -16,13 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gptrain.data.tokenizers import (
-    ENDOFTEXT,
-    GPT2_PATTERN,
-    TiktokenTokenizer,
-    bytes_to_unicode,
-    load_gpt2_bpe,
-)
+from gptrain.data.gpt2_bpe import ENDOFTEXT, GPT2_PATTERN, bytes_to_unicode, load_gpt2_bpe
+from gptrain.data.tokenizer_wrappers import TiktokenTokenizer
 from gptrain.errors import GptrainError
 
 # tiktoken's spellings of GPT-2's split: the possessive one of tiktoken 0.8 on, and the one before

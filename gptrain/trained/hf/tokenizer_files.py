@@ -18,7 +18,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gptrain.data.tokenizers import ENDOFTEXT, canonical_type, gpt2_tokenizer_json
+from gptrain.data.gpt2_bpe import ENDOFTEXT, gpt2_tokenizer_json
+from gptrain.data.tokenizers import canonical_type
 from gptrain.errors import DataError
 from gptrain.trained.hf.tiktoken_bpe import write_gpt2_bpe
 

@@ -1,0 +1,184 @@
+"""Loaders of a SentencePiece tokenizer.model, an HF tokenizer.json and a named tiktoken encoding."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from gptrain.data.gpt2_bpe import ENDOFTEXT
+from gptrain.data.tokenizer_paths import _hub_name_line, _stamp, missing_tokenizer_file
+from gptrain.data.tokenizer_wrappers import (
+    EOS_CANDIDATES,
+    HFTokenizer,
+    SentencePieceTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+)
+from gptrain.errors import DataError
+from gptrain.utils.paths import look_up
+from gptrain.utils.tokenizer_types import hub_name_advice
+
+# Megatron's SentencePieceTokenizer adds these (those the model lacks get the next ids), then the
+# model's pad, bos and eos pieces (named so when the model has none).
+MEGATRON_SP_SPECIALS = ("<CLS>", "<SEP>", "<EOD>", "<MASK>")
+
+
+def load_sentencepiece(model: str, kind: str) -> Tokenizer:
+    """A SentencePiece `tokenizer.model` as Megatron's `kind` wrapper encodes it (cached as load_gpt2_bpe)."""
+    return _load_sentencepiece(model, kind, _stamp(model))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_sentencepiece(model: str, kind: str, *_stamps: object) -> Tokenizer:
+    path = Path(model)
+    if (problem := missing_tokenizer_file(model)) is not None:
+        raise DataError(
+            _hub_name_line(model, "pass DIR/tokenizer.model")
+            or f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.model)"
+        )
+    try:
+        import sentencepiece
+    except ImportError:
+        raise DataError(
+            f"{model}: SentencePiece tokenizers need the sentencepiece package: pip install sentencepiece"
+        ) from None
+    processor = sentencepiece.SentencePieceProcessor()
+    try:  # from bytes: a path it cannot encode is no concern of the library's
+        processor.LoadFromSerializedProto(path.read_bytes())
+    except (RuntimeError, OSError) as error:  # the library's text names its own source line only
+        reason = error.strerror if isinstance(error, OSError) else "its bytes do not parse as a model"
+        raise DataError(f"{model}: not a SentencePiece tokenizer.model ({reason})") from None
+    pieces = processor.get_piece_size()
+    if pieces == 0:
+        raise DataError(f"{model}: not a SentencePiece tokenizer.model (it holds no pieces)")
+    eos = processor.eos_id() if processor.eos_id() >= 0 else None
+    if kind == "gptsentencepiece":
+        return SentencePieceTokenizer(processor, model, eos, pieces)
+    if kind == "llama2":
+        if processor.bos_id() < 0:
+            raise DataError(
+                f"{model}: the SentencePiece model has no beginning-of-sentence piece (bos_id=-1), which "
+                "Llama2Tokenizer puts before every text; use GPTSentencePieceTokenizer"
+            )
+        return SentencePieceTokenizer(processor, model, eos, pieces, bos=processor.bos_id())
+    vocab, specials = _megatron_specials(processor)
+    return SentencePieceTokenizer(processor, model, specials["<EOD>"], len(vocab), specials=specials)
+
+
+def _megatron_specials(processor: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """Megatron SentencePieceTokenizer's vocabulary and special tokens, in the order it adds them."""
+    count = processor.get_piece_size()
+    vocab = {processor.id_to_piece(i): i for i in range(count)}
+    specials: dict[str, int] = {}
+    named = ((processor.pad_id(), "<PAD>"), (processor.bos_id(), "<BOS>"), (processor.eos_id(), "<EOS>"))
+    for token in (
+        *MEGATRON_SP_SPECIALS,
+        *(processor.id_to_piece(i) if 0 <= i < count else n for i, n in named),
+    ):
+        vocab.setdefault(token, len(vocab))
+        specials[token] = vocab[token]
+    return vocab, specials
+
+
+def _eos_from_config(directory: Path) -> str | None:
+    config = directory / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
+    except (ValueError, AttributeError) as error:
+        raise DataError(f"{config}: not a JSON object ({error})") from None
+    return eos.get("content") if isinstance(eos, dict) else eos
+
+
+SAME_IDS_SLOW_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizer")
+"""transformers' slow tokenizer classes that encode as the tokenizer.json gptrain reads: GPT-2's
+(the same byte-level BPE, split and <|endoftext|>: checked against transformers 4.46 on GPT-2's
+vocabulary), and PreTrainedTokenizerFast's, which has no slow class (AutoTokenizer loads it fast)."""
+
+
+def slow_class_that_differs(model: str) -> str | None:
+    """The slow class transformers 4's AutoTokenizer(use_fast=False) builds for the tokenizer at
+    `model` (its tokenizer_config.json's tokenizer_class), when its ids may differ from
+    tokenizer.json's; None when they are the same (transformers 5 ignores use_fast). A class named
+    `...Fast` there is loaded as named whatever use_fast says, so it reads the same tokenizer.json."""
+    path = Path(model)
+    config = (path if path.is_dir() else path.parent) / "tokenizer_config.json"
+    try:
+        name = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    if not isinstance(name, str) or not name:
+        return f"the model type's slow tokenizer ({config} names no tokenizer_class)"
+    if name.endswith("Fast"):
+        return None
+    return None if name in SAME_IDS_SLOW_CLASSES else name
+
+
+def _megatron_hint(data: bytes) -> str:
+    """What a JSON list given as a tokenizer.json is: Megatron's tiktoken vocabulary, which the
+    type (implied HuggingFaceTokenizer where --tokenizer-type is absent) must name."""
+    if data.lstrip()[:1] != b"[":
+        return ""
+    return "; a JSON list is Megatron's tiktoken vocabulary: pass --tokenizer-type TikTokenizer"
+
+
+def load_huggingface(model: str) -> Tokenizer:
+    """A `tokenizer.json` file (or a directory holding one, plus tokenizer_config.json)."""
+    if (problem := missing_tokenizer_file(model, "tokenizer.json")) is not None:
+        raise DataError(
+            _hub_name_line(model)
+            or f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.json)"
+        )
+    path = Path(model)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    from tokenizers import Tokenizer
+
+    data = file.read_bytes()
+    try:
+        tokenizer = Tokenizer.from_buffer(data)  # from_file takes UTF-8 paths only
+    except Exception as error:
+        raise DataError(
+            f"{file}: not a Hugging Face tokenizer.json ({error}){_megatron_hint(data)}"
+        ) from None
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    eos = _eos_from_config(file.parent)
+    candidates = [eos] if eos else [c for c in EOS_CANDIDATES if c in vocab]
+    eod = vocab.get(candidates[0]) if candidates else None
+    return HFTokenizer(tokenizer, eod, str(file))
+
+
+def _not_an_encoding(name: str, known: str) -> str:
+    """Why `name` is no tiktoken encoding: a directory there is neither an encoding nor Megatron's
+    vocabulary file (which is_vocabulary_file sends to its own reader)."""
+    if look_up(name).kind in ("missing", "unreachable"):
+        hub = hub_name_advice(name)
+        return f"unknown tiktoken encoding {name!r} for --tokenizer-model (known: {known})" + (
+            f"; {hub}" if hub else ""
+        )
+    return (
+        f"tokenizer model {name} is a directory; TikTokenizer takes Megatron's tiktoken vocabulary file "
+        f"(path/to/tokenizer.json) or a tiktoken encoding name ({known})"
+    )
+
+
+def load_tiktoken(name: str) -> Tokenizer:
+    """A named tiktoken encoding (e.g. cl100k_base); needs network or TIKTOKEN_CACHE_DIR."""
+    import tiktoken
+
+    if name not in tiktoken.list_encoding_names():
+        raise DataError(_not_an_encoding(name, ", ".join(tiktoken.list_encoding_names())))
+    try:
+        encoding = tiktoken.get_encoding(name)
+    except Exception as error:
+        message = re.sub(r"\s+", " ", str(error))[:200]
+        raise DataError(
+            f"cannot load tiktoken encoding {name!r} ({type(error).__name__}: {message}); "
+            "offline, put its file in TIKTOKEN_CACHE_DIR"
+        ) from None
+    if ENDOFTEXT not in encoding.special_tokens_set:
+        raise DataError(f"tiktoken encoding {name!r} has no {ENDOFTEXT} token to end documents")
+    return TiktokenTokenizer(encoding, encoding.eot_token, encoding.n_vocab, frozenset({ENDOFTEXT}))
