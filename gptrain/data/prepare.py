@@ -10,12 +10,13 @@ A value may also be a JSON array of strings, as Megatron's preprocess_data.py ta
 --split-sentences): the document's sentences, each tokenized on its own, each non-empty one a
 sequence of the document, the EOD of --append-eod on the last one. A plain string is the
 one-sentence case; lines of plain strings never take the (slower) path of the lists.
+
+A worker parses a chunk's lines in prepare_lines.py and shapes its tokens in prepare_tokens.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing
 import os
 import signal
@@ -32,8 +33,16 @@ import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_together, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, is_pipe, iter_chunks
+from gptrain.data.prepare_lines import _parse, _sentences
+from gptrain.data.prepare_tokens import (
+    ChunkResult,
+    _check_ids_fit,
+    _encode,
+    _last_sentences,
+    _with_eod,
+    _WorkerState,
+)
 from gptrain.data.tokenizer_record import write_tokenizer_record
-from gptrain.data.tokenizer_wrappers import Tokenizer
 from gptrain.data.tokenizers import TokenizerSpec, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.progress import Progress, counted, format_rate
@@ -85,195 +94,8 @@ class PrepareStats:
         return ", ".join(what(n) + (f" {key}" if len(counts) > 1 else "") for key, n in counts.items())
 
 
-@dataclass
-class ChunkResult:
-    tokens: list[np.ndarray]  # per json key, all documents back to back
-    lengths: list[np.ndarray]  # per json key, tokens per text: a string value, or a sentence of a list
-    sentences: list[np.ndarray | None]  # per json key, texts per document; None: one each (no lists)
-    documents: int
-    bad_lines: int
-    nbytes: int
-    path: str  # the input file the chunk's lines come from
-    error: str | None = None
-
-
-@dataclass
-class _WorkerState:
-    tokenizer: Tokenizer
-    keys: tuple[str, ...]
-    eod: int | None
-    dtype: np.dtype
-    skip_bad_lines: bool
-
-
 # Set in the parent before forking (workers inherit it) or by _init_worker under spawn.
 _STATE: _WorkerState | None = None
-
-
-def _json_type(value: object) -> str:
-    names = {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
-
-
-def _line_problem(line: bytes, keys: tuple[str, ...], error: Exception | None, record: object) -> str:
-    if error is not None:
-        if not line.strip():
-            return "empty line, expected a JSON object"
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as bad:
-            return f"not valid UTF-8 (byte {bad.start})"
-        return f"not valid JSON ({error})"
-    if not isinstance(record, dict):
-        return f"expected a JSON object, got {_json_type(record)}"
-    for key in keys:
-        if key not in record:
-            return f"no key {key!r} (choose the text field with --json-keys)"
-        value = record[key]
-        if isinstance(value, list):
-            if (problem := _sentence_problem(key, value)) is not None:
-                return problem
-        elif not isinstance(value, str):
-            return f"value of {key!r} is {_json_type(value)}, expected a string or an array of strings"
-        elif (surrogate := _lone_surrogate(value)) is not None:
-            return f"value of {key!r} holds a lone surrogate {surrogate} (not valid Unicode)"
-    return "bad line"
-
-
-def _sentence_problem(key: str, sentences: list) -> str | None:
-    """What is wrong with an array value, if anything: Megatron's tokenizer would fail on it."""
-    for position, sentence in enumerate(sentences):
-        where = f"item {position} (from 0) of the array of {key!r}"
-        if not isinstance(sentence, str):
-            return f"{where} is {_json_type(sentence)}, expected a string (one per sentence)"
-        if (surrogate := _lone_surrogate(sentence)) is not None:
-            return f"{where} holds a lone surrogate {surrogate} (not valid Unicode)"
-    return None
-
-
-def _lone_surrogate(text: str) -> str | None:
-    """The first lone surrogate of `text` as a JSON escape (`\\ud800`), or None if it is valid Unicode.
-
-    JSON may escape half of a surrogate pair on its own; `json.loads` then returns a str that
-    no tokenizer can encode (HF's raises a TypeError, Megatron's GPT-2 BPE a UnicodeEncodeError).
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as bad:
-        return f"\\u{ord(text[bad.start]):04x}"
-    return None
-
-
-def _python_json(line: bytes, orjson_error: Exception) -> tuple[object, Exception | None]:
-    """(record, None) when Python's json reads the line, else (None, orjson's error).
-
-    Megatron's preprocess_data.py parses with `json.loads`, which also takes NaN, Infinity
-    and out-of-range numbers such as 1e400 (written by `json.dumps` by default); orjson
-    refuses them. Only lines orjson refuses come here, so the fast path stays fast.
-    """
-    try:
-        return json.loads(line.decode("utf-8")), None
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None, orjson_error
-
-
-Value = str | list[str]  # one document's text: a string, or its sentences
-
-
-@dataclass
-class _Parsed:
-    values: list[list[Value]]  # per key, one per document
-    has_lists: bool  # some value is a list of sentences
-    bad_lines: int
-    error: str | None = None
-
-
-def _parse(chunk: Chunk, state: _WorkerState) -> _Parsed:
-    """Values per key; bad lines are counted (skip) or reported as `file:line: problem`."""
-    import orjson
-
-    texts: list[list[Value]] = [[] for _ in state.keys]
-    lines = chunk.data.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    bad, has_lists = 0, False
-    for offset, line in enumerate(lines):
-        error, record, fallback = None, None, False
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError as caught:
-            (record, error), fallback = _python_json(line, caught), True
-        if type(record) is dict:
-            values = [record.get(key) for key in state.keys]
-            strings = all(type(value) is str for value in values)
-            # orjson refuses lone surrogates, so only lines it refused can hold one.
-            if strings:
-                usable = not (fallback and any(map(_lone_surrogate, values)))
-            else:
-                usable = _all_sentences(values, fallback)
-            if usable:
-                for bucket, value in zip(texts, values, strict=True):
-                    bucket.append(value)
-                has_lists |= not strings
-                continue
-        if not state.skip_bad_lines:
-            problem = _line_problem(line, state.keys, error, record)
-            return _Parsed(texts, has_lists, bad, f"{chunk.path}:{chunk.first_line + offset}: {problem}")
-        bad += 1
-    return _Parsed(texts, has_lists, bad)
-
-
-def _all_sentences(values: list[object], fallback: bool) -> bool:
-    """Every value a string or a list of strings (none with a lone surrogate, which only a line
-    orjson refused can hold): the slow check, for lines that are not all strings."""
-    for value in values:
-        sentences = [value] if type(value) is str else value
-        if type(sentences) is not list or not all(type(s) is str for s in sentences):
-            return False
-        if fallback and any(map(_lone_surrogate, sentences)):
-            return False
-    return True
-
-
-def _sentences(values: list[Value]) -> tuple[list[str], np.ndarray]:
-    """Every text to tokenize, a string value being one sentence, and the sentences per document."""
-    texts: list[str] = []
-    counts = np.empty(len(values), dtype=np.int64)
-    for n, value in enumerate(values):
-        if type(value) is str:
-            texts.append(value)
-            counts[n] = 1
-        else:
-            texts.extend(value)
-            counts[n] = len(value)
-    return texts, counts
-
-
-def _last_sentences(lengths: np.ndarray, sentences: np.ndarray | None) -> np.ndarray:
-    """Which texts end a non-empty document: the last non-empty sentence of each (every
-    non-empty text when each document is one), where --append-eod puts the EOD."""
-    nonempty = lengths > 0
-    if sentences is None:
-        return nonempty
-    kept = np.flatnonzero(nonempty)
-    document_of = np.repeat(np.arange(len(sentences)), sentences)[kept]
-    last = np.ones(len(kept), dtype=bool)
-    last[:-1] = document_of[1:] != document_of[:-1]
-    ends = np.zeros(len(lengths), dtype=bool)
-    ends[kept[last]] = True
-    return ends
-
-
-def _with_eod(
-    tokens: np.ndarray, lengths: np.ndarray, eod: int, ends: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Append `eod` to the texts marked in `ends`, as preprocess_data --append-eod does."""
-    new_lengths = lengths + ends
-    out = np.full(int(new_lengths.sum()), eod, dtype=tokens.dtype)
-    keep = np.ones(len(out), dtype=bool)
-    keep[np.cumsum(new_lengths)[ends] - 1] = False
-    out[keep] = tokens
-    return out, new_lengths
 
 
 def encode_chunk(chunk: Chunk) -> ChunkResult:
@@ -296,36 +118,6 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     documents = len(parsed.values[0])
     return ChunkResult(
         all_tokens, all_lengths, all_sentences, documents, parsed.bad_lines, len(chunk.data), chunk.path
-    )
-
-
-def _encode(tokenizer: Tokenizer, texts: list[str], chunk: Chunk, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """`encode_flat`, with a tokenizer's own failure turned into a DataError naming the lines."""
-    try:
-        return tokenizer.encode_flat(texts)
-    except MemoryError:
-        raise
-    except Exception as error:  # whatever a tokenizer library raises on text that parsed
-        last = chunk.first_line + max(0, chunk.data.count(b"\n", 0, len(chunk.data) - 1))
-        raise DataError(
-            f"{chunk.path}:{chunk.first_line}-{last}: the tokenizer cannot encode the {key!r} value of "
-            f"a line here ({type(error).__name__}: {error}); find and fix or remove that line"
-        ) from None
-
-
-def _check_ids_fit(tokens: np.ndarray, state: _WorkerState, chunk: Chunk, key: str) -> None:
-    """An id past what the token dtype holds would be written wrapped (70000 as 4464 in uint16),
-    silently another token: the dtype follows the tokenizer's vocabulary size (Megatron's rule), and
-    a tokenizer.json may give ids beyond it (added tokens with a gap before them)."""
-    largest = int(tokens.max()) if len(tokens) else 0
-    if largest <= np.iinfo(state.dtype).max:
-        return
-    last = chunk.first_line + max(0, chunk.data.count(b"\n", 0, len(chunk.data) - 1))
-    raise DataError(
-        f"{chunk.path}:{chunk.first_line}-{last}: the tokenizer gives id {largest:,} for the {key!r} value of "
-        f"a line here, past the {state.dtype} tokens its vocabulary size ({state.tokenizer.vocab_size:,}) "
-        "chose (Megatron's rule: uint16 below 65,500 entries); its ids run past its size: fix the "
-        "tokenizer's ids (its added tokens) or use another tokenizer"
     )
 
 

@@ -1,0 +1,150 @@
+"""A chunk's jsonl lines as values per json key (strings or sentence arrays), and why a bad line is bad."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from gptrain.data.jsonl import Chunk
+from gptrain.data.prepare_tokens import _WorkerState
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "an array", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _line_problem(line: bytes, keys: tuple[str, ...], error: Exception | None, record: object) -> str:
+    if error is not None:
+        if not line.strip():
+            return "empty line, expected a JSON object"
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return f"not valid UTF-8 (byte {bad.start})"
+        return f"not valid JSON ({error})"
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {_json_type(record)}"
+    for key in keys:
+        if key not in record:
+            return f"no key {key!r} (choose the text field with --json-keys)"
+        value = record[key]
+        if isinstance(value, list):
+            if (problem := _sentence_problem(key, value)) is not None:
+                return problem
+        elif not isinstance(value, str):
+            return f"value of {key!r} is {_json_type(value)}, expected a string or an array of strings"
+        elif (surrogate := _lone_surrogate(value)) is not None:
+            return f"value of {key!r} holds a lone surrogate {surrogate} (not valid Unicode)"
+    return "bad line"
+
+
+def _sentence_problem(key: str, sentences: list) -> str | None:
+    """What is wrong with an array value, if anything: Megatron's tokenizer would fail on it."""
+    for position, sentence in enumerate(sentences):
+        where = f"item {position} (from 0) of the array of {key!r}"
+        if not isinstance(sentence, str):
+            return f"{where} is {_json_type(sentence)}, expected a string (one per sentence)"
+        if (surrogate := _lone_surrogate(sentence)) is not None:
+            return f"{where} holds a lone surrogate {surrogate} (not valid Unicode)"
+    return None
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of `text` as a JSON escape (`\\ud800`), or None if it is valid Unicode.
+
+    JSON may escape half of a surrogate pair on its own; `json.loads` then returns a str that
+    no tokenizer can encode (HF's raises a TypeError, Megatron's GPT-2 BPE a UnicodeEncodeError).
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as bad:
+        return f"\\u{ord(text[bad.start]):04x}"
+    return None
+
+
+def _python_json(line: bytes, orjson_error: Exception) -> tuple[object, Exception | None]:
+    """(record, None) when Python's json reads the line, else (None, orjson's error).
+
+    Megatron's preprocess_data.py parses with `json.loads`, which also takes NaN, Infinity
+    and out-of-range numbers such as 1e400 (written by `json.dumps` by default); orjson
+    refuses them. Only lines orjson refuses come here, so the fast path stays fast.
+    """
+    try:
+        return json.loads(line.decode("utf-8")), None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None, orjson_error
+
+
+Value = str | list[str]  # one document's text: a string, or its sentences
+
+
+@dataclass
+class _Parsed:
+    values: list[list[Value]]  # per key, one per document
+    has_lists: bool  # some value is a list of sentences
+    bad_lines: int
+    error: str | None = None
+
+
+def _parse(chunk: Chunk, state: _WorkerState) -> _Parsed:
+    """Values per key; bad lines are counted (skip) or reported as `file:line: problem`."""
+    import orjson
+
+    texts: list[list[Value]] = [[] for _ in state.keys]
+    lines = chunk.data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    bad, has_lists = 0, False
+    for offset, line in enumerate(lines):
+        error, record, fallback = None, None, False
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError as caught:
+            (record, error), fallback = _python_json(line, caught), True
+        if type(record) is dict:
+            values = [record.get(key) for key in state.keys]
+            strings = all(type(value) is str for value in values)
+            # orjson refuses lone surrogates, so only lines it refused can hold one.
+            if strings:
+                usable = not (fallback and any(map(_lone_surrogate, values)))
+            else:
+                usable = _all_sentences(values, fallback)
+            if usable:
+                for bucket, value in zip(texts, values, strict=True):
+                    bucket.append(value)
+                has_lists |= not strings
+                continue
+        if not state.skip_bad_lines:
+            problem = _line_problem(line, state.keys, error, record)
+            return _Parsed(texts, has_lists, bad, f"{chunk.path}:{chunk.first_line + offset}: {problem}")
+        bad += 1
+    return _Parsed(texts, has_lists, bad)
+
+
+def _all_sentences(values: list[object], fallback: bool) -> bool:
+    """Every value a string or a list of strings (none with a lone surrogate, which only a line
+    orjson refused can hold): the slow check, for lines that are not all strings."""
+    for value in values:
+        sentences = [value] if type(value) is str else value
+        if type(sentences) is not list or not all(type(s) is str for s in sentences):
+            return False
+        if fallback and any(map(_lone_surrogate, sentences)):
+            return False
+    return True
+
+
+def _sentences(values: list[Value]) -> tuple[list[str], np.ndarray]:
+    """Every text to tokenize, a string value being one sentence, and the sentences per document."""
+    texts: list[str] = []
+    counts = np.empty(len(values), dtype=np.int64)
+    for n, value in enumerate(values):
+        if type(value) is str:
+            texts.append(value)
+            counts[n] = 1
+        else:
+            texts.extend(value)
+            counts[n] = len(value)
+    return texts, counts
