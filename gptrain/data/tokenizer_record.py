@@ -90,15 +90,16 @@ def _read(path: str) -> dict[str, Any] | None:
 
 
 def legacy_mismatch(prefixes: list[str], legacy: bool, tokenizer_type: str) -> str | None:
-    """The first prefix whose data was encoded with the other --legacy-tokenizer setting, said as the
-    reason (for the message), or None. Compared only where the setting changes ids, GPT-2 BPE on both
-    sides: data of another type is recorded false whatever the flag was, and model.tokenizer.legacy
-    is set whatever the type (so a HuggingFaceTokenizer run with it was refused its own data)."""
-    if not _is_gpt2_bpe(tokenizer_type):
-        return None
+    """The first prefix whose data was encoded with another --legacy-tokenizer setting than the run
+    encodes with, said as the reason (for the message), or None. Compared where the data is GPT-2
+    BPE, the one type the setting changes: a run of another type encodes as not legacy whatever
+    model.tokenizer.legacy says (a HuggingFaceTokenizer on GPT-2's tokenizer.json keeps a literal
+    <|endoftext|> as its special token), and data of another type is recorded false whatever the flag
+    was (so a HuggingFaceTokenizer run with the flag in both steps takes its own data)."""
+    encodes_legacy = legacy and _is_gpt2_bpe(tokenizer_type)
     for prefix in map(strip_suffix, prefixes):  # data_prefix may name X.bin or X.idx for X
         record = read_tokenizer_record(prefix)
-        if record is not None and _is_gpt2_bpe(record.get("type")) and record["legacy"] != legacy:
+        if record is not None and _is_gpt2_bpe(record.get("type")) and record["legacy"] != encodes_legacy:
             how = "with" if record.get("legacy") else "without"
             return f"{prefix} was prepared {how} --legacy-tokenizer ({record_path(prefix)})"
     return None
@@ -121,12 +122,25 @@ def legacy_conflict(
     why = legacy_mismatch(prefixes, legacy, tokenizer_type)
     if why is None:
         return None
+    if not _is_gpt2_bpe(tokenizer_type):  # only legacy GPT-2 BPE data differs from such a run
+        text = (
+            f"{under}model.data.data_prefix: {why}, and {under}model.tokenizer.type is {tokenizer_type}, which "
+            f"has no legacy encoding: {_ENCODED_OTHERWISE}"
+        )
+        advice = (
+            f"set {under}model.tokenizer.type=GPT2BPETokenizer and {under}model.tokenizer.legacy=true to match "
+            f"the data, or {under}exp_manager.allow_tokenizer_change=true to go on with this one"
+        )
+        return text, advice
     text = (
-        f"{under}model.data.data_prefix: {why}, and {under}model.tokenizer.legacy is {str(legacy).lower()}: a "
-        "literal <|endoftext|> in text is encoded otherwise than in the data (generate, eval and export encode text)"
+        f"{under}model.data.data_prefix: {why}, and {under}model.tokenizer.legacy is {str(legacy).lower()}: "
+        f"{_ENCODED_OTHERWISE}"
     )
     advice = (
         f"set {under}model.tokenizer.legacy={str(not legacy).lower()} to match the data, or "
         f"{under}exp_manager.allow_tokenizer_change=true to go on with this one"
     )
     return text, advice
+
+
+_ENCODED_OTHERWISE = "a literal <|endoftext|> in text is encoded otherwise than in the data (generate, eval and export encode text)"

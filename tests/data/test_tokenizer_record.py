@@ -1,0 +1,36 @@
+"""The tokenizer record beside prepared data (gptrain.data.tokenizer_record): what it compares, how
+it reads the type's spellings, and a user's file of its name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gptrain.data.tokenizer_record import legacy_conflict, write_tokenizer_record
+
+
+def test_legacy_gpt2_data_is_refused_to_a_run_of_another_type(tmp_path: Path) -> None:
+    """Only a GPT-2 BPE run was compared, so legacy GPT-2 BPE data trained unchecked with a
+    HuggingFaceTokenizer on GPT-2's tokenizer.json, which encodes a literal <|endoftext|> as its
+    special token. A run of another type is compared as not legacy (the setting changes GPT-2 BPE
+    only), so its flag in both steps of its own type's data stays accepted."""
+    legacy, plain = str(tmp_path / "legacy"), str(tmp_path / "plain")
+    write_tokenizer_record(legacy, "GPT2BPETokenizer", True)
+    write_tokenizer_record(plain, "GPT2BPETokenizer", False)
+    for flag in (False, True):
+        text, advice = legacy_conflict([legacy], flag, "HuggingFaceTokenizer")
+        assert text == (
+            f"model.data.data_prefix: {legacy} was prepared with --legacy-tokenizer ({legacy}.tokenizer), "
+            "and model.tokenizer.type is HuggingFaceTokenizer, which has no legacy encoding: a literal "
+            "<|endoftext|> in text is encoded otherwise than in the data (generate, eval and export encode text)"
+        )
+        assert advice == (
+            "set model.tokenizer.type=GPT2BPETokenizer and model.tokenizer.legacy=true to match the data, "
+            "or exp_manager.allow_tokenizer_change=true to go on with this one"
+        )
+        assert legacy_conflict([plain], flag, "HuggingFaceTokenizer") is None
+        assert legacy_conflict([plain], flag, "tiktoken") is None
+    hf = str(tmp_path / "hf")
+    write_tokenizer_record(hf, "HuggingFaceTokenizer", False)
+    assert legacy_conflict([hf], True, "HuggingFaceTokenizer") is None
+    assert legacy_conflict([legacy], True, "gpt2bpe") is None
+    assert legacy_conflict([legacy], False, "gpt2bpe")[1].startswith("set model.tokenizer.legacy=true ")
