@@ -22,6 +22,7 @@ from gptrain.data.blend_spec import strip_suffix
 from gptrain.data.tokenizer_args import canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.atomic import atomic_write_text
+from gptrain.utils.tokenizer_types import megatron_tokenizer_type
 
 SUFFIX = ".tokenizer"
 # The name of the first such records: read, and replaced when the dataset is written again.
@@ -29,8 +30,9 @@ OLD_SUFFIX = ".tokenizer.json"
 
 
 def write_tokenizer_record(prefix: str, kind: str, legacy: bool) -> None:
-    """Record beside `prefix` the tokenizer type and whether it encoded as Megatron's legacy one."""
-    record = {"type": kind, "legacy": legacy}
+    """Record beside `prefix` the tokenizer type (Megatron's name for any spelling, so records of one
+    type compare equal) and whether it encoded as Megatron's legacy one."""
+    record = {"type": megatron_tokenizer_type(kind) or kind, "legacy": legacy}
     atomic_write_text(prefix + SUFFIX, json.dumps(record, indent=2) + "\n")
     if _read(prefix + OLD_SUFFIX) is not None:  # an older record of the data just replaced
         Path(prefix + OLD_SUFFIX).unlink(missing_ok=True)
@@ -66,9 +68,13 @@ def merged_record(prefixes: list[str]) -> dict[str, Any] | None:
 
 
 def read_tokenizer_record(prefix: str) -> dict[str, Any] | None:
-    """The record beside `prefix`, or None where there is none (or it does not parse: unchecked)."""
+    """The record beside `prefix`, its type as Megatron names it (records written before kept the
+    user's spelling), or None where there is none (or it does not parse: unchecked)."""
     path = record_path(prefix)
-    return None if path is None else _read(path)
+    record = None if path is None else _read(path)
+    if record is not None:
+        record["type"] = megatron_tokenizer_type(record.get("type")) or record.get("type")
+    return record
 
 
 def record_path(prefix: str) -> str | None:

@@ -3,6 +3,7 @@ it reads the type's spellings, and a user's file of its name."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from gptrain.data.tokenizer_record import legacy_conflict, write_tokenizer_record
@@ -34,3 +35,23 @@ def test_legacy_gpt2_data_is_refused_to_a_run_of_another_type(tmp_path: Path) ->
     assert legacy_conflict([hf], True, "HuggingFaceTokenizer") is None
     assert legacy_conflict([legacy], True, "gpt2bpe") is None
     assert legacy_conflict([legacy], False, "gpt2bpe")[1].startswith("set model.tokenizer.legacy=true ")
+
+
+def test_records_of_one_type_spelled_otherwise_merge_and_read_as_megatrons_name(tmp_path: Path) -> None:
+    """The type was kept as the user spelled it and merges compared the records' JSON, so inputs
+    prepared with --tokenizer-type gpt2bpe and GPT2BPETokenizer merged without a record (unchecked)."""
+    from gptrain.data.tokenizer_record import merged_record, read_tokenizer_record
+
+    a, b, old = (str(tmp_path / name) for name in ("a", "b", "old"))
+    write_tokenizer_record(a, "GPT2BPETokenizer", True)
+    write_tokenizer_record(b, "gpt2bpe", True)
+    Path(f"{old}.tokenizer").write_text(json.dumps({"type": "gpt2", "legacy": True}))  # as written before
+    expected = {"type": "GPT2BPETokenizer", "legacy": True}
+    assert json.loads(Path(f"{b}.tokenizer").read_text()) == expected
+    assert read_tokenizer_record(old) == expected
+    assert merged_record([a, b, old]) == expected
+    write_tokenizer_record(b, "llama2", False)
+    write_tokenizer_record(a, "Llama2Tokenizer", False)
+    assert merged_record([a, b]) == {"type": "Llama2Tokenizer", "legacy": False}
+    write_tokenizer_record(a, "SentencePieceTokenizer", False)
+    assert merged_record([a, b]) is None
