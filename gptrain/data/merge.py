@@ -18,7 +18,12 @@ import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, strip_suffix
 from gptrain.data.jsonl import file_identity
-from gptrain.data.tokenizer_record import merged_record, remove_tokenizer_record, write_tokenizer_record
+from gptrain.data.tokenizer_record import (
+    merged_record,
+    refuse_foreign_record_file,
+    remove_tokenizer_record,
+    write_tokenizer_record,
+)
 from gptrain.errors import DataError
 from gptrain.utils.progress import Progress
 
@@ -83,6 +88,8 @@ def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None 
     _refuse_repeated_inputs(prefixes)
     dtype, total_bytes = _check_inputs(prefixes)
     record = merged_record(prefixes)  # inputs of both --legacy-tokenizer settings refused here
+    if record is not None:  # a file of the user's where the record goes: said before writing
+        refuse_foreign_record_file(output_prefix, "--output-prefix", "merge")
     progress = Progress(
         "merge", "datasets", total_bytes=total_bytes, interval=PROGRESS_SECONDS, stream=stream
     )

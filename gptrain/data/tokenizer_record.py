@@ -15,6 +15,8 @@ one common record) is not checked.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +33,39 @@ OLD_SUFFIX = ".tokenizer.json"
 
 def write_tokenizer_record(prefix: str, kind: str, legacy: bool) -> None:
     """Record beside `prefix` the tokenizer type (Megatron's name for any spelling, so records of one
-    type compare equal) and whether it encoded as Megatron's legacy one."""
-    record = {"type": megatron_tokenizer_type(kind) or kind, "legacy": legacy}
-    atomic_write_text(prefix + SUFFIX, json.dumps(record, indent=2) + "\n")
+    type compare equal) and whether it encoded as Megatron's legacy one. A file of the user's with
+    the record's name is kept, with a warning (data prepare has written the data by then): the data
+    then has no record, as Megatron's has none."""
+    if (foreign := foreign_record_file(prefix)) is not None:
+        print(
+            f"gptrain: warning: {foreign} is not a tokenizer record (a file of yours?): kept, and the data's "
+            "tokenizer settings (--legacy-tokenizer) are not recorded, so training cannot check them; "
+            "move it and write the data again to record them",
+            file=sys.stderr,
+        )
+    else:
+        record = {"type": megatron_tokenizer_type(kind) or kind, "legacy": legacy}
+        atomic_write_text(prefix + SUFFIX, json.dumps(record, indent=2) + "\n")
     if _read(prefix + OLD_SUFFIX) is not None:  # an older record of the data just replaced
         Path(prefix + OLD_SUFFIX).unlink(missing_ok=True)
+
+
+def foreign_record_file(prefix: str) -> str | None:
+    """`<prefix>.tokenizer` where something that is no record has that name (a file of the user's, a
+    directory), else None: writing the record would replace it."""
+    path = prefix + SUFFIX
+    if not os.path.lexists(path) or _read(path) is not None:
+        return None
+    return path
+
+
+def refuse_foreign_record_file(prefix: str, flag: str, then: str) -> None:
+    """A DataError naming `flag` where `foreign_record_file` finds one: said before any data is written."""
+    if (foreign := foreign_record_file(prefix)) is not None:
+        raise DataError(
+            f"{flag} {prefix}: {foreign} is not a tokenizer record (a file of yours?), where the {then} "
+            "writes its inputs' tokenizer record: move it, then " + then
+        )
 
 
 def remove_tokenizer_record(prefix: str) -> None:
@@ -78,9 +108,10 @@ def read_tokenizer_record(prefix: str) -> dict[str, Any] | None:
 
 
 def record_path(prefix: str) -> str | None:
-    """The record's file beside `prefix` (its first name where only that exists), or None."""
+    """The record's file beside `prefix` (its first name where the new one is none, or no record:
+    a file of the user's), or None."""
     for suffix in (SUFFIX, OLD_SUFFIX):
-        if Path(prefix + suffix).is_file():
+        if _read(prefix + suffix) is not None:
             return prefix + suffix
     return None
 

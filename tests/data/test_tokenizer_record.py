@@ -55,3 +55,45 @@ def test_records_of_one_type_spelled_otherwise_merge_and_read_as_megatrons_name(
     assert merged_record([a, b]) == {"type": "Llama2Tokenizer", "legacy": False}
     write_tokenizer_record(a, "SentencePieceTokenizer", False)
     assert merged_record([a, b]) is None
+
+
+def test_a_users_file_of_the_records_name_is_kept_and_the_first_name_still_read(
+    tmp_path: Path, gpt2_files: tuple[str, str], capsys
+) -> None:
+    """Writing <prefix>.tokenizer replaced a user's own file of that name (a directory: a traceback),
+    and a first-name record beside such a file was not read. The file is kept with one warning
+    (prepare: the data is written by then), a merge refuses it before writing anything, and the
+    record is read under the first name where the new one is not a record."""
+    from gptrain.cli import main
+    from gptrain.data.tokenizer_record import read_tokenizer_record, record_path
+
+    notes, shelf = tmp_path / "out_text_document.tokenizer", tmp_path / "shelf.tokenizer"
+    notes.write_text("my notes\n")
+    shelf.mkdir()
+    write_tokenizer_record(str(tmp_path / "shelf"), "GPT2BPETokenizer", True)
+    assert shelf.is_dir() and "shelf.tokenizer is not a tokenizer record" in capsys.readouterr().err
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "a<|endoftext|>b"}) + "\n")
+    vocab, merges = gpt2_files
+    prefix = str(tmp_path / "out_text_document")
+    Path(f"{prefix}.tokenizer.json").write_text(json.dumps({"type": "gpt2", "legacy": False}))  # stale
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
+    assert (
+        main([*argv, "--workers", "1", "--vocab-file", vocab, "--merge-file", merges, "--legacy-tokenizer"])
+        == 0
+    )
+    assert notes.read_text() == "my notes\n" and read_tokenizer_record(prefix) is None
+    assert f"gptrain: warning: {notes} is not a tokenizer record (a file of yours?): kept, and " in (
+        capsys.readouterr().err
+    )
+    Path(f"{prefix}.tokenizer.json").write_text(json.dumps({"type": "gpt2", "legacy": True}))
+    assert record_path(prefix) == f"{prefix}.tokenizer.json"
+    assert read_tokenizer_record(prefix) == {"type": "GPT2BPETokenizer", "legacy": True}
+    merged = tmp_path / "merged"
+    Path(f"{merged}.tokenizer").write_text("mine\n")
+    assert main(["data", "merge", "--input", prefix, "--output-prefix", str(merged)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gptrain: error: --output-prefix {merged}: {merged}.tokenizer is not a tokenizer record (a file "
+        "of yours?), where the merge writes its inputs' tokenizer record: move it, then merge"
+    )
+    assert sorted(path.name for path in tmp_path.glob("merged*")) == ["merged.tokenizer"]
