@@ -151,17 +151,19 @@ def _is_gpt2_bpe(tokenizer_type: object) -> bool:
 
 
 def legacy_conflict(
-    prefixes: list[str], legacy: bool, tokenizer_type: str, under: str = ""
+    prefixes: list[str], legacy: bool, tokenizer_type: str, under: str = "", where: str | None = None
 ) -> tuple[str, str] | None:
     """(what differs, what to do) where the data's recorded --legacy-tokenizer is not the run's
     model.tokenizer.legacy, else None: the words of training and of the launcher's preflight, whose
-    keys are `under` training."""
+    keys are `under` training; `where` names the prefixes otherwise than model.data.data_prefix
+    (eval's --data-prefix)."""
     why = legacy_mismatch(prefixes, legacy, tokenizer_type)
     if why is None:
         return None
+    where = where or f"{under}model.data.data_prefix"
     if not _is_gpt2_bpe(tokenizer_type):  # only legacy GPT-2 BPE data differs from such a run
         text = (
-            f"{under}model.data.data_prefix: {why}, and {under}model.tokenizer.type is {tokenizer_type}, which "
+            f"{where}: {why}, and {under}model.tokenizer.type is {tokenizer_type}, which "
             f"has no legacy encoding: {_ENCODED_OTHERWISE}"
         )
         advice = (
@@ -169,10 +171,7 @@ def legacy_conflict(
             f"the data, or {under}exp_manager.allow_tokenizer_change=true to go on with this one"
         )
         return text, advice
-    text = (
-        f"{under}model.data.data_prefix: {why}, and {under}model.tokenizer.legacy is {str(legacy).lower()}: "
-        f"{_ENCODED_OTHERWISE}"
-    )
+    text = f"{where}: {why}, and {under}model.tokenizer.legacy is {str(legacy).lower()}: {_ENCODED_OTHERWISE}"
     advice = (
         f"set {under}model.tokenizer.legacy={str(not legacy).lower()} to match the data, or "
         f"{under}exp_manager.allow_tokenizer_change=true to go on with this one"

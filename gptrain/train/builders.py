@@ -101,14 +101,19 @@ def check_use_fast(tok: Any) -> None:
         )
 
 
-def check_data_tokenizer(cfg: TrainingConfig) -> None:
+def check_data_tokenizer(
+    cfg: TrainingConfig, prefixes: list[str] | None = None, where: str | None = None
+) -> None:
     """The data's recorded --legacy-tokenizer against model.tokenizer.legacy, with the policy of a
-    checkpoint's tokenizer: refused, or a warning with exp_manager.allow_tokenizer_change."""
+    checkpoint's tokenizer: refused, or a warning with exp_manager.allow_tokenizer_change. `prefixes`
+    (named `where`): data other than model.data.data_prefix's (eval's --data-prefix)."""
     from gptrain.data.blend_spec import prefixes_of
     from gptrain.data.tokenizer_record import legacy_conflict
 
     tok = cfg.model.tokenizer
-    conflict = legacy_conflict(prefixes_of(cfg.model.data.data_prefix), tok.legacy, tok.type)
+    if prefixes is None:
+        prefixes = prefixes_of(cfg.model.data.data_prefix)
+    conflict = legacy_conflict(prefixes, tok.legacy, tok.type, where=where)
     if conflict is None:
         return
     text, advice = conflict

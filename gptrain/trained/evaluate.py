@@ -384,6 +384,7 @@ def prefix_data(
     entries = request.data_prefix or []
     prefix: str | list[str] = entries[0] if len(entries) == 1 else list(entries)
     prefixes, _ = parse_blend(prefix)
+    b.check_data_tokenizer(cfg, prefixes, "--data-prefix")  # as training checks its data_prefix
     m = cfg.model
     tokens = {p: IndexedDataset(p).num_tokens for p in prefixes}
     for p, count in tokens.items():  # else build_gpt_indices asks for a split string, which is not ours

