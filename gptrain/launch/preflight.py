@@ -347,12 +347,7 @@ def check_vocabulary_rows(cfg: TrainingConfig) -> None:
 def tokenizer_ids(tok: Any) -> int | None:
     """The ids of a GPT-2 BPE or HuggingFaceTokenizer tokenizer as the job's tokenizer counts them
     (the highest id + 1: a vocabulary may skip ids), or None where its files do not tell them here."""
-    from gptrain.data.tokenizer_args import canonical_type
-
-    try:
-        kind = canonical_type(str(tok.type))
-    except ConfigError:
-        return None
+    kind = _kind(tok.type)
     if kind == "gpt2":
         directory = tok.model if not (tok.vocab_file or tok.merge_file) and tok.model else None
         vocab = _json_file(str(Path(directory) / "vocab.json") if directory else tok.vocab_file)
@@ -483,10 +478,11 @@ def check_tokenizer_files(
     stage downloads when missing)."""
     urls = fetched or {}
     found, to_fetch = [], []
-    for key in ("vocab_file", "merge_file", "model"):
+    in_directory = _model_directory_file(tokenizer.get("type"))
+    for key in _file_keys_read(tokenizer):
         value = tokenizer.get(key)
         if value and ("/" in str(value) or str(value).endswith((".json", ".txt", ".model"))):
-            if _is_file(str(value), f"{where}.{key}"):
+            if _is_file(str(value), f"{where}.{key}", in_directory if key == "model" else None):
                 found.append(key)
             elif str(value) in urls:
                 to_fetch.append(f"{key} from {urls[str(value)]}")
@@ -540,10 +536,42 @@ def _keys_under(message: str, where: str) -> str:
     return message.replace("model.tokenizer.", f"{where}.")
 
 
-def _is_file(path: str, name: str) -> bool:
-    """Whether `path` is a file; one under a directory this user may not search is a LaunchError
-    naming `name` (Path.is_file raised PermissionError there: a traceback, even under --dry-run)."""
+def _is_file(path: str, name: str, in_directory: str | None = None) -> bool:
+    """Whether `path` is a file (or a directory holding `in_directory`, as the job reads it); one
+    under a directory this user may not search is a LaunchError naming `name` (Path.is_file raised
+    PermissionError there: a traceback, even under --dry-run), as is a directory without it."""
     found = look_up(path)
     if found.kind == "unreachable":
         raise LaunchError(f"{name}: {path} {found.why}")
+    if found.kind == "directory" and in_directory is not None:
+        if not _is_file(os.path.join(path, in_directory), name):
+            raise LaunchError(f"{name}: {path} is a directory with no {in_directory} in it")
+        return True
     return found.kind == "file"
+
+
+def _kind(tokenizer_type: object) -> str | None:
+    """gptrain's kind of a tokenizer type by any spelling, or None for an unknown one (the config's
+    or data prepare's to refuse)."""
+    from gptrain.data.tokenizer_args import canonical_type
+
+    try:
+        return canonical_type(str(tokenizer_type)) if tokenizer_type is not None else None
+    except ConfigError:
+        return None
+
+
+def _file_keys_read(tokenizer: dict[str, Any]) -> tuple[str, ...]:
+    """The tokenizer keys whose files its type reads, as the job picks them
+    (gptrain.train.builders.tokenizer_file_keys): a preset's GPT-2 vocab_file and merge_file stay in
+    the config of a run of another type, which never reads them; all where the type is unknown."""
+    kind = _kind(tokenizer.get("type"))
+    if kind is None or (kind == "gpt2" and (tokenizer.get("vocab_file") or tokenizer.get("merge_file"))):
+        return ("vocab_file", "merge_file", "model")
+    return ("model",)
+
+
+def _model_directory_file(tokenizer_type: object) -> str | None:
+    """The file the type reads in a directory given as its model: a HuggingFaceTokenizer's
+    tokenizer.json, GPT-2 BPE's vocab.json (beside merges.txt); None: a directory is no model of it."""
+    return {"huggingface": "tokenizer.json", "gpt2": "vocab.json"}.get(_kind(tokenizer_type) or "")

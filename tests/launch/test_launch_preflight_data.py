@@ -289,3 +289,32 @@ def test_padded_vocab_size_below_the_tokenizers_ids_is_refused_before_the_queue(
     check_training_files(
         cfg(*tiktoken, "model.tokenizer.merge_file=null", "model.padded_vocab_size=8"), False
     )
+
+
+def test_a_tokenizer_directory_and_a_presets_gpt2_files_beside_another_type_are_the_jobs_to_read(tmp_path):
+    """The preflight refused a HuggingFaceTokenizer model given as its directory (`not found`) and
+    the preset's GPT-2 vocab_file beside another type, both of which the job takes (it reads the
+    directory's tokenizer.json, and only the files its type reads): a launch the job would run."""
+    from tokenizers import Tokenizer, models
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    Tokenizer(models.WordLevel({"a": 0, "<eos>": 1}, unk_token="a")).save(str(hf / "tokenizer.json"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    def cfg(model):
+        overrides = ["model.data.data_impl=mock", "model.tokenizer.type=HuggingFaceTokenizer"]
+        return load_training_config(
+            "gpt3/126m", [*overrides, f"model.tokenizer.model={model}"], report_ignored=False
+        )
+
+    assert check_training_files(cfg(hf), prepared_by_stage=False)[-1] == (
+        "ok  training.model.tokenizer: model present"
+    )
+    with pytest.raises(LaunchError) as error:
+        check_training_files(cfg(empty), prepared_by_stage=False)
+    assert (
+        str(error.value)
+        == f"training.model.tokenizer.model: {empty} is a directory with no tokenizer.json in it"
+    )
