@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from gptrain.checkpoint.agreement import first_on_any_rank, is_distributed
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums, sidecar_name
 from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.direct_io import takes_direct_io
@@ -54,6 +55,7 @@ from gptrain.checkpoint.directory import (
     step_dir_bytes,
     step_dir_name,
 )
+from gptrain.checkpoint.errors import root_cause
 from gptrain.checkpoint.integrity import (
     COMPLETE,
     STEP_DIR,
@@ -64,7 +66,7 @@ from gptrain.checkpoint.integrity import (
     with_metrics,
 )
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
-from gptrain.checkpoint.reader import CheckpointReader, first_on_any_rank, is_distributed, root_cause
+from gptrain.checkpoint.reader import CheckpointReader
 from gptrain.checkpoint.retention import STEP, Ranked, Removal, recorded_metric, removals
 from gptrain.checkpoint.staging_buffer import host_buffer_like
 from gptrain.errors import GptrainError

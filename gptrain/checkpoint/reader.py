@@ -10,22 +10,27 @@ read; only the vocabulary tensors, whose padding follows TP, are fitted by rows.
 from __future__ import annotations
 
 import contextlib
-import functools
-import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata
 
 from gptrain.checkpoint import architecture as arch
 from gptrain.checkpoint import compat
-from gptrain.checkpoint.compat import CheckpointMismatchError
+from gptrain.checkpoint.agreement import (
+    REFUSED,
+    UNREADABLE,
+    _agreed,
+    _NotLoaded,
+    _refusal,
+    _steps_of_rank_0,
+    _world_size,
+    first_on_any_rank,
+)
 from gptrain.checkpoint.directory import (
     DAMAGED,
     LATEST,
@@ -35,132 +40,27 @@ from gptrain.checkpoint.directory import (
     rename_aside,
     step_dir_name,
 )
+from gptrain.checkpoint.errors import (
+    ArchitectureChangedError,
+    CheckpointDamagedError,
+    CheckpointFromNewerTorchError,
+    TokenizerMismatchError,
+    root_cause,
+)
+from gptrain.checkpoint.fit import Fit, agree_fit, local_fit, saved_sections
 from gptrain.checkpoint.integrity import (
-    complete_steps,
     is_complete,
     recorded_architecture,
     recorded_tokenizer,
     recorded_torch,
-    recorded_world_size,
-    refusal,
     verify_share,
 )
-from gptrain.errors import GptrainError, find_out_of_memory, os_error_text
+from gptrain.checkpoint.rank_state import rank_file_read, rank_state_from, read_rank_state
+from gptrain.errors import os_error_text
 from gptrain.utils.atomic import atomic_write_text
 
 if TYPE_CHECKING:
     from gptrain.data.tokenizer_identity import TokenizerCheck
-
-T = TypeVar("T")
-
-
-class CheckpointDamagedError(CheckpointLoadError):
-    """A checkpoint given to load failed its manifest or did not load (the same verdict on every
-    rank): an older checkpoint of its run may still load."""
-
-    def __init__(self, path: Path, problem: str) -> None:
-        super().__init__(f"checkpoint {path} is damaged: {problem}; give another one")
-        self.problem = problem
-
-
-class TokenizerMismatchError(CheckpointMismatchError):
-    """A checkpoint was trained with another tokenizer than the config's: its ids would mean other
-    tokens (gptrain.data.tokenizer_identity)."""
-
-
-class ArchitectureChangedError(CheckpointMismatchError):
-    """A run resumed its own checkpoint with architecture settings that change what the model computes
-    but not the tensors' shapes (gptrain.checkpoint.architecture)."""
-
-
-class CheckpointOutOfMemoryError(GptrainError):
-    """A rank ran out of (GPU or host) memory loading a checkpoint: not damage, so resume stops
-    there instead of passing over a sound checkpoint (and moving it aside)."""
-
-
-def is_distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if is_distributed() else 1
-
-
-def _every_rank(value: T) -> list[T]:
-    """`value` of every rank, in rank order."""
-    if not is_distributed():
-        return [value]
-    values: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values
-
-
-UNREADABLE = "unreadable: "  # a rank's verdict that stops every rank (see _verify_and_load)
-REFUSED = "refused: "  # a sound checkpoint that must not load: every rank stops, nothing is renamed
-
-
-def first_on_any_rank(problem: str | None) -> str | None:
-    """Every rank's verdict on a checkpoint, so that all ranks skip (or load) the same one."""
-    return next((v for v in _every_rank(problem) if v is not None), None)
-
-
-def _steps_of_rank_0(root: Path) -> list[int]:
-    """Rank 0's complete steps under `root`, on every rank. Each rank's own listing may differ (a
-    node's stale view of the directory, NFS attribute caching after a requeue): ranks walking their
-    own lists would load different steps in lock step, silently. A step a rank cannot see fails its
-    verification there, and the agreement passes over it on every rank."""
-    if not is_distributed():
-        return complete_steps(root)
-    found: list[Any] = [None]
-    if dist.get_rank() == 0:
-        try:
-            found = [complete_steps(root)]
-        except OSError as error:
-            found = [f"cannot list {root} ({root_cause(error)})"]
-    dist.broadcast_object_list(found, src=0)
-    if isinstance(found[0], str):
-        raise CheckpointLoadError(f"{found[0]} on rank 0; check the filesystem, then resume again")
-    return found[0]
-
-
-def rank_0s(compute: Callable[[], T]) -> T:
-    """`compute()` as rank 0 finds it (its value, or its error raised), on every rank. Each
-    rank's view of a shared directory may lag (NFS attribute caching after a requeue): ranks
-    choosing a checkpoint from their own views would load different ones, in lock step."""
-    if not is_distributed():
-        return compute()
-    found: list[Any] = [None]
-    if dist.get_rank() == 0:
-        try:
-            found = [(True, compute())]
-        except GptrainError as error:
-            found = [(False, (type(error), str(error)))]
-        except Exception as error:  # an OSError reading the directory: every rank stops, none waits
-            found = [(False, (GptrainError, f"rank 0 could not read the checkpoints: {error}"))]
-    dist.broadcast_object_list(found, src=0)
-    succeeded, value = found[0]
-    if succeeded:
-        return value
-    kind, text = value
-    try:
-        error = kind(text)
-    except TypeError:  # an error built from other arguments than its text
-        error = GptrainError(text)
-    raise error
-
-
-def _refusal(path: Path) -> str | None:
-    """Why `path` must not be loaded whatever its files hold (REFUSED and the reason), told to every
-    rank with the verdicts of their shares: one saved in a newer format than this gptrain reads, or a
-    step directory named for another iteration than its marker records (a copy by hand), is not damage
-    to pass over and set aside."""
-    problem = refusal(path)
-    return REFUSED + problem if problem is not None else None
-
-
-class CheckpointFromNewerTorchError(CheckpointLoadError):
-    """A checkpoint whose files all match its manifest, but whose `.metadata` this torch cannot unpickle:
-    a newer torch wrote it, not damage (agreed by `_agreed`: every rank refuses it, nothing is renamed)."""
 
 
 def read_verified_metadata(path: Path) -> Metadata:
@@ -194,46 +94,6 @@ def _newer_than_this_torch(version: str) -> bool:
         return TorchVersion(str(torch.__version__).partition("+")[0]) < version.partition("+")[0]
     except Exception:  # packaging's InvalidVersion (torch's vendored copy): not a version to order
         return True
-
-
-class _NotLoaded(Exception):
-    """A step of loading a checkpoint failed on some rank: every rank skips the checkpoint."""
-
-
-def _agreed(path: Path, step: Callable[[], T], what: Path | None = None) -> T:
-    """Run one step of loading checkpoint `path` on every rank: its result, or _NotLoaded on every
-    rank with the reason of the first rank where `what` (default: `path`) did not load.
-
-    Safe only if `step` holds no collective after work that can fail on one rank alone: that rank
-    would meet the others' collective with this one's. Running out of memory is not damage:
-    CheckpointOutOfMemoryError on every rank, naming the first rank it happened on; nor is a `.metadata`
-    from a newer torch (CheckpointFromNewerTorchError, on every rank)."""
-    value, failure = None, None
-    try:
-        value = step()
-    except CheckpointMismatchError:
-        raise  # the config's fault, raised on every rank alike (check_fits): no fallback
-    except CheckpointFromNewerTorchError as error:  # not damage: every rank refuses it below
-        failure = (False, str(error), str(what or path), True)
-    except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-        out_of_memory = find_out_of_memory(error) is not None
-        failure = (out_of_memory, root_cause(error), str(what or path), False)  # the failing rank's `what`
-    failures = _every_rank(failure)
-    refused = next((found[1] for found in failures if found is not None and found[3]), None)
-    if refused is not None:
-        raise CheckpointFromNewerTorchError(refused)
-    for rank, found in enumerate(failures):
-        if found is not None and found[0]:
-            raise CheckpointOutOfMemoryError(
-                f"out of memory while loading {path.name} on rank {rank} ({found[1]}); the checkpoint is "
-                "not damaged and was left in place: give each GPU less of the state (a larger "
-                "model.pipeline_model_parallel_size, or model.data_parallel_sharding=full_shard) or free "
-                "GPU/host memory, then resume"
-            )
-    found = next((f for f in failures if f is not None), None)
-    if found is not None:
-        raise _NotLoaded(f"{found[2]} does not load ({found[1]})")
-    return cast(T, value)
 
 
 @dataclass
@@ -573,125 +433,3 @@ class CheckpointReader:
         state = self._load_prepared(path, prepared)
         self._refuse_untied(path, prepared)
         return state
-
-
-def read_rank_state(path: Path, rank: int) -> dict[str, Any]:
-    """This rank's extra state of a checkpoint ({} when it has none: an import). A rank of a larger
-    world than saved it reads rank 0's: its run-wide records (the data order a resume compares) are
-    every rank's, and the last rank, which prints the console's lines, is a new one whenever the
-    world grows. Rank 0's streams are not this rank's (tensor ranks must not share one), so they are
-    left out; its `rng_layout` stays, for gptrain.train.state.restore_rng_state to say they were not
-    restored. A rank of the world that saved it without its own file (damage, or a checkpoint from
-    before manifests) gets nothing, as before rank 0's file was shared."""
-    return rank_state_from(path, rank, rank_file_read(path, rank))
-
-
-def rank_state_from(path: Path, rank: int, source: Path | None) -> dict[str, Any]:
-    """`read_rank_state` from `source`, the file `rank_file_read` found."""
-    if source is None:
-        return {}
-    state = torch.load(source, map_location="cpu", weights_only=False)
-    if source.name == f"rank_{rank}.pt":
-        return state
-    saved_world = _saved_world_size(path, state)
-    if saved_world is None or rank < saved_world:
-        return {}
-    return {key: value for key, value in state.items() if key != "rng"}
-
-
-def rank_file_read(path: Path, rank: int) -> Path | None:
-    """The rank file `read_rank_state` reads for `rank`: its own, else rank 0's, else none."""
-    return next((file for file in (path / f"rank_{rank}.pt", path / "rank_0.pt") if file.is_file()), None)
-
-
-def _saved_world_size(path: Path, rank_0_state: dict[str, Any]) -> int | None:
-    """How many ranks saved checkpoint `path`: the world its streams record, else its manifest's
-    rank files; None where neither says."""
-    layout = rank_0_state.get("rng_layout")
-    world = layout.get("world_size") if isinstance(layout, dict) else None
-    return world if isinstance(world, int) else recorded_world_size(path)
-
-
-def saved_sections(saved_keys: Iterable[str]) -> set[str]:
-    """The top-level sections of a DCP checkpoint's keys: 'model', 'optim', 'schedule', ... ('model'
-    alone for a weights-only checkpoint)."""
-    return {key.split(".", 1)[0] for key in saved_keys}
-
-
-def root_cause(error: BaseException) -> str:
-    """The innermost cause of a (DCP-wrapped) write error, as 'Type: message' on one line."""
-    failures = getattr(error, "failures", None)
-    if isinstance(failures, dict) and failures:
-        inner = next(iter(failures.values()))
-        if isinstance(inner, tuple):  # (exception, traceback) in some torch versions
-            inner = inner[0]
-        if isinstance(inner, BaseException):
-            error = inner
-    error = _innermost(error)
-    text = " ".join(str(error).split()) or type(error).__name__
-    return f"{type(error).__name__}: {text}"
-
-
-def _innermost(error: BaseException) -> BaseException:
-    """Down the chain of causes, and of contexts where none is set (torch's zip writer raises its
-    own RuntimeError while handling the OSError beneath, ENOSPC for one); the deepest OSError
-    there is the one to name."""
-    chain = [error]
-    while True:
-        following = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
-        if following is None or following in chain:
-            break
-        chain.append(following)
-        error = following
-    return next((e for e in reversed(chain) if isinstance(e, OSError)), chain[-1])
-
-
-def check_fits(
-    path: Path, state: dict[str, Any], saved: dict[str, Any] | None = None
-) -> dict[str, torch.Size]:
-    """Refuse (CheckpointMismatchError, on every rank alike) a checkpoint whose tensors are not those
-    of `state`: one it lacks, one in another shape, or one no rank loads. Returns the saved shapes
-    of the vocabulary tensors whose padding rows differ (loaded by rows, see gptrain.checkpoint.compat).
-
-    Under pipeline parallelism each rank holds some layers only: a saved tensor is unloaded when
-    no rank has it, found by OR-ing one bit per saved tensor across ranks. `saved`: the checkpoint's
-    `compat.saved_metadata`, when already read.
-    """
-    saved = saved if saved is not None else compat.saved_metadata(path)
-    return agree_fit(path, saved, local_fit(saved, state))
-
-
-@dataclass
-class Fit:
-    """This rank's side of `check_fits`, found without a collective."""
-
-    problem: str | None
-    """How this rank's state differs from the checkpoint's (None: it fits)."""
-    rows: dict[str, torch.Size]
-    tensors: list[str]
-    """The saved tensors of the state's sections, in the order of the bits of `held`."""
-    held: int
-    """One bit per tensor of `tensors` this rank holds."""
-
-
-def local_fit(saved: dict[str, Any], state: dict[str, Any]) -> Fit:
-    """This rank's state against the checkpoint's `compat.saved_metadata` (local work only)."""
-    live, _ = compat.flatten(state)
-    problem, rows = compat.compare(saved, live)
-    tensors = compat.saved_tensors_in(saved, set(state))
-    held = sum(1 << index for index, key in enumerate(tensors) if key in live)
-    return Fit(problem, rows, tensors, held)
-
-
-def agree_fit(path: Path, saved: dict[str, Any], fit: Fit) -> dict[str, torch.Size]:
-    """The collective part of `check_fits`: CheckpointMismatchError on every rank when `fit` fails on
-    any, or some saved tensor is held by no rank; else the shapes of `fit.rows`. Nothing here can
-    fail on one rank alone, so it needs no agreement."""
-    problem = first_on_any_rank(fit.problem)
-    if problem is None:
-        held = functools.reduce(operator.or_, _every_rank(fit.held), 0)
-        unheld = next((key for index, key in enumerate(fit.tensors) if not held >> index & 1), None)
-        problem = compat.unloaded(unheld, saved[unheld]) if unheld is not None else None
-    if problem is not None:
-        raise compat.mismatch_error(path, problem)
-    return fit.rows

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gptrain.checkpoint.agreement import rank_0s
 from gptrain.checkpoint.directory import step_dir_name
-from gptrain.checkpoint.reader import rank_0s
 from gptrain.checkpoint.retention import recorded_metric
 from gptrain.train import saving
 from gptrain.train.batches import GPTBatchDataset

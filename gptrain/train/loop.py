@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from gptrain.checkpoint.reader import rank_0s
+from gptrain.checkpoint.agreement import rank_0s
 from gptrain.config import TrainingConfig
 from gptrain.data.blend_spec import check_data_prefix
 from gptrain.errors import EXIT_REQUEUE, GptrainError, error_text, find_out_of_memory

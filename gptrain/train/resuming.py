@@ -7,9 +7,10 @@ import shlex
 from collections.abc import Collection
 from pathlib import Path
 
+from gptrain.checkpoint.agreement import rank_0s
 from gptrain.checkpoint.directory import find_checkpoint
+from gptrain.checkpoint.fit import saved_sections
 from gptrain.checkpoint.integrity import complete_steps
-from gptrain.checkpoint.reader import rank_0s, saved_sections
 from gptrain.config import TrainingConfig
 from gptrain.parallel.rng import stream_layout
 from gptrain.train.data_order import order_warnings

@@ -7,8 +7,8 @@ import math
 import os
 from pathlib import Path
 
+from gptrain.checkpoint.errors import root_cause
 from gptrain.checkpoint.manager import SaveReport
-from gptrain.checkpoint.reader import root_cause
 from gptrain.checkpoint.retention import STEP
 from gptrain.config import TrainingConfig
 from gptrain.errors import SIGNAL_SECONDS_ENV

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from gptrain.checkpoint.directory import CheckpointLoadError
+from gptrain.checkpoint.errors import CheckpointDamagedError
 from gptrain.checkpoint.manager import CheckpointManager
-from gptrain.checkpoint.reader import CheckpointDamagedError
 from gptrain.config import TrainingConfig
 from gptrain.errors import ConfigError, DataError
 from gptrain.parallel.layout import STARTED, check_layout

@@ -34,6 +34,8 @@ from gptrain.checkpoint.directory import (
     step_dir_name,
     transformers_model_text,
 )
+from gptrain.checkpoint.errors import root_cause
+from gptrain.checkpoint.fit import check_fits
 from gptrain.checkpoint.integrity import (
     STEP_DIR,
     checksum_progress,
@@ -44,7 +46,6 @@ from gptrain.checkpoint.integrity import (
     refusal,
     verify,
 )
-from gptrain.checkpoint.reader import check_fits, root_cause
 from gptrain.errors import DataError, GptrainError
 from gptrain.utils.paths import look_up, started_in
 from gptrain.utils.rank import is_rank_zero

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from gloo_worker import run_as_rank
 
+from gptrain.checkpoint import agreement as checkpoint_agreement
 from gptrain.checkpoint import compat
-from gptrain.checkpoint import reader as checkpoint_reader
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.errors import GptrainError
 
@@ -59,8 +59,8 @@ def fail_on_rank_1(mode: str) -> None:
 
         compat.read_metadata = flaky
     if mode == "list":
-        steps = checkpoint_reader.complete_steps
-        checkpoint_reader.complete_steps = lambda root: [step for step in steps(root) if step != 6]
+        steps = checkpoint_agreement.complete_steps
+        checkpoint_agreement.complete_steps = lambda root: [step for step in steps(root) if step != 6]
 
 
 def state_fn(target: dict, mode: str, rank: int):

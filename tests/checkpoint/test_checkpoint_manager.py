@@ -110,7 +110,7 @@ def test_without_a_recorded_layout_the_manifest_tells_the_world_that_saved(tmp_p
 def test_a_rank_file_of_rank_0_that_does_not_load_is_named_by_a_rank_that_read_it(tmp_path):
     """Rank 3 of a world grown from one process reads rank 0's file; where that does not load, the
     verdict named rank_3.pt, which does not exist. It names rank_0.pt, the file read."""
-    from gptrain.checkpoint.reader import CheckpointDamagedError
+    from gptrain.checkpoint.errors import CheckpointDamagedError
 
     step_dir = CheckpointManager(tmp_path, keep_last=1).save(4, state_for(4.0), {"rng": torch.tensor([1])})
     (step_dir / "rank_0.pt").write_bytes(b"not a torch file")
@@ -661,7 +661,7 @@ def test_a_checkpoint_its_run_removes_while_another_loads_it_is_named_so(tmp_pat
     damaged; it now says it was removed while read. One that is still complete stays damaged."""
     from gptrain.checkpoint import compat
     from gptrain.checkpoint.directory import CheckpointLoadError
-    from gptrain.checkpoint.reader import CheckpointDamagedError
+    from gptrain.checkpoint.errors import CheckpointDamagedError
 
     save_steps(CheckpointManager(tmp_path, keep_last=None), [2])
     step_dir, read_metadata = tmp_path / "step_2", compat.read_metadata

@@ -9,7 +9,7 @@ import yaml
 from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
 
 from gptrain.checkpoint.compat import CheckpointMismatchError
-from gptrain.checkpoint.reader import ArchitectureChangedError
+from gptrain.checkpoint.errors import ArchitectureChangedError
 from gptrain.train.loss_scale import build_loss_scaler
 from gptrain.train.state import parts_to_load
 

@@ -13,7 +13,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from train_e2e_helpers import log_lines, run_recording, tiny_config
 
-from gptrain.checkpoint.reader import TokenizerMismatchError
+from gptrain.checkpoint.errors import TokenizerMismatchError
 from gptrain.data.gpt2_bpe import gpt2_tokenizer_json, load_gpt2_bpe
 from gptrain.data.tokenizer_identity import compare, record, token_table
 from gptrain.data.tokenizer_loaders import load_huggingface

@@ -182,7 +182,7 @@ def test_a_run_in_an_imports_directory_with_another_rope_base_is_refused(tmp_pat
     import torch
     import transformers
 
-    from gptrain.checkpoint.reader import ArchitectureChangedError
+    from gptrain.checkpoint.errors import ArchitectureChangedError
     from gptrain.config import load_training_config
     from gptrain.train import loop
 

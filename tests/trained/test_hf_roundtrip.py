@@ -323,7 +323,7 @@ def test_an_unverified_export_of_a_checkpoint_its_hparams_do_not_describe_is_ref
     exported the model without its last layer, both with exit 0."""
     from hf_helpers import saved_run
 
-    from gptrain.checkpoint.reader import CheckpointMismatchError
+    from gptrain.checkpoint.compat import CheckpointMismatchError
 
     run, _ = saved_run(tmp_path / "run", "llama")
     hparams = run / "hparams.yaml"

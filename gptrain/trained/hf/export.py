@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import torch
 
 from gptrain.checkpoint.compat import saved_metadata
-from gptrain.checkpoint.reader import check_fits
+from gptrain.checkpoint.fit import check_fits
 from gptrain.data.tokenizers import SENTENCEPIECE_KINDS, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.models.config import GPTConfig
