@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from gptrain.checkpoint.manager import CheckpointManager, SaveReport
+from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.checkpoint.save_report import SaveReport
 from gptrain.errors import GptrainError
 from gptrain.models.config import GPTConfig
 from gptrain.train.builders import build_model

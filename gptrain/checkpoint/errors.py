@@ -64,3 +64,12 @@ def _innermost(error: BaseException) -> BaseException:
         chain.append(following)
         error = following
     return next((e for e in reversed(chain) if isinstance(e, OSError)), chain[-1])
+
+
+class CheckpointWriteError(GptrainError):
+    """A checkpoint could not be written (full disk, file size limit, I/O or permission error)."""
+
+
+class CheckpointNotSharedError(CheckpointWriteError):
+    """Rank 0 cannot see files other ranks wrote into the step directory: the checkpoint root is
+    not one directory every rank shares (node-local storage under the same path on each node)."""

@@ -25,17 +25,14 @@ background thread while training runs: pinning the whole state is the slow part 
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import shutil
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,32 +42,24 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from gptrain.checkpoint.agreement import first_on_any_rank, is_distributed
-from gptrain.checkpoint.checksum_writer import ChecksummingWriter, gathered_checksums, sidecar_name
-from gptrain.checkpoint.crc32 import crc32
+from gptrain.checkpoint.checksum_writer import ChecksummingWriter
 from gptrain.checkpoint.direct_io import takes_direct_io
-from gptrain.checkpoint.directory import (
-    LATEST,
-    remove_unfinished_latest,
-    size_text,
-    step_dir_bytes,
-    step_dir_name,
-)
-from gptrain.checkpoint.errors import root_cause
-from gptrain.checkpoint.integrity import (
-    COMPLETE,
-    STEP_DIR,
-    complete_record,
-    complete_steps,
-    is_complete,
-    manifest_by_name,
-    with_metrics,
-)
+from gptrain.checkpoint.directory import LATEST, remove_unfinished_latest, step_dir_name
+from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError, root_cause
+from gptrain.checkpoint.integrity import COMPLETE, complete_record, is_complete, with_metrics
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
+from gptrain.checkpoint.pruning import CheckpointPruning
+from gptrain.checkpoint.rank_state import write_rank_state
 from gptrain.checkpoint.reader import CheckpointReader
-from gptrain.checkpoint.retention import STEP, Ranked, Removal, recorded_metric, removals
-from gptrain.checkpoint.staging_buffer import host_buffer_like
-from gptrain.errors import GptrainError
-from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text, fsync_directory
+from gptrain.checkpoint.save_manifest import (
+    _recorded_bytes,
+    _saving_world_size,
+    complete_manifest,
+    not_shared_text,
+)
+from gptrain.checkpoint.save_report import SaveReport, _Pending
+from gptrain.checkpoint.staging import _STAGER_SERVES_ONE_SAVE, _allocate_pinned_staging, _in_host_memory
+from gptrain.utils.atomic import atomic_write_text, fsync_directory
 
 if TYPE_CHECKING:
     from gptrain.data.tokenizer_identity import TokenizerCheck
@@ -78,48 +67,6 @@ if TYPE_CHECKING:
 # One process without a process group is a supported case here, not a mistake (also
 # raised from the async-save thread, where a local catch_warnings would not reach).
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-
-
-class CheckpointWriteError(GptrainError):
-    """A checkpoint could not be written (full disk, file size limit, I/O or permission error)."""
-
-
-class CheckpointNotSharedError(CheckpointWriteError):
-    """Rank 0 cannot see files other ranks wrote into the step directory: the checkpoint root is
-    not one directory every rank shares (node-local storage under the same path on each node)."""
-
-
-def _saving_world_size() -> int:
-    return dist.get_world_size() if is_distributed() else 1
-
-
-def complete_manifest(
-    step_dir: Path, own: dict[str, str | None], world_size: int
-) -> tuple[dict[str, str | None], dict[str, dict], list[str]]:
-    """(every file's CRC-32, the manifest, the files rank 0 cannot find): every rank's checksum sidecar
-    and the files each lists (its rank file included), looked up by name with one stat a file. A file
-    not found is on storage rank 0 does not share (CheckpointNotSharedError)."""
-    checksums = gathered_checksums(step_dir, own, world_size)
-    names = [sidecar_name(rank) for rank in range(world_size)] + list(checksums)
-    files, unseen = manifest_by_name(step_dir, names, checksums)
-    return checksums, files, unseen
-
-
-def not_shared_text(step_dir: Path, unseen: list[str]) -> str:
-    """The one line for a save whose files rank 0 cannot see (CheckpointNotSharedError)."""
-    names = ", ".join(unseen[:3]) + (f" and {len(unseen) - 3} more" if len(unseen) > 3 else "")
-    return (
-        f"checkpoint {step_dir} was not marked complete: rank 0 cannot see files other ranks wrote into "
-        f"it ({names}), so {step_dir.parent} is not one directory every rank shares (node-local "
-        "storage such as /tmp or /raid under the same path on each node); set exp_manager.explicit_log_dir "
-        "(or base_results_dir) to a file system every node mounts"
-    )
-
-
-def _recorded_bytes(record: str) -> int:
-    """The size of a checkpoint from the text of its COMPLETE marker, the marker included."""
-    files = json.loads(record)["files"]
-    return sum(entry["bytes"] for entry in files.values()) + len(record.encode())
 
 
 def _background_save_group() -> dist.ProcessGroup:
@@ -147,58 +94,7 @@ def _barrier() -> None:
         dist.barrier()
 
 
-@dataclass
-class SaveReport:
-    """What one save cost the training: the stall, and the write that ran beside it."""
-
-    step: int
-    path: Path
-    stall_s: float
-    """Time the training loop was blocked by this save (all of it for a synchronous save)."""
-    write_s: float
-    """From the start of the save until its files were on disk (and, on rank 0, it was marked complete)."""
-    background: bool
-    waited_for_previous_s: float = 0.0
-    """Part of the stall spent waiting for the previous save, still writing when this one began."""
-    known_bytes: int | None = None
-    """Set by rank 0 from the manifest it wrote; elsewhere `bytes` finds it on first use."""
-    removed: list[Removal] = field(default_factory=list)
-    """Set by rank 0: the checkpoints retention removed after this save, each with its reason."""
-    metrics: dict[str, float] | None = None
-    """What COMPLETE records for retention to rank by (the validation loss of this step), or None."""
-
-    @property
-    def bytes(self) -> int:
-        """The checkpoint's size, found only where it is asked for (the logging rank): every rank
-        listing the step directory after every save is O(world^2) stats at scale."""
-        if self.known_bytes is None:
-            self.known_bytes = step_dir_bytes(self.path)
-        return self.known_bytes
-
-    def describe(self, size: bool = True) -> str:
-        """The log line; `size=False` leaves the size out (ranks that do not log it need not find it)."""
-        named = f"{self.path.name} ({size_text(self.bytes)})" if size else self.path.name
-        line = f"saved checkpoint {named}: training stalled {1000 * self.stall_s:.0f} ms"
-        if self.background:
-            line += f", written in the background in {self.write_s:.1f} s"
-        if self.waited_for_previous_s > 0:
-            line += f" (waited {self.waited_for_previous_s:.1f} s for the previous save to finish writing)"
-        for removal in self.removed:
-            line += f"; removed {step_dir_name(removal.step)} ({removal.reason})"
-        return line
-
-
-@dataclass
-class _Pending:
-    """A background save: its report, and the futures the training thread waits on."""
-
-    report: SaveReport
-    written: Future
-    """Done when every file is on disk and, on rank 0, the save is marked complete."""
-    staging: Future | None
-
-
-class CheckpointManager(CheckpointReader):
+class CheckpointManager(CheckpointReader, CheckpointPruning):
     """Saves (and, as a CheckpointReader, loads) the checkpoints of one run; rank 0 writes the
     markers and prunes old ones."""
 
@@ -532,102 +428,6 @@ class CheckpointManager(CheckpointReader):
             f"resume finds it by its {COMPLETE} marker: free space or fix permissions under {self.root}"
         )
 
-    def _prune(self, saved: int) -> list[Removal]:
-        """Keep the `keep_last` best (by `monitor`, else the newest) complete checkpoints up to `saved`,
-        the one just marked complete and always kept, and drop torn ones older than it; returns the
-        complete ones removed, for the save's log line. A step newer than `saved` is one this run did not resume
-        from (damaged, and not moved aside): counting it would delete the good ones, so it is left
-        alone until the run passes it.
-
-        The doomed lose their COMPLETE marker here (one unlink each: no longer checkpoints, so a
-        crash mid-removal leaves a torn directory the next prune takes), and are removed in a
-        background thread: at 1024 ranks a step directory is ~3,000 unlinks, which every rank
-        would otherwise wait for in the next collective."""
-        removed = self._removals(saved)
-        doomed = [self.root / step_dir_name(step) for step in self._torn_before(saved)]
-        doomed += [self.root / step_dir_name(removal.step) for removal in removed]
-        for path in doomed:
-            (path / COMPLETE).unlink(missing_ok=True)
-        self._wait_for_pruning()
-        self._pruning = threading.Thread(
-            target=_remove_all, args=(doomed,), name="gptrain-prune", daemon=True
-        )
-        self._pruning.start()
-        return removed
-
-    def _removals(self, saved: int) -> list[Removal]:
-        """The complete checkpoints up to `saved` that retention removes, each with its reason."""
-        if self.keep_last is None:
-            return []
-        steps = [step for step in complete_steps(self.root) if step <= saved]
-        ranked = [Ranked(step, self._metric(step)) for step in steps]
-        return removals(ranked, self.keep_last, self.mode, self.monitor)
-
-    def _metric(self, step: int) -> float | None:
-        if self.monitor is None:
-            return None
-        return recorded_metric(self.root / step_dir_name(step), self.monitor)
-
-    def _torn_before(self, saved: int) -> list[int]:
-        """Steps older than `saved` whose save died half way. A file under a step's name is no save of the
-        run's: it is left alone (unlinking its COMPLETE failed with ENOTDIR, and with it every save of a
-        later step)."""
-        doomed = []
-        for entry in self.root.iterdir():
-            match = STEP_DIR.match(entry.name)
-            if match and entry.is_dir() and not is_complete(entry) and int(match.group(1)) < saved:
-                doomed.append(int(match.group(1)))
-        return doomed
-
-    def _wait_for_pruning(self) -> None:
-        if self._pruning is not None:
-            self._pruning.join()
-            self._pruning = None
-
-    def space_warning(self, checkpoint_bytes: int) -> str | None:
-        """A warning when the filesystem cannot hold keep_last + 1 checkpoints of this size (2 where
-        keep_last is 0: the next save is written before the oldest is removed). The run's existing checkpoints
-        count as free space only where retention removes them: keeping every one (save_top_k=-1),
-        a resumed run has only the disk's free space for its next two. Ranked by a metric, the newest
-        may be none of the best: keep_last + 2 (by step, mode max: + 1)."""
-        count = self._on_disk_at_prune()
-        existing = self.root
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        free = disk_free = shutil.disk_usage(existing).free
-        if disk_free < checkpoint_bytes:  # old checkpoints go only once the next one is complete
-            return (
-                f"{existing} has {disk_free / 1e9:.1f} GB free, but the next checkpoint needs about "
-                f"{checkpoint_bytes / 1e9:.1f} GB before retention removes an older one: the save will "
-                "fail when the disk fills; free space"
-            )
-        if self.keep_last is not None:
-            free += sum(step_dir_bytes(self.root / step_dir_name(step)) for step in complete_steps(self.root))
-        if free >= count * checkpoint_bytes:
-            return None
-        if self.keep_last is None:
-            kept = "the next two; save_top_k=-1 removes none"
-        elif self.keep_last == 0:
-            kept = "the newest and the next; save_top_k=0 keeps only the newest"
-        else:
-            kept = f"save_top_k + {count - self.keep_last}"
-        remedy = "free space" if self.keep_last == 0 else "free space or lower save_top_k"
-        return (
-            f"{existing} has {free / 1e9:.1f} GB free for checkpoints, but {count} checkpoints of about "
-            f"{checkpoint_bytes / 1e9:.1f} GB ({kept}) need {count * checkpoint_bytes / 1e9:.1f} GB: "
-            f"a save will fail when the disk fills; {remedy}"
-        )
-
-    def _on_disk_at_prune(self) -> int:
-        """Checkpoints on disk just before a save is pruned: the kept ones and the one being written,
-        and where a metric ranks them the newest before it, which may be none of the best (by `step`
-        with mode max the newest always is: keep_last + 1). Keeping every one (the next two must fit in
-        the free space) or only the newest (save_top_k=0): two."""
-        if not self.keep_last:
-            return 2
-        newest_among_best = self.monitor is None or (self.monitor == STEP and self.mode == "max")
-        return self.keep_last + (1 if newest_among_best else 2)
-
     def finish_after_failure(self, timeout_s: float) -> str | None:
         """On a run's way out by an exception: let a background save be written and marked complete if
         that takes at most `timeout_s` (its state is that of a finished step), else leave it, as a
@@ -685,52 +485,3 @@ def _first_failure(futures: tuple[Future | None, ...], deadline: float) -> BaseE
             if error is not None:
                 return error
     return None
-
-
-def _stager_serves_one_save(version: str) -> bool:
-    """torch 2.11 and 2.12's DefaultStager empties its copy table at the end of each stage, so a
-    second save through it fails (KeyError: <class 'type'>); 2.13 keeps it, and its host copies,
-    for the run. Where it serves one save, each CPU save gets its own (the CPU copies are not
-    pinned, so nothing worth keeping is lost)."""
-    major, minor = (int(part) for part in version.split(".")[:2])
-    return (major, minor) < (2, 13)
-
-
-_STAGER_SERVES_ONE_SAVE = _stager_serves_one_save(torch.__version__)
-
-
-def _tensors(state: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in a nested state dict."""
-    if isinstance(state, torch.Tensor):
-        yield state
-    elif isinstance(state, dict):
-        for value in state.values():
-            yield from _tensors(value)
-    elif isinstance(state, list | tuple):
-        for value in state:
-            yield from _tensors(value)
-
-
-def _in_host_memory(state: Any) -> bool:
-    return all(tensor.device.type == "cpu" for tensor in _tensors(state))
-
-
-def _allocate_pinned_staging(state: dict[str, Any]) -> dict[str, Any]:
-    """Host tensors shaped like `state`'s, pinned: what BlockingAsyncStager would allocate at its
-    first stage and keep (its `state_dict_cache`), in one pass instead of two."""
-    return host_buffer_like(state, pin_memory=True)
-
-
-def _remove_all(paths: list[Path]) -> None:
-    for path in paths:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def write_rank_state(path: Path, rank_state: dict[str, Any]) -> str:
-    """torch.save `rank_state` to `path` atomically; returns the CRC-32 of the bytes written, so that
-    verify finds a changed byte in a rank file as it does in a DCP file."""
-    buffer = io.BytesIO()
-    torch.save(rank_state, buffer)
-    data = buffer.getvalue()
-    atomic_write_bytes(path, data)
-    return f"{crc32(data):08x}"

@@ -1,13 +1,16 @@
-"""A rank's extra state in a checkpoint (rank_<r>.pt: RNG streams, data order), and the file it reads."""
+"""A rank's extra state in a checkpoint (rank_<r>.pt: RNG streams, data order): written, and read back."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.integrity import recorded_world_size
+from gptrain.utils.atomic import atomic_write_bytes
 
 
 def read_rank_state(path: Path, rank: int) -> dict[str, Any]:
@@ -45,3 +48,13 @@ def _saved_world_size(path: Path, rank_0_state: dict[str, Any]) -> int | None:
     layout = rank_0_state.get("rng_layout")
     world = layout.get("world_size") if isinstance(layout, dict) else None
     return world if isinstance(world, int) else recorded_world_size(path)
+
+
+def write_rank_state(path: Path, rank_state: dict[str, Any]) -> str:
+    """torch.save `rank_state` to `path` atomically; returns the CRC-32 of the bytes written, so that
+    verify finds a changed byte in a rank file as it does in a DCP file."""
+    buffer = io.BytesIO()
+    torch.save(rank_state, buffer)
+    data = buffer.getvalue()
+    atomic_write_bytes(path, data)
+    return f"{crc32(data):08x}"

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from gptrain.checkpoint.errors import root_cause
-from gptrain.checkpoint.manager import SaveReport
 from gptrain.checkpoint.retention import STEP
+from gptrain.checkpoint.save_report import SaveReport
 from gptrain.config import TrainingConfig
 from gptrain.errors import SIGNAL_SECONDS_ENV
 from gptrain.parallel.rng import stream_layout

@@ -366,7 +366,7 @@ def test_failed_write_removes_partial_checkpoint_and_keeps_latest(tmp_path, monk
 
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
-    from gptrain.checkpoint.manager import CheckpointWriteError
+    from gptrain.checkpoint.errors import CheckpointWriteError
 
     manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save)
     manager.save(1, state_for(1.0), {})
@@ -457,8 +457,8 @@ def test_async_save_is_marked_complete_as_soon_as_written_and_reported_on_poll(t
 
 
 def test_async_marking_failure_is_raised_on_wait_and_leaves_no_checkpoint(tmp_path, monkeypatch):
-    from gptrain.checkpoint import manager as manager_module
-    from gptrain.checkpoint.manager import CheckpointWriteError
+    from gptrain.checkpoint import save_manifest
+    from gptrain.checkpoint.errors import CheckpointWriteError
 
     manager = CheckpointManager(tmp_path, keep_last=3, async_save=True)
     manager.save(1, state_for(1.0), {})
@@ -467,7 +467,7 @@ def test_async_marking_failure_is_raised_on_wait_and_leaves_no_checkpoint(tmp_pa
     def unreadable(path, own, world_size):
         raise OSError(f"{path}: stale file handle")
 
-    monkeypatch.setattr(manager_module, "gathered_checksums", unreadable)
+    monkeypatch.setattr(save_manifest, "gathered_checksums", unreadable)
     manager.save(2, state_for(2.0), {})
     with pytest.raises(CheckpointWriteError, match="step_2 could not be written .*stale file handle"):
         manager.wait()
@@ -492,7 +492,7 @@ def refuse_latest_over_quota(monkeypatch) -> None:
 @pytest.mark.parametrize("async_save", [False, True])
 def test_a_failure_after_the_marker_keeps_the_complete_checkpoint(tmp_path, monkeypatch, async_save):
     """`latest` (or pruning) failing after COMPLETE was written: the checkpoint is sound and stays."""
-    from gptrain.checkpoint.manager import CheckpointWriteError
+    from gptrain.checkpoint.errors import CheckpointWriteError
 
     manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save)
     manager.save(1, state_for(1.0), {})
@@ -535,7 +535,7 @@ def test_a_run_failing_after_a_background_save_was_marked_does_not_call_it_incom
 def test_a_stager_is_made_per_save_where_torch_empties_it_after_one(version: str, one_save: bool) -> None:
     """The suite's async tests run two or more saves through one manager, which fails on torch 2.11
     and 2.12 unless each save gets its own stager; here the version rule itself."""
-    from gptrain.checkpoint.manager import _stager_serves_one_save
+    from gptrain.checkpoint.staging import _stager_serves_one_save
 
     assert _stager_serves_one_save(version) is one_save
 
@@ -592,7 +592,7 @@ def test_a_full_disk_is_named_as_such(tmp_path, monkeypatch, async_save):
     import errno
 
     from gptrain.checkpoint import direct_io
-    from gptrain.checkpoint.manager import CheckpointWriteError
+    from gptrain.checkpoint.errors import CheckpointWriteError
 
     real_write, written = direct_io.SyncedFile.write, []
 
@@ -748,7 +748,7 @@ def test_a_save_whose_other_ranks_files_rank_0_cannot_see_is_never_marked_comple
     damaged, or, requeued on other nodes, started over. Here a world of 2 whose rank 1 wrote nowhere
     rank 0 can see."""
     from gptrain.checkpoint import manager as manager_module
-    from gptrain.checkpoint.manager import CheckpointNotSharedError
+    from gptrain.checkpoint.errors import CheckpointNotSharedError
 
     manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save)
     manager.save(1, state_for(1.0), {})
@@ -817,7 +817,7 @@ def test_rank_0_marks_a_save_of_many_ranks_complete_with_one_stat_a_file_and_no_
     stat'ed each file twice more for the manifest (8,197 -> 11,333 stats at 1,024 ranks), in a
     synchronous save's stall."""
     from gptrain.checkpoint import manager as manager_module
-    from gptrain.checkpoint.manager import SaveReport
+    from gptrain.checkpoint.save_report import SaveReport
 
     world = 64
     manager = CheckpointManager(tmp_path, keep_last=3)
@@ -836,7 +836,8 @@ def test_rank_0_marks_a_save_of_many_ranks_complete_with_one_stat_a_file_and_no_
 
 def test_the_files_rank_0_cannot_find_by_name_are_named_sidecars_first(tmp_path, monkeypatch):
     from gptrain.checkpoint import manager as manager_module
-    from gptrain.checkpoint.manager import CheckpointNotSharedError, SaveReport
+    from gptrain.checkpoint.errors import CheckpointNotSharedError
+    from gptrain.checkpoint.save_report import SaveReport
 
     manager = CheckpointManager(tmp_path, keep_last=3)
     step_dir = tmp_path / "step_5"
