@@ -42,7 +42,7 @@ from gptrain.data.prepare_tokens import (
     _with_eod,
     _WorkerState,
 )
-from gptrain.data.tokenizer_record import write_tokenizer_record
+from gptrain.data.tokenizer_record import refuse_foreign_record_file, write_tokenizer_record
 from gptrain.data.tokenizers import TokenizerSpec, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.progress import Progress, counted, format_rate
@@ -212,6 +212,8 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
         )
     stats = PrepareStats(outputs=output_prefixes(config.output_prefix, config.json_keys))
     _refuse_outputs_among_inputs(paths, stats.outputs)
+    for prefix in stats.outputs:  # before any data is written: the record would replace a user's file
+        refuse_foreign_record_file(prefix, "--output-prefix", "prepare")
     _init_worker(config.tokenizer, config.json_keys, config.append_eod, config.skip_bad_lines)
     assert _STATE is not None
     stats.empty_documents = dict.fromkeys(config.json_keys, 0)

@@ -64,7 +64,7 @@ def refuse_foreign_record_file(prefix: str, flag: str, then: str) -> None:
     if (foreign := foreign_record_file(prefix)) is not None:
         raise DataError(
             f"{flag} {prefix}: {foreign} is not a tokenizer record (a file of yours?), where the {then} "
-            "writes its inputs' tokenizer record: move it, then " + then
+            "writes the data's tokenizer record: move it, then " + then
         )
 
 

@@ -61,8 +61,8 @@ def test_a_users_file_of_the_records_name_is_kept_and_the_first_name_still_read(
     tmp_path: Path, gpt2_files: tuple[str, str], capsys
 ) -> None:
     """Writing <prefix>.tokenizer replaced a user's own file of that name (a directory: a traceback),
-    and a first-name record beside such a file was not read. The file is kept with one warning
-    (prepare: the data is written by then), a merge refuses it before writing anything, and the
+    and a first-name record beside such a file was not read. Prepare and merge refuse it before
+    writing anything (writing the record alone keeps it, with a warning), and the
     record is read under the first name where the new one is not a record."""
     from gptrain.cli import main
     from gptrain.data.tokenizer_record import read_tokenizer_record, record_path
@@ -78,14 +78,18 @@ def test_a_users_file_of_the_records_name_is_kept_and_the_first_name_still_read(
     prefix = str(tmp_path / "out_text_document")
     Path(f"{prefix}.tokenizer.json").write_text(json.dumps({"type": "gpt2", "legacy": False}))  # stale
     argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "out")]
-    assert (
-        main([*argv, "--workers", "1", "--vocab-file", vocab, "--merge-file", merges, "--legacy-tokenizer"])
-        == 0
+    flags = ["--workers", "1", "--vocab-file", vocab, "--merge-file", merges, "--legacy-tokenizer"]
+    assert main([*argv, *flags]) == 2  # refused before any data is written
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gptrain: error: --output-prefix {prefix}: {notes} is not a tokenizer record (a file of yours?), "
+        "where the prepare writes the data's tokenizer record: move it, then prepare"
     )
-    assert notes.read_text() == "my notes\n" and read_tokenizer_record(prefix) is None
-    assert f"gptrain: warning: {notes} is not a tokenizer record (a file of yours?): kept, and " in (
-        capsys.readouterr().err
-    )
+    assert notes.read_text() == "my notes\n" and not Path(f"{prefix}.bin").exists()
+    notes.unlink()
+    assert main([*argv, *flags]) == 0
+    assert read_tokenizer_record(prefix) == {"type": "GPT2BPETokenizer", "legacy": True}
+    assert not Path(f"{prefix}.tokenizer.json").exists()  # the stale first-name record replaced
+    notes.write_text("my notes\n")
     Path(f"{prefix}.tokenizer.json").write_text(json.dumps({"type": "gpt2", "legacy": True}))
     assert record_path(prefix) == f"{prefix}.tokenizer.json"
     assert read_tokenizer_record(prefix) == {"type": "GPT2BPETokenizer", "legacy": True}
@@ -94,6 +98,6 @@ def test_a_users_file_of_the_records_name_is_kept_and_the_first_name_still_read(
     assert main(["data", "merge", "--input", prefix, "--output-prefix", str(merged)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"gptrain: error: --output-prefix {merged}: {merged}.tokenizer is not a tokenizer record (a file "
-        "of yours?), where the merge writes its inputs' tokenizer record: move it, then merge"
+        "of yours?), where the merge writes the data's tokenizer record: move it, then merge"
     )
     assert sorted(path.name for path in tmp_path.glob("merged*")) == ["merged.tokenizer"]
