@@ -6,9 +6,12 @@ run resumed across the two systems would train on validation data.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from gptrain.config.validate import split_weights
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SPLIT_NAMES = ("train", "valid", "test")
 
@@ -21,8 +24,10 @@ def parse_split_string(splits_string: str | None) -> list[float]:
     and checked by gptrain.config.validate.split_weights, which the config's check shares."""
     text = LEGACY_DEFAULT_SPLIT if splits_string is None else splits_string
     values = split_weights(text)
-    total = float(np.sum(np.array(values, dtype=np.float64)))
-    return (np.array(values, dtype=np.float64) / total).tolist()
+    # Megatron's numpy sum over three float64s adds them in order, as sum() does: the same bits,
+    # without importing numpy for `gptrain megatron --dry-run` and the launcher
+    total = sum(values)
+    return [value / total for value in values]
 
 
 def split_bookends(weights: list[float]) -> list[tuple[float, float] | None]:
@@ -50,6 +55,8 @@ def split_ranges(splits_string: str | None, num_elements: int) -> list[tuple[int
 
 def split_indices(splits_string: str | None, num_elements: int) -> list[np.ndarray | None]:
     """The int32 sequence indices each split exposes, as Megatron's builder makes them."""
+    import numpy as np
+
     return [
         None if bounds is None else np.arange(bounds[0], bounds[1], dtype=np.int32)
         for bounds in split_ranges(splits_string, num_elements)

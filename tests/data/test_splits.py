@@ -23,6 +23,21 @@ def test_parse_pads_and_normalises():
     assert parse_split_string(None) == parse_split_string(LEGACY_DEFAULT_SPLIT) == [0.969, 0.03, 0.001]
 
 
+def test_weights_are_megatrons_numpy_normalisation_bit_for_bit():
+    """Megatron normalises with numpy (np.array(weights) / np.sum(...)); gptrain's plain-Python
+    arithmetic must give the same float64 bits, or a split boundary could move by one sequence."""
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        weights = [float(x) for x in np.round(rng.uniform(0, 1000, size=3) * rng.integers(0, 2, size=3), 3)]
+        if sum(weights) <= 0:
+            continue
+        text = ",".join(repr(w) for w in weights)
+        expected = (
+            np.array(weights, dtype=np.float64) / float(np.sum(np.array(weights, dtype=np.float64)))
+        ).tolist()
+        assert parse_split_string(text) == expected, text
+
+
 @pytest.mark.parametrize(
     "bad", ["", "0,0,0", "a,b", "1,2,3,4", "1.2.3,1", "nan,2,0", "inf,2,0", "-1,2,0", "98,2,1e-3"]
 )

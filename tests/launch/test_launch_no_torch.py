@@ -84,3 +84,11 @@ def test_a_megatron_tiktoken_vocabulary_is_checked_without_numpy(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "gptrain.data.tiktoken_file"]  # read, and nothing heavy imported
+
+
+def test_megatron_dry_run_imports_neither_torch_nor_numpy(tmp_path):
+    """Its --split (here Megatron's default) was normalised with numpy, imported for that alone."""
+    flags = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "2", "--seq-length", "64"]
+    flags += ["--max-position-embeddings", "64", "--micro-batch-size", "1", "--global-batch-size", "1"]
+    flags += ["--train-iters", "1", "--lr", "1e-3", "--mock-data", "--vocab-size", "100", "--split", "98,2,0"]
+    assert run_cli(["megatron", "--dry-run", *flags], tmp_path) == ["0"]
