@@ -31,14 +31,8 @@ from gptrain.train.evaluation import EvalResult, EvalSetup, evaluate_loss
 from gptrain.train.state import TrainState
 from gptrain.train.target_sizes import built_split_keys
 from gptrain.trained.coverage import Coverage, coverage
-from gptrain.trained.load import (
-    RunCheckpoint,
-    is_step_dir,
-    older_checkpoint,
-    open_run,
-    override_key,
-    run_started_in,
-)
+from gptrain.trained.load import RunCheckpoint, is_step_dir, older_checkpoint, open_run
+from gptrain.trained.run_config import override_key, run_started_in
 from gptrain.utils.atomic import atomic_write_text
 
 # One process evaluates with the whole model whatever layout trained it (as generate and export

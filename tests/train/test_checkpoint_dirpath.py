@@ -15,7 +15,8 @@ from gptrain.config import load_training_config
 from gptrain.errors import EXIT_REQUEUE, ConfigError
 from gptrain.launch.preflight import check_fresh_start
 from gptrain.train.run_lock import LOCK_NAME, EarlierRunError, RunLockedError, claim_run_directory
-from gptrain.trained.load import find_hparams, resolve_checkpoint, run_started_in
+from gptrain.trained.load import find_hparams, resolve_checkpoint
+from gptrain.trained.run_config import run_started_in
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

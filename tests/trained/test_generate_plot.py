@@ -796,7 +796,7 @@ def test_a_run_tokenizer_file_under_a_directory_that_may_not_be_searched_is_one_
     """The tokenizer file hparams.yaml names: Path.exists raised PermissionError (Python 3.11), a
     bare '<path>: Permission denied' naming neither hparams.yaml nor the key."""
     from gptrain.config import load_training_config
-    from gptrain.trained.load import build_run_tokenizer
+    from gptrain.trained.run_config import build_run_tokenizer
 
     locked = tmp_path / "locked"
     locked.mkdir()

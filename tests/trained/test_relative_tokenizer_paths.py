@@ -170,7 +170,7 @@ def test_a_file_given_as_an_override_is_read_from_here_and_a_missing_one_named(
 
 def test_a_tiktoken_encoding_name_is_not_a_path(tmp_path: Path) -> None:
     from gptrain.config import load_training_config
-    from gptrain.trained.load import tokenizer_files_from_start
+    from gptrain.trained.run_config import tokenizer_files_from_start
 
     overrides = ["model.tokenizer.type=TikTokenizer", "model.tokenizer.model=cl100k_base"]
     overrides += ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
