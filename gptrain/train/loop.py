@@ -40,7 +40,7 @@ from gptrain.parallel.mesh import init_distributed, shutdown, world_from_env
 from gptrain.parallel.parallelize import check_parallel_choices
 from gptrain.parallel.rng import stream_warnings
 from gptrain.train import builders as b
-from gptrain.train import peer_loss, resuming, saving, step_loop
+from gptrain.train import peer_loss, resuming, saving, step_loop, tokenizer_setup
 from gptrain.train.batches import loader_worker_died
 from gptrain.train.memory_check import out_of_memory, start_warning
 from gptrain.train.results import RunLog, Scalars, write_run_files
@@ -115,8 +115,8 @@ def train(
             scalars.send_to_wandb(WandbRun.start(cfg))
         device = b.select_device(cfg, world)
         b.seed_everything(b.dropout_seed(cfg, world))
-        tokenizer = b.build_tokenizer(cfg)
-        vocab, padded_vocab = b.padded_vocab_size(cfg, tokenizer)
+        tokenizer = tokenizer_setup.build_tokenizer(cfg)
+        vocab, padded_vocab = tokenizer_setup.padded_vocab_size(cfg, tokenizer)
         device_bytes = b.device_memory_bytes(device)
         if (
             device_bytes

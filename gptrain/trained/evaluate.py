@@ -30,6 +30,7 @@ from gptrain.train import builders as b
 from gptrain.train.evaluation import EvalResult, EvalSetup, evaluate_loss
 from gptrain.train.state import TrainState
 from gptrain.train.target_sizes import built_split_keys
+from gptrain.train.tokenizer_setup import padded_vocab_size
 from gptrain.trained.coverage import Coverage, coverage
 from gptrain.trained.load import RunCheckpoint, is_step_dir, older_checkpoint, open_run
 from gptrain.trained.run_config import override_key, run_started_in
@@ -146,7 +147,7 @@ def vocabulary_rows(run: RunCheckpoint) -> int:
     """
     if run.saved_rows % run.cfg.model.tensor_model_parallel_size == 0:
         return run.saved_rows
-    return b.padded_vocab_size(run.cfg, run.tokenizer)[1]
+    return padded_vocab_size(run.cfg, run.tokenizer)[1]
 
 
 def load_model(model: torch.nn.Module, step_dir: Path, world: World) -> int:
@@ -403,7 +404,7 @@ def prefix_data(
         asked_by=("--batches",) * 3,
     )
     eod = b.batch_eod(tokenizer, m.data.eod_mask_loss)
-    rows = b.padded_vocab_size(cfg, tokenizer)[1]
+    rows = padded_vocab_size(cfg, tokenizer)[1]
     source = f"--data-prefix {' '.join(entries)}"
     return GPTBatchDataset(valid, eod, m.data.eod_mask_loss, rows, source), batches, " ".join(entries)
 

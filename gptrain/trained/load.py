@@ -222,7 +222,8 @@ def open_run(
     (`checksums`: see resolve_checkpoint). `overrides`: the command's key=value overrides (eval);
     None for a command that takes none (generate, export), whose errors then name hparams.yaml's keys."""
     from gptrain.config import load_training_config
-    from gptrain.train.builders import is_mock_data, padded_vocab_size
+    from gptrain.train.builders import is_mock_data
+    from gptrain.train.tokenizer_setup import padded_vocab_size
 
     step_dir = resolve_checkpoint(path, checksums)
     hparams = find_hparams(step_dir)

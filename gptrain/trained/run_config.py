@@ -80,7 +80,7 @@ def build_run_tokenizer(cfg: Any, hparams: Path, moved: dict[str, str] | None = 
     """The tokenizer the run trained with (None for mock data); the files its type reads must still
     be where hparams.yaml says (`moved`: those tokenizer_files_from_start took from where the run
     was started)."""
-    from gptrain.train.builders import build_tokenizer, tokenizer_file_keys
+    from gptrain.train.tokenizer_setup import build_tokenizer, tokenizer_file_keys
 
     tok, moved = cfg.model.tokenizer, moved or {}
     for key in tokenizer_file_keys(cfg):
@@ -110,7 +110,7 @@ def check_run_tokenizer(
     (files replaced since training) is refused, as at resume; an extension is a warning (the model
     never trained its new ids). The refusal says what to do where the command is told it: overrides
     for eval, hparams.yaml's keys for generate and export, which take none."""
-    from gptrain.train.builders import tokenizer_check
+    from gptrain.train.tokenizer_setup import tokenizer_check
 
     check = tokenizer_check(cfg, tokenizer)
     recorded = recorded_tokenizer(step_dir)

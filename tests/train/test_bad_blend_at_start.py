@@ -6,7 +6,7 @@ import pytest
 from train_e2e_helpers import tiny_config
 
 from gptrain.errors import DataError
-from gptrain.train import builders, loop
+from gptrain.train import loop, tokenizer_setup
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -31,7 +31,7 @@ def test_a_bad_blend_is_refused_before_the_run_starts_anything(tmp_path, monkeyp
     def too_early(*args, **kwargs):
         raise AssertionError("the tokenizer was built before the data_prefix was read")
 
-    monkeypatch.setattr(builders, "build_tokenizer", too_early)
+    monkeypatch.setattr(tokenizer_setup, "build_tokenizer", too_early)
     log_dir = tmp_path / "run"
     cfg = tiny_config(
         log_dir,
@@ -65,7 +65,7 @@ def test_a_split_asked_for_no_samples_needs_no_files(tmp_path, monkeypatch, limi
     def started(*args, **kwargs):
         raise Started
 
-    monkeypatch.setattr(builders, "build_tokenizer", started)
+    monkeypatch.setattr(tokenizer_setup, "build_tokenizer", started)
     cfg = tiny_config(
         tmp_path / "run",
         "model.data.data_impl=mmap",

@@ -6,7 +6,7 @@ import pytest
 
 from gptrain.config import load_training_config
 from gptrain.errors import ConfigError
-from gptrain.train.builders import build_tokenizer
+from gptrain.train.tokenizer_setup import build_tokenizer
 
 MOCK = ["model.data.data_impl=mock", "model.data.data_prefix=[]"]
 

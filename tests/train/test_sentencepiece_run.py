@@ -37,7 +37,7 @@ MOCK = ["model.data.data_impl=mock", "model.data.data_prefix=[]"]
     ],
 )
 def test_config_forms_and_padded_vocabulary(sp_model, overrides, kind, vocab):
-    from gptrain.train.builders import build_tokenizer, padded_vocab_size
+    from gptrain.train.tokenizer_setup import build_tokenizer, padded_vocab_size
 
     for divisible, tp, padded in [(128, 1, 256), (128, 2, 256), (100, 1, 300), (7, 4, 28 * -(-vocab // 28))]:
         cfg = load_training_config(
@@ -57,7 +57,7 @@ def test_config_forms_and_padded_vocabulary(sp_model, overrides, kind, vocab):
 
 
 def test_a_missing_model_file_is_named_by_its_key(tmp_path):
-    from gptrain.train.builders import build_tokenizer
+    from gptrain.train.tokenizer_setup import build_tokenizer
 
     missing = tmp_path / "tokenizer.model"
     cfg = load_training_config(
@@ -117,7 +117,7 @@ def test_the_tokenizer_record_tells_sentencepiece_models_and_types_apart(
     generate and resume of such a run stopped with a TypeError; another model, or the same model
     under a wrapper that encodes otherwise (Llama2Tokenizer's bos), must not pass as the same."""
     from gptrain.data.tokenizer_identity import compare, record, token_table
-    from gptrain.train.builders import build_tokenizer
+    from gptrain.train.tokenizer_setup import build_tokenizer
 
     def built(model: str, kind: str):
         overrides = [*MOCK, f"model.tokenizer.type={kind}", f"model.tokenizer.model={model}"]

@@ -79,7 +79,8 @@ def saved_run(log_dir: Path, arch: str, *overrides: str, step: int = 1) -> tuple
     fresh model (written by the CheckpointManager); the run dir and the model."""
     from gptrain.checkpoint.manager import CheckpointManager
     from gptrain.parallel.state_dict import model_state_dict
-    from gptrain.train.builders import build_model, build_model_config, build_tokenizer, padded_vocab_size
+    from gptrain.train.builders import build_model, build_model_config
+    from gptrain.train.tokenizer_setup import build_tokenizer, padded_vocab_size
 
     cfg = tiny_config(arch, log_dir, *overrides)
     log_dir.mkdir(parents=True)

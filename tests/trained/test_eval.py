@@ -93,7 +93,8 @@ def float64_reference(run_dir: Path, tokens: np.ndarray) -> tuple[float, int]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    from gptrain.train.builders import build_model, build_model_config, padded_vocab_size
+    from gptrain.train.builders import build_model, build_model_config
+    from gptrain.train.tokenizer_setup import padded_vocab_size
 
     cfg = load_training_config(config_file=str(run_dir / "hparams.yaml"), report_ignored=False)
     _, padded = padded_vocab_size(cfg, None)

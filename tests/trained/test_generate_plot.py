@@ -291,7 +291,8 @@ def tiny_run(
 
     from gptrain.checkpoint.manager import CheckpointManager
     from gptrain.config import load_training_config
-    from gptrain.train.builders import build_model, build_model_config, build_tokenizer, padded_vocab_size
+    from gptrain.train.builders import build_model, build_model_config
+    from gptrain.train.tokenizer_setup import build_tokenizer, padded_vocab_size
 
     if tokenizer_overrides is None:
         vocab, merges = gpt2_files()

@@ -294,7 +294,7 @@ def test_a_legacy_gpt2_runs_exported_tokenizer_keeps_a_literal_endoftext_as_text
     from transformers import AutoTokenizer
 
     from gptrain.config import load_training_config
-    from gptrain.train.builders import build_tokenizer
+    from gptrain.train.tokenizer_setup import build_tokenizer
     from gptrain.trained.hf.tokenizer_files import export_tokenizer
 
     vocab, merges = gpt2_files()

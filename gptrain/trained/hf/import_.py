@@ -281,7 +281,8 @@ def check_source_tokenizer(hf_dir: Path, tokenizer: dict[str, Any]) -> Any:
 def build_imported_model(cfg: Any, staging: Path, hf_dir: Path, arch: str, stream: TextIO) -> nn.Module:
     """A gptrain model (vocabulary padded as training pads it) filled from the transformers weights."""
     from gptrain.models.gpt import GPT
-    from gptrain.train.builders import build_model_config, padded_vocab_size
+    from gptrain.train.builders import build_model_config
+    from gptrain.train.tokenizer_setup import padded_vocab_size
 
     _, padded = padded_vocab_size(cfg, _tokenizer(cfg, staging))
     # rows the tokenizer never emits (Phi-2, Qwen2 shape theirs so) are kept for export to restore
@@ -383,7 +384,7 @@ def save_weights(model: nn.Module, root: Path, tokenizer: Any | None = None, cfg
     from gptrain.checkpoint import architecture
     from gptrain.checkpoint.manager import CheckpointManager
     from gptrain.parallel.state_dict import model_state_dict
-    from gptrain.train.builders import tokenizer_check
+    from gptrain.train.tokenizer_setup import tokenizer_check
 
     check = tokenizer_check(cfg, tokenizer) if cfg is not None else None
     manager = CheckpointManager(
@@ -455,7 +456,8 @@ def _class_rebuilding_pipeline(hf_dir: Path) -> str | None:
 def verify_import(cfg: Any, staging: Path, step_dir: Path, hf_dir: Path) -> Verification:
     """gptrain's model loaded from the written checkpoint against transformers' model of `hf_dir`,
     over the model's context: the run's samples (--seq-length) may be far shorter."""
-    from gptrain.train.builders import build_model, build_model_config, padded_vocab_size
+    from gptrain.train.builders import build_model, build_model_config
+    from gptrain.train.tokenizer_setup import padded_vocab_size
     from gptrain.trained.hf.transformers_api import load_model
     from gptrain.trained.hf.verify import verify_models
     from gptrain.trained.load import load_weights

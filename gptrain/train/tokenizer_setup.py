@@ -1,0 +1,169 @@
+"""The run's tokenizer from model.tokenizer (its files checked first) and the vocabulary it pads to."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from gptrain.config import TrainingConfig
+from gptrain.errors import ConfigError
+from gptrain.utils.rank import is_rank_zero
+
+
+def build_tokenizer(cfg: TrainingConfig) -> Any | None:
+    """The tokenizer; None with mock data and data.mock_vocab_size (which then sets the vocabulary)."""
+    tok = cfg.model.tokenizer
+    if not cfg.model.data.builds_tokenizer():
+        return None
+    from gptrain.data.tokenizers import build_tokenizer as build
+
+    check_tokenizer_files(cfg)
+    check_use_fast(tok)
+    return build(
+        tok.type,
+        vocab_file=tok.vocab_file,
+        merge_file=tok.merge_file,
+        model=tok.model,
+        tiktoken=tiktoken_options(tok),
+        legacy=tok.legacy,
+    )
+
+
+def check_use_fast(tok: Any) -> None:
+    """`use_fast: false` asks NeMo's AutoTokenizer for transformers' slow class: refused where its
+    ids may differ from the tokenizer.json gptrain encodes with (config validation took the rest)."""
+    from gptrain.data.tokenizer_loaders import slow_class_that_differs
+
+    if tok.use_fast is not False or tok.type != "HuggingFaceTokenizer":
+        return
+    if (slow := slow_class_that_differs(tok.model)) is not None:
+        raise ConfigError(
+            f"model.tokenizer.use_fast: false asks for transformers' slow {slow} (as NeMo builds it on "
+            f"transformers 4; 5 ignores use_fast), whose ids may differ from those of {tok.model}'s "
+            "tokenizer.json that gptrain encodes with: set model.tokenizer.use_fast=true for those ids"
+        )
+
+
+def check_data_tokenizer(
+    cfg: TrainingConfig, prefixes: list[str] | None = None, where: str | None = None
+) -> None:
+    """The data's recorded --legacy-tokenizer against model.tokenizer.legacy, with the policy of a
+    checkpoint's tokenizer: refused, or a warning with exp_manager.allow_tokenizer_change. `prefixes`
+    (named `where`): data other than model.data.data_prefix's (eval's --data-prefix)."""
+    from gptrain.data.blend_spec import prefixes_of
+    from gptrain.data.tokenizer_record import legacy_conflict
+
+    tok = cfg.model.tokenizer
+    if prefixes is None:
+        prefixes = prefixes_of(cfg.model.data.data_prefix)
+    conflict = legacy_conflict(prefixes, tok.legacy, tok.type, where=where)
+    if conflict is None:
+        return
+    text, advice = conflict
+    if cfg.exp_manager.allow_tokenizer_change:
+        if is_rank_zero():
+            print(
+                f"gptrain: warning: {text}; going on (exp_manager.allow_tokenizer_change=true)",
+                file=sys.stderr,
+            )
+        return
+    raise ConfigError(f"{text}; {advice}")
+
+
+def tiktoken_options(tok: Any) -> Any:
+    """model.tokenizer's TikTokenizer settings, read with Megatron's tiktoken vocabulary file."""
+    from gptrain.data.tiktoken_file import TiktokenFileOptions
+
+    specials = tuple(tok.special_tokens) if tok.special_tokens is not None else None
+    return TiktokenFileOptions(
+        tok.tiktoken_pattern, tok.vocab_size, tok.tiktoken_num_special_tokens, specials
+    )
+
+
+def tokenizer_file_keys(cfg: TrainingConfig) -> tuple[str, ...]:
+    """The model.tokenizer keys naming files the tokenizer type reads: a preset's GPT-2 vocab_file
+    and merge_file stay in the config of a run with another type, which never reads them."""
+    from gptrain.data.tokenizers import canonical_type
+    from gptrain.utils.tokenizer_types import is_tiktoken_vocabulary_file as is_vocabulary_file
+
+    tok, kind = cfg.model.tokenizer, canonical_type(cfg.model.tokenizer.type)
+    if kind == "gpt2" and (tok.vocab_file or tok.merge_file or not tok.model):
+        return ("vocab_file", "merge_file")
+    if kind != "gpt2" and kind != "tiktoken":  # tokenizer.json, or a SentencePiece tokenizer.model
+        return ("model",)
+    if kind == "tiktoken" and tok.model and is_vocabulary_file(tok.model):  # Megatron's
+        return ("model",)
+    return ()  # a tiktoken encoding name, or GPT-2 files in the directory model.tokenizer.model
+
+
+def check_tokenizer_files(cfg: TrainingConfig) -> None:
+    """A missing tokenizer file, or a directory given for one, named by its config key (the
+    tokenizer module names data-CLI flags)."""
+    from gptrain.data.tokenizer_paths import missing_tokenizer_file
+    from gptrain.data.tokenizers import canonical_type
+    from gptrain.utils.tokenizer_types import hub_name_advice
+
+    tok = cfg.model.tokenizer
+    in_directory = "tokenizer.json" if canonical_type(tok.type) == "huggingface" else None
+    for key in tokenizer_file_keys(cfg):
+        value = getattr(tok, key)
+        found = (
+            missing_tokenizer_file(value, in_directory if key == "model" else None) if value else "not set"
+        )
+        if found is not None and key == "model" and (advice := hub_name_advice(value, _pass_as(tok))):
+            raise ConfigError(f"{_model_key(tok)}: {value} is not a local file or directory; {advice}")
+        if found is not None:
+            raise ConfigError(
+                f"model.tokenizer.{key}: {found} (model.tokenizer.type={tok.type}); point it at the file,"
+                " or for mock data without tokenizer files set model.data.mock_vocab_size"
+            )
+
+
+def _pass_as(tok: Any) -> str:
+    """How a downloaded tokenizer directory is then given: SentencePiece types read its file."""
+    from gptrain.data.tokenizers import SENTENCEPIECE_KINDS, canonical_type
+
+    if canonical_type(tok.type) in SENTENCEPIECE_KINDS:
+        return "pass DIR/tokenizer.model"
+    return "pass the local directory DIR"
+
+
+def _model_key(tok: Any) -> str:
+    """The key the user gave the tokenizer's path in: library huggingface reads it from `type`, as
+    NeMo's AutoTokenizer(type) does (validation moved it to `model`)."""
+    if str(tok.library).lower() == "huggingface":
+        return "model.tokenizer.type (library huggingface's tokenizer path)"
+    return "model.tokenizer.model"
+
+
+def padded_vocab_size(cfg: TrainingConfig, tokenizer: Any | None) -> tuple[int, int]:
+    """(unpadded, padded) vocabulary: from the tokenizer, or data.mock_vocab_size with mock data; a
+    model.padded_vocab_size below it is refused here, at the start, before the model is built."""
+    from gptrain.models.flops import vocab_rows
+
+    if tokenizer is not None:
+        vocab, source = int(tokenizer.vocab_size), "the tokenizer"
+    elif cfg.model.data.mock_vocab_size:
+        vocab, source = int(cfg.model.data.mock_vocab_size), "model.data.mock_vocab_size"
+    else:
+        raise ConfigError("no tokenizer files and no model.data.mock_vocab_size: set one of them")
+    # As Megatron: model.padded_vocab_size, else a multiple of make_vocab_size_divisible_by x TP, so
+    # parameter counts and FLOPs match its logs under any layout.
+    m = cfg.model
+    padded = vocab_rows(
+        vocab, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size, m.padded_vocab_size, source
+    )
+    return vocab, padded
+
+
+def tokenizer_check(cfg: TrainingConfig, tokenizer: Any | None) -> Any | None:
+    """The run's tokenizer as checkpoints record it (gptrain.data.tokenizer_identity); None without
+    one (mock data)."""
+    if tokenizer is None:
+        return None
+    from gptrain.data.tokenizer_identity import TokenizerCheck
+
+    tok = cfg.model.tokenizer
+    files = [getattr(tok, key) for key in tokenizer_file_keys(cfg)] or [tok.model]
+    source = " + ".join(str(file) for file in files)
+    return TokenizerCheck.of(tokenizer, tok.type, source, cfg.exp_manager.allow_tokenizer_change)
