@@ -56,7 +56,7 @@ def _tokenizer_type(tokenizer: Any) -> None:
 def _use_fast_notes(tokenizer: Any) -> list[str]:
     """`use_fast: false` (NeMo hands it to transformers' AutoTokenizer) where the slow tokenizer gives
     the fast one's ids, or is not read; HuggingFaceTokenizer's is checked against the tokenizer's
-    class when it is built (gptrain.train.builders), which needs its files."""
+    class when it is built (gptrain.train.tokenizer_setup), which needs its files."""
     if tokenizer.use_fast is None or tokenizer.use_fast or tokenizer.type == "HuggingFaceTokenizer":
         return []
     if tokenizer.type == "GPT2BPETokenizer":

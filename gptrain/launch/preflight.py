@@ -565,7 +565,7 @@ def _kind(tokenizer_type: object) -> str | None:
 
 def _file_keys_read(tokenizer: dict[str, Any]) -> tuple[str, ...]:
     """The tokenizer keys whose files its type reads, as the job picks them
-    (gptrain.train.builders.tokenizer_file_keys): a preset's GPT-2 vocab_file and merge_file stay in
+    (gptrain.train.tokenizer_setup.tokenizer_file_keys): a preset's GPT-2 vocab_file and merge_file stay in
     the config of a run of another type, which never reads them; all where the type is unknown."""
     kind = _kind(tokenizer.get("type"))
     if kind is None:
