@@ -88,6 +88,27 @@ def timed_prompts(model: GPT, prompts: list[list[int]], new: int, batched: bool)
     return time.perf_counter() - start, time.process_time() - start_cpu, tokens
 
 
+def timings(
+    args: argparse.Namespace, prompt: dict, fast: tuple[str, float, float], slow: tuple[str, float, float]
+) -> dict:
+    """The JSON line's shape and timings: each loop's wall and CPU seconds, and slow over fast."""
+    (fast_name, fast_s, fast_cpu), (slow_name, slow_s, slow_cpu) = fast, slow
+    return {
+        "shape": f"{args.layers}x{args.hidden}, vocab {args.vocab}",
+        **prompt,
+        "new": args.new,
+        "device": args.device,
+        "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
+        f"{fast_name}_s": round(fast_s, 6),
+        f"{slow_name}_s": round(slow_s, 6),
+        f"{fast_name}_cpu_s": round(fast_cpu, 6),
+        f"{slow_name}_cpu_s": round(slow_cpu, 6),
+        "speedup": round(slow_s / fast_s, 2),
+        "cpu_speedup": round(slow_cpu / max(fast_cpu, 1e-9), 2),
+    }
+
+
 def batch_main(args: argparse.Namespace, model: GPT) -> dict:
     """Batched against one at a time, both through the KV cache."""
     generator = torch.Generator().manual_seed(1)
@@ -104,18 +125,9 @@ def batch_main(args: argparse.Namespace, model: GPT) -> dict:
     for name, seconds, cpu in (("batched", batch_s, batch_cpu_s), ("one at a time", alone_s, alone_cpu_s)):
         print(f"{name:>26}: {seconds:8.3f} s ({cpu:.3f} s CPU) for {args.prompts} prompts")
     result = {
-        "shape": f"{args.layers}x{args.hidden}, vocab {args.vocab}",
-        "prompts": lengths,
-        "new": args.new,
-        "device": args.device,
-        "dtype": args.dtype,
-        "threads": torch.get_num_threads(),
-        "batched_s": round(batch_s, 6),
-        "alone_s": round(alone_s, 6),
-        "batched_cpu_s": round(batch_cpu_s, 6),
-        "alone_cpu_s": round(alone_cpu_s, 6),
-        "speedup": round(alone_s / batch_s, 2),
-        "cpu_speedup": round(alone_cpu_s / max(batch_cpu_s, 1e-9), 2),
+        **timings(
+            args, {"prompts": lengths}, ("batched", batch_s, batch_cpu_s), ("alone", alone_s, alone_cpu_s)
+        ),
         "same_tokens": batched == alone,
     }
     print(json.dumps(result))
@@ -141,18 +153,9 @@ def main(argv: list[str] | None = None) -> dict:
             f"{name:>26}: {seconds:8.3f} s ({cpu:.3f} s CPU), {seconds / args.new * 1e3:9.1f} ms per new token"
         )
     result = {
-        "shape": f"{args.layers}x{args.hidden}, vocab {args.vocab}",
-        "prompt": args.prompt,
-        "new": args.new,
-        "device": args.device,
-        "dtype": args.dtype,
-        "threads": torch.get_num_threads(),
-        "cached_s": round(cached_s, 6),
-        "full_s": round(full_s, 6),
-        "cached_cpu_s": round(cached_cpu_s, 6),
-        "full_cpu_s": round(full_cpu_s, 6),
-        "speedup": round(full_s / cached_s, 2),
-        "cpu_speedup": round(full_cpu_s / max(cached_cpu_s, 1e-9), 2),
+        **timings(
+            args, {"prompt": args.prompt}, ("cached", cached_s, cached_cpu_s), ("full", full_s, full_cpu_s)
+        ),
         "same_tokens": cached == full,
     }
     print(json.dumps(result))

@@ -287,6 +287,18 @@ def test_the_whitespace_switch_without_a_model_is_the_missing_models_line(
     assert capsys.readouterr().err.strip().startswith(f"gptrain: error: {message}")
 
 
+def _prepare_argv(tmp_path: Path) -> list[str]:
+    """`gptrain data prepare` of tmp_path/in.jsonl into tmp_path/out."""
+    return [
+        "data",
+        "prepare",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output-prefix",
+        str(tmp_path / "out"),
+    ]
+
+
 def _tokenizer_dir(directory: Path, tokenizer_class: str) -> Path:
     """A tiny GPT-2 BPE tokenizer.json (vocab and merges written here) with a tokenizer_config.json
     naming `tokenizer_class`."""
@@ -317,14 +329,7 @@ def test_no_use_fast_on_a_tokenizer_json_follows_its_slow_class(
     ids, a slow LlamaTokenizer not."""
     directory = _tokenizer_dir(tmp_path / "tok", tokenizer_class)
     (tmp_path / "in.jsonl").write_text('{"text": "hello"}\n')
-    argv = [
-        "data",
-        "prepare",
-        "--input",
-        str(tmp_path / "in.jsonl"),
-        "--output-prefix",
-        str(tmp_path / "out"),
-    ]
+    argv = _prepare_argv(tmp_path)
     argv += ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(directory)]
     code = main([*argv, "--workers", "1", "--tokenizer-hf-no-use-fast"])
     err = capsys.readouterr().err
@@ -442,14 +447,7 @@ def test_legacy_tokenizer_with_another_type_in_both_steps_is_not_refused(tmp_pat
 
     directory = _tokenizer_dir(tmp_path / "tok", "GPT2TokenizerFast")
     (tmp_path / "in.jsonl").write_text('{"text": "hello <|endoftext|> world"}\n')
-    argv = [
-        "data",
-        "prepare",
-        "--input",
-        str(tmp_path / "in.jsonl"),
-        "--output-prefix",
-        str(tmp_path / "out"),
-    ]
+    argv = _prepare_argv(tmp_path)
     argv += [
         "--workers",
         "1",
