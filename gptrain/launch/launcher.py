@@ -17,7 +17,6 @@ from gptrain.launch.preflight import (
     DEFAULT_MAX_ARRAY_SIZE,
     check_export_file,
     check_fresh_start,
-    check_tokenizer_files,
     check_training_files,
     check_training_layout,
     check_wandb_key_file,
@@ -38,6 +37,7 @@ from gptrain.launch.stages import (
     validate_training,
     write_files,
 )
+from gptrain.launch.tokenizer_preflight import check_tokenizer_files
 
 if TYPE_CHECKING:
     from gptrain.config import TrainingConfig

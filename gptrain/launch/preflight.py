@@ -7,7 +7,6 @@ job waited in the queue. Both are cheap to check on the login node.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -22,9 +21,8 @@ from gptrain.launch.compose import closest
 from gptrain.launch.key_types import slurm_time_seconds
 from gptrain.launch.sbatch import Job
 from gptrain.launch.sbatch_option_names import SBATCH_SHORT_OPTIONS, options_meant
+from gptrain.launch.tokenizer_preflight import check_tokenizer_files, check_vocabulary_rows
 from gptrain.utils.hostlist import expand_hostlist
-from gptrain.utils.paths import look_up
-from gptrain.utils.tokenizer_types import hub_name_advice
 
 if TYPE_CHECKING:
     from gptrain.config import TrainingConfig
@@ -320,67 +318,6 @@ def check_training_files(
     return lines
 
 
-def check_vocabulary_rows(cfg: TrainingConfig) -> None:
-    """model.padded_vocab_size under the tokenizer's ids, refused in the job's words (as it starts,
-    after the queue wait): the ids counted from vocab.json or tokenizer.json without the tokenizer
-    library; left to the job where they cannot be (SentencePiece, tiktoken, a file fetched later).
-    The config refuses one under model.data.mock_vocab_size as it loads."""
-    from gptrain.utils.vocab_rows import vocab_rows
-
-    m = cfg.model
-    if m.padded_vocab_size is None:
-        return
-    if not m.data.builds_tokenizer():
-        ids, source = int(m.data.mock_vocab_size), "model.data.mock_vocab_size"
-    else:
-        ids, source = tokenizer_ids(m.tokenizer), "the tokenizer"
-    if ids is None:
-        return
-    try:
-        vocab_rows(
-            ids, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size, m.padded_vocab_size, source
-        )
-    except ConfigError as error:
-        raise LaunchError(f"training: {error}") from None
-
-
-def tokenizer_ids(tok: Any) -> int | None:
-    """The ids of a GPT-2 BPE or HuggingFaceTokenizer tokenizer as the job's tokenizer counts them
-    (the highest id + 1: a vocabulary may skip ids), or None where its files do not tell them here."""
-    kind = _kind(tok.type)
-    if kind == "gpt2":
-        directory = tok.model if not (tok.vocab_file or tok.merge_file) and tok.model else None
-        vocab = _json_file(str(Path(directory) / "vocab.json") if directory else tok.vocab_file)
-        ids = list(vocab.values()) if isinstance(vocab, dict) else []
-    elif kind == "huggingface" and tok.model:
-        path = Path(str(tok.model))
-        data = _json_file(str(path / "tokenizer.json" if path.is_dir() else path))
-        ids = _tokenizer_json_ids(data) if isinstance(data, dict) else []
-    else:
-        return None
-    ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
-    return max(ids) + 1 if ids else None
-
-
-def _tokenizer_json_ids(data: dict[str, Any]) -> list[Any]:
-    """A tokenizer.json's ids: its model's vocabulary (a {token: id} mapping, or Unigram's list of
-    [piece, score], numbered in order) and its added tokens."""
-    vocab = (data.get("model") or {}).get("vocab") if isinstance(data.get("model"), dict) else None
-    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab or [])))
-    added = data.get("added_tokens") or []
-    return ids + [token.get("id") for token in added if isinstance(token, dict)]
-
-
-def _json_file(path: str | None) -> Any:
-    """A JSON file's content, or None where it is not there or does not parse (the job says why)."""
-    if not path:
-        return None
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def check_fresh_start(cfg: TrainingConfig) -> list[str]:
     """resume_if_exists=false over a run directory that holds complete checkpoints (the Azure
     tutorial's benchmark, launched again under the same run.name): the job refuses it as it starts,
@@ -469,114 +406,3 @@ def check_training_layout(cfg: TrainingConfig) -> list[str]:
         f"ok  training: layout TP {dims.tp} x PP {dims.pp} x DP {dims.dp}{sharding} on {cfg.world_size()} ranks"
         f" ({cfg.trainer.num_nodes} node(s) x {cfg.trainer.devices})"
     ]
-
-
-def check_tokenizer_files(
-    tokenizer: dict[str, Any], where: str, fetched: dict[str, str] | None = None
-) -> str:
-    """The tokenizer's files exist, or are among `fetched` ({path: URL} the data preparation
-    stage downloads when missing)."""
-    urls = fetched or {}
-    found, to_fetch = [], []
-    in_directory = _model_directory_file(tokenizer.get("type"))
-    for key in _file_keys_read(tokenizer):
-        value = tokenizer.get(key)
-        if value and ("/" in str(value) or str(value).endswith((".json", ".txt", ".model"))):
-            if _is_file(str(value), f"{where}.{key}", in_directory if key == "model" else ()):
-                found.append(key)
-            elif str(value) in urls:
-                to_fetch.append(f"{key} from {urls[str(value)]}")
-            elif key == "model" and (advice := hub_name_advice(value)) is not None:
-                raise LaunchError(f"{where}.{key}: {value} is not a local file or directory; {advice}")
-            else:
-                raise LaunchError(f"{where}.{key}: {value} not found")
-    if "model" in found:
-        check_tiktoken_vocabulary(tokenizer, where)
-    line = f"ok  {where}: {', '.join(found) or 'no files'} present"
-    return line + (f"; data_preparation fetches {', '.join(to_fetch)}" if to_fetch else "")
-
-
-def check_tiktoken_vocabulary(tokenizer: dict[str, Any], where: str) -> None:
-    """Megatron's TikTokenizer vocabulary file read with its settings as the job reads it (stdlib
-    only), so that a file too short for vocab_size, or a bad entry, is said before the queue."""
-    model = str(tokenizer.get("model"))
-    if not _is_tiktoken(tokenizer.get("type")) or not model.endswith(".json"):
-        return
-    from gptrain.data.tiktoken_file import TiktokenFileOptions, read_ranks
-    from gptrain.errors import GptrainError
-
-    specials = tokenizer.get("special_tokens")
-    options = TiktokenFileOptions(
-        tokenizer.get("tiktoken_pattern"),
-        tokenizer.get("vocab_size"),
-        tokenizer.get("tiktoken_num_special_tokens"),
-        tuple(specials) if specials is not None else None,
-    )
-    try:
-        _, vocab_size, count, _ = options.resolved()
-        read_ranks(model, vocab_size - count, count)
-    except GptrainError as error:
-        raise LaunchError(f"{where}: {_keys_under(str(error), where)}") from None
-
-
-def _is_tiktoken(kind: object) -> bool:
-    """TikTokenizer by any spelling data prepare and training take (`tiktoken`, `tiktokenizer`); an
-    unknown type is for data prepare or the config to refuse."""
-    from gptrain.data.tokenizer_args import canonical_type
-
-    try:
-        return kind is not None and canonical_type(str(kind)) == "tiktoken"
-    except ConfigError:
-        return False
-
-
-def _keys_under(message: str, where: str) -> str:
-    """The tokenizer's keys named where this config holds them (data_preparation.tokenizer.vocab_size),
-    not under the training config's model.tokenizer, as the reader names them."""
-    return message.replace("model.tokenizer.", f"{where}.")
-
-
-def _is_file(path: str, name: str, in_directory: tuple[str, ...] = ()) -> bool:
-    """Whether `path` is a file (or a directory holding every file of `in_directory`, as the job
-    reads it); one under a directory this user may not search is a LaunchError naming `name`
-    (Path.is_file raised PermissionError there: a traceback, even under --dry-run), as is a
-    directory without one of them."""
-    found = look_up(path)
-    if found.kind == "unreachable":
-        raise LaunchError(f"{name}: {path} {found.why}")
-    if found.kind == "directory" and in_directory:
-        for file in in_directory:
-            if not _is_file(os.path.join(path, file), name):
-                raise LaunchError(f"{name}: {path} is a directory with no {file} in it")
-        return True
-    return found.kind == "file"
-
-
-def _kind(tokenizer_type: object) -> str | None:
-    """gptrain's kind of a tokenizer type by any spelling, or None for an unknown one (the config's
-    or data prepare's to refuse)."""
-    from gptrain.data.tokenizer_args import canonical_type
-
-    try:
-        return canonical_type(str(tokenizer_type)) if tokenizer_type is not None else None
-    except ConfigError:
-        return None
-
-
-def _file_keys_read(tokenizer: dict[str, Any]) -> tuple[str, ...]:
-    """The tokenizer keys whose files its type reads, as the job picks them
-    (gptrain.train.tokenizer_setup.tokenizer_file_keys): a preset's GPT-2 vocab_file and merge_file stay in
-    the config of a run of another type, which never reads them; all where the type is unknown."""
-    kind = _kind(tokenizer.get("type"))
-    if kind is None:
-        return ("vocab_file", "merge_file", "model")
-    if kind == "gpt2" and (tokenizer.get("vocab_file") or tokenizer.get("merge_file")):
-        return ("vocab_file", "merge_file")  # the job reads no model beside them
-    return ("model",)
-
-
-def _model_directory_file(tokenizer_type: object) -> tuple[str, ...]:
-    """The files the type reads in a directory given as its model: a HuggingFaceTokenizer's
-    tokenizer.json, GPT-2 BPE's vocab.json and merges.txt; none: a directory is no model of it."""
-    files = {"huggingface": ("tokenizer.json",), "gpt2": ("vocab.json", "merges.txt")}
-    return files.get(_kind(tokenizer_type) or "", ())

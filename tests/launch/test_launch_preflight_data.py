@@ -9,7 +9,8 @@ from gptrain.cli import main
 from gptrain.config import load_training_config
 from gptrain.data.pair_check import pair_problem
 from gptrain.errors import LaunchError
-from gptrain.launch.preflight import check_tokenizer_files, check_training_files
+from gptrain.launch.preflight import check_training_files
+from gptrain.launch.tokenizer_preflight import check_tokenizer_files
 
 
 def training(prefix: str):
