@@ -156,7 +156,9 @@ class SchedConfig:
     `WarmupPolicy`, `WarmupHoldPolicy`, `WarmupAnnealing`, `SquareAnnealing`, `SquareRootAnnealing`,
     `InverseSquareRootAnnealing`, `PolynomialDecayAnnealing`, `PolynomialHoldDecayAnnealing`,
     `WarmupHoldAnnealLinear`, `WarmupHoldAnnealOneMinusSquareRoot`, `NoamAnnealing`,
-    `NoamHoldAnnealing` (nemo/core/optim/lr_scheduler.py, the same rates at every step)."""
+    `NoamHoldAnnealing` (nemo/core/optim/lr_scheduler.py, the same rates at every step); or Megatron's
+    `MegatronInverseSquareRoot` and `WarmupStableDecay` (its --lr-decay-style inverse-square-root and WSD,
+    gptrain.train.megatron_schedules)."""
     warmup_steps: int | None = 0
     """Steps of linear warmup to optim.lr (see warmup_style for where it starts); null is 0, as
     NeMo reads it (NeMo configs write null next to warmup_ratio)."""
@@ -203,6 +205,14 @@ class SchedConfig:
     decay_rate: float | None = None
     """NoamHoldAnnealing: the exponent of its decay after the hold (null: 0.5, Noam's; 0 holds lr to
     max_steps, as NeMo)."""
+    wsd_decay_steps: int | None = None
+    """WarmupStableDecay (Megatron's WSD, --lr-wsd-decay-iters): lr is held until this many steps before
+    the schedule's end, then annealed to min_lr; it needs this or wsd_decay_samples."""
+    wsd_decay_samples: int | None = None
+    """WarmupStableDecay (--lr-wsd-decay-samples): the annealing in samples (instead of wsd_decay_steps)."""
+    wsd_decay_style: str | None = None
+    """WarmupStableDecay (--lr-wsd-decay-style): the annealing's shape, `linear`, `cosine`, `exponential`
+    or `minus_sqrt`; null is `exponential`, Megatron's default."""
 
 
 @dataclass

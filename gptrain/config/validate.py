@@ -47,7 +47,11 @@ CHOICES = {
         "WarmupHoldAnnealOneMinusSquareRoot",
         "NoamHoldAnnealing",
         "NoamAnnealing",
+        # Megatron's (gptrain.train.megatron_schedules)
+        "MegatronInverseSquareRoot",
+        "WarmupStableDecay",
     ),
+    "model.optim.sched.wsd_decay_style": (None, "linear", "cosine", "exponential", "minus_sqrt"),
     "model.optim.sched.warmup_style": ("nemo", "megatron"),
     "model.data.data_impl": ("mmap", "mock"),
     "model.tokenizer.type": MEGATRON_TYPES,
@@ -94,6 +98,8 @@ NON_NEGATIVE = (
     "model.optim.sched.hold_ratio",
     "model.optim.sched.power",  # the decays' exponents: 0 holds lr to max_steps, as in NeMo (x ** 0 is 1)
     "model.optim.sched.decay_rate",
+    "model.optim.sched.wsd_decay_steps",
+    "model.optim.sched.wsd_decay_samples",
     "model.data.num_workers",
 )
 # NoamAnnealing's width: null is the model's, 0 or less a division by zero (d_model ** -0.5).

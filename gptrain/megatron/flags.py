@@ -70,8 +70,16 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--lr-warmup-init": (("model.optim.sched.warmup_init_lr",), float),
     "--lr-decay-style": (
         ("model.optim.sched.name",),
-        {"cosine": "CosineAnnealing", "linear": "LinearAnnealing", "constant": "Constant"},
+        {"cosine": "CosineAnnealing", "linear": "LinearAnnealing", "constant": "Constant",
+         "inverse-square-root": "MegatronInverseSquareRoot", "WSD": "WarmupStableDecay"},
     ),
+    # read only with --lr-decay-style WSD, each in the run's unit (schedule_flags._wsd)
+    "--lr-wsd-decay-style": (
+        ("model.optim.sched.wsd_decay_style",),
+        {style: style for style in ("linear", "cosine", "exponential", "minus_sqrt")},
+    ),
+    "--lr-wsd-decay-iters": (("model.optim.sched.wsd_decay_steps",), int),
+    "--lr-wsd-decay-samples": (("model.optim.sched.wsd_decay_samples",), int),
     "--weight-decay": (("model.optim.weight_decay",), float),
     "--adam-eps": (("model.optim.eps",), float),
     "--clip-grad": (("trainer.gradient_clip_val",), float),

@@ -83,6 +83,40 @@ def _step_batch_schedule(result: Translation) -> None:
             )
 
 
+# WSD's annealing flags, the key each sets, and the run's length flag each goes with.
+WSD_LENGTHS = {
+    "--lr-wsd-decay-iters": ("model.optim.sched.wsd_decay_steps", "--train-iters"),
+    "--lr-wsd-decay-samples": ("model.optim.sched.wsd_decay_samples", "--train-samples"),
+}
+
+
+def _megatron_decay_styles(result: Translation) -> None:
+    """--lr-decay-style WSD takes its annealing's length in the run's unit, as Megatron's scheduler
+    does: without it Megatron asserts, and the flag of the other unit it ignores (said here). The
+    --lr-wsd-* flags beside another style Megatron ignores too. After _iterations (the run's unit)."""
+    v, given = result.values, result.given
+    wsd_flags = [*WSD_LENGTHS, "--lr-wsd-decay-style"]
+    if v["model.optim.sched.name"] != "WarmupStableDecay":
+        for flag in (flag for flag in wsd_flags if flag in given):
+            v.pop(WSD_LENGTHS.get(flag, ("model.optim.sched.wsd_decay_style",))[0], None)
+            result.notes.append(f"{flag} (Megatron reads it only with --lr-decay-style WSD)")
+        return
+    run_flag = "--train-samples" if "--train-samples" in given else "--train-iters"
+    own = next(flag for flag, (_, run) in WSD_LENGTHS.items() if run == run_flag)
+    other = next(flag for flag in WSD_LENGTHS if flag != own)
+    if own not in given:
+        ignored = f"; it ignores {other} with {run_flag}" if other in given else ""
+        raise ConfigError(
+            f"--lr-decay-style WSD with {run_flag} needs {own}, the length of the annealing to --min-lr at the "
+            f"decay's end (Megatron asserts it{ignored}); give {own}"
+        )
+    if v[WSD_LENGTHS[own][0]] < 0:  # Megatron would hold --lr to the decay's end, then drop to --min-lr
+        raise ConfigError(f"{own} {given[own][0]}: the annealing's length must be 0 or more; give its length")
+    if other in given:
+        v.pop(WSD_LENGTHS[other][0], None)
+        result.notes.append(f"{other} (Megatron reads {own} with {run_flag})")
+
+
 # The warmup flags in iterations and in samples, and the key each sets.
 WARMUP_COUNTS = {
     "--lr-warmup-iters": "model.optim.sched.warmup_steps",

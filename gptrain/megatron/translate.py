@@ -42,6 +42,7 @@ from gptrain.megatron.parallel_flags import (
 from gptrain.megatron.schedule_flags import (
     _decoupled_lr,
     _iterations,
+    _megatron_decay_styles,
     _schedule_lengths,
     _step_batch_schedule,
 )
@@ -118,6 +119,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
             _convert("--rampup-batch-size", x, int) for x in given["--rampup-batch-size"]
         ]
     _iterations(v, given)
+    _megatron_decay_styles(result)
     _no_periodic_saves(result)
     _schedule_lengths(v, given)
     _directories(result)

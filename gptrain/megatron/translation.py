@@ -70,8 +70,10 @@ class Translation:
         decay = f"the decay over {self._named(run_flag, spec.max_steps)}"  # Megatron's without a flag
         if decay_flag is not None:
             decay = self._named(decay_flag, spec.max_steps)
+        wsd_flag = "--lr-wsd-decay-samples" if run_flag == "--train-samples" else "--lr-wsd-decay-iters"
         return ScheduleNames(
             run=self._named(run_flag, cfg.trainer.max_steps),
+            wsd_decay=self._named(wsd_flag, spec.wsd_decay_steps or 0),
             decay=decay,
             warmup=self._named(warmup_flag, spec.warmup_steps),
             follow_run=follow,
@@ -100,6 +102,9 @@ class Translation:
             f"{sched}warmup_samples": "--lr-warmup-samples",
             f"{sched}warmup_fraction": "--lr-warmup-fraction",
             f"{sched}warmup_init_lr": "--lr-warmup-init",
+            f"{sched}wsd_decay_steps": "--lr-wsd-decay-iters",
+            f"{sched}wsd_decay_samples": "--lr-wsd-decay-samples",
+            f"{sched}wsd_decay_style": "--lr-wsd-decay-style",
         }
 
     def _named(self, flag: str, iterations: float) -> str:

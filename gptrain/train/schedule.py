@@ -36,6 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 from gptrain.config.schema import default_min_lr
 from gptrain.errors import ConfigError
+from gptrain.train.megatron_schedules import (
+    MEGATRON_SCHEDULES,
+    WSD,
+    WSD_ANNEALS,
+    WSD_DEFAULT_ANNEAL,
+    megatron_decay_lr,
+)
 from gptrain.train.nemo_schedules import (
     HOLD_POLICIES,
     NEMO_SCHEDULES,
@@ -50,7 +57,7 @@ from gptrain.train.nemo_schedules import (
 if TYPE_CHECKING:
     from gptrain.config.schema import TrainingConfig
 
-SCHEDULES = ("CosineAnnealing", "LinearAnnealing", "Constant", *NEMO_SCHEDULES)
+SCHEDULES = ("CosineAnnealing", "LinearAnnealing", "Constant", *NEMO_SCHEDULES, *MEGATRON_SCHEDULES)
 WARMUP_STYLES = ("nemo", "megatron")
 
 
@@ -82,6 +89,10 @@ class ScheduleSpec:
     """The polynomial decays' cycle; None: NeMo's False."""
     decay_rate: float | None = None
     """NoamHoldAnnealing's exponent; None: NeMo's 0.5."""
+    wsd_decay_steps: float | None = None
+    """WarmupStableDecay's annealing, the last steps of max_steps (Megatron's --lr-wsd-decay-iters)."""
+    wsd_decay_style: str | None = None
+    """WarmupStableDecay's annealing shape (megatron_schedules.WSD_ANNEALS); None: Megatron's exponential."""
 
     def __post_init__(self) -> None:
         if self.warmup_style not in WARMUP_STYLES:
@@ -100,6 +111,7 @@ class ScheduleSpec:
         if self.warmup_steps < 0 or self.constant_steps < 0:
             raise ConfigError("model.optim.sched.warmup_steps and constant_steps must be >= 0")
         self._check_nemo_keys()
+        self._check_wsd_keys()
         if self.warmup_init_lr < 0:
             raise ConfigError(
                 f"model.optim.sched.warmup_init_lr={self.warmup_init_lr} is negative; give a rate >= 0"
@@ -130,7 +142,7 @@ class ScheduleSpec:
                 raise ConfigError(f"model.optim.sched.{key}={value}: must be 0 or more")
         if self.hold_steps is not None and self.hold_steps < 0:
             raise ConfigError(f"model.optim.sched.hold_steps={self.hold_steps}: must be 0 or more")
-        if self.name in NEMO_SCHEDULES and self.constant_steps:
+        if self.name in (*NEMO_SCHEDULES, *MEGATRON_SCHEDULES) and self.constant_steps:
             raise ConfigError(
                 f"model.optim.sched.constant_steps={_number(self.constant_steps)}: {self.name} has no constant"
                 " phase (only CosineAnnealing and LinearAnnealing hold min_lr at the end); set it to 0 or null"
@@ -151,6 +163,31 @@ class ScheduleSpec:
             raise ConfigError(
                 "model.optim.sched.warmup_steps: NoamHoldAnnealing needs a warmup (NeMo refuses it without"
                 " one); give warmup_steps or warmup_ratio"
+            )
+
+    def _check_wsd_keys(self) -> None:
+        """WarmupStableDecay's keys, only with it; its annealing's length, which Megatron asserts."""
+        given = {
+            key: value for key in ("wsd_decay_steps", "wsd_decay_style") if (value := getattr(self, key))
+        }
+        if self.name != WSD:
+            for key, value in given.items():
+                raise ConfigError(
+                    f"model.optim.sched.{key}={value}: only WarmupStableDecay (Megatron's WSD) takes it;"
+                    " remove it or set it to null"
+                )
+            return
+        if self.wsd_decay_steps is None:
+            raise ConfigError(
+                "model.optim.sched.wsd_decay_steps: WarmupStableDecay needs the length of its annealing"
+                " (Megatron asserts it); give wsd_decay_steps or wsd_decay_samples"
+            )
+        if not self.wsd_decay_steps >= 0:
+            raise ConfigError(f"model.optim.sched.wsd_decay_steps={self.wsd_decay_steps}: must be 0 or more")
+        if self.wsd_decay_style is not None and self.wsd_decay_style not in WSD_ANNEALS:
+            raise ConfigError(
+                f"model.optim.sched.wsd_decay_style={self.wsd_decay_style!r} is not supported; use one of"
+                f" {', '.join(WSD_ANNEALS)} (null: {WSD_DEFAULT_ANNEAL}, Megatron's default)"
             )
 
     @property
@@ -199,6 +236,8 @@ def lr_at(step: int, spec: ScheduleSpec) -> float:
         return init + (spec.lr - init) * step / spec.warmup_steps
     if spec.name == "Constant":  # after the warmup, as Megatron's 'constant' decay style
         return spec.lr
+    if spec.name in MEGATRON_SCHEDULES:
+        return megatron_decay_lr(step, spec)
     progress = step - spec.warmup_steps
     if spec.decay_steps == 0 or progress >= spec.decay_steps:
         return spec.min_lr
@@ -220,7 +259,15 @@ RECORDED = (
     "warmup_init_lr",
 )
 # The keys of NeMo's other schedules, recorded where set (a checkpoint of the others is as before).
-RECORDED_WHERE_SET = ("hold_steps", "d_model", "power", "cycle", "decay_rate")
+RECORDED_WHERE_SET = (
+    "hold_steps",
+    "d_model",
+    "power",
+    "cycle",
+    "decay_rate",
+    "wsd_decay_steps",
+    "wsd_decay_style",
+)
 # Those a checkpoint from before them lacks, and the value such a checkpoint trained with.
 RECORDED_LATER = {"warmup_init_lr": 0.0} | dict.fromkeys(RECORDED_WHERE_SET)
 
@@ -352,13 +399,37 @@ def spec_from_config(cfg: TrainingConfig) -> ScheduleSpec:
         warmup_init_lr=sched.warmup_init_lr,
         warmup_style=sched.warmup_style,
         global_batch_size=batch,
-        counts_samples=sched.decay_samples is not None or sched.warmup_samples is not None,
+        counts_samples=any(
+            value is not None
+            for value in (sched.decay_samples, sched.warmup_samples, sched.wsd_decay_samples)
+        ),
         hold_steps=_hold_steps(sched, length),
         d_model=cfg.model.hidden_size if sched.d_model is None and sched.name == NOAM else sched.d_model,
         power=sched.power,
         cycle=sched.cycle,
         decay_rate=sched.decay_rate,
+        wsd_decay_steps=_wsd_decay_steps(sched, batch),
+        wsd_decay_style=WSD_DEFAULT_ANNEAL
+        if sched.name == WSD and sched.wsd_decay_style is None
+        else sched.wsd_decay_style,
     )
+
+
+def _wsd_decay_steps(sched: Any, batch: int) -> float | None:
+    """WarmupStableDecay's annealing in steps: wsd_decay_steps, or wsd_decay_samples / batch; not both."""
+    if sched.wsd_decay_samples is None:
+        return sched.wsd_decay_steps
+    if sched.name != WSD:
+        raise ConfigError(
+            f"model.optim.sched.wsd_decay_samples={sched.wsd_decay_samples}: only WarmupStableDecay (Megatron's"
+            " WSD) takes it; remove it or set it to null"
+        )
+    if sched.wsd_decay_steps is not None:
+        raise ConfigError(
+            f"model.optim.sched.wsd_decay_steps={sched.wsd_decay_steps} and model.optim.sched.wsd_decay_samples="
+            f"{sched.wsd_decay_samples}: give only one"
+        )
+    return sched.wsd_decay_samples / batch
 
 
 def _hold_steps(sched: Any, length: float) -> float | None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from gptrain.train.megatron_schedules import INVERSE_SQUARE_ROOT, WSD
 from gptrain.train.nemo_schedules import NOAM, NOT_TO_MIN_LR, own_key_value
 from gptrain.train.rampup import BatchRamp
 from gptrain.train.schedule import RECORDED_WHERE_SET, LRSchedule, ScheduleSpec, lr_at
@@ -56,6 +57,8 @@ class ScheduleNames:
     settings: Mapping[str, str] = field(default_factory=dict)
     """The name of each schedule key the user set otherwise (`trainer.max_steps` -> `--train-iters`),
     for the line at a resume; a key not in it is named as it is."""
+    wsd_decay: str = "model.optim.sched.wsd_decay_steps"
+    """WarmupStableDecay's annealing, its setting with its value."""
     values: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """How the user spells a key's values where that differs (`--lr-decay-style`: CosineAnnealing is
     `cosine`), for the same line."""
@@ -82,6 +85,7 @@ def names_in_steps(spec: ScheduleSpec, run_steps: int, ramp: BatchRamp) -> Sched
         run=f"trainer.max_steps={run_steps}",
         decay=f"model.optim.sched.max_steps={shown_steps(spec.max_steps)}",
         warmup=f"model.optim.sched.warmup_steps={shown_steps(spec.warmup_steps)}",
+        wsd_decay=f"model.optim.sched.wsd_decay_steps={shown_steps(spec.wsd_decay_steps or 0)}",
         constant=f" + model.optim.sched.constant_steps={shown_steps(spec.constant_steps)}"
         if spec.constant_steps
         else "",
@@ -107,6 +111,9 @@ def names_in_config(cfg: TrainingConfig, spec: ScheduleSpec) -> ScheduleNames:
             f"{prefix}max_steps=null (a schedule of trainer.max_steps, {shown_steps(spec.max_steps)} steps)"
         )
         names = replace(names, decay=decay)
+    if sched.wsd_decay_samples is not None:
+        wsd_decay = f"{prefix}wsd_decay_samples={sched.wsd_decay_samples} ({shown_steps(spec.wsd_decay_steps or 0)} steps)"
+        names = replace(names, wsd_decay=wsd_decay)
     warmup_key = next((key for key in WARMUP_KEYS if getattr(sched, key) is not None), None)
     if warmup_key is not None:
         value = getattr(sched, warmup_key)
@@ -146,6 +153,7 @@ def schedule_warnings(
             f"{n.warmup} is not shorter than {n.run}: the learning rate never reaches {n.lr}{spec.lr:g}"
             f" (at most {lr_at(last, spec):.3g}); lower {n.warmup_key} or raise {n.run_key}"
         )
+    warnings += _megatron_schedule_warnings(spec, n)
     no_length = spec.name in ("Constant", NOAM)  # Noam decays as step ** -0.5 for ever
     if no_length or spec.warmup_steps > last:  # no decay to check, or none reached
         return warnings
@@ -157,13 +165,37 @@ def schedule_warnings(
     return warnings + _length_warnings(spec, run_steps, ramp, n)
 
 
+def _megatron_schedule_warnings(spec: ScheduleSpec, n: ScheduleNames) -> list[str]:
+    """Megatron's quirks, kept: its inverse square root counts from one sample, so without a warmup
+    the rate falls by sqrt(global batch) after the first step; a WSD annealing longer than the decay
+    after the warmup starts within it, so the rate steps down when the warmup ends."""
+    batch = spec.global_batch_size or 1
+    if spec.name == INVERSE_SQUARE_ROOT and spec.warmup_steps * batch <= 1 < batch:
+        return [
+            f"{n.warmup}: Megatron's inverse square root without a warmup is lr / sqrt(samples consumed), so"
+            f" the rate falls from {spec.lr:g} to {lr_at(1, spec):.3g} (/ sqrt({batch}), the global batch)"
+            f" after the first step; give a warmup ({n.warmup_key}) for a gradual decay"
+        ]
+    annealing = spec.wsd_decay_steps or 0
+    if spec.name == WSD and spec.warmup_steps > 0 and annealing > spec.max_steps - spec.warmup_steps:
+        return [
+            f"{n.wsd_decay} is longer than {n.decay} after {n.warmup}: the annealing starts within the warmup,"
+            f" so the rate steps down from {spec.lr:g} to {lr_at(math.floor(spec.warmup_steps) + 1, spec):.3g}"
+            " when the warmup ends, as in Megatron; give a shorter annealing"
+        ]
+    return []
+
+
 def _length_warnings(spec: ScheduleSpec, run_steps: int, ramp: BatchRamp, n: ScheduleNames) -> list[str]:
     """The decay ending after the run, or long before it, counted where the schedule stands."""
     end = schedule_position(ramp, run_steps)
     run = n.run
     if ramp.start is not None:
         run += f", {shown_steps(end)} {n.unit} of the full batch under its ramp-up's smaller ones"
-    ends_at_min_lr = spec.name not in NOT_TO_MIN_LR
+    ends_at_min_lr = spec.name not in (
+        *NOT_TO_MIN_LR,
+        INVERSE_SQUARE_ROOT,
+    )  # its min_lr comes after max_steps
     last_rate = lr_at(schedule_position(ramp, run_steps - 1), spec)
     # A floor (SquareAnnealing's, a decay from step 0) may reach min_lr before max_steps: nothing is left.
     unfinished = ends_at_min_lr and last_rate > spec.min_lr
@@ -270,16 +302,30 @@ def _recorded_settings(
         *[
             (f"{prefix}{key}", getattr(old, key), getattr(new, key), _shown)
             for key in RECORDED_WHERE_SET
-            if not _same(own_key_value(old, key), own_key_value(new, key))
+            if key != "wsd_decay_steps" and not _same(own_key_value(old, key), own_key_value(new, key))
         ],
+        *_wsd_length(old, new, sched.wsd_decay_samples is not None, name),
     ]
+
+
+def _wsd_length(
+    old: ScheduleSpec, new: ScheduleSpec, in_samples: bool, name: Callable[[str], str]
+) -> list[Setting]:
+    """WarmupStableDecay's annealing, in samples where set in samples (as the decay's length)."""
+    before, after = old.wsd_decay_steps, new.wsd_decay_steps
+    key = "model.optim.sched.wsd_decay_" + ("samples" if in_samples else "steps")
+    if before is None or after is None:
+        return [] if before is after else [(name(key), before, after, _shown)]
+    if in_samples and old.global_batch_size:
+        before, after = before * old.global_batch_size, after * new.global_batch_size
+    return [(name(key), before, after, shown_steps)]
 
 
 def _shown(value: Any) -> str:
     """A recorded setting as the config writes it (null where not set)."""
     if value is None or isinstance(value, bool):
         return "null" if value is None else str(value).lower()
-    return f"{value:g}"
+    return value if isinstance(value, str) else f"{value:g}"
 
 
 def _same(before: Any, after: Any) -> bool:
