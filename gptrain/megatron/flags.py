@@ -13,7 +13,8 @@ with `--num-query-groups`, `--grad-reduce-in-bf16` with `--bf16`, `--decoupled-l
 `--tiktoken-*` and `--tokenizer-special-tokens` with `--tokenizer-type`,
 `--data-parallel-sharding-strategy` with `--use-megatron-fsdp`, `--no-position-embedding` with the
 position embedding type, `--null-tokenizer-*-id` with NullTokenizer, `--add-qkv-bias` with
-`--disable-bias-linear`, `--no-pad-vocab-size` with the padding flags) are handled in translate.py;
+`--disable-bias-linear`, `--no-pad-vocab-size` with the padding flags, `--weight-decay-incr-style` with
+`--start/end-weight-decay`) are handled in translate.py;
 any `--moe-*` flag is refused as `--num-experts`.
 """
 
@@ -406,5 +407,6 @@ SPECIAL: dict[str, int | None] = {
     "--use-megatron-fsdp": 0, "--data-parallel-sharding-strategy": 1, "--use-torch-fsdp2": 0,
     "--no-position-embedding": 0, "--add-qkv-bias": 0, "--loss-scale": 1,
     "--null-tokenizer-eod-id": 1, "--null-tokenizer-pad-id": 1, "--no-pad-vocab-size": 0,
-    "--disable-pad-vocab-size": 0,
+    "--disable-pad-vocab-size": 0, "--weight-decay-incr-style": 1, "--start-weight-decay": 1,
+    "--end-weight-decay": 1,
 }  # fmt: skip

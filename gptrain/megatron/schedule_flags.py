@@ -117,6 +117,59 @@ def _megatron_decay_styles(result: Translation) -> None:
         result.notes.append(f"{other} (Megatron reads {own} with {run_flag})")
 
 
+WEIGHT_DECAY_STYLE = "--weight-decay-incr-style"
+WEIGHT_DECAY_STYLES = ("constant", "linear", "cosine")
+WEIGHT_DECAY_BOUNDS = ("--start-weight-decay", "--end-weight-decay")
+
+
+def _weight_decay_increment(result: Translation) -> None:
+    """Megatron's weight decay rising from --start-weight-decay to --end-weight-decay over the run
+    (linear or cosine); with `constant`, its default, it asserts neither is given and takes
+    --weight-decay. gptrain's weight decay is constant: equal bounds are that decay (Megatron then
+    ignores --weight-decay), taken and said; bounds that differ are refused, as are Megatron's asserts."""
+    given, v = result.given, result.values
+    style = given.get(WEIGHT_DECAY_STYLE, ["constant"])[0]
+    if style not in WEIGHT_DECAY_STYLES:
+        raise ConfigError(
+            f"{WEIGHT_DECAY_STYLE} {style}: not supported; use one of {', '.join(WEIGHT_DECAY_STYLES)}"
+        )
+    bounds = {flag: _convert(flag, given[flag][0], float) for flag in WEIGHT_DECAY_BOUNDS if flag in given}
+    if style == "constant":
+        if bounds:
+            raise ConfigError(
+                f"{' and '.join(bounds)} with {WEIGHT_DECAY_STYLE} constant (Megatron's default): Megatron asserts"
+                f" they are not given; give --weight-decay for a constant weight decay, or {WEIGHT_DECAY_STYLE}"
+                " linear or cosine"
+            )
+        if WEIGHT_DECAY_STYLE in given:
+            result.notes.append(
+                f"{WEIGHT_DECAY_STYLE} constant (Megatron's default: the weight decay is --weight-decay)"
+            )
+        return
+    if len(bounds) < 2:
+        raise ConfigError(
+            f"{WEIGHT_DECAY_STYLE} {style} needs --start-weight-decay and --end-weight-decay (Megatron asserts"
+            " both); give them"
+        )
+    for flag, value in bounds.items():
+        if value < 0:
+            raise ConfigError(f"{flag} {given[flag][0]}: must be 0 or more (Megatron asserts it)")
+    start, end = bounds.values()
+    shown = {flag: given[flag][0] for flag in WEIGHT_DECAY_BOUNDS}
+    if start != end:
+        raise ConfigError(
+            f"{WEIGHT_DECAY_STYLE} {style} from --start-weight-decay {shown['--start-weight-decay']} to"
+            f" --end-weight-decay {shown['--end-weight-decay']}: a weight decay that changes over the run is not"
+            f" implemented (gptrain's is constant); give {WEIGHT_DECAY_STYLE} constant and --weight-decay for a"
+            " constant one"
+        )
+    result.notes.append(
+        f"{WEIGHT_DECAY_STYLE} {style} (--start-weight-decay {shown['--start-weight-decay']} = --end-weight-decay:"
+        f" a constant weight decay of {start}, Megatron's in place of --weight-decay {v['model.optim.weight_decay']})"
+    )
+    v["model.optim.weight_decay"] = start
+
+
 # The warmup flags in iterations and in samples, and the key each sets.
 WARMUP_COUNTS = {
     "--lr-warmup-iters": "model.optim.sched.warmup_steps",

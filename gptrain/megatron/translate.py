@@ -45,6 +45,7 @@ from gptrain.megatron.schedule_flags import (
     _megatron_decay_styles,
     _schedule_lengths,
     _step_batch_schedule,
+    _weight_decay_increment,
 )
 from gptrain.megatron.tokenizer_flags import (
     _eod_mask_on_mock_data,
@@ -107,6 +108,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _grad_reduce_in_bf16(result)
     _data_parallel_sharding(result)
     _decoupled_lr(result)
+    _weight_decay_increment(result)
     _loss_average(result)
     _recompute(v, given)
     _full_recompute_layers(result)
