@@ -205,6 +205,10 @@ class SchedConfig:
     decay_rate: float | None = None
     """NoamHoldAnnealing: the exponent of its decay after the hold (null: 0.5, Noam's; 0 holds lr to
     max_steps, as NeMo)."""
+    from_checkpoint: bool = False
+    """gptrain extension, Megatron's --use-checkpoint-opt_param-scheduler: a resume takes the schedule's
+    name, lr, min_lr, warmup and length the checkpoint records over this config's (said in the log);
+    false: this config's apply (a change said in the log)."""
     wsd_decay_steps: int | None = None
     """WarmupStableDecay (Megatron's WSD, --lr-wsd-decay-iters): lr is held until this many steps before
     the schedule's end, then annealed to min_lr; it needs this or wsd_decay_samples."""

@@ -142,6 +142,11 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--untie-embeddings-and-output-weights": {"model.share_embeddings_and_output_weights": False},
     "--disable-bias-linear": {"model.bias": False},
     "--swiglu": {"model.activation": "swiglu"},
+    # a resume takes the schedule the checkpoint records (name, rates, warmup, length), as Megatron's
+    **dict.fromkeys(
+        ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
+        {"model.optim.sched.from_checkpoint": True},
+    ),
     "--openai-gelu": {"model.openai_gelu": True},
     "--use-rotary-position-embeddings": {"model.position_embedding_type": "rope"},
     "--eod-mask-loss": {"model.data.eod_mask_loss": True},
@@ -382,12 +387,6 @@ REFUSED: dict[str, str] = {
     "--non-persistent-save-interval": "non-persistent checkpoints (each replacing the one before, for a restart "
     "after a failure) are not implemented; gptrain saves every --save-interval and on SIGTERM/SIGUSR1: drop the "
     "flag, or give its interval to --save-interval",
-    **dict.fromkeys(
-        ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
-        "taking the learning-rate schedule from the checkpoint is not implemented (a resume takes the flags' "
-        "schedule, as with --override-opt-param-scheduler); give the schedule flags the checkpoint was "
-        "trained with and drop this flag",
-    ),
 }
 
 # Flags with several values or that combine with others (translate.py handles them): flag -> number

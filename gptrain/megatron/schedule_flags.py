@@ -117,6 +117,22 @@ def _megatron_decay_styles(result: Translation) -> None:
         result.notes.append(f"{other} (Megatron reads {own} with {run_flag})")
 
 
+# Megatron's two spellings of each: the flags' schedule at a resume, and the checkpoint's.
+OVERRIDE = ("--override-opt_param-scheduler", "--override-opt-param-scheduler")
+USE_CHECKPOINT = ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler")
+
+
+def _resumed_schedule(result: Translation) -> None:
+    """Megatron asserts 'both override and use-checkpoint are set.': the pair is refused."""
+    override = next((flag for flag in OVERRIDE if flag in result.given), None)
+    use_checkpoint = next((flag for flag in USE_CHECKPOINT if flag in result.given), None)
+    if override and use_checkpoint:
+        raise ConfigError(
+            f"{override} and {use_checkpoint}: the flags' schedule at a resume, or the checkpoint's; give one"
+            " (Megatron asserts not both)"
+        )
+
+
 WEIGHT_DECAY_STYLE = "--weight-decay-incr-style"
 WEIGHT_DECAY_STYLES = ("constant", "linear", "cosine")
 WEIGHT_DECAY_BOUNDS = ("--start-weight-decay", "--end-weight-decay")

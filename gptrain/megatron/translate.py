@@ -43,6 +43,7 @@ from gptrain.megatron.schedule_flags import (
     _decoupled_lr,
     _iterations,
     _megatron_decay_styles,
+    _resumed_schedule,
     _schedule_lengths,
     _step_batch_schedule,
     _weight_decay_increment,
@@ -109,6 +110,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     _data_parallel_sharding(result)
     _decoupled_lr(result)
     _weight_decay_increment(result)
+    _resumed_schedule(result)
     _loss_average(result)
     _recompute(v, given)
     _full_recompute_layers(result)

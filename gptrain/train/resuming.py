@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Collection
 from pathlib import Path
@@ -12,9 +13,11 @@ from gptrain.checkpoint.directory import find_checkpoint
 from gptrain.checkpoint.fit import saved_sections
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.config import TrainingConfig
+from gptrain.errors import ConfigError
 from gptrain.parallel.rng import stream_layout
 from gptrain.train.data_order import order_warnings
-from gptrain.train.schedule_checks import resumed_schedule_change
+from gptrain.train.schedule import LRSchedule
+from gptrain.train.schedule_checks import resumed_schedule_change, shown_steps
 from gptrain.train.session import Session
 from gptrain.train.state import (
     PARTS,
@@ -152,11 +155,59 @@ def log_load_notes(s: Session) -> None:
 
 def log_schedule_change(s: Session) -> None:
     """The schedule settings the config changed since the checkpoint, and the rate before and after:
-    a jump of the learning rate at a resume is never silent (schedule_checks.resumed_schedule_change)."""
+    a jump of the learning rate at a resume is never silent (schedule_checks.resumed_schedule_change).
+    With model.optim.sched.from_checkpoint, the checkpoint's settings are taken first (and said)."""
+    if s.cfg.model.optim.sched.from_checkpoint and (taken := take_checkpoints_schedule(s.schedule)):
+        s.log(
+            "learning-rate schedule from the checkpoint (model.optim.sched.from_checkpoint=true), not this"
+            f" run's config: {', '.join(taken)}"
+        )
     names = s.schedule_names(s.cfg, s.schedule.spec)
     line = resumed_schedule_change(s.cfg, s.schedule, s.state.step + 1, names)
     if line is not None:
         s.log(line)
+
+
+# What Megatron's --use-checkpoint-opt_param-scheduler takes from the checkpoint (its scheduler's state
+# holds these, and the weight decay's): the key each is set by, and whether it is a length in steps.
+FROM_CHECKPOINT = {
+    "name": ("model.optim.sched.name", False),
+    "lr": ("model.optim.lr", False),
+    "min_lr": ("model.optim.sched.min_lr", False),
+    "max_steps": ("model.optim.sched.max_steps", True),
+    "warmup_steps": ("model.optim.sched.warmup_steps", True),
+}
+
+
+def take_checkpoints_schedule(schedule: LRSchedule) -> list[str]:
+    """Put the loaded checkpoint's name, rates and lengths (FROM_CHECKPOINT) into `schedule`'s spec, the
+    lengths in the steps its resumed step counts (a schedule in samples under another batch: the same
+    samples); 'key checkpoint's (config config's)' for each that differed. Nothing without a record."""
+    if schedule.resumed is None:
+        return []
+    recorded, spec = schedule.resumed[0], schedule.spec
+    rescaled = spec.counts_samples and recorded.global_batch_size and spec.global_batch_size
+    scale = recorded.global_batch_size / spec.global_batch_size if rescaled else 1
+    taken = {
+        field: getattr(recorded, field) * scale if length else getattr(recorded, field)
+        for field, (_, length) in FROM_CHECKPOINT.items()
+    }
+    try:
+        schedule.spec = dataclasses.replace(spec, **taken)
+    except ConfigError as error:
+        raise ConfigError(
+            f"model.optim.sched.from_checkpoint: the checkpoint's schedule, {recorded.name}, with this run's other"
+            f" settings: {error}"
+        ) from None
+    return [
+        f"{key} {_shown(taken[field], length)} (config {_shown(getattr(spec, field), length)})"
+        for field, (key, length) in FROM_CHECKPOINT.items()
+        if taken[field] != getattr(spec, field)
+    ]
+
+
+def _shown(value: object, length: bool) -> str:
+    return shown_steps(value) if length else value if isinstance(value, str) else f"{value:g}"  # type: ignore[arg-type]
 
 
 def report_damaged_checkpoint(s: Session, warning: str) -> None:

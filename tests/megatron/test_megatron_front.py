@@ -155,14 +155,24 @@ def test_override_of_the_schedule_is_what_a_resume_does_and_is_said_to_change_no
 @pytest.mark.parametrize(
     "flag", ["--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"]
 )
-def test_the_checkpoints_schedule_over_the_flags_is_refused_saying_why(flag, capsys):
-    """It asks for the checkpoint's schedule where the flags differ, which gptrain does not do: refused
-    saying so. Before, it was refused as 'not a pretrain_gpt.py flag gptrain knows'."""
+def test_the_checkpoints_schedule_over_the_flags_is_taken_and_not_beside_override(flag, capsys):
+    """It asks a resume for the checkpoint's schedule where the flags differ: model.optim.sched.from_checkpoint
+    (tests/train/test_resume_checkpoints_schedule). Before, it was refused as not implemented. Beside
+    --override-opt_param-scheduler it is refused, as Megatron asserts."""
     flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} --train-iters 4 --mock-data {flag}")]) == 2
+    flags += " --train-iters 4 --mock-data --vocab-size 64"
+    assert translate(shlex.split(f"{flags} {flag}"), ENV).values["model.optim.sched.from_checkpoint"] is True
+    assert "model.optim.sched.from_checkpoint" not in translate(shlex.split(flags), ENV).values
+    assert main(["megatron", "--dry-run", *shlex.split(f"{flags} {flag}")]) == 0
+    capsys.readouterr()
+    assert (
+        main(["megatron", "--dry-run", *shlex.split(f"{flags} {flag} --override-opt-param-scheduler")]) == 2
+    )
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"gptrain: error: {flag}: taking the learning-rate schedule from the checkpoint")
-    assert "\n" not in err
+    assert err == (
+        f"gptrain: error: --override-opt-param-scheduler and {flag}: the flags' schedule at a resume, or the"
+        " checkpoint's; give one (Megatron asserts not both)"
+    )
 
 
 def test_optimizer_adam_is_gptrains_adamw_and_another_optimizer_is_refused(capsys):
