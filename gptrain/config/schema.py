@@ -172,9 +172,9 @@ class SchedConfig:
     constant_steps: a 0 counts as absent, as warmup_steps' does beside warmup_ratio)."""
     warmup_style: str = "nemo"
     """`nemo`: CosineAnnealing with constant_steps 0 and NeMo's WarmupPolicy schedules (all but
-    CosineAnnealing, LinearAnnealing, Constant and NoamAnnealing) warm up as NeMo's, lr x (step + 1) /
-    (warmup_steps + 1); CosineAnnealing with constant steps, LinearAnnealing and Constant linearly
-    from warmup_init_lr (0, as NeMo); NoamAnnealing by its own formula. `megatron` (what `gptrain
+    CosineAnnealing, LinearAnnealing, Constant, NoamAnnealing and Megatron's two) warm up as NeMo's, lr x
+    (step + 1) / (warmup_steps + 1); CosineAnnealing with constant steps, LinearAnnealing, Constant and
+    Megatron's two linearly from warmup_init_lr (0, as NeMo); NoamAnnealing by its own formula. `megatron` (what `gptrain
     megatron` sets): linearly from warmup_init_lr for every schedule but NoamAnnealing, which
     refuses it, as --lr-warmup-iters."""
     min_lr: float | None = None

@@ -300,7 +300,7 @@ def _recorded_settings(
         (name(f"{prefix}warmup_style"), old.warmup_style, new.warmup_style, str),
         (name(f"{prefix}warmup_init_lr"), old.warmup_init_lr, new.warmup_init_lr, "{:g}".format),
         *[
-            (f"{prefix}{key}", getattr(old, key), getattr(new, key), _shown)
+            (name(f"{prefix}{key}"), getattr(old, key), getattr(new, key), _shown)
             for key in RECORDED_WHERE_SET
             if key != "wsd_decay_steps" and not _same(own_key_value(old, key), own_key_value(new, key))
         ],

@@ -362,3 +362,29 @@ def test_a_run_requeued_in_the_annealing_resumes_at_the_uninterrupted_rates(tmp_
     expected = [megatron_lr(i * batch, **args, wsd_decay=4 * batch, wsd_style="linear") for i in range(1, 8)]
     assert rates(whole) == pytest.approx(expected, rel=1e-6)  # the log line's 7 digits
     assert rates(stopped) == rates(whole)
+
+
+def test_a_resume_under_gptrain_megatron_names_the_changed_wsd_flags():
+    """The line at a resume names each changed setting by the flag that set it, WSD's too."""
+    from gptrain.train.schedule_checks import resumed_schedule_change
+
+    def resumed(before_flags, after_flags):
+        cfg_before, spec_before = spec_of(before_flags)
+        saved = LRSchedule(None, spec_before)
+        saved.step = 30
+        translation = translate(shlex.split(f"{BASE} {after_flags}"), {})
+        cfg = load_training_config(None, translation.overrides, report_ignored=False)
+        schedule = LRSchedule(None, spec_from_config(cfg))
+        schedule.load_state_dict(saved.state_dict())
+        return resumed_schedule_change(cfg, schedule, 31, translation.schedule_names(cfg, schedule.spec))
+
+    flags = "--global-batch-size 4 --train-iters 40 --lr-decay-style WSD --lr-wsd-decay-iters 15"
+    line = resumed(flags, f"{flags.replace('15', '20')} --lr-wsd-decay-style cosine")
+    assert line is not None
+    assert (
+        "changed since the checkpoint (this run's config applies): --lr-wsd-decay-style exponential -> cosine,"
+        in line
+    )
+    assert "--lr-wsd-decay-iters 15 -> 20;" in line
+    line = resumed(flags, flags.replace("WSD --lr-wsd-decay-iters 15", "inverse-square-root"))
+    assert line is not None and "--lr-decay-style WSD -> inverse-square-root" in line
