@@ -304,7 +304,8 @@ def _refuse_ramp_by_iterations(v: dict[str, Any], given: dict[str, list[str]]) -
     'expected no batch-size rampup for iteration-based training' (and since April 2026 ignores the
     flag). Refused, naming the sample counts of the same run: the --train-samples that trains those
     iterations, and each --lr-*-iters K as the samples the first K iterations of the ramp consume, so
-    the warmup and decay end at the same iterations (K full batches would end them later)."""
+    the warmup and decay end at the same iterations (K full batches would end them later), and WSD's
+    annealing as the samples of its iterations before the decay's end."""
     batch, iterations = v["model.global_batch_size"], v["trainer.max_steps"]
     ramp = BatchRamp.from_config(v["model.rampup_batch_size"], batch, 1)
     instead = [f"--train-samples {ramp.train_samples_for(iterations)} in place of --train-iters {iterations}"]
@@ -312,6 +313,17 @@ def _refuse_ramp_by_iterations(v: dict[str, Any], given: dict[str, list[str]]) -
         count = _convert(flag, given[flag][0], int) if flag in given else 0
         if count:
             instead.append(f"{samples_flag} {ramp.samples_for(count)} in place of {flag} {count}")
+    annealing = (
+        _convert("--lr-wsd-decay-iters", given["--lr-wsd-decay-iters"][0], int)
+        if "--lr-wsd-decay-iters" in given
+        else 0
+    )
+    if (
+        annealing > 0 and v["model.optim.sched.name"] == "WarmupStableDecay"
+    ):  # counted back from the decay's end
+        decay = v.get("model.optim.sched.max_steps") or iterations
+        samples = ramp.samples_for(decay) - ramp.samples_for(max(0, decay - annealing))
+        instead.append(f"--lr-wsd-decay-samples {samples} in place of --lr-wsd-decay-iters {annealing}")
     raise ConfigError(
         "--rampup-batch-size with --train-iters: Megatron ramps the batch only when the run is counted in "
         "samples (it asserts 'expected no batch-size rampup for iteration-based training'; since April 2026 "

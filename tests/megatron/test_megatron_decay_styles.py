@@ -115,3 +115,20 @@ def test_a_wsd_flag_megatron_ignores_is_said_and_not_set(flags, note, dropped):
     assert note in t.notes
     assert SCHED + dropped not in t.values
     assert main(["megatron", "--dry-run", *shlex.split(f"{BASE} {flags}")]) == 0
+
+
+def test_a_ramp_beside_train_iters_advises_the_wsd_annealing_in_samples_too(capsys):
+    """The refusal of --rampup-batch-size with --train-iters names each --lr-*-iters flag in samples
+    so the schedule keeps its iterations; the WSD annealing, counted back from the decay's end, is the
+    samples between iteration 60 - 15 and 60 (all of full batches of 8, the ramp long over: 120)."""
+    flags = (
+        "--global-batch-size 8 --rampup-batch-size 4 2 30 --train-iters 80 --lr-decay-iters 60"
+        " --lr-decay-style WSD --lr-wsd-decay-iters 15"
+    )
+    assert main(["megatron", "--dry-run", *shlex.split(f"{BASE} {flags}")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        "--lr-decay-samples 458 in place of --lr-decay-iters 60, --lr-wsd-decay-samples 120 in place of"
+        in err
+    )
+    assert err.count("\n") == 0
