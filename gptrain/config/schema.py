@@ -174,9 +174,9 @@ class SchedConfig:
     """`nemo`: CosineAnnealing with constant_steps 0 and NeMo's WarmupPolicy schedules (all but
     CosineAnnealing, LinearAnnealing, Constant, NoamAnnealing and Megatron's two) warm up as NeMo's, lr x
     (step + 1) / (warmup_steps + 1); CosineAnnealing with constant steps, LinearAnnealing, Constant and
-    Megatron's two linearly from warmup_init_lr (0, as NeMo); NoamAnnealing by its own formula. `megatron` (what `gptrain
-    megatron` sets): linearly from warmup_init_lr for every schedule but NoamAnnealing, which
-    refuses it, as --lr-warmup-iters."""
+    Megatron's two linearly from warmup_init_lr (0, as NeMo); NoamAnnealing by its own formula.
+    `megatron` (what `gptrain megatron` sets): linearly from warmup_init_lr for every schedule but
+    NoamAnnealing, which refuses it, as --lr-warmup-iters."""
     min_lr: float | None = None
     """Learning rate at the end of the decay; null (or absent) is the schedule's NeMo default,
     1e-5 for SquareAnnealing and 0 for every other (DEFAULT_MIN_LR)."""

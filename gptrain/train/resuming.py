@@ -206,8 +206,11 @@ def take_checkpoints_schedule(schedule: LRSchedule) -> list[str]:
     ]
 
 
-def _shown(value: object, length: bool) -> str:
-    return shown_steps(value) if length else value if isinstance(value, str) else f"{value:g}"  # type: ignore[arg-type]
+def _shown(value: str | float, length: bool) -> str:
+    """A name as it is, a length as steps are shown, a rate as the config writes it."""
+    if isinstance(value, str):
+        return value
+    return shown_steps(value) if length else f"{value:g}"
 
 
 def report_damaged_checkpoint(s: Session, warning: str) -> None:

@@ -167,14 +167,16 @@ class ScheduleSpec:
 
     def _check_wsd_keys(self) -> None:
         """WarmupStableDecay's keys, only with it; its annealing's length, which Megatron asserts."""
-        given = {
-            key: value for key in ("wsd_decay_steps", "wsd_decay_style") if (value := getattr(self, key))
-        }
         if self.name != WSD:
-            for key, value in given.items():
+            given = [
+                (key, value)
+                for key in ("wsd_decay_steps", "wsd_decay_style")
+                if (value := getattr(self, key))
+            ]
+            if given:
                 raise ConfigError(
-                    f"model.optim.sched.{key}={value}: only WarmupStableDecay (Megatron's WSD) takes it;"
-                    " remove it or set it to null"
+                    f"model.optim.sched.{given[0][0]}={given[0][1]}: only WarmupStableDecay (Megatron's WSD) takes"
+                    " it; remove it or set it to null"
                 )
             return
         if self.wsd_decay_steps is None:
