@@ -227,6 +227,14 @@ class OptimConfig:
     """Peak learning rate."""
     weight_decay: float = 0.1
     """Decoupled weight decay (not applied to biases and norm weights)."""
+    weight_decay_incr_style: str = "constant"
+    """gptrain extension, Megatron's --weight-decay-incr-style: `constant` (weight_decay throughout), or
+    `linear` / `cosine` from start_weight_decay to end_weight_decay over the run (trainer.max_steps, or
+    trainer.train_samples), as Megatron's get_wd; weight_decay is then unused."""
+    start_weight_decay: float | None = None
+    """The increment's weight decay at the first step (Megatron's --start-weight-decay)."""
+    end_weight_decay: float | None = None
+    """The increment's weight decay at the run's end, at least start_weight_decay (--end-weight-decay)."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     """Adam betas."""
     eps: float = 1e-8

@@ -389,16 +389,18 @@ def check_export_file(cluster: dict[str, Any]) -> list[str]:
 
 
 def check_training_layout(cfg: TrainingConfig) -> list[str]:
-    """The parallel layout on trainer.num_nodes x trainer.devices ranks and the learning-rate
-    schedule, checked as the job will check them (gptrain.parallel.layout, gptrain.train.schedule;
+    """The parallel layout on trainer.num_nodes x trainer.devices ranks and the learning-rate (and
+    weight-decay) schedule, checked as the job will check them (gptrain.parallel.layout, gptrain.train.schedule;
     no torch), so an impossible one fails before the queue wait."""
     from gptrain.config.normalize import data_parallel_sharding
     from gptrain.parallel.layout import check_layout
     from gptrain.train.schedule import spec_from_config
+    from gptrain.train.weight_decay_schedule import weight_decay_spec
 
     try:
         dims = check_layout(cfg.model, cfg.world_size(), cfg.trainer.devices)
         spec_from_config(cfg)
+        weight_decay_spec(cfg)
     except ConfigError as error:  # its keys are the training section's (training.model.*)
         raise ConfigError(f"training: {error}") from None
     sharding = f" ({data_parallel_sharding(cfg.model)})" if dims.dp > 1 else ""

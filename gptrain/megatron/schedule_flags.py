@@ -140,9 +140,9 @@ WEIGHT_DECAY_BOUNDS = ("--start-weight-decay", "--end-weight-decay")
 
 def _weight_decay_increment(result: Translation) -> None:
     """Megatron's weight decay rising from --start-weight-decay to --end-weight-decay over the run
-    (linear or cosine); with `constant`, its default, it asserts neither is given and takes
-    --weight-decay. gptrain's weight decay is constant: equal bounds are that decay (Megatron then
-    ignores --weight-decay), taken and said; bounds that differ are refused, as are Megatron's asserts."""
+    (linear or cosine: model.optim.weight_decay_incr_style); with `constant`, its default, it asserts
+    neither is given and takes --weight-decay. Equal bounds are a constant decay, taken as
+    --weight-decay; either way Megatron ignores --weight-decay beside them, which is said."""
     given, v = result.given, result.values
     style = given.get(WEIGHT_DECAY_STYLE, ["constant"])[0]
     if style not in WEIGHT_DECAY_STYLES:
@@ -162,6 +162,22 @@ def _weight_decay_increment(result: Translation) -> None:
                 f"{WEIGHT_DECAY_STYLE} constant (Megatron's default: the weight decay is --weight-decay)"
             )
         return
+    _check_bounds(style, bounds, given)
+    start, end = bounds.values()
+    shown = " = ".join(f"{flag} {given[flag][0]}" for flag in WEIGHT_DECAY_BOUNDS)
+    if "--weight-decay" in given:
+        result.notes.append(f"--weight-decay (Megatron's decay is {shown.replace(' = ', ' to ')} instead)")
+    if start == end:
+        v["model.optim.weight_decay"] = start
+        result.notes.append(f"{WEIGHT_DECAY_STYLE} {style} ({shown}: a constant weight decay of {start})")
+        return
+    v["model.optim.weight_decay_incr_style"] = style
+    v["model.optim.start_weight_decay"] = start
+    v["model.optim.end_weight_decay"] = end
+
+
+def _check_bounds(style: str, bounds: dict[str, float], given: dict[str, list[str]]) -> None:
+    """Megatron asserts both bounds beside linear or cosine, and 0 <= start <= end."""
     if len(bounds) < 2:
         raise ConfigError(
             f"{WEIGHT_DECAY_STYLE} {style} needs --start-weight-decay and --end-weight-decay (Megatron asserts"
@@ -171,19 +187,11 @@ def _weight_decay_increment(result: Translation) -> None:
         if value < 0:
             raise ConfigError(f"{flag} {given[flag][0]}: must be 0 or more (Megatron asserts it)")
     start, end = bounds.values()
-    shown = {flag: given[flag][0] for flag in WEIGHT_DECAY_BOUNDS}
-    if start != end:
+    if end < start:
         raise ConfigError(
-            f"{WEIGHT_DECAY_STYLE} {style} from --start-weight-decay {shown['--start-weight-decay']} to"
-            f" --end-weight-decay {shown['--end-weight-decay']}: a weight decay that changes over the run is not"
-            f" implemented (gptrain's is constant); give {WEIGHT_DECAY_STYLE} constant and --weight-decay for a"
-            " constant one"
+            f"--end-weight-decay {given['--end-weight-decay'][0]} < --start-weight-decay"
+            f" {given['--start-weight-decay'][0]}: Megatron's weight decay only rises; give an end at least the start"
         )
-    result.notes.append(
-        f"{WEIGHT_DECAY_STYLE} {style} (--start-weight-decay {shown['--start-weight-decay']} = --end-weight-decay:"
-        f" a constant weight decay of {start}, Megatron's in place of --weight-decay {v['model.optim.weight_decay']})"
-    )
-    v["model.optim.weight_decay"] = start
 
 
 # The warmup flags in iterations and in samples, and the key each sets.

@@ -30,10 +30,11 @@ from gptrain.train.loss_scale import LossScaler, build_loss_scaler
 from gptrain.train.model_config import build_model_config  # noqa: F401  (the builders' seam)
 from gptrain.train.optim import build_optimizer
 from gptrain.train.rampup import BatchRamp
-from gptrain.train.schedule import ScheduleSpec
+from gptrain.train.schedule import LRSchedule, ScheduleSpec
 from gptrain.train.step import StepOptions, no_reduce
 from gptrain.train.target_sizes import dataset_target_sizes, split_sizes_asked_by
 from gptrain.train.tokenizer_setup import check_data_tokenizer, padded_vocab_size, tokenizer_check
+from gptrain.train.weight_decay_schedule import weight_decay_spec
 
 
 def seed_everything(seed: int) -> None:
@@ -185,8 +186,12 @@ def build_step_options(cfg: TrainingConfig, dp_size: int) -> StepOptions:
 
 
 def build_adamw(cfg: TrainingConfig, model: nn.Module, device: torch.device) -> torch.optim.AdamW:
+    """AdamW; under a weight-decay increment the decaying groups are built at its end (LRSchedule sets
+    each step's decay, and finds those groups by a decay above 0)."""
     o = cfg.model.optim
-    optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, o.betas, o.eps, device.type)
+    increment = weight_decay_spec(cfg)
+    weight_decay = o.weight_decay if increment is None else increment.end
+    optimizer = build_optimizer(model, o.name, o.lr, weight_decay, o.betas, o.eps, device.type)
     refresh_scales_after_step(optimizer, model)  # FSDP's float8 gathers (model.fp8_fsdp_all_gather)
     return optimizer
 
@@ -240,6 +245,11 @@ def with_parallel_seams(opts: StepOptions, model: nn.Module) -> StepOptions:
     if not isinstance(model, ParallelGPT):
         return opts
     return dataclasses.replace(opts, **step_overrides(model))
+
+
+def build_schedule(cfg: TrainingConfig, optimizer: torch.optim.Optimizer) -> LRSchedule:
+    """The learning-rate schedule, and Megatron's weight-decay increment where configured."""
+    return LRSchedule(optimizer, schedule_spec(cfg), weight_decay_spec(cfg))
 
 
 def schedule_spec(cfg: TrainingConfig) -> ScheduleSpec:

@@ -45,7 +45,6 @@ from gptrain.train.batches import loader_worker_died
 from gptrain.train.memory_check import out_of_memory, start_warning
 from gptrain.train.results import RunLog, Scalars, write_run_files
 from gptrain.train.run_lock import claim_run_directory, requeued_own_checkpoint
-from gptrain.train.schedule import LRSchedule
 from gptrain.train.schedule_checks import names_in_config, run_schedule_warnings
 from gptrain.train.session import ScheduleNaming, Session
 from gptrain.train.signals import StopRequest
@@ -135,7 +134,7 @@ def train(
             device=device,
             model=model,
             optimizer=optimizer,
-            schedule=LRSchedule(optimizer, b.schedule_spec(cfg)),
+            schedule=b.build_schedule(cfg, optimizer),
             scaler=b.build_scaler(cfg),
             step_opts=b.with_parallel_seams(b.build_step_options(cfg, dp_size), model),
             checkpoints=b.build_checkpoint_manager(cfg, world, vocab, device, tokenizer, model_config),

@@ -53,6 +53,7 @@ from gptrain.train.nemo_schedules import (
     noam_lr,
     warmup_policy_lr,
 )
+from gptrain.train.weight_decay_schedule import WeightDecaySpec, wd_at
 
 if TYPE_CHECKING:
     from gptrain.config.schema import TrainingConfig
@@ -278,12 +279,19 @@ class LRSchedule:
     """Sets the rate of every param group before each step; `step` is its whole state (the
     settings saved beside it only tell a resume what changed)."""
 
-    def __init__(self, optimizer: Any, spec: ScheduleSpec) -> None:
+    def __init__(
+        self, optimizer: Any, spec: ScheduleSpec, weight_decay: WeightDecaySpec | None = None
+    ) -> None:
         self.optimizer = optimizer
         self.spec = spec
         self.step = 0
         self.resumed: tuple[ScheduleSpec, float] | None = None
         """The loaded checkpoint's schedule and step, where it recorded its settings."""
+        self.weight_decay = weight_decay
+        """Megatron's weight-decay increment, set before each step with the rate; None: constant."""
+        groups = optimizer.param_groups if weight_decay is not None else []
+        self.decayed = [index for index, group in enumerate(groups) if group["weight_decay"]]
+        """The groups that decay (built at the increment's end, above 0); by index, as a load replaces them."""
 
     def current_lr(self) -> float:
         return lr_at(self.step, self.spec)
@@ -293,6 +301,9 @@ class LRSchedule:
         lr = self.current_lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.weight_decay is not None:
+            for index in self.decayed:
+                self.optimizer.param_groups[index]["weight_decay"] = wd_at(self.step, self.weight_decay)
         return lr
 
     def advance(self, fraction: float = 1.0) -> None:

@@ -191,6 +191,8 @@ def apply_checkpoint_state(
     load_model_state_dict(model, state["model"])
     if "optim" in state:
         notes = load_optimizer_state_dict(model, optimizer, state["optim"])
+        if schedule.weight_decay is not None:  # the schedule sets it at every step, as the rate
+            notes = [note for note in notes if not note.startswith("weight_decay ")]
         if notes and log is not None:
             log(f"optimizer settings from this run's config, not the checkpoint: {', '.join(notes)}")
     if "schedule" in state and (note := schedule.load_state_dict(state["schedule"])) and log is not None:

@@ -1,8 +1,8 @@
 """Megatron's weight-decay increment (--weight-decay-incr-style, --start-weight-decay,
 --end-weight-decay): before, each was refused as a flag gptrain does not know. A constant decay is
-taken as Megatron computes it (start = end: that value, whatever --weight-decay says); the
-combinations Megatron asserts against, and a decay that changes over the run, are refused in one
-line saying why."""
+taken as Megatron computes it (start = end: that value, whatever --weight-decay says), a rising one as
+model.optim.weight_decay_incr_style (the rates: tests/train/test_weight_decay_schedule); the
+combinations Megatron asserts against are refused in one line saying why."""
 
 import shlex
 
@@ -18,31 +18,40 @@ BASE = (
 
 
 @pytest.mark.parametrize(
-    ("flags", "weight_decay", "note"),
+    ("flags", "optim", "notes"),
     [
         (
             "--weight-decay 0.1 --weight-decay-incr-style constant",
-            0.1,
-            "--weight-decay-incr-style constant (Megatron's default: the weight decay is --weight-decay)",
+            {"weight_decay": 0.1},
+            ["--weight-decay-incr-style constant (Megatron's default: the weight decay is --weight-decay)"],
         ),
         (
             "--weight-decay 0.1 --weight-decay-incr-style linear --start-weight-decay 0.05 --end-weight-decay 0.05",
-            0.05,
-            "--weight-decay-incr-style linear (--start-weight-decay 0.05 = --end-weight-decay: a constant weight"
-            " decay of 0.05, Megatron's in place of --weight-decay 0.1)",
+            {"weight_decay": 0.05},
+            [
+                "--weight-decay (Megatron's decay is --start-weight-decay 0.05 to --end-weight-decay 0.05 instead)",
+                "--weight-decay-incr-style linear (--start-weight-decay 0.05 = --end-weight-decay 0.05: a constant"
+                " weight decay of 0.05)",
+            ],
         ),
         (
-            "--weight-decay-incr-style cosine --start-weight-decay 0.0 --end-weight-decay 0",
-            0.0,
-            "--weight-decay-incr-style cosine (--start-weight-decay 0.0 = --end-weight-decay: a constant weight"
-            " decay of 0.0, Megatron's in place of --weight-decay 0.01)",
+            "--weight-decay-incr-style cosine --start-weight-decay 0.01 --end-weight-decay 0.1",
+            {"weight_decay_incr_style": "cosine", "start_weight_decay": 0.01, "end_weight_decay": 0.1},
+            [],
+        ),
+        (
+            "--weight-decay 0.3 --weight-decay-incr-style linear --start-weight-decay 0 --end-weight-decay 0.1",
+            {"weight_decay_incr_style": "linear", "start_weight_decay": 0.0, "end_weight_decay": 0.1},
+            ["--weight-decay (Megatron's decay is --start-weight-decay 0 to --end-weight-decay 0.1 instead)"],
         ),
     ],
 )
-def test_a_constant_weight_decay_is_taken_as_megatron_computes_it(flags, weight_decay, note):
+def test_the_weight_decay_is_taken_as_megatron_computes_it(flags, optim, notes):
     t = translate(shlex.split(f"{BASE} {flags}"), {})
-    assert t.values["model.optim.weight_decay"] == weight_decay
-    assert note in t.notes
+    assert {key: t.values[f"model.optim.{key}"] for key in optim} == optim
+    assert [note for note in t.notes if "weight-decay" in note] == notes
+    if "weight_decay" in optim:
+        assert "model.optim.weight_decay_incr_style" not in t.values
     assert main(["megatron", "--dry-run", *shlex.split(f"{BASE} {flags}")]) == 0
 
 
@@ -65,10 +74,9 @@ def test_a_constant_weight_decay_is_taken_as_megatron_computes_it(flags, weight_
             " both); give them",
         ),
         (
-            "--weight-decay-incr-style cosine --start-weight-decay 0.01 --end-weight-decay 0.1",
-            "--weight-decay-incr-style cosine from --start-weight-decay 0.01 to --end-weight-decay 0.1: a weight"
-            " decay that changes over the run is not implemented (gptrain's is constant); give"
-            " --weight-decay-incr-style constant and --weight-decay for a constant one",
+            "--weight-decay-incr-style cosine --start-weight-decay 0.1 --end-weight-decay 0.01",
+            "--end-weight-decay 0.01 < --start-weight-decay 0.1: Megatron's weight decay only rises; give an end at"
+            " least the start",
         ),
         (
             "--weight-decay-incr-style linear --start-weight-decay -0.1 --end-weight-decay -0.1",
@@ -81,7 +89,7 @@ def test_a_constant_weight_decay_is_taken_as_megatron_computes_it(flags, weight_
         ("--start-weight-decay x", "--start-weight-decay x: expects a number"),
     ],
 )
-def test_what_megatron_asserts_or_gptrain_cannot_train_is_refused_in_one_line(flags, refusal, capsys):
+def test_what_megatron_asserts_against_is_refused_in_one_line(flags, refusal, capsys):
     assert main(["megatron", "--dry-run", *shlex.split(f"{BASE} {flags}")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(f"gptrain: error: {refusal}"), err

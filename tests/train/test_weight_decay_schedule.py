@@ -1,0 +1,136 @@
+"""Megatron's weight-decay increment (model.optim.weight_decay_incr_style, from --weight-decay-incr-style):
+every step's decay against OptimizerParamScheduler.get_wd restated here in float64 (in samples, its
+unit), the decaying weights only, and a resume that goes on with the same decays.
+
+Tolerance: gptrain counts in steps of the full batch (a run in samples is train_samples / batch steps),
+so the ratio differs from Megatron's by a few ulp (~1e-16 relative), which the cosine carries at most
+pi/2-fold: the decays stay within 1e-14 relative of the end decay."""
+
+import math
+import shlex
+
+import pytest
+
+from gptrain.config import load_training_config
+from gptrain.errors import ConfigError
+from gptrain.megatron.translate import translate
+from gptrain.train.weight_decay_schedule import wd_at, weight_decay_spec
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+BASE = (
+    "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 1"
+    " --mock-data --vocab-size 64"
+)
+
+
+def megatron_wd(num_steps, *, start, end, incr_steps, style):
+    """OptimizerParamScheduler.get_wd (Megatron-LM core), lengths in samples."""
+    if num_steps > incr_steps:
+        return end
+    ratio = float(num_steps) / float(incr_steps)
+    coeff = ratio if style == "linear" else 0.5 * (math.cos(math.pi * (1 - ratio)) + 1.0)
+    return start + coeff * (end - start)
+
+
+@pytest.mark.parametrize("style", ["linear", "cosine"])
+@pytest.mark.parametrize(
+    ("run", "batch", "incr_samples", "steps"),
+    [
+        ("--train-iters 50", 4, 200, 50),
+        ("--train-samples 403", 8, 403, 50),  # 50 iterations, Megatron's increment over 403 samples
+        ("--train-samples 400 --rampup-batch-size 2 2 120", 8, 400, None),
+    ],
+)
+def test_every_steps_weight_decay_is_megatrons(style, run, batch, incr_samples, steps):
+    flags = f"{BASE} --global-batch-size {batch} {run} --weight-decay-incr-style {style}"
+    flags += " --start-weight-decay 0.01 --end-weight-decay 0.1"
+    cfg = load_training_config(None, translate(shlex.split(flags), {}).overrides, report_ignored=False)
+    spec = weight_decay_spec(cfg)
+    assert spec is not None and (spec.style, spec.start, spec.end) == (style, 0.01, 0.1)
+    from gptrain.train.rampup import BatchRamp
+
+    ramp = BatchRamp.from_config(cfg.model.rampup_batch_size, batch, 1)
+    step, consumed = 0.0, 0
+    for _ in range(cfg.trainer.max_steps + 3):
+        expected = megatron_wd(consumed, start=0.01, end=0.1, incr_steps=incr_samples, style=style)
+        assert wd_at(step, spec) == pytest.approx(expected, rel=1e-14, abs=1e-15), consumed
+        step += ramp.at(consumed) / batch
+        consumed += ramp.at(consumed)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.optim.weight_decay_incr_style=linear"], "weight_decay_incr_style=linear needs"),
+        (
+            ["model.optim.start_weight_decay=0.1"],
+            "model.optim.start_weight_decay=0.1 with model.optim.weight_decay_incr_style=constant",
+        ),
+        (
+            ["model.optim.weight_decay_incr_style=cosine", "model.optim.start_weight_decay=0.2",
+             "model.optim.end_weight_decay=0.1"],
+            "start_weight_decay=0.2 and model.optim.end_weight_decay=0.1: give 0 <= start <= end",
+        ),
+        (["model.optim.weight_decay_incr_style=square"], "'square' is not one of constant, linear, cosine"),
+    ],
+)  # fmt: skip
+def test_bad_increments_are_one_line_naming_the_keys(overrides, message):
+    cfg = load_training_config("gpt3/126m", overrides, report_ignored=False)
+    with pytest.raises(ConfigError, match=message):
+        weight_decay_spec(cfg)
+
+
+def test_the_run_decays_its_matrices_by_the_increment_and_resumes_with_it(tmp_path, monkeypatch):
+    """A tiny run with a linear increment over its 6 steps: before each step the decaying group holds
+    Megatron's decay of that step and the 1-D parameters none; a run stopped at step 3 and resumed
+    has the same decays, and the resume does not call the scheduled decay a changed setting."""
+    from train_e2e_helpers import MOCK, log_lines, tiny_config
+
+    from gptrain.errors import EXIT_REQUEUE
+    from gptrain.train import loop, step_loop
+
+    shape = [
+        *MOCK,
+        "exp_manager.resume_if_exists=true",
+        "trainer.max_steps=6",
+        "trainer.limit_val_batches=0",
+        "trainer.limit_test_batches=0",
+        "model.num_layers=1",
+        "model.hidden_size=16",
+        "model.num_attention_heads=2",
+        "model.encoder_seq_length=8",
+        "model.optim.weight_decay_incr_style=linear",
+        "model.optim.start_weight_decay=0.0",
+        "model.optim.end_weight_decay=0.3",
+    ]
+
+    def decays(cfg, stop_at=None):
+        seen = {}
+        real = step_loop.record
+
+        def recording(session, result, *args):
+            seen[session.state.step + 1] = [group["weight_decay"] for group in session.optimizer.param_groups]
+            real(session, result, *args)
+            if session.state.step == stop_at:
+                import os
+                import signal
+
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+        monkeypatch.setattr(step_loop, "record", recording)
+        code = loop.train(cfg)
+        monkeypatch.setattr(step_loop, "record", real)
+        return code, seen
+
+    code, whole = decays(tiny_config(tmp_path / "whole", *shape))
+    assert code == 0
+    expected = {
+        i: [megatron_wd(i - 1, start=0.0, end=0.3, incr_steps=6, style="linear"), 0.0] for i in range(1, 7)
+    }
+    assert whole == expected  # the same float64 operations on the same step counts
+    stopped = tmp_path / "stopped"
+    assert decays(tiny_config(stopped, *shape), stop_at=3)[0] == EXIT_REQUEUE
+    code, resumed = decays(tiny_config(stopped, *shape))
+    assert code == 0 and resumed == {i: whole[i] for i in (4, 5, 6)}
+    assert not [line for line in log_lines(stopped) if "weight_decay" in line]
