@@ -82,19 +82,23 @@ def newest_complete(root: Path) -> Path | None:
     return Path(root) / step_dir_name(steps[-1]) if steps else None
 
 
+OWN_CHECKPOINTS_ONLY = (
+    "gptrain reads its own checkpoints, not Megatron's iter_<N>/ or NeMo's .ckpt/.nemo files"
+)
+
+
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint a path names: a step directory, or the newest complete one of a checkpoints
     directory or of a run directory (its checkpoints/). A one-line CheckpointLoadError naming the
     path when there is nothing complete to load there."""
     given = Path(path)
-    own_only = "gptrain reads its own checkpoints, not Megatron's iter_<N>/ or NeMo's .ckpt/.nemo files"
     found = look_up(given)  # Path.is_dir raised PermissionError where it may not be looked up
     if found.kind == "unreachable":
         raise CheckpointLoadError(f"{path}: {found.why}")
     if found.kind != "directory":
         what = "does not exist" if found.kind == "missing" else "is a file"
         raise CheckpointLoadError(
-            f"{path}: {what}; give a run directory, its checkpoints/ or a step_<N>/ ({own_only})"
+            f"{path}: {what}; give a run directory, its checkpoints/ or a step_<N>/ ({OWN_CHECKPOINTS_ONLY})"
         )
     if STEP_DIR.match(given.name):
         if not is_complete(given):
@@ -121,7 +125,7 @@ def find_checkpoint(path: str | Path) -> Path:
     if found is None:
         raise CheckpointLoadError(
             f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it, its checkpoints/ or results/checkpoints/ "
-            f"({own_only})"
+            f"({OWN_CHECKPOINTS_ONLY})"
         )
     return found
 

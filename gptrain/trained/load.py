@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from gptrain.checkpoint import compat
 from gptrain.checkpoint.directory import (
     LATEST,
+    OWN_CHECKPOINTS_ONLY,
     CheckpointLoadError,
     is_transformers_model,
     recorded_checkpoints_dir,
@@ -91,12 +92,11 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
         raise DataError(f"{path}: {found.why}")
     if found.kind == "missing":
         raise DataError(f"{path}: no such checkpoint or run directory")
+    if found.kind == "file":
+        raise DataError(file_given_text(path))
     if is_step_dir(path):
         if not is_complete(path):
-            raise DataError(
-                f"{path}: incomplete checkpoint (no COMPLETE marker; the save did not finish); "
-                f"pass {path.parent} to use the newest complete one"
-            )
+            raise DataError(incomplete_step_text(path))
         problem = _verify(path, checksums)
         if problem is not None:
             raise CheckpointLoadError(
@@ -108,7 +108,8 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
         raise DataError(transformers_model_text(path))
     if root is None:
         raise DataError(
-            f"{path}: no checkpoints found; pass a run's results dir, its checkpoints dir or a step dir"
+            f"{path}: no checkpoints found; pass a run's results dir, its checkpoints dir or a step dir "
+            f"({OWN_CHECKPOINTS_ONLY})"
         )
     # newest COMPLETE first, as training resumes: `latest` lags one save behind a run killed between
     # a save's COMPLETE marker and its `latest`
@@ -116,6 +117,33 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
     if not candidates:
         raise DataError(f"{root}: no complete checkpoint (every step_* lacks its COMPLETE marker)")
     return _newest_that_verifies(root, candidates, checksums)
+
+
+def incomplete_step_text(step_dir: Path) -> str:
+    """A step directory without its COMPLETE marker (a save still being written, or killed), and
+    the newest complete checkpoint beside it, where there is one to take instead."""
+    steps = complete_steps(step_dir.parent)
+    instead = (
+        f"pass {step_dir.parent} to use the newest complete one ({step_dir_name(steps[-1])})"
+        if steps
+        else f"no checkpoint in {step_dir.parent} is complete yet: wait for the run's first save to finish"
+    )
+    return (
+        f"{step_dir}: incomplete checkpoint (no COMPLETE marker: its save has not finished, or was "
+        f"killed); {instead}"
+    )
+
+
+def file_given_text(path: Path) -> str:
+    """A file given where a checkpoint goes: the `latest` file or a shard of a gptrain checkpoint
+    (its directory is what to pass), else another tool's checkpoint file (a NeMo .nemo or .ckpt)."""
+    parent = path.parent
+    in_checkpoint = is_step_dir(parent) or checkpoints_dir(parent) == parent
+    advice = f"pass {parent}, the directory it is in" if in_checkpoint else OWN_CHECKPOINTS_ONLY
+    return (
+        f"{path}: is a file, not a checkpoint; pass a run's results dir, its checkpoints dir or a "
+        f"step_<N> dir ({advice})"
+    )
 
 
 def is_step_dir(path: str | Path) -> bool:

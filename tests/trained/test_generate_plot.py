@@ -777,6 +777,72 @@ def test_generate_uses_newest_complete_checkpoint(tmp_path: Path) -> None:
         resolve_checkpoint(tmp_path / "missing")
 
 
+def test_a_step_being_saved_points_to_the_newest_complete_one_only_where_there_is_one(tmp_path: Path) -> None:
+    """A run still saving its first checkpoint: step_2 without COMPLETE was told to "pass
+    checkpoints/ to use the newest complete one", which then said there is none."""
+    from gptrain.trained.load import resolve_checkpoint
+
+    root = tmp_path / "checkpoints"
+    (root / "step_2").mkdir(parents=True)
+    with pytest.raises(DataError) as error:
+        resolve_checkpoint(root / "step_2")
+    assert str(error.value) == (
+        f"{root / 'step_2'}: incomplete checkpoint (no COMPLETE marker: its save has not finished, or was "
+        f"killed); no checkpoint in {root} is complete yet: wait for the run's first save to finish"
+    )
+    (root / "step_1").mkdir()
+    (root / "step_1" / "COMPLETE").write_text('{"step": 1}')
+    with pytest.raises(DataError) as error:
+        resolve_checkpoint(root / "step_2")
+    assert str(error.value) == (
+        f"{root / 'step_2'}: incomplete checkpoint (no COMPLETE marker: its save has not finished, or was "
+        f"killed); pass {root} to use the newest complete one (step_1)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "advice"),
+    [
+        (
+            "model.nemo",
+            "gptrain reads its own checkpoints, not Megatron's iter_<N>/ or NeMo's .ckpt/.nemo files",
+        ),
+        ("checkpoints/latest", "pass {parent}, the directory it is in"),
+        ("checkpoints/step_1/__0_0.distcp", "pass {parent}, the directory it is in"),
+    ],
+)
+def test_a_file_given_as_the_checkpoint_says_it_is_a_file(tmp_path: Path, name: str, advice: str) -> None:
+    """`gptrain export run/checkpoints/latest` (or a NeMo .nemo) said "no checkpoints found" beside
+    a directory full of them."""
+    from gptrain.trained.load import resolve_checkpoint
+
+    (tmp_path / "checkpoints" / "step_1").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_1" / "COMPLETE").write_text('{"step": 1}')
+    path = tmp_path / name
+    path.write_text("step_1\n")
+    with pytest.raises(DataError) as error:
+        resolve_checkpoint(path)
+    assert str(error.value) == (
+        f"{path}: is a file, not a checkpoint; pass a run's results dir, its checkpoints dir or a "
+        f"step_<N> dir ({advice.format(parent=path.parent)})"
+    )
+
+
+def test_a_megatron_checkpoint_directory_is_told_gptrain_reads_its_own(tmp_path: Path) -> None:
+    from gptrain.trained.load import resolve_checkpoint
+
+    root = tmp_path / "checkpoints"
+    (root / "iter_0000100").mkdir(parents=True)
+    (root / "latest_checkpointed_iteration.txt").write_text("100")
+    for path in (root, root / "iter_0000100"):
+        with pytest.raises(DataError) as error:
+            resolve_checkpoint(path)
+        assert str(error.value) == (
+            f"{path}: no checkpoints found; pass a run's results dir, its checkpoints dir or a step dir "
+            "(gptrain reads its own checkpoints, not Megatron's iter_<N>/ or NeMo's .ckpt/.nemo files)"
+        )
+
+
 def test_a_checkpoint_under_a_directory_that_may_not_be_searched_is_one_line(unsearchable_dir: Path) -> None:
     """eval, generate, export: Path.exists raised PermissionError (Python 3.11), a bare
     '<path>: Permission denied'. Root may search any directory, so the refusal is stood in for."""
