@@ -376,8 +376,7 @@ def imported_end_ids(run: RunCheckpoint) -> frozenset[int]:
     """The eos_token_id(s) hf_import.json keeps of an imported model (or of the import a run
     started from): a chat model's end-of-turn token (Llama 3's <|eot_id|> beside <|end_of_text|>)
     is often not the tokenizer's end-of-document token."""
-    from gptrain.trained.hf.record import run_record
+    from gptrain.trained.hf.record import recorded_end_ids, run_record
 
-    eos = run_record(run.hparams.parent).get("eos_token_id")
-    ids = eos if isinstance(eos, list) else [eos]
+    ids = recorded_end_ids(run_record(run.hparams.parent))
     return frozenset(i for i in ids if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < run.vocab)

@@ -225,6 +225,8 @@ def test_a_list_of_end_tokens_exports_beside_a_bare_tokenizer_json(tmp_path) -> 
     (source / "tokenizer_config.json").unlink()
     config = json.loads((source / "config.json").read_text())
     (source / "config.json").write_text(json.dumps({**config, "eos_token_id": [2, 0]}))
+    generation = json.loads((source / "generation_config.json").read_text())  # the list is in both
+    (source / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [2, 0]}))
     assert run_cli(["import", str(source), "--output", str(tmp_path / "run"), "--no-verify"]) == 0
     assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out")]) == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == [2, 0]
@@ -833,6 +835,53 @@ def test_generate_on_an_import_stops_at_each_end_token_its_config_declares(tmp_p
     assert capsys.readouterr().out == before_end
 
 
+def test_import_then_export_keeps_the_generation_config_and_generate_stops_at_its_end_tokens(
+    tmp_path, capsys
+) -> None:
+    """A model's generation_config.json holds its sampling defaults (vLLM and transformers'
+    generate() start from them) and, for many chat models, the only list of its end tokens (Llama 3
+    Instruct's first config.json named <|end_of_text|>, its generation_config.json <|eot_id|> too).
+    Export wrote a generation_config.json of config.json's bos/eos alone, and generate ran on past
+    an end token only generation_config.json declares."""
+    import transformers
+
+    source = llama_dir(tmp_path / "src", tokenizer=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).eval()
+    ids, new = tokenizer.encode("hi"), []
+    with torch.no_grad():
+        for _ in range(10):
+            logits = model(input_ids=torch.tensor([ids + new])).logits[0, -1, : len(SPECIALS + CHARS)]
+            new.append(int(logits.argmax()))
+    at = next(
+        k for k in range(1, 10) if new[k] not in new[:k] and new[k] > 2
+    )  # a text token first reached there
+    defaults = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "max_length": 16}
+    generation = {"bos_token_id": 1, "eos_token_id": [2, new[at]], **defaults}
+    (source / "generation_config.json").write_text(json.dumps(generation))
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run")]) == 0
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert {key: written.get(key) for key in generation} == generation
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == 2
+    assert transformers.GenerationConfig.from_pretrained(str(tmp_path / "out")).eos_token_id == [2, new[at]]
+    capsys.readouterr()
+    argv = ["generate", str(tmp_path / "run"), "--prompt", "hi", "--greedy", "--max-new-tokens"]
+    assert run_cli([*argv, str(at)]) == 0
+    before_end = capsys.readouterr().out
+    assert run_cli([*argv, "10"]) == 0
+    assert capsys.readouterr().out == before_end
+
+
+def test_a_generation_config_that_is_not_json_is_refused_naming_it(tmp_path) -> None:
+    source = llama_dir(tmp_path / "src", tokenizer=True)
+    (source / "generation_config.json").write_text("{'do_sample': true}")
+    with pytest.raises(DataError, match=r"generation_config.json: not JSON \(") as error:
+        run_cli(["import", str(source), "--output", str(tmp_path / "run")])
+    assert "\n" not in str(error.value) and str(source) in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
 def test_generate_on_an_import_whose_tokenizer_names_no_end_token_stops_at_the_models(
     tmp_path, capsys, monkeypatch
 ) -> None:
@@ -865,7 +914,8 @@ def test_generate_on_an_import_whose_tokenizer_names_no_end_token_stops_at_the_m
     assert run_cli([*argv, "10"]) == 0
     assert capsys.readouterr().out == before_end
     record = tmp_path / "run" / "hf_import.json"
-    record.write_text(json.dumps({**json.loads(record.read_text()), "eos_token_id": None}))
+    unended = {"eos_token_id": None, "generation_config": None}  # no end id in either config
+    record.write_text(json.dumps({**json.loads(record.read_text()), **unended}))
     assert run_cli([*argv, "10"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith(before_end.removesuffix("\n")) and len(out) > len(before_end)

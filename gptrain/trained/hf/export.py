@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -24,7 +24,12 @@ from gptrain.data.tokenizers import SENTENCEPIECE_KINDS, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.models.config import GPTConfig
 from gptrain.trained.hf.architectures import CLASS_NAMES, choose_architecture, hf_config_kwargs
-from gptrain.trained.hf.record import run_record, special_token_ids
+from gptrain.trained.hf.record import (
+    GENERATION_CONFIG,
+    generation_defaults,
+    run_record,
+    special_token_ids,
+)
 from gptrain.trained.hf.storage import CheckpointTensors, ShardWriter, plan_shards
 from gptrain.trained.hf.tensors import globals_to_hf, hf_global_names, layer_to_hf
 from gptrain.trained.hf.tiktoken_bpe import gpt2_bpe_of
@@ -65,6 +70,8 @@ class RunSource:
     """The transformers directory hf_import.json names (a run imported, or started from an import)."""
     imported_dtype: str | None = None
     """The dtype that directory stores its weights in (hf_import.json), which export keeps by default."""
+    generation: dict[str, Any] = field(default_factory=dict)
+    """The imported model's generation_config.json (hf_import.json), written back over the ids."""
 
 
 @dataclass
@@ -104,6 +111,7 @@ def open_run(path: str | Path, checksums: bool = False) -> RunSource:
         special_token_ids(run.cfg, run.tokenizer, record),
         record.get("source"),
         _recorded_dtype(record),
+        generation_defaults(record),
     )
 
 
@@ -270,6 +278,16 @@ def _write_configs(directory: Path, source: RunSource, arch: str, dtype: str) ->
     (directory / CONFIG).rename(directory / HELD_CONFIG)
     _add_legacy_keys(directory / HELD_CONFIG)
     GenerationConfig(**source.token_ids).save_pretrained(str(directory))
+    if source.generation:
+        _add_generation_defaults(directory / GENERATION_CONFIG, source.generation)
+
+
+def _add_generation_defaults(path: Path, generation: dict[str, Any]) -> None:
+    """The imported model's generation config over the ids written (its own eos list: a chat
+    model's end-of-turn token is often there only) and its sampling defaults, as it had them.
+    The directory is still the export's temporary one, so a plain write is safe."""
+    written = json.loads(path.read_text())
+    path.write_text(json.dumps({**written, **generation}, indent=2, sort_keys=True) + "\n")
 
 
 def release_config(directory: Path) -> None:

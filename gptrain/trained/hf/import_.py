@@ -30,7 +30,7 @@ from gptrain.trained.hf.architectures import (
     architecture_of,
     model_overrides,
 )
-from gptrain.trained.hf.record import write_record
+from gptrain.trained.hf.record import source_generation_config, write_record
 from gptrain.trained.hf.storage import SafetensorsTensors
 from gptrain.trained.hf.tensors import globals_from_hf, hf_global_names, layer_from_hf
 from gptrain.trained.hf.tokenizer_files import import_tokenizer
@@ -73,6 +73,7 @@ def import_hf(
     hf_config = load_config(hf_dir)
     arch = architecture_of(hf_config, str(hf_dir / "config.json"))
     overrides = model_overrides(hf_config, arch, str(hf_dir / "config.json"))
+    generation = source_generation_config(hf_dir)
     seq_length = sample_length(seq_length, overrides["max_position_embeddings"], arch, hf_dir, stream)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise DataError(
@@ -96,7 +97,7 @@ def import_hf(
         model = build_imported_model(cfg, staging, hf_dir, arch, stream)
         step_dir = save_weights(model, staging / CHECKPOINTS, _tokenizer(cfg, staging), cfg)
         del model
-        write_record(staging, hf_config, hf_dir, stored_dtype(hf_dir, arch))
+        write_record(staging, hf_config, hf_dir, stored_dtype(hf_dir, arch), generation)
         verification = verify_import(cfg, staging, step_dir, hf_dir) if verify else None
         # last: without it gptrain opens no run, so the staging directory an import killed outright
         # (SIGKILL, the OOM killer) leaves behind is never trained on, evaluated or exported unverified

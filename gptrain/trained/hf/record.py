@@ -20,19 +20,62 @@ from gptrain.utils.atomic import atomic_write_text
 
 RECORD = "hf_import.json"
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+GENERATION_CONFIG = "generation_config.json"
+GENERATION_KEY = "generation_config"
 
 
-def write_record(directory: Path, hf_config: Any, source: Path, dtype: str | None = None) -> None:
-    """The imported model's token ids and embedding rows, as its config.json gives them, and the
-    `dtype` its weights are stored in (export writes that by default); `source` absolute, as it
-    was given here (the record is read from other working directories)."""
+def write_record(
+    directory: Path,
+    hf_config: Any,
+    source: Path,
+    dtype: str | None = None,
+    generation: dict[str, Any] | None = None,
+) -> None:
+    """The imported model's token ids and embedding rows, as its config.json gives them, the
+    `dtype` its weights are stored in (export writes that by default) and its `generation`
+    config (`source_generation_config`); `source` absolute, as it was given here (the record is
+    read from other working directories)."""
     record: dict[str, Any] = {
         "source": os.path.abspath(source),
         "vocab_size": int(hf_config.vocab_size),
         "dtype": dtype,
     }
     record.update({key: getattr(hf_config, key, None) for key in TOKEN_KEYS})
+    record[GENERATION_KEY] = generation
     atomic_write_text(directory / RECORD, json.dumps(record, indent=2) + "\n")
+
+
+def source_generation_config(hf_dir: Path) -> dict[str, Any] | None:
+    """The model's generation_config.json as written, less the transformers version that wrote
+    it (None: it has none): its sampling defaults, which vLLM and transformers' generate() start
+    from, and often the only list of a chat model's end tokens (Llama 3 Instruct's <|eot_id|>)."""
+    path = hf_dir / GENERATION_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # a UnicodeDecodeError too
+        raise DataError(f"{path}: not JSON ({error}); fix it, or remove it to import without it") from None
+    if not isinstance(config, dict):
+        raise DataError(f"{path}: expected a JSON object; fix it, or remove it to import without it")
+    config.pop("transformers_version", None)
+    return config
+
+
+def generation_defaults(record: dict[str, Any]) -> dict[str, Any]:
+    """The imported model's generation config, as recorded ({} for a run gptrain trained, or an
+    import from before it was recorded)."""
+    generation = record.get(GENERATION_KEY)
+    return dict(generation) if isinstance(generation, dict) else {}
+
+
+def recorded_end_ids(record: dict[str, Any]) -> list[Any]:
+    """The eos_token_id(s) of the imported model's config.json and generation_config.json, as
+    written there (an id, a list of ids, or null)."""
+    ids: list[Any] = []
+    for eos in (record.get("eos_token_id"), generation_defaults(record).get("eos_token_id")):
+        ids += eos if isinstance(eos, list) else [eos]
+    return ids
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:
