@@ -135,11 +135,11 @@ def incomplete_step_text(step_dir: Path) -> str:
 
 
 def file_given_text(path: Path) -> str:
-    """A file given where a checkpoint goes: the `latest` file or a shard of a gptrain checkpoint
-    (its directory is what to pass), else another tool's checkpoint file (a NeMo .nemo or .ckpt)."""
+    """A file given where a checkpoint goes: one of a run's (`latest`, a shard, hparams.yaml),
+    whose directory is what to pass, else another tool's checkpoint file (a NeMo .nemo or .ckpt)."""
     parent = path.parent
-    in_checkpoint = is_step_dir(parent) or checkpoints_dir(parent) == parent
-    advice = f"pass {parent}, the directory it is in" if in_checkpoint else OWN_CHECKPOINTS_ONLY
+    in_run = is_step_dir(parent) or checkpoints_dir(parent) is not None
+    advice = f"pass {parent}, the directory it is in" if in_run else OWN_CHECKPOINTS_ONLY
     return (
         f"{path}: is a file, not a checkpoint; pass a run's results dir, its checkpoints dir or a "
         f"step_<N> dir ({advice})"

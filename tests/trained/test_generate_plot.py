@@ -804,10 +804,11 @@ def test_a_step_being_saved_points_to_the_newest_complete_one_only_where_there_i
     ("name", "advice"),
     [
         (
-            "model.nemo",
+            "nemo/model.nemo",
             "gptrain reads its own checkpoints, not Megatron's iter_<N>/ or NeMo's .ckpt/.nemo files",
         ),
         ("checkpoints/latest", "pass {parent}, the directory it is in"),
+        ("hparams.yaml", "pass {parent}, the directory it is in"),
         ("checkpoints/step_1/__0_0.distcp", "pass {parent}, the directory it is in"),
     ],
 )
@@ -818,6 +819,7 @@ def test_a_file_given_as_the_checkpoint_says_it_is_a_file(tmp_path: Path, name: 
 
     (tmp_path / "checkpoints" / "step_1").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step_1" / "COMPLETE").write_text('{"step": 1}')
+    (tmp_path / "nemo").mkdir()
     path = tmp_path / name
     path.write_text("step_1\n")
     with pytest.raises(DataError) as error:
