@@ -9,6 +9,9 @@ that creates its takeover marker (O_EXCL) replaces it. Anything else is refused 
 naming the holder. The lock is removed at the end of the run; a killed run leaves it, and the next run
 takes it over by the rules above. Its writer holds it under flock from the moment it is created, so
 one left empty or garbled (killed between creating and writing it) that nobody holds is removed.
+A log dir inside a directory another live run holds (its log dir, or its checkpoint dirpath), or a
+dirpath holding another live run's log dir, is refused as well: that run's move-aside or rewind would
+take this run's files with it.
 
 `exp_manager.resume_if_exists=false` into a directory that holds checkpoints would mix two
 runs; it is refused with the choices spelled out, or, with
@@ -349,11 +352,13 @@ def claim_run_directory(
     if rank == 0:
         try:
             lock = acquire(log_dir)
+            refuse_enclosing_run(log_dir, lock.holder)
             outside = not is_within(checkpoints, log_dir)
             refuse_another_runs_directory(checkpoints, log_dir, lock.holder, outside)
             if outside:  # two runs' saves in one dirpath: refused as one log dir
                 lock.made += [] if checkpoints.exists() else [checkpoints]
                 lock.dirpath_lock = acquire(Path(os.path.realpath(checkpoints)))  # named as it is
+                refuse_run_inside(checkpoints, log_dir, lock.holder)
             if not resume:
                 note = check_fresh_start(log_dir, move_aside, checkpoints)
                 lock.notes += [note] if note else []
@@ -384,13 +389,52 @@ def refuse_another_runs_directory(checkpoints: Path, log_dir: Path, me: Holder |
     for directory in [real, *real.parents][1 if outside else 0 :]:
         if directory == own:
             return
-        other = read_holder(directory / LOCK_NAME)
-        if other is not None and me is not None and stale_reason(other, me) is None:
+        if (other := live_holder(directory, me)) is not None:
             raise RunLockedError(
                 f"{checkpoints}: another run holds {directory} ({other.describe()}), so two runs would save "
                 "there: wait for it to end, or give this run its own exp_manager.checkpoint_callback_params."
                 f"dirpath; if that run is gone, delete {directory / LOCK_NAME}"
             )
+
+
+def refuse_enclosing_run(log_dir: Path, me: Holder | None) -> None:
+    """Refuse a log dir inside a directory another live run holds (its log dir or its dirpath): that
+    run's move-aside of an earlier run, or its rewind, would take this run's files with it."""
+    own = Path(os.path.realpath(log_dir))
+    for directory in own.parents:
+        if (other := live_holder(directory, me)) is not None:
+            raise RunLockedError(
+                f"{log_dir}: another run holds {directory} ({other.describe()}), and this run's log dir is "
+                "inside it, so two runs would write there: wait for it to end, or give this run an "
+                f"exp_manager.explicit_log_dir outside {directory}; if that run is gone, delete "
+                f"{directory / LOCK_NAME}"
+            )
+
+
+def refuse_run_inside(checkpoints: Path, log_dir: Path, me: Holder | None) -> None:
+    """Refuse a dirpath that holds another live run's log dir (`refuse_enclosing_run` from the other
+    side, for a run started first inside it). Step directories are not searched: no run's log dir is
+    one, and a checkpoint root holds thousands of their files."""
+    root, own = Path(os.path.realpath(checkpoints)), Path(os.path.realpath(log_dir))
+    for current, directories, _ in os.walk(root):
+        here = Path(current)
+        if here == own:
+            directories.clear()
+            continue
+        directories[:] = [name for name in directories if not name.startswith("step_")]
+        if here != root and (other := live_holder(here, me)) is not None:
+            raise RunLockedError(
+                f"{checkpoints}: another run holds {here} ({other.describe()}), a log dir inside this "
+                "run's checkpoint directory, so two runs would write there: wait for it to end, or give "
+                "this run its own exp_manager.checkpoint_callback_params.dirpath (or that run an "
+                f"exp_manager.explicit_log_dir outside it); if that run is gone, delete {here / LOCK_NAME}"
+            )
+
+
+def live_holder(directory: Path, me: Holder | None) -> Holder | None:
+    """The holder of `directory`'s lock while it may still be running; None for no lock or a stale one."""
+    other = read_holder(directory / LOCK_NAME)
+    return other if other is not None and me is not None and stale_reason(other, me) is None else None
 
 
 def is_within(path: Path, directory: Path) -> bool:

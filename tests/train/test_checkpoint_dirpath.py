@@ -215,3 +215,27 @@ def test_a_move_aside_under_a_dirpath_symlinked_into_the_log_dir_makes_the_direc
     assert complete_steps(aside / "ckpts") == [2]
     lock.release()
     assert not inside.exists() and link.is_symlink()  # made by the run, left empty: removed
+
+
+@pytest.mark.parametrize("first", ["dirpath", "nested"])
+def test_a_log_dir_inside_another_live_runs_dirpath_is_refused_whichever_starts_first(tmp_path, first):
+    """Run a saves into the dirpath ckpts/ (locked); run b's log dir ckpts/b was admitted inside it
+    (only the reverse, a dirpath inside another run's log dir, was refused), so a's move-aside of an
+    earlier run took b's live files with it. Refused in one line naming both paths and the holder."""
+    store, nested = tmp_path / "ckpts", tmp_path / "ckpts" / "b"
+    owner = lambda: claim_run_directory(  # noqa: E731
+        tmp_path / "a", 0, 1, resume=True, move_aside=False, checkpoints=store
+    )
+    inside = lambda: claim_run_directory(nested, 0, 1, resume=True, move_aside=False)  # noqa: E731
+    live = (owner if first == "dirpath" else inside)()
+    with pytest.raises(RunLockedError) as error:
+        (inside if first == "dirpath" else owner)()
+    text = str(error.value)
+    if first == "dirpath":
+        assert text.startswith(f"{nested}: another run holds {store} (pid {os.getpid()}")
+    else:
+        assert text.startswith(f"{store}: another run holds {nested} (pid {os.getpid()}")
+    assert "\n" not in text and "exp_manager.explicit_log_dir" in text
+    assert not (nested / LOCK_NAME).exists() if first == "dirpath" else not (store / LOCK_NAME).exists()
+    live.release()
+    (inside if first == "dirpath" else owner)().release()  # once the other run has ended
