@@ -69,6 +69,10 @@ if TYPE_CHECKING:
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 
 
+_NOT_SHARED, _WRITE_FAILED, _UPDATE_FAILED = "not shared", "write failed", "update failed"
+"""Why rank 0 could not mark a synchronous save complete, as every rank learns it (`_finish`)."""
+
+
 def _background_save_group() -> dist.ProcessGroup:
     """The gloo group background saves talk over: a collective from the writer thread must never
     interleave with the training's collectives on the default group.
@@ -349,24 +353,29 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
 
     def _finish(self, report: SaveReport) -> None:
         """Mark a synchronous save complete once every rank's files are on disk, and report it. A save
-        rank 0 cannot see whole stops every rank in the same line (the gather is the second barrier)."""
+        rank 0 cannot mark (its files unseen, a full disk under COMPLETE) stops every rank with rank 0's
+        line (the gather is the second barrier): the others waited in it until the group timed out."""
         _barrier()
-        unshared = None
-        if self.rank == 0:
-            try:
-                self._mark_complete(report, self._writer.checksums if self._writer else {})
-            except CheckpointNotSharedError as error:
-                unshared = str(error)
-            except OSError as error:
-                if is_complete(report.path):
-                    raise self._update_failed(report.path, error) from error
-                raise self._write_failed(report.path, error) from error
-        unshared = first_on_any_rank(unshared)
-        if unshared is not None:
-            shutil.rmtree(report.path, ignore_errors=True)  # this rank's files of it, wherever they are
-            raise CheckpointNotSharedError(unshared)
+        failure = first_on_any_rank(self._mark_on_rank_0(report) if self.rank == 0 else None)
+        if failure is not None:
+            kind, line = failure
+            if kind != _UPDATE_FAILED:  # never marked: this rank's files of it go, wherever they are
+                shutil.rmtree(report.path, ignore_errors=True)
+            raise (CheckpointNotSharedError if kind == _NOT_SHARED else CheckpointWriteError)(line)
         if self.on_saved is not None:
             self.on_saved(report)
+
+    def _mark_on_rank_0(self, report: SaveReport) -> tuple[str, str] | None:
+        """None once the save is marked complete, else (what failed, the line every rank stops with)."""
+        try:
+            self._mark_complete(report, self._writer.checksums if self._writer else {})
+        except CheckpointNotSharedError as error:
+            return _NOT_SHARED, str(error)
+        except OSError as error:
+            if is_complete(report.path):
+                return _UPDATE_FAILED, str(self._update_failed(report.path, error))
+            return _WRITE_FAILED, str(self._write_failed(report.path, error))
+        return None
 
     def _mark_complete(self, report: SaveReport, checksums: dict[str, str | None]) -> None:
         """Rank 0: the manifest into COMPLETE, then `latest`, then pruning. For a background save no

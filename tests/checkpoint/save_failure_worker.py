@@ -1,0 +1,81 @@
+"""One gloo rank for tests/checkpoint/test_save_failures_ranks.py: save step_2, then step_4 with a full
+disk on one rank only, as MODE says; write the save's outcome and whether the ranks still meet in the
+next collective (the first of training after a save) to OUT/rank_<r>.json. Arguments: ROOT OUT MODE
+SAVE (sync or async).
+
+MODE rankfile: rank 1's rank_1.pt meets the full disk. complete: rank 0's COMPLETE does."""
+
+import datetime
+import errno
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from gloo_worker import run_as_rank
+
+from gptrain.checkpoint import checksum_writer, rank_state
+from gptrain.checkpoint import manager as checkpoint_manager
+from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.errors import GptrainError
+from gptrain.utils import atomic
+
+
+def state(value: float) -> dict:
+    return {"model": {"w": torch.full((4,), value)}}
+
+
+def disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def fill_the_disk(mode: str, rank: int) -> None:
+    if mode == "rankfile" and rank == 1:
+        write_bytes = atomic.atomic_write_bytes
+
+        def rank_file_full(path: Path, data: bytes) -> None:
+            return disk_full() if path.name == "rank_1.pt" else write_bytes(path, data)
+
+        for module in (atomic, rank_state, checksum_writer):  # wherever the rank file is written from
+            if hasattr(module, "atomic_write_bytes"):
+                module.atomic_write_bytes = rank_file_full
+    if mode == "complete" and rank == 0:
+        write_text = checkpoint_manager.atomic_write_text
+        checkpoint_manager.atomic_write_text = lambda path, text: (
+            disk_full() if path.name == "COMPLETE" else write_text(path, text)
+        )
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    # a rank left waiting in a collective its peer never enters fails here, well within the test's timeout
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10))
+    root, out, mode, how = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    rank = dist.get_rank()
+    manager = CheckpointManager(root, keep_last=5, rank=rank, async_save=how == "async")
+    manager.save(2, state(2.0), {"rank": rank})
+    manager.wait()
+    fill_the_disk(mode, rank)
+    try:
+        manager.save(4, state(4.0), {"rank": rank})
+        manager.wait()
+        result = {"error": None}
+    except GptrainError as error:
+        result = {"error": f"{type(error).__name__}: {error}"}
+    except BaseException as error:  # a collective left waiting: what the test tells apart
+        result = {"error": f"not one line: {type(error).__name__}: {error}"}
+    try:
+        ranks = torch.ones(1)
+        dist.all_reduce(ranks)
+        result["next_collective"] = ranks.item()
+    except BaseException as error:
+        result["next_collective"] = f"{type(error).__name__}"
+    (out / f"rank_{rank}.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    run_as_rank(main)
