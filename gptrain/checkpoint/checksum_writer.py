@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.direct_io import open_shard_file
-from gptrain.utils.atomic import atomic_write_text
+from gptrain.utils.atomic import atomic_write_bytes, atomic_write_text
 
 SIDECAR_PREFIX = ".checksums.rank"
 WRITE_PIECE_BYTES = 1 << 18
@@ -79,11 +79,22 @@ class _ChecksummingFileSystem(FileSystem):
 class ChecksummingWriter(FileSystemWriter):
     """FileSystemWriter whose files get CRC-32s computed while they are written."""
 
-    def __init__(self, path: str | Path, background: bool = False, direct_io: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        background: bool = False,
+        direct_io: bool = False,
+        own_files: dict[str, bytes] | None = None,
+    ) -> None:
+        """`own_files`: this rank's files beside its shards ({name: bytes}: its rank file), written
+        with them, so that DCP's agreement on the write covers their failure too: written before DCP's
+        save, a full disk under one rank's stopped that rank alone, its peers left waiting in DCP's
+        first collective until the group timed out."""
         super().__init__(str(path), sync_files=False)  # each file fsyncs itself as it closes
         self.directory = Path(path)
         self.background = background
         self.fs = _ChecksummingFileSystem(direct_io)
+        self.own_files = own_files or {}
 
     @property
     def checksums(self) -> dict[str, str | None]:
@@ -92,6 +103,9 @@ class ChecksummingWriter(FileSystemWriter):
     def write_data(self, plan: Any, planner: Any) -> Any:
         if self.background:
             _yield_cpu_to_training()
+        for name, data in self.own_files.items():  # into the sidecar below, hence into the manifest
+            atomic_write_bytes(self.directory / name, data)
+            self.checksums[name] = f"{crc32(data):08x}"
         with _zip_record_crc_off():
             future = super().write_data(plan, planner)
             future.wait()  # FileSystemWriter writes synchronously; this only surfaces its errors here

@@ -3,7 +3,7 @@
 The COMPLETE marker carries a manifest: every file of the step directory with its size (rank 0
 stats each by the name its rank's checksum sidecar records, once every rank's files are written) and its CRC-32
 (computed while the file was written: DCP's files in gptrain.checkpoint.checksum_writer, the
-rank files in gptrain.checkpoint.rank_state; no data is read again at save time). `verify` compares the directory with it: sizes always, checksums on request
+rank files beside them; no data is read again at save time). `verify` compares the directory with it: sizes always, checksums on request
 (`gptrain checkpoint verify` reads every file once to find a changed byte). At resume every rank
 checks the sizes and the CRC-32s of its share of the files (`verify_share`), so the job stats and
 reads the checkpoint once between its ranks before loading it.

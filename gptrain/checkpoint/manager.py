@@ -49,7 +49,7 @@ from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteE
 from gptrain.checkpoint.integrity import COMPLETE, complete_record, is_complete, with_metrics
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.pruning import CheckpointPruning
-from gptrain.checkpoint.rank_state import write_rank_state
+from gptrain.checkpoint.rank_state import rank_state_bytes
 from gptrain.checkpoint.reader import CheckpointReader
 from gptrain.checkpoint.save_manifest import (
     _recorded_bytes,
@@ -168,10 +168,12 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             raise CheckpointWriteError(problem)
         try:
             path.mkdir(parents=True, exist_ok=True)
-            self._writer = ChecksummingWriter(path, background=in_background, direct_io=self.direct_io)
-            rank_file = path / f"rank_{self.rank}.pt"
-            # into this rank's checksum sidecar with its DCP files, hence into the manifest
-            self._writer.checksums[rank_file.name] = write_rank_state(rank_file, rank_state)
+            self._writer = ChecksummingWriter(
+                path,
+                background=in_background,
+                direct_io=self.direct_io,
+                own_files={f"rank_{self.rank}.pt": rank_state_bytes(rank_state)},
+            )
             if in_background:
                 self.wait_for_preparation()  # the buffer being pinned ahead is the one this save fills
                 self._start_background_save(

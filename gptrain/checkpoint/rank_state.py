@@ -8,9 +8,7 @@ from typing import Any
 
 import torch
 
-from gptrain.checkpoint.crc32 import crc32
 from gptrain.checkpoint.integrity import recorded_world_size
-from gptrain.utils.atomic import atomic_write_bytes
 
 
 def read_rank_state(path: Path, rank: int) -> dict[str, Any]:
@@ -50,11 +48,9 @@ def _saved_world_size(path: Path, rank_0_state: dict[str, Any]) -> int | None:
     return world if isinstance(world, int) else recorded_world_size(path)
 
 
-def write_rank_state(path: Path, rank_state: dict[str, Any]) -> str:
-    """torch.save `rank_state` to `path` atomically; returns the CRC-32 of the bytes written, so that
-    verify finds a changed byte in a rank file as it does in a DCP file."""
+def rank_state_bytes(rank_state: dict[str, Any]) -> bytes:
+    """`rank_state` as torch.save writes it: taken when the save starts (a background save writes it
+    later, with the shards: gptrain.checkpoint.checksum_writer, which records its CRC-32)."""
     buffer = io.BytesIO()
     torch.save(rank_state, buffer)
-    data = buffer.getvalue()
-    atomic_write_bytes(path, data)
-    return f"{crc32(data):08x}"
+    return buffer.getvalue()
