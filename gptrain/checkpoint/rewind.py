@@ -50,7 +50,7 @@ def target_step(text: str, root: Path | None = None) -> int:
 def rewind(root: Path, step: int, say: Callable[[str], None] = print) -> list[Path]:
     """Make step_<step> the newest complete checkpoint under `root` (a run's checkpoints/), holding the
     run's lock; returns where the newer ones went."""
-    run_dir = run_dir_of(root)
+    run_dir = run_dir_of(root.absolute())  # relative only as a copy of hparams.yaml records it
     if not run_dir.is_absolute() and recorded_checkpoints_dir(run_dir) != root.absolute():
         raise ConfigError(  # a copy written before it recorded the run directory absolute
             f"{root / 'hparams.yaml'} names the run directory {run_dir} relative to where the run was "

@@ -56,6 +56,19 @@ def test_rewind_moves_the_newer_checkpoints_aside_and_points_latest(tmp_path, ca
     assert len(listed) == 2 and all("set aside by `gptrain checkpoint rewind`" in line for line in listed)
 
 
+@pytest.mark.parametrize("given", ["run", "run/checkpoints"])
+def test_a_run_given_relative_to_the_working_directory_is_rewound(tmp_path, monkeypatch, capsys, given):
+    """`gptrain checkpoint rewind run --to 2` from the directory holding the run (no dirpath): refused
+    with "run/checkpoints/hparams.yaml names the run directory run relative to where the run was
+    started", a file that does not exist, and nothing rewound. It is rewound, and the run's lock is
+    taken in the run directory, as with an absolute path."""
+    root = run_with_checkpoints(tmp_path / "run", [2, 4])
+    monkeypatch.chdir(tmp_path)
+    assert main(["checkpoint", "rewind", given, "--to", "2"]) == 0, capsys.readouterr().err
+    assert complete_steps(root) == [2] and aside(root) == ["step_4"]
+    assert not (root / "gptrain.lock").exists() and not (tmp_path / "gptrain.lock").exists()
+
+
 def test_retention_ignores_rewound_checkpoints(tmp_path):
     root = run_with_checkpoints(tmp_path, [2, 4, 6])
     assert main(["checkpoint", "rewind", str(root), "--to", "2"]) == 0
