@@ -16,6 +16,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import TypeGuard
 
 from gptrain import __version__
 from gptrain.checkpoint.crc32 import crc32
@@ -83,14 +84,16 @@ def complete_record(
     torch_version: str | None = None,
     metrics: dict[str, float] | None = None,
     files: dict[str, dict] | None = None,
+    world_size: int | None = None,
 ) -> str:
     """The text of the COMPLETE marker: the step, the format, the gptrain and torch that wrote it (an
     older one refuses what it cannot read: `newer_format`, `recorded_torch`), the Slurm job that wrote
     it (a requeue of that job resumes it: gptrain.train.run_lock), the tokenizer the model was trained
     with (gptrain.data.tokenizer_identity; none for mock data), the architecture settings
     (gptrain.checkpoint.architecture), the metrics retention ranks by (gptrain.checkpoint.retention:
-    the validation loss of this step; json writes a NaN as NaN, which its reader takes back) and the
-    manifest (`files`, else the step directory's listing)."""
+    the validation loss of this step; json writes a NaN as NaN, which its reader takes back), the
+    number of ranks that saved it (each wrote its rank_<r>.pt: `verify` names one the manifest lacks)
+    and the manifest (`files`, else the step directory's listing)."""
     record: dict = {"step": step, "format": CHECKPOINT_FORMAT, "gptrain": __version__, "torch": torch_version}
     record["slurm_job_id"] = os.environ.get("SLURM_JOB_ID")
     if tokenizer is not None:
@@ -99,6 +102,8 @@ def complete_record(
         record["architecture"] = architecture
     if metrics:
         record["metrics"] = metrics
+    if world_size is not None:
+        record["world_size"] = world_size
     record["files"] = files if files is not None else manifest(step_dir, checksums)
     return json.dumps(record, indent=1) + "\n"
 
@@ -142,13 +147,21 @@ def recorded_architecture(step_dir: Path) -> dict | None:
 
 
 def recorded_world_size(step_dir: Path) -> int | None:
-    """How many ranks saved a complete checkpoint: the rank files its manifest lists (each rank's
-    goes in); None where the marker has no manifest (saved before manifests) or is unreadable."""
-    files = _marker_record(step_dir).get("files")
+    """How many ranks saved a complete checkpoint: as its marker records it, else the rank files its
+    manifest lists (each rank's goes in); None where the marker has no manifest (saved before
+    manifests) or is unreadable."""
+    record = _marker_record(step_dir)
+    if _is_world_size(world := record.get("world_size")):
+        return world
+    files = record.get("files")
     if not isinstance(files, dict):
         return None
     ranks = sum(1 for name in files if RANK_FILE.fullmatch(name))
     return ranks or None
+
+
+def _is_world_size(value: object) -> TypeGuard[int]:
+    return type(value) is int and value > 0
 
 
 def _recorded(step_dir: Path, key: str) -> dict | None:
@@ -264,8 +277,10 @@ def verify(
     `.metadata` once more on rank 0 (~50 us an entry: a minute at 70B on 512 ranks) would hold every
     rank before the first verdict, and loading finds a missing shard anyway.
     """
-    expected, problem = _manifest_files(step_dir)
+    expected, problem, world = _manifest_files_and_world(step_dir)
     if expected is None:
+        return problem
+    if rank == 0 and (problem := _unlisted_rank_file(step_dir, expected, world)) is not None:
         return problem
     for index, (name, entry) in enumerate(sorted(expected.items())):
         if index % world_size == rank:
@@ -303,26 +318,47 @@ def _check_named_shards(step_dir: Path, expected: dict, crc_checked: bool) -> st
     return None
 
 
+def _unlisted_rank_file(step_dir: Path, expected: dict, world: object) -> str | None:
+    """The first rank file of the ranks the marker records (`world`) that its manifest lacks; None
+    where it lists them all, or records no world size (saved before the record: the manifest's files
+    are all there is to check)."""
+    if not _is_world_size(world):
+        return None
+    missing = next((f"rank_{r}.pt" for r in range(world) if f"rank_{r}.pt" not in expected), None)
+    if missing is None:
+        return None
+    return (
+        f"{step_dir / COMPLETE} records a save by {world} ranks, but its manifest lists no {missing}: "
+        "the save lost it"
+    )
+
+
 def _manifest_files(step_dir: Path) -> tuple[dict | None, str | None]:
     """(the manifest's {name: entry}, None), or (None, what is wrong; None for a checkpoint written
     before manifests existed, which has nothing to compare: `_is_from_before_manifests`)."""
+    expected, problem, _ = _manifest_files_and_world(step_dir)
+    return expected, problem
+
+
+def _manifest_files_and_world(step_dir: Path) -> tuple[dict | None, str | None, object]:
+    """`_manifest_files`, and the world size the marker records (as read: checked by the caller)."""
     marker = step_dir / COMPLETE
     if not marker.is_file():
-        return None, f"{step_dir.name} has no {COMPLETE} marker (a save that did not finish)"
+        return None, f"{step_dir.name} has no {COMPLETE} marker (a save that did not finish)", None
     try:
         record = json.loads(marker.read_text())
     except OSError as error:
         if not _is_damage(error):
             raise  # permissions, a stale handle, too many open files: not the checkpoint's fault
-        return None, f"{marker} is unreadable ({error})"
+        return None, f"{marker} is unreadable ({error})", None
     except ValueError as error:
-        return None, f"{marker} is unreadable ({error})"
+        return None, f"{marker} is unreadable ({error})", None
     if _is_from_before_manifests(record):
-        return None, None
+        return None, None, None
     files = record.get("files") if isinstance(record, dict) else None
     if not _is_manifest(files):
-        return None, f"{marker} holds no valid manifest of the step's files (edited or overwritten)"
-    return files, None
+        return None, f"{marker} holds no valid manifest of the step's files (edited or overwritten)", None
+    return files, None, record.get("world_size")
 
 
 LEGACY_KEYS = frozenset({"step"})

@@ -384,7 +384,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         barrier is needed: DCP's coordinator (rank 0) writes .metadata only after gathering every
         rank's write results, so every rank's files and checksum sidecar are on disk by then."""
         tokenizer = self.tokenizer.record if self.tokenizer is not None else None
-        gathered, files, unseen = complete_manifest(report.path, checksums, _saving_world_size())
+        world_size = _saving_world_size()
+        gathered, files, unseen = complete_manifest(report.path, checksums, world_size)
         if unseen:
             raise CheckpointNotSharedError(not_shared_text(report.path, unseen))
         record = complete_record(
@@ -396,6 +397,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             torch.__version__,
             report.metrics,
             files=files,
+            world_size=world_size,
         )
         fsync_directory(report.path)  # every file's name durable (.metadata was renamed) before COMPLETE's
         atomic_write_text(report.path / COMPLETE, record)

@@ -7,7 +7,8 @@ import gloo_ranks
 import pytest
 
 from gptrain.checkpoint.directory import LATEST
-from gptrain.checkpoint.integrity import complete_steps
+from gptrain.checkpoint.integrity import complete_steps, recorded_world_size, verify
+from gptrain.cli import main
 
 WORKER = Path(__file__).with_name("save_failure_worker.py")
 FULL = "OSError: [Errno 28] No space left on device"
@@ -50,3 +51,40 @@ def test_a_full_disk_under_complete_stops_every_rank_with_rank_0s_line(tmp_path)
     assert first["next_collective"] == second["next_collective"] == 2.0
     assert complete_steps(root) == [2] and not (root / "step_4").exists()
     assert (root / LATEST).read_text() == "step_2\n"
+
+
+def marker(step_dir: Path) -> dict:
+    return json.loads((step_dir / "COMPLETE").read_text())
+
+
+def rewrite_marker(step_dir: Path, record: dict) -> None:
+    (step_dir / "COMPLETE").write_text(json.dumps(record, indent=1) + "\n")
+
+
+@pytest.mark.distributed
+def test_a_two_rank_checkpoint_records_its_world_and_verify_names_a_missing_rank_file(tmp_path, capsys):
+    """COMPLETE recorded which files a save wrote, but not how many ranks wrote them: a manifest that
+    lost a rank's file (edited, or listed from one node's view as before saves were refused there)
+    verified whole. It records the world size; verify names a rank file missing from the directory or
+    from the manifest. A marker from before the record verifies as before."""
+    root = tmp_path / "checkpoints"
+    assert [result["error"] for result in outcomes(root, tmp_path, "whole", "sync")] == [None, None]
+    step_4 = root / "step_4"
+    assert marker(step_4)["world_size"] == 2 and recorded_world_size(step_4) == 2
+    assert verify(step_4, checksums=True, named_shards=True) is None
+    (step_4 / "rank_1.pt").rename(tmp_path / "rank_1.pt")
+    assert main(["checkpoint", "verify", str(root)]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == f"step_4: DAMAGED: {step_4 / 'rank_1.pt'} is missing"
+    record = marker(step_4)
+    del record["files"]["rank_1.pt"]
+    rewrite_marker(step_4, record)
+    assert verify(step_4) == (
+        f"{step_4 / 'COMPLETE'} records a save by 2 ranks, but its manifest lists no rank_1.pt: "
+        "the save lost it"
+    )
+    del record["world_size"]  # as gptrain wrote it before the record: the manifest's files alone
+    rewrite_marker(step_4, record)
+    assert verify(step_4, checksums=True, named_shards=True) is None and recorded_world_size(step_4) == 1
+    rewrite_marker(step_4, {"step": 4})  # before manifests: nothing to compare, said so
+    assert main(["checkpoint", "verify", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("step_4: not checked (its COMPLETE marker is from")
