@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -113,10 +113,9 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
         )
     # newest COMPLETE first, as training resumes: `latest` lags one save behind a run killed between
     # a save's COMPLETE marker and its `latest`
-    candidates = [root / step_dir_name(step) for step in reversed(complete_steps(root))]
-    if not candidates:
+    if not complete_steps(root):
         raise DataError(f"{root}: no complete checkpoint (every step_* lacks its COMPLETE marker)")
-    return _newest_that_verifies(root, candidates, checksums)
+    return _newest_that_verifies(root, lambda: _complete_newest_first(root), checksums)
 
 
 def incomplete_step_text(step_dir: Path) -> str:
@@ -159,28 +158,73 @@ def older_checkpoint(step_dir: Path) -> Path | None:
     if match is None:
         return None
     root, step = step_dir.parent, int(match.group(1))
-    candidates = [root / step_dir_name(older) for older in reversed(complete_steps(root)) if older < step]
-    return _newest_that_verifies(root, candidates) if candidates else None
+
+    def older() -> list[Path]:
+        return [candidate for candidate in _complete_newest_first(root) if _step_of(candidate) < step]
+
+    return _newest_that_verifies(root, older) if older() else None
 
 
-def _newest_that_verifies(root: Path, candidates: list[Path], checksums: bool = False) -> Path:
-    damaged: list[tuple[Path, str]] = []
-    for candidate in candidates:
-        problem = _verify(candidate, checksums)
-        if problem is None:
+def _complete_newest_first(root: Path) -> list[Path]:
+    """The complete checkpoints of `root`, newest first, as training resumes (not `latest`: it lags one
+    save behind a run killed between a save's COMPLETE marker and its `latest`)."""
+    return [root / step_dir_name(step) for step in reversed(complete_steps(root))]
+
+
+def _step_of(step_dir: Path) -> int:
+    return int(step_dir.name.removeprefix("step_"))
+
+
+RELISTS = 3
+"""How often the checkpoints are listed again when the run, still saving, removes the one being checked."""
+
+
+def _newest_that_verifies(root: Path, listing: Callable[[], list[Path]], checksums: bool = False) -> Path:
+    """The first of `listing()` that verifies, saying which ones before it did not. One whose COMPLETE
+    went while it was checked was removed by its run, still saving (retention unlinks the marker
+    first): not damage, and the run's newer save is the one to take, so the listing is taken again."""
+    damaged: dict[Path, str] = {}
+    removed: Path | None = None
+    for _ in range(RELISTS):
+        found, removed = _first_that_verifies(listing(), damaged, checksums)
+        if found is not None:
             if damaged:
-                names = ", ".join(step.name for step, _ in damaged)
+                names = ", ".join(step.name for step in damaged)
                 print(
-                    f"gptrain: warning: using {candidate.name}, the newest checkpoint that verifies; damaged: "
-                    f"{names} ({damaged[0][1]})",
+                    f"gptrain: warning: using {found.name}, the newest checkpoint that verifies; damaged: "
+                    f"{names} ({next(iter(damaged.values()))})",
                     file=sys.stderr,
                 )
-            return candidate
-        damaged.append((candidate, problem))
+            return found
+        if removed is None:
+            break
+    if removed is not None:  # removed under each listing: the run saves faster than this reads
+        raise removed_while_read(removed)
+    if not damaged:
+        raise CheckpointLoadError(
+            f"{root}: no complete checkpoint left (its run removed them while they were read)"
+        )
     raise CheckpointLoadError(
-        f"{root}: every complete checkpoint is damaged (newest: {damaged[0][1]}); "
+        f"{root}: every complete checkpoint is damaged (newest: {next(iter(damaged.values()))}); "
         "`gptrain checkpoint verify` lists them"
     )
+
+
+def _first_that_verifies(
+    candidates: list[Path], damaged: dict[Path, str], checksums: bool
+) -> tuple[Path | None, Path | None]:
+    """(the first of `candidates` not in `damaged` that verifies, None); (None, one removed while it was
+    checked); or (None, None). Each that fails its check goes into `damaged` with what is wrong."""
+    for candidate in candidates:
+        if candidate in damaged:
+            continue
+        problem = _verify(candidate, checksums)
+        if problem is None:
+            return candidate, None
+        if not is_complete(candidate):
+            return None, candidate
+        damaged[candidate] = problem
+    return None, None
 
 
 def _verify(step_dir: Path, checksums: bool) -> str | None:

@@ -835,3 +835,32 @@ def test_a_metadata_whose_pickle_claims_more_memory_than_its_size_is_refused_bef
         assert peak < 1 << 20, (name, peak)  # the file is bytes; 1 MB holds the scan many times over
     (tmp_path / "ok").write_bytes(entries + b"h\x00.")  # BINGET 0 of the entry stored: a pickler's
     assert shard_extents(tmp_path / "ok") is None  # read, and not a DCP Metadata
+
+
+def test_eval_on_a_run_whose_retention_removes_the_newest_while_it_is_checked_takes_the_new_newest(
+    tmp_path, monkeypatch, capsys
+):
+    """eval, generate and export on a run still training: its next save (step_8) removed step_6, the
+    newest, while its files were checked. step_6 was called damaged and step_4 taken, with a warning
+    naming step_6 as damaged; the run's newest (step_8) is taken now, and nothing is called damaged."""
+    import shutil
+
+    from gptrain.trained import load
+
+    root = tmp_path / "checkpoints"
+    manager = CheckpointManager(root, keep_last=None)
+    for step in (2, 4, 6):
+        save(manager, step)
+    checked, real_verify = [], load.verify
+
+    def retention_meanwhile(step_dir, *args, **kwargs):
+        checked.append(step_dir.name)
+        if step_dir.name == "step_6":  # the run saves step_8, then its retention removes step_6
+            save(manager, 8)
+            (step_dir / "COMPLETE").unlink()
+            shutil.rmtree(step_dir)
+        return real_verify(step_dir, *args, **kwargs)
+
+    monkeypatch.setattr(load, "verify", retention_meanwhile)
+    assert load.resolve_checkpoint(tmp_path) == root / "step_8"
+    assert checked == ["step_6", "step_8"] and "damaged" not in capsys.readouterr().err
