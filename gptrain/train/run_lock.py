@@ -411,15 +411,21 @@ def refuse_enclosing_run(log_dir: Path, me: Holder | None) -> None:
             )
 
 
+NESTED_RUN_DEPTH = 3
+"""How deep below a dirpath `refuse_run_inside` looks for another run's log dir: a dirpath set to a
+broad directory (a project's, with its data) must not be walked whole at every start."""
+
+
 def refuse_run_inside(checkpoints: Path, log_dir: Path, me: Holder | None) -> None:
     """Refuse a dirpath that holds another live run's log dir (`refuse_enclosing_run` from the other
-    side, for a run started first inside it). Step directories are not searched: no run's log dir is
-    one, and a checkpoint root holds thousands of their files."""
+    side, for a run started first inside it), up to NESTED_RUN_DEPTH levels down. Step directories are
+    not searched: no run's log dir is one, and a checkpoint root holds thousands of their files."""
     root, own = Path(os.path.realpath(checkpoints)), Path(os.path.realpath(log_dir))
     for current, directories, _ in os.walk(root):
         here = Path(current)
-        if here == own:
+        if here == own or len(here.relative_to(root).parts) >= NESTED_RUN_DEPTH:
             directories.clear()
+        if here == own:
             continue
         directories[:] = [name for name in directories if not name.startswith("step_")]
         if here != root and (other := live_holder(here, me)) is not None:

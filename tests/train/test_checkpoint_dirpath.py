@@ -239,3 +239,23 @@ def test_a_log_dir_inside_another_live_runs_dirpath_is_refused_whichever_starts_
     assert not (nested / LOCK_NAME).exists() if first == "dirpath" else not (store / LOCK_NAME).exists()
     live.release()
     (inside if first == "dirpath" else owner)().release()  # once the other run has ended
+
+
+def test_a_dirpath_is_searched_for_another_runs_log_dir_only_near_its_top(tmp_path, monkeypatch):
+    """The search for a live run's log dir inside a dirpath stops NESTED_RUN_DEPTH levels down and never
+    enters step directories: a dirpath set to a broad directory is not walked whole at each start."""
+    from gptrain.train import run_lock
+
+    store = tmp_path / "ckpts"
+    deep = store / "a" / "b" / "c" / "run"  # below the depth searched (admitted: its own walk up refuses a)
+    (store / "step_2" / "run").mkdir(parents=True)
+    inside = [claim_run_directory(deep, 0, 1, resume=True, move_aside=False)]
+    inside.append(claim_run_directory(store / "step_2" / "run", 0, 1, resume=True, move_aside=False))
+    looked = []
+    read_holder = run_lock.read_holder
+    monkeypatch.setattr(run_lock, "read_holder", lambda path: looked.append(path) or read_holder(path))
+    owner = claim_run_directory(tmp_path / "a", 0, 1, resume=True, move_aside=False, checkpoints=store)
+    searched = {path.parent for path in looked if store in path.parents}
+    assert searched == {store / "a", store / "a" / "b", store / "a" / "b" / "c"}  # run/ is 4 down
+    for lock in (owner, *inside):
+        lock.release()
