@@ -87,4 +87,6 @@ def test_a_two_rank_checkpoint_records_its_world_and_verify_names_a_missing_rank
     assert verify(step_4, checksums=True, named_shards=True) is None and recorded_world_size(step_4) == 1
     rewrite_marker(step_4, {"step": 4})  # before manifests: nothing to compare, said so
     assert main(["checkpoint", "verify", str(root)]) == 0
-    assert capsys.readouterr().out.splitlines()[0].startswith("step_4: not checked (its COMPLETE marker is from")
+    assert (
+        capsys.readouterr().out.splitlines()[0].startswith("step_4: not checked (its COMPLETE marker is from")
+    )
