@@ -128,7 +128,14 @@ class TokenizerConfig:
     HuggingFaceTokenizer (a slow LlamaTokenizer encodes otherwise); other types do not read it."""
     vocab_size: int | None = None
     """TikTokenizer with a vocabulary file (Megatron's --vocab-size): the ids, special tokens first,
-    then the file's first ranks; null is 131072 (2**17), Megatron's default."""
+    then the file's first ranks; null is 131072 (2**17), Megatron's default. NullTokenizer (data
+    already tokenized, no files): its ids, 0 to vocab_size - 1 (required)."""
+    null_eod_id: int | None = None
+    """NullTokenizer (Megatron's --null-tokenizer-eod-id): the end-of-document id, which
+    model.data.eod_mask_loss masks; null is vocab_size - 1, as Megatron core 0.18 on."""
+    null_pad_id: int | None = None
+    """NullTokenizer (Megatron's --null-tokenizer-pad-id): labels of this id stay out of the loss and
+    its tokens read as id 0, as Megatron's GPT dataset does with padding; null (or -1) is none."""
     tiktoken_pattern: str | None = None
     """TikTokenizer with a vocabulary file: Megatron's pre-tokenizer split `v1` or `v2` (null: v2,
     Megatron's default)."""

@@ -7,7 +7,9 @@ from typing import Any
 from gptrain.errors import ConfigError
 from gptrain.utils.tokenizer_types import (
     MEGATRON_TYPES,
+    NULL_TYPE,
     SENTENCEPIECE_TYPES,
+    check_null_settings,
     hub_name_advice,
     is_tiktoken_vocabulary_file,
     megatron_tokenizer_type,
@@ -94,6 +96,7 @@ def _huggingface_type(tokenizer: Any) -> str:
 def _check_tiktoken_settings(tokenizer: Any) -> None:
     """The TikTokenizer settings' types, checked on the login node (their relations, which Megatron
     asserts, where the vocabulary file is read: gptrain.data.tiktoken_file)."""
+    _check_null_settings(tokenizer)
     size, count, specials = (
         tokenizer.vocab_size,
         tokenizer.tiktoken_num_special_tokens,
@@ -120,11 +123,13 @@ def _refuse_unread_tiktoken_settings(tokenizer: Any) -> None:
         if not tokenizer.model or is_tiktoken_vocabulary_file(str(tokenizer.model)):
             return
         reader = f"the tiktoken encoding {tokenizer.model!r}, which has its own split, vocabulary and special tokens"
+    elif tokenizer.type == NULL_TYPE:
+        reader = f"{NULL_TYPE}, which is model.tokenizer.vocab_size ids alone"
     else:
         reader = f"{tokenizer.type}, which has its own split and vocabulary"
     given = tiktoken_settings_given(
         tokenizer.tiktoken_pattern,
-        tokenizer.vocab_size,
+        None if tokenizer.type == NULL_TYPE else tokenizer.vocab_size,  # NullTokenizer's own
         tokenizer.tiktoken_num_special_tokens,
         tokenizer.special_tokens,
     )
@@ -133,3 +138,16 @@ def _refuse_unread_tiktoken_settings(tokenizer: Any) -> None:
             f"{', '.join(given)}: read only by TikTokenizer with Megatron's tiktoken vocabulary file, not by "
             f"{reader}; drop it"
         )
+
+
+def _check_null_settings(tokenizer: Any) -> None:
+    """NullTokenizer needs vocab_size (Megatron asserts --vocab-size), and its ids are its alone:
+    null_eod_id and null_pad_id beside another type were taken silently by no tokenizer. Their
+    values are checked where it is built (gptrain.data.null_tokenizer), on the login node too."""
+    if tokenizer.type != NULL_TYPE:
+        named = [key for key in ("null_eod_id", "null_pad_id") if getattr(tokenizer, key) is not None]
+        if named:
+            keys = ", ".join(f"model.tokenizer.{key}" for key in named)
+            raise ConfigError(f"{keys}: read only by {NULL_TYPE}, not {tokenizer.type}; drop it")
+        return
+    check_null_settings(tokenizer.vocab_size, tokenizer.null_eod_id, tokenizer.null_pad_id)

@@ -16,6 +16,7 @@ from gptrain.config.tokenizer_checks import _check_tiktoken_settings
 from gptrain.errors import ConfigError
 from gptrain.utils.tokenizer_types import (
     MEGATRON_TYPES,
+    NULL_TYPE,
 )
 
 CHOICES = {
@@ -282,7 +283,9 @@ def _check_data(cfg: TrainingConfig) -> None:
             raise ConfigError(f"model.data.splits_string: {error}") from None
     _check_tiktoken_settings(tokenizer)
     _check_padded_vocab(cfg)
-    has_tokenizer = tokenizer.model or (tokenizer.vocab_file and tokenizer.merge_file)
+    has_tokenizer = (
+        tokenizer.model or (tokenizer.vocab_file and tokenizer.merge_file) or tokenizer.type == NULL_TYPE
+    )
     if data.data_impl == "mock" and not has_tokenizer and not data.mock_vocab_size:
         raise ConfigError(
             "model.data.mock_vocab_size: set it (e.g. 50257) or give model.tokenizer files for mock data"

@@ -23,6 +23,7 @@ KINDS = {
     "SentencePieceTokenizer": "sentencepiece",
     "GPTSentencePieceTokenizer": "gptsentencepiece",
     "Llama2Tokenizer": "llama2",
+    "NullTokenizer": "null",
 }
 """Megatron's tokenizer type -> gptrain's kind (the loader in gptrain.data.tokenizers)."""
 
@@ -34,7 +35,7 @@ def canonical_type(tokenizer_type: str) -> str:
     if megatron_type is None:
         raise ConfigError(
             f"unknown --tokenizer-type {tokenizer_type!r}: use GPT2BPETokenizer, HuggingFaceTokenizer, "
-            "TikTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or SentencePieceTokenizer"
+            "TikTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer or NullTokenizer"
         )
     return KINDS[megatron_type]
 

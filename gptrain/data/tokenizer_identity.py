@@ -8,7 +8,8 @@ without complaint, and every id then means something else. The record holds:
   vocab_size     the unpadded vocabulary
   eod            the end-of-document id (loss masks and attention resets depend on it)
   tokens         sha256 of the id -> token table, each token spelled as GPT-2's byte-level string
-                 of its bytes (HF's own spelling for other tokenizers), so that GPT-2 given as
+                 of its bytes (HF's own spelling for other tokenizers; NullTokenizer's are the ids
+                 written out), so that GPT-2 given as
                  vocab.json + merges.txt, as its tokenizer.json or as tiktoken's encoding is one
                  tokenizer
   encodes        sha256 of the ids of a fixed text: merges, pre-tokenizer and normalizer
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptrain.data.gpt2_bpe import bytes_to_unicode
+from gptrain.data.null_tokenizer import NullTokenizer
 from gptrain.data.tokenizer_wrappers import HFTokenizer, SentencePieceTokenizer, TiktokenTokenizer
 from gptrain.errors import GptrainError
 
@@ -56,6 +58,8 @@ def token_table(tokenizer: Any) -> list[str | None]:
         return [_spelled(_token_bytes(tokenizer, i), alphabet) for i in range(tokenizer.vocab_size)]
     if isinstance(tokenizer, SentencePieceTokenizer):
         return [_piece(tokenizer, i) for i in range(tokenizer.vocab_size)]
+    if isinstance(tokenizer, NullTokenizer):  # each id is its own token, as its text is
+        return [str(i) for i in range(tokenizer.vocab_size)]
     raise TypeError(f"no token table for {type(tokenizer).__name__}")
 
 
@@ -93,8 +97,15 @@ def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
         "vocab_size": len(table),
         "eod": _eod(tokenizer),
         "tokens": _digest(table),
-        "encodes": _digest([int(i) for i in tokenizer.encode(PROBE)]),
+        "encodes": _digest(_probe_ids(tokenizer)),
     }
+
+
+def _probe_ids(tokenizer: Any) -> list[int]:
+    """PROBE's ids; none for NullTokenizer, whose text is ids (its encoding is always the same)."""
+    if isinstance(tokenizer, NullTokenizer):
+        return []
+    return [int(i) for i in tokenizer.encode(PROBE)]
 
 
 def _eod(tokenizer: Any) -> int | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptrain.data.gpt2_bpe import load_gpt2_bpe
+from gptrain.data.null_tokenizer import NullOptions, build_null_tokenizer
 from gptrain.data.tiktoken_file import TiktokenFileOptions, load_tiktoken_file
 from gptrain.data.tokenizer_args import canonical_type
 from gptrain.data.tokenizer_loaders import load_huggingface, load_sentencepiece, load_tiktoken
@@ -55,11 +56,15 @@ def build_tokenizer(
     model: str | None = None,
     tiktoken: TiktokenFileOptions | None = None,
     legacy: bool = False,
+    null: NullOptions | None = None,
 ) -> Tokenizer:
     """Build a tokenizer by its NeMo/Megatron type name (aliases: gpt2bpe, huggingface, tiktoken, llama2);
     `tiktoken` is read only for TikTokenizer with a vocabulary file (Megatron's); `legacy` (Megatron's
-    --legacy-tokenizer) only for GPT-2 BPE, the one type whose legacy ids gptrain's others do not already give."""
+    --legacy-tokenizer) only for GPT-2 BPE, the one type whose legacy ids gptrain's others do not already
+    give; `null` only for NullTokenizer, which reads no files."""
     kind = canonical_type(tokenizer_type)
+    if kind == "null":
+        return build_null_tokenizer(null)
     if kind == "gpt2":
         if vocab_file is None and merge_file is None and model and _is_directory(model):
             vocab_file, merge_file = str(Path(model) / "vocab.json"), str(Path(model) / "merges.txt")

@@ -42,9 +42,11 @@ def check_vocabulary_rows(cfg: TrainingConfig) -> None:
 
 
 def tokenizer_ids(tok: Any) -> int | None:
-    """The ids of a GPT-2 BPE or HuggingFaceTokenizer tokenizer as the job's tokenizer counts them
+    """The ids of a GPT-2 BPE, HuggingFaceTokenizer or NullTokenizer tokenizer as the job's tokenizer counts them
     (the highest id + 1: a vocabulary may skip ids), or None where its files do not tell them here."""
     kind = _kind(tok.type)
+    if kind == "null":
+        return int(tok.vocab_size) if tok.vocab_size else None
     if kind == "gpt2":
         directory = tok.model if not (tok.vocab_file or tok.merge_file) and tok.model else None
         vocab = _json_file(str(Path(directory) / "vocab.json") if directory else tok.vocab_file)
@@ -177,6 +179,8 @@ def _file_keys_read(tokenizer: dict[str, Any]) -> tuple[str, ...]:
     kind = _kind(tokenizer.get("type"))
     if kind is None:
         return ("vocab_file", "merge_file", "model")
+    if kind == "null":  # ids alone
+        return ()
     if kind == "gpt2" and (tokenizer.get("vocab_file") or tokenizer.get("merge_file")):
         return ("vocab_file", "merge_file")  # the job reads no model beside them
     return ("model",)

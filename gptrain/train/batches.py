@@ -122,12 +122,14 @@ class GPTBatchDataset(Dataset):
         eod_mask_loss: bool = False,
         vocab_rows: int | None = None,
         source: str = "the data",
+        pad: int | None = None,
     ) -> None:
         self.samples = samples
         self.eod = eod
         self.eod_mask_loss = eod_mask_loss and eod is not None
         self.vocab_rows = vocab_rows  # the embedding's rows: a larger token id has none
         self.source = source  # what names the data in an error: a config key or a flag
+        self.pad = pad if pad is not None and pad >= 0 else None  # NullTokenizer's; -1: none
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -141,7 +143,17 @@ class GPTBatchDataset(Dataset):
         if self.eod_mask_loss:
             # Megatron masks the positions whose *input* is EOD.
             loss_mask[tokens == self.eod] = 0.0
+        if self.pad is not None:
+            tokens, labels = self._mask_padding(tokens, labels, loss_mask)
         return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask}
+
+    def _mask_padding(
+        self, tokens: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As Megatron's GPT dataset with a padding id: labels of it leave the loss, and it reads as
+        id 0 in tokens and labels."""
+        loss_mask[labels == self.pad] = 0.0
+        return tokens.masked_fill(tokens == self.pad, 0), labels.masked_fill(labels == self.pad, 0)
 
     def _check_ids(self, index: int, sample: torch.Tensor) -> None:
         """An id the embedding has no row for fails here in one line, not as an index error deep in

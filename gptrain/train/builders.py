@@ -312,6 +312,16 @@ def batch_eod(tokenizer: Any | None, eod_mask_loss: bool) -> int | None:
         raise DataError(f"model.data.eod_mask_loss needs an end-of-document token: {error}") from None
 
 
+def batch_pad(tokenizer: Any | None) -> int | None:
+    """The padding id whose labels leave the loss: NullTokenizer's model.tokenizer.null_pad_id alone
+    (Megatron's GPT dataset masks its tokenizer's pad; gptrain's other tokenizers keep every label)."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+
+    if not isinstance(tokenizer, NullTokenizer) or tokenizer.pad < 0:
+        return None
+    return tokenizer.pad
+
+
 def build_turn(rank: int, local_rank: int) -> int:
     """0 for rank 0, 1 for the first rank of every other node, 2 for the rest (build_datasets)."""
     if rank == 0:
@@ -360,8 +370,9 @@ def _build_datasets(
     eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
     source = "model.data.data_prefix"
+    pad = batch_pad(tokenizer)
     wrapped = [
-        GPTBatchDataset(d, eod, m.data.eod_mask_loss, rows, source) if d is not None else None
+        GPTBatchDataset(d, eod, m.data.eod_mask_loss, rows, source, pad) if d is not None else None
         for d in (train, valid, test)
     ]
     return wrapped[0], wrapped[1], wrapped[2]

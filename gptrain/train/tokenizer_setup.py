@@ -26,7 +26,15 @@ def build_tokenizer(cfg: TrainingConfig) -> Any | None:
         model=tok.model,
         tiktoken=tiktoken_options(tok),
         legacy=tok.legacy,
+        null=null_options(tok),
     )
+
+
+def null_options(tok: Any) -> Any:
+    """model.tokenizer's NullTokenizer settings (read by that type alone)."""
+    from gptrain.data.null_tokenizer import NullOptions
+
+    return NullOptions(tok.vocab_size, tok.null_eod_id, tok.null_pad_id)
 
 
 def check_use_fast(tok: Any) -> None:
@@ -87,6 +95,8 @@ def tokenizer_file_keys(cfg: TrainingConfig) -> tuple[str, ...]:
     from gptrain.utils.tokenizer_types import is_tiktoken_vocabulary_file as is_vocabulary_file
 
     tok, kind = cfg.model.tokenizer, canonical_type(cfg.model.tokenizer.type)
+    if kind == "null":  # ids alone
+        return ()
     if kind == "gpt2" and (tok.vocab_file or tok.merge_file or not tok.model):
         return ("vocab_file", "merge_file")
     if kind != "gpt2" and kind != "tiktoken":  # tokenizer.json, or a SentencePiece tokenizer.model
@@ -162,8 +172,11 @@ def tokenizer_check(cfg: TrainingConfig, tokenizer: Any | None) -> Any | None:
     if tokenizer is None:
         return None
     from gptrain.data.tokenizer_identity import TokenizerCheck
+    from gptrain.data.tokenizers import canonical_type
 
     tok = cfg.model.tokenizer
     files = [getattr(tok, key) for key in tokenizer_file_keys(cfg)] or [tok.model]
     source = " + ".join(str(file) for file in files)
+    if canonical_type(tok.type) == "null":  # no files: its settings
+        source = f"(vocab_size {tokenizer.vocab_size}, eod {tokenizer.eod})"
     return TokenizerCheck.of(tokenizer, tok.type, source, cfg.exp_manager.allow_tokenizer_change)

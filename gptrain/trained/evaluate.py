@@ -406,7 +406,8 @@ def prefix_data(
     eod = b.batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
     source = f"--data-prefix {' '.join(entries)}"
-    return GPTBatchDataset(valid, eod, m.data.eod_mask_loss, rows, source), batches, " ".join(entries)
+    dataset = GPTBatchDataset(valid, eod, m.data.eod_mask_loss, rows, source, b.batch_pad(tokenizer))
+    return dataset, batches, " ".join(entries)
 
 
 def report(

@@ -8,11 +8,17 @@ from __future__ import annotations
 import os
 import re
 
+from gptrain.errors import ConfigError
 from gptrain.utils.paths import look_up
 
 SENTENCEPIECE_TYPES = ("GPTSentencePieceTokenizer", "Llama2Tokenizer", "SentencePieceTokenizer")
 """Megatron's types of a SentencePiece tokenizer.model (how each encodes: gptrain.data.tokenizers)."""
-MEGATRON_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "TikTokenizer", *SENTENCEPIECE_TYPES)
+NULL_TYPE = "NullTokenizer"
+"""Megatron's type of a vocabulary of --vocab-size ids with no files, for data already tokenized."""
+MEGATRON_TYPES = ("GPT2BPETokenizer", "HuggingFaceTokenizer", "TikTokenizer", *SENTENCEPIECE_TYPES, NULL_TYPE)
+
+NO_PAD = -1
+"""NullTokenizer's padding id where none is given, as Megatron's: no token has it."""
 
 SPELLINGS = {
     "gpt2bpetokenizer": "GPT2BPETokenizer",
@@ -29,6 +35,7 @@ SPELLINGS = {
     "llama2tokenizer": "Llama2Tokenizer",
     "llama2": "Llama2Tokenizer",
     "sentencepiecetokenizer": "SentencePieceTokenizer",
+    "nulltokenizer": NULL_TYPE,  # not `null`, which YAML and overrides read as no type
 }
 """A spelling with case, `_`, `-` and other punctuation removed -> Megatron's type name."""
 
@@ -94,3 +101,34 @@ def hub_name_advice(value: object, pass_as: str = "pass the local directory DIR"
         f"gptrain does not download tokenizers from the Hugging Face hub: if {text!r} is a hub name, "
         f"download it (huggingface-cli download {text} --local-dir DIR) and {pass_as}"
     )
+
+
+def check_null_settings(vocab_size: object, eod_id: object, pad_id: object) -> None:
+    """NullTokenizer's vocab_size (required, as Megatron asserts --vocab-size), null_eod_id (an id of
+    it) and null_pad_id (-1 or more), named by their keys: here, below config and data, which both
+    check them (the login node before the queue, data and training where it is built)."""
+    if vocab_size is None:
+        raise ConfigError(
+            "NullTokenizer needs its vocabulary size: model.tokenizer.vocab_size (Megatron's --vocab-size), "
+            "more than the data's largest token id; it encodes no text, so gptrain's data commands need "
+            "the tokenizer the text is to be encoded with"
+        )
+    if not _is_int(vocab_size) or vocab_size < 1:  # type: ignore[operator]
+        raise ConfigError(
+            f"model.tokenizer.vocab_size: must be a whole number of at least 1, got {vocab_size!r}"
+        )
+    last = vocab_size - 1  # type: ignore[operator]
+    if eod_id is not None and (not _is_int(eod_id) or not 0 <= eod_id <= last):  # type: ignore[operator]
+        raise ConfigError(
+            f"model.tokenizer.null_eod_id: {eod_id!r} is not an id of the vocabulary (0 to {last}); "
+            f"null is {last}, the last, as Megatron's"
+        )
+    if pad_id is not None and (not _is_int(pad_id) or pad_id < NO_PAD):  # type: ignore[operator]
+        raise ConfigError(
+            f"model.tokenizer.null_pad_id: {pad_id!r}: give the id whose labels stay out of the loss, or -1 "
+            "(or null) for none"
+        )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

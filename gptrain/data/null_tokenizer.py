@@ -1,0 +1,80 @@
+"""Megatron's NullTokenizer: a vocabulary of `vocab_size` ids and no files, for data already tokenized
+(no torch).
+
+As Megatron-LM core 0.18 on builds it from --vocab-size N: N ids, the end of document N - 1 (or
+--null-tokenizer-eod-id), padding -1, which no id is, so nothing is masked as padding (or
+--null-tokenizer-pad-id). Up to core 0.17 it added one id, the end of document N: --vocab-size N + 1
+here gives that vocabulary. Text is token ids separated by spaces, both ways, as Megatron's
+text_to_ids/ids_to_text: `gptrain generate` then takes and prints ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gptrain.data.tokenizer_wrappers import flat_ids
+from gptrain.errors import ConfigError
+from gptrain.utils.tokenizer_types import NO_PAD, check_null_settings
+
+
+@dataclass(frozen=True)
+class NullOptions:
+    """NullTokenizer's settings (model.tokenizer.vocab_size, null_eod_id, null_pad_id)."""
+
+    vocab_size: int | None
+    eod_id: int | None = None
+    pad_id: int | None = None
+
+
+class NullTokenizer:
+    """`vocab_size` ids with no tokens behind them; `eod` ends documents (loss masks), `pad` labels
+    left out of the loss (-1: none)."""
+
+    def __init__(self, vocab_size: int, eod_id: int | None = None, pad_id: int | None = None) -> None:
+        self.vocab_size = int(vocab_size)
+        self._eod = self.vocab_size - 1 if eod_id is None else int(eod_id)
+        self.pad = NO_PAD if pad_id is None else int(pad_id)
+
+    @property
+    def eod(self) -> int:
+        return self._eod
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids written as text, separated by whitespace; anything else refused in one line."""
+        ids = []
+        for word in text.split():
+            try:
+                token_id = int(word)
+            except ValueError:
+                raise ConfigError(
+                    f"{word!r} is not a token id: NullTokenizer reads text as token ids separated by spaces "
+                    f"(e.g. '17 4 2051'), each from 0 to {self.vocab_size - 1}"
+                ) from None
+            if not 0 <= token_id < self.vocab_size:
+                raise ConfigError(
+                    f"token id {token_id} is not in NullTokenizer's vocabulary of {self.vocab_size} ids "
+                    f"(0 to {self.vocab_size - 1})"
+                )
+            ids.append(token_id)
+        return ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        return flat_ids(self.encode_batch(list(texts)))
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+def build_null_tokenizer(options: NullOptions | None) -> NullTokenizer:
+    """The NullTokenizer of `options`, its ids checked: a ConfigError naming the key otherwise."""
+    if options is None:
+        options = NullOptions(None)
+    check_null_settings(options.vocab_size, options.eod_id, options.pad_id)
+    assert options.vocab_size is not None  # checked
+    return NullTokenizer(options.vocab_size, options.eod_id, options.pad_id)

@@ -1,0 +1,125 @@
+"""Megatron's NullTokenizer on data already tokenized: model.tokenizer.type=NullTokenizer with
+model.tokenizer.vocab_size, no tokenizer files (Megatron core 0.18: N ids, end of document N - 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from train_e2e_helpers import run_recording, tiny_config
+
+from gptrain.data.indexed import IndexedDatasetWriter
+from gptrain.errors import ConfigError
+
+VOCAB = 300  # past uint8, under uint16's bound; padded to 384
+
+
+def write_pretokenized(prefix, documents: int = 64, vocab: int = VOCAB, dtype=np.uint16) -> None:
+    """Documents of a repeating pattern of ids below `vocab` (learnable in a few steps), each ended
+    by the NullTokenizer's end of document vocab - 1."""
+    rng = np.random.default_rng(0)
+    with IndexedDatasetWriter(str(prefix), dtype) as writer:
+        for _ in range(documents):
+            start = int(rng.integers(0, 8))
+            body = (np.arange(start, start + 40) % 8) * 7 + 200  # ids 200..249
+            writer.add_document(np.append(body, vocab - 1).astype(dtype))
+
+
+def null_config(tmp_path, *extra: str):
+    prefix = tmp_path / "pretokenized"
+    write_pretokenized(prefix)
+    return tiny_config(
+        tmp_path / "run",
+        "model.tokenizer.type=NullTokenizer",
+        f"model.tokenizer.vocab_size={VOCAB}",
+        "model.tokenizer.vocab_file=null",
+        "model.tokenizer.merge_file=null",
+        f"model.data.data_prefix=[{prefix}]",
+        "model.data.splits_string=90,10,0",
+        "model.data.eod_mask_loss=true",
+        "model.optim.lr=3e-3",
+        "trainer.max_steps=8",
+        "trainer.limit_test_batches=0",
+        *extra,
+    )
+
+
+def test_pretokenized_data_trains_with_a_null_tokenizer_and_its_loss_goes_down(tmp_path, monkeypatch):
+    """Before: NullTokenizer was no model.tokenizer.type (refused as unknown)."""
+    cfg = null_config(tmp_path)
+    code, losses = run_recording(monkeypatch, cfg)
+    assert code == 0
+    steps = sorted(losses)
+    assert steps == list(range(1, 9))
+    # log(300) = 5.7 at the start; 8 steps of the 8-periodic pattern take it down by ~0.9
+    assert losses[steps[-1]] < losses[steps[0]] - 0.5, losses
+    hparams = (tmp_path / "run" / "hparams.yaml").read_text()
+    assert "type: NullTokenizer" in hparams and "vocab_size: 300" in hparams
+
+
+def test_the_null_tokenizer_is_megatrons_of_core_0_18():
+    from gptrain.data.tokenizers import build_tokenizer
+    from gptrain.train.tokenizer_setup import null_options
+
+    class Tok:
+        vocab_size, null_eod_id, null_pad_id = 128256, None, None
+
+    tokenizer = build_tokenizer("NullTokenizer", null=null_options(Tok))
+    assert (tokenizer.vocab_size, tokenizer.eod, tokenizer.pad) == (128256, 128255, -1)
+    assert tokenizer.encode("17 4  2051\n") == [17, 4, 2051] and tokenizer.decode([17, 4]) == "17 4"
+    with pytest.raises(ConfigError, match="'hello' is not a token id"):
+        tokenizer.encode("hello")
+    with pytest.raises(ConfigError, match="token id 128256 is not in NullTokenizer's vocabulary"):
+        tokenizer.encode("128256")
+
+
+def test_the_padded_vocabulary_is_megatrons(tmp_path):
+    from gptrain.train.tokenizer_setup import build_tokenizer, padded_vocab_size
+
+    cfg = null_config(tmp_path, "model.tokenizer.vocab_size=128256", "model.tensor_model_parallel_size=1")
+    assert padded_vocab_size(cfg, build_tokenizer(cfg)) == (128256, 128256)
+    cfg = null_config(tmp_path, "model.tokenizer.vocab_size=50257")
+    assert padded_vocab_size(cfg, build_tokenizer(cfg)) == (50257, 50304)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["model.tokenizer.vocab_size=null"],
+            "NullTokenizer needs its vocabulary size: model.tokenizer.vocab_size",
+        ),
+        (
+            ["model.tokenizer.null_eod_id=300"],
+            "model.tokenizer.null_eod_id: 300 is not an id of the vocabulary",
+        ),
+        (["model.tokenizer.null_pad_id=-2"], "model.tokenizer.null_pad_id: -2"),
+        (["model.tokenizer.tiktoken_pattern=v2"], "model.tokenizer.tiktoken_pattern"),
+    ],
+)
+def test_null_tokenizer_settings_are_checked_as_the_config_loads(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        null_config(tmp_path, *extra)
+
+
+def test_null_ids_beside_another_tokenizer_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="model.tokenizer.null_eod_id: read only by NullTokenizer"):
+        tiny_config(tmp_path, "model.tokenizer.null_eod_id=3")
+
+
+def test_eod_mask_and_padding_are_megatrons():
+    """--eod-mask-loss masks inputs that are the end of document; --null-tokenizer-pad-id masks
+    labels that are padding and reads it as id 0 (Megatron's GPT dataset)."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+    from gptrain.train.batches import GPTBatchDataset
+    from gptrain.train.builders import batch_pad
+
+    sample = np.array([5, 9, 0, 5, 7, 9, 9])
+    tokenizer = NullTokenizer(10, pad_id=7)
+    batch = GPTBatchDataset([sample], tokenizer.eod, True, 128, "x", batch_pad(tokenizer))[0]
+    assert batch["tokens"].tolist() == [5, 9, 0, 5, 0, 9]
+    assert batch["labels"].tolist() == [9, 0, 5, 0, 9, 9]
+    assert batch["loss_mask"].tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    assert batch_pad(NullTokenizer(10)) is None
+    unpadded = GPTBatchDataset([sample], 9, True, 128, "x", batch_pad(NullTokenizer(10)))[0]
+    assert torch.equal(unpadded["tokens"], torch.tensor([5, 9, 0, 5, 7, 9]))
