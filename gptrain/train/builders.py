@@ -33,7 +33,12 @@ from gptrain.train.rampup import BatchRamp
 from gptrain.train.schedule import LRSchedule, ScheduleSpec
 from gptrain.train.step import StepOptions, no_reduce
 from gptrain.train.target_sizes import dataset_target_sizes, split_sizes_asked_by
-from gptrain.train.tokenizer_setup import check_data_tokenizer, padded_vocab_size, tokenizer_check
+from gptrain.train.tokenizer_setup import (
+    check_data_tokenizer,
+    check_token_ids,
+    padded_vocab_size,
+    tokenizer_check,
+)
 from gptrain.train.weight_decay_schedule import weight_decay_spec
 
 
@@ -367,6 +372,8 @@ def _build_datasets(
         skip_unused=True,  # limit_val/test_batches=0: that split is not built at all
         asked_by=asked_by or split_sizes_asked_by(cfg),
     )
+    if not is_mock_data(cfg):
+        check_token_ids(cfg, tokenizer)
     eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
     source = "model.data.data_prefix"

@@ -180,3 +180,24 @@ def tokenizer_check(cfg: TrainingConfig, tokenizer: Any | None) -> Any | None:
     if canonical_type(tok.type) == "null":  # no files: its settings
         source = f"(vocab_size {tokenizer.vocab_size}, eod {tokenizer.eod})"
     return TokenizerCheck.of(tokenizer, tok.type, source, cfg.exp_manager.allow_tokenizer_change)
+
+
+def check_token_ids(
+    cfg: TrainingConfig, tokenizer: Any | None, where: str = "model.data.data_prefix"
+) -> None:
+    """NullTokenizer's data, checked to hold no id past model.tokenizer.vocab_size before the first
+    step (gptrain.data.token_bound): its files would have told; with NullTokenizer nothing does."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+
+    if not isinstance(tokenizer, NullTokenizer):
+        return
+    from gptrain.data.blend_spec import prefixes_of
+    from gptrain.data.gpt_dataset import default_cache_dir
+    from gptrain.data.token_bound import check_ids_fit
+    from gptrain.train.target_sizes import built_split_keys
+
+    cache = cfg.model.data.index_mapping_dir
+    prefixes = prefixes_of(cfg.model.data.data_prefix, built_split_keys(cfg))
+    check_ids_fit(
+        prefixes, tokenizer.vocab_size, lambda prefix: cache or default_cache_dir(prefix, "GPTDataset"), where
+    )

@@ -9,7 +9,7 @@ import torch
 from train_e2e_helpers import run_recording, tiny_config
 
 from gptrain.data.indexed import IndexedDatasetWriter
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, DataError
 
 VOCAB = 300  # past uint8, under uint16's bound; padded to 384
 
@@ -123,3 +123,43 @@ def test_eod_mask_and_padding_are_megatrons():
     assert batch_pad(NullTokenizer(10)) is None
     unpadded = GPTBatchDataset([sample], 9, True, 128, "x", batch_pad(NullTokenizer(10)))[0]
     assert torch.equal(unpadded["tokens"], torch.tensor([5, 9, 0, 5, 7, 9]))
+
+
+def test_ids_past_the_vocabulary_are_refused_before_the_first_step(tmp_path, monkeypatch, capsys):
+    """Before: an id past vocab_size but under the padded rows (384) trained on a padding row
+    without a word; now one line naming the .bin and its largest id, before any step."""
+    from gptrain.train import step_loop
+
+    cfg = null_config(tmp_path, "model.tokenizer.vocab_size=290")  # the data's EOD is 299
+    monkeypatch.setattr(step_loop, "record", lambda *args: pytest.fail("a step ran"))
+    with pytest.raises(DataError) as raised:
+        run_recording(monkeypatch, cfg)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"{tmp_path / 'pretokenized.bin'} holds token id 299, but NullTokenizer's " in message
+    assert "model.tokenizer.vocab_size=290 has ids 0 to 289" in message
+    assert "for its largest token id" in capsys.readouterr().err
+
+
+def test_the_dtype_bound_spares_the_scan_and_a_scan_is_kept(tmp_path, monkeypatch):
+    from gptrain.data import token_bound
+
+    write_pretokenized(tmp_path / "small", vocab=300)
+    write_pretokenized(tmp_path / "wide", vocab=300, dtype=np.int32)
+    real_scan, scanned = token_bound._scan, []
+
+    def scan(dataset):
+        scanned.append(str(dataset.bin_path))
+        return real_scan(dataset)
+
+    monkeypatch.setattr(token_bound, "_scan", scan)
+    memo = str(tmp_path / "memo")
+    # uint16 holds at most 65535: a vocabulary of 65536 ids needs no reading
+    token_bound.check_ids_fit([str(tmp_path / "small")], 65536, lambda _: memo, "x")
+    assert scanned == []
+    for _ in range(2):  # int32: read once, then the kept number
+        token_bound.check_ids_fit([str(tmp_path / "wide")], 300, lambda _: memo, "x")
+    assert scanned == [str(tmp_path / "wide.bin")]
+    with pytest.raises(DataError, match="wide.bin holds token id 299, but NullTokenizer's"):
+        token_bound.check_ids_fit([str(tmp_path / "wide")], 299, lambda _: memo, "x")
+    assert len(scanned) == 1
