@@ -114,7 +114,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
         {"GPT2BPETokenizer": "GPT2BPETokenizer", "HuggingFaceTokenizer": "HuggingFaceTokenizer",
          "TikTokenizer": "TikTokenizer", "GPTSentencePieceTokenizer": "GPTSentencePieceTokenizer",
          "Llama2Tokenizer": "Llama2Tokenizer", "SentencePieceTokenizer": "SentencePieceTokenizer",
-         "NullTokenizer": "NullTokenizer"},  # mock data only (translate.py)
+         "NullTokenizer": "NullTokenizer"},  # mock data, or pre-tokenized data (tokenizer_flags.py)
     ),
     "--tokenizer-model": (("model.tokenizer.model",), str),
     "--data-cache-path": (("model.data.index_mapping_dir",), str),

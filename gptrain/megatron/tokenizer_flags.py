@@ -15,41 +15,62 @@ if TYPE_CHECKING:
 
 
 def _null_tokenizer(result: Translation) -> None:
-    """Megatron's NullTokenizer (its mock-data benchmarks) has --vocab-size ids, the last one the end of
-    document (since core 0.18; up to 0.17 it added that one: --vocab-size + 1), padded as any
-    vocabulary. gptrain's mock data without a tokenizer is that vocabulary; real data needs the
-    tokenizer it was prepared with."""
+    """Megatron's NullTokenizer has --vocab-size ids, the last one the end of document (since core
+    0.18; up to 0.17 it added that one: --vocab-size + 1), padded as any vocabulary. On a dataset
+    (tokenized with the user's own tokenizer, Megatron's pre-tokenized data) it is
+    model.tokenizer.type=NullTokenizer with model.tokenizer.vocab_size; gptrain's mock data without
+    a tokenizer is that vocabulary."""
     v, given = result.values, result.given
     if v.get("model.tokenizer.type") != "NullTokenizer":
         return
     if "--vocab-size" not in given:
         raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size, as in Megatron")
-    if v.get("model.data.data_impl") != "mock":
-        raise ConfigError(
-            "--tokenizer-type NullTokenizer: gptrain reads a dataset with the tokenizer it was prepared with "
-            "(its vocabulary and end-of-document id); give that --tokenizer-type, or --mock-data without "
-            "--data-path"
+    size = v["model.data.mock_vocab_size"]
+    versions = (
+        "as Megatron's since core 0.18; up to core 0.17 it added one, the end of document "
+        f"{size}: give --vocab-size {size + 1} for that vocabulary"
+    )
+    if v.get("model.data.data_impl") == "mock":
+        v["model.tokenizer.type"] = MEGATRON_DEFAULTS["model.tokenizer.type"]  # read by no tokenizer
+        result.notes.append(
+            f"--tokenizer-type NullTokenizer (a vocabulary of --vocab-size {size} ids, {versions})"
         )
-    v["model.tokenizer.type"] = MEGATRON_DEFAULTS["model.tokenizer.type"]  # read by no tokenizer
-    result.notes.append(
-        f"--tokenizer-type NullTokenizer (a vocabulary of --vocab-size {v['model.data.mock_vocab_size']} ids, "
-        "as Megatron's since core 0.18; up to core 0.17 it added one, the end of document)"
+        return
+    v["model.tokenizer.vocab_size"] = v.pop("model.data.mock_vocab_size")
+    result.notices.append(
+        f"--tokenizer-type NullTokenizer: ids 0 to {size - 1}, the end of document "
+        f"{_null_eod(given, size)} ({versions}); the data's largest id is checked against them at the start"
     )
 
 
+def _null_eod(given: dict[str, list[str]], size: int) -> int:
+    """NullTokenizer's end of document: --null-tokenizer-eod-id, else the last id."""
+    flag = "--null-tokenizer-eod-id"
+    return _convert(flag, given[flag][0], int) if flag in given else size - 1
+
+
+NULL_IDS = {
+    "--null-tokenizer-eod-id": "model.tokenizer.null_eod_id",
+    "--null-tokenizer-pad-id": "model.tokenizer.null_pad_id",
+}
+
+
 def _null_tokenizer_ids(result: Translation) -> None:
-    """--null-tokenizer-eod-id and --null-tokenizer-pad-id (core 0.18) set NullTokenizer's ids, which
-    Megatron's mock documents end with and its loss masks; gptrain's mock samples are uniform random
-    ids (NullTokenizer stands for mock data only here), so neither has a token to find."""
+    """--null-tokenizer-eod-id and --null-tokenizer-pad-id (core 0.18) set NullTokenizer's ids,
+    which documents end with and its loss masks: NullTokenizer's keys on a dataset. gptrain's mock
+    samples are uniform random ids, so there neither has a token to find."""
     kind = _tokenizer_type(result.given)
+    mock = result.values.get("model.data.data_impl") == "mock"
     for flag, none in (
         ("--null-tokenizer-eod-id", "documents to end"),
         ("--null-tokenizer-pad-id", "padding to mask"),
     ):
         if flag not in result.given:
             continue
-        _convert(flag, result.given[flag][0], int)
-        if kind == "NullTokenizer":
+        value = _convert(flag, result.given[flag][0], int)
+        if kind == "NullTokenizer" and not mock:
+            result.values[NULL_IDS[flag]] = value
+        elif kind == "NullTokenizer":
             result.notes.append(f"{flag} (gptrain's mock data is uniform random ids, without {none})")
         else:
             result.notes.append(f"{flag} (Megatron reads it only for NullTokenizer, not {kind})")

@@ -16,6 +16,12 @@ if TYPE_CHECKING:
 
 
 DECAY_STYLES = VALUE["--lr-decay-style"][1]  # Megatron's word -> gptrain's schedule name
+# keys that flags read together set (tokenizer_flags), named by their flag in a config check's message
+SET_BY_COMBINED = {
+    "model.tokenizer.vocab_size": "--vocab-size",
+    "model.tokenizer.null_eod_id": "--null-tokenizer-eod-id",
+    "model.tokenizer.null_pad_id": "--null-tokenizer-pad-id",
+}
 
 
 @dataclass
@@ -41,6 +47,7 @@ class Translation:
             for key in keys:
                 if key not in flags or flag in self.given:
                     flags[key] = flag
+        flags.update({key: flag for key, flag in SET_BY_COMBINED.items() if flag in self.given})
         pattern = "|".join(re.escape(key) for key in sorted(flags, key=len, reverse=True))
         message = re.sub(rf"(?<![\w.])({pattern})(?!\w|\.\w)", lambda m: flags[m.group(1)], message)
         for flag in (name for name in self.given if name in SWITCH):

@@ -121,12 +121,12 @@ def check_null_settings(vocab_size: object, eod_id: object, pad_id: object) -> N
     if eod_id is not None and (not _is_int(eod_id) or not 0 <= eod_id <= last):  # type: ignore[operator]
         raise ConfigError(
             f"model.tokenizer.null_eod_id: {eod_id!r} is not an id of the vocabulary (0 to {last}); "
-            f"null is {last}, the last, as Megatron's"
+            f"give one, or none for {last}, the last, as Megatron's"
         )
     if pad_id is not None and (not _is_int(pad_id) or pad_id < NO_PAD):  # type: ignore[operator]
         raise ConfigError(
             f"model.tokenizer.null_pad_id: {pad_id!r}: give the id whose labels stay out of the loss, or -1 "
-            "(or null) for none"
+            "(or none) for no padding"
         )
 
 

@@ -747,17 +747,58 @@ def test_null_tokenizer_of_mock_benchmarks_is_a_vocabulary_of_vocab_size_ids(voc
     [
         ("--mock-data", "--tokenizer-type NullTokenizer needs --vocab-size, as in Megatron"),
         (
-            "--data-path /d/x_text_document --vocab-size 128256",
-            "--tokenizer-type NullTokenizer: gptrain reads a dataset with the tokenizer it was prepared with",
+            "--data-path /d/x_text_document",
+            "--tokenizer-type NullTokenizer needs --vocab-size, as in Megatron",
+        ),
+        (
+            "--data-path /d/x_text_document --vocab-size 64 --null-tokenizer-eod-id 64",
+            "--null-tokenizer-eod-id: 64 is not an id of the vocabulary (0 to 63)",
+        ),
+        (
+            "--data-path /d/x_text_document --vocab-size 64 --null-tokenizer-pad-id -5",
+            "--null-tokenizer-pad-id: -5: give the id whose labels stay out of the loss",
         ),
     ],
 )
-def test_null_tokenizer_without_its_vocabulary_or_with_a_dataset_is_one_line(flags, message, capsys):
+def test_null_tokenizer_without_its_vocabulary_or_with_a_bad_id_is_one_line(flags, message, capsys):
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     base += " --train-iters 4 --tokenizer-type NullTokenizer"
     assert main(["megatron", "--dry-run", *shlex.split(f"{base} {flags}")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and message in err
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the notes of the flags
+    assert err.startswith("gptrain: error: ") and message in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "eod", "pad"),
+    [("", 128255, -1), (" --null-tokenizer-eod-id 128001 --null-tokenizer-pad-id 0", 128001, 0)],
+)
+def test_null_tokenizer_on_a_dataset_is_its_vocabulary_of_pretokenized_ids(extra, eod, pad):
+    """Megatron (core 0.18) trains data tokenized with the user's own tokenizer under --tokenizer-type
+    NullTokenizer --vocab-size N: N ids, the end of document N - 1 or --null-tokenizer-eod-id, padding
+    -1 (none) or --null-tokenizer-pad-id. Before, gptrain refused NullTokenizer beside a dataset."""
+    from gptrain.train.tokenizer_setup import build_tokenizer, padded_vocab_size
+
+    flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1"
+    flags += (
+        " --train-iters 4 --data-path /d/x_text_document --tokenizer-type NullTokenizer --vocab-size 128256"
+    )
+    t = translate(shlex.split(flags + extra), {})
+    assert {k: v for k, v in t.values.items() if k.startswith("model.tokenizer.")} == {
+        "model.tokenizer.library": "megatron",
+        "model.tokenizer.type": "NullTokenizer",
+        "model.tokenizer.vocab_size": 128256,
+        **({"model.tokenizer.null_eod_id": 128001, "model.tokenizer.null_pad_id": 0} if extra else {}),
+    }
+    assert "model.data.mock_vocab_size" not in t.values
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    tokenizer = build_tokenizer(cfg)
+    assert (tokenizer.vocab_size, tokenizer.eod, tokenizer.pad) == (128256, eod, pad)
+    assert padded_vocab_size(cfg, tokenizer) == (128256, 128256)
+    assert (
+        f"--tokenizer-type NullTokenizer: ids 0 to 128255, the end of document {eod} (as Megatron's since "
+        "core 0.18; up to core 0.17 it added one, the end of document 128256: give --vocab-size 128257 for "
+        "that vocabulary); the data's largest id is checked against them at the start"
+    ) in t.notices
 
 
 def test_vocab_size_beside_a_tokenizers_files_leaves_the_tokenizers_vocabulary():
