@@ -219,6 +219,14 @@ def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO)
         )
         return
     kind = canonical_type(tok.type)
+    if kind == "null":
+        print(
+            f"gptrain: note: model.tokenizer.type=NullTokenizer (token ids alone, model.tokenizer.vocab_size="
+            f"{tok.vocab_size}): the export has no tokenizer files; give its model token ids (the tokenizer "
+            "the data was made with encodes text for it)",
+            file=stream,
+        )
+        return
     if kind != "tiktoken" and kind not in SENTENCEPIECE_KINDS:
         return
     if kind == "tiktoken" and gpt2_bpe_of(source.tokenizer) is not None:
@@ -417,18 +425,27 @@ def verify_export(source: RunSource, directory: Path, dtype: torch.dtype = torch
     load_weights(ours, source.step_dir)
     rounding = rounding_effect(ours, dtype, source.vocab, config.seq_length)
     theirs = load_model(directory, directory / HELD_CONFIG)
-    prompt = list(source.tokenizer.encode(PROMPT)) if source.tokenizer is not None else [0, 1, 2]
+    text = _text_tokenizer(source)
+    prompt = list(text.encode(PROMPT)) if text is not None else [0, 1, 2]
     result = verify_models(
         ours, theirs, source.vocab, config.seq_length, prompt, f"export of {source.step_dir}"
     )
     result.rounding = rounding
-    if source.tokenizer is not None:
+    if text is not None:
         what = f"the run's {source.cfg.model.tokenizer.type}"
         verify_tokenizer(
             directory, source.tokenizer, what, lambda: "nothing written; --no-verify skips the check"
         )
         check_added_tokens(source, directory)
     return result
+
+
+def _text_tokenizer(source: RunSource) -> Any | None:
+    """The run's tokenizer where it encodes text (and the export has its files): not NullTokenizer's
+    ids, nor a mock run's none."""
+    if source.tokenizer is None or canonical_type(source.cfg.model.tokenizer.type) == "null":
+        return None
+    return source.tokenizer
 
 
 def check_added_tokens(source: RunSource, directory: Path) -> None:

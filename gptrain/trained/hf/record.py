@@ -151,6 +151,9 @@ def special_token_ids(cfg: Any, tokenizer: Any | None, record: dict[str, Any]) -
     if tokenizer is None:
         return {"bos_token_id": None, "eos_token_id": None}
     kind = canonical_type(cfg.model.tokenizer.type)
+    if kind == "null":  # its end of document, and its padding where the run masked one
+        pad = {"pad_token_id": tokenizer.pad} if tokenizer.pad >= 0 else {}
+        return {"bos_token_id": None, "eos_token_id": tokenizer.eod, **pad}
     if kind in SENTENCEPIECE_KINDS:  # the model's bos (Megatron's <BOS> if it has none), EOD as eos
         return {"bos_token_id": tokenizer.bos_id, "eos_token_id": _eod_or_none(tokenizer)}
     if kind == "tiktoken" and tokenizer.bos_id is not None:  # Megatron's vocabulary file: <s>, </s>

@@ -1,0 +1,75 @@
+"""A run trained with NullTokenizer (ids alone, no files): export writes the model without tokenizer
+files and says so, transformers loads it and computes gptrain's logits; generate takes and prints
+token ids."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hf_helpers import run_cli, saved_run  # noqa: E402
+
+from gptrain.errors import ConfigError  # noqa: E402
+
+VOCAB = 300  # padded to 384 rows: the export keeps the first 300
+NULL = [
+    "model.tokenizer.type=NullTokenizer",
+    f"model.tokenizer.vocab_size={VOCAB}",
+    "model.tokenizer.vocab_file=null",
+    "model.tokenizer.merge_file=null",
+]
+
+
+@pytest.fixture(scope="module")
+def null_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("null")
+    run, model = saved_run(tmp / "run", "gpt2", *NULL, step=2)
+    return tmp, run, model
+
+
+def test_export_writes_no_tokenizer_files_says_so_and_transformers_has_the_logits(null_run, capsys):
+    """Before: the export's verification encoded its text prompt with NullTokenizer (one line:
+    'The' is not a token id) and wrote nothing. The logits compared in float64 from the same float32
+    weights (GPT-2's learned positions: transformers computes rope in float32): only summation order
+    differs, ~1e-15 relative over 2 layers of at most 64-term dot products; 1e-12 is a wide bound
+    far below any wrong mapping."""
+    from transformers import AutoModelForCausalLM
+
+    tmp, run, model = null_run
+    out = tmp / "hf"
+    assert run_cli(["export", str(run), "--to", "hf", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "model.tokenizer.type=NullTokenizer (token ids alone, model.tokenizer.vocab_size=300): the export "
+        in err
+    )
+    assert "has no tokenizer files" in err
+    names = {p.name for p in out.iterdir()}
+    assert names == {"config.json", "generation_config.json", "model.safetensors"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == VOCAB and config["eos_token_id"] == VOCAB - 1
+    assert config.get("bos_token_id") is None
+    theirs = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float64).eval()
+    ids = torch.randint(0, VOCAB, (3, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model.double()(ids)[..., :VOCAB]
+        logits = theirs(input_ids=ids).logits
+    model.float()
+    assert logits.dtype == torch.float64 and logits.shape == ours.shape
+    assert float((ours - logits).abs().max() / ours.abs().max()) < 1e-12
+    assert float(ours.abs().max()) > 1.0  # a real spread of logits
+
+
+def test_generate_takes_and_prints_token_ids(null_run, capsys):
+    _, run, _ = null_run
+    assert run_cli(["generate", str(run), "--prompt", "5 17 200", "--max-new-tokens", "4", "--greedy"]) == 0
+    printed = capsys.readouterr().out.strip()
+    words = printed.split()
+    assert words[:3] == ["5", "17", "200"] and 3 < len(words) <= 7, printed
+    assert all(0 <= int(word) < VOCAB for word in words)
+    with pytest.raises(ConfigError, match="'hello' is not a token id: NullTokenizer reads text as token ids"):
+        run_cli(["generate", str(run), "--prompt", "hello", "--max-new-tokens", "1"])
