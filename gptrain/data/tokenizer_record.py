@@ -132,7 +132,10 @@ def legacy_mismatch(prefixes: list[str], legacy: bool, tokenizer_type: str) -> s
     BPE, the one type the setting changes: a run of another type encodes as not legacy whatever
     model.tokenizer.legacy says (a HuggingFaceTokenizer on GPT-2's tokenizer.json keeps a literal
     <|endoftext|> as its special token), and data of another type is recorded false whatever the flag
-    was (so a HuggingFaceTokenizer run with the flag in both steps takes its own data)."""
+    was (so a HuggingFaceTokenizer run with the flag in both steps takes its own data). A
+    NullTokenizer run encodes no text at all: nothing to differ."""
+    if _kind(tokenizer_type) == "null":
+        return None
     encodes_legacy = legacy and _is_gpt2_bpe(tokenizer_type)
     for prefix in map(strip_suffix, prefixes):  # data_prefix may name X.bin or X.idx for X
         record = read_tokenizer_record(prefix)
@@ -144,10 +147,15 @@ def legacy_mismatch(prefixes: list[str], legacy: bool, tokenizer_type: str) -> s
 
 def _is_gpt2_bpe(tokenizer_type: object) -> bool:
     """Whether a type (any spelling the config takes) is GPT-2 BPE; an unknown one is not."""
+    return _kind(tokenizer_type) == "gpt2"
+
+
+def _kind(tokenizer_type: object) -> str | None:
+    """gptrain's kind of a type by any spelling the config takes; None for an unknown one."""
     try:
-        return isinstance(tokenizer_type, str) and canonical_type(tokenizer_type) == "gpt2"
+        return canonical_type(tokenizer_type) if isinstance(tokenizer_type, str) else None
     except ConfigError:
-        return False
+        return None
 
 
 def legacy_conflict(

@@ -163,3 +163,16 @@ def test_the_dtype_bound_spares_the_scan_and_a_scan_is_kept(tmp_path, monkeypatc
     with pytest.raises(DataError, match="wide.bin holds token id 299, but NullTokenizer's"):
         token_bound.check_ids_fit([str(tmp_path / "wide")], 299, lambda _: memo, "x")
     assert len(scanned) == 1
+
+
+def test_data_prepared_with_legacy_gpt2_trains_under_a_null_tokenizer(tmp_path):
+    """NullTokenizer encodes no text, so how GPT-2 BPE encoded a literal <|endoftext|> (the data's
+    recorded --legacy-tokenizer) changes nothing in a NullTokenizer run; before, it was refused as
+    'a literal <|endoftext|> in text is encoded otherwise' (generate, eval and export encode none)."""
+    from gptrain.data.tokenizer_record import legacy_conflict, write_tokenizer_record
+
+    prefix = str(tmp_path / "pretokenized")
+    write_pretokenized(prefix)
+    write_tokenizer_record(prefix, "GPT2BPETokenizer", legacy=True)
+    assert legacy_conflict([prefix], False, "NullTokenizer") is None
+    assert legacy_conflict([prefix], False, "HuggingFaceTokenizer") is not None  # text encoders still
