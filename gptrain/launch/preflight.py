@@ -23,6 +23,7 @@ from gptrain.launch.sbatch import Job
 from gptrain.launch.sbatch_option_names import SBATCH_SHORT_OPTIONS, options_meant
 from gptrain.launch.tokenizer_preflight import check_tokenizer_files, check_vocabulary_rows
 from gptrain.utils.hostlist import expand_hostlist
+from gptrain.utils.tokenizer_types import NULL_TYPE
 
 if TYPE_CHECKING:
     from gptrain.config import TrainingConfig
@@ -310,8 +311,11 @@ def check_training_files(
         check_data_prefixes(data.data_prefix, built)
         check_recorded_tokenizer(cfg, built)
         lines.append(f"ok  training: {len(prefixes_of(data.data_prefix, built))} data prefix(es) found")
+    tok = cfg.model.tokenizer
     if not data.builds_tokenizer():
         lines.append("ok  training: model.data.mock_vocab_size set, no tokenizer files needed")
+    elif tok.type == NULL_TYPE:  # ids alone; the data's largest id is checked as the job starts
+        lines.append(f"ok  training: {NULL_TYPE} of {tok.vocab_size} ids, no tokenizer files needed")
     else:
         lines.append(check_tokenizer_files(asdict(cfg.model.tokenizer), "training.model.tokenizer", fetched))
     check_vocabulary_rows(cfg)

@@ -352,3 +352,27 @@ def test_gpt2_files_are_checked_as_the_job_reads_them(tmp_path):
         str(error.value)
         == f"training.model.tokenizer.model: {only_vocab} is a directory with no merges.txt in it"
     )
+
+
+def test_a_null_tokenizer_needs_no_tokenizer_files_and_its_ids_are_the_rows_checked(tmp_path):
+    """NullTokenizer reads no files: the preset's GPT-2 vocab_file and merge_file are not looked for,
+    said as such (before: 'no files present'), and its vocab_size is the ids model.padded_vocab_size
+    must hold, refused before the queue."""
+    import numpy as np
+
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    with IndexedDatasetWriter(str(tmp_path / "ids"), np.uint16) as writer:
+        writer.add_document(np.arange(10, dtype=np.uint16))
+    null = [f"model.data.data_prefix=[1.0,{tmp_path / 'ids'}]", "model.tokenizer.type=NullTokenizer"]
+    null.append("model.tokenizer.vocab_size=300")
+    cfg = load_training_config("gpt3/126m", overrides=null, report_ignored=False)
+    assert check_training_files(cfg, prepared_by_stage=False) == [
+        "ok  training: 1 data prefix(es) found",
+        "ok  training: NullTokenizer of 300 ids, no tokenizer files needed",
+    ]
+    cfg = load_training_config(
+        "gpt3/126m", overrides=[*null, "model.padded_vocab_size=256"], report_ignored=False
+    )
+    with pytest.raises(LaunchError, match="model.padded_vocab_size=256: fewer rows than the 300 ids"):
+        check_training_files(cfg, prepared_by_stage=False)
