@@ -183,10 +183,14 @@ def tokenizer_check(cfg: TrainingConfig, tokenizer: Any | None) -> Any | None:
 
 
 def check_token_ids(
-    cfg: TrainingConfig, tokenizer: Any | None, where: str = "model.data.data_prefix"
+    cfg: TrainingConfig,
+    tokenizer: Any | None,
+    prefixes: list[str] | None = None,
+    where: str = "model.data.data_prefix",
 ) -> None:
     """NullTokenizer's data, checked to hold no id past model.tokenizer.vocab_size before the first
-    step (gptrain.data.token_bound): its files would have told; with NullTokenizer nothing does."""
+    step (gptrain.data.token_bound): its files would have told; with NullTokenizer nothing does.
+    `prefixes` (named `where`): data other than model.data.data_prefix's (eval's --data-prefix)."""
     from gptrain.data.null_tokenizer import NullTokenizer
 
     if not isinstance(tokenizer, NullTokenizer):
@@ -197,7 +201,8 @@ def check_token_ids(
     from gptrain.train.target_sizes import built_split_keys
 
     cache = cfg.model.data.index_mapping_dir
-    prefixes = prefixes_of(cfg.model.data.data_prefix, built_split_keys(cfg))
+    if prefixes is None:
+        prefixes = prefixes_of(cfg.model.data.data_prefix, built_split_keys(cfg))
     check_ids_fit(
         prefixes, tokenizer.vocab_size, lambda prefix: cache or default_cache_dir(prefix, "GPTDataset"), where
     )

@@ -380,6 +380,7 @@ def prefix_data(
     prefix: str | list[str] = entries[0] if len(entries) == 1 else list(entries)
     prefixes, _ = parse_blend(prefix)
     b.check_data_tokenizer(cfg, prefixes, "--data-prefix")  # as training checks its data_prefix
+    b.check_token_ids(cfg, tokenizer, prefixes, "--data-prefix")
     m = cfg.model
     tokens = {p: IndexedDataset(p).num_tokens for p in prefixes}
     for p, count in tokens.items():  # else build_gpt_indices asks for a split string, which is not ours

@@ -73,3 +73,20 @@ def test_generate_takes_and_prints_token_ids(null_run, capsys):
     assert all(0 <= int(word) < VOCAB for word in words)
     with pytest.raises(ConfigError, match="'hello' is not a token id: NullTokenizer reads text as token ids"):
         run_cli(["generate", str(run), "--prompt", "hello", "--max-new-tokens", "1"])
+
+
+def test_eval_refuses_data_with_ids_past_the_vocabulary_in_one_line(null_run, capsys):
+    """Before: `gptrain eval --data-prefix` of data holding id 350 (under the 384 padded rows)
+    evaluated the model on a padding row without a word."""
+    import numpy as np
+
+    from gptrain.cli import main
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    tmp, run, _ = null_run
+    with IndexedDatasetWriter(str(tmp / "wide"), np.uint16) as writer:
+        writer.add_document(np.array([*range(40), 350, 7], dtype=np.uint16))
+    assert main(["eval", str(run), "--data-prefix", str(tmp / "wide")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("gptrain: error: --data-prefix: ")
+    assert f"{tmp / 'wide.bin'} holds token id 350, but NullTokenizer's model.tokenizer.vocab_size=300" in err
