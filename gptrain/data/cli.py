@@ -186,6 +186,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
     kind = tokenizer_type(args)
     if kind is None:
         raise ConfigError("give a tokenizer: --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model")
+    refuse_null_tokenizer(kind)
     for note in megatron_tokenizer_notes(args, kind):
         print(note, file=sys.stderr)
     if not args.legacy_tokenizer and (notice := sentencepiece_version_notice(kind)) is not None:
@@ -208,6 +209,20 @@ def _run_prepare(args: argparse.Namespace) -> int:
         stats = prepare(config)
     print(stats.summary())
     return 0
+
+
+def refuse_null_tokenizer(kind: str) -> None:
+    """NullTokenizer encodes no text (Megatron's reads text of ids): data prepare needs the tokenizer
+    the corpus is to be encoded with; data already tokenized trains as it is."""
+    from gptrain.data.tokenizers import canonical_type
+    from gptrain.errors import ConfigError
+
+    if canonical_type(kind) == "null":
+        raise ConfigError(
+            "--tokenizer-type NullTokenizer: it has no vocabulary to encode text with; prepare with the "
+            "tokenizer of your corpus, or train data already tokenized (.bin/.idx) with "
+            "model.tokenizer.type=NullTokenizer and model.tokenizer.vocab_size"
+        )
 
 
 def non_negative(text: str) -> int:

@@ -122,10 +122,14 @@ def _verify_sources(dataset: Any) -> None:
 def _tokenizer_flags(args: argparse.Namespace) -> argparse.Namespace:
     """The tokenizer's flags: --vocab-size is the mock tokens' vocabulary, which a TikTokenizer
     vocabulary file reads as its own (Megatron's --vocab-size); any other tokenizer has its own
-    vocabulary, and a tiktoken encoding name refuses a size (it would refuse the mock's)."""
+    vocabulary, and a tiktoken encoding name refuses a size (it would refuse the mock's).
+    NullTokenizer is --vocab-size ids, as Megatron's."""
+    from gptrain.utils.tokenizer_types import NULL_TYPE, megatron_tokenizer_type
     from gptrain.utils.tokenizer_types import is_tiktoken_vocabulary_file as is_vocabulary_file
 
     if args.tokenizer_model and is_vocabulary_file(args.tokenizer_model):
+        return args
+    if megatron_tokenizer_type(args.tokenizer_type) == NULL_TYPE:
         return args
     return argparse.Namespace(**{**vars(args), "vocab_size": None})
 

@@ -193,7 +193,7 @@ def _newer_flag_effects(args: argparse.Namespace, named: str, kind: str) -> dict
             "Megatron formats conversations with it, not preprocess_data.py's documents"
         )
     for flag in NULL_TOKENIZER_IDS:
-        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None:
+        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None and kind != "null":
             given[flag] = "Megatron reads it for NullTokenizer only"
     for flag in ("--padded-vocab-size", *PAD_VOCAB_SWITCHES):
         if getattr(args, flag.lstrip("-").replace("-", "_")) not in (None, False):
@@ -349,6 +349,16 @@ def tokenizer_from_args(args: argparse.Namespace) -> Any | None:
         args.tokenizer_model,
         tiktoken_options(args),
         args.legacy_tokenizer,
+        null_options(args),
+    )
+
+
+def null_options(args: argparse.Namespace) -> Any:
+    """Megatron's NullTokenizer flags: --vocab-size and its ids (data inspect and sample print ids)."""
+    from gptrain.data.null_tokenizer import NullOptions
+
+    return NullOptions(
+        getattr(args, "vocab_size", None), args.null_tokenizer_eod_id, args.null_tokenizer_pad_id
     )
 
 

@@ -109,9 +109,8 @@ def check_null_settings(vocab_size: object, eod_id: object, pad_id: object) -> N
     check them (the login node before the queue, data and training where it is built)."""
     if vocab_size is None:
         raise ConfigError(
-            "NullTokenizer needs its vocabulary size: model.tokenizer.vocab_size (Megatron's --vocab-size), "
-            "more than the data's largest token id; it encodes no text, so gptrain's data commands need "
-            "the tokenizer the text is to be encoded with"
+            "NullTokenizer needs its vocabulary size: model.tokenizer.vocab_size (the --vocab-size of "
+            "Megatron and of the data commands), more than the data's largest token id"
         )
     if not _is_int(vocab_size) or vocab_size < 1:  # type: ignore[operator]
         raise ConfigError(
