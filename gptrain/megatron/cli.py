@@ -121,6 +121,8 @@ def megatron(flags: list[str], dry_run: bool) -> int:
         print(cfg.to_yaml(), end="")
         return 0
     check_data_paths(cfg, translation)
+    from gptrain.errors import DataError
+    from gptrain.megatron.data_paths import prefix_in_flags
     from gptrain.train.loop import train
     from gptrain.train.run_lock import EarlierRunError
 
@@ -134,3 +136,6 @@ def megatron(flags: list[str], dry_run: bool) -> int:
         ) from None
     except ConfigError as error:  # a layout the world size cannot hold, a checkpoint of another shape
         raise ConfigError(translation.in_flags(str(error))) from None
+    except DataError as error:  # the data's checks at the start (NullTokenizer's ids), by its flag
+        error.args = (translation.in_flags(prefix_in_flags(str(error), translation.given)),)
+        raise

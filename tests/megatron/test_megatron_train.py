@@ -482,3 +482,44 @@ def test_the_advised_decay_samples_end_the_decay_at_the_runs_end(iterations):
         assert lr_at(consumed[done] / 64, spec) == pytest.approx(expected, rel=1e-12), done
     assert lr_at(consumed[iterations] / 64, spec) == pytest.approx(1e-4, rel=1e-12)
     assert lr_at(consumed[iterations - 1] / 64, spec) > 1e-4 * (1 + 1e-6)
+
+
+def test_pretokenized_data_trains_under_the_null_tokenizer_as_in_megatron(tmp_path, capsys, monkeypatch):
+    """Megatron core 0.18 trains data tokenized by the user's tokenizer with --tokenizer-type
+    NullTokenizer --vocab-size N (no tokenizer files; GPT-2's here: 50257 ids, the last its end of
+    document); before, gptrain refused NullTokenizer beside --data-path. Ids past N are one line
+    before the first step, naming the .bin."""
+    one_process_in(tmp_path, monkeypatch)
+    prefix, _, _ = write_gpt2_corpus(tmp_path)
+    run = str(tmp_path / "run")
+    flags = [
+        *TINY,
+        *TINY_SHAPE,
+        "--data-path",
+        prefix,
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--eod-mask-loss",
+    ]
+    flags += ["--save", run]
+    assert main(["megatron", *flags, "--vocab-size", "50257"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "iteration        4/       4 |" in out and "validation loss at iteration 4 |" in out
+    assert (tmp_path / "run" / "checkpoints" / "step_4" / "COMPLETE").is_file()
+    refused = [
+        *TINY,
+        *TINY_SHAPE,
+        "--data-path",
+        prefix,
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "50000",
+    ]
+    assert main(["megatron", *refused]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"gptrain: error: --data-path: {prefix}.bin holds token id 50256, but NullTokenizer's --vocab-size=50000 "
+        "has ids 0 to 49999: give the vocab_size of the tokenizer the data was made with (more than 50256; "
+        "Megatron's --vocab-size)"
+    )
