@@ -9,7 +9,7 @@ import torch
 from train_e2e_helpers import run_recording, tiny_config
 
 from gptrain.data.indexed import IndexedDatasetWriter
-from gptrain.errors import ConfigError, DataError
+from gptrain.errors import ConfigError, DataError, GptrainError
 
 VOCAB = 300  # past uint8, under uint16's bound; padded to 384
 
@@ -176,3 +176,16 @@ def test_data_prepared_with_legacy_gpt2_trains_under_a_null_tokenizer(tmp_path):
     write_tokenizer_record(prefix, "GPT2BPETokenizer", legacy=True)
     assert legacy_conflict([prefix], False, "NullTokenizer") is None
     assert legacy_conflict([prefix], False, "HuggingFaceTokenizer") is not None  # text encoders still
+
+
+def test_a_null_tokenizer_run_resumes_and_another_end_of_document_is_refused(tmp_path, monkeypatch):
+    """The checkpoint records NullTokenizer as any tokenizer (its ids written out, its end of
+    document): the same settings resume; another end of document changes what the loss masks."""
+    code, _ = run_recording(monkeypatch, null_config(tmp_path, "trainer.max_steps=4"))
+    assert code == 0
+    code, losses = run_recording(monkeypatch, null_config(tmp_path, "trainer.max_steps=6"))
+    assert code == 0 and sorted(losses) == [5, 6]
+    with pytest.raises(GptrainError, match="end-of-document id 7, not 299"):
+        run_recording(
+            monkeypatch, null_config(tmp_path, "trainer.max_steps=8", "model.tokenizer.null_eod_id=7")
+        )
