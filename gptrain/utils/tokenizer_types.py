@@ -112,22 +112,20 @@ def check_null_settings(vocab_size: object, eod_id: object, pad_id: object) -> N
             "NullTokenizer needs its vocabulary size: model.tokenizer.vocab_size (the --vocab-size of "
             "Megatron and of the data commands), more than the data's largest token id"
         )
-    if not _is_int(vocab_size) or vocab_size < 1:  # type: ignore[operator]
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ConfigError(
             f"model.tokenizer.vocab_size: must be a whole number of at least 1, got {vocab_size!r}"
         )
-    last = vocab_size - 1  # type: ignore[operator]
-    if eod_id is not None and (not _is_int(eod_id) or not 0 <= eod_id <= last):  # type: ignore[operator]
+    last = vocab_size - 1
+    if eod_id is not None and (
+        isinstance(eod_id, bool) or not isinstance(eod_id, int) or not 0 <= eod_id <= last
+    ):
         raise ConfigError(
             f"model.tokenizer.null_eod_id: {eod_id!r} is not an id of the vocabulary (0 to {last}); "
             f"give one, or none for {last}, the last, as Megatron's"
         )
-    if pad_id is not None and (not _is_int(pad_id) or pad_id < NO_PAD):  # type: ignore[operator]
+    if pad_id is not None and (isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < NO_PAD):
         raise ConfigError(
             f"model.tokenizer.null_pad_id: {pad_id!r}: give the id whose labels stay out of the loss, or -1 "
             "(or none) for no padding"
         )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
