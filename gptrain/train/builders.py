@@ -360,6 +360,7 @@ def _build_datasets(
     m = cfg.model
     if not is_mock_data(cfg):
         check_data_tokenizer(cfg)
+        check_token_ids(cfg, tokenizer)  # before index builds of minutes
     train, valid, test = build_gpt_datasets(
         m.data.data_prefix,
         m.data.splits_string,
@@ -372,8 +373,6 @@ def _build_datasets(
         skip_unused=True,  # limit_val/test_batches=0: that split is not built at all
         asked_by=asked_by or split_sizes_asked_by(cfg),
     )
-    if not is_mock_data(cfg):
-        check_token_ids(cfg, tokenizer)
     eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
     source = "model.data.data_prefix"

@@ -189,3 +189,17 @@ def test_a_null_tokenizer_run_resumes_and_another_end_of_document_is_refused(tmp
         run_recording(
             monkeypatch, null_config(tmp_path, "trainer.max_steps=8", "model.tokenizer.null_eod_id=7")
         )
+
+
+def test_the_id_check_comes_before_the_index_builds(tmp_path, monkeypatch):
+    """The sample and shuffle indices of a large corpus take minutes on a cache miss; ids past
+    vocab_size are said before any is built."""
+    from gptrain.data import builder
+    from gptrain.train.builders import _build_datasets
+    from gptrain.train.tokenizer_setup import build_tokenizer, padded_vocab_size
+
+    cfg = null_config(tmp_path, "model.tokenizer.vocab_size=290")
+    monkeypatch.setattr(builder, "build_gpt_datasets", lambda *a, **k: pytest.fail("indices built first"))
+    tokenizer = build_tokenizer(cfg)
+    with pytest.raises(DataError, match="holds token id 299"):
+        _build_datasets(cfg, padded_vocab_size(cfg, tokenizer)[0], tokenizer)
