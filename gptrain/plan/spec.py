@@ -199,6 +199,8 @@ def workload_from_config(cfg: Any, vocab_size: int | None = None) -> Workload:
     )
     if m.tokenizer.model and not vocab:
         vocab = KNOWN_VOCAB.get(str(m.tokenizer.model)) or tiktoken_file_vocabulary(m.tokenizer)
+    if m.tokenizer.type == "NullTokenizer" and not vocab:  # its vocab_size ids, no files
+        vocab = m.tokenizer.vocab_size
     if not vocab:
         raise ConfigError(
             f"model.tokenizer.type={m.tokenizer.type!r}: vocabulary size unknown to the planner; "

@@ -1192,3 +1192,10 @@ def test_a_trial_saves_in_its_own_directory_not_the_users_checkpoint_dirpath(
     trial = measure.write_trial_config(plan, args, plan.shown()[0], tmp_path / "trial")
     cfg = load_training_config(None, [], config_file=str(trial))
     assert cfg.exp_manager.checkpoints_dir == str(tmp_path / "trial" / "results" / "checkpoints")
+
+
+def test_a_null_tokenizer_run_is_planned_with_its_vocab_size():
+    """NullTokenizer's vocabulary is model.tokenizer.vocab_size, no files: before, the planner said
+    'vocabulary size unknown' of a config that holds it."""
+    null = ["model.tokenizer.type=NullTokenizer", "model.tokenizer.vocab_size=128256"]
+    assert workload_from_config(load_training_config("gpt3/126m", null)).vocab_size == 128256
