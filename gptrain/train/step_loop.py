@@ -93,10 +93,10 @@ def run(
         with s.watchdog.boundary(step), s.doing(f"at the end of iteration {step}"):
             if logged:
                 log_interval(s, meter)
-            check_finite(s, result)
             reason = times.timed_sync(
                 s.state.step, logged, partial(agreement.exchange, stop.reason(), logged)
             )
+        check_finite(s, result)  # unwatched: it may wait for a background write (a save's time, not a hang)
         agreed_stop = agreed_stop or reason
         last = s.state.step >= t.max_steps
         stoppable = not last or end_check is not None

@@ -648,6 +648,62 @@ def test_overflows_under_a_static_fp16_scale_stop_the_run_and_the_scale_stays(tm
     assert skipped == ["0", "0", "1", "1", "1"]
 
 
+def test_a_divergence_waiting_for_a_long_background_write_is_not_called_a_hang(tmp_path, monkeypatch):
+    """The stop after trainer.max_consecutive_nonfinite waits for the background write of the last good
+    save, to name it. That wait sat inside the step's watched end: a write longer than
+    trainer.hang_timeout_minutes (minutes for a large model) was reported as a hung rank, exit 76, and
+    the requeued job diverged again. Now the wait is a save's time, which the watchdog does not time."""
+    import time
+
+    from gptrain.checkpoint import manager
+    from gptrain.train import watchdog
+
+    def nan_from_step_3(model, batch):
+        loss = masked_lm_loss(model, batch)
+        if not torch.is_grad_enabled():  # validation
+            return loss
+        calls.append(1)
+        return loss * float("nan") if len(calls) > 2 * 2 else loss  # 2 micro-batches a step
+
+    calls: list[int] = []
+    real_options = builders.build_step_options
+    monkeypatch.setattr(
+        builders,
+        "build_step_options",
+        lambda cfg, dp: StepOptions(**{**vars(real_options(cfg, dp)), "loss_fn": nan_from_step_3}),
+    )
+    real_mark = manager.CheckpointManager._mark_complete
+
+    def slow_mark(self, report, checksums):  # the write of step_2 outlasts the hang timeout (3 s)
+        time.sleep(8.0)
+        real_mark(self, report, checksums)
+
+    monkeypatch.setattr(manager.CheckpointManager, "_mark_complete", slow_mark)
+    dogs: list[watchdog.Watchdog] = []
+    real_start = watchdog.Watchdog.start
+
+    def recorded_start(timeout_minutes, rank, world_size):
+        dog = real_start(timeout_minutes, rank, world_size)
+        dog.exit_fn = lambda code: None  # the line is kept in `fired`; the test process goes on
+        dogs.append(dog)
+        return dog
+
+    monkeypatch.setattr(watchdog.Watchdog, "start", staticmethod(recorded_start))
+    cfg = tiny_config(
+        tmp_path,
+        *MOCK,
+        *NO_EVALUATION,
+        ASYNC,
+        "trainer.max_consecutive_nonfinite=2",
+        "trainer.hang_timeout_minutes=0.05",
+        "trainer.max_steps=20",
+    )
+    with pytest.raises(step_loop.TrainingDivergedError, match=r"last good checkpoint: .*step_2;"):
+        run_recording(monkeypatch, cfg)
+    assert [dog.fired for dog in dogs] == [None]
+    assert complete_steps(tmp_path / "checkpoints") == [2]
+
+
 def test_resume_on_indexed_dataset_is_bit_exact(tmp_path, monkeypatch, indexed_corpus):
     data = indexed_corpus
     code, full = run_recording(monkeypatch, tiny_config(tmp_path / "full", *data))
