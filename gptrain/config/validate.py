@@ -137,6 +137,12 @@ def validate(cfg: TrainingConfig) -> None:
         raise ConfigError(
             f"trainer.exit_interval: must be at least 1, or null for no exit interval, got {exit_interval}"
         )
+    nonfinite = cfg.trainer.max_consecutive_nonfinite
+    if isinstance(nonfinite, bool) or nonfinite < 1:  # 0 read as "never stop" stopped at the first
+        raise ConfigError(
+            "trainer.max_consecutive_nonfinite: must be at least 1 (the non-finite iterations in a row that "
+            f"stop the run; 1 stops at the first, as Megatron's --check-for-nan-in-loss-and-grad), got {nonfinite}"
+        )
     if cfg.trainer.train_samples is not None and cfg.trainer.train_samples < 1:
         raise ConfigError(
             f"trainer.train_samples: must be at least 1 or null, got {cfg.trainer.train_samples}"

@@ -286,6 +286,9 @@ def test_an_ignored_nemo_key_that_would_change_the_model_is_refused(override, ac
         ("model.activation=relu", "model.activation: 'relu'"),
         ("model.num_query_groups=5", "model.num_query_groups (5)"),
         ("trainer.max_steps=0", "trainer.max_steps: must be at least 1"),
+        # 0 (read as "never stop") and below stopped the run at the first non-finite iteration
+        ("trainer.max_consecutive_nonfinite=0", "trainer.max_consecutive_nonfinite: must be at least 1 (the"),
+        ("trainer.max_consecutive_nonfinite=-1", "--check-for-nan-in-loss-and-grad), got -1"),
         ("trainer.gradient_clip_val=-1.0", "trainer.gradient_clip_val: must be 0 or more, got -1.0"),
         ("model.optim.weight_decay=-0.1", "model.optim.weight_decay: must be 0 or more"),
         ("model.data.num_workers=-1", "model.data.num_workers: must be 0 or more"),
