@@ -146,12 +146,16 @@ def stop_here(
     test_owed: bool = False,
 ) -> int:
     """Stop for a requeue at this step, its iterations since the last line logged first (their losses
-    are not lost with the stop). The validation is said owed only where there is one to run."""
+    are not lost with the stop). The validation is said owed only where there is one to run. At an
+    exit interval's step the run ends there anyway: exit 0, as the interval's, since a requeued job
+    would train on past the step the run was asked to end at."""
     if meter.iterations:
         log_interval(s, meter)
     validation_owed = eval_splits.validation_owed(s, s.state.step) and eval_splits.has_batches(
         valid_data, s.cfg.trainer.limit_val_batches
     )
+    if stopping.exits_at(s, s.state.step):
+        return stopping.exit_at_interval(s, saved, stopped_for=reason, validation_owed=validation_owed)
     return stopping.stop_for_requeue(
         s, reason, saved=saved, test_owed=test_owed, validation_owed=validation_owed
     )

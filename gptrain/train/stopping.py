@@ -122,16 +122,21 @@ def exits_at(s: Session, step: int) -> bool:
     return bool(every) and step % every == 0 and step < s.cfg.trainer.max_steps
 
 
-def exit_at_interval(s: Session, saved: bool) -> int:
+def exit_at_interval(
+    s: Session, saved: bool, stopped_for: str | None = None, validation_owed: bool = False
+) -> int:
     """Save (unless this step's checkpoint is saved already, or checkpoints are off), wait for the
-    write and exit 0, as Megatron does at its exit interval: not requeued, the same command resumes."""
+    write and exit 0, as Megatron does at its exit interval: not requeued, the same command resumes.
+    `stopped_for`: a stop agreed at this same step, which ends the run here too."""
     saves = s.cfg.exp_manager.create_checkpoint_callback
     if saves and not saved:
         saving.save_checkpoint(s, waited_for=True)
     s.checkpoints.wait()
     kept = "; the same command resumes from its checkpoint" if saves else " (checkpoints are off)"
-    s.log(
+    also = f"; {stopped_for} at this iteration too" if stopped_for else ""
+    left = left_to_the_resumed_run(s, validation_owed, test_owed=False) if saves else ""
+    s.log(  # read by gptrain status (launch.log_endings.EXITED_AT_INTERVAL): its start stays as it is
         f"exiting at iteration {s.state.step}: trainer.exit_interval={s.cfg.trainer.exit_interval}"
-        f"{kept}; exit 0"
+        f"{kept}{also}{left}; exit 0"
     )
     return 0

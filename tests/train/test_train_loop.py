@@ -139,6 +139,26 @@ def test_exit_interval_saves_exits_zero_and_the_resume_is_bit_exact(uninterrupte
     assert all(torch.equal(resumed[k], full[k]) for k in full)
 
 
+def test_a_stop_at_the_exit_intervals_own_step_ends_the_run_there_with_exit_0(tmp_path, monkeypatch):
+    """A stop signal agreed at iteration 5, trainer.exit_interval's own step, saved and exited 75: the
+    batch script requeued the job, which trained on to the next exit interval (here max_steps) that the
+    user had asked the run to stop before. The run ends where the exit interval ends it, exit 0."""
+    from gptrain.launch.log_endings import EXITED_AT_INTERVAL
+
+    cfg = tiny_config(tmp_path, *MOCK, "trainer.exit_interval=5")
+    code, first = run_recording(monkeypatch, cfg, signal_at=5)
+    assert code == 0 and sorted(first) == [1, 2, 3, 4, 5]
+    assert complete_steps(tmp_path / "checkpoints") == [4, 5]
+    last = log_lines(tmp_path)[-1]
+    assert last == (
+        "exiting at iteration 5: trainer.exit_interval=5; the same command resumes from its checkpoint; "
+        "received SIGUSR1 at this iteration too; exit 0"
+    )
+    assert EXITED_AT_INTERVAL.search(last)["saved"]  # gptrain status: launch again to continue
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, "trainer.exit_interval=5"))
+    assert code == 0 and sorted(second) == [6]
+
+
 @pytest.mark.parametrize("value", ["0", "-2"])
 def test_an_exit_interval_below_one_is_refused_naming_the_key(tmp_path, value):
     from gptrain.errors import ConfigError
