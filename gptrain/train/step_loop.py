@@ -325,9 +325,16 @@ def record(s: Session, result: StepResult, samples: int | None = None) -> None:
 
 
 def check_finite(s: Session, result: StepResult) -> None:
-    """Stop the run after trainer.max_consecutive_nonfinite non-finite iterations in a row."""
+    """Name each non-finite iteration, which is skipped (the iteration line only counts them), and
+    stop the run after trainer.max_consecutive_nonfinite of them in a row."""
     limit = s.cfg.trainer.max_consecutive_nonfinite
-    if not result.nonfinite or s.state.consecutive_nonfinite < limit:
+    if not result.nonfinite:
+        return
+    if s.state.consecutive_nonfinite < limit:
+        s.log(
+            f"warning: iteration {s.state.step} skipped: loss or gradients not finite ({nonfinite_values(result)}); "
+            f"{s.state.consecutive_nonfinite} in a row, trainer.max_consecutive_nonfinite={limit} in a row stop the run"
+        )
         return
     s.checkpoints.wait()  # a background save of a finite step is still the last good one
     last = s.checkpoints.newest()
@@ -338,6 +345,12 @@ def check_finite(s: Session, result: StepResult) -> None:
     )
     s.log(message)
     raise TrainingDivergedError(message)
+
+
+def nonfinite_values(result: StepResult) -> str:
+    """The step's loss and grad norm as read (a non-finite loss leaves the norm unread)."""
+    norm = "" if result.grad_norm is None else f", grad norm {result.grad_norm:g}"
+    return f"lm loss {result.loss:g}{norm}"
 
 
 def nonfinite_advice(cfg: TrainingConfig) -> str:

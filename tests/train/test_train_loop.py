@@ -597,6 +597,34 @@ def test_results_layout(uninterrupted):
     assert [e.step for e in events.Scalars("val loss")] == [3, 6]
 
 
+def test_each_skipped_non_finite_iteration_is_named_in_the_log(tmp_path, monkeypatch):
+    """A lone NaN iteration was seen only as a count in the next iteration line (every
+    log_every_n_steps): which iteration, and with what loss and grad norm, was not said anywhere, so a
+    NaN weeks into a run could not be traced to its batch. Each one now has a warning line."""
+
+    def nan_at_step_3(model, batch):
+        loss = masked_lm_loss(model, batch)
+        if not torch.is_grad_enabled():  # validation
+            return loss
+        calls.append(1)
+        return loss * float("nan") if len(calls) in (5, 6) else loss  # 2 micro-batches a step
+
+    calls: list[int] = []
+    real = builders.build_step_options
+    monkeypatch.setattr(
+        builders,
+        "build_step_options",
+        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": nan_at_step_3}),
+    )
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, "trainer.log_every_n_steps=5"))
+    assert code == 0 and math.isnan(losses[3])
+    warnings = [line for line in log_lines(tmp_path) if "not finite" in line]
+    assert warnings == [
+        "warning: iteration 3 skipped: loss or gradients not finite (lm loss nan); 1 in a row, "
+        "trainer.max_consecutive_nonfinite=5 in a row stop the run"
+    ]
+
+
 def test_nan_iterations_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch):
     def nan_from_step_3(model, batch):
         loss = masked_lm_loss(model, batch)
