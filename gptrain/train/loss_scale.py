@@ -42,7 +42,7 @@ class DynamicLossScaler:
                 self.scale = max(self.scale * self.backoff_factor, self.min_scale)
             return
         self.growth_tracker += 1
-        if self.growth_tracker == self.growth_interval:
+        if self.growth_tracker >= self.growth_interval:  # a resume may have lowered the interval
             self.growth_tracker = 0
             self.hysteresis_tracker = self.hysteresis
             self.scale *= self.growth_factor

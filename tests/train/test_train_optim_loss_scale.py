@@ -55,6 +55,22 @@ def test_dynamic_scaler_hysteresis_backoff_and_growth():
     assert restored.state_dict() == scaler.state_dict()
 
 
+def test_a_resume_with_a_shorter_growth_interval_still_grows_the_scale():
+    """model.native_amp_growth_interval lowered on a resume (1000 -> 500) below the checkpoint's count
+    of clean iterations (700): growth waited for the count to equal the interval, which it had passed,
+    so the scale never grew again until an overflow reset the count (none comes at a too-small scale)."""
+    saved = DynamicLossScaler(scale=2.0**10, growth_interval=1000)
+    for _ in range(700):
+        saved.update(found_inf=False)
+    resumed = DynamicLossScaler(scale=2.0**32, growth_interval=500)
+    resumed.load_state_dict(saved.state_dict())
+    resumed.update(found_inf=False)
+    assert resumed.scale == 2.0**11 and resumed.growth_tracker == 0
+    for _ in range(500):
+        resumed.update(found_inf=False)
+    assert resumed.scale == 2.0**12  # then every 500 clean iterations, as configured
+
+
 def test_scaler_min_scale_and_precision_choice():
     scaler = DynamicLossScaler(scale=2.0, hysteresis=1, min_scale=1.0)
     for _ in range(3):
