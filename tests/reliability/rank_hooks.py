@@ -14,6 +14,8 @@ python rank_hooks.py signal-in-test RANK gptrain-args...   that rank gets SIGUSR
                                                             micro-batch of the test split is evaluated
 python rank_hooks.py signal-in-startup RANK gptrain-args...   that rank gets SIGTERM while it loads
                                                             the checkpoint (start-up, before step 1)
+python rank_hooks.py nan-from RANK ITERATION gptrain-args...   that rank's training loss is NaN from
+                                                            ITERATION on (one micro-batch a step)
 python rank_hooks.py signal-before-start RANK gptrain-args...   that rank gets SIGUSR1 while it loads
                                                             its config (before train() installs its handlers)
 """
@@ -27,7 +29,7 @@ import time
 
 from gptrain.cli import main
 from gptrain.data import gpt_dataset
-from gptrain.train import eval_splits, evaluation, resuming, saving, step_loop
+from gptrain.train import builders, eval_splits, evaluation, resuming, saving, step_loop
 from gptrain.train.results import TB_TEST_LOSS
 
 
@@ -130,6 +132,31 @@ def signal_before_start(signalled_rank: int) -> None:
     gptrain.config.load_training_config = signalled_while_loading
 
 
+def nan_from(nan_rank: int, iteration: int) -> None:
+    import dataclasses
+
+    import torch
+
+    options = builders.build_step_options
+    steps: list[int] = []
+
+    def with_nan_loss(cfg, dp_size):
+        opts = options(cfg, dp_size)
+        loss_fn = opts.loss_fn
+
+        def nan_loss(model, batch):
+            loss = loss_fn(model, batch)
+            if not torch.is_grad_enabled():  # validation
+                return loss
+            steps.append(1)
+            return loss * float("nan") if len(steps) >= iteration else loss
+
+        rank = int(os.environ.get("RANK", "0"))
+        return dataclasses.replace(opts, loss_fn=nan_loss) if rank == nan_rank else opts
+
+    builders.build_step_options = with_nan_loss
+
+
 if __name__ == "__main__":
     hook, args = sys.argv[1], sys.argv[2:]
     if hook == "fail":
@@ -147,6 +174,9 @@ if __name__ == "__main__":
     elif hook == "signal-in-test":
         signal_in_test(int(args[0]))
         args = args[1:]
+    elif hook == "nan-from":
+        nan_from(int(args[0]), int(args[1]))
+        args = args[2:]
     elif hook == "signal-before-start":
         signal_before_start(int(args[0]))
         args = args[1:]

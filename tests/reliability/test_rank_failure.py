@@ -31,6 +31,27 @@ def test_a_rank_local_error_ends_every_rank_promptly_and_is_printed(tmp_path):
     assert "rank-local failure injected on rank 1" in outputs[1][1]
 
 
+def test_a_nan_loss_on_one_ranks_batch_is_skipped_and_stops_every_rank_at_one_iteration(tmp_path):
+    """The loss and gradients are reduced over the ranks, so every rank skips the step one rank's batch
+    made NaN, names it, and stops at the same iteration with the same one line (no rank waits in a
+    collective the others left), naming the last checkpoint saved before the streak."""
+    overrides = ["trainer.max_steps=50", "trainer.max_consecutive_nonfinite=2"]
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "nan-from", "1", "3"])
+    outputs = finish_ranks(ranks)
+    assert [rank.returncode for rank in ranks] == [2, 2], outputs
+    last_good = tmp_path / "run" / "checkpoints" / "step_2"
+    for rank, (_, err) in enumerate(outputs):
+        assert "Traceback" not in err, err[-3000:]
+        line = (
+            "gptrain: error: loss or gradients not finite for 2 iterations in a row (last at iteration 4); "
+            f"last good checkpoint: {last_good};"
+        )
+        assert err.splitlines()[-1].startswith(line), err[-3000:]
+        log = (tmp_path / "run" / f"nemo_log_globalrank-{rank}_localrank-{rank}.txt").read_text()
+        assert "warning: iteration 3 skipped: loss or gradients not finite (lm loss nan); 1 in a row" in log
+    assert complete_steps(tmp_path / "run" / "checkpoints") == [2]
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("killed", [1, 0])
