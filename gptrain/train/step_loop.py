@@ -96,7 +96,7 @@ def run(
             reason = times.timed_sync(
                 s.state.step, logged, partial(agreement.exchange, stop.reason(), logged)
             )
-        check_finite(s, result)  # unwatched: it may wait for a background write (a save's time, not a hang)
+        check_finite(s, result, meter)  # unwatched: it may wait for a background write (a save's time)
         agreed_stop = agreed_stop or reason
         last = s.state.step >= t.max_steps
         stoppable = not last or end_check is not None
@@ -324,9 +324,10 @@ def record(s: Session, result: StepResult, samples: int | None = None) -> None:
     st.consecutive_nonfinite = st.consecutive_nonfinite + 1 if result.nonfinite else 0
 
 
-def check_finite(s: Session, result: StepResult) -> None:
+def check_finite(s: Session, result: StepResult, meter: IntervalMeter) -> None:
     """Name each non-finite iteration, which is skipped (the iteration line only counts them), and
-    stop the run after trainer.max_consecutive_nonfinite of them in a row."""
+    stop the run after trainer.max_consecutive_nonfinite of them in a row, the iterations since the
+    last line logged first (the losses before the divergence are what tells its cause)."""
     limit = s.cfg.trainer.max_consecutive_nonfinite
     if not result.nonfinite:
         return
@@ -336,6 +337,8 @@ def check_finite(s: Session, result: StepResult) -> None:
             f"{s.state.consecutive_nonfinite} in a row, trainer.max_consecutive_nonfinite={limit} in a row stop the run"
         )
         return
+    if meter.iterations:
+        log_interval(s, meter)
     s.checkpoints.wait()  # a background save of a finite step is still the last good one
     last = s.checkpoints.newest()
     message = (

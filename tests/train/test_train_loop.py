@@ -625,6 +625,42 @@ def test_each_skipped_non_finite_iteration_is_named_in_the_log(tmp_path, monkeyp
     ]
 
 
+def test_the_iterations_before_a_divergence_stop_are_logged(tmp_path, monkeypatch):
+    """A run stopped by trainer.max_consecutive_nonfinite between two iteration lines left the losses of
+    the iterations since the last line unwritten (the climb before the NaNs, in the log and TensorBoard),
+    as a stop signal once did; they are logged before the stop's line."""
+    import re
+
+    def nan_from_step_4(model, batch):
+        loss = masked_lm_loss(model, batch)
+        if not torch.is_grad_enabled():  # validation
+            return loss
+        calls.append(1)
+        return loss * float("nan") if len(calls) > 3 * 2 else loss  # 2 micro-batches a step
+
+    calls: list[int] = []
+    real = builders.build_step_options
+    monkeypatch.setattr(
+        builders,
+        "build_step_options",
+        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": nan_from_step_4}),
+    )
+    overrides = [
+        "trainer.max_consecutive_nonfinite=2",
+        "trainer.max_steps=20",
+        "trainer.log_every_n_steps=10",
+    ]
+    with pytest.raises(step_loop.TrainingDivergedError):
+        run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *overrides))
+    lines = log_lines(tmp_path)
+    logged = [int(m[1]) for line in lines if (m := re.search(r"iteration +(\d+)/ +20 \|", line))]
+    assert logged == [1, 5]
+    line = next(line for line in lines if re.search(r"iteration +5/", line))
+    assert "number of nan iterations:   2" in line and "lm loss:" in line  # iterations 2 and 3's mean
+    stop = next(i for i, text in enumerate(lines) if text.startswith("loss or gradients not finite for 2"))
+    assert lines.index(line) < stop  # logged before the stop's own line
+
+
 def test_nan_iterations_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch):
     def nan_from_step_3(model, batch):
         loss = masked_lm_loss(model, batch)
