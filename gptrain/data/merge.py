@@ -112,7 +112,7 @@ def _carry_record(output_prefix: str, record: dict | None) -> None:
         if record is None:
             remove_tokenizer_record(output_prefix)
         else:
-            write_tokenizer_record(output_prefix, record["type"], record["legacy"])
+            write_tokenizer_record(output_prefix, record["type"], record["legacy"], record.get("vocabulary"))
     except OSError as error:
         raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None
 

@@ -43,6 +43,7 @@ from gptrain.data.prepare_tokens import (
     _WorkerState,
 )
 from gptrain.data.tokenizer_record import refuse_foreign_record_file, write_tokenizer_record
+from gptrain.data.tokenizer_wrappers import Tokenizer
 from gptrain.data.tokenizers import TokenizerSpec, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.progress import Progress, counted, format_rate
@@ -216,6 +217,7 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
         refuse_foreign_record_file(prefix, "--output-prefix", "prepare")
     _init_worker(config.tokenizer, config.json_keys, config.append_eod, config.skip_bad_lines)
     assert _STATE is not None
+    vocabulary = _vocabulary(config.tokenizer, _STATE.tokenizer)
     stats.empty_documents = dict.fromkeys(config.json_keys, 0)
     sizes = [p.stat().st_size for p in paths]
     # A pipe's size is unknown: a percentage would reach 100% before it is read.
@@ -229,7 +231,7 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             _refuse_inputs_of_only_bad_lines(stats, config)
             stats.sequences = {key: w.num_sequences for key, w in zip(config.json_keys, writers, strict=True)}
             finalize_together(writers)  # all outputs new, or (on error) all as they were
-            _record_tokenizer(stats.outputs, config.tokenizer)
+            _record_tokenizer(stats.outputs, config.tokenizer, vocabulary)
     except OSError as error:  # reading errors are DataErrors already, but for opening an input
         if error.filename is not None and str(error.filename) in {str(path) for path in paths}:
             raise DataError(f"--input {error.filename}: cannot read ({error.strerror or error})") from None
@@ -242,12 +244,20 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
     return stats
 
 
-def _record_tokenizer(prefixes: list[str], spec: TokenizerSpec) -> None:
+def _vocabulary(spec: TokenizerSpec, tokenizer: Tokenizer) -> dict:
+    """The fingerprint of the tokenizer's vocabulary (gptrain.data.tokenizer_fingerprint), taken
+    before any data is written: training under another vocabulary is then refused."""
+    from gptrain.data.tokenizer_fingerprint import fingerprint
+
+    return fingerprint(tokenizer, spec.files())[0]
+
+
+def _record_tokenizer(prefixes: list[str], spec: TokenizerSpec, vocabulary: dict) -> None:
     """Each dataset's tokenizer settings beside it (gptrain.data.tokenizer_record): --legacy-tokenizer
-    changes GPT-2 BPE's ids only, so it is recorded as what it did."""
+    changes GPT-2 BPE's ids only, so it is recorded as what it did, with its vocabulary's fingerprint."""
     legacy = spec.legacy and canonical_type(spec.tokenizer_type) == "gpt2"
     for prefix in prefixes:
-        write_tokenizer_record(prefix, spec.tokenizer_type, legacy)
+        write_tokenizer_record(prefix, spec.tokenizer_type, legacy, vocabulary)
 
 
 def _refuse_inputs_of_only_bad_lines(stats: PrepareStats, config: PrepareConfig) -> None:

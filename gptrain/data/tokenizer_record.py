@@ -31,9 +31,12 @@ SUFFIX = ".tokenizer"
 OLD_SUFFIX = ".tokenizer.json"
 
 
-def write_tokenizer_record(prefix: str, kind: str, legacy: bool) -> None:
+def write_tokenizer_record(
+    prefix: str, kind: str, legacy: bool, vocabulary: dict[str, Any] | None = None
+) -> None:
     """Record beside `prefix` the tokenizer type (Megatron's name for any spelling, so records of one
-    type compare equal) and whether it encoded as Megatron's legacy one. A file of the user's with
+    type compare equal), whether it encoded as Megatron's legacy one and the fingerprint of its
+    vocabulary (gptrain.data.tokenizer_fingerprint; none: not recorded). A file of the user's with
     the record's name is kept, with a warning (data prepare and merge refuse one before writing:
     this guards other writers), and the data then has no record, as Megatron's has none."""
     if (foreign := foreign_record_file(prefix)) is not None:
@@ -44,7 +47,9 @@ def write_tokenizer_record(prefix: str, kind: str, legacy: bool) -> None:
             file=sys.stderr,
         )
     else:
-        record = {"type": megatron_tokenizer_type(kind) or kind, "legacy": legacy}
+        record: dict[str, Any] = {"type": megatron_tokenizer_type(kind) or kind, "legacy": legacy}
+        if vocabulary is not None:
+            record["vocabulary"] = vocabulary
         atomic_write_text(prefix + SUFFIX, json.dumps(record, indent=2) + "\n")
     if _read(prefix + OLD_SUFFIX) is not None:  # an older record of the data just replaced
         Path(prefix + OLD_SUFFIX).unlink(missing_ok=True)
@@ -76,11 +81,29 @@ def remove_tokenizer_record(prefix: str) -> None:
 
 
 def merged_record(prefixes: list[str]) -> dict[str, Any] | None:
-    """The record a merge of `prefixes` carries: theirs where every input has the same one; None
-    where one has none (Megatron's data: unknown) or the types differ. Inputs prepared with and
-    without --legacy-tokenizer are a DataError: merged, the data has no one setting to check."""
+    """The record a merge of `prefixes` carries: theirs where every input has the same one (the
+    first's files named), its vocabulary dropped where one has none; None where one has no record
+    (Megatron's data: unknown) or the types differ. Inputs prepared with and without
+    --legacy-tokenizer, or with other vocabularies, are a DataError: merged, the data has no one
+    tokenizer to check."""
     records = {prefix: read_tokenizer_record(prefix) for prefix in prefixes}
     known = {prefix: record for prefix, record in records.items() if record is not None}
+    _refuse_mixed_legacy(known)
+    _refuse_mixed_vocabularies(known)
+    settings = {json.dumps(_without_vocabulary(record), sort_keys=True) for record in known.values()}
+    if len(known) < len(records) or len(settings) != 1:
+        return None
+    first = next(iter(known.values()))
+    if all(isinstance(record.get("vocabulary"), dict) for record in known.values()):
+        return first
+    return _without_vocabulary(first)
+
+
+def _without_vocabulary(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if key != "vocabulary"}
+
+
+def _refuse_mixed_legacy(known: dict[str, dict[str, Any]]) -> None:
     by_legacy = {
         record["legacy"]: prefix for prefix, record in known.items() if _is_gpt2_bpe(record.get("type"))
     }
@@ -91,10 +114,22 @@ def merged_record(prefixes: list[str]) -> dict[str, Any] | None:
             f"without ({record_path(without)}): a literal <|endoftext|> is encoded otherwise in each; "
             "prepare them with the same setting, then merge"
         )
-    unique = {json.dumps(record, sort_keys=True) for record in known.values()}
-    if len(known) < len(records) or len(unique) != 1:
-        return None
-    return next(iter(known.values()))
+
+
+def _refuse_mixed_vocabularies(known: dict[str, dict[str, Any]]) -> None:
+    """Inputs whose recorded vocabularies differ: the merged ids would mean other tokens by input."""
+    from gptrain.data.tokenizer_fingerprint import describe, same_vocabulary
+
+    fingerprinted = [(prefix, r) for prefix, r in known.items() if isinstance(r.get("vocabulary"), dict)]
+    for prefix, record in fingerprinted[1:]:
+        first, first_record = fingerprinted[0]
+        if not same_vocabulary(first_record["vocabulary"], record["vocabulary"]):
+            raise DataError(
+                f"--input {prefix} was tokenized with {describe(record['type'], record['vocabulary'])}, "
+                f"{first} with {describe(first_record['type'], first_record['vocabulary'])} (their "
+                f"{SUFFIX} records): another vocabulary, so the same id means other tokens in each; "
+                "re-tokenize one with the other's tokenizer files (gptrain data prepare), then merge"
+            )
 
 
 def read_tokenizer_record(prefix: str) -> dict[str, Any] | None:

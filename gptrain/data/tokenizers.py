@@ -104,6 +104,14 @@ class TokenizerSpec:
     legacy: bool = False
     """Megatron's --legacy-tokenizer: GPT-2 BPE keeps a literal <|endoftext|> as text."""
 
+    def files(self) -> list[str]:
+        """The files it is read from (a tiktoken encoding: its name), as its loader picks them."""
+        if canonical_type(self.tokenizer_type) != "gpt2":
+            return [self.model] if self.model else []
+        if self.vocab_file is None and self.merge_file is None and self.model:
+            return [str(Path(self.model) / "vocab.json"), str(Path(self.model) / "merges.txt")]
+        return [file for file in (self.vocab_file, self.merge_file) if file]
+
     def build(self) -> Tokenizer:
         return build_tokenizer(
             self.tokenizer_type, self.vocab_file, self.merge_file, self.model, self.tiktoken, self.legacy

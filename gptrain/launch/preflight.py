@@ -270,17 +270,20 @@ def check_data_prefixes(data_prefix: Any, splits: list[str] | None = None) -> No
 
 
 def check_recorded_tokenizer(cfg: TrainingConfig, splits: list[str] | None) -> None:
-    """The data's recorded --legacy-tokenizer against training.model.tokenizer.legacy, refused here
-    as the job refuses it as it starts, after the queue wait (the job warns where
+    """The data's recorded --legacy-tokenizer against training.model.tokenizer.legacy, and its
+    recorded vocabulary against the files' (where they tell it without the tokenizer library),
+    refused here as the job refuses them as it starts, after the queue wait (the job warns where
     exp_manager.allow_tokenizer_change lets it go on)."""
     from gptrain.data.blend_spec import prefixes_of
     from gptrain.data.tokenizer_record import legacy_conflict
+    from gptrain.launch.tokenizer_preflight import vocabulary_conflict
 
-    tok = cfg.model.tokenizer
-    conflict = legacy_conflict(
-        prefixes_of(cfg.model.data.data_prefix, splits), tok.legacy, tok.type, "training."
-    )
-    if conflict is not None and not cfg.exp_manager.allow_tokenizer_change:
+    if cfg.exp_manager.allow_tokenizer_change:
+        return
+    tok, prefixes = cfg.model.tokenizer, prefixes_of(cfg.model.data.data_prefix, splits)
+    conflict = legacy_conflict(prefixes, tok.legacy, tok.type, "training.")
+    conflict = conflict or vocabulary_conflict(tok, prefixes)
+    if conflict is not None:
         raise LaunchError(f"{conflict[0]}; {conflict[1]}")
 
 

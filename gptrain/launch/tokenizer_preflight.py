@@ -61,6 +61,38 @@ def tokenizer_ids(tok: Any) -> int | None:
     return max(ids) + 1 if ids else None
 
 
+def vocabulary_conflict(tok: Any, prefixes: list[str]) -> tuple[str, str] | None:
+    """The data's recorded vocabulary against the token table of training.model.tokenizer's
+    vocab.json or tokenizer.json, read with json alone (gptrain.data.tokenizer_fingerprint); the
+    merges, end-of-document id and other types are the job's to check, with the tokenizer loaded."""
+    from gptrain.data.tokenizer_fingerprint import digest, table_from_files
+    from gptrain.data.tokenizer_fingerprint import vocabulary_conflict as conflict
+
+    kind = _kind(tok.type)
+    directory = tok.model if kind == "gpt2" and not (tok.vocab_file or tok.merge_file) and tok.model else None
+    vocab_file = str(Path(directory) / "vocab.json") if directory else tok.vocab_file
+    files = [vocab_file, str(Path(directory) / "merges.txt") if directory else tok.merge_file]
+    if kind != "gpt2":
+        files = [tok.model]
+
+    def live() -> tuple[dict[str, Any], list[str | None]] | None:
+        table = table_from_files(kind, vocab_file, tok.model)
+        if table is None:
+            return None
+        absolute = [os.path.abspath(file) for file in files if file]
+        return {"type": tok.type, "files": absolute, "size": len(table), "tokens": digest(table)}, table
+
+    named = ("vocab_file", "merge_file") if kind == "gpt2" and directory is None else ("model",)
+    return conflict(
+        prefixes,
+        live,
+        "training.model.tokenizer",
+        " and ".join(f"training.model.tokenizer.{key}" for key in named),
+        "training.model.data.data_prefix",
+        "training.exp_manager.allow_tokenizer_change=true",
+    )
+
+
 def _tokenizer_json_ids(data: dict[str, Any]) -> list[Any]:
     """A tokenizer.json's ids: its model's vocabulary (a {token: id} mapping, or Unigram's list of
     [piece, score], numbered in order) and its added tokens."""

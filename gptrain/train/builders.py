@@ -359,7 +359,7 @@ def _build_datasets(
 
     m = cfg.model
     if not is_mock_data(cfg):
-        check_data_tokenizer(cfg)
+        check_data_tokenizer(cfg, tokenizer=tokenizer)
         check_token_ids(cfg, tokenizer)  # before index builds of minutes
     train, valid, test = build_gpt_datasets(
         m.data.data_prefix,

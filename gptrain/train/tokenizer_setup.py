@@ -53,9 +53,13 @@ def check_use_fast(tok: Any) -> None:
 
 
 def check_data_tokenizer(
-    cfg: TrainingConfig, prefixes: list[str] | None = None, where: str | None = None
+    cfg: TrainingConfig,
+    prefixes: list[str] | None = None,
+    where: str | None = None,
+    tokenizer: Any | None = None,
 ) -> None:
-    """The data's recorded --legacy-tokenizer against model.tokenizer.legacy, with the policy of a
+    """The data's recorded --legacy-tokenizer against model.tokenizer.legacy, and its recorded
+    vocabulary against `tokenizer`'s (the run's, built from model.tokenizer), with the policy of a
     checkpoint's tokenizer: refused, or a warning with exp_manager.allow_tokenizer_change. `prefixes`
     (named `where`): data other than model.data.data_prefix's (eval's --data-prefix)."""
     from gptrain.data.blend_spec import prefixes_of
@@ -64,7 +68,33 @@ def check_data_tokenizer(
     tok = cfg.model.tokenizer
     if prefixes is None:
         prefixes = prefixes_of(cfg.model.data.data_prefix)
-    conflict = legacy_conflict(prefixes, tok.legacy, tok.type, where=where)
+    _refuse_or_warn(cfg, legacy_conflict(prefixes, tok.legacy, tok.type, where=where))
+    if tokenizer is not None:
+        _refuse_or_warn(cfg, vocabulary_conflict(cfg, tokenizer, prefixes, where))
+
+
+def vocabulary_conflict(
+    cfg: TrainingConfig, tokenizer: Any, prefixes: list[str], where: str | None = None
+) -> tuple[str, str] | None:
+    """(what differs, what to do) where a prefix's recorded vocabulary is not `tokenizer`'s."""
+    from gptrain.data.tokenizer_fingerprint import fingerprint, vocabulary_conflict
+
+    def live() -> tuple[dict[str, Any], list[str | None]]:
+        entry, table = fingerprint(tokenizer, run_tokenizer_files(cfg))
+        return entry | {"type": cfg.model.tokenizer.type}, table
+
+    keys = " and ".join(f"model.tokenizer.{key}" for key in tokenizer_file_keys(cfg) or ("model",))
+    return vocabulary_conflict(
+        prefixes,
+        live,
+        "model.tokenizer",
+        keys,
+        where or "model.data.data_prefix",
+        "exp_manager.allow_tokenizer_change=true",
+    )
+
+
+def _refuse_or_warn(cfg: TrainingConfig, conflict: tuple[str, str] | None) -> None:
     if conflict is None:
         return
     text, advice = conflict
@@ -166,6 +196,12 @@ def padded_vocab_size(cfg: TrainingConfig, tokenizer: Any | None) -> tuple[int, 
     return vocab, padded
 
 
+def run_tokenizer_files(cfg: TrainingConfig) -> list[str]:
+    """The files model.tokenizer is read from (a tiktoken encoding: its name), as the loader picks them."""
+    tok = cfg.model.tokenizer
+    return [str(getattr(tok, key)) for key in tokenizer_file_keys(cfg)] or [str(tok.model)]
+
+
 def tokenizer_check(cfg: TrainingConfig, tokenizer: Any | None) -> Any | None:
     """The run's tokenizer as checkpoints record it (gptrain.data.tokenizer_identity); None without
     one (mock data)."""
@@ -175,8 +211,7 @@ def tokenizer_check(cfg: TrainingConfig, tokenizer: Any | None) -> Any | None:
     from gptrain.data.tokenizers import canonical_type
 
     tok = cfg.model.tokenizer
-    files = [getattr(tok, key) for key in tokenizer_file_keys(cfg)] or [tok.model]
-    source = " + ".join(str(file) for file in files)
+    source = " + ".join(run_tokenizer_files(cfg))
     if canonical_type(tok.type) == "null":  # no files: its settings
         source = f"(vocab_size {tokenizer.vocab_size}, eod {tokenizer.eod})"
     return TokenizerCheck.of(tokenizer, tok.type, source, cfg.exp_manager.allow_tokenizer_change)

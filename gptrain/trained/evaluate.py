@@ -379,7 +379,7 @@ def prefix_data(
     entries = request.data_prefix or []
     prefix: str | list[str] = entries[0] if len(entries) == 1 else list(entries)
     prefixes, _ = parse_blend(prefix)
-    b.check_data_tokenizer(cfg, prefixes, "--data-prefix")  # as training checks its data_prefix
+    b.check_data_tokenizer(cfg, prefixes, "--data-prefix", tokenizer)  # as training checks its data_prefix
     b.check_token_ids(cfg, tokenizer, prefixes, "--data-prefix")
     m = cfg.model
     tokens = {p: IndexedDataset(p).num_tokens for p in prefixes}

@@ -3,6 +3,7 @@
 said and loaded, and checkpoints from before the record load with a note."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from gptrain.checkpoint.errors import TokenizerMismatchError
 from gptrain.data.gpt2_bpe import gpt2_tokenizer_json, load_gpt2_bpe
 from gptrain.data.tokenizer_identity import compare, record, token_table
 from gptrain.data.tokenizer_loaders import load_huggingface
-from gptrain.errors import DataError
+from gptrain.errors import ConfigError, DataError
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -360,5 +361,8 @@ def test_megatrons_tiktoken_vocabulary_trains_and_resumes(tmp_path, monkeypatch)
     resumed = tiny_config(tmp_path / "run", *SHORT, *overrides, "trainer.max_steps=3")
     assert run_recording(monkeypatch, resumed)[0] == 0
     other = [*overrides, "model.tokenizer.tiktoken_num_special_tokens=999", "model.tokenizer.vocab_size=1259"]
+    with pytest.raises(ConfigError, match=r"was tokenized with TikTokenizer .*: 1259 tokens, not 1260: another"):
+        run_recording(monkeypatch, tiny_config(tmp_path / "run", *SHORT, *other))  # the data's record first
+    os.remove(f"{prefix}_text_document.tokenizer")  # as Megatron's data: the checkpoint's record refuses it
     with pytest.raises(TokenizerMismatchError):
         run_recording(monkeypatch, tiny_config(tmp_path / "run", *SHORT, *other))

@@ -1,0 +1,237 @@
+"""Which vocabulary prepared data was encoded with: the `vocabulary` its tokenizer record keeps.
+
+The type alone let data tokenized with one GPT-2 vocab.json (or tokenizer.json, or SentencePiece
+model) train under another of the same type: every id then meant another token. The fingerprint is
+of what the ids mean, not of the files' bytes: the id -> token table (tokenizer_identity's, each
+token spelled as GPT-2's byte-level string, so that GPT-2's vocab.json + merges.txt and its
+tokenizer.json agree), the ids of a fixed text (merges, pre-tokenizer, normalizer), the
+end-of-document id and the size. A copy, a reformatted JSON file or the same vocabulary in another
+format is the same; other merges of the same tokens are not. `files` only names them in messages.
+
+Data whose run tokenizer extends the recorded one (its first ids are the recorded tokens, same
+end-of-document id) is taken: its ids keep their meaning. A record without a fingerprint (written
+before) is not checked. Standard library only at import: the launch preflight computes the table
+of a vocab.json or tokenizer.json with json alone (tokenizer_identity needs the tokenizer loaded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+COMPARED = ("size", "tokens", "encodes", "eod")
+"""The fingerprint's keys that say what the ids mean (`files` only names them)."""
+
+
+def digest(value: object) -> str:
+    """sha256 of `value` as ASCII JSON: tokenizer_identity's digest, so tables compare across both."""
+    return hashlib.sha256(json.dumps(value, ensure_ascii=True).encode("ascii")).hexdigest()
+
+
+def probe_text() -> str:
+    """tokenizer_identity's probe without its <|endoftext|>: how that one literal is encoded is the
+    record's `legacy`, checked on its own (so one difference is said once)."""
+    from gptrain.data.tokenizer_identity import PROBE
+
+    return PROBE.replace("<|endoftext|>", "")
+
+
+def fingerprint(tokenizer: Any, files: list[str]) -> tuple[dict[str, Any], list[str | None]]:
+    """(the fingerprint of a loaded `tokenizer` read from `files`, its token table)."""
+    from gptrain.data.tokenizer_identity import _eod, token_table
+
+    table = token_table(tokenizer)
+    return {
+        "files": [_absolute(file) for file in files],
+        "size": len(table),
+        "tokens": digest(table),
+        "encodes": _encodes(tokenizer),
+        "eod": _eod(tokenizer),
+    }, table
+
+
+def _encodes(tokenizer: Any) -> str | None:
+    """The digest of the probe's ids; None where the tokenizer cannot encode it (a word-level
+    vocabulary without an unknown token): then compared as such."""
+    try:
+        ids = tokenizer.encode(probe_text())
+    except Exception:  # whatever a tokenizer library raises on text it has no tokens for
+        return None
+    return digest([int(i) for i in ids])
+
+
+def _absolute(file: str) -> str:
+    """A path as absolute (the message names it wherever the command ran); a tiktoken encoding's
+    name as given."""
+    return os.path.abspath(file) if os.path.exists(file) else file
+
+
+def same_vocabulary(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two fingerprints say the same ids mean the same tokens, encoded alike."""
+    return all(a.get(key) == b.get(key) for key in COMPARED)
+
+
+def difference(
+    recorded: dict[str, Any], live: dict[str, Any], live_table: list[str | None] | None
+) -> str | None:
+    """What differs between the data's fingerprint and a run's (None where its ids mean the same
+    tokens: the same vocabulary, or one extending it). `live` may lack `encodes` and `eod` (the
+    preflight's, from the files alone): those are then not compared."""
+    if recorded.get("tokens") == live.get("tokens"):
+        if "eod" in live and recorded.get("eod") != live["eod"]:
+            return f"end-of-document id {live['eod']}, not {recorded.get('eod')}"
+        if "encodes" in live and recorded.get("encodes") != live["encodes"]:
+            return "the same tokens, but text is encoded otherwise: other merges, pre-tokenizer or normalizer"
+        return None
+    if _extends(recorded, live_table) and ("eod" not in live or recorded.get("eod") == live["eod"]):
+        return None
+    if recorded.get("size") != live.get("size"):
+        return f"{live.get('size')} tokens, not {recorded.get('size')}: another vocabulary"
+    return "the same size, other tokens at the same ids: another vocabulary"
+
+
+def _extends(recorded: dict[str, Any], live_table: list[str | None] | None) -> bool:
+    """Whether the run's tokens start with the recorded ones and go on past them."""
+    size = recorded.get("size")
+    return (
+        live_table is not None
+        and isinstance(size, int)
+        and 0 < size < len(live_table)
+        and digest(live_table[:size]) == recorded.get("tokens")
+    )
+
+
+def describe(kind: object, entry: dict[str, Any]) -> str:
+    """'GPT2BPETokenizer /data/vocab.json + /data/merges.txt'."""
+    files = entry.get("files") or ["(files not recorded)"]
+    return f"{kind} {' + '.join(map(str, files))}"
+
+
+def vocabulary_conflict(
+    prefixes: list[str],
+    live: Callable[[], tuple[dict[str, Any], list[str | None] | None] | None],
+    run: str,
+    keys: str,
+    where: str,
+    allow: str,
+) -> tuple[str, str] | None:
+    """(what differs, what to do) for the first prefix whose recorded vocabulary is not the run's,
+    else None. `live()` gives the run's fingerprint and table, asked for only where a record has a
+    fingerprint (None: it cannot be told here); `run` names the run's tokenizer ('model.tokenizer'),
+    `keys` its file keys for the advice, `allow` the key that goes on anyway."""
+    from gptrain.data.blend_spec import strip_suffix
+    from gptrain.data.tokenizer_record import read_tokenizer_record, record_path
+
+    computed: list[Any] = []
+    for prefix in map(strip_suffix, prefixes):  # data_prefix may name X.bin or X.idx for X
+        record = read_tokenizer_record(prefix)
+        recorded = record.get("vocabulary") if record is not None else None
+        if not isinstance(recorded, dict):
+            continue
+        if not computed:
+            computed.append(live())
+        if computed[0] is None:
+            return None
+        fingerprint_, table = computed[0]
+        why = difference(recorded, fingerprint_, table)
+        if why is None:
+            continue
+        text = (
+            f"{where}: {prefix} was tokenized with {describe(record.get('type'), recorded)} "
+            f"({record_path(prefix)}), {run} is {describe(fingerprint_.get('type'), fingerprint_)}: "
+            f"{why}, so the data's ids would mean other tokens"
+        )
+        advice = (
+            f"re-tokenize the data with {run}'s files (gptrain data prepare), or point {keys} at the files "
+            f"the data was tokenized with, or {allow} to go on with this one"
+        )
+        return text, advice
+    return None
+
+
+def table_from_files(kind: str | None, vocab_file: str | None, model: str | None) -> list[str | None] | None:
+    """The token table tokenizer_identity gives the loaded tokenizer, read with json alone from a
+    GPT-2 vocab.json (`kind` 'gpt2') or a tokenizer.json ('huggingface'); None where the files do not
+    tell it here (another type, a file that does not parse, a vocab.json token outside GPT-2's byte
+    alphabet, which the loaders spell otherwise)."""
+    if kind == "gpt2":
+        vocab = _json(vocab_file)
+        if not isinstance(vocab, dict) or not all(map(_is_byte_level, vocab)):
+            return None
+        return _table(vocab.items())
+    if kind == "huggingface" and model:
+        path = Path(model)
+        data = _json(str(path / "tokenizer.json") if path.is_dir() else model)
+        return _tokenizer_json_table(data) if isinstance(data, dict) else None
+    return None
+
+
+def _tokenizer_json_table(data: dict[str, Any]) -> list[str | None] | None:
+    """A tokenizer.json's id -> token table as `tokenizers` loads it: its model's vocabulary (a
+    {token: id} mapping, or Unigram's list of [piece, score], numbered in order), then its added
+    tokens, whose "id" the library does not read: one of the vocabulary keeps that id, the others
+    take the ids from the vocabulary's length on, in the order listed."""
+    model = data.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, dict):
+        pairs = list(vocab.items())
+    elif isinstance(vocab, list) and all(isinstance(entry, list) and entry for entry in vocab):
+        pairs = [(entry[0], i) for i, entry in enumerate(vocab)]
+    else:
+        return None
+    ids, next_id = dict(pairs), len(pairs)
+    for token in data.get("added_tokens") or []:
+        content = token.get("content") if isinstance(token, dict) else None
+        if not isinstance(content, str):
+            return None
+        if content not in ids:
+            ids[content], next_id = next_id, next_id + 1
+    return _table(ids.items())
+
+
+def _table(pairs: Any) -> list[str | None] | None:
+    """The list indexed by id (None where no token has it), or None for a pair that is not
+    (string, id)."""
+    by_id: dict[int, str] = {}
+    for token, index in pairs:
+        if not isinstance(token, str) or not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            return None
+        by_id[index] = token
+    if not by_id:
+        return None
+    table: list[str | None] = [None] * (max(by_id) + 1)
+    for index, token in by_id.items():
+        table[index] = token
+    return table
+
+
+_BYTE_ALPHABET: frozenset[str] | None = None
+
+
+def _is_byte_level(token: str) -> bool:
+    """Whether every character of `token` is one of GPT-2's 256 byte characters."""
+    global _BYTE_ALPHABET
+    if _BYTE_ALPHABET is None:
+        printable = [
+            *range(ord("!"), ord("~") + 1),
+            *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1),
+        ]
+        _BYTE_ALPHABET = frozenset(map(chr, printable)) | frozenset(
+            chr(256 + n) for n in range(256 - len(printable))
+        )
+    return all(char in _BYTE_ALPHABET for char in token)
+
+
+def _json(path: str | None) -> Any:
+    """A JSON file's content, or None where it is not there or does not parse (the job says why)."""
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
