@@ -42,8 +42,10 @@ def check_vocabulary_rows(cfg: TrainingConfig) -> None:
 
 
 def tokenizer_ids(tok: Any) -> int | None:
-    """The ids of a GPT-2 BPE, HuggingFaceTokenizer or NullTokenizer tokenizer as the job's tokenizer counts them
-    (the highest id + 1: a vocabulary may skip ids), or None where its files do not tell them here."""
+    """The ids of a GPT-2 BPE, HuggingFaceTokenizer or NullTokenizer tokenizer as the job's tokenizer
+    counts them (the highest id + 1: a vocabulary may skip ids; a tokenizer.json's added tokens
+    numbered as the library numbers them, not by their "id"), or None where its files do not tell
+    them here."""
     kind = _kind(tok.type)
     if kind == "null":
         return int(tok.vocab_size) if tok.vocab_size else None
@@ -52,9 +54,10 @@ def tokenizer_ids(tok: Any) -> int | None:
         vocab = _json_file(str(Path(directory) / "vocab.json") if directory else tok.vocab_file)
         ids = list(vocab.values()) if isinstance(vocab, dict) else []
     elif kind == "huggingface" and tok.model:
-        path = Path(str(tok.model))
-        data = _json_file(str(path / "tokenizer.json" if path.is_dir() else path))
-        ids = _tokenizer_json_ids(data) if isinstance(data, dict) else []
+        from gptrain.data.tokenizer_fingerprint import table_from_files
+
+        table = table_from_files(kind, None, str(tok.model))  # the ids as `tokenizers` gives them
+        ids = [len(table) - 1] if table else []
     else:
         return None
     ids = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
@@ -91,15 +94,6 @@ def vocabulary_conflict(tok: Any, prefixes: list[str]) -> tuple[str, str] | None
         "training.model.data.data_prefix",
         "training.exp_manager.allow_tokenizer_change=true",
     )
-
-
-def _tokenizer_json_ids(data: dict[str, Any]) -> list[Any]:
-    """A tokenizer.json's ids: its model's vocabulary (a {token: id} mapping, or Unigram's list of
-    [piece, score], numbered in order) and its added tokens."""
-    vocab = (data.get("model") or {}).get("vocab") if isinstance(data.get("model"), dict) else None
-    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab or [])))
-    added = data.get("added_tokens") or []
-    return ids + [token.get("id") for token in added if isinstance(token, dict)]
 
 
 def _json_file(path: str | None) -> Any:

@@ -376,3 +376,39 @@ def test_a_null_tokenizer_needs_no_tokenizer_files_and_its_ids_are_the_rows_chec
     )
     with pytest.raises(LaunchError, match="model.padded_vocab_size=256: fewer rows than the 300 ids"):
         check_training_files(cfg, prepared_by_stage=False)
+
+
+def test_added_token_ids_tokenizers_does_not_read_are_not_counted_before_the_queue(tmp_path):
+    """The preflight counted a tokenizer.json's ids from its added_tokens' "id" fields, which the
+    `tokenizers` library does not read (it numbers a token not in the vocabulary from the
+    vocabulary's length on, in the order listed): a hand-edited file placing one at 9 was 10 ids
+    here, 5 in the job, so a padded_vocab_size the job takes was refused before the queue."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, models
+
+    from gptrain.data.tokenizers import build_tokenizer
+
+    tokenizer = Tokenizer(models.WordLevel({"a": 0, "b": 1, "c": 2}, unk_token="a"))
+    tokenizer.add_special_tokens([AddedToken(name, special=True) for name in ("<eos>", "<extra>")])
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["added_tokens"][-1]["id"] = 9  # as a user wrote it
+    path.write_text(json.dumps(data), encoding="utf-8")
+    assert build_tokenizer("HuggingFaceTokenizer", model=str(path)).vocab_size == 5
+    overrides = [
+        "model.data.data_impl=mock",
+        "model.tokenizer.type=HuggingFaceTokenizer",
+        "model.tokenizer.vocab_file=null",
+        "model.tokenizer.merge_file=null",
+        f"model.tokenizer.model={path}",
+    ]
+
+    def cfg(rows: int):
+        more = [f"model.padded_vocab_size={rows}"]
+        return load_training_config("gpt3/126m", [*overrides, *more], report_ignored=False)
+
+    check_training_files(cfg(8), prepared_by_stage=False)
+    with pytest.raises(LaunchError, match="fewer rows than the 5 ids of the tokenizer;"):
+        check_training_files(cfg(4), prepared_by_stage=False)
