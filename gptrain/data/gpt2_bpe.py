@@ -103,14 +103,20 @@ class _ByteAlphabet:
 def _tiktoken_ranks(
     vocab: dict[str, int], merges: list[tuple[str, str]], alphabet: _ByteAlphabet
 ) -> dict[bytes, int] | None:
-    """Byte-level ranks equal to the vocab ids, or None when ids do not follow merge order."""
+    """Byte-level ranks equal to the vocab ids, or None when ids do not follow merge order or a
+    merge's part is made by no earlier merge (a merges.txt missing a line): HF's BPE never forms
+    such a token, while tiktoken emits any piece it finds whole in its ranks."""
     ranks: dict[bytes, int] = {}
     for char in alphabet.chars:
         if chr(char) not in vocab:
             return None
         ranks[alphabet.to_bytes(chr(char))] = vocab[chr(char)]
+    made = {chr(char) for char in alphabet.chars}
     previous = -1
     for left, right in merges:
+        if left not in made or right not in made:
+            return None
+        made.add(left + right)
         token_id = vocab[left + right]
         merged = alphabet.to_bytes(left + right)
         if token_id <= previous or merged in ranks:

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -383,3 +384,19 @@ def test_a_hub_name_given_to_prepare_says_gptrain_does_not_download(
     assert err.startswith(f"gptrain: error: {said}")
     assert "gptrain does not download tokenizers from the Hugging Face hub" in err
     assert f"huggingface-cli download {flags[-1]} --local-dir DIR" in err
+
+
+def test_a_merges_file_missing_a_merge_encodes_as_megatrons_bpe(gpt2_files, tmp_path):
+    """tiktoken's ranks took a merge whose part no earlier merge makes ("Ġt he" without "Ġ t"): HF's
+    BPE (Megatron's GPT2BPETokenizer) never forms such a token, but tiktoken emits a piece found whole
+    in its ranks, so " the two" was [262, 734] here and [220, 1169, 220, 11545] in Megatron's data.
+    Such a file is now read with HF's BPE."""
+    vocab, merges = gpt2_files
+    lines = Path(merges).read_text(encoding="utf-8").split("\n")
+    assert lines[1] == "Ġ t"
+    fewer = tmp_path / "merges.txt"
+    fewer.write_text("\n".join(lines[:1] + lines[2:]), encoding="utf-8")
+    megatron = load_gpt2_bpe(vocab, str(fewer), backend="hf").encode(" the two")
+    assert megatron == [220, 1169, 220, 11545]
+    assert build_tokenizer("gpt2bpe", vocab, str(fewer)).encode(" the two") == megatron
+    assert isinstance(build_tokenizer("gpt2bpe", vocab, merges), TiktokenTokenizer)  # the whole file: fast
