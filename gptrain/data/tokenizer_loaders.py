@@ -148,7 +148,16 @@ def load_huggingface(model: str) -> Tokenizer:
     eos = _eos_from_config(file.parent)
     candidates = [eos] if eos else [c for c in EOS_CANDIDATES if c in vocab]
     eod = vocab.get(candidates[0]) if candidates else None
-    return HFTokenizer(tokenizer, eod, str(file))
+    return HFTokenizer(tokenizer, eod, str(file), _eos_not_held(file, eos) if eos and eod is None else None)
+
+
+def _eos_not_held(file: Path, eos: str) -> str:
+    """Why tokenizer_config.json's eos_token gives no id: tokenizer.json does not hold it."""
+    return (
+        f"{file.parent / 'tokenizer_config.json'}: its eos_token {eos!r} is not a token of {file} (transformers "
+        "would add it as a new id; gptrain reads tokenizer.json as it is): add it to tokenizer.json's "
+        "added_tokens, or name one of its tokens as eos_token"
+    )
 
 
 def _not_an_encoding(name: str, known: str) -> str:

@@ -97,16 +97,19 @@ class TiktokenTokenizer:
 class HFTokenizer:
     """A Hugging Face `tokenizers` tokenizer, special tokens added as `AutoTokenizer` does."""
 
-    def __init__(self, tokenizer: Any, eod: int | None, source: str) -> None:
+    def __init__(self, tokenizer: Any, eod: int | None, source: str, no_eod: str | None = None) -> None:
         self.tokenizer = tokenizer
         self._eod = eod
         self.source = source
+        self._no_eod = no_eod  # why there is no end-of-document id, where the default line is wrong
         # the highest id + 1, not the count: a tokenizer.json may leave ids unassigned (a vocab
         # numbered with gaps), and every id it emits needs an embedding row
         self.vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
     @property
     def eod(self) -> int:
+        if self._eod is None and self._no_eod is not None:
+            raise DataError(self._no_eod)
         if self._eod is None:
             raise DataError(
                 f"{self.source}: no end-of-document token found (none of {', '.join(EOS_CANDIDATES)}); "

@@ -400,3 +400,27 @@ def test_a_merges_file_missing_a_merge_encodes_as_megatrons_bpe(gpt2_files, tmp_
     assert megatron == [220, 1169, 220, 11545]
     assert build_tokenizer("gpt2bpe", vocab, str(fewer)).encode(" the two") == megatron
     assert isinstance(build_tokenizer("gpt2bpe", vocab, merges), TiktokenTokenizer)  # the whole file: fast
+
+
+def test_an_eos_token_the_tokenizer_json_lacks_is_said_as_such(tmp_path):
+    """tokenizer_config.json naming an eos_token that tokenizer.json does not hold (transformers, and
+    so Megatron's HuggingFaceTokenizer, adds it as a new id at load) was "no end-of-document token
+    found (none of <|endoftext|>, </s>, ...); put a tokenizer_config.json with eos_token next to
+    tokenizer.json": the advice the user had followed. Now the line names the token and the file."""
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"<unk>": 0, "</s>": 1, "a": 2}, unk_token="<unk>")).save(
+        str(tmp_path / "tokenizer.json")
+    )
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"eos_token": {"content": "<|im_end|>", "special": True}}))
+    tokenizer = build_tokenizer("HuggingFaceTokenizer", model=str(tmp_path))
+    with pytest.raises(DataError) as error:
+        tokenizer.eod  # noqa: B018
+    assert str(error.value) == (
+        f"{config}: its eos_token '<|im_end|>' is not a token of {tmp_path / 'tokenizer.json'} (transformers "
+        "would add it as a new id; gptrain reads tokenizer.json as it is): add it to tokenizer.json's "
+        "added_tokens, or name one of its tokens as eos_token"
+    )
+    config.write_text(json.dumps({"eos_token": "</s>"}))
+    assert build_tokenizer("HuggingFaceTokenizer", model=str(tmp_path)).eod == 1
