@@ -83,15 +83,24 @@ def difference(
     preflight's, from the files alone): those are then not compared."""
     if recorded.get("tokens") == live.get("tokens"):
         if "eod" in live and recorded.get("eod") != live["eod"]:
-            return f"end-of-document id {live['eod']}, not {recorded.get('eod')}"
+            return (
+                f"end-of-document id {live['eod']}, not {recorded.get('eod')}: the data's documents end in an "
+                "id this run does not take as their end (loss mask, attention reset)"
+            )
         if "encodes" in live and recorded.get("encodes") != live["encodes"]:
-            return "the same tokens, but text is encoded otherwise: other merges, pre-tokenizer or normalizer"
+            return (
+                "the same tokens, but text is encoded otherwise (other merges, pre-tokenizer or normalizer): "
+                "generate, eval and export would encode text otherwise than the data"
+            )
         return None
     if _extends(recorded, live_table) and ("eod" not in live or recorded.get("eod") == live["eod"]):
         return None
     if recorded.get("size") != live.get("size"):
-        return f"{live.get('size')} tokens, not {recorded.get('size')}: another vocabulary"
-    return "the same size, other tokens at the same ids: another vocabulary"
+        return f"{live.get('size')} tokens, not {recorded.get('size')}: {_OTHER_TOKENS}"
+    return f"the same size, other tokens at the same ids: {_OTHER_TOKENS}"
+
+
+_OTHER_TOKENS = "another vocabulary, so the data's ids would mean other tokens"
 
 
 def _extends(recorded: dict[str, Any], live_table: list[str | None] | None) -> bool:
@@ -143,7 +152,7 @@ def vocabulary_conflict(
         text = (
             f"{where}: {prefix} was tokenized with {describe(record.get('type'), recorded)} "
             f"({record_path(prefix)}), {run} is {describe(fingerprint_.get('type'), fingerprint_)}: "
-            f"{why}, so the data's ids would mean other tokens"
+            f"{why}"
         )
         advice = (
             f"re-tokenize the data with {run}'s files (gptrain data prepare), or point {keys} at the files "

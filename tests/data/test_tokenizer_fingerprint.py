@@ -197,6 +197,12 @@ def test_data_merge_of_inputs_tokenized_with_other_vocabularies_is_refused(
     merged = str(tmp_path / "merged")
     assert main(["data", "merge", "--input", a, c, "--output-prefix", merged]) == 0
     assert read_tokenizer_record(merged) == read_tokenizer_record(a)  # a copy is the same vocabulary
+    Path(f"{c}.tokenizer").write_text(json.dumps({"type": "GPT2BPETokenizer", "legacy": False}))  # as before
+    assert main(["data", "merge", "--input", b, c, "--output-prefix", merged]) == 0
+    assert read_tokenizer_record(merged) == {
+        "type": "GPT2BPETokenizer",
+        "legacy": False,
+    }  # unknown: unchecked
 
 
 def test_the_preflight_table_is_the_loaded_tokenizers(tmp_path: Path, gpt2_files: tuple[str, str]) -> None:
@@ -301,3 +307,48 @@ def test_tokens_a_user_adds_after_the_data_extend_it_and_tokens_removed_do_not(t
         ConfigError, match=r"was tokenized with HuggingFaceTokenizer .*: 4 tokens, not 6: another"
     ):
         check(prefixes["extended"], plain)
+
+
+def test_another_end_of_document_id_than_the_datas_is_refused(tmp_path: Path) -> None:
+    """--append-eod wrote the tokenizer's eod after every document, and training masks the loss and
+    resets attention at the run tokenizer's eod: the same tokenizer.json with a tokenizer_config.json
+    naming another eos_token (edited after the data was prepared) trains on documents never ended."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from gptrain.train.tokenizer_setup import build_tokenizer, check_data_tokenizer
+
+    tokenizer = Tokenizer(
+        models.WordLevel({"<unk>": 0, "</s>": 1, "<|im_end|>": 2, "a": 3}, unk_token="<unk>")
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"eos_token": "</s>"}))
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "a a"}) + "\n")
+    argv = [
+        "data",
+        "prepare",
+        "--input",
+        str(source),
+        "--output-prefix",
+        str(tmp_path / "ds"),
+        "--append-eod",
+    ]
+    assert main([*argv, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tmp_path)]) == 0
+    prefix = str(tmp_path / "ds_text_document")
+    config.write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    hf = ["model.tokenizer.type=HuggingFaceTokenizer", "model.tokenizer.library=huggingface"]
+    files = [
+        f"model.tokenizer.model={tmp_path}",
+        "model.tokenizer.vocab_file=null",
+        "model.tokenizer.merge_file=null",
+    ]
+    cfg = load_training_config(
+        "gpt3/126m", [f"model.data.data_prefix={prefix}", *hf, *files], report_ignored=False
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r": end-of-document id 2, not 1: the data's documents end in an id this run does not take as their end",
+    ):
+        check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
