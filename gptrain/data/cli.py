@@ -175,7 +175,8 @@ def sentencepiece_version_notice(kind: str) -> str | None:
 
 def _run_prepare(args: argparse.Namespace) -> int:
     from gptrain.data.prepare import PrepareConfig, prepare
-    from gptrain.data.tokenizers import TokenizerSpec
+    from gptrain.data.tokenizer_fingerprint import renumbered_added_tokens_note
+    from gptrain.data.tokenizers import TokenizerSpec, canonical_type
     from gptrain.errors import ConfigError
 
     if args.workers < 1 or args.log_interval < 1:
@@ -195,6 +196,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
     spec = TokenizerSpec(
         kind, args.vocab_file, args.merge_file, args.tokenizer_model, options, args.legacy_tokenizer
     )
+    if canonical_type(kind) == "huggingface" and (note := renumbered_added_tokens_note(spec.model)):
+        print(note, file=sys.stderr)
     config = PrepareConfig(
         inputs=args.input,
         output_prefix=args.output_prefix,

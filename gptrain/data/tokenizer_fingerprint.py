@@ -179,6 +179,29 @@ def table_from_files(kind: str | None, vocab_file: str | None, model: str | None
     return None
 
 
+def renumbered_added_tokens_note(model: str | None) -> str | None:
+    """A note where a tokenizer.json gives an added token another "id" than the library gives it
+    (a hand-edited file): the data holds the library's id, not the one its user wrote and expects."""
+    path = Path(model or "")
+    file = path / "tokenizer.json" if path.is_dir() else path
+    data = _json(str(file)) if model else None
+    table = _tokenizer_json_table(data) if isinstance(data, dict) else None
+    if table is None:
+        return None
+    given = {token.get("content"): token.get("id") for token in data.get("added_tokens") or []}
+    loaded = {token: index for index, token in enumerate(table) if token in given}
+    moved = [(token, given[token], loaded[token]) for token in given if loaded.get(token) != given[token]]
+    if not moved:
+        return None
+    token, written, gets = moved[0]
+    more = f" (and {len(moved) - 1} more)" if len(moved) > 1 else ""
+    return (
+        f'note: {file}: its added token {token!r} has "id": {written}{more}, which the tokenizers library '
+        f"(so transformers and Megatron too) does not read: it gives the token {gets}, the id the data holds; "
+        "write the ids it gives in the file to make it say so"
+    )
+
+
 def _tokenizer_json_table(data: dict[str, Any]) -> list[str | None] | None:
     """A tokenizer.json's id -> token table as `tokenizers` loads it: its model's vocabulary (a
     {token: id} mapping, or Unigram's list of [piece, score], numbered in order), then its added

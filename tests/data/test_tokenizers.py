@@ -424,3 +424,39 @@ def test_an_eos_token_the_tokenizer_json_lacks_is_said_as_such(tmp_path):
     )
     config.write_text(json.dumps({"eos_token": "</s>"}))
     assert build_tokenizer("HuggingFaceTokenizer", model=str(tmp_path)).eod == 1
+
+
+def test_an_added_token_id_the_library_does_not_read_is_said_by_prepare(tmp_path, capsys):
+    """A tokenizer.json edited to place an added token at an id of the user's choosing ("id": 9)
+    was taken silently: `tokenizers` (so transformers and Megatron) reads no added token's id and
+    gives it the next one after the vocabulary, so the data held 4 where its user expected 9."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from gptrain.cli import main
+
+    tokenizer = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "b": 2}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["<|endoftext|>", "<extra>"])
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "a <extra> b"}) + "\n")
+    argv = ["data", "prepare", "--input", str(source), "--tokenizer-type", "HuggingFaceTokenizer"]
+
+    def prepare(name: str) -> tuple[list[int], str]:
+        assert main([*argv, "--tokenizer-model", str(path), "--output-prefix", str(tmp_path / name)]) == 0
+        return np.fromfile(
+            tmp_path / f"{name}_text_document.bin", np.uint16
+        ).tolist(), capsys.readouterr().err
+
+    assert prepare("as_saved") == ([1, 4, 2], "")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["added_tokens"][-1]["id"] = 9
+    path.write_text(json.dumps(data), encoding="utf-8")
+    ids, err = prepare("edited")
+    assert ids == [1, 4, 2]
+    assert err.strip() == (
+        f"note: {path}: its added token '<extra>' has \"id\": 9, which the tokenizers library (so transformers "
+        "and Megatron too) does not read: it gives the token 4, the id the data holds; write the ids it gives "
+        "in the file to make it say so"
+    )
