@@ -304,3 +304,38 @@ def test_wrong_pointer_is_a_one_line_error(tmp_path, capsys, monkeypatch):
 def test_parser_module_is_light():
     code = "import sys, gptrain.data.sample_cli; bad = {'numpy', 'torch'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_tokenizer_of_another_vocabulary_than_the_datas_is_warned(tmp_path, capsys, gpt2_files):
+    """`data sample` decoded the data with whatever tokenizer it was given: another vocab.json than
+    the data's printed other words, silently, from a command used to see what training sees. The
+    data's tokenizer record now tells: a warning naming both tokenizers' files; the text is kept."""
+    import shutil
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": " a b a b a b a b a b"}) + "\n")
+    vocab, merges = gpt2_files
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "ds")]
+    assert main([*argv, "--vocab-file", vocab, "--merge-file", merges]) == 0
+    table = json.loads(Path(vocab).read_text(encoding="utf-8"))
+    table["Ġa"], table["Ġb"] = table["Ġb"], table["Ġa"]
+    other = tmp_path / "vocab.json"
+    other.write_text(json.dumps(table), encoding="utf-8")
+    prefix = str(tmp_path / "ds_text_document")
+    flags = ["data", "sample", "--data-prefix", prefix, "--seq-length", "4", "--splits-string", "1,0,0"]
+    flags += ["--merge-file", merges]
+    capsys.readouterr()
+    copy = str(shutil.copy(vocab, tmp_path / "copied.json"))
+    assert main([*flags, "--vocab-file", copy]) == 0
+    out, err = capsys.readouterr()
+    text = json.loads(out)["text"]
+    assert text in " a b a b a b a b a b" and err == ""
+    assert main([*flags, "--vocab-file", str(other)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["text"] == text.translate(str.maketrans("ab", "ba"))
+    assert err.strip() == (
+        f"gptrain: warning: --data-prefix: {prefix} was tokenized with GPT2BPETokenizer {vocab} + {merges} "
+        f"({prefix}.tokenizer), the tokenizer given is GPT2BPETokenizer {other} + {merges}: the same size, other "
+        "tokens at the same ids: another vocabulary, so the data's ids would mean other tokens; the text is "
+        "decoded with the tokenizer given: give the files the data was tokenized with to see its text"
+    )
