@@ -352,3 +352,33 @@ def test_another_end_of_document_id_than_the_datas_is_refused(tmp_path: Path) ->
         match=r": end-of-document id 2, not 1: the data's documents end in an id this run does not take as their end",
     ):
         check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
+
+
+def test_a_tokenizer_with_bpe_dropout_is_its_own_data_s(tmp_path: Path, gpt2_files: tuple[str, str]) -> None:
+    """A tokenizer.json with BPE dropout splits text at random on every encode, so the fixed text's
+    ids differed between data prepare and training: its own data was refused ("encoded otherwise").
+    Such a tokenizer's encoding is not compared (its tokens and end-of-document id still are)."""
+    from gptrain.data.gpt2_bpe import gpt2_tokenizer_json
+    from gptrain.train.tokenizer_setup import build_tokenizer, check_data_tokenizer
+
+    vocab, merges = gpt2_files
+    data = json.loads(gpt2_tokenizer_json(vocab, merges))
+    data["model"]["dropout"] = 0.5
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "Hello world"}) + "\n")
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "ds")]
+    assert main([*argv, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(path)]) == 0
+    prefix = str(tmp_path / "ds_text_document")
+    hf = ["model.tokenizer.type=HuggingFaceTokenizer", "model.tokenizer.library=huggingface"]
+    files = [
+        f"model.tokenizer.model={path}",
+        "model.tokenizer.vocab_file=null",
+        "model.tokenizer.merge_file=null",
+    ]
+    cfg = load_training_config(
+        "gpt3/126m", [f"model.data.data_prefix={prefix}", *hf, *files], report_ignored=False
+    )
+    for _ in range(3):
+        check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
