@@ -12,7 +12,8 @@ without complaint, and every id then means something else. The record holds:
                  written out), so that GPT-2 given as
                  vocab.json + merges.txt, as its tokenizer.json or as tiktoken's encoding is one
                  tokenizer
-  encodes        sha256 of the ids of a fixed text: merges, pre-tokenizer and normalizer
+  encodes        sha256 of the ids of a fixed text: merges, pre-tokenizer and normalizer (None where
+                 they differ from call to call, BPE dropout: then not compared)
 
 A tokenizer whose first `vocab_size` tokens and end-of-document id are the recorded ones is an
 extension (tokens added at the end, as for a new domain's vocabulary): the trained rows keep their
@@ -97,15 +98,18 @@ def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
         "vocab_size": len(table),
         "eod": _eod(tokenizer),
         "tokens": _digest(table),
-        "encodes": _digest(_probe_ids(tokenizer)),
+        "encodes": _encodes(tokenizer),
     }
 
 
-def _probe_ids(tokenizer: Any) -> list[int]:
-    """PROBE's ids; none for NullTokenizer, whose text is ids (its encoding is always the same)."""
+def _encodes(tokenizer: Any) -> str | None:
+    """The digest of the probe's ids; None where they differ from one call to the next (BPE
+    dropout): such a tokenizer's encoding is not compared, or its own run would be refused it.
+    NullTokenizer's text is ids (its encoding is always the same): the digest of no ids."""
     if isinstance(tokenizer, NullTokenizer):
-        return []
-    return [int(i) for i in tokenizer.encode(PROBE)]
+        return _digest([])
+    ids, again = ([int(i) for i in tokenizer.encode(PROBE)] for _ in range(2))
+    return _digest(ids) if ids == again else None
 
 
 def _eod(tokenizer: Any) -> int | None:
@@ -119,7 +123,8 @@ def _eod(tokenizer: Any) -> int | None:
 def compare(saved: dict[str, Any], live: dict[str, Any], live_table: list[str | None]) -> Verdict:
     """`live` (with its token table, for the extension check) against the `saved` record."""
     same_tokens, same_eod = saved.get("tokens") == live["tokens"], saved.get("eod") == live["eod"]
-    if same_tokens and same_eod and saved.get("encodes") == live["encodes"]:
+    encodes = (saved.get("encodes"), live["encodes"])
+    if same_tokens and same_eod and (None in encodes or encodes[0] == encodes[1]):
         return Verdict("same")
     size = saved.get("vocab_size")
     if same_tokens and not same_eod:

@@ -290,6 +290,28 @@ def test_gpt2_variants_are_told_apart(tmp_path):
     assert late.kind == "different" and "encodes text otherwise" in late.detail
 
 
+def test_a_tokenizer_with_bpe_dropout_is_the_same_tokenizer_at_every_load(tmp_path):
+    """BPE dropout splits text at random on every encode, so the fixed text's ids recorded with a
+    checkpoint differed at resume: the run was refused its own tokenizer ("encodes text otherwise").
+    Such a tokenizer's encoding is not compared; its tokens still are."""
+    vocab, merges = gpt2_files()
+    data = json.loads(gpt2_tokenizer_json(vocab, merges))
+    data["model"]["dropout"] = 0.5
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    tokenizer = load_huggingface(str(tmp_path / "tokenizer.json"))
+    saved = record(tokenizer, "HuggingFaceTokenizer", "x")
+    for _ in range(3):
+        assert (
+            compare(saved, record(tokenizer, "HuggingFaceTokenizer", "x"), token_table(tokenizer)).kind
+            == "same"
+        )
+    assert saved["encodes"] is None
+    table = json.loads(Path(vocab).read_text(encoding="utf-8"))
+    (tmp_path / "vocab.json").write_text(json.dumps(dict(table, the=table["and"], **{"and": table["the"]})))
+    swapped = load_gpt2_bpe(str(tmp_path / "vocab.json"), merges)
+    assert compare(saved, record(swapped, "GPT2BPETokenizer", "y"), token_table(swapped)).kind == "different"
+
+
 def test_a_tokenizer_without_an_end_of_document_token_is_recorded(tmp_path):
     """A tokenizer.json with none of the usual end-of-document tokens (and no tokenizer_config.json):
     its record is taken all the same (eval, generate and export of such a run must not fail on it)."""
@@ -361,7 +383,9 @@ def test_megatrons_tiktoken_vocabulary_trains_and_resumes(tmp_path, monkeypatch)
     resumed = tiny_config(tmp_path / "run", *SHORT, *overrides, "trainer.max_steps=3")
     assert run_recording(monkeypatch, resumed)[0] == 0
     other = [*overrides, "model.tokenizer.tiktoken_num_special_tokens=999", "model.tokenizer.vocab_size=1259"]
-    with pytest.raises(ConfigError, match=r"was tokenized with TikTokenizer .*: 1259 tokens, not 1260: another"):
+    with pytest.raises(
+        ConfigError, match=r"was tokenized with TikTokenizer .*: 1259 tokens, not 1260: another"
+    ):
         run_recording(monkeypatch, tiny_config(tmp_path / "run", *SHORT, *other))  # the data's record first
     os.remove(f"{prefix}_text_document.tokenizer")  # as Megatron's data: the checkpoint's record refuses it
     with pytest.raises(TokenizerMismatchError):
