@@ -12,6 +12,7 @@ from gptrain.data.tokenizer_args import (
     tiktoken_options,
     tokenizer_from_args,
     tokenizer_type,
+    warn_other_vocabulary,
 )
 from gptrain.utils.signals import terminate_as_exception
 
@@ -256,7 +257,10 @@ def _add_inspect(subparsers: argparse._SubParsersAction) -> None:
 def _run_inspect(args: argparse.Namespace) -> int:
     from gptrain.data.summary import format_summary, summarize
 
-    info = summarize(args.prefix, tokenizer_from_args(args), args.document, args.num_tokens)
+    tokenizer = tokenizer_from_args(args)
+    if tokenizer is not None:
+        warn_other_vocabulary([args.prefix], tokenizer, args)
+    info = summarize(args.prefix, tokenizer, args.document, args.num_tokens)
     print(format_summary(info, as_json=args.json))
     return 0
 

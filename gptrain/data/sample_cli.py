@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from gptrain.data.tokenizer_args import add_tokenizer_args, tokenizer_from_args
+from gptrain.data.tokenizer_args import add_tokenizer_args, tokenizer_from_args, warn_other_vocabulary
 
 SPLITS = ("train", "valid", "test")
 
@@ -119,26 +119,6 @@ def _verify_sources(dataset: Any) -> None:
         dataset.dataset.verify()
 
 
-def _warn_other_vocabulary(prefixes: list[str], tokenizer: Any, args: argparse.Namespace) -> None:
-    """A warning where the data's tokenizer record names another vocabulary than the tokenizer given:
-    the text printed is then not the data's (the sample is still printed: this command is for looking)."""
-    from gptrain.data.tokenizer_args import tokenizer_type
-    from gptrain.data.tokenizer_fingerprint import fingerprint, vocabulary_conflict
-
-    def live() -> tuple[dict[str, Any], list[str | None]]:
-        files = [file for file in (args.vocab_file, args.merge_file, args.tokenizer_model) if file]
-        entry, table = fingerprint(tokenizer, files)
-        return entry | {"type": tokenizer_type(args)}, table
-
-    conflict = vocabulary_conflict(prefixes, live, "the tokenizer given", "", "--data-prefix", "")
-    if conflict is not None:
-        print(
-            f"gptrain: warning: {conflict[0]}; the text is decoded with the tokenizer given: give the files "
-            "the data was tokenized with to see its text",
-            file=sys.stderr,
-        )
-
-
 def _tokenizer_flags(args: argparse.Namespace) -> argparse.Namespace:
     """The tokenizer's flags: --vocab-size is the mock tokens' vocabulary, which a TikTokenizer
     vocabulary file reads as its own (Megatron's --vocab-size); any other tokenizer has its own
@@ -185,7 +165,7 @@ def run_sample(args: argparse.Namespace) -> int:
             raise DataError(f"--data-prefix: {error}") from None
     tokenizer = tokenizer_from_args(_tokenizer_flags(args))
     if tokenizer is not None and prefix is not None:
-        _warn_other_vocabulary(parse_blend(prefix)[0], tokenizer, args)
+        warn_other_vocabulary(parse_blend(prefix)[0], tokenizer, args, "--data-prefix")
     datasets = build_gpt_datasets(
         prefix,
         args.splits_string,

@@ -362,6 +362,28 @@ def null_options(args: argparse.Namespace) -> Any:
     )
 
 
+def warn_other_vocabulary(
+    prefixes: list[str], tokenizer: Any, args: argparse.Namespace, where: str = ""
+) -> None:
+    """A warning where the data's tokenizer record names another vocabulary than the tokenizer the
+    flags name: the text printed is then not the data's (data sample and inspect still print it:
+    they are for looking). `where`: the flag naming the prefixes, if any."""
+    from gptrain.data.tokenizer_fingerprint import fingerprint, vocabulary_conflict
+
+    def live() -> tuple[dict[str, Any], list[str | None]]:
+        files = [file for file in (args.vocab_file, args.merge_file, args.tokenizer_model) if file]
+        entry, table = fingerprint(tokenizer, files)
+        return entry | {"type": tokenizer_type(args)}, table
+
+    conflict = vocabulary_conflict(prefixes, live, "the tokenizer given", "", where, "")
+    if conflict is not None:
+        print(
+            f"gptrain: warning: {conflict[0]}; the text is decoded with the tokenizer given: give the files "
+            "the data was tokenized with to see its text",
+            file=sys.stderr,
+        )
+
+
 def tiktoken_options(args: argparse.Namespace) -> Any:
     """Megatron's TikTokenizer flags, read with its tiktoken vocabulary file."""
     from gptrain.data.tiktoken_file import TiktokenFileOptions

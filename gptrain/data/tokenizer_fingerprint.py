@@ -133,7 +133,8 @@ def vocabulary_conflict(
     """(what differs, what to do) for the first prefix whose recorded vocabulary is not the run's,
     else None. `live()` gives the run's fingerprint and table, asked for only where a record has a
     fingerprint (None: it cannot be told here); `run` names the run's tokenizer ('model.tokenizer'),
-    `keys` its file keys for the advice, `allow` the key that goes on anyway."""
+    `keys` its file keys for the advice, `allow` the key that goes on anyway, `where` what names the
+    prefixes ('' for none)."""
     from gptrain.data.blend_spec import strip_suffix
     from gptrain.data.tokenizer_record import read_tokenizer_record, record_path
 
@@ -152,7 +153,9 @@ def vocabulary_conflict(
         if why is None:
             continue
         text = (
-            f"{where}: {prefix} was tokenized with {describe(record.get('type'), recorded)} "
+            f"{where}: "
+            * bool(where)
+            + f"{prefix} was tokenized with {describe(record.get('type'), recorded)} "
             f"({record_path(prefix)}), {run} is {describe(fingerprint_.get('type'), fingerprint_)}: "
             f"{why}"
         )

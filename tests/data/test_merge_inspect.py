@@ -361,3 +361,33 @@ def test_prepare_of_one_document_says_each_count_in_the_singular(tmp_path, capsy
         "prepared 1 document (0 empty, 1 bad line skipped) as 1 sequence, 1 token in "
         in capsys.readouterr().out
     )
+
+
+def test_inspect_with_a_tokenizer_of_another_vocabulary_than_the_datas_warns(tmp_path, gpt2_files, capsys):
+    """`data inspect PREFIX --vocab-file` decoded with another vocabulary than the data's silently, as
+    `data sample` did: the same warning, naming both tokenizers' files; a copy of the files is quiet."""
+    import shutil
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": " a b a b"}) + "\n")
+    vocab, merges = gpt2_files
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "ds")]
+    assert main([*argv, "--vocab-file", vocab, "--merge-file", merges]) == 0
+    table = json.loads(Path(vocab).read_text(encoding="utf-8"))
+    table["Ġa"], table["Ġb"] = table["Ġb"], table["Ġa"]
+    other = tmp_path / "vocab.json"
+    other.write_text(json.dumps(table), encoding="utf-8")
+    prefix = str(tmp_path / "ds_text_document")
+    copy = str(shutil.copy(vocab, tmp_path / "copied.json"))
+    capsys.readouterr()
+    assert main(["data", "inspect", prefix, "--json", "--vocab-file", copy, "--merge-file", merges]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert (
+        main(["data", "inspect", prefix, "--json", "--vocab-file", str(other), "--merge-file", merges]) == 0
+    )
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"gptrain: warning: {prefix} was tokenized with GPT2BPETokenizer {vocab} + {merges} ({prefix}.tokenizer), "
+        f"the tokenizer given is GPT2BPETokenizer {other} + {merges}: the same size, other tokens at the same ids"
+    )
