@@ -16,6 +16,7 @@ of a vocab.json or tokenizer.json with json alone (tokenizer_identity needs the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -138,26 +139,21 @@ def vocabulary_conflict(
     from gptrain.data.blend_spec import strip_suffix
     from gptrain.data.tokenizer_record import read_tokenizer_record, record_path
 
-    computed: list[Any] = []
+    live_once = functools.cache(live)
     for prefix in map(strip_suffix, prefixes):  # data_prefix may name X.bin or X.idx for X
         record = read_tokenizer_record(prefix)
         recorded = record.get("vocabulary") if record is not None else None
         if not isinstance(recorded, dict):
             continue
-        if not computed:
-            computed.append(live())
-        if computed[0] is None:
+        if (current := live_once()) is None:
             return None
-        fingerprint_, table = computed[0]
-        why = difference(recorded, fingerprint_, table)
+        why = difference(recorded, *current)
         if why is None:
             continue
+        lead = f"{where}: " if where else ""
         text = (
-            f"{where}: "
-            * bool(where)
-            + f"{prefix} was tokenized with {describe(record.get('type'), recorded)} "
-            f"({record_path(prefix)}), {run} is {describe(fingerprint_.get('type'), fingerprint_)}: "
-            f"{why}"
+            f"{lead}{prefix} was tokenized with {describe(record.get('type'), recorded)} "
+            f"({record_path(prefix)}), {run} is {describe(current[0].get('type'), current[0])}: {why}"
         )
         advice = (
             f"re-tokenize the data with {run}'s files (gptrain data prepare), or point {keys} at the files "
