@@ -148,6 +148,8 @@ def read_exclude_file(path: str | None, key: str = "validation.exclude_file") ->
     or does not parse is a ConfigError naming `key` (the key or flag that gave it), as is one under
     a directory this user may not search (Path.exists raised PermissionError there, said as a bare
     '<path>: Permission denied')."""
+    if path and "\x00" in str(path):  # no file can have that name, and bash drops it from the script
+        raise ConfigError(f"{key}: the path {str(path)!r} contains a NUL byte; give the file's real name")
     found = look_up(path) if path else None
     if found is None or found.kind == "missing":
         return None
