@@ -10,6 +10,7 @@ step_<N>.rewound-<time>/  a checkpoint newer than the one `gptrain checkpoint re
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -134,7 +135,7 @@ def transformers_model_text(path: str | Path) -> str:
     """What to do with a transformers model directory given where a gptrain checkpoint goes."""
     return (
         f"{path}: a transformers model directory (config.json), not a gptrain checkpoint: import it with "
-        f"`gptrain import {path} --output RUN_DIR` and give RUN_DIR"
+        f"`gptrain import {shlex.quote(str(path))} --output RUN_DIR` and give RUN_DIR"
     )
 
 

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -289,6 +290,8 @@ def write_winner(plan: Plan, args: argparse.Namespace, winner: Candidate) -> Pat
     path = Path(args.output or "plan-best.yaml")
     header = f"{WINNER_HEADER}{winner.layout.label()} at {winner.measured_step_s:.3f} s/step\n"
     atomic_write_text(path, header + cfg.to_yaml())
-    plan.notes.append(f"winner {winner.layout.label()} written to {path}: gptrain train --config-file {path}")
+    plan.notes.append(
+        f"winner {winner.layout.label()} written to {path}: gptrain train --config-file {shlex.quote(str(path))}"
+    )
     plan.notes.append("  or as overrides: " + " ".join(winner.layout.overrides()))
     return path

@@ -8,6 +8,7 @@ checkpoints saved by many ranks with any parallel layout.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -351,7 +352,7 @@ def unreadable(step_dir: Path, error: BaseException) -> CheckpointLoadError:
         return removed_while_read(step_dir)
     return CheckpointLoadError(
         f"checkpoint {step_dir} does not load ({root_cause(error)}); it may be damaged: "
-        f"`gptrain checkpoint verify {step_dir.parent}` checks every file's CRC-32"
+        f"`gptrain checkpoint verify {shlex.quote(str(step_dir.parent))}` checks every file's CRC-32"
     )
 
 

@@ -308,7 +308,8 @@ def conclude(ctx: Context, args: argparse.Namespace, out: Outcome) -> int:
         elif out.failures:
             print(no_node_to_blame(args.check))
         print("validation passed" if code == 0 else "validation FAILED", flush=True)
-        summary = {"passed": code == 0, "failures": out.failures, "exclude": exclude, **out.summary}
+        raw = report.exclude_line(out.bad_nodes, quoted=False) if out.bad_nodes else None
+        summary = {"passed": code == 0, "failures": out.failures, "exclude": raw, **out.summary}
         summary.update({"world_size": ctx.size, "nodes": sorted(set(ctx.nodes)), "check": args.check})
         report.write_json(Path(args.output_dir) / "validation.json", summary)
     import torch.distributed as dist
@@ -458,7 +459,7 @@ def hung_peers(
     missing, writer = found
     shown = ", ".join(f"rank {r} on {ctx.nodes[r]}" for r in missing[:8])
     more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-    nodes = report.compress_hostlist({ctx.nodes[r] for r in missing})
+    exclude = report.exclude_line({ctx.nodes[r] for r in missing})
     added = ""
     if exclude_file and writer:  # once, before any rank's exit
         try:
@@ -469,7 +470,7 @@ def hung_peers(
     return (
         f"; {'it' if timed_out else 'its peers'} waited --timeout {timeout_s:g} s for {shown}{more},"
         " which did not answer (hung or"
-        f" stopped; every other rank timed out too): leave it out (--exclude={nodes}{added})"
+        f" stopped; every other rank timed out too): leave it out ({exclude}{added})"
     ), True
 
 
@@ -480,7 +481,9 @@ def rank_failure(ctx: Context, stage: str, error: Exception, hint: str = "") -> 
     where = f"rank {ctx.rank} on {ctx.node}" + (f" (cuda:{ctx.device.index})" if ctx.is_gpu else "")
     reason = (str(error).strip().splitlines() or [""])[0]
     if not hint and any(word in reason for word in ("CUDA", "NCCL", "cuda", "GPU")):
-        hint = f"; a GPU or network error there is the node's: leave it out (--exclude={ctx.node})"
+        hint = (
+            f"; a GPU or network error there is the node's: leave it out ({report.exclude_line([ctx.node])})"
+        )
     return (
         f"gptrain: error: validate: {where} stopped during {stage}: {type(error).__name__}: {reason}{hint}"
         " (GPTRAIN_DEBUG=1 shows where)"

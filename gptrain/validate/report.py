@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shlex
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -118,5 +119,8 @@ def compress_hostlist(hosts: Iterable[str]) -> str:
     return ",".join(parts)
 
 
-def exclude_line(nodes: Iterable[str]) -> str:
-    return f"--exclude={compress_hostlist(nodes)}"
+def exclude_line(nodes: Iterable[str], quoted: bool = True) -> str:
+    """sbatch's --exclude= for `nodes`; quoted for the shell it is pasted into (n[1-2] is a glob to
+    bash and an error to zsh's nomatch), unquoted for validation.json, which no shell reads."""
+    hosts = compress_hostlist(nodes)
+    return f"--exclude={shlex.quote(hosts) if quoted else hosts}"

@@ -1199,3 +1199,23 @@ def test_a_null_tokenizer_run_is_planned_with_its_vocab_size():
     'vocabulary size unknown' of a config that holds it."""
     null = ["model.tokenizer.type=NullTokenizer", "model.tokenizer.vocab_size=128256"]
     assert workload_from_config(load_training_config("gpt3/126m", null)).vocab_size == 128256
+
+
+def test_the_winners_train_command_is_quoted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The note `gptrain train --config-file PATH` is pasted into a shell: an --output named with a
+    space or brackets was two words or a glob there."""
+    import shlex
+    from types import SimpleNamespace
+
+    from gptrain.plan import build, measure
+
+    config = SimpleNamespace(to_yaml=lambda: "model: {}\n")
+    monkeypatch.setattr(build, "load_config", lambda args, overrides: (config, None, None))
+    monkeypatch.setattr(build, "cluster_overrides", lambda cluster: [])
+    layout = SimpleNamespace(label=lambda: "tp1", overrides=lambda: [])
+    winner = SimpleNamespace(layout=layout, measured_step_s=1.0)
+    plan = SimpleNamespace(cluster=None, notes=[])
+    output = tmp_path / "best [v2].yaml"
+    measure.write_winner(plan, SimpleNamespace(output=str(output)), winner)
+    command = plan.notes[0].split(": ", 1)[1]
+    assert shlex.split(command) == ["gptrain", "train", "--config-file", str(output)]

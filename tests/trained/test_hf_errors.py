@@ -294,6 +294,23 @@ def test_a_transformers_directory_given_as_a_checkpoint_says_to_import_it(tmp_pa
     )
 
 
+def test_the_import_command_for_a_transformers_directory_is_quoted(tmp_path: Path) -> None:
+    """The command is pasted into a shell: a directory named with a space or brackets was two words
+    or a glob there."""
+    import shlex
+
+    from gptrain.trained.load import resolve_checkpoint
+
+    hf = tmp_path / "hf [v2]"
+    hf.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (hf / name).write_text("{}")
+    with pytest.raises(DataError) as refused:
+        resolve_checkpoint(hf)
+    command = str(refused.value).split("`")[1]
+    assert shlex.split(command) == ["gptrain", "import", str(hf), "--output", "RUN_DIR"]
+
+
 @pytest.mark.parametrize("command", ["export", "import"])
 def test_export_and_import_remove_what_a_killed_one_left_never_a_live_ones(
     tmp_path: Path, command: str
@@ -422,3 +439,18 @@ def test_an_export_into_the_runs_checkpoint_directory_is_refused_before_reading_
             f"it, e.g. {run / 'hf'}"
         )
     assert sorted(str(p) for p in run.rglob("*")) == before
+
+
+def test_the_verify_command_for_a_damaged_checkpoint_is_quoted(tmp_path: Path) -> None:
+    """A checkpoint that does not load names `gptrain checkpoint verify RUN`, pasted into a shell:
+    a run directory named with a space was two words there."""
+    import shlex
+
+    from gptrain.checkpoint.integrity import COMPLETE
+    from gptrain.trained.load import unreadable
+
+    step = tmp_path / "my run" / "checkpoints" / "step_10"
+    step.mkdir(parents=True)
+    (step / COMPLETE).write_text("{}")
+    command = str(unreadable(step, RuntimeError("bad shard"))).split("`")[1]
+    assert shlex.split(command) == ["gptrain", "checkpoint", "verify", str(step.parent)]

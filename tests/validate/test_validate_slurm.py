@@ -67,7 +67,7 @@ def test_failed_validation_holds_training_and_excludes_its_nodes_next_time(workd
     wait_for(jobs["validation"], ("FAILED",), timeout=120)
     wait_for(jobs["training"], ("PENDING",), timeout=30, reason="DependencyNeverSatisfied")
     log = next((workdir / "results/held").glob(f"log-*validation_{jobs['validation']}.out")).read_text()
-    assert "--exclude=n[1-2]" in log and "validation FAILED" in log
+    assert "--exclude='n[1-2]'" in log and "validation FAILED" in log
     assert (workdir / "results/exclude_nodes.txt").read_text() == "n[1-2]\n"
     again = gptrain(["launch", "--dry-run", *TINY, "training.run.name=next"], workdir)
     script = (workdir / "results/next/dry-run/t-next_submission.sh").read_text()

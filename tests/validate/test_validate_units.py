@@ -50,6 +50,17 @@ def test_element_counts_split_evenly_and_sweep_doubles():
         bw.size_sweep(64, 8)
 
 
+def test_exclude_line_is_quoted_for_the_shell():
+    """The --exclude= line is pasted into a shell: its brackets are quoted (zsh's nomatch refused
+    `--exclude=n[1-2]`, bash globbed it against the files of the directory)."""
+    import shlex
+
+    line = report.exclude_line(["n1", "n2", "gpu07"])
+    assert line == "--exclude='gpu07,n[1-2]'"
+    assert shlex.split(line) == ["--exclude=gpu07,n[1-2]"]
+    assert report.exclude_line(["n1", "n2"], quoted=False) == "--exclude=n[1-2]"  # validation.json's
+
+
 def test_hostlist_is_slurm_syntax():
     assert report.compress_hostlist(["n3", "n1", "n2", "n7"]) == "n[1-3,7]"
     assert report.compress_hostlist(["gpu-01", "gpu-02", "login"]) == "login,gpu-[01-02]"
@@ -496,6 +507,23 @@ def test_a_hang_line_comes_out_when_the_exclude_file_cannot_be_written(monkeypat
     assert listed
     assert "rank 1 on n2" in line and "--exclude=n2" in line
     assert "not added to" in line and "No space left on device" in line
+
+
+def test_the_hang_and_rank_failure_lines_quote_their_exclude(monkeypatch):
+    """The --exclude= in the hang line and a failed rank's hint is pasted into a shell too."""
+    from types import SimpleNamespace
+
+    from gptrain.validate import main as validate_main
+    from gptrain.validate import runtime
+
+    monkeypatch.setattr(runtime, "is_timeout", lambda error: True)
+    monkeypatch.setattr(runtime, "unanswered_ranks", lambda ctx, wait, cut_off_s=None: ([1, 2], True))
+    ctx = SimpleNamespace(rank=0, size=3, nodes=["n0", "n1", "n2"])
+    line, _ = validate_main.hung_peers(ctx, RuntimeError("timed out"), 5.0)
+    assert "(--exclude='n[1-2]')" in line, line
+    ctx = SimpleNamespace(rank=0, node="gpu[7]", is_gpu=False)
+    failed = validate_main.rank_failure(ctx, "collectives", RuntimeError("CUDA error: unknown"))
+    assert "(--exclude='gpu[7]')" in failed, failed
 
 
 def test_a_rank_cut_off_by_a_peer_does_not_fix_the_list_of_hung_ranks(monkeypatch):
