@@ -1,8 +1,10 @@
-"""sbatch's input variables (SBATCH_PARTITION, SBATCH_TIMELIMIT, ...) in the launching shell: sbatch
-takes each over the script's #SBATCH line (only its command line beats them), so one left from other
-work changed a job away from what preflight checked. gptrain's keys are the launch's command line: a
-variable for an option the script renders is left out of the sbatch call, said once; one for an
-option it does not render applies, as it does to the user's own sbatch (a site's SBATCH_ACCOUNT)."""
+"""sbatch's input variables (SBATCH_PARTITION, SBATCH_TIMELIMIT, SLURM_HINT, ...) in the launching
+shell: sbatch takes each over the script's #SBATCH line (only its command line beats them), so one
+left from other work changed a job away from what preflight checked. gptrain's keys are the launch's
+command line: a variable for an option the script renders is left out of the sbatch call, said once;
+one for an option it does not render applies, as it does to the user's own sbatch (a site's
+SBATCH_ACCOUNT). Variables and lines are matched by the options sbatch reads them as
+(sbatch_option_names: SBATCH_BURST_BUFFER is --bb, a `--cluster` line is --clusters)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from gptrain.launch.additional_parameters import (
     SBATCH_RESERVED,
     keeps_the_environment,
 )
+from gptrain.launch.sbatch_option_names import options_meant, variable_option
 
 # Options sbatch takes as one request: a variable for one of a group clashes with a line of another.
 RELATED_OPTIONS = (
@@ -25,20 +28,6 @@ RELATED_OPTIONS = (
 )
 # One-way clashes: SBATCH_ERROR sends stderr away from the log `gptrain logs` and status read.
 ALSO_OVERRIDES = {"error": ("output",)}
-# sbatch(1)'s input variables not named SBATCH_ and their option's name in capitals (--time: SBATCH_TIMELIMIT).
-VARIABLE_OPTIONS = {
-    "SBATCH_ARRAY_INX": "array",
-    "SBATCH_CPU_FREQ_REQ": "cpu-freq",
-    "SBATCH_MEM_PER_NODE": "mem",
-    "SBATCH_REQ_SWITCH": "switches",
-    "SBATCH_TIMELIMIT": "time",
-    "SBATCH_WAIT4SWITCH": "switches",
-}
-
-
-def variable_option(name: str) -> str:
-    """The sbatch option an SBATCH_* input variable sets (SBATCH_WCKEY: wckey)."""
-    return VARIABLE_OPTIONS.get(name) or name.removeprefix("SBATCH_").lower().replace("_", "-")
 
 
 def clashing_options(option: str) -> tuple[str, ...]:
@@ -49,9 +38,11 @@ def clashing_options(option: str) -> tuple[str, ...]:
 
 
 def rendered_options(script_lines: list[str]) -> set[str]:
-    """The options of a script's #SBATCH lines."""
+    """The options of a script's #SBATCH lines, as sbatch reads them: an abbreviation or another name
+    (`--gpu-b`, `--cluster`, from cluster.additional_parameters) is the option it stands for."""
     prefix = "#SBATCH --"
-    return {line[len(prefix) :].split("=", 1)[0] for line in script_lines if line.startswith(prefix)}
+    written = {line[len(prefix) :].split("=", 1)[0] for line in script_lines if line.startswith(prefix)}
+    return {meant[0] if len(meant := options_meant(option)) == 1 else option for option in written}
 
 
 def overriding_variables(rendered: set[str], environ: Mapping[str, str]) -> dict[str, str]:
@@ -60,11 +51,10 @@ def overriding_variables(rendered: set[str], environ: Mapping[str, str]) -> dict
     owned = rendered | set(SBATCH_RESERVED) | set(SBATCH_REFUSED)
     found = {}
     for name in sorted(environ):
-        if not name.startswith("SBATCH_") or (
-            name == "SBATCH_EXPORT" and keeps_the_environment("export", environ[name])
-        ):
+        option = variable_option(name)
+        if option is None or (option == "export" and keeps_the_environment("export", environ[name])):
             continue
-        hit = next((option for option in clashing_options(variable_option(name)) if option in owned), None)
+        hit = next((other for other in clashing_options(option) if other in owned), None)
         if hit:
             found[name] = hit
     return found
@@ -98,7 +88,7 @@ def sbatch_variables_note(
             keys = overrides.setdefault(name, [])
             if option_keys(option, stage) not in keys:
                 keys.append(option_keys(option, stage))
-    applying = sorted(name for name in environ if name.startswith("SBATCH_") and name not in overrides)
+    applying = sorted(name for name in environ if variable_option(name) and name not in overrides)
     parts = []
     if overrides:
         named = "; ".join(f"{name} over {', '.join(keys)}" for name, keys in sorted(overrides.items()))

@@ -44,6 +44,28 @@ SBATCH_SHORT_OPTIONS = {
     "V": "version", "v": "verbose", "W": "wait", "w": "nodelist", "x": "exclude",
 }  # fmt: skip
 
+# sbatch's input variables (its env_vars table, Slurm 22.05 to 26.05) and the long option each sets,
+# as sbatch sets it from the variable before the #SBATCH lines are read: those not named after their
+# option (SBATCH_TIMELIMIT is --time, SBATCH_BURST_BUFFER --bb) and those not named SBATCH_ too.
+SBATCH_VARIABLE_OPTIONS = {
+    "SBATCH_ARRAY_INX": "array", "SBATCH_BURST_BUFFER": "bb", "SBATCH_CPU_FREQ_REQ": "cpu-freq",
+    "SBATCH_DEBUG": "verbose", "SBATCH_MEM_PER_NODE": "mem", "SBATCH_SEGMENT_SIZE": "segment",
+    "SBATCH_TIMELIMIT": "time", "SLURM_CLUSTERS": "clusters", "SLURM_HINT": "hint",
+    # no option of their own: the two halves of --switches=<count>@<max-time>
+    "SBATCH_REQ_SWITCH": "switches", "SBATCH_WAIT4SWITCH": "switches",
+}  # fmt: skip
+
+
+def variable_option(name: str) -> str | None:
+    """The sbatch option an input variable sets (SBATCH_WCKEY: --wckey, SBATCH_TIMELIMIT: --time);
+    None for a variable sbatch does not read as an option (not SBATCH_*, or PATH)."""
+    if name in SBATCH_VARIABLE_OPTIONS:
+        return SBATCH_VARIABLE_OPTIONS[name]
+    if not name.startswith("SBATCH_"):
+        return None
+    option = name.removeprefix("SBATCH_").lower().replace("_", "-")  # as sbatch names the rest
+    return SBATCH_OPTION_ALIASES.get(option, option)
+
 
 def options_meant(option: str) -> list[str]:
     """The sbatch options `--option` may be, as getopt_long reads it: itself where it is a full name

@@ -1683,6 +1683,33 @@ def test_sbatch_variables_clash_with_every_option_the_script_renders(tmp_path, m
     )
 
 
+@pytest.mark.parametrize(
+    ("line", "variable"),
+    [
+        ("#SBATCH --gpu-b=closest", "SBATCH_GPU_BIND"),  # an abbreviation sbatch reads as --gpu-bind
+        ("#SBATCH --cluster=c2", "SBATCH_CLUSTERS"),  # --cluster is sbatch's other name of --clusters
+        ("#SBATCH --cluster=c2", "SLURM_CLUSTERS"),  # sbatch reads it as -M too
+        ("#SBATCH --hint=nomultithread", "SLURM_HINT"),  # and this as --hint
+        ("#SBATCH --bb=capacity=1G", "SBATCH_BURST_BUFFER"),  # its option is --bb
+        ("#SBATCH --segment=4", "SBATCH_SEGMENT_SIZE"),  # its option is --segment
+        ("#SBATCH --verbose", "SBATCH_DEBUG"),  # -v
+    ],
+)
+def test_sbatch_variables_are_matched_to_the_options_sbatch_reads(line, variable):
+    """The variables were matched by their names against the rendered options' spelling: a
+    variable whose option sbatch names otherwise (SBATCH_BURST_BUFFER sets --bb), one not named
+    SBATCH_ (SLURM_HINT), or a line written as an abbreviation or an alias (`gpu_b`, `cluster` in
+    cluster.additional_parameters) was not seen to clash, and sbatch took the variable over the line."""
+    from gptrain.launch.sbatch_env import overriding_variables, rendered_options, sbatch_environment
+
+    environ = {variable: "x", "PATH": "/bin"}
+    assert list(overriding_variables(rendered_options([line]), environ)) == [variable]
+    assert sbatch_environment(["#SBATCH --job-name=j", line], environ) == {"PATH": "/bin"}
+    assert (
+        sbatch_environment(["#SBATCH --job-name=j"], environ) == environ
+    )  # no line of its option: it applies
+
+
 def test_preflight_checks_the_partition_sbatch_partition_picks_where_no_key_names_one(monkeypatch):
     """With cluster.partition unset, SBATCH_PARTITION in the shell chooses the job's partition (the
     script names none), yet preflight checked the cluster's default partition."""
