@@ -102,7 +102,7 @@ def boolean(key: str, value: Any) -> bool | None:
 
 
 # sbatch's --exclusive=<mode>: nodes shared only with the user's own jobs (user), jobs of the same
-# MCS label (mcs), or within a topology segment (topo, Slurm 24.11+).
+# MCS label (mcs), or within a topology segment (topo, Slurm 24.05+: preflight.EXCLUSIVE_MODE_SINCE).
 EXCLUSIVE_MODES = ("user", "mcs", "topo")
 
 

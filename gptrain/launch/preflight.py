@@ -70,6 +70,38 @@ def max_array_size(timeout: float = 10.0) -> int:
     return int(match.group(1)) if out.returncode == 0 and match else DEFAULT_MAX_ARRAY_SIZE
 
 
+# sbatch's --exclusive modes that came after Slurm 22.05 and the release whose sbatch first reads each;
+# an older one refuses the line ("Invalid --exclusive specification") only at submission.
+# Slurm's NEWS, 24.05.0rc1: "Add --exclusive=topo for use with topology/block".
+EXCLUSIVE_MODE_SINCE = {"topo": (24, 5)}
+SLURM_VERSION = re.compile(r"\b(\d+)\.(\d+)(?:\.\d+)?\b")
+
+
+def sbatch_version(timeout: float = 10.0) -> str | None:
+    """`sbatch --version`'s release ('slurm 22.05.8', Debian's 'slurm-wlm 22.05.8' -> '22.05.8'): the
+    sbatch that reads the script's lines; None where it does not answer or says no version."""
+    try:
+        out = subprocess.run(["sbatch", "--version"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = SLURM_VERSION.search(out.stdout) if out.returncode == 0 else None
+    return found.group(0) if found else None
+
+
+def check_exclusive_mode(cluster: dict[str, Any], version: str | None) -> None:
+    """A cluster.exclusive mode this sbatch does not read yet (topo before 24.05): refused before
+    anything is submitted. An unknown version is left to sbatch."""
+    mode = cluster.get("exclusive")
+    since = EXCLUSIVE_MODE_SINCE.get(mode) if isinstance(mode, str) else None
+    found = SLURM_VERSION.match(version or "")
+    if since is None or found is None or (int(found.group(1)), int(found.group(2))) >= since:
+        return
+    raise LaunchError(
+        f"cluster.exclusive={mode}: this sbatch is Slurm {version}, which refuses --exclusive={mode}"
+        f" (Slurm {since[0]}.{since[1]:02d} first reads it); give cluster.exclusive=true (whole nodes) or user"
+    )
+
+
 def query_nodes(timeout: float = 10.0) -> list[Node]:
     try:
         out = subprocess.run(

@@ -1710,6 +1710,55 @@ def test_sbatch_variables_are_matched_to_the_options_sbatch_reads(line, variable
     )  # no line of its option: it applies
 
 
+def fake_slurm_bin(tmp_path, version: str) -> None:
+    """sinfo with two idle CPU nodes and an sbatch whose --version says `version`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sinfo").write_text(
+        "#!/bin/sh\nprintf 'n0|debug*|2|(null)|idle|infinite\\nn1|debug*|2|(null)|idle|infinite\\n'\n"
+    )
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && echo '{version}'\n")
+    for tool in ("sinfo", "sbatch"):
+        (bin_dir / tool).chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("version", "refused"),
+    [
+        ("slurm-wlm 22.05.8", True),
+        ("slurm 23.11.10", True),
+        ("slurm 24.05.0", False),
+        ("slurm 25.11.2", False),
+    ],
+)
+def test_exclusive_topo_is_refused_where_sbatch_is_older_than_24_05(tmp_path, monkeypatch, version, refused):
+    """`--exclusive=topo` came with Slurm 24.05 (NEWS: "Add --exclusive=topo for use with
+    topology/block"); an older sbatch refuses the line ("Invalid --exclusive specification") only when
+    the job is submitted, after every check had passed. Preflight asks sbatch for its version."""
+    from gptrain.launch.compose import compose
+    from gptrain.launch.executors.slurm import preflight_cluster
+    from gptrain.launch.stages import build_plan
+
+    fake_slurm_bin(tmp_path, version)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", "training.trainer.accelerator=cpu", "cluster.gpus_per_node=null"]
+    args += ["cluster.gres=null", "training.trainer.devices=1", "training.trainer.num_nodes=1"]
+    args += [f"base_results_dir={tmp_path}/r"]
+    plan = build_plan(compose([*args, "cluster.exclusive=topo"]))
+    if not refused:
+        assert preflight_cluster(plan)[0].startswith("ok  training: partition debug")
+        return
+    with pytest.raises(LaunchError) as error:
+        preflight_cluster(plan)
+    given = version.split()[-1]
+    assert str(error.value) == (
+        f"cluster.exclusive=topo: this sbatch is Slurm {given}, which refuses --exclusive=topo (Slurm 24.05"
+        " first reads it); give cluster.exclusive=true (whole nodes) or user"
+    )
+    assert preflight_cluster(build_plan(compose([*args, "cluster.exclusive=user"])))[0].startswith("ok  ")
+
+
 def test_preflight_checks_the_partition_sbatch_partition_picks_where_no_key_names_one(monkeypatch):
     """With cluster.partition unset, SBATCH_PARTITION in the shell chooses the job's partition (the
     script names none), yet preflight checked the cluster's default partition."""

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from gptrain.errors import LaunchError
-from gptrain.launch.preflight import check_cluster, query_nodes
+from gptrain.launch.preflight import check_cluster, check_exclusive_mode, query_nodes, sbatch_version
 from gptrain.launch.records import append_record
 from gptrain.launch.sbatch import Job
 from gptrain.launch.sbatch_directives import DIRECTIVE_KEYS, sbatch_directives
@@ -23,7 +23,11 @@ from gptrain.launch.stages import LaunchPlan
 
 
 def preflight_cluster(plan: LaunchPlan) -> list[str]:
+    """sinfo's fit of each job; an --exclusive mode this sbatch's version refuses (sbatch is asked
+    only for a mode that needs it)."""
     nodes = query_nodes()
+    if isinstance(plan.cluster.get("exclusive"), str):
+        check_exclusive_mode(plan.cluster, sbatch_version())
     return [check_cluster(job, plan.cluster, nodes) for job in plan.jobs]
 
 
