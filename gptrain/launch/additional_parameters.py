@@ -143,6 +143,16 @@ def additional_parameters(key: str, value: Any) -> dict[str, Any] | None:
     return value
 
 
+def time_min_parameter(cluster: dict[str, Any]) -> tuple[str, int | str] | None:
+    """cluster.additional_parameters' --time-min (under any prefix sbatch reads as it): its key and
+    value. Slurm may start the job with its limit lowered down to it, so what must fit a partition's
+    MaxTime, or the requeue signal's lead, is this."""
+    for name, value in (cluster.get("additional_parameters") or {}).items():
+        if options_meant(sbatch_option(name)) == ["time-min"] and value is not None and value is not True:
+            return f"cluster.additional_parameters.{name}", value if isinstance(value, int) else str(value)
+    return None
+
+
 def check_memory_options(cluster: dict[str, Any]) -> None:
     """--mem-per-cpu/--mem-per-gpu with cluster.mem's --mem: sbatch refuses the job ('mutually exclusive')."""
     extra = cluster.get("additional_parameters") or {}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError, DataError, LaunchError
-from gptrain.launch.additional_parameters import sbatch_option
+from gptrain.launch.additional_parameters import time_min_parameter
 from gptrain.launch.compose import closest
 from gptrain.launch.key_types import slurm_time_seconds
 from gptrain.launch.sbatch import Job
@@ -260,13 +260,12 @@ def time_checked(job: Job, cluster: dict[str, Any]) -> tuple[str, Any, str]:
     """The time limit that must fit the partition's MaxTime, its key, and what Slurm does when it
     does not: cluster.additional_parameters' --time-min (any unique prefix) where given, else the
     stage's run.time_limit."""
-    for name, value in (cluster.get("additional_parameters") or {}).items():
-        if options_meant(sbatch_option(name)) == ["time-min"] and value is not None and value is not True:
-            time_min = value if isinstance(value, int) else str(value)
-            refused = (
-                "Slurm would refuse the job when it is submitted (a --time-min over the partition's MaxTime)"
-            )
-            return f"cluster.additional_parameters.{name}", time_min, refused
+    time_min = time_min_parameter(cluster)
+    if time_min:
+        refused = (
+            "Slurm would refuse the job when it is submitted (a --time-min over the partition's MaxTime)"
+        )
+        return *time_min, refused
     pending = "Slurm would leave the job pending for ever (PartitionTimeLimit)"
     return f"{job.stage}.run.time_limit", job.time_limit, pending
 

@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError
-from gptrain.launch.additional_parameters import SBATCH_OWNED, sbatch_option
+from gptrain.launch.additional_parameters import SBATCH_OWNED, sbatch_option, time_min_parameter
 from gptrain.launch.key_types import non_negative, slurm_time_seconds
 from gptrain.launch.script_quoting import quote
 
@@ -87,7 +87,7 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
         lines.append(directive("dependency", job.dependency, job.stage))
     if job.requeue:
         seconds = signal_seconds(cluster)
-        check_signal_fits_time_limit(job, seconds)
+        check_signal_fits_time_limit(job, seconds, time_min_parameter(cluster))
         lines.append(directive("signal", f"B:USR1@{seconds}"))
         lines.extend(requeue_directive(cluster))
     return lines + additional_directives(cluster, job.stage)
@@ -131,21 +131,35 @@ def additional_directives(cluster: dict, stage: str) -> list[str]:
 MIN_SECONDS_BEFORE_SIGNAL = 120
 
 
-def check_signal_fits_time_limit(job: Job, signal_seconds: int) -> None:
+def check_signal_fits_time_limit(
+    job: Job, signal_seconds: int, time_min: tuple[str, int | str] | None = None
+) -> None:
     """A warning signal due (nearly) as soon as the job starts would checkpoint and requeue it at
-    once, every time, until max_requeues is spent: refused at launch, naming both keys."""
-    limit = slurm_time_seconds(job.time_limit)
-    if limit is not None and limit - signal_seconds < MIN_SECONDS_BEFORE_SIGNAL:
-        fix = (
-            f"or a smaller cluster.signal_seconds (at most {limit - MIN_SECONDS_BEFORE_SIGNAL} here)"
-            if limit > MIN_SECONDS_BEFORE_SIGNAL
-            else f"of more than {MIN_SECONDS_BEFORE_SIGNAL} s"
+    once, every time, until max_requeues is spent: refused at launch, naming both keys. The signal
+    comes before the limit the job started with, which Slurm may lower down to a --time-min
+    (`time_min`: its key and value), so each limit the job may get must leave the time."""
+    limits = [(f"{job.stage}.run.time_limit={job.time_limit}", job.time_limit)]
+    if time_min:
+        key, value = time_min
+        limits.append(
+            (f"{key}={value} (--time-min: Slurm may start the job with its limit lowered to it)", value)
         )
-        raise ConfigError(
-            f"{job.stage}.run.time_limit={job.time_limit} leaves {max(limit - signal_seconds, 0)} s before the "
-            f"checkpoint-and-requeue signal, which comes cluster.signal_seconds={signal_seconds} s before the "
-            f"limit (and up to 60 s earlier): give a longer time limit {fix}"
-        )
+    for given, value in limits:
+        try:
+            limit = slurm_time_seconds(value)
+        except ValueError:  # a --time-min sbatch will refuse (it says why), or one this does not read
+            continue
+        if limit is not None and limit - signal_seconds < MIN_SECONDS_BEFORE_SIGNAL:
+            fix = (
+                f"or a smaller cluster.signal_seconds (at most {limit - MIN_SECONDS_BEFORE_SIGNAL} here)"
+                if limit > MIN_SECONDS_BEFORE_SIGNAL
+                else f"of more than {MIN_SECONDS_BEFORE_SIGNAL} s"
+            )
+            raise ConfigError(
+                f"{given} leaves {max(limit - signal_seconds, 0)} s before the checkpoint-and-requeue signal,"
+                f" which comes cluster.signal_seconds={signal_seconds} s before the limit (and up to 60 s"
+                f" earlier): give a longer time limit {fix}"
+            )
 
 
 def gres_gpus(gres: object) -> int | None:

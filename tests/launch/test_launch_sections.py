@@ -179,6 +179,25 @@ def test_a_time_limit_the_warning_signal_would_fill_is_refused_naming_both_keys(
     assert directives(script.read_text())["--signal"] == "B:USR1@60"
 
 
+@pytest.mark.parametrize("key", ["time_min", "time_m"])  # any prefix sbatch reads as --time-min
+def test_a_time_min_the_warning_signal_would_fill_is_refused(tmp_path, key):
+    """With --time-min Slurm may start the job with a limit lowered down to it (sbatch(1)), and the
+    signal then comes signal_seconds before that lower limit: a time-min of 4 minutes under a 5-minute
+    lead checkpointed and requeued each such start at once, though time_limit left hours."""
+    base = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "training.run.time_limit=04:00:00"]
+    args = [*base, f"+cluster.additional_parameters={{{key}: '00:04:00'}}"]
+    with pytest.raises(ConfigError) as error:
+        write_run_files(build_plan(compose(args)), args)
+    assert str(error.value).startswith(
+        f"cluster.additional_parameters.{key}=00:04:00 (--time-min: Slurm may start the job with its limit"
+        " lowered to it) leaves 0 s before the checkpoint-and-requeue signal, which comes"
+        " cluster.signal_seconds=300 s before the limit"
+    ), error.value
+    args = [*base, f"+cluster.additional_parameters={{{key}: '00:10:00'}}"]  # 300 s before the signal
+    [script] = write_run_files(build_plan(compose(args)), args)
+    assert directives(script.read_text())["--signal"] == "B:USR1@300"
+
+
 def test_build_plan_names_the_key_when_called_directly(tmp_path):
     with pytest.raises(ConfigError, match=r"^cluster\.max_requeues: expected a whole number 0 or more"):
         build_plan(compose(["cluster_type=slurm", f"base_results_dir={tmp_path}", "cluster.max_requeues=-1"]))
