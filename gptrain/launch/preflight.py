@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gptrain.errors import ConfigError, DataError, LaunchError
 from gptrain.launch.additional_parameters import time_min_parameter
 from gptrain.launch.compose import closest
+from gptrain.launch.gres import gres_gpus
 from gptrain.launch.key_types import slurm_time_seconds
 from gptrain.launch.sbatch import Job
 from gptrain.launch.sbatch_option_names import SBATCH_SHORT_OPTIONS, options_meant
@@ -42,17 +43,6 @@ class Node:
     gpus: int
     state: str
     max_time: str | None = None  # sinfo's %l, its partition's time limit: "2-00:00:00", "infinite"
-
-
-def parse_gpus(gres: str | None) -> int:
-    """GPUs in a gres string (sinfo's, or a --gres value): 'gpu:8', 'gpu:a100:8(S:0-1)', 'gpu:4,shard:8'
-    -> 8, 8, 4; 'gpu', 'gpu:a100' -> 1 (Slurm's count where none is given); '(null)' -> 0."""
-    total = 0
-    for item in re.sub(r"\([^)]*\)", "", str(gres or "")).split(","):  # sinfo's '(S:0-1)' socket note
-        name, *rest = item.strip().split(":")  # name[:type][:count]
-        if name == "gpu":
-            total += int(rest[-1]) if rest and rest[-1].isdigit() else 1
-    return total
 
 
 # Slurm's default MaxArraySize: array task ids 0..1000.
@@ -117,7 +107,7 @@ def query_nodes(timeout: float = 10.0) -> list[Node]:
     for line in out.stdout.splitlines():
         name, partition, cpus, gres, state, *max_time = line.split("|")
         default = partition.endswith("*")
-        node = Node(name, partition.rstrip("*"), default, int(cpus), parse_gpus(gres), state.lower())
+        node = Node(name, partition.rstrip("*"), default, int(cpus), gres_gpus(gres) or 0, state.lower())
         node.max_time = max_time[0] if max_time else None
         nodes.append(node)
     return nodes
@@ -128,7 +118,7 @@ def requested_gpus_per_node(job: Job, cluster: dict[str, Any]) -> int:
         return 0
     return max(
         int(cluster.get("gpus_per_node") or 0),
-        parse_gpus(cluster.get("gres")),
+        gres_gpus(cluster.get("gres")) or 0,
         int(cluster.get("gpus_per_task") or 0) * job.tasks_per_node,
     )
 

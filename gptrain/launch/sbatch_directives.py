@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError
 from gptrain.launch.additional_parameters import SBATCH_OWNED, sbatch_option, time_min_parameter
+from gptrain.launch.gres import gres_gpus
 from gptrain.launch.key_types import non_negative, slurm_time_seconds
 from gptrain.launch.script_quoting import quote
 
@@ -160,16 +160,6 @@ def check_signal_fits_time_limit(
                 f" which comes cluster.signal_seconds={signal_seconds} s before the limit (and up to 60 s"
                 f" earlier): give a longer time limit {fix}"
             )
-
-
-def gres_gpus(gres: object) -> int | None:
-    """GPUs per node a --gres value asks for ('gpu:8', 'gpu:a100:8,nvme:1' -> 8; 'gpu' -> 1, as Slurm
-    reads it), or None where it asks for none."""
-    text = re.sub(r"\([^)]*\)", "", str(gres or ""))  # sinfo's '(S:0-1)' socket note
-    gpus = [item.strip().split(":") for item in text.split(",") if item.strip().split(":")[0] == "gpu"]
-    if not gpus:
-        return None
-    return int(gpus[0][-1]) if len(gpus[0]) > 1 and gpus[0][-1].isdigit() else 1
 
 
 def gpu_directives(job: Job, cluster: dict) -> list[str]:

@@ -19,8 +19,9 @@ import yaml
 
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.compose import Composition
+from gptrain.launch.gres import gres_gpus
 from gptrain.launch.mounts import container_mounts, with_absolute_paths
-from gptrain.launch.preflight import DEFAULT_MAX_ARRAY_SIZE, parse_gpus
+from gptrain.launch.preflight import DEFAULT_MAX_ARRAY_SIZE
 from gptrain.launch.sbatch import Job, rank_command, render_local, render_slurm
 from gptrain.launch.script_quoting import Raw, dash_safe
 from gptrain.launch.script_values import check_launch_values
@@ -164,7 +165,7 @@ def check_one_gpu_per_task(job: Job, cluster: dict[str, Any]) -> None:
         return
     for key, gpus in (
         ("cluster.gpus_per_node", int(cluster.get("gpus_per_node") or 0)),
-        ("cluster.gres", parse_gpus(cluster.get("gres"))),
+        ("cluster.gres", gres_gpus(cluster.get("gres")) or 0),
         ("cluster.gpus_per_task", int(cluster.get("gpus_per_task") or 0) * job.tasks_per_node),
     ):
         if gpus:  # the first of these that is set is what each node gives the job

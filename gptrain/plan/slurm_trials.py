@@ -21,11 +21,11 @@ from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.cluster_profiles import cluster_profile_path
 from gptrain.launch.executors.slurm import record_submission, sbatch
+from gptrain.launch.gres import gres_gpus, gres_with_gpus
 from gptrain.launch.job_states import JobState
 from gptrain.launch.preflight import check_cluster, query_nodes
 from gptrain.launch.record_state import slurm_state
 from gptrain.launch.sbatch import Job, render_slurm
-from gptrain.launch.sbatch_directives import gres_gpus
 from gptrain.launch.script_values import check_value
 from gptrain.launch.sections import check_cluster_section
 from gptrain.launch.slurm_queries import run_command
@@ -62,12 +62,7 @@ def trial_profile(profile: dict[str, Any], gpus_per_node: int, gpus: bool = True
     if profile.get("gpus_per_node") or (gpus and not asks):
         profile["gpus_per_node"] = gpus_per_node
     if gres_gpus(profile.get("gres")) is not None:
-        items = [item.strip() for item in str(profile["gres"]).split(",")]
-        gpu = next(i for i, item in enumerate(items) if item.split(":")[0] == "gpu")
-        parts = items[gpu].split(":")
-        parts = parts[:-1] if len(parts) > 1 and parts[-1].isdigit() else parts  # gpu[:type][:count]
-        items[gpu] = ":".join([*parts, str(gpus_per_node)])
-        profile["gres"] = ",".join(items)
+        profile["gres"] = gres_with_gpus(profile["gres"], gpus_per_node)
     return profile
 
 

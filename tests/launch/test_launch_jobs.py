@@ -11,7 +11,8 @@ import pytest
 from gptrain.config import load_training_config
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch import cancelling, job_states, live_jobs, record_state, run_dirs, slurm_queries, status
-from gptrain.launch.preflight import Node, check_cluster, check_training_files, parse_gpus, query_nodes
+from gptrain.launch.gres import gres_gpus
+from gptrain.launch.preflight import Node, check_cluster, check_training_files, query_nodes
 from gptrain.launch.records import append_record, read_records
 from gptrain.launch.sbatch import Job
 
@@ -194,7 +195,7 @@ def test_parse_scontrol_and_gres():
     text = "JobId=5 JobName=a b\n   JobState=PENDING Reason=DependencyNeverSatisfied Dependency=afterok:4(failed)\n"
     [record] = slurm_queries.parse_scontrol(text)
     assert record["JobState"] == "PENDING" and record["Reason"] == "DependencyNeverSatisfied"
-    assert [parse_gpus(g) for g in ("gpu:8", "gpu:a100:4(S:0-1)", "gpu:2,shard:8", "(null)", None)] == [
+    assert [gres_gpus(g) or 0 for g in ("gpu:8", "gpu:a100:4(S:0-1)", "gpu:2,shard:8", "(null)", None)] == [
         8,
         4,
         2,
@@ -249,7 +250,7 @@ def test_preflight_catches_requests_slurm_would_queue_forever():
 def test_a_gpu_gres_without_a_count_is_one_gpu(gres, gpus):
     """Slurm reads `--gres=gpu` and `gpu:a100` as one GPU: they were read as none, so the partition
     check fitted them on CPU nodes and the launch said the job asks Slurm for no GPU."""
-    assert parse_gpus(gres) == gpus
+    assert (gres_gpus(gres) or 0) == gpus
 
 
 def test_a_gpu_gres_without_a_count_is_checked_against_the_partition_and_not_said_to_ask_none(tmp_path):
@@ -263,6 +264,43 @@ def test_a_gpu_gres_without_a_count_is_checked_against_the_partition_and_not_sai
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "cluster.gpus_per_node=null"]
     plan = build_plan(compose([*args, "cluster.gres=gpu", "training.trainer.devices=1"]))
     assert no_gpus_asked_notes(plan) == []
+
+
+@pytest.mark.parametrize(
+    ("gres", "gpus"),
+    [
+        ("gpu:8", 8), ("gpu:h100:8", 8), ("gres/gpu=8", 8), ("gres/gpu:8", 8), ("gres/gpu:h100:8", 8),
+        ("gpu=8", 8), ("gpu", 1), ("gpu:h100", 1), ("gpu:3g.20gb:2", 2), ("gpu:h100:8(S:0-1)", 8),
+        ("gpu:a100:4(S:0,2)", 4), ("gpu:8(IDX:0-7)", 8), ("gpu:2,shard:8", 2), ("shard:8,gpu:4", 4),
+        ("gpu:a100:4,gpu:v100:2", 6), ("gpu:0", 0), ("gpumem:8G", None), ("(null)", None), ("", None),
+        (None, None),
+    ],
+)  # fmt: skip
+def test_one_gres_reader_for_every_form_slurm_takes(gres, gpus):
+    """preflight's parse_gpus and sbatch_directives' gres_gpus read the same strings two ways (the
+    first counted every gpu entry, the second the first alone) and neither read the TRES form
+    sbatch's --gres also takes (`gres/gpu:8`, `gres/gpu=8`): one reader now, as Slurm reads them."""
+    from gptrain.launch.gres import gres_gpus
+
+    assert gres_gpus(gres) == gpus
+
+
+def test_every_check_reads_a_tres_form_gres_as_its_gpus(tmp_path):
+    """`cluster.gres=gres/gpu:4` asks Slurm for 4 GPUs, but was read as none: 8 ranks per node on it
+    passed the one-task-per-GPU check, and the partition check fitted them on CPU nodes. Two GPU
+    types on a node were 4 GPUs to the #SBATCH lines (the first type) against gpus_per_node=8."""
+    from gptrain.launch.compose import compose
+    from gptrain.launch.sbatch_directives import gpu_directives
+    from gptrain.launch.stages import build_plan
+
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", "cluster.gpus_per_node=null"]
+    with pytest.raises(ConfigError, match="cluster.gres gives 4 GPUs per node"):
+        build_plan(compose([*args, "cluster.gres=gres/gpu:4", "training.trainer.devices=8"]))
+    gpu_job = Job("training", "r", "r", None, [], tasks_per_node=1, gpus=True)
+    with pytest.raises(LaunchError, match="4 GPUs per node requested but nodes of 'debug' have 0"):
+        check_cluster(gpu_job, {"gres": "gres/gpu=4"}, nodes())
+    cluster = {"gres": "gpu:a100:4,gpu:v100:4", "gpus_per_node": 8}
+    assert gpu_directives(gpu_job, cluster) == ["#SBATCH --gres=gpu:a100:4,gpu:v100:4"]
 
 
 def test_a_list_of_partitions_fits_when_one_of_them_does():

@@ -111,6 +111,8 @@ def measured_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: di
         ("gpu:8", 8, "gpu:4"),
         ("gpu:a100:8,nvme:1", None, "gpu:a100:4,nvme:1"),
         ("gpu:a100:8", 8, "gpu:a100:4"),
+        ("gres/gpu=8", None, "gpu:4"),  # the TRES form sbatch takes too: it held all 8
+        ("nvme:1,gres/gpu:a100:8", None, "nvme:1,gpu:a100:4"),
     ],
 )
 def test_a_trial_asks_for_the_plans_gpus_per_node_not_the_profiles(
