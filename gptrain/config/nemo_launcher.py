@@ -115,6 +115,7 @@ def finalize(cfg: Any, choices: dict[str, str], stages_known: tuple[str, ...]) -
         if f"{group}_config" in cfg:
             cfg[f"{group}_config"] = choice
     _topology_file(cfg)
+    notes += _export_srun_flags(cfg)
     ignored = [f"{key} ({reason})" for key, reason in IGNORED_TOP_KEYS.items() if key in cfg]
     if ignored:
         notes.append("config.yaml keys " + ", ".join(ignored))
@@ -135,6 +136,22 @@ def _topology_file(cfg: Any) -> None:
         cfg["env_vars"] = {"NCCL_TOPO_FILE": path}
     elif env.get("NCCL_TOPO_FILE") is None:
         env["NCCL_TOPO_FILE"] = path
+
+
+def _export_srun_flags(cfg: Any) -> list[str]:
+    """bignlp-scripts 22.x's cluster `srun_flags`: extra flags of its export stage's srun, which
+    gptrain does not run; dropped (null without a word, a value with the note)."""
+    cluster = cfg.get("cluster")
+    if not hasattr(cluster, "get") or "srun_flags" not in cluster:
+        return []
+    flags = cluster.get("srun_flags")
+    del cluster["srun_flags"]
+    if flags is None:
+        return []
+    return [
+        "cluster.srun_flags (bignlp-scripts passed it to its export stage's srun only; the training's srun"
+        " options are cluster.srun_args)"
+    ]
 
 
 def _stages_from_switches(cfg: Any) -> list[str]:

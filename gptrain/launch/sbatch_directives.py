@@ -77,6 +77,8 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
     if cluster.get("exclusive"):  # true: whole nodes; a mode (user, mcs, topo): --exclusive=<mode>
         mode = cluster["exclusive"]
         lines.append(directive("exclusive", None if mode is True else mode, job.stage))
+    if cluster.get("overcommit"):  # bignlp-scripts 22.x rendered it for every stage
+        lines.append(directive("overcommit"))
     if job.cpus_per_task:
         lines.append(directive("cpus-per-task", job.cpus_per_task, job.stage))
     lines.extend(gpu_directives(job, cluster))

@@ -61,6 +61,7 @@ CLUSTER: dict[str, Check] = {
     "mem": memory,
     "job_name_prefix": scalar,
     "exclusive": exclusive,
+    "overcommit": boolean,  # bignlp-scripts 22.x's bcm.yaml
     "stderr_to_stdout": boolean,
     "gpus_per_node": non_negative,
     "gpus_per_task": non_negative,

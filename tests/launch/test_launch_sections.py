@@ -256,3 +256,50 @@ def test_a_misspelt_top_level_key_is_named_not_dropped(override, meant, tmp_path
     assert main([*args, "+my_root=/fsx", "data_dir=${my_root}/data"]) == 0, capsys.readouterr().err
     # a root of the user's own that is close to a key (a second data directory) but interpolated
     assert main([*args, "+data_dir2=/fsx", "data_dir=${data_dir2}/data"]) == 0, capsys.readouterr().err
+
+
+# bignlp-scripts 22.06's conf/cluster/bcm.yaml (the Azure NDv4 tutorial's release), values as released.
+BIGNLP_22_06_BCM = """partition: null
+account: null
+exclusive: True
+gpus_per_task: null
+gpus_per_node: 8
+mem: 0
+overcommit: False
+job_name_prefix: "bignlp-"
+exclude: null
+srun_flags: null
+"""
+
+
+def bignlp_tree(tmp_path, bcm: str):
+    """The 23.07 conf tree with bignlp-scripts 22.06's cluster file."""
+    import shutil
+    from pathlib import Path
+
+    tree = tmp_path / "conf"
+    shutil.copytree(Path(__file__).parents[1] / "config/nemo_launcher/23.07/launcher_scripts/conf", tree)
+    (tree / "cluster" / "bcm.yaml").write_text(bcm)
+    return tree
+
+
+@pytest.mark.parametrize(("overcommit", "lines"), [("False", []), ("True", ["#SBATCH --overcommit"])])
+def test_the_bignlp_22_06_cluster_file_is_taken_unchanged(tmp_path, capsys, overcommit, lines):
+    """The Azure tutorial edits only the partition of bignlp-scripts 22.06's bcm.yaml; its
+    `overcommit` (rendered `#SBATCH --overcommit` when true, as bignlp did) and `srun_flags` (the
+    export stage's srun flags) were refused as unknown cluster keys."""
+    tree = bignlp_tree(tmp_path, BIGNLP_22_06_BCM.replace("overcommit: False", f"overcommit: {overcommit}"))
+    args = ["stages=[training]", "training=gpt3/126m", f"launcher_scripts_path={tmp_path}"]
+    args += ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null"]
+    [script] = write_run_files(build_plan(compose(args, tree)), args)
+    text = script.read_text().splitlines()
+    assert [line for line in text if "overcommit" in line] == lines
+    assert "srun_flags" not in capsys.readouterr().err  # null: nothing to say
+    flagged = bignlp_tree(
+        tmp_path / "b", BIGNLP_22_06_BCM.replace("srun_flags: null", "srun_flags: --mpi=pmix")
+    )
+    build_plan(compose(args, flagged))
+    assert (
+        "cluster.srun_flags (bignlp-scripts passed it to its export stage's srun only"
+        in capsys.readouterr().err
+    )
