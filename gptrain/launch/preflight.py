@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError, DataError, LaunchError
-from gptrain.launch.additional_parameters import time_min_parameter
+from gptrain.launch.additional_parameters import sbatch_option, time_min_parameter
 from gptrain.launch.compose import closest
 from gptrain.launch.gres import gres_gpus
 from gptrain.launch.key_types import slurm_time_seconds
@@ -199,10 +199,11 @@ def partition_fit(job: Job, cluster: dict[str, Any], nodes: list[Node], wanted: 
         )
     check_time_limit(job, cluster, wanted, usable[0].max_time if usable else None)
     cpus = max(n.cpus for n in usable)
-    needed = job.tasks_per_node * (job.cpus_per_task or 1)
+    tasks = 1 if overcommits(cluster) else job.tasks_per_node
+    needed = tasks * (job.cpus_per_task or 1)
     if needed > cpus:
         raise LaunchError(
-            f"{job.stage}: {needed} CPUs per node requested ({job.tasks_per_node} tasks x"
+            f"{job.stage}: {needed} CPUs per node requested ({tasks} tasks x"
             f" {job.cpus_per_task or 1} CPUs) but nodes of '{wanted}' have {cpus}; Slurm would queue it forever"
         )
     gpus, have = requested_gpus_per_node(job, cluster), max(n.gpus for n in usable)
@@ -222,6 +223,14 @@ def partition_fit(job: Job, cluster: dict[str, Any], nodes: list[Node], wanted: 
         )
     count = len(usable) if cluster.get("constraint") else len(fitting)
     return f"ok  {job.stage}: partition {wanted}, {job.nodes}/{count} nodes, {needed}/{cpus} CPUs, {gpus}/{have} GPUs per node"
+
+
+def overcommits(cluster: dict[str, Any]) -> bool:
+    """--overcommit (cluster.overcommit, or any prefix of it in additional_parameters): Slurm then
+    allocates each node's CPUs as for one task (sbatch(1)), and runs more tasks than CPUs."""
+    extra = cluster.get("additional_parameters") or {}
+    asked = [value for name, value in extra.items() if options_meant(sbatch_option(name)) == ["overcommit"]]
+    return bool(cluster.get("overcommit")) or any(value not in (None, False) for value in asked)
 
 
 def check_time_limit(job: Job, cluster: dict[str, Any], partition: str, max_time: str | None) -> None:

@@ -303,6 +303,26 @@ def test_every_check_reads_a_tres_form_gres_as_its_gpus(tmp_path):
     assert gpu_directives(gpu_job, cluster) == ["#SBATCH --gres=gpu:a100:4,gpu:v100:4"]
 
 
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        {"overcommit": True},
+        {"additional_parameters": {"overcommit": True}},
+        {"additional_parameters": {"overc": True}},
+    ],
+)
+def test_an_overcommitted_job_asks_for_its_cpus_per_task_per_node(cluster):
+    """With --overcommit Slurm allocates as if one task ran per node (sbatch(1): the CPUs per task
+    are allocated per node, not multiplied by the tasks): 8 tasks on 2-CPU nodes were refused as
+    16 CPUs per node, which Slurm would have run."""
+    job = Job("training", "r", "r", None, [], nodes=2, tasks_per_node=8, cpus_per_task=2)
+    assert check_cluster(job, cluster, nodes()).startswith(
+        "ok  training: partition debug, 2/2 nodes, 2/2 CPUs"
+    )
+    with pytest.raises(LaunchError, match="16 CPUs per node requested"):
+        check_cluster(job, {"overcommit": False}, nodes())
+
+
 def test_a_list_of_partitions_fits_when_one_of_them_does():
     """sbatch -p a,b starts the job in whichever partition can run it first."""
     cluster = [*nodes(count=1), *[Node(f"g{i}", "big", False, 8, 0, "idle") for i in range(4)]]
