@@ -31,6 +31,7 @@ _DATA = "NeMo dataloader options (gptrain's dataset and sampler are Megatron's; 
 _NOT_IMPL = "not implemented in gptrain"
 _MLPERF = "MLPerf-only keys (the MLPerf configs are not supported)"
 _NAME = "NeMo's experiment name (gptrain names a run by run.name)"
+_MODEL_TYPE = "bignlp-scripts 22.x's model family of the file (gptrain's model is GPT)"
 _VERSION = (
     "NeMo's versioned log subdirectories, which NeMo too leaves out when explicit_log_dir is set "
     "(gptrain's run directory is always explicit_log_dir)"
@@ -118,6 +119,7 @@ _REASONS: dict[str, tuple[str, ...]] = {
     ),
     _LIGHTNING: (
         "trainer.accumulate_grad_batches",
+        "trainer.amp_backend",  # bignlp-scripts 22.x (Lightning 1.x): native is torch's autocast, as gptrain's
         "trainer.benchmark",
         "trainer.enable_checkpointing",
         "trainer.enable_model_summary",
@@ -225,6 +227,7 @@ _REASONS: dict[str, tuple[str, ...]] = {
     ),
     _MLPERF: ("restore_from_path", "model.optim.sched.max_steps_for_lr_sched"),
     _NAME: ("name",),
+    _MODEL_TYPE: ("model.model_type",),
     _VERSION: ("exp_manager.use_datetime_version", "exp_manager.version"),
     _EARLY_STOP: ("exp_manager.create_early_stopping_callback",),
     _PREEMPTION: ("exp_manager.create_preemption_callback",),

@@ -222,3 +222,14 @@ def test_a_file_without_every_n_train_steps_saves_at_each_validation_as_nemo_doe
     assert (cfg.trainer.max_steps, cfg.trainer.val_check_interval) == (40, 20)
     session = SimpleNamespace(cfg=cfg)
     assert [step for step in range(1, 41) if saves_at(session, step)] == [20, 40]
+
+
+def test_the_bignlp_22_06_training_files_keys_are_ignored_with_their_reasons(capsys):
+    """bignlp-scripts 22.06's training/gpt3/*.yaml (the Azure NDv4 tutorial's release, which it edits
+    only for its data_prefix) has trainer.amp_backend (Lightning 1.x) and model.model_type: both
+    were refused as unknown keys, so the tutorial's training stopped at the first."""
+    cfg = load_training_config("gpt3/126m", ["trainer.amp_backend=native", "model.model_type=gpt"])
+    assert {"trainer.amp_backend", "model.model_type"} <= set(cfg.ignored_keys)
+    [line] = capsys.readouterr().err.splitlines()
+    assert "(gptrain has its own loop): trainer.amp_backend" in line
+    assert "bignlp-scripts 22.x's model family of the file (gptrain's model is GPT): model.model_type" in line
