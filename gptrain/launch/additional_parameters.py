@@ -153,13 +153,36 @@ def time_min_parameter(cluster: dict[str, Any]) -> tuple[str, int | str] | None:
     return None
 
 
-def check_memory_options(cluster: dict[str, Any]) -> None:
-    """--mem-per-cpu/--mem-per-gpu with cluster.mem's --mem: sbatch refuses the job ('mutually exclusive')."""
+# NeMo's SlurmLauncher parameters that are sbatch options no gptrain key renders: a NeMo cluster file
+# may set them beside bcm.yaml's keys; rendered as NeMo renders them (null: no line).
+NEMO_SBATCH_KEYS = ("comment", "cpus_per_gpu", "mem_per_cpu", "mem_per_gpu")
+
+
+def extra_options(cluster: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """(key, option, value) of every extra #SBATCH option: NEMO_SBATCH_KEYS', then additional_parameters'."""
+    nemo = [
+        (f"cluster.{key}", sbatch_option(key), cluster.get(key)) for key in NEMO_SBATCH_KEYS if key in cluster
+    ]
     extra = cluster.get("additional_parameters") or {}
-    for name, item in extra.items():
-        meant = options_meant(sbatch_option(name))  # `mem_per_c` is --mem-per-cpu to sbatch
-        if meant[0] in SBATCH_MEM_OPTIONS and item is not None and cluster.get("mem") is not None:
+    return nemo + [
+        (f"cluster.additional_parameters.{name}", sbatch_option(name), item) for name, item in extra.items()
+    ]
+
+
+def check_extra_options(cluster: dict[str, Any]) -> None:
+    """A NeMo cluster key beside an additional_parameters key for its option (sbatch would take the
+    last one, silently); --mem-per-cpu/--mem-per-gpu with cluster.mem's --mem: sbatch refuses the
+    job ('mutually exclusive')."""
+    given: dict[str, str] = {}
+    for key, option, item in extra_options(cluster):
+        meant = options_meant(option)  # `mem_per_c` is --mem-per-cpu to sbatch
+        if item is None:
+            continue
+        if meant[0] in given:  # additional_parameters refuses its own twice: one of these is a NeMo key
+            raise ConfigError(f"{given[meant[0]]}: --{meant[0]} is given twice (also as {key}); keep one")
+        given[meant[0]] = key
+        if meant[0] in SBATCH_MEM_OPTIONS and cluster.get("mem") is not None:
             raise ConfigError(
-                f"cluster.additional_parameters.{name}: sbatch refuses it together with --mem, which"
+                f"{key}: sbatch refuses it together with --mem, which"
                 f" cluster.mem={cluster['mem']} renders; set cluster.mem=null to use it"
             )

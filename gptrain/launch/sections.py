@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gptrain.errors import ConfigError
-from gptrain.launch.additional_parameters import additional_parameters, check_memory_options
+from gptrain.launch.additional_parameters import NEMO_SBATCH_KEYS, additional_parameters, check_extra_options
 from gptrain.launch.key_types import (
     boolean,
     count,
@@ -70,6 +70,7 @@ CLUSTER: dict[str, Check] = {
     "max_requeues": non_negative,
     "env_vars": env_vars,
     "additional_parameters": additional_parameters,
+    **dict.fromkeys(NEMO_SBATCH_KEYS, scalar),  # NeMo's SlurmLauncher renders them
     "validation": mapping,
 }
 RUN: dict[str, Check] = {
@@ -140,7 +141,7 @@ def check_cluster_section(cluster: dict[str, Any]) -> None:
     --cluster-type slurm` renders its trial jobs from one too."""
     check_unknown_cluster_keys(cluster)
     _check_keys(cluster, "cluster.", CLUSTER)
-    check_memory_options(cluster)
+    check_extra_options(cluster)
 
 
 # Read from a cluster file besides the keys above: `gptrain plan`'s hardware profile.

@@ -371,3 +371,30 @@ def test_an_export_file_sbatch_can_read_is_passed(tmp_path, monkeypatch, capsys)
     )
     [script] = (tmp_path / "r").glob("*/dry-run/*_submission.sh")
     assert ("--export-file", "nccl.env") in sbatch_lines(script.read_text())
+
+
+def test_the_sbatch_keys_nemos_slurm_launcher_takes_in_a_cluster_file_are_rendered(tmp_path, monkeypatch):
+    """NeMo's SlurmLauncher renders every key of its cluster file it has a parameter for: `comment`,
+    `mem_per_cpu`, `mem_per_gpu` and `cpus_per_gpu` beside bcm.yaml's own were refused as unknown
+    cluster keys. They are sbatch options gptrain does not render itself: they go to sbatch as
+    additional_parameters would, checked as those are (--mem-per-cpu beside cluster.mem)."""
+    [script] = launch_files(
+        tmp_path,
+        monkeypatch,
+        "cluster.mem=null",
+        "+cluster.comment=ablation 3",
+        "+cluster.mem_per_cpu=4G",
+        "+cluster.cpus_per_gpu=null",  # null: no line, as NeMo's
+    )
+    lines = sbatch_lines(script.read_text())
+    assert [line for line in lines if line[0] in ("--comment", "--mem-per-cpu", "--cpus-per-gpu")] == [
+        ("--comment", "ablation 3"),
+        ("--mem-per-cpu", "4G"),
+    ]
+    with pytest.raises(ConfigError, match=r"^cluster\.mem_per_cpu: sbatch refuses it"):
+        launch_files(tmp_path, monkeypatch, "+cluster.mem_per_cpu=4G")  # cluster.mem=0 renders --mem
+    with pytest.raises(
+        ConfigError,
+        match=r"^cluster\.comment: --comment is given twice \(also as cluster\.additional_parameters\.comment\)",
+    ):
+        launch_files(tmp_path, monkeypatch, "+cluster.comment=a", "+cluster.additional_parameters.comment=b")
