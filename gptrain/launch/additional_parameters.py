@@ -29,7 +29,7 @@ SBATCH_OWNED = {
     "time": "<stage>.run.time_limit",
     "mem": "cluster.mem",
     "exclusive": "cluster.exclusive",
-    "cpus-per-task": "data_preparation.workers (the training stage has no such key)",
+    "cpus-per-task": "cluster.cpus_per_task (data_preparation.workers for the data preparation)",
     "gres": "cluster.gres",
     "gpus": "cluster.gpus_per_node",
     "gpus-per-node": "cluster.gpus_per_node",
@@ -171,8 +171,8 @@ def extra_options(cluster: dict[str, Any]) -> list[tuple[str, str, Any]]:
 
 def check_extra_options(cluster: dict[str, Any]) -> None:
     """A NeMo cluster key beside an additional_parameters key for its option (sbatch would take the
-    last one, silently); --mem-per-cpu/--mem-per-gpu with cluster.mem's --mem: sbatch refuses the
-    job ('mutually exclusive')."""
+    last one, silently); --mem-per-cpu/--mem-per-gpu with cluster.mem's --mem, --cpus-per-gpu with
+    cluster.cpus_per_task's --cpus-per-task: sbatch refuses the job ('mutually exclusive')."""
     given: dict[str, str] = {}
     for key, option, item in extra_options(cluster):
         meant = options_meant(option)  # `mem_per_c` is --mem-per-cpu to sbatch
@@ -181,6 +181,11 @@ def check_extra_options(cluster: dict[str, Any]) -> None:
         if meant[0] in given:  # additional_parameters refuses its own twice: one of these is a NeMo key
             raise ConfigError(f"{given[meant[0]]}: --{meant[0]} is given twice (also as {key}); keep one")
         given[meant[0]] = key
+        if meant[0] == "cpus-per-gpu" and cluster.get("cpus_per_task") is not None:
+            raise ConfigError(
+                f"{key}: sbatch refuses it together with --cpus-per-task, which"
+                f" cluster.cpus_per_task={cluster['cpus_per_task']} renders; give one of them"
+            )
         if meant[0] in SBATCH_MEM_OPTIONS and cluster.get("mem") is not None:
             raise ConfigError(
                 f"{key}: sbatch refuses it together with --mem, which"

@@ -65,6 +65,7 @@ CLUSTER: dict[str, Check] = {
     "stderr_to_stdout": boolean,
     "gpus_per_node": non_negative,
     "gpus_per_task": non_negative,
+    "cpus_per_task": count,  # NeMo's SlurmLauncher: the training's and validation's --cpus-per-task
     "srun_args": command_words,
     "signal_seconds": signal_seconds,
     "max_requeues": non_negative,

@@ -220,6 +220,7 @@ def training_job(
     job.time_limit = (training.get("run") or {}).get("time_limit")
     job.dependency = (training.get("run") or {}).get("dependency")
     job.requeue = True
+    job.cpus_per_task = cluster.get("cpus_per_task")  # None: Slurm's one CPU per task
     job.workdir = str(Path.cwd())
     train = ["-m", "gptrain", "train", "--config-file", str(config_path(job))]
     if local and nodes != 1:

@@ -172,7 +172,7 @@ def test_values_sbatch_cannot_take_are_refused_in_one_line(tmp_path, monkeypatch
         ("N", "gptrain renders --nodes (sbatch's -N) itself; use training.trainer.num_nodes instead"),
         ("n", "gptrain renders --ntasks (sbatch's -n) itself; use training.trainer.num_nodes and"),
         ("t", "gptrain renders --time (sbatch's -t) itself; use <stage>.run.time_limit instead"),
-        ("c", "gptrain renders --cpus-per-task (sbatch's -c) itself; use data_preparation.workers"),
+        ("c", "gptrain renders --cpus-per-task (sbatch's -c) itself; use cluster.cpus_per_task"),
         ("w", "gptrain renders --nodelist (sbatch's -w) itself; use cluster.nodelist instead"),
         ("L", "renders --L, which sbatch does not read (-L is its short form of --licenses); write the"
          " long name, licenses"),
@@ -398,3 +398,22 @@ def test_the_sbatch_keys_nemos_slurm_launcher_takes_in_a_cluster_file_are_render
         match=r"^cluster\.comment: --comment is given twice \(also as cluster\.additional_parameters\.comment\)",
     ):
         launch_files(tmp_path, monkeypatch, "+cluster.comment=a", "+cluster.additional_parameters.comment=b")
+
+
+def test_a_cluster_files_cpus_per_task_gives_the_training_its_cpus(tmp_path, monkeypatch):
+    """NeMo's SlurmLauncher renders a cluster file's `cpus_per_task` as --cpus-per-task: it was an
+    unknown cluster key, and additional_parameters refuses the option (gptrain renders it), so a
+    training could not ask for CPUs per rank at all. It goes to the training's #SBATCH line and its
+    srun (Slurm 22.05's srun does not inherit it); the data preparation keeps data_preparation.workers."""
+    prep, train = launch_files(tmp_path, monkeypatch, "+cluster.cpus_per_task=4", stages=PREP)
+    training = train.read_text()
+    assert ("--cpus-per-task", "4") in sbatch_lines(training)
+    srun = next(line for line in training.splitlines() if line.startswith("srun "))
+    assert "--cpus-per-task=4" in shlex.split(srun.removesuffix(" &"))
+    assert ("--cpus-per-task", "4") not in sbatch_lines(prep.read_text())
+    with pytest.raises(
+        ConfigError, match=r"^cluster\.cpus_per_gpu: sbatch refuses it together with --cpus-per-task"
+    ):
+        launch_files(tmp_path, monkeypatch, "+cluster.cpus_per_task=4", "+cluster.cpus_per_gpu=2")
+    with pytest.raises(ConfigError, match=r"^cluster\.cpus_per_task: expected a whole number"):
+        launch_files(tmp_path, monkeypatch, "+cluster.cpus_per_task=many")

@@ -1735,7 +1735,7 @@ def test_sbatch_variables_clash_with_every_option_the_script_renders(tmp_path, m
     assert sbatch_variables_note([("training", lines), ("data_preparation", preparation)], environ) == (
         "note  SBATCH_* variables set in this shell: left out of the sbatch calls, as sbatch would take"
         " them over the #SBATCH lines preflight checked (SBATCH_CPUS_PER_GPU over"
-        " data_preparation.workers (the training stage has no such key); SBATCH_DISTRIBUTION over"
+        " cluster.cpus_per_task (data_preparation.workers for the data preparation); SBATCH_DISTRIBUTION over"
         " cluster.additional_parameters' --distribution; SBATCH_WCKEY over cluster.additional_parameters'"
         " --wckey): set those keys to change them; SBATCH_HINT applies, as no key of this launch sets its option"
     )
