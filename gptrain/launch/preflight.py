@@ -123,6 +123,11 @@ def requested_gpus_per_node(job: Job, cluster: dict[str, Any]) -> int:
     )
 
 
+# sbatch's options that allocate GPUs (--ntasks-per-gpu: one per that many tasks); --gpu-bind, --gpu-freq,
+# --cpus-per-gpu and --mem-per-gpu only say how to use the GPUs a job asked for elsewhere.
+GPU_ASKING_OPTIONS = ("gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "ntasks-per-gpu")
+
+
 def gpus_asked_in_additional_parameters(cluster: dict[str, Any]) -> bool:
     """Whether an additional_parameters option asks Slurm for GPUs (`gpus_per_socket`, `G`,
     `tres_per_task: gres/gpu:1`, ...), which gptrain does not count but Slurm allocates."""
@@ -131,7 +136,7 @@ def gpus_asked_in_additional_parameters(cluster: dict[str, Any]) -> bool:
         meant = [SBATCH_SHORT_OPTIONS[option]] if option in SBATCH_SHORT_OPTIONS else options_meant(option)
         if len(meant) == 1 and value not in (None, False, 0, ""):
             name = meant[0]
-            if "gpu" in name or (name in ("tres-per-task", "gres") and "gpu" in str(value)):
+            if name in GPU_ASKING_OPTIONS or (name in ("tres-per-task", "gres") and "gpu" in str(value)):
                 return True
     return False
 
