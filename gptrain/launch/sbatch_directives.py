@@ -116,8 +116,8 @@ def requeue_directive(cluster: dict) -> list[str]:
 
 def additional_directives(cluster: dict, stage: str) -> list[str]:
     """cluster.additional_parameters, after NeMo's SlurmLauncher keys of a cluster file (comment,
-    mem_per_cpu, ...; checked in additional_parameters.py: none of the options above), as submitit renders them: `mail_type: END` is `--mail-type=END`, true a bare flag, null no line;
-    quoted."""
+    mem_per_cpu, ...; checked in additional_parameters.py: none of the options above), as submitit
+    renders them: `mail_type: END` is `--mail-type=END`, true a bare flag, null no line; quoted."""
     lines = []
     for key, option, value in extra_options(cluster):
         if value is not None:
