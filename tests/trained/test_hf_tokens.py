@@ -882,6 +882,67 @@ def test_a_generation_config_that_is_not_json_is_refused_naming_it(tmp_path) -> 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("generation", "argv", "reason"),
+    [
+        ({"early_stopping": "yes"}, [], "`early_stopping` must be a boolean or 'never'"),
+        ({"max_new_tokens": "10"}, ["--no-verify"], "'<=' not supported"),
+    ],
+    ids=["ValueError", "TypeError-no-verify"],
+)
+def test_a_generation_config_transformers_refuses_is_refused_at_import_naming_it(
+    tmp_path, generation, argv, reason
+) -> None:
+    """import checked only that generation_config.json was a JSON object: one transformers refuses
+    crashed verification with its traceback, and with --no-verify it was recorded, for export to
+    write a directory from_pretrained cannot load. Now it is transformers' own check, one line."""
+    source = llama_dir(tmp_path / "src", tokenizer=True)
+    (source / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, **generation}))
+    with pytest.raises(DataError) as error:
+        run_cli(["import", str(source), "--output", str(tmp_path / "run"), *argv])
+    message = str(error.value)
+    assert message.startswith(f"{source / 'generation_config.json'}: transformers refuses it (")
+    assert reason in message and message.endswith("fix it, or remove it to import without it")
+    assert "\n" not in message and not (tmp_path / "run").exists()
+
+
+def test_a_generation_config_transformers_only_warns_about_is_imported(tmp_path) -> None:
+    """Sampling flags beside do_sample=false are a warning to transformers (from_pretrained loads
+    them), as they are in many released models: not a reason to refuse the import."""
+    source = llama_dir(tmp_path / "src", tokenizer=True)
+    generation = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False, "temperature": 0.6}
+    (source / "generation_config.json").write_text(json.dumps(generation))
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run"), "--no-verify"]) == 0
+    assert json.loads((tmp_path / "run" / "hf_import.json").read_text())["generation_config"] == generation
+
+
+def test_an_older_import_record_of_a_refused_generation_config_is_refused_at_export(tmp_path) -> None:
+    """A record written before import checked its generation config: export's verification crashed
+    with transformers' traceback, and --no-verify wrote a directory from_pretrained cannot load. It
+    is refused in one line naming the record and the way out (not dropped with a note: the file
+    holds the model's sampling defaults and often its only list of end tokens, which a release
+    should not lose unless asked)."""
+    source = llama_dir(tmp_path / "src", tokenizer=True)
+    assert run_cli(["import", str(source), "--output", str(tmp_path / "run"), "--no-verify"]) == 0
+    record_file = tmp_path / "run" / "hf_import.json"
+    record = json.loads(record_file.read_text())
+    record["generation_config"] = {"bos_token_id": 1, "eos_token_id": 2, "early_stopping": "yes"}
+    record_file.write_text(json.dumps(record))
+    for argv in ([], ["--no-verify"]):
+        with pytest.raises(DataError) as error:
+            run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out"), *argv])
+        message = str(error.value)
+        assert message.startswith(f"{record_file}: its generation_config")
+        assert (
+            "`early_stopping` must be a boolean or 'never'" in message
+            and 'set "generation_config" to null' in message
+        )
+        assert "\n" not in message and not (tmp_path / "out").exists()
+    record["generation_config"] = None
+    record_file.write_text(json.dumps(record))
+    assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", str(tmp_path / "out")]) == 0
+
+
 def test_generate_on_an_import_whose_tokenizer_names_no_end_token_stops_at_the_models(
     tmp_path, capsys, monkeypatch
 ) -> None:

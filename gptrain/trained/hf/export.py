@@ -26,8 +26,10 @@ from gptrain.models.config import GPTConfig
 from gptrain.trained.hf.architectures import CLASS_NAMES, choose_architecture, hf_config_kwargs
 from gptrain.trained.hf.record import (
     GENERATION_CONFIG,
+    GENERATION_KEY,
+    check_generation_config,
+    find_run_record,
     generation_defaults,
-    run_record,
     special_token_ids,
 )
 from gptrain.trained.hf.storage import CheckpointTensors, ShardWriter, plan_shards
@@ -93,7 +95,8 @@ def open_run(path: str | Path, checksums: bool = False) -> RunSource:
     from gptrain.trained.load import open_run as open_checkpoint
 
     run = open_checkpoint(path, checksums=checksums)
-    record = run_record(run.hparams.parent)
+    record_file, record = find_run_record(run.hparams.parent)
+    generation = recorded_generation(record_file, record)
     rows = max(run.vocab, min(int(record.get("vocab_size") or 0), run.saved_rows))
     if int(record.get("vocab_size") or 0) > run.saved_rows:
         print(
@@ -111,8 +114,23 @@ def open_run(path: str | Path, checksums: bool = False) -> RunSource:
         special_token_ids(run.cfg, run.tokenizer, record),
         record.get("source"),
         _recorded_dtype(record),
-        generation_defaults(record),
+        generation,
     )
+
+
+def recorded_generation(record_file: Path | None, record: dict[str, Any]) -> dict[str, Any]:
+    """The imported model's generation config as its record holds it, checked as import checks it
+    since 2026-11-29 (an older record may hold one transformers refuses). Refused, not dropped for
+    the BOS/EOS-only file with a note: it holds the model's sampling defaults and often its only
+    list of end tokens, which a release should lose only when asked to."""
+    generation = generation_defaults(record)
+    if generation and record_file is not None:
+        check_generation_config(
+            generation,
+            f"{record_file}: its {GENERATION_KEY} (from {record.get('source')}/{GENERATION_CONFIG})",
+            f'correct it there, or set "{GENERATION_KEY}" to null to export the BOS/EOS ids only',
+        )
+    return generation
 
 
 def export_hf(

@@ -59,7 +59,22 @@ def source_generation_config(hf_dir: Path) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise DataError(f"{path}: expected a JSON object; fix it, or remove it to import without it")
     config.pop("transformers_version", None)
+    check_generation_config(config, str(path), "fix it, or remove it to import without it")
     return config
+
+
+def check_generation_config(config: dict[str, Any], where: str, remedy: str) -> None:
+    """transformers' own check of a generation config, which from_pretrained runs on the model
+    directory's generation_config.json and fails on (a traceback from verification, and an export
+    that does not load): a one-line DataError naming `where` and the `remedy`. Sampling flags it
+    only warns about (temperature beside do_sample=false, as many released models have) pass."""
+    from transformers import GenerationConfig
+
+    try:
+        GenerationConfig.from_dict(dict(config))
+    except (ValueError, TypeError, AttributeError) as error:  # AttributeError: a non-dict sub-config
+        reason = " ".join(str(error).split())
+        raise DataError(f"{where}: transformers refuses it ({reason}); {remedy}") from None
 
 
 def generation_defaults(record: dict[str, Any]) -> dict[str, Any]:
@@ -97,16 +112,21 @@ def run_record(run_dir: Path) -> dict[str, Any]:
     (exp_manager.resume_from_checkpoint: a run, checkpoints or step directory), followed back
     through such runs to the import: a continued pretraining in a directory of its own exports
     the imported model's BOS/EOS and rows too."""
+    return find_run_record(run_dir)[1]
+
+
+def find_run_record(run_dir: Path) -> tuple[Path | None, dict[str, Any]]:
+    """`run_record`, with the file it is in (an error about it names where to correct it)."""
     seen: set[Path] = set()
     directory: Path | None = run_dir.resolve()
     while directory is not None and directory not in seen:
         seen.add(directory)
         record = read_record(directory)
         if record:
-            return record
+            return directory / RECORD, record
         started_from = _started_from(directory)
         directory = _run_dir_of(started_from) if started_from else None
-    return {}
+    return None, {}
 
 
 def _run_dir_of(checkpoint: Path) -> Path | None:
