@@ -845,6 +845,100 @@ def test_a_megatron_checkpoint_directory_is_told_gptrain_reads_its_own(tmp_path:
         )
 
 
+GPTRAIN_HPARAMS = "run:\n  name: r\ntrainer:\n  max_steps: 4\nexp_manager:\n  explicit_log_dir: r\nmodel:\n  num_layers: 2\n"
+OWN_ONLY = "gptrain reads its own checkpoints, not Megatron's iter_<N>/ or NeMo's .ckpt/.nemo files"
+FILE_GIVEN = "is a file, not a checkpoint; pass a run's results dir, its checkpoints dir or a step_<N> dir"
+
+
+def resolve_error(path: Path) -> str:
+    from gptrain.trained.load import resolve_checkpoint
+
+    with pytest.raises(DataError) as error:
+        resolve_checkpoint(path)
+    return str(error.value)
+
+
+def test_a_gptrain_run_without_a_checkpoint_yet_says_so_not_that_gptrain_reads_its_own(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A run whose first save is still to come (its hparams.yaml written at start), or a file or
+    directory of it, was told gptrain reads its own checkpoints, not Megatron's or NeMo's."""
+    run = tmp_path / "run"
+    (run / "tokenizer").mkdir(parents=True)
+    (run / "hparams.yaml").write_text(GPTRAIN_HPARAMS)
+    (run / "tokenizer" / "tokenizer.json").write_text("{}")
+    state = f"no checkpoint saved yet in {run / 'checkpoints'}: wait for the run's first save"
+    assert resolve_error(run) == f"{run}: {state}"
+    assert resolve_error(run / "tokenizer") == f"{run / 'tokenizer'}: {state}"
+    (run / "checkpoints").mkdir()
+    assert resolve_error(run / "checkpoints") == f"{run / 'checkpoints'}: {state}"
+    for file in (run / "hparams.yaml", run / "tokenizer" / "tokenizer.json"):
+        assert resolve_error(file) == f"{file}: {FILE_GIVEN} ({state})"
+    monkeypatch.chdir(run / "tokenizer")  # a relative path: its run is found all the same
+    assert resolve_error(Path("tokenizer.json")) == f"tokenizer.json: {FILE_GIVEN} ({state})"
+    aside = run / "checkpoints" / "step_2.damaged-20261129-120000"
+    aside.mkdir()  # saved, then found damaged: not "no checkpoint saved yet"
+    assert resolve_error(run) == (
+        f"{run}: no checkpoint to load in {run / 'checkpoints'}: each was set aside ({aside.name})"
+    )
+
+
+def test_a_file_or_directory_of_a_gptrain_run_with_checkpoints_names_the_run_to_pass(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_1").mkdir(parents=True)
+    (run / "checkpoints" / "step_1" / "COMPLETE").write_text('{"step": 1}')
+    (run / "tokenizer").mkdir()
+    (run / "hparams.yaml").write_text(GPTRAIN_HPARAMS)
+    (run / "tokenizer" / "tokenizer.json").write_text("{}")
+    assert resolve_error(run / "tokenizer") == (
+        f"{run / 'tokenizer'}: no checkpoints found; pass {run}, the run directory it is in"
+    )
+    file = run / "tokenizer" / "tokenizer.json"
+    assert resolve_error(file) == f"{file}: {FILE_GIVEN} (pass {run}, the run directory it is in)"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("step_3.damaged-20261129-120000", "as damaged (a resume found it so and passed over it)"),
+        (
+            "step_5.rewound-20261129-120000",
+            "by `gptrain checkpoint rewind` (newer than the one it went back to)",
+        ),
+    ],
+)
+def test_a_checkpoint_set_aside_points_to_the_newest_complete_one(
+    tmp_path: Path, name: str, kind: str
+) -> None:
+    """A step_N.damaged-<time>/ a resume renamed (or a rewind's step_N.rewound-<time>/), or a file
+    in it, was told gptrain reads its own checkpoints, not Megatron's or NeMo's."""
+    root = tmp_path / "checkpoints"  # no hparams.yaml near: its name is the trace of a gptrain run
+    (root / "step_1").mkdir(parents=True)
+    (root / "step_1" / "COMPLETE").write_text('{"step": 1}')
+    aside = root / name
+    aside.mkdir()
+    (aside / "__0_0.distcp").write_text("x")
+    advice = f"pass {root} for the newest complete one"
+    assert resolve_error(aside) == f"{aside}: set aside {kind}; {advice}"
+    file = aside / "__0_0.distcp"
+    assert resolve_error(file) == f"{file}: {FILE_GIVEN} (it is in {aside}, set aside {kind}: {advice})"
+
+
+def test_a_nemo_results_dir_with_its_hparams_yaml_is_still_told_gptrain_reads_its_own(tmp_path: Path) -> None:
+    """NeMo writes an hparams.yaml too (Lightning's `cfg:` of the model, not a run config): no
+    trace of a gptrain run, so no 'no checkpoint saved yet' for it."""
+    results = tmp_path / "nemo_run" / "results"
+    (results / "checkpoints").mkdir(parents=True)
+    (results / "hparams.yaml").write_text("cfg:\n  micro_batch_size: 1\n  precision: bf16\n")
+    (results / "checkpoints" / "megatron_gpt.nemo").write_text("x")
+    for path in (tmp_path / "nemo_run", results, results / "checkpoints"):
+        assert resolve_error(path) == (
+            f"{path}: no checkpoints found; pass a run's results dir, its checkpoints dir or a step dir ({OWN_ONLY})"
+        )
+    file = results / "checkpoints" / "megatron_gpt.nemo"
+    assert resolve_error(file) == f"{file}: {FILE_GIVEN} ({OWN_ONLY})"
+
+
 def test_a_checkpoint_under_a_directory_that_may_not_be_searched_is_one_line(unsearchable_dir: Path) -> None:
     """eval, generate, export: Path.exists raised PermissionError (Python 3.11), a bare
     '<path>: Permission denied'. Root may search any directory, so the refusal is stood in for."""
