@@ -327,31 +327,6 @@ def test_tiktoken_run_is_refused_before_writing_or_exported_without_tokenizer(
     assert not (tmp_path / "out" / "tokenizer.json").exists()
 
 
-@pytest.mark.parametrize(
-    ("kind", "bos", "eos"),
-    [("GPTSentencePieceTokenizer", 1, 2), ("Llama2Tokenizer", 1, 2), ("SentencePieceTokenizer", 1, 252)],
-)
-def test_sentencepiece_run_is_refused_before_writing_or_exported_without_tokenizer(
-    tmp_path, sp_model, capsys, kind, bos, eos
-) -> None:
-    """transformers' tokenizer of a tokenizer.model encodes otherwise than sentencepiece: refused as
-    tiktoken's is; under --no-verify config.json carries the model's <s> and the run's EOD."""
-    tok = [f"model.tokenizer.type={kind}", f"model.tokenizer.model={sp_model}"]
-    run, _ = saved_run(tmp_path / "run", "llama", *tok)
-    with pytest.raises(ConfigError) as error:
-        run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")])
-    assert str(error.value).startswith(
-        f"model.tokenizer.type={kind} (model.tokenizer.model={sp_model}): export writes no transformers "
-        "tokenizer for a SentencePiece model"
-    )
-    assert "--no-verify" in str(error.value) and not (tmp_path / "out").exists()
-    assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out"), "--no-verify"]) == 0
-    assert "the export has no tokenizer files" in capsys.readouterr().err
-    assert not any(p.name.startswith("tokenizer") for p in (tmp_path / "out").iterdir())
-    config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert (config["bos_token_id"], config["eos_token_id"]) == (bos, eos)
-
-
 def test_without_an_import_record_bos_and_eos_come_from_tokenizer_config(tmp_path) -> None:
     from types import SimpleNamespace
 

@@ -32,6 +32,7 @@ from gptrain.trained.hf.record import (
     generation_defaults,
     special_token_ids,
 )
+from gptrain.trained.hf.sentencepiece_json import sentencepiece_problem, unigram_rounding_note
 from gptrain.trained.hf.storage import CheckpointTensors, ShardWriter, plan_shards
 from gptrain.trained.hf.tensors import globals_to_hf, hf_global_names, layer_to_hf
 from gptrain.trained.hf.tiktoken_bpe import gpt2_bpe_of
@@ -222,11 +223,10 @@ def _add_imported_chat_templates(source: RunSource, staging: Path, stream: TextI
 
 def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO) -> None:
     """A tiktoken encoding (or Megatron's tiktoken vocabulary) has no transformers tokenizer files to
-    copy, and transformers' tokenizer of a SentencePiece tokenizer.model (LlamaTokenizer, converted
-    to `tokenizers`) encodes otherwise than the sentencepiece library (unknown pieces, the model's
-    whitespace normalization, a literal <s>): both refused before anything is written (verification would only fail at the end), or
-    exported without one under --no-verify. A mock-data run has no tokenizer at all: exported
-    without one, said so (AutoTokenizer would fail)."""
+    copy, and a SentencePiece model with a property no tokenizer.json reproduces (sentencepiece_json)
+    none to write: both refused before anything is written (verification would only fail at the
+    end), or exported without one under --no-verify. A mock-data run has no tokenizer at all:
+    exported without one, said so (AutoTokenizer would fail)."""
     tok = source.cfg.model.tokenizer
     if source.tokenizer is None:
         data = source.cfg.model.data
@@ -245,18 +245,24 @@ def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO)
             file=stream,
         )
         return
-    if kind != "tiktoken" and kind not in SENTENCEPIECE_KINDS:
-        return
     if kind == "tiktoken" and gpt2_bpe_of(source.tokenizer) is not None:
         return  # GPT-2's split: exported as GPT-2's vocab.json + merges.txt
-    what = f"model.tokenizer.type={tok.type} (model.tokenizer.model={tok.model})"
-    if verify:
+    if kind in SENTENCEPIECE_KINDS:
+        problem = sentencepiece_problem(source.tokenizer)
+        if problem is None:
+            if (note := unigram_rounding_note(source.tokenizer)) is not None:
+                print(f"gptrain: note: {note}", file=stream)
+            return
+        why = f"a SentencePiece model with {problem}, which no tokenizer.json encodes as sentencepiece does"
+    elif kind == "tiktoken":
         why = (
             "a tiktoken encoding without GPT-2's split (gpt2, r50k_base and p50k_base export as GPT-2's "
             "vocab.json + merges.txt) or Megatron's tiktoken vocabulary"
-            if kind == "tiktoken"
-            else "a SentencePiece model (transformers' tokenizer of it encodes other ids than sentencepiece)"
         )
+    else:
+        return
+    what = f"model.tokenizer.type={tok.type} (model.tokenizer.model={tok.model})"
+    if verify:
         raise ConfigError(
             f"{what}: export writes no transformers tokenizer for {why}; pass --no-verify "
             "to export the weights without tokenizer files, or train with GPT2BPETokenizer "

@@ -3,7 +3,8 @@
 Export: GPT-2 BPE runs ship their vocab.json + merges.txt, the same as a
 tokenizer.json, and a tokenizer_config.json naming `GPT2Tokenizer` and `<|endoftext|>` (runs on a
 tiktoken encoding with GPT-2's split, gpt2 or r50k_base, ship the same files made from its ranks); Hugging
-Face tokenizer runs ship their tokenizer.json (and its tokenizer_config.json /
+Face tokenizer runs ship their tokenizer.json; SentencePiece runs a tokenizer.json written from their
+tokenizer.model (sentencepiece_json.py) beside it (and its tokenizer_config.json /
 special_tokens_map.json when present, else a tokenizer_config.json naming
 PreTrainedTokenizerFast and the special tokens); every tokenizer_config.json written declares the
 model's context as model_max_length. Import copies them into the
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.data.gpt2_bpe import ENDOFTEXT, gpt2_tokenizer_json
-from gptrain.data.tokenizers import canonical_type
+from gptrain.data.tokenizers import SENTENCEPIECE_KINDS, canonical_type
 from gptrain.errors import DataError
+from gptrain.trained.hf.sentencepiece_json import sentencepiece_problem, write_sentencepiece_files
 from gptrain.trained.hf.tiktoken_bpe import write_gpt2_bpe
 
 HF_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
@@ -52,6 +54,8 @@ def export_tokenizer(
         return _gpt2_files(output, context, Path(tok.vocab_file).parent, legacy=bool(tok.legacy))
     if kind == "tiktoken" and tokenizer is not None and write_gpt2_bpe(tokenizer, output):
         return _gpt2_files(output, context, None)
+    if kind in SENTENCEPIECE_KINDS and tokenizer is not None and sentencepiece_problem(tokenizer) is None:
+        return write_sentencepiece_files(tokenizer, kind, output, context, token_ids or {})
     if kind == "huggingface" and tok.model:
         source = Path(tok.model)
         file = source / "tokenizer.json" if source.is_dir() else source
