@@ -83,14 +83,19 @@ def _megatron_specials(processor: Any) -> tuple[dict[str, int], dict[str, int]]:
     return vocab, specials
 
 
-def _eos_from_config(directory: Path) -> str | None:
+def _config_value(directory: Path, key: str) -> Any:
+    """`key` of the tokenizer_config.json in `directory` (None when it or the file is absent)."""
     config = directory / "tokenizer_config.json"
     if not config.is_file():
         return None
     try:
-        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
+        return json.loads(config.read_text(encoding="utf-8")).get(key)
     except (ValueError, AttributeError) as error:
         raise DataError(f"{config}: not a JSON object ({error})") from None
+
+
+def _eos_from_config(directory: Path) -> str | None:
+    eos = _config_value(directory, "eos_token")
     return eos.get("content") if isinstance(eos, dict) else eos
 
 
@@ -144,6 +149,9 @@ def load_huggingface(model: str) -> Tokenizer:
         raise DataError(
             f"{file}: not a Hugging Face tokenizer.json ({error}){_megatron_hint(data)}"
         ) from None
+    # as AutoTokenizer (and so Megatron's HuggingFaceTokenizer) reads it: a literal special token's text
+    # stays text (what gptrain's export of a legacy GPT-2 or a SentencePiece run writes)
+    tokenizer.encode_special_tokens = _config_value(file.parent, "split_special_tokens") is True
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     eos = _eos_from_config(file.parent)
     candidates = [eos] if eos else [c for c in EOS_CANDIDATES if c in vocab]

@@ -204,3 +204,23 @@ def test_a_nemo_run_with_library_sentencepiece_exports_its_tokenizer(tmp_path, s
     assert list(theirs.encode(text)) == build_tokenizer("GPTSentencePieceTokenizer", model=sp_model).encode(
         text
     )
+
+
+def test_an_exported_sentencepiece_run_imported_again_encodes_as_it_trained(tmp_path, sp_model) -> None:
+    """The export's tokenizer_config.json keeps a literal <s> text (split_special_tokens), as
+    AutoTokenizer and Megatron's HuggingFaceTokenizer (AutoTokenizer) read it; gptrain's own reading
+    of the directory, after `gptrain import`, gave it id 1."""
+    from gptrain.config import load_training_config
+    from gptrain.data.tokenizers import build_tokenizer
+    from gptrain.train.tokenizer_setup import build_tokenizer as run_tokenizer
+
+    tok = ["model.tokenizer.type=GPTSentencePieceTokenizer", f"model.tokenizer.model={sp_model}"]
+    run, _ = saved_run(tmp_path / "run", "llama", *tok)
+    assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "out")]) == 0
+    assert run_cli(["import", str(tmp_path / "out"), "--output", str(tmp_path / "imported")]) == 0
+    hparams = str(tmp_path / "imported" / "hparams.yaml")
+    cfg = load_training_config(config_file=hparams, report_ignored=False)
+    text = "a <s> b </s><unk>kato"
+    assert run_tokenizer(cfg).encode(text) == build_tokenizer(
+        "GPTSentencePieceTokenizer", model=sp_model
+    ).encode(text)
