@@ -158,6 +158,11 @@ class SentencePieceTokenizer:
         self._split = re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
 
     @property
+    def specials(self) -> dict[str, int]:
+        """Megatron SentencePieceTokenizer's added special tokens and their ids (empty for the others)."""
+        return dict(self._specials)
+
+    @property
     def bos_id(self) -> int | None:
         """The model's bos piece (Megatron's added <BOS> for SentencePieceTokenizer), None if none."""
         if "<BOS>" in self._specials or self.processor.bos_id() < 0:

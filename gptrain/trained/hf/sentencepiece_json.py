@@ -203,7 +203,7 @@ def _added_tokens(proto: Any, tokenizer: SentencePieceTokenizer, kind: str) -> l
     others sets split_special_tokens."""
     tokens = {i: p.piece for i, p in enumerate(proto.pieces) if p.type in (UNKNOWN, CONTROL)}
     if kind == "sentencepiece":
-        tokens = {token_id: token for token, token_id in tokenizer._specials.items()}
+        tokens = {token_id: token for token, token_id in tokenizer.specials.items()}
     return [
         {
             "id": token_id,
@@ -234,7 +234,7 @@ def sentencepiece_tokenizer_config(
 ) -> dict[str, Any]:
     """tokenizer_config.json: the bos/eos/pad the configs give by their ids, <unk>, and
     split_special_tokens where the run kept their text as text (all kinds but SentencePieceTokenizer)."""
-    names = {i: t for t, i in tokenizer._specials.items()}
+    names = {i: t for t, i in tokenizer.specials.items()}
     processor = tokenizer.processor
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": context}
     for name in ("bos", "eos", "pad"):
