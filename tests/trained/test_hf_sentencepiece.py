@@ -224,3 +224,18 @@ def test_an_exported_sentencepiece_run_imported_again_encodes_as_it_trained(tmp_
     assert run_tokenizer(cfg).encode(text) == build_tokenizer(
         "GPTSentencePieceTokenizer", model=sp_model
     ).encode(text)
+
+
+def test_the_export_check_catches_a_literal_control_token_read_as_its_id(tmp_path, sp_model) -> None:
+    """The check's probe text held no <s> or </s>, so a tokenizer that made them ids (transformers'
+    own reading of a tokenizer.model; this export without split_special_tokens) passed it."""
+    from gptrain.trained.hf.verify import VerificationError, verify_tokenizer
+
+    ours, _ = export_tokenizer_of("GPTSentencePieceTokenizer", sp_model, tmp_path / "out")
+    verify_tokenizer(tmp_path / "out", ours, "the run's tokenizer", lambda: "advice")
+    config_file = tmp_path / "out" / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    del config["split_special_tokens"]
+    config_file.write_text(json.dumps(config))
+    with pytest.raises(VerificationError, match=r"encode .* differently \(token \d+: transformers \[1, "):
+        verify_tokenizer(tmp_path / "out", ours, "the run's tokenizer", lambda: "advice")
