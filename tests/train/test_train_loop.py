@@ -159,6 +159,22 @@ def test_a_stop_at_the_exit_intervals_own_step_ends_the_run_there_with_exit_0(tm
     assert code == 0 and sorted(second) == [6]
 
 
+def test_a_stop_before_the_exit_intervals_step_still_exits_75_to_be_requeued(tmp_path, monkeypatch):
+    """Only a stop at trainer.exit_interval's own step ends the run with exit 0: a signal at iteration 3,
+    before the interval's 5, exits 75 so that the batch script requeues the job, which trains on to 5."""
+    cfg = tiny_config(tmp_path, *MOCK, "trainer.exit_interval=5")
+    code, first = run_recording(monkeypatch, cfg, signal_at=3)
+    assert code == EXIT_REQUEUE and sorted(first) == [1, 2, 3]
+    assert complete_steps(tmp_path / "checkpoints")[-1] == 3
+    last = log_lines(tmp_path)[-1]
+    assert last.startswith("stopping at iteration 3: received SIGUSR1") and last.endswith(
+        "; exit 75 to be requeued"
+    )
+    code, second = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, "trainer.exit_interval=5"))
+    assert code == 0 and sorted(second) == [4, 5]
+    assert log_lines(tmp_path)[-1].startswith("exiting at iteration 5: trainer.exit_interval=5;")
+
+
 @pytest.mark.parametrize("value", ["0", "-2"])
 def test_an_exit_interval_below_one_is_refused_naming_the_key(tmp_path, value):
     from gptrain.errors import ConfigError
