@@ -327,7 +327,8 @@ def record(s: Session, result: StepResult, samples: int | None = None) -> None:
 def check_finite(s: Session, result: StepResult, meter: IntervalMeter) -> None:
     """Name each non-finite iteration, which is skipped (the iteration line only counts them), and
     stop the run after trainer.max_consecutive_nonfinite of them in a row, the iterations since the
-    last line logged first (the losses before the divergence are what tells its cause)."""
+    last line logged first (the losses before the divergence are what tells its cause). The stop line
+    carries the last one's values: it has no warning (with a limit of 1, none has)."""
     limit = s.cfg.trainer.max_consecutive_nonfinite
     if not result.nonfinite:
         return
@@ -343,7 +344,7 @@ def check_finite(s: Session, result: StepResult, meter: IntervalMeter) -> None:
     last = s.checkpoints.newest()
     message = (
         f"loss or gradients not finite for {s.state.consecutive_nonfinite} iterations in a row "
-        f"(last at iteration {s.state.step}); last good checkpoint: {last or 'none'}; "
+        f"(last at iteration {s.state.step}: {nonfinite_values(result)}); last good checkpoint: {last or 'none'}; "
         f"{nonfinite_advice(s.cfg)} or raise trainer.max_consecutive_nonfinite"
     )
     s.log(message)

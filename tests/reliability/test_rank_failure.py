@@ -43,7 +43,7 @@ def test_a_nan_loss_on_one_ranks_batch_is_skipped_and_stops_every_rank_at_one_it
     for rank, (_, err) in enumerate(outputs):
         assert "Traceback" not in err, err[-3000:]
         line = (
-            "gptrain: error: loss or gradients not finite for 2 iterations in a row (last at iteration 4); "
+            "gptrain: error: loss or gradients not finite for 2 iterations in a row (last at iteration 4: lm loss nan); "
             f"last good checkpoint: {last_good};"
         )
         assert err.splitlines()[-1].startswith(line), err[-3000:]

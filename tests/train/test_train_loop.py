@@ -677,6 +677,46 @@ def test_the_iterations_before_a_divergence_stop_are_logged(tmp_path, monkeypatc
     assert lines.index(line) < stop  # logged before the stop's own line
 
 
+def test_the_values_of_each_non_finite_iteration_are_logged_up_to_the_stop(tmp_path, monkeypatch):
+    """The iteration that reached trainer.max_consecutive_nonfinite had its loss and grad norm nowhere:
+    only those below the limit got a warning, so with a limit of 1 (`gptrain megatron`'s, for Megatron's
+    NaN check) no value was printed at all. The stop line names them; a finite loss whose gradients are
+    infinite is told apart from a NaN loss by its grad norm, in the warning and the stop line alike."""
+    import re
+
+    def infinite_gradients_from_step_3(model, batch):
+        loss = masked_lm_loss(model, batch)
+        if not torch.is_grad_enabled():  # validation
+            return loss
+        calls.append(1)
+        if len(calls) <= 2 * 2:  # 2 micro-batches a step
+            return loss
+        weight = next(model.parameters()) * 1.0
+        weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+        return loss + (weight * 0.0).sum()
+
+    calls: list[int] = []
+    real = builders.build_step_options
+    monkeypatch.setattr(
+        builders,
+        "build_step_options",
+        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": infinite_gradients_from_step_3}),
+    )
+    cfg = tiny_config(tmp_path, *MOCK, "trainer.max_consecutive_nonfinite=2", "trainer.max_steps=20")
+    with pytest.raises(step_loop.TrainingDivergedError) as info:
+        run_recording(monkeypatch, cfg)
+    finite = r"lm loss (\d+\.?\d*(e[-+]\d+)?), grad norm inf"  # %g of a finite loss
+    warnings = [line for line in log_lines(tmp_path) if line.startswith("warning: iteration")]
+    assert len(warnings) == 1
+    assert re.fullmatch(
+        rf"warning: iteration 3 skipped: loss or gradients not finite \({finite}\); 1 in a row, .*",
+        warnings[0],
+    )
+    assert re.search(
+        rf"2 iterations in a row \(last at iteration 4: {finite}\); last good checkpoint", str(info.value)
+    )
+
+
 def test_nan_iterations_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch):
     def nan_from_step_3(model, batch):
         loss = masked_lm_loss(model, batch)
@@ -691,7 +731,7 @@ def test_nan_iterations_are_skipped_counted_and_stop_the_run(tmp_path, monkeypat
     )
     cfg = tiny_config(tmp_path, *MOCK, "trainer.max_consecutive_nonfinite=3", "trainer.max_steps=20")
     with pytest.raises(
-        step_loop.TrainingDivergedError, match=r"3 iterations in a row \(last at iteration 5\)"
+        step_loop.TrainingDivergedError, match=r"3 iterations in a row \(last at iteration 5: lm loss nan\);"
     ) as info:
         run_recording(monkeypatch, cfg)
     assert f"last good checkpoint: {tmp_path / 'checkpoints' / 'step_2'};" in str(info.value)
@@ -735,7 +775,8 @@ def test_overflows_under_a_static_fp16_scale_stop_the_run_and_the_scale_stays(tm
     ]
     cfg = tiny_config(tmp_path, *MOCK, *static, "trainer.max_consecutive_nonfinite=3", "trainer.max_steps=20")
     with pytest.raises(
-        step_loop.TrainingDivergedError, match=r"3 iterations in a row \(last at iteration 5\)"
+        step_loop.TrainingDivergedError,
+        match=r"3 iterations in a row \(last at iteration 5: lm loss [\d.]+, grad norm inf\);",
     ) as info:
         run_recording(monkeypatch, cfg)
     assert "\n" not in str(info.value)
