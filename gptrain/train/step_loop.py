@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from gptrain.checkpoint.directory import step_dir_name
+from gptrain.checkpoint.integrity import complete_steps
 from gptrain.config import TrainingConfig
 from gptrain.errors import DataError, GptrainError
 from gptrain.train import eval_splits, saving, stopping
@@ -341,14 +343,30 @@ def check_finite(s: Session, result: StepResult, meter: IntervalMeter) -> None:
     if meter.iterations:
         log_interval(s, meter)
     s.checkpoints.wait()  # a background save of a finite step is still the last good one
-    last = s.checkpoints.newest()
     message = (
         f"loss or gradients not finite for {s.state.consecutive_nonfinite} iterations in a row "
-        f"(last at iteration {s.state.step}: {nonfinite_values(result)}); last good checkpoint: {last or 'none'}; "
+        f"(last at iteration {s.state.step}: {nonfinite_values(result)}); "
+        f"last good checkpoint: {last_good_checkpoint(s)}; "
         f"{nonfinite_advice(s.cfg)} or raise trainer.max_consecutive_nonfinite"
     )
     s.log(message)
     raise TrainingDivergedError(message)
+
+
+def last_good_checkpoint(s: Session) -> str:
+    """The newest checkpoint from before the streak. An exit interval's or a stop's save is made inside
+    one too (a resumed run's streak goes on from the count its checkpoint recorded): such a checkpoint
+    is named apart, with the weights it holds, those of the streak's last finite iteration (skipped
+    iterations update nothing)."""
+    good_until = s.state.step - s.state.consecutive_nonfinite  # the streak's last finite iteration
+    steps = complete_steps(s.checkpoints.root)
+    good = [step for step in steps if step <= good_until]
+    named = str(s.checkpoints.root / step_dir_name(good[-1])) if good else "none"
+    if steps and steps[-1] > good_until:
+        named += (
+            f" ({step_dir_name(steps[-1])}, saved inside the streak, holds iteration {good_until}'s weights)"
+        )
+    return named
 
 
 def nonfinite_values(result: StepResult) -> str:

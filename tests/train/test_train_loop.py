@@ -745,6 +745,41 @@ def test_nan_iterations_are_skipped_counted_and_stop_the_run(tmp_path, monkeypat
     assert "lm loss" not in lines[3] and "grad norm" not in lines[3]  # Megatron omits both when skipped
 
 
+def test_a_checkpoint_saved_inside_a_non_finite_streak_is_not_called_the_last_good_one(tmp_path, monkeypatch):
+    """An exit interval's save is made inside a non-finite streak too: step_3, NaN from iteration 3,
+    was named 'last good checkpoint' when the resumed run diverged. The stop line names step_2, the
+    newest before the streak, and says that step_3, inside it, holds iteration 2's weights."""
+
+    def nan_after(model, batch):
+        loss = masked_lm_loss(model, batch)
+        if not torch.is_grad_enabled():  # validation
+            return loss
+        calls.append(1)
+        return loss * float("nan") if len(calls) > finite_calls[0] else loss
+
+    calls: list[int] = []
+    finite_calls = [2 * 2]  # 2 micro-batches a step: NaN from iteration 3
+    real = builders.build_step_options
+    monkeypatch.setattr(
+        builders,
+        "build_step_options",
+        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": nan_after}),
+    )
+    overrides = ["trainer.max_consecutive_nonfinite=3", "trainer.exit_interval=3", "trainer.max_steps=20"]
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *overrides))
+    assert code == 0 and complete_steps(tmp_path / "checkpoints") == [2, 3]  # step_3 inside the streak
+    finite_calls[0] = 0  # the resumed run: NaN from its first iteration, the 4th
+    with pytest.raises(step_loop.TrainingDivergedError) as info:
+        run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *overrides))
+    assert "3 iterations in a row (last at iteration 5" in str(info.value)
+    assert (
+        f"; last good checkpoint: {tmp_path / 'checkpoints' / 'step_2'} "
+        "(step_3, saved inside the streak, holds iteration 2's weights); "
+    ) in str(info.value)
+    before, inside = final_weights(tmp_path, 2), final_weights(tmp_path, 3)
+    assert all(torch.equal(before[k], inside[k]) for k in before)  # skipped: what the line says
+
+
 def test_overflows_under_a_static_fp16_scale_stop_the_run_and_the_scale_stays(tmp_path, monkeypatch):
     """model.native_amp_static_scale (Megatron's --loss-scale): each overflowing step is skipped with the
     scale unchanged, and trainer.max_consecutive_nonfinite of them in a row stop the run in one line.
