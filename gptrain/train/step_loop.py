@@ -98,7 +98,7 @@ def run(
             reason = times.timed_sync(
                 s.state.step, logged, partial(agreement.exchange, stop.reason(), logged)
             )
-        check_finite(s, result, meter)  # unwatched: it may wait for a background write (a save's time)
+        check_finite(s, result, meter)  # its wait for a background write unwatched: a save's time
         agreed_stop = agreed_stop or reason
         last = s.state.step >= t.max_steps
         stoppable = not last or end_check is not None
@@ -330,26 +330,30 @@ def check_finite(s: Session, result: StepResult, meter: IntervalMeter) -> None:
     """Name each non-finite iteration, which is skipped (the iteration line only counts them), and
     stop the run after trainer.max_consecutive_nonfinite of them in a row, the iterations since the
     last line logged first (the losses before the divergence are what tells its cause). The stop line
-    carries the last one's values: it has no warning (with a limit of 1, none has)."""
+    carries the last one's values: it has no warning (with a limit of 1, none has). Its log writes and
+    checkpoint listing are watched (a hung shared file system), its wait for a background write not."""
     limit = s.cfg.trainer.max_consecutive_nonfinite
     if not result.nonfinite:
         return
     if s.state.consecutive_nonfinite < limit:
-        s.log(
-            f"warning: iteration {s.state.step} skipped: loss or gradients not finite ({nonfinite_values(result)}); "
-            f"{s.state.consecutive_nonfinite} in a row, trainer.max_consecutive_nonfinite={limit} in a row stop the run"
-        )
+        with s.watchdog.boundary(s.state.step):
+            s.log(
+                f"warning: iteration {s.state.step} skipped: loss or gradients not finite ({nonfinite_values(result)}); "
+                f"{s.state.consecutive_nonfinite} in a row, trainer.max_consecutive_nonfinite={limit} in a row stop the run"
+            )
         return
     if meter.iterations:
-        log_interval(s, meter)
+        with s.watchdog.boundary(s.state.step):
+            log_interval(s, meter)
     s.checkpoints.wait()  # a background save of a finite step is still the last good one
-    message = (
-        f"loss or gradients not finite for {s.state.consecutive_nonfinite} iterations in a row "
-        f"(last at iteration {s.state.step}: {nonfinite_values(result)}); "
-        f"last good checkpoint: {last_good_checkpoint(s)}; "
-        f"{nonfinite_advice(s.cfg)} or raise trainer.max_consecutive_nonfinite"
-    )
-    s.log(message)
+    with s.watchdog.boundary(s.state.step):
+        message = (
+            f"loss or gradients not finite for {s.state.consecutive_nonfinite} iterations in a row "
+            f"(last at iteration {s.state.step}: {nonfinite_values(result)}); "
+            f"last good checkpoint: {last_good_checkpoint(s)}; "
+            f"{nonfinite_advice(s.cfg)} or raise trainer.max_consecutive_nonfinite"
+        )
+        s.log(message)
     raise TrainingDivergedError(message)
 
 

@@ -880,6 +880,52 @@ def test_a_divergence_waiting_for_a_long_background_write_is_not_called_a_hang(t
     assert complete_steps(tmp_path / "checkpoints") == [2]
 
 
+def test_a_non_finite_warning_written_to_a_hung_file_system_is_a_hang(tmp_path, monkeypatch):
+    """The warning naming a skipped non-finite iteration was written after the step's watched end: a
+    write blocked on a hung shared file system held the run with nothing watching it (one rank: until
+    the job's time limit, not requeued). It is watched as the iteration line's write is."""
+    import time
+
+    from gptrain.train import results, watchdog
+
+    def nan_at_step_3(model, batch):
+        loss = masked_lm_loss(model, batch)
+        if not torch.is_grad_enabled():  # validation
+            return loss
+        calls.append(1)
+        return loss * float("nan") if len(calls) in (5, 6) else loss  # 2 micro-batches a step
+
+    calls: list[int] = []
+    real_options = builders.build_step_options
+    monkeypatch.setattr(
+        builders,
+        "build_step_options",
+        lambda cfg, dp: StepOptions(**{**vars(real_options(cfg, dp)), "loss_fn": nan_at_step_3}),
+    )
+    real_write = results.RunLog.to_file
+
+    def hung_write(self, line):  # the warning's write outlasts the hang timeout (3 s)
+        if line.startswith("warning: iteration 3 skipped"):
+            time.sleep(8.0)
+        real_write(self, line)
+
+    monkeypatch.setattr(results.RunLog, "to_file", hung_write)
+    dogs: list[watchdog.Watchdog] = []
+    real_start = watchdog.Watchdog.start
+
+    def recorded_start(timeout_minutes, rank, world_size):
+        dog = real_start(timeout_minutes, rank, world_size)
+        dog.exit_fn = lambda code: None  # the line is kept in `fired`; the test process goes on
+        dogs.append(dog)
+        return dog
+
+    monkeypatch.setattr(watchdog.Watchdog, "start", staticmethod(recorded_start))
+    cfg = tiny_config(tmp_path, *MOCK, *NO_EVALUATION, "trainer.hang_timeout_minutes=0.05")
+    code, _ = run_recording(monkeypatch, cfg)
+    assert code == 0 and len(dogs) == 1
+    assert dogs[0].fired is not None and "iteration 3" in dogs[0].fired, dogs[0].fired
+
+
 def test_resume_on_indexed_dataset_is_bit_exact(tmp_path, monkeypatch, indexed_corpus):
     data = indexed_corpus
     code, full = run_recording(monkeypatch, tiny_config(tmp_path / "full", *data))
