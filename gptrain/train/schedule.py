@@ -307,8 +307,12 @@ class LRSchedule:
         return lr
 
     def advance(self, fraction: float = 1.0) -> None:
-        """One optimizer step; a batch-size ramp-up step of a fraction of the full batch moves less."""
-        self.step = self.step + 1 if fraction == 1.0 else self.step + fraction
+        """One optimizer step; a batch-size ramp-up step of a fraction of the full batch moves less.
+        The step stays a whole count of samples over the batch (k / batch, as a length in samples is):
+        a sum of fractions would cross a boundary in samples one iteration early by float error,
+        where Megatron compares whole samples."""
+        step, batch = self.step + (1 if fraction == 1.0 else fraction), self.spec.global_batch_size
+        self.step = step if isinstance(step, int) or not batch else _number(round(step * batch) / batch)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"step": self.step}

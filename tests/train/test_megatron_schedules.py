@@ -3,8 +3,8 @@ flags, against Megatron's OptimizerParamScheduler.get_lr restated here in float6
 Megatron counts it).
 
 Tolerance: both sides are a few float64 operations on the same inputs; gptrain counts in steps of
-the full batch (a length in samples divided by the batch, a ramp's step a sum of fractions), so a
-ratio differs by a few ulp (~1e-16 relative) at most, which the decays (cosine, 0.5 ** r, sqrt)
+the full batch (a length in samples divided by the batch, a ramp's step the samples so far over the
+batch), so a ratio differs by a few ulp (~1e-16 relative) at most, which the decays (cosine, 0.5 ** r, sqrt)
 carry at most ~pi-fold, and the rates in units of lr stay within 1e-13 relative of lr."""
 
 import math
@@ -105,6 +105,12 @@ WSD_CASES = [  # (run and decay flags, warmup flags, annealing flags, batch)
         "--lr-wsd-decay-samples 150",
         8,
     ),
+    (  # the ramp reaches the warmup's end (65 samples) exactly: a sum of fractions was past it by float error
+        "--train-samples 400 --lr-decay-samples 194 --rampup-batch-size 1 1 102",
+        "--lr-warmup-samples 65",
+        "--lr-wsd-decay-samples 164",
+        3,
+    ),
 ]
 
 
@@ -127,6 +133,8 @@ ISR_CASES = [
     ("--train-samples 400", "", 8),
     ("--train-samples 400 --lr-decay-samples 250", "--lr-warmup-samples 21", 5),
     ("--train-samples 400 --rampup-batch-size 2 2 120", "--lr-warmup-samples 33", 8),
+    # the ramp reaches the decay's end (253 samples) exactly: min_lr only after it, as Megatron's whole samples
+    ("--train-samples 400 --lr-decay-samples 253 --rampup-batch-size 1 1 146", "--lr-warmup-samples 84", 5),
 ]
 
 
