@@ -63,7 +63,8 @@ class Translation:
         decay_flag = next(
             (flag for flag in ("--lr-decay-samples", "--lr-decay-iters") if flag in self.given), None
         )
-        warmup_flag = next((flag for flag in WARMUP_FLAGS if flag in self.given), "--lr-warmup-iters")
+        counted = "--lr-warmup-samples" if run_flag == "--train-samples" else "--lr-warmup-iters"
+        warmup_flag = next((flag for flag in WARMUP_FLAGS if flag in self.given), counted)
         ramp = config_ramp(cfg)
         if decay_flag is not None and (ramp.start is None or run_flag == "--train-samples"):
             follow = f"drop {decay_flag} to decay over the whole run, as Megatron does without it"

@@ -153,7 +153,7 @@ def schedule_warnings(
             f"{n.warmup} is not shorter than {n.run}: the learning rate never reaches {n.lr}{spec.lr:g}"
             f" (at most {lr_at(last, spec):.3g}); lower {n.warmup_key} or raise {n.run_key}"
         )
-    warnings += _megatron_schedule_warnings(spec, n)
+    warnings += _megatron_schedule_warnings(spec, n, ramp.at(0))
     no_length = spec.name in ("Constant", NOAM)  # Noam decays as step ** -0.5 for ever
     if no_length or spec.warmup_steps > last:  # no decay to check, or none reached
         return warnings
@@ -165,16 +165,18 @@ def schedule_warnings(
     return warnings + _length_warnings(spec, run_steps, ramp, n)
 
 
-def _megatron_schedule_warnings(spec: ScheduleSpec, n: ScheduleNames) -> list[str]:
+def _megatron_schedule_warnings(spec: ScheduleSpec, n: ScheduleNames, first_batch: int) -> list[str]:
     """Megatron's quirks, kept: its inverse square root counts from one sample, so without a warmup
-    the rate falls by sqrt(global batch) after the first step; a WSD annealing longer than the decay
-    after the warmup starts within it, so the rate steps down when the warmup ends."""
+    the rate falls by sqrt(first batch) after the first step (a ramp's first batch, else the global
+    batch); a WSD annealing longer than the decay after the warmup starts within it, so the rate
+    steps down when the warmup ends."""
     batch = spec.global_batch_size or 1
-    if spec.name == INVERSE_SQUARE_ROOT and spec.warmup_steps * batch <= 1 < batch:
+    if spec.name == INVERSE_SQUARE_ROOT and spec.warmup_steps * batch <= 1 < first_batch:
+        which = "the global batch" if first_batch == batch else "the ramp-up's first batch"
         return [
             f"{n.warmup}: Megatron's inverse square root without a warmup is lr / sqrt(samples consumed), so"
-            f" the rate falls from {spec.lr:g} to {lr_at(1, spec):.3g} (/ sqrt({batch}), the global batch)"
-            f" after the first step; give a warmup ({n.warmup_key}) for a gradual decay"
+            f" the rate falls from {spec.lr:g} to {lr_at(first_batch / batch, spec):.3g} (/ sqrt({first_batch}),"
+            f" {which}) after the first step; give a warmup ({n.warmup_key}) for a gradual decay"
         ]
     annealing = spec.wsd_decay_steps or 0
     if spec.name == WSD and spec.warmup_steps > 0 and annealing > spec.max_steps - spec.warmup_steps:

@@ -254,7 +254,7 @@ def test_wsd_config_in_samples_and_the_default_style(tmp_path):
 
 def test_megatrons_quirks_are_start_warnings_named_by_the_flags():
     """Kept as Megatron computes them, and said: an inverse square root without a warmup falls by
-    sqrt(global batch) after the first step; a WSD annealing longer than the decay after the warmup
+    sqrt(first batch) after the first step (a ramp-up's, else the global batch); a WSD annealing longer than the decay after the warmup
     makes the rate step down when the warmup ends."""
     from gptrain.train.schedule_checks import run_schedule_warnings
 
@@ -271,6 +271,18 @@ def test_megatrons_quirks_are_start_warnings_named_by_the_flags():
         " warmup (--lr-warmup-iters) for a gradual decay"
     ]
     assert warnings(f"{isr} --lr-warmup-iters 2") == []
+    in_samples = "--global-batch-size 4 --lr 1e-3 --train-samples 400 --lr-decay-style inverse-square-root"
+    assert warnings(in_samples) == [  # the warmup in samples is the flag beside --train-samples
+        "--lr-warmup-samples 0 (0 iterations): Megatron's inverse square root without a warmup is lr /"
+        " sqrt(samples consumed), so the rate falls from 0.001 to 0.0005 (/ sqrt(4), the global batch) after"
+        " the first step; give a warmup (--lr-warmup-samples) for a gradual decay"
+    ]
+    assert warnings(f"{in_samples} --rampup-batch-size 2 2 64") == [  # the first step is the ramp's 2 samples
+        "--lr-warmup-samples 0 (0 iterations): Megatron's inverse square root without a warmup is lr /"
+        " sqrt(samples consumed), so the rate falls from 0.001 to 0.000707 (/ sqrt(2), the ramp-up's first"
+        " batch) after the first step; give a warmup (--lr-warmup-samples) for a gradual decay"
+    ]
+    assert warnings(f"{in_samples} --rampup-batch-size 1 1 64") == []  # 1 sample, then lr / sqrt(2): gradual
     wsd = "--global-batch-size 4 --lr 1e-3 --train-samples 400 --lr-decay-style WSD --lr-warmup-samples 40"
     assert warnings(f"{wsd} --lr-wsd-decay-samples 360") == []
     [longer] = warnings(
