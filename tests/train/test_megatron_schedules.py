@@ -138,13 +138,28 @@ ISR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("min_lr", [0.0, 1e-5])
+@pytest.mark.parametrize("min_lr", [0.0, 1e-5, 6e-4])  # 6e-4: lr x sqrt(warmup / samples) falls below it
 @pytest.mark.parametrize("run, warmup, batch", ISR_CASES)
 def test_inverse_square_root_is_megatrons_at_every_iteration(min_lr, run, warmup, batch):
     flags = f"--global-batch-size {batch} --lr 1e-3 --min-lr {min_lr} --lr-decay-style inverse-square-root {run} {warmup}"
     cfg, spec = spec_of(flags)
     assert spec.name == "MegatronInverseSquareRoot"
     assert_megatrons(cfg, spec, 1e-3, lambda consumed: megatron_lr(consumed, **megatron_args(flags, batch)))
+
+
+def test_inverse_square_root_stops_at_min_lr_before_the_decays_end():
+    """Megatron's max(min_lr, .): lr x sqrt(8 / 32) = lr / 2 at step 32, below a min_lr of 0.6 lr, so the rate
+    is min_lr from the step where lr x sqrt(8 / step) first is (23: sqrt(8 / 23) = 0.5898 < 0.6)."""
+    spec = ScheduleSpec(
+        name="MegatronInverseSquareRoot",
+        lr=1.0,
+        min_lr=0.6,
+        max_steps=100,
+        warmup_steps=8,
+        global_batch_size=1,
+    )
+    assert lr_at(22, spec) == pytest.approx((8 / 22) ** 0.5, rel=1e-15) and (8 / 22) ** 0.5 > 0.6
+    assert [lr_at(step, spec) for step in (23, 32, 100)] == [0.6, 0.6, 0.6]
 
 
 def megatron_args(flags, batch):
