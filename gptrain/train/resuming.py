@@ -26,6 +26,7 @@ from gptrain.train.state import (
     parts_to_load,
     restore_rng_state,
 )
+from gptrain.train.weight_decay_schedule import weight_decay_change
 
 
 def checkpoint_to_start_from(cfg: TrainingConfig) -> Path | None:
@@ -166,6 +167,20 @@ def log_schedule_change(s: Session) -> None:
     line = resumed_schedule_change(s.cfg, s.schedule, s.state.step + 1, names)
     if line is not None:
         s.log(line)
+    if (line := resumed_weight_decay_change(s.schedule, s.state.step + 1)) is not None:
+        s.log(line)
+
+
+def resumed_weight_decay_change(schedule: LRSchedule, iteration: int) -> str | None:
+    """The weight decay's settings changed since the checkpoint (weight_decay_schedule.weight_decay_change);
+    None for a checkpoint without the record."""
+    now = schedule.trained_weight_decay()
+    if schedule.resumed_weight_decay is None or now is None:
+        return None
+    old, old_step, old_batch = schedule.resumed_weight_decay
+    return weight_decay_change(
+        old, old_step, old_batch, now, schedule.step, schedule.spec.global_batch_size, iteration
+    )
 
 
 # What Megatron's --use-checkpoint-opt_param-scheduler takes from the checkpoint (its scheduler's state

@@ -53,7 +53,12 @@ from gptrain.train.nemo_schedules import (
     noam_lr,
     warmup_policy_lr,
 )
-from gptrain.train.weight_decay_schedule import WeightDecaySpec, wd_at
+from gptrain.train.weight_decay_schedule import (
+    WeightDecaySpec,
+    recorded_weight_decay,
+    wd_at,
+    weight_decay_record,
+)
 
 if TYPE_CHECKING:
     from gptrain.config.schema import TrainingConfig
@@ -289,9 +294,21 @@ class LRSchedule:
         """The loaded checkpoint's schedule and step, where it recorded its settings."""
         self.weight_decay = weight_decay
         """Megatron's weight-decay increment, set before each step with the rate; None: constant."""
+        self.resumed_weight_decay: tuple[WeightDecaySpec, float, int] | None = None
+        """The loaded checkpoint's weight decay, step and batch, where it recorded the decay."""
         groups = optimizer.param_groups if weight_decay is not None else []
         self.decayed = [index for index, group in enumerate(groups) if group["weight_decay"]]
         """The groups that decay (built at the increment's end, above 0); by index, as a load replaces them."""
+
+    def trained_weight_decay(self) -> WeightDecaySpec | None:
+        """The weight decay this schedule trains with: the increment, or a constant one at the decaying
+        groups' value (the largest); None without an optimizer's groups to read it from."""
+        if self.weight_decay is not None:
+            return self.weight_decay
+        decays = [group.get("weight_decay") for group in getattr(self.optimizer, "param_groups", [])]
+        if not decays or None in decays:
+            return None
+        return WeightDecaySpec("constant", max(decays), max(decays), 0)
 
     def current_lr(self) -> float:
         return lr_at(self.step, self.spec)
@@ -319,6 +336,8 @@ class LRSchedule:
         if self.spec.global_batch_size:  # the unit of `step`, for a resume with another batch
             state["global_batch_size"] = self.spec.global_batch_size
         state |= {key: getattr(self.spec, key) for key in RECORDED}
+        if (weight_decay := self.trained_weight_decay()) is not None:
+            state |= weight_decay_record(weight_decay)
         return state | {
             key: value for key in RECORDED_WHERE_SET if (value := getattr(self.spec, key)) is not None
         }
@@ -330,6 +349,9 @@ class LRSchedule:
         self.step = step
         recorded = _recorded_spec(state)
         self.resumed = (recorded, step) if recorded is not None else None
+        weight_decay = recorded_weight_decay(state)
+        batch_then = int(state.get("global_batch_size", 0))
+        self.resumed_weight_decay = (weight_decay, step, batch_then) if weight_decay is not None else None
         saved, batch = int(state.get("global_batch_size", 0)), self.spec.global_batch_size
         if not saved or not batch or saved == batch:
             return None

@@ -24,6 +24,7 @@ from gptrain.parallel.state_dict import (
 )
 from gptrain.train.loss_scale import LossScaler
 from gptrain.train.schedule import LRSchedule
+from gptrain.train.weight_decay_schedule import recorded_weight_decay
 
 PARTS = ("model", "optim", "schedule", "scaler", "train")
 
@@ -191,7 +192,9 @@ def apply_checkpoint_state(
     load_model_state_dict(model, state["model"])
     if "optim" in state:
         notes = load_optimizer_state_dict(model, optimizer, state["optim"])
-        if schedule.weight_decay is not None:  # the schedule sets it at every step, as the rate
+        # the schedule sets an increment's at every step, as the rate; with a record, the weight decay's
+        # changes are its own line at the resume (resuming.log_schedule_change)
+        if schedule.weight_decay is not None or recorded_weight_decay(state.get("schedule", {})) is not None:
             notes = [note for note in notes if not note.startswith("weight_decay ")]
         if notes and log is not None:
             log(f"optimizer settings from this run's config, not the checkpoint: {', '.join(notes)}")

@@ -134,3 +134,82 @@ def test_the_run_decays_its_matrices_by_the_increment_and_resumes_with_it(tmp_pa
     code, resumed = decays(tiny_config(stopped, *shape))
     assert code == 0 and resumed == {i: whole[i] for i in (4, 5, 6)}
     assert not [line for line in log_lines(stopped) if "weight_decay" in line]
+
+
+RESUME_SHAPE = [
+    "exp_manager.resume_if_exists=true",
+    "trainer.max_steps=6",
+    "trainer.limit_val_batches=0",
+    "trainer.limit_test_batches=0",
+    "model.num_layers=1",
+    "model.hidden_size=16",
+    "model.num_attention_heads=2",
+    "model.encoder_seq_length=8",
+]
+LINEAR = ["model.optim.weight_decay_incr_style=linear", "model.optim.start_weight_decay=0.0"]
+
+
+def stopped_and_resumed(monkeypatch, run, first, then):
+    """A tiny run with `first` stopped (SIGUSR1) after step 2, resumed with `then`: the decaying group's
+    decay before each resumed step, and the resumed run's log lines that name the weight decay."""
+    from train_e2e_helpers import MOCK, log_lines, tiny_config
+
+    from gptrain.errors import EXIT_REQUEUE
+    from gptrain.train import loop, step_loop
+
+    real, seen = step_loop.record, {}
+
+    def recording(session, result, *args):
+        seen[session.state.step + 1] = session.optimizer.param_groups[0]["weight_decay"]
+        real(session, result, *args)
+        if session.state.step == 2 and not seen.get("resumed"):
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    monkeypatch.setattr(step_loop, "record", recording)
+    assert loop.train(tiny_config(run, *MOCK, *RESUME_SHAPE, *first)) == EXIT_REQUEUE
+    seen.clear()
+    seen["resumed"] = True
+    before = len(log_lines(run))
+    assert loop.train(tiny_config(run, *MOCK, *RESUME_SHAPE, *then)) == 0
+    monkeypatch.setattr(step_loop, "record", real)
+    lines = [line for line in log_lines(run)[before:] if "weight decay" in line or "weight_decay" in line]
+    return {step: decay for step, decay in seen.items() if step != "resumed"}, lines
+
+
+def test_a_resume_that_changes_the_weight_decay_says_so_also_with_an_increment(tmp_path, monkeypatch):
+    """Megatron's scheduler state holds the increment's style, bounds and length; a resume whose config
+    changed them says so in one line with the decay before and after (the config's applies), and the
+    decay of each step, which the increment changes, is not called a change."""
+    decays, lines = stopped_and_resumed(
+        monkeypatch,
+        tmp_path / "to_increment",
+        ["model.optim.weight_decay=0.1"],
+        [*LINEAR, "model.optim.end_weight_decay=0.9"],
+    )
+    assert decays == {
+        i: megatron_wd(i - 1, start=0.0, end=0.9, incr_steps=6, style="linear") for i in range(3, 7)
+    }
+    assert lines == [
+        "weight decay changed since the checkpoint (this run's config applies): constant 0.1 -> linear from 0 to"
+        " 0.9 over 6 steps (model.optim.weight_decay, weight_decay_incr_style, start_weight_decay,"
+        " end_weight_decay); weight decay of iteration 3: 0.1 by the checkpoint's, 0.3 now (set them back to go"
+        " on with the checkpoint's)"
+    ]
+    increment = [*LINEAR, "model.optim.end_weight_decay=0.3"]
+    _, lines = stopped_and_resumed(
+        monkeypatch, tmp_path / "end", increment, [*LINEAR, "model.optim.end_weight_decay=0.6"]
+    )
+    assert lines == [
+        "weight decay changed since the checkpoint (this run's config applies): linear from 0 to 0.3 over 6 steps"
+        " -> linear from 0 to 0.6 over 6 steps (model.optim.weight_decay, weight_decay_incr_style,"
+        " start_weight_decay, end_weight_decay); weight decay of iteration 3: 0.1 by the checkpoint's, 0.2 now"
+        " (set them back to go on with the checkpoint's)"
+    ]
+    _, lines = stopped_and_resumed(
+        monkeypatch, tmp_path / "to_constant", increment, ["model.optim.weight_decay=0.1"]
+    )
+    assert len(lines) == 1 and "linear from 0 to 0.3 over 6 steps -> constant 0.1" in lines[0], lines
+    assert stopped_and_resumed(monkeypatch, tmp_path / "same", increment, increment)[1] == []
