@@ -16,7 +16,7 @@ from gptrain.config import TrainingConfig
 from gptrain.errors import ConfigError
 from gptrain.parallel.rng import stream_layout
 from gptrain.train.data_order import order_warnings
-from gptrain.train.schedule import LRSchedule
+from gptrain.train.schedule import LRSchedule, decaying_groups
 from gptrain.train.schedule_checks import resumed_schedule_change, shown_steps
 from gptrain.train.session import Session
 from gptrain.train.state import (
@@ -26,7 +26,7 @@ from gptrain.train.state import (
     parts_to_load,
     restore_rng_state,
 )
-from gptrain.train.weight_decay_schedule import weight_decay_change
+from gptrain.train.weight_decay_schedule import described, weight_decay_change
 
 
 def checkpoint_to_start_from(cfg: TrainingConfig) -> Path | None:
@@ -158,11 +158,18 @@ def log_schedule_change(s: Session) -> None:
     """The schedule settings the config changed since the checkpoint, and the rate before and after:
     a jump of the learning rate at a resume is never silent (schedule_checks.resumed_schedule_change).
     With model.optim.sched.from_checkpoint, the checkpoint's settings are taken first (and said)."""
-    if s.cfg.model.optim.sched.from_checkpoint and (taken := take_checkpoints_schedule(s.schedule)):
-        s.log(
-            "learning-rate schedule from the checkpoint (model.optim.sched.from_checkpoint=true), not this"
-            f" run's config: {', '.join(taken)}"
-        )
+    if s.cfg.model.optim.sched.from_checkpoint:
+        taken = take_checkpoints_schedule(s.schedule) + take_checkpoints_weight_decay(s.schedule)
+        if taken:
+            s.log(
+                "learning-rate schedule from the checkpoint (model.optim.sched.from_checkpoint=true), not this"
+                f" run's config: {', '.join(taken)}"
+            )
+        if s.schedule.resumed_weight_decay is None and (now := s.schedule.trained_weight_decay()) is not None:
+            s.log(
+                "model.optim.sched.from_checkpoint=true: the checkpoint records no weight decay (saved before"
+                f" gptrain recorded it), so this run's config's applies: {described(now)}"
+            )
     names = s.schedule_names(s.cfg, s.schedule.spec)
     line = resumed_schedule_change(s.cfg, s.schedule, s.state.step + 1, names)
     if line is not None:
@@ -219,6 +226,24 @@ def take_checkpoints_schedule(schedule: LRSchedule) -> list[str]:
         for field, (key, length) in FROM_CHECKPOINT.items()
         if taken[field] != getattr(spec, field)
     ]
+
+
+def take_checkpoints_weight_decay(schedule: LRSchedule) -> list[str]:
+    """Put the loaded checkpoint's weight decay (its style, start, end and length: Megatron's scheduler
+    takes start_wd, end_wd, wd_incr_steps and wd_incr_style) into `schedule`, the length in the steps its
+    resumed step counts; 'weight decay checkpoint's (config config's)' where it differed. Nothing
+    without a record."""
+    now = schedule.trained_weight_decay()
+    if schedule.resumed_weight_decay is None or now is None:
+        return []
+    recorded, _, batch_then = schedule.resumed_weight_decay
+    spec = schedule.spec
+    rescaled = spec.counts_samples and batch_then and spec.global_batch_size
+    taken = dataclasses.replace(
+        recorded, steps=recorded.steps * batch_then / spec.global_batch_size if rescaled else recorded.steps
+    )
+    schedule.weight_decay, schedule.decayed = taken, decaying_groups(schedule.optimizer)
+    return [] if taken == now else [f"weight decay {described(taken)} (config {described(now)})"]
 
 
 def _shown(value: str | float, length: bool) -> str:

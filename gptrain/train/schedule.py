@@ -296,9 +296,8 @@ class LRSchedule:
         """Megatron's weight-decay increment, set before each step with the rate; None: constant."""
         self.resumed_weight_decay: tuple[WeightDecaySpec, float, int] | None = None
         """The loaded checkpoint's weight decay, step and batch, where it recorded the decay."""
-        groups = optimizer.param_groups if weight_decay is not None else []
-        self.decayed = [index for index, group in enumerate(groups) if group["weight_decay"]]
-        """The groups that decay (built at the increment's end, above 0); by index, as a load replaces them."""
+        self.decayed = decaying_groups(optimizer) if weight_decay is not None else []
+        """The groups that decay; by index, as a load replaces them."""
 
     def trained_weight_decay(self) -> WeightDecaySpec | None:
         """The weight decay this schedule trains with: the increment, or a constant one at the decaying
@@ -368,6 +367,17 @@ class LRSchedule:
             f" now {batch} samples; to follow samples instead, give its lengths in samples"
             " (model.optim.sched.decay_samples, warmup_samples)"
         )
+
+
+def decaying_groups(optimizer: Any) -> list[int]:
+    """The param groups that decay: those with a decay above 0 (an increment's are built at its end) or a
+    parameter of 2 or more dimensions (optim.param_groups keeps the 1-D ones apart, undecayed), so a
+    run built with a constant 0 that takes a checkpoint's increment finds its matrices."""
+    return [
+        index
+        for index, group in enumerate(optimizer.param_groups)
+        if group.get("weight_decay") or any(param.ndim >= 2 for param in group.get("params", []))
+    ]
 
 
 def _recorded_spec(state: dict[str, Any]) -> ScheduleSpec | None:

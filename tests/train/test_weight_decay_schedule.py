@@ -213,3 +213,62 @@ def test_a_resume_that_changes_the_weight_decay_says_so_also_with_an_increment(t
     )
     assert len(lines) == 1 and "linear from 0 to 0.3 over 6 steps -> constant 0.1" in lines[0], lines
     assert stopped_and_resumed(monkeypatch, tmp_path / "same", increment, increment)[1] == []
+
+
+def test_from_checkpoint_takes_the_checkpoints_weight_decay(tmp_path, monkeypatch):
+    """Megatron's --use-checkpoint-opt_param-scheduler takes start_wd, end_wd, wd_incr_steps and
+    wd_incr_style from the checkpoint: the resumed steps decay by the checkpoint's increment (or its
+    constant), said in the line naming what was taken, and no change is then said."""
+    taking = ["model.optim.sched.from_checkpoint=true"]
+    increment = [*LINEAR, "model.optim.end_weight_decay=0.3"]
+    decays, lines = stopped_and_resumed(
+        monkeypatch, tmp_path / "increment", increment, [*LINEAR, "model.optim.end_weight_decay=0.9", *taking]
+    )
+    assert decays == {
+        i: megatron_wd(i - 1, start=0.0, end=0.3, incr_steps=6, style="linear") for i in range(3, 7)
+    }
+    assert lines == [
+        "learning-rate schedule from the checkpoint (model.optim.sched.from_checkpoint=true), not this run's"
+        " config: weight decay linear from 0 to 0.3 over 6 steps (config linear from 0 to 0.9 over 6 steps)"
+    ]
+    decays, lines = stopped_and_resumed(
+        monkeypatch, tmp_path / "constant", ["model.optim.weight_decay=0.1"], [*increment, *taking]
+    )
+    assert decays == dict.fromkeys(range(3, 7), 0.1)  # Megatron's constant: start_wd = end_wd = weight_decay
+    assert lines == [
+        "learning-rate schedule from the checkpoint (model.optim.sched.from_checkpoint=true), not this run's"
+        " config: weight decay constant 0.1 (config linear from 0 to 0.3 over 6 steps)"
+    ]
+
+
+def test_from_checkpoint_keeps_the_configs_weight_decay_where_the_checkpoint_records_none():
+    """A checkpoint saved before the weight decay was recorded: the config's applies, said in one line."""
+    from types import SimpleNamespace
+
+    from gptrain.train.resuming import log_schedule_change
+    from gptrain.train.schedule import LRSchedule, ScheduleSpec
+    from gptrain.train.weight_decay_schedule import WeightDecaySpec
+
+    class Optimizer:
+        param_groups = [{"lr": 0.0, "weight_decay": 0.3}, {"lr": 0.0, "weight_decay": 0.0}]
+
+    increment = WeightDecaySpec("linear", 0.0, 0.3, 6)
+    schedule = LRSchedule(Optimizer(), ScheduleSpec("Constant", 1.0, 0.0, 6, global_batch_size=4), increment)
+    schedule.load_state_dict({"step": 0, "global_batch_size": 4})  # as an older gptrain saved it
+    lines = []
+    cfg = SimpleNamespace(
+        model=SimpleNamespace(optim=SimpleNamespace(sched=SimpleNamespace(from_checkpoint=True)))
+    )
+    session = SimpleNamespace(
+        cfg=cfg,
+        schedule=schedule,
+        state=SimpleNamespace(step=0),
+        log=lines.append,
+        schedule_names=lambda *_: None,
+    )
+    log_schedule_change(session)
+    assert schedule.weight_decay == increment
+    assert lines == [
+        "model.optim.sched.from_checkpoint=true: the checkpoint records no weight decay (saved before gptrain"
+        " recorded it), so this run's config's applies: linear from 0 to 0.3 over 6 steps"
+    ]
