@@ -177,7 +177,7 @@ class ScheduleSpec:
             given = [
                 (key, value)
                 for key in ("wsd_decay_steps", "wsd_decay_style")
-                if (value := getattr(self, key))
+                if (value := getattr(self, key)) is not None  # a 0 too: it would be silently unused
             ]
             if given:
                 raise ConfigError(

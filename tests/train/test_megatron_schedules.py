@@ -227,6 +227,8 @@ def test_wsd_config_keys_are_checked_by_name():
         spec(wsd_decay_steps=3, wsd_decay_style="square")
     with pytest.raises(ConfigError, match="wsd_decay_steps=3: only WarmupStableDecay"):
         spec(name="CosineAnnealing", wsd_decay_steps=3)
+    with pytest.raises(ConfigError, match="wsd_decay_steps=0: only WarmupStableDecay"):  # a 0 is given too
+        spec(name="CosineAnnealing", wsd_decay_steps=0)
     with pytest.raises(ConfigError, match="constant_steps=2: WarmupStableDecay has no constant phase"):
         spec(wsd_decay_steps=3, constant_steps=2)
     assert [lr_at(s, spec(wsd_decay_steps=4, wsd_decay_style="linear")) for s in (0, 6, 7, 8, 10, 11)] == [
@@ -269,8 +271,8 @@ def test_wsd_config_in_samples_and_the_default_style(tmp_path):
 
 def test_megatrons_quirks_are_start_warnings_named_by_the_flags():
     """Kept as Megatron computes them, and said: an inverse square root without a warmup falls by
-    sqrt(first batch) after the first step (a ramp-up's, else the global batch); a WSD annealing longer than the decay after the warmup
-    makes the rate step down when the warmup ends."""
+    sqrt(first batch) after the first step (a ramp-up's, else the global batch); a WSD annealing longer
+    than the decay after the warmup makes the rate step down when the warmup ends."""
     from gptrain.train.schedule_checks import run_schedule_warnings
 
     def warnings(flags):
