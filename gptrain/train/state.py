@@ -23,7 +23,7 @@ from gptrain.parallel.state_dict import (
     optimizer_state_dict,
 )
 from gptrain.train.loss_scale import LossScaler
-from gptrain.train.schedule import LRSchedule
+from gptrain.train.schedule import RECORDED_WHERE_SET, LRSchedule
 from gptrain.train.weight_decay_schedule import recorded_weight_decay
 
 PARTS = ("model", "optim", "schedule", "scaler", "train")
@@ -158,11 +158,19 @@ def checkpoint_state(
     build = {
         "model": lambda: model_state_dict(model),
         "optim": lambda: optimizer_state_dict(model, optimizer, optim_keys),
-        "schedule": lambda: _saved_values("schedule", schedule.state_dict(), saved),
+        "schedule": lambda: _saved_values("schedule", _schedule_values(schedule, saved), saved),
         "scaler": scaler.state_dict,
         "train": lambda: _saved_values("train", train.state_dict(), saved),
     }
     return {part: build[part]() for part in parts}
+
+
+def _schedule_values(schedule: LRSchedule, saved: Collection[str] | None) -> dict[str, Any]:
+    """The schedule's state, and to load into, a place for each setting of another schedule
+    (RECORDED_WHERE_SET) that this config's lacks: the record a resume compares must be whole, or a
+    WarmupStableDecay checkpoint resumed under another schedule is no schedule and its change unsaid."""
+    values = schedule.state_dict()
+    return values if saved is None else dict.fromkeys(RECORDED_WHERE_SET) | values
 
 
 def _saved_values(part: str, values: dict[str, Any], saved: Collection[str] | None) -> dict[str, Any]:

@@ -401,6 +401,41 @@ def test_a_run_requeued_in_the_annealing_resumes_at_the_uninterrupted_rates(tmp_
     assert rates(stopped) == rates(whole)
 
 
+def test_a_wsd_checkpoint_resumed_under_another_schedule_names_the_change(tmp_path, monkeypatch):
+    """A checkpoint records WSD's annealing (a setting only WSD has); a resume under CosineAnnealing loads
+    that record too, so its line names the changed schedule (it loaded only the keys the new schedule has,
+    rebuilt no schedule from them and said nothing)."""
+    from train_e2e_helpers import MOCK, log_lines, run_recording, tiny_config
+
+    from gptrain.errors import EXIT_REQUEUE
+
+    shape = [
+        *MOCK,
+        "exp_manager.resume_if_exists=true",
+        "trainer.max_steps=6",
+        "trainer.limit_val_batches=0",
+        "trainer.limit_test_batches=0",
+        "model.num_layers=1",
+        "model.hidden_size=16",
+        "model.num_attention_heads=2",
+        "model.encoder_seq_length=8",
+        "model.optim.sched.min_lr=0",
+        "model.optim.sched.constant_steps=0",
+    ]
+    wsd = ["model.optim.sched.name=WarmupStableDecay", "model.optim.sched.wsd_decay_steps=3"]
+    run = tmp_path / "run"
+    assert run_recording(monkeypatch, tiny_config(run, *shape, *wsd), signal_at=2)[0] == EXIT_REQUEUE
+    assert (
+        run_recording(monkeypatch, tiny_config(run, *shape, "model.optim.sched.name=CosineAnnealing"))[0] == 0
+    )
+    [line] = [line for line in log_lines(run) if line.startswith("learning-rate schedule changed")]
+    assert line.startswith(
+        "learning-rate schedule changed since the checkpoint (this run's config applies): model.optim.sched.name"
+        " WarmupStableDecay -> CosineAnnealing, model.optim.sched.wsd_decay_style exponential -> null,"
+        " model.optim.sched.wsd_decay_steps 3 -> null; learning rate of iteration 3:"
+    ), line
+
+
 def test_a_resume_under_gptrain_megatron_names_the_changed_wsd_flags():
     """The line at a resume names each changed setting by the flag that set it, WSD's too."""
     from gptrain.train.schedule_checks import resumed_schedule_change
