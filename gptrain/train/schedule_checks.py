@@ -119,6 +119,8 @@ def names_in_config(cfg: TrainingConfig, spec: ScheduleSpec) -> ScheduleNames:
         value = getattr(sched, warmup_key)
         warmup = f"{prefix}{warmup_key}={value} ({shown_steps(spec.warmup_steps)} steps)"
         names = replace(names, warmup=warmup, warmup_key=prefix + warmup_key)
+    elif sched.decay_samples is not None:  # a warmup to give is in samples too
+        names = replace(names, warmup_key=f"{prefix}warmup_samples")
     if sched.constant_ratio is not None and spec.constant_steps:
         constant = (
             f" + {prefix}constant_ratio={sched.constant_ratio} ({shown_steps(spec.constant_steps)} steps)"

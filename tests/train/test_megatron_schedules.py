@@ -300,6 +300,13 @@ def test_megatrons_quirks_are_start_warnings_named_by_the_flags():
         " batch) after the first step; give a warmup (--lr-warmup-samples) for a gradual decay"
     ]
     assert warnings(f"{in_samples} --rampup-batch-size 1 1 64") == []  # 1 sample, then lr / sqrt(2): gradual
+    cfg = load_training_config(
+        None, translate(shlex.split(f"{BASE} {in_samples}"), {}).overrides, report_ignored=False
+    )
+    [in_config] = run_schedule_warnings(cfg, spec_from_config(cfg))  # named by the config's keys
+    assert in_config.endswith("give a warmup (model.optim.sched.warmup_samples) for a gradual decay"), (
+        in_config
+    )
     wsd = "--global-batch-size 4 --lr 1e-3 --train-samples 400 --lr-decay-style WSD --lr-warmup-samples 40"
     assert warnings(f"{wsd} --lr-wsd-decay-samples 360") == []
     [longer] = warnings(
