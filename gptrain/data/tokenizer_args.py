@@ -367,8 +367,13 @@ def warn_other_vocabulary(
 ) -> None:
     """A warning where the data's tokenizer record names another vocabulary than the tokenizer the
     flags name: the text printed is then not the data's (data sample and inspect still print it:
-    they are for looking). `where`: the flag naming the prefixes, if any."""
+    they are for looking). `where`: the flag naming the prefixes, if any. Nothing for NullTokenizer,
+    which prints the ids whichever tokenizer made them."""
+    from gptrain.data.null_tokenizer import NullTokenizer
     from gptrain.data.tokenizer_fingerprint import fingerprint, vocabulary_conflict
+
+    if isinstance(tokenizer, NullTokenizer):
+        return
 
     def live() -> tuple[dict[str, Any], list[str | None]]:
         files = [file for file in (args.vocab_file, args.merge_file, args.tokenizer_model) if file]

@@ -71,13 +71,21 @@ def check_data_tokenizer(
     _refuse_or_warn(cfg, legacy_conflict(prefixes, tok.legacy, tok.type, where=where))
     if tokenizer is not None:
         _refuse_or_warn(cfg, vocabulary_conflict(cfg, tokenizer, prefixes, where))
+        if (warning := null_eod_warning(cfg, tokenizer, prefixes, where)) is not None and is_rank_zero():
+            print(warning, file=sys.stderr)
 
 
 def vocabulary_conflict(
     cfg: TrainingConfig, tokenizer: Any, prefixes: list[str], where: str | None = None
 ) -> tuple[str, str] | None:
-    """(what differs, what to do) where a prefix's recorded vocabulary is not `tokenizer`'s."""
+    """(what differs, what to do) where a prefix's recorded vocabulary is not `tokenizer`'s. None for
+    NullTokenizer: it exists for data another tokenizer made, and has no tokens to compare (its ids
+    are checked against vocab_size instead: check_token_ids)."""
+    from gptrain.data.null_tokenizer import NullTokenizer
     from gptrain.data.tokenizer_fingerprint import fingerprint, vocabulary_conflict
+
+    if isinstance(tokenizer, NullTokenizer):
+        return None
 
     def live() -> tuple[dict[str, Any], list[str | None]]:
         entry, table = fingerprint(tokenizer, run_tokenizer_files(cfg))
@@ -92,6 +100,34 @@ def vocabulary_conflict(
         where or "model.data.data_prefix",
         "exp_manager.allow_tokenizer_change=true",
     )
+
+
+def null_eod_warning(
+    cfg: TrainingConfig, tokenizer: Any, prefixes: list[str], where: str | None = None
+) -> str | None:
+    """A warning where NullTokenizer masks (model.data.eod_mask_loss) another end-of-document id
+    than the one the data's tokenizer record names: --append-eod ended its documents with that one,
+    so their ends stay in the loss. Not refused: Megatron takes the run, the ids still fit and
+    nothing but the mask changes; eod_mask_loss alone reads the id (batch_eod), so without it no warning."""
+    from gptrain.data.blend_spec import strip_suffix
+    from gptrain.data.null_tokenizer import NullTokenizer
+    from gptrain.data.tokenizer_fingerprint import describe
+    from gptrain.data.tokenizer_record import read_tokenizer_record, record_path
+
+    if not isinstance(tokenizer, NullTokenizer) or not cfg.model.data.eod_mask_loss:
+        return None
+    for prefix in map(strip_suffix, prefixes):
+        record = read_tokenizer_record(prefix) or {}
+        recorded = record.get("vocabulary")
+        eod = recorded.get("eod") if isinstance(recorded, dict) else None
+        if isinstance(eod, int) and eod != tokenizer.eod:
+            return (
+                f"gptrain: warning: {where or 'model.data.data_prefix'}: {prefix} was tokenized with "
+                f"{describe(record.get('type'), recorded)} ({record_path(prefix)}), whose end-of-document id "
+                f"is {eod}; NullTokenizer's is {tokenizer.eod}, which model.data.eod_mask_loss masks: the "
+                f"data's document ends stay in the loss; set model.tokenizer.null_eod_id={eod} to mask them"
+            )
+    return None
 
 
 def _refuse_or_warn(cfg: TrainingConfig, conflict: tuple[str, str] | None) -> None:

@@ -203,3 +203,64 @@ def test_the_id_check_comes_before_the_index_builds(tmp_path, monkeypatch):
     tokenizer = build_tokenizer(cfg)
     with pytest.raises(DataError, match="holds token id 299"):
         _build_datasets(cfg, padded_vocab_size(cfg, tokenizer)[0], tokenizer)
+
+
+def fingerprinted(prefix: str, eod: int = VOCAB - 1) -> None:
+    """A record as data prepare writes it with a real tokenizer of VOCAB tokens: with a fingerprint."""
+    from gptrain.data.tokenizer_record import write_tokenizer_record
+
+    files = ["/data/vocab.json", "/data/merges.txt"]
+    vocabulary = {"files": files, "size": VOCAB, "tokens": "a" * 64, "encodes": "b" * 64, "eod": eod}
+    write_tokenizer_record(prefix, "GPT2BPETokenizer", legacy=False, vocabulary=vocabulary)
+
+
+def test_data_prepared_with_a_fingerprinted_tokenizer_trains_and_is_inspected_under_a_null_tokenizer(
+    tmp_path, capsys
+):
+    """NullTokenizer is for data tokenized by another tokenizer: its vocabulary was compared with the
+    record's fingerprint and refused ('model.tokenizer is NullTokenizer None: the same size, other
+    tokens at the same ids'), and data inspect/sample warned of another vocabulary. Its ids are
+    checked against vocab_size instead (token_bound)."""
+    from gptrain.cli import main
+    from gptrain.train.tokenizer_setup import build_tokenizer, check_data_tokenizer
+
+    cfg = null_config(tmp_path)
+    prefix = str(tmp_path / "pretokenized")
+    fingerprinted(prefix)
+    check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
+    check_data_tokenizer(cfg, [prefix], "--data-prefix", build_tokenizer(cfg))  # eval's
+    null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB)]
+    capsys.readouterr()
+    assert main(["data", "inspect", prefix, *null]) == 0
+    assert "warning" not in capsys.readouterr().err
+    sample = ["data", "sample", "--data-prefix", prefix, "--seq-length", "8", "--num-samples", "2,0,0"]
+    assert main([*sample, "--cache-dir", str(tmp_path / "cache"), *null]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_recorded_end_of_document_other_than_the_null_tokenizers_is_a_warning_under_eod_mask_loss(
+    tmp_path, capsys
+):
+    """--append-eod ended the data's documents with its tokenizer's eod (recorded); NullTokenizer masks
+    its own (vocab_size - 1 unless null_eod_id): the documents' ends would stay in the loss. Megatron
+    takes the run and the ids fit, so a warning naming the setting, not a refusal; without
+    eod_mask_loss no id is masked, so nothing to say."""
+    from gptrain.train.tokenizer_setup import build_tokenizer, check_data_tokenizer
+
+    prefix = str(tmp_path / "pretokenized")
+
+    def warning(*extra: str) -> str:
+        cfg = null_config(tmp_path, *extra)
+        fingerprinted(prefix, eod=7)
+        capsys.readouterr()
+        check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
+        return capsys.readouterr().err
+
+    assert warning() == (
+        f"gptrain: warning: model.data.data_prefix: {prefix} was tokenized with GPT2BPETokenizer "
+        f"/data/vocab.json + /data/merges.txt ({prefix}.tokenizer), whose end-of-document id is 7; "
+        "NullTokenizer's is 299, which model.data.eod_mask_loss masks: the data's document ends stay in the "
+        "loss; set model.tokenizer.null_eod_id=7 to mask them\n"
+    )
+    assert warning("model.tokenizer.null_eod_id=7") == ""
+    assert warning("model.data.eod_mask_loss=false") == ""
