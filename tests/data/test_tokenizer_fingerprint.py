@@ -382,3 +382,34 @@ def test_a_tokenizer_with_bpe_dropout_is_its_own_data_s(tmp_path: Path, gpt2_fil
     )
     for _ in range(3):
         check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
+
+
+def test_data_prepared_with_one_bpe_dropout_tokenizer_merges_and_its_record_does_not_depend_on_chance(
+    tmp_path: Path, gpt2_files: tuple[str, str], capsys
+) -> None:
+    """With a small dropout, two encodings of the fixed text were mostly alike: the record's `encodes`
+    was a digest or None by chance, and `data merge` refused two inputs prepared with the same
+    tokenizer.json when one drew None ("another vocabulary"). A tokenizer.json whose model has dropout
+    now records None every time, and None on either side is not compared."""
+    from gptrain.data.gpt2_bpe import gpt2_tokenizer_json
+
+    vocab, merges = gpt2_files
+    data = json.loads(gpt2_tokenizer_json(vocab, merges))
+    data["model"]["dropout"] = 1e-6  # the probe's two encodings differ about once in 10**4 tries
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "Hello world"}) + "\n")
+    prefixes = []
+    for name in ("a", "b"):
+        argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / name)]
+        assert main([*argv, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(path)]) == 0
+        prefixes.append(f"{tmp_path / name}_text_document")
+        assert read_tokenizer_record(prefixes[-1])["vocabulary"]["encodes"] is None
+    record = json.loads(Path(f"{prefixes[1]}.tokenizer").read_text())
+    record["vocabulary"]["encodes"] = "0" * 64  # as such a record was written before, by chance
+    Path(f"{prefixes[1]}.tokenizer").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["data", "merge", "--input", *prefixes, "--output-prefix", str(tmp_path / "merged")]) == 0, (
+        capsys.readouterr().err
+    )
