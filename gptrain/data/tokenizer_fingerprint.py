@@ -22,10 +22,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-COMPARED = ("size", "tokens", "encodes", "eod")
-"""The fingerprint's keys that say what the ids mean (`files` only names them)."""
+from typing import Any, NamedTuple
 
 
 def digest(value: object) -> str:
@@ -82,40 +79,50 @@ def _absolute(file: str) -> str:
     return os.path.abspath(file) if os.path.exists(file) else file
 
 
-def same_vocabulary(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two fingerprints say the same ids mean the same tokens, encoded alike (`encodes`
-    None on either side: not compared, as `difference` does)."""
-    uncompared = {"encodes"} if None in (a.get("encodes"), b.get("encodes")) else set()
-    return all(a.get(key) == b.get(key) for key in COMPARED if key not in uncompared)
+class Consequences(NamedTuple):
+    """What each difference does, said after it: to a run of the data, or to a merge of two."""
+
+    eod: str
+    encodes: str
+    tokens: str
+
+
+FOR_A_RUN = Consequences(
+    "the data's documents end in an id this run does not take as their end (loss mask, attention reset)",
+    "generate, eval and export would encode text otherwise than the data",
+    "another vocabulary, so the data's ids would mean other tokens",
+)
+FOR_A_MERGE = Consequences(
+    "the merged documents would end in either id, and a run takes one alone as their end",
+    "the merged data would hold text encoded two ways",
+    "another vocabulary, so the same id means other tokens in each",
+)
 
 
 def difference(
-    recorded: dict[str, Any], live: dict[str, Any], live_table: list[str | None] | None
+    recorded: dict[str, Any],
+    live: dict[str, Any],
+    live_table: list[str | None] | None,
+    consequences: Consequences = FOR_A_RUN,
 ) -> str | None:
-    """What differs between the data's fingerprint and a run's (None where its ids mean the same
-    tokens: the same vocabulary, or one extending it). `live` may lack `encodes` and `eod` (the
-    preflight's, from the files alone): those are then not compared."""
-    if recorded.get("tokens") == live.get("tokens"):
-        if "eod" in live and recorded.get("eod") != live["eod"]:
-            return (
-                f"end-of-document id {live['eod']}, not {recorded.get('eod')}: the data's documents end in an "
-                "id this run does not take as their end (loss mask, attention reset)"
-            )
-        encodes = (recorded.get("encodes"), live.get("encodes"))
-        if None not in encodes and encodes[0] != encodes[1]:
-            return (
-                "the same tokens, but text is encoded otherwise (other merges, pre-tokenizer or normalizer): "
-                "generate, eval and export would encode text otherwise than the data"
-            )
-        return None
-    if _extends(recorded, live_table) and ("eod" not in live or recorded.get("eod") == live["eod"]):
-        return None
-    if recorded.get("size") != live.get("size"):
-        return f"{live.get('size')} tokens, not {recorded.get('size')}: {_OTHER_TOKENS}"
-    return f"the same size, other tokens at the same ids: {_OTHER_TOKENS}"
-
-
-_OTHER_TOKENS = "another vocabulary, so the data's ids would mean other tokens"
+    """What differs between the data's fingerprint and a run's, or another dataset's (None where its
+    ids mean the same tokens: the same vocabulary, or one extending it, ending documents alike).
+    `live` may lack `encodes` and `eod` (the preflight's, from the files alone), and `encodes` may be
+    None (BPE dropout): those are then not compared."""
+    same_tokens = recorded.get("tokens") == live.get("tokens")
+    if not same_tokens and not _extends(recorded, live_table):
+        if recorded.get("size") != live.get("size"):
+            return f"{live.get('size')} tokens, not {recorded.get('size')}: {consequences.tokens}"
+        return f"the same size, other tokens at the same ids: {consequences.tokens}"
+    if "eod" in live and recorded.get("eod") != live["eod"]:
+        return f"end-of-document id {live['eod']}, not {recorded.get('eod')}: {consequences.eod}"
+    encodes = (recorded.get("encodes"), live.get("encodes"))
+    if same_tokens and None not in encodes and encodes[0] != encodes[1]:
+        return (
+            "the same tokens, but text is encoded otherwise (other merges, pre-tokenizer or normalizer): "
+            f"{consequences.encodes}"
+        )
+    return None
 
 
 def _extends(recorded: dict[str, Any], live_table: list[str | None] | None) -> bool:

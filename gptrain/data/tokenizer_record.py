@@ -117,18 +117,20 @@ def _refuse_mixed_legacy(known: dict[str, dict[str, Any]]) -> None:
 
 
 def _refuse_mixed_vocabularies(known: dict[str, dict[str, Any]]) -> None:
-    """Inputs whose recorded vocabularies differ: the merged ids would mean other tokens by input."""
-    from gptrain.data.tokenizer_fingerprint import describe, same_vocabulary
+    """Inputs whose recorded vocabularies differ (tokens, end of document or encoding): merged, the data
+    has no one tokenizer."""
+    from gptrain.data.tokenizer_fingerprint import FOR_A_MERGE, describe, difference
 
     fingerprinted = [(prefix, r) for prefix, r in known.items() if isinstance(r.get("vocabulary"), dict)]
     for prefix, record in fingerprinted[1:]:
         first, first_record = fingerprinted[0]
-        if not same_vocabulary(first_record["vocabulary"], record["vocabulary"]):
+        why = difference(first_record["vocabulary"], record["vocabulary"], None, FOR_A_MERGE)
+        if why is not None:
             raise DataError(
                 f"--input {prefix} was tokenized with {describe(record['type'], record['vocabulary'])}, "
                 f"{first} with {describe(first_record['type'], first_record['vocabulary'])} (their "
-                f"{SUFFIX} records): another vocabulary, so the same id means other tokens in each; "
-                "re-tokenize one with the other's tokenizer files (gptrain data prepare), then merge"
+                f"{SUFFIX} records): {why}; re-tokenize one with the other's tokenizer files "
+                "(gptrain data prepare), then merge"
             )
 
 

@@ -189,7 +189,8 @@ def test_data_merge_of_inputs_tokenized_with_other_vocabularies_is_refused(
     assert main(["data", "merge", "--input", a, b, "--output-prefix", str(tmp_path / "mixed")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"gptrain: error: --input {b} was tokenized with GPT2BPETokenizer {other} + {merges}, {a} with "
-        f"GPT2BPETokenizer {vocab} + {merges} (their .tokenizer records): another vocabulary, so the same id "
+        f"GPT2BPETokenizer {vocab} + {merges} (their .tokenizer records): the same size, other tokens at the "
+        "same ids: another vocabulary, so the same id "
         "means other tokens in each; re-tokenize one with the other's tokenizer files (gptrain data prepare), "
         "then merge"
     )
@@ -413,3 +414,62 @@ def test_data_prepared_with_one_bpe_dropout_tokenizer_merges_and_its_record_does
     assert main(["data", "merge", "--input", *prefixes, "--output-prefix", str(tmp_path / "merged")]) == 0, (
         capsys.readouterr().err
     )
+
+
+def test_a_vocabulary_extending_the_datas_with_another_end_of_document_is_told_so(tmp_path: Path) -> None:
+    """Tokens added past the data's keep its ids' meaning; the eod moved to one of them was refused as
+    '4 tokens, not 3: another vocabulary, so the data's ids would mean other tokens', which is false:
+    the refusal is for the end of document."""
+    from gptrain.data.tokenizer_fingerprint import FOR_A_MERGE, difference, digest
+
+    table = ["a", "b", "<|endoftext|>"]
+    recorded = {"size": 3, "tokens": digest(table), "encodes": "1" * 64, "eod": 2}
+    extended = [*table, "<|im_end|>"]
+    live = {"size": 4, "tokens": digest(extended), "encodes": "2" * 64, "eod": 3}
+    assert difference(recorded, live, extended) == (
+        "end-of-document id 3, not 2: the data's documents end in an id this run does not take as their "
+        "end (loss mask, attention reset)"
+    )
+    assert difference(recorded, live | {"eod": 2}, extended) is None
+    assert difference(recorded, live, None, FOR_A_MERGE) == (
+        "4 tokens, not 3: another vocabulary, so the same id means other tokens in each"
+    )
+
+
+def test_data_merge_says_what_differs_between_its_inputs(tmp_path: Path, gpt2_files: tuple[str, str], capsys):
+    """The refusal always said 'another vocabulary, so the same id means other tokens in each', also
+    for inputs with the same tokens encoded otherwise (or ended otherwise): now what differs."""
+    from gptrain.data.gpt2_bpe import gpt2_tokenizer_json
+
+    vocab, merges = gpt2_files
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "Hello world"}) + "\n")
+    plain = json.loads(gpt2_tokenizer_json(vocab, merges))
+
+    def prepare(name: str, tokenizer: dict) -> str:
+        path = tmp_path / name / "tokenizer.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(tokenizer), encoding="utf-8")
+        argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / name)]
+        assert main([*argv, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(path)]) == 0
+        return f"{tmp_path / name}_text_document"
+
+    a = prepare("a", plain)
+    lowered = prepare("lowered", plain | {"normalizer": {"type": "Lowercase"}})
+    capsys.readouterr()
+    assert main(["data", "merge", "--input", a, lowered, "--output-prefix", str(tmp_path / "m")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gptrain: error: --input {lowered} was tokenized with HuggingFaceTokenizer {tmp_path}/lowered/tokenizer.json, "
+        f"{a} with HuggingFaceTokenizer {tmp_path}/a/tokenizer.json (their .tokenizer records): the same tokens, "
+        "but text is encoded otherwise (other merges, pre-tokenizer or normalizer): the merged data would hold "
+        "text encoded two ways; re-tokenize one with the other's tokenizer files (gptrain data prepare), then merge"
+    )
+    (tmp_path / "ended").mkdir()
+    (tmp_path / "ended" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "!"}))
+    ended = prepare("ended", plain)
+    assert main(["data", "merge", "--input", a, ended, "--output-prefix", str(tmp_path / "m")]) == 2
+    assert (
+        "(their .tokenizer records): end-of-document id 0, not 50256: the merged documents would end in "
+        in (capsys.readouterr().err)
+    )
+    assert not list(tmp_path.glob("m*"))
