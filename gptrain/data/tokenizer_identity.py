@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,26 @@ class Verdict:
     """What differs (for 'different') or what was added (for 'extension')."""
 
 
+_TABLES: weakref.WeakKeyDictionary[Any, tuple[int, list[str | None]]] = weakref.WeakKeyDictionary()
+
+
 def token_table(tokenizer: Any) -> list[str | None]:
-    """Each id's token (None for an id the vocabulary skips)."""
+    """Each id's token (None for an id the vocabulary skips). Kept per tokenizer while its size holds:
+    a run start asks for it thrice (the checkpoint's record, its check, the data's fingerprint), each
+    a quarter second for a 128k vocabulary. The list is shared: read it, do not change it."""
+    size = getattr(tokenizer, "vocab_size", None)
+    try:
+        kept = _TABLES.get(tokenizer)
+    except TypeError:  # a stand-in neither hashable nor weakly referable: not kept
+        return _table_of(tokenizer)
+    if kept is not None and kept[0] == size:
+        return kept[1]
+    table = _table_of(tokenizer)
+    _TABLES[tokenizer] = (size, table)
+    return table
+
+
+def _table_of(tokenizer: Any) -> list[str | None]:
     if isinstance(tokenizer, HFTokenizer):
         return [tokenizer.tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
     if isinstance(tokenizer, TiktokenTokenizer):

@@ -473,3 +473,48 @@ def test_data_merge_says_what_differs_between_its_inputs(tmp_path: Path, gpt2_fi
         in (capsys.readouterr().err)
     )
     assert not list(tmp_path.glob("m*"))
+
+
+def test_train_start_builds_the_token_table_once(tmp_path: Path, gpt2_files: tuple[str, str]) -> None:
+    """The checkpoint's tokenizer record and the data's fingerprint each built the id -> token table
+    (three times in all, ~0.25 s each for a 128k vocabulary): now once per tokenizer."""
+    from gptrain.data.gpt2_bpe import gpt2_tokenizer_json
+    from gptrain.data.tokenizer_wrappers import HFTokenizer
+    from gptrain.train.tokenizer_setup import build_tokenizer, check_data_tokenizer, tokenizer_check
+
+    path = tmp_path / "tokenizer.json"
+    path.write_text(gpt2_tokenizer_json(*gpt2_files), encoding="utf-8")
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "Hello world"}) + "\n")
+    argv = ["data", "prepare", "--input", str(source), "--output-prefix", str(tmp_path / "ds")]
+    assert main([*argv, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(path)]) == 0
+    hf = ["model.tokenizer.type=HuggingFaceTokenizer", "model.tokenizer.library=huggingface"]
+    files = [
+        f"model.tokenizer.model={path}",
+        "model.tokenizer.vocab_file=null",
+        "model.tokenizer.merge_file=null",
+    ]
+    cfg = load_training_config(
+        "gpt3/126m",
+        [f"model.data.data_prefix={tmp_path}/ds_text_document", *hf, *files],
+        report_ignored=False,
+    )
+    tokenizer = build_tokenizer(cfg)
+    assert isinstance(tokenizer, HFTokenizer)
+    looked_up = []
+
+    class Counting:
+        def __init__(self, real):
+            self.real = real
+
+        def id_to_token(self, index):
+            looked_up.append(index)
+            return self.real.id_to_token(index)
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    tokenizer.tokenizer = Counting(tokenizer.tokenizer)
+    tokenizer_check(cfg, tokenizer)
+    check_data_tokenizer(cfg, tokenizer=tokenizer)
+    assert len(looked_up) == tokenizer.vocab_size == 50257
