@@ -57,20 +57,15 @@ def _encodes(tokenizer: Any) -> str | None:
     vocabulary without an unknown token) or samples its encoding (BPE dropout): then not compared.
     Dropout is read from the model, not found by encoding twice: a small one mostly encodes the
     probe alike, so records of one tokenizer.json differed by chance."""
-    if _samples(tokenizer):
+    from gptrain.data.tokenizer_identity import samples_encoding
+
+    if samples_encoding(tokenizer):
         return None
     try:
         ids, again = (tokenizer.encode(probe_text()) for _ in range(2))
     except Exception:  # whatever a tokenizer library raises on text it has no tokens for
         return None
     return digest([int(i) for i in ids]) if list(ids) == list(again) else None
-
-
-def _samples(tokenizer: Any) -> bool:
-    """Whether a `tokenizers` tokenizer's model has BPE dropout set (the wrapper's `.tokenizer`)."""
-    model = getattr(getattr(tokenizer, "tokenizer", None), "model", None)
-    dropout = getattr(model, "dropout", None)
-    return isinstance(dropout, float) and dropout > 0
 
 
 def _absolute(file: str) -> str:

@@ -122,13 +122,24 @@ def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
 
 
 def _encodes(tokenizer: Any) -> str | None:
-    """The digest of the probe's ids; None where they differ from one call to the next (BPE
-    dropout): such a tokenizer's encoding is not compared, or its own run would be refused it.
+    """The digest of the probe's ids; None where the model samples them (BPE dropout) or they
+    differ from one call to the next: such a tokenizer's encoding is not compared, or its own run
+    would be refused it.
     NullTokenizer's text is ids (its encoding is always the same): the digest of no ids."""
     if isinstance(tokenizer, NullTokenizer):
         return _digest([])
+    if samples_encoding(tokenizer):
+        return None
     ids, again = ([int(i) for i in tokenizer.encode(PROBE)] for _ in range(2))
     return _digest(ids) if ids == again else None
+
+
+def samples_encoding(tokenizer: Any) -> bool:
+    """Whether a `tokenizers` tokenizer's model has BPE dropout set (the wrapper's `.tokenizer`): read
+    from the model, as encoding twice finds a small dropout only by chance."""
+    model = getattr(getattr(tokenizer, "tokenizer", None), "model", None)
+    dropout = getattr(model, "dropout", None)
+    return isinstance(dropout, float) and dropout > 0
 
 
 def _eod(tokenizer: Any) -> int | None:

@@ -390,3 +390,15 @@ def test_megatrons_tiktoken_vocabulary_trains_and_resumes(tmp_path, monkeypatch)
     os.remove(f"{prefix}_text_document.tokenizer")  # as Megatron's data: the checkpoint's record refuses it
     with pytest.raises(TokenizerMismatchError):
         run_recording(monkeypatch, tiny_config(tmp_path / "run", *SHORT, *other))
+
+
+def test_a_checkpoints_record_of_a_small_bpe_dropout_does_not_depend_on_chance(tmp_path):
+    """With a small dropout the probe's two encodings were mostly alike: the checkpoint's `encodes`
+    was a digest or None by chance, and two digests of one tokenizer could differ (both encodings
+    dropped alike), refusing the run its own tokenizer. A model with dropout records None each time."""
+    vocab, merges = gpt2_files()
+    data = json.loads(gpt2_tokenizer_json(vocab, merges))
+    data["model"]["dropout"] = 1e-6
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    tokenizer = load_huggingface(str(tmp_path / "tokenizer.json"))
+    assert record(tokenizer, "HuggingFaceTokenizer", "x")["encodes"] is None
