@@ -156,15 +156,15 @@ def compare(saved: dict[str, Any], live: dict[str, Any], live_table: list[str | 
     encodes = (saved.get("encodes"), live["encodes"])
     if same_tokens and same_eod and (None in encodes or encodes[0] == encodes[1]):
         return Verdict("same")
-    size = saved.get("vocab_size")
-    if same_tokens and not same_eod:
+    size, extends = saved.get("vocab_size"), not same_tokens and _extends(saved, live_table)
+    if (same_tokens or extends) and not same_eod:  # the ids keep their tokens: the eod is what differs
         return Verdict("different", f"end-of-document id {live['eod']}, not {saved.get('eod')}")
     if same_tokens:
         return Verdict(
             "different",
             "the same tokens, but it encodes text otherwise: other merges, pre-tokenizer or a bos put first",
         )
-    if same_eod and _extends(saved, live_table):
+    if extends:
         return Verdict("extension", f"ids {size}-{live['vocab_size'] - 1} added")
     if size != live["vocab_size"]:
         return Verdict("different", f"{live['vocab_size']} tokens, not {size}")

@@ -402,3 +402,17 @@ def test_a_checkpoints_record_of_a_small_bpe_dropout_does_not_depend_on_chance(t
     (tmp_path / "tokenizer.json").write_text(json.dumps(data))
     tokenizer = load_huggingface(str(tmp_path / "tokenizer.json"))
     assert record(tokenizer, "HuggingFaceTokenizer", "x")["encodes"] is None
+
+
+def test_an_extension_with_another_end_of_document_is_refused_for_the_end_of_document(tmp_path):
+    """Tokens added at the end keep the trained rows' meaning; with the eod moved to one of them the
+    refusal said '50258 tokens, not 50257' (as if the ids meant other tokens): now the eod."""
+    vocab_file, merges = gpt2_files()
+    vocab = json.loads(Path(vocab_file).read_text(encoding="utf-8"))
+    saved = record(load_gpt2_bpe(vocab_file, merges), "GPT2BPETokenizer", vocab_file)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab | {"<|im_end|>": len(vocab)}), encoding="utf-8")
+    extended = load_gpt2_bpe(str(tmp_path / "vocab.json"), merges)
+    live = record(extended, "GPT2BPETokenizer", "y")
+    assert compare(saved, live, token_table(extended)).kind == "extension"
+    moved = compare(saved, live | {"eod": 50257}, token_table(extended))
+    assert (moved.kind, moved.detail) == ("different", "end-of-document id 50257, not 50256")
