@@ -49,6 +49,18 @@ class Verdict:
     """'same', 'extension' or 'different'."""
     detail: str = ""
     """What differs (for 'different') or what was added (for 'extension')."""
+    changes: str = "ids"
+    """What a difference changes: 'ids' (their tokens), 'eod' or 'encoding' (the ids keep their tokens)."""
+
+
+EFFECTS = {  # (refused, loaded anyway)
+    "ids": ("its ids would mean other tokens than the trained embeddings", "its ids now mean other tokens"),
+    "eod": (
+        "its documents would end in another id than the one it was trained to end them with (loss mask)",
+        "its documents now end in another id",
+    ),
+    "encoding": ("it would encode text otherwise than it was trained on", "it now encodes text otherwise"),
+}
 
 
 _TABLES: weakref.WeakKeyDictionary[Any, tuple[int, list[str | None]]] = weakref.WeakKeyDictionary()
@@ -158,11 +170,12 @@ def compare(saved: dict[str, Any], live: dict[str, Any], live_table: list[str | 
         return Verdict("same")
     size, extends = saved.get("vocab_size"), not same_tokens and _extends(saved, live_table)
     if (same_tokens or extends) and not same_eod:  # the ids keep their tokens: the eod is what differs
-        return Verdict("different", f"end-of-document id {live['eod']}, not {saved.get('eod')}")
+        return Verdict("different", f"end-of-document id {live['eod']}, not {saved.get('eod')}", "eod")
     if same_tokens:
         return Verdict(
             "different",
             "the same tokens, but it encodes text otherwise: other merges, pre-tokenizer or a bos put first",
+            "encoding",
         )
     if extends:
         return Verdict("extension", f"ids {size}-{live['vocab_size'] - 1} added")
@@ -229,12 +242,7 @@ class TokenizerCheck:
                 f"{verdict.detail}, whose rows start as the checkpoint's padding rows"
             )
         text = f"{checkpoint} was trained with tokenizer {trained}, {whose} is {live} ({verdict.detail})"
+        refused, loaded = EFFECTS[verdict.changes]
         if self.allow_change:
-            return (
-                None,
-                f"{text}; loaded anyway (exp_manager.allow_tokenizer_change=true): its ids now mean other tokens",
-            )
-        return (
-            f"{text}: its ids would mean other tokens than the trained embeddings; {fix}, or {allow} "
-            "to go on with this one"
-        ), None
+            return None, f"{text}; loaded anyway (exp_manager.allow_tokenizer_change=true): {loaded}"
+        return f"{text}: {refused}; {fix}, or {allow} to go on with this one", None

@@ -416,3 +416,27 @@ def test_an_extension_with_another_end_of_document_is_refused_for_the_end_of_doc
     assert compare(saved, live, token_table(extended)).kind == "extension"
     moved = compare(saved, live | {"eod": 50257}, token_table(extended))
     assert (moved.kind, moved.detail) == ("different", "end-of-document id 50257, not 50256")
+
+
+def test_a_checkpoint_refused_for_its_end_of_document_or_encoding_is_not_said_to_mean_other_tokens():
+    """The refusal ended in 'its ids would mean other tokens than the trained embeddings' whatever
+    differed, also where the ids keep their tokens (another eod, or text encoded otherwise)."""
+    from gptrain.data.tokenizer_identity import TokenizerCheck
+
+    vocab, merges = gpt2_files()
+    tokenizer = load_gpt2_bpe(vocab, merges)
+    check = TokenizerCheck.of(tokenizer, "GPT2BPETokenizer", vocab)
+
+    def refusal(**saved: object) -> str:
+        error, _ = check.check(check.record | saved, "step_2", "this run's model.tokenizer", "fix it")
+        return error
+
+    assert (
+        "(end-of-document id 50256, not 7): its documents would end in another id than the one it was "
+        "trained to end them with (loss mask); fix it"
+    ) in refusal(eod=7)
+    assert refusal(encodes="0" * 64).endswith(
+        "a bos put first): it would encode text otherwise than it was trained on; fix it, or set "
+        "exp_manager.allow_tokenizer_change=true to go on with this one"
+    )
+    assert "other tokens than the trained" in refusal(tokens="0" * 64)
