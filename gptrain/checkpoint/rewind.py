@@ -10,6 +10,7 @@ The run lock is held throughout: a live run would save over the rewind.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -50,8 +51,9 @@ def target_step(text: str, root: Path | None = None) -> int:
 def rewind(root: Path, step: int, say: Callable[[str], None] = print) -> list[Path]:
     """Make step_<step> the newest complete checkpoint under `root` (a run's checkpoints/), holding the
     run's lock; returns where the newer ones went."""
-    run_dir = run_dir_of(root.absolute())  # relative only as a copy of hparams.yaml records it
-    if not run_dir.is_absolute() and recorded_checkpoints_dir(run_dir) != root.absolute():
+    where = absolute_as_opened(root)
+    run_dir = run_dir_of(where)  # relative only as a copy of hparams.yaml records it
+    if not run_dir.is_absolute() and not same_directory(recorded_checkpoints_dir(run_dir), where):
         raise ConfigError(  # a copy written before it recorded the run directory absolute
             f"{root / 'hparams.yaml'} names the run directory {run_dir} relative to where the run was "
             "started, which is not here: run the rewind from that directory, or give the run directory"
@@ -74,6 +76,33 @@ def rewind(root: Path, step: int, say: Callable[[str], None] = print) -> list[Pa
         return [move_aside(root, later, step, say) for later in newer]  # the newest first
     finally:
         lock.release()
+
+
+def absolute_as_opened(path: Path) -> Path:
+    """`path` absolute, naming the directory that opening it opens, with the names the user sees: from
+    the shell's working directory ($PWD, where it is this one: a checkpoints/ symlinked elsewhere keeps
+    its run directory for parent), each `..` dropping the name before it, or, after a symlink, going
+    to its target's parent, as opening it does. `..` from checkpoints/step_2 is checkpoints/, not
+    step_2, whose parent would be taken for the run directory."""
+    logical = os.environ.get("PWD", "")
+    here = Path(logical if os.path.isabs(logical) and _same(logical, ".") else os.getcwd())
+    for part in path.parts:
+        if part != "..":
+            here = here / part
+        else:
+            here = Path(os.path.realpath(here)).parent if here.is_symlink() else here.parent
+    return here
+
+
+def _same(one: str, other: str) -> bool:
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return False
+
+
+def same_directory(one: Path | None, other: Path) -> bool:
+    return one is not None and os.path.realpath(one) == os.path.realpath(other)
 
 
 def move_aside(root: Path, later: int, step: int, say: Callable[[str], None]) -> Path:

@@ -56,17 +56,53 @@ def test_rewind_moves_the_newer_checkpoints_aside_and_points_latest(tmp_path, ca
     assert len(listed) == 2 and all("set aside by `gptrain checkpoint rewind`" in line for line in listed)
 
 
-@pytest.mark.parametrize("given", ["run", "run/checkpoints"])
-def test_a_run_given_relative_to_the_working_directory_is_rewound(tmp_path, monkeypatch, capsys, given):
+@pytest.mark.parametrize(
+    ("where", "given"),
+    [
+        (".", "run"),
+        (".", "run/checkpoints"),
+        ("run/checkpoints/step_2", ".."),
+        ("run/checkpoints/step_2", "../.."),
+    ],
+)
+def test_a_run_given_relative_to_the_working_directory_is_rewound(
+    tmp_path, monkeypatch, capsys, where, given
+):
     """`gptrain checkpoint rewind run --to 2` from the directory holding the run (no dirpath): refused
     with "run/checkpoints/hparams.yaml names the run directory run relative to where the run was
-    started", a file that does not exist, and nothing rewound. It is rewound, and the run's lock is
-    taken in the run directory, as with an absolute path."""
+    started", a file that does not exist, and nothing rewound. `rewind .. --to 2` from inside step_2
+    took the lock in step_2 (the `..` kept), so a live run's lock was not seen and it was rewound under
+    that run. Refused while the run is live, rewound once it ended, the lock taken in the run directory."""
     root = run_with_checkpoints(tmp_path / "run", [2, 4])
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path / where)
+    live = acquire(tmp_path / "run")
+    try:
+        assert main(["checkpoint", "rewind", given, "--to", "2"]) == 2
+    finally:
+        live.release()
+    assert "is in use by a live run (pid" in capsys.readouterr().err
+    assert complete_steps(root) == [2, 4] and aside(root) == []
     assert main(["checkpoint", "rewind", given, "--to", "2"]) == 0, capsys.readouterr().err
     assert complete_steps(root) == [2] and aside(root) == ["step_4"]
-    assert not (root / "gptrain.lock").exists() and not (tmp_path / "gptrain.lock").exists()
+    assert not list(tmp_path.rglob("gptrain.lock"))
+
+
+def test_dot_dot_from_a_symlinked_checkpoints_directory_takes_the_runs_lock(tmp_path, monkeypatch, capsys):
+    """run/checkpoints a symlink to scratch: `rewind .. --to 2` from the shell's run/checkpoints/step_2
+    (the process's working directory is scratch's step_2) took scratch's parent for the run directory
+    and missed the live run's lock in run/."""
+    root = run_with_checkpoints(tmp_path / "scratch", [2, 4])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoints").symlink_to(root)
+    monkeypatch.chdir(tmp_path / "run" / "checkpoints" / "step_2")
+    monkeypatch.setenv("PWD", str(tmp_path / "run" / "checkpoints" / "step_2"))  # as the shell's cd sets it
+    live = acquire(tmp_path / "run")
+    try:
+        assert main(["checkpoint", "rewind", "..", "--to", "2"]) == 2
+    finally:
+        live.release()
+    assert "is in use by a live run (pid" in capsys.readouterr().err
+    assert complete_steps(root) == [2, 4] and not list(tmp_path.rglob("gptrain.lock"))
 
 
 def test_retention_ignores_rewound_checkpoints(tmp_path):
