@@ -418,23 +418,45 @@ broad directory (a project's, with its data) must not be walked whole at every s
 
 def refuse_run_inside(checkpoints: Path, log_dir: Path, me: Holder | None) -> None:
     """Refuse a dirpath that holds another live run's log dir (`refuse_enclosing_run` from the other
-    side, for a run started first inside it), up to NESTED_RUN_DEPTH levels down. Step directories are
-    not searched: no run's log dir is one, and a checkpoint root holds thousands of their files."""
+    side, for a run started first inside it), up to NESTED_RUN_DEPTH levels down."""
     root, own = Path(os.path.realpath(checkpoints)), Path(os.path.realpath(log_dir))
-    for current, directories, _ in os.walk(root):
-        here = Path(current)
-        if here == own or len(here.relative_to(root).parts) >= NESTED_RUN_DEPTH:
-            directories.clear()
-        if here == own:
-            continue
-        directories[:] = [name for name in directories if not name.startswith("step_")]
-        if here != root and (other := live_holder(here, me)) is not None:
+    for lock in locks_below(root, skip={own}):
+        if (other := live_holder(lock.parent, me)) is not None:
             raise RunLockedError(
-                f"{checkpoints}: another run holds {here} ({other.describe()}), a log dir inside this "
+                f"{checkpoints}: another run holds {lock.parent} ({other.describe()}), a log dir inside this "
                 "run's checkpoint directory, so two runs would write there: wait for it to end, or give "
                 "this run its own exp_manager.checkpoint_callback_params.dirpath (or that run an "
-                f"exp_manager.explicit_log_dir outside it); if that run is gone, delete {here / LOCK_NAME}"
+                f"exp_manager.explicit_log_dir outside it); if that run is gone, delete {lock}"
             )
+
+
+def locks_below(top: Path, skip: set[Path]) -> list[Path]:
+    """The lock files of the directories 1 to NESTED_RUN_DEPTH levels below `top`: those down to one
+    level above listed, the deepest level's lock looked for by name (listing a broad tree's bottom
+    level costs as much as all the rest). Step directories (no run's log dir is one, and a checkpoint
+    root holds thousands of their files), `skip` and symlinks are not entered."""
+    found: list[Path] = []
+    level = [top]
+    for _ in range(NESTED_RUN_DEPTH):
+        below: list[Path] = []
+        for directory in level:
+            children, locked = listing(directory, skip)
+            found += [directory / LOCK_NAME] if locked and directory != top else []
+            below += children
+        level = below
+    return found + [child / LOCK_NAME for child in level if (child / LOCK_NAME).exists()]
+
+
+def listing(directory: Path, skip: set[Path]) -> tuple[list[Path], bool]:
+    """The subdirectories of `directory` to search, and whether it holds a lock; nothing where it
+    cannot be listed (another user's directory, gone meanwhile)."""
+    try:
+        with os.scandir(directory) as entries:
+            names = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+    except OSError:
+        return [], False
+    children = [directory / name for name, is_dir in names if is_dir and not name.startswith("step_")]
+    return [child for child in children if child not in skip], any(name == LOCK_NAME for name, _ in names)
 
 
 def live_holder(directory: Path, me: Holder | None) -> Holder | None:
