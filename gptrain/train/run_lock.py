@@ -10,8 +10,8 @@ naming the holder. The lock is removed at the end of the run; a killed run leave
 takes it over by the rules above. Its writer holds it under flock from the moment it is created, so
 one left empty or garbled (killed between creating and writing it) that nobody holds is removed.
 A log dir inside a directory another live run holds (its log dir, or its checkpoint dirpath), or a
-dirpath holding another live run's log dir, is refused as well: that run's move-aside or rewind would
-take this run's files with it.
+log dir or dirpath holding another live run's log dir or dirpath (up to NESTED_RUN_DEPTH levels down),
+is refused as well: the outer run's move-aside or rewind would take the inner run's files with it.
 
 `exp_manager.resume_if_exists=false` into a directory that holds checkpoints would mix two
 runs; it is refused with the choices spelled out, or, with
@@ -355,6 +355,7 @@ def claim_run_directory(
             refuse_enclosing_run(log_dir, lock.holder)
             outside = not is_within(checkpoints, log_dir)
             refuse_another_runs_directory(checkpoints, log_dir, lock.holder, outside)
+            refuse_run_below(log_dir, lock.holder)  # after: a dirpath that is checkpoints/ is told so
             if outside:  # two runs' saves in one dirpath: refused as one log dir
                 lock.made += [] if checkpoints.exists() else [checkpoints]
                 lock.dirpath_lock = acquire(Path(os.path.realpath(checkpoints)))  # named as it is
@@ -411,9 +412,22 @@ def refuse_enclosing_run(log_dir: Path, me: Holder | None) -> None:
             )
 
 
+def refuse_run_below(log_dir: Path, me: Holder | None) -> None:
+    """Refuse a log dir holding another live run's log dir or dirpath, up to NESTED_RUN_DEPTH levels
+    down (`refuse_enclosing_run` from the other side, for a run started first inside it): this run's
+    move-aside of an earlier run would take that run's files with it."""
+    for lock in locks_below(Path(os.path.realpath(log_dir)), skip=set()):
+        if (other := live_holder(lock.parent, me)) is not None:
+            raise RunLockedError(
+                f"{log_dir}: another run holds {lock.parent} ({other.describe()}), inside this run's log "
+                "dir, so two runs would write there: wait for it to end, or give this run an "
+                f"exp_manager.explicit_log_dir that holds no other run's; if that run is gone, delete {lock}"
+            )
+
+
 NESTED_RUN_DEPTH = 3
-"""How deep below a dirpath `refuse_run_inside` looks for another run's log dir: a dirpath set to a
-broad directory (a project's, with its data) must not be walked whole at every start."""
+"""How deep below a log dir or a dirpath another run's lock is looked for: one set to a broad
+directory (a project's, with its data) must not be walked whole at every start."""
 
 
 def refuse_run_inside(checkpoints: Path, log_dir: Path, me: Holder | None) -> None:

@@ -273,3 +273,44 @@ def test_a_dirpath_is_searched_for_another_runs_log_dir_only_near_its_top(tmp_pa
     owner = claim_run_directory(tmp_path / "a", 0, 1, resume=True, move_aside=False, checkpoints=store)
     for lock in (owner, *inside):
         lock.release()
+
+
+@pytest.mark.parametrize("first", ["outer", "inner"])
+@pytest.mark.parametrize("inner", ["b", "x/y/b", "checkpoints/b", "dirpath of b in x/ckpts"])
+def test_a_run_inside_another_live_runs_log_dir_is_refused_whichever_starts_first(tmp_path, first, inner):
+    """Run b's log dir (or dirpath) inside run a's log dir, up to NESTED_RUN_DEPTH levels down: with a
+    live, b was refused, but with b live a was admitted (a log dir was never searched below), and a's
+    move-aside of an earlier run would have taken b's live files. Refused in one line naming both."""
+    outer = tmp_path / "a"
+    if inner.startswith("dirpath"):
+        held = outer / "x" / "ckpts"
+        claim_inner = lambda: claim_run_directory(  # noqa: E731
+            tmp_path / "b", 0, 1, resume=True, move_aside=False, checkpoints=held
+        )
+    else:
+        held = outer / inner
+        claim_inner = lambda: claim_run_directory(held, 0, 1, resume=True, move_aside=False)  # noqa: E731
+    claim_outer = lambda: claim_run_directory(outer, 0, 1, resume=True, move_aside=False)  # noqa: E731
+    live = (claim_outer if first == "outer" else claim_inner)()
+    with pytest.raises(RunLockedError) as error:
+        (claim_inner if first == "outer" else claim_outer)()
+    text = str(error.value)
+    if first == "inner":
+        assert text.startswith(f"{outer}: another run holds {held} (pid {os.getpid()}")
+        assert "inside this run's log dir" in text and not (outer / LOCK_NAME).exists()
+    assert "\n" not in text and str(held) in text
+    live.release()
+    (claim_inner if first == "outer" else claim_outer)().release()  # once the other run has ended
+
+
+def test_a_run_deeper_than_the_search_inside_a_log_dir_is_not_looked_for(tmp_path):
+    """The bound the docs state: a live run's log dir 4 levels below another's, started first, is not
+    found (that far down a run is not searched for at every start); started second, it is refused."""
+    inner = tmp_path / "a" / "w" / "x" / "y" / "b"
+    deep = claim_run_directory(inner, 0, 1, resume=True, move_aside=False)
+    claim_run_directory(tmp_path / "a", 0, 1, resume=True, move_aside=False).release()
+    deep.release()
+    outer = claim_run_directory(tmp_path / "a", 0, 1, resume=True, move_aside=False)
+    with pytest.raises(RunLockedError, match=f"another run holds {tmp_path / 'a'} "):
+        claim_run_directory(inner, 0, 1, resume=True, move_aside=False)
+    outer.release()
