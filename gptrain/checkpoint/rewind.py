@@ -5,7 +5,8 @@ the newest complete step_<M>/ whatever `latest` says, so going back means moving
 of the step_<M> names. They are renamed to step_<M>.rewound-<time> (kept, never loaded or pruned),
 never deleted. `latest` is pointed at step_N first and the newest is moved first, so a kill at any
 point leaves the newest complete checkpoint a sound one (the same command then finishes the rewind).
-The run lock is held throughout: a live run would save over the rewind.
+The run lock is held throughout, and the checkpoints directory's (where it resolves: a run whose
+checkpoints resolve outside its log dir locks them there): a live run would save over the rewind.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gptrain.checkpoint.directory import (
 )
 from gptrain.checkpoint.integrity import checksum_progress, complete_steps, has_manifest, refusal, verify
 from gptrain.errors import ConfigError, GptrainError, os_error_text
-from gptrain.train.run_lock import LOCK_NAME, RunLockedError, acquire, read_holder
+from gptrain.train.run_lock import LOCK_NAME, RunLock, RunLockedError, acquire, read_holder
 from gptrain.utils.atomic import atomic_write_text, fsync_directory
 
 STEP = re.compile(r"^(?:step_)?(\d+)$")
@@ -58,16 +59,13 @@ def rewind(root: Path, step: int, say: Callable[[str], None] = print) -> list[Pa
             f"{root / 'hparams.yaml'} names the run directory {run_dir} relative to where the run was "
             "started, which is not here: run the rewind from that directory, or give the run directory"
         )
-    try:
-        lock = acquire(run_dir)
-    except RunLockedError:
-        holder = read_holder(run_dir / LOCK_NAME)
-        who = holder.describe() if holder else "a run whose lock cannot be read"
-        raise RunLockedError(
-            f"{run_dir} is in use by a live run ({who}): a rewind under it would be saved over; stop it "
-            f"(gptrain cancel, scancel), then rewind; if that run is gone, delete {run_dir / LOCK_NAME}"
-        ) from None
-    for note in lock.notes:  # a dead run's lock taken over
+    lock = take(run_dir)
+    try:  # where it resolves: a run whose checkpoints resolve outside its log dir locks them there
+        lock.dirpath_lock = held = take(Path(os.path.realpath(where)))  # (a dirpath, a symlinked one)
+    except BaseException:
+        lock.release()
+        raise
+    for note in lock.notes + held.notes:  # a dead run's lock taken over
         say(note)
     try:
         newer = checkpoints_after(root, step)
@@ -103,6 +101,19 @@ def _same(one: str, other: str) -> bool:
 
 def same_directory(one: Path | None, other: Path) -> bool:
     return one is not None and os.path.realpath(one) == os.path.realpath(other)
+
+
+def take(directory: Path) -> RunLock:
+    """`directory`'s run lock, or one line naming the live run that holds it."""
+    try:
+        return acquire(directory)
+    except RunLockedError:
+        holder = read_holder(directory / LOCK_NAME)
+        who = holder.describe() if holder else "a run whose lock cannot be read"
+        raise RunLockedError(
+            f"{directory} is in use by a live run ({who}): a rewind under it would be saved over; stop it "
+            f"(gptrain cancel, scancel), then rewind; if that run is gone, delete {directory / LOCK_NAME}"
+        ) from None
 
 
 def move_aside(root: Path, later: int, step: int, say: Callable[[str], None]) -> Path:

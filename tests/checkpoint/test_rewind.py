@@ -11,7 +11,7 @@ import torch
 from gptrain.checkpoint.integrity import complete_steps, verify
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.cli import main
-from gptrain.train.run_lock import acquire
+from gptrain.train.run_lock import acquire, claim_run_directory
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from train_e2e_helpers import (  # noqa: E402
@@ -103,6 +103,26 @@ def test_dot_dot_from_a_symlinked_checkpoints_directory_takes_the_runs_lock(tmp_
         live.release()
     assert "is in use by a live run (pid" in capsys.readouterr().err
     assert complete_steps(root) == [2, 4] and not list(tmp_path.rglob("gptrain.lock"))
+
+
+def test_a_checkpoints_directory_a_live_run_locks_apart_is_not_rewound_under_it(tmp_path, capsys):
+    """run/checkpoints a symlink to scratch/ck: the live run locks run/ and scratch/ck (its checkpoints
+    resolve outside its log dir), but `rewind scratch/ck` locked only scratch/, and rewound under it."""
+    root = run_with_checkpoints(tmp_path / "scratch", [2, 4])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoints").symlink_to(root)
+    live = claim_run_directory(tmp_path / "run", 0, 1, resume=True, move_aside=False)
+    try:
+        assert main(["checkpoint", "rewind", str(root), "--to", "2"]) == 2
+    finally:
+        live.release()
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"gptrain: error: {root} is in use by a live run (pid") and len(err.splitlines()) == 1
+    )
+    assert complete_steps(root) == [2, 4] and not list(tmp_path.rglob("gptrain.lock"))
+    assert main(["checkpoint", "rewind", str(root), "--to", "2"]) == 0
+    assert complete_steps(root) == [2] and not list(tmp_path.rglob("gptrain.lock"))
 
 
 def test_retention_ignores_rewound_checkpoints(tmp_path):
