@@ -20,6 +20,8 @@ from gptrain.utils.atomic import STALE_TEMPORARY_S, remove_stale_temporaries
 from gptrain.utils.paths import look_up
 
 LATEST = "latest"
+HPARAMS = "hparams.yaml"
+CHECKPOINTS = "checkpoints"
 DAMAGED = "damaged"
 SET_ASIDE = re.compile(rf"^step_\d+\.{DAMAGED}-")
 """A checkpoint a resume passed over, renamed by `rename_aside(path, DAMAGED)`."""
@@ -91,21 +93,21 @@ OWN_CHECKPOINTS_ONLY = (
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint a path names: a step directory, or the newest complete one of a checkpoints
     directory or of a run directory (its checkpoints/). A one-line CheckpointLoadError naming the
-    path when there is nothing complete to load there."""
+    path when there is nothing complete to load there, told as eval and export tell it (a gptrain
+    run not saved yet, a checkpoint set aside, another tool's checkpoint)."""
     given = Path(path)
     found = look_up(given)  # Path.is_dir raised PermissionError where it may not be looked up
     if found.kind == "unreachable":
         raise CheckpointLoadError(f"{path}: {found.why}")
+    if found.kind == "file":
+        raise CheckpointLoadError(file_given_text(given))
     if found.kind != "directory":
-        what = "does not exist" if found.kind == "missing" else "is a file"
         raise CheckpointLoadError(
-            f"{path}: {what}; give a run directory, its checkpoints/ or a step_<N>/ ({OWN_CHECKPOINTS_ONLY})"
+            f"{path}: does not exist; give a run directory, its checkpoints/ or a step_<N>/ ({OWN_CHECKPOINTS_ONLY})"
         )
     if STEP_DIR.match(given.name):
         if not is_complete(given):
-            raise CheckpointLoadError(
-                f"{path}: incomplete checkpoint (no {COMPLETE} marker: its save did not finish); give a complete one"
-            )
+            raise CheckpointLoadError(incomplete_step_text(given))
         return given
     # a run directory (<base_results_dir>/<run.name>, as eval/export take it), its results dir, or checkpoints/
     recorded = recorded_checkpoints_dir(given)
@@ -124,11 +126,128 @@ def find_checkpoint(path: str | Path) -> Path:
             "exp_manager.checkpoint_callback_params.dirpath its hparams.yaml records"
         )
     if found is None:
-        raise CheckpointLoadError(
-            f"{path}: no complete checkpoint (step_<N>/{COMPLETE}) in it, its checkpoints/ or results/checkpoints/ "
+        root = checkpoints_dir(given)
+        raise CheckpointLoadError(no_checkpoints_text(given) if root is None else no_complete_text(root))
+    return found
+
+
+def no_complete_text(root: Path) -> str:
+    """A checkpoints directory whose every step_<N>/ lacks its COMPLETE marker (saves unfinished)."""
+    return f"{root}: no complete checkpoint (every step_* lacks its {COMPLETE} marker)"
+
+
+def checkpoints_dir(path: Path) -> Path | None:
+    """The checkpoint root for a run dir, results dir or checkpoints dir (or the dirpath its hparams.yaml
+    records); None when none is found."""
+    recorded = recorded_checkpoints_dir(path)  # the run's, alone: not a checkpoints/ an earlier run left
+    for candidate in [recorded] if recorded else [path, path / CHECKPOINTS, path / "results" / CHECKPOINTS]:
+        if (candidate / LATEST).is_file() or any(
+            STEP_DIR.match(entry.name) for entry in candidate.glob("step_*") if entry.is_dir()
+        ):
+            return candidate
+    return None
+
+
+def incomplete_step_text(step_dir: Path) -> str:
+    """A step directory without its COMPLETE marker (a save still being written, or killed), and
+    the newest complete checkpoint beside it, where there is one to take instead."""
+    steps = complete_steps(step_dir.parent)
+    instead = (
+        f"pass {step_dir.parent} to use the newest complete one ({step_dir_name(steps[-1])})"
+        if steps
+        else f"no checkpoint in {step_dir.parent} is complete yet: wait for the run's first save to finish"
+    )
+    return (
+        f"{step_dir}: incomplete checkpoint (no COMPLETE marker: its save has not finished, or was "
+        f"killed); {instead}"
+    )
+
+
+def file_given_text(path: Path) -> str:
+    """A file given where a checkpoint goes: one of a run's (`latest`, a shard, hparams.yaml),
+    whose directory is what to pass, or of a run's elsewhere (`run_advice`), else another tool's
+    checkpoint file (a NeMo .nemo or .ckpt)."""
+    parent = path.parent
+    kind = aside_kind(parent)
+    if is_step_dir(parent) or checkpoints_dir(parent) is not None:
+        advice = f"pass {parent}, the directory it is in"
+    elif kind is not None:
+        advice = f"it is in {parent}, set aside {kind}: pass {parent.parent} for the newest complete one"
+    else:
+        run = gptrain_run_near(parent)
+        advice = run_advice(run) if run is not None else OWN_CHECKPOINTS_ONLY
+    return (
+        f"{path}: is a file, not a checkpoint; pass a run's results dir, its checkpoints dir or a "
+        f"step_<N> dir ({advice})"
+    )
+
+
+def no_checkpoints_text(path: Path) -> str:
+    """A directory with no checkpoint in it or below: a checkpoint set aside, or a gptrain run's
+    (`run_advice`); the note that gptrain reads its own checkpoints only where there is no trace of
+    a gptrain run (a Megatron or NeMo directory)."""
+    kind = aside_kind(path)
+    if kind is not None:
+        return f"{path}: set aside {kind}; pass {path.parent} for the newest complete one"
+    run = gptrain_run_near(path)
+    if run is None:
+        return (
+            f"{path}: no checkpoints found; pass a run's results dir, its checkpoints dir or a step dir "
             f"({OWN_CHECKPOINTS_ONLY})"
         )
-    return found
+    if checkpoints_dir(run) is not None:
+        return f"{path}: no checkpoints found; {run_advice(run)}"
+    return f"{path}: {nothing_to_load_text(run)}"
+
+
+def aside_kind(directory: Path) -> str | None:
+    """How a checkpoint directory named step_<N>.<why>-<time> was set aside (None: it was not)."""
+    if SET_ASIDE.match(directory.name):
+        return "as damaged (a resume found it so and passed over it)"
+    if REWOUND_ASIDE.match(directory.name):
+        return "by `gptrain checkpoint rewind` (newer than the one it went back to)"
+    return None
+
+
+def gptrain_run_near(directory: Path) -> Path | None:
+    """The gptrain run `directory` is (or its results/ is), or is in one or two levels up: the
+    nearest with a gptrain hparams.yaml (NeMo writes one too, holding Lightning's `cfg:` only)."""
+    candidates = (directory, directory / "results", *list(directory.absolute().parents)[:2])
+    return next((run for run in candidates if is_run_config(run / HPARAMS)), None)
+
+
+def is_run_config(file: Path) -> bool:
+    """Whether `file` is a gptrain run's hparams.yaml: a training config, with trainer and model."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(config, dict) and {"trainer", "model"} <= config.keys()
+
+
+def run_advice(run: Path) -> str:
+    """What to pass for a gptrain `run`, or why there is nothing of it to load yet."""
+    if checkpoints_dir(run) is not None:
+        return f"pass {run}, the run directory it is in"
+    return nothing_to_load_text(run)
+
+
+def nothing_to_load_text(run: Path) -> str:
+    """Why a gptrain `run` without a step_<N>/ has nothing to load: every checkpoint it saved was
+    set aside, or it has saved none yet."""
+    where = recorded_checkpoints_dir(run) or run / CHECKPOINTS
+    aside = sorted(entry.name for entry in where.glob("step_*") if aside_kind(entry) is not None)
+    if aside:
+        return f"no checkpoint to load in {where}: each was set aside ({', '.join(aside)})"
+    return f"no checkpoint saved yet in {where}: wait for the run's first save"
+
+
+def is_step_dir(path: str | Path) -> bool:
+    """Whether `path` names one checkpoint (taken as given) rather than a run to take the newest of."""
+    path = Path(path)
+    return bool(STEP_DIR.match(path.name)) and path.is_dir()
 
 
 def transformers_model_text(path: str | Path) -> str:

@@ -24,12 +24,15 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 
 from gptrain.checkpoint import compat
 from gptrain.checkpoint.directory import (
-    LATEST,
-    OWN_CHECKPOINTS_ONLY,
-    REWOUND_ASIDE,
-    SET_ASIDE,
+    HPARAMS,
     CheckpointLoadError,
+    checkpoints_dir,
+    file_given_text,
+    incomplete_step_text,
+    is_step_dir,
     is_transformers_model,
+    no_checkpoints_text,
+    no_complete_text,
     recorded_checkpoints_dir,
     removed_while_read,
     run_dir_of,
@@ -55,8 +58,6 @@ from gptrain.trained.run_config import (
 )
 from gptrain.utils.paths import look_up
 
-HPARAMS = "hparams.yaml"
-CHECKPOINTS = "checkpoints"
 EMBEDDING_KEY = "model.tok_embeddings.weight"
 POSITIONS_KEY = "model.pos_embeddings.weight"
 
@@ -70,18 +71,6 @@ class LoadedRun:
     checkpoint: Path
     end_ids: frozenset[int] = frozenset()
     """Ids that end a generation besides the tokenizer's EOD: an imported model's eos_token_id(s)."""
-
-
-def checkpoints_dir(path: Path) -> Path | None:
-    """The checkpoint root for a run dir, results dir or checkpoints dir (or the dirpath its hparams.yaml
-    records); None when none is found."""
-    recorded = recorded_checkpoints_dir(path)  # the run's, alone: not a checkpoints/ an earlier run left
-    for candidate in [recorded] if recorded else [path, path / CHECKPOINTS, path / "results" / CHECKPOINTS]:
-        if (candidate / LATEST).is_file() or any(
-            STEP_DIR.match(entry.name) for entry in candidate.glob("step_*") if entry.is_dir()
-        ):
-            return candidate
-    return None
 
 
 def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
@@ -114,110 +103,8 @@ def resolve_checkpoint(path: str | Path, checksums: bool = False) -> Path:
     # newest COMPLETE first, as training resumes: `latest` lags one save behind a run killed between
     # a save's COMPLETE marker and its `latest`
     if not complete_steps(root):
-        raise DataError(f"{root}: no complete checkpoint (every step_* lacks its COMPLETE marker)")
+        raise DataError(no_complete_text(root))
     return _newest_that_verifies(root, lambda: _complete_newest_first(root), checksums)
-
-
-def incomplete_step_text(step_dir: Path) -> str:
-    """A step directory without its COMPLETE marker (a save still being written, or killed), and
-    the newest complete checkpoint beside it, where there is one to take instead."""
-    steps = complete_steps(step_dir.parent)
-    instead = (
-        f"pass {step_dir.parent} to use the newest complete one ({step_dir_name(steps[-1])})"
-        if steps
-        else f"no checkpoint in {step_dir.parent} is complete yet: wait for the run's first save to finish"
-    )
-    return (
-        f"{step_dir}: incomplete checkpoint (no COMPLETE marker: its save has not finished, or was "
-        f"killed); {instead}"
-    )
-
-
-def file_given_text(path: Path) -> str:
-    """A file given where a checkpoint goes: one of a run's (`latest`, a shard, hparams.yaml),
-    whose directory is what to pass, or of a run's elsewhere (`run_advice`), else another tool's
-    checkpoint file (a NeMo .nemo or .ckpt)."""
-    parent = path.parent
-    kind = aside_kind(parent)
-    if is_step_dir(parent) or checkpoints_dir(parent) is not None:
-        advice = f"pass {parent}, the directory it is in"
-    elif kind is not None:
-        advice = f"it is in {parent}, set aside {kind}: pass {parent.parent} for the newest complete one"
-    else:
-        run = gptrain_run_near(parent)
-        advice = run_advice(run) if run is not None else OWN_CHECKPOINTS_ONLY
-    return (
-        f"{path}: is a file, not a checkpoint; pass a run's results dir, its checkpoints dir or a "
-        f"step_<N> dir ({advice})"
-    )
-
-
-def no_checkpoints_text(path: Path) -> str:
-    """A directory with no checkpoint in it or below: a checkpoint set aside, or a gptrain run's
-    (`run_advice`); the note that gptrain reads its own checkpoints only where there is no trace of
-    a gptrain run (a Megatron or NeMo directory)."""
-    kind = aside_kind(path)
-    if kind is not None:
-        return f"{path}: set aside {kind}; pass {path.parent} for the newest complete one"
-    run = gptrain_run_near(path)
-    if run is None:
-        return (
-            f"{path}: no checkpoints found; pass a run's results dir, its checkpoints dir or a step dir "
-            f"({OWN_CHECKPOINTS_ONLY})"
-        )
-    if checkpoints_dir(run) is not None:
-        return f"{path}: no checkpoints found; {run_advice(run)}"
-    return f"{path}: {nothing_to_load_text(run)}"
-
-
-def aside_kind(directory: Path) -> str | None:
-    """How a checkpoint directory named step_<N>.<why>-<time> was set aside (None: it was not)."""
-    if SET_ASIDE.match(directory.name):
-        return "as damaged (a resume found it so and passed over it)"
-    if REWOUND_ASIDE.match(directory.name):
-        return "by `gptrain checkpoint rewind` (newer than the one it went back to)"
-    return None
-
-
-def gptrain_run_near(directory: Path) -> Path | None:
-    """The gptrain run `directory` is (or its results/ is), or is in one or two levels up: the
-    nearest with a gptrain hparams.yaml (NeMo writes one too, holding Lightning's `cfg:` only)."""
-    candidates = (directory, directory / "results", *list(directory.absolute().parents)[:2])
-    return next((run for run in candidates if is_run_config(run / HPARAMS)), None)
-
-
-def is_run_config(file: Path) -> bool:
-    """Whether `file` is a gptrain run's hparams.yaml: a training config, with trainer and model."""
-    import yaml
-
-    try:
-        config = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    return isinstance(config, dict) and {"trainer", "model"} <= config.keys()
-
-
-def run_advice(run: Path) -> str:
-    """What to pass for a gptrain `run`, or why there is nothing of it to load yet."""
-    if checkpoints_dir(run) is not None:
-        return f"pass {run}, the run directory it is in"
-    return nothing_to_load_text(run)
-
-
-def nothing_to_load_text(run: Path) -> str:
-    """Why a gptrain `run` without a step_<N>/ has nothing to load: every checkpoint it saved was
-    set aside, or it has saved none yet."""
-    where = recorded_checkpoints_dir(run) or run / CHECKPOINTS
-    aside = sorted(entry.name for entry in where.glob("step_*") if aside_kind(entry) is not None)
-    if aside:
-        return f"no checkpoint to load in {where}: each was set aside ({', '.join(aside)})"
-    return f"no checkpoint saved yet in {where}: wait for the run's first save"
-
-
-def is_step_dir(path: str | Path) -> bool:
-    """Whether `path` names one checkpoint (taken as given) rather than a run to take the newest of."""
-    path = Path(path)
-    return bool(STEP_DIR.match(path.name)) and path.is_dir()
 
 
 def older_checkpoint(step_dir: Path) -> Path | None:
