@@ -314,8 +314,9 @@ def environment_hint(reason: str) -> str:
 
 def _method_without_granularity(data: dict[str, Any]) -> list[str]:
     """NeMo up to 1.10 (bignlp 22.x) had no model.activations_checkpoint_granularity: a method alone
-    recomputed full layers. Such a config keeps that meaning (full), said in a note; a config that
-    gives the granularity, null included, keeps its own."""
+    recomputed full layers. Such a config keeps that meaning (full), said in a note (a block of 0
+    layers, bignlp 22.06's, recomputes none); a config that gives the granularity, null included,
+    keeps its own."""
     model = data.get("model")
     if not isinstance(model, dict) or "activations_checkpoint_granularity" in model:
         return []
@@ -323,8 +324,13 @@ def _method_without_granularity(data: dict[str, Any]) -> list[str]:
     if method is None:
         return []
     model["activations_checkpoint_granularity"] = "full"
-    return [
+    legacy = (
         f"model.activations_checkpoint_method={method} without model.activations_checkpoint_granularity "
-        "(NeMo <= 1.10's config, where the method alone recomputes full layers): full recompute; "
-        "set model.activations_checkpoint_granularity=null for none"
-    ]
+        "(NeMo <= 1.10's config, where the method alone recomputes full layers)"
+    )
+    if method == "block" and model.get("activations_checkpoint_num_layers") == 0:  # bignlp 22.06's
+        return [
+            f"{legacy} and model.activations_checkpoint_num_layers=0: no layer is recomputed, as in NeMo; set "
+            "model.activations_checkpoint_num_layers=N to recompute the first N of each pipeline stage"
+        ]
+    return [f"{legacy}: full recompute; set model.activations_checkpoint_granularity=null for none"]

@@ -844,6 +844,23 @@ def test_a_recompute_method_without_the_granularity_key_is_full_recompute_as_in_
     assert note.endswith("full recompute; set model.activations_checkpoint_granularity=null for none")
 
 
+def test_old_nemos_block_of_no_layers_is_said_to_recompute_none(tmp_path, capsys):
+    """bignlp 22.06's configs give activations_checkpoint_method=block with
+    activations_checkpoint_num_layers=0: NeMo <= 1.10 recomputed the first 0 layers, none; the note
+    said "full recompute"."""
+    path = tmp_path / "old_nemo.yaml"
+    path.write_text(OLD_NEMO_RECOMPUTE.replace("num_layers: 2", "num_layers: 0"))
+    model = load_training_config(config_file=str(path)).model
+    assert (model.activations_checkpoint_granularity, model.activations_checkpoint_num_layers) == ("full", 0)
+    [note] = [line for line in capsys.readouterr().err.splitlines() if "granularity" in line]
+    assert note == (
+        "gptrain: note: model.activations_checkpoint_method=block without model.activations_checkpoint_granularity "
+        "(NeMo <= 1.10's config, where the method alone recomputes full layers) and "
+        "model.activations_checkpoint_num_layers=0: no layer is recomputed, as in NeMo; set "
+        "model.activations_checkpoint_num_layers=N to recompute the first N of each pipeline stage"
+    )
+
+
 @pytest.mark.parametrize("granularity", ["null", "selective"])
 def test_a_granularity_given_beside_the_method_keeps_its_meaning(granularity, tmp_path, capsys):
     path = tmp_path / "nemo.yaml"
