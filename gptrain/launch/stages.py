@@ -209,6 +209,13 @@ def config_path(job: Job) -> Path:
     return job.config_path
 
 
+def rank_cpus(cluster: dict[str, Any]) -> int | None:
+    """The CPUs of each training rank (its data loader's too): cluster.cpus_per_task, NeMo's
+    SlurmLauncher --cpus-per-task, for the training and for what runs its step (plan's trials);
+    None: Slurm's one CPU per task."""
+    return cluster.get("cpus_per_task")
+
+
 def training_job(
     training: dict[str, Any], cluster: dict[str, Any], python: str, local: bool, blend: str | None
 ) -> Job:
@@ -220,7 +227,7 @@ def training_job(
     job.time_limit = (training.get("run") or {}).get("time_limit")
     job.dependency = (training.get("run") or {}).get("dependency")
     job.requeue = True
-    job.cpus_per_task = cluster.get("cpus_per_task")  # None: Slurm's one CPU per task
+    job.cpus_per_task = rank_cpus(cluster)
     job.workdir = str(Path.cwd())
     train = ["-m", "gptrain", "train", "--config-file", str(config_path(job))]
     if local and nodes != 1:

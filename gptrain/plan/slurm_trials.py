@@ -29,6 +29,7 @@ from gptrain.launch.sbatch import Job, render_slurm
 from gptrain.launch.script_values import check_value
 from gptrain.launch.sections import check_cluster_section
 from gptrain.launch.slurm_queries import run_command
+from gptrain.launch.stages import rank_cpus
 from gptrain.plan.measure import read_results, trial_args, trial_env, write_trial_config
 from gptrain.plan.rank import Candidate
 from gptrain.plan.report import Plan
@@ -81,6 +82,7 @@ def trial_job(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_
         tasks_per_node=plan.cluster.gpus_per_node,
     )
     job.gpus = plan.cluster.gpu.name != "cpu"
+    job.cpus_per_task = rank_cpus(profile)  # as the training's ranks get them
     job.time_limit = args.trial_time_limit
     job.workdir = str(Path.cwd())
     return job

@@ -157,3 +157,14 @@ def test_a_trial_job_is_cancelled_when_the_planner_stops_while_it_runs(monkeypat
     with pytest.raises(stop):
         slurm_trials.wait_for_job("42", timeout_s=600)
     assert commands == [["scancel", "42"]]
+
+
+def test_a_trial_asks_for_the_profiles_cpus_per_task_as_the_training_does(tmp_path, monkeypatch):
+    """The launcher renders cluster.cpus_per_task (NeMo's SlurmLauncher --cpus-per-task) for the
+    training's ranks; a trial, which runs the training's step with its data loader, got Slurm's one
+    CPU per task, and the partition check counted one CPU per rank."""
+    script = measured_script(tmp_path, monkeypatch, {"cpus_per_task": 8, "plan": {"gpu": "a100-80gb"}})
+    assert "#SBATCH --cpus-per-task=8" in script.splitlines()
+    assert "--cpus-per-task=8" in srun_words(script)
+    with pytest.raises(AssertionError, match=r"4 tasks x 32 CPUs\) but nodes of .* have 64"):
+        measured_script(tmp_path, monkeypatch, {"cpus_per_task": 32, "plan": {"gpu": "a100-80gb"}})
