@@ -116,6 +116,7 @@ def finalize(cfg: Any, choices: dict[str, str], stages_known: tuple[str, ...]) -
             cfg[f"{group}_config"] = choice
     _topology_file(cfg)
     notes += _export_srun_flags(cfg)
+    notes += slurm_launcher_keys(cfg.get("cluster"))
     ignored = [f"{key} ({reason})" for key, reason in IGNORED_TOP_KEYS.items() if key in cfg]
     if ignored:
         notes.append("config.yaml keys " + ", ".join(ignored))
@@ -151,6 +152,68 @@ def _export_srun_flags(cfg: Any) -> list[str]:
     return [
         "cluster.srun_flags (bignlp-scripts passed it to its export stage's srun only; the training's srun"
         " options are cluster.srun_args)"
+    ]
+
+
+def slurm_launcher_keys(cluster: Any) -> list[str]:
+    """NeMo's SlurmLauncher parameters a cluster file may hold that are no gptrain cluster key,
+    changed in place to what they meant there (the notes of what is ignored, for `report`): num_gpus,
+    its deprecated gpus_per_node, which it takes over gpus_per_node; setup, dropped (NeMo's stages
+    set it to their own exports, over the file's); an array or a heterogeneous job, refused (null
+    and false are dropped). The launch, `gptrain plan` and `gptrain validate` read cluster files so."""
+    if not hasattr(cluster, "get"):
+        return []
+    notes = _num_gpus(cluster)
+    if "setup" in cluster:
+        if cluster.get("setup"):
+            notes.append(
+                "cluster.setup (NeMo's launcher replaces it with each stage's environment exports, so it"
+                " never ran; set variables with env_vars)"
+            )
+        del cluster["setup"]
+    if cluster.get("array") is not None:
+        raise ConfigError(
+            "cluster.array: gptrain submits each training as one job (an array would run copies of it"
+            " into one run directory; the data preparation's array is data_preparation.run.node_array_size);"
+            " remove it"
+        )
+    if cluster.get("heterogeneous") not in (None, False):
+        raise ConfigError(
+            "cluster.heterogeneous=true: gptrain submits each stage as one job, every rank in one job step"
+            " of training.trainer.num_nodes nodes, not as a heterogeneous job; remove it"
+        )
+    for key in ("array", "heterogeneous"):
+        if key in cluster:
+            del cluster[key]
+    return notes
+
+
+def read_slurm_launcher_keys(cluster: Any, where: str) -> None:
+    """`slurm_launcher_keys` for a command that reads a cluster file itself (`plan`, `validate`): its
+    refusals start with `where` (the file); what it drops goes unsaid, the launch says it."""
+    try:
+        slurm_launcher_keys(cluster)
+    except ConfigError as error:
+        raise ConfigError(f"{where}{error}") from None
+
+
+def _num_gpus(cluster: Any) -> list[str]:
+    """num_gpus into gpus_per_node, over it as NeMo's SlurmLauncher takes it ('deprecated, please use
+    gpus_per_node instead (overwriting with num_gpus)'); said where it changes a gpus_per_node given."""
+    if "num_gpus" not in cluster:
+        return []
+    value, given = cluster.get("num_gpus"), cluster.get("gpus_per_node")
+    del cluster["num_gpus"]
+    if value is None:
+        return []
+    if isinstance(value, bool) or not str(value).strip().isdigit():
+        raise ConfigError(f"cluster.num_gpus: expected a whole number 0 or more, got {value!r}")
+    cluster["gpus_per_node"] = int(str(value).strip())
+    if given is None or str(given).strip() == str(cluster["gpus_per_node"]):
+        return []
+    return [
+        f"cluster.gpus_per_node={given} (cluster.num_gpus={value}, NeMo's deprecated spelling of it, is"
+        " taken over it, as NeMo's SlurmLauncher takes it)"
     ]
 
 

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptrain.config.nemo_launcher import read_slurm_launcher_keys
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
 from gptrain.launch.cluster_profiles import cluster_profile_path
@@ -121,6 +122,7 @@ def cluster_profile(name: str) -> dict:
     data = load_file(path) or {}  # a malformed or non-UTF-8 file: one line naming it
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping (a cluster config)")
+    read_slurm_launcher_keys(data, f"{path}: ")  # NeMo's num_gpus is its gpus_per_node
     # a misspelt plan: or gpus_per_node: planned for the default 8 H100s a node
     check_cluster_file_keys(data, path, "plan", set(PLAN_KEYS))
     plan = data.get("plan") or {}

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gptrain.config.nemo_launcher import slurm_launcher_keys
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.cluster_profiles import cluster_profile_path
@@ -47,6 +48,7 @@ def slurm_profile(name: str | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"--cluster {name}: {path} must be a mapping of cluster keys")
     try:  # as `gptrain launch` checks a cluster file: the trial scripts are rendered from it
+        slurm_launcher_keys(data)  # NeMo's num_gpus, setup, array, heterogeneous
         check_value("cluster", data)
         check_cluster_section(data)
     except ConfigError as error:

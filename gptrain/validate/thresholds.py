@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from gptrain.config.nemo_launcher import read_slurm_launcher_keys
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError
 from gptrain.launch.cluster_profiles import cluster_profile_path
@@ -101,6 +102,7 @@ def load_thresholds(profile: str | None, min_busbw_GBps: float | None = None) ->
         return Thresholds(min_busbw_override=min_busbw_GBps)
     path = cluster_profile_path(profile)  # a malformed file below: one line naming it
     data = load_file(path) or {}
+    read_slurm_launcher_keys(data, f"{path}: ")  # NeMo's num_gpus is its gpus_per_node
     block = _block(data, path)
     values = threshold_values(block, f"{path}: ")
     return Thresholds(
