@@ -65,7 +65,7 @@ def keeps_the_environment(option: str, value: Any) -> bool:
     return option == "export" and str(value).split(",")[0].strip().upper() == "ALL"
 
 
-# sbatch's options with --mem (cluster.mem), which it refuses together ("mutually exclusive").
+# sbatch's options besides --mem (cluster.mem): it refuses any two of the three ("mutually exclusive").
 SBATCH_MEM_OPTIONS = ("mem-per-cpu", "mem-per-gpu")
 SBATCH_OPTION_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
@@ -171,23 +171,44 @@ def extra_options(cluster: dict[str, Any]) -> list[tuple[str, str, Any]]:
 
 def check_extra_options(cluster: dict[str, Any]) -> None:
     """A NeMo cluster key beside an additional_parameters key for its option (sbatch would take the
-    last one, silently); --mem-per-cpu/--mem-per-gpu with cluster.mem's --mem, --cpus-per-gpu with
-    cluster.cpus_per_task's --cpus-per-task: sbatch refuses the job ('mutually exclusive')."""
-    given: dict[str, str] = {}
+    last one, silently); options sbatch refuses together ('mutually exclusive'): any two of --mem
+    (cluster.mem), --mem-per-cpu and --mem-per-gpu, --cpus-per-gpu with cluster.cpus_per_task's
+    --cpus-per-task."""
+    given = given_extra_options(cluster)
+    memory = [("mem", "cluster.mem", cluster.get("mem"))] if cluster.get("mem") is not None else []
+    refuse_together([*memory, *given_of(given, SBATCH_MEM_OPTIONS)], "set cluster.mem=null to use it")
+    if cluster.get("cpus_per_task") is not None:
+        cpus = ("cpus-per-task", "cluster.cpus_per_task", cluster["cpus_per_task"])
+        refuse_together([cpus, *given_of(given, ("cpus-per-gpu",))])
+
+
+def given_extra_options(cluster: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """The option (as sbatch reads it: `mem_per_c` is --mem-per-cpu) of every extra option given a
+    value, with its key and value. additional_parameters refuses its own twice: an option given
+    twice here is a NeMo key beside an additional_parameters key, refused."""
+    given: dict[str, tuple[str, Any]] = {}
     for key, option, item in extra_options(cluster):
-        meant = options_meant(option)  # `mem_per_c` is --mem-per-cpu to sbatch
         if item is None:
             continue
-        if meant[0] in given:  # additional_parameters refuses its own twice: one of these is a NeMo key
-            raise ConfigError(f"{given[meant[0]]}: --{meant[0]} is given twice (also as {key}); keep one")
-        given[meant[0]] = key
-        if meant[0] == "cpus-per-gpu" and cluster.get("cpus_per_task") is not None:
-            raise ConfigError(
-                f"{key}: sbatch refuses it together with --cpus-per-task, which"
-                f" cluster.cpus_per_task={cluster['cpus_per_task']} renders; give one of them"
-            )
-        if meant[0] in SBATCH_MEM_OPTIONS and cluster.get("mem") is not None:
-            raise ConfigError(
-                f"{key}: sbatch refuses it together with --mem, which"
-                f" cluster.mem={cluster['mem']} renders; set cluster.mem=null to use it"
-            )
+        meant = options_meant(option)[0]
+        if meant in given:
+            raise ConfigError(f"{given[meant][0]}: --{meant} is given twice (also as {key}); keep one")
+        given[meant] = (key, item)
+    return given
+
+
+def given_of(given: dict[str, tuple[str, Any]], options: tuple[str, ...]) -> list[tuple[str, str, Any]]:
+    """(option, key, value) of those of `options` given, in their order."""
+    return [(option, *given[option]) for option in options if option in given]
+
+
+def refuse_together(asked: list[tuple[str, str, Any]], fix_beside_own: str = "give one of them") -> None:
+    """(option, key, value) of options sbatch refuses any two of: the second is refused naming the
+    first; `fix_beside_own`: the advice where the first is an option gptrain renders from its key."""
+    if len(asked) < 2:
+        return
+    (first, first_key, first_value), (_, key, _) = asked[:2]
+    fix = fix_beside_own if first in SBATCH_OWNED else "give one of them"
+    raise ConfigError(
+        f"{key}: sbatch refuses it together with --{first}, which {first_key}={first_value} renders; {fix}"
+    )

@@ -417,3 +417,33 @@ def test_a_cluster_files_cpus_per_task_gives_the_training_its_cpus(tmp_path, mon
         launch_files(tmp_path, monkeypatch, "+cluster.cpus_per_task=4", "+cluster.cpus_per_gpu=2")
     with pytest.raises(ConfigError, match=r"^cluster\.cpus_per_task: expected a whole number"):
         launch_files(tmp_path, monkeypatch, "+cluster.cpus_per_task=many")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (
+            ["+cluster.mem_per_cpu=4G", "+cluster.mem_per_gpu=16G"],
+            "cluster.mem_per_gpu: sbatch refuses it together with --mem-per-cpu, which"
+            " cluster.mem_per_cpu=4G renders; give one of them",
+        ),
+        (
+            ["+cluster.mem_per_cpu=4G", "cluster.additional_parameters.mem_per_gpu=16G"],
+            "cluster.additional_parameters.mem_per_gpu: sbatch refuses it together with --mem-per-cpu,"
+            " which cluster.mem_per_cpu=4G renders; give one of them",
+        ),
+        (
+            ["cluster.additional_parameters.mem_per_c=4G", "cluster.additional_parameters.mem_per_gpu=16G"],
+            "cluster.additional_parameters.mem_per_gpu: sbatch refuses it together with --mem-per-cpu,"
+            " which cluster.additional_parameters.mem_per_c=4G renders; give one of them",
+        ),
+    ],
+)
+def test_any_two_of_sbatchs_memory_options_are_refused_naming_both(tmp_path, monkeypatch, overrides, says):
+    """sbatch refuses any two of --mem, --mem-per-cpu and --mem-per-gpu ('mutually exclusive', at
+    submission): only --mem beside one of the others was refused, so --mem-per-cpu with
+    --mem-per-gpu was rendered and refused after the earlier stages were queued."""
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, "cluster.mem=null", *overrides)
+    assert str(error.value) == says
+    assert not (tmp_path / "r").exists()
