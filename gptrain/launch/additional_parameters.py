@@ -158,6 +158,17 @@ def time_min_parameter(cluster: dict[str, Any]) -> tuple[str, int | str] | None:
 NEMO_SBATCH_KEYS = ("comment", "cpus_per_gpu", "mem_per_cpu", "mem_per_gpu")
 
 
+# Extra options left out of the data preparation's script: CPUs per GPU mean nothing on a job that
+# asks for no GPU (sbatch refuses --cpus-per-gpu without one), and Slurm 23.11+ refuses it beside the
+# --cpus-per-task that data_preparation.workers renders. The training and validation keep them.
+NOT_FOR_DATA_PREPARATION = ("cpus-per-gpu",)
+
+
+def left_out_of_stage(stage: str, option: str) -> bool:
+    """Whether extra option `option` (as a key renders it: `cpus_per_g` too) is left out of `stage`'s script."""
+    return stage == "data_preparation" and options_meant(option)[0] in NOT_FOR_DATA_PREPARATION
+
+
 def extra_options(cluster: dict[str, Any]) -> list[tuple[str, str, Any]]:
     """(key, option, value) of every extra #SBATCH option: NEMO_SBATCH_KEYS', then additional_parameters'."""
     nemo = [

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gptrain.errors import ConfigError, GptrainError, LaunchError
+from gptrain.launch.additional_parameters import extra_options, left_out_of_stage
 from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import tokenizer_downloads
 from gptrain.launch.live_jobs import cancel_never_starting, refuse_launch_into_live_run
@@ -126,7 +127,20 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
             f"note  training: cluster.max_requeues is {given}: a stop at the time limit checkpoints and ends "
             "the job without requeueing it; give +cluster.max_requeues=N to go on by itself"
         )
-    return notes + no_gpus_asked_notes(plan)
+    return notes + no_gpus_asked_notes(plan) + left_out_of_data_preparation_notes(plan, stages)
+
+
+def left_out_of_data_preparation_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
+    """An extra option of every stage's script left out of the data preparation's: said, as a cluster
+    file that sets cpus_per_gpu for the training would otherwise seem to set it there too."""
+    if plan.cluster_type != "slurm" or "data_preparation" not in stages:
+        return []
+    return [
+        f"note  data_preparation: {key}={value} is left out of its script: it asks for no GPU (sbatch"
+        " refuses --cpus-per-gpu without one); its CPUs per task are data_preparation.workers"
+        for key, option, value in extra_options(plan.cluster)
+        if value is not None and left_out_of_stage("data_preparation", option)
+    ]
 
 
 def no_gpus_asked_notes(plan: LaunchPlan) -> list[str]:

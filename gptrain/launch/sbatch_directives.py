@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError
-from gptrain.launch.additional_parameters import SBATCH_OWNED, extra_options, time_min_parameter
+from gptrain.launch.additional_parameters import (
+    SBATCH_OWNED,
+    extra_options,
+    left_out_of_stage,
+    time_min_parameter,
+)
 from gptrain.launch.gres import gres_gpus
 from gptrain.launch.key_types import non_negative, slurm_time_seconds
 from gptrain.launch.script_quoting import quote
@@ -117,10 +122,11 @@ def requeue_directive(cluster: dict) -> list[str]:
 def additional_directives(cluster: dict, stage: str) -> list[str]:
     """cluster.additional_parameters, after NeMo's SlurmLauncher keys of a cluster file (comment,
     mem_per_cpu, ...; checked in additional_parameters.py: none of the options above), as submitit
-    renders them: `mail_type: END` is `--mail-type=END`, true a bare flag, null no line; quoted."""
+    renders them: `mail_type: END` is `--mail-type=END`, true a bare flag, null no line; quoted.
+    --cpus-per-gpu is left out of the data preparation's (left_out_of_stage)."""
     lines = []
     for key, option, value in extra_options(cluster):
-        if value is not None:
+        if value is not None and not left_out_of_stage(stage, option):
             lines.append(directive(option, None if value is True else value, stage, key))
     return lines
 

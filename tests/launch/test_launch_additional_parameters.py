@@ -447,3 +447,25 @@ def test_any_two_of_sbatchs_memory_options_are_refused_naming_both(tmp_path, mon
         launch_files(tmp_path, monkeypatch, "cluster.mem=null", *overrides)
     assert str(error.value) == says
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("key", ["+cluster.cpus_per_gpu", "cluster.additional_parameters.cpus_per_g"])
+def test_cpus_per_gpu_is_left_out_of_the_data_preparation_with_a_note(tmp_path, monkeypatch, key):
+    """cluster.cpus_per_gpu was rendered on every stage, the data preparation's too: a job asking for
+    no GPU, which sbatch refuses --cpus-per-gpu on, and whose --cpus-per-task (data_preparation.workers)
+    Slurm 23.11+ refuses beside it. It is left out there, said once; the training keeps it."""
+    from gptrain.launch.launcher import launch_notes
+
+    extra = [*PREP, "data_preparation.workers=3", f"{key}=4"]
+    prep, train = launch_files(tmp_path, monkeypatch, *extra)
+    prep_lines = sbatch_lines(prep.read_text())
+    assert ("--cpus-per-task", "3") in prep_lines
+    assert not any(option.startswith("--cpus-per-g") for option, _ in prep_lines)
+    assert (f"--{key.rsplit('.', 1)[1].replace('_', '-')}", "4") in sbatch_lines(train.read_text())
+    plan = build_plan(compose([*CPU, "cluster_type=slurm", f"base_results_dir={tmp_path}/r", *extra]))
+    notes = launch_notes(plan, ["data_preparation", "training"])
+    said = [note for note in notes if note.startswith("note  data_preparation:")]
+    assert said == [
+        f"note  data_preparation: {key.lstrip('+')}=4 is left out of its script: it asks for no GPU"
+        " (sbatch refuses --cpus-per-gpu without one); its CPUs per task are data_preparation.workers"
+    ]
