@@ -183,14 +183,37 @@ def extra_options(cluster: dict[str, Any]) -> list[tuple[str, str, Any]]:
 def check_extra_options(cluster: dict[str, Any]) -> None:
     """A NeMo cluster key beside an additional_parameters key for its option (sbatch would take the
     last one, silently); options sbatch refuses together ('mutually exclusive'): any two of --mem
-    (cluster.mem), --mem-per-cpu and --mem-per-gpu, --cpus-per-gpu with cluster.cpus_per_task's
-    --cpus-per-task."""
+    (cluster.mem), --mem-per-cpu and --mem-per-gpu; any two of cluster.cpus_per_task's --cpus-per-task,
+    --cpus-per-gpu and a --tres-per-task cpu count."""
     given = given_extra_options(cluster)
     memory = [("mem", "cluster.mem", cluster.get("mem"))] if cluster.get("mem") is not None else []
     refuse_together([*memory, *given_of(given, SBATCH_MEM_OPTIONS)], "set cluster.mem=null to use it")
-    if cluster.get("cpus_per_task") is not None:
-        cpus = ("cpus-per-task", "cluster.cpus_per_task", cluster["cpus_per_task"])
-        refuse_together([cpus, *given_of(given, ("cpus-per-gpu",))])
+    per_task = cluster.get("cpus_per_task")
+    cpus = [("cpus-per-task", "cluster.cpus_per_task", per_task)] if per_task is not None else []
+    refuse_together([*cpus, *given_of(given, ("cpus-per-gpu",)), *cpu_tres(given)])
+
+
+def cpu_tres(given: dict[str, tuple[str, Any]]) -> list[tuple[str, str, Any]]:
+    """The --tres-per-task given that counts CPUs (`cpu:4` or `cpu=4` in its list), which sbatch
+    takes as --cpus-per-task: Slurm 23.02+ refuses the two together, 23.11+ --cpus-per-gpu with
+    either ('mutually exclusive')."""
+    key, value = given.get("tres-per-task", (None, None))
+    items = str(value).replace(" ", "").lower().split(",")
+    counts_cpus = key is not None and any(item.startswith(("cpu:", "cpu=")) for item in items)
+    return [("tres-per-task", key, value)] if counts_cpus else []
+
+
+def check_data_preparation_cpus(cluster: dict[str, Any], workers: int | None) -> None:
+    """A --tres-per-task cpu count beside the data preparation's --cpus-per-task (`workers`, None
+    where none is rendered), refused as check_extra_options refuses it beside cluster.cpus_per_task's."""
+    tres = cpu_tres(given_extra_options(cluster))
+    if workers and tres:
+        _, key, value = tres[0]
+        raise ConfigError(
+            f"{key}: sbatch refuses it together with --cpus-per-task, which data_preparation.workers={workers}"
+            f" renders for the data preparation ({value} asks for CPUs per task too); give the training's"
+            " CPUs as cluster.cpus_per_task instead"
+        )
 
 
 def given_extra_options(cluster: dict[str, Any]) -> dict[str, tuple[str, Any]]:

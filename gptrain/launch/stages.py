@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gptrain.errors import ConfigError, LaunchError
+from gptrain.launch.additional_parameters import check_data_preparation_cpus
 from gptrain.launch.compose import Composition
 from gptrain.launch.gres import gres_gpus
 from gptrain.launch.mounts import container_mounts, with_absolute_paths
@@ -277,6 +278,7 @@ def data_preparation_job(
     job = Job("data_preparation", name, job_name(cluster, name), run_dir, [])
     workers = tokenizer_workers(section.get("workers"))
     job.cpus_per_task, job.all_node_cpus = (None, True) if workers == "auto" else (workers, False)
+    check_data_preparation_cpus(cluster, job.cpus_per_task)
     job.time_limit = (section.get("run") or {}).get("time_limit")
     job.dependency = (section.get("run") or {}).get("dependency")  # NeMo's Pile config: singleton
     job.workdir = str(Path.cwd())

@@ -469,3 +469,50 @@ def test_cpus_per_gpu_is_left_out_of_the_data_preparation_with_a_note(tmp_path, 
         f"note  data_preparation: {key.lstrip('+')}=4 is left out of its script: it asks for no GPU"
         " (sbatch refuses --cpus-per-gpu without one); its CPUs per task are data_preparation.workers"
     ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (
+            ["+cluster.cpus_per_task=4", "cluster.additional_parameters.tres_per_task=cpu:4"],
+            "cluster.additional_parameters.tres_per_task: sbatch refuses it together with --cpus-per-task,"
+            " which cluster.cpus_per_task=4 renders; give one of them",
+        ),
+        (
+            ["+cluster.cpus_per_task=4", "cluster.additional_parameters.tres_per_task='gres/gpu:1,CPU=2'"],
+            "cluster.additional_parameters.tres_per_task: sbatch refuses it together with --cpus-per-task,"
+            " which cluster.cpus_per_task=4 renders; give one of them",
+        ),
+        (
+            ["+cluster.cpus_per_gpu=8", "cluster.additional_parameters.tres_per_task=cpu:4"],
+            "cluster.additional_parameters.tres_per_task: sbatch refuses it together with --cpus-per-gpu,"
+            " which cluster.cpus_per_gpu=8 renders; give one of them",
+        ),
+        (
+            [*PREP, "data_preparation.workers=3", "cluster.additional_parameters.tres_per_task=cpu:4"],
+            "cluster.additional_parameters.tres_per_task: sbatch refuses it together with --cpus-per-task,"
+            " which data_preparation.workers=3 renders for the data preparation (cpu:4 asks for CPUs per"
+            " task too); give the training's CPUs as cluster.cpus_per_task instead",
+        ),
+    ],
+)
+def test_a_tres_per_task_cpu_count_beside_another_cpu_request_is_refused(
+    tmp_path, monkeypatch, overrides, says
+):
+    """--tres-per-task=cpu:N is --cpus-per-task to sbatch: Slurm 23.02+ refuses the two together and
+    23.11+ either beside --cpus-per-gpu ('mutually exclusive'); it was rendered, refused at submission."""
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, *overrides)
+    assert str(error.value) == says
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_tres_per_task_of_gpus_or_alone_is_rendered(tmp_path, monkeypatch):
+    """Only a cpu count clashes: gres/gpu beside cluster.cpus_per_task, or cpu:N with no other CPU
+    request (the training alone, no cpus_per_task), goes to sbatch as given."""
+    gpu = "cluster.additional_parameters.tres_per_task=gres/gpu:1"
+    [script] = launch_files(tmp_path, monkeypatch, "+cluster.cpus_per_task=4", gpu)
+    assert ("--tres-per-task", "gres/gpu:1") in sbatch_lines(script.read_text())
+    [script] = launch_files(tmp_path, monkeypatch, "cluster.additional_parameters.tres_per_task=cpu:4")
+    assert ("--tres-per-task", "cpu:4") in sbatch_lines(script.read_text())
