@@ -57,6 +57,13 @@ SBATCH_REFUSED = {
         " the rendezvous variables or PATH",
         "use env_vars or cluster.env_vars instead",
     ),
+    # sbatch (22.05+): "--ntasks-per-node is mutually exclusive with --ntasks-per-gpu".
+    "ntasks-per-gpu": (
+        "sbatch refuses it beside --ntasks-per-node, which gptrain renders on every stage"
+        " (training.trainer.devices)",
+        "give the ranks per node as training.trainer.devices and their GPUs as cluster.gpus_per_node"
+        " or cluster.gpus_per_task",
+    ),
 }
 
 

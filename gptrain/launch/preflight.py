@@ -123,9 +123,9 @@ def requested_gpus_per_node(job: Job, cluster: dict[str, Any]) -> int:
     )
 
 
-# sbatch's options that allocate GPUs (--ntasks-per-gpu: one per that many tasks); --gpu-bind, --gpu-freq,
-# --cpus-per-gpu and --mem-per-gpu only say how to use the GPUs a job asked for elsewhere.
-GPU_ASKING_OPTIONS = ("gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "ntasks-per-gpu")
+# sbatch's options that allocate GPUs; --gpu-bind, --gpu-freq, --cpus-per-gpu and --mem-per-gpu only
+# say how to use the GPUs a job asked for elsewhere (--ntasks-per-gpu is refused: additional_parameters).
+GPU_ASKING_OPTIONS = ("gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task")
 
 
 def gpus_asked_in_additional_parameters(cluster: dict[str, Any]) -> bool:

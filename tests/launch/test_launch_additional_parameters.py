@@ -516,3 +516,20 @@ def test_a_tres_per_task_of_gpus_or_alone_is_rendered(tmp_path, monkeypatch):
     assert ("--tres-per-task", "gres/gpu:1") in sbatch_lines(script.read_text())
     [script] = launch_files(tmp_path, monkeypatch, "cluster.additional_parameters.tres_per_task=cpu:4")
     assert ("--tres-per-task", "cpu:4") in sbatch_lines(script.read_text())
+
+
+@pytest.mark.parametrize(("key", "spelt"), [("ntasks_per_gpu", "--ntasks-per-gpu"), ("ntasks_per_g", None)])
+def test_ntasks_per_gpu_is_refused_naming_the_ntasks_per_node_gptrain_renders(
+    tmp_path, monkeypatch, key, spelt
+):
+    """sbatch refuses --ntasks-per-gpu beside --ntasks-per-node ('mutually exclusive', 22.05+), which
+    every stage's script has: it was rendered (and counted as a GPU request) and refused at submission."""
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, f"cluster.additional_parameters.{key}=1")
+    spelt = spelt or "--ntasks-per-gpu (which --ntasks-per-g abbreviates)"
+    assert str(error.value) == (
+        f"cluster.additional_parameters.{key}: {spelt} is refused: sbatch refuses it beside --ntasks-per-node,"
+        " which gptrain renders on every stage (training.trainer.devices); give the ranks per node as"
+        " training.trainer.devices and their GPUs as cluster.gpus_per_node or cluster.gpus_per_task"
+    )
+    assert not (tmp_path / "r").exists()

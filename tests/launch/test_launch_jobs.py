@@ -1924,7 +1924,6 @@ def test_the_partitions_time_limit_is_read_from_sinfo(tmp_path, monkeypatch):
         ("cluster.additional_parameters.tres_per_task=gres/gpu:1", False),
         ("cluster.additional_parameters.tres_per_task=cpu:2", True),
         ("cluster.additional_parameters.comment=gpu", True),
-        ("cluster.additional_parameters.ntasks_per_gpu=1", False),  # Slurm gives a GPU per n tasks
         # options about the GPUs a job has, which ask for none: the note was left out for them
         ("cluster.additional_parameters.gpu_bind=closest", True),
         ("cluster.additional_parameters.gpu_freq=high", True),
