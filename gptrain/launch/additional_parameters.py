@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from gptrain.errors import ConfigError
-from gptrain.launch.key_types import mapping, type_name
+from gptrain.launch.key_types import count, mapping, type_name
 from gptrain.launch.sbatch_option_names import SBATCH_OPTION_ALIASES, SBATCH_SHORT_OPTIONS, options_meant
 
 # sbatch options gptrain renders itself, and the key that sets each: one from
@@ -143,10 +144,16 @@ def additional_parameters(key: str, value: Any) -> dict[str, Any] | None:
         if owned:
             fix = f"use {SBATCH_OWNED[owned]} instead" if owned in SBATCH_OWNED else "leave it out"
             raise ConfigError(f"{where}: gptrain renders {spelt} itself; {fix}{reserved_reason(owned)}")
-        if item is False or isinstance(item, dict | list):
-            raise ConfigError(
-                f"{where}: expected one value, true (a bare --{option}) or null (left out), got {type_name(item)}"
-            )
+        one_value(where, option, item, bare=True)
+    return value
+
+
+def one_value(key: str, option: str, value: Any, bare: bool) -> Any:
+    """One value for --`option`: false would render `--option=False`, a list or mapping its Python
+    text; true is a bare flag where `bare`, else refused too (the option needs a value)."""
+    if value is False or isinstance(value, dict | list) or (value is True and not bare):
+        flag = f", true (a bare --{option})" if bare else ""
+        raise ConfigError(f"{key}: expected one value{flag} or null (left out), got {type_name(value)}")
     return value
 
 
@@ -160,9 +167,25 @@ def time_min_parameter(cluster: dict[str, Any]) -> tuple[str, int | str] | None:
     return None
 
 
+def nemo_value(key: str, value: Any) -> Any:
+    """A NeMo SlurmLauncher key's value (cluster.comment): its option needs one, so true (a bare
+    option, which sbatch refuses) is refused as false is."""
+    return one_value(key, sbatch_option(key.rsplit(".", 1)[-1]), value, bare=False)
+
+
+def nemo_memory(key: str, value: Any) -> Any:
+    """Blank is no option, as for cluster.mem (`--mem-per-cpu=''` is refused by sbatch)."""
+    return None if isinstance(value, str) and not value.strip() else nemo_value(key, value)
+
+
 # NeMo's SlurmLauncher parameters that are sbatch options no gptrain key renders: a NeMo cluster file
-# may set them beside bcm.yaml's keys; rendered as NeMo renders them (null: no line).
-NEMO_SBATCH_KEYS = ("comment", "cpus_per_gpu", "mem_per_cpu", "mem_per_gpu")
+# may set them beside bcm.yaml's keys; rendered as NeMo renders them (null: no line), each checked.
+NEMO_SBATCH_KEYS: dict[str, Callable[[str, Any], Any]] = {
+    "comment": nemo_value,
+    "cpus_per_gpu": count,
+    "mem_per_cpu": nemo_memory,
+    "mem_per_gpu": nemo_memory,
+}
 
 
 # Extra options left out of the data preparation's script: CPUs per GPU mean nothing on a job that

@@ -71,7 +71,7 @@ CLUSTER: dict[str, Check] = {
     "max_requeues": non_negative,
     "env_vars": env_vars,
     "additional_parameters": additional_parameters,
-    **dict.fromkeys(NEMO_SBATCH_KEYS, scalar),  # NeMo's SlurmLauncher renders them
+    **NEMO_SBATCH_KEYS,  # NeMo's SlurmLauncher renders them
     "validation": mapping,
 }
 RUN: dict[str, Check] = {

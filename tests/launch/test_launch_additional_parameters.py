@@ -533,3 +533,46 @@ def test_ntasks_per_gpu_is_refused_naming_the_ntasks_per_node_gptrain_renders(
         " training.trainer.devices and their GPUs as cluster.gpus_per_node or cluster.gpus_per_task"
     )
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("+cluster.cpus_per_gpu=false", "cluster.cpus_per_gpu: expected a whole number, got False (bool)"),
+        ("+cluster.cpus_per_gpu=true", "cluster.cpus_per_gpu: expected a whole number, got True (bool)"),
+        ("+cluster.cpus_per_gpu=-2", "cluster.cpus_per_gpu: expected a whole number 1 or more, got -2"),
+        ("+cluster.cpus_per_gpu=''", "cluster.cpus_per_gpu: expected a whole number, got '' (str)"),
+        ("+cluster.comment=true", "cluster.comment: expected one value or null (left out), got True (bool)"),
+        (
+            "+cluster.comment=false",
+            "cluster.comment: expected one value or null (left out), got False (bool)",
+        ),
+        (
+            "+cluster.mem_per_cpu=true",
+            "cluster.mem_per_cpu: expected one value or null (left out), got True (bool)",
+        ),
+        (
+            "+cluster.mem_per_gpu=false",
+            "cluster.mem_per_gpu: expected one value or null (left out), got False (bool)",
+        ),
+    ],
+)
+def test_nemo_sbatch_keys_are_checked_as_values_their_options_take(tmp_path, monkeypatch, override, says):
+    """cluster.comment, cpus_per_gpu, mem_per_cpu and mem_per_gpu were checked only as single values:
+    false rendered `--cpus-per-gpu=False`, true a bare option, -2 a count sbatch refuses, each at
+    submission after the earlier stages were queued."""
+    with pytest.raises(ConfigError) as error:
+        launch_files(tmp_path, monkeypatch, "cluster.mem=null", override)
+    assert str(error.value) == says
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("blank", ["''", "' '"])
+def test_a_blank_nemo_mem_per_key_is_none_as_a_blank_cluster_mem_is(tmp_path, monkeypatch, blank):
+    """A blank mem_per_cpu rendered `--mem-per-cpu=''` (sbatch refuses it) and, beside cluster.mem,
+    was refused as a second memory option; it is no option, as a blank cluster.mem is."""
+    [script] = launch_files(
+        tmp_path, monkeypatch, f"+cluster.mem_per_cpu={blank}", f"+cluster.mem_per_gpu={blank}"
+    )
+    lines = sbatch_lines(script.read_text())
+    assert ("--mem", "0") in lines and not any(option.startswith("--mem-per") for option, _ in lines)
