@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError
@@ -142,7 +143,8 @@ def check_signal_fits_time_limit(
     """A warning signal due (nearly) as soon as the job starts would checkpoint and requeue it at
     once, every time, until max_requeues is spent: refused at launch, naming both keys. The signal
     comes before the limit the job started with, which Slurm may lower down to a --time-min
-    (`time_min`: its key and value), so each limit the job may get must leave the time."""
+    (`time_min`: its key and value), so each limit the job may get must leave the time; each read as
+    Slurm reads it, in whole minutes."""
     limits = [(f"{job.stage}.run.time_limit={job.time_limit}", job.time_limit)]
     if time_min:
         key, value = time_min
@@ -151,7 +153,7 @@ def check_signal_fits_time_limit(
         )
     for given, value in limits:
         try:
-            limit = slurm_time_seconds(value)
+            limit = slurm_limit_seconds(value)
         except ValueError:  # a --time-min sbatch will refuse (it says why), or one this does not read
             continue
         if limit is not None and limit - signal_seconds < MIN_SECONDS_BEFORE_SIGNAL:
@@ -165,6 +167,13 @@ def check_signal_fits_time_limit(
                 f" which comes cluster.signal_seconds={signal_seconds} s before the limit (and up to 60 s"
                 f" earlier): give a longer time limit {fix}"
             )
+
+
+def slurm_limit_seconds(value: object) -> int | None:
+    """The seconds of a time limit as Slurm keeps it: whole minutes, rounded up (its time_str2mins),
+    so `06:59` (MM:SS) is a 7-minute limit. None: no limit."""
+    seconds = slurm_time_seconds(value)
+    return None if seconds is None else math.ceil(seconds / 60) * 60
 
 
 def gpu_directives(job: Job, cluster: dict) -> list[str]:

@@ -198,6 +198,22 @@ def test_a_time_min_the_warning_signal_would_fill_is_refused(tmp_path, key):
     assert directives(script.read_text())["--signal"] == "B:USR1@300"
 
 
+@pytest.mark.parametrize("key", ["training.run.time_limit", "+cluster.additional_parameters.time_min"])
+def test_the_signal_lead_is_checked_against_the_limit_slurm_keeps_in_whole_minutes(tmp_path, key):
+    """Slurm rounds a time limit up to whole minutes (time_str2mins: (seconds + 59) / 60): `06:59`
+    (MM:SS) is a 7-minute limit, leaving 120 s before a 300 s signal, yet it was refused for its
+    exact 119 s; `05:01` is 6 minutes, leaving 60 s, not the 1 s the error said."""
+    base = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "training.run.time_limit=04:00:00"]
+    args = [*base, f"{key}='06:59'"]
+    [script] = write_run_files(build_plan(compose(args)), args)
+    assert directives(script.read_text())["--signal"] == "B:USR1@300"
+    args = [*base, f"{key}='05:01'"]
+    with pytest.raises(ConfigError) as error:
+        write_run_files(build_plan(compose(args)), args)
+    assert " leaves 60 s before the checkpoint-and-requeue signal" in str(error.value)
+    assert str(error.value).startswith(f"{key.lstrip('+')}=05:01")
+
+
 def test_build_plan_names_the_key_when_called_directly(tmp_path):
     with pytest.raises(ConfigError, match=r"^cluster\.max_requeues: expected a whole number 0 or more"):
         build_plan(compose(["cluster_type=slurm", f"base_results_dir={tmp_path}", "cluster.max_requeues=-1"]))
