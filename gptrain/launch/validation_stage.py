@@ -74,9 +74,8 @@ def validation_job(
         "validation", stage_name, f"{prefix}{stage_name}", run_dir, [], nodes=nodes, tasks_per_node=devices
     )
     job.gpus = trainer.get("accelerator", "auto") != "cpu"
-    job.cpus_per_task = cluster.get(
-        "cpus_per_task"
-    )  # the training's ranks', as NeMo renders it for every job
+    # the training's ranks' CPUs, as NeMo renders cpus_per_task for every job
+    job.cpus_per_task = cluster.get("cpus_per_task")
     job.time_limit = (section.get("run") or {}).get("time_limit")
     if job.gpus and check in ("gpus", "all"):  # where dcgmi runs
         check_time_for_dcgmi(section, int(section.get("dcgm_level") or 0))

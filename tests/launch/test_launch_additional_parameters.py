@@ -576,3 +576,17 @@ def test_a_blank_nemo_mem_per_key_is_none_as_a_blank_cluster_mem_is(tmp_path, mo
     )
     lines = sbatch_lines(script.read_text())
     assert ("--mem", "0") in lines and not any(option.startswith("--mem-per") for option, _ in lines)
+
+
+def test_a_cluster_files_cpus_per_task_gives_the_validation_its_cpus(tmp_path, monkeypatch):
+    """The validation's ranks run on the training's nodes as its ranks do: NeMo renders cpus_per_task
+    for every job, so the validation's #SBATCH line and srun carry it too (nothing checked it)."""
+    validation, training = launch_files(
+        tmp_path, monkeypatch, "+cluster.cpus_per_task=4", stages=["stages=[validation,training]"]
+    )
+    for script in (validation, training):
+        text = script.read_text()
+        assert ("--cpus-per-task", "4") in sbatch_lines(text)
+        srun = next(line for line in text.splitlines() if line.startswith("srun "))
+        assert "--cpus-per-task=4" in shlex.split(srun.removesuffix(" &"))
+    assert validation.name.endswith("_validation_submission.sh")
