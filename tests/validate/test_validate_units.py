@@ -486,6 +486,31 @@ def test_a_failure_blaming_no_node_says_to_run_pairwise_only_where_it_did_not_ru
     assert advice in capsys.readouterr().out.splitlines()
 
 
+def test_validation_json_keeps_the_bare_exclude_line_the_shell_gets_quoted(monkeypatch, tmp_path, capsys):
+    """The printed --exclude= line is quoted for a shell (`n[1-2]` would glob); validation.json is read
+    by programs, which would take the quotes as part of the host list: it keeps the bare one, and the
+    exclude file the host list alone."""
+    import argparse
+    import json
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from gptrain.validate import main as validate_main
+
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, src: None)
+    ctx = SimpleNamespace(rank=0, size=3, nodes=["n1", "n2", "gpu07"])
+    exclude_file = tmp_path / "exclude_nodes.txt"
+    args = argparse.Namespace(check="gpus", exclude_file=str(exclude_file), output_dir=str(tmp_path))
+    out = validate_main.Outcome(failures=["gpus: n1, n2 slow"], bad_nodes={"n1", "n2", "gpu07"})
+    assert validate_main.conclude(ctx, args, out) == 1
+    assert "--exclude='gpu07,n[1-2]'" in capsys.readouterr().out.splitlines()
+    summary = json.loads((tmp_path / "validation.json").read_text())
+    assert summary["exclude"] == "--exclude=gpu07,n[1-2]"
+    assert summary["passed"] is False and summary["nodes"] == ["gpu07", "n1", "n2"]
+    assert exclude_file.read_text() == "gpu07,n[1-2]\n"
+
+
 def test_a_hang_line_comes_out_when_the_exclude_file_cannot_be_written(monkeypatch, tmp_path):
     """The first rank that timed out merges the hung nodes into --exclude-file inside the timeout's
     handler; a file that failed there (full disk, garbled since the early check) was a traceback
