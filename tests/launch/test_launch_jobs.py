@@ -1817,6 +1817,25 @@ def test_exclusive_topo_is_refused_where_sbatch_is_older_than_24_05(tmp_path, mo
     assert preflight_cluster(build_plan(compose([*args, "cluster.exclusive=user"])))[0].startswith("ok  ")
 
 
+def test_an_sbatch_that_does_not_answer_its_version_leaves_the_mode_to_sbatch(tmp_path, monkeypatch):
+    """A hung `sbatch --version` (a controller-side plugin, a wrapper waiting on a lock) is cut off
+    at the timeout and read as no version: --exclusive=topo is then left to sbatch, not a traceback
+    or a launch that waits on it."""
+    import time
+
+    from gptrain.launch.preflight import check_exclusive_mode, sbatch_version
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\nexec sleep 30\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    started = time.monotonic()
+    assert sbatch_version(timeout=0.5) is None
+    assert time.monotonic() - started < 10  # cut off, not waited out (30 s)
+    check_exclusive_mode({"exclusive": "topo"}, None)  # an unknown version: left to sbatch
+
+
 def test_preflight_checks_the_partition_sbatch_partition_picks_where_no_key_names_one(monkeypatch):
     """With cluster.partition unset, SBATCH_PARTITION in the shell chooses the job's partition (the
     script names none), yet preflight checked the cluster's default partition."""
