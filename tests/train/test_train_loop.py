@@ -1054,7 +1054,10 @@ def test_nemos_restore_from_ckpt_goes_on_from_the_iteration_with_the_data_from_i
     ("make", "message"),
     [
         (lambda root: root / "missing", "missing: does not exist; give a run directory"),
-        (lambda root: root / "model.ckpt", "model.ckpt: is a file, not a checkpoint; pass a run's results dir"),
+        (
+            lambda root: root / "model.ckpt",
+            "model.ckpt: is a file, not a checkpoint; pass a run's results dir",
+        ),
         (lambda root: root / "empty", "empty: no checkpoints found; pass a run's results dir"),
         (lambda root: root / "torn" / "checkpoints" / "step_3", "step_3: incomplete checkpoint (no COMPLETE"),
         (
