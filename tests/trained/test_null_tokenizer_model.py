@@ -90,3 +90,24 @@ def test_eval_refuses_data_with_ids_past_the_vocabulary_in_one_line(null_run, ca
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("gptrain: error: --data-prefix: ")
     assert f"{tmp / 'wide.bin'} holds token id 350, but NullTokenizer's model.tokenizer.vocab_size=300" in err
+
+
+@pytest.mark.parametrize(("pad", "written"), [(350, None), (300, None), (7, 7)])
+def test_a_padding_id_past_the_exported_rows_is_left_out_of_config_json_and_said(
+    tmp_path, capsys, pad, written
+):
+    """Before: config.json had pad_token_id 350 (null_pad_id outside the data's ids, as Megatron's
+    help suggests) beside vocab_size 300, and transformers' Llama refused to build the model
+    ('Padding_idx must be within num_embeddings'): the verified export failed, and --no-verify wrote a
+    directory that does not load. Now pad_token_id is written only for an id of the exported rows."""
+    from transformers import AutoModelForCausalLM
+
+    run, _ = saved_run(tmp_path / "run", "llama", *NULL, f"model.tokenizer.null_pad_id={pad}", step=1)
+    out = tmp_path / "hf"
+    assert run_cli(["export", str(run), "--to", "hf", str(out)]) == 0
+    err = capsys.readouterr().err
+    config = json.loads((out / "config.json").read_text())
+    assert config.get("pad_token_id") == written and config["vocab_size"] == VOCAB
+    said = f"model.tokenizer.null_pad_id={pad} is not one of the {VOCAB} exported ids"
+    assert (said in err) == (written is None), err
+    AutoModelForCausalLM.from_pretrained(str(out))

@@ -30,6 +30,7 @@ from gptrain.trained.hf.record import (
     check_generation_config,
     find_run_record,
     generation_defaults,
+    null_pad_exported,
     special_token_ids,
 )
 from gptrain.trained.hf.sentencepiece_json import sentencepiece_problem, unigram_rounding_note
@@ -244,6 +245,13 @@ def _check_tokenizer_exportable(source: RunSource, verify: bool, stream: TextIO)
             "the data was made with encodes text for it)",
             file=stream,
         )
+        if source.tokenizer.pad >= 0 and not null_pad_exported(source.tokenizer):
+            print(
+                f"gptrain: note: model.tokenizer.null_pad_id={source.tokenizer.pad} is not one of the "
+                f"{tok.vocab_size} exported ids: config.json has no pad_token_id (transformers builds a "
+                "padding row at that id and refuses one past them)",
+                file=stream,
+            )
         return
     if kind == "tiktoken" and gpt2_bpe_of(source.tokenizer) is not None:
         return  # GPT-2's split: exported as GPT-2's vocab.json + merges.txt

@@ -172,7 +172,7 @@ def special_token_ids(cfg: Any, tokenizer: Any | None, record: dict[str, Any]) -
         return {"bos_token_id": None, "eos_token_id": None}
     kind = canonical_type(cfg.model.tokenizer.type)
     if kind == "null":  # its end of document, and its padding where the run masked one
-        pad = {"pad_token_id": tokenizer.pad} if tokenizer.pad >= 0 else {}
+        pad = {"pad_token_id": tokenizer.pad} if null_pad_exported(tokenizer) else {}
         return {"bos_token_id": None, "eos_token_id": tokenizer.eod, **pad}
     if kind in SENTENCEPIECE_KINDS:  # the model's bos (Megatron's <BOS> if it has none), EOD as eos
         return {"bos_token_id": tokenizer.bos_id, "eos_token_id": _eod_or_none(tokenizer)}
@@ -186,6 +186,14 @@ def special_token_ids(cfg: Any, tokenizer: Any | None, record: dict[str, Any]) -
         "bos_token_id": named.get("bos_token"),
         "eos_token_id": eos if eos is not None else _eod_or_none(tokenizer),
     }
+
+
+def null_pad_exported(tokenizer: Any) -> bool:
+    """Whether NullTokenizer's padding id is one of the exported rows (config.json's vocab_size, its
+    vocab_size): transformers builds the embedding's padding row at pad_token_id and refuses one past
+    them (Llama: 'Padding_idx must be within num_embeddings'), as Megatron's help suggests an id
+    outside the data's."""
+    return 0 <= tokenizer.pad < tokenizer.vocab_size
 
 
 def _eod_or_none(tokenizer: Any) -> int | None:
