@@ -150,6 +150,7 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--openai-gelu": {"model.openai_gelu": True},
     "--use-rotary-position-embeddings": {"model.position_embedding_type": "rope"},
     "--eod-mask-loss": {"model.data.eod_mask_loss": True},
+    "--allow-ambiguous-pad-tokens": {"model.data.allow_ambiguous_pad_tokens": True},
     "--account-for-embedding-in-pipeline-split": {"model.account_for_embedding_in_pipeline_split": True},
     "--account-for-loss-in-pipeline-split": {"model.account_for_loss_in_pipeline_split": True},
     "--mock-data": {"model.data.data_impl": "mock"},

@@ -317,12 +317,16 @@ def batch_eod(tokenizer: Any | None, eod_mask_loss: bool) -> int | None:
         raise DataError(f"model.data.eod_mask_loss needs an end-of-document token: {error}") from None
 
 
-def batch_pad(tokenizer: Any | None) -> int | None:
+def batch_pad(tokenizer: Any | None, allow_ambiguous: bool = False) -> int | None:
     """The padding id whose labels leave the loss: NullTokenizer's model.tokenizer.null_pad_id alone
-    (Megatron's GPT dataset masks its tokenizer's pad; gptrain's other tokenizers keep every label)."""
+    (Megatron's GPT dataset masks its tokenizer's pad; gptrain's other tokenizers keep every label).
+    One that is the end of document is none, as Megatron's dataset resets it, unless `allow_ambiguous`
+    (model.data.allow_ambiguous_pad_tokens; ambiguous_pad_warning says so)."""
     from gptrain.data.null_tokenizer import NullTokenizer
 
     if not isinstance(tokenizer, NullTokenizer) or tokenizer.pad < 0:
+        return None
+    if tokenizer.pad == tokenizer.eod and not allow_ambiguous:
         return None
     return tokenizer.pad
 
@@ -376,7 +380,7 @@ def _build_datasets(
     eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
     source = "model.data.data_prefix"
-    pad = batch_pad(tokenizer)
+    pad = batch_pad(tokenizer, m.data.allow_ambiguous_pad_tokens)
     wrapped = [
         GPTBatchDataset(d, eod, m.data.eod_mask_loss, rows, source, pad) if d is not None else None
         for d in (train, valid, test)

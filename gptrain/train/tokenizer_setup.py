@@ -71,8 +71,12 @@ def check_data_tokenizer(
     _refuse_or_warn(cfg, legacy_conflict(prefixes, tok.legacy, tok.type, where=where))
     if tokenizer is not None:
         _refuse_or_warn(cfg, vocabulary_conflict(cfg, tokenizer, prefixes, where))
-        if (warning := null_eod_warning(cfg, tokenizer, prefixes, where)) is not None and is_rank_zero():
-            print(warning, file=sys.stderr)
+        for warning in (
+            null_eod_warning(cfg, tokenizer, prefixes, where),
+            ambiguous_pad_warning(cfg, tokenizer),
+        ):
+            if warning is not None and is_rank_zero():
+                print(warning, file=sys.stderr)
 
 
 def vocabulary_conflict(
@@ -128,6 +132,25 @@ def null_eod_warning(
                 f"data's document ends stay in the loss; set model.tokenizer.null_eod_id={eod} to mask them"
             )
     return None
+
+
+def ambiguous_pad_warning(cfg: TrainingConfig, tokenizer: Any) -> str | None:
+    """A warning where NullTokenizer's padding id is its end of document and
+    model.data.allow_ambiguous_pad_tokens is off: as Megatron core 0.18's GPT dataset, no id is then
+    padding (batch_pad), which would otherwise mask every document end's label and read it as id 0."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+
+    if not isinstance(tokenizer, NullTokenizer) or tokenizer.pad != tokenizer.eod:
+        return None
+    if cfg.model.data.allow_ambiguous_pad_tokens:
+        return None
+    return (
+        f"gptrain: warning: model.tokenizer.null_pad_id={tokenizer.pad} is NullTokenizer's end of document "
+        "too: as Megatron's GPT dataset, gptrain masks nothing as padding (Megatron's warning: the pad "
+        "token id collides with another special token id); give a padding id of its own, or set "
+        "model.data.allow_ambiguous_pad_tokens=true (Megatron's --allow-ambiguous-pad-tokens) to mask the "
+        "end of document's labels and read it as id 0"
+    )
 
 
 def _refuse_or_warn(cfg: TrainingConfig, conflict: tuple[str, str] | None) -> None:

@@ -2286,3 +2286,16 @@ def test_eod_mask_loss_on_mock_data_says_what_it_masks():
     ]
     prepared = translate(shlex.split(flags.replace("--mock-data --vocab-size 64", "--data-path /d/x")), ENV)
     assert not [note for note in prepared.notes if "mock data" in note]
+
+
+def test_allow_ambiguous_pad_tokens_keeps_a_padding_id_that_is_the_end_of_document():
+    """Megatron's --allow-ambiguous-pad-tokens keeps a padding id that collides with the end of
+    document (masked as padding); without it the GPT dataset ignores that id. Before: an unknown flag."""
+    flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --micro-batch-size 1"
+    flags += " --train-iters 4 --data-path /d/x_text_document --tokenizer-type NullTokenizer --vocab-size 300"
+    flags += " --null-tokenizer-pad-id 299"
+    assert "model.data.allow_ambiguous_pad_tokens" not in translate(shlex.split(flags), {}).values
+    t = translate(shlex.split(flags + " --allow-ambiguous-pad-tokens"), {})
+    assert t.values["model.data.allow_ambiguous_pad_tokens"] is True
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert cfg.model.data.allow_ambiguous_pad_tokens is True

@@ -264,3 +264,43 @@ def test_a_recorded_end_of_document_other_than_the_null_tokenizers_is_a_warning_
     )
     assert warning("model.tokenizer.null_eod_id=7") == ""
     assert warning("model.data.eod_mask_loss=false") == ""
+
+
+def test_a_padding_id_that_is_the_end_of_document_masks_nothing_as_megatron_unless_allowed(tmp_path, capsys):
+    """Before: null_pad_id equal to the end of document (--null-tokenizer-pad-id 299 with eod 299)
+    took every end-of-document label out of the loss and read every input one as id 0, silently.
+    Megatron core 0.18's GPT dataset then resets the padding to none, with a warning, unless
+    --allow-ambiguous-pad-tokens keeps it (model.data.allow_ambiguous_pad_tokens): so does gptrain."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+    from gptrain.train.batches import GPTBatchDataset
+    from gptrain.train.builders import batch_eod, batch_pad
+    from gptrain.train.tokenizer_setup import build_tokenizer, check_data_tokenizer
+
+    tokenizer = NullTokenizer(300, None, 299)
+    sample = [np.array([5, 6, 299, 7, 8, 299, 9])]
+    assert batch_pad(tokenizer) is None
+    kept = GPTBatchDataset(sample, batch_eod(tokenizer, False), False, 384, "x", batch_pad(tokenizer))[0]
+    assert kept["tokens"].tolist() == [5, 6, 299, 7, 8, 299]
+    assert kept["labels"].tolist() == [6, 299, 7, 8, 299, 9]
+    assert kept["loss_mask"].tolist() == [1.0] * 6
+    assert batch_pad(tokenizer, allow_ambiguous=True) == 299
+    padded = GPTBatchDataset(sample, None, False, 384, "x", batch_pad(tokenizer, allow_ambiguous=True))[0]
+    assert padded["tokens"].tolist() == [5, 6, 0, 7, 8, 0]
+    assert padded["loss_mask"].tolist() == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    assert batch_pad(NullTokenizer(300, None, 7)) == 7  # a padding id of its own
+
+    def warning(*extra: str) -> str:
+        cfg = null_config(tmp_path, *extra)
+        capsys.readouterr()
+        check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
+        return capsys.readouterr().err
+
+    assert warning("model.tokenizer.null_pad_id=299") == (
+        "gptrain: warning: model.tokenizer.null_pad_id=299 is NullTokenizer's end of document too: as "
+        "Megatron's GPT dataset, gptrain masks nothing as padding (Megatron's warning: the pad token id "
+        "collides with another special token id); give a padding id of its own, or set "
+        "model.data.allow_ambiguous_pad_tokens=true (Megatron's --allow-ambiguous-pad-tokens) to mask "
+        "the end of document's labels and read it as id 0\n"
+    )
+    assert warning("model.tokenizer.null_pad_id=299", "model.data.allow_ambiguous_pad_tokens=true") == ""
+    assert warning("model.tokenizer.null_pad_id=7") == ""
