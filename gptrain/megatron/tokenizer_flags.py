@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from gptrain.errors import ConfigError
 from gptrain.megatron.defaults import MEGATRON_DEFAULTS
 from gptrain.megatron.flag_parsing import _convert
-from gptrain.utils.tokenizer_types import names_a_file
+from gptrain.utils.tokenizer_types import check_null_settings, names_a_file
 
 if TYPE_CHECKING:
     from gptrain.megatron.translation import Translation
@@ -26,6 +26,7 @@ def _null_tokenizer(result: Translation) -> None:
     if "--vocab-size" not in given:
         raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size, as in Megatron")
     size = v["model.data.mock_vocab_size"]
+    _check_null_flags(result, size, mock=v.get("model.data.data_impl") == "mock")
     versions = (
         "as Megatron's since core 0.18; up to core 0.17 it added one, the end of document "
         f"{size}: give --vocab-size {size + 1} for that vocabulary"
@@ -41,6 +42,19 @@ def _null_tokenizer(result: Translation) -> None:
         f"--tokenizer-type NullTokenizer: ids 0 to {size - 1}, the end of document "
         f"{_null_eod(given, size)} ({versions}); the data's largest id is checked against them at the start"
     )
+
+
+def _check_null_flags(result: Translation, size: int, mock: bool) -> None:
+    """NullTokenizer's --vocab-size (and on a dataset its --null-tokenizer-eod-id/-pad-id), checked as
+    the config checks them, before its note says the ids they give ('ids 0 to -1'); named by flag."""
+    ids = [None, None]
+    if not mock:
+        given = result.given
+        ids = [_convert(flag, given[flag][0], int) if flag in given else None for flag in NULL_IDS]
+    try:
+        check_null_settings(size, *ids)
+    except ConfigError as error:
+        raise ConfigError(result.in_flags(str(error))) from None
 
 
 def _null_eod(given: dict[str, list[str]], size: int) -> int:

@@ -2299,3 +2299,33 @@ def test_allow_ambiguous_pad_tokens_keeps_a_padding_id_that_is_the_end_of_docume
     assert t.values["model.data.allow_ambiguous_pad_tokens"] is True
     cfg = load_training_config(None, t.overrides, report_ignored=False)
     assert cfg.model.data.allow_ambiguous_pad_tokens is True
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            "--data-path /d/x_text_document --vocab-size 0",
+            "--vocab-size: must be a whole number of at least 1, got 0",
+        ),
+        ("--mock-data --vocab-size 0", "--vocab-size: must be a whole number of at least 1, got 0"),
+        (
+            "--data-path /d/x_text_document --vocab-size 64 --null-tokenizer-eod-id 64",
+            "--null-tokenizer-eod-id: 64 is not an id of the vocabulary (0 to 63)",
+        ),
+        (
+            "--data-path /d/x_text_document --vocab-size 64 --null-tokenizer-pad-id -5",
+            "--null-tokenizer-pad-id: -5: give the id whose labels stay out of the loss",
+        ),
+    ],
+)
+def test_null_tokenizers_values_are_checked_before_its_note_is_said(flags, message, capsys):
+    """Before: `--vocab-size 0` printed 'ids 0 to -1, the end of document -1' (and an eod past the
+    vocabulary 'the end of document 64' beside 'ids 0 to 63') before the error."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --tokenizer-type NullTokenizer"
+    assert main(["megatron", "--dry-run", *shlex.split(f"{base} {flags}")]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gptrain: error: ") and message in last, err
+    assert "--tokenizer-type NullTokenizer" not in err, err
