@@ -104,11 +104,13 @@ def _loss_average(result: Translation) -> None:
     """--eod-mask-loss without --calculate-per-token-loss: Megatron averages each micro-batch's own
     mean, gptrain the tokens of the whole global batch; said, since the gradients differ slightly. Not on
     mock data, whose note says what is masked (nothing, or an id drawn by chance: micro-batches of as many
-    loss tokens, whose averages agree), so the flag is listed once."""
+    loss tokens, whose averages agree), so the flag is listed once. A notice, not a note: the flag takes
+    effect, and notes list the flags accepted without one."""
     mock = result.values.get("model.data.data_impl") == "mock"
     if "--eod-mask-loss" in result.given and "--calculate-per-token-loss" not in result.given and not mock:
-        result.notes.append(
-            "--eod-mask-loss (gptrain averages the loss over every loss token of the global batch, as "
-            "Megatron's --calculate-per-token-loss does; Megatron's default averages each micro-batch's "
-            "own mean, so gradients differ slightly where micro-batches hold different numbers of loss tokens)"
+        result.notices.append(  # the flag takes effect (model.data.eod_mask_loss): not one without
+            "--eod-mask-loss: end-of-document tokens leave the loss, and gptrain averages it over every loss "
+            "token of the global batch, as Megatron's --calculate-per-token-loss does; Megatron's default "
+            "averages each micro-batch's own mean, so gradients differ slightly where micro-batches hold "
+            "different numbers of loss tokens"
         )

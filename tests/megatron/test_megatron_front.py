@@ -1592,9 +1592,13 @@ def test_swiglu_without_a_width_takes_megatrons_two_thirds(hidden, flags, ffn):
     [("--eod-mask-loss", True), ("--eod-mask-loss --calculate-per-token-loss", False), ("", False)],
 )
 def test_eod_mask_loss_says_how_gptrain_averages_the_loss(flags, noted):
+    """Before: said among the flags 'accepted without effect' (notes), though it sets
+    model.data.eod_mask_loss=true: a notice now."""
     base = "--num-layers 2 --hidden-size 16 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2"
     t = translate(shlex.split(f"{base} --train-iters 4 --data-path /d/x_text_document {flags}"), {})
-    assert any("--calculate-per-token-loss does" in note for note in t.notes) is noted
+    assert any("--calculate-per-token-loss does" in notice for notice in t.notices) is noted
+    assert not any(note.startswith("--eod-mask-loss") for note in t.notes)
+    assert t.values.get("model.data.eod_mask_loss", False) is ("--eod-mask-loss" in flags)
 
 
 # aws-neuron-reference-for-megatron-lm examples/pretrain_gpt3_6.7B_32layers_bf16_bs1024_slurm.sh (the
