@@ -14,6 +14,8 @@ without complaint, and every id then means something else. The record holds:
                  tokenizer
   encodes        sha256 of the ids of a fixed text: merges, pre-tokenizer and normalizer (None where
                  they differ from call to call, BPE dropout: then not compared)
+  pad            NullTokenizer's padding id (-1: none), whose labels leave the loss: another one
+                 loads, said in one line
 
 A tokenizer whose first `vocab_size` tokens and end-of-document id are the recorded ones is an
 extension (tokens added at the end, as for a new domain's vocabulary): the trained rows keep their
@@ -130,6 +132,7 @@ def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
         "eod": _eod(tokenizer),
         "tokens": _digest(table),
         "encodes": _encodes(tokenizer),
+        **({"pad": tokenizer.pad} if isinstance(tokenizer, NullTokenizer) else {}),
     }
 
 
@@ -234,7 +237,7 @@ class TokenizerCheck:
             )
         verdict = compare(saved, self.record, self.table)
         if verdict.kind == "same":
-            return None, None
+            return None, _padding_change(saved, self.record, checkpoint, whose)
         live, trained = describe(self.record), describe(saved)
         if verdict.kind == "extension":
             return None, (
@@ -246,3 +249,21 @@ class TokenizerCheck:
         if self.allow_change:
             return None, f"{text}; loaded anyway (exp_manager.allow_tokenizer_change=true): {loaded}"
         return f"{text}: {refused}; {fix}, or {allow} to go on with this one", None
+
+
+def _padding_change(saved: dict[str, Any], live: dict[str, Any], checkpoint: str, whose: str) -> str | None:
+    """A note where NullTokenizer's padding id (model.tokenizer.null_pad_id) differs from the one
+    `checkpoint` was trained with: the ids keep their meaning, so it loads, but the loss masks other
+    labels. Records from before it was kept have none: nothing to say."""
+    if "pad" not in saved or "pad" not in live or saved["pad"] == live["pad"]:
+        return None
+
+    def named(pad: int) -> str:
+        return str(pad) if pad >= 0 else "none"
+
+    # not which labels: model.data.allow_ambiguous_pad_tokens decides for a padding id that is the eod
+    return (
+        f"{checkpoint} was trained with NullTokenizer's padding id {named(saved['pad'])} "
+        f"(model.tokenizer.null_pad_id), {whose} has {named(live['pad'])}: the loss leaves out other "
+        "labels as padding than the checkpoint's run did"
+    )

@@ -304,3 +304,34 @@ def test_a_padding_id_that_is_the_end_of_document_masks_nothing_as_megatron_unle
     )
     assert warning("model.tokenizer.null_pad_id=299", "model.data.allow_ambiguous_pad_tokens=true") == ""
     assert warning("model.tokenizer.null_pad_id=7") == ""
+
+
+def test_a_resume_under_another_padding_id_says_the_loss_masks_other_labels():
+    """Before: a checkpoint trained with null_pad_id 7 resumed under 5 (or none) silently, though the
+    loss then masks other labels; another end of document is refused. Now the checkpoint records the
+    padding id and the load says the change (a note beside the resume line, not a refusal: the ids
+    keep their meaning). Checkpoints recorded before, without it, load as before."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+    from gptrain.data.tokenizer_identity import TokenizerCheck
+
+    def check(saved: NullTokenizer, live: NullTokenizer, drop_pad: bool = False):
+        record = TokenizerCheck.of(saved, "NullTokenizer", "(vocab_size 300)").record
+        if drop_pad:
+            record.pop("pad")
+        return TokenizerCheck.of(live, "NullTokenizer", "(vocab_size 300)").check(
+            record, "checkpoint c/step_4", "this run's model.tokenizer", "fix"
+        )
+
+    assert check(NullTokenizer(300, None, 7), NullTokenizer(300, None, 7)) == (None, None)
+    assert check(NullTokenizer(300, None, 7), NullTokenizer(300, None, 5)) == (
+        None,
+        "checkpoint c/step_4 was trained with NullTokenizer's padding id 7 (model.tokenizer.null_pad_id), "
+        "this run's model.tokenizer has 5: the loss leaves out other labels as padding than the checkpoint's run did",
+    )
+    assert check(NullTokenizer(300, None, 7), NullTokenizer(300)) == (
+        None,
+        "checkpoint c/step_4 was trained with NullTokenizer's padding id 7 (model.tokenizer.null_pad_id), "
+        "this run's model.tokenizer has none: the loss leaves out other labels as padding than the checkpoint's "
+        "run did",
+    )
+    assert check(NullTokenizer(300, None, 7), NullTokenizer(300), drop_pad=True) == (None, None)
