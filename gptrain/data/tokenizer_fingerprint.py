@@ -40,15 +40,17 @@ def probe_text() -> str:
 
 def fingerprint(tokenizer: Any, files: list[str]) -> tuple[dict[str, Any], list[str | None]]:
     """(the fingerprint of a loaded `tokenizer` read from `files`, its token table)."""
-    from gptrain.data.tokenizer_identity import _eod, token_table
+    from gptrain.data.tokenizer_identity import _eod, splits_special_tokens, token_table
 
     table = token_table(tokenizer)
+    split = splits_special_tokens(tokenizer)
     return {
         "files": [_absolute(file) for file in files],
         "size": len(table),
         "tokens": digest(table),
         "encodes": _encodes(tokenizer),
         "eod": _eod(tokenizer),
+        **({} if split is None else {"split_special_tokens": split}),
     }, table
 
 
@@ -103,7 +105,8 @@ def difference(
     """What differs between the data's fingerprint and a run's, or another dataset's (None where its
     ids mean the same tokens: the same vocabulary, or one extending it, ending documents alike).
     `live` may lack `encodes` and `eod` (the preflight's, from the files alone), and `encodes` may be
-    None (BPE dropout): those are then not compared."""
+    None (BPE dropout): those are then not compared; `split_special_tokens` (HuggingFaceTokenizer's
+    tokenizer_config.json key; the probe holds no special token's text) where both have it."""
     same_tokens = recorded.get("tokens") == live.get("tokens")
     if not same_tokens and not _extends(recorded, live_table):
         if recorded.get("size") != live.get("size"):
@@ -111,6 +114,12 @@ def difference(
         return f"the same size, other tokens at the same ids: {consequences.tokens}"
     if "eod" in live and recorded.get("eod") != live["eod"]:
         return f"end-of-document id {live['eod']}, not {recorded.get('eod')}: {consequences.eod}"
+    split = (recorded.get("split_special_tokens"), live.get("split_special_tokens"))
+    if None not in split and split[0] != split[1]:
+        return (
+            f"tokenizer_config.json's split_special_tokens {str(split[1]).lower()}, not "
+            f"{str(split[0]).lower()} (a literal special token's text is encoded otherwise): {consequences.encodes}"
+        )
     encodes = (recorded.get("encodes"), live.get("encodes"))
     if same_tokens and None not in encodes and encodes[0] != encodes[1]:
         return (

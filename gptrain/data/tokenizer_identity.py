@@ -16,6 +16,11 @@ without complaint, and every id then means something else. The record holds:
                  they differ from call to call, BPE dropout: then not compared)
   pad            NullTokenizer's padding id (-1: none), whose labels leave the loss: another one
                  loads, said in one line
+  split_special_tokens
+                 (HuggingFaceTokenizer) whether tokenizer_config.json's split_special_tokens made a
+                 literal special token's text stay text. gptrain read that key only from f34b196 on,
+                 so a record without it was written reading such text as its token: it is compared as
+                 that, and taken with a note where only the key differs (the ids mean the same tokens)
 
 A tokenizer whose first `vocab_size` tokens and end-of-document id are the recorded ones is an
 extension (tokens added at the end, as for a new domain's vocabulary): the trained rows keep their
@@ -125,6 +130,7 @@ def _digest(value: object) -> str:
 def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
     """The record of `tokenizer` (of config type `kind`, read from `source`) to keep with a checkpoint."""
     table = token_table(tokenizer)
+    split = splits_special_tokens(tokenizer)
     return {
         "type": kind,
         "source": source,
@@ -133,7 +139,28 @@ def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
         "tokens": _digest(table),
         "encodes": _encodes(tokenizer),
         **({"pad": tokenizer.pad} if isinstance(tokenizer, NullTokenizer) else {}),
+        **({} if split is None else {"split_special_tokens": split}),
     }
+
+
+def splits_special_tokens(tokenizer: Any) -> bool | None:
+    """Whether a `tokenizers` tokenizer keeps a literal special token's text as text
+    (tokenizer_config.json's split_special_tokens); None for other kinds."""
+    if not isinstance(tokenizer, HFTokenizer):
+        return None
+    return bool(tokenizer.tokenizer.encode_special_tokens)
+
+
+def _unsplit_encodes(tokenizer: Any) -> str | None:
+    """The probe's digest as gptrain before f34b196 encoded it (special tokens' text as their ids),
+    for a tokenizer that splits them now; None otherwise."""
+    if splits_special_tokens(tokenizer) is not True:
+        return None
+    tokenizer.tokenizer.encode_special_tokens = False
+    try:
+        return _encodes(tokenizer)
+    finally:
+        tokenizer.tokenizer.encode_special_tokens = True
 
 
 def _encodes(tokenizer: Any) -> str | None:
@@ -169,6 +196,14 @@ def compare(saved: dict[str, Any], live: dict[str, Any], live_table: list[str | 
     """`live` (with its token table, for the extension check) against the `saved` record."""
     same_tokens, same_eod = saved.get("tokens") == live["tokens"], saved.get("eod") == live["eod"]
     encodes = (saved.get("encodes"), live["encodes"])
+    split = (saved.get("split_special_tokens"), live.get("split_special_tokens"))
+    if same_tokens and same_eod and None not in split and split[0] != split[1]:
+        return Verdict(
+            "different",
+            f"tokenizer_config.json's split_special_tokens is {str(split[1]).lower()}, not "
+            f"{str(split[0]).lower()}: a literal special token's text is encoded otherwise",
+            "encoding",
+        )
     if same_tokens and same_eod and (None in encodes or encodes[0] == encodes[1]):
         return Verdict("same")
     size, extends = saved.get("vocab_size"), not same_tokens and _extends(saved, live_table)
@@ -213,11 +248,14 @@ class TokenizerCheck:
     table: list[str | None]
     allow_change: bool = False
     """exp_manager.allow_tokenizer_change: a different tokenizer is a warning, not an error."""
+    unsplit_encodes: str | None = None
+    """The probe's digest with special tokens' text read as their ids, for a tokenizer that splits
+    it: what a record written before gptrain read split_special_tokens holds."""
 
     @classmethod
     def of(cls, tokenizer: Any, kind: str, source: str, allow_change: bool = False) -> TokenizerCheck:
         table = token_table(tokenizer)
-        return cls(record(tokenizer, kind, source), table, allow_change)
+        return cls(record(tokenizer, kind, source), table, allow_change, _unsplit_encodes(tokenizer))
 
     def check(
         self,
@@ -235,6 +273,8 @@ class TokenizerCheck:
                 None,
                 f"{checkpoint} records no tokenizer (saved by an earlier gptrain, or without one): {whose} is not checked against it",
             )
+        if (note := self._split_only_since(saved, checkpoint, whose)) is not None:
+            return None, note
         verdict = compare(saved, self.record, self.table)
         if verdict.kind == "same":
             return None, _padding_change(saved, self.record, checkpoint, whose)
@@ -250,6 +290,21 @@ class TokenizerCheck:
             return None, f"{text}; loaded anyway (exp_manager.allow_tokenizer_change=true): {loaded}"
         return f"{text}: {refused}; {fix}, or {allow} to go on with this one", None
 
+    def _split_only_since(self, saved: dict[str, Any], checkpoint: str, whose: str) -> str | None:
+        """A note where `saved` predates the split_special_tokens key (so was trained reading a literal
+        special token's text as its token) and is this tokenizer read that way: the ids mean the same
+        tokens, and only such text in generate/eval/new data is encoded as text now, as AutoTokenizer
+        (and Megatron's HuggingFaceTokenizer) encode it. None otherwise (compared as usual)."""
+        if "split_special_tokens" in saved or self.unsplit_encodes is None:
+            return None
+        if compare(saved, self.record | {"encodes": self.unsplit_encodes}, self.table).kind != "same":
+            return None
+        return (
+            f"{checkpoint} was trained by a gptrain that ignored tokenizer_config.json's "
+            f"split_special_tokens: true, reading a literal special token's text (such as "
+            f"<|endoftext|>) as its id; {whose} {describe(self.record)} now keeps such text as text, as "
+            "AutoTokenizer does (same ids and tokens; data prepared before keeps its ids)"
+        )
 
 def _padding_change(saved: dict[str, Any], live: dict[str, Any], checkpoint: str, whose: str) -> str | None:
     """A note where NullTokenizer's padding id (model.tokenizer.null_pad_id) differs from the one

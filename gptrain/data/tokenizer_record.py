@@ -124,7 +124,7 @@ def _refuse_mixed_vocabularies(known: dict[str, dict[str, Any]]) -> None:
     fingerprinted = [(prefix, r) for prefix, r in known.items() if isinstance(r.get("vocabulary"), dict)]
     for prefix, record in fingerprinted[1:]:
         first, first_record = fingerprinted[0]
-        why = difference(first_record["vocabulary"], record["vocabulary"], None, FOR_A_MERGE)
+        why = difference(_with_split(first_record), _with_split(record), None, FOR_A_MERGE)
         if why is not None:
             raise DataError(
                 f"--input {prefix} was tokenized with {describe(record['type'], record['vocabulary'])}, "
@@ -132,6 +132,15 @@ def _refuse_mixed_vocabularies(known: dict[str, dict[str, Any]]) -> None:
                 f"{SUFFIX} records): {why}; re-tokenize one with the other's tokenizer files "
                 "(gptrain data prepare), then merge"
             )
+
+
+def _with_split(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's vocabulary, a HuggingFaceTokenizer's without split_special_tokens read as false:
+    gptrain wrote it before it read tokenizer_config.json's key, taking a special token's text as its id."""
+    vocabulary = record["vocabulary"]
+    if _kind(record.get("type")) != "huggingface" or "split_special_tokens" in vocabulary:
+        return vocabulary
+    return vocabulary | {"split_special_tokens": False}
 
 
 def read_tokenizer_record(prefix: str) -> dict[str, Any] | None:
