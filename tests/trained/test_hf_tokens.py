@@ -1185,3 +1185,47 @@ def test_a_run_that_recorded_its_start_relative_exports_the_import_record_from_a
     assert run_cli(["export", str(tmp_path / "run"), "--to", "hf", "out", "--no-verify"]) == 0
     exported = json.loads((elsewhere / "out" / "config.json").read_text())
     assert (exported["vocab_size"], exported["bos_token_id"], exported["eos_token_id"]) == (ROWS, 1, 2)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_gpt2_files_whose_config_splits_special_tokens_import_as_the_legacy_tokenizer(
+    tmp_path, split
+) -> None:
+    """gptrain's export of a --legacy-tokenizer run writes GPT-2's files with split_special_tokens:
+    true (a literal <|endoftext|> is text, as AutoTokenizer reads it); import took them as
+    GPT2BPETokenizer without legacy, reading that text as id 50256, and its verification failed."""
+    from gptrain.trained.hf.import_ import check_source_tokenizer
+    from gptrain.trained.hf.tokenizer_files import import_tokenizer
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for name, path in gpt2_files_dict().items():
+        (source / name).write_bytes(Path(path).read_bytes())
+    config = {"eos_token": "<|endoftext|>", "split_special_tokens": split}
+    (source / "tokenizer_config.json").write_text(json.dumps(config))
+    values = import_tokenizer(source, tmp_path / "run", tmp_path / "final")
+    assert values["type"] == "GPT2BPETokenizer" and values["legacy"] is split
+    ids = check_source_tokenizer(source, values).encode("a<|endoftext|>b")
+    assert (ids == [64, 50256, 65]) is not split
+    # the staged run's tokenizer (the import's verification and its checkpoint record) reads it too
+    from gptrain.config import load_training_config
+    from gptrain.trained.hf.import_ import _tokenizer
+
+    final = tmp_path / "final_run"
+    (tmp_path / "staging" / "tokenizer").mkdir(parents=True)
+    for name in ("vocab.json", "merges.txt"):
+        (tmp_path / "staging" / "tokenizer" / name).write_bytes((source / name).read_bytes())
+    keys = {
+        **values,
+        "vocab_file": f"{final}/tokenizer/vocab.json",
+        "merge_file": f"{final}/tokenizer/merges.txt",
+    }
+    overrides = [
+        f"model.tokenizer.{key}={str(value).lower() if isinstance(value, bool) else value}"
+        for key, value in keys.items()
+        if value is not None
+    ]
+    cfg = load_training_config(
+        "gpt3/126m", [*overrides, f"exp_manager.explicit_log_dir={final}"], report_ignored=False
+    )
+    assert _tokenizer(cfg, tmp_path / "staging").encode("a<|endoftext|>b") == ids

@@ -260,7 +260,8 @@ def _tokenizer(cfg: Any, staging: Path) -> Any | None:
     def staged(value: str | None) -> str | None:
         return str(staging / Path(value).relative_to(final)) if value else None
 
-    return build_tokenizer(tok.type, staged(tok.vocab_file), staged(tok.merge_file), staged(tok.model))
+    files = (staged(tok.vocab_file), staged(tok.merge_file), staged(tok.model))
+    return build_tokenizer(tok.type, *files, legacy=bool(tok.legacy))
 
 
 def check_source_tokenizer(hf_dir: Path, tokenizer: dict[str, Any]) -> Any:
@@ -276,6 +277,7 @@ def check_source_tokenizer(hf_dir: Path, tokenizer: dict[str, Any]) -> Any:
         source(tokenizer["vocab_file"], "vocab.json"),
         source(tokenizer["merge_file"], "merges.txt"),
         str(hf_dir) if tokenizer["model"] else None,
+        legacy=tokenizer.get("legacy") is True,
     )
 
 

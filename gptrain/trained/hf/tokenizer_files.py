@@ -203,8 +203,8 @@ def import_tokenizer(hf_dir: Path, run_tokenizer_dir: Path, final_dir: Path) -> 
     tokenizer.json is the model's tokenizer as transformers loads it, so it is taken
     (HuggingFaceTokenizer) unless it is exactly GPT-2 BPE of the vocab.json + merges.txt beside
     it: then those two are taken (GPT2BPETokenizer), gptrain's fast path and the files Megatron's
-    --vocab-file/--merge-file read. vocab.json + merges.txt alone are GPT-2 BPE; None when the
-    directory has neither.
+    --vocab-file/--merge-file read, legacy where tokenizer_config.json splits special tokens.
+    vocab.json + merges.txt alone are GPT-2 BPE; None when the directory has neither.
     """
     has_bpe = (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file()
     has_json = (hf_dir / "tokenizer.json").is_file()
@@ -219,6 +219,7 @@ def import_tokenizer(hf_dir: Path, run_tokenizer_dir: Path, final_dir: Path) -> 
             "vocab_file": str(final_dir / "vocab.json"),
             "merge_file": str(final_dir / "merges.txt"),
             "model": None,
+            "legacy": _splits_special_tokens(hf_dir),
         }
     if has_json:
         run_tokenizer_dir.mkdir(parents=True, exist_ok=True)
@@ -233,6 +234,15 @@ def import_tokenizer(hf_dir: Path, run_tokenizer_dir: Path, final_dir: Path) -> 
             "model": str(final_dir),
         }
     return None
+
+
+def _splits_special_tokens(hf_dir: Path) -> bool:
+    """Whether tokenizer_config.json says split_special_tokens: true: AutoTokenizer then keeps a
+    literal <|endoftext|> as text, as Megatron's legacy GPT-2 BPE does (what gptrain's export of a
+    --legacy-tokenizer run writes), so GPT-2's files are taken with model.tokenizer.legacy."""
+    from gptrain.data.tokenizer_loaders import _config_value
+
+    return _config_value(hf_dir, "split_special_tokens") is True
 
 
 def is_gpt2_bpe(tokenizer_json: Path, bpe_dir: Path) -> bool:
