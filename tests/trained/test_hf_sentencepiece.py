@@ -239,3 +239,22 @@ def test_the_export_check_catches_a_literal_control_token_read_as_its_id(tmp_pat
     config_file.write_text(json.dumps(config))
     with pytest.raises(VerificationError, match=r"encode .* differently \(token \d+: transformers \[1, "):
         verify_tokenizer(tmp_path / "out", ours, "the run's tokenizer", lambda: "advice")
+
+
+def test_a_carriage_return_before_a_newline_is_two_spaces_as_sentencepiece_normalizes_it(
+    tmp_path, train_sentencepiece
+) -> None:
+    """nmt_nfkc maps \\r and \\n to a space each; tokenizers' Precompiled takes \\r\\n as one grapheme
+    and gave one space, so a model keeping runs of spaces (Llama-like, remove_extra_whitespaces
+    false) encoded CRLF text otherwise than it trained."""
+    from tokenizers import Tokenizer
+
+    model = train_sentencepiece(tmp_path / "spm", remove_extra_whitespaces=False)
+    ours, _ = export_tokenizer_of("GPTSentencePieceTokenizer", model, tmp_path / "out")
+    theirs = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    for text in ("a\r\nb", "ka\r\n\r\nto", "x\r", "\r\n", "a\rb\nc", "ka \r\n ri"):
+        assert theirs.encode(text, add_special_tokens=False).ids == ours.processor.encode(text), repr(text)
+    from gptrain.trained.hf.verify import TOKENIZER_PROBE, verify_tokenizer
+
+    assert "\r\n" in TOKENIZER_PROBE and "e\u0301" in TOKENIZER_PROBE  # the export's check would catch it
+    verify_tokenizer(tmp_path / "out", ours, "gptrain's tokenizer", lambda: "advice")

@@ -151,7 +151,7 @@ def _normalizer(proto: Any, prefix: bool = True) -> Any:
     from tokenizers import Regex, normalizers
 
     spec = proto.normalizer_spec
-    steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+    steps = _precompiled(spec.precompiled_charsmap) if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:  # spaces only: newlines and tabs stay as the map left them
         steps += [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
     steps.append(normalizers.Replace(" ", "▁"))
@@ -160,6 +160,19 @@ def _normalizer(proto: Any, prefix: bool = True) -> Any:
     ):  # before each stretch between special tokens, as Megatron encodes them
         steps.append(normalizers.Prepend("▁"))
     return normalizers.Sequence(steps)
+
+
+def _precompiled(charsmap: bytes) -> list[Any]:
+    """The charsmap, \r first rewritten as the map rewrites it alone: sentencepiece maps \r\n
+    character by character (nmt_nfkc: two spaces), tokenizers' Precompiled as one grapheme (one
+    space). Only where the rewrite is a fixed point of the map, so mapping it again changes nothing."""
+    from tokenizers import normalizers
+
+    precompiled = normalizers.Precompiled(charsmap)
+    carriage_return = precompiled.normalize_str("\r")
+    if carriage_return == "\r" or precompiled.normalize_str(carriage_return) != carriage_return:
+        return [precompiled]
+    return [normalizers.Replace("\r", carriage_return), precompiled]
 
 
 def _pre_tokenizer(proto: Any) -> Any:

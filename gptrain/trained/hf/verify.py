@@ -22,9 +22,11 @@ from gptrain.errors import GptrainError
 RELATIVE_TOLERANCE = 1e-4
 BATCH, MAX_TOKENS, NEW_TOKENS, SEED = 2, 64, 12, 0
 # what tokenizers disagree on: digit runs, special tokens' text (GPT-2's; SentencePiece's <s> </s>,
-# text to sentencepiece), accents and other scripts, whitespace runs
+# text to sentencepiece), accents (composed and NFD) and other scripts, whitespace runs and CRLF
+# (which tokenizers' Precompiled took as one grapheme)
 TOKENIZER_PROBE = (
-    "The meaning of life is 42, not 1234567. <|endoftext|> 12 ünïcode 日本語 ✓\n\n\tspaces   end  <s>x</s>"
+    "The meaning of life is 42, not 1234567. <|endoftext|> 12 ünïcode cafe\u0301 日本語 ✓\r\n\n\tspaces   "
+    "end  <s>x</s>"
 )
 
 
