@@ -272,3 +272,18 @@ def test_the_unigram_note_names_tie_breaking_not_rounding(sp_model) -> None:
     assert "float" not in note and "rounding" not in note
     assert "the same pieces in another order" in note and "1% of code snippets" in note
     assert "\n" not in note
+
+
+def test_a_trailing_literal_whitespace_symbol_is_trimmed_as_sentencepiece_trims_it(
+    tmp_path, train_sentencepiece
+) -> None:
+    """With remove_extra_whitespaces and a map keeping U+2581 (identity), sentencepiece trims the
+    end after spaces became ▁, so a literal ▁ there goes too; the export kept it ('a▁' gave an extra
+    ▁ token). A leading or inner literal ▁ stays in both."""
+    from tokenizers import Tokenizer
+
+    model = train_sentencepiece(tmp_path / "spm", normalization_rule_name="identity")
+    ours, _ = export_tokenizer_of("GPTSentencePieceTokenizer", model, tmp_path / "out")
+    theirs = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    for text in ("a▁", "a ▁", "a▁ ", "▁", " ▁", "ka▁ ▁", "▁a", "a ▁ b", "a▁▁b", "▁ a"):
+        assert theirs.encode(text, add_special_tokens=False).ids == ours.processor.encode(text), repr(text)

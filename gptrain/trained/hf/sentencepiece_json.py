@@ -153,7 +153,9 @@ def _normalizer(proto: Any, prefix: bool = True) -> Any:
     spec = proto.normalizer_spec
     steps = _precompiled(spec.precompiled_charsmap) if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:  # spaces only: newlines and tabs stay as the map left them
-        steps += [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+        # the library trims the end after spaces became ▁, so a literal ▁ there goes too
+        ends = r"\A +|[ ▁]+\z" if spec.escape_whitespaces else r"\A +| +\z"
+        steps += [normalizers.Replace(Regex(ends), ""), normalizers.Replace(Regex(" {2,}"), " ")]
     steps.append(normalizers.Replace(" ", "▁"))
     if (
         spec.add_dummy_prefix and prefix
