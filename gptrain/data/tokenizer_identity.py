@@ -306,6 +306,7 @@ class TokenizerCheck:
             "AutoTokenizer does (same ids and tokens; data prepared before keeps its ids)"
         )
 
+
 def _padding_change(saved: dict[str, Any], live: dict[str, Any], checkpoint: str, whose: str) -> str | None:
     """A note where NullTokenizer's padding id (model.tokenizer.null_pad_id) differs from the one
     `checkpoint` was trained with: the ids keep their meaning, so it loads, but the loss masks other
