@@ -4,6 +4,7 @@ losses, skips, checkpoints, and a stop that comes while a step is queued ahead."
 
 import json
 import math
+import socket
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,12 @@ def test_a_stop_while_a_step_is_queued_ahead_stops_after_it_and_resumes_bit_exac
     assert_same_state(weights(tmp_path / "split", 12), weights(tmp_path / "full", 12))
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def ranks(out, world: int = 2) -> list[dict]:
     found = [json.loads((out / f"rank_{rank}.json").read_text()) for rank in range(world)]
     for rank in found:
@@ -128,19 +135,19 @@ def ranks(out, world: int = 2) -> list[dict]:
 def test_two_ranks_running_ahead_stop_at_the_same_step_and_resume_to_the_same_run(tmp_path):
     """DDP over gloo: the stop flag of rank 1's request at step 2 is read at step 3 (one step late,
     unlogged), when step 4 is already queued; both ranks finish step 4 and stop there."""
-    run_ranks(WORKER, tmp_path / "out_behind", tmp_path / "behind", "false", 0)
-    behind = ranks(tmp_path / "out_behind")
+    # the uninterrupted run and the stopped one in one process per rank: one start-up
+    run_ranks(WORKER, tmp_path / "out_first", tmp_path, f"behind:false:0,split:true:2:{free_port()}")
+    behind = ranks(tmp_path / "out_first" / "behind")
     assert [r["code"] for r in behind] == [0, 0] and behind[0]["ahead"] == []
-    run_ranks(WORKER, tmp_path / "out_first", tmp_path / "split", "true", 2)
-    first = ranks(tmp_path / "out_first")
+    first = ranks(tmp_path / "out_first" / "split")
     assert [r["code"] for r in first] == [EXIT_REQUEUE, EXIT_REQUEUE]
     # srun's SIGTERM to the ranks still shutting down when the first exits 75 must not make it 143
     assert [r["sigterm_ignored"] for r in first] == [True, True]
     assert [r["sigterm_ignored"] for r in behind] == [False, False]  # a finished run restores the default
     assert [r["ahead"] for r in first] == [[2, 3], [2, 3]] and sorted(first[0]["losses"]) == [1, 2, 3, 4]
     assert complete_steps(tmp_path / "split" / "checkpoints") == [4]
-    run_ranks(WORKER, tmp_path / "out_second", tmp_path / "split", "true", 0)
-    second = ranks(tmp_path / "out_second")
+    run_ranks(WORKER, tmp_path / "out_second", tmp_path, "split:true:0")  # a fresh process resumes
+    second = ranks(tmp_path / "out_second" / "split")
     assert [r["code"] for r in second] == [0, 0] and second[0]["ahead"] == [7, 9, 11]
     for rank in range(2):  # bit for bit, on every rank
         assert first[rank]["losses"] | second[rank]["losses"] == behind[rank]["losses"]
@@ -167,10 +174,17 @@ def test_dtensor_parameters_update_on_the_device_and_run_ahead(tmp_path, layout)
     fused AdamW applies the clip factor and the non-finite skip to them on the device too. Queued
     ahead or not, every rank trains bit for bit alike."""
     world = 4 if "trainer.devices=4" in layout else 2
-    for mode in ("behind", "ahead"):
-        run_ranks(WORKER, tmp_path / f"out_{mode}", tmp_path / mode, str(mode == "ahead").lower(), 0, *layout,
-                  world=world, timeout_s=240)  # fmt: skip
-    behind, ahead = ranks(tmp_path / "out_behind", world), ranks(tmp_path / "out_ahead", world)
+    # both runs in one process per rank: one start-up
+    run_ranks(
+        WORKER,
+        tmp_path / "out",
+        tmp_path,
+        f"behind:false:0,ahead:true:0:{free_port()}",
+        *layout,
+        world=world,
+        timeout_s=240,
+    )
+    behind, ahead = ranks(tmp_path / "out" / "behind", world), ranks(tmp_path / "out" / "ahead", world)
     assert [r["code"] for r in behind + ahead] == [0] * 2 * world
     assert behind[0]["ahead"] == [] and ahead[0]["ahead"] == [2, 3, 7, 9, 11]
     for rank in range(world):
