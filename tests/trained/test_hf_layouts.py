@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import json
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("transformers")
 
+from gloo_ranks import run_ranks  # noqa: E402
 from hf_helpers import ARCHITECTURES, SHAPE, free_port, gpt2_files, run_cli  # noqa: E402
+
+WORKER = Path(__file__).with_name("hf_layouts_worker.py")
 
 TRAIN = [
     "trainer.accelerator=cpu",
@@ -33,56 +34,54 @@ TRAIN = [
 ]
 
 
-def torchrun_train(log_dir: Path, arch: str, layout: list[str]) -> None:
+def train_args(log_dir: Path, arch: str, layout: list[str]) -> list[str]:
     preset, overrides = ARCHITECTURES[arch]
     vocab, merges = gpt2_files()
-    args = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node=2",
-        f"--master-port={free_port()}",
-    ]
-    args += ["-m", "gptrain", "train", preset, *TRAIN, *SHAPE, *overrides, *layout]
+    args = ["train", preset, *TRAIN, *SHAPE, *overrides, *layout]
     args += [f"model.tokenizer.vocab_file={vocab}", f"model.tokenizer.merge_file={merges}"]
-    args += ["trainer.devices=2", "trainer.max_steps=1", f"exp_manager.explicit_log_dir={log_dir}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=200)
-    assert done.returncode == 0, done.stderr[-3000:]
+    return [*args, "trainer.devices=2", "trainer.max_steps=1", f"exp_manager.explicit_log_dir={log_dir}"]
+
+
+LAYOUTS = {
+    "tp2": ("stablelm", ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]),
+    "pp2": ("llama", ["model.pipeline_model_parallel_size=2"]),  # tied output: a copy on the last stage
+    # Megatron's uneven split: layer 0 on the first stage, layers 1 and 2 on the last
+    "pp2_uneven": (
+        "llama",
+        [
+            "model.pipeline_model_parallel_size=2",
+            "model.num_layers=3",
+            "model.num_layers_in_first_pipeline_stage=1",
+        ],
+    ),
+    # FSDP2: every weight cut in two along its rows, each rank writing its half
+    "fsdp2": ("gpt2", ["model.data_parallel_sharding=full_shard"]),
+}
+
+
+@pytest.fixture(scope="module")
+def parallel_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every layout's one-step run, in one launch of two ranks (one start-up): runs/<layout>."""
+    root = tmp_path_factory.mktemp("runs")
+    runs = [
+        {"port": free_port(), "argv": train_args(root / name, arch, layout)}
+        for name, (arch, layout) in LAYOUTS.items()
+    ]
+    run_ranks(WORKER, json.dumps(runs), timeout_s=400)
+    return root
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(
-    ("arch", "layout"),
-    [
-        ("stablelm", ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"]),
-        ("llama", ["model.pipeline_model_parallel_size=2"]),  # tied output: a copy on the last stage
-        # Megatron's uneven split: layer 0 on the first stage, layers 1 and 2 on the last
-        (
-            "llama",
-            [
-                "model.pipeline_model_parallel_size=2",
-                "model.num_layers=3",
-                "model.num_layers_in_first_pipeline_stage=1",
-            ],
-        ),
-        # FSDP2: every weight cut in two along its rows, each rank writing its half
-        ("gpt2", ["model.data_parallel_sharding=full_shard"]),
-    ],
-    ids=["tp2", "pp2", "pp2_uneven", "fsdp2"],
-)
+@pytest.mark.parametrize("name", list(LAYOUTS))
 def test_export_of_a_parallel_checkpoint_is_verified(
-    tmp_path: Path, arch: str, layout: list[str], capsys
+    tmp_path: Path, parallel_runs: Path, name: str, capsys
 ) -> None:
-    run = tmp_path / "run"
-    torchrun_train(run, arch, layout)
+    run = parallel_runs / name
     shards = sorted(p.name for p in (run / "checkpoints" / "step_1").glob("*.distcp"))
     assert len(shards) == 2  # each rank wrote its part
     assert run_cli(["export", str(run), "--to", "hf", str(tmp_path / "hf")]) == 0
     line = capsys.readouterr().out
     assert "greedy continuation of 12 tokens identical" in line, line
-    import json
-
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["vocab_size"] == 50257
 
 
