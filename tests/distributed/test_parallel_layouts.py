@@ -131,6 +131,20 @@ FP8_FSDP_4: dict[str, dict[str, Any]] = {
     "dp2_tp2_fsdp": {"data_parallel_sharding": "full_shard", "tensor_model_parallel_size": 2},
     "hybrid_dp4": {"data_parallel_sharding": "hybrid_shard", "micro_batch_size": 2},
 }
+# Pipeline schedules over micro-batch counts of their own, in the launches above (one start-up each):
+# PP2 x 2 virtual stages over 3 micro-batches; PP4 over 2; FSDP's traffic under PP2 x DP2.
+PIPELINE_BATCHES = {
+    "pp2_interleaved_3_microbatches": {
+        "steps": 4,
+        "mbs": 1,
+        "gbs": 3,
+        "model": {**PP2, "virtual_pipeline_model_parallel_size": 2},
+    },
+}
+PIPELINE_BATCHES_4 = {
+    "pp4_2_microbatches": {"steps": 3, "mbs": 1, "gbs": 2, "model": {"pipeline_model_parallel_size": 4}},
+    "pp2_dp2_fsdp_collectives": {**COLLECTIVES, "mbs": 1, "gbs": 8, "model": {**PP2, **FSDP}},
+}
 RESUMES = {  # name: (checkpoint of, world size, layout)
     "tp2_to_single": ("tp2_sp", 1, {}),
     "pp2_to_single": ("pp2_1f1b", 1, {}),
@@ -199,10 +213,12 @@ def two_process_results(ckpt: Path) -> dict[str, dict]:
         *FSDP_COLLECTIVES.values(),
         *(fp8_spec(run) for run in FP8_RUNS.values()),
         *(fp8_fsdp_spec(name, ckpt) for name in FP8_FSDP_RUNS),
+        *PIPELINE_BATCHES.values(),
     ]
     names = [*TWO_PROCESSES, *DROPOUT_PROBES, *COLLECTIVE_PROBES, *PIPELINE_COLLECTIVES, *FSDP_COLLECTIVES]
     names += list(FP8_RUNS)
     names += list(FP8_FSDP_RUNS)
+    names += list(PIPELINE_BATCHES)
     return dict(zip(names, run_layouts(runs, 2, ckpt), strict=True))
 
 
@@ -245,6 +261,8 @@ def four_process_results(ckpt: Path, two_process_results: dict) -> dict[str, dic
                 | {"model": {**model, "fp8_fsdp_all_gather": gather}}
             )
             names.append(f"{name}_fp8_{'gather' if gather else 'plain_gather'}")
+    runs += PIPELINE_BATCHES_4.values()
+    names += PIPELINE_BATCHES_4
     return dict(zip(names, run_layouts(runs, 4, ckpt), strict=True))
 
 
@@ -393,39 +411,35 @@ def test_shard_grad_op_gathers_and_reduces_once_per_step(two_process_results: di
     assert (full["gathers"], reduce_scatters(full)) == (2 * (units + blocks), 2 * units), full
 
 
-def test_fsdp_under_a_pipeline_gathers_and_reduce_scatters_once_per_step(tmp_path: Path) -> None:
+def test_fsdp_under_a_pipeline_gathers_and_reduce_scatters_once_per_step(four_process_results: dict) -> None:
     """PP2 x DP2 full_shard, 4 micro batches per rank: torch's PipelineStage turns FSDP's gradient
     sync and its reshard after backward off until the step's end, so each FSDP unit of the first
     stage (2 blocks and the root) is gathered once and reduce-scattered once per step: the stage's
     weights stay gathered and its gradients accumulate whole. The planner counts this memory
     (gptrain.plan.memory.unsharded_gradients)."""
-    spec = {"probe": "collectives", "mbs": 1, "gbs": 8, "model": {**PP2, **FSDP}}
-    (result,) = run_layouts([spec], 4, tmp_path)
+    result = four_process_results["pp2_dp2_fsdp_collectives"]
     units = result["layers"] // 2 + 1
     reduce_scatters = [kind for kind, numel in result["reductions"] if numel > 1].count("reduce_scatter")
     assert result["microbatches"] == 4
     assert (result["gathers"], reduce_scatters) == (units, units), result
 
 
-def test_interleaved_pipeline_with_microbatches_that_pp_does_not_divide(tmp_path: Path) -> None:
+def test_interleaved_pipeline_with_microbatches_that_pp_does_not_divide(two_process_results: dict) -> None:
     """PP2 x 2 virtual stages over 3 micro-batches a step (one round of 3 through each chunk in
     torch's ScheduleInterleaved1F1B): refused as no multiple of PP before; it trains as one process
     does, evaluation (3 micro-batches through the same stages) included."""
-    steps, batch = 4, {"mbs": 1, "gbs": 3}
-    spec = {"steps": steps, **batch, "model": {**PP2, "virtual_pipeline_model_parallel_size": 2}}
-    (result,) = run_layouts([spec], 2, tmp_path)
-    reference = run_in_process({"steps": steps, **batch})
-    check_layout_result(result, reference, "pp2_interleaved_3_microbatches")
+    name = "pp2_interleaved_3_microbatches"
+    reference = run_in_process({key: PIPELINE_BATCHES[name][key] for key in ("steps", "mbs", "gbs")})
+    check_layout_result(two_process_results[name], reference, name)
 
 
-def test_pipeline_over_fewer_microbatches_than_stages(tmp_path: Path) -> None:
+def test_pipeline_over_fewer_microbatches_than_stages(four_process_results: dict) -> None:
     """PP4 over two micro-batches a step, as Megatron's 1F1B runs it (torch's 1F1B refuses it, so
     GPipe runs): refused before; it trains as one process does. Two micro-batches, not one, so that
     a gradient divided by their count (the schedule's scale_grads) moves the grad norm 2x."""
-    steps, batch = 3, {"mbs": 1, "gbs": 2}
-    spec = {"steps": steps, **batch, "model": {"pipeline_model_parallel_size": 4}}
-    (result,) = run_layouts([spec], 4, tmp_path)
-    check_layout_result(result, run_in_process({"steps": steps, **batch}), "pp4_2_microbatches")
+    name = "pp4_2_microbatches"
+    reference = run_in_process({key: PIPELINE_BATCHES_4[name][key] for key in ("steps", "mbs", "gbs")})
+    check_layout_result(four_process_results[name], reference, name)
 
 
 @pytest.mark.parametrize("name", list(FP8_RUNS))
