@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from gloo_ranks import run_ranks
+from hf_helpers import free_port
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
@@ -47,6 +46,7 @@ TINY = [
     "model.data.data_prefix=null",
     "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
 ]
+CLI_RUNS = Path(__file__).with_name("cli_runs_worker.py")
 
 
 @pytest.fixture(scope="module")
@@ -163,21 +163,33 @@ def test_more_batches_than_the_train_split_holds_are_refused(run_dir: Path, caps
     )
 
 
-@pytest.mark.parametrize(
-    "layout", ["model.tensor_model_parallel_size=2", "model.pipeline_model_parallel_size=2"]
-)
+TWO_PROCESS_LAYOUTS = {
+    "tp2": "model.tensor_model_parallel_size=2",
+    "pp2": "model.pipeline_model_parallel_size=2",
+}
+
+
+@pytest.fixture(scope="module")
+def two_process_evals(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """`gptrain eval` of the run under each layout, in one launch of two ranks (one start-up)."""
+    out = tmp_path_factory.mktemp("parallel_eval")
+    runs = [
+        {
+            "port": free_port(),
+            "argv": ["eval", str(run_dir), "--json", str(out / f"{name}.json"), layout, "trainer.devices=2"],
+        }
+        for name, layout in TWO_PROCESS_LAYOUTS.items()
+    ]
+    run_ranks(CLI_RUNS, json.dumps(runs), timeout_s=300)
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in TWO_PROCESS_LAYOUTS}
+
+
+@pytest.mark.parametrize("layout", list(TWO_PROCESS_LAYOUTS))
 def test_eval_under_two_process_layouts_matches_one_process(
-    run_dir: Path, tmp_path: Path, layout: str
+    run_dir: Path, tmp_path: Path, two_process_evals: dict, layout: str
 ) -> None:
     single = eval_json(tmp_path, str(run_dir))
-    out = tmp_path / "parallel.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    command += ["-m", "gptrain", "eval", str(run_dir), "--json", str(out), layout, "trainer.devices=2"]
-    done = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300
-    )
-    assert done.returncode == 0, [line for line in done.stderr.splitlines() if "gptrain" in line]
-    result = json.loads(out.read_text())
+    result = two_process_evals[layout]
     assert result["tokens"] == single["tokens"] and result["batches"] == single["batches"]
     assert result["loss"] == pytest.approx(single["loss"], rel=1e-5)  # fp32 sums in another order
 

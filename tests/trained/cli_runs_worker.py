@@ -1,7 +1,7 @@
-"""One gloo rank of `gptrain train` runs in turn, for tests/trained/test_hf_layouts.py.
+"""One gloo rank of `gptrain` commands in turn (tests/trained: test_hf_layouts.py, test_eval.py).
 
-Argument: a JSON list of {"port": PORT, "argv": [...]}: each run is `gptrain train` as the CLI runs
-it, in this one process (a torch start-up per run costs seconds on a CPU VM), meeting the other
+Argument: a JSON list of {"port": PORT, "argv": [...]}: each run is a `gptrain` command as the CLI
+runs it, in this one process (a torch start-up per run costs seconds on a CPU VM), meeting the other
 ranks on a port of its own (on one port, a rank done early could reach the store of the run before
 while another rank has yet to close it). Exits non-zero at the first run that does.
 """
