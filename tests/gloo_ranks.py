@@ -7,12 +7,17 @@ import sys
 from pathlib import Path
 
 
+def free_port() -> int:
+    """A port no process listens on now (the rendezvous of a launch, or of one run inside it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_ranks(worker: Path, *args: str | Path, world: int = 2, timeout_s: float = 120) -> None:
     """Every rank of `worker` to the end; any still running after `timeout_s` is killed, so that a
     hang fails the test instead of the suite. Each rank must exit 0 (its stderr tail otherwise)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     processes = []
     for rank in range(world):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(world)}

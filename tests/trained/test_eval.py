@@ -46,7 +46,7 @@ TINY = [
     "model.data.data_prefix=null",
     "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
 ]
-CLI_RUNS = Path(__file__).with_name("cli_runs_worker.py")
+CLI_RUNS = Path(__file__).parent.parent / "cli_runs_worker.py"
 
 
 @pytest.fixture(scope="module")

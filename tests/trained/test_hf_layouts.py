@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from gloo_ranks import run_ranks  # noqa: E402
 from hf_helpers import ARCHITECTURES, SHAPE, free_port, gpt2_files, run_cli  # noqa: E402
 
-WORKER = Path(__file__).with_name("cli_runs_worker.py")
+WORKER = Path(__file__).parent.parent / "cli_runs_worker.py"
 
 TRAIN = [
     "trainer.accelerator=cpu",

@@ -1,4 +1,4 @@
-"""One gloo rank of `gptrain` commands in turn (tests/trained: test_hf_layouts.py, test_eval.py).
+"""One gloo rank of `gptrain` commands in turn (test_hf_layouts.py, test_eval.py, test_train_ddp.py).
 
 Argument: a JSON list of {"port": PORT, "argv": [...]}: each run is a `gptrain` command as the CLI
 runs it, in this one process (a torch start-up per run costs seconds on a CPU VM), meeting the other
