@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from gloo_ranks import free_port, run_ranks
 
 from gptrain.checkpoint.integrity import verify
 from gptrain.config import load_training_config
@@ -124,21 +125,36 @@ def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path, tor
     assert log_values(parallel, val) == pytest.approx(expected_val[1:], rel=RTOL)
 
 
-@pytest.mark.parametrize("interleaved", [False, True], ids=["1f1b", "interleaved"])
-def test_pipeline_with_batch_rampup_matches_one_process(tmp_path: Path, interleaved: bool, torchrun) -> None:
+RAMPS = {  # schedule: (ramp-up, layout)
+    "1f1b": (["model.rampup_batch_size=[4,2,12]"], ["model.pipeline_model_parallel_size=2"]),
+    "interleaved": (
+        ["model.rampup_batch_size=[4,4,8]"],
+        ["model.pipeline_model_parallel_size=2", "model.virtual_pipeline_model_parallel_size=2"],
+    ),
+}
+CLI_RUNS = Path(__file__).parent.parent / "cli_runs_worker.py"
+
+
+@pytest.fixture(scope="module")
+def ramped_pipelines(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Each schedule's ramped PP2 run, in one launch of two ranks (one start-up): <root>/<schedule>."""
+    root = tmp_path_factory.mktemp("ramped")
+    runs = []
+    for name, (ramp, layout) in RAMPS.items():
+        argv = ["train", "gpt3/126m", *COMMON, *ramp, *layout, "trainer.devices=2", "trainer.max_steps=5"]
+        runs.append({"port": free_port(), "argv": [*argv, f"exp_manager.explicit_log_dir={root / name}"]})
+    run_ranks(CLI_RUNS, json.dumps(runs), timeout_s=300)
+    return root
+
+
+@pytest.mark.parametrize("schedule", list(RAMPS))
+def test_pipeline_with_batch_rampup_matches_one_process(
+    tmp_path: Path, schedule: str, ramped_pipelines: Path
+) -> None:
     """A ramp-up changes the micro-batches per step (here 2, 2, 3, 4, then 4 of the full batch):
     each count gets its schedule over the same stages, and the losses are one process's."""
-    ramp = ["model.rampup_batch_size=[4,4,8]"] if interleaved else ["model.rampup_batch_size=[4,2,12]"]
-    layout = ["model.pipeline_model_parallel_size=2"]
-    if interleaved:
-        layout.append("model.virtual_pipeline_model_parallel_size=2")
-    parallel = tmp_path / "pp2"
-    args = [*torchrun(2), "-m", "gptrain", "train", "gpt3/126m", *COMMON, *ramp, *layout]
-    args += ["trainer.devices=2", "trainer.max_steps=5", f"exp_manager.explicit_log_dir={parallel}"]
-    done = subprocess.run(
-        args, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    ramp, _ = RAMPS[schedule]
+    parallel = ramped_pipelines / schedule
 
     single = tmp_path / "single"
     cfg = load_training_config(
