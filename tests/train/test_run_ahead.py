@@ -4,12 +4,11 @@ losses, skips, checkpoints, and a stop that comes while a step is queued ahead."
 
 import json
 import math
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-from gloo_ranks import run_ranks
+from gloo_ranks import free_port, run_ranks
 from train_e2e_helpers import (
     MOCK,
     RUN_AHEAD_SHAPE,
@@ -115,12 +114,6 @@ def test_a_stop_while_a_step_is_queued_ahead_stops_after_it_and_resumes_bit_exac
     code, second = run_recording(monkeypatch, tiny_config(tmp_path / "split", *MOCK, *RUN_AHEAD_SHAPE))
     assert code == 0 and first | second == full
     assert_same_state(weights(tmp_path / "split", 12), weights(tmp_path / "full", 12))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ranks(out, world: int = 2) -> list[dict]:
