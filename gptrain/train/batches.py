@@ -123,6 +123,7 @@ class GPTBatchDataset(Dataset):
         vocab_rows: int | None = None,
         source: str = "the data",
         pad: int | None = None,
+        null_vocab: int | None = None,
     ) -> None:
         self.samples = samples
         self.eod = eod
@@ -130,13 +131,17 @@ class GPTBatchDataset(Dataset):
         self.vocab_rows = vocab_rows  # the embedding's rows: a larger token id has none
         self.source = source  # what names the data in an error: a config key or a flag
         self.pad = pad if pad is not None and pad >= 0 else None  # NullTokenizer's; -1: none
+        # NullTokenizer's vocab_size: nothing else bounds its data's ids (a large corpus is not read at
+        # the start, gptrain.data.token_bound); the same max is held to it instead of to the rows
+        self.null_vocab = null_vocab
+        self.id_limit = null_vocab if null_vocab is not None else vocab_rows
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         sample = torch.from_numpy(np.asarray(self.samples[index], dtype=np.int64))
-        if self.vocab_rows is not None and sample.numel():
+        if self.id_limit is not None and sample.numel():
             self._check_ids(index, sample)
         tokens, labels = sample[:-1], sample[1:]
         loss_mask = torch.ones(tokens.shape, dtype=torch.float32)
@@ -164,7 +169,11 @@ class GPTBatchDataset(Dataset):
                 f"{self.source}: sample {index} holds token id {low}, and no token id is negative: a "
                 "dataset's .bin is damaged, or its .idx names a signed token dtype the tokens were not written in (a foreign or corrupt .idx); prepare the data again"
             )
-        if high >= self.vocab_rows:
+        if high >= self.id_limit and self.null_vocab is not None:
+            from gptrain.data.token_bound import sample_past_vocabulary
+
+            raise sample_past_vocabulary(self.samples, index, high, self.null_vocab, self.source)
+        if high >= self.id_limit:
             raise DataError(
                 f"{self.source}: sample {index} holds token id {high}, but the model's "
                 f"vocabulary has {self.vocab_rows} rows: the data was tokenized with another, larger "

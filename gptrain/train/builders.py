@@ -331,6 +331,15 @@ def batch_pad(tokenizer: Any | None, allow_ambiguous: bool = False) -> int | Non
     return tokenizer.pad
 
 
+def null_vocab(tokenizer: Any | None) -> int | None:
+    """NullTokenizer's vocab_size, which every sample's ids are held to as batches are made (nothing
+    else bounds them: gptrain.data.token_bound reads only a small corpus at the start); None for any
+    other tokenizer, whose samples keep the embedding's rows as their only per-sample bound."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+
+    return int(tokenizer.vocab_size) if isinstance(tokenizer, NullTokenizer) else None
+
+
 def build_turn(rank: int, local_rank: int) -> int:
     """0 for rank 0, 1 for the first rank of every other node, 2 for the rest (build_datasets)."""
     if rank == 0:
@@ -380,9 +389,9 @@ def _build_datasets(
     eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
     source = "model.data.data_prefix"
-    pad = batch_pad(tokenizer, m.data.allow_ambiguous_pad_tokens)
+    pad, limit = batch_pad(tokenizer, m.data.allow_ambiguous_pad_tokens), null_vocab(tokenizer)
     wrapped = [
-        GPTBatchDataset(d, eod, m.data.eod_mask_loss, rows, source, pad) if d is not None else None
+        GPTBatchDataset(d, eod, m.data.eod_mask_loss, rows, source, pad, limit) if d is not None else None
         for d in (train, valid, test)
     ]
     return wrapped[0], wrapped[1], wrapped[2]

@@ -283,8 +283,9 @@ def check_token_ids(
     where: str = "model.data.data_prefix",
 ) -> None:
     """NullTokenizer's data, checked to hold no id past model.tokenizer.vocab_size before the first
-    step (gptrain.data.token_bound): its files would have told; with NullTokenizer nothing does.
-    `prefixes` (named `where`): data other than model.data.data_prefix's (eval's --data-prefix)."""
+    step where that is cheap (gptrain.data.token_bound; a large corpus is checked per sample, as its
+    batches are made): its files would have told; with NullTokenizer nothing does. `prefixes`
+    (named `where`): data other than model.data.data_prefix's (eval's --data-prefix)."""
     from gptrain.data.null_tokenizer import NullTokenizer
 
     if not isinstance(tokenizer, NullTokenizer):

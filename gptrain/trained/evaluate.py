@@ -407,14 +407,9 @@ def prefix_data(
     eod = b.batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
     source = f"--data-prefix {' '.join(entries)}"
-    dataset = GPTBatchDataset(
-        valid,
-        eod,
-        m.data.eod_mask_loss,
-        rows,
-        source,
-        b.batch_pad(tokenizer, m.data.allow_ambiguous_pad_tokens),
-    )
+    pad = b.batch_pad(tokenizer, m.data.allow_ambiguous_pad_tokens)
+    null_vocab = b.null_vocab(tokenizer)
+    dataset = GPTBatchDataset(valid, eod, m.data.eod_mask_loss, rows, source, pad, null_vocab)
     return dataset, batches, " ".join(entries)
 
 

@@ -9,7 +9,7 @@ import torch
 from train_e2e_helpers import run_recording, tiny_config
 
 from gptrain.data.indexed import IndexedDatasetWriter
-from gptrain.errors import ConfigError, DataError, GptrainError
+from gptrain.errors import ConfigError, DataError, GptrainError, error_text
 
 VOCAB = 300  # past uint8, under uint16's bound; padded to 384
 
@@ -128,9 +128,12 @@ def test_eod_mask_and_padding_are_megatrons():
 def test_ids_past_the_vocabulary_are_refused_before_the_first_step(tmp_path, monkeypatch, capsys):
     """Before: an id past vocab_size but under the padded rows (384) trained on a padding row
     without a word; now one line naming the .bin and its largest id, before any step."""
+    from gptrain.data import token_bound
     from gptrain.train import step_loop
 
     cfg = null_config(tmp_path, "model.tokenizer.vocab_size=290")  # the data's EOD is 299
+    # a .bin of the start's read limit is still read (the limit is inclusive)
+    monkeypatch.setattr(token_bound, "SCAN_LIMIT_BYTES", (tmp_path / "pretokenized.bin").stat().st_size)
     monkeypatch.setattr(step_loop, "record", lambda *args: pytest.fail("a step ran"))
     with pytest.raises(DataError) as raised:
         run_recording(monkeypatch, cfg)
@@ -163,6 +166,101 @@ def test_the_dtype_bound_spares_the_scan_and_a_scan_is_kept(tmp_path, monkeypatc
     with pytest.raises(DataError, match="wide.bin holds token id 299, but NullTokenizer's"):
         token_bound.check_ids_fit([str(tmp_path / "wide")], 299, lambda _: memo, "x")
     assert len(scanned) == 1
+    # past the start's read limit a kept scan still tells (one number), and nothing is read
+    monkeypatch.setattr(token_bound, "SCAN_LIMIT_BYTES", 0)
+    with pytest.raises(DataError, match="wide.bin holds token id 299, but NullTokenizer's"):
+        token_bound.check_ids_fit([str(tmp_path / "wide")], 299, lambda _: memo, "x")
+    assert len(scanned) == 1
+
+
+def poke(prefix, document: int, offset: int, token_id: int) -> None:
+    """Token `offset` of `document` in the .bin at `prefix` set to `token_id` (the .idx unchanged, so
+    the cached sample indices still fit)."""
+    from gptrain.data.indexed import IndexedDataset
+
+    dataset = IndexedDataset(str(prefix))
+    position = int(np.sum(dataset.sequence_lengths[:document], dtype=np.int64)) + offset
+    tokens = np.memmap(dataset.bin_path, dtype=dataset.dtype, mode="r+")
+    tokens[position] = token_id
+    tokens.flush()
+
+
+def a_token_only_sample_reads(samples, indices) -> tuple[int, int, int]:
+    """(sample, document, offset) of a token 3 into one of `indices`' samples, inside its first
+    document and past the token it shares with the sample before it."""
+    for index in indices:
+        where = samples.locate(index)
+        length = int(samples.dataset.sequence_lengths[where.documents[0]])
+        if where.first_offset + 3 < length and (len(where.documents) > 1 or where.last_length > 3):
+            return index, where.documents[0], where.first_offset + 3
+    raise AssertionError(f"no sample of {indices} starts 3 tokens inside a document")
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_corpus_past_the_read_limit_is_checked_as_samples_are_read_and_stops_at_that_step(
+    tmp_path, monkeypatch, capsys, workers
+):
+    """Before: a .bin whose dtype can hold ids past vocab_size was read whole on rank 0 at the start
+    (a multi-TB corpus: tens of minutes while the other ranks waited in the dataset-building turns).
+    Now no .bin past SCAN_LIMIT_BYTES is read at the start; an id 300 <= 350 < 384 rows (no per-sample
+    check caught it) stops the run at the step that reads it, in one line naming the .bin, document
+    and token."""
+    from gptrain.data import token_bound
+    from gptrain.train import step_loop
+    from gptrain.train.builders import _build_datasets
+    from gptrain.train.tokenizer_setup import build_tokenizer
+
+    cfg = null_config(tmp_path, f"model.data.num_workers={workers}")  # 1: raised in a loader worker
+    prefix, bin_path = tmp_path / "pretokenized", tmp_path / "pretokenized.bin"
+    monkeypatch.setattr(token_bound, "SCAN_LIMIT_BYTES", bin_path.stat().st_size - 1)
+    monkeypatch.setattr(token_bound, "_scan", lambda dataset: pytest.fail(f"{dataset.bin_path} was read"))
+    train = _build_datasets(cfg, VOCAB, build_tokenizer(cfg))[0]  # the run's indices, cached
+    sample, document, offset = a_token_only_sample_reads(train.samples, range(8, 12))  # iteration 3's
+    poke(prefix, document, offset, 350)
+    recorded, record = [], step_loop.record
+    monkeypatch.setattr(step_loop, "record", lambda s, *a: (record(s, *a), recorded.append(s.state.step)))
+    with pytest.raises(DataError) as raised:
+        run_recording(monkeypatch, cfg)
+    assert recorded == [1, 2]
+    message = error_text(raised.value)  # what the CLI prints after "gptrain: error: "
+    assert message == (
+        f"model.data.data_prefix: {bin_path} holds token id 350 (document {document}, token {offset}; "
+        f"sample {sample}), but NullTokenizer's model.tokenizer.vocab_size=300 has ids 0 to 299: give the "
+        "vocab_size of the tokenizer the data was made with (more than 350; Megatron's --vocab-size)"
+    )
+    err = capsys.readouterr().err
+    assert (
+        "gptrain: note: model.data.data_prefix: 1 .bin file(s) of 0.0 GiB whose token dtype holds ids past "
+        "NullTokenizer's model.tokenizer.vocab_size=300 are not read at the start" in err
+    )
+
+
+def test_the_per_sample_check_is_null_tokenizers_alone(tmp_path, monkeypatch, indexed_corpus):
+    """Another tokenizer's files bound its data's ids: its samples keep the one max against the
+    embedding's rows they had, and the NullTokenizer check is never reached."""
+
+    from gptrain.data import token_bound
+    from gptrain.data.null_tokenizer import NullTokenizer
+    from gptrain.train.batches import GPTBatchDataset
+    from gptrain.train.builders import _build_datasets, null_vocab
+    from gptrain.train.tokenizer_setup import build_tokenizer, padded_vocab_size
+
+    cfg = tiny_config(tmp_path / "run", *indexed_corpus)
+    tokenizer = build_tokenizer(cfg)
+    vocab, rows = padded_vocab_size(cfg, tokenizer)
+    monkeypatch.setattr(token_bound, "check_ids_fit", lambda *a: pytest.fail("ids checked at the start"))
+    monkeypatch.setattr(
+        token_bound, "sample_past_vocabulary", lambda *a: pytest.fail("NullTokenizer's check")
+    )
+    train = _build_datasets(cfg, vocab, tokenizer)[0]
+    assert (null_vocab(tokenizer), train.null_vocab, train.id_limit) == (None, None, rows)
+    assert null_vocab(NullTokenizer(VOCAB)) == VOCAB
+    beyond = np.array([1, vocab, rows - 1, 2])  # past the tokenizer, within the rows: as before
+    assert GPTBatchDataset([beyond], 0, True, rows, "x")[0]["labels"].tolist() == [vocab, rows - 1, 2]
+    with pytest.raises(
+        DataError, match=f"sample 0 holds token id {rows}, but the model's vocabulary has {rows} rows"
+    ):
+        GPTBatchDataset([np.array([1, rows])], 0, True, rows, "x")[0]
 
 
 def test_data_prepared_with_legacy_gpt2_trains_under_a_null_tokenizer(tmp_path):

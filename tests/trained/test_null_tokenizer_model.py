@@ -111,3 +111,27 @@ def test_a_padding_id_past_the_exported_rows_is_left_out_of_config_json_and_said
     said = f"model.tokenizer.null_pad_id={pad} is not one of the {VOCAB} exported ids"
     assert (said in err) == (written is None), err
     AutoModelForCausalLM.from_pretrained(str(out))
+
+
+def test_eval_checks_a_data_prefix_past_the_read_limit_as_it_reads_its_samples(null_run, capsys, monkeypatch):
+    """Before: the .bin was read whole at the start, however large; now past the read limit its
+    samples are checked as they are evaluated, and id 350 (under the 384 rows) stops eval in one line
+    naming the .bin, document and token."""
+    import numpy as np
+
+    from gptrain.cli import main
+    from gptrain.data import token_bound
+    from gptrain.data.indexed import IndexedDatasetWriter
+
+    tmp, run, _ = null_run
+    with IndexedDatasetWriter(str(tmp / "large"), np.uint16) as writer:
+        writer.add_document(np.array([*range(40), 350, 7], dtype=np.uint16))
+    monkeypatch.setattr(token_bound, "SCAN_LIMIT_BYTES", 0)
+    monkeypatch.setattr(token_bound, "_scan", lambda dataset: pytest.fail(f"{dataset.bin_path} was read"))
+    assert main(["eval", str(run), "--data-prefix", str(tmp / "large")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("gptrain: note: --data-prefix: 1 .bin file(s) of 0.0 GiB whose token dtype")
+    large = tmp / "large"
+    head = f"gptrain: error: --data-prefix {large}: {large}.bin holds token id 350 (document 0, token 40; sample "
+    assert err[-1].startswith(head), err
+    assert "), but NullTokenizer's model.tokenizer.vocab_size=300 has ids 0 to 299: give " in err[-1], err
