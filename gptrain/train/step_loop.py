@@ -218,6 +218,9 @@ def microbatches(s: Session, data: GPTBatchDataset) -> Iterator[list[Batch]]:
         except (RuntimeError, ConnectionError, EOFError) as error:  # asked while `it` knows its workers
             raise_if_a_worker_died(error, it)
             raise
+        except GptrainError:  # a sample's check (an id past the vocabulary), raised in a worker or here
+            shut_down_workers(it)  # now: the error's frames hold `it`, and its workers, while it is kept
+            raise
         except KeyboardInterrupt:
             # A SIGINT to this process alone (`kill -INT <pid>`) during a receive left a worker handing over
             # a batch's shared memory on a connection this process closed as it exited: the worker printed
