@@ -192,13 +192,13 @@ def table_from_files(kind: str | None, vocab_file: str | None, model: str | None
     tell it here (another type, a file that does not parse, a vocab.json token outside GPT-2's byte
     alphabet, which the loaders spell otherwise)."""
     if kind == "gpt2":
-        vocab = _json(vocab_file)
+        vocab = json_or_none(vocab_file)
         if not isinstance(vocab, dict) or not all(map(_is_byte_level, vocab)):
             return None
         return _table(vocab.items())
     if kind == "huggingface" and model:
         path = Path(model)
-        data = _json(str(path / "tokenizer.json") if path.is_dir() else model)
+        data = json_or_none(str(path / "tokenizer.json") if path.is_dir() else model)
         return _tokenizer_json_table(data) if isinstance(data, dict) else None
     return None
 
@@ -208,7 +208,7 @@ def renumbered_added_tokens_note(model: str | None) -> str | None:
     (a hand-edited file): the data holds the library's id, not the one its user wrote and expects."""
     path = Path(model or "")
     file = path / "tokenizer.json" if path.is_dir() else path
-    data = _json(str(file)) if model else None
+    data = json_or_none(str(file)) if model else None
     table = _tokenizer_json_table(data) if isinstance(data, dict) else None
     if table is None:
         return None
@@ -283,7 +283,7 @@ def _is_byte_level(token: str) -> bool:
     return all(char in _BYTE_ALPHABET for char in token)
 
 
-def _json(path: str | None) -> Any:
+def json_or_none(path: str | None) -> Any:
     """A JSON file's content, or None where it is not there or does not parse (the job says why)."""
     if not path:
         return None

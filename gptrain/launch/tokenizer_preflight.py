@@ -4,7 +4,6 @@ torch or the tokenizer libraries (login nodes)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,7 +50,9 @@ def tokenizer_ids(tok: Any) -> int | None:
         return int(tok.vocab_size) if tok.vocab_size else None
     if kind == "gpt2":
         directory = tok.model if not (tok.vocab_file or tok.merge_file) and tok.model else None
-        vocab = _json_file(str(Path(directory) / "vocab.json") if directory else tok.vocab_file)
+        from gptrain.data.tokenizer_fingerprint import json_or_none
+
+        vocab = json_or_none(str(Path(directory) / "vocab.json") if directory else tok.vocab_file)
         ids = list(vocab.values()) if isinstance(vocab, dict) else []
     elif kind == "huggingface" and tok.model:
         from gptrain.data.tokenizer_fingerprint import table_from_files
@@ -94,16 +95,6 @@ def vocabulary_conflict(tok: Any, prefixes: list[str]) -> tuple[str, str] | None
         "training.model.data.data_prefix",
         "training.exp_manager.allow_tokenizer_change=true",
     )
-
-
-def _json_file(path: str | None) -> Any:
-    """A JSON file's content, or None where it is not there or does not parse (the job says why)."""
-    if not path:
-        return None
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def check_tokenizer_files(
