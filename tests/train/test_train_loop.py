@@ -26,6 +26,17 @@ from gptrain.train.step import StepOptions, masked_lm_loss
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
+def use_loss_fn(monkeypatch: pytest.MonkeyPatch, loss_fn) -> None:
+    """Trains with `loss_fn` (model, batch) -> loss in place of the run's own: how these tests make a
+    step's loss or gradients non-finite."""
+    real = builders.build_step_options
+    monkeypatch.setattr(
+        builders,
+        "build_step_options",
+        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": loss_fn}),
+    )
+
+
 def final_weights(log_dir, step):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -626,12 +637,7 @@ def test_each_skipped_non_finite_iteration_is_named_in_the_log(tmp_path, monkeyp
         return loss * float("nan") if len(calls) in (5, 6) else loss  # 2 micro-batches a step
 
     calls: list[int] = []
-    real = builders.build_step_options
-    monkeypatch.setattr(
-        builders,
-        "build_step_options",
-        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": nan_at_step_3}),
-    )
+    use_loss_fn(monkeypatch, nan_at_step_3)
     code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, "trainer.log_every_n_steps=5"))
     assert code == 0 and math.isnan(losses[3])
     warnings = [line for line in log_lines(tmp_path) if "not finite" in line]
@@ -655,12 +661,7 @@ def test_the_iterations_before_a_divergence_stop_are_logged(tmp_path, monkeypatc
         return loss * float("nan") if len(calls) > 3 * 2 else loss  # 2 micro-batches a step
 
     calls: list[int] = []
-    real = builders.build_step_options
-    monkeypatch.setattr(
-        builders,
-        "build_step_options",
-        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": nan_from_step_4}),
-    )
+    use_loss_fn(monkeypatch, nan_from_step_4)
     overrides = [
         "trainer.max_consecutive_nonfinite=2",
         "trainer.max_steps=20",
@@ -696,12 +697,7 @@ def test_the_values_of_each_non_finite_iteration_are_logged_up_to_the_stop(tmp_p
         return loss + (weight * 0.0).sum()
 
     calls: list[int] = []
-    real = builders.build_step_options
-    monkeypatch.setattr(
-        builders,
-        "build_step_options",
-        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": infinite_gradients_from_step_3}),
-    )
+    use_loss_fn(monkeypatch, infinite_gradients_from_step_3)
     cfg = tiny_config(tmp_path, *MOCK, "trainer.max_consecutive_nonfinite=2", "trainer.max_steps=20")
     with pytest.raises(step_loop.TrainingDivergedError) as info:
         run_recording(monkeypatch, cfg)
@@ -723,12 +719,7 @@ def test_nan_iterations_are_skipped_counted_and_stop_the_run(tmp_path, monkeypat
         return loss * float("nan") if calls.append(1) or len(calls) > 2 * 2 else loss  # 2 microbatches/step
 
     calls: list[int] = []
-    real = builders.build_step_options
-    monkeypatch.setattr(
-        builders,
-        "build_step_options",
-        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": nan_from_step_3}),
-    )
+    use_loss_fn(monkeypatch, nan_from_step_3)
     cfg = tiny_config(tmp_path, *MOCK, "trainer.max_consecutive_nonfinite=3", "trainer.max_steps=20")
     with pytest.raises(
         step_loop.TrainingDivergedError, match=r"3 iterations in a row \(last at iteration 5: lm loss nan\);"
@@ -759,12 +750,7 @@ def test_a_checkpoint_saved_inside_a_non_finite_streak_is_not_called_the_last_go
 
     calls: list[int] = []
     finite_calls = [2 * 2]  # 2 micro-batches a step: NaN from iteration 3
-    real = builders.build_step_options
-    monkeypatch.setattr(
-        builders,
-        "build_step_options",
-        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": nan_after}),
-    )
+    use_loss_fn(monkeypatch, nan_after)
     overrides = ["trainer.max_consecutive_nonfinite=3", "trainer.exit_interval=3", "trainer.max_steps=20"]
     code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *overrides))
     assert code == 0 and complete_steps(tmp_path / "checkpoints") == [2, 3]  # step_3 inside the streak
@@ -797,12 +783,7 @@ def test_overflows_under_a_static_fp16_scale_stop_the_run_and_the_scale_stays(tm
         return loss + (weight * 0.0).sum()
 
     calls: list[int] = []
-    real = builders.build_step_options
-    monkeypatch.setattr(
-        builders,
-        "build_step_options",
-        lambda cfg, dp: StepOptions(**{**vars(real(cfg, dp)), "loss_fn": overflow_from_step_3}),
-    )
+    use_loss_fn(monkeypatch, overflow_from_step_3)
     static = [
         "trainer.precision=16",
         "model.native_amp_static_scale=true",
@@ -842,12 +823,7 @@ def test_a_divergence_waiting_for_a_long_background_write_is_not_called_a_hang(t
         return loss * float("nan") if len(calls) > 2 * 2 else loss  # 2 micro-batches a step
 
     calls: list[int] = []
-    real_options = builders.build_step_options
-    monkeypatch.setattr(
-        builders,
-        "build_step_options",
-        lambda cfg, dp: StepOptions(**{**vars(real_options(cfg, dp)), "loss_fn": nan_from_step_3}),
-    )
+    use_loss_fn(monkeypatch, nan_from_step_3)
     real_mark = manager.CheckpointManager._mark_complete
 
     def slow_mark(self, report, checksums):  # the write of step_2 outlasts the hang timeout (3 s)
@@ -896,12 +872,7 @@ def test_a_non_finite_warning_written_to_a_hung_file_system_is_a_hang(tmp_path, 
         return loss * float("nan") if len(calls) in (5, 6) else loss  # 2 micro-batches a step
 
     calls: list[int] = []
-    real_options = builders.build_step_options
-    monkeypatch.setattr(
-        builders,
-        "build_step_options",
-        lambda cfg, dp: StepOptions(**{**vars(real_options(cfg, dp)), "loss_fn": nan_at_step_3}),
-    )
+    use_loss_fn(monkeypatch, nan_at_step_3)
     real_write = results.RunLog.to_file
 
     def hung_write(self, line):  # the warning's write outlasts the hang timeout (3 s)
