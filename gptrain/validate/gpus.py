@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -89,13 +90,54 @@ def dcgm_diag(level: int, timeout_s: float | None = None) -> dict[str, Any]:
         why = f"dcgmi diag -r {level} could not be started: {error}"
         return {"ran": True, "passed": False, "failures": [why], "tail": ""}
     text = out.stdout + out.stderr
-    failures = [line.strip(" |") for line in text.splitlines() if "fail" in line.lower()]
+    failures = dcgm_failures(text)
+    if out.returncode != 0 and not failures:  # no table: dcgmi's own "Error:" lines say why
+        errors = [line.strip() for line in text.splitlines() if line.strip().startswith("Error")]
+        why = f": {'; '.join(errors)}" if errors else ""
+        failures = [f"dcgmi diag -r {level} exited with status {out.returncode}{why}"]
     return {
         "ran": True,
         "passed": out.returncode == 0 and not failures,
         "failures": failures,
         "tail": text[-4000:],
     }
+
+
+# A row of dcgmi diag's table ("| name | result or text |") and a test's result in it (DCGM's Diag.cpp:
+# Pass, Fail, Warn or Skip, for all GPUs or followed by the GPUs it names).
+DCGM_ROW = re.compile(r"^\|([^|]*)\|([^|]*)\|\s*$")
+DCGM_RESULT = re.compile(r"^(Pass|Fail|Warn|Skip)\b")
+DCGM_REASONS = ("Warning", "Error")
+
+
+def dcgm_failures(text: str) -> list[str]:
+    """`test: Fail ...: reason` for each test of dcgmi diag's table whose result is Fail. A Warn or
+    Skip passes (dcgmi exits 0 for them) even where its warning text says "fail"; dcgmi wraps a
+    reason every 45 characters, mid-word, so its rows are joined as they are."""
+    results: dict[str, str] = {}
+    reasons: dict[str, list[str]] = {}
+    test = reason = None
+    for line in text.splitlines():
+        row = DCGM_ROW.match(line.strip())
+        if row is None:
+            continue
+        name, info = row[1].strip(), row[2].strip()
+        if DCGM_RESULT.match(info):
+            test = name or test
+            reason = None
+            if info.startswith("Fail") and test is not None:
+                results.setdefault(test, info)
+        elif name in DCGM_REASONS and test is not None:
+            reason = test
+            reasons.setdefault(test, []).append(info)
+        elif not name and reason is not None:
+            reasons[reason][-1] += info
+        else:  # a metadata row or the header: no test's
+            test = reason = None
+    return [
+        f"{name}: {info}" + "".join(f": {why}" for why in reasons.get(name, []))
+        for name, info in results.items()
+    ]
 
 
 def nvml_health(cuda_uuid: str | None, index: int) -> tuple[dict[str, Any], list[str]]:

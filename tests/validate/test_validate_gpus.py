@@ -140,7 +140,97 @@ def test_dcgm_result_is_read_from_its_output(monkeypatch, returncode, text, pass
     )
     result = gpus.dcgm_diag(1)
     assert result["ran"] and result["passed"] is passed
-    assert result["failures"] == ([] if passed else ["Memory | Fail - GPU 3"])
+    assert result["failures"] == ([] if passed else ["Memory: Fail - GPU 3"])
+
+
+def dcgmi_table(*rows):
+    """dcgmi diag's text output (DCGM's Diag.cpp stencil: a 27-wide name and a 46-wide result
+    column; Warning, Error and Info text wrapped every 45 characters, mid-word)."""
+    lines = [
+        "Successfully ran diagnostic for group.",
+        "+---------------------------+------------------------------------------------+",
+        "| Diagnostic                | Result                                         |",
+        "+===========================+================================================+",
+        "|-----  Metadata  ----------+------------------------------------------------|",
+        "| DCGM Version              | 3.3.7                                          |",
+        "|-----  Deployment  --------+------------------------------------------------|",
+    ]
+    for name, info in rows:
+        chunks = (
+            [info[i : i + 45] for i in range(0, len(info), 45)] if name in ("Warning", "Error") else [info]
+        )
+        for k, chunk in enumerate(chunks):
+            lines.append(f"| {name if k == 0 else '':<25} | {chunk:<46} |")
+    lines.append("+---------------------------+------------------------------------------------+")
+    return "\n".join(lines) + "\n"
+
+
+def run_dcgmi(monkeypatch, returncode, stdout, stderr=""):
+    from gptrain.validate import gpus
+
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: "/usr/bin/dcgmi")
+    monkeypatch.setattr(
+        gpus.subprocess,
+        "run",
+        lambda *a, **k: types.SimpleNamespace(returncode=returncode, stdout=stdout, stderr=stderr),
+    )
+    return gpus.dcgm_diag(2)
+
+
+GRAPHICS_WARNING = (
+    "NVVS has detected processes with graphics contexts open running on at least one GPU."
+    " This may cause some tests to fail."
+)
+BANDWIDTH_FAILURE = (
+    "GPU 3 only achieved a memory bandwidth of 1812.40 GB/s, failing to meet 2400.00 GB/s for test 0"
+)
+
+
+def test_a_dcgmi_warning_that_says_fail_does_not_fail_a_passing_node(monkeypatch):
+    """Any line of dcgmi's output with "fail" in it failed the node: a Warn result (dcgmi exits 0)
+    whose warning text says "may cause some tests to fail" drained a healthy node. Only a test whose
+    result is Fail (or a non-zero exit) fails it now."""
+    text = dcgmi_table(
+        ("Denylist", "Pass"),
+        ("Targeted Stress", "Warn - GPU: 0"),
+        ("Warning", GRAPHICS_WARNING),
+        ("Memory Bandwidth", "Pass - All"),
+    )
+    result = run_dcgmi(monkeypatch, 0, text)
+    assert result["passed"] is True and result["failures"] == []
+
+
+def test_a_failing_dcgmi_test_is_named_with_its_whole_reason(monkeypatch):
+    """The failure listed only the lines that said "fail": the result row, and of its reason (which
+    dcgmi wraps every 45 characters) only the piece holding the word. Now: the test, its result and
+    its Warning text unwrapped; a Warn of the same test after it changes nothing."""
+    text = dcgmi_table(
+        ("Memory Bandwidth", "Pass - GPUs: 0, 1, 2   "),
+        ("", "Fail - GPU: 3   "),
+        ("Warning", BANDWIDTH_FAILURE),
+        ("SM Stress", "Pass - All"),
+    )
+    result = run_dcgmi(monkeypatch, 226, text)
+    assert result["passed"] is False
+    assert result["failures"] == [f"Memory Bandwidth: Fail - GPU: 3: {BANDWIDTH_FAILURE}"]
+
+
+def test_a_dcgmi_that_exits_non_zero_without_a_failing_test_says_why(monkeypatch):
+    """dcgmi that could not reach its host engine (nv-hostengine not running) exits non-zero with an
+    "Error:" line and no table: the node failed as "dcgmi diag failed: see gpus.json". Its error
+    lines and exit status are the failure now."""
+    text = (
+        "Error: unable to establish a connection to the specified host: localhost\n"
+        "Error: Unable to connect to host engine. Host engine connection invalid/disconnected.\n"
+    )
+    result = run_dcgmi(monkeypatch, 255, "", text)
+    assert result["passed"] is False
+    assert result["failures"] == [
+        "dcgmi diag -r 2 exited with status 255: Error: unable to establish a connection to the specified"
+        " host: localhost; Error: Unable to connect to host engine. Host engine connection"
+        " invalid/disconnected."
+    ]
+    assert run_dcgmi(monkeypatch, 3, "", "")["failures"] == ["dcgmi diag -r 2 exited with status 3"]
 
 
 def test_gpus_are_expected_from_the_profile_the_flag_or_the_job_never_on_a_cpu_machine():
