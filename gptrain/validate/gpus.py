@@ -188,8 +188,16 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
     medians = {key: statistics.median(r[key] for r in records) for key in ("matmul_bf16_tflops", "copy_GBps")}
     floors = {"matmul_bf16_tflops": limits.matmul_tflops, "copy_GBps": limits.copy_GBps}
     units = {"matmul_bf16_tflops": "TFLOP/s bf16 matmul", "copy_GBps": "GB/s copy"}
+    linked_nodes = {r["node"] for r in records if any(link["active"] for link in _nvlinks(r))}
     for r in records:
         flags = list(r.get("problems") or [])
+        links = _nvlinks(r)
+        if r["node"] in linked_nodes and links and not any(link["active"] for link in links):
+            flags.append(
+                f"all {len(links)} NVLink links inactive while the other GPUs of {r['node']} have theirs up:"
+                " its traffic to them falls back to PCIe (check nvidia-smi nvlink -s; reset the GPU or"
+                " service it)"
+            )
         for key, median in medians.items():
             if median and r[key] < median * (1 - limits.slow_pct / 100):
                 flags.append(
@@ -202,6 +210,13 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
             flags.append("dcgmi diag failed: " + "; ".join(dcgm.get("failures") or ["see gpus.json"]))
         r["flags"] = flags
     return records
+
+
+def _nvlinks(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The NVLink links NVML read for a GPU's record (none where NVML was not read). A GPU reads
+    every link inactive where it has no NVLink in use (a PCIe card without a bridge), so all down is
+    judged against its node's other GPUs (nvml.health_problems judges some links down alone)."""
+    return (record.get("nvml") or {}).get("nvlinks") or []
 
 
 XID_ACTIONS = {

@@ -126,6 +126,30 @@ def test_judge_flags_gpus_below_the_median_and_below_the_profile():
     assert [r["rank"] for r in relaxed if r["flags"]] == [3, 4]
 
 
+def test_a_gpu_whose_nvlinks_are_all_down_fails_where_its_node_peers_have_theirs_up():
+    """health_problems leaves a GPU with every NVLink inactive alone (a PCIe card without a bridge
+    reads so), but on an NVSwitch node where the other GPUs have theirs up it is the GPU whose
+    links failed to train: its NCCL traffic falls back to PCIe, and it passed. Judged against its
+    node's GPUs now; a node where every GPU reads all links down stays unflagged."""
+
+    def links(active):
+        return [{"link": k, "active": active, "errors": {}} for k in range(18)]
+
+    records = [record(r, f"n{r // 4}", 800, 3000) for r in range(8)]
+    for r in records:
+        r["nvml"] = {"nvlinks": links(True)}
+    records[2]["nvml"] = {"nvlinks": links(False)}
+    for r in records[4:]:  # n1: PCIe cards, no bridge
+        r["nvml"] = {"nvlinks": links(False)}
+    records[5]["nvml"] = {"error": "NVMLError: Unknown Error"}
+    judged = judge(records, Thresholds(slow_pct=10))
+    assert [r["rank"] for r in judged if r["flags"]] == [2]
+    assert judged[2]["flags"] == [
+        "all 18 NVLink links inactive while the other GPUs of n0 have theirs up: its traffic to them"
+        " falls back to PCIe (check nvidia-smi nvlink -s; reset the GPU or service it)"
+    ]
+
+
 @pytest.mark.parametrize(
     "returncode, text, passed", [(0, "| Memory | Pass |", True), (226, "| Memory | Fail - GPU 3 |", False)]
 )
