@@ -10,7 +10,8 @@
   TP       = per layer and micro batch 4 collectives of b s h activation bytes (2 forward,
              2 backward; all-reduce, or all-gather + reduce-scatter with SP: the same bytes),
              each moving 2 (t - 1) / t of its size per GPU (ring), 2 more with full recompute
-  PP       = each micro batch sends b s h / (t if SP) bytes forward and back per chunk boundary
+  PP       = each micro batch sends b s h / (t if SP) elements of the residual stream (fp32, bf16
+             under FSDP's bf16 gather) forward and back per chunk boundary
   DP       = gradient all-reduce 2 (d - 1)/d x 4 bytes/param (fp32), once per step; or FSDP over
              its shard group s, (s - 1)/s of each all-gather of the weights (bf16; fp32 under fp16
              and fp32; 1 byte for float8-gathered FP8 block weights) and each reduce-scatter of the
@@ -104,6 +105,15 @@ def recomputed_flops(work: Workload, layout: Layout) -> list[float]:
     return [0.0] * layout.pp
 
 
+def residual_bytes(work: Workload, layout: Layout) -> int:
+    """Bytes an element of the residual stream takes, what a pipeline stage sends (and gets the
+    gradient of): fp32 under autocast too (fp32 master weights: the embedding's output is fp32, and
+    fp32 + a 16-bit block output is fp32), bf16 where FSDP gathers the weights in bf16 (it casts each
+    block's input to them)."""
+    fsdp_bf16 = work.bf16 and layout.sharding != "ddp" and layout.dp > 1
+    return 2 if fsdp_bf16 else 4
+
+
 def _bandwidth(cluster: Cluster, group: int, stride: int, collective: bool = True) -> float:
     """Bus bytes/s of a group of `group` ranks `stride` apart in the rank order.
 
@@ -159,7 +169,7 @@ def estimate_step_time(work: Workload, layout: Layout, cluster: Cluster, mfu: fl
         tp_comm = calls * per_call * most_layers * m / _bandwidth(cluster, layout.tp, 1)
     if layout.pp > 1:
         shard = layout.tp if layout.sequence_parallel else 1
-        per_send = tokens * c.hidden_size * act / shard
+        per_send = tokens * c.hidden_size * residual_bytes(work, layout) / shard
         link = _bandwidth(cluster, layout.pp, layout.tp * layout.dp, collective=False)
         pp_comm = 2 * per_send * m * layout.vpp / link
     if layout.dp > 1 and layout.sharding == "ddp":

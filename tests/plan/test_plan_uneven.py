@@ -317,3 +317,21 @@ def test_the_header_on_one_gpu_names_one_gpu(tmp_path: Path) -> None:
     assert main(["plan", "gpt3/126m", "--nodes", "1", "--gpus-per-node", "1", "--json", str(js)]) == 0
     line = next(x for x in json.loads(js.read_text())["lines"] if x.startswith("at MFU"))
     assert line.endswith(" over the GPU")
+
+
+@pytest.mark.parametrize(("sharding", "dp_shard", "element_bytes"), [("ddp", 0, 4), ("full_shard", 4, 2)])
+def test_a_pipeline_sends_the_residual_stream_at_its_own_width(
+    sharding: str, dp_shard: int, element_bytes: int
+) -> None:
+    """A stage sends its last block's output, the residual stream, and gets its gradient back: fp32
+    under bf16 autocast (fp32 master weights: the embedding's output is fp32, and fp32 + bf16 is
+    fp32; the memory estimate keeps each chunk's output at 4 B an element), bf16 where FSDP gathers
+    the weights in bf16 and casts each block's input. pp_comm counted the autocast width, 2 B, for
+    both: half the bytes on a DDP pipeline."""
+    work = gpt3_126m()
+    layout = Layout(pp=2, dp=4, micro_batch_size=2, sharding=sharding, dp_shard=dp_shard)
+    h, s, m = 768, 2048, 256 // (2 * 4)
+    nvlink = 450e9  # the two stages' GPUs are on one node
+    expected = 2 * (2 * s * h * element_bytes) * m / nvlink
+    time = estimate_step_time(work, layout, build_cluster(1, None, None), mfu=0.5)
+    assert time.pp_comm == pytest.approx(expected, rel=1e-12)
