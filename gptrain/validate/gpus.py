@@ -106,7 +106,8 @@ def dcgm_diag(level: int, timeout_s: float | None = None) -> dict[str, Any]:
 # A row of dcgmi diag's table ("| name | result or text |") and a test's result in it (DCGM's Diag.cpp:
 # Pass, Fail, Warn or Skip, for all GPUs or followed by the GPUs it names).
 DCGM_ROW = re.compile(r"^\|([^|]*)\|([^|]*)\|\s*$")
-DCGM_RESULT = re.compile(r"^(Pass|Fail|Warn|Skip)\b")
+# DCGM 4 adds a row per GPU under a test's ("GPU0: Fail") and may name the GPU beside "Warning".
+DCGM_RESULT = re.compile(r"^(?:GPU\s*\d+:\s*)?(Pass|Fail|Warn|Skip)\b")
 DCGM_REASONS = ("Warning", "Error")
 
 
@@ -122,12 +123,13 @@ def dcgm_failures(text: str) -> list[str]:
         if row is None:
             continue
         name, info = row[1].strip(), row[2].strip()
-        if DCGM_RESULT.match(info):
+        result = DCGM_RESULT.match(info)
+        if result:
             test = name or test
             reason = None
-            if info.startswith("Fail") and test is not None:
+            if result[1] == "Fail" and test is not None:
                 results.setdefault(test, info)
-        elif name in DCGM_REASONS and test is not None:
+        elif name.split(":")[0] in DCGM_REASONS and test is not None:
             reason = test
             reasons.setdefault(test, []).append(info)
         elif not name and reason is not None:

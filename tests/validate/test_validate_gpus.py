@@ -239,6 +239,20 @@ def test_a_failing_dcgmi_test_is_named_with_its_whole_reason(monkeypatch):
     assert result["failures"] == [f"Memory Bandwidth: Fail - GPU: 3: {BANDWIDTH_FAILURE}"]
 
 
+def test_dcgmi_4s_rows_per_gpu_are_read_as_their_tests(monkeypatch):
+    """DCGM 4 lists each GPU's result under its test's ("GPU0: Fail") and may name the GPU beside
+    "Warning": the test still fails, with its reason."""
+    text = dcgmi_table(
+        ("memory", "Pass"),
+        ("", "GPU0: Pass"),
+        ("diagnostic", "Fail"),
+        ("", "GPU0: Fail"),
+        ("Warning: GPU0", "Detected XID 79 for GPU 0"),
+    )
+    result = run_dcgmi(monkeypatch, 226, text)
+    assert result["failures"] == ["diagnostic: Fail: Detected XID 79 for GPU 0"]
+
+
 def test_a_dcgmi_that_exits_non_zero_without_a_failing_test_says_why(monkeypatch):
     """dcgmi that could not reach its host engine (nv-hostengine not running) exits non-zero with an
     "Error:" line and no table: the node failed as "dcgmi diag failed: see gpus.json". Its error
