@@ -9,6 +9,7 @@ import sys
 from gptrain.data.tokenizer_args import (
     add_tokenizer_args,
     megatron_tokenizer_notes,
+    null_options,
     tiktoken_options,
     tokenizer_from_args,
     tokenizer_type,
@@ -188,14 +189,14 @@ def _run_prepare(args: argparse.Namespace) -> int:
     kind = tokenizer_type(args)
     if kind is None:
         raise ConfigError("give a tokenizer: --vocab-file/--merge-file (GPT-2 BPE) or --tokenizer-model")
-    refuse_null_tokenizer(kind)
     for note in megatron_tokenizer_notes(args, kind):
         print(note, file=sys.stderr)
     if not args.legacy_tokenizer and (notice := sentencepiece_version_notice(kind)) is not None:
         print(notice, file=sys.stderr)
     options = tiktoken_options(args)
+    null = null_options(args) if canonical_type(kind) == "null" else None
     spec = TokenizerSpec(
-        kind, args.vocab_file, args.merge_file, args.tokenizer_model, options, args.legacy_tokenizer
+        kind, args.vocab_file, args.merge_file, args.tokenizer_model, options, args.legacy_tokenizer, null
     )
     if canonical_type(kind) == "huggingface" and (note := renumbered_added_tokens_note(spec.model)):
         print(note, file=sys.stderr)
@@ -213,20 +214,6 @@ def _run_prepare(args: argparse.Namespace) -> int:
         stats = prepare(config)
     print(stats.summary())
     return 0
-
-
-def refuse_null_tokenizer(kind: str) -> None:
-    """NullTokenizer encodes no text (Megatron's reads text of ids): data prepare needs the tokenizer
-    the corpus is to be encoded with; data already tokenized trains as it is."""
-    from gptrain.data.tokenizers import canonical_type
-    from gptrain.errors import ConfigError
-
-    if canonical_type(kind) == "null":
-        raise ConfigError(
-            "--tokenizer-type NullTokenizer: it has no vocabulary to encode text with; prepare with the "
-            "tokenizer of your corpus, or train data already tokenized (.bin/.idx) with "
-            "model.tokenizer.type=NullTokenizer and model.tokenizer.vocab_size"
-        )
 
 
 def non_negative(text: str) -> int:

@@ -11,6 +11,9 @@ A value may also be a JSON array of strings, as Megatron's preprocess_data.py ta
 sequence of the document, the EOD of --append-eod on the last one. A plain string is the
 one-sentence case; lines of plain strings never take the (slower) path of the lists.
 
+With NullTokenizer a value is token ids: text of ids separated by spaces, as Megatron's
+preprocess_data.py reads it, or a JSON array of ids (one document; Megatron's fails on it).
+
 A worker parses a chunk's lines in prepare_lines.py and shapes its tokens in prepare_tokens.py.
 """
 
@@ -244,15 +247,18 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
     return stats
 
 
-def _vocabulary(spec: TokenizerSpec, tokenizer: Tokenizer) -> dict:
+def _vocabulary(spec: TokenizerSpec, tokenizer: Tokenizer) -> dict | None:
     """The fingerprint of the tokenizer's vocabulary (gptrain.data.tokenizer_fingerprint), taken
-    before any data is written: training under another vocabulary is then refused."""
+    before any data is written: training under another vocabulary is then refused. None for
+    NullTokenizer: its ids come from the user's own tokenizer, which a run may name (not refused)."""
     from gptrain.data.tokenizer_fingerprint import fingerprint
 
+    if canonical_type(spec.tokenizer_type) == "null":
+        return None
     return fingerprint(tokenizer, spec.files())[0]
 
 
-def _record_tokenizer(prefixes: list[str], spec: TokenizerSpec, vocabulary: dict) -> None:
+def _record_tokenizer(prefixes: list[str], spec: TokenizerSpec, vocabulary: dict | None) -> None:
     """Each dataset's tokenizer settings beside it (gptrain.data.tokenizer_record): --legacy-tokenizer
     changes GPT-2 BPE's ids only, so it is recorded as what it did, with its vocabulary's fingerprint."""
     legacy = spec.legacy and canonical_type(spec.tokenizer_type) == "gpt2"

@@ -108,6 +108,9 @@ def _parse(chunk: Chunk, state: _WorkerState) -> _Parsed:
             values = [record.get(key) for key in state.keys]
             strings = all(type(value) is str for value in values)
             # orjson refuses lone surrogates, so only lines it refused can hold one.
+            if not strings and state.reads_ids:
+                values = [_ids_as_text(value) for value in values]
+                strings = all(type(value) is str for value in values)
             if strings:
                 usable = not (fallback and any(map(_lone_surrogate, values)))
             else:
@@ -119,9 +122,22 @@ def _parse(chunk: Chunk, state: _WorkerState) -> _Parsed:
                 continue
         if not state.skip_bad_lines:
             problem = _line_problem(line, state.keys, error, record)
+            if state.reads_ids and "array" in problem:
+                problem += (
+                    "; NullTokenizer takes a document's token ids as whole numbers: a JSON array of them, "
+                    'or a string of them separated by spaces ("17 4 2051")'
+                )
             return _Parsed(texts, has_lists, bad, f"{chunk.path}:{chunk.first_line + offset}: {problem}")
         bad += 1
     return _Parsed(texts, has_lists, bad)
+
+
+def _ids_as_text(value: object) -> object:
+    """A JSON array of token ids as NullTokenizer's text of them (one document); any other value
+    as it is."""
+    if type(value) is list and all(type(item) is int for item in value):
+        return " ".join(map(str, value))
+    return value
 
 
 def _all_sentences(values: list[object], fallback: bool) -> bool:

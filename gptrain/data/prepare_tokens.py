@@ -31,6 +31,13 @@ class _WorkerState:
     dtype: np.dtype
     skip_bad_lines: bool
 
+    @property
+    def reads_ids(self) -> bool:
+        """NullTokenizer: a JSON array of ids is a document's ids, not its sentences."""
+        from gptrain.data.null_tokenizer import NullTokenizer
+
+        return isinstance(self.tokenizer, NullTokenizer)
+
 
 def _last_sentences(lengths: np.ndarray, sentences: np.ndarray | None) -> np.ndarray:
     """Which texts end a non-empty document: the last non-empty sentence of each (every

@@ -71,7 +71,8 @@ def add_tokenizer_args(
         group.add_argument(
             "--vocab-size",
             type=int,
-            help="TikTokenizer vocabulary file: ids, special tokens included (default 131072, Megatron's)",
+            help="TikTokenizer vocabulary file: ids, special tokens included (default 131072, Megatron's); "
+            "NullTokenizer: its ids (required)",
         )
     group.add_argument(
         "--tiktoken-num-special-tokens",

@@ -103,6 +103,8 @@ class TokenizerSpec:
     tiktoken: TiktokenFileOptions | None = None
     legacy: bool = False
     """Megatron's --legacy-tokenizer: GPT-2 BPE keeps a literal <|endoftext|> as text."""
+    null: NullOptions | None = None
+    """NullTokenizer's --vocab-size and ids (text of ids, as Megatron's preprocess_data.py reads it)."""
 
     def files(self) -> list[str]:
         """The files it is read from (a tiktoken encoding: its name), as its loader picks them."""
@@ -114,5 +116,11 @@ class TokenizerSpec:
 
     def build(self) -> Tokenizer:
         return build_tokenizer(
-            self.tokenizer_type, self.vocab_file, self.merge_file, self.model, self.tiktoken, self.legacy
+            self.tokenizer_type,
+            self.vocab_file,
+            self.merge_file,
+            self.model,
+            self.tiktoken,
+            self.legacy,
+            self.null,
         )

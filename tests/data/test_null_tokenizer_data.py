@@ -1,5 +1,5 @@
 """The data commands with Megatron's NullTokenizer: inspect and sample show pre-tokenized data as
-ids; prepare, which encodes text, refuses it in one line."""
+ids; prepare writes text of ids (or arrays of ids) as Megatron's preprocess_data.py does."""
 
 from __future__ import annotations
 
@@ -34,13 +34,49 @@ def test_inspect_and_sample_show_pretokenized_data_as_ids(tmp_path, capsys):
     assert sample["text"] == " ".join(map(str, sample["tokens"]))
 
 
-def test_prepare_refuses_the_null_tokenizer_in_one_line(tmp_path, capsys):
+def test_prepare_writes_pretokenized_ids_as_megatrons_null_tokenizer(tmp_path, capsys):
+    """Before: prepare refused NullTokenizer, where Megatron's preprocess_data.py reads text of ids
+    separated by spaces; a JSON array of ids (Megatron fails on it) is one document's ids too."""
+    from gptrain.data.indexed import IndexedDataset
+    from gptrain.data.tokenizer_record import read_tokenizer_record
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "1 2 3"}\n{"text": [4, 5]}\n{"text": ""}\n{"text": "7"}\n')
+    argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "out")]
+    null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--append-eod", "--workers", "1"]
+    assert main([*argv, *null]) == 0
+    data = IndexedDataset(str(tmp_path / "out_text_document"))
+    assert data.dtype == np.uint16
+    # the empty document adds no sequence, as in Megatron
+    assert [data.get(i).tolist() for i in range(len(data))] == [[1, 2, 3, 299], [4, 5, 299], [7, 299]]
+    record = read_tokenizer_record(str(tmp_path / "out_text_document"))
+    assert record is not None and record["type"] == "NullTokenizer" and "vocabulary" not in record
+
+
+def test_prepare_names_the_line_of_an_id_past_the_vocabulary(tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "1 2 3"}\n{"text": "4 300"}\n')
+    argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{corpus}:1-2" in err and "token id 300" in err, err
+    assert not list(tmp_path.glob("out*"))
+
+
+def test_prepare_without_vocab_size_names_the_flag(tmp_path, capsys):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"text": "1 2 3"}\n')
     argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "out")]
-    assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300"]) == 2
+    assert main([*argv, "--tokenizer-type", "NullTokenizer"]) == 2
     err = capsys.readouterr().err.strip()
-    assert (
-        err.count("\n") == 0 and "--tokenizer-type NullTokenizer: it has no vocabulary to encode text" in err
-    )
+    assert err.count("\n") == 0 and "--vocab-size" in err, err
     assert not list(tmp_path.glob("out*"))
+
+
+def test_prepare_says_how_null_tokenizer_takes_an_array_of_other_values(tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": [1, 2.5]}\n')
+    argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{corpus}:1:" in err and "whole numbers" in err, err
