@@ -267,8 +267,8 @@ class DataConfig:
     eod_mask_loss: bool = False
     """Exclude end-of-document tokens from the loss."""
     allow_ambiguous_pad_tokens: bool = False
-    """Megatron's --allow-ambiguous-pad-tokens: NullTokenizer's null_pad_id equal to its end of document
-    is still padding (its labels leave the loss, it reads as id 0). false (Megatron's default): such
+    """Megatron's --allow-ambiguous-pad-tokens: NullTokenizer's null_pad_id (or a HuggingFaceTokenizer's
+    tokenizer_config.json pad_token) equal to its end of document is still padding (its labels leave the loss, it reads as id 0). false (Megatron's default): such
     an id is no padding, with a warning, as Megatron core 0.18's GPT dataset resets it."""
     mock_dataset: bool = False
     """NeMo's switch for the mock dataset; true is the same as data_impl=mock."""

@@ -19,7 +19,7 @@ from gptrain.data.tokenizer_wrappers import (
 )
 from gptrain.errors import DataError
 from gptrain.utils.paths import look_up
-from gptrain.utils.tokenizer_types import hub_name_advice
+from gptrain.utils.tokenizer_types import NO_PAD, hub_name_advice
 
 # Megatron's SentencePieceTokenizer adds these (those the model lacks get the next ids), then the
 # model's pad, bos and eos pieces (named so when the model has none).
@@ -156,7 +156,17 @@ def load_huggingface(model: str) -> Tokenizer:
     eos = _eos_from_config(file.parent)
     candidates = [eos] if eos else [c for c in EOS_CANDIDATES if c in vocab]
     eod = vocab.get(candidates[0]) if candidates else None
-    return HFTokenizer(tokenizer, eod, str(file), _eos_not_held(file, eos) if eos and eod is None else None)
+    no_eod = _eos_not_held(file, eos) if eos and eod is None else None
+    return HFTokenizer(tokenizer, eod, str(file), no_eod, _pad_from_config(file.parent, vocab))
+
+
+def _pad_from_config(directory: Path, vocab: dict[str, int]) -> int:
+    """tokenizer_config.json's pad_token's id, which Megatron core 0.16 on masks in the loss; -1
+    (none) without one, or for one tokenizer.json does not hold (transformers would add it as a
+    new id, which no data holds)."""
+    pad = _config_value(directory, "pad_token")
+    pad = pad.get("content") if isinstance(pad, dict) else pad
+    return vocab.get(pad, NO_PAD) if isinstance(pad, str) else NO_PAD
 
 
 def _eos_not_held(file: Path, eos: str) -> str:

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gptrain.errors import DataError
+from gptrain.utils.tokenizer_types import NO_PAD
 
 # End-of-document candidates for a bare tokenizer.json without tokenizer_config.json.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>", "<|eot_id|>")
@@ -97,9 +98,12 @@ class TiktokenTokenizer:
 class HFTokenizer:
     """A Hugging Face `tokenizers` tokenizer, special tokens added as `AutoTokenizer` does."""
 
-    def __init__(self, tokenizer: Any, eod: int | None, source: str, no_eod: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, eod: int | None, source: str, no_eod: str | None = None, pad: int = NO_PAD
+    ) -> None:
         self.tokenizer = tokenizer
         self._eod = eod
+        self.pad = pad  # tokenizer_config.json's pad_token, whose labels leave the loss; -1: none
         self.source = source
         self._no_eod = no_eod  # why there is no end-of-document id, where the default line is wrong
         # the highest id + 1, not the count: a tokenizer.json may leave ids unassigned (a vocab

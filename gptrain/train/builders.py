@@ -318,15 +318,25 @@ def batch_eod(tokenizer: Any | None, eod_mask_loss: bool) -> int | None:
 
 
 def batch_pad(tokenizer: Any | None, allow_ambiguous: bool = False) -> int | None:
-    """The padding id whose labels leave the loss: NullTokenizer's model.tokenizer.null_pad_id alone
-    (Megatron's GPT dataset masks its tokenizer's pad; gptrain's other tokenizers keep every label).
-    One that is the end of document is none, as Megatron's dataset resets it, unless `allow_ambiguous`
+    """The padding id whose labels leave the loss, as Megatron's GPT dataset masks its tokenizer's
+    pad: NullTokenizer's model.tokenizer.null_pad_id, and a HuggingFaceTokenizer's pad_token (core
+    0.16 on; gptrain's other tokenizers have none that text encodes to). One that is the end of
+    document is none, as Megatron's dataset resets it, unless `allow_ambiguous`
     (model.data.allow_ambiguous_pad_tokens; ambiguous_pad_warning says so)."""
-    from gptrain.data.null_tokenizer import NullTokenizer
-
-    if not isinstance(tokenizer, NullTokenizer) or tokenizer.pad < 0:
+    pad = padding_id(tokenizer)
+    if pad is None:
         return None
-    if tokenizer.pad == tokenizer.eod and not allow_ambiguous:
+    if pad == tokenizer.eod and not allow_ambiguous:
+        return None
+    return pad
+
+
+def padding_id(tokenizer: Any | None) -> int | None:
+    """The tokenizer's own padding id (NullTokenizer's, a HuggingFaceTokenizer's pad_token), or None."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+    from gptrain.data.tokenizer_wrappers import HFTokenizer
+
+    if not isinstance(tokenizer, NullTokenizer | HFTokenizer) or tokenizer.pad < 0:
         return None
     return tokenizer.pad
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -135,19 +136,26 @@ def null_eod_warning(
 
 
 def ambiguous_pad_warning(cfg: TrainingConfig, tokenizer: Any) -> str | None:
-    """A warning where NullTokenizer's padding id is its end of document and
-    model.data.allow_ambiguous_pad_tokens is off: as Megatron core 0.18's GPT dataset, no id is then
-    padding (batch_pad), which would otherwise mask every document end's label and read it as id 0."""
+    """A warning where the tokenizer's padding id (NullTokenizer's, a HuggingFaceTokenizer's
+    pad_token) is its end of document and model.data.allow_ambiguous_pad_tokens is off: as Megatron
+    core 0.18's GPT dataset, no id is then padding (batch_pad), which would otherwise mask every
+    document end's label and read it as id 0."""
     from gptrain.data.null_tokenizer import NullTokenizer
+    from gptrain.train.builders import padding_id
 
-    if not isinstance(tokenizer, NullTokenizer) or tokenizer.pad != tokenizer.eod:
+    pad = padding_id(tokenizer)
+    if pad is None or pad != tokenizer.eod or cfg.model.data.allow_ambiguous_pad_tokens:
         return None
-    if cfg.model.data.allow_ambiguous_pad_tokens:
-        return None
+    if isinstance(tokenizer, NullTokenizer):
+        what = f"model.tokenizer.null_pad_id={pad} is NullTokenizer's end of document too"
+        own = "give a padding id of its own, or set"
+    else:
+        config = os.path.join(os.path.dirname(tokenizer.source), "tokenizer_config.json")
+        what = f"{config}: its pad_token (id {pad}) is the tokenizer's end of document too"
+        own = "set"
     return (
-        f"gptrain: warning: model.tokenizer.null_pad_id={tokenizer.pad} is NullTokenizer's end of document "
-        "too: as Megatron's GPT dataset, gptrain masks nothing as padding (Megatron's warning: the pad "
-        "token id collides with another special token id); give a padding id of its own, or set "
+        f"gptrain: warning: {what}: as Megatron's GPT dataset, gptrain masks nothing as padding (Megatron's "
+        f"warning: the pad token id collides with another special token id); {own} "
         "model.data.allow_ambiguous_pad_tokens=true (Megatron's --allow-ambiguous-pad-tokens) to mask the "
         "end of document's labels and read it as id 0"
     )
