@@ -10,6 +10,7 @@ The inputs' common tokenizer record (gptrain.data.tokenizer_record) goes with th
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -18,6 +19,7 @@ import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, strip_suffix
 from gptrain.data.jsonl import file_identity
+from gptrain.data.record_mix import mixed_preparation_lines
 from gptrain.data.tokenizer_record import (
     merged_record,
     refuse_foreign_record_file,
@@ -88,6 +90,8 @@ def merge_datasets(inputs: list[str], output_prefix: str, stream: TextIO | None 
     _refuse_repeated_inputs(prefixes)
     dtype, total_bytes = _check_inputs(prefixes)
     record = merged_record(prefixes)  # inputs of both --legacy-tokenizer settings refused here
+    for line in mixed_preparation_lines(prefixes, "--input"):  # with and without --append-eod
+        print(line, file=sys.stderr)
     if record is not None:  # a file of the user's where the record goes: said before writing
         refuse_foreign_record_file(output_prefix, "--output-prefix", "merge")
     progress = Progress(
@@ -112,7 +116,13 @@ def _carry_record(output_prefix: str, record: dict | None) -> None:
         if record is None:
             remove_tokenizer_record(output_prefix)
         else:
-            write_tokenizer_record(output_prefix, record["type"], record["legacy"], record.get("vocabulary"))
+            write_tokenizer_record(
+                output_prefix,
+                record["type"],
+                record["legacy"],
+                record.get("vocabulary"),
+                record.get("append_eod"),
+            )
     except OSError as error:
         raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None
 

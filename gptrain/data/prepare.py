@@ -234,7 +234,7 @@ def prepare(config: PrepareConfig, stream: TextIO | None = None) -> PrepareStats
             _refuse_inputs_of_only_bad_lines(stats, config)
             stats.sequences = {key: w.num_sequences for key, w in zip(config.json_keys, writers, strict=True)}
             finalize_together(writers)  # all outputs new, or (on error) all as they were
-            _record_tokenizer(stats.outputs, config.tokenizer, vocabulary)
+            _record_tokenizer(stats.outputs, config, vocabulary)
     except OSError as error:  # reading errors are DataErrors already, but for opening an input
         if error.filename is not None and str(error.filename) in {str(path) for path in paths}:
             raise DataError(f"--input {error.filename}: cannot read ({error.strerror or error})") from None
@@ -258,12 +258,14 @@ def _vocabulary(spec: TokenizerSpec, tokenizer: Tokenizer) -> dict | None:
     return fingerprint(tokenizer, spec.files())[0]
 
 
-def _record_tokenizer(prefixes: list[str], spec: TokenizerSpec, vocabulary: dict | None) -> None:
+def _record_tokenizer(prefixes: list[str], config: PrepareConfig, vocabulary: dict | None) -> None:
     """Each dataset's tokenizer settings beside it (gptrain.data.tokenizer_record): --legacy-tokenizer
-    changes GPT-2 BPE's ids only, so it is recorded as what it did, with its vocabulary's fingerprint."""
+    changes GPT-2 BPE's ids only, so it is recorded as what it did, with its vocabulary's fingerprint
+    and --append-eod."""
+    spec = config.tokenizer
     legacy = spec.legacy and canonical_type(spec.tokenizer_type) == "gpt2"
     for prefix in prefixes:
-        write_tokenizer_record(prefix, spec.tokenizer_type, legacy, vocabulary)
+        write_tokenizer_record(prefix, spec.tokenizer_type, legacy, vocabulary, config.append_eod)
 
 
 def _refuse_inputs_of_only_bad_lines(stats: PrepareStats, config: PrepareConfig) -> None:

@@ -32,11 +32,16 @@ OLD_SUFFIX = ".tokenizer.json"
 
 
 def write_tokenizer_record(
-    prefix: str, kind: str, legacy: bool, vocabulary: dict[str, Any] | None = None
+    prefix: str,
+    kind: str,
+    legacy: bool,
+    vocabulary: dict[str, Any] | None = None,
+    append_eod: bool | None = None,
 ) -> None:
     """Record beside `prefix` the tokenizer type (Megatron's name for any spelling, so records of one
-    type compare equal), whether it encoded as Megatron's legacy one and the fingerprint of its
-    vocabulary (gptrain.data.tokenizer_fingerprint; none: not recorded). A file of the user's with
+    type compare equal), whether it encoded as Megatron's legacy one, the fingerprint of its
+    vocabulary (gptrain.data.tokenizer_fingerprint) and whether documents end with the end-of-document
+    id (--append-eod; gptrain.data.record_mix compares it); None: not recorded. A file of the user's with
     the record's name is kept, with a warning (data prepare and merge refuse one before writing:
     this guards other writers), and the data then has no record, as Megatron's has none."""
     if (foreign := foreign_record_file(prefix)) is not None:
@@ -50,6 +55,8 @@ def write_tokenizer_record(
         record: dict[str, Any] = {"type": megatron_tokenizer_type(kind) or kind, "legacy": legacy}
         if vocabulary is not None:
             record["vocabulary"] = vocabulary
+        if append_eod is not None:
+            record["append_eod"] = append_eod
         atomic_write_text(prefix + SUFFIX, json.dumps(record, indent=2) + "\n")
     if _read(prefix + OLD_SUFFIX) is not None:  # an older record of the data just replaced
         Path(prefix + OLD_SUFFIX).unlink(missing_ok=True)
@@ -82,25 +89,29 @@ def remove_tokenizer_record(prefix: str) -> None:
 
 def merged_record(prefixes: list[str]) -> dict[str, Any] | None:
     """The record a merge of `prefixes` carries: theirs where every input has the same one (the
-    first's files named), its vocabulary dropped where one has none; None where one has no record
-    (Megatron's data: unknown) or the types differ. Inputs prepared with and without
-    --legacy-tokenizer, or with other vocabularies, are a DataError: merged, the data has no one
-    tokenizer to check."""
+    first's files named), its vocabulary dropped where one has none, and its append_eod where they
+    differ (said by gptrain.data.record_mix); None where one has no record (Megatron's data:
+    unknown) or the types differ. Inputs prepared with and without --legacy-tokenizer, or with other
+    vocabularies, are a DataError: merged, the data has no one tokenizer to check."""
     records = {prefix: read_tokenizer_record(prefix) for prefix in prefixes}
     known = {prefix: record for prefix, record in records.items() if record is not None}
     _refuse_mixed_legacy(known)
     _refuse_mixed_vocabularies(known)
-    settings = {json.dumps(_without_vocabulary(record), sort_keys=True) for record in known.values()}
+    settings = {json.dumps(_settings(record), sort_keys=True) for record in known.values()}
     if len(known) < len(records) or len(settings) != 1:
         return None
-    first = next(iter(known.values()))
+    merged = _settings(next(iter(known.values())))
     if all(isinstance(record.get("vocabulary"), dict) for record in known.values()):
-        return first
-    return _without_vocabulary(first)
+        merged["vocabulary"] = next(iter(known.values()))["vocabulary"]
+    if len({json.dumps(record.get("append_eod")) for record in known.values()}) == 1:
+        merged |= {k: v for k, v in next(iter(known.values())).items() if k == "append_eod"}
+    return merged
 
 
-def _without_vocabulary(record: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in record.items() if key != "vocabulary"}
+def _settings(record: dict[str, Any]) -> dict[str, Any]:
+    """What every input of a merge must share: all but the vocabulary (compared on its own) and
+    --append-eod (the merge says where it differs)."""
+    return {key: value for key, value in record.items() if key not in ("vocabulary", "append_eod")}
 
 
 def _refuse_mixed_legacy(known: dict[str, dict[str, Any]]) -> None:

@@ -61,9 +61,11 @@ def check_data_tokenizer(
 ) -> None:
     """The data's recorded --legacy-tokenizer against model.tokenizer.legacy, and its recorded
     vocabulary against `tokenizer`'s (the run's, built from model.tokenizer), with the policy of a
-    checkpoint's tokenizer: refused, or a warning with exp_manager.allow_tokenizer_change. `prefixes`
+    checkpoint's tokenizer: refused, or a warning with exp_manager.allow_tokenizer_change; a blend
+    prepared with and without --append-eod or split_special_tokens, a warning. `prefixes`
     (named `where`): data other than model.data.data_prefix's (eval's --data-prefix)."""
     from gptrain.data.blend_spec import prefixes_of
+    from gptrain.data.record_mix import mixed_preparation_lines
     from gptrain.data.tokenizer_record import legacy_conflict
 
     tok = cfg.model.tokenizer
@@ -78,6 +80,9 @@ def check_data_tokenizer(
         ):
             if warning is not None and is_rank_zero():
                 print(warning, file=sys.stderr)
+    mixed = mixed_preparation_lines(prefixes, where or "model.data.data_prefix", cfg.model.data.eod_mask_loss)
+    for line in mixed if is_rank_zero() else []:
+        print(line, file=sys.stderr)
 
 
 def vocabulary_conflict(

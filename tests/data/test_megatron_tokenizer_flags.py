@@ -409,7 +409,12 @@ def test_legacy_tokenizer_is_recorded_beside_the_data_and_checked_by_training(
     prepare(tmp_path / "legacy", gpt2_files, "--legacy-tokenizer")
     prepare(tmp_path / "new", gpt2_files)
     record = json.loads((tmp_path / "legacy" / "out_text_document.tokenizer").read_text())
-    assert record == {"type": "GPT2BPETokenizer", "legacy": True, "vocabulary": record["vocabulary"]}
+    assert record == {
+        "type": "GPT2BPETokenizer",
+        "legacy": True,
+        "vocabulary": record["vocabulary"],
+        "append_eod": False,
+    }
     assert json.loads((tmp_path / "new" / "out_text_document.tokenizer").read_text())["legacy"] is False
     vocab, merges = gpt2_files
     files = [f"model.tokenizer.vocab_file={vocab}", f"model.tokenizer.merge_file={merges}"]

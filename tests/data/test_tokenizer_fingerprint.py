@@ -170,7 +170,7 @@ def test_a_record_without_a_fingerprint_is_accepted_as_before(
     vocab, merges = gpt2_files
     prefix = _prepare(tmp_path, "ds", vocab, merges)
     record = json.loads(Path(f"{prefix}.tokenizer").read_text())
-    assert set(record) == {"type", "legacy", "vocabulary"}
+    assert set(record) == {"type", "legacy", "vocabulary", "append_eod"}
     Path(f"{prefix}.tokenizer").write_text(json.dumps({"type": "GPT2BPETokenizer", "legacy": False}))
     cfg = _cfg(prefix, _other_vocab(tmp_path, vocab), merges)
     check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))

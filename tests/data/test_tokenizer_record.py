@@ -87,7 +87,11 @@ def test_a_users_file_of_the_records_name_is_kept_and_the_first_name_still_read(
     assert notes.read_text() == "my notes\n" and not Path(f"{prefix}.bin").exists()
     notes.unlink()
     assert main([*argv, *flags]) == 0
-    assert read_tokenizer_record(prefix) == {"type": "GPT2BPETokenizer", "legacy": True} | {
+    assert read_tokenizer_record(prefix) == {
+        "type": "GPT2BPETokenizer",
+        "legacy": True,
+        "append_eod": False,
+    } | {
         "vocabulary": read_tokenizer_record(prefix)["vocabulary"]  # tests/data/test_tokenizer_fingerprint.py
     }
     assert not Path(f"{prefix}.tokenizer.json").exists()  # the stale first-name record replaced

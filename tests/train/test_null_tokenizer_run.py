@@ -433,3 +433,26 @@ def test_a_resume_under_another_padding_id_says_the_loss_masks_other_labels():
         "run did",
     )
     assert check(NullTokenizer(300, None, 7), NullTokenizer(300), drop_pad=True) == (None, None)
+
+
+def test_a_blend_prepared_with_and_without_eod_is_said_at_the_start(tmp_path, capsys):
+    """Before: the records held no --append-eod, and nothing compared the blend's datasets."""
+    from gptrain.data.tokenizer_record import write_tokenizer_record
+    from gptrain.train.tokenizer_setup import build_tokenizer, check_data_tokenizer
+
+    with_eod, without = (str(tmp_path / name) for name in ("with_eod", "without"))
+    for prefix, append_eod in ((with_eod, True), (without, False)):
+        write_pretokenized(prefix)
+        write_tokenizer_record(prefix, "NullTokenizer", False, append_eod=append_eod)
+    blend = f"model.data.data_prefix=[0.5,{with_eod},0.5,{without}]"
+    cfg = null_config(tmp_path, blend, "model.data.eod_mask_loss=false")
+    capsys.readouterr()
+    check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"gptrain: warning: model.data.data_prefix: {with_eod} was prepared with --append-eod, {without} without"
+    )
+    cfg = null_config(tmp_path, blend)  # eod_mask_loss: the data without EOD is named
+    check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{without} was prepared without --append-eod" in err

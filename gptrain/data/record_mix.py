@@ -1,0 +1,59 @@
+"""Where a blend's datasets were prepared otherwise than each other, or than the run reads them, as
+their tokenizer records say (gptrain.data.tokenizer_record; no torch).
+
+--append-eod leaves the ids valid but changes what they mean: documents that end with an
+end-of-document id, or run on into the next without one. A blend mixing them trains; one line
+says so, at train start and in `data merge`. A record without the key (Megatron's data, gptrain's
+before it recorded --append-eod) says nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gptrain.data.blend_spec import strip_suffix
+from gptrain.data.tokenizer_record import SUFFIX, read_tokenizer_record, record_path
+
+
+def mixed_preparation_lines(prefixes: list[str], where: str, eod_mask_loss: bool = False) -> list[str]:
+    """The warnings (one line each) for `prefixes` (named by `where`: a config key or a flag): the
+    data's --append-eod against each other or against model.data.eod_mask_loss."""
+    records = _records(prefixes)
+    lines = [_eod_line(records, where, eod_mask_loss)]
+    return [f"gptrain: warning: {line}" for line in lines if line is not None]
+
+
+def _records(prefixes: list[str]) -> dict[str, dict[str, Any]]:
+    """Each distinct prefix's record, those without one left out."""
+    records = {}
+    for prefix in dict.fromkeys(map(strip_suffix, prefixes)):
+        if (record := read_tokenizer_record(prefix)) is not None:
+            records[prefix] = record
+    return records
+
+
+def _first_of_each(values: dict[str, bool]) -> tuple[str | None, str | None]:
+    """(the first prefix whose value is true, the first whose value is false)."""
+    true = next((prefix for prefix, value in values.items() if value), None)
+    false = next((prefix for prefix, value in values.items() if not value), None)
+    return true, false
+
+
+def _eod_line(records: dict[str, dict[str, Any]], where: str, eod_mask_loss: bool) -> str | None:
+    recorded = {p: r["append_eod"] for p, r in records.items() if isinstance(r.get("append_eod"), bool)}
+    with_eod, without = _first_of_each(recorded)
+    if without is None:
+        return None
+    if eod_mask_loss:
+        return (
+            f"{where}: {without} was prepared without --append-eod ({record_path(without)}), and "
+            "model.data.eod_mask_loss=true masks the end-of-document id: its documents hold none, so "
+            "nothing is masked there and they run on into each other; prepare it with --append-eod"
+        )
+    if with_eod is None:
+        return None
+    return (
+        f"{where}: {with_eod} was prepared with --append-eod, {without} without (their {SUFFIX} "
+        f"records): {without}'s documents run on into each other with no end-of-document id between "
+        "them; prepare both alike"
+    )

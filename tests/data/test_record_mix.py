@@ -1,0 +1,76 @@
+"""A blend's datasets prepared with and without --append-eod said in one
+line (gptrain.data.record_mix), from what data prepare records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gptrain.data.null_tokenizer import NullOptions
+from gptrain.data.prepare import PrepareConfig, prepare
+from gptrain.data.record_mix import mixed_preparation_lines
+from gptrain.data.tokenizer_record import read_tokenizer_record, write_tokenizer_record
+from gptrain.data.tokenizers import TokenizerSpec
+
+
+def prepared(tmp_path: Path, name: str, append_eod: bool) -> str:
+    corpus = tmp_path / f"{name}.jsonl"
+    corpus.write_text('{"text": "1 2 3"}\n{"text": "4 5"}\n')
+    spec = TokenizerSpec("NullTokenizer", null=NullOptions(300))
+    prepare(PrepareConfig([str(corpus)], str(tmp_path / name), spec, append_eod=append_eod))
+    return str(tmp_path / f"{name}_text_document")
+
+
+def test_data_prepare_records_whether_documents_end_with_eod(tmp_path):
+    """Before: the record held the type, legacy and vocabulary; --append-eod was nowhere."""
+    with_eod, without = prepared(tmp_path, "a", True), prepared(tmp_path, "b", False)
+    assert read_tokenizer_record(with_eod)["append_eod"] is True
+    assert read_tokenizer_record(without)["append_eod"] is False
+
+
+def test_a_blend_with_and_without_eod_is_said_in_one_line(tmp_path):
+    with_eod, without = prepared(tmp_path, "a", True), prepared(tmp_path, "b", False)
+    lines = mixed_preparation_lines(["0.5", with_eod, "0.5", without + ".bin"], "model.data.data_prefix")
+    assert lines == [
+        f"gptrain: warning: model.data.data_prefix: {with_eod} was prepared with --append-eod, {without} "
+        f"without (their .tokenizer records): {without}'s documents run on into each other with no "
+        "end-of-document id between them; prepare both alike"
+    ]
+    assert mixed_preparation_lines([with_eod, with_eod], "x") == []
+    assert mixed_preparation_lines([without], "x") == []  # alike: Megatron's default
+
+
+def test_eod_mask_loss_over_data_without_eod_is_said(tmp_path):
+    with_eod, without = prepared(tmp_path, "a", True), prepared(tmp_path, "b", False)
+    assert mixed_preparation_lines([with_eod], "x", eod_mask_loss=True) == []
+    (line,) = mixed_preparation_lines([with_eod, without], "x", eod_mask_loss=True)
+    assert line == (
+        f"gptrain: warning: x: {without} was prepared without --append-eod ({without}.tokenizer), and "
+        "model.data.eod_mask_loss=true masks the end-of-document id: its documents hold none, so nothing "
+        "is masked there and they run on into each other; prepare it with --append-eod"
+    )
+
+
+def test_records_without_the_key_say_nothing(tmp_path):
+    old, new = str(tmp_path / "old"), prepared(tmp_path, "b", True)
+    write_tokenizer_record(old, "NullTokenizer", False)  # as written before append_eod was recorded
+    assert "append_eod" not in read_tokenizer_record(old)
+    assert mixed_preparation_lines([old, new], "x", eod_mask_loss=True) == []
+    assert mixed_preparation_lines([str(tmp_path / "megatrons")], "x", eod_mask_loss=True) == []
+
+
+def test_merge_says_inputs_with_and_without_eod_and_keeps_what_they_share(tmp_path, capsys):
+    from gptrain.cli import main
+
+    with_eod, without = prepared(tmp_path, "a", True), prepared(tmp_path, "b", False)
+    capsys.readouterr()
+    out = str(tmp_path / "merged")
+    assert main(["data", "merge", "--input", with_eod, without, "--output-prefix", out]) == 0
+    err = capsys.readouterr().err
+    assert f"gptrain: warning: --input: {with_eod} was prepared with --append-eod, {without} without" in err
+    assert read_tokenizer_record(out) == {"type": "NullTokenizer", "legacy": False}
+    again = prepared(tmp_path, "c", True)
+    assert main(["data", "merge", "--input", with_eod, again, "--output-prefix", out]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert read_tokenizer_record(out) == {"type": "NullTokenizer", "legacy": False, "append_eod": True}
+    assert json.loads(Path(out + ".tokenizer").read_text())["append_eod"] is True
