@@ -1,10 +1,12 @@
 """Where a blend's datasets were prepared otherwise than each other, or than the run reads them, as
 their tokenizer records say (gptrain.data.tokenizer_record; no torch).
 
---append-eod leaves the ids valid but changes what they mean: documents that end with an
-end-of-document id, or run on into the next without one. A blend mixing them trains; one line
-says so, at train start and in `data merge`. A record without the key (Megatron's data, gptrain's
-before it recorded --append-eod) says nothing.
+Two settings leave the ids valid but change what they mean: --append-eod (documents that end with
+an end-of-document id, or run on into the next without one) and a HuggingFaceTokenizer's
+tokenizer_config.json split_special_tokens (a literal special token's text kept as text, or read as
+its id). A blend mixing them trains; one line says so, at train start (and `data merge` for
+--append-eod: a merge already refuses inputs of both split_special_tokens). A record without the
+key (Megatron's data, gptrain's before it recorded --append-eod) says nothing.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from gptrain.data.blend_spec import strip_suffix
-from gptrain.data.tokenizer_record import SUFFIX, read_tokenizer_record, record_path
+from gptrain.data.tokenizer_record import SUFFIX, read_tokenizer_record, record_path, recorded_split
 
 
 def mixed_preparation_lines(prefixes: list[str], where: str, eod_mask_loss: bool = False) -> list[str]:
     """The warnings (one line each) for `prefixes` (named by `where`: a config key or a flag): the
-    data's --append-eod against each other or against model.data.eod_mask_loss."""
+    data's --append-eod against each other or against model.data.eod_mask_loss, and their
+    split_special_tokens against each other."""
     records = _records(prefixes)
-    lines = [_eod_line(records, where, eod_mask_loss)]
+    lines = [_eod_line(records, where, eod_mask_loss), _split_line(records, where)]
     return [f"gptrain: warning: {line}" for line in lines if line is not None]
 
 
@@ -56,4 +59,16 @@ def _eod_line(records: dict[str, dict[str, Any]], where: str, eod_mask_loss: boo
         f"{where}: {with_eod} was prepared with --append-eod, {without} without (their {SUFFIX} "
         f"records): {without}'s documents run on into each other with no end-of-document id between "
         "them; prepare both alike"
+    )
+
+
+def _split_line(records: dict[str, dict[str, Any]], where: str) -> str | None:
+    recorded = {p: split for p, r in records.items() if (split := recorded_split(r)) is not None}
+    split, kept = _first_of_each(recorded)
+    if split is None or kept is None:
+        return None
+    return (
+        f"{where}: {split} was prepared with tokenizer_config.json's split_special_tokens true, {kept} "
+        f"with false (their {SUFFIX} records): a literal special token's text is text in {split}'s ids, "
+        f"the special token's id in {kept}'s; prepare both alike"
     )

@@ -146,12 +146,21 @@ def _refuse_mixed_vocabularies(known: dict[str, dict[str, Any]]) -> None:
 
 
 def _with_split(record: dict[str, Any]) -> dict[str, Any]:
-    """A record's vocabulary, a HuggingFaceTokenizer's without split_special_tokens read as false:
-    gptrain wrote it before it read tokenizer_config.json's key, taking a special token's text as its id."""
+    """A record's vocabulary, a HuggingFaceTokenizer's without split_special_tokens read as false."""
     vocabulary = record["vocabulary"]
-    if _kind(record.get("type")) != "huggingface" or "split_special_tokens" in vocabulary:
+    if (split := recorded_split(record)) is None:
         return vocabulary
-    return vocabulary | {"split_special_tokens": False}
+    return vocabulary | {"split_special_tokens": split}
+
+
+def recorded_split(record: dict[str, Any]) -> bool | None:
+    """A HuggingFaceTokenizer record's tokenizer_config.json split_special_tokens: false where its
+    vocabulary lacks the key (gptrain wrote it before it read the key, taking a special token's text
+    as its id); None for another type, or a record without a vocabulary."""
+    vocabulary = record.get("vocabulary")
+    if _kind(record.get("type")) != "huggingface" or not isinstance(vocabulary, dict):
+        return None
+    return vocabulary.get("split_special_tokens") is True
 
 
 def read_tokenizer_record(prefix: str) -> dict[str, Any] | None:

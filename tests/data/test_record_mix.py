@@ -1,4 +1,4 @@
-"""A blend's datasets prepared with and without --append-eod said in one
+"""A blend's datasets prepared with and without --append-eod, or split_special_tokens, said in one
 line (gptrain.data.record_mix), from what data prepare records."""
 
 from __future__ import annotations
@@ -57,6 +57,31 @@ def test_records_without_the_key_say_nothing(tmp_path):
     assert "append_eod" not in read_tokenizer_record(old)
     assert mixed_preparation_lines([old, new], "x", eod_mask_loss=True) == []
     assert mixed_preparation_lines([str(tmp_path / "megatrons")], "x", eod_mask_loss=True) == []
+
+
+def hf_record(prefix: str, split: bool | None) -> None:
+    vocabulary = {"files": ["/t/tokenizer.json"], "size": 9, "tokens": "a" * 64, "encodes": None, "eod": 8}
+    if split is not None:
+        vocabulary["split_special_tokens"] = split
+    write_tokenizer_record(prefix, "HuggingFaceTokenizer", False, vocabulary)
+
+
+def test_a_blend_with_and_without_split_special_tokens_is_said_in_one_line(tmp_path):
+    """Before: a NullTokenizer run (or one with exp_manager.allow_tokenizer_change) trained such a
+    blend without a word."""
+    split, kept, old = (str(tmp_path / name) for name in ("split", "kept", "old"))
+    hf_record(split, True)
+    hf_record(kept, False)
+    hf_record(old, None)  # written before the key: a special token's text read as its id
+    for other in (kept, old):
+        assert mixed_preparation_lines([split, other], "model.data.data_prefix") == [
+            f"gptrain: warning: model.data.data_prefix: {split} was prepared with tokenizer_config.json's "
+            f"split_special_tokens true, {other} with false (their .tokenizer records): a literal special "
+            f"token's text is text in {split}'s ids, the special token's id in {other}'s; prepare both alike"
+        ]
+    assert mixed_preparation_lines([kept, old], "x") == []
+    write_tokenizer_record(str(tmp_path / "gpt2"), "GPT2BPETokenizer", False, {"size": 9})
+    assert mixed_preparation_lines([split, str(tmp_path / "gpt2")], "x") == []
 
 
 def test_merge_says_inputs_with_and_without_eod_and_keeps_what_they_share(tmp_path, capsys):
