@@ -268,8 +268,16 @@ class DataConfig:
     """Exclude end-of-document tokens from the loss."""
     allow_ambiguous_pad_tokens: bool = False
     """Megatron's --allow-ambiguous-pad-tokens: NullTokenizer's null_pad_id (or a HuggingFaceTokenizer's
-    tokenizer_config.json pad_token) equal to its end of document is still padding (its labels leave the loss, it reads as id 0). false (Megatron's default): such
-    an id is no padding, with a warning, as Megatron core 0.18's GPT dataset resets it."""
+    tokenizer_config.json pad_token) equal to its end of document is still padding (its labels leave
+    the loss, it reads as id 0). false (Megatron's default): such an id is no padding, with a
+    warning, as Megatron core 0.18's GPT dataset resets it."""
+    token_scan_limit_gb: float | None = None
+    """gptrain extension, NullTokenizer only: the most GiB of .bin files (all of the data in all)
+    read at the start for their largest token id, so that an id past vocab_size stops the run before
+    its first step; read once, the result kept beside the index caches. A larger corpus is checked
+    as each sample is read, which finds such an id only when a batch holds it. null: 4; 0: read
+    nothing at the start. Rank 0 reads 1-2 GB/s from a parallel file system while the other ranks
+    wait (a read longer than the process group's timeout stops the run)."""
     mock_dataset: bool = False
     """NeMo's switch for the mock dataset; true is the same as data_impl=mock."""
     mock_vocab_size: int | None = None

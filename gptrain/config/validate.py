@@ -273,6 +273,17 @@ def _check_batches(cfg: TrainingConfig) -> None:
         )
 
 
+def _check_scan_limit(limit: object) -> None:
+    """model.data.token_scan_limit_gb: null, or a size of 0 GiB or more."""
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 <= limit < float("inf"):
+        raise ConfigError(
+            f"model.data.token_scan_limit_gb: {limit!r}: give the GiB of .bin files read at the start for "
+            "their largest token id (0: none, null: 4)"
+        )
+
+
 def _check_data(cfg: TrainingConfig) -> None:
     data, tokenizer = cfg.model.data, cfg.model.tokenizer
     if data.data_impl == "mmap" and not data.data_prefix:
@@ -289,6 +300,7 @@ def _check_data(cfg: TrainingConfig) -> None:
             raise ConfigError(f"model.data.splits_string: {error}") from None
     _check_tiktoken_settings(tokenizer)
     _check_padded_vocab(cfg)
+    _check_scan_limit(data.token_scan_limit_gb)
     has_tokenizer = (
         tokenizer.model or (tokenizer.vocab_file and tokenizer.merge_file) or tokenizer.type == NULL_TYPE
     )

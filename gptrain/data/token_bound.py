@@ -3,7 +3,7 @@
 NullTokenizer has no files to say what ids the data holds: an id past --vocab-size would index past
 the embedding's rows (Megatron then fails deep in a CUDA kernel, or trains on a padding row). Before
 training, the .idx's token dtype bounds the ids for free (uint16 data never holds 65,536 or more);
-where it does not, .bin files of SCAN_LIMIT_BYTES or less in all are read, and their largest id kept
+where it does not, .bin files of model.data.token_scan_limit_gb (SCAN_LIMIT_BYTES) or less in all are read, and their largest id kept
 beside the index caches under the .bin's identity on disk, so that later starts (and the other ranks,
 which build after rank 0) read one number instead. A larger corpus is not read at the start (tens of
 minutes on a parallel file system, while the other ranks wait in the dataset-building turns): its ids
@@ -94,13 +94,17 @@ def _scan(dataset: IndexedDataset) -> int:
 
 
 def check_ids_fit(
-    prefixes: list[str], vocab_size: int, memo_dir_of: Callable[[str], str | None], where: str
+    prefixes: list[str],
+    vocab_size: int,
+    memo_dir_of: Callable[[str], str | None],
+    where: str,
+    limit_gb: float | None = None,
 ) -> None:
     """Every dataset's ids below `vocab_size` where that costs little: by the dtype's bound, by a
-    kept scan, else by reading the .bins if they hold SCAN_LIMIT_BYTES or less in all
-    (`memo_dir_of(prefix)`: where a largest id is kept); larger ones are left to the per-sample
-    check, said in a note. A DataError naming the file and its largest id (`where`: the config key
-    or flag that named the data)."""
+    kept scan, else by reading the .bins if they hold `limit_gb` GiB (model.data.token_scan_limit_gb;
+    None: SCAN_LIMIT_BYTES) or less in all (`memo_dir_of(prefix)`: where a largest id is kept);
+    larger ones are left to the per-sample check, said in a note. A DataError naming the file and
+    its largest id (`where`: the config key or flag that named the data)."""
     unread: list[tuple[IndexedDataset, str | None]] = []
     for prefix in prefixes:
         dataset = IndexedDataset(prefix)
@@ -114,22 +118,28 @@ def check_ids_fit(
         else:
             unread.append((dataset, memo_dir))
     size = sum(os.path.getsize(dataset.bin_path) for dataset, _ in unread)
-    if size > SCAN_LIMIT_BYTES:
-        _note_checked_as_read(len(unread), size, vocab_size, where)
+    limit = SCAN_LIMIT_BYTES if limit_gb is None else int(limit_gb * 2**30)
+    if unread and size > limit:
+        _note_checked_as_read(len(unread), size, vocab_size, where, limit_gb)
         return
     for dataset, memo_dir in unread:
         _refuse_past(str(dataset.bin_path), largest_token_id(dataset, memo_dir), vocab_size, where)
 
 
-def _note_checked_as_read(files: int, size: int, vocab_size: int, where: str) -> None:
+def _note_checked_as_read(files: int, size: int, vocab_size: int, where: str, limit_gb: float | None) -> None:
     """Rank 0's one line on the .bins left to the per-sample check (each rank reaches here)."""
     if not is_rank_zero():
         return
+    if limit_gb == 0:
+        why = "model.data.token_scan_limit_gb=0"
+    else:
+        limit = f"{SCAN_LIMIT_BYTES / 2**30:g}" if limit_gb is None else f"{limit_gb:g}"
+        why = f"more than model.data.token_scan_limit_gb={limit} GiB"
     print(
         f"gptrain: note: {where}: {files} .bin file(s) of {size / 2**30:,.1f} GiB whose token dtype holds "
-        f"ids past NullTokenizer's model.tokenizer.vocab_size={vocab_size} are not read at the start (more "
-        f"than {SCAN_LIMIT_BYTES >> 30} GiB): their ids are checked as samples are read, and an id past the "
-        "vocabulary stops the run naming its .bin",
+        f"ids past NullTokenizer's model.tokenizer.vocab_size={vocab_size} are not read at the start ({why}): "
+        "their ids are checked as samples are read, and an id past the vocabulary stops the run naming "
+        "its .bin; raise the limit to read them once, before the first step",
         file=sys.stderr,
         flush=True,
     )

@@ -312,5 +312,9 @@ def check_token_ids(
     if prefixes is None:
         prefixes = prefixes_of(cfg.model.data.data_prefix, built_split_keys(cfg))
     check_ids_fit(
-        prefixes, tokenizer.vocab_size, lambda prefix: cache or default_cache_dir(prefix, "GPTDataset"), where
+        prefixes,
+        tokenizer.vocab_size,
+        lambda prefix: cache or default_cache_dir(prefix, "GPTDataset"),
+        where,
+        cfg.model.data.token_scan_limit_gb,
     )

@@ -456,3 +456,23 @@ def test_a_blend_prepared_with_and_without_eod_is_said_at_the_start(tmp_path, ca
     check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{without} was prepared without --append-eod" in err
+
+
+def test_the_starts_scan_limit_is_a_setting(tmp_path, monkeypatch, capsys):
+    """Before: 4 GiB, fixed: a larger corpus with an id past vocab_size ran until a batch held it
+    (hours in, perhaps), and a slow file system could not skip the read. Now
+    model.data.token_scan_limit_gb: 0 reads nothing at the start, more reads a larger corpus once."""
+    from gptrain.data import token_bound
+    from gptrain.train.tokenizer_setup import build_tokenizer, check_token_ids
+
+    cfg = null_config(tmp_path, "model.tokenizer.vocab_size=290", "model.data.token_scan_limit_gb=0")
+    capsys.readouterr()
+    check_token_ids(cfg, build_tokenizer(cfg))  # nothing read: left to the per-sample check
+    err = capsys.readouterr().err
+    assert "are not read at the start (model.data.token_scan_limit_gb=0)" in err and err.count("\n") == 1
+    monkeypatch.setattr(token_bound, "SCAN_LIMIT_BYTES", 0)  # the default is not what decides
+    cfg = null_config(tmp_path, "model.tokenizer.vocab_size=290", "model.data.token_scan_limit_gb=0.001")
+    with pytest.raises(DataError, match="pretokenized.bin holds token id 299"):
+        check_token_ids(cfg, build_tokenizer(cfg))
+    with pytest.raises(ConfigError, match="model.data.token_scan_limit_gb: -1"):
+        null_config(tmp_path, "model.data.token_scan_limit_gb=-1")
