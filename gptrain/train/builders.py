@@ -326,9 +326,18 @@ def batch_pad(tokenizer: Any | None, allow_ambiguous: bool = False) -> int | Non
     pad = padding_id(tokenizer)
     if pad is None:
         return None
-    if pad == tokenizer.eod and not allow_ambiguous:
+    if pad == eod_or_none(tokenizer) and not allow_ambiguous:
         return None
     return pad
+
+
+def eod_or_none(tokenizer: Any) -> int | None:
+    """The tokenizer's end-of-document id, None where it has none (an imported tokenizer.json still
+    trains without one: batch_eod)."""
+    try:
+        return int(tokenizer.eod)
+    except DataError:
+        return None
 
 
 def padding_id(tokenizer: Any | None) -> int | None:

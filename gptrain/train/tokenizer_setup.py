@@ -146,10 +146,10 @@ def ambiguous_pad_warning(cfg: TrainingConfig, tokenizer: Any) -> str | None:
     core 0.18's GPT dataset, no id is then padding (batch_pad), which would otherwise mask every
     document end's label and read it as id 0."""
     from gptrain.data.null_tokenizer import NullTokenizer
-    from gptrain.train.builders import padding_id
+    from gptrain.train.builders import eod_or_none, padding_id
 
     pad = padding_id(tokenizer)
-    if pad is None or pad != tokenizer.eod or cfg.model.data.allow_ambiguous_pad_tokens:
+    if pad is None or pad != eod_or_none(tokenizer) or cfg.model.data.allow_ambiguous_pad_tokens:
         return None
     if isinstance(tokenizer, NullTokenizer):
         what = f"model.tokenizer.null_pad_id={pad} is NullTokenizer's end of document too"

@@ -14,12 +14,12 @@ import pytest
 VOCAB = {"a": 0, "b": 1, "<pad>": 2, "</s>": 3, "[UNK]": 4}
 
 
-def hf_dir(tmp_path: Path, config: dict) -> str:
+def hf_dir(tmp_path: Path, config: dict, vocab: dict[str, int] = VOCAB) -> str:
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
 
-    tokenizer = Tokenizer(WordLevel(VOCAB, unk_token="[UNK]"))
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = Whitespace()
     directory = tmp_path / "tok"
     directory.mkdir(exist_ok=True)
@@ -69,4 +69,20 @@ def test_a_pad_token_that_ends_documents_is_warned_of_in_one_line(tmp_path):
     assert warning is not None and "\n" not in warning
     assert warning.startswith(f"gptrain: warning: {directory}/tokenizer_config.json: its pad_token (id 3)")
     cfg.model.data.allow_ambiguous_pad_tokens = True
+    assert ambiguous_pad_warning(cfg, tokenizer) is None  # type: ignore[arg-type]
+
+
+def test_a_pad_token_without_an_end_of_document_still_trains(tmp_path):
+    """An imported tokenizer.json without an end of document trains (batch_eod); its pad_token must
+    not ask for one."""
+    from types import SimpleNamespace
+
+    from gptrain.data.tokenizer_loaders import load_huggingface
+    from gptrain.train.builders import batch_pad
+    from gptrain.train.tokenizer_setup import ambiguous_pad_warning
+
+    no_end = {"a": 0, "b": 1, "<pad>": 2, "[UNK]": 3}
+    tokenizer = load_huggingface(hf_dir(tmp_path, {"pad_token": "<pad>"}, no_end))  # no eos, no candidate
+    assert batch_pad(tokenizer) == 2
+    cfg = SimpleNamespace(model=SimpleNamespace(data=SimpleNamespace(allow_ambiguous_pad_tokens=False)))
     assert ambiguous_pad_warning(cfg, tokenizer) is None  # type: ignore[arg-type]
