@@ -50,15 +50,16 @@ def _eod_line(records: dict[str, dict[str, Any]], where: str, eod_mask_loss: boo
     if eod_mask_loss:
         return (
             f"{where}: {without} was prepared without --append-eod ({record_path(without)}), and "
-            "model.data.eod_mask_loss=true masks the end-of-document id: its documents hold none, so "
-            "nothing is masked there and they run on into each other; prepare it with --append-eod"
+            "model.data.eod_mask_loss=true masks the end-of-document id: unless its text held that id "
+            "(ids given to NullTokenizer), its documents end with none, so nothing is masked there and they "
+            "run on into each other; prepare it with --append-eod"
         )
     if with_eod is None:
         return None
     return (
         f"{where}: {with_eod} was prepared with --append-eod, {without} without (their {SUFFIX} "
-        f"records): {without}'s documents run on into each other with no end-of-document id between "
-        "them; prepare both alike"
+        f"records): unless its text held that id (ids given to NullTokenizer), {without}'s documents run "
+        "on into each other with no end-of-document id between them; prepare both alike"
     )
 
 

@@ -33,8 +33,9 @@ def test_a_blend_with_and_without_eod_is_said_in_one_line(tmp_path):
     lines = mixed_preparation_lines(["0.5", with_eod, "0.5", without + ".bin"], "model.data.data_prefix")
     assert lines == [
         f"gptrain: warning: model.data.data_prefix: {with_eod} was prepared with --append-eod, {without} "
-        f"without (their .tokenizer records): {without}'s documents run on into each other with no "
-        "end-of-document id between them; prepare both alike"
+        "without (their .tokenizer records): unless its text held that id (ids given to NullTokenizer), "
+        f"{without}'s documents run on into each other with no end-of-document id between them; prepare "
+        "both alike"
     ]
     assert mixed_preparation_lines([with_eod, with_eod], "x") == []
     assert mixed_preparation_lines([without], "x") == []  # alike: Megatron's default
@@ -46,8 +47,9 @@ def test_eod_mask_loss_over_data_without_eod_is_said(tmp_path):
     (line,) = mixed_preparation_lines([with_eod, without], "x", eod_mask_loss=True)
     assert line == (
         f"gptrain: warning: x: {without} was prepared without --append-eod ({without}.tokenizer), and "
-        "model.data.eod_mask_loss=true masks the end-of-document id: its documents hold none, so nothing "
-        "is masked there and they run on into each other; prepare it with --append-eod"
+        "model.data.eod_mask_loss=true masks the end-of-document id: unless its text held that id (ids "
+        "given to NullTokenizer), its documents end with none, so nothing is masked there and they run on "
+        "into each other; prepare it with --append-eod"
     )
 
 
