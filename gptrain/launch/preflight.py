@@ -367,7 +367,7 @@ def check_fresh_start(cfg: TrainingConfig) -> list[str]:
     em = cfg.exp_manager
     if em.resume_if_exists or em.move_aside_earlier_run:
         return []
-    from gptrain.train.run_lock import earlier_run_checkpoints, earlier_run_error
+    from gptrain.train.earlier_run import earlier_run_checkpoints, earlier_run_error
 
     holder, found = earlier_run_checkpoints(Path(em.explicit_log_dir), Path(em.checkpoints_dir))
     if found:

@@ -123,8 +123,8 @@ def megatron(flags: list[str], dry_run: bool) -> int:
     check_data_paths(cfg, translation)
     from gptrain.errors import DataError
     from gptrain.megatron.data_paths import prefix_in_flags
+    from gptrain.train.earlier_run import EarlierRunError
     from gptrain.train.loop import train
-    from gptrain.train.run_lock import EarlierRunError
 
     try:
         return train(cfg, translation.schedule_names, process_exits=True)

@@ -42,9 +42,10 @@ from gptrain.parallel.rng import stream_warnings
 from gptrain.train import builders as b
 from gptrain.train import peer_loss, resuming, saving, step_loop, tokenizer_setup
 from gptrain.train.batches import loader_worker_died
+from gptrain.train.earlier_run import requeued_own_checkpoint
 from gptrain.train.memory_check import out_of_memory, start_warning
 from gptrain.train.results import RunLog, Scalars, write_run_files
-from gptrain.train.run_lock import claim_run_directory, requeued_own_checkpoint
+from gptrain.train.run_directory import claim_run_directory
 from gptrain.train.schedule_checks import names_in_config, run_schedule_warnings
 from gptrain.train.session import ScheduleNaming, Session
 from gptrain.train.signals import StopRequest

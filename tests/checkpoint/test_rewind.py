@@ -11,7 +11,8 @@ import torch
 from gptrain.checkpoint.integrity import complete_steps, verify
 from gptrain.checkpoint.manager import CheckpointManager
 from gptrain.cli import main
-from gptrain.train.run_lock import acquire, claim_run_directory
+from gptrain.train.run_directory import claim_run_directory
+from gptrain.train.run_lock import acquire
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from train_e2e_helpers import (  # noqa: E402

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from gptrain.train.run_lock import claim_run_directory
+from gptrain.train.run_directory import claim_run_directory
 
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 dist.init_process_group("gloo")

@@ -17,7 +17,8 @@ from reliability_helpers import PYTHON_GPTRAIN, files_cannot_grow, start_ranks, 
 
 from gptrain.cli import main
 from gptrain.errors import EXIT_REQUEUE, ConfigError
-from gptrain.train.run_lock import LOCK_NAME, Holder, RunLockedError, acquire, check_fresh_start
+from gptrain.train.earlier_run import check_fresh_start
+from gptrain.train.run_lock import LOCK_NAME, Holder, RunLockedError, acquire
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -439,7 +440,7 @@ def test_a_run_directory_that_cannot_be_made_is_one_line_naming_the_key(tmp_path
     """Under a regular file, or where the job may not write: a ConfigError (told to every rank), not
     rank 0's traceback and the others' 'connection closed by peer'."""
     from gptrain.errors import ConfigError
-    from gptrain.train.run_lock import claim_run_directory
+    from gptrain.train.run_directory import claim_run_directory
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(
@@ -454,7 +455,7 @@ def test_a_checkpoint_directory_that_takes_no_files_is_refused_at_start(tmp_path
     import errno
 
     from gptrain.errors import ConfigError
-    from gptrain.train.run_lock import claim_run_directory
+    from gptrain.train.run_directory import claim_run_directory
 
     real_write = Path.write_bytes
 
@@ -476,7 +477,7 @@ def test_a_lock_that_cannot_be_written_is_not_left_behind(tmp_path):
     """A full disk at start: the lock file was created (O_EXCL) but its holder could not be written,
     and the empty file refused every later run ("an unreadable lock file") until deleted by hand,
     the same command after space was freed included."""
-    from gptrain.train.run_lock import claim_run_directory
+    from gptrain.train.run_directory import claim_run_directory
 
     (tmp_path / "run").mkdir()
     with files_cannot_grow(), pytest.raises(ConfigError, match="cannot claim it .*File too large") as error:

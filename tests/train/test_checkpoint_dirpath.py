@@ -15,7 +15,9 @@ from gptrain.checkpoint.rewind import rewind
 from gptrain.config import load_training_config
 from gptrain.errors import EXIT_REQUEUE, ConfigError
 from gptrain.launch.preflight import check_fresh_start
-from gptrain.train.run_lock import LOCK_NAME, EarlierRunError, RunLockedError, claim_run_directory
+from gptrain.train.earlier_run import EarlierRunError
+from gptrain.train.run_directory import claim_run_directory
+from gptrain.train.run_lock import LOCK_NAME, RunLockedError
 from gptrain.trained.load import find_hparams, resolve_checkpoint
 from gptrain.trained.run_config import run_started_in
 
@@ -248,7 +250,7 @@ def test_a_dirpath_is_searched_for_another_runs_log_dir_only_near_its_top(tmp_pa
     listed each directory NESTED_RUN_DEPTH down as well, and read a lock in every directory it saw
     (a 20x20x20 tree: 8,421 listings, 8,420 lock reads): now it lists down to one level above and reads
     only the locks it finds there, or by name one level below."""
-    from gptrain.train import run_lock
+    from gptrain.train import nested_runs, run_lock
 
     store = tmp_path / "ckpts"
     deep = store / "a" / "b" / "c" / "run"  # below the depth searched (admitted: its own walk up refuses a)
@@ -264,7 +266,7 @@ def test_a_dirpath_is_searched_for_another_runs_log_dir_only_near_its_top(tmp_pa
     monkeypatch.setattr(os, "scandir", lambda path=".": listed.append(Path(path)) or scandir(path))
     monkeypatch.setattr(os, "listdir", lambda path=".": pytest.fail(f"listdir({path})"))
     monkeypatch.setattr(run_lock, "read_holder", lambda path: read.append(path) or read_holder(path))
-    run_lock.refuse_run_inside(store, tmp_path / "a", inside[0].holder)
+    nested_runs.refuse_run_inside(store, tmp_path / "a", inside[0].holder)
     assert sorted(listed) == sorted([store, store / "a", store / "a0", store / "a" / "b", store / "a" / "b0"])
     assert sorted(read) == sorted([store / "a" / LOCK_NAME, store / "a" / "b" / "c1" / LOCK_NAME])
     monkeypatch.undo()

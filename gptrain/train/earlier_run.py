@@ -1,0 +1,108 @@
+"""No silent restart over an earlier run.
+
+`exp_manager.resume_if_exists=false` into a directory that holds checkpoints would mix two
+runs; it is refused with the choices spelled out, or, with
+`exp_manager.move_aside_earlier_run=true`, the earlier run's files are moved to a sibling
+directory (never deleted). A Slurm job requeued into its own checkpoints is the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from gptrain.checkpoint.integrity import complete_steps
+from gptrain.errors import ConfigError
+from gptrain.train.run_lock import LOCK_NAME
+
+
+class EarlierRunError(ConfigError):
+    """resume_if_exists=false into a directory holding another run's checkpoints."""
+
+
+def earlier_checkpoints(checkpoints: Path) -> list[str]:
+    """The complete checkpoints in the run's `checkpoints` directory, oldest first. A torn step_<N>/ (no
+    COMPLETE: a save that died, such as this job's before its requeue) holds nothing to resume, and
+    retention removes it."""
+    return [f"step_{step}" for step in complete_steps(checkpoints)]
+
+
+def requeued_own_checkpoint(checkpoints: Path, env: dict[str, str] | os._Environ = os.environ) -> str | None:
+    """The newest checkpoint's name when this process is the Slurm job that wrote it, requeued
+    (same SLURM_JOB_ID, SLURM_RESTART_COUNT >= 1): the same run, which resumes whatever
+    resume_if_exists says, as the requeue exists for. None otherwise."""
+    job, restarts = env.get("SLURM_JOB_ID"), env.get("SLURM_RESTART_COUNT", "0")
+    if not job or not restarts.isdigit() or int(restarts) < 1:
+        return None
+    root = checkpoints
+    steps = complete_steps(root)  # the COMPLETE markers, as resume reads them: `latest` may lag one
+    if not steps:
+        return None
+    newest = f"step_{steps[-1]}"
+    try:
+        record = json.loads((root / newest / "COMPLETE").read_text())
+    except (OSError, ValueError):
+        return None
+    return newest if isinstance(record, dict) and record.get("slurm_job_id") == job else None
+
+
+def earlier_run_error(checkpoints: Path, found: list[str]) -> EarlierRunError:
+    """What a fresh start over `found` checkpoints is told (by the job, and by the launch before it)."""
+    return EarlierRunError(
+        f"exp_manager.resume_if_exists=false but {checkpoints} holds an earlier run's"
+        f" checkpoints ({', '.join(found[-3:])}): resume it with exp_manager.resume_if_exists=true,"
+        " start a new run under another run.name (or exp_manager.explicit_log_dir), or move the"
+        " earlier run aside with exp_manager.move_aside_earlier_run=true (nothing is deleted)"
+    )
+
+
+def earlier_run_checkpoints(log_dir: Path, checkpoints: Path) -> tuple[Path, list[str]]:
+    """Where an earlier run left complete checkpoints, and their names: the run's `checkpoints`
+    directory, else log_dir/checkpoints (a run before dirpath was set: a fresh start beside it leaves
+    two runs' checkpoints under one run directory)."""
+    for root in dict.fromkeys((checkpoints, log_dir / "checkpoints")):
+        if found := earlier_checkpoints(root):
+            return root, found
+    return checkpoints, []
+
+
+def check_fresh_start(log_dir: Path, move_aside: bool, checkpoints: Path | None = None) -> str | None:
+    """resume_if_exists=false: refuse a directory with checkpoints, or move its run aside (and its
+    `checkpoints` directory, where checkpoint_callback_params.dirpath puts it outside `log_dir`).
+
+    Returns a line for the log when files were moved.
+    """
+    checkpoints = checkpoints or log_dir / "checkpoints"
+    holder, found = earlier_run_checkpoints(log_dir, checkpoints)
+    if not found:
+        return None
+    if not move_aside:
+        raise earlier_run_error(holder, found)
+    aside = aside_directory(log_dir)
+    moved = [p for p in log_dir.iterdir() if p.name != LOCK_NAME]
+    for path in moved:
+        os.rename(path, aside / path.name)
+    line = f"exp_manager.move_aside_earlier_run: moved the earlier run's {len(moved)} entries to {aside}"
+    if checkpoints.exists():  # outside log_dir, else moved with it; its lock (this run's) stays
+        elsewhere = aside_directory(checkpoints) / checkpoints.name
+        elsewhere.mkdir()
+        for path in checkpoints.iterdir():
+            if path.name != LOCK_NAME:
+                os.rename(path, elsewhere / path.name)
+        line += f", and its checkpoints to {elsewhere}"
+    return line
+
+
+def aside_directory(log_dir: Path) -> Path:
+    """A new sibling `<name>.earlier-<time>[-N]` of the results directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        aside = log_dir.with_name(f"{log_dir.name}.earlier-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            aside.mkdir()
+            return aside
+        except FileExistsError:
+            continue
+    raise ConfigError(f"cannot find a free name beside {log_dir} to move the earlier run to")
