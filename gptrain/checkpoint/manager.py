@@ -25,7 +25,6 @@ background thread while training runs: pinning the whole state is the slow part 
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import threading
@@ -42,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from gptrain.checkpoint.agreement import first_on_any_rank, is_distributed
+from gptrain.checkpoint.background_save import background_save_group, first_failure
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, remove_unfinished_latest, step_dir_name
@@ -71,26 +71,6 @@ warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 
 _NOT_SHARED, _WRITE_FAILED, _UPDATE_FAILED = "not shared", "write failed", "update failed"
 """Why rank 0 could not mark a synchronous save complete, as every rank learns it (`_finish`)."""
-
-
-def _background_save_group() -> dist.ProcessGroup:
-    """The gloo group background saves talk over: a collective from the writer thread must never
-    interleave with the training's collectives on the default group.
-
-    Created with lazy connections (TORCH_GLOO_LAZY_INIT, read by torch when a gloo group is made):
-    eager, every process holds a socket to every other, world + 3 descriptors each (EMFILE past
-    ~1,000 ranks under nofile=1024). DCP's collectives on it gather to and scatter from the
-    coordinator (rank 0) and all-gather sizes in a ring, so rank 0 still connects to every rank
-    and each other rank to a handful (measured: 3-5 at 8 ranks; docs/reliability.md)."""
-    before = os.environ.get("TORCH_GLOO_LAZY_INIT")
-    os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
-    try:
-        return dist.new_group(backend="gloo")
-    finally:
-        if before is None:
-            del os.environ["TORCH_GLOO_LAZY_INIT"]
-        else:
-            os.environ["TORCH_GLOO_LAZY_INIT"] = before
 
 
 def _barrier() -> None:
@@ -139,7 +119,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         self._stager: Any = None
         self._preparing: threading.Thread | None = None
         self._pruning: threading.Thread | None = None
-        self._group = _background_save_group() if async_save and is_distributed() else None
+        self._group = background_save_group() if async_save and is_distributed() else None
         self._plan_key = new_key()
 
     def save(
@@ -452,7 +432,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             return None
         deadline = time.monotonic() + timeout_s
         try:
-            failure = _first_failure((pending.staging, pending.written), deadline)
+            failure = first_failure((pending.staging, pending.written), deadline)
             if failure is None and self.on_saved is not None:
                 self.on_saved(pending.report)
         except BaseException as error:  # the timeout, or the report's own failure
@@ -486,15 +466,3 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             self._release_staging()
             self._wait_for_pruning()
             forget(self._plan_key)
-
-
-def _first_failure(futures: tuple[Future | None, ...], deadline: float) -> BaseException | None:
-    """The first error of `futures` (waited for up to `deadline`; TimeoutError past it), taken without
-    raising it: raised on a run's way out by an error, it would take that error as its context, which
-    root_cause follows, and the save's line would name the run's error instead of its own."""
-    for future in futures:
-        if future is not None:
-            error = future.exception(timeout=max(0.0, deadline - time.monotonic()))
-            if error is not None:
-                return error
-    return None

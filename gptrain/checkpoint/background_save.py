@@ -1,0 +1,42 @@
+"""What a background save runs beside the training: its own process group, and its futures'
+outcome taken without raising it (gptrain.checkpoint.manager)."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future
+
+import torch.distributed as dist
+
+
+def background_save_group() -> dist.ProcessGroup:
+    """The gloo group background saves talk over: a collective from the writer thread must never
+    interleave with the training's collectives on the default group.
+
+    Created with lazy connections (TORCH_GLOO_LAZY_INIT, read by torch when a gloo group is made):
+    eager, every process holds a socket to every other, world + 3 descriptors each (EMFILE past
+    ~1,000 ranks under nofile=1024). DCP's collectives on it gather to and scatter from the
+    coordinator (rank 0) and all-gather sizes in a ring, so rank 0 still connects to every rank
+    and each other rank to a handful (measured: 3-5 at 8 ranks; docs/reliability.md)."""
+    before = os.environ.get("TORCH_GLOO_LAZY_INIT")
+    os.environ["TORCH_GLOO_LAZY_INIT"] = "1"
+    try:
+        return dist.new_group(backend="gloo")
+    finally:
+        if before is None:
+            del os.environ["TORCH_GLOO_LAZY_INIT"]
+        else:
+            os.environ["TORCH_GLOO_LAZY_INIT"] = before
+
+
+def first_failure(futures: tuple[Future | None, ...], deadline: float) -> BaseException | None:
+    """The first error of `futures` (waited for up to `deadline`; TimeoutError past it), taken without
+    raising it: raised on a run's way out by an error, it would take that error as its context, which
+    root_cause follows, and the save's line would name the run's error instead of its own."""
+    for future in futures:
+        if future is not None:
+            error = future.exception(timeout=max(0.0, deadline - time.monotonic()))
+            if error is not None:
+                return error
+    return None
