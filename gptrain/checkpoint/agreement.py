@@ -22,11 +22,11 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _world_size() -> int:
+def world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
-def _every_rank(value: T) -> list[T]:
+def every_rank(value: T) -> list[T]:
     """`value` of every rank, in rank order."""
     if not is_distributed():
         return [value]
@@ -41,10 +41,10 @@ REFUSED = "refused: "  # a sound checkpoint that must not load: every rank stops
 
 def first_on_any_rank(problem: str | None) -> str | None:
     """Every rank's verdict on a checkpoint, so that all ranks skip (or load) the same one."""
-    return next((v for v in _every_rank(problem) if v is not None), None)
+    return next((v for v in every_rank(problem) if v is not None), None)
 
 
-def _steps_of_rank_0(root: Path) -> list[int]:
+def steps_of_rank_0(root: Path) -> list[int]:
     """Rank 0's complete steps under `root`, on every rank. Each rank's own listing may differ (a
     node's stale view of the directory, NFS attribute caching after a requeue): ranks walking their
     own lists would load different steps in lock step, silently. A step a rank cannot see fails its
@@ -89,7 +89,7 @@ def rank_0s(compute: Callable[[], T]) -> T:
     raise error
 
 
-def _refusal(path: Path) -> str | None:
+def refused_verdict(path: Path) -> str | None:
     """Why `path` must not be loaded whatever its files hold (REFUSED and the reason), told to every
     rank with the verdicts of their shares: one saved in a newer format than this gptrain reads, or a
     step directory named for another iteration than its marker records (a copy by hand), is not damage
@@ -98,12 +98,12 @@ def _refusal(path: Path) -> str | None:
     return REFUSED + problem if problem is not None else None
 
 
-class _NotLoaded(Exception):
+class NotLoaded(Exception):
     """A step of loading a checkpoint failed on some rank: every rank skips the checkpoint."""
 
 
-def _agreed(path: Path, step: Callable[[], T], what: Path | None = None) -> T:
-    """Run one step of loading checkpoint `path` on every rank: its result, or _NotLoaded on every
+def agreed(path: Path, step: Callable[[], T], what: Path | None = None) -> T:
+    """Run one step of loading checkpoint `path` on every rank: its result, or NotLoaded on every
     rank with the reason of the first rank where `what` (default: `path`) did not load.
 
     Safe only if `step` holds no collective after work that can fail on one rank alone: that rank
@@ -120,7 +120,7 @@ def _agreed(path: Path, step: Callable[[], T], what: Path | None = None) -> T:
     except (Exception, CheckpointException) as error:  # DCP's is a BaseException
         out_of_memory = find_out_of_memory(error) is not None
         failure = (out_of_memory, root_cause(error), str(what or path), False)  # the failing rank's `what`
-    failures = _every_rank(failure)
+    failures = every_rank(failure)
     refused = next((found[1] for found in failures if found is not None and found[3]), None)
     if refused is not None:
         raise CheckpointFromNewerTorchError(refused)
@@ -134,5 +134,5 @@ def _agreed(path: Path, step: Callable[[], T], what: Path | None = None) -> T:
             )
     found = next((f for f in failures if f is not None), None)
     if found is not None:
-        raise _NotLoaded(f"{found[2]} does not load ({found[1]})")
+        raise NotLoaded(f"{found[2]} does not load ({found[1]})")
     return cast(T, value)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from gptrain.checkpoint import compat
-from gptrain.checkpoint.agreement import _every_rank, first_on_any_rank
+from gptrain.checkpoint.agreement import every_rank, first_on_any_rank
 
 
 def saved_sections(saved_keys: Iterable[str]) -> set[str]:
@@ -64,7 +64,7 @@ def agree_fit(path: Path, saved: dict[str, Any], fit: Fit) -> dict[str, torch.Si
     fail on one rank alone, so it needs no agreement."""
     problem = first_on_any_rank(fit.problem)
     if problem is None:
-        held = functools.reduce(operator.or_, _every_rank(fit.held), 0)
+        held = functools.reduce(operator.or_, every_rank(fit.held), 0)
         unheld = next((key for index, key in enumerate(fit.tensors) if not held >> index & 1), None)
         problem = compat.unloaded(unheld, saved[unheld]) if unheld is not None else None
     if problem is not None:

@@ -52,13 +52,13 @@ from gptrain.checkpoint.pruning import CheckpointPruning
 from gptrain.checkpoint.rank_state import rank_state_bytes
 from gptrain.checkpoint.reader import CheckpointReader
 from gptrain.checkpoint.save_manifest import (
-    _recorded_bytes,
-    _saving_world_size,
     complete_manifest,
     not_shared_text,
+    recorded_bytes,
+    saving_world_size,
 )
-from gptrain.checkpoint.save_report import SaveReport, _Pending
-from gptrain.checkpoint.staging import _STAGER_SERVES_ONE_SAVE, _allocate_pinned_staging, _in_host_memory
+from gptrain.checkpoint.save_report import Pending, SaveReport
+from gptrain.checkpoint.staging import STAGER_SERVES_ONE_SAVE, allocate_pinned_staging, in_host_memory
 from gptrain.utils.atomic import atomic_write_text, fsync_directory
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         self.direct_io = takes_direct_io(root) if direct_io is None else direct_io
         self.pinned_staging = torch.cuda.is_available() if pinned_staging is None else pinned_staging
         self.on_saved = on_saved
-        self._pending: _Pending | None = None
+        self._pending: Pending | None = None
         self._writer: ChecksummingWriter | None = None
         self._stager: Any = None
         self._preparing: threading.Thread | None = None
@@ -141,7 +141,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         one. Every rank decides alike: they train on one kind of device."""
         started = time.perf_counter()
         waited = self._wait_for_previous()
-        in_background = self.async_save and not (waited_for and _in_host_memory(state))
+        in_background = self.async_save and not (waited_for and in_host_memory(state))
         path = self.root / step_dir_name(step)
         problem = first_on_any_rank(self._clear_step_dir(path) if self.rank == 0 else None)  # a barrier
         if problem is not None:  # every rank learns it, none waits for rank 0 in a collective
@@ -205,7 +205,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         staging = getattr(response, "staging_completion", None)
         upload = getattr(response, "upload_completion", response)
         report.stall_s = time.perf_counter() - started
-        self._pending = _Pending(report, self._marked_when_written(upload, report, started), staging)
+        self._pending = Pending(report, self._marked_when_written(upload, report, started), staging)
 
     def _marked_when_written(self, upload: Future, report: SaveReport, started: float) -> Future:
         """Done once the write has ended (its time in `report`) and, on rank 0, the save is marked
@@ -244,7 +244,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
 
         def allocate() -> None:
             try:
-                stager.state_dict_cache = _allocate_pinned_staging(state)
+                stager.state_dict_cache = allocate_pinned_staging(state)
             except Exception as error:  # the first save allocates it then, as without this
                 warnings.warn(f"checkpoint staging buffer not prepared ahead: {error}", stacklevel=1)
 
@@ -263,7 +263,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         under a second per 10 GB); on CPU it runs in a background thread beside the next
         forward/backward, and the optimizer step waits for it (`wait_for_staging`).
         """
-        if self._stager is not None and not self.pinned_staging and _STAGER_SERVES_ONE_SAVE:
+        if self._stager is not None and not self.pinned_staging and STAGER_SERVES_ONE_SAVE:
             self._release_staging()  # the previous save's copy is taken: save() waited for it
         if self._stager is None:
             from torch.distributed.checkpoint.staging import (
@@ -364,7 +364,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         barrier is needed: DCP's coordinator (rank 0) writes .metadata only after gathering every
         rank's write results, so every rank's files and checksum sidecar are on disk by then."""
         tokenizer = self.tokenizer.record if self.tokenizer is not None else None
-        world_size = _saving_world_size()
+        world_size = saving_world_size()
         gathered, files, unseen = complete_manifest(report.path, checksums, world_size)
         if unseen:
             raise CheckpointNotSharedError(not_shared_text(report.path, unseen))
@@ -384,7 +384,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         if (removed := remove_unfinished_latest(self.root)) is not None:
             print(removed, file=sys.stderr)
         atomic_write_text(self.root / LATEST, step_dir_name(report.step) + "\n")
-        report.known_bytes = _recorded_bytes(record)
+        report.known_bytes = recorded_bytes(record)
         report.removed = self._prune(report.step)
 
     def record_metrics_of_resumed(self, step: int, metrics: dict[str, float]) -> Path | None:

@@ -24,12 +24,12 @@ from gptrain.checkpoint import compat
 from gptrain.checkpoint.agreement import (
     REFUSED,
     UNREADABLE,
-    _agreed,
-    _NotLoaded,
-    _refusal,
-    _steps_of_rank_0,
-    _world_size,
+    NotLoaded,
+    agreed,
     first_on_any_rank,
+    refused_verdict,
+    steps_of_rank_0,
+    world_size,
 )
 from gptrain.checkpoint.directory import (
     DAMAGED,
@@ -72,7 +72,7 @@ def read_verified_metadata(path: Path) -> Metadata:
     try:
         return compat.read_metadata(path)
     except (OSError, MemoryError):
-        raise  # the disk or the host: judged by `_agreed` as before
+        raise  # the disk or the host: judged by `agreed` as before
     except Exception as error:
         saved_with = recorded_torch(path)
         if saved_with is None or not _newer_than_this_torch(saved_with):
@@ -158,7 +158,7 @@ class CheckpointReader:
         when the newest sound one holds other tensors than the config builds.
         """
         problems, damaged = [], []
-        for step in reversed(_steps_of_rank_0(self.root)):
+        for step in reversed(steps_of_rank_0(self.root)):
             path = self.root / step_dir_name(step)
             loaded = self._verify_and_load(path, state_fn, apply, own_run=True)
             if isinstance(loaded, dict):
@@ -239,7 +239,7 @@ class CheckpointReader:
         check_fits would take its failure for a config mismatch) or wait until the group timed out.
         """
         try:
-            own = _refusal(path) or verify_share(path, self.rank, _world_size())
+            own = refused_verdict(path) or verify_share(path, self.rank, world_size())
         except OSError as error:  # on this rank alone: told to the others in the gather, all stop
             own = UNREADABLE + os_error_text(error, path)
         problem = first_on_any_rank(own)
@@ -256,15 +256,15 @@ class CheckpointReader:
             return problem
         self._check_tokenizer(path)
         try:
-            rank_file = _agreed(path, lambda: rank_file_read(path, self.rank))  # the one a failure names
-            extra = _agreed(path, lambda: rank_state_from(path, self.rank, rank_file), rank_file)
-            prepared = _agreed(path, lambda: self._prepare(path, state_fn, read_verified_metadata(path)))
+            rank_file = agreed(path, lambda: rank_file_read(path, self.rank))  # the one a failure names
+            extra = agreed(path, lambda: rank_state_from(path, self.rank, rank_file), rank_file)
+            prepared = agreed(path, lambda: self._prepare(path, state_fn, read_verified_metadata(path)))
             agree_fit(path, prepared.saved, prepared.fit)  # collectives only; a mismatch on every rank
             self._check_architecture(path, own_run)  # what shapes cannot tell, before any data is read
-            state = _agreed(path, lambda: self._load_prepared(path, prepared))
+            state = agreed(path, lambda: self._load_prepared(path, prepared))
             self._refuse_untied(path, prepared)
-            _agreed(path, lambda: apply(state))
-        except _NotLoaded as skipped:
+            agreed(path, lambda: apply(state))
+        except NotLoaded as skipped:
             return str(skipped)
         return extra
 

@@ -12,7 +12,7 @@ from gptrain.checkpoint.checksum_writer import gathered_checksums, sidecar_name
 from gptrain.checkpoint.integrity import manifest_by_name
 
 
-def _saving_world_size() -> int:
+def saving_world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
@@ -39,7 +39,7 @@ def not_shared_text(step_dir: Path, unseen: list[str]) -> str:
     )
 
 
-def _recorded_bytes(record: str) -> int:
+def recorded_bytes(record: str) -> int:
     """The size of a checkpoint from the text of its COMPLETE marker, the marker included."""
     files = json.loads(record)["files"]
     return sum(entry["bytes"] for entry in files.values()) + len(record.encode())

@@ -52,7 +52,7 @@ class SaveReport:
 
 
 @dataclass
-class _Pending:
+class Pending:
     """A background save: its report, and the futures the training thread waits on."""
 
     report: SaveReport

@@ -19,7 +19,7 @@ def _stager_serves_one_save(version: str) -> bool:
     return (major, minor) < (2, 13)
 
 
-_STAGER_SERVES_ONE_SAVE = _stager_serves_one_save(torch.__version__)
+STAGER_SERVES_ONE_SAVE = _stager_serves_one_save(torch.__version__)
 
 
 def _tensors(state: Any) -> Iterator[torch.Tensor]:
@@ -34,11 +34,11 @@ def _tensors(state: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(value)
 
 
-def _in_host_memory(state: Any) -> bool:
+def in_host_memory(state: Any) -> bool:
     return all(tensor.device.type == "cpu" for tensor in _tensors(state))
 
 
-def _allocate_pinned_staging(state: dict[str, Any]) -> dict[str, Any]:
+def allocate_pinned_staging(state: dict[str, Any]) -> dict[str, Any]:
     """Host tensors shaped like `state`'s, pinned: what BlockingAsyncStager would allocate at its
     first stage and keep (its `state_dict_cache`), in one pass instead of two."""
     return host_buffer_like(state, pin_memory=True)

@@ -49,7 +49,7 @@ def main() -> int:
     assert allocated["iteration"] == 5
 
     if not on_cuda:
-        manager_module._allocate_pinned_staging = lambda s: host_buffer_like(s, pin_memory=False)
+        manager_module.allocate_pinned_staging = lambda s: host_buffer_like(s, pin_memory=False)
     manager = CheckpointManager(Path(sys.argv[1]), keep_last=2, async_save=True, pinned_staging=True)
     manager.prepare_staging(state)
     manager.wait_for_preparation()

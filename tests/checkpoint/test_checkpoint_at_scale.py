@@ -103,7 +103,7 @@ def test_resume_stats_each_file_once_between_the_ranks(tmp_path, monkeypatch):
     world = 4
     path = tmp_path / "step_1"
     names = fake_step_dir(path, world)
-    monkeypatch.setattr(reader_module, "_world_size", lambda: world)
+    monkeypatch.setattr(reader_module, "world_size", lambda: world)
     stats = stats_by_name(monkeypatch, path)
     for rank in range(world):
         verdict = CheckpointManager(tmp_path, keep_last=1, rank=rank)._verify_and_load(

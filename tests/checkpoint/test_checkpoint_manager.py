@@ -555,7 +555,7 @@ def test_async_saves_fill_the_staging_buffer_prepared_ahead(tmp_path, monkeypatc
         allocations.append(threading.current_thread().name)
         return _create_cpu_state_dict(state)
 
-    monkeypatch.setattr(manager_module, "_allocate_pinned_staging", allocate)
+    monkeypatch.setattr(manager_module, "allocate_pinned_staging", allocate)
     manager = CheckpointManager(tmp_path, keep_last=3, async_save=True, pinned_staging=True)
     manager.prepare_staging(state_for(0.0))
     manager.wait()  # also waits for the buffer being prepared
@@ -753,7 +753,7 @@ def test_a_save_whose_other_ranks_files_rank_0_cannot_see_is_never_marked_comple
     manager = CheckpointManager(tmp_path, keep_last=3, async_save=async_save)
     manager.save(1, state_for(1.0), {})
     manager.wait()
-    monkeypatch.setattr(manager_module, "_saving_world_size", lambda: 2)
+    monkeypatch.setattr(manager_module, "saving_world_size", lambda: 2)
     with pytest.raises(CheckpointNotSharedError) as failure:
         manager.save(2, state_for(2.0), {})
         manager.wait()
@@ -823,7 +823,7 @@ def test_rank_0_marks_a_save_of_many_ranks_complete_with_one_stat_a_file_and_no_
     manager = CheckpointManager(tmp_path, keep_last=3)
     step_dir = tmp_path / "step_5"
     expected = fake_step_dir(step_dir, world)
-    monkeypatch.setattr(manager_module, "_saving_world_size", lambda: world)
+    monkeypatch.setattr(manager_module, "saving_world_size", lambda: world)
     stats, listings = count_file_system_calls(monkeypatch, step_dir)
     manager._mark_complete(SaveReport(5, step_dir, 0.0, 0.0, False), {".metadata": "0000abcd"})
     monkeypatch.undo()
@@ -844,7 +844,7 @@ def test_the_files_rank_0_cannot_find_by_name_are_named_sidecars_first(tmp_path,
     fake_step_dir(step_dir, 4)
     (step_dir / ".checksums.rank3.json").unlink()  # rank 3's node: none of its files here
     (step_dir / "rank_2.pt").unlink()
-    monkeypatch.setattr(manager_module, "_saving_world_size", lambda: 4)
+    monkeypatch.setattr(manager_module, "saving_world_size", lambda: 4)
     with pytest.raises(CheckpointNotSharedError, match=r"\(.checksums.rank3.json, rank_2.pt\)"):
         manager._mark_complete(SaveReport(5, step_dir, 0.0, 0.0, False), {".metadata": "0000abcd"})
     assert not (step_dir / COMPLETE).exists() and not (tmp_path / LATEST).exists()
