@@ -39,7 +39,7 @@ def _schema_keys(cls: type, prefix: str) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _check_known_key(dotted: str, where: str) -> None:
+def check_known_key(dotted: str, where: str) -> None:
     valid = all_keys()
     sections = {k.rsplit(".", 1)[0] for k in valid if "." in k}
     if dotted in valid or dotted in sections or is_ignored_nemo_key(dotted):
@@ -62,7 +62,7 @@ def _suggest(name: str, choices: list[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def _build(
+def build(
     cls: type, data: Any, prefix: str, ignored: list[str], source: str, given: dict[str, str] | None = None
 ) -> Any:
     """Turn a nested dict into the dataclass `cls`, type-checking each leaf; an error names the
@@ -74,7 +74,7 @@ def _build(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(
-            f"{_where(prefix.rstrip('.'), source, given)}: '{section}' must be a mapping, got {data!r}"
+            f"{setting_source(prefix.rstrip('.'), source, given)}: '{section}' must be a mapping, got {data!r}"
         )
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)} - {"ignored_keys"}
@@ -82,21 +82,23 @@ def _build(
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if "." in str(key):
-            raise ConfigError(f"{_where(dotted, source, given)}: {_dotted_key_hint(str(key), section)}")
+            raise ConfigError(
+                f"{setting_source(dotted, source, given)}: {_dotted_key_hint(str(key), section)}"
+            )
         if key not in names:
             if is_ignored_nemo_key(dotted):
                 _refuse_unignorable(dotted, value, source, given, data)
                 ignored.append(dotted)
                 continue
             raise ConfigError(
-                f"{_where(dotted, source, given)}: unknown key '{dotted}'{_suggest(dotted, all_keys())}"
+                f"{setting_source(dotted, source, given)}: unknown key '{dotted}'{_suggest(dotted, all_keys())}"
             )
         kind = hints[key]
         if dataclasses.is_dataclass(kind):
-            values[key] = _build(kind, value, f"{dotted}.", ignored, source, given)
+            values[key] = build(kind, value, f"{dotted}.", ignored, source, given)
         else:
-            _refuse_lightning_fraction(dotted, value, _where(dotted, source, given))
-            values[key] = _coerce(value, kind, dotted, _where(dotted, source, given))
+            _refuse_lightning_fraction(dotted, value, setting_source(dotted, source, given))
+            values[key] = _coerce(value, kind, dotted, setting_source(dotted, source, given))
     return cls(**values)
 
 
@@ -105,7 +107,7 @@ def _refuse_unignorable(dotted: str, value: Any, source: str, given: dict[str, s
     keys of an ignored sub-tree included (`exp_manager.ema: {enable: true}`); `siblings`: its section."""
     refused = refused_value(dotted, value, siblings)
     if refused:
-        raise ConfigError(f"{_where(dotted, source, given)}: {refused}")
+        raise ConfigError(f"{setting_source(dotted, source, given)}: {refused}")
     if isinstance(value, dict):
         for key, inner in value.items():
             _refuse_unignorable(f"{dotted}.{key}", inner, source, given, value)
@@ -161,7 +163,7 @@ def _refuse_lightning_fraction(dotted: str, value: Any, where: str) -> None:
         )
 
 
-def _where(dotted: str, source: str, given: dict[str, str]) -> str:
+def setting_source(dotted: str, source: str, given: dict[str, str]) -> str:
     """What set `dotted`: its command-line override, else the config file."""
     setter = setting_override(dotted, given)
     return f"override '{setter}'" if setter else source

@@ -10,7 +10,7 @@ from gptrain.config.schema import TrainingConfig
 from gptrain.errors import ConfigError
 
 
-def _dirpath_apart_from_log_dir(dirpath: str, log_dir: str) -> None:
+def dirpath_apart_from_log_dir(dirpath: str, log_dir: str) -> None:
     """Checkpoints in the log dir itself, or in a directory above it, mix with the run's files: moving
     an earlier run aside would move the live run's lock too. Inside the log dir is its own directory.
     Compared resolved (as Lightning resolves dirpath): a symlink to the log dir is the log dir."""
@@ -28,7 +28,7 @@ def _dirpath_apart_from_log_dir(dirpath: str, log_dir: str) -> None:
         )
 
 
-def _save_interval(cfg: TrainingConfig) -> list[str]:
+def save_interval(cfg: TrainingConfig) -> list[str]:
     """`every_n_train_steps: null` is PyTorch Lightning's save at each validation (NeMo's default, with
     every_n_epochs 1): every trainer.val_check_interval steps, so that each save records its val_loss.
     Without validation (limit_val_batches=0) Lightning saves none before the end; gptrain still saves

@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from gptrain.config.build import _build, _check_known_key, _where
+from gptrain.config.build import build, check_known_key, setting_source
 from gptrain.config.nemo_keys import ignored_summary
 from gptrain.config.normalize import normalize
 from gptrain.config.schema import PER_SPLIT_KEYS, TrainingConfig
@@ -127,7 +127,7 @@ def load_training_config(
     data = _resolve(root, source, given)
     legacy = _method_without_granularity(data)
     ignored: list[str] = []
-    cfg = _build(TrainingConfig, data, "", ignored, source, given)
+    cfg = build(TrainingConfig, data, "", ignored, source, given)
     cfg.ignored_keys = ignored
     notes = legacy + normalize(cfg)
     validate(cfg)
@@ -228,7 +228,7 @@ def _apply_override(root: DictConfig, override: str) -> list[str]:
         if key.startswith(DATA_PREFIX_SPLIT) and not form.delete:
             check_one_split(root, key, override)
         elif not form.delete:  # `~key` may remove a key gptrain does not know (a newer NeMo file's)
-            _check_known_key(key, f"override '{override}'")
+            check_known_key(key, f"override '{override}'")
         path = f"training.{key}"
     value = override_value(form)
     if form.delete and key == "run.name":  # its default would put any preset's run in gpt3_126m's directory
@@ -289,13 +289,13 @@ def _resolve(root: DictConfig, source: str, given: dict[str, str]) -> dict[str, 
         training = OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as error:  # NeMo's `data_prefix: ???`: the user must give it
         key = str(getattr(error, "full_key", "") or "?").removeprefix("training.")
-        where = f"{_where(key, source, given)}: '{key}' is ???" + (
+        where = f"{setting_source(key, source, given)}: '{key}' is ???" + (
             "" if setting_override(key, given) else " (mandatory) in the file"
         )
         raise ConfigError(f"{where}: give it, e.g. {key}=...") from None
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or "?"
-        where = _where(str(key).removeprefix("training."), source, given)
+        where = setting_source(str(key).removeprefix("training."), source, given)
         reason = str(error).splitlines()[0]
         raise ConfigError(f"{where}: cannot resolve '{key}': {reason}{environment_hint(reason)}") from None
     assert isinstance(training, dict)

@@ -6,9 +6,9 @@ import math
 import os
 from typing import Any
 
-from gptrain.config.checkpoint_params import _dirpath_apart_from_log_dir, _save_interval
+from gptrain.config.checkpoint_params import dirpath_apart_from_log_dir, save_interval
 from gptrain.config.schema import TrainingConfig, default_min_lr
-from gptrain.config.tokenizer_checks import _tokenizer_type, _use_fast_notes
+from gptrain.config.tokenizer_checks import tokenizer_type, use_fast_notes
 from gptrain.errors import ConfigError
 
 PRECISIONS = {"32": "32", "32-true": "32", "16": "16", "16-mixed": "16", "bf16": "bf16", "bf16-mixed": "bf16"}
@@ -44,7 +44,7 @@ def normalize(cfg: TrainingConfig) -> list[str]:
                 f"model.fsdp_sharding_strategy: '{strategy}' is not one of {', '.join(FSDP_STRATEGIES)}"
             )
         cfg.model.data_parallel_sharding = FSDP_STRATEGIES[strategy]
-    _tokenizer_type(cfg.model.tokenizer)
+    tokenizer_type(cfg.model.tokenizer)
     _one_resume_source(cfg)
     if cfg.exp_manager.tensorboard_dir:  # hparams.yaml, a requeued job and `gptrain plot` read it elsewhere
         cfg.exp_manager.tensorboard_dir = os.path.abspath(os.path.expanduser(cfg.exp_manager.tensorboard_dir))
@@ -52,9 +52,9 @@ def normalize(cfg: TrainingConfig) -> list[str]:
     params.dirpath = params.dirpath or (os.path.dirname(params.filepath) if params.filepath else None)
     if params.dirpath:  # as Lightning's ModelCheckpoint resolves it; hparams.yaml records it for the tools
         params.dirpath = os.path.abspath(os.path.expanduser(params.dirpath))
-        _dirpath_apart_from_log_dir(params.dirpath, cfg.exp_manager.explicit_log_dir)
+        dirpath_apart_from_log_dir(params.dirpath, cfg.exp_manager.explicit_log_dir)
     _max_time_per_run(cfg)
-    notes = _save_interval(cfg) + _use_fast_notes(cfg.model.tokenizer)
+    notes = save_interval(cfg) + use_fast_notes(cfg.model.tokenizer)
     return notes + _sequence_parallel_needs_tp(cfg.model) + _block_recompute_past_the_chunk(cfg.model)
 
 
@@ -136,7 +136,7 @@ def _one_resume_source(cfg: TrainingConfig) -> None:
         em.load_data_position = False
 
 
-def _check_max_time(value: Any, key: str) -> None:
+def check_max_time(value: Any, key: str) -> None:
     """DD:HH:MM:SS (or its last parts), none negative (00:00:-1:00 read as 59 minutes), each finite
     (00:00:nan:00 never compared as reached: no limit), and not zero: every job stopped after one
     step to be requeued, until cluster.max_requeues was spent (Slurm's --time=0 and Megatron's
@@ -159,7 +159,7 @@ def _max_time_per_run(cfg: TrainingConfig) -> None:
     trainer.max_time is in gptrain; as in NeMo, it wins where both are set."""
     per_run = cfg.exp_manager.max_time_per_run
     if per_run is not None:
-        _check_max_time(per_run, "exp_manager.max_time_per_run")
+        check_max_time(per_run, "exp_manager.max_time_per_run")
         cfg.trainer.max_time = per_run
 
 

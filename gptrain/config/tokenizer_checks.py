@@ -20,7 +20,7 @@ TOKENIZER_LIBRARIES = ("megatron", "huggingface", "sentencepiece", "tiktoken")
 """NeMo's model.tokenizer.library values gptrain reads (get_nmt_tokenizer's, less byte-level, regex, tabular)."""
 
 
-def _tokenizer_type(tokenizer: Any) -> None:
+def tokenizer_type(tokenizer: Any) -> None:
     """The type's canonical spelling (any spelling data prepare takes). NeMo's `library: sentencepiece` reads `model` as a SentencePiece
     model and no type (a preset's GPT2BPETokenizer stays beside it): its ids alone, its eos ending
     documents, which is GPTSentencePieceTokenizer (one of Megatron's SentencePiece types is kept).
@@ -55,7 +55,7 @@ def _tokenizer_type(tokenizer: Any) -> None:
     tokenizer.type = kind
 
 
-def _use_fast_notes(tokenizer: Any) -> list[str]:
+def use_fast_notes(tokenizer: Any) -> list[str]:
     """`use_fast: false` (NeMo hands it to transformers' AutoTokenizer) where the slow tokenizer gives
     the fast one's ids, or is not read; HuggingFaceTokenizer's is checked against the tokenizer's
     class when it is built (gptrain.train.tokenizer_setup), which needs its files."""
@@ -93,7 +93,7 @@ def _huggingface_type(tokenizer: Any) -> str:
     )
 
 
-def _check_tiktoken_settings(tokenizer: Any) -> None:
+def check_tiktoken_settings(tokenizer: Any) -> None:
     """The TikTokenizer settings' types, checked on the login node (their relations, which Megatron
     asserts, where the vocabulary file is read: gptrain.data.tiktoken_file)."""
     _check_null_settings(tokenizer)

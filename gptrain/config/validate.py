@@ -10,9 +10,9 @@ import re
 from collections.abc import Mapping
 
 from gptrain.config.checkpoint_params import check_monitor, check_retention
-from gptrain.config.normalize import PRECISIONS, _check_max_time
+from gptrain.config.normalize import PRECISIONS, check_max_time
 from gptrain.config.schema import PER_SPLIT_KEYS, TrainingConfig
-from gptrain.config.tokenizer_checks import _check_tiktoken_settings
+from gptrain.config.tokenizer_checks import check_tiktoken_settings
 from gptrain.errors import ConfigError
 from gptrain.utils.tokenizer_types import (
     MEGATRON_TYPES,
@@ -253,7 +253,7 @@ def _check_batches(cfg: TrainingConfig) -> None:
             f"model.micro_batch_size ({model.micro_batch_size})"
         )
     if cfg.trainer.max_time is not None:
-        _check_max_time(cfg.trainer.max_time, "trainer.max_time")
+        check_max_time(cfg.trainer.max_time, "trainer.max_time")
     optim = model.optim
     if len(optim.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in optim.betas) or not optim.eps > 0:
         raise ConfigError(
@@ -298,7 +298,7 @@ def _check_data(cfg: TrainingConfig) -> None:
             split_weights(data.splits_string)
         except ConfigError as error:
             raise ConfigError(f"model.data.splits_string: {error}") from None
-    _check_tiktoken_settings(tokenizer)
+    check_tiktoken_settings(tokenizer)
     _check_padded_vocab(cfg)
     _check_scan_limit(data.token_scan_limit_gb)
     has_tokenizer = (
