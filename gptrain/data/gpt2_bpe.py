@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gptrain.data.tokenizer_paths import _stamp, missing_tokenizer_file
+from gptrain.data.tokenizer_paths import file_stamp, missing_tokenizer_file
 from gptrain.data.tokenizer_wrappers import HFTokenizer, TiktokenTokenizer, Tokenizer
 from gptrain.errors import DataError
 
@@ -134,7 +134,9 @@ def load_gpt2_bpe(vocab_file: str, merge_file: str, backend: str = "auto", legac
 
     Cached per process by path and file stamp: tokenizers are read-only once built.
     """
-    return _load_gpt2_bpe(vocab_file, merge_file, backend, legacy, _stamp(vocab_file), _stamp(merge_file))
+    return _load_gpt2_bpe(
+        vocab_file, merge_file, backend, legacy, file_stamp(vocab_file), file_stamp(merge_file)
+    )
 
 
 @functools.lru_cache(maxsize=4)

@@ -22,7 +22,7 @@ import numpy as np
 from gptrain.data.blend_spec import strip_suffix
 from gptrain.data.finalize import finalize_together
 from gptrain.data.pair_check import pair_problem
-from gptrain.data.write_cleanup import _make_directories, _remove_if_empty, report_stale_temporaries
+from gptrain.data.write_cleanup import make_directories, remove_if_empty, report_stale_temporaries
 from gptrain.errors import DataError, os_error_text
 from gptrain.utils.atomic import hold, temporary_sibling
 from gptrain.utils.limits import is_too_many_open_files, too_many_open_files
@@ -294,12 +294,12 @@ class IndexedDatasetWriter:
         self.idx_path = Path(self.path_prefix + ".idx")
         self._made_directories: list[Path] = []
         try:
-            _make_directories(self.bin_path.parent, self._made_directories)
+            make_directories(self.bin_path.parent, self._made_directories)
             report_stale_temporaries(self.bin_path)
             self._temps = [temporary_sibling(self.bin_path) for _ in range(4)]
         except OSError as error:
             reason = os_error_text(error, self.bin_path.parent)  # before the path it names is unmade
-            _remove_if_empty(self._made_directories)
+            remove_if_empty(self._made_directories)
             raise DataError(f"{self.bin_path}: cannot create the output ({reason})") from None
         self._bin: IO[bytes] = open(self._temps[0], "wb")  # noqa: SIM115 (closed in finalize/abort)
         self._lengths: IO[bytes] = open(self._temps[1], "w+b")  # noqa: SIM115
@@ -445,7 +445,7 @@ class IndexedDatasetWriter:
             handle.close()
         self._done = True
         self._remove_temps()
-        _remove_if_empty(self._made_directories)
+        remove_if_empty(self._made_directories)
 
     def _remove_temps(self) -> None:
         for temp in self._temps:

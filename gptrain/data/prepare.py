@@ -36,14 +36,14 @@ import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_together, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, is_pipe, iter_chunks
-from gptrain.data.prepare_lines import _parse, _sentences
+from gptrain.data.prepare_lines import parse_chunk, texts_and_sentences
 from gptrain.data.prepare_tokens import (
     ChunkResult,
-    _check_ids_fit,
-    _encode,
-    _last_sentences,
-    _with_eod,
-    _WorkerState,
+    WorkerState,
+    check_ids_fit,
+    encode_texts,
+    last_sentences,
+    with_eod,
 )
 from gptrain.data.tokenizer_record import refuse_foreign_record_file, write_tokenizer_record
 from gptrain.data.tokenizer_wrappers import Tokenizer
@@ -99,23 +99,23 @@ class PrepareStats:
 
 
 # Set in the parent before forking (workers inherit it) or by _init_worker under spawn.
-_STATE: _WorkerState | None = None
+_STATE: WorkerState | None = None
 
 
 def encode_chunk(chunk: Chunk) -> ChunkResult:
     """Parse and tokenize one chunk (runs in a worker process, or inline with one worker)."""
     state = _STATE
     assert state is not None, "worker state not initialised"
-    parsed = _parse(chunk, state)
+    parsed = parse_chunk(chunk, state)
     if parsed.error is not None:
         return ChunkResult([], [], [], 0, parsed.bad_lines, len(chunk.data), chunk.path, parsed.error)
     all_tokens, all_lengths, all_sentences = [], [], []
     for key, values in zip(state.keys, parsed.values, strict=True):
-        texts, sentences = _sentences(values) if parsed.has_lists else (values, None)
-        tokens, lengths = _encode(state.tokenizer, texts, chunk, key)  # type: ignore[arg-type]
+        texts, sentences = texts_and_sentences(values) if parsed.has_lists else (values, None)
+        tokens, lengths = encode_texts(state.tokenizer, texts, chunk, key)  # type: ignore[arg-type]
         if state.eod is not None:
-            tokens, lengths = _with_eod(tokens, lengths, state.eod, _last_sentences(lengths, sentences))
-        _check_ids_fit(tokens, state, chunk, key)
+            tokens, lengths = with_eod(tokens, lengths, state.eod, last_sentences(lengths, sentences))
+        check_ids_fit(tokens, state, chunk, key)
         all_tokens.append(tokens.astype(state.dtype, copy=False))
         all_lengths.append(lengths)
         all_sentences.append(sentences)
@@ -139,7 +139,7 @@ def _init_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, s
     if _STATE is None:
         tokenizer = spec.build()
         eod = tokenizer.eod if append_eod else None
-        _STATE = _WorkerState(tokenizer, keys, eod, optimal_dtype(tokenizer.vocab_size), skip)
+        _STATE = WorkerState(tokenizer, keys, eod, optimal_dtype(tokenizer.vocab_size), skip)
 
 
 def _results(chunks: Iterable[Chunk], config: PrepareConfig) -> Iterator[ChunkResult]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gptrain.data.jsonl import Chunk
-from gptrain.data.prepare_tokens import _WorkerState
+from gptrain.data.prepare_tokens import WorkerState
 
 
 def _json_type(value: object) -> str:
@@ -89,7 +89,7 @@ class _Parsed:
     error: str | None = None
 
 
-def _parse(chunk: Chunk, state: _WorkerState) -> _Parsed:
+def parse_chunk(chunk: Chunk, state: WorkerState) -> _Parsed:
     """Values per key; bad lines are counted (skip) or reported as `file:line: problem`."""
     import orjson
 
@@ -152,7 +152,7 @@ def _all_sentences(values: list[object], fallback: bool) -> bool:
     return True
 
 
-def _sentences(values: list[Value]) -> tuple[list[str], np.ndarray]:
+def texts_and_sentences(values: list[Value]) -> tuple[list[str], np.ndarray]:
     """Every text to tokenize, a string value being one sentence, and the sentences per document."""
     texts: list[str] = []
     counts = np.empty(len(values), dtype=np.int64)

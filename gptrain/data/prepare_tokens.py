@@ -24,7 +24,7 @@ class ChunkResult:
 
 
 @dataclass
-class _WorkerState:
+class WorkerState:
     tokenizer: Tokenizer
     keys: tuple[str, ...]
     eod: int | None
@@ -39,7 +39,7 @@ class _WorkerState:
         return isinstance(self.tokenizer, NullTokenizer)
 
 
-def _last_sentences(lengths: np.ndarray, sentences: np.ndarray | None) -> np.ndarray:
+def last_sentences(lengths: np.ndarray, sentences: np.ndarray | None) -> np.ndarray:
     """Which texts end a non-empty document: the last non-empty sentence of each (every
     non-empty text when each document is one), where --append-eod puts the EOD."""
     nonempty = lengths > 0
@@ -54,7 +54,7 @@ def _last_sentences(lengths: np.ndarray, sentences: np.ndarray | None) -> np.nda
     return ends
 
 
-def _with_eod(
+def with_eod(
     tokens: np.ndarray, lengths: np.ndarray, eod: int, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Append `eod` to the texts marked in `ends`, as preprocess_data --append-eod does."""
@@ -66,7 +66,9 @@ def _with_eod(
     return out, new_lengths
 
 
-def _encode(tokenizer: Tokenizer, texts: list[str], chunk: Chunk, key: str) -> tuple[np.ndarray, np.ndarray]:
+def encode_texts(
+    tokenizer: Tokenizer, texts: list[str], chunk: Chunk, key: str
+) -> tuple[np.ndarray, np.ndarray]:
     """`encode_flat`, with a tokenizer's own failure turned into a DataError naming the lines."""
     try:
         return tokenizer.encode_flat(texts)
@@ -80,7 +82,7 @@ def _encode(tokenizer: Tokenizer, texts: list[str], chunk: Chunk, key: str) -> t
         ) from None
 
 
-def _check_ids_fit(tokens: np.ndarray, state: _WorkerState, chunk: Chunk, key: str) -> None:
+def check_ids_fit(tokens: np.ndarray, state: WorkerState, chunk: Chunk, key: str) -> None:
     """An id past what the token dtype holds would be written wrapped (70000 as 4464 in uint16),
     silently another token: the dtype follows the tokenizer's vocabulary size (Megatron's rule), and
     a tokenizer.json may give ids beyond it (added tokens with a gap before them)."""

@@ -40,7 +40,7 @@ def probe_text() -> str:
 
 def fingerprint(tokenizer: Any, files: list[str]) -> tuple[dict[str, Any], list[str | None]]:
     """(the fingerprint of a loaded `tokenizer` read from `files`, its token table)."""
-    from gptrain.data.tokenizer_identity import _eod, splits_special_tokens, token_table
+    from gptrain.data.tokenizer_identity import eod_id, splits_special_tokens, token_table
 
     table = token_table(tokenizer)
     split = splits_special_tokens(tokenizer)
@@ -49,7 +49,7 @@ def fingerprint(tokenizer: Any, files: list[str]) -> tuple[dict[str, Any], list[
         "size": len(table),
         "tokens": digest(table),
         "encodes": _encodes(tokenizer),
-        "eod": _eod(tokenizer),
+        "eod": eod_id(tokenizer),
         **({} if split is None else {"split_special_tokens": split}),
     }, table
 

@@ -135,7 +135,7 @@ def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
         "type": kind,
         "source": source,
         "vocab_size": len(table),
-        "eod": _eod(tokenizer),
+        "eod": eod_id(tokenizer),
         "tokens": _digest(table),
         "encodes": _encodes(tokenizer),
         **({"pad": tokenizer.pad} if isinstance(tokenizer, NullTokenizer) else {}),
@@ -184,7 +184,7 @@ def samples_encoding(tokenizer: Any) -> bool:
     return isinstance(dropout, float) and dropout > 0
 
 
-def _eod(tokenizer: Any) -> int | None:
+def eod_id(tokenizer: Any) -> int | None:
     """The end-of-document id; None for a tokenizer.json without one (a run that needs it says so)."""
     try:
         return int(tokenizer.eod)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.data.gpt2_bpe import ENDOFTEXT
-from gptrain.data.tokenizer_paths import _hub_name_line, _stamp, missing_tokenizer_file
+from gptrain.data.tokenizer_paths import file_stamp, hub_name_line, missing_tokenizer_file
 from gptrain.data.tokenizer_wrappers import (
     EOS_CANDIDATES,
     HFTokenizer,
@@ -28,7 +28,7 @@ MEGATRON_SP_SPECIALS = ("<CLS>", "<SEP>", "<EOD>", "<MASK>")
 
 def load_sentencepiece(model: str, kind: str) -> Tokenizer:
     """A SentencePiece `tokenizer.model` as Megatron's `kind` wrapper encodes it (cached as load_gpt2_bpe)."""
-    return _load_sentencepiece(model, kind, _stamp(model))
+    return _load_sentencepiece(model, kind, file_stamp(model))
 
 
 @functools.lru_cache(maxsize=4)
@@ -36,7 +36,7 @@ def _load_sentencepiece(model: str, kind: str, *_stamps: object) -> Tokenizer:
     path = Path(model)
     if (problem := missing_tokenizer_file(model)) is not None:
         raise DataError(
-            _hub_name_line(model, "pass DIR/tokenizer.model")
+            hub_name_line(model, "pass DIR/tokenizer.model")
             or f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.model)"
         )
     try:
@@ -83,7 +83,7 @@ def _megatron_specials(processor: Any) -> tuple[dict[str, int], dict[str, int]]:
     return vocab, specials
 
 
-def _config_value(directory: Path, key: str) -> Any:
+def config_value(directory: Path, key: str) -> Any:
     """`key` of the tokenizer_config.json in `directory` (None when it or the file is absent)."""
     config = directory / "tokenizer_config.json"
     if not config.is_file():
@@ -95,7 +95,7 @@ def _config_value(directory: Path, key: str) -> Any:
 
 
 def _eos_from_config(directory: Path) -> str | None:
-    eos = _config_value(directory, "eos_token")
+    eos = config_value(directory, "eos_token")
     return eos.get("content") if isinstance(eos, dict) else eos
 
 
@@ -135,7 +135,7 @@ def load_huggingface(model: str) -> Tokenizer:
     """A `tokenizer.json` file (or a directory holding one, plus tokenizer_config.json)."""
     if (problem := missing_tokenizer_file(model, "tokenizer.json")) is not None:
         raise DataError(
-            _hub_name_line(model)
+            hub_name_line(model)
             or f"tokenizer model {problem} (pass --tokenizer-model path/to/tokenizer.json)"
         )
     path = Path(model)
@@ -151,7 +151,7 @@ def load_huggingface(model: str) -> Tokenizer:
         ) from None
     # as AutoTokenizer (and so Megatron's HuggingFaceTokenizer) reads it: a literal special token's text
     # stays text (what gptrain's export of a legacy GPT-2 or a SentencePiece run writes)
-    tokenizer.encode_special_tokens = _config_value(file.parent, "split_special_tokens") is True
+    tokenizer.encode_special_tokens = config_value(file.parent, "split_special_tokens") is True
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     eos = _eos_from_config(file.parent)
     candidates = [eos] if eos else [c for c in EOS_CANDIDATES if c in vocab]

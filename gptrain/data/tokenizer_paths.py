@@ -25,7 +25,7 @@ def missing_tokenizer_file(path: str, in_directory: str | None = None) -> str | 
     return None if found.kind == "file" else f"{path} not found"
 
 
-def _hub_name_line(model: str, pass_as: str = "pass the local directory DIR") -> str | None:
+def hub_name_line(model: str, pass_as: str = "pass the local directory DIR") -> str | None:
     """The one line for a --tokenizer-model that is not there and reads as a hub name, or None."""
     advice = hub_name_advice(model, pass_as)
     return None if advice is None else f"--tokenizer-model {model} is not a local file or directory; {advice}"
@@ -38,7 +38,7 @@ def unreachable(path: str) -> str | None:
     return f"{path} {found.why}" if found.kind == "unreachable" else None
 
 
-def _stamp(path: str) -> tuple[int, int] | None:
+def file_stamp(path: str) -> tuple[int, int] | None:
     try:
         stat = os.stat(path)
     except OSError:

@@ -9,7 +9,7 @@ from pathlib import Path
 from gptrain.utils.atomic import remove_stale_temporaries
 
 
-def _make_directories(directory: Path, made: list[Path]) -> None:
+def make_directories(directory: Path, made: list[Path]) -> None:
     """mkdir -p `directory`, putting each directory this call made at the front of `made` (deepest
     first), also where a later level fails: those an aborted writer removes again (a failed run left
     them empty behind). Made is what os.mkdir made, not what looked missing: in `notyet/../prepared`
@@ -22,7 +22,7 @@ def _make_directories(directory: Path, made: list[Path]) -> None:
     except FileNotFoundError:
         if directory.parent == directory:
             raise
-    _make_directories(directory.parent, made)
+    make_directories(directory.parent, made)
     if _made_here(directory):
         made.insert(0, directory)
 
@@ -41,7 +41,7 @@ def _made_here(directory: Path) -> bool:
     return True
 
 
-def _remove_if_empty(directories: list[Path]) -> None:
+def remove_if_empty(directories: list[Path]) -> None:
     """Remove each of these directories (deepest first) that is empty; one that holds something stays."""
     for directory in directories:
         try:

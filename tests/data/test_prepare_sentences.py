@@ -18,7 +18,7 @@ from gptrain.data import prepare as prepare_module
 from gptrain.data.indexed import IndexedDatasetWriter
 from gptrain.data.jsonl import Chunk
 from gptrain.data.prepare import PrepareConfig, prepare
-from gptrain.data.prepare_tokens import _WorkerState
+from gptrain.data.prepare_tokens import WorkerState
 from gptrain.data.summary import summarize
 from gptrain.data.tokenizers import TokenizerSpec
 
@@ -188,7 +188,7 @@ def test_any_documents_are_written_as_megatrons_builder_writes_them(documents, a
     lines = [json.dumps({"text": d}).encode() + b"\n" for d in documents]
     cut = data.draw(st.integers(0, len(lines)))
     eod = CharTokenizer.eod if append_eod else None
-    state = _WorkerState(CharTokenizer(), ("text",), eod, np.dtype(np.uint16), False)
+    state = WorkerState(CharTokenizer(), ("text",), eod, np.dtype(np.uint16), False)
     with tempfile.TemporaryDirectory() as directory, pytest.MonkeyPatch.context() as patch:
         patch.setattr(prepare_module, "_STATE", state)
         with IndexedDatasetWriter(f"{directory}/got", np.uint16) as writer:

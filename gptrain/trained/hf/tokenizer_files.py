@@ -240,9 +240,9 @@ def _splits_special_tokens(hf_dir: Path) -> bool:
     """Whether tokenizer_config.json says split_special_tokens: true: AutoTokenizer then keeps a
     literal <|endoftext|> as text, as Megatron's legacy GPT-2 BPE does (what gptrain's export of a
     --legacy-tokenizer run writes), so GPT-2's files are taken with model.tokenizer.legacy."""
-    from gptrain.data.tokenizer_loaders import _config_value
+    from gptrain.data.tokenizer_loaders import config_value
 
-    return _config_value(hf_dir, "split_special_tokens") is True
+    return config_value(hf_dir, "split_special_tokens") is True
 
 
 def is_gpt2_bpe(tokenizer_json: Path, bpe_dir: Path) -> bool:
