@@ -50,7 +50,7 @@ def apply_flag(result: Translation, flag: str, values: list[str]) -> None:
         _expect(flag, values, 1)
         keys, convert = VALUE[flag]
         for key in keys:
-            result.values[key] = _convert(flag, values[0], convert)
+            result.values[key] = convert_value(flag, values[0], convert)
     elif flag in NO_EFFECT:
         _expect(flag, values, NO_EFFECT[flag])
         accepted, why = NO_EFFECT_CHOICES.get(flag, (None, ""))
@@ -70,7 +70,7 @@ def _is_accepted(flag: str, text: str, accepted: tuple[Any, ...]) -> bool:
     """Whether `text` is one of `accepted` as Megatron's argparse reads it, in their type: int('01')
     is 1, so `--context-parallel-size 01` is Megatron's default too."""
     kind = type(accepted[0])
-    return (text if kind is str else _convert(flag, text, kind)) in accepted
+    return (text if kind is str else convert_value(flag, text, kind)) in accepted
 
 
 def _flag_meant(flag: str) -> str:
@@ -89,7 +89,7 @@ def _expect(flag: str, values: list[str], count: int | None) -> None:
         raise ConfigError(f"{flag}: takes {wanted}, got {values or 'none'}")
 
 
-def _convert(flag: str, text: str, convert: Any) -> Any:
+def convert_value(flag: str, text: str, convert: Any) -> Any:
     if isinstance(convert, dict):
         if text not in convert:
             raise ConfigError(f"{flag} {text}: not supported; use one of {', '.join(convert)}")

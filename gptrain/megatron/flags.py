@@ -74,7 +74,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
         {"cosine": "CosineAnnealing", "linear": "LinearAnnealing", "constant": "Constant",
          "inverse-square-root": "MegatronInverseSquareRoot", "WSD": "WarmupStableDecay"},
     ),
-    # read only with --lr-decay-style WSD, each in the run's unit (schedule_flags._megatron_decay_styles)
+    # read only with --lr-decay-style WSD, each in the run's unit (schedule_flags.megatron_decay_styles)
     "--lr-wsd-decay-style": (
         ("model.optim.sched.wsd_decay_style",),
         {style: style for style in ("linear", "cosine", "exponential", "minus_sqrt")},

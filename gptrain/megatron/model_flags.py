@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError
-from gptrain.megatron.flag_parsing import _convert
+from gptrain.megatron.flag_parsing import convert_value
 
 if TYPE_CHECKING:
     from gptrain.megatron.translation import Translation
 
 
-def _query_groups(result: Translation) -> None:
+def query_groups(result: Translation) -> None:
     """Megatron reads --num-query-groups only with --group-query-attention (then 1 group, multi-query
     attention, unless given); without it attention is multi-head whatever --num-query-groups says."""
     given = result.given
-    groups = _convert("--num-query-groups", (given.get("--num-query-groups") or ["1"])[0], int)
+    groups = convert_value("--num-query-groups", (given.get("--num-query-groups") or ["1"])[0], int)
     if "--group-query-attention" in given:
         result.values["model.num_query_groups"] = groups
     elif "--num-query-groups" in given:
@@ -24,7 +24,7 @@ def _query_groups(result: Translation) -> None:
         )
 
 
-def _no_position_embedding(result: Translation) -> None:
+def no_position_embedding(result: Translation) -> None:
     """--no-position-embedding drops the learned position table. Beside rope (which has none; Megatron's
     llama-style scripts give both) it changes nothing; without rope Megatron since July 2023 raises
     that it is deprecated, and before it trained without any position embedding, which gptrain cannot."""
@@ -39,7 +39,7 @@ def _no_position_embedding(result: Translation) -> None:
     result.notes.append("--no-position-embedding (rope has no learned position table)")
 
 
-def _qkv_bias(result: Translation) -> None:
+def qkv_bias(result: Translation) -> None:
     """--add-qkv-bias (Qwen's scripts) gives the query, key and value projections a bias: theirs already
     beside Megatron's default biased linear layers; alone, with --disable-bias-linear, not implemented."""
     if "--add-qkv-bias" not in result.given:
@@ -54,14 +54,14 @@ def _qkv_bias(result: Translation) -> None:
     )
 
 
-def _swiglu_width(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+def swiglu_width(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """Megatron's validate_args: --swiglu without --ffn-hidden-size takes 2/3 of 4h, down to a
     multiple of 64 (the parameters of a 4h GELU MLP in three matrices), not 4h."""
     if "--swiglu" in given and "--ffn-hidden-size" not in given and "model.hidden_size" in v:
         v["model.ffn_hidden_size"] = int((4 * v["model.hidden_size"] * 2 / 3) / 64) * 64
 
 
-def _recompute(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+def recompute_flags(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """Megatron's validate_args, whatever the order of the flags: --checkpoint-activations (before
     April 2023; later Megatron exits on it) is full recompute, uniform, of --recompute-num-layers
     (default 1) layers; then --recompute-activations makes the granularity selective. The names of
@@ -77,7 +77,7 @@ def _recompute(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         v["model.activations_checkpoint_granularity"] = "selective"
 
 
-def _full_recompute_layers(result: Translation) -> None:
+def full_recompute_layers(result: Translation) -> None:
     """Full recompute needs a method and a layer count, as Megatron requires: --recompute-num-layers
     has no default since September 2023 (core 0.4), and its TransformerConfig refuses full recompute
     without it (gptrain would otherwise recompute every layer of a stage)."""

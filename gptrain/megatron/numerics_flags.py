@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING
 
 from gptrain.config.validate import MAX_STATIC_LOSS_SCALE
 from gptrain.errors import ConfigError
-from gptrain.megatron.flag_parsing import _convert
+from gptrain.megatron.flag_parsing import convert_value
 
 if TYPE_CHECKING:
     from gptrain.megatron.translation import Translation
 
 
-def _xla_precision(result: Translation, env: dict[str, str]) -> None:
+def xla_precision(result: Translation, env: dict[str, str]) -> None:
     """The Trainium scripts export XLA_USE_BF16=1 (torch-xla casts every float tensor to bf16) instead
     of giving --bf16; gptrain reads the precision from the flags only, so the run is fp32: said."""
     given = result.given
@@ -23,13 +23,13 @@ def _xla_precision(result: Translation, env: dict[str, str]) -> None:
         )
 
 
-def _static_loss_scale(result: Translation) -> None:
+def static_loss_scale(result: Translation) -> None:
     """Megatron's --loss-scale V: a constant scale (ConstantGradScaler, over --initial-loss-scale and
     its dynamic settings), which gptrain keeps under --fp16 only: bf16 gradients need no scale."""
     given, v = result.given, result.values
     if "--loss-scale" not in given:
         return
-    scale = _convert("--loss-scale", given["--loss-scale"][0], float)
+    scale = convert_value("--loss-scale", given["--loss-scale"][0], float)
     if not scale > 0:  # Megatron's 0 falls back to dynamic scaling; below it asserts
         raise ConfigError(
             f"--loss-scale {given['--loss-scale'][0]}: a static loss scale must be greater than 0; drop the "
@@ -54,7 +54,7 @@ def _static_loss_scale(result: Translation) -> None:
 NAN_CHECK_LIMIT = 1
 
 
-def _nan_check(result: Translation) -> None:
+def nan_check(result: Translation) -> None:
     """Megatron's --check-for-nan-in-loss-and-grad (on unless --no-check-for-nan-in-loss-and-grad)
     stops at the first NaN or Inf loss or gradient: trainer.max_consecutive_nonfinite 1. Under --fp16
     without --loss-scale Megatron turns the check off and its dynamic scaler skips the step, as
@@ -73,7 +73,7 @@ def _nan_check(result: Translation) -> None:
     result.values["trainer.max_consecutive_nonfinite"] = NAN_CHECK_LIMIT  # shown with the overrides
 
 
-def _fp16_gradients(result: Translation) -> None:
+def fp16_gradients(result: Translation) -> None:
     """Megatron's --fp16 keeps the gradients in fp16, accumulated and all-reduced, unless
     --accumulate-allreduce-grads-in-fp32 is given; gptrain's are always fp32 (fp32 weights under
     autocast), so their rounding differs: said."""
@@ -85,7 +85,7 @@ def _fp16_gradients(result: Translation) -> None:
         )
 
 
-def _grad_reduce_in_bf16(result: Translation) -> None:
+def grad_reduce_in_bf16(result: Translation) -> None:
     """Megatron reads --grad-reduce-in-bf16 only with --bf16, where it accumulates and reduces the
     gradients in bf16 instead of fp32. gptrain's are fp32 (fp32 weights under autocast; FSDP's
     reduce_dtype), so the flag would change the gradients' rounding: refused with --bf16."""
@@ -100,7 +100,7 @@ def _grad_reduce_in_bf16(result: Translation) -> None:
     result.notes.append("--grad-reduce-in-bf16 (Megatron reads it only with --bf16)")
 
 
-def _loss_average(result: Translation) -> None:
+def loss_average(result: Translation) -> None:
     """--eod-mask-loss without --calculate-per-token-loss: Megatron averages each micro-batch's own
     mean, gptrain the tokens of the whole global batch; said, since the gradients differ slightly. Not on
     mock data, whose note says what is masked (nothing, or an id drawn by chance: micro-batches of as many

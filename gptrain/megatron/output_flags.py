@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 SAVE_INTERVAL_FLAGS = ("--save-interval", "--persistent-save-interval")
 
 
-def _no_periodic_saves(result: Translation) -> None:
+def no_periodic_saves(result: Translation) -> None:
     """A save interval of 0 is no periodic saves in Megatron (it saves when the interval is truthy):
     gptrain's interval of the whole run, which saves at the end (and on --exit-duration-in-mins and
     SIGTERM/SIGUSR1), as without the flag. Megatron since July 2025 asserts an interval above 0 beside
@@ -33,7 +33,7 @@ def _no_periodic_saves(result: Translation) -> None:
         )
 
 
-def _directories(result: Translation) -> None:
+def output_directories(result: Translation) -> None:
     """--save is the run directory (checkpoints in <save>/checkpoints). A --load that differs from it
     is where the run starts from until it has a checkpoint of its own; then a restart resumes that.
     A --load without --save is only read, as Megatron reads it: the run starts from it every time
@@ -78,7 +78,7 @@ def _directory(given: dict[str, list[str]], flag: str) -> str | None:
 WANDB_RUN_FLAGS = {"--wandb-exp-name": "name", "--wandb-entity": "entity"}
 
 
-def _wandb(result: Translation) -> None:
+def wandb_flags(result: Translation) -> None:
     """Megatron logs to W&B when --wandb-project is not empty, its files in --wandb-save-dir or <save>/wandb."""
     v, given = result.values, result.given
     project = (given.get("--wandb-project") or [""])[0]

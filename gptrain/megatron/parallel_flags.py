@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gptrain.errors import ConfigError
-from gptrain.megatron.flag_parsing import _convert
+from gptrain.megatron.flag_parsing import convert_value
 
 if TYPE_CHECKING:
     from gptrain.megatron.translation import Translation
 
 
-def _sequence_parallel(result: Translation) -> None:
+def sequence_parallel(result: Translation) -> None:
     """Megatron's validate_args turns --sequence-parallel off at tensor parallel size 1 (with a
     warning) where gptrain's config refuses the pair: a command line that runs there runs here."""
     if (
@@ -37,14 +37,14 @@ MEGATRON_FSDP_SHARDING = {
 MEGATRON_FSDP_DEFAULT = "optim_grads_params"  # since April 2026; no_shard before
 
 
-def _data_parallel_sharding(result: Translation) -> None:
+def data_parallel_sharding(result: Translation) -> None:
     """Megatron-FSDP (--use-megatron-fsdp) shards by --data-parallel-sharding-strategy, which Megatron
     reads only beside it, over --use-distributed-optimizer (Megatron-FSDP runs that optimizer itself);
     --use-torch-fsdp2 is PyTorch's fully_shard, gptrain's full_shard, refused beside either, as Megatron
     refuses it."""
     v, given, flag = result.values, result.given, "--data-parallel-sharding-strategy"
     strategy = (given.get(flag) or [MEGATRON_FSDP_DEFAULT])[0]
-    sharding = _convert(flag, strategy, MEGATRON_FSDP_SHARDING)
+    sharding = convert_value(flag, strategy, MEGATRON_FSDP_SHARDING)
     if "--use-torch-fsdp2" in given:
         for other in ("--use-megatron-fsdp", "--use-distributed-optimizer"):
             if other in given:
@@ -67,7 +67,7 @@ def _data_parallel_sharding(result: Translation) -> None:
         )
 
 
-def _layout(v: dict[str, Any], env: dict[str, str]) -> None:
+def layout_from_environment(v: dict[str, Any], env: dict[str, str]) -> None:
     """Nodes and processes from torchrun/srun's environment; Megatron's default global batch."""
     world = int(env.get("WORLD_SIZE") or env.get("SLURM_NTASKS") or 1)
     local = int(env.get("LOCAL_WORLD_SIZE") or env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0] or world)
@@ -83,7 +83,7 @@ def _layout(v: dict[str, Any], env: dict[str, str]) -> None:
 UNEVEN_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
 
 
-def _virtual_pipeline(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+def virtual_pipeline(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """--num-virtual-stages-per-pipeline-rank N: Megatron's interleaved schedule with N model chunks
     per rank; --num-layers-per-virtual-pipeline-stage N: with (num_layers / pipeline stages) / N,
     num_layers counting the embedding and loss when switched into the split, as Megatron does;
@@ -92,7 +92,9 @@ def _virtual_pipeline(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     if flag in given and chunks_flag in given:
         raise ConfigError(f"{flag} and {chunks_flag}: give one of them, as Megatron asserts")
     if chunks_flag in given:
-        v["model.virtual_pipeline_model_parallel_size"] = _convert(chunks_flag, given[chunks_flag][0], int)
+        v["model.virtual_pipeline_model_parallel_size"] = convert_value(
+            chunks_flag, given[chunks_flag][0], int
+        )
     if flag not in given:
         return
     uneven = [name for name in UNEVEN_FLAGS if name in given]
@@ -101,7 +103,7 @@ def _virtual_pipeline(v: dict[str, Any], given: dict[str, list[str]]) -> None:
             f"{flag} with {' and '.join(uneven)}: give the chunks per rank with {chunks_flag} instead, "
             "as Megatron asserts under an uneven pipeline split"
         )
-    per_chunk = _convert(flag, given[flag][0], int)
+    per_chunk = convert_value(flag, given[flag][0], int)
     layers, counted = _layers_in_pipeline_split(v)
     pp = v.get("model.pipeline_model_parallel_size", 1)
     if per_chunk < 1 or pp < 2 or layers % pp or (layers // pp) % per_chunk:

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 from gptrain.errors import ConfigError
 from gptrain.megatron import batch_schedule
 from gptrain.megatron.defaults import MEGATRON_DEFAULTS, WARMUP_FLAGS
-from gptrain.megatron.flag_parsing import _convert
+from gptrain.megatron.flag_parsing import convert_value
 from gptrain.train.rampup import BatchRamp
 
 if TYPE_CHECKING:
     from gptrain.megatron.translation import Translation
 
 
-def _decoupled_lr(result: Translation) -> None:
+def decoupled_lr(result: Translation) -> None:
     """Megatron's --decoupled-lr (and --decoupled-min-lr, read only beside it) give the embedding and
     output layers a schedule of their own; gptrain has one for every weight, so only the values of
     --lr and --min-lr are taken, and any other is refused saying what it would change."""
@@ -24,8 +24,8 @@ def _decoupled_lr(result: Translation) -> None:
             result.notes.append("--decoupled-min-lr (Megatron reads it only with --decoupled-lr)")
         return
     lr, min_lr = v["model.optim.lr"], v["model.optim.sched.min_lr"]
-    peak = _convert("--decoupled-lr", given["--decoupled-lr"][0], float)
-    floor = _convert("--decoupled-min-lr", (given.get("--decoupled-min-lr") or [str(min_lr)])[0], float)
+    peak = convert_value("--decoupled-lr", given["--decoupled-lr"][0], float)
+    floor = convert_value("--decoupled-min-lr", (given.get("--decoupled-min-lr") or [str(min_lr)])[0], float)
     if (peak, floor) != (lr, min_lr):
         raise ConfigError(
             f"--decoupled-lr {peak} (--decoupled-min-lr {floor}): a learning rate of their own for the "
@@ -47,7 +47,7 @@ def _parsed_schedule(v: dict[str, Any], given: dict[str, list[str]]) -> list[tup
     )
 
 
-def _step_batch_schedule(result: Translation) -> None:
+def step_batch_schedule(result: Translation) -> None:
     """--step-batch-size-schedule: the global batch is its last batch size, and a schedule of equal
     steps is Megatron's linear ramp. Megatron refuses --global-batch-size beside it, yet its own 175B
     example gives both: the same size is taken (said), another is refused."""
@@ -90,10 +90,10 @@ WSD_LENGTHS = {
 }
 
 
-def _megatron_decay_styles(result: Translation) -> None:
+def megatron_decay_styles(result: Translation) -> None:
     """--lr-decay-style WSD takes its annealing's length in the run's unit, as Megatron's scheduler
     does: without it Megatron asserts, and the flag of the other unit it ignores (said here). The
-    --lr-wsd-* flags beside another style Megatron ignores too. After _iterations (the run's unit)."""
+    --lr-wsd-* flags beside another style Megatron ignores too. After iteration_flags (the run's unit)."""
     v, given = result.values, result.given
     wsd_flags = [*WSD_LENGTHS, "--lr-wsd-decay-style"]
     if v["model.optim.sched.name"] != "WarmupStableDecay":
@@ -122,7 +122,7 @@ OVERRIDE = ("--override-opt_param-scheduler", "--override-opt-param-scheduler")
 USE_CHECKPOINT = ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler")
 
 
-def _resumed_schedule(result: Translation) -> None:
+def resumed_schedule(result: Translation) -> None:
     """Megatron asserts 'both override and use-checkpoint are set.': the pair is refused."""
     override = next((flag for flag in OVERRIDE if flag in result.given), None)
     use_checkpoint = next((flag for flag in USE_CHECKPOINT if flag in result.given), None)
@@ -138,7 +138,7 @@ WEIGHT_DECAY_STYLES = ("constant", "linear", "cosine")
 WEIGHT_DECAY_BOUNDS = ("--start-weight-decay", "--end-weight-decay")
 
 
-def _weight_decay_increment(result: Translation) -> None:
+def weight_decay_increment(result: Translation) -> None:
     """Megatron's weight decay rising from --start-weight-decay to --end-weight-decay over the run
     (linear or cosine: model.optim.weight_decay_incr_style); with `constant`, its default, it asserts
     neither is given and takes --weight-decay. Equal bounds are a constant decay, taken as
@@ -149,7 +149,9 @@ def _weight_decay_increment(result: Translation) -> None:
         raise ConfigError(
             f"{WEIGHT_DECAY_STYLE} {style}: not supported; use one of {', '.join(WEIGHT_DECAY_STYLES)}"
         )
-    bounds = {flag: _convert(flag, given[flag][0], float) for flag in WEIGHT_DECAY_BOUNDS if flag in given}
+    bounds = {
+        flag: convert_value(flag, given[flag][0], float) for flag in WEIGHT_DECAY_BOUNDS if flag in given
+    }
     if style == "constant":
         if bounds:
             raise ConfigError(
@@ -208,7 +210,7 @@ def _zero_warmups_dropped(v: dict[str, Any], given: dict[str, list[str]]) -> Non
     kind = "-samples" if "--train-samples" in given else "-iters"
     for flag, key in WARMUP_COUNTS.items():
         other = not flag.endswith(kind) or "--lr-warmup-fraction" in given
-        if flag in given and other and _convert(flag, given[flag][0], int) == 0:
+        if flag in given and other and convert_value(flag, given[flag][0], int) == 0:
             del given[flag]
             if key in MEGATRON_DEFAULTS:
                 v[key] = MEGATRON_DEFAULTS[key]
@@ -216,13 +218,13 @@ def _zero_warmups_dropped(v: dict[str, Any], given: dict[str, list[str]]) -> Non
                 v.pop(key, None)
 
 
-def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+def iteration_flags(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """--train-iters or --train-samples (exclusive, as in Megatron); the checkpoint interval."""
     _zero_warmups_dropped(v, given)
     if "--train-samples" in given:
         if "--train-iters" in given:
             raise ConfigError("--train-iters and --train-samples: give only one (Megatron refuses both too)")
-        samples = _convert("--train-samples", given["--train-samples"][0], int)
+        samples = convert_value("--train-samples", given["--train-samples"][0], int)
         ramp = BatchRamp.from_config(v.get("model.rampup_batch_size"), v["model.global_batch_size"], 1)
         v["trainer.max_steps"] = ramp.iterations_for(samples)  # Megatron's count, ramp-up steps included
         schedule = _parsed_schedule(v, given)
@@ -254,7 +256,7 @@ def _iterations(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         v["exp_manager.checkpoint_callback_params.every_n_train_steps"] = v["trainer.max_steps"]
 
 
-def _schedule_lengths(v: dict[str, Any], given: dict[str, list[str]]) -> None:
+def schedule_lengths(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """Megatron's scheduler asserts a decay of at least one step, a warmup that ends before the decay
     does, and a warmup that starts at or below --lr. gptrain would read a decay of 0 as the whole run
     and train the others as given, so they are refused by their flags, as Megatron refuses them."""
@@ -263,7 +265,11 @@ def _schedule_lengths(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     if warmup_flag is not None and decay > 0:
         text = given[warmup_flag][0]
         fraction = warmup_flag == "--lr-warmup-fraction"
-        warmup = _convert(warmup_flag, text, float) * decay if fraction else _convert(warmup_flag, text, int)
+        warmup = (
+            convert_value(warmup_flag, text, float) * decay
+            if fraction
+            else convert_value(warmup_flag, text, int)
+        )
         if warmup >= decay:
             raise ConfigError(
                 f"{warmup_flag} {text} and the decay over {decay_named}: the warmup must end before the decay "
@@ -294,7 +300,7 @@ def _decay_length(given: dict[str, list[str]]) -> tuple[int, str]:
     run_flag = "--train-samples" if "--train-samples" in given else "--train-iters"
     decay_flag, unit = DECAY_UNITS[run_flag]
     flag = decay_flag if decay_flag in given else run_flag
-    length = _convert(flag, given[flag][0], int)
+    length = convert_value(flag, given[flag][0], int)
     if length <= 0 and flag == decay_flag:  # a run of no steps is the config's to refuse
         raise ConfigError(
             f"{flag} {length}: Megatron asserts a decay of at least one {unit}; give its length, or drop "
@@ -318,11 +324,11 @@ def _refuse_ramp_by_iterations(v: dict[str, Any], given: dict[str, list[str]]) -
     ramp = BatchRamp.from_config(v["model.rampup_batch_size"], batch, 1)
     instead = [f"--train-samples {ramp.train_samples_for(iterations)} in place of --train-iters {iterations}"]
     for flag, samples_flag in SAMPLE_FLAGS.items():
-        count = _convert(flag, given[flag][0], int) if flag in given else 0
+        count = convert_value(flag, given[flag][0], int) if flag in given else 0
         if count:
             instead.append(f"{samples_flag} {ramp.samples_for(count)} in place of {flag} {count}")
     annealing = (
-        _convert("--lr-wsd-decay-iters", given["--lr-wsd-decay-iters"][0], int)
+        convert_value("--lr-wsd-decay-iters", given["--lr-wsd-decay-iters"][0], int)
         if "--lr-wsd-decay-iters" in given
         else 0
     )

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 from gptrain.errors import ConfigError
 from gptrain.megatron.defaults import MEGATRON_DEFAULTS
-from gptrain.megatron.flag_parsing import _convert
+from gptrain.megatron.flag_parsing import convert_value
 from gptrain.utils.tokenizer_types import check_null_settings, names_a_file
 
 if TYPE_CHECKING:
     from gptrain.megatron.translation import Translation
 
 
-def _null_tokenizer(result: Translation) -> None:
+def null_tokenizer(result: Translation) -> None:
     """Megatron's NullTokenizer has --vocab-size ids, the last one the end of document (since core
     0.18; up to 0.17 it added that one: --vocab-size + 1), padded as any vocabulary. On a dataset
     (tokenized with the user's own tokenizer, Megatron's pre-tokenized data) it is
@@ -50,7 +50,7 @@ def _check_null_flags(result: Translation, size: int, mock: bool) -> None:
     ids = [None, None]
     if not mock:
         given = result.given
-        ids = [_convert(flag, given[flag][0], int) if flag in given else None for flag in NULL_IDS]
+        ids = [convert_value(flag, given[flag][0], int) if flag in given else None for flag in NULL_IDS]
     try:
         check_null_settings(size, *ids)
     except ConfigError as error:
@@ -60,7 +60,7 @@ def _check_null_flags(result: Translation, size: int, mock: bool) -> None:
 def _null_eod(given: dict[str, list[str]], size: int) -> int:
     """NullTokenizer's end of document: --null-tokenizer-eod-id, else the last id."""
     flag = "--null-tokenizer-eod-id"
-    return _convert(flag, given[flag][0], int) if flag in given else size - 1
+    return convert_value(flag, given[flag][0], int) if flag in given else size - 1
 
 
 NULL_IDS = {
@@ -69,7 +69,7 @@ NULL_IDS = {
 }
 
 
-def _null_tokenizer_ids(result: Translation) -> None:
+def null_tokenizer_ids(result: Translation) -> None:
     """--null-tokenizer-eod-id and --null-tokenizer-pad-id (core 0.18) set NullTokenizer's ids,
     which documents end with and its loss masks: NullTokenizer's keys on a dataset. gptrain's mock
     samples are uniform random ids, so there neither has a token to find."""
@@ -81,7 +81,7 @@ def _null_tokenizer_ids(result: Translation) -> None:
     ):
         if flag not in result.given:
             continue
-        value = _convert(flag, result.given[flag][0], int)
+        value = convert_value(flag, result.given[flag][0], int)
         if kind == "NullTokenizer" and not mock:
             result.values[NULL_IDS[flag]] = value
         elif kind == "NullTokenizer":
@@ -90,7 +90,7 @@ def _null_tokenizer_ids(result: Translation) -> None:
             result.notes.append(f"{flag} (Megatron reads it only for NullTokenizer, not {kind})")
 
 
-def _sentencepiece_vocabulary(result: Translation) -> None:
+def sentencepiece_vocabulary(result: Translation) -> None:
     """gptrain's SentencePieceTokenizer is Megatron's legacy one, as `data prepare` encodes it (data
     and model agree). Megatron's tokenizer system of core 0.15 gave the GPT dataset the model's eos as
     the end of document (the model kept the legacy vocabulary), and from core 0.17, with the legacy
@@ -114,7 +114,7 @@ def _tokenizer_type(given: dict[str, list[str]]) -> str:
     return (given.get("--tokenizer-type") or [MEGATRON_DEFAULTS["model.tokenizer.type"]])[0]
 
 
-def _tokenizers_vocabulary(result: Translation) -> None:
+def tokenizers_vocabulary(result: Translation) -> None:
     """Megatron reads --vocab-size for NullTokenizer and TikTokenizer only: beside a tokenizer's files
     (GPT-2's vocab and merges, a tokenizer.json, a SentencePiece model) the vocabulary is the
     tokenizer's, with mock data too, where gptrain would otherwise take --vocab-size instead."""
@@ -128,13 +128,13 @@ def _tokenizers_vocabulary(result: Translation) -> None:
         )
 
 
-def _vocab_extra_ids(result: Translation) -> None:
+def vocab_extra_ids(result: Translation) -> None:
     """Megatron passes --vocab-extra-ids to BERT's tokenizers and its legacy SentencePieceTokenizer
     only (T5's <extra_id_N> span tokens, which grow the vocabulary): with any other type it trains
     unchanged, as `data prepare` says too; with SentencePieceTokenizer gptrain has no such rows."""
     if "--vocab-extra-ids" not in result.given:
         return
-    count = _convert("--vocab-extra-ids", result.given["--vocab-extra-ids"][0], int)
+    count = convert_value("--vocab-extra-ids", result.given["--vocab-extra-ids"][0], int)
     if count < 0:
         raise ConfigError(f"--vocab-extra-ids {count}: give 0 or more")
     if count and _tokenizer_type(result.given) == "SentencePieceTokenizer":
@@ -153,7 +153,7 @@ TIKTOKEN_FLAGS = (
 )
 
 
-def _tiktoken(result: Translation) -> None:
+def tiktoken_flags(result: Translation) -> None:
     """Megatron's TikTokenizer reads a tiktoken vocabulary file with --tiktoken-pattern,
     --vocab-size, --tiktoken-num-special-tokens and --tokenizer-special-tokens (or its older name
     --tiktoken-special-tokens, which Megatron reads only where the newer one is absent); with another
@@ -183,11 +183,11 @@ def _tiktoken(result: Translation) -> None:
             )
         return
     if "--tiktoken-pattern" in given:
-        v["model.tokenizer.tiktoken_pattern"] = _convert(
+        v["model.tokenizer.tiktoken_pattern"] = convert_value(
             "--tiktoken-pattern", given["--tiktoken-pattern"][0], {"v1": "v1", "v2": "v2"}
         )
     if "--tiktoken-num-special-tokens" in given:
-        count = _convert("--tiktoken-num-special-tokens", given["--tiktoken-num-special-tokens"][0], int)
+        count = convert_value("--tiktoken-num-special-tokens", given["--tiktoken-num-special-tokens"][0], int)
         v["model.tokenizer.tiktoken_num_special_tokens"] = count
     if specials:
         v["model.tokenizer.special_tokens"] = list(given[specials[0]])
@@ -195,7 +195,7 @@ def _tiktoken(result: Translation) -> None:
         v["model.tokenizer.vocab_size"] = v.pop("model.data.mock_vocab_size")
 
 
-def _padded_vocab(result: Translation) -> None:
+def padded_vocab(result: Translation) -> None:
     """--padded-vocab-size N (Megatron since August 2025) is the embedding's rows, padding skipped, at
     any tensor-parallel size: model.padded_vocab_size, recorded as N so that a resume under another TP
     keeps them (the config and the layout check it against the tokenizer and TP)."""
@@ -206,7 +206,7 @@ def _padded_vocab(result: Translation) -> None:
         )
 
 
-def _no_pad_vocab(result: Translation) -> None:
+def no_pad_vocab(result: Translation) -> None:
     """--no-pad-vocab-size (or --disable-pad-vocab-size; Megatron's tokenizer flags since core 0.18)
     skips the padding: the vocabulary's own rows, whatever --make-vocab-size-divisible-by says, where
     --padded-vocab-size does not set them. Under TP they are rounded up to a multiple of it, where
@@ -228,7 +228,7 @@ def _no_pad_vocab(result: Translation) -> None:
     result.notices.append(said)
 
 
-def _eod_mask_on_mock_data(result: Translation) -> None:
+def eod_mask_on_mock_data(result: Translation) -> None:
     """Megatron's mock documents end with the tokenizer's end of document, which --eod-mask-loss takes
     out of the loss; gptrain's mock samples are uniform random ids, with a tokenizer too: without one
     (--vocab-size alone, NullTokenizer) there is no end of document to mask, with one only its id

@@ -15,49 +15,49 @@ import os
 from gptrain.errors import ConfigError
 from gptrain.megatron import data_paths
 from gptrain.megatron.defaults import FILLED_IN, MEGATRON_DEFAULTS, REQUIRED
-from gptrain.megatron.flag_parsing import _convert, apply_flag, split_flags
+from gptrain.megatron.flag_parsing import apply_flag, convert_value, split_flags
 from gptrain.megatron.model_flags import (
-    _full_recompute_layers,
-    _no_position_embedding,
-    _qkv_bias,
-    _query_groups,
-    _recompute,
-    _swiglu_width,
+    full_recompute_layers,
+    no_position_embedding,
+    qkv_bias,
+    query_groups,
+    recompute_flags,
+    swiglu_width,
 )
 from gptrain.megatron.numerics_flags import (
-    _fp16_gradients,
-    _grad_reduce_in_bf16,
-    _loss_average,
-    _nan_check,
-    _static_loss_scale,
-    _xla_precision,
+    fp16_gradients,
+    grad_reduce_in_bf16,
+    loss_average,
+    nan_check,
+    static_loss_scale,
+    xla_precision,
 )
-from gptrain.megatron.output_flags import _directories, _no_periodic_saves, _wandb
+from gptrain.megatron.output_flags import no_periodic_saves, output_directories, wandb_flags
 from gptrain.megatron.parallel_flags import (
-    _data_parallel_sharding,
-    _layout,
-    _sequence_parallel,
-    _virtual_pipeline,
+    data_parallel_sharding,
+    layout_from_environment,
+    sequence_parallel,
+    virtual_pipeline,
 )
 from gptrain.megatron.schedule_flags import (
-    _decoupled_lr,
-    _iterations,
-    _megatron_decay_styles,
-    _resumed_schedule,
-    _schedule_lengths,
-    _step_batch_schedule,
-    _weight_decay_increment,
+    decoupled_lr,
+    iteration_flags,
+    megatron_decay_styles,
+    resumed_schedule,
+    schedule_lengths,
+    step_batch_schedule,
+    weight_decay_increment,
 )
 from gptrain.megatron.tokenizer_flags import (
-    _eod_mask_on_mock_data,
-    _no_pad_vocab,
-    _null_tokenizer,
-    _null_tokenizer_ids,
-    _padded_vocab,
-    _sentencepiece_vocabulary,
-    _tiktoken,
-    _tokenizers_vocabulary,
-    _vocab_extra_ids,
+    eod_mask_on_mock_data,
+    no_pad_vocab,
+    null_tokenizer,
+    null_tokenizer_ids,
+    padded_vocab,
+    sentencepiece_vocabulary,
+    tiktoken_flags,
+    tokenizers_vocabulary,
+    vocab_extra_ids,
 )
 from gptrain.megatron.translation import Translation
 
@@ -84,50 +84,50 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     """Flags that combine: data paths, betas, samples, directories; then the layout and checks."""
     v, given = result.values, result.given
     v.setdefault("model.max_position_embeddings", v["model.encoder_seq_length"])
-    betas = [_convert(flag, given.get(flag, [default])[0], float) for flag, default in BETA_DEFAULTS]
+    betas = [convert_value(flag, given.get(flag, [default])[0], float) for flag, default in BETA_DEFAULTS]
     v["model.optim.betas"] = betas
     data_paths.apply(v, given)
-    _null_tokenizer(result)
-    _null_tokenizer_ids(result)
-    _sentencepiece_vocabulary(result)
-    _tokenizers_vocabulary(result)
-    _vocab_extra_ids(result)
-    _tiktoken(result)
-    _padded_vocab(result)
-    _no_pad_vocab(result)
-    _eod_mask_on_mock_data(result)
-    _query_groups(result)
-    _no_position_embedding(result)
-    _qkv_bias(result)
-    _swiglu_width(v, given)
+    null_tokenizer(result)
+    null_tokenizer_ids(result)
+    sentencepiece_vocabulary(result)
+    tokenizers_vocabulary(result)
+    vocab_extra_ids(result)
+    tiktoken_flags(result)
+    padded_vocab(result)
+    no_pad_vocab(result)
+    eod_mask_on_mock_data(result)
+    query_groups(result)
+    no_position_embedding(result)
+    qkv_bias(result)
+    swiglu_width(v, given)
     if "--fp16" in given and "--bf16" in given:  # Megatron refuses the pair too
         raise ConfigError("--fp16 and --bf16: give one of them")
-    _xla_precision(result, env)
-    _fp16_gradients(result)
-    _static_loss_scale(result)
-    _nan_check(result)
-    _grad_reduce_in_bf16(result)
-    _data_parallel_sharding(result)
-    _decoupled_lr(result)
-    _weight_decay_increment(result)
-    _resumed_schedule(result)
-    _loss_average(result)
-    _recompute(v, given)
-    _full_recompute_layers(result)
-    _sequence_parallel(result)
-    _step_batch_schedule(result)
-    _layout(v, env)
-    _virtual_pipeline(v, given)
+    xla_precision(result, env)
+    fp16_gradients(result)
+    static_loss_scale(result)
+    nan_check(result)
+    grad_reduce_in_bf16(result)
+    data_parallel_sharding(result)
+    decoupled_lr(result)
+    weight_decay_increment(result)
+    resumed_schedule(result)
+    loss_average(result)
+    recompute_flags(v, given)
+    full_recompute_layers(result)
+    sequence_parallel(result)
+    step_batch_schedule(result)
+    layout_from_environment(v, env)
+    virtual_pipeline(v, given)
     if "--rampup-batch-size" in given:
         v["model.rampup_batch_size"] = [
-            _convert("--rampup-batch-size", x, int) for x in given["--rampup-batch-size"]
+            convert_value("--rampup-batch-size", x, int) for x in given["--rampup-batch-size"]
         ]
-    _iterations(v, given)
-    _megatron_decay_styles(result)
-    _no_periodic_saves(result)
-    _schedule_lengths(v, given)
-    _directories(result)
-    _wandb(result)
+    iteration_flags(v, given)
+    megatron_decay_styles(result)
+    no_periodic_saves(result)
+    schedule_lengths(v, given)
+    output_directories(result)
+    wandb_flags(result)
     check_benchmark_mode(result)
     _filled_in(result)
 
