@@ -19,7 +19,7 @@ class _Dtypes:
     mixed: bool
 
 
-def _dtypes(work: Workload) -> _Dtypes:
+def dtypes(work: Workload) -> _Dtypes:
     return _Dtypes(act=2 if work.mixed else 4, mixed=work.mixed)
 
 
@@ -53,7 +53,7 @@ def layer_bytes_per_token(
         return _selective_layer_bytes(work, layout, c)
     if scope != EAGER:
         return _compiled_layer_bytes(work, layout, c)
-    d, t = _dtypes(work), layout.tp
+    d, t = dtypes(work), layout.tp
     h, f = c.hidden_size, c.ffn_size
     q, kv = _attention_widths(c)
     seq_shard = t if layout.sequence_parallel else 1
@@ -81,7 +81,7 @@ def _selective_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> floa
     (each row-parallel output reduced; under sequence parallelism each gathered norm output).
     Measured on CPU in eager mode (tests/plan/test_plan_recompute.py); the TP terms and a compiled
     block are not measured."""
-    d, t = _dtypes(work), layout.tp
+    d, t = dtypes(work), layout.tp
     h, f = c.hidden_size, c.ffn_size
     seq_shard = t if layout.sequence_parallel else 1
     q, kv = c.num_attention_heads * c.head_dim, c.query_groups * c.head_dim
@@ -121,7 +121,7 @@ def _compiled_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> float
     high-precision tensors, so an FP8 linear's input is not kept (tests/plan checks all this
     on CPU against the partitioner itself).
     """
-    d, t = _dtypes(work), layout.tp
+    d, t = dtypes(work), layout.tp
     h, f = c.hidden_size, c.ffn_size
     q, kv = _attention_widths(c)
     seq_shard = t if layout.sequence_parallel else 1
@@ -165,7 +165,7 @@ def head_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig, scop
     """Final norm (input + stats) and the output layer's input, per token."""
     seq_shard = layout.tp if layout.sequence_parallel else 1
     stats = 4 if scope == WHOLE or config.normalization != "layernorm" else 8
-    return (4 * config.hidden_size + stats) / seq_shard + _dtypes(work).act * config.hidden_size
+    return (4 * config.hidden_size + stats) / seq_shard + dtypes(work).act * config.hidden_size
 
 
 def logits_bytes_per_token(
@@ -181,7 +181,7 @@ def logits_bytes_per_token(
     of the loss graph, which cannot be donated: the logits and their 16-bit gradient.
     """
     v = config.vocab_size / layout.tp
-    act = _dtypes(work).act if work is not None else 2
+    act = dtypes(work).act if work is not None else 2
     if scope == WHOLE:
         return act * v + 8.0
     if scope == BLOCKS_AND_LOSS:
@@ -198,5 +198,5 @@ def loss_saved_bytes_per_token(
     counted at its whole peak, an upper bound."""
     if scope in (WHOLE, BLOCKS_AND_LOSS):
         return logits_bytes_per_token(layout, config, work, scope)
-    act = _dtypes(work).act if work is not None else 2
+    act = dtypes(work).act if work is not None else 2
     return (4.0 + act) * config.vocab_size / layout.tp

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from gptrain.models.config import GPTConfig
 from gptrain.parallel.layout import WHOLE
-from gptrain.plan.activations import _dtypes, compile_scope, fp8_linear, logits_bytes_per_token
+from gptrain.plan.activations import compile_scope, dtypes, fp8_linear, logits_bytes_per_token
 from gptrain.plan.rank_activations import activation_bytes, rebuild_bytes, runs_gpipe, waiting_losses
 from gptrain.plan.sizes import rank_parameters
 from gptrain.plan.spec import Layout, Workload
@@ -145,7 +145,7 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
     tokens = layout.micro_batch_size * c.seq_length
     logits = logits_bytes_per_token(layout, c, work, scope) * tokens
     if scope == WHOLE:  # the output layer's 16-bit weight gradient, made while that buffer lives
-        logits += _dtypes(work).act * c.vocab_size / layout.tp * c.hidden_size
+        logits += dtypes(work).act * c.vocab_size / layout.tp * c.hidden_size
     logits += waiting_losses(work, layout, scope)
     transient = _transient(work, layout, c, rank, params)
     rebuild = rebuild_bytes(work, layout, rank, scope)
@@ -167,7 +167,7 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
 
 def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: int) -> float:
     """Copies that live through a forward/backward besides the persistent state."""
-    act = _dtypes(work).act
+    act = dtypes(work).act
     # FSDP2: blocks all-gathered one ahead (2 unsharded; all under shard_grad_op), the root stays gathered;
     # also over a shard group of one (hybrid_shard with TP filling the node), where torch copies them
     if _sharded(layout):

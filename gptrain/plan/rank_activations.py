@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from gptrain.parallel.layout import interleaved_rounds
 from gptrain.plan.activations import (
-    _dtypes,
     compile_scope,
+    dtypes,
     embedding_bytes_per_token,
     head_bytes_per_token,
     layer_bytes_per_token,
@@ -154,7 +154,7 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     seq_shard = layout.tp if layout.sequence_parallel else 1
     block_input = 4 * c.hidden_size / seq_shard * tokens
     freed = after_checkpointed * per_layer
-    gradients = block_input + _dtypes(work).act * c.ffn_size / layout.tp * tokens
+    gradients = block_input + dtypes(work).act * c.ffn_size / layout.tp * tokens
     head_of_one = head_bytes_per_token(work, layout, c, scope) * tokens if "head" in parts else 0.0
     stored = sum(parts.values()) - head_of_one - freed
     if rank == layout.pp - 1:
