@@ -164,7 +164,7 @@ def _pad_from_config(directory: Path, vocab: dict[str, int]) -> int:
     """tokenizer_config.json's pad_token's id, which Megatron core 0.16 on masks in the loss; -1
     (none) without one, or for one tokenizer.json does not hold (transformers would add it as a
     new id, which no data holds)."""
-    pad = _config_value(directory, "pad_token")
+    pad = config_value(directory, "pad_token")
     pad = pad.get("content") if isinstance(pad, dict) else pad
     return vocab.get(pad, NO_PAD) if isinstance(pad, str) else NO_PAD
 
