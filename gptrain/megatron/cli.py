@@ -95,6 +95,38 @@ def check_data_paths(cfg: TrainingConfig, translation: Translation) -> None:
         raise DataError(prefix_in_flags(str(error), translation.given)) from None
 
 
+# Megatron's tracker file: the iteration its --load resumes from (megatron/training/checkpointing.py).
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def check_megatron_checkpoints(cfg: TrainingConfig, translation: Translation) -> None:
+    """A --load that is the --save directory and holds Megatron's checkpoints but no gptrain one:
+    Megatron resumes from them; gptrain, which does not read them, would train from iteration 0 and
+    save into that directory. Refused in one line (a --load elsewhere is refused by the checkpoint
+    search at start)."""
+    from pathlib import Path
+
+    from gptrain.errors import ConfigError
+    from gptrain.train.run_lock import earlier_checkpoints
+
+    em = cfg.exp_manager
+    if not em.resume_if_exists or em.resume_from_checkpoint or not em.explicit_log_dir:
+        return
+    load = translation.given.get("--load") or translation.given.get("--load-xser") or [em.explicit_log_dir]
+    tracker = Path(em.explicit_log_dir) / MEGATRON_TRACKER
+    if not tracker.is_file() or earlier_checkpoints(Path(em.checkpoints_dir)):
+        return
+    try:
+        iteration = tracker.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        iteration = "?"
+    raise ConfigError(
+        f"--load {load[0]}: holds Megatron's checkpoints ({MEGATRON_TRACKER}: {iteration}), which gptrain "
+        "does not read, and no gptrain checkpoint: the run would start from iteration 0 where Megatron "
+        "resumes; give --save and --load a new directory to train from scratch"
+    )
+
+
 def megatron(flags: list[str], dry_run: bool) -> int:
     """The flags translated, then printed (dry run) or trained."""
     from gptrain.config import load_training_config
@@ -112,6 +144,7 @@ def megatron(flags: list[str], dry_run: bool) -> int:
         cfg = load_training_config(None, translation.overrides, report_ignored=rank0)
         if dry_run:
             check_layout_ahead(cfg)
+        check_megatron_checkpoints(cfg, translation)
     except ConfigError as error:  # the flags typed, not the gptrain keys they became
         raise ConfigError(translation.in_flags(str(error))) from None
     if dry_run:

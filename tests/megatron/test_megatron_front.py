@@ -1302,6 +1302,36 @@ def test_load_elsewhere_than_save_starts_from_load_then_resumes_the_run():
     assert t.notes == ["--finetune (applies to a --load that differs from --save)"]
 
 
+def test_a_save_and_load_of_megatrons_checkpoints_is_refused_not_trained_from_iteration_0(tmp_path, capsys):
+    """Megatron's scripts give --save and --load the same directory: over Megatron's checkpoints the run
+    trained from iteration 0 into it, silently, where Megatron resumes. A gptrain checkpoint there resumes."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2"
+    ck = tmp_path / "ck"
+    (ck / "iter_0000100" / "mp_rank_00").mkdir(parents=True)
+    (ck / "latest_checkpointed_iteration.txt").write_text("100")
+    flags = shlex.split(f"{base} --save {ck} --load {ck}")
+    assert main(["megatron", "--dry-run", *flags]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gptrain: error: --load {ck}: holds Megatron's checkpoints (latest_checkpointed_iteration.txt: 100), "
+        "which gptrain does not read, and no gptrain checkpoint: the run would start from iteration 0 where "
+        "Megatron resumes; give --save and --load a new directory to train from scratch"
+    )
+    (ck / "checkpoints" / "step_2").mkdir(parents=True)
+    (ck / "checkpoints" / "step_2" / "COMPLETE").write_text("{}")
+    assert main(["megatron", "--dry-run", *flags]) == 0  # gptrain's own checkpoint: resumed
+    assert (
+        main(
+            [
+                "megatron",
+                "--dry-run",
+                *shlex.split(f"{base} --save {tmp_path / 'new'} --load {tmp_path / 'new'}"),
+            ]
+        )
+        == 0
+    )
+
+
 @pytest.mark.parametrize(
     ("flags", "said"),
     [
