@@ -85,6 +85,11 @@ def apply(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     either may come from a file (--data-args-path, --per-split-data-args-path)."""
     whole = [flag for flag in ("--data-path", DATA_ARGS) if flag in given]
     split_flags = [flag for flag in (*PER_SPLIT_PATHS, PER_SPLIT_DATA_ARGS) if flag in given]
+    if "--mock-data" in given and (whole or split_flags):  # else the files were read, the flag dropped
+        raise ConfigError(
+            f"--mock-data and {', '.join(whole + split_flags)}: give one data source (Megatron refuses both: "
+            "'A single data source must be provided')"
+        )
     if whole and split_flags:
         raise ConfigError(
             f"{' and '.join(whole)} and {', '.join(split_flags)}: give one blend that --split divides, or a "

@@ -408,6 +408,27 @@ def test_no_data_flag_is_refused_naming_megatrons_data_flags(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ("--data-path /d/c_text_document", "--data-path"),
+        ("--data-path 0.7 /d/a 0.3 /d/b", "--data-path"),
+        ("--data-args-path /d/blend.txt --split 98,2,0", "--data-args-path"),
+        ("--train-data-path /d/t --valid-data-path /d/v", "--train-data-path, --valid-data-path"),
+    ],
+)
+def test_mock_data_beside_a_data_path_is_refused_as_megatron_refuses_it(data, named, capsys):
+    """Megatron asserts 'A single data source must be provided' (and before May 2024 trained on mock
+    tokens); gptrain dropped --mock-data and trained on the files, silently."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags = f"{base} --train-iters 4 --lr 1e-4 --vocab-file v.json --merge-file m.txt --mock-data {data}"
+    assert main(["megatron", "--dry-run", *shlex.split(flags)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gptrain: error: --mock-data and {named}: give one data source (Megatron refuses both: "
+        "'A single data source must be provided')"
+    )
+
+
 def test_no_save_optim_says_the_checkpoints_keep_the_optimizer_state():
     """--no-save-optim makes Megatron's checkpoints smaller; gptrain's keep the state. Before, the
     notice listed it among speed, kernel and log switches, as if it had been done."""
