@@ -429,14 +429,17 @@ def test_a_changed_schedule_in_samples_is_named_by_the_flags_in_samples():
     assert line is not None and "config applies): --lr-decay-style cosine -> linear;" in line  # its words
 
 
-def test_tensorboard_log_interval_writes_each_iterations_own_loss(tmp_path, capsys, monkeypatch):
-    """Megatron writes TensorBoard every --tensorboard-log-interval iterations, each point that
-    iteration's own loss. Before, the flag was only noted: the points came with the printed line
-    (--log-interval), the loss its mean over the interval."""
+@pytest.mark.parametrize(
+    "interval", [["--tensorboard-log-interval", "1"], []]
+)  # given, and Megatron's default
+def test_tensorboard_log_interval_writes_each_iterations_own_loss(interval, tmp_path, capsys, monkeypatch):
+    """Megatron writes TensorBoard every --tensorboard-log-interval iterations (1 unless given), each
+    point that iteration's own loss. Before, the flag was only noted, and later its absence still gave
+    the printed line's points (every --log-interval, the loss its mean over the interval)."""
     one_process_in(tmp_path, monkeypatch)
     flags = [*TINY, "--mock-data", "--vocab-size", "128", "--save", str(tmp_path / "run")]
     flags[flags.index("--log-interval") + 1] = "2"
-    assert main(["megatron", *flags, "--tensorboard-log-interval", "1"]) == 0
+    assert main(["megatron", *flags, *interval]) == 0
     captured = capsys.readouterr()
     assert "--tensorboard-log-interval" not in captured.err  # taken, not noted
     printed = {
