@@ -230,6 +230,9 @@ NO_EFFECT: dict[str, int | None] = {
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
 NO_EFFECT_WHY: dict[str, str] = {
     "--exit-signal-handler": "gptrain always saves a checkpoint and exits on SIGTERM and SIGUSR1",
+    # gptrain.train.watchdog.collective_timeout_minutes at trainer.hang_timeout_minutes 10
+    "--distributed-timeout-minutes": "gptrain's collectives wait 65 minutes (6 x trainer.hang_timeout_minutes "
+    "+ 5), and a training step stuck for 10 (trainer.hang_timeout_minutes) ends the job naming the stuck rank",
     "--data-impl": "gptrain reads Megatron's mmap format",
     "--calculate-per-token-loss": "gptrain's loss is always the per-token mean over the global batch",
     "--min-loss-scale": "gptrain's dynamic fp16 loss scale never falls below 1, Megatron's default",

@@ -541,6 +541,12 @@ CHECKPOINT_FORMAT = (
         ("--ddp-num-buckets", " 4", None),
         ("--ddp-pad-buckets-for-high-nccl-busbw", "", None),
         (
+            "--distributed-timeout-minutes",
+            " 60",
+            "gptrain's collectives wait 65 minutes (6 x trainer.hang_timeout_minutes + 5), and a training step "
+            "stuck for 10 (trainer.hang_timeout_minutes) ends the job naming the stuck rank",
+        ),
+        (
             "--ddp-average-in-collective",
             "",
             "the same mean gradient over the data-parallel ranks, divided after the sum rather than before it "
@@ -2384,3 +2390,17 @@ def test_null_tokenizers_values_are_checked_before_its_note_is_said(flags, messa
     last = err.strip().splitlines()[-1]
     assert last.startswith("gptrain: error: ") and message in last, err
     assert "--tokenizer-type NullTokenizer" not in err, err
+
+
+def test_the_collective_wait_said_for_distributed_timeout_is_the_watchdogs():
+    """The note's numbers are the process group's timeout and the step watchdog's at gptrain megatron's
+    trainer.hang_timeout_minutes (the flag was said to change speed or logs only)."""
+    from gptrain.megatron.flags import NO_EFFECT_WHY
+    from gptrain.train.watchdog import collective_timeout_minutes
+
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    t = translate(shlex.split(flags + " --train-iters 4 --mock-data --vocab-size 64"), {})
+    hang = load_training_config(None, t.overrides, report_ignored=False).trainer.hang_timeout_minutes
+    why = NO_EFFECT_WHY["--distributed-timeout-minutes"]
+    assert why.startswith(f"gptrain's collectives wait {collective_timeout_minutes(hang):.0f} minutes")
+    assert f"stuck for {hang:.0f} (trainer.hang_timeout_minutes)" in why
