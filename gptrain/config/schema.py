@@ -64,6 +64,10 @@ class TrainerConfig:
     iteration's own loss, learning rate, grad norm and loss scale (timing stays with the printed
     line). null, or equal to log_every_n_steps: the printed line's values, the loss its mean over
     the interval. Each point costs host time for its writes (1: every step's), no device sync."""
+    log_throughput: bool = True
+    """gptrain extension, Megatron's --log-throughput: the iteration line's `throughput per GPU
+    (TFLOP/s/GPU)` field, after the time per iteration. `gptrain megatron` leaves it out unless the
+    flag is given, as Megatron does, so that its line has Megatron's fields in Megatron's places."""
     val_check_interval: int = 2000
     """Validate every N steps (and at the end)."""
     limit_val_batches: int = 50

@@ -11,6 +11,7 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
     "trainer.precision": "32",
     "trainer.log_every_n_steps": 100,
     "trainer.tensorboard_log_interval": 1,  # each iteration's own values to TensorBoard and W&B
+    "trainer.log_throughput": False,  # the line's throughput field only with --log-throughput
     "trainer.val_check_interval": 1000,
     "trainer.limit_val_batches": 100,
     "trainer.limit_test_batches": 100,

@@ -142,6 +142,7 @@ SWITCH: dict[str, dict[str, Any]] = {
     "--untie-embeddings-and-output-weights": {"model.share_embeddings_and_output_weights": False},
     "--disable-bias-linear": {"model.bias": False},
     "--swiglu": {"model.activation": "swiglu"},
+    "--log-throughput": {"trainer.log_throughput": True},
     # a resume takes the schedule the checkpoint records (name, rates, warmup, length), as Megatron's
     **dict.fromkeys(
         ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"),
@@ -181,7 +182,7 @@ NO_EFFECT: dict[str, int | None] = {
     "--use-cpu-initialization": 0, "--no-contiguous-buffers-in-local-ddp": 0, "--no-persist-layer-norm": 0,
     "--distribute-saved-activations": 0, "--manual-gc": 0, "--no-manual-gc-eval": 0, "--manual-gc-interval": 1,
     "--empty-unused-memory-level": 1, "--exit-signal-handler": 0, "--data-impl": 1,
-    "--log-params-norm": 0, "--log-num-zeros-in-grad": 0, "--log-throughput": 0,
+    "--log-params-norm": 0, "--log-num-zeros-in-grad": 0,
     "--log-timers-to-tensorboard": 0, "--log-validation-ppl-to-tensorboard": 0,
     "--log-memory-to-tensorboard": 0, "--log-batch-size-to-tensorboard": 0,
     "--log-learning-rate-to-tensorboard": 0, "--log-loss-scale-to-tensorboard": 0,

@@ -109,6 +109,7 @@ class RunShape:
     global_batch_size: int
     seq_length: int
     max_steps: int
+    log_throughput: bool = True  # the line's throughput field (trainer.log_throughput)
 
 
 @dataclass
@@ -142,7 +143,7 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
             train_iters=run.max_steps,
             consumed_samples=consumed_samples,
             elapsed_ms_per_iteration=seconds * 1000.0,
-            throughput_tflops=tflops,
+            throughput_tflops=tflops if run.log_throughput else None,
             learning_rate=meter.last_lr,
             global_batch_size=batch,
             lm_loss=meter.mean_loss(),

@@ -275,6 +275,7 @@ def log_interval(s: Session, meter: IntervalMeter) -> None:
         global_batch_size=m.global_batch_size,
         seq_length=m.data.seq_length,
         max_steps=s.cfg.trainer.max_steps,
+        log_throughput=s.cfg.trainer.log_throughput,
     )
     report = interval_report(meter, s.state.step, s.state.consumed_samples, shape)
     if s.logging_rank:

@@ -2404,3 +2404,14 @@ def test_the_collective_wait_said_for_distributed_timeout_is_the_watchdogs():
     why = NO_EFFECT_WHY["--distributed-timeout-minutes"]
     assert why.startswith(f"gptrain's collectives wait {collective_timeout_minutes(hang):.0f} minutes")
     assert f"stuck for {hang:.0f} (trainer.hang_timeout_minutes)" in why
+
+
+def test_log_throughput_puts_the_throughput_field_in_the_line_as_in_megatron():
+    """Without --log-throughput Megatron's line has no throughput field; the flag was said to change
+    nothing, and gptrain's line had the field always."""
+    flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    flags += " --train-iters 4 --mock-data --vocab-size 64"
+    for extra, shown in (("", False), (" --log-throughput", True)):
+        t = translate(shlex.split(flags + extra), {})
+        assert load_training_config(None, t.overrides, report_ignored=False).trainer.log_throughput is shown
+        assert not any("--log-throughput" in note for note in t.notes)

@@ -223,3 +223,23 @@ def test_megatrons_throughput_tag_is_the_lines_tflops_per_gpu(monkeypatch):
     assert not any(tag.startswith(("throughput", "iteration-time")) for tag in report.vs_samples)
     # with trainer.tensorboard_log_interval the timing series stay with the line: this one too
     assert meter_module.timing_only(report.by_step)["throughput"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("log_throughput", [False, True])
+def test_the_throughput_field_is_in_the_line_only_where_asked_as_megatrons(log_throughput, monkeypatch):
+    """Megatron prints `throughput per GPU (TFLOP/s/GPU)` only with --log-throughput: without it the
+    learning rate follows the time per iteration. gptrain printed it always, so under `gptrain megatron`
+    a parser that reads the line's fields by position read the throughput as the learning rate."""
+    from gptrain.train import meter as meter_module
+    from gptrain.train.step import StepResult
+
+    clock = [100.0]
+    monkeypatch.setattr(meter_module.time, "perf_counter", lambda: clock[0])
+    shape = meter_module.RunShape(6e12, 2.0, 3, 4, 8, 10, log_throughput=log_throughput)
+    meter = meter_module.IntervalMeter(started=clock[0])
+    clock[0] += 2.0
+    meter.add(StepResult(loss=1.0, updated=True), lr=1e-3, scale=1.0, batch=4)
+    line = meter_module.interval_report(meter, 1, 4, shape).line
+    field = " throughput per GPU (TFLOP/s/GPU): 1.0 |" if log_throughput else ""
+    assert f" elapsed time per iteration (ms): 2000.0 |{field} learning rate: 1.000000E-03 |" in line
+    assert line.endswith(" number of nan iterations:   0 | MFU: 50.0% |")  # gptrain's, after Megatron's
