@@ -116,7 +116,7 @@ def check_megatron_checkpoints(cfg: TrainingConfig, translation: Translation) ->
     from pathlib import Path
 
     from gptrain.errors import ConfigError
-    from gptrain.train.run_lock import earlier_checkpoints
+    from gptrain.train.earlier_run import earlier_checkpoints
 
     em = cfg.exp_manager
     if not em.resume_if_exists or em.resume_from_checkpoint or not em.explicit_log_dir:
