@@ -266,6 +266,9 @@ class DataConfig:
     """Tokens per sample (NeMo keeps it equal to encoder_seq_length)."""
     index_mapping_dir: str | None = None
     """Where sample/shuffle index caches go (default: next to each dataset)."""
+    mid_level_dataset_surplus: float = 0.005
+    """Megatron's --mid-level-dataset-surplus: each dataset of a blend builds this fraction more samples
+    than its share (Megatron's default 0.005); a different value gives other samples, as in Megatron."""
     num_workers: int = 2
     """DataLoader worker processes per rank."""
     eod_mask_loss: bool = False

@@ -102,6 +102,7 @@ NON_NEGATIVE = (
     "model.optim.sched.wsd_decay_steps",
     "model.optim.sched.wsd_decay_samples",
     "model.data.num_workers",
+    "model.data.mid_level_dataset_surplus",  # a negative one builds a blend's datasets short of their share
 )
 # NoamAnnealing's width: null is the model's, 0 or less a division by zero (d_model ** -0.5).
 ABOVE_ZERO_OR_NULL = ("model.optim.sched.d_model",)

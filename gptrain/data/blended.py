@@ -227,7 +227,8 @@ class BlendedDataset:
             if count > len(child):
                 raise DataError(
                     f"the {self.split} blend takes {count} samples from {self.names[i]} which has only "
-                    f"{len(child)}; build that dataset with more samples (a larger surplus)"
+                    f"{len(child)}, as Megatron stops too; raise model.data.mid_level_dataset_surplus "
+                    "(Megatron's --mid-level-dataset-surplus, default 0.005): each dataset builds that much more"
                 )
 
     def __len__(self) -> int:

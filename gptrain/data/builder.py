@@ -22,8 +22,9 @@ Dataset = GPTDataset | BlendedDataset | MockGPTDataset
 DataPrefix = str | Sequence[str | float] | Mapping[str, "str | Sequence[str | float] | None"]
 
 
-# Megatron's --mid-level-dataset-surplus: each blended child builds 0.5% more samples than
-# its share, so rounding in the greedy blend never asks a child for a sample it lacks.
+# The default of Megatron's --mid-level-dataset-surplus (model.data.mid_level_dataset_surplus): each
+# blended child builds 0.5% more samples than its share, so rounding in the greedy blend seldom asks
+# a child for a sample it lacks.
 MID_LEVEL_SURPLUS = 0.005
 
 # The most tokens one split may ask for. Its index arrays (16 bytes a sample, 4 a document per
@@ -102,11 +103,11 @@ def _no_sequences_text(prefix: str, sequences: int, split: str, splits_string: s
 def _blend_splits(
     prefixes: list[str], weights: list[float], splits_string: str | None, seq_length: int, seed: int,
     num_samples: tuple[int, int, int], cache_dir: str | None, skip_unused: bool = False,
-    only_split: str | None = None,
+    only_split: str | None = None, surplus: float = MID_LEVEL_SURPLUS,
 ) -> list[BlendedDataset | None]:  # fmt: skip
     weights = normalize(weights)
     targets = samples_per_dataset(weights, num_samples)
-    requests = samples_per_dataset(weights, num_samples, MID_LEVEL_SURPLUS)
+    requests = samples_per_dataset(weights, num_samples, surplus)
     children = [
         _single_prefix_splits(
             prefix, splits_string, seq_length, seed, request, cache_dir, skip_unused, only_split
@@ -137,6 +138,7 @@ def build_gpt_datasets(
     skip_unused: bool = False,
     only_split: str | None = None,
     asked_by: Sequence[str] = ("num_samples",) * 3,
+    surplus: float = MID_LEVEL_SURPLUS,
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:
     """(train, valid, test): plain GPTDatasets for one prefix, BlendedDatasets for a weighted
     list, MockGPTDatasets with `mock`; None for a split the split string leaves empty.
@@ -146,11 +148,12 @@ def build_gpt_datasets(
     `skip_unused`: a split asked for 0 samples is not built (training with limit_test_batches=0
     must not fail because a small dataset's test split holds no whole sequence).
     `only_split` ("train", "valid" or "test"): build that split alone, the others are None.
-    `asked_by` names, per split, what the user set to ask for its samples (for the errors)."""
+    `asked_by` names, per split, what the user set to ask for its samples (for the errors).
+    `surplus`: Megatron's --mid-level-dataset-surplus, the fraction more samples each blended dataset builds."""
     try:
         return _build_splits(
             data_prefix, splits_string, seq_length, seed, num_samples, cache_dir, mock, vocab_size,
-            skip_unused, only_split, asked_by,
+            skip_unused, only_split, asked_by, surplus,
         )  # fmt: skip
     except MemoryError as error:  # numpy's "Unable to allocate 1.42 PiB ...": a count too large for this host
         raise ConfigError(_out_of_memory_text(error, num_samples, seq_length, asked_by, only_split)) from None
@@ -177,7 +180,7 @@ def _out_of_memory_text(
 def _build_splits(
     data_prefix: DataPrefix, splits_string: str | None, seq_length: int, seed: int,
     num_samples: tuple[int, int, int], cache_dir: str | None, mock: bool, vocab_size: int | None,
-    skip_unused: bool, only_split: str | None, asked_by: Sequence[str],
+    skip_unused: bool, only_split: str | None, asked_by: Sequence[str], surplus: float,
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:  # fmt: skip
     if only_split not in (None, *SPLIT_NAMES):
         raise ConfigError(f"only_split must be one of {', '.join(SPLIT_NAMES)}, got {only_split!r}")
@@ -194,7 +197,7 @@ def _build_splits(
         return mocks[0], mocks[1], mocks[2]
     if isinstance(data_prefix, Mapping):
         return _per_split(
-            data_prefix, seq_length, seed, num_samples, cache_dir, skip_unused, only_split, asked_by
+            data_prefix, seq_length, seed, num_samples, cache_dir, skip_unused, only_split, asked_by, surplus
         )
     prefixes, weights = parse_blend(data_prefix)
     _check_prefixes(prefixes, data_prefix)
@@ -204,14 +207,14 @@ def _build_splits(
         )
     else:
         datasets = _blend_splits(prefixes, weights, splits_string, seq_length, seed, num_samples,
-                                 cache_dir, skip_unused, only_split)  # fmt: skip
+                                 cache_dir, skip_unused, only_split, surplus)  # fmt: skip
     return datasets[0], datasets[1], datasets[2]
 
 
 def _per_split(
     data_prefix: Mapping[str, str | Sequence[str | float] | None], seq_length: int, seed: int,
     num_samples: tuple[int, int, int], cache_dir: str | None, skip_unused: bool, only_split: str | None,
-    asked_by: Sequence[str],
+    asked_by: Sequence[str], surplus: float,
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:  # fmt: skip
     """Each split built from its own datasets, every document of them in that split."""
     unknown = sorted(str(key) for key in data_prefix if key not in PER_SPLIT_KEYS)
@@ -230,8 +233,9 @@ def _per_split(
         whole = ",".join("100" if i == position else "0" for i in range(len(SPLIT_NAMES)))
         counts = tuple(count if i == position else 0 for i in range(len(SPLIT_NAMES)))
         built = build_gpt_datasets(
-            _lone_prefix(spec), whole, seq_length, seed, counts, cache_dir, only_split=name, asked_by=asked_by
-        )
+            _lone_prefix(spec), whole, seq_length, seed, counts, cache_dir, only_split=name, asked_by=asked_by,
+            surplus=surplus,
+        )  # fmt: skip
         datasets.append(built[position])
     return datasets[0], datasets[1], datasets[2]
 

@@ -42,6 +42,14 @@ def add_sample_parser(subparsers: argparse._SubParsersAction) -> None:
         help="samples requested per split, as training requests them (0: one epoch of one prefix; mock data and "
         "blends need a count; default 0,0,0)",
     )
+    parser.add_argument(
+        "--mid-level-dataset-surplus",
+        type=float,
+        default=0.005,
+        metavar="FRACTION",
+        help="samples each dataset of a blend builds beyond its share, as training's "
+        "model.data.mid_level_dataset_surplus (Megatron's flag; default 0.005)",
+    )
     parser.add_argument("--split", choices=SPLITS, default="train", help="which split (default train)")
     parser.add_argument("--index", type=int, default=0, help="sample number in the split (default 0)")
     parser.add_argument("--cache-dir", help="index cache directory (default <prefix dir>/cache/...)")
@@ -148,6 +156,10 @@ def run_sample(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seed {problem}")
     if args.seq_length < 2:
         raise ConfigError(f"--seq-length {args.seq_length}: a sample needs at least 2 tokens; give 2 or more")
+    if not 0 <= args.mid_level_dataset_surplus < float("inf"):
+        raise ConfigError(
+            f"--mid-level-dataset-surplus {args.mid_level_dataset_surplus}: give a finite fraction of 0 or more"
+        )
     if args.vocab_size is not None and args.vocab_size < 1:
         raise ConfigError(f"--vocab-size {args.vocab_size}: the mock tokens' vocabulary needs 1 id or more")
     if not args.mock and not args.data_prefix:
@@ -177,6 +189,7 @@ def run_sample(args: argparse.Namespace) -> int:
         args.vocab_size,
         only_split=args.split,  # an empty test split must not stop a look at the train split
         asked_by=("--num-samples",) * 3,
+        surplus=args.mid_level_dataset_surplus,
     )
     dataset = datasets[split]
     if dataset is None:

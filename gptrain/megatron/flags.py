@@ -118,6 +118,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     ),
     "--tokenizer-model": (("model.tokenizer.model",), str),
     "--data-cache-path": (("model.data.index_mapping_dir",), str),
+    "--mid-level-dataset-surplus": (("model.data.mid_level_dataset_surplus",), float),
     "--num-workers": (("model.data.num_workers",), int),
     "--initial-loss-scale": (("model.native_amp_init_scale",), float),
     "--loss-scale-window": (("model.native_amp_growth_interval",), int),

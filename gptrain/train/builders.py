@@ -404,6 +404,7 @@ def _build_datasets(
         vocab_size=vocab,
         skip_unused=True,  # limit_val/test_batches=0: that split is not built at all
         asked_by=asked_by or split_sizes_asked_by(cfg),
+        surplus=m.data.mid_level_dataset_surplus,
     )
     eod = batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]

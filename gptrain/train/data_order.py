@@ -69,7 +69,7 @@ def order_warnings(
         cause = ", ".join(changed)
         remedy = "to keep one order, give a run its final trainer.max_steps (or train_samples) from the start"
     else:
-        cause = "the data settings changed (data_prefix, splits_string, seq_length or seed)"
+        cause = "the data settings changed (data_prefix, splits_string, seq_length, mid_level_dataset_surplus or seed)"
         remedy = "resume with the data settings the run had to keep its order"
     warnings = []
     if saved.get("consumed") == consumed and _differs(saved.get("next"), train, consumed):

@@ -403,6 +403,7 @@ def prefix_data(
         vocab_size=vocab,
         skip_unused=True,
         asked_by=("--batches",) * 3,
+        surplus=m.data.mid_level_dataset_surplus,
     )
     eod = b.batch_eod(tokenizer, m.data.eod_mask_loss)
     rows = padded_vocab_size(cfg, tokenizer)[1]
