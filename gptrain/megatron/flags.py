@@ -225,6 +225,8 @@ NO_EFFECT: dict[str, int | None] = {
     # read only with --use-rope-scaling (refused); 1 is no interpolation
     "--rope-scaling-factor": 1, "--rotary-seq-len-interpolation-factor": 1,
     "--num-dataset-builder-threads": 1, "--deterministic-mode": 0, "--recompute-modules": None,
+    # how Megatron loads its index caches (core 0.14 on): the same samples from gptrain's cache
+    "--dataloader-fast-cache-load": 0, "--dataloader-defer-npy-index-mmap": 0, "--per-dataset-sequences-path": 1,
     # Megatron's defaults of newer model flags (other values refused: NO_EFFECT_CHOICES)
     "--rope-type": 1, "--softmax-type": 1, "--window-attn-skip-freq": 1,
 }  # fmt: skip
@@ -249,6 +251,11 @@ NO_EFFECT_WHY: dict[str, str] = {
     "updates, as neither decays norm weights",
     "--no-create-attention-mask-in-dataloader": "gptrain's attention is causal without a mask tensor",
     "--no-mmap-bin-files": "the same tokens, read through mmap",
+    **dict.fromkeys(
+        ("--dataloader-fast-cache-load", "--dataloader-defer-npy-index-mmap"),
+        "gptrain loads its own index cache from model.data.index_mapping_dir, or builds it: the same samples",
+    ),
+    "--per-dataset-sequences-path": "gptrain reads each dataset's sequence count from its .idx",
     "--no-check-for-nan-in-loss-and-grad": "gptrain never applies an iteration whose loss or gradients are "
     "not finite (Megatron with this flag applies it under --bf16 or fp32): it skips it (a nan iteration in the log "
     "line) and stops after trainer.max_consecutive_nonfinite (5) in a row; without the flag, at the first",
