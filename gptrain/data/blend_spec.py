@@ -223,4 +223,25 @@ def unweighted_list_error(entries: list[str | float]) -> DataError:
         f"data prefix list {entries} is Megatron's unweighted form (every dataset once, mixed in proportion "
         f"to its size), which gptrain does not support; put a weight before each prefix instead, "
         f"e.g. '{example}' (weights proportional to the datasets' token counts give Megatron's mix)"
+        f"{_numbers_note(entries)}"
+    )
+
+
+def _numbers_note(entries: list[str | float]) -> str:
+    """Where an odd list holds numbers, that they are read as prefixes: `0.3 a 0.7` is more likely a
+    blend short of a prefix than datasets named 0.3 and 0.7. Else ''."""
+    numbered = [(position, entry) for position, entry in enumerate(entries, 1) if is_number(entry)]
+    if len(entries) % 2 == 0 or not numbered:
+        return ""
+    words = [str(position) for position, _ in numbered]
+    positions = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+    values = ", ".join(str(entry).strip() for _, entry in numbered)
+    if len(numbered) == 1:
+        return (
+            f"; entry {positions} ({values}) read as a prefix, as Megatron reads an odd list: if it is a "
+            "weight, a prefix or a weight is missing"
+        )
+    return (
+        f"; entries {positions} ({values}) read as prefixes, as Megatron reads an odd list: if they are "
+        "weights, a prefix or a weight is missing"
     )

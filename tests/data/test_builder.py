@@ -441,3 +441,28 @@ def test_a_prefix_yaml_renamed_as_a_number_says_to_quote_it(tmp_path, monkeypatc
     with pytest.raises(DataError) as word:  # a string is the name as written
         build_gpt_datasets("7", "1,0,0", 8, 1, (10, 0, 0))
     assert "YAML" not in str(word.value)
+
+
+@pytest.mark.parametrize(
+    ("entries", "said"),
+    [
+        (
+            ["0.3", "a", "0.7"],
+            "entries 1 and 3 (0.3, 0.7) read as prefixes, as Megatron reads an odd list: if they are weights",
+        ),
+        (["1", "a", "2", "b", "3"], "entries 1, 3 and 5 (1, 2, 3) read as prefixes"),
+        ([30, "a", "b"], "entry 1 (30) read as a prefix, as Megatron reads an odd list: if it is a weight"),
+    ],
+)
+def test_an_odd_list_with_weights_in_it_says_a_weight_or_prefix_may_be_missing(entries, said):
+    """`--data-path 0.3 a 0.7` (b forgotten) was told only to write '1 0.3 1 a 1 0.7': 0.7 a prefix."""
+    with pytest.raises(DataError, match="Megatron's unweighted form") as info:
+        parse_blend(entries)
+    assert f"; {said}" in str(info.value)
+    assert str(info.value).endswith("a prefix or a weight is missing")
+
+
+def test_an_unweighted_list_without_numbers_says_nothing_of_missing_weights():
+    with pytest.raises(DataError) as info:
+        parse_blend(["a", "b", "c"])
+    assert "missing" not in str(info.value)
