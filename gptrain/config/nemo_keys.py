@@ -274,6 +274,11 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
     ),
     "model.data.shuffle_documents": ((True,), "documents read in order, not shuffled"),
     "model.data.dataloader_type": (("single",), "a loader other than Megatron's single"),
+    "model.data.validation_drop_last": (
+        (True,),
+        "the validation split's last partial sample kept, padded (Megatron-core's drop_last_partial_validation_"
+        "sequence=False: one sample more, so another shuffle and other validation samples throughout)",
+    ),
     "model.context_parallel_size": ((1,), "context parallelism"),
     "model.expert_model_parallel_size": ((1,), "mixture of experts"),
     "model.fp32_residual_connection": ((False,), "an fp32 residual stream"),
