@@ -119,3 +119,16 @@ def test_a_blend_asking_a_dataset_past_its_samples_names_the_surplus_to_raise(tm
         DataError, match=r"raise model\.data\.mid_level_dataset_surplus \(Megatron's --mid-level"
     ):
         BlendedDataset(children, [0.5, 0.5], 10, "train", str(tmp_path / "c"))  # 5 samples of each
+
+
+@pytest.mark.parametrize("value", ["-0.5", "nan", "inf"])
+def test_data_sample_refuses_a_surplus_that_cannot_size_a_dataset(tmp_path, capsys, value):
+    from gptrain.cli import main
+
+    a = write_dataset(tmp_path / "a", [9, 4, 17])
+    argv = ["data", "sample", "--data-prefix", "1", a, "--seq-length", "4", "--num-samples", "5,0,0"]
+    assert main([*argv, "--mid-level-dataset-surplus", value]) == 2
+    assert (
+        f"--mid-level-dataset-surplus {float(value)}: give a finite fraction of 0 or more"
+        in capsys.readouterr().err
+    )
