@@ -109,12 +109,19 @@ DCGM_ROW = re.compile(r"^\|([^|]*)\|([^|]*)\|\s*$")
 # DCGM 4 adds a row per GPU under a test's ("GPU0: Fail") and may name the GPU beside "Warning".
 DCGM_RESULT = re.compile(r"^(?:GPU\s*\d+:\s*)?(Pass|Fail|Warn|Skip)\b")
 DCGM_REASONS = ("Warning", "Error")
+DCGM_WRAP = 45  # Diag.cpp's DATA_INFO_TAG_LEN: the characters of a reason shown a row
+
+
+def dcgm_piece(cell: str) -> str:
+    """A piece of a wrapped reason as dcgmi cut it: without the space that opens its cell and the
+    padding after, but with a space it starts or ends with (the whole reason is stripped once)."""
+    return (cell[1:] if cell.startswith(" ") else cell)[:DCGM_WRAP]
 
 
 def dcgm_failures(text: str) -> list[str]:
     """`test: Fail ...: reason` for each test of dcgmi diag's table whose result is Fail. A Warn or
     Skip passes (dcgmi exits 0 for them) even where its warning text says "fail"; dcgmi wraps a
-    reason every 45 characters, mid-word, so its rows are joined as they are."""
+    reason every 45 characters, mid-word or at a space, so its pieces are joined as they are."""
     results: dict[str, str] = {}
     reasons: dict[str, list[str]] = {}
     test = reason = None
@@ -131,13 +138,13 @@ def dcgm_failures(text: str) -> list[str]:
                 results.setdefault(test, info)
         elif name.split(":")[0] in DCGM_REASONS and test is not None:
             reason = test
-            reasons.setdefault(test, []).append(info)
+            reasons.setdefault(test, []).append(dcgm_piece(row[2]))
         elif not name and reason is not None:
-            reasons[reason][-1] += info
+            reasons[reason][-1] += dcgm_piece(row[2])
         else:  # a metadata row or the header: no test's
             test = reason = None
     return [
-        f"{name}: {info}" + "".join(f": {why}" for why in reasons.get(name, []))
+        f"{name}: {info}" + "".join(f": {why.strip()}" for why in reasons.get(name, []))
         for name, info in results.items()
     ]
 

@@ -181,7 +181,9 @@ def dcgmi_table(*rows):
     ]
     for name, info in rows:
         chunks = (
-            [info[i : i + 45] for i in range(0, len(info), 45)] if name in ("Warning", "Error") else [info]
+            [info[i : i + 45] for i in range(0, len(info), 45)]
+            if name.split(":")[0] in ("Warning", "Error")
+            else [info]
         )
         for k, chunk in enumerate(chunks):
             lines.append(f"| {name if k == 0 else '':<25} | {chunk:<46} |")
@@ -237,6 +239,20 @@ def test_a_failing_dcgmi_test_is_named_with_its_whole_reason(monkeypatch):
     result = run_dcgmi(monkeypatch, 226, text)
     assert result["passed"] is False
     assert result["failures"] == [f"Memory Bandwidth: Fail - GPU: 3: {BANDWIDTH_FAILURE}"]
+
+
+def test_a_dcgmi_reason_wrapped_at_a_space_keeps_it(monkeypatch):
+    """dcgmi cuts a reason every 45 characters wherever they fall; each piece was stripped before
+    the pieces were joined, so a cut just after a space lost it ("18GB/s"). Only the whole reason
+    is stripped now, in DCGM 3's layout and in DCGM 4's (the GPU beside "Warning")."""
+    reason = "GPU 3 only achieved a memory bandwidth of 18 GB/s, failing to meet 2400.00 GB/s"
+    assert reason[44] == " "  # the first piece ends with the space
+    dcgm3 = dcgmi_table(("Memory Bandwidth", "Fail - GPU: 3   "), ("Warning", reason))
+    assert run_dcgmi(monkeypatch, 226, dcgm3)["failures"] == [f"Memory Bandwidth: Fail - GPU: 3: {reason}"]
+    reason = reason.replace(" 18 ", " 812 ")
+    assert reason[45] == " "  # the second piece starts with the space
+    dcgm4 = dcgmi_table(("memory_bandwidth", "Fail"), ("", "GPU3: Fail"), ("Warning: GPU3", reason))
+    assert run_dcgmi(monkeypatch, 226, dcgm4)["failures"] == [f"memory_bandwidth: Fail: {reason}"]
 
 
 def test_dcgmi_4s_rows_per_gpu_are_read_as_their_tests(monkeypatch):
