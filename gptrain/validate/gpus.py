@@ -104,10 +104,12 @@ def dcgm_diag(level: int, timeout_s: float | None = None) -> dict[str, Any]:
 
 
 # A row of dcgmi diag's table ("| name | result or text |") and a test's result in it (DCGM's Diag.cpp:
-# Pass, Fail, Warn or Skip, for all GPUs or followed by the GPUs it names).
+# Pass, Fail, Warn, Skip or Not Run, for all GPUs or followed by the GPUs it names).
 DCGM_ROW = re.compile(r"^\|([^|]*)\|([^|]*)\|\s*$")
-# DCGM 4 adds a row per GPU under a test's ("GPU0: Fail") and may name the GPU beside "Warning".
-DCGM_RESULT = re.compile(r"^(?:GPU\s*\d+:\s*)?(Pass|Fail|Warn|Skip)\b")
+DCGM_RESULT = re.compile(r"^(Pass|Fail|Warn|Skip|Not Run)\b")
+# DCGM 4 adds a row per entity under its test's, "{group}{id}: {result}" (GPU0, CPU0, GPU_I0,
+# Switch0; a Not Run is blank before 4.6), and names the entity beside "Warning".
+DCGM_ENTITY = re.compile(r"^\w+\d+:\s*(Pass|Fail|Warn|Skip|Not Run)?$")
 DCGM_REASONS = ("Warning", "Error")
 DCGM_WRAP = 45  # Diag.cpp's DATA_INFO_TAG_LEN: the characters of a reason shown a row
 
@@ -130,7 +132,7 @@ def dcgm_failures(text: str) -> list[str]:
         if row is None:
             continue
         name, info = row[1].strip(), row[2].strip()
-        result = DCGM_RESULT.match(info)
+        result = DCGM_RESULT.match(info) or (None if name else DCGM_ENTITY.match(info))
         if result:
             test = name or test
             reason = None

@@ -269,6 +269,24 @@ def test_dcgmi_4s_rows_per_gpu_are_read_as_their_tests(monkeypatch):
     assert result["failures"] == ["diagnostic: Fail: Detected XID 79 for GPU 0"]
 
 
+@pytest.mark.parametrize(
+    "entity_row",
+    ["GPU0: Not Run", "GPU0:", "CPU0: Pass", "GPU_I0: Pass", "Switch0: Skip", "CPU_Core12: Pass"],
+)
+def test_a_dcgmi_4_entity_row_of_any_kind_stays_in_its_test(monkeypatch, entity_row):
+    """DCGM 4 lists a row per entity under its test ("{group}{id}: {result}"): only GPU rows with
+    Pass, Fail, Warn or Skip were known, so a GPU Not Run (DCGM 4.6; 4.0 leaves it blank), a CPU,
+    a MIG instance or an NVSwitch row closed the test and the failing GPU's reason after it was
+    lost. Any such row is its test's now."""
+    text = dcgmi_table(
+        ("memory", "Fail"),
+        ("", entity_row),
+        ("", "GPU1: Fail"),
+        ("Warning: GPU1", "Detected XID 48 for GPU 1"),
+    )
+    assert run_dcgmi(monkeypatch, 226, text)["failures"] == ["memory: Fail: Detected XID 48 for GPU 1"]
+
+
 def test_a_dcgmi_that_exits_non_zero_without_a_failing_test_says_why(monkeypatch):
     """dcgmi that could not reach its host engine (nv-hostengine not running) exits non-zero with an
     "Error:" line and no table: the node failed as "dcgmi diag failed: see gpus.json". Its error
