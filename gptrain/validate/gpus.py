@@ -32,6 +32,7 @@ COPY_BYTES = 1 << 30
 # dcgmi is given (about four times that) before the node is failed as stuck
 DCGM_USUAL = {1: "seconds", 2: "about 2 minutes", 3: "about 15 to 30 minutes", 4: "an hour or more"}
 DCGM_LIMIT_S = {1: 600.0, 2: 1200.0, 3: 7200.0, 4: 4 * 3600.0}
+DCGM_NVVS_ERROR_EXIT = 226  # dcgmi's exit status for DCGM_ST_NVVS_ERROR (-30)
 
 
 def seconds_per_call(call: Callable[[], Any], device: torch.device, iters: int, warmup: int) -> float:
@@ -66,7 +67,8 @@ def dcgm_limit_s(level: int) -> float:
 
 
 def dcgm_diag(level: int, timeout_s: float | None = None) -> dict[str, Any]:
-    """`dcgmi diag -r level` on this node: passed, the failing lines, the tail of its output."""
+    """`dcgmi diag -r level` on this node: passed, the failing lines, the warning ones, the tail of
+    its output."""
     if level <= 0:
         return {"ran": False, "reason": "--dcgm-level 0"}
     if shutil.which("dcgmi") is None:
@@ -90,17 +92,27 @@ def dcgm_diag(level: int, timeout_s: float | None = None) -> dict[str, Any]:
         why = f"dcgmi diag -r {level} could not be started: {error}"
         return {"ran": True, "passed": False, "failures": [why], "tail": ""}
     text = out.stdout + out.stderr
-    failures = dcgm_failures(text)
-    if out.returncode != 0 and not failures:  # no table: dcgmi's own "Error:" lines say why
+    table = dcgm_table(text)
+    failures, warnings = table.failures(), table.warnings()
+    if out.returncode != 0 and not failures and not dcgm_only_warned(out.returncode, table):
+        # no table (dcgmi's own "Error:" lines say why), or one that does not explain the status
         errors = [line.strip() for line in text.splitlines() if line.strip().startswith("Error")]
         why = f": {'; '.join(errors)}" if errors else ""
         failures = [f"dcgmi diag -r {level} exited with status {out.returncode}{why}"]
     return {
         "ran": True,
-        "passed": out.returncode == 0 and not failures,
+        "passed": not failures,
         "failures": failures,
+        "warnings": warnings,
         "tail": text[-4000:],
     }
+
+
+def dcgm_only_warned(returncode: int, table: DcgmTable) -> bool:
+    """DCGM 4 exits DCGM_ST_NVVS_ERROR for any error of a software test or a GPU, a Warn's too
+    (Diag.cpp's GetFailureResult): that status with a whole table of Warn, Pass and Skip passes.
+    Any other status (an isolate error, 205) or a table cut short does not."""
+    return returncode == DCGM_NVVS_ERROR_EXIT and table.closed and bool(table.warnings())
 
 
 # A row of dcgmi diag's table ("| name | result or text |") and a test's result in it (DCGM's Diag.cpp:
@@ -120,35 +132,81 @@ def dcgm_piece(cell: str) -> str:
     return (cell[1:] if cell.startswith(" ") else cell)[:DCGM_WRAP]
 
 
-def dcgm_failures(text: str) -> list[str]:
-    """`test: Fail ...: reason` for each test of dcgmi diag's table whose result is Fail. A Warn or
-    Skip passes (dcgmi exits 0 for them) even where its warning text says "fail"; dcgmi wraps a
-    reason every 45 characters, mid-word or at a space, so its pieces are joined as they are."""
-    results: dict[str, str] = {}
-    reasons: dict[str, list[str]] = {}
+@dataclasses.dataclass
+class DcgmTest:
+    """One test of dcgmi diag's table: its own result rows ("Fail", DCGM 3's "Fail - GPU: 3"),
+    DCGM 4's rows of its entities ("GPU1: Fail") and its Warning/Error texts as dcgmi cut them."""
+
+    own: list[str] = dataclasses.field(default_factory=list)
+    entities: list[str] = dataclasses.field(default_factory=list)
+    reasons: list[str] = dataclasses.field(default_factory=list)
+
+    def failing(self) -> str | None:
+        """The row that fails the test. DCGM 4.0 to 4.6 print an entity's Warn as "Fail", so under
+        a test whose own row says Warn its entity rows do not fail it."""
+        rows = self.own + ([] if self._says("Warn", self.own) else self.entities)
+        return next((row for row in rows if self._says("Fail", [row])), None)
+
+    def warning(self) -> str | None:
+        """The row saying the test warned, where it does not fail."""
+        rows = [row for row in self.own if self._says("Warn", [row])]
+        return rows[0] if rows and self.failing() is None else None
+
+    def line(self, row: str) -> str:
+        return row + "".join(f": {why.strip()}" for why in self.reasons)
+
+    @staticmethod
+    def _says(result: str, rows: list[str]) -> bool:
+        return any((DCGM_RESULT.match(row) or DCGM_ENTITY.match(row))[1] == result for row in rows)
+
+
+@dataclasses.dataclass
+class DcgmTable:
+    """dcgmi diag's table: its tests in order, and whether a border closed it after the last."""
+
+    tests: dict[str, DcgmTest] = dataclasses.field(default_factory=dict)
+    closed: bool = False
+
+    def failures(self) -> list[str]:
+        return [f"{name}: {t.line(row)}" for name, t in self.tests.items() if (row := t.failing())]
+
+    def warnings(self) -> list[str]:
+        return [f"{name}: {t.line(row)}" for name, t in self.tests.items() if (row := t.warning())]
+
+
+def dcgm_table(text: str) -> DcgmTable:
+    """Read dcgmi diag's table. dcgmi wraps a reason every 45 characters, mid-word or at a space,
+    so its pieces are joined as they are."""
+    table = DcgmTable()
     test = reason = None
     for line in text.splitlines():
-        row = DCGM_ROW.match(line.strip())
+        line = line.strip()
+        row = DCGM_ROW.match(line)
         if row is None:
+            table.closed = table.closed or (line.startswith("+-") and line.endswith("+"))
             continue
         name, info = row[1].strip(), row[2].strip()
-        result = DCGM_RESULT.match(info) or (None if name else DCGM_ENTITY.match(info))
-        if result:
-            test = name or test
+        entity = None if name else DCGM_ENTITY.match(info)
+        if DCGM_RESULT.match(info) or entity:
+            test = table.tests.setdefault(name, DcgmTest()) if name else test
             reason = None
-            if result[1] == "Fail" and test is not None:
-                results.setdefault(test, info)
+            if test is not None:
+                (test.entities if entity else test.own).append(info)
+                table.closed = False
         elif name.split(":")[0] in DCGM_REASONS and test is not None:
             reason = test
-            reasons.setdefault(test, []).append(dcgm_piece(row[2]))
+            reason.reasons.append(dcgm_piece(row[2]))
         elif not name and reason is not None:
-            reasons[reason][-1] += dcgm_piece(row[2])
+            reason.reasons[-1] += dcgm_piece(row[2])
         else:  # a metadata row or the header: no test's
             test = reason = None
-    return [
-        f"{name}: {info}" + "".join(f": {why.strip()}" for why in reasons.get(name, []))
-        for name, info in results.items()
-    ]
+    return table
+
+
+def dcgm_failures(text: str) -> list[str]:
+    """`test: Fail ...: reason` for each test of dcgmi diag's table whose result is Fail. A Warn or
+    Skip passes even where its warning text says "fail"."""
+    return dcgm_table(text).failures()
 
 
 def nvml_health(cuda_uuid: str | None, index: int) -> tuple[dict[str, Any], list[str]]:
@@ -221,6 +279,15 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
             flags.append("dcgmi diag failed: " + "; ".join(dcgm.get("failures") or ["see gpus.json"]))
         r["flags"] = flags
     return records
+
+
+def dcgm_warning_lines(records: list[dict[str, Any]]) -> list[str]:
+    """A line for each test dcgmi diag says warned on a node: they do not fail it, but are told."""
+    return [
+        f"gpus: {r['node']}: dcgmi diag warned (the node passes): {warning}"
+        for r in records
+        for warning in (r.get("dcgm") or {}).get("warnings") or []
+    ]
 
 
 def _nvlinks(record: dict[str, Any]) -> list[dict[str, Any]]:

@@ -218,7 +218,7 @@ def pair_summary(level: str, results: list[Any], verdict: Any) -> str:
 
 
 def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
-    from gptrain.validate.gpus import gpus_expected, judge, run_gpus, unread_note
+    from gptrain.validate.gpus import dcgm_warning_lines, gpus_expected, judge, run_gpus, unread_note
 
     records = run_gpus(ctx, args.iters, args.warmup, args.dcgm_level, args.xid_since)
     if records is None:
@@ -239,6 +239,8 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
         for flag in r["flags"]:
             out.failures.append(f"gpus: rank {r['rank']} on {r['node']}: {flag}")
             out.bad_nodes.add(r["node"])
+    for line in dcgm_warning_lines(records):
+        print(line)
     xids = report_xids(records, out)
     report.write_json(path, {"gpus": records, **xids})
 

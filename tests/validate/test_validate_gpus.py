@@ -287,6 +287,58 @@ def test_a_dcgmi_4_entity_row_of_any_kind_stays_in_its_test(monkeypatch, entity_
     assert run_dcgmi(monkeypatch, 226, text)["failures"] == ["memory: Fail: Detected XID 48 for GPU 1"]
 
 
+def dcgm4_software_warn(closed=True):
+    """dcgmi diag -r 1 of DCGM 4 on a node whose GPU 1 has persistence mode off: the software test
+    warns, its GPU1 row says "Fail" (Diag.cpp prints an entity's Warn so) and dcgmi exits 226."""
+    text = dcgmi_table(
+        ("software", "Warn"),
+        ("", "GPU0: Pass"),
+        ("", "GPU1: Fail"),
+        ("Warning: GPU1", "Persistence mode for GPU 1 is disabled."),
+    )
+    return text if closed else text.rstrip("\n").rsplit("\n", 1)[0] + "\n"
+
+
+@pytest.mark.parametrize("returncode", [0, 226])
+def test_a_dcgmi_4_warned_gpu_shown_as_fail_under_a_warn_test_passes(monkeypatch, returncode):
+    """DCGM 4.0 to 4.6 print a GPU's Warn as "GPU1: Fail" under the test's own "Warn" row, and exit
+    226 (DCGM_ST_NVVS_ERROR) for a software test's warning: the node failed on "software: GPU1:
+    Fail". Under a Warn test its entity rows do not fail; a closed table with only Warn, Pass and
+    Skip passes at 226, its warnings kept."""
+    result = run_dcgmi(monkeypatch, returncode, dcgm4_software_warn())
+    assert result["passed"] is True and result["failures"] == []
+    assert result["warnings"] == ["software: Warn: Persistence mode for GPU 1 is disabled."]
+    from gptrain.validate.gpus import dcgm_warning_lines
+
+    assert dcgm_warning_lines([{"node": "gpu01", "dcgm": result}, {"node": "gpu02"}]) == [
+        "gpus: gpu01: dcgmi diag warned (the node passes): software: Warn: Persistence mode for GPU 1 is"
+        " disabled."
+    ]
+
+
+def test_a_dcgmi_4_real_fail_or_a_doubtful_exit_still_fails(monkeypatch):
+    """What passes at exit 226 is a whole table of Warn, Pass and Skip: a Fail row (the test's or,
+    under a test that does not say Warn, an entity's), another status (205: an isolate error), or a
+    table cut short fails the node."""
+    warned = dcgm4_software_warn()
+    failing = dcgmi_table(
+        ("software", "Warn"),
+        ("", "GPU1: Fail"),
+        ("Warning: GPU1", "Persistence mode for GPU 1 is disabled."),
+        ("memory", "Pass"),
+        ("", "GPU0: Fail"),
+        ("Warning: GPU0", "Detected XID 48"),
+    )
+    result = run_dcgmi(monkeypatch, 226, failing)
+    assert result["passed"] is False and result["failures"] == ["memory: GPU0: Fail: Detected XID 48"]
+    assert result["warnings"] == ["software: Warn: Persistence mode for GPU 1 is disabled."]
+    assert run_dcgmi(monkeypatch, 205, warned)["failures"] == ["dcgmi diag -r 2 exited with status 205"]
+    cut = run_dcgmi(monkeypatch, 226, dcgm4_software_warn(closed=False))
+    assert cut["passed"] is False and cut["failures"] == ["dcgmi diag -r 2 exited with status 226"]
+    passing = dcgmi_table(("software", "Pass"), ("", "GPU0: Pass"))
+    assert run_dcgmi(monkeypatch, 226, passing)["failures"] == ["dcgmi diag -r 2 exited with status 226"]
+
+
 def test_a_dcgmi_that_exits_non_zero_without_a_failing_test_says_why(monkeypatch):
     """dcgmi that could not reach its host engine (nv-hostengine not running) exits non-zero with an
     "Error:" line and no table: the node failed as "dcgmi diag failed: see gpus.json". Its error
