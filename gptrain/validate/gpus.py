@@ -257,13 +257,12 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
     medians = {key: statistics.median(r[key] for r in records) for key in ("matmul_bf16_tflops", "copy_GBps")}
     floors = {"matmul_bf16_tflops": limits.matmul_tflops, "copy_GBps": limits.copy_GBps}
     units = {"matmul_bf16_tflops": "TFLOP/s bf16 matmul", "copy_GBps": "GB/s copy"}
-    linked_nodes = {r["node"] for r in records if any(link["active"] for link in _nvlinks(r))}
+    links_down = nvlinks_down_alone(records)
     for r in records:
         flags = list(r.get("problems") or [])
-        links = _nvlinks(r)
-        if r["node"] in linked_nodes and links and not any(link["active"] for link in links):
+        if r["rank"] in links_down:
             flags.append(
-                f"all {len(links)} NVLink links inactive while the other GPUs of {r['node']} have theirs up:"
+                f"all {len(_nvlinks(r))} NVLink links inactive while the other GPUs of {r['node']} have theirs up:"
                 " its traffic to them falls back to PCIe (check nvidia-smi nvlink -s; reset the GPU or"
                 " service it)"
             )
@@ -290,10 +289,26 @@ def dcgm_warning_lines(records: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def nvlinks_down_alone(records: list[dict[str, Any]]) -> set[int]:
+    """The ranks of GPUs whose NVLinks are all inactive while every other GPU of their model on
+    their node has some up. A GPU reads every link inactive where it has no NVLink in use (a PCIe
+    card without a bridge, beside a bridged pair; a display GPU), so one alone is judged against its
+    peers (nvml.health_problems judges some links down); NVML gives no link's peer to say more."""
+    groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    for r in records:
+        if _nvlinks(r):  # NVML read it
+            model = (r.get("nvml") or {}).get("name") or r.get("name")
+            groups.setdefault((r["node"], model), []).append(r)
+    ranks = set()
+    for group in groups.values():
+        down = [r["rank"] for r in group if not any(link["active"] for link in _nvlinks(r))]
+        if len(down) == 1 and len(group) > 1:
+            ranks.update(down)
+    return ranks
+
+
 def _nvlinks(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """The NVLink links NVML read for a GPU's record (none where NVML was not read). A GPU reads
-    every link inactive where it has no NVLink in use (a PCIe card without a bridge), so all down is
-    judged against its node's other GPUs (nvml.health_problems judges some links down alone)."""
+    """The NVLink links NVML read for a GPU's record (none where NVML was not read)."""
     return (record.get("nvml") or {}).get("nvlinks") or []
 
 

@@ -150,6 +150,28 @@ def test_a_gpu_whose_nvlinks_are_all_down_fails_where_its_node_peers_have_theirs
     ]
 
 
+def test_nvlinks_all_down_are_judged_against_the_other_gpus_of_the_same_model():
+    """All links down was flagged wherever any GPU of the node had one up: a PCIe node whose GPUs 0
+    and 1 share an NVLink bridge and 2 and 3 have none flagged 2 and 3, and so would a display GPU
+    of another model. Flagged now only where every other GPU of its model on its node has links up
+    (one of 8 SXM GPUs down); a node with a bridge-less pair is not."""
+
+    def with_links(r, name, active, n=12):
+        r["nvml"] = {"name": name, "nvlinks": [{"link": k, "active": active, "errors": {}} for k in range(n)]}
+        return r
+
+    pcie = "NVIDIA H100 PCIe"
+    bridged = [with_links(record(r, "n0", 800, 3000), pcie, r < 2) for r in range(4)]
+    assert [r["flags"] for r in judge(bridged, Thresholds(slow_pct=10))] == [[]] * 4
+
+    sxm = "NVIDIA H100 80GB HBM3"
+    node = [with_links(record(r, "n1", 800, 3000), sxm, r != 5, 18) for r in range(8)]
+    node.append(with_links(record(8, "n1", 800, 3000), "NVIDIA L4", False))  # another model: no NVLink
+    judged = judge(node, Thresholds(slow_pct=10))
+    assert [r["rank"] for r in judged if r["flags"]] == [5]
+    assert judged[5]["flags"][0].startswith("all 18 NVLink links inactive while the other GPUs of n1")
+
+
 @pytest.mark.parametrize(
     "returncode, text, passed", [(0, "| Memory | Pass |", True), (226, "| Memory | Fail - GPU 3 |", False)]
 )
