@@ -96,8 +96,7 @@ def dcgm_diag(level: int, timeout_s: float | None = None) -> dict[str, Any]:
     failures, warnings = table.failures(), table.warnings()
     if out.returncode != 0 and not failures and not dcgm_only_warned(out.returncode, table):
         # no table (dcgmi's own "Error:" lines say why), or one that does not explain the status
-        errors = [line.strip() for line in text.splitlines() if line.strip().startswith("Error")]
-        why = f": {'; '.join(errors)}" if errors else ""
+        why = f": {'; '.join(table.errors)}" if table.errors else ""
         failures = [f"dcgmi diag -r {level} exited with status {out.returncode}{why}"]
     return {
         "ran": True,
@@ -111,8 +110,9 @@ def dcgm_diag(level: int, timeout_s: float | None = None) -> dict[str, Any]:
 def dcgm_only_warned(returncode: int, table: DcgmTable) -> bool:
     """DCGM 4 exits DCGM_ST_NVVS_ERROR for any error of a software test or a GPU, a Warn's too
     (Diag.cpp's GetFailureResult): that status with a whole table of Warn, Pass and Skip passes.
-    Any other status (an isolate error, 205) or a table cut short does not."""
-    return returncode == DCGM_NVVS_ERROR_EXIT and table.closed and bool(table.warnings())
+    Any other status (an isolate error, 205), a table cut short or dcgmi's own "Error:" lines beside
+    it do not."""
+    return returncode == DCGM_NVVS_ERROR_EXIT and table.closed and not table.errors and bool(table.warnings())
 
 
 # A row of dcgmi diag's table ("| name | result or text |") and a test's result in it (DCGM's Diag.cpp:
@@ -162,10 +162,12 @@ class DcgmTest:
 
 @dataclasses.dataclass
 class DcgmTable:
-    """dcgmi diag's table: its tests in order, and whether a border closed it after the last."""
+    """dcgmi diag's table: its tests in order, whether a border closed it after the last, and
+    dcgmi's own "Error:" lines outside it."""
 
     tests: dict[str, DcgmTest] = dataclasses.field(default_factory=dict)
     closed: bool = False
+    errors: list[str] = dataclasses.field(default_factory=list)
 
     def failures(self) -> list[str]:
         return [f"{name}: {t.line(row)}" for name, t in self.tests.items() if (row := t.failing())]
@@ -184,6 +186,8 @@ def dcgm_table(text: str) -> DcgmTable:
         row = DCGM_ROW.match(line)
         if row is None:
             table.closed = table.closed or (line.startswith("+-") and line.endswith("+"))
+            if line.startswith("Error"):
+                table.errors.append(line)
             continue
         name, info = row[1].strip(), row[2].strip()
         entity = None if name else DCGM_ENTITY.match(info)

@@ -340,8 +340,8 @@ def test_a_dcgmi_4_warned_gpu_shown_as_fail_under_a_warn_test_passes(monkeypatch
 
 def test_a_dcgmi_4_real_fail_or_a_doubtful_exit_still_fails(monkeypatch):
     """What passes at exit 226 is a whole table of Warn, Pass and Skip: a Fail row (the test's or,
-    under a test that does not say Warn, an entity's), another status (205: an isolate error), or a
-    table cut short fails the node."""
+    under a test that does not say Warn, an entity's), another status (205: an isolate error), an
+    "Error:" line of dcgmi's beside the table, or a table cut short fails the node."""
     warned = dcgm4_software_warn()
     failing = dcgmi_table(
         ("software", "Warn"),
@@ -355,6 +355,9 @@ def test_a_dcgmi_4_real_fail_or_a_doubtful_exit_still_fails(monkeypatch):
     assert result["passed"] is False and result["failures"] == ["memory: GPU0: Fail: Detected XID 48"]
     assert result["warnings"] == ["software: Warn: Persistence mode for GPU 1 is disabled."]
     assert run_dcgmi(monkeypatch, 205, warned)["failures"] == ["dcgmi diag -r 2 exited with status 205"]
+    assert run_dcgmi(monkeypatch, 226, warned, "Error: GPU 1 fell off the bus\n")["failures"] == [
+        "dcgmi diag -r 2 exited with status 226: Error: GPU 1 fell off the bus"
+    ]
     cut = run_dcgmi(monkeypatch, 226, dcgm4_software_warn(closed=False))
     assert cut["passed"] is False and cut["failures"] == ["dcgmi diag -r 2 exited with status 226"]
     passing = dcgmi_table(("software", "Pass"), ("", "GPU0: Pass"))
