@@ -144,20 +144,25 @@ class DcgmTest:
     def failing(self) -> str | None:
         """The row that fails the test. DCGM 4.0 to 4.6 print an entity's Warn as "Fail", so under
         a test whose own row says Warn its entity rows do not fail it."""
-        rows = self.own + ([] if self._says("Warn", self.own) else self.entities)
-        return next((row for row in rows if self._says("Fail", [row])), None)
+        warned = any(dcgm_result(row) == "Warn" for row in self.own)
+        rows = self.own if warned else self.own + self.entities
+        return next((row for row in rows if dcgm_result(row) == "Fail"), None)
 
     def warning(self) -> str | None:
         """The row saying the test warned, where it does not fail."""
-        rows = [row for row in self.own if self._says("Warn", [row])]
-        return rows[0] if rows and self.failing() is None else None
+        if self.failing() is not None:
+            return None
+        return next((row for row in self.own if dcgm_result(row) == "Warn"), None)
 
     def line(self, row: str) -> str:
+        """The row, then each reason unwrapped."""
         return row + "".join(f": {why.strip()}" for why in self.reasons)
 
-    @staticmethod
-    def _says(result: str, rows: list[str]) -> bool:
-        return any((DCGM_RESULT.match(row) or DCGM_ENTITY.match(row))[1] == result for row in rows)
+
+def dcgm_result(row: str) -> str | None:
+    """Pass, Fail, Warn, Skip or Not Run of a test's own row or an entity's (None: a blank one)."""
+    match = DCGM_RESULT.match(row) or DCGM_ENTITY.match(row)
+    return match[1] if match else None
 
 
 @dataclasses.dataclass
