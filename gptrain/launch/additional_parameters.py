@@ -188,10 +188,14 @@ NEMO_SBATCH_KEYS: dict[str, Callable[[str, Any], Any]] = {
 }
 
 
-# Extra options left out of the data preparation's script: CPUs per GPU mean nothing on a job that
-# asks for no GPU (sbatch refuses --cpus-per-gpu without one), and Slurm 23.11+ refuses it beside the
+# Extra options left out of the data preparation's script, and what it gets instead: CPUs and memory
+# per GPU mean nothing on a job that asks for no GPU (sbatch refuses either without one: 'Invalid
+# generic resource (gres) specification'), and Slurm 23.11+ refuses --cpus-per-gpu beside the
 # --cpus-per-task that data_preparation.workers renders. The training and validation keep them.
-NOT_FOR_DATA_PREPARATION = ("cpus-per-gpu",)
+NOT_FOR_DATA_PREPARATION = {
+    "cpus-per-gpu": "its CPUs per task are data_preparation.workers",
+    "mem-per-gpu": "its memory is the partition's default",
+}
 
 
 def left_out_of_stage(stage: str, option: str) -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gptrain.errors import ConfigError, GptrainError, LaunchError
-from gptrain.launch.additional_parameters import extra_options, left_out_of_stage
+from gptrain.launch.additional_parameters import NOT_FOR_DATA_PREPARATION, extra_options, left_out_of_stage
 from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import tokenizer_downloads
 from gptrain.launch.live_jobs import cancel_never_starting, refuse_launch_into_live_run
@@ -25,6 +25,7 @@ from gptrain.launch.preflight import (
     max_array_size,
     requested_gpus_per_node,
 )
+from gptrain.launch.sbatch_option_names import options_meant
 from gptrain.launch.script_values import check_arguments
 from gptrain.launch.shards import parse_shards
 from gptrain.launch.stages import (
@@ -132,15 +133,18 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
 
 def left_out_of_data_preparation_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
     """An extra option of every stage's script left out of the data preparation's: said, as a cluster
-    file that sets cpus_per_gpu for the training would otherwise seem to set it there too."""
+    file that sets cpus_per_gpu or mem_per_gpu for the training would otherwise seem to set it there too."""
     if plan.cluster_type != "slurm" or "data_preparation" not in stages:
         return []
-    return [
-        f"note  data_preparation: {key}={value} is left out of its script: it asks for no GPU (sbatch"
-        " refuses --cpus-per-gpu without one); its CPUs per task are data_preparation.workers"
-        for key, option, value in extra_options(plan.cluster)
-        if value is not None and left_out_of_stage("data_preparation", option)
-    ]
+    notes = []
+    for key, option, value in extra_options(plan.cluster):
+        if value is not None and left_out_of_stage("data_preparation", option):
+            meant = options_meant(option)[0]
+            notes.append(
+                f"note  data_preparation: {key}={value} is left out of its script: it asks for no GPU (sbatch"
+                f" refuses --{meant} without one); {NOT_FOR_DATA_PREPARATION[meant]}"
+            )
+    return notes
 
 
 def no_gpus_asked_notes(plan: LaunchPlan) -> list[str]:

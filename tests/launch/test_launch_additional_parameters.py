@@ -590,3 +590,27 @@ def test_a_cluster_files_cpus_per_task_gives_the_validation_its_cpus(tmp_path, m
         srun = next(line for line in text.splitlines() if line.startswith("srun "))
         assert "--cpus-per-task=4" in shlex.split(srun.removesuffix(" &"))
     assert validation.name.endswith("_validation_submission.sh")
+
+
+GPU = ["training.trainer.accelerator=gpu", "training.trainer.devices=1", "cluster.gpus_per_node=1"]
+
+
+@pytest.mark.parametrize("key", ["+cluster.mem_per_gpu", "cluster.additional_parameters.mem_per_g"])
+def test_mem_per_gpu_is_left_out_of_the_data_preparation_with_a_note(tmp_path, monkeypatch, key):
+    """NeMo's SlurmLauncher key mem_per_gpu was rendered on every stage, the data preparation's too:
+    a job that asks for no GPU, which sbatch refuses --mem-per-gpu on ('Invalid generic resource
+    (gres) specification'), after nothing else was queued. It is left out there (the job gets the
+    partition's default memory), said once; the GPU training keeps it."""
+    from gptrain.launch.launcher import launch_notes
+
+    extra = [*PREP, *GPU, "cluster.mem=null", f"{key}=16G"]
+    prep, train = launch_files(tmp_path, monkeypatch, *extra)
+    assert not any(option.startswith("--mem") for option, _ in sbatch_lines(prep.read_text()))
+    assert (f"--{key.rsplit('.', 1)[1].replace('_', '-')}", "16G") in sbatch_lines(train.read_text())
+    plan = build_plan(compose([*CPU, "cluster_type=slurm", f"base_results_dir={tmp_path}/r", *extra]))
+    notes = launch_notes(plan, ["data_preparation", "training"])
+    said = [note for note in notes if note.startswith("note  data_preparation:")]
+    assert said == [
+        f"note  data_preparation: {key.lstrip('+')}=16G is left out of its script: it asks for no GPU"
+        " (sbatch refuses --mem-per-gpu without one); its memory is the partition's default"
+    ]
