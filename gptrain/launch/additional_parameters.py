@@ -188,19 +188,22 @@ NEMO_SBATCH_KEYS: dict[str, Callable[[str, Any], Any]] = {
 }
 
 
-# Extra options left out of the data preparation's script, and what it gets instead: CPUs and memory
-# per GPU mean nothing on a job that asks for no GPU (sbatch refuses either without one: 'Invalid
-# generic resource (gres) specification'), and Slurm 23.11+ refuses --cpus-per-gpu beside the
-# --cpus-per-task that data_preparation.workers renders. The training and validation keep them.
-NOT_FOR_DATA_PREPARATION = {
-    "cpus-per-gpu": "its CPUs per task are data_preparation.workers",
-    "mem-per-gpu": "its memory is the partition's default",
-}
+# Extra options that need GPUs, left out of the script of a job that asks for none (the data
+# preparation; a training or validation with trainer.accelerator=cpu): sbatch refuses either without a
+# GPU ('Invalid generic resource (gres) specification'), and Slurm 23.11+ refuses --cpus-per-gpu beside
+# the data preparation's --cpus-per-task (data_preparation.workers). GPU jobs keep them.
+PER_GPU_OPTIONS = ("cpus-per-gpu", "mem-per-gpu")
 
 
-def left_out_of_stage(stage: str, option: str) -> bool:
-    """Whether extra option `option` (as a key renders it: `cpus_per_g` too) is left out of `stage`'s script."""
-    return stage == "data_preparation" and options_meant(option)[0] in NOT_FOR_DATA_PREPARATION
+def per_gpu_option(option: str) -> str | None:
+    """The per-GPU option `option` is (as a key renders it: `cpus_per_g` too), or None."""
+    meant = options_meant(option)[0]
+    return meant if meant in PER_GPU_OPTIONS else None
+
+
+def left_out_without_gpus(gpus: bool, option: str) -> bool:
+    """Whether extra option `option` is left out of the script of a job that asks for `gpus` or none."""
+    return not gpus and per_gpu_option(option) is not None
 
 
 def extra_options(cluster: dict[str, Any]) -> list[tuple[str, str, Any]]:

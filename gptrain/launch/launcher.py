@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gptrain.errors import ConfigError, GptrainError, LaunchError
-from gptrain.launch.additional_parameters import NOT_FOR_DATA_PREPARATION, extra_options, left_out_of_stage
+from gptrain.launch.additional_parameters import extra_options, left_out_without_gpus, per_gpu_option
 from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import tokenizer_downloads
 from gptrain.launch.live_jobs import cancel_never_starting, refuse_launch_into_live_run
@@ -25,7 +25,6 @@ from gptrain.launch.preflight import (
     max_array_size,
     requested_gpus_per_node,
 )
-from gptrain.launch.sbatch_option_names import options_meant
 from gptrain.launch.script_values import check_arguments
 from gptrain.launch.shards import parse_shards
 from gptrain.launch.stages import (
@@ -128,22 +127,37 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
             f"note  training: cluster.max_requeues is {given}: a stop at the time limit checkpoints and ends "
             "the job without requeueing it; give +cluster.max_requeues=N to go on by itself"
         )
-    return notes + no_gpus_asked_notes(plan) + left_out_of_data_preparation_notes(plan, stages)
+    return notes + no_gpus_asked_notes(plan) + left_out_without_gpus_notes(plan)
 
 
-def left_out_of_data_preparation_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
-    """An extra option of every stage's script left out of the data preparation's: said, as a cluster
-    file that sets cpus_per_gpu or mem_per_gpu for the training would otherwise seem to set it there too."""
-    if plan.cluster_type != "slurm" or "data_preparation" not in stages:
+# Why a stage asks for no GPU, and what it gets in place of each per-GPU option left out of its script.
+NO_GPU_REASONS = {
+    "data_preparation": "it asks for no GPU",
+    "validation": "training.trainer.accelerator=cpu asks for no GPU",
+    "training": "training.trainer.accelerator=cpu asks for no GPU",
+}
+INSTEAD_OF_PER_GPU = {
+    ("data_preparation", "cpus-per-gpu"): "its CPUs per task are data_preparation.workers",
+    ("validation", "cpus-per-gpu"): "its ranks' CPUs are cluster.cpus_per_task (one each where null)",
+    ("training", "cpus-per-gpu"): "its ranks' CPUs are cluster.cpus_per_task (one each where null)",
+}
+
+
+def left_out_without_gpus_notes(plan: LaunchPlan) -> list[str]:
+    """An extra option of the cluster file left out of a stage that asks for no GPU: said, as a cluster
+    file that sets cpus_per_gpu or mem_per_gpu for the GPU training would otherwise seem to set it there too."""
+    if plan.cluster_type != "slurm":
         return []
     notes = []
-    for key, option, value in extra_options(plan.cluster):
-        if value is not None and left_out_of_stage("data_preparation", option):
-            meant = options_meant(option)[0]
-            notes.append(
-                f"note  data_preparation: {key}={value} is left out of its script: it asks for no GPU (sbatch"
-                f" refuses --{meant} without one); {NOT_FOR_DATA_PREPARATION[meant]}"
-            )
+    for job in plan.jobs:
+        for key, option, value in extra_options(plan.cluster):
+            if value is not None and left_out_without_gpus(job.gpus, option):
+                meant = per_gpu_option(option)
+                instead = INSTEAD_OF_PER_GPU.get((job.stage, meant), "its memory is the partition's default")
+                notes.append(
+                    f"note  {job.stage}: {key}={value} is left out of its script: {NO_GPU_REASONS[job.stage]}"
+                    f" (sbatch refuses --{meant} without one); {instead}"
+                )
     return notes
 
 

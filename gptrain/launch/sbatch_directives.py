@@ -9,7 +9,7 @@ from gptrain.errors import ConfigError
 from gptrain.launch.additional_parameters import (
     SBATCH_OWNED,
     extra_options,
-    left_out_of_stage,
+    left_out_without_gpus,
     time_min_parameter,
 )
 from gptrain.launch.gres import gres_gpus
@@ -98,7 +98,7 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
         check_signal_fits_time_limit(job, seconds, time_min_parameter(cluster))
         lines.append(directive("signal", f"B:USR1@{seconds}"))
         lines.extend(requeue_directive(cluster))
-    return lines + additional_directives(cluster, job.stage)
+    return lines + additional_directives(cluster, job)
 
 
 def signal_seconds(cluster: dict) -> int:
@@ -120,15 +120,15 @@ def requeue_directive(cluster: dict) -> list[str]:
     return [directive("requeue" if int(requeues) > 0 else "no-requeue")]
 
 
-def additional_directives(cluster: dict, stage: str) -> list[str]:
+def additional_directives(cluster: dict, job: Job) -> list[str]:
     """cluster.additional_parameters, after NeMo's SlurmLauncher keys of a cluster file (comment,
     mem_per_cpu, ...; checked in additional_parameters.py: none of the options above), as submitit
     renders them: `mail_type: END` is `--mail-type=END`, true a bare flag, null no line; quoted.
-    --cpus-per-gpu is left out of the data preparation's (left_out_of_stage)."""
+    --cpus-per-gpu and --mem-per-gpu are left out of a job that asks for no GPU (left_out_without_gpus)."""
     lines = []
     for key, option, value in extra_options(cluster):
-        if value is not None and not left_out_of_stage(stage, option):
-            lines.append(directive(option, None if value is True else value, stage, key))
+        if value is not None and not left_out_without_gpus(job.gpus, option):
+            lines.append(directive(option, None if value is True else value, job.stage, key))
     return lines
 
 

@@ -15,6 +15,8 @@ from gptrain.launch.sbatch import Job
 from gptrain.launch.stages import build_plan, write_run_files
 
 CPU = ["training.trainer.accelerator=cpu", "cluster.gpus_per_node=null", "cluster.gres=null"]
+# after CPU: a GPU training (which keeps per-GPU options), on nodes of one GPU
+GPU = ["training.trainer.accelerator=gpu", "training.trainer.devices=1", "cluster.gpus_per_node=1"]
 NASTY = """ablation 3; $(touch x) `touch y` "q" 'it's'"""
 PREP = [
     "stages=[data_preparation,training]",
@@ -453,10 +455,10 @@ def test_any_two_of_sbatchs_memory_options_are_refused_naming_both(tmp_path, mon
 def test_cpus_per_gpu_is_left_out_of_the_data_preparation_with_a_note(tmp_path, monkeypatch, key):
     """cluster.cpus_per_gpu was rendered on every stage, the data preparation's too: a job asking for
     no GPU, which sbatch refuses --cpus-per-gpu on, and whose --cpus-per-task (data_preparation.workers)
-    Slurm 23.11+ refuses beside it. It is left out there, said once; the training keeps it."""
+    Slurm 23.11+ refuses beside it. It is left out there, said once; the GPU training keeps it."""
     from gptrain.launch.launcher import launch_notes
 
-    extra = [*PREP, "data_preparation.workers=3", f"{key}=4"]
+    extra = [*PREP, *GPU, "data_preparation.workers=3", f"{key}=4"]
     prep, train = launch_files(tmp_path, monkeypatch, *extra)
     prep_lines = sbatch_lines(prep.read_text())
     assert ("--cpus-per-task", "3") in prep_lines
@@ -592,9 +594,6 @@ def test_a_cluster_files_cpus_per_task_gives_the_validation_its_cpus(tmp_path, m
     assert validation.name.endswith("_validation_submission.sh")
 
 
-GPU = ["training.trainer.accelerator=gpu", "training.trainer.devices=1", "cluster.gpus_per_node=1"]
-
-
 @pytest.mark.parametrize("key", ["+cluster.mem_per_gpu", "cluster.additional_parameters.mem_per_g"])
 def test_mem_per_gpu_is_left_out_of_the_data_preparation_with_a_note(tmp_path, monkeypatch, key):
     """NeMo's SlurmLauncher key mem_per_gpu was rendered on every stage, the data preparation's too:
@@ -613,4 +612,30 @@ def test_mem_per_gpu_is_left_out_of_the_data_preparation_with_a_note(tmp_path, m
     assert said == [
         f"note  data_preparation: {key.lstrip('+')}=16G is left out of its script: it asks for no GPU"
         " (sbatch refuses --mem-per-gpu without one); its memory is the partition's default"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "instead"),
+    [
+        ("+cluster.cpus_per_gpu=2", "its ranks' CPUs are cluster.cpus_per_task (one each where null)"),
+        ("cluster.additional_parameters.mem_per_gpu=16G", "its memory is the partition's default"),
+    ],
+)
+def test_per_gpu_options_are_left_out_of_a_cpu_training_with_a_note(tmp_path, monkeypatch, key, instead):
+    """A cluster file's cpus_per_gpu or mem_per_gpu reached the script of a training with
+    trainer.accelerator=cpu, whose job asks for no GPU: sbatch refused it ('Invalid generic resource
+    (gres) specification'), after the queue's preflight had passed. Left out, said once."""
+    from gptrain.launch.launcher import launch_notes
+
+    [train] = launch_files(tmp_path, monkeypatch, "cluster.mem=null", key)
+    assert not any(option.endswith("-per-gpu") for option, _ in sbatch_lines(train.read_text()))
+    plan = build_plan(
+        compose([*CPU, "cluster_type=slurm", f"base_results_dir={tmp_path}/r", "cluster.mem=null", key])
+    )
+    setting = key.lstrip("+")
+    option = "--" + setting.split("=")[0].rsplit(".", 1)[1].replace("_", "-")
+    assert [note for note in launch_notes(plan, ["training"]) if setting in note] == [
+        f"note  training: {setting} is left out of its script: training.trainer.accelerator=cpu asks for"
+        f" no GPU (sbatch refuses {option} without one); {instead}"
     ]
