@@ -21,7 +21,7 @@ from gptrain.config.nemo_launcher import slurm_launcher_keys
 from gptrain.config.yamlio import load_file
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.cluster_profiles import cluster_profile_path
-from gptrain.launch.executors.slurm import record_submission, sbatch
+from gptrain.launch.executors.slurm import check_sbatch_reads_exclusive, record_submission, sbatch
 from gptrain.launch.gres import gres_gpus, gres_with_gpus
 from gptrain.launch.job_states import JobState
 from gptrain.launch.preflight import check_cluster, query_nodes
@@ -127,6 +127,7 @@ def run_slurm_trial(plan: Plan, args: argparse.Namespace, candidate: Candidate, 
     apply_exclude_file(profile, {"exclude_file": args.exclude_file})  # nodes a validation blamed
     job = trial_job(plan, args, candidate, trial_dir)
     try:
+        check_sbatch_reads_exclusive(profile)  # as the launch: sbatch would refuse each trial in turn
         check_cluster(job, profile, query_nodes())  # a request the partition cannot hold waits forever
         job_id = submit_trial(job, profile)
     except LaunchError as error:

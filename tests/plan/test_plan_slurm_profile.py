@@ -9,6 +9,7 @@ once it ran.
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -74,6 +75,15 @@ def test_a_bad_profile_is_one_line_naming_the_file_and_key(tmp_path, profile, na
 def measured_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: dict | None) -> str:
     """The batch script `--measure --cluster-type slurm --gpus-per-node 4 [--cluster FILE]` submits
     for the top candidate, on a partition of 4-GPU nodes (sinfo, sbatch and the job's state stubbed)."""
+    scripts, error = measured_trial(tmp_path, monkeypatch, profile)
+    assert scripts, error
+    return scripts[0]
+
+
+def measured_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: dict | None
+) -> tuple[list[str], str | None]:
+    """The scripts measured_script's trial submitted, and the error its candidate was given."""
     from argparse import Namespace
 
     from plan_helpers import TINY
@@ -101,8 +111,7 @@ def measured_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: di
     monkeypatch.setattr(slurm_trials, "wait_for_job", lambda *_: JobState("COMPLETED", ""))
     candidate = plan.shown()[0]
     slurm_trials.run_slurm_trial(plan, args, candidate, tmp_path / "trial")
-    assert scripts, candidate.error
-    return scripts[0]
+    return scripts, candidate.error
 
 
 @pytest.mark.parametrize(
@@ -168,3 +177,23 @@ def test_a_trial_asks_for_the_profiles_cpus_per_task_as_the_training_does(tmp_pa
     assert "--cpus-per-task=8" in srun_words(script)
     with pytest.raises(AssertionError, match=r"4 tasks x 32 CPUs\) but nodes of .* have 64"):
         measured_script(tmp_path, monkeypatch, {"cpus_per_task": 32, "plan": {"gpu": "a100-80gb"}})
+
+
+def test_a_trial_with_exclusive_topo_is_refused_where_sbatch_is_older_than_24_05(tmp_path, monkeypatch):
+    """`gptrain launch` asks `sbatch --version` before it renders cluster.exclusive=topo (Slurm 24.05+);
+    the planner's trials did not, so each trial was submitted and refused by sbatch in turn. A trial is
+    now refused before it is submitted, naming the key, as the launch is; a 24.05 sbatch submits it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "sbatch"
+    fake.write_text("#!/bin/sh\necho 'slurm 23.02.7'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    profile = {"exclusive": "topo", "plan": {"gpu": "a100-80gb"}}
+    scripts, error = measured_trial(tmp_path, monkeypatch, profile)
+    assert scripts == []
+    assert error is not None and error.startswith(
+        "cluster.exclusive=topo: this sbatch is Slurm 23.02.7, which refuses --exclusive=topo"
+    )
+    fake.write_text("#!/bin/sh\necho 'slurm 24.05.1'\n")
+    assert "#SBATCH --exclusive=topo" in measured_script(tmp_path, monkeypatch, profile).splitlines()

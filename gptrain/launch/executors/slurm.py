@@ -23,12 +23,17 @@ from gptrain.launch.stages import LaunchPlan
 
 
 def preflight_cluster(plan: LaunchPlan) -> list[str]:
-    """sinfo's fit of each job; an --exclusive mode this sbatch's version refuses (sbatch is asked
-    only for a mode that needs it)."""
+    """sinfo's fit of each job; an --exclusive mode this sbatch's version refuses."""
     nodes = query_nodes()
-    if isinstance(plan.cluster.get("exclusive"), str):
-        check_exclusive_mode(plan.cluster, sbatch_version())
+    check_sbatch_reads_exclusive(plan.cluster)
     return [check_cluster(job, plan.cluster, nodes) for job in plan.jobs]
+
+
+def check_sbatch_reads_exclusive(cluster: dict) -> None:
+    """An --exclusive mode this sbatch's version refuses (topo before 24.05), before anything is
+    submitted: the launch's stages and `gptrain plan`'s trials. sbatch is asked only for a mode."""
+    if isinstance(cluster.get("exclusive"), str):
+        check_exclusive_mode(cluster, sbatch_version())
 
 
 def sbatch_variables_notes(plan: LaunchPlan) -> list[str]:
