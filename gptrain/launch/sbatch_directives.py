@@ -10,10 +10,12 @@ from gptrain.launch.additional_parameters import (
     SBATCH_OWNED,
     extra_options,
     left_out_without_gpus,
+    sbatch_option,
     time_min_parameter,
 )
 from gptrain.launch.gres import gres_gpus
-from gptrain.launch.key_types import non_negative, slurm_time_seconds
+from gptrain.launch.key_types import non_negative, slurm_time, slurm_time_seconds
+from gptrain.launch.sbatch_option_names import options_meant
 from gptrain.launch.script_quoting import quote
 
 if TYPE_CHECKING:  # sbatch.py renders the whole script with these lines, so imports this module
@@ -78,6 +80,7 @@ def sbatch_directives(job: Job, cluster: dict) -> list[str]:
             lines.append(directive(option, cluster[key], job.stage))
     if job.time_limit not in (None, ""):  # 0 too: Slurm's "no limit", not the partition's DefaultTime
         lines.append(directive("time", job.time_limit, job.stage))
+    check_time_min_fits(job, time_min_given(cluster))
     if cluster.get("mem") is not None:
         lines.append(directive("mem", cluster["mem"], job.stage))
     if cluster.get("exclusive"):  # true: whole nodes; a mode (user, mcs, topo): --exclusive=<mode>
@@ -167,6 +170,42 @@ def check_signal_fits_time_limit(
                 f" which comes cluster.signal_seconds={signal_seconds} s before the limit (and up to 60 s"
                 f" earlier): give a longer time limit {fix}"
             )
+
+
+def time_min_given(cluster: dict) -> tuple[str, Any] | None:
+    """cluster.additional_parameters' --time-min (any prefix sbatch reads as it), checked: a Slurm
+    time. true renders a bare --time-min, which sbatch refuses ('requires an argument')."""
+    for name, value in (cluster.get("additional_parameters") or {}).items():
+        key = f"cluster.additional_parameters.{name}"
+        if value is True and options_meant(sbatch_option(name)) == ["time-min"]:
+            raise ConfigError(
+                f"{key}: --time-min needs a time (sbatch: 'requires an argument'); give one, e.g. 04:00:00,"
+                " or null to leave it out"
+            )
+    found = time_min_parameter(cluster)
+    if found:
+        slurm_time(found[0], found[1])
+    return found
+
+
+def check_time_min_fits(job: Job, time_min: tuple[str, Any] | None) -> None:
+    """sbatch refuses a --time-min longer than the job's --time ('Invalid time-min specification'), and
+    one --time-min reaches every stage: the validation's 30 minutes beside the training's day were refused
+    at submission, after the stages before it were queued. Read as Slurm keeps both, in whole minutes;
+    a stage without a --time (the partition's default) is left to Slurm."""
+    if not time_min or job.time_limit in (None, ""):
+        return
+    limit = slurm_limit_seconds(job.time_limit)
+    key, value = time_min
+    asked = slurm_limit_seconds(value)
+    if limit is None or (asked is not None and asked <= limit):
+        return
+    longer = "asks for no time limit, which is longer than" if asked is None else "is longer than"
+    raise ConfigError(
+        f"{key}={value} {longer} {job.stage}.run.time_limit={job.time_limit}, and sbatch refuses a"
+        " --time-min over the job's --time ('Invalid time-min specification'): --time-min reaches every"
+        f" stage's script; give at most {job.time_limit}, or a longer {job.stage}.run.time_limit"
+    )
 
 
 def slurm_limit_seconds(value: object) -> int | None:

@@ -214,6 +214,70 @@ def test_the_signal_lead_is_checked_against_the_limit_slurm_keeps_in_whole_minut
     assert str(error.value).startswith(f"{key.lstrip('+')}=05:01")
 
 
+TIME_MIN_STAGES = [
+    "stages=[data_preparation,validation,training]",
+    "data_preparation.shards=[file:///a.jsonl]",
+    "validation.run.time_limit=00:30:00",
+    "training.run.time_limit=1-00:00:00",
+]
+
+
+@pytest.mark.parametrize(
+    ("time_min", "says"),
+    [
+        (
+            "02:00:00",  # the training's 1 day fits; the validation's 30 minutes do not
+            "cluster.additional_parameters.time_min=02:00:00 is longer than validation.run.time_limit=00:30:00,"
+            " and sbatch refuses a --time-min over the job's --time ('Invalid time-min specification'):"
+            " --time-min reaches every stage's script; give at most 00:30:00, or a longer"
+            " validation.run.time_limit",
+        ),
+        (
+            "UNLIMITED",
+            "cluster.additional_parameters.time_min=UNLIMITED asks for no time limit, which is longer than"
+            " data_preparation.run.time_limit=4:00:00, and sbatch refuses a --time-min over the job's --time"
+            " ('Invalid time-min specification'): --time-min reaches every stage's script; give at most"
+            " 4:00:00, or a longer data_preparation.run.time_limit",
+        ),
+        (
+            "soon",
+            "cluster.additional_parameters.time_min: 'soon' is not a Slurm time; use minutes, MM:SS,"
+            " HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 04:00:00)",
+        ),
+        (
+            "true",
+            "cluster.additional_parameters.time_min: --time-min needs a time (sbatch: 'requires an"
+            " argument'); give one, e.g. 04:00:00, or null to leave it out",
+        ),
+    ],
+)
+def test_a_time_min_sbatch_refuses_beside_a_stages_time_limit_is_one_line_naming_both(
+    tmp_path, time_min, says
+):
+    """cluster.additional_parameters.time_min reaches every stage's script: one longer than a stage's
+    run.time_limit (the validation's 30 minutes beside the training's day), no limit at all, a word
+    or a bare flag was refused by sbatch only at submission, after the stages before it were queued."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, *TIME_MIN_STAGES]
+    args.append(f"+cluster.additional_parameters.time_min={time_min}")
+    with pytest.raises(ConfigError) as error:
+        write_run_files(build_plan(compose(args)), args)
+    assert str(error.value) == says
+    assert not list(tmp_path.rglob("*_submission.sh"))
+
+
+@pytest.mark.parametrize(
+    ("time_limit", "time_min"),
+    [("00:30:00", "00:30:00"), ("30", "0-00:30"), ("UNLIMITED", "10"), ("0", "2-00:00:00"), (None, "10")],
+)
+def test_a_time_min_within_each_stages_time_limit_is_rendered(tmp_path, time_limit, time_min):
+    """Equal (in Slurm's whole minutes), any form, or under no limit (UNLIMITED, 0) or none asked."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "stages=[validation]"]
+    args += [f"validation.run.time_limit={'null' if time_limit is None else repr(time_limit)}"]
+    args.append(f"+cluster.additional_parameters.time_min='{time_min}'")
+    [script] = write_run_files(build_plan(compose(args)), args)
+    assert directives(script.read_text())["--time-min"] == time_min
+
+
 def test_build_plan_names_the_key_when_called_directly(tmp_path):
     with pytest.raises(ConfigError, match=r"^cluster\.max_requeues: expected a whole number 0 or more"):
         build_plan(compose(["cluster_type=slurm", f"base_results_dir={tmp_path}", "cluster.max_requeues=-1"]))
