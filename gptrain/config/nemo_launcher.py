@@ -95,7 +95,7 @@ def finalize(cfg: Any, choices: dict[str, str], stages_known: tuple[str, ...]) -
     stages = cfg.get("stages")
     if isinstance(stages, str):
         stages = [stages]
-    if stages is not None:
+    if isinstance(stages, Sequence) and not isinstance(stages, str):  # else check_stages names the key
         foreign = [str(s) for s in stages if s in NEMO_STAGES]
         if foreign:  # a typo is left for check_stages to name
             cfg["stages"] = [s for s in stages if s not in NEMO_STAGES]

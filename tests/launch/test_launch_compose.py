@@ -474,3 +474,11 @@ def test_a_shell_variable_written_as_an_interpolation_says_how_to_write_it():
     with pytest.raises(ConfigError) as raised:  # a config key's name: no such hint
         compose(["cluster_type=slurm", 'env_vars={B: "${nokey}/x"}']).section("env_vars")
     assert str(raised.value).endswith("Interpolation key 'nokey' not found")
+
+
+@pytest.mark.parametrize("stages", ["0", "true", "1.5", "{a: 1}"])
+def test_stages_that_are_not_a_list_are_one_line(stages):
+    """`stages=0` (or true, a number, a mapping) was iterated while NeMo's stage names were dropped
+    from it: a TypeError traceback ('int' object is not iterable) before the check that names the key."""
+    with pytest.raises(ConfigError, match=r"'stages' must be a non-empty list \(there or as an override\)"):
+        compose([f"stages={stages}"])
