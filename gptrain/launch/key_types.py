@@ -46,6 +46,15 @@ def count(key: str, value: Any) -> int | None:
     return _integer(key, value, 1)
 
 
+def count_given(key: str, value: Any) -> int:
+    """A whole number >= 1 that has no default to fall back on (training.trainer.devices and
+    num_nodes, which the launcher renders as tasks and nodes): null is refused, as the training's
+    loader refuses it."""
+    if value is None:
+        raise ConfigError(f"{key}: must not be null; give a whole number 1 or more")
+    return _integer(key, value, 1)
+
+
 def non_negative(key: str, value: Any) -> int | None:
     return _integer(key, value, 0)
 

@@ -21,6 +21,7 @@ from gptrain.launch.additional_parameters import NEMO_SBATCH_KEYS, additional_pa
 from gptrain.launch.key_types import (
     boolean,
     count,
+    count_given,
     env_vars,
     exclusive,
     mapping,
@@ -81,7 +82,7 @@ RUN: dict[str, Check] = {
     "dependency": scalar,
 }
 STAGE: dict[str, dict[str, Check]] = {
-    "training": {"trainer": mapping, "trainer.num_nodes": count, "trainer.devices": count},
+    "training": {"trainer": mapping, "trainer.num_nodes": count_given, "trainer.devices": count_given},
     "data_preparation": {
         "workers": workers,
         "blend": mapping,

@@ -26,6 +26,13 @@ def srun_words(script: str) -> list[str]:
     [
         ("training.trainer.num_nodes=abc", "training.trainer.num_nodes", "a whole number"),
         ("training.trainer.devices=0", "training.trainer.devices", "1 or more"),
+        # null: int(None), a TypeError traceback (the training loader refuses it too)
+        (
+            "training.trainer.devices=null",
+            "training.trainer.devices",
+            "must not be null; give a whole number",
+        ),
+        ("training.trainer.num_nodes=null", "training.trainer.num_nodes", "must not be null; give a whole"),
         ("training.trainer=5", "training.trainer", "a mapping"),
         ("data_preparation.workers=x", "data_preparation.workers", "a whole number"),
         ("data_preparation.retries=five", "data_preparation.retries", "a whole number"),
