@@ -150,6 +150,19 @@ def words(key: str, value: Any) -> list[str] | None:
     )
 
 
+def shard_list(key: str, value: Any) -> list[Any] | None:
+    """data_preparation.shards: a list (each entry checked by shards.parse_shards); one URL as text is
+    a one-item list, as a single word is elsewhere (iterated, it was one 'shard' per character)."""
+    if value is None or isinstance(value, list):
+        return value
+    if isinstance(value, str):
+        return [value]
+    raise ConfigError(
+        f"{key}: expected a list of shard URLs (or mappings with url), e.g. {key}=[https://host/a.jsonl.zst],"
+        f" got {type_name(value)}"
+    )
+
+
 def slurm_time(key: str, value: Any) -> Any:
     """sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
     if value in (None, "") or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):

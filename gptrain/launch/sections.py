@@ -29,6 +29,7 @@ from gptrain.launch.key_types import (
     non_negative,
     scalar,
     seconds,
+    shard_list,
     signal_seconds,
     slurm_time,
     timeout_seconds,
@@ -84,6 +85,7 @@ RUN: dict[str, Check] = {
 STAGE: dict[str, dict[str, Check]] = {
     "training": {"trainer": mapping, "trainer.num_nodes": count_given, "trainer.devices": count_given},
     "data_preparation": {
+        "shards": shard_list,
         "workers": workers,
         "blend": mapping,
         "run.node_array_size": count,

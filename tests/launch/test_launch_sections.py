@@ -35,6 +35,10 @@ def srun_words(script: str) -> list[str]:
         ("training.trainer.num_nodes=null", "training.trainer.num_nodes", "must not be null; give a whole"),
         ("training.trainer=5", "training.trainer", "a mapping"),
         ("data_preparation.workers=x", "data_preparation.workers", "a whole number"),
+        # not a list: len() of an int, a TypeError traceback
+        ("data_preparation.shards=5", "data_preparation.shards", "expected a list of shard URLs"),
+        ("data_preparation.shards=true", "data_preparation.shards", "got True (bool)"),
+        ("data_preparation.shards={url: x}", "data_preparation.shards", "got {'url': 'x'} (dict)"),
         ("data_preparation.retries=five", "data_preparation.retries", "a whole number"),
         ("data_preparation.backoff_seconds=soon", "data_preparation.backoff_seconds", "a number of seconds"),
         ("data_preparation.backoff_seconds=-1", "data_preparation.backoff_seconds", "0 or more seconds"),
@@ -390,3 +394,13 @@ def test_the_bignlp_22_06_cluster_file_is_taken_unchanged(tmp_path, capsys, over
         "cluster.srun_flags (bignlp-scripts passed it to its export stage's srun only"
         in capsys.readouterr().err
     )
+
+
+def test_one_shard_url_as_text_is_a_one_item_list(tmp_path):
+    """`data_preparation.shards=https://h/a.jsonl` (text, not a list) was iterated character by
+    character: 'data_preparation.shards[0]: 'h' is not an http(s):// or file:// URL'."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "stages=[data_preparation]"]
+    args.append("data_preparation.shards=https://h/a.jsonl")
+    plan = build_plan(compose(args))
+    assert plan.configs["data_preparation"]["shards"] == ["https://h/a.jsonl"]
+    assert plan.jobs[0].array == 1
