@@ -59,6 +59,13 @@ def srun_words(script: str) -> list[str]:
         ("env_vars=5", "env_vars", "a mapping"),
         ("cluster.env_vars=[a]", "cluster.env_vars", "a mapping"),
         ("cluster.exclusive=maybe", "cluster.exclusive", "true, false or an sbatch --exclusive mode (user,"),
+        # read as a path whatever the stages: Path([...]), a TypeError traceback
+        (
+            "validation.exclude_file=[a,b]",
+            "validation.exclude_file",
+            "expected a file name, got ['a', 'b'] (list)",
+        ),
+        ("validation.exclude_file=true", "validation.exclude_file", "expected a file name, got True (bool)"),
         ("cluster=5", "no cluster config '5'", ""),
         ("cluster=2024", "no cluster config '2024'", ""),  # a group choice, though YAML reads a number
         ("training.run.time_limit=abc", "training.run.time_limit", "not a Slurm time"),
@@ -404,3 +411,11 @@ def test_one_shard_url_as_text_is_a_one_item_list(tmp_path):
     plan = build_plan(compose(args))
     assert plan.configs["data_preparation"]["shards"] == ["https://h/a.jsonl"]
     assert plan.jobs[0].array == 1
+
+
+def test_a_numeric_exclude_file_name_is_read_as_that_file(tmp_path, monkeypatch):
+    """`validation.exclude_file=1` (YAML reads a number) named the file `1`, but Path(1) raised."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "1").write_text("n[3-4]\n")
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "validation.exclude_file=1"]
+    assert build_plan(compose(args)).cluster["exclude"] == "n[3-4]"
