@@ -267,3 +267,23 @@ def test_additional_parameters_reach_sbatch_as_written(workdir, tiny):
     )
     assert out.stdout.strip() == f"{comment}|JobHeldUser", out.stdout + out.stderr
     assert not (workdir / "x").exists()
+
+
+def test_a_cluster_files_per_gpu_options_and_time_min_reach_sbatch_as_it_accepts(workdir, tiny):
+    """NeMo's cluster keys cpus_per_gpu and mem_per_gpu on stages that ask for no GPU (the data
+    preparation, a CPU training) were refused by sbatch ('Invalid generic resource'); a --time-min
+    within every stage's time limit, in D-HH:MM:SS form, is accepted by the controller as rendered."""
+    shards = f"file://{workdir}/a.jsonl"
+    args = [*tiny, "stages=[data_preparation,training]", f"data_preparation.shards=[{shards}]"]
+    args += ["+cluster.cpus_per_gpu=1", "+cluster.mem_per_gpu=1G"]
+    args += ["+cluster.additional_parameters.time_min=0-00:09:00"]
+    out = gptrain(["launch", "--dry-run", *args], workdir)
+    assert out.returncode == 0, out.stderr
+    scripts = sorted(workdir.glob("results/*/dry-run/*_submission.sh"))
+    assert len(scripts) == 2
+    for script in scripts:
+        assert "#SBATCH --time-min=0-00:09:00\n" in script.read_text()
+        test = subprocess.run(
+            ["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60
+        )
+        assert test.returncode == 0 and "to start at" in test.stderr, (script, test.stderr)
