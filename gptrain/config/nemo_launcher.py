@@ -101,6 +101,8 @@ def finalize(cfg: Any, choices: dict[str, str], stages_known: tuple[str, ...]) -
             cfg["stages"] = [s for s in stages if s not in NEMO_STAGES]
             notes.append(f"stages {', '.join(foreign)}: {FOREIGN_STAGE_REASON}")
     cluster_type = cfg.get("cluster_type")
+    if not isinstance(cluster_type, str):  # a list or mapping (unhashable): check_stages names the key
+        cluster_type = None
     if cluster_type in CLUSTER_TYPES:
         cfg["cluster_type"] = CLUSTER_TYPES[cluster_type]
     elif cluster_type in ("bcp", "k8s"):

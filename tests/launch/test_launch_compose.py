@@ -482,3 +482,10 @@ def test_stages_that_are_not_a_list_are_one_line(stages):
     from it: a TypeError traceback ('int' object is not iterable) before the check that names the key."""
     with pytest.raises(ConfigError, match=r"'stages' must be a non-empty list \(there or as an override\)"):
         compose([f"stages={stages}"])
+
+
+@pytest.mark.parametrize("cluster_type", ["[1,2]", "{a: 1}"])
+def test_a_cluster_type_that_is_a_list_or_mapping_is_one_line(cluster_type):
+    """It was looked up in a dict of NeMo's names: 'unhashable type: ListConfig', a traceback."""
+    with pytest.raises(ConfigError, match=r"^cluster_type must be 'local', 'slurm' or 'bcm' \(Slurm\), got"):
+        compose([f"cluster_type={cluster_type}"])
