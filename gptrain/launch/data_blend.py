@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from gptrain.errors import ConfigError, DataError
+from gptrain.errors import DataError
+from gptrain.launch.key_types import blend_weights
 from gptrain.launch.shards import parse_shards
 from gptrain.launch.tokenize_step import json_key, output_prefix
 from gptrain.utils.atomic import atomic_write_text
@@ -46,9 +47,9 @@ def count_tokens(prefix: Path) -> int:
 
 def blend_prefixes(cfg: dict[str, Any]) -> list[float | str]:
     """[w1, prefix1, ...] over all shards; every shard must be prepared."""
-    mode = (cfg.get("blend") or {}).get("weights", "tokens")
-    if mode not in ("tokens", "equal"):
-        raise ConfigError(f"data_preparation.blend.weights must be 'tokens' or 'equal', got '{mode}'")
+    mode = (
+        blend_weights("data_preparation.blend.weights", (cfg.get("blend") or {}).get("weights")) or "tokens"
+    )
     result: list[float | str] = []
     empty: list[Path] = []
     for shard in parse_shards(cfg.get("shards") or []):

@@ -163,6 +163,18 @@ def shard_list(key: str, value: Any) -> list[Any] | None:
     )
 
 
+# data_preparation.blend.weights: each shard weighed by its tokens, or all equally (data_blend.py).
+BLEND_WEIGHTS = ("tokens", "equal")
+
+
+def blend_weights(key: str, value: Any) -> str | None:
+    """Checked at launch: the blend is written only once the last shard is prepared, hours later."""
+    if value is None or (isinstance(value, str) and value in BLEND_WEIGHTS):
+        return value
+    shown = f"'{value}'" if isinstance(value, str) else type_name(value)
+    raise ConfigError(f"{key} must be 'tokens' or 'equal', got {shown}")
+
+
 def slurm_time(key: str, value: Any) -> Any:
     """sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
     if value in (None, "") or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):

@@ -19,6 +19,7 @@ from typing import Any
 from gptrain.errors import ConfigError
 from gptrain.launch.additional_parameters import NEMO_SBATCH_KEYS, additional_parameters, check_extra_options
 from gptrain.launch.key_types import (
+    blend_weights,
     boolean,
     count,
     count_given,
@@ -88,6 +89,7 @@ STAGE: dict[str, dict[str, Check]] = {
         "shards": shard_list,
         "workers": workers,
         "blend": mapping,
+        "blend.weights": blend_weights,
         "run.node_array_size": count,
         "retries": non_negative,  # attempts; 0 makes one, as 1 does
         "backoff_seconds": seconds,

@@ -40,6 +40,13 @@ def srun_words(script: str) -> list[str]:
         ("data_preparation.shards=true", "data_preparation.shards", "got True (bool)"),
         ("data_preparation.shards={url: x}", "data_preparation.shards", "got {'url': 'x'} (dict)"),
         ("data_preparation.retries=five", "data_preparation.retries", "a whole number"),
+        # read only when the last shard was prepared (a typo cost the whole download), or a traceback
+        (
+            "data_preparation.blend.weights=token",
+            "data_preparation.blend.weights",
+            "'tokens' or 'equal', got 'token'",
+        ),
+        ("data_preparation.blend.weights=[1,2]", "data_preparation.blend.weights", "got [1, 2] (list)"),
         ("data_preparation.backoff_seconds=soon", "data_preparation.backoff_seconds", "a number of seconds"),
         ("data_preparation.backoff_seconds=-1", "data_preparation.backoff_seconds", "0 or more seconds"),
         ("data_preparation.timeout_seconds=0", "data_preparation.timeout_seconds", "more than 0 seconds"),
