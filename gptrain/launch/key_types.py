@@ -175,6 +175,15 @@ def blend_weights(key: str, value: Any) -> str | None:
     raise ConfigError(f"{key} must be 'tokens' or 'equal', got {shown}")
 
 
+def directory(key: str, value: Any) -> str:
+    """A directory a stage's job writes into (no default to fall back on); a YAML number names one."""
+    if value is None:
+        raise ConfigError(f"{key}: must not be null; give a directory")
+    if isinstance(value, bool | dict | list):
+        raise ConfigError(f"{key}: expected a directory, got {type_name(value)}")
+    return str(value)
+
+
 def slurm_time(key: str, value: Any) -> Any:
     """sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."""
     if value in (None, "") or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):

@@ -23,6 +23,7 @@ from gptrain.launch.key_types import (
     boolean,
     count,
     count_given,
+    directory,
     env_vars,
     exclusive,
     mapping,
@@ -87,6 +88,9 @@ STAGE: dict[str, dict[str, Check]] = {
     "training": {"trainer": mapping, "trainer.num_nodes": count_given, "trainer.devices": count_given},
     "data_preparation": {
         "shards": shard_list,
+        "download_dir": directory,
+        "output_dir": directory,
+        "tokenizer": mapping,
         "workers": workers,
         "blend": mapping,
         "blend.weights": blend_weights,

@@ -40,6 +40,15 @@ def srun_words(script: str) -> list[str]:
         ("data_preparation.shards=true", "data_preparation.shards", "got True (bool)"),
         ("data_preparation.shards={url: x}", "data_preparation.shards", "got {'url': 'x'} (dict)"),
         ("data_preparation.retries=five", "data_preparation.retries", "a whole number"),
+        # Path(None), .get of a string: tracebacks at launch (the job would read them too)
+        (
+            "data_preparation.output_dir=null",
+            "data_preparation.output_dir",
+            "must not be null; give a directory",
+        ),
+        ("data_preparation.download_dir=[a,b]", "data_preparation.download_dir", "expected a directory, got"),
+        ("data_preparation.output_dir=true", "data_preparation.output_dir", "expected a directory, got True"),
+        ("data_preparation.tokenizer=gpt2", "data_preparation.tokenizer", "expected a mapping of keys"),
         # read only when the last shard was prepared (a typo cost the whole download), or a traceback
         (
             "data_preparation.blend.weights=token",
