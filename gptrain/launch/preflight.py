@@ -271,7 +271,7 @@ def time_checked(job: Job, cluster: dict[str, Any]) -> tuple[str, Any, str]:
         )
         return *time_min, refused
     pending = "Slurm would leave the job pending for ever (PartitionTimeLimit)"
-    return f"{job.stage}.run.time_limit", job.time_limit, pending
+    return job.time_limit_source, job.time_limit, pending
 
 
 def check_blends(data_prefix: Any) -> None:

@@ -44,6 +44,12 @@ class Job:
     setup: list[list[str]] = field(default_factory=list)
     workdir: str = "."
     dependency: str | None = None  # run.dependency, e.g. "singleton" (one job of this name at a time)
+    time_limit_key: str = ""  # the key or flag that set time_limit, for errors ("": <stage>.run.time_limit)
+
+    @property
+    def time_limit_source(self) -> str:
+        """The key or flag an error about the time limit names: `gptrain plan`'s trials have no run keys."""
+        return self.time_limit_key or f"{self.stage}.run.time_limit"
 
     @property
     def script_path(self) -> Path:

@@ -148,7 +148,7 @@ def check_signal_fits_time_limit(
     comes before the limit the job started with, which Slurm may lower down to a --time-min
     (`time_min`: its key and value), so each limit the job may get must leave the time; each read as
     Slurm reads it, in whole minutes."""
-    limits = [(f"{job.stage}.run.time_limit={job.time_limit}", job.time_limit)]
+    limits = [(f"{job.time_limit_source}={job.time_limit}", job.time_limit)]
     if time_min:
         key, value = time_min
         limits.append(
@@ -202,9 +202,9 @@ def check_time_min_fits(job: Job, time_min: tuple[str, Any] | None) -> None:
         return
     longer = "asks for no time limit, which is longer than" if asked is None else "is longer than"
     raise ConfigError(
-        f"{key}={value} {longer} {job.stage}.run.time_limit={job.time_limit}, and sbatch refuses a"
+        f"{key}={value} {longer} {job.time_limit_source}={job.time_limit}, and sbatch refuses a"
         " --time-min over the job's --time ('Invalid time-min specification'): --time-min reaches every"
-        f" stage's script; give at most {job.time_limit}, or a longer {job.stage}.run.time_limit"
+        f" stage's script; give at most {job.time_limit}, or a longer {job.time_limit_source}"
     )
 
 

@@ -85,7 +85,7 @@ def trial_job(plan: Plan, args: argparse.Namespace, candidate: Candidate, trial_
     )
     job.gpus = plan.cluster.gpu.name != "cpu"
     job.cpus_per_task = rank_cpus(profile)  # as the training's ranks get them
-    job.time_limit = args.trial_time_limit
+    job.time_limit, job.time_limit_key = args.trial_time_limit, "--trial-time-limit"
     job.workdir = str(Path.cwd())
     return job
 

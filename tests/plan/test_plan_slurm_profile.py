@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gptrain.errors import ConfigError
+from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.sbatch import Job, render_slurm
 from gptrain.plan.slurm_trials import slurm_profile
 
@@ -197,3 +197,23 @@ def test_a_trial_with_exclusive_topo_is_refused_where_sbatch_is_older_than_24_05
     )
     fake.write_text("#!/bin/sh\necho 'slurm 24.05.1'\n")
     assert "#SBATCH --exclusive=topo" in measured_script(tmp_path, monkeypatch, profile).splitlines()
+
+
+def test_a_trial_names_its_time_limit_flag_where_the_profiles_time_min_is_longer(tmp_path, monkeypatch):
+    """A profile's additional_parameters.time_min over --trial-time-limit was refused naming
+    training.run.time_limit, a key `gptrain plan` has not; the partition's MaxTime check said the same."""
+    from gptrain.launch.preflight import Node, check_cluster
+
+    profile = {"additional_parameters": {"time_min": "02:00:00"}, "plan": {"gpu": "a100-80gb"}}
+    with pytest.raises(ConfigError) as error:
+        measured_trial(tmp_path, monkeypatch, profile)
+    assert str(error.value).startswith(
+        "cluster.additional_parameters.time_min=02:00:00 is longer than --trial-time-limit=0:10:00,"
+    )
+    assert str(error.value).endswith("give at most 0:10:00, or a longer --trial-time-limit")
+    job = Job("training", "t", "t", tmp_path, ["x"], tasks_per_node=1, time_limit="3:00:00")
+    job.time_limit_key = "--trial-time-limit"
+    with pytest.raises(
+        LaunchError, match=r"^--trial-time-limit=3:00:00 is longer than partition 'gpu' allows"
+    ):
+        check_cluster(job, {}, [Node("n1", "gpu", True, 64, 4, "idle", "1:00:00")])
