@@ -35,9 +35,18 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes a crash left
             continue  # a line cut by a crash: skip it, keep the rest
-        if isinstance(record, dict):  # a line that is some other JSON value is no record either
+        if isinstance(record, dict) and not unnamed_submission(record):  # nor is other JSON
             records.append(record)
     return records
+
+
+def unnamed_submission(record: dict[str, Any]) -> bool:
+    """A `submitted` line without a job id gptrain writes (hand-edited, another tool's): no job to
+    ask about or cancel; read, it was a KeyError in `gptrain status` and `cancel`."""
+    job_id = record.get("job_id")
+    return record.get("event") == "submitted" and (
+        isinstance(job_id, bool) or not isinstance(job_id, str | int)
+    )
 
 
 def process_start_time(pid: int) -> int | None:

@@ -681,6 +681,19 @@ def test_launcher_log_survives_a_torn_line(tmp_path):
     assert os.path.getsize(tmp_path / "launcher.log") > 0
 
 
+@pytest.mark.parametrize("command", ["status", "cancel"])
+def test_a_submitted_record_without_a_job_id_is_skipped_as_a_torn_line_is(tmp_path, capsys, command):
+    """A `submitted` line with no job id (hand-edited, or another tool's) was a KeyError traceback in
+    `gptrain status` and `gptrain cancel`; it is no record of a job, as a line that is not JSON."""
+    from gptrain.cli import main
+
+    with open(tmp_path / "launcher.log", "w") as handle:
+        handle.write('{"event": "submitted", "stage": "training"}\n{"event": "submitted", "job_id": [1]}\n')
+    assert read_records(tmp_path) == []
+    assert main([command, str(tmp_path)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_log_files_fill_only_the_job_id_slot(tmp_path):
     """A run named `run%j` keeps its name; the id goes into the pattern's last %j (or %A_%a)."""
     run = tmp_path / "b%j" / "run%j"
