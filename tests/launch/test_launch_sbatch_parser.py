@@ -53,6 +53,11 @@ KEYS = {
     "cluster.reservation": "reservation",
     "cluster.constraint": "constraint",
     "cluster.job_name_prefix": "job-name",
+    # sbatch options no gptrain key renders: NeMo's SlurmLauncher key and additional_parameters
+    "cluster.comment": "comment",
+    "cluster.additional_parameters.mail_user": "mail-user",
+    # the run's name: the job's name, and a directory in its log path (--output) and --chdir's sibling
+    "training.run.name": "job-name",
 }
 LISTED = re.compile(r"^sbatch: (\S+)\s+: (.*)$")
 
@@ -88,9 +93,13 @@ pytestmark = pytest.mark.skipif(sbatch_missing() is not None, reason=str(sbatch_
 @example(key="cluster.account", text="a'b\"c #d")
 @example(key="cluster.job_name_prefix", text="hetjob ")
 @example(key="cluster.account", text="\x85")  # a line break to str.splitlines, not to sbatch
+@example(key="training.run.name", text='run 1; it\'s "é" %j')
+@example(key="cluster.comment", text="#SBATCH --qos=x")
 def test_sbatch_reads_every_directive_value_as_given(key, text, tmp_path):
     text = text.replace("${", "$_{")  # OmegaConf interpolation syntax: a feature, not a value
-    if not text or (key == "cluster.job_name_prefix" and "/" in text):
+    if not text or (key in ("cluster.job_name_prefix", "training.run.name") and "/" in text):
+        return
+    if key == "training.run.name" and text.strip() in (".", ".."):
         return
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}/r", "cluster.partition=p"]
     composition = compose(args)
@@ -102,8 +111,12 @@ def test_sbatch_reads_every_directive_value_as_given(key, text, tmp_path):
     plan = build_plan(composition)
     [script] = [f.text for f in render_run_files(plan, args) if f.executable]
     options = parsed_options(script)
-    want = f"{text}{plan.jobs[0].run_name}" if key == "cluster.job_name_prefix" else text
+    want = {
+        "cluster.job_name_prefix": f"{text}{plan.jobs[0].run_name}",
+        "training.run.name": f"{plan.cluster.get('job_name_prefix') or ''}{text}",
+    }.get(key, text)
     assert options[KEYS[key]] == want, script
+    assert options["output"] == str(plan.jobs[0].log_pattern("out")), script
     asked = {
         line.split("=")[0].removeprefix("#SBATCH --")
         for line in script.splitlines()
