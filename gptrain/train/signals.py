@@ -27,6 +27,8 @@ INTERRUPT_HELD = "gptrain: Ctrl-C: ending the run after this step; Ctrl-C again 
 _early: list[str] = []
 # The handlers early_stops replaced: what a StopRequest that found _remember installed gives back.
 _outer: dict[int, Any] = {}
+# When early_stops was entered (the start of `gptrain train`): what trainer.max_time counts from.
+_command_start: list[float] = []
 
 
 def _remember(signum: int, frame: FrameType | None) -> None:
@@ -44,6 +46,7 @@ def early_stops() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    _command_start[:] = [time.monotonic()]
     previous = {signum: signal.signal(signum, _remember) for signum in STOP_SIGNALS}
     _outer.update(previous)
     try:
@@ -51,16 +54,23 @@ def early_stops() -> Iterator[None]:
     finally:
         _early.clear()
         _outer.clear()
+        _command_start.clear()
         for signum, handler in previous.items():
             if signal.getsignal(signum) is _remember:
                 signal.signal(signum, handler)
 
 
 class StopRequest:
-    """Collects the reason to stop early, if any."""
+    """Collects the reason to stop early, if any.
+
+    trainer.max_time counts from `start`: by default the start of the command (early_stops), as
+    Megatron's --exit-duration-in-mins counts from pretrain()'s start. Slurm's time limit counts the
+    torch import, the rendezvous, the run directory's claim before the handlers are installed; a
+    budget counted from there let a slow start-up run into the time limit without its checkpoint.
+    Called from Python outside early_stops, it counts from here."""
 
     def __init__(self, max_time_seconds: float | None = None, start: float | None = None) -> None:
-        self.start = time.monotonic() if start is None else start
+        self.start = start if start is not None else command_start()
         self.max_time_seconds = max_time_seconds
         self.signal_name: str | None = None
         self.interrupted = False  # a Ctrl-C held by holding_interrupts
@@ -156,6 +166,11 @@ class StopRequest:
         if self.max_time_seconds is not None and time.monotonic() - self.start >= self.max_time_seconds:
             return f"trainer.max_time reached after {self.max_time_seconds:.0f} s"
         return None
+
+
+def command_start() -> float:
+    """time.monotonic() at the start of `gptrain train`/`gptrain megatron` (early_stops), or now."""
+    return _command_start[0] if _command_start else time.monotonic()
 
 
 def ignore_stop_signals(worker_id: int) -> None:

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -351,3 +352,27 @@ def test_a_terminals_ctrl_c_during_a_batch_ends_the_run_after_that_step(tmp_path
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr == INTERRUPT_HELD + "gptrain: interrupted\n"
     assert "interrupted (SIGINT) after iteration 1: nothing saved" in proc.stdout
+
+
+def test_max_time_counts_from_the_commands_start_not_from_the_handlers(tmp_path, capsys, monkeypatch):
+    """Slurm's time limit counts the start-up before the run's StopRequest (torch's import, the
+    rendezvous, the run directory's claim): an hour of it, here on a clock moved on while the run
+    directory is claimed, is spent of a half-hour trainer.max_time, so the run stops after its first
+    step. Counted from the handlers' install, it trained on to max_steps, into the time limit."""
+    from gptrain.train import loop, signals
+
+    hour = [0.0]
+    real_clock = time.monotonic
+    clock = types.SimpleNamespace(monotonic=lambda: real_clock() + hour[0])
+    monkeypatch.setattr(signals, "time", clock)  # the stop's clock only: the hang watchdog keeps its own
+    claim = loop.claim_run_directory
+
+    def slow_claim(*args, **kwargs):
+        hour[0] = 3600.0
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "claim_run_directory", slow_claim)
+    args = ["train", "gpt3/126m", *TINY, *MOCK, "trainer.max_time=00:00:30:00"]
+    assert main([*args, f"exp_manager.explicit_log_dir={tmp_path}"]) == EXIT_REQUEUE
+    assert complete_steps(tmp_path / "checkpoints") == [1]
+    assert "stopping at iteration 1: trainer.max_time reached after 1800 s" in capsys.readouterr().out
