@@ -46,6 +46,7 @@ from gptrain.train.earlier_run import requeued_own_checkpoint
 from gptrain.train.memory_check import out_of_memory, start_warning
 from gptrain.train.results import RunLog, Scalars, write_run_files
 from gptrain.train.run_directory import claim_run_directory
+from gptrain.train.schedule import ScheduleSpec
 from gptrain.train.schedule_checks import names_in_config, run_schedule_warnings
 from gptrain.train.session import ScheduleNaming, Session
 from gptrain.train.signals import StopRequest
@@ -159,8 +160,11 @@ def train(
         session.train_split = getattr(train_data, "samples", None)
         session.valid_split = getattr(valid_data, "samples", None)
         log_start(session, model_config, log_dir, schedule_names)
+        config_schedule = session.schedule.spec
         with session.doing("while loading the checkpoint to start from"):
             resuming.resume(session, source)
+        if cfg.model.optim.sched.from_checkpoint:  # the schedule the resume took, not the config's
+            log_schedule_warnings(session, schedule_names, config_schedule)
         if world.rank == 0:  # after the resume: a config its checkpoint refused must not replace the run's
             write_run_files(log_dir, cfg.to_yaml(), checkpoints=checkpoints)
         for line in b.megatron_start_lines(cfg, vocab, model_config, dp_size):
@@ -207,6 +211,20 @@ def train(
                 stop.stop_ignoring()
 
 
+def log_schedule_warnings(s: Session, schedule_names: ScheduleNaming, config_schedule: ScheduleSpec) -> None:
+    """The learning-rate schedule's start warnings, of the schedule the run follows: with
+    model.optim.sched.from_checkpoint that is the one a resume took from its checkpoint (the
+    config's `config_schedule` otherwise), whose warning says so: the config's keys do not change it."""
+    spec = s.schedule.spec
+    taken = (
+        " (the checkpoint's schedule: model.optim.sched.from_checkpoint=true; false to follow this config's)"
+        if spec != config_schedule
+        else ""
+    )
+    for warning in run_schedule_warnings(s.cfg, spec, schedule_names(s.cfg, spec)):
+        s.log(f"warning: {warning}{taken}")
+
+
 def set_throughput_reference(s: Session, model_config: object) -> None:
     """FLOPs of one global batch (Megatron's formula) and the device's peak for MFU."""
     from gptrain.models.flops import device_peak_tflops, megatron_flops_per_iteration
@@ -228,10 +246,10 @@ def log_start(
         f"gptrain: {params:,} parameters | {s.flops_per_iteration:.3e} FLOPs per iteration | "
         f"{s.num_microbatches} microbatch{'' if s.num_microbatches == 1 else 'es'} per step | results in {log_dir}"
     )
-    names = schedule_names(s.cfg, s.schedule.spec)
-    warnings = run_schedule_warnings(s.cfg, s.schedule.spec, names) + stream_warnings(s.cfg.model)
+    if not s.cfg.model.optim.sched.from_checkpoint:  # else said once the resume took its schedule
+        log_schedule_warnings(s, schedule_names, s.schedule.spec)
     retention = saving.retention_warning(s.cfg)
-    for warning in warnings + ([retention] if retention else []):
+    for warning in stream_warnings(s.cfg.model) + ([retention] if retention else []):
         s.log(f"warning: {warning}")
     # fp32 weights and AdamW's two moments: 12 bytes a parameter, whatever the layout. Said by the
     # logging rank (the console's: rank 0's own lines go to its file only) and by rank 0.

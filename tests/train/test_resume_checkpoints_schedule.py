@@ -119,3 +119,40 @@ def test_a_checkpoints_schedule_that_needs_a_setting_this_config_lacks_is_one_li
     schedule = schedule_saved_at(40, wsd, config())
     with pytest.raises(ConfigError, match="the checkpoint's schedule, WarmupStableDecay, with this run's"):
         take_checkpoints_schedule(schedule)
+
+
+def start_warnings(run):
+    return [line for line in log_lines(run) if line.startswith("warning: the decay ends")]
+
+
+@pytest.mark.parametrize(("saved_decay", "config_decay"), [(6, 20), (20, 6)])
+def test_the_start_warnings_judge_the_schedule_the_resume_takes(
+    tmp_path, monkeypatch, saved_decay, config_decay
+):
+    """The start warnings were made before the checkpoint loaded, of the config's schedule: with
+    from_checkpoint the run follows the checkpoint's, so a decay of 20 steps in the config warned of a
+    decay ending after the 6-step run that the checkpoint's 6 ends with, and the checkpoint's 20 was
+    never warned of. They are now made of the schedule the resume took."""
+    run = tmp_path / "run"
+    first = tiny_config(run, *SHAPE, *SAVED[:-1], f"model.optim.sched.max_steps={saved_decay}")
+    assert run_recording(monkeypatch, first)[0] == 0
+    before = len(start_warnings(run))
+    resumed = tiny_config(
+        run,
+        *SHAPE,
+        *SAVED[:-1],
+        "trainer.max_steps=6",
+        f"model.optim.sched.max_steps={config_decay}",
+        "model.optim.sched.from_checkpoint=true",
+    )
+    assert run_recording(monkeypatch, resumed)[0] == 0
+    warned = start_warnings(run)[before:]
+    if saved_decay == 6:
+        assert warned == []
+    else:
+        assert warned == [
+            "warning: the decay ends after the run: model.optim.sched.max_steps=20 > trainer.max_steps=6, so the"
+            f" last rate is {lr_at(5, spec_from_config(first)):.3g}, not min_lr=0.0001; set"
+            " model.optim.sched.max_steps=null to follow the run (the checkpoint's schedule:"
+            " model.optim.sched.from_checkpoint=true; false to follow this config's)"
+        ]
