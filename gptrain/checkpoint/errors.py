@@ -52,6 +52,21 @@ def root_cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"
 
 
+def on_rank(error: BaseException, world_size: int) -> str:
+    """'on rank R: ' for the first rank a DCP CheckpointException names (its `failures`, by rank), in
+    a world of several: every rank stops with the line, and the full disk or bad mount is R's node's.
+    Empty for an error of this process alone."""
+    failures = getattr(error, "failures", None)
+    if (
+        world_size > 1
+        and isinstance(failures, dict)
+        and failures
+        and isinstance(rank := next(iter(failures)), int)
+    ):
+        return f"on rank {rank}: "
+    return ""
+
+
 def _innermost(error: BaseException) -> BaseException:
     """Down the chain of causes, and of contexts where none is set (torch's zip writer raises its
     own RuntimeError while handling the OSError beneath, ENOSPC for one); the deepest OSError

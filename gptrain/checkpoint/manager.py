@@ -45,7 +45,7 @@ from gptrain.checkpoint.background_save import background_save_group, first_fail
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, remove_unfinished_latest, step_dir_name
-from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError, root_cause
+from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError, on_rank, root_cause
 from gptrain.checkpoint.integrity import COMPLETE, complete_record, is_complete, with_metrics
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.pruning import CheckpointPruning
@@ -410,7 +410,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         if isinstance(error, CheckpointNotSharedError):  # its line says what to do: no disk to free
             return CheckpointNotSharedError(str(error))
         return CheckpointWriteError(
-            f"checkpoint {path} could not be written ({root_cause(error)}); the partial directory was "
+            f"checkpoint {path} could not be written ({on_rank(error, _saving_world_size())}"
+            f"{root_cause(error)}); the partial directory was "
             f"removed and earlier checkpoints are unchanged: free space or fix permissions under {self.root}"
         )
 

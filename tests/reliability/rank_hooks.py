@@ -16,6 +16,8 @@ python rank_hooks.py signal-in-startup RANK gptrain-args...   that rank gets SIG
                                                             the checkpoint (start-up, before step 1)
 python rank_hooks.py nan-from RANK ITERATION gptrain-args...   that rank's training loss is NaN from
                                                             ITERATION on (one micro-batch a step)
+python rank_hooks.py disk-full-in-save RANK ITERATION gptrain-args...   that rank's write of the
+                                                            checkpoint of ITERATION fails (ENOSPC)
 python rank_hooks.py signal-before-start RANK gptrain-args...   that rank gets SIGUSR1 while it loads
                                                             its config (before train() installs its handlers)
 """
@@ -157,6 +159,21 @@ def nan_from(nan_rank: int, iteration: int) -> None:
     builders.build_step_options = with_nan_loss
 
 
+def disk_full_in_save(full_rank: int, iteration: int) -> None:
+    from gptrain.checkpoint import checksum_writer
+    from gptrain.checkpoint.directory import step_dir_name
+
+    writer = checksum_writer.ChecksummingWriter
+    write_data = writer.write_data
+
+    def failing_write(self, plan, planner):
+        if int(os.environ["RANK"]) == full_rank and str(self.path).endswith(step_dir_name(iteration)):
+            raise OSError(28, "No space left on device (injected)")
+        return write_data(self, plan, planner)
+
+    writer.write_data = failing_write
+
+
 if __name__ == "__main__":
     hook, args = sys.argv[1], sys.argv[2:]
     if hook == "fail":
@@ -176,6 +193,9 @@ if __name__ == "__main__":
         args = args[1:]
     elif hook == "nan-from":
         nan_from(int(args[0]), int(args[1]))
+        args = args[2:]
+    elif hook == "disk-full-in-save":
+        disk_full_in_save(int(args[0]), int(args[1]))
         args = args[2:]
     elif hook == "signal-before-start":
         signal_before_start(int(args[0]))

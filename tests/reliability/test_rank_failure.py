@@ -187,3 +187,19 @@ def test_a_stop_signal_before_the_run_installs_its_handlers_is_not_fatal(tmp_pat
     assert complete_steps(tmp_path / "run" / "checkpoints") == []
     log = (tmp_path / "run" / "nemo_log_globalrank-1_localrank-1.txt").read_text()
     assert "stopping before the first step: received SIGUSR1; nothing trained since no checkpoint" in log
+
+
+@pytest.mark.parametrize("async_save", ["true", "false"])
+def test_a_save_failing_on_one_rank_stops_every_rank_naming_that_rank(tmp_path, async_save):
+    """Rank 1's disk is full while iteration 4 is saved (in the background, or at once): no rank marks
+    step_4 complete, and every rank ends with one line that names the rank whose write failed and why."""
+    overrides = ["trainer.max_steps=8", f"exp_manager.checkpoint_callback_params.async_save={async_save}"]
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "disk-full-in-save", "1", "4"])
+    outputs = finish_ranks(ranks)
+    assert all(rank.returncode not in (0, 75) for rank in ranks), outputs
+    assert complete_steps(tmp_path / "run" / "checkpoints") == [2]
+    for _, err in outputs:
+        assert "Traceback" not in err, err[-3000:]
+        line = err.splitlines()[-1]
+        assert line.startswith("gptrain: error: "), err[-3000:]
+        assert "rank 1" in line and "No space left on device (injected)" in line, line
