@@ -1232,3 +1232,49 @@ def test_the_checkpoint_space_warning_reaches_the_console_of_a_multi_rank_run(tm
     )
     loop.log_start(s, build_model_config(cfg, 128), tmp_path)
     assert ("warning: the disk is too small" in said) == says
+
+
+@pytest.mark.parametrize("overflows", [{2, 3}, {2, 3, 5}])
+def test_an_fp16_run_stopped_and_resumed_scales_its_loss_as_one_that_was_not(
+    tmp_path, monkeypatch, overflows
+):
+    """The dynamic loss scale's trackers go through the checkpoint a stop saves at iteration 4 (after
+    two overflows: hysteresis spent, one clean iteration counted): the resumed run grows the scale at
+    5 (a growth interval of 2), or halves it at an overflow there, as the run that was never stopped."""
+    started_at = [0]
+
+    def overflow_at(model, batch):
+        loss = masked_lm_loss(model, batch)
+        if not torch.is_grad_enabled():  # validation
+            return loss
+        calls.append(1)
+        if started_at[0] + (len(calls) + 1) // 2 not in overflows:  # 2 micro-batches a step
+            return loss
+        weight = next(model.parameters()) * 1.0  # a finite loss whose gradients are infinite
+        weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+        return loss + (weight * 0.0).sum()
+
+    def scales(run):
+        lines = [line for line in log_lines(run) if "loss scale:" in line]
+        return [float(line.split("loss scale:")[1].split("|")[0]) for line in lines]
+
+    calls: list[int] = []
+    use_loss_fn(monkeypatch, overflow_at)
+    fp16 = [
+        *MOCK,
+        "trainer.precision=16",
+        "model.native_amp_init_scale=1024",
+        "model.native_amp_growth_interval=2",
+        "model.hysteresis=2",
+        "trainer.max_steps=8",
+        "exp_manager.resume_if_exists=true",
+    ]
+    assert run_recording(monkeypatch, tiny_config(tmp_path / "whole", *fp16))[0] == 0
+    calls.clear()
+    assert run_recording(monkeypatch, tiny_config(tmp_path / "split", *fp16), signal_at=4)[0] == EXIT_REQUEUE
+    calls.clear()
+    started_at[0] = 4
+    assert run_recording(monkeypatch, tiny_config(tmp_path / "split", *fp16))[0] == 0
+    assert scales(tmp_path / "split") == scales(tmp_path / "whole")
+    grown_or_halved = 1024.0 if 5 not in overflows else 256.0
+    assert scales(tmp_path / "whole")[:5] == [1024.0, 1024.0, 512.0, 512.0, grown_or_halved]

@@ -1,3 +1,5 @@
+import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -113,3 +115,63 @@ def test_a_constant_scale_keeps_the_configured_value_over_the_checkpoints():
     static = build_loss_scaler("16", 2.0**12, 1000, 2, static=True)
     static.load_state_dict({"scale": 1.0})
     assert static.scale == 2.0**12 and static.state_dict() == {"scale": 2.0**12}
+
+
+class MegatronDynamicGradScaler:
+    """Megatron's DynamicGradScaler.update restated (its scale a one-element float tensor, here float64):
+    the hysteresis tracker is reset only by a growth and goes below zero in an overflow streak, each
+    overflow then halving the scale down to min_scale; growth when the clean count equals the interval."""
+
+    def __init__(self, scale, min_scale, growth_interval, hysteresis):
+        self.scale, self.min_scale = np.float64(scale), np.float64(min_scale)
+        self.growth_interval, self.hysteresis = growth_interval, hysteresis
+        self.growth_tracker, self.hysteresis_tracker = 0, hysteresis
+
+    def update(self, found_inf):
+        if found_inf:
+            self.growth_tracker = 0
+            self.hysteresis_tracker -= 1
+            if self.hysteresis_tracker <= 0:
+                self.scale = max(self.scale * np.float64(0.5), self.min_scale)
+        else:
+            self.growth_tracker += 1
+            if self.growth_tracker == self.growth_interval:
+                self.growth_tracker = 0
+                self.hysteresis_tracker = self.hysteresis
+                self.scale = self.scale * np.float64(2.0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_dynamic_scaler_follows_megatrons_over_long_random_overflow_runs_and_resumes(seed):
+    """20,000 iterations of overflow bursts and clean stretches, resumed from state_dict at random
+    iterations: scale and both trackers equal Megatron's at every iteration (a power of two: exact)."""
+    rng = np.random.default_rng(seed)
+    settings = {
+        "min_scale": float(2.0 ** rng.integers(0, 4)),
+        "growth_interval": int(rng.integers(1, 40)),
+        "hysteresis": int(rng.integers(1, 5)),
+    }
+    start = float(2.0 ** rng.integers(4, 33))
+    megatron = MegatronDynamicGradScaler(start, **settings)
+    ours = DynamicLossScaler(scale=start, **settings)
+    overflowing, resumes, seen = False, 0, set()
+    for _ in range(20_000):
+        if rng.random() < 0.02:  # a burst starts or ends: streaks long enough to reach min_scale
+            overflowing = not overflowing
+        found_inf = overflowing or rng.random() < 0.05
+        before = ours.scale
+        megatron.update(found_inf)
+        ours.update(found_inf)
+        if rng.random() < 0.01:  # a requeue: a fresh scaler (its configured start) loads the checkpoint's
+            resumed = DynamicLossScaler(scale=2.0**32, **settings)
+            resumed.load_state_dict({key: float(value) for key, value in ours.state_dict().items()})
+            ours, resumes = resumed, resumes + 1
+        assert (ours.scale, ours.growth_tracker, ours.hysteresis_tracker) == (
+            megatron.scale,
+            megatron.growth_tracker,
+            megatron.hysteresis_tracker,
+        )
+        seen |= {"floor"} if ours.scale == settings["min_scale"] else set()
+        seen |= {"below zero"} if ours.hysteresis_tracker < 0 else set()
+        seen |= {"grown"} if ours.scale > before else set()
+    assert resumes > 100 and seen == {"floor", "below zero", "grown"}  # every branch, many resumes
