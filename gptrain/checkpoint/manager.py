@@ -115,6 +115,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         self.pinned_staging = torch.cuda.is_available() if pinned_staging is None else pinned_staging
         self.on_saved = on_saved
         self._pending: Pending | None = None
+        # a background save's failure poll() found, until every rank has agreed to stop on it
+        self.failure: CheckpointWriteError | None = None
         self._writer: ChecksummingWriter | None = None
         self._stager: Any = None
         self._preparing: threading.Thread | None = None
@@ -140,12 +142,16 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         pinned buffer, whose copy out of device memory is faster than a synchronous save's unpinned
         one. Every rank decides alike: they train on one kind of device."""
         started = time.perf_counter()
-        waited = self._wait_for_previous()
+        try:  # a previous save's failure (rank 0's alone where it could not mark it) is agreed below
+            waited = self._wait_for_previous()
+        except CheckpointWriteError as error:
+            self.failure, waited = self.failure or error, 0.0
         in_background = self.async_save and not (waited_for and in_host_memory(state))
         path = self.root / step_dir_name(step)
-        problem = first_on_any_rank(self._clear_step_dir(path) if self.rank == 0 else None)  # a barrier
+        own = str(self.failure) if self.failure else (self._clear_step_dir(path) if self.rank == 0 else None)
+        problem = first_on_any_rank(own)  # a barrier
         if problem is not None:  # every rank learns it, none waits for rank 0 in a collective
-            raise CheckpointWriteError(problem)
+            raise self.failure or CheckpointWriteError(problem)
         try:
             path.mkdir(parents=True, exist_ok=True)
             self._writer = ChecksummingWriter(
@@ -303,12 +309,19 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         return self._pending is not None
 
     def poll(self) -> None:
-        """Report a background save that has been written and marked (never blocks)."""
+        """Report a background save that has been written and marked (never blocks). Its failure is
+        kept in `failure` for the ranks to agree on (StopAgreement, the next save): rank 0 alone
+        learns of a save it could not mark, and raising there left the others in a collective."""
         if self._pending is not None and self._pending.written.done():
-            self.wait()
+            try:
+                self.wait()
+            except CheckpointWriteError as error:
+                self.failure = error
 
     def wait(self) -> None:
         """Block until a pending async save is written and marked complete, then report it."""
+        if self.failure is not None:
+            raise self.failure
         self.wait_for_preparation()
         pending = self._pending
         if pending is None:

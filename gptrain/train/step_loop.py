@@ -96,7 +96,9 @@ def run(
             if logged:
                 log_interval(s, meter)
             reason = times.timed_sync(
-                s.state.step, logged, partial(agreement.exchange, stop.reason(), logged)
+                s.state.step,
+                logged,
+                partial(agreement.exchange, stop.reason(), logged, s.checkpoints.failure),
             )
         check_finite(s, result, meter)  # its wait for a background write unwatched: a save's time
         agreed_stop = agreed_stop or reason

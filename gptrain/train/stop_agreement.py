@@ -11,6 +11,11 @@ seen at step N then happens at step N + 1 on every rank (N + 2 where step N + 2 
 already queued ahead at N + 1: trainer.run_ahead, gptrain.train.overlap). Logged iterations have just
 synchronized the device to time the interval, so there the flags are read at once (which is
 also the wait the straggler line times).
+
+A background checkpoint save that failed (CheckpointManager.failure: rank 0 alone learns of a save
+it could not mark) rides on the same flag, as a higher value: every rank then stops at that boundary
+with the failing rank's line, where the failing rank alone used to raise and leave the others to
+find a lost peer in their next collective.
 """
 
 from __future__ import annotations
@@ -20,7 +25,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from gptrain.checkpoint.agreement import first_on_any_rank
+from gptrain.checkpoint.errors import CheckpointWriteError
+
 OTHER_RANK = "stop requested on another rank"
+STOP, SAVE_FAILED = 1, 2  # the flag's values; the all-reduce keeps the highest
 
 
 @dataclass
@@ -28,6 +37,7 @@ class _Posted:
     """A flag all-reduced but not yet read."""
 
     reason: str | None
+    failure: CheckpointWriteError | None
     flag: torch.Tensor  # on the host
     done: torch.cuda.Event | None  # None: already complete (a CPU backend)
 
@@ -37,39 +47,53 @@ class StopAgreement:
         self._posted: _Posted | None = None
         self._distributed = dist.is_available() and dist.is_initialized()
 
-    def exchange(self, reason: str | None, read_now: bool) -> str | None:
+    def exchange(
+        self, reason: str | None, read_now: bool, failure: CheckpointWriteError | None = None
+    ) -> str | None:
         """The reason every rank stops at this step boundary, or None to go on.
 
         `reason` is this rank's own (None: no request). With `read_now` false it takes part only
         from the next boundary on, unless a flag posted at the last one already says stop.
+        `failure`: this rank's failed background save; once agreed, every rank raises it.
         """
         if not self._distributed:
+            if failure is not None:
+                raise failure
             return reason
         earlier = self._read_posted()
         if earlier is not None:
             return earlier
-        flag = self._flag(reason)
+        flag = self._flag(SAVE_FAILED if failure else STOP if reason else 0)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if read_now:
-            return reason or (OTHER_RANK if int(flag.item()) else None)
-        self._posted = self._post(reason, flag)
+            return self._agreed(int(flag.item()), reason, failure)
+        self._posted = self._post(reason, failure, flag)
         return None
 
-    def _flag(self, reason: str | None) -> torch.Tensor:
+    @staticmethod
+    def _agreed(flag: int, reason: str | None, failure: CheckpointWriteError | None) -> str | None:
+        """What an all-reduced flag says on this rank: a failed save raised (the failing rank's own
+        error; on the others, the first failing rank's line, gathered now), a stop, or None."""
+        if flag == SAVE_FAILED:
+            line = first_on_any_rank(str(failure) if failure else None)
+            raise failure or CheckpointWriteError(line)
+        return reason or (OTHER_RANK if flag else None)
+
+    def _flag(self, value: int) -> torch.Tensor:
         """A one-element int tensor on the backend's device, written by a fill kernel (a
         host-to-device copy of a pageable value would wait for the queued step)."""
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        return torch.full((1,), 1 if reason else 0, dtype=torch.int32, device=device)
+        return torch.full((1,), value, dtype=torch.int32, device=device)
 
     @staticmethod
-    def _post(reason: str | None, flag: torch.Tensor) -> _Posted:
+    def _post(reason: str | None, failure: CheckpointWriteError | None, flag: torch.Tensor) -> _Posted:
         if flag.device.type == "cpu":
-            return _Posted(reason, flag, None)
+            return _Posted(reason, failure, flag, None)
         host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
         host.copy_(flag, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return _Posted(reason, host, done)
+        return _Posted(reason, failure, host, done)
 
     def _read_posted(self) -> str | None:
         posted, self._posted = self._posted, None
@@ -77,6 +101,4 @@ class StopAgreement:
             return None
         if posted.done is not None:
             posted.done.synchronize()  # long complete: the step since waited for later work
-        if not int(posted.flag[0]):
-            return None
-        return posted.reason or OTHER_RANK
+        return self._agreed(int(posted.flag[0]), posted.reason, posted.failure)

@@ -18,6 +18,8 @@ python rank_hooks.py nan-from RANK ITERATION gptrain-args...   that rank's train
                                                             ITERATION on (one micro-batch a step)
 python rank_hooks.py disk-full-in-save RANK ITERATION gptrain-args...   that rank's write of the
                                                             checkpoint of ITERATION fails (ENOSPC)
+python rank_hooks.py complete-full ITERATION gptrain-args...   rank 0 cannot write the COMPLETE
+                                                            marker of the checkpoint of ITERATION (ENOSPC)
 python rank_hooks.py signal-before-start RANK gptrain-args...   that rank gets SIGUSR1 while it loads
                                                             its config (before train() installs its handlers)
 """
@@ -174,6 +176,20 @@ def disk_full_in_save(full_rank: int, iteration: int) -> None:
     writer.write_data = failing_write
 
 
+def complete_full(iteration: int) -> None:
+    from gptrain.checkpoint import manager
+    from gptrain.checkpoint.directory import step_dir_name
+
+    write_text = manager.atomic_write_text
+
+    def failing_write(path, text):
+        if path.name == "COMPLETE" and path.parent.name == step_dir_name(iteration):
+            raise OSError(28, "No space left on device (injected)")
+        return write_text(path, text)
+
+    manager.atomic_write_text = failing_write
+
+
 if __name__ == "__main__":
     hook, args = sys.argv[1], sys.argv[2:]
     if hook == "fail":
@@ -197,6 +213,9 @@ if __name__ == "__main__":
     elif hook == "disk-full-in-save":
         disk_full_in_save(int(args[0]), int(args[1]))
         args = args[2:]
+    elif hook == "complete-full":
+        complete_full(int(args[0]))
+        args = args[1:]
     elif hook == "signal-before-start":
         signal_before_start(int(args[0]))
         args = args[1:]

@@ -203,3 +203,33 @@ def test_a_save_failing_on_one_rank_stops_every_rank_naming_that_rank(tmp_path, 
         line = err.splitlines()[-1]
         assert line.startswith("gptrain: error: "), err[-3000:]
         assert "rank 1" in line and "No space left on device (injected)" in line, line
+
+
+@pytest.mark.parametrize("log_every", [1, 5])
+def test_a_background_save_rank_0_cannot_mark_stops_every_rank_at_one_step_with_its_cause(
+    tmp_path, log_every
+):
+    """Rank 0's COMPLETE of iteration 4 meets a full disk in its background marking thread, which only
+    rank 0 learns of: it raised at its next poll, and rank 1 trained on into a collective rank 0 had
+    left, to stop with 'a collective lost its peer', without the cause. Now the failure is agreed as a
+    stop is (a step late on unlogged iterations): every rank stops at the same step with rank 0's line,
+    and step_4 is no checkpoint."""
+    overrides = [
+        "trainer.max_steps=12",
+        f"trainer.log_every_n_steps={log_every}",
+        "trainer.hang_timeout_minutes=0.5",
+        "exp_manager.checkpoint_callback_params.every_n_train_steps=4",
+        "exp_manager.checkpoint_callback_params.async_save=true",
+    ]
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "complete-full", "4"])
+    outputs = finish_ranks(ranks)
+    assert [rank.returncode for rank in ranks] == [2, 2], outputs
+    assert complete_steps(tmp_path / "run" / "checkpoints") == []
+    lines = []
+    for _, err in outputs:
+        assert "Traceback" not in err, err[-3000:]
+        lines.append(err.splitlines()[-1])
+    step_4 = tmp_path / "run" / "checkpoints" / "step_4"
+    assert lines[0] == lines[1], lines
+    assert lines[0].startswith(f"gptrain: error: checkpoint {step_4} could not be written (OSError: "), lines
+    assert "No space left on device (injected)" in lines[0]
