@@ -314,18 +314,31 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         learns of a save it could not mark, and raising there left the others in a collective."""
         if self._pending is not None and self._pending.written.done():
             try:
-                self.wait()
+                self._report(self._written())
             except CheckpointWriteError as error:
                 self.failure = error
 
     def wait(self) -> None:
-        """Block until a pending async save is written and marked complete, then report it."""
-        if self.failure is not None:
-            raise self.failure
+        """Block until a pending async save is written and marked complete, then report it. Every rank
+        calls this at the same point (a stop, the run's end), and the outcome is agreed first: a save
+        rank 0 could not mark stops every rank with its line, where the others reported it saved."""
+        failure, report = self.failure, None
+        if failure is None:
+            try:
+                report = self._written()
+            except CheckpointWriteError as error:
+                failure = error
+        problem = first_on_any_rank(str(failure) if failure else None)
+        if problem is not None:
+            raise failure or CheckpointWriteError(problem)
+        self._report(report)
+
+    def _written(self) -> SaveReport | None:
+        """The pending save's report once it is written and marked (None without one), or its error."""
         self.wait_for_preparation()
         pending = self._pending
         if pending is None:
-            return
+            return None
         self.wait_for_staging()
         self._pending = None
         try:
@@ -334,8 +347,11 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             if is_complete(pending.report.path):  # written and marked: `latest` or pruning failed
                 raise self._update_failed(pending.report.path, error) from error
             raise self._write_failed(pending.report.path, error) from error
-        if self.on_saved is not None:
-            self.on_saved(pending.report)
+        return pending.report
+
+    def _report(self, report: SaveReport | None) -> None:
+        if report is not None and self.on_saved is not None:
+            self.on_saved(report)
 
     def _wait_for_previous(self) -> float:
         """Seconds spent waiting for a previous save that was still writing (0 if none)."""
@@ -343,7 +359,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             return 0.0
         still_writing = not self._pending.written.done()
         started = time.perf_counter()
-        self.wait()
+        self._report(self._written())  # its failure is agreed by save()
         return time.perf_counter() - started if still_writing else 0.0
 
     def _finish(self, report: SaveReport) -> None:

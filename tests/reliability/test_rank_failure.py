@@ -233,3 +233,20 @@ def test_a_background_save_rank_0_cannot_mark_stops_every_rank_at_one_step_with_
     assert lines[0] == lines[1], lines
     assert lines[0].startswith(f"gptrain: error: checkpoint {step_4} could not be written (OSError: "), lines
     assert "No space left on device (injected)" in lines[0]
+
+
+def test_a_final_background_save_rank_0_cannot_mark_is_not_reported_saved_on_another_rank(tmp_path):
+    """The last save, written in the background beside the test split, that rank 0 cannot mark: rank 1
+    logged 'saved checkpoint step_4' and died in the shutdown with gloo's traceback. Every rank now waits
+    for the save's agreed outcome and stops with rank 0's line."""
+    overrides = ["trainer.limit_test_batches=2", "exp_manager.checkpoint_callback_params.async_save=true"]
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "complete-full", "4"])
+    outputs = finish_ranks(ranks)
+    assert [rank.returncode for rank in ranks] == [2, 2], outputs
+    assert complete_steps(tmp_path / "run" / "checkpoints") == [2]
+    step_4 = tmp_path / "run" / "checkpoints" / "step_4"
+    for rank, (_, err) in enumerate(outputs):
+        assert "Traceback" not in err, err[-3000:]
+        assert err.splitlines()[-1].startswith(f"gptrain: error: checkpoint {step_4} could not be written")
+        log = (tmp_path / "run" / f"nemo_log_globalrank-{rank}_localrank-{rank}.txt").read_text()
+        assert "saved checkpoint step_2" in log and "saved checkpoint step_4" not in log
