@@ -439,7 +439,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         if isinstance(error, CheckpointNotSharedError):  # its line says what to do: no disk to free
             return CheckpointNotSharedError(str(error))
         return CheckpointWriteError(
-            f"checkpoint {path} could not be written ({on_rank(error, _saving_world_size())}"
+            f"checkpoint {path} could not be written ({on_rank(error, saving_world_size())}"
             f"{root_cause(error)}); the partial directory was "
             f"removed and earlier checkpoints are unchanged: free space or fix permissions under {self.root}"
         )
