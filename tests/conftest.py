@@ -142,21 +142,31 @@ def write_word_corpus(directory, documents, words: int = 60) -> tuple[str, str]:
     return prefix, str(directory / "tokenizer.json")
 
 
+def word_corpus_documents() -> list:
+    """80 documents of random words (ids 1..60), 5 to 39 words each, the same every call."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [rng.integers(1, 61, size=int(rng.integers(5, 40))) for _ in range(80)]
+
+
 @pytest.fixture
 def word_corpus(tmp_path):
     """(prefix, tokenizer.json): a real Megatron .bin/.idx corpus of 80 EOD-terminated documents
     of random words from a 61-word vocabulary and its word-level HF tokenizer, under tmp_path/data."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    documents = [rng.integers(1, 61, size=int(rng.integers(5, 40))) for _ in range(80)]
-    return write_word_corpus(tmp_path / "data", documents)
+    return write_word_corpus(tmp_path / "data", word_corpus_documents())
 
 
 @pytest.fixture
 def indexed_corpus(word_corpus):
     """Overrides that train on `word_corpus` (split 90,10,0, index cache beside it)."""
     return corpus_overrides(*word_corpus)
+
+
+@pytest.fixture(scope="module")
+def module_indexed_corpus(tmp_path_factory):
+    """`indexed_corpus` for a module's shared runs: its own directory, its index cache unbuilt."""
+    return corpus_overrides(*write_word_corpus(tmp_path_factory.mktemp("data"), word_corpus_documents()))
 
 
 def corpus_overrides(prefix: str, tokenizer: str) -> list[str]:

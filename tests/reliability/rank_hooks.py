@@ -22,15 +22,25 @@ python rank_hooks.py complete-full ITERATION gptrain-args...   rank 0 cannot wri
                                                             marker of the checkpoint of ITERATION (ENOSPC)
 python rank_hooks.py signal-before-start RANK gptrain-args...   that rank gets SIGUSR1 while it loads
                                                             its config (before train() installs its handlers)
+python rank_hooks.py runs JSON   several of the above in turn in this one process (a torch start-up per
+                                 run costs seconds): JSON is a list of {"hook": [hook, its args],
+                                 "argv": gptrain-args, "port": PORT, "out": DIR} and optionally
+                                 "snapshot": RUN_DIR to copy to DIR/snapshot; see `run_in_turn`
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import signal
 import sys
 import time
+import traceback
+from pathlib import Path
 
+import gptrain.config
 from gptrain.cli import main
 from gptrain.data import gpt_dataset
 from gptrain.train import builders, eval_splits, evaluation, resuming, saving, step_loop
@@ -190,38 +200,96 @@ def complete_full(iteration: int) -> None:
     manager.atomic_write_text = failing_write
 
 
+HOOKS = {  # name: (install, how many integer arguments it takes)
+    "fail": (fail_after, 2),
+    "kill": (kill_after, 2),
+    "kill-in-save": (kill_in_save, 2),
+    "signal-in-save": (signal_in_save, 2),
+    "signal-in-test": (signal_in_test, 1),
+    "nan-from": (nan_from, 2),
+    "disk-full-in-save": (disk_full_in_save, 2),
+    "complete-full": (complete_full, 1),
+    "signal-before-start": (signal_before_start, 1),
+    "signal-in-startup": (signal_in_startup, 1),
+    "report-index-builds": (report_index_builds, 0),
+    "none": (lambda: None, 0),
+}
+# Every function a hook replaces, put back after each run of `run_in_turn`.
+PATCHED = [
+    (step_loop, "record"),
+    (saving, "save_checkpoint"),
+    (gpt_dataset, "build_gpt_indices"),
+    (eval_splits, "evaluate_split"),
+    (evaluation, "to_device"),
+    (resuming, "resume"),
+    (gptrain.config, "load_training_config"),
+    (builders, "build_step_options"),
+]
+
+
+def install(hook: str, args: list[str]) -> list[str]:
+    """Install `hook` with its leading integer arguments; the rest of `args` (gptrain's)."""
+    function, count = HOOKS[hook]
+    function(*map(int, args[:count]))
+    return args[count:]
+
+
+@contextlib.contextmanager
+def output_into(out: Path, rank: str):
+    """This process's stdout and stderr (file descriptors too) into out/rank_R.{out,err}."""
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(out / f"rank_{rank}.out", "w") as stdout, open(out / f"rank_{rank}.err", "w") as stderr:
+        os.dup2(stdout.fileno(), 1), os.dup2(stderr.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+
+
+def wait_for_every_rank(out: Path, world: int, suffix: str = "code", timeout_s: float = 120) -> None:
+    """Each rank has written out/rank_R.SUFFIX: with "code", its run has ended (as separate launches
+    would wait for every process to exit)."""
+    deadline = time.monotonic() + timeout_s
+    while any(not (out / f"rank_{r}.{suffix}").exists() for r in range(world)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every rank ended its run in {out}")
+        time.sleep(0.05)
+
+
+def run_in_turn(runs: list[dict]) -> None:
+    """Each run as a fresh rank process would run it: the stop signals at their default, the hook
+    installed and removed after, its own port and output files, its exit code in out/rank_R.code."""
+    rank, world = os.environ["RANK"], int(os.environ["WORLD_SIZE"])
+    originals = [(owner, name, getattr(owner, name)) for owner, name in PATCHED]
+    for run in runs:
+        out = Path(run["out"])
+        out.mkdir(parents=True, exist_ok=True)
+        os.environ["MASTER_PORT"] = str(run["port"])
+        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+        with output_into(out, rank):
+            try:
+                code = main(install(run["hook"][0], [*run["hook"][1:], *run["argv"]]))
+            except BaseException:  # as the interpreter would print it, and exit 1
+                traceback.print_exc()
+                code = 1
+            finally:
+                for owner, name, function in originals:
+                    setattr(owner, name, function)
+        (out / f"rank_{rank}.code").write_text(f"{code}\n")
+        wait_for_every_rank(out, world)
+        if "snapshot" in run:  # the run directory as this run left it, before a later run resumes it
+            if rank == "0":
+                shutil.copytree(run["snapshot"], out / "snapshot")
+            (out / f"rank_{rank}.snapshot").touch()
+            wait_for_every_rank(out, world, "snapshot")
+
+
 if __name__ == "__main__":
-    hook, args = sys.argv[1], sys.argv[2:]
-    if hook == "fail":
-        fail_after(int(args[0]), int(args[1]))
-        args = args[2:]
-    elif hook == "kill":
-        kill_after(int(args[0]), int(args[1]))
-        args = args[2:]
-    elif hook == "kill-in-save":
-        kill_in_save(int(args[0]), int(args[1]))
-        args = args[2:]
-    elif hook == "signal-in-save":
-        signal_in_save(int(args[0]), int(args[1]))
-        args = args[2:]
-    elif hook == "signal-in-test":
-        signal_in_test(int(args[0]))
-        args = args[1:]
-    elif hook == "nan-from":
-        nan_from(int(args[0]), int(args[1]))
-        args = args[2:]
-    elif hook == "disk-full-in-save":
-        disk_full_in_save(int(args[0]), int(args[1]))
-        args = args[2:]
-    elif hook == "complete-full":
-        complete_full(int(args[0]))
-        args = args[1:]
-    elif hook == "signal-before-start":
-        signal_before_start(int(args[0]))
-        args = args[1:]
-    elif hook == "signal-in-startup":
-        signal_in_startup(int(args[0]))
-        args = args[1:]
-    else:
-        report_index_builds()
-    sys.exit(main(args))
+    if sys.argv[1] == "runs":
+        run_in_turn(json.loads(sys.argv[2]))
+        sys.exit(0)
+    sys.exit(main(install(sys.argv[1], sys.argv[2:])))

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 TINY = [
@@ -63,11 +64,15 @@ def start_ranks(
 ) -> list[subprocess.Popen]:
     """Two gloo ranks of a tiny `gptrain train` (RANK/WORLD_SIZE as torchrun would set them);
     `program` is what takes the gptrain arguments."""
+    return start_program([*program, *train_args(log_dir, "trainer.devices=2", *overrides)], **env)
+
+
+def start_program(args: list[str], **env: str) -> list[subprocess.Popen]:
+    """`args` as two gloo ranks (RANK/WORLD_SIZE as torchrun would set them)."""
     port, processes = free_port(), []
     for rank in range(2):
         rank_env = subprocess_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
         rank_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **env)
-        args = [*program, *train_args(log_dir, "trainer.devices=2", *overrides)]
         processes.append(
             subprocess.Popen(args, env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )
@@ -82,6 +87,20 @@ def finish_ranks(processes: list[subprocess.Popen], timeout: float = 120.0) -> l
     finally:
         for process in processes:
             process.kill()
+
+
+def finish_or_end_together(processes: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
+    """`finish_ranks` of ranks that each run several runs in turn (little output between them): once
+    one has failed, the others are killed, since they would wait for it at the next run's rendezvous."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+        if any(p.poll() not in (None, 0) for p in processes):
+            break
+        time.sleep(0.1)
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+    return [process.communicate() for process in processes]
 
 
 @contextlib.contextmanager

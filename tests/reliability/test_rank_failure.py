@@ -7,11 +7,20 @@ finished step was never marked complete.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
-from reliability_helpers import TINY, finish_ranks, start_ranks
+from reliability_helpers import (
+    TINY,
+    finish_or_end_together,
+    finish_ranks,
+    free_port,
+    start_program,
+    start_ranks,
+    train_args,
+)
 
 from gptrain.checkpoint.integrity import complete_steps
 from gptrain.config import load_training_config
@@ -20,6 +29,51 @@ from gptrain.train import loop, step_loop
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 HOOKED = [sys.executable, str(Path(__file__).with_name("rank_hooks.py"))]
+TEST_SPLIT = ["trainer.limit_test_batches=3"]
+
+
+def in_save(async_save: str) -> list[str]:
+    return [
+        "trainer.max_steps=20",
+        "trainer.log_every_n_steps=5",  # iteration 5 unlogged too: the flag would have been read at 6
+        f"exp_manager.checkpoint_callback_params.async_save={async_save}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, module_indexed_corpus: list[str]) -> Path:
+    """The scenarios whose ranks end by returning (none is killed, none raises), each in its own run
+    directory root/NAME/run, in one launch of two ranks running them in turn (one start-up): each
+    run as a fresh process would (rank_hooks.run_in_turn); each rank's out, err and code under
+    root/NAME/out. The one a signal reaches before its handlers are installed runs first."""
+    root = tmp_path_factory.mktemp("rank_failure")
+    scenarios = [
+        ("before_start", ["signal-before-start", "1"], ["trainer.max_steps=4"]),
+        ("startup", ["signal-in-startup", "1"], ["trainer.max_steps=4"]),
+        ("nan", ["nan-from", "1", "3"], ["trainer.max_steps=50", "trainer.max_consecutive_nonfinite=2"]),
+        ("index_builds", ["report-index-builds"], module_indexed_corpus),
+        ("save_false", ["signal-in-save", "1", "4"], in_save("false")),
+        ("save_true", ["signal-in-save", "1", "4"], in_save("true")),
+        ("test_split", ["signal-in-test", "1"], TEST_SPLIT),
+        ("test_split_resumed", ["none"], TEST_SPLIT),
+    ]
+    in_turn = []
+    for name, hook, overrides in scenarios:
+        run = root / name.removesuffix("_resumed") / "run"
+        argv = train_args(run, "trainer.devices=2", *overrides)
+        in_turn.append({"hook": hook, "argv": argv, "port": free_port(), "out": str(root / name / "out")})
+        if name == "test_split":  # resumed next: its directory as this run left it
+            in_turn[-1]["snapshot"] = str(run)
+    launch = start_program([*HOOKED, "runs", json.dumps(in_turn)])
+    outputs = finish_or_end_together(launch, timeout=480)
+    assert [rank.returncode for rank in launch] == [0, 0], outputs
+    return root
+
+
+def ended(out: Path) -> tuple[list[int], list[tuple[str, str]]]:
+    """Each rank's exit code and (stdout, stderr) of one run of `runs`."""
+    codes = [int((out / f"rank_{r}.code").read_text()) for r in (0, 1)]
+    return codes, [((out / f"rank_{r}.out").read_text(), (out / f"rank_{r}.err").read_text()) for r in (0, 1)]
 
 
 def test_a_rank_local_error_ends_every_rank_promptly_and_is_printed(tmp_path):
@@ -31,14 +85,13 @@ def test_a_rank_local_error_ends_every_rank_promptly_and_is_printed(tmp_path):
     assert "rank-local failure injected on rank 1" in outputs[1][1]
 
 
-def test_a_nan_loss_on_one_ranks_batch_is_skipped_and_stops_every_rank_at_one_iteration(tmp_path):
+def test_a_nan_loss_on_one_ranks_batch_is_skipped_and_stops_every_rank_at_one_iteration(runs):
     """The loss and gradients are reduced over the ranks, so every rank skips the step one rank's batch
     made NaN, names it, and stops at the same iteration with the same one line (no rank waits in a
     collective the others left), naming the last checkpoint saved before the streak."""
-    overrides = ["trainer.max_steps=50", "trainer.max_consecutive_nonfinite=2"]
-    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "nan-from", "1", "3"])
-    outputs = finish_ranks(ranks)
-    assert [rank.returncode for rank in ranks] == [2, 2], outputs
+    codes, outputs = ended(runs / "nan" / "out")
+    assert codes == [2, 2], outputs
+    tmp_path = runs / "nan"
     last_good = tmp_path / "run" / "checkpoints" / "step_2"
     for rank, (_, err) in enumerate(outputs):
         assert "Traceback" not in err, err[-3000:]
@@ -110,64 +163,56 @@ def test_a_background_save_of_a_finished_step_completes_when_a_later_step_fails(
     assert "saved checkpoint step_2" in (tmp_path / "nemo_log_globalrank-0_localrank-0.txt").read_text()
 
 
-def test_rank_zero_builds_the_dataset_indices_and_the_others_load_them(tmp_path, indexed_corpus):
+def test_rank_zero_builds_the_dataset_indices_and_the_others_load_them(runs):
     """As Megatron: on a cache miss one builder, not one per rank (gigabytes each at scale)."""
-    ranks = start_ranks(tmp_path / "run", indexed_corpus, program=[*HOOKED, "report-index-builds"])
-    outputs = finish_ranks(ranks)
-    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    codes, outputs = ended(runs / "index_builds" / "out")
+    assert codes == [0, 0], outputs
     assert "rank 0 builds dataset indices" in outputs[0][0]
     assert "builds dataset indices" not in outputs[1][0]
 
 
 @pytest.mark.parametrize("async_save", ["false", "true"])
-def test_a_stop_one_rank_gets_during_a_save_ends_every_rank_with_that_checkpoint(tmp_path, async_save):
+def test_a_stop_one_rank_gets_during_a_save_ends_every_rank_with_that_checkpoint(runs, async_save):
     """Slurm's warning signal lands while the ranks save iteration 4 (seen by rank 1 first): every
-    rank agrees right after the save and exits 75 there, where they trained on and saved again."""
-    overrides = [
-        "trainer.max_steps=20",
-        "trainer.log_every_n_steps=5",  # iteration 5 unlogged too: the flag would have been read at 6
-        f"exp_manager.checkpoint_callback_params.async_save={async_save}",
-    ]
-    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "signal-in-save", "1", "4"])
-    outputs = finish_ranks(ranks)
-    assert [rank.returncode for rank in ranks] == [75, 75], outputs
+    rank agrees right after the save and exits 75 there, where they trained on and saved again
+    (runs: `in_save`)."""
+    tmp_path = runs / f"save_{async_save}"
+    codes, outputs = ended(tmp_path / "out")
+    assert codes == [75, 75], outputs
     assert complete_steps(tmp_path / "run" / "checkpoints") == [2, 4]
     logs = [(tmp_path / "run" / f"nemo_log_globalrank-{r}_localrank-{r}.txt").read_text() for r in (0, 1)]
     assert "stopping at iteration 4: stop requested on another rank" in logs[0]
     assert "stopping at iteration 4: received SIGUSR1" in logs[1]
 
 
-def test_a_stop_one_rank_gets_inside_the_test_split_ends_every_rank_at_one_batch(tmp_path):
+def test_a_stop_one_rank_gets_inside_the_test_split_ends_every_rank_at_one_batch(runs):
     """Slurm's warning signal on rank 1 inside the final test split: every rank gives it up at the same
     global batch (the flag agreed a batch late, as on unlogged steps) and exits 75 with the final
     checkpoint; the relaunch evaluates only the test split, which it records done."""
-    overrides = ["trainer.limit_test_batches=3"]
-    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "signal-in-test", "1"])
-    outputs = finish_ranks(ranks)
-    assert [rank.returncode for rank in ranks] == [75, 75], outputs
-    assert complete_steps(tmp_path / "run" / "checkpoints")[-1] == 4
-    logs = [(tmp_path / "run" / f"nemo_log_globalrank-{r}_localrank-{r}.txt").read_text() for r in (0, 1)]
+    tmp_path = runs / "test_split"
+    first = tmp_path / "out" / "snapshot"  # the run directory before the resume
+    codes, outputs = ended(tmp_path / "out")
+    assert codes == [75, 75], outputs
+    assert complete_steps(first / "checkpoints")[-1] == 4
+    logs = [(first / f"nemo_log_globalrank-{r}_localrank-{r}.txt").read_text() for r in (0, 1)]
     left = "; trained to trainer.max_steps: the resumed run only evaluates the test split; exit 75"
     assert f"stopping at iteration 4: stop requested on another rank{left}" in logs[0]
     assert f"stopping at iteration 4: received SIGUSR1{left}" in logs[1]
-    assert "on test set" not in logs[0] + logs[1] and not (tmp_path / "run" / "test_split_done.txt").exists()
-    ranks = start_ranks(tmp_path / "run", overrides)
-    outputs = finish_ranks(ranks)
-    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    assert "on test set" not in logs[0] + logs[1] and not (first / "test_split_done.txt").exists()
+    codes, outputs = ended(runs / "test_split_resumed" / "out")
+    assert codes == [0, 0], outputs
     logs = [(tmp_path / "run" / f"nemo_log_globalrank-{r}_localrank-{r}.txt").read_text() for r in (0, 1)]
     assert (logs[0] + logs[1]).count("validation loss at iteration 4 on test set") == 1
     assert (tmp_path / "run" / "test_split_done.txt").read_text() == "4\n"
 
 
-def test_a_stop_one_rank_gets_during_start_up_ends_every_rank_before_a_step(tmp_path):
+def test_a_stop_one_rank_gets_during_start_up_ends_every_rank_before_a_step(runs):
     """SIGTERM on rank 1 while it loads the checkpoint: every rank agrees before step 1 and exits 75
     without training (it trained and saved one step), and saves nothing (no checkpoint to resume
     is not a reason to write one of step 0)."""
-    ranks = start_ranks(
-        tmp_path / "run", ["trainer.max_steps=4"], program=[*HOOKED, "signal-in-startup", "1"]
-    )
-    outputs = finish_ranks(ranks)
-    assert [rank.returncode for rank in ranks] == [75, 75], outputs
+    tmp_path = runs / "startup"
+    codes, outputs = ended(tmp_path / "out")
+    assert codes == [75, 75], outputs
     assert complete_steps(tmp_path / "run" / "checkpoints") == []
     logs = [(tmp_path / "run" / f"nemo_log_globalrank-{r}_localrank-{r}.txt").read_text() for r in (0, 1)]
     for log, reason in zip(logs, ("stop requested on another rank", "received SIGTERM"), strict=True):
@@ -175,15 +220,13 @@ def test_a_stop_one_rank_gets_during_start_up_ends_every_rank_before_a_step(tmp_
         assert "iteration        1/" not in log
 
 
-def test_a_stop_signal_before_the_run_installs_its_handlers_is_not_fatal(tmp_path):
+def test_a_stop_signal_before_the_run_installs_its_handlers_is_not_fatal(runs):
     """SIGUSR1 on rank 1 while `gptrain train` still imports torch and loads its config (Slurm's
     warning signal to a job that starts up for longer than the time left): the rank died of it
     (-SIGUSR1, which the batch script does not requeue); now every rank stops before step 1, exit 75."""
-    ranks = start_ranks(
-        tmp_path / "run", ["trainer.max_steps=4"], program=[*HOOKED, "signal-before-start", "1"]
-    )
-    outputs = finish_ranks(ranks)
-    assert [rank.returncode for rank in ranks] == [75, 75], outputs
+    tmp_path = runs / "before_start"
+    codes, outputs = ended(tmp_path / "out")
+    assert codes == [75, 75], outputs
     assert complete_steps(tmp_path / "run" / "checkpoints") == []
     log = (tmp_path / "run" / "nemo_log_globalrank-1_localrank-1.txt").read_text()
     assert "stopping before the first step: received SIGUSR1; nothing trained since no checkpoint" in log
