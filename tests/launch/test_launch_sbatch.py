@@ -1,3 +1,4 @@
+import json
 import os
 import shlex
 import signal
@@ -255,16 +256,36 @@ def test_local_training_uses_torchrun(tmp_path):
     assert Path(command[-1]).name == "gpt3_126m_hydra.yaml"
 
 
-@pytest.mark.parametrize(("worker_exit", "expected"), [(75, 75), (76, 76), (2, 2), (3, 1), (0, 0)])
-def test_local_torchrun_passes_on_the_workers_requeue_and_hang_codes(tmp_path, worker_exit, expected):
+WORKER_EXITS = {75: 75, 76: 76, 2: 2, 3: 1, 0: 0}  # a worker's exit: the local torchrun's
+IN_TURN = """import json, sys
+from gptrain.parallel.torchrun import main
+
+print(json.dumps([main(["--standalone", "--nproc-per-node=2", worker]) for worker in sys.argv[1:]]))
+"""
+
+
+@pytest.fixture(scope="module")
+def torchrun_codes(tmp_path_factory) -> tuple[dict[int, int], str]:
+    """The local torchrun's exit code over 2 workers exiting with each of WORKER_EXITS, all run in
+    turn in one process (a torch import each costs seconds), and its stderr."""
+    root = tmp_path_factory.mktemp("torchrun_codes")
+    workers = []
+    for worker_exit in WORKER_EXITS:
+        workers.append(root / f"worker_{worker_exit}.py")
+        workers[-1].write_text(f"import sys\nsys.exit({worker_exit})\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", IN_TURN, *map(str, workers)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(zip(WORKER_EXITS, json.loads(done.stdout.splitlines()[-1]), strict=True)), done.stderr
+
+
+@pytest.mark.parametrize(("worker_exit", "expected"), WORKER_EXITS.items())
+def test_local_torchrun_passes_on_the_workers_requeue_and_hang_codes(torchrun_codes, worker_exit, expected):
     """torchrun ends with 1 whatever its workers exited with: a local launch whose ranks stopped to
     be requeued reported a failure, and never printed how to resume."""
-    worker = tmp_path / "worker.py"
-    worker.write_text(f"import sys\nsys.exit({worker_exit})\n")
-    command = [sys.executable, "-m", "gptrain.parallel.torchrun", "--standalone", "--nproc-per-node=2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*command, str(worker)], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == expected, done.stderr[-2000:]
+    codes, stderr = torchrun_codes
+    assert codes[worker_exit] == expected, stderr[-2000:]
 
 
 def signal_local_torchrun(tmp_path, worker_lines: list[str], signum: int, wait: float) -> tuple[int, str]:
