@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from validate_helpers import FAST, REPO, end, run_ranks, start_ranks
+from validate_helpers import FAST, REPO, end, free_port, run_ranks, start_ranks
 
 from gptrain.validate.bandwidth import OPS, bus_factor
 from gptrain.validate.runtime import DELAY_ENV
@@ -24,9 +25,65 @@ def synced(envs: list[dict[str, str]], tmp_path) -> list[dict[str, str]]:
     return [{**env, "GPTRAIN_TEST_START_DIR": str(tmp_path / "start")} for env in envs]
 
 
-def test_two_ranks_write_every_report_and_fail_a_missed_threshold(tmp_path):
-    out = tmp_path / "report"
-    codes, logs = run_ranks(["all", "--output-dir", str(out), *FAST, "--min-busbw-GBps", "1e6"], 2, tmp_path)
+IN_TURN = str(REPO / "tests" / "validate" / "validate_runs_worker.py")
+SMALL = ["--max-bytes", "64", "--iters", "1", "--warmup", "0", "--timeout", "60"]
+
+
+def in_turn(root, world: int, runs: dict[str, tuple[list[str], list[dict[str, str]] | None]]) -> dict:
+    """name: (codes, logs) of each `gptrain validate ARGV` run of `runs` (name: (ARGV, each rank's
+    variables)), all in one launch of `world` ranks that run them in turn (one start-up); each run
+    writes its reports into root/NAME (ARGV's {out})."""
+    spec = []
+    for name, (argv, envs) in runs.items():
+        argv = [arg.replace("{out}", str(root / name)) for arg in argv]
+        spec.append(
+            {"argv": argv, "port": free_port(), "envs": envs or [{}] * world, "log": str(root / name)}
+        )
+    procs, launch_logs = start_ranks([IN_TURN, json.dumps(spec)], world, root)
+    try:
+        launched = [p.wait(timeout=90 * len(runs)) for p in procs]
+    finally:
+        end(procs)
+    assert launched == [0] * world, launch_logs[0].read_text()[-3000:]
+    results = {}
+    for name in runs:
+        logs = [root / f"{name}.rank{r}" for r in range(world)]
+        codes = [int(Path(f"{log}.code").read_text()) for log in logs]
+        results[name] = codes, [log.read_text() for log in logs]
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[Path, dict]:
+    """The plain two-rank runs below, in one launch."""
+    root = tmp_path_factory.mktemp("two_ranks")
+    runs = {
+        "every_report": (["all", "--output-dir", "{out}", *FAST, "--min-busbw-GBps", "1e6"], None),
+        "count": (["collectives", "--output-dir", "{out}", *SMALL], None),
+    }
+    return root, in_turn(root, 2, runs)
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory) -> tuple[Path, dict]:
+    """The plain three-rank runs below, in one launch; n7 is in the exclude file beforehand."""
+    root = tmp_path_factory.mktemp("three_ranks")
+    (root / "exclude.txt").write_text("n7\n")  # from an earlier validation: merged, not replaced
+    slow = [{"SLURMD_NODENAME": f"n{r + 1}", "GPTRAIN_VALIDATE_TEST_DELAY": "2:0.02"} for r in range(3)]
+    runs = {
+        "sizes_once": (["collectives", "--output-dir", "{out}", *SMALL], None),
+        "slow_rank": (
+            ["pairwise", "--output-dir", "{out}", *FAST, "--exclude-file", str(root / "exclude.txt")],
+            slow,
+        ),
+    }
+    return root, in_turn(root, 3, runs)
+
+
+def test_two_ranks_write_every_report_and_fail_a_missed_threshold(two_ranks):
+    root, results = two_ranks
+    out = root / "every_report"  # all --output-dir OUT FAST --min-busbw-GBps 1e6
+    codes, logs = results["every_report"]
     assert codes == [1, 1], logs[0]  # every rank exits with the verdict
     assert "FAILED collectives: all_reduce busbw" in logs[0] and "below the threshold 1e+06 GB/s" in logs[0]
     # every rank ran on this one machine: it is the node to blame (was "no single node is to blame")
@@ -49,12 +106,12 @@ def test_two_ranks_write_every_report_and_fail_a_missed_threshold(tmp_path):
     assert gpus["gpus"] == [] if not torch.cuda.is_available() else gpus["gpus"]
 
 
-def test_sizes_that_round_to_one_message_are_measured_once(tmp_path):
+def test_sizes_that_round_to_one_message_are_measured_once(three_ranks):
     """On 3 ranks all_gather's 8 B and 16 B are both one 12 B message (3 elements, one a rank):
     it was measured twice, written twice to the JSON, and the table showed one of the two."""
-    out = tmp_path / "report"
-    args = ["collectives", "--output-dir", str(out), "--max-bytes", "64", "--iters", "1", "--warmup", "0"]
-    codes, logs = run_ranks([*args, "--timeout", "60"], 3, tmp_path)
+    root, results = three_ranks
+    out = root / "sizes_once"  # collectives --output-dir OUT SMALL
+    codes, logs = results["sizes_once"]
     assert codes == [0, 0, 0], logs[0]
     rows = json.loads((out / "collectives.json").read_text())
     keys = [(r["op"], r["bytes"], r["in_place"]) for r in rows]
@@ -65,13 +122,13 @@ def test_sizes_that_round_to_one_message_are_measured_once(tmp_path):
     assert len(table_lines) == len({(op, size) for op, size, _ in keys})
 
 
-def test_count_is_the_calls_count_per_rank_as_nccl_tests_prints_it(tmp_path):
+def test_count_is_the_calls_count_per_rank_as_nccl_tests_prints_it(two_ranks):
     """nccl-tests prints the size of the whole message and the count of the NCCL call: for
     all_gather, reduce_scatter and all_to_all one rank's chunk. The count printed and written was
     the whole message's, n times nccl-tests' on n ranks."""
-    out = tmp_path / "report"
-    args = ["collectives", "--output-dir", str(out), "--max-bytes", "64", "--iters", "1", "--warmup", "0"]
-    codes, logs = run_ranks([*args, "--timeout", "60"], 2, tmp_path)
+    root, results = two_ranks
+    out = root / "count"  # collectives --output-dir OUT SMALL
+    codes, logs = results["count"]
     assert codes == [0, 0], logs[0]
     rows = json.loads((out / "collectives.json").read_text())
     for r in rows:
@@ -95,13 +152,11 @@ def test_torchrun_two_processes_pass_when_thresholds_hold(tmp_path):
     assert json.loads((out / "validation.json").read_text())["passed"] is True
 
 
-def test_slow_rank_makes_its_node_the_one_to_exclude(tmp_path):
+def test_slow_rank_makes_its_node_the_one_to_exclude(three_ranks):
     """Three one-rank 'nodes'; the test hook delays every collective of rank 2 (node n3)."""
-    out, exclude = tmp_path / "report", tmp_path / "exclude.txt"
-    exclude.write_text("n7\n")  # from an earlier validation: merged, not replaced
-    envs = [{"SLURMD_NODENAME": f"n{r + 1}", "GPTRAIN_VALIDATE_TEST_DELAY": "2:0.02"} for r in range(3)]
-    args = ["pairwise", "--output-dir", str(out), *FAST, "--exclude-file", str(exclude)]
-    codes, logs = run_ranks(args, 3, tmp_path, envs)
+    root, results = three_ranks
+    out, exclude = root / "slow_rank", root / "exclude.txt"  # n7 in it before
+    codes, logs = results["slow_rank"]
     assert codes == [1, 1, 1], logs[0]
     assert "FAILED pairwise: node n3: best pair" in logs[0] and "--exclude=n3\n" in logs[0]
     assert "node n1" not in logs[0] and "node n2" not in logs[0]
