@@ -6,7 +6,8 @@ each after the first with :PORT, trained in turn in this one process (a torch st
 seconds on a CPU VM): run NAME trains into ROOT/NAME, and rank 1 asks to stop (SIGUSR1) during step
 STOP_AT (0: never); a run stopped so must be the last (a rank exits after it). A later run meets on
 a port of its own: on the first one's, a rank done early could reach the store the other rank has
-yet to close, and wait there for ever. The overrides choose the layout (default: DDP). Each run
+yet to close, and wait there for ever. The overrides choose the layout (default: DDP); a run given
+as NAME:RUN_AHEAD:STOP_AT[:PORT]|OVERRIDE|OVERRIDE... takes those overrides instead. Each run
 writes OUT/NAME/rank_<r>.json: the exit code, each step's loss and the steps after which the next
 one was queued ahead, and whether SIGTERM is ignored after train() returned. Then it sends itself
 SIGTERM, as `srun --kill-on-bad-exit` does to the ranks still running when one exits 75.
@@ -39,13 +40,15 @@ def main() -> None:
     builders.build_optimizer = lambda *args: real_build(*args[:-1], "cuda")
     step_loop.record = recording
     for run in runs:
+        run, *own_layout = run.split("|")
         name, run_ahead, stop, *port = run.split(":")
         if port:
             os.environ["MASTER_PORT"] = port[0]
         losses.clear()
         ahead.clear()
         stop_at[0] = int(stop)
-        train(root / name, out / name, rank, run_ahead, layout, {"losses": losses, "ahead": ahead})
+        recorded = {"losses": losses, "ahead": ahead}
+        train(root / name, out / name, rank, run_ahead, own_layout or layout, recorded)
 
 
 def train(log_dir: Path, out: Path, rank: int, run_ahead: str, layout: list[str], recorded: dict) -> None:

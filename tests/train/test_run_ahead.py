@@ -146,38 +146,51 @@ def test_two_ranks_running_ahead_stop_at_the_same_step_and_resume_to_the_same_ru
         assert first[rank]["losses"] | second[rank]["losses"] == behind[rank]["losses"]
 
 
+LAYOUTS = {
+    "shard_grad_op": [
+        "model.data_parallel_sharding=shard_grad_op",
+        "model.micro_batch_size=1",
+    ],  # 2 micro batches
+    "tp2_sp": ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
+    "pp2_dp2_fsdp": [
+        "trainer.devices=4",
+        "model.pipeline_model_parallel_size=2",
+        "model.data_parallel_sharding=full_shard",
+        "model.micro_batch_size=1",  # 2 micro batches per DP rank: the pipeline needs 2
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def two_rank_layouts(tmp_path_factory) -> Path:
+    """Each two-rank layout's runs, behind and ahead, all in one process per rank (one start-up):
+    OUT/NAME_behind and OUT/NAME_ahead under the returned OUT."""
+    root = tmp_path_factory.mktemp("run_ahead_layouts")
+    runs = []
+    for name, layout in LAYOUTS.items():
+        if "trainer.devices=4" not in layout:
+            for run in (f"{name}_behind:false:0", f"{name}_ahead:true:0"):
+                runs.append("|".join([f"{run}:{free_port()}", *layout]))
+    run_ranks(WORKER, root / "out", root, ",".join(runs), timeout_s=360)
+    return root / "out"
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "layout",
-    [
-        ["model.data_parallel_sharding=shard_grad_op", "model.micro_batch_size=1"],  # 2 micro batches
-        ["model.tensor_model_parallel_size=2", "model.sequence_parallel=true"],
-        [
-            "trainer.devices=4",
-            "model.pipeline_model_parallel_size=2",
-            "model.data_parallel_sharding=full_shard",
-            "model.micro_batch_size=1",  # 2 micro batches per DP rank: the pipeline needs 2
-        ],
-    ],
-    ids=["shard_grad_op", "tp2_sp", "pp2_dp2_fsdp"],
-)
-def test_dtensor_parameters_update_on_the_device_and_run_ahead(tmp_path, layout):
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_dtensor_parameters_update_on_the_device_and_run_ahead(tmp_path, request, name):
     """FSDP2's and TP's DTensor parameters took the host-decided update, so no step ran ahead there:
     fused AdamW applies the clip factor and the non-finite skip to them on the device too. Queued
     ahead or not, every rank trains bit for bit alike."""
+    layout = LAYOUTS[name]
     world = 4 if "trainer.devices=4" in layout else 2
-    # both runs in one process per rank: one start-up
-    run_ranks(
-        WORKER,
-        tmp_path / "out",
-        tmp_path,
-        f"behind:false:0,ahead:true:0:{free_port()}",
-        *layout,
-        world=world,
-        timeout_s=240,
-    )
-    behind, ahead = ranks(tmp_path / "out" / "behind", world), ranks(tmp_path / "out" / "ahead", world)
+    if world == 2:  # shared with the other two-rank layout
+        out = request.getfixturevalue("two_rank_layouts")
+    else:  # both runs in one process per rank: one start-up
+        out = tmp_path / "out"
+        runs = f"{name}_behind:false:0,{name}_ahead:true:0:{free_port()}"
+        run_ranks(WORKER, out, tmp_path, runs, *layout, world=world, timeout_s=240)
+    behind, ahead = ranks(out / f"{name}_behind", world), ranks(out / f"{name}_ahead", world)
     assert [r["code"] for r in behind + ahead] == [0] * 2 * world
     assert behind[0]["ahead"] == [] and ahead[0]["ahead"] == [2, 3, 7, 9, 11]
     for rank in range(world):
