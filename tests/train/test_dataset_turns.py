@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gloo_ranks import run_ranks
+from gloo_ranks import free_port, run_ranks
 
 from gptrain.train.builders import build_turn
 
@@ -20,16 +20,29 @@ def entered(out: Path) -> dict[int, list[int]]:
     return {rank: json.loads((out / f"entered_{rank}.json").read_text()) for rank in range(4)}
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Both scenarios (no failure: ROOT/none; rank 2's build fails: ROOT/2) in one launch of four
+    ranks that run them in turn (one start-up)."""
+    root = tmp_path_factory.mktemp("dataset_turns")
+    specs = []
+    for failing in ("none", "2"):
+        (root / failing).mkdir()
+        specs.append(f"{root / failing},{failing},{free_port()}")
+    run_ranks(WORKER, *specs, world=4)
+    return root
+
+
 @pytest.mark.distributed
-def test_each_node_builds_once_before_its_other_ranks(tmp_path):
-    run_ranks(WORKER, tmp_path, "none", world=4)
+def test_each_node_builds_once_before_its_other_ranks(runs):
+    tmp_path = runs / "none"
     assert entered(tmp_path) == {0: [], 2: [0], 1: [0, 2], 3: [0, 2]}
     assert all((tmp_path / f"raised_{rank}.txt").read_text() == "built train" for rank in range(4))
 
 
 @pytest.mark.distributed
-def test_a_node_leaders_failure_stops_every_rank_naming_it(tmp_path):
-    run_ranks(WORKER, tmp_path, "2", world=4)
+def test_a_node_leaders_failure_stops_every_rank_naming_it(runs):
+    tmp_path = runs / "2"
     assert not (tmp_path / "entered_1.json").exists() and not (tmp_path / "entered_3.json").exists()
     raised = {rank: (tmp_path / f"raised_{rank}.txt").read_text() for rank in range(4)}
     assert raised[2] == "index cache of rank 2 unwritable"
