@@ -25,6 +25,7 @@ LOSS = "lm loss"
 LEARNING_RATE = "learning rate"
 STEP_TIME = "elapsed time per iteration (ms)"
 THROUGHPUT = "throughput per GPU (TFLOP/s/GPU)"
+PLOTTED = (LOSS, LEARNING_RATE, STEP_TIME, THROUGHPUT)
 
 # The last iteration marker of a line: a line torn by a kill (a full disk, SIGKILL) has the resumed
 # attempt's first line appended to it, and only that one is whole.
@@ -45,7 +46,7 @@ _TB_TAGS: dict[str, tuple[str, bool, float]] = {
     "lr": (LEARNING_RATE, False, 1.0),
     "train step timing in s": (STEP_TIME, False, 1000.0),
     "iteration time": (STEP_TIME, False, 1000.0),
-    "tflop/s/gpu": (THROUGHPUT, False, 1.0),
+    "tflop s gpu": (THROUGHPUT, False, 1.0),  # TFLOP/s/GPU, normalised
     "throughput": (THROUGHPUT, False, 1.0),
 }
 
@@ -189,13 +190,16 @@ def recorded_events_dir(run_dir: Path) -> Path | None:
 
 
 def read_tensorboard(run_dir: Path) -> RunMetrics:
-    """The same series from TensorBoard event files (for runs whose text logs are gone): those
-    in the tensorboard_dir its hparams.yaml records, else those under the run directory."""
+    """The same series from TensorBoard event files (for runs whose text logs are gone, or lack a
+    series): those in the tensorboard_dir its hparams.yaml records, else those under the run directory."""
+    events_dir = recorded_events_dir(run_dir) or run_dir
+    paths = find_files(events_dir, lambda name: name.startswith("events.out.tfevents"))
+    if not paths:  # tensorboard's import is not paid for a run without events
+        return RunMetrics()
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     parts = []
-    events_dir = recorded_events_dir(run_dir) or run_dir
-    for path in find_files(events_dir, lambda name: name.startswith("events.out.tfevents")):
+    for path in paths:
         accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
         accumulator.Reload()
         part = RunMetrics()  # one events file per process: an attempt of the run
@@ -236,8 +240,23 @@ def refuse_several_runs(root: Path) -> None:
         )
 
 
+def lacks_a_plotted_series(metrics: RunMetrics) -> bool:
+    """A curve the logs leave "not logged": `gptrain megatron` (as Megatron) prints throughput only
+    with --log-throughput, yet its events hold TFLOP/s/GPU."""
+    return any(not metrics.train.get(name) for name in PLOTTED) or not metrics.valid.get(LOSS)
+
+
+def fill_from(metrics: RunMetrics, events: RunMetrics) -> None:
+    """Take each series `metrics` lacks from `events`; a series the logs hold stays theirs."""
+    for source, target in ((events.train, metrics.train), (events.valid, metrics.valid)):
+        for name, points in source.items():
+            if points and not target.get(name):
+                target[name] = dict(points)
+
+
 def read_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
-    """Metrics of a run: its text logs, else its TensorBoard events."""
+    """Metrics of a run: its text logs, and its TensorBoard events for the series they lack (all of
+    them where the logs are gone)."""
     root = Path(run_dir)
     found = look_up(root)  # Path.is_dir raised PermissionError where it may not be looked up
     if found.kind == "unreachable":
@@ -248,6 +267,8 @@ def read_run_metrics(run_dir: str | os.PathLike[str]) -> RunMetrics:
     metrics = read_logs(root)
     if metrics.empty():
         metrics = read_tensorboard(root)
+    elif lacks_a_plotted_series(metrics):
+        fill_from(metrics, read_tensorboard(root))
     if metrics.empty():
         raise DataError(
             f"{root}: no Megatron iteration lines (*.log/*.out) or TensorBoard scalars found; "

@@ -13,7 +13,7 @@ def add_plot_parser(subparsers: argparse._SubParsersAction) -> None:
         help="plot a run's loss, learning rate, step time and TFLOP/s/GPU as PNGs",
         description=(
             "Read a run's Megatron iteration and validation lines (*.log, *.out under RUN_DIR; "
-            "TensorBoard events when there are none) and write loss.png and curves.png."
+            "TensorBoard events for the series they lack) and write loss.png and curves.png."
         ),
     )
     parser.add_argument(

@@ -212,6 +212,42 @@ def test_plot_reads_tensorboard_when_no_logs(tmp_path: Path) -> None:
     assert len(write_plots(metrics, tmp_path / "plots")) == 2
 
 
+def test_a_series_the_logs_lack_is_taken_from_the_events(tmp_path: Path) -> None:
+    """`gptrain megatron` without --log-throughput prints no throughput field, but its events hold
+    TFLOP/s/GPU: the plot draws it from them, and the logs' own series stay the logs'."""
+    from gptrain.train.logline import IterationLog, format_iteration_line
+    from gptrain.train.results import Scalars
+
+    lines = [
+        format_iteration_line(
+            IterationLog(
+                iteration=step,
+                train_iters=4,
+                consumed_samples=8 * step,
+                elapsed_ms_per_iteration=10.0,
+                throughput_tflops=None,
+                learning_rate=1e-4,
+                global_batch_size=8,
+                lm_loss=2.0,
+                loss_scale=1.0,
+                grad_norm=1.0,
+                skipped_iterations=0,
+                nan_iterations=0,
+            )
+        )
+        for step in (1, 2, 3, 4)
+    ]
+    (tmp_path / "train.log").write_text("\n".join(lines) + "\n")
+    scalars = Scalars(tmp_path / "events", enabled=True)
+    for step in (1, 2, 3, 4):
+        scalars.add({"TFLOP/s/GPU": 12.0 + step, "lm loss": 7.0, "iteration-time": 0.5}, step)
+    scalars.close()
+    metrics = read_run_metrics(tmp_path)
+    assert metrics.series(THROUGHPUT) == ([1, 2, 3, 4], [13.0, 14.0, 15.0, 16.0])
+    assert metrics.series(LOSS) == ([1, 2, 3, 4], [2.0] * 4)  # the logs', not the events'
+    assert metrics.series(STEP_TIME) == ([1, 2, 3, 4], [10.0] * 4)
+
+
 def test_a_directory_above_several_runs_is_refused_naming_them(tmp_path: Path) -> None:
     """`gptrain plot results` over two runs took every log under it for attempts of one run: the
     second run, starting at iteration 1 too, replaced the first with nothing said. One run under a
