@@ -80,6 +80,15 @@ PER_SPLIT_PATHS = {
 }
 
 
+def _what_megatron_does_with_mock_data(data_flags: list[str]) -> str:
+    """Megatron's assert counts --mock-data, --data-path and the per-split paths, not the args files:
+    beside those alone it trains on mock tokens. gptrain refuses that pair too: a run given a blend
+    file that trains on random tokens is a mistake found only in its loss."""
+    if any(flag not in (DATA_ARGS, PER_SPLIT_DATA_ARGS) for flag in data_flags):
+        return "Megatron refuses both: 'A single data source must be provided'"
+    return "Megatron takes both but trains on mock tokens, the file's blend unused; drop --mock-data to train on it"
+
+
 def apply(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     """--data-path (one blend that --split divides) or the per-split paths (each split its own);
     either may come from a file (--data-args-path, --per-split-data-args-path)."""
@@ -87,8 +96,8 @@ def apply(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     split_flags = [flag for flag in (*PER_SPLIT_PATHS, PER_SPLIT_DATA_ARGS) if flag in given]
     if "--mock-data" in given and (whole or split_flags):  # else the files were read, the flag dropped
         raise ConfigError(
-            f"--mock-data and {', '.join(whole + split_flags)}: give one data source (Megatron refuses both: "
-            "'A single data source must be provided')"
+            f"--mock-data and {', '.join(whole + split_flags)}: give one data source "
+            f"({_what_megatron_does_with_mock_data(whole + split_flags)})"
         )
     if whole and split_flags:
         raise ConfigError(

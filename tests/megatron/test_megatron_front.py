@@ -408,24 +408,36 @@ def test_no_data_flag_is_refused_naming_megatrons_data_flags(capsys):
     )
 
 
+REFUSES_BOTH = "Megatron refuses both: 'A single data source must be provided'"
+TRAINS_ON_MOCK = (
+    "Megatron takes both but trains on mock tokens, the file's blend unused; drop --mock-data to train on it"
+)
+
+
 @pytest.mark.parametrize(
-    ("data", "named"),
+    ("data", "named", "why"),
     [
-        ("--data-path /d/c_text_document", "--data-path"),
-        ("--data-path 0.7 /d/a 0.3 /d/b", "--data-path"),
-        ("--data-args-path /d/blend.txt --split 98,2,0", "--data-args-path"),
-        ("--train-data-path /d/t --valid-data-path /d/v", "--train-data-path, --valid-data-path"),
+        ("--data-path /d/c_text_document", "--data-path", REFUSES_BOTH),
+        ("--data-path 0.7 /d/a 0.3 /d/b", "--data-path", REFUSES_BOTH),
+        (
+            "--train-data-path /d/t --valid-data-path /d/v",
+            "--train-data-path, --valid-data-path",
+            REFUSES_BOTH,
+        ),
+        ("--data-args-path /d/blend.txt --split 98,2,0", "--data-args-path", TRAINS_ON_MOCK),
+        ("--per-split-data-args-path /d/splits.json", "--per-split-data-args-path", TRAINS_ON_MOCK),
     ],
 )
-def test_mock_data_beside_a_data_path_is_refused_as_megatron_refuses_it(data, named, capsys):
-    """Megatron asserts 'A single data source must be provided' (and before May 2024 trained on mock
-    tokens); gptrain dropped --mock-data and trained on the files, silently."""
+def test_mock_data_beside_a_data_path_is_refused_saying_what_megatron_does(data, named, why, capsys):
+    """Megatron asserts 'A single data source must be provided' of --mock-data beside --data-path or
+    the per-split paths (and before May 2024 trained on mock tokens); its assert does not count the
+    args files, beside which it trains on mock tokens. gptrain dropped --mock-data and trained on the
+    files, silently; then it said Megatron refused the args files too, which it does not."""
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     flags = f"{base} --train-iters 4 --lr 1e-4 --vocab-file v.json --merge-file m.txt --mock-data {data}"
     assert main(["megatron", "--dry-run", *shlex.split(flags)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"gptrain: error: --mock-data and {named}: give one data source (Megatron refuses both: "
-        "'A single data source must be provided')"
+        f"gptrain: error: --mock-data and {named}: give one data source ({why})"
     )
 
 
