@@ -95,6 +95,24 @@ def test_tensorboard_dir_gets_the_events_and_plot_finds_them_there(tmp_path, cap
     assert steps == [1, 2, 3, 4] and values == pytest.approx([float(x) for x in losses], rel=6e-7)
 
 
+def test_plot_of_a_run_without_log_throughput_draws_throughput_from_its_events(tmp_path, capsys, monkeypatch):
+    """Without --log-throughput the iteration line has no throughput field (as Megatron's), and the
+    plot read the events only for a run without logs: every such run's throughput was 'not logged'."""
+    from gptrain.trained.curves import LOSS, THROUGHPUT, read_run_metrics
+
+    one_process_in(tmp_path, monkeypatch)
+    flags = [*TINY, "--mock-data", "--vocab-size", "128", "--num-workers", "0", "--save", "run"]
+    assert main(["megatron", *flags]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert re.findall(r"iteration +(\d+)/ +4 \|", out) == ["1", "2", "3", "4"]
+    assert "throughput per GPU" not in out
+    metrics = read_run_metrics(tmp_path / "run")
+    steps, values = metrics.series(THROUGHPUT)
+    assert steps == [1, 2, 3, 4] and all(value > 0 for value in values)
+    losses = [float(x) for x in re.findall(r"lm loss: ([0-9.E+-]+)", out)]
+    assert metrics.series(LOSS) == ([1, 2, 3, 4], losses)  # the logs' own numbers, exactly
+
+
 def test_small_dataset_with_no_test_batches_does_not_build_the_test_split(
     tmp_path, capsys, monkeypatch, word_corpus
 ):
