@@ -26,6 +26,8 @@ DataPrefix = str | Sequence[str | float] | Mapping[str, "str | Sequence[str | fl
 # blended child builds 0.5% more samples than its share, so rounding in the greedy blend seldom asks
 # a child for a sample it lacks.
 MID_LEVEL_SURPLUS = 0.005
+# How errors name the surplus in a training config; `data sample` names its flag.
+SURPLUS_KEY = "model.data.mid_level_dataset_surplus"
 
 # The most tokens one split may ask for. Its index arrays (16 bytes a sample, 4 a document per
 # epoch) must stay sizes numpy can address (2**63 bytes) and count (len()); past that numpy's
@@ -52,6 +54,24 @@ def _check_index_sizes(num_samples: Sequence[int], seq_length: int, asked_by: Se
                 f"({count * seq_length:,} tokens), past the {MAX_SPLIT_TOKENS:,} (2**58) that its sample "
                 "indices can address; ask for fewer"
             )
+
+
+def _check_blend_requests(
+    prefixes: Sequence[str], weights: Sequence[float], num_samples: Sequence[int], seq_length: int,
+    surplus: float, surplus_named: str, only_split: str | None,
+) -> None:  # fmt: skip
+    """Each dataset's share grown by the surplus, checked in floats before math.ceil: a surplus of
+    1e308 made it an OverflowError, 1e20 numpy's ValueError, both tracebacks blaming no setting."""
+    for prefix, weight in zip(prefixes, weights, strict=True):
+        for name, size in zip(SPLIT_NAMES, num_samples, strict=True):
+            share = math.ceil(size * weight)
+            request = share * (1 + surplus)
+            if only_split in (None, name) and not request * seq_length <= MAX_SPLIT_TOKENS:
+                raise ConfigError(
+                    f"{surplus_named} {surplus}: {prefix} ({name} split) of {share:,} samples builds "
+                    f"{request:.3g} samples of {seq_length} tokens, past the {MAX_SPLIT_TOKENS:,} (2**58) "
+                    "tokens its sample indices can address; give a surplus nearer Megatron's default 0.005"
+                )
 
 
 def _check_prefixes(prefixes: list[str], data_prefix: DataPrefix) -> None:
@@ -103,17 +123,21 @@ def _no_sequences_text(prefix: str, sequences: int, split: str, splits_string: s
 def _blend_splits(
     prefixes: list[str], weights: list[float], splits_string: str | None, seq_length: int, seed: int,
     num_samples: tuple[int, int, int], cache_dir: str | None, skip_unused: bool = False,
-    only_split: str | None = None, surplus: float = MID_LEVEL_SURPLUS,
+    only_split: str | None = None, surplus: float = MID_LEVEL_SURPLUS, surplus_named: str = SURPLUS_KEY,
 ) -> list[BlendedDataset | None]:  # fmt: skip
     weights = normalize(weights)
+    _check_blend_requests(prefixes, weights, num_samples, seq_length, surplus, surplus_named, only_split)
     targets = samples_per_dataset(weights, num_samples)
     requests = samples_per_dataset(weights, num_samples, surplus)
-    children = [
-        _single_prefix_splits(
-            prefix, splits_string, seq_length, seed, request, cache_dir, skip_unused, only_split
-        )
-        for prefix, request in zip(prefixes, requests, strict=True)
-    ]
+    children = []
+    for prefix, request, target in zip(prefixes, requests, targets, strict=True):
+        try:
+            children.append(_single_prefix_splits(
+                prefix, splits_string, seq_length, seed, request, cache_dir, skip_unused, only_split
+            ))  # fmt: skip
+        except MemoryError as error:
+            raise _surplus_memory_error(error, prefix, request, target, num_samples, only_split, surplus_named,
+                                        surplus) from None  # fmt: skip
     blends: list[BlendedDataset | None] = []
     for i, name in enumerate(SPLIT_NAMES):
         split_children = [child[i] for child in children]
@@ -124,6 +148,24 @@ def _blend_splits(
         names = [f"{prefix} ({name} split)" for prefix in prefixes]
         blends.append(BlendedDataset(split_children, weights, size, name, cache_dir, names=names))  # type: ignore[arg-type]
     return blends
+
+
+def _surplus_memory_error(
+    error: MemoryError, prefix: str, request: Sequence[int], target: Sequence[int], num_samples: Sequence[int],
+    only_split: str | None, surplus_named: str, surplus: float,
+) -> BaseException:  # fmt: skip
+    """The surplus named when it grew a dataset's share past its whole split's count (no share is larger
+    without it): the out-of-memory line blamed the sample count, 90 where a surplus of 1e9 asked 2.3e10."""
+    rows = zip(SPLIT_NAMES, request, target, num_samples, strict=True)
+    name, count, share, size = max((r for r in rows if only_split in (None, r[0])), key=lambda r: r[1])
+    if count <= size:
+        return error
+    reason = (str(error).splitlines() or ["no detail"])[0]
+    return ConfigError(
+        f"{surplus_named} {surplus}: out of memory building the sample indices of {prefix} ({name} split), "
+        f"{count:,} samples (its share {share:,} with the surplus; {reason}); give a surplus nearer "
+        "Megatron's default 0.005"
+    )
 
 
 def build_gpt_datasets(
@@ -139,6 +181,7 @@ def build_gpt_datasets(
     only_split: str | None = None,
     asked_by: Sequence[str] = ("num_samples",) * 3,
     surplus: float = MID_LEVEL_SURPLUS,
+    surplus_named: str = SURPLUS_KEY,
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:
     """(train, valid, test): plain GPTDatasets for one prefix, BlendedDatasets for a weighted
     list, MockGPTDatasets with `mock`; None for a split the split string leaves empty.
@@ -149,11 +192,12 @@ def build_gpt_datasets(
     must not fail because a small dataset's test split holds no whole sequence).
     `only_split` ("train", "valid" or "test"): build that split alone, the others are None.
     `asked_by` names, per split, what the user set to ask for its samples (for the errors).
-    `surplus`: Megatron's --mid-level-dataset-surplus, the fraction more samples each blended dataset builds."""
+    `surplus`: Megatron's --mid-level-dataset-surplus, the fraction more samples each blended dataset builds;
+    `surplus_named` is how errors name it."""
     try:
         return _build_splits(
             data_prefix, splits_string, seq_length, seed, num_samples, cache_dir, mock, vocab_size,
-            skip_unused, only_split, asked_by, surplus,
+            skip_unused, only_split, asked_by, surplus, surplus_named,
         )  # fmt: skip
     except MemoryError as error:  # numpy's "Unable to allocate 1.42 PiB ...": a count too large for this host
         raise ConfigError(_out_of_memory_text(error, num_samples, seq_length, asked_by, only_split)) from None
@@ -180,7 +224,7 @@ def _out_of_memory_text(
 def _build_splits(
     data_prefix: DataPrefix, splits_string: str | None, seq_length: int, seed: int,
     num_samples: tuple[int, int, int], cache_dir: str | None, mock: bool, vocab_size: int | None,
-    skip_unused: bool, only_split: str | None, asked_by: Sequence[str], surplus: float,
+    skip_unused: bool, only_split: str | None, asked_by: Sequence[str], surplus: float, surplus_named: str,
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:  # fmt: skip
     if only_split not in (None, *SPLIT_NAMES):
         raise ConfigError(f"only_split must be one of {', '.join(SPLIT_NAMES)}, got {only_split!r}")
@@ -197,8 +241,9 @@ def _build_splits(
         return mocks[0], mocks[1], mocks[2]
     if isinstance(data_prefix, Mapping):
         return _per_split(
-            data_prefix, seq_length, seed, num_samples, cache_dir, skip_unused, only_split, asked_by, surplus
-        )
+            data_prefix, seq_length, seed, num_samples, cache_dir, skip_unused, only_split, asked_by, surplus,
+            surplus_named,
+        )  # fmt: skip
     prefixes, weights = parse_blend(data_prefix)
     _check_prefixes(prefixes, data_prefix)
     if weights is None:
@@ -207,14 +252,14 @@ def _build_splits(
         )
     else:
         datasets = _blend_splits(prefixes, weights, splits_string, seq_length, seed, num_samples,
-                                 cache_dir, skip_unused, only_split, surplus)  # fmt: skip
+                                 cache_dir, skip_unused, only_split, surplus, surplus_named)  # fmt: skip
     return datasets[0], datasets[1], datasets[2]
 
 
 def _per_split(
     data_prefix: Mapping[str, str | Sequence[str | float] | None], seq_length: int, seed: int,
     num_samples: tuple[int, int, int], cache_dir: str | None, skip_unused: bool, only_split: str | None,
-    asked_by: Sequence[str], surplus: float,
+    asked_by: Sequence[str], surplus: float, surplus_named: str,
 ) -> tuple[Dataset | None, Dataset | None, Dataset | None]:  # fmt: skip
     """Each split built from its own datasets, every document of them in that split."""
     unknown = sorted(str(key) for key in data_prefix if key not in PER_SPLIT_KEYS)
@@ -234,7 +279,7 @@ def _per_split(
         counts = tuple(count if i == position else 0 for i in range(len(SPLIT_NAMES)))
         built = build_gpt_datasets(
             _lone_prefix(spec), whole, seq_length, seed, counts, cache_dir, only_split=name, asked_by=asked_by,
-            surplus=surplus,
+            surplus=surplus, surplus_named=surplus_named,
         )  # fmt: skip
         datasets.append(built[position])
     return datasets[0], datasets[1], datasets[2]

@@ -190,6 +190,7 @@ def run_sample(args: argparse.Namespace) -> int:
         only_split=args.split,  # an empty test split must not stop a look at the train split
         asked_by=("--num-samples",) * 3,
         surplus=args.mid_level_dataset_surplus,
+        surplus_named="--mid-level-dataset-surplus",
     )
     dataset = datasets[split]
     if dataset is None:

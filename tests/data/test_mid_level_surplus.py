@@ -132,3 +132,60 @@ def test_data_sample_refuses_a_surplus_that_cannot_size_a_dataset(tmp_path, caps
         f"--mid-level-dataset-surplus {float(value)}: give a finite fraction of 0 or more"
         in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("value", ["1e308", "1e20"])
+def test_data_sample_refuses_a_surplus_past_the_indices_bound_naming_the_surplus(tmp_path, capsys, value):
+    """1e308 made ceil(23 * (1 + 1e308)) an OverflowError traceback, 1e20 numpy's ValueError."""
+    from gptrain.cli import main
+
+    a = write_dataset(tmp_path / "a", [9, 4, 17, 6, 11, 3] * 4)
+    b = write_dataset(tmp_path / "b", [5, 13, 8] * 6)
+    argv = ["data", "sample", "--data-prefix", "1", a, "3", b, "--seq-length", "4", "--num-samples", "90,0,0"]
+    argv += ["--cache-dir", str(tmp_path / "c")]
+    assert main([*argv, "--mid-level-dataset-surplus", value]) == 2
+    err = capsys.readouterr().err
+    assert f"--mid-level-dataset-surplus {float(value)}: " in err
+    assert (
+        f"{a} (train split) of 23 samples builds" in err and "past the 288,230,376,151,711,744 (2**58)" in err
+    )
+    assert "Traceback" not in err and "--num-samples" not in err.split(":")[0]
+
+
+def test_training_refuses_a_surplus_past_the_indices_bound_naming_its_key(tmp_path):
+    a = write_dataset(tmp_path / "a", [9, 4, 17, 6, 11, 3] * 4)
+    b = write_dataset(tmp_path / "b", [5, 13, 8] * 6)
+    overrides = [f"model.data.data_prefix=[1,{a},3,{b}]", "model.data.mid_level_dataset_surplus=1e308"]
+    cfg = load_training_config(None, overrides, report_ignored=False)
+    with pytest.raises(
+        ConfigError,
+        match=r"^model\.data\.mid_level_dataset_surplus 1e\+308: .*a \(train split\) of 23 samples",
+    ):
+        build_gpt_datasets(
+            [1, a, 3, b], "1", 4, 7, (90, 0, 0), str(tmp_path / "c"),
+            surplus=cfg.model.data.mid_level_dataset_surplus,
+        )  # fmt: skip
+
+
+def test_a_surplus_the_host_cannot_hold_is_blamed_not_the_sample_count(tmp_path, monkeypatch, capsys):
+    """1e9 asks a 23-sample share for 2.3e10 samples (368 GB of indices): the out-of-memory line
+    blamed --num-samples, which asked for 90."""
+    from gptrain.cli import main
+    from gptrain.data import builder
+
+    a = write_dataset(tmp_path / "a", [9, 4, 17, 6, 11, 3] * 4)
+    b = write_dataset(tmp_path / "b", [5, 13, 8] * 6)
+    real = builder.GPTDataset
+
+    def short_of_memory(indexed, documents, count, *args):
+        if count > 10**6:
+            raise MemoryError("Unable to allocate 343. GiB for an array with shape (23000000023,)")
+        return real(indexed, documents, count, *args)
+
+    monkeypatch.setattr(builder, "GPTDataset", short_of_memory)
+    argv = ["data", "sample", "--data-prefix", "1", a, "3", b, "--seq-length", "4", "--num-samples", "90,0,0"]
+    argv += ["--cache-dir", str(tmp_path / "c"), "--mid-level-dataset-surplus", "1e9"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "error: --mid-level-dataset-surplus 1000000000.0: out of memory building the sample indices" in err
+    assert f"{a} (train split), 23,000,000,023 samples" in err and "its share 23" in err
