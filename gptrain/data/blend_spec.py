@@ -216,32 +216,59 @@ def is_number(raw: str | float) -> bool:
 
 def unweighted_list_error(entries: list[str | float]) -> DataError:
     """Megatron reads an odd-length list, or one without any weight, as 'each dataset once'."""
+    head = (
+        f"data prefix list {entries} is Megatron's unweighted form (every dataset once, mixed in proportion "
+        "to its size), which gptrain does not support; "
+    )
+    if any(is_number(entry) for entry in entries):
+        return DataError(head + _numbers_note(entries))
     example = " ".join(f"1 {str(entry).strip()}" for entry in entries[:3]) + (
         " ..." if len(entries) > 3 else ""
     )
     return DataError(
-        f"data prefix list {entries} is Megatron's unweighted form (every dataset once, mixed in proportion "
-        f"to its size), which gptrain does not support; put a weight before each prefix instead, "
-        f"e.g. '{example}' (weights proportional to the datasets' token counts give Megatron's mix)"
-        f"{_numbers_note(entries)}"
+        head + f"put a weight before each prefix instead, e.g. '{example}' (weights proportional to the "
+        "datasets' token counts give Megatron's mix)"
     )
 
 
 def _numbers_note(entries: list[str | float]) -> str:
-    """Where an odd list holds numbers, that they are read as prefixes: `0.3 a 0.7` is more likely a
-    blend short of a prefix than datasets named 0.3 and 0.7. Else ''."""
+    """That a list's numbers are read as prefixes, and the blend they more likely meant: `0.3 a 0.7` is
+    a blend short of a prefix, and `a 0.3 b 0.7` one with its weights after their prefixes (Megatron's
+    get_blend_from_list reads an even list with no weight at its odd entries as prefixes alone), rather
+    than datasets named 0.3 and 0.7. The example had turned the numbers into prefixes: '1 0.3 1 a 1 0.7'."""
     numbered = [(position, entry) for position, entry in enumerate(entries, 1) if is_number(entry)]
-    if len(entries) % 2 == 0 or not numbered:
-        return ""
     words = [str(position) for position, _ in numbered]
     positions = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
     values = ", ".join(str(entry).strip() for _, entry in numbered)
-    if len(numbered) == 1:
-        return (
-            f"; entry {positions} ({values}) read as a prefix, as Megatron reads an odd list: if it is a "
-            "weight, a prefix or a weight is missing"
-        )
-    return (
-        f"; entries {positions} ({values}) read as prefixes, as Megatron reads an odd list: if they are "
-        "weights, a prefix or a weight is missing"
-    )
+    read = f"entry {positions} ({values}) read as a prefix" if len(numbered) == 1 else (
+        f"entries {positions} ({values}) read as prefixes"
+    )  # fmt: skip
+    they = "it is a weight" if len(numbered) == 1 else "they are weights"
+    if len(entries) % 2:
+        fix = f"as Megatron reads an odd list: if {they}, a prefix or a weight is missing"
+    else:
+        fix = f"as Megatron reads an even list with no weight at its odd entries (1, 3, ...): if {they}, put {'it' if len(numbered) == 1 else 'each'} before its prefix"
+    return f"{read}, {fix}, e.g. '{_likely_blend(entries)}'"
+
+
+def _likely_blend(entries: list[str | float]) -> str:
+    """The weighted list the entries most likely meant (its first 3 pairs): each number the weight of the
+    prefix next to it (before or after), WEIGHT or PREFIX where one has none."""
+    pairs: list[tuple[str, str]] = []
+    weight: str | None = None
+    prefix: str | None = None
+    for entry in (str(raw).strip() for raw in entries):
+        if is_number(entry):
+            if weight is not None:
+                pairs.append((weight, "PREFIX"))
+            weight = entry
+        else:
+            if prefix is not None:
+                pairs.append(("WEIGHT", prefix))
+            prefix = entry
+        if weight is not None and prefix is not None:
+            pairs.append((weight, prefix))
+            weight = prefix = None
+    if weight is not None or prefix is not None:
+        pairs.append((weight or "WEIGHT", prefix or "PREFIX"))
+    return " ".join(f"{w} {p}" for w, p in pairs[:3]) + (" ..." if len(pairs) > 3 else "")

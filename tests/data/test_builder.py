@@ -91,7 +91,6 @@ def test_bad_blend_lists_name_the_entry(entries, message):
     [
         (["a", "b"], "'1 a 1 b'"),  # even, no weight parses
         (["a", "b", "c"], "'1 a 1 b 1 c'"),  # odd: Megatron reads even '30 a 70' this way
-        (["30", "a", "70"], "'1 30 1 a 1 70'"),
         (["d/a", "d/b", "d/c", "d/d"], "'1 d/a 1 d/b 1 d/c ...'"),
     ],
 )
@@ -448,10 +447,16 @@ def test_a_prefix_yaml_renamed_as_a_number_says_to_quote_it(tmp_path, monkeypatc
     [
         (
             ["0.3", "a", "0.7"],
-            "entries 1 and 3 (0.3, 0.7) read as prefixes, as Megatron reads an odd list: if they are weights",
+            "entries 1 and 3 (0.3, 0.7) read as prefixes, as Megatron reads an odd list: if they are weights, "
+            "a prefix or a weight is missing, e.g. '0.3 a 0.7 PREFIX'",
         ),
+        (["30", "a", "70"], "entries 1 and 3 (30, 70) read as prefixes, as Megatron reads an odd list"),
         (["1", "a", "2", "b", "3"], "entries 1, 3 and 5 (1, 2, 3) read as prefixes"),
-        ([30, "a", "b"], "entry 1 (30) read as a prefix, as Megatron reads an odd list: if it is a weight"),
+        (
+            [30, "a", "b"],
+            "entry 1 (30) read as a prefix, as Megatron reads an odd list: if it is a weight, a prefix or a "
+            "weight is missing, e.g. '30 a WEIGHT b'",
+        ),
     ],
 )
 def test_an_odd_list_with_weights_in_it_says_a_weight_or_prefix_may_be_missing(entries, said):
@@ -459,7 +464,28 @@ def test_an_odd_list_with_weights_in_it_says_a_weight_or_prefix_may_be_missing(e
     with pytest.raises(DataError, match="Megatron's unweighted form") as info:
         parse_blend(entries)
     assert f"; {said}" in str(info.value)
-    assert str(info.value).endswith("a prefix or a weight is missing")
+    assert "1 0.3 1 a" not in str(info.value) and "1 30 1 a" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("entries", "said", "example"),
+    [
+        (["a", "0.3", "b", "0.7"], "entries 2 and 4 (0.3, 0.7)", "'0.3 a 0.7 b'"),
+        (["d/a", 30, "d/b", 70, "d/c", 5], "entries 2, 4 and 6 (30, 70, 5)", "'30 d/a 70 d/b 5 d/c'"),
+        (["a", "b", "c", "0.5"], "entry 4 (0.5)", "'WEIGHT a WEIGHT b 0.5 c'"),
+    ],
+)
+def test_an_even_list_with_weights_after_their_prefixes_says_megatron_reads_them_as_prefixes(
+    entries, said, example
+):
+    """Megatron's get_blend_from_list reads `a 0.3 b 0.7` (no weight at entries 1, 3) as four prefixes,
+    two of them named 0.3 and 0.7; the line said only to write '1 a 1 0.3 1 b ...'."""
+    with pytest.raises(DataError, match="Megatron's unweighted form") as info:
+        parse_blend(entries)
+    text = str(info.value)
+    assert f"; {said} read as" in text
+    assert "as Megatron reads an even list with no weight at its odd entries (1, 3, ...)" in text
+    assert text.endswith(f"before its prefix, e.g. {example}")
 
 
 def test_an_unweighted_list_without_numbers_says_nothing_of_missing_weights():
