@@ -29,6 +29,10 @@ _WANDB_MODEL = (
 )
 _DATA = "NeMo dataloader options (gptrain's dataset and sampler are Megatron's; these do not apply)"
 _NOT_IMPL = "not implemented in gptrain"
+_VALIDATION_DROP_LAST = (
+    "NeMo's validation_drop_last, whose default true gptrain follows (the validation split's last partial "
+    "sample and last partial global batch dropped)"
+)
 _MLPERF = "MLPerf-only keys (the MLPerf configs are not supported)"
 _NAME = "NeMo's experiment name (gptrain names a run by run.name)"
 _MODEL_TYPE = "bignlp-scripts 22.x's model family of the file (gptrain's model is GPT)"
@@ -187,8 +191,8 @@ _REASONS: dict[str, tuple[str, ...]] = {
         "model.data.num_dataset_builder_threads",
         "model.data.pad_samples_to_global_batch_size",
         "model.data.skip_warmup",
-        "model.data.validation_drop_last",
     ),
+    _VALIDATION_DROP_LAST: ("model.data.validation_drop_last",),
     _NOT_IMPL: (
         "model.data.data_cache_generation_only",
         "model.data.no_seqlen_plus_one_input_tokens",
@@ -277,7 +281,9 @@ NO_OP_VALUES: dict[str, tuple[tuple[object, ...], str]] = {
     "model.data.validation_drop_last": (
         (True,),
         "the validation split's last partial sample kept, padded (Megatron-core's drop_last_partial_validation_"
-        "sequence=False: one sample more, so another shuffle and other validation samples throughout)",
+        "sequence=False: one sample more, so another shuffle and other validation samples throughout) and its "
+        "last partial global batch validated (NeMo's megatron_gpt_model.py also turns the validation "
+        "dataloader's drop_last off and weights the validation loss by tokens, as gptrain's always is)",
     ),
     "model.context_parallel_size": ((1,), "context parallelism"),
     "model.expert_model_parallel_size": ((1,), "mixture of experts"),

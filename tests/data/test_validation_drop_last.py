@@ -24,3 +24,15 @@ def test_validation_drop_last_false_is_refused_naming_what_it_changes():
         "'model.data.validation_drop_last: False' asks for the validation split's last partial sample" in text
     )
     assert "set it to True (NeMo's default) or leave it out" in text
+    # NeMo's megatron_gpt_model.py also turns the validation dataloader's drop_last off and weights the
+    # validation loss by tokens with it: the line named only the dataset's change.
+    assert "its last partial global batch validated" in text
+    assert "turns the validation dataloader's drop_last off and weights the validation loss by tokens" in text
+
+
+def test_validation_drop_last_is_not_said_to_be_a_dataloader_option_that_does_not_apply():
+    """Its reason, logged among the ignored keys, said 'these do not apply' of a key whose other value is refused."""
+    from gptrain.config.nemo_keys import ignored_reason
+
+    reason = ignored_reason("model.data.validation_drop_last")
+    assert "do not apply" not in reason and "default true gptrain follows" in reason
