@@ -11,11 +11,14 @@ launch's next stage, in another run dir, that waits for job `after` of this one,
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 LAUNCHER_LOG = "launcher.log"
+SLURM_JOB_ID = re.compile(r"[1-9][0-9]*")
+LOCAL_JOB_ID = re.compile(r"local-[1-9][0-9]*")
 
 
 def append_record(run_dir: Path, event: str, **fields: Any) -> dict[str, Any]:
@@ -42,11 +45,21 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 
 def unnamed_submission(record: dict[str, Any]) -> bool:
     """A `submitted` line without a job id gptrain writes (hand-edited, another tool's): no job to
-    ask about or cancel; read, it was a KeyError in `gptrain status` and `cancel`."""
+    ask about or cancel. Read, a missing id was a KeyError in `gptrain status` and `cancel`, and an
+    id "" or 0 ran `scontrol show job ""` (every job on the controller) and `scancel ""`."""
+    return record.get("event") == "submitted" and not names_a_job(record)
+
+
+def names_a_job(record: dict[str, Any]) -> bool:
+    """Whether the record's job id has the form its executor's ids have: sbatch's positive job id
+    (sbatch prints an array's as a plain job's) or local-<pid>."""
     job_id = record.get("job_id")
-    return record.get("event") == "submitted" and (
-        isinstance(job_id, bool) or not isinstance(job_id, str | int)
-    )
+    if isinstance(job_id, int) and not isinstance(job_id, bool):
+        job_id = str(job_id)
+    if not isinstance(job_id, str):
+        return False
+    form = LOCAL_JOB_ID if record.get("executor") == "local" else SLURM_JOB_ID
+    return form.fullmatch(job_id) is not None
 
 
 def process_start_time(pid: int) -> int | None:

@@ -1977,3 +1977,27 @@ def test_gpus_asked_through_additional_parameters_are_not_said_to_be_none(tmp_pa
     ]
     plan = build_plan(compose([*args, "training.trainer.devices=4", extra]))
     assert bool(no_gpus_asked_notes(plan)) is noted
+
+
+@pytest.mark.parametrize(
+    "job_id", ["", "0", 0, -3, "00", "12a", " 12", "1_2", "local-", "local-0", "local-x", 1.5]
+)
+def test_a_submitted_record_whose_job_id_is_no_slurm_or_local_id_is_skipped(tmp_path, monkeypatch, job_id):
+    """A `submitted` line with job id "" or 0 counted as naming a job: `gptrain status` ran
+    `scontrol show job ""`, which lists every job on the controller, and `cancel` ran `scancel ""`.
+    Only what gptrain writes names a job: sbatch's positive id, or local-<pid>."""
+    asked = []
+    monkeypatch.setattr(slurm_queries, "run_command", lambda argv, *a, **k: asked.append(argv))
+    monkeypatch.setattr(cancelling, "scancel", lambda job_id: asked.append(["scancel", job_id]))
+    with open(tmp_path / "launcher.log", "w") as handle:
+        handle.write(json.dumps({"event": "submitted", "stage": "training", "job_id": job_id}) + "\n")
+    assert read_records(tmp_path) == []
+    assert status.status_lines(tmp_path)[0].endswith("nothing launched yet")
+    assert cancelling.cancel(tmp_path) == ["nothing to cancel"]
+    assert asked == []
+
+
+@pytest.mark.parametrize("job_id", ["7", 7, "4294967294"])
+def test_a_submitted_record_with_a_positive_slurm_job_id_is_read(tmp_path, job_id):
+    append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id=job_id)
+    assert [r["job_id"] for r in read_records(tmp_path)] == [job_id]

@@ -28,8 +28,8 @@ def test_launch_dry_run_and_job_control_import_no_torch(tmp_path):
     assert run_cli(launch, tmp_path) == ["0"]
     assert (tmp_path / "results/gpt3_126m/dry-run/gptrain-gpt3_126m_submission.sh").is_file()
     (tmp_path / "results/gpt3_126m/launcher.log").write_text(
-        '{"event": "submitted", "stage": "training", "executor": "local", "job_id": "local-0", "pid": 0,'
-        ' "log": "none"}\n{"event": "finished", "job_id": "local-0", "exit_code": 0}\n'
+        '{"event": "submitted", "stage": "training", "executor": "local", "job_id": "local-4000000", "pid": 4000000,'
+        ' "log": "none"}\n{"event": "finished", "job_id": "local-4000000", "exit_code": 0}\n'
     )
     logs = (["logs", "gpt3_126m"], ["logs", "gpt3_126m", "--all"], ["logs", "gpt3_126m", "--launch", "1"])
     for command in (["status"], ["status", "gpt3_126m"], *logs, ["cancel", "gpt3_126m"]):
