@@ -47,7 +47,7 @@ def unnamed_submission(record: dict[str, Any]) -> bool:
     """A `submitted` line without a job id gptrain writes (hand-edited, another tool's): no job to
     ask about or cancel. Read, a missing id was a KeyError in `gptrain status` and `cancel`, and an
     id "" or 0 ran `scontrol show job ""` (every job on the controller) and `scancel ""`."""
-    return record.get("event") == "submitted" and not names_a_job(record)
+    return record.get("event") == "submitted" and not (names_a_job(record) and counts_are_usable(record))
 
 
 def names_a_job(record: dict[str, Any]) -> bool:
@@ -60,6 +60,20 @@ def names_a_job(record: dict[str, Any]) -> bool:
         return False
     form = LOCAL_JOB_ID if record.get("executor") == "local" else SLURM_JOB_ID
     return form.fullmatch(job_id) is not None
+
+
+def counts_are_usable(record: dict[str, Any]) -> bool:
+    """Whether a local record's `pid` and a Slurm array's task count `array` are the positive ints
+    gptrain writes: a missing pid was a KeyError in `gptrain status` and `cancel`, `"array": "x"` a
+    ValueError where the logs are counted, and pid 0 or -1 would signal a process group."""
+    pid_needed = record.get("executor") == "local"
+    return (not pid_needed or positive_int(record.get("pid"))) and (
+        record.get("array") is None or positive_int(record["array"])
+    )
+
+
+def positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def process_start_time(pid: int) -> int | None:

@@ -620,7 +620,13 @@ def test_status_names_a_unique_output_run_as_logs_takes_it(tmp_path, capsys):
     run.mkdir(parents=True)
     (run / "log.out").write_text(LINE + "\n")
     append_record(
-        run, "submitted", stage="training", executor="local", job_id="local-1", log=str(run / "log.out")
+        run,
+        "submitted",
+        stage="training",
+        executor="local",
+        job_id="local-1",
+        pid=1,
+        log=str(run / "log.out"),
     )
     append_record(run, "finished", job_id="local-1", exit_code=0)
     assert main(["status", "--results-dir", str(results)]) == 0
@@ -2001,3 +2007,49 @@ def test_a_submitted_record_whose_job_id_is_no_slurm_or_local_id_is_skipped(tmp_
 def test_a_submitted_record_with_a_positive_slurm_job_id_is_read(tmp_path, job_id):
     append_record(tmp_path, "submitted", stage="training", executor="slurm", job_id=job_id)
     assert [r["job_id"] for r in read_records(tmp_path)] == [job_id]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"executor": "local", "job_id": "local-5"},  # no pid
+        *(
+            {"executor": "local", "job_id": "local-5", "pid": pid}
+            for pid in ["x", "5", True, 0, -1, None, 5.0]
+        ),
+        *(
+            {"executor": "slurm", "job_id": "5", "array": array}
+            for array in ["x", "4", True, 0, -2, 2.5, [2]]
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["status", "cancel"])
+def test_a_submitted_record_with_no_usable_pid_or_array_count_is_skipped(
+    tmp_path, capsys, monkeypatch, fields, command
+):
+    """A local record without a pid was a KeyError in `gptrain status` and `cancel`, and `"array": "x"`
+    a ValueError where a log is read: gptrain writes a positive int for each; another is no record."""
+    from gptrain.cli import main
+
+    never = lambda *args, **kwargs: pytest.fail(f"asked Slurm {args}")  # noqa: E731
+    monkeypatch.setattr(slurm_queries, "run_command", never)
+    monkeypatch.setattr(cancelling, "scancel", never)
+
+    with open(tmp_path / "launcher.log", "w") as handle:
+        handle.write(json.dumps({"event": "submitted", "stage": "training", "log": "x", **fields}) + "\n")
+    assert read_records(tmp_path) == []
+    assert main([command, str(tmp_path)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "fields", [{"executor": "local", "job_id": "local-5", "pid": 5}, {"job_id": "5", "array": 4}]
+)
+def test_a_submitted_record_with_a_positive_pid_or_array_count_is_read(tmp_path, fields):
+    append_record(tmp_path, "submitted", stage="training", **fields)
+    assert read_records(tmp_path)[0] == {
+        "time": read_records(tmp_path)[0]["time"],
+        "event": "submitted",
+        "stage": "training",
+        **fields,
+    }
