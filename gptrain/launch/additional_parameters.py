@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gptrain.errors import ConfigError
-from gptrain.launch.key_types import count, mapping, type_name
+from gptrain.launch.key_types import count, mapping, slurm_time, type_name
 from gptrain.launch.sbatch_option_names import SBATCH_OPTION_ALIASES, SBATCH_SHORT_OPTIONS, options_meant
 
 # sbatch options gptrain renders itself, and the key that sets each: one from
@@ -144,8 +144,26 @@ def additional_parameters(key: str, value: Any) -> dict[str, Any] | None:
         if owned:
             fix = f"use {SBATCH_OWNED[owned]} instead" if owned in SBATCH_OWNED else "leave it out"
             raise ConfigError(f"{where}: gptrain renders {spelt} itself; {fix}{reserved_reason(owned)}")
+        if option == "time-min":
+            time_min_value(where, item)
         one_value(where, option, item, bare=True)
     return value
+
+
+def time_min_value(key: str, value: Any) -> Any:
+    """--time-min's value: a Slurm time. sbatch refuses true (a bare --time-min: 'requires an
+    argument'), false (`--time-min=False`) and blank (`--time-min=''`); null leaves it out."""
+    if value is True:
+        raise ConfigError(
+            f"{key}: --time-min needs a time (sbatch: 'requires an argument'); give one, e.g. 04:00:00,"
+            " or null to leave it out"
+        )
+    if value is False or (isinstance(value, str) and not value.strip()):
+        shown = "false" if value is False else "a blank value"
+        raise ConfigError(
+            f"{key}: --time-min needs a time, not {shown}; give one, e.g. 04:00:00, or null to leave it out"
+        )
+    return value if value is None else slurm_time(key, value)
 
 
 def one_value(key: str, option: str, value: Any, bare: bool) -> Any:

@@ -12,9 +12,10 @@ from gptrain.launch.additional_parameters import (
     left_out_without_gpus,
     sbatch_option,
     time_min_parameter,
+    time_min_value,
 )
 from gptrain.launch.gres import gres_gpus
-from gptrain.launch.key_types import non_negative, slurm_time, slurm_time_seconds
+from gptrain.launch.key_types import non_negative, slurm_time_seconds
 from gptrain.launch.sbatch_option_names import options_meant
 from gptrain.launch.script_quoting import quote
 
@@ -174,18 +175,11 @@ def check_signal_fits_time_limit(
 
 def time_min_given(cluster: dict) -> tuple[str, Any] | None:
     """cluster.additional_parameters' --time-min (any prefix sbatch reads as it), checked: a Slurm
-    time. true renders a bare --time-min, which sbatch refuses ('requires an argument')."""
+    time (not true, false or blank, which sbatch refuses)."""
     for name, value in (cluster.get("additional_parameters") or {}).items():
-        key = f"cluster.additional_parameters.{name}"
-        if value is True and options_meant(sbatch_option(name)) == ["time-min"]:
-            raise ConfigError(
-                f"{key}: --time-min needs a time (sbatch: 'requires an argument'); give one, e.g. 04:00:00,"
-                " or null to leave it out"
-            )
-    found = time_min_parameter(cluster)
-    if found:
-        slurm_time(found[0], found[1])
-    return found
+        if options_meant(sbatch_option(name)) == ["time-min"]:
+            time_min_value(f"cluster.additional_parameters.{name}", value)
+    return time_min_parameter(cluster)
 
 
 def check_time_min_fits(job: Job, time_min: tuple[str, Any] | None) -> None:

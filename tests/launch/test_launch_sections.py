@@ -300,6 +300,27 @@ def test_a_time_min_sbatch_refuses_beside_a_stages_time_limit_is_one_line_naming
 
 
 @pytest.mark.parametrize(
+    ("time_min", "shown"), [("''", "a blank value"), ("'  '", "a blank value"), ("false", "false")]
+)
+@pytest.mark.parametrize("time_limit", ["null", "04:00:00"])
+def test_a_blank_or_false_time_min_is_refused_offering_only_what_is_accepted(
+    tmp_path, time_min, shown, time_limit
+):
+    """A blank time_min passed under no time limit, rendering `--time-min=''` that sbatch refuses at
+    submission, and beside one was said to ask for no time limit; false was told to give true or
+    null, and true is refused too. One line, offering a time or null."""
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "stages=[validation]"]
+    args += [f"validation.run.time_limit={time_limit}", f"+cluster.additional_parameters.time_min={time_min}"]
+    with pytest.raises(ConfigError) as error:
+        write_run_files(build_plan(compose(args)), args)
+    assert str(error.value) == (
+        f"cluster.additional_parameters.time_min: --time-min needs a time, not {shown}; give one, e.g."
+        " 04:00:00, or null to leave it out"
+    )
+    assert not list(tmp_path.rglob("*_submission.sh"))
+
+
+@pytest.mark.parametrize(
     ("time_limit", "time_min"),
     [("00:30:00", "00:30:00"), ("30", "0-00:30"), ("UNLIMITED", "10"), ("0", "2-00:00:00"), (None, "10")],
 )
