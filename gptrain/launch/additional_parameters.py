@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gptrain.errors import ConfigError
+from gptrain.launch.gres import gres_gpus
 from gptrain.launch.key_types import count, mapping, slurm_time, type_name
 from gptrain.launch.sbatch_option_names import SBATCH_OPTION_ALIASES, SBATCH_SHORT_OPTIONS, options_meant
 
@@ -219,9 +220,38 @@ def per_gpu_option(option: str) -> str | None:
     return meant if meant in PER_GPU_OPTIONS else None
 
 
-def left_out_without_gpus(gpus: bool, option: str) -> bool:
-    """Whether extra option `option` is left out of the script of a job that asks for `gpus` or none."""
-    return not gpus and per_gpu_option(option) is not None
+def left_out_reason(option: str, gpus: bool, cluster: dict[str, Any], cpus_per_task: bool) -> str | None:
+    """Why extra option `option` is left out of a job's script (None: it is kept). `gpus`: the job
+    asks for GPUs through gptrain's keys; additional_parameters may ask for them on every stage, and
+    then the per-GPU options stay, but --cpus-per-gpu not beside a --cpus-per-task (`cpus_per_task`)."""
+    meant = per_gpu_option(option)
+    if meant is None:
+        return None
+    if not (gpus or gpus_asked_in_additional_parameters(cluster)):
+        return NO_GPU
+    return BESIDE_CPUS_PER_TASK if meant == "cpus-per-gpu" and cpus_per_task else None
+
+
+NO_GPU, BESIDE_CPUS_PER_TASK = "no GPU", "beside --cpus-per-task"
+# sbatch's options that allocate GPUs; --gpu-bind, --gpu-freq, --cpus-per-gpu and --mem-per-gpu only
+# say how to use the GPUs a job asked for elsewhere (--ntasks-per-gpu is refused: additional_parameters).
+GPU_ASKING_OPTIONS = ("gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task")
+
+
+def gpus_asked_in_additional_parameters(cluster: dict[str, Any]) -> bool:
+    """Whether an additional_parameters option asks Slurm for one GPU or more (`gpus_per_socket: 1`,
+    `G`, `tres_per_task: gres/gpu:1`, ...), which gptrain does not count but Slurm allocates; a
+    count of 0 asks for none."""
+    for key, value in (cluster.get("additional_parameters") or {}).items():
+        option = sbatch_option(key)
+        meant = [SBATCH_SHORT_OPTIONS[option]] if option in SBATCH_SHORT_OPTIONS else options_meant(option)
+        if len(meant) != 1 or value in (None, False, 0, ""):
+            continue
+        if meant[0] in GPU_ASKING_OPTIONS and gres_gpus(f"gpu:{value}"):  # [type:]count
+            return True
+        if meant[0] in ("tres-per-task", "gres") and gres_gpus(value):
+            return True
+    return False
 
 
 def extra_options(cluster: dict[str, Any]) -> list[tuple[str, str, Any]]:

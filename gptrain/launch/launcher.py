@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gptrain.errors import ConfigError, GptrainError, LaunchError
-from gptrain.launch.additional_parameters import extra_options, left_out_without_gpus, per_gpu_option
+from gptrain.launch.additional_parameters import (
+    NO_GPU,
+    extra_options,
+    gpus_asked_in_additional_parameters,
+    left_out_reason,
+    per_gpu_option,
+)
 from gptrain.launch.compose import CONFIG_ROOT, compose
 from gptrain.launch.download import tokenizer_downloads
 from gptrain.launch.live_jobs import cancel_never_starting, refuse_launch_into_live_run
@@ -21,7 +27,6 @@ from gptrain.launch.preflight import (
     check_training_files,
     check_training_layout,
     check_wandb_key_file,
-    gpus_asked_in_additional_parameters,
     max_array_size,
     requested_gpus_per_node,
 )
@@ -136,6 +141,11 @@ NO_GPU_REASONS = {
     "validation": "training.trainer.accelerator=cpu asks for no GPU",
     "training": "training.trainer.accelerator=cpu asks for no GPU",
 }
+CPUS_PER_TASK_KEYS = {
+    "data_preparation": "data_preparation.workers",
+    "validation": "cluster.cpus_per_task",
+    "training": "cluster.cpus_per_task",
+}
 INSTEAD_OF_PER_GPU = {
     ("data_preparation", "cpus-per-gpu"): "its CPUs per task are data_preparation.workers",
     ("validation", "cpus-per-gpu"): "its ranks' CPUs are cluster.cpus_per_task (one each where null)",
@@ -151,13 +161,22 @@ def left_out_without_gpus_notes(plan: LaunchPlan) -> list[str]:
     notes = []
     for job in plan.jobs:
         for key, option, value in extra_options(plan.cluster):
-            if value is not None and left_out_without_gpus(job.gpus, option):
-                meant = per_gpu_option(option)
-                instead = INSTEAD_OF_PER_GPU.get((job.stage, meant), "its memory is the partition's default")
-                notes.append(
-                    f"note  {job.stage}: {key}={value} is left out of its script: {NO_GPU_REASONS[job.stage]}"
-                    f" (sbatch refuses --{meant} without one); {instead}"
-                )
+            reason = (
+                None
+                if value is None
+                else left_out_reason(option, job.gpus, plan.cluster, bool(job.cpus_per_task))
+            )
+            if reason is None:
+                continue
+            meant = per_gpu_option(option)
+            instead = INSTEAD_OF_PER_GPU.get((job.stage, meant), "its memory is the partition's default")
+            why = (
+                f"{NO_GPU_REASONS[job.stage]} (sbatch refuses --{meant} without one)"
+                if reason == NO_GPU
+                else f"sbatch refuses --{meant} beside the --cpus-per-task that {CPUS_PER_TASK_KEYS[job.stage]}"
+                f"={job.cpus_per_task} renders (Slurm 23.11+)"
+            )
+            notes.append(f"note  {job.stage}: {key}={value} is left out of its script: {why}; {instead}")
     return notes
 
 

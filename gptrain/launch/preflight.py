@@ -21,7 +21,7 @@ from gptrain.launch.compose import closest
 from gptrain.launch.gres import gres_gpus
 from gptrain.launch.key_types import slurm_time_seconds
 from gptrain.launch.sbatch import Job
-from gptrain.launch.sbatch_option_names import SBATCH_SHORT_OPTIONS, options_meant
+from gptrain.launch.sbatch_option_names import options_meant
 from gptrain.launch.tokenizer_preflight import check_tokenizer_files, check_vocabulary_rows
 from gptrain.utils.hostlist import expand_hostlist
 from gptrain.utils.tokenizer_types import NULL_TYPE
@@ -121,24 +121,6 @@ def requested_gpus_per_node(job: Job, cluster: dict[str, Any]) -> int:
         gres_gpus(cluster.get("gres")) or 0,
         int(cluster.get("gpus_per_task") or 0) * job.tasks_per_node,
     )
-
-
-# sbatch's options that allocate GPUs; --gpu-bind, --gpu-freq, --cpus-per-gpu and --mem-per-gpu only
-# say how to use the GPUs a job asked for elsewhere (--ntasks-per-gpu is refused: additional_parameters).
-GPU_ASKING_OPTIONS = ("gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task")
-
-
-def gpus_asked_in_additional_parameters(cluster: dict[str, Any]) -> bool:
-    """Whether an additional_parameters option asks Slurm for GPUs (`gpus_per_socket`, `G`,
-    `tres_per_task: gres/gpu:1`, ...), which gptrain does not count but Slurm allocates."""
-    for key, value in (cluster.get("additional_parameters") or {}).items():
-        option = str(key).replace("_", "-")
-        meant = [SBATCH_SHORT_OPTIONS[option]] if option in SBATCH_SHORT_OPTIONS else options_meant(option)
-        if len(meant) == 1 and value not in (None, False, 0, ""):
-            name = meant[0]
-            if name in GPU_ASKING_OPTIONS or (name in ("tres-per-task", "gres") and "gpu" in str(value)):
-                return True
-    return False
 
 
 def hosts_of(value: Any, key: str) -> set[str]:

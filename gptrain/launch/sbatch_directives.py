@@ -9,7 +9,7 @@ from gptrain.errors import ConfigError
 from gptrain.launch.additional_parameters import (
     SBATCH_OWNED,
     extra_options,
-    left_out_without_gpus,
+    left_out_reason,
     sbatch_option,
     time_min_parameter,
     time_min_value,
@@ -128,10 +128,10 @@ def additional_directives(cluster: dict, job: Job) -> list[str]:
     """cluster.additional_parameters, after NeMo's SlurmLauncher keys of a cluster file (comment,
     mem_per_cpu, ...; checked in additional_parameters.py: none of the options above), as submitit
     renders them: `mail_type: END` is `--mail-type=END`, true a bare flag, null no line; quoted.
-    --cpus-per-gpu and --mem-per-gpu are left out of a job that asks for no GPU (left_out_without_gpus)."""
+    --cpus-per-gpu and --mem-per-gpu are left out of a job that asks for no GPU (left_out_reason)."""
     lines = []
     for key, option, value in extra_options(cluster):
-        if value is not None and not left_out_without_gpus(job.gpus, option):
+        if value is not None and not left_out_reason(option, job.gpus, cluster, bool(job.cpus_per_task)):
             lines.append(directive(option, None if value is True else value, job.stage, key))
     return lines
 

@@ -639,3 +639,75 @@ def test_per_gpu_options_are_left_out_of_a_cpu_training_with_a_note(tmp_path, mo
         f"note  training: {setting} is left out of its script: training.trainer.accelerator=cpu asks for"
         f" no GPU (sbatch refuses {option} without one); {instead}"
     ]
+
+
+GPUS_IN_ADDITIONAL_PARAMETERS = [
+    "cluster.additional_parameters.gpus_per_socket=1",
+    "cluster.additional_parameters.gpus_per_s=a100:1",
+    "cluster.additional_parameters.tres_per_task=gres/gpu:1",
+    "cluster.additional_parameters.tres_per_task='cpu=2,gres/gpu=1'",
+]
+
+
+@pytest.mark.parametrize("gpus", GPUS_IN_ADDITIONAL_PARAMETERS)
+@pytest.mark.parametrize("key", ["+cluster.mem_per_gpu", "cluster.additional_parameters.mem_per_g"])
+def test_per_gpu_options_stay_on_a_stage_given_gpus_through_additional_parameters(
+    tmp_path, monkeypatch, gpus, key
+):
+    """GPUs asked through additional_parameters (which reach every stage's script) still lost the
+    per-GPU options of the data preparation and of a trainer.accelerator=cpu training, with a note
+    that the stage 'asks for no GPU': Slurm allocates it GPUs all the same. Left out only where the
+    stage has no GPU from any source."""
+    from gptrain.launch.launcher import launch_notes
+
+    stages = ["data_preparation", "training"]
+    extra = [*PREP, "cluster.mem=null", "data_preparation.workers=auto", gpus, f"{key}=16G"]
+    option = f"--{key.rsplit('.', 1)[1].replace('_', '-')}"
+    for script in launch_files(tmp_path, monkeypatch, *extra):
+        assert (option, "16G") in sbatch_lines(script.read_text()), script.name
+    plan = build_plan(compose([*CPU, "cluster_type=slurm", f"base_results_dir={tmp_path}/r", *extra]))
+    assert not [note for note in launch_notes(plan, stages) if "is left out of its script" in note]
+
+
+@pytest.mark.parametrize(
+    "gpus",
+    [
+        "cluster.additional_parameters.gpus_per_socket=0",
+        "cluster.additional_parameters.tres_per_task=gres/gpu:0",
+    ],
+)
+def test_a_count_of_no_gpu_in_additional_parameters_leaves_per_gpu_options_out(tmp_path, monkeypatch, gpus):
+    extra = [*PREP, "cluster.mem=null", gpus, "+cluster.mem_per_gpu=16G"]
+    for script in launch_files(tmp_path, monkeypatch, *extra):
+        assert not any(option == "--mem-per-gpu" for option, _ in sbatch_lines(script.read_text())), (
+            script.name
+        )
+
+
+def test_cpus_per_gpu_stays_off_a_data_preparation_with_gpus_beside_its_workers_cpus(tmp_path, monkeypatch):
+    """Given GPUs through additional_parameters the data preparation may keep --cpus-per-gpu, but not
+    beside the --cpus-per-task data_preparation.workers renders (Slurm 23.11+ refuses the two
+    together): said so, not that it asks for no GPU; with workers=auto it is kept."""
+    from gptrain.launch.launcher import launch_notes
+
+    extra = [*PREP, "cluster.additional_parameters.gpus_per_socket=1", "+cluster.cpus_per_gpu=4"]
+    prep, train = launch_files(tmp_path, monkeypatch, *extra, "data_preparation.workers=3")
+    assert ("--cpus-per-task", "3") in sbatch_lines(prep.read_text())
+    assert not any(option == "--cpus-per-gpu" for option, _ in sbatch_lines(prep.read_text()))
+    assert ("--cpus-per-gpu", "4") in sbatch_lines(train.read_text())
+    args = [
+        *CPU,
+        "cluster_type=slurm",
+        f"base_results_dir={tmp_path}/r2",
+        *extra,
+        "data_preparation.workers=3",
+    ]
+    notes = launch_notes(build_plan(compose(args)), ["data_preparation", "training"])
+    assert [note for note in notes if "left out" in note] == [
+        "note  data_preparation: cluster.cpus_per_gpu=4 is left out of its script: sbatch refuses --cpus-per-gpu"
+        " beside the --cpus-per-task that data_preparation.workers=3 renders (Slurm 23.11+); its CPUs per"
+        " task are data_preparation.workers"
+    ]
+    (tmp_path / "auto").mkdir()
+    prep, _ = launch_files(tmp_path / "auto", monkeypatch, *extra, "data_preparation.workers=auto")
+    assert ("--cpus-per-gpu", "4") in sbatch_lines(prep.read_text())
