@@ -176,12 +176,28 @@ def blend_weights(key: str, value: Any) -> str | None:
 
 
 def directory(key: str, value: Any) -> str:
-    """A directory a stage's job writes into (no default to fall back on); a YAML number names one."""
+    """A directory a stage's job writes into (no default to fall back on); a YAML int names one."""
     if value is None:
         raise ConfigError(f"{key}: must not be null; give a directory")
     if isinstance(value, bool | dict | list):
         raise ConfigError(f"{key}: expected a directory, got {type_name(value)}")
-    return str(value)
+    return str(not_a_float(key, value))
+
+
+def path_name(key: str, value: Any) -> Any:
+    """A file or directory name: one value, not a float (see not_a_float)."""
+    return scalar(key, not_a_float(key, value))
+
+
+def not_a_float(key: str, value: Any) -> Any:
+    """A path YAML read as a float is refused: `1e3` and `1.50` become 1000.0 and 1.5, another name
+    than the one written (an exclude_file was then missing, silently); an int keeps its digits."""
+    if isinstance(value, float):
+        raise ConfigError(
+            f"{key}: read as the number {value!r} (YAML reads 1e3 or 1.50 as a float), which names another"
+            f" path than the one written; quote it: \"{key}='...'\" on the command line, '...' in a YAML file"
+        )
+    return value
 
 
 def slurm_time(key: str, value: Any) -> Any:

@@ -29,6 +29,7 @@ from gptrain.launch.key_types import (
     mapping,
     memory,
     non_negative,
+    path_name,
     scalar,
     seconds,
     shard_list,
@@ -45,12 +46,12 @@ Check = Callable[[str, Any], Any]  # (dotted key, value) -> the value to keep, o
 
 
 TOP: dict[str, Check] = {
-    "base_results_dir": scalar,
-    "data_dir": scalar,
+    "base_results_dir": path_name,
+    "data_dir": path_name,
     "python": scalar,
     "container": scalar,
     "container_mounts": words,
-    "wandb_api_key_file": scalar,
+    "wandb_api_key_file": path_name,
     "env_vars": env_vars,
 }
 CLUSTER: dict[str, Check] = {
@@ -80,7 +81,7 @@ CLUSTER: dict[str, Check] = {
 }
 RUN: dict[str, Check] = {
     "name": scalar,
-    "results_dir": scalar,
+    "results_dir": path_name,
     "time_limit": slurm_time,
     "dependency": scalar,
 }

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gptrain.errors import ConfigError, LaunchError
-from gptrain.launch.key_types import type_name
+from gptrain.launch.key_types import not_a_float, type_name
 from gptrain.launch.sbatch import Job, rank_command
 from gptrain.launch.script_quoting import dash_safe
 from gptrain.utils.hostlist import read_hostlist_file
@@ -151,8 +151,9 @@ def read_exclude_file(path: object, key: str = "validation.exclude_file") -> str
     or does not parse is a ConfigError naming `key` (the key or flag that gave it), as is one under
     a directory this user may not search (Path.exists raised PermissionError there, said as a bare
     '<path>: Permission denied')."""
-    if isinstance(path, bool) or not isinstance(path, str | int | float | None):  # a YAML number names a file
+    if isinstance(path, bool) or not isinstance(path, str | int | float | None):  # a YAML int names a file
         raise ConfigError(f"{key}: expected a file name, got {type_name(path)}")
+    not_a_float(key, path)
     path = None if path is None else str(path)
     if path and "\x00" in str(path):  # no file can have that name, and bash drops it from the script
         raise ConfigError(f"{key}: the path {str(path)!r} contains a NUL byte; give the file's real name")

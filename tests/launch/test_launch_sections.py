@@ -456,3 +456,37 @@ def test_a_numeric_exclude_file_name_is_read_as_that_file(tmp_path, monkeypatch)
     (tmp_path / "1").write_text("n[3-4]\n")
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "validation.exclude_file=1"]
     assert build_plan(compose(args)).cluster["exclude"] == "n[3-4]"
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "read"),
+    [
+        ("validation.exclude_file=1e3", "validation.exclude_file", 1000.0),
+        ("data_preparation.download_dir=1.50", "data_preparation.download_dir", 1.5),
+        ("data_preparation.output_dir=1e3", "data_preparation.output_dir", 1000.0),
+        ("data_dir=1.50", "data_dir", 1.5),
+        ("training.run.results_dir=2.0", "training.run.results_dir", 2.0),
+        ("wandb_api_key_file=1e3", "wandb_api_key_file", 1000.0),
+    ],
+)
+def test_a_path_yaml_reads_as_a_float_is_refused_naming_the_key(tmp_path, monkeypatch, override, key, read):
+    """YAML and Hydra read `1e3` and `1.50` as floats, 1000.0 and 1.5: exclude_file=1e3 was looked up
+    as `1000.0`, missing, and silently ignored; a directory was created under another name. One
+    line naming the key, saying to quote the value; an int (`2024`) still names its file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "1e3").write_text("n[3-4]\n")
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "stages=[data_preparation,training]"]
+    args += ["data_preparation.shards=[file:///a.jsonl]", override]
+    with pytest.raises(ConfigError) as error:
+        write_run_files(build_plan(compose(args)), args)
+    assert str(error.value) == (
+        f"{key}: read as the number {read!r} (YAML reads 1e3 or 1.50 as a float), which names another"
+        f" path than the one written; quote it: \"{key}='...'\" on the command line, '...' in a YAML file"
+    )
+
+
+def test_an_int_directory_name_is_kept(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "stages=[data_preparation]"]
+    args += ["data_preparation.shards=[file:///a.jsonl]", "data_preparation.output_dir=2024"]
+    assert build_plan(compose(args)).configs["data_preparation"]["output_dir"] == "2024"
