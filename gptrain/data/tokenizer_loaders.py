@@ -94,9 +94,34 @@ def config_value(directory: Path, key: str) -> Any:
         raise DataError(f"{config}: not a JSON object ({error})") from None
 
 
-def _eos_from_config(directory: Path) -> str | None:
-    eos = config_value(directory, "eos_token")
-    return eos.get("content") if isinstance(eos, dict) else eos
+def _json_object(file: Path) -> dict[str, Any]:
+    """The JSON object in `file` ({} when absent); one line naming the file when it is not one."""
+    if not file.is_file():
+        return {}
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise DataError(f"{file}: not a JSON object ({error})") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{file}: not a JSON object (it holds a {type(value).__name__})")
+    return value
+
+
+def special_token(directory: Path, key: str) -> tuple[str | None, Path]:
+    """`key` (eos_token, pad_token) as AutoTokenizer reads it, and the file that names it: a
+    special_tokens_map.json's value overrides tokenizer_config.json's unless that file has
+    added_tokens_decoder (transformers then reads no special_tokens_map.json); {"content": ...}
+    gives its content."""
+    config_file = directory / "tokenizer_config.json"
+    config = _json_object(config_file)
+    source, value = config_file, config.get(key)
+    if "added_tokens_decoder" not in config:
+        legacy_file = directory / "special_tokens_map.json"
+        legacy = _json_object(legacy_file)
+        if key in legacy:
+            source, value = legacy_file, legacy[key]
+    value = value.get("content") if isinstance(value, dict) else value
+    return (value if isinstance(value, str) and value else None), source
 
 
 SAME_IDS_SLOW_CLASSES = ("GPT2Tokenizer", "PreTrainedTokenizer")
@@ -153,26 +178,25 @@ def load_huggingface(model: str) -> Tokenizer:
     # stays text (what gptrain's export of a legacy GPT-2 or a SentencePiece run writes)
     tokenizer.encode_special_tokens = config_value(file.parent, "split_special_tokens") is True
     vocab = tokenizer.get_vocab(with_added_tokens=True)
-    eos = _eos_from_config(file.parent)
+    eos, eos_file = special_token(file.parent, "eos_token")
     candidates = [eos] if eos else [c for c in EOS_CANDIDATES if c in vocab]
     eod = vocab.get(candidates[0]) if candidates else None
-    no_eod = _eos_not_held(file, eos) if eos and eod is None else None
+    no_eod = _eos_not_held(file, eos, eos_file) if eos and eod is None else None
     return HFTokenizer(tokenizer, eod, str(file), no_eod, _pad_from_config(file.parent, vocab))
 
 
 def _pad_from_config(directory: Path, vocab: dict[str, int]) -> int:
-    """tokenizer_config.json's pad_token's id, which Megatron core 0.16 on masks in the loss; -1
+    """The pad_token's id (special_token), which Megatron's GPT dataset masks in the loss; -1
     (none) without one, or for one tokenizer.json does not hold (transformers would add it as a
     new id, which no data holds)."""
-    pad = config_value(directory, "pad_token")
-    pad = pad.get("content") if isinstance(pad, dict) else pad
-    return vocab.get(pad, NO_PAD) if isinstance(pad, str) else NO_PAD
+    pad, _ = special_token(directory, "pad_token")
+    return vocab.get(pad, NO_PAD) if pad is not None else NO_PAD
 
 
-def _eos_not_held(file: Path, eos: str) -> str:
-    """Why tokenizer_config.json's eos_token gives no id: tokenizer.json does not hold it."""
+def _eos_not_held(file: Path, eos: str, source: Path) -> str:
+    """Why the eos_token (named in `source`) gives no id: tokenizer.json does not hold it."""
     return (
-        f"{file.parent / 'tokenizer_config.json'}: its eos_token {eos!r} is not a token of {file} (transformers "
+        f"{source}: its eos_token {eos!r} is not a token of {file} (transformers "
         "would add it as a new id; gptrain reads tokenizer.json as it is): add it to tokenizer.json's "
         "added_tokens, or name one of its tokens as eos_token"
     )

@@ -103,7 +103,7 @@ class HFTokenizer:
     ) -> None:
         self.tokenizer = tokenizer
         self._eod = eod
-        self.pad = pad  # tokenizer_config.json's pad_token, whose labels leave the loss; -1: none
+        self.pad = pad  # the pad_token (special_token), whose labels leave the loss; -1: none
         self.source = source
         self._no_eod = no_eod  # why there is no end-of-document id, where the default line is wrong
         # the highest id + 1, not the count: a tokenizer.json may leave ids unassigned (a vocab

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from gptrain.config import TrainingConfig
@@ -155,7 +155,9 @@ def ambiguous_pad_warning(cfg: TrainingConfig, tokenizer: Any) -> str | None:
         what = f"model.tokenizer.null_pad_id={pad} is NullTokenizer's end of document too"
         own = "give a padding id of its own, or set"
     else:
-        config = os.path.join(os.path.dirname(tokenizer.source), "tokenizer_config.json")
+        from gptrain.data.tokenizer_loaders import special_token
+
+        _, config = special_token(Path(tokenizer.source).parent, "pad_token")
         what = f"{config}: its pad_token (id {pad}) is the tokenizer's end of document too"
         own = "set"
     return (

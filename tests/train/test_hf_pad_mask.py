@@ -86,3 +86,59 @@ def test_a_pad_token_without_an_end_of_document_still_trains(tmp_path):
     assert batch_pad(tokenizer) == 2
     cfg = SimpleNamespace(model=SimpleNamespace(data=SimpleNamespace(allow_ambiguous_pad_tokens=False)))
     assert ambiguous_pad_warning(cfg, tokenizer) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "config, special_map, pad, eod",
+    [  # ids as transformers 5.24's AutoTokenizer gives them for these files
+        ({"eos_token": "</s>"}, {"pad_token": "<pad>"}, 2, 3),
+        ({"eos_token": "</s>"}, {"pad_token": {"content": "<pad>", "special": True}}, 2, 3),
+        (None, {"pad_token": "<pad>", "eos_token": "</s>"}, 2, 3),
+        ({"eos_token": "</s>", "pad_token": "b"}, {"pad_token": "<pad>", "eos_token": "a"}, 2, 0),
+        (
+            {"eos_token": "</s>", "added_tokens_decoder": {}},
+            {"pad_token": "<pad>", "eos_token": "a"},
+            None,
+            3,
+        ),
+    ],
+)
+def test_special_tokens_map_json_names_the_pad_and_eos_as_autotokenizer_reads_it(
+    tmp_path, config, special_map, pad, eod
+):
+    """Before: a pad_token only in special_tokens_map.json (which AutoTokenizer, and so Megatron's
+    HF tokenizer, reads) trained; now it is read as transformers does: it overrides
+    tokenizer_config.json, which has it read not at all where it holds added_tokens_decoder."""
+    from gptrain.data.tokenizer_loaders import load_huggingface
+    from gptrain.train.builders import batch_pad
+
+    directory = Path(hf_dir(tmp_path, config or {}))
+    if config is None:
+        (directory / "tokenizer_config.json").unlink()
+    (directory / "special_tokens_map.json").write_text(json.dumps(special_map))
+    tokenizer = load_huggingface(str(directory))
+    assert (batch_pad(tokenizer), tokenizer.eod) == (pad, eod)
+
+
+def test_a_pad_named_by_special_tokens_map_json_is_the_file_its_warning_names(tmp_path):
+    from types import SimpleNamespace
+
+    from gptrain.data.tokenizer_loaders import load_huggingface
+    from gptrain.train.tokenizer_setup import ambiguous_pad_warning
+
+    directory = Path(hf_dir(tmp_path, {"eos_token": "</s>"}))
+    (directory / "special_tokens_map.json").write_text(json.dumps({"pad_token": "</s>"}))
+    cfg = SimpleNamespace(model=SimpleNamespace(data=SimpleNamespace(allow_ambiguous_pad_tokens=False)))
+    warning = ambiguous_pad_warning(cfg, load_huggingface(str(directory)))  # type: ignore[arg-type]
+    assert warning is not None
+    assert warning.startswith(f"gptrain: warning: {directory}/special_tokens_map.json: its pad_token (id 3)")
+
+
+def test_a_special_tokens_map_json_that_is_not_an_object_is_one_line_naming_it(tmp_path):
+    from gptrain.data.tokenizer_loaders import load_huggingface
+    from gptrain.errors import DataError
+
+    directory = Path(hf_dir(tmp_path, {"eos_token": "</s>"}))
+    (directory / "special_tokens_map.json").write_text("[1]")
+    with pytest.raises(DataError, match=rf"^{directory}/special_tokens_map.json: not a JSON object"):
+        load_huggingface(str(directory))
