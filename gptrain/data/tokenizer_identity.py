@@ -39,6 +39,7 @@ from gptrain.data.gpt2_bpe import bytes_to_unicode
 from gptrain.data.null_tokenizer import NullTokenizer
 from gptrain.data.tokenizer_wrappers import HFTokenizer, SentencePieceTokenizer, TiktokenTokenizer
 from gptrain.errors import GptrainError
+from gptrain.utils.tokenizer_types import NO_PAD
 
 PROBE = (
     "Hello, World! It's 2026: naïve café, Ünïcödé, 日本語のテキスト, Ελληνικά, emoji 🙂👍.\n\n"
@@ -138,9 +139,17 @@ def record(tokenizer: Any, kind: str, source: str) -> dict[str, Any]:
         "eod": eod_id(tokenizer),
         "tokens": _digest(table),
         "encodes": _encodes(tokenizer),
-        **({"pad": tokenizer.pad} if isinstance(tokenizer, NullTokenizer) else {}),
+        **({"pad": tokenizer.pad} if _has_pad(tokenizer, kind) else {}),
         **({} if split is None else {"split_special_tokens": split}),
     }
+
+
+def _has_pad(tokenizer: Any, kind: str) -> bool:
+    """Whether the tokenizer has a padding id to record: NullTokenizer's null_pad_id, a
+    HuggingFaceTokenizer's pad_token (GPT-2's files read by `tokenizers` have none: one record)."""
+    return isinstance(tokenizer, NullTokenizer) or (
+        isinstance(tokenizer, HFTokenizer) and kind == "HuggingFaceTokenizer"
+    )
 
 
 def splits_special_tokens(tokenizer: Any) -> bool | None:
@@ -308,18 +317,32 @@ class TokenizerCheck:
 
 
 def _padding_change(saved: dict[str, Any], live: dict[str, Any], checkpoint: str, whose: str) -> str | None:
-    """A note where NullTokenizer's padding id (model.tokenizer.null_pad_id) differs from the one
-    `checkpoint` was trained with: the ids keep their meaning, so it loads, but the loss masks other
-    labels. Records from before it was kept have none: nothing to say."""
-    if "pad" not in saved or "pad" not in live or saved["pad"] == live["pad"]:
+    """A note where the padding id (NullTokenizer's model.tokenizer.null_pad_id, a HuggingFaceTokenizer's
+    pad_token) differs from the one `checkpoint` was trained with: the ids keep their meaning, so it
+    loads, but the loss masks other labels. A NullTokenizer record from before it was kept has none:
+    nothing to say; a HuggingFaceTokenizer one was trained before gptrain masked its pad_token."""
+    if "pad" not in live:
+        return None
+    hf = live.get("type") != "NullTokenizer"
+    if "pad" not in saved and not (hf and live["pad"] >= 0):
+        return None
+    trained = saved.get("pad", NO_PAD)
+    if trained == live["pad"]:
         return None
 
     def named(pad: int) -> str:
         return str(pad) if pad >= 0 else "none"
 
+    what = "its pad_token's id" if hf else "NullTokenizer's padding id"
+    where = "" if hf else " (model.tokenizer.null_pad_id)"
+    if "pad" not in saved:  # a HuggingFaceTokenizer record from before gptrain masked the pad_token
+        return (
+            f"{checkpoint} was trained by a gptrain that masked no pad_token; {whose} masks {what} "
+            f"{live['pad']} as Megatron's GPT dataset does: the loss leaves out other labels as padding "
+            "than the checkpoint's run did"
+        )
     # not which labels: model.data.allow_ambiguous_pad_tokens decides for a padding id that is the eod
     return (
-        f"{checkpoint} was trained with NullTokenizer's padding id {named(saved['pad'])} "
-        f"(model.tokenizer.null_pad_id), {whose} has {named(live['pad'])}: the loss leaves out other "
-        "labels as padding than the checkpoint's run did"
+        f"{checkpoint} was trained with {what} {named(trained)}{where}, {whose} has {named(live['pad'])}: "
+        "the loss leaves out other labels as padding than the checkpoint's run did"
     )

@@ -142,3 +142,41 @@ def test_a_special_tokens_map_json_that_is_not_an_object_is_one_line_naming_it(t
     (directory / "special_tokens_map.json").write_text("[1]")
     with pytest.raises(DataError, match=rf"^{directory}/special_tokens_map.json: not a JSON object"):
         load_huggingface(str(directory))
+
+
+def test_a_resume_under_another_pad_token_says_the_loss_masks_other_labels(tmp_path):
+    """Before: the checkpoint's tokenizer record kept `pad` for NullTokenizer only, so a pad_token
+    added or removed between save and resume (or a run saved before gptrain masked it) changed the
+    loss silently. Now an HF record keeps it and the resume says the change in one line."""
+    from gptrain.data.tokenizer_identity import TokenizerCheck
+    from gptrain.data.tokenizer_loaders import load_huggingface
+
+    def check_of(config: dict, name: str) -> TokenizerCheck:
+        (tmp_path / name).mkdir()
+        return TokenizerCheck.of(
+            load_huggingface(hf_dir(tmp_path / name, config)), "HuggingFaceTokenizer", "t"
+        )
+
+    plain = check_of({"eos_token": "</s>"}, "plain")
+    padded = check_of({"eos_token": "</s>", "pad_token": "<pad>"}, "padded")
+    assert padded.record["pad"] == 2 and plain.record["pad"] == -1
+
+    def note(saved: dict, live: TokenizerCheck) -> str | None:
+        error, note = live.check(saved, "checkpoint c/step_4", "this run's model.tokenizer", "fix")
+        assert error is None
+        return note
+
+    changed = "the loss leaves out other labels as padding than the checkpoint's run did"
+    assert note(padded.record, padded) is None and note(plain.record, plain) is None
+    assert note(plain.record, padded) == (
+        f"checkpoint c/step_4 was trained with its pad_token's id none, this run's model.tokenizer has 2: {changed}"
+    )
+    assert note(padded.record, plain) == (
+        f"checkpoint c/step_4 was trained with its pad_token's id 2, this run's model.tokenizer has none: {changed}"
+    )
+    before = {k: v for k, v in plain.record.items() if k != "pad"}  # saved before the key was kept
+    assert note(before, padded) == (
+        "checkpoint c/step_4 was trained by a gptrain that masked no pad_token; this run's model.tokenizer "
+        f"masks its pad_token's id 2 as Megatron's GPT dataset does: {changed}"
+    )
+    assert note(before, plain) is None
