@@ -9,6 +9,7 @@ import numpy as np
 
 from gptrain.data.jsonl import Chunk
 from gptrain.data.prepare_tokens import WorkerState
+from gptrain.errors import GptrainError
 
 
 def _json_type(value: object) -> str:
@@ -99,7 +100,7 @@ def parse_chunk(chunk: Chunk, state: WorkerState) -> _Parsed:
         lines.pop()
     bad, has_lists = 0, False
     for offset, line in enumerate(lines):
-        error, record, fallback = None, None, False
+        error, record, fallback, problem = None, None, False, None
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError as caught:
@@ -115,13 +116,16 @@ def parse_chunk(chunk: Chunk, state: WorkerState) -> _Parsed:
                 usable = not (fallback and any(map(_lone_surrogate, values)))
             else:
                 usable = _all_sentences(values, fallback)
+            if usable and state.reads_ids:
+                problem = _ids_problem(state, values)
+                usable = problem is None
             if usable:
                 for bucket, value in zip(texts, values, strict=True):
                     bucket.append(value)
                 has_lists |= not strings
                 continue
         if not state.skip_bad_lines:
-            problem = _line_problem(line, state.keys, error, record)
+            problem = problem or _line_problem(line, state.keys, error, record)
             if state.reads_ids and "array" in problem:
                 problem += (
                     "; NullTokenizer takes a document's token ids as whole numbers: a JSON array of them, "
@@ -138,6 +142,24 @@ def _ids_as_text(value: object) -> object:
     if type(value) is list and all(type(item) is int for item in value):
         return " ".join(map(str, value))
     return value
+
+
+def _ids_problem(state: WorkerState, values: list[Value]) -> str | None:
+    """Why NullTokenizer cannot read a line's ids (a word that is no number, an id past
+    --vocab-size), checked per line so that the error names the line and --skip-bad-lines skips it."""
+    size = state.tokenizer.vocab_size
+    for key, value in zip(state.keys, values, strict=True):
+        for text in [value] if type(value) is str else value:
+            try:
+                ids = list(map(int, text.split()))
+            except ValueError:
+                ids = None
+            if ids is None or (ids and (min(ids) < 0 or max(ids) >= size)):
+                try:
+                    state.tokenizer.encode(text)  # its own words for what is wrong
+                except GptrainError as error:
+                    return f"value of {key!r}: {error}"
+    return None
 
 
 def _all_sentences(values: list[object], fallback: bool) -> bool:

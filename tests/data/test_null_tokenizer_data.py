@@ -59,8 +59,33 @@ def test_prepare_names_the_line_of_an_id_past_the_vocabulary(tmp_path, capsys):
     argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "out")]
     assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and f"{corpus}:1-2" in err and "token id 300" in err, err
+    assert err.count("\n") == 0 and f"{corpus}:2: value of 'text': token id 300 is not" in err, err
     assert not list(tmp_path.glob("out*"))
+
+
+def test_skip_bad_lines_skips_the_line_of_an_id_null_tokenizer_cannot_read(tmp_path, capsys):
+    """Before: an id past --vocab-size (or a word that is no number) failed the whole chunk, named
+    as a line range, even with --skip-bad-lines; now it is that line's problem, skipped and counted."""
+    from gptrain.data.indexed import IndexedDataset
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        '{"text": "1 2 3"}\n{"text": "4 300"}\n{"text": [5, 6]}\n{"text": "7 x"}\n{"text": [-1]}\n'
+    )
+    argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "out")]
+    flags = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]
+    assert main([*argv, *flags]) == 2
+    assert f"{corpus}:2: value of 'text': token id 300" in capsys.readouterr().err
+    corpus.write_text('{"text": "1 2 3"}\n{"text": "7 x"}\n')
+    assert main([*argv, *flags]) == 2
+    assert f"{corpus}:2: value of 'text': 'x' is not a token id" in capsys.readouterr().err
+    corpus.write_text(
+        '{"text": "1 2 3"}\n{"text": "4 300"}\n{"text": [5, 6]}\n{"text": "7 x"}\n{"text": [-1]}\n'
+    )
+    assert main([*argv, *flags, "--skip-bad-lines"]) == 0
+    assert "(0 empty, 3 bad lines skipped)" in capsys.readouterr().out
+    dataset = IndexedDataset(str(tmp_path / "out_text_document"))
+    assert [dataset[i].tolist() for i in range(len(dataset))] == [[1, 2, 3], [5, 6]]
 
 
 def test_prepare_without_vocab_size_names_the_flag(tmp_path, capsys):
