@@ -125,6 +125,7 @@ def parse_chunk(chunk: Chunk, state: WorkerState) -> _Parsed:
                 has_lists |= not strings
                 continue
         if not state.skip_bad_lines:
+            problem = problem or (state.reads_ids and _id_array_problem(line, state)) or None
             problem = problem or _line_problem(line, state.keys, error, record)
             if state.reads_ids and "array" in problem:
                 problem += (
@@ -144,11 +145,11 @@ def _ids_as_text(value: object) -> object:
     return value
 
 
-def _ids_problem(state: WorkerState, values: list[Value]) -> str | None:
+def _ids_problem(state: WorkerState, values: list, keys: tuple[str, ...] | None = None) -> str | None:
     """Why NullTokenizer cannot read a line's ids (a word that is no number, an id past
     --vocab-size), checked per line so that the error names the line and --skip-bad-lines skips it."""
     size = state.tokenizer.vocab_size
-    for key, value in zip(state.keys, values, strict=True):
+    for key, value in zip(keys or state.keys, values, strict=True):
         for text in [value] if type(value) is str else value:
             try:
                 ids = list(map(int, text.split()))
@@ -159,6 +160,26 @@ def _ids_problem(state: WorkerState, values: list[Value]) -> str | None:
                     state.tokenizer.encode(text)  # its own words for what is wrong
                 except GptrainError as error:
                     return f"value of {key!r}: {error}"
+    return None
+
+
+def _id_array_problem(line: bytes, state: WorkerState) -> str | None:
+    """What is wrong with a NullTokenizer line's array of ids: the first item that is not a whole
+    number, or an id it cannot read. Read again by Python's json, which keeps an integer past 64
+    bits exact (orjson makes it a float)."""
+    record, error = _python_json(line, ValueError())
+    if error is not None or type(record) is not dict:
+        return None
+    for key in state.keys:
+        value = record.get(key)
+        if type(value) is not list or not value or type(value[0]) is str:
+            continue  # not an array of ids: a string, or sentences (as any tokenizer reads them)
+        for position, item in enumerate(value):
+            if type(item) is not int:
+                shown = json.dumps(item, ensure_ascii=False)
+                return f"item {position} (from 0) of the array of {key!r} is {shown}, not a whole number"
+        if (problem := _ids_problem(state, [_ids_as_text(value)], (key,))) is not None:
+            return problem
     return None
 
 

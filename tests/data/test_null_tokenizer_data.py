@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from gptrain.cli import main
 from gptrain.data.indexed import IndexedDatasetWriter
@@ -105,3 +106,25 @@ def test_prepare_says_how_null_tokenizer_takes_an_array_of_other_values(tmp_path
     assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"{corpus}:1:" in err and "whole numbers" in err, err
+
+
+@pytest.mark.parametrize(
+    "array, problem",
+    [
+        ("[1, 2.5]", "item 1 (from 0) of the array of 'text' is 2.5, not a whole number"),
+        ("[1, true]", "item 1 (from 0) of the array of 'text' is true, not a whole number"),
+        ('[1, "2"]', "item 1 (from 0) of the array of 'text' is \"2\", not a whole number"),
+        (
+            "[99999999999999999999999]",  # orjson reads it as the float 1e+23
+            "value of 'text': token id 99999999999999999999999 is not in NullTokenizer's vocabulary of 300 ids",
+        ),
+    ],
+)
+def test_prepare_names_the_item_of_an_id_array_that_is_no_id(tmp_path, capsys, array, problem):
+    """Before: each of these blamed item 0 with 'is a number, expected a string'."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(f'{{"text": [7]}}\n{{"text": {array}}}\n')
+    argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"gptrain: error: {corpus}:2: {problem}"), err
