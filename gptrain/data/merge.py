@@ -21,6 +21,7 @@ from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, strip_suf
 from gptrain.data.jsonl import file_identity
 from gptrain.data.record_mix import mixed_preparation_lines
 from gptrain.data.tokenizer_record import (
+    TOKENIZER_APPENDS_EOD,
     merged_record,
     refuse_foreign_record_file,
     remove_tokenizer_record,
@@ -122,6 +123,7 @@ def _carry_record(output_prefix: str, record: dict | None) -> None:
                 record["legacy"],
                 record.get("vocabulary"),
                 record.get("append_eod"),
+                record.get(TOKENIZER_APPENDS_EOD) is True,
             )
     except OSError as error:
         raise DataError(f"--output-prefix {output_prefix}: cannot write ({error})") from None

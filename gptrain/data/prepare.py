@@ -264,8 +264,24 @@ def _record_tokenizer(prefixes: list[str], config: PrepareConfig, vocabulary: di
     and --append-eod."""
     spec = config.tokenizer
     legacy = spec.legacy and canonical_type(spec.tokenizer_type) == "gpt2"
+    assert _STATE is not None
+    appends = tokenizer_appends_eod(_STATE.tokenizer)
     for prefix in prefixes:
-        write_tokenizer_record(prefix, spec.tokenizer_type, legacy, vocabulary, config.append_eod)
+        write_tokenizer_record(prefix, spec.tokenizer_type, legacy, vocabulary, config.append_eod, appends)
+
+
+def tokenizer_appends_eod(tokenizer: Tokenizer) -> bool:
+    """Whether the tokenizer ends every text it encodes with its end-of-document id (an HF
+    post-processor such as TemplateProcessing "$A </s>"): documents then end with it without
+    --append-eod, which would double it. NullTokenizer's ids are the user's: not probed."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+    from gptrain.data.tokenizer_identity import PROBE, eod_id
+
+    eod = eod_id(tokenizer)
+    if eod is None or isinstance(tokenizer, NullTokenizer):
+        return False
+    ends = [tokenizer.encode(text)[-1:] for text in ("a", PROBE)]
+    return all(end == [eod] for end in ends)
 
 
 def _refuse_inputs_of_only_bad_lines(stats: PrepareStats, config: PrepareConfig) -> None:

@@ -6,7 +6,9 @@ an end-of-document id, or run on into the next without one) and a HuggingFaceTok
 tokenizer_config.json split_special_tokens (a literal special token's text kept as text, or read as
 its id). A blend mixing them trains; one line says so, at train start (and `data merge` for
 --append-eod: a merge already refuses inputs of both split_special_tokens). A record without the
-key (Megatron's data, gptrain's before it recorded --append-eod) says nothing.
+key (Megatron's data, gptrain's before it recorded --append-eod) says nothing; documents whose
+tokenizer ends each text with the end-of-document id (recorded as tokenizer_appends_eod) end with it
+without --append-eod.
 """
 
 from __future__ import annotations
@@ -14,7 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 from gptrain.data.blend_spec import strip_suffix
-from gptrain.data.tokenizer_record import SUFFIX, read_tokenizer_record, record_path, recorded_split
+from gptrain.data.tokenizer_record import (
+    SUFFIX,
+    TOKENIZER_APPENDS_EOD,
+    read_tokenizer_record,
+    record_path,
+    recorded_split,
+)
 
 
 def mixed_preparation_lines(prefixes: list[str], where: str, eod_mask_loss: bool = False) -> list[str]:
@@ -43,7 +51,11 @@ def _first_of_each(values: dict[str, bool]) -> tuple[str | None, str | None]:
 
 
 def _eod_line(records: dict[str, dict[str, Any]], where: str, eod_mask_loss: bool) -> str | None:
-    recorded = {p: r["append_eod"] for p, r in records.items() if isinstance(r.get("append_eod"), bool)}
+    recorded = {
+        p: r["append_eod"] or r.get(TOKENIZER_APPENDS_EOD) is True
+        for p, r in records.items()
+        if isinstance(r.get("append_eod"), bool)
+    }
     with_eod, without = _first_of_each(recorded)
     if without is None:
         return None

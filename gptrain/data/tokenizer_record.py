@@ -27,6 +27,7 @@ from gptrain.utils.atomic import atomic_write_text
 from gptrain.utils.tokenizer_types import megatron_tokenizer_type
 
 SUFFIX = ".tokenizer"
+TOKENIZER_APPENDS_EOD = "tokenizer_appends_eod"
 # The name of the first such records: read, and replaced when the dataset is written again.
 OLD_SUFFIX = ".tokenizer.json"
 
@@ -37,11 +38,14 @@ def write_tokenizer_record(
     legacy: bool,
     vocabulary: dict[str, Any] | None = None,
     append_eod: bool | None = None,
+    tokenizer_appends_eod: bool = False,
 ) -> None:
     """Record beside `prefix` the tokenizer type (Megatron's name for any spelling, so records of one
     type compare equal), whether it encoded as Megatron's legacy one, the fingerprint of its
     vocabulary (gptrain.data.tokenizer_fingerprint) and whether documents end with the end-of-document
-    id (--append-eod; gptrain.data.record_mix compares it); None: not recorded. A file of the user's with
+    id (--append-eod; gptrain.data.record_mix compares it); None: not recorded. `tokenizer_appends_eod`:
+    the tokenizer's post-processor ends every text with it (recorded only then), so documents do
+    without --append-eod. A file of the user's with
     the record's name is kept, with a warning (data prepare and merge refuse one before writing:
     this guards other writers), and the data then has no record, as Megatron's has none."""
     if (foreign := foreign_record_file(prefix)) is not None:
@@ -57,6 +61,8 @@ def write_tokenizer_record(
             record["vocabulary"] = vocabulary
         if append_eod is not None:
             record["append_eod"] = append_eod
+        if tokenizer_appends_eod:
+            record[TOKENIZER_APPENDS_EOD] = True
         atomic_write_text(prefix + SUFFIX, json.dumps(record, indent=2) + "\n")
     if _read(prefix + OLD_SUFFIX) is not None:  # an older record of the data just replaced
         Path(prefix + OLD_SUFFIX).unlink(missing_ok=True)

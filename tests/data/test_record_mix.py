@@ -101,3 +101,42 @@ def test_merge_says_inputs_with_and_without_eod_and_keeps_what_they_share(tmp_pa
     assert "warning" not in capsys.readouterr().err
     assert read_tokenizer_record(out) == {"type": "NullTokenizer", "legacy": False, "append_eod": True}
     assert json.loads(Path(out + ".tokenizer").read_text())["append_eod"] is True
+
+
+def test_documents_a_tokenizer_ends_with_eod_are_not_warned_of(tmp_path):
+    """Before: data prepared without --append-eod by a tokenizer whose post-processor appends the
+    eod ("$A </s>") was warned of as running on, and the advice (--append-eod) would double the eod.
+    Now prepare records that the tokenizer appends it; a merge keeps the record."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.processors import TemplateProcessing
+
+    from gptrain.data.indexed import IndexedDataset
+    from gptrain.data.merge import merge_datasets
+
+    vocab = {"a": 0, "b": 1, "<pad>": 2, "</s>": 3, "[UNK]": 4}
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.post_processor = TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 3)])
+    directory = tmp_path / "tok"
+    directory.mkdir()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "a b a"}\n{"text": "b b"}\n')
+    spec = TokenizerSpec("HuggingFaceTokenizer", model=str(directory))
+    prepare(PrepareConfig([str(corpus)], str(tmp_path / "pp"), spec))
+    prepare(PrepareConfig([str(corpus)], str(tmp_path / "pp2"), spec))
+    without = str(tmp_path / "pp_text_document")
+    dataset = IndexedDataset(without)
+    assert [dataset[i].tolist() for i in range(len(dataset))] == [[0, 1, 0, 3], [1, 1, 3]]
+    assert read_tokenizer_record(without)["tokenizer_appends_eod"] is True
+    assert mixed_preparation_lines([without], "x", eod_mask_loss=True) == []
+    merged = str(tmp_path / "merged")
+    merge_datasets([without, str(tmp_path / "pp2_text_document")], merged)
+    assert read_tokenizer_record(merged)["tokenizer_appends_eod"] is True
+    assert mixed_preparation_lines([merged], "x", eod_mask_loss=True) == []
+    nulls = prepared(tmp_path, "n", True)  # with --append-eod: alike, no line
+    assert "tokenizer_appends_eod" not in read_tokenizer_record(nulls)
+    assert mixed_preparation_lines([nulls, without], "x") == []
