@@ -186,9 +186,9 @@ def load_huggingface(model: str) -> Tokenizer:
 
 
 def _pad_from_config(directory: Path, vocab: dict[str, int]) -> int:
-    """The pad_token's id (special_token), which Megatron's GPT dataset masks in the loss; -1
-    (none) without one, or for one tokenizer.json does not hold (transformers would add it as a
-    new id, which no data holds)."""
+    """The pad_token's id (special_token), which Megatron's GPT dataset masks in the loss (its HF
+    tokenizer's pad, core 0.15 on); -1 (none) without one, or for one tokenizer.json does not hold
+    (transformers would add it as a new id, which no data holds)."""
     pad, _ = special_token(directory, "pad_token")
     return vocab.get(pad, NO_PAD) if pad is not None else NO_PAD
 

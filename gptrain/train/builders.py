@@ -319,9 +319,10 @@ def batch_eod(tokenizer: Any | None, eod_mask_loss: bool) -> int | None:
 
 def batch_pad(tokenizer: Any | None, allow_ambiguous: bool = False) -> int | None:
     """The padding id whose labels leave the loss, as Megatron's GPT dataset masks its tokenizer's
-    pad: NullTokenizer's model.tokenizer.null_pad_id, and a HuggingFaceTokenizer's pad_token (core
-    0.16 on; gptrain's other tokenizers have none that text encodes to). One that is the end of
-    document is none, as Megatron's dataset resets it, unless `allow_ambiguous`
+    pad (since core 0.7): NullTokenizer's model.tokenizer.null_pad_id, and a HuggingFaceTokenizer's
+    pad_token (its HF tokenizer's pad from core 0.15; gptrain's other tokenizers have none that text
+    encodes to). One that is the end of document is none, as Megatron's dataset resets it since core
+    0.16, unless `allow_ambiguous`
     (model.data.allow_ambiguous_pad_tokens; ambiguous_pad_warning says so)."""
     pad = padding_id(tokenizer)
     if pad is None:

@@ -1,7 +1,7 @@
-"""A HuggingFaceTokenizer's pad token leaves the loss, as in Megatron core 0.16 on: its GPT dataset
-masks the labels of the tokenizer's `pad` (the legacy _HuggingFaceTokenizer's pad_token_id, core
-0.18's HuggingFaceTokenizer's pad_id), reads it as id 0, and masks nothing where it is the end of
-document unless --allow-ambiguous-pad-tokens."""
+"""A HuggingFaceTokenizer's pad token leaves the loss, as in Megatron: its GPT dataset masks the
+labels of the tokenizer's `pad` (since core 0.7; the legacy _HuggingFaceTokenizer's pad_token_id from
+core 0.15, core 0.18's HuggingFaceTokenizer's pad_id) and reads it as id 0; since core 0.16 it masks
+nothing where that is the end of document unless --allow-ambiguous-pad-tokens."""
 
 from __future__ import annotations
 
