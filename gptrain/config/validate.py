@@ -274,10 +274,16 @@ def _check_batches(cfg: TrainingConfig) -> None:
         )
 
 
-def _check_scan_limit(limit: object) -> None:
-    """model.data.token_scan_limit_gb: null, or a size of 0 GiB or more."""
+def _check_scan_limit(limit: object, tokenizer_type: str | None) -> None:
+    """model.data.token_scan_limit_gb: null, or a size of 0 GiB or more, read with NullTokenizer
+    alone (as null_eod_id and null_pad_id are): beside another type it would be taken silently."""
     if limit is None:
         return
+    if tokenizer_type != NULL_TYPE:
+        raise ConfigError(
+            f"model.data.token_scan_limit_gb: read only with {NULL_TYPE} (whose data's ids nothing else "
+            f"checks), not {tokenizer_type or 'without a tokenizer type'}; drop it"
+        )
     if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 <= limit < float("inf"):
         raise ConfigError(
             f"model.data.token_scan_limit_gb: {limit!r}: give the GiB of .bin files read at the start for "
@@ -301,7 +307,7 @@ def _check_data(cfg: TrainingConfig) -> None:
             raise ConfigError(f"model.data.splits_string: {error}") from None
     check_tiktoken_settings(tokenizer)
     _check_padded_vocab(cfg)
-    _check_scan_limit(data.token_scan_limit_gb)
+    _check_scan_limit(data.token_scan_limit_gb, tokenizer.type)
     has_tokenizer = (
         tokenizer.model or (tokenizer.vocab_file and tokenizer.merge_file) or tokenizer.type == NULL_TYPE
     )

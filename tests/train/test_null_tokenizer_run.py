@@ -3,6 +3,8 @@ model.tokenizer.vocab_size, no tokenizer files (Megatron core 0.18: N ids, end o
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -105,6 +107,18 @@ def test_null_tokenizer_settings_are_checked_as_the_config_loads(tmp_path, extra
 def test_null_ids_beside_another_tokenizer_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="model.tokenizer.null_eod_id: read only by NullTokenizer"):
         tiny_config(tmp_path, "model.tokenizer.null_eod_id=3")
+
+
+def test_the_scan_limit_beside_another_tokenizer_is_refused(tmp_path):
+    """Before: model.data.token_scan_limit_gb beside another type was taken silently (only
+    NullTokenizer's data is scanned), where null_eod_id and null_pad_id are refused."""
+    message = (
+        "model.data.token_scan_limit_gb: read only with NullTokenizer (whose data's ids nothing else "
+        "checks), not GPT2BPETokenizer; drop it"
+    )
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        tiny_config(tmp_path, "model.data.token_scan_limit_gb=1")
+    tiny_config(tmp_path, "model.data.token_scan_limit_gb=null")
 
 
 def test_eod_mask_and_padding_are_megatrons():
