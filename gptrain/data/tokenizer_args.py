@@ -134,7 +134,8 @@ SENTENCEPIECE_SWITCHES = (
 )
 # Megatron's switch (spelt twice) that leaves the model's vocabulary unpadded, read by training only
 PAD_VOCAB_SWITCHES = ("--no-pad-vocab-size", "--disable-pad-vocab-size")
-# Megatron's NullTokenizer ids (core 0.18), a tokenizer data prepare does not take
+# Megatron's NullTokenizer ids (core 0.18): with NullTokenizer the end of document --append-eod adds
+# (and the ids data inspect and sample show); beside another type accepted with a note
 NULL_TOKENIZER_IDS = ("--null-tokenizer-eod-id", "--null-tokenizer-pad-id")
 # Megatron's HF tokenizer switches -> why each changes nothing in gptrain's encoding
 ALWAYS_FOLLOWED = {

@@ -128,3 +128,30 @@ def test_prepare_names_the_item_of_an_id_array_that_is_no_id(tmp_path, capsys, a
     assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith(f"gptrain: error: {corpus}:2: {problem}"), err
+
+
+def test_prepare_reads_the_null_eod_id_as_the_end_append_eod_adds(tmp_path, capsys):
+    """docs/migrating.md listed --null-tokenizer-eod-id among flags accepted with a note: with
+    NullTokenizer it is read, without a note; beside another type it is the note."""
+    from gptrain.data.indexed import IndexedDataset
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "1 2"}\n')
+    argv = [
+        "data",
+        "prepare",
+        "--input",
+        str(corpus),
+        "--output-prefix",
+        str(tmp_path / "out"),
+        "--workers",
+        "1",
+    ]
+    null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--append-eod"]
+    assert main([*argv, *null, "--null-tokenizer-eod-id", "5"]) == 0
+    assert "--null-tokenizer-eod-id" not in capsys.readouterr().err
+    assert IndexedDataset(str(tmp_path / "out_text_document"))[0].tolist() == [1, 2, 5]
+    main([*argv, "--tokenizer-type", "GPT2BPETokenizer", "--null-tokenizer-eod-id", "5"])
+    assert "note: --null-tokenizer-eod-id: accepted, no effect: Megatron reads it for NullTokenizer only" in (
+        capsys.readouterr().err
+    )
