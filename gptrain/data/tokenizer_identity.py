@@ -335,11 +335,11 @@ def _padding_change(saved: dict[str, Any], live: dict[str, Any], checkpoint: str
 
     what = "its pad_token's id" if hf else "NullTokenizer's padding id"
     where = "" if hf else " (model.tokenizer.null_pad_id)"
-    if "pad" not in saved:  # a HuggingFaceTokenizer record from before gptrain masked the pad_token
+    if "pad" not in saved:  # an HF record from before gptrain recorded (or masked) the pad_token
         return (
-            f"{checkpoint} was trained by a gptrain that masked no pad_token; {whose} masks {what} "
-            f"{live['pad']} as Megatron's GPT dataset does: the loss leaves out other labels as padding "
-            "than the checkpoint's run did"
+            f"{checkpoint} records no padding id (saved by a gptrain before it recorded one; one before it "
+            f"masked a pad_token masked none); {whose} masks {what} {live['pad']} as Megatron's GPT dataset "
+            "does: where the checkpoint's run masked none, the loss leaves out other labels as padding than it did"
         )
     # not which labels: model.data.allow_ambiguous_pad_tokens decides for a padding id that is the eod
     return (

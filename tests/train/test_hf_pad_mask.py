@@ -176,7 +176,9 @@ def test_a_resume_under_another_pad_token_says_the_loss_masks_other_labels(tmp_p
     )
     before = {k: v for k, v in plain.record.items() if k != "pad"}  # saved before the key was kept
     assert note(before, padded) == (
-        "checkpoint c/step_4 was trained by a gptrain that masked no pad_token; this run's model.tokenizer "
-        f"masks its pad_token's id 2 as Megatron's GPT dataset does: {changed}"
+        "checkpoint c/step_4 records no padding id (saved by a gptrain before it recorded one; one before it "
+        "masked a pad_token masked none); this run's model.tokenizer masks its pad_token's id 2 as Megatron's "
+        "GPT dataset does: where the checkpoint's run masked none, the loss leaves out other labels as padding "
+        "than it did"
     )
     assert note(before, plain) is None
