@@ -35,7 +35,7 @@ class CheckpointOutOfMemoryError(GptrainError):
 
 class CheckpointFromNewerTorchError(CheckpointLoadError):
     """A checkpoint whose files all match its manifest, but whose `.metadata` this torch cannot unpickle:
-    a newer torch wrote it, not damage (agreed by `_agreed`: every rank refuses it, nothing is renamed)."""
+    a newer torch wrote it, not damage (agreed by `agreement.agreed`: every rank refuses it, nothing is renamed)."""
 
 
 def root_cause(error: BaseException) -> str:

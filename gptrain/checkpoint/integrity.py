@@ -88,7 +88,7 @@ def complete_record(
 ) -> str:
     """The text of the COMPLETE marker: the step, the format, the gptrain and torch that wrote it (an
     older one refuses what it cannot read: `newer_format`, `recorded_torch`), the Slurm job that wrote
-    it (a requeue of that job resumes it: gptrain.train.run_lock), the tokenizer the model was trained
+    it (a requeue of that job resumes it: gptrain.train.earlier_run), the tokenizer the model was trained
     with (gptrain.data.tokenizer_identity; none for mock data), the architecture settings
     (gptrain.checkpoint.architecture), the metrics retention ranks by (gptrain.checkpoint.retention:
     the validation loss of this step; json writes a NaN as NaN, which its reader takes back), the

@@ -40,7 +40,7 @@ from gptrain.data.prepare_lines import parse_chunk, texts_and_sentences
 from gptrain.data.prepare_tokens import (
     ChunkResult,
     WorkerState,
-    check_ids_fit,
+    check_chunk_ids_fit,
     encode_texts,
     last_sentences,
     with_eod,
@@ -115,7 +115,7 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
         tokens, lengths = encode_texts(state.tokenizer, texts, chunk, key)  # type: ignore[arg-type]
         if state.eod is not None:
             tokens, lengths = with_eod(tokens, lengths, state.eod, last_sentences(lengths, sentences))
-        check_ids_fit(tokens, state, chunk, key)
+        check_chunk_ids_fit(tokens, state, chunk, key)
         all_tokens.append(tokens.astype(state.dtype, copy=False))
         all_lengths.append(lengths)
         all_sentences.append(sentences)

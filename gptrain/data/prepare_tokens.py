@@ -82,7 +82,7 @@ def encode_texts(
         ) from None
 
 
-def check_ids_fit(tokens: np.ndarray, state: WorkerState, chunk: Chunk, key: str) -> None:
+def check_chunk_ids_fit(tokens: np.ndarray, state: WorkerState, chunk: Chunk, key: str) -> None:
     """An id past what the token dtype holds would be written wrapped (70000 as 4464 in uint16),
     silently another token: the dtype follows the tokenizer's vocabulary size (Megatron's rule), and
     a tokenizer.json may give ids beyond it (added tokens with a gap before them)."""
