@@ -271,7 +271,8 @@ def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, A
         flags = list(r.get("problems") or [])
         if r["rank"] in links_down:
             flags.append(
-                f"all {len(_nvlinks(r))} NVLink links inactive while the other GPUs of {r['node']} have theirs up:"
+                f"all {len(_nvlinks(r))} NVLink links inactive while other GPUs of its model on {r['node']} have"
+                " theirs up:"
                 " its traffic to them falls back to PCIe (check nvidia-smi nvlink -s; reset the GPU or"
                 " service it)"
             )
@@ -299,10 +300,12 @@ def dcgm_warning_lines(records: list[dict[str, Any]]) -> list[str]:
 
 
 def nvlinks_down_alone(records: list[dict[str, Any]]) -> set[int]:
-    """The ranks of GPUs whose NVLinks are all inactive while every other GPU of their model on
-    their node has some up. A GPU reads every link inactive where it has no NVLink in use (a PCIe
-    card without a bridge, beside a bridged pair; a display GPU), so one alone is judged against its
-    peers (nvml.health_problems judges some links down); NVML gives no link's peer to say more."""
+    """The ranks of GPUs whose NVLinks are all inactive while another GPU of their model on their
+    node has some up. A GPU reads every link inactive where it has no NVLink in use (a PCIe card
+    without a bridge beside a bridged pair; a display GPU of another model), so the down ones are
+    let pass only where NVML names every up link's remote device of their model a GPU (bridges, no
+    NVSwitch); a remote not read counts as a switch, a false fail rather than a false pass
+    (nvml.health_problems judges some links down)."""
     groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
     for r in records:
         if _nvlinks(r):  # NVML read it
@@ -310,8 +313,9 @@ def nvlinks_down_alone(records: list[dict[str, Any]]) -> set[int]:
             groups.setdefault((r["node"], model), []).append(r)
     ranks = set()
     for group in groups.values():
+        up = [link for r in group for link in _nvlinks(r) if link["active"]]
         down = [r["rank"] for r in group if not any(link["active"] for link in _nvlinks(r))]
-        if len(down) == 1 and len(group) > 1:
+        if up and not all(link.get("remote") == "gpu" for link in up):
             ranks.update(down)
     return ranks
 

@@ -158,8 +158,22 @@ def nvlinks(nv: Any, h: Any, errors: Unread) -> list[dict[str, Any]]:
                     nv.nvmlDeviceGetNvLinkErrorCounter(h, link, getattr(nv, f"NVML_NVLINK_ERROR_DL_{kind}"))
                 ),
             )
-        links.append({"link": link, "active": active, "errors": counters})
+        remote = (
+            field(errors, f"nvlink{link}_remote", lambda link=link: remote_type(nv, h, link))
+            if active
+            else None
+        )
+        links.append({"link": link, "active": active, "errors": counters, "remote": remote})
     return links
+
+
+def remote_type(nv: Any, h: Any, link: int) -> str:
+    """What an active link reaches: "gpu" (an NVLink bridge or a direct link), "switch" (an
+    NVSwitch), "npu" (IBM's), or "unknown"."""
+    kind = int(nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, link))
+    names = {"NVML_NVLINK_DEVICE_TYPE_GPU": "gpu", "NVML_NVLINK_DEVICE_TYPE_SWITCH": "switch"}
+    names["NVML_NVLINK_DEVICE_TYPE_IBMNPU"] = "npu"
+    return next((name for attr, name in names.items() if getattr(nv, attr, None) == kind), "unknown")
 
 
 def ecc(nv: Any, h: Any, errors: Unread) -> dict[str, Any]:

@@ -145,7 +145,7 @@ def test_a_gpu_whose_nvlinks_are_all_down_fails_where_its_node_peers_have_theirs
     judged = judge(records, Thresholds(slow_pct=10))
     assert [r["rank"] for r in judged if r["flags"]] == [2]
     assert judged[2]["flags"] == [
-        "all 18 NVLink links inactive while the other GPUs of n0 have theirs up: its traffic to them"
+        "all 18 NVLink links inactive while other GPUs of its model on n0 have theirs up: its traffic to them"
         " falls back to PCIe (check nvidia-smi nvlink -s; reset the GPU or service it)"
     ]
 
@@ -154,14 +154,16 @@ def test_nvlinks_all_down_are_judged_against_the_other_gpus_of_the_same_model():
     """All links down was flagged wherever any GPU of the node had one up: a PCIe node whose GPUs 0
     and 1 share an NVLink bridge and 2 and 3 have none flagged 2 and 3, and so would a display GPU
     of another model. Flagged now only where every other GPU of its model on its node has links up
-    (one of 8 SXM GPUs down); a node with a bridge-less pair is not."""
+    (one of 8 SXM GPUs down); a node with a bridge-less pair beside a bridged one (NVML names the
+    up links' remote a GPU) is not."""
 
-    def with_links(r, name, active, n=12):
-        r["nvml"] = {"name": name, "nvlinks": [{"link": k, "active": active, "errors": {}} for k in range(n)]}
+    def with_links(r, name, active, n=12, remote="switch"):
+        links = [{"link": k, "active": active, "errors": {}, "remote": remote} for k in range(n)]
+        r["nvml"] = {"name": name, "nvlinks": links}
         return r
 
     pcie = "NVIDIA H100 PCIe"
-    bridged = [with_links(record(r, "n0", 800, 3000), pcie, r < 2) for r in range(4)]
+    bridged = [with_links(record(r, "n0", 800, 3000), pcie, r < 2, remote="gpu") for r in range(4)]
     assert [r["flags"] for r in judge(bridged, Thresholds(slow_pct=10))] == [[]] * 4
 
     sxm = "NVIDIA H100 80GB HBM3"
@@ -169,7 +171,9 @@ def test_nvlinks_all_down_are_judged_against_the_other_gpus_of_the_same_model():
     node.append(with_links(record(8, "n1", 800, 3000), "NVIDIA L4", False))  # another model: no NVLink
     judged = judge(node, Thresholds(slow_pct=10))
     assert [r["rank"] for r in judged if r["flags"]] == [5]
-    assert judged[5]["flags"][0].startswith("all 18 NVLink links inactive while the other GPUs of n1")
+    assert judged[5]["flags"][0].startswith(
+        "all 18 NVLink links inactive while other GPUs of its model on n1"
+    )
 
 
 @pytest.mark.parametrize(
@@ -605,3 +609,54 @@ def test_a_broken_gpu_is_told_the_remedy_its_fault_needs(monkeypatch, code_name,
     monkeypatch.setattr(nvml, "load", lambda: nv)
     _, problems = gpus.nvml_health("1234", 0)
     assert len(problems) == 1 and problems[0].endswith(f"): {remedy}")
+
+
+def test_nvlinks_all_down_on_several_gpus_of_a_model_are_flagged_unless_bridges_explain_them():
+    """Since only a lone all-down GPU of its model was flagged, two down together passed: on 8 H100
+    SXM GPUs, 5 and 6 down flagged none. Every all-down GPU of a model is flagged now where another
+    of its model has links up, unless NVML says those up links reach only GPUs (NVLink bridges, no
+    NVSwitch): then the down cards are bridge-less ones. A link whose remote type NVML did not give
+    is taken as a switch's (a false fail, never a false pass)."""
+
+    def with_links(r, name, active, remote, n=18):
+        links = [
+            {"link": k, "active": active, "errors": {}, "remote": remote if active else None}
+            for k in range(n)
+        ]
+        r["nvml"] = {"name": name, "nvlinks": links}
+        return r
+
+    sxm = "NVIDIA H100 80GB HBM3"
+    for remote in ("switch", None):
+        node = [with_links(record(r, "n0", 800, 3000), sxm, r not in (5, 6), remote) for r in range(8)]
+        assert [r["rank"] for r in judge(node, Thresholds(slow_pct=10)) if r["flags"]] == [5, 6]
+        old_record = [
+            with_links(record(r, "n0", 800, 3000), sxm, r not in (5, 6), "switch") for r in range(8)
+        ]
+        for r in old_record:
+            for link in r["nvml"]["nvlinks"]:
+                link.pop("remote")  # a gpus.json written before the remote type was read
+        assert [r["rank"] for r in judge(old_record, Thresholds(slow_pct=10)) if r["flags"]] == [5, 6]
+
+    pcie = "NVIDIA H100 PCIe"
+    bridged = [with_links(record(r, "n1", 800, 3000), pcie, r < 2, "gpu", 12) for r in range(4)]
+    assert [r["flags"] for r in judge(bridged, Thresholds(slow_pct=10))] == [[]] * 4
+    unknown = [with_links(record(r, "n1", 800, 3000), pcie, r < 2, None, 12) for r in range(4)]
+    assert [r["rank"] for r in judge(unknown, Thresholds(slow_pct=10)) if r["flags"]] == [2, 3]
+
+
+def test_nvml_reads_the_remote_device_type_of_each_active_nvlink():
+    import pynvml
+
+    def remote(h, link):
+        if link == 1:
+            raise NotSupported("Not Supported")
+        return pynvml.NVML_NVLINK_DEVICE_TYPE_GPU if link == 0 else pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+    nv, _ = fake_nvml(
+        nvmlDeviceGetNvLinkState=lambda h, link: (0 if link == 3 else 1) if link < 4 else 1 / 0,
+        nvmlDeviceGetNvLinkRemoteDeviceType=remote,
+    )
+    info = nvml.gpu_health(nv, object())
+    assert [link["remote"] for link in info["nvlinks"]] == ["gpu", None, "switch", None]
+    assert "nvlink1_remote" in info["unsupported"]
