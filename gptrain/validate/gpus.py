@@ -118,6 +118,9 @@ def dcgm_only_warned(returncode: int, table: DcgmTable) -> bool:
 # A row of dcgmi diag's table ("| name | result or text |") and a test's result in it (DCGM's Diag.cpp:
 # Pass, Fail, Warn, Skip or Not Run, for all GPUs or followed by the GPUs it names).
 DCGM_ROW = re.compile(r"^\|([^|]*)\|([^|]*)\|\s*$")
+# The closing border; DCGM 4's category headers ("+-----  Hardware  ---+---+") are drawn alike but
+# name their category, and a table cut after one is not closed.
+DCGM_BORDER = re.compile(r"\+-+\+-+\+")
 DCGM_RESULT = re.compile(r"^(Pass|Fail|Warn|Skip|Not Run)\b")
 # DCGM 4 adds a row per entity under its test's, "{group}{id}: {result}" (GPU0, CPU0, GPU_I0,
 # Switch0; a Not Run is blank before 4.6), and names the entity beside "Warning".
@@ -190,7 +193,7 @@ def dcgm_table(text: str) -> DcgmTable:
         line = line.strip()
         row = DCGM_ROW.match(line)
         if row is None:
-            table.closed = table.closed or (line.startswith("+-") and line.endswith("+"))
+            table.closed = table.closed or DCGM_BORDER.fullmatch(line) is not None
             if line.startswith("Error"):
                 table.errors.append(line)
             continue

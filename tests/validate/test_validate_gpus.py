@@ -195,7 +195,8 @@ def test_dcgm_result_is_read_from_its_output(monkeypatch, returncode, text, pass
 
 def dcgmi_table(*rows):
     """dcgmi diag's text output (DCGM's Diag.cpp stencil: a 27-wide name and a 46-wide result
-    column; Warning, Error and Info text wrapped every 45 characters, mid-word)."""
+    column; Warning, Error and Info text wrapped every 45 characters, mid-word). A row given as a
+    bare word is DCGM 4's category header (Hardware, Integration, Stress): a border with a name."""
     lines = [
         "Successfully ran diagnostic for group.",
         "+---------------------------+------------------------------------------------+",
@@ -205,7 +206,11 @@ def dcgmi_table(*rows):
         "| DCGM Version              | 3.3.7                                          |",
         "|-----  Deployment  --------+------------------------------------------------|",
     ]
-    for name, info in rows:
+    for row in rows:
+        if isinstance(row, str):
+            lines.append("+" + f"-----  {row}  ".ljust(27, "-") + "+" + "-" * 48 + "+")
+            continue
+        name, info = row
         chunks = (
             [info[i : i + 45] for i in range(0, len(info), 45)]
             if name.split(":")[0] in ("Warning", "Error")
@@ -660,3 +665,25 @@ def test_nvml_reads_the_remote_device_type_of_each_active_nvlink():
     info = nvml.gpu_health(nv, object())
     assert [link["remote"] for link in info["nvlinks"]] == ["gpu", None, "switch", None]
     assert "nvlink1_remote" in info["unsupported"]
+
+
+def test_a_dcgmi_4_table_cut_after_a_category_header_fails(monkeypatch):
+    """DCGM 4 opens its Hardware, Integration and Stress tests with a header drawn as a border
+    ("+-----  Hardware  ---+---+"), and that counted as the closing one: a table cut after it passed
+    at exit 226 as a whole Warn-only table. Only a border without words closes it now."""
+    rows = [
+        ("software", "Warn"),
+        ("", "GPU0: Pass"),
+        ("", "GPU1: Fail"),
+        ("Warning: GPU1", "Persistence mode for GPU 1 is disabled."),
+    ]
+    for header in ("Hardware", "Integration", "Stress"):
+        cut = dcgmi_table(*rows, header).rstrip("\n").rsplit("\n", 1)[0] + "\n"
+        assert f"-----  {header}  " in cut.splitlines()[-1]
+        result = run_dcgmi(monkeypatch, 226, cut)
+        assert result["passed"] is False and result["failures"] == ["dcgmi diag -r 2 exited with status 226"]
+    whole = dcgmi_table(*rows, "Hardware", ("memory", "Pass"), ("", "GPU0: Pass"), ("", "GPU1: Pass"))
+    result = run_dcgmi(monkeypatch, 226, whole)
+    assert result["passed"] is True and result["warnings"] == [
+        "software: Warn: Persistence mode for GPU 1 is disabled."
+    ]
