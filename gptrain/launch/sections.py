@@ -80,7 +80,7 @@ CLUSTER: dict[str, Check] = {
     "validation": mapping,
 }
 RUN: dict[str, Check] = {
-    "name": scalar,
+    "name": path_name,  # the default results_dir is ${base_results_dir}/${.name}
     "results_dir": path_name,
     "time_limit": slurm_time,
     "dependency": scalar,

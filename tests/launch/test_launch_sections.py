@@ -467,6 +467,8 @@ def test_a_numeric_exclude_file_name_is_read_as_that_file(tmp_path, monkeypatch)
         ("data_dir=1.50", "data_dir", 1.5),
         ("training.run.results_dir=2.0", "training.run.results_dir", 2.0),
         ("wandb_api_key_file=1e3", "wandb_api_key_file", 1000.0),
+        ("training.run.name=1.50", "training.run.name", 1.5),  # the default results_dir ends in it
+        ("data_preparation.run.name=1e3", "data_preparation.run.name", 1000.0),
     ],
 )
 def test_a_path_yaml_reads_as_a_float_is_refused_naming_the_key(tmp_path, monkeypatch, override, key, read):
