@@ -55,13 +55,45 @@ _HYDRA_FLOAT = re.compile(
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+# Keys whose value names a file or directory (a run's `name` ends its default results_dir): an int
+# read from them must be spelled as written, as `2024_11_29` (20241129) and `0123` (83) are not.
+NAME_KEYS = frozenset(
+    ("name", "results_dir", "base_results_dir", "data_dir", "download_dir", "output_dir", "exclude_file",
+     "wandb_api_key_file")
+)  # fmt: skip
+_RESPELLED = "which names another path than the one written; quote it"
+
+
+class RespelledName(yaml.constructor.ConstructorError):
+    """A name key's int whose digits are not the text written (NAME_KEYS)."""
+
+
 class ConfigLoader(_SAFE_LOADER):  # type: ignore[misc,valid-type]
     """SafeLoader without YAML 1.1's sexagesimal numbers; `1e-4` is a float (as in OmegaConf), and
     a key given twice in one mapping is an error (as in OmegaConf), not silently the last one."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         _refuse_duplicate_keys(node)
+        _refuse_respelled_names(self, node)
         return super().construct_mapping(node, deep=deep)
+
+
+def _refuse_respelled_names(loader: ConfigLoader, node: yaml.MappingNode) -> None:
+    for key_node, value_node in node.value:
+        if not (isinstance(key_node, yaml.ScalarNode) and key_node.value in NAME_KEYS):
+            continue
+        if not isinstance(value_node, yaml.ScalarNode) or value_node.tag != "tag:yaml.org,2002:int":
+            continue
+        number = _number(loader, value_node, yaml.SafeLoader.construct_yaml_int)
+        if str(number) != value_node.value:
+            raise RespelledName(
+                None,
+                None,
+                f"{key_node.value}: {value_node.value} is read as the number {number} (YAML drops `_` and a"
+                f" sign, reads a leading 0 as octal, 0x as hex), {_RESPELLED}: {key_node.value}:"
+                f" '{value_node.value}'",
+                value_node.start_mark,
+            )
 
 
 def _refuse_duplicate_keys(node: yaml.MappingNode) -> None:
@@ -126,7 +158,8 @@ def load_text(text: str, where: str) -> Any:
         line = f":{mark.line + 1}" if mark else ""
         problem = str(getattr(error, "problem", None) or error)
         hint = "" if "tab" in problem else _tab_hint(text, mark)
-        raise ConfigError(f"{where}{line}: invalid YAML: {problem}{hint}") from None
+        invalid = "" if isinstance(error, RespelledName) else "invalid YAML: "
+        raise ConfigError(f"{where}{line}: {invalid}{problem}{hint}") from None
     check_not_recursive(data, where)
     return data
 
@@ -214,9 +247,16 @@ def parse_value(text: str) -> Any:
 def override_value(form: OverrideForm) -> Any:
     """The value of a `key=value` override (parse_value); an error names the override as typed."""
     try:
-        return parse_value(form.text)
+        value = parse_value(form.text)
     except ConfigError as error:
         raise ConfigError(f"override '{printable(form.argument)}': {error}") from None
+    text = form.text.strip()
+    if form.key.rpartition(".")[2] in NAME_KEYS and type(value) is int and str(value) != text:
+        raise ConfigError(
+            f"override '{printable(form.argument)}': {text} is read as the number {value} (Hydra drops `_`"
+            f" and a sign), {_RESPELLED}: \"{form.key}='{text}'\""
+        )
+    return value
 
 
 def _unquote(text: str) -> str:

@@ -191,7 +191,8 @@ def path_name(key: str, value: Any) -> Any:
 
 def not_a_float(key: str, value: Any) -> Any:
     """A path YAML read as a float is refused: `1e3` and `1.50` become 1000.0 and 1.5, another name
-    than the one written (an exclude_file was then missing, silently); an int keeps its digits."""
+    than the one written (an exclude_file was then missing, silently). An int spelled otherwise than
+    its digits (`2024_11_29`, `0123`) is refused where it is read (yamlio.NAME_KEYS)."""
     if isinstance(value, float):
         raise ConfigError(
             f"{key}: read as the number {value!r} (YAML reads 1e3 or 1.50 as a float), which names another"

@@ -243,3 +243,43 @@ def test_a_whole_float_in_an_int_field_is_its_whole_number_in_train_and_launch(o
     assert kept == 2 and type(kept) is int
     with pytest.raises(ConfigError, match=r"expected a whole number, got 2\.5"):
         launch_count("training.trainer.devices", 2.5)
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [("2024_11_29", 20241129), ("0123", 83), ("0x10", 16), ("+7", 7), ("0b11", 3), ("!!int 0123", 83)],
+)
+def test_a_name_yaml_reads_as_a_number_of_other_digits_is_refused_at_its_line(text, read):
+    """YAML 1.1 reads `2024_11_29` as 20241129 and `0123` as octal 83: `run.name: 2024_11_29` made
+    the run directory 20241129 (results_dir ends in run.name). A name or path key whose int is not
+    spelled as written is one line at its line, saying to quote it; an int spelled as written
+    (`2024`), a quoted one and other keys' ints (`max_steps: 1_000`) are read as before."""
+    with pytest.raises(ConfigError) as error:
+        load_text(f"run:\n  time_limit: 10\n  name: {text}\n", "conf/training/x.yaml")
+    shown = text.removeprefix("!!int ")
+    assert str(error.value) == (
+        f"conf/training/x.yaml:3: name: {shown} is read as the number {read} (YAML drops `_` and a sign,"
+        " reads a leading 0 as octal, 0x as hex), which names another path than the one written;"
+        f" quote it: name: '{shown}'"
+    )
+    assert load_text("run:\n  name: 2024\n  results_dir: '0123'\nmax_steps: 1_000\n", "x.yaml") == {
+        "run": {"name": 2024, "results_dir": "0123"},
+        "max_steps": 1000,
+    }
+
+
+@pytest.mark.parametrize("key", ["training.run.name", "base_results_dir", "data_preparation.output_dir"])
+def test_a_name_override_hydra_reads_as_a_number_of_other_digits_is_refused(key):
+    """Hydra reads `2024_11_29` and `+7` as the ints 20241129 and 7: refused for a name or path key,
+    as in a file; `2024` and other keys' `1_000` are kept."""
+    with pytest.raises(ConfigError) as error:
+        parse_overrides([f"{key}=2024_11_29"])
+    assert str(error.value) == (
+        f"override '{key}=2024_11_29': 2024_11_29 is read as the number 20241129"
+        " (Hydra drops `_` and a sign), which names another path than the one written; quote it:"
+        f" \"{key}='2024_11_29'\""
+    )
+    assert [o.value for o in parse_overrides([f"{key}=2024", "training.trainer.max_steps=1_000"])] == [
+        2024,
+        1000,
+    ]
