@@ -115,8 +115,8 @@ def ended_by_log(record: dict[str, Any]) -> JobState | None:
     log has no such line (still running when Slurm was asked, or killed before it) or a task's log
     is missing."""
     logs = log_files(record)
-    if not logs or len(logs) < int(record.get("array") or 1):
-        return None
+    if not logs or len(logs) < int(record.get("array") or 1) or "array_unread" in record:
+        return None  # array_unread: how many task logs make the whole job is not known
     states = [log_ending(log) for log in logs]
     if None in states:
         return None
@@ -158,7 +158,7 @@ def ended_for_good(record: dict[str, Any]) -> bool:
     script's exit line, the last thing the job writes, not just after Slurm requeued it (a preempted
     job runs again). What `gptrain logs -f` goes by while Slurm does not answer."""
     logs = log_files(record)
-    if not logs or len(logs) < int(record.get("array") or 1):
+    if not logs or len(logs) < int(record.get("array") or 1) or "array_unread" in record:
         return False
     return all(ends_with_exit_line(log) for log in logs)
 

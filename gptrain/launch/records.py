@@ -38,9 +38,19 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes a crash left
             continue  # a line cut by a crash: skip it, keep the rest
-        if isinstance(record, dict) and not unnamed_submission(record):  # nor is other JSON
-            records.append(record)
+        if isinstance(record, dict) and not unnamed_submission(record := with_array_unread(record)):
+            records.append(record)  # other JSON is no record either
     return records
+
+
+def with_array_unread(record: dict[str, Any]) -> dict[str, Any]:
+    """A Slurm record with sbatch's job id but an `array` that is no task count (hand-edited) is
+    kept, its count unknown: skipped, `gptrain status` said "nothing launched yet" and `cancel` left
+    the job running. `array_unread` holds the value found; its task logs cannot say the job ended."""
+    array = record.get("array")
+    if record.get("executor") == "local" or array is None or positive_int(array) or not names_a_job(record):
+        return record
+    return {**record, "array": None, "array_unread": array}
 
 
 def unnamed_submission(record: dict[str, Any]) -> bool:
@@ -65,7 +75,8 @@ def names_a_job(record: dict[str, Any]) -> bool:
 def counts_are_usable(record: dict[str, Any]) -> bool:
     """Whether a local record's `pid` and a Slurm array's task count `array` are the positive ints
     gptrain writes: a missing pid was a KeyError in `gptrain status` and `cancel`, `"array": "x"` a
-    ValueError where the logs are counted, and pid 0 or -1 would signal a process group."""
+    ValueError where the logs are counted, and pid 0 or -1 would signal a process group (a Slurm
+    record's other `array` is set aside first: with_array_unread)."""
     pid_needed = record.get("executor") == "local"
     return (not pid_needed or positive_int(record.get("pid"))) and (
         record.get("array") is None or positive_int(record["array"])

@@ -75,6 +75,8 @@ def status_lines(run_dir: Path, label: str | None = None) -> list[str]:
     for record in latest_jobs(run_dir):
         state = job_state(record, records)
         line = f"{label}  {record.get('stage')}  job {record.get('job_id')}  {state.describe()}"
+        if "array_unread" in record:
+            line += f"  (launcher.log gives its array task count as {record['array_unread']!r}: its logs cannot say it ended)"
         if state.reason == NEVER_SATISFIED:
             line += f": the stage it waits for (job {record.get('dependency')}) failed; gptrain cancel it"
         logs = log_files(record)

@@ -2017,18 +2017,15 @@ def test_a_submitted_record_with_a_positive_slurm_job_id_is_read(tmp_path, job_i
             {"executor": "local", "job_id": "local-5", "pid": pid}
             for pid in ["x", "5", True, 0, -1, None, 5.0]
         ),
-        *(
-            {"executor": "slurm", "job_id": "5", "array": array}
-            for array in ["x", "4", True, 0, -2, 2.5, [2]]
-        ),
+        {"executor": "local", "job_id": "local-5", "pid": 5, "array": "x"},
     ],
 )
 @pytest.mark.parametrize("command", ["status", "cancel"])
 def test_a_submitted_record_with_no_usable_pid_or_array_count_is_skipped(
     tmp_path, capsys, monkeypatch, fields, command
 ):
-    """A local record without a pid was a KeyError in `gptrain status` and `cancel`, and `"array": "x"`
-    a ValueError where a log is read: gptrain writes a positive int for each; another is no record."""
+    """A local record without a pid was a KeyError in `gptrain status` and `cancel`: gptrain writes a
+    positive int; another is no record (a Slurm record's array count: see the test below)."""
     from gptrain.cli import main
 
     never = lambda *args, **kwargs: pytest.fail(f"asked Slurm {args}")  # noqa: E731
@@ -2040,6 +2037,46 @@ def test_a_submitted_record_with_no_usable_pid_or_array_count_is_skipped(
     assert read_records(tmp_path) == []
     assert main([command, str(tmp_path)]) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("array", ["x", "4", True, 0, -2, 2.5, [2]])
+def test_a_slurm_record_whose_array_count_is_no_count_is_kept_with_its_count_unknown(
+    tmp_path, capsys, monkeypatch, array
+):
+    """A `submitted` record with sbatch's job id but `"array": "x"` (hand-edited) was skipped:
+    `gptrain status` said "nothing launched yet" and `cancel` "nothing to cancel", the job running
+    on. It is kept, its count unknown: Slurm is asked about it, cancel cancels it, status says so,
+    and one task's finished log no longer says the whole array ended."""
+    from gptrain.cli import main
+    from gptrain.launch.log_endings import ended_by_log, ended_for_good
+
+    log = tmp_path / "log-r_5_0.out"
+    log.write_text("gptrain: job 5 on n1, stage training\ngptrain: step finished with exit code 0\n")
+    fields = {
+        "stage": "training",
+        "executor": "slurm",
+        "job_id": "5",
+        "log": str(tmp_path / "log-r_%A_%a.out"),
+    }
+    with open(tmp_path / "launcher.log", "w") as handle:
+        handle.write(json.dumps({"event": "submitted", **fields, "array": array}) + "\n")
+    scontrol = "JobId=5 JobName=r\n   JobState=RUNNING Reason=None ExitCode=0:0\n"
+    asked = []
+
+    def run_command(command, timeout=15.0):
+        asked.append(command)
+        return subprocess.CompletedProcess(command, 0, scontrol if command[0] == "scontrol" else "", "")
+
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    (record,) = read_records(tmp_path)
+    assert record["array"] is None and record["array_unread"] == array
+    assert main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "training  job 5  RUNNING" in out and f"array task count as {array!r}: its logs cannot say" in out
+    assert main(["cancel", str(tmp_path)]) == 0
+    assert ["scancel", "5"] in [list(c[:2]) for c in asked]
+    assert ended_by_log(record) is None and ended_for_good(record) is False
+    assert ended_by_log({**fields, "array": 1}).state == "COMPLETED"
 
 
 @pytest.mark.parametrize(
