@@ -307,8 +307,10 @@ def nvlinks_down_alone(records: list[dict[str, Any]]) -> set[int]:
     node has some up. A GPU reads every link inactive where it has no NVLink in use (a PCIe card
     without a bridge beside a bridged pair; a display GPU of another model), so the down ones are
     let pass only where NVML names every up link's remote device of their model a GPU (bridges, no
-    NVSwitch); a remote not read counts as a switch, a false fail rather than a false pass
-    (nvml.health_problems judges some links down)."""
+    NVSwitch); a remote not read counts as a switch, a false fail rather than a false pass. Where
+    GPUs link to each other directly (a mesh), a dead GPU leaves its peers' links to it down, which
+    nvml.health_problems fails (some links down); a bridged pair whose bridge is gone reads as two
+    bridge-less cards and passes."""
     groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
     for r in records:
         if _nvlinks(r):  # NVML read it
