@@ -97,10 +97,17 @@ def build_run_tokenizer(cfg: Any, hparams: Path, moved: dict[str, str] | None = 
             )
         if found.kind == "missing":
             raise DataError(
-                f"{hparams}: model.tokenizer.{key}={value} not found; "
-                "run from the directory the training ran in, or restore the file"
+                f"{hparams}: model.tokenizer.{key}={value} not found; {_missing_file_advice(key, value)}"
             )
     return build_tokenizer(cfg)
+
+
+def _missing_file_advice(key: str, value: str) -> str:
+    """What to do about a tokenizer file not found: a relative path may be found from where the
+    training ran; an absolute one was told that too, which no working directory changes."""
+    if _is_relative_path(value):
+        return "run from the directory the training ran in, or restore the file"
+    return f"restore the file, or set model.tokenizer.{key} there to where it is now"
 
 
 def check_run_tokenizer(

@@ -763,7 +763,7 @@ def test_a_run_with_a_tokenizer_json_opens_without_the_presets_gpt2_files(
         open_run(tmp_path / "run")
     assert str(error.value) == (
         f"{log_dir / 'hparams.yaml'}: model.tokenizer.model={tokenizer_json} not found; "
-        "run from the directory the training ran in, or restore the file"
+        "restore the file, or set model.tokenizer.model there to where it is now"
     )
 
 
@@ -1011,6 +1011,26 @@ def test_a_run_tokenizer_file_under_a_directory_that_may_not_be_searched_is_one_
         f"{tmp_path}/run/hparams.yaml: model.tokenizer.model={locked}/tokenizer.json cannot be looked up"
         f" (Permission denied); check the permissions of {locked} and the directories above it"
     )
+
+
+def test_an_absolute_tokenizer_path_not_found_is_not_told_to_run_from_elsewhere(tmp_path: Path) -> None:
+    """An absolute vocab_file gone since training was told 'run from the directory the training
+    ran in', which changes nothing for an absolute path; a relative one keeps that advice."""
+    from gptrain.config import load_training_config
+    from gptrain.trained.run_config import build_run_tokenizer
+
+    hparams = tmp_path / "run" / "hparams.yaml"
+    for vocab, advice in [
+        (
+            f"{tmp_path}/gone/vocab.json",
+            "restore the file, or set model.tokenizer.vocab_file there to where it is now",
+        ),
+        ("gone/vocab.json", "run from the directory the training ran in, or restore the file"),
+    ]:
+        cfg = load_training_config("gpt3/126m", [f"model.tokenizer.vocab_file={vocab}"], report_ignored=False)
+        with pytest.raises(DataError) as error:
+            build_run_tokenizer(cfg, hparams)
+        assert str(error.value) == f"{hparams}: model.tokenizer.vocab_file={vocab} not found; {advice}"
 
 
 def test_a_run_to_plot_under_a_directory_that_may_not_be_searched_is_one_line(unsearchable_dir: Path) -> None:
