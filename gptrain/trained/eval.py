@@ -52,7 +52,7 @@ def add_eval_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="global batches to evaluate (default: trainer.limit_val_batches/limit_test_batches of the run; "
         "as many as the run's split holds are read in its order, more rebuild it larger, in another; "
-        "with --data-prefix, one pass over the data; --split train holds the batches training read)",
+        "with --data-prefix, one pass over the data in whole global batches (a note says what is left out); --split train holds the batches training read)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
     parser.add_argument(

@@ -35,6 +35,7 @@ from gptrain.trained.coverage import Coverage, coverage
 from gptrain.trained.load import RunCheckpoint, is_step_dir, older_checkpoint, open_run
 from gptrain.trained.run_config import override_key, run_started_in
 from gptrain.utils.atomic import atomic_write_text
+from gptrain.utils.rank import is_rank_zero
 
 # One process evaluates with the whole model whatever layout trained it (as generate and export
 # do); the user's own layout overrides come after these and win.
@@ -393,6 +394,8 @@ def prefix_data(
     if batches is None:
         samples = sum((count - 1) // m.data.seq_length for count in tokens.values())
         batches = max(1, samples // m.global_batch_size)
+        if (left_out := samples - batches * m.global_batch_size) > 0 and is_rank_zero():  # once, not a rank
+            print(left_out_note(" ".join(entries), samples, left_out, batches, cfg), file=sys.stderr)
     _, valid, _ = build_gpt_datasets(
         prefix,
         "0,100,0",
@@ -412,6 +415,18 @@ def prefix_data(
     null_vocab = b.null_vocab(tokenizer)
     dataset = GPTBatchDataset(valid, eod, m.data.eod_mask_loss, rows, source, pad, null_vocab)
     return dataset, batches, " ".join(entries)
+
+
+def left_out_note(source: str, samples: int, left_out: int, batches: int, cfg: TrainingConfig) -> str:
+    """One pass reads whole global batches: the samples past the last one were left out of the loss
+    in silence, which then was not the loss of the whole dataset."""
+    m = cfg.model
+    return (
+        f"gptrain: note: --data-prefix {source}: holds {samples} samples of {m.data.seq_length} tokens; "
+        f"{batches} global batches of {m.global_batch_size} read {samples - left_out}, and the last "
+        f"{left_out} (less than a global batch) are not evaluated; a model.global_batch_size that "
+        f"divides {samples} evaluates them all"
+    )
 
 
 def report(

@@ -125,6 +125,25 @@ def test_eval_on_an_indexed_dataset_matches_a_float64_reference(run_dir: Path, t
     assert result["loss"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_one_pass_that_leaves_a_partial_last_batch_out_says_so(run_dir: Path, tmp_path: Path, capsys) -> None:
+    """7 windows at a global batch of 4: one pass reads 1 batch, and the last 3 windows were left
+    out of the loss in silence; 8 windows fill 2 batches and leave nothing out."""
+    tokens = np.random.default_rng(1).integers(0, VOCAB, size=7 * SEQ + 1).astype(np.uint16)
+    write_one_document(tmp_path / "seven", tokens)
+    capsys.readouterr()
+    result = eval_json(tmp_path, str(run_dir), "--data-prefix", str(tmp_path / "seven"))
+    assert result["batches"] == 1 and result["tokens"] == 4 * SEQ and result["distinct_tokens"] == 4 * SEQ
+    assert (
+        f"gptrain: note: --data-prefix {tmp_path / 'seven'}: holds 7 samples of {SEQ} tokens; 1 global "
+        "batches of 4 read 4, and the last 3 (less than a global batch) are not evaluated; a "
+        "model.global_batch_size that divides 7 evaluates them all"
+    ) in capsys.readouterr().err.splitlines()
+
+    write_one_document(tmp_path / "eight", np.concatenate([tokens, tokens[:SEQ]]))  # 8 windows: whole
+    eval_json(tmp_path, str(run_dir), "--data-prefix", str(tmp_path / "eight"))
+    assert "not evaluated" not in capsys.readouterr().err
+
+
 def test_eval_past_the_end_of_the_data_says_it_reads_tokens_again(
     run_dir: Path, tmp_path: Path, capsys
 ) -> None:
