@@ -53,6 +53,10 @@ class EvalResult:
 
     @property
     def perplexity(self) -> float:
+        """exp(loss), inf past float64's range; NaN for a NaN loss (a diverged model), which
+        `loss < 709` sent to inf as if it were a finite but huge loss."""
+        if math.isnan(self.loss):
+            return math.nan
         return math.exp(self.loss) if self.loss < 709.0 else math.inf
 
 

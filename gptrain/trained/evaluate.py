@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -458,8 +459,17 @@ def report(
             "data_tokens": read.data_tokens if read else None,
             "distinct_tokens": read.distinct_tokens if read else None,
         }
-        atomic_write_text(json_path, json.dumps(record, indent=2) + "\n")
+        atomic_write_text(json_path, json.dumps(strict_json(record), indent=2, allow_nan=False) + "\n")
         print(f"wrote {json_path}", file=sys.stderr)
+
+
+def strict_json(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` with null for a NaN or infinite number: json.dumps wrote NaN and Infinity (a diverged
+    checkpoint's loss), which are not JSON, and jq or a JavaScript dashboard refused the file."""
+    return {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in record.items()
+    }
 
 
 def repeats_warning(read: Coverage, batches: int, source: str) -> str:

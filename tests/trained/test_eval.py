@@ -756,3 +756,26 @@ def test_eval_data_prefix_prepared_with_the_other_legacy_setting_is_refused(tmp_
     assert "gptrain: warning: --data-prefix: " in capsys.readouterr().err
     assert "holds 1 token(s)" in str(run("model.tokenizer.legacy=true"))
     assert capsys.readouterr().err == ""
+
+
+def test_a_diverged_checkpoints_result_is_strict_json_with_a_nan_perplexity(tmp_path: Path, capsys) -> None:
+    """A NaN loss (a checkpoint whose weights diverged) had perplexity inf (`nan < 709` is False),
+    and --json wrote NaN and Infinity, which are not JSON: jq and JSON.parse refuse the file."""
+    import math
+
+    from gptrain.train.evaluation import EvalResult
+    from gptrain.trained.evaluate import report
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    cfg = load_training_config("gpt3/126m", report_ignored=False)
+    for loss, perplexity in [(math.nan, None), (800.0, None), (2.0, math.exp(2.0))]:
+        out = tmp_path / f"{loss}.json"
+        report(EvalResult(loss, 64, 1), tmp_path / "step_1", 1, "data", str(out), cfg)
+        record = json.loads(out.read_text(), parse_constant=refuse)
+        assert record["loss"] == (loss if math.isfinite(loss) else None)
+        assert record["perplexity"] == perplexity
+    assert math.isnan(EvalResult(math.nan, 64, 1).perplexity)
+    assert EvalResult(800.0, 64, 1).perplexity == math.inf
+    assert "lm loss NAN | PPL NAN |" in capsys.readouterr().out
