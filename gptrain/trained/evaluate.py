@@ -224,7 +224,15 @@ def eval_data(
         _check_split_holds(request.batches, len(data), cfg.model.global_batch_size, source)
     elif request.split == "train":
         batches = _train_batches_held(batches, len(data), cfg.model.global_batch_size, source)
-    return data, batches, source
+    return data, batches, f"{request.split} split of the run's {run_data_words(cfg)}"
+
+
+def run_data_words(cfg: TrainingConfig) -> str:
+    """What the run's data is, in the result line: an import without tokenizer files (or a smoke
+    run) has mock data, random tokens, whose loss read as the model's loss on the run's data."""
+    return (
+        "mock data (random tokens; --data-prefix evaluates on real text)" if b.is_mock_data(cfg) else "data"
+    )
 
 
 NOT_FOUND_NOTE = "relative to the directory the run was started in; run from there or pass --data-prefix"

@@ -76,7 +76,10 @@ def test_eval_reproduces_the_runs_validation_loss(run_dir: Path, tmp_path: Path,
     assert result["loss"] == pytest.approx(at_4, rel=1e-6)  # the log prints 7 significant digits
     assert result["tokens"] == 2 * 4 * SEQ and result["batches"] == 2
     assert result["perplexity"] == pytest.approx(np.exp(result["loss"]), rel=1e-12)
-    assert "(iteration 4) on validation split of the run's data: lm loss" in capsys.readouterr().out
+    assert (
+        "(iteration 4) on validation split of the run's mock data (random tokens; --data-prefix evaluates "
+        "on real text): lm loss"
+    ) in capsys.readouterr().out  # a loss on random tokens, said so
 
     earlier = eval_json(tmp_path, str(run_dir / "checkpoints" / "step_2"))
     assert earlier["iteration"] == 2 and earlier["loss"] == pytest.approx(at_2, rel=1e-6)
