@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gptrain.config import TrainingConfig
+from gptrain.errors import ConfigError
 from gptrain.models.config import GPTConfig
 from gptrain.models.gpt import GPT
 from gptrain.parallel.float8 import is_float8_gathered, refresh_scales_after_step
@@ -123,10 +124,24 @@ def train(spec: dict[str, Any]) -> dict[str, list[float]]:
     torch.set_default_dtype(getattr(torch, spec.get("dtype", "float64")))
     try:
         probe = {"dropout": dropout_probe, "collectives": collectives_probe}.get(spec.get("probe", ""))
+        if spec.get("expect_refusal"):
+            return refusal(probe or _train, spec)
         return (probe or _train)(spec)
     finally:
         torch.set_default_dtype(previous)
         set_rng_state(streams)
+
+
+def refusal(run: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec meant to be refused, in a launch shared with other runs: every rank's error line
+    ({"errors": [...]} by rank; None where a rank was not refused), its steps as far as they came."""
+    try:
+        result, error = run(spec), None
+    except ConfigError as refused:
+        result, error = None, f"ConfigError: {refused}"
+    errors: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return {"errors": errors, "trained": result}
 
 
 def setup(spec: dict[str, Any]) -> tuple[TrainingConfig, ParallelGPT]:
