@@ -6,12 +6,16 @@ meet the other rank in one all_reduce (the first collective of training) and wri
 MODE damaged (default): rank 0 damages rank 1's file of step_6 and of step_4. meta: rank 1 cannot
 read step_6's .metadata (one node's I/O error). oom: rank 1 runs out of memory building the state
 for step_6. list: rank 1's listing of the checkpoints lacks step_6 (a node's stale view). file: no
-resume; a plain file named step_8 is in the way of the next save, which every rank tries."""
+resume; a plain file named step_8 is in the way of the next save, which every rank tries.
+`scenario` runs one mode inside a process group already started (checkpoint_ranks_worker.py runs
+every mode of the test file in one launch); its patches are undone when it returns."""
 
+import contextlib
 import datetime
 import json
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -47,10 +51,11 @@ def damage(root: Path) -> None:
     forget_crc(root / "step_4", "rank_1.pt")
 
 
-def fail_on_rank_1(mode: str) -> None:
-    """Rank 1's share of a failure no other rank sees (modes other than damaged)."""
+@contextlib.contextmanager
+def fail_on_rank_1(mode: str) -> Iterator[None]:
+    """Rank 1's share of a failure no other rank sees (modes other than damaged), undone after."""
+    read_metadata, steps = compat.read_metadata, checkpoint_agreement.complete_steps
     if mode == "meta":
-        read_metadata = compat.read_metadata
 
         def flaky(path: Path):
             if Path(path).name == "step_6":
@@ -59,8 +64,11 @@ def fail_on_rank_1(mode: str) -> None:
 
         compat.read_metadata = flaky
     if mode == "list":
-        steps = checkpoint_agreement.complete_steps
         checkpoint_agreement.complete_steps = lambda root: [step for step in steps(root) if step != 6]
+    try:
+        yield
+    finally:
+        compat.read_metadata, checkpoint_agreement.complete_steps = read_metadata, steps
 
 
 def state_fn(target: dict, mode: str, rank: int):
@@ -103,13 +111,8 @@ def save_over_a_file(manager: CheckpointManager, root: Path, out: Path) -> None:
     (out / f"rank_{manager.rank}.json").write_text(json.dumps(result))
 
 
-def main() -> int:
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
-    # a rank waiting in a collective its peer never enters fails here, well within the test's timeout
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
-    root, out, rank = Path(sys.argv[1]), Path(sys.argv[2]), dist.get_rank()
-    mode = sys.argv[3] if len(sys.argv) > 3 else "damaged"
+def scenario(root: Path, out: Path, mode: str = "damaged") -> None:
+    rank = dist.get_rank()
     first_run = CheckpointManager(root, keep_last=5, rank=rank)
     for step in (2, 4, 6):
         first_run.save(step, state(float(step)), {"step": step, "rank": rank})
@@ -117,12 +120,19 @@ def main() -> int:
         damage(root)
     if mode == "file":
         save_over_a_file(first_run, root, out)
-        return 0
-    if rank == 1:
-        fail_on_rank_1(mode)
-    dist.barrier()
-    resume(root, out, mode)
-    dist.barrier()
+        return
+    with fail_on_rank_1(mode) if rank == 1 else contextlib.nullcontext():
+        dist.barrier()
+        resume(root, out, mode)
+        dist.barrier()
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    # a rank waiting in a collective its peer never enters fails here, well within the test's timeout
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    scenario(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:4])
     return 0
 
 

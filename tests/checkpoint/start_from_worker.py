@@ -4,7 +4,8 @@ stale view after a requeue). MODE own: rank 1 sees none of the run's own checkpo
 1 does not see the source run's newest. requeued: only rank 0 found the requeued job's own
 checkpoint, so only its exp_manager.resume_if_exists became true. unreadable: rank 0 cannot list
 the run's checkpoints. Writes the answer to OUT/rank_<r>.txt. Arguments: RUN
-SOURCE OUT MODE."""
+SOURCE OUT MODE. `scenario` runs one mode inside a process group already started
+(checkpoint_ranks_worker.py); its patches are undone when it returns."""
 
 import datetime
 import sys
@@ -20,10 +21,15 @@ from gptrain.errors import GptrainError
 from gptrain.train import resuming
 
 
-def main() -> int:
-    warnings.filterwarnings("ignore")
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
-    run, source, out, mode = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+def scenario(run: Path, source: Path, out: Path, mode: str) -> None:
+    patched = resuming.complete_steps, directory.complete_steps
+    try:
+        answer(run, source, out, mode)
+    finally:
+        resuming.complete_steps, directory.complete_steps = patched
+
+
+def answer(run: Path, source: Path, out: Path, mode: str) -> None:
     if dist.get_rank() == 1 and mode == "own":
         resuming.complete_steps = lambda root: []
     if dist.get_rank() == 0 and mode == "unreadable":
@@ -46,6 +52,12 @@ def main() -> int:
         start = f"error: {error}"
     (out / f"rank_{dist.get_rank()}.txt").write_text(str(start))
     dist.barrier()
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    scenario(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])
     return 0
 
 
