@@ -3,7 +3,8 @@ pipeline stages, as gptrain lays it out (rank 0, the first stage, holds model.to
 rank 1, the last, model.output.weight, its synchronised copy). Saves a checkpoint with both
 tensors as KIND says (tied: equal, untied: different), loads it into that tied layout with
 TIED_READER (1: the reader told the model is tied, 0: not) and writes the result or the error to
-OUT/rank_<r>.json. Arguments: ROOT OUT KIND TIED_READER [SAVED_ROWS]."""
+OUT/rank_<r>.json. Argument: a JSON list of [ROOT, OUT, KIND, TIED_READER, SAVED_ROWS] scenarios,
+run in turn in one process group (one start-up for the test file)."""
 
 import datetime
 import json
@@ -34,8 +35,12 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
-    root, out, kind, tied = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
-    saved_rows = int(sys.argv[5]) if len(sys.argv) > 5 else 8
+    for root, out, kind, tied, saved_rows in json.loads(sys.argv[1]):
+        scenario(Path(root), Path(out), kind, bool(tied), saved_rows)
+    return 0
+
+
+def scenario(root: Path, out: Path, kind: str, tied: bool, saved_rows: int) -> None:
     rank = dist.get_rank()
     embedding = table(saved_rows, 0.0)
     output = embedding.clone() if kind == "tied" else table(saved_rows, 0.5)
@@ -50,7 +55,6 @@ def main() -> int:
         result = {"error": f"{type(error).__name__}: {error}"}
     (out / f"rank_{rank}.json").write_text(json.dumps(result))
     dist.barrier()
-    return 0
 
 
 if __name__ == "__main__":
