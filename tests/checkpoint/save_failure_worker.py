@@ -1,15 +1,18 @@
 """One gloo rank for tests/checkpoint/test_save_failures_ranks.py: save step_2, then step_4 with a full
 disk on one rank only, as MODE says; write the save's outcome and whether the ranks still meet in the
-next collective (the first of training after a save) to OUT/rank_<r>.json. Arguments: ROOT OUT MODE
-SAVE (sync or async).
+next collective (the first of training after a save) to OUT/rank_<r>.json. Argument: a JSON list of
+[ROOT, OUT, MODE, SAVE (sync or async)] scenarios, run in turn in one process group (one start-up
+for the test file), each scenario's full disk undone after it.
 
 MODE rankfile: rank 1's rank_1.pt meets the full disk. complete: rank 0's COMPLETE does."""
 
+import contextlib
 import datetime
 import errno
 import json
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -29,6 +32,22 @@ def state(value: float) -> dict:
 
 def disk_full(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@contextlib.contextmanager
+def full_disk(mode: str, rank: int) -> Iterator[None]:
+    """The disk full as `mode` says on this rank, undone after."""
+    writers = [
+        module for module in (atomic, rank_state, checksum_writer) if hasattr(module, "atomic_write_bytes")
+    ]
+    saved = [module.atomic_write_bytes for module in writers], checkpoint_manager.atomic_write_text
+    fill_the_disk(mode, rank)
+    try:
+        yield
+    finally:
+        for module, write_bytes in zip(writers, saved[0], strict=True):
+            module.atomic_write_bytes = write_bytes
+        checkpoint_manager.atomic_write_text = saved[1]
 
 
 def fill_the_disk(mode: str, rank: int) -> None:
@@ -53,20 +72,25 @@ def main() -> int:
     torch.set_num_threads(1)
     # a rank left waiting in a collective its peer never enters fails here, well within the test's timeout
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=10))
-    root, out, mode, how = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+    for root, out, mode, how in json.loads(sys.argv[1]):
+        scenario(Path(root), Path(out), mode, how)
+    return 0
+
+
+def scenario(root: Path, out: Path, mode: str, how: str) -> None:
     rank = dist.get_rank()
     manager = CheckpointManager(root, keep_last=5, rank=rank, async_save=how == "async")
     manager.save(2, state(2.0), {"rank": rank})
     manager.wait()
-    fill_the_disk(mode, rank)
-    try:
-        manager.save(4, state(4.0), {"rank": rank})
-        manager.wait()
-        result = {"error": None}
-    except GptrainError as error:
-        result = {"error": f"{type(error).__name__}: {error}"}
-    except BaseException as error:  # a collective left waiting: what the test tells apart
-        result = {"error": f"not one line: {type(error).__name__}: {error}"}
+    with full_disk(mode, rank):
+        try:
+            manager.save(4, state(4.0), {"rank": rank})
+            manager.wait()
+            result = {"error": None}
+        except GptrainError as error:
+            result = {"error": f"{type(error).__name__}: {error}"}
+        except BaseException as error:  # a collective left waiting: what the test tells apart
+            result = {"error": f"not one line: {type(error).__name__}: {error}"}
     try:
         ranks = torch.ones(1)
         dist.all_reduce(ranks)
@@ -74,7 +98,7 @@ def main() -> int:
     except BaseException as error:
         result["next_collective"] = f"{type(error).__name__}"
     (out / f"rank_{rank}.json").write_text(json.dumps(result))
-    return 0
+    dist.barrier()  # the scenario ends on every rank before the next one starts
 
 
 if __name__ == "__main__":

@@ -14,19 +14,33 @@ WORKER = Path(__file__).with_name("save_failure_worker.py")
 FULL = "OSError: [Errno 28] No space left on device"
 
 
-def outcomes(root: Path, out: Path, mode: str, how: str) -> list[dict]:
-    gloo_ranks.run_ranks(WORKER, root, out, mode, how)
-    return [json.loads((out / f"rank_{rank}.json").read_text()) for rank in range(2)]
+# (mode, save): every scenario of this file, in one launch of two ranks
+SCENARIOS = [("rankfile", "sync"), ("rankfile", "async"), ("complete", "sync"), ("whole", "sync")]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+    """scenario: its directory (checkpoints/ and rank_<r>.json), after one launch ran them all."""
+    bases = {scenario: tmp_path_factory.mktemp("_".join(scenario)) for scenario in SCENARIOS}
+    runs = [[str(base / "checkpoints"), str(base), mode, how] for (mode, how), base in bases.items()]
+    gloo_ranks.run_ranks(WORKER, json.dumps(runs))
+    return bases
+
+
+def outcomes(saved: dict, mode: str, how: str) -> tuple[Path, list[dict]]:
+    """(the scenario's checkpoints root, every rank's outcome)."""
+    base = saved[(mode, how)]
+    return base / "checkpoints", [json.loads((base / f"rank_{rank}.json").read_text()) for rank in range(2)]
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("how", ["sync", "async"])
-def test_a_full_disk_under_one_ranks_file_stops_every_rank_with_its_cause(tmp_path, how):
+def test_a_full_disk_under_one_ranks_file_stops_every_rank_with_its_cause(saved, how):
     """rank_1.pt was written before DCP's save, outside its agreement: rank 1 stopped with the full
     disk while rank 0 waited in DCP's first collective until the process group timed out, and then
     named the timeout. Every rank now stops at once with rank 1's cause, in step with the others."""
-    root = tmp_path / "checkpoints"
-    for result in outcomes(root, tmp_path, "rankfile", how):
+    root, results = outcomes(saved, "rankfile", how)
+    for result in results:
         assert result["error"].startswith(
             f"CheckpointWriteError: checkpoint {root / 'step_4'} could not be written"
         )
@@ -37,12 +51,11 @@ def test_a_full_disk_under_one_ranks_file_stops_every_rank_with_its_cause(tmp_pa
 
 
 @pytest.mark.distributed
-def test_a_full_disk_under_complete_stops_every_rank_with_rank_0s_line(tmp_path):
+def test_a_full_disk_under_complete_stops_every_rank_with_rank_0s_line(saved):
     """Rank 0 could not write COMPLETE: it stopped with the full disk while rank 1 waited in the gather
     after it until the process group timed out (a RuntimeError, not a line). Every rank now stops with
     rank 0's line, and the unmarked save is removed."""
-    root = tmp_path / "checkpoints"
-    first, second = outcomes(root, tmp_path, "complete", "sync")
+    root, (first, second) = outcomes(saved, "complete", "sync")
     assert first["error"] == second["error"]
     assert first["error"].startswith(
         f"CheckpointWriteError: checkpoint {root / 'step_4'} could not be written"
@@ -62,13 +75,15 @@ def rewrite_marker(step_dir: Path, record: dict) -> None:
 
 
 @pytest.mark.distributed
-def test_a_two_rank_checkpoint_records_its_world_and_verify_names_a_missing_rank_file(tmp_path, capsys):
+def test_a_two_rank_checkpoint_records_its_world_and_verify_names_a_missing_rank_file(
+    saved, tmp_path, capsys
+):
     """COMPLETE recorded which files a save wrote, but not how many ranks wrote them: a manifest that
     lost a rank's file (edited, or listed from one node's view as before saves were refused there)
     verified whole. It records the world size; verify names a rank file missing from the directory or
     from the manifest. A marker from before the record verifies as before."""
-    root = tmp_path / "checkpoints"
-    assert [result["error"] for result in outcomes(root, tmp_path, "whole", "sync")] == [None, None]
+    root, results = outcomes(saved, "whole", "sync")  # this test alone edits its checkpoint
+    assert [result["error"] for result in results] == [None, None]
     step_4 = root / "step_4"
     assert marker(step_4)["world_size"] == 2 and recorded_world_size(step_4) == 2
     assert verify(step_4, checksums=True, named_shards=True) is None
