@@ -2,10 +2,10 @@
 fused AdamW, which clips and steps on the device, for tests/train/test_train_step.py. The grad norm
 is gptrain's over the mesh (what ParallelGPT gives the step).
 
-Arguments: OUT CLIP. Every rank trains on the same batches, so the averaged gradients are one
-process's. Rank 0 writes OUT: each step's grad norm and the whole parameters after the last step.
-With CLIP `fp8`: a model whose linears FSDP gathers as float8 (torchao); OUT gets whether its
-optimizer would take the on-device update.
+Arguments: OUT CLIP [FP8_OUT]. Every rank trains on the same batches, so the averaged gradients are
+one process's. Rank 0 writes OUT: each step's grad norm and the whole parameters after the last step.
+With FP8_OUT, then, in the same launch (one start-up for both tests): a model whose linears FSDP
+gathers as float8 (torchao); FP8_OUT gets whether its optimizer would take the on-device update.
 """
 
 import json
@@ -45,12 +45,13 @@ def float8_gathered(out: str) -> None:
 
 
 def main() -> None:
-    out = sys.argv[1]
     dist.init_process_group("gloo")
-    if sys.argv[2] == "fp8":
-        float8_gathered(out)
-        return
-    clip = float(sys.argv[2])
+    fused_adamw_steps(sys.argv[1], float(sys.argv[2]))
+    if len(sys.argv) > 3:
+        float8_gathered(sys.argv[3])
+
+
+def fused_adamw_steps(out: str, clip: float) -> None:
     torch.manual_seed(0)
     model = TinyLM().double()
     fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))

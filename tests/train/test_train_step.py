@@ -1,5 +1,6 @@
 import copy
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,17 +156,9 @@ def test_fused_adamw_clips_and_steps_on_the_device_like_the_reference_adamw():
     assert opt.found_inf is None and opt.grad_scale is None  # nothing left for a later step
 
 
-@pytest.mark.distributed
-def test_fused_adamw_steps_fsdp_dtensor_parameters_on_the_device_like_the_reference(tmp_path):
-    """The device path over FSDP2's DTensor parameters (2 gloo ranks, same batches on both) against
-    one process's float64 AdamW with the clip applied on the host: the same norms and weights, to the
-    float32 rounding of the clip factor that the fused kernel takes (as the one-process test)."""
-    import json
-    from pathlib import Path
-
-    from gloo_ranks import run_ranks
-
-    worker = Path(__file__).with_name("device_update_worker.py")
+def host_clipped_reference() -> tuple[torch.nn.Module, list[float], float]:
+    """One process's float64 AdamW over the workers' batches, the clip applied on the host:
+    (model after the steps, each step's grad norm, the clip, a third of the first norm)."""
     torch.manual_seed(0)
     ref = TinyLM().double()  # the workers' seed: the same initial weights
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1, eps=1.0, weight_decay=0.1, foreach=False)
@@ -178,8 +171,38 @@ def test_fused_adamw_steps_fsdp_dtensor_parameters_on_the_device_like_the_refere
         for p in ref.parameters():
             p.grad.mul_(min(1.0, clip / (norms[-1] + 1e-6)))
         ref_opt.step()
-    run_ranks(worker, tmp_path / "out.json", clip)
-    got = json.loads((tmp_path / "out.json").read_text())
+    return ref, norms, clip
+
+
+@pytest.fixture(scope="module")
+def device_updates(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Both FSDP2 tests' workers in one launch of two gloo ranks: {"fused": ..., "fp8": ... or None}."""
+    import importlib.util
+    import json
+
+    from gloo_ranks import run_ranks
+
+    out = tmp_path_factory.mktemp("device_update")
+    fp8 = [out / "fp8.json"] if importlib.util.find_spec("torchao") else []
+    run_ranks(
+        Path(__file__).with_name("device_update_worker.py"),
+        out / "out.json",
+        host_clipped_reference()[2],
+        *fp8,
+    )
+    return {
+        "fused": json.loads((out / "out.json").read_text()),
+        "fp8": json.loads(fp8[0].read_text()) if fp8 else None,
+    }
+
+
+@pytest.mark.distributed
+def test_fused_adamw_steps_fsdp_dtensor_parameters_on_the_device_like_the_reference(device_updates):
+    """The device path over FSDP2's DTensor parameters (2 gloo ranks, same batches on both) against
+    one process's float64 AdamW with the clip applied on the host: the same norms and weights, to the
+    float32 rounding of the clip factor that the fused kernel takes (as the one-process test)."""
+    ref, norms, _ = host_clipped_reference()
+    got = device_updates["fused"]
     assert got["norms"] == pytest.approx(norms, rel=1e-6)
     for name, p in ref.named_parameters():
         torch.testing.assert_close(
@@ -188,16 +211,10 @@ def test_fused_adamw_steps_fsdp_dtensor_parameters_on_the_device_like_the_refere
 
 
 @pytest.mark.distributed
-def test_float8_gathered_fsdp_weights_keep_the_host_decided_update(tmp_path):
+def test_float8_gathered_fsdp_weights_keep_the_host_decided_update(device_updates):
     """Their post-step scale refresh assumes a skipped step does not step (gptrain.train.step)."""
-    import json
-    from pathlib import Path
-
-    from gloo_ranks import run_ranks
-
     pytest.importorskip("torchao")
-    run_ranks(Path(__file__).with_name("device_update_worker.py"), tmp_path / "out.json", "fp8")
-    got = json.loads((tmp_path / "out.json").read_text())
+    got = device_updates["fp8"]
     assert got["device"] is False and got["shards"] != ["Tensor"], got
 
 
