@@ -46,7 +46,6 @@ TINY = [
     "model.data.data_prefix=null",
     "exp_manager.checkpoint_callback_params.every_n_train_steps=2",
 ]
-CLI_RUNS = Path(__file__).parent.parent / "cli_runs_worker.py"
 
 
 @pytest.fixture(scope="module")
@@ -192,8 +191,9 @@ TWO_PROCESS_LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def two_process_evals(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """`gptrain eval` of the run under each layout, in one launch of two ranks (one start-up)."""
+def two_rank_launch(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One launch of two ranks (one start-up) for every two-rank test here: eval_ranks_worker's stale
+    listing (rank_<r>.txt), then `gptrain eval` of the run under each layout (<layout>.json)."""
     out = tmp_path_factory.mktemp("parallel_eval")
     runs = [
         {
@@ -202,8 +202,14 @@ def two_process_evals(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         }
         for name, layout in TWO_PROCESS_LAYOUTS.items()
     ]
-    run_ranks(CLI_RUNS, json.dumps(runs), timeout_s=300)
-    return {name: json.loads((out / f"{name}.json").read_text()) for name in TWO_PROCESS_LAYOUTS}
+    run_ranks(Path(__file__).with_name("eval_ranks_worker.py"), run_dir, out, json.dumps(runs), timeout_s=300)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_process_evals(two_rank_launch: Path) -> dict[str, dict]:
+    """`gptrain eval` of the run under each layout."""
+    return {name: json.loads((two_rank_launch / f"{name}.json").read_text()) for name in TWO_PROCESS_LAYOUTS}
 
 
 @pytest.mark.parametrize("layout", list(TWO_PROCESS_LAYOUTS))
@@ -490,14 +496,12 @@ def test_export_of_a_run_with_a_damaged_newest_checkpoint_takes_the_previous(
 
 
 @pytest.mark.distributed
-def test_every_rank_evaluates_the_checkpoint_rank_0_finds(run_dir: Path, tmp_path: Path) -> None:
+def test_every_rank_evaluates_the_checkpoint_rank_0_finds(two_rank_launch: Path) -> None:
     """Rank 1's listing lacks step_4 (a node's stale view of a run still saving): each rank took
     its own newest, rank 0 step_4 and rank 1 step_2, and the data-parallel loss mixed two models'
     batches, silently. Every rank now evaluates the step rank 0 found."""
-    import gloo_ranks
-
-    gloo_ranks.run_ranks(Path(__file__).with_name("eval_ranks_worker.py"), run_dir, tmp_path)
-    assert [(tmp_path / f"rank_{rank}.txt").read_text() for rank in range(2)] == ["step_4", "step_4"]
+    answers = [(two_rank_launch / f"rank_{rank}.txt").read_text() for rank in range(2)]
+    assert answers == ["step_4", "step_4"]
 
 
 def test_eval_refuses_a_bad_layout_before_the_process_group_starts(run_dir: Path, monkeypatch) -> None:
