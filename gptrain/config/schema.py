@@ -12,9 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from gptrain.config.exp_manager_schema import ExpManagerConfig
+from gptrain.config.yamlio import dump_config
 
 PER_SPLIT_KEYS = ("train", "validation", "test")
 """The keys of data_prefix's per-split form (NeMo's; Megatron's --train/--valid/--test-data-path), in
@@ -453,7 +452,7 @@ class TrainingConfig:
         return data
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return dump_config(self.to_dict())
 
     def world_size(self) -> int:
         return self.trainer.num_nodes * self.trainer.devices

@@ -149,6 +149,26 @@ ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+012345
 ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 
 
+class ConfigDumper(yaml.SafeDumper):
+    """SafeDumper that quotes a string ConfigLoader would read as another type: PyYAML's own
+    resolvers (YAML 1.1) write `1e3` and `1e-4` plain, which ConfigLoader and OmegaConf read back as
+    floats, so a quoted `run.name='1e3'` reached the training as `1000.0`."""
+
+
+ConfigDumper.yaml_implicit_resolvers = {
+    first: [
+        *yaml.SafeDumper.yaml_implicit_resolvers.get(first, []),
+        *ConfigLoader.yaml_implicit_resolvers.get(first, []),
+    ]
+    for first in {*yaml.SafeDumper.yaml_implicit_resolvers, *ConfigLoader.yaml_implicit_resolvers}
+}
+
+
+def dump_config(data: Any) -> str:
+    """YAML text of `data` that ConfigLoader reads back as the same values, in the given key order."""
+    return yaml.dump(data, Dumper=ConfigDumper, sort_keys=False)
+
+
 def load_text(text: str, where: str) -> Any:
     """Parse YAML text; a syntax error names `where` and the line."""
     try:

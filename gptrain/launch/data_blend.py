@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from gptrain.config.yamlio import dump_config
 from gptrain.errors import DataError
 from gptrain.launch.key_types import blend_weights
 from gptrain.launch.shards import parse_shards
@@ -80,7 +81,7 @@ def leave_out_empty_shards(empty: list[Path], any_left: bool, json_key: str) -> 
 
 def write_blend(cfg: dict[str, Any]) -> Path:
     path = Path(cfg["blend"]["file"])
-    atomic_write_text(path, yaml.safe_dump({"data_prefix": blend_prefixes(cfg)}, sort_keys=False))
+    atomic_write_text(path, dump_config({"data_prefix": blend_prefixes(cfg)}))
     return path
 
 
@@ -94,4 +95,4 @@ def apply_blend(blend_file: Path, config_file: Path) -> None:
         ) from None
     training = yaml.safe_load(config_file.read_text())
     training.setdefault("model", {}).setdefault("data", {})["data_prefix"] = prefixes
-    atomic_write_text(config_file, yaml.safe_dump(training, sort_keys=False))
+    atomic_write_text(config_file, dump_config(training))

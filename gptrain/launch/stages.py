@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
+from gptrain.config.yamlio import dump_config
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.additional_parameters import check_data_preparation_cpus
 from gptrain.launch.compose import Composition
@@ -322,9 +321,7 @@ def render_run_files(plan: LaunchPlan, argv: list[str]) -> list[RunFile]:
     for job in plan.jobs:
         section = plan.configs[job.stage]
         # the training reads its config with OmegaConf (the others with plain YAML)
-        config = yaml.safe_dump(
-            as_omegaconf_text(section) if job.stage == "training" else section, sort_keys=False
-        )
+        config = dump_config(as_omegaconf_text(section) if job.stage == "training" else section)
         if plan.cluster_type == "slurm":
             script = render_slurm(job, plan.cluster, plan.top)
         else:

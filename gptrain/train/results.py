@@ -80,9 +80,11 @@ def copy_naming_the_run(resolved_yaml: str, log_dir: Path) -> str:
     the directory the run's relative paths are relative to, from any working directory."""
     import yaml
 
+    from gptrain.config.yamlio import dump_config
+
     config = yaml.safe_load(resolved_yaml)
     config["exp_manager"]["explicit_log_dir"] = str(log_dir.absolute())
-    return yaml.safe_dump(config, sort_keys=False)
+    return dump_config(config)
 
 
 TEST_DONE = "test_split_done.txt"

@@ -492,3 +492,20 @@ def test_an_int_directory_name_is_kept(tmp_path, monkeypatch):
     args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "stages=[data_preparation]"]
     args += ["data_preparation.shards=[file:///a.jsonl]", "data_preparation.output_dir=2024"]
     assert build_plan(compose(args)).configs["data_preparation"]["output_dir"] == "2024"
+
+
+@pytest.mark.parametrize("name", ["1e3", "1e-4", "1E3", "1.50", "0123", "2024_11_29", "true", "null"])
+def test_a_quoted_run_name_reaches_the_training_as_written(tmp_path, monkeypatch, name):
+    """The refusal above says to quote `run.name=1e3`; the training's config was then written with
+    PyYAML's YAML 1.1 rules, under which `1e3` is text and stays unquoted, and the training (which
+    reads the YAML 1.2 way, as OmegaConf) took the run's name as 1000.0 (its W&B name, hparams)."""
+    from gptrain.config import load_training_config
+    from gptrain.launch.stages import config_path
+
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", *CPU, "stages=[training]"]
+    args.append(f"training.run.name='{name}'")
+    plan = build_plan(compose(args))
+    write_run_files(plan, args)
+    (job,) = plan.jobs
+    assert load_training_config(str(config_path(job)), []).run.name == name
