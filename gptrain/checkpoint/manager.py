@@ -117,6 +117,9 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         self._pending: Pending | None = None
         # a background save's failure poll() found, until every rank has agreed to stop on it
         self.failure: CheckpointWriteError | None = None
+        # background saves this rank has seen written (rank 0: and marked), reported once every rank has
+        self._unagreed: list[SaveReport] = []
+        self.done_through = -1  # the newest of them: what this rank adds to the stop flag (StopAgreement)
         self._writer: ChecksummingWriter | None = None
         self._stager: Any = None
         self._preparing: threading.Thread | None = None
@@ -152,6 +155,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         problem = first_on_any_rank(own)  # a barrier
         if problem is not None:  # every rank learns it, none waits for rank 0 in a collective
             raise self.failure or CheckpointWriteError(problem)
+        self.report_done_through(step)  # every rank's earlier saves are written and marked
         try:
             path.mkdir(parents=True, exist_ok=True)
             self._writer = ChecksummingWriter(
@@ -309,14 +313,34 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         return self._pending is not None
 
     def poll(self) -> None:
-        """Report a background save that has been written and marked (never blocks). Its failure is
+        """Take a background save that has been written and marked (never blocks). Its failure is
         kept in `failure` for the ranks to agree on (StopAgreement, the next save): rank 0 alone
-        learns of a save it could not mark, and raising there left the others in a collective."""
+        learns of a save it could not mark, and raising there left the others in a collective. For
+        the same reason the others report it saved only once every rank has it done, rank 0's
+        marking included (`report_done_through`, with the stop flag): they reported it at once,
+        then failed on it."""
         if self._pending is not None and self._pending.written.done():
             try:
-                self._report(self._written())
+                self._settled(self._written())
             except CheckpointWriteError as error:
                 self.failure = error
+
+    def _settled(self, report: SaveReport | None) -> None:
+        """`report`'s save is done on this rank: reported at once in one process, else once agreed."""
+        if report is None:
+            return
+        self._unagreed.append(report)
+        self.done_through = report.step
+        if not is_distributed():
+            self.report_done_through(report.step)
+
+    def report_done_through(self, step: int) -> None:
+        """Report the background saves up to `step`, which every rank has found done (the smallest
+        `done_through` of them all, as the stop flag or a save's agreement carries it)."""
+        agreed = [report for report in self._unagreed if report.step <= step]
+        self._unagreed = [report for report in self._unagreed if report.step > step]
+        for report in agreed:
+            self._report(report)
 
     def wait(self) -> None:
         """Block until a pending async save is written and marked complete, then report it. Every rank
@@ -331,7 +355,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         problem = first_on_any_rank(str(failure) if failure else None)
         if problem is not None:
             raise failure or CheckpointWriteError(problem)
-        self._report(report)
+        self._settled(report)
+        self.report_done_through(sys.maxsize)
 
     def _written(self) -> SaveReport | None:
         """The pending save's report once it is written and marked (None without one), or its error."""
@@ -349,8 +374,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             raise self._write_failed(pending.report.path, error) from error
         return pending.report
 
-    def _report(self, report: SaveReport | None) -> None:
-        if report is not None and self.on_saved is not None:
+    def _report(self, report: SaveReport) -> None:
+        if self.on_saved is not None:
             self.on_saved(report)
 
     def _wait_for_previous(self) -> float:
@@ -359,7 +384,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             return 0.0
         still_writing = not self._pending.written.done()
         started = time.perf_counter()
-        self._report(self._written())  # its failure is agreed by save()
+        self._settled(self._written())  # its failure is agreed by save(), and it is reported there
         return time.perf_counter() - started if still_writing else 0.0
 
     def _finish(self, report: SaveReport) -> None:
@@ -456,21 +481,30 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         that takes at most `timeout_s` (its state is that of a finished step), else leave it, as a
         crash would (unmarked, unless rank 0's marking finishes before the process ends). Never
         raises over the error on its way out; returns a line to log when the save was given up, or was
-        marked complete but `latest` or pruning then failed."""
+        marked complete but `latest` or pruning then failed. A save no agreement has reported yet is
+        reported where this rank sees its COMPLETE (rank 0 marked it)."""
+        unagreed, self._unagreed = self._unagreed, []
+        for report in unagreed:
+            self._report_if_marked(report)
         pending, self._pending = self._pending, None
         if pending is None:
             return None
         deadline = time.monotonic() + timeout_s
         try:
             failure = first_failure((pending.staging, pending.written), deadline)
-            if failure is None and self.on_saved is not None:
-                self.on_saved(pending.report)
+            if failure is None:
+                self._report_if_marked(pending.report)
         except BaseException as error:  # the timeout, or the report's own failure
             failure = error
         finally:
             self._release_staging()
             self._wait_for_pruning()
         return None if failure is None else self._given_up_text(pending.report.path, failure)
+
+    def _report_if_marked(self, report: SaveReport) -> None:
+        """On the way out no rank agrees: rank 0 knows it marked the save, the others read its COMPLETE."""
+        if self.rank == 0 or is_complete(report.path):
+            self._report(report)
 
     def _given_up_text(self, path: Path, error: BaseException) -> str:
         """finish_after_failure's line for a save that timed out or failed (DCP's CheckpointException,

@@ -98,8 +98,15 @@ def run(
             reason = times.timed_sync(
                 s.state.step,
                 logged,
-                partial(agreement.exchange, stop.reason(), logged, s.checkpoints.failure),
+                partial(
+                    agreement.exchange,
+                    stop.reason(),
+                    logged,
+                    s.checkpoints.failure,
+                    s.checkpoints.done_through,
+                ),
             )
+        s.checkpoints.report_done_through(agreement.done_everywhere)  # a save rank 0 marked, too
         check_finite(s, result, meter)  # its wait for a background write unwatched: a save's time
         agreed_stop = agreed_stop or reason
         last = s.state.step >= t.max_steps

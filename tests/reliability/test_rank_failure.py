@@ -256,7 +256,9 @@ def test_a_background_save_rank_0_cannot_mark_stops_every_rank_at_one_step_with_
     rank 0 learns of: it raised at its next poll, and rank 1 trained on into a collective rank 0 had
     left, to stop with 'a collective lost its peer', without the cause. Now the failure is agreed as a
     stop is (a step late on unlogged iterations): every rank stops at the same step with rank 0's line,
-    and step_4 is no checkpoint."""
+    and step_4 is no checkpoint. Rank 1 (the logging rank) logged 'saved checkpoint step_4' once its own
+    write was done, before failing on that same save: a save is now reported once every rank has it
+    done, rank 0's marking included."""
     overrides = [
         "trainer.max_steps=12",
         f"trainer.log_every_n_steps={log_every}",
@@ -269,9 +271,11 @@ def test_a_background_save_rank_0_cannot_mark_stops_every_rank_at_one_step_with_
     assert [rank.returncode for rank in ranks] == [2, 2], outputs
     assert complete_steps(tmp_path / "run" / "checkpoints") == []
     lines = []
-    for _, err in outputs:
+    for rank, (out, err) in enumerate(outputs):
         assert "Traceback" not in err, err[-3000:]
         lines.append(err.splitlines()[-1])
+        log = (tmp_path / "run" / f"nemo_log_globalrank-{rank}_localrank-{rank}.txt").read_text()
+        assert "saved checkpoint step_4" not in log and "saved checkpoint step_4" not in out, log
     step_4 = tmp_path / "run" / "checkpoints" / "step_4"
     assert lines[0] == lines[1], lines
     assert lines[0].startswith(f"gptrain: error: checkpoint {step_4} could not be written (OSError: "), lines
