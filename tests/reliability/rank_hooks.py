@@ -20,6 +20,9 @@ python rank_hooks.py disk-full-in-save RANK ITERATION gptrain-args...   that ran
                                                             checkpoint of ITERATION fails (ENOSPC)
 python rank_hooks.py complete-full ITERATION gptrain-args...   rank 0 cannot write the COMPLETE
                                                             marker of the checkpoint of ITERATION (ENOSPC)
+python rank_hooks.py complete-full-slow ITERATION MS gptrain-args...   as complete-full, and every step
+                                                            takes MS milliseconds more; each rank prints
+                                                            "recorded iteration N" as it ends step N
 python rank_hooks.py signal-before-start RANK gptrain-args...   that rank gets SIGUSR1 while it loads
                                                             its config (before train() installs its handlers)
 python rank_hooks.py runs JSON   several of the above in turn in this one process (a torch start-up per
@@ -200,6 +203,19 @@ def complete_full(iteration: int) -> None:
     manager.atomic_write_text = failing_write
 
 
+def complete_full_slow(iteration: int, step_ms: int) -> None:
+    """complete_full, with steps long enough for rank 0's marking to fail before the next save."""
+    complete_full(iteration)
+    record = step_loop.record
+
+    def record_slowly(s, result, samples=None):
+        record(s, result, samples)
+        print(f"recorded iteration {s.state.step}", flush=True)
+        time.sleep(step_ms / 1000)
+
+    step_loop.record = record_slowly
+
+
 HOOKS = {  # name: (install, how many integer arguments it takes)
     "fail": (fail_after, 2),
     "kill": (kill_after, 2),
@@ -209,6 +225,7 @@ HOOKS = {  # name: (install, how many integer arguments it takes)
     "nan-from": (nan_from, 2),
     "disk-full-in-save": (disk_full_in_save, 2),
     "complete-full": (complete_full, 1),
+    "complete-full-slow": (complete_full_slow, 2),
     "signal-before-start": (signal_before_start, 1),
     "signal-in-startup": (signal_in_startup, 1),
     "report-index-builds": (report_index_builds, 0),

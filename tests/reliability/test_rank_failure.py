@@ -252,33 +252,37 @@ def test_a_save_failing_on_one_rank_stops_every_rank_naming_that_rank(tmp_path, 
 def test_a_background_save_rank_0_cannot_mark_stops_every_rank_at_one_step_with_its_cause(
     tmp_path, log_every
 ):
-    """Rank 0's COMPLETE of iteration 4 meets a full disk in its background marking thread, which only
+    """Rank 0's COMPLETE of iteration 6 meets a full disk in its background marking thread, which only
     rank 0 learns of: it raised at its next poll, and rank 1 trained on into a collective rank 0 had
     left, to stop with 'a collective lost its peer', without the cause. Now the failure is agreed as a
-    stop is (a step late on unlogged iterations): every rank stops at the same step with rank 0's line,
-    and step_4 is no checkpoint. Rank 1 (the logging rank) logged 'saved checkpoint step_4' once its own
-    write was done, before failing on that same save: a save is now reported once every rank has it
-    done, rank 0's marking included."""
+    stop is (a step late on unlogged iterations): every rank stops at the same step, before the next
+    save (steps of 0.3 s: the marking fails within a few), with rank 0's line, and step_6 is no
+    checkpoint. Rank 1 (the logging rank) logged 'saved checkpoint step_6' once its own write was
+    done, before failing on that same save: a save is now reported once every rank has it done, rank
+    0's marking included."""
     overrides = [
         "trainer.max_steps=12",
         f"trainer.log_every_n_steps={log_every}",
         "trainer.hang_timeout_minutes=0.5",
-        "exp_manager.checkpoint_callback_params.every_n_train_steps=4",
+        "exp_manager.checkpoint_callback_params.every_n_train_steps=6",
         "exp_manager.checkpoint_callback_params.async_save=true",
     ]
-    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "complete-full", "4"])
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "complete-full-slow", "6", "300"])
     outputs = finish_ranks(ranks)
     assert [rank.returncode for rank in ranks] == [2, 2], outputs
-    assert complete_steps(tmp_path / "run" / "checkpoints") == []
-    lines = []
+    assert complete_steps(tmp_path / "run" / "checkpoints") == [], outputs
+    lines, stopped_at = [], []
     for rank, (out, err) in enumerate(outputs):
         assert "Traceback" not in err, err[-3000:]
         lines.append(err.splitlines()[-1])
+        stopped_at.append([line for line in out.splitlines() if line.startswith("recorded iteration ")][-1])
         log = (tmp_path / "run" / f"nemo_log_globalrank-{rank}_localrank-{rank}.txt").read_text()
-        assert "saved checkpoint step_4" not in log and "saved checkpoint step_4" not in out, log
-    step_4 = tmp_path / "run" / "checkpoints" / "step_4"
+        assert "saved checkpoint step_6" not in log and "saved checkpoint step_6" not in out, log
+    # by the stop flag, not by the save at 12 (which agrees on the failure too)
+    assert stopped_at[0] == stopped_at[1] and 6 < int(stopped_at[0].split()[-1]) < 12, stopped_at
+    step_6 = tmp_path / "run" / "checkpoints" / "step_6"
     assert lines[0] == lines[1], lines
-    assert lines[0].startswith(f"gptrain: error: checkpoint {step_4} could not be written (OSError: "), lines
+    assert lines[0].startswith(f"gptrain: error: checkpoint {step_6} could not be written (OSError: "), lines
     assert "No space left on device (injected)" in lines[0]
 
 
