@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 
 DECAY_STYLES = VALUE["--lr-decay-style"][1]  # Megatron's word -> gptrain's schedule name
+# the switches that make a resume take the checkpoint's schedule (model.optim.sched.from_checkpoint)
+CHECKPOINT_SCHEDULE_FLAGS = ("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler")
 # keys that flags read together set (tokenizer_flags), named by their flag in a config check's message
 SET_BY_COMBINED = {
     "model.tokenizer.vocab_size": "--vocab-size",
@@ -79,6 +81,9 @@ class Translation:
         if decay_flag is not None:
             decay = self._named(decay_flag, spec.max_steps)
         wsd_flag = "--lr-wsd-decay-samples" if run_flag == "--train-samples" else "--lr-wsd-decay-iters"
+        from_checkpoint = next(
+            (flag for flag in CHECKPOINT_SCHEDULE_FLAGS if flag in self.given), CHECKPOINT_SCHEDULE_FLAGS[0]
+        )
         return ScheduleNames(
             run=self._named(run_flag, cfg.trainer.max_steps),
             wsd_decay=self._named(wsd_flag, spec.wsd_decay_steps or 0),
@@ -92,6 +97,7 @@ class Translation:
             unit="iterations",
             settings=self._schedule_flags(run_flag),
             values={"model.optim.sched.name": {name: style for style, name in DECAY_STYLES.items()}},
+            own_schedule=f"drop {from_checkpoint}",
         )
 
     def _schedule_flags(self, run_flag: str) -> dict[str, str]:

@@ -47,7 +47,7 @@ from gptrain.train.memory_check import out_of_memory, start_warning
 from gptrain.train.results import RunLog, Scalars, write_run_files
 from gptrain.train.run_directory import claim_run_directory
 from gptrain.train.schedule import ScheduleSpec
-from gptrain.train.schedule_checks import names_in_config, run_schedule_warnings
+from gptrain.train.schedule_checks import following_this_config, names_in_config, run_schedule_warnings
 from gptrain.train.session import ScheduleNaming, Session
 from gptrain.train.signals import StopRequest
 from gptrain.train.target_sizes import built_split_keys
@@ -213,13 +213,12 @@ def log_schedule_warnings(s: Session, schedule_names: ScheduleNaming, config_sch
     """The learning-rate schedule's start warnings, of the schedule the run follows: with
     model.optim.sched.from_checkpoint that is the one a resume took from its checkpoint (the
     config's `config_schedule` otherwise), whose warning says so: the config's keys do not change it."""
-    spec = s.schedule.spec
-    taken = (
-        " (the checkpoint's schedule: model.optim.sched.from_checkpoint=true; false to follow this config's)"
-        if spec != config_schedule
-        else ""
-    )
-    for warning in run_schedule_warnings(s.cfg, spec, schedule_names(s.cfg, spec)):
+    spec, taken = s.schedule.spec, ""
+    names = schedule_names(s.cfg, spec)
+    if spec != config_schedule:
+        taken = " (the checkpoint's schedule: model.optim.sched.from_checkpoint=true; false to follow this config's)"
+        names = following_this_config(names)
+    for warning in run_schedule_warnings(s.cfg, spec, names):
         s.log(f"warning: {warning}{taken}")
 
 

@@ -62,6 +62,18 @@ class ScheduleNames:
     values: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """How the user spells a key's values where that differs (`--lr-decay-style`: CosineAnnealing is
     `cosine`), for the same line."""
+    own_schedule: str = "set model.optim.sched.from_checkpoint=false"
+    """How a resume follows this config's schedule, not the one its checkpoint records: the keys
+    `follow_run` names change nothing before that (following_this_config)."""
+
+
+def following_this_config(names: ScheduleNames) -> ScheduleNames:
+    """`names` for a schedule a resume took from its checkpoint (model.optim.sched.from_checkpoint):
+    advice to set model.optim.sched.max_steps=null alone had no effect, the checkpoint's length stays."""
+    own, follow = names.own_schedule, names.follow_run
+    if own.startswith("set ") and follow.startswith("set "):
+        return replace(names, follow_run=f"{own} and {follow.removeprefix('set ')}")
+    return replace(names, follow_run=f"{own}, then {follow}")
 
 
 def run_schedule_warnings(

@@ -18,7 +18,11 @@ from gptrain.errors import ConfigError
 from gptrain.megatron.translate import translate
 from gptrain.train.builders import schedule_spec
 from gptrain.train.schedule import LRSchedule, lr_at
-from gptrain.train.schedule_checks import resumed_schedule_change, run_schedule_warnings
+from gptrain.train.schedule_checks import (
+    following_this_config,
+    resumed_schedule_change,
+    run_schedule_warnings,
+)
 
 TINY = shlex.split(
     "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2"
@@ -383,6 +387,21 @@ def schedule_warnings_for(flags: list[str]) -> list[str]:
     cfg = load_training_config(None, translation.overrides, report_ignored=False)
     spec = schedule_spec(cfg)
     return run_schedule_warnings(cfg, spec, translation.schedule_names(cfg, spec))
+
+
+@pytest.mark.parametrize(
+    "switch", ["--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler"]
+)
+def test_the_advice_for_a_schedule_taken_from_the_checkpoint_drops_the_switch_first(switch):
+    """With the checkpoint's schedule taken, dropping --lr-decay-iters alone changes nothing: the
+    advice names the switch given, which the run then drops too."""
+    translation = translate([*TINY, switch, "--mock-data", "--vocab-size", "128"], {})
+    cfg = load_training_config(None, translation.overrides, report_ignored=False)
+    names = following_this_config(translation.schedule_names(cfg, schedule_spec(cfg)))
+    assert (
+        names.follow_run
+        == f"drop {switch}, then drop --lr-decay-iters to decay over the whole run, as Megatron does without it"
+    )
 
 
 def test_a_schedule_in_samples_is_named_by_its_flags_with_their_iterations():

@@ -132,7 +132,8 @@ def test_the_start_warnings_judge_the_schedule_the_resume_takes(
     """The start warnings were made before the checkpoint loaded, of the config's schedule: with
     from_checkpoint the run follows the checkpoint's, so a decay of 20 steps in the config warned of a
     decay ending after the 6-step run that the checkpoint's 6 ends with, and the checkpoint's 20 was
-    never warned of. They are now made of the schedule the resume took."""
+    never warned of. They are now made of the schedule the resume took, and their advice to follow the
+    run says from_checkpoint=false too: max_steps=null alone leaves the checkpoint's length."""
     run = tmp_path / "run"
     first = tiny_config(run, *SHAPE, *SAVED[:-1], f"model.optim.sched.max_steps={saved_decay}")
     assert run_recording(monkeypatch, first)[0] == 0
@@ -153,6 +154,7 @@ def test_the_start_warnings_judge_the_schedule_the_resume_takes(
         assert warned == [
             "warning: the decay ends after the run: model.optim.sched.max_steps=20 > trainer.max_steps=6, so the"
             f" last rate is {lr_at(5, spec_from_config(first)):.3g}, not min_lr=0.0001; set"
-            " model.optim.sched.max_steps=null to follow the run (the checkpoint's schedule:"
+            " model.optim.sched.from_checkpoint=false and model.optim.sched.max_steps=null to follow the"
+            " run (the checkpoint's schedule:"
             " model.optim.sched.from_checkpoint=true; false to follow this config's)"
         ]
