@@ -484,27 +484,35 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         marked complete but `latest` or pruning then failed. A save no agreement has reported yet is
         reported where this rank sees its COMPLETE (rank 0 marked it)."""
         unagreed, self._unagreed = self._unagreed, []
-        for report in unagreed:
-            self._report_if_marked(report)
+        notes = [note for report in unagreed if (note := self._report_if_marked(report))]
         pending, self._pending = self._pending, None
         if pending is None:
-            return None
+            return "; ".join(notes) or None
         deadline = time.monotonic() + timeout_s
         try:
             failure = first_failure((pending.staging, pending.written), deadline)
-            if failure is None:
-                self._report_if_marked(pending.report)
+            if failure is None and (note := self._report_if_marked(pending.report)):
+                notes.append(note)
         except BaseException as error:  # the timeout, or the report's own failure
             failure = error
         finally:
             self._release_staging()
             self._wait_for_pruning()
-        return None if failure is None else self._given_up_text(pending.report.path, failure)
+        if failure is not None:
+            notes.append(self._given_up_text(pending.report.path, failure))
+        return "; ".join(notes) or None
 
-    def _report_if_marked(self, report: SaveReport) -> None:
-        """On the way out no rank agrees: rank 0 knows it marked the save, the others read its COMPLETE."""
-        if self.rank == 0 or is_complete(report.path):
+    def _report_if_marked(self, report: SaveReport) -> str | None:
+        """On the way out no rank agrees: rank 0 knows it marked the save, the others read its COMPLETE,
+        waiting a few seconds for rank 0 to write it (it may be dead); else a note, where the logging
+        rank said nothing of a checkpoint rank 0 then marked complete."""
+        if self.rank == 0 or marked_within(report.path, MARK_WAIT_S):
             self._report(report)
+            return None
+        return (
+            f"checkpoint {report.path} was written on this rank but rank 0 had not marked it complete"
+            f" after {MARK_WAIT_S:.0f} s; resume takes it only if its {COMPLETE} marker is there"
+        )
 
     def _given_up_text(self, path: Path, error: BaseException) -> str:
         """finish_after_failure's line for a save that timed out or failed (DCP's CheckpointException,
@@ -530,3 +538,17 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             self._release_staging()
             self._wait_for_pruning()
             forget(self._plan_key)
+
+
+# How long a rank other than 0 waits, on a failed run's way out, for rank 0's COMPLETE of a save it wrote.
+MARK_WAIT_S = 5.0
+
+
+def marked_within(path: Path, timeout_s: float) -> bool:
+    """Whether `path`'s COMPLETE marker is there, or appears within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not is_complete(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

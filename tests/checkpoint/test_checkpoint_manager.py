@@ -876,3 +876,37 @@ def test_a_background_save_given_up_by_a_failing_run_is_named_by_its_own_cause(t
         "checkpoint step_2 left incomplete (RuntimeError: Connection closed by peer [127.0.0.1]:29500); "
         "resume uses the newest complete one"
     )
+
+
+def test_a_failed_runs_save_rank_0_has_not_marked_is_said_on_the_other_ranks(tmp_path, monkeypatch):
+    """On a failed run's way out, a rank other than 0 reports a background save only where it reads
+    rank 0's COMPLETE; rank 0 still marking it, the logging rank (the last) said nothing at all of a
+    checkpoint that then was complete (review J). It waits a few seconds for the marker, then says."""
+    from gptrain.checkpoint import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "MARK_WAIT_S", 0.3)
+    reports = []
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True, on_saved=reports.append)
+    manager.rank = 1  # this rank writes its shards; rank 0, not here, marks the step
+    manager.save(2, state_for(2.0), {})
+    note = manager.finish_after_failure(timeout_s=120)
+    assert reports == [] and not is_complete(tmp_path / "step_2")
+    assert note == (
+        f"checkpoint {tmp_path / 'step_2'} was written on this rank but rank 0 had not marked it complete"
+        f" after 0 s; resume takes it only if its {COMPLETE} marker is there"
+    )
+
+
+def test_a_failed_runs_save_rank_0_marks_while_another_rank_waits_is_reported_there(tmp_path, monkeypatch):
+    from gptrain.checkpoint import manager as manager_module
+
+    reports = []
+    manager = CheckpointManager(tmp_path, keep_last=3, async_save=True, on_saved=reports.append)
+    manager.rank = 1
+    waited = []
+    monkeypatch.setattr(
+        manager_module, "marked_within", lambda path, timeout_s: waited.append(timeout_s) or True
+    )
+    manager.save(2, state_for(2.0), {})
+    assert manager.finish_after_failure(timeout_s=120) is None
+    assert [r.step for r in reports] == [2] and waited == [manager_module.MARK_WAIT_S]
