@@ -218,6 +218,7 @@ def pair_summary(level: str, results: list[Any], verdict: Any) -> str:
 
 
 def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
+    from gptrain.validate.fabric import fabric_down
     from gptrain.validate.gpus import dcgm_warning_lines, gpus_expected, judge, run_gpus, unread_note
 
     records = run_gpus(ctx, args.iters, args.warmup, args.dcgm_level, args.xid_since)
@@ -241,6 +242,10 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
             out.bad_nodes.add(r["node"])
     for line in dcgm_warning_lines(records):
         print(line)
+    for node, line in fabric_down(records):
+        print(line)
+        out.failures.append(line)
+        out.bad_nodes.add(node)
     xids = report_xids(records, out)
     report.write_json(path, {"gpus": records, **xids})
 

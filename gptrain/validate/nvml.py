@@ -176,6 +176,40 @@ def remote_type(nv: Any, h: Any, link: int) -> str:
     return next((name for attr, name in names.items() if getattr(nv, attr, None) == kind), "unknown")
 
 
+FABRIC_STATES = {
+    0: "not_supported",
+    1: "not_started",
+    2: "in_progress",
+    3: "completed",
+}  # nvmlGpuFabricState_t
+
+
+def fabric(nv: Any, h: Any) -> dict[str, Any]:
+    """The GPU's NVLink fabric registration (Hopper and later on NVSwitch systems): its state, and
+    NVML's status code once completed (0: registered). The fabric manager drives it: a state left
+    at not_started or in_progress says it is not running. nvmlDeviceGetGpuFabricInfoV where the
+    driver has it (R535), else the older call."""
+    import ctypes
+
+    versioned = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
+    if versioned is not None:
+        try:
+            info = versioned()
+            nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
+            return _fabric_of(info)
+        except Exception as error:
+            if getattr(error, "value", None) != FUNCTION_NOT_FOUND:
+                raise
+    info = nv.c_nvmlGpuFabricInfo_t()
+    nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
+    return _fabric_of(info)
+
+
+def _fabric_of(info: Any) -> dict[str, Any]:
+    state = FABRIC_STATES.get(int(info.state), f"state {int(info.state)}")
+    return {"state": state, "status": int(info.status) if state == "completed" else None}
+
+
 def ecc(nv: Any, h: Any, errors: Unread) -> dict[str, Any]:
     out = {}
     for kind in ("UNCORRECTED", "CORRECTED"):
@@ -243,6 +277,7 @@ def gpu_health(nv: Any, h: Any) -> dict[str, Any]:
         "ecc": ecc(nv, h, errors),
         "memory": memory_health(nv, h, errors),
         "nvlinks": f("nvlinks", lambda: nvlinks(nv, h, errors)),
+        "fabric": f("fabric", lambda: fabric(nv, h)),
     }
     info["unsupported"] = errors.unsupported
     info["faults"] = errors.faults

@@ -687,3 +687,126 @@ def test_a_dcgmi_4_table_cut_after_a_category_header_fails(monkeypatch):
     assert result["passed"] is True and result["warnings"] == [
         "software: Warn: Persistence mode for GPU 1 is disabled."
     ]
+
+
+def with_fabric(rank, node, name, active, fabric=None, n=18):
+    """A judged GPU record as NVML gives it: `n` links up or down, the fabric state if read."""
+    links = [
+        {"link": k, "active": active, "errors": {}, "remote": "switch" if active else None} for k in range(n)
+    ]
+    r = dict(record(rank, node, 800, 3000), cuda_index=rank % 8, name=name)
+    r["nvml"] = {"name": name, "nvlinks": links, "fabric": fabric}
+    return r
+
+
+def test_a_whole_nvswitch_node_with_every_nvlink_down_fails_and_says_start_the_fabric_manager(
+    monkeypatch, tmp_path, capsys
+):
+    """With the fabric manager not running on an HGX A100, no NVLink of any GPU trains: each GPU read
+    all links inactive, which passes for a PCIe card, and with no GPU of the node up to judge against
+    the node passed. One line names the node and the fabric manager now; PCIe cards and bridged
+    H100 NVL pairs without links, a lone GPU, and GH200 are not flagged."""
+    import argparse
+
+    from gptrain.validate import fabric, gpus, main
+
+    a100 = "NVIDIA A100-SXM4-80GB"
+    records = [with_fabric(r, "n0", a100, False, n=12) for r in range(8)]
+    records += [with_fabric(r, "n1", a100, True, n=12) for r in range(8, 16)]
+    records += [with_fabric(r, "n2", "NVIDIA H100 PCIe", False) for r in range(16, 20)]
+    records += [with_fabric(r, "n3", "NVIDIA H100 NVL", False) for r in range(20, 22)]
+    records += [with_fabric(22, "n4", "NVIDIA H100 80GB HBM3", False)]
+    records += [with_fabric(r, "n5", "NVIDIA GH200 480GB", False) for r in range(23, 25)]
+    monkeypatch.setattr(gpus, "run_gpus", lambda *a: records)
+    args = argparse.Namespace(iters=1, warmup=0, dcgm_level=0, xid_since=None, output_dir=str(tmp_path))
+    out = main.Outcome()
+    main.check_gpus(types.SimpleNamespace(rank=0), args, Thresholds(slow_pct=10), out)
+    line = (
+        "gpus: n0: all 96 NVLink links of its 8 NVIDIA A100-SXM4-80GB GPU(s) inactive on an NVSwitch board:"
+        " the fabric manager is not running (NCCL's traffic falls back to PCIe or fails): " + fabric.START_FM
+    )
+    assert out.failures == [line] and out.bad_nodes == {"n0"}
+    assert line in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("NVIDIA A100-SXM4-80GB", True),
+        ("NVIDIA A100-SXM4-40GB", True),
+        ("NVIDIA H100 80GB HBM3", True),
+        ("NVIDIA H200", True),
+        ("NVIDIA B200", True),
+        ("NVIDIA A100-PCIE-40GB", False),
+        ("NVIDIA A100 80GB PCIe", False),
+        ("NVIDIA H100 PCIe", False),
+        ("NVIDIA H100 NVL", False),
+        ("NVIDIA H200 NVL", False),
+        ("NVIDIA GH200 480GB", False),
+        ("NVIDIA GB200", False),
+        ("NVIDIA L40S", False),
+    ],
+)
+def test_nvswitch_boards_are_told_from_pcie_cards_and_bridged_pairs_by_name(name, expected):
+    from gptrain.validate import fabric
+
+    assert fabric.is_nvswitch_model(name) is expected
+
+
+def test_hopper_fabric_state_says_the_fabric_manager_is_not_running_even_with_links_up():
+    """An H100's links train on their own (ALI), so a node without its fabric manager can read
+    every link active; NVML's fabric state (not_started, in_progress) says what is missing, and a
+    registration completed with an error fails too. A completed, registered node passes even with
+    its links down (the manager is running: not its fault)."""
+    from gptrain.validate import fabric
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    waiting = [with_fabric(r, "n0", h100, True, {"state": "not_started", "status": None}) for r in range(8)]
+    waiting[3]["nvml"]["fabric"] = {"state": "in_progress", "status": None}
+    [(node, line)] = fabric.fabric_down(waiting)
+    assert node == "n0" and line == (
+        "gpus: n0: NVLink fabric registration in_progress / not_started on its 8 NVIDIA H100 80GB HBM3"
+        " GPU(s): the fabric manager is not running: " + fabric.START_FM
+    )
+    failed = [with_fabric(r, "n1", h100, True, {"state": "completed", "status": 0}) for r in range(8)]
+    failed[5]["nvml"]["fabric"] = {"state": "completed", "status": 26}
+    [(node, line)] = fabric.fabric_down(failed)
+    assert (
+        node == "n1" and "registration of its 8 NVIDIA H100 80GB HBM3 GPU(s) failed (NVML status 26)" in line
+    )
+    registered = [with_fabric(r, "n2", h100, False, {"state": "completed", "status": 0}) for r in range(8)]
+    assert fabric.fabric_down(registered) == []
+
+
+def test_nvml_reads_the_fabric_state_by_the_versioned_call_or_the_older_one():
+    import pynvml
+
+    def fill(state, status):
+        def call(h, ref):
+            ref._obj.state, ref._obj.status = state, status
+
+        return call
+
+    class NotFound(Exception):
+        value = nvml.FUNCTION_NOT_FOUND
+
+    def not_found(*_):
+        raise NotFound("Function Not Found")
+
+    structs = {
+        "c_nvmlGpuFabricInfoV_t": pynvml.c_nvmlGpuFabricInfoV_t,
+        "c_nvmlGpuFabricInfo_t": pynvml.c_nvmlGpuFabricInfo_t,
+    }
+    nv, _ = fake_nvml(
+        **structs, nvmlDeviceGetGpuFabricInfoV=fill(pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED, 0)
+    )
+    assert nvml.gpu_health(nv, object())["fabric"] == {"state": "not_started", "status": None}
+    nv, _ = fake_nvml(
+        **structs,
+        nvmlDeviceGetGpuFabricInfoV=not_found,
+        nvmlDeviceGetGpuFabricInfo=fill(pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 26),
+    )
+    assert nvml.gpu_health(nv, object())["fabric"] == {"state": "completed", "status": 26}
+    nv, _ = fake_nvml()  # a driver or nvidia-ml-py without either: unsupported, no failure
+    info = nvml.gpu_health(nv, object())
+    assert info["fabric"] is None and "fabric" in info["unsupported"] and nvml.health_problems(info) == []

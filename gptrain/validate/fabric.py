@@ -1,0 +1,69 @@
+"""A node whose NVLink fabric never came up: the fabric manager not running on an NVSwitch board.
+
+NCCL users meet it as "fabric manager not running"; validate passed such a node, since a GPU
+with every NVLink inactive is let pass (a PCIe card without a bridge reads so) and no GPU of the
+node had links up to be judged against. Hopper and later say it in NVML's fabric state (the fabric
+manager registers each GPU: not_started or in_progress is a manager not running, completed with an
+error a registration that failed); an A100 has no fabric state, and its model name says whether
+it sits on an NVSwitch board.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# HGX/DGX boards of NVSwitches: the SXM parts. "H100 80GB HBM3" is the SXM5 H100 ("H100 PCIe" and
+# the bridged pair "H100 NVL" are not); \b keeps out GH200 and GB200 (NVLink-C2C, or a rack's fabric).
+NVSWITCH_MODEL = re.compile(r"\b(A100-SXM4|A800-SXM4|H100|H800|H200|H20|B100|B200|B300)\b")
+NOT_NVSWITCH = re.compile(r"PCIe|NVL\b", re.IGNORECASE)
+
+START_FM = (
+    "start nvidia-fabricmanager there (systemctl start nvidia-fabricmanager; on B200 and later with"
+    " its NVLSM) and check its log before using the node"
+)
+
+
+def is_nvswitch_model(name: str | None) -> bool:
+    """Whether NVML's name is a GPU built for an NVSwitch (HGX 8-GPU) board."""
+    return bool(name and NVSWITCH_MODEL.search(name) and not NOT_NVSWITCH.search(name))
+
+
+def fabric_down(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(node, line) for each node whose NVLink fabric is down: the line names it and what to do."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        info = r.get("nvml") or {}
+        if info.get("nvlinks") or info.get("fabric"):  # NVML read them
+            groups.setdefault((r["node"], info.get("name") or r.get("name") or "?"), []).append(info)
+    found = [(node, _node_line(node, model, infos)) for (node, model), infos in sorted(groups.items())]
+    return [(node, line) for node, line in found if line]
+
+
+def _node_line(node: str, model: str, infos: list[dict[str, Any]]) -> str | None:
+    gpus = f"{len(infos)} {model} GPU(s)"
+    states = [(info.get("fabric") or {}) for info in infos]
+    waiting = sorted({s["state"] for s in states if s.get("state") in ("not_started", "in_progress")})
+    if waiting:
+        return (
+            f"gpus: {node}: NVLink fabric registration {' / '.join(waiting)} on its {gpus}: the fabric"
+            f" manager is not running: {START_FM}"
+        )
+    failed = sorted({s["status"] for s in states if s.get("state") == "completed" and s.get("status")})
+    if failed:
+        return (
+            f"gpus: {node}: NVLink fabric registration of its {gpus} failed (NVML status"
+            f" {', '.join(map(str, failed))}): check nvidia-fabricmanager's log there, restart it, and"
+            " reset the GPUs if it persists"
+        )
+    registered = any(s.get("state") == "completed" for s in states)
+    all_down = all(
+        info.get("nvlinks") and not any(link["active"] for link in info["nvlinks"]) for info in infos
+    )
+    if len(infos) > 1 and all_down and not registered and is_nvswitch_model(model):
+        links = sum(len(info["nvlinks"]) for info in infos)
+        return (
+            f"gpus: {node}: all {links} NVLink links of its {gpus} inactive on an NVSwitch board: the fabric"
+            f" manager is not running (NCCL's traffic falls back to PCIe or fails): {START_FM}"
+        )
+    return None
