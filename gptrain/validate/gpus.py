@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from gptrain.validate import nvml, xid_table
+from gptrain.validate.dcgm_gpus import node_dcgm_diag
 from gptrain.validate.kernel_log import duration_text
 from gptrain.validate.report import compress_hostlist
 from gptrain.validate.runtime import Context, gather_objects, synchronize
@@ -66,30 +68,30 @@ def dcgm_limit_s(level: int) -> float:
     return DCGM_LIMIT_S.get(level, 0.0)
 
 
-def dcgm_diag(level: int, timeout_s: float | None = None) -> dict[str, Any]:
-    """`dcgmi diag -r level` on this node: passed, the failing lines, the warning ones, the tail of
-    its output."""
+def dcgm_diag(level: int, timeout_s: float | None = None, gpu_ids: list[int] | None = None) -> dict[str, Any]:
+    """`dcgmi diag -r level` on this node (on DCGM's GPUs `gpu_ids`, else all): passed, the failing
+    lines, the warning ones, the tail of its output."""
     if level <= 0:
         return {"ran": False, "reason": "--dcgm-level 0"}
     if shutil.which("dcgmi") is None:
         return {"ran": False, "reason": "dcgmi not installed"}
     limit = dcgm_limit_s(level) if timeout_s is None else timeout_s
+    command = ["dcgmi", "diag", "-r", str(level)] + (["-i", ",".join(map(str, gpu_ids))] if gpu_ids else [])
+    shown = shlex.join(command)
     try:
-        out = subprocess.run(
-            ["dcgmi", "diag", "-r", str(level)], capture_output=True, text=True, timeout=limit
-        )
+        out = subprocess.run(command, capture_output=True, text=True, timeout=limit)
     except subprocess.TimeoutExpired as error:
         tail = (
             error.output.decode(errors="replace") if isinstance(error.output, bytes) else error.output or ""
         )
         why = (
-            f"dcgmi diag -r {level} did not finish in {limit:g} s (level {level} usually takes"
-            f" {DCGM_USUAL[level]}): DCGM or a GPU of this node is stuck; run `dcgmi diag -r {level}`"
+            f"{shown} did not finish in {limit:g} s (level {level} usually takes"
+            f" {DCGM_USUAL[level]}): DCGM or a GPU of this node is stuck; run `{shown}`"
             " there by hand, or pass a lower --dcgm-level"
         )
         return {"ran": True, "passed": False, "failures": [why], "tail": tail[-4000:]}
     except OSError as error:
-        why = f"dcgmi diag -r {level} could not be started: {error}"
+        why = f"{shown} could not be started: {error}"
         return {"ran": True, "passed": False, "failures": [why], "tail": ""}
     text = out.stdout + out.stderr
     table = dcgm_table(text)
@@ -97,9 +99,10 @@ def dcgm_diag(level: int, timeout_s: float | None = None) -> dict[str, Any]:
     if out.returncode != 0 and not failures and not dcgm_only_warned(out.returncode, table):
         # no table (dcgmi's own "Error:" lines say why), or one that does not explain the status
         why = f": {'; '.join(table.errors)}" if table.errors else ""
-        failures = [f"dcgmi diag -r {level} exited with status {out.returncode}{why}"]
+        failures = [f"{shown} exited with status {out.returncode}{why}"]
     return {
         "ran": True,
+        "command": shown,
         "passed": not failures,
         "failures": failures,
         "warnings": warnings,
@@ -248,12 +251,10 @@ def check_local_gpu(
     record["matmul_bf16_tflops"] = matmul_tflops(ctx.device, iters, warmup)
     record["copy_GBps"] = copy_GBps(ctx.device, iters, warmup)
     torch.cuda.empty_cache()
-    if dcgm_level > 0:
-        import torch.distributed as dist
-
-        dist.barrier()  # dcgmi diag -r 2 and up loads every GPU of its node: not while one is timed
+    # dcgmi diag -r 2 and up loads its GPUs: not while one is timed (the gather waits for every rank)
+    mine = gather_objects((ctx.node, record["nvml"].get("uuid"))) if dcgm_level > 0 else []
     if ctx.world.local_rank == 0:
-        record["dcgm"] = dcgm_diag(dcgm_level)
+        record["dcgm"] = node_dcgm_diag(dcgm_level, [uuid for node, uuid in mine if node == ctx.node])
         record["xid"] = nvml.xid_events(xid_since_s)
     return record
 

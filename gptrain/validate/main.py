@@ -218,6 +218,7 @@ def pair_summary(level: str, results: list[Any], verdict: Any) -> str:
 
 
 def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
+    from gptrain.validate.dcgm_gpus import dcgm_skipped_lines
     from gptrain.validate.fabric import fabric_down
     from gptrain.validate.gpus import dcgm_warning_lines, gpus_expected, judge, run_gpus, unread_note
 
@@ -240,7 +241,7 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
         for flag in r["flags"]:
             out.failures.append(f"gpus: rank {r['rank']} on {r['node']}: {flag}")
             out.bad_nodes.add(r["node"])
-    for line in dcgm_warning_lines(records):
+    for line in dcgm_warning_lines(records) + dcgm_skipped_lines(records):
         print(line)
     for node, line in fabric_down(records):
         print(line)

@@ -32,7 +32,7 @@ def matmul(device, iters, warmup):
     return 700.0
 
 
-def dcgm(level):
+def dcgm(level, **kwargs):
     note("dcgm", time.time())
     return {"ran": True, "passed": True, "failures": [], "tail": ""}
 

@@ -810,3 +810,98 @@ def test_nvml_reads_the_fabric_state_by_the_versioned_call_or_the_older_one():
     nv, _ = fake_nvml()  # a driver or nvidia-ml-py without either: unsupported, no failure
     info = nvml.gpu_health(nv, object())
     assert info["fabric"] is None and "fabric" in info["unsupported"] and nvml.health_problems(info) == []
+
+
+DISCOVERY = """8 GPUs found.
++--------+----------------------------------------------------------------------+
+| GPU ID | Device Information                                                   |
++--------+----------------------------------------------------------------------+
+{rows}+--------+----------------------------------------------------------------------+
+"""
+
+
+def discovery_text(uuids):
+    """`dcgmi discovery -l` as DCGM prints it: each GPU's id, then its name, bus and UUID rows."""
+    rows = ""
+    for gpu, uuid in enumerate(uuids):
+        rows += f"| {gpu:<6} | {'Name: NVIDIA H100 80GB HBM3':<68} |\n"
+        rows += f"|        | {f'PCI Bus ID: 00000000:{gpu:02X}:00.0':<68} |\n"
+        rows += f"|        | {'Device UUID: ' + uuid:<68} |\n"
+        rows += "+--------+----------------------------------------------------------------------+\n"
+    return DISCOVERY.format(rows=rows)
+
+
+NODE_UUIDS = [f"GPU-{gpu:08x}-4cd8-8d01-0310-79f2720f37de" for gpu in range(8)]
+
+
+def test_dcgmi_diag_is_given_the_dcgm_ids_of_the_jobs_own_gpus_on_a_shared_node(monkeypatch):
+    """dcgmi diag ran without -i: on a node shared with other jobs it tested (from level 2, loaded)
+    their GPUs too. The GPUs this job's ranks use there are matched by UUID to the ids `dcgmi
+    discovery -l` gives (the host engine's: inside a cgroup-confined job the job's GPU 0 may be the
+    node's GPU 5), and dcgmi diag is given them; without the job's GPUs named in its environment, or
+    with a UUID unread, it runs on all as before."""
+    from gptrain.validate import dcgm_gpus, gpus
+
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append(command)
+        out = discovery_text(NODE_UUIDS) if command[1] == "discovery" else dcgmi_table(("Memory", "Pass"))
+        return types.SimpleNamespace(returncode=0, stdout=out, stderr="")
+
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: "/usr/bin/dcgmi")
+    monkeypatch.setattr(gpus.subprocess, "run", run)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    mine = [NODE_UUIDS[5].upper(), NODE_UUIDS[2]]
+    result = dcgm_gpus.node_dcgm_diag(2, mine)
+    assert calls == [["dcgmi", "discovery", "-l"], ["dcgmi", "diag", "-r", "2", "-i", "2,5"]]
+    assert result["passed"] and result["command"] == "dcgmi diag -r 2 -i 2,5"
+
+    for unknown in ([NODE_UUIDS[5], None], []):
+        calls.clear()
+        dcgm_gpus.node_dcgm_diag(2, unknown)
+        assert calls == [["dcgmi", "diag", "-r", "2"]]
+    for key in dcgm_gpus.JOB_GPU_ENV:
+        monkeypatch.delenv(key, raising=False)
+    calls.clear()
+    dcgm_gpus.node_dcgm_diag(2, mine)
+    assert calls == [["dcgmi", "diag", "-r", "2"]]
+
+
+def test_a_job_gpu_dcgm_does_not_list_is_not_replaced_by_testing_the_whole_node(monkeypatch):
+    from gptrain.validate import dcgm_gpus, gpus
+
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append(command)
+        return types.SimpleNamespace(returncode=0, stdout=discovery_text(NODE_UUIDS[:4]), stderr="")
+
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: "/usr/bin/dcgmi")
+    monkeypatch.setattr(gpus.subprocess, "run", run)
+    monkeypatch.setenv("SLURM_STEP_GPUS", "6")
+    result = dcgm_gpus.node_dcgm_diag(3, [NODE_UUIDS[6]])
+    assert calls == [["dcgmi", "discovery", "-l"]] and result["ran"] is False
+    records = [dict(record(0, "n7", 800, 3000), dcgm=result)]
+    assert dcgm_gpus.dcgm_skipped_lines(records) == [
+        f"gpus: n7: dcgmi diag `dcgmi discovery -l` does not list this job's GPU(s) {NODE_UUIDS[6]}: not run,"
+        " as without -i it would test every GPU of the node, other jobs' too; run `dcgmi diag` there by hand"
+    ]
+
+
+def test_a_timed_out_dcgmi_on_the_jobs_gpus_names_the_command_to_rerun(monkeypatch):
+    import subprocess
+
+    from gptrain.validate import gpus
+
+    monkeypatch.setattr(gpus.shutil, "which", lambda name: "/usr/bin/dcgmi")
+
+    def stuck(command, **kwargs):
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"], output="")
+
+    monkeypatch.setattr(gpus.subprocess, "run", stuck)
+    [why] = gpus.dcgm_diag(2, gpu_ids=[1, 6])["failures"]
+    assert (
+        why.startswith("dcgmi diag -r 2 -i 1,6 did not finish in 1200 s")
+        and "run `dcgmi diag -r 2 -i 1,6`" in why
+    )
