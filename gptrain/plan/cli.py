@@ -49,8 +49,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu",
         default=None,
-        help="h100-80gb, a100-80gb, a100-40gb or cpu (default: cpu where trainer.accelerator=cpu, else "
-        "the cluster profile's, or h100-80gb)",
+        help="h100-80gb, h200-141gb, b200-180gb, a100-80gb, a100-40gb or cpu (default: cpu where "
+        "trainer.accelerator=cpu, else the cluster profile's, or h100-80gb)",
     )
     parser.add_argument(
         "--cluster",

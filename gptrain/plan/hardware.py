@@ -55,6 +55,31 @@ GPUS: dict[str, GpuSpec] = {
         "dense TFLOP/s, NVLink 900 GB/s both ways); DGX H100: one 400 Gb/s ConnectX-7 NIC per GPU",
         66.9,
     ),
+    "h200-141gb": GpuSpec(
+        "h200-141gb",
+        139.8,
+        989.4,
+        1978.9,
+        450.0,
+        50.0,
+        "NVIDIA H200 Tensor Core GPU datasheet (SXM: 141 GB HBM3e at 4.8 TB/s, the H100 SXM's 989.4 bf16 /"
+        " 1,978.9 fp8 / 66.9 fp32 dense TFLOP/s, NVLink 900 GB/s both ways); DGX H200: one 400 Gb/s"
+        " ConnectX-7 NIC per GPU. Memory: nvidia-smi's 143,771 MiB less the ~0.55 GiB the driver keeps"
+        " (as on the H100: 81,559 MiB -> 79.1 GiB)",
+        66.9,
+    ),
+    "b200-180gb": GpuSpec(
+        "b200-180gb",
+        178.5,
+        2250.0,
+        4500.0,
+        900.0,
+        50.0,
+        "NVIDIA HGX B200 datasheet (180 GB HBM3e; 4.5 PFLOP/s bf16 and 9 fp8 with sparsity: 2,250 and"
+        " 4,500 dense; 75 fp32; NVLink 5 1.8 TB/s both ways); DGX B200: one 400 Gb/s ConnectX-7 NIC per"
+        " GPU. Memory: nvidia-smi's 183,359 MiB less ~0.55 GiB, as the H100's (not measured here)",
+        75.0,
+    ),
     "a100-80gb": GpuSpec(
         "a100-80gb",
         79.2,

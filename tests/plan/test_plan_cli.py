@@ -315,11 +315,11 @@ def test_hybrid_shard_without_replicas_is_not_ranked_beside_its_full_shard_twin(
         ),
         (
             "plan:\n  gpu: [h100]\n",
-            "plan.gpu=['h100'] is not known; use one of h100-80gb, a100-80gb, a100-40gb, cpu",
+            "plan.gpu=['h100'] is not known; use one of h100-80gb, h200-141gb, b200-180gb, a100-80gb, a100-40gb, cpu",
         ),
         (
-            "plan:\n  gpu: h200\n",
-            "plan.gpu='h200' is not known; use one of h100-80gb, a100-80gb, a100-40gb, cpu",
+            "plan:\n  gpu: h300\n",
+            "plan.gpu='h300' is not known; use one of h100-80gb, h200-141gb, b200-180gb, a100-80gb, a100-40gb, cpu",
         ),
         ("gpus_per_node: eight\n", "gpus_per_node: expected a whole number, got 'eight' (str)"),
     ],
