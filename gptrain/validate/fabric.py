@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gptrain.validate import nvml
+
 # HGX/DGX boards of NVSwitches: the SXM parts. "H100 80GB HBM3" is the SXM5 H100 ("H100 PCIe" and
 # the bridged pair "H100 NVL" are not); \b keeps out GH200 and GB200 (NVLink-C2C, or a rack's fabric).
 NVSWITCH_MODEL = re.compile(r"\b(A100-SXM4|A800-SXM4|H100|H800|H200|H20|B100|B200|B300)\b")
@@ -36,23 +38,41 @@ def fabric_down(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
         info = r.get("nvml") or {}
         if info.get("nvlinks") or info.get("fabric"):  # NVML read them
             groups.setdefault((r["node"], info.get("name") or r.get("name") or "?"), []).append(info)
-    found = [(node, _node_line(node, model, infos)) for (node, model), infos in sorted(groups.items())]
-    return [(node, line) for node, line in found if line]
+    found = [(node, fabric_problem(model, infos)) for (node, model), infos in sorted(groups.items())]
+    return [(node, f"gpus: {node}: {problem}") for node, problem in found if problem]
 
 
-def _node_line(node: str, model: str, infos: list[dict[str, Any]]) -> str | None:
+def no_cuda_fabric_problem() -> str | None:
+    """Why CUDA finds no GPU on this node where NVML sees them on an NVSwitch board whose fabric is
+    down: CUDA does not start there before the fabric manager has registered the GPUs
+    (cudaErrorSystemNotReady, "system not yet initialized"). None where NVML cannot say."""
+    try:
+        nv = nvml.load()
+        infos = [
+            nvml.gpu_health(nv, nv.nvmlDeviceGetHandleByIndex(i)) for i in range(int(nv.nvmlDeviceGetCount()))
+        ]
+    except Exception:  # no NVML, no GPU: the plain line says enough
+        return None
+    models: dict[str, list[dict[str, Any]]] = {}
+    for info in infos:
+        models.setdefault(info.get("name") or "?", []).append(info)
+    return next((p for model, group in models.items() if (p := fabric_problem(model, group))), None)
+
+
+def fabric_problem(model: str, infos: list[dict[str, Any]]) -> str | None:
+    """What is wrong with the NVLink fabric of a node's GPUs of one model (NVML's records), if anything."""
     gpus = f"{len(infos)} {model} GPU(s)"
     states = [(info.get("fabric") or {}) for info in infos]
     waiting = sorted({s["state"] for s in states if s.get("state") in ("not_started", "in_progress")})
     if waiting:
         return (
-            f"gpus: {node}: NVLink fabric registration {' / '.join(waiting)} on its {gpus}: the fabric"
-            f" manager is not running: {START_FM}"
+            f"NVLink fabric registration {' / '.join(waiting)} on its {gpus}: the fabric manager is not"
+            f" running: {START_FM}"
         )
     failed = sorted({s["status"] for s in states if s.get("state") == "completed" and s.get("status")})
     if failed:
         return (
-            f"gpus: {node}: NVLink fabric registration of its {gpus} failed (NVML status"
+            f"NVLink fabric registration of its {gpus} failed (NVML status"
             f" {', '.join(map(str, failed))}): check nvidia-fabricmanager's log there, restart it, and"
             " reset the GPUs if it persists"
         )
@@ -63,7 +83,7 @@ def _node_line(node: str, model: str, infos: list[dict[str, Any]]) -> str | None
     if len(infos) > 1 and all_down and not registered and is_nvswitch_model(model):
         links = sum(len(info["nvlinks"]) for info in infos)
         return (
-            f"gpus: {node}: all {links} NVLink links of its {gpus} inactive on an NVSwitch board: the fabric"
+            f"all {links} NVLink links of its {gpus} inactive on an NVSwitch board: the fabric"
             f" manager is not running (NCCL's traffic falls back to PCIe or fails): {START_FM}"
         )
     return None

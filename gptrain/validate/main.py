@@ -272,12 +272,15 @@ def report_xids(records: list[dict[str, Any]], out: Outcome) -> dict[str, Any]:
 def no_gpu(ctx: Context, expected: str | None, path: Path, out: Outcome, check: str = "gpus") -> None:
     """No rank sees a CUDA GPU: skipped on a CPU machine (saying what does run there), a failure
     of each node that should have one."""
+    from gptrain.validate.fabric import no_cuda_fabric_problem
     from gptrain.validate.runtime import gather_objects
 
-    reasons = gather_objects((ctx.node, expected))  # each node's own environment says
+    fabric = no_cuda_fabric_problem() if expected else None  # CUDA waits for the fabric manager
+    reasons = gather_objects((ctx.node, expected, fabric))  # each node's own environment says
     if ctx.rank != 0:
         return
-    missing = {node: why for node, why in reasons if why}
+    missing = {node: why for node, why, _ in reasons if why}
+    fabric_down = {node: problem for node, why, problem in reasons if why and problem}
     if not missing:
         cpu_checks = (
             "collectives and pairwise ran on the CPUs (gloo)"
@@ -291,7 +294,8 @@ def no_gpu(ctx: Context, expected: str | None, path: Path, out: Outcome, check: 
         report.write_json(path, {"gpus": [], "skipped": f"no CUDA GPU on {ctx.node}"})
         return
     for node, why in sorted(missing.items()):
-        out.failures.append(f"gpus: no CUDA GPU visible on {node}, but {why}")
+        cause = f"; NVML: {fabric_down[node]}" if node in fabric_down else ""
+        out.failures.append(f"gpus: no CUDA GPU visible on {node}, but {why}{cause}")
         out.bad_nodes.add(node)
     report.write_json(path, {"gpus": [], "missing": missing})
 

@@ -905,3 +905,38 @@ def test_a_timed_out_dcgmi_on_the_jobs_gpus_names_the_command_to_rerun(monkeypat
         why.startswith("dcgmi diag -r 2 -i 1,6 did not finish in 1200 s")
         and "run `dcgmi diag -r 2 -i 1,6`" in why
     )
+
+
+def test_no_cuda_gpu_on_a_node_whose_fabric_manager_is_down_says_so(monkeypatch, tmp_path):
+    """On an NVSwitch board CUDA does not start before the fabric manager registers the GPUs
+    (cudaErrorSystemNotReady): validate saw no CUDA GPU and said only that Slurm gave the job some.
+    NVML still reads the GPUs: their fabric state not started now names the fabric manager."""
+    import pynvml
+
+    from gptrain.validate import fabric, main, runtime
+
+    def fill(h, ref):
+        ref._obj.state = pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED
+
+    nv, _ = fake_nvml(
+        c_nvmlGpuFabricInfoV_t=pynvml.c_nvmlGpuFabricInfoV_t,
+        nvmlDeviceGetGpuFabricInfoV=fill,
+        nvmlDeviceGetCount=lambda: 8,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+    )
+    monkeypatch.setattr(nvml, "load", lambda: nv)
+    monkeypatch.setattr(runtime, "gather_objects", lambda obj, group=None: [obj])
+    out = main.Outcome()
+    ctx = types.SimpleNamespace(rank=0, node="n3")
+    main.no_gpu(ctx, "Slurm gave the job GPUs (SLURM_JOB_GPUS=0-7)", tmp_path / "gpus.json", out)
+    assert out.failures == [
+        "gpus: no CUDA GPU visible on n3, but Slurm gave the job GPUs (SLURM_JOB_GPUS=0-7); NVML: NVLink fabric"
+        " registration not_started on its 8 NVIDIA H100 80GB HBM3 GPU(s): the fabric manager is not running: "
+        + fabric.START_FM
+    ]
+    monkeypatch.setattr(nvml, "load", raising("NVML_ERROR_LIBRARY_NOT_FOUND"))
+    out = main.Outcome()
+    main.no_gpu(ctx, "Slurm gave the job GPUs (SLURM_JOB_GPUS=0-7)", tmp_path / "gpus.json", out)
+    assert out.failures == [
+        "gpus: no CUDA GPU visible on n3, but Slurm gave the job GPUs (SLURM_JOB_GPUS=0-7)"
+    ]
