@@ -57,27 +57,28 @@ GPUS: dict[str, GpuSpec] = {
     ),
     "h200-141gb": GpuSpec(
         "h200-141gb",
-        139.8,
+        139.7,
         989.4,
         1978.9,
         450.0,
         50.0,
         "NVIDIA H200 Tensor Core GPU datasheet (SXM: 141 GB HBM3e at 4.8 TB/s, the H100 SXM's 989.4 bf16 /"
         " 1,978.9 fp8 / 66.9 fp32 dense TFLOP/s, NVLink 900 GB/s both ways); DGX H200: one 400 Gb/s"
-        " ConnectX-7 NIC per GPU. Memory: nvidia-smi's 143,771 MiB less the ~0.55 GiB the driver keeps"
-        " (as on the H100: 81,559 MiB -> 79.1 GiB)",
+        " ConnectX-7 NIC per GPU. Memory: nvidia-smi's 143,771 MiB (140.4 GiB) less 0.71 GiB, the larger"
+        " of what the driver keeps on an H100 (0.55: 81,559 MiB -> 79.1 GiB) and on a B200 (below)",
         66.9,
     ),
     "b200-180gb": GpuSpec(
         "b200-180gb",
-        178.5,
+        178.3,
         2250.0,
         4500.0,
         900.0,
         50.0,
         "NVIDIA HGX B200 datasheet (180 GB HBM3e; 4.5 PFLOP/s bf16 and 9 fp8 with sparsity: 2,250 and"
         " 4,500 dense; 75 fp32; NVLink 5 1.8 TB/s both ways); DGX B200: one 400 Gb/s ConnectX-7 NIC per"
-        " GPU. Memory: nvidia-smi's 183,359 MiB less ~0.55 GiB, as the H100's (not measured here)",
+        " GPU. Memory: CUDA's total global memory, 178.35 GiB of nvidia-smi's 183,359 MiB (as reported in"
+        " pytorch/ao#4002)",
         75.0,
     ),
     "a100-80gb": GpuSpec(
