@@ -19,6 +19,15 @@ from gptrain.data.tokenizer_wrappers import flat_ids
 from gptrain.errors import ConfigError
 from gptrain.utils.tokenizer_types import NO_PAD, check_null_settings
 
+# What plain id text holds: ASCII digits and the ASCII whitespace both str.split and numpy skip.
+_PLAIN_ID_BYTES = np.zeros(256, dtype=bool)
+_PLAIN_ID_BYTES[list(b"0123456789 \t\n\r\x0b\x0c")] = True
+_INT64_SAFE_DIGITS = 18  # a longer number may not fit int64: read word by word, exactly
+
+
+class IdsRefused(ConfigError):
+    """A word that is no token id, or an id past the vocabulary: prepare then checks line by line."""
+
 
 @dataclass(frozen=True)
 class NullOptions:
@@ -49,12 +58,12 @@ class NullTokenizer:
             try:
                 token_id = int(word)
             except ValueError:
-                raise ConfigError(
+                raise IdsRefused(
                     f"{word!r} is not a token id: NullTokenizer reads text as token ids separated by spaces "
                     f"(e.g. '17 4 2051'), each from 0 to {self.vocab_size - 1}"
                 ) from None
             if not 0 <= token_id < self.vocab_size:
-                raise ConfigError(
+                raise IdsRefused(
                     f"token id {token_id} is not in NullTokenizer's vocabulary of {self.vocab_size} ids "
                     f"(0 to {self.vocab_size - 1})"
                 )
@@ -65,10 +74,44 @@ class NullTokenizer:
         return [self.encode(text) for text in texts]
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All texts' ids read by numpy in one pass and range-checked as one array; the per-word
+        `encode` (Python's int() per word, as Megatron reads them) only for any other text, or to
+        name what is wrong."""
+        plain = plain_ids(list(texts))
+        if plain is not None:
+            tokens, lengths = plain
+            if not len(tokens) or int(tokens.max()) < self.vocab_size:  # no '-': none below 0
+                return tokens, lengths
         return flat_ids(self.encode_batch(list(texts)))
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return " ".join(str(int(i)) for i in ids)
+
+
+def plain_ids(texts: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ids back to back, ids per text) of texts of ASCII digits and whitespace, as int() of each
+    word reads them; None for any other text (a sign, a Unicode digit or space, a long number)."""
+    if not texts:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    joined = " ".join(texts)
+    try:
+        raw = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+    except UnicodeEncodeError:
+        return None
+    if not _PLAIN_ID_BYTES[raw].all():
+        return None
+    digit = (raw >= ord("0")) & (raw <= ord("9"))
+    edges = np.diff(digit.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    if len(starts) and int((ends - starts).max()) > _INT64_SAFE_DIGITS:
+        return None
+    # numpy reads text of only whitespace as one 0: no number, no reading
+    tokens = np.fromstring(joined, dtype=np.int64, sep=" ") if len(starts) else np.empty(0, dtype=np.int64)
+    if len(tokens) != len(starts):
+        return None
+    text_starts = np.cumsum([0, *(len(text) + 1 for text in texts[:-1])])
+    lengths = np.diff(np.searchsorted(starts, text_starts), append=len(starts)).astype(np.int64)
+    return tokens, lengths
 
 
 def build_null_tokenizer(options: NullOptions | None) -> NullTokenizer:

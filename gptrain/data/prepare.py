@@ -36,7 +36,8 @@ import numpy as np
 
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, finalize_together, optimal_dtype
 from gptrain.data.jsonl import Chunk, expand_inputs, file_identity, is_pipe, iter_chunks
-from gptrain.data.prepare_lines import parse_chunk, texts_and_sentences
+from gptrain.data.null_tokenizer import IdsRefused
+from gptrain.data.prepare_lines import ParsedChunk, parse_chunk, texts_and_sentences
 from gptrain.data.prepare_tokens import (
     ChunkResult,
     WorkerState,
@@ -106,7 +107,13 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     """Parse and tokenize one chunk (runs in a worker process, or inline with one worker)."""
     state = _STATE
     assert state is not None, "worker state not initialised"
-    parsed = parse_chunk(chunk, state)
+    try:
+        return _encoded(chunk, state, parse_chunk(chunk, state))
+    except IdsRefused:  # NullTokenizer refused an id: each line read again, to name or skip it
+        return _encoded(chunk, state, parse_chunk(chunk, state, check_ids=True))
+
+
+def _encoded(chunk: Chunk, state: WorkerState, parsed: ParsedChunk) -> ChunkResult:
     if parsed.error is not None:
         return ChunkResult([], [], [], 0, parsed.bad_lines, len(chunk.data), chunk.path, parsed.error)
     all_tokens, all_lengths, all_sentences = [], [], []

@@ -83,15 +83,17 @@ Value = str | list[str]  # one document's text: a string, or its sentences
 
 
 @dataclass
-class _Parsed:
+class ParsedChunk:
     values: list[list[Value]]  # per key, one per document
     has_lists: bool  # some value is a list of sentences
     bad_lines: int
     error: str | None = None
 
 
-def parse_chunk(chunk: Chunk, state: WorkerState) -> _Parsed:
-    """Values per key; bad lines are counted (skip) or reported as `file:line: problem`."""
+def parse_chunk(chunk: Chunk, state: WorkerState, check_ids: bool = False) -> ParsedChunk:
+    """Values per key; bad lines are counted (skip) or reported as `file:line: problem`.
+    `check_ids`: NullTokenizer's ids read line by line, to name (or skip) the line of one it
+    refused; the whole chunk's ids are checked at once when it tokenizes them."""
     import orjson
 
     texts: list[list[Value]] = [[] for _ in state.keys]
@@ -116,7 +118,7 @@ def parse_chunk(chunk: Chunk, state: WorkerState) -> _Parsed:
                 usable = not (fallback and any(map(_lone_surrogate, values)))
             else:
                 usable = _all_sentences(values, fallback)
-            if usable and state.reads_ids:
+            if usable and check_ids:
                 problem = _ids_problem(state, values)
                 usable = problem is None
             if usable:
@@ -132,15 +134,15 @@ def parse_chunk(chunk: Chunk, state: WorkerState) -> _Parsed:
                     "; NullTokenizer takes a document's token ids as whole numbers: a JSON array of them, "
                     'or a string of them separated by spaces ("17 4 2051")'
                 )
-            return _Parsed(texts, has_lists, bad, f"{chunk.path}:{chunk.first_line + offset}: {problem}")
+            return ParsedChunk(texts, has_lists, bad, f"{chunk.path}:{chunk.first_line + offset}: {problem}")
         bad += 1
-    return _Parsed(texts, has_lists, bad)
+    return ParsedChunk(texts, has_lists, bad)
 
 
 def _ids_as_text(value: object) -> object:
     """A JSON array of token ids as NullTokenizer's text of them (one document); any other value
     as it is."""
-    if type(value) is list and all(type(item) is int for item in value):
+    if type(value) is list and set(map(type, value)) <= {int}:
         return " ".join(map(str, value))
     return value
 

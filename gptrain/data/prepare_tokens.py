@@ -70,9 +70,11 @@ def encode_texts(
     tokenizer: Tokenizer, texts: list[str], chunk: Chunk, key: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """`encode_flat`, with a tokenizer's own failure turned into a DataError naming the lines."""
+    from gptrain.data.null_tokenizer import IdsRefused
+
     try:
         return tokenizer.encode_flat(texts)
-    except MemoryError:
+    except (MemoryError, IdsRefused):  # NullTokenizer's: the caller finds the line
         raise
     except Exception as error:  # whatever a tokenizer library raises on text that parsed
         last = chunk.first_line + max(0, chunk.data.count(b"\n", 0, len(chunk.data) - 1))

@@ -155,3 +155,65 @@ def test_prepare_reads_the_null_eod_id_as_the_end_append_eod_adds(tmp_path, caps
     assert "note: --null-tokenizer-eod-id: accepted, no effect: Megatron reads it for NullTokenizer only" in (
         capsys.readouterr().err
     )
+
+
+ODD_ID_TEXTS = [
+    "",
+    "   ",
+    " 1 2 ",
+    "\t3\n4\r5\x0b6\x0c7",
+    "0007 8",
+    "12",
+    "1_0",
+    "+5",
+    "\u0661\u0662",
+    "5\u00a06",
+    "7\x1c8",
+    "9" * 19,
+    "0" * 25 + "42",
+    "1.5",
+    "-1",
+    "299",
+    "300",
+]
+
+
+@pytest.mark.parametrize("odd", ODD_ID_TEXTS)
+def test_null_tokenizer_reads_a_batch_as_its_per_word_reading(odd):
+    """encode_flat's vectorised path gives what int() word by word gives (Megatron's reading), or
+    refuses what that refuses, with the same message, whatever the text around it."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+    from gptrain.data.tokenizer_wrappers import flat_ids
+    from gptrain.errors import ConfigError
+
+    tokenizer = NullTokenizer(300)
+    texts = ["1 2 3", odd, "", "4  5\n6", odd + " 7"]
+    try:
+        expected = flat_ids([tokenizer.encode(text) for text in texts])
+    except ConfigError as error:
+        with pytest.raises(ConfigError, match=str(error).replace("(", r"\(").replace(")", r"\)")):
+            tokenizer.encode_flat(texts)
+        return
+    tokens, lengths = tokenizer.encode_flat(texts)
+    assert tokens.dtype == np.int64 and lengths.dtype == np.int64
+    assert tokens.tolist() == expected[0].tolist() and lengths.tolist() == expected[1].tolist()
+
+
+def test_null_tokenizer_reads_plain_ids_without_a_python_step_per_word(tmp_path, monkeypatch):
+    """Before: each text went through encode (int() and a range check per word) after a per-line
+    check that read every id once more: 4 of 5 s of prepare on 38 MB. Now text of ASCII digits and
+    spaces is read by numpy in one pass, range-checked on the whole array; encode only explains."""
+    from gptrain.data.indexed import IndexedDataset
+    from gptrain.data.null_tokenizer import NullTokenizer
+
+    def per_word(self, text):
+        raise AssertionError("per-word path taken for plain ids")
+
+    monkeypatch.setattr(NullTokenizer, "encode", per_word)
+    monkeypatch.setattr("gptrain.data.prepare_lines._ids_problem", per_word)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "1 2 3"}\n{"text": "4 299"}\n{"text": ""}\n{"text": " 7 "}\n')
+    argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 0
+    dataset = IndexedDataset(str(tmp_path / "out_text_document"))
+    assert [dataset[i].tolist() for i in range(len(dataset))] == [[1, 2, 3], [4, 299], [7]]
