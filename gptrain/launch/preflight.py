@@ -304,6 +304,19 @@ def check_recorded_tokenizer(cfg: TrainingConfig, splits: list[str] | None) -> N
         raise LaunchError(f"{conflict[0]}; {conflict[1]}")
 
 
+def blend_record_warnings(cfg: TrainingConfig, splits: list[str] | None) -> list[str]:
+    """The job's warnings at train start for a blend whose datasets were prepared unlike each other
+    (--append-eod, split_special_tokens: gptrain.data.record_mix), said here before the queue wait."""
+    from gptrain.data.blend_spec import prefixes_of
+    from gptrain.data.record_mix import mixed_preparation_lines
+
+    data = cfg.model.data
+    mixed = mixed_preparation_lines(
+        prefixes_of(data.data_prefix, splits), "training.model.data.data_prefix", data.eod_mask_loss
+    )
+    return ["warning  " + line.removeprefix("gptrain: warning: ") for line in mixed]
+
+
 def check_training_files(
     cfg: TrainingConfig,
     prepared_by_stage: bool,
@@ -331,6 +344,7 @@ def check_training_files(
         check_data_prefixes(data.data_prefix, built)
         check_recorded_tokenizer(cfg, built)
         lines.append(f"ok  training: {len(prefixes_of(data.data_prefix, built))} data prefix(es) found")
+        lines += blend_record_warnings(cfg, built)
     tok = cfg.model.tokenizer
     if not data.builds_tokenizer():
         lines.append("ok  training: model.data.mock_vocab_size set, no tokenizer files needed")

@@ -412,3 +412,39 @@ def test_added_token_ids_tokenizers_does_not_read_are_not_counted_before_the_que
     check_training_files(cfg(8), prepared_by_stage=False)
     with pytest.raises(LaunchError, match="fewer rows than the 5 ids of the tokenizer;"):
         check_training_files(cfg(4), prepared_by_stage=False)
+
+
+def test_a_blend_prepared_with_and_without_append_eod_is_said_before_the_queue(tmp_path, capsys):
+    """Before: train start, eval and merge warned of a blend mixing --append-eod (record_mix), the
+    launch preflight said nothing, so the user learnt it from the job's log after the queue wait.
+    Now the preflight says the job's lines, keyed under training., without torch."""
+    import numpy as np
+
+    from gptrain.data.indexed import IndexedDatasetWriter
+    from gptrain.data.tokenizer_record import write_tokenizer_record
+
+    prefixes = [str(tmp_path / "with"), str(tmp_path / "without")]
+    for prefix, eod in zip(prefixes, (True, False), strict=True):
+        with IndexedDatasetWriter(prefix, np.uint16) as writer:
+            writer.add_document([64, 27, 91, 65])
+        write_tokenizer_record(prefix, "GPT2BPETokenizer", False, append_eod=eod)
+    overrides = [f"model.data.data_prefix=[0.5,{prefixes[0]},0.5,{prefixes[1]}]"]
+    overrides += ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
+    overrides += ["model.tokenizer.library=tiktoken", "model.tokenizer.model=gpt2"]
+
+    def lines(*more: str) -> list[str]:
+        cfg = load_training_config("gpt3/126m", overrides=[*overrides, *more], report_ignored=False)
+        return [
+            line for line in check_training_files(cfg, prepared_by_stage=False) if line.startswith("warning")
+        ]
+
+    assert lines() == [
+        f"warning  training.model.data.data_prefix: {prefixes[0]} was prepared with --append-eod, "
+        f"{prefixes[1]} without (their .tokenizer records): unless its text held that id (ids given to "
+        f"NullTokenizer), {prefixes[1]}'s documents run on into each other with no end-of-document id "
+        "between them; prepare both alike"
+    ]
+    masked = lines("model.data.eod_mask_loss=true")
+    assert len(masked) == 1 and "model.data.eod_mask_loss=true masks the end-of-document id" in masked[0]
+    assert lines(f"model.data.data_prefix=[1.0,{prefixes[0]}]") == []
+    assert "Traceback" not in capsys.readouterr().err
