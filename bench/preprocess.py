@@ -12,8 +12,10 @@ It then times, each in a fresh subprocess, `gptrain data prepare` with 1 and 2 w
 (GPT-2 BPE, --append-eod), on the corpus and a copy of it (to show peak RSS does not grow
 with the input: a file named twice is refused), on the same documents as JSON arrays of
 their paragraphs (Megatron's sentences: each a sequence), and the raw encode rate of
-tiktoken (`encode_ordinary_batch`, 2 threads) on the same documents. Peak RSS is sampled from /proc for the prepare process and its
-workers (largest single process, and the largest sum over the process tree).
+tiktoken (`encode_ordinary_batch`, 2 threads) on the same documents, and prepare with
+NullTokenizer on the documents' GPT-2 ids written as text (row "id text": pre-tokenized data).
+Peak RSS is sampled from /proc for the prepare process and its workers (largest single
+process, and the largest sum over the process tree).
 """
 
 from __future__ import annotations
@@ -83,6 +85,23 @@ def sentences_corpus(corpus: Path, path: Path) -> None:
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+def ids_corpus(corpus: Path, path: Path) -> None:
+    """The corpus with each text as its GPT-2 ids separated by spaces (NullTokenizer's input)."""
+    sys.path.insert(0, str(REPO))
+    from gptrain.data.gpt2_bpe import load_gpt2_bpe
+
+    encoding = load_gpt2_bpe(VOCAB, MERGES).encoding  # type: ignore[attr-defined]
+    with open(corpus, encoding="utf-8") as source, open(path, "w", encoding="utf-8") as out:
+        for line in source:
+            record = json.loads(line)
+            record["text"] = " ".join(map(str, encoding.encode_ordinary(record["text"])))
+            out.write(json.dumps(record) + "\n")
+
+
+GPT2_FLAGS = ["--vocab-file", VOCAB, "--merge-file", MERGES]
+NULL_FLAGS = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "50257"]
+
+
 def tree_rss_kib(pid: int) -> tuple[int, int]:
     """(largest process, sum) of VmRSS over `pid` and its direct children, in KiB."""
     pids = [pid]
@@ -106,9 +125,9 @@ def cpu_seconds(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_prepare(inputs: list[Path], prefix: Path, workers: int) -> dict:
+def run_prepare(inputs: list[Path], prefix: Path, workers: int, tokenizer: list[str]) -> dict:
     command = [sys.executable, "-m", "gptrain", "data", "prepare", "--input", *map(str, inputs)]
-    command += ["--output-prefix", str(prefix), "--vocab-file", VOCAB, "--merge-file", MERGES]
+    command += ["--output-prefix", str(prefix), *tokenizer]
     command += ["--append-eod", "--workers", str(workers), "--log-interval", "1000000000"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cpu_before = cpu_seconds(resource.RUSAGE_CHILDREN)
@@ -173,6 +192,8 @@ def main() -> None:
     copy, sentences = workdir / "corpus-copy.jsonl", workdir / "corpus-sentences.jsonl"
     shutil.copyfile(corpus, copy)
     sentences_corpus(corpus, sentences)
+    ids = workdir / "corpus-ids.jsonl"
+    ids_corpus(corpus, ids)
     raw = raw_tiktoken(corpus)
     raw_docs, raw_cpu_docs = raw["documents"] / raw["seconds"], raw["documents"] / raw["cpu"]
     header = f"{'run':31} {'wall s':>7} {'CPU s':>7} {'docs/s':>7} {'MiB/s':>6} {'docs/CPU-s':>10}"
@@ -183,13 +204,14 @@ def main() -> None:
         end="",
     )
     print(f"{raw_mibs:6.2f} {raw_cpu_docs:10,.0f}")
-    for label, inputs, workers in (
-        ("prepare --workers 1", [corpus], 1),
-        ("prepare --workers 2", [corpus], 2),
-        ("prepare --workers 2, input x2", [corpus, copy], 2),
-        ("prepare --workers 1, sentences", [sentences], 1),
+    for label, inputs, workers, tokenizer in (
+        ("prepare --workers 1", [corpus], 1, GPT2_FLAGS),
+        ("prepare --workers 2", [corpus], 2, GPT2_FLAGS),
+        ("prepare --workers 2, input x2", [corpus, copy], 2, GPT2_FLAGS),
+        ("prepare --workers 1, sentences", [sentences], 1, GPT2_FLAGS),
+        ("prepare --workers 1, id text", [ids], 1, NULL_FLAGS),
     ):
-        result = run_prepare(inputs, workdir / "out", workers)
+        result = run_prepare(inputs, workdir / "out", workers, tokenizer)
         docs = documents * len(inputs)
         docs_s, cpu_docs = docs / result["seconds"], docs / result["cpu"]
         rss = f"{result['peak_one_mib']:.0f} / {result['peak_sum_mib']:.0f}"
