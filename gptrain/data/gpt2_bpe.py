@@ -162,7 +162,7 @@ def _load_gpt2_bpe(
         decode_table = {token_id: alphabet.to_bytes(token) for token, token_id in vocab.items()}
         vocab_size = max(vocab.values()) + 1  # vocab.json may skip ids, as tokenizer.json may
         specials = frozenset() if legacy else frozenset({ENDOFTEXT})  # encoded with disallowed_special=()
-        return TiktokenTokenizer(encoding, eod, vocab_size, specials, decode_table)
+        return TiktokenTokenizer(encoding, eod, vocab_size, specials, decode_table, entries=len(vocab))
     if backend == "tiktoken":
         raise DataError(f"{vocab_file}: ids do not follow the merge order of {merge_file}; use backend 'hf'")
     return HFTokenizer(_hf_gpt2(vocab, merges, special=not legacy), eod, vocab_file)

@@ -66,9 +66,13 @@ def code_for_dtype(dtype: np.dtype | type) -> int:
     raise DataError(f"token dtype {dtype} cannot be stored in a Megatron .idx (use uint16 or int32)")
 
 
-def optimal_dtype(vocab_size: int) -> np.dtype:
-    """Megatron's rule: uint16 when the (unpadded) vocab has fewer than 65,500 entries, else int32."""
-    return np.dtype(np.uint16) if vocab_size < 65500 else np.dtype(np.int32)
+def optimal_dtype(vocab_size: int, entries: int | None = None) -> np.dtype:
+    """Megatron's rule: uint16 when the (unpadded) vocab has fewer than 65,500 `entries` (its count,
+    preprocess_data's len(tokenizer); `vocab_size`, the highest id + 1, if not told), else int32;
+    int32 too where an id is past what uint16 holds (a vocabulary numbered with gaps), which
+    Megatron would write wrapped, as another token."""
+    count = vocab_size if entries is None else entries
+    return np.dtype(np.uint16) if count < 65500 and vocab_size <= 65536 else np.dtype(np.int32)
 
 
 def _map_file(path: Path) -> np.ndarray:

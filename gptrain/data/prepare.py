@@ -47,7 +47,7 @@ from gptrain.data.prepare_tokens import (
     with_eod,
 )
 from gptrain.data.tokenizer_record import refuse_foreign_record_file, write_tokenizer_record
-from gptrain.data.tokenizer_wrappers import Tokenizer
+from gptrain.data.tokenizer_wrappers import Tokenizer, vocabulary_entries
 from gptrain.data.tokenizers import TokenizerSpec, canonical_type
 from gptrain.errors import ConfigError, DataError
 from gptrain.utils.progress import Progress, counted, format_rate
@@ -146,7 +146,9 @@ def _init_worker(spec: TokenizerSpec, keys: tuple[str, ...], append_eod: bool, s
     if _STATE is None:
         tokenizer = spec.build()
         eod = tokenizer.eod if append_eod else None
-        _STATE = WorkerState(tokenizer, keys, eod, optimal_dtype(tokenizer.vocab_size), skip)
+        _STATE = WorkerState(
+            tokenizer, keys, eod, optimal_dtype(tokenizer.vocab_size, vocabulary_entries(tokenizer)), skip
+        )
 
 
 def _results(chunks: Iterable[Chunk], config: PrepareConfig) -> Iterator[ChunkResult]:

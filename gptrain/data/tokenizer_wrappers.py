@@ -33,6 +33,12 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
 
 
+def vocabulary_entries(tokenizer: Tokenizer) -> int:
+    """How many tokens the vocabulary holds (Megatron's len(tokenizer), which picks the .bin's
+    dtype): fewer than vocab_size where the ids have gaps."""
+    return getattr(tokenizer, "entries", tokenizer.vocab_size)
+
+
 def flat_ids(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Each text's ids back to back, and each text's count: encode_flat from per-text id lists."""
     lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
@@ -52,10 +58,12 @@ class TiktokenTokenizer:
         allowed_special: frozenset[str],
         decode_table: dict[int, bytes] | None = None,
         bos_id: int | None = None,
+        entries: int | None = None,
     ) -> None:
         self.encoding = encoding
         self._eod = eod
         self.vocab_size = vocab_size
+        self.entries = vocab_size if entries is None else entries  # fewer where ids have gaps
         self._special = allowed_special
         self._decode_table = decode_table
         self.bos_id = bos_id
@@ -108,7 +116,9 @@ class HFTokenizer:
         self._no_eod = no_eod  # why there is no end-of-document id, where the default line is wrong
         # the highest id + 1, not the count: a tokenizer.json may leave ids unassigned (a vocab
         # numbered with gaps), and every id it emits needs an embedding row
-        self.vocab_size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(vocab.values(), default=-1) + 1
+        self.entries = len(vocab)  # Megatron's len(tokenizer), which picks the token dtype
 
     @property
     def eod(self) -> int:

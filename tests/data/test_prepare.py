@@ -652,7 +652,7 @@ def test_an_id_past_the_token_dtype_is_refused(tmp_path, write_jsonl, monkeypatc
     earlier chunks were written: nothing is left, and an older output of the prefix stays whole."""
     import gptrain.data.prepare as prepare_module
 
-    monkeypatch.setattr(prepare_module, "optimal_dtype", lambda vocab_size: np.dtype(np.uint16))
+    monkeypatch.setattr(prepare_module, "optimal_dtype", lambda vocab_size, entries=None: np.dtype(np.uint16))
     spec = _gapped_tokenizer(tmp_path)
     old = write_jsonl(tmp_path / "old.jsonl", [{"text": "a"}])
     prepare(PrepareConfig([str(old)], str(tmp_path / "out" / "o"), spec, workers=1), stream=sys.stdout)

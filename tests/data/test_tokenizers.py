@@ -460,3 +460,34 @@ def test_an_added_token_id_the_library_does_not_read_is_said_by_prepare(tmp_path
         "and Megatron too) does not read: it gives the token 4, the id the data holds; write the ids it gives "
         "in the file to make it say so"
     )
+
+
+@pytest.mark.parametrize("ids_follow_merges", [True, False])
+@pytest.mark.parametrize(("eod_id", "dtype"), [(65510, np.uint16), (65535, np.uint16), (65536, np.int32)])
+def test_prepare_picks_the_token_dtype_by_the_vocabularys_count_as_megatron(
+    tmp_path, ids_follow_merges, eod_id, dtype
+):
+    """Megatron's preprocess_data picks uint16 by len(tokenizer), the count of entries (259 here);
+    the highest id + 1 (right for the model's rows) made a vocabulary numbered with a gap past
+    65,499 int32 here, twice the bytes and not Megatron's .bin. An id uint16 cannot hold stays int32
+    (Megatron wraps it: another token)."""
+    from gptrain.cli import main
+    from gptrain.data.indexed import IndexedDataset
+
+    vocab = {**small_vocab(ids_follow_merges), "<|endoftext|>": eod_id}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\nab c\n", encoding="utf-8")
+    (tmp_path / "in.jsonl").write_text('{"text": "abc ab"}\n', encoding="utf-8")
+    argv = [
+        "data",
+        "prepare",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output-prefix",
+        str(tmp_path / "out"),
+    ]
+    argv += ["--vocab-file", str(tmp_path / "vocab.json"), "--merge-file", str(tmp_path / "merges.txt")]
+    assert main([*argv, "--append-eod", "--workers", "1"]) == 0
+    data = IndexedDataset(str(tmp_path / "out_text_document"))
+    ab, abc = (256, 257) if ids_follow_merges else (257, 256)
+    assert data.dtype == np.dtype(dtype) and data.get(0).tolist() == [abc, ord(" "), ab, eod_id]
