@@ -217,3 +217,46 @@ def test_null_tokenizer_reads_plain_ids_without_a_python_step_per_word(tmp_path,
     assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 0
     dataset = IndexedDataset(str(tmp_path / "out_text_document"))
     assert [dataset[i].tolist() for i in range(len(dataset))] == [[1, 2, 3], [4, 299], [7]]
+
+
+def test_null_tokenizer_batches_of_random_id_text_read_as_word_by_word():
+    """20,000 seeded batches of digits, signs, ASCII and Unicode spaces and separators: the
+    vectorised path and int() word by word agree on every id and length, or refuse alike."""
+    import random
+
+    from gptrain.data.null_tokenizer import NullTokenizer
+    from gptrain.data.tokenizer_wrappers import flat_ids
+    from gptrain.errors import ConfigError
+
+    rng, tokenizer = random.Random(0), NullTokenizer(1000)
+    alphabet = [
+        "0",
+        "1",
+        "9",
+        "5",
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\r",
+        "\x0b",
+        "\x0c",
+        "\x1c",
+        "\u00a0",
+        "-",
+        "+",
+        "_",
+    ]
+    alphabet += ["x", "\u0661"]
+
+    def read(how, texts):
+        try:
+            tokens, lengths = how(texts)
+        except ConfigError as error:
+            return str(error)
+        return tokens.tolist(), lengths.tolist()
+
+    for _ in range(20000):
+        texts = ["".join(rng.choices(alphabet, k=rng.randint(0, 12))) for _ in range(rng.randint(0, 4))]
+        per_word = read(lambda texts: flat_ids([tokenizer.encode(text) for text in texts]), texts)
+        assert read(tokenizer.encode_flat, texts) == per_word, texts
