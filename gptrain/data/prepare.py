@@ -108,9 +108,14 @@ def encode_chunk(chunk: Chunk) -> ChunkResult:
     state = _STATE
     assert state is not None, "worker state not initialised"
     try:
-        return _encoded(chunk, state, parse_chunk(chunk, state))
-    except IdsRefused:  # NullTokenizer refused an id: each line read again, to name or skip it
-        return _encoded(chunk, state, parse_chunk(chunk, state, check_ids=True))
+        parsed = parse_chunk(chunk, state)
+        if parsed.error is None or not state.reads_ids:
+            return _encoded(chunk, state, parsed)
+    except IdsRefused:
+        pass
+    # NullTokenizer refused an id, or a line is bad: each line's ids read too, so that the first
+    # bad line is the one named (an id past --vocab-size before a later line of bad JSON), or skipped
+    return _encoded(chunk, state, parse_chunk(chunk, state, check_ids=True))
 
 
 def _encoded(chunk: Chunk, state: WorkerState, parsed: ParsedChunk) -> ChunkResult:

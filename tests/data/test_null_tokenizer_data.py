@@ -260,3 +260,18 @@ def test_null_tokenizer_batches_of_random_id_text_read_as_word_by_word():
         texts = ["".join(rng.choices(alphabet, k=rng.randint(0, 12))) for _ in range(rng.randint(0, 4))]
         per_word = read(lambda texts: flat_ids([tokenizer.encode(text) for text in texts]), texts)
         assert read(tokenizer.encode_flat, texts) == per_word, texts
+
+
+@pytest.mark.parametrize("refused", ['"4 300"', "[4, 300]", "[1, 18446744073709551615]"])
+def test_the_first_bad_line_is_named_when_its_ids_are_refused_before_a_later_bad_line(
+    tmp_path, capsys, refused
+):
+    """Ids are checked for the whole chunk after its lines are read: a later line of bad JSON was
+    named first, and the line of an id past --vocab-size only after that one was fixed."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        f'{{"text": "1 2"}}\n{{"text": {refused}}}\n{{"text": [1, 99999999999999999999999]}}\nnot json\n'
+    )
+    argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "out")]
+    assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 2
+    assert f"{corpus}:2: value of 'text': token id " in capsys.readouterr().err
