@@ -73,16 +73,27 @@ class NullTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(text) for text in texts]
 
-    def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def encode_flat(self, texts: Sequence[str | np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' ids read by numpy in one pass and range-checked as one array; the per-word
         `encode` (Python's int() per word, as Megatron reads them) only for any other text, or to
-        name what is wrong."""
+        name what is wrong. An int64 array is a text's ids already (a JSON array of them)."""
+        if any(type(text) is np.ndarray for text in texts):
+            return self._with_arrays(texts)
         plain = plain_ids(list(texts))
         if plain is not None:
             tokens, lengths = plain
             if not len(tokens) or int(tokens.max()) < self.vocab_size:  # no '-': none below 0
                 return tokens, lengths
         return flat_ids(self.encode_batch(list(texts)))
+
+    def _with_arrays(self, texts: Sequence[str | np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Texts some of which are arrays of ids: the arrays checked at once, the strings read each."""
+        parts = [text if type(text) is np.ndarray else self.encode_flat([text])[0] for text in texts]
+        tokens = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            bad = next(p for p in parts if len(p) and (p.min() < 0 or p.max() >= self.vocab_size))
+            self.encode(" ".join(map(str, bad.tolist())))  # raises, naming the id
+        return tokens.astype(np.int64, copy=False), np.fromiter(map(len, parts), np.int64, len(parts))
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         return " ".join(str(int(i)) for i in ids)

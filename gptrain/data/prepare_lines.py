@@ -53,12 +53,14 @@ def _sentence_problem(key: str, sentences: list) -> str | None:
     return None
 
 
-def _lone_surrogate(text: str) -> str | None:
+def _lone_surrogate(text: str | np.ndarray) -> str | None:
     """The first lone surrogate of `text` as a JSON escape (`\\ud800`), or None if it is valid Unicode.
 
     JSON may escape half of a surrogate pair on its own; `json.loads` then returns a str that
     no tokenizer can encode (HF's raises a TypeError, Megatron's GPT-2 BPE a UnicodeEncodeError).
     """
+    if type(text) is not str:  # NullTokenizer's array of ids
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as bad:
@@ -79,7 +81,8 @@ def _python_json(line: bytes, orjson_error: Exception) -> tuple[object, Exceptio
         return None, orjson_error
 
 
-Value = str | list[str]  # one document's text: a string, or its sentences
+Value = str | list[str] | np.ndarray  # one document's text: a string, its sentences, or its ids
+ONE_TEXT = (str, np.ndarray)  # a value tokenized whole: a string, or (NullTokenizer) an array of ids
 
 
 @dataclass
@@ -112,8 +115,8 @@ def parse_chunk(chunk: Chunk, state: WorkerState, check_ids: bool = False) -> Pa
             strings = all(type(value) is str for value in values)
             # orjson refuses lone surrogates, so only lines it refused can hold one.
             if not strings and state.reads_ids:
-                values = [_ids_as_text(value) for value in values]
-                strings = all(type(value) is str for value in values)
+                values = [_ids_of(value) for value in values]
+                strings = all(type(value) in ONE_TEXT for value in values)
             if strings:
                 usable = not (fallback and any(map(_lone_surrogate, values)))
             else:
@@ -139,6 +142,17 @@ def parse_chunk(chunk: Chunk, state: WorkerState, check_ids: bool = False) -> Pa
     return ParsedChunk(texts, has_lists, bad)
 
 
+def _ids_of(value: object) -> object:
+    """A JSON array of token ids as an int64 array (one document), which NullTokenizer takes as it
+    is; any other value as it is, and one past int64 as text, which it refuses in its words."""
+    if type(value) is not list or not set(map(type, value)) <= {int}:
+        return value
+    try:
+        return np.array(value, dtype=np.int64)
+    except OverflowError:
+        return _ids_as_text(value)
+
+
 def _ids_as_text(value: object) -> object:
     """A JSON array of token ids as NullTokenizer's text of them (one document); any other value
     as it is."""
@@ -147,12 +161,19 @@ def _ids_as_text(value: object) -> object:
     return value
 
 
+def _texts_of(value: Value) -> list[str]:
+    """A value's texts as NullTokenizer reads them word by word: an array of ids as its text."""
+    if type(value) is np.ndarray:
+        return [" ".join(map(str, value.tolist()))]
+    return [value] if type(value) is str else value  # type: ignore[list-item, return-value]
+
+
 def _ids_problem(state: WorkerState, values: list, keys: tuple[str, ...] | None = None) -> str | None:
     """Why NullTokenizer cannot read a line's ids (a word that is no number, an id past
     --vocab-size), checked per line so that the error names the line and --skip-bad-lines skips it."""
     size = state.tokenizer.vocab_size
     for key, value in zip(keys or state.keys, values, strict=True):
-        for text in [value] if type(value) is str else value:
+        for text in _texts_of(value):
             try:
                 ids = list(map(int, text.split()))
             except ValueError:
@@ -189,6 +210,8 @@ def _all_sentences(values: list[object], fallback: bool) -> bool:
     """Every value a string or a list of strings (none with a lone surrogate, which only a line
     orjson refused can hold): the slow check, for lines that are not all strings."""
     for value in values:
+        if type(value) is np.ndarray:
+            continue  # NullTokenizer's ids
         sentences = [value] if type(value) is str else value
         if type(sentences) is not list or not all(type(s) is str for s in sentences):
             return False
@@ -197,12 +220,13 @@ def _all_sentences(values: list[object], fallback: bool) -> bool:
     return True
 
 
-def texts_and_sentences(values: list[Value]) -> tuple[list[str], np.ndarray]:
-    """Every text to tokenize, a string value being one sentence, and the sentences per document."""
-    texts: list[str] = []
+def texts_and_sentences(values: list[Value]) -> tuple[list[str | np.ndarray], np.ndarray]:
+    """Every text to tokenize, a string value (or an array of ids) being one sentence, and the
+    sentences per document."""
+    texts: list[str | np.ndarray] = []
     counts = np.empty(len(values), dtype=np.int64)
     for n, value in enumerate(values):
-        if type(value) is str:
+        if type(value) in ONE_TEXT:
             texts.append(value)
             counts[n] = 1
         else:
