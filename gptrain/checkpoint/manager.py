@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from gptrain.checkpoint.agreed_staging import AgreedStager
 from gptrain.checkpoint.agreement import first_on_any_rank, is_distributed
 from gptrain.checkpoint.background_save import background_save_group, first_failure
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter
@@ -208,7 +209,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             state,
             checkpoint_id=str(report.path),
             storage_writer=self._writer,
-            async_stager=self._staging(),
+            async_stager=self._agreed_staging(),
             process_group=self._group,
             planner=CachingSavePlanner(self._plan_key),
         )
@@ -294,17 +295,21 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
                 self._stager = DefaultStager(options)
         return self._stager
 
+    def _agreed_staging(self) -> Any:
+        """The run's stager, for one save of several ranks agreed by them all before the write starts."""
+        stager = self._staging()
+        return stager if self._group is None else AgreedStager(stager, self._group)
+
     def wait_for_staging(self) -> None:
-        """Block until the pending save has its copy of the state: call before changing the state."""
+        """Block until the pending save has its copy of the state, or its copy failed: call before changing
+        the state. A failed copy is not raised here (the optimizer step's pre-hook, on one rank alone, where
+        the others went on into a collective): the save's write fails with it, which the ranks agree on
+        (`poll`, StopAgreement; the next save, `wait`)."""
         pending = self._pending
         if pending is None or pending.staging is None or pending.staging.done():
             return
         started = time.perf_counter()
-        try:
-            pending.staging.result()
-        except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-            self._pending = None
-            raise self._write_failed(pending.report.path, error) from error
+        pending.staging.exception()  # waits; a failure is the write's too
         pending.report.stall_s += time.perf_counter() - started
 
     @property

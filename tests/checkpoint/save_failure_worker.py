@@ -4,13 +4,16 @@ next collective (the first of training after a save) to OUT/rank_<r>.json. Argum
 [ROOT, OUT, MODE, SAVE (sync or async)] scenarios, run in turn in one process group (one start-up
 for the test file), each scenario's full disk undone after it.
 
-MODE rankfile: rank 1's rank_1.pt meets the full disk. complete: rank 0's COMPLETE does."""
+MODE rankfile: rank 1's rank_1.pt meets the full disk. complete: rank 0's COMPLETE does. staging: rank 1's
+staging copy of an async save fails (a second into it) instead. SAVE pinned: async, through the stager
+CUDA runs use (BlockingAsyncStager, its buffer unpinned here)."""
 
 import contextlib
 import datetime
 import errno
 import json
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +21,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from gloo_worker import run_as_rank
+from torch.distributed.checkpoint.staging import BlockingAsyncStager, DefaultStager
 
 from gptrain.checkpoint import checksum_writer, rank_state
 from gptrain.checkpoint import manager as checkpoint_manager
 from gptrain.checkpoint.manager import CheckpointManager
+from gptrain.checkpoint.staging_buffer import host_buffer_like
 from gptrain.errors import GptrainError
 from gptrain.utils import atomic
 
@@ -41,6 +46,7 @@ def full_disk(mode: str, rank: int) -> Iterator[None]:
         module for module in (atomic, rank_state, checksum_writer) if hasattr(module, "atomic_write_bytes")
     ]
     saved = [module.atomic_write_bytes for module in writers], checkpoint_manager.atomic_write_text
+    stages = DefaultStager._stage, BlockingAsyncStager.stage
     fill_the_disk(mode, rank)
     try:
         yield
@@ -48,6 +54,12 @@ def full_disk(mode: str, rank: int) -> Iterator[None]:
         for module, write_bytes in zip(writers, saved[0], strict=True):
             module.atomic_write_bytes = write_bytes
         checkpoint_manager.atomic_write_text = saved[1]
+        DefaultStager._stage, BlockingAsyncStager.stage = stages
+
+
+def failing_copy(self, state_dict, **kwargs):
+    time.sleep(1.0)  # the training thread is waiting for it by then
+    raise RuntimeError("staging copy failed (injected)")
 
 
 def fill_the_disk(mode: str, rank: int) -> None:
@@ -60,6 +72,8 @@ def fill_the_disk(mode: str, rank: int) -> None:
         for module in (atomic, rank_state, checksum_writer):  # wherever the rank file is written from
             if hasattr(module, "atomic_write_bytes"):
                 module.atomic_write_bytes = rank_file_full
+    if mode == "staging" and rank == 1:
+        DefaultStager._stage = BlockingAsyncStager.stage = failing_copy
     if mode == "complete" and rank == 0:
         write_text = checkpoint_manager.atomic_write_text
         checkpoint_manager.atomic_write_text = lambda path, text: (
@@ -79,18 +93,26 @@ def main() -> int:
 
 def scenario(root: Path, out: Path, mode: str, how: str) -> None:
     rank = dist.get_rank()
-    manager = CheckpointManager(root, keep_last=5, rank=rank, async_save=how == "async")
+    # the stager as SAVE says wherever the test runs: async, DefaultStager's copy in a background thread
+    pinned = how == "pinned"
+    manager = CheckpointManager(root, keep_last=5, rank=rank, async_save=how != "sync", pinned_staging=pinned)
+    if pinned:  # its buffer allocated ahead, unpinned: this torch may have no CUDA to pin with
+        checkpoint_manager.allocate_pinned_staging = lambda s: host_buffer_like(s, pin_memory=False)
+        manager.prepare_staging(state(0.0))
     manager.save(2, state(2.0), {"rank": rank})
     manager.wait()
     with full_disk(mode, rank):
+        started = time.monotonic()
         try:
             manager.save(4, state(4.0), {"rank": rank})
+            manager.wait_for_staging()  # the optimizer step's pre-hook
             manager.wait()
             result = {"error": None}
         except GptrainError as error:
             result = {"error": f"{type(error).__name__}: {error}"}
         except BaseException as error:  # a collective left waiting: what the test tells apart
             result = {"error": f"not one line: {type(error).__name__}: {error}"}
+        result["seconds"] = time.monotonic() - started
     try:
         ranks = torch.ones(1)
         dist.all_reduce(ranks)

@@ -15,7 +15,14 @@ FULL = "OSError: [Errno 28] No space left on device"
 
 
 # (mode, save): every scenario of this file, in one launch of two ranks
-SCENARIOS = [("rankfile", "sync"), ("rankfile", "async"), ("complete", "sync"), ("whole", "sync")]
+SCENARIOS = [
+    ("rankfile", "sync"),
+    ("rankfile", "async"),
+    ("complete", "sync"),
+    ("whole", "sync"),
+    ("staging", "async"),
+    ("staging", "pinned"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +69,29 @@ def test_a_full_disk_under_complete_stops_every_rank_with_rank_0s_line(saved):
     )
     assert FULL in first["error"]
     assert first["next_collective"] == second["next_collective"] == 2.0
+    assert complete_steps(root) == [2] and not (root / "step_4").exists()
+    assert (root / LATEST).read_text() == "step_2\n"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("how", ["async", "pinned"])
+def test_a_staging_copy_failing_on_one_rank_stops_every_rank_at_once_with_its_cause(saved, how):
+    """Rank 1's staging copy of an async save failed: it raised from the optimizer step's wait for the
+    copy, alone, and then waited in the next agreement, while rank 0's writer thread waited in DCP's
+    gather of save plans for a rank that never came, both until the process group timed out (10 s
+    here; 30 minutes in a run). The ranks now agree on the copy before the write starts: every rank
+    stops within seconds (the copy fails after 1 s) with rank 1's line, and meets the others next. The
+    copy of a CUDA run's stager (pinned) blocks the training thread: the same, raised from the save."""
+    root, results = outcomes(saved, "staging", how)
+    expected = (
+        f"CheckpointWriteError: checkpoint {root / 'step_4'} could not be written (on rank 1: RuntimeError: "
+        "staging copy failed (injected)); the partial directory was removed and earlier checkpoints are "
+        f"unchanged: free space or fix permissions under {root}"
+    )
+    for result in results:
+        assert result["error"] == expected, results
+        assert result["seconds"] < 8.0, results  # the copy's 1 s and a few small collectives; the hang: 10 s
+        assert result["next_collective"] == 2.0
     assert complete_steps(root) == [2] and not (root / "step_4").exists()
     assert (root / LATEST).read_text() == "step_2\n"
 

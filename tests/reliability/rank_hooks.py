@@ -18,6 +18,8 @@ python rank_hooks.py nan-from RANK ITERATION gptrain-args...   that rank's train
                                                             ITERATION on (one micro-batch a step)
 python rank_hooks.py disk-full-in-save RANK ITERATION gptrain-args...   that rank's write of the
                                                             checkpoint of ITERATION fails (ENOSPC)
+python rank_hooks.py staging-fails-in-save RANK ITERATION gptrain-args...   that rank's staging copy
+                                                            of the checkpoint of ITERATION fails
 python rank_hooks.py complete-full ITERATION gptrain-args...   rank 0 cannot write the COMPLETE
                                                             marker of the checkpoint of ITERATION (ENOSPC)
 python rank_hooks.py complete-full-slow ITERATION MS gptrain-args...   as complete-full, and every step
@@ -42,6 +44,8 @@ import sys
 import time
 import traceback
 from pathlib import Path
+
+from torch.distributed.checkpoint.staging import DefaultStager
 
 import gptrain.config
 from gptrain.cli import main
@@ -189,6 +193,25 @@ def disk_full_in_save(full_rank: int, iteration: int) -> None:
     writer.write_data = failing_write
 
 
+def staging_fails_in_save(failing_rank: int, iteration: int) -> None:
+    """The copy of the state an async save stages (DefaultStager's, on CPU) fails on that rank alone."""
+    save, stage = saving.save_checkpoint, DefaultStager._stage
+    saving_now = {"failing": False}
+
+    def noting_the_save(s, *args, **kwargs):
+        saving_now["failing"] = s.world.rank == failing_rank and s.state.step == iteration
+        return save(s, *args, **kwargs)
+
+    def failing_copy(self, state_dict, **kwargs):
+        if saving_now["failing"]:
+            time.sleep(1.0)  # half way through a copy: the next optimizer step waits for it
+            raise RuntimeError("staging copy failed (injected)")
+        return stage(self, state_dict, **kwargs)
+
+    saving.save_checkpoint = noting_the_save
+    DefaultStager._stage = failing_copy
+
+
 def complete_full(iteration: int) -> None:
     from gptrain.checkpoint import manager
     from gptrain.checkpoint.directory import step_dir_name
@@ -224,6 +247,7 @@ HOOKS = {  # name: (install, how many integer arguments it takes)
     "signal-in-test": (signal_in_test, 1),
     "nan-from": (nan_from, 2),
     "disk-full-in-save": (disk_full_in_save, 2),
+    "staging-fails-in-save": (staging_fails_in_save, 2),
     "complete-full": (complete_full, 1),
     "complete-full-slow": (complete_full_slow, 2),
     "signal-before-start": (signal_before_start, 1),
@@ -241,6 +265,7 @@ PATCHED = [
     (resuming, "resume"),
     (gptrain.config, "load_training_config"),
     (builders, "build_step_options"),
+    (DefaultStager, "_stage"),
 ]
 
 

@@ -301,3 +301,29 @@ def test_a_final_background_save_rank_0_cannot_mark_is_not_reported_saved_on_ano
         assert err.splitlines()[-1].startswith(f"gptrain: error: checkpoint {step_4} could not be written")
         log = (tmp_path / "run" / f"nemo_log_globalrank-{rank}_localrank-{rank}.txt").read_text()
         assert "saved checkpoint step_2" in log and "saved checkpoint step_4" not in log
+
+
+def test_a_staging_copy_failing_on_one_rank_stops_every_rank_with_its_cause(tmp_path):
+    """Rank 1's staging copy of the async save of iteration 4 fails a second into it, while the next
+    optimizer step waits for it. That wait raised on rank 1 alone, out of the step; rank 0 went on into
+    the next collective and ended with 'a collective lost its peer', without the cause (and, with rank 1
+    alive, its writer thread waited in DCP's gather until gloo's timeout: test_save_failures_ranks). The
+    ranks now agree on the copy before the write starts, and on its failure as on any failed background
+    save: both stop with one line naming rank 1 and its cause, and step_4 is no checkpoint."""
+    overrides = [
+        "trainer.max_steps=8",
+        "trainer.hang_timeout_minutes=0.5",  # the way out waits at most a minute for a pending save
+        "exp_manager.checkpoint_callback_params.async_save=true",
+    ]
+    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "staging-fails-in-save", "1", "4"])
+    outputs = finish_ranks(ranks)
+    assert [rank.returncode for rank in ranks] == [2, 2], outputs
+    assert complete_steps(tmp_path / "run" / "checkpoints") == [2], outputs
+    step_4 = tmp_path / "run" / "checkpoints" / "step_4"
+    for _, err in outputs:
+        assert "Traceback" not in err, err[-3000:]
+        assert err.splitlines()[-1] == (
+            f"gptrain: error: checkpoint {step_4} could not be written (on rank 1: RuntimeError: staging "
+            f"copy failed (injected)); the partial directory was removed and earlier checkpoints are "
+            f"unchanged: free space or fix permissions under {step_4.parent}"
+        ), err[-3000:]

@@ -1,0 +1,107 @@
+"""An async save's staging copy, agreed by every rank before any of them enters the write's collectives.
+
+DCP's writer thread gathers every rank's save plan as soon as its own copy is staged. A rank whose copy
+failed never joins that gather: the others waited in it, while the failing rank, alive, waited for them
+in the next agreement (the stop flag's, a save's) until the process group timed out (30 minutes), and a
+rank that raised from the optimizer step's wait for the copy left its peers with 'a collective lost its
+peer', without the cause. Here each rank's outcome is gathered first, over the background save's own
+group: on a failure anywhere, every rank's staging fails with the first failing rank's error and no rank
+starts the write, so the agreed stop ends them all at once, each naming that rank and its cause.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import torch.distributed as dist
+
+from gptrain.checkpoint.errors import root_cause
+
+
+class StagingFailed(Exception):  # noqa: N818 (DCP's word: a staging that failed, as CheckpointException)
+    """A rank's staging copy failed. `failures` is {rank: its error}, as DCP's CheckpointException has it,
+    so that the save's line names that rank (errors.on_rank, root_cause). An Exception, not DCP's
+    BaseException: DCP's staging callback catches Exception only, and would leave the future unresolved."""
+
+    def __init__(self, rank: int, error: BaseException) -> None:
+        super().__init__(f"staging failed on rank {rank}: {root_cause(error)}")
+        self.failures = {rank: error}
+
+
+class AgreedStager:
+    """`stager` (torch's AsyncStager) for one save, its outcome agreed over `group` (every rank's)."""
+
+    def __init__(self, stager: Any, group: dist.ProcessGroup) -> None:
+        self._stager = stager
+        self._group = group
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return self._stager.should_synchronize_after_execute
+
+    def synchronize_staging(self) -> None:
+        self._stager.synchronize_staging()
+
+    def close(self) -> None:
+        """The stager is the manager's, kept for the run: it closes it."""
+
+    def stage(self, state_dict: Any, **kwargs: Any) -> Any:
+        """The staged state, or a Future of it (a stager that copies in the background), once every
+        rank has staged its own; StagingFailed on every rank where any rank's copy failed."""
+        staged, failure = None, None
+        try:
+            staged = self._stager.stage(state_dict, **kwargs)
+        except Exception as error:  # a blocking copy's: every rank is here, in the training thread
+            failure = error
+        if isinstance(staged, Future):
+            return self._agreed_later(staged)
+        raise_if_failed_anywhere(failure, self._group)
+        return staged
+
+    def _agreed_later(self, staging: Future) -> Future:
+        """A Future of `staging`'s state, done once every rank's copy is: in a thread of its own, as the
+        training goes on beside the copy (DCP's writer thread waits for it before its first collective)."""
+        agreed: Future = Future()
+
+        def agree() -> None:
+            try:
+                raise_if_failed_anywhere(staging.exception(), self._group)
+                agreed.set_result(staging.result())
+            except BaseException as error:  # the agreed failure, or the gather's own
+                agreed.set_exception(error)
+
+        threading.Thread(target=agree, name="gptrain-agree-staging", daemon=True).start()
+        return agreed
+
+
+def raise_if_failed_anywhere(error: BaseException | None, group: dist.ProcessGroup) -> None:
+    """Gather every rank's staging outcome; StagingFailed with the first failing rank's error, if any."""
+    outcomes: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(outcomes, None if error is None else _portable(error), group=group)
+    for group_rank, outcome in enumerate(outcomes):
+        if outcome is not None:
+            rank = dist.get_global_rank(group, group_rank)
+            own = error if rank == dist.get_rank() else None
+            raise StagingFailed(rank, own or _rebuilt(outcome))
+
+
+def _portable(error: BaseException) -> tuple[bytes | None, str]:
+    """`error` as another rank can rebuild it: pickled where it pickles, and its line in any case."""
+    try:
+        pickled: bytes | None = pickle.dumps(error)
+    except Exception:  # a local object in its arguments
+        pickled = None
+    return pickled, root_cause(error)
+
+
+def _rebuilt(outcome: tuple[bytes | None, str]) -> BaseException:
+    pickled, line = outcome
+    if pickled is not None:
+        try:
+            return pickle.loads(pickled)  # noqa: S301 (a peer rank of this job, as all_gather_object is)
+        except Exception:  # a class this rank cannot build from its arguments
+            pass
+    return RuntimeError(line)
