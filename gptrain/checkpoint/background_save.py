@@ -1,13 +1,17 @@
-"""What a background save runs beside the training: its own process group, and its futures'
-outcome taken without raising it (gptrain.checkpoint.manager)."""
+"""What a background save runs beside the training: its own process group, the thread that marks it
+once written, and its futures' outcome taken without raising it (gptrain.checkpoint.manager)."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch.distributed as dist
+
+from gptrain.checkpoint.save_report import SaveReport
 
 
 def background_save_group() -> dist.ProcessGroup:
@@ -40,3 +44,27 @@ def first_failure(futures: tuple[Future | None, ...], deadline: float) -> BaseEx
             if error is not None:
                 return error
     return None
+
+
+def marked_when_written(
+    upload: Future, mark: Callable[[], None] | None, report: SaveReport, started: float
+) -> Future:
+    """Done once the write has ended (its time in `report`) and `mark` (rank 0's: manifest, COMPLETE,
+    latest, pruning) has run, in a thread of its own: the manifest reads every rank's checksum sidecar
+    and stats the files they name (about 3 files per rank), which must not stall training when a later
+    step polls, and a crash between the write and that poll no longer loses a finished checkpoint."""
+    marked: Future = Future()
+
+    def mark_when_written() -> None:
+        try:
+            upload.result()
+            if mark is not None:
+                mark()
+            report.write_s = time.perf_counter() - started
+        except BaseException as error:  # DCP's CheckpointException is one; the training thread raises it
+            marked.set_exception(error)
+        else:
+            marked.set_result(None)
+
+    threading.Thread(target=mark_when_written, name="gptrain-mark-complete", daemon=True).start()
+    return marked

@@ -31,7 +31,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,18 +39,27 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from gptrain.checkpoint import save_failures
 from gptrain.checkpoint.agreed_staging import AgreedStager
 from gptrain.checkpoint.agreement import first_on_any_rank, is_distributed
-from gptrain.checkpoint.background_save import background_save_group, first_failure
+from gptrain.checkpoint.background_save import background_save_group, first_failure, marked_when_written
 from gptrain.checkpoint.checksum_writer import ChecksummingWriter
 from gptrain.checkpoint.direct_io import takes_direct_io
 from gptrain.checkpoint.directory import LATEST, remove_unfinished_latest, step_dir_name
-from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError, on_rank, root_cause
+from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError, root_cause
 from gptrain.checkpoint.integrity import COMPLETE, complete_record, is_complete, with_metrics
 from gptrain.checkpoint.planner import CachingSavePlanner, forget, new_key
 from gptrain.checkpoint.pruning import CheckpointPruning
 from gptrain.checkpoint.rank_state import rank_state_bytes
 from gptrain.checkpoint.reader import CheckpointReader
+from gptrain.checkpoint.save_failures import (
+    NOT_SHARED,
+    UPDATE_FAILED,
+    WRITE_FAILED,
+    given_up_text,
+    update_failed,
+    write_failed,
+)
 from gptrain.checkpoint.save_manifest import (
     complete_manifest,
     not_shared_text,
@@ -68,10 +76,6 @@ if TYPE_CHECKING:
 # One process without a process group is a supported case here, not a mistake (also
 # raised from the async-save thread, where a local catch_warnings would not reach).
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-
-
-_NOT_SHARED, _WRITE_FAILED, _UPDATE_FAILED = "not shared", "write failed", "update failed"
-"""Why rank 0 could not mark a synchronous save complete, as every rank learns it (`_finish`)."""
 
 
 def _barrier() -> None:
@@ -178,7 +182,7 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
                 planner=CachingSavePlanner(self._plan_key),
             )
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
-            raise self._write_failed(path, error) from error
+            raise write_failed(self.root, path, error) from error
         elapsed = time.perf_counter() - started
         self._finish(SaveReport(step, path, elapsed, elapsed, False, waited, metrics=metrics))
         return path
@@ -216,30 +220,9 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         staging = getattr(response, "staging_completion", None)
         upload = getattr(response, "upload_completion", response)
         report.stall_s = time.perf_counter() - started
-        self._pending = Pending(report, self._marked_when_written(upload, report, started), staging)
-
-    def _marked_when_written(self, upload: Future, report: SaveReport, started: float) -> Future:
-        """Done once the write has ended (its time in `report`) and, on rank 0, the save is marked
-        complete (manifest, COMPLETE, latest, pruning), in a thread of its own: the manifest reads
-        every rank's checksum sidecar and stats the files they name (about 3 files per rank), which
-        must not stall training when a later step polls, and a crash between the write and that
-        poll no longer loses a finished checkpoint."""
-        marked: Future = Future()
         checksums = self._writer.checksums if self._writer else {}
-
-        def mark() -> None:
-            try:
-                upload.result()
-                if self.rank == 0:
-                    self._mark_complete(report, checksums)
-                report.write_s = time.perf_counter() - started
-            except BaseException as error:  # DCP's CheckpointException is one; the training thread raises it
-                marked.set_exception(error)
-            else:
-                marked.set_result(None)
-
-        threading.Thread(target=mark, name="gptrain-mark-complete", daemon=True).start()
-        return marked
+        mark = (lambda: self._mark_complete(report, checksums)) if self.rank == 0 else None
+        self._pending = Pending(report, marked_when_written(upload, mark, report, started), staging)
 
     def prepare_staging(self, state: dict[str, Any]) -> None:
         """Allocate the pinned staging buffer for states shaped like `state` now, in a background
@@ -375,8 +358,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             pending.written.result()
         except (Exception, CheckpointException) as error:  # DCP's is a BaseException
             if is_complete(pending.report.path):  # written and marked: `latest` or pruning failed
-                raise self._update_failed(pending.report.path, error) from error
-            raise self._write_failed(pending.report.path, error) from error
+                raise update_failed(self.root, pending.report.path, error) from error
+            raise write_failed(self.root, pending.report.path, error) from error
         return pending.report
 
     def _report(self, report: SaveReport) -> None:
@@ -400,9 +383,9 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         failure = first_on_any_rank(self._mark_on_rank_0(report) if self.rank == 0 else None)
         if failure is not None:
             kind, line = failure
-            if kind != _UPDATE_FAILED:  # never marked: this rank's files of it go, wherever they are
+            if kind != UPDATE_FAILED:  # never marked: this rank's files of it go, wherever they are
                 shutil.rmtree(report.path, ignore_errors=True)
-            raise (CheckpointNotSharedError if kind == _NOT_SHARED else CheckpointWriteError)(line)
+            raise (CheckpointNotSharedError if kind == NOT_SHARED else CheckpointWriteError)(line)
         if self.on_saved is not None:
             self.on_saved(report)
 
@@ -411,11 +394,11 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         try:
             self._mark_complete(report, self._writer.checksums if self._writer else {})
         except CheckpointNotSharedError as error:
-            return _NOT_SHARED, str(error)
+            return NOT_SHARED, str(error)
         except OSError as error:
             if is_complete(report.path):
-                return _UPDATE_FAILED, str(self._update_failed(report.path, error))
-            return _WRITE_FAILED, str(self._write_failed(report.path, error))
+                return UPDATE_FAILED, str(update_failed(self.root, report.path, error))
+            return WRITE_FAILED, str(write_failed(self.root, report.path, error))
         return None
 
     def _mark_complete(self, report: SaveReport, checksums: dict[str, str | None]) -> None:
@@ -463,24 +446,6 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
         atomic_write_text(marker, updated)
         return resumed
 
-    def _write_failed(self, path: Path, error: BaseException) -> CheckpointWriteError:
-        """Remove the partial step directory; earlier checkpoints and `latest` stay as they were."""
-        shutil.rmtree(path, ignore_errors=True)
-        if isinstance(error, CheckpointNotSharedError):  # its line says what to do: no disk to free
-            return CheckpointNotSharedError(str(error))
-        return CheckpointWriteError(
-            f"checkpoint {path} could not be written ({on_rank(error, saving_world_size())}"
-            f"{root_cause(error)}); the partial directory was "
-            f"removed and earlier checkpoints are unchanged: free space or fix permissions under {self.root}"
-        )
-
-    def _update_failed(self, path: Path, error: BaseException) -> CheckpointWriteError:
-        """A checkpoint marked complete stays: resume finds it by its marker, whatever `latest` says."""
-        return CheckpointWriteError(
-            f"checkpoint {path} was saved, but updating {self.root} after it failed ({root_cause(error)}); "
-            f"resume finds it by its {COMPLETE} marker: free space or fix permissions under {self.root}"
-        )
-
     def finish_after_failure(self, timeout_s: float) -> str | None:
         """On a run's way out by an exception: let a background save be written and marked complete if
         that takes at most `timeout_s` (its state is that of a finished step), else leave it, as a
@@ -504,29 +469,17 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             self._release_staging()
             self._wait_for_pruning()
         if failure is not None:
-            notes.append(self._given_up_text(pending.report.path, failure))
+            notes.append(given_up_text(self.root, pending.report.path, failure))
         return "; ".join(notes) or None
 
     def _report_if_marked(self, report: SaveReport) -> str | None:
         """On the way out no rank agrees: rank 0 knows it marked the save, the others read its COMPLETE,
         waiting a few seconds for rank 0 to write it (it may be dead); else a note, where the logging
         rank said nothing of a checkpoint rank 0 then marked complete."""
-        if self.rank == 0 or marked_within(report.path, MARK_WAIT_S):
+        if self.rank == 0 or save_failures.marked_within(report.path, save_failures.MARK_WAIT_S):
             self._report(report)
             return None
-        return (
-            f"checkpoint {report.path} was written on this rank but rank 0 had not marked it complete"
-            f" after {MARK_WAIT_S:.0f} s; resume takes it only if its {COMPLETE} marker is there"
-        )
-
-    def _given_up_text(self, path: Path, error: BaseException) -> str:
-        """finish_after_failure's line for a save that timed out or failed (DCP's CheckpointException,
-        a dead peer)."""
-        if not isinstance(error, TimeoutError) and is_complete(path):
-            # marked complete, then `latest` or pruning failed: resume takes it, as `wait` says
-            return str(self._update_failed(path, error))
-        reason = "still writing" if isinstance(error, TimeoutError) else root_cause(error)
-        return f"checkpoint {path.name} left incomplete ({reason}); resume uses the newest complete one"
+        return save_failures.unmarked_text(report.path)
 
     def _release_staging(self) -> None:
         self.wait_for_preparation()
@@ -543,17 +496,3 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             self._release_staging()
             self._wait_for_pruning()
             forget(self._plan_key)
-
-
-# How long a rank other than 0 waits, on a failed run's way out, for rank 0's COMPLETE of a save it wrote.
-MARK_WAIT_S = 5.0
-
-
-def marked_within(path: Path, timeout_s: float) -> bool:
-    """Whether `path`'s COMPLETE marker is there, or appears within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not is_complete(path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True

@@ -882,9 +882,9 @@ def test_a_failed_runs_save_rank_0_has_not_marked_is_said_on_the_other_ranks(tmp
     """On a failed run's way out, a rank other than 0 reports a background save only where it reads
     rank 0's COMPLETE; rank 0 still marking it, the logging rank (the last) said nothing at all of a
     checkpoint that then was complete (review J). It waits a few seconds for the marker, then says."""
-    from gptrain.checkpoint import manager as manager_module
+    from gptrain.checkpoint import save_failures
 
-    monkeypatch.setattr(manager_module, "MARK_WAIT_S", 0.3)
+    monkeypatch.setattr(save_failures, "MARK_WAIT_S", 0.3)
     reports = []
     manager = CheckpointManager(tmp_path, keep_last=3, async_save=True, on_saved=reports.append)
     manager.rank = 1  # this rank writes its shards; rank 0, not here, marks the step
@@ -898,15 +898,15 @@ def test_a_failed_runs_save_rank_0_has_not_marked_is_said_on_the_other_ranks(tmp
 
 
 def test_a_failed_runs_save_rank_0_marks_while_another_rank_waits_is_reported_there(tmp_path, monkeypatch):
-    from gptrain.checkpoint import manager as manager_module
+    from gptrain.checkpoint import save_failures
 
     reports = []
     manager = CheckpointManager(tmp_path, keep_last=3, async_save=True, on_saved=reports.append)
     manager.rank = 1
     waited = []
     monkeypatch.setattr(
-        manager_module, "marked_within", lambda path, timeout_s: waited.append(timeout_s) or True
+        save_failures, "marked_within", lambda path, timeout_s: waited.append(timeout_s) or True
     )
     manager.save(2, state_for(2.0), {})
     assert manager.finish_after_failure(timeout_s=120) is None
-    assert [r.step for r in reports] == [2] and waited == [manager_module.MARK_WAIT_S]
+    assert [r.step for r in reports] == [2] and waited == [save_failures.MARK_WAIT_S]

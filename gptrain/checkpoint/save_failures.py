@@ -1,0 +1,67 @@
+"""The lines a save ends with when it did not end saved (gptrain.checkpoint.manager): a write that failed,
+a checkpoint marked complete whose update after it failed, a save a failed run's way out gave up, or
+one rank 0 had not marked by then. Each says what was kept and what to do."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from gptrain.checkpoint.errors import CheckpointNotSharedError, CheckpointWriteError, on_rank, root_cause
+from gptrain.checkpoint.integrity import COMPLETE, is_complete
+from gptrain.checkpoint.save_manifest import saving_world_size
+
+NOT_SHARED, WRITE_FAILED, UPDATE_FAILED = "not shared", "write failed", "update failed"
+"""Why rank 0 could not mark a synchronous save complete, as every rank learns it (CheckpointManager._finish)."""
+
+# How long a rank other than 0 waits, on a failed run's way out, for rank 0's COMPLETE of a save it wrote.
+MARK_WAIT_S = 5.0
+
+
+def write_failed(root: Path, path: Path, error: BaseException) -> CheckpointWriteError:
+    """Remove the partial step directory `path`; earlier checkpoints and `latest` stay as they were."""
+    shutil.rmtree(path, ignore_errors=True)
+    if isinstance(error, CheckpointNotSharedError):  # its line says what to do: no disk to free
+        return CheckpointNotSharedError(str(error))
+    return CheckpointWriteError(
+        f"checkpoint {path} could not be written ({on_rank(error, saving_world_size())}"
+        f"{root_cause(error)}); the partial directory was "
+        f"removed and earlier checkpoints are unchanged: free space or fix permissions under {root}"
+    )
+
+
+def update_failed(root: Path, path: Path, error: BaseException) -> CheckpointWriteError:
+    """A checkpoint marked complete stays: resume finds it by its marker, whatever `latest` says."""
+    return CheckpointWriteError(
+        f"checkpoint {path} was saved, but updating {root} after it failed ({root_cause(error)}); "
+        f"resume finds it by its {COMPLETE} marker: free space or fix permissions under {root}"
+    )
+
+
+def given_up_text(root: Path, path: Path, error: BaseException) -> str:
+    """finish_after_failure's line for a save that timed out or failed (DCP's CheckpointException,
+    a dead peer)."""
+    if not isinstance(error, TimeoutError) and is_complete(path):
+        # marked complete, then `latest` or pruning failed: resume takes it, as `wait` says
+        return str(update_failed(root, path, error))
+    reason = "still writing" if isinstance(error, TimeoutError) else root_cause(error)
+    return f"checkpoint {path.name} left incomplete ({reason}); resume uses the newest complete one"
+
+
+def unmarked_text(path: Path) -> str:
+    """The line of a save written on this rank that rank 0 had not marked within MARK_WAIT_S."""
+    return (
+        f"checkpoint {path} was written on this rank but rank 0 had not marked it complete"
+        f" after {MARK_WAIT_S:.0f} s; resume takes it only if its {COMPLETE} marker is there"
+    )
+
+
+def marked_within(path: Path, timeout_s: float) -> bool:
+    """Whether `path`'s COMPLETE marker is there, or appears within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not is_complete(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
