@@ -16,6 +16,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from gptrain.checkpoint.errors import root_cause
@@ -78,14 +79,19 @@ class AgreedStager:
 
 
 def raise_if_failed_anywhere(error: BaseException | None, group: dist.ProcessGroup) -> None:
-    """Gather every rank's staging outcome; StagingFailed with the first failing rank's error, if any."""
-    outcomes: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(outcomes, None if error is None else _portable(error), group=group)
-    for group_rank, outcome in enumerate(outcomes):
-        if outcome is not None:
-            rank = dist.get_global_rank(group, group_rank)
-            own = error if rank == dist.get_rank() else None
-            raise StagingFailed(rank, own or _rebuilt(outcome))
+    """StagingFailed on every rank, with the first failing rank's error, if any rank's copy failed. One
+    all-reduce of an int64 when none did (in the training thread of a blocking copy, every save: a
+    gather of every rank's outcome would stall it by the world's size); the cause is broadcast only
+    from the failing rank. The group holds every rank, so its ranks are the global ones."""
+    rank, world = dist.get_rank(), dist.get_world_size(group)
+    first = torch.tensor([world if error is None else rank], dtype=torch.int64)
+    dist.all_reduce(first, op=dist.ReduceOp.MIN, group=group)
+    failing = int(first.item())
+    if failing == world:
+        return
+    cause: list[Any] = [_portable(error) if rank == failing and error is not None else None]
+    dist.broadcast_object_list(cause, src=failing, group=group)
+    raise StagingFailed(failing, error if rank == failing and error is not None else _rebuilt(cause[0]))
 
 
 def _portable(error: BaseException) -> tuple[bytes | None, str]:
