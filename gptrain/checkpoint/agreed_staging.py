@@ -71,7 +71,7 @@ class AgreedStager:
             try:
                 raise_if_failed_anywhere(staging.exception(), self._group)
                 agreed.set_result(staging.result())
-            except BaseException as error:  # the agreed failure, or the gather's own
+            except BaseException as error:  # the agreed failure, or the all-reduce's own
                 agreed.set_exception(error)
 
         threading.Thread(target=agree, name="gptrain-agree-staging", daemon=True).start()
@@ -89,9 +89,10 @@ def raise_if_failed_anywhere(error: BaseException | None, group: dist.ProcessGro
     failing = int(first.item())
     if failing == world:
         return
-    cause: list[Any] = [_portable(error) if rank == failing and error is not None else None]
+    own = error if rank == failing else None
+    cause: list[Any] = [None if own is None else _portable(own)]
     dist.broadcast_object_list(cause, src=failing, group=group)
-    raise StagingFailed(failing, error if rank == failing and error is not None else _rebuilt(cause[0]))
+    raise StagingFailed(failing, own if own is not None else _rebuilt(cause[0]))
 
 
 def _portable(error: BaseException) -> tuple[bytes | None, str]:
@@ -107,7 +108,7 @@ def _rebuilt(outcome: tuple[bytes | None, str]) -> BaseException:
     pickled, line = outcome
     if pickled is not None:
         try:
-            return pickle.loads(pickled)  # noqa: S301 (a peer rank of this job, as all_gather_object is)
+            return pickle.loads(pickled)  # noqa: S301 (a peer rank of this job, as broadcast_object_list is)
         except Exception:  # a class this rank cannot build from its arguments
             pass
     return RuntimeError(line)
