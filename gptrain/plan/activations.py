@@ -23,6 +23,20 @@ def dtypes(work: Workload) -> _Dtypes:
     return _Dtypes(act=2 if work.mixed else 4, mixed=work.mixed)
 
 
+def fsdp_bf16(work: Workload, layout: Layout) -> bool:
+    """FSDP2 with bf16 (gptrain.parallel.data_parallel.mixed_precision_policy): every parameter is
+    gathered in bf16, the embedding's among them."""
+    return layout.sharding != "ddp" and layout.dp > 1 and work.bf16
+
+
+def residual_bytes(work: Workload, layout: Layout) -> int:
+    """Bytes of a value of the residual stream (the embedding's output, every block's input and
+    output): fp32 from the fp32 embedding, whatever autocast does to the matmuls; bf16 under FSDP
+    with bf16, whose embedding is gathered in bf16 (a norm then keeps its own fp32 cast of it,
+    autocast's fp32 policy on CUDA). Measured in tests/plan/test_plan_recompute.py."""
+    return 2 if fsdp_bf16(work, layout) else 4
+
+
 def _mask_bytes(work: Workload, input_bytes: int) -> int:
     """A dropout mask: bools from CUDA's fused kernel; the scaled noise itself on CPU."""
     return 1 if work.device_type == "cuda" else input_bytes
@@ -75,7 +89,7 @@ def layer_bytes_per_token(
 
 def _selective_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> float:
     """What a block under selective recompute keeps (gptrain.parallel.activation_checkpoint): its
-    fp32 input and the outputs of its GEMMs (q, k, v before any repeat for GQA; the attention's
+    input (`residual_bytes`) and the outputs of its GEMMs (q, k, v before any repeat for GQA; the attention's
     output projection; the up projection(s); the down projection); everything else is recomputed
     from them. Under TP also the outputs of the collectives, which are saved rather than run again
     (each row-parallel output reduced; under sequence parallelism each gathered norm output).
@@ -89,7 +103,7 @@ def _selective_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> floa
     collectives = 0.0
     if t > 1:
         collectives = 2 * d.act * h / seq_shard + (2 * d.act * h if layout.sequence_parallel else 0)
-    return 4 * h / seq_shard + gemms + collectives
+    return residual_bytes(work, layout) * h / seq_shard + gemms + collectives
 
 
 def _norm_output_casts(work: Workload, layout: Layout, c: GPTConfig) -> int:
@@ -98,8 +112,7 @@ def _norm_output_casts(work: Workload, layout: Layout, c: GPTConfig) -> int:
     fuses plain linears with fp32 weights: not under TP or PP, not FP8 ones, not FSDP's bf16 gather."""
     q, _ = _attention_widths(c)
     kv = c.query_groups * c.head_dim
-    fsdp_bf16 = layout.sharding != "ddp" and layout.dp > 1 and "bf16" in str(work.precision).lower()
-    plain = layout.tp == 1 and layout.pp == 1 and not fsdp_bf16  # gpt.separate_projections under PP
+    plain = layout.tp == 1 and layout.pp == 1 and not fsdp_bf16(work, layout)  # separate_projections under PP
     qkv_fused = plain and not (fp8_linear(work, c.hidden_size, q) or fp8_linear(work, c.hidden_size, kv))
     mlp_fused = plain and c.gated_mlp and not fp8_linear(work, c.hidden_size, c.ffn_size)
     return (1 if qkv_fused else 3) + (1 if mlp_fused or not c.gated_mlp else 2)

@@ -10,6 +10,7 @@ from gptrain.plan.activations import (
     head_bytes_per_token,
     layer_bytes_per_token,
     loss_saved_bytes_per_token,
+    residual_bytes,
 )
 from gptrain.plan.spec import Layout, Workload
 
@@ -105,11 +106,13 @@ def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | Non
     scope = scope or compile_scope(work, layout)
     per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
     seq_shard = layout.tp if layout.sequence_parallel else 1
-    block_input = 4 * c.hidden_size / seq_shard * tokens  # what a checkpointed block keeps (fp32 residual)
+    block_input = (
+        residual_bytes(work, layout) * c.hidden_size / seq_shard * tokens
+    )  # what a checkpointed block keeps
     chunks = rank_chunks(layout, c.num_layers, rank)
     wrapped = [checkpointed_blocks(layout, chunk) for chunk in chunks]
     blocks = [n * block_input + (chunk - n) * per_layer for chunk, n in zip(chunks, wrapped, strict=True)]
-    # every chunk's output (fp32 residual stream), which torch's PipelineStage keeps until its
+    # every chunk's output (the residual stream), which torch's PipelineStage keeps until its
     # gradient returns; the model's last stage's is the logits, counted with the loss
     outputs = [block_input if layout.pp > 1 else 0.0] * layout.vpp
     if rank == layout.pp - 1:
@@ -138,8 +141,9 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     are the saved tensors of the chunk's blocks after the checkpointed ones (method block): least
     in the chunk with the fewest such blocks, which may hold fewer layers than the others (a
     standalone embedding or loss stage holds none). The rebuilt block keeps what an uncheckpointed
-    one keeps, less its input (the stored one), while its backward holds the incoming fp32
-    residual gradient and the gradient of the down projection's input."""
+    one keeps, less its input where its first norm saves the stored one itself (a bf16 stream
+    under FSDP: the norm keeps its own fp32 cast), while its backward holds the incoming residual
+    gradient (the stream's dtype) and the gradient of the down projection's input."""
     c = work.padded(layout.tp)
     rebuilt = [
         chunk for chunk in rank_chunks(layout, c.num_layers, rank) if checkpointed_blocks(layout, chunk)
@@ -152,11 +156,13 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     parts = activation_bytes(work, layout, rank, scope)
     per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
     seq_shard = layout.tp if layout.sequence_parallel else 1
-    block_input = 4 * c.hidden_size / seq_shard * tokens
+    stream = residual_bytes(work, layout)
+    block_input = stream * c.hidden_size / seq_shard * tokens
+    shared_input = block_input if stream == 4 else 0.0  # the norm's fp32 input is the stored one
     freed = after_checkpointed * per_layer
     gradients = block_input + dtypes(work).act * c.ffn_size / layout.tp * tokens
     head_of_one = head_bytes_per_token(work, layout, c, scope) * tokens if "head" in parts else 0.0
     stored = sum(parts.values()) - head_of_one - freed
     if rank == layout.pp - 1:
         stored += waiting_losses(work, layout, scope)
-    return stored + per_layer - block_input + gradients
+    return stored + per_layer - shared_input + gradients

@@ -7,6 +7,8 @@ op makes, followed through a weak reference, and its bytes summed while it is al
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gptrain.models.config import GPTConfig
@@ -186,3 +188,154 @@ def test_a_rank_with_fewer_layers_than_chunks_still_rebuilds_a_block(blocks: int
         head = 0 if rank == 0 else (4 * h + 8 + 4 * h) * tokens  # the one micro batch's head is freed
         stored = sum(parts.values()) - head
         assert rebuild_bytes(work, layout, rank) == stored + per_layer - block_input + gradients > 0, rank
+
+
+@pytest.fixture(scope="module")
+def one_rank_mesh():
+    """A CPU device mesh over a gloo group of one: FSDP2 still gathers each block into unsharded
+    parameters in its param_dtype, as over any shard group."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,))
+    dist.destroy_process_group()
+
+
+def run_norms_as_cuda_autocast_does(model) -> None:
+    """CUDA's autocast runs layer_norm and rms_norm in fp32 (AT_FORALL_FP32 in ATen's
+    autocast_mode.h): a bf16 input is cast up and that fp32 copy is what the norm saves. CPU's
+    autocast leaves them in the input's dtype, so each norm here does the cast itself."""
+    import torch.nn.functional as F
+
+    def fp32_forward(norm):
+        def forward(x):
+            if not torch.is_autocast_enabled("cpu"):
+                return type(norm).forward(norm, x)
+            bias = getattr(norm, "bias", None)
+            with torch.autocast("cpu", enabled=False):
+                if isinstance(norm, torch.nn.RMSNorm):
+                    return F.rms_norm(x.float(), norm.normalized_shape, norm.weight.float(), norm.eps)
+                bias = None if bias is None else bias.float()
+                return F.layer_norm(x.float(), norm.normalized_shape, norm.weight.float(), bias, norm.eps)
+
+        return forward
+
+    for module in model.modules():
+        if isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
+            module.forward = fp32_forward(module)
+
+
+def fsdp_activation_trace(work: Workload, batch: int, mode: tuple, mesh) -> tuple[int, int]:
+    """(bytes saved at the end of the forward, peak bytes from the rebuild of the last checkpointed
+    block on) of gptrain's model under activation checkpointing and FSDP2 (as gptrain.parallel
+    applies them), counting the storages ops make whose leading size is the micro batch's or its
+    token count: activations and their gradients, no parameter, gathered copy or weight gradient
+    (none of this model's sizes is 5 or 320)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from gptrain.models.gpt import GPT
+    from gptrain.parallel.activation_checkpoint import apply_ac
+    from gptrain.parallel.data_parallel import apply_fsdp, mixed_precision_policy
+
+    granularity, method, num_layers = mode
+    torch.manual_seed(0)
+    model = GPT(work.padded(1))
+    model.init_weights(torch.Generator().manual_seed(0))
+    run_norms_as_cuda_autocast_does(model)
+    apply_ac(model.train(), granularity, method, num_layers)
+    apply_fsdp(model, mesh, mixed_precision_policy(work.precision), reshard=True)
+    seq = work.model.seq_length
+    tokens = torch.randint(0, work.vocab_size, (batch, seq))
+    made: dict[int, tuple[StorageWeakRef, int]] = {}
+    trace: list[list[int]] = []
+
+    class Track(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] in (batch, batch * seq):
+                    made.setdefault(
+                        t.untyped_storage()._cdata, (StorageWeakRef(t.untyped_storage()), t.nbytes)
+                    )
+            trace.append([k for k, (ref, _) in made.items() if not ref.expired()])
+            return out
+
+    rebuilding: list[int] = []
+
+    def mark_rebuild(_module, args) -> None:  # the last checkpointed block's output gets its gradient
+        args[0].register_hook(lambda _grad: rebuilding.append(len(trace)))
+
+    layers = list(model.layers.values())
+    checkpointed = len(layers) if method != "block" else num_layers
+    after = layers[checkpointed] if granularity == "full" and checkpointed < len(layers) else model.norm
+    after.register_forward_pre_hook(mark_rebuild)
+    dtype = torch.bfloat16 if work.bf16 else torch.float16
+    with Track():
+        with torch.autocast("cpu", dtype=dtype):
+            logits = model(tokens)
+            output = logits.untyped_storage()._cdata
+            saved = sum(n for k, (ref, n) in made.items() if not ref.expired() and k != output)
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+        del logits
+        loss.backward()
+    return saved, max(sum(made[k][1] for k in live) for live in trace[rebuilding[0] :])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "16"])
+@pytest.mark.parametrize("mode", [*FULL[:3], SELECTIVE, (None, None, None)])
+def test_fsdp_keeps_the_residual_stream_in_its_param_dtype(
+    one_rank_mesh, precision: str, mode: tuple
+) -> None:
+    """FSDP2 with bf16 gathers the embedding in bf16, so the residual stream is bf16: a checkpointed
+    block keeps 2 bytes a value of its input, not 4, and its rebuild holds its first norm's own fp32
+    cast (not the stored input) and a bf16 residual gradient. The estimate counted the fp32 stream
+    of replicated training (here 61,440 bytes too many for 3 checkpointed blocks of 320 tokens,
+    h = 32). fp16 gathers the fp32 parameters: its stream stays fp32 and its estimate the same as
+    without FSDP. Measured exactly (CUDA's autocast policy for the norms; no dropout)."""
+    work = dataclasses.replace(workload(precision), device_type="cuda", global_batch_size=20)
+    granularity, method, num_layers = mode
+    fields = dict(
+        micro_batch_size=5,
+        recompute=granularity,
+        recompute_num_layers=num_layers if method == "block" else None,
+    )
+    layout = Layout(dp=2, sharding="full_shard", dp_shard=2, **fields)
+    saved, rebuild = fsdp_activation_trace(work, 5, mode, one_rank_mesh)
+    assert saved == sum(activation_bytes(work, layout, 0).values())
+    if precision == "16":
+        assert activation_bytes(work, layout, 0) == activation_bytes(work, Layout(**fields), 0)
+        assert rebuild_bytes(work, layout, 0) == rebuild_bytes(work, Layout(**fields), 0)
+    elif granularity == "full":
+        assert rebuild == rebuild_bytes(work, layout, 0)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "16"])
+def test_a_pipeline_chunk_under_fsdp_keeps_its_output_in_the_streams_dtype(
+    one_rank_mesh, precision: str
+) -> None:
+    """torch's PipelineStage keeps each chunk's output until its gradient returns: a block's output,
+    bf16 under FSDP with bf16 (half what the estimate counted), fp32 under fp16. The first of
+    pp 2 ranks holds 2 micro batches' in 1F1B; the block's output is measured."""
+    from gptrain.models.gpt import GPT
+    from gptrain.parallel.data_parallel import apply_fsdp, mixed_precision_policy
+
+    work = dataclasses.replace(workload(precision, num_layers=2), global_batch_size=40)
+    model = GPT(work.padded(1))
+    model.init_weights(torch.Generator().manual_seed(0))
+    apply_fsdp(model, one_rank_mesh, mixed_precision_policy(precision), reshard=True)
+    outputs = []
+    model.layers["0"].register_forward_hook(
+        lambda _m, _args, out: outputs.append(out.untyped_storage().nbytes())
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16 if work.bf16 else torch.float16):
+        model(torch.randint(0, work.vocab_size, (5, work.model.seq_length)))
+    layout = Layout(pp=2, dp=2, sharding="full_shard", dp_shard=2, micro_batch_size=5)
+    assert activation_bytes(work, layout, 0)["stage_outputs"] == 2 * outputs[0]
