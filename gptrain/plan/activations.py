@@ -171,7 +171,8 @@ def embedding_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig,
         return 0.0
     if scope == WHOLE:  # compiled with the model: a bool mask
         return config.hidden_size / seq_shard
-    return config.hidden_size * _mask_bytes(work, 4) / seq_shard  # the embedding output is fp32
+    noise = residual_bytes(work, layout)  # on CPU: the scaled noise, in the embedding output's dtype
+    return config.hidden_size * _mask_bytes(work, noise) / seq_shard
 
 
 def head_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig, scope: str = EAGER) -> float:

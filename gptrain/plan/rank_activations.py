@@ -106,9 +106,8 @@ def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | Non
     scope = scope or compile_scope(work, layout)
     per_layer = layer_bytes_per_token(work, layout, c, scope) * tokens
     seq_shard = layout.tp if layout.sequence_parallel else 1
-    block_input = (
-        residual_bytes(work, layout) * c.hidden_size / seq_shard * tokens
-    )  # what a checkpointed block keeps
+    # what a checkpointed block keeps: its input, a value of the residual stream
+    block_input = residual_bytes(work, layout) * c.hidden_size / seq_shard * tokens
     chunks = rank_chunks(layout, c.num_layers, rank)
     wrapped = [checkpointed_blocks(layout, chunk) for chunk in chunks]
     blocks = [n * block_input + (chunk - n) * per_layer for chunk, n in zip(chunks, wrapped, strict=True)]

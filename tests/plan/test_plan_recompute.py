@@ -339,3 +339,31 @@ def test_a_pipeline_chunk_under_fsdp_keeps_its_output_in_the_streams_dtype(
         model(torch.randint(0, work.vocab_size, (5, work.model.seq_length)))
     layout = Layout(pp=2, dp=2, sharding="full_shard", dp_shard=2, micro_batch_size=5)
     assert activation_bytes(work, layout, 0)["stage_outputs"] == 2 * outputs[0]
+
+
+def test_the_embedding_dropout_under_fsdp_with_bf16_keeps_bf16_noise_on_cpu(one_rank_mesh) -> None:
+    """On CPU dropout keeps its scaled noise, in its input's dtype: the embedding's output, bf16
+    under FSDP with bf16 (its weight gathered in bf16), where the estimate counted fp32."""
+    from gptrain.models.gpt import GPT
+    from gptrain.parallel.data_parallel import apply_fsdp, mixed_precision_policy
+
+    work = dataclasses.replace(workload("bf16", hidden_dropout=0.1), global_batch_size=10)
+    model = GPT(work.padded(1))
+    model.init_weights(torch.Generator().manual_seed(0))
+    apply_fsdp(model.train(), one_rank_mesh, mixed_precision_policy("bf16"), reshard=True)
+    inside, saved = [], {}
+    model.embedding_dropout.register_forward_pre_hook(lambda _m, _args: inside.append(True))
+    model.embedding_dropout.register_forward_hook(lambda _m, _args, _out: inside.clear())
+
+    def pack(t):
+        if inside:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        model(torch.randint(0, work.vocab_size, (5, work.model.seq_length)))
+    layout = Layout(dp=2, sharding="full_shard", dp_shard=2, micro_batch_size=5)
+    assert activation_bytes(work, layout, 0)["embedding"] == sum(saved.values()) == 2 * 32 * 320
