@@ -142,7 +142,8 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     standalone embedding or loss stage holds none). The rebuilt block keeps what an uncheckpointed
     one keeps, less its input where its first norm saves the stored one itself (a bf16 stream
     under FSDP: the norm keeps its own fp32 cast), while its backward holds the incoming residual
-    gradient (the stream's dtype) and the gradient of the down projection's input."""
+    gradient (the stream's dtype; under autocast with an fp32 stream also its 16-bit copy for the
+    down projection) and the gradient of the down projection's input."""
     c = work.padded(layout.tp)
     rebuilt = [
         chunk for chunk in rank_chunks(layout, c.num_layers, rank) if checkpointed_blocks(layout, chunk)
@@ -159,7 +160,10 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     block_input = stream * c.hidden_size / seq_shard * tokens
     shared_input = block_input if stream == 4 else 0.0  # the norm's fp32 input is the stored one
     freed = after_checkpointed * per_layer
-    gradients = block_input + dtypes(work).act * c.ffn_size / layout.tp * tokens
+    act = dtypes(work).act
+    # an fp32 stream's gradient reaches the 16-bit down projection's output as a 16-bit copy
+    cast = act * c.hidden_size / seq_shard * tokens if work.mixed and stream == 4 else 0.0
+    gradients = block_input + cast + act * c.ffn_size / layout.tp * tokens
     head_of_one = head_bytes_per_token(work, layout, c, scope) * tokens if "head" in parts else 0.0
     stored = sum(parts.values()) - head_of_one - freed
     if rank == layout.pp - 1:

@@ -117,9 +117,9 @@ def test_recompute_matches_live_storages(precision: str, mode: tuple) -> None:
     # the rebuild of the last checkpointed block (with its 16-bit weight copies, and the
     # gradients its backward holds): what is left is weight-sized and not modelled (a weight's
     # gradient in flight; under bf16 also its 16-bit gradient and the fused q/k/v's fp32
-    # concatenated weight), 2% of this tiny model's peak in fp32 and 8% in bf16, far less at
+    # concatenated weight), 2% of this tiny model's peak in fp32 and 5% in bf16, far less at
     # training sizes where a block's weights are small against its activations
-    tolerance = 0.03 if precision == "32" else 0.1
+    tolerance = 0.03 if precision == "32" else 0.06
     assert estimate_rank(work, layout, 0).rebuild == pytest.approx(rebuild, rel=tolerance)
 
 
@@ -231,10 +231,10 @@ def run_norms_as_cuda_autocast_does(model) -> None:
             module.forward = fp32_forward(module)
 
 
-def fsdp_activation_trace(work: Workload, batch: int, mode: tuple, mesh) -> tuple[int, int]:
+def fsdp_activation_trace(work: Workload, batch: int, mode: tuple, mesh=None) -> tuple[int, int]:
     """(bytes saved at the end of the forward, peak bytes from the rebuild of the last checkpointed
     block on) of gptrain's model under activation checkpointing and FSDP2 (as gptrain.parallel
-    applies them), counting the storages ops make whose leading size is the micro batch's or its
+    applies them; without a mesh, replicated), counting the storages ops make whose leading size is the micro batch's or its
     token count: activations and their gradients, no parameter, gathered copy or weight gradient
     (none of this model's sizes is 5 or 320)."""
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -251,7 +251,8 @@ def fsdp_activation_trace(work: Workload, batch: int, mode: tuple, mesh) -> tupl
     model.init_weights(torch.Generator().manual_seed(0))
     run_norms_as_cuda_autocast_does(model)
     apply_ac(model.train(), granularity, method, num_layers)
-    apply_fsdp(model, mesh, mixed_precision_policy(work.precision), reshard=True)
+    if mesh is not None:
+        apply_fsdp(model, mesh, mixed_precision_policy(work.precision), reshard=True)
     seq = work.model.seq_length
     tokens = torch.randint(0, work.vocab_size, (batch, seq))
     made: dict[int, tuple[StorageWeakRef, int]] = {}
@@ -313,8 +314,29 @@ def test_fsdp_keeps_the_residual_stream_in_its_param_dtype(
     if precision == "16":
         assert activation_bytes(work, layout, 0) == activation_bytes(work, Layout(**fields), 0)
         assert rebuild_bytes(work, layout, 0) == rebuild_bytes(work, Layout(**fields), 0)
-    elif granularity == "full":
+    if granularity == "full":
         assert rebuild == rebuild_bytes(work, layout, 0)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "16"])
+@pytest.mark.parametrize("mode", FULL[:3])
+def test_a_rebuilt_block_casts_the_fp32_residual_gradient_for_its_down_projection(
+    precision: str, mode: tuple
+) -> None:
+    """Replicated mixed precision: the residual stream is fp32 and the down projection's output
+    16-bit, so the add's backward makes a 16-bit copy of the residual gradient (2 bytes a value)
+    beside the fp32 one while the projection's backward runs; the estimate left it out (20,480
+    bytes here, 320 tokens of h = 32). Activations only, exactly (CUDA's norm policy, no dropout)."""
+    work = dataclasses.replace(workload(precision), device_type="cuda", global_batch_size=5)
+    granularity, method, num_layers = mode
+    layout = Layout(
+        micro_batch_size=5,
+        recompute=granularity,
+        recompute_num_layers=num_layers if method == "block" else None,
+    )
+    saved, rebuild = fsdp_activation_trace(work, 5, mode)
+    assert saved == sum(activation_bytes(work, layout, 0).values())
+    assert rebuild == rebuild_bytes(work, layout, 0)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "16"])
