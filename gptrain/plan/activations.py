@@ -37,6 +37,20 @@ def residual_bytes(work: Workload, layout: Layout) -> int:
     return 2 if fsdp_bf16(work, layout) else 4
 
 
+def norm_bytes(work: Workload, layout: Layout) -> int:
+    """Bytes of a value a norm saves (its input, mean and rstd) and outputs: fp32, from the fp32
+    stream or, under FSDP with bf16, from autocast's cast on CUDA, whose policy runs layer_norm and
+    rms_norm in fp32 (AT_FORALL_FP32 in ATen's autocast_mode.h). CPU's autocast leaves them alone:
+    there a bf16 stream is normalised in bf16, and the bf16 output feeds every linear uncast."""
+    return 2 if fsdp_bf16(work, layout) and work.device_type == "cpu" else 4
+
+
+def _norm_saved_bytes(work: Workload, layout: Layout, c: GPTConfig, mean: bool) -> float:
+    """One norm's saved input and statistics (LayerNorm's mean when `mean`, and rstd), per token."""
+    n = norm_bytes(work, layout)
+    return n * c.hidden_size + n * (2 if mean and c.normalization == "layernorm" else 1)
+
+
 def _mask_bytes(work: Workload, input_bytes: int) -> int:
     """A dropout mask: bools from CUDA's fused kernel; the scaled noise itself on CPU."""
     return 1 if work.device_type == "cuda" else input_bytes
@@ -71,17 +85,17 @@ def layer_bytes_per_token(
     h, f = c.hidden_size, c.ffn_size
     q, kv = _attention_widths(c)
     seq_shard = t if layout.sequence_parallel else 1
-    stats = 8 if c.normalization == "layernorm" else 4  # mean + rstd (fp32) or rstd
-    norms = 2 * (4 * h + stats) / seq_shard  # norms run in fp32 (autocast policy) and keep their input
+    norms = 2 * _norm_saved_bytes(work, layout, c, mean=True) / seq_shard  # each keeps its input
     masks = (
         2 * h * _mask_bytes(work, d.act) / seq_shard if c.hidden_dropout > 0 else 0
     )  # after attention, MLP
-    if d.mixed:  # autocast (and Float8Linear) casts the fp32 norm output once per GEMM that reads it
+    if norm_bytes(work, layout) == 2:  # bf16 norm outputs, read by their linears as they are
+        linear_inputs = 2 * 2 * h
+    elif d.mixed:  # autocast (and Float8Linear) casts the fp32 norm output once per GEMM that reads it
         linear_inputs = _norm_output_casts(work, layout, c) * d.act * h
-        mlp = d.act * f * (4 if c.gated_mlp else 2) / t
     else:  # fp32: the linears that read a norm output share it
         linear_inputs = 2 * 4 * h
-        mlp = 4 * f * (4 if c.gated_mlp else 2) / t
+    mlp = d.act * f * (4 if c.gated_mlp else 2) / t  # the up projection(s)' outputs, the activation's
     attention = d.act * (q + 2 * kv) / t + d.act * q / t  # q, k, v and the output, kept by SDPA
     attention += _attention_core(work, layout, c, d)
     return norms + linear_inputs + attention + mlp + masks
@@ -178,8 +192,8 @@ def embedding_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig,
 def head_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig, scope: str = EAGER) -> float:
     """Final norm (input + stats) and the output layer's input, per token."""
     seq_shard = layout.tp if layout.sequence_parallel else 1
-    stats = 4 if scope == WHOLE or config.normalization != "layernorm" else 8
-    return (4 * config.hidden_size + stats) / seq_shard + dtypes(work).act * config.hidden_size
+    norm = _norm_saved_bytes(work, layout, config, mean=scope != WHOLE)
+    return norm / seq_shard + dtypes(work).act * config.hidden_size
 
 
 def logits_bytes_per_token(

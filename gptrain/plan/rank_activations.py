@@ -10,6 +10,7 @@ from gptrain.plan.activations import (
     head_bytes_per_token,
     layer_bytes_per_token,
     loss_saved_bytes_per_token,
+    norm_bytes,
     residual_bytes,
 )
 from gptrain.plan.spec import Layout, Workload
@@ -140,8 +141,8 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     are the saved tensors of the chunk's blocks after the checkpointed ones (method block): least
     in the chunk with the fewest such blocks, which may hold fewer layers than the others (a
     standalone embedding or loss stage holds none). The rebuilt block keeps what an uncheckpointed
-    one keeps, less its input where its first norm saves the stored one itself (a bf16 stream
-    under FSDP: the norm keeps its own fp32 cast), while its backward holds the incoming residual
+    one keeps, less its input where its first norm saves the stored one itself (not a bf16 stream
+    under FSDP on CUDA, where the norm keeps its own fp32 cast), while its backward holds the incoming residual
     gradient (the stream's dtype; under autocast with an fp32 stream also its 16-bit copy for the
     down projection) and the gradient of the down projection's input."""
     c = work.padded(layout.tp)
@@ -158,7 +159,7 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     seq_shard = layout.tp if layout.sequence_parallel else 1
     stream = residual_bytes(work, layout)
     block_input = stream * c.hidden_size / seq_shard * tokens
-    shared_input = block_input if stream == 4 else 0.0  # the norm's fp32 input is the stored one
+    shared_input = block_input if norm_bytes(work, layout) == stream else 0.0  # the norm keeps the stored one
     freed = after_checkpointed * per_layer
     act = dtypes(work).act
     # an fp32 stream's gradient reaches the 16-bit down projection's output as a 16-bit copy
