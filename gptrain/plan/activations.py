@@ -152,8 +152,10 @@ def _compiled_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> float
     h, f = c.hidden_size, c.ffn_size
     q, kv = _attention_widths(c)
     seq_shard = t if layout.sequence_parallel else 1
-    # both norms: their fp32 input (x-hat for LayerNorm, whose mean is folded in) and 1/rms
-    norms = 2 * (4 * h + 4) / seq_shard
+    # both norms: their input (x-hat for LayerNorm, whose mean is folded in) and 1/rms; a bf16
+    # stream (FSDP with bf16) keeps the block's bf16 input and the 16-bit output projection the
+    # second norm's input is recomputed from, 2 bytes a value each (tests/plan, on CPU)
+    norms = 2 * (residual_bytes(work, layout) * h + 4) / seq_shard
     # a norm's 16-bit output is kept for the linears that read it, unless they run in FP8
     kv_width = c.query_groups * c.head_dim
     qkv_fp8 = fp8_linear(work, h, q // t) and fp8_linear(work, h, kv_width // t)

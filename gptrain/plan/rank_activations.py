@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gptrain.parallel.layout import interleaved_rounds
 from gptrain.plan.activations import (
+    EAGER,
     compile_scope,
     dtypes,
     embedding_bytes_per_token,
@@ -141,10 +142,10 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     are the saved tensors of the chunk's blocks after the checkpointed ones (method block): least
     in the chunk with the fewest such blocks, which may hold fewer layers than the others (a
     standalone embedding or loss stage holds none). The rebuilt block keeps what an uncheckpointed
-    one keeps, less its input where its first norm saves the stored one itself (not a bf16 stream
-    under FSDP on CUDA, where the norm keeps its own fp32 cast), while its backward holds the incoming residual
-    gradient (the stream's dtype; under autocast with an fp32 stream also its 16-bit copy for the
-    down projection) and the gradient of the down projection's input."""
+    one keeps, less its input where it saves the stored one itself (not an eager block's bf16
+    stream under FSDP on CUDA, whose norm keeps its own fp32 cast), while its backward holds the
+    incoming residual gradient (the stream's dtype; under autocast with an fp32 stream also its
+    16-bit copy for the down projection) and the gradient of the down projection's input."""
     c = work.padded(layout.tp)
     rebuilt = [
         chunk for chunk in rank_chunks(layout, c.num_layers, rank) if checkpointed_blocks(layout, chunk)
@@ -159,7 +160,9 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     seq_shard = layout.tp if layout.sequence_parallel else 1
     stream = residual_bytes(work, layout)
     block_input = stream * c.hidden_size / seq_shard * tokens
-    shared_input = block_input if norm_bytes(work, layout) == stream else 0.0  # the norm keeps the stored one
+    # the stored input is what the first norm keeps (a compiled block keeps it as its graph input)
+    shared = scope != EAGER or norm_bytes(work, layout) == stream
+    shared_input = block_input if shared else 0.0
     freed = after_checkpointed * per_layer
     act = dtypes(work).act
     # an fp32 stream's gradient reaches the 16-bit down projection's output as a 16-bit copy

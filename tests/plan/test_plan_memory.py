@@ -665,3 +665,65 @@ def test_a_batch_ramp_through_gpipe_steps_is_estimated_at_its_fullest_step() -> 
     assert max(each.values()) == each[3] > each[8]  # 3 losses of 4096 logits outweigh rank 0's 4 blocks
     assert estimate_memory(ramped, layout).total == each[3]
     assert estimate_memory(full, layout).total == each[8]
+
+
+def compiled_block_saved_bytes(block, x) -> int:
+    """Activation bytes a block compiled on its own saves for its backward (inductor's partitioner,
+    as under compile scope blocks+loss): its backward graph's inputs but the tangents and the
+    parameters (its input, an activation, counts)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._guards import detect_fake_mode
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.virtualized import V
+
+    saved: list[int] = []
+
+    def backward_compiler(gm, _inputs):
+        for node in gm.graph.nodes:
+            value = node.meta.get("val")
+            if (
+                node.op != "placeholder"
+                or node.name.startswith("tangents")
+                or not isinstance(value, torch.Tensor)
+            ):
+                continue
+            if node.name.startswith("primals") and value.shape[:1] != x.shape[:1]:
+                continue  # a parameter (no size of this model is the micro batch's 3)
+            saved.append(value.numel() * value.element_size())
+        return make_boxed_func(gm.forward)
+
+    def partition(gm, inputs, **kwargs):
+        with V.set_fake_mode(detect_fake_mode(inputs)):
+            return partition_fn(gm, inputs, **kwargs)
+
+    backend = aot_autograd(
+        fw_compiler=lambda gm, _inputs: make_boxed_func(gm.forward),
+        bw_compiler=backward_compiler,
+        partition_fn=partition,
+        decompositions=select_decomp_table(),
+    )
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(block, backend=backend, fullgraph=True)(x)
+    out.float().sum().backward()
+    return sum(saved)
+
+
+@pytest.mark.slow
+def test_a_compiled_block_under_fsdp_with_bf16_keeps_its_bf16_stream() -> None:
+    """FSDP with bf16 compiles each block (scope blocks+loss) and gathers its parameters in bf16,
+    so a block's input, the residual stream, is bf16: the partitioner keeps it (2 bytes a value)
+    and the attention's 16-bit output projection, from which the second norm's input is
+    recomputed; the estimate counted both norms' inputs in fp32 (11% over here). FSDP's bf16
+    gather is the parameters cast to bf16 (what the traced forward sees); exact on CPU, where the
+    norms run in bf16; CUDA's fp32 norms also keep LayerNorm's fp32 mean, 8 bytes a token (0.8%)."""
+    work = dataclasses.replace(workload("bf16"), compile=True, device_type="cuda")
+    block = build(work).layers["0"].train().to(torch.bfloat16)
+    tokens = 3 * 32
+    saved = compiled_block_saved_bytes(
+        block, torch.randn(3, 32, 32, dtype=torch.bfloat16, requires_grad=True)
+    )
+    layout = Layout(micro_batch_size=3, dp=2, sharding="full_shard", dp_shard=2)
+    assert layer_bytes_per_token(work, layout) * tokens == saved
