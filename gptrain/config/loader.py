@@ -29,8 +29,10 @@ from gptrain.config.yamlio import load_file, load_text, override_value
 from gptrain.errors import ConfigError
 from gptrain.utils.overrides import (
     HYDRA_SETTINGS_REASON,
+    OverrideForm,
     delete_key,
     is_hydra_setting,
+    is_list_item,
     set_key,
     setting_override,
     split_override,
@@ -225,10 +227,8 @@ def _apply_override(root: DictConfig, override: str) -> list[str]:
         path = key
     else:
         key = key.removeprefix("training.")
-        if key.startswith(DATA_PREFIX_SPLIT) and not form.delete:
-            check_one_split(root, key, override)
-        elif not form.delete:  # `~key` may remove a key gptrain does not know (a newer NeMo file's)
-            check_known_key(key, f"override '{override}'")
+        if not form.delete:  # `~key` may remove a key gptrain does not know (a newer NeMo file's)
+            _check_key(root, key, form)
         path = f"training.{key}"
     value = override_value(form)
     if form.delete and key == "run.name":  # its default would put any preset's run in gpt3_126m's directory
@@ -244,6 +244,17 @@ def _apply_override(root: DictConfig, override: str) -> list[str]:
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override}': {str(error).splitlines()[0]}") from None
     return keys if path == key else [dotted.removeprefix("training.") for dotted in keys]
+
+
+def _check_key(root: DictConfig, key: str, form: OverrideForm) -> None:
+    """An item of a list in range (`model.data.data_prefix.1=/b`, as Hydra sets it), one split of a
+    per-split data prefix, or a key of the schema; else a one-line error."""
+    if is_list_item(root, f"training.{key}", form):
+        return
+    if key.startswith(DATA_PREFIX_SPLIT):
+        check_one_split(root, key, form.argument)
+    else:
+        check_known_key(key, f"override '{form.argument}'")
 
 
 DATA_PREFIX_SPLIT = "model.data.data_prefix."

@@ -32,6 +32,7 @@ from gptrain.utils.overrides import (
     OverrideForm,
     delete_key,
     is_hydra_setting,
+    is_list_item,
     set_key,
     setting_override,
     split_override,
@@ -383,6 +384,8 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
             )
         delete_key(cfg, override.key, override.form, override.value)
         return []
+    if is_list_item(cfg, override.key, override.form):
+        return _set(cfg, override)
     parts = override.key.split(".")
     node: Any = cfg
     for depth, part in enumerate(parts):
@@ -403,6 +406,10 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
         node = node[part]
     if parts[0] == "training" and len(parts) > 1 and not override.form.add:
         check_training_key(cfg, ".".join(parts[1:]), override)
+    return _set(cfg, override)
+
+
+def _set(cfg: DictConfig, override: Override) -> list[str]:
     try:
         return set_key(cfg, override.key, override.value)
     except OmegaConfBaseException as error:

@@ -131,6 +131,29 @@ def set_key(cfg: Any, key: str, value: Any) -> list[str]:
     return merged_keys(key, value) if merge else [key]
 
 
+def is_list_item(cfg: Any, key: str, form: OverrideForm) -> bool:
+    """Whether dotted `key` (the override's key, in `cfg`) names an item of a list by its index (`cluster.srun_args.0`,
+    `training.model.data.data_prefix.1`): Hydra sets such an item as any other key. An index past
+    the end is a one-line error (Hydra's, too: an override cannot grow a list)."""
+    from omegaconf import ListConfig, OmegaConf
+
+    parent_key, _, leaf = key.rpartition(".")
+    if not parent_key or not (leaf.isascii() and leaf.isdigit()):
+        return False
+    parent = OmegaConf.select(cfg, parent_key, throw_on_resolution_failure=False)
+    if not isinstance(parent, ListConfig):
+        return False
+    if int(leaf) < len(parent):
+        return True
+    size = len(parent)
+    items = f"{size} item{'' if size == 1 else 's'}" + (f" (0 to {size - 1})" if size else "")
+    shown = form.key.rpartition(".")[0]  # as typed: `gptrain train` keys have no `training.`
+    raise ConfigError(
+        f"override '{printable(form.argument)}': {shown} has {items}; an override sets one of them and adds"
+        f" none: give the whole list, {shown}=[...]"
+    )
+
+
 def merged_keys(key: str, mapping: dict[Any, Any]) -> list[str]:
     """The dotted keys under `key` that merging `mapping` sets: each value that is not a mapping
     (`model={optim: {lr: 1}}` sets model.optim.lr; `model={optim: null}` sets model.optim)."""

@@ -1236,3 +1236,18 @@ def test_a_dirpath_that_is_or_holds_the_log_dir_through_a_symlink_is_refused(tmp
         error.value
     )
     assert "\n" not in str(error.value)
+
+
+def test_an_override_of_a_list_item_sets_it_as_hydra_does():
+    """`model.data.data_prefix.1=/b` sets the blend's second item, as Hydra does; it was refused
+    as "'1' is not a split". An index past the end is one line saying to give the whole list."""
+    cfg = load_training_config(
+        "gpt3/126m", ["model.data.data_prefix.1=/data/b_text_document"], report_ignored=False
+    )
+    assert cfg.model.data.data_prefix == [1.0, "/data/b_text_document"]
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", ["model.data.data_prefix.3=/c"], report_ignored=False)
+    assert str(error.value) == (
+        "override 'model.data.data_prefix.3=/c': model.data.data_prefix has 2 items (0 to 1); an override"
+        " sets one of them and adds none: give the whole list, model.data.data_prefix=[...]"
+    )

@@ -489,3 +489,25 @@ def test_a_cluster_type_that_is_a_list_or_mapping_is_one_line(cluster_type):
     """It was looked up in a dict of NeMo's names: 'unhashable type: ListConfig', a traceback."""
     with pytest.raises(ConfigError, match=r"^cluster_type must be 'local', 'slurm' or 'bcm' \(Slurm\), got"):
         compose([f"cluster_type={cluster_type}"])
+
+
+def test_an_override_of_a_list_item_sets_it_as_hydra_does():
+    """Hydra's keys take list indices (`cluster.srun_args.0=--x`, `...data_prefix.1=/b`) and set that
+    item; gptrain said "unknown key ... prefix with + to add a new key" (and `+` then set it) or, for
+    the data prefix, "'1' is not a split". An index past the end is one line saying to give the list."""
+    resolved = compose(
+        ["cluster.srun_args.0=--mpi=pmix", "training.model.data.data_prefix.1=/data/b_text_document"]
+    ).resolved()
+    assert resolved["cluster"]["srun_args"] == ["--mpi=pmix"]
+    assert resolved["training"]["model"]["data"]["data_prefix"] == [1.0, "/data/b_text_document"]
+    with pytest.raises(ConfigError) as error:
+        compose(["training.model.data.data_prefix.2=0.5"])
+    assert str(error.value) == (
+        "override 'training.model.data.data_prefix.2=0.5': training.model.data.data_prefix has 2 items"
+        " (0 to 1); an override sets one of them and adds none: give the whole list,"
+        " training.model.data.data_prefix=[...]"
+    )
+    with pytest.raises(
+        ConfigError, match=r"^override '\+cluster.srun_args.1=-v': cluster.srun_args has 1 item"
+    ):
+        compose(["+cluster.srun_args.1=-v"])
