@@ -73,9 +73,32 @@ def preset_path(name: str) -> Path:
 
 def _suggest_preset(name: str, presets: list[str]) -> str:
     """The preset meant (`126m` -> `gpt3/126m`, `gpt3/126` -> `gpt3/126m`), else the list of them."""
-    meant = [p for p in presets if p.rpartition("/")[2] == name.rpartition("/")[2]][:1]
-    meant = meant or difflib.get_close_matches(name, presets, n=1, cutoff=0.75)
-    return f"; did you mean '{meant[0]}'?" if meant else f"; the presets are {', '.join(presets)}"
+    meant = meant_choice(name, presets, cutoff=0.75)
+    return f"; did you mean '{meant}'?" if meant else f"; the presets are {', '.join(presets)}"
+
+
+def meant_choice(name: str, choices: list[str], cutoff: float) -> str | None:
+    """The choice a missing `folder/file` most likely meant, by its file name: the same file in
+    another folder (`126m` -> gpt3/126m), one the name begins (`gpt3/7b` -> gpt3/7b_improved, NeMo's
+    only 7b), else a near name of the same model size: `gpt3/7b` is not gpt3/175b, nor `gpt3/400m`
+    gpt3/40b (models 25 and 100 times larger, one word from being launched)."""
+    leaf = name.rpartition("/")[2].removesuffix(".yaml").removesuffix(".yml")  # `gpt3/126m.yaml`
+    by_leaf: dict[str, str] = {}
+    for choice in choices:
+        by_leaf.setdefault(choice.rpartition("/")[2], choice)
+    if leaf in by_leaf:
+        return by_leaf[leaf]
+    begun = [other for other in by_leaf if leaf and other.startswith(leaf)]
+    if begun:
+        return by_leaf[min(begun, key=len)]
+    same_size = [other for other in by_leaf if _leading_number(other) == _leading_number(leaf)]
+    near = difflib.get_close_matches(leaf, same_size, n=1, cutoff=cutoff)
+    return by_leaf[near[0]] if near else None
+
+
+def _leading_number(name: str) -> str:
+    """`400m_improved` -> `400`: the model size a preset's name starts with ("" for none)."""
+    return name[: len(name) - len(name.lstrip("0123456789"))]
 
 
 def register_resolvers() -> None:

@@ -24,7 +24,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from gptrain.config import nemo_launcher
-from gptrain.config.loader import DATA_PREFIX_SPLIT, check_one_split, environment_hint, register_resolvers
+from gptrain.config.loader import (
+    DATA_PREFIX_SPLIT,
+    check_one_split,
+    environment_hint,
+    meant_choice,
+    register_resolvers,
+)
 from gptrain.config.yamlio import load_file, override_value
 from gptrain.errors import ConfigError, printable
 from gptrain.utils.overrides import (
@@ -209,11 +215,10 @@ def choice_hint(choice: str, choices: list[str]) -> str:
     """Hydra lists a group's options when a choice is none of them; here on one line: the nearest by
     its file name (`gpt3/126` -> gpt3/126m, not `gpt3/nope` -> gpt3/5b), then every option (those
     of the choice's folder, `gpt3/`, where that folder has any)."""
-    folder, _, name = choice.rpartition("/")
+    folder = choice.rpartition("/")[0]
     shown = [c for c in choices if folder and c.startswith(f"{folder}/")] or choices
-    by_name = {c.rpartition("/")[2]: c for c in reversed(shown)}
-    near = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.5)
-    meant = f"did you mean '{by_name[near[0]]}'? " if near else ""
+    near = meant_choice(choice, shown, cutoff=0.5)
+    meant = f"did you mean '{near}'? " if near else ""
     return f" ({meant}valid: {', '.join(shown)})" if shown else ""
 
 

@@ -1251,3 +1251,23 @@ def test_an_override_of_a_list_item_sets_it_as_hydra_does():
         "override 'model.data.data_prefix.3=/c': model.data.data_prefix has 2 items (0 to 1); an override"
         " sets one of them and adds none: give the whole list, model.data.data_prefix=[...]"
     )
+
+
+@pytest.mark.parametrize(
+    ("preset", "hint"),
+    [
+        ("gpt3/7b", "; did you mean 'gpt3/7b_improved'?"),
+        ("gpt3/400m", "; did you mean 'gpt3/400m_improved'?"),
+        ("gpt3/126", "; did you mean 'gpt3/126m'?"),
+        ("126m", "; did you mean 'gpt3/126m'?"),
+    ],
+)
+def test_a_missing_preset_is_never_offered_another_model_size(preset, hint):
+    """`gptrain train gpt3/7b` was asked 'did you mean gpt3/175b?' and `gpt3/400m` 'gpt3/40b?'."""
+    with pytest.raises(ConfigError) as error:
+        load_training_config(preset)
+    assert str(error.value) == f"unknown training preset '{preset}'{hint}"
+    with pytest.raises(
+        ConfigError, match=r"^unknown training preset 'gpt3/30b'; the presets are gpt3/126m, "
+    ):
+        load_training_config("gpt3/30b")

@@ -511,3 +511,23 @@ def test_an_override_of_a_list_item_sets_it_as_hydra_does():
         ConfigError, match=r"^override '\+cluster.srun_args.1=-v': cluster.srun_args has 1 item"
     ):
         compose(["+cluster.srun_args.1=-v"])
+
+
+@pytest.mark.parametrize(
+    ("choice", "meant"),
+    [("gpt3/7b", "gpt3/7b_improved"), ("gpt3/400m", "gpt3/400m_improved"), ("gpt3/1b", "gpt3/1b_improved")],
+)
+def test_a_missing_model_size_is_never_offered_another_size(choice, meant):
+    """`training=gpt3/7b` (NeMo's 7b is 7b_improved) was asked 'did you mean gpt3/175b?', and
+    `gpt3/400m` 'gpt3/40b?': a model 25 or 100 times larger, one word from being launched. The
+    file the name begins is offered; a near name only where its size is the same."""
+    presets = ", ".join(name for name in group_choices("training") if name.startswith("gpt3/"))
+    with pytest.raises(ConfigError) as error:
+        compose([f"training={choice}"])
+    assert str(error.value).endswith(f"/configs/training (did you mean '{meant}'? valid: {presets})")
+    with pytest.raises(ConfigError) as error:
+        compose(["training=gpt3/7"])  # no 7-something preset but 7b_improved's own prefix
+    assert "did you mean 'gpt3/7b_improved'?" in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        compose(["training=gpt3/30b"])
+    assert str(error.value).endswith(f"/configs/training (valid: {presets})")
