@@ -397,6 +397,8 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
         present = isinstance(node, DictConfig) and part in node
         free_form = depth > 0 and parts[depth - 1] in FREE_FORM_MAPPINGS
         if not present and not override.form.add and not free_form and parts[0] != "training":
+            if override.key in nemo_launcher.PATH_KEYS:
+                raise ConfigError(_no_launcher_path(override))
             where = ".".join(parts[:depth]) or "the top level"
             keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
             raise ConfigError(
@@ -419,6 +421,18 @@ def _set(cfg: DictConfig, override: Override) -> list[str]:
         return set_key(cfg, override.key, override.value)
     except OmegaConfBaseException as error:
         raise ConfigError(f"override '{override.typed}': {str(error).splitlines()[0]}") from None
+
+
+def _no_launcher_path(override: Override) -> str:
+    """NeMo's `launcher_scripts_path=/x` moves its results and data (`${launcher_scripts_path}/results`);
+    gptrain's config has no such root, and `+` would add a key nothing reads: say what moves them."""
+    root = printable(override.form.text.rstrip("/")) or "DIR"
+    return (
+        f"unknown key '{override.key}': the NeMo launcher's directory, under which its config.yaml puts"
+        " base_results_dir and data_dir; gptrain's config has neither it nor a use for it: give"
+        f" base_results_dir={root}/results data_dir={root}/data, or launch from the NeMo tree with"
+        f" --config-dir {root}/conf"
+    )
 
 
 def check_training_key(cfg: DictConfig, dotted: str, override: Override) -> None:

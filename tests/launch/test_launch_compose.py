@@ -531,3 +531,17 @@ def test_a_missing_model_size_is_never_offered_another_size(choice, meant):
     with pytest.raises(ConfigError) as error:
         compose(["training=gpt3/30b"])
     assert str(error.value).endswith(f"/configs/training (valid: {presets})")
+
+
+@pytest.mark.parametrize("key", ["launcher_scripts_path", "bignlp_path"])
+def test_nemos_launcher_path_with_gptrains_config_says_which_keys_move_the_run(key):
+    """`launcher_scripts_path=/shared/nemo` (the NeMo launcher's root, which moves its results and
+    data) was refused as an unknown key to be added with `+`, which then placed nothing there."""
+    with pytest.raises(ConfigError) as error:
+        compose([f"{key}=/shared/nemo"])
+    assert str(error.value) == (
+        f"unknown key '{key}': the NeMo launcher's directory, under which its config.yaml puts"
+        " base_results_dir and data_dir; gptrain's config has neither it nor a use for it: give"
+        " base_results_dir=/shared/nemo/results data_dir=/shared/nemo/data, or launch from the NeMo tree"
+        " with --config-dir /shared/nemo/conf"
+    )
