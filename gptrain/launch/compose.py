@@ -16,7 +16,9 @@ import os
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +272,7 @@ def compose(
     `root` is gptrain's bundled configs or a user's tree (NeMo's `launcher_scripts/conf` works as is).
     """
     register_resolvers()
+    register_now()
     config_path = launcher_config(root, config_name)
     base = load_yaml(config_path)
     base.pop("hydra", None)
@@ -326,6 +329,20 @@ def compose(
             _to_container(cfg, resolve=True, overrides=given, files=files)
         raise ConfigError(_unresolved(error, given, files)) from None
     return Composition(cfg, choices, root, given, files)
+
+
+def register_now() -> None:
+    """Hydra's `${now:%Y%m%d}` (`training.run.name=gpt_${now:%Y%m%d}`): the launch's time, read once
+    per config (cached, as Hydra does), so that every resolution gives the run one name. Only the
+    launch has it: it writes the configs resolved, where each rank of `gptrain train` would read
+    its own clock."""
+    if OmegaConf.has_resolver("now"):
+        return
+    with warnings.catch_warnings():  # omegaconf 2.4 renames the function; both spellings work
+        warnings.simplefilter("ignore", UserWarning)
+        OmegaConf.register_new_resolver(
+            "now", lambda pattern: datetime.now().strftime(pattern), use_cache=True
+        )
 
 
 def bundled_defaults(root: Path, choices: dict[str, str]) -> dict[str, str]:

@@ -545,3 +545,17 @@ def test_nemos_launcher_path_with_gptrains_config_says_which_keys_move_the_run(k
         " base_results_dir=/shared/nemo/results data_dir=/shared/nemo/data, or launch from the NeMo tree"
         " with --config-dir /shared/nemo/conf"
     )
+
+
+def test_hydras_now_resolver_reads_the_launchs_clock_once():
+    """`training.run.name=gpt_${now:%Y%m%d}` (Hydra's resolver, which NeMo launcher users write)
+    was 'Unsupported interpolation type now'; it is the launch's time, one value however often the
+    config is resolved (Hydra caches it too), so the run's name and directory agree."""
+    before = time.strftime("%Y%m%d")
+    comp = compose(["training.run.name=gpt_${now:%Y%m%d-%H%M%S.%f}"])
+    name = comp.resolved()["training"]["run"]["name"]
+    assert name.startswith(f"gpt_{before}") or name.startswith(f"gpt_{time.strftime('%Y%m%d')}")
+    time.sleep(0.01)
+    training = comp.section("training")
+    assert training["run"]["name"] == name
+    assert training["run"]["results_dir"].endswith(f"/{name}")
