@@ -164,8 +164,11 @@ def _refuse_lightning_fraction(dotted: str, value: Any, where: str) -> None:
 
 
 def setting_source(dotted: str, source: str, given: dict[str, str]) -> str:
-    """What set `dotted`: its command-line override, else the config file."""
-    setter = setting_override(dotted, given)
+    """What set `dotted`: its command-line override (or one of a key in it, which made a section the
+    file lacks: `+training.model.foo.bar=1` made model.foo), else the config file."""
+    setter = setting_override(dotted, given) or next(
+        (text for key, text in given.items() if key.startswith(f"{dotted}.")), None
+    )
     return f"override '{setter}'" if setter else source
 
 

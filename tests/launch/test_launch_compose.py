@@ -559,3 +559,22 @@ def test_hydras_now_resolver_reads_the_launchs_clock_once():
     training = comp.section("training")
     assert training["run"]["name"] == name
     assert training["run"]["results_dir"].endswith(f"/{name}")
+
+
+@pytest.mark.parametrize(
+    ("override", "problem"),
+    [
+        ("+training.model.foo.bar=1", "unknown key 'model.foo'"),
+        ("++training.model.fp8.enabled=true", "'model.fp8' expects bool, got {'enabled': True}"),
+    ],
+)
+def test_a_section_made_by_an_override_of_a_key_in_it_names_that_override(override, problem):
+    """`+training.model.foo.bar=1` made a section the group file does not have; the refusal blamed
+    the file (`training=gpt3/126m (<path>): unknown key 'model.foo'`)."""
+    from gptrain.launch.stages import build_plan, render_run_files, validate_training
+
+    args = ["cluster_type=slurm", override]
+    plan = build_plan(compose(args))
+    with pytest.raises(ConfigError) as error:
+        validate_training(plan, render_run_files(plan, args))
+    assert str(error.value).startswith(f"override '{override}': {problem}")
