@@ -14,6 +14,7 @@ Only yaml is imported: this runs in `gptrain launch` on login nodes.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -261,7 +262,70 @@ def parse_value(text: str) -> Any:
         mapping = _hydra_mapping(text[1:-1].strip())
         if mapping is not None:
             return mapping
+    call = _HYDRA_CALL.fullmatch(text)
+    if call and call["name"] in HYDRA_FUNCTIONS:
+        return _hydra_function(text, call["name"], call["args"].strip())
     return _hydra_scalar(text)
+
+
+# Hydra's override functions (`training.run.name=str(126)`): a value of that form is a call of one.
+_HYDRA_CALL = re.compile(r"(?P<name>[A-Za-z_]\w*)\((?P<args>.*)\)", re.S)
+HYDRA_SWEEPS = ("choice", "range", "interval", "glob", "tag")
+HYDRA_FUNCTIONS = ("int", "float", "str", "bool", "json_str", "extend_list", "sort", "shuffle", *HYDRA_SWEEPS)
+
+
+def _hydra_function(text: str, name: str, args: str) -> Any:
+    """A cast (`str(126)` is "126", `int(5.0)` 5) converts its one value as Hydra does; a sweep or
+    shuffle, which Hydra runs under --multirun, and extend_list are refused: taken as text, they
+    named a run `choice(a,b)` or gave srun the word `extend_list(--label)`."""
+    values = [parse_value(arg) for arg in split_top_level(args)] if args else []
+    if name in ("sort", "shuffle"):
+        raise ConfigError(f"{text}: Hydra's {name}() is not read here; give the values in the order to use")
+    if name in HYDRA_SWEEPS or (name in HYDRA_CASTS and len(values) > 1):
+        raise ConfigError(
+            f"{text} is Hydra's {name} sweep, which runs one job per value under --multirun; gptrain"
+            " composes one config: launch once per value"
+        )
+    if name == "extend_list":
+        raise ConfigError(
+            f"{text} appends to the list there in Hydra; gptrain does not: give the whole list, [a,b,...]"
+        )
+    if not values:
+        raise ConfigError(f"{text}: {name}() casts one value; give it, e.g. {name}(1)")
+    try:
+        return _cast(HYDRA_CASTS[name], values[0])
+    except (TypeError, ValueError):
+        raise ConfigError(f"{text}: cannot cast {values[0]!r} with {name}()") from None
+
+
+def _cast_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        if value.lower() not in ("true", "false"):
+            raise ValueError(value)
+        return value.lower() == "true"
+    return bool(value)
+
+
+def _cast_str(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+HYDRA_CASTS: dict[str, Any] = {
+    "int": int, "float": float, "str": _cast_str, "bool": _cast_bool, "json_str": json.dumps,
+}  # fmt: skip
+
+
+def _cast(function: Any, value: Any) -> Any:
+    """Hydra applies a cast to each item of a list and each value of a mapping (json_str to the whole)."""
+    if function is json.dumps:
+        return function(value)
+    if isinstance(value, list):
+        return [_cast(function, item) for item in value]
+    if isinstance(value, dict):
+        return {key: _cast(function, item) for key, item in value.items()}
+    if value is None:
+        raise TypeError("null")
+    return function(value)
 
 
 def override_value(form: OverrideForm) -> Any:

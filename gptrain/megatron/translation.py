@@ -140,15 +140,24 @@ def render(value: Any) -> str:
         return "{" + ", ".join(f"{key}: {render(item)}" for key, item in value.items()) + "}"
     if isinstance(value, int | float):
         return repr(value)
-    from gptrain.config.yamlio import parse_value
-
     text = str(value)
     # a leading `~` quoted: unquoted, an override refuses it as a home directory the shell left
     if (
-        parse_value(text) == text
+        _reads_as_itself(text)
         and not any(c in text for c in ",[]{}'\"")
         and ": " not in text
         and text[:1] != "~"
     ):
         return text
     return "'" + text + "'" if "'" not in text else '"' + text + '"'
+
+
+def _reads_as_itself(text: str) -> bool:
+    """Whether `text` unquoted is that text as an override (`str(5)` is 5, `choice(a)` refused)."""
+    from gptrain.config.yamlio import parse_value
+    from gptrain.errors import ConfigError
+
+    try:
+        return parse_value(text) == text
+    except ConfigError:
+        return False

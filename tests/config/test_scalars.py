@@ -283,3 +283,51 @@ def test_a_name_override_hydra_reads_as_a_number_of_other_digits_is_refused(key)
         2024,
         1000,
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("str(126)", "126"), ("str(true)", "true"), ("str(1.5)", "1.5"), ("int(5.0)", 5), ("int('7')", 7),
+     ("float(2)", 2.0), ("bool(0)", False), ("bool(true)", True), ("[str(1),int(2.0)]", ["1", 2]),
+     ("'str(126)'", "str(126)"), ("gpt(test)", "gpt(test)")],
+)  # fmt: skip
+def test_hydras_casts_in_an_override_convert_the_value(text, value):
+    """`training.run.name=str(126)` named the run `str(126)` where Hydra names it 126; `int(5.0)` in
+    an int key was refused. A quoted call, or a name Hydra has no function for, stays the text."""
+    read = parse_value(text)
+    assert read == value and type(read) is type(value)
+
+
+@pytest.mark.parametrize("function", ["choice(1,2)", "range(1,4)", "interval(0,1)", "glob(*)", "tag(a,1)"])
+def test_a_hydra_sweep_in_an_override_is_refused_not_taken_as_text(function):
+    """`training.run.name=choice(a,b)` named the run `choice(a,b)` (an int key said "expects int");
+    Hydra refuses a sweep without --multirun, which gptrain has no counterpart of."""
+    [override] = [f"training.run.name={function}"]
+    name = function.partition("(")[0]
+    with pytest.raises(ConfigError) as error:
+        parse_overrides([override])
+    assert str(error.value) == (
+        f"override '{override}': {function} is Hydra's {name} sweep, which runs one job per value"
+        " under --multirun; gptrain composes one config: launch once per value"
+    )
+
+
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        ("extend_list(--label)", "extend_list(--label) appends to the list there in Hydra; gptrain does not: give"
+         " the whole list, [a,b,...]"),
+        ("sort([3,1])", "sort([3,1]): Hydra's sort() is not read here; give the values in the order to use"),
+        ("int(abc)", "int(abc): cannot cast 'abc' with int()"),
+    ],
+)  # fmt: skip
+def test_hydras_other_functions_are_refused_in_one_line(function, message):
+    """Taken as text, `cluster.srun_args=extend_list(--label)` gave srun the word
+    `extend_list(--label)`; a rendered Megatron value of that form is quoted, so it stays text."""
+    from gptrain.megatron.translation import render
+
+    with pytest.raises(ConfigError) as error:
+        parse_overrides([f"cluster.srun_args={function}"])
+    assert str(error.value) == f"override 'cluster.srun_args={function}': {message}"
+    assert render(function) in (f"'{function}'", f'"{function}"')
+    assert render("str(5)") == "'str(5)'"
