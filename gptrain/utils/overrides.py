@@ -167,11 +167,17 @@ def merged_keys(key: str, mapping: dict[Any, Any]) -> list[str]:
 def delete_key(cfg: Any, key: str, form: OverrideForm, expected: Any) -> None:
     """Remove dotted `key` from the OmegaConf mapping `cfg` (`~key`); with `~key=value`, only when
     the value there, resolved or as written, is `expected` (Hydra compares the resolved value;
-    `~key=null` is a bare `~key`, as in Hydra). A key that is not there is a one-line error."""
-    from omegaconf import DictConfig, OmegaConf
+    `~key=null` is a bare `~key`, as in Hydra). A key that is not there, or an item of a list, is a
+    one-line error."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
 
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key, throw_on_resolution_failure=False) if parent_key else cfg
+    if isinstance(parent, ListConfig):
+        raise ConfigError(
+            f"override '{form.argument}': an item of a list cannot be deleted by its index; give the list"
+            f" without it: {form.key.rpartition('.')[0]}=[...]"
+        )
     if not isinstance(parent, DictConfig) or leaf not in parent:
         raise ConfigError(
             f"override '{form.argument}': the key is not in the config, so there is nothing to delete"

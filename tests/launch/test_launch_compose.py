@@ -578,3 +578,14 @@ def test_a_section_made_by_an_override_of_a_key_in_it_names_that_override(overri
     with pytest.raises(ConfigError) as error:
         validate_training(plan, render_run_files(plan, args))
     assert str(error.value).startswith(f"override '{override}': {problem}")
+
+
+def test_deleting_an_item_of_a_list_says_to_give_the_list():
+    """`~cluster.srun_args.0` said 'the key is not in the config, so there is nothing to delete',
+    of an item that is there."""
+    with pytest.raises(ConfigError) as error:
+        compose(["~cluster.srun_args.0"])
+    assert str(error.value) == (
+        "override '~cluster.srun_args.0': an item of a list cannot be deleted by its index; give the"
+        " list without it: cluster.srun_args=[...]"
+    )
