@@ -16,7 +16,7 @@ from gptrain.launch.additional_parameters import (
     left_out_reason,
     per_gpu_option,
 )
-from gptrain.launch.compose import CONFIG_ROOT, compose
+from gptrain.launch.compose import CONFIG_ROOT, STAGES, compose
 from gptrain.launch.download import tokenizer_downloads
 from gptrain.launch.live_jobs import cancel_never_starting, refuse_launch_into_live_run
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
@@ -87,6 +87,7 @@ def preflight(plan: LaunchPlan, dry_run: bool, training: TrainingConfig | None =
         lines += _checked(lambda: check_wandb_key_file(plan.top.get("wandb_api_key_file"), training), dry_run)
         lines += _checked(lambda: check_fresh_start(training), dry_run, (ConfigError,))
     lines += _checked(lambda: check_mount_dirs(plan.mount_dirs), dry_run)
+    lines += stage_order_notes(list(plan.resolved.get("stages") or []))
     lines += launch_notes(plan, stages)
     if plan.cluster_type == "slurm":
         from gptrain.launch.executors.slurm import sbatch_variables_notes
@@ -133,6 +134,19 @@ def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
             "the job without requeueing it; give +cluster.max_requeues=N to go on by itself"
         )
     return notes + no_gpus_asked_notes(plan) + left_out_without_gpus_notes(plan)
+
+
+def stage_order_notes(stages: list[str]) -> list[str]:
+    """NeMo submits the stages in the order listed, each after the one before; gptrain runs each once,
+    data preparation before the validation and training that read its output: say so where the list
+    reads otherwise (`stages=[training,data_preparation]`, a stage twice)."""
+    run = [stage for stage in STAGES if stage in stages]
+    if list(stages) == run:
+        return []
+    return [
+        f"note  stages [{', '.join(map(str, stages))}] run as {', '.join(run)}: each stage runs once,"
+        " after the ones it needs"
+    ]
 
 
 # Why a stage asks for no GPU, and what it gets in place of each per-GPU option left out of its script.

@@ -589,3 +589,23 @@ def test_deleting_an_item_of_a_list_says_to_give_the_list():
         "override '~cluster.srun_args.0': an item of a list cannot be deleted by its index; give the"
         " list without it: cluster.srun_args=[...]"
     )
+
+
+@pytest.mark.parametrize(
+    ("stages", "order"),
+    [("[training,data_preparation]", "data_preparation, training"), ("[training,training]", "training")],
+)
+def test_stages_listed_out_of_their_order_say_the_order_they_run_in(tmp_path, capsys, stages, order):
+    """NeMo submits the stages in the order listed, each after the one before; gptrain runs them in
+    data_preparation, validation, training order, each once: a list in another order (or a stage
+    twice) ran otherwise than written without a word."""
+    from gptrain.cli import main
+
+    args = ["cluster_type=slurm", f"base_results_dir={tmp_path}", f"data_dir={tmp_path}/data"]
+    args += ["data_preparation.shards=[https://host/a.jsonl.zst]", "+cluster.max_requeues=3"]
+    assert main(["launch", "--dry-run", *args, f"stages={stages}"]) == 0
+    listed = stages.strip("[]").replace(",", ", ")
+    note = f"note  stages [{listed}] run as {order}: each stage runs once, after the ones it needs"
+    assert note in capsys.readouterr().err
+    assert main(["launch", "--dry-run", *args, "stages=[data_preparation,training]"]) == 0
+    assert "note  stages" not in capsys.readouterr().err
