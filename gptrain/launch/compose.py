@@ -243,6 +243,33 @@ def default_choices(root_config: dict[str, Any], path: Path) -> dict[str, str]:
     return choices
 
 
+def groups_under_root(defaults: list[Any]) -> set[str]:
+    """The groups whose file config.yaml's own section of that name overrides: Hydra merges the
+    defaults list in order, config.yaml's own keys where `_self_` stands (last where the list has no
+    `_self_`, as in Hydra 1.1+), so the groups listed before it."""
+    listed = [entry if isinstance(entry, str) else next(iter(entry), None) for entry in defaults]
+    before = listed[: listed.index("_self_")] if "_self_" in listed else listed
+    return {str(group) for group in before if group}
+
+
+def merge_section(own: Any, chosen: dict[str, Any], own_wins: bool) -> dict[str, Any]:
+    """A group's file merged with config.yaml's section of that name (`cluster: {account: x}`), which
+    was dropped for the file: a key only one has is kept, the later one's (see groups_under_root)
+    where both have it."""
+    if not isinstance(own, dict):
+        return chosen
+    return _merged(chosen, own) if own_wins else _merged(own, chosen)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into `base` as OmegaConf merges: mappings key by key, anything else replaced."""
+    merged = dict(base)
+    for key, value in over.items():
+        inner = merged.get(key)
+        merged[key] = _merged(inner, value) if isinstance(inner, dict) and isinstance(value, dict) else value
+    return merged
+
+
 def launcher_config(root: Path, config_name: str) -> Path:
     """<root>/<config_name>.yaml, or a ConfigError naming --config-dir and what to do: Path.is_dir
     raised PermissionError where a directory on the way may not be searched, said as a bare
@@ -277,6 +304,7 @@ def compose(
     base = load_yaml(config_path)
     base.pop("hydra", None)
     notes = nemo_launcher.prepare_root(base, root, GROUPS, config_path)  # a NeMo launcher tree works as is
+    under_root = groups_under_root(base.get("defaults") or [])
     choices = default_choices(base, config_path)
     overrides = parse_overrides(arguments)
     dotted, foreign, hydra_settings = [], [], []
@@ -303,7 +331,7 @@ def compose(
         notes.append(f"{', '.join(hydra_settings)}: {HYDRA_SETTINGS_REASON}")
     choices = {**bundled_defaults(root, choices), **choices}
     for group, choice in choices.items():
-        base[group] = load_group(group, choice, root)
+        base[group] = merge_section(base.get(group), load_group(group, choice, root), group in under_root)
     report_fallbacks(choices, root)
     try:
         cfg = OmegaConf.create(base)

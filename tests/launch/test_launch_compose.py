@@ -609,3 +609,25 @@ def test_stages_listed_out_of_their_order_say_the_order_they_run_in(tmp_path, ca
     assert note in capsys.readouterr().err
     assert main(["launch", "--dry-run", *args, "stages=[data_preparation,training]"]) == 0
     assert "note  stages" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("self_at", "partition"), [("first", "gpu"), ("last", "rootpart"), ("absent", "rootpart")]
+)
+def test_a_section_in_config_yaml_merges_with_its_group_file_as_hydra_orders_them(conf, self_at, partition):
+    """`cluster: {account: acct}` written in config.yaml was dropped for the group file without a word;
+    Hydra merges the defaults list in order, config.yaml's own keys at `_self_` (last when the
+    list has none, Hydra 1.1+): a key only one of them has survives, a key both have is the later's."""
+    (conf / "cluster" / "site.yaml").write_text("partition: gpu\nsrun_args: []\n")
+    defaults = ["cluster: site", "data_preparation: download_shards", "training: gpt3/126m"]
+    if self_at != "absent":
+        defaults.insert(0 if self_at == "first" else len(defaults), "_self_")
+    text = (conf / "config.yaml").read_text()
+    head, _, rest = text.partition("defaults:\n")
+    rest = rest[rest.index("\n\n") :]  # the bundled list, replaced
+    listed = "".join(f"  - {entry}\n" for entry in defaults)
+    (conf / "config.yaml").write_text(
+        f"{head}defaults:\n{listed}{rest}\ncluster:\n  account: acct\n  partition: rootpart\n"
+    )
+    cluster = compose([], root=conf).resolved()["cluster"]
+    assert cluster["account"] == "acct" and cluster["partition"] == partition
