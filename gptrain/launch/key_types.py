@@ -28,6 +28,10 @@ def _integer(key: str, value: Any, low: int, high: int | None = None) -> int | N
     loader reads it; kept as the int, so a script never renders `--nodes=2.0`."""
     if value is None:
         return None
+    if isinstance(value, str) and not value.strip():  # `num_nodes=$NN`, NN unset
+        raise ConfigError(
+            f"{key}: empty; give a whole number (on the command line, a $VARIABLE the shell found unset is empty)"
+        )
     from gptrain.config.yamlio import as_int  # the config package loads omegaconf: not at start-up
 
     whole_float = isinstance(value, float) and value.is_integer()

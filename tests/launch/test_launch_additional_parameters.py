@@ -543,7 +543,11 @@ def test_ntasks_per_gpu_is_refused_naming_the_ntasks_per_node_gptrain_renders(
         ("+cluster.cpus_per_gpu=false", "cluster.cpus_per_gpu: expected a whole number, got False (bool)"),
         ("+cluster.cpus_per_gpu=true", "cluster.cpus_per_gpu: expected a whole number, got True (bool)"),
         ("+cluster.cpus_per_gpu=-2", "cluster.cpus_per_gpu: expected a whole number 1 or more, got -2"),
-        ("+cluster.cpus_per_gpu=''", "cluster.cpus_per_gpu: expected a whole number, got '' (str)"),
+        (
+            "+cluster.cpus_per_gpu=''",
+            "cluster.cpus_per_gpu: empty; give a whole number (on the command line, a $VARIABLE the shell"
+            " found unset is empty)",
+        ),
         ("+cluster.comment=true", "cluster.comment: expected one value or null (left out), got True (bool)"),
         (
             "+cluster.comment=false",

@@ -509,3 +509,15 @@ def test_a_quoted_run_name_reaches_the_training_as_written(tmp_path, monkeypatch
     write_run_files(plan, args)
     (job,) = plan.jobs
     assert load_training_config(str(config_path(job)), []).run.name == name
+
+
+@pytest.mark.parametrize("override", ["training.trainer.num_nodes=", "cluster.max_requeues= "])
+def test_an_empty_count_says_a_shell_variable_may_be_unset(override, capsys):
+    """`training.trainer.num_nodes=$NN` (the Azure tutorial's command) with NN unset reached the launch
+    as an empty value, refused as "expected a whole number, got '' (str)", naming no cause."""
+    key = override.partition("=")[0]
+    assert main(["launch", "--dry-run", "cluster_type=slurm", override]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"gptrain: error: {key}: empty; give a whole number (on the command line, a $VARIABLE the shell"
+        " found unset is empty)"
+    )
