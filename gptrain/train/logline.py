@@ -43,7 +43,7 @@ def format_iteration_line(log: IterationLog, now: datetime | None = None) -> str
         line += f" throughput per GPU (TFLOP/s/GPU): {log.throughput_tflops:.1f} |"
     line += f" learning rate: {log.learning_rate:.6E} |"
     line += f" global batch size: {log.global_batch_size:5d} |"
-    if log.lm_loss is not None and log.lm_loss > 0.0:
+    if log.lm_loss is not None and log.lm_loss >= 0.0:  # Megatron prints averages >= 0
         line += f" lm loss: {log.lm_loss:.6E} |"
     line += f" loss scale: {log.loss_scale:.1f} |"
     if log.grad_norm is not None:

@@ -36,6 +36,7 @@ class IntervalMeter:
     iterations: int = 0
     updated: int = 0
     loss_sum: float = 0.0
+    loss_seen: bool = False  # an iteration of this process updated: Megatron's line has a loss from then on
     skipped: int = 0
     nans: int = 0
     last_lr: float = 0.0
@@ -77,6 +78,7 @@ class IntervalMeter:
         self.last_grad_norm = result.grad_norm if result.updated else None
         if result.updated:
             self.updated += 1
+            self.loss_seen = True
             self.loss_sum += result.loss
         self.last_lr, self.last_scale = lr, scale
 
@@ -85,6 +87,11 @@ class IntervalMeter:
 
     def mean_loss(self) -> float | None:
         return self.loss_sum / self.updated if self.updated else None
+
+    def line_loss(self) -> float | None:
+        """The line's loss as Megatron's training_log prints it: the sum over max(1, updated), so 0 for an
+        interval of skipped iterations, and none before the process's first update."""
+        return self.loss_sum / max(1, self.updated) if self.loss_seen else None
 
     def batch_share(self, global_batch_size: int) -> float:
         """Mean global batch of the interval over the full one (1 outside a ramp-up)."""
@@ -146,7 +153,7 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
             throughput_tflops=tflops if run.log_throughput else None,
             learning_rate=meter.last_lr,
             global_batch_size=batch,
-            lm_loss=meter.mean_loss(),
+            lm_loss=meter.line_loss(),
             loss_scale=meter.last_scale,
             grad_norm=meter.last_grad_norm,
             skipped_iterations=meter.skipped,

@@ -243,3 +243,41 @@ def test_the_throughput_field_is_in_the_line_only_where_asked_as_megatrons(log_t
     field = " throughput per GPU (TFLOP/s/GPU): 1.0 |" if log_throughput else ""
     assert f" elapsed time per iteration (ms): 2000.0 |{field} learning rate: 1.000000E-03 |" in line
     assert line.endswith(" number of nan iterations:   0 | MFU: 50.0% |")  # gptrain's, after Megatron's
+
+
+def test_an_interval_of_skipped_iterations_prints_a_zero_loss_as_megatron(monkeypatch):
+    """Megatron's training_log keeps a loss key once an iteration of the process has updated and
+    prints its sum over max(1, advanced iterations): an interval made only of skipped iterations
+    prints `lm loss: 0.000000E+00`. Before any update (fp16's first overflows) it has no key and no
+    field. The dashboards get no loss for such an interval (0 is no loss)."""
+    from gptrain.train import meter as meter_module
+    from gptrain.train.step import StepResult
+
+    shape = meter_module.RunShape(
+        flops_per_iteration=1e12,
+        peak_tflops=None,
+        world_size=1,
+        global_batch_size=1,
+        seq_length=8,
+        max_steps=9,
+    )
+    meter = meter_module.IntervalMeter()
+    skipped = StepResult(loss=float("inf"), updated=False, overflow=True)
+    meter.add(skipped, lr=1e-3, scale=2.0**32)
+    first = meter_module.interval_report(meter, 1, 1, shape)
+    assert "lm loss" not in first.line and first.by_step["lm loss"] is None
+    meter.add(StepResult(loss=2.5, grad_norm=1.0, updated=True), lr=1e-3, scale=2.0**31)
+    meter.add(skipped, lr=1e-3, scale=2.0**30)
+    assert " lm loss: 2.500000E+00 | loss scale:" in meter_module.interval_report(meter, 3, 3, shape).line
+    meter.add(skipped, lr=1e-3, scale=2.0**29)
+    meter.add(skipped, lr=1e-3, scale=2.0**28)
+    report = meter_module.interval_report(meter, 5, 5, shape)
+    assert " global batch size:     1 | lm loss: 0.000000E+00 | loss scale: 268435456.0 |" in report.line
+    assert " number of skipped iterations:   2 |" in report.line
+    assert report.by_step["lm loss"] is None
+
+
+def test_a_loss_of_zero_is_printed_as_megatron_prints_it():
+    """Megatron prints every average that is >= 0.0, zero included."""
+    line = format_iteration_line(sample_log(lm_loss=0.0), NOW)
+    assert " global batch size:   256 | lm loss: 0.000000E+00 | loss scale: 1.0 |" in line
