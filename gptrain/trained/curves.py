@@ -92,6 +92,15 @@ def _fields(text: str) -> Iterable[tuple[str, float]]:
             continue
 
 
+def _training_fields(text: str) -> dict[str, float]:
+    """An iteration line's numbers, without the loss Megatron prints as 0 for an interval whose
+    iterations were all skipped (its sum over max(1, 0) updated ones): no loss was measured there."""
+    fields = dict(_fields(text))
+    if fields.get(LOSS) == 0.0 and fields.get("number of skipped iterations", 0) > 0:
+        del fields[LOSS]
+    return fields
+
+
 def parse_log_lines(lines: Iterable[str], metrics: RunMetrics | None = None) -> RunMetrics:
     """Add the numbers of Megatron iteration and validation lines in `lines` to `metrics`."""
     metrics = metrics if metrics is not None else RunMetrics()
@@ -101,7 +110,7 @@ def parse_log_lines(lines: Iterable[str], metrics: RunMetrics | None = None) -> 
             if metrics.last_step is not None and step < metrics.last_step:  # equal: a line read twice
                 metrics.resume_at(step)
             metrics.last_step = step
-            for name, value in _fields(match.group(2)):
+            for name, value in _training_fields(match.group(2)).items():
                 metrics.train.setdefault(name, {})[step] = value
         elif (match := _VALIDATION.search(line)) and match.group(2) in (None, "validation"):
             step = int(match.group(1))

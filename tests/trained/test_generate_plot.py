@@ -79,6 +79,19 @@ def test_parser_extracts_megatron_numbers() -> None:
     assert "lm loss PPL" not in metrics.valid
 
 
+def test_the_zero_loss_of_an_interval_of_skipped_iterations_is_no_point() -> None:
+    """Megatron (and gptrain) print `lm loss: 0.000000E+00` for an interval whose iterations were all
+    skipped (fp16 overflows): no loss was measured, so the curve has no point there, not a dip to 0."""
+    lines = [megatron_iteration_line(it, 3, 5.0, 1e-4, 250.0, 1.5) for it in (1, 3)]
+    skipped = megatron_iteration_line(2, 3, 0.0, 1e-4, 250.0, 1.5).replace(
+        "number of skipped iterations:   0", "number of skipped iterations:   1"
+    )
+    assert " lm loss: 0.000000E+00 |" in skipped
+    metrics = parse_log_lines([lines[0], skipped, lines[1]])
+    assert metrics.series(LOSS) == ([1, 3], [5.0, 5.0])
+    assert metrics.train[LEARNING_RATE][2] == 1e-4  # the line's other numbers stay
+
+
 def test_a_torn_last_line_gives_no_number_cut_short(tmp_path: Path) -> None:
     """A log read while the run writes it (or left by a kill mid-line) ends inside a field:
     `learning rate: 3.000000E-0` of 3.0E-05 was read as 3.0 (a spike 10^5 high in the curve). Only
