@@ -210,6 +210,9 @@ NO_EFFECT: dict[str, int | None] = {
     # logs only
     "--log-world-size-to-tensorboard": 0, "--timing-log-option": 1, "--log-progress": 0, "--log-straggler": 0,
     "--disable-straggler-on-startup": 0, "--straggler-ctrlr-port": 1, "--straggler-minmax-count": 1,
+    "--log-energy": 0, "--log-memory-interval": 1, "--log-device-memory-used": 0, "--log-max-attention-logit": 0,
+    "--no-log-loss-scale-to-tensorboard": 0, "--disable-log-loss-scale-to-tensorboard": 0,
+    "--no-barrier-with-level-1-timing": 0,
     # data-parallel communication
     "--ddp-bucket-size": 1, "--ddp-num-buckets": 1, "--ddp-pad-buckets-for-high-nccl-busbw": 0,
     "--ddp-average-in-collective": 0,
@@ -233,6 +236,15 @@ NO_EFFECT: dict[str, int | None] = {
 
 # Why a NO_EFFECT flag changes nothing, where the reason is not speed, kernels or logs (said in the notice).
 NO_EFFECT_WHY: dict[str, str] = {
+    # Megatron core 0.18's logging flags whose output gptrain's logs lack
+    "--log-energy": "the line has no energy and power per GPU fields: gptrain does not read the GPUs' energy counters",
+    "--log-memory-interval": "each rank's memory report is printed once, at the end of the run",
+    "--log-device-memory-used": "no device memory scalars in TensorBoard",
+    "--log-max-attention-logit": "no max attention logit in TensorBoard",
+    **dict.fromkeys(
+        ("--no-log-loss-scale-to-tensorboard", "--disable-log-loss-scale-to-tensorboard"),
+        "gptrain writes the loss scale to TensorBoard",
+    ),
     "--exit-signal-handler": "gptrain always saves a checkpoint and exits on SIGTERM and SIGUSR1",
     # gptrain.train.watchdog.collective_timeout_minutes at trainer.hang_timeout_minutes 10
     "--distributed-timeout-minutes": "gptrain's collectives wait 65 minutes (6 x trainer.hang_timeout_minutes "

@@ -1,10 +1,14 @@
-"""Where a run writes and reads: --save, --load, save intervals, --tensorboard-dir, --wandb-*."""
+"""Where a run writes and reads: --save, --load, save intervals, --tensorboard-dir, --wandb-*, and
+the checks Megatron makes of its logging intervals."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from gptrain.errors import ConfigError
+from gptrain.megatron.flag_parsing import convert_value
 
 if TYPE_CHECKING:
     from gptrain.megatron.translation import Translation
@@ -99,4 +103,19 @@ def wandb_flags(result: Translation) -> None:
     elif "exp_manager.explicit_log_dir" in v:
         v["exp_manager.wandb_logger_kwargs.save_dir"] = os.path.join(
             v["exp_manager.explicit_log_dir"], "wandb"
+        )
+
+
+def memory_interval(result: Translation) -> None:
+    """Megatron asserts --log-memory-interval is a multiple of --log-interval (its report comes with a
+    line); gptrain refuses the others too, though it prints the report only at the end (the flag's note)."""
+    given = result.given
+    if "--log-memory-interval" not in given:
+        return
+    text = given["--log-memory-interval"][0]
+    interval = convert_value("--log-memory-interval", text, int)
+    log_interval = result.values["trainer.log_every_n_steps"]
+    if log_interval and interval % log_interval:  # an interval of 0 is refused by its own check
+        raise ConfigError(
+            f"--log-memory-interval {text}: must be a multiple of --log-interval ({log_interval}), as Megatron asserts"
         )

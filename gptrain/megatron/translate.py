@@ -32,7 +32,7 @@ from gptrain.megatron.numerics_flags import (
     static_loss_scale,
     xla_precision,
 )
-from gptrain.megatron.output_flags import no_periodic_saves, output_directories, wandb_flags
+from gptrain.megatron.output_flags import memory_interval, no_periodic_saves, output_directories, wandb_flags
 from gptrain.megatron.parallel_flags import (
     data_parallel_sharding,
     layout_from_environment,
@@ -128,6 +128,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
     schedule_lengths(v, given)
     output_directories(result)
     wandb_flags(result)
+    memory_interval(result)
     check_benchmark_mode(result)
     _filled_in(result)
 

@@ -2427,3 +2427,44 @@ def test_log_throughput_puts_the_throughput_field_in_the_line_as_in_megatron():
         t = translate(shlex.split(flags + extra), {})
         assert load_training_config(None, t.overrides, report_ignored=False).trainer.log_throughput is shown
         assert not any("--log-throughput" in note for note in t.notes)
+
+
+@pytest.mark.parametrize(
+    ("flag", "values", "why"),
+    [
+        (
+            "--log-energy",
+            "",
+            "the line has no energy and power per GPU fields: gptrain does not read the GPUs' energy counters",
+        ),
+        ("--log-memory-interval", " 100", "each rank's memory report is printed once, at the end of the run"),
+        ("--log-device-memory-used", "", "no device memory scalars in TensorBoard"),
+        ("--log-max-attention-logit", "", "no max attention logit in TensorBoard"),
+        ("--no-log-loss-scale-to-tensorboard", "", "gptrain writes the loss scale to TensorBoard"),
+        ("--disable-log-loss-scale-to-tensorboard", "", "gptrain writes the loss scale to TensorBoard"),
+        ("--no-barrier-with-level-1-timing", "", None),
+    ],
+)
+def test_logging_flags_of_megatron_core_0_18_are_accepted_and_said_ignored(flag, values, why):
+    """Megatron core 0.18's LoggerConfig flags that change only logs were refused as unknown; each is
+    accepted with Megatron's arity and said, with what gptrain's logs then lack."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --log-interval 10"
+    plain = translate(shlex.split(base), {})
+    t = translate(shlex.split(f"{base} {flag}{values}"), {})
+    assert t.values == plain.values
+    assert t.notes[0] == (f"{flag} ({why})" if why else flag)
+    wrong = " 1 2" if values else " 1"
+    with pytest.raises(ConfigError, match=f"^{flag}: takes "):
+        translate(shlex.split(f"{base} {flag}{wrong}"), {})
+
+
+def test_a_memory_interval_off_the_log_interval_is_refused_as_megatron_refuses_it():
+    """Megatron asserts --log-memory-interval is a multiple of --log-interval."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --log-interval 10 --log-memory-interval 15"
+    with pytest.raises(
+        ConfigError, match=r"^--log-memory-interval 15: must be a multiple of --log-interval \(10\)"
+    ):
+        translate(shlex.split(base), {})
+    assert translate(shlex.split(base.replace(" 15", " 20")), {}).notes
