@@ -212,7 +212,10 @@ NO_EFFECT: dict[str, int | None] = {
     "--disable-straggler-on-startup": 0, "--straggler-ctrlr-port": 1, "--straggler-minmax-count": 1,
     "--log-energy": 0, "--log-memory-interval": 1, "--log-device-memory-used": 0, "--log-max-attention-logit": 0,
     "--no-log-loss-scale-to-tensorboard": 0, "--disable-log-loss-scale-to-tensorboard": 0,
-    "--no-barrier-with-level-1-timing": 0,
+    "--no-barrier-with-level-1-timing": 0, "--disable-manual-gc-eval": 0,
+    # what Megatron's profilers (--profile, accepted without effect) record
+    "--pytorch-profiler-collect-shapes": 0, "--pytorch-profiler-collect-callstack": 0,
+    "--pytorch-profiler-collect-chakra": 0, "--record-shapes": 0, "--nvtx-ranges": 0,
     # data-parallel communication
     "--ddp-bucket-size": 1, "--ddp-num-buckets": 1, "--ddp-pad-buckets-for-high-nccl-busbw": 0,
     "--ddp-average-in-collective": 0,

@@ -2443,6 +2443,12 @@ def test_log_throughput_puts_the_throughput_field_in_the_line_as_in_megatron():
         ("--no-log-loss-scale-to-tensorboard", "", "gptrain writes the loss scale to TensorBoard"),
         ("--disable-log-loss-scale-to-tensorboard", "", "gptrain writes the loss scale to TensorBoard"),
         ("--no-barrier-with-level-1-timing", "", None),
+        ("--pytorch-profiler-collect-shapes", "", None),
+        ("--pytorch-profiler-collect-callstack", "", None),
+        ("--pytorch-profiler-collect-chakra", "", None),
+        ("--record-shapes", "", None),
+        ("--nvtx-ranges", "", None),
+        ("--disable-manual-gc-eval", "", None),
     ],
 )
 def test_logging_flags_of_megatron_core_0_18_are_accepted_and_said_ignored(flag, values, why):
