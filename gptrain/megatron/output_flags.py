@@ -37,6 +37,17 @@ def no_periodic_saves(result: Translation) -> None:
         )
 
 
+def save_needs_interval(given: dict[str, list[str]]) -> None:
+    """Megatron asserts a save interval beside --save (it has since 2022): a script without one does not
+    start there, so it is refused here rather than run with a save at the end only. The Neuron fork's
+    --save-xser is not what that assertion reads."""
+    if "--save" in given and not set(SAVE_INTERVAL_FLAGS) & given.keys():
+        raise ConfigError(
+            "--save without --save-interval: Megatron refuses it (it asserts a save interval); give "
+            "--save-interval N, a checkpoint every N iterations (N of --train-iters: at the end only)"
+        )
+
+
 def output_directories(result: Translation) -> None:
     """--save is the run directory (checkpoints in <save>/checkpoints). A --load that differs from it
     is where the run starts from until it has a checkpoint of its own; then a restart resumes that.

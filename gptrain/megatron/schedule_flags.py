@@ -252,7 +252,9 @@ def iteration_flags(v: dict[str, Any], given: dict[str, list[str]]) -> None:
         raise ConfigError("--lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples: give only one")
     if "model.optim.sched.warmup_samples" in v or "model.optim.sched.warmup_fraction" in v:
         v["model.optim.sched.warmup_steps"] = 0
-    if not {"--save-interval", "--persistent-save-interval"} & given.keys():  # Megatron saves only at the end
+    if (
+        not {"--save-interval", "--persistent-save-interval"} & given.keys()
+    ):  # without --save, or with --save-xser: at the end
         v["exp_manager.checkpoint_callback_params.every_n_train_steps"] = v["trainer.max_steps"]
 
 

@@ -32,7 +32,13 @@ from gptrain.megatron.numerics_flags import (
     static_loss_scale,
     xla_precision,
 )
-from gptrain.megatron.output_flags import memory_interval, no_periodic_saves, output_directories, wandb_flags
+from gptrain.megatron.output_flags import (
+    memory_interval,
+    no_periodic_saves,
+    output_directories,
+    save_needs_interval,
+    wandb_flags,
+)
 from gptrain.megatron.parallel_flags import (
     data_parallel_sharding,
     layout_from_environment,
@@ -124,6 +130,7 @@ def finish(result: Translation, env: dict[str, str]) -> None:
         ]
     iteration_flags(v, given)
     megatron_decay_styles(result)
+    save_needs_interval(given)
     no_periodic_saves(result)
     schedule_lengths(v, given)
     output_directories(result)

@@ -173,7 +173,7 @@ def test_a_quoted_tilde_is_the_text():
 
 def test_megatron_paths_with_a_tilde_stay_literal_as_megatron_takes_them():
     flags = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    flags += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save ~/ckpt"
+    flags += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save ~/ckpt --save-interval 2"
     cfg = load_training_config(None, translate(flags.split(), {}).overrides, report_ignored=False)
     assert cfg.exp_manager.explicit_log_dir == "~/ckpt"
 

@@ -519,7 +519,7 @@ def test_a_save_interval_of_0_is_no_periodic_saves_but_the_end_of_run_one(flag, 
     params = cfg.exp_manager.checkpoint_callback_params
     assert params.every_n_train_steps == cfg.trainer.max_steps == 40
     assert params.save_last
-    without = translate(shlex.split(base), {})
+    without = translate(shlex.split(base + " --save-interval 40" * bool(save)), {})  # the run's length
     assert t.values == without.values
     said = [note for note in t.notes if note.startswith(f"{flag} 0 (no periodic saves")]
     assert len(said) == bool(save)
@@ -1325,7 +1325,7 @@ def test_dry_run_prints_overrides_and_yaml_without_torch(tmp_path):
 
 def test_load_elsewhere_than_save_starts_from_load_then_resumes_the_run():
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save-interval 2"
     t = translate(shlex.split(base + " --save /b --load /a --no-load-optim --no-load-rng"), {})
     cfg = load_training_config(None, t.overrides, report_ignored=False)
     em = cfg.exp_manager
@@ -1345,7 +1345,7 @@ def test_a_save_and_load_of_megatrons_checkpoints_is_refused_not_trained_from_it
     """Megatron's scripts give --save and --load the same directory: over Megatron's checkpoints the run
     trained from iteration 0 into it, silently, where Megatron resumes. A gptrain checkpoint there resumes."""
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save-interval 2"
     ck = tmp_path / "ck"
     (ck / "iter_0000100" / "mp_rank_00").mkdir(parents=True)
     (ck / "latest_checkpointed_iteration.txt").write_text("100")
@@ -1401,7 +1401,7 @@ def test_flags_megatron_has_no_default_for_are_said_with_the_value_taken(flags, 
 
 def test_wandb_flags_map_to_the_nemo_wandb_logger():
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save /runs/x"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save /runs/x --save-interval 2"
     t = translate(shlex.split(base + " --wandb-project proj --wandb-exp-name exp"), {})
     em = load_training_config(None, t.overrides, report_ignored=False).exp_manager
     kw = em.wandb_logger_kwargs
@@ -1418,7 +1418,7 @@ def test_wandb_entity_names_the_team_of_the_wandb_run():
     """Megatron's --wandb-entity (August 2025), in awsome-distributed-training's gpt3 sbatch beside
     --wandb-project: the W&B team or user the run goes to; before, refused as an unknown flag."""
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save /runs/x"
+    base += " --train-iters 4 --mock-data --vocab-size 64 --lr 1e-4 --eval-interval 2 --save /runs/x --save-interval 2"
     t = translate(shlex.split(base + " --wandb-project megatron-lm --wandb-entity gpt-entity"), {})
     kw = load_training_config(None, t.overrides, report_ignored=False).exp_manager.wandb_logger_kwargs
     assert (kw.project, kw.entity) == ("megatron-lm", "gpt-entity")
@@ -2474,3 +2474,21 @@ def test_a_memory_interval_off_the_log_interval_is_refused_as_megatron_refuses_i
     ):
         translate(shlex.split(base), {})
     assert translate(shlex.split(base.replace(" 15", " 20")), {}).notes
+
+
+def test_save_without_a_save_interval_is_refused_as_megatron_refuses_it(capsys):
+    """Megatron asserts --save-interval beside --save (arguments.py, from 2022 to core 0.20); before,
+    gptrain took the pair and saved only at the end, a run Megatron does not start. Now one line says
+    so; the Neuron fork's --save-xser, which that assertion does not read, keeps the end-of-run save."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += " --train-iters 40 --mock-data --vocab-size 64"
+    with pytest.raises(ConfigError, match=r"^--save without --save-interval: Megatron refuses it"):
+        translate(shlex.split(f"{base} --save /ck"), {})
+    assert main(["megatron", "--dry-run", *shlex.split(f"{base} --save /ck --load /ck")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "give --save-interval N" in err
+    for interval in ("--save-interval 10", "--persistent-save-interval 10"):
+        t = translate(shlex.split(f"{base} --save /ck {interval}"), {})
+        assert t.values["exp_manager.checkpoint_callback_params.every_n_train_steps"] == 10
+    t = translate(shlex.split(f"{base} --save-xser /ck"), {})
+    assert t.values["exp_manager.checkpoint_callback_params.every_n_train_steps"] == 40

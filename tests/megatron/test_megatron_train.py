@@ -27,7 +27,7 @@ from gptrain.train.schedule_checks import (
 TINY = shlex.split(
     "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2"
     " --global-batch-size 4 --train-iters 4 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 2 --lr-decay-iters 4"
-    " --lr-decay-style linear --log-interval 1 --eval-iters 1 --eval-interval 2"
+    " --lr-decay-style linear --log-interval 1 --eval-iters 1 --eval-interval 2 --save-interval 4"
 )
 
 
@@ -164,6 +164,7 @@ def test_the_tutorial_and_example_flag_lists_train_on_cpu(example, tmp_path, cap
         return
     if example == "aws_sbatch":
         flags = [*AWS_SBATCH, *TINY_SHAPE, *data, "--train-samples", "16", "--save", str(tmp_path / "run")]
+        flags += ["--save-interval", "4"]  # Megatron asserts one beside --save
     else:
         run = str(tmp_path / "run")
         flags = [

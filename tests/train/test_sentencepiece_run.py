@@ -16,7 +16,7 @@ pytest.importorskip("sentencepiece")
 TINY = shlex.split(
     "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2"
     " --global-batch-size 4 --train-iters 3 --lr 1e-3 --log-interval 1 --eval-iters 1 --eval-interval 3"
-    " --split 90,10,0"
+    " --split 90,10,0 --save-interval 3"
 )
 MOCK = ["model.data.data_impl=mock", "model.data.data_prefix=[]"]
 

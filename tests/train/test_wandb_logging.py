@@ -21,7 +21,7 @@ TINY_MEGATRON = shlex.split(
     "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 --micro-batch-size 2"
     " --global-batch-size 4 --train-iters 4 --lr 1e-3 --min-lr 1e-4 --lr-warmup-iters 2 --lr-decay-iters 4"
     " --lr-decay-style linear --log-interval 1 --eval-iters 1 --eval-interval 2 --mock-data --vocab-size 128"
-    " --num-workers 0"
+    " --num-workers 0 --save-interval 4"
 )
 
 
