@@ -50,6 +50,15 @@ def adopt_recorded_validation(s: Session) -> None:
         s.state.validated_at = s.state.step
 
 
+def validation_blocks(s: Session, step: int) -> tuple[str, ...]:
+    """The suffixes of Megatron's validation blocks for `step`: "" on the eval interval ('validation loss
+    at iteration N'), " on validation set" for the validation after training, at trainer.max_steps.
+    Where the end is on the interval Megatron evaluates twice and prints both; gptrain evaluates the
+    same batches each time, so one evaluation prints both, with the loss a second would give."""
+    at_end = step >= s.cfg.trainer.max_steps
+    return ("",) * (validates_at(s, step) or not at_end) + (" on validation set",) * at_end
+
+
 def has_batches(data: GPTBatchDataset | None, batches: int) -> bool:
     """Whether evaluate_split evaluates anything for this split and limit."""
     return data is not None and batches > 0 and len(data) > 0
@@ -70,11 +79,11 @@ def evaluate_split(
     s: Session,
     data: GPTBatchDataset | None,
     batches: int,
-    where: str,
+    blocks: tuple[str, ...],
     tag: str,
     stop_check: StopCheck | None = None,
 ) -> float | None:
-    """Evaluate, print Megatron's block on the logging rank, send the loss to TensorBoard; the loss
+    """Evaluate, print Megatron's block for each suffix of `blocks` on the logging rank, send the loss to TensorBoard; the loss
     (every rank has it), or None when there was nothing to evaluate. A stop agreed at one of its
     batches raises EvaluationStopped, with nothing printed or sent."""
     if not has_batches(data, batches):
@@ -83,8 +92,9 @@ def evaluate_split(
     with s.doing(f"in the {split} of iteration {s.state.step}"):
         loss = evaluate(s, data, batches, stop_check)
     if s.logging_rank:
-        for line in format_validation_lines(s.state.step, loss, where):
-            s.log(line)
+        for where in blocks:
+            for line in format_validation_lines(s.state.step, loss, where):
+                s.log(line)
     s.scalars.add({tag: loss}, s.state.step)
     named = evaluation_scalars(loss, "valid" if tag == TB_VAL_LOSS else "test")  # Megatron's and NeMo's tags
     s.scalars.add(named, s.state.step)
@@ -99,7 +109,8 @@ def evaluate_split(
 def validate(s: Session, data: GPTBatchDataset | None, stop_check: StopCheck | None = None) -> None:
     """Megatron's validation block (skipped in benchmark mode, limit_val_batches=0); its loss is kept
     for this step's save to record. Stopped (EvaluationStopped), it stays owed (validation_owed)."""
-    loss = evaluate_split(s, data, s.cfg.trainer.limit_val_batches, "", TB_VAL_LOSS, stop_check)
+    blocks = validation_blocks(s, s.state.step)
+    loss = evaluate_split(s, data, s.cfg.trainer.limit_val_batches, blocks, TB_VAL_LOSS, stop_check)
     s.validation = None if loss is None else (s.state.step, loss)
     s.state.validated_at = s.state.step
 
@@ -127,7 +138,7 @@ def evaluate_test_split(
     """The test split at the end of the run (beside a background write of its last save, which is
     waited for), then recorded done, so a resume at max_steps does not evaluate it again. Stopped
     (EvaluationStopped), it is not recorded: the requeued run evaluates it."""
-    evaluate_split(s, data, s.cfg.trainer.limit_test_batches, " on test set", TB_TEST_LOSS, stop_check)
+    evaluate_split(s, data, s.cfg.trainer.limit_test_batches, (" on test set",), TB_TEST_LOSS, stop_check)
     s.checkpoints.wait()
     if s.world.rank == 0 and has_batches(data, s.cfg.trainer.limit_test_batches):
         record_test_done(Path(s.cfg.exp_manager.explicit_log_dir), s.state.step)

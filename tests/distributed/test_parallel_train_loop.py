@@ -95,9 +95,10 @@ def test_tp2_pp2_loop_matches_one_process_and_resumes_in_one(tmp_path: Path, tor
     assert train_in_process(single, 6) == 0
     loss, val = r"\| lm loss: ([0-9.E+-]+) \|", r"lm loss value: ([0-9.E+-]+) \|"
     expected, expected_val = log_values(single, loss), log_values(single, val)
-    assert len(expected) == 6 and len(expected_val) == 2
+    assert len(expected) == 6 and len(expected_val) == 3  # at 3, at 6, at 6 on validation set
     assert log_values(parallel, loss, rank=3) == pytest.approx(expected[:3], rel=RTOL)
-    assert log_values(parallel, val, rank=3) == pytest.approx(expected_val[:1], rel=RTOL)
+    # at 3 and at 3 on validation set (that run's end): one evaluation, two blocks
+    assert log_values(parallel, val, rank=3) == pytest.approx(expected_val[:1] * 2, rel=RTOL)
     assert log_values(parallel, loss, rank=0) == []  # Megatron's print_rank_last
     # the banner counts the whole model on every rank (it counted the logging stage's part under PP)
     params = r"gptrain: ([0-9,]+) parameters \|"

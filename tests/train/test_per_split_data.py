@@ -27,7 +27,7 @@ def test_training_validates_on_its_own_held_out_corpus(tmp_path, monkeypatch, co
     code, losses = run_recording(monkeypatch, config)
     assert code == 0 and len(losses) == 6
     validations = [line for line in log_lines(tmp_path / "run") if "validation loss at iteration" in line]
-    assert len(validations) == 2  # every 3 steps of 6
+    assert len(validations) == 3  # every 3 steps of 6, and at 6 on validation set (after training)
     # each split's sample index was built from its own corpus (named by its .idx's digest), all of its documents
     corpora = {hash_file(idx): idx.parent.name for idx in tmp_path.glob("*/corpus_text_document.idx")}
     built = {}

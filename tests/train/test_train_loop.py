@@ -443,7 +443,11 @@ def test_a_resume_from_a_save_after_its_validation_does_not_validate_again(tmp_p
     lines = log_lines(tmp_path)
     resumed = lines[max(i for i, line in enumerate(lines) if line.startswith("resuming from ")) :]
     validated = [line.split("|")[0].strip() for line in resumed if "validation loss at iteration" in line]
-    assert validated == ["validation loss at iteration 6", "validation loss at iteration 6 on test set"]
+    assert validated == [
+        "validation loss at iteration 6",
+        "validation loss at iteration 6 on validation set",
+        "validation loss at iteration 6 on test set",
+    ]
 
 
 def test_a_finished_run_extended_does_not_validate_its_last_step_again(tmp_path, monkeypatch):
@@ -453,7 +457,12 @@ def test_a_finished_run_extended_does_not_validate_its_last_step_again(tmp_path,
     code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK))
     assert code == 0 and sorted(losses) == [4, 5, 6]
     validated = [line.split("|")[0].strip() for line in validation_lines(tmp_path) if "test set" not in line]
-    assert validated == ["validation loss at iteration 3", "validation loss at iteration 6"]
+    assert validated == [
+        "validation loss at iteration 3",
+        "validation loss at iteration 3 on validation set",  # the first run's end
+        "validation loss at iteration 6",
+        "validation loss at iteration 6 on validation set",
+    ]
 
 
 def test_a_checkpoint_from_before_validated_at_resumes_and_validates_its_step(
@@ -604,7 +613,8 @@ def test_results_layout(uninterrupted):
     validation = [line for line in lines if line.startswith(" validation loss at iteration ")]
     assert [line.split(" | ")[0] for line in validation] == [
         " validation loss at iteration 3",
-        " validation loss at iteration 6",  # at the end
+        " validation loss at iteration 6",  # on the interval
+        " validation loss at iteration 6 on validation set",  # after training, from the same evaluation
         " validation loss at iteration 6 on test set",
     ]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -1279,3 +1289,27 @@ def test_an_fp16_run_stopped_and_resumed_scales_its_loss_as_one_that_was_not(
     assert scales(tmp_path / "split") == scales(tmp_path / "whole")
     grown_or_halved = 1024.0 if 5 not in overflows else 256.0
     assert scales(tmp_path / "whole")[:5] == [1024.0, 1024.0, 512.0, 512.0, grown_or_halved]
+
+
+@pytest.mark.parametrize(
+    ("max_steps", "blocks"), [(6, ["3", "6", "6 on validation set"]), (7, ["3", "6", "7 on validation set"])]
+)
+def test_the_end_validation_is_megatrons_on_validation_set_block(tmp_path, monkeypatch, max_steps, blocks):
+    """Megatron validates on its interval ('validation loss at iteration N'), then after training again
+    ('... at iteration N on validation set'), then the test split ('... on test set'). The end's block
+    was printed as an interval's, and the interval's was missing where the end is on the interval; now
+    both, from the one evaluation (gptrain evaluates the same batches each time: a second gives the
+    same loss), each between its dashed lines."""
+    code, _ = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, f"trainer.max_steps={max_steps}"))
+    assert code == 0
+    lines = log_lines(tmp_path)
+    texts = [line for line in lines if line.startswith(" validation loss at iteration ")]
+    assert [text.split(" | ")[0].removeprefix(" validation loss at iteration ") for text in texts] == [
+        *blocks,
+        f"{max_steps} on test set",
+    ]
+    for text in texts:
+        at = lines.index(text)
+        assert lines[at - 1] == lines[at + 1] == "-" * (len(text) + 1)
+    if max_steps == 6:  # the end on the interval: one evaluation, two blocks
+        assert texts[1].split(" | ", 1)[1] == texts[2].split(" | ", 1)[1]

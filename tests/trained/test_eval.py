@@ -69,7 +69,8 @@ def eval_json(tmp_path: Path, *args: str) -> dict:
 
 
 def test_eval_reproduces_the_runs_validation_loss(run_dir: Path, tmp_path: Path, capsys) -> None:
-    at_2, at_4 = logged_validation_losses(run_dir)
+    at_2, at_4, at_end = logged_validation_losses(run_dir)  # at 4 and at 4 on validation set: one evaluation
+    assert at_end == at_4
     result = eval_json(tmp_path, str(run_dir))
     assert result["iteration"] == 4
     assert result["loss"] == pytest.approx(at_4, rel=1e-6)  # the log prints 7 significant digits
