@@ -133,6 +133,11 @@ def validate(cfg: TrainingConfig) -> None:
             "trainer.tensorboard_log_interval: must be at least 1, or null for trainer.log_every_n_steps's "
             f"interval, got {tb_every}"
         )
+    memory_every = cfg.trainer.log_memory_interval
+    if memory_every is not None and (isinstance(memory_every, bool) or memory_every < 1):
+        raise ConfigError(
+            f"trainer.log_memory_interval: must be at least 1, or null for the end's report only, got {memory_every}"
+        )
     exit_interval = cfg.trainer.exit_interval
     if exit_interval is not None and (isinstance(exit_interval, bool) or exit_interval < 1):
         raise ConfigError(

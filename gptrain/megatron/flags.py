@@ -133,6 +133,7 @@ VALUE: dict[str, tuple[tuple[str, ...], Converter]] = {
     "--exit-duration-in-mins": (("trainer.max_time",), exit_duration_as_max_time),
     "--exit-interval": (("trainer.exit_interval",), exit_interval_or_none),
     "--tensorboard-log-interval": (("trainer.tensorboard_log_interval",), int),
+    "--log-memory-interval": (("trainer.log_memory_interval",), int),
     "--vocab-size": (("model.data.mock_vocab_size",), int),
 }  # fmt: skip
 
@@ -210,7 +211,7 @@ NO_EFFECT: dict[str, int | None] = {
     # logs only
     "--log-world-size-to-tensorboard": 0, "--timing-log-option": 1, "--log-progress": 0, "--log-straggler": 0,
     "--disable-straggler-on-startup": 0, "--straggler-ctrlr-port": 1, "--straggler-minmax-count": 1,
-    "--log-energy": 0, "--log-memory-interval": 1, "--log-device-memory-used": 0, "--log-max-attention-logit": 0,
+    "--log-energy": 0, "--log-device-memory-used": 0, "--log-max-attention-logit": 0,
     "--no-log-loss-scale-to-tensorboard": 0, "--disable-log-loss-scale-to-tensorboard": 0,
     "--no-barrier-with-level-1-timing": 0, "--disable-manual-gc-eval": 0,
     # what Megatron's profilers (--profile, accepted without effect) record
@@ -241,7 +242,6 @@ NO_EFFECT: dict[str, int | None] = {
 NO_EFFECT_WHY: dict[str, str] = {
     # Megatron core 0.18's logging flags whose output gptrain's logs lack
     "--log-energy": "the line has no energy and power per GPU fields: gptrain does not read the GPUs' energy counters",
-    "--log-memory-interval": "each rank's memory report is printed once, at the end of the run",
     "--log-device-memory-used": "no device memory scalars in TensorBoard",
     "--log-max-attention-logit": "no max attention logit in TensorBoard",
     **dict.fromkeys(

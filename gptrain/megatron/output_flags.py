@@ -119,7 +119,7 @@ def wandb_flags(result: Translation) -> None:
 
 def memory_interval(result: Translation) -> None:
     """Megatron asserts --log-memory-interval is a multiple of --log-interval (its report comes with a
-    line); gptrain refuses the others too, though it prints the report only at the end (the flag's note)."""
+    line); gptrain refuses the others too."""
     given = result.given
     if "--log-memory-interval" not in given:
         return

@@ -15,6 +15,7 @@ from gptrain.config import TrainingConfig
 from gptrain.errors import DataError, GptrainError
 from gptrain.train import eval_splits, saving, stopping
 from gptrain.train.batches import GPTBatchDataset, build_loader, raise_if_a_worker_died, shut_down_workers
+from gptrain.train.builders import log_memory
 from gptrain.train.evaluation import EvaluationStopped, StopCheck
 from gptrain.train.meter import IntervalMeter, RunShape, interval_report, iteration_scalars, timing_only
 from gptrain.train.overlap import StepRunner, can_run_ahead
@@ -95,6 +96,8 @@ def run(
         with s.watchdog.boundary(step), s.doing(f"at the end of iteration {step}"):
             if logged:
                 log_interval(s, meter)
+            if (every := s.cfg.trainer.log_memory_interval) and step % every == 0:
+                log_memory(s.log, s.device, step)  # Megatron's --log-memory-interval
             reason = times.timed_sync(
                 s.state.step,
                 logged,

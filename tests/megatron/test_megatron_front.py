@@ -2437,7 +2437,6 @@ def test_log_throughput_puts_the_throughput_field_in_the_line_as_in_megatron():
             "",
             "the line has no energy and power per GPU fields: gptrain does not read the GPUs' energy counters",
         ),
-        ("--log-memory-interval", " 100", "each rank's memory report is printed once, at the end of the run"),
         ("--log-device-memory-used", "", "no device memory scalars in TensorBoard"),
         ("--log-max-attention-logit", "", "no max attention logit in TensorBoard"),
         ("--no-log-loss-scale-to-tensorboard", "", "gptrain writes the loss scale to TensorBoard"),
@@ -2466,14 +2465,17 @@ def test_logging_flags_of_megatron_core_0_18_are_accepted_and_said_ignored(flag,
 
 
 def test_a_memory_interval_off_the_log_interval_is_refused_as_megatron_refuses_it():
-    """Megatron asserts --log-memory-interval is a multiple of --log-interval."""
+    """Megatron asserts --log-memory-interval is a multiple of --log-interval; a multiple is
+    trainer.log_memory_interval (before, accepted without effect)."""
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
     base += " --train-iters 4 --mock-data --vocab-size 64 --log-interval 10 --log-memory-interval 15"
     with pytest.raises(
         ConfigError, match=r"^--log-memory-interval 15: must be a multiple of --log-interval \(10\)"
     ):
         translate(shlex.split(base), {})
-    assert translate(shlex.split(base.replace(" 15", " 20")), {}).notes
+    t = translate(shlex.split(base.replace(" 15", " 20")), {})
+    cfg = load_training_config(None, t.overrides, report_ignored=False)
+    assert cfg.trainer.log_memory_interval == 20 and not any("memory" in note for note in t.notes)
 
 
 def test_save_without_a_save_interval_is_refused_as_megatron_refuses_it(capsys):

@@ -18,7 +18,7 @@ from train_e2e_helpers import (
 )
 
 from gptrain.checkpoint.integrity import complete_steps
-from gptrain.errors import EXIT_REQUEUE
+from gptrain.errors import EXIT_REQUEUE, ConfigError
 from gptrain.train import builders, eval_splits, loop, results, resuming, saving, step_loop
 from gptrain.train.results import TB_TEST_LOSS, TEST_DONE
 from gptrain.train.step import StepOptions, masked_lm_loss
@@ -1313,3 +1313,15 @@ def test_the_end_validation_is_megatrons_on_validation_set_block(tmp_path, monke
         assert lines[at - 1] == lines[at + 1] == "-" * (len(text) + 1)
     if max_steps == 6:  # the end on the interval: one evaluation, two blocks
         assert texts[1].split(" | ", 1)[1] == texts[2].split(" | ", 1)[1]
+
+
+def test_the_memory_report_comes_every_log_memory_interval_iterations(tmp_path, monkeypatch):
+    """Megatron's --log-memory-interval N (trainer.log_memory_interval): each rank's memory report
+    every N iterations, beside the one at the end; before, the flag was accepted without effect."""
+    reported: list[int] = []
+    monkeypatch.setattr(step_loop, "log_memory", lambda log, device, step: reported.append(step))
+    cfg = tiny_config(tmp_path, *MOCK, "trainer.log_every_n_steps=1", "trainer.log_memory_interval=2")
+    code, _ = run_recording(monkeypatch, cfg)
+    assert code == 0 and reported == [2, 4, 6]
+    with pytest.raises(ConfigError, match=r"^trainer.log_memory_interval: must be at least 1, or null"):
+        tiny_config(tmp_path, *MOCK, "trainer.log_memory_interval=0")
