@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
+from gptrain.validate.fabric_info import FUNCTION_NOT_FOUND, fabric
 from gptrain.validate.xid_table import REBOOT_XIDS, RECOVERY_ACTION_XID, names_node_reboot, nvlink5_severity
 
 # Throttle reasons that mean the GPU is being slowed against its will (NVML's bit masks).
@@ -68,9 +69,6 @@ FAULT_CODES = {
     15: "it has fallen off the bus",  # NVML_ERROR_GPU_IS_LOST
     16: "it needs a reset",  # NVML_ERROR_RESET_REQUIRED
 }
-
-
-FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND: the driver's NVML lacks the function
 
 
 def fault_of(error: BaseException) -> str | None:
@@ -174,40 +172,6 @@ def remote_type(nv: Any, h: Any, link: int) -> str:
     names = {"NVML_NVLINK_DEVICE_TYPE_GPU": "gpu", "NVML_NVLINK_DEVICE_TYPE_SWITCH": "switch"}
     names["NVML_NVLINK_DEVICE_TYPE_IBMNPU"] = "npu"
     return next((name for attr, name in names.items() if getattr(nv, attr, None) == kind), "unknown")
-
-
-FABRIC_STATES = {
-    0: "not_supported",
-    1: "not_started",
-    2: "in_progress",
-    3: "completed",
-}  # nvmlGpuFabricState_t
-
-
-def fabric(nv: Any, h: Any) -> dict[str, Any]:
-    """The GPU's NVLink fabric registration (Hopper and later on NVSwitch systems): its state, and
-    NVML's status code once completed (0: registered). The fabric manager drives it: a state left
-    at not_started or in_progress says it is not running. nvmlDeviceGetGpuFabricInfoV where the
-    driver has it (R535), else the older call."""
-    import ctypes
-
-    versioned = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
-    if versioned is not None:
-        try:
-            info = versioned()
-            nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
-            return _fabric_of(info)
-        except Exception as error:
-            if getattr(error, "value", None) != FUNCTION_NOT_FOUND:
-                raise
-    info = nv.c_nvmlGpuFabricInfo_t()
-    nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
-    return _fabric_of(info)
-
-
-def _fabric_of(info: Any) -> dict[str, Any]:
-    state = FABRIC_STATES.get(int(info.state), f"state {int(info.state)}")
-    return {"state": state, "status": int(info.status) if state == "completed" else None}
 
 
 def ecc(nv: Any, h: Any, errors: Unread) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import types
 
 import pytest
@@ -778,36 +780,92 @@ def test_hopper_fabric_state_says_the_fabric_manager_is_not_running_even_with_li
     assert fabric.fabric_down(registered) == []
 
 
-def test_nvml_reads_the_fabric_state_by_the_versioned_call_or_the_older_one():
+class OldFabricInfoV(ctypes.Structure):
+    """nvidia-ml-py 12.560..13.580's c_nvmlGpuFabricInfoV_t: clusterUuid 80 bytes, not NVML's 16."""
+
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_char * 80), ("status", ctypes.c_uint)]
+    _fields_ += [("cliqueId", ctypes.c_uint), ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint)]
+
+    def __init__(self):
+        super().__init__(version=0x02000024)
+
+
+class OldFabricInfo(ctypes.Structure):
+    """nvidia-ml-py's c_nvmlGpuFabricInfo_t before 13.615.71: clusterUuid 80 bytes."""
+
+    _fields_ = [("clusterUuid", ctypes.c_char * 80), ("status", ctypes.c_uint)]
+    _fields_ += [("cliqueId", ctypes.c_uint), ("state", ctypes.c_uint)]
+
+
+def fabric_driver(state, status=0, versioned=True):
+    """pynvml's fabric calls over a fake driver that writes status, cliqueId, state where NVML's C
+    structs hold them (v2: at 20, 24, 28 after its version; v1: at 16, 20, 24), as the driver does."""
     import pynvml
 
-    def fill(state, status):
-        def call(h, ref):
-            ref._obj.state, ref._obj.status = state, status
+    def write(ref, offset):
+        raw = struct.pack("<3I", status, 7, state)
+        ctypes.memmove(ctypes.addressof(ref._obj) + offset, raw, len(raw))
+        return 0
 
-        return call
+    def get_v(h, ref):
+        version = ctypes.c_uint.from_address(ctypes.addressof(ref._obj)).value
+        return write(ref, 20) if version == 0x02000024 else pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 
-    class NotFound(Exception):
-        value = nvml.FUNCTION_NOT_FOUND
+    drivers = {"nvmlDeviceGetGpuFabricInfo": lambda h, ref: write(ref, 16)}
+    if versioned:
+        drivers["nvmlDeviceGetGpuFabricInfoV"] = get_v
 
-    def not_found(*_):
-        raise NotFound("Function Not Found")
+    def lookup(name):
+        if name not in drivers:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return drivers[name]
 
-    structs = {
-        "c_nvmlGpuFabricInfoV_t": pynvml.c_nvmlGpuFabricInfoV_t,
-        "c_nvmlGpuFabricInfo_t": pynvml.c_nvmlGpuFabricInfo_t,
+    def wrapper(name):  # pynvml's: look the function up, call it, raise on its return code
+        return lambda h, ref: pynvml._nvmlCheckReturn(lookup(name)(h, ref))
+
+    return {
+        "_nvmlGetFunctionPointer": lookup,
+        "NVMLError": pynvml.NVMLError,
+        "c_nvmlGpuFabricInfoV_t": OldFabricInfoV,
+        "c_nvmlGpuFabricInfo_t": OldFabricInfo,
+        "nvmlDeviceGetGpuFabricInfoV": wrapper("nvmlDeviceGetGpuFabricInfoV"),
+        "nvmlDeviceGetGpuFabricInfo": wrapper("nvmlDeviceGetGpuFabricInfo"),
     }
-    nv, _ = fake_nvml(
-        **structs, nvmlDeviceGetGpuFabricInfoV=fill(pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED, 0)
-    )
+
+
+@pytest.mark.parametrize("versioned", [True, False])
+def test_nvml_reads_the_fabric_state_where_the_driver_writes_it_whatever_nvidia_ml_py(versioned):
+    """nvidia-ml-py 12.535..13.580 declares the fabric structs with an 80-byte clusterUuid (NVML's
+    is 16): the driver's state landed where those classes do not read, so a GPU whose fabric manager
+    is not running read not_supported and its node passed. NVML's C layout is read now, by the
+    versioned call (R550) or, on an older driver, the first one."""
+    import pynvml
+
+    nv, _ = fake_nvml(**fabric_driver(pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED, versioned=versioned))
     assert nvml.gpu_health(nv, object())["fabric"] == {"state": "not_started", "status": None}
-    nv, _ = fake_nvml(
-        **structs,
-        nvmlDeviceGetGpuFabricInfoV=not_found,
-        nvmlDeviceGetGpuFabricInfo=fill(pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 26),
-    )
+    nv, _ = fake_nvml(**fabric_driver(pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 26, versioned=versioned))
     assert nvml.gpu_health(nv, object())["fabric"] == {"state": "completed", "status": 26}
-    nv, _ = fake_nvml()  # a driver or nvidia-ml-py without either: unsupported, no failure
+
+
+def test_the_fabric_info_structs_have_nvml_h_layout():
+    from gptrain.validate import fabric_info
+
+    assert ctypes.sizeof(fabric_info.FabricInfo) == 28 and fabric_info.FabricInfo.state.offset == 24
+    assert ctypes.sizeof(fabric_info.FabricInfoV2) == 0x24 and fabric_info.FabricInfoV2.state.offset == 28
+    assert fabric_info.FABRIC_INFO_V2 == 0x02000024  # nvml.h's nvmlGpuFabricInfo_v2
+
+
+def test_a_gpu_without_the_fabric_calls_reads_unsupported_and_passes():
+    import pynvml
+
+    def not_supported(h, ref):
+        return pynvml.NVML_ERROR_NOT_SUPPORTED
+
+    nv, _ = fake_nvml(_nvmlGetFunctionPointer=lambda name: not_supported, NVMLError=pynvml.NVMLError)
+    info = nvml.gpu_health(nv, object())
+    assert info["fabric"] is None and info["unsupported"]["fabric"] == "Not Supported"
+    assert nvml.health_problems(info) == []
+    nv, _ = fake_nvml()  # nvidia-ml-py without the lookup: unsupported, no failure
     info = nvml.gpu_health(nv, object())
     assert info["fabric"] is None and "fabric" in info["unsupported"] and nvml.health_problems(info) == []
 
@@ -915,12 +973,8 @@ def test_no_cuda_gpu_on_a_node_whose_fabric_manager_is_down_says_so(monkeypatch,
 
     from gptrain.validate import fabric, main, runtime
 
-    def fill(h, ref):
-        ref._obj.state = pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED
-
     nv, _ = fake_nvml(
-        c_nvmlGpuFabricInfoV_t=pynvml.c_nvmlGpuFabricInfoV_t,
-        nvmlDeviceGetGpuFabricInfoV=fill,
+        **fabric_driver(pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED),
         nvmlDeviceGetCount=lambda: 8,
         nvmlDeviceGetHandleByIndex=lambda i: i,
     )
