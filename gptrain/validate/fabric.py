@@ -38,8 +38,14 @@ def fabric_down(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
         info = r.get("nvml") or {}
         if info.get("nvlinks") or info.get("fabric"):  # NVML read them
             groups.setdefault((r["node"], info.get("name") or r.get("name") or "?"), []).append(info)
-    found = [(node, fabric_problem(model, infos)) for (node, model), infos in sorted(groups.items())]
+    found = [(node, fabric_problem(model, by_gpu(infos))) for (node, model), infos in sorted(groups.items())]
     return [(node, f"gpus: {node}: {problem}") for node, problem in found if problem]
+
+
+def by_gpu(infos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per GPU: ranks on MIG slices of one GPU read its NVML record each (same UUID)."""
+    unique = {info.get("uuid") or id(info): info for info in infos}
+    return list(unique.values())
 
 
 def no_cuda_fabric_problem() -> str | None:
@@ -76,11 +82,11 @@ def fabric_problem(model: str, infos: list[dict[str, Any]]) -> str | None:
             f" {', '.join(map(str, failed))}): check nvidia-fabricmanager's log there, restart it, and"
             " reset the GPUs if it persists"
         )
-    registered = any(s.get("state") == "completed" for s in states)
+    unread = not any(s.get("state") for s in states)  # A100: no fabric state; not_supported: no fabric
     all_down = all(
         info.get("nvlinks") and not any(link["active"] for link in info["nvlinks"]) for info in infos
     )
-    if len(infos) > 1 and all_down and not registered and is_nvswitch_model(model):
+    if len(infos) > 1 and all_down and unread and is_nvswitch_model(model):
         links = sum(len(info["nvlinks"]) for info in infos)
         return (
             f"all {links} NVLink links of its {gpus} inactive on an NVSwitch board: the fabric"

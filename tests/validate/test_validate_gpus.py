@@ -731,6 +731,31 @@ def test_a_whole_nvswitch_node_with_every_nvlink_down_fails_and_says_start_the_f
     assert line in capsys.readouterr().out.splitlines()
 
 
+def test_gpus_on_no_fabric_or_one_gpu_shared_by_ranks_are_not_told_to_start_the_fabric_manager():
+    """The all-links-down fallback fired whenever no GPU read `completed`: a VM of two H100 SXM
+    without NVLink, whose NVML says not_supported (on no fabric), was told to start the fabric
+    manager, and two ranks on MIG slices of one A100 counted as two GPUs. It is now only for GPUs
+    whose fabric state NVML cannot read (A100), counted by UUID."""
+    from gptrain.validate import fabric
+
+    h100, a100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+    no_fabric = {"state": "not_supported", "status": None}
+    vm = [with_fabric(r, "vm1", h100, False, dict(no_fabric)) for r in range(2)]
+    for r in vm:
+        r["nvml"]["uuid"] = f"GPU-{r['rank']}"
+    assert fabric.fabric_down(vm) == []
+    mig = [with_fabric(r, "n9", a100, False, n=12) for r in range(2)]
+    for r in mig:
+        r["nvml"]["uuid"] = "GPU-same"
+    assert fabric.fabric_down(mig) == []
+    mig.append(with_fabric(2, "n9", a100, False, n=12))
+    mig[-1]["nvml"]["uuid"] = "GPU-other"
+    [(node, line)] = fabric.fabric_down(mig)
+    assert node == "n9" and line.startswith(
+        "gpus: n9: all 24 NVLink links of its 2 NVIDIA A100-SXM4-80GB GPU(s)"
+    )
+
+
 @pytest.mark.parametrize(
     "name, expected",
     [
