@@ -3,9 +3,10 @@
 NCCL users meet it as "fabric manager not running"; validate passed such a node, since a GPU
 with every NVLink inactive is let pass (a PCIe card without a bridge reads so) and no GPU of the
 node had links up to be judged against. Hopper and later say it in NVML's fabric state (the fabric
-manager registers each GPU: not_started or in_progress is a manager not running, completed with an
-error a registration that failed); an A100 has no fabric state, and its model name says whether
-it sits on an NVSwitch board.
+manager registers each GPU: not_started is a manager not running, in_progress one still registering
+or with no shared-NVSwitch partition activated, completed with an error a registration that failed;
+a GB200 rack's NMX and IMEX register them instead); an A100 has no fabric state, and its model name
+says whether it sits on an NVSwitch board.
 """
 
 from __future__ import annotations
@@ -23,6 +24,17 @@ NOT_NVSWITCH = re.compile(r"PCIe|NVL\b", re.IGNORECASE)
 START_FM = (
     "start nvidia-fabricmanager there (systemctl start nvidia-fabricmanager; on B200 and later with"
     " its NVLSM) and check its log before using the node"
+)
+# in_progress is also a fabric manager in shared-NVSwitch mode whose partition is not activated.
+CHECK_PARTITION = (
+    "the fabric manager has not finished registering them, or runs in shared-NVSwitch mode with no"
+    " partition of them activated: check nvidia-fabricmanager's log there and the partition's"
+    " activation (fmpm -l) before using the node"
+)
+# GB200/GH200 NVL racks: the compute trays run no fabric manager; the switch trays' NMX and IMEX do.
+CHECK_RACK_FABRIC = (
+    "its compute tray runs no fabric manager: check the rack's NVLink switch trays (NMX-Controller)"
+    " and the node's IMEX service (nvidia-imex) before using the node"
 )
 
 
@@ -65,23 +77,32 @@ def no_cuda_fabric_problem() -> str | None:
     return next((p for model, group in models.items() if (p := fabric_problem(model, group))), None)
 
 
+def waiting_advice(model: str, waiting: list[str]) -> str:
+    """What to check for GPUs whose fabric registration has not completed, by their system."""
+    if not is_nvswitch_model(model):
+        return CHECK_RACK_FABRIC
+    if "not_started" in waiting:
+        return f"the fabric manager is not running: {START_FM}"
+    return CHECK_PARTITION
+
+
 def fabric_problem(model: str, infos: list[dict[str, Any]]) -> str | None:
     """What is wrong with the NVLink fabric of a node's GPUs of one model (NVML's records), if anything."""
     gpus = f"{len(infos)} {model} GPU(s)"
     states = [(info.get("fabric") or {}) for info in infos]
     waiting = sorted({s["state"] for s in states if s.get("state") in ("not_started", "in_progress")})
     if waiting:
-        return (
-            f"NVLink fabric registration {' / '.join(waiting)} on its {gpus}: the fabric manager is not"
-            f" running: {START_FM}"
-        )
+        advice = waiting_advice(model, waiting)
+        return f"NVLink fabric registration {' / '.join(waiting)} on its {gpus}: {advice}"
     failed = sorted({s["status"] for s in states if s.get("state") == "completed" and s.get("status")})
     if failed:
-        return (
-            f"NVLink fabric registration of its {gpus} failed (NVML status"
-            f" {', '.join(map(str, failed))}): check nvidia-fabricmanager's log there, restart it, and"
-            " reset the GPUs if it persists"
+        check = (
+            "check nvidia-fabricmanager's log there, restart it, and reset the GPUs if it persists"
+            if is_nvswitch_model(model)
+            else CHECK_RACK_FABRIC
         )
+        codes = ", ".join(map(str, failed))
+        return f"NVLink fabric registration of its {gpus} failed (NVML status {codes}): {check}"
     unread = not any(s.get("state") for s in states)  # A100: no fabric state; not_supported: no fabric
     all_down = all(
         info.get("nvlinks") and not any(link["active"] for link in info["nvlinks"]) for info in infos

@@ -805,6 +805,29 @@ def test_hopper_fabric_state_says_the_fabric_manager_is_not_running_even_with_li
     assert fabric.fabric_down(registered) == []
 
 
+def test_a_fabric_state_not_completed_names_what_to_check_by_the_system():
+    """Every fabric state short of completed said "the fabric manager is not running": a GB200
+    compute tray runs none (its NVLink switch trays' NMX and the IMEX service drive it), and
+    in_progress is also a fabric manager in shared-NVSwitch mode with no partition activated."""
+    from gptrain.validate import fabric
+
+    def node(name, state):
+        return [with_fabric(r, "n0", name, True, {"state": state, "status": None}) for r in range(4)]
+
+    [(_, rack)] = fabric.fabric_down(node("NVIDIA GB200", "not_started"))
+    assert "NMX" in rack and "IMEX" in rack and "not running" not in rack
+    assert rack == (
+        "gpus: n0: NVLink fabric registration not_started on its 4 NVIDIA GB200 GPU(s): "
+        + fabric.CHECK_RACK_FABRIC
+    )
+    [(_, shared)] = fabric.fabric_down(node("NVIDIA H100 80GB HBM3", "in_progress"))
+    assert "partition" in shared and "not running" not in shared and "\n" not in shared
+    assert shared == (
+        "gpus: n0: NVLink fabric registration in_progress on its 4 NVIDIA H100 80GB HBM3 GPU(s): "
+        + fabric.CHECK_PARTITION
+    )
+
+
 class OldFabricInfoV(ctypes.Structure):
     """nvidia-ml-py 12.560..13.580's c_nvmlGpuFabricInfoV_t: clusterUuid 80 bytes, not NVML's 16."""
 
