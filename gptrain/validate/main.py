@@ -7,7 +7,6 @@ is one line, exit 2, before any process group starts (and without torch's import
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections import Counter
@@ -221,6 +220,7 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
     from gptrain.validate.dcgm_gpus import dcgm_skipped_lines
     from gptrain.validate.fabric import fabric_down
     from gptrain.validate.gpus import dcgm_warning_lines, gpus_expected, judge, run_gpus, unread_note
+    from gptrain.validate.xid_findings import report_xids
 
     records = run_gpus(ctx, args.iters, args.warmup, args.dcgm_level, args.xid_since)
     if records is None:
@@ -249,24 +249,6 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
         out.bad_nodes.add(node)
     xids = report_xids(records, out)
     report.write_json(path, {"gpus": records, **xids})
-
-
-def report_xids(records: list[dict[str, Any]], out: Outcome) -> dict[str, Any]:
-    """Print each node's Xids since boot (or its driver's reload, or --xid-since); a hardware one (xid_table.XID_CLASSES) fails its node. What
-    goes into gpus.json: the findings and the nodes whose dmesg could not be read."""
-    from gptrain.validate.gpus import xid_findings, xid_left_out_lines, xid_unread_line
-
-    findings, unread = xid_findings(records)
-    for finding in findings:
-        print(f"gpus: {finding.line()}")
-        if finding.severity == "fail":
-            out.failures.append(f"gpus: {finding.line()}")
-            out.bad_nodes.add(finding.node)
-    for line in xid_left_out_lines(records):
-        print(line)
-    if unread:
-        print(xid_unread_line(unread))
-    return {"xid": [dataclasses.asdict(f) for f in findings], "xid_unread": unread}
 
 
 def no_gpu(ctx: Context, expected: str | None, path: Path, out: Outcome, check: str = "gpus") -> None:

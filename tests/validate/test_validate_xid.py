@@ -786,3 +786,22 @@ def test_a_failing_sxid_records_the_remedy_its_line_gives(monkeypatch, tmp_path)
         (20034, "fail", remedy),
         (20009, "warn", ""),
     ]
+
+
+def test_the_xid_report_needs_no_torch_and_validate_modules_stay_near_500_lines():
+    """The Xid findings sat in gpus.py (which imports torch) and their report in main.py, both at
+    the 500-line mark; they are a module of their own now, which rank 0 runs without torch."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; from gptrain.validate import xid_findings as x;"
+        " print(x.xid_findings([{'node': 'n0', 'xid': {'readable': False, 'reason': 'denied'}}])[1]);"
+        " print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[:2] == ["{'n0': 'denied'}", "False"]
+    package = Path(validate_main.__file__).parent
+    lengths = {p.name: len(p.read_text().splitlines()) for p in package.glob("*.py")}
+    assert max(lengths.values()) <= 500, lengths
