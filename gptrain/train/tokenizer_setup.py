@@ -63,14 +63,16 @@ def check_data_tokenizer(
     vocabulary against `tokenizer`'s (the run's, built from model.tokenizer), with the policy of a
     checkpoint's tokenizer: refused, or a warning with exp_manager.allow_tokenizer_change; a blend
     prepared with and without --append-eod or split_special_tokens, a warning. `prefixes`
-    (named `where`): data other than model.data.data_prefix's (eval's --data-prefix)."""
+    (named `where`): data other than model.data.data_prefix's (eval's --data-prefix); without them,
+    the splits the job builds, as the launch preflight reads them (a split not built is not read)."""
     from gptrain.data.blend_spec import prefixes_of
     from gptrain.data.record_mix import mixed_preparation_lines
     from gptrain.data.tokenizer_record import legacy_conflict
+    from gptrain.train.target_sizes import built_split_keys
 
     tok = cfg.model.tokenizer
     if prefixes is None:
-        prefixes = prefixes_of(cfg.model.data.data_prefix)
+        prefixes = prefixes_of(cfg.model.data.data_prefix, built_split_keys(cfg))
     _refuse_or_warn(cfg, legacy_conflict(prefixes, tok.legacy, tok.type, where=where))
     if tokenizer is not None:
         _refuse_or_warn(cfg, vocabulary_conflict(cfg, tokenizer, prefixes, where))

@@ -472,6 +472,33 @@ def test_a_blend_prepared_with_and_without_eod_is_said_at_the_start(tmp_path, ca
     assert err.count("\n") == 1 and f"{without} was prepared without --append-eod" in err
 
 
+def test_the_job_and_the_preflight_read_the_records_of_the_built_splits_alone(tmp_path, capsys):
+    """Before: the job compared the records of every split's prefixes, the launch preflight those of
+    the splits built: a test split not built (trainer.limit_test_batches=0) prepared without
+    --append-eod was warned of in the job's log, not before the queue. Now both read the built splits."""
+    from gptrain.data.tokenizer_record import write_tokenizer_record
+    from gptrain.launch.preflight import check_training_files
+    from gptrain.train.tokenizer_setup import build_tokenizer, check_data_tokenizer
+
+    with_eod, without = (str(tmp_path / name) for name in ("with_eod", "without"))
+    for prefix, append_eod in ((with_eod, True), (without, False)):
+        write_pretokenized(prefix)
+        write_tokenizer_record(prefix, "NullTokenizer", False, append_eod=append_eod)
+    splits = f"model.data.data_prefix={{train:[{with_eod}],validation:[{with_eod}],test:[{without}]}}"
+
+    def job_and_preflight_lines(*more: str) -> tuple[list[str], list[str]]:
+        cfg = null_config(tmp_path, splits, "model.data.eod_mask_loss=false", *more)
+        capsys.readouterr()
+        check_data_tokenizer(cfg, tokenizer=build_tokenizer(cfg))
+        job = capsys.readouterr().err.splitlines()
+        preflight = [line for line in check_training_files(cfg, False) if line.startswith("warning")]
+        return [line.replace("gptrain: warning: ", "warning  training.") for line in job], preflight
+
+    assert job_and_preflight_lines() == ([], [])  # limit_test_batches=0: the test split is not built
+    job, preflight = job_and_preflight_lines("trainer.limit_test_batches=1")
+    assert len(job) == 1 and job == preflight and f"{with_eod} was prepared with --append-eod" in job[0]
+
+
 def test_the_starts_scan_limit_is_a_setting(tmp_path, monkeypatch, capsys):
     """Before: 4 GiB, fixed: a larger corpus with an id past vocab_size ran until a batch held it
     (hours in, perhaps), and a slow file system could not skip the read. Now
