@@ -167,10 +167,23 @@ def _check_inputs(prefixes: list[str]) -> tuple[np.dtype, int]:
     for prefix in prefixes:
         dataset = IndexedDataset(prefix)
         if dataset.dtype != dtype:
-            raise DataError(
-                f"{dataset.idx_path}: tokens are {dataset.dtype}, {first.idx_path} holds {dtype}; "
-                "merge only datasets made with the same tokenizer"
-            )
+            raise DataError(_dtype_mismatch(first, dataset))
         dataset.verify()
         total_bytes += dataset.num_tokens * dtype.itemsize
     return dtype, total_bytes
+
+
+def _dtype_mismatch(first: IndexedDataset, other: IndexedDataset) -> str:
+    """Inputs of two token dtypes: two tokenizers, or uint16 and int32 of one vocabulary numbered
+    with a gap, which gptrain wrote int32 by its highest id before it took Megatron's rule (the
+    count: optimal_dtype); the int32 one is then the older, to prepare again."""
+    line = f"{other.idx_path}: tokens are {other.dtype}, {first.idx_path} holds {first.dtype}; "
+    line += "merge only datasets made with the same tokenizer"
+    if {first.dtype.name, other.dtype.name} != {"uint16", "int32"}:
+        return line
+    older = first if first.dtype == np.int32 else other
+    return line + (
+        ", or, where they were (a vocabulary of fewer than 65,500 tokens whose ids reach 65,499..65,535), "
+        f"prepare {older.path_prefix} again: gptrain before 2026-11-29 wrote such a "
+        "vocabulary's tokens as int32, where Megatron writes uint16"
+    )

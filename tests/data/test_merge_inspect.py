@@ -391,3 +391,32 @@ def test_inspect_with_a_tokenizer_of_another_vocabulary_than_the_datas_warns(tmp
         f"gptrain: warning: {prefix} was tokenized with GPT2BPETokenizer {vocab} + {merges} ({prefix}.tokenizer), "
         f"the tokenizer given is GPT2BPETokenizer {other} + {merges}: the same size, other tokens at the same ids"
     )
+
+
+def test_merge_of_a_gapped_vocabularys_old_int32_and_new_uint16_data_says_to_prepare_the_old_again(
+    tmp_path, capsys
+):
+    """A vocabulary of fewer than 65,500 tokens with an id past 65,499 was prepared int32 by gptrain
+    before 5c0c0d04 and is uint16 now (as Megatron); merging the two said 'merge only datasets made
+    with the same tokenizer', false for them. Now the line says why and which to prepare again."""
+    document = [257, 32, 256, 65510]  # 'abc ab' and the end of document of such a vocabulary
+    new = _write(tmp_path / "new", np.uint16, [document])
+    old = _write(tmp_path / "old", np.int32, [document])
+    for inputs in ([new, old], [old, new]):
+        assert main(["data", "merge", "--input", *inputs, "--output-prefix", str(tmp_path / "m")]) == 2
+        err = capsys.readouterr().err
+        first, second = (Path(prefix + ".idx") for prefix in inputs)
+        theirs, its = ("int32", "uint16") if inputs[1] == old else ("uint16", "int32")
+        assert err == (
+            f"gptrain: error: {second}: tokens are {theirs}, {first} holds {its}; "
+            "merge only datasets made with the same tokenizer, "
+            "or, where they were (a vocabulary of fewer than 65,500 tokens whose ids reach 65,499..65,535), "
+            f"prepare {old} again: gptrain before 2026-11-29 wrote such a vocabulary's tokens as int32, "
+            "where Megatron writes uint16\n"
+        )
+    other = _write(tmp_path / "other", np.int64, [document])  # no dtype gptrain ever chose: no such note
+    assert main(["data", "merge", "--input", new, other, "--output-prefix", str(tmp_path / "m")]) == 2
+    assert capsys.readouterr().err.endswith(
+        "holds uint16; merge only datasets made with the same tokenizer\n"
+    )
+    assert not (tmp_path / "m.bin").exists()
