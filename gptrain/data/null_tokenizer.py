@@ -75,8 +75,10 @@ class NullTokenizer:
 
     def encode_flat(self, texts: Sequence[str | np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """All texts' ids read by numpy in one pass and range-checked as one array; the per-word
-        `encode` (Python's int() per word, as Megatron reads them) only for any other text, or to
-        name what is wrong. An int64 array is a text's ids already (a JSON array of them)."""
+        `encode` (Python's int() per word) only for any other text, or to name what is wrong. An
+        int64 array is a text's ids already (a JSON array of them). More lenient than Megatron's
+        NullTokenizer, whose int() of each text.split(' ') raises at an empty text, a double, leading
+        or trailing space, a tab or a newline: ids here are separated by any whitespace."""
         if any(type(text) is np.ndarray for text in texts):
             return self._with_arrays(texts)
         plain = plain_ids(list(texts))
@@ -116,9 +118,8 @@ def plain_ids(texts: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     if len(starts) and int((ends - starts).max()) > _INT64_SAFE_DIGITS:
         return None
-    # numpy reads text of only whitespace as one 0: no number, no reading
-    tokens = np.fromstring(joined, dtype=np.int64, sep=" ") if len(starts) else np.empty(0, dtype=np.int64)
-    if len(tokens) != len(starts):
+    tokens = np.fromstring(joined, dtype=np.int64, sep=" ")
+    if len(tokens) != len(starts):  # numpy reads text of only whitespace as one 0: read word by word
         return None
     text_starts = np.cumsum([0, *(len(text) + 1 for text in texts[:-1])])
     lengths = np.diff(np.searchsorted(starts, text_starts), append=len(starts)).astype(np.int64)

@@ -312,3 +312,12 @@ def test_the_first_bad_line_is_named_when_its_ids_are_refused_before_a_later_bad
     argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(tmp_path / "out")]
     assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 2
     assert f"{corpus}:2: value of 'text': token id " in capsys.readouterr().err
+
+
+def test_null_tokenizer_reads_text_of_only_whitespace_as_no_ids():
+    """numpy reads text of only whitespace as one id 0 (where int() word by word reads none):
+    plain_ids's count of digit runs against numpy's ids is what keeps that 0 out."""
+    from gptrain.data.null_tokenizer import NullTokenizer
+
+    tokens, lengths = NullTokenizer(300).encode_flat([" ", "", "\t\n  \x0b\x0c\r"])
+    assert tokens.tolist() == [] and lengths.tolist() == [0, 0, 0]
