@@ -454,3 +454,31 @@ def test_the_verify_command_for_a_damaged_checkpoint_is_quoted(tmp_path: Path) -
     (step / COMPLETE).write_text("{}")
     command = str(unreadable(step, RuntimeError("bad shard"))).split("`")[1]
     assert shlex.split(command) == ["gptrain", "checkpoint", "verify", str(step.parent)]
+
+
+@pytest.mark.parametrize("rows", [50000, 50300], ids=["fewer", "more"])
+@pytest.mark.parametrize("flags", [[], ["--no-verify"]], ids=["verified", "unverified"])
+def test_import_of_a_config_json_whose_vocab_size_is_not_the_embeddings_rows_names_both(
+    tmp_path: Path, rows: int, flags: list[str]
+) -> None:
+    """config.json's vocab_size edited (tokens added to the tokenizer, the embeddings never resized):
+    gptrain fitted the 50257 rows to it (more: mean rows appended; fewer: refused as a tokenizer with
+    more tokens than rows), and verification then died in transformers' load with a RuntimeError
+    traceback; under --no-verify the run imported rows that are no token's."""
+    pytest.importorskip("transformers")
+    import json
+
+    from hf_helpers import run_cli, tiny_run
+
+    run, _ = tiny_run("gpt2", tmp_path)
+    hf = tmp_path / "hf"
+    assert run_cli(["export", str(run), "--to", "hf", str(hf), "--no-verify"]) == 0
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, "vocab_size": rows}))
+    with pytest.raises(DataError) as error:
+        run_cli(["import", str(hf), "--output", str(tmp_path / "imported"), *flags])
+    assert str(error.value) == (
+        f"{hf}: transformer.wte.weight has 50257 rows but config.json gives vocab_size {rows}; give the "
+        "config.json these weights were saved with (or resize the embeddings in transformers and save the model)"
+    )
+    assert not (tmp_path / "imported").exists()

@@ -73,6 +73,7 @@ def import_hf(
     hf_config = load_config(hf_dir)
     arch = architecture_of(hf_config, str(hf_dir / "config.json"))
     overrides = model_overrides(hf_config, arch, str(hf_dir / "config.json"))
+    check_embedding_rows(hf_dir, arch, hf_config)
     generation = source_generation_config(hf_dir)
     seq_length = sample_length(seq_length, overrides["max_position_embeddings"], arch, hf_dir, stream)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
@@ -304,6 +305,27 @@ def build_imported_model(cfg: Any, staging: Path, hf_dir: Path, arch: str, strea
         stream,
     )
     return model
+
+
+def check_embedding_rows(hf_dir: Path, arch: str, hf_config: Any) -> None:
+    """The embedding (and an untied lm_head) has config.json's vocab_size rows, which transformers
+    requires to load it. Checked before the tokenizer is compared with vocab_size: an edited
+    vocab_size was a RuntimeError traceback from transformers' load at verification (under
+    --no-verify mean rows were appended to the weights), or a tokenizer said to outgrow the rows."""
+    names = hf_global_names(arch)
+    weights = SafetensorsTensors(hf_dir)
+    rows = int(hf_config.vocab_size)
+    checked = ["tok_embeddings.weight"]
+    if not hf_config.tie_word_embeddings:
+        checked.append("output.weight")
+    for name in checked:
+        shape = weights.stored_shape(names[name])
+        if shape[0] != rows:
+            raise DataError(
+                f"{hf_dir}: {names[name]} has {shape[0]} rows but config.json gives vocab_size {rows}; give "
+                "the config.json these weights were saved with (or resize the embeddings in transformers "
+                "and save the model)"
+            )
 
 
 def _check_rows(hf_dir: Path, vocab: int, rows: int) -> None:

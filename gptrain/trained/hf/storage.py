@@ -166,6 +166,11 @@ class SafetensorsTensors:
         key = self._key(name)
         return self.handles[self.where[key]].get_tensor(key)
 
+    def stored_shape(self, name: str) -> tuple[int, ...]:
+        """The shape of tensor `name`, unread."""
+        key = self._key(name)
+        return tuple(self.handles[self.where[key]].get_slice(key).get_shape())
+
     def stored_dtype(self, name: str) -> str:
         """The dtype tensor `name` is stored in, as safetensors names it ("BF16", "F32"), unread."""
         key = self._key(name)
