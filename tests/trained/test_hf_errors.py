@@ -482,3 +482,34 @@ def test_import_of_a_config_json_whose_vocab_size_is_not_the_embeddings_rows_nam
         "config.json these weights were saved with (or resize the embeddings in transformers and save the model)"
     )
     assert not (tmp_path / "imported").exists()
+
+
+def llama_config_dir(directory: Path, **edits: object) -> Path:
+    """A directory holding a tiny Llama's config.json alone, with `edits` written over its keys."""
+    import json
+
+    import transformers
+
+    directory.mkdir()
+    transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4
+    ).save_pretrained(str(directory))
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **edits}))
+    return directory
+
+
+def test_a_config_json_value_of_the_wrong_type_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    """transformers 5 validates config fields by type: rms_norm_eps written as an integer raised
+    huggingface_hub's StrictDataclassFieldValidationError, which is none of the errors caught, as
+    a traceback."""
+    pytest.importorskip("transformers")
+    from hf_helpers import run_cli
+
+    hf = llama_config_dir(tmp_path / "hf", rms_norm_eps=0)
+    with pytest.raises(DataError) as error:
+        run_cli(["import", str(hf), "--output", str(tmp_path / "imported")])
+    message = str(error.value)
+    assert message.startswith(f"{hf}/config.json: transformers cannot read it (")
+    assert "'rms_norm_eps' expected float, got int" in message and "\n" not in message
+    assert not (tmp_path / "imported").exists()

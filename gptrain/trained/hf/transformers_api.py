@@ -48,9 +48,17 @@ def load_config(directory: Path) -> Any:
         raise DataError(f"{directory}: no config.json; pass a transformers model directory")
     try:
         return transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
-    except (ValueError, KeyError, OSError, TypeError) as error:
+    except Exception as error:
+        if not (isinstance(error, (ValueError, KeyError, OSError, TypeError)) or _strict_field_error(error)):
+            raise
         message = " ".join(str(error).split())[:300]
         raise DataError(f"{directory}/config.json: transformers cannot read it ({message})") from None
+
+
+def _strict_field_error(error: Exception) -> bool:
+    """huggingface_hub's StrictDataclassError, which transformers 5 raises for a config field of the
+    wrong type (an integer rms_norm_eps): an Exception only, and not in older huggingface_hub."""
+    return any(kind.__name__ == "StrictDataclassError" for kind in type(error).__mro__)
 
 
 def load_model(directory: Path, config_file: Path | None = None) -> Any:
