@@ -513,3 +513,22 @@ def test_a_config_json_value_of_the_wrong_type_is_one_line_naming_the_field(tmp_
     assert message.startswith(f"{hf}/config.json: transformers cannot read it (")
     assert "'rms_norm_eps' expected float, got int" in message and "\n" not in message
     assert not (tmp_path / "imported").exists()
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-verify"]], ids=["verified", "unverified"])
+def test_a_quantized_model_is_refused_before_its_weights_are_read(tmp_path: Path, flags: list[str]) -> None:
+    """A GPTQ/AWQ/bitsandbytes checkpoint is model_type llama with packed integer weights: it was
+    refused as a missing q_proj.weight or a shape config.json does not give (GPTQ, AWQ; bitsandbytes'
+    uint8 blocks), or, with float weights beside the quantization_config, died in transformers' load
+    at verification ("Loading a GPTQ quantized model requires optimum") as an ImportError traceback."""
+    pytest.importorskip("transformers")
+    from hf_helpers import run_cli
+
+    hf = llama_config_dir(tmp_path / "hf", quantization_config={"quant_method": "gptq", "bits": 4})
+    with pytest.raises(DataError) as error:
+        run_cli(["import", str(hf), "--output", str(tmp_path / "imported"), *flags])
+    assert str(error.value) == (
+        f"{hf / 'config.json'}: quantization_config (quant_method gptq): a quantized model cannot be "
+        "imported (gptrain trains floating-point weights); import the model it was quantized from"
+    )
+    assert not (tmp_path / "imported").exists()

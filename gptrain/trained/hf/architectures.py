@@ -158,9 +158,27 @@ def model_overrides(hf_config: Any, arch: str, source: str) -> dict[str, Any]:
     """The `model.*` training-config values that rebuild the transformers model in gptrain, its
     context as model.max_position_embeddings (the length of the samples it trains on is the
     importer's choice: model.encoder_seq_length)."""
+    _refuse_quantized(hf_config, source)
     if arch == GPT2:
         return _gpt2_overrides(hf_config, source)
     return _rope_overrides(hf_config, arch, source)
+
+
+def _refuse_quantized(hf_config: Any, source: str) -> None:
+    """A GPTQ/AWQ/bitsandbytes checkpoint stores packed integer weights under the model's own
+    model_type: it was refused as a missing or misshapen tensor, or died in transformers' load."""
+    quantization = getattr(hf_config, "quantization_config", None)
+    if not quantization:
+        return
+    method = (
+        quantization.get("quant_method")
+        if isinstance(quantization, dict)
+        else getattr(quantization, "quant_method", None)
+    )
+    raise DataError(
+        f"{source}: quantization_config (quant_method {method}): a quantized model cannot be imported "
+        "(gptrain trains floating-point weights); import the model it was quantized from"
+    )
 
 
 def _require(source: str, key: str, value: object, expected: object, why: str) -> None:
