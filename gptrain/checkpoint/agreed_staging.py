@@ -49,22 +49,26 @@ class AgreedStager:
     def close(self) -> None:
         """The stager is the manager's, kept for the run: it closes it."""
 
-    def stage(self, state_dict: Any, **kwargs: Any) -> Any:
-        """The staged state, or a Future of it (a stager that copies in the background), once every
-        rank has staged its own; StagingFailed on every rank where any rank's copy failed."""
-        staged, failure = None, None
+    def stage(self, state_dict: Any, **kwargs: Any) -> Future:
+        """A Future of the staged state, done once every rank has staged its own; StagingFailed on every
+        rank where any rank's copy failed. A blocking copy (CUDA's pinned one) is done when this returns:
+        its agreement still runs in a thread of its own, not in the training thread, where the all-reduce
+        over every rank stalled each save by the slowest rank's copy and the group's latency."""
         try:
             staged = self._stager.stage(state_dict, **kwargs)
-        except Exception as error:  # a blocking copy's: every rank is here, in the training thread
-            failure = error
-        if isinstance(staged, Future):
-            return self._agreed_later(staged)
-        raise_if_failed_anywhere(failure, self._group)
-        return staged
+            if not isinstance(staged, Future):
+                # DCP synchronizes a stager after its write starts only when given the state, not a Future
+                if self._stager.should_synchronize_after_execute:
+                    self._stager.synchronize_staging()
+                staged = _done(staged)
+        except Exception as error:  # a blocking copy's, in the training thread: agreed as any other
+            staged = _failed(error)
+        return self._agreed_later(staged)
 
     def _agreed_later(self, staging: Future) -> Future:
         """A Future of `staging`'s state, done once every rank's copy is: in a thread of its own, as the
-        training goes on beside the copy (DCP's writer thread waits for it before its first collective)."""
+        training goes on (DCP's writer thread waits for it before its first collective, and the next save
+        for that writer: one thread at a time uses the group)."""
         agreed: Future = Future()
 
         def agree() -> None:
@@ -78,11 +82,23 @@ class AgreedStager:
         return agreed
 
 
+def _done(staged: Any) -> Future:
+    future: Future = Future()
+    future.set_result(staged)
+    return future
+
+
+def _failed(error: BaseException) -> Future:
+    future: Future = Future()
+    future.set_exception(error)
+    return future
+
+
 def raise_if_failed_anywhere(error: BaseException | None, group: dist.ProcessGroup) -> None:
     """StagingFailed on every rank, with the first failing rank's error, if any rank's copy failed. One
-    all-reduce of an int64 when none did (in the training thread of a blocking copy, every save: a
-    gather of every rank's outcome would stall it by the world's size); the cause is broadcast only
-    from the failing rank. The group holds every rank, so its ranks are the global ones."""
+    all-reduce of an int64 when none did (every save: a gather of every rank's outcome would grow with
+    the world's size); the cause is broadcast only from the failing rank. The group holds every rank,
+    so its ranks are the global ones."""
     rank, world = dist.get_rank(), dist.get_world_size(group)
     first = torch.tensor([world if error is None else rank], dtype=torch.int64)
     dist.all_reduce(first, op=dist.ReduceOp.MIN, group=group)

@@ -217,7 +217,8 @@ class CheckpointManager(CheckpointReader, CheckpointPruning):
             process_group=self._group,
             planner=CachingSavePlanner(self._plan_key),
         )
-        staging = getattr(response, "staging_completion", None)
+        # a pinned copy blocked in async_save: done, and the optimizer step need not wait for its agreement
+        staging = None if self.pinned_staging else getattr(response, "staging_completion", None)
         upload = getattr(response, "upload_completion", response)
         report.stall_s = time.perf_counter() - started
         checksums = self._writer.checksums if self._writer else {}

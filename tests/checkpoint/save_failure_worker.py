@@ -5,14 +5,18 @@ next collective (the first of training after a save) to OUT/rank_<r>.json. Argum
 for the test file), each scenario's full disk undone after it.
 
 MODE rankfile: rank 1's rank_1.pt meets the full disk. complete: rank 0's COMPLETE does. staging: rank 1's
-staging copy of an async save fails (a second into it) instead. SAVE pinned: async, through the stager
-CUDA runs use (BlockingAsyncStager, its buffer unpinned here)."""
+staging copy of an async save fails (a second into it) instead. slowcopy: nothing fails, rank 1's
+staging copy takes a second longer. SAVE pinned: async, through the stager CUDA runs use
+(BlockingAsyncStager, its buffer unpinned here). Each rank also records how long its training thread
+stalled in the save and the optimizer step's wait for its copy, and which threads ran an all-reduce over
+the background save's group."""
 
 import contextlib
 import datetime
 import errno
 import json
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -62,6 +66,31 @@ def failing_copy(self, state_dict, **kwargs):
     raise RuntimeError("staging copy failed (injected)")
 
 
+def slower_copy(copy):
+    def slower(self, state_dict, **kwargs):
+        time.sleep(1.0)
+        return copy(self, state_dict, **kwargs)
+
+    return slower
+
+
+@contextlib.contextmanager
+def all_reduces_over(group: dist.ProcessGroup | None, threads: list[str]) -> Iterator[None]:
+    """The name of each thread that runs an all-reduce over `group` appended to `threads`, while open."""
+    all_reduce = dist.all_reduce
+
+    def recorded(*args, **kwargs):
+        if kwargs.get("group") is group:
+            threads.append(threading.current_thread().name)
+        return all_reduce(*args, **kwargs)
+
+    dist.all_reduce = recorded
+    try:
+        yield
+    finally:
+        dist.all_reduce = all_reduce
+
+
 def fill_the_disk(mode: str, rank: int) -> None:
     if mode == "rankfile" and rank == 1:
         write_bytes = atomic.atomic_write_bytes
@@ -74,6 +103,8 @@ def fill_the_disk(mode: str, rank: int) -> None:
                 module.atomic_write_bytes = rank_file_full
     if mode == "staging" and rank == 1:
         DefaultStager._stage = BlockingAsyncStager.stage = failing_copy
+    if mode == "slowcopy" and rank == 1:
+        BlockingAsyncStager.stage = slower_copy(BlockingAsyncStager.stage)
     if mode == "complete" and rank == 0:
         write_text = checkpoint_manager.atomic_write_text
         checkpoint_manager.atomic_write_text = lambda path, text: (
@@ -101,11 +132,14 @@ def scenario(root: Path, out: Path, mode: str, how: str) -> None:
         manager.prepare_staging(state(0.0))
     manager.save(2, state(2.0), {"rank": rank})
     manager.wait()
-    with full_disk(mode, rank):
+    threads: list[str] = []
+    with full_disk(mode, rank), all_reduces_over(manager._group, threads):
         started = time.monotonic()
+        stalled = None
         try:
             manager.save(4, state(4.0), {"rank": rank})
             manager.wait_for_staging()  # the optimizer step's pre-hook
+            stalled = time.monotonic() - started
             manager.wait()
             result = {"error": None}
         except GptrainError as error:
@@ -113,6 +147,7 @@ def scenario(root: Path, out: Path, mode: str, how: str) -> None:
         except BaseException as error:  # a collective left waiting: what the test tells apart
             result = {"error": f"not one line: {type(error).__name__}: {error}"}
         result["seconds"] = time.monotonic() - started
+        result.update(stalled=stalled, all_reduce_threads=threads)
     try:
         ranks = torch.ones(1)
         dist.all_reduce(ranks)

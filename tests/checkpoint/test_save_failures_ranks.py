@@ -22,6 +22,7 @@ SCENARIOS = [
     ("whole", "sync"),
     ("staging", "async"),
     ("staging", "pinned"),
+    ("slowcopy", "pinned"),
 ]
 
 
@@ -94,6 +95,24 @@ def test_a_staging_copy_failing_on_one_rank_stops_every_rank_at_once_with_its_ca
         assert result["next_collective"] == 2.0
     assert complete_steps(root) == [2] and not (root / "step_4").exists()
     assert (root / LATEST).read_text() == "step_2\n"
+
+
+@pytest.mark.distributed
+def test_the_pinned_copys_agreement_runs_beside_the_training_not_in_it(saved):
+    """A CUDA run's staging copy (pinned) blocks the training thread; the agreement on it then ran
+    there too, an all-reduce over every rank on every save: rank 0, its copy done, waited in it for
+    rank 1's copy (1 s slower here; at scale, the slowest of every rank's, and a ring's latency). The
+    agreement now runs in a thread of its own, before DCP's writer thread starts the write: the training
+    thread enters no collective of the background group, and rank 0 stalls for its own copy alone
+    (of 16 bytes here: well under the second it waited)."""
+    root, (first, second) = outcomes(saved, "slowcopy", "pinned")
+    for result in (first, second):
+        assert result["error"] is None and result["next_collective"] == 2.0, (first, second)
+        assert result["all_reduce_threads"], result  # the agreement ran, with its all-reduce recorded
+        assert "MainThread" not in result["all_reduce_threads"], result
+    assert first["stalled"] < 0.5, first
+    assert second["stalled"] >= 1.0, second  # its own copy: what the optimizer step must wait for
+    assert complete_steps(root) == [2, 4]
 
 
 def marker(step_dir: Path) -> dict:
