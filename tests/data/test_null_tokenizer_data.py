@@ -299,6 +299,21 @@ def test_arrays_of_ids_reach_null_tokenizer_as_arrays(tmp_path, monkeypatch, cap
     assert [dataset[i].tolist() for i in range(len(dataset))] == [[7, 8], [5]]
 
 
+def test_a_negative_id_alone_in_its_chunk_of_json_arrays_is_refused(tmp_path, capsys):
+    """A JSON array's ids are range-checked as one array, below 0 as well as past --vocab-size: with
+    no other bad id in the chunk to send it back to the per-word reading, -1 was written as 65535."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": [7, 8]}\n{"text": [4, -1]}\n')
+    out = tmp_path / "out"
+    argv = ["data", "prepare", "--input", str(corpus), "--output-prefix", str(out)]
+    assert main([*argv, "--tokenizer-type", "NullTokenizer", "--vocab-size", "300", "--workers", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"gptrain: error: {corpus}:2: value of 'text': token id -1 is not in NullTokenizer's vocabulary "
+        "of 300 ids (0 to 299) (or pass --skip-bad-lines to skip such lines)\n"
+    )
+    assert not (tmp_path / "out_text_document.bin").exists()
+
+
 @pytest.mark.parametrize("refused", ['"4 300"', "[4, 300]", "[1, 18446744073709551615]"])
 def test_the_first_bad_line_is_named_when_its_ids_are_refused_before_a_later_bad_line(
     tmp_path, capsys, refused
