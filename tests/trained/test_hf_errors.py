@@ -515,6 +515,22 @@ def test_a_config_json_value_of_the_wrong_type_is_one_line_naming_the_field(tmp_
     assert not (tmp_path / "imported").exists()
 
 
+def test_a_config_json_value_transformers_fails_on_is_one_line_naming_the_cause(tmp_path: Path) -> None:
+    """transformers' own check of a config (num_attention_heads 0: hidden_size % 0) raised a
+    ZeroDivisionError, none of the errors caught: a traceback. Any error of reading config.json is
+    now the one line, with the error's kind and the line of transformers that raised it."""
+    pytest.importorskip("transformers")
+    from hf_helpers import run_cli
+
+    hf = llama_config_dir(tmp_path / "hf", num_attention_heads=0)
+    with pytest.raises(DataError) as error:
+        run_cli(["import", str(hf), "--output", str(tmp_path / "imported")])
+    message = str(error.value)
+    assert message.startswith(f"{hf}/config.json: transformers cannot read it (ZeroDivisionError: ")
+    assert "self.num_attention_heads" in message and "\n" not in message
+    assert not (tmp_path / "imported").exists()
+
+
 @pytest.mark.parametrize("flags", [[], ["--no-verify"]], ids=["verified", "unverified"])
 def test_a_quantized_model_is_refused_before_its_weights_are_read(tmp_path: Path, flags: list[str]) -> None:
     """A GPTQ/AWQ/bitsandbytes checkpoint is model_type llama with packed integer weights: it was

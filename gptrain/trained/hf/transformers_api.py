@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -48,17 +49,25 @@ def load_config(directory: Path) -> Any:
         raise DataError(f"{directory}: no config.json; pass a transformers model directory")
     try:
         return transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
-    except Exception as error:
-        if not (isinstance(error, (ValueError, KeyError, OSError, TypeError)) or _strict_field_error(error)):
-            raise
-        message = " ".join(str(error).split())[:300]
+    except Exception as error:  # it parses a local JSON file: whatever fails is the file's values
+        message = " ".join(_cause(error).split())[:300]
         raise DataError(f"{directory}/config.json: transformers cannot read it ({message})") from None
 
 
-def _strict_field_error(error: Exception) -> bool:
-    """huggingface_hub's StrictDataclassError, which transformers 5 raises for a config field of the
-    wrong type (an integer rms_norm_eps): an Exception only, and not in older huggingface_hub."""
-    return any(kind.__name__ == "StrictDataclassError" for kind in type(error).__mro__)
+def _cause(error: Exception) -> str:
+    """The error's text; for another kind than those of a bad value (ValueError, KeyError, OSError,
+    TypeError, huggingface_hub's StrictDataclassError for a field of the wrong type), its kind and
+    the source line that raised it: a validator's `hidden_size % num_attention_heads` with 0 heads
+    says only 'integer modulo by zero'."""
+    if isinstance(error, (ValueError, KeyError, OSError, TypeError)) or any(
+        kind.__name__ == "StrictDataclassError" for kind in type(error).__mro__
+    ):
+        return str(error)
+    frames = traceback.extract_tb(error.__traceback__)
+    where = (
+        f", at '{frames[-1].line}' in {Path(frames[-1].filename).name}" if frames and frames[-1].line else ""
+    )
+    return f"{type(error).__name__}: {error}{where}"
 
 
 def load_model(directory: Path, config_file: Path | None = None) -> Any:
