@@ -20,9 +20,12 @@ import numpy as np
 from gptrain.data.indexed import IndexedDataset, IndexedDatasetWriter, strip_suffix
 from gptrain.data.jsonl import file_identity
 from gptrain.data.record_mix import mixed_preparation_lines
+from gptrain.data.tokenizer_fingerprint import describe
 from gptrain.data.tokenizer_record import (
+    SUFFIX,
     TOKENIZER_APPENDS_EOD,
     merged_record,
+    read_tokenizer_record,
     refuse_foreign_record_file,
     remove_tokenizer_record,
     write_tokenizer_record,
@@ -176,14 +179,51 @@ def _check_inputs(prefixes: list[str]) -> tuple[np.dtype, int]:
 def _dtype_mismatch(first: IndexedDataset, other: IndexedDataset) -> str:
     """Inputs of two token dtypes: two tokenizers, or uint16 and int32 of one vocabulary numbered
     with a gap, which gptrain wrote int32 by its highest id before it took Megatron's rule (the
-    count: optimal_dtype); the int32 one is then the older, to prepare again."""
+    count: optimal_dtype); the int32 one is then the older, to prepare again. The inputs' tokenizer
+    records tell which where both have one: other vocabularies are said as such (preparing again
+    gives the same dtype again), and NullTokenizer, whose ids have no gaps, gets no such note."""
     line = f"{other.idx_path}: tokens are {other.dtype}, {first.idx_path} holds {first.dtype}; "
     line += "merge only datasets made with the same tokenizer"
     if {first.dtype.name, other.dtype.name} != {"uint16", "int32"}:
         return line
     older = first if first.dtype == np.int32 else other
-    return line + (
-        ", or, where they were (a vocabulary of fewer than 65,500 tokens whose ids reach 65,499..65,535), "
-        f"prepare {older.path_prefix} again: gptrain before 2026-11-29 wrote such a "
-        "vocabulary's tokens as int32, where Megatron writes uint16"
+    prefixes = [first.path_prefix, other.path_prefix]
+    records = [read_tokenizer_record(prefix) for prefix in prefixes]
+    if records[0] is None or records[1] is None:
+        missing = prefixes[records.index(None)]
+        return line + _perhaps_gapped(older, f"{missing} has no {SUFFIX} record to tell")
+    merged_record(prefixes)  # other vocabularies (or --legacy-tokenizer settings): that line
+    vocabularies = [record.get("vocabulary") for record in records]
+    if isinstance(vocabularies[0], dict) and isinstance(vocabularies[1], dict):  # the same: compared
+        size = vocabularies[0].get("size")
+        if not (isinstance(size, int) and 65500 <= size <= 65536):
+            return line
+        described = describe(records[0]["type"], vocabularies[0])
+        return (
+            f"{other.idx_path}: tokens are {other.dtype}, {first.idx_path} holds {first.dtype}, both of one "
+            f"vocabulary ({described}, ids to {size - 1}, by their {SUFFIX} records): prepare "
+            f"{older.path_prefix} again: {_WHY_INT32}"
+        )
+    types = [record["type"] for record in records]
+    if types == ["NullTokenizer", "NullTokenizer"]:
+        return line + (
+            f" (both NullTokenizer by their {SUFFIX} records, its dtype uint16 for a --vocab-size below "
+            "65,500: prepare one again with the other's --vocab-size)"
+        )
+    if "NullTokenizer" in types:
+        return line + f" (by their {SUFFIX} records: {types[0]} and {types[1]})"
+    lacking = prefixes[0] if not isinstance(vocabularies[0], dict) else prefixes[1]
+    return line + _perhaps_gapped(older, f"the {SUFFIX} record of {lacking} keeps no vocabulary to tell")
+
+
+_WHY_INT32 = (
+    "gptrain wrote such a vocabulary's tokens as int32 before it took Megatron's rule for the .bin dtype "
+    "(the count of tokens, not the highest id + 1), and writes uint16 now, as Megatron does"
+)
+
+
+def _perhaps_gapped(older: IndexedDataset, unknown: str) -> str:
+    return (
+        f", or, where they were (a vocabulary of fewer than 65,500 tokens whose ids reach 65,499..65,535; "
+        f"{unknown}), prepare {older.path_prefix} again: {_WHY_INT32}"
     )

@@ -398,7 +398,8 @@ def test_merge_of_a_gapped_vocabularys_old_int32_and_new_uint16_data_says_to_pre
 ):
     """A vocabulary of fewer than 65,500 tokens with an id past 65,499 was prepared int32 by gptrain
     before 5c0c0d04 and is uint16 now (as Megatron); merging the two said 'merge only datasets made
-    with the same tokenizer', false for them. Now the line says why and which to prepare again."""
+    with the same tokenizer', false for them. Now the line says why and which to prepare again: as
+    a condition where no tokenizer record beside the inputs tells (Megatron's data has none)."""
     document = [257, 32, 256, 65510]  # 'abc ab' and the end of document of such a vocabulary
     new = _write(tmp_path / "new", np.uint16, [document])
     old = _write(tmp_path / "old", np.int32, [document])
@@ -410,13 +411,89 @@ def test_merge_of_a_gapped_vocabularys_old_int32_and_new_uint16_data_says_to_pre
         assert err == (
             f"gptrain: error: {second}: tokens are {theirs}, {first} holds {its}; "
             "merge only datasets made with the same tokenizer, "
-            "or, where they were (a vocabulary of fewer than 65,500 tokens whose ids reach 65,499..65,535), "
-            f"prepare {old} again: gptrain before 2026-11-29 wrote such a vocabulary's tokens as int32, "
-            "where Megatron writes uint16\n"
+            "or, where they were (a vocabulary of fewer than 65,500 tokens whose ids reach 65,499..65,535; "
+            f"{inputs[0]} has no .tokenizer record to tell), prepare {old} again: {WHY_INT32}\n"
         )
     other = _write(tmp_path / "other", np.int64, [document])  # no dtype gptrain ever chose: no such note
     assert main(["data", "merge", "--input", new, other, "--output-prefix", str(tmp_path / "m")]) == 2
     assert capsys.readouterr().err.endswith(
         "holds uint16; merge only datasets made with the same tokenizer\n"
     )
+    assert not (tmp_path / "m.bin").exists()
+
+
+WHY_INT32 = (
+    "gptrain wrote such a vocabulary's tokens as int32 before it took Megatron's rule for the .bin dtype "
+    "(the count of tokens, not the highest id + 1), and writes uint16 now, as Megatron does"
+)
+
+
+def _prepare_abc(tmp_path: Path, name: str, tokenizer: list[str]) -> str:
+    """'abc ab' (its ids, for NullTokenizer) prepared into `name`_text_document; `tokenizer` is
+    ["null", --vocab-size] or ["gpt2", the <|endoftext|> id of a byte-level vocabulary of 259 tokens]."""
+    from gptrain.data.gpt2_bpe import bytes_to_unicode
+
+    prefix, kind = tmp_path / name, tokenizer[0]
+    (tmp_path / f"{name}.jsonl").write_text(
+        '{"text": "257 32 256"}\n' if kind == "null" else '{"text": "abc ab"}\n'
+    )
+    argv = ["data", "prepare", "--input", str(tmp_path / f"{name}.jsonl"), "--output-prefix", str(prefix)]
+    if kind == "null":
+        argv += ["--tokenizer-type", "NullTokenizer", "--vocab-size", tokenizer[1]]
+    else:  # ids between 257 and the end of document unassigned
+        prefix.mkdir()
+        vocab = {char: n for n, char in enumerate(bytes_to_unicode().values())}
+        vocab |= {"ab": 256, "abc": 257, "<|endoftext|>": int(tokenizer[1])}
+        (prefix / "vocab.json").write_text(json.dumps(vocab))
+        (prefix / "merges.txt").write_text("#version: 0.2\na b\nab c\n")
+        argv += ["--vocab-file", str(prefix / "vocab.json"), "--merge-file", str(prefix / "merges.txt")]
+        argv += ["--append-eod"]
+    assert main([*argv, "--workers", "1"]) == 0
+    return f"{prefix}_text_document"
+
+
+def test_merge_of_uint16_and_int32_data_says_what_their_tokenizer_records_show(tmp_path, capsys):
+    """Every uint16/int32 pair was told to prepare the int32 one again where it was a vocabulary
+    numbered with a gap, also where the .tokenizer records beside the inputs show it is not: other
+    vocabularies (prepared again, int32 again) or NullTokenizer (no gaps). Now the records decide
+    where they can: the note as certain for one vocabulary of ids to 65,499..65,535, the vocabulary
+    line for two, none for NullTokenizer; the condition only where a record cannot tell."""
+    new = _prepare_abc(tmp_path, "gapped", ["gpt2", "65510"])  # 259 tokens, ids to 65510: uint16
+    old = _write(tmp_path / "old_text_document", np.int32, [[257, 32, 256, 65510]])  # as gptrain wrote it
+    record = Path(new + ".tokenizer").read_text()
+    Path(old + ".tokenizer").write_text(record)
+    merge = ["data", "merge", "--output-prefix", str(tmp_path / "m"), "--input"]
+    assert main([*merge, new, old]) == 2
+    files = f"GPT2BPETokenizer {tmp_path}/gapped/vocab.json + {tmp_path}/gapped/merges.txt"
+    assert capsys.readouterr().err == (
+        f"gptrain: error: {old}.idx: tokens are int32, {new}.idx holds uint16, both of one vocabulary "
+        f"({files}, ids to 65510, by their .tokenizer records): prepare {old} again: {WHY_INT32}\n"
+    )
+    Path(old + ".tokenizer").write_text(json.dumps({"type": "GPT2BPETokenizer", "legacy": False}))
+    assert main([*merge, new, old]) == 2  # a record of before vocabularies were recorded: cannot tell
+    assert capsys.readouterr().err.endswith(
+        f"65,499..65,535; the .tokenizer record of {old} keeps no vocabulary to tell), prepare {old} "
+        f"again: {WHY_INT32}\n"
+    )
+    dense = _prepare_abc(tmp_path, "dense", ["gpt2", "258"])  # ids to 258: uint16 by either rule
+    int32 = _write(tmp_path / "int32_text_document", np.int32, [[257, 32, 256, 258]])  # by no gptrain
+    Path(int32 + ".tokenizer").write_text(Path(dense + ".tokenizer").read_text())
+    assert main([*merge, dense, int32]) == 2
+    assert capsys.readouterr().err.endswith(
+        "holds uint16; merge only datasets made with the same tokenizer\n"
+    )
+    far = _prepare_abc(tmp_path, "far", ["gpt2", "70000"])  # int32: ids past uint16
+    assert main([*merge, new, far]) == 2
+    assert capsys.readouterr().err == (
+        f"gptrain: error: --input {far} was tokenized with GPT2BPETokenizer {tmp_path}/far/vocab.json + "
+        f"{tmp_path}/far/merges.txt, {new} with {files} (their .tokenizer records): 70001 tokens, not "
+        "65511: another vocabulary, so the same id means other tokens in each; re-tokenize one with the "
+        "other's tokenizer files (gptrain data prepare), then merge\n"
+    )
+    small, large = (_prepare_abc(tmp_path, f"n{size}", ["null", size]) for size in ("1000", "100000"))
+    for first, second, kinds in ((small, large, "both NullTokenizer"), (new, large, "by their")):
+        assert main([*merge, first, second]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gptrain: error: {large}.idx: tokens are int32, {first}.idx holds uint16; ")
+        assert kinds in err and "again: gptrain" not in err
     assert not (tmp_path / "m.bin").exists()
