@@ -70,7 +70,8 @@ def optimal_dtype(vocab_size: int, entries: int | None = None) -> np.dtype:
     """Megatron's rule: uint16 when the (unpadded) vocab has fewer than 65,500 `entries` (its count,
     preprocess_data's len(tokenizer); `vocab_size`, the highest id + 1, if not told), else int32;
     int32 too where an id is past what uint16 holds (a vocabulary numbered with gaps), which
-    Megatron would write wrapped, as another token."""
+    Megatron's builder refuses (numpy.array(ids, dtype=uint16): OverflowError with numpy >= 2) or,
+    with numpy < 2, writes wrapped, as another token."""
     count = vocab_size if entries is None else entries
     return np.dtype(np.uint16) if count < 65500 and vocab_size <= 65536 else np.dtype(np.int32)
 

@@ -470,7 +470,8 @@ def test_prepare_picks_the_token_dtype_by_the_vocabularys_count_as_megatron(
     """Megatron's preprocess_data picks uint16 by len(tokenizer), the count of entries (259 here);
     the highest id + 1 (right for the model's rows) made a vocabulary numbered with a gap past
     65,499 int32 here, twice the bytes and not Megatron's .bin. An id uint16 cannot hold stays int32
-    (Megatron wraps it: another token)."""
+    (Megatron's builder raises OverflowError at it with numpy >= 2, and wraps it, as another token,
+    with numpy < 2)."""
     from gptrain.cli import main
     from gptrain.data.indexed import IndexedDataset
 
