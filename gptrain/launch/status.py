@@ -11,6 +11,7 @@ from gptrain.launch.record_state import job_state
 from gptrain.launch.records import read_records
 from gptrain.launch.run_dirs import latest_jobs, log_files
 from gptrain.launch.stragglers import stragglers_for
+from gptrain.train.logline import SKIPPED, measured_loss
 from gptrain.utils.progress import format_duration
 
 # the training process's first line (gptrain.train.loop): each requeue of a job prints it again;
@@ -19,6 +20,7 @@ PROCESS_START = re.compile(r"^(?:\s*\d+: )?gptrain: [\d,]+ parameters \|")
 ITERATION = re.compile(
     r"iteration\s+(?P<step>\d+)/\s*(?P<max>\d+) \|.*?"
     r"elapsed time per iteration \(ms\): (?P<ms>[\d.]+) \|(?:.*?lm loss: (?P<loss>[\d.Ee+-]+) \|)?"
+    rf"(?:.*?{SKIPPED}:\s*(?P<skipped>\d+) \|)?"
 )
 
 
@@ -37,8 +39,9 @@ def progress(log: Path, now: float | None = None, running: bool = True) -> str |
         return None
     step, total, ms = int(match["step"]), int(match["max"]), float(match["ms"])
     parts = [f"step {step}/{total}"]
-    if match["loss"]:
-        parts.append(f"loss {float(match['loss']):.4f}")
+    loss = measured_loss(float(match["loss"]), int(match["skipped"] or 0)) if match["loss"] else None
+    if loss is not None:
+        parts.append(f"loss {loss:.4f}")
     parts.append(f"{ms:.0f} ms/step")
     if running and lines > 1:  # a process's first line is its first step alone (compilation): no ETA from it
         own = LINE_ETA.search(last)

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
+SKIPPED = "number of skipped iterations"
+
 
 @dataclass
 class IterationLog:
@@ -48,9 +50,15 @@ def format_iteration_line(log: IterationLog, now: datetime | None = None) -> str
     line += f" loss scale: {log.loss_scale:.1f} |"
     if log.grad_norm is not None:
         line += f" grad norm: {log.grad_norm:.3f} |"
-    line += f" number of skipped iterations: {log.skipped_iterations:3d} |"
+    line += f" {SKIPPED}: {log.skipped_iterations:3d} |"
     line += f" number of nan iterations: {log.nan_iterations:3d} |"
     return line
+
+
+def measured_loss(loss: float | None, skipped: float) -> float | None:
+    """An iteration line's `lm loss`, or None where it measured none: Megatron prints 0 for an
+    interval whose iterations were all skipped (its sum over max(1, 0) updated ones)."""
+    return None if loss == 0.0 and skipped > 0 else loss
 
 
 def format_suffix(mfu: float | None = None, eta_seconds: float | None = None) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptrain.errors import DataError
+from gptrain.train.logline import SKIPPED, measured_loss
 from gptrain.utils.atomic import atomic_write_bytes
 from gptrain.utils.paths import look_up
 
@@ -94,10 +95,10 @@ def _fields(text: str) -> Iterable[tuple[str, float]]:
 
 def _training_fields(text: str) -> dict[str, float]:
     """An iteration line's numbers, without the loss Megatron prints as 0 for an interval whose
-    iterations were all skipped (its sum over max(1, 0) updated ones): no loss was measured there."""
+    iterations were all skipped: no loss was measured there (logline.measured_loss)."""
     fields = dict(_fields(text))
-    if fields.get(LOSS) == 0.0 and fields.get("number of skipped iterations", 0) > 0:
-        del fields[LOSS]
+    if measured_loss(fields.get(LOSS), fields.get(SKIPPED, 0)) is None:
+        fields.pop(LOSS, None)
     return fields
 
 

@@ -985,6 +985,23 @@ def test_the_status_eta_is_the_training_lines_own(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("loss", "skipped", "shown"), [("0.000000E+00", 2, None), ("0.000000E+00", 0, "0.0000")]
+)
+def test_the_zero_loss_of_an_interval_of_skipped_iterations_is_no_loss_in_status(
+    tmp_path, loss, skipped, shown
+):
+    """Megatron prints `lm loss: 0.000000E+00` for an interval whose iterations were all skipped (an fp16
+    overflow streak): no loss was measured there, as the plot takes it, so status shows none."""
+    log = tmp_path / "log.out"
+    line = LINE.replace("lm loss: 3.210987E+00", f"lm loss: {loss}").replace(
+        "skipped iterations:   0", f"skipped iterations: {skipped:3d}"
+    )
+    log.write_text(line + "\n")
+    loss_part = f" | loss {shown}" if shown else ""
+    assert status.progress(log) == f"step 120/1000{loss_part} | 812 ms/step"
+
+
+@pytest.mark.parametrize(
     ("pending", "prep_cancelled", "said"),
     [
         ("", True, "cancelled data_preparation job 101 of {prep}, which no other job waited on"),
