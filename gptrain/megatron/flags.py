@@ -242,7 +242,7 @@ NO_EFFECT: dict[str, int | None] = {
 NO_EFFECT_WHY: dict[str, str] = {
     # Megatron core 0.18's logging flags whose output gptrain's logs lack
     "--log-energy": "the line has no energy and power per GPU fields: gptrain does not read the GPUs' energy counters",
-    "--log-device-memory-used": "no device memory scalars in TensorBoard",
+    "--log-device-memory-used": "the memory report has no 'total device memory used' field, nvidia-smi's figure",
     "--log-max-attention-logit": "no max attention logit in TensorBoard",
     **dict.fromkeys(
         ("--no-log-loss-scale-to-tensorboard", "--disable-log-loss-scale-to-tensorboard"),

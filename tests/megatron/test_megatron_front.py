@@ -2437,7 +2437,11 @@ def test_log_throughput_puts_the_throughput_field_in_the_line_as_in_megatron():
             "",
             "the line has no energy and power per GPU fields: gptrain does not read the GPUs' energy counters",
         ),
-        ("--log-device-memory-used", "", "no device memory scalars in TensorBoard"),
+        (
+            "--log-device-memory-used",
+            "",
+            "the memory report has no 'total device memory used' field, nvidia-smi's figure",
+        ),
         ("--log-max-attention-logit", "", "no max attention logit in TensorBoard"),
         ("--no-log-loss-scale-to-tensorboard", "", "gptrain writes the loss scale to TensorBoard"),
         ("--disable-log-loss-scale-to-tensorboard", "", "gptrain writes the loss scale to TensorBoard"),
