@@ -173,7 +173,8 @@ def train(
             code = step_loop.run(session, train_data, valid_data, test_data, stop)
         requeue = code == EXIT_REQUEUE
         session.checkpoints.close()  # old checkpoints are removed in the background: let that finish
-        b.log_memory(session.log, device, session.state.step)
+        if session.memory_reported_at != session.state.step:  # a stop at a reported iteration: reported
+            b.log_memory(session.log, device, session.state.step)
         failed = False
         return code
     except Exception as error:  # out of memory: one line with the plan's figures, not CUDA's traceback

@@ -59,6 +59,9 @@ class Session:
     """(iteration, loss) of this process's last validation: a save at that iteration records the loss
     in its COMPLETE (or, for a validation a stop left due, the checkpoint resumed from does), for
     retention by val_loss (gptrain.checkpoint.retention)."""
+    memory_reported_at: int | None = None
+    """The iteration of trainer.log_memory_interval's last memory report: the end's report, of the
+    same iteration after a stop there, would print a second one."""
 
     activity: str | None = None
     """What the run is in, outside a training step ('while saving iteration 4's checkpoint'), for the

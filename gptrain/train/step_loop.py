@@ -96,8 +96,10 @@ def run(
         with s.watchdog.boundary(step), s.doing(f"at the end of iteration {step}"):
             if logged:
                 log_interval(s, meter)
-            if (every := s.cfg.trainer.log_memory_interval) and step % every == 0:
-                log_memory(s.log, s.device, step)  # Megatron's --log-memory-interval
+            # Megatron's --log-memory-interval; the last iteration's is the end's report, after its validation
+            if (every := s.cfg.trainer.log_memory_interval) and step % every == 0 and step < t.max_steps:
+                log_memory(s.log, s.device, step)
+                s.memory_reported_at = step
             reason = times.timed_sync(
                 s.state.step,
                 logged,

@@ -1317,11 +1317,20 @@ def test_the_end_validation_is_megatrons_on_validation_set_block(tmp_path, monke
 
 def test_the_memory_report_comes_every_log_memory_interval_iterations(tmp_path, monkeypatch):
     """Megatron's --log-memory-interval N (trainer.log_memory_interval): each rank's memory report
-    every N iterations, beside the one at the end; before, the flag was accepted without effect."""
-    reported: list[int] = []
-    monkeypatch.setattr(step_loop, "log_memory", lambda log, device, step: reported.append(step))
+    every N iterations, beside the one at the end; before, the flag was accepted without effect.
+    An iteration is reported once: the last one by the end's report (after the end's validation),
+    and a run stopped at a reported iteration gets no second one (it printed both)."""
+    reported: list[tuple[str, int]] = []
+    monkeypatch.setattr(step_loop, "log_memory", lambda log, device, step: reported.append(("every", step)))
+    monkeypatch.setattr(builders, "log_memory", lambda log, device, step: reported.append(("end", step)))
     cfg = tiny_config(tmp_path, *MOCK, "trainer.log_every_n_steps=1", "trainer.log_memory_interval=2")
     code, _ = run_recording(monkeypatch, cfg)
-    assert code == 0 and reported == [2, 4, 6]
+    assert code == 0 and reported == [("every", 2), ("every", 4), ("end", 6)]
+    reported.clear()
+    cfg = tiny_config(
+        tmp_path / "stopped", *MOCK, "trainer.log_every_n_steps=1", "trainer.log_memory_interval=2"
+    )
+    code, _ = run_recording(monkeypatch, cfg, signal_at=4)
+    assert code == EXIT_REQUEUE and reported == [("every", 2), ("every", 4)]
     with pytest.raises(ConfigError, match=r"^trainer.log_memory_interval: must be at least 1, or null"):
         tiny_config(tmp_path, *MOCK, "trainer.log_memory_interval=0")
