@@ -38,9 +38,9 @@ def no_periodic_saves(result: Translation) -> None:
 
 
 def save_needs_interval(given: dict[str, list[str]]) -> None:
-    """Megatron asserts a save interval beside --save (it has since 2022): a script without one does not
-    start there, so it is refused here rather than run with a save at the end only. The Neuron fork's
-    --save-xser is not what that assertion reads."""
+    """Megatron asserts a save interval beside --save (it has since v1.0, April 2020): a script
+    without one does not start there, so it is refused here rather than run with a save at the end
+    only. The Neuron fork's --save-xser is not what that assertion reads."""
     if "--save" in given and not set(SAVE_INTERVAL_FLAGS) & given.keys():
         raise ConfigError(
             "--save without --save-interval: Megatron refuses it (it asserts a save interval); give "

@@ -2483,7 +2483,7 @@ def test_a_memory_interval_off_the_log_interval_is_refused_as_megatron_refuses_i
 
 
 def test_save_without_a_save_interval_is_refused_as_megatron_refuses_it(capsys):
-    """Megatron asserts --save-interval beside --save (arguments.py, from 2022 to core 0.20); before,
+    """Megatron asserts --save-interval beside --save (arguments.py, since v1.0 of April 2020); before,
     gptrain took the pair and saved only at the end, a run Megatron does not start. Now one line says
     so; the Neuron fork's --save-xser, which that assertion does not read, keeps the end-of-run save."""
     base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
