@@ -163,13 +163,36 @@ def _refuse_lightning_fraction(dotted: str, value: Any, where: str) -> None:
         )
 
 
+class KeyedSource(str):
+    """The file a section's values came from (the str), and `written`: keys another file gave it, which
+    errors about them name instead (`training: {model: {foo: 1}}` in the launcher's config.yaml is
+    merged into the training group file, and gpt3/126m.yaml has no foo)."""
+
+    written: dict[str, str]
+
+    def __new__(cls, default: str, written: dict[str, str]) -> KeyedSource:
+        source = super().__new__(cls, default)
+        source.written = written
+        return source
+
+    def of(self, dotted: str) -> str:
+        """The file that wrote `dotted` or the section above it that another file added."""
+        parts = dotted.split(".")
+        for depth in range(len(parts), 0, -1):
+            if written := self.written.get(".".join(parts[:depth])):
+                return written
+        return str(self)
+
+
 def setting_source(dotted: str, source: str, given: dict[str, str]) -> str:
     """What set `dotted`: its command-line override (or one of a key in it, which made a section the
-    file lacks: `+training.model.foo.bar=1` made model.foo), else the config file."""
+    file lacks: `+training.model.foo.bar=1` made model.foo), else the config file that wrote it."""
     setter = setting_override(dotted, given) or next(
         (text for key, text in given.items() if key.startswith(f"{dotted}.")), None
     )
-    return f"override '{setter}'" if setter else source
+    if setter:
+        return f"override '{setter}'"
+    return source.of(dotted) if isinstance(source, KeyedSource) else source
 
 
 def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:

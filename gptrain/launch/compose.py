@@ -26,6 +26,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from gptrain.config import nemo_launcher
+from gptrain.config.build import KeyedSource
 from gptrain.config.loader import (
     DATA_PREFIX_SPLIT,
     check_one_split,
@@ -80,7 +81,8 @@ class Composition:
     choices: dict[str, str] = field(default_factory=dict)
     config_root: Path = CONFIG_ROOT
     overrides: dict[str, str] = field(default_factory=dict)  # dotted key -> `key=value` as typed
-    files: dict[str, str] = field(default_factory=dict)  # top-level key -> the file it was written in
+    # top-level key -> the file it was written in; a dotted key config.yaml's section gave a group -> config.yaml
+    files: dict[str, str] = field(default_factory=dict)
 
     def training_overrides(self) -> dict[str, str]:
         """The overrides of `training.*` keys, by their key within the training config."""
@@ -106,7 +108,12 @@ class Composition:
         choice = self.choices.get(group)
         if not choice:
             return None
-        return f"{group}={choice} ({group_file(group, choice, self.config_root)})"
+        written = {
+            key.removeprefix(f"{group}."): file
+            for key, file in self.files.items()
+            if key.startswith(f"{group}.")
+        }
+        return KeyedSource(f"{group}={choice} ({group_file(group, choice, self.config_root)})", written)
 
 
 def _to_container(
@@ -137,7 +144,7 @@ def _unresolved(error: Exception, overrides: dict[str, str], files: dict[str, st
     if not key:
         return f"{what}: {reason}"
     typed = setting_override(str(key), overrides)
-    written = files.get(str(key).split(".")[0], files.get(""))
+    written = KeyedSource(files.get("", ""), files).of(str(key))
     source = f" (set by override '{printable(typed)}')" if typed else f" (in {written})" if written else ""
     return f"{what}: {key}{source}: {reason}{_environment_hint(reason)}"
 
@@ -261,6 +268,38 @@ def merge_section(own: Any, chosen: dict[str, Any], own_wins: bool) -> dict[str,
     return _merged(chosen, own) if own_wins else _merged(own, chosen)
 
 
+def own_section_keys(own: Any, chosen: dict[str, Any], own_wins: bool) -> list[str]:
+    """The dotted keys (within the group) whose value merge_section takes from config.yaml's section,
+    for errors about them to name config.yaml, not the group file that lacks them."""
+    if not isinstance(own, dict):
+        return []
+    return _winning_keys(chosen, own) if own_wins else _surviving_keys(own, chosen)
+
+
+def _winning_keys(base: dict[str, Any], over: dict[str, Any]) -> list[str]:
+    """The keys of `over` whose value _merged(base, over) keeps."""
+    keys = []
+    for key, value in over.items():
+        inner = base.get(key)
+        if isinstance(inner, dict) and isinstance(value, dict):
+            keys += [f"{key}.{below}" for below in _winning_keys(inner, value)]
+        else:
+            keys.append(str(key))
+    return keys
+
+
+def _surviving_keys(base: dict[str, Any], over: dict[str, Any]) -> list[str]:
+    """The keys of `base` whose value _merged(base, over) keeps."""
+    keys = []
+    for key, value in base.items():
+        later = over.get(key)
+        if key not in over:
+            keys.append(str(key))
+        elif isinstance(value, dict) and isinstance(later, dict):
+            keys += [f"{key}.{below}" for below in _surviving_keys(value, later)]
+    return keys
+
+
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """`over` merged into `base` as OmegaConf merges: mappings key by key, anything else replaced."""
     merged = dict(base)
@@ -330,8 +369,12 @@ def compose(
     if hydra_settings:
         notes.append(f"{', '.join(hydra_settings)}: {HYDRA_SETTINGS_REASON}")
     choices = {**bundled_defaults(root, choices), **choices}
+    written: dict[str, str] = {}  # keys config.yaml's sections gave the groups -> config.yaml
     for group, choice in choices.items():
-        base[group] = merge_section(base.get(group), load_group(group, choice, root), group in under_root)
+        own, chosen = base.get(group), load_group(group, choice, root)
+        base[group] = merge_section(own, chosen, group in under_root)
+        own_keys = own_section_keys(own, chosen, group in under_root)
+        written.update(dict.fromkeys((f"{group}.{key}" for key in own_keys), str(config_path)))
     report_fallbacks(choices, root)
     try:
         cfg = OmegaConf.create(base)
@@ -343,7 +386,7 @@ def compose(
     given: dict[str, str] = {}  # dotted key -> the override that set it, for errors to name it
     for override in dotted:
         given.update(dict.fromkeys(apply_override(cfg, override), override.typed))
-    files = source_files(choices, root, config_path)
+    files = {**source_files(choices, root, config_path), **written}
     try:  # these read values, so a bad interpolation (`${oc.env:UNSET}`) first fails here
         notes += nemo_launcher.finalize(cfg, choices, STAGES)
         absolutize_paths(cfg)

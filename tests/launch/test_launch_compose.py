@@ -631,3 +631,26 @@ def test_a_section_in_config_yaml_merges_with_its_group_file_as_hydra_orders_the
     )
     cluster = compose([], root=conf).resolved()["cluster"]
     assert cluster["account"] == "acct" and cluster["partition"] == partition
+
+
+def test_a_key_config_yaml_adds_to_a_group_is_named_as_written_in_config_yaml(conf, capsys):
+    """`training: {model: {foo: 1}}` in config.yaml was refused as written in the group file
+    (gpt3/126m.yaml has no foo); the error names config.yaml, and a key of the file still the file."""
+    from gptrain.cli import main
+
+    with (conf / "config.yaml").open("a") as out:
+        out.write("\ntraining:\n  model:\n    foo: 1\n")
+    args = ["launch", "--dry-run", "--config-dir", str(conf), "training.trainer.num_nodes=1"]
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert f"{conf / 'config.yaml'}: unknown key 'model.foo'" in err
+    assert "126m.yaml" not in err
+    assert main([*args, "training.model.foo=2"]) != 0  # the override set it last
+    assert "error: unknown key 'training.model.foo'" in capsys.readouterr().err
+    (conf / "config.yaml").write_text((conf / "config.yaml").read_text().replace("foo: 1", "num_layers: 2"))
+    with (conf / "training/gpt3/126m.yaml").open("a") as out:
+        out.write("baz: 1\n")
+    assert main(args) != 0
+    assert f"training=gpt3/126m ({conf / 'training/gpt3/126m.yaml'}): unknown key 'baz'" in (
+        capsys.readouterr().err
+    )
