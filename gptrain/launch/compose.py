@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from gptrain.config import nemo_launcher
@@ -283,7 +283,7 @@ def _winning_keys(base: dict[str, Any], over: dict[str, Any]) -> list[str]:
         inner = base.get(key)
         if isinstance(inner, dict) and isinstance(value, dict):
             keys += [f"{key}.{below}" for below in _winning_keys(inner, value)]
-        else:
+        elif not _keeps_earlier(base, key, value):
             keys.append(str(key))
     return keys
 
@@ -293,7 +293,7 @@ def _surviving_keys(base: dict[str, Any], over: dict[str, Any]) -> list[str]:
     keys = []
     for key, value in base.items():
         later = over.get(key)
-        if key not in over:
+        if key not in over or _keeps_earlier(base, key, later):
             keys.append(str(key))
         elif isinstance(value, dict) and isinstance(later, dict):
             keys += [f"{key}.{below}" for below in _surviving_keys(value, later)]
@@ -301,12 +301,21 @@ def _surviving_keys(base: dict[str, Any], over: dict[str, Any]) -> list[str]:
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """`over` merged into `base` as OmegaConf merges: mappings key by key, anything else replaced."""
+    """`over` merged into `base` as OmegaConf merges: mappings key by key, anything else replaced,
+    except by a `???` (OmegaConf.merge({'a': 1}, {'a': '???'}) is {'a': 1})."""
     merged = dict(base)
     for key, value in over.items():
         inner = merged.get(key)
-        merged[key] = _merged(inner, value) if isinstance(inner, dict) and isinstance(value, dict) else value
+        if isinstance(inner, dict) and isinstance(value, dict):
+            merged[key] = _merged(inner, value)
+        elif not _keeps_earlier(base, key, value):
+            merged[key] = value
     return merged
+
+
+def _keeps_earlier(base: dict[str, Any], key: Any, value: Any) -> bool:
+    """A later `???` ("give it") leaves a value the earlier mapping has, as OmegaConf's merge does."""
+    return key in base and isinstance(value, str) and value == MISSING
 
 
 def launcher_config(root: Path, config_name: str) -> Path:

@@ -654,3 +654,24 @@ def test_a_key_config_yaml_adds_to_a_group_is_named_as_written_in_config_yaml(co
     assert f"training=gpt3/126m ({conf / 'training/gpt3/126m.yaml'}): unknown key 'baz'" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("self_at", ["first", "last"])
+def test_a_mandatory_value_merged_over_a_groups_value_keeps_it_as_omegaconf_merges(conf, self_at):
+    """OmegaConf's merge keeps the earlier value where the later is `???` (OmegaConf.merge({'a': 1},
+    {'a': '???'}) is {'a': 1}); the merge of a config.yaml section with its group file gave '???',
+    rendered as `#SBATCH --partition='???'`. A `???` that nothing fills stays `???`."""
+    (conf / "cluster" / "site.yaml").write_text("partition: gpu\naccount: ???\nsrun_args: []\n")
+    defaults = ["cluster: site", "data_preparation: download_shards", "training: gpt3/126m"]
+    defaults.insert(0 if self_at == "first" else len(defaults), "_self_")
+    text = (conf / "config.yaml").read_text()
+    head, _, rest = text.partition("defaults:\n")
+    rest = rest[rest.index("\n\n") :]
+    listed = "".join(f"  - {entry}\n" for entry in defaults)
+    section = "cluster:\n  partition: ???\n  account: ???\n  qos: ???\n"
+    (conf / "config.yaml").write_text(f"{head}defaults:\n{listed}{rest}\n{section}")
+    cluster = compose([], root=conf).cfg.cluster
+    assert cluster.partition == "gpu"
+    assert OmegaConf.is_missing(cluster, "account") and OmegaConf.is_missing(cluster, "qos")
+    file, own = {"partition": "gpu"}, {"partition": "???"}  # the rule, as OmegaConf merges
+    assert OmegaConf.merge(*((own, file) if self_at == "first" else (file, own))).partition == "gpu"
