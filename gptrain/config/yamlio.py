@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -263,7 +264,7 @@ def parse_value(text: str) -> Any:
         if mapping is not None:
             return mapping
     call = _HYDRA_CALL.fullmatch(text)
-    if call and call["name"] in HYDRA_FUNCTIONS:
+    if call and call["name"] in HYDRA_FUNCTIONS and _closes_at_its_end(call["args"]):
         return _hydra_function(text, call["name"], call["args"].strip())
     return _hydra_scalar(text)
 
@@ -272,6 +273,12 @@ def parse_value(text: str) -> Any:
 _HYDRA_CALL = re.compile(r"(?P<name>[A-Za-z_]\w*)\((?P<args>.*)\)", re.S)
 HYDRA_SWEEPS = ("choice", "range", "interval", "glob", "tag")
 HYDRA_FUNCTIONS = ("int", "float", "str", "bool", "json_str", "extend_list", "sort", "shuffle", *HYDRA_SWEEPS)
+
+
+def _closes_at_its_end(args: str) -> bool:
+    """`args` (between a call's first `(` and the value's last `)`) closes nothing it did not open:
+    `str(a)(b)` and `str(a)_str(b)` are no calls (their `(` closes before the end), but text."""
+    return all(depth >= 0 for _, _, depth in _unquoted(args))
 
 
 def _hydra_function(text: str, name: str, args: str) -> Any:
@@ -384,7 +391,19 @@ def _hydra_mapping(inner: str) -> dict[str, Any] | None:
 
 def split_top_level(text: str) -> list[str]:
     """Split at commas outside brackets, braces (`${...}`) and quotes."""
-    items, depth, quote, start, escaped = [], 0, "", 0, False
+    items, start = [], 0
+    for position, char, depth in _unquoted(text):
+        if char == "," and depth == 0:
+            items.append(text[start:position])
+            start = position + 1
+    items.append(text[start:])
+    return [item.strip() for item in items]
+
+
+def _unquoted(text: str) -> Iterator[tuple[int, str, int]]:
+    """Each character outside quotes, its position, and the depth of brackets, braces and parentheses
+    open after it (a closing one ends one: the depth falls below 0 where it closes none)."""
+    depth, quote, escaped = 0, "", False
     for position, char in enumerate(text):
         if escaped:
             escaped = False
@@ -393,15 +412,9 @@ def split_top_level(text: str) -> list[str]:
             quote = "" if char == quote else quote
         elif char in "'\"":
             quote = char
-        elif char in "[{(":
-            depth += 1
-        elif char in "]})":
-            depth -= 1
-        elif char == "," and depth == 0:
-            items.append(text[start:position])
-            start = position + 1
-    items.append(text[start:])
-    return [item.strip() for item in items]
+        else:
+            depth += (char in "[{(") - (char in "]})")
+            yield position, char, depth
 
 
 # OmegaConf's words for a bool field's text (nodes.BooleanNode), besides an integer's text.

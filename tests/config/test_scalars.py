@@ -298,6 +298,20 @@ def test_hydras_casts_in_an_override_convert_the_value(text, value):
     assert read == value and type(read) is type(value)
 
 
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("str(a)(b)", "str(a)(b)"), ("str(a)_str(b)", "str(a)_str(b)"), ("int(1)x", "int(1)x"),
+     ("choice(a)(b)", "choice(a)(b)"), ("str((a))", "(a)"), ("str('a)b')", "a)b")],
+)  # fmt: skip
+def test_a_value_is_a_hydra_call_only_when_the_first_parenthesis_closes_at_its_end(text, value):
+    """The cast's pattern took the text up to the last `)`: `str(a)(b)` read as str("a)(b") gave
+    'a)(b'. A value is a call only when the parenthesis the name opens closes last; otherwise it is
+    the text as typed, as before casts were read (Hydra's grammar refuses it; gptrain keeps such a
+    name, as `/data/run(1)`)."""
+    read = parse_value(text)
+    assert read == value and type(read) is type(value)
+
+
 @pytest.mark.parametrize("function", ["choice(1,2)", "range(1,4)", "interval(0,1)", "glob(*)", "tag(a,1)"])
 def test_a_hydra_sweep_in_an_override_is_refused_not_taken_as_text(function):
     """`training.run.name=choice(a,b)` named the run `choice(a,b)` (an int key said "expects int");
