@@ -88,8 +88,9 @@ def _check_utf8(argument: str) -> None:
         )
 
 
-# `~` opening the value, an item of it or a value inside braces (`{a: ~}`), outside quotes
-_TILDE = re.compile(r"(?:^|[\[{,])\s*~|\{[^{}]*:\s*~")
+# `~` opening the value, an item of it, a cast's value (`str(~/x)`) or a value inside braces
+# (`{a: ~}`), outside quotes
+_TILDE = re.compile(r"(?:^|[\[{,(])\s*~|\{[^{}]*:\s*~")
 # A quoted value as Hydra's override grammar reads one: a backslash escapes the character after it
 # (`'It\'s'`, `'C:\\'`), so a quote after an odd number of backslashes does not close the value.
 QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)

@@ -143,10 +143,13 @@ def test_an_override_that_yaml_would_read_as_a_number_keeps_its_text(tmp_path):
         "model.tokenizer.vocab_file=~/gpt2/vocab.json",
         "model.kv_channels=~",
         "model.data.data_prefix=[1,~/d/a]",
+        "model.tokenizer.vocab_file=str(~/gpt2/vocab.json)",
+        "model.data.data_prefix=[1,str( ~/d/a)]",
     ],
 )
 def test_a_tilde_the_shell_left_is_one_line_not_a_path_or_null(override):
-    # before: the literal path `~/gpt2/vocab.json`, missing on every node, or YAML's null (Hydra refuses both)
+    # before: the literal path `~/gpt2/vocab.json`, missing on every node, or YAML's null (Hydra refuses both);
+    # inside a cast (`str(~/x)`) it passed, and the job got the path unexpanded
     with pytest.raises(
         ConfigError, match=rf"^override '{re.escape(override)}': the shell did not expand this '~'"
     ):
