@@ -42,6 +42,7 @@ from gptrain.utils.overrides import (
     delete_key,
     is_hydra_setting,
     is_list_item,
+    past_the_end,
     set_key,
     setting_override,
     split_override,
@@ -491,7 +492,9 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
     parts = override.key.split(".")
     node: Any = cfg
     for depth, part in enumerate(parts):
-        present = isinstance(node, DictConfig) and part in node
+        index = list_index(node, part, override, ".".join(parts[:depth]))  # an item, as OmegaConf.update
+        present = index is not None or (isinstance(node, DictConfig) and part in node)
+        key: int | str = part if index is None else index
         free_form = depth > 0 and parts[depth - 1] in FREE_FORM_MAPPINGS
         if not present and not override.form.add and not free_form and parts[0] != "training":
             if override.key in nemo_launcher.PATH_KEYS:
@@ -503,14 +506,24 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
                 " prefix with + to add a new key"
             )
         # an interpolation there is replaced, not read: `${oc.env:UNSET}` is why one overrides it
-        if not present or OmegaConf.is_interpolation(node, part):
+        if not present or OmegaConf.is_interpolation(node, key):
             break
-        if not isinstance(node[part], DictConfig | ListConfig):
+        if not isinstance(node[key], DictConfig | ListConfig):
             break
-        node = node[part]
+        node = node[key]
     if parts[0] == "training" and len(parts) > 1 and not override.form.add:
         check_training_key(cfg, ".".join(parts[1:]), override)
     return _set(cfg, override)
+
+
+def list_index(node: Any, part: str, override: Override, where: str) -> int | None:
+    """`part` as the index of an item of the list `node` (`cluster.myl.1.a`), None where `node` is no
+    list or `part` no index; an index past its end is an error, as in Hydra."""
+    if not (isinstance(node, ListConfig) and part.isascii() and part.isdigit()):
+        return None
+    if int(part) >= len(node):
+        raise past_the_end(override.form, where, len(node))
+    return int(part)
 
 
 def _set(cfg: DictConfig, override: Override) -> list[str]:

@@ -146,10 +146,13 @@ def is_list_item(cfg: Any, key: str, form: OverrideForm) -> bool:
         return False
     if int(leaf) < len(parent):
         return True
-    size = len(parent)
+    raise past_the_end(form, form.key.rpartition(".")[0], len(parent))  # as typed: no `training.`
+
+
+def past_the_end(form: OverrideForm, shown: str, size: int) -> ConfigError:
+    """The error for an index past the end of the list `shown` (as the override spells it)."""
     items = f"{size} item{'' if size == 1 else 's'}" + (f" (0 to {size - 1})" if size else "")
-    shown = form.key.rpartition(".")[0]  # as typed: `gptrain train` keys have no `training.`
-    raise ConfigError(
+    return ConfigError(
         f"override '{printable(form.argument)}': {shown} has {items}; an override sets one of them and adds"
         f" none: give the whole list, {shown}=[...]"
     )

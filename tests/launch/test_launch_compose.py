@@ -675,3 +675,24 @@ def test_a_mandatory_value_merged_over_a_groups_value_keeps_it_as_omegaconf_merg
     assert OmegaConf.is_missing(cluster, "account") and OmegaConf.is_missing(cluster, "qos")
     file, own = {"partition": "gpu"}, {"partition": "???"}  # the rule, as OmegaConf merges
     assert OmegaConf.merge(*((own, file) if self_at == "first" else (file, own))).partition == "gpu"
+
+
+def test_an_override_steps_into_a_mapping_in_a_list_as_hydra_does():
+    """`cluster.myl.1.a=5` on a list of mappings was refused ("no '1' in cluster.myl; prefix with +"),
+    where Hydra (OmegaConf.update) sets that item's key; a key the item lacks still needs `+`."""
+    items = "+cluster.myl=[{a: 1},{a: 2, b: [3]}]"
+    resolved = compose([items, "cluster.myl.1.a=5", "cluster.myl.1.b.0=4"]).resolved()
+    assert resolved["cluster"]["myl"] == [{"a": 1}, {"a": 5, "b": [4]}]
+    with pytest.raises(ConfigError) as error:
+        compose([items, "cluster.myl.0.c=5"])
+    assert (
+        str(error.value)
+        == "unknown key 'cluster.myl.0.c': no 'c' in cluster.myl.0 (valid: a); prefix with + to add a new key"
+    )
+    assert compose([items, "+cluster.myl.0.c=5"]).resolved()["cluster"]["myl"][0] == {"a": 1, "c": 5}
+    with pytest.raises(ConfigError) as error:
+        compose([items, "cluster.myl.2.a=5"])
+    assert str(error.value) == (
+        "override 'cluster.myl.2.a=5': cluster.myl has 2 items (0 to 1); an override sets one of them and"
+        " adds none: give the whole list, cluster.myl=[...]"
+    )
