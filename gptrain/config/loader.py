@@ -79,19 +79,20 @@ def _suggest_preset(name: str, presets: list[str]) -> str:
 
 def meant_choice(name: str, choices: list[str], cutoff: float) -> str | None:
     """The choice a missing `folder/file` most likely meant, by its file name: the same file in
-    another folder (`126m` -> gpt3/126m), one the name begins (`gpt3/7b` -> gpt3/7b_improved, NeMo's
-    only 7b), else a near name of the same model size: `gpt3/7b` is not gpt3/175b, nor `gpt3/400m`
-    gpt3/40b (models 25 and 100 times larger, one word from being launched)."""
+    another folder (`126m` -> gpt3/126m), one of the same model size the name begins (`gpt3/7b` ->
+    gpt3/7b_improved, NeMo's only 7b; `gpt3/1` -> gpt3/1b_improved, not gpt3/126m), else a near name of
+    the same model size: `gpt3/7b` is not gpt3/175b, nor `gpt3/400m` gpt3/40b, nor `gpt3/12` gpt3/126m
+    (models 10 to 100 times larger or smaller, one word from being launched)."""
     leaf = name.rpartition("/")[2].removesuffix(".yaml").removesuffix(".yml")  # `gpt3/126m.yaml`
     by_leaf: dict[str, str] = {}
     for choice in choices:
         by_leaf.setdefault(choice.rpartition("/")[2], choice)
     if leaf in by_leaf:
         return by_leaf[leaf]
-    begun = [other for other in by_leaf if leaf and other.startswith(leaf)]
+    same_size = [other for other in by_leaf if _leading_number(other) == _leading_number(leaf)]
+    begun = [other for other in same_size if leaf and other.startswith(leaf)]
     if begun:
         return by_leaf[min(begun, key=len)]
-    same_size = [other for other in by_leaf if _leading_number(other) == _leading_number(leaf)]
     near = difflib.get_close_matches(leaf, same_size, n=1, cutoff=cutoff)
     return by_leaf[near[0]] if near else None
 

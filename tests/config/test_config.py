@@ -1260,14 +1260,17 @@ def test_an_override_of_a_list_item_sets_it_as_hydra_does():
         ("gpt3/400m", "; did you mean 'gpt3/400m_improved'?"),
         ("gpt3/126", "; did you mean 'gpt3/126m'?"),
         ("126m", "; did you mean 'gpt3/126m'?"),
+        ("gpt3/1", "; did you mean 'gpt3/1b_improved'?"),
     ],
 )
 def test_a_missing_preset_is_never_offered_another_model_size(preset, hint):
-    """`gptrain train gpt3/7b` was asked 'did you mean gpt3/175b?' and `gpt3/400m` 'gpt3/40b?'."""
+    """`gptrain train gpt3/7b` was asked 'did you mean gpt3/175b?' and `gpt3/400m` 'gpt3/40b?'; `gpt3/1`
+    (the start of 1b_improved's name) 'gpt3/126m?', and `gpt3/12` too, whose size no preset has."""
     with pytest.raises(ConfigError) as error:
         load_training_config(preset)
     assert str(error.value) == f"unknown training preset '{preset}'{hint}"
-    with pytest.raises(
-        ConfigError, match=r"^unknown training preset 'gpt3/30b'; the presets are gpt3/126m, "
-    ):
-        load_training_config("gpt3/30b")
+    for other in ("gpt3/30b", "gpt3/12"):
+        with pytest.raises(
+            ConfigError, match=rf"^unknown training preset '{other}'; the presets are gpt3/126m, "
+        ):
+            load_training_config(other)

@@ -515,7 +515,13 @@ def test_an_override_of_a_list_item_sets_it_as_hydra_does():
 
 @pytest.mark.parametrize(
     ("choice", "meant"),
-    [("gpt3/7b", "gpt3/7b_improved"), ("gpt3/400m", "gpt3/400m_improved"), ("gpt3/1b", "gpt3/1b_improved")],
+    [
+        ("gpt3/7b", "gpt3/7b_improved"),
+        ("gpt3/400m", "gpt3/400m_improved"),
+        ("gpt3/1b", "gpt3/1b_improved"),
+        ("gpt3/1", "gpt3/1b_improved"),  # began 126m's and 175b's names too
+        ("gpt3/40", "gpt3/40b"),  # began 400m_improved's too
+    ],
 )
 def test_a_missing_model_size_is_never_offered_another_size(choice, meant):
     """`training=gpt3/7b` (NeMo's 7b is 7b_improved) was asked 'did you mean gpt3/175b?', and
@@ -528,9 +534,10 @@ def test_a_missing_model_size_is_never_offered_another_size(choice, meant):
     with pytest.raises(ConfigError) as error:
         compose(["training=gpt3/7"])  # no 7-something preset but 7b_improved's own prefix
     assert "did you mean 'gpt3/7b_improved'?" in str(error.value)
-    with pytest.raises(ConfigError) as error:
-        compose(["training=gpt3/30b"])
-    assert str(error.value).endswith(f"/configs/training (valid: {presets})")
+    for other in ("gpt3/30b", "gpt3/12"):  # `gpt3/12` began 126m's name: a size no preset has
+        with pytest.raises(ConfigError) as error:
+            compose([f"training={other}"])
+        assert str(error.value).endswith(f"/configs/training (valid: {presets})")
 
 
 @pytest.mark.parametrize("key", ["launcher_scripts_path", "bignlp_path"])
