@@ -13,6 +13,7 @@ this module says which key gets which.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -104,6 +105,9 @@ STAGE: dict[str, dict[str, Check]] = {
 }
 
 
+# A top-level key in capitals that no interpolation reads is an environment variable (NCCL_TOPO_FILE).
+ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]+")
+
 # Every top-level key the launcher reads (TOP's, the stage switches and paths, the group sections).
 # Any other is left alone, as a root the user interpolates from (`${my_root}/data`) may be, unless
 # it is a letter or two from one of these: `env_var:` for env_vars would export nothing, unseen.
@@ -115,12 +119,27 @@ TOP_READ = (
 
 def _check_misspelt_top_keys(resolved: dict[str, Any], roots: set[str]) -> None:
     """`roots`: the top-level keys an interpolation reads (`${data_dir2}/x`): kept, however close."""
-    for key in resolved:
-        if key in TOP_READ or key in roots:
-            continue
+    unread = [key for key in resolved if key not in TOP_READ and key not in roots]
+    for key in unread:
         close = difflib.get_close_matches(str(key), TOP_READ, n=1, cutoff=0.85)
         if close:
             raise ConfigError(f"{key}: not a key the launcher reads; did you mean '{close[0]}'?")
+    _check_flush_left_env_vars([str(key) for key in unread])
+
+
+def _check_flush_left_env_vars(unread: list[str]) -> None:
+    """`env_vars:` with its entries written flush left (as one tutorial prints its edit) is null, and
+    NCCL_TOPO_FILE beside it a top-level key nothing reads: the jobs would run without it, unseen."""
+    named = [key for key in unread if ENV_NAME.fullmatch(key)]
+    if not named:
+        return
+    one = len(named) == 1
+    raise ConfigError(
+        f"{', '.join(named)}: {'a top-level key' if one else 'top-level keys'} the launcher does not read,"
+        f" named as {'an environment variable' if one else 'environment variables'}; to export"
+        f" {'it' if one else 'them'} to the jobs put {'it' if one else 'them'} under env_vars (indented"
+        " below `env_vars:` in config.yaml, or env_vars.NAME=VALUE)"
+    )
 
 
 def check_launch_sections(resolved: dict[str, Any], roots: set[str] = frozenset()) -> None:

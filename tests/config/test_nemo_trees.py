@@ -485,3 +485,44 @@ def test_hydras_own_settings_on_the_command_line_are_ignored_with_a_note(tmp_pat
     resolved = compose([*settings, "training=gpt3/126m", f"base_results_dir={tmp_path}"]).resolved()
     assert "hydra" not in resolved and "hydra/job_logging" not in resolved
     assert f"{', '.join(settings)}: Hydra's own settings" in capsys.readouterr().err
+
+
+def test_env_vars_written_flush_left_as_the_azure_tutorial_prints_them_are_refused(tmp_path, capsys):
+    """The Azure tutorial prints its config.yaml edit with env_vars' entries flush left: YAML reads
+    `env_vars:` as null and NCCL_TOPO_FILE, NCCL_IB_TIMEOUT, ... as top-level keys, which nothing
+    reads: the jobs ran without the NDv4 topology file and IB's timeout of 22, without a word."""
+    from gptrain.cli import main
+
+    tree = tmp_path / "conf"
+    shutil.copytree(conf("23.07"), tree)
+    text = (tree / "config.yaml").read_text()
+    block = text[text.index("env_vars:") : text.index("numa_mapping:")]
+    entries = ["NCCL_TOPO_FILE: /opt/microsoft/ndv4-topo.xml", "UCX_IB_PCI_RELAXED_ORDERING: auto"]
+    entries += ["NCCL_IB_PCI_RELAXED_ORDERING: 2", "NCCL_IB_TIMEOUT: 22"]
+    (tree / "config.yaml").write_text(text.replace(block, "env_vars:\n" + "".join(f"{e}\n" for e in entries)))
+    argv = [*AZURE_TRAINING, "stages=[training]", f"launcher_scripts_path={tmp_path}"]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose(argv, tree))
+    assert str(error.value) == (
+        "NCCL_TOPO_FILE, UCX_IB_PCI_RELAXED_ORDERING, NCCL_IB_PCI_RELAXED_ORDERING, NCCL_IB_TIMEOUT: top-level"
+        " keys the launcher does not read, named as environment variables; to export them to the jobs put"
+        " them under env_vars (indented below `env_vars:` in config.yaml, or env_vars.NAME=VALUE)"
+    )
+    assert main(["launch", "--dry-run", "--config-dir", str(tree), *argv, "+NCCL_DEBUG=INFO"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("gptrain: error: NCCL_TOPO_FILE, ")
+    # indented as the release's own entries are, they are exported
+    (tree / "config.yaml").write_text(
+        text.replace(block, "env_vars:\n" + "".join(f"  {e}\n" for e in entries))
+    )
+    top = build_plan(compose(argv, tree)).top
+    assert (top["env_vars"]["NCCL_TOPO_FILE"], top["env_vars"]["NCCL_IB_TIMEOUT"]) == (
+        "/opt/microsoft/ndv4-topo.xml",
+        22,
+    )
+    # an override in capitals: the same line; a capitalized root of the user's own that is read stays
+    with pytest.raises(
+        ConfigError, match=r"^NCCL_DEBUG: a top-level key the launcher does not read, named as"
+    ):
+        build_plan(compose([*argv, "+NCCL_DEBUG=INFO"], tree))
+    plan = build_plan(compose([*argv, "+FSX=/fsx", "data_dir=${FSX}/data"], tree))
+    assert plan.resolved["data_dir"] == "/fsx/data"
