@@ -567,6 +567,11 @@ def absolutize_paths(cfg: DictConfig) -> None:
     """Jobs start in other directories: make relative result/data paths absolute now."""
     if "base_results_dir" in cfg and cfg.get("base_results_dir") in (None, ""):
         raise ConfigError("base_results_dir is empty: give the directory the launch writes its runs into")
+    if "data_dir" in cfg and cfg.get("data_dir") in (None, ""):  # else the launch directory, or 'None/...'
+        raise ConfigError(
+            "data_dir is empty: give the directory of the datasets and tokenizer files, which ${data_dir}"
+            " in the configs names (data_dir=$DATA_DIR with DATA_DIR unset gives an empty one)"
+        )
     for key in ("base_results_dir", "data_dir"):
         value = cfg.get(key)
         if isinstance(value, str) and "${" not in value and not os.path.isabs(value):

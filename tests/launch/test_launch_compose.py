@@ -220,6 +220,31 @@ def test_a_value_omegaconf_refuses_is_one_line_naming_the_override(override, mes
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("value", ["", "null"])
+def test_an_empty_data_dir_is_one_line_not_the_launch_directory_or_none(value, conf, tmp_path):
+    """`data_dir=${DATA_DIR}` with DATA_DIR unset (NeMo's example scripts leave `DATA_DIR=` for the user
+    to fill) made data_dir the launch directory: the data, the tokenizer files and the shards data
+    preparation writes were looked for there, unseen; `data_dir=null` read the blend as
+    'None/my-gpt3_00_text_document'. An empty base_results_dir was refused already."""
+    said = (
+        "data_dir is empty: give the directory of the datasets and tokenizer files, which ${data_dir}"
+        " in the configs names (data_dir=$DATA_DIR with DATA_DIR unset gives an empty one)"
+    )
+    prepare = ["stages=[data_preparation,training]", "data_preparation.shards=[https://h/a.jsonl]"]
+    for where in (["cluster_type=slurm"], prepare):
+        with pytest.raises(ConfigError) as error:
+            compose([*where, f"data_dir={value}", f"base_results_dir={tmp_path}"])
+        assert str(error.value) == said
+    text = (conf / "config.yaml").read_text()
+    assert "\ndata_dir: data\n" in text
+    written = value or "''"
+    (conf / "config.yaml").write_text(text.replace("\ndata_dir: data\n", f"\ndata_dir: {written}\n"))
+    with pytest.raises(ConfigError) as error:
+        compose([], conf)
+    assert str(error.value) == said
+    assert compose([f"data_dir={tmp_path}"], conf).resolved()["data_dir"] == str(tmp_path)
+
+
 def test_a_date_in_a_group_file_stays_its_text(conf):
     (conf / "cluster/dated.yaml").write_text("partition: 2024-01-05\n")
     assert compose(["cluster=dated"], root=conf).resolved()["cluster"]["partition"] == "2024-01-05"
