@@ -107,6 +107,10 @@ def check_tokenizer_files(
     in_directory = _model_directory_file(tokenizer.get("type"))
     for key in _file_keys_read(tokenizer):
         value = tokenizer.get(key)
+        if value in (None, "") and key in _keys_required(tokenizer):  # the job: 'not set', after the queue
+            raise LaunchError(
+                f"{where}.{key}: not set ({where}.type={tokenizer.get('type')} reads it); point it at the file"
+            )
         if value and ("/" in str(value) or str(value).endswith((".json", ".txt", ".model"))):
             if _is_file(str(value), f"{where}.{key}", in_directory if key == "model" else ()):
                 found.append(key)
@@ -198,9 +202,17 @@ def _file_keys_read(tokenizer: dict[str, Any]) -> tuple[str, ...]:
         return ("vocab_file", "merge_file", "model")
     if kind == "null":  # ids alone
         return ()
-    if kind == "gpt2" and (tokenizer.get("vocab_file") or tokenizer.get("merge_file")):
-        return ("vocab_file", "merge_file")  # the job reads no model beside them
+    if kind == "gpt2" and (
+        tokenizer.get("vocab_file") or tokenizer.get("merge_file") or not tokenizer.get("model")
+    ):
+        return ("vocab_file", "merge_file")  # the job reads no model beside them, and both without one
     return ("model",)
+
+
+def _keys_required(tokenizer: dict[str, Any]) -> tuple[str, ...]:
+    """The keys of _file_keys_read the job refuses unset (tokenizer_setup.check_tokenizer_files): all
+    but a tiktoken model (an encoding name, or none) and those of an unknown type (the config's to refuse)."""
+    return () if _kind(tokenizer.get("type")) in (None, "tiktoken") else _file_keys_read(tokenizer)
 
 
 def _model_directory_file(tokenizer_type: object) -> tuple[str, ...]:

@@ -344,7 +344,11 @@ def test_preflight_data_files(tmp_path):
     def training(*overrides):
         return load_training_config("gpt3/126m", overrides=overrides, report_ignored=False)
 
-    vocab = [f"model.tokenizer.vocab_file={tmp_path}/vocab.json", "model.tokenizer.merge_file=null"]
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")  # the job refuses a GPT-2 run without it
+    vocab = [
+        f"model.tokenizer.vocab_file={tmp_path}/vocab.json",
+        f"model.tokenizer.merge_file={tmp_path}/merges.txt",
+    ]
     blend = [f"model.data.data_prefix=[1.0,{tmp_path}/a]", *vocab]
     with pytest.raises(LaunchError, match="a.idx not found"):
         check_training_files(training(*blend), prepared_by_stage=False)
@@ -354,7 +358,7 @@ def test_preflight_data_files(tmp_path):
     (tmp_path / "vocab.json").write_text("{}")
     assert check_training_files(training(*blend), prepared_by_stage=False) == [
         "ok  training: 1 data prefix(es) found",
-        "ok  training.model.tokenizer: vocab_file present",
+        "ok  training.model.tokenizer: vocab_file, merge_file present",
     ]
     # NeMo's per-split form: every split's prefixes are checked
     per_split = f"model.data.data_prefix={{train: {tmp_path}/a, validation: {tmp_path}/v}}"

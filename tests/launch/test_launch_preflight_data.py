@@ -8,7 +8,7 @@ import pytest
 from gptrain.cli import main
 from gptrain.config import load_training_config
 from gptrain.data.pair_check import pair_problem
-from gptrain.errors import LaunchError
+from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.preflight import check_training_files
 from gptrain.launch.tokenizer_preflight import check_tokenizer_files
 
@@ -448,3 +448,53 @@ def test_a_blend_prepared_with_and_without_append_eod_is_said_before_the_queue(t
     assert len(masked) == 1 and "model.data.eod_mask_loss=true masks the end-of-document id" in masked[0]
     assert lines(f"model.data.data_prefix=[1.0,{prefixes[0]}]") == []
     assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kind", "unset", "said"),
+    [
+        ("GPT2BPETokenizer", ["model.tokenizer.vocab_file="], "vocab_file"),  # `vocab_file=${VOCAB}`, VOCAB unset
+        ("GPT2BPETokenizer", ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"], "vocab_file"),
+        ("GPT2BPETokenizer", ["model.tokenizer.merge_file=null"], "merge_file"),
+        ("HuggingFaceTokenizer", ["model.tokenizer.model="], "model"),
+        ("Llama2Tokenizer", ["model.tokenizer.model="], "model"),
+    ],
+)  # fmt: skip
+def test_a_tokenizer_file_not_set_is_refused_before_the_queue_as_the_job_refuses_it(
+    tmp_path, kind, unset, said
+):
+    """The preflight looked up only the tokenizer files that were set: it said 'ok ... merge_file
+    present' (or 'no files present') and the job refused the run as it started, after the queue wait
+    ('model.tokenizer.vocab_file: not set'). GPT-2 files in a directory given as the model, or a
+    tiktoken encoding name, stay a run without them."""
+    from gptrain.train.tokenizer_setup import check_tokenizer_files as job_check
+
+    (tmp_path / "vocab.json").write_text('{"a": 0}')
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    gpt2_files = [f"model.tokenizer.vocab_file={tmp_path / 'vocab.json'}",
+                  f"model.tokenizer.merge_file={tmp_path / 'merges.txt'}"]  # fmt: skip
+    no_gpt2 = ["model.tokenizer.vocab_file=null", "model.tokenizer.merge_file=null"]
+    model = tmp_path / ("tokenizer.json" if kind == "HuggingFaceTokenizer" else "tokenizer.model")
+    model.write_text("{}")
+    files = gpt2_files if kind == "GPT2BPETokenizer" else [*no_gpt2, f"model.tokenizer.model={model}"]
+    given = ["model.data.data_prefix=[1.0,a]", f"model.tokenizer.type={kind}", *files]
+    cfg = load_training_config("gpt3/126m", [*given, *unset], report_ignored=False)
+    with pytest.raises(ConfigError, match=rf"^model\.tokenizer\.{said}: not set \("):
+        job_check(cfg)
+    with pytest.raises(LaunchError) as error:
+        check_training_files(cfg, prepared_by_stage=True)
+    assert str(error.value) == (
+        f"training.model.tokenizer.{said}: not set (training.model.tokenizer.type={kind} reads it);"
+        " point it at the file"
+    )
+    present = "vocab_file, merge_file" if kind == "GPT2BPETokenizer" else "model"
+    set_ = check_training_files(load_training_config("gpt3/126m", given, report_ignored=False), True)
+    assert set_ == [f"ok  training.model.tokenizer: {present} present"]
+    with pytest.raises(LaunchError, match=r"^data_preparation\.tokenizer\.vocab_file: not set \("):
+        check_tokenizer_files({"type": "GPT2BPETokenizer", "vocab_file": ""}, "data_preparation.tokenizer")
+    directory = [*no_gpt2, f"model.tokenizer.model={tmp_path}"]  # GPT-2's vocab.json and merges.txt in it
+    gpt2_directory = load_training_config("gpt3/126m", [*given[:1], *directory], report_ignored=False)
+    assert check_training_files(gpt2_directory, True) == ["ok  training.model.tokenizer: model present"]
+    encoding = ["model.tokenizer.library=tiktoken", "model.tokenizer.model=gpt2", *no_gpt2]
+    tiktoken = load_training_config("gpt3/126m", [*given[:1], *encoding], report_ignored=False)
+    assert check_training_files(tiktoken, True) == ["ok  training.model.tokenizer: no files present"]
