@@ -91,9 +91,9 @@ def hub_name_advice(value: object, pass_as: str = "pass the local directory DIR"
     never downloads, so the user needs the local copy; None for anything else (a missing file's
     own message says enough). Only where the path is missing: one the file system cannot look up (a
     link loop, a directory above it this user may not search) is a local path, whose own message
-    says why."""
+    says why. An unset value (None, whose text reads as a name) is none."""
     text = str(value)
-    if not _HUB_ID.fullmatch(text) or text.endswith(_TOKENIZER_FILE_SUFFIXES):
+    if value is None or not _HUB_ID.fullmatch(text) or text.endswith(_TOKENIZER_FILE_SUFFIXES):
         return None
     if look_up(text).kind != "missing":
         return None

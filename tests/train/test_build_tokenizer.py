@@ -117,6 +117,25 @@ def test_a_hub_name_says_gptrain_does_not_download(tmp_path, monkeypatch, overri
     assert str(error.value) == f"{key}: {name} is not a local file or directory; {hub}"
 
 
+@pytest.mark.parametrize("kind", ["HuggingFaceTokenizer", "Llama2Tokenizer"])
+def test_a_tokenizer_model_left_null_is_not_set_not_the_hub_name_none(tmp_path, monkeypatch, kind):
+    """model.tokenizer.model: null (the presets' value) under a type that reads it was told 'None is not
+    a local file or directory; ... huggingface-cli download None': the text of None read as a hub
+    name; an empty value said 'not set'. Both say 'not set' now."""
+    from gptrain.utils.tokenizer_types import hub_name_advice
+
+    monkeypatch.chdir(tmp_path)
+    said = (
+        f"model.tokenizer.model: not set (model.tokenizer.type={kind}); point it at the file,"
+        " or for mock data without tokenizer files set model.data.mock_vocab_size"
+    )
+    for unset in ("null", ""):
+        with pytest.raises(ConfigError) as error:
+            build_tokenizer(training(f"model.tokenizer.type={kind}", f"model.tokenizer.model={unset}"))
+        assert str(error.value) == said
+    assert hub_name_advice(None) is None and hub_name_advice("None") is not None  # a hub name may read so
+
+
 def test_a_path_that_cannot_be_looked_up_is_not_called_a_hub_name(tmp_path, monkeypatch, capsys):
     """The hub advice came wherever os.path.exists was False, so a local path the file system
     refuses (a link loop; a directory under an unsearchable parent) was called a hub name to
