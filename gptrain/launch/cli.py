@@ -110,6 +110,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_launch(args: argparse.Namespace) -> int:
     from gptrain.launch.launcher import launch
 
+    if not args.config_dir:
+        check_no_tree_here(args.config_name)
     root = Path(args.config_dir).resolve() if args.config_dir else None
     return launch(
         list(args.overrides),
@@ -247,4 +249,25 @@ def follow_logs(run_dir: Path, submitted: list[dict[str, Any]]) -> None:
                 f"gptrain: {record.get('stage')} job {record.get('job_id')} waits on job"
                 f" {record.get('dependency')}, which failed: it never starts; gptrain cancel it",
                 file=sys.stderr,
+            )
+
+
+# Where a NeMo launcher's main.py finds its conf tree, as its users run it: in bignlp-scripts/ or
+# launcher_scripts/ (conf/), or in the launcher's root (launcher_scripts/conf/).
+TREES_HERE = ("conf", "launcher_scripts/conf")
+
+
+def check_no_tree_here(config_name: str) -> None:
+    """`gptrain launch ...` typed where `python3 main.py ...` ran read gptrain's bundled configs, not
+    the conf tree there that the user had edited (its partition, env_vars, blend), without a word."""
+    from gptrain.launch.compose import CONFIG_ROOT
+    from gptrain.utils.paths import look_up
+
+    for tree in TREES_HERE:
+        config = Path(tree) / f"{config_name.removesuffix('.yaml')}.yaml"
+        if look_up(config).kind == "file":
+            raise LaunchError(
+                f"{config} is a launcher conf tree, but without --config-dir gptrain launch reads its bundled"
+                f" configs: give --config-dir {tree} to launch from it (NeMo's main.py reads its conf/), or"
+                f" --config-dir {CONFIG_ROOT} for the bundled ones"
             )

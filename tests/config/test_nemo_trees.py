@@ -526,3 +526,29 @@ def test_env_vars_written_flush_left_as_the_azure_tutorial_prints_them_are_refus
         build_plan(compose([*argv, "+NCCL_DEBUG=INFO"], tree))
     plan = build_plan(compose([*argv, "+FSX=/fsx", "data_dir=${FSX}/data"], tree))
     assert plan.resolved["data_dir"] == "/fsx/data"
+
+
+@pytest.mark.parametrize("tree", ["conf", "launcher_scripts/conf"])
+def test_a_launch_beside_a_nemo_conf_tree_without_config_dir_is_refused(tree, tmp_path, monkeypatch, capsys):
+    """The Azure tutorial runs `python3 main.py ...` in bignlp-scripts/, whose main.py reads the conf/
+    there (the AWS one from the launcher's parent, launcher_scripts/conf): the same arguments to
+    `gptrain launch` read gptrain's bundled configs instead, without a word, and the edits of
+    bcm.yaml (partition: ndmv4), config.yaml (env_vars) and the training file were never read."""
+    from gptrain.cli import main
+
+    shutil.copytree(conf("23.07"), tmp_path / tree)
+    monkeypatch.chdir(tmp_path)
+    argv = [*AZURE_TRAINING, "stages=[training]", "training.model.data.data_impl=mock"]
+    assert main(["launch", "--dry-run", *argv]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gptrain: error: {tree}/config.yaml is a launcher conf tree, but without --config-dir gptrain launch"
+        f" reads its bundled configs: give --config-dir {tree} to launch from it (NeMo's main.py reads its"
+        f" conf/), or --config-dir {CONFIG_ROOT} for the bundled ones"
+    )
+    base = ["launch", "--dry-run", *argv, f"launcher_scripts_path={tmp_path}"]
+    assert main([*base[:2], "--config-dir", tree, *base[2:]]) == 0, capsys.readouterr().err
+    assert (tmp_path / "results" / "gpt3_126m-1n-tp1-pp1-mbs1" / "dry-run").is_dir()  # the tree's config.yaml
+    bundled = ["launch", "--dry-run", "--config-dir", str(CONFIG_ROOT), *argv, "cluster_type=slurm"]
+    assert main([*bundled, f"base_results_dir={tmp_path}/bundled"]) == 0, capsys.readouterr().err
+    assert main(["launch", "--dry-run", "--config-name", "other", *argv]) == 2  # any root name: its file
+    assert "give --config-dir" not in capsys.readouterr().err
