@@ -107,7 +107,7 @@ NEMO_IMAGE_WORDS = ("nemo", "bignlp")
 
 def launch_notes(plan: LaunchPlan, stages: list[str]) -> list[str]:
     """What a NeMo tree carries over that the user may not mean: its container, no requeues."""
-    notes = list(plan.notes) if "training" in stages else []
+    notes = list(plan.notes)
     container = str(plan.top.get("container") or "")
     if container and plan.cluster_type == "local":
         notes.append(

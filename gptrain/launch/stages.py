@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gptrain.config.yamlio import dump_config
 from gptrain.errors import ConfigError, LaunchError
 from gptrain.launch.additional_parameters import check_data_preparation_cpus
-from gptrain.launch.compose import Composition
+from gptrain.launch.compose import Composition, group_file
 from gptrain.launch.gres import gres_gpus
 from gptrain.launch.mounts import container_mounts, with_absolute_paths
 from gptrain.launch.preflight import DEFAULT_MAX_ARRAY_SIZE
@@ -28,7 +28,7 @@ from gptrain.launch.script_values import check_launch_values
 from gptrain.launch.sections import check_launch_sections
 from gptrain.launch.validation_stage import apply_exclude_file, stage_config, validation_job
 from gptrain.utils.atomic import atomic_write_text
-from gptrain.utils.paths import directory_blocker
+from gptrain.utils.paths import directory_blocker, look_up
 
 if TYPE_CHECKING:
     from gptrain.config import TrainingConfig
@@ -80,6 +80,7 @@ def build_plan(composition: Composition, max_array_size: int = DEFAULT_MAX_ARRAY
         top,
         training_overrides=composition.training_overrides(),
         training_origin=composition.origin("training"),
+        notes=nested_copy_notes(composition),
     )
     stages = list(resolved["stages"])
     local = resolved["cluster_type"] == "local"
@@ -103,6 +104,22 @@ def build_plan(composition: Composition, max_array_size: int = DEFAULT_MAX_ARRAY
         for before, job in zip(plan.jobs, plan.jobs[1:], strict=False):
             check_dependency_joins(job, before)
     return plan
+
+
+def nested_copy_notes(composition: Composition) -> list[str]:
+    """`cp -R conf.template/cluster conf/cluster` (as one tutorial copies its bcm.yaml) puts the copy
+    inside the existing directory, where `cluster=bcm` never reads it: said where that file differs."""
+    notes = []
+    for group, choice in composition.choices.items():
+        read = group_file(group, choice, composition.config_root)
+        nested = composition.config_root / group / group / f"{choice}.yaml"
+        if nested != read and look_up(nested).kind == "file" and nested.read_bytes() != read.read_bytes():
+            notes.append(
+                f"note  {group}={choice} reads {read}; {nested} beside it differs (`cp -R` of a {group}/"
+                f" directory onto the existing one puts the copy inside it): copy that file over"
+                f" {group}/{choice}.yaml, or pick {group}={group}/{choice}"
+            )
+    return notes
 
 
 def job_environment(profile: dict[str, Any] | None, given: dict[str, Any] | None) -> dict[str, Any]:

@@ -552,3 +552,32 @@ def test_a_launch_beside_a_nemo_conf_tree_without_config_dir_is_refused(tree, tm
     assert main([*bundled, f"base_results_dir={tmp_path}/bundled"]) == 0, capsys.readouterr().err
     assert main(["launch", "--dry-run", "--config-name", "other", *argv]) == 2  # any root name: its file
     assert "give --config-dir" not in capsys.readouterr().err
+
+
+def test_the_aws_tutorials_cluster_copy_nested_in_the_tree_is_noted(tmp_path):
+    """nemo-megatron-on-slurm-aws.md copies its bcm.yaml with `cp -Rv conf.template/cluster
+    .../launcher_scripts/conf/cluster`: that directory exists, so cp puts the copy inside it
+    (conf/cluster/cluster/bcm.yaml) and cluster=bcm read the release's file, partition null and no
+    gres, without a word. The launch reads it still (cluster=cluster/bcm picks the copy), and says so."""
+    from gptrain.launch.launcher import launch_notes
+
+    tree = tmp_path / "conf"
+    shutil.copytree(conf("23.07"), tree)
+    (tree / "cluster" / "cluster").mkdir()
+    edited = (tree / "cluster" / "bcm.yaml").read_text().replace("partition: null", "partition: us-east-1e")
+    (tree / "cluster" / "cluster" / "bcm.yaml").write_text(edited + "gres: gpu:8\n")
+    argv = [*AZURE_TRAINING, "stages=[training]", f"launcher_scripts_path={tmp_path}", "container=null"]
+    plan = build_plan(compose(argv, tree))
+    assert plan.cluster["partition"] is None
+    assert (
+        f"note  cluster=bcm reads {tree}/cluster/bcm.yaml; {tree}/cluster/cluster/bcm.yaml beside it differs"
+        " (`cp -R` of a cluster/ directory onto the existing one puts the copy inside it): copy that file"
+        " over cluster/bcm.yaml, or pick cluster=cluster/bcm" in launch_notes(plan, ["training"])
+    )
+    prep = build_plan(compose([*argv, "stages=[data_preparation]"], tree))  # said for any stage
+    assert [note for note in launch_notes(prep, ["data_preparation"]) if "cp -R" in note]
+    assert build_plan(compose([*argv, "cluster=cluster/bcm"], tree)).cluster["partition"] == "us-east-1e"
+    shutil.copy(tree / "cluster" / "cluster" / "bcm.yaml", tree / "cluster" / "bcm.yaml")  # the fix
+    plan = build_plan(compose(argv, tree))
+    assert plan.cluster["partition"] == "us-east-1e"
+    assert not [note for note in launch_notes(plan, ["training"]) if "cp -R" in note]
