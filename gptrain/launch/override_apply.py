@@ -98,6 +98,12 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
         if not present and not override.form.add and not free_form and parts[0] != "training":
             if override.key in nemo_launcher.PATH_KEYS:
                 raise ConfigError(_no_launcher_path(override))
+            if override.key.startswith("run_") and override.key[4:] in nemo_launcher.RUN_SWITCHES:
+                raise ConfigError(
+                    f"unknown key '{override.key}': this config.yaml picks its stages with the stages list,"
+                    " not the run_* switches of older launchers: give stages=[...] (e.g."
+                    f" stages=[data_preparation,training]), or +{override.typed} to add the switch"
+                )
             where = ".".join(parts[:depth]) or "the top level"
             keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
             raise ConfigError(

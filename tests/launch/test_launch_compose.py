@@ -565,6 +565,22 @@ def test_a_missing_model_size_is_never_offered_another_size(choice, meant):
         assert str(error.value).endswith(f"/configs/training (valid: {presets})")
 
 
+@pytest.mark.parametrize("switch", ["run_training=True", "run_data_preparation=False"])
+def test_a_bignlp_run_switch_on_a_stages_config_names_stages_not_training(switch):
+    """bignlp-scripts' `run_training=True` on a config.yaml that lists `stages` was refused with
+    "did you mean 'training'?" (the group, which selects no stage); it names the stages list now."""
+    with pytest.raises(ConfigError) as error:
+        compose([switch])
+    key = switch.split("=")[0]
+    assert str(error.value) == (
+        f"unknown key '{key}': this config.yaml picks its stages with the stages list, not the run_*"
+        " switches of older launchers: give stages=[...] (e.g. stages=[data_preparation,training]),"
+        f" or +{switch} to add the switch"
+    )
+    with pytest.raises(ConfigError, match=r"no 'run_trainig' in the top level"):
+        compose(["run_trainig=True"])  # no stage's switch: the usual line
+
+
 @pytest.mark.parametrize("key", ["launcher_scripts_path", "bignlp_path"])
 def test_nemos_launcher_path_with_gptrains_config_says_which_keys_move_the_run(key):
     """`launcher_scripts_path=/shared/nemo` (the NeMo launcher's root, which moves its results and
