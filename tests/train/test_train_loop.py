@@ -821,6 +821,7 @@ def test_a_divergence_waiting_for_a_long_background_write_is_not_called_a_hang(t
     save, to name it. That wait sat inside the step's watched end: a write longer than
     trainer.hang_timeout_minutes (minutes for a large model) was reported as a hung rank, exit 76, and
     the requeued job diverged again. Now the wait is a save's time, which the watchdog does not time."""
+    import threading
     import time
 
     from gptrain.checkpoint import manager
@@ -835,12 +836,22 @@ def test_a_divergence_waiting_for_a_long_background_write_is_not_called_a_hang(t
 
     calls: list[int] = []
     use_loss_fn(monkeypatch, nan_from_step_3)
-    real_mark = manager.CheckpointManager._mark_complete
+    real_mark, real_wait = manager.CheckpointManager._mark_complete, manager.CheckpointManager.wait
+    stop_waits = threading.Event()  # the divergence stop (after step 4's loss) waits for the write
 
-    def slow_mark(self, report, checksums):  # the write of step_2 outlasts the hang timeout (3 s)
-        time.sleep(8.0)
+    def noted_wait(self):
+        if len(calls) >= 4 * 2:
+            stop_waits.set()
+        real_wait(self)
+
+    def slow_mark(self, report, checksums):
+        """The write of step_2 outlasts the hang timeout (3 s) counted from the stop's wait: a
+        watched wait would have its watchdog fire within a timeout and a poll of the step's end."""
+        assert stop_waits.wait(timeout=60), "the divergence stop never waited for the background write"
+        time.sleep(dogs[0].timeout_s + 2 * dogs[0].poll_s)
         real_mark(self, report, checksums)
 
+    monkeypatch.setattr(manager.CheckpointManager, "wait", noted_wait)
     monkeypatch.setattr(manager.CheckpointManager, "_mark_complete", slow_mark)
     dogs: list[watchdog.Watchdog] = []
     real_start = watchdog.Watchdog.start
@@ -886,9 +897,12 @@ def test_a_non_finite_warning_written_to_a_hung_file_system_is_a_hang(tmp_path, 
     use_loss_fn(monkeypatch, nan_at_step_3)
     real_write = results.RunLog.to_file
 
-    def hung_write(self, line):  # the warning's write outlasts the hang timeout (3 s)
+    def hung_write(self, line):
+        """The warning's write hangs until the watchdog fires, or 8 s (past its 3 s timeout and a poll)."""
         if line.startswith("warning: iteration 3 skipped"):
-            time.sleep(8.0)
+            deadline = time.monotonic() + 8.0
+            while dogs[0].fired is None and time.monotonic() < deadline:
+                time.sleep(0.05)
         real_write(self, line)
 
     monkeypatch.setattr(results.RunLog, "to_file", hung_write)
