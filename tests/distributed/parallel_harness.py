@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +71,50 @@ def run_layouts(
         )
         raise AssertionError(f"layouts {runs} failed:\n{tails}")
     return json.loads(out.read_text())
+
+
+# One launch per world size for the layout runs of every module (start-up dominates on CPU: ~3 s of
+# CPU per rank on the 2-core CI machine before any training). A module names its runs at import
+# (`share_launch`); the first test that needs a world size's results launches the runs of every
+# module with a test selected in this session, in turn, and each module gets its own back by name.
+# Each module's files go under its own directory of one session directory (`shared_dir`), so its
+# later launches can resume the checkpoints its shared runs saved.
+Runs = Callable[[Path], list[tuple[str, dict[str, Any]]]]
+SHARED: dict[int, dict[str, Runs]] = {}  # world size -> module name -> its runs
+
+
+def share_launch(world: int, module: str, runs: Runs) -> None:
+    """Called at a module's import: its runs of `world` ranks join the shared launch."""
+    SHARED.setdefault(world, {})[module] = runs
+
+
+def shared_dir(root: Path, module: str) -> Path:
+    directory = root / module.rsplit(".", 1)[-1]
+    directory.mkdir(exist_ok=True)
+    return directory
+
+
+class SharedLaunches:
+    """Each world size launched once, on first use, with every selected module's runs."""
+
+    def __init__(self, root: Path, selected: set[str]) -> None:
+        self.root, self.selected = root, selected
+        self.results: dict[int, dict[str, dict[str, dict]]] = {}
+
+    def get(self, world: int, module: str) -> dict[str, dict]:
+        """`module`'s results by run name (its runs: `share_launch`)."""
+        self.selected.add(module)  # were the hooks that deselect tests run after the one noting modules
+        if world not in self.results:
+            self.results[world] = self.launch(world)
+        return self.results[world][module]
+
+    def launch(self, world: int) -> dict[str, dict[str, dict]]:
+        """One launch running the selected modules' runs in turn, each in its own directory."""
+        named = {
+            module: runs(shared_dir(self.root, module))
+            for module, runs in SHARED.get(world, {}).items()
+            if module in self.selected
+        }
+        specs = [spec for runs in named.values() for _, spec in runs]
+        results = iter(run_layouts(specs, world, self.root))
+        return {module: {name: next(results) for name, _ in runs} for module, runs in named.items()}

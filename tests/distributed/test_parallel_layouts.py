@@ -1,7 +1,8 @@
 """Every parallel layout reproduces the single-process loss curve (float64, CPU, gloo).
 
 The reference runs in this process; the layouts run as real processes, all layouts of
-one world size in one launch (start-up dominates on CPU). A tiny GPT (4 layers, hidden
+one world size in one launch (start-up dominates on CPU), which other modules' runs
+join (parallel_harness.share_launch). A tiny GPT (4 layers, hidden
 32, tied embeddings, learned positions, a masked prefix in every sample) trains 10
 AdamW steps with gradient clipping at 0.5 (active: the norms are above 1), so a wrong
 gradient, grad norm, loss normalisation or data slice shows up in the losses.
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parallel_harness import run_layouts
+from parallel_harness import SharedLaunches, share_launch, shared_dir
 
 STEPS, SAVE_AT = 10, 5
 # The runs are float64 (parallel_worker), where a layout only reorders sums: unit roundoff 1.1e-16,
@@ -200,12 +201,11 @@ def reference() -> dict[str, list[float]]:
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("parallel")
+def ckpt(shared_root: Path) -> Path:
+    return shared_dir(shared_root, __name__)
 
 
-@pytest.fixture(scope="module")
-def two_process_results(ckpt: Path) -> dict[str, dict]:
+def two_process_runs(ckpt: Path) -> list[tuple[str, dict[str, Any]]]:
     runs = [layout_spec(name, model, ckpt) for name, model in TWO_PROCESSES.items()]
     runs += [
         *DROPOUT_PROBES.values(),
@@ -222,7 +222,13 @@ def two_process_results(ckpt: Path) -> dict[str, dict]:
     names += list(FP8_FSDP_RUNS)
     names += list(PIPELINE_BATCHES)
     names.append("tp2_sp_fp8_tensorwise_refused")
-    return dict(zip(names, run_layouts(runs, 2, ckpt), strict=True))
+    return list(zip(names, runs, strict=True))
+
+
+@pytest.fixture(scope="module")
+def two_process_results(shared_launches: SharedLaunches) -> dict[str, dict]:
+    """In the shared launch of two ranks (conftest.py), beside other modules' runs."""
+    return shared_launches.get(2, __name__)
 
 
 def fp8_spec(run: dict[str, Any], layout: bool = True) -> dict[str, Any]:
@@ -246,9 +252,7 @@ def fp8_fsdp_spec(name: str, ckpt: Path) -> dict[str, Any]:
     return spec
 
 
-@pytest.fixture(scope="module")
-def four_process_results(ckpt: Path, two_process_results: dict) -> dict[str, dict]:
-    """Runs after the two-process launch, whose checkpoints it resumes."""
+def four_process_runs(ckpt: Path) -> list[tuple[str, dict[str, Any]]]:
     names = list(FOUR_PROCESSES) + [name for name, (_, world, _) in RESUMES.items() if world == 4]
     runs = [
         layout_spec(n, FOUR_PROCESSES[n], ckpt) if n in FOUR_PROCESSES else resume_spec(n, ckpt)
@@ -266,7 +270,17 @@ def four_process_results(ckpt: Path, two_process_results: dict) -> dict[str, dic
             names.append(f"{name}_fp8_{'gather' if gather else 'plain_gather'}")
     runs += PIPELINE_BATCHES_4.values()
     names += PIPELINE_BATCHES_4
-    return dict(zip(names, run_layouts(runs, 4, ckpt), strict=True))
+    return list(zip(names, runs, strict=True))
+
+
+@pytest.fixture(scope="module")
+def four_process_results(shared_launches: SharedLaunches, two_process_results: dict) -> dict[str, dict]:
+    """Runs after the two-process launch, whose checkpoints it resumes."""
+    return shared_launches.get(4, __name__)
+
+
+share_launch(2, __name__, two_process_runs)
+share_launch(4, __name__, four_process_runs)
 
 
 def check_layout_result(result: dict, reference: dict, name: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parallel_harness import run_layouts
+from parallel_harness import SharedLaunches, run_layouts, share_launch, shared_dir
 from test_parallel_layouts import assert_close, run_in_process
 
 pytestmark = pytest.mark.distributed
@@ -72,17 +72,29 @@ def reference() -> dict[str, list[float]]:
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("uneven")
+def ckpt(shared_root: Path) -> Path:
+    return shared_dir(shared_root, __name__)
+
+
+def two_process_runs(ckpt: Path) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (name, spec(model, **({"save_at": SAVE_AT, "save": str(ckpt / name)} if name in SAVED else {})))
+        for name, model in TWO_PROCESSES.items()
+    ]
+
+
+def four_process_runs(ckpt: Path) -> list[tuple[str, dict[str, Any]]]:
+    return [("pp4_accounted", spec(ACCOUNTED, gbs=8, mbs=1))]
 
 
 @pytest.fixture(scope="module")
-def two_process_results(ckpt: Path) -> dict[str, dict]:
-    runs = [
-        spec(model, **({"save_at": SAVE_AT, "save": str(ckpt / name)} if name in SAVED else {}))
-        for name, model in TWO_PROCESSES.items()
-    ]
-    return dict(zip(TWO_PROCESSES, run_layouts(runs, 2, ckpt), strict=True))
+def two_process_results(shared_launches: SharedLaunches) -> dict[str, dict]:
+    """In the shared launch of two ranks (conftest.py), beside other modules' runs."""
+    return shared_launches.get(2, __name__)
+
+
+share_launch(2, __name__, two_process_runs)
+share_launch(4, __name__, four_process_runs)
 
 
 def assert_matches(result: dict, expected: dict, name: str, start: int = 0) -> None:
@@ -111,7 +123,7 @@ def test_an_uneven_checkpoint_loads_into_one_process(
 
 
 def test_three_and_four_stage_splits_and_a_resume_into_another_split(
-    two_process_results: dict, ckpt: Path, reference: dict
+    two_process_results: dict, shared_launches: SharedLaunches, ckpt: Path, reference: dict
 ) -> None:
     """PP=3 with the first and last stage at one layer resumes the PP=2 [2, 4] checkpoint; PP=4
     counting the embedding and the loss as layers trains from the start."""
@@ -120,6 +132,6 @@ def test_three_and_four_stage_splits_and_a_resume_into_another_split(
     (resumed,) = run_layouts([spec(three, start=SAVE_AT, load=str(ckpt / "pp2_first2"))], 3, ckpt)
     assert resumed["stage_layers"] == SPLITS["pp3_first1_last1"]
     assert_matches(resumed, reference, "pp2_first2 -> pp3_first1_last1", start=SAVE_AT)
-    (accounted,) = run_layouts([spec(ACCOUNTED, gbs=8, mbs=1)], 4, ckpt)
+    accounted = shared_launches.get(4, __name__)["pp4_accounted"]  # the shared launch of four ranks
     assert accounted["stage_layers"] == SPLITS["pp4_accounted"]
     assert_matches(accounted, reference, "pp4_accounted")
