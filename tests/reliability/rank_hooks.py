@@ -48,6 +48,7 @@ from pathlib import Path
 from torch.distributed.checkpoint.staging import DefaultStager
 
 import gptrain.config
+from gptrain.checkpoint import checksum_writer
 from gptrain.cli import main
 from gptrain.data import gpt_dataset
 from gptrain.train import builders, eval_splits, evaluation, resuming, saving, step_loop
@@ -179,7 +180,6 @@ def nan_from(nan_rank: int, iteration: int) -> None:
 
 
 def disk_full_in_save(full_rank: int, iteration: int) -> None:
-    from gptrain.checkpoint import checksum_writer
     from gptrain.checkpoint.directory import step_dir_name
 
     writer = checksum_writer.ChecksummingWriter
@@ -266,6 +266,7 @@ PATCHED = [
     (gptrain.config, "load_training_config"),
     (builders, "build_step_options"),
     (DefaultStager, "_stage"),
+    (checksum_writer.ChecksummingWriter, "write_data"),
 ]
 
 

@@ -56,6 +56,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory, module_indexed_corpus: list[s
         ("save_true", ["signal-in-save", "1", "4"], in_save("true")),
         ("test_split", ["signal-in-test", "1"], TEST_SPLIT),
         ("test_split_resumed", ["none"], TEST_SPLIT),
+        *(
+            (f"disk_full_{mode}", ["disk-full-in-save", "1", "4"], disk_full(mode))
+            for mode in ("true", "false")
+        ),
     ]
     in_turn = []
     for name, hook, overrides in scenarios:
@@ -232,15 +236,17 @@ def test_a_stop_signal_before_the_run_installs_its_handlers_is_not_fatal(runs):
     assert "stopping before the first step: received SIGUSR1; nothing trained since no checkpoint" in log
 
 
+def disk_full(async_save: str) -> list[str]:
+    return ["trainer.max_steps=8", f"exp_manager.checkpoint_callback_params.async_save={async_save}"]
+
+
 @pytest.mark.parametrize("async_save", ["true", "false"])
-def test_a_save_failing_on_one_rank_stops_every_rank_naming_that_rank(tmp_path, async_save):
+def test_a_save_failing_on_one_rank_stops_every_rank_naming_that_rank(runs, async_save):
     """Rank 1's disk is full while iteration 4 is saved (in the background, or at once): no rank marks
     step_4 complete, and every rank ends with one line that names the rank whose write failed and why."""
-    overrides = ["trainer.max_steps=8", f"exp_manager.checkpoint_callback_params.async_save={async_save}"]
-    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "disk-full-in-save", "1", "4"])
-    outputs = finish_ranks(ranks)
-    assert all(rank.returncode not in (0, 75) for rank in ranks), outputs
-    assert complete_steps(tmp_path / "run" / "checkpoints") == [2]
+    codes, outputs = ended(runs / f"disk_full_{async_save}" / "out")
+    assert all(code not in (0, 75) for code in codes), outputs
+    assert complete_steps(runs / f"disk_full_{async_save}" / "run" / "checkpoints") == [2]
     for _, err in outputs:
         assert "Traceback" not in err, err[-3000:]
         line = err.splitlines()[-1]
