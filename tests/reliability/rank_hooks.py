@@ -48,7 +48,7 @@ from pathlib import Path
 from torch.distributed.checkpoint.staging import DefaultStager
 
 import gptrain.config
-from gptrain.checkpoint import checksum_writer
+from gptrain.checkpoint import checksum_writer, manager
 from gptrain.cli import main
 from gptrain.data import gpt_dataset
 from gptrain.train import builders, eval_splits, evaluation, resuming, saving, step_loop
@@ -213,7 +213,6 @@ def staging_fails_in_save(failing_rank: int, iteration: int) -> None:
 
 
 def complete_full(iteration: int) -> None:
-    from gptrain.checkpoint import manager
     from gptrain.checkpoint.directory import step_dir_name
 
     write_text = manager.atomic_write_text
@@ -267,6 +266,7 @@ PATCHED = [
     (builders, "build_step_options"),
     (DefaultStager, "_stage"),
     (checksum_writer.ChecksummingWriter, "write_data"),
+    (manager, "atomic_write_text"),
 ]
 
 

@@ -60,6 +60,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory, module_indexed_corpus: list[s
             (f"disk_full_{mode}", ["disk-full-in-save", "1", "4"], disk_full(mode))
             for mode in ("true", "false")
         ),
+        *((f"cannot_mark_{n}", ["complete-full-slow", "6", "300"], cannot_mark(n)) for n in (1, 5)),
+        ("final_cannot_mark", ["complete-full", "4"], FINAL_CANNOT_MARK),
     ]
     in_turn = []
     for name, hook, overrides in scenarios:
@@ -254,10 +256,21 @@ def test_a_save_failing_on_one_rank_stops_every_rank_naming_that_rank(runs, asyn
         assert "rank 1" in line and "No space left on device (injected)" in line, line
 
 
+def cannot_mark(log_every: int) -> list[str]:
+    return [
+        "trainer.max_steps=12",
+        f"trainer.log_every_n_steps={log_every}",
+        "trainer.hang_timeout_minutes=0.5",
+        "exp_manager.checkpoint_callback_params.every_n_train_steps=6",
+        "exp_manager.checkpoint_callback_params.async_save=true",
+    ]
+
+
+FINAL_CANNOT_MARK = ["trainer.limit_test_batches=2", "exp_manager.checkpoint_callback_params.async_save=true"]
+
+
 @pytest.mark.parametrize("log_every", [1, 5])
-def test_a_background_save_rank_0_cannot_mark_stops_every_rank_at_one_step_with_its_cause(
-    tmp_path, log_every
-):
+def test_a_background_save_rank_0_cannot_mark_stops_every_rank_at_one_step_with_its_cause(runs, log_every):
     """Rank 0's COMPLETE of iteration 6 meets a full disk in its background marking thread, which only
     rank 0 learns of: it raised at its next poll, and rank 1 trained on into a collective rank 0 had
     left, to stop with 'a collective lost its peer', without the cause. Now the failure is agreed as a
@@ -266,16 +279,9 @@ def test_a_background_save_rank_0_cannot_mark_stops_every_rank_at_one_step_with_
     checkpoint. Rank 1 (the logging rank) logged 'saved checkpoint step_6' once its own write was
     done, before failing on that same save: a save is now reported once every rank has it done, rank
     0's marking included."""
-    overrides = [
-        "trainer.max_steps=12",
-        f"trainer.log_every_n_steps={log_every}",
-        "trainer.hang_timeout_minutes=0.5",
-        "exp_manager.checkpoint_callback_params.every_n_train_steps=6",
-        "exp_manager.checkpoint_callback_params.async_save=true",
-    ]
-    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "complete-full-slow", "6", "300"])
-    outputs = finish_ranks(ranks)
-    assert [rank.returncode for rank in ranks] == [2, 2], outputs
+    tmp_path = runs / f"cannot_mark_{log_every}"
+    codes, outputs = ended(tmp_path / "out")
+    assert codes == [2, 2], outputs
     assert complete_steps(tmp_path / "run" / "checkpoints") == [], outputs
     lines, stopped_at = [], []
     for rank, (out, err) in enumerate(outputs):
@@ -292,14 +298,13 @@ def test_a_background_save_rank_0_cannot_mark_stops_every_rank_at_one_step_with_
     assert "No space left on device (injected)" in lines[0]
 
 
-def test_a_final_background_save_rank_0_cannot_mark_is_not_reported_saved_on_another_rank(tmp_path):
+def test_a_final_background_save_rank_0_cannot_mark_is_not_reported_saved_on_another_rank(runs):
     """The last save, written in the background beside the test split, that rank 0 cannot mark: rank 1
     logged 'saved checkpoint step_4' and died in the shutdown with gloo's traceback. Every rank now waits
     for the save's agreed outcome and stops with rank 0's line."""
-    overrides = ["trainer.limit_test_batches=2", "exp_manager.checkpoint_callback_params.async_save=true"]
-    ranks = start_ranks(tmp_path / "run", overrides, program=[*HOOKED, "complete-full", "4"])
-    outputs = finish_ranks(ranks)
-    assert [rank.returncode for rank in ranks] == [2, 2], outputs
+    tmp_path = runs / "final_cannot_mark"
+    codes, outputs = ended(tmp_path / "out")
+    assert codes == [2, 2], outputs
     assert complete_steps(tmp_path / "run" / "checkpoints") == [2]
     step_4 = tmp_path / "run" / "checkpoints" / "step_4"
     for rank, (_, err) in enumerate(outputs):
