@@ -125,21 +125,21 @@ def ranks(out, world: int = 2) -> list[dict]:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_two_ranks_running_ahead_stop_at_the_same_step_and_resume_to_the_same_run(tmp_path):
+def test_two_ranks_running_ahead_stop_at_the_same_step_and_resume_to_the_same_run(tmp_path, two_rank_layouts):
     """DDP over gloo: the stop flag of rank 1's request at step 2 is read at step 3 (one step late,
     unlogged), when step 4 is already queued; both ranks finish step 4 and stop there."""
-    # the uninterrupted run and the stopped one in one process per rank: one start-up
-    run_ranks(WORKER, tmp_path / "out_first", tmp_path, f"behind:false:0,split:true:2:{free_port()}")
-    behind = ranks(tmp_path / "out_first" / "behind")
+    # the uninterrupted run and the stopped one in the launch of the two-rank layouts: one start-up
+    root = two_rank_layouts.parent
+    behind = ranks(two_rank_layouts / "behind")
     assert [r["code"] for r in behind] == [0, 0] and behind[0]["ahead"] == []
-    first = ranks(tmp_path / "out_first" / "split")
+    first = ranks(two_rank_layouts / "split")
     assert [r["code"] for r in first] == [EXIT_REQUEUE, EXIT_REQUEUE]
     # srun's SIGTERM to the ranks still shutting down when the first exits 75 must not make it 143
     assert [r["sigterm_ignored"] for r in first] == [True, True]
     assert [r["sigterm_ignored"] for r in behind] == [False, False]  # a finished run restores the default
     assert [r["ahead"] for r in first] == [[2, 3], [2, 3]] and sorted(first[0]["losses"]) == [1, 2, 3, 4]
-    assert complete_steps(tmp_path / "split" / "checkpoints") == [4]
-    run_ranks(WORKER, tmp_path / "out_second", tmp_path, "split:true:0")  # a fresh process resumes
+    assert complete_steps(root / "split" / "checkpoints") == [4]
+    run_ranks(WORKER, tmp_path / "out_second", root, "split:true:0")  # a fresh process resumes
     second = ranks(tmp_path / "out_second" / "split")
     assert [r["code"] for r in second] == [0, 0] and second[0]["ahead"] == [7, 9, 11]
     for rank in range(2):  # bit for bit, on every rank
@@ -163,15 +163,18 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def two_rank_layouts(tmp_path_factory) -> Path:
-    """Each two-rank layout's runs, behind and ahead, all in one process per rank (one start-up):
-    OUT/NAME_behind and OUT/NAME_ahead under the returned OUT."""
+    """Each two-rank layout's runs, behind and ahead, then DDP's uninterrupted run and the one rank 1
+    stops at step 2 (last: a rank exits after a stop), all in one process per rank (one start-up):
+    OUT/NAME_behind, OUT/NAME_ahead, OUT/behind and OUT/split under the returned OUT, each run's
+    directory under its parent."""
     root = tmp_path_factory.mktemp("run_ahead_layouts")
     runs = []
     for name, layout in LAYOUTS.items():
         if "trainer.devices=4" not in layout:
             for run in (f"{name}_behind:false:0", f"{name}_ahead:true:0"):
                 runs.append("|".join([f"{run}:{free_port()}", *layout]))
-    run_ranks(WORKER, root / "out", root, ",".join(runs), timeout_s=360)
+    runs += [f"behind:false:0:{free_port()}", f"split:true:2:{free_port()}"]
+    run_ranks(WORKER, root / "out", root, ",".join(runs), timeout_s=480)
     return root / "out"
 
 
