@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from validate_helpers import FAST, REPO, end, free_port, run_ranks, start_ranks
+from validate_helpers import FAST, REPO, end, free_port, start_ranks
 
 from gptrain.validate.bandwidth import OPS, bus_factor
 from gptrain.validate.runtime import DELAY_ENV
@@ -166,9 +166,21 @@ def test_slow_rank_makes_its_node_the_one_to_exclude(three_ranks):
     assert list(data["node"]["verdict"]["flagged"]) == ["n3"]
 
 
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory) -> tuple[Path, dict]:
+    """The one-rank `gpus` runs on a machine without a GPU below, in one launch."""
+    root = tmp_path_factory.mktemp("one_rank")
+    node = {"SLURMD_NODENAME": "gpu-node-7"}
+    runs = {
+        "no_gpu": (["gpus", "--output-dir", "{out}"], None),
+        "no_gpu_profile": (["gpus", "--output-dir", "{out}", "--profile", "aws_p5"], [node]),
+    }
+    return root, in_turn(root, 1, runs)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
-def test_world_of_one_without_gpu_says_so_in_one_line(tmp_path):
-    codes, logs = run_ranks(["gpus", "--output-dir", str(tmp_path / "r")], 1, tmp_path)
+def test_world_of_one_without_gpu_says_so_in_one_line(one_rank):
+    codes, logs = one_rank[1]["no_gpu"]
     assert codes == [0]
     assert [line for line in logs[0].splitlines() if line.startswith("gpus:")] == [
         line for line in logs[0].splitlines() if "no CUDA GPU" in line
@@ -179,10 +191,10 @@ def test_world_of_one_without_gpu_says_so_in_one_line(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
-def test_no_gpu_fails_and_names_the_node_when_the_profile_expects_gpus(tmp_path):
-    out = tmp_path / "r"
-    node = {"SLURMD_NODENAME": "gpu-node-7"}
-    codes, logs = run_ranks(["gpus", "--output-dir", str(out), "--profile", "aws_p5"], 1, tmp_path, [node])
+def test_no_gpu_fails_and_names_the_node_when_the_profile_expects_gpus(one_rank):
+    root, results = one_rank
+    out = root / "no_gpu_profile"
+    codes, logs = results["no_gpu_profile"]
     assert codes == [1], logs[0]
     assert (
         "FAILED gpus: no CUDA GPU visible on gpu-node-7, but the profile aws_p5 sets GPU thresholds"
