@@ -38,17 +38,34 @@ def residual_bytes(work: Workload, layout: Layout) -> int:
 
 
 def norm_bytes(work: Workload, layout: Layout) -> int:
-    """Bytes of a value a norm saves (its input, mean and rstd) and outputs: fp32, from the fp32
-    stream or, under FSDP with bf16, from autocast's cast on CUDA, whose policy runs layer_norm and
-    rms_norm in fp32 (AT_FORALL_FP32 in ATen's autocast_mode.h). CPU's autocast leaves them alone:
-    there a bf16 stream is normalised in bf16, and the bf16 output feeds every linear uncast."""
+    """Bytes of a value a norm outputs, and a LayerNorm saves (its input, mean and rstd): fp32, from
+    the fp32 stream or, under FSDP with bf16, from autocast's cast on CUDA, whose policy runs
+    layer_norm and rms_norm in fp32 (AT_FORALL_FP32 in ATen's autocast_mode.h). CPU's autocast
+    leaves them alone: there a bf16 stream is normalised in bf16 by LayerNorm (RMSNorm: see
+    `_cpu_rms_norm`), and the bf16 output feeds every linear uncast."""
     return 2 if fsdp_bf16(work, layout) and work.device_type == "cpu" else 4
 
 
-def _norm_saved_bytes(work: Workload, layout: Layout, c: GPTConfig, mean: bool) -> float:
-    """One norm's saved input and statistics (LayerNorm's mean when `mean`, and rstd), per token."""
+def _cpu_rms_norm(work: Workload, c: GPTConfig) -> bool:
+    """An eager RMSNorm on CPU runs torch.rms_norm's composite (no fused kernel there): it casts
+    its input up to fp32 and saves that, the fp32 rstd and the fp32 normalised product, 8h + 4
+    bytes a token whatever the stream's dtype (tests/plan/test_plan_recompute.py)."""
+    return c.normalization == "rmsnorm" and work.device_type == "cpu"
+
+
+def norm_input_bytes(work: Workload, layout: Layout, c: GPTConfig) -> int:
+    """Bytes of a value of the input an eager norm saves: the stream itself where this equals
+    `residual_bytes`, else a copy of its own."""
+    return 4 if _cpu_rms_norm(work, c) else norm_bytes(work, layout)
+
+
+def _norm_saved_bytes(work: Workload, layout: Layout, c: GPTConfig, eager: bool) -> float:
+    """One norm's saved input and statistics (rstd; LayerNorm's mean too where it runs eager, a
+    compiled one folds it in), per token."""
+    if eager and _cpu_rms_norm(work, c):
+        return 8 * c.hidden_size + 4
     n = norm_bytes(work, layout)
-    return n * c.hidden_size + n * (2 if mean and c.normalization == "layernorm" else 1)
+    return n * c.hidden_size + n * (2 if eager and c.normalization == "layernorm" else 1)
 
 
 def _mask_bytes(work: Workload, input_bytes: int) -> int:
@@ -85,7 +102,7 @@ def layer_bytes_per_token(
     h, f = c.hidden_size, c.ffn_size
     q, kv = _attention_widths(c)
     seq_shard = t if layout.sequence_parallel else 1
-    norms = 2 * _norm_saved_bytes(work, layout, c, mean=True) / seq_shard  # each keeps its input
+    norms = 2 * _norm_saved_bytes(work, layout, c, eager=True) / seq_shard  # each keeps its input
     masks = (
         2 * h * _mask_bytes(work, d.act) / seq_shard if c.hidden_dropout > 0 else 0
     )  # after attention, MLP
@@ -194,7 +211,7 @@ def embedding_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig,
 def head_bytes_per_token(work: Workload, layout: Layout, config: GPTConfig, scope: str = EAGER) -> float:
     """Final norm (input + stats) and the output layer's input, per token."""
     seq_shard = layout.tp if layout.sequence_parallel else 1
-    norm = _norm_saved_bytes(work, layout, config, mean=scope != WHOLE)
+    norm = _norm_saved_bytes(work, layout, config, eager=scope != WHOLE)
     return norm / seq_shard + dtypes(work).act * config.hidden_size
 
 

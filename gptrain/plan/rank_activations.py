@@ -11,7 +11,7 @@ from gptrain.plan.activations import (
     head_bytes_per_token,
     layer_bytes_per_token,
     loss_saved_bytes_per_token,
-    norm_bytes,
+    norm_input_bytes,
     residual_bytes,
 )
 from gptrain.plan.spec import Layout, Workload
@@ -143,9 +143,10 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     in the chunk with the fewest such blocks, which may hold fewer layers than the others (a
     standalone embedding or loss stage holds none). The rebuilt block keeps what an uncheckpointed
     one keeps, less its input where it saves the stored one itself (not an eager block's bf16
-    stream under FSDP on CUDA, whose norm keeps its own fp32 cast), while its backward holds the
-    incoming residual gradient (the stream's dtype; under autocast with an fp32 stream also its
-    16-bit copy for the down projection) and the gradient of the down projection's input."""
+    stream under FSDP on CUDA, or on CPU with RMSNorm: the norm keeps its own fp32 cast), while
+    its backward holds the incoming residual gradient (the stream's dtype; under autocast with an
+    fp32 stream also its 16-bit copy for the down projection) and the gradient of the down
+    projection's input."""
     c = work.padded(layout.tp)
     rebuilt = [
         chunk for chunk in rank_chunks(layout, c.num_layers, rank) if checkpointed_blocks(layout, chunk)
@@ -161,7 +162,7 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     stream = residual_bytes(work, layout)
     block_input = stream * c.hidden_size / seq_shard * tokens
     # the stored input is what the first norm keeps (a compiled block keeps it as its graph input)
-    shared = scope != EAGER or norm_bytes(work, layout) == stream
+    shared = scope != EAGER or norm_input_bytes(work, layout, c) == stream
     shared_input = block_input if shared else 0.0
     freed = after_checkpointed * per_layer
     act = dtypes(work).act

@@ -394,22 +394,44 @@ def test_the_embedding_dropout_under_fsdp_with_bf16_keeps_bf16_noise_on_cpu(one_
     assert activation_bytes(work, layout, 0)["embedding"] == sum(saved.values()) == 2 * 32 * 320
 
 
+@pytest.mark.parametrize("normalization", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 @pytest.mark.parametrize("mode", [FULL[0], (None, None, None)])
 def test_fsdp_with_bf16_on_cpu_normalises_the_bf16_stream_in_bf16(
-    one_rank_mesh, mode: tuple, dropout: float
+    one_rank_mesh, mode: tuple, dropout: float, normalization: str
 ) -> None:
     """CPU's autocast leaves layer_norm alone (CUDA's runs it in fp32): under FSDP with bf16 each
     norm keeps its bf16 input and bf16 mean and rstd, and its bf16 output feeds every linear as it
     is, with no cast. The estimate counted CUDA's fp32 inputs and one cast per linear: 27% over
-    the measured saved bytes here without recompute (451,840 against 356,480)."""
+    the measured saved bytes here without recompute (451,840 against 356,480). RMSNorm, which
+    autocast also leaves alone, runs torch.rms_norm's composite on CPU: it keeps its fp32 cast of
+    the bf16 input, fp32 rstd and fp32 product, 8h + 4 bytes a token, and the rebuild does not
+    share the stored bf16 input; the estimate counted LayerNorm's 2h + 2 (1,043,840 against
+    1,478,400 without recompute, a rebuild of 477,440 against 622,080)."""
     work = dataclasses.replace(
-        workload("bf16", hidden_dropout=dropout), device_type="cpu", global_batch_size=20
+        workload("bf16", hidden_dropout=dropout, normalization=normalization),
+        device_type="cpu",
+        global_batch_size=20,
     )
     granularity, _, _ = mode
     layout = Layout(dp=2, sharding="full_shard", dp_shard=2, micro_batch_size=5, recompute=granularity)
     torch.manual_seed(0)
     saved, rebuild = fsdp_activation_trace(work, 5, mode, one_rank_mesh, cuda_norms=False)
+    assert saved == sum(activation_bytes(work, layout, 0).values())
+    if granularity == "full":
+        assert rebuild == rebuild_bytes(work, layout, 0)
+
+
+@pytest.mark.parametrize("mode", [FULL[0], (None, None, None)])
+def test_rmsnorm_on_cpu_keeps_its_input_rstd_and_product_from_the_fp32_stream(mode: tuple) -> None:
+    """Replicated bf16 on CPU: each RMSNorm keeps the fp32 stream, its fp32 rstd and also its fp32
+    normalised product (torch.rms_norm's composite), 8h + 4 bytes a token where the estimate
+    counted 4h + 4 (1,191,680 against the measured 1,478,400 without recompute)."""
+    work = dataclasses.replace(workload("bf16", normalization="rmsnorm"), global_batch_size=5)
+    granularity, _, _ = mode
+    layout = Layout(micro_batch_size=5, recompute=granularity)
+    torch.manual_seed(0)
+    saved, rebuild = fsdp_activation_trace(work, 5, mode, cuda_norms=False)
     assert saved == sum(activation_bytes(work, layout, 0).values())
     if granularity == "full":
         assert rebuild == rebuild_bytes(work, layout, 0)
