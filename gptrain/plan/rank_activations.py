@@ -146,7 +146,8 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     stream under FSDP on CUDA, or on CPU with RMSNorm: the norm keeps its own fp32 cast), while
     its backward holds the incoming residual gradient (the stream's dtype; under autocast with an
     fp32 stream also its 16-bit copy for the down projection) and the gradient of the down
-    projection's input."""
+    projection's input (with a gated MLP, later the gradients of gate and up beside it, where
+    more than that copy)."""
     c = work.padded(layout.tp)
     rebuilt = [
         chunk for chunk in rank_chunks(layout, c.num_layers, rank) if checkpointed_blocks(layout, chunk)
@@ -168,7 +169,10 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     act = dtypes(work).act
     # an fp32 stream's gradient reaches the 16-bit down projection's output as a 16-bit copy
     cast = act * c.hidden_size / seq_shard * tokens if work.mixed and stream == 4 else 0.0
-    gradients = block_input + cast + act * c.ffn_size / layout.tp * tokens
+    down_input = act * c.ffn_size / layout.tp * tokens  # the gradient of the down projection's input
+    # a gated MLP's silu(gate) * up then gives the gradients of both its inputs while that one is
+    # alive, once the cast and the projection's saved input are freed
+    gradients = block_input + down_input + (max(cast, down_input) if c.gated_mlp else cast)
     head_of_one = head_bytes_per_token(work, layout, c, scope) * tokens if "head" in parts else 0.0
     stored = sum(parts.values()) - head_of_one - freed
     if rank == layout.pp - 1:

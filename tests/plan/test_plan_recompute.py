@@ -293,18 +293,28 @@ def fsdp_activation_trace(
     return saved, max(sum(made[k][1] for k in live) for live in trace[rebuilding[0] :])
 
 
-@pytest.mark.parametrize("precision", ["bf16", "16"])
-@pytest.mark.parametrize("mode", [*FULL[:3], SELECTIVE, (None, None, None)])
+@pytest.mark.parametrize(
+    ("precision", "mode", "activation"),
+    [
+        *[(p, m, "gelu") for p in ("bf16", "16") for m in [*FULL[:3], SELECTIVE, (None, None, None)]],
+        *[("bf16", m, "swiglu") for m in FULL[:3]],
+        ("16", FULL[0], "swiglu"),
+    ],
+)
 def test_fsdp_keeps_the_residual_stream_in_its_param_dtype(
-    one_rank_mesh, precision: str, mode: tuple
+    one_rank_mesh, precision: str, mode: tuple, activation: str
 ) -> None:
     """FSDP2 with bf16 gathers the embedding in bf16, so the residual stream is bf16: a checkpointed
     block keeps 2 bytes a value of its input, not 4, and its rebuild holds its first norm's own fp32
     cast (not the stored input) and a bf16 residual gradient. The estimate counted the fp32 stream
     of replicated training (here 61,440 bytes too many for 3 checkpointed blocks of 320 tokens,
     h = 32). fp16 gathers the fp32 parameters: its stream stays fp32 and its estimate the same as
-    without FSDP. Measured exactly (CUDA's autocast policy for the norms; no dropout)."""
-    work = dataclasses.replace(workload(precision), device_type="cuda", global_batch_size=20)
+    without FSDP. Measured exactly (CUDA's autocast policy for the norms; no dropout). SwiGLU's
+    rebuild peaks in the backward of silu(gate) * up, which holds the gradients of both (see
+    the test below)."""
+    work = dataclasses.replace(
+        workload(precision, activation=activation), device_type="cuda", global_batch_size=20
+    )
     granularity, method, num_layers = mode
     fields = dict(
         micro_batch_size=5,
@@ -321,16 +331,23 @@ def test_fsdp_keeps_the_residual_stream_in_its_param_dtype(
         assert rebuild == rebuild_bytes(work, layout, 0)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
 @pytest.mark.parametrize("precision", ["bf16", "16"])
 @pytest.mark.parametrize("mode", FULL[:3])
 def test_a_rebuilt_block_casts_the_fp32_residual_gradient_for_its_down_projection(
-    precision: str, mode: tuple
+    precision: str, mode: tuple, activation: str
 ) -> None:
     """Replicated mixed precision: the residual stream is fp32 and the down projection's output
     16-bit, so the add's backward makes a 16-bit copy of the residual gradient (2 bytes a value)
     beside the fp32 one while the projection's backward runs; the estimate left it out (20,480
-    bytes here, 320 tokens of h = 32). Activations only, exactly (CUDA's norm policy, no dropout)."""
-    work = dataclasses.replace(workload(precision), device_type="cuda", global_batch_size=5)
+    bytes here, 320 tokens of h = 32). Activations only, exactly (CUDA's norm policy, no dropout).
+    SwiGLU: once the down projection's backward has freed that copy and its own saved input, the
+    backward of silu(gate) * up holds the gradient of its output and of both its inputs, one
+    ffn-wide gradient more than the estimate counted (61,440 bytes here at ffn 128; under FSDP
+    with bf16 81,920)."""
+    work = dataclasses.replace(
+        workload(precision, activation=activation), device_type="cuda", global_batch_size=5
+    )
     granularity, method, num_layers = mode
     layout = Layout(
         micro_batch_size=5,
