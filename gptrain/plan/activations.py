@@ -171,8 +171,10 @@ def _compiled_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> float
     seq_shard = t if layout.sequence_parallel else 1
     # both norms: their input (x-hat for LayerNorm, whose mean is folded in) and 1/rms; a bf16
     # stream (FSDP with bf16) keeps the block's bf16 input and the 16-bit output projection the
-    # second norm's input is recomputed from, 2 bytes a value each (tests/plan, on CPU)
-    norms = 2 * (residual_bytes(work, layout) * h + 4) / seq_shard
+    # second norm's input is recomputed from, 2 bytes a value each (tests/plan, on CPU), and
+    # where CUDA's autocast normalises that in fp32, also LayerNorm's fp32 mean
+    fp32_mean = c.normalization == "layernorm" and norm_bytes(work, layout) > residual_bytes(work, layout)
+    norms = 2 * (residual_bytes(work, layout) * h + 4 + (4 if fp32_mean else 0)) / seq_shard
     # a norm's 16-bit output is kept for the linears that read it, unless they run in FP8
     kv_width = c.query_groups * c.head_dim
     qkv_fp8 = fp8_linear(work, h, q // t) and fp8_linear(work, h, kv_width // t)
