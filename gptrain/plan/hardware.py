@@ -57,15 +57,15 @@ GPUS: dict[str, GpuSpec] = {
     ),
     "h200-141gb": GpuSpec(
         "h200-141gb",
-        139.7,
+        139.8,
         989.4,
         1978.9,
         450.0,
         50.0,
         "NVIDIA H200 Tensor Core GPU datasheet (SXM: 141 GB HBM3e at 4.8 TB/s, the H100 SXM's 989.4 bf16 /"
         " 1,978.9 fp8 / 66.9 fp32 dense TFLOP/s, NVLink 900 GB/s both ways); DGX H200: one 400 Gb/s"
-        " ConnectX-7 NIC per GPU. Memory: nvidia-smi's 143,771 MiB (140.4 GiB) less 0.71 GiB, the larger"
-        " of what the driver keeps on an H100 (0.55: 81,559 MiB -> 79.1 GiB) and on a B200 (below)",
+        " ConnectX-7 NIC per GPU. Memory: CUDA's total global memory, 139.81 GiB of nvidia-smi's"
+        " 143,771 MiB (as vLLM's profiler logs it on an H200, total_gpu_memory)",
         66.9,
     ),
     "b200-180gb": GpuSpec(
