@@ -82,7 +82,8 @@ def checkpoint_root(run: Path, takes: str = VERIFY_TAKES) -> Path:
         raise ConfigError(
             f"{run}: no step_<N> checkpoint directories in {recorded}, the dirpath its hparams.yaml records"
         )
-    raise ConfigError(f"{run}: no step_<N> checkpoint directories found here or in checkpoints/")
+    searched = f"{run / 'checkpoints'}, {run / 'results' / 'checkpoints'} or {run} itself"
+    raise ConfigError(f"{run}: no step_<N> checkpoint directories in {searched} (has the run saved one yet?)")
 
 
 def _kind(run: Path) -> str:

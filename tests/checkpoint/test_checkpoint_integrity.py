@@ -331,6 +331,19 @@ def test_checkpoint_verify_takes_one_step_directory(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("step_2: DAMAGED: ")
 
 
+def test_a_run_without_checkpoints_is_one_line_naming_every_directory_searched(tmp_path, capsys):
+    """A run dir whose results/checkpoints holds no step yet (a run stopped before its first save) was
+    told "no step_<N> checkpoint directories found here or in checkpoints/", leaving out
+    results/checkpoints, which was searched too (and is where a run's checkpoints are)."""
+    (tmp_path / "results" / "checkpoints").mkdir(parents=True)
+    for command in (["verify"], ["rewind", "--to", "1"]):
+        assert main(["checkpoint", command[0], str(tmp_path), *command[1:]]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        for searched in (tmp_path / "checkpoints", tmp_path / "results" / "checkpoints"):
+            assert f"{searched}," in err or f"{searched} " in err
+
+
 def test_checkpoint_verify_of_a_live_run_does_not_call_a_checkpoint_its_retention_removed_damaged(
     tmp_path, capsys, monkeypatch
 ):
