@@ -569,15 +569,7 @@ CHECKPOINT_FORMAT = (
 def test_checkpoint_format_log_and_bucket_flags_of_current_megatron_are_accepted(flag, values, why):
     """Current Megatron's checkpoint-format, logging and data-parallel bucket flags were refused as
     unknown; each is accepted with Megatron's arity (a value too many or missing is refused) and said."""
-    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    base += " --train-iters 4 --mock-data --vocab-size 64"
-    plain = translate(shlex.split(base), {})
-    t = translate(shlex.split(f"{base} {flag}{values}"), {})
-    assert t.values == plain.values
-    assert t.notes[0] == (f"{flag} ({why})" if why else flag)
-    wrong = " 1 2" if values else " 1"
-    with pytest.raises(ConfigError, match=f"^{flag}: takes "):
-        translate(shlex.split(f"{base} {flag}{wrong}"), {})
+    assert_accepted_with_megatrons_arity_and_said(flag, values, why)
 
 
 def test_gradients_reduced_in_bf16_are_refused_where_megatron_reads_the_flag(capsys):
@@ -2457,15 +2449,7 @@ def test_log_throughput_puts_the_throughput_field_in_the_line_as_in_megatron():
 def test_logging_flags_of_megatron_core_0_18_are_accepted_and_said_ignored(flag, values, why):
     """Megatron core 0.18's LoggerConfig flags that change only logs were refused as unknown; each is
     accepted with Megatron's arity and said, with what gptrain's logs then lack."""
-    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
-    base += " --train-iters 4 --mock-data --vocab-size 64 --log-interval 10"
-    plain = translate(shlex.split(base), {})
-    t = translate(shlex.split(f"{base} {flag}{values}"), {})
-    assert t.values == plain.values
-    assert t.notes[0] == (f"{flag} ({why})" if why else flag)
-    wrong = " 1 2" if values else " 1"
-    with pytest.raises(ConfigError, match=f"^{flag}: takes "):
-        translate(shlex.split(f"{base} {flag}{wrong}"), {})
+    assert_accepted_with_megatrons_arity_and_said(flag, values, why, " --log-interval 10")
 
 
 def test_a_memory_interval_off_the_log_interval_is_refused_as_megatron_refuses_it():
@@ -2498,3 +2482,16 @@ def test_save_without_a_save_interval_is_refused_as_megatron_refuses_it(capsys):
         assert t.values["exp_manager.checkpoint_callback_params.every_n_train_steps"] == 10
     t = translate(shlex.split(f"{base} --save-xser /ck"), {})
     assert t.values["exp_manager.checkpoint_callback_params.every_n_train_steps"] == 40
+
+
+def assert_accepted_with_megatrons_arity_and_said(flag: str, values: str, why: str, extra: str = "") -> None:
+    """`flag` with `values` changes no value and is said (with `why`); a value too many or missing is refused."""
+    base = "--num-layers 2 --hidden-size 8 --num-attention-heads 2 --seq-length 16 --micro-batch-size 2"
+    base += f" --train-iters 4 --mock-data --vocab-size 64{extra}"
+    plain = translate(shlex.split(base), {})
+    t = translate(shlex.split(f"{base} {flag}{values}"), {})
+    assert t.values == plain.values
+    assert t.notes[0] == (f"{flag} ({why})" if why else flag)
+    wrong = " 1 2" if values else " 1"
+    with pytest.raises(ConfigError, match=f"^{flag}: takes "):
+        translate(shlex.split(f"{base} {flag}{wrong}"), {})
