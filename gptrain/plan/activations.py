@@ -97,7 +97,7 @@ def layer_bytes_per_token(
     if layout.recompute == "selective":
         return _selective_layer_bytes(work, layout, c)
     if scope != EAGER:
-        return _compiled_layer_bytes(work, layout, c)
+        return _compiled_layer_bytes(work, layout, c, scope)
     d, t = dtypes(work), layout.tp
     h, f = c.hidden_size, c.ffn_size
     q, kv = _attention_widths(c)
@@ -155,7 +155,7 @@ def _attention_widths(c: GPTConfig) -> tuple[int, int]:
     return q, q if c.query_groups != c.num_attention_heads else c.query_groups * c.head_dim
 
 
-def _compiled_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> float:
+def _compiled_layer_bytes(work: Workload, layout: Layout, c: GPTConfig, scope: str) -> float:
     """What the min-cut partitioner of AOTAutograd (inductor's) saves from a compiled block.
 
     Matmul and attention outputs cannot be recomputed; a cast or pointwise result that only a
@@ -169,12 +169,14 @@ def _compiled_layer_bytes(work: Workload, layout: Layout, c: GPTConfig) -> float
     h, f = c.hidden_size, c.ffn_size
     q, kv = _attention_widths(c)
     seq_shard = t if layout.sequence_parallel else 1
-    # both norms: their input (x-hat for LayerNorm, whose mean is folded in) and 1/rms; a bf16
-    # stream (FSDP with bf16) keeps the block's bf16 input and the 16-bit output projection the
-    # second norm's input is recomputed from, 2 bytes a value each (tests/plan, on CPU), and
-    # where CUDA's autocast normalises that in fp32, also LayerNorm's fp32 mean
-    fp32_mean = c.normalization == "layernorm" and norm_bytes(work, layout) > residual_bytes(work, layout)
-    norms = 2 * (residual_bytes(work, layout) * h + 4 + (4 if fp32_mean else 0)) / seq_shard
+    if scope == WHOLE:  # both norms: their fp32 input (x-hat for LayerNorm, mean folded in), 1/rms
+        norms = 2 * (residual_bytes(work, layout) * h + 4) / seq_shard
+    else:
+        # compiled on its own, a block keeps its input (a graph input, the stream's dtype) and the
+        # 16-bit output projection the second norm's input is recomputed from; each RMSNorm its
+        # fp32 1/rms, each LayerNorm its mean and 1/std in the dtype it normalises in (tests/plan)
+        stats = 2 * norm_bytes(work, layout) if c.normalization == "layernorm" else 4
+        norms = (residual_bytes(work, layout) * h + d.act * h + 2 * stats) / seq_shard
     # a norm's 16-bit output is kept for the linears that read it, unless they run in FP8
     kv_width = c.query_groups * c.head_dim
     qkv_fp8 = fp8_linear(work, h, q // t) and fp8_linear(work, h, kv_width // t)

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 
 from gptrain.models.config import GPTConfig
-from gptrain.plan.activations import layer_bytes_per_token
+from gptrain.plan.activations import compile_scope, layer_bytes_per_token
 from gptrain.plan.memory import estimate_rank
 from gptrain.plan.rank_activations import activation_bytes, rebuild_bytes
 from gptrain.plan.spec import Layout, Workload
@@ -737,6 +737,28 @@ def test_a_compiled_block_under_fsdp_with_bf16_keeps_its_bf16_stream(device_type
     )
     layout = Layout(micro_batch_size=3, dp=2, sharding="full_shard", dp_shard=2)
     assert layer_bytes_per_token(work, layout) * tokens == saved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("normalization", ["layernorm", "rmsnorm"])
+def test_a_compiled_block_with_an_fp32_stream_keeps_its_input_and_recomputes_the_second_norms(
+    normalization: str,
+) -> None:
+    """A block compiled on its own (scope blocks, under PP or TP) with the fp32 stream of
+    replicated parameters: the partitioner keeps the block's fp32 input (a graph input), with
+    each LayerNorm's mean beside 1/rms, and recomputes the second norm's input from it and the
+    16-bit output projection. The estimate counted both norms' fp32 inputs as the whole graph
+    keeps them, 2h bytes a token over (56 with LayerNorm's means: 112,896 against 107,520
+    here). Beside the activations the partitioner saves autocast's bf16 copy of each Linear
+    weight, once a block and not a token (in the estimate's transient)."""
+    work = dataclasses.replace(workload("bf16", normalization=normalization), compile=True)
+    block = build(work).layers["0"].train()
+    tokens = 3 * 32
+    saved = compiled_block_saved_bytes(block, torch.randn(3, 32, 32, requires_grad=True))
+    copies = sum(2 * m.weight.numel() for m in block.modules() if isinstance(m, torch.nn.Linear))
+    layout = Layout(micro_batch_size=3, pp=2)
+    assert compile_scope(work, layout) == "blocks"
+    assert layer_bytes_per_token(work, layout) * tokens + copies == saved
 
 
 @pytest.mark.slow
