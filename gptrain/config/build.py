@@ -203,7 +203,7 @@ def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:
     if value is None:
         if type(None) in options:
             return None
-        raise ConfigError(f"{source}: '{dotted}' must not be null")
+        raise ConfigError(f"{source}: '{dotted}' must not be null; give {_wanted(options, dotted)}")
     for option in options:
         converted = _convert(value, option)
         if converted is not _NO:
@@ -220,6 +220,19 @@ def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:
         if o is not type(None)
     )
     raise ConfigError(f"{source}: '{dotted}' expects {expected}, got {value!r}")
+
+
+_WANTED = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _wanted(options: tuple[Any, ...], dotted: str) -> str:
+    """What a null key takes instead, in words (`int` -> a whole number, of steps for NeMo's fractions)."""
+    if dotted in LIGHTNING_FRACTIONS and float not in options:
+        fraction, unit = LIGHTNING_FRACTIONS[dotted]
+        return (
+            f"a whole number of {unit} (NeMo's float fraction {fraction} is refused: gptrain counts {unit})"
+        )
+    return " or ".join(_WANTED.get(o, getattr(o, "__name__", str(o))) for o in options)
 
 
 _NO = object()

@@ -1274,3 +1274,23 @@ def test_a_missing_preset_is_never_offered_another_model_size(preset, hint):
             ConfigError, match=rf"^unknown training preset '{other}'; the presets are gpt3/126m, "
         ):
             load_training_config(other)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "trainer.val_check_interval=null",
+            "'trainer.val_check_interval' must not be null; give a whole number of steps"
+            " (NeMo's float fraction of an epoch is refused: gptrain counts steps)",
+        ),
+        ("trainer.max_steps=null", "'trainer.max_steps' must not be null; give a whole number"),
+        ("model.optim.lr=null", "'model.optim.lr' must not be null; give a number"),
+        ("run.name=null", "'run.name' must not be null; give a string"),
+    ],
+)
+def test_a_null_names_the_values_the_key_takes(override, expected):
+    """`trainer.val_check_interval=null` said only 'must not be null', not what to give instead."""
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [override], report_ignored=False)
+    assert str(error.value) == f"override '{override}': {expected}"
