@@ -18,18 +18,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_ranks(
-    args: list[str], world: int, tmp: Path, extra_env: list[dict[str, str]] | None = None, timeout: float = 90
-) -> tuple[list[int], list[str]]:
-    """Exit codes and outputs of `gptrain validate ARGS` on `world` ranks (logs to files)."""
-    procs, logs = start_ranks(["-m", "gptrain", "validate", *args], world, tmp, extra_env)
-    try:
-        codes = [p.wait(timeout=timeout) for p in procs]
-    finally:
-        end(procs)
-    return codes, [log.read_text() for log in logs]
-
-
 def end(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
