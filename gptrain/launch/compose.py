@@ -25,7 +25,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, InterpolationResolutionError, OmegaConfBaseException
 
 from gptrain.config import nemo_launcher
-from gptrain.config.build import KeyedSource
+from gptrain.config.build import KeyedSource, setting_source
 from gptrain.config.loader import (
     environment_hint,
     meant_choice,
@@ -91,6 +91,16 @@ class Composition:
             if key.startswith(f"{group}.")
         }
         return KeyedSource(f"{group}={choice} ({group_file(group, choice, self.config_root)})", written)
+
+    def source_of(self, dotted: str) -> str:
+        """What set `dotted`: its override, else its group's file (`cluster=bcm (<path>)`) or config.yaml."""
+        group, _, key = dotted.partition(".")
+        origin = self.origin(group)
+        if origin is not None and key:
+            source = origin.of(key)
+        else:
+            source = KeyedSource(self.files.get("", ""), self.files).of(dotted)
+        return setting_source(dotted, source, self.overrides)
 
 
 def _to_container(

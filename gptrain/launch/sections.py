@@ -142,14 +142,17 @@ def _check_flush_left_env_vars(unread: list[str]) -> None:
     )
 
 
-def check_launch_sections(resolved: dict[str, Any], roots: set[str] = frozenset()) -> None:
+def check_launch_sections(
+    resolved: dict[str, Any], roots: set[str] = frozenset(), source_of: Callable[[str], str] | None = None
+) -> None:
     """Check (and normalize in place: a string -> a one-item list) the keys the launcher reads itself;
-    `roots` are the top-level keys interpolations read (see _check_misspelt_top_keys)."""
+    `roots` are the top-level keys interpolations read (see _check_misspelt_top_keys); `source_of`
+    names what set a dotted key (its override or file), for an unknown cluster key."""
     _check_misspelt_top_keys(resolved, roots)
     _check_keys(resolved, "", TOP)
     cluster = mapping("cluster", resolved.get("cluster"))
     if cluster is not None:
-        check_cluster_section(cluster)
+        check_cluster_section(cluster, source_of)
         check_one_container_image(resolved.get("container"), cluster.get("srun_args") or [])
     stages = list(resolved.get("stages") or [])
     needed = set(stages) | ({"training"} if "validation" in stages else set())
@@ -166,10 +169,14 @@ def check_launch_sections(resolved: dict[str, Any], roots: set[str] = frozenset(
         _check_keys(section, f"{stage}.", STAGE.get(stage, {}))
 
 
-def check_cluster_section(cluster: dict[str, Any]) -> None:
+def check_cluster_section(cluster: dict[str, Any], source_of: Callable[[str], str] | None = None) -> None:
     """A cluster file's keys: spelling and types (normalized in place). `gptrain plan --measure
     --cluster-type slurm` renders its trial jobs from one too."""
-    check_unknown_cluster_keys(cluster)
+    try:
+        check_unknown_cluster_keys(cluster)
+    except ConfigError as error:  # name the file (or override) to edit
+        key = str(error).split(":", 1)[0]
+        raise ConfigError(f"{source_of(key)}: {error}" if source_of else str(error)) from None
     _check_keys(cluster, "cluster.", CLUSTER)
     check_extra_options(cluster)
 

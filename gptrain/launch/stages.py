@@ -64,7 +64,9 @@ def build_plan(composition: Composition, max_array_size: int = DEFAULT_MAX_ARRAY
     preparation's array."""
     resolved = composition.resolved()
     check_launch_values(resolved)  # before anything is written: no newline reaches a script
-    check_launch_sections(resolved, composition.interpolated_roots())  # types of the keys read below
+    check_launch_sections(
+        resolved, composition.interpolated_roots(), composition.source_of
+    )  # types of the keys read below
     if resolved.get("container") and resolved["cluster_type"] != "local":
         resolved = with_absolute_paths(resolved)  # pyxis starts in the image's WORKDIR, not --chdir's
     # In a container the launching interpreter's path means nothing: use the image's python. The

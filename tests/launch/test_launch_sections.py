@@ -521,3 +521,20 @@ def test_an_empty_count_says_a_shell_variable_may_be_unset(override, capsys):
         f"gptrain: error: {key}: empty; give a whole number (on the command line, a $VARIABLE the shell"
         " found unset is empty)"
     )
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("run_training: True", "cluster.run_training: the run_* switches belong at the top level"),
+        ("partitoin: gpu", "cluster.partitoin: unknown cluster key; did you mean 'cluster.partition'?"),
+    ],
+)
+def test_an_unknown_key_in_the_cluster_file_names_that_file(tmp_path, line, expected):
+    """A run_* switch (as one tutorial edits bcm.yaml) or a misspelt key in the cluster file was named
+    as cluster.<key> alone, not the file to edit."""
+    tree = bignlp_tree(tmp_path, BIGNLP_22_06_BCM + line + "\n")
+    args = ["stages=[training]", "training=gpt3/126m", f"launcher_scripts_path={tmp_path}"]
+    with pytest.raises(ConfigError) as error:
+        build_plan(compose(args, tree))
+    assert str(error.value).startswith(f"cluster=bcm ({tree / 'cluster' / 'bcm.yaml'}): {expected}")
