@@ -219,6 +219,27 @@ def _num_gpus(cluster: Any) -> list[str]:
     ]
 
 
+def has_run_switch(cfg: Any) -> bool:
+    """Whether config.yaml has an older launcher's run_<stage> switch (bignlp-scripts' config.yaml)."""
+    return any(f"run_{name}" in cfg for name in RUN_SWITCHES)
+
+
+def ignore_added_switches(cfg: Any, given: dict[str, str]) -> list[str]:
+    """A run_* switch an override added (`+run_training=False`) beside a stages list: NeMo 23.07 reads
+    only the list, so the switch is dropped, with a note (call it only where config.yaml has none)."""
+    if cfg.get("stages") is None:  # no list: the switches pick the stages, as in older launchers
+        return []
+    added = [key for key in given if key.startswith("run_") and key[4:] in RUN_SWITCHES and key in cfg]
+    for key in added:
+        del cfg[key]
+    if not added:
+        return []
+    typed = ", ".join(dict.fromkeys(given[key] for key in added))
+    return [
+        f"{typed} (NeMo reads no run_* switch beside a stages list: give stages=[...] to choose the stages)"
+    ]
+
+
 def _stages_from_switches(cfg: Any) -> list[str]:
     present = [name for name in RUN_SWITCHES if f"run_{name}" in cfg]
     if not present:

@@ -102,7 +102,7 @@ def apply_override(cfg: DictConfig, override: Override) -> list[str]:
                 raise ConfigError(
                     f"unknown key '{override.key}': this config.yaml picks its stages with the stages list,"
                     " not the run_* switches of older launchers: give stages=[...] (e.g."
-                    f" stages=[data_preparation,training]), or +{override.typed} to add the switch"
+                    " stages=[data_preparation,training])"
                 )
             where = ".".join(parts[:depth]) or "the top level"
             keys = [str(k) for k in node] if isinstance(node, DictConfig) else []

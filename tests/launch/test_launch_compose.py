@@ -574,8 +574,7 @@ def test_a_bignlp_run_switch_on_a_stages_config_names_stages_not_training(switch
     key = switch.split("=")[0]
     assert str(error.value) == (
         f"unknown key '{key}': this config.yaml picks its stages with the stages list, not the run_*"
-        " switches of older launchers: give stages=[...] (e.g. stages=[data_preparation,training]),"
-        f" or +{switch} to add the switch"
+        " switches of older launchers: give stages=[...] (e.g. stages=[data_preparation,training])"
     )
     with pytest.raises(ConfigError, match=r"no 'run_trainig' in the top level"):
         compose(["run_trainig=True"])  # no stage's switch: the usual line
@@ -744,3 +743,19 @@ def test_an_override_steps_into_a_mapping_in_a_list_as_hydra_does():
         "override 'cluster.myl.2.a=5': cluster.myl has 2 items (0 to 1); an override sets one of them and"
         " adds none: give the whole list, cluster.myl=[...]"
     )
+
+
+def test_run_switches_added_beside_a_stages_list_are_ignored_as_nemo_does(capsys):
+    """`+run_training=False +run_data_preparation=True` on a config.yaml that lists stages replaced the
+    list without a word; NeMo 23.07 reads only the list there: so does gptrain, saying so."""
+    switches = ["+run_training=False", "+run_data_preparation=True"]
+    resolved = compose(switches).resolved()
+    assert resolved["stages"] == ["training"]  # config.yaml's list
+    assert not any(key.startswith("run_") for key in resolved)
+    assert capsys.readouterr().err == (
+        "gptrain launch: ignoring +run_training=False, +run_data_preparation=True (NeMo reads no run_*"
+        " switch beside a stages list: give stages=[...] to choose the stages)\n"
+    )
+    # beside a stages override too, whatever the order
+    resolved = compose(["+run_data_preparation=True", "stages=[training]"]).resolved()
+    assert resolved["stages"] == ["training"]
