@@ -227,3 +227,20 @@ def test_a_constant_phase_set_by_a_ratio_is_named_by_its_key():
     assert warning.startswith(
         "model.optim.sched.warmup_steps=600 + model.optim.sched.constant_ratio=0.5 (500 steps) leaves no decay"
     )
+
+
+def test_the_readmes_first_training_example_has_no_schedule_warning():
+    """README's `gptrain train gpt3/126m trainer.max_steps=1000 ...` warned that the rate drops to
+    min_lr at once after warmup (the preset's 100,000 constant steps leave no decay in 1,000)."""
+    import shlex
+    from pathlib import Path
+
+    from gptrain.train.schedule_checks import run_schedule_warnings
+
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    command = next(c for c in text.replace("\\\n", " ").splitlines() if c.startswith("gptrain train "))
+    overrides = shlex.split(command)[3:]
+    assert "trainer.max_steps=1000" in overrides
+    cfg = load_training_config("gpt3/126m", overrides, report_ignored=False)
+    assert run_schedule_warnings(cfg, schedule_spec(cfg)) == []
+    assert schedule_spec(cfg).warmup_steps < cfg.trainer.max_steps  # the rate reaches lr, then decays
