@@ -133,6 +133,16 @@ def test_top_p_samples_the_nucleus_in_proportion(top_p, temperature, top_k):
         assert draws.count(index) / len(draws) == pytest.approx(probability, abs=5 * (0.25 / 4000) ** 0.5)
 
 
+@pytest.mark.parametrize(("top_p", "kept"), [(0.25, 1), (0.5, 2), (0.75, 3), (0.7, 3)])
+def test_top_p_stops_where_the_mass_reaches_p_exactly(top_p, kept):
+    """Four equal logits (probability 1/4 each, exact in binary): the nucleus is the fewest ids whose
+    probability reaches top_p, so a mass equal to top_p ends it (Hugging Face's TopPLogitsWarper keeps
+    1 of [0, 0] at top_p=0.5); `>` in place of `>=` would keep one id more at 0.25, 0.5 and 0.75."""
+    generator = torch.Generator().manual_seed(0)
+    draws = {next_token(torch.zeros(4), top_p=top_p, generator=generator) for _ in range(400)}
+    assert len(draws) == kept == len(nucleus_reference([0.25] * 4, top_p))
+
+
 def test_valid_vocab_size_never_samples_padding():
     table = torch.zeros(10, 10)
     table[:, 8:] = 10.0  # padding rows 8, 9 would win
