@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from gloo_ranks import run_ranks
-from hf_helpers import free_port
+from hf_helpers import free_port, saved_run
 
 from gptrain.cli import main
 from gptrain.config import load_training_config
@@ -126,6 +126,52 @@ def test_eval_on_an_indexed_dataset_matches_a_float64_reference(run_dir: Path, t
     assert result["data_tokens"] == 8 * SEQ + 1 and result["distinct_tokens"] == count
     # fp32 forward over 17 ops deep of width <= 128: relative error well under 1e-5
     assert result["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_eval_weights_each_token_not_each_micro_batch(tmp_path: Path) -> None:
+    """With eod_mask_loss, micro batches hold different numbers of loss tokens; the loss is the mean
+    over tokens (Megatron's), not the mean of per-micro-batch means. The weights are scaled up so the
+    tokens' losses differ widely, and one window is nearly all EOD: the two means then differ by far
+    more than fp32's error, which a float64 token-weighted reference bounds."""
+    from gptrain.checkpoint.manager import CheckpointManager
+    from gptrain.parallel.state_dict import model_state_dict
+
+    overrides = [
+        "model.micro_batch_size=2",
+        "model.global_batch_size=4",
+        "trainer.accelerator=cpu",
+        "trainer.precision=32",
+    ]
+    run, model = saved_run(tmp_path / "run", "gpt2", *overrides, f"model.encoder_seq_length={SEQ}")
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(4.0)
+    CheckpointManager(run / "checkpoints", keep_last=None).save(2, {"model": model_state_dict(model)}, {})
+    eod, rng = 50256, np.random.default_rng(3)
+    windows = [rng.integers(0, 1000, size=SEQ) for _ in range(8)]
+    windows[1][: SEQ - 2] = eod  # its micro batch counts 2 + 16 tokens, the others 32
+    tokens = np.concatenate([*windows, [7]]).astype(np.uint16)
+    write_one_document(tmp_path / "eods", tokens)
+    result = eval_json(
+        tmp_path, str(run), "--data-prefix", str(tmp_path / "eods"), "model.data.eod_mask_loss=true"
+    )
+
+    model = model.double().eval()
+    inputs = torch.from_numpy(tokens.astype(np.int64)).unfold(0, SEQ + 1, SEQ)
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(inputs[:, :-1]), dim=-1)
+    losses = -log_probs.gather(-1, inputs[:, 1:, None])[..., 0]
+    mask = (inputs[:, :-1] != eod).double()
+    token_mean = float((losses * mask).sum() / mask.sum())
+    per_micro = (losses * mask).reshape(4, -1).sum(1) / mask.reshape(4, -1).sum(1)
+    assert result["tokens"] == int(mask.sum()) == 8 * SEQ - (SEQ - 2)
+    assert abs(float(per_micro.mean()) - token_mean) > 1e-3 * token_mean  # the test can tell them apart
+    # fp32 forward over ~17 ops deep of width <= 128: relative error well under 1e-5
+    assert result["loss"] == pytest.approx(token_mean, rel=1e-5), (
+        result["loss"],
+        token_mean,
+        float(per_micro.mean()),
+    )
 
 
 def test_one_pass_that_leaves_a_partial_last_batch_out_says_so(run_dir: Path, tmp_path: Path, capsys) -> None:
