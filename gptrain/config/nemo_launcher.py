@@ -90,7 +90,8 @@ def is_foreign_group(key: str) -> bool:
 
 
 def finalize(cfg: Any, choices: dict[str, str], stages_known: tuple[str, ...]) -> list[str]:
-    """After the overrides: stages from run_* switches, cluster_type, nulls in mounts and env."""
+    """After the overrides: stages from run_* switches (where no stages list is), cluster_type,
+    nulls in mounts and env."""
     notes = _stages_from_switches(cfg)
     stages = cfg.get("stages")
     if isinstance(stages, str):
@@ -219,24 +220,20 @@ def _num_gpus(cluster: Any) -> list[str]:
     ]
 
 
-def has_run_switch(cfg: Any) -> bool:
-    """Whether config.yaml has an older launcher's run_<stage> switch (bignlp-scripts' config.yaml)."""
-    return any(f"run_{name}" in cfg for name in RUN_SWITCHES)
-
-
-def ignore_added_switches(cfg: Any, given: dict[str, str]) -> list[str]:
-    """A run_* switch an override added (`+run_training=False`) beside a stages list: NeMo 23.07 reads
-    only the list, so the switch is dropped, with a note (call it only where config.yaml has none)."""
+def ignore_switches_beside_stages(cfg: Any, given: dict[str, str]) -> list[str]:
+    """run_* switches beside a stages list (config.yaml's own, left in from bignlp-scripts 22.x, or
+    added by an override, `+run_training=False`): NeMo 23.07+ reads only the list, so the switches
+    are dropped, with a note naming each (as the override that set it, where one did)."""
     if cfg.get("stages") is None:  # no list: the switches pick the stages, as in older launchers
         return []
-    added = [key for key in given if key.startswith("run_") and key[4:] in RUN_SWITCHES and key in cfg]
-    for key in added:
+    switches = [key for key in cfg if str(key).startswith("run_") and str(key)[4:] in RUN_SWITCHES]
+    for key in switches:
         del cfg[key]
-    if not added:
+    if not switches:
         return []
-    typed = ", ".join(dict.fromkeys(given[key] for key in added))
+    named = ", ".join(given.get(key, key) for key in switches)  # in config.yaml's order
     return [
-        f"{typed} (NeMo reads no run_* switch beside a stages list: give stages=[...] to choose the stages)"
+        f"{named} (NeMo reads no run_* switch beside a stages list: give stages=[...] to choose the stages)"
     ]
 
 

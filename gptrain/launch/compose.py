@@ -288,14 +288,12 @@ def compose(
             f"the composed config ({', '.join(f'{g}={c}' for g, c in choices.items())}): "
             f"{str(error).splitlines()[0]}"
         ) from None
-    switches = nemo_launcher.has_run_switch(cfg)  # config.yaml's own: they pick the stages
     given: dict[str, str] = {}  # dotted key -> the override that set it, for errors to name it
     for override in dotted:
         given.update(dict.fromkeys(apply_override(cfg, override), override.typed))
     files = {**source_files(choices, root, config_path), **written}
     try:  # these read values, so a bad interpolation (`${oc.env:UNSET}`) first fails here
-        if not switches:
-            notes += nemo_launcher.ignore_added_switches(cfg, given)
+        notes += nemo_launcher.ignore_switches_beside_stages(cfg, given)  # NeMo reads the list alone
         notes += nemo_launcher.finalize(cfg, choices, STAGES)
         absolutize_paths(cfg)
         notes += adapt_nemo_data_preparation(cfg)

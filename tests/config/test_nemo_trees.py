@@ -5,6 +5,7 @@ release's config.yaml, cluster/bcm.yaml, data_preparation/gpt3/download_gpt3_pil
 training/gpt3/126m.yaml, values as released.
 """
 
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -39,6 +40,18 @@ AZURE_TRAINING = [
 
 def conf(release: str) -> Path:
     return TREES / release / "launcher_scripts" / "conf"
+
+
+def bignlp_tree(tmp_path: Path, switches: str) -> Path:
+    """The 23.07 tree with config.yaml as bignlp-scripts 22.x has it: run_* switches and no stages list
+    (beside a list, NeMo 23.07+ and gptrain read the list alone)."""
+    tree = tmp_path / "conf"
+    shutil.copytree(conf("23.07"), tree)
+    text = (tree / "config.yaml").read_text()
+    without = re.sub(r"(?m)^stages:\n(- .*\n)+", "", text)
+    assert without != text
+    (tree / "config.yaml").write_text(without + switches)
+    return tree
 
 
 def render(release: str, tmp_path: Path, extra: list[str]) -> dict[str, str]:
@@ -91,11 +104,11 @@ def test_launcher_scripts_path_defaults_to_the_trees_parent():
 
 
 def test_run_switches_of_the_azure_config_pick_stages(tmp_path):
-    tree = tmp_path / "conf"
-    shutil.copytree(conf("23.07"), tree)
-    with (tree / "config.yaml").open("a") as config:  # the tutorial's edits of config.yaml
-        config.write("run_data_preparation: True\nrun_training: False\nrun_conversion: False\n")
-        config.write("run_finetuning: False\nrun_evaluation: False\nbignlp_path: /shared\n")
+    tree = bignlp_tree(  # the tutorial's edits of config.yaml
+        tmp_path,
+        "run_data_preparation: True\nrun_training: False\nrun_conversion: False\n"
+        "run_finetuning: False\nrun_evaluation: False\nbignlp_path: /shared\n",
+    )
     (tree / "data_preparation/gpt3/download_gpt3_pile.yaml").write_text(
         (tree / "data_preparation/gpt3/download_gpt3_pile.yaml").read_text().replace("0-29", "0-1")
     )
@@ -130,11 +143,11 @@ def test_run_switches_of_the_azure_config_pick_stages(tmp_path):
 def test_bignlp_switches_and_keys_are_named_not_dropped(tmp_path, capsys):
     """bignlp-scripts 22.06's config.yaml: run_export/run_prompt_learning and a Transformer Engine
     switch are reported as ignored, never silently dropped or read as stages."""
-    tree = tmp_path / "conf"
-    shutil.copytree(conf("23.07"), tree)
-    with (tree / "config.yaml").open("a") as config:
-        config.write("run_data_preparation: False\nrun_training: True\nrun_prompt_learning: False\n")
-        config.write("run_export: True\nnvte_bias_gelu_nvfusion: 0\n")
+    tree = bignlp_tree(
+        tmp_path,
+        "run_data_preparation: False\nrun_training: True\nrun_prompt_learning: False\n"
+        "run_export: True\nnvte_bias_gelu_nvfusion: 0\n",
+    )
     resolved = compose(["training=gpt3/126m"], tree).resolved()
     assert resolved["stages"] == ["training"]
     assert not any(key.startswith("run_") for key in resolved)
@@ -374,11 +387,8 @@ def test_bignlp_data_preparation_file_without_a_run_section(tmp_path, capsys):
     """The Azure tutorial's data step on its own bignlp-scripts tree stopped at 'data_preparation.run.name
     is empty': that release's file has no run section. Its log_dir is the stage's directory now, its
     time_limit the job's, and its nodes are said to be replaced by one array task per shard."""
-    tree = tmp_path / "conf"
-    shutil.copytree(conf("23.07"), tree)
+    tree = bignlp_tree(tmp_path, "run_data_preparation: True\nrun_training: False\nbignlp_path: /shared\n")
     (tree / "data_preparation" / "download_gpt3_pile.yaml").write_text(BIGNLP_PILE)
-    with (tree / "config.yaml").open("a") as config:
-        config.write("run_data_preparation: True\nrun_training: False\nbignlp_path: /shared\n")
     argv = [*AZURE_TRAINING, "data_preparation=download_gpt3_pile", f"launcher_scripts_path={tmp_path}"]
     plan = build_plan(compose(argv, tree))
     [job] = plan.jobs
@@ -581,3 +591,26 @@ def test_the_aws_tutorials_cluster_copy_nested_in_the_tree_is_noted(tmp_path):
     plan = build_plan(compose(argv, tree))
     assert plan.cluster["partition"] == "us-east-1e"
     assert not [note for note in launch_notes(plan, ["training"]) if "cp -R" in note]
+
+
+def test_run_switches_beside_a_stages_list_in_config_yaml_are_ignored_as_nemo_does(tmp_path, capsys):
+    """A config.yaml upgraded from bignlp-scripts 22.x (23.07's stages list, the old run_* switches
+    left in): the switches picked the stages, where NeMo 23.07+ reads only the list. The list decides
+    now, and the note names the switches dropped (an override of one of them too)."""
+    tree = tmp_path / "conf"
+    shutil.copytree(conf("23.07"), tree)  # stages: [training, conversion, evaluation, export]
+    with (tree / "config.yaml").open("a") as config:
+        config.write("run_data_preparation: True\nrun_training: False\nrun_conversion: True\n")
+    base = ["training=gpt3/126m", f"launcher_scripts_path={tmp_path}"]
+    resolved = compose(base, tree).resolved()
+    assert resolved["stages"] == ["training"]  # the list's, less the stages gptrain does not run
+    assert not any(key.startswith("run_") for key in resolved)
+    notes = capsys.readouterr().err
+    assert notes.count("\n") == 1
+    assert (
+        "run_data_preparation, run_training, run_conversion (NeMo reads no run_* switch beside a stages"
+        " list: give stages=[...] to choose the stages)" in notes
+    )
+    resolved = compose([*base, "run_training=True", "stages=[data_preparation]"], tree).resolved()
+    assert resolved["stages"] == ["data_preparation"]
+    assert "run_data_preparation, run_training=True, run_conversion (NeMo" in capsys.readouterr().err
