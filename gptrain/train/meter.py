@@ -3,7 +3,9 @@
 Pure bookkeeping: it knows nothing of the loop, which prints the line and writes the scalars.
 
 Like Megatron, the loss is averaged over the iterations that updated the model since
-the previous line, and the skipped/nan counts in the line are per interval.
+the previous line, and the skipped/nan counts in the line are per interval. An interval with no
+update still has a loss point on the dashboards (Megatron writes every logged iteration's own loss,
+skipped or not): the mean of its iterations' losses.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class IntervalMeter:
     loss_sum: float = 0.0
     loss_seen: bool = False  # an iteration of this process updated: Megatron's line has a loss from then on
     skipped: int = 0
+    skipped_loss_sum: float = 0.0  # the skipped iterations' own losses: an interval of them still has a point
     nans: int = 0
     last_lr: float = 0.0
     last_scale: float = 1.0
@@ -80,13 +83,19 @@ class IntervalMeter:
             self.updated += 1
             self.loss_seen = True
             self.loss_sum += result.loss
+        else:
+            self.skipped_loss_sum += result.loss
         self.last_lr, self.last_scale = lr, scale
 
     def seconds_per_iteration(self, now: float) -> float:
         return max(0.0, now - self.started - self.excluded_s) / max(1, self.iterations)
 
-    def mean_loss(self) -> float | None:
-        return self.loss_sum / self.updated if self.updated else None
+    def dashboard_loss(self) -> float | None:
+        """The dashboards' loss: the line's mean where an iteration updated; else the mean of the skipped
+        iterations' own losses (Megatron writes a skipped iteration's loss to TensorBoard, a NaN too)."""
+        if self.updated:
+            return self.loss_sum / self.updated
+        return self.skipped_loss_sum / self.skipped if self.skipped else None
 
     def line_loss(self) -> float | None:
         """The line's loss as Megatron's training_log prints it: the sum over max(1, updated), so 0 for an
@@ -104,6 +113,7 @@ class IntervalMeter:
         self.started, self.iterations, self.updated, self.loss_sum = now, 0, 0, 0.0
         self.excluded_s = 0.0
         self.skipped = self.nans = 0
+        self.skipped_loss_sum = 0.0
 
 
 @dataclass(frozen=True)
@@ -162,7 +172,7 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
     )
     line += format_suffix(mfu(tflops, run.peak_tflops), eta)
     gptrain_tags = {
-        tb.TB_LM_LOSS: meter.mean_loss(),
+        tb.TB_LM_LOSS: meter.dashboard_loss(),
         tb.TB_LEARNING_RATE: meter.last_lr,
         tb.TB_GRAD_NORM: meter.last_grad_norm,
         tb.TB_LOSS_SCALE: meter.last_scale,
@@ -173,7 +183,7 @@ def interval_report(meter: IntervalMeter, step: int, consumed_samples: int, run:
     }
     by_step, by_samples = dashboard_scalars(
         {
-            "loss": meter.mean_loss(),
+            "loss": meter.dashboard_loss(),
             "lr": meter.last_lr,
             "grad_norm": meter.last_grad_norm,
             "loss_scale": meter.last_scale,
@@ -207,8 +217,10 @@ def iteration_scalars(
 ) -> tuple[dict[str, float | None], dict[str, float | None]]:
     """(by iteration, by consumed samples): one iteration's own values, as Megatron writes them every
     --tensorboard-log-interval iterations (trainer.tensorboard_log_interval): its loss, not a mean, and
-    no timing, which an interval measures. A skipped iteration has no loss or grad norm, as in the line."""
-    loss = result.loss if result.updated else None
+    no timing, which an interval measures. A skipped iteration's loss is written too, as Megatron's
+    training_log writes it (a NaN as well, under --fp16's dynamic scaling, where Megatron goes on); it
+    has no grad norm (Megatron's optimizer returns none when it skips)."""
+    loss = result.loss
     grad_norm = result.grad_norm if result.updated else None
     gptrain_tags = {
         tb.TB_LM_LOSS: loss,

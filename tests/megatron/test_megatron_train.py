@@ -1,6 +1,7 @@
 """`gptrain megatron` trains on CPU, and its log lines print the rate as Megatron does."""
 
 import json
+import math
 import re
 import shlex
 import time
@@ -593,3 +594,31 @@ def test_pretokenized_data_trains_under_the_null_tokenizer_as_in_megatron(tmp_pa
         "has ids 0 to 49999: give the vocab_size of the tokenizer the data was made with (more than 50256; "
         "Megatron's --vocab-size)"
     )
+
+
+def test_an_iteration_the_fp16_scaler_skips_has_its_own_loss_in_tensorboard(tmp_path, capsys, monkeypatch):
+    """Megatron's training_log writes every --tensorboard-log-interval iteration's own loss, skipped or
+    not (train_step reduces the loss before the optimizer's verdict); it has no grad norm then. Under
+    --fp16 from the dynamic scaler's 2**32, every iteration of this run overflows on CPU and is skipped:
+    gptrain wrote no loss point. The reference: the same run from a scale of 1, which skips nothing and
+    whose first iteration's rate is 0 (warm-up), so its iterations 1 and 2 see the same weights."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def losses(name, *flags):
+        one_process_in(tmp_path, monkeypatch)
+        run = tmp_path / name
+        argv = [*TINY, "--mock-data", "--vocab-size", "128", "--fp16", "--save", str(run), *flags]
+        argv[argv.index("--log-interval") + 1] = "2"  # TensorBoard's own interval (1) is not the line's
+        assert main(["megatron", *argv]) == 0
+        out = capsys.readouterr().out
+        events = EventAccumulator(str(run), size_guidance={"scalars": 0}).Reload()
+        return out, events, {e.step: e.value for e in events.Scalars("lm loss")}
+
+    out, events, skipped = losses("skipped")
+    assert re.findall(r"number of skipped iterations: +(\d+)", out) == ["1", "1", "2"]  # lines at 1, 2, 4
+    assert "grad-norm" not in events.Tags()["scalars"]
+    _, _, updated = losses("updated", "--initial-loss-scale", "1")
+    assert sorted(skipped) == sorted(updated) == [1, 2, 3, 4]
+    assert all(math.isfinite(loss) for loss in skipped.values())
+    assert [skipped[1], skipped[2]] == [updated[1], updated[2]]
+    assert skipped[3] != updated[3]  # the second run's weights moved at its iteration 2

@@ -249,7 +249,8 @@ def test_an_interval_of_skipped_iterations_prints_a_zero_loss_as_megatron(monkey
     """Megatron's training_log keeps a loss key once an iteration of the process has updated and
     prints its sum over max(1, advanced iterations): an interval made only of skipped iterations
     prints `lm loss: 0.000000E+00`. Before any update (fp16's first overflows) it has no key and no
-    field. The dashboards get no loss for such an interval (0 is no loss)."""
+    field. The dashboards get the mean of such an interval's own losses (0 is no loss; before, they got
+    none, where Megatron writes a skipped iteration's loss to TensorBoard)."""
     from gptrain.train import meter as meter_module
     from gptrain.train.step import StepResult
 
@@ -262,19 +263,23 @@ def test_an_interval_of_skipped_iterations_prints_a_zero_loss_as_megatron(monkey
         max_steps=9,
     )
     meter = meter_module.IntervalMeter()
-    skipped = StepResult(loss=float("inf"), updated=False, overflow=True)
-    meter.add(skipped, lr=1e-3, scale=2.0**32)
+
+    def skipped(loss):  # an overflow of the gradients: the loss itself is finite
+        return StepResult(loss=loss, updated=False, overflow=True)
+
+    meter.add(skipped(3.0), lr=1e-3, scale=2.0**32)
     first = meter_module.interval_report(meter, 1, 1, shape)
-    assert "lm loss" not in first.line and first.by_step["lm loss"] is None
+    assert "lm loss" not in first.line and first.by_step["lm loss"] == 3.0
     meter.add(StepResult(loss=2.5, grad_norm=1.0, updated=True), lr=1e-3, scale=2.0**31)
-    meter.add(skipped, lr=1e-3, scale=2.0**30)
-    assert " lm loss: 2.500000E+00 | loss scale:" in meter_module.interval_report(meter, 3, 3, shape).line
-    meter.add(skipped, lr=1e-3, scale=2.0**29)
-    meter.add(skipped, lr=1e-3, scale=2.0**28)
+    meter.add(skipped(3.0), lr=1e-3, scale=2.0**30)
+    second = meter_module.interval_report(meter, 3, 3, shape)
+    assert " lm loss: 2.500000E+00 | loss scale:" in second.line and second.by_step["lm loss"] == 2.5
+    meter.add(skipped(3.0), lr=1e-3, scale=2.0**29)
+    meter.add(skipped(4.5), lr=1e-3, scale=2.0**28)
     report = meter_module.interval_report(meter, 5, 5, shape)
     assert " global batch size:     1 | lm loss: 0.000000E+00 | loss scale: 268435456.0 |" in report.line
     assert " number of skipped iterations:   2 |" in report.line
-    assert report.by_step["lm loss"] is None
+    assert report.by_step["lm loss"] == report.vs_samples["lm loss vs samples"] == 3.75
 
 
 def test_a_loss_of_zero_is_printed_as_megatron_prints_it():

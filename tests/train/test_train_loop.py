@@ -219,6 +219,31 @@ def test_tensorboard_log_interval_writes_every_nth_iterations_own_values(tmp_pat
     assert [step for step, _ in series("learning-rate")] == [2, 4, 6]
 
 
+def test_an_interval_the_fp16_scaler_skips_has_its_loss_in_tensorboard(tmp_path, monkeypatch):
+    """trainer.precision=16 from the dynamic scaler's 2**32 overflows fp16 gradients on CPU: the first
+    iterations are skipped. Their intervals wrote no loss point (the mean of no updated iteration),
+    where Megatron writes every logged iteration's own loss, skipped or not. An interval with no
+    update now gets the mean of its iterations' losses; one with an update keeps its updated mean."""
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    overrides = ["trainer.precision=16", "trainer.max_steps=4", "trainer.log_every_n_steps=2"]
+    overrides += ["trainer.val_check_interval=4", "trainer.limit_test_batches=0"]
+    code, losses = run_recording(monkeypatch, tiny_config(tmp_path, *MOCK, *overrides))
+    assert code == 0
+    lines = [line for line in log_lines(tmp_path) if "number of skipped iterations" in line]
+    skipped = [line.split("number of skipped iterations:")[1].split("|")[0].strip() for line in lines]
+    assert skipped == ["1", "1", "2"]  # lines at 1, 2 and 4: every iteration skipped
+    assert all(math.isfinite(loss) for loss in losses.values())  # the gradients overflowed, not the loss
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0}).Reload()
+    expected = [(1, losses[1]), (2, losses[2]), (4, (losses[3] + losses[4]) / 2)]
+    for tag in ("lm loss", "reduced_train_loss"):
+        assert [(e.step, e.value) for e in events.Scalars(tag)] == [
+            (step, float(np.float32(loss))) for step, loss in expected
+        ], tag
+    assert "grad norm" not in events.Tags()["scalars"]  # none for a skipped iteration, as in the line
+
+
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_a_tensorboard_log_interval_below_one_is_refused_naming_the_key(tmp_path, value):
     from gptrain.errors import ConfigError
