@@ -39,6 +39,28 @@ NO_ANSWER = "Slurm did not answer"
 NO_SLURM_HERE = "no Slurm commands on this machine: run gptrain status/cancel on the cluster"
 
 
+# Slurm's reasons a job waits in the queue (scontrol's Reason=, squeue's %r): Slurm keeps the last
+# one on a job cancelled while pending, where 'CANCELLED (Resources)' reads as cancelled for want of
+# resources. DependencyNeverSatisfied is kept: it says why the job never ran.
+WAITING_REASONS = frozenset(
+    (
+        "Priority", "Dependency", "Resources", "BeginTime", "Licenses", "Reservation", "ReqNodeNotAvail",
+        "JobHeldUser", "JobHeldAdmin", "PartitionNodeLimit", "PartitionTimeLimit", "PartitionDown",
+        "PartitionInactive", "PartitionConfig", "FrontEndDown", "Cleaning", "SchedDefer",
+        "BurstBufferResources", "BurstBufferStageIn", "PowerNotAvail", "PowerReserved",
+    )
+)  # fmt: skip
+# The families of limits a job waits on: AssocGrpCpuLimit, QOSMaxJobsPerUserLimit, MaxMemPerLimit ...
+WAITING_PREFIXES = ("Assoc", "QOS", "Max")
+
+
+def from_slurm(state: str, reason: str = "", exit_code: str = "") -> JobState:
+    """A job's state as Slurm gives it, less the reason it waited in the queue once it has ended."""
+    waited = reason in WAITING_REASONS or reason.startswith(WAITING_PREFIXES)
+    ended = not any(word in state for word in ACTIVE_STATES)
+    return JobState(state, "" if ended and waited else reason, exit_code)
+
+
 @dataclass
 class JobState:
     state: str

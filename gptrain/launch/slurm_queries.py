@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from gptrain.errors import LaunchError
-from gptrain.launch.job_states import NO_ANSWER, NO_SLURM_HERE, JobState, summarize
+from gptrain.launch.job_states import NO_ANSWER, NO_SLURM_HERE, JobState, from_slurm, summarize
 
 # How long a Slurm command may take to answer; a controller that is down makes each call wait it out.
 SLURM_TIMEOUT_S = 15.0
@@ -92,7 +92,7 @@ def asked_slurm_state(job_id: str) -> JobState:
         listed = [line.split("|", 2) for line in out.stdout.strip().splitlines()]
         # squeue lists an array's live tasks only: one that failed already showed as RUNNING
         every = scontrol_states(job_id) if any("_" in task for task, *_ in listed) else None
-        return summarize(every or [JobState(*rest) for _, *rest in listed])
+        return summarize(every or [from_slurm(*rest) for _, *rest in listed])
     every = scontrol_states(job_id)
     if every:
         return summarize(every)
@@ -116,7 +116,7 @@ def squeue_tasks(job_ids: list[str]) -> tuple[dict[str, list[JobState]], str | N
     listed: dict[str, list[JobState]] = {}
     for line in out.stdout.splitlines() if out is not None and out.returncode == 0 else []:
         job, _, rest = line.strip().partition("|")
-        listed.setdefault(job.split("_")[0], []).append(JobState(*rest.split("|", 1)))  # array tasks
+        listed.setdefault(job.split("_")[0], []).append(from_slurm(*rest.split("|", 1)))  # array tasks
     return listed, squeue_silence(out)
 
 
@@ -142,7 +142,7 @@ def scontrol_states(job_id: str) -> list[JobState] | None:
     if out is None or out.returncode != 0 or "JobState=" not in out.stdout:
         return None
     records = parse_scontrol(out.stdout)
-    return [JobState(r["JobState"], r.get("Reason", ""), r.get("ExitCode", "")) for r in records]
+    return [from_slurm(r["JobState"], r.get("Reason", ""), r.get("ExitCode", "")) for r in records]
 
 
 def jobs_waiting_on(job_id: str, besides: set[str]) -> list[str] | None:

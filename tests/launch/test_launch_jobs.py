@@ -919,6 +919,27 @@ def test_a_slurm_job_stopped_with_a_checkpoint_and_not_requeued_says_how_to_resu
     )
 
 
+@pytest.mark.parametrize(
+    ("scontrol", "described"),
+    [
+        ("JobState=CANCELLED Reason=Resources ExitCode=0:0", "CANCELLED"),
+        ("JobState=CANCELLED Reason=Priority ExitCode=0:0", "CANCELLED"),
+        ("JobState=CANCELLED Reason=QOSMaxJobsPerUserLimit ExitCode=0:0", "CANCELLED"),
+        ("JobState=COMPLETED Reason=BeginTime ExitCode=0:0", "COMPLETED"),
+        ("JobState=CANCELLED Reason=DependencyNeverSatisfied ExitCode=0:0", "CANCELLED (DependencyNeverSatisfied)"),
+        ("JobState=PENDING Reason=Resources ExitCode=0:0", "PENDING (Resources)"),
+        ("JobState=FAILED Reason=NonZeroExitCode ExitCode=2:0", "FAILED (NonZeroExitCode) exit 2:0"),
+    ],
+)  # fmt: skip
+def test_an_ended_job_drops_the_reason_it_waited_in_the_queue_for(monkeypatch, scontrol, described):
+    """Slurm keeps a pending job's Reason after a cancel: status said 'CANCELLED (Resources)', read as
+    cancelled for want of resources. A waiting reason says nothing of how a job ended."""
+    out = f"JobId=7 JobName=r\n   {scontrol}\n"
+    monkeypatch.setattr(slurm_queries, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
+        command, 0, out if command[0] == "scontrol" else "", ""))  # fmt: skip
+    assert record_state.slurm_state("7", "data_preparation").describe() == described
+
+
 def test_a_stage_sbatch_refuses_withdraws_the_stages_this_launch_submitted(tmp_path, monkeypatch):
     """sbatch may refuse a later stage for what no preflight sees (EnforcePartLimits with a time
     above the partition's MaxTime, a QOS limit): the stages already submitted stayed queued, the
