@@ -4,6 +4,7 @@ its launches and latest jobs, and the files each job writes its output to."""
 from __future__ import annotations
 
 import glob
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +31,22 @@ def _kind(path: Path) -> str:
     return found.kind
 
 
+# unique_output's directory of one launch under <run.name>/: compose.make_unique's stamp
+STAMP = re.compile(r"\d{8}-\d{6}(-\d+)?")
+
+
 def find_run(run: str, base: Path) -> Path:
-    """A run given as a directory or a run name under `base` (newest timestamped dir if nested)."""
+    """A run given as a directory or a run name under `base`; a unique_output run's `<name>/` gives its
+    newest `<time>/` launch. A directory holding other runs (a results dir) names none of them: cancel
+    must never act on a run the user did not name."""
     for candidate in (Path(run), base / run):
         if _kind(candidate / LAUNCHER_LOG) == "file":
             return candidate
         nested = run_dirs(candidate)
-        if nested:
+        if nested and all(p.parent == candidate and STAMP.fullmatch(p.name) for p in nested):
             return max(nested, key=lambda p: (p / LAUNCHER_LOG).stat().st_mtime)
+        if nested:
+            raise LaunchError(holds_runs(run, candidate, nested))
     given, named = Path(run), base / run
     names = sorted({str(p.relative_to(base)).split("/")[0] for p in run_dirs(base)})
     if given.is_file() or (given.is_dir() and given.resolve() != base.resolve()):
@@ -48,6 +57,16 @@ def find_run(run: str, base: Path) -> Path:
         raise LaunchError(f"{named}: {not_launched(named)}")
     raise LaunchError(
         f"no launched run '{run}' in {base}{closest(run, names)}; pass a run dir or --results-dir"
+    )
+
+
+def holds_runs(run: str, directory: Path, nested: list[Path]) -> str:
+    """Why a directory holding several runs (or one below its own name) is no run to act on."""
+    names = [str(p.relative_to(directory)) for p in nested]
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return (
+        f"{run}: not a run; it holds {len(names)} launched run{'s' if len(names) > 1 else ''} ({shown}):"
+        f" name one (as {directory / names[0]}); for the state of them all: gptrain status --results-dir {directory}"
     )
 
 

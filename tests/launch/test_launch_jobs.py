@@ -534,6 +534,47 @@ def test_preflight_reads_the_weights_of_the_data_prefix_the_job_reads(
         assert "note  training: reads the blend data_preparation writes" in err
 
 
+@pytest.mark.parametrize("command", ["cancel", "status", "logs"])
+def test_a_results_dir_given_as_the_run_is_refused_listing_its_runs(tmp_path, monkeypatch, capsys, command):
+    """`gptrain cancel results` (a base_results_dir, not a run) cancelled whichever run was launched
+    last, at any depth, as if it had been named; status and logs showed that one run alone. Only a
+    unique_output run's `<name>/<time>/` is gone down into."""
+    from gptrain.cli import main
+
+    results = tmp_path / "results"
+    for name in ("victim", "f1", "gpt3/20261129-041536"):
+        (results / name).mkdir(parents=True)
+        (results / name / "log-r_7.out").write_text(LINE + "\n")
+        append_record(results / name, "submitted", stage="training", executor="slurm", job_id="7",
+                      log=str(results / name / "log-r_%j.out"), dependency=None)  # fmt: skip
+    asked = []
+
+    def run_command(command, timeout=15.0):
+        asked.append(command[0])
+        return subprocess.CompletedProcess(
+            command, 0, "7|RUNNING|None\n" if command[0] == "squeue" else "", ""
+        )
+
+    monkeypatch.setattr(slurm_queries, "run_command", run_command)
+    for given in (str(results), str(results / "gpt3" / "..")):
+        assert main([command, given, "--results-dir", str(results)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and "scancel" not in asked
+        assert err.startswith(
+            f"gptrain: error: {given}: not a run; it holds 3 launched runs (f1, gpt3/20261129-041536, victim)"
+        )
+    # a unique_output run's name still finds its newest launch
+    newer = results / "gpt3" / "20261129-051536"
+    newer.mkdir()
+    append_record(newer, "submitted", stage="training", executor="slurm", job_id="8", log=str(newer / "x"))
+    assert run_dirs.find_run("gpt3", results) == newer
+    shutil.rmtree(results / "victim"), shutil.rmtree(results / "f1")  # stamped runs, but a level down
+    with pytest.raises(
+        LaunchError, match=r"holds 2 launched runs \(gpt3/20261129-041536, gpt3/20261129-051536\)"
+    ):
+        run_dirs.find_run(str(results), results)
+
+
 def test_local_run_status_and_find(tmp_path):
     run = tmp_path / "results" / "my_run"
     run.mkdir(parents=True)
