@@ -85,14 +85,45 @@ def write_blend(cfg: dict[str, Any]) -> Path:
     return path
 
 
-def apply_blend(blend_file: Path, config_file: Path) -> None:
-    """Point a resolved training config's model.data.data_prefix at the blend (atomically)."""
+def read_blend(blend_file: Path) -> Any:
     try:
-        prefixes = yaml.safe_load(blend_file.read_text())["data_prefix"]
+        return yaml.safe_load(blend_file.read_text())["data_prefix"]
     except (OSError, KeyError, TypeError) as error:
         raise DataError(
             f"{blend_file}: cannot read the blend ({error}); did data preparation finish?"
         ) from None
+
+
+def frozen_prefixes(blend_file: Path, frozen: Path, job_id: str) -> Any:
+    """The blend a Slurm job trains on at every start: the first start (no copy of this job's yet)
+    copies `blend_file` to `frozen` in the run dir; a requeue, which runs the batch script again,
+    reads that copy, so a later data preparation into the same data_dir does not switch its data."""
+    try:
+        kept = yaml.safe_load(frozen.read_text()) if job_id else None
+    except (OSError, yaml.YAMLError):
+        kept = None
+    if not isinstance(kept, dict) or str(kept.get("job")) != job_id or "data_prefix" not in kept:
+        prefixes = read_blend(blend_file)
+        copy = {"job": job_id, "blend": str(blend_file), "data_prefix": prefixes}
+        atomic_write_text(frozen, dump_config(copy))
+        return prefixes
+    try:
+        live = yaml.safe_load(blend_file.read_text())["data_prefix"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        live = None
+    if live != kept["data_prefix"]:
+        print(
+            f"gptrain: note: the blend {blend_file} differs from {frozen}, the copy job {job_id} took at"
+            " its first start; the run keeps that copy's data: launch again (a new job) to train on the new blend",
+            file=sys.stderr,
+        )
+    return kept["data_prefix"]
+
+
+def apply_blend(blend_file: Path, config_file: Path, frozen: Path | None = None, job_id: str = "") -> None:
+    """Point a resolved training config's model.data.data_prefix at the blend (atomically); with
+    `frozen`, at the copy of it the job `job_id` took at its first start."""
+    prefixes = frozen_prefixes(blend_file, frozen, job_id) if frozen else read_blend(blend_file)
     training = yaml.safe_load(config_file.read_text())
     training.setdefault("model", {}).setdefault("data", {})["data_prefix"] = prefixes
     atomic_write_text(config_file, dump_config(training))

@@ -10,6 +10,7 @@ Standard library only (urllib, lzma, gzip) plus zstandard: no torch, no numpy.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,10 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         help="array tasks: this one prepares shards index, index + stride, ...",
     )
     parser.add_argument("--blend", default=None, help="blend file for apply-blend")
+    parser.add_argument(
+        "--frozen", default=None, help="apply-blend: the run dir's copy of the blend a requeue reads"
+    )
     args = parser.parse_args(argv)
     try:
         if args.action == "apply-blend":
-            apply_blend(Path(args.blend), Path(args.config))
+            frozen = Path(args.frozen) if args.frozen else None
+            apply_blend(Path(args.blend), Path(args.config), frozen, os.environ.get("SLURM_JOB_ID", ""))
             return 0
         cfg = load_stage_config(args.config)
         indices = task_shards(cfg, args.index, args.stride) if args.action == "shard" else []

@@ -45,6 +45,7 @@ class Job:
     workdir: str = "."
     dependency: str | None = None  # run.dependency, e.g. "singleton" (one job of this name at a time)
     time_limit_key: str = ""  # the key or flag that set time_limit, for errors ("": <stage>.run.time_limit)
+    blend: str | None = None  # the blend file a training reads in place of its data_prefix (data_blend.py)
 
     @property
     def time_limit_source(self) -> str:
@@ -60,6 +61,11 @@ class Job:
         """The resolved config the job reads: `<run name>_hydra.yaml`, without the job-name prefix
         the script and logs carry, where the NeMo launcher writes it (scripts that read it work)."""
         return self.run_dir / f"{self.run_name}_hydra.yaml"
+
+    @property
+    def frozen_blend_path(self) -> Path:
+        """The copy of the blend a training's job took at its first start, which its requeues read."""
+        return self.run_dir / f"{self.run_name}_blend.yaml"
 
     def log_pattern(self, suffix: str = "out") -> Path:
         """sbatch output pattern: %j (or %A_%a for arrays) becomes the job id.

@@ -255,6 +255,7 @@ def training_job(
             " set cluster_type=slurm or training.trainer.num_nodes=1"
         )
     job.command = rank_command(python, train, devices, local)
+    job.blend = blend
     if blend:
         apply = [
             "-m",
@@ -265,6 +266,8 @@ def training_job(
             "--config",
             str(config_path(job)),
         ]
+        if not local:  # a requeue runs the script again: it reads the copy the first start took
+            apply += ["--frozen", str(job.frozen_blend_path)]
         job.setup.append([python, *apply])
     return job
 

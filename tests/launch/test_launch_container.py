@@ -74,7 +74,8 @@ def test_with_a_container_the_blend_is_applied_inside_it(tmp_path, monkeypatch):
     ]
     [job] = [j for j in plan.jobs if j.stage == "training"]
     command = ["python", "-m", "gptrain.launch.download", "apply-blend", "--blend", f"{data}/blend.yaml"]
-    assert setup[4:] == [*options, *command, "--config", str(config_path(job))]
+    frozen = ["--frozen", str(job.frozen_blend_path)]  # the copy a requeue reads, in the run dir
+    assert setup[4:] == [*options, *command, "--config", str(config_path(job)), *frozen]
     assert options[1] in step_words(next(x for x in prep.read_text().splitlines() if x.startswith("srun ")))
 
 

@@ -426,6 +426,42 @@ def test_relative_paths_that_start_with_a_dash_stay_arguments(tmp_path, monkeypa
     assert "/d/a_text_document" in plan.jobs[2].config_path.read_text()
 
 
+def test_a_requeued_training_keeps_the_blend_of_its_first_start(tmp_path, monkeypatch, capsys):
+    """The training's setup line re-read the shared blend (${data_dir}/blend.yaml) at every start of
+    its job: a later data preparation into the same data_dir (another run's) switched a running
+    training to that corpus at its next requeue. The job's first start freezes the blend into the run
+    dir; a requeue reads that copy, and says in one line when the live blend differs."""
+    import yaml
+
+    from gptrain.launch import download
+
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", "stages=[data_preparation,training]", f"data_dir={tmp_path}/d"]
+    plan = build_plan(compose([*args, "data_preparation.shards=[http://h/a.jsonl]"]))
+    write_run_files(plan, args)
+    job = plan.jobs[-1]
+    [setup] = job.setup
+    blend, frozen = tmp_path / "d" / "blend.yaml", job.run_dir / f"{job.run_name}_blend.yaml"
+    blend.parent.mkdir()
+
+    def start(job_id):  # one start of the batch script's job (a requeue keeps the job id)
+        monkeypatch.setenv("SLURM_JOB_ID", job_id)
+        assert download.main(setup[setup.index("apply-blend") :]) == 0
+        config = yaml.safe_load(job.config_path.read_text())
+        return config["model"]["data"]["data_prefix"], capsys.readouterr().err
+
+    blend.write_text("data_prefix: [1.0, /d/a_text_document]\n")
+    assert start("125") == ([1.0, "/d/a_text_document"], "")
+    blend.write_text("data_prefix: [2.0, /d/b_text_document]\n")  # another data preparation, same data_dir
+    assert start("125") == (
+        [1.0, "/d/a_text_document"],
+        f"gptrain: note: the blend {blend} differs from {frozen}, the copy job 125 took at its first start;"
+        " the run keeps that copy's data: launch again (a new job) to train on the new blend\n",
+    )
+    assert start("126") == ([2.0, "/d/b_text_document"], "")  # a new launch's job reads it anew
+    assert yaml.safe_load(frozen.read_text())["data_prefix"] == [2.0, "/d/b_text_document"]
+
+
 def test_more_shards_than_the_clusters_max_array_size_share_its_array_tasks(tmp_path):
     """sbatch refuses an array task id at or above MaxArraySize (Slurm's default 1001 refused
     `--array=0-1499`): past it each task prepares every n-th shard, each shard exactly once;
