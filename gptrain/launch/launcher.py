@@ -18,7 +18,7 @@ from gptrain.launch.additional_parameters import (
 )
 from gptrain.launch.compose import CONFIG_ROOT, STAGES, compose
 from gptrain.launch.download import tokenizer_downloads
-from gptrain.launch.live_jobs import cancel_never_starting, refuse_launch_into_live_run
+from gptrain.launch.live_jobs import blend_readers, cancel_never_starting, refuse_launch_into_live_run
 from gptrain.launch.mounts import check_mount_dirs, make_mount_dirs
 from gptrain.launch.preflight import (
     DEFAULT_MAX_ARRAY_SIZE,
@@ -249,6 +249,15 @@ def array_limit(resolved: dict, dry_run: bool) -> int:
     return max_array_size()
 
 
+def blend_notes(plan: LaunchPlan, run_dirs: list[Path]) -> list[str]:
+    """A data preparation's blend file that a live training of another run under base_results_dir
+    reads: refused while one that has not started would read it, else noted (live_jobs.blend_readers)."""
+    prep = plan.configs.get("data_preparation")
+    if not prep or not (prep.get("blend") or {}).get("file"):
+        return []
+    return blend_readers(str(prep["blend"]["file"]), Path(str(plan.resolved["base_results_dir"])), run_dirs)
+
+
 def summary(plan: LaunchPlan, scripts: list[Path]) -> list[str]:
     """Per stage: the written script and config (the dry run's copies) and the script's key lines."""
     lines = []
@@ -296,6 +305,8 @@ def launch(
     if dry_run:
         try:
             refuse_launch_into_live_run(run_dirs)
+            for line in blend_notes(plan, run_dirs):
+                print(f"dry run: note: {line}", file=sys.stderr)
             for line in cancel_never_starting(run_dirs, dry_run=True):
                 print(f"dry run: {line}", file=sys.stderr)
         except LaunchError as error:
@@ -304,6 +315,8 @@ def launch(
         print("\n".join(["dry run: nothing submitted; rendered:"] + summary(plan, scripts)))
         return 0
     refuse_launch_into_live_run(run_dirs)  # before anything is written
+    for line in blend_notes(plan, run_dirs):
+        print(f"gptrain: note: {line}", file=sys.stderr)
     if plan.cluster_type == "slurm":  # a cancel that fails (another user's job) leaves nothing written
         for line in cancel_never_starting(run_dirs):
             print(f"gptrain: {line}", file=sys.stderr)

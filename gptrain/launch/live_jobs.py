@@ -3,15 +3,19 @@ run, and its jobs that never start (pending on a failed stage) cancelled."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from gptrain.errors import LaunchError
 from gptrain.launch.job_states import NEVER_SATISFIED, JobState, summarize
 from gptrain.launch.record_state import job_state
 from gptrain.launch.records import read_records
 from gptrain.launch.run_dirs import latest_jobs
+from gptrain.launch.run_dirs import run_dirs as launched_runs
 from gptrain.launch.slurm_queries import scancel, slurm_commands_here, squeue_tasks
 
 
@@ -69,3 +73,42 @@ def refuse_launch_into_live_run(run_dirs: list[Path]) -> None:
                 f"{state.describe()}; wait for it, `gptrain cancel {shlex.quote(str(run_dir))}`, or launch under another "
                 "training.run.name"
             )
+
+
+def blend_readers(blend: str, base: Path, own: list[Path]) -> list[str]:
+    """A data preparation about to rewrite `blend` while a live training of another run under `base`
+    reads it (its launcher.log says so). One queued that has not started yet reads it at its start:
+    refused, as that run would train on this launch's data. One that took its copy of the blend at its
+    start (data_blend.frozen_prefixes) keeps its data through requeues: a note, as preparing the
+    next dataset while a long run trains is a normal thing to do."""
+    target, mine = os.path.realpath(blend), {d.resolve() for d in own}
+    notes = []
+    for run_dir in launched_runs(base):
+        reads = [r for r in latest_jobs(run_dir) if r.get("stage") == "training" and r.get("blend")]
+        if run_dir.resolve() in mine or not any(os.path.realpath(r["blend"]) == target for r in reads):
+            continue
+        for record, state in live_jobs(run_dir):
+            if record.get("stage") != "training":
+                continue
+            job = f"training job {record['job_id']} of {run_dir}"
+            if not took_its_copy(record):
+                raise LaunchError(
+                    f"data_preparation.blend.file={blend}: {job} is {state.describe()} and reads this blend"
+                    " when it starts: rewritten now, that run would train on this launch's data; wait until"
+                    f" it has started, `gptrain cancel {shlex.quote(str(run_dir))}`, or prepare into another"
+                    " data_dir (or data_preparation.blend.file)"
+                )
+            notes.append(
+                f"{job} ({state.describe()}) reads {blend}, which this data preparation rewrites: it keeps"
+                f" the copy it took at its start ({record['frozen_blend']}), and with it its data"
+            )
+    return notes
+
+
+def took_its_copy(record: dict[str, Any]) -> bool:
+    """Whether a training job's start copied the blend into its run dir (its requeues read the copy)."""
+    try:
+        copy = yaml.safe_load(Path(str(record.get("frozen_blend"))).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(copy, dict) and str(copy.get("job")) == str(record["job_id"])

@@ -175,6 +175,8 @@ def record_submission(
     )
     if job.array:
         fields["array"] = job.array
+    if job.blend:  # a later data preparation into the same blend checks whether this job took its copy
+        fields.update(blend=job.blend, frozen_blend=str(job.frozen_blend_path))
     append_record(
         job.run_dir,
         "submitted",
