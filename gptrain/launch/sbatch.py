@@ -98,6 +98,14 @@ def rank_command(python: str, args: list[str], devices: int, local: bool) -> lis
     return [python, *torchrun, *args]
 
 
+# srun reads SLURM_EXPORT_ENV and SLURM_DISTRIBUTION as --export and --distribution, and sbatch's
+# --export=ALL brings them from a launching shell inside a Slurm job or step (a driver job submitted
+# with --export=NONE, `srun -m cyclic --pty bash`): the step could not find bash, or its ranks were
+# placed cyclically, tensor-parallel groups across nodes (parallel/mesh.py places them by block). An
+# option on the command line beats the variable; cluster.srun_args, after these, still wins.
+SRUN_PINNED = ("--export=ALL", "--distribution=block")
+
+
 def srun_prefix(job: Job, cluster: dict, container: str | None, mounts: list[str]) -> str:
     """srun with the container options (pyxis) when a container is set."""
     parts = [
@@ -105,6 +113,7 @@ def srun_prefix(job: Job, cluster: dict, container: str | None, mounts: list[str
         "--kill-on-bad-exit=1",
         f"--nodes={job.nodes}",
         f"--ntasks-per-node={job.tasks_per_node}",
+        *SRUN_PINNED,
     ]
     if job.cpus_per_task:  # Slurm 22.05's srun does not inherit sbatch's --cpus-per-task
         parts.append(f"--cpus-per-task={job.cpus_per_task}")
@@ -164,6 +173,7 @@ def setup_line(command: list[str], cluster: dict, container: str | None, mounts:
         "--kill-on-bad-exit=1",
         "--nodes=1",
         "--ntasks=1",
+        SRUN_PINNED[0],
         *srun_options(cluster, container, mounts),
     ]
     return f"{' '.join(srun)} {quote_command(command)} || exit 1"

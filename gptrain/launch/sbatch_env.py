@@ -60,11 +60,43 @@ def overriding_variables(rendered: set[str], environ: Mapping[str, str]) -> dict
     return found
 
 
+# srun's input variables (man srun, INPUT ENVIRONMENT VARIABLES) that place the job's ranks or set
+# what they run with, and the option each is read as. A batch job keeps one the launching shell had
+# (left there by an enclosing job or step; measured on Slurm 22.05, where SLURM_NTASKS is reset from the
+# job's own options and these are not), and its srun takes it as that option: they are left out of
+# sbatch's environment. SLURM_EXPORT_ENV and SLURM_DISTRIBUTION the srun lines give themselves
+# (sbatch.SRUN_PINNED); SLURM_HINT is sbatch's too (sbatch_option_names).
+SRUN_VARIABLES = {
+    "SLURM_CPU_BIND": "cpu-bind", "SLURM_MEM_BIND": "mem-bind", "SLURM_GPU_BIND": "gpu-bind",
+    "SLURM_NTASKS_PER_CORE": "ntasks-per-core",
+    "SLURM_NTASKS_PER_SOCKET": "ntasks-per-socket", "SLURM_NTASKS_PER_GPU": "ntasks-per-gpu",
+    "SLURM_THREADS_PER_CORE": "threads-per-core", "SLURM_OVERCOMMIT": "overcommit",
+    "SLURM_EXACT": "exact", "SLURM_SPREAD_JOB": "spread-job", "SLURM_USE_MIN_NODES": "use-min-nodes",
+    "SLURM_MPI_TYPE": "mpi", "SLURM_WORKING_DIR": "chdir", "SLURM_UMASK": "umask",
+    "SLURM_TASK_PROLOG": "task-prolog", "SLURM_TASK_EPILOG": "task-epilog",
+}  # fmt: skip
+
+
 def sbatch_environment(script_lines: list[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment to run sbatch with for this script: without the variables that override it."""
+    """The environment to run sbatch with for this script: without the variables that override it,
+    nor srun's that the job's srun would read as its options."""
     environ = os.environ if environ is None else environ
     left_out = overriding_variables(rendered_options(script_lines), environ)
-    return {name: value for name, value in environ.items() if name not in left_out}
+    return {
+        name: value for name, value in environ.items() if name not in left_out and name not in SRUN_VARIABLES
+    }
+
+
+def srun_variables_note(environ: Mapping[str, str] | None = None) -> str | None:
+    """One line on srun's variables set here, which sbatch_environment leaves out."""
+    environ = os.environ if environ is None else environ
+    found = [f"{name} (--{SRUN_VARIABLES[name]})" for name in sorted(environ) if name in SRUN_VARIABLES]
+    if not found:
+        return None
+    return (
+        "note  srun's variables set in this shell, left out of the sbatch calls (the job's srun would read"
+        f" them as its options): {', '.join(found)}; give such an option in cluster.srun_args"
+    )
 
 
 def option_keys(option: str, stage: str) -> str:

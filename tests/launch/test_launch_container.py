@@ -64,8 +64,16 @@ def test_with_a_container_the_blend_is_applied_inside_it(tmp_path, monkeypatch):
     assert "apply-blend" in setup and lines[steps[0]].endswith(
         " || exit 1"
     )  # first, and the job stops if it fails
-    assert setup[:4] == ["srun", "--kill-on-bad-exit=1", "--nodes=1", "--ntasks=1"]  # one task, in the image
-    options = training[4 : training.index("bash")]  # after srun --kill-on-bad-exit --nodes --ntasks-per-node
+    assert setup[:5] == [
+        "srun",
+        "--kill-on-bad-exit=1",
+        "--nodes=1",
+        "--ntasks=1",
+        "--export=ALL",
+    ]  # one task, in the image
+    options = training[
+        6 : training.index("bash")
+    ]  # after srun --kill-on-bad-exit --nodes --ntasks-per-node --export --distribution
     base, data = f"{tmp_path}/{NASTY}", f"{tmp_path}/d"
     assert options == [
         "--container-image=/apps/my image.sqsh",
@@ -75,7 +83,7 @@ def test_with_a_container_the_blend_is_applied_inside_it(tmp_path, monkeypatch):
     [job] = [j for j in plan.jobs if j.stage == "training"]
     command = ["python", "-m", "gptrain.launch.download", "apply-blend", "--blend", f"{data}/blend.yaml"]
     frozen = ["--frozen", str(job.frozen_blend_path)]  # the copy a requeue reads, in the run dir
-    assert setup[4:] == [*options, *command, "--config", str(config_path(job)), *frozen]
+    assert setup[5:] == [*options, *command, "--config", str(config_path(job)), *frozen]
     assert options[1] in step_words(next(x for x in prep.read_text().splitlines() if x.startswith("srun ")))
 
 

@@ -462,6 +462,34 @@ def test_a_requeued_training_keeps_the_blend_of_its_first_start(tmp_path, monkey
     assert yaml.safe_load(frozen.read_text())["data_prefix"] == [2.0, "/d/b_text_document"]
 
 
+def test_the_jobs_srun_lines_do_not_read_srun_variables_of_the_launching_shell(tmp_path, monkeypatch):
+    """A launch from inside a Slurm job or step passed its srun input variables to the batch job
+    (sbatch's --export=ALL), and the job's srun read them as its options: SLURM_EXPORT_ENV=NONE (a
+    driver job submitted with --export=NONE) failed the step after the queue wait (`execve(): bash: No
+    such file or directory`), SLURM_DISTRIBUTION=cyclic (`srun -m cyclic --pty bash`) placed rank 1
+    on n2, every tensor-parallel group across nodes. Options on srun's command line beat its
+    variables, and cluster.srun_args, after them, still wins (measured on the local Slurm 22.05)."""
+    from gptrain.launch.sbatch_env import sbatch_environment, srun_variables_note
+
+    monkeypatch.chdir(tmp_path)
+    args = ["cluster_type=slurm", "stages=[data_preparation,validation,training]"]
+    args += ["data_preparation.shards=[http://h/a.jsonl]", "cluster.srun_args=[-m,cyclic]"]
+    plan = build_plan(compose(args))
+    for script in write_run_files(plan, args):
+        [srun] = [line.split() for line in script.read_text().splitlines() if line.startswith("srun ")]
+        explicit = srun.index("--export=ALL")
+        assert srun[explicit + 1] == "--distribution=block" and srun.index("-m") > explicit + 1
+    # srun's other variables that place the ranks or set what they run with are left out of sbatch's
+    environ = {"SLURM_CPU_BIND": "none", "SLURM_MPI_TYPE": "pmix", "SLURM_WORKING_DIR": "/x", "PATH": "/bin"}
+    assert sbatch_environment(["#SBATCH --job-name=j"], environ) == {"PATH": "/bin"}
+    assert srun_variables_note(environ) == (
+        "note  srun's variables set in this shell, left out of the sbatch calls (the job's srun would read"
+        " them as its options): SLURM_CPU_BIND (--cpu-bind), SLURM_MPI_TYPE (--mpi), SLURM_WORKING_DIR"
+        " (--chdir); give such an option in cluster.srun_args"
+    )
+    assert srun_variables_note({"PATH": "/bin"}) is None
+
+
 def test_more_shards_than_the_clusters_max_array_size_share_its_array_tasks(tmp_path):
     """sbatch refuses an array task id at or above MaxArraySize (Slurm's default 1001 refused
     `--array=0-1499`): past it each task prepares every n-th shard, each shard exactly once;
@@ -631,8 +659,8 @@ def test_slurms_own_container_option_is_no_pyxis_option_and_stays(tmp_path, give
     srun = next(line for line in path.read_text().splitlines() if line.startswith("srun "))
     words = shlex.split(srun.removesuffix(" &"))
     kept = words[
-        words.index("--kill-on-bad-exit=1") + 3 : words.index("bash")
-    ]  # after --nodes, --ntasks-per-node
+        words.index("--kill-on-bad-exit=1") + 5 : words.index("bash")
+    ]  # after --nodes, --ntasks-per-node, --export, --distribution
     assert " ".join(kept).replace("=", " ") == "--container /oci/bundle -l"
 
 

@@ -18,7 +18,7 @@ from gptrain.launch.preflight import check_cluster, check_exclusive_mode, query_
 from gptrain.launch.records import append_record
 from gptrain.launch.sbatch import Job
 from gptrain.launch.sbatch_directives import DIRECTIVE_KEYS, sbatch_directives
-from gptrain.launch.sbatch_env import sbatch_environment, sbatch_variables_note
+from gptrain.launch.sbatch_env import sbatch_environment, sbatch_variables_note, srun_variables_note
 from gptrain.launch.stages import LaunchPlan
 
 
@@ -39,7 +39,7 @@ def check_sbatch_reads_exclusive(cluster: dict) -> None:
 def sbatch_variables_notes(plan: LaunchPlan) -> list[str]:
     """The note on SBATCH_* variables in this shell (sbatch() leaves out those that override a line)."""
     note = sbatch_variables_note([(job.stage, sbatch_directives(job, plan.cluster)) for job in plan.jobs])
-    return [note] if note else []
+    return [line for line in (note, srun_variables_note()) if line]
 
 
 # Slurm's reasons for refusing a job (slurm_strerror's text, which sbatch prints after "Batch job
