@@ -9,6 +9,7 @@ indices are spilled to temporary files, so memory stays flat however large the d
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
@@ -443,14 +444,19 @@ class IndexedDatasetWriter:
             os.fsync(out.fileno())
 
     def abort(self) -> None:
-        """Drop everything written so far; no output file appears."""
+        """Drop everything written so far; no output file appears. Closing a handle flushes what
+        its buffer holds, which fails again on the full disk that brought us here: that failure
+        must not keep the temporary files (as large as everything written so far) on that disk."""
         if self._done:
             return
-        for handle in (self._bin, self._lengths, self._docs, self._index_hold):
-            handle.close()
         self._done = True
-        self._remove_temps()
-        remove_if_empty(self._made_directories)
+        try:
+            for handle in (self._bin, self._lengths, self._docs, self._index_hold):
+                with contextlib.suppress(OSError):  # the file is closed even when the flush fails
+                    handle.close()
+        finally:
+            self._remove_temps()
+            remove_if_empty(self._made_directories)
 
     def _remove_temps(self) -> None:
         for temp in self._temps:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import struct
 from pathlib import Path
 
@@ -485,3 +487,32 @@ def test_float_tokens_read_as_megatron_reads_them(tmp_path, code, fmt):
     for k in range(7):
         assert samples[0][k].dtype == np.int64 and samples[0][k].tolist() == samples[1][k].tolist()
     assert summarize(str(tmp_path / "f"), document=2)["document"]["ids"][:2] == [1.0, 2.25]
+
+
+class _FullDisk(io.RawIOBase):
+    """A file on a disk that has just filled up: every write fails with ENOSPC."""
+
+    def __init__(self, raw: io.RawIOBase) -> None:
+        self._raw = raw
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def test_a_full_disk_leaves_no_temporary_behind_even_with_tokens_still_buffered(tmp_path):
+    """The write that fills the disk ends the `with` block; abort's close flushes the tokens
+    still buffered, which fails on the same full disk, and that used to escape before any temporary
+    was removed: `data prepare` and `data merge` then left one as large as all tokens so far."""
+    writer = IndexedDatasetWriter(str(tmp_path / "out"), np.uint16)
+    with pytest.raises(OSError, match="No space"), writer:
+        writer._bin = io.BufferedWriter(_FullDisk(writer._bin.detach()))
+        writer.add_document(np.arange(1000))  # 2,000 bytes: held in the 8 KiB buffer
+        writer._bin.flush()  # the disk is full
+    assert list(tmp_path.iterdir()) == []
