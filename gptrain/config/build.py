@@ -214,12 +214,33 @@ def _coerce(value: Any, kind: Any, dotted: str, source: str) -> Any:
             f"{source}: '{dotted}' is {whole}, past the 64-bit integers that numpy and torch hold "
             f"(at most {INT64_MAX:,}); give a smaller value"
         )
-    expected = " or ".join(
-        "a finite float" if o is float else getattr(o, "__name__", str(o))
-        for o in options
-        if o is not type(None)
-    )
-    raise ConfigError(f"{source}: '{dotted}' expects {expected}, got {value!r}")
+    expected = " or ".join(_expected(o) for o in options if o is not type(None))
+    raise ConfigError(f"{source}: '{dotted}' expects {expected}, got {value!r}{_bad_item(value, options)}")
+
+
+_ITEMS = {int: "whole numbers", float: "finite floats", str: "strings", bool: "true or false values"}
+_ITEM = {int: "a whole number", float: "a finite float", str: "a string", bool: "true or false"}
+
+
+def _expected(option: Any) -> str:
+    """An annotation in the words of the error (`list[float]` -> a list of finite floats)."""
+    if typing.get_origin(option) is list:
+        (item,) = typing.get_args(option)
+        return f"a list of {_ITEMS.get(item, getattr(item, '__name__', str(item)))}"
+    return "a finite float" if option is float else getattr(option, "__name__", str(option))
+
+
+def _bad_item(value: Any, options: tuple[Any, ...]) -> str:
+    """Where a list is given for a list key, the first item that does not convert (by position, from
+    1): `[0.9, abc]` for a list of floats is a list, and `'abc'` is what is wrong."""
+    lists = [o for o in options if typing.get_origin(o) is list]
+    if not lists or not isinstance(value, list | tuple):
+        return ""
+    (item,) = typing.get_args(lists[0])
+    for position, element in enumerate(value, start=1):
+        if _convert(element, item) is _NO:
+            return f": item {position}, {element!r}, is not {_ITEM.get(item, item)}"
+    return ""
 
 
 _WANTED = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}

@@ -136,6 +136,29 @@ def test_a_bad_value_inside_a_mapping_override_is_blamed_on_that_override(overri
 
 
 @pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "model.optim.betas=[0.9,abc]",
+            "'model.optim.betas' expects a list of finite floats, got [0.9, 'abc']: item 2, 'abc', is not a"
+            " finite float",
+        ),
+        ("model.optim.betas=abc", "'model.optim.betas' expects a list of finite floats, got 'abc'"),
+        (
+            "model.rampup_batch_size=[4,x,100]",
+            "'model.rampup_batch_size' expects a list of whole numbers, got [4, 'x', 100]: item 2, 'x', is not"
+            " a whole number",
+        ),
+    ],
+)
+def test_a_list_keys_bad_item_is_named(override, message):
+    """A list for a list key, one item wrong: the error said it 'expects list' of what is a list."""
+    with pytest.raises(ConfigError) as error:
+        load_training_config("gpt3/126m", [override], report_ignored=False)
+    assert str(error.value) == f"override '{override}': {message}"
+
+
+@pytest.mark.parametrize(
     ("override", "key", "problem"),
     [
         ("trainer={devices: 1}", "trainer.max_steps", "expects int, got 'abc'"),
