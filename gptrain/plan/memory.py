@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from gptrain.models.config import GPTConfig
 from gptrain.parallel.layout import WHOLE
 from gptrain.plan.activations import compile_scope, dtypes, fp8_linear, logits_bytes_per_token
-from gptrain.plan.rank_activations import activation_bytes, rebuild_bytes, runs_gpipe, waiting_losses
+from gptrain.plan.rank_activations import (
+    activation_bytes,
+    blocks_with_weight_copies,
+    rebuild_bytes,
+    runs_gpipe,
+    waiting_losses,
+)
 from gptrain.plan.sizes import rank_parameters
 from gptrain.plan.spec import Layout, Workload
 
@@ -98,14 +104,17 @@ def float8_gathered_weights(work: Workload, config: GPTConfig, layout: Layout) -
     return sum(i * o for i, o in _block_linear_shapes(config, layout.tp) if fp8_linear(work, i, o))
 
 
-def _matmul_weights(work: Workload, config: GPTConfig, layout: Layout, rank: int) -> int:
+def _matmul_weights(
+    work: Workload, config: GPTConfig, layout: Layout, rank: int, blocks: float | None = None
+) -> float:
     """Linear weights on this rank whose 16-bit copies (autocast's casts) are saved for the
     backward, eager or compiled (biases and norms are cast too but not kept; embedding lookups
-    are not cast). Float8Linear saves the fp32 parameter itself and recasts it."""
+    are not cast), with `blocks` copies of the blocks' (default: the rank's layers, once each).
+    Float8Linear saves the fp32 parameter itself and recasts it."""
     h, t = config.hidden_size, layout.tp
     shapes = _block_linear_shapes(config, t)
     block = sum(i * o for i, o in shapes if not fp8_linear(work, i, o))
-    total = layout.rank_layers(config.num_layers)[rank] * block
+    total = (layout.rank_layers(config.num_layers)[rank] if blocks is None else blocks) * block
     if rank == layout.pp - 1:
         total += config.vocab_size // t * h  # the output layer (the tied embedding, cast for the matmul)
     return total
@@ -147,7 +156,7 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
     if scope == WHOLE:  # the output layer's 16-bit weight gradient, made while that buffer lives
         logits += dtypes(work).act * c.vocab_size / layout.tp * c.hidden_size
     logits += waiting_losses(work, layout, scope)
-    transient = _transient(work, layout, c, rank, params)
+    transient = _transient(work, layout, c, rank, params, scope)
     rebuild = rebuild_bytes(work, layout, rank, scope)
     if rebuild:
         rebuild += transient - _copies_freed_before_rebuild(work, layout, c, rank)
@@ -165,7 +174,7 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
     )
 
 
-def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: int) -> float:
+def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: int, scope: str) -> float:
     """Copies that live through a forward/backward besides the persistent state."""
     act = dtypes(work).act
     # FSDP2: blocks all-gathered one ahead (2 unsharded; all under shard_grad_op), the root stays gathered;
@@ -183,7 +192,8 @@ def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: 
         if work.mixed and not work.bf16:  # fp16: autocast's 16-bit copy of every gathered
             total += 2 * _matmul_weights(work, c, layout, rank)  # weight lives until its backward
         return total
-    copies = 2 * _matmul_weights(work, c, layout, rank) if work.mixed else 0.0
+    blocks = blocks_with_weight_copies(work, layout, rank, scope)  # compiled: one per micro batch in flight
+    copies = 2 * _matmul_weights(work, c, layout, rank, blocks) if work.mixed else 0.0
     if layout.sharding == "ddp" and layout.dp > 1 and layout.tp == 1 and layout.pp == 1:
         copies += GRAD_BYTES * params  # torch DDP's gradient buckets (not views of .grad)
     return copies

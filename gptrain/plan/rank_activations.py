@@ -100,6 +100,23 @@ def checkpointed_blocks(layout: Layout, chunk: int) -> int:
     return chunk if layout.recompute_num_layers is None else min(chunk, layout.recompute_num_layers)
 
 
+def blocks_with_weight_copies(work: Workload, layout: Layout, rank: int, scope: str) -> float:
+    """Blocks whose autocast 16-bit weight copies pipeline rank `rank` holds at the start of its
+    backward. Eager: each block once, whatever the micro batches in flight (the pipeline step runs
+    in one autocast region, whose cache gives every forward the same copy). A compiled block casts
+    its weights inside its graph on every forward, which saves that copy for its backward: one
+    per micro batch in flight (2 ranks, 1F1B over 2 to 4 micro batches: rank 0 held 2 copies of
+    each block weight, the last rank 1; tests/plan/test_plan_pipeline_copies.py). Counted for
+    blocks without recompute; a checkpointed block (and a selective one, not measured) once."""
+    chunks = rank_chunks(layout, work.model.num_layers, rank)
+    if scope == EAGER or layout.pp == 1 or layout.recompute == "selective":
+        return float(sum(chunks))
+    wrapped = [checkpointed_blocks(layout, chunk) for chunk in chunks]
+    plain = [float(chunk - n) for chunk, n in zip(chunks, wrapped, strict=True)]
+    held = held_chunks(layout, layout.microbatches(work.global_batch_size), rank, plain)
+    return sum(wrapped) + _held_cost(held, plain)
+
+
 def activation_bytes(work: Workload, layout: Layout, rank: int, scope: str | None = None) -> dict[str, float]:
     """Activations saved on pipeline rank `rank` at the start of its backward, by part."""
     c = work.padded(layout.tp)
