@@ -11,6 +11,7 @@ from gptrain.plan.activations import (
     head_bytes_per_token,
     layer_bytes_per_token,
     loss_saved_bytes_per_token,
+    norm_bytes,
     norm_input_bytes,
     residual_bytes,
 )
@@ -190,6 +191,16 @@ def rebuild_bytes(work: Workload, layout: Layout, rank: int, scope: str | None =
     # a gated MLP's silu(gate) * up then gives the gradients of both its inputs while that one is
     # alive, once the cast and the projection's saved input are freed
     gradients = block_input + down_input + (max(cast, down_input) if c.gated_mlp else cast)
+    # before that backward, the rebuild's forward reaches the MLP's activation holding every saved
+    # tensor of the block, the residual gradient and its cast, and what the eager block's frame
+    # holds besides: the second norm's output, handed to the MLP, where its linears save only casts
+    # of it, and the stream after attention, kept for the last residual sum, where that norm saves
+    # a cast of it; more than the down projection's gradients where the MLP is narrow (f < 2h)
+    per_value = (norm_bytes(work, layout) if work.mixed and norm_bytes(work, layout) == 4 else 0) + (
+        0 if norm_input_bytes(work, layout, c) == stream else stream
+    )
+    if scope == EAGER and per_value:
+        gradients = max(gradients, block_input + cast + per_value * c.hidden_size / seq_shard * tokens)
     head_of_one = head_bytes_per_token(work, layout, c, scope) * tokens if "head" in parts else 0.0
     stored = sum(parts.values()) - head_of_one - freed
     if rank == layout.pp - 1:
