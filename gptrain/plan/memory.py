@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from gptrain.models.config import GPTConfig
 from gptrain.parallel.layout import WHOLE
-from gptrain.plan.activations import compile_scope, dtypes, fp8_linear, logits_bytes_per_token
+from gptrain.plan.activations import EAGER, compile_scope, dtypes, fp8_linear, logits_bytes_per_token
 from gptrain.plan.rank_activations import (
     activation_bytes,
     blocks_with_weight_copies,
@@ -159,7 +159,7 @@ def estimate_rank(work: Workload, layout: Layout, rank: int, scope: str | None =
     transient = _transient(work, layout, c, rank, params, scope)
     rebuild = rebuild_bytes(work, layout, rank, scope)
     if rebuild:
-        rebuild += transient - _copies_freed_before_rebuild(work, layout, c, rank)
+        rebuild += transient - _copies_freed_before_rebuild(work, layout, c, rank, scope)
     return MemoryEstimate(
         weights=WEIGHT_BYTES * params / shard,
         gradients=GRAD_BYTES * params / (1 if unsharded_gradients(layout) else shard),
@@ -199,12 +199,17 @@ def _transient(work: Workload, layout: Layout, c: GPTConfig, rank: int, params: 
     return copies
 
 
-def _copies_freed_before_rebuild(work: Workload, layout: Layout, c: GPTConfig, rank: int) -> float:
+def _copies_freed_before_rebuild(
+    work: Workload, layout: Layout, c: GPTConfig, rank: int, scope: str
+) -> float:
     """Autocast's 16-bit weight copies (in `_transient`) that are not live while a checkpointed
     block is rebuilt: autocast's cache holds every copy until the forward's autocast region ends,
     but a checkpointed block saves none of its own, and the output layer's is freed with the head;
-    the rebuilt block casts its weights again."""
+    the rebuilt block casts its weights again. A pipeline step is one autocast region, forwards
+    and backwards (gptrain.parallel.runtime): there an eager stage's cache keeps every copy."""
     if not work.mixed or (_sharded(layout) and work.bf16):  # no copies; FSDP bf16 gathers in bf16 already
+        return 0.0
+    if layout.pp > 1 and scope == EAGER:
         return 0.0
     per_block = sum(i * o for i, o in _block_linear_shapes(c, layout.tp) if not fp8_linear(work, i, o))
     return 2.0 * (_matmul_weights(work, c, layout, rank) - per_block)
