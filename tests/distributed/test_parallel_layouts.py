@@ -3,9 +3,10 @@
 The reference runs in this process; the layouts run as real processes, all layouts of
 one world size in one launch (start-up dominates on CPU), which other modules' runs
 join (parallel_harness.share_launch). A tiny GPT (4 layers, hidden
-32, tied embeddings, learned positions, a masked prefix in every sample) trains 10
-AdamW steps with gradient clipping at 0.5 (active: the norms are above 1), so a wrong
-gradient, grad norm, loss normalisation or data slice shows up in the losses.
+32, tied embeddings, learned positions, a masked prefix of 2 to 12 positions by sample, so
+micro-batches and ranks hold different numbers of loss tokens) trains 10 AdamW steps with
+gradient clipping at 0.5 (active: the norms are above 1), so a wrong gradient, grad norm,
+loss normalisation, loss-token count or data slice shows up in the losses.
 Checkpoints saved under one layout are resumed under others, without conversion, and
 the continued losses must match the uninterrupted reference.
 
@@ -29,7 +30,8 @@ STEPS, SAVE_AT = 10, 5
 # The runs are float64 (parallel_worker), where a layout only reorders sums: unit roundoff 1.1e-16,
 # amplified over 10 Adam steps by the ~2^10 seen in float32 runs (up to 8e-5 at 6e-8 roundoff on
 # a 16-core machine), stays below 2e-13. 1e-9 keeps four orders of margin either way: a wrong
-# slice, normalisation or gradient moves these losses by more than 1e-4.
+# slice, normalisation or gradient moves these losses by more than 1e-4 (a rank's own token count
+# x DP for the all-reduced one: 0.24 in ddp_dp2's losses, 0.32 in its evaluation loss).
 RTOL = 1e-9
 
 pytestmark = pytest.mark.distributed
