@@ -1,4 +1,9 @@
-"""The default data-parallel seams: 2 gloo processes train like one process on the same global batch."""
+"""The default data-parallel seams: 2 gloo processes train like one process on the same global batch.
+
+The mock data is NullTokenizer's 20 ids with eod_mask_loss (id 19, the end of document, is about
+one token in 20): the ranks' and micro-batches' loss-token counts differ, so a token count that is
+not the all-reduced one (a rank's own count x DP) moves the losses; with all-ones masks it did not.
+"""
 
 import json
 import re
@@ -8,6 +13,7 @@ import pytest
 from gloo_ranks import free_port, run_ranks
 from train_e2e_helpers import MOCK, TINY, tiny_config
 
+from gptrain.train import step_loop
 from gptrain.train.loop import train
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -17,6 +23,16 @@ NO_DROPOUT = [
     "trainer.max_steps=3",
     "model.global_batch_size=8",
 ]
+UNEVEN_TOKENS = [
+    *MOCK,
+    "model.data.mock_vocab_size=null",
+    "model.tokenizer.type=NullTokenizer",
+    "model.tokenizer.vocab_size=20",
+    "model.tokenizer.vocab_file=null",
+    "model.tokenizer.merge_file=null",
+    "model.data.eod_mask_loss=true",
+]
+FULL_STEP_TOKENS = 8 * 16  # global batch x sequence length
 
 
 def losses(log_dir):
@@ -40,10 +56,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The one-process run ("one") and each sharding's two-process run, these in one launch of two
     ranks (one start-up): the comparisons below share them."""
     root = tmp_path_factory.mktemp("ddp")
-    assert train(tiny_config(root / "one", *MOCK, *NO_DROPOUT, "trainer.devices=1")) == 0
+    tokens = []
+    real_record = step_loop.record
+
+    def record(session, result, *args):
+        real_record(session, result, *args)
+        tokens.append(result.tokens)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step_loop, "record", record)
+        assert train(tiny_config(root / "one", *UNEVEN_TOKENS, *NO_DROPOUT, "trainer.devices=1")) == 0
+    # the end-of-document masks are really there, and differ from step to step
+    assert len(tokens) == 3 and max(tokens) < FULL_STEP_TOKENS and len(set(tokens)) > 1, tokens
     two_process = []
     for name, (sharding, _) in SHARDINGS.items():
-        argv = ["train", "gpt3/126m", *TINY, *MOCK, *NO_DROPOUT, *sharding, "trainer.devices=2"]
+        argv = ["train", "gpt3/126m", *TINY, *UNEVEN_TOKENS, *NO_DROPOUT, *sharding, "trainer.devices=2"]
         two_process.append(
             {"port": free_port(), "argv": [*argv, f"exp_manager.explicit_log_dir={root / name}"]}
         )
