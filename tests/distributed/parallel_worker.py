@@ -31,7 +31,7 @@ from gptrain.errors import ConfigError
 from gptrain.models.config import GPTConfig
 from gptrain.models.gpt import GPT
 from gptrain.parallel.float8 import is_float8_gathered, refresh_scales_after_step
-from gptrain.parallel.grad_norm import clip_grads
+from gptrain.parallel.grad_norm import clip_grads, scale_grads
 from gptrain.parallel.mesh import init_distributed, shutdown, world_from_env
 from gptrain.parallel.parallelize import parallelize
 from gptrain.parallel.rng import model_parallel_ranks
@@ -171,6 +171,7 @@ def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
     if spec.get("load"):
         load_checkpoint(model, optimizer, spec["load"])
     losses, norms = [], []
+    scale = spec.get("loss_scale", 1.0)  # fp16's: train_step divides it out of the gradients
     for step in range(first, spec["steps"]):
         micro = local_microbatches(
             global_batch(step, cfg.model.global_batch_size),
@@ -178,8 +179,10 @@ def _train(spec: dict[str, Any]) -> dict[str, list[float]]:
             ctx.dp_rank,
             ctx.dims.dp,
         )
-        loss, _ = forward_backward(model, micro, scale=1.0, precision=cfg.trainer.precision)
+        loss, _ = forward_backward(model, micro, scale=scale, precision=cfg.trainer.precision)
         params = [p for p in model.parameters() if p.grad is not None]
+        if scale != 1.0:
+            scale_grads([p.grad for p in params], 1.0 / scale)
         norm = model.grad_norm([p.grad for p in params])
         clip_grads(params, 0.5, norm)
         optimizer.step()

@@ -81,6 +81,14 @@ DROPOUT_PROBES: dict[str, dict[str, Any]] = {
     # no attention dropout: each stage's first draw is then a hidden-dropout mask of the same shape
     "pp2_dropout": {**DROPOUT, "attention_dropout": 0.0, "model": PP2},
 }
+# fp16's static loss scale (a power of two: exact in float64), divided out of the gradients before
+# the norm as train_step does: the local path (DDP, FSDP's sharded gradients), the pipeline's loss
+# weight and TP + SP's Partial norm gradients each carry it. The reference is unscaled.
+LOSS_SCALE, SCALED_STEPS = 65536.0, 3
+LOSS_SCALED = {
+    f"{name}_loss_scale": {"steps": SCALED_STEPS, "loss_scale": LOSS_SCALE, "model": TWO_PROCESSES[name]}
+    for name in ("ddp_dp2", "fsdp_dp2", "tp2_sp", "pp2_interleaved")
+}
 # One forward/backward under TP2 with and without SP, counting the reductions of whole activations.
 COLLECTIVES = {"probe": "collectives"}
 COLLECTIVE_PROBES: dict[str, dict[str, Any]] = {
@@ -218,12 +226,14 @@ def two_process_runs(ckpt: Path) -> list[tuple[str, dict[str, Any]]]:
         *(fp8_fsdp_spec(name, ckpt) for name in FP8_FSDP_RUNS),
         *PIPELINE_BATCHES.values(),
         fp8_spec(FP8_SP_REFUSED) | {"expect_refusal": True},
+        *LOSS_SCALED.values(),
     ]
     names = [*TWO_PROCESSES, *DROPOUT_PROBES, *COLLECTIVE_PROBES, *PIPELINE_COLLECTIVES, *FSDP_COLLECTIVES]
     names += list(FP8_RUNS)
     names += list(FP8_FSDP_RUNS)
     names += list(PIPELINE_BATCHES)
     names.append("tp2_sp_fp8_tensorwise_refused")
+    names += list(LOSS_SCALED)
     return list(zip(names, runs, strict=True))
 
 
@@ -322,6 +332,17 @@ def test_resume_under_another_layout(
     assert_close(
         result["eval_loss"], reference["eval_loss"], f"{source} checkpoint resumed as {name}, evaluation"
     )
+
+
+@pytest.mark.parametrize("name", list(LOSS_SCALED))
+def test_an_fp16_loss_scale_divides_out_under_every_layout(
+    name: str, reference: dict, two_process_results: dict
+) -> None:
+    """The scaled losses and unscaled gradients are the unscaled single process's: a scale left in
+    the gradients, or in the pipeline's returned loss, moves them by orders of magnitude."""
+    result = two_process_results[name]
+    assert_close(result["losses"], reference["losses"][:SCALED_STEPS], f"{name} loss")
+    assert_close(result["grad_norms"], reference["grad_norms"][:SCALED_STEPS], f"{name} grad norm")
 
 
 def probe_ranks(results: dict, name: str) -> list[dict]:
