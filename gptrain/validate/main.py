@@ -303,7 +303,8 @@ def conclude(ctx: Context, args: argparse.Namespace, out: Outcome) -> int:
             print(no_node_to_blame(args.check))
         print("validation passed" if code == 0 else "validation FAILED", flush=True)
         raw = report.exclude_line(out.bad_nodes, quoted=False) if out.bad_nodes else None
-        summary = {"passed": code == 0, "failures": out.failures, "exclude": raw, **out.summary}
+        summary = {"passed": code == 0, "state": "done", "failures": out.failures, "exclude": raw}
+        summary.update(out.summary)
         summary.update({"world_size": ctx.size, "nodes": sorted(set(ctx.nodes)), "check": args.check})
         report.write_json(Path(args.output_dir) / "validation.json", summary)
     import torch.distributed as dist
@@ -330,7 +331,7 @@ def add_to_exclude_file(path: Path, nodes: set[str]) -> None:
 
 def check_paths_early(args: argparse.Namespace) -> None:
     """--output-dir and --exclude-file, before any process group: found after the sweep, a bad one
-    would cost its results (validation.json is written last) or blame nodes to nobody."""
+    would cost its results (validation.json's verdict is written last) or blame nodes to nobody."""
     why = directory_blocker(args.output_dir, must_write=True)
     if why:
         raise ConfigError(
@@ -378,6 +379,8 @@ def validate(args: argparse.Namespace) -> int:
     try:
         if ctx.rank == 0:
             Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            run = {"world_size": ctx.size, "nodes": sorted(set(ctx.nodes)), "check": args.check}
+            report.open_verdict(Path(args.output_dir), run)
         out = Outcome()
         checks = list(CHECKS) if args.check == "all" else [args.check]
         for stage in checks:
@@ -385,14 +388,19 @@ def validate(args: argparse.Namespace) -> int:
         stage = "the verdict"
         code = conclude(ctx, args, out)
         together = True
-    except GptrainError:
+    except GptrainError as error:
         together = True  # every rank refuses alike (sizes no memory holds) and they leave together
+        if ctx.rank == 0:
+            report.stopped_verdict(Path(args.output_dir), (str(error).splitlines() or [""])[0])
         raise
     except Exception as error:
         if os.environ.get("GPTRAIN_DEBUG"):
             raise
         hint, listed = hung_peers(ctx, error, args.timeout, args.exclude_file)
-        error_line(rank_failure(ctx, stage, error, hint))
+        line = rank_failure(ctx, stage, error, hint)
+        error_line(line)
+        if ctx.rank == 0:
+            report.stopped_verdict(Path(args.output_dir), line)
         if listed:
             from gptrain.validate.runtime import hang_reported
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shlex
 from collections.abc import Iterable
@@ -53,6 +54,32 @@ def table(rows: Iterable[dict[str, Any]]) -> str:
 
 def write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+REPORTS = ("validation.json", "collectives.json", "collectives.png", "pairwise.json", "gpus.json")
+
+
+def open_verdict(directory: Path, run: dict[str, Any]) -> None:
+    """Before the first check: the last run's reports go to previous/ (its "passed": true must not
+    outlive a run that stops or hangs), and validation.json says this one is running."""
+    kept = directory / "previous"
+    for name in REPORTS:
+        if (directory / name).exists():
+            kept.mkdir(exist_ok=True)
+            os.replace(directory / name, kept / name)
+        elif (kept / name).exists():
+            (kept / name).unlink()  # previous/ holds one run's reports, not a mix of runs
+    write_json(directory / "validation.json", {"passed": False, "state": "running", **run})
+
+
+def stopped_verdict(directory: Path, error: str) -> None:
+    """Rank 0 stopped on an error: validation.json says so, with the error line."""
+    path = directory / "validation.json"
+    try:
+        summary = json.loads(path.read_text())
+        write_json(path, {**summary, "passed": False, "state": "stopped", "error": error})
+    except (OSError, ValueError):  # the error line on stderr is what counts
+        pass
 
 
 def plot_busbw(path: Path, rows: list[dict[str, Any]]) -> None:
