@@ -263,6 +263,27 @@ def unread_note(record: dict[str, Any]) -> str:
     return f" (NVML health not checked: {error})" if error else ""
 
 
+def gpu_label(record: dict[str, Any]) -> str:
+    """The GPU as nvidia-smi and the Xid lines name it (NVML index, PCI address), then CUDA's index:
+    under one GPU per task every rank's GPU is cuda:0."""
+    info = record.get("nvml") or {}
+    cuda = f"cuda:{record['cuda_index']}"
+    if info.get("index") is None and not info.get("pci_bus_id"):
+        return cuda
+    index = "?" if info.get("index") is None else info["index"]
+    pci = f" PCI {nvml.pci_key(info['pci_bus_id'])}" if info.get("pci_bus_id") else ""
+    return f"GPU {index}{pci} ({cuda})"
+
+
+def gpu_line(r: dict[str, Any]) -> str:
+    """One judged GPU's line: who, which GPU, its rates and its flags (or ok)."""
+    return (
+        f"gpus: rank {r['rank']} {r['node']} {gpu_label(r)} {r['name']}: "
+        f"{r['matmul_bf16_tflops']:.0f} TFLOP/s bf16, {r['copy_GBps']:.0f} GB/s copy:"
+        f" {'; '.join(r['flags']) or 'ok'}{unread_note(r)}"
+    )
+
+
 def judge(records: list[dict[str, Any]], limits: Thresholds) -> list[dict[str, Any]]:
     """Add each GPU's `flags`: NVML problems, DCGM failures, rates below the median or the profile."""
     medians = {key: statistics.median(r[key] for r in records) for key in ("matmul_bf16_tflops", "copy_GBps")}

@@ -219,7 +219,7 @@ def pair_summary(level: str, results: list[Any], verdict: Any) -> str:
 def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: Outcome) -> None:
     from gptrain.validate.dcgm_gpus import dcgm_skipped_lines
     from gptrain.validate.fabric import fabric_down
-    from gptrain.validate.gpus import dcgm_warning_lines, gpus_expected, judge, run_gpus, unread_note
+    from gptrain.validate.gpus import dcgm_warning_lines, gpu_label, gpu_line, gpus_expected, judge, run_gpus
     from gptrain.validate.xid_findings import report_xids
 
     records = run_gpus(ctx, args.iters, args.warmup, args.dcgm_level, args.xid_since)
@@ -232,14 +232,9 @@ def check_gpus(ctx: Context, args: argparse.Namespace, limits: Thresholds, out: 
     path = Path(args.output_dir) / "gpus.json"
     records = judge(records, limits)
     for r in records:
-        state = "; ".join(r["flags"]) or "ok"
-        print(
-            f"gpus: rank {r['rank']} {r['node']} cuda:{r['cuda_index']} {r['name']}: "
-            f"{r['matmul_bf16_tflops']:.0f} TFLOP/s bf16, {r['copy_GBps']:.0f} GB/s copy: {state}"
-            f"{unread_note(r)}"
-        )
+        print(gpu_line(r))
         for flag in r["flags"]:
-            out.failures.append(f"gpus: rank {r['rank']} on {r['node']}: {flag}")
+            out.failures.append(f"gpus: rank {r['rank']} on {r['node']} {gpu_label(r)}: {flag}")
             out.bad_nodes.add(r["node"])
     for line in dcgm_warning_lines(records) + dcgm_skipped_lines(records):
         print(line)

@@ -221,6 +221,7 @@ def gpu_health(nv: Any, h: Any) -> dict[str, Any]:
         "name": f("name", lambda: _text(nv.nvmlDeviceGetName(h))),
         "uuid": f("uuid", lambda: _text(nv.nvmlDeviceGetUUID(h))),
         "pci_bus_id": f("pci_bus_id", lambda: _text(nv.nvmlDeviceGetPciInfo(h).busId)),
+        "index": f("index", lambda: int(nv.nvmlDeviceGetIndex(h))),  # nvidia-smi's, as Xid lines name it
         "temperature_C": f("temperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
         "slowdown_temperature_C": f(
             "slowdown_temperature",

@@ -30,6 +30,7 @@ def fake_nvml(**overrides):
     nv.nvmlDeviceGetName = lambda h: b"NVIDIA H100 80GB HBM3"
     nv.nvmlDeviceGetUUID = lambda h: "GPU-1234"
     nv.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=b"00000000:18:00.0")
+    nv.nvmlDeviceGetIndex = lambda h: 3
     nv.nvmlDeviceGetTemperature = lambda h, kind: 40
     nv.nvmlDeviceGetTemperatureThreshold = lambda h, kind: 87
     nv.nvmlDeviceGetClockInfo = lambda h, kind: 1980

@@ -805,3 +805,28 @@ def test_the_xid_report_needs_no_torch_and_validate_modules_stay_near_500_lines(
     package = Path(validate_main.__file__).parent
     lengths = {p.name: len(p.read_text().splitlines()) for p in package.glob("*.py")}
     assert max(lengths.values()) <= 500, lengths
+
+
+def test_a_flagged_gpu_is_named_by_its_nvml_index_and_pci_address_as_its_xids_are(
+    monkeypatch, tmp_path, capsys
+):
+    """Under one GPU per task every rank's GPU is cuda:0: a flagged GPU was named `rank 5 on gpu01`
+    and `cuda:0` only, while its Xid lines and nvidia-smi -r -i need NVML's index or PCI address.
+    A GPU whose NVML record was not read keeps its CUDA index alone."""
+    records = [gpu_record(rank, "gpu01") for rank in range(2)]
+    for rank, record in enumerate(records):
+        record["cuda_index"] = 0
+        record["nvml"] = {"index": 4 + rank, "pci_bus_id": f"00000000:{0x66 + 2 * rank:02X}:00.0"}
+    records[1]["problems"] = ["3 uncorrected ECC errors since the NVIDIA driver last loaded"]
+    records.append(dict(gpu_record(2, "gpu02"), cuda_index=0))  # NVML unread: {}
+    out, code = run_check_gpus(monkeypatch, tmp_path, records)
+    printed = capsys.readouterr().out.splitlines()
+    assert code == 1 and out.failures == [
+        "gpus: rank 1 on gpu01 GPU 5 PCI 0000:68:00 (cuda:0): 3 uncorrected ECC errors since the NVIDIA driver"
+        " last loaded"
+    ]
+    assert [line.split(" NVIDIA H100")[0] for line in printed[:3]] == [
+        "gpus: rank 0 gpu01 GPU 4 PCI 0000:66:00 (cuda:0)",
+        "gpus: rank 1 gpu01 GPU 5 PCI 0000:68:00 (cuda:0)",
+        "gpus: rank 2 gpu02 cuda:0",
+    ]
