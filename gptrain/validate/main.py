@@ -451,8 +451,8 @@ def hung_peers(
     )  # its cutter fixes it in grace
     if found is None:
         return "", False
-    if not found[0]:  # every rank timed out: none to name
-        return "", True
+    if not found[0]:  # every rank timed out (said once, by the rank that fixed the list), or a crash
+        return (EVERY_RANK_TIMED_OUT if timed_out and found[1] else ""), True
     missing, writer = found
     shown = ", ".join(f"rank {r} on {ctx.nodes[r]}" for r in missing[:8])
     more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
@@ -471,13 +471,25 @@ def hung_peers(
     ), True
 
 
+EVERY_RANK_TIMED_OUT = (
+    "; every rank timed out together: the fabric or the collective hung, no rank to blame"
+    " (`gptrain validate pairwise` finds a slow node or link)"
+)
+
+
 def rank_failure(ctx: Context, stage: str, error: Exception, hint: str = "") -> str:
     """One line for a rank that stopped alone (a GPU fallen off the bus, a disk full): who, where,
     why, and what to do; the launcher then ends the ranks waiting for it. `hint`: the ranks a
-    timed-out collective waited for."""
+    timed-out collective waited for. A peer gone (gloo's or NCCL's wording) or a timeout is not
+    blamed on this rank's node."""
+    from gptrain.validate.runtime import is_peer_gone, is_timeout
+
     where = f"rank {ctx.rank} on {ctx.node}" + (f" (cuda:{ctx.device.index})" if ctx.is_gpu else "")
     reason = (str(error).strip().splitlines() or [""])[0]
-    if not hint and any(word in reason for word in ("CUDA", "NCCL", "cuda", "GPU")):
+    own = any(word in reason for word in ("CUDA", "NCCL", "cuda", "GPU")) and not is_timeout(error)
+    if not hint and is_peer_gone(error):  # the peer's own line says why; not this node's fault
+        hint = "; a peer rank stopped or the network to it failed: see the other ranks' lines"
+    elif not hint and own:  # a timeout is no node's own: hung_peers named the ranks waited for
         hint = (
             f"; a GPU or network error there is the node's: leave it out ({report.exclude_line([ctx.node])})"
         )

@@ -202,14 +202,22 @@ def is_timeout(error: BaseException) -> bool:
     return "timed out" in text or "timeout" in text
 
 
+PEER_GONE = (
+    "connection closed by peer",  # gloo's
+    "connection reset by peer",
+    "broken pipe",
+    "remote process exited",  # NCCL's ncclRemoteError: "remote process exited or there was a network error"
+    "ncclremoteerror",
+    "closed by remote peer",  # NCCL's sockets: "Net : Connection closed by remote peer <host>"
+)
+
+
 def is_peer_gone(error: BaseException) -> bool:
-    """A collective ended by a peer that closed its connection (gloo: "Connection closed by peer"),
-    as the first rank to time out waiting for a hung one does: its neighbours see this, not their
-    own timeout."""
+    """A collective ended by a peer that closed its connection (gloo: "Connection closed by peer";
+    NCCL: ncclRemoteError), as the first rank to time out waiting for a hung one does: its
+    neighbours see this, not their own timeout."""
     text = str(error).lower()
-    return any(
-        words in text for words in ("connection closed by peer", "connection reset by peer", "broken pipe")
-    )
+    return any(words in text for words in PEER_GONE)
 
 
 def _heard(text: bytes | str) -> set[int]:

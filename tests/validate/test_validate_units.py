@@ -546,6 +546,7 @@ def test_the_hang_and_rank_failure_lines_quote_their_exclude(monkeypatch):
     ctx = SimpleNamespace(rank=0, size=3, nodes=["n0", "n1", "n2"])
     line, _ = validate_main.hung_peers(ctx, RuntimeError("timed out"), 5.0)
     assert "(--exclude='n[1-2]')" in line, line
+    monkeypatch.undo()  # a CUDA error, not a timeout
     ctx = SimpleNamespace(rank=0, node="gpu[7]", is_gpu=False)
     failed = validate_main.rank_failure(ctx, "collectives", RuntimeError("CUDA error: unknown"))
     assert "(--exclude='gpu[7]')" in failed, failed
@@ -776,3 +777,65 @@ def test_node_pairs_of_a_small_pair_bytes_are_not_held_to_the_large_message_thre
         "pairwise: node pairs not held to the busbw threshold: 64 MiB is below the 1 GiB the profile's threshold"
         " is set for (large_message_bytes); raise --pair-bytes, or give --min-busbw-GBps"
     ) in capsys.readouterr().out.splitlines()
+
+
+# torch's DistBackendError texts: NCCL's ncclGetErrorString for ncclRemoteError, torch's line after it,
+# NCCL's socket wording, and ProcessGroupNCCL's watchdog timeout (TORCH_NCCL_BLOCKING_WAIT=1)
+NCCL_REMOTE = (
+    "NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, remote process exited or there"
+    " was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a network"
+    " error or a remote process exiting prematurely.\nLast error:\nNET/IB : Got completion from peer"
+    " 10.5.0.34<33956> with error 5, opcode 0, len 1, vendor err 244"
+)
+NCCL_CLOSED = (
+    "NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, internal error, NCCL version"
+    " 2.20.5\nncclInternalError: Internal check failed.\nLast error:\nNet : Connection closed by remote peer"
+    " gpu03<50260>"
+)
+NCCL_WATCHDOG = (
+    "[Rank 9] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE,"
+    " NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600088 milliseconds before timing out."
+)
+
+
+@pytest.mark.parametrize("text", [NCCL_REMOTE, NCCL_CLOSED])
+def test_a_peer_gone_under_nccl_is_not_blamed_on_this_node(text):
+    """is_peer_gone knew gloo's wording only: a rank whose NCCL peer exited (ncclRemoteError, or
+    NCCL's "Connection closed by remote peer") got "a GPU or network error there is the node's:
+    leave it out (--exclude=<its own node>)" for the peer's failure."""
+    from types import SimpleNamespace
+
+    from torch.distributed import DistBackendError
+
+    from gptrain.validate import main as validate_main
+    from gptrain.validate import runtime
+
+    error = DistBackendError(text)
+    assert runtime.is_peer_gone(error) and not runtime.is_timeout(error)
+    ctx = SimpleNamespace(rank=3, node="gpu02", is_gpu=False)
+    line = validate_main.rank_failure(ctx, "collectives", error)
+    assert "--exclude" not in line and "a peer" in line, line
+    assert "--exclude=gpu02" in validate_main.rank_failure(ctx, "gpus", RuntimeError("CUDA error: unknown"))
+
+
+def test_every_rank_timing_out_together_is_said_once_and_blames_no_node(monkeypatch):
+    """With every rank timed out (a hung fabric under TORCH_NCCL_BLOCKING_WAIT=1) no rank is named,
+    and each rank's line told it to leave out its own node (WorkNCCL in the text): every node. The
+    rank that fixed the list says that every rank timed out, once; no line has an --exclude=."""
+    from types import SimpleNamespace
+
+    from torch.distributed import DistBackendError
+
+    from gptrain.validate import main as validate_main
+    from gptrain.validate import runtime
+
+    error = DistBackendError(NCCL_WATCHDOG)
+    lines = []
+    for rank, writer in enumerate([False, True, False]):
+        monkeypatch.setattr(runtime, "unanswered_ranks", lambda ctx, wait, cut_off_s=None, w=writer: ([], w))
+        ctx = SimpleNamespace(rank=rank, size=3, node=f"n{rank}", nodes=["n0", "n1", "n2"], is_gpu=False)
+        hint, listed = validate_main.hung_peers(ctx, error, 600.0)
+        assert listed
+        lines.append(validate_main.rank_failure(ctx, "collectives", error, hint))
+    assert not any("--exclude" in line for line in lines), lines
+    assert ["every rank timed out" in line for line in lines] == [False, True, False], lines
