@@ -140,7 +140,8 @@ class Verdict:
 def find_slow(
     level: str, results: list[PairResult], slow_pct: float, min_busbw: float | None = None
 ) -> Verdict:
-    """Score each member by its best pair; flag those far below the median or all below min.
+    """Score each member by its best pair; flag those far below the median (of three or more
+    members from three or more distinct pairs) or all below min.
 
     When three or more members are all below `min_busbw`, the fabric is slow (EFA or InfiniBand not
     in use, a wrong NCCL transport), not a node: the verdict says so and flags only the members far
@@ -151,10 +152,13 @@ def find_slow(
         for member in (pair.a, pair.b):
             scores[member] = max(scores.get(member, 0.0), pair.busbw_GBps)
     median = statistics.median(scores.values()) if scores else 0.0
+    # members are not measurements: two nodes of two ranks give four scores from two pairs, and
+    # the median of two pairs cannot tell which is slow (as two members alone cannot)
+    judged = len(scores) > 2 and len({frozenset((pair.a, pair.b)) for pair in results}) > 2
     slow = {
         member: f"best pair {score:.3g} GB/s is {100 * (1 - score / median):.0f}% below the median {median:.3g} GB/s"
         for member, score in scores.items()
-        if len(scores) > 2 and score < median * (1 - slow_pct / 100)
+        if judged and score < median * (1 - slow_pct / 100)
     }
     if min_busbw is None:
         return Verdict(level, scores, median, slow)

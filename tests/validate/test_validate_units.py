@@ -862,3 +862,15 @@ def test_a_time_is_the_mean_over_the_ranks_of_its_group(monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2 if group is pair else 8)
     ctx = SimpleNamespace(device=torch.device("cpu"))
     assert runtime.mean_over_ranks(1.0, ctx, pair) == 2.0
+
+
+def test_two_pairs_are_not_judged_against_their_own_median():
+    """Two nodes of two ranks give one rank pair each: four scores from two measurements, the
+    median their mean, and the slower pair's node was failed and excluded whenever it was 18%
+    below the other, with no threshold behind it (review V F4). The median needs three pairs;
+    with three or more, one pair far below the rest still flags its ranks."""
+    results = [pair("0", "1", 0.0162), pair("2", "3", 0.0311)]
+    verdict = find_slow("rank", results, slow_pct=10)
+    assert verdict.flagged == {} and verdict.scores == {"0": 0.0162, "1": 0.0162, "2": 0.0311, "3": 0.0311}
+    results.append(pair("4", "5", 0.0305))
+    assert sorted(find_slow("rank", results, slow_pct=10).flagged) == ["0", "1"]
