@@ -359,8 +359,11 @@ def validate(args: argparse.Namespace) -> int:
     limits = load_thresholds(args.profile, args.min_busbw_GBps)  # bad profile: one line, before torch starts
     check_sizes_early(args)
     check_paths_early(args)
-    from gptrain.validate.runtime import finish, start
+    from gptrain.validate.runtime import finish, start, start_failure
 
+    first = (os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0") == "0"  # rank 0 to be
+    if first:  # before the group forms: a run whose group never forms must not leave the last "passed"
+        report.open_verdict(Path(args.output_dir), {"check": args.check})
     try:
         ctx = start(args.timeout)
     except GptrainError:
@@ -368,14 +371,12 @@ def validate(args: argparse.Namespace) -> int:
     except Exception as error:
         if os.environ.get("GPTRAIN_DEBUG"):
             raise
-        error_line(start_failure(error, args.timeout))
+        error_line(line := start_failure(error, args.timeout))
+        if first:
+            report.stopped_verdict(Path(args.output_dir), line)
         return 1
     stage, together = "setup", False
     try:
-        if ctx.rank == 0:
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-            run = {"world_size": ctx.size, "nodes": sorted(set(ctx.nodes)), "check": args.check}
-            report.open_verdict(Path(args.output_dir), run)
         out = Outcome()
         checks = list(CHECKS) if args.check == "all" else [args.check]
         for stage in checks:
@@ -413,24 +414,6 @@ def error_line(line: str) -> None:
     PYTHONUNBUFFERED=1) let another rank's line in before the newline."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
-
-
-def start_failure(error: Exception, timeout_s: float) -> str:
-    """One line for a process group that did not form (a rank that never started: its node down
-    or unable to reach the rendezvous), where torch gave a traceback ending in 'Timed out after
-    6 seconds waiting for clients. 2/3 clients joined.'"""
-    from gptrain.validate.runtime import node_name
-
-    world = os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or "?"
-    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
-    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    reason = (str(error).strip().splitlines() or [""])[0].rstrip(".")
-    return (
-        f"gptrain: error: validate: rank {rank} on {node_name()} could not start the process group of"
-        f" {world} ranks at {address} within --timeout {timeout_s:g} s: {type(error).__name__}: {reason};"
-        " a rank that never started (its node down) or cannot reach that address keeps every rank"
-        " waiting: see which task failed in srun's or torchrun's output"
-    )
 
 
 def hung_peers(

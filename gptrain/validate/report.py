@@ -62,6 +62,7 @@ REPORTS = ("validation.json", "collectives.json", "collectives.png", "pairwise.j
 def open_verdict(directory: Path, run: dict[str, Any]) -> None:
     """Before the first check: the last run's reports go to previous/ (its "passed": true must not
     outlive a run that stops or hangs), and validation.json says this one is running."""
+    directory.mkdir(parents=True, exist_ok=True)
     kept = directory / "previous"
     for name in REPORTS:
         if (directory / name).exists():

@@ -75,6 +75,22 @@ def node_name(env: dict[str, str] | os._Environ = os.environ) -> str:
     return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
+def start_failure(error: Exception, timeout_s: float) -> str:
+    """One line for a process group that did not form (a rank that never started: its node down
+    or unable to reach the rendezvous), where torch gave a traceback ending in 'Timed out after
+    6 seconds waiting for clients. 2/3 clients joined.'"""
+    world = os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or "?"
+    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    reason = (str(error).strip().splitlines() or [""])[0].rstrip(".")
+    return (
+        f"gptrain: error: validate: rank {rank} on {node_name()} could not start the process group of"
+        f" {world} ranks at {address} within --timeout {timeout_s:g} s: {type(error).__name__}: {reason};"
+        " a rank that never started (its node down) or cannot reach that address keeps every rank"
+        " waiting: see which task failed in srun's or torchrun's output"
+    )
+
+
 def _slurm_node_addr(host: str) -> str:
     try:
         out = subprocess.run(["scontrol", "show", "node", host], capture_output=True, text=True, timeout=15)

@@ -577,7 +577,7 @@ def test_a_rank_cut_off_by_a_peer_does_not_fix_the_list_of_hung_ranks(monkeypatc
     assert late == ([2], False)  # the list as fixed, less itself
 
 
-def test_a_ranks_error_line_is_one_write_with_its_newline(monkeypatch):
+def test_a_ranks_error_line_is_one_write_with_its_newline(monkeypatch, tmp_path):
     """Under torchrun the ranks that waited for a hung one print their lines at the same moment
     into one stderr; print wrote the line and its newline apart (unbuffered, PYTHONUNBUFFERED=1),
     and another rank's line came in between: two lines glued into one."""
@@ -603,7 +603,12 @@ def test_a_ranks_error_line_is_one_write_with_its_newline(monkeypatch):
     monkeypatch.setattr(validate_main.sys, "stderr", Recording())
     monkeypatch.delenv("GPTRAIN_DEBUG", raising=False)
     args = argparse.Namespace(
-        profile=None, min_busbw_GBps=None, check="gpus", output_dir="/tmp", exclude_file=None, timeout=3.0
+        profile=None,
+        min_busbw_GBps=None,
+        check="gpus",
+        output_dir=str(tmp_path),
+        exclude_file=None,
+        timeout=3.0,
     )
     assert validate_main.validate(args) == 1
     [line] = writes

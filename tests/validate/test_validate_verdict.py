@@ -56,7 +56,7 @@ def test_a_run_that_stops_leaves_no_passing_verdict_of_the_run_before(one_rank, 
     checks["gpus"] = lost_gpu
     assert validate_main.validate(args_for(tmp_path)) == 1
     during, old_gpus_there = seen
-    assert during["passed"] is False and during["state"] == "running" and during["world_size"] == 2
+    assert during["passed"] is False and during["state"] == "running" and during["check"] == "gpus"
     assert not old_gpus_there
     after = json.loads((tmp_path / "validation.json").read_text())
     assert after["passed"] is False and after["state"] == "stopped"
@@ -89,3 +89,28 @@ def test_a_check_that_refuses_marks_the_verdict_stopped(one_rank, tmp_path):
         validate_main.validate(args_for(tmp_path))
     summary = json.loads((tmp_path / "validation.json").read_text())
     assert summary["state"] == "stopped" and summary["error"] == "--max-bytes 1T: no size fits in memory"
+
+
+def test_a_group_that_never_forms_leaves_no_passing_verdict_of_the_run_before(monkeypatch, tmp_path):
+    """Review V's run: a passing world of 1, then rank 0 of 2 whose rank 1 never started: the
+    process group did not form, and validation.json still said "passed": true. Rank 0 (RANK=0)
+    marks it before the group forms, and stopped with its line; rank 1 leaves it alone."""
+    from gptrain.validate import main as validate_main
+    from gptrain.validate import runtime
+
+    def no_group(timeout_s):
+        raise RuntimeError("Timed out after 6 seconds waiting for clients. 1/2 clients joined.")
+
+    monkeypatch.setattr(runtime, "start", no_group)
+    monkeypatch.delenv("GPTRAIN_DEBUG", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    (tmp_path / "validation.json").write_text('{"passed": true, "world_size": 1}')
+    monkeypatch.setenv("RANK", "1")
+    assert validate_main.validate(args_for(tmp_path)) == 1
+    assert json.loads((tmp_path / "validation.json").read_text())["passed"] is True  # rank 0's to say
+    monkeypatch.setenv("RANK", "0")
+    assert validate_main.validate(args_for(tmp_path)) == 1
+    summary = json.loads((tmp_path / "validation.json").read_text())
+    assert summary["passed"] is False and summary["state"] == "stopped"
+    assert "could not start the process group of 2 ranks" in summary["error"]
