@@ -213,9 +213,10 @@ def time_per_call(call: Callable[[], Any], ctx: Context, iters: int, warmup: int
 
 def is_timeout(error: BaseException) -> bool:
     """A collective that waited --timeout for a peer (gloo: "Timed out waiting ...ms for recv";
-    NCCL's watchdog: "collective operation timeout")."""
+    NCCL's watchdog: "collective operation timeout"); not CUDA's cudaErrorLaunchTimeout ("the launch
+    timed out and was terminated"), a kernel this rank's GPU killed."""
     text = str(error).lower()
-    return "timed out" in text or "timeout" in text
+    return ("timed out" in text or "timeout" in text) and "launch timed out" not in text
 
 
 PEER_GONE = (

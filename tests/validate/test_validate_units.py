@@ -879,3 +879,21 @@ def test_two_pairs_are_not_judged_against_their_own_median():
     assert verdict.flagged == {} and verdict.scores == {"0": 0.0162, "1": 0.0162, "2": 0.0311, "3": 0.0311}
     results.append(pair("4", "5", 0.0305))
     assert sorted(find_slow("rank", results, slow_pct=10).flagged) == ["0", "1"]
+
+
+def test_a_gpu_whose_kernel_launch_timed_out_is_its_own_nodes_not_a_collective_timeout():
+    """CUDA's cudaErrorLaunchTimeout ("the launch timed out and was terminated", Xid 8: a kernel
+    the GPU's watchdog killed) read as a collective's timeout ("timed out" in it): the rank's
+    line lost the --exclude= of its own node, which a GPU error is."""
+    from types import SimpleNamespace
+
+    from gptrain.validate import main as validate_main
+    from gptrain.validate import runtime
+
+    error = RuntimeError("CUDA error: the launch timed out and was terminated")
+    assert not runtime.is_timeout(error)
+    assert runtime.is_timeout(
+        RuntimeError("[../gloo/transport/tcp/pair.cc:534] Timed out waiting 3000ms for recv")
+    )
+    ctx = SimpleNamespace(rank=1, node="gpu07", is_gpu=False)
+    assert "leave it out (--exclude=gpu07)" in validate_main.rank_failure(ctx, "gpus", error)
