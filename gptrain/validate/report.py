@@ -56,20 +56,26 @@ def write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
-REPORTS = ("validation.json", "collectives.json", "collectives.png", "pairwise.json", "gpus.json")
+CHECK_REPORTS = {
+    "collectives": ("collectives.json", "collectives.png"),
+    "pairwise": ("pairwise.json",),
+    "gpus": ("gpus.json",),
+}
 
 
 def open_verdict(directory: Path, run: dict[str, Any]) -> None:
-    """Before the first check: the last run's reports go to previous/ (its "passed": true must not
-    outlive a run that stops or hangs), and validation.json says this one is running."""
+    """Before the first check: the last verdict, and the reports this run's checks will write, go to
+    previous/ (a "passed": true must not outlive a run that stops or hangs); the other checks' reports
+    stay where they are (one check at a time into one directory keeps each check's last report), and
+    validation.json says this run is running."""
     directory.mkdir(parents=True, exist_ok=True)
+    check = run.get("check", "all")
+    rewritten = [name for key, names in CHECK_REPORTS.items() if check in (key, "all") for name in names]
     kept = directory / "previous"
-    for name in REPORTS:
+    for name in ("validation.json", *rewritten):
         if (directory / name).exists():
             kept.mkdir(exist_ok=True)
             os.replace(directory / name, kept / name)
-        elif (kept / name).exists():
-            (kept / name).unlink()  # previous/ holds one run's reports, not a mix of runs
     write_json(directory / "validation.json", {"passed": False, "state": "running", **run})
 
 

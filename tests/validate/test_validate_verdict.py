@@ -65,6 +65,25 @@ def test_a_run_that_stops_leaves_no_passing_verdict_of_the_run_before(one_rank, 
     assert (tmp_path / "previous" / "gpus.json").read_text() == '{"gpus": ["old"]}'
 
 
+def test_one_check_at_a_time_into_one_directory_keeps_the_other_checks_reports(one_rank, tmp_path):
+    """`validate collectives`, then `validate gpus` into one --output-dir: the collectives sweep (the
+    costly one) was moved to previous/ and then deleted by the next run; only the verdict and the
+    report the check rewrites are moved aside."""
+    validate_main, checks = one_rank
+    (tmp_path / "validation.json").write_text('{"passed": true, "check": "collectives"}')
+    (tmp_path / "collectives.json").write_text("[1]")
+    (tmp_path / "collectives.png").write_bytes(b"png")
+    (tmp_path / "gpus.json").write_text('{"gpus": ["old"]}')
+    checks["gpus"] = lambda ctx, args, limits, out: None
+    assert validate_main.validate(args_for(tmp_path)) == 0  # --check gpus
+    assert (tmp_path / "collectives.json").read_text() == "[1]"
+    assert (tmp_path / "collectives.png").read_bytes() == b"png"
+    assert (tmp_path / "previous" / "gpus.json").read_text() == '{"gpus": ["old"]}'
+    assert json.loads((tmp_path / "previous" / "validation.json").read_text())["check"] == "collectives"
+    assert validate_main.validate(args_for(tmp_path)) == 0  # again: nothing else moves or goes
+    assert (tmp_path / "collectives.json").read_text() == "[1]"
+
+
 def test_a_run_that_finishes_replaces_the_running_mark_with_its_verdict(one_rank, tmp_path):
     validate_main, checks = one_rank
     checks["gpus"] = lambda ctx, args, limits, out: None
