@@ -60,21 +60,51 @@ def overriding_variables(rendered: set[str], environ: Mapping[str, str]) -> dict
     return found
 
 
-# srun's input variables (man srun, INPUT ENVIRONMENT VARIABLES) that place the job's ranks or set
-# what they run with, and the option each is read as. A batch job keeps one the launching shell had
-# (left there by an enclosing job or step; measured on Slurm 22.05, where SLURM_NTASKS is reset from the
-# job's own options and these are not), and its srun takes it as that option: they are left out of
-# sbatch's environment. SLURM_EXPORT_ENV and SLURM_DISTRIBUTION the srun lines give themselves
-# (sbatch.SRUN_PINNED); SLURM_HINT is sbatch's too (sbatch_option_names).
+# srun's input variables (man srun 22.05, INPUT ENVIRONMENT VARIABLES, "Same as" an option) and the
+# option each is read as, for the note. A batch job keeps one the launching shell had (left there by an
+# enclosing job or step; measured on Slurm 22.05: SLURM_NTASKS is reset from the job's own options,
+# SLURM_GPUS_PER_TASK is not, and the job's srun was refused its gres), and its srun takes it as that
+# option. As a list misses some (newer Slurm adds more), every SLURM_*/SRUN_* variable is left out of
+# sbatch's environment (sbatch sets the job's own) but SBATCH_READS and those sbatch reads as its
+# options (SLURM_HINT, SLURM_CLUSTERS: sbatch_option_names).
 SRUN_VARIABLES = {
-    "SLURM_CPU_BIND": "cpu-bind", "SLURM_MEM_BIND": "mem-bind", "SLURM_GPU_BIND": "gpu-bind",
-    "SLURM_NTASKS_PER_CORE": "ntasks-per-core",
-    "SLURM_NTASKS_PER_SOCKET": "ntasks-per-socket", "SLURM_NTASKS_PER_GPU": "ntasks-per-gpu",
-    "SLURM_THREADS_PER_CORE": "threads-per-core", "SLURM_OVERCOMMIT": "overcommit",
-    "SLURM_EXACT": "exact", "SLURM_SPREAD_JOB": "spread-job", "SLURM_USE_MIN_NODES": "use-min-nodes",
-    "SLURM_MPI_TYPE": "mpi", "SLURM_WORKING_DIR": "chdir", "SLURM_UMASK": "umask",
-    "SLURM_TASK_PROLOG": "task-prolog", "SLURM_TASK_EPILOG": "task-epilog",
+    "SLURM_ACCOUNT": "account", "SLURM_ACCTG_FREQ": "acctg-freq", "SLURM_BCAST": "bcast",
+    "SLURM_BCAST_EXCLUDE": "bcast-exclude", "SLURM_BURST_BUFFER": "bb", "SLURM_COMPRESS": "compress",
+    "SLURM_CONSTRAINT": "constraint", "SLURM_CORE_SPEC": "core-spec", "SLURM_CPU_BIND": "cpu-bind",
+    "SLURM_CPU_FREQ_REQ": "cpu-freq", "SLURM_CPUS_PER_GPU": "cpus-per-gpu",
+    "SRUN_CPUS_PER_TASK": "cpus-per-task", "SLURM_DEBUG": "verbose", "SLURM_DELAY_BOOT": "delay-boot",
+    "SLURM_DEPENDENCY": "dependency", "SLURM_DISABLE_STATUS": "disable-status",
+    "SLURM_DISTRIBUTION": "distribution", "SLURM_EPILOG": "epilog", "SLURM_EXACT": "exact",
+    "SLURM_EXCLUSIVE": "exclusive", "SLURM_EXPORT_ENV": "export", "SLURM_GPU_BIND": "gpu-bind",
+    "SLURM_GPU_FREQ": "gpu-freq", "SLURM_GPUS": "gpus", "SLURM_GPUS_PER_NODE": "gpus-per-node",
+    "SLURM_GPUS_PER_TASK": "gpus-per-task", "SLURM_GRES": "gres", "SLURM_GRES_FLAGS": "gres-flags",
+    "SLURM_IMMEDIATE": "immediate", "SLURM_JOB_ID": "jobid", "SLURM_JOB_NAME": "job-name",
+    "SLURM_JOB_NUM_NODES": "nodes", "SLURM_KILL_BAD_EXIT": "kill-on-bad-exit", "SLURM_LABELIO": "label",
+    "SLURM_MEM_BIND": "mem-bind", "SLURM_MEM_PER_CPU": "mem-per-cpu", "SLURM_MEM_PER_GPU": "mem-per-gpu",
+    "SLURM_MEM_PER_NODE": "mem", "SLURM_MPI_TYPE": "mpi", "SLURM_NETWORK": "network",
+    "SLURM_NNODES": "nodes", "SLURM_NO_KILL": "no-kill", "SLURM_NPROCS": "ntasks", "SLURM_NTASKS": "ntasks",
+    "SLURM_NTASKS_PER_CORE": "ntasks-per-core", "SLURM_NTASKS_PER_GPU": "ntasks-per-gpu",
+    "SLURM_NTASKS_PER_NODE": "ntasks-per-node", "SLURM_NTASKS_PER_SOCKET": "ntasks-per-socket",
+    "SLURM_OPEN_MODE": "open-mode", "SLURM_OVERCOMMIT": "overcommit", "SLURM_OVERLAP": "overlap",
+    "SLURM_PARTITION": "partition", "SLURM_POWER": "power", "SLURM_PROFILE": "profile",
+    "SLURM_PROLOG": "prolog", "SLURM_QOS": "qos", "SLURM_REMOTE_CWD": "chdir",
+    "SLURM_RESERVATION": "reservation", "SLURM_RESV_PORTS": "resv-ports", "SLURM_SEND_LIBS": "send-libs",
+    "SLURM_SIGNAL": "signal", "SLURM_SPREAD_JOB": "spread-job", "SLURM_STDERRMODE": "error",
+    "SLURM_STDINMODE": "input", "SLURM_STDOUTMODE": "output", "SLURM_STEP_GRES": "gres",
+    "SLURM_TASK_EPILOG": "task-epilog", "SLURM_TASK_PROLOG": "task-prolog",
+    "SLURM_THREAD_SPEC": "thread-spec", "SLURM_THREADS": "threads",
+    "SLURM_THREADS_PER_CORE": "threads-per-core", "SLURM_TIMELIMIT": "time", "SLURM_UMASK": "umask",
+    "SLURM_UNBUFFEREDIO": "unbuffered", "SLURM_USE_MIN_NODES": "use-min-nodes", "SLURM_WAIT": "wait",
+    "SLURM_WCKEY": "wckey", "SLURM_WORKING_DIR": "chdir", "SRUN_CONTAINER": "container",
+    "SRUN_EXPORT_ENV": "export",
 }  # fmt: skip
+# SLURM_* variables sbatch reads itself (man sbatch 22.05) that are no option: kept.
+SBATCH_READS = ("SLURM_CONF", "SLURM_DEBUG_FLAGS", "SLURM_EXIT_ERROR", "SLURM_STEP_KILLED_MSG_NODE_ID")
+
+
+def srun_may_read(name: str) -> bool:
+    """Whether a variable is left out of sbatch's environment as one the job's srun may read."""
+    return name.startswith(("SLURM_", "SRUN_")) and name not in SBATCH_READS and variable_option(name) is None
 
 
 def sbatch_environment(script_lines: list[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -83,14 +113,20 @@ def sbatch_environment(script_lines: list[str], environ: Mapping[str, str] | Non
     environ = os.environ if environ is None else environ
     left_out = overriding_variables(rendered_options(script_lines), environ)
     return {
-        name: value for name, value in environ.items() if name not in left_out and name not in SRUN_VARIABLES
+        name: value for name, value in environ.items() if name not in left_out and not srun_may_read(name)
     }
 
 
 def srun_variables_note(environ: Mapping[str, str] | None = None) -> str | None:
-    """One line on srun's variables set here, which sbatch_environment leaves out."""
+    """One line on srun's variables set here, which sbatch_environment leaves out: those man srun
+    names with their options, the others by name."""
     environ = os.environ if environ is None else environ
-    found = [f"{name} (--{SRUN_VARIABLES[name]})" for name in sorted(environ) if name in SRUN_VARIABLES]
+    dropped = sorted(name for name in environ if srun_may_read(name))
+    found = [f"{name} (--{SRUN_VARIABLES[name]})" for name in dropped if name in SRUN_VARIABLES]
+    others = [name for name in dropped if name not in SRUN_VARIABLES]
+    if others:
+        many = "s" if len(others) > 1 else ""
+        found.append(f"and {len(others)} other SLURM_*/SRUN_* variable{many} ({', '.join(others)})")
     if not found:
         return None
     return (

@@ -490,6 +490,27 @@ def test_the_jobs_srun_lines_do_not_read_srun_variables_of_the_launching_shell(t
     assert srun_variables_note({"PATH": "/bin"}) is None
 
 
+def test_no_srun_variable_of_an_enclosing_allocation_reaches_the_job(tmp_path):
+    """The srun variables left out were a list of sixteen: SLURM_GPUS_PER_TASK (an `srun
+    --gpus-per-task=8 --pty bash`) or SLURM_GPUS (`salloc --gpus=8`) reached the batch job, whose srun
+    read them as its options (`srun: error: Invalid generic resource (gres) specification` after the
+    queue wait, measured on the local Slurm 22.05). Every SLURM_*/SRUN_* variable is left out but those
+    sbatch reads itself (SLURM_CONF; SLURM_HINT and SLURM_CLUSTERS, as its options)."""
+    from gptrain.launch.sbatch_env import sbatch_environment, srun_variables_note
+
+    environ = {"SLURM_GPUS_PER_TASK": "8", "SLURM_GPUS": "8", "SLURM_MEM_PER_NODE": "1000"}
+    environ |= {"SRUN_CPUS_PER_TASK": "4", "SLURM_TRES_PER_TASK": "cpu:4", "SLURM_JOB_NODELIST": "n1"}
+    kept = {"SLURM_CONF": "/etc/slurm/slurm.conf", "SLURM_HINT": "nomultithread", "SLURM_CLUSTERS": "c1"}
+    kept |= {"SBATCH_ACCOUNT": "a", "PATH": "/bin"}
+    assert sbatch_environment(["#SBATCH --job-name=j"], environ | kept) == kept
+    assert srun_variables_note(environ | kept) == (
+        "note  srun's variables set in this shell, left out of the sbatch calls (the job's srun would read"
+        " them as its options): SLURM_GPUS (--gpus), SLURM_GPUS_PER_TASK (--gpus-per-task),"
+        " SLURM_MEM_PER_NODE (--mem), SRUN_CPUS_PER_TASK (--cpus-per-task), and 2 other SLURM_*/SRUN_*"
+        " variables (SLURM_JOB_NODELIST, SLURM_TRES_PER_TASK); give such an option in cluster.srun_args"
+    )
+
+
 def test_more_shards_than_the_clusters_max_array_size_share_its_array_tasks(tmp_path):
     """sbatch refuses an array task id at or above MaxArraySize (Slurm's default 1001 refused
     `--array=0-1499`): past it each task prepares every n-th shard, each shard exactly once;
