@@ -77,20 +77,29 @@ def refuse_launch_into_live_run(run_dirs: list[Path]) -> None:
 
 def blend_readers(blend: str, base: Path, own: list[Path]) -> list[str]:
     """A data preparation about to rewrite `blend` while a live training of another run under `base`
-    reads it (its launcher.log says so). One queued that has not started yet reads it at its start:
+    reads it (its launcher.log says so, or, launched by an older gptrain, its script: refused, as it
+    re-reads the blend at each requeue). One queued that has not started yet reads it at its start:
     refused, as that run would train on this launch's data. One that took its copy of the blend at its
     start (data_blend.frozen_prefixes) keeps its data through requeues: a note, as preparing the
     next dataset while a long run trains is a normal thing to do."""
     target, mine = os.path.realpath(blend), {d.resolve() for d in own}
     notes = []
     for run_dir in launched_runs(base):
-        reads = [r for r in latest_jobs(run_dir) if r.get("stage") == "training" and r.get("blend")]
-        if run_dir.resolve() in mine or not any(os.path.realpath(r["blend"]) == target for r in reads):
+        reads = [r for r in latest_jobs(run_dir) if r.get("stage") == "training" and read_blend_of(r)]
+        if run_dir.resolve() in mine or not any(os.path.realpath(read_blend_of(r)) == target for r in reads):
             continue
         for record, state in live_jobs(run_dir):
             if record.get("stage") != "training":
                 continue
             job = f"training job {record['job_id']} of {run_dir}"
+            if not record.get("blend") and script_blend(record) == target:
+                raise LaunchError(
+                    f"data_preparation.blend.file={blend}: {job} ({state.describe()}) re-reads this blend at"
+                    f" each start (its script {record['script']}, from an older gptrain, runs apply-blend"
+                    " without --frozen): rewritten now, that run would train on this launch's data from its"
+                    f" next requeue; wait for it to end, `gptrain cancel {shlex.quote(str(run_dir))}`, or"
+                    " prepare into another data_dir (or data_preparation.blend.file)"
+                )
             if not took_its_copy(record):
                 raise LaunchError(
                     f"data_preparation.blend.file={blend}: {job} is {state.describe()} and reads this blend"
@@ -103,6 +112,31 @@ def blend_readers(blend: str, base: Path, own: list[Path]) -> list[str]:
                 f" the copy it took at its start ({record['frozen_blend']}), and with it its data"
             )
     return notes
+
+
+def read_blend_of(record: dict[str, Any]) -> str | None:
+    """The blend a training job reads: its launcher.log record's, or (a job an older gptrain launched,
+    whose record names none) the one its script's apply-blend line re-reads at each start."""
+    return str(record["blend"]) if record.get("blend") else script_blend(record)
+
+
+def script_blend(record: dict[str, Any]) -> str | None:
+    """The real path of the blend a Slurm job's script applies without --frozen (so at each start, its
+    requeues too), if any; a local run applies it once, as it starts."""
+    if record.get("executor") == "local":
+        return None
+    try:
+        text = Path(str(record.get("script"))).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in text.splitlines():
+        try:
+            words = shlex.split(line) if "apply-blend" in line else []
+        except ValueError:
+            continue
+        if "apply-blend" in words and "--frozen" not in words and "--blend" in words[:-1]:
+            return os.path.realpath(words[words.index("--blend") + 1])
+    return None
 
 
 def took_its_copy(record: dict[str, Any]) -> bool:

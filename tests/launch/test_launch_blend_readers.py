@@ -77,3 +77,51 @@ def test_a_training_that_reads_a_blend_records_it_and_its_copy(tmp_path, monkeyp
     assert record["blend"] == f"{tmp_path}/d/blend.yaml"
     assert record["frozen_blend"] == str(job.run_dir / f"{job.run_name}_blend.yaml")
     assert f"--frozen {record['frozen_blend']}" in " ".join(job.setup[0])  # the copy its start takes
+
+
+def test_a_live_training_launched_by_an_older_gptrain_is_a_reader_of_its_blend(tmp_path, monkeypatch, capsys):
+    """A training submitted before the blend was frozen per run has no blend in its launcher.log record,
+    and its script runs apply-blend without --frozen: it re-reads the live blend at each requeue. It
+    was not seen as a reader, and a data preparation into the same data_dir switched it to new data."""
+    monkeypatch.chdir(tmp_path)
+    base, blend = tmp_path / "r", tmp_path / "d" / "blend.yaml"
+    run_a, run_b = base / "runA", base / "runB"
+    for run_dir, read in ((run_a, blend), (run_b, tmp_path / "other" / "blend.yaml")):
+        run_dir.mkdir(parents=True)
+        script = run_dir / "sbatch_training.sh"
+        script.write_text(
+            "#!/bin/bash\n#SBATCH --job-name=t\n"
+            f"python -m gptrain.launch.download apply-blend --blend '{read}' --config {run_dir}/c.yaml || exit 1\n"
+        )
+        append_record(run_dir, "submitted", stage="training", executor="slurm", job_id="125" if run_dir == run_a
+                      else "126", dependency=None, log=str(run_dir / "log-%j.out"), script=str(script))  # fmt: skip
+    squeue = "125|RUNNING|None\n126|RUNNING|None\n"
+    monkeypatch.setattr(slurm_queries, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
+        command, 0, squeue if command[0] == "squeue" else "", ""))  # fmt: skip
+    monkeypatch.setattr(launcher, "preflight", lambda plan, dry_run, training: [])
+    submitted = []
+    monkeypatch.setattr(slurm, "submit", lambda plan: submitted.append(plan))
+    args = [
+        "cluster_type=slurm",
+        "stages=[data_preparation]",
+        f"base_results_dir={base}",
+        f"data_dir={tmp_path}/d",
+    ]
+    code = main(["launch", *args, "data_preparation.shards=[http://h/b.jsonl]"])
+    assert code == 2 and submitted == []  # runB reads another blend: it is not named
+    assert capsys.readouterr().err == (
+        f"gptrain: error: data_preparation.blend.file={blend}: training job 125 of {run_a} (RUNNING) re-reads"
+        f" this blend at each start (its script {run_a}/sbatch_training.sh, from an older gptrain, runs"
+        " apply-blend without --frozen): rewritten now, that run would train on this launch's data from its"
+        f" next requeue; wait for it to end, `gptrain cancel {run_a}`, or prepare into another data_dir (or"
+        " data_preparation.blend.file)\n"
+    )
+    from gptrain.launch.live_jobs import script_blend
+
+    frozen = run_a / "sbatch_frozen.sh"  # a script that applies its copy on requeues is no such reader
+    frozen.write_text(
+        f"python -m gptrain.launch.download apply-blend --blend {blend} --frozen {run_a}/f.yaml\n"
+    )
+    assert script_blend({"script": str(frozen)}) is None
+    assert script_blend({"script": str(run_a / "sbatch_training.sh")}) == str(blend)
+    assert script_blend({"script": str(run_a / "sbatch_training.sh"), "executor": "local"}) is None  # once
