@@ -128,7 +128,7 @@ def run_status(args: argparse.Namespace) -> int:
     from gptrain.launch.status import status_lines
 
     base = Path(args.results_dir)
-    dirs = [find_run(args.run, base)] if args.run else run_dirs(base)
+    dirs = [find_run(args.run, base, one_nested=True)] if args.run else run_dirs(base)
     if not dirs and base.exists() and not base.is_dir():  # "no launched runs in FILE" read as an answer
         raise LaunchError(
             f"--results-dir {base}: is a file; give the base_results_dir of a launch (a directory)"
@@ -166,7 +166,7 @@ def run_logs(args: argparse.Namespace) -> int:
     from gptrain.launch.job_logs import logs_to_show
     from gptrain.launch.run_dirs import find_run
 
-    run_dir = find_run(args.run, Path(args.results_dir))
+    run_dir = find_run(args.run, Path(args.results_dir), one_nested=True)
     shown = logs_to_show(run_dir, args.launch, args.all, args.stage)
     followed = shown[-1:] if args.follow else []  # --all -f: the earlier launches printed, the last followed
     for header, records in shown[: len(shown) - len(followed)]:

@@ -31,20 +31,23 @@ def _kind(path: Path) -> str:
     return found.kind
 
 
-# unique_output's directory of one launch under <run.name>/: compose.make_unique's stamp
-STAMP = re.compile(r"\d{8}-\d{6}(-\d+)?")
+# a directory of one launch under <run.name>/ named by its time: unique_output's (compose.make_unique's
+# 20261130-100000[-1]) or a results_dir of Hydra's ${now:%Y-%m-%d_%H-%M-%S} (2026-11-30_10-00-00)
+STAMP = re.compile(r"\d{8}-\d{6}(-\d+)?|\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}(-\d+)?")
 
 
-def find_run(run: str, base: Path) -> Path:
-    """A run given as a directory or a run name under `base`; a unique_output run's `<name>/` gives its
-    newest `<time>/` launch. A directory holding other runs (a results dir) names none of them: cancel
-    must never act on a run the user did not name."""
+def find_run(run: str, base: Path, one_nested: bool = False) -> Path:
+    """A run given as a directory or a run name under `base`; a `<name>/` of launches named by their
+    time (STAMP) gives its newest launch, and with `one_nested` (status, logs) a directory holding one
+    run gives it. A directory holding other runs (a results dir) names none of them: cancel must never
+    act on a run the user did not name."""
     for candidate in (Path(run), base / run):
         if _kind(candidate / LAUNCHER_LOG) == "file":
             return candidate
         nested = run_dirs(candidate)
-        if nested and all(p.parent == candidate and STAMP.fullmatch(p.name) for p in nested):
-            return max(nested, key=lambda p: (p / LAUNCHER_LOG).stat().st_mtime)
+        stamped = all(p.parent == candidate and STAMP.fullmatch(p.name) for p in nested)
+        if nested and (stamped or (one_nested and len(nested) == 1)):
+            return newest(nested)
         if nested:
             raise LaunchError(holds_runs(run, candidate, nested))
     given, named = Path(run), base / run
@@ -60,13 +63,18 @@ def find_run(run: str, base: Path) -> Path:
     )
 
 
+def newest(runs: list[Path]) -> Path:
+    """The run launched last (its launcher.log written last)."""
+    return max(runs, key=lambda p: (p / LAUNCHER_LOG).stat().st_mtime)
+
+
 def holds_runs(run: str, directory: Path, nested: list[Path]) -> str:
     """Why a directory holding several runs (or one below its own name) is no run to act on."""
     names = [str(p.relative_to(directory)) for p in nested]
     shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
     return (
         f"{run}: not a run; it holds {len(names)} launched run{'s' if len(names) > 1 else ''} ({shown}):"
-        f" name one (as {directory / names[0]}); for the state of them all: gptrain status --results-dir {directory}"
+        f" name one (as {newest(nested)}); for the state of them all: gptrain status --results-dir {directory}"
     )
 
 

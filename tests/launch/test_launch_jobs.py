@@ -575,6 +575,38 @@ def test_a_results_dir_given_as_the_run_is_refused_listing_its_runs(tmp_path, mo
         run_dirs.find_run(str(results), results)
 
 
+def test_a_run_name_over_one_nested_run_or_timestamped_launches_is_found(tmp_path, monkeypatch, capsys):
+    """`gptrain status|logs <name>` went down only into launches named by gptrain's own stamp: a
+    Hydra-style `<name>/2026-11-30_10-00-00/` and a single nested run (`solo/training`) were "not a
+    run", and the run the error suggested was the oldest launch. The newest timestamped launch is
+    found, a single nested run too for status and logs (cancel must be given the run itself), and the
+    suggestion is the newest run."""
+    from gptrain.cli import main
+
+    results = tmp_path / "results"
+    for age, name in enumerate(("gpt3/2026-11-30_10-00-00", "gpt3/2026-11-29_10-00-00", "solo/training")):
+        (results / name).mkdir(parents=True)
+        (results / name / "log-r_7.out").write_text(LINE + "\n")
+        append_record(results / name, "submitted", stage="training", executor="slurm", job_id="7",
+                      log=str(results / name / "log-r_%j.out"), dependency=None)  # fmt: skip
+        os.utime(results / name / "launcher.log", (1e9 - age * 1000, 1e9 - age * 1000))  # first: newest
+    monkeypatch.setattr(slurm_queries, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
+        command, 0, "7|RUNNING|None\n" if command[0] == "squeue" else "", ""))  # fmt: skip
+    assert run_dirs.find_run("gpt3", results) == results / "gpt3" / "2026-11-30_10-00-00"
+    assert run_dirs.find_run("solo", results, one_nested=True) == results / "solo" / "training"
+    assert main(["status", "solo", "--results-dir", str(results)]) == 0
+    assert "training  job 7  RUNNING" in capsys.readouterr().out
+    assert main(["logs", "solo", "--results-dir", str(results)]) == 0
+    assert capsys.readouterr().out == LINE + "\n"
+    assert main(["cancel", "solo", "--results-dir", str(results)]) == 2
+    assert capsys.readouterr().err == (
+        "gptrain: error: solo: not a run; it holds 1 launched run (training): name one (as"
+        f" {results}/solo/training); for the state of them all: gptrain status --results-dir {results}/solo\n"
+    )
+    with pytest.raises(LaunchError, match=rf"name one \(as {results}/gpt3/2026-11-30_10-00-00\)"):
+        run_dirs.find_run(str(results), results, one_nested=True)  # the newest of 3 runs
+
+
 def test_local_run_status_and_find(tmp_path):
     run = tmp_path / "results" / "my_run"
     run.mkdir(parents=True)
