@@ -93,7 +93,7 @@ SRUN_VARIABLES = {
     "SLURM_STDINMODE": "input", "SLURM_STDOUTMODE": "output", "SLURM_STEP_GRES": "gres",
     "SLURM_TASK_EPILOG": "task-epilog", "SLURM_TASK_PROLOG": "task-prolog",
     "SLURM_THREAD_SPEC": "thread-spec", "SLURM_THREADS": "threads",
-    "SLURM_THREADS_PER_CORE": "threads-per-core", "SLURM_TIMELIMIT": "time", "SLURM_UMASK": "umask",
+    "SLURM_THREADS_PER_CORE": "threads-per-core", "SLURM_TIMELIMIT": "time",
     "SLURM_UNBUFFEREDIO": "unbuffered", "SLURM_USE_MIN_NODES": "use-min-nodes", "SLURM_WAIT": "wait",
     "SLURM_WCKEY": "wckey", "SLURM_WORKING_DIR": "chdir", "SRUN_CONTAINER": "container",
     "SRUN_EXPORT_ENV": "export",
@@ -117,16 +117,21 @@ def sbatch_environment(script_lines: list[str], environ: Mapping[str, str] | Non
     }
 
 
+NAMED_AT_MOST = 8  # srun options named in the note; the rest are counted
+
+
 def srun_variables_note(environ: Mapping[str, str] | None = None) -> str | None:
     """One line on srun's variables set here, which sbatch_environment leaves out: those man srun
     names with their options, the others by name."""
     environ = os.environ if environ is None else environ
     dropped = sorted(name for name in environ if srun_may_read(name))
-    found = [f"{name} (--{SRUN_VARIABLES[name]})" for name in dropped if name in SRUN_VARIABLES]
-    others = [name for name in dropped if name not in SRUN_VARIABLES]
-    if others:
+    options = [name for name in dropped if name in SRUN_VARIABLES]
+    found = [f"{name} (--{SRUN_VARIABLES[name]})" for name in options[:NAMED_AT_MOST]]
+    others = options[NAMED_AT_MOST:] + [name for name in dropped if name not in SRUN_VARIABLES]
+    if others:  # inside salloc some 30 describe the allocation: counted, not listed, past a few
         many = "s" if len(others) > 1 else ""
-        found.append(f"and {len(others)} other SLURM_*/SRUN_* variable{many} ({', '.join(others)})")
+        listed = f" ({', '.join(others)})" if len(others) <= NAMED_AT_MOST // 2 else ""
+        found.append(f"and {len(others)} other SLURM_*/SRUN_* variable{many}{listed}")
     if not found:
         return None
     return (

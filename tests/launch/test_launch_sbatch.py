@@ -511,6 +511,22 @@ def test_no_srun_variable_of_an_enclosing_allocation_reaches_the_job(tmp_path):
     )
 
 
+def test_the_note_inside_an_allocation_names_a_few_and_counts_the_rest():
+    """Inside salloc the shell holds some 30 SLURM_* variables describing the allocation: the note
+    listed them all in one line; it names 8 srun options and counts the rest."""
+    from gptrain.launch.sbatch_env import SRUN_VARIABLES, srun_variables_note
+
+    options = sorted(SRUN_VARIABLES)[:12]
+    environ = {name: "1" for name in options} | {f"SLURM_ALLOC_{n}": "x" for n in range(20)}
+    note = srun_variables_note(environ)
+    assert [name for name in options if name in note] == options[:8]
+    assert note.endswith(
+        ": "
+        + ", ".join(f"{n} (--{SRUN_VARIABLES[n]})" for n in options[:8])
+        + (", and 24 other SLURM_*/SRUN_* variables; give such an option in cluster.srun_args")
+    )
+
+
 def test_more_shards_than_the_clusters_max_array_size_share_its_array_tasks(tmp_path):
     """sbatch refuses an array task id at or above MaxArraySize (Slurm's default 1001 refused
     `--array=0-1499`): past it each task prepares every n-th shard, each shard exactly once;
