@@ -13,6 +13,23 @@ from gptrain.launch.executors import slurm
 from gptrain.launch.records import append_record
 
 
+def launch_data_preparation(monkeypatch, base, data_dir, squeue: str) -> tuple[int, list]:
+    """`gptrain launch` of a data preparation into data_dir, runs under base, squeue saying `squeue`
+    and nothing submitted for real: its exit status and the plans it would submit."""
+    monkeypatch.setattr(slurm_queries, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
+        command, 0, squeue if command[0] == "squeue" else "", ""))  # fmt: skip
+    monkeypatch.setattr(launcher, "preflight", lambda plan, dry_run, training: [])
+    submitted: list = []
+    monkeypatch.setattr(slurm, "submit", lambda plan: submitted.append(plan))
+    args = [
+        "cluster_type=slurm",
+        "stages=[data_preparation]",
+        f"base_results_dir={base}",
+        f"data_dir={data_dir}",
+    ]
+    return main(["launch", *args, "data_preparation.shards=[http://h/b.jsonl]"]), submitted
+
+
 @pytest.mark.parametrize("started", [False, True])
 def test_a_data_preparation_rewriting_a_live_trainings_blend_is_refused_or_noted(
     tmp_path, monkeypatch, capsys, started
@@ -31,19 +48,7 @@ def test_a_data_preparation_rewriting_a_live_trainings_blend_is_refused_or_noted
     copied_by = "125" if started else "99"
     frozen.write_text(yaml.safe_dump({"job": copied_by, "data_prefix": [1.0, "/d/a_text_document"]}))
     squeue = "125|RUNNING|None\n" if started else "125|PENDING|Resources\n"
-    monkeypatch.setattr(slurm_queries, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
-        command, 0, squeue if command[0] == "squeue" else "", ""))  # fmt: skip
-    monkeypatch.setattr(launcher, "preflight", lambda plan, dry_run, training: [])
-    submitted = []
-    monkeypatch.setattr(slurm, "submit", lambda plan: submitted.append(plan))
-    args = [
-        "cluster_type=slurm",
-        "stages=[data_preparation]",
-        f"base_results_dir={base}",
-        f"data_dir={tmp_path}/d",
-    ]
-    args += ["data_preparation.shards=[http://h/b.jsonl]"]
-    code = main(["launch", *args])
+    code, submitted = launch_data_preparation(monkeypatch, base, tmp_path / "d", squeue)
     err = capsys.readouterr().err
     if started:
         assert code == 0 and len(submitted) == 1
@@ -95,19 +100,9 @@ def test_a_live_training_launched_by_an_older_gptrain_is_a_reader_of_its_blend(t
         )
         append_record(run_dir, "submitted", stage="training", executor="slurm", job_id="125" if run_dir == run_a
                       else "126", dependency=None, log=str(run_dir / "log-%j.out"), script=str(script))  # fmt: skip
-    squeue = "125|RUNNING|None\n126|RUNNING|None\n"
-    monkeypatch.setattr(slurm_queries, "run_command", lambda command, timeout=15.0: subprocess.CompletedProcess(
-        command, 0, squeue if command[0] == "squeue" else "", ""))  # fmt: skip
-    monkeypatch.setattr(launcher, "preflight", lambda plan, dry_run, training: [])
-    submitted = []
-    monkeypatch.setattr(slurm, "submit", lambda plan: submitted.append(plan))
-    args = [
-        "cluster_type=slurm",
-        "stages=[data_preparation]",
-        f"base_results_dir={base}",
-        f"data_dir={tmp_path}/d",
-    ]
-    code = main(["launch", *args, "data_preparation.shards=[http://h/b.jsonl]"])
+    code, submitted = launch_data_preparation(
+        monkeypatch, base, tmp_path / "d", "125|RUNNING|None\n126|RUNNING|None\n"
+    )
     assert code == 2 and submitted == []  # runB reads another blend: it is not named
     assert capsys.readouterr().err == (
         f"gptrain: error: data_preparation.blend.file={blend}: training job 125 of {run_a} (RUNNING) re-reads"
