@@ -8,7 +8,13 @@ import pytest
 
 from gptrain.plan.rank_activations import rebuild_bytes
 from gptrain.plan.spec import Layout
-from tests.plan.test_plan_recompute import FULL, fsdp_activation_trace, one_rank_mesh, workload
+from tests.plan.test_plan_recompute import (
+    FULL,
+    fsdp_activation_trace,
+    one_rank_mesh,
+    recompute_fields,
+    workload,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -35,12 +41,7 @@ def test_a_narrow_mlps_rebuild_holds_the_second_norms_output(
         device_type="cuda",
         global_batch_size=5,
     )
-    granularity, method, num_layers = mode
-    layout = Layout(
-        micro_batch_size=5,
-        recompute=granularity,
-        recompute_num_layers=num_layers if method == "block" else None,
-    )
+    layout = Layout(**recompute_fields(mode, 5))
     _, rebuild = fsdp_activation_trace(work, 5, mode)
     assert rebuild == rebuild_bytes(work, layout, 0)
 

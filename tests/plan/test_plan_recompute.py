@@ -99,16 +99,22 @@ FULL = [("full", "uniform", 1), ("full", "block", 1), ("full", "block", 2), ("fu
 SELECTIVE = ("selective", None, None)
 
 
+def recompute_fields(mode: tuple, micro_batch_size: int) -> dict:
+    """A Layout's recompute keys for a (granularity, method, num_layers) mode of these tests."""
+    granularity, method, num_layers = mode
+    return dict(
+        micro_batch_size=micro_batch_size,
+        recompute=granularity,
+        recompute_num_layers=num_layers if method == "block" else None,
+    )
+
+
 @pytest.mark.parametrize("precision", ["32", "bf16"])
 @pytest.mark.parametrize("mode", [*FULL, SELECTIVE])
 def test_recompute_matches_live_storages(precision: str, mode: tuple) -> None:
     granularity, method, num_layers = mode
     work = workload(precision)
-    layout = Layout(
-        micro_batch_size=4,
-        recompute=granularity,
-        recompute_num_layers=num_layers if method == "block" else None,
-    )
+    layout = Layout(**recompute_fields(mode, 4))
     saved, rebuild = live_bytes_trace(work, granularity, method, num_layers)
     # a checkpointed block keeps only its fp32 input: the forward's saved bytes, within 0.5%
     assert saved == pytest.approx(sum(activation_bytes(work, layout, 0).values()), rel=0.005)
@@ -315,19 +321,14 @@ def test_fsdp_keeps_the_residual_stream_in_its_param_dtype(
     work = dataclasses.replace(
         workload(precision, activation=activation), device_type="cuda", global_batch_size=20
     )
-    granularity, method, num_layers = mode
-    fields = dict(
-        micro_batch_size=5,
-        recompute=granularity,
-        recompute_num_layers=num_layers if method == "block" else None,
-    )
+    fields = recompute_fields(mode, 5)
     layout = Layout(dp=2, sharding="full_shard", dp_shard=2, **fields)
     saved, rebuild = fsdp_activation_trace(work, 5, mode, one_rank_mesh)
     assert saved == sum(activation_bytes(work, layout, 0).values())
     if precision == "16":
         assert activation_bytes(work, layout, 0) == activation_bytes(work, Layout(**fields), 0)
         assert rebuild_bytes(work, layout, 0) == rebuild_bytes(work, Layout(**fields), 0)
-    if granularity == "full":
+    if fields["recompute"] == "full":
         assert rebuild == rebuild_bytes(work, layout, 0)
 
 
@@ -348,12 +349,7 @@ def test_a_rebuilt_block_casts_the_fp32_residual_gradient_for_its_down_projectio
     work = dataclasses.replace(
         workload(precision, activation=activation), device_type="cuda", global_batch_size=5
     )
-    granularity, method, num_layers = mode
-    layout = Layout(
-        micro_batch_size=5,
-        recompute=granularity,
-        recompute_num_layers=num_layers if method == "block" else None,
-    )
+    layout = Layout(**recompute_fields(mode, 5))
     saved, rebuild = fsdp_activation_trace(work, 5, mode)
     assert saved == sum(activation_bytes(work, layout, 0).values())
     assert rebuild == rebuild_bytes(work, layout, 0)
