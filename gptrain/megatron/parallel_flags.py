@@ -106,12 +106,18 @@ def virtual_pipeline(v: dict[str, Any], given: dict[str, list[str]]) -> None:
     per_chunk = convert_value(flag, given[flag][0], int)
     layers, counted = _layers_in_pipeline_split(v)
     pp = v.get("model.pipeline_model_parallel_size", 1)
-    if per_chunk < 1 or pp < 2 or layers % pp or (layers // pp) % per_chunk:
+    if per_chunk < 1 or layers % pp or (layers // pp) % per_chunk:
         raise ConfigError(
             f"{flag} {per_chunk}: the {counted} per {pp} pipeline stages must split into chunks of "
-            f"{per_chunk} layers (and --pipeline-model-parallel-size must be at least 2), as Megatron asserts"
+            f"{per_chunk} layers, as Megatron asserts"
         )
-    v["model.virtual_pipeline_model_parallel_size"] = layers // pp // per_chunk
+    chunks = layers // pp // per_chunk
+    if chunks > 1 and pp < 2:  # one chunk a rank is no interleaving: Megatron runs it as such
+        raise ConfigError(
+            f"{flag} {per_chunk}: {chunks} chunks a rank interleave over the pipeline stages, and "
+            f"--pipeline-model-parallel-size is {pp}: give at least 2, as Megatron asserts"
+        )
+    v["model.virtual_pipeline_model_parallel_size"] = chunks
 
 
 # The switches that count a non-layer part as one layer of the pipeline split, and what each counts.

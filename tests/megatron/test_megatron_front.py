@@ -1207,7 +1207,10 @@ def test_bad_blend_files_are_one_line_naming_flag_and_file(tmp_path, monkeypatch
             "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3",
             "--num-layers-per-virtual-pipeline-stage 3: the 2 layers per 2 pipeline stages must split",
         ),
-        ("--num-layers-per-virtual-pipeline-stage 1", "--pipeline-model-parallel-size must be at least 2"),
+        (
+            "--num-layers-per-virtual-pipeline-stage 1",
+            "--num-layers-per-virtual-pipeline-stage 1: 2 chunks a rank interleave",
+        ),
         ("--train-data-path /d/t", "--data-path and --train-data-path: give one blend that --split divides"),
         ("--num-query-groups x", "--num-query-groups x: expects a whole number"),
         ("--group-query-attention 2", "--group-query-attention: takes no value"),

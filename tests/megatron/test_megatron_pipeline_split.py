@@ -125,3 +125,18 @@ def test_layers_per_virtual_stage_refused_naming_the_layers_counted() -> None:
             ),
             ENV,
         )
+
+
+@pytest.mark.parametrize("pp", ["1", "2"])
+def test_one_chunk_a_rank_is_no_interleaving_and_runs_at_any_pipeline_size(pp: str) -> None:
+    """Megatron computes (16 / pp) / per-chunk chunks and, at 1, runs the plain schedule: a flag list
+    scaled down to one stage keeps working (it was refused, naming a split that divides)."""
+    per_chunk = str(16 // int(pp))
+    flags = BASE.replace("--num-layers 14", "--num-layers 16").replace(
+        "--pipeline-model-parallel-size 4", f"--pipeline-model-parallel-size {pp}"
+    )
+    env = {"WORLD_SIZE": pp, "LOCAL_WORLD_SIZE": pp}
+    t = translate(shlex.split(f"{flags} --num-layers-per-virtual-pipeline-stage {per_chunk}"), env)
+    m = load_training_config(None, t.overrides, report_ignored=False).model
+    assert m.virtual_pipeline_model_parallel_size == 1
+    check_layout(m, world_size=int(pp))
