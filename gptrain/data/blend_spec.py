@@ -227,7 +227,7 @@ def unweighted_list_error(entries: list[str | float]) -> DataError:
     )
     return DataError(
         head + f"put a weight before each prefix instead, e.g. '{example}' (weights proportional to the "
-        "datasets' token counts give Megatron's mix)"
+        "datasets' token counts give about Megatron's proportions, not its samples or their order)"
     )
 
 
